@@ -1,0 +1,116 @@
+-- uvmrec: `local ur = require "uvmrec"`.  The engine's Lua face: tensors, streams, events,
+-- devices, memory and the HBM budget, hints and the migration monitor.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local stream = require "uvmrec.stream"
+local C, check = lib.C, lib.check
+
+local ur = {
+  C = C,
+  tensor = tensor.tensor,
+  uvm_tensor = tensor.uvm_tensor,
+  stream = stream.stream,
+  event = stream.event,
+}
+
+ur.UvmTensor = ur.uvm_tensor -- the seed's spelling
+
+function ur.version() return ffi.string(C.ur_version()) end
+
+-- True when the CUDA backend is loaded and sees a GPU.
+function ur.gpu() return C.ur_device_count() > 0 end
+function ur.devices() return C.ur_device_count() end
+function ur.cuda_built() return C.ur_cuda_built() ~= 0 end
+function ur.cuda_archs() return ffi.string(C.ur_cuda_archs()) end
+function ur.cuda_error() return ffi.string(C.ur_cuda_error()) end
+
+function ur.device_props(dev)
+  local p = ffi.new("ur_device_props")
+  local ok, err = check(C.ur_device_props_get(dev or 0, p))
+  if not ok then return nil, err end
+  return {
+    name = ffi.string(p.name), ordinal = p.ordinal, capability = p.major .. "." .. p.minor,
+    sm_count = p.sm_count, l2_bytes = tonumber(p.l2_bytes), total_bytes = tonumber(p.total_bytes),
+    free_bytes = tonumber(p.free_bytes), managed_memory = p.managed_memory ~= 0,
+    concurrent_managed_access = p.concurrent_managed_access ~= 0,
+    pageable_memory_access = p.pageable_memory_access ~= 0,
+    stream_priority_low = p.stream_priority_low, stream_priority_high = p.stream_priority_high,
+  }
+end
+
+function ur.set_device(dev) return check(C.ur_device_set(dev)) end
+function ur.sync() return check(C.ur_device_sync()) end
+
+local units = { B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12,
+                KIB = 2 ^ 10, MIB = 2 ^ 20, GIB = 2 ^ 30, TIB = 2 ^ 40 }
+
+-- Bytes from a number or a string such as "512MiB" or "16 GB".
+function ur.bytes(v)
+  if type(v) == "number" and v >= 0 and v == math.floor(v) then return v end
+  local n, u = tostring(v):match("^%s*([%d%.]+)%s*(%a*)%s*$")
+  local scale = units[(u or ""):upper() ~= "" and (u or ""):upper() or "B"]
+  if not n or not tonumber(n) or not scale then
+    error("bytes: '" .. tostring(v) .. "' is not a size; expected a number of bytes or e.g. '16GiB'", 2)
+  end
+  return math.floor(tonumber(n) * scale)
+end
+
+-- Every byte the engine places on a GPU counts against the budget; nil or 0 removes it.
+function ur.set_hbm_budget(v)
+  return check(C.ur_set_hbm_budget(v and ur.bytes(v) or 0))
+end
+
+function ur.hbm_budget() return tonumber(C.ur_hbm_budget()) end
+
+function ur.memory()
+  local m = ffi.new("ur_memory_stats")
+  C.ur_memory(m)
+  return {
+    host = tonumber(m.bytes[C.UR_PLACE_HOST]), pinned = tonumber(m.bytes[C.UR_PLACE_PINNED]),
+    device = tonumber(m.bytes[C.UR_PLACE_DEVICE]), managed = tonumber(m.bytes[C.UR_PLACE_MANAGED]),
+    managed_on_gpu = tonumber(m.managed_on_gpu), hbm_used = tonumber(m.hbm_used),
+    hbm_budget = tonumber(m.hbm_budget), hbm_peak = tonumber(m.hbm_peak),
+  }
+end
+
+function ur.hint_page_bytes() return tonumber(C.ur_hint_page_bytes()) end
+function ur.set_hint_page_bytes(n) return lib.must(C.ur_set_hint_page_bytes(n)) end
+
+-- The hint log: every advise and prefetch, newest last; `since` is the last seq already seen.
+function ur.hint_log(since)
+  local total = tonumber(C.ur_hint_log_total())
+  local first = math.max((since or 0) + 1, total - tonumber(C.ur_hint_log_capacity()) + 1, 1)
+  local rec, out = ffi.new("ur_hint_record"), {}
+  for seq = first, total do
+    lib.must(C.ur_hint_log_get(seq, rec))
+    out[#out + 1] = {
+      seq = tonumber(rec.seq), tensor_id = tonumber(rec.tensor_id),
+      kind = rec.is_prefetch ~= 0 and "prefetch" or "advise",
+      advice = rec.is_prefetch == 0 and ffi.string(C.ur_advice_name(rec.advice)) or nil,
+      location = lib.location_name(rec.location), applied = rec.applied ~= 0,
+      range = tensor.range_table(rec.range),
+    }
+  end
+  return out
+end
+
+function ur.clear_hint_log() C.ur_hint_log_clear() end
+
+-- The migration monitor: bytes migrated each way and page faults, per interval.
+ur.monitor = {}
+function ur.monitor.start() return check(C.ur_monitor_start()) end
+function ur.monitor.stop() return check(C.ur_monitor_stop()) end
+function ur.monitor.read(reset)
+  local s = ffi.new("ur_migration_stats")
+  local ok, err = check(C.ur_monitor_read(s, reset and 1 or 0))
+  if not ok then return nil, err end
+  return {
+    bytes_htod = tonumber(s.bytes_htod), bytes_dtoh = tonumber(s.bytes_dtoh),
+    gpu_page_faults = tonumber(s.gpu_page_faults), cpu_page_faults = tonumber(s.cpu_page_faults),
+    thrashing = tonumber(s.thrashing), throttling = tonumber(s.throttling),
+    remote_map = tonumber(s.remote_map), seconds = s.seconds,
+  }
+end
+
+return ur

@@ -1,0 +1,93 @@
+-- The engine's shared library, loaded once: the namespace every module uses, and the one
+-- helper that turns a ur_status into Lua's error conventions.
+local ffi = require "ffi"
+
+ffi.cdef(require "uvmrec.cdef")
+
+local function find()
+  local env = os.getenv("UVMREC_LIB")
+  if env and env ~= "" then return env end
+  local path = package.searchpath("libuvmrec", package.cpath)
+  if path then return path end
+  error("uvmrec: libuvmrec.so not found on package.cpath (" .. package.cpath ..
+        "); run `make` and `eval $(make -s env)`, or set UVMREC_LIB", 0)
+end
+
+-- A host program that links the engine statically exports its symbols: use them.
+local C
+do
+  local ok = pcall(function() return ffi.C.ur_version end)
+  C = ok and ffi.C or ffi.load(find())
+end
+
+local M = { C = C }
+
+-- Misuse (UR_STATUS_INVALID) raises at the caller's caller; environmental failures (memory,
+-- device, missing GPU) return nil, message.
+function M.check(st, level)
+  if st == 0 then return true end
+  local msg = ffi.string(C.ur_last_error())
+  if st == C.UR_STATUS_INVALID then error(msg, (level or 2) + 1) end
+  return nil, msg
+end
+
+-- Like check, but raises for every failure: for calls whose only failures are misuse.
+function M.must(st, level)
+  if st == 0 then return true end
+  error(ffi.string(C.ur_last_error()), (level or 2) + 1)
+end
+
+local loc_buf = ffi.new("char[32]")
+local loc_out = ffi.new("int32_t[1]")
+
+-- Locations: "cpu", "gpu", "cuda:N", or an integer (-1 the CPU, N >= 0 a GPU).
+function M.location(v, level)
+  if type(v) ~= "string" and type(v) ~= "number" then
+    error("location: expected cpu, gpu, cuda:N or a device number, got " .. type(v), (level or 2) + 1)
+  end
+  M.must(C.ur_location_parse(tostring(v), loc_out), (level or 2) + 1)
+  return loc_out[0]
+end
+
+function M.location_name(loc)
+  if C.ur_location_format(loc, loc_buf, 32) ~= 0 then return tostring(loc) end
+  return ffi.string(loc_buf)
+end
+
+-- An enum from its name, through the engine's parser (one spelling everywhere).
+function M.enum(parse, ctype, v, what, level)
+  local out = ffi.new(ctype .. "[1]")
+  if type(v) ~= "string" then
+    error(what .. ": expected a name, got " .. type(v), (level or 2) + 1)
+  end
+  M.must(parse(v, out), (level or 2) + 1)
+  return out[0]
+end
+
+-- Handles: a small struct boxing the engine's pointer, so that t[i] reaches the metatable
+-- (a bare pointer would be indexed as an array) and free() can clear it.  The finalizer frees
+-- what free() has not; free() twice is harmless, any other use after it an error.
+function M.handle_type(ctype, cfree, mt)
+  local box = ffi.metatype(ffi.typeof("struct { " .. ctype .. " *p; }"), mt)
+  local function finalize(b)
+    if b.p ~= nil then
+      cfree(b.p)
+      b.p = nil
+    end
+  end
+  local function wrap(p) return ffi.gc(box(p), finalize) end
+  local function free(b)
+    ffi.gc(b, nil)
+    finalize(b)
+  end
+  return wrap, free
+end
+
+-- The engine pointer of a handle, or an error naming the object when it was freed.
+function M.ptr(h, what, level)
+  local p = h.p
+  if p == nil then error(what .. ": used after free()", (level or 2) + 1) end
+  return p
+end
+
+return M

@@ -1,0 +1,58 @@
+-- Streams (with priority) and events, as FFI objects with methods.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local C, check, ptr = lib.C, lib.check, lib.ptr
+
+local M = {}
+
+local stream_methods = {}
+local wrap_stream, free_stream = lib.handle_type("ur_stream", C.ur_stream_free, {
+  __index = stream_methods,
+  __tostring = function(s)
+    if s.p == nil then return "stream (freed)" end
+    return ("stream (priority %d)"):format(C.ur_stream_priority(s.p))
+  end,
+})
+
+function stream_methods:sync() return check(C.ur_stream_sync(ptr(self, "stream"))) end
+function stream_methods:priority() return C.ur_stream_priority(ptr(self, "stream")) end
+stream_methods.free = free_stream
+
+-- The engine pointer of an optional stream argument (nil: the default stream).
+function M.handle(s, level)
+  if s == nil then return nil end
+  return ptr(s, "stream", (level or 2) + 1)
+end
+
+-- ur.stream{priority = n}: lower numbers run first on CUDA (its convention).
+function M.stream(opts)
+  local out = ffi.new("ur_stream *[1]")
+  local ok, err = check(C.ur_stream_new(out, opts and opts.priority or 0))
+  if not ok then return nil, err end
+  return wrap_stream(out[0])
+end
+
+local event_methods = {}
+local wrap_event, free_event = lib.handle_type("ur_event", C.ur_event_free, { __index = event_methods })
+
+function event_methods:record(stream)
+  return check(C.ur_event_record(ptr(self, "event"), M.handle(stream)))
+end
+function event_methods:sync() return check(C.ur_event_sync(ptr(self, "event"))) end
+local ms = ffi.new("double[1]")
+-- Milliseconds from self to later.
+function event_methods:elapsed(later)
+  local ok, err = check(C.ur_event_elapsed(ptr(self, "event"), ptr(later, "event"), ms))
+  if not ok then return nil, err end
+  return ms[0]
+end
+event_methods.free = free_event
+
+function M.event()
+  local out = ffi.new("ur_event *[1]")
+  local ok, err = check(C.ur_event_new(out))
+  if not ok then return nil, err end
+  return wrap_event(out[0])
+end
+
+return M

@@ -1,0 +1,256 @@
+-- Tensors as FFI objects: constructors, methods, memory hints and printing.
+-- Element indices (t[i], offsets of hints) are 0-based and count elements, as in the C API.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local streams = require "uvmrec.stream"
+local C, check, must = lib.C, lib.check, lib.must
+
+local M = {}
+local methods = {}
+
+local function T(t) return lib.ptr(t, "tensor", 3) end
+local function S(s) return streams.handle(s, 3) end
+
+local int64s = ffi.typeof("int64_t[?]")
+
+local function parse_shape(shape)
+  if type(shape) == "number" then shape = { shape } end
+  if type(shape) ~= "table" or #shape < 1 or #shape > 4 then
+    error("tensor: shape must be a list of 1 to 4 sizes, got " .. tostring(shape), 4)
+  end
+  local dims = int64s(#shape)
+  for i, n in ipairs(shape) do
+    if type(n) ~= "number" or n < 0 or n ~= math.floor(n) then
+      error(("tensor: size %d of the shape is %s; expected a whole number >= 0"):format(i, tostring(n)), 4)
+    end
+    dims[i - 1] = n
+  end
+  return dims, #shape
+end
+
+local function place_of(name) return lib.enum(C.ur_place_parse, "ur_place", name, "placement", 4) end
+local function dtype_of(name) return lib.enum(C.ur_dtype_parse, "ur_dtype", name, "dtype", 4) end
+
+local wrap, free_tensor -- set below, once the metatable is complete
+
+local function new(shape, dtype, place, device)
+  local dims, nd = parse_shape(shape)
+  local out = ffi.new("ur_tensor *[1]")
+  local ok, err = check(C.ur_tensor_new(out, dtype, nd, dims, place, device), 3)
+  if not ok then return nil, err end
+  return wrap(out[0])
+end
+
+local function device_for(place, device)
+  if device ~= nil then return lib.location(device, 4) end
+  if place == C.UR_PLACE_DEVICE or place == C.UR_PLACE_MANAGED then
+    if C.ur_device_count() > 0 then
+      local d = ffi.new("int32_t[1]")
+      C.ur_device_get(d)
+      return d[0]
+    end
+    return 0
+  end
+  return -1
+end
+
+-- ur.tensor(shape, {placement = "host", dtype = "f32", device = n}).
+function M.tensor(shape, opts)
+  opts = opts or {}
+  local place = place_of(opts.placement or "host")
+  return new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
+end
+
+-- ur.uvm_tensor(shape, {device = 0, dtype = "f32"}) or the seed's ur.uvm_tensor(shape, gpu_id).
+function M.uvm_tensor(shape, opts)
+  if type(opts) == "number" then opts = { device = opts } end
+  opts = opts or {}
+  local place = C.UR_PLACE_MANAGED
+  return new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
+end
+
+function methods:dtype() return ffi.string(C.ur_dtype_name(C.ur_tensor_dtype(T(self)))) end
+function methods:placement() return ffi.string(C.ur_place_name(C.ur_tensor_place(T(self)))) end
+function methods:device() return C.ur_tensor_device(T(self)) end
+function methods:dim() return C.ur_tensor_ndim(T(self)) end
+function methods:numel() return tonumber(C.ur_tensor_numel(T(self))) end
+function methods:nbytes() return tonumber(C.ur_tensor_nbytes(T(self))) end
+function methods:id() return tonumber(C.ur_tensor_id(T(self))) end
+function methods:refs() return C.ur_tensor_refs(T(self)) end
+function methods:size(i)
+  local p = T(self)
+  if i then return tonumber(C.ur_tensor_dim(p, i - 1)) end
+  local s = {}
+  for k = 0, C.ur_tensor_ndim(p) - 1 do s[k + 1] = tonumber(C.ur_tensor_dim(p, k)) end
+  return s
+end
+methods.shape = methods.size
+
+local desc_buf = ffi.new("char[512]")
+function methods:describe()
+  C.ur_tensor_describe(T(self), desc_buf, 512)
+  return ffi.string(desc_buf)
+end
+
+-- A view of rows row0 .. row0 + nrows - 1 (0-based), sharing the storage.
+function methods:view(row0, nrows)
+  local out = ffi.new("ur_tensor *[1]")
+  must(C.ur_tensor_view(T(self), out, row0, nrows))
+  return wrap(out[0])
+end
+
+function methods:to(placement, device, stream)
+  local place = place_of(placement)
+  local out = ffi.new("ur_tensor *[1]")
+  local ok, err = check(C.ur_tensor_to(S(stream), T(self), out, place, device_for(place, device)))
+  if not ok then return nil, err end
+  return wrap(out[0])
+end
+
+function methods:copy(src, stream)
+  local ok, err = check(C.ur_tensor_copy(S(stream), lib.ptr(src, "tensor copy source", 2), T(self)))
+  if not ok then return nil, err end
+  return self
+end
+
+function methods:fill(v, stream)
+  local ok, err = check(C.ur_tensor_fill(S(stream), T(self), v))
+  if not ok then return nil, err end
+  return self
+end
+
+-- Counter-based: the same seed gives the same numbers on the CPU and the GPU.
+function methods:uniform(lo, hi, seed, stream)
+  local ok, err = check(C.ur_tensor_rand(S(stream), T(self), C.UR_DIST_UNIFORM, lo or 0, hi or 1, seed or 0))
+  if not ok then return nil, err end
+  return self
+end
+
+function methods:normal(mean, std, seed, stream)
+  local ok, err = check(C.ur_tensor_rand(S(stream), T(self), C.UR_DIST_NORMAL, mean or 0, std or 1, seed or 0))
+  if not ok then return nil, err end
+  return self
+end
+
+local value = ffi.new("double[1]")
+function methods:get(i)
+  local ok, err = check(C.ur_tensor_get(T(self), i, value))
+  if not ok then error(err, 2) end
+  return value[0]
+end
+
+function methods:set(i, v)
+  local ok, err = check(C.ur_tensor_set(T(self), i, v))
+  if not ok then error(err, 2) end
+end
+
+-- Elements first .. first + count - 1 as a Lua list of numbers (one bulk read).
+function methods:totable(first, count)
+  first = first or 0
+  count = count or (self:numel() - first)
+  local buf = ffi.new("double[?]", math.max(count, 1))
+  local ok, err = check(C.ur_tensor_read_f64(T(self), first, count, buf))
+  if not ok then return nil, err end
+  local out = {}
+  for i = 0, count - 1 do out[i + 1] = buf[i] end
+  return out
+end
+
+-- Memory hints: offset and numel count elements of this tensor; the engine rounds the range
+-- out to whole pages and returns what it used.
+local function range_table(r)
+  return { offset = tonumber(r.offset), numel = tonumber(r.numel),
+           byte_begin = tonumber(r.byte_begin), byte_end = tonumber(r.byte_end),
+           page_bytes = tonumber(r.page_bytes), rounded = r.rounded ~= 0 }
+end
+M.range_table = range_table
+
+local range = ffi.new("ur_range")
+function methods:advise(offset, numel, advice, location)
+  local a = lib.enum(C.ur_advice_parse, "ur_advice", advice, "advise", 3)
+  local loc = location == nil and C.UR_LOC_CURRENT_GPU or lib.location(location, 3)
+  local ok, err = check(C.ur_tensor_advise(T(self), offset, numel, a, loc, range))
+  if not ok then return nil, err end
+  return range_table(range)
+end
+
+function methods:prefetch(offset, numel, location, stream)
+  local loc = location == nil and C.UR_LOC_CURRENT_GPU or lib.location(location, 3)
+  local ok, err = check(C.ur_tensor_prefetch(S(stream), T(self), offset, numel, loc, range))
+  if not ok then return nil, err end
+  return range_table(range)
+end
+
+local function tri(v) if v == -1 then return "mixed" end return v == 1 end
+
+-- What the driver's range attributes say (or the engine's record, without a GPU): advice,
+-- not a measurement.  Use residency() for where the pages are.
+local advised = ffi.new("ur_advised")
+function methods:advised(offset, numel)
+  offset = offset or 0
+  numel = numel or (self:numel() - offset)
+  local ok, err = check(C.ur_tensor_advised(T(self), offset, numel, advised))
+  if not ok then return nil, err end
+  local by = {}
+  if advised.accessed_by_cpu == 1 then by[#by + 1] = "cpu" end
+  for g = 0, 62 do
+    if bit.band(bit.rshift(advised.accessed_by_gpus, g), 1ULL) ~= 0ULL then by[#by + 1] = "cuda:" .. g end
+  end
+  return {
+    preferred_location = lib.location_name(advised.preferred_location),
+    last_prefetch_location = lib.location_name(advised.last_prefetch_location),
+    accessed_by = by,
+    accessed_by_cpu = tri(advised.accessed_by_cpu),
+    read_mostly = tri(advised.read_mostly),
+    from_driver = advised.from_driver ~= 0,
+    range = range_table(advised.range),
+  }
+end
+
+local res = ffi.new("ur_residency")
+-- Measured: a timed read of the range on the GPU (which can itself migrate pages that are not
+-- mapped for the GPU).  Needs a GPU: returns nil, message otherwise.
+function methods:residency(offset, numel, stream)
+  offset = offset or 0
+  numel = numel or (self:numel() - offset)
+  local ok, err = check(C.ur_tensor_residency(S(stream), T(self), offset, numel, res))
+  if not ok then return nil, err end
+  return { fast = res.fast ~= 0, gbps = res.gbps, seconds = res.seconds,
+           where = res.fast ~= 0 and "gpu" or "host", range = range_table(res.range) }
+end
+
+
+local function fmt(v)
+  if v == math.floor(v) and math.abs(v) < 1e15 then return ("%d"):format(v) end
+  return ("%.4g"):format(v)
+end
+
+local function show(t)
+  if t.p == nil then return "tensor (freed)" end
+  local s = t:describe()
+  local n = t:numel()
+  if n == 0 then return s end
+  local k = math.min(n, 6)
+  local vals = t:totable(0, k)
+  if not vals then return s end
+  for i = 1, #vals do vals[i] = fmt(vals[i]) end
+  return s .. " {" .. table.concat(vals, ", ") .. (n > k and ", ...}" or "}")
+end
+
+wrap, free_tensor = lib.handle_type("ur_tensor", C.ur_tensor_free, {
+  __index = function(t, k)
+    if type(k) == "number" then return methods.get(t, k) end
+    return methods[k]
+  end,
+  __newindex = function(t, k, v)
+    if type(k) ~= "number" then error("tensor: cannot set field '" .. tostring(k) .. "'", 2) end
+    methods.set(t, k, v)
+  end,
+  __len = function(t) return methods.numel(t) end,
+  __tostring = show,
+})
+
+methods.free = free_tensor
+M.methods = methods
+M.wrap = wrap
+return M

@@ -1,0 +1,69 @@
+local ffi = require "ffi"
+local ur = require "uvmrec"
+local C = ur.C
+
+describe("uvmrec FFI", function()
+  it("sees each public struct at the size the C compiler gave it", function()
+    for _, name in ipairs { "range", "advised", "hint_record", "device_props", "memory_stats",
+                            "migration_stats", "residency" } do
+      assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
+    end
+  end)
+
+  it("has cdef.lua equal to the marked block of uvmrec.h", function()
+    local h = io.open("engine/include/uvmrec.h")
+    if not h then pending("not in a source tree") return end
+    local text = h:read("*a")
+    h:close()
+    local block = text:match("\n/%* UR_CDEF_BEGIN %*/\n(.-)/%* UR_CDEF_END %*/\n")
+    assert.truthy(block, "marked block found")
+    block = block:gsub("\nUR_API ", "\n"):gsub("^UR_API ", "")
+    assert.equal(block, require "uvmrec.cdef")
+  end)
+
+  it("loads from plain luajit with the paths `make env` prints", function()
+    local mk = io.open("Makefile")
+    if not mk then pending("not in a source tree") return end
+    mk:close()
+    local p = io.popen("make -s env 2>&1")
+    local exports = p:read("*a")
+    p:close()
+    assert.matches("^export LUA_PATH=", exports)
+    local cmd = "env -i PATH=\"$PATH\" sh -c '" .. exports:gsub("'", "'\\''"):gsub("\n", "") ..
+      "; cd /tmp && luajit -e \"local ur = require [[uvmrec]]; print(ur.uvm_tensor({1024, 128}))\"' 2>&1"
+    p = io.popen(cmd)
+    local out = p:read("*a")
+    p:close()
+    assert.matches("^tensor f32 %[1024, 128%] managed", out)
+  end)
+
+  it("names statuses, dtypes, placements and advice both ways", function()
+    assert.equal("out of memory", ffi.string(C.ur_status_name(C.UR_STATUS_OOM)))
+    local d = ffi.new("ur_dtype[1]")
+    for i, n in ipairs { "f32", "bf16", "f16", "i8", "u8", "i32", "i64" } do
+      assert.equal(0, C.ur_dtype_parse(n, d))
+      assert.equal(i - 1, tonumber(d[0]))
+      assert.equal(n, ffi.string(C.ur_dtype_name(d[0])))
+    end
+    assert.equal(8, tonumber(C.ur_dtype_size(C.UR_DTYPE_I64)))
+    local a = ffi.new("ur_advice[1]")
+    assert.equal(0, C.ur_advice_parse("cudaMemAdviseSetAccessedBy", a))
+    assert.equal(C.UR_ADVICE_ACCESSED_BY, tonumber(a[0]))
+    local l = ffi.new("int32_t[1]")
+    for text, want in pairs { cpu = -1, gpu = C.UR_LOC_CURRENT_GPU, ["cuda:3"] = 3, ["-1"] = -1, ["2"] = 2 } do
+      assert.equal(0, C.ur_location_parse(text, l))
+      assert.equal(want, l[0])
+    end
+  end)
+
+  it("rejects unknown names with messages that list what is expected", function()
+    local d = ffi.new("ur_dtype[1]")
+    assert.equal(C.UR_STATUS_INVALID, C.ur_dtype_parse("f64", d))
+    assert.matches("'f64' is not a dtype; expected f32", ffi.string(C.ur_last_error()))
+    local l = ffi.new("int32_t[1]")
+    for _, bad in ipairs { "cuda:", "cuda:-1", "gpu0", "64", "-2", "" } do
+      assert.equal(C.UR_STATUS_INVALID, C.ur_location_parse(bad, l), bad)
+      assert.matches("is not a location; expected cpu, gpu, cuda:N", ffi.string(C.ur_last_error()))
+    end
+  end)
+end)

@@ -1,0 +1,66 @@
+local ur = require "uvmrec"
+
+local MiB = 2 ^ 20
+
+describe("uvmrec memory and the HBM budget", function()
+  after_each(function() ur.set_hbm_budget(nil) end)
+
+  it("counts the bytes of each placement, and gives them back on free", function()
+    local m0 = ur.memory()
+    local a = ur.tensor({ 1000 }, { dtype = "i64" })
+    local b = ur.uvm_tensor({ 250 }, 0)
+    local v = a:view(0, 10)
+    local m1 = ur.memory()
+    assert.same({ 8000, 1000 }, { m1.host - m0.host, m1.managed - m0.managed })
+    a:free()
+    assert.equal(8000, ur.memory().host - m0.host) -- the view holds the storage
+    v:free()
+    b:free()
+    local m2 = ur.memory()
+    assert.same({ m0.host, m0.managed }, { m2.host, m2.managed })
+  end)
+
+  it("parses sizes with units", function()
+    assert.same({ 512 * MiB, 16e9, 3 }, { ur.bytes("512MiB"), ur.bytes("16 GB"), ur.bytes(3) })
+    assert.has_error(function() ur.bytes("lots") end,
+      "bytes: 'lots' is not a size; expected a number of bytes or e.g. '16GiB'")
+  end)
+
+  it("counts managed bytes preferred on or prefetched to a GPU against the budget", function()
+    local t = ur.uvm_tensor({ 2 * MiB / 4 }, 0)       -- 2 MiB, 512 pages
+    local half = MiB / 4
+    local used0 = ur.memory().hbm_used
+    ur.set_hbm_budget(used0 + MiB)
+    assert.equal(used0 + MiB, ur.memory().hbm_budget)
+    assert.truthy(t:advise(0, half, "preferred_location", "gpu"))
+    assert.equal(used0 + MiB, ur.memory().hbm_used)
+    assert.equal(MiB, ur.memory().managed_on_gpu)
+    -- More would pass the budget: refused, and nothing changes.
+    local n0 = #ur.hint_log()
+    local ok, err = t:prefetch(half, 1, "gpu")
+    assert.is_nil(ok)
+    assert.matches("^hbm budget: prefetch on managed tensor #%d+ asks for 4%.0 KiB %(4096 bytes%) on the GPU, " ..
+                   "[%d.]+ MiB are in use, and the budget is [%d.]+ MiB", err)
+    assert.equal(n0, #ur.hint_log())
+    assert.equal("none", t:advised(half, 1).last_prefetch_location)
+    -- A prefetch to the CPU of preferred-GPU pages frees nothing; unsetting the preference does.
+    t:prefetch(0, half, "cpu")
+    assert.equal(used0 + MiB, ur.memory().hbm_used)
+    t:advise(0, half, "unset_preferred_location", "gpu")
+    assert.equal(used0, ur.memory().hbm_used)
+    assert.truthy(t:prefetch(half, half, "gpu"))
+    assert.equal(used0 + MiB, ur.memory().hbm_used)
+    assert.is_true(ur.memory().hbm_peak >= used0 + MiB)
+    t:free()
+    assert.equal(used0, ur.memory().hbm_used)
+    assert.equal(0, ur.memory().managed_on_gpu)
+  end)
+
+  it("lets accessed_by and read_mostly through: they place nothing", function()
+    ur.set_hbm_budget(4096)
+    local t = ur.uvm_tensor({ MiB }, 0)
+    assert.truthy(t:advise(0, MiB, "accessed_by", "gpu"))
+    assert.truthy(t:advise(0, MiB, "read_mostly", "gpu"))
+    assert.truthy(t:advise(0, MiB, "preferred_location", "cpu"))
+  end)
+end)
