@@ -18,9 +18,11 @@ endif
 comma    := ,
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(if $(filter 1,$(WERROR)),-Werror)
 SANFLAGS := $(if $(filter 1,$(SAN)),-fsanitize=address$(comma)undefined -fno-omit-frame-pointer)
-CFLAGS_ENGINE := -std=c11 -O2 -g -fPIC -fvisibility=hidden -pthread -D_GNU_SOURCE $(WARN) $(SANFLAGS) \
+CFLAGS_ENGINE := -std=c11 -O2 -g -ffp-contract=off -fPIC -fvisibility=hidden -pthread -D_GNU_SOURCE $(WARN) $(SANFLAGS) \
                  -Iengine/include -Iengine/src
-NVFLAGS  := -O3 -std=c++17 $(CUDA_ARCH) -Iengine/include -Iengine/src -Ikernels \
+# "sm_80 sm_90 compute_90" from CUDA_ARCH's code= parts, for `uvmrec --version`.
+CUDA_ARCH_NAMES := $(patsubst code=%,%,$(filter code=%,$(subst $(comma), ,$(CUDA_ARCH))))
+NVFLAGS  := -O3 -std=c++17 $(CUDA_ARCH) -DUR_CUDA_ARCHS='"$(CUDA_ARCH_NAMES)"' -Iengine/include -Iengine/src -Ikernels \
             -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra$(if $(filter 1,$(WERROR)),$(comma)-Werror)
 
 ENGINE_SRC := $(wildcard engine/src/*.c)
@@ -39,7 +41,7 @@ LUA_PATH_TREE  := $(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;
 LUA_CPATH_TREE := $(CURDIR)/$(BUILD)/lib/?.so;;
 RUN_ENV := LUA_PATH='$(LUA_PATH_TREE)' LUA_CPATH='$(LUA_CPATH_TREE)'
 
-.PHONY: all deps test test-gpu lint run clean env
+.PHONY: all deps test test-gpu lint run clean env examples
 all: $(LIBS) $(CDEF)
 	@echo "built: $(LIBS)"
 	@echo "for plain luajit:"
@@ -82,6 +84,12 @@ $(BUILD)/cuobj/%.o: %.cu engine/include/uvmrec.h $(wildcard engine/src/*.h kerne
 $(BUILD)/lib/libuvmrec_cuda.so: $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) -shared --cudart static $(CUDA_ARCH) -o $@ $^ -ldl -lpthread
+
+# Host programs on the C API alone, linked statically to the engine so they run on a GPU host.
+examples: $(BUILD)/bin/uvm_migration
+$(BUILD)/bin/%: engine/examples/%.c $(BUILD)/lib/libuvmrec.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -Iengine/include $< $(BUILD)/lib/libuvmrec.a -pthread -ldl -lm -o $@
 
 # The FFI declarations come from the marked block of the public header, so they cannot drift.
 $(CDEF): engine/include/uvmrec.h

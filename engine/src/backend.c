@@ -12,6 +12,7 @@ pthread_mutex_t ur__lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static const ur_backend *gpu;
 static int cuda_loaded;
+static char cuda_archs[128];
 static char cuda_why[4096];
 static volatile sig_atomic_t interrupt_flag;
 
@@ -71,6 +72,8 @@ static void load(void) {
     return;
   }
   cuda_loaded = 1;
+  ur_backend_archs_fn archs = (ur_backend_archs_fn)dlsym(h, UR_CUDA_BACKEND_ARCHS);
+  if (archs) snprintf(cuda_archs, sizeof cuda_archs, "%s", archs());
   const ur_backend *b = NULL;
   if (init(&core_api, &b) != UR_STATUS_OK || !b) {
     snprintf(cuda_why, sizeof cuda_why, "%s", ur_last_error());
@@ -99,7 +102,10 @@ int ur_cuda_built(void) {
   return cuda_loaded;
 }
 
-const char *ur_cuda_archs(void) { return ur__gpu() ? gpu->archs : ""; }
+const char *ur_cuda_archs(void) {
+  pthread_once(&once, load);
+  return cuda_archs;
+}
 
 const char *ur_cuda_error(void) {
   pthread_once(&once, load);

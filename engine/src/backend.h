@@ -64,8 +64,11 @@ typedef struct ur_backend {
   ur_status (*monitor_stop)(void);
 } ur_backend;
 
-/* The one symbol libuvmrec_cuda.so exports. */
+/* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which
+ * work without a GPU). */
 typedef ur_status (*ur_backend_init_fn)(const ur_core_api *core, const ur_backend **out);
+typedef const char *(*ur_backend_archs_fn)(void);
 #define UR_CUDA_BACKEND_INIT "ur_cuda_backend_init"
+#define UR_CUDA_BACKEND_ARCHS "ur_cuda_backend_archs"
 
 #endif

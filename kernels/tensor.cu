@@ -1,0 +1,206 @@
+/* tensor.cu: whole-tensor kernels (fill, counter-based random numbers, timed read probe)
+ * and their launch wrappers.  Grid-stride loops with 64-bit indices, since one managed
+ * table can pass 100 GB. */
+#include <atomic>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "philox.h"
+
+#define UR_THREADS 256
+/* Enough blocks to fill every SM several times over; beyond that a grid-stride loop does
+ * the same work with less launch overhead. */
+#define UR_BLOCKS_PER_SM 32
+
+/* The probe's only store target, written only if a read sums to the caller's magic.  It has
+ * external linkage so that the compiler must keep the store, and with it the loads. */
+__device__ unsigned long long ur__probe_sink;
+
+/* Blocks for `work` items of one thread each, capped at UR_BLOCKS_PER_SM per SM of the
+ * current device.  SM counts are cached because the attribute query costs a driver call
+ * per launch otherwise. */
+static cudaError_t ur_grid_size(size_t work, unsigned *blocks) {
+  static std::atomic<int> sm_cache[UR_MAX_GPUS + 1];
+  int dev = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev >= 0 && dev <= UR_MAX_GPUS) sms = sm_cache[dev].load(std::memory_order_relaxed);
+  if (sms <= 0) {
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    if (dev >= 0 && dev <= UR_MAX_GPUS) sm_cache[dev].store(sms, std::memory_order_relaxed);
+  }
+  size_t want = (work + UR_THREADS - 1) / UR_THREADS;
+  size_t cap = (size_t)(sms > 0 ? sms : 1) * UR_BLOCKS_PER_SM;
+  if (want == 0) want = 1;
+  *blocks = (unsigned)(want < cap ? want : cap);
+  return cudaSuccess;
+}
+
+/* ---- fill ---- */
+
+/* The 16-byte aligned middle is written as uint4 holding the pattern repeated; head and
+ * tail (fewer than 16 / sizeof(T) elements each) take scalar stores. */
+template <typename T>
+__global__ void ur_fill_kernel(T *dst, size_t n, T value, uint4 pattern, size_t head,
+                               size_t nvec) {
+  size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  size_t stride = (size_t)gridDim.x * blockDim.x;
+  uint4 *body = reinterpret_cast<uint4 *>(dst + head);
+  for (size_t i = tid; i < nvec; i += stride) body[i] = pattern;
+  size_t tail0 = head + nvec * (16 / sizeof(T));
+  /* head and tail are under 16 elements, and one block has more threads than that */
+  if (tid < head) dst[tid] = value;
+  if (tid < n - tail0) dst[tail0 + tid] = value;
+}
+
+template <typename T>
+static cudaError_t ur_fill_launch(cudaStream_t stream, void *dst, size_t n, uint64_t value) {
+  uintptr_t addr = (uintptr_t)dst;
+  if (addr % sizeof(T) != 0) return cudaErrorMisalignedAddress;
+  const size_t per = 16 / sizeof(T);
+  size_t head = ((16 - (addr & 15)) & 15) / sizeof(T);
+  if (head > n) head = n;
+  size_t nvec = (n - head) / per;
+  /* Replicate the element to 8 bytes, then to 16. */
+  uint64_t v = value;
+  for (size_t w = sizeof(T); w < 8; w *= 2) {
+    v &= (w == 1) ? 0xFFull : (w == 2) ? 0xFFFFull : 0xFFFFFFFFull;
+    v |= v << (8 * w);
+  }
+  uint4 pattern = make_uint4((unsigned)v, (unsigned)(v >> 32), (unsigned)v, (unsigned)(v >> 32));
+  unsigned blocks = 0;
+  cudaError_t e = ur_grid_size(nvec, &blocks);
+  if (e != cudaSuccess) return e;
+  ur_fill_kernel<T><<<blocks, UR_THREADS, 0, stream>>>((T *)dst, n, (T)value, pattern, head,
+                                                       nvec);
+  return cudaGetLastError();
+}
+
+cudaError_t ur__cuda_fill(cudaStream_t stream, void *dst, size_t n, size_t elem_bytes,
+                          uint64_t value) {
+  if (n == 0) return cudaSuccess;
+  /* Clear an error left by an earlier, already reported call so that the launch check
+   * below reports this launch only (sticky errors come back regardless). */
+  (void)cudaGetLastError();
+  switch (elem_bytes) {
+  case 1: return ur_fill_launch<uint8_t>(stream, dst, n, value);
+  case 2: return ur_fill_launch<uint16_t>(stream, dst, n, value);
+  case 4: return ur_fill_launch<uint32_t>(stream, dst, n, value);
+  case 8: return ur_fill_launch<unsigned long long>(stream, dst, n, value);
+  default: return cudaErrorInvalidValue;
+  }
+}
+
+/* ---- rand ---- */
+
+/* The uniform branch repeats philox.h's a + (b - a) * (1 - u) with explicitly unfused
+ * operations: nvcc would contract it into an fma, whose single rounding can differ from
+ * the CPU's two and so break exact CPU/GPU parity (floor() for integer dtypes makes that
+ * visible).  The normal branch only promises 1 ulp of float, so it calls philox.h as is. */
+__device__ __forceinline__ double ur_rand_value(uint64_t counter, uint64_t seed, int normal,
+                                                double a, double b) {
+  if (normal) return ur_philox_value(counter, seed, 1, a, b);
+  ur_philox4 r = ur_philox(counter, seed);
+  double u = (double)ur_u01(r.v[0]);
+  return __dadd_rn(a, __dmul_rn(b - a, 1.0 - u));
+}
+
+__device__ __forceinline__ void ur_rand_store(float *p, double v) { *p = (float)v; }
+__device__ __forceinline__ void ur_rand_store(__half *p, double v) {
+  *p = __float2half_rn((float)v);
+}
+__device__ __forceinline__ void ur_rand_store(__nv_bfloat16 *p, double v) {
+  *p = __float2bfloat16_rn((float)v);
+}
+__device__ __forceinline__ void ur_rand_store(int8_t *p, double v) { *p = (int8_t)floor(v); }
+__device__ __forceinline__ void ur_rand_store(uint8_t *p, double v) { *p = (uint8_t)floor(v); }
+__device__ __forceinline__ void ur_rand_store(int32_t *p, double v) { *p = (int32_t)floor(v); }
+__device__ __forceinline__ void ur_rand_store(int64_t *p, double v) { *p = (int64_t)floor(v); }
+
+template <typename T>
+__global__ void ur_rand_kernel(T *dst, size_t n, uint64_t first, int normal, double a,
+                               double b, uint64_t seed) {
+  size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    ur_rand_store(dst + i, ur_rand_value(first + i, seed, normal, a, b));
+}
+
+template <typename T>
+static cudaError_t ur_rand_launch(cudaStream_t stream, void *dst, size_t n, uint64_t first,
+                                  int normal, double a, double b, uint64_t seed) {
+  unsigned blocks = 0;
+  cudaError_t e = ur_grid_size(n, &blocks);
+  if (e != cudaSuccess) return e;
+  ur_rand_kernel<T><<<blocks, UR_THREADS, 0, stream>>>((T *)dst, n, first, normal, a, b, seed);
+  return cudaGetLastError();
+}
+
+cudaError_t ur__cuda_rand(cudaStream_t stream, void *dst, ur_dtype dtype, size_t n,
+                          uint64_t first, ur_dist dist, double a, double b, uint64_t seed) {
+  if (n == 0) return cudaSuccess;
+  (void)cudaGetLastError(); /* see ur__cuda_fill */
+  int normal = dist == UR_DIST_NORMAL;
+  switch (dtype) {
+  case UR_DTYPE_F32: return ur_rand_launch<float>(stream, dst, n, first, normal, a, b, seed);
+  case UR_DTYPE_BF16:
+    return ur_rand_launch<__nv_bfloat16>(stream, dst, n, first, normal, a, b, seed);
+  case UR_DTYPE_F16: return ur_rand_launch<__half>(stream, dst, n, first, normal, a, b, seed);
+  case UR_DTYPE_I8: return ur_rand_launch<int8_t>(stream, dst, n, first, normal, a, b, seed);
+  case UR_DTYPE_U8: return ur_rand_launch<uint8_t>(stream, dst, n, first, normal, a, b, seed);
+  case UR_DTYPE_I32: return ur_rand_launch<int32_t>(stream, dst, n, first, normal, a, b, seed);
+  case UR_DTYPE_I64: return ur_rand_launch<int64_t>(stream, dst, n, first, normal, a, b, seed);
+  default: return cudaErrorInvalidValue;
+  }
+}
+
+/* ---- probe ---- */
+
+/* Four independent 16-byte loads in flight per thread and iteration, so that the read
+ * runs near the memory's bandwidth rather than at the latency of one load. */
+__global__ void ur_probe_kernel(const uint4 *body, size_t nvec, const unsigned char *head,
+                                size_t nhead, const unsigned char *tail, size_t ntail,
+                                unsigned long long magic) {
+  size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  size_t stride = (size_t)gridDim.x * blockDim.x;
+  unsigned long long sum = 0;
+  size_t i = tid;
+  for (; i + 3 * stride < nvec; i += 4 * stride) {
+    uint4 x0 = body[i], x1 = body[i + stride], x2 = body[i + 2 * stride];
+    uint4 x3 = body[i + 3 * stride];
+    sum += (unsigned long long)x0.x + x0.y + x0.z + x0.w + x1.x + x1.y + x1.z + x1.w;
+    sum += (unsigned long long)x2.x + x2.y + x2.z + x2.w + x3.x + x3.y + x3.z + x3.w;
+  }
+  for (; i < nvec; i += stride) {
+    uint4 x = body[i];
+    sum += (unsigned long long)x.x + x.y + x.z + x.w;
+  }
+  if (tid < nhead) sum += head[tid];
+  if (tid < ntail) sum += tail[tid];
+  if (sum == magic) ur__probe_sink = sum;
+}
+
+cudaError_t ur__cuda_probe_prepare(void) {
+  cudaFuncAttributes attr;
+  return cudaFuncGetAttributes(&attr, ur_probe_kernel);
+}
+
+cudaError_t ur__cuda_probe(cudaStream_t stream, const void *src, size_t bytes, uint64_t magic) {
+  if (bytes == 0) return cudaSuccess;
+  (void)cudaGetLastError(); /* see ur__cuda_fill */
+  const unsigned char *p = (const unsigned char *)src;
+  size_t nhead = (16 - ((uintptr_t)p & 15)) & 15;
+  if (nhead > bytes) nhead = bytes;
+  size_t nvec = (bytes - nhead) / 16;
+  size_t ntail = bytes - nhead - nvec * 16;
+  unsigned blocks = 0;
+  cudaError_t e = ur_grid_size(nvec, &blocks);
+  if (e != cudaSuccess) return e;
+  ur_probe_kernel<<<blocks, UR_THREADS, 0, stream>>>(
+      (const uint4 *)(p + nhead), nvec, p, nhead, p + nhead + nvec * 16, ntail,
+      (unsigned long long)magic);
+  return cudaGetLastError();
+}

@@ -1,0 +1,137 @@
+-- CUDA against the CPU backend, and what only a GPU can show: driver attributes, measured
+-- residency and migration.  Every test is #cuda: pending without a GPU.
+local ur = require "uvmrec"
+local h = require "helpers"
+local cuda_it = h.cuda_it
+
+local MiB = 2 ^ 20
+
+describe("uvmrec on CUDA", function()
+  after_each(function() ur.set_hbm_budget(nil) end)
+
+  cuda_it("reads the device's properties", function()
+    local p = assert(ur.device_props(0))
+    assert.is_true(#p.name > 0 and p.sm_count > 0 and p.total_bytes > 0 and p.l2_bytes > 0)
+    assert.is_true(p.managed_memory)
+    assert.truthy(ur.cuda_archs():match("sm_"))
+  end)
+
+  cuda_it("draws the CPU's random numbers on the device, for every dtype", function()
+    for _, dt in ipairs(h.dtypes) do
+      for _, dist in ipairs { "uniform", "normal" } do
+        local lo, hi = -3, 7
+        if dt == "u8" and dist == "uniform" then lo = 0 end
+        local cpu = ur.tensor({ 4099, 3 }, { dtype = dt })
+        local gpu = assert(ur.tensor({ 4099, 3 }, { dtype = dt, placement = "device" }))
+        cpu[dist](cpu, lo, hi, 77)
+        gpu[dist](gpu, lo, hi, 77)
+        local a, b = cpu:totable(), gpu:totable()
+        if dist == "normal" and dt ~= "u8" then
+          -- libm differs between host and device: allow one f32 rounding step (halves and
+          -- integers then agree but at rare boundaries, which near() also admits).
+          for i = 1, #a do h.near(b[i], a[i], dt:match("f") and 1e-2 or 1, dt .. " " .. i) end
+        elseif dist == "uniform" then
+          assert.same(a, b, dt .. " " .. dist)
+        end
+      end
+    end
+  end)
+
+  cuda_it("draws on a device view the numbers of the same elements of its tensor", function()
+    local t = ur.tensor({ 1000, 8 }, { placement = "device" }):uniform(0, 1, 3)
+    local v = ur.tensor({ 1000, 8 }, { placement = "device" }):view(500, 10):uniform(0, 1, 3)
+    assert.same(t:totable(4000, 80), v:totable())
+  end)
+
+  cuda_it("fills on the device like the CPU, for every dtype", function()
+    for _, dt in ipairs(h.dtypes) do
+      local v = dt == "u8" and 200 or -7
+      local g = ur.tensor({ 100003 }, { dtype = dt, placement = "device" }):fill(v)
+      assert.same({ v, v, v }, { g[0], g[50000], g[100002] }, dt)
+    end
+  end)
+
+  cuda_it("copies asynchronously on a stream, ordered by events", function()
+    local s = assert(ur.stream { priority = -1 })
+    local src = ur.tensor({ 8 * MiB }, { placement = "pinned" }):uniform(0, 1, 5)
+    local dev = ur.tensor({ 8 * MiB }, { placement = "device" })
+    local back = ur.tensor({ 8 * MiB }, { placement = "pinned" })
+    local e0, e1 = ur.event(), ur.event()
+    e0:record(s)
+    dev:copy(src, s)
+    back:copy(dev, s)
+    e1:record(s)
+    e1:sync()
+    assert.same(src:totable(0, 1000), back:totable(0, 1000))
+    assert.same(src:totable(8 * MiB - 1000, 1000), back:totable(8 * MiB - 1000, 1000))
+    assert.is_true(assert(e0:elapsed(e1)) > 0)
+  end)
+
+  cuda_it("counts device tensors against the HBM budget", function()
+    local used = ur.memory().hbm_used
+    ur.set_hbm_budget(used + MiB)
+    local ok = assert(ur.tensor({ MiB / 4 }, { placement = "device" }))
+    local t, err = ur.tensor({ 1 }, { placement = "device" })
+    assert.is_nil(t)
+    assert.matches("^hbm budget: device tensor asks for 4 B", err)
+    ok:free()
+    assert.equal(used, ur.memory().hbm_used)
+  end)
+
+  cuda_it("passes hints to the driver and reads them back from it", function()
+    local t = ur.uvm_tensor({ 16 * MiB / 4 }, 0)
+    local n = t:numel()
+    t:fill(1)
+    t:advise(0, n, "preferred_location", "cpu")
+    t:advise(0, n, "accessed_by", "gpu")
+    local a = t:advised()
+    assert.is_true(a.from_driver)
+    assert.same({ "cpu", { "cuda:0" } }, { a.preferred_location, a.accessed_by })
+    t:prefetch(0, n / 2, "gpu")
+    ur.sync()
+    assert.equal("cuda:0", t:advised(0, n / 2).last_prefetch_location)
+    t:advise(0, n / 4, "preferred_location", "gpu")
+    assert.equal("mixed", t:advised(0, n / 2).preferred_location)
+    t:advise(0, n, "read_mostly", "gpu")
+    assert.is_true(t:advised().read_mostly)
+    assert.equal(ur.hint_log()[#ur.hint_log()].applied, true)
+  end)
+
+  cuda_it("measures a prefetched range as fast and a host range read in place as slow", function()
+    local t = ur.uvm_tensor({ 64 * MiB / 4 }, 0)
+    local n = t:numel()
+    t:fill(2)
+    t:advise(0, n, "preferred_location", "cpu")
+    t:advise(0, n, "accessed_by", "gpu")
+    t:prefetch(0, n, "cpu")
+    ur.sync()
+    local slow = assert(t:residency())
+    t:prefetch(0, n, "gpu")
+    ur.sync()
+    local fast = assert(t:residency())
+    assert.is_false(slow.fast, ("host range read at %.1f GB/s"):format(slow.gbps))
+    assert.is_true(fast.fast, ("prefetched range read at %.1f GB/s"):format(fast.gbps))
+    assert.is_true(fast.gbps > 4 * slow.gbps)
+  end)
+
+  cuda_it("measures prefetched bytes with the migration monitor", function()
+    local ok, err = ur.monitor.start()
+    if not ok then
+      pending("CUPTI unified-memory counters unavailable here: " .. err)
+      return
+    end
+    local t = ur.uvm_tensor({ 64 * MiB / 4 }, 0)
+    t:fill(3)
+    ur.sync()
+    ur.monitor.read(true)
+    t:prefetch(0, t:numel(), "gpu")
+    ur.sync()
+    local m = assert(ur.monitor.read(true))
+    h.near(m.bytes_htod, 64 * MiB, 0.05, "bytes moved host to device")
+    t:prefetch(0, t:numel(), "cpu")
+    ur.sync()
+    m = assert(ur.monitor.read(true))
+    h.near(m.bytes_dtoh, 64 * MiB, 0.05, "bytes moved device to host")
+    ur.monitor.stop()
+  end)
+end)
