@@ -109,6 +109,10 @@ describe("uvmrec on CUDA", function()
     t:prefetch(0, n, "gpu")
     ur.sync()
     local fast = assert(t:residency())
+    if os.getenv("UVMREC_SANITIZER") then
+      pending("timings mean nothing under compute-sanitizer") -- its instrumented reads crawl
+      return
+    end
     assert.is_false(slow.fast, ("host range read at %.1f GB/s"):format(slow.gbps))
     assert.is_true(fast.fast, ("prefetched range read at %.1f GB/s"):format(fast.gbps))
     assert.is_true(fast.gbps > 4 * slow.gbps)

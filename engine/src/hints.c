@@ -254,6 +254,8 @@ ur_status ur_tensor_prefetch(ur_stream *str, ur_tensor *t, int64_t offset, int64
   return s;
 }
 
+static void recorded_advice(const ur_tensor *t, const ur_range *rp, ur_advised *out);
+
 static int32_t agree(int32_t acc, int32_t v, int first) {
   return first ? v : (acc == v ? acc : UR_LOC_MIXED);
 }
@@ -266,11 +268,31 @@ ur_status ur_tensor_advised(const ur_tensor *t, int64_t offset, int64_t numel, u
   out->range = r;
   const ur_backend *g = ur__gpu();
   if (g && g->range_attrs) {
+    ur_advised rec;
     s = g->range_attrs((char *)t->st->data + r.byte_begin, (size_t)(r.byte_end - r.byte_begin), out);
+    if (s) return s;
+    /* The driver answers a location only when every page agrees, and the same "invalid" for
+     * "none set" and "pages differ".  The engine's record tells those two apart; where it
+     * names a location the driver did not confirm, the honest answer is mixed. */
+    recorded_advice(t, &r, &rec);
+    if (out->preferred_location < 0)
+      out->preferred_location = rec.preferred_location < 0 ? rec.preferred_location : UR_LOC_MIXED;
+    if (out->last_prefetch_location < 0)
+      out->last_prefetch_location =
+          rec.last_prefetch_location < 0 ? rec.last_prefetch_location : UR_LOC_MIXED;
     out->range = r;
     out->from_driver = 1;
-    return s;
+    return UR_STATUS_OK;
   }
+  recorded_advice(t, &r, out);
+  return UR_STATUS_OK;
+}
+
+/* The advice in force over a range as the engine recorded it (cpu, a GPU, none or mixed). */
+static void recorded_advice(const ur_tensor *t, const ur_range *rp, ur_advised *out) {
+  ur_range r = *rp;
+  memset(out, 0, sizeof *out);
+  out->range = r;
   pthread_mutex_lock(&ur__lock);
   const ur__segmap *m = &t->st->hints;
   int first = 1;
@@ -290,7 +312,6 @@ ur_status ur_tensor_advised(const ur_tensor *t, int64_t offset, int64_t numel, u
   out->accessed_by_cpu = cpu;
   out->accessed_by_gpus = gpus;
   out->from_driver = 0;
-  return UR_STATUS_OK;
 }
 
 /* Times a read of the range, and of device memory of the same size (up to 64 MiB) to calibrate:
