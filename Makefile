@@ -5,7 +5,7 @@ PREFIX    ?= /usr/local#               where `make install` puts things
 CC        ?= cc#                       C compiler for the engine
 NVCC      ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))#  empty: no CUDA backend
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90#  GPU targets
-BUILD     ?= build#                    where objects and libraries go
+BUILD     ?= $(if $(filter 1,$(SAN)),build-san,build)#                    where objects and libraries go
 LUAJIT    ?= luajit#                   interpreter for specs and scripts
 SAN       ?=#                          1: build with address and undefined-behaviour sanitizers
 WERROR    ?= 1#                        1: warnings are errors
@@ -40,6 +40,11 @@ DEBIAN_PKGS := luajit libluajit-5.1-dev lua-busted lua-check libyaml-dev libopen
 LUA_PATH_TREE  := $(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;
 LUA_CPATH_TREE := $(CURDIR)/$(BUILD)/lib/?.so;;
 RUN_ENV := LUA_PATH='$(LUA_PATH_TREE)' LUA_CPATH='$(LUA_CPATH_TREE)'
+# LuaJIT itself is not instrumented: a sanitized engine needs the runtimes preloaded.
+ifeq ($(SAN),1)
+  RUN_ENV += LD_PRELOAD="$(shell $(CC) -print-file-name=libasan.so):$(shell $(CC) -print-file-name=libubsan.so)" \
+             ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+endif
 
 .PHONY: all deps test test-gpu lint run clean env examples
 all: $(LIBS) $(CDEF)

@@ -31,7 +31,8 @@ describe("uvmrec FFI", function()
     local exports = p:read("*a")
     p:close()
     assert.matches("^export LUA_PATH=", exports)
-    local cmd = "env -i PATH=\"$PATH\" sh -c '" .. exports:gsub("'", "'\\''"):gsub("\n", "") ..
+    -- A clean environment, but for a sanitizer build's preloaded runtimes.
+    local cmd = "env -i PATH=\"$PATH\" LD_PRELOAD=\"${LD_PRELOAD:-}\" ASAN_OPTIONS=\"${ASAN_OPTIONS:-}\" sh -c '" .. exports:gsub("'", "'\\''"):gsub("\n", "") ..
       "; cd /tmp && luajit -e \"local ur = require [[uvmrec]]; print(ur.uvm_tensor({1024, 128}))\"' 2>&1"
     p = io.popen(cmd)
     local out = p:read("*a")
