@@ -25,6 +25,8 @@ CUDA_ARCH_NAMES := $(patsubst code=%,%,$(filter code=%,$(subst $(comma), ,$(CUDA
 NVFLAGS  := -O3 -std=c++17 $(CUDA_ARCH) -DUR_CUDA_ARCHS='"$(CUDA_ARCH_NAMES)"' -Iengine/include -Iengine/src -Ikernels \
             -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra$(if $(filter 1,$(WERROR)),$(comma)-Werror)
 
+# Libraries the engine links (a host program linking libuvmrec.a links these too).
+ENGINE_LIBS := -lyaml -ldl -lpthread -lm
 ENGINE_SRC := $(wildcard engine/src/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:engine/src/%.c=$(BUILD)/obj/%.o)
 CUDA_SRC   := $(strip $(wildcard engine/src/cuda/*.cu) $(wildcard kernels/*.cu))
@@ -79,7 +81,7 @@ $(BUILD)/lib/libuvmrec.a: $(ENGINE_OBJ)
 
 $(BUILD)/lib/libuvmrec.so: $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(SANFLAGS) -pthread -o $@ $^ -ldl -lpthread -lm
+	$(CC) -shared $(SANFLAGS) -pthread -o $@ $^ $(ENGINE_LIBS)
 
 $(BUILD)/cuobj/%.o: %.cu engine/include/uvmrec.h $(wildcard engine/src/*.h kernels/*.h) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -94,7 +96,7 @@ $(BUILD)/lib/libuvmrec_cuda.so: $(CUDA_OBJ)
 examples: $(BUILD)/bin/uvm_migration
 $(BUILD)/bin/%: engine/examples/%.c $(BUILD)/lib/libuvmrec.a
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -Iengine/include $< $(BUILD)/lib/libuvmrec.a -pthread -ldl -lm -o $@
+	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -Iengine/include $< $(BUILD)/lib/libuvmrec.a $(subst -lyaml,-l:libyaml.a,$(ENGINE_LIBS)) -o $@
 
 # The FFI declarations come from the marked block of the public header, so they cannot drift.
 $(CDEF): engine/include/uvmrec.h

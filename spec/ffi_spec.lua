@@ -5,7 +5,7 @@ local C = ur.C
 describe("uvmrec FFI", function()
   it("sees each public struct at the size the C compiler gave it", function()
     for _, name in ipairs { "range", "advised", "hint_record", "device_props", "memory_stats",
-                            "migration_stats", "residency" } do
+                            "migration_stats", "residency", "yaml_node" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
   end)
@@ -32,7 +32,8 @@ describe("uvmrec FFI", function()
     p:close()
     assert.matches("^export LUA_PATH=", exports)
     -- A clean environment, but for a sanitizer build's preloaded runtimes.
-    local cmd = "env -i PATH=\"$PATH\" LD_PRELOAD=\"${LD_PRELOAD:-}\" ASAN_OPTIONS=\"${ASAN_OPTIONS:-}\" sh -c '" .. exports:gsub("'", "'\\''"):gsub("\n", "") ..
+    local cmd = "env -i PATH=\"$PATH\" LD_PRELOAD=\"${LD_PRELOAD:-}\" ASAN_OPTIONS=\"${ASAN_OPTIONS:-}\" " ..
+      "sh -c '" .. exports:gsub("'", "'\\''"):gsub("\n", "") ..
       "; cd /tmp && luajit -e \"local ur = require [[uvmrec]]; print(ur.uvm_tensor({1024, 128}))\"' 2>&1"
     p = io.popen(cmd)
     local out = p:read("*a")

@@ -22,6 +22,7 @@ extern "C" {
 #define UR_VERSION "0.1.0"
 #define UR_MAX_DIMS 4
 #define UR_MAX_GPUS 63
+#define UR_SYNTH_MAX_TABLES 64 /* ur_synth_spec.tables */
 
 /* UR_CDEF_BEGIN */
 typedef int ur_status;
@@ -32,7 +33,8 @@ enum {
   UR_STATUS_DEVICE = -3,      /* a CUDA call failed; the message carries CUDA's */
   UR_STATUS_IO = -4,
   UR_STATUS_UNSUPPORTED = -5, /* needs something this machine lacks (a GPU, CUPTI) */
-  UR_STATUS_INTERRUPTED = -6
+  UR_STATUS_INTERRUPTED = -6,
+  UR_STATUS_FORMAT = -7       /* malformed input data (a file's contents): position in the message */
 };
 
 typedef enum ur_dtype {
@@ -238,6 +240,170 @@ UR_API void ur_hint_log_clear(void);
 UR_API ur_status ur_monitor_start(void);
 UR_API ur_status ur_monitor_read(ur_migration_stats *out, int32_t reset);
 UR_API ur_status ur_monitor_stop(void);
+/* ---- YAML documents (configs) ---- */
+/* A YAML file as a tree of nodes with their positions, read through libyaml's event API.
+ * Anchors, aliases, several documents and nesting deeper than UR_YAML_MAX_DEPTH are errors
+ * naming file:line:column; typing the scalars is the schema's job (lua/uvmrec/config.lua). */
+enum { UR_YAML_SCALAR = 0, UR_YAML_MAP = 1, UR_YAML_SEQ = 2, UR_YAML_MAX_DEPTH = 64 };
+enum { UR_YAML_PLAIN = 0, UR_YAML_QUOTED = 1, UR_YAML_BLOCK = 2 };
+typedef struct ur_yaml_node {
+  int32_t kind;          /* UR_YAML_SCALAR, MAP or SEQ */
+  int32_t style;         /* scalars: UR_YAML_PLAIN, QUOTED or BLOCK (| and >) */
+  int32_t line, column;  /* 1-based, where the node starts */
+  int32_t first_child;   /* index of the first child, -1 if none; a map's children alternate
+                            key, value */
+  int32_t next_sibling;  /* -1 if none */
+  int32_t count;         /* children */
+  int32_t has_tag;       /* 1 when the node carries an explicit tag (!!str, !foo) */
+  const char *value;     /* a scalar's text, NUL-terminated; NULL for containers */
+  uint64_t length;       /* a scalar's length in bytes (values may hold NUL) */
+} ur_yaml_node;
+typedef struct ur_yaml_doc ur_yaml_doc;
+UR_API size_t ur_sizeof_yaml_node(void);
+UR_API ur_status ur_yaml_load(const char *path, ur_yaml_doc **out);
+UR_API ur_status ur_yaml_parse(const char *text, size_t len, const char *name, ur_yaml_doc **out);
+UR_API int32_t ur_yaml_count(const ur_yaml_doc *d);    /* nodes; node 0 is the root */
+UR_API const ur_yaml_node *ur_yaml_nodes(const ur_yaml_doc *d);
+UR_API const char *ur_yaml_name(const ur_yaml_doc *d); /* the file name errors use */
+UR_API void ur_yaml_free(ur_yaml_doc *d);
+/* Keyed jagged tensors (engine/src/kjt.c).  Key-major: lengths[k * stride + b] is the bag of
+ * key k for sample b, offsets its exclusive cumulative sum (num_keys * stride + 1 entries), so
+ * offsets are directly the embedding kernels' bag offsets into values.  With a variable batch
+ * per key (VBE), key k has stride_per_key[k] bags and inverse_indices [num_keys, stride] gives,
+ * for each sample of the full batch, its bag within that key.  A KJT holds views of the
+ * tensors it was given (the caller keeps its own handles); accessors lend the KJT's own
+ * handles, valid while it lives. */
+struct ur_kjt;
+typedef struct ur_kjt ur_kjt;
+
+/* values i64 [n], lengths i32 [sum of strides], weights f32 [n] or NULL; stride_per_key NULL
+ * for one stride for all keys (then inverse_indices must be NULL), else num_keys entries and
+ * inverse_indices i64 [num_keys * stride].  All tensors in one placement (device: one GPU).
+ * Offsets are computed here; lengths are checked (negative, sum) unless check is 0. */
+UR_API ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys,
+                            int64_t stride, const int64_t *stride_per_key, ur_tensor *values,
+                            ur_tensor *lengths, ur_tensor *weights, ur_tensor *inverse_indices,
+                            int32_t check);
+UR_API void ur_kjt_free(ur_kjt *k);
+UR_API int32_t ur_kjt_num_keys(const ur_kjt *k);
+UR_API const char *ur_kjt_key(const ur_kjt *k, int32_t i);     /* NULL outside 0..num_keys-1 */
+UR_API int32_t ur_kjt_key_index(const ur_kjt *k, const char *key); /* -1 when absent */
+UR_API int64_t ur_kjt_stride(const ur_kjt *k);                 /* the full batch size */
+UR_API int64_t ur_kjt_stride_of(const ur_kjt *k, int32_t i);   /* key i's bags (VBE) */
+UR_API int32_t ur_kjt_variable_stride(const ur_kjt *k);        /* 1 for a VBE batch */
+UR_API const ur_tensor *ur_kjt_values(const ur_kjt *k);
+UR_API const ur_tensor *ur_kjt_lengths(const ur_kjt *k);
+UR_API const ur_tensor *ur_kjt_offsets(const ur_kjt *k);
+UR_API const ur_tensor *ur_kjt_weights(const ur_kjt *k);       /* NULL: unweighted */
+UR_API const ur_tensor *ur_kjt_inverse_indices(const ur_kjt *k); /* NULL unless VBE */
+/* The first bag (lengths index) and first value of key i, and one past their ends. */
+UR_API ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *bag1,
+                                 int64_t *value0, int64_t *value1);
+/* Checks lengths, offsets, sizes and, where rows[i] > 0, that key i's ids lie in
+ * [0, rows[i]); rows may be NULL.  The error names the key and the position. */
+UR_API ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows);
+/* A KJT of keys order[0..n-1] (indices into k's keys; repeats allowed). */
+UR_API ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n,
+                                ur_kjt **out);
+/* Splits the keys into consecutive groups of sizes[0..n-1] keys (summing to num_keys). */
+UR_API ur_status ur_kjt_split(const ur_kjt *k, const int32_t *sizes, int32_t n, ur_kjt **outs);
+/* Keys of all parts in order; same stride, distinct keys, all weighted or none. */
+UR_API ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **out);
+/* Per key, the distinct bags (same ids and weights) in order of first appearance, and for
+ * every sample its bag: a VBE batch whose expand() is the input. */
+UR_API ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out);
+/* A VBE batch back to the full batch (a plain KJT is copied). */
+UR_API ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out);
+/* Rows of a per-bag output [sum of strides, D] (bag order) to the full batch's bag order
+ * [num_keys * stride, D]: out row k*stride+b = in row (first bag of k) + inverse[k][b]. */
+UR_API ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
+                                    ur_tensor **out);
+/* A copy in another placement, ordered on s (asynchronous where the GPU is involved). */
+UR_API ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place place,
+                           int32_t device);
+
+/* .npy arrays (engine/src/npy.c): version 1, 2 and 3 headers; dtypes <f4, <i4, <u4, <i8. */
+typedef struct ur_npy_info {
+  char descr[8];                  /* "<f4", "<i4", "<u4" or "<i8" */
+  int32_t ndim;                   /* 0 to 4 */
+  int32_t fortran_order;
+  int64_t shape[4];
+  uint64_t header_bytes;          /* where the data begins */
+  uint64_t item_bytes;
+} ur_npy_info;
+UR_API size_t ur_sizeof_npy_info(void);
+/* Parses a header held in buf[0..len); what is named in errors is `what` (a file name). */
+UR_API ur_status ur_npy_parse_header(const void *buf, size_t len, const char *what,
+                                     ur_npy_info *out);
+/* Reads a whole file into a new host tensor (i32 for <i4 and <u4 above 2^31 is refused). */
+UR_API ur_status ur_npy_load(const char *path, ur_tensor **out);
+/* Writes a tensor (f32, i32, i64) as .npy; descr overrides the dtype's ("<u4" for i32 ids). */
+UR_API ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr);
+
+/* Criteo raw TSV (engine/src/criteo.c): 40 tab-separated fields, label, 13 integers, 26 hex
+ * categoricals.  Integers: empty 0, negatives clamped to 0, then log(x + 1); categoricals:
+ * hex as unsigned 32-bit, empty 0, then id mod rows[i] where rows[i] > 0. */
+typedef struct ur_criteo_opts {
+  int32_t pad_missing_fields;     /* lines of 15..39 fields take empty trailing fields */
+  int32_t skip_bad_lines;         /* 0: a bad line is an error; 1: skipped and counted */
+  int32_t threads;                /* 0: all cores */
+  int64_t rows[26];               /* per categorical column; <= 0: raw ids */
+  int64_t chunk_bytes;            /* read size; 0: 16 MiB */
+} ur_criteo_opts;
+typedef struct ur_criteo_stats {
+  int64_t lines, rows, skipped, padded, bytes;
+  double seconds;
+  char first_skipped[256];        /* the first skipped line's error, or "" */
+} ur_criteo_stats;
+UR_API size_t ur_sizeof_criteo_opts(void);
+UR_API size_t ur_sizeof_criteo_stats(void);
+struct ur_criteo_reader;
+typedef struct ur_criteo_reader ur_criteo_reader;
+/* One line (without its newline); dense[13] already transformed, cats[26] raw.  Returns
+ * UR_STATUS_INVALID with a message naming the field; *padded set when fields were added. */
+UR_API ur_status ur_criteo_parse_line(const char *line, size_t len, int32_t pad_missing_fields,
+                                      int32_t *label, float *dense, uint32_t *cats,
+                                      int32_t *padded);
+UR_API ur_status ur_criteo_open(const char *const *paths, int32_t npaths,
+                                const ur_criteo_opts *opts, ur_criteo_reader **out);
+UR_API void ur_criteo_close(ur_criteo_reader *r);
+/* Up to max rows into host buffers labels[max], dense[max * 13], ids[max * 26] (ids reduced
+ * modulo rows where given); *n 0 at the end.  An error names file and line. */
+UR_API ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels, float *dense,
+                                uint32_t *ids, int64_t *n);
+UR_API ur_status ur_criteo_stats_get(const ur_criteo_reader *r, ur_criteo_stats *out);
+/* Which input file the last rows came from (index into paths), -1 before any. */
+UR_API int32_t ur_criteo_file_index(const ur_criteo_reader *r);
+
+/* Synthetic data (engine/src/synth.c): counter-based, so sample i is the same whatever the
+ * order, the thread count or the backend.  Labels come from a hidden logistic model whose
+ * logit is mostly per-id effects of the sparse features. */
+typedef struct ur_synth_table {
+  int64_t rows;
+  double zipf;                    /* exponent > 0; 0: uniform */
+  int32_t hot_min, hot_max;       /* ids per sample, uniform in [min, max]; equal: fixed */
+  int32_t weighted;               /* per-id weights in (0, 1] */
+  float signal;                   /* std of this table's per-id effects on the logit */
+} ur_synth_table;
+typedef struct ur_synth_spec {
+  int32_t num_tables, num_dense;
+  ur_synth_table tables[64];
+  uint64_t seed;
+  float dense_signal;             /* weight of the dense features in the logit */
+  float bias;                     /* logit offset (sets the click rate) */
+  int64_t groups;                 /* > 0: per-sample grouping keys in [0, groups) */
+} ur_synth_spec;
+UR_API size_t ur_sizeof_synth_table(void);
+UR_API size_t ur_sizeof_synth_spec(void);
+UR_API ur_status ur_synth_check(const ur_synth_spec *spec);
+/* Samples first .. first+n-1 into tensors of one placement (device: generated on the GPU):
+ * dense f32 [n, num_dense], labels f32 [n], ids i64 [n, H] and weights f32 [n, H] (or NULL)
+ * with H the sum of hot_max, lengths i32 [n, num_tables] (sample-major; unused slots -1),
+ * groups i64 [n] or NULL, probs f32 [n] (the hidden model's click probability) or NULL. */
+UR_API ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int64_t first,
+                                   int64_t n, ur_tensor *dense, ur_tensor *labels, ur_tensor *ids,
+                                   ur_tensor *weights, ur_tensor *lengths, ur_tensor *groups,
+                                   ur_tensor *probs);
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

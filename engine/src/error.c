@@ -28,6 +28,7 @@ const char *ur_status_name(ur_status s) {
     case UR_STATUS_IO: return "io error";
     case UR_STATUS_UNSUPPORTED: return "unsupported";
     case UR_STATUS_INTERRUPTED: return "interrupted";
+    case UR_STATUS_FORMAT: return "malformed input";
     default: return "unknown status";
   }
 }

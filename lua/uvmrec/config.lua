@@ -1,0 +1,214 @@
+-- Configs: YAML files (read by the engine through libyaml's event API) checked against a
+-- schema that types every value, with errors as file:line:column.  Scalars are typed by the
+-- schema alone: `yes` is a string unless the schema asks for a bool (then it is an error),
+-- and `010` is no octal number.  `--set a.b=v` overrides go through the same schema.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local C, check = lib.C, lib.check
+
+local M = {}
+
+-- ---- schema constructors ----
+local function kind(k) return function(opts) opts = opts or {}; opts.kind = k; return opts end end
+M.int = kind("int")         -- {min=, max=, default=}
+M.number = kind("number")   -- {min=, max=, default=}
+M.bool = kind("bool")       -- {default=}
+M.string = kind("string")   -- {default=, pattern=}
+M.enum = function(values, opts) opts = opts or {}; opts.kind = "enum"; opts.values = values; return opts end
+M.list = function(elem, opts) opts = opts or {}; opts.kind = "list"; opts.elem = elem; return opts end
+-- map: fixed keys (unknown ones are errors); required = { "key", ... }
+M.map = function(fields, opts) opts = opts or {}; opts.kind = "map"; opts.fields = fields; return opts end
+-- dict: any keys (strings), each value checked against one schema
+M.dict = function(elem, opts) opts = opts or {}; opts.kind = "dict"; opts.elem = elem; return opts end
+
+local function describe(s)
+  if s.kind == "enum" then return "one of " .. table.concat(s.values, ", ") end
+  if s.kind == "int" then return "an integer" end
+  if s.kind == "number" then return "a number" end
+  if s.kind == "bool" then return "true or false" end
+  if s.kind == "list" then return "a list" end
+  if s.kind == "map" or s.kind == "dict" then return "a mapping" end
+  return "a string"
+end
+
+-- Types one scalar text by its schema; returns value or nil, expectation.
+local function scalar(s, text, quoted)
+  local k = s.kind
+  if k == "string" then
+    if s.pattern and not text:match(s.pattern) then return nil, "a string matching " .. s.pattern end
+    return text
+  end
+  if k == "enum" then
+    for _, v in ipairs(s.values) do if v == text then return text end end
+    return nil, describe(s)
+  end
+  if quoted then return nil, describe(s) .. " (not a quoted string)" end
+  local v
+  if k == "bool" then
+    if text == "true" then v = true elseif text == "false" then v = false else return nil, describe(s) end
+    return v
+  elseif k == "int" then
+    if not (text:match("^[-+]?[1-9]%d*$") or text:match("^[-+]?0$")) then return nil, "a decimal integer" end
+    v = tonumber(text)
+    if math.abs(v) >= 2 ^ 53 then return nil, "an integer below 2^53" end
+  elseif k == "number" then
+    if not (text:match("^[-+]?%d+%.?%d*[eE][-+]?%d+$") or text:match("^[-+]?%d+%.?%d*$")
+            or text:match("^[-+]?%.%d+$") or text:match("^[-+]?%.%d+[eE][-+]?%d+$")) then
+      return nil, "a number"
+    end
+    v = tonumber(text)
+  else
+    return nil, describe(s)
+  end
+  if s.min and v < s.min then return nil, ("%s >= %s"):format(describe(s), tostring(s.min)) end
+  if s.max and v > s.max then return nil, ("%s <= %s"):format(describe(s), tostring(s.max)) end
+  return v
+end
+
+-- ---- checking a YAML tree ----
+local function checker(doc)
+  local nodes = C.ur_yaml_nodes(doc)
+  local name = ffi.string(C.ur_yaml_name(doc))
+  local function fail(i, path, msg)
+    local n = nodes[i]
+    error({ msg = ("%s:%d:%d: %s%s"):format(name, n.line, n.column, path ~= "" and (path .. ": ") or "", msg) })
+  end
+  local function text(i) return ffi.string(nodes[i].value, nodes[i].length) end
+
+  local walk
+  local function children(i)
+    local out, c = {}, nodes[i].first_child
+    while c >= 0 do out[#out + 1] = c; c = nodes[c].next_sibling end
+    return out
+  end
+
+  walk = function(i, s, path)
+    local n = nodes[i]
+    if n.has_tag ~= 0 then fail(i, path, "tags (!!type) are not allowed; the schema gives each value its type") end
+    if s.kind == "map" or s.kind == "dict" then
+      if n.kind ~= C.UR_YAML_MAP then fail(i, path, "expected " .. describe(s)) end
+      local out, seen, kids = {}, {}, children(i)
+      for k = 1, #kids, 2 do
+        local ki, vi = kids[k], kids[k + 1]
+        if nodes[ki].kind ~= C.UR_YAML_SCALAR then fail(ki, path, "keys must be plain names") end
+        local key = text(ki)
+        local sub = path == "" and key or (path .. "." .. key)
+        if seen[key] then
+          fail(ki, path, ("duplicate key '%s' (first at line %d)"):format(key, nodes[seen[key]].line))
+        end
+        seen[key] = ki
+        local fs = s.kind == "dict" and s.elem or s.fields[key]
+        if not fs then
+          local known = {}
+          for f in pairs(s.fields) do known[#known + 1] = f end
+          table.sort(known)
+          fail(ki, path, ("unknown key '%s'; expected one of %s"):format(key, table.concat(known, ", ")))
+        end
+        out[key] = walk(vi, fs, sub)
+      end
+      if s.kind == "map" then
+        for _, req in ipairs(s.required or {}) do
+          if out[req] == nil then fail(i, path, ("missing key '%s'"):format(req)) end
+        end
+      end
+      return out
+    elseif s.kind == "list" then
+      if n.kind ~= C.UR_YAML_SEQ then fail(i, path, "expected a list") end
+      local out = {}
+      for k, c in ipairs(children(i)) do out[k] = walk(c, s.elem, ("%s[%d]"):format(path, k)) end
+      if s.min_len and #out < s.min_len then
+        fail(i, path, ("expected at least %d items, got %d"):format(s.min_len, #out))
+      end
+      if s.max_len and #out > s.max_len then
+        fail(i, path, ("expected at most %d items, got %d"):format(s.max_len, #out))
+      end
+      return out
+    end
+    if n.kind ~= C.UR_YAML_SCALAR then fail(i, path, "expected " .. describe(s)) end
+    local t = text(i)
+    local v, want = scalar(s, t, n.style ~= C.UR_YAML_PLAIN)
+    if v == nil then fail(i, path, ("'%s' is not %s"):format(t, want)) end
+    return v
+  end
+  return walk
+end
+
+-- Fills defaults of absent keys, recursively through maps.
+local function defaults(s, v)
+  if s.kind ~= "map" then return v end
+  v = v or {}
+  for key, fs in pairs(s.fields) do
+    if v[key] == nil then
+      if fs.default ~= nil then v[key] = fs.default
+      elseif fs.kind == "map" then v[key] = defaults(fs, nil) end
+    elseif fs.kind == "map" then
+      defaults(fs, v[key])
+    end
+  end
+  return v
+end
+
+local function from_doc(doc, schema)
+  local walk = checker(doc)
+  local ok, res = pcall(walk, 0, schema, "")
+  C.ur_yaml_free(doc)
+  if not ok then
+    if type(res) == "table" then return nil, res.msg end
+    error(res, 0)
+  end
+  return defaults(schema, res)
+end
+
+-- Environmental failures (file, YAML) and schema errors return nil, "file:line:col: ...".
+function M.load(path, schema)
+  local out = ffi.new("ur_yaml_doc *[1]")
+  local ok, err = check(C.ur_yaml_load(path, out))
+  if not ok then return nil, err end
+  return from_doc(out[0], schema)
+end
+
+function M.parse(text, schema, name)
+  local out = ffi.new("ur_yaml_doc *[1]")
+  local ok, err = check(C.ur_yaml_parse(text, #text, name or "<string>", out))
+  if not ok then return nil, err end
+  return from_doc(out[0], schema)
+end
+
+-- Applies "a.b.c=value" to a loaded config, typed by the schema; returns cfg or nil, err.
+function M.set(cfg, schema, assignment)
+  local path, text = assignment:match("^([%w_%.]+)=(.*)$")
+  if not path then
+    return nil, ("--set %s: expected key.path=value"):format(assignment)
+  end
+  local s, t, parent, last = schema, cfg, nil, nil
+  for key in path:gmatch("[^.]+") do
+    if s.kind == "map" then s = s.fields[key]
+    elseif s.kind == "dict" then s = s.elem
+    else s = nil end
+    if not s then return nil, ("--set %s: '%s' is not a setting"):format(assignment, path) end
+    parent, last = t, key
+    t = type(t) == "table" and t[key] or nil
+  end
+  if s.kind == "map" or s.kind == "dict" then
+    return nil, ("--set %s: '%s' is a section; set one of its keys"):format(assignment, path)
+  end
+  local v, want
+  if s.kind == "list" then
+    -- a comma-separated list of scalars: --set model.bottom_mlp=512,256,128
+    v = {}
+    for item in (text .. ","):gmatch("([^,]*),") do
+      local x, w = scalar(s.elem, item, false)
+      if x == nil then want = w break end
+      v[#v + 1] = x
+    end
+    if want then v = nil end
+  else
+    v, want = scalar(s, text, false)
+  end
+  if v == nil then return nil, ("--set %s: '%s' is not %s"):format(assignment, text, want) end
+  if type(parent) ~= "table" then return nil, ("--set %s: no section to hold it"):format(assignment) end
+  parent[last] = v
+  return cfg
+end
+
+return M

@@ -1,0 +1,123 @@
+local config = require "uvmrec.config"
+
+local schema = config.map({
+  name = config.string { pattern = "^[%w_]+$" },
+  model = config.map({
+    bottom_mlp = config.list(config.int { min = 1 }, { min_len = 1 }),
+    interaction = config.enum({ "dot", "dcnv2" }, { default = "dot" }),
+    dropout = config.number { min = 0, max = 1, default = 0 },
+    tables = config.dict(config.map({ rows = config.int { min = 1 }, dim = config.int { min = 4 } },
+                                    { required = { "rows" } })),
+  }, { required = { "bottom_mlp" } }),
+  train = config.map({
+    batch_size = config.int { min = 1, default = 128 },
+    lr = config.number { min = 0, default = 0.1 },
+    shuffle = config.bool { default = true },
+  }),
+}, { required = { "model" } })
+
+local function parse(text) return config.parse(text, schema, "t.yaml") end
+
+describe("uvmrec.config", function()
+  it("types every value by the schema and fills defaults", function()
+    local cfg = assert(parse([[
+name: tiny_1
+model:
+  bottom_mlp: [13, 512, 64]
+  tables:
+    C1: {rows: 1000, dim: 16}
+    C2:
+      rows: 20
+train:
+  lr: 1.5e-2
+  shuffle: false
+]]))
+    assert.same({ 13, 512, 64 }, cfg.model.bottom_mlp)
+    assert.same({ "dot", 0 }, { cfg.model.interaction, cfg.model.dropout })
+    assert.same({ rows = 1000, dim = 16 }, cfg.model.tables.C1)
+    assert.same({ 128, 0.015, false }, { cfg.train.batch_size, cfg.train.lr, cfg.train.shuffle })
+  end)
+
+  it("treats yes, 010 and 0x1F as what the schema asks for, not YAML 1.1's guesses", function()
+    local cfg = assert(parse("name: yes\nmodel: {bottom_mlp: [10]}\n"))
+    assert.equal("yes", cfg.name)
+    local _, err = parse("model: {bottom_mlp: [010]}\n")
+    assert.equal("t.yaml:1:22: model.bottom_mlp[1]: '010' is not a decimal integer", err)
+    _, err = parse("model: {bottom_mlp: [1]}\ntrain: {shuffle: yes}\n")
+    assert.equal("t.yaml:2:18: train.shuffle: 'yes' is not true or false", err)
+    _, err = parse("model: {bottom_mlp: [0x1F]}\n")
+    assert.matches("'0x1F' is not a decimal integer", err)
+    _, err = parse("model: {bottom_mlp: ['5']}\n")
+    assert.matches("'5' is not an integer %(not a quoted string%)", err)
+  end)
+
+  local cases = {
+    { "unknown key", "model: {bottom_mlp: [1]}\ntrian: {lr: 1}\n",
+      "t.yaml:2:1: unknown key 'trian'; expected one of model, name, train" },
+    { "wrong type", "model: {bottom_mlp: 7}\n", "t.yaml:1:21: model.bottom_mlp: expected a list" },
+    { "impossible value", "model: {bottom_mlp: [1]}\ntrain: {batch_size: 0}\n",
+      "t.yaml:2:21: train.batch_size: '0' is not an integer >= 1" },
+    { "duplicate key", "model: {bottom_mlp: [1]}\nmodel: {bottom_mlp: [2]}\n",
+      "t.yaml:2:1: duplicate key 'model' (first at line 1)" },
+    { "anchor", "model: &m {bottom_mlp: [1]}\n", "t.yaml:1:8: anchors (&name) are not allowed in a config" },
+    { "alias", "model: {bottom_mlp: [1]}\nname: *n\n",
+      "t.yaml:2:7: aliases (*name) are not allowed in a config; write the value out" },
+    { "missing key", "train: {lr: 1}\n", "t.yaml:1:1: missing key 'model'" },
+    { "tag", "model: {bottom_mlp: [!!int 3]}\n",
+      "t.yaml:1:22: model.bottom_mlp[1]: tags (!!type) are not allowed; the schema gives each value its type" },
+    { "two documents", "model: {bottom_mlp: [1]}\n---\nname: x\n",
+      "t.yaml:2:1: a second document; a config holds one" },
+    { "syntax", "model: {bottom_mlp: [1}\n", "t.yaml:1:" },
+    { "empty", "", "t.yaml:1:1: the document is empty" },
+    { "bad enum", "model: {bottom_mlp: [1], interaction: cat}\n",
+      "t.yaml:1:39: model.interaction: 'cat' is not one of dot, dcnv2" },
+    { "required in a dict entry", "model: {bottom_mlp: [1], tables: {C1: {dim: 8}}}\n",
+      "t.yaml:1:39: model.tables.C1: missing key 'rows'" },
+  }
+  for _, c in ipairs(cases) do
+    it("rejects a config with " .. c[1] .. ", naming file:line:column", function()
+      local cfg, err = parse(c[2])
+      assert.is_nil(cfg)
+      assert.equal(c[3], err:sub(1, #c[3]))
+    end)
+  end
+
+  it("rejects nesting deeper than 64 levels", function()
+    local cfg, err = parse(("[" ):rep(70) .. ("]"):rep(70) .. "\n")
+    assert.is_nil(cfg)
+    assert.matches("^t.yaml:1:65: nesting deeper than 64 levels", err)
+  end)
+
+  it("reads files, and reports a missing one", function()
+    local path = os.tmpname()
+    local f = io.open(path, "w")
+    f:write("model:\n  bottom_mlp: [3, 4]\n  interaction: dcnv2\n")
+    f:close()
+    local cfg = assert(config.load(path, schema))
+    assert.same({ "dcnv2", { 3, 4 } }, { cfg.model.interaction, cfg.model.bottom_mlp })
+    os.remove(path)
+    local none, err = config.load(path, schema)
+    assert.is_nil(none)
+    assert.matches(": cannot open: No such file or directory$", err)
+  end)
+
+  it("sets any value from the command line through the same schema", function()
+    local cfg = assert(parse("model: {bottom_mlp: [1]}\n"))
+    assert(config.set(cfg, schema, "train.batch_size=4096"))
+    assert(config.set(cfg, schema, "model.bottom_mlp=512,256,128"))
+    assert(config.set(cfg, schema, "train.shuffle=false"))
+    assert.same({ 4096, { 512, 256, 128 }, false },
+      { cfg.train.batch_size, cfg.model.bottom_mlp, cfg.train.shuffle })
+    for set, msg in pairs {
+      ["train.batch_size=big"] = "--set train.batch_size=big: 'big' is not a decimal integer",
+      ["train.bach=3"] = "--set train.bach=3: 'train.bach' is not a setting",
+      ["train=3"] = "--set train=3: 'train' is a section; set one of its keys",
+      ["train.lr"] = "--set train.lr: expected key.path=value",
+      ["model.bottom_mlp=1,x"] = "--set model.bottom_mlp=1,x: '1,x' is not a decimal integer",
+    } do
+      local ok, err = config.set(cfg, schema, set)
+      assert.is_nil(ok)
+      assert.equal(msg, err)
+    end
+  end)
+end)
