@@ -93,10 +93,6 @@ const ur_backend *ur__gpu(void) {
   return gpu;
 }
 
-const ur_backend *ur__backend_for(ur_place place) {
-  return place == UR_PLACE_DEVICE && ur__gpu() ? gpu : ur__cpu();
-}
-
 int ur_cuda_built(void) {
   pthread_once(&once, load);
   return cuda_loaded;

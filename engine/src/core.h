@@ -18,8 +18,6 @@ UR__HIDDEN void ur__format_bytes(uint64_t bytes, char *buf, size_t len);
 /* Backends: the CPU one always; the CUDA one when it loaded and sees a GPU (else NULL). */
 UR__HIDDEN const ur_backend *ur__cpu(void);
 UR__HIDDEN const ur_backend *ur__gpu(void);
-/* The backend that runs work on memory of this placement. */
-UR__HIDDEN const ur_backend *ur__backend_for(ur_place place);
 
 /* One lock for accounting, the hint log and hint records; held only briefly. */
 UR__HIDDEN extern pthread_mutex_t ur__lock;
