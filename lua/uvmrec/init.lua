@@ -15,6 +15,7 @@ local ur = {
 }
 
 ur.UvmTensor = ur.uvm_tensor -- the seed's spelling
+ur.nn = require "uvmrec.nn"
 
 function ur.version() return ffi.string(C.ur_version()) end
 

@@ -1,0 +1,301 @@
+-- uvmrec.nn.Module: the base class of every module, after torch7's nn.Module.
+--
+-- A module computes `output = forward(input)` through its updateOutput, and
+-- `gradInput = backward(input, gradOutput)` through updateGradInput (the gradient with respect
+-- to its input) and accGradParameters (which adds into its parameters' gradients: zero_grad
+-- clears them).  Subclasses are made with Module:extend and built by calling the class:
+--
+--   local Scale = Module:extend("Scale")
+--   function Scale:__init(n) Module.__init(self); self:register_parameter("weight", {n}) end
+--   function Scale:updateOutput(input) ... return self.output end
+--   local m = Scale(4)
+--
+-- Parameters are registered by name (register_parameter), so parameters(), zero_grad(),
+-- to(placement) and set_precision() work for every module without code of its own.
+-- Activations and workspaces come from the model's arena through self:buffer(), so a training
+-- step allocates nothing once the largest batch has been seen.
+local ur_tensor = require "uvmrec.tensor"
+
+local Module = { __typename = "Module" }
+Module.__index = Module
+
+local PLACEMENTS = { host = true, pinned = true, device = true, managed = true }
+local PRECISIONS = { f32 = true, tf32 = true, bf16 = true }
+
+local function construct(cls, ...)
+  local self = setmetatable({}, cls)
+  self:__init(...)
+  return self
+end
+
+-- A subclass named `name` (shown by tostring); its instances are made by calling it.
+function Module:extend(name)
+  if type(name) ~= "string" or name == "" then
+    error("Module:extend: expected a class name, got " .. tostring(name), 2)
+  end
+  local cls = { __typename = name, super = self }
+  cls.__index = cls
+  cls.__tostring = Module.__tostring
+  return setmetatable(cls, { __index = self, __call = construct })
+end
+
+-- True when module is an instance of cls or of one of its subclasses.
+function Module.is(module, cls)
+  if type(module) ~= "table" then return false end
+  local c = getmetatable(module)
+  while c do
+    if c == cls then return true end
+    c = c.super
+  end
+  return false
+end
+
+function Module:__init()
+  self.output = nil
+  self.gradInput = nil
+  self.train = true
+  self.placement = "host"
+  self.device = -1
+  self.precision = "f32"
+  self._params = {}   -- {name, field, grad_field, half_field} in registration order
+  self._bufs = {}
+end
+
+function Module:type_name() return getmetatable(self).__typename end
+
+-- ---- the protocol ----
+
+function Module:updateOutput(input) -- luacheck: ignore 212
+  error(self:type_name() .. " has no updateOutput", 2)
+end
+
+function Module:updateGradInput(input, gradOutput) -- luacheck: ignore 212
+  error(self:type_name() .. " has no updateGradInput", 2)
+end
+
+function Module:accGradParameters(input, gradOutput) end -- luacheck: ignore 212
+
+function Module:forward(input)
+  return self:updateOutput(input)
+end
+
+function Module:backward(input, gradOutput)
+  self:updateGradInput(input, gradOutput)
+  self:accGradParameters(input, gradOutput)
+  return self.gradInput
+end
+
+-- ---- children ----
+
+-- Containers keep their children in self.modules, as torch7's do.
+function Module:children() return self.modules or {} end
+
+-- Calls fn(module) on this module and every module below it, parents first.
+function Module:apply(fn)
+  fn(self)
+  for _, m in ipairs(self:children()) do m:apply(fn) end
+  return self
+end
+
+function Module:training()
+  return self:apply(function(m) m.train = true end)
+end
+
+function Module:evaluate()
+  return self:apply(function(m) m.train = false end)
+end
+
+-- ---- parameters ----
+
+local function place_opts(self)
+  return { placement = self.placement, device = self.placement ~= "host" and self.placement ~= "pinned"
+           and self.device or nil }
+end
+
+-- Registers parameter `name` as self[name], with its gradient self["grad_" .. name] (zeroed),
+-- both f32 of `shape` in the module's placement.  Returns the parameter tensor, for
+-- initialisation.  Under bf16 precision a bf16 copy self[name .. "_bf16"] is what the math
+-- reads; the optimizers refresh it when they update the f32 master.
+function Module:register_parameter(name, shape)
+  if type(name) ~= "string" or name == "" or name:find("%.") then
+    error("register_parameter: name must be a non-empty string without dots, got " .. tostring(name), 2)
+  end
+  for _, p in ipairs(self._params) do
+    if p.name == name then error("register_parameter: '" .. name .. "' is already registered", 2) end
+  end
+  local opts = place_opts(self)
+  opts.dtype = "f32"
+  local t = assert(ur_tensor.tensor(shape, opts))
+  local g = assert(ur_tensor.tensor(shape, opts)):fill(0)
+  local rec = { name = name, field = name, grad_field = "grad_" .. name, half_field = name .. "_bf16" }
+  self._params[#self._params + 1] = rec
+  self[rec.field], self[rec.grad_field] = t, g
+  return t
+end
+
+-- The tensor the math reads for parameter `name`: the bf16 copy under bf16 precision.
+function Module:param(name)
+  if self.precision == "bf16" then return self[name .. "_bf16"] end
+  return self[name]
+end
+
+-- Every parameter of the tree as a list of {name =, tensor =, grad =, half =, module =}, named
+-- by path ("3.weight": the weight of the third child); half is the bf16 copy, if any.
+-- Tensors are the module's own: an optimizer built on them updates the model in place.
+-- Build optimizers after to() and set_precision(), which replace the tensors.
+function Module:parameters(prefix, out)
+  out = out or {}
+  prefix = prefix or ""
+  for _, p in ipairs(self._params) do
+    out[#out + 1] = { name = prefix .. p.name, tensor = self[p.field], grad = self[p.grad_field],
+                      half = self[p.half_field], module = self }
+  end
+  for i, m in ipairs(self:children()) do m:parameters(prefix .. i .. ".", out) end
+  return out
+end
+
+function Module:zero_grad(stream)
+  for _, p in ipairs(self:parameters()) do
+    if p.grad then assert(p.grad:fill(0, stream)) end
+  end
+  return self
+end
+
+-- Refreshes the bf16 copies from the f32 masters (the optimizers do it on each step).
+function Module:sync_halves(stream)
+  local cast = require("uvmrec.dense").cast
+  for _, p in ipairs(self:parameters()) do
+    if p.half then cast(p.tensor, p.half, stream) end
+  end
+  return self
+end
+
+local function drop_buffers(m)
+  m._bufs = {}
+  m._arena = nil
+  m.output, m.gradInput = nil, nil
+end
+
+-- Moves every parameter, gradient and bf16 copy of the tree to `placement` ("host", "device",
+-- "managed", "pinned"; device: a GPU ordinal, default the current one) and gives the tree a
+-- fresh arena there.  Environmental failures (no GPU, HBM budget) return nil, message.
+function Module:to(placement, device)
+  if not PLACEMENTS[placement] then
+    error("to: placement '" .. tostring(placement) .. "' is not host, pinned, device or managed", 2)
+  end
+  local moved = {}
+  local ok, err = true, nil
+  self:apply(function(m)
+    if not ok then return end
+    for _, p in ipairs(m._params) do
+      for _, f in ipairs { p.field, p.grad_field, p.half_field } do
+        local t = m[f]
+        if t then
+          local nt, e = t:to(placement, device)
+          if not nt then ok, err = false, e return end
+          moved[#moved + 1] = { m, f, nt }
+        end
+      end
+    end
+  end)
+  if not ok then return nil, err end
+  for _, mv in ipairs(moved) do
+    local old = mv[1][mv[2]]
+    mv[1][mv[2]] = mv[3]
+    old:free()
+  end
+  local dev = device
+  if dev == nil then dev = moved[1] and moved[1][3]:device() end
+  self:apply(function(m)
+    m.placement, m.device = placement, dev or -1
+    drop_buffers(m)
+  end)
+  return self
+end
+
+-- "f32" (exact f32 math), "tf32" (f32 tensors, TF32 matrix math on the GPU) or "bf16"
+-- (bf16 activations and matrix math, f32 master weights and gradients, f32 accumulation).
+function Module:set_precision(precision, stream)
+  if not PRECISIONS[precision] then
+    error("set_precision: '" .. tostring(precision) .. "' is not f32, tf32 or bf16", 2)
+  end
+  local ok, err = true, nil
+  self:apply(function(m)
+    m.precision = precision
+    drop_buffers(m)
+    for _, p in ipairs(m._params) do
+      local old = m[p.half_field]
+      m[p.half_field] = nil
+      if old then old:free() end
+      if precision == "bf16" and ok then
+        local opts = place_opts(m)
+        opts.dtype = "bf16"
+        local h, e = ur_tensor.tensor(m[p.field]:size(), opts)
+        if not h then ok, err = false, e return end
+        m[p.half_field] = h
+      end
+    end
+  end)
+  if not ok then return nil, err end
+  if precision == "bf16" then self:sync_halves(stream) end
+  return self
+end
+
+-- The dtype of activations under the module's precision.
+function Module:act_dtype()
+  return self.precision == "bf16" and "bf16" or "f32"
+end
+
+-- ---- arena buffers ----
+
+-- The arena that this module's buffers come from: the tree's, shared with share_arena.
+function Module:arena()
+  if not self._arena then
+    local arena = require "uvmrec.nn.arena"
+    self._arena = arena.new(self.placement, self.device)
+  end
+  return self._arena
+end
+
+-- Makes this module (and the modules below it) take buffers from `from`'s arena.
+function Module:share_arena(from)
+  local a = from:arena()
+  return self:apply(function(m)
+    if m._arena ~= a then
+      m._bufs = {}
+      m._arena = a
+    end
+  end)
+end
+
+-- A [rows, cols] tensor of `dtype` named `key` in this module, from the arena: allocated once
+-- for the largest batch (rows) seen, then a view of its first rows (kept per row count, so a
+-- steady batch size allocates nothing).  Its contents are whatever its last user left.
+function Module:buffer(key, dtype, rows, cols)
+  local b = self._bufs[key]
+  if not b or b.dtype ~= dtype or b.cols ~= cols or b.rows < rows then
+    b = { t = self:arena():tensor({ rows, cols }, dtype), rows = rows, cols = cols, dtype = dtype,
+          views = {} }
+    self._bufs[key] = b
+  end
+  if b.rows == rows then return b.t end
+  local v = b.views[rows]
+  if not v then
+    v = b.t:view(0, rows)
+    b.views[rows] = v
+  end
+  return v
+end
+
+-- ---- printing ----
+
+-- What follows the type name in tostring, e.g. "(13 -> 512)"; "" by default.
+function Module:extra_repr() return "" end
+
+function Module:tostring()
+  return self:type_name() .. self:extra_repr()
+end
+
+function Module.__tostring(m) return m:tostring() end
+
+return Module
