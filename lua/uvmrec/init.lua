@@ -16,6 +16,15 @@ local ur = {
 
 ur.UvmTensor = ur.uvm_tensor -- the seed's spelling
 ur.nn = require "uvmrec.nn"
+ur.KJT = require("uvmrec.kjt").KJT
+-- The data path (readers, synthetic data, the loader), loaded on first use.
+setmetatable(ur, { __index = function(t, k)
+  if k == "data" then
+    local d = require "uvmrec.data"
+    rawset(t, "data", d)
+    return d
+  end
+end })
 
 function ur.version() return ffi.string(C.ur_version()) end
 

@@ -1,0 +1,299 @@
+local ur = require "uvmrec"
+local h = require "helpers"
+
+-- A plain reference: per key, a list of bags (each a list of ids and a list of weights).
+local function random_ref(rng, nkeys, stride, weighted, maxlen)
+  local ref = { keys = {}, stride = stride, bags = {}, weighted = weighted }
+  for k = 1, nkeys do
+    ref.keys[k] = "k" .. k .. "_" .. rng(1000)
+    ref.bags[k] = {}
+    local empty_key = rng(5) == 1 -- a key with no values at all
+    for b = 1, stride do
+      local n = empty_key and 0 or rng(maxlen + 1) - 1
+      local bag = { ids = {}, w = {} }
+      for i = 1, n do
+        bag.ids[i] = rng(6) - 1 -- few distinct ids, so dedup finds repeats
+        bag.w[i] = rng(4) / 4
+      end
+      ref.bags[k][b] = bag
+    end
+  end
+  return ref
+end
+
+local function flatten(ref)
+  local values, lengths, weights = {}, {}, {}
+  for k = 1, #ref.keys do
+    for b = 1, ref.stride do
+      local bag = ref.bags[k][b]
+      lengths[#lengths + 1] = #bag.ids
+      for i = 1, #bag.ids do
+        values[#values + 1] = bag.ids[i]
+        weights[#weights + 1] = bag.w[i]
+      end
+    end
+  end
+  local offsets = { 0 }
+  for i, l in ipairs(lengths) do offsets[i + 1] = offsets[i] + l end
+  return values, lengths, ref.weighted and weights or nil, offsets
+end
+
+local function make(ref)
+  local values, lengths, weights = flatten(ref)
+  return assert(ur.KJT { keys = ref.keys, values = values, lengths = lengths, weights = weights,
+                         stride = ref.stride })
+end
+
+local function same(ref, kjt, what)
+  local values, lengths, weights, offsets = flatten(ref)
+  local t = kjt:totable()
+  assert.same(ref.keys, t.keys, what)
+  assert.equal(ref.stride, t.stride, what)
+  assert.same(values, t.values, what)
+  assert.same(lengths, t.lengths, what)
+  assert.same(offsets, t.offsets, what)
+  assert.same(weights, t.weights, what)
+end
+
+local function rng_of(seed)
+  local s = seed
+  return function(n) -- a small LCG: specs stay reproducible across LuaJIT versions
+    s = (s * 1103515245 + 12345) % 2147483648
+    return math.floor(s / 65536) % n + 1
+  end
+end
+
+local shapes = { { 3, 4 }, { 1, 1 }, { 5, 1 }, { 2, 7 }, { 4, 0 }, { 0, 3 } }
+
+local function bag_key(bag)
+  local parts = {}
+  for i = 1, #bag.ids do parts[i] = bag.ids[i] .. "@" .. bag.w[i] end
+  return table.concat(parts, ",")
+end
+
+describe("uvmrec.KJT", function()
+  it("builds key-major offsets (the embedding kernels' bag offsets) from lengths", function()
+    local k = ur.KJT { keys = { "a", "b" }, values = { 10, 11, 12, 13, 14 }, lengths = { 1, 0, 2, 2 } }
+    assert.equal(2, k:stride())
+    assert.same({ 0, 1, 1, 3, 5 }, k:offsets():totable())
+    assert.equal("i64", k:offsets():dtype())
+    assert.equal("i64", k:values():dtype())
+    assert.equal("i32", k:lengths():dtype())
+    assert.same({ bags = { 2, 4 }, values = { 1, 5 } }, k:key_span("b"))
+    assert.same({ "a", "b" }, k:keys())
+    assert.is_nil(k:weights())
+    assert.equal("kjt 2 keys, stride 2, 5 values, host {a, b}", tostring(k))
+  end)
+
+  it("accepts tensors, sharing their storage, and outlives them", function()
+    local v = ur.tensor({ 3 }, { dtype = "i64" })
+    for i = 0, 2 do v[i] = 7 + i end
+    local l = ur.tensor({ 3 }, { dtype = "i32" })
+    l[0], l[1], l[2] = 2, 0, 1
+    local k = ur.KJT { keys = { "x" }, values = v, lengths = l }
+    assert.equal(3, k:stride())
+    assert.equal(v:id(), k:values():id())
+    v:free()
+    l:free()
+    assert.same({ 7, 8, 9 }, k:values():totable())
+  end)
+
+  it("matches the reference on random jagged inputs (empty bags, empty keys, batch of one)", function()
+    for trial = 1, 30 do
+      local rng = rng_of(trial)
+      local shape = shapes[(trial - 1) % #shapes + 1]
+      local ref = random_ref(rng, shape[1], shape[2], trial % 2 == 0, 3)
+      local k = make(ref)
+      same(ref, k, "construct " .. trial)
+      assert.is_true(k:validate())
+
+      -- permute: a random order with a repeat
+      if #ref.keys > 0 then
+        local order, rorder = {}, { keys = {}, stride = ref.stride, bags = {}, weighted = ref.weighted }
+        for j = 1, #ref.keys + 1 do
+          local src = rng(#ref.keys)
+          order[j] = j % 2 == 0 and ref.keys[src] or src
+          rorder.keys[j] = ref.keys[src]
+          rorder.bags[j] = ref.bags[src]
+        end
+        same(rorder, k:permute(order), "permute " .. trial)
+      end
+
+      -- split into random segments, and concat them back
+      local sizes, left = {}, #ref.keys
+      while left > 0 do
+        local s = rng(left + 1) - 1
+        sizes[#sizes + 1] = s
+        left = left - s
+      end
+      sizes[#sizes + 1] = left
+      local parts = k:split(sizes)
+      local k0 = 0
+      for i, part in ipairs(parts) do
+        local rp = { keys = {}, stride = ref.stride, bags = {}, weighted = ref.weighted }
+        for j = 1, sizes[i] do
+          rp.keys[j] = ref.keys[k0 + j]
+          rp.bags[j] = ref.bags[k0 + j]
+        end
+        same(rp, part, "split " .. trial .. " part " .. i)
+        k0 = k0 + sizes[i]
+      end
+      same(ref, ur.KJT.concat(parts), "concat " .. trial)
+
+      -- to_dict
+      local d = k:to_dict()
+      for ki, key in ipairs(ref.keys) do
+        local lens, vals, offs = {}, {}, { 0 }
+        for b = 1, ref.stride do
+          local bag = ref.bags[ki][b]
+          lens[b] = #bag.ids
+          offs[b + 1] = offs[b] + #bag.ids
+          for i = 1, #bag.ids do vals[#vals + 1] = bag.ids[i] end
+        end
+        assert.same(lens, d[key].lengths:totable())
+        assert.same(vals, d[key].values:totable())
+        assert.same(offs, d[key].offsets:totable())
+        assert.equal(ref.weighted, d[key].weights ~= nil)
+      end
+
+      -- dedup: distinct bags per key in order of first appearance; expand restores
+      local v = k:dedup()
+      local vt = v:totable()
+      local bag0 = 0
+      for ki = 1, #ref.keys do
+        local seen, uniq, inv = {}, {}, {}
+        for b = 1, ref.stride do
+          local key = bag_key(ref.bags[ki][b])
+          if not ref.weighted then key = table.concat(ref.bags[ki][b].ids, ",") end
+          if not seen[key] then
+            uniq[#uniq + 1] = ref.bags[ki][b]
+            seen[key] = #uniq - 1
+          end
+          inv[b] = seen[key]
+        end
+        assert.equal(#uniq, vt.stride_per_key[ki], "stride of key " .. ki)
+        for b = 1, ref.stride do
+          assert.equal(inv[b], vt.inverse_indices[(ki - 1) * ref.stride + b])
+        end
+        for u = 1, #uniq do assert.equal(#uniq[u].ids, vt.lengths[bag0 + u]) end
+        bag0 = bag0 + #uniq
+      end
+      assert.is_true(v:validate())
+      same(ref, v:expand(), "expand " .. trial)
+
+      -- expand rows: a per-bag output back to the full batch's bag order
+      local nb = bag0
+      local out = ur.tensor({ math.max(nb, 0), 2 }, { dtype = "f32" })
+      for i = 0, nb * 2 - 1 do out[i] = i end
+      local full = v:expand(out)
+      assert.same({ #ref.keys * ref.stride, 2 }, full:size())
+      local ft = full:totable()
+      local kb = 0
+      for ki = 1, #ref.keys do
+        for b = 1, ref.stride do
+          local src = kb + vt.inverse_indices[(ki - 1) * ref.stride + b]
+          local row = (ki - 1) * ref.stride + b - 1
+          assert.same({ src * 2, src * 2 + 1 }, { ft[row * 2 + 1], ft[row * 2 + 2] })
+        end
+        kb = kb + vt.stride_per_key[ki]
+      end
+
+      -- placements
+      for _, place in ipairs(h.placements()) do
+        local moved = assert(k:to(place))
+        assert.equal(place, moved:placement())
+        same(ref, moved, "to " .. place .. " " .. trial)
+        same(ref, moved:to("host"), "back from " .. place)
+      end
+    end
+  end)
+
+  it("keeps a VBE batch through permute, split and placement moves", function()
+    local k = ur.KJT { keys = { "a", "b", "c" }, values = { 1, 1, 2, 3, 3, 3, 4, 5 },
+                       lengths = { 1, 1, 1, 1, 1, 1, 1, 1, 0 } }
+    local v = k:dedup()
+    assert.same({ 2, 1, 3 }, v:stride_per_key())
+    assert.same({ { 2 }, { 1 }, { 3 } }, v:stride_per_key_per_rank())
+    local p = v:permute { "c", "a" }
+    assert.same({ 3, 2 }, p:stride_per_key())
+    assert.same({ 0, 1, 2, 0, 0, 1 }, p:inverse_indices():totable())
+    assert.same(k:permute { "c", "a" }:totable(), p:expand():totable())
+    local parts = v:split { 2, 1 }
+    assert.same({ 1, 2, 3 }, parts[1]:values():totable())
+    assert.same(k:split { 2, 1 }[2]:totable(), parts[2]:expand():totable())
+    assert.same(k:totable(), ur.KJT.concat(parts):expand():totable())
+    local m = v:to("managed")
+    assert.same(v:totable(), m:totable())
+    assert.has_error(function() v:dedup() end,
+      "kjt dedup: the KJT already has a variable batch per key; expand() it first")
+  end)
+
+  it("builds a VBE batch from stride_per_key and inverse_indices", function()
+    local v = ur.KJT { keys = { "a" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key = { 2 },
+                       inverse_indices = { 0, 1, 1, 0 } }
+    assert.equal(4, v:stride())
+    assert.same({ 5, 6, 6, 5 }, v:expand():values():totable())
+  end)
+
+  it("names the key and the position in every error", function()
+    local KJT = ur.KJT
+    assert.has_error(function() KJT { keys = { "a", "b" }, values = { 1, 2 }, lengths = { 1, -1, 1, 1 } } end,
+      "kjt: key 'a' sample 1 (lengths[1]) has length -1; lengths must be >= 0")
+    assert.has_error(function() KJT { keys = { "a", "C3" }, values = { 1, 2, 3 }, lengths = { 1, 0, 2, 2 } } end,
+      "kjt: key 'C3' lengths sum to 4 but 2 values remain (the bag of sample 1, lengths[3], ends past them)")
+    assert.has_error(function() KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 0, 1, 0 } } end,
+      "kjt: lengths sum to 2 but there are 3 values (1 left after the last key, 'b')")
+    assert.has_error(function() KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 1 } } end,
+      "kjt: 3 lengths do not divide among 2 keys; give stride= or 2 lengths per key")
+    assert.has_error(function() KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 1 }, stride = 2 } end,
+      "kjt: 2 keys with stride 2 need 4 lengths, got 3")
+    assert.has_error(function() KJT { keys = { "a" }, values = { 1, 2 }, lengths = { 2 }, weights = { 1 } } end,
+      "kjt: 1 weights for 2 values; expected one per value")
+    assert.has_error(function() KJT { keys = { "a", 3 }, values = {}, lengths = {} } end,
+      "kjt: key 2 is number; expected a string")
+    assert.has_error(function()
+      KJT { keys = { "a" }, values = ur.tensor({ 1 }, { dtype = "i32" }), lengths = { 1 } }
+    end, "kjt: values must be a 1-d i64 tensor, got i32 with 1 dimensions")
+    assert.has_error(function()
+      KJT { keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key = { 1 }, inverse_indices = { 1 } }
+    end, "kjt: key 'a' sample 0 has inverse index 1; expected 0..0 (the key's stride is 1)")
+    local k = KJT { keys = { "a", "C7" }, values = { 1, 2, 999, 3 }, lengths = { 1, 1, 2, 0 } }
+    assert.is_true(k:validate { 10, 1000 })
+    local ok, err = k:validate { a = 10, C7 = 100 }
+    assert.is_nil(ok)
+    assert.equal("kjt: key 'C7' sample 0 (values[2]) has id 999, outside the table's 100 rows", err)
+    ok, err = KJT { keys = { "a" }, values = { -1 }, lengths = { 1 } }:validate { 5 }
+    assert.equal("kjt: key 'a' sample 0 (values[0]) has id -1, outside the table's 5 rows", err)
+    assert.is_nil(ok)
+    assert.has_error(function() k:permute { "zz" } end, "kjt: no key 'zz'")
+    assert.has_error(function() k:permute { 3 } end, "kjt: key 3 is neither a key name nor a position 1..2")
+    assert.has_error(function() k:split { 1, 2 } end,
+      "kjt split: segments hold 3 keys in all but the KJT has 2")
+    assert.has_error(function() ur.KJT.concat { k, k } end, "kjt concat: key 'a' of part 2 is also in part 1")
+    local other = KJT { keys = { "z" }, values = { 1 }, lengths = { 1 } }
+    assert.has_error(function() k:concat(other) end, "kjt concat: part 2 has stride 1 but part 1 has 2")
+    assert.has_error(function() k:expand(ur.tensor({ 3, 2 })) end,
+      "kjt expand: the input has 3 rows but the KJT has 4 bags (one row per bag)")
+    local freed = KJT { keys = { "a" }, values = {}, lengths = { 0 } }
+    freed:free()
+    freed:free()
+    assert.has_error(function() freed:values() end, "kjt: used after free()")
+  end)
+
+  h.cuda_it("gives the same results on the GPU as on the CPU", function()
+    for trial = 1, 10 do
+      local rng = rng_of(100 + trial)
+      local ref = random_ref(rng, 4, 6, trial % 2 == 1, 4)
+      local k = make(ref)
+      local g = assert(k:to("device"))
+      assert.equal("device", g:placement())
+      same(ref, g, "device")
+      assert.same(k:permute { 3, 1 }:totable(), g:permute { 3, 1 }:totable())
+      assert.same(k:dedup():totable(), g:dedup():totable())
+      assert.same(k:dedup():expand():totable(), g:dedup():expand():totable())
+      assert.same(k:split { 1, 3 }[2]:totable(), g:split { 1, 3 }[2]:totable())
+      assert.is_true(g:validate { 6, 6, 6, 6 })
+      assert.equal("device", g:dedup():placement())
+    end
+  end)
+end)
