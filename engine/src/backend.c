@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "core.h"
 
 pthread_mutex_t ur__lock = PTHREAD_MUTEX_INITIALIZER;
@@ -38,10 +39,18 @@ static void *open_cuda(char *tried, size_t len) {
     return dlopen(env, RTLD_NOW | RTLD_LOCAL);
   }
   Dl_info info;
+  char exe[4096];
   if (dladdr((void *)open_cuda, &info) && info.dli_fname) {
-    const char *slash = strrchr(info.dli_fname, '/');
-    int dirlen = slash ? (int)(slash - info.dli_fname) : 1;
-    const char *dir = slash ? info.dli_fname : ".";
+    /* A program found through PATH is named without its folder (argv[0]): ask the kernel. */
+    const char *fname = info.dli_fname;
+    ssize_t n;
+    if (!strchr(fname, '/') && (n = readlink("/proc/self/exe", exe, sizeof exe - 1)) > 0) {
+      exe[n] = 0;
+      fname = exe;
+    }
+    const char *slash = strrchr(fname, '/');
+    int dirlen = slash ? (int)(slash - fname) : 1;
+    const char *dir = slash ? fname : ".";
     const char *rel[] = {"/libuvmrec_cuda.so", "/../lib/libuvmrec_cuda.so"};
     for (int i = 0; i < 2; i++) {
       snprintf(path, sizeof path, "%.*s%s", dirlen, dir, rel[i]);
