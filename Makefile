@@ -26,7 +26,7 @@ NVFLAGS  := -O3 -std=c++17 $(CUDA_ARCH) -DUR_CUDA_ARCHS='"$(CUDA_ARCH_NAMES)"' -
             -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra$(if $(filter 1,$(WERROR)),$(comma)-Werror)
 
 # Libraries the engine links (a host program linking libuvmrec.a links these too).
-ENGINE_LIBS := -lyaml -ldl -lpthread -lm
+ENGINE_LIBS := -lyaml -lopenblas -ldl -lpthread -lm
 ENGINE_SRC := $(wildcard engine/src/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:engine/src/%.c=$(BUILD)/obj/%.o)
 CUDA_SRC   := $(strip $(wildcard engine/src/cuda/*.cu) $(wildcard kernels/*.cu))
@@ -90,7 +90,8 @@ $(BUILD)/cuobj/%.o: %.cu engine/include/uvmrec.h $(wildcard engine/src/*.h kerne
 # The CUDA runtime is linked statically, so the library needs only the driver on a GPU host.
 $(BUILD)/lib/libuvmrec_cuda.so: $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
-	$(NVCC) -shared --cudart static $(CUDA_ARCH) -o $@ $^ -ldl -lpthread
+	$(NVCC) -shared --cudart static $(CUDA_ARCH) -o $@ $^ -ldl -lpthread \
+	  -lcublasLt -lcublas -Xlinker -rpath=$(abspath $(dir $(NVCC))../lib64)
 
 # Host programs on the C API alone, linked statically to the engine so they run on a GPU host.
 examples: $(BUILD)/bin/uvm_migration

@@ -404,6 +404,129 @@ UR_API ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int6
                                    int64_t n, ur_tensor *dense, ur_tensor *labels, ur_tensor *ids,
                                    ur_tensor *weights, ur_tensor *lengths, ur_tensor *groups,
                                    ur_tensor *probs);
+/* ---- dense: linear layers, activations, interaction, cross layers, concat, loss,
+ * optimizers, arenas ---- */
+/* Dense ops take 2-D row-major tensors [rows, features] of f32 or bf16 (gradients of
+ * parameters are f32: bf16 math keeps f32 master weights) and run where their tensors are:
+ * on the GPU when every tensor is device or managed memory and a GPU is in use, else on the
+ * CPU (OpenBLAS), which is the reference.  Device memory mixed with host memory is an error. */
+typedef enum ur_act { UR_ACT_NONE = 0, UR_ACT_RELU, UR_ACT_SIGMOID, UR_ACT_COUNT } ur_act;
+enum {
+  UR_DENSE_TF32 = 1,        /* f32 matrix products may use TF32 tensor cores (GPU) */
+  UR_DENSE_ACCUMULATE = 2   /* add into the input gradient rather than overwrite it */
+};
+typedef enum ur_reduction {
+  UR_REDUCTION_MEAN = 0, UR_REDUCTION_SUM, UR_REDUCTION_NONE, UR_REDUCTION_COUNT
+} ur_reduction;
+typedef enum ur_optim_kind {
+  UR_OPTIM_KIND_SGD = 0, UR_OPTIM_KIND_ADAGRAD, UR_OPTIM_KIND_ADAM, UR_OPTIM_KIND_ADAMW,
+  UR_OPTIM_KIND_COUNT
+} ur_optim_kind;
+
+/* One optimizer step's settings (PyTorch's formulas; see ur_optim_step). */
+typedef struct ur_optim_cfg {
+  int32_t kind;             /* ur_optim_kind */
+  int32_t nesterov;         /* SGD with momentum */
+  int32_t zero_grad;        /* 1: gradients are zeroed once read */
+  int32_t pad_;
+  int64_t step;             /* this update's number, from 1 */
+  double lr, weight_decay;
+  double momentum;          /* SGD; 0 for none */
+  double beta1, beta2;      /* Adam */
+  double eps;               /* Adagrad, Adam */
+} ur_optim_cfg;
+
+struct ur_arena;
+typedef struct ur_arena ur_arena;
+typedef struct ur_arena_stats {
+  uint64_t used;            /* bytes handed out, alignment included */
+  uint64_t reserved;        /* bytes of the blocks */
+  uint64_t blocks;          /* allocations made, ever */
+  uint64_t tensors;         /* tensors handed out, ever */
+} ur_arena_stats;
+
+UR_API size_t ur_sizeof_optim_cfg(void);
+UR_API size_t ur_sizeof_arena_stats(void);
+
+/* y[rows, out] = act(x[rows, in] w[out, in]^T + b[out]), one dtype for all four; b may be
+ * NULL; act NONE or RELU (fused into the product's epilogue on the GPU); flags: TF32. */
+UR_API ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
+                                   const ur_tensor *b, ur_tensor *y /* out */, ur_act act,
+                                   uint32_t flags);
+/* From gy = dL/dy, with g = gy masked by y > 0 (RELU; then y and work [rows, out] of x's dtype
+ * are needed, and work receives g) or g = gy (NONE):
+ * gx = g w (+= with ACCUMULATE), gw += g^T x, gb += column sums of g.  gx, gw, gb may each be
+ * NULL; gw and gb are f32.  flags: TF32, ACCUMULATE. */
+UR_API ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
+                                    const ur_tensor *y, const ur_tensor *gy,
+                                    ur_tensor *gx /* out */, ur_tensor *gw /* out */,
+                                    ur_tensor *gb /* out */, ur_tensor *work, ur_act act,
+                                    uint32_t flags);
+/* Elementwise y = act(x) (RELU or SIGMOID), and gx = gy act'(x) computed from y; in place
+ * (y = x, gx = gy) is allowed. */
+UR_API ur_status ur_act_forward(ur_stream *s, const ur_tensor *x, ur_tensor *y /* out */,
+                                ur_act act);
+UR_API ur_status ur_act_backward(ur_stream *s, const ur_tensor *y, const ur_tensor *gy,
+                                 ur_tensor *gx /* out */, ur_act act);
+/* The DLRM dot interaction.  dense [rows, d] and emb [rows, T*d] are T+1 vectors per row;
+ * out [rows, d + P] is dense followed by the dot products of pairs (i, j), j < i (j <= i with
+ * self_interaction), in the order i = 1.., j = 0..: P = T(T+1)/2 (+ T+1).  Each of the three
+ * may be f32 or bf16 (sums in f32); the gradients take their input's dtype. */
+UR_API ur_status ur_interaction_forward(ur_stream *s, const ur_tensor *dense,
+                                        const ur_tensor *emb, ur_tensor *out /* out */,
+                                        int32_t self_interaction);
+UR_API ur_status ur_interaction_backward(ur_stream *s, const ur_tensor *dense,
+                                         const ur_tensor *emb, const ur_tensor *gout,
+                                         ur_tensor *gdense /* out */, ur_tensor *gemb /* out */,
+                                         int32_t self_interaction);
+/* A DCNv2 cross layer's elementwise part: y = x0 * z + xl, where z = W xl + b comes from
+ * ur_linear_forward.  Backward from gy: gz = gy * x0; gx0 = gy * z (+= with ACCUMULATE);
+ * gxl = gy, or, when gxl is NULL (the layer whose xl is x0), gy is added into gx0 too. */
+UR_API ur_status ur_cross_forward(ur_stream *s, const ur_tensor *x0, const ur_tensor *z,
+                                  const ur_tensor *xl, ur_tensor *y /* out */);
+UR_API ur_status ur_cross_backward(ur_stream *s, const ur_tensor *x0, const ur_tensor *z,
+                                   const ur_tensor *gy, ur_tensor *gz /* out */,
+                                   ur_tensor *gx0 /* out */, ur_tensor *gxl /* out */,
+                                   uint32_t flags);
+/* out [rows, sum of widths] = the n parts [rows, width_i] side by side (one dtype), and back. */
+UR_API ur_status ur_features_concat(ur_stream *s, const ur_tensor *const *parts, int32_t n,
+                                    ur_tensor *out /* out */);
+UR_API ur_status ur_features_split(ur_stream *s, const ur_tensor *in,
+                                   ur_tensor *const *parts /* out */, int32_t n);
+/* Binary cross-entropy on logits, stable at any logit: l_i = w_i (max(x, 0) - x y +
+ * log(1 + e^-|x|)).  logits [rows] or [rows, 1], f32 or bf16; targets and weights (NULL: 1)
+ * f32 of as many elements; loss f32 [1] (MEAN: sum / rows, SUM) or [rows] (NONE).  Sums in
+ * double, in a fixed order.  Backward: glogits (logits' dtype) = scale * dl/dx. */
+UR_API ur_status ur_bce_forward(ur_stream *s, const ur_tensor *logits, const ur_tensor *targets,
+                                const ur_tensor *weights, ur_tensor *loss /* out */,
+                                ur_reduction reduction);
+UR_API ur_status ur_bce_backward(ur_stream *s, const ur_tensor *logits, const ur_tensor *targets,
+                                 const ur_tensor *weights, ur_tensor *glogits /* out */,
+                                 ur_reduction reduction, double scale);
+/* out f32 [1] = the mean of every element of x (f32 or bf16; summed in double). */
+UR_API ur_status ur_dense_mean(ur_stream *s, const ur_tensor *x, ur_tensor *out /* out */);
+/* dst = src converted between f32 and bf16 (round to nearest even), or copied. */
+UR_API ur_status ur_dense_cast(ur_stream *s, const ur_tensor *src, ur_tensor *dst /* out */);
+/* One step of cfg's rule over n parameters (f32) with their gradients (f32, same shapes) and
+ * state (f32, same shapes: SGD's momentum buffer in state1; Adagrad's sum in state1; Adam's
+ * exp_avg, exp_avg_sq in state1, state2; NULL arrays or entries where a rule needs none);
+ * halves (NULL or entries NULL) receive the new values in bf16.  On the GPU, one launch
+ * for every 48 parameters. */
+UR_API ur_status ur_optim_step(ur_stream *s, const ur_optim_cfg *cfg, int32_t n,
+                               ur_tensor *const *params, ur_tensor *const *grads,
+                               ur_tensor *const *state1, ur_tensor *const *state2,
+                               ur_tensor *const *halves);
+
+/* An arena: tensors carved from a few large blocks of one placement, 256-byte aligned, so a
+ * model's activations cost a handful of allocations once.  A tensor keeps its block alive;
+ * reset makes later tensors come from new blocks. */
+UR_API ur_status ur_arena_new(ur_arena **out, ur_place place, int32_t device,
+                              uint64_t block_bytes);
+UR_API void ur_arena_free(ur_arena *a);
+UR_API ur_status ur_arena_tensor(ur_arena *a, ur_tensor **out, ur_dtype dtype, int32_t ndim,
+                                 const int64_t *shape);
+UR_API void ur_arena_reset(ur_arena *a);
+UR_API void ur_arena_stats_get(const ur_arena *a, ur_arena_stats *out);
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

@@ -62,6 +62,48 @@ typedef struct ur_backend {
   ur_status (*monitor_start)(void);
   ur_status (*monitor_read)(ur_migration_stats *out, int32_t reset);
   ur_status (*monitor_stop)(void);
+
+  /* dense (engine/src/dense.h says what each computes; the core has checked every shape and
+   * dtype).  Matrices are row-major and contiguous; counts are elements. */
+  ur_status (*linear_forward)(void *stream, const void *x, const void *w, const void *b, void *y,
+                              int64_t rows, int64_t in, int64_t out, ur_dtype dtype, ur_act act,
+                              uint32_t flags);
+  ur_status (*linear_backward)(void *stream, const void *x, const void *w, const void *y,
+                               const void *gy, void *gx, float *gw, float *gb, void *work,
+                               int64_t rows, int64_t in, int64_t out, ur_dtype dtype, ur_act act,
+                               uint32_t flags);
+  ur_status (*act_forward)(void *stream, const void *x, void *y, int64_t n, ur_dtype dtype,
+                           ur_act act);
+  ur_status (*act_backward)(void *stream, const void *y, const void *gy, void *gx, int64_t n,
+                            ur_dtype dtype, ur_act act);
+  ur_status (*interaction_forward)(void *stream, const void *dense, const void *emb, void *out,
+                                   int64_t rows, int32_t tables, int32_t dim, int32_t self,
+                                   ur_dtype dense_dtype, ur_dtype emb_dtype, ur_dtype out_dtype);
+  ur_status (*interaction_backward)(void *stream, const void *dense, const void *emb,
+                                    const void *gout, void *gdense, void *gemb, int64_t rows,
+                                    int32_t tables, int32_t dim, int32_t self,
+                                    ur_dtype dense_dtype, ur_dtype emb_dtype, ur_dtype out_dtype);
+  ur_status (*cross_forward)(void *stream, const void *x0, const void *z, const void *xl, void *y,
+                             int64_t n, ur_dtype dtype);
+  ur_status (*cross_backward)(void *stream, const void *x0, const void *z, const void *gy,
+                              void *gz, void *gx0, void *gxl, int64_t n, ur_dtype dtype,
+                              uint32_t flags);
+  /* rows rows of width bytes, from src (pitch spitch bytes) to dst (pitch dpitch). */
+  ur_status (*copy_2d)(void *stream, void *dst, size_t dpitch, const void *src, size_t spitch,
+                       size_t width, size_t rows);
+  ur_status (*bce_forward)(void *stream, const void *logits, const float *targets,
+                           const float *weights, float *loss, int64_t n, ur_dtype dtype,
+                           ur_reduction reduction);
+  ur_status (*bce_backward)(void *stream, const void *logits, const float *targets,
+                            const float *weights, void *glogits, int64_t n, ur_dtype dtype,
+                            ur_reduction reduction, double scale);
+  ur_status (*mean)(void *stream, const void *x, float *out, int64_t n, ur_dtype dtype);
+  ur_status (*cast)(void *stream, const void *src, ur_dtype src_dtype, void *dst,
+                    ur_dtype dst_dtype, int64_t n);
+  /* Entries of s1, s2 and halves may be NULL where the rule or the caller needs none. */
+  ur_status (*optim_step)(void *stream, const ur_optim_cfg *cfg, int32_t n, float *const *params,
+                          float *const *grads, float *const *s1, float *const *s2,
+                          void *const *halves, const int64_t *numel);
 } ur_backend;
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which

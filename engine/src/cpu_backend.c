@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "core.h"
+#include "dense.h"
 #include "philox.h"
 
 static int cpu_device_count(void) { return 0; }
@@ -147,6 +148,7 @@ const ur_backend *ur__cpu(void) {
       .stream_sync = cpu_stream_sync,
       .event_new = cpu_event_new,
       .event_free = cpu_event_free,
+      UR__DENSE_CPU_ENTRIES,
       /* Events, hints, probes and the monitor have no CPU form: the core handles NULL. */
   };
   return &cpu;

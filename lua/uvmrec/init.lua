@@ -15,7 +15,7 @@ local ur = {
 }
 
 ur.UvmTensor = ur.uvm_tensor -- the seed's spelling
-ur.nn = require "uvmrec.nn"
+ur.nn, ur.optim, ur.dense = require "uvmrec.nn", require "uvmrec.optim", require "uvmrec.dense"
 ur.KJT = require("uvmrec.kjt").KJT
 -- The data path (readers, synthetic data, the loader), loaded on first use.
 setmetatable(ur, { __index = function(t, k)

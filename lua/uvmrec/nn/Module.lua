@@ -14,6 +14,7 @@
 -- to(placement) and set_precision() work for every module without code of its own.
 -- Activations and workspaces come from the model's arena through self:buffer(), so a training
 -- step allocates nothing once the largest batch has been seen.
+local lib = require "uvmrec.lib"
 local ur_tensor = require "uvmrec.tensor"
 
 local Module = { __typename = "Module" }
@@ -62,6 +63,45 @@ function Module:__init()
 end
 
 function Module:type_name() return getmetatable(self).__typename end
+
+-- Seeds for parameter initialisation: each module built takes the next, so a model built
+-- after manual_seed(s) is the same every time, on every backend.
+local seed_base, seed_count = 0x5eed, 0
+function Module.manual_seed(s)
+  seed_base, seed_count = s, 0
+end
+function Module.next_seed()
+  seed_count = seed_count + 1
+  return seed_base * 1000003 + seed_count * 7919
+end
+
+local DTYPE_NAMES = { [0] = "f32", "bf16", "f16", "i8", "u8", "i32", "i64" }
+-- A tensor's dtype name without building a string (hot paths).
+function Module.dtype_of(t)
+  return DTYPE_NAMES[tonumber(lib.C.ur_tensor_dtype(t.p))]
+end
+
+-- Rows of a tensor (its first size) and the elements per row.
+function Module.rows_cols(t)
+  local p = t.p
+  local rows = tonumber(lib.C.ur_tensor_dim(p, 0))
+  local n = tonumber(lib.C.ur_tensor_numel(p))
+  return rows, rows > 0 and n / rows or 0
+end
+
+-- input itself when it has the dtype of this module's activations, else a copy converted into
+-- buffer `key` (an f32 batch entering a bf16 model).
+function Module:as_act(input, key)
+  local dt = self:act_dtype()
+  if Module.dtype_of(input) == dt then return input end
+  local rows, cols = Module.rows_cols(input)
+  return require("uvmrec.dense").cast(input, self:buffer(key, dt, rows, cols), self.stream)
+end
+
+-- Every module of the tree runs its work on `stream` (nil: the default stream).
+function Module:set_stream(stream)
+  return self:apply(function(m) m.stream = stream end)
+end
 
 -- ---- the protocol ----
 
@@ -206,9 +246,23 @@ function Module:to(placement, device)
   end
   local dev = device
   if dev == nil then dev = moved[1] and moved[1][3]:device() end
+  if placement == "host" or placement == "pinned" then
+    dev = -1
+  elseif dev == nil then
+    dev = 0
+    if lib.C.ur_device_count() > 0 then
+      local d = require("ffi").new("int32_t[1]")
+      lib.C.ur_device_get(d)
+      dev = d[0]
+    end
+  else
+    dev = lib.location(dev)
+  end
+  local arena = require("uvmrec.nn.arena").new(placement, dev)
   self:apply(function(m)
-    m.placement, m.device = placement, dev or -1
+    m.placement, m.device = placement, dev
     drop_buffers(m)
+    m._arena = arena
   end)
   return self
 end
@@ -220,9 +274,11 @@ function Module:set_precision(precision, stream)
     error("set_precision: '" .. tostring(precision) .. "' is not f32, tf32 or bf16", 2)
   end
   local ok, err = true, nil
+  local arena = self._arena
   self:apply(function(m)
     m.precision = precision
     drop_buffers(m)
+    m._arena = arena
     for _, p in ipairs(m._params) do
       local old = m[p.half_field]
       m[p.half_field] = nil
@@ -290,7 +346,7 @@ end
 -- ---- printing ----
 
 -- What follows the type name in tostring, e.g. "(13 -> 512)"; "" by default.
-function Module:extra_repr() return "" end
+function Module:extra_repr() return "" end -- luacheck: ignore 212
 
 function Module:tostring()
   return self:type_name() .. self:extra_repr()

@@ -1,0 +1,131 @@
+-- uvmrec.dense: the dense ops of the engine on tensors (linear, activations, interaction,
+-- cross layers, concat/split, BCE loss, mean, cast, optimizer step).  The nn modules are
+-- built on these; they are exposed for scripts and specs.  Every failure raises (a bad shape
+-- or dtype at the caller's line; a device failure with CUDA's message).  The stream is the
+-- last argument, optional.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local streams = require "uvmrec.stream"
+local C = lib.C
+
+local M = {}
+
+M.ACT = { none = 0, relu = 1, sigmoid = 2 }
+M.REDUCTION = { mean = 0, sum = 1, none = 2 }
+M.TF32, M.ACCUMULATE = 1, 2
+
+local function run(st)
+  if st ~= 0 then error(ffi.string(C.ur_last_error()), 3) end
+end
+
+local function act_of(a)
+  local v = M.ACT[a or "none"]
+  if not v then error("dense: activation '" .. tostring(a) .. "' is not none, relu or sigmoid", 3) end
+  return v
+end
+
+local function P(t) return t and t.p or nil end
+local function S(s) return streams.handle(s, 3) end
+
+-- y = act(x w^T + b); act "none" or "relu"; flags: dense.TF32.
+function M.linear_forward(x, w, b, y, act, flags, stream)
+  run(C.ur_linear_forward(S(stream), P(x), P(w), P(b), P(y), act_of(act), flags or 0))
+  return y
+end
+
+-- gx = g w (+= with dense.ACCUMULATE), gw += g^T x, gb += sum(g); g = gy masked by y > 0 under
+-- relu (work receives it).  gx, gw, gb may be nil.
+function M.linear_backward(x, w, y, gy, gx, gw, gb, work, act, flags, stream)
+  run(C.ur_linear_backward(S(stream), P(x), P(w), P(y), P(gy), P(gx), P(gw), P(gb), P(work),
+                           act_of(act), flags or 0))
+  return gx
+end
+
+function M.act_forward(x, y, act, stream)
+  run(C.ur_act_forward(S(stream), P(x), P(y), act_of(act)))
+  return y
+end
+
+function M.act_backward(y, gy, gx, act, stream)
+  run(C.ur_act_backward(S(stream), P(y), P(gy), P(gx), act_of(act)))
+  return gx
+end
+
+-- Output columns of an interaction of T tables of width d.
+function M.interaction_width(T, d, self_interaction)
+  local n = T + 1
+  return d + n * (n - 1) / 2 + (self_interaction and n or 0)
+end
+
+function M.interaction_forward(dense, emb, out, self_interaction, stream)
+  run(C.ur_interaction_forward(S(stream), P(dense), P(emb), P(out), self_interaction and 1 or 0))
+  return out
+end
+
+function M.interaction_backward(dense, emb, gout, gdense, gemb, self_interaction, stream)
+  run(C.ur_interaction_backward(S(stream), P(dense), P(emb), P(gout), P(gdense), P(gemb),
+                                self_interaction and 1 or 0))
+end
+
+function M.cross_forward(x0, z, xl, y, stream)
+  run(C.ur_cross_forward(S(stream), P(x0), P(z), P(xl), P(y)))
+  return y
+end
+
+function M.cross_backward(x0, z, gy, gz, gx0, gxl, flags, stream)
+  run(C.ur_cross_backward(S(stream), P(x0), P(z), P(gy), P(gz), P(gx0), P(gxl), flags or 0))
+end
+
+local parts_buf, parts_cap = nil, 0
+local function parts_of(parts)
+  local n = #parts
+  if n > parts_cap then
+    parts_cap = math.max(n, 2 * parts_cap, 16)
+    parts_buf = ffi.new("ur_tensor *[?]", parts_cap)
+  end
+  for i = 1, n do parts_buf[i - 1] = P(parts[i]) end
+  return parts_buf, n
+end
+
+-- out = the parts (a list of [rows, w_i] tensors) side by side; split undoes it.
+function M.concat(parts, out, stream)
+  local buf, n = parts_of(parts)
+  run(C.ur_features_concat(S(stream), buf, n, P(out)))
+  return out
+end
+
+function M.split(input, parts, stream)
+  local buf, n = parts_of(parts)
+  run(C.ur_features_split(S(stream), P(input), buf, n))
+  return parts
+end
+
+local function reduction_of(r)
+  local v = M.REDUCTION[r or "mean"]
+  if not v then error("bce: reduction '" .. tostring(r) .. "' is not mean, sum or none", 3) end
+  return v
+end
+
+function M.bce_forward(logits, targets, weights, loss, reduction, stream)
+  run(C.ur_bce_forward(S(stream), P(logits), P(targets), P(weights), P(loss), reduction_of(reduction)))
+  return loss
+end
+
+function M.bce_backward(logits, targets, weights, glogits, reduction, scale, stream)
+  run(C.ur_bce_backward(S(stream), P(logits), P(targets), P(weights), P(glogits),
+                        reduction_of(reduction), scale or 1))
+  return glogits
+end
+
+function M.mean(x, out, stream)
+  run(C.ur_dense_mean(S(stream), P(x), P(out)))
+  return out
+end
+
+-- dst = src converted between f32 and bf16 (or copied).
+function M.cast(src, dst, stream)
+  run(C.ur_dense_cast(S(stream), P(src), P(dst)))
+  return dst
+end
+
+return M

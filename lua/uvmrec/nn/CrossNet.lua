@@ -1,0 +1,118 @@
+-- uvmrec.nn.CrossNet: DCNv2's cross network, x_{l+1} = x0 * (W_l x_l + b_l) + x_l for
+-- l = 1..L with x_1 = x0, on [rows, d].  Full rank: W_l [d, d] (parameters weight_l, bias_l);
+-- low rank r: W_l = U_l V_l with U_l [d, r] and V_l [r, d] (U_l, V_l, bias_l), as in the
+-- DCNv2 paper's mixture-free form.  The products are Linear's (cuBLASLt on the GPU), the
+-- elementwise rest one fused kernel each way.
+local Module = require "uvmrec.nn.Module"
+local dense = require "uvmrec.dense"
+
+local CrossNet = Module:extend("CrossNet")
+
+-- CrossNet(d, layers, {rank = r (low rank; default full), seed = n})
+function CrossNet:__init(d, layers, opts)
+  Module.__init(self)
+  opts = opts or {}
+  for _, v in ipairs { { d, "d" }, { layers, "layers" }, { opts.rank or 1, "rank" } } do
+    if type(v[1]) ~= "number" or v[1] < 1 or v[1] ~= math.floor(v[1]) then
+      error("CrossNet: " .. v[2] .. " must be a whole number >= 1, got " .. tostring(v[1]), 3)
+    end
+  end
+  self.d, self.layers, self.rank = d, layers, opts.rank
+  local seed = opts.seed or Module.next_seed()
+  for l = 1, layers do
+    local s = seed + 10 * l
+    if self.rank then
+      local r = self.rank
+      self:register_parameter("V_" .. l, { r, d }):normal(0, math.sqrt(2 / (r + d)), s)
+      self:register_parameter("U_" .. l, { d, r }):normal(0, math.sqrt(2 / (r + d)), s + 1)
+    else
+      self:register_parameter("weight_" .. l, { d, d }):normal(0, math.sqrt(1 / d), s)
+    end
+    self:register_parameter("bias_" .. l, { d }):normal(0, math.sqrt(1 / d), s + 2)
+  end
+end
+
+local function flags(self) return self.precision == "tf32" and dense.TF32 or 0 end
+
+function CrossNet:updateOutput(input)
+  local x0 = self:as_act(input, "input")
+  local rows = Module.rows_cols(x0)
+  local dt, d, st, f = self:act_dtype(), self.d, self.stream, flags(self)
+  self._x0 = x0
+  local xl = x0
+  for l = 1, self.layers do
+    local z = self:buffer("z" .. l, dt, rows, d)
+    if self.rank then
+      local t = self:buffer("t" .. l, dt, rows, self.rank)
+      dense.linear_forward(xl, self:param("V_" .. l), nil, t, "none", f, st)
+      dense.linear_forward(t, self:param("U_" .. l), self:param("bias_" .. l), z, "none", f, st)
+    else
+      dense.linear_forward(xl, self:param("weight_" .. l), self:param("bias_" .. l), z, "none", f, st)
+    end
+    local y = self:buffer("x" .. (l + 1), dt, rows, d)
+    dense.cross_forward(x0, z, xl, y, st)
+    xl = y
+  end
+  self.output = xl
+  return xl
+end
+
+-- Walks the layers back; the gradient of x_l lands in ping-pong buffers, and that of x0
+-- (through every layer's x0 * z term and the first layer's x_l) accumulates in gx0.
+function CrossNet:_backward(input, gradOutput, want_params)
+  local x0 = self._x0
+  local rows = Module.rows_cols(x0)
+  local dt, d, st, f, L = self:act_dtype(), self.d, self.stream, flags(self), self.layers
+  local gx0 = self:buffer("gx0", dt, rows, d)
+  local gz = self:buffer("gz", dt, rows, d)
+  local g = gradOutput
+  for l = L, 1, -1 do
+    local xl = l > 1 and self:buffer("x" .. l, dt, rows, d) or x0
+    local z = self:buffer("z" .. l, dt, rows, d)
+    local gxl = l > 1 and self:buffer(l % 2 == 0 and "gA" or "gB", dt, rows, d) or nil
+    dense.cross_backward(x0, z, g, gz, gx0, gxl, l < L and dense.ACCUMULATE or 0, st)
+    local gin = gxl or gx0
+    local acc = f + dense.ACCUMULATE
+    local gb = want_params and self["grad_bias_" .. l] or nil
+    if self.rank then
+      local t = self:buffer("t" .. l, dt, rows, self.rank)
+      local gt = self:buffer("gt", dt, rows, self.rank)
+      dense.linear_backward(t, self:param("U_" .. l), nil, gz, gt,
+                            want_params and self["grad_U_" .. l] or nil, gb, nil, "none", f, st)
+      dense.linear_backward(xl, self:param("V_" .. l), nil, gt, gin,
+                            want_params and self["grad_V_" .. l] or nil, nil, nil, "none", acc, st)
+    else
+      dense.linear_backward(xl, self:param("weight_" .. l), nil, gz, gin,
+                            want_params and self["grad_weight_" .. l] or nil, gb, nil, "none", acc, st)
+    end
+    g = gxl
+  end
+  self.gradInput = gx0
+  if Module.dtype_of(input) ~= dt then
+    local r, c = Module.rows_cols(input)
+    self.gradInput = dense.cast(gx0, self:buffer("gradInput", Module.dtype_of(input), r, c), st)
+  end
+  return self.gradInput
+end
+
+function CrossNet:backward(input, gradOutput)
+  return self:_backward(input, gradOutput, true)
+end
+
+function CrossNet:updateGradInput(input, gradOutput)
+  return self:_backward(input, gradOutput, false)
+end
+
+-- The parameters' gradients need the same walk: it is done again (backward does both at once).
+function CrossNet:accGradParameters(input, gradOutput)
+  local keep = self.gradInput
+  self:_backward(input, gradOutput, true)
+  self.gradInput = keep
+end
+
+function CrossNet:extra_repr()
+  return ("(%d, %d layers%s)"):format(self.d, self.layers,
+                                      self.rank and (", rank " .. self.rank) or "")
+end
+
+return CrossNet

@@ -1,0 +1,52 @@
+-- uvmrec.nn.Interaction: DLRM's dot interaction.  Input {dense, emb}: the bottom MLP's output
+-- [rows, d] and the pooled embeddings [rows, T*d] (f32 or bf16 each); output [rows, d + P],
+-- dense followed by the P = (T+1)T/2 dot products of distinct vectors, lower triangle, i-major
+-- (with self_interaction also each vector with itself: P = (T+1)(T+2)/2).  One fused kernel
+-- each way on the GPU.  gradInput is {gdense, gemb}, each in its input's dtype.
+local Module = require "uvmrec.nn.Module"
+local dense = require "uvmrec.dense"
+
+local Interaction = Module:extend("Interaction")
+
+-- Interaction({self_interaction = false})
+function Interaction:__init(opts)
+  Module.__init(self)
+  opts = opts or {}
+  self.self_interaction = opts.self_interaction and true or false
+  self.gradInput = {}
+end
+
+local function parts(input)
+  if type(input) ~= "table" or not input[1] or not input[2] then
+    error("Interaction: input must be {dense [rows, d], emb [rows, T*d]}", 4)
+  end
+  return input[1], input[2]
+end
+
+function Interaction:updateOutput(input)
+  local d, e = parts(input)
+  local rows, width = Module.rows_cols(d)
+  local _, ecols = Module.rows_cols(e)
+  local T = math.floor(ecols / math.max(width, 1))
+  self.output = self:buffer("output", self:act_dtype(), rows,
+                            dense.interaction_width(T, width, self.self_interaction))
+  dense.interaction_forward(d, e, self.output, self.self_interaction, self.stream)
+  return self.output
+end
+
+function Interaction:updateGradInput(input, gradOutput)
+  local d, e = parts(input)
+  local rows, width = Module.rows_cols(d)
+  local _, ecols = Module.rows_cols(e)
+  local gd = self:buffer("gdense", Module.dtype_of(d), rows, width)
+  local ge = self:buffer("gemb", Module.dtype_of(e), rows, ecols)
+  dense.interaction_backward(d, e, gradOutput, gd, ge, self.self_interaction, self.stream)
+  self.gradInput[1], self.gradInput[2] = gd, ge
+  return self.gradInput
+end
+
+function Interaction:extra_repr()
+  return self.self_interaction and "(self-interaction)" or ""
+end
+
+return Interaction

@@ -1,0 +1,26 @@
+-- uvmrec.nn.MLP(sizes, opts): a Sequential of Linear layers with fused ReLUs, as DLRM's bottom
+-- and top MLPs: MLP({13, 512, 256, 128}) is 13 -> 512 -> 256 -> 128 with a ReLU after each
+-- layer.  opts.last = "relu" (default), "none" or "sigmoid" says what follows the last layer;
+-- opts.input_grad = false skips the gradient of the MLP's input (fed by data).
+local Linear = require "uvmrec.nn.Linear"
+local ReLU = require "uvmrec.nn.ReLU"
+local Sequential = require "uvmrec.nn.Sequential"
+local Sigmoid = require "uvmrec.nn.Sigmoid"
+
+return function(sizes, opts)
+  opts = opts or {}
+  if type(sizes) ~= "table" or #sizes < 2 then
+    error("MLP: sizes must list at least an input and an output width", 2)
+  end
+  local last = opts.last or "relu"
+  if last ~= "relu" and last ~= "none" and last ~= "sigmoid" then
+    error("MLP: last must be relu, none or sigmoid, got " .. tostring(last), 2)
+  end
+  local m = Sequential()
+  for i = 1, #sizes - 1 do
+    m:add(Linear(sizes[i], sizes[i + 1], { input_grad = i > 1 or opts.input_grad ~= false }))
+    if i < #sizes - 1 or last == "relu" then m:add(ReLU())
+    elseif last == "sigmoid" then m:add(Sigmoid()) end
+  end
+  return m
+end

@@ -1,0 +1,94 @@
+-- uvmrec.nn.Sequential: children applied one after another.  A ReLU added right after a Linear
+-- is fused into it (the Linear applies it in its epilogue; the ReLU passes through).  An error
+-- in a child is raised with the child's index and type in front.
+local Module = require "uvmrec.nn.Module"
+
+local Sequential = Module:extend("Sequential")
+
+function Sequential:__init(...)
+  Module.__init(self)
+  self.modules = {}
+  for i = 1, select("#", ...) do self:add((select(i, ...))) end
+end
+
+local function is_module(m) return Module.is(m, Module) end
+
+function Sequential:add(m)
+  if not is_module(m) then error("Sequential:add: expected a module, got " .. tostring(m), 2) end
+  local prev = self.modules[#self.modules]
+  local ReLU, Linear = require "uvmrec.nn.ReLU", require "uvmrec.nn.Linear"
+  if Module.is(m, ReLU) and Module.is(prev, Linear) and prev.act == "none" then
+    prev.act = "relu"
+    m.fused = true
+  end
+  self.modules[#self.modules + 1] = m
+  -- One arena per model; a child placed elsewhere keeps its own until the model's to().
+  if m.placement == self.placement and m.device == self.device then m:share_arena(self) end
+  return self
+end
+
+function Sequential:get(i) return self.modules[i] end
+function Sequential:size() return #self.modules end
+
+-- Strips the "file:line: " that error() put in front, so one location is shown: the caller's.
+local function child_error(i, m, err)
+  local msg = tostring(err):gsub("^[^\n]-:%d+: ", "")
+  error(("Sequential: (%d) %s: %s"):format(i, m:type_name(), msg), 4)
+end
+
+function Sequential:updateOutput(input)
+  local x = input
+  local mods = self.modules
+  for i = 1, #mods do
+    local m = mods[i]
+    local ok, out = pcall(m.forward, m, x)
+    if not ok then child_error(i, m, out) end
+    x = out
+  end
+  self.output = x
+  return x
+end
+
+function Sequential:_backward(input, gradOutput, fn)
+  local mods = self.modules
+  local g = gradOutput
+  for i = #mods, 1, -1 do
+    local m = mods[i]
+    local x = i > 1 and mods[i - 1].output or input
+    local ok, out = pcall(m[fn], m, x, g)
+    if not ok then child_error(i, m, out) end
+    g = out
+  end
+  self.gradInput = g
+  return g
+end
+
+function Sequential:backward(input, gradOutput)
+  return self:_backward(input, gradOutput, "backward")
+end
+
+function Sequential:updateGradInput(input, gradOutput)
+  return self:_backward(input, gradOutput, "updateGradInput")
+end
+
+-- Runs after updateGradInput: each child's input and gradOutput are where they were left.
+function Sequential:accGradParameters(input, gradOutput)
+  local mods = self.modules
+  for i = #mods, 1, -1 do
+    local x = i > 1 and mods[i - 1].output or input
+    local g = i < #mods and mods[i + 1].gradInput or gradOutput
+    mods[i]:accGradParameters(x, g)
+  end
+end
+
+function Sequential:tostring()
+  local lines = { self:type_name() .. " {" }
+  for i, m in ipairs(self.modules) do
+    local s = tostring(m):gsub("\n", "\n  ")
+    lines[#lines + 1] = ("  (%d): %s"):format(i, s)
+  end
+  lines[#lines + 1] = "}"
+  return table.concat(lines, "\n")
+end
+
+return Sequential

@@ -1,0 +1,60 @@
+-- uvmrec.nn.arena: a model's arena, tensors carved from a few large blocks of one placement
+-- (engine/src/arena.c).  Modules take their activations and workspaces from it through
+-- Module:buffer, so that a training step allocates nothing once the largest batch was seen.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local C = lib.C
+
+local M = {}
+local methods = {}
+
+-- Blocks are this large unless one tensor needs more: few enough to be cheap, small enough
+-- that the unused tail of the last block does not matter.
+local BLOCK = { host = 4 * 2 ^ 20, pinned = 4 * 2 ^ 20, device = 64 * 2 ^ 20, managed = 64 * 2 ^ 20 }
+
+local wrap, free = lib.handle_type("ur_arena", C.ur_arena_free, {
+  __index = methods,
+  __tostring = function(a)
+    if a.p == nil then return "arena (freed)" end
+    local s = a:stats()
+    return ("arena %d tensors in %d blocks, %.1f of %.1f MiB used"):format(
+      s.tensors, s.blocks, s.used / 2 ^ 20, s.reserved / 2 ^ 20)
+  end,
+})
+
+local shape_buf = ffi.new("int64_t[4]")
+local out_buf = ffi.new("ur_tensor *[1]")
+
+-- A tensor of shape (a list) and dtype (default f32) from the arena.  Environmental
+-- failures (device memory, the HBM budget) raise too: a module cannot go on without it.
+function methods:tensor(shape, dtype)
+  local d = lib.enum(C.ur_dtype_parse, "ur_dtype", dtype or "f32", "dtype", 2)
+  for i = 1, #shape do shape_buf[i - 1] = shape[i] end
+  local st = C.ur_arena_tensor(lib.ptr(self, "arena", 2), out_buf, d, #shape, shape_buf)
+  if st ~= 0 then error(ffi.string(C.ur_last_error()), 2) end
+  return tensor.wrap(out_buf[0])
+end
+
+local stats_buf = ffi.new("ur_arena_stats")
+function methods:stats()
+  C.ur_arena_stats_get(lib.ptr(self, "arena", 2), stats_buf)
+  return { used = tonumber(stats_buf.used), reserved = tonumber(stats_buf.reserved),
+           blocks = tonumber(stats_buf.blocks), tensors = tonumber(stats_buf.tensors) }
+end
+
+function methods:reset() C.ur_arena_reset(lib.ptr(self, "arena", 2)) end
+methods.free = free
+
+-- An arena of placement ("host", "pinned", "device", "managed") on device (a GPU ordinal;
+-- -1 or nil for host memory).
+function M.new(placement, device, block_bytes)
+  local place = lib.enum(C.ur_place_parse, "ur_place", placement or "host", "placement", 2)
+  if placement == "host" or placement == "pinned" or placement == nil then device = -1 end
+  local out = ffi.new("ur_arena *[1]")
+  local st = C.ur_arena_new(out, place, device or 0, block_bytes or BLOCK[placement or "host"])
+  if st ~= 0 then error(ffi.string(C.ur_last_error()), 2) end
+  return wrap(out[0])
+end
+
+return M

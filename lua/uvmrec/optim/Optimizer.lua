@@ -1,0 +1,118 @@
+-- uvmrec.optim.Optimizer: the dense optimizers' shared body.  It holds the parameters' state
+-- tensors and one C call per step (ur_optim_step: one fused GPU launch per 48 parameters),
+-- which also refreshes the bf16 copies of bf16 models.  Built on model:parameters() after the
+-- model's to() and set_precision(); parameters without a gradient (embedding tables whose
+-- optimizer is fused into their backward) are left alone.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local streams = require "uvmrec.stream"
+local tensor = require "uvmrec.tensor"
+local C = lib.C
+
+local Optimizer = {}
+Optimizer.__index = Optimizer
+
+local KINDS = { sgd = 0, adagrad = 1, adam = 2, adamw = 3 }
+local NAMES = { sgd = "SGD", adagrad = "Adagrad", adam = "Adam", adamw = "AdamW" }
+
+local function number(opts, key, default, level)
+  local v = opts[key]
+  if v == nil then return default end
+  if type(v) ~= "number" or v ~= v or v < 0 or v == math.huge then
+    error(("%s must be a finite number >= 0, got %s"):format(key, tostring(v)), level + 1)
+  end
+  return v
+end
+
+local function like(t, value)
+  local place = t:placement()
+  local dev = (place == "host" or place == "pinned") and nil or t:device()
+  local s = assert(tensor.tensor(t:size(), { placement = place, device = dev }))
+  return s:fill(value)
+end
+
+-- kind: "sgd", "adagrad", "adam", "adamw"; params: model:parameters(); opts as each
+-- constructor in uvmrec.optim documents.
+function Optimizer.new(kind, params, opts, level)
+  level = (level or 1) + 1
+  opts = opts or {}
+  if type(params) ~= "table" then
+    error(NAMES[kind] .. ": expected the list from model:parameters(), got " .. tostring(params), level)
+  end
+  local self = setmetatable({ kind = kind, params = {}, state1 = {}, state2 = {}, step_count = 0 }, Optimizer)
+  self.lr = number(opts, "lr", kind == "sgd" and nil or (kind == "adagrad" and 0.01 or 0.001), level)
+  if not self.lr then error("SGD: lr is required", level) end
+  if opts.schedule ~= nil and type(opts.schedule) ~= "function" then
+    error(NAMES[kind] .. ": schedule must be a function of the step, got " .. tostring(opts.schedule), level)
+  end
+  self.schedule = opts.schedule
+  local cfg = ffi.new("ur_optim_cfg")
+  cfg.kind = KINDS[kind]
+  cfg.weight_decay = number(opts, "weight_decay", kind == "adamw" and 0.01 or 0, level)
+  cfg.momentum = number(opts, "momentum", 0, level)
+  cfg.nesterov = opts.nesterov and 1 or 0
+  cfg.zero_grad = opts.zero_grad and 1 or 0
+  local betas = opts.betas or { 0.9, 0.999 }
+  cfg.beta1, cfg.beta2 = betas[1], betas[2]
+  cfg.eps = number(opts, "eps", kind == "adagrad" and 1e-10 or 1e-8, level)
+  self.cfg = cfg
+  local need1 = kind ~= "sgd" or cfg.momentum > 0
+  local need2 = kind == "adam" or kind == "adamw"
+  local init1 = kind == "adagrad" and number(opts, "initial_accumulator_value", 0, level) or 0
+  for _, p in ipairs(params) do
+    if p.grad then
+      local i = #self.params + 1
+      self.params[i] = p
+      self.state1[i] = need1 and like(p.tensor, init1) or nil
+      self.state2[i] = need2 and like(p.tensor, 0) or nil
+    end
+  end
+  local n = #self.params
+  local arr = function() return ffi.new("ur_tensor *[?]", math.max(n, 1)) end
+  self._p, self._g, self._s1, self._s2, self._h = arr(), arr(), arr(), arr(), arr()
+  for i, p in ipairs(self.params) do
+    self._p[i - 1], self._g[i - 1] = p.tensor.p, p.grad.p
+    if self.state1[i] then self._s1[i - 1] = self.state1[i].p end
+    if self.state2[i] then self._s2[i - 1] = self.state2[i].p end
+    if p.half then self._h[i - 1] = p.half.p end
+  end
+  self.n = n
+  return self
+end
+
+-- The learning rate the next step uses.
+function Optimizer:get_lr()
+  if self.schedule then return self.schedule(self.step_count + 1) end
+  return self.lr
+end
+
+function Optimizer:set_lr(lr)
+  if type(lr) ~= "number" or lr < 0 then error("set_lr: expected a number >= 0", 2) end
+  self.lr = lr
+end
+
+-- One update of every parameter from its gradient (one C call).
+function Optimizer:step(stream)
+  local cfg = self.cfg
+  cfg.lr = self:get_lr()
+  cfg.step = self.step_count + 1
+  local st = C.ur_optim_step(streams.handle(stream, 2), cfg, self.n, self._p, self._g, self._s1,
+                             self._s2, self._h)
+  if st ~= 0 then error(ffi.string(C.ur_last_error()), 2) end
+  self.step_count = self.step_count + 1
+end
+
+function Optimizer:zero_grad(stream)
+  for _, p in ipairs(self.params) do assert(p.grad:fill(0, stream)) end
+end
+
+function Optimizer:__tostring()
+  local bytes = 0
+  for i = 1, self.n do
+    for _, s in ipairs { self.state1[i], self.state2[i] } do bytes = bytes + s:nbytes() end
+  end
+  return ("%s (lr %g, %d parameters, %.1f MiB of state, step %d)"):format(
+    NAMES[self.kind], self:get_lr(), self.n, bytes / 2 ^ 20, self.step_count)
+end
+
+return Optimizer
