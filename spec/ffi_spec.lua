@@ -8,6 +8,9 @@ describe("uvmrec FFI", function()
                             "migration_stats", "residency", "yaml_node" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
+    for _, name in ipairs { "tbe_table_config", "tbe_config" } do
+      assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
+    end
   end)
 
   it("has cdef.lua equal to the marked block of uvmrec.h", function()

@@ -195,6 +195,10 @@ UR_API ur_status ur_tensor_new(ur_tensor **out, ur_dtype dtype, int32_t ndim,
                                const int64_t *shape, ur_place place, int32_t device);
 UR_API void ur_tensor_free(ur_tensor *t);
 UR_API ur_status ur_tensor_view(const ur_tensor *t, ur_tensor **out, int64_t row0, int64_t nrows);
+/* A view of any shape whose first element is element `offset` of t (counting from t's first);
+ * it may reach past t's own elements but not past its storage. */
+UR_API ur_status ur_tensor_view_as(const ur_tensor *t, ur_tensor **out, int64_t offset,
+                                   int32_t ndim, const int64_t *shape);
 UR_API ur_status ur_tensor_to(ur_stream *s, const ur_tensor *src, ur_tensor **out,
                               ur_place place, int32_t device);
 UR_API ur_status ur_tensor_copy(ur_stream *s, const ur_tensor *src, ur_tensor *dst);
@@ -404,6 +408,122 @@ UR_API ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int6
                                    int64_t n, ur_tensor *dense, ur_tensor *labels, ur_tensor *ids,
                                    ur_tensor *weights, ur_tensor *lengths, ur_tensor *groups,
                                    ur_tensor *probs);
+/* ---- tbe: table-batched embedding collections ---- */
+/* Many embedding tables served by one kernel launch per pass.  Each table has rows of `dim`
+ * elements (a multiple of 4, 4..1024) stored as f32, f16 or bf16 (arithmetic in f32), a
+ * pooling, and a placement; features (the keys of the input) map onto tables.  Inputs are
+ * plain tensors: values i64 [n] (row ids), offsets i64 [bags + 1] (key-major bags, as a KJT's
+ * offsets), optional per-value weights f32 [n].  Backward is fused with the optimizer: rows are
+ * deduplicated (sorted), each gets one update, and the result is bit-identical run to run. */
+typedef enum ur_pooling {
+  UR_POOLING_SUM = 0, UR_POOLING_MEAN, UR_POOLING_NONE, UR_POOLING_COUNT
+} ur_pooling;
+typedef enum ur_tbe_optim {
+  UR_TBE_OPTIM_SGD = 0, UR_TBE_OPTIM_ROWWISE_ADAGRAD, UR_TBE_OPTIM_ADAGRAD, UR_TBE_OPTIM_ADAM,
+  UR_TBE_OPTIM_COUNT
+} ur_tbe_optim;
+typedef enum ur_tbe_bounds {
+  UR_TBE_BOUNDS_FATAL = 0, /* a bad id fails the call, naming table, feature, sample and id */
+  UR_TBE_BOUNDS_WARN,      /* the id is skipped and counted (ur_tbe_skipped) */
+  UR_TBE_BOUNDS_OFF,       /* not checked: the caller guarantees valid ids */
+  UR_TBE_BOUNDS_COUNT
+} ur_tbe_bounds;
+
+struct ur_tbe;
+typedef struct ur_tbe ur_tbe;
+
+/* One table; ur_tbe_new copies it (the name too). */
+typedef struct ur_tbe_table_config {
+  const char *name;
+  int64_t rows;
+  int32_t dim;
+  ur_dtype dtype;          /* f32, f16 or bf16 */
+  ur_pooling pooling;      /* all tables pool (sum or mean), or none does */
+  ur_place place;          /* device, managed, or host (kept pinned: the GPU reads it in place) */
+  int32_t state_place;     /* where its optimizer state lives: a ur_place, or -1: as the table */
+} ur_tbe_table_config;
+
+typedef struct ur_tbe_config {
+  int32_t device;          /* the GPU that runs the collection, or -1: the CPU backend */
+  ur_tbe_optim optim;
+  double lr, eps, weight_decay;  /* weight decay is L2: g += weight_decay * w */
+  double beta1, beta2;     /* Adam */
+  double max_grad;         /* > 0: each gradient element is clipped to [-max_grad, max_grad] */
+  ur_tbe_bounds bounds;
+  int32_t stochastic_rounding; /* 1: f16/bf16 rows are written with stochastic rounding */
+  uint64_t seed;           /* initialisation and stochastic rounding */
+  ur_dtype out_dtype;      /* pooled output and its gradient: f32 or bf16 */
+} ur_tbe_config;
+
+UR_API size_t ur_sizeof_tbe_table_config(void);
+UR_API size_t ur_sizeof_tbe_config(void);
+
+/* feature_table[f] is the table of feature f (0-based); feature_names may be NULL.  Tables
+ * start uniform in (-1/sqrt(rows), 1/sqrt(rows)), drawn per table from the seed, the same on
+ * every backend and placement; optimizer state starts at zero. */
+UR_API ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tables,
+                            const ur_tbe_table_config *tables, int32_t num_features,
+                            const int32_t *feature_table, const char *const *feature_names);
+UR_API void ur_tbe_free(ur_tbe *t);
+UR_API int32_t ur_tbe_num_tables(const ur_tbe *t);
+UR_API int32_t ur_tbe_num_features(const ur_tbe *t);
+UR_API int32_t ur_tbe_device(const ur_tbe *t);
+/* Output columns: the sum of every feature's table dim (pooled), or the common dim (none). */
+UR_API int64_t ur_tbe_out_dim(const ur_tbe *t);
+/* The first output column of feature f (pooled collections). */
+UR_API int64_t ur_tbe_feature_col(const ur_tbe *t, int32_t feature);
+
+/* Pooled forward.  Without VBE (batch_per_feature NULL) every feature has bags/num_features
+ * bags and out is [batch, out_dim].  With VBE, batch_per_feature[f] (host memory) gives each
+ * feature's bags; out is then either flat [sum_f batch_f * dim_f] (inverse NULL) or, with
+ * inverse i64 [num_features * B] (key-major: sample b of feature f reads its bag
+ * inverse[f * B + b]), expanded to [B, out_dim].  Pooling none: out is [n, dim], one row per
+ * value.  Empty bags give zeros; mean divides by the bag's length.  weights may be NULL. */
+UR_API ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
+                                const ur_tensor *offsets, const ur_tensor *weights,
+                                const int64_t *batch_per_feature, const ur_tensor *inverse,
+                                ur_tensor *out);
+/* The gradient of forward's output updates the rows in place through the optimizer. */
+UR_API ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
+                                 const ur_tensor *values, const ur_tensor *offsets,
+                                 const ur_tensor *weights, const int64_t *batch_per_feature,
+                                 const ur_tensor *inverse);
+/* The deduplicated gradient instead of an update: rows i64 [U] (row ids within their tables,
+ * ascending per table, tables in order), grads f32 [sum_t U_t * dim_t] (table t's block is
+ * [U_t, dim_t]), and counts[t] = U_t (host array of num_tables).  Synchronous. */
+UR_API ur_status ur_tbe_sparse_grad(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
+                                    const ur_tensor *values, const ur_tensor *offsets,
+                                    const ur_tensor *weights, const int64_t *batch_per_feature,
+                                    const ur_tensor *inverse, ur_tensor **rows /* out */,
+                                    ur_tensor **grads /* out */, int64_t *counts /* out */);
+
+/* Table t as a [rows, dim] view of the batched storage; its optimizer state `which`
+ * (0-based, ur_tbe_state_count of them: rowwise Adagrad's sum [rows], Adagrad's sum
+ * [rows, dim], Adam's exp_avg and exp_avg_sq [rows, dim]). */
+UR_API ur_status ur_tbe_table(const ur_tbe *t, int32_t table, ur_tensor **out);
+UR_API int32_t ur_tbe_state_count(const ur_tbe *t);
+UR_API const char *ur_tbe_state_name(const ur_tbe *t, int32_t which);
+UR_API ur_status ur_tbe_state(const ur_tbe *t, int32_t table, int32_t which, ur_tensor **out);
+UR_API const char *ur_tbe_table_name(const ur_tbe *t, int32_t table);
+UR_API const char *ur_tbe_feature_name(const ur_tbe *t, int32_t feature);
+UR_API int32_t ur_tbe_feature_table(const ur_tbe *t, int32_t feature);
+/* Draws table t again: uniform in [lo, hi), the same numbers on every backend and placement. */
+UR_API ur_status ur_tbe_init_table(ur_stream *s, ur_tbe *t, int32_t table, double lo, double hi,
+                                   uint64_t seed);
+UR_API ur_status ur_tbe_set_lr(ur_tbe *t, double lr);
+/* The dtype of the output and of its gradient from now on: f32 or bf16. */
+UR_API ur_status ur_tbe_set_out_dtype(ur_tbe *t, ur_dtype dtype);
+UR_API double ur_tbe_lr(const ur_tbe *t);
+/* Optimizer steps taken (Adam's bias correction counts them); settable to resume. */
+UR_API int64_t ur_tbe_step(const ur_tbe *t);
+UR_API ur_status ur_tbe_set_step(ur_tbe *t, int64_t step);
+/* Ids skipped under UR_TBE_BOUNDS_WARN since the collection was made (waits for the GPU). */
+UR_API ur_status ur_tbe_skipped(ur_tbe *t, int64_t *out);
+
+/* A plain row gather, out[i] = src[ids[i]] (src [rows, dim] 2-D, out [n, dim], same dtype):
+ * the ceiling the embedding kernels are measured against.  ids are not checked on the GPU. */
+UR_API ur_status ur_tensor_gather_rows(ur_stream *s, const ur_tensor *src, const ur_tensor *ids,
+                                       ur_tensor *out);
 /* ---- dense: linear layers, activations, interaction, cross layers, concat, loss,
  * optimizers, arenas ---- */
 /* Dense ops take 2-D row-major tensors [rows, features] of f32 or bf16 (gradients of

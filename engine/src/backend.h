@@ -17,6 +17,9 @@ typedef struct ur_core_api {
   int (*interrupted)(void);
 } ur_core_api;
 
+struct ur__tbe_args;  /* engine/src/tbe.h */
+struct ur__tbe_hyper;
+
 /* Streams and events are the backend's own handles (cudaStream_t, cudaEvent_t). */
 typedef struct ur_backend {
   int abi;
@@ -104,6 +107,23 @@ typedef struct ur_backend {
   ur_status (*optim_step)(void *stream, const ur_optim_cfg *cfg, int32_t n, float *const *params,
                           float *const *grads, float *const *s1, float *const *s2,
                           void *const *halves, const int64_t *numel);
+
+  /* tbe: embedding collections (engine/src/tbe.h holds the argument structs; tbe.c has
+   * checked every tensor).  work is device memory of tbe_work_bytes(a, backward) bytes. */
+  size_t (*tbe_work_bytes)(const struct ur__tbe_args *a, int backward);
+  ur_status (*tbe_forward)(void *stream, const struct ur__tbe_args *a, void *work);
+  /* Sorts, sums each distinct row's gradient and steps the optimizer, all on the stream. */
+  ur_status (*tbe_backward)(void *stream, const struct ur__tbe_args *a,
+                            const struct ur__tbe_hyper *h, void *work);
+  /* The deduplicated gradient in two calls on the same work: count (synchronous, fills
+   * counts[num_tables] in host memory), then write rows i64 [U] and grads f32. */
+  ur_status (*tbe_sparse_count)(void *stream, const struct ur__tbe_args *a, void *work,
+                                int64_t *counts);
+  ur_status (*tbe_sparse_write)(void *stream, const struct ur__tbe_args *a, void *work,
+                                const int64_t *counts, int64_t *rows, float *grads);
+  /* out[i] = src[ids[i]], rows of row_bytes (a multiple of 4). */
+  ur_status (*gather_rows)(void *stream, const void *src, size_t row_bytes, const int64_t *ids,
+                           int64_t n, void *out);
 } ur_backend;
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which

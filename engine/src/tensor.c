@@ -159,6 +159,41 @@ ur_status ur_tensor_view(const ur_tensor *t, ur_tensor **out, int64_t row0, int6
   return UR_STATUS_OK;
 }
 
+/* Bounded by the storage, not by t: an embedding collection keeps many tables of different
+ * shapes in one storage and hands out each as its own view. */
+ur_status ur_tensor_view_as(const ur_tensor *t, ur_tensor **out, int64_t offset, int32_t ndim,
+                            const int64_t *shape) {
+  *out = NULL;
+  if (ndim < 1 || ndim > UR_MAX_DIMS)
+    return ur__error(UR_STATUS_INVALID, "tensor view_as: %d dimensions asked; expected 1 to %d",
+                     (int)ndim, UR_MAX_DIMS);
+  int64_t numel = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0 || __builtin_mul_overflow(numel, shape[i], &numel))
+      return ur__error(UR_STATUS_INVALID,
+                       "tensor view_as: dimension %d is %lld; expected >= 0 with a count that "
+                       "fits 64 bits",
+                       i + 1, (long long)shape[i]);
+  }
+  int64_t cap = (int64_t)(t->st->bytes / ur_dtype_size(t->dtype));
+  if (offset < -t->offset || t->offset + offset > cap - numel)
+    return ur__error(UR_STATUS_INVALID,
+                     "tensor view_as: %lld elements at offset %lld from element %lld pass the "
+                     "storage's %lld elements",
+                     (long long)numel, (long long)offset, (long long)t->offset, (long long)cap);
+  ur_tensor *v = malloc(sizeof *v);
+  if (!v) return ur__error(UR_STATUS_OOM, "tensor view_as: out of host memory");
+  *v = *t;
+  v->ndim = ndim;
+  memset(v->shape, 0, sizeof v->shape);
+  memcpy(v->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  v->offset = t->offset + offset;
+  v->numel = numel;
+  __atomic_add_fetch(&t->st->refs, 1, __ATOMIC_RELAXED);
+  *out = v;
+  return UR_STATUS_OK;
+}
+
 static char *elem_ptr(const ur_tensor *t, int64_t i) {
   return (char *)t->st->data + (uint64_t)(t->offset + i) * ur_dtype_size(t->dtype);
 }

@@ -99,6 +99,15 @@ function methods:view(row0, nrows)
   return wrap(out[0])
 end
 
+-- A view of any shape starting `offset` elements after this tensor's first, sharing the
+-- storage; it may reach past this tensor's elements but not past the storage.
+function methods:view_as(offset, shape)
+  local dims, nd = parse_shape(shape)
+  local out = ffi.new("ur_tensor *[1]")
+  must(C.ur_tensor_view_as(T(self), out, offset, nd, dims))
+  return wrap(out[0])
+end
+
 function methods:to(placement, device, stream)
   local place = place_of(placement)
   local out = ffi.new("ur_tensor *[1]")

@@ -1,0 +1,122 @@
+-- uvmrec.nn.EmbeddingBagCollection: many embedding tables pooled per bag in one pass, with
+-- backward fused with the optimizer (uvmrec.tbe holds the options).
+--
+--   local ebc = ur.nn.EmbeddingBagCollection{
+--     tables = { { name = "t_cat", rows = 1e6, dim = 128, features = { "cat" } }, ... },
+--     optimizer = { "rowwise_adagrad", lr = 0.01 } }
+--   local out = ebc:forward(kjt)       -- [batch, sum of the features' dims]
+--   ebc:backward(kjt, grad_out)        -- steps the rows the batch read; no .grad exists
+--
+-- The input is a KJT (keys in the collection's feature order) or a table {values=, offsets=
+-- [, weights=][, batch_per_feature=, inverse=]}.  Tables keep the placement they were built
+-- with: to() moves nothing, and the optimizer lives in the collection, so parameters() lists
+-- the tables (with grad = nil and fused = true) for checkpoints and hint policies only.
+local Module = require "uvmrec.nn.Module"
+local tbe = require "uvmrec.tbe"
+
+local EBC = Module:extend("EmbeddingBagCollection")
+
+-- Shared with EmbeddingCollection, which differs only in its pooling (and calls from one
+-- level deeper: errors point at the line that built the module).
+function EBC:__init(opts, pooling)
+  Module.__init(self)
+  local level = pooling and 4 or 3
+  if type(opts) ~= "table" then error(self:type_name() .. ": expected a table of options", level) end
+  local allowed = pooling and { [pooling] = true } or { sum = true, mean = true }
+  for _, t in ipairs(opts.tables or {}) do
+    if type(t) == "table" and t.pooling and not allowed[t.pooling] then
+      error(("%s: table '%s' pools by %s; this module takes pooling %s")
+            :format(self:type_name(), tostring(t.name), t.pooling, pooling or "sum or mean"), level)
+    end
+  end
+  if pooling then
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.pooling = pooling
+    opts = o
+  elseif opts.pooling and not allowed[opts.pooling] then
+    error(("EmbeddingBagCollection: pooling %s; this module takes pooling sum or mean"):format(opts.pooling), level)
+  end
+  self.tbe = assert(tbe.new(opts, level))
+  self.placement = self.tbe:placement()
+  self.device = self.tbe.device
+  self.precision = self.tbe.output_dtype == "bf16" and "bf16" or "f32"
+  self._out_shape = nil
+end
+
+function EBC:updateOutput(input)
+  local shape = self.tbe:output_shape(input)
+  local key = table.concat(shape, "x")
+  if self._out_shape ~= key or not self.output then
+    if self.output then self.output:free() end
+    self.output = assert(self.tbe:new_output(input))
+    self._out_shape = key
+  end
+  assert(self.tbe:forward(input, self.output))
+  return self.output
+end
+
+-- Ids have no gradient.
+function EBC:updateGradInput(input, gradOutput) -- luacheck: ignore 212
+  self.gradInput = nil
+  return nil
+end
+
+-- The optimizer step, fused: every row the input read is updated in place.
+function EBC:accGradParameters(input, gradOutput)
+  assert(self.tbe:backward(input, gradOutput))
+end
+
+-- The deduplicated gradient without a step: { [table] = { rows =, grad = } }.
+function EBC:sparse_grad(input, gradOutput)
+  return assert(self.tbe:sparse_grad(input, gradOutput))
+end
+
+function EBC:parameters(prefix, out)
+  out = out or {}
+  prefix = prefix or ""
+  for _, t in ipairs(self.tbe:tables()) do
+    out[#out + 1] = { name = prefix .. t.name, tensor = t.tensor, module = self, fused = true }
+  end
+  return out
+end
+
+-- Table `name` as a [rows, dim] view; its optimizer state { sum = } or { exp_avg =, exp_avg_sq = }.
+function EBC:table(name) return self.tbe:table(name) end
+function EBC:state(name) return self.tbe:state(name) end
+
+-- Every table's optimizer state, by table name.
+function EBC:optimizer_state()
+  local out = {}
+  for _, name in ipairs(self.tbe.table_names) do out[name] = self.tbe:state(name) end
+  return out
+end
+
+function EBC:features() return { unpack(self.tbe.features) } end
+function EBC:set_lr(lr) self.tbe:set_lr(lr) return self end
+function EBC:skipped() return self.tbe:skipped() end
+
+-- Tables stay where they were built (their placement is per table).
+function EBC:to() return self end
+
+function EBC:zero_grad() return self end
+
+-- bf16 precision makes the output (and the gradient it takes) bf16.
+function EBC:set_precision(precision)
+  if precision ~= "f32" and precision ~= "tf32" and precision ~= "bf16" then
+    error("set_precision: '" .. tostring(precision) .. "' is not f32, tf32 or bf16", 2)
+  end
+  local dtype = precision == "bf16" and "bf16" or "f32"
+  assert(self.tbe:set_output_dtype(dtype))
+  self.precision = precision
+  if self.output then self.output:free() end
+  self.output, self._out_shape = nil, nil
+  return self
+end
+
+function EBC:extra_repr()
+  return ("(%d tables, %d features -> %d, %s)"):format(#self.tbe.table_names, #self.tbe.features,
+                                                       self.tbe.out_dim, self.tbe.optimizer)
+end
+
+return EBC

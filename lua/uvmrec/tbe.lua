@@ -1,0 +1,416 @@
+-- Embedding collections (table-batched embeddings): the engine's ur_tbe as a Lua object.
+-- The nn modules EmbeddingBagCollection and EmbeddingCollection are built on it.
+--
+--   local tbe = require "uvmrec.tbe"
+--   local c = tbe.new{ tables = { { name = "t0", rows = 1000, dim = 64, features = { "f0" } } },
+--                      optimizer = { "rowwise_adagrad", lr = 0.01 } }
+--   local out = c:forward(kjt)              -- [batch, sum of dims]
+--   c:backward(kjt, grad_out)               -- steps the optimizer on the rows it read
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local streams = require "uvmrec.stream"
+local C, check, must = lib.C, lib.check, lib.must
+
+local M = {}
+local methods = {}
+local mt = { __index = methods }
+
+local OPTIMS = { sgd = C.UR_TBE_OPTIM_SGD, rowwise_adagrad = C.UR_TBE_OPTIM_ROWWISE_ADAGRAD,
+                 adagrad = C.UR_TBE_OPTIM_ADAGRAD, adam = C.UR_TBE_OPTIM_ADAM }
+local OPTIM_DEFAULTS = {
+  sgd = { lr = 0.01 },
+  rowwise_adagrad = { lr = 0.01, eps = 1e-8 },
+  adagrad = { lr = 0.01, eps = 1e-10 },
+  adam = { lr = 0.001, eps = 1e-8, beta1 = 0.9, beta2 = 0.999 },
+}
+local BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
+local POOLINGS = { sum = C.UR_POOLING_SUM, mean = C.UR_POOLING_MEAN, none = C.UR_POOLING_NONE }
+local PLACES = { device = C.UR_PLACE_DEVICE, managed = C.UR_PLACE_MANAGED, host = C.UR_PLACE_HOST,
+                 pinned = C.UR_PLACE_PINNED }
+local DTYPES = { f32 = C.UR_DTYPE_F32, f16 = C.UR_DTYPE_F16, bf16 = C.UR_DTYPE_BF16 }
+
+local OPTS = { tables = true, features = true, optimizer = true, bounds = true, seed = true,
+               device = true, stochastic_rounding = true, output_dtype = true, pooling = true,
+               placement = true, dtype = true, state_placement = true }
+local TABLE_OPTS = { name = true, rows = true, dim = true, dtype = true, pooling = true,
+                     placement = true, state_placement = true, features = true }
+local OPTIM_OPTS = { [1] = true, name = true, lr = true, eps = true, weight_decay = true,
+                     beta1 = true, beta2 = true, max_grad = true }
+
+local function keys_of(t)
+  local k = {}
+  for name in pairs(t) do k[#k + 1] = name end
+  table.sort(k)
+  return table.concat(k, ", ")
+end
+
+local function pick(map, v, what, level)
+  local r = map[v]
+  if r == nil then
+    error(("embedding collection: %s '%s' is not one of %s"):format(what, tostring(v), keys_of(map)), level + 1)
+  end
+  return r
+end
+
+local function check_keys(t, allowed, what, level)
+  for k in pairs(t) do
+    if not allowed[k] then
+      error(("embedding collection: unknown %s option '%s'"):format(what, tostring(k)), level + 1)
+    end
+  end
+end
+
+local function whole(v, what, level, lo)
+  if type(v) ~= "number" or v ~= math.floor(v) or v < (lo or 0) then
+    error(("embedding collection: %s is %s; expected a whole number >= %d"):format(what, tostring(v), lo or 0),
+          level + 1)
+  end
+  return v
+end
+
+-- optimizer = "sgd" | { "adam", lr = ..., ... } | { name = "adam", ... }
+local function optimizer_of(o, level)
+  if o == nil then o = "sgd" end
+  if type(o) == "string" then o = { o } end
+  if type(o) ~= "table" then error("embedding collection: optimizer must be a name or a table", level + 1) end
+  check_keys(o, OPTIM_OPTS, "optimizer", level + 1)
+  local name = o.name or o[1] or "sgd"
+  local kind = pick(OPTIMS, name, "optimizer", level + 1)
+  local d = OPTIM_DEFAULTS[name]
+  return name, kind, {
+    lr = o.lr or d.lr, eps = o.eps or d.eps or 0, weight_decay = o.weight_decay or 0,
+    beta1 = o.beta1 or d.beta1 or 0, beta2 = o.beta2 or d.beta2 or 0, max_grad = o.max_grad or 0,
+  }
+end
+
+local wrap_tbe, free_tbe = lib.handle_type("ur_tbe", C.ur_tbe_free, {})
+
+-- tbe.new(opts), opts:
+--   tables = { { name=, rows=, dim=, dtype="f32", pooling="sum", placement=,
+--                state_placement=, features={...} (default {name}) }, ... }
+--   features = { ... } the input's key order (default: each table's features in table order)
+--   optimizer = "sgd" | { "rowwise_adagrad" | "adagrad" | "adam", lr=, eps=, weight_decay=,
+--                         beta1=, beta2=, max_grad= }
+--   bounds = "fatal" | "warn" | "off";  seed = 0;  stochastic_rounding = true
+--   device = a GPU ordinal or "cpu" (default: the current GPU when there is one)
+--   output_dtype = "f32" | "bf16";  pooling, placement, dtype, state_placement: table defaults
+-- Environmental failures (memory, budget, no GPU) return nil, message.
+function M.new(opts, level)
+  level = (level or 1) + 1
+  if type(opts) ~= "table" then error("embedding collection: expected a table of options", level) end
+  check_keys(opts, OPTS, "collection", level)
+  local tables = opts.tables
+  if type(tables) ~= "table" or #tables == 0 then
+    error("embedding collection: tables must be a non-empty list", level)
+  end
+  local gpu = C.ur_device_count() > 0
+  local device = opts.device
+  if device == nil then
+    if gpu then
+      local d = ffi.new("int32_t[1]")
+      C.ur_device_get(d)
+      device = d[0]
+    else
+      device = -1
+    end
+  elseif device == "cpu" then
+    device = -1
+  else
+    device = lib.location(device, level)
+  end
+  local default_place = opts.placement or (device >= 0 and "device" or "host")
+  local optim_name, kind, hp = optimizer_of(opts.optimizer, level)
+  local cfg = ffi.new("ur_tbe_config")
+  cfg.device = device
+  cfg.optim = kind
+  cfg.lr, cfg.eps, cfg.weight_decay = hp.lr, hp.eps, hp.weight_decay
+  cfg.beta1, cfg.beta2, cfg.max_grad = hp.beta1, hp.beta2, hp.max_grad
+  cfg.bounds = pick(BOUNDS, opts.bounds or "fatal", "bounds check", level)
+  cfg.stochastic_rounding = opts.stochastic_rounding == false and 0 or 1
+  cfg.seed = whole(opts.seed or 0, "seed", level)
+  cfg.out_dtype = pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, opts.output_dtype or "f32",
+                       "output dtype", level)
+
+  local n = #tables
+  local tc = ffi.new("ur_tbe_table_config[?]", n)
+  local self = { table_index = {}, table_names = {}, features = {}, feature_index = {},
+                 dims = {}, rows = {}, optimizer = optim_name, _keep = {} }
+  local features_of = {}
+  for i, t in ipairs(tables) do
+    if type(t) ~= "table" then error(("embedding collection: table %d is not a table"):format(i), level) end
+    check_keys(t, TABLE_OPTS, "table", level)
+    local name = t.name
+    if type(name) ~= "string" or name == "" then
+      error(("embedding collection: table %d needs a name"):format(i), level)
+    end
+    if self.table_index[name] then
+      error(("embedding collection: two tables are named '%s'"):format(name), level)
+    end
+    self.table_index[name] = i - 1
+    self.table_names[i] = name
+    self._keep[#self._keep + 1] = name
+    local c = tc[i - 1]
+    c.name = name
+    c.rows = whole(t.rows, "table '" .. name .. "' rows", level, 1)
+    c.dim = whole(t.dim, "table '" .. name .. "' dim", level, 1)
+    c.dtype = pick(DTYPES, t.dtype or opts.dtype or "f32", "table '" .. name .. "' dtype", level)
+    c.pooling = pick(POOLINGS, t.pooling or opts.pooling or "sum", "table '" .. name .. "' pooling", level)
+    c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", level)
+    local sp = t.state_placement or opts.state_placement
+    c.state_place = sp and sp ~= "table" and pick(PLACES, sp, "table '" .. name .. "' state placement", level)
+                    or -1
+    self.dims[name], self.rows[name] = t.dim, t.rows
+    local fs = t.features or { name }
+    if type(fs) ~= "table" then
+      error(("embedding collection: table '%s' features must be a list"):format(name), level)
+    end
+    for _, f in ipairs(fs) do
+      if type(f) ~= "string" then
+        error(("embedding collection: table '%s' has a feature that is not a string"):format(name), level)
+      end
+      if features_of[f] then
+        error(("embedding collection: feature '%s' is on tables '%s' and '%s'"):format(f, features_of[f], name), level)
+      end
+      features_of[f] = name
+      self.features[#self.features + 1] = f
+    end
+  end
+  if opts.features then
+    if type(opts.features) ~= "table" or #opts.features ~= #self.features then
+      error(("embedding collection: features lists %s names; the tables have %d features")
+            :format(type(opts.features) == "table" and #opts.features or "no", #self.features), level)
+    end
+    for _, f in ipairs(opts.features) do
+      if not features_of[f] then
+        error(("embedding collection: feature '%s' is on no table"):format(tostring(f)), level)
+      end
+    end
+    self.features = { unpack(opts.features) }
+  end
+  local nf = #self.features
+  local ft = ffi.new("int32_t[?]", nf)
+  local fnames = ffi.new("const char *[?]", nf)
+  self.feature_dims = {}
+  for i, f in ipairs(self.features) do
+    self.feature_index[f] = i - 1
+    ft[i - 1] = self.table_index[features_of[f]]
+    fnames[i - 1] = f
+    self.feature_dims[i] = self.dims[features_of[f]]
+  end
+  local out = ffi.new("ur_tbe *[1]")
+  local ok, err = check(C.ur_tbe_new(out, cfg, n, tc, nf, ft, fnames), level)
+  if not ok then return nil, err end
+  self._keep = nil
+  self.h = wrap_tbe(out[0])
+  self.device = device
+  self.pooled = tables[1] and (tables[1].pooling or opts.pooling or "sum") ~= "none"
+  self.out_dim = tonumber(C.ur_tbe_out_dim(out[0]))
+  self.output_dtype = opts.output_dtype or "f32"
+  self.state_names = {}
+  for k = 0, C.ur_tbe_state_count(out[0]) - 1 do
+    self.state_names[k + 1] = ffi.string(C.ur_tbe_state_name(out[0], k))
+  end
+  self._bpf = ffi.new("int64_t[?]", nf)
+  return setmetatable(self, mt)
+end
+
+local function H(self, level) return lib.ptr(self.h, "embedding collection", (level or 2) + 1) end
+local function S(s, level) return streams.handle(s, (level or 2) + 1) end
+local function T(t, what, level) return lib.ptr(t, what, (level or 2) + 1) end
+
+function methods:free() free_tbe(self.h) end
+
+-- ---- inputs ----
+
+-- A KJT (or any object with values() / offsets() / weights() methods, and stride_per_key()
+-- with inverse_indices() for a variable batch), or a table {values=, offsets=, weights=,
+-- batch_per_feature=, inverse=}.  Returns the pointers the C call takes.
+function methods:_input(input, level)
+  level = level + 1
+  if type(input) ~= "table" and type(input) ~= "cdata" then
+    error("embedding collection: input must be a KJT or a table {values=, offsets=[, weights=]}", level)
+  end
+  local values, offsets, weights, bpf, inverse
+  if type(input.values) == "function" then
+    if type(input.keys) == "function" then
+      local keys = input:keys()
+      local ok = #keys == #self.features
+      for i = 1, #keys do ok = ok and keys[i] == self.features[i] end
+      if not ok then
+        error(("embedding collection: the input's keys {%s} are not the collection's features {%s}")
+              :format(table.concat(keys, ", "), table.concat(self.features, ", ")), level)
+      end
+    end
+    values, offsets, weights = input:values(), input:offsets(), input:weights()
+    if type(input.variable_stride) == "function" and input:variable_stride() then
+      bpf = input:stride_per_key()
+      inverse = input:inverse_indices()
+    end
+  else
+    values, offsets, weights = input.values, input.offsets, input.weights
+    bpf, inverse = input.batch_per_feature, input.inverse
+  end
+  if values == nil or offsets == nil then
+    error("embedding collection: the input has no values or offsets", level)
+  end
+  local bp = nil
+  if bpf then
+    if type(bpf) ~= "table" or #bpf ~= #self.features then
+      error(("embedding collection: batch_per_feature must list %d batches"):format(#self.features), level)
+    end
+    for i, b in ipairs(bpf) do self._bpf[i - 1] = whole(b, "batch_per_feature[" .. i .. "]", level) end
+    bp = self._bpf
+  end
+  return T(values, "values", level), T(offsets, "offsets", level),
+         weights ~= nil and T(weights, "weights", level) or nil, bp,
+         inverse ~= nil and T(inverse, "inverse", level) or nil, values, offsets, bpf, inverse
+end
+
+-- The shape of the output for this input.
+function methods:output_shape(input)
+  local _, _, _, bp, _, values, offsets, bpf, inverse = self:_input(input, 2)
+  if not self.pooled then return { values:numel(), self.out_dim } end
+  local nf = #self.features
+  -- Shapes that do not divide are left for the engine to report.
+  if inverse then return { math.floor(inverse:numel() / nf), self.out_dim } end
+  if bp then
+    local total = 0
+    for i = 1, nf do total = total + bpf[i] * self.feature_dims[i] end
+    return { total }
+  end
+  return { math.floor((offsets:numel() - 1) / nf), self.out_dim }
+end
+
+function methods:placement() return self.device >= 0 and "device" or "host" end
+
+-- A new output tensor for this input, where the collection runs.
+function methods:new_output(input)
+  local opts = { dtype = self.output_dtype, placement = self:placement() }
+  if self.device >= 0 then opts.device = self.device end
+  return tensor.tensor(self:output_shape(input), opts)
+end
+
+-- forward(input[, out][, stream]): the pooled embeddings (into out when given).
+function methods:forward(input, out, stream)
+  local v, o, w, bp, inv = self:_input(input, 2)
+  if out == nil then
+    local err
+    out, err = self:new_output(input)
+    if not out then return nil, err end
+  end
+  local ok, err = check(C.ur_tbe_forward(S(stream), H(self), v, o, w, bp, inv, T(out, "out", 2)), 2)
+  if not ok then return nil, err end
+  return out
+end
+
+-- backward(input, grad_out[, stream]): steps the optimizer on every row the input read.
+function methods:backward(input, grad, stream)
+  local v, o, w, bp, inv = self:_input(input, 2)
+  local ok, err = check(C.ur_tbe_backward(S(stream), H(self), T(grad, "grad_out", 2), v, o, w, bp, inv), 2)
+  if not ok then return nil, err end
+  return true
+end
+
+-- sparse_grad(input, grad_out[, stream]): the deduplicated gradient, without a step:
+-- { [table name] = { rows = i64 [U], grad = f32 [U, dim] } } for tables the input touched.
+function methods:sparse_grad(input, grad, stream)
+  local v, o, w, bp, inv = self:_input(input, 2)
+  local rows, grads = ffi.new("ur_tensor *[1]"), ffi.new("ur_tensor *[1]")
+  local counts = ffi.new("int64_t[?]", #self.table_names)
+  local ok, err = check(C.ur_tbe_sparse_grad(S(stream), H(self), T(grad, "grad_out", 2), v, o, w, bp, inv,
+                                             rows, grads, counts), 2)
+  if not ok then return nil, err end
+  local r, g = tensor.wrap(rows[0]), tensor.wrap(grads[0])
+  local res, u, e = {}, 0, 0
+  for i, name in ipairs(self.table_names) do
+    local cnt, dim = tonumber(counts[i - 1]), self.dims[name]
+    if cnt > 0 then
+      res[name] = { rows = r:view(u, cnt), grad = g:view_as(e, { cnt, dim }) }
+    end
+    u, e = u + cnt, e + cnt * dim
+  end
+  r:free()
+  g:free()
+  return res
+end
+
+-- ---- tables and state ----
+
+local function table_index(self, name, level)
+  local i = self.table_index[name]
+  if i == nil then
+    error(("embedding collection: no table named '%s' (tables: %s)")
+          :format(tostring(name), table.concat(self.table_names, ", ")), level + 1)
+  end
+  return i
+end
+
+local out_tensor = ffi.new("ur_tensor *[1]")
+
+-- Table `name` as a [rows, dim] view of the batched storage.
+function methods:table(name)
+  must(C.ur_tbe_table(H(self), table_index(self, name, 2), out_tensor))
+  return tensor.wrap(out_tensor[0])
+end
+
+-- { name = view } for every table, in table order as a list of {name=, tensor=} too.
+function methods:tables()
+  local list = {}
+  for i, name in ipairs(self.table_names) do list[i] = { name = name, tensor = self:table(name) } end
+  return list
+end
+
+-- Table `name`'s optimizer state: { sum = ... } or { exp_avg = ..., exp_avg_sq = ... }.
+function methods:state(name)
+  local i, out = table_index(self, name, 2), {}
+  for k, sname in ipairs(self.state_names) do
+    must(C.ur_tbe_state(H(self), i, k - 1, out_tensor))
+    out[sname] = tensor.wrap(out_tensor[0])
+  end
+  return out
+end
+
+-- Draws table `name` again, uniform in [lo, hi): the same on every backend and placement.
+function methods:init_table(name, lo, hi, seed, stream)
+  local ok, err = check(C.ur_tbe_init_table(S(stream), H(self), table_index(self, name, 2), lo, hi, seed or 0))
+  if not ok then return nil, err end
+  return self
+end
+
+-- Copies a tensor of the table's dtype and shape into table `name`.
+function methods:load(name, src, stream)
+  local dst = self:table(name)
+  local ok, err = dst:copy(src, stream)
+  dst:free()
+  if not ok then return nil, err end
+  return self
+end
+
+function methods:set_lr(lr) must(C.ur_tbe_set_lr(H(self), lr)) return self end
+function methods:set_output_dtype(dtype)
+  must(C.ur_tbe_set_out_dtype(H(self), pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, dtype,
+                                            "output dtype", 2)))
+  self.output_dtype = dtype
+  return self
+end
+function methods:lr() return C.ur_tbe_lr(H(self)) end
+function methods:step() return tonumber(C.ur_tbe_step(H(self))) end
+function methods:set_step(n) must(C.ur_tbe_set_step(H(self), n)) return self end
+
+local skipped = ffi.new("int64_t[1]")
+-- Ids skipped by the "warn" bounds check so far.
+function methods:skipped()
+  local ok, err = check(C.ur_tbe_skipped(H(self), skipped))
+  if not ok then return nil, err end
+  return tonumber(skipped[0])
+end
+
+-- The first output column of feature `name` (0-based), pooled collections.
+function methods:feature_col(name)
+  local f = self.feature_index[name]
+  if f == nil then error(("embedding collection: no feature named '%s'"):format(tostring(name)), 2) end
+  return tonumber(C.ur_tbe_feature_col(H(self), f))
+end
+
+return M

@@ -1,0 +1,237 @@
+-- Plain float64 references for the embedding collection specs: random batches, pooled forward,
+-- per-row gradients and each optimizer's formula, written from the definitions and nothing of
+-- the engine's.
+local ffi = require "ffi"
+local ur = require "uvmrec"
+
+local M = {}
+
+local ctypes = { i64 = "int64_t[?]", f32 = "float[?]", i32 = "int32_t[?]" }
+
+-- A 1-D tensor from a Lua list, in one write.
+function M.tensor(list, dtype, placement)
+  local t = assert(ur.tensor({ #list }, { dtype = dtype, placement = placement or "host" }))
+  if #list > 0 then
+    local buf = ffi.new(ctypes[dtype], #list)
+    for i, v in ipairs(list) do buf[i - 1] = v end
+    if placement == "device" then
+      local h = assert(ur.tensor({ #list }, { dtype = dtype }))
+      assert(ur.C.ur_tensor_write(h.p, 0, #list, buf) == 0)
+      assert(t:copy(h))
+    else
+      assert(ur.C.ur_tensor_write(t.p, 0, #list, buf) == 0)
+    end
+  end
+  return t
+end
+
+-- A random size for a bag: empty, one, a few, and now and then many.
+local function bag_size(big)
+  local r = math.random()
+  if r < 0.12 then return 0 end
+  if r < 0.4 then return 1 end
+  if big and r > 0.995 then return big end
+  return math.random(2, 9)
+end
+
+-- A batch for features whose tables have rows_of[f] rows: { values, offsets, weights, lengths,
+-- batch, bpf } as Lua lists.  opts: batch, weighted, big (a bag size used now and then),
+-- bpf (per-feature batches: VBE), force = { [bag] = size }, hot = {row, count} (one bag of
+-- `count` copies of `row` in feature 1).
+function M.batch(rows_of, opts)
+  local nf = #rows_of
+  local values, offsets, weights = {}, { 0 }, opts.weighted and {} or nil
+  local bag = 0
+  for f = 1, nf do
+    local nb = opts.bpf and opts.bpf[f] or opts.batch
+    for b = 1, nb do
+      bag = bag + 1
+      local size = opts.force and opts.force[bag] or bag_size(opts.big)
+      if opts.hot and f == 1 and b == 1 then size = opts.hot[2] end
+      for _ = 1, size do
+        local id = math.random(0, rows_of[f] - 1)
+        if opts.hot and f == 1 and b == 1 then id = opts.hot[1] end
+        values[#values + 1] = id
+        if weights then weights[#weights + 1] = math.random() * 2 - 1 end
+      end
+      offsets[#offsets + 1] = #values
+    end
+  end
+  return { values = values, offsets = offsets, weights = weights, bpf = opts.bpf,
+           batch = opts.batch }
+end
+
+-- The batch as tensors in `placement` (the table form the collections take).
+function M.input(b, placement)
+  local inp = { values = M.tensor(b.values, "i64", placement), offsets = M.tensor(b.offsets, "i64", placement) }
+  if b.weights then inp.weights = M.tensor(b.weights, "f32", placement) end
+  if b.bpf then inp.batch_per_feature = b.bpf end
+  if b.inverse then inp.inverse = M.tensor(b.inverse, "i64", placement) end
+  return inp
+end
+
+-- Every table's values as float64 lists, by name.
+function M.snapshot(c)
+  local out = {}
+  for _, name in ipairs(c.table_names) do out[name] = c:table(name):totable() end
+  return out
+end
+
+-- The collection's layout: per feature its table name, dim, column, pooling.
+function M.layout(c, poolings)
+  local l = {}
+  for f, name in ipairs(c.features) do
+    local tname = c.table_names[ur.C.ur_tbe_feature_table(c.h.p, f - 1) + 1]
+    l[f] = { table = tname, dim = c.dims[tname], col = c.pooled and c:feature_col(name) or 0,
+             pooling = poolings and poolings[tname] or "sum", rows = c.rows[tname] }
+  end
+  return l
+end
+
+-- Per bag: feature, sample, first and last value (1-based, inclusive).
+local function bags(b, nf)
+  local out, bag = {}, 0
+  for f = 1, nf do
+    local nb = b.bpf and b.bpf[f] or b.batch
+    for s = 0, nb - 1 do
+      bag = bag + 1
+      out[bag] = { f = f, s = s, first = b.offsets[bag] + 1, last = b.offsets[bag + 1] }
+    end
+  end
+  return out
+end
+M.bags = bags
+
+-- Pooled forward in float64: a list of rows, flat as the output's elements (out_dim per row),
+-- with per element the sum of |terms| for tolerances.  Flat VBE when b.bpf without inverse.
+function M.forward(b, layout, tables, out_dim)
+  local out, mag = {}, {}
+  local nf = #layout
+  local flat_base, acc = {}, 0
+  for f = 1, nf do
+    flat_base[f] = acc
+    acc = acc + (b.bpf and b.bpf[f] or 0) * layout[f].dim
+  end
+  for _, g in ipairs(bags(b, nf)) do
+    local L = layout[g.f]
+    local tv = tables[L.table]
+    local len = g.last - g.first + 1
+    local base = b.bpf and (flat_base[g.f] + g.s * L.dim) or (g.s * out_dim + L.col)
+    for k = 0, L.dim - 1 do
+      local sum, abs = 0, 0
+      for i = g.first, g.last do
+        local id = b.values[i]
+        if id >= 0 and id < L.rows then
+          local w = b.weights and b.weights[i] or 1
+          local term = w * tv[id * L.dim + k + 1]
+          sum, abs = sum + term, abs + math.abs(term)
+        end
+      end
+      if L.pooling == "mean" and len > 0 then sum, abs = sum / len, abs / len end
+      out[base + k + 1], mag[base + k + 1] = sum, abs
+    end
+  end
+  return out, mag
+end
+
+-- The full batch from VBE bags: sample s of feature f reads bag inverse[(f-1)*B + s + 1].
+function M.expand(flat, b, layout, out_dim, full)
+  local out = {}
+  local flat_base, acc = {}, 0
+  for f = 1, #layout do
+    flat_base[f] = acc
+    acc = acc + b.bpf[f] * layout[f].dim
+  end
+  for f, L in ipairs(layout) do
+    for s = 0, full - 1 do
+      local j = b.inverse[(f - 1) * full + s + 1]
+      for k = 0, L.dim - 1 do out[s * out_dim + L.col + k + 1] = flat[flat_base[f] + j * L.dim + k + 1] end
+    end
+  end
+  return out
+end
+
+-- Per table, per row id: the float64 gradient of the loss sum(out .* grad), from the bags'
+-- gradient rows (grad as a flat list in the output's layout, as M.forward's).
+function M.row_grads(b, layout, grad, out_dim)
+  local g = {}
+  local nf = #layout
+  local flat_base, acc = {}, 0
+  for f = 1, nf do
+    flat_base[f] = acc
+    acc = acc + (b.bpf and b.bpf[f] or 0) * layout[f].dim
+  end
+  for _, bg in ipairs(bags(b, nf)) do
+    local L = layout[bg.f]
+    g[L.table] = g[L.table] or {}
+    local len = bg.last - bg.first + 1
+    local base = b.bpf and (flat_base[bg.f] + bg.s * L.dim) or (bg.s * out_dim + L.col)
+    for i = bg.first, bg.last do
+      local id = b.values[i]
+      if id >= 0 and id < L.rows then
+        local c = b.weights and b.weights[i] or 1
+        if L.pooling == "mean" then c = c / len end
+        local row = g[L.table][id] or {}
+        for k = 0, L.dim - 1 do row[k + 1] = (row[k + 1] or 0) + c * grad[base + k + 1] end
+        g[L.table][id] = row
+      end
+    end
+  end
+  return g
+end
+
+-- One optimizer step on a row, float64: w, g, state lists; returns the new w and state.
+-- hp: lr, eps, weight_decay, max_grad, beta1, beta2, step; kind as the collection names it.
+function M.step(kind, hp, w, g, s1, s2)
+  local dim = #w
+  local gg = {}
+  for k = 1, dim do
+    local x = g[k]
+    if (hp.max_grad or 0) > 0 then x = math.max(-hp.max_grad, math.min(hp.max_grad, x)) end
+    gg[k] = x + (hp.weight_decay or 0) * w[k]
+  end
+  local nw, n1, n2 = {}, {}, {}
+  if kind == "sgd" then
+    for k = 1, dim do nw[k] = w[k] - hp.lr * gg[k] end
+  elseif kind == "rowwise_adagrad" then
+    local sq = 0
+    for k = 1, dim do sq = sq + gg[k] * gg[k] end
+    n1[1] = s1[1] + sq / dim
+    for k = 1, dim do nw[k] = w[k] - hp.lr * gg[k] / (math.sqrt(n1[1]) + hp.eps) end
+  elseif kind == "adagrad" then
+    for k = 1, dim do
+      n1[k] = s1[k] + gg[k] * gg[k]
+      nw[k] = w[k] - hp.lr * gg[k] / (math.sqrt(n1[k]) + hp.eps)
+    end
+  else
+    local b1, b2 = hp.beta1, hp.beta2
+    for k = 1, dim do
+      n1[k] = b1 * s1[k] + (1 - b1) * gg[k]
+      n2[k] = b2 * s2[k] + (1 - b2) * gg[k] * gg[k]
+      local mh, vh = n1[k] / (1 - b1 ^ hp.step), n2[k] / (1 - b2 ^ hp.step)
+      nw[k] = w[k] - hp.lr * mh / (math.sqrt(vh) + hp.eps)
+    end
+  end
+  return nw, n1, n2
+end
+
+-- A flat list of n random numbers in [-1, 1).
+function M.randoms(n)
+  local t = {}
+  for i = 1, n do t[i] = math.random() * 2 - 1 end
+  return t
+end
+
+-- Asserts |a[i] - b[i]| <= rel * scale[i] + abs for every i (scale defaults to |b[i]|).
+function M.close(a, b, rel, abs, what, scale)
+  assert(#a == #b, ("%s: %d values, expected %d"):format(what, #a, #b))
+  for i = 1, #b do
+    local s = scale and scale[i] or math.abs(b[i])
+    local d = math.abs(a[i] - b[i])
+    if d > rel * s + abs or d ~= d then
+      error(("%s: element %d is %.9g, expected %.9g (off by %.3g)"):format(what, i - 1, a[i], b[i], d), 2)
+    end
+  end
+end
+
+return M
