@@ -33,6 +33,7 @@ CUDA_SRC   := $(strip $(wildcard engine/src/cuda/*.cu) $(wildcard kernels/*.cu))
 CUDA_OBJ   := $(patsubst %.cu,$(BUILD)/cuobj/%.o,$(CUDA_SRC))
 LIBS       := $(BUILD)/lib/libuvmrec.a $(BUILD)/lib/libuvmrec.so \
               $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libuvmrec_cuda.so)
+HOST_BINS  := $(BUILD)/bin/uvmrec $(BUILD)/lib/libuvmrec_lua.a $(BUILD)/lib/libuvmrec_lua.so
 CDEF       := lua/uvmrec/cdef.lua
 DEPS_STAMP := $(BUILD)/.deps
 
@@ -41,7 +42,7 @@ DEBIAN_PKGS := luajit libluajit-5.1-dev lua-busted lua-check libyaml-dev libopen
 
 LUA_PATH_TREE  := $(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;
 LUA_CPATH_TREE := $(CURDIR)/$(BUILD)/lib/?.so;;
-RUN_ENV := LUA_PATH='$(LUA_PATH_TREE)' LUA_CPATH='$(LUA_CPATH_TREE)'
+RUN_ENV := LUA_PATH='$(LUA_PATH_TREE)' LUA_CPATH='$(LUA_CPATH_TREE)' UVMREC_BIN='$(abspath $(BUILD))/bin/uvmrec'
 # LuaJIT itself is not instrumented: a sanitized engine needs the runtimes preloaded.
 ifeq ($(SAN),1)
   RUN_ENV += LD_PRELOAD="$(shell $(CC) -print-file-name=libasan.so):$(shell $(CC) -print-file-name=libubsan.so)" \
@@ -49,8 +50,8 @@ ifeq ($(SAN),1)
 endif
 
 .PHONY: all deps test test-gpu lint run clean env examples
-all: $(LIBS) $(CDEF)
-	@echo "built: $(LIBS)"
+all: $(LIBS) $(HOST_BINS) $(CDEF)
+	@echo "built: $(LIBS) $(HOST_BINS)"
 	@echo "for plain luajit:"
 	@$(MAKE) -s --no-print-directory env
 
@@ -105,6 +106,37 @@ $(CDEF): engine/include/uvmrec.h
 	   echo "return [==["; \
 	   awk '/^\/\* UR_CDEF_BEGIN \*\/$$/{f=1;next} /^\/\* UR_CDEF_END \*\/$$/{f=0} f' $< | sed -e 's/^UR_API //'; \
 	   echo "]==]"; } > $@.tmp && mv $@.tmp $@
+
+# ---- The uvmrec command (LuaJIT and the engine in one program) and the Lua embedding library
+# (libuvmrec_lua: engine/include/uvmrec_lua.h).
+SYSLIB      := /usr/lib/$(shell $(CC) -print-multiarch 2>/dev/null)
+LUAJIT_INC  := /usr/include/luajit-2.1
+HOST_OBJ    := $(BUILD)/obj-host/lua_host.o $(BUILD)/obj-host/repl.o
+CFLAGS_HOST := $(CFLAGS_ENGINE) -I$(LUAJIT_INC) -DUR_HOST_CUDA_ARCHS='"$(if $(filter %cuda.so,$(LIBS)),$(CUDA_ARCH_NAMES))"'
+# Linked into the command statically where the .a is there (checked when linking, after `deps`),
+# so it runs on hosts that have none of them: LuaJIT, libedit and what it needs, and the engine's
+# libraries but glibc's.
+HOST_STATIC := luajit-5.1 edit tinfo bsd md $(patsubst -l%,%,$(filter-out -ldl -lpthread -lm -lrt,$(ENGINE_LIBS)))
+host_static  = $$(for l in $(HOST_STATIC); do a=$(SYSLIB)/lib$$l.a; if [ -f $$a ]; then printf '%s ' $$a; else printf -- '-l%s ' $$l; fi; done)
+
+$(BUILD)/obj-host/%.o: engine/host/%.c engine/host/host.h engine/include/uvmrec_lua.h engine/include/uvmrec.h | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_HOST) -c $< -o $@
+
+$(BUILD)/lib/libuvmrec_lua.a: $(HOST_OBJ)
+	@mkdir -p $(dir $@)
+	ar rcs $@ $^
+
+$(BUILD)/lib/libuvmrec_lua.so: $(HOST_OBJ) $(BUILD)/lib/libuvmrec.so
+	$(CC) -shared $(SANFLAGS) -pthread -o $@ $(HOST_OBJ) -L$(BUILD)/lib -luvmrec -lluajit-5.1 -ledit -Wl,-rpath,'$$ORIGIN'
+
+# The whole engine goes in and its ur_* functions are exported with Lua's API (uvmrec.syms), so
+# the FFI finds the engine in the program itself and Lua C modules find lua_*.
+$(BUILD)/bin/uvmrec: $(BUILD)/obj-host/main.o $(HOST_OBJ) $(BUILD)/lib/libuvmrec.a engine/host/uvmrec.syms
+	@mkdir -p $(dir $@)
+	$(CC) $(SANFLAGS) -pthread -o $@ $(BUILD)/obj-host/main.o $(HOST_OBJ) \
+	  -Wl,--whole-archive $(BUILD)/lib/libuvmrec.a -Wl,--no-whole-archive \
+	  -Wl,--dynamic-list=engine/host/uvmrec.syms $(host_static) $(filter -ldl -lpthread -lm -lrt,$(ENGINE_LIBS))
 
 test: all
 	@$(RUN_ENV) $(LUAJIT) spec/run.lua $(SPEC)

@@ -1,0 +1,272 @@
+/* main.c: the `uvmrec` command, after luajit.c: scripts, -e, -l, -i and the REPL, plus
+ * --version, `uvmrec env` and subcommands (`uvmrec NAME` runs scripts/NAME.lua of the tree). */
+#include <dirent.h>
+#include <locale.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <luajit.h>
+
+#include "host.h"
+
+#define PROG "uvmrec"
+
+#ifndef UR_HOST_CUDA_ARCHS
+#define UR_HOST_CUDA_ARCHS ""
+#endif
+
+enum { EXIT_USAGE = 2 };
+
+static void list_commands(const ur__lua_paths *p, char *out, size_t len);
+
+static void usage(FILE *f) {
+  char known[4096] = "(none found: no uvmrec tree beside this program)";
+  ur__lua_paths p;
+  if (ur__lua_paths_find(&p) == UR_STATUS_OK) list_commands(&p, known, sizeof known);
+  fprintf(f,
+          "usage: " PROG " [options] [script [args...]]\n"
+          "       " PROG " COMMAND [args...]\n"
+          "Options:\n"
+          "  -e code        run the Lua code\n"
+          "  -l name        require the module `name`\n"
+          "  -i             the REPL after the script (bare `" PROG "` starts it too)\n"
+          "  -v, --version  the version, the CUDA build and the GPU in use\n"
+          "  -h, --help     this text\n"
+          "  --             stop handling options\n"
+          "  -              run standard input as a script\n"
+          "Commands:\n"
+          "  env            print `export LUA_PATH=... LUA_CPATH=...` for plain luajit\n"
+          "  NAME           run scripts/NAME.lua of the tree\n"
+          "The commands here: %s\n",
+          known);
+}
+
+static void message(const char *msg) {
+  fflush(stdout);
+  fprintf(stderr, PROG ": %s\n", msg);
+  fflush(stderr);
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Subcommands: scripts/NAME.lua of the tree, and the built-in env; sorted, comma-separated. */
+static void list_commands(const ur__lua_paths *p, char *out, size_t len) {
+  char *names[256];
+  int n = 0;
+  names[n++] = strdup("env");
+  DIR *d = p->scripts[0] ? opendir(p->scripts) : NULL;
+  struct dirent *e;
+  while (d && n < 256 && (e = readdir(d))) {
+    size_t l = strlen(e->d_name);
+    if (l > 4 && !strcmp(e->d_name + l - 4, ".lua") && e->d_name[0] != '_')
+      names[n++] = strndup(e->d_name, l - 4);
+  }
+  if (d) closedir(d);
+  qsort(names, (size_t)n, sizeof *names, cmp_str);
+  out[0] = 0;
+  for (int i = 0; i < n; i++) {
+    if (names[i]) {
+      size_t used = strlen(out);
+      snprintf(out + used, len - used, "%s%s", i ? ", " : "", names[i]);
+    }
+    free(names[i]);
+  }
+}
+
+/* A word that names a command rather than a file: no folder, no extension. */
+static int is_command_word(const char *s) {
+  if (!*s || *s == '-') return 0;
+  for (; *s; s++)
+    if (!(('a' <= *s && *s <= 'z') || ('A' <= *s && *s <= 'Z') || ('0' <= *s && *s <= '9') ||
+          *s == '_' || *s == '-'))
+      return 0;
+  return 1;
+}
+
+static void print_version(void) {
+  printf("uvmrec %s (%s)\n", ur_version(), LUAJIT_VERSION);
+  if (ur_cuda_built()) {
+    const char *archs = ur_cuda_archs();
+    if (!*archs) archs = UR_HOST_CUDA_ARCHS;
+    printf("CUDA: built, libuvmrec_cuda.so loads (%s)\n", *archs ? archs : "architectures unknown");
+  } else {
+    printf("CUDA: not available (%s)\n", ur_cuda_error());
+  }
+  int n = ur_device_count();
+  if (n <= 0) {
+    printf("GPU: no GPU (%s)\n", ur_cuda_error());
+  }
+  for (int i = 0; i < n; i++) {
+    ur_device_props props;
+    if (ur_device_props_get(i, &props) != UR_STATUS_OK) {
+      printf("GPU: cuda:%d (%s)\n", i, ur_last_error());
+      continue;
+    }
+    printf("GPU: cuda:%d %s, compute capability %d.%d, %d SMs, %.1f GiB\n", i, props.name,
+           (int)props.major, (int)props.minor, (int)props.sm_count,
+           (double)props.total_bytes / (1024.0 * 1024.0 * 1024.0));
+  }
+}
+
+static int print_env(void) {
+  ur__lua_paths p;
+  if (ur__lua_paths_find(&p)) {
+    message(ur_lua_last_error());
+    return 1;
+  }
+  if (!strcmp(p.layout, "none")) {
+    message("no uvmrec tree found beside this program; set UVMREC_ROOT");
+    return 1;
+  }
+  if (p.self_contained) {
+    message("env: a dist tree has the engine only inside this program, not as libuvmrec.so for "
+            "plain luajit; run scripts with it, or use a checkout or `make install`");
+    return 1;
+  }
+  printf("export LUA_PATH='%s;;' LUA_CPATH='%s;;'\n", p.path, p.cpath);
+  return 0;
+}
+
+#define FLAG_INTERACTIVE 1
+#define FLAG_VERSION 2
+#define FLAG_EXEC 4
+#define FLAG_HELP 8
+#define FLAG_LIB 16
+
+/* The index of the script (or command) in argv, 0 when there is none, -1 for a bad option. */
+static int collect_args(char **argv, int *flags) {
+  for (int i = 1; argv[i]; i++) {
+    const char *a = argv[i];
+    if (a[0] != '-') return i;
+    if (!strcmp(a, "--version") || !strcmp(a, "-v")) {
+      *flags |= FLAG_VERSION;
+    } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      *flags |= FLAG_HELP;
+    } else if (!strcmp(a, "--")) {
+      return argv[i + 1] ? i + 1 : 0;
+    } else if (!strcmp(a, "-")) {
+      return i;
+    } else if (!strcmp(a, "-i")) {
+      *flags |= FLAG_INTERACTIVE;
+    } else if (a[1] == 'e' || a[1] == 'l') {
+      *flags |= a[1] == 'e' ? FLAG_EXEC : FLAG_LIB;
+      if (a[2] == 0 && !argv[++i]) return -1;
+    } else {
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int report(ur_status s) {
+  if (s) message(ur_lua_last_error());
+  return s != UR_STATUS_OK;
+}
+
+static int run_options(lua_State *L, char **argv, int n) {
+  for (int i = 1; i < n; i++) {
+    const char *a = argv[i];
+    if (a[0] != '-' || (a[1] != 'e' && a[1] != 'l')) continue;
+    const char *v = a[2] ? a + 2 : argv[++i];
+    if (a[1] == 'e') {
+      if (report(ur_lua_dostring(L, v, "=(command line)", 0))) return 1;
+    } else {
+      lua_getglobal(L, "require");
+      lua_pushstring(L, v);
+      if (report(ur_lua_pcall(L, 1, 0))) return 1;
+    }
+  }
+  return 0;
+}
+
+/* `arg` as luajit gives it: the script at 0, its arguments from 1, what came before negative.
+ * A command's script stands at 0 in place of the command's name. */
+static int set_args(lua_State *L, char **argv, int argc, int script, const char *file) {
+  lua_createtable(L, argc - script, script + 1);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, i == script && file ? file : argv[i]);
+    lua_rawseti(L, -2, i - script);
+  }
+  lua_setglobal(L, "arg");
+  for (int i = script + 1; i < argc; i++) lua_pushstring(L, argv[i]);
+  return argc - script - 1;
+}
+
+static int run_script(lua_State *L, char **argv, int argc, int script, const char *file) {
+  const char *path = file ? file : argv[script];
+  if (!file && !strcmp(path, "-") && strcmp(argv[script - 1], "--")) path = NULL;
+  int nargs;
+  if (!lua_checkstack(L, argc + 3)) {
+    message("too many arguments");
+    return 1;
+  }
+  int rc = luaL_loadfile(L, path);
+  if (rc) {
+    message(lua_tostring(L, -1));
+    return 1;
+  }
+  nargs = set_args(L, argv, argc, script, file);
+  return report(ur_lua_pcall(L, nargs, 0));
+}
+
+int main(int argc, char **argv) {
+  setlocale(LC_CTYPE, "");
+  int flags = 0;
+  int script = collect_args(argv, &flags);
+  if (script < 0) {
+    usage(stderr);
+    return EXIT_USAGE;
+  }
+  if (flags & FLAG_HELP) {
+    usage(stdout);
+    return 0;
+  }
+
+  char command_file[PATH_MAX + 64] = "";
+  if (script > 0 && is_command_word(argv[script]) && strcmp(argv[script - 1], "--")) {
+    if (!strcmp(argv[script], "env")) return print_env();
+    ur__lua_paths p;
+    if (ur__lua_paths_find(&p)) {
+      message(ur_lua_last_error());
+      return 1;
+    }
+    snprintf(command_file, sizeof command_file, "%s/%s.lua", p.scripts, argv[script]);
+    if (!p.scripts[0] || access(command_file, R_OK) != 0) {
+      char known[4096];
+      list_commands(&p, known, sizeof known);
+      fprintf(stderr, PROG ": '%s' is not a command; the commands are: %s\n", argv[script],
+              known);
+      return EXIT_USAGE;
+    }
+  }
+
+  if (flags & FLAG_VERSION) {
+    print_version();
+    if (!script && !(flags & (FLAG_EXEC | FLAG_LIB | FLAG_INTERACTIVE))) return 0;
+  }
+
+  lua_State *L;
+  if (ur_lua_open(&L)) {
+    message(ur_lua_last_error());
+    return 1;
+  }
+  int status = run_options(L, argv, script > 0 ? script : argc);
+  if (!status && script > 0)
+    status = run_script(L, argv, argc, script, command_file[0] ? command_file : NULL);
+  if (!status && ((flags & FLAG_INTERACTIVE) ||
+                  (!script && !(flags & (FLAG_EXEC | FLAG_VERSION))))) {
+    ur_status s = ur_lua_repl(L);
+    if (s) {
+      message(ur_lua_last_error());
+      status = 1;
+    }
+  }
+  ur_lua_close(L);
+  return status;
+}

@@ -1,0 +1,53 @@
+/* uvmrec_lua.h: embedding the engine's Lua face (LuaJIT) in a host C program.
+ *
+ * Link libuvmrec_lua and libuvmrec (`pkg-config --cflags --libs uvmrec-lua`); hosts that do not
+ * want Lua use uvmrec.h alone.  A state from ur_lua_open has the standard libraries, package.path
+ * and package.cpath pointing at the uvmrec tree found beside the binary holding this code (a
+ * source tree's build, an installed prefix or a dist tree; UVMREC_ROOT overrides), and
+ * `require "uvmrec"` already done, so Lua code drives the same engine as the host's C calls.
+ * A host that links LuaJIT and the engine statically must export their symbols (-Wl,-E), or the
+ * Lua side would load a second copy of the engine.
+ *
+ * Failures return ur_status; the message (with a Lua traceback where there is one) is in
+ * ur_lua_last_error(), thread-local like ur_last_error(). */
+#ifndef UVMREC_LUA_H
+#define UVMREC_LUA_H
+
+#include "uvmrec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct lua_State;
+
+/* A new state, or UR_STATUS_IO when the Lua modules are not found, UR_STATUS_OOM without memory. */
+UR_API ur_status ur_lua_open(struct lua_State **out);
+UR_API void ur_lua_close(struct lua_State *L);
+
+/* Calls the function below nargs arguments on top of the stack, as lua_pcall does, with a
+ * traceback handler.  On success nresults values (LUA_MULTRET: all) replace them; on failure
+ * nothing does, and the status is UR_STATUS_INTERRUPTED after Ctrl-C, UR_STATUS_OOM for memory
+ * and UR_STATUS_INVALID for an error the code raised.  While it runs, SIGINT stops the Lua code
+ * and the engine's long operations (ur_set_interrupt), unless the host installed its own
+ * SIGINT handler, which is then left alone. */
+UR_API ur_status ur_lua_pcall(struct lua_State *L, int nargs, int nresults);
+
+/* Loads and runs a file (NULL: standard input) or a string, leaving nresults values on success.
+ * A chunk that does not compile is UR_STATUS_INVALID (UR_STATUS_IO when the file cannot be read). */
+UR_API ur_status ur_lua_dofile(struct lua_State *L, const char *path, int nresults);
+UR_API ur_status ur_lua_dostring(struct lua_State *L, const char *code, const char *chunkname,
+                                 int nresults);
+
+/* The interactive loop: line editing, completion and history (~/.uvmrec_history) on a terminal;
+ * without one, reads and evaluates standard input line by line.  Returns at end of input or
+ * after Ctrl-C twice at an empty prompt: UR_STATUS_OK, or UR_STATUS_INVALID when a chunk read
+ * from a pipe failed (so scripted sessions can be checked). */
+UR_API ur_status ur_lua_repl(struct lua_State *L);
+
+UR_API const char *ur_lua_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,159 @@
+local cmd = require "command"
+local ur = require "uvmrec"
+
+local q = cmd.quote
+
+describe("uvmrec command", function()
+  it("prints its version, the CUDA build and the GPU it sees", function()
+    local out, err, code = cmd.run("--version")
+    assert.equal(0, code, err)
+    assert.matches("^uvmrec " .. ur.version():gsub("%.", "%%.") .. " %(LuaJIT 2%.1", out)
+    assert.matches("\nCUDA: [^\n]+\n", out)
+    if ur.gpu() then
+      assert.matches("\nGPU: cuda:0 " .. ur.device_props(0).name:gsub("%p", "%%%0"), out)
+    else
+      assert.matches("\nGPU: no GPU %(", out)
+    end
+    if ur.cuda_built() then assert.matches("CUDA: built, libuvmrec_cuda.so loads %(%S", out) end
+  end)
+
+  it("prints its usage with the commands of its tree for --help", function()
+    local out, _, code = cmd.run("--help")
+    assert.equal(0, code)
+    assert.matches("usage: uvmrec %[options%] %[script %[args%.%.%.%]%]", out)
+    assert.matches("The commands here: demo, env, test", out, 1, true)
+  end)
+
+  it("rejects a bad option or a missing argument with the usage and exit code 2", function()
+    for _, args in ipairs { "-z", "--frobnicate", "-e" } do
+      local out, err, code = cmd.run(args)
+      assert.equal(2, code, args)
+      assert.equal("", out)
+      assert.matches("^usage: uvmrec", err)
+    end
+  end)
+
+  it("runs -e code and -l modules in order, as luajit does", function()
+    local out, err, code = cmd.run("-e 'x = 20' -l uvmrec.repl -e " ..
+      q("print(x + 1, package.loaded['uvmrec.repl'] ~= nil)"))
+    assert.equal(0, code, err)
+    assert.equal("21\ttrue\n", out)
+  end)
+
+  it("ends a failing chunk with its message and a traceback on stderr, exit code 1", function()
+    local out, err, code = cmd.run("-e " .. q("local function f() error('boom') end f()"))
+    assert.equal(1, code)
+    assert.equal("", out)
+    assert.matches("^uvmrec: %(command line%):1: boom\nstack traceback:\n", err)
+    assert.matches("in function 'f'", err)
+    out, err, code = cmd.run("-l no.such.module")
+    assert.equal(1, code)
+    assert.equal("", out)
+    assert.matches("module 'no.such.module' not found", err)
+  end)
+
+  describe("with a script", function()
+    local dir
+    before_each(function() dir = cmd.tmpdir() end)
+    after_each(function() cmd.rmdir(dir) end)
+
+    it("gives it arg as luajit does and its exit code through os.exit", function()
+      cmd.spit(dir .. "/s.lua", "print(arg[-1] ~= nil, arg[0], #arg, arg[1], arg[2], ...)\nos.exit(3)\n")
+      local out, err, code = cmd.run("-e 'y = 1' " .. q(dir .. "/s.lua") .. " a 'b c'")
+      assert.equal(3, code, err)
+      assert.equal(("true\t%s/s.lua\t2\ta\tb c\ta\tb c\n"):format(dir), out)
+    end)
+
+    it("reports a runtime error at the script's line, and a file that is not there", function()
+      cmd.spit(dir .. "/bad.lua", "local x = 1\nlocal y = x + nil\n")
+      local _, err, code = cmd.run(q(dir .. "/bad.lua"))
+      assert.equal(1, code)
+      assert.matches("^uvmrec: [^\n]*/bad%.lua:2: attempt to perform arithmetic on a nil value", err)
+      assert.matches("stack traceback:", err)
+      _, err, code = cmd.run(q(dir .. "/missing.lua"))
+      assert.equal(1, code)
+      assert.matches("cannot open [^\n]*missing%.lua", err)
+    end)
+
+    it("runs standard input as a script for `-`", function()
+      local out, _, code = cmd.run("- x y", "print(arg[1], arg[2])")
+      assert.equal(0, code)
+      assert.equal("x\ty\n", out)
+    end)
+
+    it("enters the REPL after the script with -i", function()
+      cmd.spit(dir .. "/s.lua", "answer = 42\n")
+      local out, _, code = cmd.run("-i " .. q(dir .. "/s.lua"), "answer + 1\n")
+      assert.equal(0, code)
+      assert.equal("43\n", out)
+    end)
+  end)
+
+  it("runs scripts/NAME.lua for `uvmrec NAME`, with the arguments after the name", function()
+    local out, err, code = cmd.run("demo 4096")
+    assert.equal(0, code, err)
+    assert.matches("table:  tensor f32 %[4096, 128%] managed", out)
+  end)
+
+  it("lists the commands for an unknown one, exit code 2", function()
+    local out, err, code = cmd.run("frobnicate --x")
+    assert.equal(2, code)
+    assert.equal("", out)
+    assert.matches("'frobnicate' is not a command; the commands are: demo, env, test", err, 1, true)
+  end)
+
+  it("holds the engine itself: the FFI finds ur_* in the program, not in a second library", function()
+    local out, err, code = cmd.run("-e " .. q("print(require('uvmrec').C == require('ffi').C)"))
+    assert.equal(0, code, err)
+    assert.equal("true\n", out)
+  end)
+
+  it("finds its tree from any folder and through PATH, ignoring LUA_PATH for its own modules", function()
+    local bin = cmd.bin()
+    local bindir = bin:match("^(.*)/[^/]*$")
+    if not bin:match("^/") then pending("UVMREC_BIN is not an absolute path") return end
+    local probe = q("local h = require('uvmrec.host'); print(h.layout, h.root, " ..
+      "package.searchpath('uvmrec', package.path), require('uvmrec').cuda_built())")
+    local direct = cmd.sh("cd / && " .. q(bin) .. " -e " .. probe)
+    local via_path, err, code = cmd.sh("cd / && env PATH=" .. q(bindir) .. ":/usr/bin:/bin " ..
+      "LUA_PATH='/nowhere/?.lua' uvmrec -e " .. probe)
+    assert.equal(0, code, err)
+    assert.equal(direct, via_path)
+    local layout, root, found = direct:match("^(%S+)\t(%S+)\t(%S+)\t")
+    assert.truthy(layout, direct)
+    assert.equal(root .. "/" .. (layout == "install" and "share/lua/5.1" or "lua") .. "/uvmrec/init.lua",
+      found)
+  end)
+
+  it("uses only its own tree's paths when it is a dist tree", function()
+    local out, err, code = cmd.run("-e " ..
+      q("local h = require('uvmrec.host'); print(h.self_contained, package.path, package.cpath)"))
+    assert.equal(0, code, err)
+    local self_contained, path, cpath = out:match("^(%S+)\t(%S+)\t(%S+)\n$")
+    if self_contained ~= "true" then
+      assert.matches("/usr/share/lua/5.1/?.lua", path, 1, true) -- LuaJIT's defaults follow the tree's
+      return
+    end
+    for entry in (path .. ";" .. cpath):gmatch("[^;]+") do
+      assert.is_nil(entry:find("/usr/", 1, true), entry)
+      assert.matches("^/", entry)
+    end
+  end)
+
+  it("prints paths for plain luajit with `uvmrec env`, and they load the engine", function()
+    local exports, err, code = cmd.run("env")
+    if cmd.run("-e " .. q("io.write(require('uvmrec.host').layout)")) == "dist" then
+      assert.equal(1, code)
+      assert.matches("a dist tree has the engine only inside this program", err)
+      return
+    end
+    assert.equal(0, code, err)
+    assert.matches("^export LUA_PATH='[^']+;;' LUA_CPATH='[^']+;;'\n$", exports)
+    if not cmd.have("luajit") then pending("no luajit on PATH") return end
+    local out
+    out, err, code = cmd.sh("env -u LUA_PATH -u LUA_CPATH sh -c " .. q(exports:gsub("\n", "") ..
+      "; cd / && luajit -e \"local ur = require 'uvmrec'; print(ur.uvm_tensor({1024, 128}))\""))
+    assert.equal(0, code, err)
+    assert.matches("^tensor f32 %[1024, 128%] managed", out)
+  end)
+end)

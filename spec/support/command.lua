@@ -1,0 +1,137 @@
+-- Spec helpers for the uvmrec command: where it is, running it, temporary folders, a wall clock,
+-- and a session on a pseudo-terminal (util-linux's `script`) to drive the REPL with keys.
+local M = {}
+
+-- The command under test: UVMREC_BIN (make test and `uvmrec test` set it), else the program
+-- running these specs when it is the command, else the default build's.
+function M.bin()
+  local b = os.getenv("UVMREC_BIN")
+  if b and b ~= "" then return b end
+  local host = package.loaded["uvmrec.host"]
+  if host and host.binary and host.binary:match("/uvmrec$") then return host.binary end
+  return "build/bin/uvmrec"
+end
+
+function M.quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function ok(r) return r == 0 or r == true end
+
+function M.have(program) return ok(os.execute("command -v " .. program .. " >/dev/null 2>&1")) end
+
+local function slurp(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+M.slurp = slurp
+
+function M.spit(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+-- Runs a shell command (with `input` on its stdin when given): its stdout, stderr, exit code.
+function M.sh(cmd, input)
+  local errf, inf = os.tmpname(), nil
+  if input then
+    inf = os.tmpname()
+    M.spit(inf, input)
+    cmd = "(" .. cmd .. ") < " .. inf
+  end
+  local p = io.popen("(" .. cmd .. ") 2>" .. errf .. "; echo \"__exit=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local code = tonumber(out:match("__exit=(%d+)\n$"))
+  out = out:gsub("__exit=%d+\n$", "")
+  local err = slurp(errf) or ""
+  os.remove(errf)
+  if inf then os.remove(inf) end
+  return out, err, code
+end
+
+-- The command with arguments (a string, already quoted as the shell needs).
+function M.run(args, input) return M.sh(M.quote(M.bin()) .. " " .. args, input) end
+
+function M.tmpdir()
+  local p = io.popen("mktemp -d /tmp/uvmrec-spec.XXXXXX")
+  local d = p:read("*l")
+  p:close()
+  return d
+end
+
+function M.rmdir(d)
+  if d and d:match("^/tmp/uvmrec%-spec%.") then os.execute("rm -rf " .. M.quote(d)) end
+end
+
+-- Seconds since boot, to 10 ms: a wall clock without spawning anything.
+function M.now() return tonumber(slurp("/proc/uptime"):match("^(%S+)")) end
+
+function M.sleep(s) os.execute("sleep " .. s) end
+
+-- What a terminal shows, roughly: carriage returns, escape sequences and bells removed.
+local function plain(s)
+  return (s:gsub("\27%[[%d;?]*[%a@]", ""):gsub("\27[%(%)][%w]", ""):gsub("[\r\7]", ""))
+end
+
+local Session = {}
+Session.__index = Session
+
+-- Starts the command on a pseudo-terminal, with HOME a fresh folder (for the history file):
+-- what is sent goes to the terminal as keys, what the program writes is polled from a file.
+function M.pty(args)
+  local dir = M.tmpdir()
+  -- The exit code is written from outside the terminal: a shell on it would get Ctrl-C's SIGINT
+  -- too, and dash (sh) dies of it.
+  local inner = "exec " .. M.quote(M.bin()) .. " " .. (args or "")
+  local out = M.quote(dir .. "/out")
+  local cmd = ("HOME=%s TERM=dumb timeout 120 script -q -e -c %s /dev/null > %s 2>&1; echo __exit=$? >> %s")
+    :format(M.quote(dir), M.quote(inner), out, out)
+  return setmetatable({ dir = dir, p = io.popen(cmd, "w"), pos = 1 }, Session)
+end
+
+function Session:send(keys)
+  self.p:write(keys)
+  self.p:flush()
+  return self
+end
+
+function Session:screen() return plain(slurp(self.dir .. "/out") or "") end
+
+-- Waits for a Lua pattern in what the program wrote after the last match, and returns the
+-- text up to the end of the match.
+function Session:expect(pattern, timeout)
+  local t0 = M.now()
+  repeat
+    local text = self:screen()
+    local a, b = text:find(pattern, self.pos)
+    if a then
+      local seen = text:sub(self.pos, b)
+      self.pos = b + 1
+      return seen
+    end
+    M.sleep(0.05)
+  until M.now() - t0 > (timeout or 15)
+  error(("pty: %q did not appear in %ss; after the last match the terminal shows:\n%s"):format(
+    pattern, timeout or 15, self:screen():sub(self.pos)), 2)
+end
+
+-- Ends the session (end of input) and returns the command's exit code and the whole output;
+-- the session's HOME stays until remove().
+function Session:close()
+  if self.p then
+    self.p:close()
+    self.p = nil
+  end
+  local text = self:screen()
+  return tonumber(text:match("__exit=(%d+)")), text
+end
+
+function Session:remove()
+  self:close()
+  M.rmdir(self.dir)
+end
+
+return M
