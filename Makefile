@@ -49,7 +49,7 @@ ifeq ($(SAN),1)
              ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 endif
 
-.PHONY: all deps test test-gpu lint run clean env examples
+.PHONY: all deps test test-gpu lint run clean env examples install uninstall
 all: $(LIBS) $(HOST_BINS) $(CDEF)
 	@echo "built: $(LIBS) $(HOST_BINS)"
 	@echo "for plain luajit:"
@@ -107,8 +107,8 @@ $(CDEF): engine/include/uvmrec.h
 	   awk '/^\/\* UR_CDEF_BEGIN \*\/$$/{f=1;next} /^\/\* UR_CDEF_END \*\/$$/{f=0} f' $< | sed -e 's/^UR_API //'; \
 	   echo "]==]"; } > $@.tmp && mv $@.tmp $@
 
-# ---- The uvmrec command (LuaJIT and the engine in one program) and the Lua embedding library
-# (libuvmrec_lua: engine/include/uvmrec_lua.h).
+# ---- The uvmrec command (LuaJIT and the engine in one program), the Lua embedding library
+# (libuvmrec_lua: engine/include/uvmrec_lua.h) and install.
 SYSLIB      := /usr/lib/$(shell $(CC) -print-multiarch 2>/dev/null)
 LUAJIT_INC  := /usr/include/luajit-2.1
 HOST_OBJ    := $(BUILD)/obj-host/lua_host.o $(BUILD)/obj-host/repl.o
@@ -118,6 +118,7 @@ CFLAGS_HOST := $(CFLAGS_ENGINE) -I$(LUAJIT_INC) -DUR_HOST_CUDA_ARCHS='"$(if $(fi
 # libraries but glibc's.
 HOST_STATIC := luajit-5.1 edit tinfo bsd md $(patsubst -l%,%,$(filter-out -ldl -lpthread -lm -lrt,$(ENGINE_LIBS)))
 host_static  = $$(for l in $(HOST_STATIC); do a=$(SYSLIB)/lib$$l.a; if [ -f $$a ]; then printf '%s ' $$a; else printf -- '-l%s ' $$l; fi; done)
+VERSION      = $(shell sed -n 's/^\#define UR_VERSION "\(.*\)"/\1/p' engine/include/uvmrec.h)
 
 $(BUILD)/obj-host/%.o: engine/host/%.c engine/host/host.h engine/include/uvmrec_lua.h engine/include/uvmrec.h | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -137,6 +138,52 @@ $(BUILD)/bin/uvmrec: $(BUILD)/obj-host/main.o $(HOST_OBJ) $(BUILD)/lib/libuvmrec
 	$(CC) $(SANFLAGS) -pthread -o $@ $(BUILD)/obj-host/main.o $(HOST_OBJ) \
 	  -Wl,--whole-archive $(BUILD)/lib/libuvmrec.a -Wl,--no-whole-archive \
 	  -Wl,--dynamic-list=engine/host/uvmrec.syms $(host_static) $(filter -ldl -lpthread -lm -lrt,$(ENGINE_LIBS))
+
+define UVMREC_PC
+prefix=$(PREFIX)
+libdir=$${prefix}/lib
+includedir=$${prefix}/include
+
+Name: uvmrec
+Description: uvmrec engine: tensors in unified memory steered by hints (C API, no Lua)
+Version: $(VERSION)
+Cflags: -I$${includedir}
+Libs: -L$${libdir} -luvmrec
+Libs.private: $(ENGINE_LIBS)
+endef
+define UVMREC_LUA_PC
+prefix=$(PREFIX)
+libdir=$${prefix}/lib
+includedir=$${prefix}/include
+
+Name: uvmrec-lua
+Description: uvmrec engine with its Lua face embedded in a host program (uvmrec_lua.h)
+Version: $(VERSION)
+Requires: uvmrec luajit
+Requires.private: libedit
+Cflags: -I$${includedir}
+Libs: -L$${libdir} -luvmrec_lua
+endef
+export UVMREC_PC UVMREC_LUA_PC
+
+INST := $(DESTDIR)$(PREFIX)
+install: all
+	install -d $(INST)/bin $(INST)/lib/pkgconfig $(INST)/include $(INST)/share/lua/5.1 $(INST)/share/uvmrec
+	install -m 755 $(BUILD)/bin/uvmrec $(INST)/bin/
+	install -m 644 $(BUILD)/lib/libuvmrec.a $(BUILD)/lib/libuvmrec_lua.a $(INST)/lib/
+	install -m 755 $(filter %.so,$(LIBS) $(HOST_BINS)) $(INST)/lib/
+	install -m 644 engine/include/uvmrec.h engine/include/uvmrec_lua.h $(INST)/include/
+	rm -rf $(INST)/share/lua/5.1/uvmrec $(INST)/share/uvmrec/scripts
+	cp -R lua/uvmrec $(INST)/share/lua/5.1/
+	cp -R scripts $(INST)/share/uvmrec/
+	printf '%s\n' "$$UVMREC_PC" > $(INST)/lib/pkgconfig/uvmrec.pc
+	printf '%s\n' "$$UVMREC_LUA_PC" > $(INST)/lib/pkgconfig/uvmrec-lua.pc
+
+uninstall:
+	rm -f $(INST)/bin/uvmrec $(addprefix $(INST)/include/,uvmrec.h uvmrec_lua.h) \
+	  $(addprefix $(INST)/lib/,libuvmrec.a libuvmrec.so libuvmrec_cuda.so libuvmrec_lua.a libuvmrec_lua.so) \
+	  $(addprefix $(INST)/lib/pkgconfig/,uvmrec.pc uvmrec-lua.pc)
+	rm -rf $(INST)/share/lua/5.1/uvmrec $(INST)/share/uvmrec
 
 test: all
 	@$(RUN_ENV) $(LUAJIT) spec/run.lua $(SPEC)

@@ -1,0 +1,102 @@
+-- The example host programs, built through pkg-config against a temporary `make install`.
+local cmd = require "command"
+
+local q = cmd.quote
+
+-- Why this machine cannot run these specs, or nil.
+local function unable()
+  if not io.open("Makefile") or not io.open("engine/examples/c_api.c") then
+    return "not in a source tree"
+  end
+  for _, program in ipairs { "make", "cc", "pkg-config" } do
+    if not cmd.have(program) then return "no " .. program end
+  end
+  if (os.getenv("LD_PRELOAD") or ""):find("asan", 1, true) then
+    return "a sanitizer build (its programs need the runtimes preloaded, and valgrind cannot run them)"
+  end
+end
+
+describe("embedding uvmrec in C", function()
+  local why = unable()
+  local prefix, dir
+
+  setup(function()
+    if why then return end
+    prefix, dir = cmd.tmpdir(), cmd.tmpdir()
+    -- The build under test: the folder holding bin/uvmrec.
+    local build = cmd.bin():match("^(.*)/bin/uvmrec$") or "build"
+    local out, err, code = cmd.sh(("env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS make -s --no-print-directory " ..
+      "install PREFIX=%s BUILD=%s"):format(q(prefix), q(build)))
+    assert(code == 0, "make install failed:\n" .. out .. err)
+  end)
+
+  teardown(function()
+    cmd.rmdir(prefix)
+    cmd.rmdir(dir)
+  end)
+
+  -- Compiles an example with `pkg-config --cflags --libs pc`; returns the program's path.
+  local function build(name, pc)
+    local exe = dir .. "/" .. name
+    local out, err, code = cmd.sh(("cc -std=c11 -Wall -Wextra -Werror %s " ..
+      "$(PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags --libs %s) -Wl,-rpath,%s/lib -o %s"):format(
+      q("engine/examples/" .. name .. ".c"), q(prefix), pc, q(prefix), q(exe)))
+    assert.equal(0, code, out .. err)
+    return exe
+  end
+
+  local function valgrind(exe)
+    if not cmd.have("valgrind") then return pending("no valgrind") end
+    local out, err, code = cmd.sh(("valgrind -q --error-exitcode=99 --leak-check=full " ..
+      "--errors-for-leak-kinds=definite,indirect %s"):format(q(exe)))
+    assert.equal(0, code, "valgrind:\n" .. err .. out)
+  end
+
+  it("installs the command, libraries, headers, Lua modules, scripts and pkg-config files", function()
+    if why then return pending(why) end
+    for _, f in ipairs { "bin/uvmrec", "lib/libuvmrec.a", "lib/libuvmrec.so", "lib/libuvmrec_lua.a",
+                         "lib/libuvmrec_lua.so", "include/uvmrec.h", "include/uvmrec_lua.h",
+                         "share/lua/5.1/uvmrec/init.lua", "share/lua/5.1/uvmrec/repl.lua",
+                         "share/uvmrec/scripts/demo.lua", "lib/pkgconfig/uvmrec.pc",
+                         "lib/pkgconfig/uvmrec-lua.pc" } do
+      assert.truthy(io.open(prefix .. "/" .. f), f)
+    end
+    local out, err, code = cmd.sh(q(prefix .. "/bin/uvmrec") .. " -e " ..
+      q("print(require('uvmrec.host').layout, package.searchpath('uvmrec', package.path))"))
+    assert.equal(0, code, err)
+    assert.equal("install\t" .. prefix .. "/share/lua/5.1/uvmrec/init.lua\n", out)
+    out = cmd.sh(q(prefix .. "/bin/uvmrec") .. " --help")
+    assert.matches("The commands here: demo, env", out, 1, true)
+  end)
+
+  it("builds c_api.c with pkg-config uvmrec; it runs clean under valgrind", function()
+    if why then return pending(why) end
+    local exe = build("c_api", "uvmrec")
+    local out, err, code = cmd.sh(q(exe))
+    assert.equal(0, code, err)
+    assert.matches("hot rows: bytes 0%.%.131072", out)
+    assert.matches("tensor f32 %[4096, 64%] managed", out)
+    assert.matches("hint log: %d+ records", out)
+    valgrind(exe)
+  end)
+
+  it("builds lua_host.c with pkg-config uvmrec-lua; Lua drives the host's engine, clean under valgrind", function()
+    if why then return pending(why) end
+    local exe = build("lua_host", "uvmrec-lua")
+    local out, err, code = cmd.sh("cd / && " .. q(exe))
+    assert.equal(0, code, err .. out)
+    assert.matches("mean of 8000 uniform draws made in Lua: 0%.", out)
+    assert.matches("host bytes: (%d+) seen from Lua, %1 from C %(one engine%)", out)
+    assert.matches("error reported: snippet:1: from Lua", out)
+    valgrind(exe)
+  end)
+
+  it("uninstalls everything it installed", function()
+    if why then return pending(why) end
+    local out, err, code = cmd.sh(("env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS make -s --no-print-directory " ..
+      "uninstall PREFIX=%s"):format(q(prefix)))
+    assert.equal(0, code, out .. err)
+    local left = cmd.sh("find " .. q(prefix) .. " -type f")
+    assert.equal("", left)
+  end)
+end)
