@@ -49,7 +49,7 @@ ifeq ($(SAN),1)
              ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 endif
 
-.PHONY: all deps test test-gpu lint run clean env examples install uninstall
+.PHONY: all deps test test-gpu lint run clean env examples install uninstall dist
 all: $(LIBS) $(HOST_BINS) $(CDEF)
 	@echo "built: $(LIBS) $(HOST_BINS)"
 	@echo "for plain luajit:"
@@ -108,7 +108,7 @@ $(CDEF): engine/include/uvmrec.h
 	   echo "]==]"; } > $@.tmp && mv $@.tmp $@
 
 # ---- The uvmrec command (LuaJIT and the engine in one program), the Lua embedding library
-# (libuvmrec_lua: engine/include/uvmrec_lua.h) and install.
+# (libuvmrec_lua: engine/include/uvmrec_lua.h), install and the relocatable dist/ tree.
 SYSLIB      := /usr/lib/$(shell $(CC) -print-multiarch 2>/dev/null)
 LUAJIT_INC  := /usr/include/luajit-2.1
 HOST_OBJ    := $(BUILD)/obj-host/lua_host.o $(BUILD)/obj-host/repl.o
@@ -185,6 +185,28 @@ uninstall:
 	  $(addprefix $(INST)/lib/pkgconfig/,uvmrec.pc uvmrec-lua.pc)
 	rm -rf $(INST)/share/lua/5.1/uvmrec $(INST)/share/uvmrec
 
+# busted and what it loads (Lua files and three small C modules) travel in the dist tree, which
+# runs the command and the spec suite where only the NVIDIA driver is installed.
+DIST_LUA   := busted busted.lua luassert say pl cliargs cliargs.lua mediator.lua dkjson.lua term system
+DIST_CMODS := lfs.so term/core.so system/core.so
+DIST_MAX_MIB := 48
+# The engine travels inside bin/uvmrec only: a GPU host has no plain luajit to load libuvmrec.so.
+dist: all
+	rm -rf dist && mkdir -p dist/bin dist/lib/lua/term dist/lib/lua/system dist/lua
+	cp $(BUILD)/bin/uvmrec dist/bin/ && strip --strip-debug dist/bin/uvmrec
+	$(if $(filter %cuda.so,$(LIBS)),cp $(filter %cuda.so,$(LIBS)) dist/lib/)
+	cp -R lua/uvmrec dist/lua/
+	for m in $(DIST_LUA); do cp -RL /usr/share/lua/5.1/$$m dist/lua/ || exit 1; done
+	for m in $(DIST_CMODS); do cp -L $(SYSLIB)/lua/5.1/$$m dist/lib/lua/$$m || exit 1; done
+	cp -R scripts spec README.md dist/
+	if [ -d models ]; then cp -R models dist/; fi
+	{ echo "uvmrec $(VERSION): a self-contained tree made by make dist ($$(git describe --always --dirty 2>/dev/null || echo no git), $$(date -u +%F))."; \
+	  echo "bin/uvmrec uses only the Lua modules and libraries in this tree, never the system's."; \
+	  echo "CUDA: $(if $(filter %cuda.so,$(LIBS)),lib/libuvmrec_cuda.so for $(CUDA_ARCH_NAMES),not built)."; \
+	  echo "Spec suite: bin/uvmrec test; on a GPU host, only the GPU specs: bin/uvmrec test --gpu"; } > dist/DIST
+	@mib=$$(du -sm dist | cut -f1); echo "dist: $$mib MiB in dist/"; \
+	  [ $$mib -le $(DIST_MAX_MIB) ] || { echo "dist: over $(DIST_MAX_MIB) MiB"; exit 1; }
+
 test: all
 	@$(RUN_ENV) $(LUAJIT) spec/run.lua $(SPEC)
 
@@ -198,4 +220,4 @@ run: all
 	@$(RUN_ENV) $(LUAJIT) scripts/demo.lua
 
 clean:
-	rm -rf $(BUILD) $(CDEF)
+	rm -rf $(BUILD) $(CDEF) dist
