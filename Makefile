@@ -214,7 +214,7 @@ test-gpu: all
 	@$(RUN_ENV) UVMREC_REQUIRE_GPU=1 $(LUAJIT) spec/run.lua --tags=cuda $(SPEC)
 
 lint: $(DEPS_STAMP)
-	luacheck -q lua spec scripts models
+	luacheck -q lua spec scripts $(wildcard models)
 
 run: all
 	@$(RUN_ENV) $(LUAJIT) scripts/demo.lua

@@ -245,7 +245,9 @@ describe("uvmrec.KJT", function()
       "kjt: lengths sum to 2 but there are 3 values (1 left after the last key, 'b')")
     assert.has_error(function() KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 1 } } end,
       "kjt: 3 lengths do not divide among 2 keys; give stride= or 2 lengths per key")
-    assert.has_error(function() KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 1 }, stride = 2 } end,
+    assert.has_error(function()
+      KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 1 }, stride = 2 }
+    end,
       "kjt: 2 keys with stride 2 need 4 lengths, got 3")
     assert.has_error(function() KJT { keys = { "a" }, values = { 1, 2 }, lengths = { 2 }, weights = { 1 } } end,
       "kjt: 1 weights for 2 values; expected one per value")
