@@ -647,6 +647,82 @@ UR_API ur_status ur_arena_tensor(ur_arena *a, ur_tensor **out, ur_dtype dtype, i
                                  const int64_t *shape);
 UR_API void ur_arena_reset(ur_arena *a);
 UR_API void ur_arena_stats_get(const ur_arena *a, ur_arena_stats *out);
+/* ---- metrics ---- */
+/* Streaming metrics of binary predictions (engine/src/metrics.c), computed where the metric's
+ * state lives: on the GPU for device or managed state when one is in use, else on the CPU.
+ * Inputs are f32 predictions and labels [n] or [n, tasks] (labels in [0, 1]: a sample counts
+ * w * y as positive and w * (1 - y) as negative), optional f32 weights [n] or [n, tasks] and
+ * i64 grouping keys [n]; the GPU reads device, managed and pinned memory, the CPU host,
+ * pinned and managed memory.  Two scopes: the window (the last `window` samples, kept on the
+ * device, from which AUC and grouped AUC are exact) and the lifetime (f64 sums, and a
+ * histogram of `bins` prediction bins over [0, 1] for AUC).  Updates enqueue work on the
+ * stream and never wait; compute waits for it.  Calls on one metric are ordered on the
+ * streams they are given: use one stream per metric, or order them.  No result is ever NaN
+ * for finite inputs: every denominator is clamped at eta, and AUC with a single class (or
+ * none) is 0.5. */
+typedef struct ur_metrics_opts {
+  int32_t tasks;        /* columns of predictions and labels, 1 to 1024 */
+  int32_t auc;          /* 1: exact AUC over the window */
+  int32_t grouped_auc;  /* 1: grouped AUC over the window; every update then needs keys */
+  int32_t bins;         /* lifetime AUC histogram bins, 0 (no lifetime AUC) to 2^24 */
+  int64_t window;       /* samples kept for the window scope, 0 (none) to 2^31 - 1 */
+  double threshold;     /* accuracy: prediction >= threshold says positive (0.5) */
+  double eta;           /* predictions are clamped to [eta, 1 - eta] in log loss, and
+                           denominators at eta; in (0, 0.5), torchrec's is 1e-12 */
+} ur_metrics_opts;
+/* One task's values in one scope.  AUC counts tied predictions as half (Mann-Whitney);
+ * lifetime AUC comes from the histogram, within auc_error of the exact AUC of all samples
+ * seen: auc_error = 0.5 * sum over bins of positive(bin) * negative(bin) / (P * N), the
+ * weight of the pairs a bin cannot order, at most 0.5 * max_bin negative(bin) / N. */
+typedef struct ur_metric_values {
+  double auc, auc_error;
+  double grouped_auc;   /* mean AUC over the groups holding both classes (window only) */
+  double ne;            /* log loss / entropy of the weighted base rate (torchrec's NE) */
+  double logloss;       /* mean weighted binary cross-entropy, natural log */
+  double accuracy;      /* weight of samples on the right side of the threshold / weight */
+  double calibration;   /* sum of w * prediction / sum of w * label */
+  double ctr;           /* sum of w * label / sum of w */
+  double weight, positive, negative; /* sums of w, w * y, w * (1 - y) */
+  int64_t samples;      /* samples counted (exact as f64 up to 2^53, past 2^32) */
+  int64_t groups;       /* groups that entered grouped_auc */
+} ur_metric_values;
+struct ur_metrics;
+typedef struct ur_metrics ur_metrics;
+UR_API size_t ur_sizeof_metrics_opts(void);
+UR_API size_t ur_sizeof_metric_values(void);
+/* State in placement place (host, pinned, managed or device) on device (-1: the CPU). */
+UR_API ur_status ur_metrics_new(ur_metrics **out, const ur_metrics_opts *opts, ur_place place,
+                                int32_t device);
+UR_API void ur_metrics_free(ur_metrics *m);
+/* Adds a batch: lifetime sums and histogram, and its last samples into the window.  weights
+ * and groups may be NULL (weight 1; groups are needed only with grouped_auc). */
+UR_API ur_status ur_metrics_update(ur_stream *s, ur_metrics *m, const ur_tensor *predictions,
+                                   const ur_tensor *labels, const ur_tensor *weights,
+                                   const ur_tensor *groups);
+UR_API ur_status ur_metrics_reset(ur_stream *s, ur_metrics *m);
+/* Samples added since the last reset (host-side; no wait). */
+UR_API int64_t ur_metrics_seen(const ur_metrics *m);
+UR_API int32_t ur_metrics_on_gpu(const ur_metrics *m);
+/* For a reduction across GPUs: copies the lifetime state into the metric's snapshot buffer
+ * and lends it, *count doubles in the metric's placement, to be summed in place over the
+ * ranks (every entry adds: sums, counts, histogram) before ur_metrics_compute with
+ * from_snapshot = 1.  Ordered on s like everything else. */
+UR_API ur_status ur_metrics_snapshot(ur_stream *s, ur_metrics *m, double **state /* out */,
+                                     uint64_t *count /* out */);
+/* Views of the window's filled part (rows in slot order, not time order): predictions,
+ * labels and weights f32 [n, tasks], groups i64 [n] (NULL without grouped_auc).  The caller
+ * frees them; an all-gather of these over the ranks is the window of the whole job. */
+UR_API ur_status ur_metrics_window(const ur_metrics *m, ur_tensor **predictions,
+                                   ur_tensor **labels, ur_tensor **weights, ur_tensor **groups);
+/* Fills window[tasks] and lifetime[tasks]; waits for the stream.  The window scope comes from
+ * the given tensors (as in update; any length up to 2^31 - 1, in the metric's reach) or, when
+ * predictions is NULL, from the metric's own window; the lifetime scope from the snapshot
+ * (from_snapshot = 1) or the live state. */
+UR_API ur_status ur_metrics_compute(ur_stream *s, ur_metrics *m, int32_t from_snapshot,
+                                    const ur_tensor *predictions, const ur_tensor *labels,
+                                    const ur_tensor *weights, const ur_tensor *groups,
+                                    ur_metric_values *window /* out */,
+                                    ur_metric_values *lifetime /* out */);
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

@@ -19,6 +19,10 @@ typedef struct ur_core_api {
 
 struct ur__tbe_args;  /* engine/src/tbe.h */
 struct ur__tbe_hyper;
+struct ur__metrics_job; /* engine/src/metrics_job.h */
+struct ur_backend;
+/* Fills the metrics entries of the CUDA backend's table (engine/src/cuda/metrics.cu). */
+void ur__cuda_metrics_install(struct ur_backend *b, const ur_core_api *core);
 
 /* Streams and events are the backend's own handles (cudaStream_t, cudaEvent_t). */
 typedef struct ur_backend {
@@ -124,6 +128,14 @@ typedef struct ur_backend {
   /* out[i] = src[ids[i]], rows of row_bytes (a multiple of 4). */
   ur_status (*gather_rows)(void *stream, const void *src, size_t row_bytes, const int64_t *ids,
                            int64_t n, void *out);
+  /* metrics (engine/src/metrics_job.h; metrics.c has checked every tensor and holds the CPU
+   * forms).  update adds a batch to job->state and job's ring; window puts the raw values
+   * of job's samples into job->raw (AUC terms included as job->auc and job->grouped ask);
+   * lifetime puts those of job->state into job->raw; scratch says what window needs. */
+  ur_status (*metrics_update)(void *stream, const struct ur__metrics_job *job);
+  ur_status (*metrics_window)(void *stream, const struct ur__metrics_job *job);
+  ur_status (*metrics_lifetime)(void *stream, const struct ur__metrics_job *job);
+  ur_status (*metrics_scratch)(const struct ur__metrics_job *job, size_t *bytes);
 } ur_backend;
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which

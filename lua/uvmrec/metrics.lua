@@ -1,0 +1,329 @@
+-- uvmrec.metrics: streaming metrics of binary predictions, computed where their state lives
+-- (the GPU for device or managed state, else the CPU): AUC (exact over a window or an
+-- evaluation set, and lifetime from a histogram with its error bound), grouped AUC, NE with
+-- log loss, accuracy, calibration and CTR, for several tasks at once, with per-sample weights.
+--
+--   local metrics = require "uvmrec.metrics"
+--   local auc = metrics.AUC{tasks = {"ctr"}, batch_size = 4096}
+--   auc:update{predictions = p, labels = y, weights = w}   -- enqueues; never waits
+--   auc:compute()  --> {["auc-ctr|window_auc"] = 0.71, ["auc-ctr|lifetime_auc"] = ..., ...}
+--
+-- A MetricCollection computes several kinds from one state, reading each batch once.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local streams = require "uvmrec.stream"
+local C, check = lib.C, lib.check
+
+local M = {}
+
+-- What each kind reports: key suffix, scope, field of ur_metric_values, and what it needs.
+local KINDS = {
+  auc = { prefix = "auc", outputs = {
+    { "window_auc", "window", "auc", "window" },
+    { "lifetime_auc", "lifetime", "auc", "bins" },
+    { "lifetime_auc_error", "lifetime", "auc_error", "bins" } } },
+  gauc = { prefix = "gauc", outputs = {
+    { "window_gauc", "window", "grouped_auc", "window" },
+    { "window_gauc_num_groups", "window", "groups", "window" } } },
+  ne = { prefix = "ne", outputs = {
+    { "window_ne", "window", "ne", "window" },
+    { "lifetime_ne", "lifetime", "ne" },
+    { "window_logloss", "window", "logloss", "logloss_window" },
+    { "lifetime_logloss", "lifetime", "logloss", "logloss" } } },
+  accuracy = { prefix = "accuracy", outputs = {
+    { "window_accuracy", "window", "accuracy", "window" },
+    { "lifetime_accuracy", "lifetime", "accuracy" } } },
+  calibration = { prefix = "calibration", outputs = {
+    { "window_calibration", "window", "calibration", "window" },
+    { "lifetime_calibration", "lifetime", "calibration" } } },
+  ctr = { prefix = "ctr", outputs = {
+    { "window_ctr", "window", "ctr", "window" },
+    { "lifetime_ctr", "lifetime", "ctr" } } },
+}
+local KIND_ORDER = { "auc", "gauc", "ne", "accuracy", "calibration", "ctr" }
+
+local FIELDS = { "auc", "auc_error", "grouped_auc", "ne", "logloss", "accuracy", "calibration",
+                 "ctr", "weight", "positive", "negative" }
+
+local OPTIONS = { tasks = true, batch_size = true, window_size = true, lifetime_bins = true,
+                  include_logloss = true, threshold = true, eta = true, placement = true,
+                  device = true, reduce = true }
+
+local DEFAULT_BINS = 65536
+local DEFAULT_WINDOW_BATCHES = 100
+
+local wrap_handle, free_handle = lib.handle_type("ur_metrics", C.ur_metrics_free, {})
+
+local Metric = {}
+Metric.__index = Metric
+
+local function whole(v, lo, what, level)
+  if type(v) ~= "number" or v ~= math.floor(v) or v < lo then
+    error(("metrics: %s is %s; expected a whole number >= %d"):format(what, tostring(v), lo), level + 1)
+  end
+  return v
+end
+
+local function parse_tasks(tasks, level)
+  tasks = tasks or { "default" }
+  if type(tasks) ~= "table" or #tasks < 1 then
+    error("metrics: tasks must be a non-empty list of names, got " .. tostring(tasks), level + 1)
+  end
+  local seen = {}
+  for i, name in ipairs(tasks) do
+    if type(name) ~= "string" or name == "" or name:find("[|%s]") then
+      error(("metrics: task %d is %s; expected a name without spaces or '|'"):format(i, tostring(name)), level + 1)
+    end
+    if seen[name] then error("metrics: task '" .. name .. "' is listed twice", level + 1) end
+    seen[name] = true
+  end
+  return tasks
+end
+
+-- kinds: a set of KINDS names; opts as documented in README.md.
+local function new(kinds, opts, level)
+  level = level + 1
+  if type(opts) ~= "table" then error("metrics: expected a table of options", level) end
+  for k in pairs(opts) do
+    if not OPTIONS[k] then error("metrics: unknown option '" .. tostring(k) .. "'", level) end
+  end
+  local tasks = parse_tasks(opts.tasks, level)
+  local batch = whole(opts.batch_size, 1, "batch_size", level)
+  local window = whole(opts.window_size or batch * DEFAULT_WINDOW_BATCHES, 0, "window_size", level)
+  local bins = kinds.auc and whole(opts.lifetime_bins or DEFAULT_BINS, 0, "lifetime_bins", level) or 0
+  if opts.reduce ~= nil and type(opts.reduce) ~= "function" then
+    error("metrics: reduce must be a function, got " .. type(opts.reduce), level)
+  end
+  if kinds.gauc and window == 0 then
+    error("metrics: grouped AUC is computed over the window, and window_size is 0", level)
+  end
+  local place = opts.placement or (C.ur_device_count() > 0 and "device" or "host")
+  local place_id = lib.enum(C.ur_place_parse, "ur_place", place, "metrics placement", level)
+  local device = -1
+  if opts.device ~= nil then
+    device = lib.location(opts.device, level)
+  elseif place_id == C.UR_PLACE_DEVICE or place_id == C.UR_PLACE_MANAGED then
+    local d = ffi.new("int32_t[1]")
+    device = C.ur_device_get(d) == 0 and d[0] or 0
+  end
+  local o = ffi.new("ur_metrics_opts")
+  o.tasks = #tasks
+  o.auc = (kinds.auc and window > 0) and 1 or 0
+  o.grouped_auc = kinds.gauc and 1 or 0
+  o.bins = bins
+  o.window = window
+  o.threshold = opts.threshold or 0.5
+  o.eta = opts.eta or 1e-12
+  local out = ffi.new("ur_metrics *[1]")
+  local ok, err = check(C.ur_metrics_new(out, o, place_id, device), level)
+  if not ok then return nil, err end
+
+  local has = { window = window > 0, bins = bins > 0, logloss = opts.include_logloss and true,
+                logloss_window = opts.include_logloss and window > 0 }
+  has[true] = true
+  local outputs = {}
+  for _, kind in ipairs(KIND_ORDER) do
+    if kinds[kind] then
+      for _, o2 in ipairs(KINDS[kind].outputs) do
+        if has[o2[4] or true] then
+          for t, name in ipairs(tasks) do
+            outputs[#outputs + 1] = { KINDS[kind].prefix .. "-" .. name .. "|" .. o2[1], t - 1, o2[2], o2[3] }
+          end
+        end
+      end
+    end
+  end
+  return setmetatable({
+    _h = wrap_handle(out[0]), tasks = tasks, batch_size = batch, window_size = window,
+    lifetime_bins = bins, reduce = opts.reduce, placement = place, device = device,
+    _outputs = outputs, _window = ffi.new("ur_metric_values[?]", #tasks),
+    _lifetime = ffi.new("ur_metric_values[?]", #tasks),
+    _snap = ffi.new("double *[1]"), _count = ffi.new("uint64_t[1]"),
+  }, Metric)
+end
+
+local function H(self, level)
+  local h = rawget(self, "_h")
+  if type(h) ~= "cdata" then error("metrics: expected a metric object (use ':')", level + 1) end
+  return lib.ptr(h, "metrics", level + 1)
+end
+
+local function tensor_arg(v, what, level, optional)
+  if v == nil and optional then return nil end
+  if type(v) ~= "cdata" then
+    error(("metrics: %s must be a tensor, got %s"):format(what, type(v)), level + 1)
+  end
+  return lib.ptr(v, "metrics " .. what, level + 1)
+end
+
+-- update{predictions = p, labels = y, weights = w, grouping_keys = g, stream = s}, or
+-- positionally update{p, y, w, g}.  Enqueues the work and returns at once.
+function Metric:update(a)
+  local m = H(self, 2)
+  if type(a) ~= "table" then
+    error("metrics update: expected a table {predictions = ..., labels = ...}", 2)
+  end
+  local ok, err = check(C.ur_metrics_update(streams.handle(a.stream, 2), m,
+    tensor_arg(a.predictions or a[1], "predictions", 2),
+    tensor_arg(a.labels or a[2], "labels", 2),
+    tensor_arg(a.weights or a[3], "weights", 2, true),
+    tensor_arg(a.grouping_keys or a[4], "grouping keys", 2, true)))
+  if not ok then return nil, err end
+  return self
+end
+
+function Metric:reset(stream)
+  local ok, err = check(C.ur_metrics_reset(streams.handle(stream, 2), H(self, 2)))
+  if not ok then return nil, err end
+  return self
+end
+
+-- Samples added since the last reset, counted on the host (no wait).
+function Metric:seen() return tonumber(C.ur_metrics_seen(H(self, 2))) end
+function Metric:on_gpu() return C.ur_metrics_on_gpu(H(self, 2)) ~= 0 end
+
+-- What a reduction across GPUs works on: `lifetime`, a snapshot of the lifetime state
+-- ({ptr = double *, count = n, placement, device}: sum it in place over the ranks), and
+-- `window`, views of this rank's window ({predictions, labels, weights, grouping_keys}:
+-- gather them over the ranks).
+function Metric:state(stream)
+  local m = H(self, 2)
+  local ok, err = check(C.ur_metrics_snapshot(streams.handle(stream, 2), m, self._snap, self._count))
+  if not ok then return nil, err end
+  local s = { lifetime = { ptr = self._snap[0], count = tonumber(self._count[0]),
+                           placement = self.placement, device = self.device },
+              tasks = #self.tasks, stream = stream }
+  if self.window_size > 0 then
+    local v = ffi.new("ur_tensor *[4]")
+    ok, err = check(C.ur_metrics_window(m, v, v + 1, v + 2, v + 3))
+    if not ok then return nil, err end
+    s.window = { predictions = tensor.wrap(v[0]), labels = tensor.wrap(v[1]),
+                 weights = tensor.wrap(v[2]), grouping_keys = v[3] ~= nil and tensor.wrap(v[3]) or nil }
+  end
+  return s
+end
+
+local function free_window(w)
+  if not w then return end
+  for _, k in ipairs { "predictions", "labels", "weights", "grouping_keys" } do
+    if w[k] then w[k]:free() end
+  end
+end
+
+-- Fills the value arrays: waits for the work enqueued so far (the only place that does).
+local function run(self, stream, level)
+  local m = H(self, level + 1)
+  local sh = streams.handle(stream, level + 1)
+  local ok, err
+  if self.reduce then
+    local s
+    s, err = self:state(stream)
+    if not s then return nil, err end
+    local got = self.reduce(s)
+    local w = got or s.window
+    if w then
+      ok, err = check(C.ur_metrics_compute(sh, m, 1,
+        tensor_arg(w.predictions, "reduced window predictions", level + 1),
+        tensor_arg(w.labels, "reduced window labels", level + 1),
+        tensor_arg(w.weights, "reduced window weights", level + 1, true),
+        tensor_arg(w.grouping_keys, "reduced window grouping keys", level + 1, true),
+        self._window, self._lifetime), level + 1)
+    else
+      ok, err = check(C.ur_metrics_compute(sh, m, 1, nil, nil, nil, nil, self._window, self._lifetime), level + 1)
+    end
+    free_window(s.window)
+  else
+    ok, err = check(C.ur_metrics_compute(sh, m, 0, nil, nil, nil, nil, self._window, self._lifetime), level + 1)
+  end
+  if not ok then return nil, err end
+  return true
+end
+
+-- {["<kind>-<task>|<scope>_<name>"] = value}, torchrec's keys.
+function Metric:compute(stream)
+  local ok, err = run(self, stream, 2)
+  if not ok then return nil, err end
+  local out = {}
+  for _, o in ipairs(self._outputs) do
+    local v = (o[3] == "window" and self._window or self._lifetime)[o[2]][o[4]]
+    out[o[1]] = tonumber(v)
+  end
+  return out
+end
+
+local function values_table(v)
+  local t = { samples = tonumber(v.samples), groups = tonumber(v.groups) }
+  for _, f in ipairs(FIELDS) do t[f] = v[f] end
+  return t
+end
+
+-- Every value of both scopes per task: {[task] = {window = {...}, lifetime = {...}}}.
+function Metric:values(stream)
+  local ok, err = run(self, stream, 2)
+  if not ok then return nil, err end
+  local out = {}
+  for t, name in ipairs(self.tasks) do
+    out[name] = { window = values_table(self._window[t - 1]), lifetime = values_table(self._lifetime[t - 1]) }
+  end
+  return out
+end
+
+function Metric:free()
+  local h = rawget(self, "_h")
+  if h then free_handle(h) end
+end
+
+function Metric:__tostring()
+  local h = rawget(self, "_h")
+  if h.p == nil then return "metrics (freed)" end
+  local ks = {}
+  for _, o in ipairs(self._outputs) do
+    local k = o[1]:match("^([^-]+)")
+    if ks[#ks] ~= k then ks[#ks + 1] = k end
+  end
+  return ("metrics {%s} tasks {%s} window %d bins %d, %s %s"):format(table.concat(ks, ", "),
+    table.concat(self.tasks, ", "), self.window_size, self.lifetime_bins, self.placement,
+    self:on_gpu() and "(GPU)" or "(CPU)")
+end
+
+-- The classes: each is called with the options, as in the seed: AUC{tasks = ..., ...}.
+local function class(name, kind)
+  local c = { name = name, kind = kind }
+  return setmetatable(c, { __call = function(_, opts) return new({ [kind] = true }, opts, 2) end,
+                           __tostring = function() return "uvmrec.metrics." .. name end })
+end
+
+M.AUC = class("AUC", "auc")
+M.GroupedAUC = class("GroupedAUC", "gauc")
+M.NE = class("NE", "ne")
+M.Accuracy = class("Accuracy", "accuracy")
+M.Calibration = class("Calibration", "calibration")
+M.CTR = class("CTR", "ctr")
+
+-- MetricCollection{metrics = {"auc", "ne", metrics.Accuracy, ...}, tasks = ..., ...}: the
+-- kinds named (by kind name or class) share one state and one update per batch.
+M.MetricCollection = setmetatable({ name = "MetricCollection" }, {
+  __call = function(_, opts)
+    if type(opts) ~= "table" or type(opts.metrics) ~= "table" or #opts.metrics < 1 then
+      error("metrics: MetricCollection needs metrics = a list of kinds or classes", 2)
+    end
+    local kinds = {}
+    for i, k in ipairs(opts.metrics) do
+      local kind = type(k) == "table" and k.kind or k
+      if not KINDS[kind] then
+        error(("metrics: metric %d is %s; expected one of %s or a class"):format(i, tostring(k),
+          table.concat(KIND_ORDER, ", ")), 2)
+      end
+      kinds[kind] = true
+    end
+    local rest = {}
+    for k, v in pairs(opts) do
+      if k ~= "metrics" then rest[k] = v end
+    end
+    return new(kinds, rest, 2)
+  end,
+})
+
+M.Metric = Metric
+return M
