@@ -26,7 +26,7 @@ NVFLAGS  := -O3 -std=c++17 $(CUDA_ARCH) -DUR_CUDA_ARCHS='"$(CUDA_ARCH_NAMES)"' -
             -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra$(if $(filter 1,$(WERROR)),$(comma)-Werror)
 
 # Libraries the engine links (a host program linking libuvmrec.a links these too).
-ENGINE_LIBS := -lyaml -lopenblas -ldl -lpthread -lm
+ENGINE_LIBS := -lyaml -lopenblas -lz -ldl -lpthread -lm
 ENGINE_SRC := $(wildcard engine/src/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:engine/src/%.c=$(BUILD)/obj/%.o)
 CUDA_SRC   := $(strip $(wildcard engine/src/cuda/*.cu) $(wildcard kernels/*.cu))
@@ -37,7 +37,7 @@ HOST_BINS  := $(BUILD)/bin/uvmrec $(BUILD)/lib/libuvmrec_lua.a $(BUILD)/lib/libu
 CDEF       := lua/uvmrec/cdef.lua
 DEPS_STAMP := $(BUILD)/.deps
 
-DEBIAN_PKGS := luajit libluajit-5.1-dev lua-busted lua-check libyaml-dev libopenblas-dev \
+DEBIAN_PKGS := luajit zlib1g-dev clang libclang-rt-14-dev libluajit-5.1-dev lua-busted lua-check libyaml-dev libopenblas-dev \
                libedit-dev libjansson-dev pkg-config valgrind
 
 LUA_PATH_TREE  := $(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;

@@ -339,18 +339,28 @@ UR_API size_t ur_sizeof_npy_info(void);
 /* Parses a header held in buf[0..len); what is named in errors is `what` (a file name). */
 UR_API ur_status ur_npy_parse_header(const void *buf, size_t len, const char *what,
                                      ur_npy_info *out);
-/* Reads a whole file into a new host tensor (i32 for <i4 and <u4 above 2^31 is refused). */
+/* Reads a whole file into a new host tensor: f32 for <f4, i32 for <i4, i64 for <u4 and <i8. */
 UR_API ur_status ur_npy_load(const char *path, ur_tensor **out);
 /* Writes a tensor (f32, i32, i64) as .npy; descr overrides the dtype's ("<u4" for i32 ids). */
 UR_API ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr);
+/* A .npy written in parts: rows of tensors appended, converted to descr (f32 to <f4; integer
+ * or f32 tensors to <i4, <u4, <i8, each value checked to fit), the row count set on close. */
+struct ur_npy_writer;
+typedef struct ur_npy_writer ur_npy_writer;
+UR_API ur_status ur_npy_writer_open(const char *path, const char *descr, int32_t ndim,
+                                    const int64_t *shape, ur_npy_writer **out);
+UR_API ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *rows);
+/* Writes the header and closes; frees w either way. */
+UR_API ur_status ur_npy_writer_close(ur_npy_writer *w);
 
 /* Criteo raw TSV (engine/src/criteo.c): 40 tab-separated fields, label, 13 integers, 26 hex
  * categoricals.  Integers: empty 0, negatives clamped to 0, then log(x + 1); categoricals:
- * hex as unsigned 32-bit, empty 0, then id mod rows[i] where rows[i] > 0. */
+ * hex as unsigned 32-bit, empty 0, then id mod rows[i] where rows[i] > 0.  Files are read
+ * plain or gzip'd, parsed on UR_NUM_THREADS threads (default: every core).  Malformed data
+ * is UR_STATUS_FORMAT with "FILE:LINE: what" in the message. */
 typedef struct ur_criteo_opts {
   int32_t pad_missing_fields;     /* lines of 15..39 fields take empty trailing fields */
   int32_t skip_bad_lines;         /* 0: a bad line is an error; 1: skipped and counted */
-  int32_t threads;                /* 0: all cores */
   int64_t rows[26];               /* per categorical column; <= 0: raw ids */
   int64_t chunk_bytes;            /* read size; 0: 16 MiB */
 } ur_criteo_opts;
@@ -378,6 +388,12 @@ UR_API ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *label
 UR_API ur_status ur_criteo_stats_get(const ur_criteo_reader *r, ur_criteo_stats *out);
 /* Which input file the last rows came from (index into paths), -1 before any. */
 UR_API int32_t ur_criteo_file_index(const ur_criteo_reader *r);
+/* TSV to binary day files: input i becomes out_dir/day_D_{dense,sparse,labels}.npy with
+ * D = days[i] (or i when days is NULL): dense <f4 [N,13] already transformed, sparse <i4
+ * [N,26] when every column has rows (ids mod rows), else <u4 raw ids, labels <i4 [N]. */
+UR_API ur_status ur_criteo_convert(const char *const *paths, int32_t npaths,
+                                   const ur_criteo_opts *opts, const char *out_dir,
+                                   const int32_t *days, ur_criteo_stats *out);
 
 /* Synthetic data (engine/src/synth.c): counter-based, so sample i is the same whatever the
  * order, the thread count or the backend.  Labels come from a hidden logistic model whose

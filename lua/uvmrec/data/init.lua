@@ -1,0 +1,207 @@
+-- ur.data: the data path.  Criteo raw TSV (parsed by the engine on every core), .npy day
+-- files, synthetic data with a learnable signal, and the loader that turns any of them into
+-- batches {dense, sparse (a KJT), labels, groups}.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local C, check, must = lib.C, lib.check, lib.must
+
+local M = {}
+M.presets = require "uvmrec.data.presets"
+M.NUM_DENSE, M.NUM_SPARSE = 13, 26
+
+local out_tensor = ffi.new("ur_tensor *[1]")
+
+-- ---- .npy ----
+
+-- The parsed header of a .npy held in a string: {descr, shape, fortran_order, header_bytes}.
+function M.npy_header(bytes, name)
+  local info = ffi.new("ur_npy_info")
+  local ok, err = check(C.ur_npy_parse_header(bytes, #bytes, name or "(string)", info), 2)
+  if not ok then return nil, err end
+  local shape = {}
+  for i = 0, info.ndim - 1 do shape[i + 1] = tonumber(info.shape[i]) end
+  return { descr = ffi.string(info.descr), shape = shape, fortran_order = info.fortran_order ~= 0,
+           header_bytes = tonumber(info.header_bytes) }
+end
+
+-- A whole .npy as a host tensor (f32 for <f4, i32 for <i4, i64 for <u4 and <i8).
+function M.npy_load(path)
+  local ok, err = check(C.ur_npy_load(path, out_tensor), 2)
+  if not ok then return nil, err end
+  return tensor.wrap(out_tensor[0])
+end
+
+-- Writes a tensor (f32, i32, i64) as .npy; descr "<u4" saves an i32 tensor as unsigned ids.
+function M.npy_save(path, t, descr)
+  return check(C.ur_npy_save(path, lib.ptr(t, "npy_save tensor", 2), descr), 2)
+end
+
+-- ---- Criteo TSV ----
+
+local function rows_list(rows, level)
+  if rows == nil then return nil end
+  if type(rows) == "number" then
+    local r = {}
+    for i = 1, 26 do r[i] = rows end
+    return r
+  end
+  if type(rows) ~= "table" or #rows ~= 26 then
+    error("criteo: rows must be 26 table sizes (one per categorical column) or one number", level + 1)
+  end
+  return rows
+end
+
+-- opts: rows (26 sizes or one), pad_missing_fields, on_bad_line ("fail" or "skip"), chunk_bytes.
+local function criteo_opts(opts, level)
+  opts = opts or {}
+  local o = ffi.new("ur_criteo_opts")
+  o.pad_missing_fields = opts.pad_missing_fields and 1 or 0
+  local bad = opts.on_bad_line or "fail"
+  if bad ~= "fail" and bad ~= "skip" then
+    error("criteo: on_bad_line is '" .. tostring(bad) .. "'; expected fail or skip", level + 1)
+  end
+  o.skip_bad_lines = bad == "skip" and 1 or 0
+  o.chunk_bytes = opts.chunk_bytes or 0
+  local rows = rows_list(opts.rows, level + 1)
+  for i = 1, 26 do o.rows[i - 1] = rows and rows[i] or 0 end
+  return o
+end
+M.criteo_opts = criteo_opts
+
+local function path_list(paths, level)
+  if type(paths) == "string" then paths = { paths } end
+  if type(paths) ~= "table" or #paths == 0 then error("criteo: expected one or more paths", level + 1) end
+  local arr = ffi.new("const char *[?]", #paths)
+  for i, p in ipairs(paths) do arr[i - 1] = p end
+  return arr, #paths, paths
+end
+
+local function stats_table(s)
+  return { lines = tonumber(s.lines), rows = tonumber(s.rows), skipped = tonumber(s.skipped),
+           padded = tonumber(s.padded), bytes = tonumber(s.bytes), seconds = s.seconds,
+           first_skipped = s.skipped > 0 and ffi.string(s.first_skipped) or nil }
+end
+
+-- One line: {label, dense = 13 transformed values, cats = 26 raw ids, padded} or nil, err.
+function M.parse_line(line, pad_missing_fields)
+  local lb, d, c, p = ffi.new("int32_t[1]"), ffi.new("float[13]"), ffi.new("uint32_t[26]"), ffi.new("int32_t[1]")
+  local ok, err = check(C.ur_criteo_parse_line(line, #line, pad_missing_fields and 1 or 0, lb, d, c, p), 2)
+  if not ok then return nil, err end
+  local r = { label = lb[0], dense = {}, cats = {}, padded = p[0] ~= 0 }
+  for i = 0, 12 do r.dense[i + 1] = d[i] end
+  for i = 0, 25 do r.cats[i + 1] = tonumber(c[i]) end
+  return r
+end
+
+-- Every row of the files at once: {labels = i32 [N], dense = f32 [N,13], ids = i64 [N,26],
+-- stats}; for tests and small files (the loader streams).
+function M.read_tsv(paths, opts)
+  local arr, n = path_list(paths, 2)
+  local o = criteo_opts(opts, 2)
+  local r = ffi.new("ur_criteo_reader *[1]")
+  local ok, err = check(C.ur_criteo_open(arr, n, o, r), 2)
+  if not ok then return nil, err end
+  local reader = ffi.gc(r[0], C.ur_criteo_close)
+  local chunk = 65536
+  local lb, d, c = ffi.new("int32_t[?]", chunk), ffi.new("float[?]", chunk * 13), ffi.new("uint32_t[?]", chunk * 26)
+  local got = ffi.new("int64_t[1]")
+  local labels, dense, ids = {}, {}, {}
+  local total = 0
+  while true do
+    ok, err = check(C.ur_criteo_read(reader, chunk, lb, d, c, got), 2)
+    if not ok then return nil, err end
+    local k = tonumber(got[0])
+    if k == 0 then break end
+    for i = 0, k - 1 do labels[total + i + 1] = lb[i] end
+    for i = 0, k * 13 - 1 do dense[total * 13 + i + 1] = d[i] end
+    for i = 0, k * 26 - 1 do ids[total * 26 + i + 1] = tonumber(c[i]) end
+    total = total + k
+  end
+  local s = ffi.new("ur_criteo_stats")
+  C.ur_criteo_stats_get(reader, s)
+  local function fill(list, dtype, shape)
+    local t = tensor.tensor(shape, { dtype = dtype })
+    if #list > 0 then
+      local buf = ffi.new(dtype == "f32" and "float[?]" or dtype == "i32" and "int32_t[?]" or "int64_t[?]", #list)
+      for i = 1, #list do buf[i - 1] = list[i] end
+      must(C.ur_tensor_write(t.p, 0, #list, buf))
+    end
+    return t
+  end
+  return { labels = fill(labels, "i32", { total }), dense = fill(dense, "f32", { total, 13 }),
+           ids = fill(ids, "i64", { total, 26 }), stats = stats_table(s) }
+end
+
+-- TSV files to day files in out_dir (input i is day i unless days says otherwise).
+function M.convert(paths, out_dir, opts)
+  local arr, n, list = path_list(paths, 2)
+  local o = criteo_opts(opts, 2)
+  local days
+  if opts and opts.days then
+    days = ffi.new("int32_t[?]", n)
+    for i = 1, n do days[i - 1] = opts.days[i] end
+  else
+    days = ffi.new("int32_t[?]", n)
+    for i, p in ipairs(list) do
+      local d = p:match("day_(%d+)[^/]*$")
+      days[i - 1] = d and tonumber(d) or i - 1
+    end
+    -- Names that give the same day twice fall back to input order.
+    local seen = {}
+    for i = 0, n - 1 do
+      if seen[days[i]] then
+        for j = 0, n - 1 do days[j] = j end
+        break
+      end
+      seen[days[i]] = true
+    end
+  end
+  local s = ffi.new("ur_criteo_stats")
+  local ok, err = check(C.ur_criteo_convert(arr, n, o, out_dir, days, s), 2)
+  if not ok then return nil, err end
+  local st = stats_table(s)
+  st.days = {}
+  for i = 0, n - 1 do st.days[i + 1] = days[i] end
+  return st
+end
+
+-- ---- metrics used by the data path ----
+
+-- Exact ROC AUC of scores against 0/1 labels (ties count one half), from ranks.
+function M.auc(scores, labels)
+  local n = #scores
+  local idx = {}
+  for i = 1, n do idx[i] = i end
+  table.sort(idx, function(a, b) return scores[a] < scores[b] end)
+  local pos, neg, rank_sum = 0, 0, 0
+  local i = 1
+  while i <= n do
+    local j = i
+    while j < n and scores[idx[j + 1]] == scores[idx[i]] do j = j + 1 end
+    local r = (i + j) / 2 -- average rank of the tie group
+    for k = i, j do
+      if labels[idx[k]] == 1 then
+        pos = pos + 1
+        rank_sum = rank_sum + r
+      else
+        neg = neg + 1
+      end
+    end
+    i = j + 1
+  end
+  if pos == 0 or neg == 0 then return nil, "auc: needs both positive and negative labels" end
+  return (rank_sum - pos * (pos + 1) / 2) / (pos * neg)
+end
+
+-- ---- synthetic data and the loader ----
+local synthetic = require "uvmrec.data.synthetic"
+M.synthetic_spec = synthetic.spec
+M.generate = synthetic.generate
+M.hidden_auc = synthetic.hidden_auc
+local loader = require "uvmrec.data.loader"
+M.loader = loader.loader
+M.open = loader.open
+M.source = loader.source
+
+return M

@@ -1,0 +1,103 @@
+-- Synthetic data with a learnable signal.  A spec is a preset name or a table:
+--   { num_dense = 13, seed = 1, bias = -1.2, dense_signal = 0.08, signal_total = 2.6,
+--     groups = 0, tables = { { name = "C1", rows = 1000, zipf = 1.05 (0: uniform),
+--                              hot = 1 | {min, max}, weighted = false, signal = nil }, ... } }
+-- Labels come from a hidden logistic model: per table, each id has a fixed random effect
+-- (std `signal`, by default signal_total / sqrt(tables)); the dense features add a small part.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local presets = require "uvmrec.data.presets"
+local C, check = lib.C, lib.check
+
+local M = {}
+
+local function copy(t)
+  if type(t) ~= "table" then return t end
+  local o = {}
+  for k, v in pairs(t) do o[k] = copy(v) end
+  return o
+end
+
+-- The spec as a Lua table (a preset's copy, with overrides) and as the engine's struct.
+function M.spec(s, overrides, level)
+  level = level or 2
+  if type(s) == "string" then
+    local p = presets[s]
+    if type(p) ~= "table" or not p.tables then
+      error(("synthetic: no preset '%s'; presets are %s"):format(s, table.concat(presets.names, ", ")), level + 1)
+    end
+    s = p
+  end
+  if type(s) ~= "table" then error("synthetic: expected a preset name or a spec table", level + 1) end
+  s = copy(s)
+  for k, v in pairs(overrides or {}) do s[k] = v end
+  local tabs = s.tables or {}
+  if #tabs > 64 then error(("synthetic: %d tables; at most 64"):format(#tabs), level + 1) end
+  local c = ffi.new("ur_synth_spec")
+  c.num_tables = #tabs
+  c.num_dense = s.num_dense or 13
+  c.seed = s.seed or 0
+  c.bias = s.bias or -1.2
+  c.dense_signal = s.dense_signal or 0.08
+  c.groups = s.groups or 0
+  local default_signal = (s.signal_total or 2.6) / math.sqrt(math.max(#tabs, 1))
+  s.hot_max = {}
+  for i, t in ipairs(tabs) do
+    local ct = c.tables[i - 1]
+    if type(t.rows) ~= "number" then error(("synthetic: table %d has no rows"):format(i), level + 1) end
+    ct.rows = t.rows
+    ct.zipf = t.zipf or 0
+    local hot = t.hot or 1
+    if type(hot) == "table" then
+      ct.hot_min, ct.hot_max = hot[1] or hot.min, hot[2] or hot.max
+    else
+      ct.hot_min, ct.hot_max = hot, hot
+    end
+    ct.weighted = t.weighted and 1 or 0
+    ct.signal = t.signal or default_signal
+    t.name = t.name or ("C" .. i)
+    s.hot_max[i] = ct.hot_max
+  end
+  lib.must(C.ur_synth_check(c), level + 1)
+  s.num_dense = c.num_dense
+  s.cspec = c
+  return s
+end
+
+-- Samples first .. first+n-1: {dense, labels, ids [n, H], lengths [n, T], weights, groups,
+-- probs} in one placement (host by default).
+function M.generate(s, first, n, opts)
+  opts = opts or {}
+  if not (type(s) == "table" and s.cspec) then s = M.spec(s, nil, 2) end
+  local c = s.cspec
+  local H = 0
+  for i = 0, c.num_tables - 1 do H = H + c.tables[i].hot_max end
+  local weighted = false
+  for i = 0, c.num_tables - 1 do weighted = weighted or c.tables[i].weighted ~= 0 end
+  local t = { placement = opts.placement or "host" }
+  local function new(shape, dtype)
+    t.dtype = dtype
+    return assert(tensor.tensor(shape, t))
+  end
+  local out = {
+    dense = new({ n, c.num_dense }, "f32"), labels = new({ n }, "f32"), ids = new({ n, H }, "i64"),
+    lengths = new({ n, c.num_tables }, "i32"),
+    weights = weighted and new({ n, H }, "f32") or nil,
+    groups = c.groups > 0 and new({ n }, "i64") or nil,
+    probs = opts.probs and new({ n }, "f32") or nil,
+  }
+  local function p(x) return x and x.p or nil end
+  local ok, err = check(C.ur_synth_generate(nil, c, first, n, out.dense.p, out.labels.p, out.ids.p,
+    p(out.weights), out.lengths.p, p(out.groups), p(out.probs)), 2)
+  if not ok then return nil, err end
+  return out
+end
+
+-- The hidden model's AUC on n samples from first: the ceiling any model can reach.
+function M.hidden_auc(s, n, first)
+  local g = assert(M.generate(s, first or 0, n, { probs = true }))
+  return require("uvmrec.data").auc(g.probs:totable(), g.labels:totable())
+end
+
+return M

@@ -1,0 +1,252 @@
+-- luacheck: ignore 631 (the tables of inputs and their exact messages read best one per line)
+local ur = require "uvmrec"
+local data = ur.data
+
+local SHARED = (os.getenv("UVMREC_SHARED") or "../shared") .. "/data/"
+local SAMPLE1, SAMPLE2 = SHARED .. "criteo_raw_sample.tsv", SHARED .. "criteo_raw_sample2.tsv"
+
+local function have(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(os.execute("mkdir -p " .. d) == 0)
+  return d
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+  return path
+end
+
+local function read_lines(path)
+  local out = {}
+  for l in io.lines(path) do out[#out + 1] = l end
+  return out
+end
+
+-- A valid line from its parts (nil fields empty).
+local function line(label, ints, cats)
+  local f = { tostring(label) }
+  for i = 1, 13 do f[#f + 1] = ints[i] and tostring(ints[i]) or "" end
+  for i = 1, 26 do f[#f + 1] = cats[i] or "" end
+  return table.concat(f, "\t")
+end
+
+local GOOD = line(1, { 5, -2, 0, 123456 }, { "68fd1e64", "ffffffff", "0000000a" })
+
+describe("uvmrec.data criteo-tsv", function()
+  it("parses a line: log(x+1) of clamped integers, hex ids as unsigned 32-bit, empties as 0", function()
+    local r = assert(data.parse_line(GOOD))
+    assert.equal(1, r.label)
+    assert.is_true(math.abs(r.dense[1] - math.log(6)) < 1e-6)
+    assert.equal(0, r.dense[2]) -- -2 clamped
+    assert.equal(0, r.dense[3])
+    assert.is_true(math.abs(r.dense[4] - math.log(123457)) < 1e-5)
+    assert.equal(0, r.dense[13])
+    assert.same({ 0x68fd1e64, 0xffffffff, 10, 0 }, { r.cats[1], r.cats[2], r.cats[3], r.cats[26] })
+    assert.is_false(r.padded)
+  end)
+
+  it("reads both real samples with no error, as many rows and clicks as their README says", function()
+    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    local a = assert(data.read_tsv(SAMPLE1, { chunk_bytes = 7777 })) -- chunks end mid-line
+    assert.equal(1000, a.stats.rows)
+    assert.equal(0, a.stats.skipped)
+    local clicks = 0
+    for _, v in ipairs(a.labels:totable()) do clicks = clicks + v end
+    assert.equal(205, clicks)
+    local b = assert(data.read_tsv(SAMPLE2))
+    assert.equal(400, b.stats.rows)
+    clicks = 0
+    for _, v in ipairs(b.labels:totable()) do clicks = clicks + v end
+    assert.equal(118, clicks)
+    -- Every row agrees with a line-by-line parse.
+    local lines = read_lines(SAMPLE1)
+    local ids, dense = a.ids:totable(), a.dense:totable()
+    for i = 1, #lines, 97 do
+      local r = assert(data.parse_line(lines[i]))
+      for k = 1, 26 do assert.equal(r.cats[k], ids[(i - 1) * 26 + k]) end
+      for k = 1, 13 do assert.equal(r.dense[k], dense[(i - 1) * 13 + k]) end
+    end
+    -- Both files in one stream, ids reduced modulo rows.
+    local both = assert(data.read_tsv({ SAMPLE1, SAMPLE2 }, { rows = 1000 }))
+    assert.equal(1400, both.stats.rows)
+    local bid = both.ids:totable()
+    for k = 1, 26 do assert.equal(ids[26 * 999 + k] % 1000, bid[26 * 999 + k]) end
+  end)
+
+  local cases = {
+    { "a truncated line", line(0, {}, {}):gsub("\t[^\t]*\t[^\t]*$", ""), "has 38 fields; expected 40" },
+    { "an extra tab", GOOD .. "\t", "has 41 fields; expected 40" },
+    { "non-hex", line(0, {}, { "68fd1e6g" }), "field C1 is '68fd1e6g': not hexadecimal" },
+    { "9 hex digits", line(0, {}, { nil, "123456789" }), "field C2 is '123456789': 9 hex digits, more than 32 bits" },
+    { "integer overflow", line(0, { 2147483648 }, {}), "field I1 is '2147483648': outside 32-bit integers" },
+    { "a non-integer", line(0, { nil, nil, "1.5" }, {}), "field I3 is '1.5': not an integer" },
+    { "label 2", line(2, {}, {}), "label is '2'; expected 0 or 1" },
+    { "CRLF endings", GOOD .. "\r", "ends with a carriage return (CRLF line endings; convert with dos2unix)" },
+  }
+
+  for _, c in ipairs(cases) do
+    it("names file and line for " .. c[1] .. ", and skips it on request", function()
+      local dir = tmpdir()
+      local path = write(dir .. "/bad.tsv", GOOD .. "\n" .. GOOD .. "\n" .. c[2] .. "\n" .. GOOD .. "\n")
+      local t, err = data.read_tsv(path)
+      assert.is_nil(t)
+      assert.equal("criteo-tsv: " .. path .. ":3: " .. c[3], err)
+      local s = assert(data.read_tsv(path, { on_bad_line = "skip" }))
+      assert.equal(3, s.stats.rows)
+      assert.equal(1, s.stats.skipped)
+      assert.equal(path .. ":3: " .. c[3], s.stats.first_skipped)
+      local _, e2 = data.parse_line(c[2])
+      assert.equal("criteo-tsv: " .. c[3], e2)
+      os.execute("rm -rf " .. dir)
+    end)
+  end
+
+  it("pads lines of 15 to 39 fields only when asked, and counts them", function()
+    local dir = tmpdir()
+    local short = GOOD:gsub("\t[^\t]*\t[^\t]*\t[^\t]*$", "") -- 37 fields
+    local path = write(dir .. "/short.tsv", GOOD .. "\n" .. short .. "\n")
+    local _, err = data.read_tsv(path)
+    assert.equal("criteo-tsv: " .. path .. ":2: has 37 fields; expected 40", err)
+    local s = assert(data.read_tsv(path, { pad_missing_fields = true }))
+    assert.equal(2, s.stats.rows)
+    assert.equal(1, s.stats.padded)
+    local tooshort = write(dir .. "/s2.tsv", "1\t2\t3\n")
+    _, err = data.read_tsv(tooshort, { pad_missing_fields = true })
+    assert.equal("criteo-tsv: " .. tooshort .. ":1: has 3 fields; expected 40 (or 15 to 39 with --pad-missing-fields)", err)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("rejects an empty file, a missing final newline and a 10 MB line", function()
+    local dir = tmpdir()
+    local empty = write(dir .. "/empty.tsv", "")
+    local _, err = data.read_tsv(empty)
+    assert.equal("criteo-tsv: " .. empty .. ": empty file (no lines)", err)
+    local nonl = write(dir .. "/nonl.tsv", GOOD .. "\n" .. GOOD)
+    _, err = data.read_tsv(nonl)
+    assert.equal("criteo-tsv: " .. nonl .. ":2: the last line has no final newline (a truncated file?)", err)
+    local s = assert(data.read_tsv(nonl, { on_bad_line = "skip" }))
+    assert.same({ 1, 1 }, { s.stats.rows, s.stats.skipped })
+    local big = write(dir .. "/big.tsv", GOOD .. "\n" .. string.rep("1", 10 * 2 ^ 20) .. "\n" .. GOOD .. "\n")
+    _, err = data.read_tsv(big)
+    assert.equal("criteo-tsv: " .. big .. ":2: line is over 1048576 bytes long (a Criteo line is under 1 KiB)", err)
+    _, err = data.read_tsv(big, { chunk_bytes = 65536 })
+    assert.equal("criteo-tsv: " .. big .. ":2: line is over 1048576 bytes long (a Criteo line is under 1 KiB)", err)
+    s = assert(data.read_tsv(big, { chunk_bytes = 65536, on_bad_line = "skip" }))
+    assert.same({ 2, 1 }, { s.stats.rows, s.stats.skipped })
+    local _, e3 = data.read_tsv(dir .. "/missing.tsv")
+    assert.matches("cannot open", e3)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("reads gzip'd files", function()
+    if not have(SAMPLE2) then pending("no " .. SAMPLE2) return end
+    local dir = tmpdir()
+    assert(os.execute(("gzip -c %s > %s/day_3.gz"):format(SAMPLE2, dir)) == 0)
+    local a = assert(data.read_tsv(dir .. "/day_3.gz"))
+    local b = assert(data.read_tsv(SAMPLE2))
+    assert.same(b.ids:totable(), a.ids:totable())
+    os.execute("rm -rf " .. dir)
+  end)
+end)
+
+describe("uvmrec.data npy", function()
+  local function header(dict, major)
+    major = major or 1
+    local pad = 64 - (10 + #dict + 1) % 64
+    local text = dict .. string.rep(" ", pad % 64) .. "\n"
+    if major == 1 then
+      return "\147NUMPY\1\0" .. string.char(#text % 256, math.floor(#text / 256)) .. text
+    end
+    return "\147NUMPY" .. string.char(major, 0) .. string.char(#text % 256, math.floor(#text / 256), 0, 0) .. text
+  end
+
+  it("parses version 1, 2 and 3 headers", function()
+    local info = assert(data.npy_header(header("{'descr': '<f4', 'fortran_order': False, 'shape': (10, 13), }")))
+    assert.same({ 10, 13 }, info.shape)
+    assert.equal("<f4", info.descr)
+    assert.equal(128, info.header_bytes)
+    info = assert(data.npy_header(header('{"shape": (7,), "fortran_order": True, "descr": "<i8"}', 2)))
+    assert.same({ 7 }, info.shape)
+    assert.is_true(info.fortran_order)
+    info = assert(data.npy_header(header("{'descr': '<u4', 'fortran_order': False, 'shape': ()}", 3)))
+    assert.same({}, info.shape)
+  end)
+
+  it("explains every bad header", function()
+    local bad = {
+      { "NUMPY", "not a .npy file (no \\x93NUMPY magic)" },
+      { header("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }"), "dtype '>f4'; expected '<f4', '<i4', '<u4' or '<i8'" },
+      { header("{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }"), "dtype '<f8'; expected '<f4', '<i4', '<u4' or '<i8'" },
+      { header("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }"), "fortran (column-major) order is not supported; save it in C order" },
+      { header("{'descr': '<f4', 'shape': (2, 3), }"), "header lacks 'fortran_order'" },
+      { header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3), }"), "header: 'shape' holds something other than sizes" },
+      { header("{'descr': '<f4', 'fortran_order': False, 'shape': (1,2,3,4,5), }"), "header: 'shape' has more than 4 dimensions" },
+      { header("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}"), "header: unexpected key x" },
+      { header("{'descr': '<f4'}"):sub(1, 20), "header truncated (54 header bytes announced, 10 present)" },
+      { "\147NUMPY\4\0\0\0", "unsupported format version 4.0" },
+    }
+    for _, b in ipairs(bad) do
+      local info, err = data.npy_header(b[1], "x.npy")
+      assert.is_nil(info)
+      assert.equal("npy: x.npy: " .. b[2], err)
+    end
+  end)
+
+  it("saves and loads tensors, and refuses truncated files", function()
+    local dir = tmpdir()
+    local t = ur.tensor({ 5, 3 }, { dtype = "f32" }):uniform(-1, 1, 3)
+    assert(data.npy_save(dir .. "/a.npy", t))
+    local back = assert(data.npy_load(dir .. "/a.npy"))
+    assert.same({ 5, 3 }, back:size())
+    assert.same(t:totable(), back:totable())
+    local ids = ur.tensor({ 4 }, { dtype = "i32" })
+    ids[0], ids[1], ids[2], ids[3] = 1, -1, 7, 2147483647
+    assert(data.npy_save(dir .. "/u.npy", ids, "<u4"))
+    assert.same({ 1, 4294967295, 7, 2147483647 }, data.npy_load(dir .. "/u.npy"):totable())
+    local f = assert(io.open(dir .. "/a.npy", "rb"))
+    local bytes = f:read("*a")
+    f:close()
+    write(dir .. "/cut.npy", bytes:sub(1, #bytes - 4))
+    local _, err = data.npy_load(dir .. "/cut.npy")
+    assert.equal("npy: " .. dir .. "/cut.npy: truncated: the header's shape needs 60 data bytes but 56 follow", err)
+    os.execute("rm -rf " .. dir)
+  end)
+end)
+
+describe("uvmrec.data convert", function()
+  it("writes day files equal to what the TSV reader gives", function()
+    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    local dir = tmpdir()
+    local rows = {}
+    for i = 1, 26 do rows[i] = 1000 + i end
+    local st = assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { rows = rows }))
+    assert.same({ 0, 1 }, st.days)
+    assert.equal(1400, st.rows)
+    local ref = assert(data.read_tsv(SAMPLE1, { rows = rows }))
+    local dense = assert(data.npy_load(dir .. "/day_0_dense.npy"))
+    local sparse = assert(data.npy_load(dir .. "/day_0_sparse.npy"))
+    local labels = assert(data.npy_load(dir .. "/day_0_labels.npy"))
+    assert.same({ 1000, 13 }, dense:size())
+    assert.equal("i32", sparse:dtype())
+    assert.same(ref.dense:totable(), dense:totable())
+    assert.same(ref.ids:totable(), sparse:totable())
+    assert.same(ref.labels:totable(), labels:totable())
+    assert.same({ 400, 26 }, data.npy_load(dir .. "/day_1_sparse.npy"):size())
+    -- Without rows: raw ids as <u4.
+    local raw = tmpdir()
+    assert(data.convert(SAMPLE2, raw))
+    local info = assert(data.npy_header(io.open(raw .. "/day_0_sparse.npy", "rb"):read(128)))
+    assert.equal("<u4", info.descr)
+    assert.same(assert(data.read_tsv(SAMPLE2)).ids:totable(), data.npy_load(raw .. "/day_0_sparse.npy"):totable())
+    os.execute("rm -rf " .. dir .. " " .. raw)
+  end)
+end)

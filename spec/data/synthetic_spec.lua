@@ -1,0 +1,213 @@
+local ur = require "uvmrec"
+local h = require "helpers"
+local data = ur.data
+
+-- An exact AUC written here, independently of ur.data.auc: every (positive, negative) pair,
+-- ties counting one half.
+local function pairwise_auc(scores, labels)
+  local num, pairs = 0, 0
+  for i = 1, #scores do
+    if labels[i] == 1 then
+      for j = 1, #scores do
+        if labels[j] == 0 then
+          pairs = pairs + 1
+          if scores[i] > scores[j] then num = num + 1 elseif scores[i] == scores[j] then num = num + 0.5 end
+        end
+      end
+    end
+  end
+  return num / pairs
+end
+
+-- Logistic regression by Newton's method (float64) on rows x (lists) and 0/1 labels.
+local function fit_logistic(x, y, d)
+  local w = {}
+  for j = 1, d + 1 do w[j] = 0 end
+  for _ = 1, 12 do
+    local g, hs = {}, {}
+    for a = 1, d + 1 do
+      g[a] = 0
+      hs[a] = {}
+      for b = 1, d + 1 do hs[a][b] = a == b and 1e-6 or 0 end
+    end
+    for i = 1, #y do
+      local xi = x[i]
+      local z = w[d + 1]
+      for j = 1, d do z = z + w[j] * xi[j] end
+      local p = 1 / (1 + math.exp(-z))
+      local r, s = p - y[i], p * (1 - p)
+      for a = 1, d + 1 do
+        local xa = a <= d and xi[a] or 1
+        g[a] = g[a] + r * xa
+        local row = hs[a]
+        for b = a, d + 1 do row[b] = row[b] + s * xa * (b <= d and xi[b] or 1) end
+      end
+    end
+    for a = 1, d + 1 do for b = 1, a - 1 do hs[a][b] = hs[b][a] end end
+    -- Solve hs * step = g by Gaussian elimination.
+    local n = d + 1
+    for c = 1, n do
+      local piv = c
+      for r = c + 1, n do if math.abs(hs[r][c]) > math.abs(hs[piv][c]) then piv = r end end
+      hs[c], hs[piv] = hs[piv], hs[c]
+      g[c], g[piv] = g[piv], g[c]
+      for r = c + 1, n do
+        local f = hs[r][c] / hs[c][c]
+        for k = c, n do hs[r][k] = hs[r][k] - f * hs[c][k] end
+        g[r] = g[r] - f * g[c]
+      end
+    end
+    local step = {}
+    for r = n, 1, -1 do
+      local s = g[r]
+      for k = r + 1, n do s = s - hs[r][k] * step[k] end
+      step[r] = s / hs[r][r]
+    end
+    for j = 1, n do w[j] = w[j] - step[j] end
+  end
+  return w
+end
+
+local function rows_of(t, n, d)
+  local flat, out = t:totable(), {}
+  for i = 1, n do
+    local r = {}
+    for j = 1, d do r[j] = flat[(i - 1) * d + j] end
+    out[i] = r
+  end
+  return out
+end
+
+describe("uvmrec.data synthetic", function()
+  it("computes an exact AUC, ties counting one half", function()
+    local rng = 7
+    for trial = 1, 20 do
+      local s, l = {}, {}
+      for i = 1, 40 + trial do
+        rng = (rng * 1103515245 + 12345) % 2147483648
+        s[i] = rng % 7 -- many ties
+        l[i] = math.floor(rng / 8) % 3 == 0 and 1 or 0
+      end
+      l[1], l[2] = 1, 0
+      h.near(data.auc(s, l), pairwise_auc(s, l), 1e-12, "auc")
+    end
+    assert.equal(1, data.auc({ 0.1, 0.9 }, { 0, 1 }))
+    assert.equal(0.5, data.auc({ 0.3, 0.3 }, { 0, 1 }))
+    assert.is_nil((data.auc({ 1, 2 }, { 1, 1 })))
+  end)
+
+  it("puts the signal in the sparse ids: dense-only logistic AUC <= 0.60, hidden AUC >= 0.80 (tiny)", function()
+    local spec = data.synthetic_spec("tiny")
+    local n = 20000
+    local train = assert(data.generate(spec, 0, n))
+    local test = assert(data.generate(spec, n, n, { probs = true }))
+    local d = spec.num_dense
+    local w = fit_logistic(rows_of(train.dense, n, d), train.labels:totable(), d)
+    local xt, scores = rows_of(test.dense, n, d), {}
+    for i = 1, n do
+      local z = w[d + 1]
+      for j = 1, d do z = z + w[j] * xt[i][j] end
+      scores[i] = z
+    end
+    local labels = test.labels:totable()
+    local dense_auc = data.auc(scores, labels)
+    local ceiling = data.auc(test.probs:totable(), labels)
+    assert.is_true(dense_auc <= 0.60, "dense-only AUC " .. dense_auc)
+    assert.is_true(dense_auc > 0.5, "the dense features carry a little signal: " .. dense_auc)
+    assert.is_true(ceiling >= 0.80, "hidden model AUC " .. ceiling)
+  end)
+
+  it("is deterministic for a seed, whatever the split into calls", function()
+    local a = assert(data.generate("tiny", 100, 50))
+    local b1 = assert(data.generate("tiny", 100, 20))
+    local b2 = assert(data.generate("tiny", 120, 30))
+    local ids = a.ids:totable()
+    local joined = b1.ids:totable()
+    for _, v in ipairs(b2.ids:totable()) do joined[#joined + 1] = v end
+    assert.same(ids, joined)
+    assert.same(a.dense:totable(0, 20 * 13), b1.dense:totable())
+    local other = assert(data.generate(data.synthetic_spec("tiny", { seed = 99 }), 100, 50))
+    assert.are_not.same(ids, other.ids:totable())
+  end)
+
+  it("draws ids in range with the asked skew, multi-hot lengths and weights", function()
+    local spec = data.synthetic_spec {
+      num_dense = 2, seed = 5, groups = 7,
+      tables = { { rows = 1000, zipf = 1.2 }, { rows = 50, zipf = 0, hot = { 0, 4 }, weighted = true },
+                 { rows = 3, hot = 3 } },
+    }
+    local n = 20000
+    local g = assert(data.generate(spec, 0, n))
+    assert.same({ n, 8 }, g.ids:size())
+    local ids, lens, ws, groups = g.ids:totable(), g.lengths:totable(), g.weights:totable(), g.groups:totable()
+    local count0, hist1, lens_seen = {}, {}, {}
+    for i = 0, n - 1 do
+      local id = ids[i * 8 + 1]
+      assert.is_true(id >= 0 and id < 1000)
+      count0[id] = (count0[id] or 0) + 1
+      local l = lens[i * 3 + 2]
+      lens_seen[l] = true
+      assert.equal(1, lens[i * 3 + 1])
+      assert.equal(3, lens[i * 3 + 3])
+      for j = 1, 4 do
+        local v, w = ids[i * 8 + 1 + j], ws[i * 8 + 1 + j]
+        if j <= l then
+          assert.is_true(v >= 0 and v < 50)
+          assert.is_true(w > 0 and w <= 1)
+          hist1[v] = (hist1[v] or 0) + 1
+        else
+          assert.equal(-1, v)
+        end
+      end
+      assert.is_true(groups[i + 1] >= 0 and groups[i + 1] < 7)
+    end
+    for l = 0, 4 do assert.is_true(lens_seen[l], "length " .. l) end
+    -- Zipf(1.2) over 1000 rows: the top id takes about 1/zeta-ish share; the ranks decay.
+    local counts = {}
+    for _, c in pairs(count0) do counts[#counts + 1] = c end
+    table.sort(counts, function(a, b) return a > b end)
+    local p1 = counts[1] / n
+    -- P(rank 1) = 1 / H(1000, 1.2) = 0.2075 (computed in float64 here)
+    local hsum = 0
+    for k = 1, 1000 do hsum = hsum + k ^ -1.2 end
+    h.near(p1, 1 / hsum, 0.05, "top id share")
+    h.near(counts[2] / counts[1], 2 ^ -1.2, 0.1, "second/first")
+    -- uniform table: every id seen, no id far above the mean
+    local distinct, maxc = 0, 0
+    for _, c in pairs(hist1) do distinct = distinct + 1; maxc = math.max(maxc, c) end
+    assert.equal(50, distinct)
+  end)
+
+  it("rejects bad specs with the table named", function()
+    assert.has_error(function() data.synthetic_spec { tables = { { rows = 0 } } } end,
+      "synthetic: table 1 has 0 rows; expected 1..2^40")
+    assert.has_error(function() data.synthetic_spec { tables = { { rows = 5 }, { rows = 5, hot = { 3, 2 } } } } end,
+      "synthetic: table 2 has ids per sample 3..2; expected 0 <= min <= max, 1 <= max <= 4096")
+    assert.has_error(function() data.synthetic_spec "huge" end,
+      "synthetic: no preset 'huge'; presets are tiny, kaggle, mlperf_v1, mlperf_v1_2m, dcnv2")
+  end)
+
+  it("has the presets' table sizes", function()
+    local p = data.presets
+    assert.equal(26, #p.kaggle.tables)
+    assert.equal(10131227, p.kaggle.tables[3].rows)
+    assert.equal(39884406, p.mlperf_v1.tables[1].rows)
+    assert.equal(2000000, p.mlperf_v1_2m.tables[1].rows)
+    assert.equal(36, p.mlperf_v1_2m.tables[26].rows)
+    assert.equal(100, p.dcnv2.tables[21].hot)
+    local dc = data.synthetic_spec("dcnv2")
+    local g = assert(data.generate(dc, 0, 3))
+    local hsum = 0
+    for _, v in ipairs(p.dcnv2_hot) do hsum = hsum + v end
+    assert.same({ 3, hsum }, g.ids:size())
+  end)
+
+  h.cuda_it("gives the same samples on the GPU as on the CPU", function()
+    local spec = data.synthetic_spec("tiny", { groups = 10 })
+    local c = assert(data.generate(spec, 777, 3000, { probs = true }))
+    local g = assert(data.generate(spec, 777, 3000, { probs = true, placement = "device" }))
+    for _, k in ipairs { "dense", "labels", "ids", "lengths", "groups", "probs" } do
+      assert.same(c[k]:totable(), g[k]:totable(), k)
+    end
+  end)
+end)
