@@ -64,6 +64,7 @@ ur_status ur__synth_expand(const ur_synth_spec *s, ur__synth *x) {
   x->dense_signal = s->dense_signal;
   x->bias = s->bias;
   x->groups = s->groups;
+  for (int j = 0; j < 64; j++) x->dw[j] = ur__unorm(ur_philox((uint64_t)j, ur__skey(s->seed, UR__S_DW, 0)));
   for (int t = 0; t < s->num_tables; t++) {
     const ur_synth_table *in = &s->tables[t];
     ur__synth_tab *o = &x->t[t];

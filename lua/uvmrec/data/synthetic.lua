@@ -94,6 +94,60 @@ function M.generate(s, first, n, opts)
   return out
 end
 
+-- The `synthetic:` section of a YAML config (model configs embed this schema).
+function M.schema()
+  local cfg = require "uvmrec.config"
+  return cfg.map {
+    preset = cfg.enum(presets.names), seed = cfg.int { min = 0 }, num_dense = cfg.int { min = 0, max = 4096 },
+    bias = cfg.number {}, dense_signal = cfg.number { min = 0 }, signal_total = cfg.number { min = 0 },
+    groups = cfg.int { min = 0 }, samples = cfg.int { min = 0 },
+    tables = cfg.list(cfg.map({
+      name = cfg.string {}, rows = cfg.int { min = 1 }, zipf = cfg.number { min = 0 },
+      hot = cfg.int { min = 1 }, hot_min = cfg.int { min = 0 }, hot_max = cfg.int { min = 1 },
+      weighted = cfg.bool {}, signal = cfg.number { min = 0 },
+    }, { required = { "rows" } })),
+  }
+end
+
+-- A spec from a loaded `synthetic:` section: its preset (if any) with the section's values.
+function M.from_config(sec)
+  local base = sec.preset and copy(presets[sec.preset]) or { tables = {} }
+  for k, v in pairs(sec) do
+    if k ~= "preset" and k ~= "tables" and k ~= "samples" then base[k] = v end
+  end
+  if sec.tables then
+    base.tables = {}
+    for i, t in ipairs(sec.tables) do
+      local hot = t.hot or 1
+      if t.hot_min or t.hot_max then hot = { t.hot_min or 1, t.hot_max or t.hot_min or 1 } end
+      base.tables[i] = { name = t.name, rows = t.rows, zipf = t.zipf or 1.05, hot = hot,
+                         weighted = t.weighted, signal = t.signal }
+    end
+  end
+  return base
+end
+
+-- A spec from a preset name, a .lua file returning a spec, or a YAML file with a `synthetic:`
+-- section.  Returns the spec table (not yet checked) or nil, message.
+function M.resolve(name)
+  if presets[name] and presets[name].tables then return copy(presets[name]) end
+  if name:match("%.lua$") then
+    local chunk, err = loadfile(name)
+    if not chunk then return nil, err end
+    local ok, spec = pcall(chunk)
+    if not ok then return nil, spec end
+    return spec
+  end
+  if name:match("%.ya?ml$") then
+    local cfg = require "uvmrec.config"
+    local c, err = cfg.load(name, cfg.map { synthetic = M.schema() })
+    if not c then return nil, err end
+    if not c.synthetic then return nil, name .. ": no synthetic: section" end
+    return M.from_config(c.synthetic), c.synthetic.samples
+  end
+  return nil, ("'%s' is neither a preset (%s) nor a .lua or .yaml file"):format(name, table.concat(presets.names, ", "))
+end
+
 -- The hidden model's AUC on n samples from first: the ceiling any model can reach.
 function M.hidden_auc(s, n, first)
   local g = assert(M.generate(s, first or 0, n, { probs = true }))
