@@ -26,7 +26,7 @@ NVFLAGS  := -O3 -std=c++17 $(CUDA_ARCH) -DUR_CUDA_ARCHS='"$(CUDA_ARCH_NAMES)"' -
             -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra$(if $(filter 1,$(WERROR)),$(comma)-Werror)
 
 # Libraries the engine links (a host program linking libuvmrec.a links these too).
-ENGINE_LIBS := -lyaml -lopenblas -lz -ldl -lpthread -lm
+ENGINE_LIBS := -lyaml -lopenblas -ljansson -lz -ldl -lpthread -lm
 ENGINE_SRC := $(wildcard engine/src/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:engine/src/%.c=$(BUILD)/obj/%.o)
 CUDA_SRC   := $(strip $(wildcard engine/src/cuda/*.cu) $(wildcard kernels/*.cu))
@@ -98,7 +98,7 @@ $(BUILD)/lib/libuvmrec_cuda.so: $(CUDA_OBJ)
 examples: $(BUILD)/bin/uvm_migration
 $(BUILD)/bin/%: engine/examples/%.c $(BUILD)/lib/libuvmrec.a
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -Iengine/include $< $(BUILD)/lib/libuvmrec.a $(subst -lyaml,-l:libyaml.a,$(ENGINE_LIBS)) -o $@
+	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -Iengine/include $< $(BUILD)/lib/libuvmrec.a $(subst -ljansson,-l:libjansson.a,$(subst -lyaml,-l:libyaml.a,$(ENGINE_LIBS))) -o $@
 
 # The FFI declarations come from the marked block of the public header, so they cannot drift.
 $(CDEF): engine/include/uvmrec.h
@@ -215,6 +215,13 @@ test-gpu: all
 
 lint: $(DEPS_STAMP)
 	luacheck -q lua spec scripts $(wildcard models)
+
+# Optional, from PyPI: Python's safetensors in build/venv for the checkpoint interop spec and
+# scripts/bench/read_safetensors.py.  Nothing else needs it; without it that spec is pending.
+.PHONY: pydeps
+pydeps: build/venv/.stamp
+build/venv/.stamp:
+	python3 -m venv build/venv && build/venv/bin/pip install -q safetensors numpy && touch $@
 
 run: all
 	@$(RUN_ENV) $(LUAJIT) scripts/demo.lua

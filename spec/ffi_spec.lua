@@ -6,7 +6,7 @@ describe("uvmrec FFI", function()
   it("sees each public struct at the size the C compiler gave it", function()
     for _, name in ipairs { "range", "advised", "hint_record", "device_props", "memory_stats",
                             "migration_stats", "residency", "yaml_node",
-                            "metrics_opts", "metric_values" } do
+                            "safetensors_entry", "metrics_opts", "metric_values" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
     for _, name in ipairs { "tbe_table_config", "tbe_config" } do

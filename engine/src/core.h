@@ -52,6 +52,8 @@ typedef struct ur__storage {
   int refs;             /* atomic */
   ur__segmap hints;     /* managed only */
   uint64_t on_gpu;      /* managed bytes counted against the HBM budget */
+  void (*release)(void *ctx); /* memory the engine did not allocate: called instead of free */
+  void *release_ctx;
 } ur__storage;
 
 struct ur_tensor {
@@ -73,6 +75,13 @@ struct ur_event {
   double cpu_ms;
   int recorded;
 };
+
+/* A host tensor over memory the engine did not allocate (a file mapping): release(ctx) runs
+ * when the last handle sharing it is freed.  Not counted in ur_memory's bytes.  On failure the
+ * caller keeps its reference (release is not called). */
+UR__HIDDEN ur_status ur__tensor_wrap(ur_tensor **out, ur_dtype dtype, int32_t ndim,
+                                     const int64_t *shape, void *data,
+                                     void (*release)(void *ctx), void *ctx);
 
 /* Hints: segment maps and the log (engine/src/hints.c). */
 UR__HIDDEN ur_status ur__segmap_init(ur__segmap *m, uint64_t bytes);

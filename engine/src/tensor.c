@@ -79,6 +79,11 @@ static ur_status storage_new(ur__storage **out, uint64_t bytes, ur_place place, 
 
 static void storage_release(ur__storage *st) {
   if (__atomic_sub_fetch(&st->refs, 1, __ATOMIC_ACQ_REL)) return;
+  if (st->release) {
+    st->release(st->release_ctx);
+    free(st);
+    return;
+  }
   pthread_mutex_lock(&ur__lock);
   ur__place_sub(st->place, st->bytes);
   if (st->place == UR_PLACE_DEVICE) ur__hbm_release(st->bytes);
@@ -121,6 +126,35 @@ ur_status ur_tensor_new(ur_tensor **out, ur_dtype dtype, int32_t ndim, const int
     free(t);
     return s;
   }
+  t->dtype = dtype;
+  t->ndim = ndim;
+  memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  t->numel = (int64_t)numel;
+  *out = t;
+  return UR_STATUS_OK;
+}
+
+ur_status ur__tensor_wrap(ur_tensor **out, ur_dtype dtype, int32_t ndim, const int64_t *shape,
+                          void *data, void (*release)(void *ctx), void *ctx) {
+  *out = NULL;
+  uint64_t numel = 1;
+  for (int i = 0; i < ndim; i++) numel *= (uint64_t)shape[i];
+  ur_tensor *t = calloc(1, sizeof *t);
+  ur__storage *st = calloc(1, sizeof *st);
+  if (!t || !st) {
+    free(t);
+    free(st);
+    return ur__error(UR_STATUS_OOM, "tensor: out of host memory");
+  }
+  st->data = data;
+  st->bytes = st->alloc_bytes = numel * ur_dtype_size(dtype);
+  st->place = UR_PLACE_HOST;
+  st->device = UR_LOC_CPU;
+  st->refs = 1;
+  st->release = release;
+  st->release_ctx = ctx;
+  st->id = __atomic_add_fetch(&next_storage_id, 1, __ATOMIC_RELAXED);
+  t->st = st;
   t->dtype = dtype;
   t->ndim = ndim;
   memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);

@@ -1,0 +1,702 @@
+-- Checkpoints: safetensors files (written atomically, streamed, read through a validated map),
+-- the registry through which every component puts its state into one file and takes it back,
+-- and the run-directory helpers behind --checkpoint-every / --keep / --resume.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local streams = require "uvmrec.stream"
+local C, check = lib.C, lib.check
+
+local M = {
+  FORMAT = 1,                                  -- the uvmrec.format this code writes and reads
+  FILE_PATTERN = "^ckpt%-(%d+)%.safetensors$", -- checkpoint files of a run directory
+}
+
+local function is_tensor(v)
+  if type(v) ~= "cdata" then return false end
+  local ok, f = pcall(function() return v.numel end)
+  return ok and f == tensor.methods.numel
+end
+
+-- ---- JSON for the metadata values (config, RNG states, component meta) ----
+-- Canonical: object keys sorted, integers below 2^53 written exactly, 64-bit cdata integers
+-- written exactly and read back as cdata, so the same table always gives the same text.
+
+local json = {}
+M.json = json
+
+local escapes = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f",
+                  ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
+local function quote(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    return escapes[c] or (c:byte() < 32 and ("\\u%04x"):format(c:byte()) or c)
+  end) .. '"'
+end
+
+local function encode(v, out, path, depth)
+  local t = type(v)
+  if depth > 64 then error("json: nesting deeper than 64 at " .. path, 0) end
+  if t == "string" then
+    out[#out + 1] = quote(v)
+  elseif t == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then
+      error("json: " .. path .. " is " .. tostring(v) .. ", which JSON cannot hold", 0)
+    end
+    if v == math.floor(v) and math.abs(v) < 2 ^ 53 then out[#out + 1] = ("%d"):format(v)
+    else out[#out + 1] = ("%.17g"):format(v) end
+  elseif t == "boolean" then
+    out[#out + 1] = tostring(v)
+  elseif t == "cdata" and (ffi.istype("int64_t", v) or ffi.istype("uint64_t", v)) then
+    out[#out + 1] = (tostring(v):gsub("U?LL$", ""))
+  elseif t == "table" then
+    local n, keys = #v, {}
+    for k in pairs(v) do keys[#keys + 1] = k end
+    if n > 0 and #keys == n then
+      out[#out + 1] = "["
+      for i = 1, n do
+        if i > 1 then out[#out + 1] = "," end
+        encode(v[i], out, path .. "[" .. i .. "]", depth + 1)
+      end
+      out[#out + 1] = "]"
+      return
+    end
+    for _, k in ipairs(keys) do
+      if type(k) ~= "string" then
+        error("json: " .. path .. " mixes a list and a map (key " .. tostring(k) .. ")", 0)
+      end
+    end
+    table.sort(keys)
+    out[#out + 1] = "{"
+    for i, k in ipairs(keys) do
+      if i > 1 then out[#out + 1] = "," end
+      out[#out + 1] = quote(k)
+      out[#out + 1] = ":"
+      encode(v[k], out, path .. "." .. k, depth + 1)
+    end
+    out[#out + 1] = "}"
+  else
+    error("json: " .. path .. " is a " .. t .. ", which JSON cannot hold", 0)
+  end
+end
+
+-- Text for v; raises (message without position) for values JSON cannot hold.
+function json.encode(v)
+  local out = {}
+  encode(v, out, "value", 0)
+  return table.concat(out)
+end
+
+local function utf8(cp)
+  if cp < 0x80 then return string.char(cp) end
+  if cp < 0x800 then return string.char(0xC0 + bit.rshift(cp, 6), 0x80 + bit.band(cp, 63)) end
+  if cp < 0x10000 then
+    return string.char(0xE0 + bit.rshift(cp, 12), 0x80 + bit.band(bit.rshift(cp, 6), 63),
+                       0x80 + bit.band(cp, 63))
+  end
+  return string.char(0xF0 + bit.rshift(cp, 18), 0x80 + bit.band(bit.rshift(cp, 12), 63),
+                     0x80 + bit.band(bit.rshift(cp, 6), 63), 0x80 + bit.band(cp, 63))
+end
+
+local function big_integer(text)
+  local neg = text:sub(1, 1) == "-"
+  local v = ffi.new(neg and "int64_t" or "uint64_t", 0)
+  for d in text:gmatch("%d") do v = v * 10 + (neg and -tonumber(d) or tonumber(d)) end
+  return v
+end
+
+-- A value from JSON text, or nil, message with the byte position.
+function json.decode(s)
+  local pos = 1
+  local function fail(msg) error({ msg = ("json: %s at byte %d"):format(msg, pos) }) end
+  local function ws() pos = s:find("[^ \t\r\n]", pos) or #s + 1 end
+  local value
+  local function str()
+    local out, i = {}, pos + 1
+    while true do
+      local j = s:find('["\\%c]', i)
+      if not j then pos = #s + 1; fail("unterminated string") end
+      out[#out + 1] = s:sub(i, j - 1)
+      local c = s:sub(j, j)
+      if c == '"' then pos = j + 1; return table.concat(out) end
+      if c ~= "\\" then pos = j; fail("control character in a string") end
+      local e = s:sub(j + 1, j + 1)
+      local simple = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n",
+                       r = "\r", t = "\t" }
+      if simple[e] then
+        out[#out + 1] = simple[e]
+        i = j + 2
+      elseif e == "u" then
+        local hex = s:match("^%x%x%x%x", j + 2)
+        if not hex then pos = j; fail("bad \\u escape") end
+        local cp = tonumber(hex, 16)
+        i = j + 6
+        if cp >= 0xD800 and cp < 0xDC00 then
+          local lo = s:match("^\\u(%x%x%x%x)", i)
+          lo = lo and tonumber(lo, 16)
+          if not lo or lo < 0xDC00 or lo > 0xDFFF then pos = j; fail("unpaired surrogate") end
+          cp = 0x10000 + (cp - 0xD800) * 0x400 + (lo - 0xDC00)
+          i = i + 6
+        end
+        out[#out + 1] = utf8(cp)
+      else
+        pos = j; fail("bad escape")
+      end
+    end
+  end
+  function value()
+    ws()
+    local c = s:sub(pos, pos)
+    if c == "{" then
+      local t = {}
+      pos = pos + 1
+      ws()
+      if s:sub(pos, pos) == "}" then pos = pos + 1; return t end
+      while true do
+        ws()
+        if s:sub(pos, pos) ~= '"' then fail("expected a key") end
+        local k = str()
+        ws()
+        if s:sub(pos, pos) ~= ":" then fail("expected ':'") end
+        pos = pos + 1
+        t[k] = value()
+        ws()
+        c = s:sub(pos, pos)
+        pos = pos + 1
+        if c == "}" then return t end
+        if c ~= "," then pos = pos - 1; fail("expected ',' or '}'") end
+      end
+    elseif c == "[" then
+      local t = {}
+      pos = pos + 1
+      ws()
+      if s:sub(pos, pos) == "]" then pos = pos + 1; return t end
+      while true do
+        t[#t + 1] = value()
+        ws()
+        c = s:sub(pos, pos)
+        pos = pos + 1
+        if c == "]" then return t end
+        if c ~= "," then pos = pos - 1; fail("expected ',' or ']'") end
+      end
+    elseif c == '"' then
+      return str()
+    elseif s:find("^true", pos) then pos = pos + 4; return true
+    elseif s:find("^false", pos) then pos = pos + 5; return false
+    elseif s:find("^null", pos) then pos = pos + 4; return nil
+    end
+    local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", pos)
+    if not num or not tonumber(num) then fail("unexpected " .. (c == "" and "end" or "'" .. c .. "'")) end
+    pos = pos + #num
+    local v = tonumber(num)
+    if num:find("^-?%d+$") and math.abs(v) >= 2 ^ 53 then return big_integer(num) end
+    return v
+  end
+  local ok, v = pcall(function()
+    local r = value()
+    ws()
+    if pos <= #s then fail("trailing text") end
+    return r
+  end)
+  if ok then return v end
+  if type(v) == "table" then return nil, v.msg end
+  error(v, 0)
+end
+
+-- ---- files ----
+
+local file_methods = {}
+local wrap_file, free_file = lib.handle_type("ur_safetensors", C.ur_safetensors_close, {
+  __index = file_methods,
+  __tostring = function(f)
+    if f.p == nil then return "safetensors file (closed)" end
+    return ("safetensors %s: %d tensors, %d bytes"):format(ffi.string(C.ur_safetensors_path(f.p)),
+      C.ur_safetensors_count(f.p), tonumber(C.ur_safetensors_bytes(f.p)))
+  end,
+})
+file_methods.close = free_file
+
+local function F(f) return lib.ptr(f, "safetensors file", 3) end
+
+local entry = ffi.new("ur_safetensors_entry")
+local function entry_table(p, i)
+  lib.must(C.ur_safetensors_entry_get(p, i, entry), 3)
+  local shape = {}
+  for d = 0, entry.ndim - 1 do shape[d + 1] = tonumber(entry.shape[d]) end
+  return { name = ffi.string(entry.name), dtype = ffi.string(C.ur_dtype_name(entry.dtype)),
+           shape = shape, nbytes = tonumber(entry["end"] - entry.begin),
+           offset = tonumber(entry.file_offset) }
+end
+
+-- A file, opened, mapped and validated; nil, message when it cannot be (missing, malformed).
+function M.open(path)
+  if type(path) ~= "string" then error("checkpoint open: path must be a string", 2) end
+  local out = ffi.new("ur_safetensors *[1]")
+  local ok, err = check(C.ur_safetensors_open(path, out))
+  if not ok then return nil, err end
+  return wrap_file(out[0])
+end
+
+function file_methods:path() return ffi.string(C.ur_safetensors_path(F(self))) end
+function file_methods:bytes() return tonumber(C.ur_safetensors_bytes(F(self))) end
+
+-- Tensor names in the order of their data.
+function file_methods:names()
+  local p, out = F(self), {}
+  for i = 0, C.ur_safetensors_count(p) - 1 do out[i + 1] = entry_table(p, i).name end
+  return out
+end
+
+-- {name, dtype ("f32"...), shape, nbytes, offset (in the file)}, or nil when absent.
+function file_methods:info(name)
+  local p = F(self)
+  local i = C.ur_safetensors_find(p, name)
+  if i < 0 then return nil end
+  return entry_table(p, i)
+end
+
+-- One metadata value (nil when absent), or all of them as a table.
+function file_methods:meta(key)
+  local p = F(self)
+  if key ~= nil then
+    local v = C.ur_safetensors_meta_get(p, key)
+    return v ~= nil and ffi.string(v) or nil
+  end
+  local out = {}
+  for i = 0, C.ur_safetensors_meta_count(p) - 1 do
+    local k = ffi.string(C.ur_safetensors_meta_key(p, i))
+    out[k] = ffi.string(C.ur_safetensors_meta_get(p, k))
+  end
+  return out
+end
+
+-- A zero-copy host tensor over the file's bytes; it outlives close().  Writes to it stay in
+-- memory.  nil, message when the file has no such tensor.
+function file_methods:view(name)
+  local p = F(self)
+  local i = C.ur_safetensors_find(p, name)
+  if i < 0 then return nil, ("checkpoint: %s has no tensor '%s'"):format(self:path(), name) end
+  local out = ffi.new("ur_tensor *[1]")
+  local ok, err = check(C.ur_safetensors_view(p, i, out))
+  if not ok then return nil, err end
+  return tensor.wrap(out[0])
+end
+
+-- Copies tensors into existing ones of any placement: map is {name = tensor}.  Every name,
+-- dtype and shape is checked before anything is written (a mismatch raises).
+-- opts: staging (bytes of the pinned staging buffer), stream.
+function file_methods:load(map, opts)
+  opts = opts or {}
+  local p = F(self)
+  local names = {}
+  for name, t in pairs(map) do
+    if type(name) ~= "string" or not is_tensor(t) then
+      error("checkpoint load: expected {name = tensor}, got " .. tostring(name) .. " = " .. tostring(t), 2)
+    end
+    names[#names + 1] = name
+  end
+  table.sort(names)
+  local cnames = ffi.new("const char *[?]", #names + 1)
+  local cdsts = ffi.new("ur_tensor *[?]", #names + 1)
+  for i, name in ipairs(names) do
+    cnames[i - 1] = name
+    cdsts[i - 1] = lib.ptr(map[name], "checkpoint load destination", 2)
+  end
+  local ok, err = check(C.ur_safetensors_load(streams.handle(opts.stream, 2), p, #names, cnames,
+                                              cdsts, opts.staging or 0))
+  if not ok then return nil, err end
+  return true
+end
+
+function file_methods:read(name, dst, opts)
+  if type(name) ~= "string" then error("checkpoint read: name must be a string", 2) end
+  return self:load({ [name] = dst }, opts)
+end
+
+local function meta_text(k, v, level)
+  if type(v) == "string" then return v end
+  if type(v) == "number" then return json.encode(v) end
+  error(("checkpoint save: metadata '%s' is a %s; expected a string or a number"):format(k, type(v)), level + 1)
+end
+
+-- Writes {tensors = {name = tensor}, meta = {key = string or number}} to path atomically.
+-- opts: staging (bytes), stream.  true, or nil, message (the previous file is then untouched).
+function M.save(path, state, opts)
+  opts = opts or {}
+  if type(path) ~= "string" then error("checkpoint save: path must be a string", 2) end
+  if type(state) ~= "table" then error("checkpoint save: state must be {tensors = ..., meta = ...}", 2) end
+  local names, keys = {}, {}
+  for name, t in pairs(state.tensors or {}) do
+    if type(name) ~= "string" or not is_tensor(t) then
+      error("checkpoint save: tensors must be {name = tensor}, got " .. tostring(name) .. " = " .. tostring(t), 2)
+    end
+    names[#names + 1] = name
+  end
+  for k in pairs(state.meta or {}) do
+    if type(k) ~= "string" then error("checkpoint save: metadata keys must be strings", 2) end
+    keys[#keys + 1] = k
+  end
+  table.sort(names)
+  table.sort(keys)
+  local cnames = ffi.new("const char *[?]", #names + 1)
+  local ctensors = ffi.new("const ur_tensor *[?]", #names + 1)
+  local ckeys = ffi.new("const char *[?]", #keys + 1)
+  local cvalues = ffi.new("const char *[?]", #keys + 1)
+  local values = {} -- held in this frame: the C strings point into them during the call
+  for i, name in ipairs(names) do
+    cnames[i - 1] = name
+    ctensors[i - 1] = lib.ptr(state.tensors[name], "checkpoint save tensor", 2)
+  end
+  for i, k in ipairs(keys) do values[i] = meta_text(k, state.meta[k], 2) end
+  for i, k in ipairs(keys) do
+    ckeys[i - 1] = k
+    cvalues[i - 1] = values[i]
+  end
+  local ok, err = check(C.ur_safetensors_save(streams.handle(opts.stream, 2), path, #names, cnames,
+                                              ctensors, #keys, ckeys, cvalues, opts.staging or 0))
+  if not ok then return nil, err end
+  return true
+end
+
+-- {tensors = {name = tensor}, meta = {key = string}, path = path}: zero-copy host views of
+-- every tensor by default, or copies in opts.placement (and opts.device) through the staging
+-- buffer.  nil, message when the file cannot be read.
+function M.load(path, opts)
+  opts = opts or {}
+  local f, err = M.open(path)
+  if not f then return nil, err end
+  local out = { tensors = {}, meta = f:meta(), path = path }
+  if opts.placement then
+    local map = {}
+    for _, name in ipairs(f:names()) do
+      local info = f:info(name)
+      local shape = #info.shape > 0 and info.shape or { 1 }
+      local t, terr = tensor.tensor(shape, { dtype = info.dtype, placement = opts.placement,
+                                             device = opts.device })
+      if not t then f:close(); return nil, terr end
+      map[name] = t
+    end
+    local ok, lerr = f:load(map, opts)
+    f:close()
+    if not ok then return nil, lerr end
+    out.tensors = map
+    return out
+  end
+  for _, name in ipairs(f:names()) do out.tensors[name] = assert(f:view(name)) end
+  f:close()
+  return out
+end
+
+-- ---- the registry ----
+
+local Registry = {}
+Registry.__index = Registry
+
+function M.registry() return setmetatable({ list = {}, by_name = {} }, Registry) end
+
+-- c = {name = "model", state = function() return {tensors = {...}, meta = {...}} end,
+--      load = function(tensors, meta) end (optional), views = true (optional: load receives
+--      zero-copy views of the file's tensors instead of having state()'s tensors filled),
+--      optional = true (a checkpoint without this component still loads)}.
+function Registry:register(c)
+  if type(c) ~= "table" then error("checkpoint register: expected a component table", 2) end
+  if type(c.name) ~= "string" or not c.name:match("^[%w_%-]+$") then
+    error("checkpoint register: name must be letters, digits, _ or -, got " .. tostring(c.name), 2)
+  end
+  if self.by_name[c.name] then error("checkpoint register: component '" .. c.name .. "' is already registered", 2) end
+  if type(c.state) ~= "function" then error("checkpoint register: component '" .. c.name .. "' needs state()", 2) end
+  if c.load ~= nil and type(c.load) ~= "function" then
+    error("checkpoint register: component '" .. c.name .. "': load must be a function", 2)
+  end
+  self.list[#self.list + 1] = c
+  self.by_name[c.name] = c
+  return c
+end
+
+function Registry:unregister(name)
+  local c = self.by_name[name]
+  if not c then return false end
+  self.by_name[name] = nil
+  for i, x in ipairs(self.list) do if x == c then table.remove(self.list, i) break end end
+  return true
+end
+
+function Registry:components()
+  local out = {}
+  for i, c in ipairs(self.list) do out[i] = c.name end
+  return out
+end
+
+local function component_state(c, level)
+  local st = c.state()
+  if type(st) ~= "table" then
+    error(("checkpoint: component '%s': state() returned %s; expected {tensors = ..., meta = ...}"):format(
+      c.name, type(st)), level + 1)
+  end
+  for k, t in pairs(st.tensors or {}) do
+    if type(k) ~= "string" or k == "" or not is_tensor(t) then
+      error(("checkpoint: component '%s': state().tensors must be {name = tensor}, got %s = %s"):format(
+        c.name, tostring(k), tostring(t)), level + 1)
+    end
+  end
+  return st.tensors or {}, st.meta or {}
+end
+
+-- Saves every registered component's state into one file.  info: step (integer), rng
+-- (a table), config (a table), staging, stream.  true, or nil, message.
+function Registry:save(path, info)
+  info = info or {}
+  if info.step ~= nil and (type(info.step) ~= "number" or info.step < 0 or info.step ~= math.floor(info.step)) then
+    error("checkpoint save: step must be an integer >= 0, got " .. tostring(info.step), 2)
+  end
+  local tensors, names = {}, {}
+  local meta = { ["uvmrec.format"] = tostring(M.FORMAT), ["uvmrec.step"] = ("%d"):format(info.step or 0) }
+  local version = ffi.string(C.ur_version())
+  meta["uvmrec.version"] = version
+  for _, c in ipairs(self.list) do
+    local ts, cm = component_state(c, 2)
+    for k, t in pairs(ts) do tensors[c.name .. "." .. k] = t end
+    local ok, text = pcall(json.encode, cm)
+    if not ok then error("checkpoint save: component '" .. c.name .. "' meta: " .. text, 2) end
+    meta["uvmrec.meta." .. c.name] = text
+    names[#names + 1] = c.name
+  end
+  meta["uvmrec.components"] = json.encode(names)
+  for _, k in ipairs { "rng", "config" } do
+    if info[k] ~= nil then
+      local ok, text = pcall(json.encode, info[k])
+      if not ok then error("checkpoint save: " .. k .. ": " .. text, 2) end
+      meta["uvmrec." .. k] = text
+    end
+  end
+  return M.save(path, { tensors = tensors, meta = meta }, info)
+end
+
+local function ignored(path, ignore)
+  for _, p in ipairs(ignore or {}) do
+    if path == p or path:sub(1, #p + 1) == p .. "." or path:sub(1, #p + 1) == p .. "[" then return true end
+  end
+  return false
+end
+
+local function show(v)
+  if type(v) == "table" then return json.encode(v) end
+  if type(v) == "string" then return quote(v) end
+  if v == nil then return "nothing" end
+  return json.encode(v)
+end
+
+-- The first difference of two decoded JSON values (keys in order), skipping ignored paths.
+local function diff(a, b, path, ignore)
+  if ignored(path, ignore) then return nil end
+  if type(a) == "table" and type(b) == "table" then
+    local keys, seen = {}, {}
+    for k in pairs(a) do if not seen[k] then seen[k] = true; keys[#keys + 1] = k end end
+    for k in pairs(b) do if not seen[k] then seen[k] = true; keys[#keys + 1] = k end end
+    table.sort(keys, function(x, y)
+      if type(x) == type(y) then return x < y end
+      return type(x) == "number"
+    end)
+    for _, k in ipairs(keys) do
+      local sub = type(k) == "number" and ("%s[%d]"):format(path, k) or (path == "" and k or path .. "." .. k)
+      local d, va, vb = diff(a[k], b[k], sub, ignore)
+      if d then return d, va, vb end
+    end
+    return nil
+  end
+  if a == b then return nil end
+  return path == "" and "(the whole config)" or path, a, b
+end
+
+local function shape_str(dtype, shape)
+  return ("%s [%s]"):format(dtype, table.concat(shape, ", "))
+end
+
+-- Loads every registered component from path, after checking the format, the config (against
+-- opts.config, skipping the dotted paths in opts.config_ignore), and that every component and
+-- tensor is there with the same dtype and shape; nothing is written until all of that holds.
+-- opts: config, config_ignore, staging, stream.  Returns {step, rng, config, path, unused}
+-- (unused: components in the file that nobody registered), or nil, message.
+function Registry:load(path, opts)
+  opts = opts or {}
+  local f, err = M.open(path)
+  if not f then return nil, err end
+  local function fail(msg)
+    f:close()
+    return nil, "checkpoint " .. path .. ": " .. msg
+  end
+  local format = f:meta("uvmrec.format")
+  if not format then return fail("not a uvmrec checkpoint (no uvmrec.format in its metadata)") end
+  if tonumber(format) ~= M.FORMAT then
+    return fail(("format %s, but this uvmrec reads format %d"):format(format, M.FORMAT))
+  end
+  local decoded = {}
+  for _, k in ipairs { "components", "rng", "config" } do
+    local text = f:meta("uvmrec." .. k)
+    if text then
+      local v, jerr = json.decode(text)
+      if jerr then return fail("uvmrec." .. k .. " is not valid: " .. jerr) end
+      decoded[k] = v
+    end
+  end
+  if opts.config ~= nil then
+    if decoded.config == nil then return fail("holds no config to check against this run's") end
+    local mine = json.decode(json.encode(opts.config))
+    local where, theirs, ours = diff(decoded.config, mine, "", opts.config_ignore)
+    if where then
+      return fail(("config differs at %s: the checkpoint has %s, this run has %s"):format(
+        where, show(theirs), show(ours)))
+    end
+  end
+  local in_file = {}
+  for _, name in ipairs(decoded.components or {}) do in_file[name] = true end
+  local by_comp = {}
+  for _, name in ipairs(f:names()) do
+    local comp, rest = name:match("^([^.]+)%.(.+)$")
+    if comp then
+      by_comp[comp] = by_comp[comp] or {}
+      by_comp[comp][rest] = name
+    end
+  end
+  local plan, map = {}, {}
+  for _, c in ipairs(self.list) do
+    if not in_file[c.name] then
+      if not c.optional then
+        local have = decoded.components and #decoded.components > 0 and table.concat(decoded.components, ", ") or "none"
+        return fail(("has no component '%s' (it has: %s)"):format(c.name, have))
+      end
+    else
+      local cm, jerr = json.decode(f:meta("uvmrec.meta." .. c.name) or "{}")
+      if jerr then return fail("the meta of component '" .. c.name .. "' is not valid: " .. jerr) end
+      local tensors = {}
+      local file_names = by_comp[c.name] or {}
+      if c.views then
+        for rest, full in pairs(file_names) do tensors[rest] = assert(f:view(full)) end
+      else
+        local ts = component_state(c, 2)
+        for k, t in pairs(ts) do
+          local full = c.name .. "." .. k
+          local info = f:info(full)
+          if not info then return fail(("has no tensor '%s' (component '%s')"):format(full, c.name)) end
+          local want = t:size()
+          local same = info.dtype == t:dtype() and #info.shape == #want
+          for d = 1, #want do same = same and info.shape[d] == want[d] end
+          if not same then
+            return fail(("tensor '%s' is %s in the file but %s in this run"):format(
+              full, shape_str(info.dtype, info.shape), shape_str(t:dtype(), want)))
+          end
+          map[full] = t
+          tensors[k] = t
+        end
+        for rest, full in pairs(file_names) do
+          if not ts[rest] then
+            return fail(("holds tensor '%s', which component '%s' does not have"):format(full, c.name))
+          end
+        end
+      end
+      plan[#plan + 1] = { c = c, tensors = tensors, meta = cm }
+    end
+  end
+  local step = tonumber(f:meta("uvmrec.step"))
+  local ok, lerr = f:load(map, opts)
+  f:close()
+  if not ok then return nil, lerr end
+  for _, p in ipairs(plan) do
+    if p.c.load then p.c.load(p.tensors, p.meta) end
+  end
+  local unused = {}
+  for _, name in ipairs(decoded.components or {}) do
+    if not self.by_name[name] then unused[#unused + 1] = name end
+  end
+  return { step = step, rng = decoded.rng, config = decoded.config, path = path, unused = unused }
+end
+
+-- ---- run directories ----
+
+function M.path_for(rundir, step)
+  return ("%s/ckpt-%012d.safetensors"):format(rundir, step)
+end
+
+local function list_dir(dir, prefix, suffix)
+  local size = 4096
+  while true do
+    local buf, needed = ffi.new("char[?]", size), ffi.new("uint64_t[1]")
+    local ok, err = check(C.ur_dir_list(dir, prefix, suffix, buf, size, needed))
+    if not ok then return nil, err end
+    if tonumber(needed[0]) <= size then
+      local out = {}
+      for name in ffi.string(buf):gmatch("([^\n]+)\n") do out[#out + 1] = name end
+      return out
+    end
+    size = tonumber(needed[0])
+  end
+end
+
+-- The checkpoints of a run directory, oldest step first: {{path =, step =}, ...}.
+function M.list(rundir)
+  local names, err = list_dir(rundir, "ckpt-", ".safetensors")
+  if not names then return nil, err end
+  local out = {}
+  for _, name in ipairs(names) do
+    local step = name:match(M.FILE_PATTERN)
+    if step then out[#out + 1] = { path = rundir .. "/" .. name, step = tonumber(step) } end
+  end
+  table.sort(out, function(a, b) return a.step < b.step end)
+  return out
+end
+
+-- --resume RUNDIR|FILE: a file is itself; a run directory gives its newest checkpoint.
+function M.latest(path)
+  local kind = C.ur_path_kind(path)
+  if kind == 1 then return path end
+  if kind ~= 2 then return nil, "checkpoint: " .. path .. " is neither a run directory nor a checkpoint file" end
+  local all, err = M.list(path)
+  if not all then return nil, err end
+  if #all == 0 then
+    return nil, "checkpoint: the run directory " .. path .. " holds no checkpoint (ckpt-N.safetensors)"
+  end
+  return all[#all].path
+end
+
+-- --keep K: removes all but the newest keep checkpoints, and the temporary files of saves
+-- that were killed (call it between saves, never during one).  Returns the removed paths.
+function M.rotate(rundir, keep)
+  if type(keep) ~= "number" or keep < 1 or keep ~= math.floor(keep) then
+    error("checkpoint rotate: keep must be an integer >= 1, got " .. tostring(keep), 2)
+  end
+  local all, err = M.list(rundir)
+  if not all then return nil, err end
+  local removed = {}
+  for i = 1, #all - keep do
+    local ok, rerr = os.remove(all[i].path)
+    if not ok then return nil, "checkpoint rotate: " .. rerr end
+    removed[#removed + 1] = all[i].path
+  end
+  local stale = list_dir(rundir, "ckpt-", "") or {}
+  for _, name in ipairs(stale) do
+    if name:match("^ckpt%-%d+%.safetensors%.tmp%-") then
+      local p = rundir .. "/" .. name
+      if os.remove(p) then removed[#removed + 1] = p end
+    end
+  end
+  return removed
+end
+
+-- One call for --checkpoint-every: saves rundir/ckpt-<step>.safetensors (making rundir if
+-- needed), then keeps the newest info.keep.  Returns the path, or nil, message.
+function Registry:save_step(rundir, info)
+  if type(info) ~= "table" or type(info.step) ~= "number" then
+    error("checkpoint save_step: info.step is required", 2)
+  end
+  local ok, err = check(C.ur_dir_create(rundir))
+  if not ok then return nil, err end
+  local path = M.path_for(rundir, info.step)
+  ok, err = self:save(path, info)
+  if not ok then return nil, err end
+  if info.keep then
+    local _, rerr = M.rotate(rundir, info.keep)
+    if rerr then return nil, rerr end
+  end
+  return path
+end
+
+return M

@@ -1,0 +1,697 @@
+local ffi = require "ffi"
+local ur = require "uvmrec"
+local ck = require "uvmrec.checkpoint"
+local h = require "helpers"
+local C = ur.C
+
+-- A scratch directory for this file's specs, removed at the end.
+local root = os.tmpname()
+os.remove(root)
+root = root .. ".ckpt"
+assert(C.ur_dir_create(root) == 0)
+local serial = 0
+local function scratch(name)
+  serial = serial + 1
+  return ("%s/%d-%s"):format(root, serial, name)
+end
+
+local function write_file(path, bytes)
+  local f = assert(io.open(path, "wb"))
+  f:write(bytes)
+  f:close()
+  return path
+end
+
+local function read_file(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function exists(path) return C.ur_path_kind(path) ~= 0 end
+
+local function le64(n)
+  local b = {}
+  for i = 1, 8 do
+    b[i] = string.char(n % 256)
+    n = math.floor(n / 256)
+  end
+  return table.concat(b)
+end
+
+-- A safetensors file from a header text and data bytes, as written by hand: the header padded
+-- with spaces to a multiple of 8 unless its length is given.
+local function craft(name, header, data, len)
+  if not len then header = header .. (" "):rep(-#header % 8) end
+  return write_file(scratch(name), le64(len or #header) .. header .. (data or ""))
+end
+
+-- The status and message of opening path, straight from the C API.
+local function open_status(path)
+  local out = ffi.new("ur_safetensors *[1]")
+  local st = C.ur_safetensors_open(path, out)
+  if st == 0 then C.ur_safetensors_close(out[0]) end
+  return st, ffi.string(C.ur_last_error())
+end
+
+-- Runs a Lua script in a child luajit under bash (prefix: shell lines before it, such as a
+-- file-size limit); returns its output and exit code.
+local function child(script, prefix)
+  local file = write_file(scratch("child.lua"), script)
+  local p = io.popen(("bash -c '%s exec luajit %s' 2>&1; echo \"rc=$?\""):format(prefix or "", file))
+  local out = p:read("*a")
+  p:close()
+  return out, tonumber(out:match("rc=(%d+)%s*$"))
+end
+
+-- Values a dtype holds exactly, drawn at random (never zeros).
+local function random_tensor(shape, dtype, placement, seed)
+  local lo, hi = -100, 100
+  if dtype == "u8" then lo, hi = 1, 255 elseif dtype == "i8" then lo, hi = -128, 127 end
+  local t = ur.tensor(shape, { dtype = dtype })
+  if dtype:match("^[iu]") then t:uniform(lo, hi, seed) else t:uniform(-3, 3, seed) end
+  if placement == "host" then return t end
+  return assert(t:to(placement))
+end
+
+teardown(function() os.execute("rm -rf '" .. root .. "'") end)
+
+describe("uvmrec.checkpoint files", function()
+  it("writes the safetensors layout byte for byte (a small example computed by hand)", function()
+    local ids = ur.tensor({ 2 }, { dtype = "i64" })
+    ids[0], ids[1] = 7, -1
+    local w = ur.tensor({ 1, 2 }, { dtype = "f32" })
+    w[0], w[1] = 1.5, -2
+    local b = ur.tensor({ 2 }, { dtype = "bf16" })
+    b[0], b[1] = 1, -0.5
+    local u = ur.tensor({ 3 }, { dtype = "u8" })
+    u[0], u[1], u[2] = 1, 2, 255
+    local path = scratch("hand.safetensors")
+    assert(ck.save(path, { tensors = { w = w, ids = ids, b = b, u = u }, meta = { step = "7" } }))
+    -- Widest dtype first, then by name (the reference's order): ids, w, b, u.  The JSON is 252
+    -- bytes, padded with 4 spaces to 256 so the data starts at byte 264, 8-aligned.
+    local header = '{"__metadata__":{"step":"7"},' ..
+      '"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},' ..
+      '"w":{"dtype":"F32","shape":[1,2],"data_offsets":[16,24]},' ..
+      '"b":{"dtype":"BF16","shape":[2],"data_offsets":[24,28]},' ..
+      '"u":{"dtype":"U8","shape":[3],"data_offsets":[28,31]}}'
+    assert.equal(252, #header)
+    local want = "\0\1\0\0\0\0\0\0" .. header .. "    " ..
+      "\7\0\0\0\0\0\0\0" .. "\255\255\255\255\255\255\255\255" .. -- i64 7, -1
+      "\0\0\192\63" .. "\0\0\0\192" ..                              -- f32 1.5 (0x3fc00000), -2
+      "\128\63" .. "\0\191" ..                                      -- bf16 1 (0x3f80), -0.5 (0xbf00)
+      "\1\2\255"                                                    -- u8
+    assert.equal(295, #want)
+    assert.equal(want, read_file(path))
+  end)
+
+  it("writes an empty file as the reference does", function()
+    local path = scratch("empty.safetensors")
+    assert(ck.save(path, { tensors = {} }))
+    assert.equal("\8\0\0\0\0\0\0\0{}      ", read_file(path))
+    local f = assert(ck.open(path))
+    assert.same({}, f:names())
+  end)
+
+  it("round-trips every dtype in every placement, exactly, as views and as copies", function()
+    local tensors, want = {}, {}
+    for pi, place in ipairs(h.placements()) do
+      for di, dt in ipairs(h.dtypes) do
+        local name = place .. "/" .. dt
+        tensors[name] = random_tensor({ 7, 5 }, dt, place, pi * 10 + di)
+        want[name] = tensors[name]:totable()
+      end
+    end
+    local path = scratch("all.safetensors")
+    assert(ck.save(path, { tensors = tensors, meta = { note = "every dtype" } }, { staging = 8192 }))
+    local st = assert(ck.load(path))
+    assert.equal("every dtype", st.meta.note)
+    for name, vals in pairs(want) do
+      assert.equal(name:match("/(.*)"), st.tensors[name]:dtype())
+      assert.same({ 7, 5 }, st.tensors[name]:size())
+      assert.same(vals, st.tensors[name]:totable(), name)
+    end
+    local f = assert(ck.open(path))
+    for _, place in ipairs(h.placements()) do
+      local dsts = {}
+      for name in pairs(want) do
+        dsts[name] = ur.tensor({ 7, 5 }, { dtype = name:match("/(.*)"), placement = place })
+      end
+      assert(f:load(dsts, { staging = 8192 }))
+      for name, vals in pairs(want) do assert.same(vals, dsts[name]:totable(), place .. " <- " .. name) end
+    end
+    local copies = assert(ck.load(path, { placement = "managed" }))
+    assert.equal("managed", copies.tensors["host/i32"]:placement())
+    assert.same(want["host/i32"], copies.tensors["host/i32"]:totable())
+  end)
+
+  it("streams a table through a staging buffer far smaller than it, chunks splitting elements", function()
+    -- 1.2 MB through 4 KiB halves: 293 chunks, none aligned to the 12-byte rows.
+    local t = ur.uvm_tensor({ 100003, 3 }):uniform(-1, 1, 77)
+    local small = ur.tensor({ 5 }, { dtype = "i64" }):uniform(-50, 50, 3)
+    local path = scratch("big.safetensors")
+    assert(ck.save(path, { tensors = { table = t, small = small } }, { staging = 8192 }))
+    local f = assert(ck.open(path))
+    local v = f:view("table")
+    local want = t:totable()
+    assert.same(want, v:totable())
+    local back = ur.uvm_tensor({ 100003, 3 })
+    assert(f:read("table", back, { staging = 8192 }))
+    assert.same(want, back:totable())
+    assert.same(small:totable(), f:view("small"):totable())
+  end)
+
+  it("saves and loads a 64 MiB managed table with host memory growing by about the 1 MiB staging buffer", function()
+    local path = scratch("rss.safetensors")
+    local out, rc = child(([[
+      local ur = require "uvmrec"
+      local ck = require "uvmrec.checkpoint"
+      local function hwm()
+        for l in io.lines("/proc/self/status") do
+          local kb = l:match("^VmHWM:%%s+(%%d+)")
+          if kb then return tonumber(kb) / 1024 end
+        end
+      end
+      local t = ur.uvm_tensor({ 16 * 1024 * 1024 }):uniform(-1, 1, 5)
+      local u = ur.uvm_tensor({ 16 * 1024 * 1024 }):fill(0)
+      local base = hwm()
+      assert(ck.save("%s", { tensors = { t = t } }, { staging = 1048576 }))
+      local saved = hwm()
+      assert(ck.open("%s"):read("t", u, { staging = 1048576 }))
+      local loaded = hwm()
+      assert(u:get(12345678) == t:get(12345678) and u:get(0) == t:get(0))
+      print(("growth %%.1f %%.1f"):format(saved - base, loaded - base))
+    ]]):format(path, path))
+    assert.equal(0, rc, out)
+    local save_mb, load_mb = out:match("growth ([%d.]+) ([%d.]+)")
+    assert.truthy(save_mb, out)
+    assert.is_true(tonumber(save_mb) < 8, out)
+    assert.is_true(tonumber(load_mb) < 8, out)
+  end)
+
+  it("hands out views that share the file's pages, outlive close(), and never write the file", function()
+    local path = scratch("views.safetensors")
+    local t = random_tensor({ 4, 3 }, "f32", "host", 5)
+    assert(ck.save(path, { tensors = { t = t } }))
+    local bytes = read_file(path)
+    local f = assert(ck.open(path))
+    local v1, v2 = f:view("t"), f:view("t")
+    f:close()
+    assert.same(t:totable(), v1:totable())
+    v1[0] = 123.5 -- views of one open file share its pages, as views of one tensor do
+    assert.equal(123.5, v2[0])
+    assert.equal(bytes, read_file(path))
+    v1:free()
+    assert.equal(123.5, v2[0])
+    assert.same(t:totable(), assert(ck.open(path)):view("t"):totable())
+    local missing, err = assert(ck.open(path)):view("nope")
+    assert.is_nil(missing)
+    assert.matches("has no tensor 'nope'", err)
+  end)
+
+  it("replaces the previous file only when the new one is complete, and cleans up after a failure", function()
+    local path = scratch("atomic.safetensors")
+    local old = random_tensor({ 10 }, "f32", "host", 1)
+    assert(ck.save(path, { tensors = { t = old } }))
+    local before = read_file(path)
+    -- A full disk, emulated by a 64 KiB file-size limit (SIGXFSZ ignored, so write fails).
+    local out, rc = child(([[
+      local ur = require "uvmrec"
+      local ck = require "uvmrec.checkpoint"
+      local t = ur.uvm_tensor({ 100000 }):uniform(-1, 1, 9)
+      print(ck.save("%s", { tensors = { t = t } }, { staging = 8192 }))
+    ]]):format(path), "ulimit -f 64; trap \"\" XFSZ;")
+    assert.equal(0, rc, out)
+    assert.matches("safetensors: writing " .. path:gsub("%p", "%%%0") ..
+      "%.tmp%-%w+ failed after 65536 of 400%d+ bytes: File too large; .* is unchanged", out)
+    assert.equal(before, read_file(path))
+    local names = {}
+    for n in io.popen("ls " .. root .. " | grep atomic"):lines() do names[#names + 1] = n end
+    assert.same({ path:match("[^/]+$") }, names) -- no temporary file left
+    assert.same(old:totable(), assert(ck.load(path)).tensors.t:totable())
+  end)
+
+  it("leaves the previous file loadable when the saving process is killed mid-write", function()
+    local dir = scratch("killed")
+    assert(C.ur_dir_create(dir) == 0)
+    local path = ck.path_for(dir, 5)
+    local old = random_tensor({ 10 }, "i32", "host", 2)
+    assert(ck.save(path, { tensors = { t = old } }))
+    local before = read_file(path)
+    -- The file-size limit's signal kills the child in the middle of its write, as a crash would.
+    local out, rc = child(([[
+      local ur = require "uvmrec"
+      local ck = require "uvmrec.checkpoint"
+      ck.save("%s", { tensors = { t = ur.tensor({ 100000 }):fill(3) } })
+      print("not reached")
+    ]]):format(path), "ulimit -f 64;")
+    assert.equal(128 + 25, rc, out) -- SIGXFSZ
+    assert.not_matches("not reached", out)
+    assert.equal(before, read_file(path))
+    assert.same(old:totable(), assert(ck.load(path)).tensors.t:totable())
+    -- The killed save's temporary file stays until rotation clears it.
+    local tmp = io.popen("ls " .. dir):read("*a")
+    assert.matches("ckpt%-000000000005%.safetensors%.tmp%-", tmp)
+    local removed = assert(ck.rotate(dir, 3))
+    assert.equal(1, #removed)
+    assert.matches("%.tmp%-", removed[1])
+    assert.equal(ck.path_for(dir, 5), ck.latest(dir))
+  end)
+
+  it("fails a save into a missing directory with an IO error, writing nothing", function()
+    local ok, err = ck.save(root .. "/no/such/dir/x.safetensors", { tensors = { t = ur.tensor({ 1 }) } })
+    assert.is_nil(ok)
+    assert.matches("cannot create a temporary file beside .*/no/such/dir/x.safetensors: No such file", err)
+  end)
+
+  it("keeps saving when the interrupt flag is up, and stops a load", function()
+    local path = scratch("interrupt.safetensors")
+    local t = ur.uvm_tensor({ 1000 }):uniform(0, 1, 4)
+    C.ur_set_interrupt(1)
+    local ok, err = ck.save(path, { tensors = { t = t } })
+    local f = ck.open(path)
+    local lok, lerr = f:read("t", ur.uvm_tensor({ 1000 }))
+    C.ur_set_interrupt(0)
+    assert.is_true(ok, err)
+    assert.is_nil(lok)
+    assert.matches("reading tensor 't' of .* interrupted after 0 bytes", lerr)
+  end)
+
+  it("rejects bad arguments to save at the caller's line", function()
+    local t = ur.tensor({ 2 })
+    assert.has_error(function() ck.save(1, {}) end, "checkpoint save: path must be a string")
+    assert.has_error(function() ck.save(scratch("x"), { tensors = { a = 5 } }) end,
+      "checkpoint save: tensors must be {name = tensor}, got a = 5")
+    assert.has_error(function() ck.save(scratch("x"), { tensors = { t = t }, meta = { k = {} } }) end)
+    local ok, err = pcall(ck.save, scratch("x"), { tensors = { ["__metadata__"] = t } })
+    assert.is_false(ok)
+    assert.matches("is named '__metadata__'; expected a non%-empty name other than __metadata__", err)
+    ok, err = pcall(ck.save, scratch("x"), { tensors = { ["bad\255name"] = t } })
+    assert.is_false(ok)
+    assert.matches("tensor name 'bad.name' is not valid UTF%-8", err)
+  end)
+end)
+
+describe("uvmrec.checkpoint validation", function()
+  local F32_2 = '"dtype":"F32","shape":[2],"data_offsets":[0,8]'
+  local data8 = "\0\0\128\63\0\0\0\64"
+
+  local function rejects(path, status, pattern)
+    local st, msg = open_status(path)
+    assert.equal(status, st, msg)
+    assert.matches(pattern, msg)
+    assert.matches(path:gsub("%p", "%%%0"), msg) -- the file is named
+    local f, err = ck.open(path)
+    assert.is_nil(f)
+    assert.equal(msg, err)
+  end
+
+  it("accepts a well-formed file made by hand", function()
+    local path = craft("good.safetensors", '{"a":{' .. F32_2 .. '}}      ', data8)
+    local f = assert(ck.open(path))
+    assert.same({ 1, 2 }, f:view("a"):totable())
+  end)
+
+  it("rejects a truncated file", function()
+    rejects(write_file(scratch("short.safetensors"), "\8\0\0\0\0"), C.UR_STATUS_FORMAT,
+      "is 5 bytes, shorter than the 8%-byte header length: the file is truncated")
+    rejects(craft("cut.safetensors", '{"a":{' .. F32_2 .. '}}      ', data8:sub(1, 6)), C.UR_STATUS_FORMAT,
+      "tensor 'a': data_offsets %[0, 8%] run past the end of the data %(6 bytes%): the file is truncated")
+  end)
+
+  it("rejects a header length past the end, or over 100 MB", function()
+    rejects(craft("hlen.safetensors", '{}', "", 4096), C.UR_STATUS_FORMAT,
+      "header length 4096 runs past the end of the file %(10 bytes%)")
+    rejects(craft("huge.safetensors", '{}', "", 2 ^ 40), C.UR_STATUS_FORMAT,
+      "header length 1099511627776 is over the 100000000 bytes allowed")
+  end)
+
+  it("rejects bad JSON, with the position", function()
+    rejects(craft("json.safetensors", '{"a":{"dtype":"F32",', nil, 20), C.UR_STATUS_FORMAT,
+      "the header is not valid JSON: string or '}' expected near end of file %(at header byte 20%)")
+    rejects(craft("brace.safetensors", ' {"a":1}'), C.UR_STATUS_FORMAT,
+      "the header is not valid JSON: it does not start with '{'")
+    rejects(craft("big.safetensors", '{"a":{"dtype":"F32","shape":[99999999999999999999],"data_offsets":[0,8]}}'),
+      C.UR_STATUS_FORMAT, "not valid JSON: too big integer")
+  end)
+
+  it("rejects duplicate names", function()
+    rejects(craft("dup.safetensors", '{"a":{' .. F32_2 .. '},"a":{' .. F32_2 .. '}}', data8),
+      C.UR_STATUS_FORMAT, "the header names 'a' twice")
+  end)
+
+  it("rejects overlapping, out-of-range, gapped, trailing and unaligned offsets", function()
+    local two = '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},' ..
+                '"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}'
+    rejects(craft("overlap.safetensors", two, data8 .. data8), C.UR_STATUS_FORMAT,
+      "tensor 'b' %(data_offsets %[4, 12%]%) overlaps tensor 'a' %(%[0, 8%]%)")
+    rejects(craft("range.safetensors", '{"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}', data8),
+      C.UR_STATUS_FORMAT, "tensor 'a': data_offsets %[8, 16%] run past the end of the data %(8 bytes%)")
+    rejects(craft("gap.safetensors", '{"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}', data8 .. data8),
+      C.UR_STATUS_FORMAT, "data bytes 0%.%.7 belong to no tensor %(a gap before tensor 'a'%)")
+    rejects(craft("trail.safetensors", '{"a":{' .. F32_2 .. '}}', data8 .. "xyz"),
+      C.UR_STATUS_FORMAT, "the tensors end at data byte 8 but the data runs to 11: 3 trailing bytes")
+    -- A 13-byte header puts the data at file byte 21: an F32 there is unaligned.
+    local odd = '{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},' ..
+                '"b":{"dtype":"F32","shape":[1],"data_offsets":[1,5]}}'
+    rejects(craft("align.safetensors", odd .. "  ", "\1\0\0\128\63", #odd + 2), C.UR_STATUS_FORMAT,
+      "tensor 'b' starts at file byte " .. (8 + #odd + 2 + 1) .. ", which is not aligned to its 4%-byte elements")
+  end)
+
+  it("rejects offsets that do not match dtype times shape, and bad shapes", function()
+    rejects(craft("size.safetensors", '{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}', data8),
+      C.UR_STATUS_FORMAT, "tensor 'a': data_offsets %[0, 8%] hold 8 bytes but F32 %[3%] is 12 bytes")
+    rejects(craft("over.safetensors",
+      '{"a":{"dtype":"I64","shape":[4294967296,4294967296],"data_offsets":[0,8]}}', data8),
+      C.UR_STATUS_FORMAT, "is more than 2%^64 %(overflow%)")
+    rejects(craft("neg.safetensors", '{"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}}', data8),
+      C.UR_STATUS_FORMAT, "tensor 'a': shape%[0%] is an integer below 0; expected an integer >= 0")
+    rejects(craft("real.safetensors", '{"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}}', data8),
+      C.UR_STATUS_FORMAT, "tensor 'a': shape%[0%] is a real number; expected an integer >= 0")
+    rejects(craft("back.safetensors", '{"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}}', data8),
+      C.UR_STATUS_FORMAT, "data_offsets %[8, 0%] end before they begin")
+    rejects(craft("dims.safetensors", '{"a":{"dtype":"U8","shape":[1,1,1,1,2],"data_offsets":[0,2]}}', "ab"),
+      C.UR_STATUS_UNSUPPORTED, "tensor 'a' has 5 dimensions; uvmrec tensors have at most 4")
+  end)
+
+  it("rejects unknown dtypes and malformed entries", function()
+    rejects(craft("f64.safetensors", '{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}', data8),
+      C.UR_STATUS_FORMAT, "tensor 'a' has dtype 'F64', which uvmrec does not read; expected F32, BF16")
+    rejects(craft("q4.safetensors", '{"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,8]}}', data8),
+      C.UR_STATUS_FORMAT, "dtype 'Q4'")
+    rejects(craft("field.safetensors", '{"a":{' .. F32_2 .. ',"scale":2}}', data8),
+      C.UR_STATUS_FORMAT, "tensor 'a' has an unknown field 'scale'")
+    rejects(craft("noshape.safetensors", '{"a":{"dtype":"F32","data_offsets":[0,8]}}', data8),
+      C.UR_STATUS_FORMAT, "tensor 'a' has no shape")
+    rejects(craft("entry.safetensors", '{"a":[1,2]}'), C.UR_STATUS_FORMAT,
+      "tensor 'a' is an array; expected an object with dtype, shape and data_offsets")
+    rejects(craft("meta.safetensors", '{"__metadata__":{"step":7}}'), C.UR_STATUS_FORMAT,
+      "__metadata__ 'step' is an integer; metadata values must be strings")
+  end)
+
+  it("reports a missing file as an IO error", function()
+    local st, msg = open_status(root .. "/missing.safetensors")
+    assert.equal(C.UR_STATUS_IO, st)
+    assert.matches("cannot open .*missing%.safetensors: No such file or directory", msg)
+    st, msg = open_status(root)
+    assert.equal(C.UR_STATUS_IO, st)
+    assert.matches("is not a regular file", msg)
+  end)
+
+  it("rejects destinations of another shape or dtype before writing any", function()
+    local path = scratch("dst.safetensors")
+    local a, b = random_tensor({ 4, 3 }, "f32", "host", 8), random_tensor({ 6 }, "i32", "host", 9)
+    assert(ck.save(path, { tensors = { a = a, b = b } }))
+    local f = assert(ck.open(path))
+    local da, db = ur.tensor({ 4, 3 }):fill(5), ur.tensor({ 3, 2 }, { dtype = "i32" }):fill(5)
+    assert.has_error(function() f:load({ a = da, b = db }) end,
+      "safetensors load: " .. path .. ": tensor 'b' is I32 [6] in the file but the destination is I32 [3, 2]")
+    assert.equal(5, da[0]) -- a was not written either
+    assert.has_error(function() f:read("a", ur.tensor({ 4, 3 }, { dtype = "bf16" })) end,
+      "safetensors load: " .. path .. ": tensor 'a' is F32 [4, 3] in the file but the destination is BF16 [4, 3]")
+    assert.has_error(function() f:read("zz", da) end, "safetensors load: " .. path .. " has no tensor 'zz'")
+  end)
+
+  it("reads a scalar (shape []) as shape [1]", function()
+    local path = craft("scalar.safetensors", '{"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]}}    ',
+      "\0\0\32\65")
+    local f = assert(ck.open(path))
+    assert.same({}, f:info("s").shape)
+    assert.same({ 1 }, f:view("s"):size())
+    assert.equal(10, f:view("s")[0])
+    local d = ur.tensor({ 1 })
+    assert(f:read("s", d))
+    assert.equal(10, d[0])
+  end)
+end)
+
+describe("uvmrec.checkpoint registry", function()
+  -- A small model: dense weights, a managed table, an optimizer state and a counter.
+  local function model(seed, rows)
+    local m = {
+      w = random_tensor({ 8, 4 }, "f32", "host", seed),
+      bias = random_tensor({ 4 }, "bf16", "host", seed + 1),
+      table = ur.uvm_tensor({ rows or 100, 16 }):uniform(-0.1, 0.1, seed + 2),
+      momentum = random_tensor({ rows or 100, 16 }, "f32", "managed", seed + 3),
+      seen = random_tensor({ rows or 100 }, "i64", "host", seed + 4),
+      lr = 0.05 * seed,
+    }
+    local reg = ck.registry()
+    m.loaded = {}
+    reg:register { name = "dense", state = function()
+      return { tensors = { w = m.w, bias = m.bias }, meta = { lr = m.lr, layers = { 8, 4 } } }
+    end, load = function(tensors, meta)
+      m.loaded.dense = { tensors = tensors, meta = meta }
+      m.lr = meta.lr
+    end }
+    reg:register { name = "emb", state = function()
+      return { tensors = { table = m.table, momentum = m.momentum, seen = m.seen } }
+    end }
+    return m, reg
+  end
+  local config = { model = { tables = { { rows = 100, dim = 16 }, { rows = 50, dim = 16 } } },
+                   train = { steps = 100, lr = 0.05 } }
+
+  it("saves every component into one file and loads it back into the live tensors", function()
+    local m, reg = model(1)
+    local path = scratch("reg.safetensors")
+    local rng = { seed = 42, counter = ffi.new("uint64_t", 2 ^ 63) + 12345 }
+    assert(reg:save(path, { step = 1234, rng = rng, config = config, staging = 8192 }))
+    local f = assert(ck.open(path))
+    assert.same({ "emb.seen", "dense.w", "emb.momentum", "emb.table", "dense.bias" }, f:names())
+    assert.equal("1", f:meta("uvmrec.format"))
+    assert.equal("1234", f:meta("uvmrec.step"))
+    assert.equal('["dense","emb"]', f:meta("uvmrec.components"))
+    assert.equal('{"counter":9223372036854788153,"seed":42}', f:meta("uvmrec.rng"))
+    assert.equal('{"layers":[8,4],"lr":0.050000000000000003}', f:meta("uvmrec.meta.dense"))
+
+    local m2, reg2 = model(2)
+    local r = assert(reg2:load(path, { config = config, staging = 8192 }))
+    assert.equal(1234, r.step)
+    assert.equal(42, r.rng.seed)
+    assert.is_true(r.rng.counter == rng.counter)
+    assert.same(config, r.config)
+    assert.same({}, r.unused)
+    for _, k in ipairs { "w", "bias", "table", "momentum", "seen" } do
+      assert.same(m[k]:totable(), m2[k]:totable(), k)
+    end
+    assert.equal(0.05, m2.lr)
+    assert.same({ 8, 4 }, m2.loaded.dense.meta.layers)
+    assert.equal(m2.w, m2.loaded.dense.tensors.w)
+  end)
+
+  it("names the config difference, and skips the paths it is told to", function()
+    local _, reg = model(1)
+    local path = scratch("cfg.safetensors")
+    assert(reg:save(path, { step = 1, config = config }))
+    local other = ck.json.decode(ck.json.encode(config))
+    other.model.tables[2].rows = 60
+    other.train.steps = 500
+    local r, err = reg:load(path, { config = other })
+    assert.is_nil(r)
+    assert.equal("checkpoint " .. path .. ": config differs at model.tables[2].rows: the checkpoint has 50, " ..
+      "this run has 60", err)
+    r, err = reg:load(path, { config = other, config_ignore = { "model.tables[2]" } })
+    assert.is_nil(r)
+    assert.matches("config differs at train.steps: the checkpoint has 100, this run has 500", err)
+    other.train.data = "/data/day_1"
+    assert(reg:load(path, { config = other, config_ignore = { "model.tables[2]", "train.steps", "train.data" } }))
+  end)
+
+  it("names a missing component, a missing tensor or a shape mismatch, and changes nothing", function()
+    local _, reg = model(1)
+    local path = scratch("mis.safetensors")
+    assert(reg:save(path, { step = 3 }))
+    local m2, reg2 = model(2, 120)
+    local before = m2.w:totable()
+    local r, err = reg2:load(path)
+    assert.is_nil(r)
+    assert.matches("tensor 'emb%.[%w]+' is [fi][36][24] %[100(.*)%] in the file but [fi][36][24] %[120%1%] in this run",
+      err)
+    assert.same(before, m2.w:totable())
+    local _, reg3 = model(3)
+    reg3:register { name = "opt", state = function() return { tensors = {} } end }
+    r, err = reg3:load(path)
+    assert.is_nil(r)
+    assert.equal("checkpoint " .. path .. ": has no component 'opt' (it has: dense, emb)", err)
+    reg3:unregister("opt")
+    reg3:register { name = "opt", optional = true, state = function() return { tensors = {} } end }
+    assert(reg3:load(path))
+    local m4, reg4 = model(4)
+    m4.extra = ur.tensor({ 2 })
+    reg4:unregister("emb")
+    reg4:register { name = "emb", state = function()
+      return { tensors = { table = m4.table, momentum = m4.momentum, seen = m4.seen, extra = m4.extra } }
+    end }
+    r, err = reg4:load(path)
+    assert.is_nil(r)
+    assert.equal("checkpoint " .. path .. ": has no tensor 'emb.extra' (component 'emb')", err)
+    local _, reg5 = model(5)
+    reg5:unregister("emb")
+    reg5:register { name = "emb", state = function() return { tensors = { table = m4.table } } end }
+    r, err = reg5:load(path)
+    assert.is_nil(r)
+    assert.matches("holds tensor 'emb%.%w+', which component 'emb' does not have", err)
+  end)
+
+  it("hands views to components that ask for them, and reports unused components", function()
+    local m, reg = model(1)
+    local path = scratch("views-reg.safetensors")
+    assert(reg:save(path, { step = 9 }))
+    local got
+    local reg2 = ck.registry()
+    reg2:register { name = "emb", views = true, state = function() return { tensors = {} } end,
+                    load = function(tensors) got = tensors end }
+    local r = assert(reg2:load(path))
+    assert.same({ "dense" }, r.unused)
+    assert.equal(9, r.step)
+    assert.equal("host", got.table:placement())
+    assert.same(m.table:totable(), got.table:totable())
+    assert.same(m.seen:totable(), got.seen:totable())
+  end)
+
+  it("refuses files that are not uvmrec checkpoints or of another format", function()
+    local path = scratch("plain.safetensors")
+    assert(ck.save(path, { tensors = { a = ur.tensor({ 1 }) } }))
+    local r, err = ck.registry():load(path)
+    assert.is_nil(r)
+    assert.matches("not a uvmrec checkpoint %(no uvmrec%.format in its metadata%)", err)
+    assert(ck.save(path, { tensors = {}, meta = { ["uvmrec.format"] = "2" } }))
+    r, err = ck.registry():load(path)
+    assert.is_nil(r)
+    assert.matches("format 2, but this uvmrec reads format 1", err)
+    r, err = ck.registry():load(root .. "/nothing.safetensors")
+    assert.is_nil(r)
+    assert.matches("cannot open", err)
+  end)
+
+  it("rejects misuse at the caller's line", function()
+    local reg = ck.registry()
+    assert.has_error(function() reg:register { name = "a.b", state = function() end } end,
+      "checkpoint register: name must be letters, digits, _ or -, got a.b")
+    reg:register { name = "a", state = function() return { tensors = { x = 5 } } end }
+    assert.has_error(function() reg:register { name = "a", state = function() end } end,
+      "checkpoint register: component 'a' is already registered")
+    assert.has_error(function() reg:register { name = "b" } end, "checkpoint register: component 'b' needs state()")
+    assert.has_error(function() reg:save(scratch("x"), { step = 1 }) end,
+      "checkpoint: component 'a': state().tensors must be {name = tensor}, got x = 5")
+    assert.has_error(function() reg:save(scratch("x"), { step = -1 }) end,
+      "checkpoint save: step must be an integer >= 0, got -1")
+    assert.same({ "a" }, reg:components())
+  end)
+end)
+
+describe("uvmrec.checkpoint run directories", function()
+  it("saves by step, keeps the newest K, and resolves --resume RUNDIR|FILE", function()
+    local dir = scratch("run") .. "/nested/dir"
+    local t = ur.tensor({ 3 }):fill(1)
+    local reg = ck.registry()
+    reg:register { name = "m", state = function() return { tensors = { t = t } } end }
+    for _, step in ipairs { 100, 20, 300, 5 } do
+      t:fill(step)
+      assert.equal(ck.path_for(dir, step), assert(reg:save_step(dir, { step = step, keep = 3 })))
+    end
+    local steps = {}
+    for i, c in ipairs(assert(ck.list(dir))) do steps[i] = c.step end
+    assert.same({ 20, 100, 300 }, steps) -- 5 was saved last but is the oldest step: rotated out
+    assert.equal(dir .. "/ckpt-000000000300.safetensors", ck.latest(dir))
+    assert.equal(ck.path_for(dir, 20), ck.latest(ck.path_for(dir, 20)))
+    local r = assert(reg:load(ck.latest(dir)))
+    assert.equal(300, r.step)
+    assert.same({ 300, 300, 300 }, t:totable())
+    local removed = assert(ck.rotate(dir, 1))
+    assert.same({ ck.path_for(dir, 20), ck.path_for(dir, 100) }, removed)
+    assert.is_false(exists(ck.path_for(dir, 20)))
+    local empty = scratch("empty-run")
+    assert(C.ur_dir_create(empty) == 0)
+    local p, err = ck.latest(empty)
+    assert.is_nil(p)
+    assert.matches("holds no checkpoint", err)
+    p, err = ck.latest(root .. "/nowhere")
+    assert.is_nil(p)
+    assert.matches("is neither a run directory nor a checkpoint file", err)
+    assert.has_error(function() ck.rotate(dir, 0) end, "checkpoint rotate: keep must be an integer >= 1, got 0")
+  end)
+
+  it("lists a directory of more names than the first buffer holds", function()
+    local dir = scratch("many")
+    assert(C.ur_dir_create(dir) == 0)
+    for i = 1, 300 do write_file(ck.path_for(dir, i), "") end
+    local all = assert(ck.list(dir))
+    assert.equal(300, #all)
+    assert.equal(300, all[300].step)
+  end)
+end)
+
+describe("uvmrec.checkpoint json", function()
+  it("writes canonical text and reads it back, 64-bit integers exactly", function()
+    local v = { b = { 1, 2.5, -3e-7, true }, a = "x\"\\\n\1é", n = ffi.new("int64_t", -2 ^ 62) - 7,
+                u = ffi.new("uint64_t", 0) - 1, e = {} }
+    local text = ck.json.encode(v)
+    assert.equal('{"a":"x\\"\\\\\\n\\u0001é","b":[1,2.5,-2.9999999999999999e-07,true],"e":{},' ..
+      '"n":-4611686018427387911,"u":18446744073709551615}', text)
+    local back = assert(ck.json.decode(text))
+    assert.equal(v.a, back.a)
+    assert.same(v.b, back.b)
+    assert.is_true(back.n == v.n and back.u == v.u)
+    assert.equal("é😀", ck.json.decode('"\\u00e9\\ud83d\\ude00"'))
+    local bad, err = ck.json.decode('{"a":[1,}')
+    assert.is_nil(bad)
+    assert.equal("json: unexpected '}' at byte 9", err)
+    assert.has_error(function() ck.json.encode({ x = 0 / 0 }) end)
+    assert.has_error(function() ck.json.encode({ 1, x = 2 }) end)
+  end)
+end)
+
+describe("uvmrec.checkpoint interop", function()
+  local function python()
+    for _, py in ipairs { os.getenv("UVMREC_PYTHON") or "", "build/venv/bin/python", "python3" } do
+      if py ~= "" and os.execute(py .. " -c 'import safetensors' >/dev/null 2>&1") == 0 then return py end
+    end
+  end
+
+  it("is read by the safetensors package, which writes the same bytes (make pydeps)", function()
+    local py = python()
+    if not py then pending("Python's safetensors is not installed (make pydeps)") return end
+    local tensors = {}
+    for i, dt in ipairs(h.dtypes) do tensors["t." .. dt] = random_tensor({ 3, 5 }, dt, "managed", 100 + i) end
+    local path = scratch("interop.safetensors")
+    assert(ck.save(path, { tensors = tensors, meta = { step = "12" } }))
+    local p = io.popen(py .. " scripts/bench/read_safetensors.py --reserialize " .. path .. " 2>&1")
+    local out = p:read("*a")
+    p:close()
+    local r = assert(ck.json.decode(out), out)
+    assert.is_true(r.identical, out)
+    assert.same({ step = "12" }, r.metadata)
+    for name, t in pairs(tensors) do
+      local e = r.tensors[name]
+      assert.equal(t:dtype():upper(), e.dtype)
+      assert.same({ 3, 5 }, e.shape)
+      assert.same(t:totable(), e.values, name)
+    end
+  end)
+end)
+
+describe("uvmrec.checkpoint on the GPU", function()
+  h.cuda_it("saves and loads device and managed tensors through the staging buffer as the CPU does", function()
+    local s = ur.stream()
+    for i, dt in ipairs(h.dtypes) do
+      local host = random_tensor({ 1001, 33 }, dt, "host", 200 + i)
+      local dev, man = assert(host:to("device")), assert(host:to("managed"))
+      assert(man:prefetch(0, man:numel(), "gpu"))
+      local path = scratch("gpu-" .. dt .. ".safetensors")
+      assert(ck.save(path, { tensors = { host = host, dev = dev, man = man } }, { staging = 65536, stream = s }))
+      local f = assert(ck.open(path))
+      local want = host:totable()
+      assert.same(want, f:view("dev"):totable())
+      assert.same(want, f:view("man"):totable())
+      local d2 = ur.tensor({ 1001, 33 }, { dtype = dt, placement = "device" }):fill(0)
+      local m2 = ur.uvm_tensor({ 1001, 33 }, { dtype = dt }):fill(0)
+      assert(m2:prefetch(0, m2:numel(), "gpu"))
+      assert(f:load({ dev = d2, man = m2 }, { staging = 65536, stream = s }))
+      assert.same(want, assert(d2:to("host")):totable(), dt .. " device")
+      assert.same(want, m2:totable(), dt .. " managed")
+    end
+  end)
+end)
