@@ -2,6 +2,7 @@ local ffi = require "ffi"
 local ur = require "uvmrec"
 local ck = require "uvmrec.checkpoint"
 local h = require "helpers"
+local command = require "command"
 local C = ur.C
 
 -- A scratch directory for this file's specs, removed at the end.
@@ -55,11 +56,16 @@ local function open_status(path)
   return st, ffi.string(C.ur_last_error())
 end
 
--- Runs a Lua script in a child luajit under bash (prefix: shell lines before it, such as a
--- file-size limit); returns its output and exit code.
+-- Runs a Lua script in a child process under bash (prefix: shell lines before it, such as a
+-- file-size limit); returns its output and exit code.  The child is the uvmrec command where
+-- there is one (a dist tree has no luajit), else luajit.
 local function child(script, prefix)
+  local bin = command.bin()
+  if C.ur_path_kind(bin) ~= 1 then bin = "luajit" end
   local file = write_file(scratch("child.lua"), script)
-  local p = io.popen(("bash -c '%s exec luajit %s' 2>&1; echo \"rc=$?\""):format(prefix or "", file))
+  local sh = write_file(scratch("child.sh"), ("%s\nexec %s %s\n"):format(prefix or "",
+    command.quote(bin), command.quote(file)))
+  local p = io.popen("bash " .. command.quote(sh) .. " 2>&1; echo \"rc=$?\"")
   local out = p:read("*a")
   p:close()
   return out, tonumber(out:match("rc=(%d+)%s*$"))
@@ -221,7 +227,7 @@ describe("uvmrec.checkpoint files", function()
       local ck = require "uvmrec.checkpoint"
       local t = ur.uvm_tensor({ 100000 }):uniform(-1, 1, 9)
       print(ck.save("%s", { tensors = { t = t } }, { staging = 8192 }))
-    ]]):format(path), "ulimit -f 64; trap \"\" XFSZ;")
+    ]]):format(path), "ulimit -f 64; trap '' XFSZ")
     assert.equal(0, rc, out)
     assert.matches("safetensors: writing " .. path:gsub("%p", "%%%0") ..
       "%.tmp%-%w+ failed after 65536 of 400%d+ bytes: File too large; .* is unchanged", out)
@@ -245,7 +251,7 @@ describe("uvmrec.checkpoint files", function()
       local ck = require "uvmrec.checkpoint"
       ck.save("%s", { tensors = { t = ur.tensor({ 100000 }):fill(3) } })
       print("not reached")
-    ]]):format(path), "ulimit -f 64;")
+    ]]):format(path), "ulimit -f 64")
     assert.equal(128 + 25, rc, out) -- SIGXFSZ
     assert.not_matches("not reached", out)
     assert.equal(before, read_file(path))
