@@ -104,6 +104,9 @@ local function big_integer(text)
   return v
 end
 
+local simple = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r",
+                 t = "\t" }
+
 -- A value from JSON text, or nil, message with the byte position.
 function json.decode(s)
   local pos = 1
@@ -120,8 +123,6 @@ function json.decode(s)
       if c == '"' then pos = j + 1; return table.concat(out) end
       if c ~= "\\" then pos = j; fail("control character in a string") end
       local e = s:sub(j + 1, j + 1)
-      local simple = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n",
-                       r = "\r", t = "\t" }
       if simple[e] then
         out[#out + 1] = simple[e]
         i = j + 2
