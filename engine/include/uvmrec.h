@@ -793,6 +793,60 @@ UR_API ur_status ur_dir_list(const char *dir, const char *prefix, const char *su
                              uint64_t len, uint64_t *needed);
 UR_API ur_status ur_dir_create(const char *path);  /* with its parents; existing is fine */
 UR_API int32_t ur_path_kind(const char *path);      /* 0 missing, 1 file, 2 directory, 3 other */
+/* The loader (engine/src/loader.c): a thread that turns a source into batches in pinned
+ * buffers ahead of use.  Each epoch a rank reads its contiguous share of the rows, in
+ * windows of shuffle_window rows shuffled by a seeded permutation (a window of 0: in order),
+ * so a position (epoch, sample) restores the exact order.  A batch stays valid until it is
+ * released; the loader holds depth batches ahead, plus two the consumer may hold. */
+typedef enum ur_source_kind {
+  UR_SOURCE_SYNTHETIC = 0, UR_SOURCE_CRITEO_TSV, UR_SOURCE_CRITEO_BIN
+} ur_source_kind;
+typedef struct ur_loader_opts {
+  int32_t source;                 /* ur_source_kind */
+  int32_t npaths;
+  const char *const *paths;       /* TSV files, or one folder of day files */
+  const ur_synth_spec *synth;     /* UR_SOURCE_SYNTHETIC */
+  int64_t samples;                /* synthetic samples per epoch */
+  const char *const *keys;        /* names of the sparse features (NULL: C1, C2, ...) */
+  ur_criteo_opts criteo;          /* TSV options; rows also reduce day files' ids on read */
+  int64_t batch_size;
+  int32_t depth;                  /* batches prepared ahead (>= 1) */
+  int32_t drop_last;
+  int64_t shuffle_window;         /* rows per shuffled window; 0: no shuffling */
+  uint64_t seed;
+  int32_t epochs;                 /* 0: without end */
+  int32_t rank, world;
+  int64_t start_epoch, start_sample; /* the position to start from (a resumed run) */
+  int32_t placement;              /* of the batches: UR_PLACE_PINNED (default) or HOST */
+} ur_loader_opts;
+typedef struct ur_loader_stats {
+  int64_t batches, samples, bytes;
+  double wait_seconds;            /* the consumer's time blocked in next */
+  double produce_seconds;         /* the loader thread's time making batches */
+  int64_t epoch, sample;          /* the position after the last batch handed out */
+  int64_t samples_per_epoch;      /* this rank's; -1 until known (TSV) */
+} ur_loader_stats;
+struct ur_loader;
+struct ur_batch;
+typedef struct ur_loader ur_loader;
+typedef struct ur_batch ur_batch;
+UR_API size_t ur_sizeof_loader_opts(void);
+UR_API size_t ur_sizeof_loader_stats(void);
+UR_API ur_status ur_loader_open(const ur_loader_opts *opts, ur_loader **out);
+/* The next batch (*out NULL at the end); an error of the loader thread is returned here,
+ * after the batches made before it. */
+UR_API ur_status ur_loader_next(ur_loader *l, ur_batch **out);
+UR_API void ur_loader_release(ur_loader *l, ur_batch *b);
+/* Stops the thread (also mid-epoch) and frees everything; batches not released are freed too. */
+UR_API void ur_loader_close(ur_loader *l);
+UR_API ur_status ur_loader_stats_get(const ur_loader *l, ur_loader_stats *out);
+UR_API const ur_tensor *ur_batch_dense(const ur_batch *b);   /* f32 [B, dense] */
+UR_API const ur_tensor *ur_batch_labels(const ur_batch *b);  /* f32 [B] */
+UR_API const ur_tensor *ur_batch_groups(const ur_batch *b);  /* i64 [B], or NULL */
+UR_API const ur_kjt *ur_batch_sparse(const ur_batch *b);
+UR_API int64_t ur_batch_size(const ur_batch *b);
+UR_API int64_t ur_batch_epoch(const ur_batch *b);
+UR_API int64_t ur_batch_first_sample(const ur_batch *b);     /* within the epoch */
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

@@ -455,8 +455,15 @@ static ur_status refill(ur_criteo_reader *r) {
         parse(r->buf + r->starts[i], r->lens[i], r->opts.pad_missing_fields, &lb, d, c, &pd, msg,
               sizeof msg);
       }
-      if (!r->opts.skip_bad_lines)
-        return fail(r, UR_STATUS_FORMAT, "criteo-tsv: %s:%lld: %s", path, (long long)line, msg);
+      if (!r->opts.skip_bad_lines) {
+        /* The rows before it are served first; the error comes with the read after them. */
+        fail(r, UR_STATUS_FORMAT, "criteo-tsv: %s:%lld: %s", path, (long long)line, msg);
+        r->stats.lines += (int64_t)i;
+        r->nrows = kept;
+        r->stats.rows += kept;
+        r->rows_file = r->cur;
+        return UR_STATUS_OK;
+      }
       skipped(r, line, msg);
     }
     r->stats.lines += (int64_t)n;
@@ -489,12 +496,13 @@ static ur_status refill(ur_criteo_reader *r) {
 ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels, float *dense,
                          uint32_t *ids, int64_t *n) {
   *n = 0;
-  if (r->failed) return ur__error(r->failed, "%s", r->err);
+  if (r->failed && r->rpos == r->nrows) return ur__error(r->failed, "%s", r->err);
   if (max < 0) return ur__error(UR_STATUS_INVALID, "criteo-tsv: read of %lld rows", (long long)max);
-  if (r->rpos == r->nrows && !r->done) {
+  if (r->rpos == r->nrows && !r->done && !r->failed) {
     ur_status st = refill(r);
     r->stats.seconds = since(&r->t0);
     if (st) return st;
+    if (r->failed && r->rpos == r->nrows) return ur__error(r->failed, "%s", r->err);
   }
   int64_t k = r->nrows - r->rpos;
   if (k > max) k = max;

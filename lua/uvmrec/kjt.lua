@@ -150,8 +150,8 @@ function methods:key_span(key)
            values = { tonumber(span[2]), tonumber(span[3]) } }
 end
 
--- Checks lengths and offsets and, with rows (a list per key or a map key -> rows), the ids'
--- range.  Returns true, or nil and a message naming the key and the position.
+-- Checks lengths and offsets and, with rows (a list per key, a map key -> rows, or one
+-- number for every key), the ids' range.  Returns true, or nil and a message naming the key and the position.
 function methods:validate(rows)
   local p = K(self)
   local r
@@ -160,7 +160,7 @@ function methods:validate(rows)
     r = ffi.new("int64_t[?]", math.max(n, 1))
     for i = 0, n - 1 do
       local key = ffi.string(C.ur_kjt_key(p, i))
-      r[i] = rows[key] or rows[i + 1] or 0
+      r[i] = type(rows) == "number" and rows or rows[key] or rows[i + 1] or 0
     end
   end
   local st = C.ur_kjt_validate(p, r)

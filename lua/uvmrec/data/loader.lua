@@ -1,2 +1,212 @@
--- placeholder until the loader lands
-return {}
+-- The loader: a thread of the engine fills pinned batches ahead of use.
+--   local loader = ur.data.loader{ data = "synthetic:tiny", samples = 1e6, batch_size = 4096,
+--                                  depth = 4, shuffle_window = 65536, seed = 1, epochs = 1 }
+--   for batch in loader:batches() do  -- {dense = f32 [B,13], sparse = KJT, labels = f32 [B], groups}
+--     ...
+--   end
+-- A batch stays valid until the call to next() after the one that returned it (so batch i+1
+-- can be fetched while batch i is in use); batch:to(placement) keeps a copy.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local kjt = require "uvmrec.kjt"
+local C, check, must = lib.C, lib.check, lib.must
+
+local M = {}
+
+-- A data spec string: "synthetic:NAME" (a preset, .lua or .yaml), "criteo-tsv:PATH[,PATH...]"
+-- or "criteo-bin:DIR".  Returns {kind, paths | name}.
+function M.source(spec, level)
+  level = level or 2
+  if type(spec) == "table" then return spec end
+  if type(spec) ~= "string" then error("data: expected a spec such as synthetic:tiny", level + 1) end
+  local kind, rest = spec:match("^([%w-]+):(.+)$")
+  if kind == "synthetic" then return { kind = kind, name = rest } end
+  if kind == "criteo-tsv" or kind == "criteo-bin" then
+    local paths = {}
+    for p in rest:gmatch("[^,]+") do paths[#paths + 1] = p end
+    return { kind = kind, paths = paths }
+  end
+  error(("data: '%s' is not a data spec; expected synthetic:NAME, criteo-tsv:PATH[,PATH...] or "
+    .. "criteo-bin:DIR"):format(spec), level + 1)
+end
+
+local batch_mt = {}
+batch_mt.__index = batch_mt
+
+local out_tensor = ffi.new("ur_tensor *[1]")
+local function lend(p)
+  if p == nil then return nil end
+  must(C.ur_tensor_view(p, out_tensor, 0, C.ur_tensor_dim(p, 0)), 3)
+  return tensor.wrap(out_tensor[0])
+end
+
+local function make_batch(state, b)
+  local kp = C.ur_batch_sparse(b)
+  local outs = ffi.new("ur_kjt *[1]")
+  local n = ffi.new("int32_t[1]", C.ur_kjt_num_keys(kp))
+  must(C.ur_kjt_split(kp, n, 1, outs)) -- a KJT of Lua's own over the slot's storage
+  return setmetatable({
+    dense = lend(C.ur_batch_dense(b)), labels = lend(C.ur_batch_labels(b)),
+    groups = lend(C.ur_batch_groups(b)), sparse = kjt.wrap(outs[0]),
+    size = tonumber(C.ur_batch_size(b)), epoch = tonumber(C.ur_batch_epoch(b)),
+    first = tonumber(C.ur_batch_first_sample(b)), _b = b, _state = state,
+  }, batch_mt)
+end
+
+-- Gives the slot back; the batch's tensors are freed, so a later use is an error, not data
+-- silently overwritten by a later batch.
+function batch_mt:release()
+  if not self._b then return end
+  for _, k in ipairs { "dense", "labels", "groups", "sparse" } do
+    if self[k] then self[k]:free() end
+  end
+  if self._state.open then C.ur_loader_release(self._state.p, self._b) end
+  self._b = nil
+end
+
+-- A copy in another placement (device, managed, host), ordered on stream.
+function batch_mt:to(placement, stream)
+  local function mv(t) return t and assert(t:to(placement, nil, stream)) end
+  return { dense = mv(self.dense), labels = mv(self.labels), groups = mv(self.groups),
+           sparse = assert(self.sparse:to(placement, stream)), size = self.size,
+           epoch = self.epoch, first = self.first }
+end
+
+-- Per open loader, by the engine's pointer: the batches handed out (oldest first), and
+-- whether it is still open (a batch outliving its loader must not touch it).  Batches refer
+-- to this state, not to the loader, so an unreferenced loader is still collected.
+-- Kept in the Lua registry, so that a reloaded copy of this module (busted reloads modules
+-- per spec file, while FFI metatypes persist) finds the loaders another copy opened.
+local registry = debug.getregistry()
+registry.uvmrec_loader_states = registry.uvmrec_loader_states or {}
+local states = registry.uvmrec_loader_states
+local function key(p) return tostring(ffi.cast("uintptr_t", p)) end
+
+local function close_c(p)
+  local s = states[key(p)]
+  if s then
+    for _, b in ipairs(s.held) do b:release() end
+    s.open = false
+    states[key(p)] = nil
+  end
+  C.ur_loader_close(p)
+end
+
+local methods = {}
+local wrap, free_loader = lib.handle_type("ur_loader", close_c, { __index = methods })
+
+local function L(l) return lib.ptr(l, "loader", 3) end
+
+-- The next batch; nil at the end; nil, message when the reading failed (file and line named).
+function methods:next()
+  local p = L(self)
+  local state = states[key(p)]
+  local held = state.held
+  while #held > 1 do table.remove(held, 1):release() end
+  local out = ffi.new("ur_batch *[1]")
+  local ok, err = check(C.ur_loader_next(p, out), 2)
+  if not ok then return nil, err end
+  if out[0] == nil then return nil end
+  local b = make_batch(state, out[0])
+  held[#held + 1] = b
+  return b
+end
+
+-- for batch in loader:batches() do ... end (a reading error is raised).
+function methods:batches()
+  return function()
+    local b, err = self:next()
+    if err then error(err, 2) end
+    return b
+  end
+end
+
+local st = ffi.new("ur_loader_stats")
+function methods:stats()
+  C.ur_loader_stats_get(L(self), st)
+  return { batches = tonumber(st.batches), samples = tonumber(st.samples), bytes = tonumber(st.bytes),
+           wait_seconds = st.wait_seconds, produce_seconds = st.produce_seconds,
+           epoch = tonumber(st.epoch), sample = tonumber(st.sample),
+           samples_per_epoch = st.samples_per_epoch >= 0 and tonumber(st.samples_per_epoch) or nil }
+end
+
+-- Where the next batch starts: give it back as opts.position to resume exactly there.
+function methods:position()
+  local s = self:stats()
+  return { epoch = s.epoch, sample = s.sample }
+end
+
+-- Stops the thread and frees the buffers (batches handed out become unusable).
+function methods:close() free_loader(self) end
+methods.free = methods.close
+
+-- ur.data.loader{data = spec, batch_size =, samples = (synthetic), rows = (26 sizes or one: ids
+-- mod rows), depth = 4, drop_last = false, shuffle_window = 0, seed = 0, epochs = 1, rank = 0,
+-- world = 1, position = {epoch, sample}, placement = "pinned", keys = {...},
+-- on_bad_line = "fail", pad_missing_fields = false}
+function M.loader(o)
+  if type(o) ~= "table" then error("loader: expected a table of options", 2) end
+  local src = M.source(o.data, 2)
+  local co = ffi.new("ur_loader_opts")
+  local keep = {} -- luacheck: ignore 241 (what the C struct points at, alive until open returns)
+  co.criteo = require("uvmrec.data").criteo_opts(o, 2)
+  if src.kind == "synthetic" then
+    local synthetic = require "uvmrec.data.synthetic"
+    local spec = src.spec
+    if not spec then
+      local base, samples = synthetic.resolve(src.name)
+      if not base then error("loader: " .. tostring(samples), 2) end
+      spec = synthetic.spec(base, o.synthetic, 2)
+      o.samples = o.samples or samples
+    elseif not spec.cspec then
+      spec = synthetic.spec(spec, nil, 2)
+    end
+    co.source = C.UR_SOURCE_SYNTHETIC
+    co.synth = spec.cspec
+    keep.spec = spec
+    if not o.samples then error("loader: synthetic data needs samples = N", 2) end
+    co.samples = o.samples
+    local names = {}
+    for i, t in ipairs(spec.tables) do names[i] = t.name or ("C" .. i) end
+    o.keys = o.keys or names
+  else
+    co.source = src.kind == "criteo-tsv" and C.UR_SOURCE_CRITEO_TSV or C.UR_SOURCE_CRITEO_BIN
+    local paths = ffi.new("const char *[?]", #src.paths)
+    for i, p in ipairs(src.paths) do paths[i - 1] = p end
+    keep.paths, keep.list = paths, src.paths
+    co.paths, co.npaths = paths, #src.paths
+  end
+  if o.keys then
+    local keys = ffi.new("const char *[?]", #o.keys + 1)
+    for i, k in ipairs(o.keys) do keys[i - 1] = k end
+    keep.keys, keep.klist = keys, o.keys
+    co.keys = keys
+  end
+  co.batch_size = o.batch_size or error("loader: batch_size is required", 2)
+  co.depth = o.depth or 4
+  co.drop_last = o.drop_last and 1 or 0
+  co.shuffle_window = o.shuffle_window or 0
+  co.seed = o.seed or 0
+  co.epochs = o.epochs or 1
+  co.rank, co.world = o.rank or 0, o.world or 1
+  if o.position then
+    co.start_epoch, co.start_sample = o.position.epoch or 0, o.position.sample or 0
+  end
+  co.placement = (o.placement or "pinned") == "host" and C.UR_PLACE_HOST or C.UR_PLACE_PINNED
+  local out = ffi.new("ur_loader *[1]")
+  local ok, err = check(C.ur_loader_open(co, out), 2)
+  if not ok then return nil, err end
+  states[key(out[0])] = { held = {}, open = true, p = out[0] }
+  return wrap(out[0])
+end
+
+-- ur.data.open(spec, opts): the same as loader(opts) with data = spec.
+function M.open(spec, opts)
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  o.data = spec
+  return M.loader(o)
+end
+
+return M

@@ -1,0 +1,303 @@
+local ur = require "uvmrec"
+local data = ur.data
+
+local SHARED = (os.getenv("UVMREC_SHARED") or "../shared") .. "/data/"
+local SAMPLE1, SAMPLE2 = SHARED .. "criteo_raw_sample.tsv", SHARED .. "criteo_raw_sample2.tsv"
+
+local function have(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(os.execute("mkdir -p " .. d) == 0)
+  return d
+end
+
+-- Every batch as plain rows: {label, dense = {...}, ids = {{key's ids}, ...}}, in order.
+local function rows_of(loader)
+  local out = {}
+  for b in loader:batches() do
+    local dense, labels = b.dense:totable(), b.labels:totable()
+    local t = b.sparse:totable()
+    local nk, B, D = #t.keys, b.size, #dense / b.size
+    local pos = 0
+    local ids = {}
+    for k = 1, nk do
+      for i = 1, B do
+        local n = t.lengths[(k - 1) * B + i]
+        ids[i] = ids[i] or {}
+        local bag = {}
+        for j = 1, n do bag[j] = t.values[pos + j] end
+        pos = pos + n
+        ids[i][k] = table.concat(bag, " ")
+      end
+    end
+    for i = 1, B do
+      local d = {}
+      for j = 1, D do d[j] = dense[(i - 1) * D + j] end
+      out[#out + 1] = { label = labels[i], dense = table.concat(d, " "), ids = table.concat(ids[i], "|"),
+                        epoch = b.epoch }
+    end
+  end
+  return out
+end
+
+local function key(r) return r.label .. "/" .. r.dense .. "/" .. r.ids end
+
+describe("uvmrec.data loader", function()
+  it("gives the generator's samples in order, as dense, key-major KJT and labels", function()
+    local spec = data.synthetic_spec {
+      num_dense = 3, seed = 11,
+      tables = { { rows = 50, zipf = 1.1 }, { rows = 20, hot = { 0, 3 }, weighted = true }, { rows = 7 } },
+      groups = 5,
+    }
+    local l = assert(data.loader { data = { kind = "synthetic", spec = spec }, samples = 1000, batch_size = 300,
+                                   depth = 2 })
+    local g = assert(data.generate(spec, 0, 1000))
+    local gids, glen, gw = g.ids:totable(), g.lengths:totable(), g.weights:totable()
+    local gdense, glab, ggroups = g.dense:totable(), g.labels:totable(), g.groups:totable()
+    local seen, nb = 0, 0
+    for b in l:batches() do
+      nb = nb + 1
+      assert.equal(nb < 4 and 300 or 100, b.size)
+      assert.equal(seen, b.first)
+      assert.same({ b.size, 3 }, b.dense:size())
+      assert.equal("pinned", b.dense:placement())
+      assert.same({ "C1", "C2", "C3" }, b.sparse:keys())
+      assert.is_true(b.sparse:validate { 50, 20, 7 })
+      local t = b.sparse:totable()
+      local d, lb, gr = b.dense:totable(), b.labels:totable(), b.groups:totable()
+      local pos = 0
+      for k = 1, 3 do
+        for i = 1, b.size do
+          local s = seen + i - 1
+          local n = glen[s * 3 + k]
+          assert.equal(n, t.lengths[(k - 1) * b.size + i])
+          local col0 = ({ 0, 1, 4 })[k]
+          for j = 1, n do
+            assert.equal(gids[s * 5 + col0 + j], t.values[pos + j])
+            assert.equal(gw[s * 5 + col0 + j], t.weights[pos + j])
+          end
+          pos = pos + n
+        end
+      end
+      for i = 1, b.size do
+        local s = seen + i - 1
+        assert.equal(glab[s + 1], lb[i])
+        assert.equal(ggroups[s + 1], gr[i])
+        for j = 1, 3 do assert.equal(gdense[s * 3 + j], d[(i - 1) * 3 + j]) end
+      end
+      seen = seen + b.size
+    end
+    assert.equal(1000, seen)
+    local st = l:stats()
+    assert.same({ 4, 1000, 1000 }, { st.batches, st.samples, st.samples_per_epoch })
+    assert.is_true(st.bytes > 1000 * 4 * 4)
+    assert.is_true(st.wait_seconds >= 0 and st.produce_seconds > 0)
+    l:close()
+  end)
+
+  it("reads TSV -> day files -> batches the same as TSV -> batches", function()
+    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    local dir = tmpdir()
+    assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { rows = 5000 }))
+    local opts = { batch_size = 333, rows = 5000 }
+    local a = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1 .. "," .. SAMPLE2, opts)))
+    local b = rows_of(assert(data.open("criteo-bin:" .. dir, opts)))
+    assert.equal(1400, #a)
+    assert.equal(#a, #b)
+    for i = 1, #a do assert.equal(key(a[i]), key(b[i]), "row " .. i) end
+    -- Raw ids in the day files, reduced modulo rows on read, give the same again.
+    local raw = tmpdir()
+    assert(data.convert({ SAMPLE1, SAMPLE2 }, raw))
+    local c = rows_of(assert(data.open("criteo-bin:" .. raw, opts)))
+    for i = 1, #a, 37 do assert.equal(key(a[i]), key(c[i]), "row " .. i) end
+    os.execute("rm -rf " .. dir .. " " .. raw)
+  end)
+
+  it("shuffles within windows by seed: each epoch a permutation, the same for the same seed", function()
+    local function run(seed, epochs)
+      return rows_of(assert(data.loader { data = "synthetic:tiny", samples = 2500, batch_size = 256,
+                                          shuffle_window = 1000, seed = seed, epochs = epochs }))
+    end
+    local plain = rows_of(assert(data.loader { data = "synthetic:tiny", samples = 2500, batch_size = 256 }))
+    local a, b, c = run(5, 2), run(5, 2), run(6, 1)
+    assert.equal(5000, #a)
+    local same, moved = true, 0
+    for i = 1, #a do same = same and key(a[i]) == key(b[i]) end
+    assert.is_true(same)
+    for e = 0, 1 do
+      local want, got = {}, {}
+      for i = 1, 2500 do
+        want[#want + 1] = key(plain[i])
+        got[#got + 1] = key(a[e * 2500 + i])
+        if key(a[e * 2500 + i]) ~= key(plain[i]) then moved = moved + 1 end
+        assert.equal(e, a[e * 2500 + i].epoch)
+      end
+      -- windows of 1000 rows: the samples of each window stay in it
+      for w = 0, 2 do
+        local ws, gs = {}, {}
+        for i = w * 1000 + 1, math.min((w + 1) * 1000, 2500) do
+          ws[#ws + 1] = want[i]
+          gs[#gs + 1] = got[i]
+        end
+        table.sort(ws)
+        table.sort(gs)
+        assert.same(ws, gs)
+      end
+    end
+    assert.is_true(moved > 4000)
+    local differ = 0
+    for i = 1, 2500 do if key(a[i]) ~= key(a[2500 + i]) then differ = differ + 1 end end
+    assert.is_true(differ > 2000, "epochs are shuffled differently")
+    differ = 0
+    for i = 1, 2500 do if key(a[i]) ~= key(c[i]) then differ = differ + 1 end end
+    assert.is_true(differ > 2000, "seeds are shuffled differently")
+  end)
+
+  it("drops the last partial batch on request, and splits rows by rank", function()
+    local l = assert(data.loader { data = "synthetic:tiny", samples = 1000, batch_size = 300, drop_last = true })
+    local n = 0
+    for b in l:batches() do
+      assert.equal(300, b.size)
+      n = n + 1
+    end
+    assert.equal(3, n)
+    local all = rows_of(assert(data.loader { data = "synthetic:tiny", samples = 1001, batch_size = 100 }))
+    local parts = {}
+    for r = 0, 2 do
+      local l2 = assert(data.loader { data = "synthetic:tiny", samples = 1001, batch_size = 100, rank = r, world = 3 })
+      local rows = rows_of(l2)
+      for _, x in ipairs(rows) do parts[#parts + 1] = key(x) end
+      assert.equal(({ 333, 334, 334 })[r + 1], #rows)
+    end
+    assert.equal(#all, #parts)
+    for i = 1, #all do assert.equal(key(all[i]), parts[i]) end
+    if have(SAMPLE1) then
+      local r1 = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 64, rank = 1, world = 2 })))
+      local whole = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 64 })))
+      assert.equal(500, #r1)
+      assert.equal(key(whole[501]), key(r1[1]))
+    end
+  end)
+
+  it("resumes from a saved position with exactly the batches that would have followed", function()
+    local opts = { data = "synthetic:tiny", samples = 3000, batch_size = 200, shuffle_window = 700, seed = 9,
+                   epochs = 2 }
+    local full = rows_of(assert(data.loader(opts)))
+    local l = assert(data.loader(opts))
+    for _ = 1, 19 do assert(l:next()) end -- into the second epoch
+    local pos = l:position()
+    assert.same({ epoch = 1, sample = 800 }, pos)
+    l:close()
+    local o2 = {}
+    for k, v in pairs(opts) do o2[k] = v end
+    o2.position = pos
+    local rest = rows_of(assert(data.loader(o2)))
+    assert.equal(#full - 3800, #rest)
+    for i = 1, #rest do assert.equal(key(full[3800 + i]), key(rest[i])) end
+    if have(SAMPLE1) then
+      local t = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1,
+        { batch_size = 100, shuffle_window = 300, seed = 2 })))
+      local r = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 100, shuffle_window = 300, seed = 2,
+                                                                    position = { epoch = 0, sample = 600 } })))
+      assert.equal(400, #r)
+      for i = 1, 400 do assert.equal(key(t[600 + i]), key(r[i])) end
+    end
+  end)
+
+  it("reports a reader error after the batches before it, naming file and line", function()
+    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    local dir = tmpdir()
+    local f = assert(io.open(dir .. "/bad.tsv", "w"))
+    local lines = {}
+    for l in io.lines(SAMPLE1) do lines[#lines + 1] = l end
+    lines[150] = lines[150]:gsub("^0", "2"):gsub("^1", "2")
+    f:write(table.concat(lines, "\n", 1, 300), "\n")
+    f:close()
+    local l = assert(data.open("criteo-tsv:" .. dir .. "/bad.tsv", { batch_size = 50, depth = 2 }))
+    local sizes = {}
+    local b, err = l:next()
+    while b do
+      sizes[#sizes + 1] = b.size
+      b, err = l:next()
+    end
+    assert.same({ 50, 50, 49 }, sizes) -- the 149 good lines before it
+    assert.equal("criteo-tsv: " .. dir .. "/bad.tsv:150: label is '2'; expected 0 or 1", err)
+    l:close()
+    local l2 = assert(data.open("criteo-tsv:" .. dir .. "/bad.tsv", { batch_size = 50, drop_last = true }))
+    assert.has_error(function() for _ in l2:batches() do end end,
+      "criteo-tsv: " .. dir .. "/bad.tsv:150: label is '2'; expected 0 or 1")
+    l2:close()
+    local s = assert(data.open("criteo-tsv:" .. dir .. "/bad.tsv", { batch_size = 50, on_bad_line = "skip" }))
+    local n = 0
+    for x in s:batches() do n = n + x.size end
+    assert.equal(299, n)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("stops early without waiting, and frees a batch's tensors once it is released", function()
+    local l = assert(data.loader { data = "synthetic:tiny", samples = 1e6, batch_size = 1000, depth = 3 })
+    local b1 = assert(l:next())
+    local b2 = assert(l:next())
+    assert.equal(1000, b1.labels:numel())
+    assert(l:next()) -- releases b1
+    assert.has_error(function() return b1.labels:numel() end, "tensor: used after free()")
+    assert.equal(1000, b2.labels:numel())
+    local copy = b2:to("host")
+    l:close()
+    assert.equal(1000, copy.labels:numel())
+    assert.same({ 1000, 13 }, copy.dense:size())
+    assert.equal(26, copy.sparse:num_keys())
+    l:close() -- twice is harmless
+  end)
+
+  it("rejects bad options", function()
+    assert.has_error(function() data.loader { data = "synthetic:tiny", samples = 10 } end,
+      "loader: batch_size is required")
+    assert.has_error(function() data.loader { data = "parquet:x", batch_size = 1 } end)
+    assert.has_error(function()
+      data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, rank = 2, world = 2 }
+    end,
+      "loader: rank 2 of world 2; expected 0 <= rank < world")
+    local l, err = data.loader { data = "criteo-bin:/nonexistent", batch_size = 4 }
+    assert.is_nil(l)
+    assert.equal("criteo-bin: /nonexistent: cannot open the folder", err)
+  end)
+
+  it("ends cleanly under valgrind: early stop, and an error in the reader thread", function()
+    if os.execute("command -v valgrind >/dev/null 2>&1") ~= 0 then pending("no valgrind") return end
+    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    local so = package.searchpath("libuvmrec", package.cpath)
+    local libdir = so:match("^(.*)/[^/]*$")
+    local root = libdir:match("^(.*)/[^/]*/lib$") or "."
+    local dir = tmpdir()
+    local bad = dir .. "/bad.tsv"
+    local f = assert(io.open(bad, "w"))
+    local n = 0
+    for l in io.lines(SAMPLE1) do
+      n = n + 1
+      f:write(n == 90 and "2" .. l:sub(2) or l, "\n")
+      if n == 120 then break end
+    end
+    f:close()
+    local src = root .. "/../engine/tests/loader_check.c"
+    if not have(src) then src = "engine/tests/loader_check.c" end
+    local exe = dir .. "/loader_check"
+    local cc = ("cc -std=c11 -g -Iengine/include %s -L%s -luvmrec -Wl,-rpath,%s -o %s"):format(src, libdir, libdir, exe)
+    assert.equal(0, os.execute(cc))
+    local out = dir .. "/vg.txt"
+    local rc = os.execute(("valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite "
+      .. "--show-leak-kinds=definite %s %s > %s 2>&1"):format(exe, bad, out))
+    local text = assert(io.open(out)):read("*a")
+    os.execute("rm -rf " .. dir)
+    assert.equal(0, rc, text)
+    assert.matches("error after 6 batches: criteo%-tsv: [^\n]*:90: label is '2'", text)
+    assert.matches("loader_check: ok", text)
+    assert.matches("ERROR SUMMARY: 0 errors", text)
+  end)
+end)
