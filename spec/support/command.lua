@@ -55,6 +55,19 @@ end
 -- The command with arguments (a string, already quoted as the shell needs).
 function M.run(args, input) return M.sh(M.quote(M.bin()) .. " " .. args, input) end
 
+-- The commands a tree offers, as the command lists them: its scripts/*.lua and `env`, sorted.
+function M.commands(scripts_dir)
+  local names = { "env" }
+  local p = io.popen("ls " .. M.quote(scripts_dir) .. " 2>/dev/null")
+  for f in p:lines() do
+    local n = f:match("^([%w_%-]+)%.lua$")
+    if n then names[#names + 1] = n end
+  end
+  p:close()
+  table.sort(names)
+  return table.concat(names, ", ")
+end
+
 function M.tmpdir()
   local p = io.popen("mktemp -d /tmp/uvmrec-spec.XXXXXX")
   local d = p:read("*l")
