@@ -228,3 +228,6 @@ run: all
 
 clean:
 	rm -rf $(BUILD) $(CDEF) dist
+
+# Fuzzing: `make fuzz` (FUZZ_SECONDS per target, default 60).
+include engine/fuzz/fuzz.mk
