@@ -231,3 +231,5 @@ clean:
 
 # Fuzzing: `make fuzz` (FUZZ_SECONDS per target, default 60).
 include engine/fuzz/fuzz.mk
+# The synthetic generator must round as the CPU does: no fused multiply-adds.
+$(BUILD)/cuobj/kernels/data.o: NVFLAGS += -fmad=false

@@ -19,6 +19,10 @@ typedef struct ur_core_api {
 
 struct ur__tbe_args;  /* engine/src/tbe.h */
 struct ur__tbe_hyper;
+struct ur__synth; /* engine/src/synth.h */
+struct ur_backend;
+/* Fills the data entries of the CUDA backend's table (engine/src/cuda/data.cu). */
+void ur__cuda_data_install(struct ur_backend *b, const ur_core_api *core);
 struct ur__metrics_job; /* engine/src/metrics_job.h */
 struct ur_backend;
 /* Fills the metrics entries of the CUDA backend's table (engine/src/cuda/metrics.cu). */
@@ -136,6 +140,11 @@ typedef struct ur_backend {
   ur_status (*metrics_window)(void *stream, const struct ur__metrics_job *job);
   ur_status (*metrics_lifetime)(void *stream, const struct ur__metrics_job *job);
   ur_status (*metrics_scratch)(const struct ur__metrics_job *job, size_t *bytes);
+
+  /* data: the synthetic generator (synth.c has checked the outputs: device memory, sizes). */
+  ur_status (*synth)(void *stream, const struct ur__synth *x, int64_t first, int64_t n,
+                     void *dense, void *labels, void *ids, void *weights, void *lengths,
+                     void *groups, void *probs);
 } ur_backend;
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which

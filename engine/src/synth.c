@@ -147,8 +147,24 @@ ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int64_t fir
     free(x);
     return st;
   }
+  if (ur_tensor_place(dense) == UR_PLACE_DEVICE && ur__gpu() && ur__gpu()->synth) {
+    int32_t prev = 0;
+    st = ur_device_get(&prev);
+    if (!st && prev != ur_tensor_device(dense)) st = ur_device_set(ur_tensor_device(dense));
+    if (!st)
+      st = ur__gpu()->synth(s ? s->handle : NULL, x, first, n, ur_tensor_data(dense),
+                            ur_tensor_data(labels), ur_tensor_data(ids),
+                            weights ? ur_tensor_data(weights) : NULL, ur_tensor_data(lengths),
+                            groups ? ur_tensor_data(groups) : NULL, probs ? ur_tensor_data(probs) : NULL);
+    if (prev != ur_tensor_device(dense)) {
+      ur_status st2 = ur_device_set(prev);
+      if (!st) st = st2;
+    }
+    free(x);
+    return st;
+  }
   if (ur_tensor_place(dense) == UR_PLACE_DEVICE) {
-    /* No GPU kernel for it yet: generated on the host and copied, so it is the same data. */
+    /* A backend without the generator: made on the host and copied, so it is the same data. */
     ur_tensor *outs[7] = {dense, labels, ids, weights, lengths, groups, probs}, *h[7] = {0};
     for (int i = 0; i < 7 && !st; i++)
       if (outs[i]) st = ur_tensor_to(NULL, outs[i], &h[i], UR_PLACE_HOST, UR_LOC_CPU);

@@ -942,6 +942,7 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   b->monitor_read = ur_cuda_monitor_read;
   b->monitor_stop = ur_cuda_monitor_stop;
   ur__cuda_metrics_install(b, core);
+  ur__cuda_data_install(b, core);
   *out = b;
   return UR_STATUS_OK;
 }
