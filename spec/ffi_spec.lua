@@ -12,6 +12,10 @@ describe("uvmrec FFI", function()
     for _, name in ipairs { "tbe_table_config", "tbe_config" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
+    for _, name in ipairs { "npy_info", "criteo_opts", "criteo_stats", "synth_table", "synth_spec",
+                            "loader_opts", "loader_stats" } do
+      assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
+    end
   end)
 
   it("has cdef.lua equal to the marked block of uvmrec.h", function()
