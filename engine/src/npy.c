@@ -105,7 +105,7 @@ ur_status ur_npy_parse_header(const void *buf, size_t len, const char *what, ur_
         return bad(what, "dtype ", m);
       }
       memcpy(out->descr, d, 4);
-      out->item_bytes = d[2] == 'i' && d[3] == '8' ? 8 : 4;
+      out->item_bytes = d[1] == 'i' && d[2] == '8' ? 8 : 4;
     } else if (!strcmp(key, "fortran_order")) {
       if (have_order++) return bad(what, "header: 'fortran_order' given twice", NULL);
       if (word(&c, "False")) out->fortran_order = 0;
@@ -377,7 +377,7 @@ ur_status ur_npy_writer_open(const char *path, const char *descr, int32_t ndim,
     w->inner *= shape[i];
   }
   w->kind = descr[1];
-  w->item = descr[2] == 'i' && descr[3] == '8' ? 8 : 4;
+  w->item = descr[1] == 'i' && descr[2] == '8' ? 8 : 4;
   ur_status st = ur__npy_writer_open(&w->w, path, descr, ndim, inner);
   if (st) {
     free(w);
@@ -406,6 +406,17 @@ ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *t) {
   ur_status st;
   if (same) {
     if ((st = ur_tensor_read(t, 0, n, w->buf))) return st;
+  } else if (dt == UR_DTYPE_I64 && w->item == 4 && ur_tensor_place(t) != UR_PLACE_DEVICE) {
+    /* ids to 32 bits, the common case of datagen: checked, without going through double */
+    if (ur_tensor_place(t) != UR_PLACE_HOST && (st = ur_device_sync())) return st;
+    const int64_t *src = ur_tensor_data(t);
+    int64_t lo = w->kind == 'u' ? 0 : INT32_MIN, hi = w->kind == 'u' ? (int64_t)UINT32_MAX : INT32_MAX;
+    for (int64_t i = 0; i < n; i++) {
+      if (src[i] < lo || src[i] > hi)
+        return ur__error(UR_STATUS_INVALID, "npy writer: %s: value %lld (element %lld) does not fit %s",
+                         w->w.path, (long long)src[i], (long long)i, w->w.descr);
+      ((uint32_t *)w->buf)[i] = (uint32_t)src[i];
+    }
   } else {
     size_t es = ur_dtype_size(dt);
     void *raw = malloc((size_t)n * es + 1);

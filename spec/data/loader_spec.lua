@@ -119,6 +119,36 @@ describe("uvmrec.data loader", function()
     os.execute("rm -rf " .. dir .. " " .. raw)
   end)
 
+  it("reads back what datagen wrote (multi-hot with padding, weights, groups) as the generator's batches", function()
+    local command = require "command"
+    local bin = command.bin()
+    if os.execute("test -x " .. command.quote(bin)) ~= 0 then bin = "luajit" end
+    local dir = tmpdir()
+    local spec = [[return { num_dense = 5, seed = 21, groups = 9, tables = {
+      { name = "a", rows = 100, zipf = 1.2 }, { name = "b", rows = 40, hot = { 0, 3 }, weighted = true },
+      { name = "c", rows = 3000000000, hot = 2 } } }]]
+    local f = assert(io.open(dir .. "/spec.lua", "w"))
+    f:write(spec)
+    f:close()
+    local cmd = ("%s scripts/datagen.lua %s/spec.lua --out %s/days --samples 2500 --days 2 > %s/log 2>&1"):format(
+      command.quote(bin), dir, dir, dir)
+    assert.equal(0, os.execute(cmd), command.slurp(dir .. "/log"))
+    assert.matches("hidden model AUC", command.slurp(dir .. "/log"))
+    assert.matches("hot 1,0%-3,2", command.slurp(dir .. "/days/layout.txt"))
+    local from_files = rows_of(assert(data.open("criteo-bin:" .. dir .. "/days", { batch_size = 700 })))
+    local synth = assert(loadstring(spec))()
+    local from_gen = rows_of(assert(data.loader { data = { kind = "synthetic", spec = synth }, samples = 2500,
+                                                  batch_size = 700, keys = { "C1", "C2", "C3" } }))
+    assert.equal(2500, #from_files)
+    for i = 1, 2500 do assert.equal(key(from_gen[i]), key(from_files[i]), "row " .. i) end
+    local l = assert(data.open("criteo-bin:" .. dir .. "/days", { batch_size = 100 }))
+    local b = assert(l:next())
+    assert.is_not_nil(b.groups)
+    assert.is_not_nil(b.sparse:weights())
+    l:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("shuffles within windows by seed: each epoch a permutation, the same for the same seed", function()
     local function run(seed, epochs)
       return rows_of(assert(data.loader { data = "synthetic:tiny", samples = 2500, batch_size = 256,
