@@ -47,7 +47,8 @@ describe("embedding uvmrec in C", function()
 
   local function valgrind(exe)
     if not cmd.have("valgrind") then return pending("no valgrind") end
-    local out, err, code = cmd.sh(("valgrind -q --error-exitcode=99 --leak-check=full --suppressions=spec/support/valgrind.supp " ..
+    local out, err, code = cmd.sh(("valgrind -q --error-exitcode=99 --leak-check=full " ..
+      "--suppressions=spec/support/valgrind.supp " ..
       "--errors-for-leak-kinds=definite,indirect %s"):format(q(exe)))
     assert.equal(0, code, "valgrind:\n" .. err .. out)
   end

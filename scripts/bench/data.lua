@@ -64,7 +64,8 @@ do
   until got[0] == 0
   local secs = now() - t0
   C.ur_criteo_close(r[0])
-  report("criteo-tsv reader (parse, mod rows)", n, "lines", secs, (", %.0f MB/s"):format(#block * nlines / #src / 1e6 / secs))
+  local mb = #block * nlines / #src / 1e6
+  report("criteo-tsv reader (parse, mod rows)", n, "lines", secs, (", %.0f MB/s"):format(mb / secs))
 end
 
 -- TSV to day files.
@@ -84,10 +85,10 @@ for _, preset in ipairs { "tiny", "kaggle", "dcnv2" } do
   assert(data.generate(spec, 0, n))
   report("synthetic " .. preset .. " on the CPU", n, "samples", now() - t0)
   if ur.gpu() then
-    local g = assert(data.generate(spec, 0, n, { placement = "device" }))
+    assert(data.generate(spec, 0, n, { placement = "device" }))
     ur.sync()
     t0 = now()
-    for _ = 1, 5 do g = assert(data.generate(spec, 0, n, { placement = "device" })) end
+    for _ = 1, 5 do assert(data.generate(spec, 0, n, { placement = "device" })) end
     ur.sync()
     report("synthetic " .. preset .. " on the GPU", 5 * n, "samples", now() - t0)
   end
@@ -107,7 +108,8 @@ local function bench_loader(what, spec, opts, max_batches)
   local secs = now() - t0
   local s = l:stats()
   l:close()
-  report("loader " .. what, nb, "batches", secs, (", %.0f samples/s, consumer waited %.2f s"):format(ns / secs, s.wait_seconds))
+  report("loader " .. what, nb, "batches", secs,
+    (", %.0f samples/s, consumer waited %.2f s"):format(ns / secs, s.wait_seconds))
 end
 bench_loader("synthetic tiny", "synthetic:tiny", { samples = 40 * B }, 40)
 bench_loader("criteo-bin (day files)", "criteo-bin:" .. dir .. "/bin", { epochs = 0 }, 40)
