@@ -241,7 +241,7 @@ function methods:to(placement, a, b)
   if device ~= nil then
     device = lib.location(device, 2)
   elseif place == C.UR_PLACE_DEVICE or place == C.UR_PLACE_MANAGED then
-    device = C.ur_device_count() > 0 and 0 or (place == C.UR_PLACE_MANAGED and 0 or 0)
+    device = 0 -- the current GPU when there is one
     if C.ur_device_count() > 0 then
       local d = ffi.new("int32_t[1]")
       C.ur_device_get(d)
