@@ -582,6 +582,27 @@ describe("uvmrec.metrics", function()
       h.near(v.auc_error, o.auc_error, 1e-12, "bound is scale-free")
     end)
 
+    h.cuda_it("gives the CPU's defined values for empty and one-class windows", function()
+      local opts = { metrics = { "auc", "gauc", "ne", "accuracy", "calibration", "ctr" },
+                     tasks = { "t" }, batch_size = 64, window_size = 64, include_logloss = true }
+      for _, label in ipairs { false, 0, 1 } do
+        opts.placement = "host"
+        local cpu = metrics.MetricCollection(opts)
+        opts.placement = "device"
+        local gpu = metrics.MetricCollection(opts)
+        if label then
+          local b = batch(64, 1, { label = label, weights = "sample" })
+          feed(cpu, { b })
+          feed(gpu, { b }, "device")
+        end
+        local a, b = assert(gpu:values()), assert(cpu:values())
+        no_nan(a, "gpu " .. tostring(label))
+        compare(a, b, 1e-12, "label " .. tostring(label))
+        assert.equal(0.5, a.t.window.auc)
+        assert.equal(0.5, a.t.window.grouped_auc)
+      end
+    end)
+
     h.cuda_it("refuses host-memory inputs for a GPU metric, naming both sides", function()
       local m = metrics.AUC { batch_size = 4, placement = "device" }
       local ok, err = pcall(m.update, m, { ur.tensor { 4 }, ur.tensor { 4 } })
