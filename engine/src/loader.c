@@ -209,7 +209,78 @@ static ur_status open_bin(ur_loader *l) {
   return bin_layout(l, dir, l->days[0].sparse.info.shape[1], l->days[0].dense.info.shape[1]);
 }
 
-/* Rows [row0, row0 + n) of the day files into staging rows 0..n-1. */
+/* Rows r0.. of day d into staging rows at0.. (one range of a parallel loop). */
+typedef struct bin_job {
+  ur_loader *l;
+  const day *d;
+  int64_t r0, at0;
+} bin_job;
+
+static void bin_rows(void *ctx, size_t i0, size_t i1) {
+  const bin_job *j = ctx;
+  ur_loader *l = j->l;
+  const day *d = j->d;
+  const ur_npy_info *li = &d->labels.info, *si = &d->sparse.info;
+  for (size_t ii = i0; ii < i1; ii++) {
+    int64_t r = j->r0 + (int64_t)ii, at = j->at0 + (int64_t)ii;
+    memcpy(l->s_dense + at * l->D, (const float *)d->dense.data + r * l->D, sizeof(float) * (size_t)l->D);
+    if (li->descr[1] == 'f') {
+      float v;
+      memcpy(&v, (const char *)d->labels.data + (size_t)r * 4, 4);
+      l->s_labels[at] = v;
+    } else if (li->item_bytes == 8) {
+      int64_t v;
+      memcpy(&v, (const char *)d->labels.data + (size_t)r * 8, 8);
+      l->s_labels[at] = (float)v;
+    } else {
+      int32_t v;
+      memcpy(&v, (const char *)d->labels.data + (size_t)r * 4, 4);
+      l->s_labels[at] = (float)v;
+    }
+    int64_t *ids = l->s_ids + at * l->H;
+    const char *src = (const char *)d->sparse.data + (size_t)r * (size_t)l->H * si->item_bytes;
+    for (int64_t c = 0; c < l->H; c++) {
+      int64_t v;
+      if (si->item_bytes == 8) memcpy(&v, src + c * 8, 8);
+      else if (si->descr[1] == 'u') {
+        uint32_t u;
+        memcpy(&u, src + c * 4, 4);
+        v = u;
+      } else {
+        int32_t x;
+        memcpy(&x, src + c * 4, 4);
+        v = x;
+      }
+      ids[c] = v;
+    }
+    for (int t = 0; t < l->T; t++) {
+      int32_t len = 0;
+      int64_t rows = t < 26 ? l->o.criteo.rows[t] : 0;
+      for (int64_t c = l->col0[t]; c < l->col0[t + 1]; c++) {
+        if (ids[c] < 0) break; /* -1 pads a multi-hot bag */
+        if (rows > 0) ids[c] %= rows;
+        len++;
+      }
+      l->s_len[at * l->T + t] = len;
+    }
+    if (l->weighted)
+      memcpy(l->s_weights + at * l->H, (const float *)d->weights.data + r * l->H,
+             sizeof(float) * (size_t)l->H);
+    if (l->grouped) {
+      const ur_npy_info *gi = &d->groups.info;
+      int64_t g = 0;
+      if (gi->item_bytes == 8) memcpy(&g, (const char *)d->groups.data + r * 8, 8);
+      else {
+        int32_t x;
+        memcpy(&x, (const char *)d->groups.data + r * 4, 4);
+        g = x;
+      }
+      l->s_groups[at] = g;
+    }
+  }
+}
+
+/* Rows [row0, row0 + n) of the day files into staging rows 0..n-1, on every core. */
 static ur_status read_bin(ur_loader *l, int64_t row0, int64_t n) {
   int64_t done = 0;
   int di = 0;
@@ -220,70 +291,12 @@ static ur_status read_bin(ur_loader *l, int64_t row0, int64_t n) {
     if (k > n - done) k = n - done;
     if (k <= 0) {
       di++;
-      if (di >= l->ndays) return ur__error(UR_STATUS_INVALID, "criteo-bin: row %lld past the end", (long long)(row0 + done));
+      if (di >= l->ndays)
+        return ur__error(UR_STATUS_INVALID, "criteo-bin: row %lld past the end", (long long)(row0 + done));
       continue;
     }
-    memcpy(l->s_dense + done * l->D, (const float *)d->dense.data + r * l->D,
-           sizeof(float) * (size_t)(k * l->D));
-    const ur_npy_info *li = &d->labels.info;
-    for (int64_t i = 0; i < k; i++) {
-      if (li->descr[1] == 'f') {
-        float v;
-        memcpy(&v, (const char *)d->labels.data + (size_t)(r + i) * 4, 4);
-        l->s_labels[done + i] = v;
-      } else if (li->item_bytes == 8) {
-        int64_t v;
-        memcpy(&v, (const char *)d->labels.data + (size_t)(r + i) * 8, 8);
-        l->s_labels[done + i] = (float)v;
-      } else {
-        int32_t v;
-        memcpy(&v, (const char *)d->labels.data + (size_t)(r + i) * 4, 4);
-        l->s_labels[done + i] = (float)v;
-      }
-    }
-    const ur_npy_info *si = &d->sparse.info;
-    for (int64_t i = 0; i < k; i++) {
-      int64_t *ids = l->s_ids + (done + i) * l->H;
-      const char *src = (const char *)d->sparse.data + (size_t)(r + i) * (size_t)l->H * si->item_bytes;
-      for (int64_t c = 0; c < l->H; c++) {
-        int64_t v;
-        if (si->item_bytes == 8) memcpy(&v, src + c * 8, 8);
-        else if (si->descr[1] == 'u') {
-          uint32_t u;
-          memcpy(&u, src + c * 4, 4);
-          v = u;
-        } else {
-          int32_t x;
-          memcpy(&x, src + c * 4, 4);
-          v = x;
-        }
-        ids[c] = v;
-      }
-      for (int t = 0; t < l->T; t++) {
-        int32_t len = 0;
-        int64_t rows = t < 26 ? l->o.criteo.rows[t] : 0;
-        for (int64_t c = l->col0[t]; c < l->col0[t + 1]; c++) {
-          if (ids[c] < 0) break; /* -1 pads a multi-hot bag */
-          if (rows > 0) ids[c] %= rows;
-          len++;
-        }
-        l->s_len[(done + i) * l->T + t] = len;
-      }
-      if (l->weighted)
-        memcpy(l->s_weights + (done + i) * l->H, (const float *)d->weights.data + (r + i) * l->H,
-               sizeof(float) * (size_t)l->H);
-      if (l->grouped) {
-        const ur_npy_info *gi = &d->groups.info;
-        int64_t g = 0;
-        if (gi->item_bytes == 8) memcpy(&g, (const char *)d->groups.data + (r + i) * 8, 8);
-        else {
-          int32_t x;
-          memcpy(&x, (const char *)d->groups.data + (r + i) * 4, 4);
-          g = x;
-        }
-        l->s_groups[done + i] = g;
-      }
-    }
+    bin_job j = {l, d, r, done};
+    ur__parallel_for((size_t)k, 2048, bin_rows, &j);
     done += k;
   }
   return UR_STATUS_OK;
@@ -427,9 +440,16 @@ static ur_status slot_alloc(ur_loader *l, ur_batch *b) {
 }
 
 /* Rows perm[off .. off+take) of the window to rows n0.. of the batch being gathered. */
-static void gather(ur_loader *l, int64_t off, int64_t take, int64_t n0) {
-  for (int64_t i = 0; i < take; i++) {
-    int64_t r = l->perm[off + i], g = n0 + i;
+typedef struct gather_job {
+  ur_loader *l;
+  int64_t off, n0;
+} gather_job;
+
+static void gather_rows(void *ctx, size_t i0, size_t i1) {
+  const gather_job *j = ctx;
+  ur_loader *l = j->l;
+  for (size_t i = i0; i < i1; i++) {
+    int64_t r = l->perm[j->off + (int64_t)i], g = j->n0 + (int64_t)i;
     memcpy(l->g_dense + g * l->D, l->s_dense + r * l->D, sizeof(float) * (size_t)l->D);
     l->g_labels[g] = l->s_labels[r];
     memcpy(l->g_ids + g * l->H, l->s_ids + r * l->H, sizeof(int64_t) * (size_t)l->H);
@@ -437,6 +457,51 @@ static void gather(ur_loader *l, int64_t off, int64_t take, int64_t n0) {
     if (l->weighted)
       memcpy(l->g_weights + g * l->H, l->s_weights + r * l->H, sizeof(float) * (size_t)l->H);
     if (l->grouped) l->g_groups[g] = l->s_groups[r];
+  }
+}
+
+static void gather(ur_loader *l, int64_t off, int64_t take, int64_t n0) {
+  gather_job j = {l, off, n0};
+  ur__parallel_for((size_t)take, 4096, gather_rows, &j);
+}
+
+/* Key t of the gathered rows into the batch's lengths and values (keys run in parallel; each
+ * knows where its values start). */
+typedef struct key_job {
+  ur_loader *l;
+  int64_t n;
+  int64_t *vstart;
+  int64_t *vals;
+  int32_t *lens;
+  float *w;
+} key_job;
+
+static void key_lengths(void *ctx, size_t t0, size_t t1) {
+  const key_job *j = ctx;
+  ur_loader *l = j->l;
+  for (size_t t = t0; t < t1; t++) {
+    int64_t sum = 0;
+    for (int64_t i = 0; i < j->n; i++) {
+      int32_t len = l->g_len[i * l->T + (int64_t)t];
+      j->lens[(int64_t)t * j->n + i] = len;
+      sum += len;
+    }
+    j->vstart[t + 1] = sum;
+  }
+}
+
+static void key_values(void *ctx, size_t t0, size_t t1) {
+  const key_job *j = ctx;
+  ur_loader *l = j->l;
+  for (size_t t = t0; t < t1; t++) {
+    int64_t nv = j->vstart[t], c0 = l->col0[t];
+    for (int64_t i = 0; i < j->n; i++) {
+      int32_t len = j->lens[(int64_t)t * j->n + i];
+      const int64_t *src = l->g_ids + i * l->H + c0;
+      for (int32_t q = 0; q < len; q++) j->vals[nv + q] = src[q];
+      if (j->w) memcpy(j->w + nv, l->g_weights + i * l->H + c0, sizeof(float) * (size_t)len);
+      nv += len;
+    }
   }
 }
 
@@ -450,18 +515,12 @@ static ur_status fill_batch(ur_loader *l, ur_batch *b, int64_t n) {
   memcpy(dense, l->g_dense, sizeof(float) * (size_t)(n * l->D));
   memcpy(labels, l->g_labels, sizeof(float) * (size_t)n);
   if (groups) memcpy(groups, l->g_groups, sizeof(int64_t) * (size_t)n);
-  int64_t nv = 0;
-  for (int t = 0; t < l->T; t++) {
-    int64_t c0 = l->col0[t];
-    for (int64_t i = 0; i < n; i++) {
-      int32_t len = l->g_len[i * l->T + t];
-      lens[t * n + i] = len;
-      const int64_t *src = l->g_ids + i * l->H + c0;
-      for (int32_t j = 0; j < len; j++) vals[nv + j] = src[j];
-      if (w) memcpy(w + nv, l->g_weights + i * l->H + c0, sizeof(float) * (size_t)len);
-      nv += len;
-    }
-  }
+  int64_t vstart[UR_SYNTH_MAX_TABLES + 1] = {0};
+  key_job kj = {l, n, vstart, vals, lens, w};
+  ur__parallel_for((size_t)l->T, 1, key_lengths, &kj);
+  for (int t = 0; t < l->T; t++) vstart[t + 1] += vstart[t];
+  ur__parallel_for((size_t)l->T, 1, key_values, &kj);
+  int64_t nv = vstart[l->T];
   ur_tensor *v = NULL, *ln = NULL, *wt = NULL;
   ur_status st = ur_tensor_view(b->values_buf, &v, 0, nv);
   if (!st) st = ur_tensor_view(b->lengths_buf, &ln, 0, n * l->T);
