@@ -847,6 +847,11 @@ UR_API const ur_kjt *ur_batch_sparse(const ur_batch *b);
 UR_API int64_t ur_batch_size(const ur_batch *b);
 UR_API int64_t ur_batch_epoch(const ur_batch *b);
 UR_API int64_t ur_batch_first_sample(const ur_batch *b);     /* within the epoch */
+/* ---- clock and terminal (the trainer's progress output) ---- */
+UR_API double ur_clock_seconds(void);       /* monotonic seconds: rates and ETAs */
+/* A terminal's width in columns (80 when the terminal does not say), or 0 when fd is not a
+ * terminal: a progress bar on a terminal, plain lines on a pipe. */
+UR_API int32_t ur_term_columns(int32_t fd);
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

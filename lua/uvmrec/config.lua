@@ -66,7 +66,7 @@ local function scalar(s, text, quoted)
 end
 
 -- ---- checking a YAML tree ----
-local function checker(doc)
+local function checker(doc, positions)
   local nodes = C.ur_yaml_nodes(doc)
   local name = ffi.string(C.ur_yaml_name(doc))
   local function fail(i, path, msg)
@@ -84,6 +84,7 @@ local function checker(doc)
 
   walk = function(i, s, path)
     local n = nodes[i]
+    positions[path] = ("%s:%d:%d"):format(name, n.line, n.column)
     if n.has_tag ~= 0 then fail(i, path, "tags (!!type) are not allowed; the schema gives each value its type") end
     if s.kind == "map" or s.kind == "dict" then
       if n.kind ~= C.UR_YAML_MAP then fail(i, path, "expected " .. describe(s)) end
@@ -148,15 +149,40 @@ local function defaults(s, v)
   return v
 end
 
+-- Where each value of a loaded config came from ("file:line:column", or "--set k=v"), by
+-- dotted path, per config table: checks that span several values report a position too.
+local positions = setmetatable({}, { __mode = "k" })
+
 local function from_doc(doc, schema)
-  local walk = checker(doc)
+  local pos = {}
+  local walk = checker(doc, pos)
   local ok, res = pcall(walk, 0, schema, "")
   C.ur_yaml_free(doc)
   if not ok then
     if type(res) == "table" then return nil, res.msg end
     error(res, 0)
   end
-  return defaults(schema, res)
+  local cfg = defaults(schema, res)
+  positions[cfg] = pos
+  return cfg
+end
+
+-- The position of the value at `path` ("model.bottom_mlp[2]") in a loaded config, or of the
+-- nearest enclosing value that has one (a default has none of its own); nil if none does.
+function M.where(cfg, path)
+  local pos = positions[cfg]
+  if not pos then return nil end
+  while true do
+    if pos[path] then return pos[path] end
+    if path == "" then return nil end
+    path = path:match("^(.*)%[%d+%]$") or path:match("^(.*)%.[^.]+$") or ""
+  end
+end
+
+-- "where: path: msg", the form of every config error, for checks made after loading.
+function M.message(cfg, path, msg)
+  local w = M.where(cfg, path)
+  return ("%s%s%s"):format(w and (w .. ": ") or "", path ~= "" and (path .. ": ") or "", msg)
 end
 
 -- Environmental failures (file, YAML) and schema errors return nil, "file:line:col: ...".
@@ -181,11 +207,13 @@ function M.set(cfg, schema, assignment)
     return nil, ("--set %s: expected key.path=value"):format(assignment)
   end
   local s, t, parent, last = schema, cfg, nil, nil
+  local absent = false -- a section on the way that the config lacks (an entry of a dict)
   for key in path:gmatch("[^.]+") do
     if s.kind == "map" then s = s.fields[key]
     elseif s.kind == "dict" then s = s.elem
     else s = nil end
     if not s then return nil, ("--set %s: '%s' is not a setting"):format(assignment, path) end
+    if t == nil then absent = true end
     parent, last = t, key
     t = type(t) == "table" and t[key] or nil
   end
@@ -206,8 +234,27 @@ function M.set(cfg, schema, assignment)
     v, want = scalar(s, text, false)
   end
   if v == nil then return nil, ("--set %s: '%s' is not %s"):format(assignment, text, want) end
+  local pos = positions[cfg]
+  if absent then
+    local holder, at = cfg, nil
+    for key in path:gmatch("([^.]+)%.") do
+      at = at and (at .. "." .. key) or key
+      if holder[key] == nil then
+        holder[key] = {}
+        if pos then pos[at] = "--set " .. assignment end
+      end
+      holder = holder[key]
+    end
+    parent = holder
+  end
   if type(parent) ~= "table" then return nil, ("--set %s: no section to hold it"):format(assignment) end
   parent[last] = v
+  if pos then
+    for k in pairs(pos) do
+      if k:sub(1, #path + 1) == path .. "." or k:sub(1, #path + 1) == path .. "[" then pos[k] = nil end
+    end
+    pos[path] = "--set " .. assignment
+  end
   return cfg
 end
 
