@@ -173,9 +173,9 @@ install: all
 	install -m 644 $(BUILD)/lib/libuvmrec.a $(BUILD)/lib/libuvmrec_lua.a $(INST)/lib/
 	install -m 755 $(filter %.so,$(LIBS) $(HOST_BINS)) $(INST)/lib/
 	install -m 644 engine/include/uvmrec.h engine/include/uvmrec_lua.h $(INST)/include/
-	rm -rf $(INST)/share/lua/5.1/uvmrec $(INST)/share/uvmrec/scripts
+	rm -rf $(INST)/share/lua/5.1/uvmrec $(INST)/share/uvmrec/scripts $(INST)/share/uvmrec/models
 	cp -R lua/uvmrec $(INST)/share/lua/5.1/
-	cp -R scripts $(INST)/share/uvmrec/
+	cp -R scripts models $(INST)/share/uvmrec/
 	printf '%s\n' "$$UVMREC_PC" > $(INST)/lib/pkgconfig/uvmrec.pc
 	printf '%s\n' "$$UVMREC_LUA_PC" > $(INST)/lib/pkgconfig/uvmrec-lua.pc
 
@@ -223,8 +223,10 @@ pydeps: build/venv/.stamp
 build/venv/.stamp:
 	python3 -m venv build/venv && build/venv/bin/pip install -q safetensors numpy && touch $@
 
+# The default job: DLRM (models/dlrm_tiny.yaml) on synthetic data, to the final AUC and the data's
+# ceiling; on the GPU when there is one.
 run: all
-	@$(RUN_ENV) $(LUAJIT) scripts/demo.lua
+	@$(RUN_ENV) $(BUILD)/bin/uvmrec train models/dlrm_tiny.yaml
 
 clean:
 	rm -rf $(BUILD) $(CDEF) dist

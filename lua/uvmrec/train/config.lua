@@ -1,0 +1,183 @@
+-- The training config: its schema (every section a YAML config of models/ may hold), loading
+-- with --set overrides, and the checks that span several values, each reported at the
+-- position of the value it blames (file:line:column, or the --set that gave it).
+local config = require "uvmrec.config"
+
+local M = {}
+
+local int, number, bool, string, enum, list, map, dict =
+  config.int, config.number, config.bool, config.string, config.enum, config.list, config.map, config.dict
+
+local PLACEMENTS = { "auto", "device", "managed", "host" }
+local TBE_OPTIMS = { "sgd", "rowwise_adagrad", "adagrad", "adam" }
+local DENSE_OPTIMS = { "sgd", "adagrad", "adam", "adamw" }
+M.METRICS = { "auc", "ne", "accuracy", "calibration", "ctr" }
+
+M.schema = map({
+  name = string { pattern = "^[%w_%-%.]+$" },
+  model = map({
+    file = string { default = "dlrm.lua" },   -- the model definition, beside the config or in models/
+    dense_features = int { min = 1, max = 4096, default = 13 },
+    bottom_mlp = list(int { min = 1 }, { min_len = 1 }),  -- widths after the dense input
+    top_mlp = list(int { min = 1 }, { min_len = 1 }),     -- widths after the interaction; last 1
+    interaction = enum({ "dot", "dcnv2" }, { default = "dot" }),
+    self_interaction = bool { default = false },
+    cross_layers = int { min = 1, max = 64, default = 3 }, -- dcnv2
+    cross_rank = int { min = 0, default = 0 },             -- dcnv2: 0 full rank
+    precision = enum({ "f32", "tf32", "bf16" }, { default = "f32" }),
+  }, { required = { "bottom_mlp", "top_mlp" } }),
+  embeddings = map({
+    dim = int { min = 4, max = 1024 },                         -- a multiple of 4
+    rows = list(int { min = 1 }, { min_len = 1, max_len = 64 }), -- one table per sparse feature
+    max_rows = int { min = 0, default = 0 },                   -- 0: no cap
+    dtype = enum({ "f32", "f16", "bf16" }, { default = "f32" }),
+    pooling = enum({ "sum", "mean" }, { default = "sum" }),
+    placement = enum(PLACEMENTS, { default = "auto" }),        -- auto: device with a GPU, else host
+    bounds = enum({ "fatal", "warn", "off" }, { default = "fatal" }),
+    tables = dict(map {                                        -- per table (C1, C2, ...)
+      placement = enum(PLACEMENTS), dtype = enum { "f32", "f16", "bf16" },
+    }),
+    optimizer = map {
+      name = enum(TBE_OPTIMS, { default = "sgd" }),
+      lr = number { min = 0 },                                 -- default: the dense lr
+      eps = number { min = 0 }, weight_decay = number { min = 0 },
+      beta1 = number { min = 0, max = 1 }, beta2 = number { min = 0, max = 1 },
+    },
+  }, { required = { "dim", "rows" } }),
+  optimizer = map({                                            -- the dense parameters'
+    name = enum(DENSE_OPTIMS, { default = "sgd" }),
+    lr = number { min = 0 },
+    momentum = number { min = 0, default = 0 },
+    weight_decay = number { min = 0 },
+    eps = number { min = 0 },
+    beta1 = number { min = 0, max = 1 }, beta2 = number { min = 0, max = 1 },
+  }, { required = { "lr" } }),
+  schedule = map {                                             -- a factor on both learning rates
+    name = enum({ "constant", "warmup", "dlrm" }, { default = "constant" }),
+    warmup_steps = int { min = 0, default = 0 },
+    decay_start = int { min = 0, default = 0 },
+    decay_steps = int { min = 0, default = 0 },
+    power = number { min = 0, default = 2 },
+    min_factor = number { min = 0, max = 1, default = 0 },
+  },
+  train = map {
+    batch_size = int { min = 1, default = 1024 },
+    steps = int { min = 0, default = 0 },          -- 0: until the data ends (epochs)
+    epochs = int { min = 1, default = 1 },
+    seed = int { min = 0, default = 1 },
+    log_every = int { min = 1, default = 10 },     -- read the loss (the one wait) every N steps
+    print_every = int { min = 0, default = 0 },    -- lines when not on a terminal; 0: ~10 a run
+  },
+  data = map {
+    train = string { default = "" },               -- a data spec; "" for a config without one
+    eval = string { default = "" },                -- "": synthetic data's samples after training's
+    samples = int { min = 0, default = 0 },        -- synthetic samples per epoch; 0: steps x batch
+    shuffle_window = int { min = 0, default = 0 },
+    depth = int { min = 1, max = 64, default = 4 },
+    seed = int { min = 0, default = 0 },
+  },
+  eval = map {
+    every = int { min = 0, default = 0 },          -- steps; 0: only at the end
+    samples = int { min = 0, default = 65536 },    -- held-out samples; 0: all of data.eval
+    batch_size = int { min = 1, default = 16384 },
+    metrics = list(enum(M.METRICS), { default = { "auc", "ne", "accuracy", "calibration", "ctr" } }),
+    min_auc = number { min = 0, max = 1, default = 0 }, -- the final AUC must reach it (0: no check)
+  },
+}, { required = { "model", "embeddings", "optimizer" } })
+
+-- Defaults that are tables must not be shared between configs (defaults() hands out the
+-- schema's own), nor sections left absent that --set may fill.
+local function own_tables(cfg)
+  cfg.eval.metrics = { unpack(cfg.eval.metrics) }
+  cfg.embeddings.tables = cfg.embeddings.tables or {}
+  return cfg
+end
+
+-- Checks between values: nil, or the message at the position of the value to change.
+function M.check(cfg)
+  local function fail(path, msg) return config.message(cfg, path, msg) end
+  local m, e = cfg.model, cfg.embeddings
+  if e.dim % 4 ~= 0 then
+    return fail("embeddings.dim", ("%d is not a multiple of 4 (rows are read 16 bytes at a time)"):format(e.dim))
+  end
+  if m.interaction == "dot" and m.bottom_mlp[#m.bottom_mlp] ~= e.dim then
+    return fail(("model.bottom_mlp[%d]"):format(#m.bottom_mlp),
+      ("the dot interaction needs the bottom MLP to end at embeddings.dim (%d), not %d"):format(
+        e.dim, m.bottom_mlp[#m.bottom_mlp]))
+  end
+  if m.top_mlp[#m.top_mlp] ~= 1 then
+    return fail(("model.top_mlp[%d]"):format(#m.top_mlp),
+      ("the top MLP gives one logit: its last width must be 1, not %d"):format(m.top_mlp[#m.top_mlp]))
+  end
+  if m.interaction == "dcnv2" and m.cross_rank > 0 then
+    local width = m.bottom_mlp[#m.bottom_mlp] + #e.rows * e.dim
+    if m.cross_rank >= width then
+      return fail("model.cross_rank", ("rank %d is not below the cross layers' width %d; use 0 for full rank"):format(
+        m.cross_rank, width))
+    end
+  end
+  for name in pairs(e.tables) do
+    local i = tonumber(name:match("^C(%d+)$"))
+    if not i or i < 1 or i > #e.rows then
+      return fail("embeddings.tables." .. name, ("no table '%s'; tables are C1 to C%d"):format(name, #e.rows))
+    end
+  end
+  local s = cfg.schedule
+  if s.name == "dlrm" and s.decay_steps < 1 then
+    return fail("schedule.decay_steps", "the dlrm schedule decays over decay_steps >= 1 steps")
+  end
+  if (s.name == "warmup" or s.name == "dlrm") and s.warmup_steps < 1 then
+    return fail("schedule.warmup_steps", s.name .. " needs warmup_steps >= 1")
+  end
+  if cfg.train.steps == 0 and cfg.data.samples == 0 and cfg.data.train:match("^synthetic:") then
+    return fail("data.train", "synthetic data needs train.steps or data.samples to know its length")
+  end
+  return nil
+end
+
+-- A config from a YAML file with --set overrides ("a.b=v", applied in order) and the checks.
+-- Returns cfg, or nil, message (file:line:column: path: what).
+function M.load(path, sets)
+  local cfg, err = config.load(path, M.schema)
+  if not cfg then return nil, err end
+  own_tables(cfg)
+  for _, a in ipairs(sets or {}) do
+    local ok, serr = config.set(cfg, M.schema, a)
+    if not ok then return nil, serr end
+  end
+  err = M.check(cfg)
+  if err then return nil, err end
+  return cfg
+end
+
+-- The same from YAML text (specs, and configs made by programs).
+function M.parse(text, name, sets)
+  local cfg, err = config.parse(text, M.schema, name)
+  if not cfg then return nil, err end
+  own_tables(cfg)
+  for _, a in ipairs(sets or {}) do
+    local ok, serr = config.set(cfg, M.schema, a)
+    if not ok then return nil, serr end
+  end
+  err = M.check(cfg)
+  if err then return nil, err end
+  return cfg
+end
+
+-- Table sizes after the rows cap.
+function M.table_rows(cfg)
+  local e, out = cfg.embeddings, {}
+  for i, r in ipairs(e.rows) do out[i] = e.max_rows > 0 and math.min(r, e.max_rows) or r end
+  return out
+end
+
+-- The learning-rate factor of the 1-based step (nil for a constant schedule).
+function M.schedule(cfg)
+  local s, sched = cfg.schedule, require "uvmrec.optim.schedule"
+  if s.name == "constant" then return nil end
+  if s.name == "warmup" then return sched.linear_warmup { base = 1, warmup = s.warmup_steps } end
+  return sched.dlrm { base = 1, warmup = s.warmup_steps, decay_start = s.decay_start,
+                      decay_steps = s.decay_steps, power = s.power, min = s.min_factor }
+end
+
+return M

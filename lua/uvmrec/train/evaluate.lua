@@ -1,0 +1,58 @@
+-- Evaluation on held-out data: the model's probabilities for every batch go into one metric
+-- collection where the model runs; AUC is exact over the whole set (the window holds it all)
+-- when its size is known, else the lifetime histogram's (within its stated error).
+local metrics = require "uvmrec.metrics"
+
+local M = {}
+
+-- feed: next() gives batches; opts: metrics (kinds, default auc and ne), samples (the set's
+-- size, or at most this many; 0 or nil: until the data ends), batch_size.  Returns
+-- {auc =, ne =, logloss =, accuracy =, calibration =, ctr =, samples =, auc_error =, seconds =}.
+function M.run(model, feed, opts)
+  opts = opts or {}
+  local C = require("uvmrec").C
+  local t0 = C.ur_clock_seconds()
+  local limit = opts.samples or 0
+  local kinds = opts.metrics or { "auc", "ne" }
+  local m = metrics.MetricCollection { metrics = kinds, batch_size = opts.batch_size or 16384,
+                                       include_logloss = true,
+                                       window_size = limit > 0 and limit + (opts.batch_size or 16384) or 0 }
+  model:evaluate()
+  local seen = 0
+  while limit == 0 or seen < limit do
+    local batch, err = feed:next()
+    if err then
+      model:training()
+      return nil, err
+    end
+    if not batch then break end
+    assert(m:update { predictions = model:predict(batch), labels = batch.labels })
+    seen = seen + batch.size
+  end
+  model:training()
+  local v = assert(m:values()).default
+  local scope = limit > 0 and v.window or v.lifetime
+  m:free()
+  local out = { samples = seen, seconds = C.ur_clock_seconds() - t0 }
+  for _, k in ipairs { "auc", "ne", "logloss", "accuracy", "calibration", "ctr" } do out[k] = scope[k] end
+  if limit == 0 then out.auc_error = v.lifetime.auc_error end
+  return out
+end
+
+-- "AUC 0.8830  NE 0.629  logloss 0.3891 ..." of the kinds asked for.
+function M.format(r, kinds)
+  local want = {}
+  for _, k in ipairs(kinds or { "auc", "ne" }) do want[k] = true end
+  local parts = {}
+  if want.auc then parts[#parts + 1] = ("AUC %.4f"):format(r.auc) end
+  if want.ne then
+    parts[#parts + 1] = ("NE %.4f"):format(r.ne)
+    parts[#parts + 1] = ("logloss %.4f"):format(r.logloss)
+  end
+  if want.accuracy then parts[#parts + 1] = ("accuracy %.4f"):format(r.accuracy) end
+  if want.calibration then parts[#parts + 1] = ("calibration %.3f"):format(r.calibration) end
+  if want.ctr then parts[#parts + 1] = ("CTR %.4f"):format(r.ctr) end
+  return table.concat(parts, "  ")
+end
+
+return M

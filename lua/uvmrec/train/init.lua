@@ -1,0 +1,381 @@
+-- uvmrec.train: training a model from a config, as `uvmrec train` does.  The pieces, each
+-- usable alone: config (schema, loading, --set), loop (the loop itself: read it to write your
+-- own), feed (batches onto the GPU), progress (bar or lines), evaluate (held-out metrics).
+--
+--   local train = require "uvmrec.train"
+--   local cfg = assert(train.config.load("models/dlrm_tiny.yaml", {"train.steps=100"}))
+--   local result = assert(train.run(cfg, {out = "runs/a"}))   -- result.eval.auc, ...
+--
+-- run() builds the model (models/<model.file>), its optimizer, the loaders, registers every
+-- component's state in a checkpoint registry (ctx.registry: checkpoint flags save and load
+-- through it), trains with progress and evaluations, and writes the run directory:
+-- config.json (the resolved config) and metrics.jsonl (one JSON object a line).
+local ur = require "uvmrec"
+local ck = require "uvmrec.checkpoint"
+local synthetic = require "uvmrec.data.synthetic"
+
+local M = {
+  config = require "uvmrec.train.config",
+  loop = require "uvmrec.train.loop",
+  feed = require "uvmrec.train.feed",
+  progress = require "uvmrec.train.progress",
+  evaluate = require "uvmrec.train.evaluate",
+}
+local C = ur.C
+
+M.CEILING_SAMPLES = 262144
+
+local function exists(path) return path and C.ur_path_kind(path) == 1 end
+
+-- Folders that may hold model files and preset configs: the tree's models/ (beside the
+-- command's scripts, or above this Lua tree).
+function M.models_dirs()
+  local dirs = {}
+  local host = package.loaded["uvmrec.host"]
+  if type(host) == "table" and host.scripts then dirs[#dirs + 1] = host.scripts .. "/../models" end
+  local src = debug.getinfo(1, "S").source:match("^@(.*)/uvmrec/train/init%.lua$")
+  if src then dirs[#dirs + 1] = src .. "/../models" end
+  return dirs
+end
+
+-- A config path: the file itself, or a preset's name ("dlrm_tiny") in models/.
+function M.find_config(name)
+  if exists(name) then return name end
+  for _, d in ipairs(M.models_dirs()) do
+    local p = ("%s/%s.yaml"):format(d, name)
+    if exists(p) then return p end
+  end
+  return nil, ("%s: no such config file, nor a preset in models/"):format(name)
+end
+
+-- The model definition named by model.file: beside the config first, then in models/.
+function M.model_def(cfg, config_path)
+  local file = cfg.model.file
+  local tried = {}
+  local candidates = { file:sub(1, 1) == "/" and file or nil }
+  if not candidates[1] then
+    if config_path then candidates[#candidates + 1] = (config_path:match("^(.*)/[^/]*$") or ".") .. "/" .. file end
+    for _, d in ipairs(M.models_dirs()) do candidates[#candidates + 1] = d .. "/" .. file end
+  end
+  for _, p in ipairs(candidates) do
+    if exists(p) then
+      local chunk, err = loadfile(p)
+      if not chunk then return nil, err end
+      local def = chunk()
+      if type(def) ~= "table" or type(def.build) ~= "function" then
+        return nil, p .. ": a model file returns a table with build(cfg, opts)"
+      end
+      return def, p
+    end
+    tried[#tried + 1] = p
+  end
+  return nil, ("model.file %s: not found (looked at %s)"):format(file, table.concat(tried, ", "))
+end
+
+-- The dense optimizer of the config over the model's parameters (zeroing the gradients).
+function M.optimizer(cfg, model)
+  local o = cfg.optimizer
+  local ctor = ({ sgd = ur.optim.SGD, adagrad = ur.optim.Adagrad, adam = ur.optim.Adam,
+                  adamw = ur.optim.AdamW })[o.name]
+  return ctor(model:parameters(), {
+    lr = o.lr, momentum = o.name == "sgd" and o.momentum or nil, weight_decay = o.weight_decay,
+    eps = o.eps, betas = (o.beta1 or o.beta2) and { o.beta1 or 0.9, o.beta2 or 0.999 } or nil,
+    zero_grad = true,
+  })
+end
+
+-- Where the data comes from, for the config as resolved (data.train, train.steps set):
+-- {train = loader options, eval = loader options or nil, eval_samples, ceiling = function()
+-- (synthetic data: the hidden model's AUC on the held-out samples), steps = total or nil,
+-- what = a line for people}.
+function M.data(cfg, rows)
+  local spec, batch = cfg.data.train, cfg.train.batch_size
+  if spec == "" then return nil, "no training data: give --data SPEC or data.train in the config" end
+  local ok, src = pcall(require("uvmrec.data.loader").source, spec)
+  if not ok then return nil, (tostring(src):gsub("^[^\n]-:%d+: ", "")) end
+  local d = { eval_samples = cfg.eval.samples }
+  local common = { batch_size = batch, depth = cfg.data.depth, shuffle_window = cfg.data.shuffle_window,
+                   seed = cfg.data.seed, epochs = cfg.train.epochs }
+  if src.kind == "synthetic" then
+    local base, samples = synthetic.resolve(src.name)
+    if not base then return nil, "--data " .. spec .. ": " .. tostring(samples) end
+    if #base.tables ~= #rows then
+      return nil, ("--data %s: %d sparse features, but the model has %d tables"):format(spec, #base.tables, #rows)
+    end
+    -- Ids the capped tables cannot hold are not drawn: the hidden model lives on the capped rows.
+    for i, t in ipairs(base.tables) do t.rows = math.min(t.rows, rows[i]) end
+    local s = synthetic.spec(base, nil, 2)
+    local n = cfg.data.samples > 0 and cfg.data.samples or (samples and cfg.train.steps == 0 and samples)
+              or cfg.train.steps * batch
+    common.data, common.samples = { kind = "synthetic", spec = s }, n
+    d.train = common
+    d.steps = cfg.train.steps > 0 and cfg.train.steps or math.ceil(n / batch) * cfg.train.epochs
+    if cfg.data.eval == "" and d.eval_samples > 0 then
+      d.eval = { data = common.data, samples = n + d.eval_samples, position = { epoch = 0, sample = n },
+                 batch_size = cfg.eval.batch_size, depth = 2 }
+      -- The ceiling from at most CEILING_SAMPLES of them: it is computed on the host.
+      d.ceiling_samples = math.min(d.eval_samples, M.CEILING_SAMPLES)
+      d.ceiling = function() return synthetic.hidden_auc(s, d.ceiling_samples, n) end
+      d.what = ("%s: %d samples an epoch; evaluation on the %d samples after them"):format(spec, n, d.eval_samples)
+    end
+  else
+    common.data, common.rows = spec, rows
+    d.train = common
+    d.steps = cfg.train.steps > 0 and cfg.train.steps or nil
+  end
+  if cfg.data.eval ~= "" then
+    d.eval = { data = cfg.data.eval, rows = src.kind ~= "synthetic" and rows or nil,
+               batch_size = cfg.eval.batch_size, depth = 2 }
+    if cfg.data.eval:match("^synthetic:") then d.eval.samples = d.eval_samples end
+    d.what = ("%s; evaluation on %s"):format(spec, cfg.data.eval)
+  end
+  d.what = d.what or (spec .. "; no held-out data (set data.eval or --eval-data): no evaluation")
+  return d
+end
+
+-- The checkpoint registry of a run: each component's state, to save and load in one call.
+local function register(ctx)
+  local model, opt, tbe = ctx.model, ctx.optimizer, ctx.model.embeddings.tbe
+  local reg = ck.registry()
+  reg:register { name = "dense",
+    state = function()
+      local ts = {}
+      for _, p in ipairs(model:parameters()) do
+        if not p.fused then ts[p.name] = p.tensor end
+      end
+      return { tensors = ts }
+    end,
+    load = function()
+      for _, c in ipairs { model.bottom, model.interaction, model.top } do c:sync_halves() end
+    end }
+  reg:register { name = "embeddings",
+    state = function()
+      local ts = {}
+      for _, name in ipairs(tbe.table_names) do
+        ts[name] = tbe:table(name)
+        for k, s in pairs(tbe:state(name)) do ts[name .. "." .. k] = s end
+      end
+      return { tensors = ts, meta = { step = tbe:step() } }
+    end,
+    load = function(_, meta) tbe:set_step(meta.step) end }
+  reg:register { name = "optimizer",
+    state = function()
+      local ts = {}
+      for i, p in ipairs(opt.params) do
+        if opt.state1[i] then ts[p.name .. ".state1"] = opt.state1[i] end
+        if opt.state2[i] then ts[p.name .. ".state2"] = opt.state2[i] end
+      end
+      return { tensors = ts, meta = { step = opt.step_count } }
+    end,
+    load = function(_, meta) opt.step_count = meta.step end }
+  reg:register { name = "trainer",
+    state = function()
+      local pos = ctx.loader and ctx.loader:position() or ctx.position
+      return { meta = { step = ctx.step, samples = ctx.samples, position = pos } }
+    end,
+    load = function(_, meta)
+      ctx.first, ctx.samples, ctx.position = meta.step + 1, meta.samples, meta.position
+    end }
+  return reg
+end
+
+local function device_line()
+  if ur.gpu() then
+    local p = ur.device_props(0)
+    return ("on the GPU (cuda:%d %s)"):format(p.ordinal, p.name)
+  end
+  return "on the CPU"
+end
+
+-- A writer of the run directory's files; a no-op without a directory.
+local function run_dir(out)
+  if not out then return { line = function() end, close = function() end } end
+  local ok, err = require("uvmrec.lib").check(C.ur_dir_create(out))
+  if not ok then return nil, ("--out %s: %s"):format(out, err) end
+  local f, ferr = io.open(out .. "/metrics.jsonl", "a")
+  if not f then return nil, ferr end
+  return {
+    line = function(t)
+      f:write(ck.json.encode(t), "\n")
+      f:flush()
+    end,
+    close = function() f:close() end,
+    config = function(cfg)
+      local c = assert(io.open(out .. "/config.json", "w"))
+      c:write(ck.json.encode(cfg), "\n")
+      c:close()
+    end,
+  }
+end
+
+-- Trains as the config says.  opts: config_path (to find model.file), out (run directory),
+-- progress ("auto", "bar", "lines", "none"), print (a function of one line; default to
+-- stdout), hooks ({function(step, samples, ctx)}: after each step), setup (function(ctx),
+-- after the model and registry exist and before the data opens: a resume loads ctx.registry
+-- and sets ctx.first / ctx.position), cpu (true: no GPU).  Returns {steps, samples, seconds,
+-- samples_per_s, loss, eval = {...} or nil, ceiling} or nil, message.
+function M.run(cfg, opts)
+  opts = opts or {}
+  local say = opts.print or function(s) io.stdout:write(s, "\n") io.stdout:flush() end
+  local def, where = M.model_def(cfg, opts.config_path)
+  if not def then return nil, where end
+  local rows = M.config.table_rows(cfg)
+  local data, derr = M.data(cfg, rows)
+  if not data then return nil, derr end
+  local model, merr = def.build(cfg, { cpu = opts.cpu })
+  if not model then return nil, merr end
+  local gpu = ur.gpu() and not opts.cpu
+  local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1 }
+  ctx.registry = register(ctx)
+  if opts.setup then opts.setup(ctx) end
+
+  local log, lerr = run_dir(opts.out)
+  if not log then return nil, lerr end
+  if log.config then log.config(cfg) end
+  say(("uvmrec train: %s %s"):format(cfg.name or "model", device_line()))
+  say("model: " .. tostring(model))
+  say("data: " .. data.what)
+  log.line { event = "start", version = ur.version(), gpu = gpu, model = model:stats(), data = cfg.data.train }
+
+  local topts = {}
+  for k, v in pairs(data.train) do topts[k] = v end
+  topts.position = ctx.position
+  local loader, err = ur.data.loader(topts)
+  if not loader then return nil, err end
+  ctx.loader = loader
+  local feed = M.feed.new(loader, { gpu = gpu })
+  local eval_feed = data.eval and M.feed.new(nil, { gpu = gpu })
+  local kinds = cfg.eval.metrics
+  local progress = M.progress.new { total = data.steps, mode = opts.progress, print_every = cfg.train.print_every }
+  local evals = {}
+  local function evaluate(step)
+    progress:pause()
+    local l = assert(ur.data.loader(data.eval))
+    eval_feed:attach(l)
+    local r, e = M.evaluate.run(model, eval_feed, { metrics = kinds, samples = cfg.eval.samples,
+                                                    batch_size = cfg.eval.batch_size })
+    eval_feed:drain()
+    l:close()
+    if not r then error(e, 0) end
+    r.step = step
+    evals[#evals + 1] = r
+    progress:message(("eval at step %d: %s  (%d samples, %.1f s)"):format(step, M.evaluate.format(r, kinds),
+                                                                        r.samples, r.seconds))
+    local line = { event = "eval", step = step }
+    for k, v in pairs(r) do line[k] = v end
+    log.line(line)
+    progress:resume()
+    return r
+  end
+
+  local hooks = { function(step, samples)
+    ctx.step, ctx.samples = step, samples
+  end }
+  local every = cfg.eval.every
+  if data.eval and every > 0 then
+    hooks[#hooks + 1] = function(step)
+      if step % every == 0 and step ~= data.steps then evaluate(step) end
+    end
+  end
+  for _, h in ipairs(opts.hooks or {}) do hooks[#hooks + 1] = function(step, samples) h(step, samples, ctx) end end
+
+  local sched = M.config.schedule(cfg)
+  local last_loss
+  local ok, steps, samples = pcall(M.loop.run, {
+    model = model, optimizer = ctx.optimizer, feed = feed, first = ctx.first,
+    steps = cfg.train.steps > 0 and cfg.train.steps or nil, lr = sched,
+    log_every = cfg.train.log_every, hooks = hooks,
+    on_log = function(step, loss, n)
+      last_loss = loss
+      progress:update(step, loss, n)
+      log.line { event = "train", step = step, samples = n, loss = loss, seconds = progress:elapsed(),
+                 samples_per_s = progress.rate, lr = ctx.optimizer.lr }
+    end,
+  })
+  progress:finish()
+  feed:drain()
+  ctx.position, ctx.loader = loader:position(), nil
+  if not ok then
+    loader:close()
+    log.close()
+    return nil, tostring(steps)
+  end
+  local seconds = progress:elapsed()
+  local result = { steps = steps, samples = samples, seconds = seconds, loss = last_loss,
+                   samples_per_s = samples / math.max(seconds, 1e-9), evals = evals }
+  say(("trained %d steps, %d samples in %.1f s: %s samples/s"):format(steps, samples, seconds,
+    M.progress.count(result.samples_per_s)))
+  loader:close()
+  if data.eval then
+    local eok, r = pcall(evaluate, steps)
+    if not eok then
+      log.close()
+      return nil, tostring(r)
+    end
+    result.eval = r
+    if data.ceiling then result.ceiling = data.ceiling() end
+    say(("final AUC %.4f%s"):format(r.auc, result.ceiling
+      and (" (the synthetic data's hidden-model ceiling: %.4f)"):format(result.ceiling) or ""))
+  end
+  log.line { event = "final", steps = steps, samples = samples, seconds = seconds,
+             samples_per_s = result.samples_per_s, loss = last_loss, auc = result.eval and result.eval.auc,
+             ceiling_auc = result.ceiling }
+  log.close()
+  if opts.out then say("run directory: " .. opts.out .. " (config.json, metrics.jsonl)") end
+  if cfg.eval.min_auc > 0 and not (result.eval and result.eval.auc >= cfg.eval.min_auc) then
+    return nil, ("the final AUC %s is below eval.min_auc %.4f"):format(
+      result.eval and ("%.4f"):format(result.eval.auc) or "(no evaluation)", cfg.eval.min_auc), result
+  end
+  return result
+end
+
+-- Evaluates the model of a config on held-out data, as run() does at its end: opts.data
+-- (synthetic: the samples after the config's training ones; files: these files), out,
+-- config_path, setup (function(ctx): loads a checkpoint through ctx.registry), print, cpu.
+-- Returns {eval = {...}, ceiling} or nil, message.
+function M.eval(cfg, opts)
+  opts = opts or {}
+  local say = opts.print or function(s) io.stdout:write(s, "\n") io.stdout:flush() end
+  if opts.data and not opts.data:match("^synthetic:") then
+    cfg.data.eval = opts.data
+    if cfg.data.train == "" then cfg.data.train = opts.data end
+  elseif opts.data then
+    cfg.data.train, cfg.data.eval = opts.data, ""
+  end
+  local def, where = M.model_def(cfg, opts.config_path)
+  if not def then return nil, where end
+  local data, derr = M.data(cfg, M.config.table_rows(cfg))
+  if not data then return nil, derr end
+  if not data.eval then return nil, "no held-out data to evaluate on: give --data SPEC" end
+  local model, merr = def.build(cfg, { cpu = opts.cpu })
+  if not model then return nil, merr end
+  local gpu = ur.gpu() and not opts.cpu
+  local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1 }
+  ctx.registry = register(ctx)
+  if opts.setup then opts.setup(ctx) end
+  local log, lerr = run_dir(opts.out)
+  if not log then return nil, lerr end
+  say(("uvmrec eval: %s %s"):format(cfg.name or "model", device_line()))
+  say("model: " .. tostring(model))
+  say("data: " .. data.what)
+  local loader, err = ur.data.loader(data.eval)
+  if not loader then return nil, err end
+  local feed = M.feed.new(loader, { gpu = gpu })
+  local r, eerr = M.evaluate.run(model, feed, { metrics = cfg.eval.metrics, samples = cfg.eval.samples,
+                                                batch_size = cfg.eval.batch_size })
+  feed:free()
+  loader:close()
+  if not r then return nil, eerr end
+  local result = { eval = r, ceiling = data.ceiling and data.ceiling() }
+  say(("eval: %s  (%d samples, %.1f s)"):format(M.evaluate.format(r, cfg.eval.metrics), r.samples, r.seconds))
+  if result.ceiling then
+    say(("the synthetic data's hidden-model ceiling: %.4f"):format(result.ceiling))
+  end
+  local line = { event = "eval", step = ctx.step, ceiling_auc = result.ceiling }
+  for k, v in pairs(r) do line[k] = v end
+  log.line(line)
+  log.close()
+  return result
+end
+
+return M

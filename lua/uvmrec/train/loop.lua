@@ -1,0 +1,47 @@
+-- The training loop, short enough to copy for a loop of one's own.  Per step: the next batch,
+-- the learning rates, forward, the loss, backward (the embedding rows the batch read are
+-- updated inside it: their optimizer is fused), the dense optimizer's step (which also zeroes
+-- the gradients).  A handful of engine calls, no per-element work in Lua, and no wait for the
+-- GPU except where the loss is read, every log_every steps.
+local M = {}
+
+-- One step on a batch; the loss is a one-element tensor where the model runs (reading it waits).
+function M.step(model, optimizer, batch)
+  local crit = model.criterion
+  local logits = model:forward(batch)
+  local loss = crit:forward(logits, batch.labels)
+  model:backward(batch, crit:backward(logits, batch.labels))
+  optimizer:step()
+  return loss
+end
+
+-- t = {model =, optimizer =, feed = (next() gives batches), steps = last step (nil: until the
+-- data ends), first = 1, lr = function(step) -> factor (nil: constant), log_every = 10,
+-- on_log = function(step, loss, samples), hooks = {function(step, samples), ...}}.
+-- Returns the last step made and the samples trained on.
+function M.run(t)
+  local model, opt, feed = t.model, t.optimizer, t.feed
+  local base_lr, base_emb_lr = opt.lr, model.embeddings.tbe:lr()
+  local log_every, hooks = t.log_every or 10, t.hooks or {}
+  local step, samples, loss, logged = (t.first or 1) - 1, 0, nil, true
+  while not t.steps or step < t.steps do
+    local batch, err = feed:next()
+    if err then error(err, 0) end
+    if not batch then break end
+    step = step + 1
+    if t.lr then
+      local f = t.lr(step)
+      opt:set_lr(base_lr * f)
+      model.embeddings:set_lr(base_emb_lr * f)
+    end
+    loss = M.step(model, opt, batch)
+    samples = samples + batch.size
+    logged = step % log_every == 0
+    if logged and t.on_log then t.on_log(step, loss:get(0), samples) end
+    for i = 1, #hooks do hooks[i](step, samples) end
+  end
+  if not logged and t.on_log then t.on_log(step, loss:get(0), samples) end
+  return step, samples
+end
+
+return M

@@ -1,0 +1,134 @@
+-- Training progress: on a terminal one line redrawn in place (step, a bar, samples/s, loss,
+-- ETA); on a pipe or a file plain lines every print_every steps, which logs and tests can read.
+-- Messages (evaluations) go between, the bar redrawn under them.
+local ur = require "uvmrec"
+local C = ur.C
+
+local M = {}
+local Progress = {}
+Progress.__index = Progress
+
+-- opts: total (steps, or nil when unknown), mode ("auto": a bar on a terminal, else lines;
+-- "bar", "lines", "none"), out (a file, io.stdout), fd (of out, 1), print_every (steps).
+function M.new(opts)
+  opts = opts or {}
+  local mode = opts.mode or "auto"
+  local cols = C.ur_term_columns(opts.fd or 1)
+  if mode == "auto" then mode = cols > 0 and "bar" or "lines" end
+  if mode ~= "bar" and mode ~= "lines" and mode ~= "none" then
+    error("progress: mode '" .. tostring(mode) .. "' is not auto, bar, lines or none", 2)
+  end
+  local total = opts.total
+  local every = opts.print_every or 0
+  if every == 0 then every = total and math.max(1, math.floor(total / 10)) or 100 end
+  return setmetatable({ mode = mode, out = opts.out or io.stdout, total = total, cols = cols > 0 and cols or 80,
+                        print_every = every, t0 = ur.C.ur_clock_seconds(), last_t = nil, last_samples = 0,
+                        rate = nil, loss = nil, shown = false }, Progress)
+end
+
+-- h:mm:ss, or m:ss under an hour.
+function M.duration(s)
+  if not s or s ~= s or s == math.huge or s < 0 then return "?" end
+  s = math.floor(s + 0.5)
+  local h, m = math.floor(s / 3600), math.floor(s / 60) % 60
+  if h > 0 then return ("%d:%02d:%02d"):format(h, m, s % 60) end
+  return ("%d:%02d"):format(m, s % 60)
+end
+
+-- 18.2k, 1.35M.
+function M.count(n)
+  if n >= 1e6 then return ("%.3gM"):format(n / 1e6) end
+  if n >= 1e3 then return ("%.3gk"):format(n / 1e3) end
+  return ("%.3g"):format(n)
+end
+
+-- 512 B, 1.7 MiB, 6.25 GiB.
+function M.bytes(n)
+  if n >= 2 ^ 30 then return ("%.3g GiB"):format(n / 2 ^ 30) end
+  if n >= 2 ^ 20 then return ("%.3g MiB"):format(n / 2 ^ 20) end
+  if n >= 2 ^ 10 then return ("%.3g KiB"):format(n / 2 ^ 10) end
+  return ("%d B"):format(n)
+end
+
+-- Training time so far, leaving out what pause() .. resume() held (evaluations).
+function Progress:elapsed()
+  return C.ur_clock_seconds() - self.t0 - (self.paused or 0)
+end
+
+function Progress:pause() self.pause_t = C.ur_clock_seconds() end
+function Progress:resume()
+  if self.pause_t then
+    self.paused = (self.paused or 0) + C.ur_clock_seconds() - self.pause_t
+    self.pause_t = nil
+  end
+end
+
+local function fields(self, step)
+  local parts = { self.total and ("step %d/%d"):format(step, self.total) or ("step %d"):format(step) }
+  return parts, {
+    self.rate and (M.count(self.rate) .. " samples/s") or "- samples/s",
+    self.loss and ("loss %.4f"):format(self.loss) or "loss -",
+    "ETA " .. ((self.total and self.rate and self.rate > 0)
+      and M.duration((self.total - step) * self.samples_per_step / self.rate) or "?"),
+  }
+end
+
+-- After step `step` with `samples` seen in all and the loss just read.  Samples/s is over the
+-- time since the previous update, which waited for the GPU as this one did.
+function Progress:update(step, loss, samples)
+  local t = self:elapsed()
+  if self.last_t and t > self.last_t then
+    self.rate = (samples - self.last_samples) / (t - self.last_t)
+  elseif t > 0 then
+    self.rate = samples / t
+  end
+  self.samples_per_step = samples / math.max(step, 1)
+  self.last_t, self.last_samples = t, samples
+  -- A moving average: the loss of one batch is noisy.
+  self.loss = self.loss and (0.7 * self.loss + 0.3 * loss) or loss
+  self.step = step
+  if self.mode == "bar" then
+    self:draw(step)
+  elseif self.mode == "lines" and (step % self.print_every == 0 or step == self.total) then
+    local head, rest = fields(self, step)
+    self.out:write(head[1], "  ", table.concat(rest, "  "), "\n")
+    self.out:flush()
+  end
+end
+
+function Progress:draw(step)
+  local head, rest = fields(self, step)
+  local tail = " " .. table.concat(rest, " | ")
+  local width = self.cols - 1 - #head[1] - #tail - 9
+  local bar = ""
+  if self.total and width >= 10 then
+    width = math.min(width, 40)
+    local frac = math.min(step / self.total, 1)
+    local fill = math.floor(frac * width + 0.5)
+    bar = (" [%s%s] %3d%%"):format(("#"):rep(fill), ("."):rep(width - fill), math.floor(frac * 100))
+  end
+  self.out:write("\r\27[K", head[1], bar, tail)
+  self.out:flush()
+  self.shown = true
+end
+
+-- A line of its own (an evaluation), above the bar.
+function Progress:message(text)
+  if self.mode == "none" then return end
+  if self.mode == "bar" and self.shown then self.out:write("\r\27[K") end
+  self.out:write(text, "\n")
+  if self.mode == "bar" and self.step and not self.done then self:draw(self.step) end
+  self.out:flush()
+end
+
+-- Ends the bar's line; later messages are lines of their own.
+function Progress:finish()
+  self.done = true
+  if self.mode == "bar" and self.shown then
+    self.out:write("\n")
+    self.out:flush()
+    self.shown = false
+  end
+end
+
+return M

@@ -1,0 +1,186 @@
+-- models/dlrm.lua: DLRM (Naumov et al., 2019) assembled from a training config: a bottom MLP
+-- over the dense features, pooled embeddings of the sparse ones, their interaction (DLRM's
+-- pairwise dot products, or DCNv2's cross layers over everything side by side), and a top MLP
+-- to one logit.  Loaded by the trainer with dofile (a config's model.file); returns
+--   { DLRM = the class, build = function(cfg, opts) ... end }.
+local ur = require "uvmrec"
+local tconfig = require "uvmrec.train.config"
+local nn, dense = ur.nn, ur.dense
+local Module = nn.Module
+
+local DLRM = Module:extend("DLRM")
+
+-- DLRM(cfg, {gpu = true, device = n}): with gpu, tables go where the config places them on
+-- GPU device (default: the current one), else on the host; the dense part is built on the
+-- host (to() moves it).  Environmental failures (memory, the HBM budget) raise.
+function DLRM:__init(cfg, opts)
+  Module.__init(self)
+  opts = opts or {}
+  local m, e = cfg.model, cfg.embeddings
+  local gpu = opts.gpu and true or false
+  self.interaction_kind = m.interaction
+  self.num_dense, self.num_tables, self.dim = m.dense_features, #e.rows, e.dim
+  self.bottom = nn.MLP({ m.dense_features, unpack(m.bottom_mlp) }, { input_grad = false })
+
+  local rows, tables = tconfig.table_rows(cfg), {}
+  for i, r in ipairs(rows) do
+    local name = "C" .. i
+    local own = e.tables[name] or {}
+    local place = own.placement or e.placement
+    tables[i] = { name = name, rows = r, dim = e.dim, dtype = own.dtype or e.dtype,
+                  placement = (gpu and place ~= "auto") and place or nil }
+  end
+  local o = e.optimizer or {}
+  self.embeddings = nn.EmbeddingBagCollection {
+    tables = tables, pooling = e.pooling, bounds = e.bounds, seed = cfg.train.seed,
+    device = not gpu and "cpu" or opts.device,
+    optimizer = { o.name or "sgd", lr = o.lr or cfg.optimizer.lr, eps = o.eps,
+                  weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2 },
+  }
+
+  local d = m.bottom_mlp[#m.bottom_mlp]
+  local width
+  if m.interaction == "dot" then
+    self.interaction = nn.Interaction { self_interaction = m.self_interaction }
+    width = dense.interaction_width(#rows, d, m.self_interaction)
+    self._pair = {}
+  else
+    width = d + #rows * e.dim
+    self.interaction = nn.CrossNet(width, m.cross_layers, { rank = m.cross_rank > 0 and m.cross_rank or nil })
+  end
+  self.interaction_width = width
+  self.top = nn.MLP({ width, unpack(m.top_mlp) }, { last = "none" })
+  self.criterion = nn.BCEWithLogits()
+  self.modules = { self.bottom, self.embeddings, self.interaction, self.top, self.criterion }
+  for _, c in ipairs(self.modules) do c:share_arena(self) end
+end
+
+-- The logits [B, 1] of a batch {dense = f32 [B, dense], sparse = KJT or {values=, offsets=}}.
+function DLRM:updateOutput(batch)
+  local x = self.bottom:forward(batch.dense)
+  local e = self.embeddings:forward(batch.sparse)
+  local z
+  if self._pair then
+    self._pair[1], self._pair[2] = x, e
+    z = self.interaction:forward(self._pair)
+  else
+    local rows = Module.rows_cols(x)
+    self._cat = dense.concat({ x, e }, self:buffer("cat", Module.dtype_of(x), rows,
+                                                   self.interaction_width), self.stream)
+    z = self.interaction:forward(self._cat)
+  end
+  self._z = z
+  self.output = self.top:forward(z)
+  return self.output
+end
+
+-- Back through the top MLP, the interaction and the bottom MLP (gradients accumulate in the
+-- dense parameters' .grad); the embedding rows the batch read are stepped here, fused.
+function DLRM:backward(batch, gradOutput)
+  local gz = self.top:backward(self._z, gradOutput)
+  local gx, ge
+  if self._pair then
+    -- Interaction keeps its gradInput pair across steps, but to() and set_precision() drop it.
+    if not self.interaction.gradInput then self.interaction.gradInput = {} end
+    local g = self.interaction:backward(self._pair, gz)
+    gx, ge = g[1], g[2]
+  else
+    local gc = self.interaction:backward(self._cat, gz)
+    local rows = Module.rows_cols(gc)
+    local dt = Module.dtype_of(gc)
+    gx = self:buffer("gx", dt, rows, self.interaction_width - self.num_tables * self.dim)
+    ge = self:buffer("ge", dt, rows, self.num_tables * self.dim)
+    self._parts = self._parts or {}
+    self._parts[1], self._parts[2] = gx, ge
+    dense.split(gc, self._parts, self.stream)
+  end
+  self.bottom:backward(batch.dense, gx)
+  self.embeddings:backward(batch.sparse, ge)
+  self.gradInput = nil
+  return nil
+end
+
+DLRM.updateGradInput = DLRM.backward
+
+-- Probabilities f32 [B, 1] of a batch (the sigmoid of the logits), for metrics.
+function DLRM:predict(batch)
+  local logits = self:forward(batch)
+  local rows = Module.rows_cols(logits)
+  if Module.dtype_of(logits) ~= "f32" then
+    logits = dense.cast(logits, self:buffer("logits_f32", "f32", rows, 1), self.stream)
+  end
+  return dense.act_forward(logits, self:buffer("probs", "f32", rows, 1), "sigmoid", self.stream)
+end
+
+-- Parameters named by part: bottom.1.weight, embeddings.C3 (fused: no grad), top.3.bias, ...
+function DLRM:parameters(prefix, out)
+  out = out or {}
+  prefix = prefix or ""
+  self.bottom:parameters(prefix .. "bottom.", out)
+  self.embeddings:parameters(prefix .. "embeddings.", out)
+  self.interaction:parameters(prefix .. "interaction.", out)
+  self.top:parameters(prefix .. "top.", out)
+  return out
+end
+
+function DLRM:set_precision(precision, stream)
+  for _, c in ipairs(self.modules) do
+    local ok, err = c:set_precision(precision, stream)
+    if not ok then return nil, err end
+  end
+  self.precision = precision
+  return self
+end
+
+-- Numbers for a summary line and the run log.
+function DLRM:stats()
+  local dense_params, rows, table_bytes = 0, 0, 0
+  for _, p in ipairs(self:parameters()) do
+    if p.fused then
+      rows = rows + p.tensor:size(1)
+      table_bytes = table_bytes + p.tensor:nbytes()
+    else
+      dense_params = dense_params + p.tensor:numel()
+    end
+  end
+  return { dense_params = dense_params, rows = rows, table_bytes = table_bytes,
+           tables = self.num_tables, dim = self.dim, interaction = self.interaction_kind,
+           interaction_width = self.interaction_width }
+end
+
+function DLRM:tostring()
+  local s = self:stats()
+  local function widths(seq)
+    local w = {}
+    for _, l in ipairs(seq.modules) do
+      if l.out_features then w[#w + 1] = l.out_features end
+    end
+    return table.concat(w, "-")
+  end
+  local count, bytes = require("uvmrec.train.progress").count, require("uvmrec.train.progress").bytes
+  return ("DLRM: %d dense -> bottom %s; %d tables of dim %d (%s rows, %s); %s interaction (%d) -> top %s; "
+    .. "%s dense parameters, %s"):format(self.num_dense, widths(self.bottom), s.tables, s.dim, count(s.rows),
+    bytes(s.table_bytes), s.interaction, s.interaction_width, widths(self.top), count(s.dense_params),
+    self.precision)
+end
+
+local M = { DLRM = DLRM }
+
+-- The model of a config, placed: on the current GPU when one is in use (opts.cpu: never),
+-- with the config's precision.  Returns the model, or nil, message (memory, the HBM budget).
+function M.build(cfg, opts)
+  opts = opts or {}
+  Module.manual_seed(cfg.train.seed)
+  local gpu = ur.gpu() and not opts.cpu
+  local ok, model = pcall(DLRM, cfg, { gpu = gpu, device = opts.device })
+  if not ok then return nil, (tostring(model):gsub("^[^\n]-:%d+: ", "")) end
+  if gpu then
+    local moved, err = model:to("device", opts.device)
+    if not moved then return nil, err end
+  end
+  local set, err = model:set_precision(cfg.model.precision)
+  if not set then return nil, err end
+  return model
+end
+
+return M

@@ -1,0 +1,209 @@
+-- DLRM training benchmark (BENCH.md B3, B7): samples/s of whole training steps.
+--
+--   luajit scripts/bench/dlrm.lua [--steps N] [--batch B] [--config NAME|FILE] [--set k=v]...
+--                                 [--precision f32|tf32|bf16] [--cpu] [--out FILE]
+--
+-- Default on a GPU: dlrm_mlperf_v1_2m (26 tables of dim 128 capped at 2 M rows, 6.3 GiB in
+-- HBM; MLPs 512-256-128 and 1024-1024-512-256-1; bf16 MLPs; SGD) at batch 65536, 200 steps.
+-- With --cpu (or without a GPU): dlrm_tiny at its own batch, 50 steps.
+-- It first checks the step: a few steps of dlrm_tiny on the GPU against the CPU backend from
+-- the same initial weights and batches (the losses must agree; f32 and bf16).  Then it times
+-- the step with every batch already on the device (rotating over several distinct batches of
+-- the synthetic data, Zipf ids), after a warm-up, with CUDA events; the loss must be finite and
+-- fall.  Last, a shorter run fed by the loader (host generation and the copies included).
+-- Prints a summary and writes one JSON line to --out.
+local ur = require "uvmrec"
+local train = require "uvmrec.train"
+local ck = require "uvmrec.checkpoint"
+
+local o = { sets = {} }
+do
+  local i = 1
+  while i <= #arg do
+    local a = arg[i]
+    local function value()
+      i = i + 1
+      if arg[i] == nil then error("dlrm bench: " .. a .. " needs a value", 0) end
+      return arg[i]
+    end
+    if a == "--steps" then o.steps = tonumber(value())
+    elseif a == "--batch" then o.batch = tonumber(value())
+    elseif a == "--config" then o.config = value()
+    elseif a == "--set" then o.sets[#o.sets + 1] = value()
+    elseif a == "--precision" then o.precision = value()
+    elseif a == "--out" then o.out = value()
+    elseif a == "--cpu" then o.cpu = true
+    else
+      error("dlrm bench: unknown argument " .. a .. " (expected --steps N --batch B --config C --set k=v "
+            .. "--precision P --cpu --out FILE)", 0)
+    end
+    i = i + 1
+  end
+end
+local gpu = ur.gpu() and not o.cpu
+o.config = o.config or (gpu and "dlrm_mlperf_v1_2m" or "dlrm_tiny")
+o.steps = o.steps or (gpu and 200 or 50)
+local WARM, NBATCH = gpu and 10 or 3, gpu and 8 or 4
+
+local C = ur.C
+local function die(msg)
+  io.stderr:write("dlrm bench: ", msg, "\n")
+  os.exit(1)
+end
+
+local function load(name, sets)
+  local path = assert(train.find_config(name))
+  local cfg, err = train.config.load(path, sets)
+  if not cfg then die(err) end
+  local def, derr = train.model_def(cfg, path)
+  if not def then die(derr) end
+  return cfg, def
+end
+
+-- ---- the check: GPU against the CPU backend ----
+
+-- Losses of `steps` steps of dlrm_tiny from the same weights and batches; nil without a GPU.
+local function losses(precision, on_cpu, steps)
+  local cfg, def = load("dlrm_tiny", { "model.precision=" .. precision, "train.batch_size=512" })
+  local model = assert(def.build(cfg, { cpu = on_cpu }))
+  local opt = train.optimizer(cfg, model)
+  local data = assert(train.data(cfg, train.config.table_rows(cfg)))
+  local loader = assert(ur.data.loader(data.train))
+  local feed = train.feed.new(loader, { gpu = not on_cpu })
+  local out = {}
+  for s = 1, steps do
+    out[s] = train.loop.step(model, opt, assert(feed:next())):get(0)
+  end
+  feed:free()
+  loader:close()
+  return out
+end
+
+local check = { ok = true }
+if gpu then
+  for _, c in ipairs { { "f32", 2e-4 }, { "bf16", 3e-2 } } do
+    local a, b = losses(c[1], true, 5), losses(c[1], false, 5)
+    local worst = 0
+    for s = 1, #a do worst = math.max(worst, math.abs(a[s] - b[s]) / math.max(math.abs(a[s]), 1e-6)) end
+    check[c[1]] = worst
+    if worst > c[2] or worst ~= worst then
+      die(("check: dlrm_tiny %s losses on the GPU differ from the CPU's by %.3g (relative; allowed %g)"):format(
+        c[1], worst, c[2]))
+    end
+  end
+end
+
+-- ---- the timed run ----
+
+local sets = { unpack(o.sets) }
+if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
+if o.precision then sets[#sets + 1] = "model.precision=" .. o.precision end
+local cfg, def = load(o.config, sets)
+local B = cfg.train.batch_size
+local model, merr = def.build(cfg, { cpu = not gpu })
+if not model then die(merr) end
+local opt = train.optimizer(cfg, model)
+local st = model:stats()
+local where = gpu and ("cuda:0 " .. ur.device_props(0).name) or "the CPU"
+print(("dlrm bench: %s on %s, batch %d, %s MLPs, %d tables x %d (%.1f M rows, %.2f GiB)"):format(
+  cfg.name, where, B, cfg.model.precision, st.tables, st.dim, st.rows / 1e6, st.table_bytes / 2 ^ 30))
+if gpu then
+  print(("check: dlrm_tiny, 5 steps on the GPU against the CPU: losses agree within %.2g (f32), %.2g (bf16)")
+    :format(check.f32, check.bf16))
+end
+
+-- Distinct batches of the config's data, held where the model runs.
+local data = assert(train.data(cfg, train.config.table_rows(cfg)))
+local dopts = {}
+for k, v in pairs(data.train) do dopts[k] = v end
+dopts.samples, dopts.epochs = NBATCH * B, 1
+local loader = assert(ur.data.loader(dopts))
+local batches = {}
+for i = 1, NBATCH do
+  local b = assert(loader:next())
+  if gpu then
+    local d = b:to("device")
+    local k = d.sparse
+    batches[i] = { dense = d.dense, labels = d.labels, size = b.size,
+                   sparse = { values = k:values(), offsets = k:offsets(), weights = k:weights() } }
+  else
+    local k = b.sparse
+    batches[i] = { dense = assert(b.dense:to("host")), labels = assert(b.labels:to("host")), size = b.size,
+                   sparse = assert(k:to("host")) }
+  end
+end
+loader:close()
+
+local sched = train.config.schedule(cfg)
+local base_lr, base_emb = opt.lr, model.embeddings.tbe:lr()
+local step = 0
+local function run(n)
+  local first, last
+  for _ = 1, n do
+    step = step + 1
+    if sched then
+      opt:set_lr(base_lr * sched(step))
+      model.embeddings:set_lr(base_emb * sched(step))
+    end
+    last = train.loop.step(model, opt, batches[(step - 1) % NBATCH + 1])
+    first = first or last:get(0)
+  end
+  return first, last:get(0)
+end
+
+run(WARM)
+local probe = batches[step % NBATCH + 1] -- the first timed step's batch: its loss before and after
+local t0, ev0, ev1 = C.ur_clock_seconds(), gpu and assert(ur.event()), gpu and assert(ur.event())
+if gpu then assert(ev0:record()) end
+local loss0 = select(2, run(1))
+run(o.steps - 1)
+local seconds
+if gpu then
+  assert(ev1:record())
+  assert(ev1:sync())
+  seconds = ev0:elapsed(ev1) / 1e3
+else
+  seconds = C.ur_clock_seconds() - t0
+end
+-- run(1) read the loss once inside the timed span: one wait in o.steps steps.
+local loss1 = model.criterion:forward(model:forward(probe), probe.labels):get(0)
+if not (loss1 == loss1 and math.abs(loss1) < math.huge) then
+  die(("the loss is %s after %d steps"):format(loss1, step))
+end
+if loss1 >= loss0 then
+  die(("the loss of a batch did not fall over %d steps on %d repeated batches: %.4f -> %.4f"):format(o.steps,
+    NBATCH, loss0, loss1))
+end
+local rate = o.steps * B / seconds
+print(("steady: %d steps (after %d warm-up) over %d batches already %s: %.3f ms a step, %s samples/s; "
+  .. "the first batch's loss %.4f -> %.4f"):format(o.steps, WARM, NBATCH, gpu and "on the GPU" or "in memory",
+  seconds / o.steps * 1e3, train.progress.count(rate), loss0, loss1))
+if gpu then print(("B3 target: 10 M samples/s on one H200; this is %.2f of it"):format(rate / 10e6)) end
+
+-- The same steps fed by the loader: generation on the host, copies to the device.
+local fed_steps = math.max(5, math.floor(o.steps / 4))
+dopts.samples = (fed_steps + WARM) * B
+loader = assert(ur.data.loader(dopts))
+local feed = train.feed.new(loader, { gpu = gpu })
+for _ = 1, WARM do train.loop.step(model, opt, assert(feed:next())) end
+local last
+ur.sync()
+local f0 = C.ur_clock_seconds()
+for _ = 1, fed_steps do last = train.loop.step(model, opt, assert(feed:next())) end
+last:get(0)
+local fed_seconds = C.ur_clock_seconds() - f0
+local fed_rate = fed_steps * B / fed_seconds
+local ls = loader:stats()
+feed:free()
+loader:close()
+print(("fed by the loader: %d steps, %s samples/s (the loader waited on for %.2f s of %.2f s)"):format(fed_steps,
+  train.progress.count(fed_rate), ls.wait_seconds, fed_seconds))
+
+if o.out then
+  local f = assert(io.open(o.out, "a"))
+  f:write(ck.json.encode { bench = "dlrm", config = cfg.name, device = where, batch = B,
+    precision = cfg.model.precision, steps = o.steps, seconds = seconds, samples_per_s = rate,
+    ms_per_step = seconds / o.steps * 1e3, fed_samples_per_s = fed_rate, loss_first = loss0, loss_last = loss1,
+    check_f32 = check.f32, check_bf16 = check.bf16 }, "\n")
+  f:close()
+end

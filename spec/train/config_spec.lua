@@ -1,0 +1,134 @@
+-- The training config (uvmrec.train.config): the presets in models/ load, defaults fill in,
+-- --set reaches every value through the schema, and each class of error names the file, line
+-- and column of the value to change (or the --set that gave it).
+local train = require "uvmrec.train"
+local tconfig = train.config
+
+local base = [[
+model:
+  bottom_mlp: [8, 4]
+  top_mlp: [6, 1]
+embeddings:
+  dim: 4
+  rows: [10, 20, 30]
+optimizer: {name: sgd, lr: 0.1}
+]]
+
+local function parse(text, sets) return tconfig.parse(text, "t.yaml", sets) end
+
+describe("uvmrec.train.config", function()
+  it("loads every preset in models/ and fills the defaults", function()
+    local dir = train.models_dirs()[1]
+    for _, name in ipairs { "dlrm_tiny", "dlrm_kaggle", "dlrm_mlperf_v1", "dlrm_mlperf_v1_2m", "dlrm_dcnv2" } do
+      local path = assert(train.find_config(name))
+      assert.truthy(path:match("/" .. name .. "%.yaml$"), path)
+      local cfg = assert(tconfig.load(path))
+      assert.equal(name, cfg.name)
+      assert.equal(26, #cfg.embeddings.rows)
+      assert.equal(13, cfg.model.dense_features)
+      assert(train.model_def(cfg, path))
+    end
+    assert.truthy(dir)
+    local cfg = assert(tconfig.load(assert(train.find_config("dlrm_mlperf_v1_2m"))))
+    local rows = tconfig.table_rows(cfg)
+    assert.equal(2000000, rows[1])
+    assert.equal(39043, rows[2])
+    assert.same({ "dot", "bf16", 65536 }, { cfg.model.interaction, cfg.model.precision, cfg.train.batch_size })
+    local dcn = assert(tconfig.load(assert(train.find_config("dlrm_dcnv2"))))
+    assert.same({ "dcnv2", 3, 512, "rowwise_adagrad" },
+                { dcn.model.interaction, dcn.model.cross_layers, dcn.model.cross_rank, dcn.embeddings.optimizer.name })
+    local none, err = train.find_config("dlrm_nothing")
+    assert.is_nil(none)
+    assert.equal("dlrm_nothing: no such config file, nor a preset in models/", err)
+  end)
+
+  it("fills defaults and applies --set to any value, typed by the schema", function()
+    local cfg = assert(parse(base, { "train.batch_size=4096", "model.bottom_mlp=16,4", "embeddings.max_rows=15",
+                                     "embeddings.tables.C2.placement=managed", "model.precision=bf16" }))
+    assert.same({ 4096, 1, 10, 0 }, { cfg.train.batch_size, cfg.train.seed, cfg.train.log_every, cfg.train.steps })
+    assert.same({ 16, 4 }, cfg.model.bottom_mlp)
+    assert.same({ 10, 15, 15 }, tconfig.table_rows(cfg))
+    assert.same({ C2 = { placement = "managed" } }, cfg.embeddings.tables)
+    assert.same({ "auc", "ne", "accuracy", "calibration", "ctr" }, cfg.eval.metrics)
+    assert.equal("bf16", cfg.model.precision)
+    -- defaults are not shared: a --set on one config leaves the next one alone
+    local again = assert(parse(base))
+    assert.same({}, again.embeddings.tables)
+  end)
+
+  it("gives the learning-rate factor of each schedule", function()
+    local cfg = assert(parse(base .. "schedule: {name: dlrm, warmup_steps: 10, decay_start: 20, decay_steps: 10}\n"))
+    local f = tconfig.schedule(cfg)
+    assert.near(0.5, f(5), 1e-12)
+    assert.near(1, f(15), 1e-12)
+    assert.near(0.25, f(25), 1e-12)
+    assert.is_nil(tconfig.schedule(assert(parse(base))))
+  end)
+
+  local cases = {
+    { "an unknown key", base .. "trian: {steps: 3}\n",
+      "t.yaml:8:1: unknown key 'trian'; expected one of data, embeddings, eval, model, name, optimizer, schedule, "
+      .. "train" },
+    { "an unknown nested key", base:gsub("top_mlp", "top_mpl"), "t.yaml:3:3: model: unknown key 'top_mpl'" },
+    { "a wrong type", base .. "train: {batch_size: big}\n",
+      "t.yaml:8:21: train.batch_size: 'big' is not a decimal integer" },
+    { "a quoted number", base .. "train: {steps: '10'}\n",
+      "t.yaml:8:16: train.steps: '10' is not an integer (not a quoted string)" },
+    { "an impossible value", base .. "train: {batch_size: 0}\n",
+      "t.yaml:8:21: train.batch_size: '0' is not an integer >= 1" },
+    { "a bad enum", base .. "eval: {metrics: [auc, f1]}\n",
+      "t.yaml:8:23: eval.metrics[2]: 'f1' is not one of auc, ne, accuracy, calibration, ctr" },
+    { "a missing section", "model: {bottom_mlp: [4], top_mlp: [1]}\noptimizer: {lr: 1}\n",
+      "t.yaml:1:1: missing key 'embeddings'" },
+    { "a bottom MLP that does not end at the embedding dim", base:gsub("%[8, 4%]", "[8, 5]"),
+      "t.yaml:2:19: model.bottom_mlp[2]: the dot interaction needs the bottom MLP to end at embeddings.dim (4), "
+      .. "not 5" },
+    { "a top MLP that does not end at one logit", base:gsub("%[6, 1%]", "[6, 2]"),
+      "t.yaml:3:16: model.top_mlp[2]: the top MLP gives one logit: its last width must be 1, not 2" },
+    { "an embedding dim the tables cannot hold", base:gsub("dim: 4", "dim: 6"):gsub("%[8, 4%]", "[8, 6]"),
+      "t.yaml:5:8: embeddings.dim: 6 is not a multiple of 4" },
+    { "a table that does not exist", (base:gsub("optimizer:", "  tables: {C4: {placement: host}}\noptimizer:")),
+      "t.yaml:7:16: embeddings.tables.C4: no table 'C4'; tables are C1 to C3" },
+    { "a cross rank too large",
+      base:gsub("top_mlp: %[6, 1%]", "top_mlp: [6, 1]\n  interaction: dcnv2\n  cross_rank: 16"),
+      "t.yaml:5:15: model.cross_rank: rank 16 is not below the cross layers' width 16" },
+    { "a schedule without its steps", base .. "schedule: {name: dlrm, warmup_steps: 10}\n",
+      "t.yaml:8:11: schedule.decay_steps: the dlrm schedule decays over decay_steps >= 1 steps" },
+    { "synthetic data of no length", base .. "data: {train: 'synthetic:tiny'}\n",
+      "t.yaml:8:15: data.train: synthetic data needs train.steps or data.samples" },
+    { "an anchor", base .. "train: &t {steps: 3}\n", "t.yaml:8:8: anchors (&name) are not allowed" },
+    { "an alias", base .. "name: *n\n", "t.yaml:8:7: aliases (*name) are not allowed" },
+    { "a duplicate key", base .. "optimizer: {lr: 1}\n", "t.yaml:8:1: duplicate key 'optimizer' (first at line 7)" },
+    { "nesting too deep", base .. "name: " .. ("["):rep(70) .. ("]"):rep(70) .. "\n",
+      "t.yaml:8:70: nesting deeper than 64 levels" },
+  }
+  for _, c in ipairs(cases) do
+    it("rejects " .. c[1] .. ", naming file:line:column", function()
+      local cfg, err = parse(c[2])
+      assert.is_nil(cfg)
+      assert.equal(c[3], err:sub(1, #c[3]))
+    end)
+  end
+
+  it("names the --set that gave a value when a check blames it", function()
+    local cases2 = {
+      { "model.bottom_mlp=8,5", "--set model.bottom_mlp=8,5: model.bottom_mlp[2]: the dot interaction needs" },
+      { "train.batch_size=-1", "--set train.batch_size=-1: '-1' is not an integer >= 1" },
+      { "model.bottm_mlp=4", "--set model.bottm_mlp=4: 'model.bottm_mlp' is not a setting" },
+      { "embeddings.tables.C9.placement=host",
+        "--set embeddings.tables.C9.placement=host: embeddings.tables.C9: no table 'C9'" },
+      { "embeddings.tables.C1.placement=hbm", "--set embeddings.tables.C1.placement=hbm: 'hbm' is not one of auto" },
+    }
+    for _, c in ipairs(cases2) do
+      local cfg, err = parse(base, { c[1] })
+      assert.is_nil(cfg, c[1])
+      assert.equal(c[2], err:sub(1, #c[2]))
+    end
+  end)
+
+  it("reports a missing file", function()
+    local cfg, err = tconfig.load("/nonexistent/x.yaml")
+    assert.is_nil(cfg)
+    assert.matches("^/nonexistent/x%.yaml: cannot open", err)
+  end)
+end)
