@@ -123,6 +123,7 @@ for i = 1, NBATCH do
   local b = assert(loader:next())
   if gpu then
     local d = b:to("device")
+    assert(ur.sync()) -- the copies must be done before the loader reuses the batch's buffers
     local k = d.sparse
     batches[i] = { dense = d.dense, labels = d.labels, size = b.size,
                    sparse = { values = k:values(), offsets = k:offsets(), weights = k:weights() } }

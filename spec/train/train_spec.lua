@@ -79,6 +79,36 @@ describe("uvmrec.train", function()
     assert.near(result.eval.logloss, r.eval.logloss, 1e-6)
   end)
 
+  it("feeds batches through buffers of their own as it does onto a GPU, equal to the loader's", function()
+    local ur = require "uvmrec"
+    local function loader()
+      return assert(ur.data.loader { data = "synthetic:dcnv2", samples = 700, batch_size = 256, seed = 3 })
+    end
+    local a, b = loader(), loader()
+    local feed = train.feed.new(b, { gpu = true, placement = "managed" })
+    local n = 0
+    while true do
+      local x, y = a:next(), assert(feed:next() or true)
+      if not x then
+        assert.is_true(y)
+        break
+      end
+      n = n + 1
+      assert.equal(x.size, y.size)
+      assert.equal("managed", y.dense:placement())
+      assert.same(x.dense:totable(), y.dense:totable())
+      assert.same(x.labels:totable(), y.labels:totable())
+      for _, k in ipairs { "values", "offsets" } do
+        local t = x.sparse[k](x.sparse)
+        assert.same(t:totable(), y.sparse[k]:totable(), k)
+      end
+    end
+    assert.equal(3, n, "two full batches and the rest")
+    feed:free()
+    a:close()
+    b:close()
+  end)
+
   it("holds out synthetic samples after the training ones and reports data errors", function()
     local cfg = tiny()
     local d = assert(train.data(cfg, train.config.table_rows(cfg)))

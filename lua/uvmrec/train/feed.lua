@@ -14,11 +14,13 @@ local M = {}
 local Feed = {}
 Feed.__index = Feed
 
--- opts: gpu (copy to the current GPU), stream (nil: the default one).
+-- opts: gpu (copy to the current GPU), placement of the copies ("device"; "managed" runs the
+-- same path without a GPU, for the specs), stream (nil: the default one).
 function M.new(loader, opts)
   opts = opts or {}
   local self = setmetatable({ loader = loader, gpu = opts.gpu and true or false, stream = opts.stream,
-                              bufs = {}, n = 0, batch = { sparse = {} } }, Feed)
+                              placement = opts.placement or "device", bufs = {}, n = 0,
+                              batch = { sparse = {} } }, Feed)
   if self.gpu then self.events = { assert(ur.event()), assert(ur.event()) } end
   return self
 end
@@ -35,7 +37,7 @@ function Feed:buf(key, dtype, n, cols)
   local b = self.bufs[key]
   if not b or b.cap < n then
     local cap = math.max(n, b and 2 * b.cap or 0)
-    local t = assert(ur.tensor(cols > 0 and { cap, cols } or { cap }, { placement = "device", dtype = dtype }))
+    local t = assert(ur.tensor(cols > 0 and { cap, cols } or { cap }, { placement = self.placement, dtype = dtype }))
     if b then b.t:free() end
     b = { t = t, cap = cap, views = {} }
     self.bufs[key] = b

@@ -129,7 +129,8 @@ function M.data(cfg, rows)
     if cfg.data.eval:match("^synthetic:") then d.eval.samples = d.eval_samples end
     d.what = ("%s; evaluation on %s"):format(spec, cfg.data.eval)
   end
-  d.what = d.what or (spec .. "; no held-out data (set data.eval or --eval-data): no evaluation")
+  d.what = d.what or (src.kind == "synthetic" and ("%s: %d samples an epoch; no evaluation (eval.samples is 0)")
+    :format(spec, d.train.samples) or (spec .. "; no held-out data (set data.eval or --eval-data): no evaluation"))
   return d
 end
 
