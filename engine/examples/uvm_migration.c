@@ -122,15 +122,8 @@ static int run(demo *d) {
   ur_migration_stats moved, to_gpu;
 
   if (ur_stream_new(&d->s, 0) != UR_STATUS_OK) return engine_error("creating a stream");
-  if (ur_tensor_new(&d->t, UR_DTYPE_F32, 1, &d->numel, UR_PLACE_MANAGED, 0) != UR_STATUS_OK)
-    return engine_error("allocating the managed tensor");
-  if (ur_tensor_fill(d->s, d->t, 1.0) != UR_STATUS_OK) return engine_error("filling the tensor");
-  /* Start from every page on the host, wherever the fill ran, so that the GPU prefetch
-   * below has the whole tensor to move. */
-  if (ur_tensor_prefetch(d->s, d->t, 0, d->numel, UR_LOC_CPU, &r) != UR_STATUS_OK ||
-      ur_stream_sync(d->s) != UR_STATUS_OK)
-    return engine_error("placing the tensor on the host");
-
+  /* CUPTI counts migrations only of managed memory allocated after its counters are on (on the
+   * H200, a monitor started after the allocation read 0 bytes for a 4 GiB prefetch). */
   ur_status st = ur_monitor_start();
   if (st == UR_STATUS_OK) {
     d->monitor = 1;
@@ -142,6 +135,15 @@ static int run(demo *d) {
   } else {
     return engine_error("starting the migration monitor");
   }
+
+  if (ur_tensor_new(&d->t, UR_DTYPE_F32, 1, &d->numel, UR_PLACE_MANAGED, 0) != UR_STATUS_OK)
+    return engine_error("allocating the managed tensor");
+  if (ur_tensor_fill(d->s, d->t, 1.0) != UR_STATUS_OK) return engine_error("filling the tensor");
+  /* Start from every page on the host, wherever the fill ran, so that the GPU prefetch
+   * below has the whole tensor to move. */
+  if (ur_tensor_prefetch(d->s, d->t, 0, d->numel, UR_LOC_CPU, &r) != UR_STATUS_OK ||
+      ur_stream_sync(d->s) != UR_STATUS_OK)
+    return engine_error("placing the tensor on the host");
 
   if (step_advise(d, "advise preferred=cpu", UR_ADVICE_PREFERRED_LOCATION, UR_LOC_CPU) ||
       step_advise(d, "advise accessed_by=cuda:0", UR_ADVICE_ACCESSED_BY, 0) ||

@@ -240,7 +240,8 @@ UR_API uint64_t ur_hint_log_capacity(void);         /* the newest this many are 
 UR_API ur_status ur_hint_log_get(uint64_t seq, ur_hint_record *out);
 UR_API void ur_hint_log_clear(void);
 
-/* Migration monitor (CUPTI unified-memory counters). */
+/* Migration monitor (CUPTI unified-memory counters).  Reading waits for the device.  CUPTI
+ * counts only managed memory allocated after the monitor started: start it first. */
 UR_API ur_status ur_monitor_start(void);
 UR_API ur_status ur_monitor_read(ur_migration_stats *out, int32_t reset);
 UR_API ur_status ur_monitor_stop(void);
@@ -663,6 +664,60 @@ UR_API ur_status ur_arena_tensor(ur_arena *a, ur_tensor **out, ur_dtype dtype, i
                                  const int64_t *shape);
 UR_API void ur_arena_reset(ur_arena *a);
 UR_API void ur_arena_stats_get(const ur_arena *a, ur_arena_stats *out);
+/* ---- safetensors (checkpoints) ---- */
+/* safetensors files (engine/src/safetensors.c): an 8-byte little-endian header length, a JSON
+ * header (per tensor: dtype F32 BF16 F16 I8 U8 I32 I64, shape, data_offsets from the start of
+ * the data; "__metadata__": strings to strings), then the raw little-endian data.  Saving
+ * writes <path>.tmp-XXXXXX in the same directory, fsyncs it, renames it over path and fsyncs
+ * the directory, so a failed or killed save leaves the previous file as it was.  Tensors are
+ * laid out as the reference implementation does (by dtype, widest first, then by name), so
+ * each is aligned to its element size.  Device and managed tensors move through a pinned
+ * staging buffer of staging_bytes (0: 64 MiB) in chunks, so a table larger than host memory
+ * is saved and loaded without that much host memory; host and pinned ones are written and
+ * read in place.  Saves do not poll the interrupt flag (a save on SIGINT must finish); loads
+ * do.  Opening maps the file and validates the header and the layout (UR_STATUS_FORMAT for a
+ * malformed file, naming the file, the tensor and the value; UR_STATUS_IO for the OS). */
+typedef struct ur_safetensors ur_safetensors;
+typedef struct ur_safetensors_entry {
+  const char *name;               /* valid while the file is open */
+  int32_t dtype;                  /* ur_dtype */
+  int32_t ndim;                   /* 0 (a scalar) to UR_MAX_DIMS */
+  int64_t shape[4];
+  uint64_t begin, end;            /* data_offsets: bytes from the start of the data */
+  uint64_t file_offset;           /* where the tensor's bytes start in the file */
+} ur_safetensors_entry;
+UR_API size_t ur_sizeof_safetensors_entry(void);
+/* n tensors of any placement under unique names, and nmeta metadata pairs (UTF-8). */
+UR_API ur_status ur_safetensors_save(ur_stream *s, const char *path, int32_t n,
+                                     const char *const *names, const ur_tensor *const *tensors,
+                                     int32_t nmeta, const char *const *meta_keys,
+                                     const char *const *meta_values, uint64_t staging_bytes);
+UR_API ur_status ur_safetensors_open(const char *path, ur_safetensors **out);
+UR_API void ur_safetensors_close(ur_safetensors *f);
+UR_API const char *ur_safetensors_path(const ur_safetensors *f);
+UR_API uint64_t ur_safetensors_bytes(const ur_safetensors *f);      /* the file's size */
+UR_API uint64_t ur_safetensors_data_start(const ur_safetensors *f); /* 8 + header length */
+UR_API int32_t ur_safetensors_count(const ur_safetensors *f);       /* entries, in data order */
+UR_API ur_status ur_safetensors_entry_get(const ur_safetensors *f, int32_t i,
+                                          ur_safetensors_entry *out);
+UR_API int32_t ur_safetensors_find(const ur_safetensors *f, const char *name); /* -1: absent */
+UR_API int32_t ur_safetensors_meta_count(const ur_safetensors *f);
+UR_API const char *ur_safetensors_meta_key(const ur_safetensors *f, int32_t i);
+UR_API const char *ur_safetensors_meta_get(const ur_safetensors *f, const char *key); /* or NULL */
+/* Copies tensors names[0..n-1] into dsts (any placement, same dtype and shape; a scalar loads
+ * into shape [1]).  Every name and shape is checked before anything is written. */
+UR_API ur_status ur_safetensors_load(ur_stream *s, const ur_safetensors *f, int32_t n,
+                                     const char *const *names, ur_tensor *const *dsts,
+                                     uint64_t staging_bytes);
+/* A host tensor over the mapped bytes (zero-copy; a scalar is shape [1]).  It keeps the
+ * mapping alive after close; writes to it stay in memory (copy-on-write), never in the file. */
+UR_API ur_status ur_safetensors_view(const ur_safetensors *f, int32_t i, ur_tensor **out);
+/* Run directories: entries of dir named prefix...suffix, sorted, each followed by '\n', into
+ * buf[len] (NUL-terminated); *needed is the bytes the whole list takes (retry when > len). */
+UR_API ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, char *buf,
+                             uint64_t len, uint64_t *needed);
+UR_API ur_status ur_dir_create(const char *path);  /* with its parents; existing is fine */
+UR_API int32_t ur_path_kind(const char *path);      /* 0 missing, 1 file, 2 directory, 3 other */
 /* ---- metrics ---- */
 /* Streaming metrics of binary predictions (engine/src/metrics.c), computed where the metric's
  * state lives: on the GPU for device or managed state when one is in use, else on the CPU.
@@ -739,60 +794,6 @@ UR_API ur_status ur_metrics_compute(ur_stream *s, ur_metrics *m, int32_t from_sn
                                     const ur_tensor *weights, const ur_tensor *groups,
                                     ur_metric_values *window /* out */,
                                     ur_metric_values *lifetime /* out */);
-/* ---- safetensors (checkpoints) ---- */
-/* safetensors files (engine/src/safetensors.c): an 8-byte little-endian header length, a JSON
- * header (per tensor: dtype F32 BF16 F16 I8 U8 I32 I64, shape, data_offsets from the start of
- * the data; "__metadata__": strings to strings), then the raw little-endian data.  Saving
- * writes <path>.tmp-XXXXXX in the same directory, fsyncs it, renames it over path and fsyncs
- * the directory, so a failed or killed save leaves the previous file as it was.  Tensors are
- * laid out as the reference implementation does (by dtype, widest first, then by name), so
- * each is aligned to its element size.  Device and managed tensors move through a pinned
- * staging buffer of staging_bytes (0: 64 MiB) in chunks, so a table larger than host memory
- * is saved and loaded without that much host memory; host and pinned ones are written and
- * read in place.  Saves do not poll the interrupt flag (a save on SIGINT must finish); loads
- * do.  Opening maps the file and validates the header and the layout (UR_STATUS_FORMAT for a
- * malformed file, naming the file, the tensor and the value; UR_STATUS_IO for the OS). */
-typedef struct ur_safetensors ur_safetensors;
-typedef struct ur_safetensors_entry {
-  const char *name;               /* valid while the file is open */
-  int32_t dtype;                  /* ur_dtype */
-  int32_t ndim;                   /* 0 (a scalar) to UR_MAX_DIMS */
-  int64_t shape[4];
-  uint64_t begin, end;            /* data_offsets: bytes from the start of the data */
-  uint64_t file_offset;           /* where the tensor's bytes start in the file */
-} ur_safetensors_entry;
-UR_API size_t ur_sizeof_safetensors_entry(void);
-/* n tensors of any placement under unique names, and nmeta metadata pairs (UTF-8). */
-UR_API ur_status ur_safetensors_save(ur_stream *s, const char *path, int32_t n,
-                                     const char *const *names, const ur_tensor *const *tensors,
-                                     int32_t nmeta, const char *const *meta_keys,
-                                     const char *const *meta_values, uint64_t staging_bytes);
-UR_API ur_status ur_safetensors_open(const char *path, ur_safetensors **out);
-UR_API void ur_safetensors_close(ur_safetensors *f);
-UR_API const char *ur_safetensors_path(const ur_safetensors *f);
-UR_API uint64_t ur_safetensors_bytes(const ur_safetensors *f);      /* the file's size */
-UR_API uint64_t ur_safetensors_data_start(const ur_safetensors *f); /* 8 + header length */
-UR_API int32_t ur_safetensors_count(const ur_safetensors *f);       /* entries, in data order */
-UR_API ur_status ur_safetensors_entry_get(const ur_safetensors *f, int32_t i,
-                                          ur_safetensors_entry *out);
-UR_API int32_t ur_safetensors_find(const ur_safetensors *f, const char *name); /* -1: absent */
-UR_API int32_t ur_safetensors_meta_count(const ur_safetensors *f);
-UR_API const char *ur_safetensors_meta_key(const ur_safetensors *f, int32_t i);
-UR_API const char *ur_safetensors_meta_get(const ur_safetensors *f, const char *key); /* or NULL */
-/* Copies tensors names[0..n-1] into dsts (any placement, same dtype and shape; a scalar loads
- * into shape [1]).  Every name and shape is checked before anything is written. */
-UR_API ur_status ur_safetensors_load(ur_stream *s, const ur_safetensors *f, int32_t n,
-                                     const char *const *names, ur_tensor *const *dsts,
-                                     uint64_t staging_bytes);
-/* A host tensor over the mapped bytes (zero-copy; a scalar is shape [1]).  It keeps the
- * mapping alive after close; writes to it stay in memory (copy-on-write), never in the file. */
-UR_API ur_status ur_safetensors_view(const ur_safetensors *f, int32_t i, ur_tensor **out);
-/* Run directories: entries of dir named prefix...suffix, sorted, each followed by '\n', into
- * buf[len] (NUL-terminated); *needed is the bytes the whole list takes (retry when > len). */
-UR_API ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, char *buf,
-                             uint64_t len, uint64_t *needed);
-UR_API ur_status ur_dir_create(const char *path);  /* with its parents; existing is fine */
-UR_API int32_t ur_path_kind(const char *path);      /* 0 missing, 1 file, 2 directory, 3 other */
 /* The loader (engine/src/loader.c): a thread that turns a source into batches in pinned
  * buffers ahead of use.  Each epoch a rank reads its contiguous share of the rows, in
  * windows of shuffle_window rows shuffled by a seeded permutation (a window of 0: in order),
