@@ -46,10 +46,10 @@ static void shown(char *out, size_t cap, const char *s, size_t n) {
   out[k] = 0;
 }
 
-static const char *field_name(int f, char *buf) {
+static const char *field_name(int f, char *buf) { /* buf: 16 bytes */
   if (f == 0) return "label";
-  if (f <= NDENSE) sprintf(buf, "I%d", f);
-  else sprintf(buf, "C%d", f - NDENSE);
+  if (f <= NDENSE) snprintf(buf, 16, "I%d", f);
+  else snprintf(buf, 16, "C%d", f - NDENSE);
   return buf;
 }
 
@@ -59,7 +59,7 @@ static int parse(const char *s, size_t len, int pad, int32_t *label, float *dens
   const char *p = s, *end = s + len;
   const char *fq = p;
   int f = 0;
-  char fb[8], val[32];
+  char fb[16], val[32];
   *padded = 0;
   if (len && s[len - 1] == '\r') {
     if (msg) snprintf(msg, cap, "ends with a carriage return (CRLF line endings; convert with dos2unix)");
