@@ -286,6 +286,25 @@ describe("uvmrec.data loader", function()
     l:close() -- twice is harmless
   end)
 
+  it("feeds the embedding collection: a batch's KJT, and its dedup()ed VBE form, pool the same", function()
+    local ok, EBC = pcall(function() return ur.nn.EmbeddingBagCollection end)
+    if not ok or not EBC then pending("no uvmrec.nn.EmbeddingBagCollection") return end
+    local tables = {}
+    for i, t in ipairs(data.presets.tiny.tables) do
+      tables[i] = { name = "t" .. i, rows = t.rows, dim = 8, features = { t.name } }
+    end
+    local ebc = EBC { tables = tables, optimizer = { "sgd", lr = 0.1 } }
+    local l = assert(data.loader { data = "synthetic:tiny", samples = 2048, batch_size = 512 })
+    local b = assert(l:next())
+    local full = ebc:forward(b.sparse):totable()
+    local vbe = b.sparse:dedup()
+    assert.is_true(vbe:stride_per_key()[1] < 512) -- tiny's first table has 4 rows
+    local pooled = ebc:forward(vbe):totable()
+    assert.equal(512 * 26 * 8, #full)
+    for i = 1, #full do assert.is_true(math.abs(full[i] - pooled[i]) < 1e-5, "element " .. i) end
+    l:close()
+  end)
+
   it("rejects bad options", function()
     assert.has_error(function() data.loader { data = "synthetic:tiny", samples = 10 } end,
       "loader: batch_size is required")
