@@ -213,6 +213,20 @@ test: all
 test-gpu: all
 	@$(RUN_ENV) UVMREC_REQUIRE_GPU=1 $(LUAJIT) spec/run.lua --tags=cuda $(SPEC)
 
+# Benchmarks (BENCH.md): each prints a table and writes JSON lines into $(BUILD)/bench/.
+# bench-gpu runs PyTorch's nn.EmbeddingBag first where PyTorch is installed, for the ratios.
+.PHONY: bench bench-gpu
+bench: all
+	@mkdir -p $(BUILD)/bench
+	@$(RUN_ENV) $(LUAJIT) scripts/bench/tbe.lua --cpu --out $(BUILD)/bench/tbe_cpu.jsonl
+
+bench-gpu: all
+	@mkdir -p $(BUILD)/bench
+	@python3 scripts/bench/torch_embeddingbag.py --out $(BUILD)/bench/torch_embeddingbag.jsonl || \
+	  echo "bench-gpu: the PyTorch comparison failed; the ratios are left out"
+	@$(RUN_ENV) $(LUAJIT) scripts/bench/tbe.lua --gpu --torch $(BUILD)/bench/torch_embeddingbag.jsonl \
+	  --out $(BUILD)/bench/tbe_gpu.jsonl
+
 lint: $(DEPS_STAMP)
 	luacheck -q lua spec scripts $(wildcard models)
 

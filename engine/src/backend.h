@@ -17,8 +17,11 @@ typedef struct ur_core_api {
   int (*interrupted)(void);
 } ur_core_api;
 
-struct ur__tbe_args;  /* engine/src/tbe.h */
+struct ur__tbe_args;  /* engine/src/tbe_plan.h */
 struct ur__tbe_hyper;
+struct ur_backend;
+/* Fills the tbe entries of the CUDA backend's table (engine/src/cuda/tbe.cu). */
+void ur__cuda_tbe_install(struct ur_backend *b, const ur_core_api *core);
 struct ur__synth; /* engine/src/synth.h */
 struct ur_backend;
 /* Fills the data entries of the CUDA backend's table (engine/src/cuda/data.cu). */
@@ -116,9 +119,9 @@ typedef struct ur_backend {
                           float *const *grads, float *const *s1, float *const *s2,
                           void *const *halves, const int64_t *numel);
 
-  /* tbe: embedding collections (engine/src/tbe.h holds the argument structs; tbe.c has
-   * checked every tensor).  work is device memory of tbe_work_bytes(a, backward) bytes. */
-  size_t (*tbe_work_bytes)(const struct ur__tbe_args *a, int backward);
+  /* tbe: embedding collections (engine/src/tbe_plan.h holds the argument structs; tbe.c has
+   * checked every tensor).  work is device memory of the bytes tbe_work_bytes gives. */
+  ur_status (*tbe_work_bytes)(const struct ur__tbe_args *a, int backward, size_t *out);
   ur_status (*tbe_forward)(void *stream, const struct ur__tbe_args *a, void *work);
   /* Sorts, sums each distinct row's gradient and steps the optimizer, all on the stream. */
   ur_status (*tbe_backward)(void *stream, const struct ur__tbe_args *a,

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core.h"
-#include "tbe.h"
+#include "tbe_plan.h"
 
 #define ALIGN_BYTES 256 /* each table and state block starts on this boundary */
 #define NDT 3           /* storage dtypes: f32, bf16, f16 (their enum values 0..2) */
@@ -526,6 +526,11 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
       (inverse && (st = check_tensor(t, inverse, "inverse", UR_DTYPE_I64, ur_tensor_ndim(inverse)))))
     return st;
   if ((st = check_tensor(t, o, oname, t->cfg.out_dtype, ur_tensor_ndim(o)))) return st;
+  if (t->gpu && (uintptr_t)ur_tensor_data(o) % 16)
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: %s starts %zu bytes past a 16-byte boundary (a view at an odd offset); "
+                     "the GPU kernels move rows 16 bytes at a time",
+                     oname, (size_t)((uintptr_t)ur_tensor_data(o) % 16));
   a->n = ur_tensor_numel(values);
   a->bags = ur_tensor_numel(offsets) - 1;
   if (a->bags < 0)
@@ -714,6 +719,17 @@ static const float *load_out(const void *g, int32_t dtype, int64_t at, float *bu
   return buf;
 }
 
+/* Rows are scattered over tables far larger than the caches, so one at a time the loop waits on
+ * memory for each: ask for rows a few values ahead (assuming the same table, the usual case). */
+#define PREFETCH_AHEAD 8
+
+static void prefetch_row(const ur__tbe_table *tb, int64_t id) {
+  if (id < 0 || id >= tb->rows) return;
+  size_t es = tb->dtype == UR_DTYPE_F32 ? 4 : 2, bytes = (size_t)tb->dim * es;
+  const char *p = (const char *)tb->weights + (size_t)id * bytes;
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+}
+
 static void cpu_forward_range(void *ctx, size_t b0, size_t b1) {
   const ur__tbe_args *a = ctx;
   float acc[UR_TBE_MAX_DIM], row[UR_TBE_MAX_DIM], tmp[UR_TBE_MAX_DIM];
@@ -726,6 +742,7 @@ static void cpu_forward_range(void *ctx, size_t b0, size_t b1) {
     ur__tbe_bag_span(a, bag, &s, &e);
     if (a->pooled) memset(acc, 0, sizeof(float) * (size_t)dim);
     for (int64_t i = s; i < e; i++) {
+      if (i + PREFETCH_AHEAD < a->n) prefetch_row(tb, a->values[i + PREFETCH_AHEAD]);
       int64_t id = a->values[i];
       float w = a->weights ? a->weights[i] : 1.0f;
       /* Checked even when off: a bad id would crash the process rather than one kernel. */
@@ -915,10 +932,21 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
   }
 }
 
+/* Where value i's gradient row starts in a->grad (its bag's output row, or its own). */
+static int64_t grad_at(const ur__tbe_args *a, int64_t i, int64_t bag, int32_t dim) {
+  if (!a->pooled) return i * dim;
+  int32_t f = ur__tbe_feature_of(a, bag);
+  return ur__tbe_out_at(a->out_base, a->out_stride, f, &a->features[f], bag - ur__tbe_first_bag(a, f));
+}
+
+/* Each distinct row sums its values' gradient rows in value order, then steps (or is written
+ * out).  Gradient rows are scattered, so those a few entries ahead are prefetched. */
 static void cpu_reduce_range(void *ctx, size_t s0, size_t s1) {
   bwd_job *j = ctx;
   const ur__tbe_args *a = j->a;
   float acc[UR_TBE_MAX_DIM], buf[UR_TBE_MAX_DIM];
+  size_t gsize = a->out_dtype == UR_DTYPE_F32 ? 4 : 2;
+  int64_t end = j->seg[j->nseg];
   for (int64_t s = (int64_t)s0; s < (int64_t)s1; s++) {
     uint64_t key = j->keys[j->seg[s]];
     int32_t t = table_of_key(a, key);
@@ -926,22 +954,19 @@ static void cpu_reduce_range(void *ctx, size_t s0, size_t s1) {
     int32_t dim = tb->dim;
     memset(acc, 0, sizeof(float) * (size_t)dim);
     for (int64_t k = j->seg[s]; k < j->seg[s + 1]; k++) {
+      if (k + PREFETCH_AHEAD < end) {
+        int64_t pi = j->idx[k + PREFETCH_AHEAD];
+        const char *p = (const char *)a->grad + (size_t)grad_at(a, pi, j->bag_of[pi], dim) * gsize;
+        for (size_t o = 0; o < (size_t)dim * gsize; o += 64) __builtin_prefetch(p + o);
+      }
       int64_t i = j->idx[k], bag = j->bag_of[i];
       float c = a->weights ? a->weights[i] : 1.0f;
-      const float *g;
-      if (a->pooled) {
-        int32_t f = ur__tbe_feature_of(a, bag);
-        const ur__tbe_feature *ft = &a->features[f];
-        if (tb->pooling == UR_POOLING_MEAN) {
-          int64_t b, e;
-          ur__tbe_bag_span(a, bag, &b, &e);
-          c = UR_FMUL(c, UR_FDIV(1.0f, (float)(e - b)));
-        }
-        int64_t at = ur__tbe_out_at(a->out_base, a->out_stride, f, ft, bag - ur__tbe_first_bag(a, f));
-        g = load_out(a->grad, a->out_dtype, at, buf, dim);
-      } else {
-        g = load_out(a->grad, a->out_dtype, i * dim, buf, dim);
+      if (a->pooled && tb->pooling == UR_POOLING_MEAN) {
+        int64_t b, e;
+        ur__tbe_bag_span(a, bag, &b, &e);
+        c = UR_FMUL(c, UR_FDIV(1.0f, (float)(e - b)));
       }
+      const float *g = load_out(a->grad, a->out_dtype, grad_at(a, i, bag, dim), buf, dim);
       for (int32_t d = 0; d < dim; d++) acc[d] = UR_FADD(acc[d], UR_FMUL(c, g[d]));
     }
     int64_t row = (int64_t)key - tb->key_base;
@@ -1042,13 +1067,14 @@ static ur_status gpu_args(ur_tbe *t, ur_stream *s, call *c) {
 }
 
 static ur_status gpu_work(ur_tbe *t, const ur__tbe_args *a, int backward, void **out) {
-  size_t need = ur__gpu()->tbe_work_bytes(a, backward);
+  size_t need = 0;
+  ur_status st = ur__gpu()->tbe_work_bytes(a, backward, &need);
+  if (st) return st;
   if (!t->work || (size_t)ur_tensor_numel(t->work) < need) {
     ur_tensor_free(t->work);
     t->work = NULL;
     int64_t grow = (int64_t)(need + need / 4 + 4096);
-    ur_status st = new_device_bytes(t, &t->work, grow);
-    if (st) return st;
+    if ((st = new_device_bytes(t, &t->work, grow))) return st;
   }
   *out = ur_tensor_data(t->work);
   return UR_STATUS_OK;

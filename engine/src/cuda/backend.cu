@@ -943,6 +943,7 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   b->monitor_stop = ur_cuda_monitor_stop;
   ur__cuda_metrics_install(b, core);
   ur__cuda_data_install(b, core);
+  ur__cuda_tbe_install(b, core);
   *out = b;
   return UR_STATUS_OK;
 }

@@ -1,13 +1,13 @@
-/* tbe.h: the embedding collection's plan, shared by the CPU reference (engine/src/tbe.c), the
- * CUDA glue (engine/src/cuda/tbe.cu) and the kernels (kernels/tbe.cu): the descriptors the core
- * lays out once, the arguments of one call, and the arithmetic both backends must do the same
- * way (optimizer steps, stochastic rounding), written once so they cannot drift apart.
+/* tbe_plan.h: the embedding collection's plan, shared by the CPU reference (engine/src/tbe.c),
+ * the CUDA glue (engine/src/cuda/tbe.cu) and the kernels (kernels/tbe.cu): the descriptors the
+ * core lays out once, the arguments of one call, and the arithmetic both backends must do the
+ * same way (optimizer steps, stochastic rounding), written once so they cannot drift apart.
  *
  * Every float operation here is spelled with UR_F* so that nvcc cannot fuse a multiply and an
  * add into one fma (the CPU build has -ffp-contract=off): with the same summation order the
  * two backends then give the same bits. */
-#ifndef UR_TBE_H
-#define UR_TBE_H
+#ifndef UR_TBE_PLAN_H
+#define UR_TBE_PLAN_H
 
 #include <stdint.h>
 #include "philox.h"

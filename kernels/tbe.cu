@@ -1,0 +1,1217 @@
+/* tbe.cu: the embedding collection's kernels.  Forward: one warp per 32 consecutive bags; the
+ * warp walks their values as one stream, each lane loading a 16-byte slice (8 bytes for half
+ * tables among f32 ones) of U rows before it adds any, so many rows are in flight whatever the
+ * bag sizes.  Backward: (row key, value index) pairs sorted by cub's radix sort (stable, so a
+ * row's values stay in value order), segments selected where the key changes, then one warp per
+ * distinct row sums its gradient in that order and steps the optimizer; rows read more than
+ * UR_TBE_HOT times are split over a whole CTA in fixed chunks, summed in chunk order.  No
+ * atomics touch floats, so a run is bit-identical to the next, and short segments sum exactly
+ * as the CPU reference does (tbe_plan.h's arithmetic, unfused).  Indices are 64-bit where they
+ * address tables (100 GB tables have more than 2^31 elements); values and bags are fewer than
+ * 2^31 (tbe.c checks). */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_select.cuh>
+#include <thrust/iterator/counting_iterator.h>
+
+#include "tbe.h"
+
+#define UR_TBE_WARPS 8      /* warps per block of the warp-per-group kernels */
+#define UR_TBE_HOT 256      /* a row read more often than this is summed by a whole CTA */
+#define UR_TBE_ALIGN 256
+#define UR_TBE_HOT_THREADS 512
+#define UR_TBE_HOT_SMEM 32768 /* bytes of partial sums a hot CTA may use */
+
+namespace {
+
+const unsigned kFull = 0xffffffffu;
+
+/* ---- small helpers ---- */
+
+/* Bags are fewer than 2^31 on the GPU (tbe.c checks), so a 32-bit division does. */
+__device__ __forceinline__ int32_t feature_of(const ur__tbe_args &a, int64_t bag) {
+  if (!a.bag_start) return (int32_t)((uint32_t)bag / (uint32_t)a.batch);
+  int32_t lo = 0, hi = a.num_features;
+  while (hi - lo > 1) {
+    int32_t mid = (lo + hi) / 2;
+    if (a.bag_start[mid] <= bag) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ int64_t first_bag(const ur__tbe_args &a, int32_t f) {
+  return a.bag_start ? a.bag_start[f] : (int64_t)f * a.batch;
+}
+
+__device__ __forceinline__ void span(const ur__tbe_args &a, int64_t bag, int64_t &s, int64_t &e) {
+  int64_t x = a.offsets[bag], y = a.offsets[bag + 1];
+  x = x < 0 ? 0 : x > a.n ? a.n : x;
+  y = y < x ? x : y > a.n ? a.n : y;
+  s = x;
+  e = y;
+}
+
+__device__ __forceinline__ int64_t out_at(const int64_t *base, int64_t stride, int32_t f,
+                                          const ur__tbe_feature &ft, int64_t sample) {
+  return base ? base[f] + sample * ft.dim : sample * stride + ft.col;
+}
+
+__device__ __forceinline__ int esize(int32_t dtype) { return dtype == UR_DTYPE_F32 ? 4 : 2; }
+
+__device__ __forceinline__ void note_bad(int64_t *flags, int64_t i) {
+  atomicMin(reinterpret_cast<unsigned long long *>(flags), (unsigned long long)i);
+  atomicAdd(reinterpret_cast<unsigned long long *>(flags + 1), 1ull);
+}
+
+__device__ __forceinline__ const void *shfl_ptr(const void *p, int src) {
+  return (const void *)__shfl_sync(kFull, (long long)p, src);
+}
+
+/* E consecutive elements at p (f32, or f16/bf16 bits) as raw bits: one 16-byte load, or 8 for
+ * E = 4 halves.  The caller's address is aligned to the load (tables and outputs are). */
+template <int E>
+__device__ __forceinline__ uint4 load_raw(const void *p, int32_t dtype) {
+  if (dtype == UR_DTYPE_F32) {
+    if (E == 4) return __ldg(reinterpret_cast<const uint4 *>(p));
+    return make_uint4(0, 0, 0, 0); /* E = 8 is only chosen when every table is a half */
+  }
+  if (E == 8) return __ldg(reinterpret_cast<const uint4 *>(p));
+  uint2 h = __ldg(reinterpret_cast<const uint2 *>(p));
+  return make_uint4(h.x, h.y, 0, 0);
+}
+
+/* The same through the coherent path, for rows this kernel also writes. */
+template <int E>
+__device__ __forceinline__ uint4 load_raw_rw(const void *p, int32_t dtype) {
+  if (dtype == UR_DTYPE_F32 || E == 8) return *reinterpret_cast<const uint4 *>(p);
+  uint2 h = *reinterpret_cast<const uint2 *>(p);
+  return make_uint4(h.x, h.y, 0, 0);
+}
+
+template <int E>
+__device__ __forceinline__ void unpack(uint4 r, int32_t dtype, float *v) {
+  if (dtype == UR_DTYPE_F32) {
+    v[0] = __uint_as_float(r.x);
+    v[1] = __uint_as_float(r.y);
+    v[2] = __uint_as_float(r.z);
+    v[3] = __uint_as_float(r.w);
+    return;
+  }
+  unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int k = 0; k < E; k++) {
+    uint16_t h = (uint16_t)(w[k / 2] >> (16 * (k & 1)));
+    v[k] = dtype == UR_DTYPE_BF16 ? __uint_as_float((unsigned)h << 16)
+                                  : __half2float(__ushort_as_half(h));
+  }
+}
+
+/* Same for the output and its gradient, which are f32 or bf16 (round to nearest even). */
+template <int E>
+__device__ __forceinline__ void store_out(void *out, int32_t dtype, int64_t at, const float *v) {
+  if (dtype == UR_DTYPE_F32) {
+    float4 *p = reinterpret_cast<float4 *>((float *)out + at);
+#pragma unroll
+    for (int k = 0; k < E / 4; k++) p[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+    return;
+  }
+  unsigned w[4];
+#pragma unroll
+  for (int k = 0; k < E / 2; k++)
+    w[k] = (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * k])) |
+           ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * k + 1])) << 16);
+  uint16_t *o = (uint16_t *)out + at;
+  if (E == 8) *reinterpret_cast<uint4 *>(o) = make_uint4(w[0], w[1], w[2], w[3]);
+  else *reinterpret_cast<uint2 *>(o) = make_uint2(w[0], w[1]);
+}
+
+template <int E>
+__device__ __forceinline__ void load_out(const void *g, int32_t dtype, int64_t at, float *v) {
+  if (dtype == UR_DTYPE_F32) {
+    const float4 *p = reinterpret_cast<const float4 *>((const float *)g + at);
+#pragma unroll
+    for (int k = 0; k < E / 4; k++) {
+      float4 x = __ldg(p + k);
+      v[4 * k] = x.x;
+      v[4 * k + 1] = x.y;
+      v[4 * k + 2] = x.z;
+      v[4 * k + 3] = x.w;
+    }
+    return;
+  }
+  unpack<E>(load_raw<E>((const uint16_t *)g + at, UR_DTYPE_BF16), UR_DTYPE_BF16, v);
+}
+
+/* ---- the warp's bags ---- */
+
+/* A warp's group of up to 32 bags from bag0: lane j holds bag bag0 + j's span, and P, the
+ * values of the bags before it; T is the group's value count. */
+struct Group {
+  int64_t s, len, P, T;
+  int nb;
+};
+
+__device__ __forceinline__ Group group_of(const ur__tbe_args &a, int64_t bag0, int lane) {
+  Group g;
+  int64_t bag = bag0 + lane, s = 0, e = 0;
+  if (bag < a.bags) span(a, bag, s, e);
+  g.s = s;
+  g.len = e - s;
+  int64_t incl = g.len;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    int64_t y = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += y;
+  }
+  g.P = incl - g.len;
+  g.T = __shfl_sync(kFull, incl, 31);
+  int64_t left = a.bags - bag0;
+  g.nb = left < 32 ? (int)left : 32;
+  return g;
+}
+
+/* Which of the group's bags holds stream position p (each lane its own p): the last j with
+ * P_j <= p, which is never an empty bag. */
+__device__ __forceinline__ int bag_at(const Group &g, int64_t p) {
+  int j = 0;
+#pragma unroll
+  for (int step = 16; step; step >>= 1) {
+    int64_t pc = __shfl_sync(kFull, g.P, j + step);
+    if (pc <= p) j += step;
+  }
+  return j;
+}
+
+/* ---- forward ---- */
+
+/* Per bag of the group (lane j): where its row goes and how to scale it. */
+struct BagInfo {
+  const char *w;     /* its table's rows */
+  int64_t rows, out;
+  int32_t row_bytes, dim, dtype;
+  float scale;       /* 1 / length under mean, else 1 */
+};
+
+__device__ __forceinline__ BagInfo bag_info(const ur__tbe_args &a, int64_t bag, int64_t len) {
+  BagInfo b = {nullptr, 0, 0, 0, 0, UR_DTYPE_F32, 1.0f};
+  if (bag >= a.bags) return b;
+  int32_t f = feature_of(a, bag);
+  const ur__tbe_feature ft = a.features[f];
+  const ur__tbe_table &tb = a.tables[ft.table];
+  b.w = (const char *)tb.weights;
+  b.rows = tb.rows;
+  b.dim = tb.dim;
+  b.dtype = tb.dtype;
+  b.row_bytes = tb.dim * esize(tb.dtype);
+  b.out = out_at(a.out_base, a.out_stride, f, ft, bag - first_bag(a, f));
+  if (tb.pooling == UR_POOLING_MEAN && len > 0) b.scale = UR_FDIV(1.0f, (float)len);
+  return b;
+}
+
+/* What the group's bags share, when they do (the usual case: 32 bags of one feature), so that
+ * the per-value loop need not ask each bag's lane.  All fields are warp-uniform. */
+struct Common {
+  bool same;     /* one dim and dtype for every bag of the group */
+  bool scaled;   /* some bag pools by mean */
+  int dim, dtype;
+};
+
+__device__ __forceinline__ Common common_of(const ur__tbe_args &a, int64_t bag0, const BagInfo &mine,
+                                            int lane) {
+  Common c;
+  c.dim = __shfl_sync(kFull, mine.dim, 0);
+  c.dtype = __shfl_sync(kFull, mine.dtype, 0);
+  bool mine_ok = bag0 + lane >= a.bags || (mine.dim == c.dim && mine.dtype == c.dtype);
+  c.same = __all_sync(kFull, mine_ok);
+  c.scaled = __any_sync(kFull, mine.scale != 1.0f);
+  return c;
+}
+
+__device__ __forceinline__ int dim_of(const Common &c, const BagInfo &mine, int j) {
+  return c.same ? c.dim : __shfl_sync(kFull, mine.dim, j);
+}
+
+__device__ __forceinline__ int dtype_of(const Common &c, const BagInfo &mine, int j) {
+  return c.same ? c.dtype : __shfl_sync(kFull, mine.dtype, j);
+}
+
+/* Writes the group's bag j (acc scaled as its pooling says), then zeros for the empty bags up
+ * to (not including) next. */
+template <int NV, int E>
+__device__ __forceinline__ void flush(const ur__tbe_args &a, const BagInfo &mine, const Common &cm,
+                                      int j, int next, float (&acc)[NV][E], int lane) {
+  for (int b = j; b < next; b++) {
+    int64_t out = __shfl_sync(kFull, mine.out, b);
+    int dim = dim_of(cm, mine, b);
+    float scale = cm.scaled ? __shfl_sync(kFull, mine.scale, b) : 1.0f;
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      int col = (v * 32 + lane) * E;
+      if (col >= dim) continue;
+      float o[E];
+#pragma unroll
+      for (int k = 0; k < E; k++) o[k] = b == j ? (scale == 1.0f ? acc[v][k] : UR_FMUL(acc[v][k], scale)) : 0.0f;
+      store_out<E>(a.out, a.out_dtype, out + col, o);
+    }
+  }
+}
+
+template <int NV, int E, int U, bool POOLED>
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32)
+    fwd_kernel(const ur__tbe_args a) {
+  int lane = threadIdx.x & 31;
+  int64_t bag0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * 32;
+  if (bag0 >= a.bags) return;
+  Group g = group_of(a, bag0, lane);
+  BagInfo mine = bag_info(a, bag0 + lane, g.len);
+  Common cm = common_of(a, bag0, mine, lane);
+  float acc[NV][E];
+#pragma unroll
+  for (int v = 0; v < NV; v++)
+#pragma unroll
+    for (int k = 0; k < E; k++) acc[v][k] = 0.0f;
+  int cj = 0;
+  for (int64_t base = 0; base < g.T; base += 32) {
+    /* Each lane resolves one value of the stream: its row's address and weight. */
+    int64_t p = base + lane;
+    int j = bag_at(g, p);
+    int64_t i = __shfl_sync(kFull, g.s, j) + (p - __shfl_sync(kFull, g.P, j));
+    const char *tw = (const char *)shfl_ptr(mine.w, j);
+    int64_t rows = __shfl_sync(kFull, mine.rows, j);
+    int rb = __shfl_sync(kFull, mine.row_bytes, j);
+    const char *row = nullptr;
+    float w = 1.0f;
+    if (p < g.T) {
+      int64_t id = a.values[i];
+      if (a.bounds == UR_TBE_BOUNDS_OFF || (id >= 0 && id < rows)) row = tw + id * rb;
+      else note_bad(a.flags, i);
+      if (a.weights) w = a.weights[i];
+    }
+    int cnt = g.T - base < 32 ? (int)(g.T - base) : 32;
+    for (int u = 0; u < cnt; u += U) {
+      const char *rp[U];
+      float wk[U];
+      int jk[U];
+      int64_t ik[U];
+      uint4 raw[U][NV];
+#pragma unroll
+      for (int k = 0; k < U; k++) {
+        int src = (u + k) & 31;
+        rp[k] = (const char *)shfl_ptr(row, src);
+        wk[k] = __shfl_sync(kFull, w, src);
+        jk[k] = __shfl_sync(kFull, j, src);
+        ik[k] = __shfl_sync(kFull, i, src);
+        if (u + k >= cnt) rp[k] = nullptr;
+      }
+#pragma unroll
+      for (int k = 0; k < U; k++) {
+        int dim = dim_of(cm, mine, jk[k]);
+        int dt = dtype_of(cm, mine, jk[k]);
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+          int col = (v * 32 + lane) * E;
+          raw[k][v] = rp[k] && col < dim ? load_raw<E>(rp[k] + col * esize(dt), dt) : make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < U; k++) {
+        if (u + k >= cnt) break;
+        int dt = dtype_of(cm, mine, jk[k]);
+        if (POOLED) {
+          if (jk[k] != cj) {
+            flush<NV, E>(a, mine, cm, cj, jk[k], acc, lane);
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+#pragma unroll
+              for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
+            cj = jk[k];
+          }
+          if (!rp[k]) continue;
+#pragma unroll
+          for (int v = 0; v < NV; v++) {
+            float x[E];
+            unpack<E>(raw[k][v], dt, x);
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[v][e] = UR_FADD(acc[v][e], UR_FMUL(wk[k], x[e]));
+          }
+        } else {
+          int dim = dim_of(cm, mine, jk[k]);
+#pragma unroll
+          for (int v = 0; v < NV; v++) {
+            int col = (v * 32 + lane) * E;
+            if (col >= dim) continue;
+            float x[E];
+            unpack<E>(raw[k][v], dt, x);
+#pragma unroll
+            for (int e = 0; e < E; e++) x[e] = rp[k] ? UR_FMUL(wk[k], x[e]) : 0.0f;
+            store_out<E>(a.out, a.out_dtype, ik[k] * dim + col, x);
+          }
+        }
+      }
+    }
+  }
+  if (POOLED) flush<NV, E>(a, mine, cm, cj, g.nb, acc, lane);
+}
+
+/* VBE: row b of feature f of the full batch is the pooled bag inverse[f * B + b]. */
+template <int E>
+__global__ void expand_kernel(const ur__tbe_args a, const float *flat) {
+  int lane = threadIdx.x & 31;
+  int64_t r = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32;
+  if (r >= (int64_t)a.num_features * a.full_batch) return;
+  int32_t f = (int32_t)(r / a.full_batch);
+  int64_t b = r - (int64_t)f * a.full_batch;
+  const ur__tbe_feature ft = a.features[f];
+  int64_t j = a.inverse[r];
+  int64_t nb = a.bag_start[f + 1] - a.bag_start[f];
+  bool ok = j >= 0 && j < nb;
+  for (int col = lane * E; col < ft.dim; col += 32 * E) {
+    float v[E];
+#pragma unroll
+    for (int k = 0; k < E; k++) v[k] = ok ? flat[a.flat_base[f] + j * ft.dim + col + k] : 0.0f;
+    store_out<E>(a.out, a.out_dtype, b * a.out_stride + ft.col + col, v);
+  }
+}
+
+/* ---- backward ---- */
+
+/* Keys of every value: its row's key, or total_keys for an id outside its table.  Its index
+ * rides along through the sort, and what the sums need is resolved here once per value rather
+ * than per use: where its gradient row starts (its bag's output row, or its own) and its
+ * factor (weight, over the bag's length under mean pooling). */
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32)
+    keys_kernel(const ur__tbe_args a, uint64_t *keys, int32_t *idx, int64_t *gat, float *gc,
+                int32_t *scal) {
+  int lane = threadIdx.x & 31;
+  int64_t bag0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * 32;
+  if (bag0 == 0 && lane == 0) scal[2] = (int32_t)a.n; /* n_valid until a skipped key says less */
+  if (bag0 >= a.bags) return;
+  Group g = group_of(a, bag0, lane);
+  int64_t bag = bag0 + lane;
+  int64_t rows = 0, kb = 0, at = 0;
+  int32_t dim = 0, mean = 0;
+  float scale = 1.0f;
+  if (bag < a.bags) {
+    int32_t f = feature_of(a, bag);
+    const ur__tbe_feature ft = a.features[f];
+    const ur__tbe_table &tb = a.tables[ft.table];
+    rows = tb.rows;
+    kb = tb.key_base;
+    dim = tb.dim;
+    if (a.pooled) {
+      at = out_at(a.out_base, a.out_stride, f, ft, bag - first_bag(a, f));
+      mean = tb.pooling == UR_POOLING_MEAN;
+      if (mean && g.len > 0) scale = UR_FDIV(1.0f, (float)g.len);
+    }
+  }
+  for (int64_t base = 0; base < g.T; base += 32) {
+    int64_t p = base + lane;
+    int j = bag_at(g, p);
+    int64_t i = __shfl_sync(kFull, g.s, j) + (p - __shfl_sync(kFull, g.P, j));
+    int64_t r = __shfl_sync(kFull, rows, j), k0 = __shfl_sync(kFull, kb, j);
+    int64_t jat = __shfl_sync(kFull, at, j);
+    int jdim = __shfl_sync(kFull, dim, j), jmean = __shfl_sync(kFull, mean, j);
+    float jscale = __shfl_sync(kFull, scale, j);
+    if (p >= g.T) continue;
+    int64_t id = a.values[i];
+    keys[i] = id >= 0 && id < r ? (uint64_t)(k0 + id) : (uint64_t)a.total_keys;
+    idx[i] = (int32_t)i;
+    gat[i] = a.pooled ? jat : i * jdim;
+    float w = a.weights ? a.weights[i] : 1.0f;
+    gc[i] = jmean ? UR_FMUL(w, jscale) : w;
+  }
+}
+
+/* A segment starts where the sorted key changes.  Keys from total_keys up are skipped: bad ids
+ * (total_keys), and values no bag covers (left all ones), which bad offsets could leave; their
+ * low key_bits bits, which alone are sorted, are all >= total_keys, so they sort last. */
+struct IsStart {
+  const uint64_t *k;
+  uint64_t skip;
+  __device__ bool operator()(int j) const { return k[j] < skip && (j == 0 || k[j] != k[j - 1]); }
+};
+
+/* n_valid: the position of the first skipped key. */
+__global__ void valid_kernel(const uint64_t *k, int64_t n, uint64_t skip, int32_t *n_valid) {
+  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j < n && k[j] >= skip && (j == 0 || k[j - 1] < skip)) *n_valid = (int32_t)j;
+}
+
+struct IsHot {
+  const int32_t *starts, *scal;
+  __device__ bool operator()(int s) const {
+    int ns = scal[0];
+    if (s >= ns) return false;
+    int end = s + 1 < ns ? starts[s + 1] : scal[2];
+    return end - starts[s] > UR_TBE_HOT;
+  }
+};
+
+struct Sorted {
+  const uint64_t *keys;
+  const int32_t *idx, *starts, *scal;
+  const int64_t *gat;
+  const float *gc;
+};
+
+__device__ __forceinline__ int32_t table_of_key(const ur__tbe_args &a, uint64_t key) {
+  int32_t lo = 0, hi = a.num_tables;
+  while (hi - lo > 1) {
+    int32_t mid = (lo + hi) / 2;
+    if ((uint64_t)a.tables[mid].key_base <= key) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* Adds U gradient rows, all loaded before the first is added, into acc in order; entries past
+ * cnt are left out.  ck and ak come from the lanes that resolved them. */
+template <int NV, int E, int U>
+__device__ __forceinline__ void add_rows(const ur__tbe_args &a, float c, int64_t at, int u, int cnt,
+                                         int dim, float (&acc)[NV][E], int lane) {
+  float ck[U], gk[U][NV][E];
+  int64_t ak[U];
+#pragma unroll
+  for (int k = 0; k < U; k++) {
+    ck[k] = __shfl_sync(kFull, c, (u + k) & 31);
+    ak[k] = __shfl_sync(kFull, at, (u + k) & 31);
+  }
+#pragma unroll
+  for (int k = 0; k < U; k++)
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      int col = (v * 32 + lane) * E;
+      if (u + k < cnt && col < dim) load_out<E>(a.grad, a.out_dtype, ak[k] + col, gk[k][v]);
+    }
+#pragma unroll
+  for (int k = 0; k < U; k++) {
+    if (u + k >= cnt) break;
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      if ((v * 32 + lane) * E >= dim) continue;
+#pragma unroll
+      for (int e = 0; e < E; e++) acc[v][e] = UR_FADD(acc[v][e], UR_FMUL(ck[k], gk[k][v][e]));
+    }
+  }
+}
+
+/* Adds entries [j0, j1) of one segment into acc, in order. */
+template <int NV, int E, int U>
+__device__ __forceinline__ void sum_entries(const ur__tbe_args &a, const Sorted &s, int dim,
+                                            int64_t j0, int64_t j1, float (&acc)[NV][E], int lane) {
+  for (int64_t base = j0; base < j1; base += 32) {
+    int64_t j = base + lane;
+    float c = 0.0f;
+    int64_t at = 0;
+    if (j < j1) {
+      int32_t i = s.idx[j];
+      c = s.gc[i];
+      at = s.gat[i];
+    }
+    int cnt = j1 - base < 32 ? (int)(j1 - base) : 32;
+    for (int u = 0; u < cnt; u += U) add_rows<NV, E, U>(a, c, at, u, cnt, dim, acc, lane);
+  }
+}
+
+/* Sparse output: the segment's row id and its summed gradient. */
+struct SparseOut {
+  int64_t *rows;
+  float *grads;
+  const int64_t *ustart, *gbase; /* per table, device */
+};
+
+/* The optimizer step of one row (or the sparse write), by one warp, from its summed gradient,
+ * which each lane left in acc[(v * 32 + lane) * E + e] (shared memory).  Not inlined: it is
+ * called from several places of the loops and is large; inlining it made the kernels spill. */
+template <int NV, int E>
+__device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
+                                      const ur__tbe_table *tbp, int32_t t, int64_t seg,
+                                      int64_t row, const float *acc, int lane) {
+  const ur__tbe_table tb = *tbp;
+  int dim = tb.dim;
+  if (sp.rows) {
+    if (lane == 0) sp.rows[seg] = row;
+    float *g = sp.grads + sp.gbase[t] + (seg - sp.ustart[t]) * dim;
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      int col = (v * 32 + lane) * E;
+      if (col < dim)
+#pragma unroll
+        for (int e = 0; e < E; e++) g[col + e] = acc[col + e];
+    }
+    return;
+  }
+  int64_t base = row * dim;
+  float w[NV][E], gg[NV][E];
+  float sq = 0.0f;
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+    int col = (v * 32 + lane) * E;
+    if (col >= dim) continue;
+    unpack<E>(load_raw_rw<E>((const char *)tb.weights + (base + col) * esize(tb.dtype), tb.dtype),
+              tb.dtype, w[v]);
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      gg[v][e] = ur__tbe_grad_adjust(&h, acc[col + e], w[v][e]);
+      sq = UR_FADD(sq, UR_FMUL(gg[v][e], gg[v][e]));
+    }
+  }
+  float rs = 0.0f;
+  if (h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) sq = UR_FADD(sq, __shfl_xor_sync(kFull, sq, o));
+    rs = UR_FADD(tb.state1[row], UR_FDIV(sq, (float)dim));
+    __syncwarp();
+    if (lane == 0) tb.state1[row] = rs;
+  }
+  uint64_t key = ur__tbe_sr_key(h.sr_key, tb.index);
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+    int col = (v * 32 + lane) * E;
+    if (col >= dim) continue;
+    float nw[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      int64_t el = base + col + e;
+      float *s1 = h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? &rs : tb.state1 ? tb.state1 + el : nullptr;
+      float *s2 = tb.state2 ? tb.state2 + el : nullptr;
+      nw[e] = ur__tbe_step_elem(&h, w[v][e], gg[v][e], s1, s2);
+    }
+    if (tb.dtype == UR_DTYPE_F32) {
+      float4 *p = reinterpret_cast<float4 *>((float *)tb.weights + base + col);
+#pragma unroll
+      for (int k = 0; k < E / 4; k++) p[k] = make_float4(nw[4 * k], nw[4 * k + 1], nw[4 * k + 2], nw[4 * k + 3]);
+      continue;
+    }
+    unsigned bits[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int q = 0; q < E / 4; q++) {
+      ur_philox4 r = {{0, 0, 0, 0}};
+      if (h.sr) r = ur_philox((uint64_t)(base + col + 4 * q) >> 2, key);
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float x = nw[4 * q + e];
+        uint16_t hb = h.sr ? ur__tbe_round_sr(x, tb.dtype, r.v[e])
+                           : tb.dtype == UR_DTYPE_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x))
+                                                       : __half_as_ushort(__float2half_rn(x));
+        bits[(4 * q + e) / 2] |= (unsigned)hb << (16 * (e & 1));
+      }
+    }
+    uint16_t *o = (uint16_t *)tb.weights + base + col;
+    if (E == 8) *reinterpret_cast<uint4 *>(o) = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+    else *reinterpret_cast<uint2 *>(o) = make_uint2(bits[0], bits[1]);
+  }
+}
+
+/* Leaves acc in this warp's slot of shared memory and steps the row from there. */
+template <int NV, int E>
+__device__ __forceinline__ void finish(const ur__tbe_args &a, const ur__tbe_hyper &h,
+                                       const SparseOut &sp, float *slot, int32_t t, int64_t seg,
+                                       int64_t row, const float (&acc)[NV][E], int lane) {
+#pragma unroll
+  for (int v = 0; v < NV; v++)
+#pragma unroll
+    for (int e = 0; e < E; e++) slot[(v * 32 + lane) * E + e] = acc[v][e];
+  step_row<NV, E>(h, sp, a.tables + t, t, seg, row, slot, lane);
+}
+
+/* Pulls a row's lines into L2 ahead of the step that reads and writes it. */
+__device__ __forceinline__ void prefetch_l2(const void *p, int bytes) {
+  for (int o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+}
+
+/* 32 consecutive segments per warp, their entries walked as one stream, as forward walks bags:
+ * lanes resolve 32 entries at once, U gradient rows are in flight per lane, and each segment's
+ * row is stepped once its last entry is in.  The rows to step (and their state) are prefetched
+ * into L2 when the group starts, so a step waits on L2 rather than on HBM.  Segments are
+ * numbered on the device, hence the grid-stride loop; hot ones are left to hot_kernel. */
+template <int NV, int E, int U>
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32, 2)
+    reduce_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
+  __shared__ float slots[UR_TBE_WARPS][NV * 32 * E];
+  int lane = threadIdx.x & 31;
+  float *slot = slots[threadIdx.x / 32];
+  int ns = s.scal[0], nv = s.scal[2];
+  int64_t groups = ((int64_t)ns + 31) / 32;
+  int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
+  for (int64_t gi = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; gi < groups; gi += warps) {
+    /* lane l: segment gi * 32 + l */
+    int64_t seg = gi * 32 + lane, j0 = 0, len = 0, row = 0;
+    int32_t t = 0, dim = 0;
+    if (seg < ns) {
+      j0 = s.starts[seg];
+      int64_t j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
+      if (j1 - j0 <= UR_TBE_HOT) len = j1 - j0;
+      uint64_t key = s.keys[j0];
+      t = table_of_key(a, key);
+      const ur__tbe_table &tb = a.tables[t];
+      row = (int64_t)key - tb.key_base;
+      dim = tb.dim;
+      if (len && !sp.rows) {
+        int es = esize(tb.dtype);
+        prefetch_l2((const char *)tb.weights + row * dim * es, dim * es);
+        if (h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) prefetch_l2(tb.state1 + row, 4);
+        else if (tb.state1) prefetch_l2(tb.state1 + row * dim, dim * 4);
+        if (tb.state2) prefetch_l2(tb.state2 + row * dim, dim * 4);
+      }
+    }
+    Group g;
+    g.s = j0;
+    g.len = len;
+    int64_t incl = len;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int64_t y = __shfl_up_sync(kFull, incl, o);
+      if (lane >= o) incl += y;
+    }
+    g.P = incl - len;
+    g.T = __shfl_sync(kFull, incl, 31);
+    float acc[NV][E];
+#pragma unroll
+    for (int v = 0; v < NV; v++)
+#pragma unroll
+      for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
+    int cj = -1;
+    for (int64_t base = 0; base < g.T; base += 32) {
+      int64_t p = base + lane;
+      int j = bag_at(g, p);
+      int64_t entry = __shfl_sync(kFull, g.s, j) + (p - __shfl_sync(kFull, g.P, j));
+      float c = 0.0f;
+      int64_t at = 0;
+      int jdim = __shfl_sync(kFull, dim, j);
+      if (p < g.T) {
+        int32_t i = s.idx[entry];
+        c = s.gc[i];
+        at = s.gat[i];
+        /* all 32 gradient rows of the chunk on their way, whatever the runs below */
+        int gs = a.out_dtype == UR_DTYPE_F32 ? 4 : 2;
+        prefetch_l2((const char *)a.grad + at * gs, jdim * gs);
+      }
+      int cnt = g.T - base < 32 ? (int)(g.T - base) : 32;
+      /* Runs of entries of one segment go U at a time; a segment's end steps its row. */
+      int k = 0;
+      while (k < cnt) {
+        int jk = __shfl_sync(kFull, j, k);
+        if (jk != cj) {
+          if (cj >= 0)
+            finish<NV, E>(a, h, sp, slot, __shfl_sync(kFull, t, cj), gi * 32 + cj,
+                          __shfl_sync(kFull, row, cj), acc, lane);
+#pragma unroll
+          for (int v = 0; v < NV; v++)
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
+          cj = jk;
+        }
+        /* entries k .. run_end - 1 belong to segment cj */
+        int64_t send = __shfl_sync(kFull, g.P, cj) + __shfl_sync(kFull, g.len, cj) - base;
+        int run_end = send < cnt ? (int)send : cnt;
+        int dimj = __shfl_sync(kFull, dim, cj);
+        for (int u = k; u < run_end; u += U) add_rows<NV, E, U>(a, c, at, u, run_end, dimj, acc, lane);
+        k = run_end;
+      }
+    }
+    if (cj >= 0)
+      finish<NV, E>(a, h, sp, slot, __shfl_sync(kFull, t, cj), gi * 32 + cj,
+                    __shfl_sync(kFull, row, cj), acc, lane);
+  }
+}
+
+/* A CTA per hot row: warp w sums the w-th of W equal chunks, then warp 0 adds the W partial
+ * sums in order and finishes the row.  Deterministic: the chunks depend only on the length. */
+template <int NV, int E, int U>
+__global__ void __launch_bounds__(UR_TBE_HOT_THREADS)
+    hot_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp,
+               const int32_t *hot, const int32_t *num_hot) {
+  extern __shared__ float part[]; /* [W][NV * 32 * E] */
+  const int width = NV * 32 * E;
+  const int W = UR_TBE_HOT_SMEM / (width * 4) < UR_TBE_HOT_THREADS / 32 ? UR_TBE_HOT_SMEM / (width * 4)
+                                                                      : UR_TBE_HOT_THREADS / 32;
+  int lane = threadIdx.x & 31, w = threadIdx.x / 32;
+  int ns = s.scal[0], nv = s.scal[2];
+  for (int q = blockIdx.x; q < *num_hot; q += gridDim.x) {
+    int64_t seg = hot[q];
+    int64_t j0 = s.starts[seg], j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
+    uint64_t key = s.keys[j0];
+    int32_t t = table_of_key(a, key);
+    int dim = a.tables[t].dim;
+    int64_t chunk = (j1 - j0 + W - 1) / W;
+    int64_t c0 = j0 + w * chunk, c1 = c0 + chunk < j1 ? c0 + chunk : j1;
+    if (w >= W) c0 = c1; /* warps beyond W (wide rows) only wait at the barriers */
+    float acc[NV][E];
+#pragma unroll
+    for (int v = 0; v < NV; v++)
+#pragma unroll
+      for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
+    if (c0 < c1) sum_entries<NV, E, U>(a, s, dim, c0, c1, acc, lane);
+    if (w < W)
+#pragma unroll
+      for (int v = 0; v < NV; v++)
+#pragma unroll
+        for (int e = 0; e < E; e++) part[w * width + (v * 32 + lane) * E + e] = acc[v][e];
+    __syncthreads();
+    if (w == 0) {
+#pragma unroll
+      for (int v = 0; v < NV; v++)
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+          float x = 0.0f;
+          for (int k = 0; k < W; k++) x = UR_FADD(x, part[k * width + (v * 32 + lane) * E + e]);
+          acc[v][e] = x;
+        }
+      /* each lane overwrites only its own columns of warp 0's partials, which it alone read */
+      finish<NV, E>(a, h, sp, part, t, seg, (int64_t)key - a.tables[t].key_base, acc, lane);
+    }
+    __syncthreads();
+  }
+}
+
+/* Distinct rows per table, for the sparse gradient (integer atomics: order does not matter). */
+__global__ void count_kernel(const ur__tbe_args a, const Sorted s, unsigned long long *counts) {
+  int64_t seg = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (seg < s.scal[0]) atomicAdd(&counts[table_of_key(a, s.keys[s.starts[seg]])], 1ull);
+}
+
+/* VBE backward: bag keys (bag_start[f] + inverse) of every sample of the full batch. */
+__global__ void vbe_keys_kernel(const ur__tbe_args a, uint32_t *keys, int32_t *pos, int32_t *scal) {
+  int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t m = (int64_t)a.num_features * a.full_batch;
+  if (r == 0) scal[2] = (int32_t)m;
+  if (r >= m) return;
+  int32_t f = (int32_t)(r / a.full_batch);
+  int64_t j = a.inverse[r], nb = a.bag_start[f + 1] - a.bag_start[f];
+  keys[r] = j >= 0 && j < nb ? (uint32_t)(a.bag_start[f] + j) : (uint32_t)a.bags;
+  pos[r] = (int32_t)r;
+}
+
+struct IsStart32 {
+  const uint32_t *k;
+  uint32_t skip;
+  __device__ bool operator()(int j) const { return k[j] != skip && (j == 0 || k[j] != k[j - 1]); }
+};
+
+__global__ void valid32_kernel(const uint32_t *k, int64_t n, uint32_t skip, int32_t *n_valid) {
+  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j < n && k[j] == skip && (j == 0 || k[j - 1] != skip)) *n_valid = (int32_t)j;
+}
+
+/* Each read bag's gradient: the sum, in sample order, of the rows of the samples that read it. */
+template <int E>
+__global__ void collapse_kernel(const ur__tbe_args a, const uint32_t *keys, const int32_t *pos,
+                                const int32_t *starts, const int32_t *scal, float *flat) {
+  int lane = threadIdx.x & 31;
+  int ns = scal[0], nv = scal[2];
+  int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
+  for (int64_t seg = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; seg < ns; seg += warps) {
+    int64_t j0 = starts[seg], j1 = seg + 1 < ns ? starts[seg + 1] : nv;
+    int64_t bag = keys[j0];
+    int32_t f = feature_of(a, bag);
+    const ur__tbe_feature ft = a.features[f];
+    float *dst = flat + a.flat_base[f] + (bag - a.bag_start[f]) * ft.dim;
+    for (int col = lane * E; col < ft.dim; col += 32 * E) {
+      float acc[E];
+#pragma unroll
+      for (int e = 0; e < E; e++) acc[e] = 0.0f;
+      for (int64_t j = j0; j < j1; j++) {
+        int64_t b = pos[j] - (int64_t)f * a.full_batch;
+        float g[E];
+        load_out<E>(a.grad, a.out_dtype, b * a.out_stride + ft.col + col, g);
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[e] = UR_FADD(acc[e], g[e]);
+      }
+#pragma unroll
+      for (int e = 0; e < E; e++) dst[col + e] = acc[e];
+    }
+  }
+}
+
+/* ---- the plain gather ---- */
+
+/* A warp per four rows, each lane copying its slices of all four before the next: four rows in
+ * flight per warp, every access coalesced. */
+template <typename V>
+__global__ void gather_kernel(const V *src, const int64_t *ids, V *out, int64_t n, int per) {
+  int lane = threadIdx.x & 31;
+  int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  for (int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 4; r0 < n;
+       r0 += warps * 4) {
+    int64_t id[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) id[k] = r0 + k < n ? __ldg(ids + r0 + k) : 0;
+    for (int c = lane; c < per; c += 32) {
+      V x[4];
+#pragma unroll
+      for (int k = 0; k < 4; k++)
+        if (r0 + k < n) x[k] = __ldg(src + id[k] * per + c);
+#pragma unroll
+      for (int k = 0; k < 4; k++)
+        if (r0 + k < n) out[(r0 + k) * per + c] = x[k];
+    }
+  }
+}
+
+/* ---- launch plumbing ---- */
+
+struct Layout {
+  size_t keys0, keys1, idx0, idx1, gat, gc, starts, hot, scal, tabs, cub, flat;
+  size_t vkeys0, vkeys1, vpos0, vpos1, vstarts, vscal, total, cub_bytes;
+};
+
+size_t up(size_t v) { return (v + UR_TBE_ALIGN - 1) / UR_TBE_ALIGN * UR_TBE_ALIGN; }
+
+cudaError_t layout_of(const ur__tbe_args *a, int backward, Layout *L) {
+  size_t n = (size_t)a->n, m = a->inverse ? (size_t)a->num_features * (size_t)a->full_batch : 0;
+  size_t at = 0;
+  *L = Layout();
+  auto take = [&](size_t bytes) {
+    size_t here = at;
+    at += up(bytes ? bytes : 1);
+    return here;
+  };
+  L->scal = take(8 * sizeof(int32_t));
+  L->flat = take(a->inverse ? (size_t)a->flat_numel * sizeof(float) : 0);
+  if (!backward) {
+    L->total = at;
+    return cudaSuccess;
+  }
+  L->keys0 = take(n * 8);
+  L->keys1 = take(n * 8);
+  L->idx0 = take(n * 4);
+  L->idx1 = take(n * 4);
+  L->gat = take(n * 8);
+  L->gc = take(n * 4);
+  L->starts = take(n * 4);
+  L->hot = take((n / (UR_TBE_HOT + 1) + 1) * 4);
+  L->tabs = take(3 * (size_t)a->num_tables * 8);
+  L->vkeys0 = take(m * 4);
+  L->vkeys1 = take(m * 4);
+  L->vpos0 = take(m * 4);
+  L->vpos1 = take(m * 4);
+  L->vstarts = take(m * 4);
+  L->vscal = take(8 * sizeof(int32_t));
+  size_t c = 0, best = 0;
+  cub::DoubleBuffer<uint64_t> k64(nullptr, nullptr);
+  cub::DoubleBuffer<int32_t> v32(nullptr, nullptr);
+  cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, c, k64, v32, (int)(n ? n : 1), 0,
+                                                  a->key_bits, (cudaStream_t)0);
+  if (e != cudaSuccess) return e;
+  best = c;
+  e = cub::DeviceSelect::If(nullptr, c, thrust::counting_iterator<int>(0), (int32_t *)nullptr,
+                            (int32_t *)nullptr, (int)(n ? n : 1), IsStart{nullptr, 0}, (cudaStream_t)0);
+  if (e != cudaSuccess) return e;
+  best = c > best ? c : best;
+  e = cub::DeviceSelect::If(nullptr, c, thrust::counting_iterator<int>(0), (int32_t *)nullptr,
+                            (int32_t *)nullptr, (int)(n ? n : 1), IsHot{nullptr, nullptr}, (cudaStream_t)0);
+  if (e != cudaSuccess) return e;
+  best = c > best ? c : best;
+  if (m) {
+    cub::DoubleBuffer<uint32_t> k32(nullptr, nullptr);
+    e = cub::DeviceRadixSort::SortPairs(nullptr, c, k32, v32, (int)m, 0, 32, (cudaStream_t)0);
+    if (e != cudaSuccess) return e;
+    best = c > best ? c : best;
+    e = cub::DeviceSelect::If(nullptr, c, thrust::counting_iterator<int>(0), (int32_t *)nullptr,
+                              (int32_t *)nullptr, (int)m, IsStart32{nullptr, 0}, (cudaStream_t)0);
+    if (e != cudaSuccess) return e;
+    best = c > best ? c : best;
+  }
+  L->cub_bytes = best;
+  L->cub = take(best);
+  L->total = at;
+  return cudaSuccess;
+}
+
+/* Launch shape: E elements per lane and slot (8 when every table is a half with dims that are
+ * multiples of 8: 16-byte loads; else 4: 16 bytes of f32, 8 of a half), NV slots per lane. */
+struct Shape {
+  int e, nv;
+};
+
+Shape shape_of(const ur__tbe_args *a) {
+  bool all_half8 = true;
+  for (int32_t t = 0; t < a->num_tables; t++) {
+    const ur__tbe_table &tb = a->host_tables[t];
+    if (tb.dtype == UR_DTYPE_F32 || tb.dim % 8) all_half8 = false;
+  }
+  Shape s;
+  s.e = all_half8 ? 8 : 4;
+  int need = (a->max_dim + 32 * s.e - 1) / (32 * s.e);
+  s.nv = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : 8;
+  return s;
+}
+
+int sm_count(void) {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 132;
+  return sms > 0 ? sms : 1;
+}
+
+unsigned blocks_for(int64_t groups) {
+  int64_t b = (groups + UR_TBE_WARPS - 1) / UR_TBE_WARPS;
+  return (unsigned)(b > 0 ? b : 1);
+}
+
+template <int NV, int E>
+cudaError_t launch_fwd(cudaStream_t st, const ur__tbe_args &a) {
+  const int U = NV >= 8 ? 1 : 8 / NV;
+  unsigned blocks = blocks_for((a.bags + 31) / 32);
+  if (a.pooled) fwd_kernel<NV, E, U, true><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a);
+  else fwd_kernel<NV, E, U, false><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a);
+  return cudaGetLastError();
+}
+
+/* E = 8 needs at most 4 slots (dims stop at 1024), so NV = 8 is instantiated for E = 4 only. */
+template <int E>
+cudaError_t fwd_e(cudaStream_t st, const ur__tbe_args &a, int nv) {
+  switch (nv) {
+  case 1: return launch_fwd<1, E>(st, a);
+  case 2: return launch_fwd<2, E>(st, a);
+  case 4: return launch_fwd<4, E>(st, a);
+  default: return launch_fwd<E == 8 ? 4 : 8, E>(st, a);
+  }
+}
+
+cudaError_t forward_into(cudaStream_t st, const ur__tbe_args &a) {
+  if (a.bags == 0) return cudaSuccess;
+  Shape sh = shape_of(&a);
+  return sh.e == 8 ? fwd_e<8>(st, a, sh.nv) : fwd_e<4>(st, a, sh.nv);
+}
+
+template <int NV, int E>
+cudaError_t launch_reduce(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_hyper &h,
+                          const Sorted &s, const SparseOut &sp, const int32_t *hot,
+                          const int32_t *num_hot) {
+  /* Fewer gradient rows per lane than forward's: the chunk's rows are already on their way to
+   * L2 (reduce_kernel prefetches them), and registers decide how many warps fit. */
+  const int U = NV * E >= 16 ? 1 : 16 / (NV * E);
+  int sms = sm_count();
+  int64_t want = blocks_for((a.n + 31) / 32);
+  unsigned blocks = (unsigned)(want < (int64_t)sms * 16 ? want : (int64_t)sms * 16);
+  reduce_kernel<NV, E, U><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  int64_t maxhot = a.n / (UR_TBE_HOT + 1) + 1;
+  unsigned hb = (unsigned)(maxhot < (int64_t)sms * 2 ? maxhot : (int64_t)sms * 2);
+  hot_kernel<NV, E, U><<<hb, UR_TBE_HOT_THREADS, UR_TBE_HOT_SMEM, st>>>(a, h, s, sp, hot, num_hot);
+  return cudaGetLastError();
+}
+
+template <int E>
+cudaError_t reduce_e(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_hyper &h, const Sorted &s,
+                     const SparseOut &sp, const int32_t *hot, const int32_t *num_hot, int nv) {
+  switch (nv) {
+  case 1: return launch_reduce<1, E>(st, a, h, s, sp, hot, num_hot);
+  case 2: return launch_reduce<2, E>(st, a, h, s, sp, hot, num_hot);
+  case 4: return launch_reduce<4, E>(st, a, h, s, sp, hot, num_hot);
+  default: return launch_reduce<E == 8 ? 4 : 8, E>(st, a, h, s, sp, hot, num_hot);
+  }
+}
+
+#define UR_TRY(call)                        \
+  do {                                      \
+    cudaError_t e_ = (call);                \
+    if (e_ != cudaSuccess) return e_;       \
+  } while (0)
+
+/* The VBE collapse: a->grad [B, out_dim] into flat bags (f32) in work; `in` then points at them. */
+cudaError_t collapse(cudaStream_t st, const ur__tbe_args *a, char *work, const Layout &L,
+                     ur__tbe_args *in) {
+  *in = *a;
+  if (!a->inverse) return cudaSuccess;
+  int64_t m = (int64_t)a->num_features * a->full_batch;
+  float *flat = (float *)(work + L.flat);
+  int32_t *scal = (int32_t *)(work + L.vscal);
+  UR_TRY(cudaMemsetAsync(flat, 0, (size_t)a->flat_numel * sizeof(float), st));
+  UR_TRY(cudaMemsetAsync(scal, 0, 8 * sizeof(int32_t), st));
+  if (m > 0) {
+    uint32_t *k0 = (uint32_t *)(work + L.vkeys0), *k1 = (uint32_t *)(work + L.vkeys1);
+    int32_t *p0 = (int32_t *)(work + L.vpos0), *p1 = (int32_t *)(work + L.vpos1);
+    int32_t *starts = (int32_t *)(work + L.vstarts);
+    vbe_keys_kernel<<<(unsigned)((m + 255) / 256), 256, 0, st>>>(*a, k0, p0, scal);
+    UR_TRY(cudaGetLastError());
+    int bits = 1;
+    while (bits < 32 && ((uint64_t)1 << bits) <= (uint64_t)a->bags) bits++;
+    cub::DoubleBuffer<uint32_t> kb(k0, k1);
+    cub::DoubleBuffer<int32_t> pb(p0, p1);
+    size_t cb = L.cub_bytes;
+    UR_TRY(cub::DeviceRadixSort::SortPairs(work + L.cub, cb, kb, pb, (int)m, 0, bits, st));
+    valid32_kernel<<<(unsigned)((m + 255) / 256), 256, 0, st>>>(kb.Current(), m, (uint32_t)a->bags,
+                                                                  scal + 2);
+    UR_TRY(cudaGetLastError());
+    cb = L.cub_bytes;
+    UR_TRY(cub::DeviceSelect::If(work + L.cub, cb, thrust::counting_iterator<int>(0), starts, scal,
+                                 (int)m, IsStart32{kb.Current(), (uint32_t)a->bags}, st));
+    Shape sh = shape_of(a);
+    unsigned blocks = blocks_for(m < (int64_t)sm_count() * 64 ? m : (int64_t)sm_count() * 64);
+    if (sh.e == 8)
+      collapse_kernel<8><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(*a, kb.Current(), pb.Current(), starts, scal, flat);
+    else
+      collapse_kernel<4><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(*a, kb.Current(), pb.Current(), starts, scal, flat);
+    UR_TRY(cudaGetLastError());
+  }
+  in->grad = flat;
+  in->out_base = a->flat_base;
+  in->out_dtype = UR_DTYPE_F32;
+  in->inverse = nullptr;
+  return cudaSuccess;
+}
+
+/* Keys, sort, segments and the hot list; fills s. */
+cudaError_t sort_segments(cudaStream_t st, const ur__tbe_args &a, char *work, const Layout &L,
+                          Sorted *s, int32_t **hot, int32_t **num_hot) {
+  int32_t *scal = (int32_t *)(work + L.scal);
+  UR_TRY(cudaMemsetAsync(scal, 0, 8 * sizeof(int32_t), st));
+  uint64_t *k0 = (uint64_t *)(work + L.keys0), *k1 = (uint64_t *)(work + L.keys1);
+  int32_t *i0 = (int32_t *)(work + L.idx0), *i1 = (int32_t *)(work + L.idx1);
+  int64_t *gat = (int64_t *)(work + L.gat);
+  float *gc = (float *)(work + L.gc);
+  int32_t *starts = (int32_t *)(work + L.starts);
+  *hot = (int32_t *)(work + L.hot);
+  *num_hot = scal + 1;
+  s->starts = starts;
+  s->gat = gat;
+  s->gc = gc;
+  s->scal = scal;
+  s->keys = k0;
+  s->idx = i0;
+  if (a.n == 0) return cudaSuccess;
+  UR_TRY(cudaMemsetAsync(k0, 0xff, (size_t)a.n * 8, st));
+  keys_kernel<<<blocks_for((a.bags + 31) / 32), UR_TBE_WARPS * 32, 0, st>>>(a, k0, i0, gat, gc, scal);
+  UR_TRY(cudaGetLastError());
+  cub::DoubleBuffer<uint64_t> kb(k0, k1);
+  cub::DoubleBuffer<int32_t> ib(i0, i1);
+  size_t cb = L.cub_bytes;
+  UR_TRY(cub::DeviceRadixSort::SortPairs(work + L.cub, cb, kb, ib, (int)a.n, 0, a.key_bits, st));
+  s->keys = kb.Current();
+  s->idx = ib.Current();
+  unsigned vb = (unsigned)((a.n + 255) / 256);
+  valid_kernel<<<vb, 256, 0, st>>>(s->keys, a.n, (uint64_t)a.total_keys, scal + 2);
+  UR_TRY(cudaGetLastError());
+  cb = L.cub_bytes;
+  UR_TRY(cub::DeviceSelect::If(work + L.cub, cb, thrust::counting_iterator<int>(0), starts, scal,
+                               (int)a.n, IsStart{s->keys, (uint64_t)a.total_keys}, st));
+  cb = L.cub_bytes;
+  UR_TRY(cub::DeviceSelect::If(work + L.cub, cb, thrust::counting_iterator<int>(0), *hot, scal + 1,
+                               (int)a.n, IsHot{starts, scal}, st));
+  return cudaSuccess;
+}
+
+} // namespace
+
+cudaError_t ur__cuda_tbe_work_bytes(const ur__tbe_args *a, int backward, size_t *out) {
+  Layout L;
+  cudaError_t e = layout_of(a, backward, &L);
+  *out = L.total;
+  return e;
+}
+
+cudaError_t ur__cuda_tbe_forward(cudaStream_t st, const ur__tbe_args *a, void *work) {
+  (void)cudaGetLastError(); /* report this call's errors only (sticky ones come back anyway) */
+  if (!a->inverse) return forward_into(st, *a);
+  Layout L;
+  UR_TRY(layout_of(a, 0, &L));
+  float *flat = (float *)((char *)work + L.flat);
+  ur__tbe_args in = *a;
+  in.out = flat;
+  in.out_base = a->flat_base;
+  in.out_dtype = UR_DTYPE_F32;
+  in.inverse = nullptr;
+  UR_TRY(forward_into(st, in));
+  int64_t rows = (int64_t)a->num_features * a->full_batch;
+  if (rows == 0) return cudaSuccess;
+  if (shape_of(a).e == 8) expand_kernel<8><<<blocks_for(rows), UR_TBE_WARPS * 32, 0, st>>>(*a, flat);
+  else expand_kernel<4><<<blocks_for(rows), UR_TBE_WARPS * 32, 0, st>>>(*a, flat);
+  return cudaGetLastError();
+}
+
+static cudaError_t backward_common(cudaStream_t st, const ur__tbe_args *a, const ur__tbe_hyper *h,
+                                   void *work, const SparseOut &sp, int count_only,
+                                   int64_t *counts) {
+  (void)cudaGetLastError();
+  Layout L;
+  UR_TRY(layout_of(a, 1, &L));
+  char *w = (char *)work;
+  ur__tbe_args in;
+  UR_TRY(collapse(st, a, w, L, &in));
+  Sorted s;
+  int32_t *hot = nullptr, *num_hot = nullptr;
+  UR_TRY(sort_segments(st, in, w, L, &s, &hot, &num_hot));
+  if (count_only) {
+    unsigned long long *c = (unsigned long long *)(w + L.tabs);
+    UR_TRY(cudaMemsetAsync(c, 0, (size_t)a->num_tables * 8, st));
+    if (a->n > 0) {
+      count_kernel<<<(unsigned)((a->n + 255) / 256), 256, 0, st>>>(in, s, c);
+      UR_TRY(cudaGetLastError());
+    }
+    UR_TRY(cudaMemcpyAsync(counts, c, (size_t)a->num_tables * 8, cudaMemcpyDeviceToHost, st));
+    return cudaStreamSynchronize(st);
+  }
+  if (a->n == 0) return cudaSuccess;
+  Shape sh = shape_of(a);
+  ur__tbe_hyper hh;
+  if (h) hh = *h;
+  else memset(&hh, 0, sizeof hh);
+  return sh.e == 8 ? reduce_e<8>(st, in, hh, s, sp, hot, num_hot, sh.nv)
+                   : reduce_e<4>(st, in, hh, s, sp, hot, num_hot, sh.nv);
+}
+
+cudaError_t ur__cuda_tbe_backward(cudaStream_t st, const ur__tbe_args *a, const ur__tbe_hyper *h,
+                                  void *work) {
+  SparseOut sp = {nullptr, nullptr, nullptr, nullptr};
+  return backward_common(st, a, h, work, sp, 0, nullptr);
+}
+
+cudaError_t ur__cuda_tbe_sparse_count(cudaStream_t st, const ur__tbe_args *a, void *work,
+                                      int64_t *counts) {
+  SparseOut sp = {nullptr, nullptr, nullptr, nullptr};
+  return backward_common(st, a, nullptr, work, sp, 1, counts);
+}
+
+/* Sorts again rather than keeping the count's state: simpler, and this path is for tests and
+ * custom optimizers, not for speed. */
+cudaError_t ur__cuda_tbe_sparse_write(cudaStream_t st, const ur__tbe_args *a, void *work,
+                                      const int64_t *counts, int64_t *rows, float *grads) {
+  Layout L;
+  UR_TRY(layout_of(a, 1, &L));
+  int64_t *tabs = (int64_t *)((char *)work + L.tabs);
+  int32_t T = a->num_tables;
+  int64_t *host = (int64_t *)malloc(sizeof(int64_t) * 2 * (size_t)T);
+  if (!host) return cudaErrorMemoryAllocation;
+  int64_t u = 0, g = 0;
+  for (int32_t t = 0; t < T; t++) {
+    host[t] = u;
+    host[T + t] = g;
+    u += counts[t];
+    g += counts[t] * a->host_tables[t].dim;
+  }
+  cudaError_t e = cudaMemcpyAsync(tabs + T, host, sizeof(int64_t) * 2 * (size_t)T,
+                                  cudaMemcpyHostToDevice, st);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+  free(host);
+  if (e != cudaSuccess) return e;
+  SparseOut sp = {rows, grads, tabs + T, tabs + 2 * T};
+  return backward_common(st, a, nullptr, work, sp, 0, nullptr);
+}
+
+cudaError_t ur__cuda_gather_rows(cudaStream_t st, const void *src, size_t row_bytes,
+                                 const int64_t *ids, int64_t n, void *out) {
+  (void)cudaGetLastError();
+  if (n == 0) return cudaSuccess;
+  int sms = sm_count();
+  bool v16 = row_bytes % 16 == 0 && (uintptr_t)src % 16 == 0 && (uintptr_t)out % 16 == 0;
+  int per = (int)(row_bytes / (v16 ? 16 : 4));
+  int64_t want = (n + 31) / 32; /* 8 warps of 4 rows per block */
+  unsigned blocks = (unsigned)(want < (int64_t)sms * 64 ? want : (int64_t)sms * 64);
+  if (v16)
+    gather_kernel<uint4><<<blocks, 256, 0, st>>>((const uint4 *)src, ids, (uint4 *)out, n, per);
+  else
+    gather_kernel<unsigned><<<blocks, 256, 0, st>>>((const unsigned *)src, ids, (unsigned *)out, n, per);
+  return cudaGetLastError();
+}

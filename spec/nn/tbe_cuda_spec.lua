@@ -1,0 +1,214 @@
+-- The embedding collection's CUDA kernels against the CPU reference backend.  Every test is
+-- #cuda: pending without a GPU.  Forward sums in the CPU's order, unfused, so it must match
+-- bit for bit; backward matches within rounding (rowwise Adagrad reduces a row across a warp,
+-- and rows read more than 256 times are summed in chunks), and is bit-identical run to run.
+local ur = require "uvmrec"
+local h = require "helpers"
+local R = require "tbe_ref"
+
+local cuda_it = h.cuda_it
+local EBC, EC = ur.nn.EmbeddingBagCollection, ur.nn.EmbeddingCollection
+
+-- Tables of every shape the kernels pick from: widths of 1 to 8 slots per lane, f32 and
+-- halves (16-byte half loads when every table is a half with a dim divisible by 8).
+local SHAPES = {
+  mixed = {
+    { name = "a", rows = 300, dim = 128, features = { "a1", "a2" } },
+    { name = "b", rows = 77, dim = 12, dtype = "f16" },
+    { name = "c", rows = 50, dim = 1024, dtype = "bf16" },
+    { name = "d", rows = 1000, dim = 260 },
+  },
+  halves = {
+    { name = "a", rows = 300, dim = 128, dtype = "f16", features = { "a1", "a2" } },
+    { name = "b", rows = 90, dim = 512, dtype = "bf16" },
+  },
+  narrow = {
+    { name = "a", rows = 5000, dim = 4 },
+    { name = "b", rows = 64, dim = 64, pooling = "mean" },
+  },
+}
+
+local function pair(shape, opts)
+  local function make(dev, place)
+    local o = { tables = {}, device = dev, placement = place, seed = 17 }
+    for k, v in pairs(opts or {}) do
+      if k ~= "gpu_placement" then o[k] = v end
+    end
+    for i, t in ipairs(SHAPES[shape]) do
+      local c = {}
+      for k, v in pairs(t) do c[k] = v end
+      if o.pooling then c.pooling = nil end
+      o.tables[i] = c
+    end
+    return (o.pooling == "none" and EC or EBC)(o)
+  end
+  return make("cpu", "host"), make(0, (opts and opts.gpu_placement) or "device")
+end
+
+local function rows_of(m)
+  local r = {}
+  for f, L in ipairs(R.layout(m.tbe)) do r[f] = L.rows end
+  return r
+end
+
+-- f32 tables within rel (and abs); halves within one step of their grid (1e-2 covers bf16's
+-- 2^-8), where f32 results that differ in the last bit straddle a rounding point.
+local function same_tables(a, b, rel, what, abs)
+  local sa, sb = R.snapshot(a.tbe), R.snapshot(b.tbe)
+  for name, t in pairs(sa) do
+    local r = a:table(name):dtype() == "f32" and rel or 1e-2
+    R.close(sb[name], t, r, abs or r * 1e-2, what .. " table " .. name)
+  end
+end
+
+-- Forward must match exactly on the first step; later steps read rows that a backward may have
+-- rounded differently (rowwise Adagrad's reduction, hot rows), so they match within tolerance.
+local function train(cpu, gpu, b, steps, seed)
+  local ci, gi = R.input(b), R.input(b, "device")
+  for s = 1, steps do
+    local co, go = cpu:forward(ci), gpu:forward(gi)
+    if s == 1 then
+      assert.same(co:totable(), go:totable(), "forward, step 1")
+    else
+      R.close(go:totable(), co:totable(), 1e-3, 1e-3, "forward, step " .. s)
+    end
+    local g = ur.tensor(co:size(), { dtype = co:dtype() }):uniform(-1, 1, seed + s)
+    local gg = assert(g:to("device"))
+    cpu:backward(ci, g)
+    gpu:backward(gi, gg)
+  end
+end
+
+describe("embedding collections on CUDA", function()
+  cuda_it("pool every table shape, dtype and pooling exactly as the CPU does", function()
+    for _, shape in ipairs { "mixed", "halves", "narrow" } do
+      for _, out_dtype in ipairs { "f32", "bf16" } do
+        math.randomseed(#shape)
+        local cpu, gpu = pair(shape, { output_dtype = out_dtype })
+        local b = R.batch(rows_of(cpu), { batch = 70, weighted = true, big = 1000, force = { [3] = 1000, [4] = 0 } })
+        assert.same(cpu:forward(R.input(b)):totable(), gpu:forward(R.input(b, "device")):totable(),
+                    shape .. " " .. out_dtype)
+        local u = R.batch(rows_of(cpu), { batch = 33 })
+        assert.same(cpu:forward(R.input(u)):totable(), gpu:forward(R.input(u, "device")):totable(),
+                    shape .. " unweighted")
+      end
+    end
+  end)
+
+  for _, kind in ipairs { "sgd", "rowwise_adagrad", "adagrad", "adam" } do
+    cuda_it("steps " .. kind .. " like the CPU, halves with stochastic rounding", function()
+      for _, shape in ipairs { "mixed", "halves", "narrow" } do
+        math.randomseed(#kind + #shape)
+        local opt = { kind, lr = 0.05, weight_decay = 0.01, max_grad = 0.8 }
+        local cpu, gpu = pair(shape, { optimizer = opt })
+        local b = R.batch(rows_of(cpu), { batch = 50, weighted = true, force = { [2] = 1000 } })
+        train(cpu, gpu, b, 3, 40)
+        same_tables(cpu, gpu, 1e-5, kind .. " " .. shape)
+      end
+    end)
+  end
+
+  cuda_it("sums rows read thousands of times on a whole CTA, deterministically", function()
+    local runs = {}
+    for run = 1, 2 do
+      math.randomseed(5)
+      local cpu, gpu = pair("narrow", { optimizer = { "adagrad", lr = 0.1 } })
+      local b = R.batch(rows_of(cpu), { batch = 400, hot = { 7, 5000 } })
+      train(cpu, gpu, b, 2, 70)
+      -- 5000 gradients summed in 16 chunks round differently from one running sum: the step
+      -- (lr 0.1) agrees to about 1e-4 of itself
+      same_tables(cpu, gpu, 1e-5, "hot rows", 2e-5)
+      runs[run] = R.snapshot(gpu.tbe)
+    end
+    assert.same(runs[1], runs[2])
+  end)
+
+  cuda_it("is bit-identical run to run on the GPU, stochastic rounding included", function()
+    local runs = {}
+    for run = 1, 2 do
+      math.randomseed(6)
+      local _, gpu = pair("halves", { optimizer = "rowwise_adagrad" })
+      local b = R.batch(rows_of(gpu), { batch = 300, weighted = true, hot = { 3, 700 } })
+      local gi = R.input(b, "device")
+      for s = 1, 3 do
+        local o = gpu:forward(gi)
+        gpu:backward(gi, ur.tensor(o:size(), { placement = "device" }):uniform(-1, 1, s))
+      end
+      runs[run] = R.snapshot(gpu.tbe)
+    end
+    assert.same(runs[1], runs[2])
+  end)
+
+  cuda_it("takes VBE batches, flat and expanded, like the CPU", function()
+    math.randomseed(7)
+    local cpu, gpu = pair("mixed", { optimizer = { "sgd", lr = 0.3 } })
+    local b = R.batch(rows_of(cpu), { bpf = { 5, 1, 3, 8, 2 }, weighted = true })
+    assert.same(cpu:forward(R.input(b)):totable(), gpu:forward(R.input(b, "device")):totable(), "flat")
+    b.inverse = {}
+    local full = 9
+    for f, nb in ipairs(b.bpf) do
+      for s = 0, full - 1 do b.inverse[(f - 1) * full + s + 1] = (s * 5 + f) % nb end
+    end
+    train(cpu, gpu, b, 2, 90)
+    same_tables(cpu, gpu, 1e-5, "vbe")
+  end)
+
+  cuda_it("returns the CPU's deduplicated gradient", function()
+    math.randomseed(8)
+    local cpu, gpu = pair("mixed", { optimizer = "sgd" })
+    local b = R.batch(rows_of(cpu), { batch = 40, weighted = true, hot = { 9, 600 } })
+    local g = ur.tensor({ 40, cpu.tbe.out_dim }):uniform(-1, 1, 3)
+    local sc = cpu:sparse_grad(R.input(b), g)
+    local sg = gpu:sparse_grad(R.input(b, "device"), assert(g:to("device")))
+    for name, x in pairs(sc) do
+      assert.same(x.rows:totable(), sg[name].rows:totable(), name)
+      R.close(sg[name].grad:totable(), x.grad:totable(), 1e-5, 1e-6, "sparse " .. name)
+    end
+  end)
+
+  cuda_it("reads managed and pinned host tables like device ones", function()
+    for _, place in ipairs { "managed", "host" } do
+      math.randomseed(9)
+      local cpu, gpu = pair("mixed", { optimizer = "adam", gpu_placement = place })
+      assert.equal(place == "host" and "pinned" or place, gpu:table("a"):placement())
+      local b = R.batch(rows_of(cpu), { batch = 30, weighted = true })
+      train(cpu, gpu, b, 2, 11)
+      same_tables(cpu, gpu, 1e-5, place)
+    end
+  end)
+
+  cuda_it("gives one row per value under pooling none, like the CPU", function()
+    math.randomseed(10)
+    local function make(dev, place)
+      return EC { tables = { { name = "s", rows = 400, dim = 64, features = { "x", "y" } } },
+                  device = dev, placement = place, optimizer = { "sgd", lr = 0.2 }, seed = 2 }
+    end
+    local cpu, gpu = make("cpu", "host"), make(0, "device")
+    local b = R.batch({ 400, 400 }, { batch = 25, weighted = true, force = { [1] = 300 } })
+    train(cpu, gpu, b, 2, 12)
+    same_tables(cpu, gpu, 1e-6, "none")
+  end)
+
+  cuda_it("fails on a bad id under fatal with the CPU's message, and counts under warn", function()
+    local cpu, gpu = pair("narrow", {})
+    local b = { values = { 1, 2, 3, 70 }, offsets = { 0, 1, 2, 3, 4 }, batch = 2 }
+    local msg = "tbe: table 'b' (feature 'b', sample 1, value 3) has no row 70; ids run 0..63"
+    assert.has_error(function() cpu:forward(R.input(b)) end, msg)
+    assert.has_error(function() gpu:forward(R.input(b, "device")) end, msg)
+    local _, warn = pair("narrow", { bounds = "warn" })
+    warn:forward(R.input(b, "device"))
+    warn:forward(R.input(b, "device"))
+    assert.equal(2, warn:skipped())
+  end)
+
+  cuda_it("gathers rows like the CPU", function()
+    local src = ur.tensor({ 1000, 128 }):uniform(-1, 1, 4)
+    local ids = R.tensor({ 5, 999, 0, 5, 17, 400, 3 }, "i64")
+    local out = ur.tensor({ 7, 128 })
+    assert(ur.C.ur_tensor_gather_rows(nil, src.p, ids.p, out.p) == 0)
+    local dsrc, dids = assert(src:to("device")), assert(ids:to("device"))
+    local dout = ur.tensor({ 7, 128 }, { placement = "device" })
+    assert(ur.C.ur_tensor_gather_rows(nil, dsrc.p, dids.p, dout.p) == 0)
+    assert.same(out:totable(), dout:totable())
+  end)
+end)
