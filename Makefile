@@ -91,8 +91,7 @@ $(BUILD)/cuobj/%.o: %.cu engine/include/uvmrec.h $(wildcard engine/src/*.h kerne
 # The CUDA runtime is linked statically, so the library needs only the driver on a GPU host.
 $(BUILD)/lib/libuvmrec_cuda.so: $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
-	$(NVCC) -shared --cudart static $(CUDA_ARCH) -o $@ $^ -ldl -lpthread \
-	  -lcublasLt -lcublas -Xlinker -rpath=$(abspath $(dir $(NVCC))../lib64)
+	$(NVCC) -shared --cudart static $(CUDA_ARCH) -o $@ $^ -ldl -lpthread
 
 # Host programs on the C API alone, linked statically to the engine so they run on a GPU host.
 examples: $(BUILD)/bin/uvm_migration
@@ -219,6 +218,7 @@ test-gpu: all
 bench: all
 	@mkdir -p $(BUILD)/bench
 	@$(RUN_ENV) $(LUAJIT) scripts/bench/tbe.lua --cpu --out $(BUILD)/bench/tbe_cpu.jsonl
+	@$(RUN_ENV) $(LUAJIT) scripts/bench/mlp.lua --cpu --out $(BUILD)/bench/mlp_cpu.jsonl
 
 bench-gpu: all
 	@mkdir -p $(BUILD)/bench
@@ -226,6 +226,10 @@ bench-gpu: all
 	  echo "bench-gpu: the PyTorch comparison failed; the ratios are left out"
 	@$(RUN_ENV) $(LUAJIT) scripts/bench/tbe.lua --gpu --torch $(BUILD)/bench/torch_embeddingbag.jsonl \
 	  --out $(BUILD)/bench/tbe_gpu.jsonl
+	@python3 scripts/bench/torch_mlp.py --out $(BUILD)/bench/torch_mlp.jsonl || \
+	  echo "bench-gpu: the PyTorch MLP comparison failed; its ratios are left out"
+	@$(RUN_ENV) $(LUAJIT) scripts/bench/mlp.lua --gpu --torch $(BUILD)/bench/torch_mlp.jsonl \
+	  --out $(BUILD)/bench/mlp_gpu.jsonl
 
 lint: $(DEPS_STAMP)
 	luacheck -q lua spec scripts $(wildcard models)

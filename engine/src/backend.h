@@ -17,6 +17,10 @@ typedef struct ur_core_api {
   int (*interrupted)(void);
 } ur_core_api;
 
+struct ur_backend;
+/* Fills the dense entries of the CUDA backend's table (engine/src/cuda/dense.cu). */
+void ur__cuda_dense_install(struct ur_backend *b, const ur_core_api *core);
+
 struct ur__tbe_args;  /* engine/src/tbe_plan.h */
 struct ur__tbe_hyper;
 struct ur_backend;

@@ -341,8 +341,9 @@ ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *
   if (act != UR_ACT_NONE && act != UR_ACT_RELU)
     return ur__error(UR_STATUS_INVALID, "%s: activation %d is not none (0) or relu (1)", op,
                      (int)act);
-  if (act == UR_ACT_RELU && ((st = ur__dense_check(op, "y (relu needs it)", y, 1, rows, out)) ||
-                             (st = ur__dense_check(op, "work (relu needs it)", work, 1, rows, out))))
+  if (act == UR_ACT_RELU &&
+      ((st = ur__dense_check(op, "y (relu needs it)", y, 1, rows, out)) ||
+       (st = ur__dense_check(op, "work (relu needs it)", work, 1, rows, out))))
     return st;
   if ((gx && (st = ur__dense_check(op, "gx", gx, 1, rows, in))) ||
       (gw && (st = ur__dense_check(op, "gw", gw, 0, out, in))) ||

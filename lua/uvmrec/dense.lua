@@ -76,27 +76,30 @@ function M.cross_backward(x0, z, gy, gz, gx0, gxl, flags, stream)
   run(C.ur_cross_backward(S(stream), P(x0), P(z), P(gy), P(gz), P(gx0), P(gxl), flags or 0))
 end
 
-local parts_buf, parts_cap = nil, 0
+-- The FFI does not add const below the first level by itself: the casts are made once.
+local parts_buf, parts_in, parts_out, parts_cap = nil, nil, nil, 0
 local function parts_of(parts)
   local n = #parts
   if n > parts_cap then
     parts_cap = math.max(n, 2 * parts_cap, 16)
     parts_buf = ffi.new("ur_tensor *[?]", parts_cap)
+    parts_in = ffi.cast("const ur_tensor *const *", parts_buf)
+    parts_out = ffi.cast("ur_tensor *const *", parts_buf)
   end
   for i = 1, n do parts_buf[i - 1] = P(parts[i]) end
-  return parts_buf, n
+  return n
 end
 
 -- out = the parts (a list of [rows, w_i] tensors) side by side; split undoes it.
 function M.concat(parts, out, stream)
-  local buf, n = parts_of(parts)
-  run(C.ur_features_concat(S(stream), buf, n, P(out)))
+  local n = parts_of(parts)
+  run(C.ur_features_concat(S(stream), parts_in, n, P(out)))
   return out
 end
 
 function M.split(input, parts, stream)
-  local buf, n = parts_of(parts)
-  run(C.ur_features_split(S(stream), P(input), buf, n))
+  local n = parts_of(parts)
+  run(C.ur_features_split(S(stream), P(input), parts_out, n))
   return parts
 end
 

@@ -105,8 +105,8 @@ if not model then die(merr) end
 local opt = train.optimizer(cfg, model)
 local st = model:stats()
 local where = gpu and ("cuda:0 " .. ur.device_props(0).name) or "the CPU"
-print(("dlrm bench: %s on %s, batch %d, %s MLPs, %d tables x %d (%.1f M rows, %.2f GiB)"):format(
-  cfg.name, where, B, cfg.model.precision, st.tables, st.dim, st.rows / 1e6, st.table_bytes / 2 ^ 30))
+print(("dlrm bench: %s on %s, batch %d, %s MLPs, %d tables x %d (%s rows, %s)"):format(cfg.name, where, B,
+  cfg.model.precision, st.tables, st.dim, train.progress.count(st.rows), train.progress.bytes(st.table_bytes)))
 if gpu then
   print(("check: dlrm_tiny, 5 steps on the GPU against the CPU: losses agree within %.2g (f32), %.2g (bf16)")
     :format(check.f32, check.bf16))

@@ -20,7 +20,9 @@ describe("uvmrec.train.progress", function()
   it("formats durations, counts and sizes", function()
     assert.same({ "0:07", "1:05", "2:00:01", "?" },
                 { progress.duration(7.2), progress.duration(65), progress.duration(7201), progress.duration(1 / 0) })
-    assert.same({ "950", "18.2k", "1.35M" }, { progress.count(950), progress.count(18234), progress.count(1.35e6) })
+    assert.same({ "950", "18.2k", "1.35M", "1k", "7.86G" },
+                { progress.count(950), progress.count(18234), progress.count(1.35e6), progress.count(999.7),
+                  progress.count(7.86e9) })
     assert.same({ "160 B", "1.7 MiB", "6.25 GiB" },
                 { progress.bytes(160), progress.bytes(1.7 * 2 ^ 20), progress.bytes(6.25 * 2 ^ 30) })
   end)
@@ -33,7 +35,7 @@ describe("uvmrec.train.progress", function()
     p:update(20, 0.5, 20480)
     p:finish()
     local text = out:all()
-    assert.matches("^\r\27%[Kstep 10/100 %[#+%.+%]  10%% [%d.kM]+ samples/s | loss 0%.6900 | ETA %d+:%d%d", text)
+    assert.matches("^\r\27%[Kstep 10/100 %[#+%.+%]  10%% [%d.]+[kMG]? samples/s | loss 0%.6900 | ETA %d+:%d%d", text)
     assert.matches("\r\27%[Keval at step 10: AUC 0%.7\n\r\27%[Kstep 10/100 ", text)
     -- the loss shown is smoothed: 0.7 * 0.69 + 0.3 * 0.5
     assert.matches("\r\27%[Kstep 20/100 %[#+%.+%]  20%% [^\n]* loss 0%.6330 [^\n]*\n$", text)
@@ -49,7 +51,7 @@ describe("uvmrec.train.progress", function()
     local lines = {}
     for l in text:gmatch("[^\n]+") do lines[#lines + 1] = l end
     assert.equal(4, #lines)
-    assert.matches("^step 10/30  [%d.kM]+ samples/s  loss 0%.5000  ETA %d+:%d%d$", lines[1])
+    assert.matches("^step 10/30  [%d.]+[kMG]? samples/s  loss 0%.5000  ETA %d+:%d%d$", lines[1])
     assert.matches("^step 30/30 ", lines[3])
     assert.equal("eval", lines[4])
     assert.is_nil(text:find("[\r\27]"))
@@ -69,11 +71,11 @@ describe("uvmrec.train.progress", function()
       assert.matches("^uvmrec train: dlrm_tiny on the CPU\nmodel: DLRM: 13 dense %-> bottom 64%-16;", out)
       assert.matches("\ndata: synthetic:tiny: 10240 samples an epoch; evaluation on the 4096 samples after them\n", out)
       for _, s in ipairs { 10, 20, 30, 40 } do
-        assert.matches("\nstep " .. s .. "/40  [%d.kM]+ samples/s  loss %d%.%d%d%d%d  ETA %d+:%d%d\n", out)
+        assert.matches("\nstep " .. s .. "/40  [%d.]+[kMG]? samples/s  loss %d%.%d%d%d%d  ETA %d+:%d%d\n", out)
       end
       assert.matches("\neval at step 20: AUC %d%.%d+  NE %d%.%d+  logloss %d%.%d+  accuracy %d%.%d+  "
                      .. "calibration %d%.%d+  CTR %d%.%d+  %(4096 samples, [%d.]+ s%)\n", out)
-      assert.matches("\ntrained 40 steps, 10240 samples in [%d.]+ s: [%d.kM]+ samples/s\n", out)
+      assert.matches("\ntrained 40 steps, 10240 samples in [%d.]+ s: [%d.]+[kMG]? samples/s\n", out)
       assert.matches("\nfinal AUC %d%.%d+ %(the synthetic data's hidden%-model ceiling: 0%.8%d+%)\n", out)
     end)
 
@@ -85,7 +87,7 @@ describe("uvmrec.train.progress", function()
       local raw = cmd.slurp(s.dir .. "/out")
       s:remove()
       assert.equal(0, code, screen)
-      assert.matches("\r\27%[Kstep 40/40 %[#+%] 100%% [%d.kM]+ samples/s | loss %d%.%d+ | ETA 0:00", raw)
+      assert.matches("\r\27%[Kstep 40/40 %[#+%] 100%% [%d.]+[kMG]? samples/s | loss %d%.%d+ | ETA 0:00", raw)
       assert.matches("\r\27%[Kstep 20/40 %[#+%.+%]  50%%", raw)
       -- the evaluation gets a line of its own, the bar is drawn again under it
       assert.matches("\r\27%[Keval at step 20: AUC [^\r\n]+\r?\n\r\27%[Kstep 20/40 ", raw)

@@ -19,6 +19,7 @@ function BCE:__init(opts)
 end
 
 function BCE:updateOutput(input, target, weights)
+  self:follow(input)
   self.output = self:buffer("loss", "f32", 1, 1)
   dense.bce_forward(input, target, weights, self.output, self.reduction, self.stream)
   return self.output

@@ -13,7 +13,6 @@ function Interaction:__init(opts)
   Module.__init(self)
   opts = opts or {}
   self.self_interaction = opts.self_interaction and true or false
-  self.gradInput = {}
 end
 
 local function parts(input)
@@ -25,6 +24,7 @@ end
 
 function Interaction:updateOutput(input)
   local d, e = parts(input)
+  self:follow(d)
   local rows, width = Module.rows_cols(d)
   local _, ecols = Module.rows_cols(e)
   local T = math.floor(ecols / math.max(width, 1))
@@ -41,6 +41,7 @@ function Interaction:updateGradInput(input, gradOutput)
   local gd = self:buffer("gdense", Module.dtype_of(d), rows, width)
   local ge = self:buffer("gemb", Module.dtype_of(e), rows, ecols)
   dense.interaction_backward(d, e, gradOutput, gd, ge, self.self_interaction, self.stream)
+  self.gradInput = self.gradInput or {}
   self.gradInput[1], self.gradInput[2] = gd, ge
   return self.gradInput
 end

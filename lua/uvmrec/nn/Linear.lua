@@ -37,8 +37,12 @@ function Linear:flags()
 end
 
 function Linear:updateOutput(input)
+  local rows, cols = Module.rows_cols(input)
+  if cols ~= self.in_features then
+    error(("Linear(%d -> %d): input is [%d, %d]; expected [rows, %d]"):format(
+      self.in_features, self.out_features, rows, cols, self.in_features), 3)
+  end
   local x = self:as_act(input, "input")
-  local rows = Module.rows_cols(x)
   self._x = x
   self.output = self:buffer("output", self:act_dtype(), rows, self.out_features)
   dense.linear_forward(x, self:param("weight"), self:param("bias"), self.output, self.act,

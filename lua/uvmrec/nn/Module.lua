@@ -98,6 +98,19 @@ function Module:as_act(input, key)
   return require("uvmrec.dense").cast(input, self:buffer(key, dt, rows, cols), self.stream)
 end
 
+local PLACE_NAMES = { [0] = "host", "pinned", "device", "managed" }
+-- A module without parameters works where its input is: used on its own it follows the input's
+-- placement, with a fresh arena there (in a model, to() has placed it already).
+function Module:follow(input)
+  if #self._params > 0 then return end
+  local p = input.p
+  local place = PLACE_NAMES[tonumber(lib.C.ur_tensor_place(p))]
+  if place ~= self.placement then
+    self.placement, self.device = place, tonumber(lib.C.ur_tensor_device(p))
+    self._arena, self._bufs = nil, {}
+  end
+end
+
 -- Every module of the tree runs its work on `stream` (nil: the default stream).
 function Module:set_stream(stream)
   return self:apply(function(m) m.stream = stream end)

@@ -15,6 +15,7 @@ function ReLU:updateOutput(input)
     self.output = input
     return input
   end
+  self:follow(input)
   local rows, cols = Module.rows_cols(input)
   self.output = self:buffer("output", Module.dtype_of(input), rows, cols)
   dense.act_forward(input, self.output, "relu", self.stream)

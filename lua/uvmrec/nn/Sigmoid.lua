@@ -5,6 +5,7 @@ local dense = require "uvmrec.dense"
 local Sigmoid = Module:extend("Sigmoid")
 
 function Sigmoid:updateOutput(input)
+  self:follow(input)
   local rows, cols = Module.rows_cols(input)
   self.output = self:buffer("output", Module.dtype_of(input), rows, cols)
   dense.act_forward(input, self.output, "sigmoid", self.stream)

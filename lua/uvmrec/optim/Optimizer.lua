@@ -40,7 +40,8 @@ function Optimizer.new(kind, params, opts, level)
     error(NAMES[kind] .. ": expected the list from model:parameters(), got " .. tostring(params), level)
   end
   local self = setmetatable({ kind = kind, params = {}, state1 = {}, state2 = {}, step_count = 0 }, Optimizer)
-  self.lr = number(opts, "lr", kind == "sgd" and nil or (kind == "adagrad" and 0.01 or 0.001), level)
+  local default_lr = ({ adagrad = 0.01, adam = 0.001, adamw = 0.001 })[kind]
+  self.lr = number(opts, "lr", default_lr, level)
   if not self.lr then error("SGD: lr is required", level) end
   if opts.schedule ~= nil and type(opts.schedule) ~= "function" then
     error(NAMES[kind] .. ": schedule must be a function of the step, got " .. tostring(opts.schedule), level)

@@ -35,10 +35,12 @@ function M.duration(s)
   return ("%d:%02d"):format(m, s % 60)
 end
 
--- 18.2k, 1.35M.
+-- 18.2k, 1.35M: three digits (999.7 rounds to 1k, not to 1e+03).
+local UNITS = { { 1e9, "G" }, { 1e6, "M" }, { 1e3, "k" } }
 function M.count(n)
-  if n >= 1e6 then return ("%.3gM"):format(n / 1e6) end
-  if n >= 1e3 then return ("%.3gk"):format(n / 1e3) end
+  for _, u in ipairs(UNITS) do
+    if n >= u[1] * 0.9995 then return ("%.3g%s"):format(n / u[1], u[2]) end
+  end
   return ("%.3g"):format(n)
 end
 

@@ -1,0 +1,84 @@
+/* optim.cu: the dense optimizers as one launch over up to UR__CUDA_OPTIM_MAX tensors (the
+ * pointers travel in the kernel's parameters, read in place as __grid_constant__).  Block b
+ * finds its tensor among the tensors' first blocks and updates one chunk of it, with the CPU's
+ * formulas in f32. */
+#include "dense_kernels.h"
+#include "dense_util.cuh"
+
+#define UR_OPTIM_CHUNK 4096
+#define UR_OPTIM_THREADS 256
+
+struct ur_optim_pack {
+  float *p[UR__CUDA_OPTIM_MAX], *g[UR__CUDA_OPTIM_MAX];
+  float *s1[UR__CUDA_OPTIM_MAX], *s2[UR__CUDA_OPTIM_MAX];
+  ur_bf16 *h[UR__CUDA_OPTIM_MAX];
+  int64_t n[UR__CUDA_OPTIM_MAX];
+  int64_t first[UR__CUDA_OPTIM_MAX + 1]; /* first block of each tensor; first[count] = all */
+  int count;
+};
+
+__global__ void __launch_bounds__(UR_OPTIM_THREADS)
+ur_optim_kernel(const __grid_constant__ ur__cuda_optim_consts k,
+                const __grid_constant__ ur_optim_pack pk) {
+  int64_t b = blockIdx.x;
+  int t = 0;
+  while (t + 1 < pk.count && pk.first[t + 1] <= b) t++;
+  int64_t i0 = (b - pk.first[t]) * UR_OPTIM_CHUNK;
+  int64_t i1 = i0 + UR_OPTIM_CHUNK < pk.n[t] ? i0 + UR_OPTIM_CHUNK : pk.n[t];
+  float *P = pk.p[t], *Gr = pk.g[t], *S1 = pk.s1[t], *S2 = pk.s2[t];
+  ur_bf16 *H = pk.h[t];
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+    float p = P[i], g = Gr[i];
+    if (k.kind == UR_OPTIM_KIND_SGD) {
+      g += k.wd * p;
+      if (k.mom != 0.0f) {
+        float m = k.first ? g : k.mom * S1[i] + g;
+        S1[i] = m;
+        g = k.nesterov ? g + k.mom * m : m;
+      }
+      p -= k.lr * g;
+    } else if (k.kind == UR_OPTIM_KIND_ADAGRAD) {
+      g += k.wd * p;
+      float s = S1[i] + g * g;
+      S1[i] = s;
+      p -= k.lr * g / (sqrtf(s) + k.eps);
+    } else {
+      if (k.kind == UR_OPTIM_KIND_ADAMW) p *= k.decay;
+      else g += k.wd * p;
+      float m = k.b1 * S1[i] + (1.0f - k.b1) * g;
+      float v = k.b2 * S2[i] + (1.0f - k.b2) * g * g;
+      S1[i] = m;
+      S2[i] = v;
+      p -= k.step_size * m / (sqrtf(v) / k.bc2_sqrt + k.eps);
+    }
+    P[i] = p;
+    if (H) H[i] = __float2bfloat16_rn(p);
+    if (k.zero) Gr[i] = 0.0f;
+  }
+}
+
+cudaError_t ur__cuda_optim_step(cudaStream_t stream, const ur__cuda_optim_consts *k, int n,
+                                float *const *params, float *const *grads, float *const *s1,
+                                float *const *s2, void *const *halves, const int64_t *numel,
+                                int sms) {
+  (void)sms;
+  if (n < 1 || n > UR__CUDA_OPTIM_MAX) return cudaErrorInvalidValue;
+  ur_optim_pack pk;
+  int64_t blocks = 0;
+  for (int t = 0; t < n; t++) {
+    pk.p[t] = params[t];
+    pk.g[t] = grads[t];
+    pk.s1[t] = s1[t];
+    pk.s2[t] = s2[t];
+    pk.h[t] = (ur_bf16 *)halves[t];
+    pk.n[t] = numel[t];
+    pk.first[t] = blocks;
+    blocks += (numel[t] + UR_OPTIM_CHUNK - 1) / UR_OPTIM_CHUNK;
+  }
+  pk.first[n] = blocks;
+  pk.count = n;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  ur_optim_kernel<<<(unsigned)blocks, UR_OPTIM_THREADS, 0, stream>>>(*k, pk);
+  return cudaGetLastError();
+}

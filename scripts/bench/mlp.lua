@@ -1,0 +1,213 @@
+-- MLP benchmark: the MLPerf v1 DLRM's MLP stack (bottom 13-512-256-128, top 479-1024-1024-512-
+-- 256-1, ReLU after every layer but the last), forward + backward, as a training step runs it:
+-- no input gradient for the bottom MLP (its input is data), one for the top MLP (it feeds the
+-- interaction's backward).
+--
+--   luajit scripts/bench/mlp.lua --gpu [--batch N] [--out FILE] [--torch FILE]   (make bench-gpu)
+--   luajit scripts/bench/mlp.lua --cpu [--batch N] [--out FILE]                  (make bench)
+--
+-- First a check: the same stack with the same weights on a small batch on the CPU backend (the
+-- reference) and here, in each precision; a wrong answer stops the benchmark.  Then, per
+-- precision (f32, TF32, bf16 with f32 master weights), the median of timed steps after a
+-- warm-up, with CUDA events.  TFLOP/s count 2 * rows * in * out per product: forward, weight
+-- gradient, and input gradient where one is computed; the ceiling is BENCH.md's measured bf16
+-- 790 TFLOP/s.  --torch reads scripts/bench/torch_mlp.py's JSON lines for the ratio.
+local ur = require "uvmrec"
+local nn = ur.nn
+
+local args = {}
+do
+  local i = 1
+  while i <= #arg do
+    local a = arg[i]
+    if a == "--gpu" or a == "--cpu" then args.mode = a:sub(3)
+    elseif a == "--batch" or a == "--out" or a == "--torch" or a == "--runs" then
+      args[a:sub(3)] = arg[i + 1]
+      i = i + 1
+    else
+      error("mlp bench: unknown argument " .. a .. " (expected --gpu|--cpu [--batch N] [--out FILE] [--torch FILE])", 0)
+    end
+    i = i + 1
+  end
+  args.mode = args.mode or (ur.gpu() and "gpu" or "cpu")
+end
+if args.mode == "gpu" and not ur.gpu() then
+  io.stderr:write("mlp bench: --gpu asked but no GPU is in use: ", ur.cuda_error(), "\n")
+  os.exit(1)
+end
+
+local GPU = args.mode == "gpu"
+local BATCH = tonumber(args.batch) or (GPU and 65536 or 2048)
+local RUNS = tonumber(args.runs) or (GPU and 30 or 3)
+local WARM = GPU and 5 or 1
+local CEILING = 790 -- TFLOP/s, bf16 matrix products on one H200 (BENCH.md)
+local BOTTOM = { 13, 512, 256, 128 }
+local TOP = { 479, 1024, 1024, 512, 256, 1 }
+local PLACE = GPU and "device" or "host"
+
+local function stack(place, precision)
+  nn.Module.manual_seed(2024)
+  local bottom = nn.MLP(BOTTOM, { input_grad = false })
+  local top = nn.MLP(TOP, { last = "none" })
+  for _, m in ipairs { bottom, top } do
+    assert(m:to(place))
+    assert(m:set_precision(precision))
+  end
+  return bottom, top
+end
+
+-- A batch as a training step sees it: dense features in f32 (from the loader), the top MLP's
+-- input and the gradients arriving from above in the precision's activation dtype.
+local function data(rows, place, act, seed)
+  local function t(shape, dtype, s)
+    local h = ur.tensor(shape, { dtype = dtype }):uniform(-1, 1, seed + s)
+    return place == "host" and h or assert(h:to(place))
+  end
+  return { xb = t({ rows, BOTTOM[1] }, "f32", 1), xt = t({ rows, TOP[1] }, act, 2),
+           gb = t({ rows, BOTTOM[#BOTTOM] }, act, 3), gt = t({ rows, 1 }, act, 4) }
+end
+
+local function step(bottom, top, d)
+  bottom:forward(d.xb)
+  top:forward(d.xt)
+  top:backward(d.xt, d.gt)
+  bottom:backward(d.xb, d.gb)
+end
+
+-- Outputs are compared element by element (|a - b| / max(1, |b|)).  Gradients are compared
+-- as whole tensors (||a - b|| / ||b||): where a pre-activation lies within rounding of zero,
+-- the two backends' ReLU masks may differ and that one element by a whole gradient value.
+local function maxrel(a, b)
+  local m = 0
+  for i = 1, #a do
+    local r = math.abs(a[i] - b[i]) / math.max(1, math.abs(b[i]))
+    if r ~= r then return math.huge end
+    if r > m then m = r end
+  end
+  return m
+end
+
+local function normrel(a, b)
+  local d, n = 0, 0
+  for i = 1, #a do
+    d = d + (a[i] - b[i]) ^ 2
+    n = n + b[i] ^ 2
+  end
+  if d ~= d then return math.huge end
+  return math.sqrt(d) / math.max(math.sqrt(n), 1e-30)
+end
+
+-- The check: outputs, the top MLP's input gradient and every weight gradient, here against
+-- the CPU backend, on 512 rows.
+local function check(precision)
+  local act = precision == "bf16" and "bf16" or "f32"
+  local results, names = {}, nil
+  for _, place in ipairs { "host", PLACE } do
+    local bottom, top = stack(place, precision)
+    local d = data(512, place, act, 7)
+    step(bottom, top, d)
+    local vals = { bottom.output:totable(), top.output:totable(), top.gradInput:totable() }
+    names = { "bottom output", "top output", "top input gradient" }
+    for k, m in ipairs { bottom, top } do
+      for _, p in ipairs(m:parameters()) do
+        vals[#vals + 1] = p.grad:totable()
+        names[#names + 1] = (k == 1 and "bottom " or "top ") .. p.name .. " gradient"
+      end
+    end
+    results[#results + 1] = vals
+    if not GPU then break end
+  end
+  if not GPU then return 0 end
+  -- Outputs: f32 sums in another order; TF32 and bf16 round their inputs.  Gradients: ReLU
+  -- mask elements may differ (see normrel): a handful in f32, hundreds where a bf16 rounding
+  -- step (or TF32, which the CPU computes as f32) moves the pre-activations near zero.  The
+  -- exact per-op parity is the #cuda specs'; this guards against a grossly wrong step.
+  local tol_out = ({ f32 = 1e-4, tf32 = 2e-2, bf16 = 5e-2 })[precision]
+  local tol_grad = ({ f32 = 2e-2, tf32 = 1.5e-1, bf16 = 2.5e-1 })[precision]
+  local worst, where = 0, nil
+  for i = 1, #results[1] do
+    local d = (i <= 2 and maxrel or normrel)(results[2][i], results[1][i]) / (i <= 2 and tol_out or tol_grad)
+    if d > worst then worst, where = d, names[i] end
+  end
+  if worst > 1 then
+    io.stderr:write(("mlp bench: %s %s differs from the CPU backend's by %.3g of its tolerance\n")
+      :format(precision, where, worst))
+    for i = 1, #results[1] do
+      io.stderr:write(("  %-28s max %.3g  norm %.3g\n"):format(names[i], maxrel(results[2][i], results[1][i]),
+        normrel(results[2][i], results[1][i])))
+    end
+    if os.getenv("UR_MLP_CHECK") ~= "warn" then os.exit(1) end
+  end
+  return worst
+end
+
+local function flops(rows)
+  local f = 0
+  for _, sizes in ipairs { BOTTOM, TOP } do
+    for l = 1, #sizes - 1 do
+      local mm = 2 * rows * sizes[l] * sizes[l + 1]
+      local input_grad = not (sizes == BOTTOM and l == 1)
+      f = f + mm * (input_grad and 3 or 2)
+    end
+  end
+  return f
+end
+
+local function median(xs)
+  table.sort(xs)
+  local n = #xs
+  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
+end
+
+local function time(precision)
+  local bottom, top = stack(PLACE, precision)
+  local d = data(BATCH, PLACE, precision == "bf16" and "bf16" or "f32", 11)
+  for _ = 1, WARM do step(bottom, top, d) end
+  ur.sync()
+  local ms = {}
+  local e0, e1 = assert(ur.event()), assert(ur.event())
+  for i = 1, RUNS do -- on the CPU backend, events keep wall-clock times
+    e0:record()
+    step(bottom, top, d)
+    e1:record()
+    e1:sync()
+    ms[i] = assert(e0:elapsed(e1))
+  end
+  return median(ms)
+end
+
+local function read_torch(path)
+  local out = {}
+  local f = path and io.open(path)
+  if not f then return out end
+  for line in f:lines() do
+    local p, ms = line:match('"precision": *"(%w+)".-"ms": *([%d.eE+-]+)')
+    if p then out[p] = tonumber(ms) end
+  end
+  f:close()
+  return out
+end
+
+local precisions = GPU and { "f32", "tf32", "bf16" } or { "f32", "bf16" }
+local torch = read_torch(args.torch)
+local out = args.out and assert(io.open(args.out, "w"))
+local f = flops(BATCH)
+print(("MLP stack %s + %s, batch %d, forward + backward, %s (%s)"):format(
+  table.concat(BOTTOM, "-"), table.concat(TOP, "-"), BATCH, GPU and "GPU" or "CPU",
+  GPU and assert(ur.device_props(0)).name or "OpenBLAS"))
+print(("%.1f GFLOP per step"):format(f / 1e9))
+print(("%-6s %12s %10s %10s %12s %10s"):format("math", "check/tol", "ms", "TFLOP/s", "of bf16 peak", "vs torch"))
+for _, p in ipairs(precisions) do
+  local worst = check(p)
+  local ms = time(p)
+  local tf = f / (ms * 1e-3) / 1e12
+  local ratio = torch[p] and torch[p] / ms or nil
+  print(("%-6s %12s %10.3f %10.3f %11.2f%% %10s"):format(p, GPU and ("%.1e"):format(worst) or "-", ms, tf,
+    100 * tf / CEILING, ratio and ("%.2fx"):format(ratio) or "-"))
+  if out then
+    out:write(('{"bench": "mlp", "mode": "%s", "precision": "%s", "batch": %d, "ms": %.4f, "tflops": %.2f, '
+      .. '"ceiling_tflops": %d, "check_max_rel": %.3g, "torch_ms": %s}\n'):format(
+      args.mode, p, BATCH, ms, tf, CEILING, worst, torch[p] and ("%.4f"):format(torch[p]) or "null"))
+  end
+end
+if out then out:close() end

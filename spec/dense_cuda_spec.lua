@@ -1,0 +1,309 @@
+-- The dense ops and modules on CUDA against the CPU backend (the reference), in f32, TF32 and
+-- bf16, in device and managed memory.  Every test is #cuda: pending without a GPU.
+-- Tolerances are relative to max(1, |cpu value|): f32 products 1e-4 (sums of up to a thousand
+-- terms in another order), elementwise f32 1e-6, bf16 outputs 1e-2 (one rounding apart), TF32
+-- products 2e-2 (10-bit mantissas).
+local ur = require "uvmrec"
+local h = require "helpers"
+local R = require "dense_ref"
+local dense = ur.dense
+local cuda_it = h.cuda_it
+
+local function dev(t, place) return assert(t:to(place or "device")) end
+
+local function same(gpu, cpu, tol, what) R.close(gpu:totable(), cpu:totable(), tol, what) end
+
+-- Zeros of shape and dtype on the host and on the device.
+local function both(shape, dtype)
+  return R.zeros(shape, { dtype = dtype }), R.zeros(shape, { dtype = dtype, placement = "device" })
+end
+
+describe("uvmrec.dense on CUDA", function()
+  local shapes = { { 1, 1, 1 }, { 37, 13, 512 }, { 300, 479, 1024 }, { 129, 1024, 1 }, { 64, 3, 5 } }
+
+  cuda_it("runs linear forward like the CPU, f32, TF32 and bf16, with and without bias and relu", function()
+    for i, s in ipairs(shapes) do
+      local rows, n, out = s[1], s[2], s[3]
+      for _, dt in ipairs { "f32", "bf16" } do
+        local x = R.rand({ rows, n }, 10 * i + 1, { dtype = dt })
+        local w = R.rand({ out, n }, 10 * i + 2, { dtype = dt })
+        local b = R.rand({ out }, 10 * i + 3, { dtype = dt })
+        for _, act in ipairs { "none", "relu" } do
+          for _, bias in ipairs { b, false } do
+            local flags_list = dt == "f32" and { 0, dense.TF32 } or { 0 }
+            for _, flags in ipairs(flags_list) do
+              local yc, yg = both({ rows, out }, dt)
+              dense.linear_forward(x, w, bias or nil, yc, act, flags)
+              dense.linear_forward(dev(x), dev(w), bias and dev(b) or nil, yg, act, flags)
+              local tol = dt == "bf16" and 1e-2 or (flags ~= 0 and 2e-2 or 1e-4)
+              same(yg, yc, tol, ("%s %dx%dx%d %s bias %s flags %d"):format(
+                dt, rows, n, out, act, tostring(bias and true), flags))
+            end
+          end
+        end
+      end
+    end
+  end)
+
+  cuda_it("runs linear backward like the CPU: masked gradient, gx (also accumulated), gw, gb", function()
+    for i, s in ipairs(shapes) do
+      local rows, n, out = s[1], s[2], s[3]
+      for _, dt in ipairs { "f32", "bf16" } do
+        for _, act in ipairs { "none", "relu" } do
+          local x = R.rand({ rows, n }, 100 * i + 1, { dtype = dt })
+          local w = R.rand({ out, n }, 100 * i + 2, { dtype = dt })
+          local b = R.rand({ out }, 100 * i + 3, { dtype = dt })
+          local y = R.zeros({ rows, out }, { dtype = dt })
+          dense.linear_forward(x, w, b, y, act)
+          local gy = R.rand({ rows, out }, 100 * i + 4, { dtype = dt })
+          local gx0 = R.rand({ rows, n }, 100 * i + 5, { dtype = dt })
+          local gw0 = R.rand({ out, n }, 100 * i + 6)
+          local gb0 = R.rand({ out }, 100 * i + 7)
+          local c = { gx = R.zeros({ rows, n }, { dtype = dt }):copy(gx0), gw = R.zeros({ out, n }):copy(gw0),
+                      gb = R.zeros({ out }):copy(gb0), work = R.zeros({ rows, out }, { dtype = dt }) }
+          local g = { gx = dev(gx0), gw = dev(gw0), gb = dev(gb0), work = select(2, both({ rows, out }, dt)) }
+          dense.linear_backward(x, w, y, gy, c.gx, c.gw, c.gb, c.work, act, dense.ACCUMULATE)
+          dense.linear_backward(dev(x), dev(w), dev(y), dev(gy), g.gx, g.gw, g.gb, g.work, act, dense.ACCUMULATE)
+          local what = ("%s %dx%dx%d %s"):format(dt, rows, n, out, act)
+          same(g.gx, c.gx, dt == "bf16" and 1e-2 or 1e-4, what .. " gx")
+          same(g.gw, c.gw, 1e-4, what .. " gw")
+          same(g.gb, c.gb, 1e-4, what .. " gb")
+          if act == "relu" then assert.same(c.work:totable(), g.work:totable(), what .. " work") end
+        end
+      end
+    end
+  end)
+
+  cuda_it("sums the bias gradient in the same order every time", function()
+    local gy = R.rand({ 5000, 77 }, 7, { placement = "device" })
+    local x = R.rand({ 5000, 3 }, 8, { placement = "device" })
+    local w = R.rand({ 77, 3 }, 9, { placement = "device" })
+    local a, b = R.zeros({ 77 }, { placement = "device" }), R.zeros({ 77 }, { placement = "device" })
+    dense.linear_backward(x, w, nil, gy, nil, nil, a, nil, "none")
+    dense.linear_backward(x, w, nil, gy, nil, nil, b, nil, "none")
+    assert.same(a:totable(), b:totable())
+  end)
+
+  cuda_it("accepts managed memory wherever device memory goes, and refuses a mix with host memory", function()
+    local x, w = R.rand({ 33, 17 }, 1), R.rand({ 9, 17 }, 2)
+    local yc = R.zeros({ 33, 9 })
+    dense.linear_forward(x, w, nil, yc, "relu")
+    local ym = R.zeros({ 33, 9 }, { placement = "managed" })
+    dense.linear_forward(dev(x, "managed"), dev(w), nil, ym, "relu")
+    same(ym, yc, 1e-5, "managed")
+    assert.error_matches(function() dense.linear_forward(x, dev(w), nil, yc) end,
+      "linear forward: w is device memory but x is host memory")
+  end)
+
+  cuda_it("runs activations, the cross layer, casts, concat and split like the CPU", function()
+    for _, dt in ipairs { "f32", "bf16" } do
+      local x = R.rand({ 123, 45 }, 1, { dtype = dt, lo = -6, hi = 6 })
+      local gy = R.rand({ 123, 45 }, 2, { dtype = dt })
+      for _, act in ipairs { "relu", "sigmoid" } do
+        local yc, yg = R.zeros({ 123, 45 }, { dtype = dt }), R.zeros({ 123, 45 }, { dtype = dt, placement = "device" })
+        dense.act_forward(x, yc, act)
+        dense.act_forward(dev(x), yg, act)
+        same(yg, yc, dt == "bf16" and 1e-2 or 1e-6, act)
+        local gc, gg = R.zeros({ 123, 45 }, { dtype = dt }), R.zeros({ 123, 45 }, { dtype = dt, placement = "device" })
+        dense.act_backward(yc, gy, gc, act)
+        dense.act_backward(dev(yc), dev(gy), gg, act)
+        same(gg, gc, dt == "bf16" and 1e-2 or 1e-6, act .. " gradient")
+      end
+      local x0, z, xl = x, R.rand({ 123, 45 }, 3, { dtype = dt }), R.rand({ 123, 45 }, 4, { dtype = dt })
+      local yc, yg = R.zeros({ 123, 45 }, { dtype = dt }), R.zeros({ 123, 45 }, { dtype = dt, placement = "device" })
+      dense.cross_forward(x0, z, xl, yc)
+      dense.cross_forward(dev(x0), dev(z), dev(xl), yg)
+      same(yg, yc, 1e-2, "cross")
+      for _, with_xl in ipairs { true, false } do
+        local c = { R.zeros({ 123, 45 }, { dtype = dt }), (R.rand({ 123, 45 }, 5, { dtype = dt })),
+                    R.zeros({ 123, 45 }, { dtype = dt }) }
+        local g = { dev(c[1]), dev(c[2]), dev(c[3]) }
+        dense.cross_backward(x0, z, gy, c[1], c[2], with_xl and c[3] or nil, dense.ACCUMULATE)
+        dense.cross_backward(dev(x0), dev(z), dev(gy), g[1], g[2], with_xl and g[3] or nil, dense.ACCUMULATE)
+        for k = 1, 3 do same(g[k], c[k], dt == "bf16" and 1e-2 or 1e-6, "cross gradient " .. k) end
+      end
+    end
+    local f = R.rand({ 1001 }, 6, { lo = -100, hi = 100 })
+    local hc, hg = R.zeros({ 1001 }, { dtype = "bf16" }), R.zeros({ 1001 }, { dtype = "bf16", placement = "device" })
+    dense.cast(f, hc)
+    dense.cast(dev(f), hg)
+    assert.same(hc:totable(), hg:totable())
+    local a, b = R.rand({ 50, 13 }, 7), R.rand({ 50, 128 }, 8)
+    local out = R.zeros({ 50, 141 }, { placement = "device" })
+    dense.concat({ dev(a), dev(b) }, out)
+    local oc = R.zeros({ 50, 141 })
+    dense.concat({ a, b }, oc)
+    assert.same(oc:totable(), out:totable())
+    local a2, b2 = R.zeros({ 50, 13 }, { placement = "device" }), R.zeros({ 50, 128 }, { placement = "device" })
+    dense.split(out, { a2, b2 })
+    assert.same(a:totable(), a2:totable())
+    assert.same(b:totable(), b2:totable())
+  end)
+
+  cuda_it("runs the interaction like the CPU, in every dtype mix, self-interaction too", function()
+    for _, case in ipairs { { 257, 26, 128, false }, { 33, 3, 5, true }, { 17, 60, 256, false } } do
+      local rows, T, d, self = case[1], case[2], case[3], case[4]
+      for _, dts in ipairs { { "f32", "f32", "f32" }, { "bf16", "bf16", "bf16" }, { "bf16", "f32", "f32" } } do
+        local dn = R.rand({ rows, d }, 1, { dtype = dts[1] })
+        local em = R.rand({ rows, T * d }, 2, { dtype = dts[2] })
+        local w = dense.interaction_width(T, d, self)
+        local oc, og = both({ rows, w }, dts[3])
+        dense.interaction_forward(dn, em, oc, self)
+        dense.interaction_forward(dev(dn), dev(em), og, self)
+        local tol = (dts[1] == "bf16" or dts[3] == "bf16") and 1e-2 or 1e-5
+        local what = ("%d rows, %d tables of %d, %s"):format(rows, T, d, table.concat(dts, "/"))
+        same(og, oc, tol, what)
+        local go = R.rand({ rows, w }, 3, { dtype = dts[3] })
+        local gdc, gec = R.zeros({ rows, d }, { dtype = dts[1] }), R.zeros({ rows, T * d }, { dtype = dts[2] })
+        local gdg, geg = dev(gdc), dev(gec)
+        dense.interaction_backward(dn, em, go, gdc, gec, self)
+        dense.interaction_backward(dev(dn), dev(em), dev(go), gdg, geg, self)
+        same(gdg, gdc, tol, what .. " gdense")
+        same(geg, gec, tol, what .. " gemb")
+      end
+    end
+  end)
+
+  cuda_it("computes BCE and the mean like the CPU, identically run to run, exact at +-100", function()
+    local n = 70001
+    for _, dt in ipairs { "f32", "bf16" } do
+      local x = R.rand({ n, 1 }, 1, { dtype = dt, lo = -20, hi = 20 })
+      local t = R.rand({ n }, 2, { lo = 0, hi = 1 })
+      local w = R.rand({ n }, 3, { lo = 0, hi = 2 })
+      for _, red in ipairs { "mean", "sum", "none" } do
+        local len = red == "none" and n or 1
+        local lc, lg = R.zeros({ len }), R.zeros({ len }, { placement = "device" })
+        dense.bce_forward(x, t, w, lc, red)
+        dense.bce_forward(dev(x), dev(t), dev(w), lg, red)
+        same(lg, lc, 1e-6, dt .. " " .. red)
+        local gc, gg = R.zeros({ n, 1 }, { dtype = dt }), R.zeros({ n, 1 }, { dtype = dt, placement = "device" })
+        dense.bce_backward(x, t, w, gc, red, 2)
+        dense.bce_backward(dev(x), dev(t), dev(w), gg, red, 2)
+        same(gg, gc, 1e-6, dt .. " " .. red .. " gradient")
+      end
+      local mc, mg = R.zeros({ 1 }), R.zeros({ 1 }, { placement = "device" })
+      dense.mean(x, mc)
+      dense.mean(dev(x), mg)
+      same(mg, mc, 1e-6, dt .. " mean")
+      local again = R.zeros({ 1 }, { placement = "device" })
+      dense.mean(dev(x), again)
+      assert.same(mg:totable(), again:totable())
+    end
+    local x = dev(R.tensor({ 4 }, { 100, -100, 100, -100 }))
+    local loss = R.zeros({ 4 }, { placement = "device" })
+    dense.bce_forward(x, dev(R.tensor({ 4 }, { 0, 1, 1, 0 })), nil, loss, "none")
+    local l = loss:totable()
+    assert.same({ 100, 100 }, { l[1], l[2] })
+    assert.is_true(l[3] >= 0 and l[3] < 1e-40 and l[4] >= 0 and l[4] < 1e-40)
+  end)
+
+  cuda_it("steps every optimizer like the CPU, in one launch, refreshing bf16 copies", function()
+    for _, kind in ipairs { "SGD", "Adagrad", "Adam", "AdamW" } do
+      local function make(place)
+        local ps = {}
+        for i, n in ipairs { 1, 4097, 513, 70000 } do
+          local t = R.rand({ n }, 10 * i, { placement = place })
+          ps[i] = { name = "p" .. i, tensor = t, grad = R.zeros({ n }, { placement = place }),
+                    half = R.zeros({ n }, { dtype = "bf16", placement = place }) }
+        end
+        return ps, ur.optim[kind](ps, { lr = 0.01, momentum = kind == "SGD" and 0.9 or nil, weight_decay = 0.01 })
+      end
+      local pc, oc = make("host")
+      local pg, og = make("device")
+      for step = 1, 3 do
+        for i = 1, #pc do
+          local g = R.rand(pc[i].tensor:size(), 100 * step + i)
+          pc[i].grad:copy(g)
+          pg[i].grad:copy(dev(g))
+        end
+        oc:step()
+        og:step()
+      end
+      for i = 1, #pc do
+        same(pg[i].tensor, pc[i].tensor, 1e-5, kind .. " parameter " .. i)
+        same(pg[i].half, pc[i].half, 1e-2, kind .. " bf16 copy " .. i)
+      end
+    end
+  end)
+end)
+
+describe("uvmrec.nn on CUDA", function()
+  local function model()
+    ur.nn.Module.manual_seed(11)
+    local bottom = ur.nn.MLP({ 13, 64, 16 }, { input_grad = false })
+    local width = dense.interaction_width(26, 16, false)
+    local top = ur.nn.Sequential(ur.nn.CrossNet(width, 2, { rank = 8 }),
+                                 ur.nn.MLP({ width, 32, 1 }, { last = "none" }))
+    return bottom, ur.nn.Interaction(), top
+  end
+
+  local function step(parts, x, emb, t, opt, crit)
+    local bottom, inter, top = parts[1], parts[2], parts[3]
+    local b = bottom:forward(x)
+    local z = inter:forward({ b, emb })
+    local logit = top:forward(z)
+    local loss = crit:forward(logit, t)
+    bottom:zero_grad()
+    top:zero_grad()
+    local gz = top:backward(z, crit:backward(logit, t))
+    local gi = inter:backward({ b, emb }, gz)
+    bottom:backward(x, gi[1])
+    opt:step()
+    return loss, gi[2]
+  end
+
+  for _, precision in ipairs { "f32", "bf16" } do
+    cuda_it("trains a small DLRM-shaped model like the CPU (" .. precision .. ")", function()
+      local rows = 256
+      local x, emb, t = R.rand({ rows, 13 }, 1), R.rand({ rows, 26 * 16 }, 2), R.rand({ rows }, 3, { lo = 0, hi = 1 })
+      local runs = {}
+      for _, place in ipairs { "host", "device" } do
+        local parts = { model() }
+        local params = {}
+        for _, m in ipairs(parts) do
+          assert(m:to(place))
+          assert(m:set_precision(precision))
+          for _, p in ipairs(m:parameters()) do params[#params + 1] = p end
+        end
+        local opt = ur.optim.Adam(params, { lr = 1e-3 })
+        local crit = ur.nn.BCEWithLogits()
+        local xs, es, ts = x, emb, t
+        if place == "device" then xs, es, ts = dev(x), dev(emb), dev(t) end
+        local losses, gemb = {}, nil
+        for i = 1, 3 do
+          local loss, ge = step(parts, xs, es, ts, opt, crit)
+          losses[i], gemb = loss:get(0), ge
+        end
+        runs[place] = { losses = losses, gemb = gemb:totable(), w = params[1].tensor:totable() }
+      end
+      -- Gradients pass ReLUs, whose masks the backends may set apart where a pre-activation is
+      -- within rounding of zero: in f32 a few elements, compared in norm; in bf16, where each
+      -- rounding step moves values by 2^-8, many, compared elementwise against max(1, |cpu|).
+      local close = precision == "bf16" and R.close or R.close_norm
+      local tol = precision == "bf16" and 3e-2 or 1e-3
+      R.close(runs.device.losses, runs.host.losses, precision == "bf16" and 3e-2 or 1e-5, "losses")
+      close(runs.device.gemb, runs.host.gemb, tol, "embedding gradient")
+      close(runs.device.w, runs.host.w, tol, "first weight after 3 steps")
+    end)
+  end
+
+  cuda_it("allocates nothing on the GPU in a training step once the batch size was seen", function()
+    local parts = { model() }
+    local params = {}
+    for _, m in ipairs(parts) do
+      assert(m:to("device"))
+      for _, p in ipairs(m:parameters()) do params[#params + 1] = p end
+    end
+    local opt = ur.optim.SGD(params, { lr = 0.01 })
+    local crit = ur.nn.BCEWithLogits()
+    local x = R.rand({ 512, 13 }, 1, { placement = "device" })
+    local emb = R.rand({ 512, 416 }, 2, { placement = "device" })
+    local t = R.rand({ 512 }, 3, { lo = 0, hi = 1, placement = "device" })
+    step(parts, x, emb, t, opt, crit)
+    ur.sync()
+    local before = ur.memory()
+    for _ = 1, 3 do step(parts, x, emb, t, opt, crit) end
+    ur.sync()
+    assert.same(before, ur.memory())
+  end)
+end)

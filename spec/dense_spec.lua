@@ -1,0 +1,339 @@
+-- The dense ops on the CPU backend against float64 references written in Lua (spec/support/
+-- dense_ref.lua), on random inputs; and every documented error.
+local ur = require "uvmrec"
+local R = require "dense_ref"
+local dense = ur.dense
+
+local function rows_in_out(seed)
+  -- Small odd sizes that no kernel tile divides.
+  return 5 + seed % 4, 7 + seed % 5, 3 + seed % 6
+end
+
+describe("uvmrec.dense linear", function()
+  for _, case in ipairs { { "none", true }, { "relu", true }, { "none", false }, { "relu", false } } do
+    local act, bias = case[1], case[2]
+    it(("computes act(x w^T + b) in f32 (act %s, bias %s)"):format(act, tostring(bias)), function()
+      local rows, n, out = rows_in_out(#act + (bias and 1 or 0))
+      local x, xv = R.rand({ rows, n }, 1)
+      local w, wv = R.rand({ out, n }, 2)
+      local b, bv = nil, nil
+      if bias then b, bv = R.rand({ out }, 3) end
+      local y = R.zeros({ rows, out })
+      dense.linear_forward(x, w, b, y, act)
+      R.close(y:totable(), R.linear(xv, wv, bv, rows, n, out, act), 1e-5, "y")
+    end)
+  end
+
+  it("computes in bf16 as f32 products of bf16 values, rounded once", function()
+    local rows, n, out = 9, 33, 17
+    local x, xv = R.rand({ rows, n }, 11, { dtype = "bf16" })
+    local w, wv = R.rand({ out, n }, 12, { dtype = "bf16" })
+    local b, bv = R.rand({ out }, 13, { dtype = "bf16" })
+    local y = R.zeros({ rows, out }, { dtype = "bf16" })
+    dense.linear_forward(x, w, b, y, "relu")
+    R.close(y:totable(), R.linear(xv, wv, bv, rows, n, out, "relu"), 2 ^ -8, "bf16 y")
+  end)
+
+  for _, act in ipairs { "none", "relu" } do
+    it("computes gx, gw and gb from gy (act " .. act .. "), adding into gw and gb", function()
+      local rows, n, out = 11, 6, 9
+      local x, xv = R.rand({ rows, n }, 21)
+      local w, wv = R.rand({ out, n }, 22)
+      local b = R.rand({ out }, 23)
+      local y = R.zeros({ rows, out })
+      dense.linear_forward(x, w, b, y, act)
+      local yv = y:totable()
+      local gy, gyv = R.rand({ rows, out }, 24)
+      local gx, gw, gb = R.zeros({ rows, n }), R.zeros({ out, n }), R.zeros({ out })
+      local gw0, gw0v = R.rand({ out, n }, 25)
+      gw:copy(gw0)
+      local work = R.zeros({ rows, out })
+      dense.linear_backward(x, w, y, gy, gx, gw, gb, work, act)
+      local rgx, rgw, rgb, rg = R.linear_back(xv, wv, yv, gyv, rows, n, out, act)
+      for i = 1, #rgw do rgw[i] = rgw[i] + gw0v[i] end
+      R.close(gx:totable(), rgx, 1e-5, "gx")
+      R.close(gw:totable(), rgw, 1e-5, "gw")
+      R.close(gb:totable(), rgb, 1e-5, "gb")
+      if act == "relu" then assert.same(rg, work:totable()) end
+    end)
+  end
+
+  it("adds into gx with ACCUMULATE and leaves out what is nil", function()
+    local rows, n, out = 4, 5, 3
+    local x, xv = R.rand({ rows, n }, 31)
+    local w, wv = R.rand({ out, n }, 32)
+    local gy, gyv = R.rand({ rows, out }, 33)
+    local gx, gxv = R.rand({ rows, n }, 34)
+    dense.linear_backward(x, w, nil, gy, gx, nil, nil, nil, "none", dense.ACCUMULATE)
+    local rgx = R.linear_back(xv, wv, nil, gyv, rows, n, out, "none")
+    for i = 1, #rgx do rgx[i] = rgx[i] + gxv[i] end
+    R.close(gx:totable(), rgx, 1e-5, "gx")
+  end)
+
+  it("accumulates bf16 products into f32 gradients", function()
+    local rows, n, out = 16, 12, 10
+    local x, xv = R.rand({ rows, n }, 41, { dtype = "bf16" })
+    local w, wv = R.rand({ out, n }, 42, { dtype = "bf16" })
+    local gy, gyv = R.rand({ rows, out }, 43, { dtype = "bf16" })
+    local gx = R.zeros({ rows, n }, { dtype = "bf16" })
+    local gw, gb = R.zeros({ out, n }), R.zeros({ out })
+    dense.linear_backward(x, w, nil, gy, gx, gw, gb, nil, "none")
+    local rgx, rgw, rgb = R.linear_back(xv, wv, nil, gyv, rows, n, out, "none")
+    R.close(gx:totable(), rgx, 2 ^ -8, "gx")
+    R.close(gw:totable(), rgw, 1e-5, "gw")
+    R.close(gb:totable(), rgb, 1e-5, "gb")
+  end)
+
+  it("names the tensor, its shape and what was expected when shapes or dtypes are wrong", function()
+    local x, w = R.zeros({ 4, 5 }), R.zeros({ 3, 6 })
+    local y = R.zeros({ 4, 3 })
+    assert.error_matches(function() dense.linear_forward(x, w, nil, y) end,
+      "linear forward: w is f32 %[3, 6%]; expected f32 or bf16 %[rows, 5%]")
+    assert.error_matches(function() dense.linear_forward(x, R.zeros({ 3, 5 }), R.zeros({ 4 }), y) end,
+      "linear forward: b is f32 %[4%]; expected f32 or bf16 of 3 elements")
+    assert.error_matches(function()
+      dense.linear_forward(x, R.zeros({ 3, 5 }, { dtype = "bf16" }), nil, y)
+    end, "linear forward: w is bf16 but x is f32; x, w, b and y take one dtype")
+    assert.error_matches(function() dense.linear_forward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 2 })) end,
+      "y is f32 %[4, 2%]; expected f32 or bf16 %[4, 3%]")
+    assert.error_matches(function() dense.linear_forward(x, R.zeros({ 3, 5 }), nil, y, "sigmoid") end,
+      "activation 2 is not none %(0%) or relu %(1%)")
+    assert.error_matches(function() dense.linear_forward(R.zeros({ 4, 5 }, { dtype = "i32" }), w, nil, y) end,
+      "x is i32 %[4, 5%]; expected f32 or bf16")
+    assert.error_matches(function()
+      dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), nil, nil, nil, nil, "relu")
+    end, "linear backward: y %(relu needs it%) is missing")
+    assert.error_matches(function()
+      dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), nil, R.zeros({ 3, 5 }, { dtype = "bf16" }))
+    end, "gw is bf16 %[3, 5%]; expected f32 %[3, 5%]")
+    assert.error_matches(function() dense.linear_forward(x, R.zeros({ 3, 5 }), nil, y, "none", 4) end,
+      "flags 0x4 include bits other than 0x1")
+    local big = R.zeros({ 8, 5 })
+    assert.error_matches(function() dense.linear_forward(big:view(0, 4), R.zeros({ 5, 5 }), nil, big:view(2, 4)) end,
+      "y and x overlap in storage")
+  end)
+end)
+
+describe("uvmrec.dense activations", function()
+  it("computes relu and sigmoid and their gradients from the output, in place too", function()
+    local x, xv = R.rand({ 7, 9 }, 51, { lo = -8, hi = 8 })
+    local _, gyv = R.rand({ 7, 9 }, 52)
+    for _, act in ipairs { "relu", "sigmoid" } do
+      local y = R.zeros({ 7, 9 })
+      dense.act_forward(x, y, act)
+      local ry, rg = {}, {}
+      for i, v in ipairs(xv) do
+        ry[i] = act == "relu" and math.max(v, 0) or R.sigmoid(v)
+        rg[i] = act == "relu" and (v > 0 and gyv[i] or 0) or gyv[i] * ry[i] * (1 - ry[i])
+      end
+      R.close(y:totable(), ry, 1e-6, act)
+      local g = R.tensor({ 7, 9 }, gyv)
+      dense.act_backward(y, g, g, act)
+      R.close(g:totable(), rg, 1e-6, act .. " gradient")
+    end
+  end)
+
+  it("keeps sigmoid exact at extreme inputs", function()
+    local x = R.tensor({ 4 }, { -100, 100, -1e30, 1e30 })
+    local y = R.zeros({ 4 })
+    dense.act_forward(x, y, "sigmoid")
+    local v = y:totable()
+    assert.same({ 1, 1 }, { v[2], v[4] })
+    assert.is_true(v[1] >= 0 and v[1] < 1e-40 and v[3] == 0)
+  end)
+
+  it("rejects an activation it does not have", function()
+    assert.error_matches(function() dense.act_forward(R.zeros({ 2 }), R.zeros({ 2 }), "none") end,
+      "activation forward: activation 0 is not relu %(1%) or sigmoid %(2%)")
+    assert.error_matches(function() dense.act_forward(R.zeros({ 2 }), R.zeros({ 3 }), "relu") end,
+      "activation forward: y is f32 %[3%]; expected f32 or bf16 of 2 elements")
+  end)
+end)
+
+describe("uvmrec.dense interaction", function()
+  for _, self in ipairs { false, true } do
+    it("computes dense and the lower triangle of dot products (self " .. tostring(self) .. ")", function()
+      local rows, T, d = 6, 5, 8
+      local dn, dv = R.rand({ rows, d }, 61)
+      local em, ev = R.rand({ rows, T * d }, 62)
+      local ref, w = R.interaction(dv, ev, rows, T, d, self)
+      assert.equal(w, dense.interaction_width(T, d, self))
+      local out = R.zeros({ rows, w })
+      dense.interaction_forward(dn, em, out, self)
+      R.close(out:totable(), ref, 1e-5, "out")
+      local go, gov = R.rand({ rows, w }, 63)
+      local gd, ge = R.zeros({ rows, d }), R.zeros({ rows, T * d })
+      dense.interaction_backward(dn, em, go, gd, ge, self)
+      local rgd, rge = R.interaction_back(dv, ev, gov, rows, T, d, self)
+      R.close(gd:totable(), rgd, 1e-5, "gdense")
+      R.close(ge:totable(), rge, 1e-5, "gemb")
+    end)
+  end
+
+  it("mixes dtypes: bf16 dense, f32 embeddings, bf16 output", function()
+    local rows, T, d = 3, 26, 16
+    local dn, dv = R.rand({ rows, d }, 71, { dtype = "bf16" })
+    local em, ev = R.rand({ rows, T * d }, 72)
+    local ref, w = R.interaction(dv, ev, rows, T, d, false)
+    local out = R.zeros({ rows, w }, { dtype = "bf16" })
+    dense.interaction_forward(dn, em, out, false)
+    R.close(out:totable(), ref, 2 ^ -8, "out")
+  end)
+
+  it("says what shapes it expected", function()
+    assert.error_matches(function()
+      dense.interaction_forward(R.zeros({ 2, 4 }), R.zeros({ 2, 10 }), R.zeros({ 2, 7 }))
+    end, "interaction forward: emb has 10 columns; expected T %* 4")
+    assert.error_matches(function()
+      dense.interaction_forward(R.zeros({ 2, 4 }), R.zeros({ 2, 8 }), R.zeros({ 2, 8 }))
+    end, "interaction forward: out is f32 %[2, 8%]; expected f32 or bf16 %[2, 7%]")
+    assert.error_matches(function()
+      dense.interaction_forward(R.zeros({ 2, 4 }), R.zeros({ 3, 8 }), R.zeros({ 2, 7 }))
+    end, "emb is f32 %[3, 8%]; expected f32 or bf16 %[2, cols%]")
+  end)
+end)
+
+describe("uvmrec.dense cross layer", function()
+  it("computes x0 * z + xl and its gradients, with and without a separate xl", function()
+    local shape = { 5, 6 }
+    local x0, a = R.rand(shape, 81)
+    local z, b = R.rand(shape, 82)
+    local xl, c = R.rand(shape, 83)
+    local y = R.zeros(shape)
+    dense.cross_forward(x0, z, xl, y)
+    local ry = {}
+    for i = 1, #a do ry[i] = a[i] * b[i] + c[i] end
+    R.close(y:totable(), ry, 1e-6, "y")
+    local gy, g = R.rand(shape, 84)
+    local gz, gx0, gxl = R.zeros(shape), R.zeros(shape), R.zeros(shape)
+    local gx0_0, g0 = R.rand(shape, 85)
+    gx0:copy(gx0_0)
+    dense.cross_backward(x0, z, gy, gz, gx0, gxl, dense.ACCUMULATE)
+    local rgz, rgx0 = {}, {}
+    for i = 1, #a do rgz[i], rgx0[i] = g[i] * a[i], g0[i] + g[i] * b[i] end
+    R.close(gz:totable(), rgz, 1e-6, "gz")
+    R.close(gx0:totable(), rgx0, 1e-6, "gx0")
+    R.close(gxl:totable(), g, 0, "gxl")
+    dense.cross_backward(x0, z, gy, gz, gx0, nil, 0)
+    for i = 1, #a do rgx0[i] = g[i] * b[i] + g[i] end
+    R.close(gx0:totable(), rgx0, 1e-6, "gx0 when xl is x0")
+  end)
+
+  it("wants every tensor of one shape", function()
+    assert.error_matches(function()
+      dense.cross_forward(R.zeros({ 2, 3 }), R.zeros({ 2, 3 }), R.zeros({ 2, 4 }), R.zeros({ 2, 3 }))
+    end, "cross forward: xl is f32 %[2, 4%]; expected f32 or bf16 %[2, 3%]")
+  end)
+end)
+
+describe("uvmrec.dense concat and split", function()
+  it("puts parts side by side and takes them apart again", function()
+    local a, av = R.rand({ 4, 3 }, 91)
+    local b, bv = R.rand({ 4, 5 }, 92)
+    local out = R.zeros({ 4, 8 })
+    dense.concat({ a, b }, out)
+    local o = out:totable()
+    for r = 0, 3 do
+      for c = 1, 3 do assert.equal(av[r * 3 + c], o[r * 8 + c]) end
+      for c = 1, 5 do assert.equal(bv[r * 5 + c], o[r * 8 + 3 + c]) end
+    end
+    local a2, b2 = R.zeros({ 4, 3 }), R.zeros({ 4, 5 })
+    dense.split(out, { a2, b2 })
+    assert.same(av, a2:totable())
+    assert.same(bv, b2:totable())
+    assert.error_matches(function() dense.concat({ a, b }, R.zeros({ 4, 9 })) end,
+      "features concat: the parts have 8 columns together but out has 9")
+  end)
+end)
+
+describe("uvmrec.dense BCE with logits", function()
+  it("is exact and finite at logits of +-100 and large ones", function()
+    local x = R.tensor({ 6 }, { 100, -100, 100, -100, 1e4, -1e4 })
+    local t = R.tensor({ 6 }, { 0, 1, 1, 0, 0, 1 })
+    local loss = R.zeros({ 6 })
+    dense.bce_forward(x, t, nil, loss, "none")
+    local l = loss:totable()
+    assert.same({ 100, 100, 1e4, 1e4 }, { l[1], l[2], l[5], l[6] })
+    assert.is_true(l[3] >= 0 and l[3] < 1e-40 and l[4] >= 0 and l[4] < 1e-40)
+    local g = R.zeros({ 6 })
+    dense.bce_backward(x, t, nil, g, "sum")
+    local gv = g:totable()
+    assert.same({ 1, -1, 0, 1, -1 }, { gv[1], gv[2], gv[3], gv[5], gv[6] })
+    assert.is_true(math.abs(gv[4] - R.sigmoid(-100)) < 2 ^ -149) -- f32's smallest step there
+  end)
+
+  for _, red in ipairs { "mean", "sum", "none" } do
+    it("weights samples and reduces by " .. red, function()
+      local n = 37
+      local x, xv = R.rand({ n, 1 }, 101, { lo = -6, hi = 6 })
+      local t, tv = R.rand({ n }, 102, { lo = 0, hi = 1 })
+      local w, wv = R.rand({ n }, 103, { lo = 0, hi = 2 })
+      local loss = R.zeros({ red == "none" and n or 1 })
+      dense.bce_forward(x, t, w, loss, red)
+      local ref, sum = {}, 0
+      for i = 1, n do
+        ref[i] = R.bce(xv[i], tv[i], wv[i])
+        sum = sum + ref[i]
+      end
+      if red ~= "none" then ref = { red == "mean" and sum / n or sum } end
+      R.close(loss:totable(), ref, 1e-6, "loss")
+      local g = R.zeros({ n, 1 })
+      dense.bce_backward(x, t, w, g, red, 0.5)
+      local rg = {}
+      for i = 1, n do
+        rg[i] = 0.5 * wv[i] * (R.sigmoid(xv[i]) - tv[i]) / (red == "mean" and n or 1)
+      end
+      R.close(g:totable(), rg, 1e-6, "gradient")
+    end)
+  end
+
+  it("checks shapes and the reduction", function()
+    assert.error_matches(function() dense.bce_forward(R.zeros({ 4, 2 }), R.zeros({ 4 }), nil, R.zeros({ 1 })) end,
+      "bce forward: logits has 2 dimensions of which the second is 2; expected %[rows%] or %[rows, 1%]")
+    assert.error_matches(function() dense.bce_forward(R.zeros({ 4 }), R.zeros({ 3 }), nil, R.zeros({ 1 })) end,
+      "bce forward: targets is f32 %[3%]; expected f32 of 4 elements")
+    assert.error_matches(function() dense.bce_forward(R.zeros({ 4 }), R.zeros({ 4 }), nil, R.zeros({ 1 }), "max") end,
+      "reduction 'max' is not mean, sum or none")
+    assert.error_matches(function() dense.bce_forward(R.zeros({ 0 }), R.zeros({ 0 }), nil, R.zeros({ 1 })) end,
+      "the mean of no samples is undefined")
+  end)
+end)
+
+describe("uvmrec.dense mean and cast", function()
+  it("averages every element in double and casts f32 <-> bf16 to nearest even", function()
+    local x, xv = R.rand({ 13, 7 }, 111)
+    local out = R.zeros({ 1 })
+    dense.mean(x, out)
+    local s = 0
+    for _, v in ipairs(xv) do s = s + v end
+    R.close(out:totable(), { s / #xv }, 1e-6, "mean")
+    local h = R.zeros({ 3 }, { dtype = "bf16" })
+    dense.cast(R.tensor({ 3 }, { 1 + 2 ^ -8, 1 + 3 * 2 ^ -8, -2.5 }), h)
+    assert.same({ 1, 1 + 2 ^ -6, -2.5 }, h:totable())
+    local f = R.zeros({ 3 })
+    dense.cast(h, f)
+    assert.same({ 1, 1 + 2 ^ -6, -2.5 }, f:totable())
+    assert.error_matches(function() dense.cast(R.zeros({ 3 }), R.zeros({ 3 }, { dtype = "i32" })) end,
+      "dense cast: dst is i32 %[3%]; expected f32 or bf16 of 3 elements")
+    assert.error_matches(function() dense.mean(R.zeros({ 0 }), out) end, "dense mean: x has no elements")
+  end)
+end)
+
+describe("uvmrec arena", function()
+  it("carves aligned tensors from few blocks, which outlive the arena", function()
+    local arena = require "uvmrec.nn.arena"
+    local a = arena.new("host", nil, 4096)
+    local t1 = a:tensor({ 3, 5 }, "f32")
+    local t2 = a:tensor({ 7 }, "bf16")
+    local s = a:stats()
+    assert.same({ used = 512, reserved = 4096, blocks = 1, tensors = 2 }, s)
+    assert.equal(t1:id(), t2:id())
+    local big = a:tensor({ 2000 }, "f32")
+    assert.equal(2, a:stats().blocks)
+    assert.are_not.equal(big:id(), t1:id())
+    a:free()
+    t1:fill(3)
+    assert.equal(3, t1[14])
+    assert.error_matches(function() arena.new("host", nil, 1):tensor({ 1 }) end, "arena: block size 1 bytes")
+  end)
+end)

@@ -1,0 +1,136 @@
+-- The dense optimizers against their formulas (PyTorch's), in float64, over several steps with
+-- fresh gradients each step; the schedules against theirs; and the errors.
+local ur = require "uvmrec"
+local R = require "dense_ref"
+local optim = ur.optim
+
+-- One parameter entry as model:parameters() gives it, with a bf16 copy.
+local function param(n, seed)
+  local t, v = R.rand({ n }, seed)
+  return { name = "p" .. seed, tensor = t, grad = R.zeros({ n }), half = R.zeros({ n }, { dtype = "bf16" }) }, v
+end
+
+-- Runs `steps` steps of the optimizer made by make(params) and of ref(p, g, state, step)
+-- (float64, elementwise on one value; returns the new p), on two parameters.
+local function against(make, ref, steps, tol)
+  local p1, v1 = param(37, 1)
+  local p2, v2 = param(5, 2)
+  local opt = make({ p1, p2 })
+  local refs = { { p = p1, v = v1, s = {} }, { p = p2, v = v2, s = {} } }
+  for step = 1, steps do
+    for k, r in ipairs(refs) do
+      local g, gv = R.rand({ #r.v }, 100 * step + k, { lo = -2, hi = 2 })
+      r.p.grad:copy(g)
+      for i = 1, #r.v do
+        r.s[i] = r.s[i] or {}
+        r.v[i] = ref(r.v[i], gv[i], r.s[i], step)
+      end
+    end
+    opt:step()
+    for _, r in ipairs(refs) do
+      R.close(r.p.tensor:totable(), r.v, tol, ("step %d"):format(step))
+      local h = R.zeros({ #r.v }, { dtype = "bf16" })
+      ur.dense.cast(r.p.tensor, h)
+      assert.same(h:totable(), r.p.half:totable())
+    end
+  end
+  return opt
+end
+
+describe("uvmrec.optim", function()
+  it("SGD: plain, with weight decay, momentum and nesterov", function()
+    against(function(ps) return optim.SGD(ps, { lr = 0.1 }) end,
+      function(p, g) return p - 0.1 * g end, 3, 1e-6)
+    against(function(ps) return optim.SGD(ps, { lr = 0.05, momentum = 0.9, weight_decay = 0.01 }) end,
+      function(p, g, s, step)
+        g = g + 0.01 * p
+        s.b = step == 1 and g or 0.9 * s.b + g
+        return p - 0.05 * s.b
+      end, 4, 1e-5)
+    against(function(ps) return optim.SGD(ps, { lr = 0.05, momentum = 0.5, nesterov = true }) end,
+      function(p, g, s, step)
+        s.b = step == 1 and g or 0.5 * s.b + g
+        return p - 0.05 * (g + 0.5 * s.b)
+      end, 4, 1e-5)
+  end)
+
+  it("Adagrad, with an initial accumulator", function()
+    against(function(ps) return optim.Adagrad(ps, { lr = 0.1, initial_accumulator_value = 0.1, eps = 1e-10 }) end,
+      function(p, g, s)
+        s.sum = (s.sum or 0.1) + g * g
+        return p - 0.1 * g / (math.sqrt(s.sum) + 1e-10)
+      end, 4, 1e-5)
+  end)
+
+  for _, kind in ipairs { "Adam", "AdamW" } do
+    it(kind .. " with bias correction and weight decay", function()
+      local lr, b1, b2, eps, wd = 0.01, 0.8, 0.95, 1e-8, 0.1
+      against(function(ps) return optim[kind](ps, { lr = lr, betas = { b1, b2 }, eps = eps, weight_decay = wd }) end,
+        function(p, g, s, t)
+          if kind == "AdamW" then p = p * (1 - lr * wd) else g = g + wd * p end
+          s.m = b1 * (s.m or 0) + (1 - b1) * g
+          s.v = b2 * (s.v or 0) + (1 - b2) * g * g
+          local denom = math.sqrt(s.v) / math.sqrt(1 - b2 ^ t) + eps
+          return p - lr / (1 - b1 ^ t) * s.m / denom
+        end, 5, 1e-5)
+    end)
+  end
+
+  it("zeroes the gradients in the step when asked, and follows a schedule", function()
+    local p = param(8, 3)
+    local lrs = {}
+    local opt = optim.SGD({ p }, { lr = 1, zero_grad = true, schedule = function(step)
+      lrs[#lrs + 1] = step
+      return 0.5 ^ step
+    end })
+    p.grad:fill(1)
+    local before = p.tensor:totable()
+    opt:step()
+    for i, v in ipairs(p.tensor:totable()) do assert.is_true(math.abs(v - (before[i] - 0.5)) < 1e-6) end
+    for _, v in ipairs(p.grad:totable()) do assert.equal(0, v) end
+    opt:step()
+    assert.same({ 1, 2 }, lrs)
+    assert.equal(0.125, opt:get_lr())
+    assert.matches("^SGD %(lr 0.125, 1 parameters, 0.0 MiB of state, step 2%)$", tostring(opt))
+  end)
+
+  it("skips parameters without a gradient", function()
+    local p = param(4, 4)
+    local frozen = { name = "table", tensor = R.zeros({ 3 }) }
+    local opt = optim.Adam({ frozen, p })
+    assert.equal(1, opt.n)
+  end)
+
+  it("rejects bad settings with a message", function()
+    local p = param(4, 5)
+    assert.error_matches(function() optim.SGD({ p }, {}) end, "SGD: lr is required")
+    assert.error_matches(function() optim.Adam({ p }, { lr = -1 }) end, "lr must be a finite number >= 0, got %-1")
+    assert.error_matches(function() optim.Adam({ p }, { betas = { 1, 0.9 } }):step() end,
+      "optim step: beta1 1 and beta2 0.9 must be in %[0, 1%)")
+    assert.error_matches(function() optim.SGD({ p }, { lr = 1, nesterov = true }):step() end,
+      "optim step: nesterov needs momentum > 0")
+    local bad = { name = "b", tensor = R.zeros({ 4 }), grad = R.zeros({ 5 }) }
+    assert.error_matches(function() optim.SGD({ bad }, { lr = 1 }):step() end,
+      "optim step: gradient 1 is f32 %[5%]; expected f32 of 4 elements")
+  end)
+end)
+
+describe("uvmrec.optim.schedule", function()
+  local S = optim.schedule
+
+  it("warms up linearly, decays polynomially and in steps", function()
+    local w = S.linear_warmup { base = 2, warmup = 4 }
+    assert.same({ 0.5, 1, 1.5, 2, 2 }, { w(1), w(2), w(3), w(4), w(100) })
+    local p = S.polynomial { base = 1, start = 10, steps = 4, power = 2, min = 0.01 }
+    assert.same({ 1, 1, 0.5625, 0.25, 0.0625, 0.0625, 0.0625 }, { p(1), p(9), p(11), p(12), p(13), p(14), p(99) })
+    local st = S.step_decay { base = 1, every = 3, gamma = 0.5 }
+    assert.same({ 1, 1, 1, 0.5, 0.25 }, { st(1), st(2), st(3), st(4), st(7) })
+  end)
+
+  it("gives the public DLRM code's warmup and polynomial decay", function()
+    local f = S.dlrm { base = 1, warmup = 2, decay_start = 5, decay_steps = 2, min = 0 }
+    assert.same({ 0.5, 1, 1, 1, 1, 0.25, 0.25, 0.25 }, { f(1), f(2), f(3), f(4), f(5), f(6), f(7), f(50) })
+    assert.error_matches(function() S.step_decay { base = 1, every = 0, gamma = 1 } end,
+      "schedule: every must be a number >= 1, got 0")
+  end)
+end)

@@ -1,0 +1,177 @@
+-- Plain float64 references of the dense ops, and tensor helpers, for the dense specs.
+-- Matrices are Lua lists, row-major and 1-based: m[(r - 1) * cols + c].
+local ffi = require "ffi"
+local ur = require "uvmrec"
+
+local M = {}
+
+-- A tensor of shape and dtype holding vals (rounded to the dtype), in placement.
+function M.tensor(shape, vals, opts)
+  opts = opts or {}
+  local t = assert(ur.tensor(shape, { dtype = opts.dtype or "f32", placement = opts.placement }))
+  local n = t:numel()
+  if opts.dtype == nil or opts.dtype == "f32" then
+    local buf = ffi.new("float[?]", math.max(n, 1))
+    for i = 1, n do buf[i - 1] = vals[i] end
+    assert(ur.C.ur_tensor_write(t.p, 0, n, buf) == 0)
+  else
+    for i = 1, n do t:set(i - 1, vals[i]) end
+  end
+  return t
+end
+
+-- n uniform numbers in [lo, hi), rounded to dtype (by drawing into a tensor of it).
+function M.rand(shape, seed, opts)
+  opts = opts or {}
+  local t = ur.tensor(shape, { dtype = opts.dtype or "f32" })
+  t:uniform(opts.lo or -1, opts.hi or 1, seed)
+  if opts.placement and opts.placement ~= "host" then
+    t = assert(t:to(opts.placement))
+  end
+  return t, t:totable()
+end
+
+function M.zeros(shape, opts)
+  opts = opts or {}
+  return assert(ur.tensor(shape, { dtype = opts.dtype or "f32", placement = opts.placement })):fill(0)
+end
+
+-- Largest |a - b| / max(1, |b|) over two lists.
+function M.maxrel(a, b)
+  assert(#a == #b, ("lengths differ: %d and %d"):format(#a, #b))
+  local m = 0
+  for i = 1, #a do
+    local d = math.abs(a[i] - b[i]) / math.max(1, math.abs(b[i]))
+    if d ~= d then return math.huge end
+    if d > m then m = d end
+  end
+  return m
+end
+
+-- ||a - b|| / ||b||: for gradients through ReLUs, whose masks two backends may set apart where
+-- a pre-activation is within rounding of zero.
+function M.normrel(a, b)
+  assert(#a == #b, ("lengths differ: %d and %d"):format(#a, #b))
+  local d, n = 0, 0
+  for i = 1, #a do
+    d = d + (a[i] - b[i]) ^ 2
+    n = n + b[i] ^ 2
+  end
+  if d ~= d then return math.huge end
+  return math.sqrt(d) / math.max(math.sqrt(n), 1e-30)
+end
+
+function M.close_norm(a, b, tol, what)
+  local m = M.normrel(a, b)
+  if m > tol then error(("%s: differs by %.3g in norm (tolerance %g)"):format(what or "values", m, tol), 2) end
+end
+
+function M.close(a, b, tol, what)
+  local m = M.maxrel(a, b)
+  if m > tol then error(("%s: differs by %.3g relative (tolerance %g)"):format(what or "values", m, tol), 2) end
+end
+
+-- y = act(x w^T + b): x [rows, n], w [out, n], b [out] or nil.
+function M.linear(x, w, b, rows, n, out, act)
+  local y = {}
+  for r = 0, rows - 1 do
+    for o = 0, out - 1 do
+      local s = b and b[o + 1] or 0
+      for k = 0, n - 1 do s = s + x[r * n + k + 1] * w[o * n + k + 1] end
+      if act == "relu" and s < 0 then s = 0 end
+      y[r * out + o + 1] = s
+    end
+  end
+  return y
+end
+
+-- gx = g w, gw = g^T x, gb = column sums of g, where g = gy masked by y > 0 under relu.
+function M.linear_back(x, w, y, gy, rows, n, out, act)
+  local g = {}
+  for i = 1, rows * out do g[i] = (act == "relu" and y[i] <= 0) and 0 or gy[i] end
+  local gx, gw, gb = {}, {}, {}
+  for r = 0, rows - 1 do
+    for k = 0, n - 1 do
+      local s = 0
+      for o = 0, out - 1 do s = s + g[r * out + o + 1] * w[o * n + k + 1] end
+      gx[r * n + k + 1] = s
+    end
+  end
+  for o = 0, out - 1 do
+    local sb = 0
+    for r = 0, rows - 1 do sb = sb + g[r * out + o + 1] end
+    gb[o + 1] = sb
+    for k = 0, n - 1 do
+      local s = 0
+      for r = 0, rows - 1 do s = s + g[r * out + o + 1] * x[r * n + k + 1] end
+      gw[o * n + k + 1] = s
+    end
+  end
+  return gx, gw, gb, g
+end
+
+function M.sigmoid(v)
+  if v >= 0 then return 1 / (1 + math.exp(-v)) end
+  local e = math.exp(v)
+  return e / (1 + e)
+end
+
+-- The dot interaction of rows of dense [rows, d] and emb [rows, T d].
+function M.interaction(dense, emb, rows, T, d, self)
+  local out, w = {}, d + (T + 1) * T / 2 + (self and T + 1 or 0)
+  for r = 0, rows - 1 do
+    local z = {}
+    for k = 1, d do z[k] = dense[r * d + k] end
+    for k = 1, T * d do z[d + k] = emb[r * T * d + k] end
+    local o = r * w
+    for k = 1, d do out[o + k] = z[k] end
+    local p = o + d
+    for i = 0, T do
+      for j = 0, i - (self and 0 or 1) do
+        local s = 0
+        for k = 1, d do s = s + z[i * d + k] * z[j * d + k] end
+        p = p + 1
+        out[p] = s
+      end
+    end
+  end
+  return out, w
+end
+
+-- Gradients of sum(gout * interaction) with respect to dense and emb.
+function M.interaction_back(dense, emb, gout, rows, T, d, self)
+  local w = d + (T + 1) * T / 2 + (self and T + 1 or 0)
+  local gd, ge = {}, {}
+  for r = 0, rows - 1 do
+    local z, gz = {}, {}
+    for k = 1, d do z[k] = dense[r * d + k] end
+    for k = 1, T * d do z[d + k] = emb[r * T * d + k] end
+    for k = 1, (T + 1) * d do gz[k] = 0 end
+    local p = r * w + d
+    for i = 0, T do
+      for j = 0, i - (self and 0 or 1) do
+        p = p + 1
+        local g = gout[p]
+        for k = 1, d do
+          gz[i * d + k] = gz[i * d + k] + g * z[j * d + k]
+          gz[j * d + k] = gz[j * d + k] + g * z[i * d + k]
+        end
+      end
+    end
+    for k = 1, d do gd[r * d + k] = gz[k] + gout[r * w + k] end
+    for k = 1, T * d do ge[r * T * d + k] = gz[d + k] end
+  end
+  return gd, ge
+end
+
+local function log1p(e)
+  if e < 1e-5 then return e - e * e / 2 end
+  return math.log(1 + e)
+end
+
+function M.bce(x, y, wt)
+  local l = math.max(x, 0) - x * y + log1p(math.exp(-math.abs(x)))
+  return wt and wt * l or l
+end
+
+return M
