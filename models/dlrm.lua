@@ -5,8 +5,15 @@
 --   { DLRM = the class, build = function(cfg, opts) ... end }.
 local ur = require "uvmrec"
 local tconfig = require "uvmrec.train.config"
-local nn, dense = ur.nn, ur.dense
-local Module = nn.Module
+local dense = ur.dense
+-- The classes by require, not through the lazy ur.nn namespace, whose cache outlives the
+-- reloads of busted's spec files (a stale MLP would build ReLUs Sequential cannot fuse).
+local Module = require "uvmrec.nn.Module"
+local nn = {
+  MLP = require "uvmrec.nn.MLP", EmbeddingBagCollection = require "uvmrec.nn.EmbeddingBagCollection",
+  Interaction = require "uvmrec.nn.Interaction", CrossNet = require "uvmrec.nn.CrossNet",
+  BCEWithLogits = require "uvmrec.nn.BCEWithLogits",
+}
 
 local DLRM = Module:extend("DLRM")
 
