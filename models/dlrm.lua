@@ -87,8 +87,6 @@ function DLRM:backward(batch, gradOutput)
   local gz = self.top:backward(self._z, gradOutput)
   local gx, ge
   if self._pair then
-    -- Interaction keeps its gradInput pair across steps, but to() and set_precision() drop it.
-    if not self.interaction.gradInput then self.interaction.gradInput = {} end
     local g = self.interaction:backward(self._pair, gz)
     gx, ge = g[1], g[2]
   else
