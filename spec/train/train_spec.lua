@@ -109,6 +109,23 @@ describe("uvmrec.train", function()
     b:close()
   end)
 
+  it("evaluates a config's model on held-out data with uvmrec eval", function()
+    local out, err, code = cmd.run("eval dlrm_tiny --cpu --data synthetic:tiny --set eval.samples=2048 --out "
+                                   .. cmd.quote(dir .. "/ev"))
+    assert.equal(0, code, err)
+    assert.matches("^uvmrec eval: dlrm_tiny on the CPU\nmodel: DLRM: ", out)
+    assert.matches("\ndata: synthetic:tiny: 307200 samples an epoch; evaluation on the 2048 samples after them\n", out)
+    assert.matches("\neval: AUC 0%.%d+  NE %d+%.%d+  logloss %d+%.%d+  accuracy 0%.%d+  calibration %d+%.%d+  "
+                   .. "CTR 0%.%d+  %(2048 samples, [%d.]+ s%)\n", out)
+    assert.matches("\nthe synthetic data's hidden%-model ceiling: 0%.8%d+\n$", out)
+    local log = lines_of(dir .. "/ev/metrics.jsonl")
+    assert.same({ "eval", 2048 }, { log[1].event, log[1].samples })
+    out, err, code = cmd.run("eval dlrm_tiny --cpu --data criteo-tsv:/nonexistent/day_0")
+    assert.equal(1, code)
+    assert.is_nil(out:find("\neval: "))
+    assert.equal("uvmrec eval: criteo-tsv: /nonexistent/day_0: cannot open: No such file or directory\n", err)
+  end)
+
   it("holds out synthetic samples after the training ones and reports data errors", function()
     local cfg = tiny()
     local d = assert(train.data(cfg, train.config.table_rows(cfg)))
