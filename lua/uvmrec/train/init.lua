@@ -61,7 +61,8 @@ function M.model_def(cfg, config_path)
     if exists(p) then
       local chunk, err = loadfile(p)
       if not chunk then return nil, err end
-      local def = chunk()
+      local ok, def = pcall(chunk)
+      if not ok then return nil, tostring(def) end
       if type(def) ~= "table" or type(def.build) ~= "function" then
         return nil, p .. ": a model file returns a table with build(cfg, opts)"
       end
@@ -124,9 +125,9 @@ function M.data(cfg, rows)
     d.steps = cfg.train.steps > 0 and cfg.train.steps or nil
   end
   if cfg.data.eval ~= "" then
-    d.eval = { data = cfg.data.eval, rows = src.kind ~= "synthetic" and rows or nil,
-               batch_size = cfg.eval.batch_size, depth = 2 }
-    if cfg.data.eval:match("^synthetic:") then d.eval.samples = d.eval_samples end
+    local synth = cfg.data.eval:match("^synthetic:")
+    d.eval = { data = cfg.data.eval, rows = not synth and rows or nil, batch_size = cfg.eval.batch_size,
+               depth = 2, samples = synth and d.eval_samples or nil }
     d.what = ("%s; evaluation on %s"):format(spec, cfg.data.eval)
   end
   d.what = d.what or (src.kind == "synthetic" and ("%s: %d samples an epoch; no evaluation (eval.samples is 0)")
@@ -306,6 +307,7 @@ function M.run(cfg, opts)
                    samples_per_s = samples / math.max(seconds, 1e-9), evals = evals }
   say(("trained %d steps, %d samples in %.1f s: %s samples/s"):format(steps, samples, seconds,
     M.progress.count(result.samples_per_s)))
+  feed:free()
   loader:close()
   if data.eval then
     local eok, r = true, evals[#evals]
@@ -314,6 +316,7 @@ function M.run(cfg, opts)
       log.close()
       return nil, tostring(r)
     end
+    eval_feed:free()
     result.eval = r
     if data.ceiling then result.ceiling = data.ceiling() end
     say(("final AUC %.4f%s"):format(r.auc, result.ceiling
