@@ -5,6 +5,7 @@ local Module = require "uvmrec.nn.Module"
 local dense = require "uvmrec.dense"
 
 local Linear = Module:extend("Linear")
+Linear.fuses_relu = true -- a ReLU after it runs in its epilogue (Sequential:add)
 
 local function count(v, what)
   if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then

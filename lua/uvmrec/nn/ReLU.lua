@@ -4,6 +4,7 @@ local Module = require "uvmrec.nn.Module"
 local dense = require "uvmrec.dense"
 
 local ReLU = Module:extend("ReLU")
+ReLU.is_relu = true -- Sequential fuses it into a Linear before it
 
 function ReLU:__init()
   Module.__init(self)
