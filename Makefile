@@ -4,7 +4,7 @@
 PREFIX    ?= /usr/local#               where `make install` puts things
 CC        ?= cc#                       C compiler for the engine
 NVCC      ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))#  empty: no CUDA backend
-CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90#  GPU targets
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90#  GPU targets (Hopper code and PTX; add compute_80,code=sm_80 for Ampere)
 BUILD     ?= $(if $(filter 1,$(SAN)),build-san,build)#                    where objects and libraries go
 LUAJIT    ?= luajit#                   interpreter for specs and scripts
 SAN       ?=#                          1: build with address and undefined-behaviour sanitizers

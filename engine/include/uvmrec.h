@@ -150,7 +150,7 @@ UR_API const char *ur_last_error(void);
 UR_API const char *ur_status_name(ur_status s);
 UR_API const char *ur_version(void);
 UR_API int ur_cuda_built(void);           /* 1 when libuvmrec_cuda.so was found and loads */
-UR_API const char *ur_cuda_archs(void);   /* its targets, "sm_80 sm_90 compute_90"; "" if none */
+UR_API const char *ur_cuda_archs(void);   /* its targets, "sm_90 compute_90"; "" if none */
 UR_API const char *ur_cuda_error(void);   /* why the CUDA backend is not in use, or "" */
 UR_API ur_status ur_set_interrupt(int on);/* long engine calls poll this flag */
 UR_API int ur_interrupted(void);

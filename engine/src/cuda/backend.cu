@@ -865,7 +865,7 @@ static ur_status ur_cuda_monitor_stop(void) { return UR_STATUS_OK; }
 
 /* ---- the table ---- */
 
-/* UR_CUDA_ARCHS may be given by the build (-DUR_CUDA_ARCHS='"sm_80 sm_90 compute_90"');
+/* UR_CUDA_ARCHS may be given by the build (-DUR_CUDA_ARCHS='"sm_90 compute_90"');
  * otherwise nvcc's __CUDA_ARCH_LIST__ gives the virtual architectures compiled for. */
 static void ur_cuda_archs_init(void) {
 #if defined(UR_CUDA_ARCHS)
