@@ -853,6 +853,14 @@ UR_API double ur_clock_seconds(void);       /* monotonic seconds: rates and ETAs
 /* A terminal's width in columns (80 when the terminal does not say), or 0 when fd is not a
  * terminal: a progress bar on a terminal, plain lines on a pipe. */
 UR_API int32_t ur_term_columns(int32_t fd);
+/* ---- signals: SIGINT and SIGTERM as a stop at the next step boundary (the trainer) ---- */
+/* on = 1: SIGINT and SIGTERM (unless the process inherited them ignored) only raise the
+ * interrupt flag (ur_interrupted) and are remembered, instead of ending the process; each
+ * handler is one-shot, so a second signal ends the process as usual.  on = 0: the previous
+ * handlers come back.  Both clear the flag and the remembered signal. */
+UR_API ur_status ur_signals_catch(int32_t on);
+/* The signal caught since ur_signals_catch(1) (SIGINT 2, SIGTERM 15), or 0. */
+UR_API int32_t ur_signals_caught(void);
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

@@ -6,11 +6,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "core.h"
 
@@ -252,6 +254,23 @@ static ur_status sync_dir(const char *path) {
   return s;
 }
 
+/* For the specs only: UVMREC_CHECKPOINT_TEST_DELAY=S holds a complete temporary file for S
+ * seconds before the rename, and says so on stderr, so a spec can kill the process at that
+ * point for certain (the previous checkpoint must then be the one that loads). */
+static void test_delay(const char *tmp, const char *path) {
+  const char *env = getenv("UVMREC_CHECKPOINT_TEST_DELAY");
+  double sec = env ? atof(env) : 0;
+  if (!(sec > 0)) return;
+  char line[2 * PATH_MAX + 128];
+  int len = snprintf(line, sizeof line,
+                     "safetensors: UVMREC_CHECKPOINT_TEST_DELAY: %s is complete; renaming it to %s "
+                     "in %g s\n", tmp, path, sec);
+  if (len > 0 && write(2, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1) < 0) return;
+  struct timespec ts = {(time_t)sec, (long)((sec - (double)(time_t)sec) * 1e9)};
+  while (nanosleep(&ts, &ts) && errno == EINTR) {
+  }
+}
+
 ur_status ur_safetensors_save(ur_stream *stream, const char *path, int32_t n,
                               const char *const *names, const ur_tensor *const *tensors,
                               int32_t nmeta, const char *const *meta_keys,
@@ -323,6 +342,7 @@ ur_status ur_safetensors_save(ur_stream *stream, const char *path, int32_t n,
   if (w.fd >= 0 && close(w.fd) && !s)
     s = ur__error(UR_STATUS_IO, "safetensors: closing %s failed: %s; %s is unchanged", w.tmp,
                   strerror(errno), path);
+  if (!s) test_delay(w.tmp, path);
   if (!s && rename(w.tmp, path))
     s = ur__error(UR_STATUS_IO, "safetensors: renaming %s to %s failed: %s; %s is unchanged", w.tmp,
                   path, strerror(errno), path);
