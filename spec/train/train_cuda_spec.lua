@@ -35,11 +35,27 @@ describe("uvmrec.train on the GPU", function()
       for s = 1, #a do helpers.near(b[s], a[s], c[2], ("loss of step %d"):format(s)) end
       assert.equal("device", mb.bottom.modules[1].weight:placement())
       assert.equal("device", mb.embeddings.tbe:placement())
-      -- after the steps the tables and the dense weights still agree
+      -- After the steps the tables still agree: in f32 element by element; in bf16 and tf32 the
+      -- updates (after - before) agree in norm.  Adagrad divides each row's step by the root of
+      -- its gradients' squares, so a row whose gradients are all rounding noise takes a full
+      -- step either way: single elements can differ by several learning rates, not the whole.
+      local _, m0 = run(cfg, true, 0)
+      local t0 = m0.embeddings:table("C16"):totable()
       local ta, tb = ma.embeddings:table("C16"):totable(), mb.embeddings:table("C16"):totable()
-      local worst = 0
-      for i = 1, #ta do worst = math.max(worst, math.abs(ta[i] - tb[i])) end
-      assert.is_true(worst < (c[1] == "f32" and 1e-5 or 2e-2), "table C16 differs by " .. worst)
+      local worst, diff, norm = 0, 0, 0
+      for i = 1, #ta do
+        worst = math.max(worst, math.abs(ta[i] - tb[i]))
+        diff = diff + (tb[i] - ta[i]) ^ 2
+        norm = norm + (ta[i] - t0[i]) ^ 2
+      end
+      local rel = math.sqrt(diff / norm)
+      if c[1] == "f32" then
+        assert.is_true(worst < 1e-5, "table C16 differs by " .. worst)
+      else
+        local tol = c[1] == "bf16" and 0.15 or 0.05
+        assert.is_true(rel < tol, ("table C16's update differs by %.4f of its norm (at most %g; "
+          .. "largest element difference %.4f)"):format(rel, tol, worst))
+      end
     end)
   end
 

@@ -14,9 +14,16 @@ function M.run(model, feed, opts)
   local t0 = C.ur_clock_seconds()
   local limit = opts.samples or 0
   local kinds = opts.metrics or { "auc", "ne" }
-  local m = metrics.MetricCollection { metrics = kinds, batch_size = opts.batch_size or 16384,
-                                       include_logloss = true,
-                                       window_size = limit > 0 and limit + (opts.batch_size or 16384) or 0 }
+  -- The metric state lives where the model's predictions are (made at the first batch).
+  local m
+  local function collection(predictions)
+    local p = predictions:placement()
+    return metrics.MetricCollection { metrics = kinds, batch_size = opts.batch_size or 16384,
+                                      include_logloss = true,
+                                      placement = (p == "device" or p == "managed") and "device" or "host",
+                                      device = predictions:device() >= 0 and predictions:device() or nil,
+                                      window_size = limit > 0 and limit + (opts.batch_size or 16384) or 0 }
+  end
   model:evaluate()
   local seen = 0
   while limit == 0 or seen < limit do
@@ -26,10 +33,13 @@ function M.run(model, feed, opts)
       return nil, err
     end
     if not batch then break end
-    assert(m:update { predictions = model:predict(batch), labels = batch.labels })
+    local predictions = model:predict(batch)
+    m = m or collection(predictions)
+    assert(m:update { predictions = predictions, labels = batch.labels })
     seen = seen + batch.size
   end
   model:training()
+  if not m then return nil, "evaluate: the held-out data gave no batch" end
   local v = assert(m:values()).default
   local scope = limit > 0 and v.window or v.lifetime
   m:free()
