@@ -1,0 +1,140 @@
+-- uvmrec's side of the parity with PyTorch (scripts/bench/torch_dlrm.py parity): one training
+-- step's outputs, loss and every gradient, written for the PyTorch DLRM to check.
+--
+--   luajit scripts/bench/parity.lua --data DIR --ckpt W.safetensors --dump G.safetensors
+--          [--config dlrm_tiny] [--set k=v]... [--precision f32|tf32|bf16] [--batch B]
+--          [--first N] [--cpu]
+--
+-- Builds the model of the config (on the GPU when there is one, unless --cpu), saves its
+-- initial weights (--ckpt: dense.<parameter> and embeddings.<table>, as the trainer's
+-- checkpoints name them, with the model's description in the metadata), reads one batch of B
+-- samples from sample N of the binary day files in DIR (uvmrec datagen / convert writes them;
+-- ids are taken modulo each table's rows, as the trainer does), and runs forward, the loss and
+-- backward, taking the tables' deduplicated gradient (ur_tbe_sparse_grad) in place of their
+-- fused optimizer step and leaving the dense optimizer out.  It then checks that walk against
+-- the model's own backward (the dense gradients must be the same bits), and writes --dump:
+-- logits, loss, grad.<parameter>, sparse.<table>.rows / .grad, the pooled embeddings, the
+-- interaction's output and the batch itself.
+local ur = require "uvmrec"
+local train = require "uvmrec.train"
+local ck = require "uvmrec.checkpoint"
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local P = dofile(here .. "/parity_lib.lua")
+
+local function die(msg)
+  io.stderr:write("parity: ", msg, "\n")
+  os.exit(2)
+end
+
+local o = { sets = {}, first = 0, config = "dlrm_tiny" }
+do
+  local i = 1
+  while i <= #arg do
+    local a = arg[i]
+    local function value()
+      i = i + 1
+      if arg[i] == nil then die(a .. " needs a value") end
+      return arg[i]
+    end
+    local function whole()
+      local v = value()
+      local n = tonumber(v)
+      if not n or n < 0 or n ~= math.floor(n) then die(a .. " needs a whole number >= 0, got " .. v) end
+      return n
+    end
+    if a == "--config" then o.config = value()
+    elseif a == "--set" then o.sets[#o.sets + 1] = value()
+    elseif a == "--precision" then o.sets[#o.sets + 1] = "model.precision=" .. value()
+    elseif a == "--batch" then o.sets[#o.sets + 1] = "train.batch_size=" .. whole()
+    elseif a == "--data" then o.data = value()
+    elseif a == "--first" then o.first = whole()
+    elseif a == "--ckpt" then o.ckpt = value()
+    elseif a == "--dump" then o.dump = value()
+    elseif a == "--cpu" then o.cpu = true
+    else
+      die("unknown argument " .. a .. " (expected --data DIR --ckpt FILE --dump FILE --config C --set k=v "
+          .. "--precision P --batch B --first N --cpu)")
+    end
+    i = i + 1
+  end
+end
+if not (o.data and o.ckpt and o.dump) then die("needs --data DIR, --ckpt FILE and --dump FILE") end
+
+local gpu = ur.gpu() and not o.cpu
+local cfg, def = P.config(o.config, o.sets)
+if not cfg then die(def) end
+local model, merr = def.build(cfg, { cpu = not gpu })
+if not model then die(merr) end
+local opt = train.optimizer(cfg, model)
+local desc = P.describe(cfg, model, opt)
+local ok, err = P.save_weights(o.ckpt, model, desc, cfg)
+if not ok then die(err) end
+
+-- One batch of the day files, where the model runs.
+local B = cfg.train.batch_size
+local loader, lerr = ur.data.loader { data = "criteo-bin:" .. o.data, batch_size = B, depth = 1,
+                                      rows = desc.rows, position = { epoch = 0, sample = o.first } }
+if not loader then die(lerr) end
+local b, berr = loader:next()
+if not b then die(berr or ("%s: no samples from sample %d"):format(o.data, o.first)) end
+if b.size ~= B then die(("%s: %d samples from sample %d; the batch needs %d"):format(o.data, b.size, o.first, B)) end
+local batch
+if gpu then
+  local d = b:to("device")
+  assert(ur.sync())
+  batch = { dense = d.dense, labels = d.labels, sparse = d.sparse, size = b.size }
+else
+  batch = { dense = assert(b.dense:to("host")), labels = assert(b.labels:to("host")),
+            sparse = assert(b.sparse:to("host")), size = b.size }
+end
+loader:close()
+
+-- The step, the tables' gradient taken without their step.
+model:zero_grad()
+local list, s = P.phases(model, opt, batch, { sparse_grad = true })
+P.run_phases(list)
+local out = {
+  logits = P.host_f32(s.logits), loss = assert(s.loss:to("host")), pooled = P.host_f32(s.e),
+  inter = P.host_f32(s.z),
+  ["batch.dense"] = assert(batch.dense:to("host")), ["batch.labels"] = assert(batch.labels:to("host")),
+  ["batch.values"] = assert(batch.sparse:values():to("host")),
+  ["batch.offsets"] = assert(batch.sparse:offsets():to("host")),
+}
+local grads = {}
+for _, p in ipairs(model:parameters()) do
+  if p.grad then
+    local h = assert(p.grad:to("host"))
+    out["grad." .. p.name] = h
+    grads[#grads + 1] = { name = p.name, host = h, grad = p.grad }
+  end
+end
+local unique = 0
+for name, g in pairs(s.sparse) do
+  out["sparse." .. name .. ".rows"] = assert(g.rows:to("host"))
+  out["sparse." .. name .. ".grad"] = assert(g.grad:to("host"))
+  unique = unique + g.rows:numel()
+end
+local loss = out.loss:get(0)
+
+-- The walk above against the model's own backward: the same dense gradients, bit for bit.
+model:zero_grad()
+local logits = model:forward(batch)
+model:backward(batch, model.criterion:backward(logits, batch.labels))
+for _, g in ipairs(grads) do
+  local a, c = g.host:totable(), assert(g.grad:to("host")):totable()
+  for i = 1, #a do
+    if a[i] ~= c[i] then
+      die(("self-check: gradient %s[%d] is %.9g by the phases but %.9g by DLRM:backward"):format(g.name, i - 1,
+        a[i], c[i]))
+    end
+  end
+end
+
+ok, err = ck.save(o.dump, { tensors = out, meta = {
+  ["uvmrec.meta.torch"] = ck.json.encode(desc), ["parity.device"] = gpu and "cuda" or "cpu",
+  ["parity.first"] = tostring(o.first), ["parity.data"] = o.data } })
+if not ok then die(err) end
+print(("parity: %s (%s interaction, %s) on %s: batch %d from sample %d of %s; loss %.6f; %d dense gradients, "
+  .. "%d distinct rows in %d tables; weights %s, dump %s"):format(cfg.name, desc.interaction, desc.precision,
+  gpu and "the GPU" or "the CPU", B, o.first, o.data, loss, #grads, unique, model.num_tables, o.ckpt, o.dump))
