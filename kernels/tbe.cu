@@ -197,15 +197,17 @@ struct BagInfo {
   int64_t rows, out;
   int32_t row_bytes, dim, dtype;
   float scale;       /* 1 / length under mean, else 1 */
+  const int64_t *perm; /* id -> physical row, or NULL */
 };
 
 __device__ __forceinline__ BagInfo bag_info(const ur__tbe_args &a, int64_t bag, int64_t len) {
-  BagInfo b = {nullptr, 0, 0, 0, 0, UR_DTYPE_F32, 1.0f};
+  BagInfo b = {nullptr, 0, 0, 0, 0, UR_DTYPE_F32, 1.0f, nullptr};
   if (bag >= a.bags) return b;
   int32_t f = feature_of(a, bag);
   const ur__tbe_feature ft = a.features[f];
   const ur__tbe_table &tb = a.tables[ft.table];
   b.w = (const char *)tb.weights;
+  b.perm = tb.perm;
   b.rows = tb.rows;
   b.dim = tb.dim;
   b.dtype = tb.dtype;
@@ -284,13 +286,15 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     int j = bag_at(g, p);
     int64_t i = __shfl_sync(kFull, g.s, j) + (p - __shfl_sync(kFull, g.P, j));
     const char *tw = (const char *)shfl_ptr(mine.w, j);
+    const int64_t *pm = (const int64_t *)shfl_ptr(mine.perm, j);
     int64_t rows = __shfl_sync(kFull, mine.rows, j);
     int rb = __shfl_sync(kFull, mine.row_bytes, j);
     const char *row = nullptr;
     float w = 1.0f;
     if (p < g.T) {
       int64_t id = a.values[i];
-      if (a.bounds == UR_TBE_BOUNDS_OFF || (id >= 0 && id < rows)) row = tw + id * rb;
+      if (a.bounds == UR_TBE_BOUNDS_OFF || (id >= 0 && id < rows))
+        row = tw + (pm ? __ldg(pm + id) : id) * rb;
       else note_bad(a.flags, i);
       if (a.weights) w = a.weights[i];
     }
@@ -548,7 +552,10 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
     }
     return;
   }
-  int64_t base = row * dim;
+  /* row is the id: the rows and state are read at its physical row, stochastic rounding draws
+   * by id (so a relayout changes no number) */
+  int64_t prow = tb.perm ? tb.perm[row] : row;
+  int64_t base = prow * dim, lbase = row * dim;
   float w[NV][E], gg[NV][E];
   float sq = 0.0f;
 #pragma unroll
@@ -567,9 +574,9 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
   if (h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) sq = UR_FADD(sq, __shfl_xor_sync(kFull, sq, o));
-    rs = UR_FADD(tb.state1[row], UR_FDIV(sq, (float)dim));
+    rs = UR_FADD(tb.state1[prow], UR_FDIV(sq, (float)dim));
     __syncwarp();
-    if (lane == 0) tb.state1[row] = rs;
+    if (lane == 0) tb.state1[prow] = rs;
   }
   uint64_t key = ur__tbe_sr_key(h.sr_key, tb.index);
 #pragma unroll
@@ -594,7 +601,7 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
 #pragma unroll
     for (int q = 0; q < E / 4; q++) {
       ur_philox4 r = {{0, 0, 0, 0}};
-      if (h.sr) r = ur_philox((uint64_t)(base + col + 4 * q) >> 2, key);
+      if (h.sr) r = ur_philox((uint64_t)(lbase + col + 4 * q) >> 2, key);
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         float x = nw[4 * q + e];
@@ -656,10 +663,11 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, 2)
       dim = tb.dim;
       if (len && !sp.rows) {
         int es = esize(tb.dtype);
-        prefetch_l2((const char *)tb.weights + row * dim * es, dim * es);
-        if (h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) prefetch_l2(tb.state1 + row, 4);
-        else if (tb.state1) prefetch_l2(tb.state1 + row * dim, dim * 4);
-        if (tb.state2) prefetch_l2(tb.state2 + row * dim, dim * 4);
+        int64_t pr = tb.perm ? tb.perm[row] : row;
+        prefetch_l2((const char *)tb.weights + pr * dim * es, dim * es);
+        if (h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) prefetch_l2(tb.state1 + pr, 4);
+        else if (tb.state1) prefetch_l2(tb.state1 + pr * dim, dim * 4);
+        if (tb.state2) prefetch_l2(tb.state2 + pr * dim, dim * 4);
       }
     }
     Group g;
@@ -854,6 +862,51 @@ __global__ void gather_kernel(const V *src, const int64_t *ids, V *out, int64_t 
         if (r0 + k < n) out[(r0 + k) * per + c] = x[k];
     }
   }
+}
+
+/* ---- access counters ---- */
+
+/* A thread per bag adds one to the counter of each row its values read; lanes of a warp that
+ * read the same row in the same round add together (one atomic for all of them), which is
+ * what keeps hot rows of a skewed stream cheap.  Integer adds: the counts are exact, the same
+ * as the CPU's whatever the order. */
+__global__ void access_count_kernel(const ur__tbe_args a) {
+  int lane = threadIdx.x & 31;
+  int64_t bag = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t s = 0, e = 0, rows = 0, kb = 0;
+  int32_t *cnt = nullptr;
+  if (bag < a.bags) {
+    const ur__tbe_table &tb = a.tables[a.features[feature_of(a, bag)].table];
+    cnt = tb.counts;
+    if (cnt) span(a, bag, s, e);
+    rows = tb.rows;
+    kb = tb.key_base;
+  }
+  int64_t len = e - s, most = len;
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    int64_t y = __shfl_xor_sync(kFull, most, o);
+    most = y > most ? y : most;
+  }
+  for (int64_t k = 0; k < most; k++) {
+    uint64_t key = ~0ull;
+    int64_t id = 0;
+    if (k < len) {
+      id = a.values[s + k];
+      if (id >= 0 && id < rows) key = (uint64_t)(kb + id);
+    }
+    unsigned same = __match_any_sync(kFull, key);
+    if (key != ~0ull && lane == __ffs(same) - 1) {
+      int32_t *p = cnt + id;
+      if (*(volatile int32_t *)p < UR_TBE_COUNT_MAX) atomicAdd(p, (int)__popc(same));
+    }
+  }
+}
+
+__global__ void decay_kernel(int32_t *c, int64_t n, double factor) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    c[i] = (int32_t)floor(__dmul_rn((double)c[i], factor));
 }
 
 /* ---- launch plumbing ---- */
@@ -1112,8 +1165,26 @@ cudaError_t ur__cuda_tbe_work_bytes(const ur__tbe_args *a, int backward, size_t 
   return e;
 }
 
+static cudaError_t count_accesses(cudaStream_t st, const ur__tbe_args *a) {
+  bool any = false;
+  for (int32_t t = 0; t < a->num_tables; t++) any |= a->host_tables[t].counts != nullptr;
+  if (!any || a->bags == 0) return cudaSuccess;
+  access_count_kernel<<<(unsigned)((a->bags + 255) / 256), 256, 0, st>>>(*a);
+  return cudaGetLastError();
+}
+
+cudaError_t ur__cuda_tbe_decay_counts(cudaStream_t st, int32_t *c, int64_t n, double factor) {
+  (void)cudaGetLastError();
+  if (n == 0) return cudaSuccess;
+  int64_t want = (n + 255) / 256;
+  unsigned blocks = (unsigned)(want < (int64_t)sm_count() * 32 ? want : (int64_t)sm_count() * 32);
+  decay_kernel<<<blocks, 256, 0, st>>>(c, n, factor);
+  return cudaGetLastError();
+}
+
 cudaError_t ur__cuda_tbe_forward(cudaStream_t st, const ur__tbe_args *a, void *work) {
   (void)cudaGetLastError(); /* report this call's errors only (sticky ones come back anyway) */
+  UR_TRY(count_accesses(st, a));
   if (!a->inverse) return forward_into(st, *a);
   Layout L;
   UR_TRY(layout_of(a, 0, &L));

@@ -34,4 +34,7 @@ cudaError_t ur__cuda_tbe_sparse_write(cudaStream_t s, const ur__tbe_args *a, voi
 cudaError_t ur__cuda_gather_rows(cudaStream_t s, const void *src, size_t row_bytes,
                                  const int64_t *ids, int64_t n, void *out);
 
+/* Access counters: c[i] = floor(c[i] * factor) (the forward counts when a table has counters). */
+cudaError_t ur__cuda_tbe_decay_counts(cudaStream_t s, int32_t *c, int64_t n, double factor);
+
 #endif

@@ -861,6 +861,43 @@ UR_API int32_t ur_term_columns(int32_t fd);
 UR_API ur_status ur_signals_catch(int32_t on);
 /* The signal caught since ur_signals_catch(1) (SIGINT 2, SIGTERM 15), or 0. */
 UR_API int32_t ur_signals_caught(void);
+/* ---- tbe access counts and row layout (engine/src/tbe_stats.c) ---- */
+/* Access counters: per table an i32 counter per row id, kept where the collection runs (device
+ * memory on a GPU), added to by every forward while counting is on: one per value that reads
+ * the row, integer adds on either backend, so counts are exact and the same on both.  They
+ * stop growing at 2^30; decay scales them, c = floor(c * factor) (factor 0 clears).  Counters
+ * are indexed by row id, so they survive a relayout.  table -1: every table. */
+UR_API ur_status ur_tbe_set_counting(ur_tbe *t, int32_t table, int32_t on);
+UR_API int32_t ur_tbe_counting(const ur_tbe *t, int32_t table);
+/* The counters of a table as an i32 [rows] view (an error if it never counted). */
+UR_API ur_status ur_tbe_counts(const ur_tbe *t, int32_t table, ur_tensor **out);
+UR_API ur_status ur_tbe_decay_counts(ur_stream *s, ur_tbe *t, int32_t table, double factor);
+/* order[r] = the id with the r-th highest count (ties: lower id first); cumsum[r] (optional)
+ * = the counts of order[0..r] summed.  counts is i32 [n] in any placement; order and cumsum
+ * are i64 [n] in host memory.  Linear time (a radix sort). */
+UR_API ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order /* out */,
+                                ur_tensor *cumsum /* out */);
+/* perm[order[r]] = r: the permutation that lays rows out in the given order (which must hold
+ * each of 0..n-1 once); perm is i64 [n] in host memory. */
+UR_API ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm /* out */);
+
+/* Row layout: a table may keep row id at physical row perm[id] (the kernels look it up; ids
+ * are never remapped by the caller).  Relayout applies a new permutation (NULL: back to the
+ * identity), moving the rows and their optimizer state: each tensor is copied aside, then
+ * gathered back chunk_rows rows at a time (0: 2^20), by the GPU for device memory, by the CPU
+ * otherwise.  Call it between steps; it returns when the rows are in place. */
+typedef struct ur_tbe_relayout_stats {
+  double seconds;          /* wall time, waits included */
+  uint64_t bytes;          /* bytes of rows and optimizer state relaid (each read and written twice) */
+  int64_t rows_moved;      /* rows whose physical row changed */
+  int32_t chunks;          /* gathers issued */
+  int32_t on_gpu;          /* 1: some tensor was moved by the GPU */
+} ur_tbe_relayout_stats;
+UR_API size_t ur_sizeof_tbe_relayout_stats(void);
+/* The permutation in force as an i64 [rows] view, or *out = NULL for the identity. */
+UR_API ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out);
+UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
+                                 int64_t chunk_rows, ur_tbe_relayout_stats *out /* out */);
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

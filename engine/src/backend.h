@@ -152,6 +152,9 @@ typedef struct ur_backend {
   ur_status (*synth)(void *stream, const struct ur__synth *x, int64_t first, int64_t n,
                      void *dense, void *labels, void *ids, void *weights, void *lengths,
                      void *groups, void *probs);
+
+  /* tbe access counters (engine/src/tbe_stats.c): c[i] = floor(c[i] * factor), n of them. */
+  ur_status (*tbe_decay_counts)(void *stream, int32_t *c, int64_t n, double factor);
 } ur_backend;
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which

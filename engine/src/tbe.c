@@ -13,6 +13,7 @@
 #include <string.h>
 #include "core.h"
 #include "tbe_plan.h"
+#include "tbe_stats.h"
 
 #define ALIGN_BYTES 256 /* each table and state block starts on this boundary */
 #define NDT 3           /* storage dtypes: f32, bf16, f16 (their enum values 0..2) */
@@ -36,6 +37,9 @@ struct ur_tbe {
   ur_tensor *callbuf;       /* GPU: one call's VBE arrays */
   ur_tensor *work;          /* GPU: workspace, grown on demand */
   ur_tensor *flags;         /* i64 [2]: first bad value index, ids skipped */
+  /* per table, NULL until used (engine/src/tbe_stats.c): access counters i32 [rows] and the
+   * row permutation i64 [rows], where the collection runs */
+  ur_tensor **counts, **perm;
 };
 
 static const char *state_names[UR_TBE_OPTIM_COUNT][2] = {
@@ -281,7 +285,10 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
   t->woff = calloc((size_t)num_tables, sizeof *t->woff);
   t->soff = calloc((size_t)num_tables, sizeof *t->soff);
   t->splace = calloc((size_t)num_tables, sizeof *t->splace);
-  if (!t->tc || !t->fnames || !t->tables || !t->features || !t->woff || !t->soff || !t->splace) {
+  t->counts = calloc((size_t)num_tables, sizeof *t->counts);
+  t->perm = calloc((size_t)num_tables, sizeof *t->perm);
+  if (!t->tc || !t->fnames || !t->tables || !t->features || !t->woff || !t->soff || !t->splace ||
+      !t->counts || !t->perm) {
     ur_tbe_free(t);
     return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
   }
@@ -365,6 +372,10 @@ void ur_tbe_free(ur_tbe *t) {
   ur_tensor_free(t->callbuf);
   ur_tensor_free(t->work);
   ur_tensor_free(t->flags);
+  for (int32_t i = 0; t->counts && i < t->T; i++) ur_tensor_free(t->counts[i]);
+  for (int32_t i = 0; t->perm && i < t->T; i++) ur_tensor_free(t->perm[i]);
+  free(t->counts);
+  free(t->perm);
   for (int32_t i = 0; t->tc && i < t->T; i++) free((char *)t->tc[i].name);
   for (int32_t f = 0; t->fnames && f < t->F; f++) free(t->fnames[f]);
   free(t->tc);
@@ -468,6 +479,20 @@ ur_status ur_tbe_set_step(ur_tbe *t, int64_t step) {
 
 ur_status ur_tbe_skipped(ur_tbe *t, int64_t *out) {
   return ur_tensor_read(t->flags, 1, 1, out);
+}
+
+/* ---- what tbe_stats.c reaches (tbe_stats.h) ---- */
+
+ur__tbe_table *ur__tbe_desc(ur_tbe *t, int32_t i) { return &t->tables[i]; }
+ur_tensor **ur__tbe_counts_slot(ur_tbe *t, int32_t i) { return &t->counts[i]; }
+ur_tensor **ur__tbe_perm_slot(ur_tbe *t, int32_t i) { return &t->perm[i]; }
+
+ur_status ur__tbe_sync_desc(ur_tbe *t) {
+  if (!t->gpu) return UR_STATUS_OK;
+  /* kernels in flight on any stream may be reading the descriptors */
+  ur_status st = ur__gpu()->device_sync();
+  if (!st) st = upload(t->desc, t->tables, sizeof(ur__tbe_table) * (size_t)t->T);
+  return st ? st : ur__gpu()->stream_sync(NULL);
 }
 
 /* ---- checking a call ---- */
@@ -719,6 +744,12 @@ static const float *load_out(const void *g, int32_t dtype, int64_t at, float *bu
   return buf;
 }
 
+/* One more read of a row; counters stop at UR_TBE_COUNT_MAX (a racy check: at worst a few
+ * adds past it). */
+static void count_add(int32_t *c, int32_t n) {
+  if (__atomic_load_n(c, __ATOMIC_RELAXED) < UR_TBE_COUNT_MAX) __atomic_fetch_add(c, n, __ATOMIC_RELAXED);
+}
+
 /* Rows are scattered over tables far larger than the caches, so one at a time the loop waits on
  * memory for each: ask for rows a few values ahead (assuming the same table, the usual case). */
 #define PREFETCH_AHEAD 8
@@ -726,7 +757,7 @@ static const float *load_out(const void *g, int32_t dtype, int64_t at, float *bu
 static void prefetch_row(const ur__tbe_table *tb, int64_t id) {
   if (id < 0 || id >= tb->rows) return;
   size_t es = tb->dtype == UR_DTYPE_F32 ? 4 : 2, bytes = (size_t)tb->dim * es;
-  const char *p = (const char *)tb->weights + (size_t)id * bytes;
+  const char *p = (const char *)tb->weights + (size_t)ur__tbe_phys(tb, id) * bytes;
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
 }
 
@@ -754,7 +785,8 @@ static void cpu_forward_range(void *ctx, size_t b0, size_t b1) {
         }
         continue;
       }
-      const float *r = load_row(tb, id, row);
+      if (tb->counts) count_add(tb->counts + id, 1);
+      const float *r = load_row(tb, ur__tbe_phys(tb, id), row);
       if (a->pooled) {
         for (int32_t c = 0; c < dim; c++) acc[c] = UR_FADD(acc[c], UR_FMUL(w, r[c]));
       } else {
@@ -893,12 +925,14 @@ static int32_t table_of_key(const ur__tbe_args *a, uint64_t key) {
   return lo;
 }
 
-/* The optimizer step of one row, given its summed gradient. */
-static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_t row,
+/* The optimizer step of row id, given its summed gradient.  It lives at its physical row;
+ * stochastic rounding draws by id, so a relayout leaves the numbers unchanged. */
+static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_t id,
                          const float *acc) {
   float w[UR_TBE_MAX_DIM], g[UR_TBE_MAX_DIM];
   int32_t dim = tb->dim;
-  size_t base = (size_t)row * (size_t)dim;
+  int64_t row = ur__tbe_phys(tb, id);
+  size_t base = (size_t)row * (size_t)dim, lbase = (size_t)id * (size_t)dim;
   const float *wr = load_row(tb, row, w);
   for (int32_t c = 0; c < dim; c++) {
     w[c] = wr[c];
@@ -924,8 +958,8 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
     }
     uint16_t *hp = (uint16_t *)tb->weights + e;
     if (h->sr) {
-      if ((e & 3) == 0) r = ur_philox(e >> 2, key);
-      *hp = ur__tbe_round_sr(nw, tb->dtype, r.v[e & 3]);
+      if ((c & 3) == 0) r = ur_philox((lbase + (size_t)c) >> 2, key);
+      *hp = ur__tbe_round_sr(nw, tb->dtype, r.v[c & 3]);
     } else {
       *hp = tb->dtype == UR_DTYPE_BF16 ? ur__tbe_f32_bf16(nw) : ur__tbe_f32_f16(nw);
     }

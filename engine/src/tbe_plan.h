@@ -37,6 +37,10 @@ typedef struct ur__tbe_table {
   int64_t rows;
   int64_t key_base;        /* the key of row 0 in the collection's row-key space */
   int32_t dim, dtype, pooling, index;
+  /* Access statistics and layout (engine/src/tbe_stats.c); NULL: off, and the kernels take
+   * the plain path.  perm[id] is the physical row holding row id; counts[id] counts reads. */
+  const int64_t *perm;
+  int32_t *counts;
 } ur__tbe_table;
 
 typedef struct ur__tbe_feature {
@@ -118,6 +122,13 @@ UR_HD void ur__tbe_bag_span(const ur__tbe_args *a, int64_t bag, int64_t *b, int6
   *b = s;
   *e = t;
 }
+
+/* The physical row of row id (ids are checked by the caller). */
+UR_HD int64_t ur__tbe_phys(const ur__tbe_table *tb, int64_t id) {
+  return tb->perm ? tb->perm[id] : id;
+}
+
+#define UR_TBE_COUNT_MAX 0x40000000 /* counters stop growing here (decay keeps them below) */
 
 /* ---- numbers ---- */
 

@@ -413,4 +413,7 @@ function methods:feature_col(name)
   return tonumber(C.ur_tbe_feature_col(H(self), f))
 end
 
+-- Access counters, ranking and row layout (uvmrec.tbe_stats).
+require("uvmrec.tbe_stats").install(methods)
+
 return M

@@ -51,6 +51,11 @@ static ur_status ur_cuda_gather_rows(void *stream, const void *src, size_t row_b
                             "gather_rows");
 }
 
+static ur_status ur_cuda_tbe_decay_counts(void *stream, int32_t *c, int64_t n, double factor) {
+  return ur_cuda_tbe_status(ur__cuda_tbe_decay_counts((cudaStream_t)stream, c, n, factor),
+                            "counter decay");
+}
+
 void ur__cuda_tbe_install(ur_backend *b, const ur_core_api *core) {
   g_tbe_core = core;
   b->tbe_work_bytes = ur_cuda_tbe_work_bytes;
@@ -59,4 +64,5 @@ void ur__cuda_tbe_install(ur_backend *b, const ur_core_api *core) {
   b->tbe_sparse_count = ur_cuda_tbe_sparse_count;
   b->tbe_sparse_write = ur_cuda_tbe_sparse_write;
   b->gather_rows = ur_cuda_gather_rows;
+  b->tbe_decay_counts = ur_cuda_tbe_decay_counts;
 }
