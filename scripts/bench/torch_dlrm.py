@@ -584,15 +584,15 @@ def train(a):
         samples += labels.shape[0]
         logged = step % log_every == 0
         if logged:
-            v = float(loss)
+            v = float(loss.detach())
             line({"event": "train", "step": step, "samples": samples, "loss": v, "seconds": time.time() - t0})
             if not math.isfinite(v):
                 fail(f"the loss is {v} at step {step}", 1)
     if not logged:
-        line({"event": "train", "step": step, "samples": samples, "loss": float(loss), "seconds": time.time() - t0})
+        line({"event": "train", "step": step, "samples": samples, "loss": float(loss.detach()), "seconds": time.time() - t0})
     seconds = time.time() - t0
     res = {"event": "final", "engine": "torch", "steps": step, "samples": samples, "seconds": seconds,
-           "samples_per_s": samples / max(seconds, 1e-9), "loss": float(loss)}
+           "samples_per_s": samples / max(seconds, 1e-9), "loss": float(loss.detach())}
     if held:
         ev = evaluate(model, held, d["eval_samples"], d["eval_batch_size"], device)
         res.update(ev)

@@ -1,0 +1,179 @@
+-- Training parity with PyTorch (issue 9): the same DLRM trained by uvmrec and by the PyTorch
+-- DLRM (scripts/bench/torch_dlrm.py train) from the same initial weights, on the same day files
+-- in the same order, with the same optimizers; their final AUCs on the same held-out samples
+-- must agree within --tol (0.005).
+--
+--   luajit scripts/bench/train_parity.lua [--config dlrm_kaggle] [--set k=v]... [--samples N]
+--          [--days D] [--steps S] [--work DIR] [--python PY] [--torch-device cpu|cuda] [--cpu]
+--          [--tol 0.005] [--threads T]
+--
+-- 1. uvmrec datagen writes N samples of the config's synthetic data (its data.train preset) as
+--    D day files (default 7, as the Kaggle set's days); the last day is held out, the others
+--    are the training set (symbolic links in DIR/train and DIR/eval).
+-- 2. uvmrec trains on them (uvmrec.train.run: no shuffle, evaluation only at the end, on the
+--    held-out day) and, before the first step, saves its initial weights with the model's
+--    description (DIR/init.safetensors); the run directory is DIR/uvmrec (metrics.jsonl).
+-- 3. torch_dlrm.py train loads those weights and trains on the same files (DIR/torch.jsonl).
+-- 4. A table of both runs, one JSON line in DIR/summary.jsonl, and the loss curves plotted
+--    into DIR/loss.png (scripts/bench/train_parity_plot.py, where matplotlib is importable).
+-- Exits 1 when the AUCs differ by more than --tol or a run fails.
+local ur = require "uvmrec"
+local train = require "uvmrec.train"
+local ck = require "uvmrec.checkpoint"
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local P = dofile(here .. "/parity_lib.lua")
+
+local function die(msg, code)
+  io.stderr:write("train_parity: ", msg, "\n")
+  os.exit(code or 2)
+end
+
+local o = { sets = {}, config = "dlrm_kaggle", samples = 700000, days = 7, steps = 0, work = "build/train_parity",
+            python = os.getenv("PYTHON") or "python3", tol = 0.005 }
+do
+  local i = 1
+  while i <= #arg do
+    local a = arg[i]
+    local function value()
+      i = i + 1
+      if arg[i] == nil then die(a .. " needs a value") end
+      return arg[i]
+    end
+    local function whole(min)
+      local v = value()
+      local n = tonumber(v)
+      if not n or n < (min or 0) or n ~= math.floor(n) then die(a .. " needs a whole number >= " .. (min or 0) .. ", got " .. v) end
+      return n
+    end
+    if a == "--config" then o.config = value()
+    elseif a == "--set" then o.sets[#o.sets + 1] = value()
+    elseif a == "--samples" then o.samples = whole(2)
+    elseif a == "--days" then o.days = whole(2)
+    elseif a == "--steps" then o.steps = whole()
+    elseif a == "--work" then o.work = value()
+    elseif a == "--python" then o.python = value()
+    elseif a == "--torch-device" then o.torch_device = value()
+    elseif a == "--threads" then o.threads = whole(1)
+    elseif a == "--cpu" then o.cpu = true
+    elseif a == "--tol" then
+      o.tol = tonumber(value())
+      if not o.tol or o.tol < 0 then die("--tol needs a number >= 0") end
+    else
+      die("unknown argument " .. a .. " (expected --config C --set k=v --samples N --days D --steps S --work DIR "
+          .. "--python PY --torch-device cpu|cuda --threads T --cpu --tol X)")
+    end
+    i = i + 1
+  end
+end
+local gpu = ur.gpu() and not o.cpu
+o.torch_device = o.torch_device or (gpu and "cuda" or "cpu")
+
+local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local function run(cmd)
+  print("+ " .. cmd)
+  io.stdout:flush()
+  local ok, how, code = os.execute(cmd)
+  -- LuaJIT without 5.2 compatibility returns the status alone.
+  if type(ok) == "number" then return ok == 0 end
+  return ok == true and (how ~= "exit" or code == 0)
+end
+
+-- 1. The data.
+local cfg0, def0 = P.config(o.config, o.sets)
+if not cfg0 then die(def0) end
+local preset = cfg0.data.train:match("^synthetic:(.+)$")
+if not preset then die(("%s: data.train is %s; the data is made from a synthetic preset"):format(o.config, cfg0.data.train)) end
+local work = o.work
+if not run("mkdir -p " .. sh(work .. "/train") .. " " .. sh(work .. "/eval")) then die("cannot create " .. work) end
+local interp = arg[-1] or "luajit"
+local datagen = here .. "/../datagen.lua"
+if not run(("%s %s %s --out %s --samples %d --days %d"):format(sh(interp), sh(datagen), sh(preset), sh(work .. "/days"),
+  o.samples, o.days)) then
+  die("datagen failed")
+end
+local held = o.days - 1
+for _, k in ipairs { "dense", "sparse", "labels" } do
+  for d = 0, held - 1 do
+    run(("ln -sf ../days/day_%d_%s.npy %s"):format(d, k, sh(("%s/train/day_%d_%s.npy"):format(work, d, k))))
+  end
+  run(("ln -sf ../days/day_%d_%s.npy %s"):format(held, k, sh(("%s/eval/day_0_%s.npy"):format(work, k))))
+end
+for _, d in ipairs { "train", "eval" } do run(("ln -sf ../days/layout.txt %s"):format(sh(work .. "/" .. d .. "/layout.txt"))) end
+local eval_samples = o.samples - math.floor(o.samples * held / o.days) -- datagen's split
+local train_samples = o.samples - eval_samples
+
+-- 2. uvmrec.
+local sets = { unpack(o.sets) }
+for _, s in ipairs { "data.train=criteo-bin:" .. work .. "/train", "data.eval=criteo-bin:" .. work .. "/eval",
+                     "data.shuffle_window=0", "eval.every=0", "eval.samples=" .. eval_samples, "eval.min_auc=0",
+                     "train.steps=" .. o.steps } do
+  sets[#sets + 1] = s
+end
+local cfg, def, path = P.config(o.config, sets)
+if not cfg then die(def) end
+local init = work .. "/init.safetensors"
+run("rm -rf " .. sh(work .. "/uvmrec"))
+local desc
+local result, err = train.run(cfg, { config_path = path, out = work .. "/uvmrec", progress = "lines", cpu = o.cpu,
+  setup = function(ctx)
+    desc = P.describe(cfg, ctx.model, ctx.optimizer)
+    assert(P.save_weights(init, ctx.model, desc, cfg))
+  end })
+if not result then die("uvmrec: " .. tostring(err), 1) end
+local steps = result.steps
+
+-- 3. PyTorch, from the same weights, for the same steps.
+local tjson = work .. "/torch.jsonl"
+os.remove(tjson)
+if not run(("%s %s train --ckpt %s --data %s --eval-data %s --steps %d --out %s --device %s%s"):format(sh(o.python),
+  sh(here .. "/torch_dlrm.py"), sh(init), sh(work .. "/train"), sh(work .. "/eval"), steps, sh(tjson),
+  o.torch_device, o.threads and (" --threads " .. o.threads) or "")) then
+  die("torch_dlrm.py train failed", 1)
+end
+
+-- 4. Both runs side by side.
+local function read_jsonl(p)
+  local f = io.open(p)
+  if not f then die(p .. ": not written", 1) end
+  local out = {}
+  for line in f:lines() do out[#out + 1] = ck.json.decode(line) end
+  f:close()
+  return out
+end
+local function final(lines)
+  local fin, curve = nil, {}
+  for _, l in ipairs(lines) do
+    if l.event == "final" then fin = l end
+    if l.event == "train" then curve[l.step] = l.loss end
+  end
+  return fin, curve
+end
+local uf, ucurve = final(read_jsonl(work .. "/uvmrec/metrics.jsonl"))
+local tf, tcurve = final(read_jsonl(tjson))
+if not (uf and uf.auc and tf and tf.auc) then die("a run wrote no final AUC", 1) end
+local diff, n, sum = math.abs(uf.auc - tf.auc), 0, 0
+for s, l in pairs(ucurve) do
+  if tcurve[s] then n, sum = n + 1, sum + math.abs(l - tcurve[s]) end
+end
+local ok = diff <= o.tol
+print(("\ntraining parity: %s, %d steps of %d (%d training samples, %d held out), uvmrec on %s, PyTorch on %s")
+  :format(cfg.name, steps, cfg.train.batch_size, train_samples, eval_samples, gpu and "the GPU" or "the CPU",
+  o.torch_device))
+print(("%-8s %10s %12s %10s %14s"):format("engine", "AUC", "logloss", "last loss", "samples/s"))
+print(("%-8s %10.4f %12s %10.4f %14.0f"):format("uvmrec", uf.auc, "", uf.loss, uf.samples_per_s))
+print(("%-8s %10.4f %12.4f %10.4f %14.0f"):format("torch", tf.auc, tf.logloss, tf.loss, tf.samples_per_s))
+print(("|AUC difference| %.4f (allowed %.4f): %s; mean |loss difference| over %d logged steps %.4f")
+  :format(diff, o.tol, ok and "ok" or "FAIL", n, n > 0 and sum / n or 0))
+local sf = assert(io.open(work .. "/summary.jsonl", "a"))
+sf:write(ck.json.encode { bench = "train_parity", model = cfg.name, steps = steps, batch = cfg.train.batch_size,
+  train_samples = train_samples, eval_samples = eval_samples, uvmrec_device = gpu and "cuda" or "cpu",
+  torch_device = o.torch_device, uvmrec_auc = uf.auc, torch_auc = tf.auc, auc_diff = diff, tol = o.tol, ok = ok,
+  mean_loss_diff = n > 0 and sum / n or 0, uvmrec_samples_per_s = uf.samples_per_s,
+  torch_samples_per_s = tf.samples_per_s, sets = o.sets }, "\n")
+sf:close()
+local plot = ("%s %s %s %s --out %s --title %s"):format(sh(o.python), sh(here .. "/train_parity_plot.py"),
+  sh(work .. "/uvmrec/metrics.jsonl"), sh(tjson), sh(work .. "/loss.png"),
+  sh(("%s, %d steps: AUC uvmrec %.4f, PyTorch %.4f"):format(cfg.name, steps, uf.auc, tf.auc)))
+if not run(plot) then print("(no plot here; run it where matplotlib is installed: " .. plot .. ")") end
+if not ok then os.exit(1) end
