@@ -898,6 +898,85 @@ UR_API size_t ur_sizeof_tbe_relayout_stats(void);
 UR_API ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out);
 UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
                                  int64_t chunk_rows, ur_tbe_relayout_stats *out /* out */);
+/* ---- cache: a software HBM cache of rows for `cached` embedding tables ---- */
+/* The tables of a collection given to ur_cache_new keep their rows and optimizer state in
+ * host memory (the collection's own storage of the table: host, pinned or managed), and the
+ * cache keeps copies of some rows in slots where the collection runs (device memory on a GPU;
+ * they count against the HBM budget).  From then on the collection's kernels read and update
+ * the slots: each batch's ids go through ur_cache_prepare, which looks them up, brings the
+ * missing rows in, and writes the slot ids the collection's forward and backward take.
+ * Set-associative, UR_CACHE_WAYS ways per set, a row's set given by a hash of (table, row);
+ * LRU (per-slot batch stamps) or LFU (per-row counts, halved every decay_batches batches);
+ * write-back: a dirty row returns to host memory when evicted and on flush.  The decisions
+ * are made on the host the same way whatever runs the collection, so the CPU backend is the
+ * reference of the GPU's.  Within a batch, rows are decided set by set and within a set in
+ * ascending (table, row) order.  Rows of batches not yet retired are locked (never evicted);
+ * a row whose set has no evictable way is a conflict miss, served from a staging row (also
+ * where the collection runs) that is written back to host memory at retire. */
+enum { UR_CACHE_WAYS = 32 };
+typedef enum ur_cache_policy { UR_CACHE_LRU = 0, UR_CACHE_LFU, UR_CACHE_POLICY_COUNT } ur_cache_policy;
+typedef struct ur_cache_config {
+  int64_t slots;                  /* rows held; rounded up to whole sets of UR_CACHE_WAYS */
+  ur_cache_policy policy;
+  int32_t decay_batches;          /* LFU: counts halve every this many batches; 0: never */
+  int64_t staging_rows;           /* conflict-miss rows per batch to start with (grows) */
+} ur_cache_config;
+/* Counts since the cache was made or its stats were reset; per table or in total. */
+typedef struct ur_cache_stats {
+  int64_t batches;                /* prepared */
+  int64_t lookups;                /* ids looked up */
+  int64_t unique;                 /* distinct rows per batch, summed over batches */
+  int64_t hits, misses;           /* misses: rows brought into a slot */
+  int64_t conflicts;              /* rows served from staging: their set had no free way */
+  int64_t evictions, writebacks;  /* writebacks: dirty rows written to host memory */
+  int64_t waits;                  /* prepares that waited for the previous batch's retire */
+  uint64_t bytes_in, bytes_out;   /* rows (with optimizer state) host to cache, cache to host */
+  uint64_t bytes_ids;             /* slot ids and copy lists sent to the device */
+  double seconds;                 /* time in the cache's host work and its copies' enqueue */
+} ur_cache_stats;
+struct ur_cache;
+typedef struct ur_cache ur_cache;
+UR_API size_t ur_sizeof_cache_config(void);
+UR_API size_t ur_sizeof_cache_stats(void);
+/* Caches tables[0..num_tables-1] of collection t (one dim and dtype; placements host,
+ * pinned or managed); t's kernels use the slots from now on.  Free the cache before t, or
+ * after: either order is safe (freeing the cache writes dirty rows back and points t at its
+ * own storage again). */
+UR_API ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables,
+                              const int32_t *tables, const ur_cache_config *config);
+UR_API void ur_cache_free(ur_cache *c);
+UR_API int64_t ur_cache_slots(const ur_cache *c);
+UR_API int64_t ur_cache_staging_rows(const ur_cache *c);  /* per batch, now */
+UR_API int32_t ur_cache_num_tables(const ur_cache *c);
+UR_API int32_t ur_cache_table(const ur_cache *c, int32_t i);   /* collection table index */
+/* Slot storage in bytes where the collection runs (rows, optimizer state and staging). */
+UR_API uint64_t ur_cache_bytes(const ur_cache *c);
+/* A batch's ids: values i64 [n] and offsets i64 [bags + 1] as ur_tbe_forward takes them (any
+ * placement: device ones are read back, synchronously), batch_per_feature as there.  Writes
+ * into out (i64 [n], where the collection runs) the ids to give the collection instead:
+ * slot ids for the cached tables' features, the ids themselves for other features.  The
+ * copies are ordered on s; *ticket identifies the batch for ur_cache_retire.  Ids out of
+ * range fail under the collection's fatal bounds check (naming table, feature, sample, id),
+ * else become -1 (the collection skips and counts them). */
+UR_API ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
+                                  const ur_tensor *offsets, const int64_t *batch_per_feature,
+                                  ur_tensor *out, int64_t *ticket /* out */);
+/* The batch is done with: after its backward was enqueued on s (trained 1: its rows are
+ * dirty and its staged rows are written back to host memory, ordered on s), or without one
+ * (trained 0).  Unlocks its rows for later prepares. */
+UR_API ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int32_t trained);
+/* Writes every dirty row back to host memory and waits: host memory then holds the truth. */
+UR_API ur_status ur_cache_flush(ur_cache *c);
+/* Flushes and empties the cache (after host memory was changed behind it: a load). */
+UR_API ur_status ur_cache_invalidate(ur_cache *c);
+/* table -1: the total; else the cache's table index (0..num_tables-1). */
+UR_API ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *out);
+UR_API void ur_cache_reset_stats(ur_cache *c);
+/* For each of ids[0..n-1] (rows of the cache's table `table`), its slot or -1. */
+UR_API ur_status ur_cache_contains(const ur_cache *c, int32_t table, const int64_t *ids,
+                                   int64_t n, int64_t *slots /* out */);
+/* Batches prepared and not yet retired. */
+UR_API int32_t ur_cache_in_flight(const ur_cache *c);
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

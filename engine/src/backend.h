@@ -35,6 +35,11 @@ struct ur_backend;
 /* Fills the metrics entries of the CUDA backend's table (engine/src/cuda/metrics.cu). */
 void ur__cuda_metrics_install(struct ur_backend *b, const ur_core_api *core);
 
+struct ur__cache_io; /* engine/src/cache.h */
+struct ur_backend;
+/* Fills the cache entries of the CUDA backend's table (engine/src/cuda/cache.cu). */
+void ur__cuda_cache_install(struct ur_backend *b, const ur_core_api *core);
+
 /* Streams and events are the backend's own handles (cudaStream_t, cudaEvent_t). */
 typedef struct ur_backend {
   int abi;
@@ -155,6 +160,13 @@ typedef struct ur_backend {
 
   /* tbe access counters (engine/src/tbe_stats.c): c[i] = floor(c[i] * factor), n of them. */
   ur_status (*tbe_decay_counts)(void *stream, int32_t *c, int64_t n, double factor);
+
+  /* cache (engine/src/cache.h): rows between host memory and the slot storage, for n entries
+   * (pairs in device memory); to_host 1: slot rows to host memory, 0: host rows to slots. */
+  ur_status (*cache_move)(void *stream, const struct ur__cache_io *io, const int64_t *entries,
+                          int64_t n, int32_t to_host);
+  /* Work enqueued on stream after this call waits for event (cudaStreamWaitEvent). */
+  ur_status (*stream_wait)(void *stream, void *event);
 } ur_backend;
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which

@@ -13,6 +13,7 @@
 #include <string.h>
 #include "core.h"
 #include "tbe_plan.h"
+#include "cache.h"
 #include "tbe_stats.h"
 
 #define ALIGN_BYTES 256 /* each table and state block starts on this boundary */
@@ -37,6 +38,7 @@ struct ur_tbe {
   ur_tensor *callbuf;       /* GPU: one call's VBE arrays */
   ur_tensor *work;          /* GPU: workspace, grown on demand */
   ur_tensor *flags;         /* i64 [2]: first bad value index, ids skipped */
+  struct ur_cache **cache_of; /* per table: the software cache serving it, or NULL (cache.c) */
   /* per table, NULL until used (engine/src/tbe_stats.c): access counters i32 [rows] and the
    * row permutation i64 [rows], where the collection runs */
   ur_tensor **counts, **perm;
@@ -216,15 +218,16 @@ static ur_status draw(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi, 
   ur_tensor *w = t->wstore[storage_place(t, c->place)][c->dtype];
   size_t n = (size_t)c->rows * (size_t)c->dim;
   uint64_t ts = table_seed(seed, i);
+  void *dst = (char *)ur_tensor_data(w) + (size_t)t->woff[i] * ur_dtype_size(c->dtype);
   if (w->st->place == UR_PLACE_DEVICE)
-    return ur__gpu()->rand(s ? s->handle : NULL, t->tables[i].weights, c->dtype, n, 0,
+    return ur__gpu()->rand(s ? s->handle : NULL, dst, c->dtype, n, 0,
                            UR_DIST_UNIFORM, lo, hi, ts);
   /* Managed tables are drawn on the host, so their pages start there (tensor.c does the same). */
   if (ur__gpu() && w->st->place != UR_PLACE_HOST) {
     ur_status st = ur__gpu()->device_sync();
     if (st) return st;
   }
-  return ur__cpu()->rand(NULL, t->tables[i].weights, c->dtype, n, 0, UR_DIST_UNIFORM, lo, hi, ts);
+  return ur__cpu()->rand(NULL, dst, c->dtype, n, 0, UR_DIST_UNIFORM, lo, hi, ts);
 }
 
 static ur_status upload(ur_tensor *dst, const void *src, size_t bytes) {
@@ -285,9 +288,11 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
   t->woff = calloc((size_t)num_tables, sizeof *t->woff);
   t->soff = calloc((size_t)num_tables, sizeof *t->soff);
   t->splace = calloc((size_t)num_tables, sizeof *t->splace);
+  t->cache_of = calloc((size_t)num_tables, sizeof *t->cache_of);
   t->counts = calloc((size_t)num_tables, sizeof *t->counts);
   t->perm = calloc((size_t)num_tables, sizeof *t->perm);
   if (!t->tc || !t->fnames || !t->tables || !t->features || !t->woff || !t->soff || !t->splace ||
+      !t->cache_of ||
       !t->counts || !t->perm) {
     ur_tbe_free(t);
     return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
@@ -364,6 +369,9 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
 
 void ur_tbe_free(ur_tbe *t) {
   if (!t) return;
+  for (int32_t i = 0; t->cache_of && i < t->T; i++)
+    if (t->cache_of[i]) ur__cache_orphan(t->cache_of[i], t);
+  free(t->cache_of);
   for (int p = 0; p < UR_PLACE_COUNT; p++) {
     for (int d = 0; d < NDT; d++) ur_tensor_free(t->wstore[p][d]);
     ur_tensor_free(t->sstore[p]);
@@ -441,7 +449,8 @@ ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **ou
   int rowwise = t->cfg.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD;
   int64_t shape[2] = {c->rows, c->dim};
   float *base = (float *)ur_tensor_data(t->sstore[t->splace[i]]);
-  float *p = which ? t->tables[i].state2 : t->tables[i].state1;
+  float *p = base + t->soff[i];
+  if (which) p += align_up(rowwise ? c->rows : c->rows * c->dim, ALIGN_BYTES / 4);
   return ur_tensor_view_as(t->sstore[t->splace[i]], out, p - base, rowwise ? 1 : 2, shape);
 }
 
@@ -494,6 +503,71 @@ ur_status ur__tbe_sync_desc(ur_tbe *t) {
   if (!st) st = upload(t->desc, t->tables, sizeof(ur__tbe_table) * (size_t)t->T);
   return st ? st : ur__gpu()->stream_sync(NULL);
 }
+
+/* ---- software caches (engine/src/cache.c; cache.h says what each does) ---- */
+
+ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out, int32_t *place) {
+  ur_status st = check_table_index(t, i);
+  if (st) return st;
+  const ur_tbe_table_config *c = &t->tc[i];
+  ur_tensor *w = t->wstore[storage_place(t, c->place)][c->dtype];
+  *out = t->tables[i];
+  out->weights = (char *)ur_tensor_data(w) + (size_t)t->woff[i] * ur_dtype_size(c->dtype);
+  out->rows = c->rows;
+  out->state1 = out->state2 = NULL;
+  if (t->nstate) {
+    int64_t per = t->cfg.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? c->rows : c->rows * c->dim;
+    out->state1 = (float *)ur_tensor_data(t->sstore[t->splace[i]]) + t->soff[i];
+    out->state2 = t->nstate > 1 ? out->state1 + align_up(per, ALIGN_BYTES / 4) : NULL;
+  }
+  *place = storage_place(t, c->place);
+  return UR_STATUS_OK;
+}
+
+ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, struct ur_cache *owner, void *weights,
+                           float *state1, float *state2, int64_t rows) {
+  ur_status st = check_table_index(t, i);
+  if (st) return st;
+  if (owner && t->cache_of[i] && t->cache_of[i] != owner)
+    return ur__error(UR_STATUS_INVALID, "cache: table '%s' is already cached by another cache",
+                     t->tc[i].name);
+  if (owner && (t->tables[i].perm || t->tables[i].counts))
+    return ur__error(UR_STATUS_INVALID,
+                     "cache: table '%s' has a row permutation or access counters; a cached table "
+                     "takes neither (the cache chooses where its rows live)",
+                     t->tc[i].name);
+  ur__tbe_table b;
+  int32_t place;
+  if (!owner) {
+    ur__tbe_backing(t, i, &b, &place);
+    weights = b.weights;
+    state1 = b.state1;
+    state2 = b.state2;
+    rows = b.rows;
+  }
+  /* kernels in flight may read the descriptors or the rows */
+  if (t->gpu && (st = ur__gpu()->device_sync())) return st;
+  t->cache_of[i] = owner;
+  t->tables[i].weights = weights;
+  t->tables[i].state1 = state1;
+  t->tables[i].state2 = state2;
+  t->tables[i].rows = rows;
+  int64_t key = 0;
+  for (int32_t k = 0; k < t->T; k++) {
+    t->tables[k].key_base = key;
+    key += t->tables[k].rows;
+  }
+  t->total_keys = key;
+  t->key_bits = 1;
+  while (t->key_bits < 63 && ((uint64_t)1 << t->key_bits) <= (uint64_t)key) t->key_bits++;
+  if (!t->gpu) return UR_STATUS_OK;
+  if (!(st = upload(t->desc, t->tables, sizeof(ur__tbe_table) * (size_t)t->T)))
+    st = ur__gpu()->stream_sync(NULL);
+  return st;
+}
+
+const ur_tbe_config *ur__tbe_config(const ur_tbe *t) { return &t->cfg; }
+const ur__tbe_feature *ur__tbe_features(const ur_tbe *t) { return t->features; }
 
 /* ---- checking a call ---- */
 

@@ -1,0 +1,1158 @@
+/* cache.c: the software HBM cache of `cached` embedding tables.  The decisions (lookup,
+ * victims, locks, staging) are made here on the host for every backend, so the CPU backend is
+ * the GPU's reference by construction; the rows move by memcpy on the CPU and by the CUDA
+ * backend's cache_move kernel (kernels/cache.cu) on the GPU, ordered on streams with events.
+ *
+ * One batch: its cached ids become keys (a cumulative row space over the cache's tables),
+ * sorted and deduplicated; each distinct key is hashed to a set; sets are decided in parallel,
+ * each on its own keys in ascending order: hits first (they lock their ways), then misses,
+ * which take an empty way, else the policy's victim among the ways no batch in flight holds,
+ * else a staging row (a conflict miss).  Dirty victims are written back before the fills
+ * land.  Staging rows come in two halves used by alternate batches, so a batch in flight keeps
+ * its staged rows while the next one is prepared. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "cache.h"
+#include "core.h"
+
+#define RING 4                  /* batches prepared and not yet released */
+#define EMPTY ((uint64_t)-1)
+
+typedef struct flight {
+  int64_t ticket;               /* 0: the entry is free */
+  int retired, trained;
+  ur_stream *stream;            /* where it was retired */
+  void *event;                  /* GPU: recorded at retire */
+  void *ready;                  /* GPU: recorded after its prepare's copies */
+  int64_t *slots, nslots, cap_slots;     /* distinct slots it uses */
+  int64_t *staged, nstaged, cap_staged;  /* (table<<48|row, staging row) pairs */
+  uint64_t *staged_keys;                 /* ascending, for the hazard check */
+  int64_t list_at;              /* GPU: where the staged pairs sit in dev */
+  ur_tensor *host, *dev;        /* GPU: pinned and device buffers of its lists and ids */
+} flight;
+
+typedef struct counters {
+  int64_t batches, lookups, unique, hits, misses, conflicts, evictions, writebacks, waits;
+  uint64_t bytes_in, bytes_out, bytes_ids;
+} counters;
+
+struct ur_cache {
+  ur_tbe *tbe;
+  int32_t bound;                /* tables pointed at the slots so far */
+  ur_cache_config cfg;
+  int32_t nt, T, F;
+  int32_t *tidx, *ct_of;        /* cache table -> collection table; collection -> cache or -1 */
+  int64_t *rows, *kbase;        /* per cache table */
+  uint64_t total_keys;
+  int32_t key_bits;
+  ur__tbe_table *back;          /* per cache table: its own storage */
+  int32_t dim, dtype, nstate, state_per_row, gpu, device, bounds;
+  size_t row_bytes;
+  int64_t S, nsets, M, R;       /* slots, sets, staging rows per half, slot storage rows */
+  uint64_t *tag;                /* [S] key or EMPTY */
+  int64_t *stamp;               /* [S] ticket of the last batch that used it */
+  uint8_t *dirty;               /* [S] */
+  uint32_t *freq;               /* LFU: [total_keys] count (low 16 bits) and epoch (high 16) */
+  ur_tensor *sw, *ss1, *ss2;    /* slot storage */
+  ur_tensor *ptrs;              /* GPU: the host pointer arrays of the io */
+  ur__cache_io io;              /* as the running backend reads it */
+  flight ring[RING];
+  int64_t next_ticket;
+  ur_stream *last_prepare;
+  int last_prepare_set;
+  counters *stats;              /* [nt + 1]: per table, then the total */
+  double seconds;
+  /* scratch of one prepare, grown on demand */
+  uint64_t *keys, *tkeys;
+  int64_t *vidx, *tvidx, *uniq_of, *order, *res, *evict, *grp;
+  uint64_t *ukeys;
+  int64_t cap_n, cap_u, cap_g;
+  int64_t *hvals, *hoffs;
+  int64_t cap_hv, cap_ho;
+};
+
+size_t ur_sizeof_cache_config(void) { return sizeof(ur_cache_config); }
+size_t ur_sizeof_cache_stats(void) { return sizeof(ur_cache_stats); }
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
+
+/* The set of a key: the hash of (cache table, row), not of the cumulative key, so a table's
+ * rows land in the same sets whichever tables share the cache. */
+static int64_t set_of(const ur_cache *c, uint64_t key, int32_t ct) {
+  uint64_t row = key - (uint64_t)c->kbase[ct];
+  return (int64_t)(mix64(((uint64_t)ct << UR__CACHE_ROW_BITS) ^ row ^ 0x5851F42D4C957F2Dull) %
+                   (uint64_t)c->nsets);
+}
+
+static int32_t table_of_key(const ur_cache *c, uint64_t key) {
+  int32_t lo = 0, hi = c->nt;
+  while (hi - lo > 1) {
+    int32_t mid = (lo + hi) / 2;
+    if ((uint64_t)c->kbase[mid] <= key) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+static uint64_t pair_of(const ur_cache *c, uint64_t key) {
+  int32_t ct = table_of_key(c, key);
+  return ((uint64_t)ct << UR__CACHE_ROW_BITS) | (key - (uint64_t)c->kbase[ct]);
+}
+
+static ur_status grow(void **p, int64_t *cap, int64_t need, size_t elem) {
+  if (need <= *cap) return UR_STATUS_OK;
+  int64_t n = need + need / 2 + 64;
+  void *q = realloc(*p, (size_t)n * elem);
+  if (!q) return ur__error(UR_STATUS_OOM, "cache: out of host memory (%lld entries)", (long long)n);
+  *p = q;
+  *cap = n;
+  return UR_STATUS_OK;
+}
+
+/* ---- slot storage ---- */
+
+static ur_status new_slot_tensor(ur_cache *c, ur_tensor **out, ur_dtype d, int64_t rows,
+                                 int64_t cols) {
+  int64_t shape[2] = {rows, cols};
+  return ur_tensor_new(out, d, 2, shape, c->gpu ? UR_PLACE_DEVICE : UR_PLACE_HOST,
+                       c->gpu ? c->device : UR_LOC_CPU);
+}
+
+/* Slot storage of R rows; the first keep rows of the old storage are kept. */
+static ur_status alloc_slots(ur_cache *c, int64_t R, int64_t keep) {
+  ur_tensor *w = NULL, *s1 = NULL, *s2 = NULL;
+  ur_status st = new_slot_tensor(c, &w, (ur_dtype)c->dtype, R, c->dim);
+  if (!st && c->nstate > 0) st = new_slot_tensor(c, &s1, UR_DTYPE_F32, R, c->state_per_row);
+  if (!st && c->nstate > 1) st = new_slot_tensor(c, &s2, UR_DTYPE_F32, R, c->state_per_row);
+  if (!st && s1) st = ur_tensor_fill(NULL, s1, 0);
+  if (!st && s2) st = ur_tensor_fill(NULL, s2, 0);
+  const ur_backend *b = c->gpu ? ur__gpu() : ur__cpu();
+  size_t sb = (size_t)c->state_per_row * 4;
+  if (!st && keep > 0 && c->sw) {
+    st = b->copy(NULL, ur_tensor_data(w), ur_tensor_data(c->sw), (size_t)keep * c->row_bytes);
+    if (!st && s1) st = b->copy(NULL, ur_tensor_data(s1), ur_tensor_data(c->ss1), (size_t)keep * sb);
+    if (!st && s2) st = b->copy(NULL, ur_tensor_data(s2), ur_tensor_data(c->ss2), (size_t)keep * sb);
+    if (!st && c->gpu) st = b->stream_sync(NULL);
+  }
+  if (st) {
+    ur_tensor_free(w);
+    ur_tensor_free(s1);
+    ur_tensor_free(s2);
+    return st;
+  }
+  ur_tensor_free(c->sw);
+  ur_tensor_free(c->ss1);
+  ur_tensor_free(c->ss2);
+  c->sw = w;
+  c->ss1 = s1;
+  c->ss2 = s2;
+  c->R = R;
+  c->io.slot_w = ur_tensor_data(w);
+  c->io.slot_s1 = s1 ? ur_tensor_data(s1) : NULL;
+  c->io.slot_s2 = s2 ? ur_tensor_data(s2) : NULL;
+  for (int32_t i = 0; i < c->nt && !st; i++) {
+    st = ur__tbe_redirect(c->tbe, c->tidx[i], c, c->io.slot_w, c->io.slot_s1, c->io.slot_s2, R);
+    if (!st && c->bound <= i) c->bound = i + 1;
+  }
+  return st;
+}
+
+/* ---- moving rows ---- */
+
+static void cpu_move(const ur_cache *c, const int64_t *e, int64_t n, int to_host) {
+  size_t sb = (size_t)c->state_per_row * 4;
+  for (int64_t i = 0; i < n; i++) {
+    uint64_t p = (uint64_t)e[2 * i];
+    int32_t ct = (int32_t)(p >> UR__CACHE_ROW_BITS);
+    int64_t row = (int64_t)(p & UR__CACHE_ROW_MASK), r = e[2 * i + 1];
+    const ur__tbe_table *b = &c->back[ct];
+    char *hw = (char *)b->weights + (size_t)row * c->row_bytes;
+    char *sw = (char *)c->io.slot_w + (size_t)r * c->row_bytes;
+    if (to_host) memcpy(hw, sw, c->row_bytes);
+    else memcpy(sw, hw, c->row_bytes);
+    float *hs[2] = {b->state1, b->state2}, *ss[2] = {c->io.slot_s1, c->io.slot_s2};
+    for (int k = 0; k < c->nstate; k++) {
+      char *h = (char *)(hs[k] + (size_t)row * (size_t)c->state_per_row);
+      char *s = (char *)(ss[k] + (size_t)r * (size_t)c->state_per_row);
+      if (to_host) memcpy(h, s, sb);
+      else memcpy(s, h, sb);
+    }
+  }
+}
+
+/* Bytes one row moves, with its optimizer state. */
+static uint64_t row_moves(const ur_cache *c) {
+  return (uint64_t)c->row_bytes + (uint64_t)c->nstate * (uint64_t)c->state_per_row * 4;
+}
+
+/* entries: host pairs (CPU) or device pairs (GPU). */
+static ur_status move(ur_cache *c, void *stream, const int64_t *e, int64_t n, int to_host) {
+  if (n <= 0) return UR_STATUS_OK;
+  if (!c->gpu) {
+    cpu_move(c, e, n, to_host);
+    return UR_STATUS_OK;
+  }
+  if (!ur__gpu()->cache_move)
+    return ur__error(UR_STATUS_UNSUPPORTED, "cache: the CUDA backend has no cache kernels (%s)",
+                     ur_cuda_error());
+  return ur__gpu()->cache_move(stream, &c->io, e, n, to_host);
+}
+
+/* ---- construction ---- */
+
+static ur_status check_config(const ur_cache_config *cfg) {
+  if (cfg->slots < 1)
+    return ur__error(UR_STATUS_INVALID, "cache: %lld slots; expected 1 or more",
+                     (long long)cfg->slots);
+  if ((unsigned)cfg->policy >= UR_CACHE_POLICY_COUNT)
+    return ur__error(UR_STATUS_INVALID, "cache: policy %d is not lru (0) or lfu (1)",
+                     (int)cfg->policy);
+  if (cfg->decay_batches < 0)
+    return ur__error(UR_STATUS_INVALID, "cache: decay_batches %d; expected >= 0 (0: no decay)",
+                     (int)cfg->decay_batches);
+  if (cfg->staging_rows < 0)
+    return ur__error(UR_STATUS_INVALID, "cache: staging_rows %lld; expected >= 0",
+                     (long long)cfg->staging_rows);
+  return UR_STATUS_OK;
+}
+
+ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int32_t *tables,
+                       const ur_cache_config *config) {
+  *out = NULL;
+  ur_status st = check_config(config);
+  if (st) return st;
+  int32_t T = ur_tbe_num_tables(t);
+  if (num_tables < 1 || num_tables > T)
+    return ur__error(UR_STATUS_INVALID, "cache: %d tables; expected 1..%d (the collection's)",
+                     (int)num_tables, (int)T);
+  if (num_tables >= (1 << 15))
+    return ur__error(UR_STATUS_INVALID, "cache: %d tables; one cache takes fewer than 32768",
+                     (int)num_tables);
+  ur_cache *c = calloc(1, sizeof *c);
+  if (!c) return ur__error(UR_STATUS_OOM, "cache: out of host memory");
+  c->tbe = t;
+  c->cfg = *config;
+  c->nt = num_tables;
+  c->T = T;
+  c->F = ur_tbe_num_features(t);
+  const ur_tbe_config *tc = ur__tbe_config(t);
+  c->gpu = tc->device >= 0;
+  c->device = tc->device;
+  c->bounds = tc->bounds;
+  c->nstate = ur_tbe_state_count(t);
+  c->tidx = calloc((size_t)num_tables, sizeof *c->tidx);
+  c->ct_of = malloc(sizeof *c->ct_of * (size_t)T);
+  c->rows = calloc((size_t)num_tables, sizeof *c->rows);
+  c->kbase = calloc((size_t)num_tables, sizeof *c->kbase);
+  c->back = calloc((size_t)num_tables, sizeof *c->back);
+  c->stats = calloc((size_t)num_tables + 1, sizeof *c->stats);
+  if (!c->tidx || !c->ct_of || !c->rows || !c->kbase || !c->back || !c->stats) {
+    c->tbe = NULL;
+    ur_cache_free(c);
+    return ur__error(UR_STATUS_OOM, "cache: out of host memory");
+  }
+  for (int32_t i = 0; i < T; i++) c->ct_of[i] = -1;
+  uint64_t key = 0;
+  for (int32_t i = 0; i < num_tables && !st; i++) {
+    int32_t ti = tables[i], place = 0;
+    if (ti < 0 || ti >= T) {
+      st = ur__error(UR_STATUS_INVALID, "cache: table %d does not exist; expected 0..%d",
+                     (int)ti, (int)T - 1);
+      break;
+    }
+    const char *name = ur_tbe_table_name(t, ti);
+    if (c->ct_of[ti] >= 0) {
+      st = ur__error(UR_STATUS_INVALID, "cache: table '%s' is listed twice", name);
+      break;
+    }
+    if ((st = ur__tbe_backing(t, ti, &c->back[i], &place))) break;
+    if (place == UR_PLACE_DEVICE) {
+      st = ur__error(UR_STATUS_INVALID,
+                     "cache: table '%s' is in device memory; a cached table keeps its rows in "
+                     "host, pinned or managed memory",
+                     name);
+      break;
+    }
+    if (i > 0 && (c->back[i].dim != c->dim || c->back[i].dtype != c->dtype)) {
+      st = ur__error(UR_STATUS_INVALID,
+                     "cache: table '%s' has dim %d and dtype %s but '%s' has dim %d and dtype %s; "
+                     "tables sharing a cache have one dim and dtype",
+                     name, (int)c->back[i].dim, ur_dtype_name((ur_dtype)c->back[i].dtype),
+                     ur_tbe_table_name(t, tables[0]), (int)c->dim, ur_dtype_name((ur_dtype)c->dtype));
+      break;
+    }
+    c->dim = c->back[i].dim;
+    c->dtype = c->back[i].dtype;
+    c->tidx[i] = ti;
+    c->ct_of[ti] = i;
+    c->rows[i] = c->back[i].rows;
+    c->kbase[i] = (int64_t)key;
+    key += (uint64_t)c->rows[i];
+  }
+  if (st) {
+    c->tbe = NULL;
+    ur_cache_free(c);
+    return st;
+  }
+  c->total_keys = key;
+  c->key_bits = 1;
+  while (c->key_bits < 63 && ((uint64_t)1 << c->key_bits) <= key) c->key_bits++;
+  c->row_bytes = (size_t)c->dim * ur_dtype_size((ur_dtype)c->dtype);
+  c->state_per_row = c->nstate == 0 ? 0 : tc->optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? 1 : c->dim;
+  c->nsets = (config->slots + UR_CACHE_WAYS - 1) / UR_CACHE_WAYS;
+  c->S = c->nsets * UR_CACHE_WAYS;
+  c->M = config->staging_rows > 0 ? config->staging_rows : 256;
+  c->next_ticket = 1;
+  c->tag = malloc(sizeof *c->tag * (size_t)c->S);
+  c->stamp = calloc((size_t)c->S, sizeof *c->stamp);
+  c->dirty = calloc((size_t)c->S, 1);
+  if (config->policy == UR_CACHE_LFU) c->freq = calloc((size_t)key ? (size_t)key : 1, sizeof *c->freq);
+  if (!c->tag || !c->stamp || !c->dirty || (config->policy == UR_CACHE_LFU && !c->freq)) {
+    c->tbe = NULL;
+    ur_cache_free(c);
+    return ur__error(UR_STATUS_OOM, "cache: out of host memory for %lld slots",
+                     (long long)c->S);
+  }
+  for (int64_t i = 0; i < c->S; i++) c->tag[i] = EMPTY;
+  c->io.row_bytes = (int64_t)c->row_bytes;
+  c->io.state_per_row = c->state_per_row;
+  c->io.nstate = c->nstate;
+  /* the host pointers, as arrays the backend reads */
+  int64_t np = 3 * (int64_t)num_tables;
+  void **hp = malloc(sizeof(void *) * (size_t)np);
+  if (!hp) st = ur__error(UR_STATUS_OOM, "cache: out of host memory");
+  for (int32_t i = 0; i < num_tables && !st; i++) {
+    hp[i] = c->back[i].weights;
+    hp[num_tables + i] = c->back[i].state1;
+    hp[2 * num_tables + i] = c->back[i].state2;
+  }
+  if (!st) {
+    int64_t bytes = np * (int64_t)sizeof(void *);
+    if (c->gpu) {
+      st = ur_tensor_new(&c->ptrs, UR_DTYPE_U8, 1, &bytes, UR_PLACE_DEVICE, c->device);
+      if (!st) st = ur__gpu()->copy(NULL, ur_tensor_data(c->ptrs), hp, (size_t)bytes);
+      if (!st) st = ur__gpu()->stream_sync(NULL);
+    } else {
+      st = ur_tensor_new(&c->ptrs, UR_DTYPE_U8, 1, &bytes, UR_PLACE_HOST, UR_LOC_CPU);
+      if (!st) memcpy(ur_tensor_data(c->ptrs), hp, (size_t)bytes);
+    }
+  }
+  free(hp);
+  if (!st) {
+    void **p = ur_tensor_data(c->ptrs);
+    c->io.host_w = p;
+    c->io.host_s1 = (float *const *)(p + num_tables);
+    c->io.host_s2 = (float *const *)(p + 2 * num_tables);
+    st = alloc_slots(c, c->S + 2 * c->M, 0);
+  }
+  if (st) {
+    ur_cache_free(c);
+    return st;
+  }
+  *out = c;
+  return UR_STATUS_OK;
+}
+
+static void free_batch(flight *b) {
+  if (b->event) ur__gpu()->event_free(b->event);
+  if (b->ready) ur__gpu()->event_free(b->ready);
+  free(b->slots);
+  free(b->staged);
+  free(b->staged_keys);
+  ur_tensor_free(b->host);
+  ur_tensor_free(b->dev);
+  memset(b, 0, sizeof *b);
+}
+
+void ur__cache_orphan(ur_cache *c, ur_tbe *t) {
+  if (c->tbe == t) c->tbe = NULL;
+}
+
+void ur_cache_free(ur_cache *c) {
+  if (!c) return;
+  if (c->tbe && c->sw) {
+    /* best effort: the rows go home, and the collection reads its own storage again */
+    if (ur_cache_flush(c) == UR_STATUS_OK) {
+      for (int32_t i = 0; i < c->bound; i++)
+        ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, 0);
+    }
+  } else if (c->gpu && ur__gpu()) {
+    ur__gpu()->device_sync();
+  }
+  for (int r = 0; r < RING; r++) free_batch(&c->ring[r]);
+  ur_tensor_free(c->sw);
+  ur_tensor_free(c->ss1);
+  ur_tensor_free(c->ss2);
+  ur_tensor_free(c->ptrs);
+  free(c->tidx);
+  free(c->ct_of);
+  free(c->rows);
+  free(c->kbase);
+  free(c->back);
+  free(c->stats);
+  free(c->tag);
+  free(c->stamp);
+  free(c->dirty);
+  free(c->freq);
+  free(c->keys);
+  free(c->tkeys);
+  free(c->vidx);
+  free(c->tvidx);
+  free(c->uniq_of);
+  free(c->order);
+  free(c->res);
+  free(c->evict);
+  free(c->grp);
+  free(c->ukeys);
+  free(c->hvals);
+  free(c->hoffs);
+  free(c);
+}
+
+int64_t ur_cache_slots(const ur_cache *c) { return c->S; }
+int64_t ur_cache_staging_rows(const ur_cache *c) { return c->M; }
+int32_t ur_cache_num_tables(const ur_cache *c) { return c->nt; }
+int32_t ur_cache_table(const ur_cache *c, int32_t i) { return i >= 0 && i < c->nt ? c->tidx[i] : -1; }
+uint64_t ur_cache_bytes(const ur_cache *c) {
+  return (uint64_t)c->R * row_moves(c);
+}
+int32_t ur_cache_in_flight(const ur_cache *c) {
+  int32_t n = 0;
+  for (int r = 0; r < RING; r++) n += c->ring[r].ticket && !c->ring[r].retired;
+  return n;
+}
+
+static ur_status check_alive(const ur_cache *c) {
+  if (!c->tbe)
+    return ur__error(UR_STATUS_INVALID, "cache: its embedding collection was freed");
+  return UR_STATUS_OK;
+}
+
+/* ---- LFU counts: halved once per decay period, lazily when a row is next read ---- */
+
+static uint32_t freq_epoch(const ur_cache *c, int64_t ticket) {
+  return c->cfg.decay_batches > 0 ? (uint32_t)(ticket / c->cfg.decay_batches) & 0xffffu : 0;
+}
+
+static uint32_t freq_now(uint32_t f, uint32_t epoch) {
+  uint32_t d = (epoch - (f >> 16)) & 0xffffu;
+  return d >= 16 ? 0 : (f & 0xffffu) >> d;
+}
+
+/* ---- one batch ---- */
+
+/* LSD radix sort of (key, value index) by key; stable.  Results in *k, *v. */
+static void radix_sort(uint64_t **k, int64_t **v, uint64_t **tk, int64_t **tv, int64_t n,
+                       int bits) {
+  enum { RB = 11, RN = 1 << RB };
+  static __thread size_t cnt[RN];
+  for (int shift = 0; shift < bits; shift += RB) {
+    memset(cnt, 0, sizeof cnt);
+    uint64_t *ks = *k, *kd = *tk;
+    int64_t *vs = *v, *vd = *tv;
+    for (int64_t i = 0; i < n; i++) cnt[(ks[i] >> shift) & (RN - 1)]++;
+    size_t sum = 0;
+    for (int d = 0; d < RN; d++) {
+      size_t x = cnt[d];
+      cnt[d] = sum;
+      sum += x;
+    }
+    for (int64_t i = 0; i < n; i++) {
+      size_t p = cnt[(ks[i] >> shift) & (RN - 1)]++;
+      kd[p] = ks[i];
+      vd[p] = vs[i];
+    }
+    *tk = ks;
+    *tv = vs;
+    *k = kd;
+    *v = vd;
+  }
+}
+
+typedef struct decide_job {
+  ur_cache *c;
+  int64_t ticket, floor;        /* slots stamped below floor are evictable */
+  const int64_t *order;         /* unique indices in (set, key) order */
+  const int64_t *grp;           /* group g covers order[grp[g] .. grp[g+1]) */
+  const uint64_t *ukeys;
+  int64_t *res;                 /* per unique: slot, or -1 (conflict); hits marked by bit 62 */
+  int64_t *evict;               /* per unique: evicted key (EMPTY: none); dirty in bit 63 */
+} decide_job;
+
+#define HIT_BIT ((int64_t)1 << 62)
+
+static void decide_range(void *ctx, size_t g0, size_t g1) {
+  decide_job *j = ctx;
+  ur_cache *c = j->c;
+  uint32_t epoch = freq_epoch(c, j->ticket);
+  for (size_t g = g0; g < g1; g++) {
+    int64_t b = j->grp[g], e = j->grp[g + 1];
+    uint64_t k0 = j->ukeys[j->order[b]];
+    int64_t set = set_of(c, k0, table_of_key(c, k0));
+    int64_t base = set * UR_CACHE_WAYS;
+    /* hits first: they lock their ways before any miss looks for a victim */
+    for (int64_t q = b; q < e; q++) {
+      int64_t u = j->order[q];
+      uint64_t key = j->ukeys[u];
+      j->res[u] = -1;
+      j->evict[u] = (int64_t)EMPTY;
+      for (int w = 0; w < UR_CACHE_WAYS; w++)
+        if (c->tag[base + w] == key) {
+          c->stamp[base + w] = j->ticket;
+          j->res[u] = (base + w) | HIT_BIT;
+          break;
+        }
+    }
+    for (int64_t q = b; q < e; q++) {
+      int64_t u = j->order[q];
+      if (j->res[u] >= 0) continue;
+      int best = -1;
+      for (int w = 0; w < UR_CACHE_WAYS; w++) {
+        int64_t s = base + w;
+        if (c->tag[s] == EMPTY) {
+          best = w;
+          break;
+        }
+        if (c->stamp[s] >= j->floor) continue;
+        if (best < 0) {
+          best = w;
+          continue;
+        }
+        int64_t sb = base + best;
+        if (c->freq) {
+          uint32_t fs = freq_now(c->freq[c->tag[s]], epoch), fb = freq_now(c->freq[c->tag[sb]], epoch);
+          if (fs < fb || (fs == fb && c->stamp[s] < c->stamp[sb])) best = w;
+        } else if (c->stamp[s] < c->stamp[sb]) {
+          best = w;
+        }
+      }
+      if (best < 0) continue; /* conflict: staged */
+      int64_t s = base + best;
+      if (c->tag[s] != EMPTY)
+        j->evict[u] = (int64_t)(c->tag[s] | (c->dirty[s] ? (uint64_t)1 << 63 : 0));
+      c->tag[s] = j->ukeys[u];
+      c->stamp[s] = j->ticket;
+      c->dirty[s] = 0;
+      j->res[u] = s;
+    }
+  }
+}
+
+static flight *ring_find(ur_cache *c, int64_t ticket) {
+  for (int r = 0; r < RING; r++)
+    if (c->ring[r].ticket == ticket) return &c->ring[r];
+  return NULL;
+}
+
+/* The stream s waits for batch b's retire (its backward and staged write-backs). */
+static ur_status wait_retired(ur_cache *c, ur_stream *s, flight *b) {
+  if (c->gpu && b->event && ur__gpu()->stream_wait) {
+    if (!ur__gpu()->stream_wait) return ur__error(UR_STATUS_UNSUPPORTED, "cache: no stream_wait");
+    return ur__gpu()->stream_wait(s ? s->handle : NULL, b->event);
+  }
+  return UR_STATUS_OK;
+}
+
+static int keys_meet(const uint64_t *a, int64_t na, const uint64_t *b, int64_t nb) {
+  int64_t i = 0, k = 0;
+  while (i < na && k < nb) {
+    if (a[i] == b[k]) return 1;
+    if (a[i] < b[k]) i++;
+    else k++;
+  }
+  return 0;
+}
+
+/* Host copies of values and offsets when they live on the device. */
+static ur_status host_ids(ur_cache *c, ur_stream *s, const ur_tensor *x, int64_t **buf,
+                          int64_t *cap, const int64_t **out) {
+  if (ur_tensor_place(x) != UR_PLACE_DEVICE) {
+    if (c->gpu && ur_tensor_place(x) == UR_PLACE_MANAGED) {
+      ur_status st = ur__gpu()->device_sync();
+      if (st) return st;
+    }
+    *out = ur_tensor_data(x);
+    return UR_STATUS_OK;
+  }
+  int64_t n = ur_tensor_numel(x);
+  ur_status st = grow((void **)buf, cap, n + 1, sizeof(int64_t));
+  if (!st) st = ur__gpu()->copy(s ? s->handle : NULL, *buf, ur_tensor_data(x), (size_t)n * 8);
+  if (!st) st = ur__gpu()->stream_sync(s ? s->handle : NULL);
+  *out = *buf;
+  return st;
+}
+
+static ur_status check_ids_tensor(const ur_cache *c, const ur_tensor *x, const char *what) {
+  if (ur_tensor_dtype(x) != UR_DTYPE_I64 || ur_tensor_ndim(x) != 1)
+    return ur__error(UR_STATUS_INVALID, "cache: %s is %s with %d dimensions; expected i64 with 1",
+                     what, ur_dtype_name(ur_tensor_dtype(x)), (int)ur_tensor_ndim(x));
+  if (ur_tensor_place(x) == UR_PLACE_DEVICE && !c->gpu)
+    return ur__error(UR_STATUS_INVALID, "cache: %s is in device memory but the collection runs "
+                                        "on the CPU", what);
+  return UR_STATUS_OK;
+}
+
+/* Makes room for staging rows: waits for the GPU, releases retired batches, and grows the
+ * slot storage (the slots are kept; staged rows of no batch are live then). */
+static ur_status grow_staging(ur_cache *c, int64_t need) {
+  for (int r = 0; r < RING; r++)
+    if (c->ring[r].ticket && !c->ring[r].retired && c->ring[r].nstaged)
+      return ur__error(UR_STATUS_INVALID,
+                       "cache: a batch needs %lld staging rows (the cache holds %lld) while batch "
+                       "%lld, not yet retired, holds staged rows; retire it first",
+                       (long long)need, (long long)c->M, (long long)c->ring[r].ticket);
+  ur_status st = c->gpu ? ur__gpu()->device_sync() : UR_STATUS_OK;
+  if (st) return st;
+  int64_t M = c->M;
+  while (M < need) M *= 2;
+  if ((st = alloc_slots(c, c->S + 2 * M, c->S))) return st;
+  c->M = M;
+  return UR_STATUS_OK;
+}
+
+static ur_status bad_value(ur_cache *c, int64_t v, int64_t id, int32_t f, const int64_t *offs,
+                           const int64_t *bag_start, int64_t batch) {
+  int32_t ti = ur_tbe_feature_table(c->tbe, f);
+  int64_t b0 = bag_start ? bag_start[f] : (int64_t)f * batch;
+  int64_t b1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch, lo = b0;
+  while (b1 - lo > 1) { /* the last bag of f starting at or before v */
+    int64_t mid = lo + (b1 - lo) / 2;
+    if (offs[mid] <= v) lo = mid;
+    else b1 = mid;
+  }
+  return ur__error(UR_STATUS_INVALID,
+                   "cache: table '%s' (feature '%s', sample %lld, value %lld) has no row %lld; "
+                   "ids run 0..%lld",
+                   ur_tbe_table_name(c->tbe, ti), ur_tbe_feature_name(c->tbe, f),
+                   (long long)(lo - b0), (long long)v, (long long)id,
+                   (long long)c->rows[c->ct_of[ti]] - 1);
+}
+
+ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
+                           const ur_tensor *offsets, const int64_t *bpf, ur_tensor *out,
+                           int64_t *ticket) {
+  *ticket = 0;
+  ur_status st = check_alive(c);
+  if (st) return st;
+  if (!values || !offsets || !out)
+    return ur__error(UR_STATUS_INVALID, "cache: values, offsets and out are required");
+  if ((st = check_ids_tensor(c, values, "values")) || (st = check_ids_tensor(c, offsets, "offsets")) ||
+      (st = check_ids_tensor(c, out, "out")))
+    return st;
+  int64_t n = ur_tensor_numel(values), bags = ur_tensor_numel(offsets) - 1;
+  if (ur_tensor_numel(out) != n)
+    return ur__error(UR_STATUS_INVALID, "cache: out holds %lld ids for %lld values; expected one each",
+                     (long long)ur_tensor_numel(out), (long long)n);
+  if (ur_tensor_place(out) == UR_PLACE_HOST && c->gpu)
+    return ur__error(UR_STATUS_INVALID, "cache: out is in host memory, which the collection's GPU "
+                                        "cannot read");
+  if (bags < 0) return ur__error(UR_STATUS_INVALID, "cache: offsets is empty; expected bags + 1");
+  int64_t *bag_start = NULL, batch = 0;
+  if (bpf) {
+    bag_start = malloc(sizeof(int64_t) * ((size_t)c->F + 1));
+    if (!bag_start) return ur__error(UR_STATUS_OOM, "cache: out of host memory");
+    bag_start[0] = 0;
+    for (int32_t f = 0; f < c->F; f++) {
+      if (bpf[f] < 0) {
+        free(bag_start);
+        return ur__error(UR_STATUS_INVALID, "cache: feature '%s' has batch %lld; expected >= 0",
+                         ur_tbe_feature_name(c->tbe, f), (long long)bpf[f]);
+      }
+      bag_start[f + 1] = bag_start[f] + bpf[f];
+    }
+    if (bag_start[c->F] != bags) {
+      int64_t sum = bag_start[c->F];
+      free(bag_start);
+      return ur__error(UR_STATUS_INVALID,
+                       "cache: batch_per_feature sums to %lld bags but offsets hold %lld",
+                       (long long)sum, (long long)bags);
+    }
+  } else if (bags % c->F) {
+    return ur__error(UR_STATUS_INVALID, "cache: %lld bags do not split evenly over %d features",
+                     (long long)bags, (int)c->F);
+  } else {
+    batch = bags / c->F;
+  }
+  double t0 = now_s();
+  /* a free ring entry */
+  flight *B = NULL;
+  for (int r = 0; r < RING && !B; r++)
+    if (!c->ring[r].ticket) B = &c->ring[r];
+  if (!B) {
+    /* release retired batches whose retire this stream can wait for */
+    for (int r = 0; r < RING && !B; r++)
+      if (c->ring[r].retired) {
+        if ((st = wait_retired(c, s, &c->ring[r]))) break;
+        c->ring[r].ticket = 0;
+        B = &c->ring[r];
+      }
+    if (!B && !st)
+      st = ur__error(UR_STATUS_INVALID, "cache: %d batches are prepared and not retired; retire "
+                                        "one (ur_cache_retire) before preparing another", RING);
+  }
+  const int64_t *vals = NULL, *offs = NULL;
+  if (!st && c->last_prepare_set && c->last_prepare != s && c->gpu)
+    st = ur__gpu()->stream_sync(c->last_prepare ? c->last_prepare->handle : NULL);
+  if (!st) st = host_ids(c, s, values, &c->hvals, &c->cap_hv, &vals);
+  if (!st) st = host_ids(c, s, offsets, &c->hoffs, &c->cap_ho, &offs);
+  if (!st && (offs[0] != 0 || offs[bags] != n))
+    st = ur__error(UR_STATUS_INVALID, "cache: offsets run from %lld to %lld; expected 0 to %lld "
+                                      "(the values)", (long long)offs[0], (long long)offs[bags],
+                   (long long)n);
+  if (st) {
+    free(bag_start);
+    return st;
+  }
+  int64_t tk = c->next_ticket;
+  /* 1. keys of the cached values */
+  if ((st = grow((void **)&c->keys, &c->cap_n, n + 1, 8))) {
+    free(bag_start);
+    return st;
+  }
+  {
+    int64_t cap = c->cap_n;
+    void *p;
+    if (!(p = realloc(c->tkeys, (size_t)cap * 8)) || !(c->tkeys = p) ||
+        !(p = realloc(c->vidx, (size_t)cap * 8)) || !(c->vidx = p) ||
+        !(p = realloc(c->tvidx, (size_t)cap * 8)) || !(c->tvidx = p) ||
+        !(p = realloc(c->uniq_of, (size_t)cap * 8)) || !(c->uniq_of = p)) {
+      free(bag_start);
+      return ur__error(UR_STATUS_OOM, "cache: out of host memory for %lld ids", (long long)n);
+    }
+  }
+  int64_t m = 0;
+  const ur__tbe_feature *feats = ur__tbe_features(c->tbe);
+  for (int32_t f = 0; f < c->F && !st; f++) {
+    int32_t ct = c->ct_of[feats[f].table];
+    if (ct < 0) continue;
+    int64_t fb0 = bag_start ? bag_start[f] : (int64_t)f * batch;
+    int64_t fb1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch;
+    int64_t v0 = offs[fb0], v1 = offs[fb1];
+    if (v0 < 0 || v1 < v0 || v1 > n) {
+      st = ur__error(UR_STATUS_INVALID, "cache: feature '%s' spans values %lld..%lld of %lld; "
+                                        "offsets must not decrease",
+                     ur_tbe_feature_name(c->tbe, f), (long long)v0, (long long)v1, (long long)n);
+      break;
+    }
+    c->stats[ct].lookups += v1 - v0;
+    for (int64_t v = v0; v < v1; v++) {
+      int64_t id = vals[v];
+      if (id < 0 || id >= c->rows[ct]) {
+        if (c->bounds == UR_TBE_BOUNDS_FATAL) {
+          st = bad_value(c, v, id, f, offs, bag_start, batch);
+          break;
+        }
+        continue;
+      }
+      c->keys[m] = (uint64_t)(c->kbase[ct] + id);
+      c->vidx[m] = v;
+      m++;
+    }
+  }
+  if (st) {
+    free(bag_start);
+    return st;
+  }
+  /* 2. sorted, deduplicated */
+  uint64_t *k = c->keys, *tkk = c->tkeys;
+  int64_t *vi = c->vidx, *tv = c->tvidx;
+  radix_sort(&k, &vi, &tkk, &tv, m, c->key_bits);
+  int64_t U = 0;
+  if ((st = grow((void **)&c->ukeys, &c->cap_u, m + 1, 8))) {
+    free(bag_start);
+    return st;
+  }
+  {
+    int64_t cap = c->cap_u;
+    void *p;
+    if (!(p = realloc(c->order, (size_t)cap * 8)) || !(c->order = p) ||
+        !(p = realloc(c->res, (size_t)cap * 8)) || !(c->res = p) ||
+        !(p = realloc(c->evict, (size_t)cap * 8)) || !(c->evict = p)) {
+      free(bag_start);
+      return ur__error(UR_STATUS_OOM, "cache: out of host memory");
+    }
+  }
+  for (int64_t i = 0; i < m; i++) {
+    if (i == 0 || k[i] != k[i - 1]) c->ukeys[U++] = k[i];
+    c->uniq_of[i] = U - 1; /* position i of the sorted order */
+  }
+  /* 3. locks: which earlier batches still hold their rows */
+  int64_t waits = 0;
+  for (int r = 0; r < RING && !st; r++) {
+    flight *b = &c->ring[r];
+    if (!b->ticket || b == B) continue;
+    if (!b->retired) {
+      if (b->nstaged && keys_meet(c->ukeys, U, b->staged_keys, b->nstaged))
+        st = ur__error(UR_STATUS_INVALID,
+                       "cache: batch %lld needs rows that batch %lld (not yet retired) serves "
+                       "from staging; retire it before preparing the next",
+                       (long long)tk, (long long)b->ticket);
+      continue;
+    }
+    int release = b->stream == s || b->ticket <= tk - 2;
+    if (!release && b->nstaged && keys_meet(c->ukeys, U, b->staged_keys, b->nstaged)) {
+      release = 1;
+      waits++;
+    }
+    if (release) {
+      if (b->stream != s && (st = wait_retired(c, s, b))) break;
+      b->ticket = 0;
+    }
+  }
+  if (st) {
+    free(bag_start);
+    return st;
+  }
+  /* Staging may have to grow, which needs no batch in flight to hold staged rows: say so
+   * before any decision is made. */
+  for (int r = 0; r < RING && !st; r++)
+    if (U > c->M && c->ring[r].ticket && !c->ring[r].retired && c->ring[r].nstaged && &c->ring[r] != B)
+      st = ur__error(UR_STATUS_INVALID,
+                     "cache: batch %lld has %lld distinct rows, more than the %lld staging rows, "
+                     "while batch %lld, not yet retired, holds staged rows; retire it first",
+                     (long long)tk, (long long)U, (long long)c->M, (long long)c->ring[r].ticket);
+  if (st) {
+    free(bag_start);
+    return st;
+  }
+  int64_t floor = tk;
+  for (int r = 0; r < RING; r++)
+    if (c->ring[r].ticket && c->ring[r].ticket < floor) floor = c->ring[r].ticket;
+  /* LFU counts */
+  if (c->freq) {
+    uint32_t ep = freq_epoch(c, tk);
+    for (int64_t u = 0; u < U; u++) {
+      uint32_t *f = &c->freq[c->ukeys[u]];
+      uint32_t x = freq_now(*f, ep) + 1;
+      *f = (ep << 16) | (x > 0xffffu ? 0xffffu : x);
+    }
+  }
+  /* 4. (set, key) order by a stable counting sort on the set (keys are ascending) */
+  int64_t *setv = c->evict; /* scratch: the set of each unique, until the decisions */
+  int64_t ng = 0;
+  {
+    int64_t *cnt = calloc((size_t)c->nsets + 1, sizeof *cnt);
+    if (!cnt) {
+      free(bag_start);
+      return ur__error(UR_STATUS_OOM, "cache: out of host memory");
+    }
+    for (int64_t u = 0; u < U; u++) {
+      setv[u] = set_of(c, c->ukeys[u], table_of_key(c, c->ukeys[u]));
+      cnt[setv[u] + 1]++;
+    }
+    for (int64_t q = 0; q < c->nsets; q++) {
+      if (cnt[q + 1]) ng++;
+      cnt[q + 1] += cnt[q];
+    }
+    for (int64_t u = 0; u < U; u++) c->order[cnt[setv[u]]++] = u;
+    free(cnt);
+  }
+  if ((st = grow((void **)&c->grp, &c->cap_g, ng + 2, 8))) {
+    free(bag_start);
+    return st;
+  }
+  ng = 0;
+  for (int64_t q = 0; q < U; q++)
+    if (q == 0 || setv[c->order[q]] != setv[c->order[q - 1]]) c->grp[ng++] = q;
+  c->grp[ng] = U;
+  decide_job dj = {c, tk, floor, c->order, c->grp, c->ukeys, c->res, c->evict};
+  ur__parallel_for((size_t)ng, 64, decide_range, &dj);
+  /* 5. staging rows, in (set, key) order */
+  int64_t nconf = 0, nfill = 0, nwb = 0;
+  for (int64_t u = 0; u < U; u++) {
+    if (c->res[u] < 0) nconf++;
+    else if (!(c->res[u] & HIT_BIT)) nfill++;
+    if (c->evict[u] != (int64_t)EMPTY && ((uint64_t)c->evict[u] >> 63)) nwb++;
+  }
+  /* Growing was checked possible before the decisions; failing now (memory, the device)
+   * leaves the cache unusable, as any failed device step would. */
+  if (nconf > c->M && (st = grow_staging(c, nconf))) {
+    free(bag_start);
+    return st;
+  }
+  int half = (int)(tk & 1);
+  int64_t sbase = c->S + (int64_t)half * c->M;
+  /* lists: write-backs, fills + staging loads, then the slot ids of every value */
+  int64_t nload = nfill + nconf, nlist = 2 * (nwb + nload);
+  int64_t *lists = NULL, *outv = NULL;
+  int64_t host_words = nlist + n;
+  if (c->gpu) {
+    if (B->ready && (st = ur__gpu()->event_sync(B->ready))) goto fail;
+    int64_t cap = B->host ? ur_tensor_numel(B->host) : 0;
+    if (cap < host_words) {
+      int64_t want = host_words + host_words / 2 + 1024;
+      ur_tensor_free(B->host);
+      ur_tensor_free(B->dev);
+      B->host = B->dev = NULL;
+      if ((st = ur_tensor_new(&B->host, UR_DTYPE_I64, 1, &want, UR_PLACE_PINNED, UR_LOC_CPU)) ||
+          (st = ur_tensor_new(&B->dev, UR_DTYPE_I64, 1, &want, UR_PLACE_DEVICE, c->device)))
+        goto fail;
+    }
+    lists = ur_tensor_data(B->host);
+  } else {
+    lists = malloc(sizeof(int64_t) * (size_t)(nlist ? nlist : 1));
+    if (!lists) {
+      st = ur__error(UR_STATUS_OOM, "cache: out of host memory");
+      goto fail;
+    }
+  }
+  outv = c->gpu ? lists + nlist : ur_tensor_data(out);
+  if ((st = grow((void **)&B->slots, &B->cap_slots, U - nconf + 1, 8)) ||
+      (st = grow((void **)&B->staged, &B->cap_staged, 2 * nconf + 2, 8))) {
+    if (!c->gpu) free(lists);
+    goto fail;
+  }
+  {
+    void *p = realloc(B->staged_keys, sizeof(uint64_t) * (size_t)(nconf + 1));
+    if (!p) {
+      if (!c->gpu) free(lists);
+      st = ur__error(UR_STATUS_OOM, "cache: out of host memory");
+      goto fail;
+    }
+    B->staged_keys = p;
+  }
+  int64_t iw = 0, il = 2 * nwb, is = 2 * (nwb + nfill), ns = 0, nsl = 0, conf = 0;
+  for (int64_t q = 0; q < U; q++) {
+    int64_t u = c->order[q];
+    uint64_t key = c->ukeys[u];
+    int32_t ct = table_of_key(c, key);
+    counters *cs = &c->stats[ct];
+    cs->unique++;
+    if (c->evict[u] != (int64_t)EMPTY) {
+      uint64_t ek = (uint64_t)c->evict[u] & ~((uint64_t)1 << 63);
+      int32_t ect = table_of_key(c, ek);
+      c->stats[ect].evictions++;
+      if ((uint64_t)c->evict[u] >> 63) {
+        c->stats[ect].writebacks++;
+        c->stats[ect].bytes_out += row_moves(c);
+        lists[iw++] = (int64_t)pair_of(c, ek);
+        lists[iw++] = c->res[u];
+      }
+    }
+    if (c->res[u] < 0) {
+      int64_t r = sbase + conf++;
+      cs->conflicts++;
+      cs->bytes_in += row_moves(c);
+      lists[is++] = (int64_t)pair_of(c, key);
+      lists[is++] = r;
+      B->staged[2 * ns] = (int64_t)pair_of(c, key);
+      B->staged[2 * ns + 1] = r;
+      ns++;
+      c->res[u] = r;
+    } else if (c->res[u] & HIT_BIT) {
+      c->res[u] &= ~HIT_BIT;
+      cs->hits++;
+      B->slots[nsl++] = c->res[u];
+    } else {
+      cs->misses++;
+      cs->bytes_in += row_moves(c);
+      lists[il++] = (int64_t)pair_of(c, key);
+      lists[il++] = c->res[u];
+      B->slots[nsl++] = c->res[u];
+    }
+  }
+  /* staged keys ascending, for later batches' hazard checks */
+  {
+    int64_t w = 0;
+    for (int64_t u = 0; u < U; u++)
+      if (c->res[u] >= c->S) B->staged_keys[w++] = c->ukeys[u];
+  }
+  /* slot ids of every value: the cached ones from their key, the others as they are */
+  for (int64_t v = 0; v < n; v++) outv[v] = vals[v];
+  for (int32_t f = 0; f < c->F; f++) {
+    if (c->ct_of[feats[f].table] < 0) continue;
+    int64_t fb0 = bag_start ? bag_start[f] : (int64_t)f * batch;
+    int64_t fb1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch;
+    for (int64_t v = offs[fb0]; v < offs[fb1]; v++) outv[v] = -1; /* bad ids stay -1 */
+  }
+  for (int64_t i = 0; i < m; i++) outv[vi[i]] = c->res[c->uniq_of[i]];
+  for (int32_t ct = 0; ct < c->nt; ct++) c->stats[ct].batches++;
+  c->stats[c->nt].batches++;
+  B->ticket = tk;
+  B->retired = B->trained = 0;
+  B->stream = NULL;
+  B->nslots = nsl;
+  B->nstaged = ns;
+  B->list_at = 2 * nwb + 2 * nfill;
+  c->next_ticket++;
+  c->last_prepare = s;
+  c->last_prepare_set = 1;
+  c->stats[c->nt].waits += waits;
+  /* 6. the moves: write-backs, then loads, then the ids */
+  if (!c->gpu) {
+    move(c, NULL, lists, nwb, 1);
+    move(c, NULL, lists + 2 * nwb, nload, 0);
+    free(lists);
+  } else {
+    void *sh = s ? s->handle : NULL;
+    int64_t *dev = ur_tensor_data(B->dev);
+    uint64_t up = (uint64_t)nlist * 8;
+    if (!st && nlist) st = ur__gpu()->copy(sh, dev, lists, (size_t)up);
+    if (!st) st = move(c, sh, dev, nwb, 1);
+    if (!st) st = move(c, sh, dev + 2 * nwb, nload, 0);
+    if (!st) st = ur__gpu()->copy(sh, ur_tensor_data(out), outv, (size_t)n * 8);
+    if (!st && !B->ready) st = ur__gpu()->event_new(&B->ready);
+    if (!st) st = ur__gpu()->event_record(B->ready, sh);
+    c->stats[c->nt].bytes_ids += up + (uint64_t)n * 8;
+  }
+  c->seconds += now_s() - t0;
+  free(bag_start);
+  if (st) return st;
+  *ticket = tk;
+  return UR_STATUS_OK;
+fail:
+  free(bag_start);
+  return st;
+}
+
+ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int32_t trained) {
+  ur_status st = check_alive(c);
+  if (st) return st;
+  flight *b = ticket > 0 ? ring_find(c, ticket) : NULL;
+  if (!b || b->retired)
+    return ur__error(UR_STATUS_INVALID, "cache: batch %lld is not prepared and in flight%s",
+                     (long long)ticket, b ? " (retired already)" : "");
+  double t0 = now_s();
+  if (trained) {
+    for (int64_t i = 0; i < b->nslots; i++) c->dirty[b->slots[i]] = 1;
+    for (int64_t i = 0; i < b->nstaged; i++) {
+      int32_t ct = (int32_t)((uint64_t)b->staged[2 * i] >> UR__CACHE_ROW_BITS);
+      c->stats[ct].bytes_out += row_moves(c);
+    }
+    if (!c->gpu) {
+      move(c, NULL, b->staged, b->nstaged, 1);
+    } else {
+      int64_t *dev = ur_tensor_data(b->dev);
+      st = move(c, s ? s->handle : NULL, dev + b->list_at, b->nstaged, 1);
+    }
+  }
+  if (!st && c->gpu) {
+    if (!b->event) st = ur__gpu()->event_new(&b->event);
+    if (!st) st = ur__gpu()->event_record(b->event, s ? s->handle : NULL);
+  }
+  if (st) return st;
+  b->retired = 1;
+  b->trained = trained != 0;
+  b->stream = s;
+  c->seconds += now_s() - t0;
+  return UR_STATUS_OK;
+}
+
+ur_status ur_cache_flush(ur_cache *c) {
+  ur_status st = check_alive(c);
+  if (st) return st;
+  double t0 = now_s();
+  if (c->gpu && (st = ur__gpu()->device_sync())) return st;
+  int64_t nd = 0;
+  for (int64_t i = 0; i < c->S; i++) nd += c->dirty[i] && c->tag[i] != EMPTY;
+  if (nd) {
+    int64_t *e = malloc(sizeof(int64_t) * 2 * (size_t)nd), k = 0;
+    if (!e) return ur__error(UR_STATUS_OOM, "cache: out of host memory");
+    for (int64_t i = 0; i < c->S; i++)
+      if (c->dirty[i] && c->tag[i] != EMPTY) {
+        e[2 * k] = (int64_t)pair_of(c, c->tag[i]);
+        e[2 * k + 1] = i;
+        k++;
+        c->stats[table_of_key(c, c->tag[i])].writebacks++;
+        c->stats[table_of_key(c, c->tag[i])].bytes_out += row_moves(c);
+      }
+    if (!c->gpu) {
+      cpu_move(c, e, nd, 1);
+    } else {
+      ur_tensor *d = NULL;
+      int64_t words = 2 * nd;
+      st = ur_tensor_new(&d, UR_DTYPE_I64, 1, &words, UR_PLACE_DEVICE, c->device);
+      if (!st) st = ur__gpu()->copy(NULL, ur_tensor_data(d), e, (size_t)words * 8);
+      if (!st) st = move(c, NULL, ur_tensor_data(d), nd, 1);
+      if (!st) st = ur__gpu()->device_sync();
+      ur_tensor_free(d);
+    }
+    free(e);
+    if (st) return st;
+    for (int64_t i = 0; i < c->S; i++) c->dirty[i] = 0;
+  }
+  c->seconds += now_s() - t0;
+  return UR_STATUS_OK;
+}
+
+ur_status ur_cache_invalidate(ur_cache *c) {
+  ur_status st = check_alive(c);
+  if (st) return st;
+  if (ur_cache_in_flight(c))
+    return ur__error(UR_STATUS_INVALID, "cache: %d batches are in flight; retire them before "
+                                        "emptying the cache", (int)ur_cache_in_flight(c));
+  if ((st = ur_cache_flush(c))) return st;
+  for (int r = 0; r < RING; r++) c->ring[r].ticket = 0;
+  for (int64_t i = 0; i < c->S; i++) {
+    c->tag[i] = EMPTY;
+    c->stamp[i] = 0;
+  }
+  if (c->freq) memset(c->freq, 0, sizeof *c->freq * (size_t)(c->total_keys ? c->total_keys : 1));
+  return UR_STATUS_OK;
+}
+
+ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *out) {
+  memset(out, 0, sizeof *out);
+  if (table < -1 || table >= c->nt)
+    return ur__error(UR_STATUS_INVALID, "cache: table %d; expected -1 (the total) or 0..%d",
+                     (int)table, (int)c->nt - 1);
+  int32_t lo = table < 0 ? 0 : table, hi = table < 0 ? c->nt : table + 1;
+  for (int32_t i = lo; i < hi; i++) {
+    const counters *k = &c->stats[i];
+    out->lookups += k->lookups;
+    out->unique += k->unique;
+    out->hits += k->hits;
+    out->misses += k->misses;
+    out->conflicts += k->conflicts;
+    out->evictions += k->evictions;
+    out->writebacks += k->writebacks;
+    out->bytes_in += k->bytes_in;
+    out->bytes_out += k->bytes_out;
+  }
+  const counters *t = &c->stats[c->nt];
+  out->batches = table < 0 ? t->batches : c->stats[table].batches;
+  out->waits = t->waits;
+  out->bytes_ids = t->bytes_ids;
+  out->seconds = c->seconds;
+  return UR_STATUS_OK;
+}
+
+void ur_cache_reset_stats(ur_cache *c) {
+  memset(c->stats, 0, sizeof *c->stats * ((size_t)c->nt + 1));
+  c->seconds = 0;
+}
+
+ur_status ur_cache_contains(const ur_cache *c, int32_t table, const int64_t *ids, int64_t n,
+                            int64_t *slots) {
+  if (table < 0 || table >= c->nt)
+    return ur__error(UR_STATUS_INVALID, "cache: table %d; expected 0..%d", (int)table,
+                     (int)c->nt - 1);
+  for (int64_t i = 0; i < n; i++) {
+    slots[i] = -1;
+    if (ids[i] < 0 || ids[i] >= c->rows[table]) continue;
+    uint64_t key = (uint64_t)(c->kbase[table] + ids[i]);
+    int64_t base = set_of(c, key, table) * UR_CACHE_WAYS;
+    for (int w = 0; w < UR_CACHE_WAYS; w++)
+      if (c->tag[base + w] == key) {
+        slots[i] = base + w;
+        break;
+      }
+  }
+  return UR_STATUS_OK;
+}
