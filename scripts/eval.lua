@@ -1,17 +1,21 @@
--- uvmrec eval CONFIG --data SPEC [--set k=v]... [--out RUNDIR] [--cpu]
+-- uvmrec eval CONFIG --data SPEC [--checkpoint FILE|RUNDIR] [--set k=v]... [--out RUNDIR] [--cpu]
 -- Evaluates the model of a config on held-out data: AUC, NE, log loss, accuracy, calibration
 -- and CTR (eval.metrics), and for synthetic data the hidden model's AUC beside them.  The
--- model is the config's as built (seeded) until checkpoints can be loaded into it (the
--- checkpoint registry's components are registered: see uvmrec.train).  Also runs as
--- `luajit scripts/eval.lua ...` with the paths from `make -s env`.
+-- weights are a checkpoint's (a file, or a run directory's newest), else the config's model
+-- as built (seeded).  Also runs as `luajit scripts/eval.lua ...` with the paths from
+-- `make -s env`.
 local train = require "uvmrec.train"
 
 local usage = [[
-usage: uvmrec eval CONFIG --data SPEC [--set key=value]... [--out RUNDIR] [--cpu]
+usage: uvmrec eval CONFIG --data SPEC [--checkpoint FILE|RUNDIR] [--set key=value]... [--out RUNDIR]
+                          [--cpu]
   CONFIG        a YAML config, or a preset in models/ (dlrm_tiny, dlrm_kaggle, ...)
   --data SPEC   what to evaluate on: synthetic:NAME (the samples after the config's training
                 ones, eval.samples of them), criteo-tsv:PATH[,PATH...] or criteo-bin:DIR (all,
                 or the first eval.samples); default: the config's data.eval or data.train
+  --checkpoint C  the weights: a checkpoint file, or a run directory (its newest checkpoint);
+                the model's config must be the checkpoint's.  For synthetic data give the
+                training's --set train.steps / data.samples: the held-out samples follow them
   --set k=v     any config value, checked by the schema
   --out RUNDIR  append the result to RUNDIR/metrics.jsonl
   --cpu         evaluate on the CPU even where a GPU is]]
@@ -36,6 +40,7 @@ while i <= #args do
   if a == "--set" then sets[#sets + 1] = value()
   elseif a == "--data" then opts.data = value()
   elseif a == "--out" then opts.out = value()
+  elseif a == "--checkpoint" then opts.checkpoint = value()
   elseif a == "--cpu" then opts.cpu = true
   elseif a == "-h" or a == "--help" then print(usage) os.exit(0)
   elseif a:match("^%-%-") then die("unknown option " .. a .. "\n" .. usage)

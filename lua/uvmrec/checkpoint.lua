@@ -490,9 +490,10 @@ local function show(v)
   return json.encode(v)
 end
 
--- The first difference of two decoded JSON values (keys in order), skipping ignored paths.
-local function diff(a, b, path, ignore)
-  if ignored(path, ignore) then return nil end
+-- The differences of two decoded JSON values (keys in order), skipping ignored paths: a list
+-- of {path, a's value, b's value}, added to out.
+local function diff(a, b, path, ignore, out)
+  if ignored(path, ignore) then return out end
   if type(a) == "table" and type(b) == "table" then
     local keys, seen = {}, {}
     for k in pairs(a) do if not seen[k] then seen[k] = true; keys[#keys + 1] = k end end
@@ -503,13 +504,24 @@ local function diff(a, b, path, ignore)
     end)
     for _, k in ipairs(keys) do
       local sub = type(k) == "number" and ("%s[%d]"):format(path, k) or (path == "" and k or path .. "." .. k)
-      local d, va, vb = diff(a[k], b[k], sub, ignore)
-      if d then return d, va, vb end
+      diff(a[k], b[k], sub, ignore, out)
     end
-    return nil
+    return out
   end
-  if a == b then return nil end
-  return path == "" and "(the whole config)" or path, a, b
+  if a ~= b then out[#out + 1] = { path == "" and "(the whole config)" or path, a, b } end
+  return out
+end
+M.config_diff = function(a, b, ignore) return diff(a, b, "", ignore, {}) end
+
+-- "config differs at k1 (the checkpoint has x, this run has y), k2 (...)", at most 8 named.
+local function diff_message(diffs)
+  local parts = {}
+  for i = 1, math.min(#diffs, 8) do
+    local d = diffs[i]
+    parts[i] = ("%s (the checkpoint has %s, this run has %s)"):format(d[1], show(d[2]), show(d[3]))
+  end
+  if #diffs > 8 then parts[#parts + 1] = ("and %d more"):format(#diffs - 8) end
+  return ("config differs at %d key%s: %s"):format(#diffs, #diffs == 1 and "" or "s", table.concat(parts, ", "))
 end
 
 local function shape_str(dtype, shape)
@@ -546,11 +558,8 @@ function Registry:load(path, opts)
   if opts.config ~= nil then
     if decoded.config == nil then return fail("holds no config to check against this run's") end
     local mine = json.decode(json.encode(opts.config))
-    local where, theirs, ours = diff(decoded.config, mine, "", opts.config_ignore)
-    if where then
-      return fail(("config differs at %s: the checkpoint has %s, this run has %s"):format(
-        where, show(theirs), show(ours)))
-    end
+    local diffs = diff(decoded.config, mine, "", opts.config_ignore, {})
+    if #diffs > 0 then return fail(diff_message(diffs)) end
   end
   local in_file = {}
   for _, name in ipairs(decoded.components or {}) do in_file[name] = true end

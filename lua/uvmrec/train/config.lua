@@ -67,6 +67,9 @@ M.schema = map({
     seed = int { min = 0, default = 1 },
     log_every = int { min = 1, default = 10 },     -- read the loss (the one wait) every N steps
     print_every = int { min = 0, default = 0 },    -- lines when not on a terminal; 0: ~10 a run
+    checkpoint_every = int { min = 0, default = 0 }, -- save RUNDIR/checkpoints every N steps and at
+                                                   -- the end (needs --out); 0: only on a signal
+    keep = int { min = 0, default = 0 },           -- checkpoints kept there, the newest; 0: all
   },
   data = map {
     train = string { default = "" },               -- a data spec; "" for a config without one

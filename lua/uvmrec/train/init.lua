@@ -7,9 +7,15 @@
 --   local result = assert(train.run(cfg, {out = "runs/a"}))   -- result.eval.auc, ...
 --
 -- run() builds the model (models/<model.file>), its optimizer, the loaders, registers every
--- component's state in a checkpoint registry (ctx.registry: checkpoint flags save and load
--- through it), trains with progress and evaluations, and writes the run directory:
--- config.json (the resolved config) and metrics.jsonl (one JSON object a line).
+-- component's state in a checkpoint registry (ctx.registry), resumes from a checkpoint when
+-- asked, trains with progress and evaluations, and writes the run directory: config.json (the
+-- resolved config), metrics.jsonl (one JSON object a line) and checkpoints/ckpt-<step>.safetensors
+-- (every train.checkpoint_every steps, at the end, and on SIGINT/SIGTERM).
+--
+-- The registry (uvmrec.checkpoint) is the one place a run's state goes through: a component
+-- is {name, state() -> {tensors =, meta =}, load(tensors, meta)}; its tensors are saved as
+-- "<name>.<key>", its meta as JSON.  Components of other subsystems register through
+-- opts.setup(ctx) (ctx.registry:register{...}), before a resume loads them.
 local ur = require "uvmrec"
 local ck = require "uvmrec.checkpoint"
 local synthetic = require "uvmrec.data.synthetic"
@@ -176,10 +182,47 @@ local function register(ctx)
       return { meta = { step = ctx.step, samples = ctx.samples, position = pos } }
     end,
     load = function(_, meta)
-      ctx.first, ctx.samples, ctx.position = meta.step + 1, meta.samples, meta.position
+      ctx.step, ctx.first, ctx.samples, ctx.position = meta.step, meta.step + 1, meta.samples, meta.position
     end }
   return reg
 end
+
+-- Config paths a resumed run may change: how long it runs, what it logs, saves and evaluates,
+-- and where the tables are placed.  Everything else must be the checkpoint's.
+M.RESUME_IGNORE = { "train.steps", "train.checkpoint_every", "train.keep", "train.log_every",
+                    "train.print_every", "data.eval", "data.depth", "eval", "embeddings.placement",
+                    "embeddings.tables", "embeddings.bounds" }
+-- Evaluating a checkpoint needs only the model's shape to match.
+M.EVAL_IGNORE = { "name", "train", "data", "eval", "schedule", "optimizer", "embeddings.optimizer",
+                  "embeddings.placement", "embeddings.tables", "embeddings.bounds" }
+
+-- The checkpoint file of --resume / --checkpoint: a file itself; a run directory's newest in
+-- its checkpoints/ folder; a folder of ckpt-<step>.safetensors files, its newest.
+function M.checkpoint_file(path)
+  if type(path) ~= "string" or path == "" then return nil, "checkpoint: expected a run directory or a file" end
+  if C.ur_path_kind(path) == 2 and C.ur_path_kind(path .. "/checkpoints") == 2 then
+    return ck.latest(path .. "/checkpoints")
+  end
+  return ck.latest(path)
+end
+
+-- Loads a checkpoint (a file or a run directory) into ctx.registry, checking the config
+-- against ctx.cfg but for the ignored paths.  Returns the registry's load result, or nil, message.
+function M.load_checkpoint(ctx, path, ignore)
+  local file, err = M.checkpoint_file(path)
+  if not file then return nil, err end
+  return ctx.registry:load(file, { config = ctx.cfg, config_ignore = ignore })
+end
+
+local function file_bytes(path)
+  local f = io.open(path, "rb")
+  if not f then return 0 end
+  local n = f:seek("end")
+  f:close()
+  return n
+end
+
+local SIGNALS = { [2] = "SIGINT", [15] = "SIGTERM" }
 
 local function device_line()
   if ur.gpu() then
@@ -213,9 +256,13 @@ end
 -- Trains as the config says.  opts: config_path (to find model.file), out (run directory),
 -- progress ("auto", "bar", "lines", "none"), print (a function of one line; default to
 -- stdout), hooks ({function(step, samples, ctx)}: after each step), setup (function(ctx),
--- after the model and registry exist and before the data opens: a resume loads ctx.registry
--- and sets ctx.first / ctx.position), cpu (true: no GPU).  Returns {steps, samples, seconds,
--- samples_per_s, loss, eval = {...} or nil, ceiling} or nil, message.
+-- after the model and registry exist and before a resume and the data: register more
+-- components there), resume (a checkpoint file or run directory: its state is loaded and
+-- training goes on from its step to train.steps), signals (false: leave SIGINT/SIGTERM
+-- alone; by default, while the loop runs, either stops it at the next step boundary, with a
+-- checkpoint when there is a run directory), cpu (true: no GPU).  Returns {steps, samples,
+-- seconds, samples_per_s, loss, eval = {...} or nil, ceiling, checkpoint = the last saved,
+-- resumed = {step, path} or nil, interrupted = {signal, name, step} or nil} or nil, message.
 function M.run(cfg, opts)
   opts = opts or {}
   local say = opts.print or function(s) io.stdout:write(s, "\n") io.stdout:flush() end
@@ -230,6 +277,16 @@ function M.run(cfg, opts)
   local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1 }
   ctx.registry = register(ctx)
   if opts.setup then opts.setup(ctx) end
+  local every, ckdir = cfg.train.checkpoint_every, opts.out and opts.out .. "/checkpoints"
+  if every > 0 and not ckdir then
+    return nil, "train.checkpoint_every is " .. every .. ": checkpoints need a run directory (--out RUNDIR)"
+  end
+  local resumed
+  if opts.resume then
+    local r, rerr = M.load_checkpoint(ctx, opts.resume, M.RESUME_IGNORE)
+    if not r then return nil, "--resume: " .. rerr end
+    resumed = { step = r.step, path = r.path }
+  end
 
   local log, lerr = run_dir(opts.out)
   if not log then return nil, lerr end
@@ -237,7 +294,11 @@ function M.run(cfg, opts)
   say(("uvmrec train: %s %s"):format(cfg.name or "model", device_line()))
   say("model: " .. tostring(model))
   say("data: " .. data.what)
-  log.line { event = "start", version = ur.version(), gpu = gpu, model = model:stats(), data = cfg.data.train }
+  if resumed then
+    say(("resumed from %s at step %d (%d samples trained)"):format(resumed.path, resumed.step, ctx.samples))
+  end
+  log.line { event = "start", version = ur.version(), gpu = gpu, model = model:stats(), data = cfg.data.train,
+             resumed_from = resumed and resumed.path, step = resumed and resumed.step }
 
   local topts = {}
   for k, v in pairs(data.train) do topts[k] = v end
@@ -270,23 +331,52 @@ function M.run(cfg, opts)
     return r
   end
 
+  -- Saves ctx.registry into RUNDIR/checkpoints at a step boundary (ctx.step is that step's).
+  local saved
+  local function checkpoint(step, why)
+    progress:pause()
+    local t0 = C.ur_clock_seconds()
+    local path, cerr = ctx.registry:save_step(ckdir, { step = step, config = cfg,
+                                                       keep = cfg.train.keep > 0 and cfg.train.keep or nil })
+    if not path then error(cerr, 0) end
+    local secs, bytes = C.ur_clock_seconds() - t0, file_bytes(path)
+    saved = { step = step, path = path }
+    progress:message(("checkpoint at step %d: %s (%s, %.1f s)"):format(step, path, M.progress.bytes(bytes), secs))
+    log.line { event = "checkpoint", step = step, path = path, bytes = bytes, seconds = secs, reason = why }
+    progress:resume()
+  end
+
   local hooks = { function(step, samples)
     ctx.step, ctx.samples = step, samples
   end }
-  local every = cfg.eval.every
-  if data.eval and every > 0 then
+  local eval_every = cfg.eval.every
+  if data.eval and eval_every > 0 then
     hooks[#hooks + 1] = function(step)
-      if step % every == 0 and step ~= data.steps then evaluate(step) end
+      if step % eval_every == 0 and step ~= data.steps then evaluate(step) end
+    end
+  end
+  if every > 0 then
+    hooks[#hooks + 1] = function(step)
+      if step % every == 0 then checkpoint(step, "every") end
     end
   end
   for _, h in ipairs(opts.hooks or {}) do hooks[#hooks + 1] = function(step, samples) h(step, samples, ctx) end end
 
+  -- SIGINT/SIGTERM only raise the interrupt flag while the loop runs; the loop reads it once
+  -- a step (one call, no system call) and stops at the boundary.
+  local catching = opts.signals ~= false
+  if catching then
+    local cok, cerr = require("uvmrec.lib").check(C.ur_signals_catch(1))
+    if not cok then return nil, cerr end
+  end
   local sched = M.config.schedule(cfg)
   local last_loss
-  local ok, steps, samples = pcall(M.loop.run, {
-    model = model, optimizer = ctx.optimizer, feed = feed, first = ctx.first,
+  local first, samples0 = ctx.first, ctx.samples
+  local ok, steps, samples, stopped = pcall(M.loop.run, {
+    model = model, optimizer = ctx.optimizer, feed = feed, first = ctx.first, samples = ctx.samples,
     steps = cfg.train.steps > 0 and cfg.train.steps or nil, lr = sched,
     log_every = cfg.train.log_every, hooks = hooks,
+    stop = function() return C.ur_interrupted() ~= 0 end,
     on_log = function(step, loss, n)
       last_loss = loss
       progress:update(step, loss, n)
@@ -294,21 +384,49 @@ function M.run(cfg, opts)
                  samples_per_s = progress.rate, lr = ctx.optimizer.lr }
     end,
   })
+  local interrupted, cerr
+  if ok and stopped then
+    local sig = catching and C.ur_signals_caught() or 0
+    interrupted = { signal = sig, name = SIGNALS[sig] or "the interrupt flag", step = steps }
+    ctx.step, ctx.samples = steps, samples
+    if ckdir and not (saved and saved.step == steps) then
+      local sok, e = pcall(checkpoint, steps, "signal")
+      if not sok then cerr = e end
+    end
+  elseif ok and every > 0 and not (saved and saved.step == steps) then
+    local sok, e = pcall(checkpoint, steps, "end")
+    if not sok then cerr = e end
+  end
+  if catching then C.ur_signals_catch(0) end
   progress:finish()
   feed:drain()
   ctx.position, ctx.loader = loader:position(), nil
-  if not ok then
+  if not ok or cerr then
     loader:close()
     log.close()
-    return nil, tostring(steps)
+    return nil, tostring(cerr or steps)
   end
   local seconds = progress:elapsed()
   local result = { steps = steps, samples = samples, seconds = seconds, loss = last_loss,
-                   samples_per_s = samples / math.max(seconds, 1e-9), evals = evals }
-  say(("trained %d steps, %d samples in %.1f s: %s samples/s"):format(steps, samples, seconds,
-    M.progress.count(result.samples_per_s)))
+                   samples_per_s = (samples - samples0) / math.max(seconds, 1e-9), evals = evals,
+                   resumed = resumed, checkpoint = saved and saved.path, interrupted = interrupted }
+  if resumed then
+    say(("trained steps %d to %d, %d samples in %.1f s: %s samples/s (%d samples in all)"):format(first, steps,
+      samples - samples0, seconds, M.progress.count(result.samples_per_s), samples))
+  else
+    say(("trained %d steps, %d samples in %.1f s: %s samples/s"):format(steps, samples, seconds,
+      M.progress.count(result.samples_per_s)))
+  end
   feed:free()
   loader:close()
+  if interrupted then
+    say(("stopped by %s at step %d: %s"):format(interrupted.name, steps, saved and saved.step == steps
+      and ("checkpoint " .. saved.path .. "; go on with --resume " .. opts.out)
+      or "no run directory (--out), so nothing was saved"))
+    log.line { event = "interrupted", step = steps, signal = interrupted.signal, checkpoint = saved and saved.path }
+    log.close()
+    return result
+  end
   if data.eval then
     local eok, r = true, evals[#evals]
     if not (r and r.step == steps) then eok, r = pcall(evaluate, steps) end
@@ -326,7 +444,9 @@ function M.run(cfg, opts)
              samples_per_s = result.samples_per_s, loss = last_loss, auc = result.eval and result.eval.auc,
              ceiling_auc = result.ceiling }
   log.close()
-  if opts.out then say("run directory: " .. opts.out .. " (config.json, metrics.jsonl)") end
+  if opts.out then
+    say("run directory: " .. opts.out .. " (config.json, metrics.jsonl" .. (saved and ", checkpoints/)" or ")"))
+  end
   if cfg.eval.min_auc > 0 and not (result.eval and result.eval.auc >= cfg.eval.min_auc) then
     return nil, ("the final AUC %s is below eval.min_auc %.4f"):format(
       result.eval and ("%.4f"):format(result.eval.auc) or "(no evaluation)", cfg.eval.min_auc), result
@@ -336,8 +456,9 @@ end
 
 -- Evaluates the model of a config on held-out data, as run() does at its end: opts.data
 -- (synthetic: the samples after the config's training ones; files: these files), out,
--- config_path, setup (function(ctx): loads a checkpoint through ctx.registry), print, cpu.
--- Returns {eval = {...}, ceiling} or nil, message.
+-- config_path, setup (function(ctx), as run's), checkpoint (a file or run directory: its
+-- weights are loaded; the model's config must be the checkpoint's, M.EVAL_IGNORE aside),
+-- print, cpu.  Returns {eval = {...}, ceiling, step (the checkpoint's, or 0)} or nil, message.
 function M.eval(cfg, opts)
   opts = opts or {}
   local say = opts.print or function(s) io.stdout:write(s, "\n") io.stdout:flush() end
@@ -358,10 +479,17 @@ function M.eval(cfg, opts)
   local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1 }
   ctx.registry = register(ctx)
   if opts.setup then opts.setup(ctx) end
+  local loaded
+  if opts.checkpoint then
+    local r, cerr = M.load_checkpoint(ctx, opts.checkpoint, M.EVAL_IGNORE)
+    if not r then return nil, "--checkpoint: " .. cerr end
+    loaded = r
+  end
   local log, lerr = run_dir(opts.out)
   if not log then return nil, lerr end
   say(("uvmrec eval: %s %s"):format(cfg.name or "model", device_line()))
   say("model: " .. tostring(model))
+  if loaded then say(("weights: %s (step %d)"):format(loaded.path, loaded.step)) end
   say("data: " .. data.what)
   local loader, err = ur.data.loader(data.eval)
   if not loader then return nil, err end
@@ -371,12 +499,12 @@ function M.eval(cfg, opts)
   feed:free()
   loader:close()
   if not r then return nil, eerr end
-  local result = { eval = r, ceiling = data.ceiling and data.ceiling() }
+  local result = { eval = r, ceiling = data.ceiling and data.ceiling(), step = ctx.step }
   say(("eval: %s  (%d samples, %.1f s)"):format(M.evaluate.format(r, cfg.eval.metrics), r.samples, r.seconds))
   if result.ceiling then
     say(("the synthetic data's hidden-model ceiling: %.4f"):format(result.ceiling))
   end
-  local line = { event = "eval", step = ctx.step, ceiling_auc = result.ceiling }
+  local line = { event = "eval", step = ctx.step, ceiling_auc = result.ceiling, checkpoint = loaded and loaded.path }
   for k, v in pairs(r) do line[k] = v end
   log.line(line)
   log.close()

@@ -16,15 +16,22 @@ function M.step(model, optimizer, batch)
 end
 
 -- t = {model =, optimizer =, feed = (next() gives batches), steps = last step (nil: until the
--- data ends), first = 1, lr = function(step) -> factor (nil: constant), log_every = 10,
--- on_log = function(step, loss, samples), hooks = {function(step, samples), ...}}.
--- Returns the last step made and the samples trained on.
+-- data ends), first = 1, samples = 0 (trained on before first: a resumed run's), lr =
+-- function(step) -> factor (nil: constant), log_every = 10, on_log = function(step, loss,
+-- samples), hooks = {function(step, samples), ...}, stop = function() -> true to end the loop
+-- (checked before each step, after the previous one's hooks: a signal's request)}.
+-- Returns the last step made, the samples trained on, and true when stop() ended it.
 function M.run(t)
-  local model, opt, feed = t.model, t.optimizer, t.feed
+  local model, opt, feed, stop = t.model, t.optimizer, t.feed, t.stop
   local base_lr, base_emb_lr = opt.lr, model.embeddings.tbe:lr()
   local log_every, hooks = t.log_every or 10, t.hooks or {}
-  local step, samples, loss, logged = (t.first or 1) - 1, 0, nil, true
+  local step, samples, loss, logged = (t.first or 1) - 1, t.samples or 0, nil, true
+  local stopped = false
   while not t.steps or step < t.steps do
+    if stop and stop() then
+      stopped = true
+      break
+    end
     local batch, err = feed:next()
     if err then error(err, 0) end
     if not batch then break end
@@ -40,8 +47,8 @@ function M.run(t)
     if logged and t.on_log then t.on_log(step, loss:get(0), samples) end
     for i = 1, #hooks do hooks[i](step, samples) end
   end
-  if not logged and t.on_log then t.on_log(step, loss:get(0), samples) end
-  return step, samples
+  if not logged and loss and t.on_log then t.on_log(step, loss:get(0), samples) end
+  return step, samples, stopped
 end
 
 return M

@@ -1,0 +1,434 @@
+-- Checkpoints of uvmrec train and exact resume: a run stopped at step N and resumed to N+M gives
+-- the uninterrupted run's losses bit for bit on the CPU, on synthetic data and on Criteo TSV
+-- files read in shuffled windows over two epochs (so the loader's position matters);
+-- --checkpoint-every and --keep; the config must be the checkpoint's (every difference named);
+-- SIGINT and SIGTERM stop at a step boundary with a checkpoint (exit 130 / 143); SIGKILL in the
+-- middle of a save leaves the previous checkpoint to resume from; eval --checkpoint gives the
+-- trainer's final AUC; Python's safetensors reads a trainer checkpoint; on the GPU a resumed
+-- run gives the uninterrupted run's losses too (#cuda).
+local ur = require "uvmrec"
+local ck = require "uvmrec.checkpoint"
+local cmd = require "command"
+local helpers = require "helpers"
+local train = require "uvmrec.train"
+local C = ur.C
+
+local SYNTH = { "train.batch_size=256", "eval.samples=4096", "eval.batch_size=4096", "eval.every=0",
+                "eval.min_auc=0", "train.log_every=1" }
+
+local function sets_with(base, more)
+  local all = {}
+  for _, s in ipairs(base) do all[#all + 1] = s end
+  for _, s in ipairs(more or {}) do all[#all + 1] = s end
+  return all
+end
+
+local function tiny(sets)
+  return assert(train.config.load(assert(train.find_config("dlrm_tiny")), sets))
+end
+
+-- train.run quietly; opts as run's (cpu unless opts.cpu == false).
+local function run(sets, opts)
+  opts = opts or {}
+  opts.progress, opts.print = "none", function() end
+  opts.cpu = opts.cpu ~= false
+  return train.run(tiny(sets), opts)
+end
+
+local function events(dir)
+  local out = {}
+  for l in io.lines(dir .. "/metrics.jsonl") do out[#out + 1] = assert(ck.json.decode(l)) end
+  return out
+end
+
+-- {step = loss} of a run directory's train lines (log_every = 1: every step), and how many
+-- steps.  A step logged twice (a killed run's steps after its last checkpoint, done again by
+-- the resumed run) must have the same loss both times.
+local function losses(dir)
+  local out, n = {}, 0
+  for _, e in ipairs(events(dir)) do
+    if e.event == "train" then
+      if out[e.step] == nil then n = n + 1
+      elseif out[e.step] ~= e.loss then
+        error(("step %d logged twice with losses %.17g and %.17g"):format(e.step, out[e.step], e.loss), 2)
+      end
+      out[e.step] = e.loss
+    end
+  end
+  return out, n
+end
+
+local function last_event(dir, kind)
+  local found
+  for _, e in ipairs(events(dir)) do if e.event == kind then found = e end end
+  return found
+end
+
+-- Every step from..to has a loss in both, bit for bit equal.
+local function same_losses(want, got, from, to)
+  for s = from, to do
+    assert.is_number(want[s], "uninterrupted step " .. s)
+    assert.is_number(got[s], "resumed step " .. s)
+    if want[s] ~= got[s] then
+      error(("step %d: the uninterrupted run's loss is %.17g, the resumed run's %.17g"):format(s, want[s], got[s]), 2)
+    end
+  end
+end
+
+local function steps_of(dir)
+  local out = {}
+  for _, c in ipairs(assert(ck.list(dir))) do out[#out + 1] = c.step end
+  return out
+end
+
+local function trainer_meta(path)
+  local f = assert(ck.open(path))
+  local m = assert(ck.json.decode(f:meta("uvmrec.meta.trainer")))
+  f:close()
+  return m
+end
+
+-- Criteo TSV rows (label, 13 integers, 26 hex ids; some fields empty) from a Park-Miller
+-- generator, ids drawn from a few hundred per column so rows repeat and training learns.
+local function write_tsv(path, rows, seed)
+  local x = seed
+  local function rand(n)
+    x = x * 16807 % 2147483647
+    return x % n
+  end
+  local f = assert(io.open(path, "w"))
+  for _ = 1, rows do
+    local fields = { tostring(rand(4) == 0 and 1 or 0) }
+    for i = 1, 13 do fields[i + 1] = rand(10) == 0 and "" or tostring(rand(1000)) end
+    for i = 1, 26 do fields[i + 14] = rand(20) == 0 and "" or ("%08x"):format(rand(300) * 7919 + i * 104729) end
+    f:write(table.concat(fields, "\t"), "\n")
+  end
+  f:close()
+end
+
+local function tsv_sets(dir)
+  write_tsv(dir .. "/train.tsv", 1000, 11)
+  write_tsv(dir .. "/eval.tsv", 300, 12)
+  -- 10 batches an epoch (the last of 100 rows too), windows of 256 rows shuffled by (epoch,
+  -- window): the next batch depends on where in which epoch the run stopped.
+  return { "data.train=criteo-tsv:" .. dir .. "/train.tsv", "data.eval=criteo-tsv:" .. dir .. "/eval.tsv",
+           "train.steps=0", "train.epochs=2", "train.batch_size=100", "data.shuffle_window=256",
+           "eval.samples=0", "eval.every=0", "eval.min_auc=0", "train.log_every=1" }
+end
+
+-- The uvmrec command in the background, with job control so SIGINT reaches it as from a
+-- terminal (a shell's background jobs otherwise ignore it).  env: "NAME=value " prefixes.
+local function spawn(args, env, dir)
+  local out, err = dir .. "/child.out", dir .. "/child.err"
+  local script = ("set -m\n%s%s %s > %s 2> %s &\necho $!\nwait $!\necho \"rc=$?\"\n"):format(env or "",
+    cmd.quote(cmd.bin()), args, cmd.quote(out), cmd.quote(err))
+  local p = io.popen("bash -c " .. cmd.quote(script) .. " 2>/dev/null")
+  local pid = tonumber(p:read("*l"))
+  assert(pid, "no pid from the child's shell")
+  return { p = p, pid = pid, out = out, err = err }
+end
+
+local function finish(child)
+  local rest = child.p:read("*a")
+  child.p:close()
+  return tonumber(rest:match("rc=(%d+)")), cmd.slurp(child.out) or "", cmd.slurp(child.err) or ""
+end
+
+local function wait_for(what, fn, timeout)
+  local t0 = cmd.now()
+  while not fn() do
+    if cmd.now() - t0 > (timeout or 60) then error("timed out waiting for " .. what, 2) end
+    cmd.sleep(0.05)
+  end
+end
+
+local function train_lines(dir)
+  local f = io.open(dir .. "/metrics.jsonl")
+  if not f then return 0 end
+  local n = 0
+  for l in f:lines() do if l:find('"event":"train"', 1, true) then n = n + 1 end end
+  f:close()
+  return n
+end
+
+describe("uvmrec train checkpoints", function()
+  local dir
+  before_each(function() dir = cmd.tmpdir() end)
+  after_each(function() cmd.rmdir(dir) end)
+
+  it("resumes synthetic data to a later --steps with the uninterrupted run's losses, bit for bit", function()
+    local whole = assert(run(sets_with(SYNTH, { "train.steps=24" }), { out = dir .. "/whole" }))
+    assert.is_nil(whole.checkpoint)
+    local first = assert(run(sets_with(SYNTH, { "train.steps=10", "train.checkpoint_every=5" }), { out = dir .. "/r" }))
+    assert.equal(dir .. "/r/checkpoints/ckpt-000000000010.safetensors", first.checkpoint)
+    assert.same({ 5, 10 }, steps_of(dir .. "/r/checkpoints"))
+    assert.same({ step = 10, samples = 2560, position = { epoch = 0, sample = 2560 } },
+                trainer_meta(first.checkpoint))
+    -- the run directory goes on: its log holds steps 1..10, then 11..24
+    local rest = assert(run(sets_with(SYNTH, { "train.steps=24" }), { out = dir .. "/r", resume = dir .. "/r" }))
+    assert.same({ step = 10, path = first.checkpoint }, rest.resumed)
+    assert.same({ 24, 24 * 256 }, { rest.steps, rest.samples })
+    local want, n = losses(dir .. "/whole")
+    local got, m = losses(dir .. "/r")
+    assert.same({ 24, 24 }, { n, m })
+    same_losses(want, got, 1, 24)
+    assert.equal(whole.eval.auc, rest.eval.auc)
+    assert.equal(whole.eval.logloss, rest.eval.logloss)
+    local start = events(dir .. "/r")
+    local resumed_start
+    for _, e in ipairs(start) do if e.event == "start" and e.resumed_from then resumed_start = e end end
+    assert.same({ first.checkpoint, 10 }, { resumed_start.resumed_from, resumed_start.step })
+  end)
+
+  it("resumes Criteo TSV files mid-window and in the second epoch at the loader's position", function()
+    local sets = tsv_sets(dir)
+    local whole = assert(run(sets_with(sets, { "train.checkpoint_every=7" }), { out = dir .. "/whole" }))
+    assert.equal(20, whole.steps)
+    local cks = dir .. "/whole/checkpoints"
+    assert.same({ 7, 14, 20 }, steps_of(cks), "every 7 steps and at the end")
+    assert.same({ epoch = 0, sample = 700 }, trainer_meta(ck.path_for(cks, 7)).position)
+    assert.same({ epoch = 1, sample = 400 }, trainer_meta(ck.path_for(cks, 14)).position)
+    local want = losses(dir .. "/whole")
+    for _, at in ipairs { 7, 14 } do
+      local out = dir .. "/from" .. at
+      local rest = assert(run(sets, { out = out, resume = ck.path_for(cks, at) }))
+      assert.equal(20, rest.steps)
+      local got, n = losses(out)
+      assert.equal(20 - at, n)
+      same_losses(want, got, at + 1, 20)
+      assert.equal(whole.eval.auc, rest.eval.auc)
+    end
+    -- Starting the data over instead of at the saved position changes the very next loss.
+    local wrong = assert(run(sets, { out = dir .. "/wrong", resume = ck.path_for(cks, 7), setup = function(ctx)
+      local trainer = ctx.registry.by_name.trainer
+      local load = trainer.load
+      trainer.load = function(ts, meta)
+        load(ts, meta)
+        ctx.position = { epoch = 0, sample = 0 }
+      end
+    end }))
+    assert.equal(7 + 20, wrong.steps, "both epochs again after step 7")
+    assert.are_not.equal(want[8], losses(dir .. "/wrong")[8])
+  end)
+
+  it("keeps the newest --keep checkpoints and saves at the end", function()
+    local r = assert(run(sets_with(SYNTH, { "train.steps=9", "train.checkpoint_every=2", "train.keep=2" }),
+                         { out = dir .. "/k" }))
+    assert.same({ 8, 9 }, steps_of(dir .. "/k/checkpoints"))
+    assert.equal(ck.path_for(dir .. "/k/checkpoints", 9), r.checkpoint)
+    local saves = {}
+    for _, e in ipairs(events(dir .. "/k")) do
+      if e.event == "checkpoint" then saves[#saves + 1] = e.step .. ":" .. e.reason end
+    end
+    assert.same({ "2:every", "4:every", "6:every", "8:every", "9:end" }, saves)
+    assert.is_true(last_event(dir .. "/k", "checkpoint").bytes > 1e6)
+  end)
+
+  it("names every config key that differs from the checkpoint's, and what is missing", function()
+    assert(run(sets_with(SYNTH, { "train.steps=3", "train.checkpoint_every=3" }), { out = dir .. "/c" }))
+    local path = ck.path_for(dir .. "/c/checkpoints", 3)
+    local r, err = run(sets_with(SYNTH, { "train.steps=6", "train.batch_size=128", "model.bottom_mlp=32,16",
+                                          "eval.samples=100", "train.checkpoint_every=0" }),
+                       { resume = dir .. "/c" })
+    assert.is_nil(r)
+    assert.equal("--resume: checkpoint " .. path .. ": config differs at 2 keys: model.bottom_mlp[1] (the " ..
+      "checkpoint has 64, this run has 32), train.batch_size (the checkpoint has 256, this run has 128)", err)
+    r, err = run(SYNTH, { resume = dir .. "/nothing" })
+    assert.is_nil(r)
+    assert.equal("--resume: checkpoint: " .. dir .. "/nothing is neither a run directory nor a checkpoint file", err)
+    r, err = run(SYNTH, { resume = dir })
+    assert.is_nil(r)
+    assert.equal("--resume: checkpoint: the run directory " .. dir .. " holds no checkpoint (ckpt-N.safetensors)", err)
+    r, err = run(sets_with(SYNTH, { "train.steps=3", "train.checkpoint_every=3" }))
+    assert.is_nil(r)
+    assert.equal("train.checkpoint_every is 3: checkpoints need a run directory (--out RUNDIR)", err)
+  end)
+
+  it("stops at the step boundary after the interrupt flag rises, saving a checkpoint there", function()
+    local r = assert(run(sets_with(SYNTH, { "train.steps=50" }), { out = dir .. "/i", hooks = { function(step)
+      if step == 6 then C.ur_set_interrupt(1) end
+    end } }))
+    assert.same({ signal = 0, name = "the interrupt flag", step = 6 }, r.interrupted)
+    assert.equal(6, r.steps)
+    assert.is_nil(r.eval, "no final evaluation after a stop")
+    assert.equal(0, C.ur_interrupted(), "the flag is down again")
+    assert.same({ 6 }, steps_of(dir .. "/i/checkpoints"))
+    assert.same({ "signal", 6 }, { last_event(dir .. "/i", "checkpoint").reason,
+                                   last_event(dir .. "/i", "interrupted").step })
+    assert.is_nil(last_event(dir .. "/i", "final"))
+    -- going on from there gives the losses of a run that was never stopped
+    assert(run(sets_with(SYNTH, { "train.steps=9" }), { out = dir .. "/i", resume = dir .. "/i" }))
+    assert(run(sets_with(SYNTH, { "train.steps=9" }), { out = dir .. "/w" }))
+    same_losses(losses(dir .. "/w"), losses(dir .. "/i"), 1, 9)
+  end)
+
+  describe("through the uvmrec command", function()
+    local args = "train dlrm_tiny --cpu --progress lines --set train.batch_size=256 --set eval.samples=4096 " ..
+                 "--set eval.min_auc=0 --set train.log_every=1"
+
+    for _, c in ipairs { { "INT", 130, "SIGINT" }, { "TERM", 143, "SIGTERM" } } do
+      it("saves a checkpoint at the next step boundary on SIG" .. c[1] .. " and exits " .. c[2], function()
+        local rd = dir .. "/run"
+        local child = spawn(args .. " --steps 100000 --out " .. cmd.quote(rd), nil, dir)
+        wait_for("three steps", function() return train_lines(rd) >= 3 end)
+        assert(os.execute("kill -" .. c[1] .. " " .. child.pid) == 0)
+        local rc, out, err = finish(child)
+        assert.equal(c[2], rc, out .. err)
+        local k = tonumber(out:match("stopped by " .. c[3] .. " at step (%d+): checkpoint "))
+        assert(k and k >= 3, out)
+        local path = ck.path_for(rd .. "/checkpoints", k)
+        assert.matches("stopped by " .. c[3] .. " at step " .. k .. ": checkpoint " .. path:gsub("%p", "%%%0") ..
+          "; go on with %-%-resume " .. rd:gsub("%p", "%%%0") .. "\n", out)
+        assert.equal(path, ck.latest(rd .. "/checkpoints"))
+        assert.same({ "interrupted", k, c[2] - 128 }, (function()
+          local e = events(rd)[#events(rd)]
+          return { e.event, e.step, e.signal }
+        end)())
+        if c[1] == "TERM" then return end
+        -- resumed to k + 3 steps: the losses of a run never stopped
+        local out2, err2, rc2 = cmd.run(args .. " --steps " .. (k + 3) .. " --resume " .. cmd.quote(rd))
+        assert.equal(0, rc2, out2 .. err2)
+        assert.matches("resumed from " .. path:gsub("%p", "%%%0") .. " at step " .. k, out2)
+        assert(run(sets_with(SYNTH, { "train.steps=" .. (k + 3) }), { out = dir .. "/whole" }))
+        same_losses(losses(dir .. "/whole"), losses(rd), 1, k + 3)
+      end)
+    end
+
+    it("leaves the previous checkpoint to resume from when killed in the middle of a save", function()
+      local rd = dir .. "/run"
+      local base = args .. " --checkpoint-every 3 --keep 3 --out " .. cmd.quote(rd)
+      local out, err, rc = cmd.run(base .. " --steps 6")
+      assert.equal(0, rc, out .. err)
+      assert.same({ 3, 6 }, steps_of(rd .. "/checkpoints"))
+      local before = cmd.slurp(ck.path_for(rd .. "/checkpoints", 6))
+      local child = spawn(base .. " --steps 12 --resume " .. cmd.quote(rd), "UVMREC_CHECKPOINT_TEST_DELAY=60 ", dir)
+      -- The save of step 9 has written and synced its temporary file and waits to rename it.
+      wait_for("the delayed save", function() return (cmd.slurp(child.err) or ""):find("TEST_DELAY", 1, true) end)
+      assert(os.execute("kill -KILL " .. child.pid) == 0)
+      local krc, _, kerr = finish(child)
+      assert.equal(128 + 9, krc)
+      local tmp = kerr:match("UVMREC_CHECKPOINT_TEST_DELAY: (%S+ckpt%-000000000009%.safetensors%.tmp%-%w+) is complete")
+      assert(tmp, kerr)
+      assert.equal(1, C.ur_path_kind(tmp), "the killed save's temporary file is still there")
+      assert.equal(ck.path_for(rd .. "/checkpoints", 6), train.checkpoint_file(rd))
+      assert.equal(before, cmd.slurp(ck.path_for(rd .. "/checkpoints", 6)))
+      -- Resuming from the run directory takes step 6 and gets to 12 as if never killed; the
+      -- rotation clears the stale temporary file.
+      out, err, rc = cmd.run(base .. " --steps 12 --resume " .. cmd.quote(rd))
+      assert.equal(0, rc, out .. err)
+      assert.matches("resumed from .*ckpt%-000000000006%.safetensors at step 6", out)
+      assert.equal(0, C.ur_path_kind(tmp))
+      assert.same({ 6, 9, 12 }, steps_of(rd .. "/checkpoints"))
+      assert(run(sets_with(SYNTH, { "train.steps=12" }), { out = dir .. "/whole" }))
+      same_losses(losses(dir .. "/whole"), losses(rd), 1, 12)
+    end)
+
+    it("evaluates a checkpoint with eval --checkpoint to the trainer's final AUC", function()
+      local rd = dir .. "/run"
+      local out, err, rc = cmd.run(args .. " --steps 20 --checkpoint-every 10 --out " .. cmd.quote(rd))
+      assert.equal(0, rc, out .. err)
+      local final = last_event(rd, "final")
+      local ev = "eval dlrm_tiny --cpu --data synthetic:tiny --set train.steps=20 --set train.batch_size=256 " ..
+                 "--set eval.samples=4096"
+      out, err, rc = cmd.run(ev .. " --checkpoint " .. cmd.quote(rd) .. " --out " .. cmd.quote(dir .. "/e"))
+      assert.equal(0, rc, out .. err)
+      assert.matches("\nweights: " .. ck.path_for(rd .. "/checkpoints", 20):gsub("%p", "%%%0") .. " %(step 20%)\n", out)
+      local e = last_event(dir .. "/e", "eval")
+      assert.equal(final.auc, e.auc)
+      assert.equal(20, e.step)
+      assert.equal(4096, e.samples)
+      -- the file itself does the same; without weights the AUC is the untrained model's
+      out, err, rc = cmd.run(ev .. " --checkpoint " .. cmd.quote(ck.path_for(rd .. "/checkpoints", 20)) ..
+                             " --out " .. cmd.quote(dir .. "/f"))
+      assert.equal(0, rc, out .. err)
+      assert.equal(final.auc, last_event(dir .. "/f", "eval").auc)
+      out, err, rc = cmd.run(ev .. " --out " .. cmd.quote(dir .. "/g"))
+      assert.equal(0, rc, out .. err)
+      assert.are_not.equal(final.auc, last_event(dir .. "/g", "eval").auc)
+      -- a model of another shape is refused, naming the key
+      out, err, rc = cmd.run(ev .. " --set embeddings.dim=8 --set model.bottom_mlp=64,8 --checkpoint " .. cmd.quote(rd))
+      assert.equal(1, rc, out)
+      assert.matches("^uvmrec eval: %-%-checkpoint: checkpoint .*: config differs at 2 keys: embeddings.dim %(the " ..
+        "checkpoint has 16, this run has 8%), model.bottom_mlp%[2%]", err)
+    end)
+  end)
+
+  it("writes checkpoints Python's safetensors reads back to the same values (make pydeps)", function()
+    local py
+    for _, p in ipairs { os.getenv("UVMREC_PYTHON") or "", "build/venv/bin/python", "python3" } do
+      if p ~= "" and os.execute(p .. " -c 'import safetensors' >/dev/null 2>&1") == 0 then py = p break end
+    end
+    if not py then pending("Python's safetensors is not installed (make pydeps)") return end
+    local r = assert(run(sets_with(SYNTH, { "train.steps=4", "train.checkpoint_every=4", "embeddings.max_rows=40" }),
+                         { out = dir .. "/p" }))
+    local p = io.popen(py .. " scripts/bench/read_safetensors.py --max-values 100000 " .. cmd.quote(r.checkpoint)
+                       .. " 2>&1")
+    local text = p:read("*a")
+    p:close()
+    local got = assert(ck.json.decode(text), text)
+    local mine = assert(ck.load(r.checkpoint))
+    local n = 0
+    for name, t in pairs(mine.tensors) do
+      n = n + 1
+      local e = got.tensors[name]
+      assert.is_table(e, name)
+      assert.equal(t:dtype():upper(), e.dtype)
+      assert.same(t:size(), e.shape)
+      local flat = {}
+      local function walk(v)
+        if type(v) ~= "table" then flat[#flat + 1] = v return end
+        for _, x in ipairs(v) do walk(x) end
+      end
+      walk(t:totable())
+      assert.same(flat, e.values, name)
+    end
+    local names = {}
+    for name in pairs(got.tensors) do names[#names + 1] = name end
+    assert.equal(n, #names)
+    assert.equal("4", got.metadata["uvmrec.step"])
+    assert.equal('["dense","embeddings","optimizer","trainer"]', got.metadata["uvmrec.components"])
+    assert.same(mine.meta, got.metadata)
+    assert.truthy(got.tensors["dense.top.3.weight"] and got.tensors["embeddings.C16"]
+                  and got.tensors["embeddings.C16.sum"] and got.tensors["optimizer.top.3.weight.state1"])
+  end)
+end)
+
+describe("uvmrec train checkpoints on the GPU", function()
+  local dir
+  before_each(function() dir = cmd.tmpdir() end)
+  after_each(function() cmd.rmdir(dir) end)
+
+  -- Exact when the GPU repeats itself bit for bit (two uninterrupted runs agree), which the
+  -- kernels are written to do; within 2e-4 of the loss otherwise.
+  local function check(sets, stop_at, total, what)
+    assert(run(sets_with(sets, { "train.steps=" .. total }), { out = dir .. "/a", cpu = false }))
+    assert(run(sets_with(sets, { "train.steps=" .. total }), { out = dir .. "/b", cpu = false }))
+    local a, b = losses(dir .. "/a"), losses(dir .. "/b")
+    local exact = true
+    for s = 1, total do exact = exact and a[s] == b[s] end
+    assert(run(sets_with(sets, { "train.steps=" .. stop_at, "train.checkpoint_every=" .. stop_at }),
+               { out = dir .. "/r", cpu = false }))
+    local r = assert(run(sets_with(sets, { "train.steps=" .. total }),
+                         { out = dir .. "/r", resume = dir .. "/r", cpu = false }))
+    assert.equal(stop_at, r.resumed.step)
+    local got = losses(dir .. "/r")
+    for s = 1, total do
+      if exact then
+        assert.equal(a[s], got[s], ("%s: step %d (the GPU repeats itself exactly)"):format(what, s))
+      else
+        helpers.near(got[s], a[s], 2e-4, ("%s: step %d (two uninterrupted GPU runs differ)"):format(what, s))
+      end
+    end
+    return exact
+  end
+
+  helpers.cuda_it("resumes on the GPU with the uninterrupted run's losses (synthetic data)", function()
+    check(SYNTH, 8, 16, "synthetic")
+  end)
+
+  helpers.cuda_it("resumes on the GPU with the uninterrupted run's losses (TSV files, the second epoch)", function()
+    local sets = tsv_sets(dir)
+    for i, s in ipairs(sets) do if s == "train.steps=0" then table.remove(sets, i) break end end
+    check(sets, 13, 20, "tsv")
+  end)
+end)
