@@ -43,7 +43,9 @@ do
     local function whole(min)
       local v = value()
       local n = tonumber(v)
-      if not n or n < (min or 0) or n ~= math.floor(n) then die(a .. " needs a whole number >= " .. (min or 0) .. ", got " .. v) end
+      if not n or n < (min or 0) or n ~= math.floor(n) then
+        die(("%s needs a whole number >= %d, got %s"):format(a, min or 0, v))
+      end
       return n
     end
     if a == "--config" then o.config = value()
@@ -83,7 +85,9 @@ end
 local cfg0, def0 = P.config(o.config, o.sets)
 if not cfg0 then die(def0) end
 local preset = cfg0.data.train:match("^synthetic:(.+)$")
-if not preset then die(("%s: data.train is %s; the data is made from a synthetic preset"):format(o.config, cfg0.data.train)) end
+if not preset then
+  die(("%s: data.train is %s; the data is made from a synthetic preset"):format(o.config, cfg0.data.train))
+end
 local work = o.work
 if not run("mkdir -p " .. sh(work .. "/train") .. " " .. sh(work .. "/eval")) then die("cannot create " .. work) end
 local interp = arg[-1] or "luajit"
@@ -99,7 +103,9 @@ for _, k in ipairs { "dense", "sparse", "labels" } do
   end
   run(("ln -sf ../days/day_%d_%s.npy %s"):format(held, k, sh(("%s/eval/day_0_%s.npy"):format(work, k))))
 end
-for _, d in ipairs { "train", "eval" } do run(("ln -sf ../days/layout.txt %s"):format(sh(work .. "/" .. d .. "/layout.txt"))) end
+for _, d in ipairs { "train", "eval" } do
+  run(("ln -sf ../days/layout.txt %s"):format(sh(work .. "/" .. d .. "/layout.txt")))
+end
 local eval_samples = o.samples - math.floor(o.samples * held / o.days) -- datagen's split
 local train_samples = o.samples - eval_samples
 
