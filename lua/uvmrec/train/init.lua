@@ -283,9 +283,10 @@ function M.run(cfg, opts)
   end
   local resumed
   if opts.resume then
+    local t0 = C.ur_clock_seconds()
     local r, rerr = M.load_checkpoint(ctx, opts.resume, M.RESUME_IGNORE)
     if not r then return nil, "--resume: " .. rerr end
-    resumed = { step = r.step, path = r.path }
+    resumed = { step = r.step, path = r.path, seconds = C.ur_clock_seconds() - t0 }
   end
 
   local log, lerr = run_dir(opts.out)
@@ -295,10 +296,12 @@ function M.run(cfg, opts)
   say("model: " .. tostring(model))
   say("data: " .. data.what)
   if resumed then
-    say(("resumed from %s at step %d (%d samples trained)"):format(resumed.path, resumed.step, ctx.samples))
+    say(("resumed from %s at step %d (%d samples trained; loaded in %.1f s)"):format(resumed.path, resumed.step,
+      ctx.samples, resumed.seconds))
   end
   log.line { event = "start", version = ur.version(), gpu = gpu, model = model:stats(), data = cfg.data.train,
-             resumed_from = resumed and resumed.path, step = resumed and resumed.step }
+             resumed_from = resumed and resumed.path, step = resumed and resumed.step,
+             load_seconds = resumed and resumed.seconds }
 
   local topts = {}
   for k, v in pairs(data.train) do topts[k] = v end
