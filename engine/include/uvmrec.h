@@ -898,6 +898,9 @@ UR_API size_t ur_sizeof_tbe_relayout_stats(void);
 UR_API ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out);
 UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
                                  int64_t chunk_rows, ur_tbe_relayout_stats *out /* out */);
+/* Installs perm (NULL: the identity) without moving any row: for rows already laid out by it,
+ * as a checkpoint holds them. */
+UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm);
 /* ---- cache: a software HBM cache of rows for `cached` embedding tables ---- */
 /* The tables of a collection given to ur_cache_new keep their rows and optimizer state in
  * host memory (the collection's own storage of the table: host, pinned or managed), and the
@@ -917,6 +920,8 @@ enum { UR_CACHE_WAYS = 32 };
 typedef enum ur_cache_policy { UR_CACHE_LRU = 0, UR_CACHE_LFU, UR_CACHE_POLICY_COUNT } ur_cache_policy;
 typedef struct ur_cache_config {
   int64_t slots;                  /* rows held; rounded up to whole sets of UR_CACHE_WAYS */
+  const int64_t *table_slots;     /* per table: its own sets of that many slots (rounded up);
+                                     NULL: the tables share the `slots` */
   ur_cache_policy policy;
   int32_t decay_batches;          /* LFU: counts halve every this many batches; 0: never */
   int64_t staging_rows;           /* conflict-miss rows per batch to start with (grows) */

@@ -46,6 +46,7 @@ struct ur_cache {
   int32_t nt, T, F;
   int32_t *tidx, *ct_of;        /* cache table -> collection table; collection -> cache or -1 */
   int64_t *rows, *kbase;        /* per cache table */
+  int64_t *set_base, *set_count; /* per cache table: its sets (all of them when shared) */
   uint64_t total_keys;
   int32_t key_bits;
   ur__tbe_table *back;          /* per cache table: its own storage */
@@ -96,8 +97,9 @@ static uint64_t mix64(uint64_t x) {
  * rows land in the same sets whichever tables share the cache. */
 static int64_t set_of(const ur_cache *c, uint64_t key, int32_t ct) {
   uint64_t row = key - (uint64_t)c->kbase[ct];
-  return (int64_t)(mix64(((uint64_t)ct << UR__CACHE_ROW_BITS) ^ row ^ 0x5851F42D4C957F2Dull) %
-                   (uint64_t)c->nsets);
+  return c->set_base[ct] +
+         (int64_t)(mix64(((uint64_t)ct << UR__CACHE_ROW_BITS) ^ row ^ 0x5851F42D4C957F2Dull) %
+                   (uint64_t)c->set_count[ct]);
 }
 
 static int32_t table_of_key(const ur_cache *c, uint64_t key) {
@@ -217,7 +219,7 @@ static ur_status move(ur_cache *c, void *stream, const int64_t *e, int64_t n, in
 /* ---- construction ---- */
 
 static ur_status check_config(const ur_cache_config *cfg) {
-  if (cfg->slots < 1)
+  if (cfg->slots < 1 && !cfg->table_slots)
     return ur__error(UR_STATUS_INVALID, "cache: %lld slots; expected 1 or more",
                      (long long)cfg->slots);
   if ((unsigned)cfg->policy >= UR_CACHE_POLICY_COUNT)
@@ -261,8 +263,10 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   c->rows = calloc((size_t)num_tables, sizeof *c->rows);
   c->kbase = calloc((size_t)num_tables, sizeof *c->kbase);
   c->back = calloc((size_t)num_tables, sizeof *c->back);
+  c->set_base = calloc((size_t)num_tables, sizeof *c->set_base);
+  c->set_count = calloc((size_t)num_tables, sizeof *c->set_count);
   c->stats = calloc((size_t)num_tables + 1, sizeof *c->stats);
-  if (!c->tidx || !c->ct_of || !c->rows || !c->kbase || !c->back || !c->stats) {
+  if (!c->tidx || !c->ct_of || !c->rows || !c->kbase || !c->back || !c->stats || !c->set_base || !c->set_count) {
     c->tbe = NULL;
     ur_cache_free(c);
     return ur__error(UR_STATUS_OOM, "cache: out of host memory");
@@ -315,7 +319,19 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   while (c->key_bits < 63 && ((uint64_t)1 << c->key_bits) <= key) c->key_bits++;
   c->row_bytes = (size_t)c->dim * ur_dtype_size((ur_dtype)c->dtype);
   c->state_per_row = c->nstate == 0 ? 0 : tc->optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? 1 : c->dim;
-  c->nsets = (config->slots + UR_CACHE_WAYS - 1) / UR_CACHE_WAYS;
+  c->nsets = 0;
+  for (int32_t i = 0; i < num_tables; i++) {
+    int64_t want = config->table_slots ? config->table_slots[i] : config->slots;
+    if (want < 1) {
+      c->tbe = NULL;
+      ur_cache_free(c);
+      return ur__error(UR_STATUS_INVALID, "cache: table '%s' is given %lld slots; expected 1 or more",
+                       ur_tbe_table_name(t, tables[i]), (long long)want);
+    }
+    c->set_count[i] = (want + UR_CACHE_WAYS - 1) / UR_CACHE_WAYS;
+    c->set_base[i] = config->table_slots ? c->nsets : 0;
+    if (config->table_slots || i == 0) c->nsets += c->set_count[i];
+  }
   c->S = c->nsets * UR_CACHE_WAYS;
   c->M = config->staging_rows > 0 ? config->staging_rows : 256;
   c->next_ticket = 1;
@@ -405,6 +421,8 @@ void ur_cache_free(ur_cache *c) {
   free(c->rows);
   free(c->kbase);
   free(c->back);
+  free(c->set_base);
+  free(c->set_count);
   free(c->stats);
   free(c->tag);
   free(c->stamp);

@@ -32,7 +32,7 @@ local DTYPES = { f32 = C.UR_DTYPE_F32, f16 = C.UR_DTYPE_F16, bf16 = C.UR_DTYPE_B
 
 local OPTS = { tables = true, features = true, optimizer = true, bounds = true, seed = true,
                device = true, stochastic_rounding = true, output_dtype = true, pooling = true,
-               placement = true, dtype = true, state_placement = true }
+               placement = true, dtype = true, state_placement = true, cache = true }
 local TABLE_OPTS = { name = true, rows = true, dim = true, dtype = true, pooling = true,
                      placement = true, state_placement = true, features = true }
 local OPTIM_OPTS = { [1] = true, name = true, lr = true, eps = true, weight_decay = true,
@@ -95,6 +95,8 @@ local wrap_tbe, free_tbe = lib.handle_type("ur_tbe", C.ur_tbe_free, {})
 --   bounds = "fatal" | "warn" | "off";  seed = 0;  stochastic_rounding = true
 --   device = a GPU ordinal or "cpu" (default: the current GPU when there is one)
 --   output_dtype = "f32" | "bf16";  pooling, placement, dtype, state_placement: table defaults
+--   placement "cached": rows in host memory with a software cache in HBM (uvmrec.cache), whose
+--   options are cache = { load_factor=, slots=, bytes=, shared=, policy=, ... }
 -- Environmental failures (memory, budget, no GPU) return nil, message.
 function M.new(opts, level)
   level = (level or 1) + 1
@@ -120,6 +122,12 @@ function M.new(opts, level)
     device = lib.location(device, level)
   end
   local default_place = opts.placement or (device >= 0 and "device" or "host")
+  local cached, cache_opts = {}, nil
+  for _, t in ipairs(type(opts.tables) == "table" and opts.tables or {}) do
+    if type(t) == "table" and (t.placement or default_place) == "cached" then
+      cache_opts = cache_opts or require("uvmrec.cache").options(opts.cache, level)
+    end
+  end
   local optim_name, kind, hp = optimizer_of(opts.optimizer, level)
   local cfg = ffi.new("ur_tbe_config")
   cfg.device = device
@@ -156,11 +164,18 @@ function M.new(opts, level)
     c.dim = whole(t.dim, "table '" .. name .. "' dim", level, 1)
     c.dtype = pick(DTYPES, t.dtype or opts.dtype or "f32", "table '" .. name .. "' dtype", level)
     c.pooling = pick(POOLINGS, t.pooling or opts.pooling or "sum", "table '" .. name .. "' pooling", level)
-    c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", level)
+    if (t.placement or default_place) == "cached" then
+      cached[#cached + 1] = name
+      c.place = cache_opts.backing == "managed" and C.UR_PLACE_MANAGED or C.UR_PLACE_HOST
+    else
+      c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", level)
+    end
     local sp = t.state_placement or opts.state_placement
     c.state_place = sp and sp ~= "table" and pick(PLACES, sp, "table '" .. name .. "' state placement", level)
                     or -1
     self.dims[name], self.rows[name] = t.dim, t.rows
+    self.dtypes = self.dtypes or {}
+    self.dtypes[name] = t.dtype or opts.dtype or "f32"
     local fs = t.features or { name }
     if type(fs) ~= "table" then
       error(("embedding collection: table '%s' features must be a list"):format(name), level)
@@ -212,14 +227,57 @@ function M.new(opts, level)
     self.state_names[k + 1] = ffi.string(C.ur_tbe_state_name(out[0], k))
   end
   self._bpf = ffi.new("int64_t[?]", nf)
-  return setmetatable(self, mt)
+  setmetatable(self, mt)
+  if #cached > 0 then
+    local cache
+    cache, err = require("uvmrec.cache").new(self, cached, cache_opts, level)
+    if not cache then
+      self:free()
+      return nil, err
+    end
+    self.cache, self.cached = cache, {}
+    for _, name in ipairs(cached) do self.cached[name] = true end
+    if cache_opts.backing == "managed" and device >= 0 then
+      for _, name in ipairs(cached) do
+        local v = self:table(name)
+        v:advise(0, v:numel(), "preferred_location", "cpu")
+        v:advise(0, v:numel(), "accessed_by", device)
+        v:free()
+      end
+    end
+  end
+  return self
 end
 
 local function H(self, level) return lib.ptr(self.h, "embedding collection", (level or 2) + 1) end
 local function S(s, level) return streams.handle(s, (level or 2) + 1) end
 local function T(t, what, level) return lib.ptr(t, what, (level or 2) + 1) end
 
-function methods:free() free_tbe(self.h) end
+function methods:free()
+  if self.cache then self.cache:free() end
+  free_tbe(self.h)
+end
+
+-- Cached tables: the ids the kernels take for this input (slot ids for cached tables' features),
+-- prepared now unless the prefetch pipeline prepared them ahead.
+function methods:_cache_ids(input, v, o, bp, stream, level)
+  level = level + 1
+  local c = self.cache
+  local rec = c:prepared(input)
+  if rec and not (rec.ahead and not rec.used) then
+    -- a forward of this input without a backward: read-only, done with
+    assert(c:retire(input, false, stream, level))
+    rec = nil
+  end
+  assert(c:retire_before(input, stream, level))
+  if not rec then
+    local err
+    rec, err = c:prepare(input, v, o, bp, stream, level)
+    if not rec then return nil, err end
+  end
+  rec.used = true
+  return lib.ptr(rec.ids, "cache ids", level)
+end
 
 -- ---- inputs ----
 
@@ -294,6 +352,11 @@ end
 -- forward(input[, out][, stream]): the pooled embeddings (into out when given).
 function methods:forward(input, out, stream)
   local v, o, w, bp, inv = self:_input(input, 2)
+  if self.cache then
+    local err
+    v, err = self:_cache_ids(input, v, o, bp, stream, 2)
+    if not v then return nil, err end
+  end
   if out == nil then
     local err
     out, err = self:new_output(input)
@@ -307,14 +370,27 @@ end
 -- backward(input, grad_out[, stream]): steps the optimizer on every row the input read.
 function methods:backward(input, grad, stream)
   local v, o, w, bp, inv = self:_input(input, 2)
+  local rec = self.cache and self.cache:prepared(input)
+  if self.cache and not rec then
+    local err
+    v, err = self:_cache_ids(input, v, o, bp, stream, 2)
+    if not v then return nil, err end
+  elseif rec then
+    v = T(rec.ids, "cache ids", 2)
+  end
   local ok, err = check(C.ur_tbe_backward(S(stream), H(self), T(grad, "grad_out", 2), v, o, w, bp, inv), 2)
   if not ok then return nil, err end
+  if self.cache then return self.cache:retire(input, true, stream, 2) end
   return true
 end
 
 -- sparse_grad(input, grad_out[, stream]): the deduplicated gradient, without a step:
 -- { [table name] = { rows = i64 [U], grad = f32 [U, dim] } } for tables the input touched.
 function methods:sparse_grad(input, grad, stream)
+  if self.cache then
+    error("embedding collection: sparse_grad is not available with cached tables (their rows "
+          .. "are stepped in the cache)", 2)
+  end
   local v, o, w, bp, inv = self:_input(input, 2)
   local rows, grads = ffi.new("ur_tensor *[1]"), ffi.new("ur_tensor *[1]")
   local counts = ffi.new("int64_t[?]", #self.table_names)
@@ -350,6 +426,7 @@ local out_tensor = ffi.new("ur_tensor *[1]")
 
 -- Table `name` as a [rows, dim] view of the batched storage.
 function methods:table(name)
+  if self.cache and self.cached[name] then assert(self.cache:retire_all()) assert(self.cache:flush()) end
   must(C.ur_tbe_table(H(self), table_index(self, name, 2), out_tensor))
   return tensor.wrap(out_tensor[0])
 end
@@ -364,6 +441,7 @@ end
 -- Table `name`'s optimizer state: { sum = ... } or { exp_avg = ..., exp_avg_sq = ... }.
 function methods:state(name)
   local i, out = table_index(self, name, 2), {}
+  if self.cache and self.cached[name] then assert(self.cache:retire_all()) assert(self.cache:flush()) end
   for k, sname in ipairs(self.state_names) do
     must(C.ur_tbe_state(H(self), i, k - 1, out_tensor))
     out[sname] = tensor.wrap(out_tensor[0])
@@ -373,6 +451,7 @@ end
 
 -- Draws table `name` again, uniform in [lo, hi): the same on every backend and placement.
 function methods:init_table(name, lo, hi, seed, stream)
+  if self.cache and self.cached[name] then assert(self.cache:invalidate()) end
   local ok, err = check(C.ur_tbe_init_table(S(stream), H(self), table_index(self, name, 2), lo, hi, seed or 0))
   if not ok then return nil, err end
   return self
@@ -380,6 +459,7 @@ end
 
 -- Copies a tensor of the table's dtype and shape into table `name`.
 function methods:load(name, src, stream)
+  if self.cache and self.cached[name] then assert(self.cache:invalidate()) end
   local dst = self:table(name)
   local ok, err = dst:copy(src, stream)
   dst:free()

@@ -1,0 +1,282 @@
+-- uvmrec.cache: the software HBM cache of an embedding collection's `cached` tables (the
+-- engine's ur_cache, engine/src/cache.c).  A collection builds its cache itself when a table
+-- is placed "cached"; this module is its Lua face:
+--
+--   local ebc = ur.nn.EmbeddingBagCollection{ tables = { { name = "t", rows = 1e7, dim = 128,
+--     placement = "cached" } }, cache = { load_factor = 0.2, policy = "lru" } }
+--   local c = ebc.tbe.cache
+--   c:stats()          --> { lookups=, unique=, hits=, misses=, conflicts=, evictions=, ...,
+--                           hit_rate=, tables = { t = {...} } }
+--   c:reset_stats(); c:flush(); c:contains("t", {1, 2, 3}) --> { slot or false, ... }
+--
+-- Options (the collection's `cache` table): load_factor (fraction of each cached table's rows,
+-- default 0.2), or slots (rows), or bytes (slot storage, "1GiB" or a number); shared = true
+-- puts every cached table in one pool of sets (else each table has sets of its own size);
+-- policy "lru" | "lfu"; decay_batches (LFU, default 0: no decay); staging_rows (conflict
+-- misses per batch to start with; grows); backing "host" (pinned when a GPU runs the
+-- collection) | "managed" (preferred on the host).
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local streams = require "uvmrec.stream"
+local C, check, must = lib.C, lib.check, lib.must
+
+local M = {}
+local methods = {}
+local mt = { __index = methods }
+
+local POLICIES = { lru = C.UR_CACHE_LRU, lfu = C.UR_CACHE_LFU }
+local OPTS = { load_factor = true, slots = true, bytes = true, shared = true, policy = true,
+               decay_batches = true, staging_rows = true, backing = true }
+M.OPTS = OPTS
+
+local wrap_cache, free_cache = lib.handle_type("ur_cache", C.ur_cache_free, {})
+
+local function fail(msg, level) error("cache: " .. msg, level + 1) end
+
+local UNITS = { B = 1, KB = 1e3, MB = 1e6, GB = 1e9, KiB = 1024, MiB = 1024 ^ 2, GiB = 1024 ^ 3,
+                TiB = 1024 ^ 4 }
+
+local function bytes_of(v, level)
+  if type(v) == "number" then return v end
+  if type(v) == "string" then
+    local num, unit = v:match("^%s*([%d%.]+)%s*(%a*)%s*$")
+    local mult = UNITS[unit ~= "" and unit or "B"]
+    if num and mult then return math.floor(tonumber(num) * mult) end
+  end
+  fail(("bytes '%s' is not a number or a size like 512MiB"):format(tostring(v)), level + 1)
+end
+
+-- Checks the collection's cache options; returns them with defaults (used by uvmrec.tbe
+-- before the collection exists, so a bad option fails early).
+function M.options(o, level)
+  level = (level or 1) + 1
+  o = o or {}
+  if type(o) ~= "table" then fail("options must be a table", level) end
+  for k in pairs(o) do
+    if not OPTS[k] then fail(("unknown option '%s'"):format(tostring(k)), level) end
+  end
+  local r = { policy = o.policy or "lru", shared = o.shared == true, backing = o.backing or "host",
+              decay_batches = o.decay_batches or 0, staging_rows = o.staging_rows or 0 }
+  if not POLICIES[r.policy] then
+    fail(("policy '%s' is not lru or lfu"):format(tostring(r.policy)), level)
+  end
+  if r.backing ~= "host" and r.backing ~= "managed" then
+    fail(("backing '%s' is not host or managed"):format(tostring(r.backing)), level)
+  end
+  local n = (o.load_factor and 1 or 0) + (o.slots and 1 or 0) + (o.bytes and 1 or 0)
+  if n > 1 then fail("give one of load_factor, slots and bytes", level) end
+  if o.load_factor ~= nil then
+    if type(o.load_factor) ~= "number" or not (o.load_factor > 0 and o.load_factor <= 1) then
+      fail(("load_factor %s; expected a number in (0, 1]"):format(tostring(o.load_factor)), level)
+    end
+  end
+  if o.slots ~= nil and (type(o.slots) ~= "number" or o.slots < 1 or o.slots ~= math.floor(o.slots)) then
+    fail(("slots %s; expected a whole number >= 1"):format(tostring(o.slots)), level)
+  end
+  for _, k in ipairs({ "decay_batches", "staging_rows" }) do
+    local v = r[k]
+    if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
+      fail(("%s %s; expected a whole number >= 0"):format(k, tostring(v)), level)
+    end
+  end
+  r.load_factor = o.load_factor or (not o.slots and not o.bytes) and 0.2 or nil
+  r.slots = o.slots
+  r.bytes = o.bytes and bytes_of(o.bytes, level)
+  return r
+end
+
+-- Bytes one slot takes: the row and its optimizer state.
+local function slot_bytes(dim, dtype, optimizer)
+  local es = dtype == "f32" and 4 or 2
+  local state = optimizer == "rowwise_adagrad" and 4 or optimizer == "adagrad" and 4 * dim
+                or optimizer == "adam" and 8 * dim or 0
+  return dim * es + state
+end
+
+-- Builds the cache of collection `t` (a uvmrec.tbe object) over its tables listed in names.
+-- Returns the cache, or nil, message (memory, the HBM budget).
+function M.new(t, names, o, level)
+  level = (level or 1) + 1
+  o = M.options(o, level)
+  local n = #names
+  local idx = ffi.new("int32_t[?]", n)
+  local per = ffi.new("int64_t[?]", n)
+  local total_rows, dim, dtype = 0, nil, nil
+  for i, name in ipairs(names) do
+    idx[i - 1] = t.table_index[name]
+    total_rows = total_rows + t.rows[name]
+    dim, dtype = t.dims[name], t.dtypes[name]
+  end
+  local cfg = ffi.new("ur_cache_config")
+  cfg.policy = POLICIES[o.policy]
+  cfg.decay_batches = o.decay_batches
+  cfg.staging_rows = o.staging_rows
+  local total_slots
+  if o.load_factor then
+    total_slots = math.ceil(o.load_factor * total_rows)
+  elseif o.slots then
+    total_slots = o.slots
+  else
+    total_slots = math.max(1, math.floor(o.bytes / slot_bytes(dim, dtype, t.optimizer)))
+  end
+  if o.shared then
+    cfg.slots = total_slots
+  else
+    for i, name in ipairs(names) do
+      per[i - 1] = math.max(1, math.ceil(total_slots * t.rows[name] / total_rows))
+    end
+    cfg.table_slots = per
+  end
+  local out = ffi.new("ur_cache *[1]")
+  local ok, err = check(C.ur_cache_new(out, lib.ptr(t.h, "embedding collection", level), n, idx, cfg),
+                        level)
+  if not ok then return nil, err end
+  local self = setmetatable({ h = wrap_cache(out[0]), names = { unpack(names) }, index = {},
+                              options = o, tbe = t, _prepared = {}, _order = {} }, mt)
+  for i, name in ipairs(names) do self.index[name] = i - 1 end
+  return self
+end
+
+local function H(self, level) return lib.ptr(self.h, "cache", (level or 2) + 1) end
+local function S(s, level) return streams.handle(s, (level or 2) + 1) end
+
+function methods:free() free_cache(self.h) end
+function methods:slots() return tonumber(C.ur_cache_slots(H(self))) end
+function methods:staging_rows() return tonumber(C.ur_cache_staging_rows(H(self))) end
+function methods:bytes() return tonumber(C.ur_cache_bytes(H(self))) end
+function methods:in_flight() return C.ur_cache_in_flight(H(self)) end
+
+-- ---- batches: used by uvmrec.tbe's forward and backward, and by the prefetch pipeline ----
+
+-- prepare(input, v, o, bp[, stream]): looks up the batch `input` (its values and offsets
+-- pointers v, o and batch_per_feature bp as uvmrec.tbe hands them) and brings its rows in;
+-- returns the record { ticket=, ids= (the slot ids tensor) }.  A batch already prepared is
+-- not prepared again.
+function methods:prepare(input, v, o, bp, stream, level)
+  level = (level or 1) + 1
+  local rec = self._prepared[input]
+  if rec then return rec end
+  local n = tonumber(C.ur_tensor_numel(v))
+  local opts = { dtype = "i64", placement = self.tbe.device >= 0 and "device" or "host" }
+  if self.tbe.device >= 0 then opts.device = self.tbe.device end
+  local ids, err = tensor.tensor({ n }, opts)
+  if not ids then return nil, err end
+  local ticket = ffi.new("int64_t[1]")
+  local ok
+  ok, err = check(C.ur_cache_prepare(S(stream, level), H(self, level), v, o, bp,
+                                     lib.ptr(ids, "ids", level), ticket), level)
+  if not ok then
+    ids:free()
+    return nil, err
+  end
+  rec = { ticket = ticket[0], ids = ids, input = input }
+  self._prepared[input] = rec
+  self._order[#self._order + 1] = rec
+  return rec
+end
+
+-- The record of a batch prepared for `input`, or nil.
+function methods:prepared(input) return self._prepared[input] end
+
+-- Retires the batch of `input`: trained (its backward is enqueued on stream) or only read.
+function methods:retire(input, trained, stream, level)
+  level = (level or 1) + 1
+  local rec = self._prepared[input]
+  if not rec then return true end
+  self._prepared[input] = nil
+  for i, r in ipairs(self._order) do
+    if r == rec then
+      table.remove(self._order, i)
+      break
+    end
+  end
+  local ok, err = check(C.ur_cache_retire(S(stream, level), H(self, level), rec.ticket,
+                                          trained and 1 or 0), level)
+  rec.ids:free()
+  if not ok then return nil, err end
+  return true
+end
+
+-- Retires, unread-only, every prepared batch older than `input` (a forward without backward,
+-- as in evaluation, leaves its batch in flight until the next one comes).
+function methods:retire_before(input, stream, level)
+  level = (level or 1) + 1
+  while self._order[1] and self._order[1].input ~= input do
+    local ok, err = self:retire(self._order[1].input, false, stream, level)
+    if not ok then return nil, err end
+  end
+  return true
+end
+
+-- Retires every batch in flight (read-only): before a flush, an invalidation, the end.
+function methods:retire_all(stream)
+  while self._order[1] do
+    local ok, err = self:retire(self._order[1].input, false, stream, 2)
+    if not ok then return nil, err end
+  end
+  return true
+end
+
+-- ---- state ----
+
+-- Writes every dirty row back to host memory (the collection's own tables then hold the truth).
+function methods:flush()
+  local ok, err = check(C.ur_cache_flush(H(self)))
+  if not ok then return nil, err end
+  return true
+end
+
+-- Flushes and empties the cache: after the tables' host rows were changed behind it.
+function methods:invalidate()
+  local ok, err = self:retire_all()
+  if ok then ok, err = check(C.ur_cache_invalidate(H(self))) end
+  if not ok then return nil, err end
+  return true
+end
+
+local st = ffi.new("ur_cache_stats")
+local FIELDS = { "batches", "lookups", "unique", "hits", "misses", "conflicts", "evictions",
+                 "writebacks", "waits", "bytes_in", "bytes_out", "bytes_ids" }
+
+local function stats_of(h, i)
+  must(C.ur_cache_stats_get(h, i, st), 3)
+  local r = {}
+  for _, f in ipairs(FIELDS) do r[f] = tonumber(st[f]) end
+  r.seconds = st.seconds
+  r.hit_rate = r.unique > 0 and r.hits / r.unique or 0
+  return r
+end
+
+-- Totals, with .tables[name] per table.  hit_rate: hits over distinct rows looked up.
+function methods:stats()
+  local h = H(self)
+  local r = stats_of(h, -1)
+  r.tables = {}
+  for i, name in ipairs(self.names) do r.tables[name] = stats_of(h, i - 1) end
+  return r
+end
+
+function methods:reset_stats() C.ur_cache_reset_stats(H(self)) return self end
+
+-- contains(table, ids): for each id, its slot (0-based) or false.
+function methods:contains(name, ids)
+  local i = self.index[name]
+  if i == nil then
+    error(("cache: no cached table named '%s' (cached: %s)"):format(tostring(name),
+          table.concat(self.names, ", ")), 2)
+  end
+  if type(ids) ~= "table" then error("cache: contains takes a list of ids", 2) end
+  local n = #ids
+  local a, out = ffi.new("int64_t[?]", math.max(n, 1)), ffi.new("int64_t[?]", math.max(n, 1))
+  for k = 1, n do a[k - 1] = ids[k] end
+  must(C.ur_cache_contains(H(self), i, a, n, out))
+  local r = {}
+  for k = 1, n do
+    local s = tonumber(out[k - 1])
+    r[k] = s >= 0 and s or false
+  end
+  return r
+end
+
+return M

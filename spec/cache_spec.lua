@@ -1,0 +1,287 @@
+-- uvmrec.cache on the CPU backend (the reference the GPU's decisions follow): hits, misses,
+-- LRU and LFU victims, locks, conflict misses, write-back, statistics, bad input, and a
+-- randomized stress run against a shadow collection that keeps every row in memory.
+local ffi = require "ffi"
+local ur = require "uvmrec"
+local R = require "tbe_ref"
+
+local EBC = ur.nn.EmbeddingBagCollection
+
+-- Tables of one dim (a cache holds one), the cached copy and its all-in-memory shadow.
+local function pair(tables, cache, optimizer, extra)
+  local function make(cached)
+    local o = { tables = {}, device = "cpu", seed = 5, optimizer = optimizer or { "sgd", lr = 0.1 } }
+    for i, t in ipairs(tables) do
+      local c = {}
+      for k, v in pairs(t) do c[k] = v end
+      c.placement = cached and "cached" or "host"
+      o.tables[i] = c
+    end
+    for k, v in pairs(extra or {}) do o[k] = v end
+    if cached then o.cache = cache end
+    return EBC(o)
+  end
+  return make(true), make(false)
+end
+
+-- One bag per id, in one feature per table: {ids for table 1}, {ids for table 2}, ...
+local function input(per_table)
+  local values, offsets = {}, { 0 }
+  local n = 0
+  for _, ids in ipairs(per_table) do n = math.max(n, #ids) end
+  for _, ids in ipairs(per_table) do
+    for b = 1, n do
+      if ids[b] then values[#values + 1] = ids[b] end
+      offsets[#offsets + 1] = #values
+    end
+  end
+  return R.input({ values = values, offsets = offsets })
+end
+
+-- A random gradient of out's shape.
+local function grad_like(out)
+  return R.tensor(R.randoms(out:numel()), "f32"):view_as(0, { out:size(1), out:size(2) })
+end
+
+local function bits_equal(a, b, what)
+  assert.equal(a:numel(), b:numel(), what .. ": sizes")
+  local n = a:numel()
+  local pa = ffi.cast("const uint32_t *", ur.C.ur_tensor_data(a.p))
+  local pb = ffi.cast("const uint32_t *", ur.C.ur_tensor_data(b.p))
+  for i = 0, n - 1 do
+    if pa[i] ~= pb[i] then
+      error(("%s: element %d is %.9g, expected %.9g"):format(what, i, a:get(i), b:get(i)), 2)
+    end
+  end
+end
+
+describe("uvmrec.cache", function()
+  it("hits rows it holds and misses the others, counting per table and in total", function()
+    local m = pair({ { name = "a", rows = 1000, dim = 8 }, { name = "b", rows = 500, dim = 8 } },
+                   { slots = 64, shared = true })
+    local c = m.tbe.cache
+    local x = input({ { 1, 2, 3, 2 }, { 7, 7 } })
+    m:forward(x)
+    m:backward(x, grad_like(m.output))
+    local s = c:stats()
+    assert.same({ 6, 4, 0, 4 }, { s.lookups, s.unique, s.hits, s.misses })
+    assert.same({ 4, 3, 3 }, { s.tables.a.lookups, s.tables.a.unique, s.tables.a.misses })
+    assert.same({ 2, 1, 1 }, { s.tables.b.lookups, s.tables.b.unique, s.tables.b.misses })
+    local y = input({ { 3, 4 }, { 7 } })
+    m:forward(y)
+    m:backward(y, grad_like(m.output))
+    s = c:stats()
+    assert.same({ 2, 5 }, { s.hits, s.misses })
+    assert.is_number(c:contains("a", { 1, 2, 3, 4, 5 })[1])
+    assert.is_false(c:contains("a", { 5 })[1])
+    assert.is_false(c:contains("a", { 999 })[1])
+    assert.is_number(c:contains("b", { 7 })[1])
+    c:reset_stats()
+    assert.equal(0, c:stats().lookups)
+  end)
+
+  it("evicts the least recently used row of a full set, and writes it back when dirty", function()
+    -- one set of 32 ways: 40 distinct rows in batches of 8
+    local m, shadow = pair({ { name = "a", rows = 100, dim = 4 } }, { slots = 32 })
+    local c = m.tbe.cache
+    for b = 0, 4 do
+      local ids = {}
+      for k = 1, 8 do ids[k] = b * 8 + k - 1 end
+      local x = input({ ids })
+      local g = grad_like(m:forward(x))
+      m:backward(x, g)
+      shadow:forward(x)
+      shadow:backward(x, g)
+    end
+    local s = c:stats()
+    assert.same({ 40, 8, 8 }, { s.misses, s.evictions, s.writebacks })
+    -- rows 0..7 (the oldest batch) went; 8..39 stayed
+    assert.is_false(c:contains("a", { 0 })[1])
+    assert.is_false(c:contains("a", { 7 })[1])
+    assert.is_number(c:contains("a", { 8 })[1])
+    assert.is_number(c:contains("a", { 39 })[1])
+    bits_equal(m:table("a"), shadow:table("a"), "table a after flush")
+  end)
+
+  it("keeps frequently read rows under LFU where LRU would drop them", function()
+    local function run(policy)
+      local m = pair({ { name = "a", rows = 1000, dim = 4 } }, { slots = 32, policy = policy })
+      local c = m.tbe.cache
+      for b = 0, 9 do
+        local ids = { 0, 1, 2, 3 }  -- hot rows, every batch
+        if b < 3 then
+          for k = 4, 31 do ids[#ids + 1] = k end
+        else
+          for k = 1, 8 do ids[#ids + 1] = 100 + b * 8 + k end -- a scan of cold rows
+        end
+        local x = input({ ids })
+        m:forward(x)
+        m:backward(x, grad_like(m.output))
+      end
+      -- one read of the hot rows after a long cold scan
+      return c
+    end
+    local lfu = run("lfu")
+    local lfu_hot = lfu:contains("a", { 0, 1, 2, 3 })
+    for i = 1, 4 do assert.is_number(lfu_hot[i]) end
+    -- LFU evicts the scan's own rows (count 1) before the early rows 4..31 are all gone
+    local lru = run("lru")
+    local kept_lru, kept_lfu = 0, 0
+    for k = 4, 31 do
+      if lru:contains("a", { k })[1] then kept_lru = kept_lru + 1 end
+      if lfu:contains("a", { k })[1] then kept_lfu = kept_lfu + 1 end
+    end
+    assert.is_true(kept_lfu >= kept_lru)
+    assert.equal(0, kept_lru)
+  end)
+
+  it("serves rows whose set is all locked from staging (conflict misses), still updated", function()
+    -- 32 slots, a batch of 50 distinct rows: at least 18 conflict misses
+    local m, shadow = pair({ { name = "a", rows = 200, dim = 8 } }, { slots = 32, staging_rows = 4 },
+                           { "adam", lr = 0.01 })
+    for step = 1, 3 do
+      local ids = {}
+      for k = 1, 50 do ids[k] = (k * 7 + step) % 200 end
+      local x = input({ ids })
+      local g = grad_like(m:forward(x))
+      bits_equal(m.output, shadow:forward(x), "forward " .. step)
+      m:backward(x, g)
+      shadow:backward(x, g)
+    end
+    local s = m.tbe.cache:stats()
+    assert.is_true(s.conflicts >= 3 * 18)
+    assert.is_true(m.tbe.cache:staging_rows() >= 18) -- grew from 4
+    bits_equal(m:table("a"), shadow:table("a"), "table a")
+    bits_equal(m:state("a").exp_avg, shadow:state("a").exp_avg, "exp_avg")
+    bits_equal(m:state("a").exp_avg_sq, shadow:state("a").exp_avg_sq, "exp_avg_sq")
+  end)
+
+  it("makes the same decisions for the same calls (the reference is deterministic)", function()
+    local function run()
+      math.randomseed(3)
+      local m = pair({ { name = "a", rows = 3000, dim = 4 }, { name = "b", rows = 2000, dim = 4 } },
+                     { slots = 128, shared = true, policy = "lfu", decay_batches = 3 })
+      local trace = {}
+      for _ = 1, 12 do
+        local a, b = {}, {}
+        for k = 1, 40 do
+          a[k] = math.floor(3000 * math.random() ^ 3)
+          b[k] = math.floor(2000 * math.random() ^ 2)
+        end
+        local x = input({ a, b })
+        m:forward(x)
+        m:backward(x, grad_like(m.output))
+      end
+      for r = 0, 2999, 7 do trace[#trace + 1] = m.tbe.cache:contains("a", { r })[1] end
+      local s = m.tbe.cache:stats()
+      trace[#trace + 1] = s.hits
+      trace[#trace + 1] = s.evictions
+      return trace
+    end
+    assert.same(run(), run())
+  end)
+
+  it("checks its options and input, naming the value and the expectation", function()
+    local t = { { name = "a", rows = 100, dim = 8 } }
+    assert.has_error(function() pair(t, { policy = "fifo" }) end, "cache: policy 'fifo' is not lru or lfu")
+    assert.has_error(function() pair(t, { load_factor = 1.5 }) end,
+                     "cache: load_factor 1.5; expected a number in (0, 1]")
+    assert.has_error(function() pair(t, { slots = 10, load_factor = 0.5 }) end,
+                     "cache: give one of load_factor, slots and bytes")
+    assert.has_error(function() pair(t, { colour = 1 }) end, "cache: unknown option 'colour'")
+    assert.has_error(function()
+      pair({ { name = "a", rows = 100, dim = 8 }, { name = "b", rows = 100, dim = 16 } }, {})
+    end, "cache: table 'b' has dim 16 and dtype f32 but 'a' has dim 8 and dtype f32; tables " ..
+         "sharing a cache have one dim and dtype")
+    local m = pair(t, { slots = 32 })
+    local ok, err = pcall(function() m:forward(input({ { 1, 100 } })) end)
+    assert.is_false(ok)
+    assert.matches("cache: table 'a' %(feature 'a', sample 1, value 1%) has no row 100; ids run 0..99", err)
+    assert.has_error(function() m.tbe.cache:contains("zz", { 1 }) end,
+                     "cache: no cached table named 'zz' (cached: a)")
+    assert.has_error(function() m:sparse_grad(input({ { 1 } }), R.tensor({ 0, 0, 0, 0, 0, 0, 0, 0 }, "f32")) end)
+  end)
+
+  it("skips and counts bad ids under the warn bounds check", function()
+    local m = pair({ { name = "a", rows = 100, dim = 4 } }, { slots = 32 }, nil, { bounds = "warn" })
+    local out = m:forward(input({ { 1, 100, -3 } }))
+    assert.equal(2, m:skipped())
+    assert.equal(0, out:get(4 + 0)) -- the bags of the bad ids pool nothing
+  end)
+
+  it("flushes dirty rows so the collection's tables hold the truth, and frees in any order", function()
+    local m, shadow = pair({ { name = "a", rows = 300, dim = 8 } }, { load_factor = 0.5 },
+                           { "rowwise_adagrad", lr = 0.05 })
+    local x = input({ { 5, 6, 7, 5 } })
+    local g = grad_like(m:forward(x))
+    m:backward(x, g)
+    shadow:forward(x) shadow:backward(x, g)
+    assert.is_true(m.tbe.cache:flush())
+    bits_equal(m:table("a"), shadow:table("a"), "table")
+    bits_equal(m:state("a").sum, shadow:state("a").sum, "state")
+    -- the collection first, then the cache: the cache notices
+    local cache = m.tbe.cache
+    ur.C.ur_tbe_free(m.tbe.h.p)
+    m.tbe.h.p = nil
+    assert.has_error(function() cache:flush() end, "cache: its embedding collection was freed")
+    cache:free()
+  end)
+end)
+
+-- The stress run: skewed ids with phase changes, tiny caches, several tables in one cache,
+-- optimizers with state; after every step the cache (through a forward over every row, or a
+-- flush) agrees bit for bit with the shadow.
+describe("uvmrec.cache stress", function()
+  local function zipf_ids(n, rows, skew, shift)
+    local ids = {}
+    for k = 1, n do ids[k] = (math.floor(rows * math.random() ^ skew) + shift) % rows end
+    return ids
+  end
+
+  local cases = {
+    { name = "lru, shared by three tables, sgd", policy = "lru", shared = true, slots = 64,
+      optimizer = { "sgd", lr = 0.2 } },
+    { name = "lfu with decay, per-table caches, rowwise adagrad", policy = "lfu", decay_batches = 2,
+      load_factor = 0.08, optimizer = { "rowwise_adagrad", lr = 0.1 } },
+    { name = "lru, one set, adam", policy = "lru", shared = true, slots = 32,
+      optimizer = { "adam", lr = 0.01 } },
+  }
+  for _, case in ipairs(cases) do
+    it("agrees with an all-in-memory shadow after every step: " .. case.name, function()
+      math.randomseed(11)
+      local tables = { { name = "t0", rows = 400, dim = 4 }, { name = "t1", rows = 150, dim = 4 },
+                       { name = "t2", rows = 900, dim = 4 } }
+      local m, shadow = pair(tables, { policy = case.policy, shared = case.shared, slots = case.slots,
+                                       load_factor = case.load_factor, decay_batches = case.decay_batches },
+                             case.optimizer)
+      local all = {}
+      for i, t in ipairs(tables) do
+        all[i] = {}
+        for r = 0, t.rows - 1 do all[i][#all[i] + 1] = r end
+      end
+      for step = 1, 30 do
+        local phase = math.floor(step / 10) * 97
+        local per = {}
+        for i, t in ipairs(tables) do per[i] = zipf_ids(math.random(5, 60), t.rows, 2 + i, phase) end
+        local x = input(per)
+        local out = m:forward(x)
+        local want = shadow:forward(x)
+        bits_equal(out, want, "step " .. step .. " forward")
+        local g = grad_like(want)
+        m:backward(x, g)
+        shadow:backward(x, g)
+        if step % 3 == 0 then
+          for _, t in ipairs(tables) do
+            bits_equal(m:table(t.name), shadow:table(t.name), "step " .. step .. " table " .. t.name)
+          end
+        else
+          -- every row through the cache (a read: mostly conflicts in these tiny caches)
+          local probe = input(all)
+          bits_equal(m:forward(probe), shadow:forward(probe), "step " .. step .. " probe")
+        end
+      end
+      local s = m.tbe.cache:stats()
+      assert.is_true(s.hits > 0 and s.misses > 0 and s.evictions > 0 and s.conflicts > 0)
+    end)
+  end
+end)
