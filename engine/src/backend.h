@@ -40,6 +40,11 @@ struct ur_backend;
 /* Fills the cache entries of the CUDA backend's table (engine/src/cuda/cache.cu). */
 void ur__cuda_cache_install(struct ur_backend *b, const ur_core_api *core);
 
+struct ur__kjt_seg; /* engine/src/kjt.h */
+struct ur_backend;
+/* Fills the kjt entries of the CUDA backend's table (engine/src/cuda/kjt.cu). */
+void ur__cuda_kjt_install(struct ur_backend *b, const ur_core_api *core);
+
 /* Streams and events are the backend's own handles (cudaStream_t, cudaEvent_t). */
 typedef struct ur_backend {
   int abi;
@@ -167,6 +172,47 @@ typedef struct ur_backend {
                           int64_t n, int32_t to_host);
   /* Work enqueued on stream after this call waits for event (cudaStreamWaitEvent). */
   ur_status (*stream_wait)(void *stream, void *event);
+
+  /* kjt (engine/src/kjt.c has checked every size; pointers are GPU-visible memory of the
+   * current GPU unless called host arrays).  offsets: off [nb + 1] from len; with val0 (host,
+   * nkeys + 1) it also waits and gives val0[k] = off[bag0[k]] (bag0 host), bad[0] the first
+   * negative length and bad[1] the first bag ending past nv values (-1: none). */
+  ur_status (*kjt_offsets)(void *stream, const int32_t *len, int64_t nb, int64_t *off,
+                           const int64_t *bag0, int32_t nkeys, int64_t nv, int64_t *val0,
+                           int64_t *bad);
+  /* Waits; bad[0]: first bag with a negative length or offsets that disagree with it, bad[1]:
+   * first sound bag holding an id outside [0, rows[key]) where rows (host) is given and > 0,
+   * bad[2]: first inverse index outside its key's stride (spk host); -1: none. */
+  ur_status (*kjt_validate)(void *stream, const int32_t *len, const int64_t *off,
+                            const int64_t *val, const int64_t *inv, int64_t nv, int32_t nkeys,
+                            int64_t stride, const int64_t *bag0, const int64_t *spk,
+                            const int64_t *rows, int64_t *bad);
+  /* dst elements (elem_bytes 4 or 8) from nseg runs (segs in host memory, engine/src/kjt.h). */
+  ur_status (*kjt_segments)(void *stream, void *dst, size_t elem_bytes,
+                            const struct ur__kjt_seg *segs, int64_t nseg);
+  /* map[k * stride + j] = bag0[k] + (inv ? inv[k * stride + j] : j); bag0 in host memory. */
+  ur_status (*kjt_expand_map)(void *stream, const int64_t *inv, const int64_t *bag0,
+                              int32_t nkeys, int64_t stride, int64_t *map);
+  /* len_out[i] = len[map[i]], off_out [n + 1] their offsets; with nat > 0 it waits and gives
+   * at[j] = off_out[j * step] (host) for j < nat. */
+  ur_status (*kjt_bag_lengths)(void *stream, const int32_t *len, const int64_t *map, int64_t n,
+                               int32_t *len_out, int64_t *off_out, int64_t step, int32_t nat,
+                               int64_t *at);
+  /* Values (and weights, w may be NULL) of bag map[i] to off_out[i]... */
+  ur_status (*kjt_bag_copy)(void *stream, const int64_t *off, const int64_t *val, const float *w,
+                            const int64_t *map, int64_t n, const int64_t *off_out,
+                            int64_t *val_out, float *w_out);
+  /* dst row k * stride + j = src row bag0[k] + (inv ? inv[k * stride + j] : j), rows of
+   * row_bytes; bag0 in host memory. */
+  ur_status (*kjt_expand_rows)(void *stream, const void *src, size_t row_bytes,
+                               const int64_t *inv, const int64_t *bag0, int32_t nkeys,
+                               int64_t stride, void *dst);
+  /* Per key of nkeys * stride bags, the distinct bags (ids and weight bits) in order of first
+   * appearance; waits.  map [sum of spk]: each distinct bag's first bag, key-major; inv
+   * [nkeys * stride]; host spk [nkeys] and val0 [nkeys + 1] (each key's first value). */
+  ur_status (*kjt_dedup)(void *stream, const int64_t *off, const int64_t *val, const float *w,
+                         const int32_t *len, int32_t nkeys, int64_t stride, int64_t *map,
+                         int64_t *inv, int64_t *spk, int64_t *val0);
 } ur_backend;
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which

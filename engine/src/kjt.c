@@ -1,11 +1,13 @@
 /* kjt.c: keyed jagged tensors: construction with checked lengths, offsets, permute, split,
  * concat, dedup into a variable batch per key (VBE), expand back, and placement moves.
- * The work is done on host-visible memory; a KJT on the device is staged through the host
- * (its results go back to the device), so every placement is accepted everywhere. */
+ * A KJT in device memory, or in managed memory with the CUDA backend loaded, is worked on by
+ * the GPU (engine/src/cuda/kjt.cu), its results staying there; only sizes come back to the
+ * host.  The host code below is the reference the GPU's results equal. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core.h"
+#include "kjt.h"
 
 struct ur_kjt {
   int32_t nkeys;
@@ -46,6 +48,33 @@ static ur_status new_1d(ur_tensor **out, ur_dtype dt, int64_t n, ur_place place,
   return ur_tensor_new(out, dt, 1, &n, place, dev);
 }
 
+/* ---- the GPU ---- */
+
+/* Whether work on t runs on the GPU: device memory, or managed memory with the backend. */
+static int on_gpu(const ur_tensor *t) {
+  ur_place p = ur_tensor_place(t);
+  return ur__gpu() && (p == UR_PLACE_DEVICE || p == UR_PLACE_MANAGED);
+}
+
+static void *dp(const ur_tensor *t) { return t ? ur_tensor_data(t) : NULL; }
+
+/* Kernels run on t's GPU (managed memory made for the CPU: the current one). */
+static ur_status gpu_enter(const ur_tensor *t, int32_t *prev) {
+  ur_status st = ur_device_get(prev);
+  int32_t d = ur_tensor_device(t);
+  if (!st && d >= 0 && d != *prev) st = ur_device_set(d);
+  return st;
+}
+
+static ur_status gpu_leave(const ur_tensor *t, int32_t prev, ur_status st) {
+  int32_t d = ur_tensor_device(t);
+  if (d >= 0 && d != prev) {
+    ur_status st2 = ur_device_set(prev);
+    if (!st) st = st2;
+  }
+  return st;
+}
+
 /* ---- construction ---- */
 
 static void kjt_free_parts(ur_kjt *k) {
@@ -68,6 +97,17 @@ void ur_kjt_free(ur_kjt *k) { kjt_free_parts(k); }
 
 static const char *kname(const ur_kjt *k, int32_t i) { return k->keys[i]; }
 
+/* The key whose bags hold bag b (keys with no bags skipped). */
+static int32_t key_of_bag(const ur_kjt *k, int64_t b) {
+  int32_t lo = 0, hi = k->nkeys; /* bag0[lo] <= b < bag0[hi] */
+  while (hi - lo > 1) {
+    int32_t mid = lo + (hi - lo) / 2;
+    if (k->bag0[mid] <= b) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
 static ur_status view_all(const ur_tensor *t, ur_tensor **out) {
   *out = NULL;
   if (!t) return UR_STATUS_OK;
@@ -82,8 +122,72 @@ static ur_status check_1d(const ur_tensor *t, const char *what, ur_dtype want) {
   return UR_STATUS_OK;
 }
 
+/* The CPU's first error, from the GPU's first negative length (bad[0]) and first bag ending
+ * past the values (bad[1]): whichever comes first in bag order. */
+static ur_status gpu_offsets_error(const ur_kjt *k, const int64_t *bad, int64_t nv) {
+  int64_t neg = bad[0], over = bad[1];
+  ur_status st = UR_STATUS_OK;
+  if (over >= 0 && (neg < 0 || over < neg)) {
+    int32_t key = key_of_bag(k, over);
+    int64_t end = 0, rest = k->bag0[key + 1] - over - 1;
+    st = ur_tensor_read(k->offsets, over + 1, 1, &end);
+    if (!st && rest > 0) {
+      int32_t *len = malloc(sizeof(int32_t) * (size_t)rest);
+      if (!len) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
+      st = ur_tensor_read(k->lengths, over + 1, rest, len);
+      for (int64_t i = 0; i < rest && !st; i++) end += len[i] > 0 ? len[i] : 0;
+      free(len);
+    }
+    if (st) return st;
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt: key '%s' lengths sum to %lld but %lld values remain (the bag of "
+                     "sample %lld, lengths[%lld], ends past them)",
+                     kname(k, key), (long long)(end - k->val0[key]),
+                     (long long)(nv - k->val0[key]), (long long)(over - k->bag0[key]),
+                     (long long)over);
+  }
+  if (neg >= 0) {
+    int32_t key = key_of_bag(k, neg), l = 0;
+    if ((st = ur_tensor_read(k->lengths, neg, 1, &l))) return st;
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt: key '%s' sample %lld (lengths[%lld]) has length %d; lengths must be >= 0",
+                     kname(k, key), (long long)(neg - k->bag0[key]), (long long)neg, (int)l);
+  }
+  if (k->val0[k->nkeys] != nv) {
+    if (k->nkeys)
+      return ur__error(UR_STATUS_INVALID,
+                       "kjt: lengths sum to %lld but there are %lld values (%lld left after the "
+                       "last key, '%s')",
+                       (long long)k->val0[k->nkeys], (long long)nv,
+                       (long long)(nv - k->val0[k->nkeys]), kname(k, k->nkeys - 1));
+    return ur__error(UR_STATUS_INVALID, "kjt: no keys, but %lld values", (long long)nv);
+  }
+  return UR_STATUS_OK;
+}
+
+/* Offsets by a scan on the GPU.  With val0 known (results of permute, split, concat) nothing
+ * waits; else the key spans come back, with the checks. */
+static ur_status gpu_offsets(ur_kjt *k, const int64_t *val0, int check) {
+  int64_t nb = k->bag0[k->nkeys], nv = ur_tensor_numel(k->values);
+  ur_status st = new_1d(&k->offsets, UR_DTYPE_I64, nb + 1, ur_tensor_place(k->values),
+                        ur_tensor_device(k->values));
+  if (st) return st;
+  int64_t bad[2] = {-1, -1};
+  int32_t prev = 0;
+  if ((st = gpu_enter(k->values, &prev))) return st;
+  st = ur__gpu()->kjt_offsets(NULL, dp(k->lengths), nb, dp(k->offsets), k->bag0, k->nkeys, nv,
+                              val0 ? NULL : k->val0, bad);
+  if ((st = gpu_leave(k->values, prev, st))) return st;
+  if (val0) {
+    memcpy(k->val0, val0, sizeof(int64_t) * (size_t)(k->nkeys + 1));
+    return UR_STATUS_OK;
+  }
+  return check ? gpu_offsets_error(k, bad, nv) : UR_STATUS_OK;
+}
+
 /* Offsets from lengths: checks negative lengths and the sum against the values (when check),
- * and fills val0.  `given` (offsets already computed, e.g. by a copy) skips the work. */
+ * and fills val0.  `given` (offsets already computed, e.g. by a copy) skips the work; val0
+ * alone (a result whose key spans are known) lets the GPU's scan run without waiting. */
 static ur_status make_offsets(ur_kjt *k, const ur_tensor *given, const int64_t *val0,
                               int check) {
   ur_place place = ur_tensor_place(k->values);
@@ -103,6 +207,7 @@ static ur_status make_offsets(ur_kjt *k, const ur_tensor *given, const int64_t *
     free(tmp);
     return UR_STATUS_OK;
   }
+  if (on_gpu(k->lengths)) return gpu_offsets(k, val0, check);
   void *tmp;
   const int32_t *len = host_data(k->lengths, &tmp, &st);
   if (st) return st;
@@ -311,7 +416,76 @@ ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *ba
 
 /* ---- validate ---- */
 
+/* The GPU finds the first bad bag, the first bag with a bad id and the first bad inverse
+ * index; the CPU's error is the one of the lowest key (bags, then ids, then inverse indices
+ * within a key), and its message is made from a few elements read back. */
+static ur_status gpu_validate(const ur_kjt *k, const int64_t *rows) {
+  int64_t bad[3] = {-1, -1, -1}, nv = ur_tensor_numel(k->values);
+  int32_t prev = 0;
+  ur_status st = gpu_enter(k->values, &prev);
+  if (!st)
+    st = ur__gpu()->kjt_validate(NULL, dp(k->lengths), dp(k->offsets), dp(k->values),
+                                 dp(k->inverse), nv, k->nkeys, k->stride, k->bag0, k->spk, rows,
+                                 bad);
+  if ((st = gpu_leave(k->values, prev, st))) return st;
+  int64_t none = INT64_MAX;
+  int64_t kb = bad[0] >= 0 ? key_of_bag(k, bad[0]) : none;
+  int64_t ki = bad[1] >= 0 ? key_of_bag(k, bad[1]) : none;
+  int64_t kv = bad[2] >= 0 && k->stride > 0 ? bad[2] / k->stride : none;
+  if (kb != none && kb <= ki && kb <= kv) {
+    int64_t b = bad[0], off[2];
+    int32_t key = (int32_t)kb, l = 0;
+    if ((st = ur_tensor_read(k->lengths, b, 1, &l)) || (st = ur_tensor_read(k->offsets, b, 2, off)))
+      return st;
+    if (l < 0)
+      return ur__error(UR_STATUS_INVALID,
+                       "kjt: key '%s' sample %lld (lengths[%lld]) has length %d; lengths must be >= 0",
+                       kname(k, key), (long long)(b - k->bag0[key]), (long long)b, (int)l);
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt: key '%s' sample %lld: offsets %lld..%lld disagree with length %d "
+                     "or pass the %lld values",
+                     kname(k, key), (long long)(b - k->bag0[key]), (long long)off[0],
+                     (long long)off[1], (int)l, (long long)nv);
+  }
+  if (ki != none && ki <= kv) {
+    int64_t b = bad[1], off[2];
+    int32_t key = (int32_t)ki;
+    if ((st = ur_tensor_read(k->offsets, b, 2, off))) return st;
+    int64_t n = off[1] - off[0];
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    if (!ids) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
+    st = ur_tensor_read(k->values, off[0], n, ids);
+    for (int64_t v = 0; v < n && !st; v++)
+      if (ids[v] < 0 || ids[v] >= rows[key])
+        st = ur__error(UR_STATUS_INVALID,
+                       "kjt: key '%s' sample %lld (values[%lld]) has id %lld, outside the "
+                       "table's %lld rows",
+                       kname(k, key), (long long)(b - k->bag0[key]), (long long)(off[0] + v),
+                       (long long)ids[v], (long long)rows[key]);
+    free(ids);
+    if (!st)
+      st = ur__error(UR_STATUS_DEVICE, "kjt: the GPU found a bad id in bag %lld of key '%s' that "
+                     "the host does not see", (long long)b, kname(k, key));
+    return st;
+  }
+  if (kv != none) {
+    int64_t i = bad[2], x = 0;
+    int32_t key = (int32_t)kv;
+    if ((st = ur_tensor_read(k->inverse, i, 1, &x))) return st;
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt: key '%s' sample %lld has inverse index %lld; expected 0..%lld "
+                     "(the key's stride is %lld)",
+                     kname(k, key), (long long)(i - kv * k->stride), (long long)x,
+                     (long long)k->spk[key] - 1, (long long)k->spk[key]);
+  }
+  if (k->val0[k->nkeys] != nv)
+    return ur__error(UR_STATUS_INVALID, "kjt: lengths sum to %lld but there are %lld values",
+                     (long long)k->val0[k->nkeys], (long long)nv);
+  return UR_STATUS_OK;
+}
+
 ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
+  if (on_gpu(k->values)) return gpu_validate(k, rows);
   ur_status st = UR_STATUS_OK;
   void *t1 = NULL, *t2 = NULL, *t3 = NULL, *t4 = NULL;
   const int32_t *len = host_data(k->lengths, &t1, &st);
@@ -370,7 +544,8 @@ ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
 
 /* ---- building results ---- */
 
-/* A result assembled in host memory, then moved to the input's placement. */
+/* A result assembled in host memory, then moved to the input's placement; or, made by the
+ * GPU, in that placement from the start, with its key spans (val0) known. */
 typedef struct build {
   int32_t nkeys;
   const char **keys;
@@ -379,15 +554,16 @@ typedef struct build {
   int64_t nvalues, nbags;
   int weighted;
   ur_tensor *values, *lengths, *weights, *inverse;
-  ur_place place;      /* host-visible placement the buffers live in */
+  ur_place place;      /* placement the buffers live in */
   ur_place want;       /* the result's placement */
   int32_t device;
+  int64_t *val0;       /* GPU results: nkeys + 1 first values */
 } build;
 
 static ur_status build_alloc(build *b, ur_place want, int32_t device) {
   b->want = want;
   b->device = device;
-  b->place = want == UR_PLACE_DEVICE ? UR_PLACE_HOST : want;
+  b->place = want == UR_PLACE_DEVICE && !b->val0 ? UR_PLACE_HOST : want;
   int32_t hd = b->place == UR_PLACE_HOST || b->place == UR_PLACE_PINNED ? UR_LOC_CPU : device;
   ur_status st = new_1d(&b->values, UR_DTYPE_I64, b->nvalues, b->place, hd);
   if (!st) st = new_1d(&b->lengths, UR_DTYPE_I32, b->nbags, b->place, hd);
@@ -404,6 +580,7 @@ static void build_free(build *b) {
   ur_tensor_free(b->inverse);
   free(b->spk);
   free(b->keys);
+  free(b->val0);
 }
 
 static ur_status move_to(ur_tensor **t, ur_place place, int32_t device) {
@@ -426,7 +603,7 @@ static ur_status build_finish(build *b, ur_kjt **out) {
   }
   if (!st)
     st = kjt_make(b->nkeys, b->keys, b->stride, b->spk, b->values, b->lengths, b->weights,
-                  b->inverse, NULL, NULL, 0, out);
+                  b->inverse, NULL, b->val0, 0, out);
   build_free(b);
   return st;
 }
@@ -456,6 +633,92 @@ static void host_kjt_free(hostkjt *h) {
 
 /* ---- permute, split, concat ---- */
 
+/* Segment copies on the GPU, array by array (seg[a * n ...]: values, weights, lengths,
+ * inverse indices), into b's tensors, allocated here in the result's placement. */
+static ur_status gpu_assemble(const ur_tensor *like, build *b, const ur__kjt_seg *seg, int64_t n) {
+  ur_status st = build_alloc(b, ur_tensor_place(like), ur_tensor_device(like));
+  if (st) return st;
+  int32_t prev = 0;
+  const ur_backend *g = ur__gpu();
+  if ((st = gpu_enter(like, &prev))) return st;
+  st = g->kjt_segments(NULL, dp(b->values), sizeof(int64_t), seg, n);
+  if (!st && b->weights) st = g->kjt_segments(NULL, dp(b->weights), sizeof(float), seg + n, n);
+  if (!st) st = g->kjt_segments(NULL, dp(b->lengths), sizeof(int32_t), seg + 2 * n, n);
+  if (!st && b->inverse) st = g->kjt_segments(NULL, dp(b->inverse), sizeof(int64_t), seg + 3 * n, n);
+  return gpu_leave(like, prev, st);
+}
+
+/* One run per key (and array); the offsets are scanned from the lengths, nothing waits. */
+static ur_status gpu_permute(const ur_kjt *k, const int32_t *order, int32_t n, build *b,
+                             ur_kjt **out) {
+  ur__kjt_seg *seg = malloc(sizeof *seg * 4 * (size_t)(n > 0 ? n : 1));
+  b->val0 = malloc(sizeof(int64_t) * ((size_t)n + 1));
+  if (!seg || !b->val0) {
+    free(seg);
+    build_free(b);
+    return ur__error(UR_STATUS_OOM, "kjt permute: out of host memory");
+  }
+  const char *val = dp(k->values), *w = dp(k->weights), *len = dp(k->lengths),
+             *inv = dp(k->inverse);
+  int64_t vo = 0, bo = 0;
+  for (int32_t j = 0; j < n; j++) {
+    int32_t s = order[j];
+    int64_t nv = k->val0[s + 1] - k->val0[s], nb = k->spk[s];
+    b->val0[j] = vo;
+    seg[j] = (ur__kjt_seg){val + 8 * k->val0[s], vo, nv};
+    seg[n + j] = (ur__kjt_seg){w ? w + 4 * k->val0[s] : NULL, vo, nv};
+    seg[2 * n + j] = (ur__kjt_seg){len + 4 * k->bag0[s], bo, nb};
+    seg[3 * n + j] = (ur__kjt_seg){inv ? inv + 8 * (int64_t)s * k->stride : NULL,
+                                   (int64_t)j * k->stride, k->stride};
+    vo += nv;
+    bo += nb;
+  }
+  b->val0[n] = vo;
+  ur_status st = gpu_assemble(k->values, b, seg, n);
+  free(seg);
+  if (st) {
+    build_free(b);
+    return st;
+  }
+  return build_finish(b, out);
+}
+
+/* One run per part (and array). */
+static ur_status gpu_concat(const ur_kjt *const *parts, int32_t n, build *b, ur_kjt **out) {
+  ur__kjt_seg *seg = malloc(sizeof *seg * 4 * (size_t)n);
+  b->val0 = malloc(sizeof(int64_t) * ((size_t)b->nkeys + 1));
+  if (!seg || !b->val0) {
+    free(seg);
+    build_free(b);
+    return ur__error(UR_STATUS_OOM, "kjt concat: out of host memory");
+  }
+  int64_t vo = 0, bo = 0, ko = 0;
+  for (int32_t j = 0; j < n; j++) {
+    const ur_kjt *p = parts[j];
+    int64_t nv = ur_tensor_numel(p->values), nb = p->bag0[p->nkeys];
+    seg[j] = (ur__kjt_seg){dp(p->values), vo, nv};
+    seg[n + j] = (ur__kjt_seg){dp(p->weights), vo, nv};
+    seg[2 * n + j] = (ur__kjt_seg){dp(p->lengths), bo, nb};
+    seg[3 * n + j] = (ur__kjt_seg){dp(p->inverse), ko * b->stride, p->nkeys * b->stride};
+    for (int32_t i = 0; i < p->nkeys; i++) {
+      b->keys[ko + i] = p->keys[i];
+      if (b->spk) b->spk[ko + i] = p->spk[i];
+      b->val0[ko + i] = vo + p->val0[i];
+    }
+    vo += nv;
+    bo += nb;
+    ko += p->nkeys;
+  }
+  b->val0[b->nkeys] = vo;
+  ur_status st = gpu_assemble(parts[0]->values, b, seg, n);
+  free(seg);
+  if (st) {
+    build_free(b);
+    return st;
+  }
+  return build_finish(b, out);
+}
+
 ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kjt **out) {
   *out = NULL;
   if (n < 0) return ur__error(UR_STATUS_INVALID, "kjt permute: %d keys asked", (int)n);
@@ -481,6 +744,7 @@ ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kj
     b.nbags += k->spk[s];
     b.nvalues += k->val0[s + 1] - k->val0[s];
   }
+  if (on_gpu(k->values)) return gpu_permute(k, order, n, &b, out);
   hostkjt h;
   ur_status st = host_kjt(k, &h);
   if (!st) st = build_alloc(&b, ur_tensor_place(k->values), ur_tensor_device(k->values));
@@ -538,10 +802,18 @@ ur_status ur_kjt_split(const ur_kjt *k, const int32_t *sizes, int32_t n, ur_kjt 
     /* Offsets of the part start at 0: rebased copies, unless the part starts at value 0. */
     if (!st && k->val0[k0] == 0)
       st = ur_tensor_view(k->offsets, &off, k->bag0[k0], k->bag0[k1] - k->bag0[k0] + 1);
+    /* Rebased key spans, so the GPU scans the new offsets without waiting. */
+    int64_t *v0 = NULL;
+    if (!st && !off) {
+      if (!(v0 = malloc(sizeof(int64_t) * (size_t)(k1 - k0 + 1))))
+        st = ur__error(UR_STATUS_OOM, "kjt split: out of host memory");
+      for (int32_t i = 0; v0 && i <= k1 - k0; i++) v0[i] = k->val0[k0 + i] - k->val0[k0];
+    }
     if (!st)
       st = kjt_make(k1 - k0, (const char *const *)k->keys + k0, k->stride,
-                    k->variable ? k->spk + k0 : NULL, v, l, w, inv, off, off ? k->val0 + k0 : NULL, 0,
+                    k->variable ? k->spk + k0 : NULL, v, l, w, inv, off, off ? k->val0 + k0 : v0, 0,
                     &outs[j]);
+    free(v0);
     ur_tensor_free(v);
     ur_tensor_free(l);
     ur_tensor_free(w);
@@ -554,6 +826,45 @@ ur_status ur_kjt_split(const ur_kjt *k, const int32_t *sizes, int32_t n, ur_kjt 
       ur_kjt_free(outs[j]);
       outs[j] = NULL;
     }
+  return st;
+}
+
+typedef struct keyref {
+  const char *name;
+  int32_t part, at; /* at: position among all parts' keys */
+} keyref;
+
+static int keyref_cmp(const void *a, const void *b) {
+  const keyref *x = a, *y = b;
+  int c = strcmp(x->name, y->name);
+  return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+
+/* A key that is in two places: the earliest second occurrence, and the part of its first (by
+ * sorting the names, not comparing every pair: concat takes hundreds of keys). */
+static ur_status concat_duplicate(const ur_kjt *const *parts, int32_t n, int32_t nkeys) {
+  keyref *r = malloc(sizeof *r * ((size_t)nkeys + 1));
+  if (!r) return ur__error(UR_STATUS_OOM, "kjt concat: out of host memory");
+  int32_t m = 0;
+  for (int32_t j = 0; j < n; j++)
+    for (int32_t i = 0; i < parts[j]->nkeys; i++, m++) r[m] = (keyref){parts[j]->keys[i], j, m};
+  qsort(r, (size_t)m, sizeof *r, keyref_cmp);
+  int32_t second = -1, first = -1;
+  for (int32_t i = 1, g = 0; i < m; i++) {
+    if (strcmp(r[i].name, r[g].name)) {
+      g = i;
+      continue;
+    }
+    if (i == g + 1 && (second < 0 || r[i].at < r[second].at)) {
+      second = i;
+      first = g;
+    }
+  }
+  ur_status st = UR_STATUS_OK;
+  if (second >= 0)
+    st = ur__error(UR_STATUS_INVALID, "kjt concat: key '%s' of part %d is also in part %d",
+                   r[second].name, (int)r[second].part + 1, (int)r[first].part + 1);
+  free(r);
   return st;
 }
 
@@ -583,23 +894,19 @@ ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **out) {
       return ur__error(UR_STATUS_INVALID, "kjt concat: part %d is in %s but part 1 in %s",
                        (int)j + 1, ur_place_name(ur_tensor_place(p->values)),
                        ur_place_name(ur_tensor_place(p0->values)));
-    for (int32_t i = 0; i < p->nkeys; i++)
-      for (int32_t q = 0; q <= j; q++)
-        for (int32_t m = 0; m < (q == j ? i : parts[q]->nkeys); m++)
-          if (!strcmp(parts[q]->keys[m], p->keys[i]))
-            return ur__error(UR_STATUS_INVALID,
-                             "kjt concat: key '%s' of part %d is also in part %d", p->keys[i],
-                             (int)j + 1, (int)q + 1);
     b.nkeys += p->nkeys;
     b.nvalues += ur_tensor_numel(p->values);
     b.nbags += p->bag0[p->nkeys];
   }
+  ur_status dup = concat_duplicate(parts, n, b.nkeys);
+  if (dup) return dup;
   b.keys = calloc((size_t)b.nkeys + 1, sizeof(char *));
   if (p0->variable) b.spk = calloc((size_t)b.nkeys + 1, sizeof(int64_t));
   if (!b.keys || (p0->variable && !b.spk)) {
     build_free(&b);
     return ur__error(UR_STATUS_OOM, "kjt concat: out of host memory");
   }
+  if (on_gpu(p0->values)) return gpu_concat(parts, n, &b, out);
   ur_status st = build_alloc(&b, ur_tensor_place(p0->values), ur_tensor_device(p0->values));
   int64_t vo = 0, bo = 0, ko = 0;
   for (int32_t j = 0; j < n && !st; j++) {
@@ -662,11 +969,97 @@ static int bag_equal(const hostkjt *h, int64_t a, int64_t b) {
   return !h->w || !memcmp(h->w + h->off[a], h->w + h->off[b], sizeof(float) * (size_t)na);
 }
 
+/* The result's bags gathered by map [n] (each result bag's bag in k), with its offsets; at
+ * (nat > 0) takes the result's offsets at every step-th bag (waiting for them). */
+static ur_status gpu_gather_bags(const ur_kjt *k, const ur_tensor *map, int64_t n,
+                                 ur_tensor **len, ur_tensor **off, int64_t step, int32_t nat,
+                                 int64_t *at) {
+  ur_place place = ur_tensor_place(k->values);
+  int32_t dev = ur_tensor_device(k->values);
+  ur_status st = new_1d(len, UR_DTYPE_I32, n, place, dev);
+  if (!st) st = new_1d(off, UR_DTYPE_I64, n + 1, place, dev);
+  if (!st)
+    st = ur__gpu()->kjt_bag_lengths(NULL, dp(k->lengths), dp(map), n, dp(*len), dp(*off), step,
+                                    nat, at);
+  return st;
+}
+
+/* Values and weights of the gathered bags; then the result, its spans known. */
+static ur_status gpu_finish_bags(const ur_kjt *k, const ur_tensor *map, int64_t n,
+                                 ur_tensor *len, ur_tensor *off, const int64_t *spk,
+                                 ur_tensor *inv, const int64_t *val0, ur_kjt **out) {
+  ur_place place = ur_tensor_place(k->values);
+  int32_t dev = ur_tensor_device(k->values);
+  ur_tensor *v = NULL, *w = NULL;
+  ur_status st = new_1d(&v, UR_DTYPE_I64, val0[k->nkeys], place, dev);
+  if (!st && k->weights) st = new_1d(&w, UR_DTYPE_F32, val0[k->nkeys], place, dev);
+  if (!st)
+    st = ur__gpu()->kjt_bag_copy(NULL, dp(k->offsets), dp(k->values), dp(k->weights), dp(map), n,
+                                 dp(off), dp(v), dp(w));
+  if (!st)
+    st = kjt_make(k->nkeys, (const char *const *)k->keys, k->stride, spk, v, len, w, inv, off,
+                  val0, 0, out);
+  ur_tensor_free(v);
+  ur_tensor_free(w);
+  return st;
+}
+
+/* Sorted by hash within each key, equal bags found by comparing runs: see kernels/kjt.cu. */
+static ur_status gpu_dedup(const ur_kjt *k, ur_kjt **out) {
+  int64_t nb = (int64_t)k->nkeys * k->stride;
+  ur_place place = ur_tensor_place(k->values);
+  int32_t dev = ur_tensor_device(k->values);
+  int64_t *spk = calloc((size_t)k->nkeys + 1, sizeof(int64_t));
+  int64_t *val0 = calloc((size_t)k->nkeys + 1, sizeof(int64_t));
+  ur_tensor *map = NULL, *inv = NULL, *len = NULL, *off = NULL;
+  int32_t prev = 0;
+  ur_status st = spk && val0 ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "kjt dedup: out of host memory");
+  if (!st) st = new_1d(&map, UR_DTYPE_I64, nb, place, dev);
+  if (!st) st = new_1d(&inv, UR_DTYPE_I64, nb, place, dev);
+  if (!st && !(st = gpu_enter(k->values, &prev))) {
+    st = ur__gpu()->kjt_dedup(NULL, dp(k->offsets), dp(k->values), dp(k->weights),
+                              dp(k->lengths), k->nkeys, k->stride, dp(map), dp(inv), spk, val0);
+    int64_t nu = 0;
+    for (int32_t i = 0; i < k->nkeys; i++) nu += spk[i];
+    if (!st) st = gpu_gather_bags(k, map, nu, &len, &off, 0, 0, NULL);
+    if (!st) st = gpu_finish_bags(k, map, nu, len, off, spk, inv, val0, out);
+    st = gpu_leave(k->values, prev, st);
+  }
+  ur_tensor_free(map);
+  ur_tensor_free(inv);
+  ur_tensor_free(len);
+  ur_tensor_free(off);
+  free(spk);
+  free(val0);
+  return st;
+}
+
+static ur_status gpu_expand(const ur_kjt *k, ur_kjt **out) {
+  int64_t n = (int64_t)k->nkeys * k->stride;
+  ur_tensor *map = NULL, *len = NULL, *off = NULL;
+  int64_t *val0 = malloc(sizeof(int64_t) * ((size_t)k->nkeys + 1));
+  int32_t prev = 0;
+  ur_status st = val0 ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "kjt expand: out of host memory");
+  if (!st) st = new_1d(&map, UR_DTYPE_I64, n, ur_tensor_place(k->values), ur_tensor_device(k->values));
+  if (!st && !(st = gpu_enter(k->values, &prev))) {
+    st = ur__gpu()->kjt_expand_map(NULL, dp(k->inverse), k->bag0, k->nkeys, k->stride, dp(map));
+    if (!st) st = gpu_gather_bags(k, map, n, &len, &off, k->stride, k->nkeys + 1, val0);
+    if (!st) st = gpu_finish_bags(k, map, n, len, off, NULL, NULL, val0, out);
+    st = gpu_leave(k->values, prev, st);
+  }
+  ur_tensor_free(map);
+  ur_tensor_free(len);
+  ur_tensor_free(off);
+  free(val0);
+  return st;
+}
+
 ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {
   *out = NULL;
   if (k->variable)
     return ur__error(UR_STATUS_INVALID,
                      "kjt dedup: the KJT already has a variable batch per key; expand() it first");
+  if (on_gpu(k->values)) return gpu_dedup(k, out);
   hostkjt h;
   ur_status st = host_kjt(k, &h);
   if (st) {
@@ -750,6 +1143,7 @@ ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {
 
 ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out) {
   *out = NULL;
+  if (on_gpu(k->values)) return gpu_expand(k, out);
   hostkjt h;
   ur_status st = host_kjt(k, &h);
   if (st) {
@@ -798,6 +1192,33 @@ ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out) {
   return build_finish(&b, out);
 }
 
+/* Rows gathered on the GPU, ordered on s; a KJT elsewhere lends its inverse indices through
+ * a copy in the input's placement. */
+static ur_status gpu_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in, int nd,
+                                 const int64_t *shape, int64_t row, ur_tensor **out) {
+  ur_place place = ur_tensor_place(in);
+  int32_t dev = ur_tensor_device(in);
+  ur_tensor *o = NULL, *inv = NULL;
+  ur_status st = ur_tensor_new(&o, ur_tensor_dtype(in), nd, shape, place, dev);
+  if (!st && k->inverse && !on_gpu(k->inverse))
+    st = ur_tensor_to(s, k->inverse, &inv, place, dev);
+  int32_t prev = 0;
+  if (!st && !(st = gpu_enter(in, &prev))) {
+    st = ur__gpu()->kjt_expand_rows(s ? s->handle : NULL, dp(in),
+                                    (size_t)row * ur_dtype_size(ur_tensor_dtype(in)),
+                                    dp(inv ? inv : k->inverse), k->bag0, k->nkeys, k->stride,
+                                    dp(o));
+    st = gpu_leave(in, prev, st);
+  }
+  ur_tensor_free(inv);
+  if (st) {
+    ur_tensor_free(o);
+    return st;
+  }
+  *out = o;
+  return UR_STATUS_OK;
+}
+
 ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
                              ur_tensor **out) {
   *out = NULL;
@@ -811,6 +1232,7 @@ ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
   for (int i = 0; i < nd; i++) shape[i] = ur_tensor_dim(in, i);
   for (int i = 1; i < nd; i++) row *= shape[i];
   shape[0] = (int64_t)k->nkeys * B;
+  if (on_gpu(in)) return gpu_expand_rows(s, k, in, nd, shape, row, out);
   ur_place place = ur_tensor_place(in);
   int32_t dev = ur_tensor_device(in);
   ur_place hp = place == UR_PLACE_DEVICE ? UR_PLACE_HOST : place;

@@ -946,6 +946,7 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   ur__cuda_tbe_install(b, core);
   ur__cuda_cache_install(b, core);
   ur__cuda_dense_install(b, core);
+  ur__cuda_kjt_install(b, core);
   *out = b;
   return UR_STATUS_OK;
 }
