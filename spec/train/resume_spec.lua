@@ -346,7 +346,11 @@ describe("uvmrec train checkpoints", function()
       out, err, rc = cmd.run(ev .. " --out " .. cmd.quote(dir .. "/g"))
       assert.equal(0, rc, out .. err)
       assert.are_not.equal(final.auc, last_event(dir .. "/g", "eval").auc)
-      -- a model of another shape is refused, naming the key
+      -- another dense optimizer does not matter; a model of another shape is refused, naming the keys
+      out, err, rc = cmd.run(ev .. " --set optimizer.name=sgd --checkpoint " .. cmd.quote(rd) ..
+                             " --out " .. cmd.quote(dir .. "/h"))
+      assert.equal(0, rc, out .. err)
+      assert.equal(final.auc, last_event(dir .. "/h", "eval").auc)
       out, err, rc = cmd.run(ev .. " --set embeddings.dim=8 --set model.bottom_mlp=64,8 --checkpoint " .. cmd.quote(rd))
       assert.equal(1, rc, out)
       assert.matches("^uvmrec eval: %-%-checkpoint: checkpoint .*: config differs at 2 keys: embeddings.dim %(the " ..

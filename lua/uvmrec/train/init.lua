@@ -484,6 +484,8 @@ function M.eval(cfg, opts)
   if opts.setup then opts.setup(ctx) end
   local loaded
   if opts.checkpoint then
+    -- The dense optimizer's state plays no part in evaluating (nor does its config).
+    ctx.registry:unregister("optimizer")
     local r, cerr = M.load_checkpoint(ctx, opts.checkpoint, M.EVAL_IGNORE)
     if not r then return nil, "--checkpoint: " .. cerr end
     loaded = r
