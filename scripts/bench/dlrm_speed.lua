@@ -1,0 +1,395 @@
+-- uvmrec against the PyTorch DLRM in the same run (BENCH.md B3, issue 9): samples/s of whole
+-- training steps of both, per precision, and uvmrec's step cut into its phases against the
+-- floor their bytes and FLOPs allow.
+--
+--   luajit scripts/bench/dlrm_speed.lua [--config dlrm_mlperf_v1_2m] [--set k=v]... [--batch B]
+--          [--precisions f32,tf32,bf16] [--steps 30] [--data DIR] [--work DIR] [--python PY]
+--          [--no-torch] [--out FILE] [--cpu]
+--
+-- The data: the day files in --data, or written by uvmrec datagen from the config's synthetic
+-- preset into --work (8 batches); both engines train on the same batches, rotating over them.
+-- PyTorch first (scripts/bench/torch_dlrm.py speed, one process a precision; on a GPU it also
+-- measures the matrix-product and copy ceilings), then uvmrec, per precision:
+--   * steady: --steps steps back to back after a warm-up, timed with CUDA events (the clock on
+--     the CPU), the learning rates following the config's schedule as uvmrec.train does;
+--   * phases: each phase of the step (parity_lib.lua's cut of models/dlrm.lua: bottom MLP,
+--     embeddings, interaction, top MLP forward; loss; top, interaction, bottom backward; the
+--     tables' backward with their fused optimizer; the dense optimizer) repeated alone, back to
+--     back; "gaps" is the step's time that the phases alone do not account for (host waits,
+--     launch latency, synchronisations);
+--   * the floor of each phase: max(FLOPs / the matrix-product ceiling, bytes / the copy
+--     ceiling), with the bytes each phase must move at least (rows read once, activations read
+--     and written once, ids and offsets) and the ceilings PyTorch measured in this run (else
+--     BENCH.md's: 790 TFLOP/s bf16, 4250 GB/s; f32 and TF32 products then have none).
+-- Prints the tables last and appends JSON lines to --out.
+local ur = require "uvmrec"
+local train = require "uvmrec.train"
+local ck = require "uvmrec.checkpoint"
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local P = dofile(here .. "/parity_lib.lua")
+local C = ur.C
+
+local function die(msg, code)
+  io.stderr:write("dlrm_speed: ", msg, "\n")
+  os.exit(code or 2)
+end
+
+local o = { sets = {}, precisions = { "f32", "tf32", "bf16" }, work = "build/dlrm_speed",
+            python = os.getenv("PYTHON") or "python3" }
+do
+  local i = 1
+  while i <= #arg do
+    local a = arg[i]
+    local function value()
+      i = i + 1
+      if arg[i] == nil then die(a .. " needs a value") end
+      return arg[i]
+    end
+    local function whole(min)
+      local v = value()
+      local n = tonumber(v)
+      if not n or n < min or n ~= math.floor(n) then
+        die(("%s needs a whole number >= %d, got %s"):format(a, min, v))
+      end
+      return n
+    end
+    if a == "--config" then o.config = value()
+    elseif a == "--set" then o.sets[#o.sets + 1] = value()
+    elseif a == "--batch" then o.batch = whole(1)
+    elseif a == "--steps" then o.steps = whole(1)
+    elseif a == "--precisions" then
+      o.precisions = {}
+      for p in value():gmatch("[^,]+") do
+        if p ~= "f32" and p ~= "tf32" and p ~= "bf16" then die("--precisions: " .. p .. " is not f32, tf32 or bf16") end
+        o.precisions[#o.precisions + 1] = p
+      end
+    elseif a == "--data" then o.data = value()
+    elseif a == "--work" then o.work = value()
+    elseif a == "--python" then o.python = value()
+    elseif a == "--no-torch" then o.no_torch = true
+    elseif a == "--out" then o.out = value()
+    elseif a == "--cpu" then o.cpu = true
+    else
+      die("unknown argument " .. a .. " (expected --config C --set k=v --batch B --precisions P,... --steps N "
+          .. "--data DIR --work DIR --python PY --no-torch --out FILE --cpu)")
+    end
+    i = i + 1
+  end
+end
+local gpu = ur.gpu() and not o.cpu
+o.config = o.config or (gpu and "dlrm_mlperf_v1_2m" or "dlrm_tiny")
+o.steps = o.steps or (gpu and 30 or 5)
+local WARM, NBATCH, REPEAT = gpu and 5 or 1, gpu and 8 or 2, gpu and 10 or 2
+
+local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local function run(cmd)
+  print("+ " .. cmd)
+  io.stdout:flush()
+  local ok, how, code = os.execute(cmd)
+  if type(ok) == "number" then return ok == 0 end
+  return ok == true and (how ~= "exit" or code == 0)
+end
+
+local function config(precision)
+  local sets = { unpack(o.sets) }
+  if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
+  sets[#sets + 1] = "model.precision=" .. precision
+  local cfg, def = P.config(o.config, sets)
+  if not cfg then die(def) end
+  return cfg, def
+end
+
+-- ---- the data ----
+local cfg0 = config(o.precisions[1])
+local B = cfg0.train.batch_size
+if not o.data then
+  local preset = cfg0.data.train:match("^synthetic:(.+)$")
+  if not preset then die(o.config .. ": give --data DIR (its data.train is not a synthetic preset)") end
+  o.data = o.work .. "/days"
+  if not run(("%s %s %s --out %s --samples %d"):format(sh(arg[-1] or "luajit"), sh(here .. "/../datagen.lua"),
+    sh(preset), sh(o.data), NBATCH * B)) then
+    die("datagen failed")
+  end
+end
+
+-- ---- PyTorch ----
+local torch = {}
+local ceil = {}
+if not o.no_torch then
+  local desc_path = o.work .. "/desc.json"
+  run("mkdir -p " .. sh(o.work))
+  do
+    -- The description needs built objects: a model of 1-row tables has the same shape (the
+    -- real rows are put back).
+    local cfg = config(o.precisions[1])
+    local sets = { unpack(o.sets) }
+    sets[#sets + 1] = "embeddings.max_rows=1"
+    if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
+    local small, def = P.config(o.config, sets)
+    if not small then die(def) end
+    local m = assert(def.build(small, { cpu = true }))
+    local desc = P.describe(small, m, train.optimizer(small, m))
+    desc.rows = train.config.table_rows(cfg)
+    local f = assert(io.open(desc_path, "w"))
+    f:write(ck.json.encode(desc), "\n")
+    f:close()
+    m.embeddings.tbe:free()
+  end
+  local tj = o.work .. "/torch_speed.jsonl"
+  os.remove(tj)
+  for i, p in ipairs(o.precisions) do
+    if not run(("%s %s speed --desc %s --data %s --precision %s --batch %d --steps %d --batches %d --out %s "
+      .. "--device %s%s"):format(sh(o.python), sh(here .. "/torch_dlrm.py"), sh(desc_path), sh(o.data), p, B,
+      o.steps, NBATCH, sh(tj), gpu and "cuda" or "cpu", (i == 1 and gpu) and " --ceilings" or "")) then
+      print("(PyTorch failed for " .. p .. "; its column stays empty)")
+    end
+  end
+  local f = io.open(tj)
+  if f then
+    for line in f:lines() do
+      local r = ck.json.decode(line)
+      if r.bench == "torch_dlrm" then torch[r.precision] = r
+      elseif r.bench == "ceilings" then ceil = r end
+    end
+    f:close()
+  end
+end
+local COPY = (ceil.copy_gbps or 4250) * 1e9
+local MM = { f32 = ceil.mm_f32_tflops, tf32 = ceil.mm_tf32_tflops, bf16 = ceil.mm_bf16_tflops or 790 }
+
+-- ---- bytes and FLOPs of each phase ----
+local function floors(model, precision, unique)
+  local ab = precision == "bf16" and 2 or 4
+  local d = model.dim
+  local T = model.num_tables
+  local f, b = {}, {}
+  local function mlp(seq, first_input_grad)
+    local ff, fb, bf, bb, params = 0, 0, 0, 0, 0
+    local k = 0
+    for _, l in ipairs(seq.modules) do
+      if l.out_features then
+        k = k + 1
+        local i, n = l.in_features, l.out_features
+        ff = ff + 2 * B * i * n
+        fb = fb + B * (i + n) * ab
+        local gin = k > 1 or first_input_grad
+        bf = bf + 2 * B * i * n * (gin and 2 or 1)
+        -- backward: the output's gradient and the output (ReLU mask) read, the input read, its
+        -- gradient written
+        bb = bb + B * (2 * n + i + (gin and i or 0)) * ab
+        params = params + (i + 1) * n
+      end
+    end
+    return ff, fb, bf, bb, params
+  end
+  local bff, bfb, bbf, bbb, bp = mlp(model.bottom, false)
+  local tff, tfb, tbf, tbb, tp = mlp(model.top, true)
+  f.bottom_fwd, b.bottom_fwd = bff, bfb + B * model.num_dense * 4
+  f.bottom_bwd, b.bottom_bwd = bbf, bbb
+  f.top_fwd, b.top_fwd = tff, tfb
+  f.top_bwd, b.top_bwd = tbf, tbb
+  local ids = model._speed_ids
+  local width = model.interaction_width
+  local xd = width - T * d -- the bottom MLP's output
+  if model._pair then
+    local n = T + 1
+    f.inter_fwd = 2 * B * (n * (n - 1) / 2) * d
+    f.inter_bwd = 2 * f.inter_fwd
+    b.inter_fwd = B * (n * d + width) * ab
+    b.inter_bwd = B * (width + 2 * n * d) * ab
+  else
+    local r = model.interaction.rank or width
+    local per = model.interaction.rank and 2 * B * width * r * 2 or 2 * B * width * width
+    f.inter_fwd = per * model.interaction.layers
+    f.inter_bwd = 2 * f.inter_fwd
+    -- concat, and per layer x_l, z read and x_{l+1} written (x0 stays cached at best: counted once)
+    b.inter_fwd = B * (xd + T * d) * ab * 2 + model.interaction.layers * B * width * 3 * ab
+    b.inter_bwd = model.interaction.layers * B * width * 5 * ab + B * width * ab * 2
+  end
+  local interaction_params = 0
+  for _, p in ipairs(model.interaction:parameters()) do interaction_params = interaction_params + p.tensor:numel() end
+  f.loss, b.loss = 0, B * (2 * ab + 4)
+  -- the tables: every id and offset read, every pooled row written; each (id, row) read once
+  local row_bytes = d * 4
+  b.emb_fwd = ids * (8 + row_bytes) + B * T * 8 + B * T * d * ab
+  f.emb_fwd = 0
+  -- backward with SGD: the gradient rows read, ids and offsets read, the (row, position) pairs
+  -- sorted (written and read once), each distinct row read and written once
+  b.emb_bwd_opt = B * T * d * ab + ids * 8 + B * T * 8 + ids * 16 * 2 + unique * row_bytes * 2
+  f.emb_bwd_opt = 0
+  -- the dense optimizer (SGD): weight and gradient read, weight written, gradient zeroed, the
+  -- bf16 copy written
+  local np = bp + tp + interaction_params
+  b.dense_opt, f.dense_opt = np * (4 * 4 + (precision == "bf16" and 2 or 0)), 0
+  local out = {}
+  for k, v in pairs(b) do
+    local mm, fl = MM[precision], f[k] or 0
+    local ms = v / COPY * 1e3
+    if fl > 0 then ms = mm and math.max(ms, fl / (mm * 1e12) * 1e3) or nil end -- no ceiling: no floor
+    out[k] = { flops = fl, bytes = v, ms = ms }
+  end
+  return out
+end
+
+-- ---- uvmrec ----
+local clock = C.ur_clock_seconds
+local function timer()
+  if gpu then
+    local e0, e1 = assert(ur.event()), assert(ur.event())
+    return { start = function() assert(e0:record()) end,
+             stop = function() assert(e1:record()); assert(e1:sync()); return e0:elapsed(e1) end }
+  end
+  local t0
+  return { start = function() t0 = clock() end, stop = function() return (clock() - t0) * 1e3 end }
+end
+
+local results = {}
+for _, precision in ipairs(o.precisions) do
+  local cfg, def = config(precision)
+  local model, merr = def.build(cfg, { cpu = not gpu })
+  if not model then die(merr) end
+  local opt = train.optimizer(cfg, model)
+  local rows = train.config.table_rows(cfg)
+  local loader = assert(ur.data.loader { data = "criteo-bin:" .. o.data, batch_size = B, depth = 2, rows = rows,
+                                         drop_last = true })
+  local batches, ids = {}, 0
+  for i = 1, NBATCH do
+    local b = loader:next()
+    if not b then break end
+    if gpu then
+      local dv = b:to("device")
+      assert(ur.sync())
+      batches[i] = { dense = dv.dense, labels = dv.labels, sparse = dv.sparse, size = b.size }
+    else
+      batches[i] = { dense = assert(b.dense:to("host")), labels = assert(b.labels:to("host")),
+                     sparse = assert(b.sparse:to("host")), size = b.size }
+    end
+    ids = ids + b.sparse:values():numel()
+  end
+  loader:close()
+  if #batches == 0 then die(o.data .. ": not one whole batch of " .. B) end
+  model._speed_ids = ids / #batches
+  local steps = {}
+  for i, b in ipairs(batches) do steps[i] = P.phases(model, opt, b) end
+  local sched = train.config.schedule(cfg)
+  local base_lr, base_emb = opt.lr, model.embeddings.tbe:lr()
+  local n = 0
+  local function step()
+    n = n + 1
+    if sched then
+      local fct = sched(n)
+      opt:set_lr(base_lr * fct)
+      model.embeddings:set_lr(base_emb * fct)
+    end
+    local list = steps[(n - 1) % #batches + 1]
+    P.run_phases(list)
+    return list
+  end
+  for _ = 1, WARM do step() end
+  local tm = timer()
+  tm.start()
+  for _ = 1, o.steps do step() end
+  local ms = tm.stop() / o.steps
+  -- The loss of the first batch after the timed steps (forward and loss only).
+  local loss_last
+  do
+    local list, st = P.phases(model, opt, batches[1])
+    for i = 1, 5 do list[i][2]() end
+    loss_last = st.loss:get(0)
+  end
+  if not (loss_last == loss_last and math.abs(loss_last) < math.huge) then
+    die(("%s: the loss is %s after %d steps"):format(precision, tostring(loss_last), n), 1)
+  end
+
+  -- The distinct rows of a batch (the backward's floor), from the tables' gradient.
+  local unique = 0
+  do
+    local list, st = P.phases(model, opt, batches[1], { sparse_grad = true })
+    P.run_phases(list)
+    for _, g in pairs(st.sparse) do unique = unique + g.rows:numel() end
+    model:zero_grad()
+  end
+  local fl = floors(model, precision, unique)
+
+  -- Each phase alone, repeated back to back, on the state a full step left.
+  local list = step()
+  local phases, sum = {}, 0
+  for _, ph in ipairs(list) do
+    local t = timer()
+    t.start()
+    for _ = 1, REPEAT do ph[2]() end
+    local pms = t.stop() / REPEAT
+    phases[#phases + 1] = { name = ph[1], ms = pms, floor_ms = fl[ph[1]] and fl[ph[1]].ms,
+                            bytes = fl[ph[1]] and fl[ph[1]].bytes, flops = fl[ph[1]] and fl[ph[1]].flops }
+    sum = sum + pms
+  end
+  local floor_ms, floor_known = 0, true
+  for _, ph in ipairs(phases) do
+    if ph.floor_ms then floor_ms = floor_ms + ph.floor_ms else floor_known = false end
+  end
+  local r = { precision = precision, ms = ms, samples_per_s = B / (ms * 1e-3), phases = phases, phase_sum = sum,
+              gaps = ms - sum, floor_ms = floor_known and floor_ms or nil, unique = unique, ids = model._speed_ids,
+              loss = loss_last }
+  results[#results + 1] = r
+  print(("uvmrec %s: %.3f ms a step (%d steps after %d warm-up, over %d batches), %.3f M samples/s; loss %.4f")
+    :format(precision, ms, o.steps, WARM, #batches, r.samples_per_s / 1e6, loss_last))
+  model.embeddings.tbe:free()
+  model, opt, steps, batches = nil, nil, nil, nil
+  collectgarbage()
+  collectgarbage()
+end
+
+-- ---- the tables ----
+local where = gpu and ("cuda:0 " .. ur.device_props(0).name) or "the CPU"
+print(("\ndlrm_speed: %s, batch %d, on %s; PyTorch %s; ceilings: copy %.0f GB/s%s, products %s TFLOP/s")
+  :format(cfg0.name, B, where, (next(torch) and select(2, next(torch)).torch) or "not run", COPY / 1e9,
+  ceil.copy_gbps and " (measured)" or " (BENCH.md)",
+  table.concat((function()
+    local t = {}
+    for _, p in ipairs { "f32", "tf32", "bf16" } do
+      t[#t + 1] = p .. " " .. (MM[p] and ("%.0f"):format(MM[p]) or "?")
+    end
+    return t
+  end)(), ", ")))
+for _, r in ipairs(results) do
+  print(("\nuvmrec %s step, phases alone (x%d): %d ids, %d distinct rows a batch"):format(r.precision, REPEAT, r.ids,
+    r.unique))
+  print(("%-12s %9s %9s %8s %12s %10s"):format("phase", "ms", "floor ms", "% floor", "MB", "GFLOP"))
+  for _, ph in ipairs(r.phases) do
+    print(("%-12s %9.3f %9s %8s %12.1f %10.1f"):format(ph.name, ph.ms,
+      ph.floor_ms and ("%.3f"):format(ph.floor_ms) or "?",
+      ph.floor_ms and ("%.0f%%"):format(100 * ph.floor_ms / ph.ms) or "", (ph.bytes or 0) / 1e6, (ph.flops or 0) / 1e9))
+  end
+  print(("%-12s %9.3f"):format("gaps", r.gaps))
+  print(("%-12s %9.3f %9s %8s"):format("step", r.ms, r.floor_ms and ("%.3f"):format(r.floor_ms) or "?",
+    r.floor_ms and ("%.0f%%"):format(100 * r.floor_ms / r.ms) or ""))
+end
+print(("\n%-6s %11s %13s %11s %13s %8s %10s %8s"):format("math", "uvmrec ms", "uvmrec M/s", "torch ms", "torch M/s",
+  "ratio", "floor ms", "% floor"))
+for _, r in ipairs(results) do
+  local t = torch[r.precision]
+  print(("%-6s %11.3f %13.3f %11s %13s %8s %10s %8s"):format(r.precision, r.ms, r.samples_per_s / 1e6,
+    t and ("%.3f"):format(t.ms) or "-", t and ("%.3f"):format(t.samples_per_s / 1e6) or "-",
+    t and ("%.2fx"):format(t.ms / r.ms) or "-", r.floor_ms and ("%.3f"):format(r.floor_ms) or "?",
+    r.floor_ms and ("%.0f%%"):format(100 * r.floor_ms / r.ms) or ""))
+end
+for _, r in ipairs(results) do
+  if r.precision == "bf16" and gpu then
+    local t = torch.bf16
+    print(("B3 (bf16): %.2f M samples/s against 10 M (%.0f%%)%s"):format(r.samples_per_s / 1e6, r.samples_per_s / 1e5,
+      t and (", %.2fx PyTorch against 3x"):format(t.ms / r.ms) or ""))
+  end
+end
+if o.out then
+  local f = assert(io.open(o.out, "a"))
+  for _, r in ipairs(results) do
+    local t = torch[r.precision]
+    f:write(ck.json.encode { bench = "dlrm_speed", config = cfg0.name, device = where, batch = B,
+      precision = r.precision, ms = r.ms, samples_per_s = r.samples_per_s, phases = r.phases, gaps_ms = r.gaps,
+      floor_ms = r.floor_ms, unique_rows = r.unique, ids = r.ids, loss = r.loss,
+      torch_ms = t and t.ms, torch_samples_per_s = t and t.samples_per_s, ratio = t and t.ms / r.ms,
+      ceilings = next(ceil) and ceil or nil }, "\n")
+  end
+  f:close()
+end
