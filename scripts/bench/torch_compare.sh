@@ -17,7 +17,7 @@
 # OUT/train_parity/*.jsonl with scripts/bench/train_parity_plot.py).  Exits non-zero when a check
 # fails; the summary table is printed last.
 set -u -o pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 UVMREC=${UVMREC:-dist/bin/uvmrec}
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-build/torch_compare}
@@ -41,6 +41,7 @@ DOT="--config dlrm_mlperf_v1 --set embeddings.max_rows=20000 --batch 8192"
 DCN="--config dlrm_dcnv2 --set embeddings.max_rows=20000 --batch 4096"
 rm -f "$OUT/parity.jsonl"
 for c in "dot f32 mlperf" "dot tf32 mlperf" "dot bf16 mlperf" "dcnv2 f32 dcnv2" "dcnv2 bf16 dcnv2"; do
+  # shellcheck disable=SC2086
   set -- $c
   stamp "parity $1 $2"
   args=$DOT; [ "$1" = dcnv2 ] && args=$DCN
