@@ -257,6 +257,12 @@ describe("uvmrec train checkpoints", function()
     assert.same({ "signal", 6 }, { last_event(dir .. "/i", "checkpoint").reason,
                                    last_event(dir .. "/i", "interrupted").step })
     assert.is_nil(last_event(dir .. "/i", "final"))
+    -- a resume with nowhere further to go trains nothing and saves nothing again
+    local again = assert(run(sets_with(SYNTH, { "train.steps=6", "train.checkpoint_every=2" }),
+                             { out = dir .. "/i", resume = dir .. "/i" }))
+    assert.same({ 6, 6 * 256 }, { again.steps, again.samples })
+    assert.is_nil(again.checkpoint)
+    assert.same({ 6 }, steps_of(dir .. "/i/checkpoints"))
     -- going on from there gives the losses of a run that was never stopped
     assert(run(sets_with(SYNTH, { "train.steps=9" }), { out = dir .. "/i", resume = dir .. "/i" }))
     assert(run(sets_with(SYNTH, { "train.steps=9" }), { out = dir .. "/w" }))

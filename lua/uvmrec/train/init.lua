@@ -392,11 +392,12 @@ function M.run(cfg, opts)
     local sig = catching and C.ur_signals_caught() or 0
     interrupted = { signal = sig, name = SIGNALS[sig] or "the interrupt flag", step = steps }
     ctx.step, ctx.samples = steps, samples
-    if ckdir and not (saved and saved.step == steps) then
+    -- No step since the start (or the checkpoint resumed from): nothing new to save.
+    if ckdir and steps >= first and not (saved and saved.step == steps) then
       local sok, e = pcall(checkpoint, steps, "signal")
       if not sok then cerr = e end
     end
-  elseif ok and every > 0 and not (saved and saved.step == steps) then
+  elseif ok and every > 0 and steps >= first and not (saved and saved.step == steps) then
     local sok, e = pcall(checkpoint, steps, "end")
     if not sok then cerr = e end
   end
@@ -423,9 +424,15 @@ function M.run(cfg, opts)
   feed:free()
   loader:close()
   if interrupted then
-    say(("stopped by %s at step %d: %s"):format(interrupted.name, steps, saved and saved.step == steps
-      and ("checkpoint " .. saved.path .. "; go on with --resume " .. opts.out)
-      or "no run directory (--out), so nothing was saved"))
+    local what
+    if saved and saved.step == steps then
+      what = "checkpoint " .. saved.path .. "; go on with --resume " .. opts.out
+    elseif steps < first then
+      what = "no step was trained, so nothing was saved"
+    else
+      what = "no run directory (--out), so nothing was saved"
+    end
+    say(("stopped by %s at step %d: %s"):format(interrupted.name, steps, what))
     log.line { event = "interrupted", step = steps, signal = interrupted.signal, checkpoint = saved and saved.path }
     log.close()
     return result
