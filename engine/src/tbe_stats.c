@@ -186,18 +186,21 @@ ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *c
   return st;
 }
 
-/* inv[p[i]] = i, checking that p is a permutation of 0..n-1 (what names the caller). */
-static ur_status invert(const int64_t *p, int64_t n, int64_t *inv, const char *what) {
+/* inv[p[i]] = i, checking that p is a permutation of 0..n-1 (errors start with ctx, and call
+ * the array name). */
+static ur_status invert(const int64_t *p, int64_t n, int64_t *inv, const char *ctx,
+                        const char *name) {
   for (int64_t i = 0; i < n; i++) inv[i] = -1;
   for (int64_t i = 0; i < n; i++) {
     int64_t v = p[i];
     if (v < 0 || v >= n)
-      return ur__error(UR_STATUS_INVALID, "%s[%lld] = %lld; expected 0..%lld (a permutation)", what,
-                       (long long)i, (long long)v, (long long)n - 1);
+      return ur__error(UR_STATUS_INVALID, "%s: %s[%lld] = %lld; expected 0..%lld (a permutation)",
+                       ctx, name, (long long)i, (long long)v, (long long)n - 1);
     if (inv[v] >= 0)
       return ur__error(UR_STATUS_INVALID,
-                       "%s[%lld] = %lld repeats %s[%lld]; a permutation holds each of 0..%lld once",
-                       what, (long long)i, (long long)v, what, (long long)inv[v], (long long)n - 1);
+                       "%s: %s[%lld] = %lld repeats %s[%lld]; a permutation holds each of 0..%lld "
+                       "once", ctx, name, (long long)i, (long long)v, name, (long long)inv[v],
+                       (long long)n - 1);
     inv[v] = i;
   }
   return UR_STATUS_OK;
@@ -215,7 +218,7 @@ ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm) {
   if (!o) return ur__error(UR_STATUS_OOM, "perm_from_order: out of host memory");
   if (ur__gpu() && ur_tensor_place(perm) != UR_PLACE_HOST) st = ur__gpu()->device_sync();
   if (!st) st = ur_tensor_read(order, 0, n, o);
-  if (!st) st = invert(o, n, ur_tensor_data(perm), "perm_from_order: order");
+  if (!st) st = invert(o, n, ur_tensor_data(perm), "perm_from_order", "order");
   free(o);
   return st;
 }
@@ -335,8 +338,8 @@ ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tenso
     for (int64_t i = 0; i < rows; i++) q[i] = i;
   }
   char what[300];
-  snprintf(what, sizeof what, "tbe: relayout of table '%s': perm", name);
-  if ((st = invert(q, rows, qinv, what))) goto done;
+  snprintf(what, sizeof what, "tbe: relayout of table '%s'", name);
+  if ((st = invert(q, rows, qinv, what, "perm"))) goto done;
   /* from[r]: where the row that belongs at r is now (the old permutation, or the identity) */
   if (*slot) {
     if ((st = ur_tensor_read(*slot, 0, rows, from))) goto done;
@@ -384,5 +387,44 @@ done:
   free(q);
   free(qinv);
   free(from);
+  return st;
+}
+
+ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm) {
+  ur_status st = check_index(t, table, 0, "set_permutation");
+  if (st) return st;
+  ur__tbe_table *d = ur__tbe_desc(t, table);
+  const char *name = ur_tbe_table_name(t, table);
+  int64_t rows = d->rows;
+  ur_tensor **slot = ur__tbe_perm_slot(t, table);
+  if (!perm) {
+    d->perm = NULL;
+    st = ur__tbe_sync_desc(t);
+    ur_tensor_free(*slot);
+    *slot = NULL;
+    return st;
+  }
+  if (ur_tensor_dtype(perm) != UR_DTYPE_I64 || ur_tensor_ndim(perm) != 1 || ur_tensor_numel(perm) != rows)
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: set_permutation of table '%s': perm is %s [%lld]; expected i64 [%lld]",
+                     name, ur_dtype_name(ur_tensor_dtype(perm)), (long long)ur_tensor_numel(perm),
+                     (long long)rows);
+  size_t nb = sizeof(int64_t) * (size_t)rows;
+  int64_t *q = malloc(nb), *inv = malloc(nb);
+  if (!q || !inv) st = ur__error(UR_STATUS_OOM, "tbe: set_permutation: out of host memory");
+  if (!st && ur__gpu() && ur_tensor_place(perm) != UR_PLACE_HOST) st = ur__gpu()->device_sync();
+  if (!st) st = ur_tensor_read(perm, 0, rows, q);
+  char what[300];
+  snprintf(what, sizeof what, "tbe: set_permutation of table '%s'", name);
+  if (!st) st = invert(q, rows, inv, what, "perm");
+  if (!st && !*slot) st = new_side_tensor(t, slot, UR_DTYPE_I64, rows);
+  if (!st && ur__gpu() && ur_tbe_device(t) >= 0) st = ur__gpu()->device_sync();
+  if (!st) st = ur_tensor_write(*slot, 0, rows, q);
+  if (!st) {
+    d->perm = ur_tensor_data(*slot);
+    st = ur__tbe_sync_desc(t);
+  }
+  free(q);
+  free(inv);
   return st;
 }

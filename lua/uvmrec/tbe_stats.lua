@@ -151,6 +151,15 @@ function M.install(methods)
     return tensor.wrap(out_tensor[0])
   end
 
+  -- Installs perm (i64 [rows], or nil: identity) without moving rows: for rows already laid
+  -- out by it (a checkpoint's).
+  function methods:set_permutation(name, perm)
+    local ok, err = check(C.ur_tbe_set_permutation(self.h.p, index_of(self, name, 2),
+                                                   perm and lib.ptr(perm, "perm", 2) or nil), 2)
+    if not ok then return nil, err end
+    return self
+  end
+
   -- The permutation that puts rows in order of their counts, hottest first (host i64 [rows]).
   function methods:perm_from_counts(name)
     local a = self:access(name)
