@@ -35,7 +35,8 @@ function DLRM:__init(cfg, opts)
     local own = e.tables[name] or {}
     local place = own.placement or e.placement
     tables[i] = { name = name, rows = r, dim = e.dim, dtype = own.dtype or e.dtype,
-                  placement = (gpu and place ~= "auto") and place or nil }
+                  -- managed tables run on the CPU too (host memory whose hints are recorded)
+                  placement = ((gpu and place ~= "auto") or place == "managed") and place or nil }
   end
   local o = e.optimizer or {}
   self.embeddings = nn.EmbeddingBagCollection {

@@ -36,7 +36,14 @@ M.schema = map({
     bounds = enum({ "fatal", "warn", "off" }, { default = "fatal" }),
     tables = dict(map {                                        -- per table (C1, C2, ...)
       placement = enum(PLACEMENTS), dtype = enum { "f32", "f16", "bf16" },
+      hints = map { policy = string {} },                      -- this table's hint policy
     }),
+    hints = map {                                              -- managed tables (uvmrec.hints)
+      policy = string { default = "hot_prefix" },              -- none, host, hot_prefix, adaptive, or a .lua file
+      every = int { min = 1, default = 100 },                  -- steps between the policy's intervals
+      allowance = string { default = "100%" },                 -- HBM for managed tables: '20%' of their bytes, or '8GiB'
+      decay = number { min = 0, max = 1, default = 1 },        -- counts *= decay after each interval
+    },
     optimizer = map {
       name = enum(TBE_OPTIMS, { default = "sgd" }),
       lr = number { min = 0 },                                 -- default: the dense lr
@@ -96,6 +103,16 @@ local function own_tables(cfg)
   return cfg
 end
 
+-- A hint policy name: nil when it is a built-in one or a .lua file, else the message.
+function M.check_policy(name)
+  for _, b in ipairs(require("uvmrec.hints").BUILTIN) do
+    if name == b then return nil end
+  end
+  if name:match("%.lua$") then return nil end
+  return ("'%s' is not a hint policy: %s, or a path to a .lua file"):format(name,
+    table.concat(require("uvmrec.hints").BUILTIN, ", "))
+end
+
 -- Checks between values: nil, or the message at the position of the value to change.
 function M.check(cfg)
   local function fail(path, msg) return config.message(cfg, path, msg) end
@@ -119,11 +136,19 @@ function M.check(cfg)
         m.cross_rank, width))
     end
   end
-  for name in pairs(e.tables) do
+  for name, t in pairs(e.tables) do
     local i = tonumber(name:match("^C(%d+)$"))
     if not i or i < 1 or i > #e.rows then
       return fail("embeddings.tables." .. name, ("no table '%s'; tables are C1 to C%d"):format(name, #e.rows))
     end
+    local perr = t.hints and t.hints.policy and M.check_policy(t.hints.policy)
+    if perr then return fail("embeddings.tables." .. name .. ".hints.policy", perr) end
+  end
+  local perr = M.check_policy(e.hints.policy)
+  if perr then return fail("embeddings.hints.policy", perr) end
+  local ok, aerr = pcall(require("uvmrec.hints").parse_allowance, e.hints.allowance, 1)
+  if not ok then
+    return fail("embeddings.hints.allowance", (tostring(aerr):gsub("^hints: ", ""):gsub("^[^\n]-:%d+: ", "")))
   end
   local s = cfg.schedule
   if s.name == "dlrm" and s.decay_steps < 1 then

@@ -19,6 +19,7 @@
 local ur = require "uvmrec"
 local ck = require "uvmrec.checkpoint"
 local synthetic = require "uvmrec.data.synthetic"
+local hints = require "uvmrec.hints"
 
 local M = {
   config = require "uvmrec.train.config",
@@ -184,6 +185,7 @@ local function register(ctx)
     load = function(_, meta)
       ctx.step, ctx.first, ctx.samples, ctx.position = meta.step, meta.step + 1, meta.samples, meta.position
     end }
+  hints.register(reg, tbe) -- row layout and access counters (optional in a checkpoint)
   return reg
 end
 
@@ -191,10 +193,10 @@ end
 -- and where the tables are placed.  Everything else must be the checkpoint's.
 M.RESUME_IGNORE = { "train.steps", "train.checkpoint_every", "train.keep", "train.log_every",
                     "train.print_every", "data.eval", "data.depth", "eval", "embeddings.placement",
-                    "embeddings.tables", "embeddings.bounds" }
+                    "embeddings.tables", "embeddings.bounds", "embeddings.hints" }
 -- Evaluating a checkpoint needs only the model's shape to match.
 M.EVAL_IGNORE = { "name", "train", "data", "eval", "schedule", "optimizer", "embeddings.optimizer",
-                  "embeddings.placement", "embeddings.tables", "embeddings.bounds" }
+                  "embeddings.placement", "embeddings.tables", "embeddings.bounds", "embeddings.hints" }
 
 -- The checkpoint file of --resume / --checkpoint: a file itself; a run directory's newest in
 -- its checkpoints/ folder; a folder of ckpt-<step>.safetensors files, its newest.
@@ -253,6 +255,22 @@ local function run_dir(out)
   }
 end
 
+-- The hint policy manager of the config's managed tables (uvmrec.hints), or nil without any.
+function M.hints(cfg, model)
+  local e, managed = cfg.embeddings, false
+  for i = 1, #e.rows do
+    local own = e.tables["C" .. i] or {}
+    managed = managed or (own.placement or e.placement) == "managed"
+  end
+  if not managed then return nil end
+  local per = {}
+  for name, t in pairs(e.tables) do
+    if t.hints and t.hints.policy then per[name] = { policy = t.hints.policy } end
+  end
+  return hints.manager(model.embeddings, { policy = e.hints.policy, every = e.hints.every,
+                                           allowance = e.hints.allowance, decay = e.hints.decay, tables = per })
+end
+
 -- Trains as the config says.  opts: config_path (to find model.file), out (run directory),
 -- progress ("auto", "bar", "lines", "none"), print (a function of one line; default to
 -- stdout), hooks ({function(step, samples, ctx)}: after each step), setup (function(ctx),
@@ -288,6 +306,7 @@ function M.run(cfg, opts)
     if not r then return nil, "--resume: " .. rerr end
     resumed = { step = r.step, path = r.path, seconds = C.ur_clock_seconds() - t0 }
   end
+  ctx.hints = M.hints(cfg, model)
 
   local log, lerr = run_dir(opts.out)
   if not log then return nil, lerr end
@@ -352,6 +371,19 @@ function M.run(cfg, opts)
   local hooks = { function(step, samples)
     ctx.step, ctx.samples = step, samples
   end }
+  if ctx.hints then
+    local function note(rec)
+      local line = { event = "hints" }
+      for k, v in pairs(rec) do line[k] = v end
+      log.line(line)
+    end
+    note(ctx.hints:start(ctx.first - 1))
+    say(ctx.hints:summary())
+    hooks[#hooks + 1] = function(step)
+      local rec = ctx.hints:step(step)
+      if rec then note(rec) end
+    end
+  end
   local eval_every = cfg.eval.every
   if data.eval and eval_every > 0 then
     hooks[#hooks + 1] = function(step)
@@ -420,6 +452,11 @@ function M.run(cfg, opts)
   else
     say(("trained %d steps, %d samples in %.1f s: %s samples/s"):format(steps, samples, seconds,
       M.progress.count(result.samples_per_s)))
+  end
+  if ctx.hints then
+    say(ctx.hints:summary())
+    result.hints = ctx.hints.last
+    ctx.hints:free()
   end
   feed:free()
   loader:close()

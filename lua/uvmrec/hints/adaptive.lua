@@ -1,0 +1,51 @@
+-- The `adaptive` hint policy: hot_prefix that follows a drifting distribution.  Each interval it
+-- compares the accesses the current prefix takes with those the best prefix of the same size
+-- would take (from the decayed counts); only when the gap exceeds `margin` (hysteresis: it
+-- does not thrash on noise) does it swap rows, and then only rows that crossed: ids ranked
+-- well inside the new hot set that sit outside the prefix trade places with the coldest rows
+-- inside it (ranked well outside), so rows that stayed hot do not move.  Only ranges whose
+-- placement changed are advised again.
+--   hints.new("adaptive", {margin = 0.02, band = 0.1})
+local hints = require "uvmrec.hints"
+
+local P = hints.policy("adaptive", { margin = 0.02, band = 0.1 })
+P.rerank = true -- the manager ranks every table each interval for it
+
+function P:plan(stats, allowance)
+  local s = self.state[stats.name] or {}
+  self.state[stats.name] = s
+  local actions = {}
+  local k = stats:prefix_rows(allowance)
+  if stats.total > 0 then
+    if not s.sorted then
+      actions[#actions + 1] = hints.relayout("counts")
+      s.sorted = true
+    else
+      local have, best = stats:prefix_accesses(k), stats.access:accesses(k)
+      self.gap = (best - have) / stats.total
+      if self.gap > self.opts.margin then
+        actions[#actions + 1] = hints.relayout { swap = k, band = self.opts.band }
+      end
+    end
+  end
+  if s.k == nil then
+    s.k = k
+    return hints.split(actions, stats.rows, k)
+  end
+  -- only the rows between the old end and the new one change placement
+  if k > s.k then
+    actions[#actions + 1] = hints.advise(s.k, k - s.k, "preferred_location", "gpu")
+    actions[#actions + 1] = hints.prefetch(s.k, k - s.k, "gpu")
+  elseif k < s.k then
+    actions[#actions + 1] = hints.advise(k, s.k - k, "preferred_location", "cpu")
+    actions[#actions + 1] = hints.prefetch(k, s.k - k, "cpu")
+  end
+  -- swapped rows were written in place: the prefix's pages are prefetched again
+  for _, a in ipairs(actions) do
+    if a.kind == "relayout" and k > 0 then actions[#actions + 1] = hints.prefetch(0, k, "gpu") break end
+  end
+  s.k = k
+  return actions
+end
+
+return P

@@ -1,0 +1,526 @@
+-- uvmrec.hints: hint policies for `managed` embedding tables, and the manager that runs them.
+--
+-- A policy is a small Lua object (one file in this folder, or your own) with one method:
+--   policy:plan(stats, allowance) -> actions
+-- called by the manager every `every` steps for each managed table, with
+--   stats:     {name, rows, row_bytes (weights and optimizer state of a row), total (accesses
+--              counted), step, access (a ranked snapshot: topk, coverage, histogram), perm
+--              (the layout, host i64 [rows] or nil), prefix_rows(bytes), prefix_accesses(k)}
+--   allowance: the bytes of HBM the policy may place for this table (the manager splits the
+--              embeddings' allowance over tables by their counts)
+-- and returning a list of actions, each on a range of physical rows [first, first + rows):
+--   hints.advise(first, rows, advice, location)   -- preferred_location, accessed_by, ...
+--   hints.prefetch(first, rows, location)
+--   hints.relayout("counts")                       -- hottest rows first
+--   hints.relayout{swap = k, band = 0.1}           -- trade only rows that crossed rank k
+-- The manager applies them to the table's weights and optimizer state (the engine rounds to
+-- pages, checks the HBM budget and logs every hint: ur.hint_log()), and records per interval
+-- the policy's view, the migration the monitor measured and the time spent.
+--
+--   local hints = require "uvmrec.hints"
+--   local m = hints.manager(ebc, { policy = "hot_prefix", every = 100, allowance = "20%" })
+--   ... after each step: m:step(step)
+--   print(m:summary())
+local ffi = require "ffi"
+local ur = require "uvmrec"
+local tensor = require "uvmrec.tensor"
+
+local M = {}
+local C = ur.C
+
+-- ---- actions ----
+
+function M.advise(first, rows, advice, location)
+  return { kind = "advise", first = first, rows = rows, advice = advice, location = location }
+end
+
+function M.prefetch(first, rows, location)
+  return { kind = "prefetch", first = first, rows = rows, location = location }
+end
+
+function M.relayout(how) return { kind = "relayout", how = how } end
+
+-- Appends the actions that put rows [0, k) on the GPU and [k, rows) on the host, read in place
+-- (the hot range first: the page they share at the boundary ends up on the host side).
+function M.split(actions, rows, k)
+  if k > 0 then
+    actions[#actions + 1] = M.advise(0, k, "preferred_location", "gpu")
+    actions[#actions + 1] = M.advise(0, k, "accessed_by", "gpu")
+    actions[#actions + 1] = M.prefetch(0, k, "gpu")
+  end
+  if k < rows then
+    actions[#actions + 1] = M.advise(k, rows - k, "preferred_location", "cpu")
+    actions[#actions + 1] = M.advise(k, rows - k, "accessed_by", "gpu")
+    actions[#actions + 1] = M.prefetch(k, rows - k, "cpu")
+  end
+  return actions
+end
+
+-- ---- policies ----
+
+-- A policy class: P = hints.policy("name", defaults); P.new(opts) or hints.new("name", opts).
+function M.policy(name, defaults)
+  local P = { name = name, defaults = defaults or {} }
+  P.__index = P
+  function P.new(opts)
+    local o = {}
+    for k, v in pairs(P.defaults) do o[k] = v end
+    for k, v in pairs(opts or {}) do
+      if P.defaults[k] == nil then
+        error(("hints: policy '%s' has no option '%s'"):format(name, tostring(k)), 3)
+      end
+      o[k] = v
+    end
+    return setmetatable({ opts = o, state = {}, done = {} }, P)
+  end
+  return P
+end
+
+M.BUILTIN = { "none", "host", "hot_prefix", "adaptive" }
+
+-- A policy object: a built-in name, a path to a Lua file returning a policy class, or an
+-- object with plan() already.
+function M.new(spec, opts)
+  if type(spec) == "table" and type(spec.plan) == "function" then
+    if spec.new and not spec.opts then return spec.new(opts) end
+    return spec
+  end
+  if type(spec) ~= "string" then
+    error("hints: a policy is a name (" .. table.concat(M.BUILTIN, ", ") .. "), a Lua file or an object with plan()", 2)
+  end
+  local P
+  if spec:match("%.lua$") then
+    local chunk, err = loadfile(spec)
+    if not chunk then error("hints: policy file " .. err, 2) end
+    P = chunk()
+  else
+    local ok, mod = pcall(require, "uvmrec.hints." .. spec)
+    if not ok or type(mod) ~= "table" then
+      error(("hints: no policy '%s'; built in: %s, or a path to a .lua file"):format(spec,
+            table.concat(M.BUILTIN, ", ")), 2)
+    end
+    P = mod
+  end
+  if type(P) ~= "table" or type(P.plan) ~= "function" then
+    error(("hints: policy '%s' has no plan(stats, allowance) method"):format(spec), 2)
+  end
+  return P.new and P.new(opts) or P
+end
+
+-- ---- the statistics a policy sees ----
+
+local Stats = {}
+Stats.__index = function(s, k)
+  if k == "access" then -- ranked on first use: it costs a pass over the counters
+    local a = s._tbe:access(s.name)
+    rawset(s, "access", a)
+    return a
+  end
+  if k == "total" then return s.access.total end
+  return Stats[k]
+end
+
+-- Rows of the prefix that fit `bytes` (less two pages per tensor: ranges round out to pages).
+function Stats:prefix_rows(bytes)
+  local slack = 2 * ur.hint_page_bytes() * self.tensors
+  local k = math.floor((bytes - slack) / self.row_bytes)
+  return math.max(0, math.min(self.rows, k))
+end
+
+-- Accesses counted for the rows that now sit at physical rows [0, k).
+function Stats:prefix_accesses(k)
+  if k <= 0 then return 0 end
+  local c, sum = self:_counts(), 0
+  local p = rawget(self, "_perm_p")
+  if not p then
+    for id = 0, math.min(k, self.rows) - 1 do sum = sum + c[id] end
+    return sum
+  end
+  for id = 0, self.rows - 1 do
+    if p[id] < k then sum = sum + c[id] end
+  end
+  return sum
+end
+
+function Stats:_counts()
+  if not rawget(self, "_host_counts") then
+    local t = self._tbe:counts(self.name)
+    local h = assert(t:to("host"))
+    t:free()
+    rawset(self, "_host_counts", h)
+    rawset(self, "_c", ffi.cast("int32_t *", C.ur_tensor_data(h.p)))
+  end
+  return self._c
+end
+
+function Stats:free()
+  if rawget(self, "access") then self.access:free() end
+  if rawget(self, "_host_counts") then self._host_counts:free() end
+end
+
+-- ---- the manager ----
+
+local Manager = {}
+Manager.__index = Manager
+
+local function parse_allowance(v, total)
+  if v == nil then return total end
+  if type(v) == "string" then
+    local pct = v:match("^%s*([%d%.]+)%s*%%%s*$")
+    if pct then return math.floor(tonumber(pct) / 100 * total) end
+    return ur.bytes(v)
+  end
+  if type(v) == "number" and v >= 0 and v <= 1 and v ~= math.floor(v) then return math.floor(v * total) end
+  if type(v) == "number" and v >= 0 then return math.floor(v) end
+  error("hints: allowance " .. tostring(v) .. " is not bytes ('16GiB', 123) nor a fraction ('20%', 0.2)", 3)
+end
+M.parse_allowance = parse_allowance
+
+-- hints.manager(collection, opts): collection is a uvmrec.tbe object or a module holding one
+-- (.tbe).  opts: policy (name, file or object; default "hot_prefix"), options (the policy's),
+-- every (steps between intervals, 100), allowance (HBM for the managed tables: bytes, '8GiB',
+-- '20%' or 0.2 of their bytes; default all of it), decay (counts *= decay after each
+-- interval, 1: none), tables ({name = {policy =, options =}} per table), location ("gpu"),
+-- monitor (true: read the CUPTI monitor each interval when it runs), stream.
+function M.manager(collection, opts)
+  opts = opts or {}
+  local tbe = collection.tbe or collection
+  local self = setmetatable({ tbe = tbe, every = opts.every or 100, decay = opts.decay or 1,
+                              location = opts.location or "gpu", stream = opts.stream,
+                              intervals = {}, tables = {}, policies = {}, hint_seconds = 0,
+                              relayout_seconds = 0, relayout_bytes = 0, calls = 0 }, Manager)
+  if type(self.every) ~= "number" or self.every < 1 then error("hints: every must be >= 1 step", 2) end
+  if not (self.decay >= 0 and self.decay <= 1) then error("hints: decay must be in [0, 1]", 2) end
+  local default = M.new(opts.policy or "hot_prefix", opts.options)
+  local total = 0
+  for _, name in ipairs(tbe.table_names) do
+    local w = tbe:table(name)
+    if w:placement() == "managed" then
+      local ts, row_bytes = { w }, 0
+      for _, k in ipairs(tbe.state_names) do ts[#ts + 1] = tbe:state(name)[k] end
+      for _, t in ipairs(ts) do row_bytes = row_bytes + t:nbytes() / tbe.rows[name] end
+      local per = opts.tables and opts.tables[name]
+      local pol = per and per.policy and M.new(per.policy, per.options) or default
+      self.tables[#self.tables + 1] = { name = name, tensors = ts, rows = tbe.rows[name],
+                                        row_bytes = row_bytes, policy = pol, on_gpu = 0, k = 0 }
+      total = total + row_bytes * tbe.rows[name]
+    else
+      w:free()
+    end
+  end
+  self.total_bytes = total
+  self.allowance = parse_allowance(opts.allowance, total)
+  if #self.tables > 0 then assert(tbe:set_counting(true)) end
+  for _, t in ipairs(self.tables) do self.rerank = self.rerank or t.policy.rerank end
+  if opts.monitor ~= false and ur.gpu() then self.monitor = ur.monitor.read(true) ~= nil end
+  return self
+end
+
+-- Each table's share of the allowance: the hottest rows over all tables (by count, per byte)
+-- until the allowance is spent; by bytes while nothing is counted.
+function Manager:_split(stats)
+  local A, shares = self.allowance, {}
+  local counted = 0
+  for i, s in ipairs(stats) do
+    shares[i] = 0
+    counted = counted + s.total
+  end
+  if counted == 0 then
+    for i, s in ipairs(stats) do shares[i] = math.floor(A * s.rows * s.row_bytes / self.total_bytes) end
+    return shares
+  end
+  self.counted = true
+  local function bytes_at(v)
+    local b = 0
+    for _, s in ipairs(stats) do b = b + s.access:rows_at_least(v) * s.row_bytes end
+    return b
+  end
+  local hi = 1
+  for _, s in ipairs(stats) do hi = math.max(hi, s.access:count_at(0) + 1) end
+  local lo = 1 -- the least v >= 1 with bytes_at(v) <= A
+  if bytes_at(lo) > A then
+    while hi - lo > 1 do
+      local mid = math.floor((lo + hi) / 2)
+      if bytes_at(mid) <= A then hi = mid else lo = mid end
+    end
+    lo = hi
+  end
+  local left = A - bytes_at(lo)
+  for i, s in ipairs(stats) do
+    local n = s.access:rows_at_least(lo)
+    -- rows of the next count down fill what is left, table by table
+    local extra = lo > 1 and math.min(s.access:rows_at_least(lo - 1) - n, math.floor(left / s.row_bytes)) or 0
+    left = left - extra * s.row_bytes
+    -- rows never counted still get the allowance nobody else claims (a table's fair share)
+    shares[i] = (n + extra) * s.row_bytes
+  end
+  if left > 0 then
+    for i, s in ipairs(stats) do
+      local room = s.rows * s.row_bytes - shares[i]
+      local give = math.min(room, math.floor(left * s.rows * s.row_bytes / self.total_bytes))
+      shares[i] = shares[i] + give
+    end
+  end
+  return shares
+end
+
+local function time_call(self, f, ...)
+  local t0 = C.ur_clock_seconds()
+  local a, b = f(...)
+  self.hint_seconds = self.hint_seconds + (C.ur_clock_seconds() - t0)
+  return a, b
+end
+
+-- Applies one table's actions; returns nil, message on the first failure.
+function Manager:_apply(t, s, actions, rec)
+  for _, a in ipairs(actions) do
+    if a.kind == "relayout" then
+      local perm
+      if a.how == "counts" then
+        perm = "counts"
+      elseif type(a.how) == "table" and a.how.swap then
+        perm = self:_swap_perm(t, s, a.how.swap, a.how.band or 0)
+      else
+        return nil, ("hints: policy %s: relayout %s is not \"counts\" nor {swap = k}"):format(
+          t.policy.name or "?", tostring(a.how))
+      end
+      if perm then
+        local r, err = self.tbe:relayout(t.name, perm, { stream = self.stream })
+        if type(perm) ~= "string" then perm:free() end
+        if not r then return nil, err end
+        rec.relayout_seconds = rec.relayout_seconds + r.seconds
+        rec.relayout_bytes = rec.relayout_bytes + r.bytes
+        rec.rows_moved = rec.rows_moved + r.rows_moved
+        self.relayout_seconds = self.relayout_seconds + r.seconds
+        self.relayout_bytes = self.relayout_bytes + r.bytes
+      end
+    else
+      if a.first < 0 or a.rows < 0 or a.first + a.rows > t.rows then
+        return nil, ("hints: policy %s: rows [%d, %d) of table '%s' are outside 0..%d"):format(
+          t.policy.name or "?", a.first, a.first + a.rows, t.name, t.rows)
+      end
+      if a.rows > 0 then
+        local loc = a.location == "gpu" and self.location or a.location
+        for _, x in ipairs(t.tensors) do
+          local per = x:numel() / t.rows
+          local r, err
+          if a.kind == "prefetch" then
+            r, err = time_call(self, x.prefetch, x, a.first * per, a.rows * per, loc, self.stream)
+          else
+            r, err = time_call(self, x.advise, x, a.first * per, a.rows * per, a.advice, loc)
+          end
+          if not r then return nil, err end
+          rec.hints = rec.hints + 1
+        end
+        if a.kind == "prefetch" and a.location == "gpu" then rec.prefetched_rows = rec.prefetched_rows + a.rows end
+      end
+    end
+  end
+  return true
+end
+
+-- A permutation that trades rows which crossed rank k: ids ranked below k (1 - band) sitting
+-- outside the prefix [0, k) swap physical rows with the coldest ids inside it ranked beyond
+-- k (1 + band).  Rows that stayed on their side keep their place.  nil when nothing crosses.
+function Manager:_swap_perm(t, s, k, band)
+  local rows, a = t.rows, s.access
+  local cur = self.tbe:permutation(t.name)
+  local perm = assert(tensor.tensor({ rows }, { dtype = "i64" }))
+  local p = ffi.cast("int64_t *", C.ur_tensor_data(perm.p))
+  if cur then
+    assert(perm:copy(cur))
+    cur:free()
+  else
+    for id = 0, rows - 1 do p[id] = id end
+  end
+  local o = a._o
+  local enter_end, leave_start = math.floor(k * (1 - band)), math.ceil(k * (1 + band))
+  local enter, leave = {}, {}
+  for r = 0, math.min(enter_end, rows) - 1 do
+    local id = o[r]
+    if p[id] >= k then enter[#enter + 1] = id end
+  end
+  for r = rows - 1, leave_start, -1 do
+    if #leave >= #enter then break end
+    local id = o[r]
+    if p[id] < k then leave[#leave + 1] = id end
+  end
+  local n = math.min(#enter, #leave)
+  if n == 0 then
+    perm:free()
+    return nil
+  end
+  for i = 1, n do
+    local x, y = enter[i], leave[i]
+    p[x], p[y] = p[y], p[x]
+  end
+  return perm
+end
+
+-- One interval: statistics, the split of the allowance, each policy's plan, applied; decay.
+-- Returns the interval's record, or nil, message.
+function Manager:interval(step)
+  local t0 = C.ur_clock_seconds()
+  self.hint_seconds = 0
+  local rec = { step = step, hints = 0, relayout_seconds = 0, relayout_bytes = 0, rows_moved = 0,
+                prefetched_rows = 0, tables = {} }
+  local stats = {}
+  for i, t in ipairs(self.tables) do
+    stats[i] = setmetatable({ name = t.name, rows = t.rows, row_bytes = t.row_bytes, step = step,
+                              tensors = #t.tensors, _tbe = self.tbe }, Stats)
+    local p = self.tbe:permutation(t.name)
+    if p then
+      local h = assert(p:to("host"))
+      p:free()
+      rawset(stats[i], "perm", h)
+      rawset(stats[i], "_perm_p", ffi.cast("int64_t *", C.ur_tensor_data(h.p)))
+    end
+  end
+  -- The split ranks every table's counters: it is redone only while counts are young (until
+  -- the first interval after step 1 that saw counts) or when a policy re-ranks anyway.
+  local shares = self.shares
+  if not shares or self.rerank then
+    shares = self:_split(stats)
+    if step > 1 and self.counted then self.shares = shares end
+  end
+  local ok, err = true, nil
+  for i, t in ipairs(self.tables) do
+    local s = stats[i]
+    local actions = t.policy:plan(s, shares[i])
+    ok, err = self:_apply(t, s, actions, rec)
+    if not ok then break end
+    -- the policy's view: its prefix as the engine now records it
+    local k = t.policy.state and t.policy.state[t.name] and t.policy.state[t.name].k
+    t.k = k or (t.policy.name == "host" and 0) or t.k
+    local view = { rows = t.rows, share = shares[i], hot_rows = t.k,
+                   hot_fraction = t.k / t.rows }
+    if rawget(s, "access") and s.total > 0 then
+      t.coverage = s:prefix_accesses(t.k) / s.total
+      view.best_coverage = s.access:accesses(t.k) / s.total
+    end
+    view.coverage = t.coverage -- as last measured (policies that do not re-rank measure once)
+    rec.tables[t.name] = view
+  end
+  for _, s in ipairs(stats) do
+    s:free()
+    if rawget(s, "perm") then s.perm:free() end
+  end
+  if not ok then return nil, err end
+  if self.decay < 1 then assert(self.tbe:decay_counts(self.decay, nil, self.stream)) end
+  local mem = ur.memory()
+  rec.bytes_on_gpu = mem.managed_on_gpu
+  rec.hbm_used, rec.hbm_budget = mem.hbm_used, mem.hbm_budget
+  local covered, weight = 0, 0
+  for _, v in pairs(rec.tables) do
+    if v.coverage then
+      covered = covered + v.coverage * v.rows
+      weight = weight + v.rows
+    end
+  end
+  rec.coverage = weight > 0 and covered / weight or nil
+  local hot, rows = 0, 0
+  for _, t in ipairs(self.tables) do
+    hot, rows = hot + t.k, rows + t.rows
+  end
+  rec.hot_fraction = rows > 0 and hot / rows or 0
+  if self.monitor then
+    local m = ur.monitor.read(true)
+    if m then rec.migration = m end
+  end
+  rec.hint_seconds = self.hint_seconds
+  rec.seconds = C.ur_clock_seconds() - t0
+  self.intervals[#self.intervals + 1] = rec
+  self.last = rec
+  self.calls = self.calls + 1
+  return rec
+end
+
+-- Before training (step 0): the policies place the tables before anything is counted (by
+-- their bytes), so no step runs on the driver's defaults unless the policy is `none`.
+function Manager:start(step)
+  local rec, err = self:interval(step or 0)
+  if not rec then error(err, 2) end
+  return rec
+end
+
+-- After each training step: an interval every `every` steps.
+function Manager:step(step)
+  if step % self.every ~= 0 then return nil end
+  local rec, err = self:interval(step)
+  if not rec then error(err, 2) end
+  return rec
+end
+
+local function gb(b)
+  if not b then return "-" end
+  if b >= 1e9 then return ("%.2f GB"):format(b / 1e9) end
+  if b >= 1e6 then return ("%.1f MB"):format(b / 1e6) end
+  return ("%.1f kB"):format(b / 1e3)
+end
+
+-- One line: the last interval's view and the totals.
+function Manager:summary()
+  local r = self.last
+  if not r then return "hints: no interval yet" end
+  local names = {}
+  for _, t in ipairs(self.tables) do names[t.policy.name or "custom"] = true end
+  local pol = {}
+  for n in pairs(names) do pol[#pol + 1] = n end
+  table.sort(pol)
+  local m = r.migration
+  return ("hints %s: %d tables, hot %.1f%% of rows, coverage %s, on GPU %s of %s allowed; "
+    .. "migrated %s in / %s out, %s faults; hint calls %.3f s, relayout %.2f s (%s)"):format(
+    table.concat(pol, "+"), #self.tables, 100 * r.hot_fraction,
+    r.coverage and ("%.1f%%"):format(100 * r.coverage) or "-", gb(r.bytes_on_gpu), gb(self.allowance),
+    m and gb(m.bytes_htod) or "-", m and gb(m.bytes_dtoh) or "-", m and tostring(m.gpu_page_faults) or "-",
+    r.hint_seconds, self.relayout_seconds, gb(self.relayout_bytes))
+end
+
+function Manager:free()
+  for _, t in ipairs(self.tables) do
+    for _, x in ipairs(t.tensors) do x:free() end
+  end
+  self.tables = {}
+end
+
+-- ---- checkpoints ----
+
+-- Registers the collection's row layout and access counters in a checkpoint registry, as
+-- component `layout` (optional: checkpoints without it still load).  Tensors are
+-- <table>.perm (i64 [rows], tables laid out by a permutation) and <table>.counts (i32 [rows],
+-- tables that count); the rows themselves are the embeddings component's, saved as laid out,
+-- so loading installs the permutation without moving them.
+function M.register(registry, collection, name)
+  local tbe = collection.tbe or collection
+  return registry:register { name = name or "layout", optional = true, views = true,
+    state = function()
+      local ts, counting = {}, {}
+      for _, t in ipairs(tbe.table_names) do
+        local p = tbe:permutation(t)
+        if p then ts[t .. ".perm"] = p end
+        local ok, c = pcall(tbe.counts, tbe, t)
+        if ok then
+          ts[t .. ".counts"] = c
+          counting[t] = tbe:counting(t)
+        end
+      end
+      return { tensors = ts, meta = { counting = counting } }
+    end,
+    load = function(tensors, meta)
+      for _, t in ipairs(tbe.table_names) do
+        local ok, err = tbe:set_permutation(t, tensors[t .. ".perm"])
+        if not ok then error("checkpoint: layout: " .. err, 0) end
+        local c = tensors[t .. ".counts"]
+        if c then
+          assert(tbe:set_counting(true, t))
+          local mine = tbe:counts(t)
+          local cok, cerr = mine:copy(c)
+          mine:free()
+          if not cok then error("checkpoint: layout: counts of table '" .. t .. "': " .. cerr, 0) end
+          if not (meta.counting and meta.counting[t]) then assert(tbe:set_counting(false, t)) end
+        end
+      end
+    end }
+end
+
+return M
