@@ -66,7 +66,8 @@ describe("uvmrec.train", function()
     assert.same({ "final", 160 }, { log[#log].event, log[#log].steps })
 
     -- every component comes back through the checkpoint registry: the same held-out metrics
-    assert.same({ "dense", "embeddings", "optimizer", "trainer" }, ctx.registry:components())
+    -- the trainer's own four first; other subsystems' components (hints' layout) may follow
+    assert.same({ "dense", "embeddings", "optimizer", "trainer" }, { unpack(ctx.registry:components(), 1, 4) })
     assert(ctx.registry:save(dir .. "/ck.safetensors", { step = ctx.step, config = cfg }))
     local back
     local r = assert(train.eval(tiny(), { cpu = true, print = function() end, setup = function(c)
