@@ -982,6 +982,9 @@ UR_API ur_status ur_cache_contains(const ur_cache *c, int32_t table, const int64
                                    int64_t n, int64_t *slots /* out */);
 /* Batches prepared and not yet retired. */
 UR_API int32_t ur_cache_in_flight(const ur_cache *c);
+/* Work enqueued on s after this call waits until e has happened (the prefetch pipeline's
+ * stages meet through this; without a GPU work is synchronous and it returns at once). */
+UR_API ur_status ur_stream_wait_event(ur_stream *s, ur_event *e);
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

@@ -580,8 +580,10 @@ static flight *ring_find(ur_cache *c, int64_t ticket) {
 
 /* The stream s waits for batch b's retire (its backward and staged write-backs). */
 static ur_status wait_retired(ur_cache *c, ur_stream *s, flight *b) {
-  if (c->gpu && b->event && ur__gpu()->stream_wait) {
-    if (!ur__gpu()->stream_wait) return ur__error(UR_STATUS_UNSUPPORTED, "cache: no stream_wait");
+  if (c->gpu && b->event) {
+    if (!ur__gpu()->stream_wait)
+      return ur__error(UR_STATUS_UNSUPPORTED, "cache: the CUDA backend has no stream waits (%s)",
+                       ur_cuda_error());
     return ur__gpu()->stream_wait(s ? s->handle : NULL, b->event);
   }
   return UR_STATUS_OK;
@@ -1173,4 +1175,13 @@ ur_status ur_cache_contains(const ur_cache *c, int32_t table, const int64_t *ids
       }
   }
   return UR_STATUS_OK;
+}
+
+ur_status ur_stream_wait_event(ur_stream *s, ur_event *e) {
+  if (!e) return ur__error(UR_STATUS_INVALID, "stream_wait_event: no event");
+  if (!ur__gpu() || !e->handle || !e->recorded) return UR_STATUS_OK;
+  if (!ur__gpu()->stream_wait)
+    return ur__error(UR_STATUS_UNSUPPORTED, "stream_wait_event: the CUDA backend has no stream "
+                                            "waits (%s)", ur_cuda_error());
+  return ur__gpu()->stream_wait(s ? s->handle : NULL, e->handle);
 }

@@ -133,7 +133,8 @@ function M.new(t, names, o, level)
                         level)
   if not ok then return nil, err end
   local self = setmetatable({ h = wrap_cache(out[0]), names = { unpack(names) }, index = {},
-                              options = o, tbe = t, _prepared = {}, _order = {} }, mt)
+                              options = o, tbe = t, _prepared = {}, _order = {},
+                              _pool = {} }, mt)
   for i, name in ipairs(names) do self.index[name] = i - 1 end
   return self
 end
@@ -141,7 +142,11 @@ end
 local function H(self, level) return lib.ptr(self.h, "cache", (level or 2) + 1) end
 local function S(s, level) return streams.handle(s, (level or 2) + 1) end
 
-function methods:free() free_cache(self.h) end
+function methods:free()
+  free_cache(self.h)
+  for _, b in ipairs(self._pool) do b:free() end
+  self._pool = {}
+end
 function methods:slots() return tonumber(C.ur_cache_slots(H(self))) end
 function methods:staging_rows() return tonumber(C.ur_cache_staging_rows(H(self))) end
 function methods:bytes() return tonumber(C.ur_cache_bytes(H(self))) end
@@ -153,24 +158,36 @@ function methods:in_flight() return C.ur_cache_in_flight(H(self)) end
 -- pointers v, o and batch_per_feature bp as uvmrec.tbe hands them) and brings its rows in;
 -- returns the record { ticket=, ids= (the slot ids tensor) }.  A batch already prepared is
 -- not prepared again.
-function methods:prepare(input, v, o, bp, stream, level)
+-- The buffers of slot ids are reused oldest first: a buffer comes back at its batch's retire
+-- and is taken again two prepares later at the soonest, after the engine's prepare has made
+-- the copy stream wait for that retire.
+function methods:_buffer(n, level)
+  for i, b in ipairs(self._pool) do
+    if b:numel() >= n then return table.remove(self._pool, i) end
+  end
+  local opts = { dtype = "i64", placement = self.tbe.device >= 0 and "device" or "host" }
+  if self.tbe.device >= 0 then opts.device = self.tbe.device end
+  return tensor.tensor({ math.max(1, math.ceil(n * 1.25)) }, opts)
+end
+
+function methods:prepare(input, v, o, bp, stream, level, ahead)
   level = (level or 1) + 1
   local rec = self._prepared[input]
   if rec then return rec end
   local n = tonumber(C.ur_tensor_numel(v))
-  local opts = { dtype = "i64", placement = self.tbe.device >= 0 and "device" or "host" }
-  if self.tbe.device >= 0 then opts.device = self.tbe.device end
-  local ids, err = tensor.tensor({ n }, opts)
-  if not ids then return nil, err end
+  local buf, err = self:_buffer(n, level)
+  if not buf then return nil, err end
+  local ids = buf:view(0, n)
   local ticket = ffi.new("int64_t[1]")
   local ok
   ok, err = check(C.ur_cache_prepare(S(stream, level), H(self, level), v, o, bp,
                                      lib.ptr(ids, "ids", level), ticket), level)
   if not ok then
     ids:free()
+    self._pool[#self._pool + 1] = buf
     return nil, err
   end
-  rec = { ticket = ticket[0], ids = ids, input = input }
+  rec = { ticket = ticket[0], ids = ids, buf = buf, input = input, ahead = ahead }
   self._prepared[input] = rec
   self._order[#self._order + 1] = rec
   return rec
@@ -194,6 +211,7 @@ function methods:retire(input, trained, stream, level)
   local ok, err = check(C.ur_cache_retire(S(stream, level), H(self, level), rec.ticket,
                                           trained and 1 or 0), level)
   rec.ids:free()
+  self._pool[#self._pool + 1] = rec.buf
   if not ok then return nil, err end
   return true
 end

@@ -1,0 +1,168 @@
+-- uvmrec.pipeline.Prefetch: trains the same as the plain loop, bit for bit, with tiny caches
+-- whose rows are missed, staged, inserted and evicted across the batches in flight (the hard
+-- case: a row staged in batch i, needed by batch i+1's prefetch, then written by i's backward);
+-- drains or stops at the end; on the GPU (#cuda) the same against device tables.  The #cuda
+-- test is the one compute-sanitizer's memcheck and racecheck run.
+local ffi = require "ffi"
+local ur = require "uvmrec"
+local h = require "helpers"
+local R = require "tbe_ref"
+local Prefetch = require "uvmrec.pipeline.Prefetch"
+
+local cuda_it = h.cuda_it
+local EBC = ur.nn.EmbeddingBagCollection
+
+local TABLES = { { name = "a", rows = 120, dim = 8 }, { name = "b", rows = 60, dim = 8 } }
+
+local function make(device, placement, cache, optimizer)
+  local o = { tables = {}, device = device, seed = 4, optimizer = optimizer or { "sgd", lr = 0.5 },
+              cache = cache }
+  for i, t in ipairs(TABLES) do o.tables[i] = { name = t.name, rows = t.rows, dim = t.dim, placement = placement } end
+  return EBC(o)
+end
+
+-- Batches in host memory: sparse = {values, offsets}, grad = the output's gradient.  Ids are
+-- drawn from a small hot range that moves, so consecutive batches share rows.
+local function batches(n, placement)
+  math.randomseed(8)
+  local list = {}
+  for k = 1, n do
+    local values, offsets = {}, { 0 }
+    local hot = math.floor(k / 4) * 7
+    for _, t in ipairs(TABLES) do
+      for _ = 1, 16 do
+        for _ = 1, math.random(1, 3) do
+          values[#values + 1] = (hot + math.floor(40 * math.random() ^ 2)) % t.rows
+        end
+        offsets[#offsets + 1] = #values
+      end
+    end
+    local g = R.tensor(R.randoms(16 * 16), "f32", placement):view_as(0, { 16, 16 })
+    list[k] = { sparse = R.input({ values = values, offsets = offsets }, placement), grad = g }
+  end
+  return list
+end
+
+local function bits_equal(a, b, what)
+  a = a:placement() == "host" and a or assert(a:to("host"))
+  b = b:placement() == "host" and b or assert(b:to("host"))
+  assert.equal(b:numel(), a:numel(), what)
+  local pa = ffi.cast("const uint32_t *", ur.C.ur_tensor_data(a.p))
+  local pb = ffi.cast("const uint32_t *", ur.C.ur_tensor_data(b.p))
+  for i = 0, a:numel() - 1 do
+    if pa[i] ~= pb[i] then
+      error(("%s: element %d is %.9g, expected %.9g"):format(what, i, a:get(i), b:get(i)), 2)
+    end
+  end
+end
+
+-- The plain loop: forward and backward per batch; the outputs, kept on the host.
+local function plain(m, list)
+  local outs = {}
+  for k, b in ipairs(list) do
+    outs[k] = assert(m:forward(b.sparse):to("host"))
+    m:backward(b.sparse, b.grad)
+  end
+  return outs
+end
+
+local function piped(m, list, opts)
+  local outs, k, released = {}, 0, 0
+  local p = Prefetch.new {
+    collection = m, drain = opts and opts.drain,
+    source = function()
+      k = k + 1
+      return list[k]
+    end,
+    step = function(b, i)
+      outs[i] = assert(m:forward(b.sparse):to("host"))
+      m:backward(b.sparse, b.grad)
+    end,
+    release = function() released = released + 1 end,
+  }
+  local n = p:run(opts and opts.steps)
+  p:free()
+  return outs, n, released, p
+end
+
+describe("uvmrec.pipeline.Prefetch", function()
+  for _, cache in ipairs({ { slots = 32, shared = true, staging_rows = 4 },
+                           { load_factor = 0.3, policy = "lfu", decay_batches = 2 } }) do
+    it(("trains as the plain loop does, bit for bit (%s)"):format(cache.slots and "one set" or "lfu"), function()
+      local list = batches(14, "host")
+      local m = make("cpu", "cached", cache, { "adam", lr = 0.02 })
+      local ref = make("cpu", "host", nil, { "adam", lr = 0.02 })
+      local want = plain(ref, list)
+      local outs, n, released = piped(m, list)
+      assert.equal(14, n)
+      assert.equal(14, released)
+      for i = 1, 14 do bits_equal(outs[i], want[i], "batch " .. i .. " output") end
+      for _, t in ipairs(TABLES) do
+        bits_equal(m:table(t.name), ref:table(t.name), "table " .. t.name)
+        bits_equal(m:state(t.name).exp_avg_sq, ref:state(t.name).exp_avg_sq, "state " .. t.name)
+      end
+      local s = m.tbe.cache:stats()
+      assert.is_true(s.hits > 0 and s.misses > 0 and s.evictions > 0)
+      if cache.slots then
+        -- the hard case happened: rows staged in batch i were needed by i+1's prefetch
+        assert.is_true(s.conflicts > 0 and s.waits > 0)
+      end
+      assert.equal(0, m.tbe.cache:in_flight())
+    end)
+  end
+
+  it("drains the batches in flight at the end, or stops at once with drain = false", function()
+    local list = batches(6, "host")
+    local _, n = piped(make("cpu", "cached", { slots = 64 }), list)
+    assert.equal(6, n)
+    local m = make("cpu", "cached", { slots = 64 })
+    local _, n2, released = piped(m, list, { drain = false })
+    assert.equal(5, n2)      -- the last batch was prefetched, never trained
+    assert.equal(6, released)
+    assert.equal(0, m.tbe.cache:in_flight())
+    local _, n3 = piped(make("cpu", "cached", { slots = 64 }), list, { steps = 4 })
+    assert.equal(4, n3)
+  end)
+
+  it("runs without a cache (plain tables), and checks its options", function()
+    local list = batches(5, "host")
+    local ref = make("cpu", "host")
+    local want = plain(ref, list)
+    local m = make("cpu", "host")
+    local outs = piped(m, list)
+    for i = 1, 5 do bits_equal(outs[i], want[i], "batch " .. i) end
+    assert.has_error(function() Prefetch.new { step = function() end } end,
+                     "Prefetch: source must be a function returning batches")
+    assert.has_error(function() Prefetch.new { source = function() end, step = function() end, depth = 3 } end,
+                     "Prefetch: unknown option 'depth'")
+  end)
+
+  cuda_it("trains on the GPU as device tables do, bit for bit, with a tiny cache", function()
+    local list = batches(40, "pinned")
+    local ref = make(0, "device")
+    local want = plain(ref, list)
+    local m = make(0, "cached", { slots = 32, shared = true, staging_rows = 4 })
+    local outs, n = piped(m, list)
+    assert.equal(40, n)
+    for i = 1, 40 do bits_equal(outs[i], want[i], "batch " .. i .. " output") end
+    for _, t in ipairs(TABLES) do bits_equal(m:table(t.name), ref:table(t.name), "table " .. t.name) end
+    local s = m.tbe.cache:stats()
+    assert.is_true(s.conflicts > 0 and s.evictions > 0 and s.writebacks > 0)
+  end)
+
+  cuda_it("trains on the GPU with rowwise Adagrad and LRU per-table caches as the CPU cache does", function()
+    local list = batches(24, "pinned")
+    local cpu_list = batches(24, "host")
+    local opt = { "rowwise_adagrad", lr = 0.1 }
+    local cache = { load_factor = 0.3 }
+    local g = make(0, "cached", cache, opt)
+    local c = make("cpu", "cached", cache, opt)
+    local outs = piped(g, list)
+    local want = piped(c, cpu_list)
+    for i = 1, 24 do
+      R.close(outs[i]:totable(), want[i]:totable(), 1e-5, 1e-7, "batch " .. i)
+    end
+    local sg, sc = g.tbe.cache:stats(), c.tbe.cache:stats()
+    assert.same({ sc.hits, sc.misses, sc.conflicts, sc.evictions }, { sg.hits, sg.misses, sg.conflicts, sg.evictions })
+  end)
+end)
