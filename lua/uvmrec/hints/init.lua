@@ -120,8 +120,10 @@ Stats.__index = function(s, k)
   return Stats[k]
 end
 
--- Rows of the prefix that fit `bytes` (less two pages per tensor: ranges round out to pages).
+-- Rows of the prefix that fit `bytes`: all of them when the table fits, else less two pages
+-- per tensor (ranges round out to pages, and the budget counts whole pages).
 function Stats:prefix_rows(bytes)
+  if bytes >= self.rows * self.row_bytes then return self.rows end
   local slack = 2 * ur.hint_page_bytes() * self.tensors
   local k = math.floor((bytes - slack) / self.row_bytes)
   return math.max(0, math.min(self.rows, k))
@@ -395,10 +397,11 @@ function Manager:interval(step)
     local view = { rows = t.rows, share = shares[i], hot_rows = t.k,
                    hot_fraction = t.k / t.rows }
     if rawget(s, "access") and s.total > 0 then
-      t.coverage = s:prefix_accesses(t.k) / s.total
+      t.covered, t.total = s:prefix_accesses(t.k), s.total
       view.best_coverage = s.access:accesses(t.k) / s.total
     end
-    view.coverage = t.coverage -- as last measured (policies that do not re-rank measure once)
+    -- as last measured (policies that do not re-rank measure once)
+    view.coverage = t.total and t.total > 0 and t.covered / t.total or nil
     rec.tables[t.name] = view
   end
   for _, s in ipairs(stats) do
@@ -410,14 +413,11 @@ function Manager:interval(step)
   local mem = ur.memory()
   rec.bytes_on_gpu = mem.managed_on_gpu
   rec.hbm_used, rec.hbm_budget = mem.hbm_used, mem.hbm_budget
-  local covered, weight = 0, 0
-  for _, v in pairs(rec.tables) do
-    if v.coverage then
-      covered = covered + v.coverage * v.rows
-      weight = weight + v.rows
-    end
+  local covered, total = 0, 0
+  for _, t in ipairs(self.tables) do
+    covered, total = covered + (t.covered or 0), total + (t.total or 0)
   end
-  rec.coverage = weight > 0 and covered / weight or nil
+  rec.coverage = total > 0 and covered / total or nil
   local hot, rows = 0, 0
   for _, t in ipairs(self.tables) do
     hot, rows = hot + t.k, rows + t.rows
@@ -433,6 +433,30 @@ function Manager:interval(step)
   self.last = rec
   self.calls = self.calls + 1
   return rec
+end
+
+-- The share of the accesses counted so far that went to rows now in the GPU prefixes (all
+-- managed tables), measured now from the counters; and per table.
+function Manager:measure()
+  local covered, total, per = 0, 0, {}
+  for _, t in ipairs(self.tables) do
+    local s = setmetatable({ name = t.name, rows = t.rows, _tbe = self.tbe }, Stats)
+    local p = self.tbe:permutation(t.name)
+    local h
+    if p then
+      h = assert(p:to("host"))
+      p:free()
+      rawset(s, "_perm_p", ffi.cast("int64_t *", C.ur_tensor_data(h.p)))
+    end
+    local c, n = s:prefix_accesses(t.k), 0
+    local cp = s:_counts()
+    for id = 0, t.rows - 1 do n = n + cp[id] end
+    per[t.name] = n > 0 and c / n or nil
+    covered, total = covered + c, total + n
+    s:free()
+    if h then h:free() end
+  end
+  return total > 0 and covered / total or nil, per
 end
 
 -- Before training (step 0): the policies place the tables before anything is counted (by

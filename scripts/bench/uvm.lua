@@ -1,0 +1,363 @@
+-- UVM offload benchmark (issue #10, BENCH.md B4): DLRM training with `managed` embedding tables
+-- steered by hint policies, against the same model with every table in HBM.
+--
+--   luajit scripts/bench/uvm.lua [--cpu] [--config NAME] [--set k=v]... [--batch B]
+--                                [--fractions 5,10,20,50,100] [--policies host,hot_prefix,adaptive]
+--                                [--steps S] [--warmup W] [--count C] [--none-steps N]
+--                                [--out FILE.jsonl]
+--
+-- On a GPU (default dlrm_mlperf_v1_2m, batch 65536, Zipf(1.05) ids scattered over the rows):
+--   device       every table in HBM: the reference throughput (and the access counters' cost:
+--                the same steps with counting off and on)
+--   none         managed, no hints: the cost of the first N steps on fresh tables (time, bytes
+--                migrated, GPU page faults from the CUPTI monitor), each step a new batch
+--   host         managed, all rows preferred on the host, accessed by the GPU (nothing in HBM)
+--   hot_prefix   managed, at each HBM allowance (a fraction of the tables' bytes): C counting
+--   adaptive     steps, the policy's interval (relayout by counts, prefix placed), W warm-up
+--                and S timed steps (adaptive re-ranks at S / 2 within them)
+-- Every run trains the same steps on the same batches, so every run's losses must equal the
+-- device run's bit for bit (placement and row layout change no number): it fails otherwise.
+-- The HBM budget emulates the smaller GPU: set to what the run holds in HBM plus the
+-- allowance, so what a policy places on the GPU is capped and counted; no ballast is allocated
+-- and managed memory never exceeds the GPU's free memory.  JSON lines to --out, a table last.
+-- --cpu: dlrm_tiny on the CPU backend (managed tables are host memory whose hints are recorded):
+-- a smoke test of the whole flow, no migration measured.
+local ur = require "uvmrec"
+local train = require "uvmrec.train"
+local hints = require "uvmrec.hints"
+local ck = require "uvmrec.checkpoint"
+
+local C = ur.C
+local o = { sets = {}, fractions = { 5, 10, 20, 50, 100 }, policies = { "host", "hot_prefix", "adaptive" } }
+do
+  local function list(s, num)
+    local out = {}
+    for x in s:gmatch("[^,]+") do out[#out + 1] = num and assert(tonumber(x), "not a number: " .. x) or x end
+    return out
+  end
+  local i = 1
+  while i <= #arg do
+    local a = arg[i]
+    local function value()
+      i = i + 1
+      if arg[i] == nil then error("uvm bench: " .. a .. " needs a value", 0) end
+      return arg[i]
+    end
+    if a == "--cpu" then o.cpu = true
+    elseif a == "--config" then o.config = value()
+    elseif a == "--set" then o.sets[#o.sets + 1] = value()
+    elseif a == "--batch" then o.batch = tonumber(value())
+    elseif a == "--fractions" then o.fractions = list(value(), true)
+    elseif a == "--policies" then o.policies = list(value())
+    elseif a == "--steps" then o.steps = tonumber(value())
+    elseif a == "--warmup" then o.warmup = tonumber(value())
+    elseif a == "--count" then o.count = tonumber(value())
+    elseif a == "--none-steps" then o.none_steps = tonumber(value())
+    elseif a == "--out" then o.out = value()
+    else
+      error("uvm bench: unknown argument " .. a .. " (expected --cpu --config C --set k=v --batch B "
+            .. "--fractions 5,20 --policies host,hot_prefix,adaptive --steps S --warmup W --count C "
+            .. "--none-steps N --out FILE)", 0)
+    end
+    i = i + 1
+  end
+end
+local gpu = ur.gpu() and not o.cpu
+o.config = o.config or (gpu and "dlrm_mlperf_v1_2m" or "dlrm_tiny")
+o.steps = o.steps or (gpu and 40 or 6)
+o.warmup = o.warmup or (gpu and 4 or 2)
+o.count = o.count or (gpu and 16 or 4)
+o.none_steps = o.none_steps or (gpu and 200 or 8)
+local NB = gpu and 8 or 4 -- batches the timed steps rotate over
+
+local function die(msg)
+  io.stderr:write("uvm bench: ", msg, "\n")
+  os.exit(1)
+end
+
+-- The monitor counts only managed memory allocated after it starts: first thing.
+local monitored = false
+if gpu then
+  local ok, err = ur.monitor.start()
+  monitored = ok and true or false
+  if not ok then print("uvm bench: no migration monitor (" .. tostring(err) .. "); migration is not measured") end
+end
+
+local sets = { unpack(o.sets) }
+if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
+local path = train.find_config(o.config) or die("no config " .. o.config)
+local base_cfg, cerr = train.config.load(path, sets)
+if not base_cfg then die(cerr) end
+local def, derr = train.model_def(base_cfg, path)
+if not def then die(derr) end
+local B = base_cfg.train.batch_size
+
+-- ---- the batches: NB for the timed rotation, `count` for counting, none_steps fresh ones ----
+
+local data = assert(train.data(base_cfg, train.config.table_rows(base_cfg)))
+local dopts = {}
+for k, v in pairs(data.train) do dopts[k] = v end
+local nbatches = math.max(NB + o.count, o.none_steps)
+dopts.samples, dopts.epochs = nbatches * B, 1
+local t_gen = C.ur_clock_seconds()
+local loader = assert(ur.data.loader(dopts))
+local batches = {}
+for i = 1, nbatches do
+  local b = assert(loader:next())
+  if gpu then
+    local d = b:to("device")
+    assert(ur.sync())
+    local k = d.sparse
+    batches[i] = { dense = d.dense, labels = d.labels, size = b.size,
+                   sparse = { values = k:values(), offsets = k:offsets(), weights = k:weights() } }
+  else
+    local k = b.sparse
+    batches[i] = { dense = assert(b.dense:to("host")), labels = assert(b.labels:to("host")), size = b.size,
+                   sparse = assert(k:to("host")) }
+  end
+end
+loader:close()
+local sp1 = batches[1].sparse
+local lookups = (type(sp1.values) == "function" and sp1:values() or sp1.values):numel()
+print(("uvm bench: %s, batch %d, %d batches made in %.1f s (%d lookups a batch)"):format(base_cfg.name, B,
+  nbatches, C.ur_clock_seconds() - t_gen, lookups))
+
+-- ---- one run ----
+
+local function cfg_for(placement)
+  local s = { unpack(sets) }
+  s[#s + 1] = "embeddings.placement=" .. placement
+  local cfg, err = train.config.load(path, s)
+  if not cfg then die(err) end
+  return cfg
+end
+
+local function elapsed(t0, ev0, ev1)
+  if gpu then
+    assert(ev1:record())
+    assert(ev1:sync())
+    return ev0:elapsed(ev1) / 1e3
+  end
+  return C.ur_clock_seconds() - t0
+end
+
+local function table_bytes(model)
+  local b = 0
+  for _, p in ipairs(model:parameters()) do
+    if p.fused then b = b + p.tensor:nbytes() end
+  end
+  return b
+end
+
+local function migration()
+  if not monitored then return nil end
+  return ur.monitor.read(true)
+end
+
+-- run{placement, policy, fraction, counting = "on"/"off"/"both"} -> record
+local function run(r)
+  local cfg = cfg_for(r.placement)
+  collectgarbage()
+  local model, merr = def.build(cfg, { cpu = not gpu })
+  if not model then die(merr) end
+  local opt = train.optimizer(cfg, model)
+  local tbe = model.embeddings.tbe
+  local emb_bytes = table_bytes(model)
+  local rec = { bench = "uvm", config = cfg.name, batch = B, placement = r.placement, policy = r.policy or r.placement,
+                fraction = r.fraction, table_bytes = emb_bytes, device = gpu and ur.device_props(0).name or "cpu",
+                losses = {} }
+  local step = 0
+  local function one(batch)
+    step = step + 1
+    return train.loop.step(model, opt, batch)
+  end
+  local mgr
+  migration() -- reset the monitor's interval
+  local t_setup = C.ur_clock_seconds()
+  if r.placement == "managed" and r.policy ~= "none" then
+    local allowance = math.floor(emb_bytes * (r.fraction or 0) / 100)
+    local perm_bytes = 0
+    for _, name in ipairs(tbe.table_names) do perm_bytes = perm_bytes + tbe.rows[name] * 8 end
+    -- the emulated GPU: what the run holds in HBM now, its permutations, and the allowance
+    if gpu then
+      local used = ur.memory().hbm_used
+      assert(ur.set_hbm_budget(used + perm_bytes + allowance + 256 * 2 ^ 20))
+      rec.hbm_budget = ur.hbm_budget()
+    end
+    mgr = hints.manager(model.embeddings, { policy = r.policy, every = math.huge, allowance = allowance,
+                                            monitor = false })
+    assert(mgr:start(0))
+    rec.allowance = allowance
+  end
+  if r.counting then assert(tbe:set_counting(true)) end
+  -- counting steps (the policy's interval after them), then warm-up and the timed steps
+  for i = 1, o.count do rec.losses[#rec.losses + 1] = one(batches[NB + i]):get(0) end
+  if mgr then
+    local ir = assert(mgr:interval(step))
+    rec.relayout_seconds, rec.relayout_bytes, rec.rows_moved = ir.relayout_seconds, ir.relayout_bytes, ir.rows_moved
+    rec.hint_seconds, rec.coverage, rec.hot_fraction = ir.hint_seconds, ir.coverage, ir.hot_fraction
+    rec.bytes_on_gpu = ir.bytes_on_gpu
+    rec.setup_migration = migration()
+  end
+  rec.setup_seconds = C.ur_clock_seconds() - t_setup
+  for i = 1, o.warmup do one(batches[(i - 1) % NB + 1]) end
+  local function timed(n, first)
+    if gpu then assert(ur.sync()) end
+    migration()
+    local ev0, ev1 = gpu and assert(ur.event()), gpu and assert(ur.event())
+    local t0 = C.ur_clock_seconds()
+    if gpu then assert(ev0:record()) end
+    local last
+    for i = 1, n do
+      last = one(batches[(first + i - 1) % NB + 1])
+      if mgr and r.policy == "adaptive" and i == math.floor(n / 2) then
+        local ir = assert(mgr:interval(step))
+        rec.adaptive_rows_moved = ir.rows_moved
+        rec.adaptive_seconds = ir.seconds
+      end
+    end
+    local s = elapsed(t0, ev0, ev1)
+    return s, last:get(0), migration()
+  end
+  local seconds, loss, mig = timed(o.steps, o.warmup)
+  rec.steps, rec.seconds = o.steps, seconds
+  rec.samples_per_s = o.steps * B / seconds
+  rec.ms_per_step = seconds / o.steps * 1e3
+  rec.losses[#rec.losses + 1] = loss
+  if mig then
+    rec.migration = mig
+    rec.migrated_bytes_per_step = (mig.bytes_htod + mig.bytes_dtoh) / o.steps
+  end
+  if mgr then
+    -- the share of all lookups counted so far (counting, warm-up, timed) that the prefix in HBM took
+    rec.coverage = mgr:measure()
+    rec.hbm_used = ur.memory().hbm_used
+    -- bytes read in place over the host link a step, estimated: lookups outside the prefix, each
+    -- a row read in forward and read and written in the backward's update
+    if rec.coverage then
+      local rows = 0
+      for _, name in ipairs(tbe.table_names) do rows = rows + tbe.rows[name] end
+      local row_bytes = emb_bytes / rows
+      rec.host_bytes_per_step_est = (1 - rec.coverage) * lookups * row_bytes * 3
+    end
+    mgr:free()
+  end
+  if r.counting == "both" then
+    -- the same steps with counting off then on: the counters' cost
+    assert(tbe:set_counting(false))
+    local off = timed(o.steps, o.warmup)
+    assert(tbe:set_counting(true))
+    local on = timed(o.steps, o.warmup)
+    rec.count_off_ms, rec.count_on_ms = off / o.steps * 1e3, on / o.steps * 1e3
+    rec.count_overhead = on / off - 1
+  end
+  if gpu then assert(ur.set_hbm_budget(0)) end
+  model.embeddings.tbe:free()
+  return rec
+end
+
+-- ---- none: the first steps on fresh tables, a new batch each ----
+
+local function run_none()
+  local cfg = cfg_for("managed")
+  collectgarbage()
+  local model = assert(def.build(cfg, { cpu = not gpu }))
+  local opt = train.optimizer(cfg, model)
+  local rec = { bench = "uvm", config = cfg.name, batch = B, placement = "managed", policy = "none",
+                table_bytes = table_bytes(model), steps = o.none_steps }
+  migration()
+  local ev0, ev1 = gpu and assert(ur.event()), gpu and assert(ur.event())
+  local t0 = C.ur_clock_seconds()
+  if gpu then assert(ev0:record()) end
+  local marks, last = {}, nil
+  for i = 1, o.none_steps do
+    last = train.loop.step(model, opt, batches[i])
+    if i == 1 or i == 10 or i == 50 or i == o.none_steps then
+      local s = elapsed(t0, ev0, ev1)
+      marks[#marks + 1] = { step = i, seconds = s, migration = migration() }
+    end
+  end
+  rec.seconds = elapsed(t0, ev0, ev1)
+  rec.loss = last:get(0)
+  rec.marks = marks
+  local bytes, faults = 0, 0
+  for _, m in ipairs(marks) do
+    if m.migration then
+      bytes = bytes + m.migration.bytes_htod + m.migration.bytes_dtoh
+      faults = faults + m.migration.gpu_page_faults
+    end
+  end
+  rec.migrated_bytes, rec.gpu_page_faults = monitored and bytes or nil, monitored and faults or nil
+  rec.samples_per_s = o.none_steps * B / rec.seconds
+  rec.ms_per_step = rec.seconds / o.none_steps * 1e3
+  model.embeddings.tbe:free()
+  return rec
+end
+
+-- ---- the runs ----
+
+local results = {}
+local function emit(rec)
+  results[#results + 1] = rec
+  if o.out then
+    local f = assert(io.open(o.out, "a"))
+    f:write(ck.json.encode(rec), "\n")
+    f:close()
+  end
+  print(("  %-10s %5s  %8.2f ms/step  %10.0f samples/s%s"):format(rec.policy, rec.fraction and (rec.fraction .. "%") or "",
+    rec.ms_per_step or 0, rec.samples_per_s or 0, rec.coverage and ("  coverage %.3f"):format(rec.coverage) or ""))
+end
+
+local ref = run { placement = gpu and "device" or "host", counting = "both" }
+ref.policy = "device"
+emit(ref)
+local function same_losses(rec)
+  for i, l in ipairs(ref.losses) do
+    if rec.losses[i] ~= l then
+      die(("check: %s at %s%%: loss %d is %.17g, the device run's %.17g: placement or layout changed a number")
+          :format(rec.policy, tostring(rec.fraction), i, rec.losses[i] or 0 / 0, l))
+    end
+  end
+end
+for _, pol in ipairs(o.policies) do
+  local fr = pol == "host" and { 0 } or o.fractions
+  for _, f in ipairs(fr) do
+    local rec = run { placement = "managed", policy = pol, fraction = f }
+    same_losses(rec)
+    rec.of_device = rec.samples_per_s / ref.samples_per_s
+    emit(rec)
+  end
+end
+local none = run_none()
+if not (none.loss == none.loss and math.abs(none.loss) < math.huge) then die("none: the loss is " .. none.loss) end
+emit(none)
+
+-- ---- the table ----
+
+local function gbs(b) return b and ("%.2f"):format(b / 1e9) or "-" end
+print()
+print(("uvm bench: %s, %s of tables (%s), batch %d, Zipf ids; every managed run's losses equal the device run's")
+  :format(base_cfg.name, gbs(ref.table_bytes) .. " GB", gpu and ref.device or "CPU", B))
+print(("access counters: %.3f ms a step off, %.3f on (%+.1f%%)"):format(ref.count_off_ms, ref.count_on_ms,
+  100 * ref.count_overhead))
+print("| policy | HBM allowance | samples/s | of device | ms/step | on GPU (GB) | coverage | migrated/step (MB) | est. host reads/step (MB) | relayout (s, GB) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for _, r in ipairs(results) do
+  if r.policy ~= "none" then
+    print(("| %s | %s | %.3g M | %s | %.2f | %s | %s | %s | %s | %s |"):format(r.policy,
+      r.fraction and (r.fraction .. "%") or (r.policy == "device" and "100% (all)" or "-"),
+      r.samples_per_s / 1e6, r.of_device and ("%.2f"):format(r.of_device) or "1", r.ms_per_step,
+      r.policy == "device" and gbs(r.table_bytes) or gbs(r.bytes_on_gpu),
+      r.coverage and ("%.3f"):format(r.coverage) or "-",
+      r.migrated_bytes_per_step and ("%.1f"):format(r.migrated_bytes_per_step / 1e6) or "-",
+      r.host_bytes_per_step_est and ("%.1f"):format(r.host_bytes_per_step_est / 1e6) or "-",
+      r.relayout_seconds and ("%.2f, %s"):format(r.relayout_seconds, gbs(r.relayout_bytes)) or "-"))
+  end
+end
+print(("none (driver default, fresh tables): first %d steps in %.2f s (%.2f ms/step), migrated %s GB, %s GPU page faults")
+  :format(none.steps, none.seconds, none.ms_per_step, gbs(none.migrated_bytes),
+  none.gpu_page_faults and tostring(none.gpu_page_faults) or "-"))
+for _, m in ipairs(none.marks) do
+  print(("  by step %d: %.2f s%s"):format(m.step, m.seconds, m.migration and
+    (", +%s GB in, %d faults"):format(gbs(m.migration.bytes_htod), m.migration.gpu_page_faults) or ""))
+end
