@@ -35,12 +35,16 @@ function DLRM:__init(cfg, opts)
     local own = e.tables[name] or {}
     local place = own.placement or e.placement
     tables[i] = { name = name, rows = r, dim = e.dim, dtype = own.dtype or e.dtype,
-                  -- managed tables run on the CPU too (host memory whose hints are recorded)
-                  placement = ((gpu and place ~= "auto") or place == "managed") and place or nil }
+                  -- managed and cached tables run on the CPU too (host memory, hints recorded)
+                  placement = ((gpu and place ~= "auto") or place == "managed" or place == "cached")
+                              and place or nil }
   end
   local o = e.optimizer or {}
   self.embeddings = nn.EmbeddingBagCollection {
     tables = tables, pooling = e.pooling, bounds = e.bounds, seed = cfg.train.seed,
+    cache = e.cache and { load_factor = e.cache.load_factor, slots = e.cache.slots, bytes = e.cache.bytes,
+                          shared = e.cache.shared, policy = e.cache.policy, decay_batches = e.cache.decay_batches,
+                          staging_rows = e.cache.staging_rows, backing = e.cache.backing },
     device = not gpu and "cpu" or opts.device,
     optimizer = { o.name or "sgd", lr = o.lr or cfg.optimizer.lr, eps = o.eps,
                   weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2 },

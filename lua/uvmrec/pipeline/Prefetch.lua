@@ -11,12 +11,13 @@
 --   local p = P.new{ collection = model.embeddings,        -- an EmbeddingBagCollection or uvmrec.tbe
 --                    source = function() return host_batch end, -- nil at the end
 --                    sparse = function(b) return b.sparse end,  -- the collection's input in a batch
---                    step = function(dev_batch, i) ... end,      -- forward + backward of one batch
+--                    step = function(dev_batch, i) ... end,      -- forward + backward of one batch;
+--                                                                -- false: stop at once
 --                    release = function(host_batch) end,         -- optional: the source's batch is free
 --                    drain = true }                              -- false: stop at once at the end
 --   local steps = p:run(max_steps)
 --
--- Batches are tables whose tensor fields (at any depth) are copied to the collection's device
+-- Batches are tables whose tensor fields (at any depth; not those named _x) are copied to the collection's device
 -- into buffers of the pipeline's own (three sets, grown to the largest batch); other fields are
 -- kept.  Without a GPU the stages run one after the other in the same order, and the cache
 -- makes the same decisions (the reference of the GPU's).
@@ -86,7 +87,11 @@ local function upload(self, s, b, path, stream)
   end
   if type(b) ~= "table" then return b end
   local out = {}
-  for k, v in pairs(b) do out[k] = upload(self, s, v, path .. "." .. tostring(k), stream) end
+  for k, v in pairs(b) do
+    -- fields named _x are the caller's bookkeeping, kept as they are
+    local own = type(k) == "string" and k:sub(1, 1) == "_"
+    out[k] = own and v or upload(self, s, v, path .. "." .. tostring(k), stream)
+  end
   return out
 end
 
@@ -141,21 +146,26 @@ function Prefetch:run(max_steps)
       wait(self.compute, s.copied)
       if self.cache then wait(self.compute, s.prepared) end
     end
-    self.step(s.dev, i + 1)
+    local go = self.step(s.dev, i + 1) ~= false
     if self.gpu then assert(s.done:record(self.compute)) end
     s.used = true
-    n = n + 1
-    self.counts.batches = n
-    if have[i + 1] then self:_prefetch(ring[(i + 1) % DEPTH + 1]) end
-    have[i + 2] = have[i + 1] and limit(i + 2) and take(i + 2)
+    if go then
+      n = n + 1
+      self.counts.batches = n
+    end
+    if go and have[i + 1] then self:_prefetch(ring[(i + 1) % DEPTH + 1]) end
+    -- batch i's host copy is done with (its copy, its prefetch's reads) before the source is
+    -- asked again: a loader reuses the buffers of the batch before last
     if self.gpu then assert(s.copied:sync()) end
     if self.release then self.release(s.host) end
     s.host = nil
-    if ended and not self.drain then
+    have[i + 2] = go and have[i + 1] and limit(i + 2) and take(i + 2)
+    if not go or (ended and not self.drain) then
       -- stop at once: what was copied or prefetched ahead is dropped unread
+      if not go and self.cache then assert(self.cache:retire(self.sparse(s.dev), false, self.compute)) end
       if have[i + 1] then
         local nxt = ring[(i + 1) % DEPTH + 1]
-        if self.cache then assert(self.cache:retire(self.sparse(nxt.dev), false, self.compute)) end
+        if self.cache and go then assert(self.cache:retire(self.sparse(nxt.dev), false, self.compute)) end
         if self.release and nxt.host then self.release(nxt.host) end
         nxt.host = nil
       end

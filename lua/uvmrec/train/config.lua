@@ -8,7 +8,7 @@ local M = {}
 local int, number, bool, string, enum, list, map, dict =
   config.int, config.number, config.bool, config.string, config.enum, config.list, config.map, config.dict
 
-local PLACEMENTS = { "auto", "device", "managed", "host" }
+local PLACEMENTS = { "auto", "device", "managed", "host", "cached" }
 local TBE_OPTIMS = { "sgd", "rowwise_adagrad", "adagrad", "adam" }
 local DENSE_OPTIMS = { "sgd", "adagrad", "adam", "adamw" }
 M.METRICS = { "auc", "ne", "accuracy", "calibration", "ctr" }
@@ -44,6 +44,13 @@ M.schema = map({
       allowance = string { default = "100%" },                 -- HBM for managed tables: '20%' of their bytes, or '8GiB'
       decay = number { min = 0, max = 1, default = 1 },        -- counts *= decay after each interval
     },
+    cache = map {                                              -- cached tables (uvmrec.cache)
+      load_factor = number { min = 0, max = 1 },               -- of each table's rows (default 0.2)
+      slots = int { min = 1 }, bytes = string {},              -- or rows, or slot bytes ('4GiB')
+      shared = bool {},                                        -- one pool of sets for all tables
+      policy = enum { "lru", "lfu" }, decay_batches = int { min = 0 },
+      staging_rows = int { min = 0 }, backing = enum { "host", "managed" },
+    },
     optimizer = map {
       name = enum(TBE_OPTIMS, { default = "sgd" }),
       lr = number { min = 0 },                                 -- default: the dense lr
@@ -73,6 +80,7 @@ M.schema = map({
     epochs = int { min = 1, default = 1 },
     seed = int { min = 0, default = 1 },
     log_every = int { min = 1, default = 10 },     -- read the loss (the one wait) every N steps
+    pipeline = bool { default = false },           -- the prefetch pipeline (uvmrec.pipeline.Prefetch)
     print_every = int { min = 0, default = 0 },    -- lines when not on a terminal; 0: ~10 a run
     checkpoint_every = int { min = 0, default = 0 }, -- save RUNDIR/checkpoints every N steps and at
                                                    -- the end (needs --out); 0: only on a signal

@@ -208,12 +208,29 @@ function M.checkpoint_file(path)
   return ck.latest(path)
 end
 
+-- A checkpoint's config with the keys it lacks (added to the schema since it was written)
+-- filled with their defaults, as a config loaded now would have them.
+local function fill_defaults(s, v)
+  if s.kind ~= "map" or type(v) ~= "table" then return v end
+  for key, fs in pairs(s.fields) do
+    if v[key] == nil then
+      if fs.default ~= nil then v[key] = ck.json.decode(ck.json.encode(fs.default))
+      elseif fs.kind == "map" then v[key] = fill_defaults(fs, {})
+      elseif fs.kind == "dict" then v[key] = {} end
+    else
+      fill_defaults(fs, v[key])
+    end
+  end
+  return v
+end
+M.fill_defaults = function(cfg) return fill_defaults(M.config.schema, cfg) end
+
 -- Loads a checkpoint (a file or a run directory) into ctx.registry, checking the config
 -- against ctx.cfg but for the ignored paths.  Returns the registry's load result, or nil, message.
 function M.load_checkpoint(ctx, path, ignore)
   local file, err = M.checkpoint_file(path)
   if not file then return nil, err end
-  return ctx.registry:load(file, { config = ctx.cfg, config_ignore = ignore })
+  return ctx.registry:load(file, { config = ctx.cfg, config_ignore = ignore, config_fill = M.fill_defaults })
 end
 
 local function file_bytes(path)
@@ -407,8 +424,9 @@ function M.run(cfg, opts)
   local sched = M.config.schedule(cfg)
   local last_loss
   local first, samples0 = ctx.first, ctx.samples
-  local ok, steps, samples, stopped = pcall(M.loop.run, {
-    model = model, optimizer = ctx.optimizer, feed = feed, first = ctx.first, samples = ctx.samples,
+  local ok, steps, samples, stopped = pcall(cfg.train.pipeline and M.loop.run_pipelined or M.loop.run, {
+    model = model, optimizer = ctx.optimizer, feed = feed, loader = loader, first = ctx.first,
+    samples = ctx.samples,
     steps = cfg.train.steps > 0 and cfg.train.steps or nil, lr = sched,
     log_every = cfg.train.log_every, hooks = hooks,
     stop = function() return C.ur_interrupted() ~= 0 end,

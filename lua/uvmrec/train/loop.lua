@@ -51,4 +51,56 @@ function M.run(t)
   return step, samples, stopped
 end
 
+-- The same loop through the prefetch pipeline (uvmrec.pipeline.Prefetch): t as for run, with
+-- loader (host batches) in place of feed.  While one batch trains, the next one's rows come
+-- into the embedding cache and the one after is copied to the GPU.
+function M.run_pipelined(t)
+  local Prefetch = require "uvmrec.pipeline.Prefetch"
+  local model, opt, stop = t.model, t.optimizer, t.stop
+  local base_lr, base_emb_lr = opt.lr, model.embeddings.tbe:lr()
+  local log_every, hooks = t.log_every or 10, t.hooks or {}
+  local first = t.first or 1
+  local step, samples, loss, logged, stopped = first - 1, t.samples or 0, nil, true, false
+  local source_err
+  local p = Prefetch.new {
+    collection = model.embeddings,
+    source = function()
+      local b, err = t.loader:next()
+      if err then source_err = err end
+      if not b then return nil end
+      local k = b.sparse
+      -- the loader's batch, with its KJT as the plain tensors the collection takes
+      return { dense = b.dense, labels = b.labels, size = b.size, _batch = b,
+               sparse = { values = k:values(), offsets = k:offsets(), weights = k:weights() } }
+    end,
+    release = function(b)
+      for _, v in pairs(b.sparse) do v:free() end
+      b._batch:release()
+    end,
+    step = function(batch)
+      if stop and stop() then
+        stopped = true
+        return false
+      end
+      step = step + 1
+      if t.lr then
+        local f = t.lr(step)
+        opt:set_lr(base_lr * f)
+        model.embeddings:set_lr(base_emb_lr * f)
+      end
+      loss = M.step(model, opt, batch)
+      samples = samples + batch.size
+      logged = step % log_every == 0
+      if logged and t.on_log then t.on_log(step, loss:get(0), samples) end
+      for i = 1, #hooks do hooks[i](step, samples) end
+    end,
+  }
+  local ok, err = pcall(p.run, p, t.steps and t.steps - first + 1 or nil)
+  p:free()
+  if not ok then error(err, 0) end
+  if source_err then error(source_err, 0) end
+  if not logged and loss and t.on_log then t.on_log(step, loss:get(0), samples) end
+  return step, samples, stopped
+end
+
 return M

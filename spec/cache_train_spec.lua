@@ -1,0 +1,62 @@
+-- Training with `cached` tables: dlrm_tiny's loss sequence is the same as with tables in
+-- memory, for any cache size, with the plain loop and with the prefetch pipeline (on the CPU
+-- here; the #cuda test does the same against device tables).
+local cmd = require "command"
+local ck = require "uvmrec.checkpoint"
+local train = require "uvmrec.train"
+local h = require "helpers"
+
+local cuda_it = h.cuda_it
+
+local function losses(sets, cpu)
+  local all = { "train.batch_size=256", "train.steps=40", "train.log_every=2", "eval.samples=2048",
+                "eval.every=0", "eval.batch_size=2048" }
+  for _, s in ipairs(sets) do all[#all + 1] = s end
+  local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), all))
+  local dir = cmd.tmpdir()
+  local ctx
+  local result = assert(train.run(cfg, { out = dir .. "/run", progress = "none", cpu = cpu,
+                                         print = function() end, setup = function(c) ctx = c end }))
+  local out = {}
+  for l in io.lines(dir .. "/run/metrics.jsonl") do
+    local j = assert(ck.json.decode(l))
+    if j.event == "train" then out[#out + 1] = j.loss end
+  end
+  local stats = ctx and ctx.model.embeddings.tbe.cache and ctx.model.embeddings.tbe.cache:stats()
+  cmd.rmdir(dir)
+  return out, result, stats
+end
+
+describe("training with cached tables", function()
+  it("gives the loss sequence of host tables, any cache size, with and without the pipeline", function()
+    local want = losses({ "embeddings.placement=host" }, true)
+    assert.equal(20, #want)
+    for _, sets in ipairs({
+      { "embeddings.placement=cached", "embeddings.cache.slots=32", "embeddings.cache.shared=true" },
+      { "embeddings.placement=cached", "embeddings.cache.load_factor=0.05", "embeddings.cache.policy=lfu" },
+      { "embeddings.placement=cached", "embeddings.cache.load_factor=1" },
+      { "embeddings.placement=cached", "embeddings.cache.slots=32", "embeddings.cache.shared=true",
+        "train.pipeline=true" },
+      { "embeddings.placement=cached", "embeddings.cache.load_factor=0.1", "train.pipeline=true" },
+      { "embeddings.placement=host", "train.pipeline=true" },
+    }) do
+      local got, _, stats = losses(sets, true)
+      assert.same(want, got, table.concat(sets, " "))
+      if sets[1]:find("cached") then assert.is_true(stats.lookups > 0 and stats.hits > 0) end
+    end
+  end)
+
+  cuda_it("on the GPU: the loss sequence of device tables, with and without the pipeline", function()
+    local want = losses({ "embeddings.placement=device" }, false)
+    for _, sets in ipairs({
+      { "embeddings.placement=cached", "embeddings.cache.load_factor=0.05" },
+      { "embeddings.placement=cached", "embeddings.cache.load_factor=0.05", "train.pipeline=true" },
+      { "embeddings.placement=cached", "embeddings.cache.slots=32", "embeddings.cache.shared=true",
+        "train.pipeline=true" },
+      { "embeddings.placement=device", "train.pipeline=true" },
+    }) do
+      local got = losses(sets, false)
+      assert.same(want, got, table.concat(sets, " "))
+    end
+  end)
+end)
