@@ -531,8 +531,10 @@ end
 -- Loads every registered component from path, after checking the format, the config (against
 -- opts.config, skipping the dotted paths in opts.config_ignore), and that every component and
 -- tensor is there with the same dtype and shape; nothing is written until all of that holds.
--- opts: config, config_ignore, staging, stream.  Returns {step, rng, config, path, unused}
--- (unused: components in the file that nobody registered), or nil, message.
+-- opts: config, config_ignore, config_fill (function(a copy of the checkpoint's config) -> the
+-- config to compare: fills keys added to the schema since, with their defaults), staging, stream.
+-- Returns {step, rng, config, path, unused} (unused: components in the file that nobody
+-- registered), or nil, message.
 function Registry:load(path, opts)
   opts = opts or {}
   local f, err = M.open(path)
@@ -558,7 +560,9 @@ function Registry:load(path, opts)
   if opts.config ~= nil then
     if decoded.config == nil then return fail("holds no config to check against this run's") end
     local mine = json.decode(json.encode(opts.config))
-    local diffs = diff(decoded.config, mine, "", opts.config_ignore, {})
+    local theirs = decoded.config
+    if opts.config_fill then theirs = opts.config_fill(json.decode(json.encode(theirs))) end
+    local diffs = diff(theirs, mine, "", opts.config_ignore, {})
     if #diffs > 0 then return fail(diff_message(diffs)) end
   end
   local in_file = {}

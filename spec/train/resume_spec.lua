@@ -234,6 +234,25 @@ describe("uvmrec train checkpoints", function()
     assert.is_nil(r)
     assert.equal("--resume: checkpoint " .. path .. ": config differs at 2 keys: model.bottom_mlp[1] (the " ..
       "checkpoint has 64, this run has 32), train.batch_size (the checkpoint has 256, this run has 128)", err)
+    -- A key the checkpoint's config lacks (added to the schema since it was written) counts as
+    -- its default; a value the checkpoint has is compared.
+    local old = ck.json.decode(ck.json.encode(tiny(sets_with(SYNTH, { "train.steps=3" }))))
+    old.train.keep, old.embeddings.dtype, old.data = nil, nil, nil
+    local filled = train.fill_defaults(old)
+    assert.same({ 0, "f32", "", 4 },
+                { filled.train.keep, filled.embeddings.dtype, filled.data.train, filled.data.depth })
+    -- the same through a resume: a schema grown by a key after the checkpoint was written
+    local fields = train.config.schema.fields.train.fields
+    fields.added_since = require("uvmrec.config").int { default = 7 }
+    local ok1, r1 = pcall(run, sets_with(SYNTH, { "train.steps=4" }), { resume = dir .. "/c" })
+    local ok2, r2, e2 = pcall(run, sets_with(SYNTH, { "train.steps=4", "train.added_since=8" }),
+                              { resume = dir .. "/c" })
+    fields.added_since = nil
+    assert.is_true(ok1, r1)
+    assert.is_truthy(r1, "a key added since, at its default, is no difference")
+    assert.is_true(ok2, r2)
+    assert.is_nil(r2)
+    assert.matches("config differs at 1 key: train.added_since %(the checkpoint has 7, this run has 8%)$", e2)
     r, err = run(SYNTH, { resume = dir .. "/nothing" })
     assert.is_nil(r)
     assert.equal("--resume: checkpoint: " .. dir .. "/nothing is neither a run directory nor a checkpoint file", err)
