@@ -1,0 +1,129 @@
+-- uvmrec against PyTorch (issue 9): one training step of DLRM (dot and DCNv2, f32 and bf16)
+-- written by scripts/bench/parity.lua and checked by the PyTorch DLRM of
+-- scripts/bench/torch_dlrm.py on the same weights and batch: outputs, loss, every dense gradient
+-- and every table's deduplicated gradient within the tolerances it states.  Needs PyTorch and
+-- numpy in build/venv (build/venv/bin/pip install torch) or in UVMREC_PYTHON; pending without.
+local ur = require "uvmrec"
+local ck = require "uvmrec.checkpoint"
+local h = require "helpers"
+local command = require "command"
+
+local q = command.quote
+
+local function python(cuda)
+  local probe = cuda and "import torch, numpy; assert torch.cuda.is_available()" or "import torch, numpy"
+  for _, py in ipairs { os.getenv("UVMREC_PYTHON") or "", "build/venv/bin/python", "python3" } do
+    local r = py ~= "" and os.execute(py .. " -c " .. q(probe) .. " >/dev/null 2>&1")
+    if r == 0 or r == true then return py end
+  end
+end
+
+-- dlrm_tiny as it is (dot), and dlrm_dcnv2 cut down (dim 16, narrow MLPs, two cross layers of
+-- rank 32, tables capped at 2000 rows) on its multi-hot data.
+local CASES = {
+  { name = "dot", data = "tiny", args = "--config dlrm_tiny --batch 1024" },
+  { name = "dcnv2", data = "dcnv2", args = "--config dlrm_dcnv2 --batch 512 --set embeddings.max_rows=2000 "
+    .. "--set embeddings.dim=16 --set model.bottom_mlp=64,16 --set model.top_mlp=64,32,1 "
+    .. "--set model.cross_rank=32 --set model.cross_layers=2" },
+}
+
+describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
+  local dir
+  local function data(name)
+    local path = dir .. "/" .. name
+    if not command.slurp(path .. "/layout.txt") then
+      local samples = name == "tiny" and 2048 or 1024
+      local _, err, code = command.run(("scripts/datagen.lua %s --out %s --samples %d"):format(name, q(path), samples))
+      assert.equal(0, code, err)
+    end
+    return path
+  end
+
+  setup(function() dir = command.tmpdir() end)
+  teardown(function() command.rmdir(dir) end)
+
+  -- Runs both sides; returns torch_dlrm.py's output, exit code and JSON lines.
+  local function parity(c, precision, py, opts)
+    opts = opts or {}
+    local tag = ("%s_%s%s"):format(c.name, precision, opts.tag or "")
+    local w, g = ("%s/w_%s.safetensors"):format(dir, tag), ("%s/g_%s.safetensors"):format(dir, tag)
+    local out, err, code = command.run(("scripts/bench/parity.lua %s --precision %s --data %s --ckpt %s --dump %s%s%s")
+      :format(c.args, precision, q(data(c.data)), q(w), q(g), opts.gpu and "" or " --cpu", opts.extra or ""))
+    assert.equal(0, code, out .. err)
+    assert.matches("^parity: " .. (c.name == "dot" and "dlrm_tiny" or "dlrm_dcnv2"), out)
+    local ckpt = opts.ckpt or w
+    local jl = dir .. "/parity.jsonl"
+    os.remove(jl)
+    out, err, code = command.sh(("%s scripts/bench/torch_dlrm.py parity --ckpt %s --dump %s --data %s --device %s "
+      .. "--out %s"):format(py, q(ckpt), q(g), q(data(c.data)), opts.gpu and "cuda" or "cpu", q(jl)))
+    local lines = {}
+    for l in (command.slurp(jl) or ""):gmatch("[^\n]+") do lines[#lines + 1] = assert(ck.json.decode(l)) end
+    return out .. err, code, lines, w
+  end
+
+  local function check(c, precision, out, code, lines)
+    assert.equal(0, code, out)
+    assert.matches("parity: ok", out)
+    local kinds, tables = {}, 0
+    for _, r in ipairs(lines) do
+      assert.is_true(r.ok, r.quantity)
+      assert.equal(precision, r.precision)
+      kinds[r.kind] = (kinds[r.kind] or 0) + 1
+      if r.kind == "batch" then assert.equal(0, r.rel, r.quantity) end
+      if r.kind == "sparse" then tables = tables + 1 end
+    end
+    -- the batch (4), pooled, interaction, logits, loss, 8 or 16 dense gradients, 26 tables
+    assert.equal(4, kinds.batch)
+    assert.equal(1, kinds.logits)
+    assert.equal(1, kinds.loss)
+    assert.equal(c.name == "dot" and 8 or 16, kinds.dense)
+    assert.equal(26, tables)
+  end
+
+  for _, c in ipairs(CASES) do
+    for _, precision in ipairs { "f32", "bf16" } do
+      it(("agrees on a %s step in %s on the CPU"):format(c.name, precision), function()
+        local py = python(false)
+        if not py then pending("PyTorch is not importable (build/venv/bin/pip install torch)") return end
+        check(c, precision, parity(c, precision, py))
+      end)
+
+      h.cuda_it(("agrees on a %s step in %s on the GPU, PyTorch on the GPU"):format(c.name, precision), function()
+        local py = python(true)
+        if not py then pending("PyTorch with CUDA is not importable (set UVMREC_PYTHON)") return end
+        check(c, precision, parity(c, precision, py, { gpu = true }))
+      end)
+    end
+  end
+
+  it("fails when the weights differ: a checkpoint of another seed against the dump", function()
+    local py = python(false)
+    if not py then pending("PyTorch is not importable (build/venv/bin/pip install torch)") return end
+    local _, _, _, other = parity(CASES[1], "f32", py, { extra = " --set train.seed=7", tag = "_seed7" })
+    local out, code, lines = parity(CASES[1], "f32", py, { ckpt = other })
+    assert.equal(1, code, out)
+    assert.matches("parity: FAILED: pooled, inter, logits, loss", out, 1, true)
+    local bad = {}
+    for _, r in ipairs(lines) do if not r.ok then bad[r.quantity] = true end end
+    assert.is_true(bad.logits and bad.loss and bad["grad.top.3.weight"] and bad["sparse.C3"] and true or false)
+    assert.is_nil(bad["batch.values"])
+  end)
+
+  it("names the file and the fault in a checkpoint it cannot read", function()
+    local py = python(false)
+    if not py then pending("PyTorch is not importable (build/venv/bin/pip install torch)") return end
+    local bad = dir .. "/short.safetensors"
+    command.spit(bad, "\100\0\0\0\0\0\0\0{}")
+    local out, err, code = command.sh(("%s scripts/bench/torch_dlrm.py train --ckpt %s --data %s --device cpu")
+      :format(py, q(bad), q(data("tiny"))))
+    assert.equal(2, code, out .. err)
+    assert.matches("torch_dlrm: " .. bad:gsub("%p", "%%%0") .. ": header length 100 runs past the file's 10 bytes",
+                   err)
+    local plain = dir .. "/plain.safetensors"
+    assert(ck.save(plain, { tensors = { x = ur.tensor({ 2 }):fill(1) } }))
+    out, err, code = command.sh(("%s scripts/bench/torch_dlrm.py train --ckpt %s --data %s --device cpu")
+      :format(py, q(plain), q(data("tiny"))))
+    assert.equal(2, code, out .. err)
+    assert.matches("no uvmrec.meta.torch in the metadata", err, 1, true)
+  end)
+end)
