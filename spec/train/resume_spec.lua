@@ -212,6 +212,24 @@ describe("uvmrec train checkpoints", function()
     assert.are_not.equal(want[8], losses(dir .. "/wrong")[8])
   end)
 
+  it("resumes through the prefetch pipeline, cached tables too, at the trained batches' position", function()
+    -- The pipeline reads batches ahead: the checkpoint must hold the position after the last
+    -- batch trained, not the loader's.
+    local cached = { "train.pipeline=true", "embeddings.placement=cached", "embeddings.cache.load_factor=0.1" }
+    for _, extra in ipairs { { "train.pipeline=true" }, cached } do
+      local sets = sets_with(SYNTH, extra)
+      cmd.rmdir(dir)
+      dir = cmd.tmpdir()
+      assert(run(sets_with(sets, { "train.steps=16" }), { out = dir .. "/whole" }))
+      assert(run(sets_with(sets, { "train.steps=8", "train.checkpoint_every=4" }), { out = dir .. "/r" }))
+      assert.same({ epoch = 0, sample = 4 * 256 }, trainer_meta(ck.path_for(dir .. "/r/checkpoints", 4)).position)
+      local r = assert(run(sets_with(sets, { "train.steps=16" }),
+                           { out = dir .. "/from4", resume = ck.path_for(dir .. "/r/checkpoints", 4) }))
+      assert.equal(16, r.steps)
+      same_losses(losses(dir .. "/whole"), losses(dir .. "/from4"), 5, 16)
+    end
+  end)
+
   it("keeps the newest --keep checkpoints and saves at the end", function()
     local r = assert(run(sets_with(SYNTH, { "train.steps=9", "train.checkpoint_every=2", "train.keep=2" }),
                          { out = dir .. "/k" }))
@@ -455,6 +473,11 @@ describe("uvmrec train checkpoints on the GPU", function()
 
   helpers.cuda_it("resumes on the GPU with the uninterrupted run's losses (synthetic data)", function()
     check(SYNTH, 8, 16, "synthetic")
+  end)
+
+  helpers.cuda_it("resumes on the GPU through the prefetch pipeline with cached tables", function()
+    local cached = { "train.pipeline=true", "embeddings.placement=cached", "embeddings.cache.load_factor=0.1" }
+    check(sets_with(SYNTH, cached), 8, 16, "pipeline, cached")
   end)
 
   helpers.cuda_it("resumes on the GPU with the uninterrupted run's losses (TSV files, the second epoch)", function()

@@ -179,7 +179,7 @@ local function register(ctx)
     load = function(_, meta) opt.step_count = meta.step end }
   reg:register { name = "trainer",
     state = function()
-      local pos = ctx.loader and ctx.loader:position() or ctx.position
+      local pos = ctx.trained or ctx.loader and ctx.loader:position() or ctx.position
       return { meta = { step = ctx.step, samples = ctx.samples, position = pos } }
     end,
     load = function(_, meta)
@@ -385,8 +385,12 @@ function M.run(cfg, opts)
     progress:resume()
   end
 
-  local hooks = { function(step, samples)
+  -- Where the data stands after the step: the position after its batch.  The loader's own
+  -- position runs ahead of it when batches are read in advance (the prefetch pipeline's are).
+  local hooks = { function(step, samples, batch)
     ctx.step, ctx.samples = step, samples
+    local b = batch and (batch._batch or batch)
+    if b and b.epoch and b.first then ctx.trained = { epoch = b.epoch, sample = b.first + b.size } end
   end }
   if ctx.hints then
     local function note(rec)

@@ -18,7 +18,7 @@ end
 -- t = {model =, optimizer =, feed = (next() gives batches), steps = last step (nil: until the
 -- data ends), first = 1, samples = 0 (trained on before first: a resumed run's), lr =
 -- function(step) -> factor (nil: constant), log_every = 10, on_log = function(step, loss,
--- samples), hooks = {function(step, samples), ...}, stop = function() -> true to end the loop
+-- samples), hooks = {function(step, samples, batch), ...}, stop = function() -> true to end the loop
 -- (checked before each step, after the previous one's hooks: a signal's request)}.
 -- Returns the last step made, the samples trained on, and true when stop() ended it.
 function M.run(t)
@@ -45,7 +45,7 @@ function M.run(t)
     samples = samples + batch.size
     logged = step % log_every == 0
     if logged and t.on_log then t.on_log(step, loss:get(0), samples) end
-    for i = 1, #hooks do hooks[i](step, samples) end
+    for i = 1, #hooks do hooks[i](step, samples, batch) end
   end
   if not logged and loss and t.on_log then t.on_log(step, loss:get(0), samples) end
   return step, samples, stopped
@@ -92,7 +92,7 @@ function M.run_pipelined(t)
       samples = samples + batch.size
       logged = step % log_every == 0
       if logged and t.on_log then t.on_log(step, loss:get(0), samples) end
-      for i = 1, #hooks do hooks[i](step, samples) end
+      for i = 1, #hooks do hooks[i](step, samples, batch) end
     end,
   }
   local ok, err = pcall(p.run, p, t.steps and t.steps - first + 1 or nil)
