@@ -1,10 +1,10 @@
 -- The `adaptive` hint policy: hot_prefix that follows a drifting distribution.  Each interval it
 -- compares the accesses the current prefix takes with those the best prefix of the same size
--- would take (from the decayed counts); only when the gap exceeds `margin` (hysteresis: it
--- does not thrash on noise) does it swap rows, and then only rows that crossed: ids ranked
--- well inside the new hot set that sit outside the prefix trade places with the coldest rows
--- inside it (ranked well outside), so rows that stayed hot do not move.  Only ranges whose
--- placement changed are advised again.
+-- would take (from the decayed counts); only when the gap exceeds `margin` does it swap rows,
+-- and then only rows that crossed: the hottest ids outside the prefix trade places with the
+-- coldest inside it, pair by pair, while the newcomer was read more than (1 + band) times as
+-- often (hysteresis on both: it does not thrash on noise), so rows that stayed hot do not
+-- move.  Only ranges whose placement changed are advised again.
 --   hints.new("adaptive", {margin = 0.02, band = 0.1})
 local hints = require "uvmrec.hints"
 
@@ -33,6 +33,7 @@ function P:plan(stats, allowance)
     return hints.split(actions, stats.rows, k)
   end
   -- only the rows between the old end and the new one change placement
+  actions.hot_rows = k
   if k > s.k then
     actions[#actions + 1] = hints.advise(s.k, k - s.k, "preferred_location", "gpu")
     actions[#actions + 1] = hints.prefetch(s.k, k - s.k, "gpu")

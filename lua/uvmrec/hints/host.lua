@@ -8,7 +8,7 @@ local P = hints.policy("host")
 function P:plan(stats, allowance) -- luacheck: ignore 212
   if self.done[stats.name] then return {} end
   self.done[stats.name] = true
-  return {
+  return { hot_rows = 0,
     hints.advise(0, stats.rows, "preferred_location", "cpu"),
     hints.advise(0, stats.rows, "accessed_by", "gpu"),
     hints.prefetch(0, stats.rows, "cpu"),

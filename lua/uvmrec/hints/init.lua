@@ -8,7 +8,8 @@
 --              (the layout, host i64 [rows] or nil), prefix_rows(bytes), prefix_accesses(k)}
 --   allowance: the bytes of HBM the policy may place for this table (the manager splits the
 --              embeddings' allowance over tables by their counts)
--- and returning a list of actions, each on a range of physical rows [first, first + rows):
+-- and returning a list of actions, each on a range of physical rows [first, first + rows),
+-- with optionally actions.hot_rows: how many leading rows it now keeps on the GPU (its view):
 --   hints.advise(first, rows, advice, location)   -- preferred_location, accessed_by, ...
 --   hints.prefetch(first, rows, location)
 --   hints.relayout("counts")                       -- hottest rows first
@@ -43,6 +44,7 @@ function M.relayout(how) return { kind = "relayout", how = how } end
 -- Appends the actions that put rows [0, k) on the GPU and [k, rows) on the host, read in place
 -- (the hot range first: the page they share at the boundary ends up on the host side).
 function M.split(actions, rows, k)
+  actions.hot_rows = k
   if k > 0 then
     actions[#actions + 1] = M.advise(0, k, "preferred_location", "gpu")
     actions[#actions + 1] = M.advise(0, k, "accessed_by", "gpu")
@@ -221,15 +223,25 @@ end
 -- Each table's share of the allowance: the hottest rows over all tables (by count, per byte)
 -- until the allowance is spent; by bytes while nothing is counted.
 function Manager:_split(stats)
+  -- each table's page slack (Stats:prefix_rows) is set aside first, then added to its share
+  local slack = 2 * ur.hint_page_bytes()
   local A, shares = self.allowance, {}
   local counted = 0
   for i, s in ipairs(stats) do
     shares[i] = 0
     counted = counted + s.total
+    A = A - slack * s.tensors
+  end
+  A = math.max(0, A)
+  local function with_slack()
+    for i, s in ipairs(stats) do
+      if shares[i] > 0 then shares[i] = shares[i] + slack * s.tensors end
+    end
+    return shares
   end
   if counted == 0 then
     for i, s in ipairs(stats) do shares[i] = math.floor(A * s.rows * s.row_bytes / self.total_bytes) end
-    return shares
+    return with_slack()
   end
   self.counted = true
   local function bytes_at(v)
@@ -263,7 +275,7 @@ function Manager:_split(stats)
       shares[i] = shares[i] + give
     end
   end
-  return shares
+  return with_slack()
 end
 
 local function time_call(self, f, ...)
@@ -321,11 +333,13 @@ function Manager:_apply(t, s, actions, rec)
   return true
 end
 
--- A permutation that trades rows which crossed rank k: ids ranked below k (1 - band) sitting
--- outside the prefix [0, k) swap physical rows with the coldest ids inside it ranked beyond
--- k (1 + band).  Rows that stayed on their side keep their place.  nil when nothing crosses.
+-- A permutation that trades rows across the prefix [0, k): the hottest ids outside it swap
+-- physical rows with the coldest inside it, pair by pair, while the one coming in was read
+-- more than (1 + band) times as often as the one going out (hysteresis: near-ties stay).
+-- Rows that stay on their side keep their place.  nil when nothing crosses.
 function Manager:_swap_perm(t, s, k, band)
   local rows, a = t.rows, s.access
+  if k <= 0 or k >= rows then return nil end
   local cur = self.tbe:permutation(t.name)
   local perm = assert(tensor.tensor({ rows }, { dtype = "i64" }))
   local p = ffi.cast("int64_t *", C.ur_tensor_data(perm.p))
@@ -336,25 +350,28 @@ function Manager:_swap_perm(t, s, k, band)
     for id = 0, rows - 1 do p[id] = id end
   end
   local o = a._o
-  local enter_end, leave_start = math.floor(k * (1 - band)), math.ceil(k * (1 + band))
-  local enter, leave = {}, {}
-  for r = 0, math.min(enter_end, rows) - 1 do
+  local enter, ec = {}, {}
+  for r = 0, rows - 1 do
+    local c = a:count_at(r)
+    if c == 0 or #enter >= k then break end
     local id = o[r]
-    if p[id] >= k then enter[#enter + 1] = id end
+    if p[id] >= k then
+      enter[#enter + 1], ec[#enter + 1] = id, c
+    end
   end
-  for r = rows - 1, leave_start, -1 do
-    if #leave >= #enter then break end
-    local id = o[r]
-    if p[id] < k then leave[#leave + 1] = id end
+  local n, r = 0, rows - 1
+  for i = 1, #enter do
+    -- the coldest row still inside the prefix
+    while r >= 0 and p[o[r]] >= k do r = r - 1 end
+    if r < 0 or ec[i] <= (1 + band) * a:count_at(r) then break end
+    local x, y = enter[i], o[r]
+    p[x], p[y] = p[y], p[x]
+    n = n + 1
+    r = r - 1
   end
-  local n = math.min(#enter, #leave)
   if n == 0 then
     perm:free()
     return nil
-  end
-  for i = 1, n do
-    local x, y = enter[i], leave[i]
-    p[x], p[y] = p[y], p[x]
   end
   return perm
 end
@@ -388,12 +405,24 @@ function Manager:interval(step)
   local ok, err = true, nil
   for i, t in ipairs(self.tables) do
     local s = stats[i]
+    local moved = rec.rows_moved
     local actions = t.policy:plan(s, shares[i])
     ok, err = self:_apply(t, s, actions, rec)
     if not ok then break end
-    -- the policy's view: its prefix as the engine now records it
-    local k = t.policy.state and t.policy.state[t.name] and t.policy.state[t.name].k
-    t.k = k or (t.policy.name == "host" and 0) or t.k
+    t.k = actions.hot_rows or t.k -- the policy's view: the leading rows it keeps on the GPU
+    if rec.rows_moved ~= moved or rawget(s, "perm") == nil then
+      -- the layout changed (or appeared): coverage is measured under the new one
+      local p = self.tbe:permutation(t.name)
+      if rawget(s, "perm") then s.perm:free() end
+      rawset(s, "perm", nil)
+      rawset(s, "_perm_p", nil)
+      if p then
+        local hp = assert(p:to("host"))
+        p:free()
+        rawset(s, "perm", hp)
+        rawset(s, "_perm_p", ffi.cast("int64_t *", C.ur_tensor_data(hp.p)))
+      end
+    end
     local view = { rows = t.rows, share = shares[i], hot_rows = t.k,
                    hot_fraction = t.k / t.rows }
     if rawget(s, "access") and s.total > 0 then
