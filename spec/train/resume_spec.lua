@@ -228,6 +228,11 @@ describe("uvmrec train checkpoints", function()
       assert.equal(16, r.steps)
       same_losses(losses(dir .. "/whole"), losses(dir .. "/from4"), 5, 16)
     end
+    -- where the rows live may change on a resume: cached tables with the pipeline go on as host tables
+    assert(run(sets_with(SYNTH, { "train.steps=16" }),
+               { out = dir .. "/host", resume = ck.path_for(dir .. "/r/checkpoints", 4) }))
+    assert(run(sets_with(SYNTH, { "train.steps=16" }), { out = dir .. "/hostwhole" }))
+    same_losses(losses(dir .. "/hostwhole"), losses(dir .. "/host"), 5, 16)
   end)
 
   it("keeps the newest --keep checkpoints and saves at the end", function()

@@ -190,13 +190,16 @@ local function register(ctx)
 end
 
 -- Config paths a resumed run may change: how long it runs, what it logs, saves and evaluates,
--- and where the tables are placed.  Everything else must be the checkpoint's.
+-- and where the rows live (placements, hint policies, the cache, the prefetch pipeline: none
+-- changes a value).  Everything else must be the checkpoint's.
 M.RESUME_IGNORE = { "train.steps", "train.checkpoint_every", "train.keep", "train.log_every",
                     "train.print_every", "data.eval", "data.depth", "eval", "embeddings.placement",
-                    "embeddings.tables", "embeddings.bounds", "embeddings.hints" }
+                    "embeddings.tables", "embeddings.bounds", "embeddings.hints", "embeddings.cache",
+                    "train.pipeline" }
 -- Evaluating a checkpoint needs only the model's shape to match.
 M.EVAL_IGNORE = { "name", "train", "data", "eval", "schedule", "optimizer", "embeddings.optimizer",
-                  "embeddings.placement", "embeddings.tables", "embeddings.bounds", "embeddings.hints" }
+                  "embeddings.placement", "embeddings.tables", "embeddings.bounds", "embeddings.hints",
+                  "embeddings.cache" }
 
 -- The checkpoint file of --resume / --checkpoint: a file itself; a run directory's newest in
 -- its checkpoints/ folder; a folder of ckpt-<step>.safetensors files, its newest.
