@@ -15,11 +15,19 @@ local EBC = ur.nn.EmbeddingBagCollection
 local MiB = 2 ^ 20
 
 -- The monitor counts managed memory allocated after it starts: start it before any table.
+-- Without CUPTI's counters (under compute-sanitizer, CUPTI's one subscriber is taken) the test
+-- is pending.
 local function monitor()
   local ok, err = ur.monitor.start()
-  assert(ok or tostring(err):match("already"), err)
+  if not ok then
+    pending("CUPTI unified-memory counters unavailable here: " .. tostring(err))
+    return false
+  end
   ur.monitor.read(true)
+  return true
 end
+
+local sanitized = os.getenv("UVMREC_SANITIZER") ~= nil
 
 -- Two managed tables of 64 MiB each (f32 rows of 512 bytes), on the GPU, SGD.
 local function tables()
@@ -55,7 +63,7 @@ end
 describe("uvmrec.hints on the GPU", function()
   cuda_it("hot_prefix: the prefix it prefetched moved to the GPU, the rest stays on the host, read in place",
           function()
-    monitor()
+    if not monitor() then return end
     local m = tables()
     local mgr = hints.manager(m, { policy = "hot_prefix", allowance = 32 * MiB, every = 1000, monitor = false })
     assert(mgr:start(0)) -- no counts yet: the allowance split by bytes, prefixes of the identity layout
@@ -79,14 +87,16 @@ describe("uvmrec.hints on the GPU", function()
     local w = m:table("a")
     local hot = assert(w:residency(0, k * 128))
     local cold = assert(w:residency(k * 128 + 128 * 1024, 131072 * 128 - k * 128 - 128 * 1024))
-    assert.is_true(hot.fast, "the prefix reads at " .. hot.gbps .. " GB/s")
-    assert.is_false(cold.fast, "the host rows read at " .. cold.gbps .. " GB/s")
+    if not sanitized then -- timings mean nothing under compute-sanitizer
+      assert.is_true(hot.fast, "the prefix reads at " .. hot.gbps .. " GB/s")
+      assert.is_false(cold.fast, "the host rows read at " .. cold.gbps .. " GB/s")
+    end
     mgr:free()
     m.tbe:free()
   end)
 
   cuda_it("host: nothing moves to the GPU, before or while training, and the budget holds no byte of it", function()
-    monitor()
+    if not monitor() then return end
     local m = tables()
     local before = ur.memory().managed_on_gpu
     local mgr = hints.manager(m, { policy = "host", every = 1000, monitor = false })
@@ -95,13 +105,14 @@ describe("uvmrec.hints on the GPU", function()
     local mig = assert(ur.monitor.read(true))
     assert.is_true(mig.bytes_htod < MiB, "moved " .. mig.bytes_htod)
     assert.equal(before, ur.memory().managed_on_gpu)
-    assert.is_false(assert(m:table("b"):residency()).fast)
+    local r = assert(m:table("b"):residency())
+    if not sanitized then assert.is_false(r.fast) end
     mgr:free()
     m.tbe:free()
   end)
 
   cuda_it("none: the driver migrates the pages training touches, by page faults", function()
-    monitor()
+    if not monitor() then return end
     local m = tables()
     steps(m, 4, 9)
     local mig = assert(ur.monitor.read(true))
@@ -131,7 +142,7 @@ describe("uvmrec.hints on the GPU", function()
     local function losses(placement, policy)
       local dir = os.tmpname()
       os.remove(dir)
-      local sets = { "train.steps=12", "train.batch_size=512", "eval.samples=0", "train.log_every=1",
+      local sets = { "train.steps=12", "train.batch_size=512", "eval.samples=0", "eval.min_auc=0", "train.log_every=1",
                      "embeddings.placement=" .. placement, "embeddings.hints.every=4",
                      "embeddings.hints.allowance=20%" }
       if policy then sets[#sets + 1] = "embeddings.hints.policy=" .. policy end

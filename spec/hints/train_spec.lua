@@ -1,0 +1,101 @@
+-- Hint policies in `uvmrec train` (embeddings.hints, per-table hints, managed placement) on the
+-- CPU: a managed run under every policy, relayouts included, gives the losses of a run with
+-- host tables bit for bit; resuming from a checkpoint taken after a relayout gives the
+-- uninterrupted run's losses; intervals go to metrics.jsonl and a summary line is printed;
+-- config errors name the value.
+local ck = require "uvmrec.checkpoint"
+local train = require "uvmrec.train"
+
+local BASE = { "train.batch_size=256", "eval.samples=0", "eval.min_auc=0", "train.log_every=1",
+               "embeddings.hints.every=3",
+               "embeddings.hints.allowance=20%" }
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  return d
+end
+
+-- Losses by step of a run (and its printed lines, its events).
+local function run(sets, opts)
+  local all = {}
+  for _, s in ipairs(BASE) do all[#all + 1] = s end
+  for _, s in ipairs(sets) do all[#all + 1] = s end
+  local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), all))
+  local dir = opts and opts.out or tmpdir()
+  local lines = {}
+  local o = { out = dir, progress = "none", cpu = true, print = function(l) lines[#lines + 1] = l end }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  local r, err = train.run(cfg, o)
+  assert(r, err)
+  local losses, events = {}, {}
+  for l in io.lines(dir .. "/metrics.jsonl") do
+    local e = assert(ck.json.decode(l))
+    events[#events + 1] = e
+    if e.event == "train" then losses[e.step] = e.loss end
+  end
+  if not (opts and opts.out) then os.execute("rm -rf '" .. dir .. "'") end
+  return losses, lines, events, r
+end
+
+describe("uvmrec train with hint policies", function()
+  it("gives the host tables' losses bit for bit with managed tables under every policy", function()
+    local want = run { "train.steps=10", "embeddings.placement=host" }
+    for _, p in ipairs { "none", "host", "hot_prefix", "adaptive" } do
+      local got, lines, events = run { "train.steps=10", "embeddings.placement=managed",
+                                       "embeddings.hints.policy=" .. p, "embeddings.hints.decay=0.5" }
+      assert.same(want, got, "policy " .. p)
+      local n = 0
+      for _, e in ipairs(events) do
+        if e.event == "hints" then n = n + 1 end
+      end
+      assert.equal(4, n, p .. ": intervals at steps 0, 3, 6, 9")
+      local summary
+      for _, l in ipairs(lines) do summary = l:match("^hints " .. p:gsub("_", "%%_") .. ": .*") or summary end
+      assert.truthy(summary, p .. ": no summary line in " .. table.concat(lines, "\n"))
+    end
+  end)
+
+  it("relays out managed tables (hot_prefix) and reports it in the interval", function()
+    local _, _, events = run { "train.steps=4", "embeddings.placement=managed", "embeddings.hints.policy=hot_prefix" }
+    local moved = 0
+    for _, e in ipairs(events) do
+      if e.event == "hints" then moved = moved + e.rows_moved end
+    end
+    assert.is_true(moved > 0)
+  end)
+
+  it("takes a policy per table", function()
+    local _, _, events = run { "train.steps=3", "embeddings.placement=managed", "embeddings.hints.policy=host",
+                               "embeddings.tables.C3.hints.policy=hot_prefix", "embeddings.hints.allowance=100%" }
+    local last
+    for _, e in ipairs(events) do
+      if e.event == "hints" then last = e end
+    end
+    assert.equal(0, last.tables.C1.hot_rows)
+    assert.is_true(last.tables.C3.hot_rows > 0)
+  end)
+
+  it("resumes after a relayout to the uninterrupted run's losses", function()
+    local sets = { "train.steps=12", "embeddings.placement=managed", "embeddings.hints.policy=adaptive",
+                   "embeddings.hints.decay=0.5", "train.checkpoint_every=5" }
+    local want = run(sets)
+    local dir = tmpdir()
+    local first = { unpack(sets) }
+    first[1] = "train.steps=5"
+    run(first, { out = dir })
+    local got = run(sets, { out = dir, resume = dir })
+    for s = 6, 12 do assert.equal(want[s], got[s], "step " .. s) end
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  it("names a bad policy or allowance at its place in the config", function()
+    local cfg, err = train.config.load(assert(train.find_config("dlrm_tiny")), { "embeddings.hints.policy=hottest" })
+    assert.is_nil(cfg)
+    assert.matches("embeddings.hints.policy: 'hottest' is not a hint policy: none, host, hot_prefix, adaptive, or a "
+                   .. "path to a .lua file", err, 1, true)
+    cfg, err = train.config.load(assert(train.find_config("dlrm_tiny")), { "embeddings.hints.allowance=lots" })
+    assert.is_nil(cfg)
+    assert.matches("embeddings.hints.allowance: bytes: 'lots' is not a size", err, 1, true)
+  end)
+end)
