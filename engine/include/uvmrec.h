@@ -883,12 +883,13 @@ UR_API ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm /* o
 
 /* Row layout: a table may keep row id at physical row perm[id] (the kernels look it up; ids
  * are never remapped by the caller).  Relayout applies a new permutation (NULL: back to the
- * identity), moving the rows and their optimizer state: each tensor is copied aside, then
- * gathered back chunk_rows rows at a time (0: 2^20), by the GPU for device memory, by the CPU
- * otherwise.  Call it between steps; it returns when the rows are in place. */
+ * identity), moving the rows and their optimizer state: in device memory the GPU copies each
+ * tensor aside and gathers it back chunk_rows rows at a time (0: 2^20); elsewhere the CPU
+ * copies aside only the rows that move and writes them to their places.  Call it between
+ * steps; it returns when the rows are in place. */
 typedef struct ur_tbe_relayout_stats {
   double seconds;          /* wall time, waits included */
-  uint64_t bytes;          /* bytes of rows and optimizer state relaid (each read and written twice) */
+  uint64_t bytes;          /* bytes of rows and state rewritten (GPU: all; CPU: those that moved) */
   int64_t rows_moved;      /* rows whose physical row changed */
   int32_t chunks;          /* gathers issued */
   int32_t on_gpu;          /* 1: some tensor was moved by the GPU */

@@ -236,33 +236,35 @@ ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out) {
 }
 
 typedef struct move_job {
-  char *dst;
-  const char *src;
-  const int64_t *from;
+  char *data, *buf;
+  const int64_t *from, *moved; /* moved[k]: the k-th row that changes */
   size_t row_bytes;
-  int64_t r0;               /* the chunk's first row */
 } move_job;
 
-static void move_range(void *ctx, size_t i0, size_t i1) {
+static void gather_moved(void *ctx, size_t k0, size_t k1) {
   const move_job *j = ctx;
-  for (size_t i = i0; i < i1; i++) {
-    int64_t r = j->r0 + (int64_t)i;
-    if (j->from[r] != r)
-      memcpy(j->dst + (size_t)r * j->row_bytes, j->src + (size_t)j->from[r] * j->row_bytes,
-             j->row_bytes);
-  }
+  for (size_t k = k0; k < k1; k++)
+    memcpy(j->buf + k * j->row_bytes, j->data + (size_t)j->from[j->moved[k]] * j->row_bytes,
+           j->row_bytes);
 }
 
-/* Physical row r of x takes the row at from[r]: x is copied aside, then gathered back in
- * chunks, by the GPU when x is in device memory (from_dev: from on the device), else by the
- * CPU (managed pages come to the host for it; hint policies place them again afterwards). */
+static void scatter_moved(void *ctx, size_t k0, size_t k1) {
+  const move_job *j = ctx;
+  for (size_t k = k0; k < k1; k++)
+    memcpy(j->data + (size_t)j->moved[k] * j->row_bytes, j->buf + k * j->row_bytes, j->row_bytes);
+}
+
+/* Physical row r of x takes the row at from[r].  By the GPU when x is in device memory (from_dev:
+ * from on the device): x is copied aside, then gathered back in chunks.  Else by the CPU: the
+ * rows that move are copied aside, then written to their places (managed pages they touch come
+ * to the host for it; hint policies place them again afterwards). */
 static ur_status move_rows(ur_stream *s, ur_tbe *t, ur_tensor *x, int64_t rows, const int64_t *from,
                            const int64_t *from_dev, int64_t chunk, ur_tbe_relayout_stats *out) {
   size_t bytes = (size_t)ur_tensor_nbytes(x), row_bytes = bytes / (size_t)rows;
   char *data = ur_tensor_data(x);
   ur_status st = UR_STATUS_OK;
-  out->bytes += bytes;
   if (ur_tensor_place(x) == UR_PLACE_DEVICE) {
+    out->bytes += bytes;
     void *sh = s ? s->handle : NULL;
     ur_tensor *scratch = NULL;
     int64_t nb = (int64_t)bytes;
@@ -280,18 +282,33 @@ static ur_status move_rows(ur_stream *s, ur_tbe *t, ur_tensor *x, int64_t rows, 
     out->on_gpu = 1;
     return st;
   }
+  /* The CPU copies only the rows that move (and touches only their pages: managed pages
+   * elsewhere stay where they are), chunk_rows of them at a time. */
   if (ur__gpu() && (st = ur__gpu()->device_sync())) return st;
-  char *copy = malloc(bytes ? bytes : 1);
-  if (!copy)
-    return ur__error(UR_STATUS_OOM, "tbe: relayout: out of host memory for a %zu-byte copy", bytes);
-  memcpy(copy, data, bytes);
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
-    move_job j = {data, copy, from, row_bytes, r0};
-    ur__parallel_for((size_t)n, 4096, move_range, &j);
+  int64_t n = 0;
+  for (int64_t r = 0; r < rows; r++) n += from[r] != r;
+  int64_t *moved = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+  char *buf = malloc((size_t)(n ? n : 1) * row_bytes);
+  if (!moved || !buf) {
+    free(moved);
+    free(buf);
+    return ur__error(UR_STATUS_OOM, "tbe: relayout: out of host memory for %lld rows of %zu bytes",
+                     (long long)n, row_bytes);
+  }
+  n = 0;
+  for (int64_t r = 0; r < rows; r++)
+    if (from[r] != r) moved[n++] = r;
+  out->bytes += (uint64_t)n * row_bytes;
+  move_job j = {data, buf, from, moved, row_bytes};
+  ur__parallel_for((size_t)n, 1024, gather_moved, &j); /* every source read before any write */
+  for (int64_t k0 = 0; k0 < n; k0 += chunk) {
+    int64_t m = n - k0 < chunk ? n - k0 : chunk;
+    move_job jc = {data, buf + (size_t)k0 * row_bytes, from, moved + k0, row_bytes};
+    ur__parallel_for((size_t)m, 1024, scatter_moved, &jc);
     out->chunks++;
   }
-  free(copy);
+  free(moved);
+  free(buf);
   return UR_STATUS_OK;
 }
 
