@@ -304,7 +304,8 @@ local function emit(rec)
     f:write(ck.json.encode(rec), "\n")
     f:close()
   end
-  print(("  %-10s %5s  %8.2f ms/step  %10.0f samples/s%s"):format(rec.policy, rec.fraction and (rec.fraction .. "%") or "",
+  print(("  %-10s %5s  %8.2f ms/step  %10.0f samples/s%s"):format(rec.policy,
+    rec.fraction and (rec.fraction .. "%") or "",
     rec.ms_per_step or 0, rec.samples_per_s or 0, rec.coverage and ("  coverage %.3f"):format(rec.coverage) or ""))
 end
 
@@ -340,7 +341,8 @@ print(("uvm bench: %s, %s of tables (%s), batch %d, Zipf ids; every managed run'
   :format(base_cfg.name, gbs(ref.table_bytes) .. " GB", gpu and ref.device or "CPU", B))
 print(("access counters: %.3f ms a step off, %.3f on (%+.1f%%)"):format(ref.count_off_ms, ref.count_on_ms,
   100 * ref.count_overhead))
-print("| policy | HBM allowance | samples/s | of device | ms/step | on GPU (GB) | coverage | migrated/step (MB) | est. host reads/step (MB) | relayout (s, GB) |")
+print("| policy | HBM allowance | samples/s | of device | ms/step | on GPU (GB) | coverage | migrated/step (MB) "
+  .. "| est. host reads/step (MB) | relayout (s, GB) |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for _, r in ipairs(results) do
   if r.policy ~= "none" then
@@ -354,7 +356,8 @@ for _, r in ipairs(results) do
       r.relayout_seconds and ("%.2f, %s"):format(r.relayout_seconds, gbs(r.relayout_bytes)) or "-"))
   end
 end
-print(("none (driver default, fresh tables): first %d steps in %.2f s (%.2f ms/step), migrated %s GB, %s GPU page faults")
+print(("none (driver default, fresh tables): first %d steps in %.2f s (%.2f ms/step), migrated %s GB, "
+  .. "%s GPU page faults")
   :format(none.steps, none.seconds, none.ms_per_step, gbs(none.migrated_bytes),
   none.gpu_page_faults and tostring(none.gpu_page_faults) or "-"))
 for _, m in ipairs(none.marks) do

@@ -104,7 +104,8 @@ describe("uvmrec.tbe access counters", function()
       for id = 0, 36 do t[id + 1] = ref.b[id] or 0 end
       return t
     end)())
-    assert.has_error(function() m.tbe:counts("a") end, "tbe: table 'a' has no access counters; turn counting on first (ur_tbe_set_counting)")
+    assert.has_error(function() m.tbe:counts("a") end,
+      "tbe: table 'a' has no access counters; turn counting on first (ur_tbe_set_counting)")
     assert(m.tbe:set_counting(false, "b"))
     m:forward(R.input(batch(m, 32, 12)))
     local before = counts_of(m, "b")

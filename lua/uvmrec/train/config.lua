@@ -41,7 +41,7 @@ M.schema = map({
     hints = map {                                              -- managed tables (uvmrec.hints)
       policy = string { default = "hot_prefix" },              -- none, host, hot_prefix, adaptive, or a .lua file
       every = int { min = 1, default = 100 },                  -- steps between the policy's intervals
-      allowance = string { default = "100%" },                 -- HBM for managed tables: '20%' of their bytes, or '8GiB'
+      allowance = string { default = "100%" },                 -- HBM for managed tables: '20%' or '8GiB'
       decay = number { min = 0, max = 1, default = 1 },        -- counts *= decay after each interval
     },
     cache = map {                                              -- cached tables (uvmrec.cache)
