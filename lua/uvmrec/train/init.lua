@@ -166,7 +166,12 @@ local function register(ctx)
       end
       return { tensors = ts, meta = { step = tbe:step() } }
     end,
-    load = function(_, meta) tbe:set_step(meta.step) end }
+    load = function(_, meta)
+      tbe:set_step(meta.step)
+      -- The rows came into the tables' own storage (state() flushed the cache before): copies
+      -- a cache holds are stale.
+      if tbe.cache then assert(tbe.cache:invalidate()) end
+    end }
   reg:register { name = "optimizer",
     state = function()
       local ts = {}
