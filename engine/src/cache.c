@@ -479,7 +479,7 @@ static uint32_t freq_now(uint32_t f, uint32_t epoch) {
 static void radix_sort(uint64_t **k, int64_t **v, uint64_t **tk, int64_t **tv, int64_t n,
                        int bits) {
   enum { RB = 11, RN = 1 << RB };
-  static __thread size_t cnt[RN];
+  size_t cnt[RN];
   for (int shift = 0; shift < bits; shift += RB) {
     memset(cnt, 0, sizeof cnt);
     uint64_t *ks = *k, *kd = *tk;
@@ -863,25 +863,23 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
       *f = (ep << 16) | (x > 0xffffu ? 0xffffu : x);
     }
   }
-  /* 4. (set, key) order by a stable counting sort on the set (keys are ascending) */
+  /* 4. (set, key) order: a stable radix sort on the set (the keys are ascending) */
   int64_t *setv = c->evict; /* scratch: the set of each unique, until the decisions */
   int64_t ng = 0;
   {
-    int64_t *cnt = calloc((size_t)c->nsets + 1, sizeof *cnt);
-    if (!cnt) {
-      free(bag_start);
-      return ur__error(UR_STATUS_OOM, "cache: out of host memory");
-    }
+    uint64_t *sk = k, *stk = tkk; /* both free now; each holds at least m >= U entries */
+    int64_t *sv = c->order, *stv = tv;
     for (int64_t u = 0; u < U; u++) {
       setv[u] = set_of(c, c->ukeys[u], table_of_key(c, c->ukeys[u]));
-      cnt[setv[u] + 1]++;
+      sk[u] = (uint64_t)setv[u];
+      sv[u] = u;
     }
-    for (int64_t q = 0; q < c->nsets; q++) {
-      if (cnt[q + 1]) ng++;
-      cnt[q + 1] += cnt[q];
-    }
-    for (int64_t u = 0; u < U; u++) c->order[cnt[setv[u]]++] = u;
-    free(cnt);
+    int bits = 1;
+    while (bits < 63 && ((int64_t)1 << bits) < c->nsets) bits++;
+    radix_sort(&sk, &sv, &stk, &stv, U, bits);
+    if (sv != c->order) memcpy(c->order, sv, sizeof(int64_t) * (size_t)U);
+    for (int64_t q = 0; q < U; q++)
+      if (q == 0 || setv[c->order[q]] != setv[c->order[q - 1]]) ng++;
   }
   if ((st = grow((void **)&c->grp, &c->cap_g, ng + 2, 8))) {
     free(bag_start);

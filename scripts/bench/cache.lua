@@ -1,0 +1,318 @@
+-- Software cache benchmark (BENCH.md B4, B6).
+--
+--   luajit scripts/bench/cache.lua [--rows N] [--tables T] [--batch B] [--batches K] [--zipf S]
+--                                  [--out FILE.jsonl] [--plot FILE.png]
+--   luajit scripts/bench/cache.lua --gpu [--steps N] [--out FILE.jsonl]
+--
+-- Default (the CPU, any machine): hit rate against cache size (1% .. 100% of the rows), LRU
+-- and LFU, without and with prefetch, on Zipf ids, computed by the cache itself (its decisions
+-- are made on the host, the same for the CPU and the GPU).  T tables of N rows (dim 4: only the
+-- decisions matter), batches of B samples with one id per table, the ids of each table drawn
+-- Zipf(S) and scattered over the rows; the first half of the K batches warms the cache, the
+-- second half is measured.  "Prefetch" prepares batch i+1 on another stream while batch i is
+-- in flight, as uvmrec.pipeline.Prefetch does: two batches' rows are locked instead of one.
+-- It checks the counts (hits + misses + conflicts = distinct rows; the hit rate does not fall
+-- as the cache grows) before it reports, prints a table, writes JSON lines and a PNG (through
+-- scripts/bench/cache_plot.py, when python3 with matplotlib is there).
+--
+-- --gpu: dlrm_mlperf_v1_2m at batch 65536 on the GPU: all tables in HBM, against every table
+-- `cached` with 20% of the rows in HBM (with the prefetch pipeline and without), and `managed`
+-- with the hot_prefix hint policy at a 20% allowance; samples/s of each, its ratio to all in
+-- HBM, and the bytes each step moves over the host link against the 55 GB/s ceiling.  The
+-- first steps' losses of every mode must agree with all-in-HBM's (same weights and batches).
+local ffi = require "ffi"
+local ur = require "uvmrec"
+local C = ur.C
+
+local o = { rows = 1000000, tables = 4, batch = 8192, batches = 200, zipf = 1.05, steps = 40 }
+do
+  local i = 1
+  while i <= #arg do
+    local a = arg[i]
+    local function value()
+      i = i + 1
+      if arg[i] == nil then error("cache bench: " .. a .. " needs a value", 0) end
+      return arg[i]
+    end
+    if a == "--rows" then o.rows = tonumber(value())
+    elseif a == "--tables" then o.tables = tonumber(value())
+    elseif a == "--batch" then o.batch = tonumber(value())
+    elseif a == "--batches" then o.batches = tonumber(value())
+    elseif a == "--zipf" then o.zipf = tonumber(value())
+    elseif a == "--steps" then o.steps = tonumber(value())
+    elseif a == "--out" then o.out = value()
+    elseif a == "--plot" then o.plot = value()
+    elseif a == "--gpu" then o.gpu = true
+    else
+      error("cache bench: unknown argument " .. a .. " (expected --rows --tables --batch --batches --zipf "
+            .. "--steps --out --plot --gpu)", 0)
+    end
+    i = i + 1
+  end
+end
+
+local function die(msg)
+  io.stderr:write("cache bench: ", msg, "\n")
+  os.exit(1)
+end
+
+local out_file
+local function emit(rec)
+  if not o.out then return end
+  out_file = out_file or assert(io.open(o.out, "w"))
+  local parts = {}
+  for k, v in pairs(rec) do
+    local s = type(v) == "string" and ('"' .. v .. '"') or type(v) == "boolean" and tostring(v)
+              or (v ~= v or v == math.huge) and "null" or string.format("%.10g", v)
+    parts[#parts + 1] = ('"%s":%s'):format(k, s)
+  end
+  table.sort(parts)
+  out_file:write("{", table.concat(parts, ","), "}\n")
+  out_file:flush()
+end
+
+-- ---- the CPU mode: hit rates ----
+
+-- Zipf(s) ranks over n by inverting the continuous CDF, scattered by a bijection of [0, n).
+local function zipf_ids(n, s, count, salt, out, at, stride)
+  local a = 1 - s
+  local big = (n + 1) ^ a - 1
+  local function gcd(x, y)
+    while y ~= 0 do x, y = y, x % y end
+    return x
+  end
+  local mult = 2654435761 % n
+  while mult > 1 and gcd(mult, n) ~= 1 do mult = mult - 1 end
+  for k = 0, count - 1 do
+    local u = math.random()
+    local r = math.floor((1 + u * big) ^ (1 / a)) - 1
+    if r >= n then r = n - 1 end
+    out[at + k * stride] = (r * mult + salt) % n
+  end
+end
+
+local function hit_rates()
+  local T, N, B, K = o.tables, o.rows, o.batch, o.batches
+  print(("cache bench: %d tables x %d rows, batches of %d samples (one id per table), Zipf(%.2f), "
+         .. "%d batches (%d warm-up)"):format(T, N, B, o.zipf, K, math.floor(K / 2)))
+  math.randomseed(7)
+  -- the id stream, key-major per batch: table t's ids of batch k at [k][t * B ..]
+  local inputs = {}
+  for k = 1, K do
+    local v = assert(ur.tensor({ T * B }, { dtype = "i64", placement = "host" }))
+    local off = assert(ur.tensor({ T * B + 1 }, { dtype = "i64", placement = "host" }))
+    local pv = ffi.cast("int64_t *", C.ur_tensor_data(v.p))
+    local po = ffi.cast("int64_t *", C.ur_tensor_data(off.p))
+    for t = 0, T - 1 do zipf_ids(N, o.zipf, B, t * 7919, pv, t * B, 1) end
+    for j = 0, T * B do po[j] = j end
+    inputs[k] = { values = v, offsets = off }
+  end
+  local fractions = { 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0 }
+  local prefetch_stream = assert(ur.stream())
+  local last = {}
+  print(("%-5s %-8s %6s %9s %9s %9s %10s %12s %12s"):format("cache", "policy", "prefetch", "hit rate", "miss",
+        "conflict", "evict/b", "MB in/batch", "ms/batch"))
+  for _, frac in ipairs(fractions) do
+    for _, policy in ipairs({ "lru", "lfu" }) do
+      for _, prefetch in ipairs({ false, true }) do
+        local tables = {}
+        for t = 1, T do tables[t] = { name = "t" .. t, rows = N, dim = 4, placement = "cached" } end
+        local c = assert(require("uvmrec.tbe").new { tables = tables, device = "cpu", optimizer = "sgd",
+          cache = { load_factor = frac, policy = policy, decay_batches = policy == "lfu" and 16 or 0 } })
+        local cache = c.cache
+        local function run(k0, k1)
+          local prev
+          for k = k0, k1 do
+            local x = inputs[k]
+            local v, off = x.values, x.offsets
+            -- the pipeline's order: k-1's retire is enqueued (compute stream), then batch k is
+            -- prepared on the prefetch stream while k-1 may still run, its rows locked
+            if prev then assert(cache:retire(prev, true, nil)) end
+            assert(cache:prepare(x, v.p, off.p, nil, prefetch and prefetch_stream or nil, 1, true))
+            prev = x
+          end
+          if prev then assert(cache:retire(prev, true, nil)) end
+        end
+        run(1, math.floor(K / 2))
+        cache:reset_stats()
+        run(math.floor(K / 2) + 1, K)
+        local s = cache:stats()
+        if s.hits + s.misses + s.conflicts ~= s.unique then
+          die(("check: %d hits + %d misses + %d conflicts != %d distinct rows"):format(s.hits, s.misses,
+              s.conflicts, s.unique))
+        end
+        local key = policy .. tostring(prefetch)
+        if last[key] and s.hits / s.unique < last[key] - 0.005 then
+          die(("check: %s hit rate %.4f at %g of the rows, below %.4f at a smaller cache"):format(key,
+              s.hits / s.unique, frac, last[key]))
+        end
+        last[key] = s.hits / s.unique
+        local nb = K - math.floor(K / 2)
+        local r = { bench = "cache_hit_rate", cache_fraction = frac, policy = policy, prefetch = prefetch,
+                    hit_rate = s.hits / s.unique, miss_rate = s.misses / s.unique,
+                    conflict_rate = s.conflicts / s.unique, evictions_per_batch = s.evictions / nb,
+                    bytes_in_per_batch = s.bytes_in / nb, bytes_out_per_batch = s.bytes_out / nb,
+                    unique_per_batch = s.unique / nb, ms_per_batch = 1e3 * s.seconds / nb,
+                    tables = T, rows = N, batch = B, zipf = o.zipf, slots = cache:slots() }
+        emit(r)
+        print(("%4.0f%% %-8s %6s %8.2f%% %8.2f%% %8.2f%% %10.0f %12.2f %12.2f"):format(100 * frac, policy,
+          prefetch and "yes" or "no", 100 * r.hit_rate, 100 * r.miss_rate, 100 * r.conflict_rate,
+          r.evictions_per_batch, r.bytes_in_per_batch / 1e6, r.ms_per_batch))
+        c:free()
+      end
+    end
+  end
+  for _, x in ipairs(inputs) do
+    x.values:free()
+    x.offsets:free()
+  end
+  if o.out and o.plot then
+    out_file:close()
+    out_file = nil
+    local cmd = ("python3 scripts/bench/cache_plot.py %q --out %q"):format(o.out, o.plot)
+    local ok = os.execute(cmd)
+    if ok == 0 or ok == true then print("plot: " .. o.plot) else print("plot: not made (" .. cmd .. " failed)") end
+  end
+end
+
+-- ---- the GPU mode: dlrm_mlperf_v1_2m, all in HBM against cached and managed ----
+
+local function gpu_modes()
+  if not ur.gpu() then die("--gpu needs a GPU: " .. ur.cuda_error()) end
+  local train = require "uvmrec.train"
+  local Prefetch = require "uvmrec.pipeline.Prefetch"
+  local NB, CHECK = 6, 4
+  local steps = o.steps
+  local function load(sets)
+    local path = assert(train.find_config("dlrm_mlperf_v1_2m"))
+    local cfg, err = train.config.load(path, sets)
+    if not cfg then die(err) end
+    local def, derr = train.model_def(cfg, path)
+    if not def then die(derr) end
+    return cfg, def
+  end
+  -- distinct batches in pinned host memory, the same for every mode
+  local cfg0 = load({})
+  local data = assert(train.data(cfg0, train.config.table_rows(cfg0)))
+  local dopts = {}
+  for k, v in pairs(data.train) do dopts[k] = v end
+  dopts.samples, dopts.epochs = NB * cfg0.train.batch_size, 1
+  local loader = assert(ur.data.loader(dopts))
+  local host = {}
+  for k = 1, NB do
+    local b = assert(loader:next())
+    local kj = b.sparse
+    local function pin(t) return t and assert(t:to("pinned")) end
+    local v, off, w = kj:values(), kj:offsets(), kj:weights()
+    host[k] = { dense = pin(b.dense), labels = pin(b.labels), size = b.size,
+                sparse = { values = pin(v), offsets = pin(off), weights = pin(w) } }
+    v:free()
+    off:free()
+    if w then w:free() end
+  end
+  loader:close()
+  local B = cfg0.train.batch_size
+  local function device_copy(b)
+    local function dv(t) return t and assert(t:to("device")) end
+    return { dense = dv(b.dense), labels = dv(b.labels), size = b.size,
+             sparse = { values = dv(b.sparse.values), offsets = dv(b.sparse.offsets), weights = dv(b.sparse.weights) } }
+  end
+
+  local modes = {
+    { name = "device", sets = { "embeddings.placement=device" } },
+    { name = "cached+pipeline", sets = { "embeddings.placement=cached", "embeddings.cache.load_factor=0.2" },
+      pipeline = true },
+    { name = "cached", sets = { "embeddings.placement=cached", "embeddings.cache.load_factor=0.2" } },
+    { name = "managed+hot_prefix", sets = { "embeddings.placement=managed", "embeddings.hints.policy=hot_prefix",
+      "embeddings.hints.allowance=20%", "embeddings.hints.every=10" } },
+  }
+  local base, base_losses
+  print(("cache bench --gpu: dlrm_mlperf_v1_2m, batch %d, %d timed steps per mode"):format(B, steps))
+  print(("%-20s %14s %8s %12s %14s %10s %10s"):format("mode", "samples/s", "vs HBM", "emb HBM", "host link/step",
+        "GB/s", "hit rate"))
+  for _, m in ipairs(modes) do
+    local cfg, def = load(m.sets)
+    local model = def.build(cfg, {})
+    if not model then die("could not build " .. m.name) end
+    local opt = train.optimizer(cfg, model)
+    local hints = train.hints(cfg, model)
+    if hints then hints:start(0) end
+    local tb = model.embeddings.tbe
+    local cache = tb.cache
+    local dev = {}
+    if not m.pipeline then for k = 1, NB do dev[k] = device_copy(host[k]) end end
+    local losses, step = {}, 0
+    local function one(batch)
+      step = step + 1
+      local loss = train.loop.step(model, opt, batch)
+      if step <= CHECK then losses[step] = loss:get(0) end
+      if hints then hints:step(step) end
+    end
+    local function run(n)
+      if m.pipeline then
+        local k = 0
+        local p = Prefetch.new { collection = model.embeddings, step = one,
+                                 source = function()
+                                   k = k + 1
+                                   return k <= n and host[(k - 1) % NB + 1] or nil
+                                 end }
+        p:run(n)
+        p:free()
+      else
+        for _ = 1, n do one(dev[step % NB + 1]) end
+      end
+      C.ur_device_sync()
+    end
+    run(CHECK + 4) -- warm-up, with the check steps
+    if cache then cache:reset_stats() end
+    local t0 = C.ur_clock_seconds()
+    run(steps)
+    local secs = C.ur_clock_seconds() - t0
+    local rate = steps * B / secs
+    if not base then
+      base, base_losses = rate, losses
+    else
+      for s = 1, CHECK do
+        local d = math.abs(losses[s] - base_losses[s]) / math.max(math.abs(base_losses[s]), 1e-6)
+        if d > 1e-3 or d ~= d then
+          die(("check: %s step %d loss %.6g, all-in-HBM's %.6g"):format(m.name, s, losses[s], base_losses[s]))
+        end
+      end
+    end
+    local link, hbm, hit -- managed: what moved is the driver's (not measured here)
+    link = 0
+    local table_bytes = model:stats().table_bytes
+    if cache then
+      local s = cache:stats()
+      link = (s.bytes_in + s.bytes_out + s.bytes_ids) / steps
+      hbm = cache:bytes()
+      hit = s.hits / math.max(s.unique, 1)
+    elseif m.name == "device" then
+      hbm = table_bytes
+    else
+      hbm = ur.memory().managed_on_gpu
+    end
+    -- the pipeline copies each batch (dense, labels, ids); the cache without it reads the ids
+    -- back from the device; the other modes train on batches already on the device
+    local hb = host[1]
+    local ids = hb.sparse.values:nbytes() + hb.sparse.offsets:nbytes()
+    if m.pipeline then link = link + hb.dense:nbytes() + hb.labels:nbytes() + ids
+    elseif cache then link = link + ids end
+    local gbps = link / (secs / steps) / 1e9
+    local r = { bench = "cache_gpu", mode = m.name, samples_per_s = rate, vs_hbm = rate / base,
+                emb_hbm_bytes = hbm, table_bytes = table_bytes, link_bytes_per_step = link,
+                link_gbps = gbps, link_fraction = gbps / 55, hit_rate = hit or -1, steps = steps, batch = B }
+    emit(r)
+    print(("%-20s %14.0f %7.1f%% %10.2f GB %12.1f MB %10.1f %9s"):format(m.name, rate, 100 * rate / base,
+      hbm / 1e9, link / 1e6, gbps, hit and ("%.1f%%"):format(100 * hit) or "-"))
+    if hints then hints:free() end
+    for _, b in ipairs(dev) do
+      for _, t in pairs({ b.dense, b.labels, b.sparse.values, b.sparse.offsets, b.sparse.weights }) do t:free() end
+    end
+    model.embeddings.tbe:free()
+    collectgarbage()
+  end
+end
+
+if o.gpu then gpu_modes() else hit_rates() end
+if out_file then out_file:close() end
