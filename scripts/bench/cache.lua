@@ -43,6 +43,7 @@ do
     elseif a == "--out" then o.out = value()
     elseif a == "--plot" then o.plot = value()
     elseif a == "--gpu" then o.gpu = true
+    elseif a == "--config" then o.config = value()
     else
       error("cache bench: unknown argument " .. a .. " (expected --rows --tables --batch --batches --zipf "
             .. "--steps --out --plot --gpu)", 0)
@@ -177,14 +178,17 @@ end
 
 -- ---- the GPU mode: dlrm_mlperf_v1_2m, all in HBM against cached and managed ----
 
+-- --config NAME runs the modes on another config; without a GPU (a dry run of this code on
+-- a small config, e.g. dlrm_tiny) "device" means host tables and there is no managed mode.
 local function gpu_modes()
-  if not ur.gpu() then die("--gpu needs a GPU: " .. ur.cuda_error()) end
+  local gpu = ur.gpu()
+  if not gpu and not o.config then die("--gpu needs a GPU: " .. ur.cuda_error()) end
   local train = require "uvmrec.train"
   local Prefetch = require "uvmrec.pipeline.Prefetch"
   local NB, CHECK = 6, 4
   local steps = o.steps
   local function load(sets)
-    local path = assert(train.find_config("dlrm_mlperf_v1_2m"))
+    local path = assert(train.find_config(o.config or "dlrm_mlperf_v1_2m"))
     local cfg, err = train.config.load(path, sets)
     if not cfg then die(err) end
     local def, derr = train.model_def(cfg, path)
@@ -213,26 +217,27 @@ local function gpu_modes()
   loader:close()
   local B = cfg0.train.batch_size
   local function device_copy(b)
-    local function dv(t) return t and assert(t:to("device")) end
+    local function dv(t) return t and assert(t:to(gpu and "device" or "host")) end
     return { dense = dv(b.dense), labels = dv(b.labels), size = b.size,
              sparse = { values = dv(b.sparse.values), offsets = dv(b.sparse.offsets), weights = dv(b.sparse.weights) } }
   end
 
   local modes = {
-    { name = "device", sets = { "embeddings.placement=device" } },
+    { name = "device", sets = { "embeddings.placement=" .. (gpu and "device" or "host") } },
     { name = "cached+pipeline", sets = { "embeddings.placement=cached", "embeddings.cache.load_factor=0.2" },
       pipeline = true },
     { name = "cached", sets = { "embeddings.placement=cached", "embeddings.cache.load_factor=0.2" } },
     { name = "managed+hot_prefix", sets = { "embeddings.placement=managed", "embeddings.hints.policy=hot_prefix",
       "embeddings.hints.allowance=20%", "embeddings.hints.every=10" } },
   }
+  if not gpu then modes[4] = nil end
   local base, base_losses
-  print(("cache bench --gpu: dlrm_mlperf_v1_2m, batch %d, %d timed steps per mode"):format(B, steps))
+  print(("cache bench --gpu: %s, batch %d, %d timed steps per mode"):format(cfg0.name, B, steps))
   print(("%-20s %14s %8s %12s %14s %10s %10s"):format("mode", "samples/s", "vs HBM", "emb HBM", "host link/step",
         "GB/s", "hit rate"))
   for _, m in ipairs(modes) do
     local cfg, def = load(m.sets)
-    local model = def.build(cfg, {})
+    local model = def.build(cfg, { cpu = not gpu })
     if not model then die("could not build " .. m.name) end
     local opt = train.optimizer(cfg, model)
     local hints = train.hints(cfg, model)
@@ -261,7 +266,7 @@ local function gpu_modes()
       else
         for _ = 1, n do one(dev[step % NB + 1]) end
       end
-      C.ur_device_sync()
+      if gpu then C.ur_device_sync() end
     end
     run(CHECK + 4) -- warm-up, with the check steps
     if cache then cache:reset_stats() end
@@ -303,7 +308,7 @@ local function gpu_modes()
                 emb_hbm_bytes = hbm, table_bytes = table_bytes, link_bytes_per_step = link,
                 link_gbps = gbps, link_fraction = gbps / 55, hit_rate = hit or -1, steps = steps, batch = B }
     emit(r)
-    print(("%-20s %14.0f %7.1f%% %10.2f GB %12.1f MB %10.1f %9s"):format(m.name, rate, 100 * rate / base,
+    print(("%-20s %14.0f %7.1f%% %10.2f GB %12.1f MB %10.2f %9s"):format(m.name, rate, 100 * rate / base,
       hbm / 1e9, link / 1e6, gbps, hit and ("%.1f%%"):format(100 * hit) or "-"))
     if hints then hints:free() end
     for _, b in ipairs(dev) do
