@@ -134,7 +134,7 @@ function M.new(t, names, o, level)
   if not ok then return nil, err end
   local self = setmetatable({ h = wrap_cache(out[0]), names = { unpack(names) }, index = {},
                               options = o, tbe = t, _prepared = {}, _order = {},
-                              _pool = {} }, mt)
+                              _pool = {}, _next_ticket = 1 }, mt)
   for i, name in ipairs(names) do self.index[name] = i - 1 end
   return self
 end
@@ -144,7 +144,7 @@ local function S(s, level) return streams.handle(s, (level or 2) + 1) end
 
 function methods:free()
   free_cache(self.h)
-  for _, b in ipairs(self._pool) do b:free() end
+  for _, e in ipairs(self._pool) do e.buf:free() end
   self._pool = {}
 end
 function methods:slots() return tonumber(C.ur_cache_slots(H(self))) end
@@ -158,12 +158,16 @@ function methods:in_flight() return C.ur_cache_in_flight(H(self)) end
 -- pointers v, o and batch_per_feature bp as uvmrec.tbe hands them) and brings its rows in;
 -- returns the record { ticket=, ids= (the slot ids tensor) }.  A batch already prepared is
 -- not prepared again.
--- The buffers of slot ids are reused oldest first: a buffer comes back at its batch's retire
--- and is taken again two prepares later at the soonest, after the engine's prepare has made
--- the copy stream wait for that retire.
-function methods:_buffer(n, level)
-  for i, b in ipairs(self._pool) do
-    if b:numel() >= n then return table.remove(self._pool, i) end
+-- The buffers of slot ids are reused oldest first.  A buffer comes back at its batch's retire
+-- (ticket t), while the GPU may still run that batch's backward on another stream; it is taken
+-- again only by the prepare of ticket t + 2 or later, which the engine makes wait for t's
+-- retire (or runs on t's own stream) before it copies anything.
+function methods:_buffer(n)
+  for i, e in ipairs(self._pool) do
+    if e.free_at <= self._next_ticket and e.buf:numel() >= n then
+      table.remove(self._pool, i)
+      return e.buf
+    end
   end
   local opts = { dtype = "i64", placement = self.tbe.device >= 0 and "device" or "host" }
   if self.tbe.device >= 0 then opts.device = self.tbe.device end
@@ -175,7 +179,7 @@ function methods:prepare(input, v, o, bp, stream, level, ahead)
   local rec = self._prepared[input]
   if rec then return rec end
   local n = tonumber(C.ur_tensor_numel(v))
-  local buf, err = self:_buffer(n, level)
+  local buf, err = self:_buffer(n)
   if not buf then return nil, err end
   local ids = buf:view(0, n)
   local ticket = ffi.new("int64_t[1]")
@@ -184,10 +188,11 @@ function methods:prepare(input, v, o, bp, stream, level, ahead)
                                      lib.ptr(ids, "ids", level), ticket), level)
   if not ok then
     ids:free()
-    self._pool[#self._pool + 1] = buf
+    self._pool[#self._pool + 1] = { buf = buf, free_at = 0 }
     return nil, err
   end
   rec = { ticket = ticket[0], ids = ids, buf = buf, input = input, ahead = ahead }
+  self._next_ticket = tonumber(ticket[0]) + 1
   self._prepared[input] = rec
   self._order[#self._order + 1] = rec
   return rec
@@ -211,7 +216,7 @@ function methods:retire(input, trained, stream, level)
   local ok, err = check(C.ur_cache_retire(S(stream, level), H(self, level), rec.ticket,
                                           trained and 1 or 0), level)
   rec.ids:free()
-  self._pool[#self._pool + 1] = rec.buf
+  self._pool[#self._pool + 1] = { buf = rec.buf, free_at = tonumber(rec.ticket) + 2 }
   if not ok then return nil, err end
   return true
 end
