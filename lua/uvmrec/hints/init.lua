@@ -5,7 +5,8 @@
 -- called by the manager every `every` steps for each managed table, with
 --   stats:     {name, rows, row_bytes (weights and optimizer state of a row), total (accesses
 --              counted), step, access (a ranked snapshot: topk, coverage, histogram), perm
---              (the layout, host i64 [rows] or nil), prefix_rows(bytes), prefix_accesses(k)}
+--              (the layout, host i64 [rows] or nil), prefix_rows(bytes) (the most leading rows
+--              whose pages fit), placed_bytes(k), prefix_accesses(k)}
 --   allowance: the bytes of HBM the policy may place for this table (the manager splits the
 --              embeddings' allowance over tables by their counts)
 -- and returning a list of actions, each on a range of physical rows [first, first + rows),
@@ -122,13 +123,25 @@ Stats.__index = function(s, k)
   return Stats[k]
 end
 
--- Rows of the prefix that fit `bytes`: all of them when the table fits, else less two pages
--- per tensor (ranges round out to pages, and the budget counts whole pages).
+-- Bytes of the pages that rows [0, k) touch, over the table's tensors (weights and state):
+-- hints act on whole pages, and the budget counts them.
+function Stats:placed_bytes(k)
+  if k <= 0 then return 0 end
+  local P, b = ur.hint_page_bytes(), 0
+  for _, x in ipairs(self.layout) do
+    b = b + (math.ceil((x.off + k * x.rb) / P) - math.floor(x.off / P)) * P
+  end
+  return b
+end
+
+-- The most leading rows whose pages fit in `bytes`.
 function Stats:prefix_rows(bytes)
-  if bytes >= self.rows * self.row_bytes then return self.rows end
-  local slack = 2 * ur.hint_page_bytes() * self.tensors
-  local k = math.floor((bytes - slack) / self.row_bytes)
-  return math.max(0, math.min(self.rows, k))
+  local lo, hi = 0, self.rows
+  while lo < hi do
+    local mid = math.floor((lo + hi + 1) / 2)
+    if self:placed_bytes(mid) <= bytes then lo = mid else hi = mid - 1 end
+  end
+  return lo
 end
 
 -- Accesses counted for the rows that now sit at physical rows [0, k).
@@ -205,7 +218,12 @@ function M.manager(collection, opts)
       for _, t in ipairs(ts) do row_bytes = row_bytes + t:nbytes() / tbe.rows[name] end
       local per = opts.tables and opts.tables[name]
       local pol = per and per.policy and M.new(per.policy, per.options) or default
-      self.tables[#self.tables + 1] = { name = name, tensors = ts, rows = tbe.rows[name],
+      local layout = {}
+      for _, t in ipairs(ts) do
+        local es = t:nbytes() / t:numel()
+        layout[#layout + 1] = { off = tonumber(C.ur_tensor_offset(t.p)) * es, rb = t:nbytes() / tbe.rows[name] }
+      end
+      self.tables[#self.tables + 1] = { name = name, tensors = ts, rows = tbe.rows[name], layout = layout,
                                         row_bytes = row_bytes, policy = pol, on_gpu = 0, k = 0 }
       total = total + row_bytes * tbe.rows[name]
     else
@@ -223,30 +241,21 @@ end
 -- Each table's share of the allowance: the hottest rows over all tables (by count, per byte)
 -- until the allowance is spent; by bytes while nothing is counted.
 function Manager:_split(stats)
-  -- each table's page slack (Stats:prefix_rows) is set aside first, then added to its share
-  local slack = 2 * ur.hint_page_bytes()
   local A, shares = self.allowance, {}
   local counted = 0
   for i, s in ipairs(stats) do
     shares[i] = 0
     counted = counted + s.total
-    A = A - slack * s.tensors
-  end
-  A = math.max(0, A)
-  local function with_slack()
-    for i, s in ipairs(stats) do
-      if shares[i] > 0 then shares[i] = shares[i] + slack * s.tensors end
-    end
-    return shares
   end
   if counted == 0 then
     for i, s in ipairs(stats) do shares[i] = math.floor(A * s.rows * s.row_bytes / self.total_bytes) end
-    return with_slack()
+    return shares
   end
   self.counted = true
+  -- pages count: a table's rows of count >= v cost the pages they touch
   local function bytes_at(v)
     local b = 0
-    for _, s in ipairs(stats) do b = b + s.access:rows_at_least(v) * s.row_bytes end
+    for _, s in ipairs(stats) do b = b + s:placed_bytes(s.access:rows_at_least(v)) end
     return b
   end
   local hi = 1
@@ -262,20 +271,30 @@ function Manager:_split(stats)
   local left = A - bytes_at(lo)
   for i, s in ipairs(stats) do
     local n = s.access:rows_at_least(lo)
-    -- rows of the next count down fill what is left, table by table
-    local extra = lo > 1 and math.min(s.access:rows_at_least(lo - 1) - n, math.floor(left / s.row_bytes)) or 0
-    left = left - extra * s.row_bytes
-    -- rows never counted still get the allowance nobody else claims (a table's fair share)
-    shares[i] = (n + extra) * s.row_bytes
+    local base = s:placed_bytes(n)
+    -- rows of the next count down take what is left, table by table, as many as their pages fit
+    local e = 0
+    if lo > 1 then
+      local elo, ehi = 0, s.access:rows_at_least(lo - 1) - n
+      while elo < ehi do
+        local mid = math.floor((elo + ehi + 1) / 2)
+        if s:placed_bytes(n + mid) - base <= left then elo = mid else ehi = mid - 1 end
+      end
+      e = elo
+    end
+    local b = s:placed_bytes(n + e)
+    left = left - (b - base)
+    shares[i] = b
   end
+  -- what nobody counted claims is shared by bytes (never-read rows of a table come last)
   if left > 0 then
     for i, s in ipairs(stats) do
-      local room = s.rows * s.row_bytes - shares[i]
-      local give = math.min(room, math.floor(left * s.rows * s.row_bytes / self.total_bytes))
+      local room = s:placed_bytes(s.rows) - shares[i]
+      local give = math.max(0, math.min(room, math.floor(left * s.rows * s.row_bytes / self.total_bytes)))
       shares[i] = shares[i] + give
     end
   end
-  return with_slack()
+  return shares
 end
 
 local function time_call(self, f, ...)
@@ -386,7 +405,7 @@ function Manager:interval(step)
   local stats = {}
   for i, t in ipairs(self.tables) do
     stats[i] = setmetatable({ name = t.name, rows = t.rows, row_bytes = t.row_bytes, step = step,
-                              tensors = #t.tensors, _tbe = self.tbe }, Stats)
+                              tensors = #t.tensors, layout = t.layout, _tbe = self.tbe }, Stats)
     local p = self.tbe:permutation(t.name)
     if p then
       local h = assert(p:to("host"))
