@@ -154,6 +154,8 @@ local function migration()
   return ur.monitor.read(true)
 end
 
+local non_table_peak -- set by the device run
+
 -- run{placement, policy, fraction, counting = "on"/"off"/"both"} -> record
 local function run(r)
   local cfg = cfg_for(r.placement)
@@ -178,10 +180,10 @@ local function run(r)
     local allowance = math.floor(emb_bytes * (r.fraction or 0) / 100)
     local perm_bytes = 0
     for _, name in ipairs(tbe.table_names) do perm_bytes = perm_bytes + tbe.rows[name] * 8 end
-    -- the emulated GPU: what the run holds in HBM now, its permutations, and the allowance
+    -- The emulated GPU: all the device run held at its peak but its tables (the batches, the
+    -- dense model, activations, workspaces, counters), the permutations, and the allowance.
     if gpu then
-      local used = ur.memory().hbm_used
-      assert(ur.set_hbm_budget(used + perm_bytes + allowance + 256 * 2 ^ 20))
+      assert(ur.set_hbm_budget(non_table_peak + perm_bytes + allowance + 64 * 2 ^ 20))
       rec.hbm_budget = ur.hbm_budget()
     end
     mgr = hints.manager(model.embeddings, { policy = r.policy, every = math.huge, allowance = allowance,
@@ -252,6 +254,7 @@ local function run(r)
     rec.count_overhead = on / off - 1
   end
   if gpu then assert(ur.set_hbm_budget(0)) end
+  rec.hbm_peak = ur.memory().hbm_peak
   model.embeddings.tbe:free()
   return rec
 end
@@ -311,6 +314,7 @@ end
 
 local ref = run { placement = gpu and "device" or "host", counting = "both" }
 ref.policy = "device"
+non_table_peak = ref.hbm_peak - (gpu and ref.table_bytes or 0)
 emit(ref)
 local function same_losses(rec)
   for i, l in ipairs(ref.losses) do

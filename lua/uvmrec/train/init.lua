@@ -281,13 +281,18 @@ local function run_dir(out)
 end
 
 -- The hint policy manager of the config's managed tables (uvmrec.hints), or nil without any.
-function M.hints(cfg, model)
-  local e, managed = cfg.embeddings, false
+function M.any_managed(cfg)
+  local e = cfg.embeddings
   for i = 1, #e.rows do
     local own = e.tables["C" .. i] or {}
-    managed = managed or (own.placement or e.placement) == "managed"
+    if (own.placement or e.placement) == "managed" then return true end
   end
-  if not managed then return nil end
+  return false
+end
+
+function M.hints(cfg, model)
+  local e = cfg.embeddings
+  if not M.any_managed(cfg) then return nil end
   local per = {}
   for name, t in pairs(e.tables) do
     if t.hints and t.hints.policy then per[name] = { policy = t.hints.policy } end
@@ -314,6 +319,9 @@ function M.run(cfg, opts)
   local rows = M.config.table_rows(cfg)
   local data, derr = M.data(cfg, rows)
   if not data then return nil, derr end
+  -- The migration monitor counts only managed memory allocated after it starts: before the
+  -- model, when tables are managed (hint policies report what moved; nil without CUPTI).
+  if ur.gpu() and not opts.cpu and M.any_managed(cfg) then ur.monitor.start() end
   local model, merr = def.build(cfg, { cpu = opts.cpu })
   if not model then return nil, merr end
   local gpu = ur.gpu() and not opts.cpu
