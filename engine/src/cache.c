@@ -664,6 +664,100 @@ static ur_status bad_value(ur_cache *c, int64_t v, int64_t id, int32_t f, const 
                    (long long)c->rows[c->ct_of[ti]] - 1);
 }
 
+/* ---- the parallel parts of a prepare ---- */
+
+typedef struct gather_job {
+  const ur_cache *c;
+  const int64_t *vals;
+  const ur__tbe_feature *feats;
+  const int64_t *fpos, *fv0, *fv1;
+  uint64_t *keys;
+  int64_t *vidx;
+} gather_job;
+
+/* A feature's values into its place in its table's block: the row, or the table's row count
+ * for an id out of range (it sorts last in the block and is dropped). */
+static void gather_range(void *ctx, size_t f0, size_t f1) {
+  const gather_job *j = ctx;
+  for (size_t f = f0; f < f1; f++) {
+    int32_t ct = j->c->ct_of[j->feats[f].table];
+    if (ct < 0) continue;
+    int64_t rows = j->c->rows[ct], at = j->fpos[f];
+    for (int64_t v = j->fv0[f]; v < j->fv1[f]; v++, at++) {
+      int64_t id = j->vals[v];
+      j->keys[at] = id < 0 || id >= rows ? (uint64_t)rows : (uint64_t)id;
+      j->vidx[at] = v;
+    }
+  }
+}
+
+typedef struct sort_job {
+  const ur_cache *c;
+  const int64_t *bstart;
+  int64_t *bvalid, *bunique;
+  uint64_t *keys;
+  int64_t *vidx;
+  uint64_t *tkeys;
+  int64_t *tvidx;
+  uint64_t *ukeys;      /* unique_range: the output */
+  int64_t *uniq_of;
+  int64_t *unused;
+} sort_job;
+
+/* Sorts each table's block by row (stable: value order within a row), back into keys/vidx;
+ * counts its valid entries and its distinct rows. */
+static void sort_range(void *ctx, size_t t0, size_t t1) {
+  const sort_job *j = ctx;
+  for (size_t ct = t0; ct < t1; ct++) {
+    int64_t b = j->bstart[ct], n = j->bstart[ct + 1] - b;
+    uint64_t rows = (uint64_t)j->c->rows[ct];
+    int bits = 1;
+    while (bits < 63 && ((uint64_t)1 << bits) <= rows) bits++;
+    uint64_t *k = j->keys + b, *tk = j->tkeys + b;
+    int64_t *v = j->vidx + b, *tv = j->tvidx + b;
+    radix_sort(&k, &v, &tk, &tv, n, bits);
+    if (k != j->keys + b) {
+      memcpy(j->keys + b, k, sizeof(uint64_t) * (size_t)n);
+      memcpy(j->vidx + b, v, sizeof(int64_t) * (size_t)n);
+    }
+    k = j->keys + b;
+    int64_t valid = 0, uniq = 0;
+    while (valid < n && k[valid] < rows) {
+      if (valid == 0 || k[valid] != k[valid - 1]) uniq++;
+      valid++;
+    }
+    j->bvalid[ct] = valid;
+    j->bunique[ct] = uniq;
+  }
+}
+
+/* The distinct keys of each block at its table's first unique; each entry's unique index. */
+static void unique_range(void *ctx, size_t t0, size_t t1) {
+  const sort_job *j = ctx;
+  for (size_t ct = t0; ct < t1; ct++) {
+    int64_t b = j->bstart[ct], u = j->bunique[ct] - 1;
+    const uint64_t *k = j->keys + b;
+    uint64_t base = (uint64_t)j->c->kbase[ct];
+    for (int64_t i = 0; i < j->bvalid[ct]; i++) {
+      if (i == 0 || k[i] != k[i - 1]) j->ukeys[++u] = base + k[i];
+      j->uniq_of[b + i] = u;
+    }
+  }
+}
+
+typedef struct map_job {
+  const ur_cache *c;
+  const int64_t *bstart, *bvalid, *vidx, *uniq_of, *res;
+  int64_t *outv;
+} map_job;
+
+static void map_range(void *ctx, size_t t0, size_t t1) {
+  const map_job *j = ctx;
+  for (size_t ct = t0; ct < t1; ct++)
+    for (int64_t i = j->bstart[ct]; i < j->bstart[ct] + j->bvalid[ct]; i++)
+      j->outv[j->vidx[i]] = j->res[j->uniq_of[i]];
+}
+
 ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
                            const ur_tensor *offsets, const int64_t *bpf, ur_tensor *out,
                            int64_t *ticket) {
@@ -756,8 +850,18 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
       return ur__error(UR_STATUS_OOM, "cache: out of host memory for %lld ids", (long long)n);
     }
   }
-  int64_t m = 0;
+  /* Each cached table's values form a block of (row, value index) pairs, table-major; the
+   * blocks are gathered, sorted and deduplicated in parallel, one table per task, and their
+   * concatenation is in ascending key order (a key is the table's base plus the row). */
   const ur__tbe_feature *feats = ur__tbe_features(c->tbe);
+  int64_t *blk = calloc(4 * (size_t)c->nt + 4 + 3 * (size_t)c->F, sizeof(int64_t));
+  if (!blk) {
+    free(blk);
+    free(bag_start);
+    return ur__error(UR_STATUS_OOM, "cache: out of host memory");
+  }
+  int64_t *bstart = blk, *bvalid = blk + c->nt + 1, *bunique = blk + 2 * c->nt + 2;
+  int64_t *fpos = blk + 4 * c->nt + 4, *fv0 = fpos + c->F, *fv1 = fv0 + c->F;
   for (int32_t f = 0; f < c->F && !st; f++) {
     int32_t ct = c->ct_of[feats[f].table];
     if (ct < 0) continue;
@@ -770,31 +874,54 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
                      ur_tbe_feature_name(c->tbe, f), (long long)v0, (long long)v1, (long long)n);
       break;
     }
+    fv0[f] = v0;
+    fv1[f] = v1;
+    fpos[f] = bstart[ct + 1]; /* within its table's block, for now */
+    bstart[ct + 1] += v1 - v0;
     c->stats[ct].lookups += v1 - v0;
-    for (int64_t v = v0; v < v1; v++) {
-      int64_t id = vals[v];
-      if (id < 0 || id >= c->rows[ct]) {
-        if (c->bounds == UR_TBE_BOUNDS_FATAL) {
-          st = bad_value(c, v, id, f, offs, bag_start, batch);
-          break;
-        }
-        continue;
-      }
-      c->keys[m] = (uint64_t)(c->kbase[ct] + id);
-      c->vidx[m] = v;
-      m++;
-    }
   }
   if (st) {
+    free(blk);
     free(bag_start);
     return st;
   }
-  /* 2. sorted, deduplicated */
+  for (int32_t ct = 0; ct < c->nt; ct++) bstart[ct + 1] += bstart[ct];
+  for (int32_t f = 0; f < c->F; f++) {
+    int32_t ct = c->ct_of[feats[f].table];
+    if (ct >= 0) fpos[f] += bstart[ct];
+  }
+  gather_job gj = {c, vals, feats, fpos, fv0, fv1, c->keys, c->vidx};
+  ur__parallel_for((size_t)c->F, 1, gather_range, &gj);
+  if (c->bounds == UR_TBE_BOUNDS_FATAL) {
+    /* the first bad id in value order (features are key-major, so feature order) */
+    for (int32_t f = 0; f < c->F && !st; f++) {
+      int32_t ct = c->ct_of[feats[f].table];
+      if (ct < 0) continue;
+      for (int64_t j = fpos[f]; j < fpos[f] + (fv1[f] - fv0[f]); j++)
+        if (c->keys[j] >= (uint64_t)c->rows[ct]) {
+          st = bad_value(c, c->vidx[j], vals[c->vidx[j]], f, offs, bag_start, batch);
+          break;
+        }
+    }
+    if (st) {
+      free(blk);
+      free(bag_start);
+      return st;
+    }
+  }
+  sort_job sj = {c, bstart, bvalid, bunique, c->keys, c->vidx, c->tkeys, c->tvidx, NULL, NULL, NULL};
+  ur__parallel_for((size_t)c->nt, 1, sort_range, &sj);
+  int64_t m = 0, U = 0;
+  for (int32_t ct = 0; ct < c->nt; ct++) {
+    m += bvalid[ct];
+    int64_t u = bunique[ct];
+    bunique[ct] = U; /* now the table's first unique */
+    U += u;
+  }
   uint64_t *k = c->keys, *tkk = c->tkeys;
   int64_t *vi = c->vidx, *tv = c->tvidx;
-  radix_sort(&k, &vi, &tkk, &tv, m, c->key_bits);
-  int64_t U = 0;
-  if ((st = grow((void **)&c->ukeys, &c->cap_u, m + 1, 8))) {
+  if ((st = grow((void **)&c->ukeys, &c->cap_u, U + 1, 8))) {
+    free(blk);
     free(bag_start);
     return st;
   }
@@ -804,14 +931,18 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
     if (!(p = realloc(c->order, (size_t)cap * 8)) || !(c->order = p) ||
         !(p = realloc(c->res, (size_t)cap * 8)) || !(c->res = p) ||
         !(p = realloc(c->evict, (size_t)cap * 8)) || !(c->evict = p)) {
+      free(blk);
       free(bag_start);
       return ur__error(UR_STATUS_OOM, "cache: out of host memory");
     }
   }
-  for (int64_t i = 0; i < m; i++) {
-    if (i == 0 || k[i] != k[i - 1]) c->ukeys[U++] = k[i];
-    c->uniq_of[i] = U - 1; /* position i of the sorted order */
-  }
+  sj.ukeys = c->ukeys;
+  sj.uniq_of = c->uniq_of;
+  ur__parallel_for((size_t)c->nt, 1, unique_range, &sj);
+  /* scratch for the set order below: keys and tkeys, tvidx (each holds n + 1 >= U) */
+  tkk = c->tkeys;
+  tv = c->tvidx;
+  (void)m;
   /* 3. locks: which earlier batches still hold their rows */
   int64_t waits = 0;
   for (int r = 0; r < RING && !st; r++) {
@@ -836,6 +967,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
     }
   }
   if (st) {
+    free(blk);
     free(bag_start);
     return st;
   }
@@ -848,6 +980,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
                      "while batch %lld, not yet retired, holds staged rows; retire it first",
                      (long long)tk, (long long)U, (long long)c->M, (long long)c->ring[r].ticket);
   if (st) {
+    free(blk);
     free(bag_start);
     return st;
   }
@@ -869,8 +1002,9 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   {
     uint64_t *sk = k, *stk = tkk; /* both free now; each holds at least m >= U entries */
     int64_t *sv = c->order, *stv = tv;
-    for (int64_t u = 0; u < U; u++) {
-      setv[u] = set_of(c, c->ukeys[u], table_of_key(c, c->ukeys[u]));
+    for (int64_t u = 0, ct = 0; u < U; u++) {
+      while (ct + 1 < c->nt && u >= bunique[ct + 1]) ct++;
+      setv[u] = set_of(c, c->ukeys[u], (int32_t)ct);
       sk[u] = (uint64_t)setv[u];
       sv[u] = u;
     }
@@ -882,6 +1016,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
       if (q == 0 || setv[c->order[q]] != setv[c->order[q - 1]]) ng++;
   }
   if ((st = grow((void **)&c->grp, &c->cap_g, ng + 2, 8))) {
+    free(blk);
     free(bag_start);
     return st;
   }
@@ -901,6 +1036,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   /* Growing was checked possible before the decisions; failing now (memory, the device)
    * leaves the cache unusable, as any failed device step would. */
   if (nconf > c->M && (st = grow_staging(c, nconf))) {
+    free(blk);
     free(bag_start);
     return st;
   }
@@ -946,11 +1082,12 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
     B->staged_keys = p;
   }
   int64_t iw = 0, il = 2 * nwb, is = 2 * (nwb + nfill), ns = 0, nsl = 0, conf = 0;
-  for (int64_t q = 0; q < U; q++) {
-    int64_t u = c->order[q];
+  /* in key order (u ascending: table by table), which is also the staging rows' order */
+  for (int64_t u = 0, ct = 0; u < U; u++) {
+    while (ct + 1 < c->nt && u >= bunique[ct + 1]) ct++;
     uint64_t key = c->ukeys[u];
-    int32_t ct = table_of_key(c, key);
     counters *cs = &c->stats[ct];
+    uint64_t pair = ((uint64_t)ct << UR__CACHE_ROW_BITS) | (key - (uint64_t)c->kbase[ct]);
     cs->unique++;
     if (c->evict[u] != (int64_t)EMPTY) {
       uint64_t ek = (uint64_t)c->evict[u] & ~((uint64_t)1 << 63);
@@ -967,9 +1104,9 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
       int64_t r = sbase + conf++;
       cs->conflicts++;
       cs->bytes_in += row_moves(c);
-      lists[is++] = (int64_t)pair_of(c, key);
+      lists[is++] = (int64_t)pair;
       lists[is++] = r;
-      B->staged[2 * ns] = (int64_t)pair_of(c, key);
+      B->staged[2 * ns] = (int64_t)pair;
       B->staged[2 * ns + 1] = r;
       ns++;
       c->res[u] = r;
@@ -980,7 +1117,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
     } else {
       cs->misses++;
       cs->bytes_in += row_moves(c);
-      lists[il++] = (int64_t)pair_of(c, key);
+      lists[il++] = (int64_t)pair;
       lists[il++] = c->res[u];
       B->slots[nsl++] = c->res[u];
     }
@@ -999,7 +1136,8 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
     int64_t fb1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch;
     for (int64_t v = offs[fb0]; v < offs[fb1]; v++) outv[v] = -1; /* bad ids stay -1 */
   }
-  for (int64_t i = 0; i < m; i++) outv[vi[i]] = c->res[c->uniq_of[i]];
+  map_job mj = {c, bstart, bvalid, vi, c->uniq_of, c->res, outv};
+  ur__parallel_for((size_t)c->nt, 1, map_range, &mj);
   for (int32_t ct = 0; ct < c->nt; ct++) c->stats[ct].batches++;
   c->stats[c->nt].batches++;
   B->ticket = tk;
@@ -1030,11 +1168,13 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
     c->stats[c->nt].bytes_ids += up + (uint64_t)n * 8;
   }
   c->seconds += now_s() - t0;
+  free(blk);
   free(bag_start);
   if (st) return st;
   *ticket = tk;
   return UR_STATUS_OK;
 fail:
+  free(blk);
   free(bag_start);
   return st;
 }
