@@ -170,7 +170,9 @@ local function hit_rates()
   if o.out and o.plot then
     out_file:close()
     out_file = nil
-    local cmd = ("python3 scripts/bench/cache_plot.py %q --out %q"):format(o.out, o.plot)
+    -- the first python3 on PATH may lack matplotlib where the system's has it
+    local cmd = ("python3 scripts/bench/cache_plot.py %q --out %q 2>/dev/null || "
+                 .. "/usr/bin/python3 scripts/bench/cache_plot.py %q --out %q"):format(o.out, o.plot, o.out, o.plot)
     local ok = os.execute(cmd)
     if ok == 0 or ok == true then print("plot: " .. o.plot) else print("plot: not made (" .. cmd .. " failed)") end
   end
