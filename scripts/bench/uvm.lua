@@ -319,23 +319,48 @@ emit(ref)
 local function same_losses(rec)
   for i, l in ipairs(ref.losses) do
     if rec.losses[i] ~= l then
-      die(("check: %s at %s%%: loss %d is %.17g, the device run's %.17g: placement or layout changed a number")
-          :format(rec.policy, tostring(rec.fraction), i, rec.losses[i] or 0 / 0, l))
+      return ("check: %s at %s%%: loss %d is %.17g, the device run's %.17g: placement or layout changed a "
+              .. "number"):format(rec.policy, tostring(rec.fraction), i, rec.losses[i] or 0 / 0, l)
     end
+  end
+end
+-- A run that fails (an error, or losses that differ) is reported and the others go on; the
+-- bench exits 1 at the end.
+local failures = {}
+local function failed(what, err)
+  failures[#failures + 1] = what .. ": " .. tostring(err)
+  io.stderr:write("uvm bench: ", failures[#failures], "\n")
+  if gpu then ur.set_hbm_budget(0) end
+  if o.out then
+    local f = assert(io.open(o.out, "a"))
+    f:write(ck.json.encode { bench = "uvm", failed = what, error = tostring(err) }, "\n")
+    f:close()
   end
 end
 for _, pol in ipairs(o.policies) do
   local fr = pol == "host" and { 0 } or o.fractions
   for _, f in ipairs(fr) do
-    local rec = run { placement = "managed", policy = pol, fraction = f }
-    same_losses(rec)
-    rec.of_device = rec.samples_per_s / ref.samples_per_s
-    emit(rec)
+    local what = pol .. " " .. f .. "%"
+    local ok, rec = pcall(run, { placement = "managed", policy = pol, fraction = f })
+    local bad = ok and same_losses(rec)
+    if not ok then failed(what, rec)
+    elseif bad then failed(what, bad)
+    else
+      rec.of_device = rec.samples_per_s / ref.samples_per_s
+      emit(rec)
+    end
   end
 end
-local none = run_none()
-if not (none.loss == none.loss and math.abs(none.loss) < math.huge) then die("none: the loss is " .. none.loss) end
-emit(none)
+local ok_none, none = pcall(run_none)
+if not ok_none then
+  failed("none", none)
+  none = nil
+elseif not (none.loss == none.loss and math.abs(none.loss) < math.huge) then
+  failed("none", "the loss is " .. none.loss)
+  none = nil
+else
+  emit(none)
+end
 
 -- ---- the table ----
 
@@ -360,11 +385,18 @@ for _, r in ipairs(results) do
       r.relayout_seconds and ("%.2f, %s"):format(r.relayout_seconds, gbs(r.relayout_bytes)) or "-"))
   end
 end
-print(("none (driver default, fresh tables): first %d steps in %.2f s (%.2f ms/step), migrated %s GB, "
+if none then
+  print(("none (driver default, fresh tables): first %d steps in %.2f s (%.2f ms/step), migrated %s GB, "
   .. "%s GPU page faults")
   :format(none.steps, none.seconds, none.ms_per_step, gbs(none.migrated_bytes),
   none.gpu_page_faults and tostring(none.gpu_page_faults) or "-"))
-for _, m in ipairs(none.marks) do
+end
+for _, m in ipairs(none and none.marks or {}) do
   print(("  by step %d: %.2f s%s"):format(m.step, m.seconds, m.migration and
     (", +%s GB in, %d faults"):format(gbs(m.migration.bytes_htod), m.migration.gpu_page_faults) or ""))
+end
+if #failures > 0 then
+  print(("%d runs FAILED:"):format(#failures))
+  for _, f in ipairs(failures) do print("  " .. f) end
+  os.exit(1)
 end
