@@ -56,6 +56,11 @@ local function bits_equal(a, b, what)
 end
 
 describe("uvmrec.cache", function()
+  it("declares its structs as the engine lays them out", function()
+    assert.equal(tonumber(ur.C.ur_sizeof_cache_config()), ffi.sizeof("ur_cache_config"))
+    assert.equal(tonumber(ur.C.ur_sizeof_cache_stats()), ffi.sizeof("ur_cache_stats"))
+  end)
+
   it("hits rows it holds and misses the others, counting per table and in total", function()
     local m = pair({ { name = "a", rows = 1000, dim = 8 }, { name = "b", rows = 500, dim = 8 } },
                    { slots = 64, shared = true })
