@@ -28,7 +28,8 @@ step() {
 $name: rc=$rc"
   [ $rc -eq 0 ] || fail=1
 }
-step specs env UVMREC_REQUIRE_GPU=1 "$LUAJIT" spec/run.lua $CUDA_SPECS spec/hints spec/nn/tbe_cuda_spec.lua
+step specs env UVMREC_REQUIRE_GPU=1 "$LUAJIT" spec/run.lua $CUDA_SPECS spec/hints/policies_spec.lua \
+  spec/hints/train_spec.lua spec/nn/tbe_cuda_spec.lua
 step memcheck env UVMREC_REQUIRE_GPU=1 UVMREC_SANITIZER=1 "$SAN" --tool memcheck --error-exitcode 3 \
   "$LUAJIT" spec/run.lua --tags=cuda $CUDA_SPECS
 step racecheck env UVMREC_REQUIRE_GPU=1 UVMREC_SANITIZER=1 "$SAN" --tool racecheck --error-exitcode 3 \
