@@ -496,6 +496,18 @@ function M.run(cfg, opts)
     result.hints = ctx.hints.last
     ctx.hints:free()
   end
+  local cache = model.embeddings.tbe.cache
+  if cache then
+    local cs = cache:stats()
+    result.cache = cs
+    say(("cache: %.1f%% of %s distinct rows hit, %s misses, %s conflict misses, %s evictions; "
+         .. "%s in, %s out over the host link"):format(100 * cs.hit_rate, M.progress.count(cs.unique),
+      M.progress.count(cs.misses), M.progress.count(cs.conflicts), M.progress.count(cs.evictions),
+      M.progress.bytes(cs.bytes_in), M.progress.bytes(cs.bytes_out)))
+    log.line { event = "cache", hits = cs.hits, unique = cs.unique, misses = cs.misses, conflicts = cs.conflicts,
+               evictions = cs.evictions, writebacks = cs.writebacks, bytes_in = cs.bytes_in,
+               bytes_out = cs.bytes_out, seconds = cs.seconds }
+  end
   feed:free()
   loader:close()
   if interrupted then
