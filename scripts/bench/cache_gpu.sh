@@ -12,5 +12,6 @@ out=${1:-.}
 mkdir -p "$out"
 luajit spec/run.lua --tags=cuda spec/cache_cuda_spec.lua spec/pipeline_spec.lua spec/cache_train_spec.lua
 compute-sanitizer --tool memcheck --error-exitcode 1 luajit spec/run.lua --tags=cuda spec/pipeline_spec.lua
+compute-sanitizer --tool memcheck --error-exitcode 1 luajit spec/run.lua --tags=cuda spec/cache_cuda_spec.lua
 compute-sanitizer --tool racecheck --error-exitcode 1 luajit spec/run.lua --tags=cuda spec/pipeline_spec.lua
 luajit scripts/bench/cache.lua --gpu --steps 40 --out "$out/cache_gpu.jsonl"
