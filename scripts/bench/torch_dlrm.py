@@ -274,8 +274,11 @@ class DLRM(torch.nn.Module):
                     h = F.linear(F.linear(xl, q[0].to(a)), q[1].to(a), q[2].to(a))
                 else:
                     h = F.linear(xl, q[0].to(a), q[1].to(a))
-                # One rounding, as uvmrec's fused kernel: x0 * h + xl in f32, then to bf16.
-                xl = (x0.float() * h.float() + xl.float()).to(a)
+                if a == torch.bfloat16:
+                    # One rounding, as uvmrec's fused kernel: x0 * h + xl in f32, then to bf16.
+                    xl = (x0.float() * h.float() + xl.float()).to(a)
+                else:
+                    xl = x0 * h + xl
             z = xl
         if keep is not None:
             keep["pooled"], keep["inter"] = e, z
@@ -283,7 +286,9 @@ class DLRM(torch.nn.Module):
 
 
 def loss_of(logits, labels):
-    return F.binary_cross_entropy_with_logits(logits.float().view(-1), labels, reduction="mean")
+    if logits.dtype != torch.float64:
+        logits = logits.float()
+    return F.binary_cross_entropy_with_logits(logits.view(-1), labels.to(logits.dtype), reduction="mean")
 
 
 # ---- optimizers, as uvmrec's (lua/uvmrec/optim, engine/src/tbe_plan.h) ----
@@ -381,9 +386,14 @@ def schedule(s):
 # ---- parity ----
 
 # Relative error in the L2 norm, |uvmrec - torch| / |torch|, by precision.  f32: only the order of
-# sums differs (measured about 1e-7).  bf16: one rounding is 2^-8 = 3.9e-3 relative; uvmrec and
-# this model round at the same points (measured: forward equal, gradients within 2.5e-3 on the
-# CPU), so a few roundings' worth is allowed.  The batch and the tables' row sets must be equal.
+# sums differs (measured about 1e-7 on small models).  bf16: one rounding is 2^-8 = 3.9e-3
+# relative; uvmrec and this model round at the same points (measured: forward equal, gradients
+# within 2.5e-3 on the CPU), so a few roundings' worth is allowed.  The batch and the tables' row
+# sets must be equal.  A quantity outside its tolerance still passes when uvmrec is as close to
+# the exact answer as PyTorch is: its error against the same model in float64 (PyTorch, from the
+# same f32 weights) at most ARBITER times PyTorch's own.  Deep backward passes cancel: at the
+# MLPerf shapes PyTorch's f32 gradients of the tables are 1e-3 away from float64's, so two f32
+# engines cannot agree to 1e-4 there, and the float64 answer says which is right.
 TOLERANCES = {
     "f32": {"batch": 0.0, "pooled": 1e-6, "inter": 1e-5, "logits": 1e-5, "loss": 1e-6, "dense": 1e-4,
             "sparse": 1e-4},
@@ -392,6 +402,7 @@ TOLERANCES = {
     "bf16": {"batch": 0.0, "pooled": 4e-3, "inter": 1e-2, "logits": 1e-2, "loss": 2e-3, "dense": 2e-2,
              "sparse": 2e-2},
 }
+ARBITER = 2.0
 
 
 def set_precision(precision, device):
@@ -414,6 +425,11 @@ def parity(a):
     torch.manual_seed(0)
     model = DLRM(d, device)
     model.load(tensors, a.ckpt)
+    # The arbiter: the same model and weights in float64.
+    exact = DLRM(dict(d, precision="f32"), device)
+    exact.load(tensors, a.ckpt)
+    exact = exact.double()
+    exact.act = torch.float64
     del tensors
     B = dump["batch.labels"].shape[0]
     first = int(dmeta.get("parity.first", "0"))
@@ -422,24 +438,30 @@ def parity(a):
     if labels_np.shape[0] != B:
         fail(f"{a.data}: {labels_np.shape[0]} samples from sample {first}; the dump's batch has {B}")
 
-    rows = []  # (what, kind, max_abs, rel, ok)
-    failures = []
+    rows = []
+    tols = TOLERANCES[d["precision"]]
 
-    def record(what, kind, got, ref):
+    def rel_err(x, y):
+        return float((x - y).norm() / max(float(y.norm()), 1e-30))
+
+    def record(what, kind, got, ref, ref64=None, note=""):
         got, ref = got.double().cpu(), ref.double().cpu()
+        r = {"quantity": what, "kind": kind, "shape": list(got.shape), "tol": tols[kind], "max_abs": float("nan"),
+             "rel": float("nan"), "e_uvmrec": None, "e_torch": None, "ok": False, "by": "", "note": note}
+        rows.append(r)
         if got.shape != ref.shape:
-            failures.append(what)
-            rows.append((what, kind, list(got.shape), float("nan"), float("nan"), TOLERANCES[d["precision"]][kind],
-                         False, f"shape {list(got.shape)} vs {list(ref.shape)}"))
+            r["note"] = f"shape {list(got.shape)} vs {list(ref.shape)}"
             return
         diff = got - ref
-        max_abs = float(diff.abs().max()) if diff.numel() else 0.0
-        rel = float(diff.norm() / max(float(ref.norm()), 1e-30))
-        tol = TOLERANCES[d["precision"]][kind]
-        ok = rel <= tol and math.isfinite(rel)
-        if not ok:
-            failures.append(what)
-        rows.append((what, kind, list(got.shape), max_abs, rel, tol, ok, ""))
+        r["max_abs"] = float(diff.abs().max()) if diff.numel() else 0.0
+        r["rel"] = rel_err(got, ref)
+        if ref64 is not None:
+            ref64 = ref64.double().cpu()
+            r["e_uvmrec"], r["e_torch"] = rel_err(got, ref64), rel_err(ref, ref64)
+        if r["rel"] <= r["tol"]:
+            r["ok"], r["by"] = True, "tol"
+        elif r["e_uvmrec"] is not None and r["e_uvmrec"] <= ARBITER * r["e_torch"]:
+            r["ok"], r["by"] = True, "f64"
 
     # The batch: the day files as read here against the batch uvmrec trained on.
     offs, vals, base = [], [], 0
@@ -454,62 +476,75 @@ def parity(a):
     record("batch.offsets", "batch", torch.from_numpy(np.concatenate(offs)), dump["batch.offsets"])
 
     dense, labels, sparse = to_device((dense_np, labels_np, sparse_np), device)
-    keep = {}
-    logits = model(dense, sparse, keep)
-    loss = loss_of(logits, labels)
-    for t in keep.values():
-        t.retain_grad()
-    loss.backward()
-    record("pooled", "pooled", dump["pooled"], keep["pooled"].detach())
-    record("inter", "inter", dump["inter"], keep["inter"].detach())
-    record("logits", "logits", dump["logits"], logits.detach())
-    record("loss", "loss", dump["loss"].view(-1), loss.detach().view(-1))
+
+    def step(m):
+        keep = {}
+        logits = m(dense, sparse, keep)
+        loss = loss_of(logits, labels)
+        for t in keep.values():
+            t.retain_grad()
+        loss.backward()
+        return logits.detach(), loss.detach().view(-1), keep
+
+    logits, loss, keep = step(model)
+    logits64, loss64, keep64 = step(exact)
+    record("pooled", "pooled", dump["pooled"], keep["pooled"].detach(), keep64["pooled"].detach())
+    record("inter", "inter", dump["inter"], keep["inter"].detach(), keep64["inter"].detach())
+    record("logits", "logits", dump["logits"], logits, logits64)
+    record("loss", "loss", dump["loss"].view(-1), loss, loss64)
     for name in model.dense_names:
         g = dump.get("grad." + name)
         if g is None:
             fail(f"{a.dump}: no grad.{name}")
-        record("grad." + name, "dense", g, model.names[name].grad)
-    for name, e in zip(d["tables"], model.emb):
-        g = e.weight.grad.coalesce()
-        r_ref, g_ref = g.indices()[0], g.values()
+        record("grad." + name, "dense", g, model.names[name].grad, exact.names[name].grad)
+    for name, e, e64 in zip(d["tables"], model.emb, exact.emb):
+        g, g64 = e.weight.grad.coalesce(), e64.weight.grad.coalesce()
+        r_ref = g.indices()[0]
         r_got = dump.get(f"sparse.{name}.rows")
         if r_got is None:
             r_got, g_got = torch.zeros(0, dtype=torch.int64), torch.zeros(0, d["dim"])
         else:
             g_got = dump[f"sparse.{name}.grad"]
         if r_got.shape != r_ref.shape or not torch.equal(r_got, r_ref.cpu()):
-            failures.append(f"sparse.{name}.rows")
-            rows.append((f"sparse.{name}.rows", "batch", list(r_got.shape), float("nan"), float("nan"), 0.0, False,
-                         f"{r_got.numel()} rows vs {r_ref.numel()}"))
+            rows.append({"quantity": f"sparse.{name}.rows", "kind": "batch", "shape": list(r_got.shape), "tol": 0.0,
+                         "max_abs": float("nan"), "rel": float("nan"), "e_uvmrec": None, "e_torch": None,
+                         "ok": False, "by": "", "note": f"{r_got.numel()} rows vs {r_ref.numel()}"})
             continue
-        record(f"sparse.{name}", "sparse", g_got, g_ref)
+        record(f"sparse.{name}", "sparse", g_got, g.values(), g64.values())
 
     dev = dmeta.get("parity.device", "?")
     print(f"parity: {d['name']} {d['interaction']} {d['precision']}, batch {B}: uvmrec on {dev} against PyTorch "
-          f"{torch.__version__} on {device.type}")
-    print(f"{'quantity':28} {'shape':>14} {'max |diff|':>11} {'rel err':>10} {'tol':>8}  ok")
-    shown = 0
-    for what, kind, shape, max_abs, rel, tol, ok, note in rows:
-        # Tables: the worst one and every failure, not 26 lines.
-        if kind == "sparse" and ok and what != max((r for r in rows if r[1] == "sparse"), key=lambda r: r[4])[0]:
+          f"{torch.__version__} on {device.type} (and PyTorch in float64, the arbiter: ok by f64 means uvmrec's error "
+          f"against it is at most {ARBITER:g}x PyTorch's)")
+    print(f"{'quantity':24} {'shape':>13} {'max |diff|':>10} {'rel diff':>9} {'tol':>7} {'uvmrec-f64':>10} "
+          f"{'torch-f64':>10}  ok")
+    sp = [r for r in rows if r["kind"] == "sparse"]
+    worst = max(sp, key=lambda r: r["rel"])["quantity"] if sp else None
+
+    def num(v):
+        return "" if v is None else f"{v:.3g}"
+    for r in rows:
+        # Tables: the one furthest from PyTorch and every failure, not 26 lines.
+        if r["kind"] == "sparse" and r["ok"] and r["quantity"] != worst:
             continue
-        shown += 1
-        print(f"{what:28} {'x'.join(map(str, shape)):>14} {max_abs:11.3g} {rel:10.3g} {tol:8.2g}  "
-              f"{'ok' if ok else 'FAIL'} {note}")
-    sp = [r for r in rows if r[1] == "sparse"]
-    print(f"({len(sp)} tables' sparse gradients: rows equal in all; worst shown; "
-          f"{sum(r[2][0] for r in sp)} distinct rows)")
+        print(f"{r['quantity']:24} {'x'.join(map(str, r['shape'])):>13} {r['max_abs']:10.3g} {r['rel']:9.3g} "
+              f"{r['tol']:7.2g} {num(r['e_uvmrec']):>10} {num(r['e_torch']):>10}  "
+              f"{('ok' + (' (f64)' if r['by'] == 'f64' else '')) if r['ok'] else 'FAIL'} {r['note']}")
+    print(f"({len(sp)} tables' gradients: rows equal in {len(sp)}; the furthest shown; "
+          f"{sum(r['shape'][0] for r in sp)} distinct rows)")
     if a.out:
         with open(a.out, "a") as f:
-            for what, kind, shape, max_abs, rel, tol, ok, note in rows:
-                f.write(json.dumps({"bench": "torch_parity", "model": d["name"], "interaction": d["interaction"],
-                                    "precision": d["precision"], "uvmrec_device": dev, "torch_device": device.type,
-                                    "quantity": what, "kind": kind, "max_abs": max_abs, "rel": rel, "tol": tol,
-                                    "ok": ok}) + "\n")
+            for r in rows:
+                f.write(json.dumps(dict(r, bench="torch_parity", model=d["name"], interaction=d["interaction"],
+                                        precision=d["precision"], uvmrec_device=dev, torch_device=device.type,
+                                        batch=B)) + "\n")
+    failures = [r["quantity"] for r in rows if not r["ok"]]
     if failures:
         print(f"parity: FAILED: {', '.join(failures[:8])}{' ...' if len(failures) > 8 else ''}")
         sys.exit(1)
-    print(f"parity: ok ({len(rows)} quantities within tolerance)")
+    by64 = sum(r["by"] == "f64" for r in rows)
+    print(f"parity: ok ({len(rows)} quantities: {len(rows) - by64} within tolerance of PyTorch, {by64} as close to "
+          f"float64 as PyTorch)")
 
 
 # ---- training ----
