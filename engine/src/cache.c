@@ -62,8 +62,7 @@ struct ur_cache {
   ur__cache_io io;              /* as the running backend reads it */
   flight ring[RING];
   int64_t next_ticket;
-  ur_stream *last_prepare;
-  int last_prepare_set;
+  void *last_ready;             /* GPU: the last prepare's event, after its copies */
   counters *stats;              /* [nt + 1]: per table, then the total */
   double seconds;
   /* scratch of one prepare, grown on demand */
@@ -821,8 +820,10 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
                                         "one (ur_cache_retire) before preparing another", RING);
   }
   const int64_t *vals = NULL, *offs = NULL;
-  if (!st && c->last_prepare_set && c->last_prepare != s && c->gpu)
-    st = ur__gpu()->stream_sync(c->last_prepare ? c->last_prepare->handle : NULL);
+  /* after the previous prepare's copies, whatever stream that ran on (write-backs of rows this
+   * one may load); through the cache's own event: that stream may be gone */
+  if (!st && c->gpu && c->last_ready && ur__gpu()->stream_wait)
+    st = ur__gpu()->stream_wait(s ? s->handle : NULL, c->last_ready);
   if (!st) st = host_ids(c, s, values, &c->hvals, &c->cap_hv, &vals);
   if (!st) st = host_ids(c, s, offsets, &c->hoffs, &c->cap_ho, &offs);
   if (!st && (offs[0] != 0 || offs[bags] != n))
@@ -962,7 +963,9 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
       waits++;
     }
     if (release) {
-      if (b->stream != s && (st = wait_retired(c, s, b))) break;
+      /* waited for on the GPU even on the same stream: a stream is compared by address only,
+       * and one freed since may share it */
+      if ((st = wait_retired(c, s, b))) break;
       b->ticket = 0;
     }
   }
@@ -1147,8 +1150,6 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   B->nstaged = ns;
   B->list_at = 2 * nwb + 2 * nfill;
   c->next_ticket++;
-  c->last_prepare = s;
-  c->last_prepare_set = 1;
   c->stats[c->nt].waits += waits;
   /* 6. the moves: write-backs, then loads, then the ids */
   if (!c->gpu) {
@@ -1165,6 +1166,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
     if (!st) st = ur__gpu()->copy(sh, ur_tensor_data(out), outv, (size_t)n * 8);
     if (!st && !B->ready) st = ur__gpu()->event_new(&B->ready);
     if (!st) st = ur__gpu()->event_record(B->ready, sh);
+    if (!st) c->last_ready = B->ready;
     c->stats[c->nt].bytes_ids += up + (uint64_t)n * 8;
   }
   c->seconds += now_s() - t0;
