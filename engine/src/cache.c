@@ -1052,7 +1052,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   if (c->gpu) {
     if (B->ready && (st = ur__gpu()->event_sync(B->ready))) goto fail;
     int64_t cap = B->host ? ur_tensor_numel(B->host) : 0;
-    if (cap < host_words) {
+    if (!B->host || cap < host_words) { /* allocated even for an empty batch: retire reads it */
       int64_t want = host_words + host_words / 2 + 1024;
       ur_tensor_free(B->host);
       ur_tensor_free(B->dev);
