@@ -181,7 +181,7 @@ end
 -- ---- the GPU mode: dlrm_mlperf_v1_2m, all in HBM against cached and managed ----
 
 -- --config NAME runs the modes on another config; without a GPU (a dry run of this code on
--- a small config, e.g. dlrm_tiny) "device" means host tables and there is no managed mode.
+-- a small config, e.g. dlrm_tiny) "device" means host tables.
 local function gpu_modes()
   local gpu = ur.gpu()
   if not gpu and not o.config then die("--gpu needs a GPU: " .. ur.cuda_error()) end
@@ -232,7 +232,7 @@ local function gpu_modes()
     { name = "managed+hot_prefix", sets = { "embeddings.placement=managed", "embeddings.hints.policy=hot_prefix",
       "embeddings.hints.allowance=20%", "embeddings.hints.every=10" } },
   }
-  if not gpu then modes[4] = nil end
+
   local base, base_losses
   print(("cache bench --gpu: %s, batch %d, %d timed steps per mode"):format(cfg0.name, B, steps))
   print(("%-20s %14s %8s %12s %14s %10s %10s"):format("mode", "samples/s", "vs HBM", "emb HBM", "host link/step",
