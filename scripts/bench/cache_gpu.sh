@@ -1,17 +1,39 @@
 #!/bin/sh
 # The software cache's GPU checks and measurements in one call (issue #11), from the tree (or
 # dist/) root with the paths set (`eval "$(make -s env)"`, or dist's own luajit on PATH):
-#   1. #cuda parity: the GPU cache makes the CPU reference's decisions and keeps the rows device
-#      tables keep; the pipeline against device tables; training losses of cached = device
-#   2. compute-sanitizer memcheck and racecheck on the pipeline spec
-#   3. the B4 measurement: dlrm_mlperf_v1_2m, all in HBM against cached 20% (with and without
-#      the pipeline) and managed + hot_prefix 20%  (about 4 minutes)
+#   1. #cuda specs: the GPU cache makes the CPU reference's decisions and keeps the rows device
+#      tables keep; the prefetch pipeline against device tables (through the hard case); the
+#      training losses of cached tables (with and without the pipeline) equal device tables'
+#   2. compute-sanitizer memcheck on the pipeline and cache specs, racecheck on the pipeline's
+#   3. the B4 measurement: dlrm_mlperf_v1_2m at batch 65536, all in HBM against cached 20%
+#      (with and without the pipeline) and managed + hot_prefix at 20%: samples/s, ratio, bytes
+#      over the host link per step; JSON lines to OUTDIR/cache_gpu.jsonl (a few minutes)
 #   sh scripts/bench/cache_gpu.sh [OUTDIR]
-set -e
+# Each step's exit status is printed at the end; the script fails if any step failed.
 out=${1:-.}
 mkdir -p "$out"
-luajit spec/run.lua --tags=cuda spec/cache_cuda_spec.lua spec/pipeline_spec.lua spec/cache_train_spec.lua
-compute-sanitizer --tool memcheck --error-exitcode 1 luajit spec/run.lua --tags=cuda spec/pipeline_spec.lua
-compute-sanitizer --tool memcheck --error-exitcode 1 luajit spec/run.lua --tags=cuda spec/cache_cuda_spec.lua
-compute-sanitizer --tool racecheck --error-exitcode 1 luajit spec/run.lua --tags=cuda spec/pipeline_spec.lua
-luajit scripts/bench/cache.lua --gpu --steps 40 --out "$out/cache_gpu.jsonl"
+LUAJIT=${LUAJIT:-luajit}
+SAN=${SAN:-compute-sanitizer}
+summary=""
+fail=0
+step() {
+  name=$1
+  shift
+  echo "== $name: $*"
+  "$@"
+  rc=$?
+  summary="$summary
+$name: rc=$rc"
+  [ $rc -eq 0 ] || fail=1
+}
+step specs "$LUAJIT" spec/run.lua --tags=cuda spec/cache_cuda_spec.lua spec/pipeline_spec.lua \
+  spec/cache_train_spec.lua
+step memcheck-pipeline "$SAN" --tool memcheck --error-exitcode 1 "$LUAJIT" spec/run.lua --tags=cuda \
+  spec/pipeline_spec.lua
+step racecheck-pipeline "$SAN" --tool racecheck --error-exitcode 1 "$LUAJIT" spec/run.lua --tags=cuda \
+  spec/pipeline_spec.lua
+step memcheck-cache "$SAN" --tool memcheck --error-exitcode 1 "$LUAJIT" spec/run.lua --tags=cuda \
+  spec/cache_cuda_spec.lua
+step bench "$LUAJIT" scripts/bench/cache.lua --gpu --steps 40 --out "$out/cache_gpu.jsonl"
+echo "== summary$summary"
+exit $fail
