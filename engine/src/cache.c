@@ -42,6 +42,7 @@ typedef struct counters {
 struct ur_cache {
   ur_tbe *tbe;
   int32_t bound;                /* tables pointed at the slots so far */
+  int per_table;                /* each table has sets of its own */
   ur_cache_config cfg;
   int32_t nt, T, F;
   int32_t *tidx, *ct_of;        /* cache table -> collection table; collection -> cache or -1 */
@@ -319,6 +320,8 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   c->row_bytes = (size_t)c->dim * ur_dtype_size((ur_dtype)c->dtype);
   c->state_per_row = c->nstate == 0 ? 0 : tc->optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? 1 : c->dim;
   c->nsets = 0;
+  c->per_table = config->table_slots != NULL;
+  c->cfg.table_slots = NULL; /* the caller's array: not kept */
   for (int32_t i = 0; i < num_tables; i++) {
     int64_t want = config->table_slots ? config->table_slots[i] : config->slots;
     if (want < 1) {
@@ -744,6 +747,40 @@ static void unique_range(void *ctx, size_t t0, size_t t1) {
   }
 }
 
+typedef struct setsort_job {
+  const ur_cache *c;
+  const int64_t *bunique;       /* each table's first unique */
+  int64_t U;
+  const uint64_t *ukeys;
+  int64_t *setv;
+  uint64_t *sk, *stk;
+  int64_t *order, *stv;
+  int per_table;
+} setsort_job;
+
+/* The uniques of tables [t0, t1) (or all, shared) in (set, key) order into order. */
+static void setsort_range(void *ctx, size_t t0, size_t t1) {
+  const setsort_job *j = ctx;
+  const ur_cache *c = j->c;
+  int64_t u0 = j->per_table ? j->bunique[t0] : 0;
+  int64_t u1 = j->per_table && (int32_t)t1 < c->nt ? j->bunique[t1] : j->U;
+  int64_t base = j->per_table ? c->set_base[t0] : 0, span = 0;
+  for (size_t ct = t0; ct < t1 && j->per_table; ct++) span += c->set_count[ct];
+  if (!j->per_table) span = c->nsets;
+  uint64_t *sk = j->sk + u0, *stk = j->stk + u0;
+  int64_t *sv = j->order + u0, *stv = j->stv + u0;
+  for (int64_t u = u0, ct = j->per_table ? (int64_t)t0 : 0; u < u1; u++) {
+    while (ct + 1 < c->nt && u >= j->bunique[ct + 1]) ct++;
+    j->setv[u] = set_of(c, j->ukeys[u], (int32_t)ct);
+    sk[u - u0] = (uint64_t)(j->setv[u] - base);
+    sv[u - u0] = u;
+  }
+  int bits = 1;
+  while (bits < 63 && ((int64_t)1 << bits) < span) bits++;
+  radix_sort(&sk, &sv, &stk, &stv, u1 - u0, bits);
+  if (sv != j->order + u0) memcpy(j->order + u0, sv, sizeof(int64_t) * (size_t)(u1 - u0));
+}
+
 typedef struct map_job {
   const ur_cache *c;
   const int64_t *bstart, *bvalid, *vidx, *uniq_of, *res;
@@ -1003,18 +1040,11 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   int64_t *setv = c->evict; /* scratch: the set of each unique, until the decisions */
   int64_t ng = 0;
   {
-    uint64_t *sk = k, *stk = tkk; /* both free now; each holds at least m >= U entries */
-    int64_t *sv = c->order, *stv = tv;
-    for (int64_t u = 0, ct = 0; u < U; u++) {
-      while (ct + 1 < c->nt && u >= bunique[ct + 1]) ct++;
-      setv[u] = set_of(c, c->ukeys[u], (int32_t)ct);
-      sk[u] = (uint64_t)setv[u];
-      sv[u] = u;
-    }
-    int bits = 1;
-    while (bits < 63 && ((int64_t)1 << bits) < c->nsets) bits++;
-    radix_sort(&sk, &sv, &stk, &stv, U, bits);
-    if (sv != c->order) memcpy(c->order, sv, sizeof(int64_t) * (size_t)U);
+    /* k, tkk and tv are free now, each of at least m >= U entries.  Tables with sets of their
+     * own are sorted each on its own (in parallel; their set ranges follow the table order);
+     * a shared pool of sets as one range. */
+    setsort_job sj2 = {c, bunique, U, c->ukeys, setv, k, tkk, c->order, tv, c->per_table};
+    ur__parallel_for(c->per_table ? (size_t)c->nt : 1, 1, setsort_range, &sj2);
     for (int64_t q = 0; q < U; q++)
       if (q == 0 || setv[c->order[q]] != setv[c->order[q - 1]]) ng++;
   }
