@@ -235,8 +235,8 @@ local function gpu_modes()
 
   local base, base_losses
   print(("cache bench --gpu: %s, batch %d, %d timed steps per mode"):format(cfg0.name, B, steps))
-  print(("%-20s %14s %8s %12s %14s %10s %10s"):format("mode", "samples/s", "vs HBM", "emb HBM", "host link/step",
-        "GB/s", "hit rate"))
+  print(("%-20s %14s %8s %12s %14s %10s %10s %9s %14s"):format("mode", "samples/s", "vs HBM", "emb HBM",
+        "host link/step", "GB/s", "hit rate", "ms/step", "cache host ms"))
   for _, m in ipairs(modes) do
     local cfg, def = load(m.sets)
     local model = def.build(cfg, { cpu = not gpu })
@@ -286,7 +286,7 @@ local function gpu_modes()
         end
       end
     end
-    local link, hbm, hit -- managed: what moved is the driver's (not measured here)
+    local link, hbm, hit, host_ms -- managed: what moved is the driver's (not measured here)
     link = 0
     local table_bytes = model:stats().table_bytes
     if cache then
@@ -294,6 +294,7 @@ local function gpu_modes()
       link = (s.bytes_in + s.bytes_out + s.bytes_ids) / steps
       hbm = cache:bytes()
       hit = s.hits / math.max(s.unique, 1)
+      host_ms = 1e3 * s.seconds / steps
     elseif m.name == "device" then
       hbm = table_bytes
     else
@@ -308,10 +309,12 @@ local function gpu_modes()
     local gbps = link / (secs / steps) / 1e9
     local r = { bench = "cache_gpu", mode = m.name, samples_per_s = rate, vs_hbm = rate / base,
                 emb_hbm_bytes = hbm, table_bytes = table_bytes, link_bytes_per_step = link,
-                link_gbps = gbps, link_fraction = gbps / 55, hit_rate = hit or -1, steps = steps, batch = B }
+                link_gbps = gbps, link_fraction = gbps / 55, hit_rate = hit or -1, steps = steps, batch = B,
+                step_ms = 1e3 * secs / steps, cache_host_ms = host_ms or 0 }
     emit(r)
-    print(("%-20s %14.0f %7.1f%% %10.2f GB %12.1f MB %10.2f %9s"):format(m.name, rate, 100 * rate / base,
-      hbm / 1e9, link / 1e6, gbps, hit and ("%.1f%%"):format(100 * hit) or "-"))
+    print(("%-20s %14.0f %7.1f%% %10.2f GB %12.1f MB %10.2f %9s %9.2f %14s"):format(m.name, rate, 100 * rate / base,
+      hbm / 1e9, link / 1e6, gbps, hit and ("%.1f%%"):format(100 * hit) or "-", 1e3 * secs / steps,
+      host_ms and ("%.2f"):format(host_ms) or "-"))
     if hints then hints:free() end
     for _, b in ipairs(dev) do
       for _, t in pairs({ b.dense, b.labels, b.sparse.values, b.sparse.offsets, b.sparse.weights }) do t:free() end
