@@ -369,7 +369,7 @@ def schedule(s):
         return step / w if step < w else 1.0
     if name == "warmup":
         return warm
-    start, steps, power, lo = s["decay_start"], s["decay_steps"], s["power"], s["min_factor"] or 0
+    start, steps, power, lo = s["decay_start"], s["decay_steps"], s.get("power", 2), s.get("min_factor") or 0
     last = max(lo, (1 / steps) ** power)
 
     def dlrm(step):
@@ -696,8 +696,15 @@ def speed(a):
     opt = dense_optimizer(model, d["dense_optim"])
     topt = TableOptimizer(model, d["emb_optim"])
     losses = []
+    # The learning rates follow the schedule, as uvmrec's side does (MLPerf's lr 24 needs its warmup).
+    factor = schedule(d["schedule"])
+    base_lr, base_emb = d["dense_optim"]["lr"], d["emb_optim"]["lr"]
 
     def step(i):
+        f = factor(i + 1)
+        for g in opt.param_groups:
+            g["lr"] = base_lr * f
+        topt.lr = base_emb * f
         dense, labels, sparse = batches[i % nb]
         loss = loss_of(model(dense, sparse), labels)
         opt.zero_grad(set_to_none=True)
@@ -720,7 +727,7 @@ def speed(a):
             times.append(e0.elapsed_time(e1))
         else:
             t = time.perf_counter()
-            float(step(a.warmup + i))
+            float(step(a.warmup + i).detach())
             times.append((time.perf_counter() - t) * 1e3)
     lv = [float(x) for x in losses]
     if not all(math.isfinite(v) for v in lv):
