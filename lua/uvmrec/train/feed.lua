@@ -21,7 +21,7 @@ function M.new(loader, opts)
   local self = setmetatable({ loader = loader, gpu = opts.gpu and true or false, stream = opts.stream,
                               placement = opts.placement or "device", bufs = {}, n = 0,
                               batch = { sparse = {} } }, Feed)
-  if self.gpu then self.events = { assert(ur.event()), assert(ur.event()) } end
+  if self.gpu then self.events, self.recorded = { assert(ur.event()), assert(ur.event()) }, {} end
   return self
 end
 
@@ -61,8 +61,10 @@ end
 function Feed:next()
   if not self.gpu then return self.loader:next() end
   self.n = self.n + 1
-  local ev = self.events[self.n % 2 + 1]
-  if self.n > 2 then assert(ev:sync()) end
+  local i = self.n % 2 + 1
+  local ev = self.events[i]
+  -- the copies into this buffer two batches ago are done (an event is synced only once recorded)
+  if self.recorded[i] then assert(ev:sync()) end
   local b, err = self.loader:next()
   if not b then return nil, err end
   local out, kjt = self.batch, b.sparse
@@ -77,14 +79,15 @@ function Feed:next()
   offsets:free()
   if weights then weights:free() end
   assert(ev:record(self.stream))
+  self.recorded[i] = true
   return out
 end
 
 -- Waits for the copies in flight (before the loader is closed or swapped).
 function Feed:drain()
   if self.gpu then
-    for _, ev in ipairs(self.events) do
-      if self.n > 0 then assert(ev:sync()) end
+    for i, ev in ipairs(self.events) do
+      if self.recorded[i] then assert(ev:sync()) end
     end
   end
 end
