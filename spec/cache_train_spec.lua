@@ -46,6 +46,18 @@ describe("training with cached tables", function()
     end
   end)
 
+  it("runs with more threads than tables (the engine's parallel ranges), as a 16-core host does", function()
+    -- ur__parallel_for once called empty ranges [n, n) when threads did not divide the work;
+    -- the cache's per-table set sort then read past its tables (SIGFPE on the H200's host).
+    local dir = cmd.tmpdir()
+    local out, err, code = cmd.sh("UR_NUM_THREADS=16 " .. cmd.quote(cmd.bin()) .. " train dlrm_tiny --cpu "
+      .. "--steps 6 --progress lines --out " .. cmd.quote(dir .. "/run") .. " --set embeddings.placement=cached "
+      .. "--set embeddings.cache.load_factor=0.1 --set train.pipeline=true --set eval.samples=2048 "
+      .. "--set eval.batch_size=2048 --set eval.min_auc=0")
+    cmd.rmdir(dir)
+    assert.equal(0, code, out .. err)
+  end)
+
   cuda_it("on the GPU: the loss sequence of device tables, with and without the pipeline", function()
     local want = losses({ "embeddings.placement=device" }, false)
     for _, sets in ipairs({

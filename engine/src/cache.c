@@ -762,6 +762,7 @@ typedef struct setsort_job {
 static void setsort_range(void *ctx, size_t t0, size_t t1) {
   const setsort_job *j = ctx;
   const ur_cache *c = j->c;
+  if (t0 >= t1) return;
   int64_t u0 = j->per_table ? j->bunique[t0] : 0;
   int64_t u1 = j->per_table && (int32_t)t1 < c->nt ? j->bunique[t1] : j->U;
   int64_t base = j->per_table ? c->set_base[t0] : 0, span = 0;

@@ -40,6 +40,9 @@ void ur__parallel_for(size_t n, size_t grain, ur__range_fn fn, void *ctx) {
   pthread_t tid[256];
   int started[256] = {0};
   size_t per = (n + (size_t)t - 1) / (size_t)t;
+  /* No empty ranges: 26 items over 16 threads is 13 ranges of 2, not 16 with 3 empty ones
+   * (a range [n, n) would still be called, and callers may index item t0). */
+  t = (int)((n + per - 1) / per);
   for (int i = 0; i < t; i++) {
     jobs[i] = (job){fn, ctx, (size_t)i * per, (size_t)(i + 1) * per < n ? (size_t)(i + 1) * per : n};
     if (i > 0) started[i] = !pthread_create(&tid[i], NULL, run, &jobs[i]);
