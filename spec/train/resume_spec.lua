@@ -117,18 +117,33 @@ local function tsv_sets(dir)
 end
 
 -- The uvmrec command in the background, with job control so SIGINT reaches it as from a
--- terminal (a shell's background jobs otherwise ignore it).  env: "NAME=value " prefixes.
+-- terminal (a shell's background jobs otherwise ignore it), and SIGINT and SIGTERM set back to
+-- their defaults (a runner started in the background passes them down ignored, which the
+-- command keeps, as nohup asks).  env: "NAME=value " prefixes.
 local function spawn(args, env, dir)
   local out, err = dir .. "/child.out", dir .. "/child.err"
-  local script = ("set -m\n%s%s %s > %s 2> %s &\necho $!\nwait $!\necho \"rc=$?\"\n"):format(env or "",
-    cmd.quote(cmd.bin()), args, cmd.quote(out), cmd.quote(err))
+  local script = ("set -m\n%s env --default-signal=INT,TERM %s %s > %s 2> %s &\necho $!\nwait $!\n"
+    .. "echo \"rc=$?\"\n"):format(env or "", cmd.quote(cmd.bin()), args, cmd.quote(out), cmd.quote(err))
   local p = io.popen("bash -c " .. cmd.quote(script) .. " 2>/dev/null")
   local pid = tonumber(p:read("*l"))
   assert(pid, "no pid from the child's shell")
   return { p = p, pid = pid, out = out, err = err }
 end
 
-local function finish(child)
+local function alive(pid) return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0 end
+
+-- The child's exit code, stdout and stderr; a child still running after `timeout` seconds is
+-- killed and the spec fails (it never hangs the suite).
+local function finish(child, timeout)
+  local t0 = cmd.now()
+  while alive(child.pid) do
+    if cmd.now() - t0 > (timeout or 120) then
+      os.execute("kill -KILL " .. child.pid)
+      child.p:close()
+      error(("the child %d was still running after %d s; killed"):format(child.pid, timeout or 120), 2)
+    end
+    cmd.sleep(0.05)
+  end
   local rest = child.p:read("*a")
   child.p:close()
   return tonumber(rest:match("rc=(%d+)")), cmd.slurp(child.out) or "", cmd.slurp(child.err) or ""
