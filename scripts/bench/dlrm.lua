@@ -118,22 +118,7 @@ local dopts = {}
 for k, v in pairs(data.train) do dopts[k] = v end
 dopts.samples, dopts.epochs = NBATCH * B, 1
 local loader = assert(ur.data.loader(dopts))
-local batches = {}
-for i = 1, NBATCH do
-  local b = assert(loader:next())
-  if gpu then
-    local d = b:to("device")
-    assert(ur.sync()) -- the copies must be done before the loader reuses the batch's buffers
-    local k = d.sparse
-    batches[i] = { dense = d.dense, labels = d.labels, size = b.size,
-                   sparse = { values = k:values(), offsets = k:offsets(), weights = k:weights() } }
-  else
-    local k = b.sparse
-    batches[i] = { dense = assert(b.dense:to("host")), labels = assert(b.labels:to("host")), size = b.size,
-                   sparse = assert(k:to("host")) }
-  end
-end
-loader:close()
+local batches = train.feed.hold(loader, NBATCH, gpu)
 
 local sched = train.config.schedule(cfg)
 local base_lr, base_emb = opt.lr, model.embeddings.tbe:lr()

@@ -105,22 +105,7 @@ local nbatches = math.max(NB + o.count, o.none_steps)
 dopts.samples, dopts.epochs = nbatches * B, 1
 local t_gen = C.ur_clock_seconds()
 local loader = assert(ur.data.loader(dopts))
-local batches = {}
-for i = 1, nbatches do
-  local b = assert(loader:next())
-  if gpu then
-    local d = b:to("device")
-    assert(ur.sync())
-    local k = d.sparse
-    batches[i] = { dense = d.dense, labels = d.labels, size = b.size,
-                   sparse = { values = k:values(), offsets = k:offsets(), weights = k:weights() } }
-  else
-    local k = b.sparse
-    batches[i] = { dense = assert(b.dense:to("host")), labels = assert(b.labels:to("host")), size = b.size,
-                   sparse = assert(k:to("host")) }
-  end
-end
-loader:close()
+local batches = train.feed.hold(loader, nbatches, gpu)
 local sp1 = batches[1].sparse
 local lookups = (type(sp1.values) == "function" and sp1:values() or sp1.values):numel()
 print(("uvm bench: %s, batch %d, %d batches made in %.1f s (%d lookups a batch)"):format(base_cfg.name, B,

@@ -98,4 +98,32 @@ function Feed:free()
   self.bufs = {}
 end
 
+-- A loader batch as the plain tensors a collection takes: {dense, labels, size, sparse =
+-- {values, offsets, weights}} (the KJT's parts are new handles, to free with the batch).
+function M.plain(b)
+  local k = b.sparse
+  return { dense = b.dense, labels = b.labels, size = b.size,
+           sparse = { values = k:values(), offsets = k:offsets(), weights = k:weights() } }
+end
+
+-- n batches of a loader, held for a benchmark to rotate over: plain device tensors on the GPU,
+-- else host copies of their own (the loader reuses its buffers).  Closes the loader.
+function M.hold(loader, n, gpu)
+  local out = {}
+  for i = 1, n do
+    local b = assert(loader:next())
+    if gpu then
+      local d = b:to("device")
+      assert(ur.sync()) -- the copies must be done before the loader reuses the batch's buffers
+      out[i] = M.plain(d)
+      out[i].size = b.size
+    else
+      out[i] = { dense = assert(b.dense:to("host")), labels = assert(b.labels:to("host")), size = b.size,
+                 sparse = assert(b.sparse:to("host")) }
+    end
+  end
+  loader:close()
+  return out
+end
+
 return M

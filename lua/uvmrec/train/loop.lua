@@ -15,6 +15,35 @@ function M.step(model, optimizer, batch)
   return loss
 end
 
+-- The state both loops share, and one trained batch: its learning rates, the step, the log and
+-- the hooks.
+local function state(t)
+  return { t = t, model = t.model, opt = t.optimizer, hooks = t.hooks or {}, log_every = t.log_every or 10,
+           base_lr = t.optimizer.lr, base_emb_lr = t.model.embeddings.tbe:lr(),
+           step = (t.first or 1) - 1, samples = t.samples or 0, loss = nil, logged = true, stopped = false }
+end
+
+local function train_one(st, batch)
+  local t = st.t
+  st.step = st.step + 1
+  if t.lr then
+    local f = t.lr(st.step)
+    st.opt:set_lr(st.base_lr * f)
+    st.model.embeddings:set_lr(st.base_emb_lr * f)
+  end
+  st.loss = M.step(st.model, st.opt, batch)
+  st.samples = st.samples + batch.size
+  st.logged = st.step % st.log_every == 0
+  if st.logged and t.on_log then t.on_log(st.step, st.loss:get(0), st.samples) end
+  for i = 1, #st.hooks do st.hooks[i](st.step, st.samples, batch) end
+end
+
+-- The last log line when the last step was not logged; what the loops return.
+local function finish(st)
+  if not st.logged and st.loss and st.t.on_log then st.t.on_log(st.step, st.loss:get(0), st.samples) end
+  return st.step, st.samples, st.stopped
+end
+
 -- t = {model =, optimizer =, feed = (next() gives batches), steps = last step (nil: until the
 -- data ends), first = 1, samples = 0 (trained on before first: a resumed run's), lr =
 -- function(step) -> factor (nil: constant), log_every = 10, on_log = function(step, loss,
@@ -22,33 +51,18 @@ end
 -- (checked before each step, after the previous one's hooks: a signal's request)}.
 -- Returns the last step made, the samples trained on, and true when stop() ended it.
 function M.run(t)
-  local model, opt, feed, stop = t.model, t.optimizer, t.feed, t.stop
-  local base_lr, base_emb_lr = opt.lr, model.embeddings.tbe:lr()
-  local log_every, hooks = t.log_every or 10, t.hooks or {}
-  local step, samples, loss, logged = (t.first or 1) - 1, t.samples or 0, nil, true
-  local stopped = false
-  while not t.steps or step < t.steps do
-    if stop and stop() then
-      stopped = true
+  local st = state(t)
+  while not t.steps or st.step < t.steps do
+    if t.stop and t.stop() then
+      st.stopped = true
       break
     end
-    local batch, err = feed:next()
+    local batch, err = t.feed:next()
     if err then error(err, 0) end
     if not batch then break end
-    step = step + 1
-    if t.lr then
-      local f = t.lr(step)
-      opt:set_lr(base_lr * f)
-      model.embeddings:set_lr(base_emb_lr * f)
-    end
-    loss = M.step(model, opt, batch)
-    samples = samples + batch.size
-    logged = step % log_every == 0
-    if logged and t.on_log then t.on_log(step, loss:get(0), samples) end
-    for i = 1, #hooks do hooks[i](step, samples, batch) end
+    train_one(st, batch)
   end
-  if not logged and loss and t.on_log then t.on_log(step, loss:get(0), samples) end
-  return step, samples, stopped
+  return finish(st)
 end
 
 -- The same loop through the prefetch pipeline (uvmrec.pipeline.Prefetch): t as for run, with
@@ -56,51 +70,36 @@ end
 -- into the embedding cache and the one after is copied to the GPU.
 function M.run_pipelined(t)
   local Prefetch = require "uvmrec.pipeline.Prefetch"
-  local model, opt, stop = t.model, t.optimizer, t.stop
-  local base_lr, base_emb_lr = opt.lr, model.embeddings.tbe:lr()
-  local log_every, hooks = t.log_every or 10, t.hooks or {}
-  local first = t.first or 1
-  local step, samples, loss, logged, stopped = first - 1, t.samples or 0, nil, true, false
+  local plain = require("uvmrec.train.feed").plain
+  local st = state(t)
   local source_err
   local p = Prefetch.new {
-    collection = model.embeddings,
+    collection = t.model.embeddings,
     source = function()
       local b, err = t.loader:next()
       if err then source_err = err end
       if not b then return nil end
-      local k = b.sparse
-      -- the loader's batch, with its KJT as the plain tensors the collection takes
-      return { dense = b.dense, labels = b.labels, size = b.size, _batch = b,
-               sparse = { values = k:values(), offsets = k:offsets(), weights = k:weights() } }
+      local out = plain(b) -- the collection takes the KJT as plain tensors
+      out._batch = b
+      return out
     end,
     release = function(b)
       for _, v in pairs(b.sparse) do v:free() end
       b._batch:release()
     end,
     step = function(batch)
-      if stop and stop() then
-        stopped = true
+      if t.stop and t.stop() then
+        st.stopped = true
         return false
       end
-      step = step + 1
-      if t.lr then
-        local f = t.lr(step)
-        opt:set_lr(base_lr * f)
-        model.embeddings:set_lr(base_emb_lr * f)
-      end
-      loss = M.step(model, opt, batch)
-      samples = samples + batch.size
-      logged = step % log_every == 0
-      if logged and t.on_log then t.on_log(step, loss:get(0), samples) end
-      for i = 1, #hooks do hooks[i](step, samples, batch) end
+      train_one(st, batch)
     end,
   }
-  local ok, err = pcall(p.run, p, t.steps and t.steps - first + 1 or nil)
+  local ok, err = pcall(p.run, p, t.steps and t.steps - (t.first or 1) + 1 or nil)
   p:free()
   if not ok then error(err, 0) end
   if source_err then error(source_err, 0) end
-  if not logged and loss and t.on_log then t.on_log(step, loss:get(0), samples) end
-  return step, samples, stopped
+  return finish(st)
 end
 
 return M
