@@ -902,6 +902,54 @@ UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const u
 /* Installs perm (NULL: the identity) without moving any row: for rows already laid out by it,
  * as a checkpoint holds them. */
 UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm);
+/* ---- tbe page prefetch: the pages of a batch's rows in `managed` tables (engine/src/tbe_pages.c) ---- */
+/* For every managed table of the collection (not those a software cache serves): the physical
+ * rows the batch's ids read (through the permutation in force), the pages those rows touch
+ * (ur_hint_page_bytes; a row may straddle two) in the table's weights and in its optimizer
+ * state where that is managed too, deduplicated and coalesced into runs of adjacent pages.
+ * Runs that lie wholly in bytes the hint record says are preferred on, or last prefetched to,
+ * the location are skipped; the others are prefetched there on s (cudaMemPrefetchAsync).
+ * values i64 [n] and offsets i64 [bags + 1] as ur_tbe_forward takes them (any placement:
+ * device ones are read back, synchronously), batch_per_feature as there.  Ids out of range
+ * fail under the collection's fatal bounds check with the forward's error (naming table,
+ * feature, sample and id); under warn and off they are skipped (and counted here, not in
+ * ur_tbe_skipped).  location: a GPU, UR_LOC_CURRENT_GPU (the collection's GPU) or UR_LOC_CPU.
+ * The prefetches are not entered in the hint record or log: they are transient (the batch's
+ * pages), and would otherwise count against the HBM budget for good.  Work is
+ * O(ids + pages touched), and the host mirror of a permutation in device memory is read again
+ * only when the permutation changes.  Without a GPU (or for a collection on the CPU) the runs
+ * are computed the same way and nothing is issued. */
+typedef struct ur_page_run {
+  int32_t table;                  /* the collection's table index */
+  int32_t tensor;                 /* 0: the table's weights; k >= 1: its optimizer state k - 1 */
+  uint64_t byte_begin, byte_end;  /* whole pages, in bytes from the start of the tensor's
+                                     storage (as ur_range), the end clamped to the allocation */
+  int32_t skipped;                /* 1: wholly preferred on or prefetched to the location */
+} ur_page_run;
+typedef struct ur_page_stats {
+  int64_t ids;                    /* ids of the managed tables' features */
+  int64_t skipped_ids;            /* out of range and skipped (bounds warn or off) */
+  int64_t rows;                   /* distinct physical rows, summed over tables */
+  int64_t pages;                  /* distinct pages those rows touch, over their tensors */
+  int64_t runs, runs_skipped;     /* runs of adjacent pages; those skipped */
+  uint64_t bytes;                 /* bytes of the runs asked for (not skipped) */
+  uint64_t bytes_skipped;
+  int32_t location;               /* resolved: a GPU or UR_LOC_CPU */
+  int32_t issued;                 /* 1: the runs asked for went to the driver; 0: computed only */
+} ur_page_stats;
+UR_API size_t ur_sizeof_page_run(void);
+UR_API size_t ur_sizeof_page_stats(void);
+UR_API ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values,
+                                       const ur_tensor *offsets, const int64_t *batch_per_feature,
+                                       int32_t location, ur_page_stats *out /* out */);
+/* The same computation, issuing nothing: for tests and for looking at what a batch touches. */
+UR_API ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
+                                  const int64_t *batch_per_feature, int32_t location,
+                                  ur_page_stats *out /* out */);
+/* The runs of the last ur_tbe_prefetch_pages or ur_tbe_page_runs on t, skipped ones included,
+ * by table, then tensor, then address: lent, valid until the next such call or ur_tbe_free.
+ * *count gets their number (0, with NULL, before any call). */
+UR_API const ur_page_run *ur_tbe_last_page_runs(const ur_tbe *t, int64_t *count /* out */);
 /* ---- cache: a software HBM cache of rows for `cached` embedding tables ---- */
 /* The tables of a collection given to ur_cache_new keep their rows and optimizer state in
  * host memory (the collection's own storage of the table: host, pinned or managed), and the

@@ -42,6 +42,8 @@ struct ur_tbe {
   /* per table, NULL until used (engine/src/tbe_stats.c): access counters i32 [rows] and the
    * row permutation i64 [rows], where the collection runs */
   ur_tensor **counts, **perm;
+  uint64_t *perm_gen;       /* per table: bumped whenever its permutation changes */
+  struct ur__tbe_pages *pages; /* page prefetch state of managed tables (tbe_pages.c), or NULL */
 };
 
 static const char *state_names[UR_TBE_OPTIM_COUNT][2] = {
@@ -291,9 +293,10 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
   t->cache_of = calloc((size_t)num_tables, sizeof *t->cache_of);
   t->counts = calloc((size_t)num_tables, sizeof *t->counts);
   t->perm = calloc((size_t)num_tables, sizeof *t->perm);
+  t->perm_gen = calloc((size_t)num_tables, sizeof *t->perm_gen);
   if (!t->tc || !t->fnames || !t->tables || !t->features || !t->woff || !t->soff || !t->splace ||
       !t->cache_of ||
-      !t->counts || !t->perm) {
+      !t->counts || !t->perm || !t->perm_gen) {
     ur_tbe_free(t);
     return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
   }
@@ -369,6 +372,7 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
 
 void ur_tbe_free(ur_tbe *t) {
   if (!t) return;
+  ur__tbe_pages_free(t->pages);
   for (int32_t i = 0; t->cache_of && i < t->T; i++)
     if (t->cache_of[i]) ur__cache_orphan(t->cache_of[i], t);
   free(t->cache_of);
@@ -384,6 +388,7 @@ void ur_tbe_free(ur_tbe *t) {
   for (int32_t i = 0; t->perm && i < t->T; i++) ur_tensor_free(t->perm[i]);
   free(t->counts);
   free(t->perm);
+  free(t->perm_gen);
   for (int32_t i = 0; t->tc && i < t->T; i++) free((char *)t->tc[i].name);
   for (int32_t f = 0; t->fnames && f < t->F; f++) free(t->fnames[f]);
   free(t->tc);
@@ -495,6 +500,10 @@ ur_status ur_tbe_skipped(ur_tbe *t, int64_t *out) {
 ur__tbe_table *ur__tbe_desc(ur_tbe *t, int32_t i) { return &t->tables[i]; }
 ur_tensor **ur__tbe_counts_slot(ur_tbe *t, int32_t i) { return &t->counts[i]; }
 ur_tensor **ur__tbe_perm_slot(ur_tbe *t, int32_t i) { return &t->perm[i]; }
+void ur__tbe_perm_changed(ur_tbe *t, int32_t i) { t->perm_gen[i]++; }
+uint64_t ur__tbe_perm_gen(const ur_tbe *t, int32_t i) { return t->perm_gen[i]; }
+int ur__tbe_is_cached(const ur_tbe *t, int32_t i) { return t->cache_of[i] != NULL; }
+struct ur__tbe_pages **ur__tbe_pages_slot(ur_tbe *t) { return &t->pages; }
 
 ur_status ur__tbe_sync_desc(ur_tbe *t) {
   if (!t->gpu) return UR_STATUS_OK;

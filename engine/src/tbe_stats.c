@@ -398,6 +398,8 @@ ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tenso
     st = ur__tbe_sync_desc(t);
   }
 done:
+  /* even a failed relayout may have moved rows or the map: mirrors read it again */
+  ur__tbe_perm_changed(t, table);
   out->seconds = ur_clock_seconds() - t0;
   for (int k = 0; k < nx; k++) ur_tensor_free(xs[k]);
   ur_tensor_free(from_dev);
@@ -410,6 +412,7 @@ done:
 ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm) {
   ur_status st = check_index(t, table, 0, "set_permutation");
   if (st) return st;
+  ur__tbe_perm_changed(t, table);
   ur__tbe_table *d = ur__tbe_desc(t, table);
   const char *name = ur_tbe_table_name(t, table);
   int64_t rows = d->rows;
