@@ -174,6 +174,11 @@ function M.new(opts, level)
     c.state_place = sp and sp ~= "table" and pick(PLACES, sp, "table '" .. name .. "' state placement", level)
                     or -1
     self.dims[name], self.rows[name] = t.dim, t.rows
+    -- managed tables not behind a cache: the ones whose pages the prefetch pipeline moves
+    if (t.placement or default_place) == "managed" then
+      self.managed = self.managed or {}
+      self.managed[#self.managed + 1] = name
+    end
     self.dtypes = self.dtypes or {}
     self.dtypes[name] = t.dtype or opts.dtype or "f32"
     local fs = t.features or { name }
@@ -491,6 +496,56 @@ function methods:feature_col(name)
   local f = self.feature_index[name]
   if f == nil then error(("embedding collection: no feature named '%s'"):format(tostring(name)), 2) end
   return tonumber(C.ur_tbe_feature_col(H(self), f))
+end
+
+-- ---- pages of managed tables ----
+
+local page_stats = ffi.new("ur_page_stats")
+local run_count = ffi.new("int64_t[1]")
+
+local function stats_table(ps)
+  return { ids = tonumber(ps.ids), skipped_ids = tonumber(ps.skipped_ids), rows = tonumber(ps.rows),
+           pages = tonumber(ps.pages), runs = tonumber(ps.runs), runs_skipped = tonumber(ps.runs_skipped),
+           bytes = tonumber(ps.bytes), bytes_skipped = tonumber(ps.bytes_skipped),
+           location = lib.location_name(ps.location), issued = ps.issued ~= 0 }
+end
+
+local function page_location(location, level)
+  if location == nil then return C.UR_LOC_CURRENT_GPU end
+  return lib.location(location, level + 1)
+end
+
+-- prefetch_pages(input[, stream][, location]): prefetches to the GPU (location: the
+-- collection's by default) the pages of the managed tables' rows this input reads, but for
+-- runs the hint policy already keeps there; returns {ids, skipped_ids, rows, pages, runs,
+-- runs_skipped, bytes (asked for), bytes_skipped, location, issued}.  Without a GPU it
+-- computes the same runs and issues nothing (issued = false).
+function methods:prefetch_pages(input, stream, location)
+  local v, o, _, bp = self:_input(input, 2)
+  local loc = page_location(location, 2)
+  local ok, err = check(C.ur_tbe_prefetch_pages(S(stream), H(self), v, o, bp, loc, page_stats), 2)
+  if not ok then return nil, err end
+  return stats_table(page_stats)
+end
+
+-- page_runs(input[, location]): what prefetch_pages would ask for, issuing nothing: a list of
+-- runs {table = name, tensor = "weights" or a state name, first = byte, bytes =, skipped =
+-- bool} (bytes from the start of the tensor's storage, whole pages), and the stats.
+function methods:page_runs(input, location)
+  local v, o, _, bp = self:_input(input, 2)
+  local loc = page_location(location, 2)
+  local ok, err = check(C.ur_tbe_page_runs(H(self), v, o, bp, loc, page_stats), 2)
+  if not ok then return nil, err end
+  local r = C.ur_tbe_last_page_runs(H(self), run_count)
+  local list = {}
+  for k = 0, tonumber(run_count[0]) - 1 do
+    local x = r[k]
+    list[k + 1] = { table = self.table_names[x.table + 1],
+                    tensor = x.tensor == 0 and "weights" or self.state_names[x.tensor],
+                    first = tonumber(x.byte_begin), bytes = tonumber(x.byte_end - x.byte_begin),
+                    skipped = x.skipped ~= 0 }
+  end
+  return list, stats_table(page_stats)
 end
 
 -- Access counters, ranking and row layout (uvmrec.tbe_stats).

@@ -1,7 +1,10 @@
 -- uvmrec.pipeline.Prefetch: a training loop whose stages overlap on their own streams.  While
--- the GPU computes batch i (the compute stream), batch i+1's missing rows come into the cache
--- of the collection's `cached` tables (the prefetch stream: ur_cache_prepare, its host work
--- overlapping the GPU's), and batch i+2 is copied to the GPU (a high-priority copy stream).
+-- the GPU computes batch i (the compute stream), batch i+1's rows are brought near the GPU on
+-- the prefetch stream, and batch i+2 is copied to the GPU (a high-priority copy stream).  For
+-- the collection's `cached` tables the missing rows come into the cache (ur_cache_prepare, its
+-- host work overlapping the GPU's); for its `managed` tables the pages of the rows that the
+-- hint policy left on the host are prefetched to the GPU (ur_tbe_prefetch_pages), so one loop
+-- serves both offload paths.
 -- Events join the stages: compute waits for its batch's copy and prefetch; a copy into a
 -- buffer waits until the batch that last used it is done; the cache makes its own copies wait
 -- for the retire (backward and staged write-backs) of earlier batches wherever they touch the
@@ -14,7 +17,9 @@
 --                    step = function(dev_batch, i) ... end,      -- forward + backward of one batch;
 --                                                                -- false: stop at once
 --                    release = function(host_batch) end,         -- optional: the source's batch is free
---                    drain = true }                              -- false: stop at once at the end
+--                    drain = true,                               -- false: stop at once at the end
+--                    pages = true }  -- managed tables: prefetch the pages of each batch's rows
+--                                    -- (default: true when the collection has managed tables)
 --   local steps = p:run(max_steps)
 --
 -- Batches are tables whose tensor fields (at any depth; not those named _x) are copied to the collection's device
@@ -41,7 +46,7 @@ function Prefetch.new(o)
   if type(o) ~= "table" then fail("expected a table of options", 2) end
   for k in pairs(o) do
     if not ({ collection = true, source = true, sparse = true, step = true, release = true,
-              drain = true, compute = true })[k] then
+              drain = true, compute = true, pages = true })[k] then
       fail(("unknown option '%s'"):format(tostring(k)), 2)
     end
   end
@@ -51,12 +56,21 @@ function Prefetch.new(o)
   if tbe ~= nil and type(tbe.forward) ~= "function" then
     fail("collection must be an EmbeddingBagCollection or a uvmrec.tbe collection", 2)
   end
+  local managed = tbe ~= nil and tbe.managed ~= nil and #tbe.managed > 0
+  if o.pages ~= nil and type(o.pages) ~= "boolean" then
+    fail(("pages is %s; expected true or false"):format(tostring(o.pages)), 2)
+  end
+  if o.pages and not managed then
+    fail("pages = true needs a collection with managed tables", 2)
+  end
   local self = setmetatable({
     tbe = tbe, cache = tbe and tbe.cache, source = o.source, step = o.step, release = o.release,
     sparse = o.sparse or function(b) return b.sparse end,
     drain = o.drain ~= false, compute = o.compute,
     device = tbe and tbe.device or (C.ur_device_count() > 0 and 0 or -1),
-    slots = {}, counts = { batches = 0, prefetched = 0, copied = 0 },
+    pages = managed and o.pages ~= false,
+    slots = {}, counts = { batches = 0, prefetched = 0, copied = 0, pages = 0, page_bytes = 0,
+                           page_runs = 0, pages_skipped_bytes = 0 },
   }, Prefetch)
   self.gpu = self.device >= 0
   -- Streams on the CPU too: they order nothing there, but the cache's locks follow the
@@ -112,12 +126,23 @@ function Prefetch:_copy(s, b)
 end
 
 -- Stage 2: the cache brings in the rows of the batch in slot s (prepared under the key of its
--- device input, which is what the step's forward will be given).
+-- device input, which is what the step's forward will be given); the pages of its rows in
+-- managed tables are prefetched (their ids read from the host batch).
 function Prefetch:_prefetch(s)
-  if not self.cache then return end
-  local key, host = self.sparse(s.dev), self.sparse(s.host)
-  local v, o, _, bp = self.tbe:_input(host, 2)
-  assert(self.cache:prepare(key, v, o, bp, self.prefetch_stream, 2, true))
+  if not self.cache and not self.pages then return end
+  local host = self.sparse(s.host)
+  if self.cache then
+    local v, o, _, bp = self.tbe:_input(host, 2)
+    assert(self.cache:prepare(self.sparse(s.dev), v, o, bp, self.prefetch_stream, 2, true))
+  end
+  if self.pages then
+    local ps = assert(self.tbe:prefetch_pages(host, self.prefetch_stream))
+    local c = self.counts
+    c.pages = c.pages + ps.pages
+    c.page_bytes = c.page_bytes + ps.bytes
+    c.page_runs = c.page_runs + ps.runs - ps.runs_skipped
+    c.pages_skipped_bytes = c.pages_skipped_bytes + ps.bytes_skipped
+  end
   if self.gpu then assert(s.prepared:record(self.prefetch_stream)) end
   self.counts.prefetched = self.counts.prefetched + 1
 end
@@ -144,7 +169,7 @@ function Prefetch:run(max_steps)
     local s = ring[i % DEPTH + 1]
     if self.gpu then
       wait(self.compute, s.copied)
-      if self.cache then wait(self.compute, s.prepared) end
+      if self.cache or self.pages then wait(self.compute, s.prepared) end
     end
     local go = self.step(s.dev, i + 1) ~= false
     if self.gpu then assert(s.done:record(self.compute)) end
@@ -176,9 +201,18 @@ function Prefetch:run(max_steps)
   return n
 end
 
--- Batches trained, prefetched and copied so far.
+-- Batches trained, prefetched and copied so far; with pages on, the managed tables' pages the
+-- batches touched (pages), the bytes of the runs asked for (page_bytes) and their number
+-- (page_runs), and the bytes left alone because the hint policy keeps them on the GPU
+-- (pages_skipped_bytes).
 function Prefetch:stats()
-  return { batches = self.counts.batches, prefetched = self.counts.prefetched, copied = self.counts.copied }
+  local c = self.counts
+  local r = { batches = c.batches, prefetched = c.prefetched, copied = c.copied }
+  if self.pages then
+    r.pages, r.page_bytes, r.page_runs, r.pages_skipped_bytes = c.pages, c.page_bytes, c.page_runs,
+                                                              c.pages_skipped_bytes
+  end
+  return r
 end
 
 function Prefetch:free()

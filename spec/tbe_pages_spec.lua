@@ -1,0 +1,485 @@
+-- Page prefetch of managed tables (ur_tbe_prefetch_pages, tbe:page_runs, tbe:prefetch_pages)
+-- and the prefetch pipeline over managed tables.  On the CPU: the runs of pages a batch's rows
+-- touch, exactly (f32, f16 and bf16 rows, rows straddling pages, a permutation, adjacent pages
+-- merged, ranges the hint record keeps on the GPU skipped, optimizer state, bad ids, random
+-- batches against a plain reference), the errors of bad input, and training through the
+-- pipeline (and `uvmrec train` with train.pipeline) as the plain loop does, bit for bit.  On
+-- the GPU (#cuda): the runs asked for report prefetched to the GPU, and managed tables trained
+-- through the pipeline give the plain loop's and device tables' outputs and weights.
+local ffi = require "ffi"
+local ur = require "uvmrec"
+local h = require "helpers"
+local R = require "tbe_ref"
+local tbe = require "uvmrec.tbe"
+local Prefetch = require "uvmrec.pipeline.Prefetch"
+
+local cuda_it = h.cuda_it
+local C = ur.C
+local P = 4096
+
+-- Every test runs with 4 KiB hint pages; the page size in force before is restored after.
+local saved_page
+local function with_pages(fn)
+  return function()
+    saved_page = ur.hint_page_bytes()
+    ur.set_hint_page_bytes(P)
+    local ok, err = pcall(fn)
+    ur.set_hint_page_bytes(saved_page)
+    if not ok then error(err, 0) end
+  end
+end
+
+-- Runs as "table/tensor first+bytes[ skipped]" strings, for readable comparisons.
+local function show(runs)
+  local s = {}
+  for i, r in ipairs(runs) do
+    s[i] = ("%s/%s %d+%d%s"):format(r.table, r.tensor, r.first, r.bytes, r.skipped and " skipped" or "")
+  end
+  return s
+end
+
+-- One bag per feature (batch 1) holding the given ids, features in the collection's order.
+local function batch(c, ids)
+  local values, offsets = {}, { 0 }
+  for _, f in ipairs(c.features) do
+    for _, id in ipairs(ids[f] or {}) do values[#values + 1] = id end
+    offsets[#offsets + 1] = #values
+  end
+  return R.input({ values = values, offsets = offsets }, "host")
+end
+
+-- a: f32 dim 16 (64-byte rows, 4 pages); b: f16 dim 24 (48-byte rows: row 85 straddles pages
+-- 0 and 1; 3 pages); h: host, never looked at; d: bf16 dim 8 (16-byte rows, 4 pages).  Each is
+-- the only table of its storage, so its rows start at byte 0.
+local function collection(opts)
+  opts = opts or {}
+  return assert(tbe.new { device = "cpu", optimizer = opts.optimizer or "sgd", bounds = opts.bounds,
+    tables = {
+      { name = "a", rows = 256, dim = 16, dtype = "f32", placement = "managed" },
+      { name = "b", rows = 256, dim = 24, dtype = "f16", placement = "managed" },
+      { name = "h", rows = 64, dim = 8, dtype = "f32", placement = "host" },
+      { name = "d", rows = 1024, dim = 8, dtype = "bf16", placement = "managed" },
+    } })
+end
+
+-- The plain reference: a set of pages per (table, tensor) from each id's bytes, then sorted and
+-- coalesced.  layout[name] = { {tensor =, base =, row_bytes =, alloc =}, ... }.
+local function reference(c, ids, layout, perms)
+  local out = {}
+  for _, name in ipairs(c.table_names) do
+    for _, L in ipairs(layout[name] or {}) do
+      local pages, list = {}, {}
+      for _, id in ipairs(ids[name] or {}) do
+        if id >= 0 and id < c.rows[name] then
+          local row = perms and perms[name] and perms[name][id + 1] or id
+          local b = L.base + row * L.row_bytes
+          for pg = math.floor(b / P), math.floor((b + L.row_bytes - 1) / P) do
+            if not pages[pg] then
+              pages[pg] = true
+              list[#list + 1] = pg
+            end
+          end
+        end
+      end
+      table.sort(list)
+      local k = 1
+      while k <= #list do
+        local e = k
+        while e < #list and list[e + 1] == list[e] + 1 do e = e + 1 end
+        local first, last = list[k] * P, math.min((list[e] + 1) * P, L.alloc)
+        out[#out + 1] = { table = name, tensor = L.tensor, first = first, bytes = last - first, skipped = false }
+        k = e + 1
+      end
+    end
+  end
+  return out
+end
+
+describe("tbe page runs (ur_tbe_page_runs)", function()
+  it("has the layouts the header declares", function()
+    assert.equal(tonumber(C.ur_sizeof_page_run()), ffi.sizeof("ur_page_run"))
+    assert.equal(tonumber(C.ur_sizeof_page_stats()), ffi.sizeof("ur_page_stats"))
+  end)
+
+  it("turns rows into merged runs of pages per table (f32, f16, bf16; straddling rows; a permutation)",
+     with_pages(function()
+    local c = collection()
+    -- d keeps row id at physical row 1023 - id
+    local perm = R.tensor((function()
+      local p = {}
+      for id = 0, 1023 do p[id + 1] = 1023 - id end
+      return p
+    end)(), "i64")
+    assert(c:set_permutation("d", perm))
+    local runs, st = c:page_runs(batch(c, {
+      a = { 1, 2, 130, 255, 2 },  -- pages 0, 2, 3: runs [0, 4096) and [8192, 16384)
+      b = { 85, 200, 10 },        -- row 85 is bytes 4080..4128: pages 0..2 merge into one run
+      h = { 3, 60 },              -- host table: not looked at
+      d = { 0, 5, 1000 },         -- physical rows 1023, 1018 (page 3) and 23 (page 0)
+    }))
+    assert.same({ "a/weights 0+4096", "a/weights 8192+8192", "b/weights 0+12288",
+                  "d/weights 0+4096", "d/weights 12288+4096" }, show(runs))
+    assert.equal(11, st.ids)
+    assert.equal(4 + 3 + 3, st.rows)
+    assert.equal(3 + 3 + 2, st.pages)
+    assert.equal(5, st.runs)
+    assert.equal(0, st.runs_skipped)
+    assert.equal(4096 + 8192 + 12288 + 4096 + 4096, st.bytes)
+    assert.is_false(st.issued)
+    -- the permutation changes: the runs follow it
+    assert(c:set_permutation("d", nil))
+    runs = c:page_runs(batch(c, { d = { 0, 5, 1000 } }))
+    assert.same({ "d/weights 0+4096", "d/weights 12288+4096" }, show(runs))
+    runs = c:page_runs(batch(c, { d = { 300, 600 } })) -- pages 1 and 2: one run
+    assert.same({ "d/weights 4096+8192" }, show(runs))
+    c:free()
+  end))
+
+  it("skips runs lying wholly in ranges preferred on or prefetched to the GPU, not partly", with_pages(function()
+    local c = collection()
+    local a = c:table("a")
+    assert(a:advise(128 * 16, 128 * 16, "preferred_location", "gpu")) -- rows 128..255: pages 2, 3
+    local ids = { a = { 1, 130, 255 } }
+    local runs, st = c:page_runs(batch(c, ids))
+    assert.same({ "a/weights 0+4096", "a/weights 8192+8192 skipped" }, show(runs))
+    assert.equal(1, st.runs_skipped)
+    assert.equal(4096, st.bytes)
+    assert.equal(8192, st.bytes_skipped)
+    -- toward the CPU nothing is preferred there: nothing skipped
+    runs = c:page_runs(batch(c, ids), "cpu")
+    assert.same({ "a/weights 0+4096", "a/weights 8192+8192" }, show(runs))
+    -- a run of which only a part is on the GPU is asked for whole
+    assert(a:advise(192 * 16, 64 * 16, "unset_preferred_location", "gpu"))   -- page 3 no longer
+    runs = c:page_runs(batch(c, ids))
+    assert.same({ "a/weights 0+4096", "a/weights 8192+8192" }, show(runs))
+    -- prefetched there counts too
+    assert(a:prefetch(192 * 16, 64 * 16, "gpu"))
+    runs = c:page_runs(batch(c, ids))
+    assert.same({ "a/weights 0+4096", "a/weights 8192+8192 skipped" }, show(runs))
+    a:free()
+    c:free()
+  end))
+
+  it("includes managed optimizer state (rowwise Adagrad's 4-byte rows)", with_pages(function()
+    local c = collection { optimizer = "rowwise_adagrad" }
+    local s = c:state("a").sum
+    local base = tonumber(C.ur_tensor_offset(s.p)) * 4
+    local runs = c:page_runs(batch(c, { a = { 1, 255 } }))
+    -- the sums of all tables share one f32 storage; a's start at `base`: rows 1 and 255 are
+    -- bytes base + 4 .. base + 1024, one run from the page of the first
+    assert.equal(3, #runs)
+    assert.same({ "a/weights 0+4096", "a/weights 12288+4096" }, { show(runs)[1], show(runs)[2] })
+    assert.equal("sum", runs[3].tensor)
+    assert.equal(math.floor((base + 4) / P) * P, runs[3].first)
+    assert.is_true(runs[3].first + runs[3].bytes >= base + 1024)
+    s:free()
+    c:free()
+  end))
+
+  it("fails on a bad id as the forward does under bounds fatal, skips it under warn", with_pages(function()
+    local c = collection()
+    local input = batch(c, { a = { 1 }, b = { 2, 256 } })
+    local msg = "tbe: table 'b' (feature 'b', sample 0, value 2) has no row 256; ids run 0..255"
+    assert.has_error(function() c:page_runs(input) end, msg)
+    assert.has_error(function() c:prefetch_pages(input) end, msg)
+    local out = assert(c:new_output(input))
+    assert.has_error(function() c:forward(input, out) end, msg) -- the forward's own
+    c:free()
+    c = collection { bounds = "warn" }
+    local runs, st = c:page_runs(batch(c, { a = { 1, -4 }, b = { 2, 256 } }))
+    assert.same({ "a/weights 0+4096", "b/weights 0+4096" }, show(runs))
+    assert.equal(2, st.skipped_ids)
+    assert.equal(2, st.rows)
+    c:free()
+  end))
+
+  it("names the object, the value and the expectation for bad input", with_pages(function()
+    local c = collection()
+    local function err_of(input)
+      local ok, e = pcall(c.page_runs, c, input)
+      assert.is_false(ok)
+      return (tostring(e):gsub("^[^:]*:%d+: ", ""))
+    end
+    local good = batch(c, { a = { 1 } })
+    assert.equal("tbe: prefetch_pages: values is i32 with 1 dimensions; expected i64 with 1",
+                 err_of({ values = R.tensor({ 1 }, "i32"), offsets = good.offsets }))
+    assert.equal("tbe: prefetch_pages: 5 bags do not split evenly over 4 features; pass batch_per_feature "
+                 .. "for a variable batch",
+                 err_of({ values = good.values, offsets = R.tensor({ 0, 1, 1, 1, 1, 1 }, "i64") }))
+    assert.equal("tbe: prefetch_pages: offsets end at 3 but there are 1 values",
+                 err_of({ values = good.values, offsets = R.tensor({ 0, 1, 1, 1, 3 }, "i64") }))
+    assert.equal("tbe: prefetch_pages: offsets[2] = 0 is below offsets[1] = 1; offsets must not decrease",
+                 err_of({ values = good.values, offsets = R.tensor({ 0, 1, 0, 1, 1 }, "i64") }))
+    assert.equal("tbe: prefetch_pages: batch_per_feature sums to 3 bags but offsets hold 4",
+                 err_of({ values = good.values, offsets = good.offsets, batch_per_feature = { 1, 1, 1, 0 } }))
+    local st = ffi.new("ur_page_stats")
+    assert.equal(C.UR_STATUS_INVALID, C.ur_tbe_page_runs(c.h.p, good.values.p, good.offsets.p, nil, -7, st))
+    assert.equal("tbe: prefetch_pages: location -7 is not a location; expected -1 (cpu), -2 (the collection's "
+                 .. "gpu) or a GPU number", ffi.string(C.ur_last_error()))
+    assert.has_error(function() c:page_runs(good, "moon") end)
+    c:free()
+  end))
+
+  it("matches a plain reference on random batches (variable batch, permutations, state)", with_pages(function()
+    math.randomseed(17)
+    for round = 1, 4 do
+      local opt = round % 2 == 0 and "adam" or "rowwise_adagrad"
+      local c = assert(tbe.new { device = "cpu", optimizer = opt, seed = round, tables = {
+        { name = "x", rows = 3000, dim = 12, dtype = "f16", placement = "managed", features = { "x1", "x2" } },
+        { name = "y", rows = 777, dim = 36, dtype = "f32", placement = "managed" },
+        { name = "z", rows = 5000, dim = 4, dtype = "bf16", placement = "managed" },
+        { name = "w", rows = 100, dim = 8, dtype = "f32", placement = "host" },
+      } })
+      local perms = {}
+      for _, name in ipairs { "x", "z" } do
+        local n, p = c.rows[name], {}
+        for i = 1, n do p[i] = i - 1 end
+        for i = n, 2, -1 do
+          local j = math.random(i)
+          p[i], p[j] = p[j], p[i]
+        end
+        perms[name] = p
+        local t = R.tensor(p, "i64")
+        assert(c:relayout(name, t))
+        t:free()
+      end
+      local layout = {}
+      for _, name in ipairs { "x", "y", "z" } do
+        local ts = { { "weights", c:table(name) } }
+        for _, sn in ipairs(c.state_names) do ts[#ts + 1] = { sn, c:state(name)[sn] } end
+        layout[name] = {}
+        for _, e in ipairs(ts) do
+          local x = e[2]
+          local es = x:nbytes() / x:numel()
+          -- the allocation's end is left open: the engine clamps to it (below)
+          local base = tonumber(C.ur_tensor_offset(x.p)) * es
+          layout[name][#layout[name] + 1] = { tensor = e[1], base = base, row_bytes = x:nbytes() / c.rows[name],
+                                             alloc = math.huge }
+        end
+      end
+      local bpf = { math.random(0, 40), math.random(0, 40), math.random(0, 40), math.random(0, 40), math.random(0, 40) }
+      local values, offsets, ids = {}, { 0 }, { x = {}, y = {}, z = {}, w = {} }
+      for f, fname in ipairs(c.features) do
+        local tname = fname:match("^x") and "x" or fname
+        for _ = 1, bpf[f] do
+          for _ = 1, math.random(0, 4) do
+            local id = math.floor(c.rows[tname] * math.random() ^ 3)
+            values[#values + 1] = id
+            table.insert(ids[tname], id)
+          end
+          offsets[#offsets + 1] = #values
+        end
+      end
+      local input = R.input({ values = values, offsets = offsets, bpf = bpf }, "host")
+      local runs, st = c:page_runs(input)
+      local want = reference(c, ids, layout, perms)
+      -- the last run of a tensor may end at its allocation's end: compare with that clamped
+      for i, r in ipairs(want) do
+        if runs[i] and runs[i].first == r.first and runs[i].bytes < r.bytes then r.bytes = runs[i].bytes end
+      end
+      assert.same(show(want), show(runs), "round " .. round)
+      local pages = 0
+      for _, r in ipairs(want) do pages = pages + math.ceil(r.bytes / P) end
+      assert.equal(pages, st.pages, "round " .. round)
+      assert.equal(#values - #ids.w, st.ids)
+      c:free()
+    end
+  end))
+end)
+
+-- ---- the pipeline over managed tables ----
+
+local TABLES = { { name = "a", rows = 3000, dim = 16 }, { name = "b", rows = 900, dim = 8, dtype = "f16" } }
+
+local function make(device, placement)
+  local o = { tables = {}, device = device, seed = 4, optimizer = { "rowwise_adagrad", lr = 0.1 } }
+  for i, t in ipairs(TABLES) do
+    o.tables[i] = { name = t.name, rows = t.rows, dim = t.dim, dtype = t.dtype, placement = placement }
+  end
+  return ur.nn.EmbeddingBagCollection(o)
+end
+
+local function batches(n, placement)
+  math.randomseed(8)
+  local list = {}
+  for k = 1, n do
+    local values, offsets = {}, { 0 }
+    for _, t in ipairs(TABLES) do
+      for _ = 1, 16 do
+        for _ = 1, math.random(1, 3) do
+          values[#values + 1] = (k * 37 + math.floor(t.rows * math.random() ^ 2)) % t.rows
+        end
+        offsets[#offsets + 1] = #values
+      end
+    end
+    local g = R.tensor(R.randoms(16 * 24), "f32", placement):view_as(0, { 16, 24 })
+    list[k] = { sparse = R.input({ values = values, offsets = offsets }, placement), grad = g }
+  end
+  return list
+end
+
+local function bits_equal(a, b, what)
+  a = a:placement() == "host" and a or assert(a:to("host"))
+  b = b:placement() == "host" and b or assert(b:to("host"))
+  assert.equal(b:nbytes(), a:nbytes(), what)
+  local pa = ffi.cast("const uint8_t *", C.ur_tensor_data(a.p))
+  local pb = ffi.cast("const uint8_t *", C.ur_tensor_data(b.p))
+  for i = 0, a:nbytes() - 1 do
+    if pa[i] ~= pb[i] then error(("%s: byte %d differs"):format(what, i), 2) end
+  end
+end
+
+local function plain(m, list)
+  local outs = {}
+  for k, b in ipairs(list) do
+    outs[k] = assert(m:forward(b.sparse):to("host"))
+    m:backward(b.sparse, b.grad)
+  end
+  return outs
+end
+
+local function piped(m, list, opts)
+  local outs, k = {}, 0
+  local p = Prefetch.new {
+    collection = m, pages = opts and opts.pages,
+    source = function()
+      k = k + 1
+      return list[k]
+    end,
+    step = function(b, i)
+      outs[i] = assert(m:forward(b.sparse):to("host"))
+      m:backward(b.sparse, b.grad)
+    end,
+  }
+  local n = p:run()
+  local stats = p:stats()
+  p:free()
+  return outs, n, stats
+end
+
+describe("uvmrec.pipeline.Prefetch over managed tables", function()
+  it("prefetches each batch's pages by default and trains as the plain loop does, bit for bit", with_pages(function()
+    local list = batches(10, "host")
+    local ref = make("cpu", "managed")
+    local want = plain(ref, list)
+    local m = make("cpu", "managed")
+    local outs, n, stats = piped(m, list)
+    assert.equal(10, n)
+    for i = 1, 10 do bits_equal(outs[i], want[i], "batch " .. i) end
+    for _, t in ipairs(TABLES) do bits_equal(m:table(t.name), ref:table(t.name), "table " .. t.name) end
+    -- the stats are the sums of what page_runs says of each batch
+    local probe = make("cpu", "managed")
+    local pages, bytes = 0, 0
+    for _, b in ipairs(list) do
+      local _, st = probe:page_runs(b.sparse)
+      pages, bytes = pages + st.pages, bytes + st.bytes
+    end
+    assert.is_true(pages > 0)
+    assert.equal(pages, stats.pages)
+    assert.equal(bytes, stats.page_bytes)
+    assert.equal(10, stats.prefetched)
+  end))
+
+  it("turns page prefetch off with pages = false, and refuses it without managed tables", function()
+    local list = batches(3, "host")
+    local _, n, stats = piped(make("cpu", "managed"), list, { pages = false })
+    assert.equal(3, n)
+    assert.is_nil(stats.pages)
+    assert.equal(0, stats.prefetched)
+    assert.has_error(function()
+      Prefetch.new { collection = make("cpu", "host"), source = function() end, step = function() end, pages = true }
+    end, "Prefetch: pages = true needs a collection with managed tables")
+    assert.has_error(function()
+      Prefetch.new { collection = make("cpu", "managed"), source = function() end, step = function() end, pages = 1 }
+    end, "Prefetch: pages is 1; expected true or false")
+  end)
+
+  it("trains managed tables in `uvmrec train` with train.pipeline as without it", function()
+    local ck = require "uvmrec.checkpoint"
+    local train = require "uvmrec.train"
+    local function losses(sets)
+      local all = { "train.batch_size=256", "eval.samples=0", "eval.min_auc=0", "train.log_every=1", "train.steps=6",
+                    "embeddings.hints.every=2", "embeddings.hints.allowance=20%" }
+      for _, s in ipairs(sets) do all[#all + 1] = s end
+      local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), all))
+      local dir = os.tmpname()
+      os.remove(dir)
+      assert(train.run(cfg, { out = dir, progress = "none", cpu = true, print = function() end }))
+      local l = {}
+      for line in io.lines(dir .. "/metrics.jsonl") do
+        local e = assert(ck.json.decode(line))
+        if e.event == "train" then l[e.step] = e.loss end
+      end
+      os.execute("rm -rf '" .. dir .. "'")
+      return l
+    end
+    local want = losses { "embeddings.placement=host" }
+    assert.equal(6, #want)
+    for _, policy in ipairs { "hot_prefix", "none" } do
+      local got = losses { "embeddings.placement=managed", "embeddings.hints.policy=" .. policy, "train.pipeline=true" }
+      assert.same(want, got, policy)
+    end
+  end)
+
+  cuda_it("prefetch_pages leaves the runs asked for prefetched to the GPU, skipping the hot prefix",
+          with_pages(function()
+    local c = assert(tbe.new { device = 0, optimizer = "sgd", tables = {
+      { name = "a", rows = 4096, dim = 16, dtype = "f32", placement = "managed" },
+      { name = "b", rows = 4096, dim = 24, dtype = "bf16", placement = "managed" } } })
+    local a = c:table("a")
+    -- rows 0..1023 (pages 0..15) preferred on the GPU, the rest on the host, read in place
+    assert(a:advise(0, 1024 * 16, "preferred_location", "gpu"))
+    assert(a:advise(1024 * 16, 3072 * 16, "preferred_location", "cpu"))
+    assert(a:advise(0, 4096 * 16, "accessed_by", "gpu"))
+    local input = batch(c, { a = { 3, 700, 2000, 2001, 4095 }, b = { 5, 4000 } })
+    local s = assert(ur.stream())
+    local st = assert(c:prefetch_pages(input, s))
+    assert(s:sync())
+    assert.is_true(st.issued)
+    local runs = c:page_runs(input)
+    local asked = 0
+    for _, r in ipairs(runs) do
+      local x = c:table(r.table)
+      local es = x:nbytes() / x:numel()
+      local off = (r.first - tonumber(C.ur_tensor_offset(x.p)) * es) / es
+      local n = math.min(r.bytes / es, x:numel() - off)
+      local adv = assert(x:advised(off, n))
+      if r.skipped then
+        assert.equal(r.table, "a")
+        assert.equal("cuda:0", adv.preferred_location)
+      else
+        asked = asked + 1
+        assert.equal("cuda:0", adv.last_prefetch_location, ("run %s %d+%d"):format(r.table, r.first, r.bytes))
+        local where = assert(x:residency(off, n))
+        assert.is_true(where.fast, ("run %s %d+%d resident"):format(r.table, r.first, r.bytes))
+      end
+      x:free()
+    end
+    assert.equal(st.runs - st.runs_skipped, asked)
+    assert.is_true(st.runs_skipped >= 1 and asked >= 3)
+    a:free()
+    s:free()
+    c:free()
+  end))
+
+  cuda_it("trains managed tables through the pipeline as the plain loop and device tables do, bit for bit",
+          with_pages(function()
+    local list = batches(24, "pinned")
+    local dev = make(0, "device")
+    local want = plain(dev, list)
+    local ref = make(0, "managed")
+    local want_managed = plain(ref, list)
+    local m = make(0, "managed")
+    local outs, n, stats = piped(m, list)
+    assert.equal(24, n)
+    assert.is_true(stats.page_bytes > 0)
+    for i = 1, 24 do
+      bits_equal(outs[i], want[i], "batch " .. i .. " (device tables)")
+      bits_equal(outs[i], want_managed[i], "batch " .. i .. " (plain loop)")
+    end
+    for _, t in ipairs(TABLES) do
+      bits_equal(m:table(t.name), dev:table(t.name), "table " .. t.name)
+      bits_equal(m:state(t.name).sum, dev:state(t.name).sum, "state " .. t.name)
+    end
+  end))
+end)
