@@ -1,11 +1,37 @@
-/* cache.cu (kernels): the software cache's row mover.  A warp per entry copies one row (and
- * its optimizer state) between host memory (pinned or managed, read and written in place over
- * the host link) and the slot storage in HBM, in 16-byte words where both ends allow it. */
+/* cache.cu (kernels): the software cache on the GPU.  Its decisions, made the way the host
+ * reference in engine/src/cache.c makes them, and its row mover.
+ *
+ * One batch, in three calls on one stream:
+ *   lookup  each value of a cached table becomes a key (the table's first key plus the row);
+ *           the keys are sorted and deduplicated, each distinct key is given its set (a hash
+ *           of (table, row)), and the distinct keys are put in (set, key) order by a stable
+ *           sort on the set; the runs of one set are the groups.
+ *   decide  a warp per set, a lane per way: the set's hits first (a ballot on the tags), then
+ *           its misses in key order, each taking the lowest empty way, else the way that is
+ *           least (count, stamp, way) among those no batch in flight holds, else nothing (a
+ *           conflict miss).  Then an exclusive scan counts write-backs, fills and conflicts
+ *           in key order, and a tally gives each table its counts.
+ *   place   the move lists in key order (write-backs, fills, staged loads), the batch's slot
+ *           list, and the slot id of every value.
+ * The row mover: a warp per entry copies one row (and its optimizer state) between host
+ * memory (pinned or managed, read and written in place over the host link) and the slot
+ * storage in HBM, in 16-byte words where both ends allow it. */
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+#include <cub/device/device_select.cuh>
+#include <thrust/iterator/counting_iterator.h>
+
 #include "cache_kernels.h"
 
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
+constexpr int kThreads = 256;
+constexpr uint64_t kEmpty = ~(uint64_t)0;
+constexpr int64_t kHit = (int64_t)1 << 62;
+constexpr int kWays = 32;
+
+/* ---- the row mover ---- */
 
 __device__ void copy_bytes(char *dst, const char *src, int64_t bytes, int lane) {
   if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) & 15) == 0) {
@@ -40,6 +66,436 @@ __global__ void move_rows(ur__cache_io io, const int64_t *entries, int64_t n, in
   }
 }
 
+/* ---- keys, sets and counts: the same functions as engine/src/cache.c ---- */
+
+__device__ uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
+
+__device__ int32_t table_of_key(const ur__cache_dev &d, uint64_t key) {
+  int32_t lo = 0, hi = d.nt;
+  while (hi - lo > 1) {
+    int32_t mid = (lo + hi) / 2;
+    if ((uint64_t)d.kbase[mid] <= key) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+__device__ uint32_t set_of(const ur__cache_dev &d, uint64_t key, int32_t ct) {
+  uint64_t row = key - (uint64_t)d.kbase[ct];
+  return (uint32_t)(d.set_base[ct] +
+                    (int64_t)(mix64(((uint64_t)ct << UR__CACHE_ROW_BITS) ^ row ^ 0x5851F42D4C957F2Dull) %
+                              (uint64_t)d.set_count[ct]));
+}
+
+__device__ uint64_t pair_of(const ur__cache_dev &d, uint64_t key) {
+  int32_t ct = table_of_key(d, key);
+  return ((uint64_t)ct << UR__CACHE_ROW_BITS) | (key - (uint64_t)d.kbase[ct]);
+}
+
+__device__ uint32_t freq_now(uint32_t f, uint32_t epoch) {
+  uint32_t dd = (epoch - (f >> 16)) & 0xffffu;
+  return dd >= 16 ? 0 : (f & 0xffffu) >> dd;
+}
+
+/* The first index in a[0..n) whose value is not below x. */
+template <typename T>
+__device__ int64_t lower_bound(const T *a, int64_t n, T x) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (a[mid] < x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* The feature of value v: the last f whose first value is at or before v. */
+__device__ int32_t feature_of(const int64_t *fvb, int32_t F, int64_t v) {
+  int32_t lo = 0, hi = F;
+  while (hi - lo > 1) {
+    int32_t mid = (lo + hi) / 2;
+    if (fvb[mid] <= v) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+__device__ int64_t *table_info(const ur__cache_job &j, int32_t ct) {
+  return j.info + UR__CI_TABLES + (int64_t)ct * UR__CT_COUNT;
+}
+
+/* Write-backs, fills and conflicts counted together by one scan. */
+struct Tri {
+  long long wb, fill, conf;
+};
+struct TriSum {
+  __host__ __device__ Tri operator()(const Tri &a, const Tri &b) const {
+    return Tri{a.wb + b.wb, a.fill + b.fill, a.conf + b.conf};
+  }
+};
+
+/* The scratch of one batch of n values (the same carving for each of the three calls). */
+struct Layout {
+  uint64_t *ka, *kb;            /* keys, sorted into ka */
+  int64_t *va, *vb;             /* their value indices */
+  int64_t *uid;                 /* per sorted key: distinct keys up to it (inclusive) */
+  uint64_t *ukeys;              /* the distinct keys, ascending */
+  uint32_t *sa, *sb;            /* per distinct key its set, sorted into sa */
+  int64_t *oa, *ob;             /* the distinct keys' indices in (set, key) order, into oa */
+  int64_t *grp;                 /* [n + 1] each set's first place in oa, then U */
+  int64_t *res, *evict;         /* per distinct key: slot (hits: | kHit) or -1; evicted key */
+  Tri *flags, *pre;             /* [n + 1] */
+  int64_t *fvb, *bag;           /* [F + 1] each feature's first value; bag starts */
+  void *cub;
+  size_t cub_bytes, total;
+};
+
+size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
+
+cudaError_t carve(const ur__cache_dev &d, int64_t n, char *base, Layout *L) {
+  size_t at = 0;
+  int64_t m = n > 0 ? n : 1;
+  auto take = [&](size_t bytes) -> void * {
+    void *p = base ? base + at : nullptr;
+    at += align_up(bytes);
+    return p;
+  };
+  L->ka = (uint64_t *)take((size_t)m * 8);
+  L->kb = (uint64_t *)take((size_t)m * 8);
+  L->va = (int64_t *)take((size_t)m * 8);
+  L->vb = (int64_t *)take((size_t)m * 8);
+  L->uid = (int64_t *)take((size_t)m * 8);
+  L->ukeys = (uint64_t *)take((size_t)m * 8);
+  L->sa = (uint32_t *)take((size_t)m * 4);
+  L->sb = (uint32_t *)take((size_t)m * 4);
+  L->oa = (int64_t *)take((size_t)m * 8);
+  L->ob = (int64_t *)take((size_t)m * 8);
+  L->grp = (int64_t *)take((size_t)(m + 1) * 8);
+  L->res = (int64_t *)take((size_t)m * 8);
+  L->evict = (int64_t *)take((size_t)m * 8);
+  L->flags = (Tri *)take((size_t)(m + 1) * sizeof(Tri));
+  L->pre = (Tri *)take((size_t)(m + 1) * sizeof(Tri));
+  L->fvb = (int64_t *)take((size_t)(d.F + 1) * 8);
+  L->bag = (int64_t *)take((size_t)(d.F + 1) * 8);
+  size_t c = 0, best = 0;
+  cudaError_t e;
+  {
+    cub::DoubleBuffer<uint64_t> k(nullptr, nullptr);
+    cub::DoubleBuffer<int64_t> v(nullptr, nullptr);
+    if ((e = cub::DeviceRadixSort::SortPairs(nullptr, c, k, v, (int)m, 0, d.key_bits, (cudaStream_t)0)))
+      return e;
+    best = c;
+  }
+  {
+    cub::DoubleBuffer<uint32_t> k(nullptr, nullptr);
+    cub::DoubleBuffer<int64_t> v(nullptr, nullptr);
+    if ((e = cub::DeviceRadixSort::SortPairs(nullptr, c, k, v, (int)m, 0, d.set_bits, (cudaStream_t)0)))
+      return e;
+    best = c > best ? c : best;
+  }
+  if ((e = cub::DeviceScan::InclusiveSum(nullptr, c, (const int64_t *)nullptr, (int64_t *)nullptr, (int)m,
+                                         (cudaStream_t)0)))
+    return e;
+  best = c > best ? c : best;
+  if ((e = cub::DeviceSelect::Flagged(nullptr, c, thrust::counting_iterator<int64_t>(0),
+                                      (const int64_t *)nullptr, (int64_t *)nullptr, (int64_t *)nullptr,
+                                      (int)m, (cudaStream_t)0)))
+    return e;
+  best = c > best ? c : best;
+  if ((e = cub::DeviceScan::ExclusiveScan(nullptr, c, (const Tri *)nullptr, (Tri *)nullptr, TriSum(),
+                                          Tri{0, 0, 0}, (int)(m + 1), (cudaStream_t)0)))
+    return e;
+  best = c > best ? c : best;
+  L->cub_bytes = best;
+  L->cub = take(best);
+  L->total = at;
+  return cudaSuccess;
+}
+
+unsigned blocks_for(int64_t n) { return (unsigned)((n + kThreads - 1) / kThreads > 0 ? (n + kThreads - 1) / kThreads : 1); }
+
+/* ---- lookup ---- */
+
+__global__ void init_info(ur__cache_job j) {
+  j.info[UR__CI_BAD_V] = INT64_MAX;
+  j.info[UR__CI_BAD_F] = INT64_MAX;
+}
+
+/* Each feature's first value; features of cached tables checked and counted. */
+__global__ void feature_bounds(ur__cache_dev d, ur__cache_job j, Layout L) {
+  int32_t f = blockIdx.x * blockDim.x + threadIdx.x;
+  if (f > d.F) return;
+  int64_t b0 = L.bag && j.bag_start ? L.bag[f] : (int64_t)f * j.batch;
+  int64_t v0 = j.offs[b0];
+  L.fvb[f] = v0;
+  if (f == d.F) {
+    if (j.offs[0] != 0 || v0 != j.n) atomicMin((long long *)&j.info[UR__CI_BAD_F], (long long)d.F);
+    return;
+  }
+  int32_t ct = d.feat_ct[f];
+  if (ct < 0) return;
+  int64_t b1 = L.bag && j.bag_start ? L.bag[f + 1] : (int64_t)(f + 1) * j.batch;
+  int64_t v1 = j.offs[b1];
+  if (v0 < 0 || v1 < v0 || v1 > j.n) {
+    atomicMin((long long *)&j.info[UR__CI_BAD_F], (long long)f);
+    return;
+  }
+  atomicAdd((unsigned long long *)&table_info(j, ct)[UR__CT_LOOKUPS], (unsigned long long)(v1 - v0));
+}
+
+/* Each value's key (the sentinel, total keys, for other tables' values and bad ids). */
+__global__ void make_keys(ur__cache_dev d, ur__cache_job j, Layout L) {
+  int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= j.n) return;
+  uint64_t sent = (uint64_t)d.kbase[d.nt], key = sent;
+  int32_t ct = d.feat_ct[feature_of(L.fvb, d.F, v)];
+  if (ct >= 0) {
+    int64_t id = j.vals[v], rows = d.kbase[ct + 1] - d.kbase[ct];
+    if (id >= 0 && id < rows) key = (uint64_t)d.kbase[ct] + (uint64_t)id;
+    else if (j.bounds_fatal) atomicMin((long long *)&j.info[UR__CI_BAD_V], (long long)v);
+  }
+  L.ka[v] = key;
+  L.va[v] = v;
+}
+
+/* Heads of runs of equal valid keys (into res, scratch here); the count of valid keys. */
+__global__ void mark_heads(ur__cache_dev d, ur__cache_job j, Layout L) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= j.n) return;
+  uint64_t sent = (uint64_t)d.kbase[d.nt], k = L.ka[i];
+  bool valid = k < sent;
+  L.res[i] = valid && (i == 0 || L.ka[i - 1] != k);
+  if (i == 0 && !valid) j.info[UR__CI_NVALID] = 0;
+  if (valid && (i + 1 == j.n || L.ka[i + 1] >= sent)) j.info[UR__CI_NVALID] = i + 1;
+}
+
+/* The distinct keys, their sets and the identity order; the rest sorts last. */
+__global__ void distinct_keys(ur__cache_dev d, ur__cache_job j, Layout L) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= j.n) return;
+  int64_t U = L.uid[j.n - 1];
+  if (i == 0) j.info[UR__CI_U] = U;
+  if (i >= U) {
+    L.sa[i] = (uint32_t)d.nsets;
+    L.oa[i] = i;
+  }
+  if (L.res[i]) {
+    int64_t u = L.uid[i] - 1;
+    uint64_t k = L.ka[i];
+    L.ukeys[u] = k;
+    L.sa[u] = set_of(d, k, table_of_key(d, k));
+    L.oa[u] = u;
+  }
+}
+
+/* Heads of each set's run in (set, key) order (into res). */
+__global__ void mark_sets(ur__cache_job j, Layout L) {
+  int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (q >= j.n) return;
+  int64_t U = L.uid[j.n - 1];
+  L.res[q] = q < U && (q == 0 || L.sa[q] != L.sa[q - 1]);
+}
+
+/* The end of the last group, and which flights' staged rows this batch meets. */
+__global__ void finish_lookup(ur__cache_dev d, ur__cache_job j, Layout L) {
+  int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t U = j.n > 0 ? L.uid[j.n - 1] : 0;
+  if (u == 0) {
+    L.grp[j.info[UR__CI_NG]] = U;
+    if (j.info[UR__CI_BAD_V] == INT64_MAX) j.info[UR__CI_BAD_V] = -1;
+    if (j.info[UR__CI_BAD_F] == INT64_MAX) j.info[UR__CI_BAD_F] = -1;
+  }
+  if (u >= U) return;
+  uint64_t p = pair_of(d, L.ukeys[u]);
+  for (int r = 0; r < UR__CACHE_RING; r++) {
+    const int64_t *s = j.staged[r];
+    int64_t lo = 0, hi = j.nstaged[r];
+    if (!s) continue;
+    while (lo < hi) {
+      int64_t mid = lo + (hi - lo) / 2;
+      if ((uint64_t)s[2 * mid] < p) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo < j.nstaged[r] && (uint64_t)s[2 * lo] == p) j.info[UR__CI_MEET + r] = 1;
+  }
+}
+
+/* ---- decide ---- */
+
+__global__ void count_lfu(ur__cache_dev d, ur__cache_job j, Layout L) {
+  int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (u >= j.U) return;
+  uint32_t *f = &d.freq[L.ukeys[u]];
+  uint32_t x = freq_now(*f, j.epoch) + 1;
+  *f = (j.epoch << 16) | (x > 0xffffu ? 0xffffu : x);
+}
+
+/* A warp per set, a lane per way: the set's hits, then its misses in key order. */
+__global__ void decide_sets(ur__cache_dev d, ur__cache_job j, Layout L) {
+  int64_t g = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  int lane = threadIdx.x % 32;
+  if (g >= j.ng) return;
+  int64_t b = L.grp[g], e = L.grp[g + 1];
+  int64_t base = (int64_t)L.sa[b] * kWays, slot = base + lane;
+  uint64_t tag = d.tag[slot];
+  int64_t stamp = d.stamp[slot];
+  uint32_t fr = j.lfu && tag != kEmpty ? freq_now(d.freq[tag], j.epoch) : 0;
+  for (int64_t q = b; q < e; q++) {
+    int64_t u = L.oa[q];
+    unsigned m = __ballot_sync(0xffffffffu, tag == L.ukeys[u]);
+    int64_t r = -1;
+    if (m) {
+      int w = __ffs(m) - 1;
+      if (lane == w) stamp = j.ticket;
+      r = (base + w) | kHit;
+    }
+    if (lane == 0) {
+      L.res[u] = r;
+      L.evict[u] = (int64_t)kEmpty;
+    }
+  }
+  __syncwarp();
+  for (int64_t q = b; q < e; q++) {
+    int64_t u = L.oa[q];
+    if (L.res[u] >= 0) continue;
+    unsigned em = __ballot_sync(0xffffffffu, tag == kEmpty);
+    int w;
+    if (em) {
+      w = __ffs(em) - 1;
+    } else {
+      /* (count, stamp, way), least first; stamps below 2^43 */
+      uint64_t best = stamp < j.floor ? ((uint64_t)fr << 48) | ((uint64_t)stamp << 5) | (uint64_t)lane : ~0ull;
+      for (int o = 16; o > 0; o /= 2) {
+        uint64_t x = __shfl_xor_sync(0xffffffffu, best, o);
+        best = x < best ? x : best;
+      }
+      if (best == ~0ull) continue; /* a conflict miss */
+      w = (int)(best & 31);
+    }
+    if (lane == w) {
+      uint64_t key = L.ukeys[u];
+      /* the victim is in no batch in flight, so no retire marks it while this runs */
+      L.evict[u] = tag == kEmpty ? (int64_t)kEmpty
+                                 : (int64_t)(tag | (d.dirty[slot] ? (uint64_t)1 << 63 : 0));
+      d.dirty[slot] = 0;
+      tag = key;
+      stamp = j.ticket;
+      fr = j.lfu ? freq_now(d.freq[key], j.epoch) : 0;
+      L.res[u] = slot;
+    }
+    __syncwarp();
+  }
+  d.tag[slot] = tag;
+  d.stamp[slot] = stamp;
+}
+
+/* Each distinct key's flags for the scan (and the end's zeros); evictions counted to the
+ * evicted row's table. */
+__global__ void classify(ur__cache_dev d, ur__cache_job j, Layout L) {
+  int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (u > j.U) return;
+  if (u == j.U) {
+    L.flags[u] = Tri{0, 0, 0};
+    return;
+  }
+  int64_t r = L.res[u], ev = L.evict[u];
+  bool wb = ev != (int64_t)kEmpty && ((uint64_t)ev >> 63);
+  L.flags[u] = Tri{wb ? 1 : 0, r >= 0 && !(r & kHit) ? 1 : 0, r < 0 ? 1 : 0};
+  if (ev != (int64_t)kEmpty) {
+    int64_t *t = table_info(j, table_of_key(d, (uint64_t)ev & ~((uint64_t)1 << 63)));
+    atomicAdd((unsigned long long *)&t[UR__CT_EVICTIONS], 1ull);
+    if (wb) atomicAdd((unsigned long long *)&t[UR__CT_WRITEBACKS], 1ull);
+  }
+}
+
+/* Per table, its distinct keys' counts (from the scan at its first and past its last). */
+__global__ void tally(ur__cache_dev d, ur__cache_job j, Layout L) {
+  int32_t ct = blockIdx.x * blockDim.x + threadIdx.x;
+  if (ct == 0) {
+    j.info[UR__CI_NWB] = L.pre[j.U].wb;
+    j.info[UR__CI_NFILL] = L.pre[j.U].fill;
+    j.info[UR__CI_NCONF] = L.pre[j.U].conf;
+  }
+  if (ct >= d.nt) return;
+  int64_t u0 = lower_bound<uint64_t>(L.ukeys, j.U, (uint64_t)d.kbase[ct]);
+  int64_t u1 = lower_bound<uint64_t>(L.ukeys, j.U, (uint64_t)d.kbase[ct + 1]);
+  int64_t *t = table_info(j, ct);
+  int64_t conf = L.pre[u1].conf - L.pre[u0].conf, fill = L.pre[u1].fill - L.pre[u0].fill;
+  t[UR__CT_UNIQUE] = u1 - u0;
+  t[UR__CT_CONFLICTS] = conf;
+  t[UR__CT_MISSES] = fill;
+  t[UR__CT_HITS] = u1 - u0 - conf - fill;
+}
+
+/* ---- place ---- */
+
+__global__ void place_lists(ur__cache_dev d, ur__cache_job j, Layout L) {
+  int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (u >= j.U) return;
+  Tri p = L.pre[u];
+  int64_t r = L.res[u], ev = L.evict[u];
+  uint64_t pair = pair_of(d, L.ukeys[u]);
+  if (ev != (int64_t)kEmpty && ((uint64_t)ev >> 63)) {
+    j.lists[2 * p.wb] = (int64_t)pair_of(d, (uint64_t)ev & ~((uint64_t)1 << 63));
+    j.lists[2 * p.wb + 1] = r;
+  }
+  if (r < 0) {
+    int64_t at = 2 * (j.nwb + j.nfill + p.conf);
+    j.lists[at] = (int64_t)pair;
+    j.lists[at + 1] = j.sbase + p.conf;
+    return;
+  }
+  if (!(r & kHit)) {
+    j.lists[2 * (j.nwb + p.fill)] = (int64_t)pair;
+    j.lists[2 * (j.nwb + p.fill) + 1] = r;
+  }
+  j.lists[2 * (j.nwb + j.nfill + j.nconf) + (u - p.conf)] = r & ~kHit;
+}
+
+/* Every value's id: other tables' as they are, bad ids -1 ... */
+__global__ void place_other(ur__cache_dev d, ur__cache_job j, Layout L) {
+  int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= j.n) return;
+  j.out[v] = d.feat_ct[feature_of(L.fvb, d.F, v)] < 0 ? j.vals[v] : -1;
+}
+
+/* ... and the valid ones their slot or staging row. */
+__global__ void place_ids(ur__cache_job j, Layout L) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= j.nvalid) return;
+  int64_t u = L.uid[i] - 1, r = L.res[u];
+  j.out[L.va[i]] = r < 0 ? j.sbase + L.pre[u].conf : r & ~kHit;
+}
+
+__global__ void mark_dirty(uint8_t *dirty, const int64_t *slots, int64_t n) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dirty[slots[i]] = 1;
+}
+
+#define TRY(x)                       \
+  do {                               \
+    cudaError_t e_ = (x);            \
+    if (e_ != cudaSuccess) return e_; \
+  } while (0)
+
+cudaError_t layout_of(const ur__cache_dev *d, const ur__cache_job *j, Layout *L) {
+  TRY(carve(*d, j->n, (char *)j->scratch, L));
+  if (L->total > j->scratch_bytes) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+cudaError_t copy_info(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j) {
+  size_t words = UR__CI_TABLES + (size_t)d->nt * UR__CT_COUNT;
+  return cudaMemcpyAsync(j->info_host, j->info, words * 8, cudaMemcpyDeviceToHost, s);
+}
+
 }  // namespace
 
 cudaError_t ur__cuda_cache_move(cudaStream_t s, const ur__cache_io *io, const int64_t *entries,
@@ -47,5 +503,83 @@ cudaError_t ur__cuda_cache_move(cudaStream_t s, const ur__cache_io *io, const in
   if (n <= 0) return cudaSuccess;
   int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
   move_rows<<<(unsigned)blocks, 32 * kWarpsPerBlock, 0, s>>>(*io, entries, n, to_host);
+  return cudaGetLastError();
+}
+
+cudaError_t ur__cuda_cache_scratch(const ur__cache_dev *d, int64_t n, size_t *bytes) {
+  Layout L;
+  TRY(carve(*d, n, nullptr, &L));
+  *bytes = L.total;
+  return cudaSuccess;
+}
+
+cudaError_t ur__cuda_cache_lookup(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j) {
+  Layout L;
+  TRY(layout_of(d, j, &L));
+  size_t words = UR__CI_TABLES + (size_t)d->nt * UR__CT_COUNT;
+  int64_t n = j->n, m = n > 0 ? n : 1;
+  TRY(cudaMemsetAsync(j->info, 0, words * 8, s));
+  init_info<<<1, 1, 0, s>>>(*j);
+  if (j->bag_start) TRY(cudaMemcpyAsync(L.bag, j->bag_start, (size_t)(d->F + 1) * 8, cudaMemcpyHostToDevice, s));
+  feature_bounds<<<blocks_for(d->F + 1), kThreads, 0, s>>>(*d, *j, L);
+  if (n > 0) {
+    make_keys<<<blocks_for(n), kThreads, 0, s>>>(*d, *j, L);
+    cub::DoubleBuffer<uint64_t> k(L.ka, L.kb);
+    cub::DoubleBuffer<int64_t> v(L.va, L.vb);
+    size_t tb = L.cub_bytes;
+    TRY(cub::DeviceRadixSort::SortPairs(L.cub, tb, k, v, (int)n, 0, d->key_bits, s));
+    if (k.Current() != L.ka) TRY(cudaMemcpyAsync(L.ka, k.Current(), (size_t)n * 8, cudaMemcpyDeviceToDevice, s));
+    if (v.Current() != L.va) TRY(cudaMemcpyAsync(L.va, v.Current(), (size_t)n * 8, cudaMemcpyDeviceToDevice, s));
+    mark_heads<<<blocks_for(n), kThreads, 0, s>>>(*d, *j, L);
+    tb = L.cub_bytes;
+    TRY(cub::DeviceScan::InclusiveSum(L.cub, tb, (const int64_t *)L.res, L.uid, (int)n, s));
+    distinct_keys<<<blocks_for(n), kThreads, 0, s>>>(*d, *j, L);
+    cub::DoubleBuffer<uint32_t> sk(L.sa, L.sb);
+    cub::DoubleBuffer<int64_t> so(L.oa, L.ob);
+    tb = L.cub_bytes;
+    TRY(cub::DeviceRadixSort::SortPairs(L.cub, tb, sk, so, (int)n, 0, d->set_bits, s));
+    if (sk.Current() != L.sa) TRY(cudaMemcpyAsync(L.sa, sk.Current(), (size_t)n * 4, cudaMemcpyDeviceToDevice, s));
+    if (so.Current() != L.oa) TRY(cudaMemcpyAsync(L.oa, so.Current(), (size_t)n * 8, cudaMemcpyDeviceToDevice, s));
+    mark_sets<<<blocks_for(n), kThreads, 0, s>>>(*j, L);
+    tb = L.cub_bytes;
+    TRY(cub::DeviceSelect::Flagged(L.cub, tb, thrust::counting_iterator<int64_t>(0), (const int64_t *)L.res,
+                                   L.grp, j->info + UR__CI_NG, (int)n, s));
+    finish_lookup<<<blocks_for(m), kThreads, 0, s>>>(*d, *j, L);
+  } else {
+    finish_lookup<<<1, kThreads, 0, s>>>(*d, *j, L);
+  }
+  TRY(cudaGetLastError());
+  return copy_info(s, d, j);
+}
+
+cudaError_t ur__cuda_cache_decide(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j) {
+  Layout L;
+  TRY(layout_of(d, j, &L));
+  if (j->lfu && j->U > 0) count_lfu<<<blocks_for(j->U), kThreads, 0, s>>>(*d, *j, L);
+  if (j->ng > 0) {
+    int64_t blocks = (j->ng + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    decide_sets<<<(unsigned)blocks, 32 * kWarpsPerBlock, 0, s>>>(*d, *j, L);
+  }
+  classify<<<blocks_for(j->U + 1), kThreads, 0, s>>>(*d, *j, L);
+  size_t tb = L.cub_bytes;
+  TRY(cub::DeviceScan::ExclusiveScan(L.cub, tb, (const Tri *)L.flags, L.pre, TriSum(), Tri{0, 0, 0},
+                                     (int)(j->U + 1), s));
+  tally<<<blocks_for(d->nt), kThreads, 0, s>>>(*d, *j, L);
+  TRY(cudaGetLastError());
+  return copy_info(s, d, j);
+}
+
+cudaError_t ur__cuda_cache_place(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j) {
+  Layout L;
+  TRY(layout_of(d, j, &L));
+  if (j->U > 0) place_lists<<<blocks_for(j->U), kThreads, 0, s>>>(*d, *j, L);
+  if (j->n > 0) place_other<<<blocks_for(j->n), kThreads, 0, s>>>(*d, *j, L);
+  if (j->nvalid > 0) place_ids<<<blocks_for(j->nvalid), kThreads, 0, s>>>(*j, L);
+  return cudaGetLastError();
+}
+
+cudaError_t ur__cuda_cache_mark(cudaStream_t s, uint8_t *dirty, const int64_t *slots, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  mark_dirty<<<blocks_for(n), kThreads, 0, s>>>(dirty, slots, n);
   return cudaGetLastError();
 }

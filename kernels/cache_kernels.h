@@ -1,5 +1,5 @@
-/* cache_kernels.h: launch wrapper of the software cache's row mover in kernels/cache.cu,
- * called by engine/src/cuda/cache.cu.  engine/src/cache.c made every decision; this moves. */
+/* cache_kernels.h: launch wrappers of the software cache's decisions and row mover in
+ * kernels/cache.cu, called by engine/src/cuda/cache.cu (engine/src/cache.c drives them). */
 #ifndef UR_CACHE_KERNELS_H
 #define UR_CACHE_KERNELS_H
 
@@ -12,5 +12,13 @@
  * row and its optimizer state from host memory to the slot (to_host 0) or back (1). */
 cudaError_t ur__cuda_cache_move(cudaStream_t s, const ur__cache_io *io, const int64_t *entries,
                                 int64_t n, int to_host);
+/* Scratch bytes of one batch of n values. */
+cudaError_t ur__cuda_cache_scratch(const ur__cache_dev *d, int64_t n, size_t *bytes);
+/* One batch's decisions (see kernels/cache.cu); each copies info to j->info_host on s. */
+cudaError_t ur__cuda_cache_lookup(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j);
+cudaError_t ur__cuda_cache_decide(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j);
+cudaError_t ur__cuda_cache_place(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j);
+/* dirty[slots[i]] = 1 for i < n. */
+cudaError_t ur__cuda_cache_mark(cudaStream_t s, uint8_t *dirty, const int64_t *slots, int64_t n);
 
 #endif

@@ -6,7 +6,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 1
+#define UR_BACKEND_ABI 2
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {
@@ -36,6 +36,8 @@ struct ur_backend;
 void ur__cuda_metrics_install(struct ur_backend *b, const ur_core_api *core);
 
 struct ur__cache_io; /* engine/src/cache.h */
+struct ur__cache_dev;
+struct ur__cache_job;
 struct ur_backend;
 /* Fills the cache entries of the CUDA backend's table (engine/src/cuda/cache.cu). */
 void ur__cuda_cache_install(struct ur_backend *b, const ur_core_api *core);
@@ -213,6 +215,18 @@ typedef struct ur_backend {
   ur_status (*kjt_dedup)(void *stream, const int64_t *off, const int64_t *val, const float *w,
                          const int32_t *len, int32_t nkeys, int64_t stride, int64_t *map,
                          int64_t *inv, int64_t *spk, int64_t *val0);
+
+  /* cache decisions (engine/src/cache.h): scratch bytes for a batch of n values; then one
+   * batch's lookup, decide and place on stream (each copies the job's info to info_host,
+   * which the caller reads after a stream sync); mark sets dirty[slots[0..n-1]] = 1. */
+  ur_status (*cache_scratch)(const struct ur__cache_dev *d, int64_t n, size_t *bytes);
+  ur_status (*cache_lookup)(void *stream, const struct ur__cache_dev *d,
+                            const struct ur__cache_job *j);
+  ur_status (*cache_decide)(void *stream, const struct ur__cache_dev *d,
+                            const struct ur__cache_job *j);
+  ur_status (*cache_place)(void *stream, const struct ur__cache_dev *d,
+                           const struct ur__cache_job *j);
+  ur_status (*cache_mark)(void *stream, uint8_t *dirty, const int64_t *slots, int64_t n);
 } ur_backend;
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which

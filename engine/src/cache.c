@@ -1,7 +1,9 @@
 /* cache.c: the software HBM cache of `cached` embedding tables.  The decisions (lookup,
- * victims, locks, staging) are made here on the host for every backend, so the CPU backend is
- * the GPU's reference by construction; the rows move by memcpy on the CPU and by the CUDA
- * backend's cache_move kernel (kernels/cache.cu) on the GPU, ordered on streams with events.
+ * victims, locks, staging) are made here on the host for the CPU backend, which is the
+ * reference; on a GPU the same decisions are made by the CUDA backend's kernels
+ * (kernels/cache.cu: a warp scans a set) over the cache's state in device memory, driven from
+ * prepare_gpu below, and the host keeps the bookkeeping of batches in flight.  Rows move by
+ * memcpy on the CPU and by the cache_move kernel on the GPU, ordered on streams with events.
  *
  * One batch: its cached ids become keys (a cumulative row space over the cache's tables),
  * sorted and deduplicated; each distinct key is hashed to a set; sets are decided in parallel,
@@ -18,7 +20,7 @@
 #include "cache.h"
 #include "core.h"
 
-#define RING 4                  /* batches prepared and not yet released */
+#define RING UR__CACHE_RING
 #define EMPTY ((uint64_t)-1)
 
 typedef struct flight {
@@ -31,6 +33,8 @@ typedef struct flight {
   int64_t *staged, nstaged, cap_staged;  /* (table<<48|row, staging row) pairs */
   uint64_t *staged_keys;                 /* ascending, for the hazard check */
   int64_t list_at;              /* GPU: where the staged pairs sit in dev */
+  int64_t slots_at;             /* GPU: where its slot list sits in dev */
+  int64_t *tconf;               /* GPU: [tables] its conflict misses per table */
   ur_tensor *host, *dev;        /* GPU: pinned and device buffers of its lists and ids */
 } flight;
 
@@ -73,7 +77,16 @@ struct ur_cache {
   int64_t cap_n, cap_u, cap_g;
   int64_t *hvals, *hoffs;
   int64_t cap_hv, cap_ho;
+  /* GPU: the state and geometry in device memory, and the decisions' scratch */
+  ur__cache_dev dev;
+  ur_tensor *dmeta, *dtag, *dstamp, *ddirty, *dfreq;
+  ur_tensor *scratch, *info_dev, *info_host;
+  size_t scratch_bytes;
 };
+
+static ur_status gpu_state_new(ur_cache *c);
+static ur_status settle(ur_cache *c, ur_stream *s, const flight *B, int64_t tk, int64_t U,
+                        const int *meet, int64_t *floor);
 
 size_t ur_sizeof_cache_config(void) { return sizeof(ur_cache_config); }
 size_t ur_sizeof_cache_stats(void) { return sizeof(ur_cache_stats); }
@@ -340,8 +353,10 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   c->tag = malloc(sizeof *c->tag * (size_t)c->S);
   c->stamp = calloc((size_t)c->S, sizeof *c->stamp);
   c->dirty = calloc((size_t)c->S, 1);
-  if (config->policy == UR_CACHE_LFU) c->freq = calloc((size_t)key ? (size_t)key : 1, sizeof *c->freq);
-  if (!c->tag || !c->stamp || !c->dirty || (config->policy == UR_CACHE_LFU && !c->freq)) {
+  /* LFU counts live where the decisions are made */
+  int host_lfu = config->policy == UR_CACHE_LFU && !c->gpu;
+  if (host_lfu) c->freq = calloc((size_t)key ? (size_t)key : 1, sizeof *c->freq);
+  if (!c->tag || !c->stamp || !c->dirty || (host_lfu && !c->freq)) {
     c->tbe = NULL;
     ur_cache_free(c);
     return ur__error(UR_STATUS_OOM, "cache: out of host memory for %lld slots",
@@ -379,6 +394,7 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
     c->io.host_s2 = (float *const *)(p + 2 * num_tables);
     st = alloc_slots(c, c->S + 2 * c->M, 0);
   }
+  if (!st && c->gpu) st = gpu_state_new(c);
   if (st) {
     ur_cache_free(c);
     return st;
@@ -393,6 +409,7 @@ static void free_batch(flight *b) {
   free(b->slots);
   free(b->staged);
   free(b->staged_keys);
+  free(b->tconf);
   ur_tensor_free(b->host);
   ur_tensor_free(b->dev);
   memset(b, 0, sizeof *b);
@@ -418,6 +435,14 @@ void ur_cache_free(ur_cache *c) {
   ur_tensor_free(c->ss1);
   ur_tensor_free(c->ss2);
   ur_tensor_free(c->ptrs);
+  ur_tensor_free(c->dmeta);
+  ur_tensor_free(c->dtag);
+  ur_tensor_free(c->dstamp);
+  ur_tensor_free(c->ddirty);
+  ur_tensor_free(c->dfreq);
+  ur_tensor_free(c->scratch);
+  ur_tensor_free(c->info_dev);
+  ur_tensor_free(c->info_host);
   free(c->tidx);
   free(c->ct_of);
   free(c->rows);
@@ -795,6 +820,314 @@ static void map_range(void *ctx, size_t t0, size_t t1) {
       j->outv[j->vidx[i]] = j->res[j->uniq_of[i]];
 }
 
+/* ---- the GPU's state and decisions ---- */
+
+static size_t info_words(const ur_cache *c) {
+  return (size_t)UR__CI_TABLES + (size_t)c->nt * UR__CT_COUNT;
+}
+
+static ur_status dev_tensor(ur_cache *c, ur_tensor **out, ur_dtype d, int64_t n) {
+  int64_t m = n > 0 ? n : 1;
+  return ur_tensor_new(out, d, 1, &m, UR_PLACE_DEVICE, c->device);
+}
+
+/* The state (empty), the geometry and the info words in device memory. */
+static ur_status gpu_state_new(ur_cache *c) {
+  const ur_backend *g = ur__gpu();
+  if (!g->cache_lookup)
+    return ur__error(UR_STATUS_UNSUPPORTED, "cache: the CUDA backend has no cache kernels (%s)",
+                     ur_cuda_error());
+  int64_t nmeta = 3 * (int64_t)c->nt + 1 + (c->F + 1) / 2 + 1;
+  int64_t *meta = calloc((size_t)nmeta, sizeof *meta);
+  if (!meta) return ur__error(UR_STATUS_OOM, "cache: out of host memory");
+  for (int32_t i = 0; i < c->nt; i++) {
+    meta[i] = c->kbase[i];
+    meta[c->nt + 1 + i] = c->set_base[i];
+    meta[2 * c->nt + 1 + i] = c->set_count[i];
+  }
+  meta[c->nt] = (int64_t)c->total_keys;
+  int32_t *fct = (int32_t *)(meta + 3 * c->nt + 1);
+  const ur__tbe_feature *feats = ur__tbe_features(c->tbe);
+  for (int32_t f = 0; f < c->F; f++) fct[f] = c->ct_of[feats[f].table];
+  int64_t words = (int64_t)info_words(c) + c->F + 1;
+  ur_status st = dev_tensor(c, &c->dmeta, UR_DTYPE_I64, nmeta);
+  if (!st) st = dev_tensor(c, &c->dtag, UR_DTYPE_I64, c->S);
+  if (!st) st = dev_tensor(c, &c->dstamp, UR_DTYPE_I64, c->S);
+  if (!st) st = dev_tensor(c, &c->ddirty, UR_DTYPE_U8, c->S);
+  if (!st && c->cfg.policy == UR_CACHE_LFU) st = dev_tensor(c, &c->dfreq, UR_DTYPE_I32, (int64_t)c->total_keys);
+  if (!st) st = dev_tensor(c, &c->info_dev, UR_DTYPE_I64, (int64_t)info_words(c));
+  if (!st) st = ur_tensor_new(&c->info_host, UR_DTYPE_I64, 1, &words, UR_PLACE_PINNED, UR_LOC_CPU);
+  if (!st) st = g->copy(NULL, ur_tensor_data(c->dmeta), meta, (size_t)nmeta * 8);
+  if (!st) st = g->fill(NULL, ur_tensor_data(c->dtag), (size_t)c->S, 8, (uint64_t)EMPTY);
+  if (!st) st = g->fill(NULL, ur_tensor_data(c->dstamp), (size_t)c->S, 8, 0);
+  if (!st) st = g->fill(NULL, ur_tensor_data(c->ddirty), (size_t)c->S, 1, 0);
+  if (!st && c->dfreq) st = g->fill(NULL, ur_tensor_data(c->dfreq), (size_t)c->total_keys, 4, 0);
+  if (!st) st = g->stream_sync(NULL);
+  free(meta);
+  if (st) return st;
+  int64_t *dm = ur_tensor_data(c->dmeta);
+  ur__cache_dev *d = &c->dev;
+  d->kbase = dm;
+  d->set_base = dm + c->nt + 1;
+  d->set_count = dm + 2 * c->nt + 1;
+  d->feat_ct = (const int32_t *)(dm + 3 * c->nt + 1);
+  d->tag = ur_tensor_data(c->dtag);
+  d->stamp = ur_tensor_data(c->dstamp);
+  d->dirty = ur_tensor_data(c->ddirty);
+  d->freq = c->dfreq ? ur_tensor_data(c->dfreq) : NULL;
+  d->nt = c->nt;
+  d->F = c->F;
+  d->key_bits = c->key_bits;
+  d->S = c->S;
+  d->nsets = c->nsets;
+  d->set_bits = 1;
+  while (((int64_t)1 << d->set_bits) <= c->nsets) d->set_bits++;
+  return UR_STATUS_OK;
+}
+
+/* The host copies of the tags (and dirty marks) from the device, after its work. */
+static ur_status pull_state(ur_cache *c, int dirty) {
+  const ur_backend *g = ur__gpu();
+  ur_status st = g->device_sync();
+  if (!st) st = g->copy(NULL, c->tag, c->dev.tag, (size_t)c->S * 8);
+  if (!st && dirty) st = g->copy(NULL, c->dirty, c->dev.dirty, (size_t)c->S);
+  if (!st) st = g->stream_sync(NULL);
+  return st;
+}
+
+/* The first feature of a cached table whose values hold value v (for messages). */
+static int32_t feature_at(const ur_cache *c, int64_t v, const int64_t *offs,
+                          const int64_t *bag_start, int64_t batch) {
+  const ur__tbe_feature *feats = ur__tbe_features(c->tbe);
+  for (int32_t f = 0; f < c->F; f++) {
+    int64_t fb0 = bag_start ? bag_start[f] : (int64_t)f * batch;
+    int64_t fb1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch;
+    if (c->ct_of[feats[f].table] >= 0 && offs[fb0] <= v && v < offs[fb1]) return f;
+  }
+  return 0;
+}
+
+/* The message of what lookup found wrong: the CPU's, from host copies of the ids. */
+static ur_status lookup_error(ur_cache *c, ur_stream *s, const ur_tensor *values,
+                              const ur_tensor *offsets, int64_t bags, const int64_t *bag_start,
+                              int64_t batch, int64_t bad_v, int64_t bad_f) {
+  const int64_t *vals = NULL, *offs = NULL;
+  ur_status st = host_ids(c, s, values, &c->hvals, &c->cap_hv, &vals);
+  if (!st) st = host_ids(c, s, offsets, &c->hoffs, &c->cap_ho, &offs);
+  if (st) return st;
+  int64_t n = ur_tensor_numel(values);
+  if (bad_f == c->F || (bad_f < 0 && bad_v < 0))
+    return ur__error(UR_STATUS_INVALID, "cache: offsets run from %lld to %lld; expected 0 to %lld "
+                                        "(the values)", (long long)offs[0], (long long)offs[bags],
+                     (long long)n);
+  if (bad_f >= 0) {
+    int64_t fb0 = bag_start ? bag_start[bad_f] : (int64_t)bad_f * batch;
+    int64_t fb1 = bag_start ? bag_start[bad_f + 1] : (int64_t)(bad_f + 1) * batch;
+    return ur__error(UR_STATUS_INVALID, "cache: feature '%s' spans values %lld..%lld of %lld; "
+                                        "offsets must not decrease",
+                     ur_tbe_feature_name(c->tbe, (int32_t)bad_f), (long long)offs[fb0],
+                     (long long)offs[fb1], (long long)n);
+  }
+  return bad_value(c, bad_v, vals[bad_v], feature_at(c, bad_v, offs, bag_start, batch), offs,
+                   bag_start, batch);
+}
+
+static ur_status decide_gpu(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
+                            const ur_tensor *values, const ur_tensor *offsets, int64_t bags,
+                            const int64_t *bag_start, int64_t batch, ur_tensor *out);
+
+/* Batch tk (ring entry B) decided by the GPU: lookup, settle the flights, decide, make room
+ * for staged rows, place, move.  The host waits twice for s (after lookup and decide). */
+static ur_status prepare_gpu(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
+                             const ur_tensor *values, const ur_tensor *offsets, int64_t bags,
+                             const int64_t *bag_start, int64_t batch, ur_tensor *out) {
+  const ur_backend *g = ur__gpu();
+  void *sh = s ? s->handle : NULL;
+  int64_t n = ur_tensor_numel(values);
+  if (n >= INT32_MAX)
+    return ur__error(UR_STATUS_INVALID, "cache: a batch of %lld values; the GPU's cache takes "
+                                        "fewer than 2^31", (long long)n);
+  if (!g->cache_lookup)
+    return ur__error(UR_STATUS_UNSUPPORTED, "cache: the CUDA backend has no cache kernels (%s)",
+                     ur_cuda_error());
+  size_t need = 0;
+  ur_status st = g->cache_scratch(&c->dev, n, &need);
+  if (st) return st;
+  if (need > c->scratch_bytes) {
+    ur_tensor *t = NULL;
+    int64_t want = (int64_t)(need + need / 4);
+    if ((st = dev_tensor(c, &t, UR_DTYPE_U8, want))) return st;
+    ur_tensor_free(c->scratch); /* a free waits for the device: no earlier prepare uses it */
+    c->scratch = t;
+    c->scratch_bytes = (size_t)want;
+  }
+  /* ids in pageable host memory: device copies, for this batch */
+  ur_tensor *tmp[2] = {NULL, NULL};
+  const ur_tensor *in[2] = {values, offsets};
+  for (int k = 0; k < 2 && !st; k++)
+    if (ur_tensor_place(in[k]) == UR_PLACE_HOST) {
+      st = dev_tensor(c, &tmp[k], UR_DTYPE_I64, ur_tensor_numel(in[k]));
+      if (!st) st = g->copy(sh, ur_tensor_data(tmp[k]), ur_tensor_data(in[k]), (size_t)ur_tensor_numel(in[k]) * 8);
+      if (!st) in[k] = tmp[k];
+    }
+  if (!st) st = decide_gpu(c, s, B, tk, in[0], in[1], bags, bag_start, batch, out);
+  if (tmp[0] || tmp[1]) {
+    ur_status st2 = g->stream_sync(sh);
+    if (!st) st = st2;
+  }
+  ur_tensor_free(tmp[0]);
+  ur_tensor_free(tmp[1]);
+  return st;
+}
+
+static ur_status decide_gpu(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
+                            const ur_tensor *values, const ur_tensor *offsets, int64_t bags,
+                            const int64_t *bag_start, int64_t batch, ur_tensor *out) {
+  const ur_backend *g = ur__gpu();
+  void *sh = s ? s->handle : NULL;
+  int64_t n = ur_tensor_numel(values);
+  ur_status st = UR_STATUS_OK;
+  int64_t *info = ur_tensor_data(c->info_host);
+  ur__cache_job j;
+  memset(&j, 0, sizeof j);
+  j.vals = ur_tensor_data(values);
+  j.offs = ur_tensor_data(offsets);
+  j.n = n;
+  j.bags = bags;
+  j.batch = batch;
+  if (bag_start) {
+    int64_t *hb = info + info_words(c);
+    memcpy(hb, bag_start, sizeof(int64_t) * ((size_t)c->F + 1));
+    j.bag_start = hb;
+  }
+  j.bounds_fatal = c->bounds == UR_TBE_BOUNDS_FATAL;
+  for (int r = 0; r < RING; r++) {
+    const flight *b = &c->ring[r];
+    if (b->ticket && b != B && b->nstaged) {
+      j.staged[r] = (const int64_t *)ur_tensor_data(b->dev) + b->list_at;
+      j.nstaged[r] = b->nstaged;
+    }
+  }
+  j.scratch = ur_tensor_data(c->scratch);
+  j.scratch_bytes = c->scratch_bytes;
+  j.info = ur_tensor_data(c->info_dev);
+  j.info_host = info;
+  /* 1. lookup */
+  if ((st = g->cache_lookup(sh, &c->dev, &j)) || (st = g->stream_sync(sh))) return st;
+  c->stats[c->nt].bytes_ids += 8 * (uint64_t)info_words(c) + (bag_start ? 8 * ((uint64_t)c->F + 1) : 0);
+  if (info[UR__CI_BAD_F] >= 0 || (info[UR__CI_BAD_V] >= 0 && j.bounds_fatal))
+    return lookup_error(c, s, values, offsets, bags, bag_start, batch, info[UR__CI_BAD_V],
+                        info[UR__CI_BAD_F]);
+  j.U = info[UR__CI_U];
+  j.ng = info[UR__CI_NG];
+  j.nvalid = info[UR__CI_NVALID];
+  int meet[RING];
+  for (int r = 0; r < RING; r++) meet[r] = j.staged[r] && info[UR__CI_MEET + r];
+  /* 2. the flights; the decisions */
+  if ((st = settle(c, s, B, tk, j.U, meet, &j.floor))) return st;
+  for (int32_t ct = 0; ct < c->nt; ct++)
+    c->stats[ct].lookups += info[UR__CI_TABLES + (size_t)ct * UR__CT_COUNT + UR__CT_LOOKUPS];
+  j.ticket = tk;
+  j.epoch = freq_epoch(c, tk);
+  j.lfu = c->cfg.policy == UR_CACHE_LFU;
+  if ((st = g->cache_decide(sh, &c->dev, &j)) || (st = g->stream_sync(sh))) return st;
+  c->stats[c->nt].bytes_ids += 8 * (uint64_t)info_words(c);
+  j.nwb = info[UR__CI_NWB];
+  j.nfill = info[UR__CI_NFILL];
+  j.nconf = info[UR__CI_NCONF];
+  if (!B->tconf && !(B->tconf = calloc((size_t)c->nt, sizeof *B->tconf)))
+    return ur__error(UR_STATUS_OOM, "cache: out of host memory");
+  for (int32_t ct = 0; ct < c->nt; ct++) {
+    const int64_t *t = info + UR__CI_TABLES + (size_t)ct * UR__CT_COUNT;
+    counters *cs = &c->stats[ct];
+    cs->unique += (uint64_t)t[UR__CT_UNIQUE];
+    cs->hits += (uint64_t)t[UR__CT_HITS];
+    cs->misses += (uint64_t)t[UR__CT_MISSES];
+    cs->conflicts += (uint64_t)t[UR__CT_CONFLICTS];
+    cs->evictions += (uint64_t)t[UR__CT_EVICTIONS];
+    cs->writebacks += (uint64_t)t[UR__CT_WRITEBACKS];
+    cs->bytes_in += (uint64_t)(t[UR__CT_MISSES] + t[UR__CT_CONFLICTS]) * row_moves(c);
+    cs->bytes_out += (uint64_t)t[UR__CT_WRITEBACKS] * row_moves(c);
+    B->tconf[ct] = t[UR__CT_CONFLICTS];
+  }
+  /* Growing was checked possible before the decisions; failing now (memory, the device)
+   * leaves the cache unusable, as any failed device step would. */
+  if (j.nconf > c->M && (st = grow_staging(c, j.nconf))) return st;
+  /* 3. place and move */
+  int64_t words = 2 * (j.nwb + j.nfill + j.nconf) + (j.U - j.nconf);
+  if (!B->dev || ur_tensor_numel(B->dev) < words) {
+    ur_tensor_free(B->dev);
+    B->dev = NULL;
+    if ((st = dev_tensor(c, &B->dev, UR_DTYPE_I64, words + words / 2 + 1024))) return st;
+  }
+  j.lists = ur_tensor_data(B->dev);
+  j.sbase = c->S + (tk & 1) * c->M;
+  j.out = ur_tensor_data(out);
+  if ((st = g->cache_place(sh, &c->dev, &j))) return st;
+  if ((st = move(c, sh, j.lists, j.nwb, 1))) return st;
+  if ((st = move(c, sh, j.lists + 2 * j.nwb, j.nfill + j.nconf, 0))) return st;
+  for (int32_t ct = 0; ct < c->nt; ct++) c->stats[ct].batches++;
+  c->stats[c->nt].batches++;
+  B->ticket = tk;
+  B->retired = B->trained = 0;
+  B->stream = NULL;
+  B->nslots = j.U - j.nconf;
+  B->nstaged = j.nconf;
+  B->list_at = 2 * (j.nwb + j.nfill);
+  B->slots_at = 2 * (j.nwb + j.nfill + j.nconf);
+  c->next_ticket++;
+  if (!B->ready && (st = g->event_new(&B->ready))) return st;
+  if ((st = g->event_record(B->ready, sh))) return st;
+  c->last_ready = B->ready;
+  return UR_STATUS_OK;
+}
+
+/* Which earlier batches still hold their rows, for batch tk (in flight entry B) of U distinct
+ * rows, meet[r] saying whether it needs rows that flight r serves from staging: a retired
+ * batch is released (its rows unlocked, after s waits for its retire) when it ran on s, is two
+ * batches old, or staged rows tk needs; one not retired must not have.  Checks that staging
+ * could grow if it must, before any decision; *floor: the oldest ticket still holding rows. */
+static ur_status settle(ur_cache *c, ur_stream *s, const flight *B, int64_t tk, int64_t U,
+                        const int *meet, int64_t *floor) {
+  ur_status st = UR_STATUS_OK;
+  for (int r = 0; r < RING && !st; r++) {
+    flight *b = &c->ring[r];
+    if (!b->ticket || b == B) continue;
+    if (!b->retired) {
+      if (meet[r])
+        st = ur__error(UR_STATUS_INVALID,
+                       "cache: batch %lld needs rows that batch %lld (not yet retired) serves "
+                       "from staging; retire it before preparing the next",
+                       (long long)tk, (long long)b->ticket);
+      continue;
+    }
+    int release = b->stream == s || b->ticket <= tk - 2;
+    if (!release && meet[r]) {
+      release = 1;
+      c->stats[c->nt].waits++;
+    }
+    if (release) {
+      /* waited for on the GPU even on the same stream: a stream is compared by address only,
+       * and one freed since may share it */
+      if ((st = wait_retired(c, s, b))) break;
+      b->ticket = 0;
+    }
+  }
+  if (st) return st;
+  /* Staging may have to grow, which needs no batch in flight to hold staged rows: say so
+   * before any decision is made. */
+  for (int r = 0; r < RING; r++)
+    if (U > c->M && c->ring[r].ticket && !c->ring[r].retired && c->ring[r].nstaged && &c->ring[r] != B)
+      return ur__error(UR_STATUS_INVALID,
+                       "cache: batch %lld has %lld distinct rows, more than the %lld staging rows, "
+                       "while batch %lld, not yet retired, holds staged rows; retire it first",
+                       (long long)tk, (long long)U, (long long)c->M, (long long)c->ring[r].ticket);
+  *floor = tk;
+  for (int r = 0; r < RING; r++)
+    if (c->ring[r].ticket && c->ring[r].ticket < *floor) *floor = c->ring[r].ticket;
+  return UR_STATUS_OK;
+}
+
 ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
                            const ur_tensor *offsets, const int64_t *bpf, ur_tensor *out,
                            int64_t *ticket) {
@@ -859,9 +1192,18 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   }
   const int64_t *vals = NULL, *offs = NULL;
   /* after the previous prepare's copies, whatever stream that ran on (write-backs of rows this
-   * one may load); through the cache's own event: that stream may be gone */
+   * one may load, and the scratch); through the cache's own event: that stream may be gone */
   if (!st && c->gpu && c->last_ready && ur__gpu()->stream_wait)
     st = ur__gpu()->stream_wait(s ? s->handle : NULL, c->last_ready);
+  if (!st && c->gpu) {
+    int64_t tk = c->next_ticket;
+    st = prepare_gpu(c, s, B, tk, values, offsets, bags, bag_start, batch, out);
+    free(bag_start);
+    c->seconds += now_s() - t0;
+    if (st) return st;
+    *ticket = tk;
+    return UR_STATUS_OK;
+  }
   if (!st) st = host_ids(c, s, values, &c->hvals, &c->cap_hv, &vals);
   if (!st) st = host_ids(c, s, offsets, &c->hoffs, &c->cap_ho, &offs);
   if (!st && (offs[0] != 0 || offs[bags] != n))
@@ -917,7 +1259,6 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
     fv1[f] = v1;
     fpos[f] = bstart[ct + 1]; /* within its table's block, for now */
     bstart[ct + 1] += v1 - v0;
-    c->stats[ct].lookups += v1 - v0;
   }
   if (st) {
     free(blk);
@@ -983,51 +1324,19 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   tv = c->tvidx;
   (void)m;
   /* 3. locks: which earlier batches still hold their rows */
-  int64_t waits = 0;
-  for (int r = 0; r < RING && !st; r++) {
-    flight *b = &c->ring[r];
-    if (!b->ticket || b == B) continue;
-    if (!b->retired) {
-      if (b->nstaged && keys_meet(c->ukeys, U, b->staged_keys, b->nstaged))
-        st = ur__error(UR_STATUS_INVALID,
-                       "cache: batch %lld needs rows that batch %lld (not yet retired) serves "
-                       "from staging; retire it before preparing the next",
-                       (long long)tk, (long long)b->ticket);
-      continue;
-    }
-    int release = b->stream == s || b->ticket <= tk - 2;
-    if (!release && b->nstaged && keys_meet(c->ukeys, U, b->staged_keys, b->nstaged)) {
-      release = 1;
-      waits++;
-    }
-    if (release) {
-      /* waited for on the GPU even on the same stream: a stream is compared by address only,
-       * and one freed since may share it */
-      if ((st = wait_retired(c, s, b))) break;
-      b->ticket = 0;
-    }
+  int meet[RING];
+  for (int r = 0; r < RING; r++) {
+    const flight *b = &c->ring[r];
+    meet[r] = b->ticket && b != B && b->nstaged && keys_meet(c->ukeys, U, b->staged_keys, b->nstaged);
   }
-  if (st) {
+  int64_t floor = 0;
+  if ((st = settle(c, s, B, tk, U, meet, &floor))) {
     free(blk);
     free(bag_start);
     return st;
   }
-  /* Staging may have to grow, which needs no batch in flight to hold staged rows: say so
-   * before any decision is made. */
-  for (int r = 0; r < RING && !st; r++)
-    if (U > c->M && c->ring[r].ticket && !c->ring[r].retired && c->ring[r].nstaged && &c->ring[r] != B)
-      st = ur__error(UR_STATUS_INVALID,
-                     "cache: batch %lld has %lld distinct rows, more than the %lld staging rows, "
-                     "while batch %lld, not yet retired, holds staged rows; retire it first",
-                     (long long)tk, (long long)U, (long long)c->M, (long long)c->ring[r].ticket);
-  if (st) {
-    free(blk);
-    free(bag_start);
-    return st;
-  }
-  int64_t floor = tk;
-  for (int r = 0; r < RING; r++)
-    if (c->ring[r].ticket && c->ring[r].ticket < floor) floor = c->ring[r].ticket;
+  for (int32_t f = 0; f < c->F; f++)
+    if (c->ct_of[feats[f].table] >= 0) c->stats[c->ct_of[feats[f].table]].lookups += fv1[f] - fv0[f];
   /* LFU counts */
   if (c->freq) {
     uint32_t ep = freq_epoch(c, tk);
@@ -1181,7 +1490,6 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   B->nstaged = ns;
   B->list_at = 2 * nwb + 2 * nfill;
   c->next_ticket++;
-  c->stats[c->nt].waits += waits;
   /* 6. the moves: write-backs, then loads, then the ids */
   if (!c->gpu) {
     move(c, NULL, lists, nwb, 1);
@@ -1220,18 +1528,19 @@ ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int32_t tra
     return ur__error(UR_STATUS_INVALID, "cache: batch %lld is not prepared and in flight%s",
                      (long long)ticket, b ? " (retired already)" : "");
   double t0 = now_s();
-  if (trained) {
+  if (trained && !c->gpu) {
     for (int64_t i = 0; i < b->nslots; i++) c->dirty[b->slots[i]] = 1;
     for (int64_t i = 0; i < b->nstaged; i++) {
       int32_t ct = (int32_t)((uint64_t)b->staged[2 * i] >> UR__CACHE_ROW_BITS);
       c->stats[ct].bytes_out += row_moves(c);
     }
-    if (!c->gpu) {
-      move(c, NULL, b->staged, b->nstaged, 1);
-    } else {
-      int64_t *dev = ur_tensor_data(b->dev);
-      st = move(c, s ? s->handle : NULL, dev + b->list_at, b->nstaged, 1);
-    }
+    move(c, NULL, b->staged, b->nstaged, 1);
+  } else if (trained) {
+    int64_t *dev = ur_tensor_data(b->dev);
+    void *sh = s ? s->handle : NULL;
+    for (int32_t ct = 0; ct < c->nt; ct++) c->stats[ct].bytes_out += (uint64_t)b->tconf[ct] * row_moves(c);
+    st = ur__gpu()->cache_mark(sh, c->dev.dirty, dev + b->slots_at, b->nslots);
+    if (!st) st = move(c, sh, dev + b->list_at, b->nstaged, 1);
   }
   if (!st && c->gpu) {
     if (!b->event) st = ur__gpu()->event_new(&b->event);
@@ -1249,7 +1558,7 @@ ur_status ur_cache_flush(ur_cache *c) {
   ur_status st = check_alive(c);
   if (st) return st;
   double t0 = now_s();
-  if (c->gpu && (st = ur__gpu()->device_sync())) return st;
+  if (c->gpu && (st = pull_state(c, 1))) return st;
   int64_t nd = 0;
   for (int64_t i = 0; i < c->S; i++) nd += c->dirty[i] && c->tag[i] != EMPTY;
   if (nd) {
@@ -1275,6 +1584,8 @@ ur_status ur_cache_flush(ur_cache *c) {
       ur_tensor_free(d);
     }
     free(e);
+    if (!st && c->gpu) st = ur__gpu()->fill(NULL, c->dev.dirty, (size_t)c->S, 1, 0);
+    if (!st && c->gpu) st = ur__gpu()->stream_sync(NULL);
     if (st) return st;
     for (int64_t i = 0; i < c->S; i++) c->dirty[i] = 0;
   }
@@ -1295,7 +1606,14 @@ ur_status ur_cache_invalidate(ur_cache *c) {
     c->stamp[i] = 0;
   }
   if (c->freq) memset(c->freq, 0, sizeof *c->freq * (size_t)(c->total_keys ? c->total_keys : 1));
-  return UR_STATUS_OK;
+  if (c->gpu) {
+    const ur_backend *g = ur__gpu();
+    st = g->fill(NULL, c->dev.tag, (size_t)c->S, 8, (uint64_t)EMPTY);
+    if (!st) st = g->fill(NULL, c->dev.stamp, (size_t)c->S, 8, 0);
+    if (!st && c->dev.freq) st = g->fill(NULL, c->dev.freq, (size_t)c->total_keys, 4, 0);
+    if (!st) st = g->stream_sync(NULL);
+  }
+  return st;
 }
 
 ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *out) {
@@ -1334,6 +1652,11 @@ ur_status ur_cache_contains(const ur_cache *c, int32_t table, const int64_t *ids
   if (table < 0 || table >= c->nt)
     return ur__error(UR_STATUS_INVALID, "cache: table %d; expected 0..%d", (int)table,
                      (int)c->nt - 1);
+  if (c->gpu) {
+    /* the tags are the device's: the host's copy, refreshed (not part of the cache's state) */
+    ur_status st = pull_state((ur_cache *)c, 0);
+    if (st) return st;
+  }
   for (int64_t i = 0; i < n; i++) {
     slots[i] = -1;
     if (ids[i] < 0 || ids[i] >= c->rows[table]) continue;

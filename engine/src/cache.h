@@ -28,6 +28,63 @@ typedef struct ur__cache_io {
   int32_t nstate;
 } ur__cache_io;
 
+/* ---- the GPU's decisions (kernels/cache.cu; engine/src/cache.c keeps the reference) ---- */
+
+#define UR__CACHE_RING 4        /* batches prepared and not yet released */
+
+/* The cache's geometry and state in device memory. */
+typedef struct ur__cache_dev {
+  const int64_t *kbase;         /* [nt + 1]: each cache table's first key, then the total */
+  const int64_t *set_base, *set_count;  /* [nt] */
+  const int32_t *feat_ct;       /* [F]: the cache table of each feature, or -1 */
+  uint64_t *tag;                /* [S]: key, or all ones when empty */
+  int64_t *stamp;               /* [S]: ticket of the last batch that used the slot */
+  uint8_t *dirty;               /* [S] */
+  uint32_t *freq;               /* LFU: [total keys] count (low 16 bits), epoch (high 16); or NULL */
+  int32_t nt, F, key_bits, set_bits;
+  int64_t S, nsets;
+} ur__cache_dev;
+
+/* What the decisions tell the host (int64 words of info), set by each call. */
+enum {
+  UR__CI_U,                     /* lookup: distinct keys */
+  UR__CI_NG,                    /* lookup: sets they fall in */
+  UR__CI_NVALID,                /* lookup: values of cached tables with a valid id */
+  UR__CI_BAD_V,                 /* lookup: first value with a bad id (bounds fatal), or -1 */
+  UR__CI_BAD_F,                 /* lookup: first feature whose values run backwards, or -1 */
+  UR__CI_NWB,                   /* decide: dirty evictions (write-backs) */
+  UR__CI_NFILL,                 /* decide: misses given a slot */
+  UR__CI_NCONF,                 /* decide: conflict misses (staged) */
+  UR__CI_MEET,                  /* lookup: [UR__CACHE_RING] 1 where a flight's staged rows meet */
+  UR__CI_TABLES = UR__CI_MEET + UR__CACHE_RING, /* [nt][UR__CT_COUNT] per cache table */
+};
+enum { UR__CT_LOOKUPS, UR__CT_UNIQUE, UR__CT_HITS, UR__CT_MISSES, UR__CT_CONFLICTS,
+       UR__CT_EVICTIONS, UR__CT_WRITEBACKS, UR__CT_COUNT };
+
+/* One batch's decisions, in three calls on one stream sharing the scratch (lookup; the host
+ * reads info and decides what to wait for; decide; the host reads info and makes room for
+ * staged rows; place). */
+typedef struct ur__cache_job {
+  const int64_t *vals, *offs;   /* [n], [bags + 1] */
+  int64_t n, bags, batch;       /* batch: bags per feature when bag_start is NULL */
+  const int64_t *bag_start;     /* [F + 1] in device memory, or NULL */
+  int32_t bounds_fatal;
+  const int64_t *staged[UR__CACHE_RING];  /* lookup: flights' staged pairs (ascending), or NULL */
+  int64_t nstaged[UR__CACHE_RING];
+  int64_t U, ng, nvalid;        /* decide and place: from lookup's info */
+  int64_t ticket, floor;        /* slots stamped below floor are evictable */
+  uint32_t epoch;               /* LFU: the decay epoch of ticket */
+  int32_t lfu;
+  int64_t nwb, nfill, nconf;    /* place: from decide's info */
+  int64_t sbase;                /* place: the first staging row of this batch */
+  int64_t *lists;               /* place: [2 nwb | 2 nfill | 2 nconf | U - nconf slots] */
+  int64_t *out;                 /* place: [n] slot ids, or the ids of other tables' features */
+  void *scratch;                /* of scratch_bytes (the backend's cache_scratch) */
+  size_t scratch_bytes;
+  int64_t *info;                /* device, UR__CI_TABLES + nt * UR__CT_COUNT words */
+  int64_t *info_host;           /* pinned: where each call copies info */
+} ur__cache_job;
+
 /* The collection's side (engine/src/tbe.c). */
 /* Table i's own storage (its rows and state in host memory), whatever its kernels use now;
  * place is where that storage lives. */
