@@ -108,3 +108,125 @@ describe("uvmrec.cache on CUDA", function()
     m.tbe:free()
   end)
 end)
+
+-- The GPU's own decisions (kernels/cache.cu, a warp per set) against the host reference
+-- (engine/src/cache.c), batch by batch: the slot id of every value, every count, and the
+-- tags at the end, on skewed ids whose hot set moves, with tiny caches (conflicts and
+-- staging growth), tables sharing a pool of sets, LFU with decay, a variable batch per
+-- feature, and the pipeline's order (batch i+1 prepared on another stream before batch i
+-- retires).
+describe("uvmrec.cache decisions on CUDA", function()
+  local streams = require "uvmrec.stream"
+  local FIELDS = { "batches", "lookups", "unique", "hits", "misses", "conflicts", "evictions",
+                   "writebacks", "waits", "bytes_in", "bytes_out" }
+
+  local function ids_batch(step, bpf, hot)
+    local values, offsets = {}, { 0 }
+    local shift = math.floor(step / 5) * 97
+    for f, t in ipairs(TABLES) do
+      for _ = 1, bpf and bpf[f] or 24 do
+        for _ = 1, math.random(0, 4) do
+          local r = math.floor(t.rows * math.random() ^ hot)
+          values[#values + 1] = (r + shift) % t.rows
+        end
+        offsets[#offsets + 1] = #values
+      end
+    end
+    return { values = values, offsets = offsets, bpf = bpf }
+  end
+
+  local function same_stats(cc, cg, what)
+    local sc, sg = cc:stats(), cg:stats()
+    for _, f in ipairs(FIELDS) do assert.equal(sc[f], sg[f], what .. ": " .. f) end
+    for _, t in ipairs(TABLES) do
+      for _, f in ipairs(FIELDS) do
+        assert.equal(sc.tables[t.name][f], sg.tables[t.name][f], what .. ": " .. t.name .. " " .. f)
+      end
+    end
+  end
+
+  for _, case in ipairs({
+    { "lru, one shared pool of 2 sets", { slots = 64, shared = true, policy = "lru", staging_rows = 4 } },
+    { "lfu with decay, sets per table", { load_factor = 0.04, policy = "lfu", decay_batches = 3 } },
+    { "lru, variable batch per feature", { load_factor = 0.1, policy = "lru" }, { 17, 40, 5 } },
+    { "lfu, a shared pool, skew 6", { slots = 160, shared = true, policy = "lfu", decay_batches = 0 }, nil, 6 },
+  }) do
+    local name, cache, bpf, hot = case[1], case[2], case[3], case[4] or 3
+    for _, pipelined in ipairs({ false, true }) do
+      cuda_it(("gives the CPU's slot ids and counts batch by batch (%s%s)"):format(name,
+              pipelined and ", pipelined" or ""), function()
+        math.randomseed(33)
+        local g = make(0, "cached", { "sgd", lr = 0.2 }, cache).tbe
+        local c = make("cpu", "cached", { "sgd", lr = 0.2 }, cache).tbe
+        local sg = { assert(streams.stream {}), assert(streams.stream {}) }
+        local sc = { assert(streams.stream {}), assert(streams.stream {}) }
+        local pending = {}
+        local staged = 0
+        for step = 1, 30 do
+          local b = ids_batch(step, bpf, hot)
+          local xg, xc = R.input(b, "device"), R.input(b, "host")
+          local k = pipelined and step % 2 + 1 or 1
+          local vg, og, _, bg = g:_input(xg, 1)
+          local rg = assert(g.cache:prepare(xg, vg, og, bg, sg[k], 1))
+          local vc, oc, _, bc = c:_input(xc, 1)
+          local rc = assert(c.cache:prepare(xc, vc, oc, bc, sc[k], 1))
+          local want, got = rc.ids:totable(), assert(rg.ids:to("host")):totable()
+          assert.equal(#want, #got)
+          for i = 1, #want do
+            if want[i] ~= got[i] then
+              error(("step %d value %d (id %d): GPU slot %d, CPU slot %d"):format(step, i,
+                    b.values[i], got[i], want[i]))
+            end
+          end
+          same_stats(c.cache, g.cache, "step " .. step)
+          staged = staged + c.cache:stats().conflicts
+          pending[#pending + 1] = { xg = xg, xc = xc, k = k }
+          -- plain: retire at once; pipelined: retire the batch before (trained, on its stream)
+          while #pending > (pipelined and 1 or 0) do
+            local p = table.remove(pending, 1)
+            assert(g.cache:retire(p.xg, true, sg[p.k]))
+            assert(c.cache:retire(p.xc, true, sc[p.k]))
+          end
+        end
+        for _, p in ipairs(pending) do
+          assert(g.cache:retire(p.xg, true, sg[p.k]))
+          assert(c.cache:retire(p.xc, true, sc[p.k]))
+        end
+        assert.is_true(staged > 0 or not cache.shared, "the case makes conflict misses")
+        assert.is_true(g.cache:stats().evictions > 0, "the case evicts")
+        for _, t in ipairs(TABLES) do
+          local probe = {}
+          for r = 0, t.rows - 1 do probe[#probe + 1] = r end
+          assert.same(c.cache:contains(t.name, probe), g.cache:contains(t.name, probe), t.name)
+        end
+        -- both flush the same rows (the writebacks count them)
+        assert(g.cache:flush())
+        assert(c.cache:flush())
+        same_stats(c.cache, g.cache, "after flush")
+        g:free()
+        c:free()
+      end)
+    end
+  end
+
+  cuda_it("reports a bad id as the CPU does and decides nothing", function()
+    local cache = { slots = 64, shared = true }
+    local g = make(0, "cached", { "sgd", lr = 0.2 }, cache).tbe
+    local c = make("cpu", "cached", { "sgd", lr = 0.2 }, cache).tbe
+    local b = { values = { 1, 2, 300, 3, 4 }, offsets = { 0, 2, 3, 5 } }
+    local xg, xc = R.input(b, "device"), R.input(b, "host")
+    local vg, og, _, bg = g:_input(xg, 1)
+    local vc, oc, _, bc = c:_input(xc, 1)
+    local okg, eg = g.cache:prepare(xg, vg, og, bg, nil, 1)
+    local okc, ec = c.cache:prepare(xc, vc, oc, bc, nil, 1)
+    assert.is_nil(okg)
+    assert.is_nil(okc)
+    assert.equal(ec, eg)
+    assert.matches("no row 300", eg)
+    same_stats(c.cache, g.cache, "after the error")
+    assert.equal(0, g.cache:stats().unique)
+    assert.same({ false, false, false }, g.cache:contains("t0", { 1, 2, 3 }))
+    g:free()
+    c:free()
+  end)
+end)

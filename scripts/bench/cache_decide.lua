@@ -1,0 +1,145 @@
+-- The software cache's decisions on the GPU against the host reference, at the B4 shape.
+--
+--   uvmrec scripts/bench/cache_decide.lua [--tables T] [--rows N] [--batch B] [--batches K]
+--                                         [--zipf S] [--out FILE.jsonl]
+--
+-- T tables of N rows (dim 4: only the decisions matter), batches of B samples with one id per
+-- table drawn Zipf(S) and scattered over the rows (the hit-rate stream of cache.lua).  For
+-- each cache size and policy, the same K batches go through a CPU cache (engine/src/cache.c)
+-- and a GPU cache (kernels/cache.cu) in the prefetch pipeline's order (batch k prepared on
+-- another stream before batch k-1 retires).  It checks that every batch gets the same slot
+-- id for every value and the same counts from both, then prints each one's hit rate and
+-- time per batch (a prepare and a retire, the host waiting for the GPU after each).
+local ffi = require "ffi"
+local ur = require "uvmrec"
+local C = ur.C
+
+local o = { tables = 26, rows = 1000000, batch = 65536, batches = 12, zipf = 1.05 }
+do
+  local i = 1
+  while i <= #arg do
+    local a, v = arg[i], arg[i + 1]
+    local key = a:match("^%-%-(%a+)$")
+    if not key or o[key] == nil and key ~= "out" then
+      error("cache_decide: unknown argument " .. a .. " (expected --tables --rows --batch --batches --zipf --out)", 0)
+    end
+    if v == nil then error("cache_decide: " .. a .. " needs a value", 0) end
+    o[key] = key == "out" and v or tonumber(v)
+    i = i + 2
+  end
+end
+if not ur.gpu() then
+  io.stderr:write("cache_decide: needs a GPU: ", ur.cuda_error(), "\n")
+  os.exit(1)
+end
+
+-- Zipf(s) ranks over n by inverting the continuous CDF, scattered by a bijection of [0, n).
+local function zipf_ids(n, s, count, salt, out, at)
+  local a = 1 - s
+  local big = (n + 1) ^ a - 1
+  local function gcd(x, y)
+    while y ~= 0 do x, y = y, x % y end
+    return x
+  end
+  local mult = 2654435761 % n
+  while mult > 1 and gcd(mult, n) ~= 1 do mult = mult - 1 end
+  for k = 0, count - 1 do
+    local r = math.floor((1 + math.random() * big) ^ (1 / a)) - 1
+    if r >= n then r = n - 1 end
+    out[at + k] = (r * mult + salt) % n
+  end
+end
+
+local T, N, B, K = o.tables, o.rows, o.batch, o.batches
+math.randomseed(7)
+local host, dev = {}, {}
+for k = 1, K do
+  local v = assert(ur.tensor({ T * B }, { dtype = "i64", placement = "host" }))
+  local off = assert(ur.tensor({ T * B + 1 }, { dtype = "i64", placement = "host" }))
+  local pv = ffi.cast("int64_t *", C.ur_tensor_data(v.p))
+  local po = ffi.cast("int64_t *", C.ur_tensor_data(off.p))
+  for t = 0, T - 1 do zipf_ids(N, o.zipf, B, t * 7919, pv, t * B) end
+  for j = 0, T * B do po[j] = j end
+  host[k] = { values = v, offsets = off }
+  dev[k] = { values = assert(v:to("device")), offsets = assert(off:to("device")) }
+end
+
+local out_file = o.out and assert(io.open(o.out, "w"))
+local FIELDS = { "lookups", "unique", "hits", "misses", "conflicts", "evictions", "writebacks", "waits",
+                 "bytes_in", "bytes_out" }
+
+-- K batches through a cache on device (-1: the CPU); per batch the ids as a host array.
+local function run(device, frac, policy, check)
+  local tables = {}
+  for t = 1, T do tables[t] = { name = "t" .. t, rows = N, dim = 4, placement = "cached" } end
+  local c = assert(require("uvmrec.tbe").new { tables = tables, device = device >= 0 and device or "cpu",
+    optimizer = "sgd", cache = { load_factor = frac, policy = policy, decay_batches = policy == "lfu" and 16 or 0 } })
+  local cache = c.cache
+  local s_compute, s_prefetch = assert(ur.stream()), assert(ur.stream())
+  local inputs = device >= 0 and dev or host
+  local prev, seconds, per = nil, 0, {}
+  for k = 1, K do
+    local x = inputs[k]
+    local t0 = C.ur_clock_seconds()
+    if prev then assert(cache:retire(prev, true, s_compute)) end
+    local rec = assert(cache:prepare(x, x.values.p, x.offsets.p, nil, s_prefetch, 1, true))
+    if device >= 0 then assert(s_prefetch:sync()) end
+    if k > 2 then seconds = seconds + (C.ur_clock_seconds() - t0) end
+    local ids = device >= 0 and assert(rec.ids:to("host")) or rec.ids
+    per[k] = check(k, ffi.cast("const int64_t *", C.ur_tensor_data(ids.p)), ids:numel())
+    if device >= 0 then ids:free() end
+    prev = x
+  end
+  assert(cache:retire(prev, true, s_compute))
+  local st = cache:stats()
+  c:free()
+  s_compute:free()
+  s_prefetch:free()
+  return st, seconds / (K - 2), per
+end
+
+print(("cache decisions: %d tables x %d rows, batches of %d (one id per table), Zipf(%.2f), %d batches")
+      :format(T, N, B, o.zipf, K))
+print(("%-6s %-5s %9s %9s %11s %11s %8s"):format("cache", "policy", "hit rate", "conflict", "CPU ms/b", "GPU ms/b",
+      "same"))
+local failed = false
+for _, frac in ipairs({ 0.05, 0.2 }) do
+  for _, policy in ipairs({ "lru", "lfu" }) do
+    local want = {}
+    local sc, tc = run(-1, frac, policy, function(k, p, n)
+      local copy = ffi.new("int64_t[?]", n)
+      ffi.copy(copy, p, n * 8)
+      want[k] = { p = copy, n = n }
+      return true
+    end)
+    local bad = nil
+    local sg, tg = run(0, frac, policy, function(k, p, n)
+      local w = want[k]
+      if w.n ~= n then bad = bad or ("batch %d: %d ids, CPU %d"):format(k, n, w.n) return false end
+      for i = 0, n - 1 do
+        if p[i] ~= w.p[i] then
+          bad = bad or ("batch %d value %d: GPU slot %d, CPU slot %d"):format(k, i, tonumber(p[i]), tonumber(w.p[i]))
+          return false
+        end
+      end
+      return true
+    end)
+    for _, f in ipairs(FIELDS) do
+      if sc[f] ~= sg[f] then bad = bad or ("%s: GPU %d, CPU %d"):format(f, sg[f], sc[f]) end
+    end
+    failed = failed or bad ~= nil
+    print(("%4.0f%%  %-5s %8.2f%% %8.2f%% %11.2f %11.2f %8s"):format(100 * frac, policy, 100 * sg.hit_rate,
+          100 * sg.conflicts / math.max(1, sg.unique), 1e3 * tc, 1e3 * tg, bad and "NO" or "yes"))
+    if bad then print("  first difference: " .. bad) end
+    if out_file then
+      out_file:write(('{"bench":"cache_decide","cache_fraction":%g,"policy":"%s","hit_rate":%.6f,'
+        .. '"cpu_ms_per_batch":%.3f,"gpu_ms_per_batch":%.3f,"same":%s,"tables":%d,"rows":%d,"batch":%d}\n')
+        :format(frac, policy, sg.hit_rate, 1e3 * tc, 1e3 * tg, tostring(bad == nil), T, N, B))
+    end
+  end
+end
+if out_file then out_file:close() end
+if failed then
+  io.stderr:write("cache_decide: the GPU's decisions differ from the CPU's\n")
+  os.exit(1)
+end
