@@ -85,9 +85,51 @@ describe("uvmrec.cache", function()
     assert.equal(0, c:stats().lookups)
   end)
 
+  it("refuses a row layout (relayout, permutation) on a cached table", function()
+    local m = pair({ { name = "a", rows = 100, dim = 4 } }, { slots = 32 })
+    local perm = R.tensor((function()
+      local p = {}
+      for k = 1, 100 do p[k] = 100 - k end
+      return p
+    end)(), "i64")
+    local C = ur.C
+    assert.not_equal(0, C.ur_tbe_set_permutation(m.tbe.h.p, 0, perm.p))
+    assert.equal("tbe: set_permutation of table 'a': the table is cached (its kernels read the cache's slots); "
+                 .. "row layouts are for device, managed and host tables", ffi.string(C.ur_last_error()))
+    local st = ffi.new("ur_tbe_relayout_stats")
+    assert.not_equal(0, C.ur_tbe_relayout(nil, m.tbe.h.p, 0, perm.p, 0, st))
+    assert.matches("relayout of table 'a': the table is cached", ffi.string(C.ur_last_error()))
+  end)
+
+  it("caches a small table whole (min_slots) and gives the larger ones the rest", function()
+    -- 10% of 100100 rows: without the floor the small table would get 10 slots (one set of
+    -- 32 ways) and every batch of its 100 rows would have conflict misses
+    local tables = { { name = "small", rows = 100, dim = 4 }, { name = "big", rows = 100000, dim = 4 } }
+    local ids = {}
+    for k = 1, 100 do ids[k] = k - 1 end
+    for _, case in ipairs({ { min_slots = nil, conflicts = false }, { min_slots = 0, conflicts = true } }) do
+      local m = pair(tables, { load_factor = 0.1, min_slots = case.min_slots })
+      local c = m.tbe.cache
+      for _ = 1, 3 do
+        local x = input({ ids, { 5, 6 } })
+        m:backward(x, grad_like(m:forward(x)))
+      end
+      local s = c:stats().tables.small
+      assert.equal(case.conflicts, s.conflicts > 0, "min_slots " .. tostring(case.min_slots))
+      if not case.conflicts then
+        assert.equal(200, s.hits) -- every row stayed in after the first batch
+        for _, slot in ipairs(c:contains("small", ids)) do assert.is_number(slot) end
+      end
+      -- the total stays 10% of the rows, give or take a set per table
+      assert.is_true(math.abs(c:slots() - 10010) <= 64, "slots " .. c:slots())
+    end
+    assert.has_error(function() pair(tables, { min_slots = -1 }) end,
+                     "cache: min_slots -1; expected a whole number >= 0")
+  end)
+
   it("evicts the least recently used row of a full set, and writes it back when dirty", function()
     -- one set of 32 ways: 40 distinct rows in batches of 8
-    local m, shadow = pair({ { name = "a", rows = 100, dim = 4 } }, { slots = 32 })
+    local m, shadow = pair({ { name = "a", rows = 100, dim = 4 } }, { slots = 32, min_slots = 0 })
     local c = m.tbe.cache
     for b = 0, 4 do
       local ids = {}
@@ -110,7 +152,7 @@ describe("uvmrec.cache", function()
 
   it("keeps frequently read rows under LFU where LRU would drop them", function()
     local function run(policy)
-      local m = pair({ { name = "a", rows = 1000, dim = 4 } }, { slots = 32, policy = policy })
+      local m = pair({ { name = "a", rows = 1000, dim = 4 } }, { slots = 32, policy = policy, min_slots = 0 })
       local c = m.tbe.cache
       for b = 0, 9 do
         local ids = { 0, 1, 2, 3 }  -- hot rows, every batch
@@ -142,7 +184,7 @@ describe("uvmrec.cache", function()
 
   it("serves rows whose set is all locked from staging (conflict misses), still updated", function()
     -- 32 slots, a batch of 50 distinct rows: at least 18 conflict misses
-    local m, shadow = pair({ { name = "a", rows = 200, dim = 8 } }, { slots = 32, staging_rows = 4 },
+    local m, shadow = pair({ { name = "a", rows = 200, dim = 8 } }, { slots = 32, staging_rows = 4, min_slots = 0 },
                            { "adam", lr = 0.01 })
     for step = 1, 3 do
       local ids = {}
@@ -257,7 +299,8 @@ describe("uvmrec.cache stress", function()
       local tables = { { name = "t0", rows = 400, dim = 4 }, { name = "t1", rows = 150, dim = 4 },
                        { name = "t2", rows = 900, dim = 4 } }
       local m, shadow = pair(tables, { policy = case.policy, shared = case.shared, slots = case.slots,
-                                       load_factor = case.load_factor, decay_batches = case.decay_batches },
+                                       load_factor = case.load_factor, decay_batches = case.decay_batches,
+                                       min_slots = 0 },
                              case.optimizer)
       local all = {}
       for i, t in ipairs(tables) do

@@ -33,11 +33,13 @@ describe("training with cached tables", function()
     assert.equal(20, #want)
     for _, sets in ipairs({
       { "embeddings.placement=cached", "embeddings.cache.slots=32", "embeddings.cache.shared=true" },
-      { "embeddings.placement=cached", "embeddings.cache.load_factor=0.05", "embeddings.cache.policy=lfu" },
+      { "embeddings.placement=cached", "embeddings.cache.load_factor=0.05", "embeddings.cache.policy=lfu",
+        "embeddings.cache.min_slots=0" },
       { "embeddings.placement=cached", "embeddings.cache.load_factor=1" },
       { "embeddings.placement=cached", "embeddings.cache.slots=32", "embeddings.cache.shared=true",
         "train.pipeline=true" },
-      { "embeddings.placement=cached", "embeddings.cache.load_factor=0.1", "train.pipeline=true" },
+      { "embeddings.placement=cached", "embeddings.cache.load_factor=0.1", "train.pipeline=true",
+        "embeddings.cache.min_slots=0" },
       { "embeddings.placement=host", "train.pipeline=true" },
     }) do
       local got, _, stats = losses(sets, true)

@@ -87,7 +87,7 @@ end
 
 describe("uvmrec.pipeline.Prefetch", function()
   for _, cache in ipairs({ { slots = 32, shared = true, staging_rows = 4 },
-                           { load_factor = 0.3, policy = "lfu", decay_batches = 2 } }) do
+                           { load_factor = 0.3, policy = "lfu", decay_batches = 2, min_slots = 0 } }) do
     it(("trains as the plain loop does, bit for bit (%s)"):format(cache.slots and "one set" or "lfu"), function()
       local list = batches(14, "host")
       local m = make("cpu", "cached", cache, { "adam", lr = 0.02 })

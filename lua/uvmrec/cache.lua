@@ -14,7 +14,11 @@
 -- puts every cached table in one pool of sets (else each table has sets of its own size);
 -- policy "lru" | "lfu"; decay_batches (LFU, default 0: no decay); staging_rows (conflict
 -- misses per batch to start with; grows); backing "host" (pinned when a GPU runs the
--- collection) | "managed" (preferred on the host).
+-- collection) | "managed" (preferred on the host); min_slots (default 131072): with sets per
+-- table, a table of at most min_slots / 2 rows gets 2 slots a row, so it is cached whole with
+-- room for its rows' hashing into 32-way sets (else every batch would have conflict misses
+-- there, and a conflict row the next batch needs makes it wait for this one's backward); the
+-- larger tables share the rest of the total in proportion to their rows.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -27,7 +31,7 @@ local mt = { __index = methods }
 
 local POLICIES = { lru = C.UR_CACHE_LRU, lfu = C.UR_CACHE_LFU }
 local OPTS = { load_factor = true, slots = true, bytes = true, shared = true, policy = true,
-               decay_batches = true, staging_rows = true, backing = true }
+               decay_batches = true, staging_rows = true, backing = true, min_slots = true }
 M.OPTS = OPTS
 
 local wrap_cache, free_cache = lib.handle_type("ur_cache", C.ur_cache_free, {})
@@ -57,7 +61,8 @@ function M.options(o, level)
     if not OPTS[k] then fail(("unknown option '%s'"):format(tostring(k)), level) end
   end
   local r = { policy = o.policy or "lru", shared = o.shared == true, backing = o.backing or "host",
-              decay_batches = o.decay_batches or 0, staging_rows = o.staging_rows or 0 }
+              decay_batches = o.decay_batches or 0, staging_rows = o.staging_rows or 0,
+              min_slots = o.min_slots or 131072 }
   if not POLICIES[r.policy] then
     fail(("policy '%s' is not lru or lfu"):format(tostring(r.policy)), level)
   end
@@ -74,7 +79,7 @@ function M.options(o, level)
   if o.slots ~= nil and (type(o.slots) ~= "number" or o.slots < 1 or o.slots ~= math.floor(o.slots)) then
     fail(("slots %s; expected a whole number >= 1"):format(tostring(o.slots)), level)
   end
-  for _, k in ipairs({ "decay_batches", "staging_rows" }) do
+  for _, k in ipairs({ "decay_batches", "staging_rows", "min_slots" }) do
     local v = r[k]
     if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
       fail(("%s %s; expected a whole number >= 0"):format(k, tostring(v)), level)
@@ -123,8 +128,21 @@ function M.new(t, names, o, level)
   if o.shared then
     cfg.slots = total_slots
   else
+    -- small tables first (their floor where it beats their share), then the others' shares
+    -- of what is left, in proportion to their rows
+    local floor, left, rest_rows = {}, total_slots, 0
+    for _, name in ipairs(names) do
+      local rows = t.rows[name]
+      local f = 2 * rows
+      if f <= o.min_slots and f > total_slots * rows / total_rows then
+        floor[name] = f
+        left = left - f
+      else
+        rest_rows = rest_rows + rows
+      end
+    end
     for i, name in ipairs(names) do
-      per[i - 1] = math.max(1, math.ceil(total_slots * t.rows[name] / total_rows))
+      per[i - 1] = floor[name] or math.max(1, math.ceil(math.max(left, 0) * t.rows[name] / rest_rows))
     end
     cfg.table_slots = per
   end

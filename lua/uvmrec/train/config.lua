@@ -50,6 +50,7 @@ M.schema = map({
       shared = bool {},                                        -- one pool of sets for all tables
       policy = enum { "lru", "lfu" }, decay_batches = int { min = 0 },
       staging_rows = int { min = 0 }, backing = enum { "host", "managed" },
+      min_slots = int { min = 0 },                             -- tables of <= min_slots/2 rows cached whole
     },
     optimizer = map {
       name = enum(TBE_OPTIMS, { default = "sgd" }),
