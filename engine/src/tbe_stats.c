@@ -321,10 +321,20 @@ static ur_status table_tensors(ur_tbe *t, int32_t table, ur_tensor **xs, int *nx
   return st;
 }
 
+/* A cached table's kernels read the cache's slots, where no row layout applies. */
+static ur_status check_not_cached(const ur_tbe *t, int32_t table, const char *what) {
+  if (!ur__tbe_is_cached(t, table)) return UR_STATUS_OK;
+  return ur__error(UR_STATUS_INVALID,
+                   "tbe: %s of table '%s': the table is cached (its kernels read the cache's "
+                   "slots); row layouts are for device, managed and host tables",
+                   what, ur_tbe_table_name(t, table));
+}
+
 ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
                           int64_t chunk_rows, ur_tbe_relayout_stats *out) {
   memset(out, 0, sizeof *out);
   ur_status st = check_index(t, table, 0, "relayout");
+  if (!st) st = check_not_cached(t, table, "relayout");
   if (st) return st;
   ur__tbe_table *d = ur__tbe_desc(t, table);
   const char *name = ur_tbe_table_name(t, table);
@@ -411,6 +421,7 @@ done:
 
 ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm) {
   ur_status st = check_index(t, table, 0, "set_permutation");
+  if (!st) st = check_not_cached(t, table, "set_permutation");
   if (st) return st;
   ur__tbe_perm_changed(t, table);
   ur__tbe_table *d = ur__tbe_desc(t, table);
