@@ -18,8 +18,8 @@
 --                                                                -- false: stop at once
 --                    release = function(host_batch) end,         -- optional: the source's batch is free
 --                    drain = true,                               -- false: stop at once at the end
---                    pages = true }  -- managed tables: prefetch the pages of each batch's rows
---                                    -- (default: true when the collection has managed tables)
+--                    pages = false } -- managed tables: prefetch the pages of each batch's rows
+--                                    -- (off by default: on the H200 it made B4 60x slower)
 --   local steps = p:run(max_steps)
 --
 -- Batches are tables whose tensor fields (at any depth; not those named _x) are copied to the collection's device
@@ -68,15 +68,18 @@ function Prefetch.new(o)
     sparse = o.sparse or function(b) return b.sparse end,
     drain = o.drain ~= false, compute = o.compute,
     device = tbe and tbe.device or (C.ur_device_count() > 0 and 0 or -1),
-    pages = managed and o.pages ~= false,
+    pages = managed and o.pages == true,
     slots = {}, counts = { batches = 0, prefetched = 0, copied = 0, pages = 0, page_bytes = 0,
                            page_runs = 0, pages_skipped_bytes = 0 },
   }, Prefetch)
   self.gpu = self.device >= 0
   -- Streams on the CPU too: they order nothing there, but the cache's locks follow the
   -- streams, so the CPU makes the GPU's decisions.
+  -- The prefetch stream's kernels (the cache's decisions and row moves) take SMs ahead of the
+  -- compute stream's blocks as these finish: its work must be done before the next batch
+  -- computes, and the host waits for its decisions.  CUDA clamps -100 to its highest priority.
   self.copy_stream = assert(streams.stream { priority = -1 })
-  self.prefetch_stream = assert(streams.stream { priority = 0 })
+  self.prefetch_stream = assert(streams.stream { priority = -100 })
   for k = 1, DEPTH do
     self.slots[k] = { bufs = {}, copied = assert(streams.event()), prepared = assert(streams.event()),
                       done = assert(streams.event()), used = false }
@@ -132,8 +135,11 @@ function Prefetch:_prefetch(s)
   if not self.cache and not self.pages then return end
   local host = self.sparse(s.host)
   if self.cache then
-    local v, o, _, bp = self.tbe:_input(host, 2)
-    assert(self.cache:prepare(self.sparse(s.dev), v, o, bp, self.prefetch_stream, 2, true))
+    -- on a GPU the cache decides there, from the batch's device copy (after its copy)
+    local key = self.sparse(s.dev)
+    if self.gpu then wait(self.prefetch_stream, s.copied) end
+    local v, o, _, bp = self.tbe:_input(self.gpu and key or host, 2)
+    assert(self.cache:prepare(key, v, o, bp, self.prefetch_stream, 2, true))
   end
   if self.pages then
     local ps = assert(self.tbe:prefetch_pages(host, self.prefetch_stream))
