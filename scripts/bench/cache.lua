@@ -47,9 +47,10 @@ do
     elseif a == "--plot" then o.plot = value()
     elseif a == "--gpu" then o.gpu = true
     elseif a == "--config" then o.config = value()
+    elseif a == "--modes" then o.modes = value()
     else
       error("cache bench: unknown argument " .. a .. " (expected --rows --tables --batch --batches --zipf "
-            .. "--steps --out --plot --gpu)", 0)
+            .. "--steps --out --plot --gpu --config --modes)", 0)
     end
     i = i + 1
   end
@@ -190,11 +191,18 @@ local function gpu_modes()
   if not gpu and not o.config then die("--gpu needs a GPU: " .. ur.cuda_error()) end
   local train = require "uvmrec.train"
   local Prefetch = require "uvmrec.pipeline.Prefetch"
-  local NB, CHECK = 6, 4
+  -- every step trains a batch of its own (a cycle of a few would let a 20% cache hold them
+  -- all): WARM warm-up steps (the first CHECK compared across modes), then the timed ones
+  local WARM, CHECK = 24, 4
   local steps = o.steps
+  local NB = WARM + steps
+  -- The timed steps run without the schedule: MLPerf's SGD lr of 24 without its warm-up
+  -- makes the losses NaN within a few steps (as in uvm.lua), so the lr is 1.
   local function load(sets)
     local path = assert(train.find_config(o.config or "dlrm_mlperf_v1_2m"))
-    local cfg, err = train.config.load(path, sets)
+    local all = { "optimizer.lr=1.0" }
+    for _, v in ipairs(sets) do all[#all + 1] = v end
+    local cfg, err = train.config.load(path, all)
     if not cfg then die(err) end
     local def, derr = train.model_def(cfg, path)
     if not def then die(derr) end
@@ -235,14 +243,17 @@ local function gpu_modes()
     { name = "managed+hot_prefix", sets = { "embeddings.placement=managed", "embeddings.hints.policy=hot_prefix",
       "embeddings.hints.allowance=20%", "embeddings.hints.every=10" } },
     { name = "managed+pages", sets = { "embeddings.placement=managed", "embeddings.hints.policy=hot_prefix",
-      "embeddings.hints.allowance=20%", "embeddings.hints.every=10" }, pipeline = true },
+      "embeddings.hints.allowance=20%", "embeddings.hints.every=10" }, pipeline = true, pages = true },
   }
 
   local base, base_losses
   print(("cache bench --gpu: %s, batch %d, %d timed steps per mode"):format(cfg0.name, B, steps))
-  print(("%-20s %14s %8s %12s %14s %10s %10s %9s %14s"):format("mode", "samples/s", "vs HBM", "emb HBM",
-        "host link/step", "GB/s", "hit rate", "ms/step", "cache host ms"))
+  print(("%-20s %14s %8s %12s %14s %10s %10s %9s %14s %8s %8s"):format("mode", "samples/s", "vs HBM", "emb HBM",
+        "host link/step", "GB/s", "hit rate", "ms/step", "cache host ms", "conf/st", "waits/st"))
+  local only = {}
+  for name in (o.modes or ""):gmatch("[^,]+") do only[name] = true end
   for _, m in ipairs(modes) do
+    if o.modes and not only[m.name] and m.name ~= "device" then goto next_mode end
     local cfg, def = load(m.sets)
     local model = def.build(cfg, { cpu = not gpu })
     if not model then die("could not build " .. m.name) end
@@ -253,7 +264,7 @@ local function gpu_modes()
     local cache = tb.cache
     local dev = {}
     if not m.pipeline then for k = 1, NB do dev[k] = device_copy(host[k]) end end
-    local losses, step, page_bytes = {}, 0, 0
+    local losses, step, page_bytes, taken = {}, 0, 0, 0
     local function one(batch)
       step = step + 1
       local loss = train.loop.step(model, opt, batch)
@@ -263,10 +274,12 @@ local function gpu_modes()
     local function run(n)
       if m.pipeline then
         local k = 0
-        local p = Prefetch.new { collection = model.embeddings, step = one,
+        local p = Prefetch.new { collection = model.embeddings, step = one, pages = m.pages,
                                  source = function()
                                    k = k + 1
-                                   return k <= n and host[(k - 1) % NB + 1] or nil
+                                   if k > n then return nil end
+                                   taken = taken + 1
+                                   return host[(taken - 1) % NB + 1]
                                  end }
         p:run(n)
         page_bytes = p:stats().page_bytes or 0 -- managed tables: the page runs asked for
@@ -276,7 +289,7 @@ local function gpu_modes()
       end
       if gpu then C.ur_device_sync() end
     end
-    run(CHECK + 4) -- warm-up, with the check steps
+    run(WARM) -- warm-up, with the check steps
     if cache then cache:reset_stats() end
     local t0 = C.ur_clock_seconds()
     run(steps)
@@ -292,7 +305,7 @@ local function gpu_modes()
         end
       end
     end
-    local link, hbm, hit, host_ms -- managed: what moved is the driver's (not measured here)
+    local link, hbm, hit, host_ms, conf, waits -- managed: what moved is the driver's (not measured)
     link = 0
     local table_bytes = model:stats().table_bytes
     if cache then
@@ -301,6 +314,7 @@ local function gpu_modes()
       hbm = cache:bytes()
       hit = s.hits / math.max(s.unique, 1)
       host_ms = 1e3 * s.seconds / steps
+      conf, waits = s.conflicts / steps, s.waits / steps
     elseif m.name == "device" then
       hbm = table_bytes
     else
@@ -316,17 +330,20 @@ local function gpu_modes()
     local r = { bench = "cache_gpu", mode = m.name, samples_per_s = rate, vs_hbm = rate / base,
                 emb_hbm_bytes = hbm, table_bytes = table_bytes, link_bytes_per_step = link,
                 link_gbps = gbps, link_fraction = gbps / 55, hit_rate = hit or -1, steps = steps, batch = B,
-                step_ms = 1e3 * secs / steps, cache_host_ms = host_ms or 0 }
+                step_ms = 1e3 * secs / steps, cache_host_ms = host_ms or 0, conflicts_per_step = conf or 0,
+                waits_per_step = waits or 0 }
     emit(r)
-    print(("%-20s %14.0f %7.1f%% %10.2f GB %12.1f MB %10.2f %9s %9.2f %14s"):format(m.name, rate, 100 * rate / base,
-      hbm / 1e9, link / 1e6, gbps, hit and ("%.1f%%"):format(100 * hit) or "-", 1e3 * secs / steps,
-      host_ms and ("%.2f"):format(host_ms) or "-"))
+    print(("%-20s %14.0f %7.1f%% %10.2f GB %12.1f MB %10.2f %9s %9.2f %14s %8s %8s"):format(m.name, rate,
+      100 * rate / base, hbm / 1e9, link / 1e6, gbps, hit and ("%.1f%%"):format(100 * hit) or "-", 1e3 * secs / steps,
+      host_ms and ("%.2f"):format(host_ms) or "-", conf and ("%.0f"):format(conf) or "-",
+      waits and ("%.2f"):format(waits) or "-"))
     if hints then hints:free() end
     for _, b in ipairs(dev) do
       for _, t in pairs({ b.dense, b.labels, b.sparse.values, b.sparse.offsets, b.sparse.weights }) do t:free() end
     end
     model.embeddings.tbe:free()
     collectgarbage()
+    ::next_mode::
   end
 end
 
