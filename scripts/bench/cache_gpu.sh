@@ -1,10 +1,12 @@
 #!/bin/sh
 # The software cache's GPU checks and measurements in one call (issue #11), from the tree (or
 # dist/) root with the paths set (`eval "$(make -s env)"`, or dist's own luajit on PATH):
-#   1. #cuda specs: the GPU cache makes the CPU reference's decisions and keeps the rows device
-#      tables keep; the prefetch pipeline against device tables (through the hard case); the
-#      training losses of cached tables (with and without the pipeline) equal device tables'
-#   2. compute-sanitizer memcheck on the pipeline and cache specs, racecheck on the pipeline's
+#   1. #cuda specs: the GPU cache makes the CPU reference's decisions batch by batch and keeps
+#      the rows device tables keep; the prefetch pipeline against device tables (through the
+#      hard case); the training losses of cached tables (with and without the pipeline) equal
+#      device tables'; page prefetch of managed tables; then the decisions at the B4 shape
+#      (scripts/bench/cache_decide.lua: id for id against the CPU, and their time)
+#   2. compute-sanitizer memcheck and racecheck on the cache and pipeline specs
 #   3. the B4 measurement: dlrm_mlperf_v1_2m at batch 65536, all in HBM against cached 20%
 #      (with and without the pipeline) and managed + hot_prefix at 20%: samples/s, ratio, bytes
 #      over the host link per step; JSON lines to OUTDIR/cache_gpu.jsonl (a few minutes)
@@ -27,12 +29,15 @@ $name: rc=$rc"
   [ $rc -eq 0 ] || fail=1
 }
 step specs "$LUAJIT" spec/run.lua --tags=cuda spec/cache_cuda_spec.lua spec/pipeline_spec.lua \
-  spec/cache_train_spec.lua
+  spec/cache_train_spec.lua spec/tbe_pages_spec.lua
+step decide "$LUAJIT" scripts/bench/cache_decide.lua --out "$out/cache_decide.jsonl"
 step memcheck-pipeline "$SAN" --tool memcheck --error-exitcode 1 "$LUAJIT" spec/run.lua --tags=cuda \
   spec/pipeline_spec.lua
 step racecheck-pipeline "$SAN" --tool racecheck --error-exitcode 1 "$LUAJIT" spec/run.lua --tags=cuda \
   spec/pipeline_spec.lua
 step memcheck-cache "$SAN" --tool memcheck --error-exitcode 1 "$LUAJIT" spec/run.lua --tags=cuda \
+  spec/cache_cuda_spec.lua
+step racecheck-cache "$SAN" --tool racecheck --error-exitcode 1 "$LUAJIT" spec/run.lua --tags=cuda \
   spec/cache_cuda_spec.lua
 step bench "$LUAJIT" scripts/bench/cache.lua --gpu --steps 40 --out "$out/cache_gpu.jsonl"
 echo "== summary$summary"
