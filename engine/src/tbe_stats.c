@@ -321,7 +321,8 @@ static ur_status table_tensors(ur_tbe *t, int32_t table, ur_tensor **xs, int *nx
   return st;
 }
 
-/* A cached table's kernels read the cache's slots, where no row layout applies. */
+/* A cached table's kernels read the cache's slots, where no row layout applies (the
+ * identity, NULL, is allowed: a checkpoint's layout registry installs it on every table). */
 static ur_status check_not_cached(const ur_tbe *t, int32_t table, const char *what) {
   if (!ur__tbe_is_cached(t, table)) return UR_STATUS_OK;
   return ur__error(UR_STATUS_INVALID,
@@ -334,7 +335,7 @@ ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tenso
                           int64_t chunk_rows, ur_tbe_relayout_stats *out) {
   memset(out, 0, sizeof *out);
   ur_status st = check_index(t, table, 0, "relayout");
-  if (!st) st = check_not_cached(t, table, "relayout");
+  if (!st && perm) st = check_not_cached(t, table, "relayout");
   if (st) return st;
   ur__tbe_table *d = ur__tbe_desc(t, table);
   const char *name = ur_tbe_table_name(t, table);
@@ -421,7 +422,7 @@ done:
 
 ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm) {
   ur_status st = check_index(t, table, 0, "set_permutation");
-  if (!st) st = check_not_cached(t, table, "set_permutation");
+  if (!st && perm) st = check_not_cached(t, table, "set_permutation");
   if (st) return st;
   ur__tbe_perm_changed(t, table);
   ur__tbe_table *d = ur__tbe_desc(t, table);
