@@ -446,15 +446,18 @@ __global__ void place_lists(ur__cache_dev d, ur__cache_job j, Layout L) {
     j.lists[2 * p.wb] = (int64_t)pair_of(d, (uint64_t)ev & ~((uint64_t)1 << 63));
     j.lists[2 * p.wb + 1] = r;
   }
+  int64_t row = (int64_t)(pair & UR__CACHE_ROW_MASK);
   if (r < 0) {
     int64_t at = 2 * (j.nwb + j.nfill + p.conf);
     j.lists[at] = (int64_t)pair;
     j.lists[at + 1] = j.sbase + p.conf;
+    j.row_ids[j.sbase + p.conf] = row;
     return;
   }
   if (!(r & kHit)) {
     j.lists[2 * (j.nwb + p.fill)] = (int64_t)pair;
     j.lists[2 * (j.nwb + p.fill) + 1] = r;
+    j.row_ids[r] = row;
   }
   j.lists[2 * (j.nwb + j.nfill + j.nconf) + (u - p.conf)] = r & ~kHit;
 }

@@ -555,7 +555,7 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
   /* row is the id: the rows and state are read at its physical row, stochastic rounding draws
    * by id (so a relayout changes no number) */
   int64_t prow = tb.perm ? tb.perm[row] : row;
-  int64_t base = prow * dim, lbase = row * dim;
+  int64_t base = prow * dim, lbase = (tb.row_ids ? tb.row_ids[row] : row) * dim;
   float w[NV][E], gg[NV][E];
   float sq = 0.0f;
 #pragma unroll

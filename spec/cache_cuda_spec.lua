@@ -13,10 +13,10 @@ local EBC = ur.nn.EmbeddingBagCollection
 local TABLES = { { name = "t0", rows = 700, dim = 16 }, { name = "t1", rows = 300, dim = 16 },
                  { name = "t2", rows = 2000, dim = 16 } }
 
-local function make(device, placement, optimizer, cache)
+local function make(device, placement, optimizer, cache, dtype)
   local o = { tables = {}, device = device, seed = 9, optimizer = optimizer, cache = cache }
   for i, t in ipairs(TABLES) do
-    o.tables[i] = { name = t.name, rows = t.rows, dim = t.dim, placement = placement }
+    o.tables[i] = { name = t.name, rows = t.rows, dim = t.dim, placement = placement, dtype = dtype }
   end
   return EBC(o)
 end
@@ -42,8 +42,9 @@ end
 local function bits_equal(a, b, what)
   a, b = host_copy(a), host_copy(b)
   assert.equal(a:numel(), b:numel(), what)
-  local pa = ffi.cast("const uint32_t *", ur.C.ur_tensor_data(a.p))
-  local pb = ffi.cast("const uint32_t *", ur.C.ur_tensor_data(b.p))
+  local word = (a:dtype() == "f16" or a:dtype() == "bf16") and "const uint16_t *" or "const uint32_t *"
+  local pa = ffi.cast(word, ur.C.ur_tensor_data(a.p))
+  local pb = ffi.cast(word, ur.C.ur_tensor_data(b.p))
   for i = 0, a:numel() - 1 do
     if pa[i] ~= pb[i] then
       error(("%s: element %d is %.9g, expected %.9g"):format(what, i, a:get(i), b:get(i)), 2)
@@ -100,6 +101,26 @@ describe("uvmrec.cache on CUDA", function()
       end
     end)
   end
+
+  cuda_it("rounds cached f16 and bf16 rows stochastically as device tables do, bit for bit", function()
+    for _, dtype in ipairs({ "f16", "bf16" }) do
+      math.randomseed(5)
+      local cache = { load_factor = 0.05, min_slots = 0 }
+      local gc = make(0, "cached", { "sgd", lr = 0.3 }, cache, dtype)
+      local gd = make(0, "device", { "sgd", lr = 0.3 }, nil, dtype)
+      for step = 1, 12 do
+        local x = R.input(batch(step), "device")
+        local oc, od = gc:forward(x), gd:forward(x)
+        bits_equal(oc, od, dtype .. " step " .. step .. " forward")
+        local g = R.tensor(R.randoms(oc:numel()), "f32", "device"):view_as(0, { oc:size(1), oc:size(2) })
+        gc:backward(x, g)
+        gd:backward(x, g)
+      end
+      for _, t in ipairs(TABLES) do
+        bits_equal(gc:table(t.name), gd:table(t.name), dtype .. " " .. t.name .. " after flush")
+      end
+    end
+  end)
 
   cuda_it("counts its slots against the HBM budget", function()
     -- earlier tests' tensors must not be collected in between

@@ -45,9 +45,11 @@ end
 
 local function bits_equal(a, b, what)
   assert.equal(a:numel(), b:numel(), what .. ": sizes")
+  assert.equal(a:dtype(), b:dtype(), what .. ": dtypes")
   local n = a:numel()
-  local pa = ffi.cast("const uint32_t *", ur.C.ur_tensor_data(a.p))
-  local pb = ffi.cast("const uint32_t *", ur.C.ur_tensor_data(b.p))
+  local word = (a:dtype() == "f16" or a:dtype() == "bf16") and "const uint16_t *" or "const uint32_t *"
+  local pa = ffi.cast(word, ur.C.ur_tensor_data(a.p))
+  local pb = ffi.cast(word, ur.C.ur_tensor_data(b.p))
   for i = 0, n - 1 do
     if pa[i] ~= pb[i] then
       error(("%s: element %d is %.9g, expected %.9g"):format(what, i, a:get(i), b:get(i)), 2)
@@ -292,12 +294,19 @@ describe("uvmrec.cache stress", function()
       load_factor = 0.08, optimizer = { "rowwise_adagrad", lr = 0.1 } },
     { name = "lru, one set, adam", policy = "lru", shared = true, slots = 32,
       optimizer = { "adam", lr = 0.01 } },
+    -- stochastic rounding draws by row id, not by slot: cached f16/bf16 rows round as the
+    -- table's own would
+    { name = "lru, f16 rows with stochastic rounding, per-table caches, sgd", policy = "lru",
+      load_factor = 0.05, optimizer = { "sgd", lr = 0.3 }, dtype = "f16" },
+    { name = "lfu, bf16 rows with stochastic rounding, shared, rowwise adagrad", policy = "lfu",
+      shared = true, slots = 64, optimizer = { "rowwise_adagrad", lr = 0.1 }, dtype = "bf16" },
   }
   for _, case in ipairs(cases) do
     it("agrees with an all-in-memory shadow after every step: " .. case.name, function()
       math.randomseed(11)
       local tables = { { name = "t0", rows = 400, dim = 4 }, { name = "t1", rows = 150, dim = 4 },
                        { name = "t2", rows = 900, dim = 4 } }
+      for _, t in ipairs(tables) do t.dtype = case.dtype end
       local m, shadow = pair(tables, { policy = case.policy, shared = case.shared, slots = case.slots,
                                        load_factor = case.load_factor, decay_batches = case.decay_batches,
                                        min_slots = 0 },

@@ -6,7 +6,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 2
+#define UR_BACKEND_ABI 3
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {

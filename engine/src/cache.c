@@ -63,6 +63,7 @@ struct ur_cache {
   uint8_t *dirty;               /* [S] */
   uint32_t *freq;               /* LFU: [total_keys] count (low 16 bits) and epoch (high 16) */
   ur_tensor *sw, *ss1, *ss2;    /* slot storage */
+  ur_tensor *srow;              /* [slot storage rows] the row id each holds (rounding draws) */
   ur_tensor *ptrs;              /* GPU: the host pointer arrays of the io */
   ur__cache_io io;              /* as the running backend reads it */
   flight ring[RING];
@@ -151,8 +152,10 @@ static ur_status new_slot_tensor(ur_cache *c, ur_tensor **out, ur_dtype d, int64
 
 /* Slot storage of R rows; the first keep rows of the old storage are kept. */
 static ur_status alloc_slots(ur_cache *c, int64_t R, int64_t keep) {
-  ur_tensor *w = NULL, *s1 = NULL, *s2 = NULL;
+  ur_tensor *w = NULL, *s1 = NULL, *s2 = NULL, *ids = NULL;
   ur_status st = new_slot_tensor(c, &w, (ur_dtype)c->dtype, R, c->dim);
+  if (!st) st = new_slot_tensor(c, &ids, UR_DTYPE_I64, R, 1);
+  if (!st) st = ur_tensor_fill(NULL, ids, 0);
   if (!st && c->nstate > 0) st = new_slot_tensor(c, &s1, UR_DTYPE_F32, R, c->state_per_row);
   if (!st && c->nstate > 1) st = new_slot_tensor(c, &s2, UR_DTYPE_F32, R, c->state_per_row);
   if (!st && s1) st = ur_tensor_fill(NULL, s1, 0);
@@ -163,26 +166,31 @@ static ur_status alloc_slots(ur_cache *c, int64_t R, int64_t keep) {
     st = b->copy(NULL, ur_tensor_data(w), ur_tensor_data(c->sw), (size_t)keep * c->row_bytes);
     if (!st && s1) st = b->copy(NULL, ur_tensor_data(s1), ur_tensor_data(c->ss1), (size_t)keep * sb);
     if (!st && s2) st = b->copy(NULL, ur_tensor_data(s2), ur_tensor_data(c->ss2), (size_t)keep * sb);
+    if (!st) st = b->copy(NULL, ur_tensor_data(ids), ur_tensor_data(c->srow), (size_t)keep * 8);
     if (!st && c->gpu) st = b->stream_sync(NULL);
   }
   if (st) {
     ur_tensor_free(w);
     ur_tensor_free(s1);
     ur_tensor_free(s2);
+    ur_tensor_free(ids);
     return st;
   }
   ur_tensor_free(c->sw);
   ur_tensor_free(c->ss1);
   ur_tensor_free(c->ss2);
+  ur_tensor_free(c->srow);
   c->sw = w;
   c->ss1 = s1;
   c->ss2 = s2;
+  c->srow = ids;
   c->R = R;
   c->io.slot_w = ur_tensor_data(w);
   c->io.slot_s1 = s1 ? ur_tensor_data(s1) : NULL;
   c->io.slot_s2 = s2 ? ur_tensor_data(s2) : NULL;
   for (int32_t i = 0; i < c->nt && !st; i++) {
-    st = ur__tbe_redirect(c->tbe, c->tidx[i], c, c->io.slot_w, c->io.slot_s1, c->io.slot_s2, R);
+    st = ur__tbe_redirect(c->tbe, c->tidx[i], c, c->io.slot_w, c->io.slot_s1, c->io.slot_s2,
+                          ur_tensor_data(c->srow), R);
     if (!st && c->bound <= i) c->bound = i + 1;
   }
   return st;
@@ -425,7 +433,7 @@ void ur_cache_free(ur_cache *c) {
     /* best effort: the rows go home, and the collection reads its own storage again */
     if (ur_cache_flush(c) == UR_STATUS_OK) {
       for (int32_t i = 0; i < c->bound; i++)
-        ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, 0);
+        ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, NULL, 0);
     }
   } else if (c->gpu && ur__gpu()) {
     ur__gpu()->device_sync();
@@ -434,6 +442,7 @@ void ur_cache_free(ur_cache *c) {
   ur_tensor_free(c->sw);
   ur_tensor_free(c->ss1);
   ur_tensor_free(c->ss2);
+  ur_tensor_free(c->srow);
   ur_tensor_free(c->ptrs);
   ur_tensor_free(c->dmeta);
   ur_tensor_free(c->dtag);
@@ -1061,6 +1070,7 @@ static ur_status decide_gpu(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
     if ((st = dev_tensor(c, &B->dev, UR_DTYPE_I64, words + words / 2 + 1024))) return st;
   }
   j.lists = ur_tensor_data(B->dev);
+  j.row_ids = ur_tensor_data(c->srow);
   j.sbase = c->S + (tk & 1) * c->M;
   j.out = ur_tensor_data(out);
   if ((st = g->cache_place(sh, &c->dev, &j))) return st;
@@ -1425,6 +1435,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
     B->staged_keys = p;
   }
   int64_t iw = 0, il = 2 * nwb, is = 2 * (nwb + nfill), ns = 0, nsl = 0, conf = 0;
+  int64_t *srow = ur_tensor_data(c->srow);
   /* in key order (u ascending: table by table), which is also the staging rows' order */
   for (int64_t u = 0, ct = 0; u < U; u++) {
     while (ct + 1 < c->nt && u >= bunique[ct + 1]) ct++;
@@ -1449,6 +1460,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
       cs->bytes_in += row_moves(c);
       lists[is++] = (int64_t)pair;
       lists[is++] = r;
+      srow[r] = (int64_t)(pair & UR__CACHE_ROW_MASK);
       B->staged[2 * ns] = (int64_t)pair;
       B->staged[2 * ns + 1] = r;
       ns++;
@@ -1462,6 +1474,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
       cs->bytes_in += row_moves(c);
       lists[il++] = (int64_t)pair;
       lists[il++] = c->res[u];
+      srow[c->res[u]] = (int64_t)(pair & UR__CACHE_ROW_MASK);
       B->slots[nsl++] = c->res[u];
     }
   }

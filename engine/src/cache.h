@@ -78,6 +78,7 @@ typedef struct ur__cache_job {
   int64_t nwb, nfill, nconf;    /* place: from decide's info */
   int64_t sbase;                /* place: the first staging row of this batch */
   int64_t *lists;               /* place: [2 nwb | 2 nfill | 2 nconf | U - nconf slots] */
+  int64_t *row_ids;             /* place: [slot storage rows] the row each holds (set for loads) */
   int64_t *out;                 /* place: [n] slot ids, or the ids of other tables' features */
   void *scratch;                /* of scratch_bytes (the backend's cache_scratch) */
   size_t scratch_bytes;
@@ -89,10 +90,10 @@ typedef struct ur__cache_job {
 /* Table i's own storage (its rows and state in host memory), whatever its kernels use now;
  * place is where that storage lives. */
 ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out, int32_t *place);
-/* Points table i's kernels at other rows (a cache's slots: weights, state, rows) and
- * re-keys the collection; owner NULL points it back at its own storage. */
+/* Points table i's kernels at other rows (a cache's slots: weights, state, the row id each
+ * holds, rows) and re-keys the collection; owner NULL points it back at its own storage. */
 ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, struct ur_cache *owner, void *weights,
-                           float *state1, float *state2, int64_t rows);
+                           float *state1, float *state2, const int64_t *row_ids, int64_t rows);
 const ur_tbe_config *ur__tbe_config(const ur_tbe *t);
 const ur__tbe_feature *ur__tbe_features(const ur_tbe *t);
 /* The collection is being freed: the cache must not touch it any more. */

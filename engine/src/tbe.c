@@ -534,7 +534,7 @@ ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out, int32_
 }
 
 ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, struct ur_cache *owner, void *weights,
-                           float *state1, float *state2, int64_t rows) {
+                           float *state1, float *state2, const int64_t *row_ids, int64_t rows) {
   ur_status st = check_table_index(t, i);
   if (st) return st;
   if (owner && t->cache_of[i] && t->cache_of[i] != owner)
@@ -553,6 +553,7 @@ ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, struct ur_cache *owner, void *w
     state1 = b.state1;
     state2 = b.state2;
     rows = b.rows;
+    row_ids = NULL;
   }
   /* kernels in flight may read the descriptors or the rows */
   if (t->gpu && (st = ur__gpu()->device_sync())) return st;
@@ -560,6 +561,7 @@ ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, struct ur_cache *owner, void *w
   t->tables[i].weights = weights;
   t->tables[i].state1 = state1;
   t->tables[i].state2 = state2;
+  t->tables[i].row_ids = row_ids;
   t->tables[i].rows = rows;
   int64_t key = 0;
   for (int32_t k = 0; k < t->T; k++) {
@@ -1015,7 +1017,8 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
   float w[UR_TBE_MAX_DIM], g[UR_TBE_MAX_DIM];
   int32_t dim = tb->dim;
   int64_t row = ur__tbe_phys(tb, id);
-  size_t base = (size_t)row * (size_t)dim, lbase = (size_t)id * (size_t)dim;
+  int64_t sid = tb->row_ids ? tb->row_ids[id] : id;
+  size_t base = (size_t)row * (size_t)dim, lbase = (size_t)sid * (size_t)dim;
   const float *wr = load_row(tb, row, w);
   for (int32_t c = 0; c < dim; c++) {
     w[c] = wr[c];

@@ -41,6 +41,9 @@ typedef struct ur__tbe_table {
    * the plain path.  perm[id] is the physical row holding row id; counts[id] counts reads. */
   const int64_t *perm;
   int32_t *counts;
+  /* A cached table (engine/src/cache.c): the row id each slot storage row holds, which
+   * stochastic rounding draws by (so cached rows round as the table's own would); or NULL. */
+  const int64_t *row_ids;
 } ur__tbe_table;
 
 typedef struct ur__tbe_feature {
