@@ -78,12 +78,12 @@ end
 local DTYPE_NAMES = { [0] = "f32", "bf16", "f16", "i8", "u8", "i32", "i64" }
 -- A tensor's dtype name without building a string (hot paths).
 function Module.dtype_of(t)
-  return DTYPE_NAMES[tonumber(lib.C.ur_tensor_dtype(t.p))]
+  return DTYPE_NAMES[tonumber(lib.C.ur_tensor_dtype(lib.ptr(t, "tensor", 2)))]
 end
 
 -- Rows of a tensor (its first size) and the elements per row.
 function Module.rows_cols(t)
-  local p = t.p
+  local p = lib.ptr(t, "tensor", 2)
   local rows = tonumber(lib.C.ur_tensor_dim(p, 0))
   local n = tonumber(lib.C.ur_tensor_numel(p))
   return rows, rows > 0 and n / rows or 0
