@@ -229,6 +229,9 @@ describe("uvmrec.cache decisions on CUDA", function()
         end
         if conflicts then assert.is_true(staged > 0, "the case makes conflict misses") end
         assert.is_true(g.cache:stats().evictions > 0, "the case evicts")
+        -- the GPU's kernel time is counted there, and nowhere else
+        assert.is_true(g.cache:stats().gpu_seconds > 0)
+        assert.equal(0, c.cache:stats().gpu_seconds)
         for _, t in ipairs(TABLES) do
           local probe = {}
           for r = 0, t.rows - 1 do probe[#probe + 1] = r end

@@ -986,7 +986,10 @@ typedef struct ur_cache_stats {
   int64_t waits;                  /* prepares that waited for the previous batch's retire */
   uint64_t bytes_in, bytes_out;   /* rows (with optimizer state) host to cache, cache to host */
   uint64_t bytes_ids;             /* slot ids and copy lists sent to the device */
-  double seconds;                 /* time in the cache's host work and its copies' enqueue */
+  double seconds;                 /* time in the cache's calls on the host, its waits included */
+  double gpu_seconds;             /* GPU time of the cache's kernels: each prepare's lookup,
+                                   * decisions, placement and row moves, each retire's marks
+                                   * and write-backs (0 on the CPU); waits for the GPU */
 } ur_cache_stats;
 struct ur_cache;
 typedef struct ur_cache ur_cache;

@@ -35,6 +35,8 @@ typedef struct flight {
   int64_t list_at;              /* GPU: where the staged pairs sit in dev */
   int64_t slots_at;             /* GPU: where its slot list sits in dev */
   int64_t *tconf;               /* GPU: [tables] its conflict misses per table */
+  void *span[8];                /* GPU: events around its lookup, decisions, placement, retire */
+  int timed_p, timed_r;         /* GPU: spans recorded and not yet added to gpu_seconds */
   ur_tensor *host, *dev;        /* GPU: pinned and device buffers of its lists and ids */
 } flight;
 
@@ -70,7 +72,7 @@ struct ur_cache {
   int64_t next_ticket;
   void *last_ready;             /* GPU: the last prepare's event, after its copies */
   counters *stats;              /* [nt + 1]: per table, then the total */
-  double seconds;
+  double seconds, gpu_seconds;
   /* scratch of one prepare, grown on demand */
   uint64_t *keys, *tkeys;
   int64_t *vidx, *tvidx, *uniq_of, *order, *res, *evict, *grp;
@@ -412,6 +414,8 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
 }
 
 static void free_batch(flight *b) {
+  for (int k = 0; k < 8; k++)
+    if (b->span[k]) ur__gpu()->event_free(b->span[k]);
   if (b->event) ur__gpu()->event_free(b->event);
   if (b->ready) ur__gpu()->event_free(b->ready);
   free(b->slots);
@@ -831,6 +835,28 @@ static void map_range(void *ctx, size_t t0, size_t t1) {
 
 /* ---- the GPU's state and decisions ---- */
 
+/* Records span event k of batch b on the stream. */
+static ur_status span_mark(flight *b, int k, void *stream) {
+  const ur_backend *g = ur__gpu();
+  ur_status st = b->span[k] ? UR_STATUS_OK : g->event_new(&b->span[k]);
+  return st ? st : g->event_record(b->span[k], stream);
+}
+
+/* Adds batch b's recorded spans to gpu_seconds (waiting for them to finish). */
+static void account_gpu(ur_cache *c, flight *b) {
+  const ur_backend *g = ur__gpu();
+  double ms = 0;
+  for (int part = 0; part < 2; part++) {
+    int *timed = part ? &b->timed_r : &b->timed_p;
+    if (!*timed) continue;
+    *timed = 0;
+    int k0 = part ? 6 : 0, k1 = part ? 8 : 6;
+    if (g->event_sync(b->span[k1 - 1])) continue;
+    for (int k = k0; k < k1; k += 2)
+      if (!g->event_elapsed(b->span[k], b->span[k + 1], &ms)) c->gpu_seconds += 1e-3 * ms;
+  }
+}
+
 static size_t info_words(const ur_cache *c) {
   return (size_t)UR__CI_TABLES + (size_t)c->nt * UR__CT_COUNT;
 }
@@ -1021,8 +1047,11 @@ static ur_status decide_gpu(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
   j.scratch_bytes = c->scratch_bytes;
   j.info = ur_tensor_data(c->info_dev);
   j.info_host = info;
+  account_gpu(c, B); /* its last batch's spans, before they are recorded again */
   /* 1. lookup */
-  if ((st = g->cache_lookup(sh, &c->dev, &j)) || (st = g->stream_sync(sh))) return st;
+  if ((st = span_mark(B, 0, sh)) || (st = g->cache_lookup(sh, &c->dev, &j)) ||
+      (st = span_mark(B, 1, sh)) || (st = g->stream_sync(sh)))
+    return st;
   c->stats[c->nt].bytes_ids += 8 * (uint64_t)info_words(c) + (bag_start ? 8 * ((uint64_t)c->F + 1) : 0);
   if (info[UR__CI_BAD_F] >= 0 || (info[UR__CI_BAD_V] >= 0 && j.bounds_fatal))
     return lookup_error(c, s, values, offsets, bags, bag_start, batch, info[UR__CI_BAD_V],
@@ -1039,7 +1068,9 @@ static ur_status decide_gpu(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
   j.ticket = tk;
   j.epoch = freq_epoch(c, tk);
   j.lfu = c->cfg.policy == UR_CACHE_LFU;
-  if ((st = g->cache_decide(sh, &c->dev, &j)) || (st = g->stream_sync(sh))) return st;
+  if ((st = span_mark(B, 2, sh)) || (st = g->cache_decide(sh, &c->dev, &j)) ||
+      (st = span_mark(B, 3, sh)) || (st = g->stream_sync(sh)))
+    return st;
   c->stats[c->nt].bytes_ids += 8 * (uint64_t)info_words(c);
   j.nwb = info[UR__CI_NWB];
   j.nfill = info[UR__CI_NFILL];
@@ -1073,9 +1104,11 @@ static ur_status decide_gpu(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
   j.row_ids = ur_tensor_data(c->srow);
   j.sbase = c->S + (tk & 1) * c->M;
   j.out = ur_tensor_data(out);
-  if ((st = g->cache_place(sh, &c->dev, &j))) return st;
+  if ((st = span_mark(B, 4, sh)) || (st = g->cache_place(sh, &c->dev, &j))) return st;
   if ((st = move(c, sh, j.lists, j.nwb, 1))) return st;
   if ((st = move(c, sh, j.lists + 2 * j.nwb, j.nfill + j.nconf, 0))) return st;
+  if ((st = span_mark(B, 5, sh))) return st;
+  B->timed_p = 1;
   for (int32_t ct = 0; ct < c->nt; ct++) c->stats[ct].batches++;
   c->stats[c->nt].batches++;
   B->ticket = tk;
@@ -1552,8 +1585,11 @@ ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int32_t tra
     int64_t *dev = ur_tensor_data(b->dev);
     void *sh = s ? s->handle : NULL;
     for (int32_t ct = 0; ct < c->nt; ct++) c->stats[ct].bytes_out += (uint64_t)b->tconf[ct] * row_moves(c);
-    st = ur__gpu()->cache_mark(sh, c->dev.dirty, dev + b->slots_at, b->nslots);
+    st = span_mark(b, 6, sh);
+    if (!st) st = ur__gpu()->cache_mark(sh, c->dev.dirty, dev + b->slots_at, b->nslots);
     if (!st) st = move(c, sh, dev + b->list_at, b->nstaged, 1);
+    if (!st) st = span_mark(b, 7, sh);
+    if (!st) b->timed_r = 1;
   }
   if (!st && c->gpu) {
     if (!b->event) st = ur__gpu()->event_new(&b->event);
@@ -1652,12 +1688,17 @@ ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *o
   out->waits = t->waits;
   out->bytes_ids = t->bytes_ids;
   out->seconds = c->seconds;
+  if (c->gpu) {
+    for (int r = 0; r < RING; r++) account_gpu((ur_cache *)c, (flight *)&c->ring[r]);
+    out->gpu_seconds = c->gpu_seconds;
+  }
   return UR_STATUS_OK;
 }
 
 void ur_cache_reset_stats(ur_cache *c) {
   memset(c->stats, 0, sizeof *c->stats * ((size_t)c->nt + 1));
-  c->seconds = 0;
+  c->seconds = c->gpu_seconds = 0;
+  for (int r = 0; r < RING; r++) c->ring[r].timed_p = c->ring[r].timed_r = 0;
 }
 
 ur_status ur_cache_contains(const ur_cache *c, int32_t table, const int64_t *ids, int64_t n,

@@ -284,7 +284,7 @@ local function stats_of(h, i)
   must(C.ur_cache_stats_get(h, i, st), 3)
   local r = {}
   for _, f in ipairs(FIELDS) do r[f] = tonumber(st[f]) end
-  r.seconds = st.seconds
+  r.seconds, r.gpu_seconds = st.seconds, st.gpu_seconds
   r.hit_rate = r.unique > 0 and r.hits / r.unique or 0
   return r
 end

@@ -248,8 +248,9 @@ local function gpu_modes()
 
   local base, base_losses
   print(("cache bench --gpu: %s, batch %d, %d timed steps per mode"):format(cfg0.name, B, steps))
-  print(("%-20s %14s %8s %12s %14s %10s %10s %9s %14s %8s %8s"):format("mode", "samples/s", "vs HBM", "emb HBM",
-        "host link/step", "GB/s", "hit rate", "ms/step", "cache host ms", "conf/st", "waits/st"))
+  print(("%-20s %14s %8s %12s %14s %10s %10s %9s %14s %13s %8s %8s"):format("mode", "samples/s", "vs HBM",
+        "emb HBM", "host link/step", "GB/s", "hit rate", "ms/step", "cache host ms", "cache GPU ms", "conf/st",
+        "waits/st"))
   local only = {}
   for name in (o.modes or ""):gmatch("[^,]+") do only[name] = true end
   for _, m in ipairs(modes) do
@@ -305,7 +306,7 @@ local function gpu_modes()
         end
       end
     end
-    local link, hbm, hit, host_ms, conf, waits -- managed: what moved is the driver's (not measured)
+    local link, hbm, hit, host_ms, gpu_ms, conf, waits -- managed: what moved is the driver's (not measured)
     link = 0
     local table_bytes = model:stats().table_bytes
     if cache then
@@ -314,6 +315,7 @@ local function gpu_modes()
       hbm = cache:bytes()
       hit = s.hits / math.max(s.unique, 1)
       host_ms = 1e3 * s.seconds / steps
+      gpu_ms = 1e3 * s.gpu_seconds / steps
       conf, waits = s.conflicts / steps, s.waits / steps
     elseif m.name == "device" then
       hbm = table_bytes
@@ -330,12 +332,14 @@ local function gpu_modes()
     local r = { bench = "cache_gpu", mode = m.name, samples_per_s = rate, vs_hbm = rate / base,
                 emb_hbm_bytes = hbm, table_bytes = table_bytes, link_bytes_per_step = link,
                 link_gbps = gbps, link_fraction = gbps / 55, hit_rate = hit or -1, steps = steps, batch = B,
-                step_ms = 1e3 * secs / steps, cache_host_ms = host_ms or 0, conflicts_per_step = conf or 0,
+                step_ms = 1e3 * secs / steps, cache_host_ms = host_ms or 0, cache_gpu_ms = gpu_ms or 0,
+                conflicts_per_step = conf or 0,
                 waits_per_step = waits or 0 }
     emit(r)
-    print(("%-20s %14.0f %7.1f%% %10.2f GB %12.1f MB %10.2f %9s %9.2f %14s %8s %8s"):format(m.name, rate,
+    print(("%-20s %14.0f %7.1f%% %10.2f GB %12.1f MB %10.2f %9s %9.2f %14s %13s %8s %8s"):format(m.name, rate,
       100 * rate / base, hbm / 1e9, link / 1e6, gbps, hit and ("%.1f%%"):format(100 * hit) or "-", 1e3 * secs / steps,
-      host_ms and ("%.2f"):format(host_ms) or "-", conf and ("%.0f"):format(conf) or "-",
+      host_ms and ("%.2f"):format(host_ms) or "-", gpu_ms and ("%.2f"):format(gpu_ms) or "-",
+      conf and ("%.0f"):format(conf) or "-",
       waits and ("%.2f"):format(waits) or "-"))
     if hints then hints:free() end
     for _, b in ipairs(dev) do
