@@ -66,43 +66,21 @@ __global__ void move_rows(ur__cache_io io, const int64_t *entries, int64_t n, in
   }
 }
 
-/* ---- keys, sets and counts: the same functions as engine/src/cache.c ---- */
-
-__device__ uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
+/* ---- keys, sets and counts: engine/src/cache_sets.h, as the host reference computes them ---- */
 
 __device__ int32_t table_of_key(const ur__cache_dev &d, uint64_t key) {
-  int32_t lo = 0, hi = d.nt;
-  while (hi - lo > 1) {
-    int32_t mid = (lo + hi) / 2;
-    if ((uint64_t)d.kbase[mid] <= key) lo = mid;
-    else hi = mid;
-  }
-  return lo;
+  return ur__cache_table_of(d.kbase, d.nt, key);
 }
 
 __device__ uint32_t set_of(const ur__cache_dev &d, uint64_t key, int32_t ct) {
-  uint64_t row = key - (uint64_t)d.kbase[ct];
-  return (uint32_t)(d.set_base[ct] +
-                    (int64_t)(mix64(((uint64_t)ct << UR__CACHE_ROW_BITS) ^ row ^ 0x5851F42D4C957F2Dull) %
-                              (uint64_t)d.set_count[ct]));
+  return (uint32_t)ur__cache_set_of(d.kbase, d.set_base, d.set_count, key, ct);
 }
 
 __device__ uint64_t pair_of(const ur__cache_dev &d, uint64_t key) {
-  int32_t ct = table_of_key(d, key);
-  return ((uint64_t)ct << UR__CACHE_ROW_BITS) | (key - (uint64_t)d.kbase[ct]);
+  return ur__cache_pair_of(d.kbase, d.nt, key);
 }
 
-__device__ uint32_t freq_now(uint32_t f, uint32_t epoch) {
-  uint32_t dd = (epoch - (f >> 16)) & 0xffffu;
-  return dd >= 16 ? 0 : (f & 0xffffu) >> dd;
-}
+__device__ uint32_t freq_now(uint32_t f, uint32_t epoch) { return ur__cache_freq_now(f, epoch); }
 
 /* The first index in a[0..n) whose value is not below x. */
 template <typename T>

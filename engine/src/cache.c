@@ -100,37 +100,17 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
-/* The set of a key: the hash of (cache table, row), not of the cumulative key, so a table's
- * rows land in the same sets whichever tables share the cache. */
+/* The set, table and (table, row) pair of a key (cache_sets.h, shared with the GPU). */
 static int64_t set_of(const ur_cache *c, uint64_t key, int32_t ct) {
-  uint64_t row = key - (uint64_t)c->kbase[ct];
-  return c->set_base[ct] +
-         (int64_t)(mix64(((uint64_t)ct << UR__CACHE_ROW_BITS) ^ row ^ 0x5851F42D4C957F2Dull) %
-                   (uint64_t)c->set_count[ct]);
+  return ur__cache_set_of(c->kbase, c->set_base, c->set_count, key, ct);
 }
 
 static int32_t table_of_key(const ur_cache *c, uint64_t key) {
-  int32_t lo = 0, hi = c->nt;
-  while (hi - lo > 1) {
-    int32_t mid = (lo + hi) / 2;
-    if ((uint64_t)c->kbase[mid] <= key) lo = mid;
-    else hi = mid;
-  }
-  return lo;
+  return ur__cache_table_of(c->kbase, c->nt, key);
 }
 
 static uint64_t pair_of(const ur_cache *c, uint64_t key) {
-  int32_t ct = table_of_key(c, key);
-  return ((uint64_t)ct << UR__CACHE_ROW_BITS) | (key - (uint64_t)c->kbase[ct]);
+  return ur__cache_pair_of(c->kbase, c->nt, key);
 }
 
 static ur_status grow(void **p, int64_t *cap, int64_t need, size_t elem) {
@@ -508,10 +488,7 @@ static uint32_t freq_epoch(const ur_cache *c, int64_t ticket) {
   return c->cfg.decay_batches > 0 ? (uint32_t)(ticket / c->cfg.decay_batches) & 0xffffu : 0;
 }
 
-static uint32_t freq_now(uint32_t f, uint32_t epoch) {
-  uint32_t d = (epoch - (f >> 16)) & 0xffffu;
-  return d >= 16 ? 0 : (f & 0xffffu) >> d;
-}
+static uint32_t freq_now(uint32_t f, uint32_t epoch) { return ur__cache_freq_now(f, epoch); }
 
 /* ---- one batch ---- */
 

@@ -5,6 +5,7 @@
 #define UR_CACHE_H
 
 #include <stdint.h>
+#include "cache_sets.h"
 #include "tbe_plan.h"
 #include "uvmrec.h"
 
@@ -12,8 +13,6 @@ struct ur_cache;
 
 /* A move list entry packs (cache table << UR__CACHE_ROW_BITS | row) in its first word and
  * the row of the slot storage (a slot or a staging row) in its second. */
-#define UR__CACHE_ROW_BITS 48
-#define UR__CACHE_ROW_MASK ((((uint64_t)1) << UR__CACHE_ROW_BITS) - 1)
 
 /* What a move needs: where each cached table's rows live in host memory, and the slot
  * storage.  Pointer arrays are in memory the running backend reads. */
