@@ -2,7 +2,6 @@
 -- decisions (slots, statistics), the same rows after every step (bit for bit for SGD in f32
 -- against device tables on the GPU, which run the same kernels over other rows), and rows
 -- written back to host memory on eviction and flush.  Every test is #cuda.
-local ffi = require "ffi"
 local ur = require "uvmrec"
 local h = require "helpers"
 local R = require "tbe_ref"
@@ -39,19 +38,6 @@ local function host_copy(t)
   return t:placement() == "host" and t or assert(t:to("host"))
 end
 
-local function bits_equal(a, b, what)
-  a, b = host_copy(a), host_copy(b)
-  assert.equal(a:numel(), b:numel(), what)
-  local word = (a:dtype() == "f16" or a:dtype() == "bf16") and "const uint16_t *" or "const uint32_t *"
-  local pa = ffi.cast(word, ur.C.ur_tensor_data(a.p))
-  local pb = ffi.cast(word, ur.C.ur_tensor_data(b.p))
-  for i = 0, a:numel() - 1 do
-    if pa[i] ~= pb[i] then
-      error(("%s: element %d is %.9g, expected %.9g"):format(what, i, a:get(i), b:get(i)), 2)
-    end
-  end
-end
-
 local function close(a, b, rel, what)
   a, b = host_copy(a):totable(), host_copy(b):totable()
   R.close(a, b, rel, rel * 1e-2, what)
@@ -74,7 +60,7 @@ describe("uvmrec.cache on CUDA", function()
         local b = batch(step)
         local xg, xc = R.input(b, "device"), R.input(b, "host")
         local og, od, oc = gc:forward(xg), gd:forward(xg), cc:forward(xc)
-        bits_equal(og, od, "step " .. step .. " forward, cached vs device")
+        R.bits_equal(og, od, "step " .. step .. " forward, cached vs device")
         close(og, oc, 1e-5, "step " .. step .. " forward, GPU vs CPU")
         local g = R.tensor(R.randoms(og:numel()), "f32", "device"):view_as(0, { og:size(1), og:size(2) })
         local gh = assert(g:to("host"))
@@ -93,7 +79,7 @@ describe("uvmrec.cache on CUDA", function()
         for r = 0, t.rows - 1 do probe[#probe + 1] = r end
         assert.same(cc.tbe.cache:contains(t.name, probe), gc.tbe.cache:contains(t.name, probe))
         if name == "sgd" then
-          bits_equal(gc:table(t.name), gd:table(t.name), t.name .. " after flush, cached vs device")
+          R.bits_equal(gc:table(t.name), gd:table(t.name), t.name .. " after flush, cached vs device")
         else
           close(gc:table(t.name), gd:table(t.name), 1e-5, t.name .. " after flush, cached vs device")
         end
@@ -111,13 +97,13 @@ describe("uvmrec.cache on CUDA", function()
       for step = 1, 12 do
         local x = R.input(batch(step), "device")
         local oc, od = gc:forward(x), gd:forward(x)
-        bits_equal(oc, od, dtype .. " step " .. step .. " forward")
+        R.bits_equal(oc, od, dtype .. " step " .. step .. " forward")
         local g = R.tensor(R.randoms(oc:numel()), "f32", "device"):view_as(0, { oc:size(1), oc:size(2) })
         gc:backward(x, g)
         gd:backward(x, g)
       end
       for _, t in ipairs(TABLES) do
-        bits_equal(gc:table(t.name), gd:table(t.name), dtype .. " " .. t.name .. " after flush")
+        R.bits_equal(gc:table(t.name), gd:table(t.name), dtype .. " " .. t.name .. " after flush")
       end
     end
   end)

@@ -43,20 +43,6 @@ local function grad_like(out)
   return R.tensor(R.randoms(out:numel()), "f32"):view_as(0, { out:size(1), out:size(2) })
 end
 
-local function bits_equal(a, b, what)
-  assert.equal(a:numel(), b:numel(), what .. ": sizes")
-  assert.equal(a:dtype(), b:dtype(), what .. ": dtypes")
-  local n = a:numel()
-  local word = (a:dtype() == "f16" or a:dtype() == "bf16") and "const uint16_t *" or "const uint32_t *"
-  local pa = ffi.cast(word, ur.C.ur_tensor_data(a.p))
-  local pb = ffi.cast(word, ur.C.ur_tensor_data(b.p))
-  for i = 0, n - 1 do
-    if pa[i] ~= pb[i] then
-      error(("%s: element %d is %.9g, expected %.9g"):format(what, i, a:get(i), b:get(i)), 2)
-    end
-  end
-end
-
 describe("uvmrec.cache", function()
   it("declares its structs as the engine lays them out", function()
     assert.equal(tonumber(ur.C.ur_sizeof_cache_config()), ffi.sizeof("ur_cache_config"))
@@ -149,7 +135,7 @@ describe("uvmrec.cache", function()
     assert.is_false(c:contains("a", { 7 })[1])
     assert.is_number(c:contains("a", { 8 })[1])
     assert.is_number(c:contains("a", { 39 })[1])
-    bits_equal(m:table("a"), shadow:table("a"), "table a after flush")
+    R.bits_equal(m:table("a"), shadow:table("a"), "table a after flush")
   end)
 
   it("keeps frequently read rows under LFU where LRU would drop them", function()
@@ -193,16 +179,16 @@ describe("uvmrec.cache", function()
       for k = 1, 50 do ids[k] = (k * 7 + step) % 200 end
       local x = input({ ids })
       local g = grad_like(m:forward(x))
-      bits_equal(m.output, shadow:forward(x), "forward " .. step)
+      R.bits_equal(m.output, shadow:forward(x), "forward " .. step)
       m:backward(x, g)
       shadow:backward(x, g)
     end
     local s = m.tbe.cache:stats()
     assert.is_true(s.conflicts >= 3 * 18)
     assert.is_true(m.tbe.cache:staging_rows() >= 18) -- grew from 4
-    bits_equal(m:table("a"), shadow:table("a"), "table a")
-    bits_equal(m:state("a").exp_avg, shadow:state("a").exp_avg, "exp_avg")
-    bits_equal(m:state("a").exp_avg_sq, shadow:state("a").exp_avg_sq, "exp_avg_sq")
+    R.bits_equal(m:table("a"), shadow:table("a"), "table a")
+    R.bits_equal(m:state("a").exp_avg, shadow:state("a").exp_avg, "exp_avg")
+    R.bits_equal(m:state("a").exp_avg_sq, shadow:state("a").exp_avg_sq, "exp_avg_sq")
   end)
 
   it("makes the same decisions for the same calls (the reference is deterministic)", function()
@@ -266,8 +252,8 @@ describe("uvmrec.cache", function()
     m:backward(x, g)
     shadow:forward(x) shadow:backward(x, g)
     assert.is_true(m.tbe.cache:flush())
-    bits_equal(m:table("a"), shadow:table("a"), "table")
-    bits_equal(m:state("a").sum, shadow:state("a").sum, "state")
+    R.bits_equal(m:table("a"), shadow:table("a"), "table")
+    R.bits_equal(m:state("a").sum, shadow:state("a").sum, "state")
     -- the collection first, then the cache: the cache notices
     local cache = m.tbe.cache
     ur.C.ur_tbe_free(m.tbe.h.p)
@@ -323,18 +309,18 @@ describe("uvmrec.cache stress", function()
         local x = input(per)
         local out = m:forward(x)
         local want = shadow:forward(x)
-        bits_equal(out, want, "step " .. step .. " forward")
+        R.bits_equal(out, want, "step " .. step .. " forward")
         local g = grad_like(want)
         m:backward(x, g)
         shadow:backward(x, g)
         if step % 3 == 0 then
           for _, t in ipairs(tables) do
-            bits_equal(m:table(t.name), shadow:table(t.name), "step " .. step .. " table " .. t.name)
+            R.bits_equal(m:table(t.name), shadow:table(t.name), "step " .. step .. " table " .. t.name)
           end
         else
           -- every row through the cache (a read: mostly conflicts in these tiny caches)
           local probe = input(all)
-          bits_equal(m:forward(probe), shadow:forward(probe), "step " .. step .. " probe")
+          R.bits_equal(m:forward(probe), shadow:forward(probe), "step " .. step .. " probe")
         end
       end
       local s = m.tbe.cache:stats()

@@ -3,7 +3,6 @@
 -- case: a row staged in batch i, needed by batch i+1's prefetch, then written by i's backward);
 -- drains or stops at the end; on the GPU (#cuda) the same against device tables.  The #cuda
 -- test is the one compute-sanitizer's memcheck and racecheck run.
-local ffi = require "ffi"
 local ur = require "uvmrec"
 local h = require "helpers"
 local R = require "tbe_ref"
@@ -41,19 +40,6 @@ local function batches(n, placement)
     list[k] = { sparse = R.input({ values = values, offsets = offsets }, placement), grad = g }
   end
   return list
-end
-
-local function bits_equal(a, b, what)
-  a = a:placement() == "host" and a or assert(a:to("host"))
-  b = b:placement() == "host" and b or assert(b:to("host"))
-  assert.equal(b:numel(), a:numel(), what)
-  local pa = ffi.cast("const uint32_t *", ur.C.ur_tensor_data(a.p))
-  local pb = ffi.cast("const uint32_t *", ur.C.ur_tensor_data(b.p))
-  for i = 0, a:numel() - 1 do
-    if pa[i] ~= pb[i] then
-      error(("%s: element %d is %.9g, expected %.9g"):format(what, i, a:get(i), b:get(i)), 2)
-    end
-  end
 end
 
 -- The plain loop: forward and backward per batch; the outputs, kept on the host.
@@ -96,10 +82,10 @@ describe("uvmrec.pipeline.Prefetch", function()
       local outs, n, released = piped(m, list)
       assert.equal(14, n)
       assert.equal(14, released)
-      for i = 1, 14 do bits_equal(outs[i], want[i], "batch " .. i .. " output") end
+      for i = 1, 14 do R.bits_equal(outs[i], want[i], "batch " .. i .. " output") end
       for _, t in ipairs(TABLES) do
-        bits_equal(m:table(t.name), ref:table(t.name), "table " .. t.name)
-        bits_equal(m:state(t.name).exp_avg_sq, ref:state(t.name).exp_avg_sq, "state " .. t.name)
+        R.bits_equal(m:table(t.name), ref:table(t.name), "table " .. t.name)
+        R.bits_equal(m:state(t.name).exp_avg_sq, ref:state(t.name).exp_avg_sq, "state " .. t.name)
       end
       local s = m.tbe.cache:stats()
       assert.is_true(s.hits > 0 and s.misses > 0 and s.evictions > 0)
@@ -130,7 +116,7 @@ describe("uvmrec.pipeline.Prefetch", function()
     local want = plain(ref, list)
     local m = make("cpu", "host")
     local outs = piped(m, list)
-    for i = 1, 5 do bits_equal(outs[i], want[i], "batch " .. i) end
+    for i = 1, 5 do R.bits_equal(outs[i], want[i], "batch " .. i) end
     assert.has_error(function() Prefetch.new { step = function() end } end,
                      "Prefetch: source must be a function returning batches")
     assert.has_error(function() Prefetch.new { source = function() end, step = function() end, depth = 3 } end,
@@ -144,8 +130,8 @@ describe("uvmrec.pipeline.Prefetch", function()
     local m = make(0, "cached", { slots = 32, shared = true, staging_rows = 4 })
     local outs, n = piped(m, list)
     assert.equal(40, n)
-    for i = 1, 40 do bits_equal(outs[i], want[i], "batch " .. i .. " output") end
-    for _, t in ipairs(TABLES) do bits_equal(m:table(t.name), ref:table(t.name), "table " .. t.name) end
+    for i = 1, 40 do R.bits_equal(outs[i], want[i], "batch " .. i .. " output") end
+    for _, t in ipairs(TABLES) do R.bits_equal(m:table(t.name), ref:table(t.name), "table " .. t.name) end
     local s = m.tbe.cache:stats()
     assert.is_true(s.conflicts > 0 and s.evictions > 0 and s.writebacks > 0)
   end)

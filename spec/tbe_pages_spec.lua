@@ -318,17 +318,6 @@ local function batches(n, placement)
   return list
 end
 
-local function bits_equal(a, b, what)
-  a = a:placement() == "host" and a or assert(a:to("host"))
-  b = b:placement() == "host" and b or assert(b:to("host"))
-  assert.equal(b:nbytes(), a:nbytes(), what)
-  local pa = ffi.cast("const uint8_t *", C.ur_tensor_data(a.p))
-  local pb = ffi.cast("const uint8_t *", C.ur_tensor_data(b.p))
-  for i = 0, a:nbytes() - 1 do
-    if pa[i] ~= pb[i] then error(("%s: byte %d differs"):format(what, i), 2) end
-  end
-end
-
 local function plain(m, list)
   local outs = {}
   for k, b in ipairs(list) do
@@ -365,8 +354,8 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
     local m = make("cpu", "managed")
     local outs, n, stats = piped(m, list, { pages = true })
     assert.equal(10, n)
-    for i = 1, 10 do bits_equal(outs[i], want[i], "batch " .. i) end
-    for _, t in ipairs(TABLES) do bits_equal(m:table(t.name), ref:table(t.name), "table " .. t.name) end
+    for i = 1, 10 do R.bits_equal(outs[i], want[i], "batch " .. i) end
+    for _, t in ipairs(TABLES) do R.bits_equal(m:table(t.name), ref:table(t.name), "table " .. t.name) end
     -- the stats are the sums of what page_runs says of each batch
     local probe = make("cpu", "managed")
     local pages, bytes = 0, 0
@@ -474,12 +463,12 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
     assert.equal(24, n)
     assert.is_true(stats.page_bytes > 0)
     for i = 1, 24 do
-      bits_equal(outs[i], want[i], "batch " .. i .. " (device tables)")
-      bits_equal(outs[i], want_managed[i], "batch " .. i .. " (plain loop)")
+      R.bits_equal(outs[i], want[i], "batch " .. i .. " (device tables)")
+      R.bits_equal(outs[i], want_managed[i], "batch " .. i .. " (plain loop)")
     end
     for _, t in ipairs(TABLES) do
-      bits_equal(m:table(t.name), dev:table(t.name), "table " .. t.name)
-      bits_equal(m:state(t.name).sum, dev:state(t.name).sum, "state " .. t.name)
+      R.bits_equal(m:table(t.name), dev:table(t.name), "table " .. t.name)
+      R.bits_equal(m:state(t.name).sum, dev:state(t.name).sum, "state " .. t.name)
     end
   end))
 end)

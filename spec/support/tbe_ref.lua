@@ -234,4 +234,24 @@ function M.close(a, b, rel, abs, what, scale)
   end
 end
 
+-- Fails unless tensors a and b (any placement) hold the same bits, element by element (the
+-- first difference named by index and value).
+function M.bits_equal(a, b, what)
+  a = a:placement() == "host" and a or assert(a:to("host"))
+  b = b:placement() == "host" and b or assert(b:to("host"))
+  if a:dtype() ~= b:dtype() or a:numel() ~= b:numel() then
+    error(("%s: %s [%d] against %s [%d]"):format(what, a:dtype(), a:numel(), b:dtype(), b:numel()), 2)
+  end
+  local esize = a:numel() > 0 and a:nbytes() / a:numel() or 1
+  local ctype = ({ [1] = "const uint8_t *", [2] = "const uint16_t *", [4] = "const uint32_t *",
+                   [8] = "const uint64_t *" })[esize]
+  local pa = ffi.cast(ctype, ur.C.ur_tensor_data(a.p))
+  local pb = ffi.cast(ctype, ur.C.ur_tensor_data(b.p))
+  for i = 0, a:numel() - 1 do
+    if pa[i] ~= pb[i] then
+      error(("%s: element %d is %.9g, expected %.9g"):format(what, i, a:get(i), b:get(i)), 2)
+    end
+  end
+end
+
 return M
