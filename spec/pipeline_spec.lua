@@ -42,35 +42,6 @@ local function batches(n, placement)
   return list
 end
 
--- The plain loop: forward and backward per batch; the outputs, kept on the host.
-local function plain(m, list)
-  local outs = {}
-  for k, b in ipairs(list) do
-    outs[k] = assert(m:forward(b.sparse):to("host"))
-    m:backward(b.sparse, b.grad)
-  end
-  return outs
-end
-
-local function piped(m, list, opts)
-  local outs, k, released = {}, 0, 0
-  local p = Prefetch.new {
-    collection = m, drain = opts and opts.drain,
-    source = function()
-      k = k + 1
-      return list[k]
-    end,
-    step = function(b, i)
-      outs[i] = assert(m:forward(b.sparse):to("host"))
-      m:backward(b.sparse, b.grad)
-    end,
-    release = function() released = released + 1 end,
-  }
-  local n = p:run(opts and opts.steps)
-  p:free()
-  return outs, n, released, p
-end
-
 describe("uvmrec.pipeline.Prefetch", function()
   for _, cache in ipairs({ { slots = 32, shared = true, staging_rows = 4 },
                            { load_factor = 0.3, policy = "lfu", decay_batches = 2, min_slots = 0 } }) do
@@ -78,8 +49,8 @@ describe("uvmrec.pipeline.Prefetch", function()
       local list = batches(14, "host")
       local m = make("cpu", "cached", cache, { "adam", lr = 0.02 })
       local ref = make("cpu", "host", nil, { "adam", lr = 0.02 })
-      local want = plain(ref, list)
-      local outs, n, released = piped(m, list)
+      local want = R.train_plain(ref, list)
+      local outs, n, _, released = R.train_piped(m, list)
       assert.equal(14, n)
       assert.equal(14, released)
       for i = 1, 14 do R.bits_equal(outs[i], want[i], "batch " .. i .. " output") end
@@ -99,23 +70,23 @@ describe("uvmrec.pipeline.Prefetch", function()
 
   it("drains the batches in flight at the end, or stops at once with drain = false", function()
     local list = batches(6, "host")
-    local _, n = piped(make("cpu", "cached", { slots = 64 }), list)
+    local _, n = R.train_piped(make("cpu", "cached", { slots = 64 }), list)
     assert.equal(6, n)
     local m = make("cpu", "cached", { slots = 64 })
-    local _, n2, released = piped(m, list, { drain = false })
+    local _, n2, _, released = R.train_piped(m, list, { drain = false })
     assert.equal(5, n2)      -- the last batch was prefetched, never trained
     assert.equal(6, released)
     assert.equal(0, m.tbe.cache:in_flight())
-    local _, n3 = piped(make("cpu", "cached", { slots = 64 }), list, { steps = 4 })
+    local _, n3 = R.train_piped(make("cpu", "cached", { slots = 64 }), list, { steps = 4 })
     assert.equal(4, n3)
   end)
 
   it("runs without a cache (plain tables), and checks its options", function()
     local list = batches(5, "host")
     local ref = make("cpu", "host")
-    local want = plain(ref, list)
+    local want = R.train_plain(ref, list)
     local m = make("cpu", "host")
-    local outs = piped(m, list)
+    local outs = R.train_piped(m, list)
     for i = 1, 5 do R.bits_equal(outs[i], want[i], "batch " .. i) end
     assert.has_error(function() Prefetch.new { step = function() end } end,
                      "Prefetch: source must be a function returning batches")
@@ -126,9 +97,9 @@ describe("uvmrec.pipeline.Prefetch", function()
   cuda_it("trains on the GPU as device tables do, bit for bit, with a tiny cache", function()
     local list = batches(40, "pinned")
     local ref = make(0, "device")
-    local want = plain(ref, list)
+    local want = R.train_plain(ref, list)
     local m = make(0, "cached", { slots = 32, shared = true, staging_rows = 4 })
-    local outs, n = piped(m, list)
+    local outs, n = R.train_piped(m, list)
     assert.equal(40, n)
     for i = 1, 40 do R.bits_equal(outs[i], want[i], "batch " .. i .. " output") end
     for _, t in ipairs(TABLES) do R.bits_equal(m:table(t.name), ref:table(t.name), "table " .. t.name) end
@@ -143,8 +114,8 @@ describe("uvmrec.pipeline.Prefetch", function()
     local cache = { load_factor = 0.3 }
     local g = make(0, "cached", cache, opt)
     local c = make("cpu", "cached", cache, opt)
-    local outs = piped(g, list)
-    local want = piped(c, cpu_list)
+    local outs = R.train_piped(g, list)
+    local want = R.train_piped(c, cpu_list)
     for i = 1, 24 do
       R.close(outs[i]:totable(), want[i]:totable(), 1e-5, 1e-7, "batch " .. i)
     end

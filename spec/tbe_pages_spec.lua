@@ -318,41 +318,13 @@ local function batches(n, placement)
   return list
 end
 
-local function plain(m, list)
-  local outs = {}
-  for k, b in ipairs(list) do
-    outs[k] = assert(m:forward(b.sparse):to("host"))
-    m:backward(b.sparse, b.grad)
-  end
-  return outs
-end
-
-local function piped(m, list, opts)
-  local outs, k = {}, 0
-  local p = Prefetch.new {
-    collection = m, pages = opts and opts.pages,
-    source = function()
-      k = k + 1
-      return list[k]
-    end,
-    step = function(b, i)
-      outs[i] = assert(m:forward(b.sparse):to("host"))
-      m:backward(b.sparse, b.grad)
-    end,
-  }
-  local n = p:run()
-  local stats = p:stats()
-  p:free()
-  return outs, n, stats
-end
-
 describe("uvmrec.pipeline.Prefetch over managed tables", function()
   it("prefetches each batch's pages with pages = true and trains as the plain loop does", with_pages(function()
     local list = batches(10, "host")
     local ref = make("cpu", "managed")
-    local want = plain(ref, list)
+    local want = R.train_plain(ref, list)
     local m = make("cpu", "managed")
-    local outs, n, stats = piped(m, list, { pages = true })
+    local outs, n, stats = R.train_piped(m, list, { pages = true })
     assert.equal(10, n)
     for i = 1, 10 do R.bits_equal(outs[i], want[i], "batch " .. i) end
     for _, t in ipairs(TABLES) do R.bits_equal(m:table(t.name), ref:table(t.name), "table " .. t.name) end
@@ -371,7 +343,7 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
 
   it("leaves page prefetch off by default, and refuses it without managed tables", function()
     local list = batches(3, "host")
-    local _, n, stats = piped(make("cpu", "managed"), list)
+    local _, n, stats = R.train_piped(make("cpu", "managed"), list)
     assert.equal(3, n)
     assert.is_nil(stats.pages)
     assert.equal(0, stats.prefetched)
@@ -455,11 +427,11 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
           with_pages(function()
     local list = batches(24, "pinned")
     local dev = make(0, "device")
-    local want = plain(dev, list)
+    local want = R.train_plain(dev, list)
     local ref = make(0, "managed")
-    local want_managed = plain(ref, list)
+    local want_managed = R.train_plain(ref, list)
     local m = make(0, "managed")
-    local outs, n, stats = piped(m, list, { pages = true })
+    local outs, n, stats = R.train_piped(m, list, { pages = true })
     assert.equal(24, n)
     assert.is_true(stats.page_bytes > 0)
     for i = 1, 24 do

@@ -985,7 +985,7 @@ typedef struct ur_cache_stats {
   int64_t evictions, writebacks;  /* writebacks: dirty rows written to host memory */
   int64_t waits;                  /* prepares that waited for the previous batch's retire */
   uint64_t bytes_in, bytes_out;   /* rows (with optimizer state) host to cache, cache to host */
-  uint64_t bytes_ids;             /* slot ids and copy lists sent to the device */
+  uint64_t bytes_ids;             /* ids and lists over the host link (GPU: the decisions' info) */
   double seconds;                 /* time in the cache's calls on the host, its waits included */
   double gpu_seconds;             /* GPU time of the cache's kernels: each prepare's lookup,
                                    * decisions, placement and row moves, each retire's marks

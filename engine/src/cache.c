@@ -28,16 +28,16 @@ typedef struct flight {
   int retired, trained;
   ur_stream *stream;            /* where it was retired */
   void *event;                  /* GPU: recorded at retire */
-  void *ready;                  /* GPU: recorded after its prepare's copies */
   int64_t *slots, nslots, cap_slots;     /* distinct slots it uses */
   int64_t *staged, nstaged, cap_staged;  /* (table<<48|row, staging row) pairs */
   uint64_t *staged_keys;                 /* ascending, for the hazard check */
   int64_t list_at;              /* GPU: where the staged pairs sit in dev */
   int64_t slots_at;             /* GPU: where its slot list sits in dev */
   int64_t *tconf;               /* GPU: [tables] its conflict misses per table */
-  void *span[8];                /* GPU: events around its lookup, decisions, placement, retire */
+  void *span[8];                /* GPU: events around its lookup, decisions, placement (span[5]:
+                                 * after its prepare's moves), retire */
   int timed_p, timed_r;         /* GPU: spans recorded and not yet added to gpu_seconds */
-  ur_tensor *host, *dev;        /* GPU: pinned and device buffers of its lists and ids */
+  ur_tensor *dev;               /* GPU: its move lists and slot list */
 } flight;
 
 typedef struct counters {
@@ -397,12 +397,10 @@ static void free_batch(flight *b) {
   for (int k = 0; k < 8; k++)
     if (b->span[k]) ur__gpu()->event_free(b->span[k]);
   if (b->event) ur__gpu()->event_free(b->event);
-  if (b->ready) ur__gpu()->event_free(b->ready);
   free(b->slots);
   free(b->staged);
   free(b->staged_keys);
   free(b->tconf);
-  ur_tensor_free(b->host);
   ur_tensor_free(b->dev);
   memset(b, 0, sizeof *b);
 }
@@ -1086,6 +1084,7 @@ static ur_status decide_gpu(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
   if ((st = move(c, sh, j.lists + 2 * j.nwb, j.nfill + j.nconf, 0))) return st;
   if ((st = span_mark(B, 5, sh))) return st;
   B->timed_p = 1;
+  c->last_ready = B->span[5];
   for (int32_t ct = 0; ct < c->nt; ct++) c->stats[ct].batches++;
   c->stats[c->nt].batches++;
   B->ticket = tk;
@@ -1096,9 +1095,6 @@ static ur_status decide_gpu(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
   B->list_at = 2 * (j.nwb + j.nfill);
   B->slots_at = 2 * (j.nwb + j.nfill + j.nconf);
   c->next_ticket++;
-  if (!B->ready && (st = g->event_new(&B->ready))) return st;
-  if ((st = g->event_record(B->ready, sh))) return st;
-  c->last_ready = B->ready;
   return UR_STATUS_OK;
 }
 
@@ -1405,40 +1401,23 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   }
   int half = (int)(tk & 1);
   int64_t sbase = c->S + (int64_t)half * c->M;
-  /* lists: write-backs, fills + staging loads, then the slot ids of every value */
+  /* lists: write-backs, then fills and staging loads */
   int64_t nload = nfill + nconf, nlist = 2 * (nwb + nload);
-  int64_t *lists = NULL, *outv = NULL;
-  int64_t host_words = nlist + n;
-  if (c->gpu) {
-    if (B->ready && (st = ur__gpu()->event_sync(B->ready))) goto fail;
-    int64_t cap = B->host ? ur_tensor_numel(B->host) : 0;
-    if (!B->host || cap < host_words) { /* allocated even for an empty batch: retire reads it */
-      int64_t want = host_words + host_words / 2 + 1024;
-      ur_tensor_free(B->host);
-      ur_tensor_free(B->dev);
-      B->host = B->dev = NULL;
-      if ((st = ur_tensor_new(&B->host, UR_DTYPE_I64, 1, &want, UR_PLACE_PINNED, UR_LOC_CPU)) ||
-          (st = ur_tensor_new(&B->dev, UR_DTYPE_I64, 1, &want, UR_PLACE_DEVICE, c->device)))
-        goto fail;
-    }
-    lists = ur_tensor_data(B->host);
-  } else {
-    lists = malloc(sizeof(int64_t) * (size_t)(nlist ? nlist : 1));
-    if (!lists) {
-      st = ur__error(UR_STATUS_OOM, "cache: out of host memory");
-      goto fail;
-    }
+  int64_t *outv = ur_tensor_data(out);
+  int64_t *lists = malloc(sizeof(int64_t) * (size_t)(nlist ? nlist : 1));
+  if (!lists) {
+    st = ur__error(UR_STATUS_OOM, "cache: out of host memory");
+    goto fail;
   }
-  outv = c->gpu ? lists + nlist : ur_tensor_data(out);
   if ((st = grow((void **)&B->slots, &B->cap_slots, U - nconf + 1, 8)) ||
       (st = grow((void **)&B->staged, &B->cap_staged, 2 * nconf + 2, 8))) {
-    if (!c->gpu) free(lists);
+    free(lists);
     goto fail;
   }
   {
     void *p = realloc(B->staged_keys, sizeof(uint64_t) * (size_t)(nconf + 1));
     if (!p) {
-      if (!c->gpu) free(lists);
+      free(lists);
       st = ur__error(UR_STATUS_OOM, "cache: out of host memory");
       goto fail;
     }
@@ -1511,30 +1490,14 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   B->stream = NULL;
   B->nslots = nsl;
   B->nstaged = ns;
-  B->list_at = 2 * nwb + 2 * nfill;
   c->next_ticket++;
-  /* 6. the moves: write-backs, then loads, then the ids */
-  if (!c->gpu) {
-    move(c, NULL, lists, nwb, 1);
-    move(c, NULL, lists + 2 * nwb, nload, 0);
-    free(lists);
-  } else {
-    void *sh = s ? s->handle : NULL;
-    int64_t *dev = ur_tensor_data(B->dev);
-    uint64_t up = (uint64_t)nlist * 8;
-    if (!st && nlist) st = ur__gpu()->copy(sh, dev, lists, (size_t)up);
-    if (!st) st = move(c, sh, dev, nwb, 1);
-    if (!st) st = move(c, sh, dev + 2 * nwb, nload, 0);
-    if (!st) st = ur__gpu()->copy(sh, ur_tensor_data(out), outv, (size_t)n * 8);
-    if (!st && !B->ready) st = ur__gpu()->event_new(&B->ready);
-    if (!st) st = ur__gpu()->event_record(B->ready, sh);
-    if (!st) c->last_ready = B->ready;
-    c->stats[c->nt].bytes_ids += up + (uint64_t)n * 8;
-  }
+  /* 6. the moves: write-backs, then loads */
+  move(c, NULL, lists, nwb, 1);
+  move(c, NULL, lists + 2 * nwb, nload, 0);
+  free(lists);
   c->seconds += now_s() - t0;
   free(blk);
   free(bag_start);
-  if (st) return st;
   *ticket = tk;
   return UR_STATUS_OK;
 fail:

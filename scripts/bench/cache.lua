@@ -23,7 +23,6 @@
 -- the pipeline: the page runs it asked for, plus the batch; the plain managed loop's faults
 -- and zero-copy reads are the driver's and not counted here).  The
 -- first steps' losses of every mode must agree with all-in-HBM's (same weights and batches).
-local ffi = require "ffi"
 local ur = require "uvmrec"
 local C = ur.C
 
@@ -78,23 +77,8 @@ end
 
 -- ---- the CPU mode: hit rates ----
 
--- Zipf(s) ranks over n by inverting the continuous CDF, scattered by a bijection of [0, n).
-local function zipf_ids(n, s, count, salt, out, at, stride)
-  local a = 1 - s
-  local big = (n + 1) ^ a - 1
-  local function gcd(x, y)
-    while y ~= 0 do x, y = y, x % y end
-    return x
-  end
-  local mult = 2654435761 % n
-  while mult > 1 and gcd(mult, n) ~= 1 do mult = mult - 1 end
-  for k = 0, count - 1 do
-    local u = math.random()
-    local r = math.floor((1 + u * big) ^ (1 / a)) - 1
-    if r >= n then r = n - 1 end
-    out[at + k * stride] = (r * mult + salt) % n
-  end
-end
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local zipf_stream = dofile(here .. "/zipf_stream.lua")
 
 local function hit_rates()
   local T, N, B, K = o.tables, o.rows, o.batch, o.batches
@@ -102,16 +86,7 @@ local function hit_rates()
          .. "%d batches (%d warm-up)"):format(T, N, B, o.zipf, K, math.floor(K / 2)))
   math.randomseed(7)
   -- the id stream, key-major per batch: table t's ids of batch k at [k][t * B ..]
-  local inputs = {}
-  for k = 1, K do
-    local v = assert(ur.tensor({ T * B }, { dtype = "i64", placement = "host" }))
-    local off = assert(ur.tensor({ T * B + 1 }, { dtype = "i64", placement = "host" }))
-    local pv = ffi.cast("int64_t *", C.ur_tensor_data(v.p))
-    local po = ffi.cast("int64_t *", C.ur_tensor_data(off.p))
-    for t = 0, T - 1 do zipf_ids(N, o.zipf, B, t * 7919, pv, t * B, 1) end
-    for j = 0, T * B do po[j] = j end
-    inputs[k] = { values = v, offsets = off }
-  end
+  local inputs = zipf_stream(T, N, B, K, o.zipf)
   local fractions = { 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0 }
   local prefetch_stream = assert(ur.stream())
   local last = {}

@@ -33,35 +33,12 @@ if not ur.gpu() then
   os.exit(1)
 end
 
--- Zipf(s) ranks over n by inverting the continuous CDF, scattered by a bijection of [0, n).
-local function zipf_ids(n, s, count, salt, out, at)
-  local a = 1 - s
-  local big = (n + 1) ^ a - 1
-  local function gcd(x, y)
-    while y ~= 0 do x, y = y, x % y end
-    return x
-  end
-  local mult = 2654435761 % n
-  while mult > 1 and gcd(mult, n) ~= 1 do mult = mult - 1 end
-  for k = 0, count - 1 do
-    local r = math.floor((1 + math.random() * big) ^ (1 / a)) - 1
-    if r >= n then r = n - 1 end
-    out[at + k] = (r * mult + salt) % n
-  end
-end
-
 local T, N, B, K = o.tables, o.rows, o.batch, o.batches
 math.randomseed(7)
-local host, dev = {}, {}
-for k = 1, K do
-  local v = assert(ur.tensor({ T * B }, { dtype = "i64", placement = "host" }))
-  local off = assert(ur.tensor({ T * B + 1 }, { dtype = "i64", placement = "host" }))
-  local pv = ffi.cast("int64_t *", C.ur_tensor_data(v.p))
-  local po = ffi.cast("int64_t *", C.ur_tensor_data(off.p))
-  for t = 0, T - 1 do zipf_ids(N, o.zipf, B, t * 7919, pv, t * B) end
-  for j = 0, T * B do po[j] = j end
-  host[k] = { values = v, offsets = off }
-  dev[k] = { values = assert(v:to("device")), offsets = assert(off:to("device")) }
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local host, dev = dofile(here .. "/zipf_stream.lua")(T, N, B, K, o.zipf), {}
+for k, x in ipairs(host) do
+  dev[k] = { values = assert(x.values:to("device")), offsets = assert(x.offsets:to("device")) }
 end
 
 local out_file = o.out and assert(io.open(o.out, "w"))

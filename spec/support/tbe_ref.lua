@@ -254,4 +254,37 @@ function M.bits_equal(a, b, what)
   end
 end
 
+-- Batches {sparse =, grad =} through the plain loop (forward, backward): the outputs, on the host.
+function M.train_plain(m, list)
+  local outs = {}
+  for k, b in ipairs(list) do
+    outs[k] = assert(m:forward(b.sparse):to("host"))
+    m:backward(b.sparse, b.grad)
+  end
+  return outs
+end
+
+-- The same through uvmrec.pipeline.Prefetch (opts: drain, steps, pages): the outputs, the
+-- batches trained, the pipeline's stats and the batches it released.
+function M.train_piped(m, list, opts)
+  opts = opts or {}
+  local outs, k, released = {}, 0, 0
+  local p = require("uvmrec.pipeline.Prefetch").new {
+    collection = m, drain = opts.drain, pages = opts.pages,
+    source = function()
+      k = k + 1
+      return list[k]
+    end,
+    step = function(b, i)
+      outs[i] = assert(m:forward(b.sparse):to("host"))
+      m:backward(b.sparse, b.grad)
+    end,
+    release = function() released = released + 1 end,
+  }
+  local n = p:run(opts.steps)
+  local stats = p:stats()
+  p:free()
+  return outs, n, stats, released
+end
+
 return M
