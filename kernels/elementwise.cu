@@ -1,8 +1,7 @@
 /* elementwise.cu: the dense family's elementwise kernels: activations (ReLU, sigmoid) and their
  * gradients from the output, the DCNv2 cross layer's x0 * z + xl and its gradients, and the
  * f32 <-> bf16 cast.  Grid-stride loops over 64-bit indices; math in f32 as on the CPU. */
-#include "dense_kernels.h"
-#include "dense_util.cuh"
+#include "dense.cuh"
 
 static cudaError_t ur_sms(int *sms) {
   int dev = 0;

@@ -3,8 +3,7 @@
  * so threads reading the same element of different vectors hit different banks), then each
  * thread computes pairs (forward) or elements of the vectors' gradients (backward).  Sums are
  * in f32; inputs and outputs f32 or bf16 in any mix. */
-#include "dense_kernels.h"
-#include "dense_util.cuh"
+#include "dense.cuh"
 
 #define UR_INTER_THREADS 128
 

@@ -2,8 +2,7 @@
  * bias-and-activation epilogue for when cuBLAS runs the product, and the backward's ReLU mask
  * fused with the bias gradient, a column sum made deterministic by summing fixed chunks of
  * rows into partials and then the partials in order. */
-#include "dense_kernels.h"
-#include "dense_util.cuh"
+#include "dense.cuh"
 
 #define UR_BGRAD_COLS 32 /* columns per block: one warp across them */
 #define UR_BGRAD_ROWS 8  /* warps per block, each on every 8th row of the chunk */

@@ -1,8 +1,7 @@
 /* loss.cu: binary cross-entropy on logits and the mean.  Per-sample terms in double, as on the
  * CPU; the sums run in one block in a fixed order (strided per thread, then a fixed tree), so
  * the result is the same on every run. */
-#include "dense_kernels.h"
-#include "dense_util.cuh"
+#include "dense.cuh"
 
 #define UR_SUM_THREADS 1024
 

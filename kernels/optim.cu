@@ -2,8 +2,7 @@
  * pointers travel in the kernel's parameters, read in place as __grid_constant__).  Block b
  * finds its tensor among the tensors' first blocks and updates one chunk of it, with the CPU's
  * formulas in f32. */
-#include "dense_kernels.h"
-#include "dense_util.cuh"
+#include "dense.cuh"
 
 #define UR_OPTIM_CHUNK 4096
 #define UR_OPTIM_THREADS 256
