@@ -97,6 +97,13 @@ static void load(void) {
   gpu = b;
 }
 
+const ur_backend *ur__backend_for(ur_place place) {
+  const ur_backend *g = ur__gpu();
+  return g && (place == UR_PLACE_DEVICE || place == UR_PLACE_MANAGED) ? g : ur__cpu();
+}
+
+const ur_backend *ur__tensor_backend(const ur_tensor *t) { return ur__backend_for(t->st->place); }
+
 ur_status ur__missing(const ur_backend *b, const char *family, const char *op) {
   return ur__error(UR_STATUS_UNSUPPORTED, "%s %s is not available on %s", family, op, b->name);
 }

@@ -19,6 +19,13 @@ UR__HIDDEN void ur__format_bytes(uint64_t bytes, char *buf, size_t len);
 UR__HIDDEN const ur_backend *ur__cpu(void);
 UR__HIDDEN const ur_backend *ur__gpu(void);
 
+/* The one dispatch rule.  An object (a KJT, an embedding collection, a cache, metrics; for the
+ * dense ops, a tensor) takes its backend once, when it is made or placed, from its memory's
+ * placement: the GPU's for device and managed memory when a GPU is in use, else the CPU's
+ * (host and pinned memory, and everything without a GPU).  Code below never asks again. */
+UR__HIDDEN const ur_backend *ur__backend_for(ur_place place);
+UR__HIDDEN const ur_backend *ur__tensor_backend(const ur_tensor *t);
+
 /* "<family> <op> is not available on <backend>" (UR_STATUS_UNSUPPORTED). */
 UR__HIDDEN ur_status ur__missing(const ur_backend *b, const char *family, const char *op);
 /* OK when backend b has op in family's table, else ur__missing's error:
