@@ -1,7 +1,6 @@
 /* backend.c: finds and loads the CUDA backend (libuvmrec_cuda.so) on first use.  Its absence,
  * or a machine without a GPU, is not an error: the engine then runs on the CPU backend. */
 #include <dlfcn.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +14,6 @@ static const ur_backend *gpu;
 static int cuda_loaded;
 static char cuda_archs[128];
 static char cuda_why[4096];
-static volatile sig_atomic_t interrupt_flag;
 
 static ur_status core_set_error(ur_status status, const char *fmt, ...) {
   va_list ap;
@@ -128,17 +126,16 @@ const char *ur_cuda_error(void) {
   return cuda_why;
 }
 
-ur_status ur_set_interrupt(int on) {
-  interrupt_flag = on ? 1 : 0;
-  return UR_STATUS_OK;
-}
-
-int ur_interrupted(void) { return interrupt_flag != 0; }
 
 int ur_device_count(void) { return ur__gpu() ? gpu->device_count() : 0; }
 
+static ur_status no_gpu(const char *what) {
+  return ur__error(UR_STATUS_UNSUPPORTED, "%s: needs a GPU, and none is in use (%s)", what,
+                   cuda_why);
+}
+
 ur_status ur_device_set(int32_t device) {
-  if (!ur__gpu()) return ur__cpu()->device_set(device);
+  if (!ur__gpu()) return no_gpu("device_set");
   int n = gpu->device_count();
   if (device < 0 || device >= n)
     return ur__error(UR_STATUS_INVALID, "device_set: device %d does not exist; expected 0..%d",
@@ -151,7 +148,7 @@ ur_status ur_device_get(int32_t *out) {
 }
 
 ur_status ur_device_props_get(int32_t device, ur_device_props *out) {
-  if (!ur__gpu()) return ur__cpu()->device_props(device, out);
+  if (!ur__gpu()) return no_gpu("device_props");
   int n = gpu->device_count();
   if (device < 0 || device >= n)
     return ur__error(UR_STATUS_INVALID, "device_props: device %d does not exist; expected 0..%d",

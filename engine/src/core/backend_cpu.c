@@ -11,9 +11,10 @@
 
 static int cpu_device_count(void) { return 0; }
 
+/* The core says why no GPU is in use where it knows (ur_cuda_error); this backend only knows
+ * that it has none. */
 static ur_status no_gpu(const char *what) {
-  return ur__error(UR_STATUS_UNSUPPORTED, "%s: needs a GPU, and none is in use (%s)", what,
-                   ur_cuda_error());
+  return ur__error(UR_STATUS_UNSUPPORTED, "%s: needs a GPU; the CPU backend has none", what);
 }
 
 static ur_status cpu_device_set(int32_t device) {

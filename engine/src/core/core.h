@@ -97,7 +97,8 @@ UR__HIDDEN ur_status ur__tensor_wrap(ur_tensor **out, ur_dtype dtype, int32_t nd
                                      const int64_t *shape, void *data,
                                      void (*release)(void *ctx), void *ctx);
 
-/* Hints: segment maps and the log (engine/src/hints.c). */
+/* A storage's record of the hints in force, made with the storage (tensor.c) and kept by
+ * hints.c. */
 UR__HIDDEN ur_status ur__segmap_init(ur__segmap *m, uint64_t bytes);
 UR__HIDDEN void ur__segmap_free(ur__segmap *m);
 

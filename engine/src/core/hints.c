@@ -10,43 +10,10 @@
 
 #define LOG_CAP 4096
 
-static uint64_t page_bytes;
 static ur_hint_record log_ring[LOG_CAP];
 static uint64_t log_total;
 
-uint64_t ur_hint_page_bytes(void) {
-  if (!page_bytes) page_bytes = (uint64_t)sysconf(_SC_PAGESIZE);
-  return page_bytes;
-}
-
-ur_status ur_set_hint_page_bytes(uint64_t bytes) {
-  if (bytes < 4096 || bytes > (2u << 20) || (bytes & (bytes - 1)))
-    return ur__error(UR_STATUS_INVALID,
-                     "hint page size: %llu bytes; expected a power of two from 4096 to 2097152",
-                     (unsigned long long)bytes);
-  page_bytes = bytes;
-  return UR_STATUS_OK;
-}
-
 /* ---- segment maps: sorted, non-overlapping, covering [0, alloc_bytes) ---- */
-
-static const ur__seg default_seg = {0, 0, UR_LOC_NONE, UR_LOC_NONE, 0, 0, 0};
-
-ur_status ur__segmap_init(ur__segmap *m, uint64_t bytes) {
-  m->v = malloc(4 * sizeof *m->v);
-  if (!m->v) return ur__error(UR_STATUS_OOM, "hints: out of host memory");
-  m->cap = 4;
-  m->n = 1;
-  m->v[0] = default_seg;
-  m->v[0].end = bytes;
-  return UR_STATUS_OK;
-}
-
-void ur__segmap_free(ur__segmap *m) {
-  free(m->v);
-  m->v = NULL;
-  m->n = m->cap = 0;
-}
 
 static ur_status segmap_copy(ur__segmap *dst, const ur__segmap *src) {
   dst->v = malloc((src->n + 2) * sizeof *dst->v);

@@ -1,10 +1,27 @@
-/* memory.c: bytes held per placement and the HBM budget.  Every byte the engine places on a
+/* memory.c: bytes held per placement, the HBM budget, and the page size by which managed
+ * storage is allocated and hinted.  Every byte the engine places on a
  * GPU counts: device tensors, and managed bytes advised preferred-on or prefetched to a GPU.
  * The budget is how a smaller GPU is emulated on a large one. */
 #include <string.h>
+#include <unistd.h>
 #include "core/core.h"
 
 static ur_memory_stats mem;
+static uint64_t page_bytes;
+
+uint64_t ur_hint_page_bytes(void) {
+  if (!page_bytes) page_bytes = (uint64_t)sysconf(_SC_PAGESIZE);
+  return page_bytes;
+}
+
+ur_status ur_set_hint_page_bytes(uint64_t bytes) {
+  if (bytes < 4096 || bytes > (2u << 20) || (bytes & (bytes - 1)))
+    return ur__error(UR_STATUS_INVALID,
+                     "hint page size: %llu bytes; expected a power of two from 4096 to 2097152",
+                     (unsigned long long)bytes);
+  page_bytes = bytes;
+  return UR_STATUS_OK;
+}
 
 ur_status ur__hbm_reserve(uint64_t bytes, const char *what) {
   if (mem.hbm_budget && mem.hbm_used + bytes > mem.hbm_budget) {

@@ -1,11 +1,20 @@
-/* signals.c: SIGINT and SIGTERM as a request to stop at the next step boundary.  While caught,
- * a signal only raises the interrupt flag (which long engine calls and the training loop poll)
- * and is remembered; the trainer then saves a checkpoint and exits.  Everything the handler
+/* signals.c: the interrupt flag, and SIGINT and SIGTERM as a request to stop at the next step
+ * boundary.  While caught, a signal only raises the interrupt flag (which long engine calls and
+ * the training loop poll) and is remembered; the trainer then saves a checkpoint and exits.  Everything the handler
  * does is async-signal-safe: two stores to volatile sig_atomic_t. */
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
 #include "core/core.h"
+
+static volatile sig_atomic_t interrupt_flag;
+
+ur_status ur_set_interrupt(int on) {
+  interrupt_flag = on ? 1 : 0;
+  return UR_STATUS_OK;
+}
+
+int ur_interrupted(void) { return interrupt_flag != 0; }
 
 static const int caught_signals[2] = {SIGINT, SIGTERM};
 static struct sigaction previous[2];

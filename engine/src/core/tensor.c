@@ -39,6 +39,26 @@ static ur_status check_device(ur_place place, int32_t device) {
   return UR_STATUS_OK;
 }
 
+/* ---- a storage's record of the hints in force (hints.c keeps it) ---- */
+
+static const ur__seg default_seg = {0, 0, UR_LOC_NONE, UR_LOC_NONE, 0, 0, 0};
+
+ur_status ur__segmap_init(ur__segmap *m, uint64_t bytes) {
+  m->v = malloc(4 * sizeof *m->v);
+  if (!m->v) return ur__error(UR_STATUS_OOM, "hints: out of host memory");
+  m->cap = 4;
+  m->n = 1;
+  m->v[0] = default_seg;
+  m->v[0].end = bytes;
+  return UR_STATUS_OK;
+}
+
+void ur__segmap_free(ur__segmap *m) {
+  free(m->v);
+  m->v = NULL;
+  m->n = m->cap = 0;
+}
+
 static ur_status storage_new(ur__storage **out, uint64_t bytes, ur_place place, int32_t device) {
   ur__storage *st = calloc(1, sizeof *st);
   if (!st) return ur__error(UR_STATUS_OOM, "tensor: out of host memory");
