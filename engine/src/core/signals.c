@@ -1,7 +1,7 @@
 /* signals.c: the interrupt flag, and SIGINT and SIGTERM as a request to stop at the next step
  * boundary.  While caught, a signal only raises the interrupt flag (which long engine calls and
- * the training loop poll) and is remembered; the trainer then saves a checkpoint and exits.  Everything the handler
- * does is async-signal-safe: two stores to volatile sig_atomic_t. */
+ * the training loop poll) and is remembered; the trainer then saves a checkpoint and exits.
+ * Everything the handler does is async-signal-safe: two stores to volatile sig_atomic_t. */
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
