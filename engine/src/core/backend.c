@@ -102,6 +102,22 @@ const ur_backend *ur__backend_for(ur_place place) {
 
 const ur_backend *ur__tensor_backend(const ur_tensor *t) { return ur__backend_for(t->st->place); }
 
+ur_status ur__device_enter(const ur_backend *b, int32_t device, int32_t *prev) {
+  *prev = UR_LOC_CPU;
+  if (device < 0 || !b->device_count()) return UR_STATUS_OK;
+  ur_status st = b->device_get(prev);
+  if (!st && device != *prev) st = b->device_set(device);
+  return st;
+}
+
+ur_status ur__device_leave(const ur_backend *b, int32_t device, int32_t prev, ur_status st) {
+  if (device >= 0 && prev >= 0 && device != prev) {
+    ur_status st2 = b->device_set(prev);
+    if (!st) st = st2;
+  }
+  return st;
+}
+
 ur_status ur__missing(const ur_backend *b, const char *family, const char *op) {
   return ur__error(UR_STATUS_UNSUPPORTED, "%s %s is not available on %s", family, op, b->name);
 }

@@ -6,6 +6,8 @@
 #include <time.h>
 #include <unistd.h>
 #include "core/core.h"
+#include "data/kjt.h"
+#include "data/synth.h"
 #include "dense/dense.h"
 #include "core/philox.h"
 
@@ -150,6 +152,8 @@ const ur_backend *ur__cpu(void) {
       .event_new = cpu_event_new,
       .event_free = cpu_event_free,
       .dense = &ur__cpu_dense_ops,
+      .kjt = &ur__cpu_kjt_ops,
+      .synth = &ur__cpu_synth_ops,
       /* Events, hints, probes and the monitor have no CPU form: the core handles NULL. */
   };
   return &cpu;

@@ -26,6 +26,16 @@ UR__HIDDEN const ur_backend *ur__gpu(void);
 UR__HIDDEN const ur_backend *ur__backend_for(ur_place place);
 UR__HIDDEN const ur_backend *ur__tensor_backend(const ur_tensor *t);
 
+/* Before backend b works on t's memory: the CPU's waits for the GPU, which may still be
+ * writing pinned or managed memory; a GPU orders its own work on its streams. */
+UR__HIDDEN ur_status ur__tensor_ready(const ur_backend *b, const ur_tensor *t);
+/* Backend b's kernels run on the current device, and the runtime's current device is per
+ * thread: enter makes device current (device < 0, or a backend without devices: nothing),
+ * leave restores *prev and returns st, or its own failure. */
+UR__HIDDEN ur_status ur__device_enter(const ur_backend *b, int32_t device, int32_t *prev);
+UR__HIDDEN ur_status ur__device_leave(const ur_backend *b, int32_t device, int32_t prev,
+                                      ur_status st);
+
 /* "<family> <op> is not available on <backend>" (UR_STATUS_UNSUPPORTED). */
 UR__HIDDEN ur_status ur__missing(const ur_backend *b, const char *family, const char *op);
 /* OK when backend b has op in family's table, else ur__missing's error:

@@ -18,6 +18,10 @@ static ur_status host_access(const ur__storage *st) {
   return UR_STATUS_OK;
 }
 
+ur_status ur__tensor_ready(const ur_backend *b, const ur_tensor *t) {
+  return b == ur__gpu() ? UR_STATUS_OK : host_access(t->st);
+}
+
 static ur_status check_device(ur_place place, int32_t device) {
   int n = ur_device_count();
   if (place == UR_PLACE_HOST || place == UR_PLACE_PINNED) {

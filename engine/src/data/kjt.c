@@ -1,15 +1,17 @@
 /* kjt.c: keyed jagged tensors: construction with checked lengths, offsets, permute, split,
  * concat, dedup into a variable batch per key (VBE), expand back, and placement moves.
- * A KJT in device memory, or in managed memory with the CUDA backend loaded, is worked on by
- * the GPU (engine/src/cuda/kjt.cu), its results staying there; only sizes come back to the
- * host.  The host code below is the reference the GPU's results equal. */
+ * A KJT takes its backend once, when it is made or placed, from its values' placement
+ * (ur__backend_for), and its work goes through that backend's kjt table (kjt_cpu.c, the
+ * reference; kernels/kjt.cu), whose results stay in the KJT's memory.  Here are the checks,
+ * the sizes, the allocations and the messages, one path for every backend: only sizes (key
+ * spans, counts, the first bad positions) come back to the host. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "core/core.h"
 #include "data/kjt.h"
 
 struct ur_kjt {
+  const ur_backend *be; /* from the values' placement, when made */
   int32_t nkeys;
   char **keys;
   int64_t stride;
@@ -20,59 +22,24 @@ struct ur_kjt {
   ur_tensor *values, *lengths, *offsets, *weights, *inverse;
 };
 
-/* ---- host access ---- */
-
-/* A host pointer to t's elements: the tensor itself where the CPU can read it, else a
- * malloc'd copy left in *tmp for the caller to free. */
-static const void *host_data(const ur_tensor *t, void **tmp, ur_status *st) {
-  *tmp = NULL;
-  *st = UR_STATUS_OK;
-  if (!t) return NULL;
-  if (ur_tensor_place(t) == UR_PLACE_DEVICE) {
-    size_t bytes = (size_t)ur_tensor_nbytes(t);
-    *tmp = malloc(bytes ? bytes : 1);
-    if (!*tmp) {
-      *st = ur__error(UR_STATUS_OOM, "kjt: out of host memory staging %zu bytes", bytes);
-      return NULL;
-    }
-    if ((*st = ur_tensor_read(t, 0, ur_tensor_numel(t), *tmp))) return NULL;
-    return *tmp;
-  }
-  if (ur__gpu() && ur_tensor_place(t) != UR_PLACE_HOST) {
-    if ((*st = ur__gpu()->device_sync())) return NULL;
-  }
-  return ur_tensor_data(t);
-}
-
 static ur_status new_1d(ur_tensor **out, ur_dtype dt, int64_t n, ur_place place, int32_t dev) {
   return ur_tensor_new(out, dt, 1, &n, place, dev);
 }
 
-/* ---- the GPU ---- */
-
-/* Whether work on t runs on the GPU: device memory, or managed memory with the backend. */
-static int on_gpu(const ur_tensor *t) {
-  ur_place p = ur_tensor_place(t);
-  return ur__gpu() && (p == UR_PLACE_DEVICE || p == UR_PLACE_MANAGED);
+static ur_status new_like(ur_tensor **out, ur_dtype dt, int64_t n, const ur_tensor *like) {
+  return new_1d(out, dt, n, ur_tensor_place(like), ur_tensor_device(like));
 }
 
 static void *dp(const ur_tensor *t) { return t ? ur_tensor_data(t) : NULL; }
 
-/* Kernels run on t's GPU (managed memory made for the CPU: the current one). */
-static ur_status gpu_enter(const ur_tensor *t, int32_t *prev) {
-  ur_status st = ur_device_get(prev);
-  int32_t d = ur_tensor_device(t);
-  if (!st && d >= 0 && d != *prev) st = ur_device_set(d);
-  return st;
+/* Backend b about to work on t's memory: the memory ready for it, t's GPU current. */
+static ur_status enter(const ur_backend *b, const ur_tensor *t, int32_t *prev) {
+  ur_status st = ur__tensor_ready(b, t);
+  return st ? st : ur__device_enter(b, ur_tensor_device(t), prev);
 }
 
-static ur_status gpu_leave(const ur_tensor *t, int32_t prev, ur_status st) {
-  int32_t d = ur_tensor_device(t);
-  if (d >= 0 && d != prev) {
-    ur_status st2 = ur_device_set(prev);
-    if (!st) st = st2;
-  }
-  return st;
+static ur_status leave(const ur_backend *b, const ur_tensor *t, int32_t prev, ur_status st) {
+  return ur__device_leave(b, ur_tensor_device(t), prev, st);
 }
 
 /* ---- construction ---- */
@@ -122,9 +89,9 @@ static ur_status check_1d(const ur_tensor *t, const char *what, ur_dtype want) {
   return UR_STATUS_OK;
 }
 
-/* The CPU's first error, from the GPU's first negative length (bad[0]) and first bag ending
- * past the values (bad[1]): whichever comes first in bag order. */
-static ur_status gpu_offsets_error(const ur_kjt *k, const int64_t *bad, int64_t nv) {
+/* The first error in bag order, from the first negative length (bad[0]) and the first bag
+ * ending past the values (bad[1]), with its message made of a few elements read back. */
+static ur_status offsets_error(const ur_kjt *k, const int64_t *bad, int64_t nv) {
   int64_t neg = bad[0], over = bad[1];
   ur_status st = UR_STATUS_OK;
   if (over >= 0 && (neg < 0 || over < neg)) {
@@ -165,102 +132,34 @@ static ur_status gpu_offsets_error(const ur_kjt *k, const int64_t *bad, int64_t 
   return UR_STATUS_OK;
 }
 
-/* Offsets by a scan on the GPU.  With val0 known (results of permute, split, concat) nothing
- * waits; else the key spans come back, with the checks. */
-static ur_status gpu_offsets(ur_kjt *k, const int64_t *val0, int check) {
-  int64_t nb = k->bag0[k->nkeys], nv = ur_tensor_numel(k->values);
-  ur_status st = new_1d(&k->offsets, UR_DTYPE_I64, nb + 1, ur_tensor_place(k->values),
-                        ur_tensor_device(k->values));
-  if (st) return st;
-  int64_t bad[2] = {-1, -1};
+/* Offsets: given (views and copies, which come with their key spans), or scanned from the
+ * lengths by the backend.  With val0 known (results whose key spans were counted before) the
+ * scan does not wait; else the key spans come back, with the checks when check. */
+static ur_status make_offsets(ur_kjt *k, const ur_tensor *given, const int64_t *val0,
+                              int check) {
+  ur_status st;
+  if (given) {
+    if ((st = view_all(given, &k->offsets))) return st;
+    memcpy(k->val0, val0, sizeof(int64_t) * (size_t)(k->nkeys + 1));
+    return UR_STATUS_OK;
+  }
+  int64_t nb = k->bag0[k->nkeys], nv = ur_tensor_numel(k->values), bad[2] = {-1, -1};
   int32_t prev = 0;
-  if ((st = gpu_enter(k->values, &prev))) return st;
-  st = ur__gpu()->kjt->offsets(NULL, dp(k->lengths), nb, dp(k->offsets), k->bag0, k->nkeys, nv,
-                              val0 ? NULL : k->val0, bad);
-  if ((st = gpu_leave(k->values, prev, st))) return st;
+  if ((st = new_like(&k->offsets, UR_DTYPE_I64, nb + 1, k->values)) ||
+      (st = UR__NEED(k->be, kjt, offsets)) || (st = enter(k->be, k->values, &prev)))
+    return st;
+  st = k->be->kjt->offsets(NULL, dp(k->lengths), nb, dp(k->offsets), k->bag0, k->nkeys, nv,
+                           val0 ? NULL : k->val0, bad);
+  if ((st = leave(k->be, k->values, prev, st))) return st;
   if (val0) {
     memcpy(k->val0, val0, sizeof(int64_t) * (size_t)(k->nkeys + 1));
     return UR_STATUS_OK;
   }
-  return check ? gpu_offsets_error(k, bad, nv) : UR_STATUS_OK;
+  return check ? offsets_error(k, bad, nv) : UR_STATUS_OK;
 }
 
-/* Offsets from lengths: checks negative lengths and the sum against the values (when check),
- * and fills val0.  `given` (offsets already computed, e.g. by a copy) skips the work; val0
- * alone (a result whose key spans are known) lets the GPU's scan run without waiting. */
-static ur_status make_offsets(ur_kjt *k, const ur_tensor *given, const int64_t *val0,
-                              int check) {
-  ur_place place = ur_tensor_place(k->values);
-  int32_t dev = ur_tensor_device(k->values);
-  int64_t nb = k->bag0[k->nkeys], nv = ur_tensor_numel(k->values);
-  ur_status st;
-  if (given) {
-    if ((st = view_all(given, &k->offsets))) return st;
-    if (val0) {
-      memcpy(k->val0, val0, sizeof(int64_t) * (size_t)(k->nkeys + 1));
-      return UR_STATUS_OK;
-    }
-    void *tmp;
-    const int64_t *off = host_data(k->offsets, &tmp, &st);
-    if (st) return st;
-    for (int32_t i = 0; i <= k->nkeys; i++) k->val0[i] = off[k->bag0[i]];
-    free(tmp);
-    return UR_STATUS_OK;
-  }
-  if (on_gpu(k->lengths)) return gpu_offsets(k, val0, check);
-  void *tmp;
-  const int32_t *len = host_data(k->lengths, &tmp, &st);
-  if (st) return st;
-  int64_t *off = malloc(sizeof(int64_t) * (size_t)(nb + 1));
-  if (!off) {
-    free(tmp);
-    return ur__error(UR_STATUS_OOM, "kjt: out of host memory for %lld offsets", (long long)nb + 1);
-  }
-  int64_t sum = 0;
-  st = UR_STATUS_OK;
-  for (int32_t key = 0; key < k->nkeys && !st; key++) {
-    k->val0[key] = sum;
-    for (int64_t b = k->bag0[key]; b < k->bag0[key + 1]; b++) {
-      off[b] = sum;
-      int32_t l = len[b];
-      if (check && l < 0) {
-        st = ur__error(UR_STATUS_INVALID,
-                       "kjt: key '%s' sample %lld (lengths[%lld]) has length %d; lengths must be >= 0",
-                       kname(k, key), (long long)(b - k->bag0[key]), (long long)b, (int)l);
-        break;
-      }
-      sum += l;
-      if (check && sum > nv) {
-        int64_t end = sum;
-        for (int64_t c = b + 1; c < k->bag0[key + 1]; c++) end += len[c] > 0 ? len[c] : 0;
-        st = ur__error(UR_STATUS_INVALID,
-                       "kjt: key '%s' lengths sum to %lld but %lld values remain (the bag of "
-                       "sample %lld, lengths[%lld], ends past them)",
-                       kname(k, key), (long long)(end - k->val0[key]),
-                       (long long)(nv - k->val0[key]), (long long)(b - k->bag0[key]),
-                       (long long)b);
-        break;
-      }
-    }
-  }
-  if (!st && check && sum != nv) {
-    if (k->nkeys)
-      st = ur__error(UR_STATUS_INVALID,
-                     "kjt: lengths sum to %lld but there are %lld values (%lld left after the last "
-                     "key, '%s')",
-                     (long long)sum, (long long)nv, (long long)(nv - sum), kname(k, k->nkeys - 1));
-    else
-      st = ur__error(UR_STATUS_INVALID, "kjt: no keys, but %lld values", (long long)nv);
-  }
-  k->val0[k->nkeys] = sum;
-  off[nb] = sum;
-  free(tmp);
-  if (!st) st = new_1d(&k->offsets, UR_DTYPE_I64, nb + 1, place, dev);
-  if (!st) st = ur_tensor_write(k->offsets, 0, nb + 1, off);
-  free(off);
-  return st;
-}
-
+/* Every KJT is made here, and takes its backend here.  Offsets given (a view's or a copy's)
+ * come with their key spans val0; else they are scanned from the lengths, checked when check. */
 static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride,
                           const int64_t *spk, const ur_tensor *values, const ur_tensor *lengths,
                           const ur_tensor *weights, const ur_tensor *inverse,
@@ -358,6 +257,7 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
     kjt_free_parts(k);
     return st;
   }
+  k->be = ur__tensor_backend(values);
   if ((st = view_all(values, &k->values)) || (st = view_all(lengths, &k->lengths)) ||
       (st = view_all(weights, &k->weights)) || (st = view_all(inverse, &k->inverse)) ||
       (st = make_offsets(k, offsets, val0, check))) {
@@ -416,18 +316,20 @@ ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *ba
 
 /* ---- validate ---- */
 
-/* The GPU finds the first bad bag, the first bag with a bad id and the first bad inverse
- * index; the CPU's error is the one of the lowest key (bags, then ids, then inverse indices
- * within a key), and its message is made from a few elements read back. */
-static ur_status gpu_validate(const ur_kjt *k, const int64_t *rows) {
+/* The backend finds the first bad bag, the first bag with a bad id and the first bad inverse
+ * index; the error is the one of the lowest key (bags, then ids, then inverse indices within
+ * a key), and its message is made from a few elements read back. */
+ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
   int64_t bad[3] = {-1, -1, -1}, nv = ur_tensor_numel(k->values);
   int32_t prev = 0;
-  ur_status st = gpu_enter(k->values, &prev);
-  if (!st)
-    st = ur__gpu()->kjt->validate(NULL, dp(k->lengths), dp(k->offsets), dp(k->values),
-                                 dp(k->inverse), nv, k->nkeys, k->stride, k->bag0, k->spk, rows,
-                                 bad);
-  if ((st = gpu_leave(k->values, prev, st))) return st;
+  ur_status st = UR__NEED(k->be, kjt, validate);
+  if (!st && !(st = enter(k->be, k->values, &prev))) {
+    st = k->be->kjt->validate(NULL, dp(k->lengths), dp(k->offsets), dp(k->values),
+                              dp(k->inverse), nv, k->nkeys, k->stride, k->bag0, k->spk, rows,
+                              bad);
+    st = leave(k->be, k->values, prev, st);
+  }
+  if (st) return st;
   int64_t none = INT64_MAX;
   int64_t kb = bad[0] >= 0 ? key_of_bag(k, bad[0]) : none;
   int64_t ki = bad[1] >= 0 ? key_of_bag(k, bad[1]) : none;
@@ -464,8 +366,9 @@ static ur_status gpu_validate(const ur_kjt *k, const int64_t *rows) {
                        (long long)ids[v], (long long)rows[key]);
     free(ids);
     if (!st)
-      st = ur__error(UR_STATUS_DEVICE, "kjt: the GPU found a bad id in bag %lld of key '%s' that "
-                     "the host does not see", (long long)b, kname(k, key));
+      st = ur__error(UR_STATUS_DEVICE, "kjt: the %s backend found a bad id in bag %lld of key "
+                     "'%s' that reading the bag back does not show", k->be->name, (long long)b,
+                     kname(k, key));
     return st;
   }
   if (kv != none) {
@@ -484,68 +387,10 @@ static ur_status gpu_validate(const ur_kjt *k, const int64_t *rows) {
   return UR_STATUS_OK;
 }
 
-ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
-  if (on_gpu(k->values)) return gpu_validate(k, rows);
-  ur_status st = UR_STATUS_OK;
-  void *t1 = NULL, *t2 = NULL, *t3 = NULL, *t4 = NULL;
-  const int32_t *len = host_data(k->lengths, &t1, &st);
-  const int64_t *off = st ? NULL : host_data(k->offsets, &t2, &st);
-  const int64_t *val = st ? NULL : host_data(k->values, &t3, &st);
-  const int64_t *inv = st || !k->inverse ? NULL : host_data(k->inverse, &t4, &st);
-  int64_t nv = ur_tensor_numel(k->values);
-  for (int32_t key = 0; key < k->nkeys && !st; key++) {
-    for (int64_t b = k->bag0[key]; b < k->bag0[key + 1] && !st; b++) {
-      if (len[b] < 0)
-        st = ur__error(UR_STATUS_INVALID,
-                       "kjt: key '%s' sample %lld (lengths[%lld]) has length %d; lengths must be >= 0",
-                       kname(k, key), (long long)(b - k->bag0[key]), (long long)b, (int)len[b]);
-      else if (off[b + 1] - off[b] != len[b] || off[b] < 0 || off[b + 1] > nv)
-        st = ur__error(UR_STATUS_INVALID,
-                       "kjt: key '%s' sample %lld: offsets %lld..%lld disagree with length %d "
-                       "or pass the %lld values",
-                       kname(k, key), (long long)(b - k->bag0[key]), (long long)off[b],
-                       (long long)off[b + 1], (int)len[b], (long long)nv);
-    }
-    if (!st && rows && rows[key] > 0) {
-      for (int64_t b = k->bag0[key]; b < k->bag0[key + 1] && !st; b++)
-        for (int64_t v = off[b]; v < off[b + 1]; v++)
-          if (val[v] < 0 || val[v] >= rows[key]) {
-            st = ur__error(UR_STATUS_INVALID,
-                           "kjt: key '%s' sample %lld (values[%lld]) has id %lld, outside the "
-                           "table's %lld rows",
-                           kname(k, key), (long long)(b - k->bag0[key]), (long long)v,
-                           (long long)val[v], (long long)rows[key]);
-            break;
-          }
-    }
-    if (!st && inv) {
-      for (int64_t b = 0; b < k->stride; b++) {
-        int64_t x = inv[key * k->stride + b];
-        if (x < 0 || x >= k->spk[key]) {
-          st = ur__error(UR_STATUS_INVALID,
-                         "kjt: key '%s' sample %lld has inverse index %lld; expected 0..%lld "
-                         "(the key's stride is %lld)",
-                         kname(k, key), (long long)b, (long long)x, (long long)k->spk[key] - 1,
-                         (long long)k->spk[key]);
-          break;
-        }
-      }
-    }
-  }
-  if (!st && k->val0[k->nkeys] != nv)
-    st = ur__error(UR_STATUS_INVALID, "kjt: lengths sum to %lld but there are %lld values",
-                   (long long)k->val0[k->nkeys], (long long)nv);
-  free(t1);
-  free(t2);
-  free(t3);
-  free(t4);
-  return st;
-}
+/* ---- permute and concat: segment copies ---- */
 
-/* ---- building results ---- */
-
-/* A result assembled in host memory, then moved to the input's placement; or, made by the
- * GPU, in that placement from the start, with its key spans (val0) known. */
+/* A result made of runs of its input's arrays, in the input's placement from the start; its
+ * key spans (val0) are counted before, so its offsets are scanned without waiting. */
 typedef struct build {
   int32_t nkeys;
   const char **keys;
@@ -554,24 +399,9 @@ typedef struct build {
   int64_t nvalues, nbags;
   int weighted;
   ur_tensor *values, *lengths, *weights, *inverse;
-  ur_place place;      /* placement the buffers live in */
-  ur_place want;       /* the result's placement */
-  int32_t device;
-  int64_t *val0;       /* GPU results: nkeys + 1 first values */
+  int64_t *val0;       /* nkeys + 1 first values */
+  ur__kjt_seg *seg;    /* 4 * n runs, array by array: values, weights, lengths, inverse */
 } build;
-
-static ur_status build_alloc(build *b, ur_place want, int32_t device) {
-  b->want = want;
-  b->device = device;
-  b->place = want == UR_PLACE_DEVICE && !b->val0 ? UR_PLACE_HOST : want;
-  int32_t hd = b->place == UR_PLACE_HOST || b->place == UR_PLACE_PINNED ? UR_LOC_CPU : device;
-  ur_status st = new_1d(&b->values, UR_DTYPE_I64, b->nvalues, b->place, hd);
-  if (!st) st = new_1d(&b->lengths, UR_DTYPE_I32, b->nbags, b->place, hd);
-  if (!st && b->weighted) st = new_1d(&b->weights, UR_DTYPE_F32, b->nvalues, b->place, hd);
-  if (!st && b->spk)
-    st = new_1d(&b->inverse, UR_DTYPE_I64, (int64_t)b->nkeys * b->stride, b->place, hd);
-  return st;
-}
 
 static void build_free(build *b) {
   ur_tensor_free(b->values);
@@ -581,25 +411,27 @@ static void build_free(build *b) {
   free(b->spk);
   free(b->keys);
   free(b->val0);
+  free(b->seg);
 }
 
-static ur_status move_to(ur_tensor **t, ur_place place, int32_t device) {
-  if (!*t) return UR_STATUS_OK;
-  ur_tensor *d;
-  ur_status st = ur_tensor_to(NULL, *t, &d, place, device);
-  if (st) return st;
-  ur_tensor_free(*t);
-  *t = d;
-  return UR_STATUS_OK;
-}
-
-static ur_status build_finish(build *b, ur_kjt **out) {
-  ur_status st = UR_STATUS_OK;
-  if (b->want != b->place) {
-    if (!st) st = move_to(&b->values, b->want, b->device);
-    if (!st) st = move_to(&b->lengths, b->want, b->device);
-    if (!st) st = move_to(&b->weights, b->want, b->device);
-    if (!st) st = move_to(&b->inverse, b->want, b->device);
+/* b's arrays, in the placement of `like`, copied by backend be from n runs each; then the
+ * result.  Frees b. */
+static ur_status build_finish(const ur_backend *be, const ur_tensor *like, build *b, int64_t n,
+                              ur_kjt **out) {
+  const ur__kjt_seg *seg = b->seg;
+  int32_t prev = 0;
+  ur_status st = new_like(&b->values, UR_DTYPE_I64, b->nvalues, like);
+  if (!st) st = new_like(&b->lengths, UR_DTYPE_I32, b->nbags, like);
+  if (!st && b->weighted) st = new_like(&b->weights, UR_DTYPE_F32, b->nvalues, like);
+  if (!st && b->spk) st = new_like(&b->inverse, UR_DTYPE_I64, (int64_t)b->nkeys * b->stride, like);
+  if (!st) st = UR__NEED(be, kjt, segments);
+  if (!st && !(st = enter(be, like, &prev))) {
+    st = be->kjt->segments(NULL, dp(b->values), sizeof(int64_t), seg, n);
+    if (!st && b->weights) st = be->kjt->segments(NULL, dp(b->weights), sizeof(float), seg + n, n);
+    if (!st) st = be->kjt->segments(NULL, dp(b->lengths), sizeof(int32_t), seg + 2 * n, n);
+    if (!st && b->inverse)
+      st = be->kjt->segments(NULL, dp(b->inverse), sizeof(int64_t), seg + 3 * n, n);
+    st = leave(be, like, prev, st);
   }
   if (!st)
     st = kjt_make(b->nkeys, b->keys, b->stride, b->spk, b->values, b->lengths, b->weights,
@@ -608,117 +440,7 @@ static ur_status build_finish(build *b, ur_kjt **out) {
   return st;
 }
 
-/* Host pointers to a KJT's parts (staged when on the device). */
-typedef struct hostkjt {
-  const int64_t *val, *off, *inv;
-  const int32_t *len;
-  const float *w;
-  void *tmp[5];
-} hostkjt;
-
-static ur_status host_kjt(const ur_kjt *k, hostkjt *h) {
-  ur_status st = UR_STATUS_OK;
-  memset(h, 0, sizeof *h);
-  h->val = host_data(k->values, &h->tmp[0], &st);
-  if (!st) h->len = host_data(k->lengths, &h->tmp[1], &st);
-  if (!st) h->off = host_data(k->offsets, &h->tmp[2], &st);
-  if (!st && k->weights) h->w = host_data(k->weights, &h->tmp[3], &st);
-  if (!st && k->inverse) h->inv = host_data(k->inverse, &h->tmp[4], &st);
-  return st;
-}
-
-static void host_kjt_free(hostkjt *h) {
-  for (int i = 0; i < 5; i++) free(h->tmp[i]);
-}
-
-/* ---- permute, split, concat ---- */
-
-/* Segment copies on the GPU, array by array (seg[a * n ...]: values, weights, lengths,
- * inverse indices), into b's tensors, allocated here in the result's placement. */
-static ur_status gpu_assemble(const ur_tensor *like, build *b, const ur__kjt_seg *seg, int64_t n) {
-  ur_status st = build_alloc(b, ur_tensor_place(like), ur_tensor_device(like));
-  if (st) return st;
-  int32_t prev = 0;
-  const ur_backend *g = ur__gpu();
-  if ((st = gpu_enter(like, &prev))) return st;
-  st = g->kjt->segments(NULL, dp(b->values), sizeof(int64_t), seg, n);
-  if (!st && b->weights) st = g->kjt->segments(NULL, dp(b->weights), sizeof(float), seg + n, n);
-  if (!st) st = g->kjt->segments(NULL, dp(b->lengths), sizeof(int32_t), seg + 2 * n, n);
-  if (!st && b->inverse) st = g->kjt->segments(NULL, dp(b->inverse), sizeof(int64_t), seg + 3 * n, n);
-  return gpu_leave(like, prev, st);
-}
-
-/* One run per key (and array); the offsets are scanned from the lengths, nothing waits. */
-static ur_status gpu_permute(const ur_kjt *k, const int32_t *order, int32_t n, build *b,
-                             ur_kjt **out) {
-  ur__kjt_seg *seg = malloc(sizeof *seg * 4 * (size_t)(n > 0 ? n : 1));
-  b->val0 = malloc(sizeof(int64_t) * ((size_t)n + 1));
-  if (!seg || !b->val0) {
-    free(seg);
-    build_free(b);
-    return ur__error(UR_STATUS_OOM, "kjt permute: out of host memory");
-  }
-  const char *val = dp(k->values), *w = dp(k->weights), *len = dp(k->lengths),
-             *inv = dp(k->inverse);
-  int64_t vo = 0, bo = 0;
-  for (int32_t j = 0; j < n; j++) {
-    int32_t s = order[j];
-    int64_t nv = k->val0[s + 1] - k->val0[s], nb = k->spk[s];
-    b->val0[j] = vo;
-    seg[j] = (ur__kjt_seg){val + 8 * k->val0[s], vo, nv};
-    seg[n + j] = (ur__kjt_seg){w ? w + 4 * k->val0[s] : NULL, vo, nv};
-    seg[2 * n + j] = (ur__kjt_seg){len + 4 * k->bag0[s], bo, nb};
-    seg[3 * n + j] = (ur__kjt_seg){inv ? inv + 8 * (int64_t)s * k->stride : NULL,
-                                   (int64_t)j * k->stride, k->stride};
-    vo += nv;
-    bo += nb;
-  }
-  b->val0[n] = vo;
-  ur_status st = gpu_assemble(k->values, b, seg, n);
-  free(seg);
-  if (st) {
-    build_free(b);
-    return st;
-  }
-  return build_finish(b, out);
-}
-
-/* One run per part (and array). */
-static ur_status gpu_concat(const ur_kjt *const *parts, int32_t n, build *b, ur_kjt **out) {
-  ur__kjt_seg *seg = malloc(sizeof *seg * 4 * (size_t)n);
-  b->val0 = malloc(sizeof(int64_t) * ((size_t)b->nkeys + 1));
-  if (!seg || !b->val0) {
-    free(seg);
-    build_free(b);
-    return ur__error(UR_STATUS_OOM, "kjt concat: out of host memory");
-  }
-  int64_t vo = 0, bo = 0, ko = 0;
-  for (int32_t j = 0; j < n; j++) {
-    const ur_kjt *p = parts[j];
-    int64_t nv = ur_tensor_numel(p->values), nb = p->bag0[p->nkeys];
-    seg[j] = (ur__kjt_seg){dp(p->values), vo, nv};
-    seg[n + j] = (ur__kjt_seg){dp(p->weights), vo, nv};
-    seg[2 * n + j] = (ur__kjt_seg){dp(p->lengths), bo, nb};
-    seg[3 * n + j] = (ur__kjt_seg){dp(p->inverse), ko * b->stride, p->nkeys * b->stride};
-    for (int32_t i = 0; i < p->nkeys; i++) {
-      b->keys[ko + i] = p->keys[i];
-      if (b->spk) b->spk[ko + i] = p->spk[i];
-      b->val0[ko + i] = vo + p->val0[i];
-    }
-    vo += nv;
-    bo += nb;
-    ko += p->nkeys;
-  }
-  b->val0[b->nkeys] = vo;
-  ur_status st = gpu_assemble(parts[0]->values, b, seg, n);
-  free(seg);
-  if (st) {
-    build_free(b);
-    return st;
-  }
-  return build_finish(b, out);
-}
-
+/* One run per key (and array). */
 ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kjt **out) {
   *out = NULL;
   if (n < 0) return ur__error(UR_STATUS_INVALID, "kjt permute: %d keys asked", (int)n);
@@ -733,44 +455,31 @@ ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kj
   b.weighted = k->weights != NULL;
   b.keys = calloc((size_t)n + 1, sizeof(char *));
   if (k->variable) b.spk = calloc((size_t)n + 1, sizeof(int64_t));
-  if (!b.keys || (k->variable && !b.spk)) {
+  b.val0 = malloc(sizeof(int64_t) * ((size_t)n + 1));
+  b.seg = malloc(sizeof *b.seg * 4 * (size_t)(n > 0 ? n : 1));
+  if (!b.keys || (k->variable && !b.spk) || !b.val0 || !b.seg) {
     build_free(&b);
     return ur__error(UR_STATUS_OOM, "kjt permute: out of host memory");
   }
-  for (int32_t j = 0; j < n; j++) {
-    int32_t s = order[j];
-    b.keys[j] = k->keys[s];
-    if (b.spk) b.spk[j] = k->spk[s];
-    b.nbags += k->spk[s];
-    b.nvalues += k->val0[s + 1] - k->val0[s];
-  }
-  if (on_gpu(k->values)) return gpu_permute(k, order, n, &b, out);
-  hostkjt h;
-  ur_status st = host_kjt(k, &h);
-  if (!st) st = build_alloc(&b, ur_tensor_place(k->values), ur_tensor_device(k->values));
-  if (st) {
-    host_kjt_free(&h);
-    build_free(&b);
-    return st;
-  }
-  int64_t *val = ur_tensor_data(b.values), *inv = b.inverse ? ur_tensor_data(b.inverse) : NULL;
-  int32_t *len = ur_tensor_data(b.lengths);
-  float *w = b.weights ? ur_tensor_data(b.weights) : NULL;
-  int64_t vo = 0, bo = 0;
+  const char *val = dp(k->values), *w = dp(k->weights), *len = dp(k->lengths),
+             *inv = dp(k->inverse);
+  ur__kjt_seg *seg = b.seg;
   for (int32_t j = 0; j < n; j++) {
     int32_t s = order[j];
     int64_t nv = k->val0[s + 1] - k->val0[s], nb = k->spk[s];
-    memcpy(val + vo, h.val + k->val0[s], sizeof(int64_t) * (size_t)nv);
-    if (w) memcpy(w + vo, h.w + k->val0[s], sizeof(float) * (size_t)nv);
-    memcpy(len + bo, h.len + k->bag0[s], sizeof(int32_t) * (size_t)nb);
-    if (inv)
-      memcpy(inv + (int64_t)j * k->stride, h.inv + (int64_t)s * k->stride,
-             sizeof(int64_t) * (size_t)k->stride);
-    vo += nv;
-    bo += nb;
+    b.keys[j] = k->keys[s];
+    if (b.spk) b.spk[j] = nb;
+    b.val0[j] = b.nvalues;
+    seg[j] = (ur__kjt_seg){val + 8 * k->val0[s], b.nvalues, nv};
+    seg[n + j] = (ur__kjt_seg){w ? w + 4 * k->val0[s] : NULL, b.nvalues, nv};
+    seg[2 * n + j] = (ur__kjt_seg){len + 4 * k->bag0[s], b.nbags, nb};
+    seg[3 * n + j] = (ur__kjt_seg){inv ? inv + 8 * (int64_t)s * k->stride : NULL,
+                                   (int64_t)j * k->stride, k->stride};
+    b.nvalues += nv;
+    b.nbags += nb;
   }
-  host_kjt_free(&h);
-  return build_finish(&b, out);
+  b.val0[n] = b.nvalues;
+  return build_finish(k->be, k->values, &b, n, out);
 }
 
 /* Consecutive keys share storage with the input: the parts are views. */
@@ -902,327 +611,127 @@ ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **out) {
   if (dup) return dup;
   b.keys = calloc((size_t)b.nkeys + 1, sizeof(char *));
   if (p0->variable) b.spk = calloc((size_t)b.nkeys + 1, sizeof(int64_t));
-  if (!b.keys || (p0->variable && !b.spk)) {
+  b.val0 = malloc(sizeof(int64_t) * ((size_t)b.nkeys + 1));
+  b.seg = malloc(sizeof *b.seg * 4 * (size_t)n);
+  if (!b.keys || (p0->variable && !b.spk) || !b.val0 || !b.seg) {
     build_free(&b);
     return ur__error(UR_STATUS_OOM, "kjt concat: out of host memory");
   }
-  if (on_gpu(p0->values)) return gpu_concat(parts, n, &b, out);
-  ur_status st = build_alloc(&b, ur_tensor_place(p0->values), ur_tensor_device(p0->values));
-  int64_t vo = 0, bo = 0, ko = 0;
-  for (int32_t j = 0; j < n && !st; j++) {
+  /* Key spans from the parts' lengths, as the scan of the result's lengths gives them. */
+  ur__kjt_seg *seg = b.seg;
+  int64_t vo = 0, bo = 0, ko = 0, lo = 0;
+  for (int32_t j = 0; j < n; j++) {
     const ur_kjt *p = parts[j];
-    hostkjt h;
-    if ((st = host_kjt(p, &h))) {
-      host_kjt_free(&h);
-      break;
-    }
     int64_t nv = ur_tensor_numel(p->values), nb = p->bag0[p->nkeys];
-    memcpy((int64_t *)ur_tensor_data(b.values) + vo, h.val, sizeof(int64_t) * (size_t)nv);
-    if (b.weights) memcpy((float *)ur_tensor_data(b.weights) + vo, h.w, sizeof(float) * (size_t)nv);
-    memcpy((int32_t *)ur_tensor_data(b.lengths) + bo, h.len, sizeof(int32_t) * (size_t)nb);
-    if (b.inverse)
-      memcpy((int64_t *)ur_tensor_data(b.inverse) + ko * b.stride, h.inv,
-             sizeof(int64_t) * (size_t)(p->nkeys * b.stride));
+    seg[j] = (ur__kjt_seg){dp(p->values), vo, nv};
+    seg[n + j] = (ur__kjt_seg){dp(p->weights), vo, nv};
+    seg[2 * n + j] = (ur__kjt_seg){dp(p->lengths), bo, nb};
+    seg[3 * n + j] = (ur__kjt_seg){dp(p->inverse), ko * b.stride, p->nkeys * b.stride};
     for (int32_t i = 0; i < p->nkeys; i++) {
       b.keys[ko + i] = p->keys[i];
       if (b.spk) b.spk[ko + i] = p->spk[i];
+      b.val0[ko + i] = lo + p->val0[i];
     }
     vo += nv;
     bo += nb;
     ko += p->nkeys;
-    host_kjt_free(&h);
+    lo += p->val0[p->nkeys];
   }
-  if (st) {
-    build_free(&b);
-    return st;
+  b.val0[b.nkeys] = lo;
+  return build_finish(p0->be, p0->values, &b, n, out);
+}
+
+/* ---- dedup and expand: bag gathers ---- */
+
+/* The result whose bag i is k's bag map[i] (n bags): lengths and offsets gathered, then
+ * values and weights.  val0 (nkeys + 1) is known (dedup), or read from the gathered offsets
+ * at every stride-th bag when nat > 0 (expand: each key's first bag), which waits. */
+static ur_status gather_bags(const ur_kjt *k, const ur_tensor *map, int64_t n,
+                             const int64_t *spk, ur_tensor *inv, int64_t *val0, int32_t nat,
+                             ur_kjt **out) {
+  const ur_backend *be = k->be;
+  ur_tensor *len = NULL, *off = NULL, *v = NULL, *w = NULL;
+  int32_t prev = 0;
+  ur_status st = new_like(&len, UR_DTYPE_I32, n, k->values);
+  if (!st) st = new_like(&off, UR_DTYPE_I64, n + 1, k->values);
+  if (!st && !(st = UR__NEED(be, kjt, bag_lengths)) && !(st = UR__NEED(be, kjt, bag_copy)) &&
+      !(st = enter(be, k->values, &prev))) {
+    st = be->kjt->bag_lengths(NULL, dp(k->lengths), dp(map), n, dp(len), dp(off), k->stride,
+                              nat, val0);
+    if (!st) st = new_like(&v, UR_DTYPE_I64, val0[k->nkeys], k->values);
+    if (!st && k->weights) st = new_like(&w, UR_DTYPE_F32, val0[k->nkeys], k->values);
+    if (!st)
+      st = be->kjt->bag_copy(NULL, dp(k->offsets), dp(k->values), dp(k->weights), dp(map), n,
+                             dp(off), dp(v), dp(w));
+    st = leave(be, k->values, prev, st);
   }
-  return build_finish(&b, out);
-}
-
-/* ---- dedup and expand ---- */
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  return x ^ (x >> 33);
-}
-
-static uint64_t bag_hash(const int64_t *v, const float *w, int64_t n) {
-  uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
-  for (int64_t i = 0; i < n; i++) {
-    h = mix64(h ^ (uint64_t)v[i]);
-    if (w) {
-      uint32_t bits;
-      memcpy(&bits, &w[i], 4);
-      h = mix64(h ^ bits);
-    }
-  }
-  return h;
-}
-
-static int bag_equal(const hostkjt *h, int64_t a, int64_t b) {
-  int64_t na = h->off[a + 1] - h->off[a];
-  if (na != h->off[b + 1] - h->off[b]) return 0;
-  if (memcmp(h->val + h->off[a], h->val + h->off[b], sizeof(int64_t) * (size_t)na)) return 0;
-  return !h->w || !memcmp(h->w + h->off[a], h->w + h->off[b], sizeof(float) * (size_t)na);
-}
-
-/* The result's bags gathered by map [n] (each result bag's bag in k), with its offsets; at
- * (nat > 0) takes the result's offsets at every step-th bag (waiting for them). */
-static ur_status gpu_gather_bags(const ur_kjt *k, const ur_tensor *map, int64_t n,
-                                 ur_tensor **len, ur_tensor **off, int64_t step, int32_t nat,
-                                 int64_t *at) {
-  ur_place place = ur_tensor_place(k->values);
-  int32_t dev = ur_tensor_device(k->values);
-  ur_status st = new_1d(len, UR_DTYPE_I32, n, place, dev);
-  if (!st) st = new_1d(off, UR_DTYPE_I64, n + 1, place, dev);
-  if (!st)
-    st = ur__gpu()->kjt->bag_lengths(NULL, dp(k->lengths), dp(map), n, dp(*len), dp(*off), step,
-                                    nat, at);
-  return st;
-}
-
-/* Values and weights of the gathered bags; then the result, its spans known. */
-static ur_status gpu_finish_bags(const ur_kjt *k, const ur_tensor *map, int64_t n,
-                                 ur_tensor *len, ur_tensor *off, const int64_t *spk,
-                                 ur_tensor *inv, const int64_t *val0, ur_kjt **out) {
-  ur_place place = ur_tensor_place(k->values);
-  int32_t dev = ur_tensor_device(k->values);
-  ur_tensor *v = NULL, *w = NULL;
-  ur_status st = new_1d(&v, UR_DTYPE_I64, val0[k->nkeys], place, dev);
-  if (!st && k->weights) st = new_1d(&w, UR_DTYPE_F32, val0[k->nkeys], place, dev);
-  if (!st)
-    st = ur__gpu()->kjt->bag_copy(NULL, dp(k->offsets), dp(k->values), dp(k->weights), dp(map), n,
-                                 dp(off), dp(v), dp(w));
   if (!st)
     st = kjt_make(k->nkeys, (const char *const *)k->keys, k->stride, spk, v, len, w, inv, off,
                   val0, 0, out);
+  ur_tensor_free(len);
+  ur_tensor_free(off);
   ur_tensor_free(v);
   ur_tensor_free(w);
   return st;
 }
 
-/* Sorted by hash within each key, equal bags found by comparing runs: see kernels/kjt.cu. */
-static ur_status gpu_dedup(const ur_kjt *k, ur_kjt **out) {
-  int64_t nb = (int64_t)k->nkeys * k->stride;
-  ur_place place = ur_tensor_place(k->values);
-  int32_t dev = ur_tensor_device(k->values);
-  int64_t *spk = calloc((size_t)k->nkeys + 1, sizeof(int64_t));
-  int64_t *val0 = calloc((size_t)k->nkeys + 1, sizeof(int64_t));
-  ur_tensor *map = NULL, *inv = NULL, *len = NULL, *off = NULL;
-  int32_t prev = 0;
-  ur_status st = spk && val0 ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "kjt dedup: out of host memory");
-  if (!st) st = new_1d(&map, UR_DTYPE_I64, nb, place, dev);
-  if (!st) st = new_1d(&inv, UR_DTYPE_I64, nb, place, dev);
-  if (!st && !(st = gpu_enter(k->values, &prev))) {
-    st = ur__gpu()->kjt->dedup(NULL, dp(k->offsets), dp(k->values), dp(k->weights),
-                              dp(k->lengths), k->nkeys, k->stride, dp(map), dp(inv), spk, val0);
-    int64_t nu = 0;
-    for (int32_t i = 0; i < k->nkeys; i++) nu += spk[i];
-    if (!st) st = gpu_gather_bags(k, map, nu, &len, &off, 0, 0, NULL);
-    if (!st) st = gpu_finish_bags(k, map, nu, len, off, spk, inv, val0, out);
-    st = gpu_leave(k->values, prev, st);
-  }
-  ur_tensor_free(map);
-  ur_tensor_free(inv);
-  ur_tensor_free(len);
-  ur_tensor_free(off);
-  free(spk);
-  free(val0);
-  return st;
-}
-
-static ur_status gpu_expand(const ur_kjt *k, ur_kjt **out) {
-  int64_t n = (int64_t)k->nkeys * k->stride;
-  ur_tensor *map = NULL, *len = NULL, *off = NULL;
-  int64_t *val0 = malloc(sizeof(int64_t) * ((size_t)k->nkeys + 1));
-  int32_t prev = 0;
-  ur_status st = val0 ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "kjt expand: out of host memory");
-  if (!st) st = new_1d(&map, UR_DTYPE_I64, n, ur_tensor_place(k->values), ur_tensor_device(k->values));
-  if (!st && !(st = gpu_enter(k->values, &prev))) {
-    st = ur__gpu()->kjt->expand_map(NULL, dp(k->inverse), k->bag0, k->nkeys, k->stride, dp(map));
-    if (!st) st = gpu_gather_bags(k, map, n, &len, &off, k->stride, k->nkeys + 1, val0);
-    if (!st) st = gpu_finish_bags(k, map, n, len, off, NULL, NULL, val0, out);
-    st = gpu_leave(k->values, prev, st);
-  }
-  ur_tensor_free(map);
-  ur_tensor_free(len);
-  ur_tensor_free(off);
-  free(val0);
-  return st;
-}
-
+/* The backend finds each key's distinct bags (in order of first appearance) and every bag's
+ * distinct one; the result gathers the distinct bags. */
 ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {
   *out = NULL;
   if (k->variable)
     return ur__error(UR_STATUS_INVALID,
                      "kjt dedup: the KJT already has a variable batch per key; expand() it first");
-  if (on_gpu(k->values)) return gpu_dedup(k, out);
-  hostkjt h;
-  ur_status st = host_kjt(k, &h);
-  if (st) {
-    host_kjt_free(&h);
-    return st;
+  int64_t nb = (int64_t)k->nkeys * k->stride;
+  int64_t *spk = calloc((size_t)k->nkeys + 1, sizeof(int64_t));
+  int64_t *val0 = calloc((size_t)k->nkeys + 1, sizeof(int64_t));
+  ur_tensor *map = NULL, *inv = NULL;
+  int32_t prev = 0;
+  ur_status st = spk && val0 ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "kjt dedup: out of host memory");
+  if (!st) st = new_like(&map, UR_DTYPE_I64, nb, k->values);
+  if (!st) st = new_like(&inv, UR_DTYPE_I64, nb, k->values);
+  if (!st && !(st = UR__NEED(k->be, kjt, dedup)) && !(st = enter(k->be, k->values, &prev))) {
+    st = k->be->kjt->dedup(NULL, dp(k->offsets), dp(k->values), dp(k->weights),
+                           dp(k->lengths), k->nkeys, k->stride, dp(map), dp(inv), spk, val0);
+    st = leave(k->be, k->values, prev, st);
   }
-  int64_t B = k->stride;
-  size_t cap = 16;
-  while (cap < (size_t)B * 2) cap <<= 1;
-  int64_t *table = malloc(sizeof(int64_t) * cap);
-  int64_t *first = malloc(sizeof(int64_t) * (size_t)(k->nkeys * B + 1)); /* unique -> bag */
-  build b = {0};
-  b.nkeys = k->nkeys;
-  b.stride = B;
-  b.weighted = k->weights != NULL;
-  b.keys = calloc((size_t)k->nkeys + 1, sizeof(char *));
-  b.spk = calloc((size_t)k->nkeys + 1, sizeof(int64_t));
-  int64_t *inv = malloc(sizeof(int64_t) * (size_t)(k->nkeys * B + 1));
-  if (!table || !first || !b.keys || !b.spk || !inv) {
-    free(table);
-    free(first);
-    free(inv);
-    build_free(&b);
-    host_kjt_free(&h);
-    return ur__error(UR_STATUS_OOM, "kjt dedup: out of host memory");
-  }
-  int64_t nu = 0;
-  for (int32_t key = 0; key < k->nkeys; key++) {
-    b.keys[key] = k->keys[key];
-    for (size_t i = 0; i < cap; i++) table[i] = -1;
-    int64_t u0 = nu;
-    for (int64_t s = 0; s < B; s++) {
-      int64_t bag = k->bag0[key] + s;
-      uint64_t hv = bag_hash(h.val + h.off[bag], h.w ? h.w + h.off[bag] : NULL,
-                             h.off[bag + 1] - h.off[bag]);
-      size_t slot = (size_t)hv & (cap - 1);
-      int64_t found = -1;
-      while (table[slot] >= 0) {
-        if (bag_equal(&h, first[table[slot]], bag)) {
-          found = table[slot];
-          break;
-        }
-        slot = (slot + 1) & (cap - 1);
-      }
-      if (found < 0) {
-        found = nu;
-        first[nu++] = bag;
-        table[slot] = found;
-      }
-      inv[key * B + s] = found - u0;
-    }
-    b.spk[key] = nu - u0;
-    b.nbags += nu - u0;
-  }
-  for (int64_t u = 0; u < nu; u++) b.nvalues += h.off[first[u] + 1] - h.off[first[u]];
-  st = build_alloc(&b, ur_tensor_place(k->values), ur_tensor_device(k->values));
   if (!st) {
-    int64_t *val = ur_tensor_data(b.values);
-    int32_t *len = ur_tensor_data(b.lengths);
-    float *w = b.weights ? ur_tensor_data(b.weights) : NULL;
-    int64_t vo = 0;
-    for (int64_t u = 0; u < nu; u++) {
-      int64_t bag = first[u], n = h.off[bag + 1] - h.off[bag];
-      memcpy(val + vo, h.val + h.off[bag], sizeof(int64_t) * (size_t)n);
-      if (w) memcpy(w + vo, h.w + h.off[bag], sizeof(float) * (size_t)n);
-      len[u] = (int32_t)n;
-      vo += n;
-    }
-    memcpy(ur_tensor_data(b.inverse), inv, sizeof(int64_t) * (size_t)(k->nkeys * B));
+    int64_t nu = 0;
+    for (int32_t i = 0; i < k->nkeys; i++) nu += spk[i];
+    st = gather_bags(k, map, nu, spk, inv, val0, 0, out);
   }
-  free(table);
-  free(first);
-  free(inv);
-  host_kjt_free(&h);
-  if (st) {
-    build_free(&b);
-    return st;
-  }
-  return build_finish(&b, out);
+  ur_tensor_free(map);
+  ur_tensor_free(inv);
+  free(spk);
+  free(val0);
+  return st;
 }
 
 ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out) {
   *out = NULL;
-  if (on_gpu(k->values)) return gpu_expand(k, out);
-  hostkjt h;
-  ur_status st = host_kjt(k, &h);
-  if (st) {
-    host_kjt_free(&h);
-    return st;
-  }
-  int64_t B = k->stride;
-  build b = {0};
-  b.nkeys = k->nkeys;
-  b.stride = B;
-  b.weighted = k->weights != NULL;
-  b.nbags = (int64_t)k->nkeys * B;
-  b.keys = calloc((size_t)k->nkeys + 1, sizeof(char *));
-  if (!b.keys) {
-    host_kjt_free(&h);
-    return ur__error(UR_STATUS_OOM, "kjt expand: out of host memory");
-  }
-  for (int32_t key = 0; key < k->nkeys; key++) {
-    b.keys[key] = k->keys[key];
-    for (int64_t s = 0; s < B; s++) {
-      int64_t bag = k->bag0[key] + (h.inv ? h.inv[key * B + s] : s);
-      b.nvalues += h.off[bag + 1] - h.off[bag];
-    }
-  }
-  st = build_alloc(&b, ur_tensor_place(k->values), ur_tensor_device(k->values));
-  if (!st) {
-    int64_t *val = ur_tensor_data(b.values);
-    int32_t *len = ur_tensor_data(b.lengths);
-    float *w = b.weights ? ur_tensor_data(b.weights) : NULL;
-    int64_t vo = 0;
-    for (int32_t key = 0; key < k->nkeys; key++)
-      for (int64_t s = 0; s < B; s++) {
-        int64_t bag = k->bag0[key] + (h.inv ? h.inv[key * B + s] : s);
-        int64_t n = h.off[bag + 1] - h.off[bag];
-        memcpy(val + vo, h.val + h.off[bag], sizeof(int64_t) * (size_t)n);
-        if (w) memcpy(w + vo, h.w + h.off[bag], sizeof(float) * (size_t)n);
-        len[key * B + s] = (int32_t)n;
-        vo += n;
-      }
-  }
-  host_kjt_free(&h);
-  if (st) {
-    build_free(&b);
-    return st;
-  }
-  return build_finish(&b, out);
-}
-
-/* Rows gathered on the GPU, ordered on s; a KJT elsewhere lends its inverse indices through
- * a copy in the input's placement. */
-static ur_status gpu_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in, int nd,
-                                 const int64_t *shape, int64_t row, ur_tensor **out) {
-  ur_place place = ur_tensor_place(in);
-  int32_t dev = ur_tensor_device(in);
-  ur_tensor *o = NULL, *inv = NULL;
-  ur_status st = ur_tensor_new(&o, ur_tensor_dtype(in), nd, shape, place, dev);
-  if (!st && k->inverse && !on_gpu(k->inverse))
-    st = ur_tensor_to(s, k->inverse, &inv, place, dev);
+  int64_t n = (int64_t)k->nkeys * k->stride;
+  int64_t *val0 = malloc(sizeof(int64_t) * ((size_t)k->nkeys + 1));
+  ur_tensor *map = NULL;
   int32_t prev = 0;
-  if (!st && !(st = gpu_enter(in, &prev))) {
-    st = ur__gpu()->kjt->expand_rows(s ? s->handle : NULL, dp(in),
-                                    (size_t)row * ur_dtype_size(ur_tensor_dtype(in)),
-                                    dp(inv ? inv : k->inverse), k->bag0, k->nkeys, k->stride,
-                                    dp(o));
-    st = gpu_leave(in, prev, st);
+  ur_status st = val0 ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "kjt expand: out of host memory");
+  if (!st) st = new_like(&map, UR_DTYPE_I64, n, k->values);
+  if (!st && !(st = UR__NEED(k->be, kjt, expand_map)) && !(st = enter(k->be, k->values, &prev))) {
+    st = k->be->kjt->expand_map(NULL, dp(k->inverse), k->bag0, k->nkeys, k->stride, dp(map));
+    st = leave(k->be, k->values, prev, st);
   }
-  ur_tensor_free(inv);
-  if (st) {
-    ur_tensor_free(o);
-    return st;
-  }
-  *out = o;
-  return UR_STATUS_OK;
+  if (!st) st = gather_bags(k, map, n, NULL, NULL, val0, k->nkeys + 1, out);
+  ur_tensor_free(map);
+  free(val0);
+  return st;
 }
 
+/* The rows' memory decides who gathers them: it is the work, and the result stays in its
+ * placement.  A KJT whose memory that backend does not read lends its inverse indices
+ * through a copy in the rows' placement, ordered on s. */
 ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
                              ur_tensor **out) {
   *out = NULL;
-  int64_t nb = k->bag0[k->nkeys], B = k->stride;
+  int64_t nb = k->bag0[k->nkeys];
   int nd = ur_tensor_ndim(in);
   if (ur_tensor_dim(in, 0) != nb)
     return ur__error(UR_STATUS_INVALID,
@@ -1231,37 +740,24 @@ ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
   int64_t shape[UR_MAX_DIMS], row = 1;
   for (int i = 0; i < nd; i++) shape[i] = ur_tensor_dim(in, i);
   for (int i = 1; i < nd; i++) row *= shape[i];
-  shape[0] = (int64_t)k->nkeys * B;
-  if (on_gpu(in)) return gpu_expand_rows(s, k, in, nd, shape, row, out);
+  shape[0] = (int64_t)k->nkeys * k->stride;
+  const ur_backend *be = ur__tensor_backend(in);
   ur_place place = ur_tensor_place(in);
-  int32_t dev = ur_tensor_device(in);
-  ur_place hp = place == UR_PLACE_DEVICE ? UR_PLACE_HOST : place;
-  ur_tensor *o = NULL;
-  ur_status st = ur_tensor_new(&o, ur_tensor_dtype(in), nd, shape, hp,
-                               hp == UR_PLACE_HOST || hp == UR_PLACE_PINNED ? UR_LOC_CPU : dev);
-  if (st) return st;
-  void *t1, *t2;
-  const char *src = host_data(in, &t1, &st);
-  const int64_t *inv = st || !k->inverse ? NULL : host_data(k->inverse, &t2, &st);
-  if (st || !k->inverse) t2 = NULL;
-  if (!st) {
-    size_t rb = (size_t)row * ur_dtype_size(ur_tensor_dtype(in));
-    char *dst = ur_tensor_data(o);
-    for (int32_t key = 0; key < k->nkeys; key++)
-      for (int64_t b = 0; b < B; b++) {
-        int64_t from = k->bag0[key] + (inv ? inv[key * B + b] : b);
-        memcpy(dst + (size_t)(key * B + b) * rb, src + (size_t)from * rb, rb);
-      }
+  int32_t dev = ur_tensor_device(in), prev = 0;
+  ur_tensor *o = NULL, *copy = NULL;
+  const ur_tensor *inv = k->inverse;
+  ur_status st = ur_tensor_new(&o, ur_tensor_dtype(in), nd, shape, place, dev);
+  if (!st && inv && ur__tensor_backend(inv) != be &&
+      !(st = ur_tensor_to(s, inv, &copy, place, dev)))
+    inv = copy;
+  if (!st && inv) st = ur__tensor_ready(be, inv);
+  if (!st && !(st = UR__NEED(be, kjt, expand_rows)) && !(st = enter(be, in, &prev))) {
+    st = be->kjt->expand_rows(s ? s->handle : NULL, dp(in),
+                              (size_t)row * ur_dtype_size(ur_tensor_dtype(in)), dp(inv), k->bag0,
+                              k->nkeys, k->stride, dp(o));
+    st = leave(be, in, prev, st);
   }
-  free(t1);
-  free(t2);
-  if (!st && hp != place) {
-    ur_tensor *d;
-    if (!(st = ur_tensor_to(s, o, &d, place, dev))) {
-      ur_tensor_free(o);
-      o = d;
-    }
-  }
+  ur_tensor_free(copy);
   if (st) {
     ur_tensor_free(o);
     return st;

@@ -408,7 +408,7 @@ ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *t) {
     if ((st = ur_tensor_read(t, 0, n, w->buf))) return st;
   } else if (dt == UR_DTYPE_I64 && w->item == 4 && ur_tensor_place(t) != UR_PLACE_DEVICE) {
     /* ids to 32 bits, the common case of datagen: checked, without going through double */
-    if (ur_tensor_place(t) != UR_PLACE_HOST && (st = ur_device_sync())) return st;
+    if ((st = ur__tensor_ready(ur__cpu(), t))) return st;
     const int64_t *src = ur_tensor_data(t);
     int64_t lo = w->kind == 'u' ? 0 : INT32_MIN, hi = w->kind == 'u' ? (int64_t)UINT32_MAX : INT32_MAX;
     for (int64_t i = 0; i < n; i++) {

@@ -1,5 +1,5 @@
-/* synth.c: the synthetic data generator on the CPU (every core), and the spec's checks and
- * expansion shared with the GPU generator.  The per-sample work is synth.h. */
+/* synth.c: the synthetic data generator: the spec's checks and expansion, and the dispatch
+ * to the outputs' backend (synth_cpu.c, kernels/synth.cu).  The per-sample work is synth.h. */
 #include <stdlib.h>
 #include <string.h>
 #include "data/data.h"
@@ -92,25 +92,6 @@ ur_status ur__synth_expand(const ur_synth_spec *s, ur__synth *x) {
   return UR_STATUS_OK;
 }
 
-typedef struct gen_job {
-  const ur__synth *x;
-  int64_t first;
-  float *dense, *labels, *weights, *probs;
-  int64_t *ids, *groups;
-  int32_t *lengths;
-} gen_job;
-
-static void gen_range(void *ctx, size_t i0, size_t i1) {
-  const gen_job *j = ctx;
-  const ur__synth *x = j->x;
-  for (size_t i = i0; i < i1; i++) {
-    ur__synth_row(x, j->first + (int64_t)i, j->dense + i * (size_t)x->D, j->labels + i,
-                  j->ids + i * (size_t)x->H, j->weights ? j->weights + i * (size_t)x->H : NULL,
-                  j->lengths + i * (size_t)x->T, j->groups ? j->groups + i : NULL,
-                  j->probs ? j->probs + i : NULL);
-  }
-}
-
 static ur_status check_out(const ur_tensor *t, const char *what, ur_dtype dt, int64_t n,
                            int64_t inner, const ur_tensor *ref) {
   if (!t) return UR_STATUS_OK;
@@ -147,43 +128,18 @@ ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int64_t fir
     free(x);
     return st;
   }
-  if (ur_tensor_place(dense) == UR_PLACE_DEVICE && ur__gpu() && ur__gpu()->synth->generate) {
-    int32_t prev = 0;
-    st = ur_device_get(&prev);
-    if (!st && prev != ur_tensor_device(dense)) st = ur_device_set(ur_tensor_device(dense));
-    if (!st)
-      st = ur__gpu()->synth->generate(s ? s->handle : NULL, x, first, n, ur_tensor_data(dense),
+  /* The outputs share a placement (checked), and with it a backend. */
+  const ur_backend *b = ur__tensor_backend(dense);
+  int32_t dev = ur_tensor_device(dense), prev = 0;
+  if (!(st = UR__NEED(b, synth, generate)) && !(st = ur__tensor_ready(b, dense)) &&
+      !(st = ur__device_enter(b, dev, &prev))) {
+    st = b->synth->generate(s ? s->handle : NULL, x, first, n, ur_tensor_data(dense),
                             ur_tensor_data(labels), ur_tensor_data(ids),
                             weights ? ur_tensor_data(weights) : NULL, ur_tensor_data(lengths),
-                            groups ? ur_tensor_data(groups) : NULL, probs ? ur_tensor_data(probs) : NULL);
-    if (prev != ur_tensor_device(dense)) {
-      ur_status st2 = ur_device_set(prev);
-      if (!st) st = st2;
-    }
-    free(x);
-    return st;
+                            groups ? ur_tensor_data(groups) : NULL,
+                            probs ? ur_tensor_data(probs) : NULL);
+    st = ur__device_leave(b, dev, prev, st);
   }
-  if (ur_tensor_place(dense) == UR_PLACE_DEVICE) {
-    /* A backend without the generator: made on the host and copied, so it is the same data. */
-    ur_tensor *outs[7] = {dense, labels, ids, weights, lengths, groups, probs}, *h[7] = {0};
-    for (int i = 0; i < 7 && !st; i++)
-      if (outs[i]) st = ur_tensor_to(NULL, outs[i], &h[i], UR_PLACE_HOST, UR_LOC_CPU);
-    if (!st) st = ur_synth_generate(s, spec, first, n, h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
-    for (int i = 0; i < 7 && !st; i++)
-      if (outs[i]) st = ur_tensor_copy(s, h[i], outs[i]);
-    if (!st) st = ur__gpu() ? ur__gpu()->device_sync() : UR_STATUS_OK;
-    for (int i = 0; i < 7; i++) ur_tensor_free(h[i]);
-    free(x);
-    return st;
-  }
-  if (ur__gpu() && ur_tensor_place(dense) != UR_PLACE_HOST && (st = ur__gpu()->device_sync())) {
-    free(x);
-    return st;
-  }
-  gen_job j = {x, first, ur_tensor_data(dense), ur_tensor_data(labels),
-               weights ? ur_tensor_data(weights) : NULL, probs ? ur_tensor_data(probs) : NULL,
-               ur_tensor_data(ids), groups ? ur_tensor_data(groups) : NULL, ur_tensor_data(lengths)};
-  ur__parallel_for((size_t)n, 256, gen_range, &j);
   free(x);
-  return UR_STATUS_OK;
+  return st;
 }

@@ -1,13 +1,15 @@
-/* synth.h: one synthetic sample, shared by the CPU generator (synth.c) and the GPU one
- * (kernels/data.cu).  Every number comes from Philox at a counter made of the sample index
- * and a slot, and the only math is IEEE-exact (+, -, *, /, floor) or built from it (the exp
- * and log below), so both give bit-identical samples for a seed.  Compile without
- * floating-point contraction (-ffp-contract=off, nvcc -fmad=false). */
+/* synth.h: one synthetic sample, shared by the CPU generator (synth_cpu.c) and the GPU one
+ * (kernels/synth.cu), and the generator's ops table they fill.  Every number comes from
+ * Philox at a counter made of the sample index and a slot, and the only math is IEEE-exact
+ * (+, -, *, /, floor) or built from it (the exp and log below), so both give bit-identical
+ * samples for a seed.  Compile without floating-point contraction (-ffp-contract=off, nvcc
+ * -fmad=false). */
 #ifndef UR_SYNTH_H
 #define UR_SYNTH_H
 
 #include <stdint.h>
 #include <string.h>
+#include "core/core.h"
 #include "core/philox.h"
 
 /* A table of the spec, expanded: Zipf constants, the id scatter, the column of its ids. */
@@ -213,12 +215,16 @@ UR_HD void ur__synth_row(const ur__synth *sp, int64_t i, float *dense, float *la
   }
 }
 
-/* The generator's ops table, filled by the CPU reference and by the CUDA backend
- * (kernels/synth.cu); synth.c has checked the outputs (memory the backend reads, sizes). */
+/* The generator's ops table; synth.c has checked the outputs (memory the backend reads,
+ * sizes).  Samples first..first + n - 1, laid out as ur__synth_row's. */
 typedef struct ur_synth_ops {
   ur_status (*generate)(void *stream, const struct ur__synth *x, int64_t first, int64_t n,
-                     void *dense, void *labels, void *ids, void *weights, void *lengths,
-                     void *groups, void *probs);
+                        void *dense, void *labels, void *ids, void *weights, void *lengths,
+                        void *groups, void *probs);
 } ur_synth_ops;
+
+/* The CPU reference (synth_cpu.c); the CUDA backend's is ur__cuda_synth_ops
+ * (kernels/synth.cu). */
+UR__HIDDEN extern const ur_synth_ops ur__cpu_synth_ops;
 
 #endif
