@@ -11,6 +11,7 @@
 -- What a block prints is kept, not shown.  DOCS=README.md,docs/data.md (the environment) runs
 -- only those files' blocks.
 local lfs = require "lfs"
+local ur = require "uvmrec"
 local cmd = require "command"
 
 local root = lfs.currentdir() -- `make test` and `uvmrec test` run the specs from the tree's root
@@ -108,6 +109,14 @@ local function handler(e)
   return (tb:match("^(.-)\n%s*%[C%]: in function 'xpcall'") or tb)
 end
 
+-- Everything unreachable collected: compiled traces may hold objects as constants, and a
+-- finalizer's object goes only in the cycle after.
+local function collect()
+  jit.flush()
+  collectgarbage()
+  collectgarbage()
+end
+
 local function new_env()
   local printed = {}
   local env = setmetatable({}, { __index = _G })
@@ -149,10 +158,12 @@ describe("the documentation's Lua examples", function()
     local text = read(root .. "/" .. file)
     local list = text and blocks(text, file) or {}
     describe(file, function()
-      local dir, env
+      local dir, env, before
       setup(function()
         dir = cmd.tmpdir()
         env = new_env()
+        collect()
+        before = ur.memory()
       end)
       teardown(function()
         cmd.rmdir(dir)
@@ -187,6 +198,17 @@ describe("the documentation's Lua examples", function()
           end
         end
       end
+
+      -- The specs after these share the engine: what the examples made (managed tables a hint
+      -- policy placed on the GPU, loaders' pinned buffers) must be gone with their environment.
+      it("leaves the engine's memory as it found it", function()
+        env = nil
+        collect()
+        local now = ur.memory()
+        for _, what in ipairs { "host", "pinned", "device", "managed", "managed_on_gpu", "hbm_used" } do
+          assert.are.equal(before[what], now[what], what .. " bytes after the examples of " .. file)
+        end
+      end)
     end)
   end
 end)
