@@ -8,7 +8,8 @@
 --                                      a file, ...), never as passed
 --   <!-- spec: excerpt PATH -->       not run; the block must be a verbatim part of PATH (a file
 --                                      of the tree): a quotation of the code that cannot drift
--- What a block prints is kept, not shown.  DOCS=README.md,docs/data.md (the environment) runs
+-- What a block prints is kept, not shown.  Where a GPU is in use, the examples run in a child
+-- process without it.  DOCS=README.md,docs/data.md (the environment) runs
 -- only those files' blocks.
 local lfs = require "lfs"
 local ur = require "uvmrec"
@@ -127,6 +128,19 @@ local function new_env()
   end
   env._PRINTED = printed
   return env
+end
+
+-- With a GPU in use the examples would not run on the CPU backend: they run in a child process
+-- of the command with the GPU turned off (UVMREC_NO_GPU=1), as one test.
+if ur.gpu() and os.getenv("UVMREC_NO_GPU") ~= "1" then
+  describe("the documentation's Lua examples", function()
+    it("run on the CPU backend, in a child process with UVMREC_NO_GPU=1", function()
+      local out, err, code = cmd.sh("UVMREC_NO_GPU=1 " .. cmd.quote(cmd.bin()) .. " spec/run.lua spec/docs_spec.lua")
+      local failed = tonumber(out:match("%d+ passed, (%d+) failed, %d+ skipped%s*$"))
+      assert(code == 0 and failed == 0, "the examples on the CPU backend:\n" .. out .. err)
+    end)
+  end)
+  return
 end
 
 local files, ndocs = markdown_files()
