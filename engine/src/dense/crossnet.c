@@ -73,9 +73,11 @@ ur_status ur_cross_forward(ur_stream *s, const ur_tensor *x0, const ur_tensor *z
     if (!ts[i]) st = ur__error(UR_STATUS_INVALID, "%s: %s is missing (NULL)", op, names[i]);
   if (st || (st = check_like(op, 4, ts, names))) return st;
   const ur_backend *b;
-  if ((st = ur__dense_backend(op, 4, ts, names, &b)) || !x0->numel) return st;
+  if ((st = ur__dense_backend(op, 4, ts, names, &b)) || (st = UR__NEED(b, dense, cross_forward)) ||
+      !x0->numel)
+    return st;
   return b->dense->cross_forward(ur__dense_stream(s), ur_tensor_data(x0), ur_tensor_data(z),
-                          ur_tensor_data(xl), ur_tensor_data(y), x0->numel, x0->dtype);
+                                 ur_tensor_data(xl), ur_tensor_data(y), x0->numel, x0->dtype);
 }
 
 ur_status ur_cross_backward(ur_stream *s, const ur_tensor *x0, const ur_tensor *z,
@@ -92,8 +94,10 @@ ur_status ur_cross_backward(ur_stream *s, const ur_tensor *x0, const ur_tensor *
                    op, (unsigned)flags, (unsigned)UR_DENSE_ACCUMULATE);
   if (st || (st = check_like(op, 6, ts, names))) return st;
   const ur_backend *b;
-  if ((st = ur__dense_backend(op, 6, ts, names, &b)) || !x0->numel) return st;
+  if ((st = ur__dense_backend(op, 6, ts, names, &b)) || (st = UR__NEED(b, dense, cross_backward)) ||
+      !x0->numel)
+    return st;
   return b->dense->cross_backward(ur__dense_stream(s), ur_tensor_data(x0), ur_tensor_data(z),
-                           ur_tensor_data(gy), ur_tensor_data(gz), ur_tensor_data(gx0),
-                           gxl ? ur_tensor_data(gxl) : NULL, x0->numel, x0->dtype, flags);
+                                  ur_tensor_data(gy), ur_tensor_data(gz), ur_tensor_data(gx0),
+                                  gxl ? ur_tensor_data(gxl) : NULL, x0->numel, x0->dtype, flags);
 }

@@ -11,32 +11,31 @@ void *ur__dense_stream(const ur_stream *s) { return s ? s->handle : NULL; }
 
 ur_status ur__dense_backend(const char *op, int n, const ur_tensor *const *ts,
                             const char *const *names, const ur_backend **out) {
-  const ur_backend *gpu = ur__gpu();
+  const ur_backend *cpu = ur__cpu(), *gpu = ur__gpu(), *b = NULL;
   int dev = -1, host = -1, shared = 0;
   for (int i = 0; i < n; i++) {
     if (!ts[i]) continue;
+    const ur_backend *bi = ur__tensor_backend(ts[i]);
     ur_place p = ts[i]->st->place;
-    if (p == UR_PLACE_DEVICE) {
-      if (dev < 0) dev = i;
-    } else if (p == UR_PLACE_HOST || p == UR_PLACE_PINNED) {
+    /* Tensors that disagree meet on the CPU, which reaches managed memory but not device. */
+    b = !b || bi == b ? bi : cpu;
+    if (bi == cpu) {
       if (host < 0) host = i;
-      if (p == UR_PLACE_PINNED) shared = 1;
-    } else {
-      shared = 1;
+    } else if (p == UR_PLACE_DEVICE && dev < 0) {
+      dev = i;
     }
+    if (p == UR_PLACE_PINNED || p == UR_PLACE_MANAGED) shared = 1;
   }
   if (dev >= 0 && host >= 0)
     return ur__error(UR_STATUS_INVALID,
                      "%s: %s is device memory but %s is %s memory; an op's tensors must all be on "
                      "the GPU (device or managed) or all in host memory",
                      op, names[dev], names[host], ur_place_name(ts[host]->st->place));
-  if (gpu && host < 0) {
-    *out = gpu;
-    return UR_STATUS_OK;
-  }
-  *out = ur__cpu();
+  /* No tensor at all (the checks before rule it out) goes where a GPU op would. */
+  if (!b) b = gpu ? gpu : cpu;
+  *out = b;
   /* The CPU is about to read memory the GPU may still be writing. */
-  return gpu && shared ? gpu->device_sync() : UR_STATUS_OK;
+  return b == cpu && gpu && shared ? gpu->device_sync() : UR_STATUS_OK;
 }
 
 static void shape_str(const ur_tensor *t, char *buf, size_t len) {
@@ -110,10 +109,11 @@ ur_status ur_dense_cast(ur_stream *s, const ur_tensor *src, ur_tensor *dst) {
   const ur_tensor *ts[] = {src, dst};
   const char *names[] = {"src", "dst"};
   const ur_backend *b;
-  if ((st = ur__dense_backend(op, 2, ts, names, &b))) return st;
+  if ((st = ur__dense_backend(op, 2, ts, names, &b)) || (st = UR__NEED(b, dense, cast)))
+    return st;
   if (!src->numel) return UR_STATUS_OK;
   return b->dense->cast(ur__dense_stream(s), ur_tensor_data(src), src->dtype, ur_tensor_data(dst),
-                 dst->dtype, src->numel);
+                        dst->dtype, src->numel);
 }
 
 /* ---- mean ---- */
@@ -135,8 +135,10 @@ ur_status ur_dense_mean(ur_stream *s, const ur_tensor *x, ur_tensor *out) {
   const ur_tensor *ts[] = {x, out};
   const char *names[] = {"x", "out"};
   const ur_backend *b;
-  if ((st = ur__dense_backend(op, 2, ts, names, &b))) return st;
-  return b->dense->mean(ur__dense_stream(s), ur_tensor_data(x), ur_tensor_data(out), x->numel, x->dtype);
+  if ((st = ur__dense_backend(op, 2, ts, names, &b)) || (st = UR__NEED(b, dense, mean)))
+    return st;
+  return b->dense->mean(ur__dense_stream(s), ur_tensor_data(x), ur_tensor_data(out), x->numel,
+                        x->dtype);
 }
 
 const ur_dense_ops ur__cpu_dense_ops = {

@@ -6,10 +6,15 @@
 
 #include "core/core.h"
 
-/* The backend that runs an op on these tensors (NULL entries are skipped), after the checks of
- * uvmrec.h's dense section: the GPU's when one is in use and every tensor is device or
- * managed memory, else the CPU's, which then may touch managed and pinned memory only after
- * the GPU is done with it.  `op` and `names` (one per tensor) go into error messages. */
+/* The backend that runs an op, by the one rule (core.h): each tensor's backend is its
+ * memory's (ur__tensor_backend: the GPU's for device and managed memory when a GPU is in use,
+ * else the CPU's), and an op's tensors must agree.  Managed memory is the one exception, as
+ * the CPU reaches it too: an op mixing managed with host or pinned memory runs on the CPU.
+ * Device memory with host or pinned memory is an error naming both.  When the CPU runs an op
+ * on pinned or managed memory while a GPU is in use, it first waits for the GPU (device
+ * sync), which may still be writing it.  NULL entries of ts are skipped; `op` and `names`
+ * (one per tensor) go into error messages.  Call after the checks of uvmrec.h's dense
+ * section, and reach an entry only through UR__NEED(b, dense, <entry>). */
 UR__HIDDEN ur_status ur__dense_backend(const char *op, int n, const ur_tensor *const *ts,
                                        const char *const *names, const ur_backend **out);
 /* The stream handle a backend takes. */

@@ -153,10 +153,13 @@ ur_status ur_interaction_forward(ur_stream *s, const ur_tensor *dense, const ur_
   const ur_tensor *ts[] = {dense, emb, out};
   const char *names[] = {"dense", "emb", "out"};
   const ur_backend *b;
-  if ((st = ur__dense_backend(op, 3, ts, names, &b)) || !dense->shape[0]) return st;
-  return b->dense->interaction_forward(ur__dense_stream(s), ur_tensor_data(dense), ur_tensor_data(emb),
-                                ur_tensor_data(out), dense->shape[0], T, (int32_t)dense->shape[1],
-                                self_interaction, dense->dtype, emb->dtype, out->dtype);
+  if ((st = ur__dense_backend(op, 3, ts, names, &b)) ||
+      (st = UR__NEED(b, dense, interaction_forward)) || !dense->shape[0])
+    return st;
+  return b->dense->interaction_forward(ur__dense_stream(s), ur_tensor_data(dense),
+                                       ur_tensor_data(emb), ur_tensor_data(out), dense->shape[0], T,
+                                       (int32_t)dense->shape[1], self_interaction, dense->dtype,
+                                       emb->dtype, out->dtype);
 }
 
 ur_status ur_interaction_backward(ur_stream *s, const ur_tensor *dense, const ur_tensor *emb,
@@ -178,12 +181,14 @@ ur_status ur_interaction_backward(ur_stream *s, const ur_tensor *dense, const ur
   const ur_tensor *ts[] = {dense, emb, gout, gdense, gemb};
   const char *names[] = {"dense", "emb", "gout", "gdense", "gemb"};
   const ur_backend *b;
-  if ((st = ur__dense_backend(op, 5, ts, names, &b)) || !dense->shape[0]) return st;
-  return b->dense->interaction_backward(ur__dense_stream(s), ur_tensor_data(dense), ur_tensor_data(emb),
-                                 ur_tensor_data(gout), ur_tensor_data(gdense),
-                                 ur_tensor_data(gemb), dense->shape[0], T,
-                                 (int32_t)dense->shape[1], self_interaction, dense->dtype,
-                                 emb->dtype, gout->dtype);
+  if ((st = ur__dense_backend(op, 5, ts, names, &b)) ||
+      (st = UR__NEED(b, dense, interaction_backward)) || !dense->shape[0])
+    return st;
+  return b->dense->interaction_backward(ur__dense_stream(s), ur_tensor_data(dense),
+                                        ur_tensor_data(emb), ur_tensor_data(gout),
+                                        ur_tensor_data(gdense), ur_tensor_data(gemb),
+                                        dense->shape[0], T, (int32_t)dense->shape[1],
+                                        self_interaction, dense->dtype, emb->dtype, gout->dtype);
 }
 
 /* ---- concat / split ---- */
@@ -229,6 +234,7 @@ static ur_status concat_split(const char *op, ur_stream *s, const ur_tensor *con
                        op, whole_name);
     b = bi;
   }
+  if ((st = UR__NEED(b, dense, copy_2d))) return st;
   size_t es = ur_dtype_size(whole->dtype), pitch = (size_t)whole->shape[1] * es, col = 0;
   for (int32_t i = 0; i < n; i++) {
     size_t w = (size_t)parts[i]->shape[1] * es;

@@ -320,11 +320,13 @@ ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w
   const ur_tensor *ts[] = {x, w, b, y};
   const char *names[] = {"x", "w", "b", "y"};
   const ur_backend *be;
-  if ((st = ur__dense_backend(op, 4, ts, names, &be))) return st;
+  if ((st = ur__dense_backend(op, 4, ts, names, &be)) ||
+      (st = UR__NEED(be, dense, linear_forward)))
+    return st;
   if (!rows || !out) return UR_STATUS_OK;
   return be->dense->linear_forward(ur__dense_stream(s), ur_tensor_data(x), ur_tensor_data(w),
-                            b ? ur_tensor_data(b) : NULL, ur_tensor_data(y), rows, in, out,
-                            x->dtype, act, flags);
+                                   b ? ur_tensor_data(b) : NULL, ur_tensor_data(y), rows, in, out,
+                                   x->dtype, act, flags);
 }
 
 ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
@@ -368,13 +370,16 @@ ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *
   const ur_tensor *ts[] = {x, w, y, gy, gx, gw, gb, work};
   const char *names[] = {"x", "w", "y", "gy", "gx", "gw", "gb", "work"};
   const ur_backend *be;
-  if ((st = ur__dense_backend(op, 8, ts, names, &be))) return st;
+  if ((st = ur__dense_backend(op, 8, ts, names, &be)) ||
+      (st = UR__NEED(be, dense, linear_backward)))
+    return st;
   if (!rows) return UR_STATUS_OK;
   return be->dense->linear_backward(ur__dense_stream(s), ur_tensor_data(x), ur_tensor_data(w),
-                             y ? ur_tensor_data(y) : NULL, ur_tensor_data(gy),
-                             gx ? ur_tensor_data(gx) : NULL, gw ? ur_tensor_data(gw) : NULL,
-                             gb ? ur_tensor_data(gb) : NULL, work ? ur_tensor_data(work) : NULL,
-                             rows, in, out, x->dtype, act, flags);
+                                    y ? ur_tensor_data(y) : NULL, ur_tensor_data(gy),
+                                    gx ? ur_tensor_data(gx) : NULL, gw ? ur_tensor_data(gw) : NULL,
+                                    gb ? ur_tensor_data(gb) : NULL,
+                                    work ? ur_tensor_data(work) : NULL, rows, in, out, x->dtype,
+                                    act, flags);
 }
 
 static ur_status check_act(const char *op, ur_act act) {
@@ -393,9 +398,11 @@ ur_status ur_act_forward(ur_stream *s, const ur_tensor *x, ur_tensor *y, ur_act 
   const ur_tensor *ts[] = {x, y};
   const char *names[] = {"x", "y"};
   const ur_backend *be;
-  if ((st = ur__dense_backend(op, 2, ts, names, &be)) || !x->numel) return st;
+  if ((st = ur__dense_backend(op, 2, ts, names, &be)) || (st = UR__NEED(be, dense, act_forward)) ||
+      !x->numel)
+    return st;
   return be->dense->act_forward(ur__dense_stream(s), ur_tensor_data(x), ur_tensor_data(y), x->numel,
-                         x->dtype, act);
+                                x->dtype, act);
 }
 
 ur_status ur_act_backward(ur_stream *s, const ur_tensor *y, const ur_tensor *gy, ur_tensor *gx,
@@ -411,7 +418,9 @@ ur_status ur_act_backward(ur_stream *s, const ur_tensor *y, const ur_tensor *gy,
   const ur_tensor *ts[] = {y, gy, gx};
   const char *names[] = {"y", "gy", "gx"};
   const ur_backend *be;
-  if ((st = ur__dense_backend(op, 3, ts, names, &be)) || !y->numel) return st;
+  if ((st = ur__dense_backend(op, 3, ts, names, &be)) || (st = UR__NEED(be, dense, act_backward)) ||
+      !y->numel)
+    return st;
   return be->dense->act_backward(ur__dense_stream(s), ur_tensor_data(y), ur_tensor_data(gy),
-                          ur_tensor_data(gx), y->numel, y->dtype, act);
+                                 ur_tensor_data(gx), y->numel, y->dtype, act);
 }

@@ -77,10 +77,11 @@ ur_status ur_bce_forward(ur_stream *s, const ur_tensor *logits, const ur_tensor 
   const ur_tensor *ts[] = {logits, targets, weights, loss};
   const char *names[] = {"logits", "targets", "weights", "loss"};
   const ur_backend *b;
-  if ((st = ur__dense_backend(op, 4, ts, names, &b))) return st;
+  if ((st = ur__dense_backend(op, 4, ts, names, &b)) || (st = UR__NEED(b, dense, bce_forward)))
+    return st;
   return b->dense->bce_forward(ur__dense_stream(s), ur_tensor_data(logits), ur_tensor_data(targets),
-                        weights ? ur_tensor_data(weights) : NULL, ur_tensor_data(loss), n,
-                        logits->dtype, reduction);
+                               weights ? ur_tensor_data(weights) : NULL, ur_tensor_data(loss), n,
+                               logits->dtype, reduction);
 }
 
 ur_status ur_bce_backward(ur_stream *s, const ur_tensor *logits, const ur_tensor *targets,
@@ -99,8 +100,10 @@ ur_status ur_bce_backward(ur_stream *s, const ur_tensor *logits, const ur_tensor
   const ur_tensor *ts[] = {logits, targets, weights, glogits};
   const char *names[] = {"logits", "targets", "weights", "glogits"};
   const ur_backend *b;
-  if ((st = ur__dense_backend(op, 4, ts, names, &b)) || !n) return st;
-  return b->dense->bce_backward(ur__dense_stream(s), ur_tensor_data(logits), ur_tensor_data(targets),
-                         weights ? ur_tensor_data(weights) : NULL, ur_tensor_data(glogits), n,
-                         logits->dtype, reduction, scale);
+  if ((st = ur__dense_backend(op, 4, ts, names, &b)) || (st = UR__NEED(b, dense, bce_backward)) ||
+      !n)
+    return st;
+  return b->dense->bce_backward(ur__dense_stream(s), ur_tensor_data(logits),
+                                ur_tensor_data(targets), weights ? ur_tensor_data(weights) : NULL,
+                                ur_tensor_data(glogits), n, logits->dtype, reduction, scale);
 }

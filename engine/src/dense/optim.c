@@ -175,7 +175,8 @@ ur_status ur_optim_step(ur_stream *s, const ur_optim_cfg *cfg, int32_t n,
       num[live] = pt->numel;
       live++;
     }
-    if (live && (st = be->dense->optim_step(ur__dense_stream(s), cfg, live, p, g, a, b, h, num)))
+    if (live && ((st = UR__NEED(be, dense, optim_step)) ||
+                 (st = be->dense->optim_step(ur__dense_stream(s), cfg, live, p, g, a, b, h, num))))
       return st;
   }
   return UR_STATUS_OK;
