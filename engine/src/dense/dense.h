@@ -37,10 +37,11 @@ static inline void ur__dense_st(void *p, ur_dtype d, size_t i, float v) {
   else ((uint16_t *)p)[i] = ur__f32_to_bf16(v);
 }
 
-/* The dense ops' table (each backend's: the CPU reference below and kernels/dense.cu).  The
- * core has checked every shape and dtype; matrices are row-major and contiguous; counts are
- * elements; linear.c, interaction.c, crossnet.c, loss.c, optim.c and dense.c say what each
- * computes. */
+/* The dense ops' table, filled by the CPU reference below and by the CUDA backend, each entry
+ * in the file of its op's name: linear.c (linear, act), interaction.c (interaction, copy_2d),
+ * crossnet.c, loss.c (bce), optim.c, dense.c (mean, cast), and kernels/ the same names in .cu.
+ * The core has checked every shape and dtype; matrices are row-major and contiguous; counts
+ * are elements; the C files say what each computes. */
 typedef struct ur_dense_ops {
   ur_status (*linear_forward)(void *stream, const void *x, const void *w, const void *b, void *y,
                               int64_t rows, int64_t in, int64_t out, ur_dtype dtype, ur_act act,
