@@ -1,33 +1,25 @@
 /* optim.cu: the dense optimizers (engine/src/dense/optim.c) on the GPU, as one launch over up
- * to UR_OPTIM_MAX tensors (the pointers travel in the kernel's parameters, read in place as
+ * to UR__OPTIM_GROUP tensors (the pointers travel in the kernel's parameters, read in place as
  * __grid_constant__).  Block b finds its tensor among the tensors' first blocks and updates
  * one chunk of it, with the CPU's formulas in f32. */
-#include <math.h>
-
 #include "common.cuh"
 #include "dense.cuh"
+#include "dense/dense.h"
 
-#define UR_OPTIM_MAX 48
 #define UR_OPTIM_CHUNK 4096
 #define UR_OPTIM_THREADS 256
 
-/* The rule's constants, as the CPU's optim.c takes them. */
-typedef struct ur_optim_consts {
-  int kind, nesterov, first, zero;
-  float lr, wd, mom, b1, b2, eps, step_size, bc2_sqrt, decay;
-} ur_optim_consts;
-
 struct ur_optim_pack {
-  float *p[UR_OPTIM_MAX], *g[UR_OPTIM_MAX];
-  float *s1[UR_OPTIM_MAX], *s2[UR_OPTIM_MAX];
-  ur_bf16 *h[UR_OPTIM_MAX];
-  int64_t n[UR_OPTIM_MAX];
-  int64_t first[UR_OPTIM_MAX + 1]; /* first block of each tensor; first[count] = all */
+  float *p[UR__OPTIM_GROUP], *g[UR__OPTIM_GROUP];
+  float *s1[UR__OPTIM_GROUP], *s2[UR__OPTIM_GROUP];
+  ur_bf16 *h[UR__OPTIM_GROUP];
+  int64_t n[UR__OPTIM_GROUP];
+  int64_t first[UR__OPTIM_GROUP + 1]; /* first block of each tensor; first[count] = all */
   int count;
 };
 
 __global__ void __launch_bounds__(UR_OPTIM_THREADS)
-ur_optim_kernel(const __grid_constant__ ur_optim_consts k,
+ur_optim_kernel(const __grid_constant__ ur__optim_consts k,
                 const __grid_constant__ ur_optim_pack pk) {
   int64_t b = blockIdx.x;
   int t = 0;
@@ -66,10 +58,10 @@ ur_optim_kernel(const __grid_constant__ ur_optim_consts k,
   }
 }
 
-static cudaError_t ur_optim_launch(cudaStream_t stream, const ur_optim_consts *k, int n,
+static cudaError_t ur_optim_launch(cudaStream_t stream, const ur__optim_consts *k, int n,
                                   float *const *params, float *const *grads, float *const *s1,
                                   float *const *s2, void *const *halves, const int64_t *numel) {
-  if (n < 1 || n > UR_OPTIM_MAX) return cudaErrorInvalidValue;
+  if (n < 1 || n > UR__OPTIM_GROUP) return cudaErrorInvalidValue;
   ur_optim_pack pk;
   int64_t blocks = 0;
   for (int t = 0; t < n; t++) {
@@ -90,27 +82,12 @@ static cudaError_t ur_optim_launch(cudaStream_t stream, const ur_optim_consts *k
   return cudaGetLastError();
 }
 
-/* The same constants as engine/src/dense/optim.c computes for the CPU. */
 ur_status ur__cuda_optim_step(void *stream, const ur_optim_cfg *c, int32_t n,
                               float *const *params, float *const *grads, float *const *s1,
                               float *const *s2, void *const *halves, const int64_t *numel) {
-  ur_optim_consts k;
-  k.kind = c->kind;
-  k.nesterov = c->nesterov;
-  k.first = c->step == 1;
-  k.zero = c->zero_grad;
-  k.lr = (float)c->lr;
-  k.wd = (float)c->weight_decay;
-  k.mom = (float)c->momentum;
-  k.b1 = (float)c->beta1;
-  k.b2 = (float)c->beta2;
-  k.eps = (float)c->eps;
-  double t = (double)c->step;
-  k.step_size = (float)(c->lr / (1.0 - pow(c->beta1, t)));
-  k.bc2_sqrt = (float)sqrt(1.0 - pow(c->beta2, t));
-  k.decay = (float)(1.0 - c->lr * c->weight_decay);
-  for (int32_t i = 0; i < n; i += UR_OPTIM_MAX) {
-    int m = n - i < UR_OPTIM_MAX ? (int)(n - i) : UR_OPTIM_MAX;
+  ur__optim_consts k = ur__optim_consts_of(c);
+  for (int32_t i = 0; i < n; i += UR__OPTIM_GROUP) {
+    int m = n - i < UR__OPTIM_GROUP ? (int)(n - i) : UR__OPTIM_GROUP;
     UR_CUDA_CHECK(ur_optim_launch((cudaStream_t)stream, &k, m, params + i, grads + i, s1 + i,
                                   s2 + i, halves + i, numel + i),
                   "optimizer kernel (%d tensors)", m);

@@ -4,6 +4,7 @@
 #ifndef UR_DENSE_H
 #define UR_DENSE_H
 
+#include <math.h>
 #include "core/core.h"
 
 /* The backend that runs an op, by the one rule (core.h): each tensor's backend is its
@@ -35,6 +36,35 @@ static inline float ur__dense_ld(const void *p, ur_dtype d, size_t i) {
 static inline void ur__dense_st(void *p, ur_dtype d, size_t i, float v) {
   if (d == UR_DTYPE_F32) ((float *)p)[i] = v;
   else ((uint16_t *)p)[i] = ur__f32_to_bf16(v);
+}
+
+/* Parameters per optimizer call of a backend (for the GPU, one launch). */
+#define UR__OPTIM_GROUP 48
+
+/* An optimizer step's constants, computed once per step on the host from its configuration,
+ * the same for the CPU (optim.c) and the GPU (kernels/optim.cu). */
+typedef struct ur__optim_consts {
+  int kind, nesterov, first, zero;
+  float lr, wd, mom, b1, b2, eps, step_size, bc2_sqrt, decay;
+} ur__optim_consts;
+
+static inline ur__optim_consts ur__optim_consts_of(const ur_optim_cfg *c) {
+  ur__optim_consts k;
+  k.kind = c->kind;
+  k.nesterov = c->nesterov;
+  k.first = c->step == 1;
+  k.zero = c->zero_grad;
+  k.lr = (float)c->lr;
+  k.wd = (float)c->weight_decay;
+  k.mom = (float)c->momentum;
+  k.b1 = (float)c->beta1;
+  k.b2 = (float)c->beta2;
+  k.eps = (float)c->eps;
+  double t = (double)c->step;
+  k.step_size = (float)(c->lr / (1.0 - pow(c->beta1, t)));
+  k.bc2_sqrt = (float)sqrt(1.0 - pow(c->beta2, t));
+  k.decay = (float)(1.0 - c->lr * c->weight_decay);
+  return k;
 }
 
 /* The dense ops' table, filled by the CPU reference below and by the CUDA backend, each entry

@@ -5,42 +5,15 @@
 #include <stdio.h>
 #include "dense/dense.h"
 
-#define UR__OPTIM_GROUP 48
-
-/* The rule's constants, as the CPU and the GPU both take them. */
-typedef struct optim_consts {
-  int kind, nesterov, first, zero;
-  float lr, wd, mom, b1, b2, eps, step_size, bc2_sqrt, decay;
-} optim_consts;
-
-static optim_consts consts_of(const ur_optim_cfg *c) {
-  optim_consts k;
-  k.kind = c->kind;
-  k.nesterov = c->nesterov;
-  k.first = c->step == 1;
-  k.zero = c->zero_grad;
-  k.lr = (float)c->lr;
-  k.wd = (float)c->weight_decay;
-  k.mom = (float)c->momentum;
-  k.b1 = (float)c->beta1;
-  k.b2 = (float)c->beta2;
-  k.eps = (float)c->eps;
-  double t = (double)c->step;
-  k.step_size = (float)(c->lr / (1.0 - pow(c->beta1, t)));
-  k.bc2_sqrt = (float)sqrt(1.0 - pow(c->beta2, t));
-  k.decay = (float)(1.0 - c->lr * c->weight_decay);
-  return k;
-}
-
 typedef struct optim_job {
-  optim_consts k;
+  ur__optim_consts k;
   float *p, *g, *s1, *s2;
   uint16_t *h;
 } optim_job;
 
 static void step_range(void *ctx, size_t i0, size_t i1) {
   optim_job *j = ctx;
-  const optim_consts *k = &j->k;
+  const ur__optim_consts *k = &j->k;
   for (size_t i = i0; i < i1; i++) {
     float p = j->p[i], g = j->g[i];
     switch (k->kind) {
@@ -82,7 +55,7 @@ ur_status ur__cpu_optim_step(void *stream, const ur_optim_cfg *cfg, int32_t n,
                              float *const *s2, void *const *halves, const int64_t *numel) {
   (void)stream;
   optim_job j;
-  j.k = consts_of(cfg);
+  j.k = ur__optim_consts_of(cfg);
   for (int32_t t = 0; t < n; t++) {
     j.p = params[t];
     j.g = grads[t];
