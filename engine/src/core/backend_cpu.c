@@ -9,6 +9,7 @@
 #include "data/kjt.h"
 #include "data/synth.h"
 #include "dense/dense.h"
+#include "metrics/metrics.h"
 #include "core/philox.h"
 
 static int cpu_device_count(void) { return 0; }
@@ -154,6 +155,7 @@ const ur_backend *ur__cpu(void) {
       .dense = &ur__cpu_dense_ops,
       .kjt = &ur__cpu_kjt_ops,
       .synth = &ur__cpu_synth_ops,
+      .metrics = &ur__cpu_metrics_ops,
       /* Events, hints, probes and the monitor have no CPU form: the core handles NULL. */
   };
   return &cpu;

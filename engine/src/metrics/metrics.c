@@ -1,7 +1,8 @@
 /* metrics.c: streaming metrics of binary predictions (AUC exact over a window, lifetime AUC
  * from a histogram, grouped AUC, NE and log loss, accuracy, calibration, CTR) for many tasks
- * at once: the object, the checks, the CPU forms of the backend entries (the reference) and
- * the host-side arithmetic that turns raw sums into values, shared by both backends. */
+ * at once: the object, which takes its backend once, from its placement; the checks; and the
+ * host-side arithmetic that turns the backend's raw sums into values.  The work itself is the
+ * backend's metrics table (metrics_cpu.c, kernels/metrics.cu). */
 #include <math.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -17,7 +18,8 @@ struct ur_metrics {
   ur_metrics_opts o;
   ur_place place;
   int32_t device;
-  int gpu;                 /* the CUDA backend runs it */
+  const ur_backend *b;     /* runs it: ur__backend_for(place), taken at ur_metrics_new */
+  int gpu;                 /* b is the GPU's */
   int64_t seen;            /* samples since the last reset */
   uint64_t state_count;    /* doubles in state: tasks * (UR__M_SUMS + 2 * bins) */
   ur_tensor *state, *snap; /* u8 tensors holding state_count doubles */
@@ -31,138 +33,6 @@ struct ur_metrics {
 
 size_t ur_sizeof_metrics_opts(void) { return sizeof(ur_metrics_opts); }
 size_t ur_sizeof_metric_values(void) { return sizeof(ur_metric_values); }
-
-/* ---- CPU forms (the reference) ---- */
-
-static double weight_of(const ur__metrics_job *j, int64_t i, int32_t t) {
-  if (!j->weights) return 1.0;
-  return j->weights_per_task ? j->weights[i * j->tasks + t] : j->weights[i];
-}
-
-/* Adds job's samples into sums (task t at sums + t * stride) and, when hist is given, into
- * the histograms. */
-static void cpu_sums(const ur__metrics_job *j, double *sums, int64_t stride, double *hist) {
-  for (int32_t t = 0; t < j->tasks; t++) {
-    double acc[UR__M_SUMS] = {0}, v[UR__M_SUMS];
-    double *hpos = hist ? hist + (size_t)t * 2 * (size_t)j->bins : NULL;
-    for (int64_t i = 0; i < j->n; i++) {
-      double p = j->preds[i * j->tasks + t], y = j->labels[i * j->tasks + t];
-      ur__metrics_terms(p, y, weight_of(j, i, t), j->threshold, j->eta, v);
-      for (int k = 0; k < UR__M_COUNT; k++) acc[k] += v[k];
-      if (hpos) {
-        int64_t b = ur__metrics_bin(p, j->bins);
-        hpos[b] += v[UR__M_POS];
-        hpos[j->bins + b] += v[UR__M_NEG];
-      }
-    }
-    acc[UR__M_COUNT] = (double)j->n;
-    for (int k = 0; k < UR__M_SUMS; k++) sums[t * stride + k] += acc[k];
-  }
-}
-
-static void cpu_ring(const ur__metrics_job *j) {
-  int64_t first = j->n > j->window ? j->n - j->window : 0;
-  for (int64_t b = first; b < j->n; b++) {
-    int64_t slot = (j->at + b) % j->window;
-    for (int32_t t = 0; t < j->tasks; t++) {
-      j->ring_preds[slot * j->tasks + t] = j->preds[b * j->tasks + t];
-      j->ring_labels[slot * j->tasks + t] = j->labels[b * j->tasks + t];
-      j->ring_weights[slot * j->tasks + t] = (float)weight_of(j, b, t);
-    }
-    if (j->ring_groups) j->ring_groups[slot] = j->groups[b];
-  }
-}
-
-static void cpu_update(const ur__metrics_job *j) {
-  cpu_sums(j, j->state, UR__M_SUMS, j->bins ? j->state + (size_t)j->tasks * UR__M_SUMS : NULL);
-  if (j->window) cpu_ring(j);
-}
-
-typedef struct sort_entry {
-  uint64_t group;
-  uint32_t key, index;
-} sort_entry;
-
-static int entry_cmp(const void *a, const void *b) {
-  const sort_entry *x = a, *y = b;
-  if (x->group != y->group) return x->group < y->group ? -1 : 1;
-  return x->key < y->key ? -1 : x->key > y->key;
-}
-
-/* Sorts task t's samples by (group, prediction) and walks the runs of equal predictions:
- * each run's positives beat the negatives below it and tie (half) with its own. */
-static void cpu_auc_terms(const ur__metrics_job *j, int32_t t, int grouped, sort_entry *e,
-                          double *raw) {
-  for (int64_t i = 0; i < j->n; i++) {
-    e[i].group = grouped ? (uint64_t)j->groups[i] ^ 0x8000000000000000ull : 0;
-    e[i].key = ur__metrics_pred_key(j->preds[i * j->tasks + t]);
-    e[i].index = (uint32_t)i;
-  }
-  qsort(e, (size_t)j->n, sizeof *e, entry_cmp);
-  double num = 0, below = 0, gp = 0, gn = 0;
-  for (int64_t r = 0; r < j->n;) {
-    double pos = 0, neg = 0;
-    int64_t s = r;
-    for (; s < j->n && e[s].group == e[r].group && e[s].key == e[r].key; s++) {
-      uint32_t i = e[s].index;
-      double w = weight_of(j, i, t), y = j->labels[(int64_t)i * j->tasks + t];
-      pos += w * y;
-      neg += w * (1.0 - y);
-    }
-    num += pos * (below + 0.5 * neg);
-    below += neg;
-    gp += pos;
-    gn += neg;
-    r = s;
-    if (r == j->n || e[r].group != e[s - 1].group) {
-      if (!grouped) {
-        raw[UR__M_AUC_NUM] += num;
-      } else if (gp > 0 && gn > 0 && gp * gn > 0) {
-        raw[UR__M_GAUC_SUM] += num / (gp * gn);
-        raw[UR__M_GAUC_GROUPS] += 1;
-      }
-      num = below = gp = gn = 0;
-    }
-  }
-}
-
-static ur_status cpu_window(const ur__metrics_job *j) {
-  memset(j->raw, 0, sizeof(double) * (size_t)j->tasks * UR__M_RAW);
-  if (!j->n) return UR_STATUS_OK;
-  cpu_sums(j, j->raw, UR__M_RAW, NULL);
-  if (!j->auc && !j->grouped) return UR_STATUS_OK;
-  sort_entry *e = malloc(sizeof *e * (size_t)j->n);
-  if (!e)
-    return ur__error(UR_STATUS_OOM, "metrics: out of host memory sorting %lld samples",
-                     (long long)j->n);
-  for (int32_t t = 0; t < j->tasks; t++) {
-    if (j->auc) cpu_auc_terms(j, t, 0, e, j->raw + (size_t)t * UR__M_RAW);
-    if (j->grouped) cpu_auc_terms(j, t, 1, e, j->raw + (size_t)t * UR__M_RAW);
-  }
-  free(e);
-  return UR_STATUS_OK;
-}
-
-/* Bins are in prediction order, so only pairs sharing a bin are not ordered: they count as
- * ties, which is where the error bound comes from. */
-static void cpu_lifetime(const ur__metrics_job *j) {
-  for (int32_t t = 0; t < j->tasks; t++) {
-    double *raw = j->raw + (size_t)t * UR__M_RAW;
-    memset(raw, 0, sizeof(double) * UR__M_RAW);
-    memcpy(raw, j->state + (size_t)t * UR__M_SUMS, sizeof(double) * UR__M_SUMS);
-    if (!j->bins) continue;
-    const double *pos = j->state + (size_t)j->tasks * UR__M_SUMS + (size_t)t * 2 * (size_t)j->bins;
-    const double *neg = pos + j->bins;
-    double num = 0, ties = 0, below = 0;
-    for (int32_t b = 0; b < j->bins; b++) {
-      num += pos[b] * (below + 0.5 * neg[b]);
-      ties += pos[b] * neg[b];
-      below += neg[b];
-    }
-    raw[UR__M_AUC_NUM] = num;
-    raw[UR__M_AUC_TIES] = ties;
-  }
-}
 
 /* ---- raw sums to values (host) ---- */
 
@@ -298,8 +168,8 @@ static ur_status check_inputs(const ur_metrics *m, const ur_tensor *p, const ur_
 }
 
 /* CPU work on memory the GPU may still be writing (pinned, managed) waits for it first. */
-static ur_status host_wait(const ur_tensor *const *ts, int n) {
-  if (!ur__gpu()) return UR_STATUS_OK;
+static ur_status host_wait(const ur_metrics *m, const ur_tensor *const *ts, int n) {
+  if (m->gpu || !ur__gpu()) return UR_STATUS_OK;
   for (int i = 0; i < n; i++)
     if (ts[i] && ur_tensor_place(ts[i]) != UR_PLACE_HOST) return ur__gpu()->device_sync();
   return UR_STATUS_OK;
@@ -335,18 +205,20 @@ static ur__metrics_job base_job(const ur_metrics *m) {
   return j;
 }
 
-static ur_status gpu_entries(void) {
-  const ur_backend *g = ur__gpu();
-  if (g->metrics->update && g->metrics->window && g->metrics->lifetime && g->metrics->scratch)
-    return UR_STATUS_OK;
-  return ur__error(UR_STATUS_UNSUPPORTED,
-                   "metrics: the CUDA backend in use (%s) has no metrics kernels", g->archs);
+/* The backend has every entry the object calls. */
+static ur_status need_entries(const ur_backend *b) {
+  ur_status st;
+  if ((st = UR__NEED(b, metrics, update)) || (st = UR__NEED(b, metrics, window)) ||
+      (st = UR__NEED(b, metrics, lifetime)))
+    return st;
+  return UR__NEED(b, metrics, scratch);
 }
 
-/* The scratch the GPU's sorts need for n samples, grown (never per update) when short. */
+/* The scratch the backend's sorts need for n samples (none on the CPU), grown (never per
+ * update) when short. */
 static ur_status ensure_scratch(ur_metrics *m, ur__metrics_job *j) {
   size_t bytes = 0;
-  ur_status st = ur__gpu()->metrics->scratch(j, &bytes);
+  ur_status st = m->b->metrics->scratch(j, &bytes);
   if (st || bytes <= m->scratch_bytes) return st;
   ur_tensor_free(m->scratch);
   m->scratch = bytes_tensor(&st, bytes, m->place, m->device);
@@ -389,8 +261,9 @@ ur_status ur_metrics_new(ur_metrics **out, const ur_metrics_opts *opts, ur_place
   m->o.grouped_auc = opts->grouped_auc != 0;
   m->place = place;
   m->device = device;
-  m->gpu = ur__gpu() && (place == UR_PLACE_DEVICE || place == UR_PLACE_MANAGED);
-  if (m->gpu) st = gpu_entries();
+  m->b = ur__backend_for(place);
+  m->gpu = m->b != ur__cpu();
+  st = need_entries(m->b);
   int64_t T = opts->tasks, W = opts->window;
   m->state_count = (uint64_t)T * (UR__M_SUMS + 2 * (uint64_t)opts->bins);
   m->state = bytes_tensor(&st, m->state_count * sizeof(double), place, device);
@@ -403,14 +276,15 @@ ur_status ur_metrics_new(ur_metrics **out, const ur_metrics_opts *opts, ur_place
   }
   uint64_t raw_bytes = 2 * (uint64_t)T * UR__M_RAW * sizeof(double);
   m->raw = bytes_tensor(&st, raw_bytes, place, device);
+  /* The GPU's results come back through pinned memory. */
   if (m->gpu) m->raw_host = bytes_tensor(&st, raw_bytes, UR_PLACE_PINNED, UR_LOC_CPU);
   if (!st) st = ur_metrics_reset(NULL, m);
-  if (!st && m->gpu && W && (opts->auc || opts->grouped_auc)) {
+  if (!st && W && (opts->auc || opts->grouped_auc)) {
     ur__metrics_job j = base_job(m);
     j.n = W;
     st = ensure_scratch(m, &j);
   }
-  if (!st && m->gpu) st = ur__gpu()->stream_sync(NULL);
+  if (!st) st = m->b->stream_sync(NULL);
   if (st) {
     ur_metrics_free(m);
     return st;
@@ -441,12 +315,8 @@ ur_status ur_metrics_update(ur_stream *s, ur_metrics *m, const ur_tensor *predic
     j.ring_weights = ur_tensor_data(m->ring_weights);
     j.ring_groups = m->ring_groups ? ur_tensor_data(m->ring_groups) : NULL;
   }
-  if (m->gpu) {
-    st = ur__gpu()->metrics->update(s ? s->handle : NULL, &j);
-  } else {
-    const ur_tensor *ts[] = {predictions, labels, weights, groups, m->state};
-    if (!(st = host_wait(ts, 5))) cpu_update(&j);
-  }
+  const ur_tensor *ts[] = {predictions, labels, weights, groups, m->state};
+  if (!(st = host_wait(m, ts, 5))) st = m->b->metrics->update(s ? s->handle : NULL, &j);
   if (!st) m->seen += j.n;
   return st;
 }
@@ -512,22 +382,21 @@ ur_status ur_metrics_compute(ur_stream *s, ur_metrics *m, int32_t from_snapshot,
   wj.raw = raw;
   lj.raw = raw + (size_t)T * UR__M_RAW;
   if (from_snapshot) lj.state = ur_tensor_data(m->snap);
+  const ur_backend *b = m->b;
+  void *sh = s ? s->handle : NULL;
+  const ur_tensor *ts[] = {predictions, labels, weights, groups, m->state};
+  st = host_wait(m, ts, 5);
+  if (!st && (wj.auc || wj.grouped)) st = ensure_scratch(m, &wj);
+  wj.scratch = m->scratch ? ur_tensor_data(m->scratch) : NULL;
+  wj.scratch_bytes = m->scratch_bytes;
+  if (!st) st = b->metrics->window(sh, &wj);
+  if (!st) st = b->metrics->lifetime(sh, &lj);
   const double *host_raw = raw;
-  if (m->gpu) {
-    const ur_backend *g = ur__gpu();
-    void *sh = s ? s->handle : NULL;
-    if (wj.auc || wj.grouped) st = ensure_scratch(m, &wj);
-    wj.scratch = m->scratch ? ur_tensor_data(m->scratch) : NULL;
-    wj.scratch_bytes = m->scratch_bytes;
-    if (!st) st = g->metrics->window(sh, &wj);
-    if (!st) st = g->metrics->lifetime(sh, &lj);
-    if (!st) st = g->copy(sh, ur_tensor_data(m->raw_host), raw, ur_tensor_nbytes(m->raw));
-    if (!st) st = g->stream_sync(sh);
+  if (!st && m->raw_host) {
+    st = b->copy(sh, ur_tensor_data(m->raw_host), raw, ur_tensor_nbytes(m->raw));
     host_raw = ur_tensor_data(m->raw_host);
-  } else {
-    const ur_tensor *ts[] = {predictions, labels, weights, groups, m->state};
-    if (!(st = host_wait(ts, 5)) && !(st = cpu_window(&wj))) cpu_lifetime(&lj);
   }
+  if (!st) st = b->stream_sync(sh);
   if (st) return st;
   for (int32_t t = 0; t < T; t++) {
     finish(host_raw + (size_t)t * UR__M_RAW, m->o.eta, m->o.auc && m->o.window, m->o.grouped_auc,

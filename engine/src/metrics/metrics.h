@@ -1,13 +1,14 @@
-/* metrics_job.h: the job the metrics' backend entries run (built by engine/src/metrics.c, run by
- * its CPU code and by engine/src/cuda/metrics.cu), and the per-element rules both share, so
- * that the CPU and the GPU bin, key and weigh every sample alike. */
-#ifndef UR_METRICS_JOB_H
-#define UR_METRICS_JOB_H
+/* metrics.h: the job the metrics' backend entries run (built by metrics.c, run by the CPU
+ * reference in metrics_cpu.c and by kernels/metrics.cu), the per-element rules both share, so
+ * that the CPU and the GPU bin, key and weigh every sample alike, and the metrics' ops table. */
+#ifndef UR_METRICS_H
+#define UR_METRICS_H
 
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include "core/core.h"
 
 #if defined(__CUDACC__)
 #define UR__MHD __host__ __device__ __forceinline__
@@ -88,7 +89,7 @@ UR__MHD void ur__metrics_terms(double p, double y, double w, double threshold, d
   v[UR__M_RIGHT] = p >= threshold ? pos : neg;
 }
 
-/* The metrics' ops table, filled by the CPU reference and by the CUDA backend
+/* The metrics' ops table, filled by the CPU reference (metrics_cpu.c) and by the CUDA backend
  * (kernels/metrics.cu); metrics.c has checked every tensor.  update adds a batch to
  * job->state and job's ring; window puts the raw values of job's samples into job->raw (AUC
  * terms included as job->auc and job->grouped ask); lifetime puts those of job->state into
@@ -99,5 +100,8 @@ typedef struct ur_metrics_ops {
   ur_status (*lifetime)(void *stream, const struct ur__metrics_job *job);
   ur_status (*scratch)(const struct ur__metrics_job *job, size_t *bytes);
 } ur_metrics_ops;
+
+/* The CPU backend's metrics table (metrics_cpu.c), the reference. */
+UR__HIDDEN extern const ur_metrics_ops ur__cpu_metrics_ops;
 
 #endif
