@@ -12,7 +12,7 @@ void *ur__dense_stream(const ur_stream *s) { return s ? s->handle : NULL; }
 ur_status ur__dense_backend(const char *op, int n, const ur_tensor *const *ts,
                             const char *const *names, const ur_backend **out) {
   const ur_backend *cpu = ur__cpu(), *gpu = ur__gpu(), *b = NULL;
-  int dev = -1, host = -1, shared = 0;
+  int dev = -1, host = -1, shared = -1;
   for (int i = 0; i < n; i++) {
     if (!ts[i]) continue;
     const ur_backend *bi = ur__tensor_backend(ts[i]);
@@ -24,7 +24,7 @@ ur_status ur__dense_backend(const char *op, int n, const ur_tensor *const *ts,
     } else if (p == UR_PLACE_DEVICE && dev < 0) {
       dev = i;
     }
-    if (p == UR_PLACE_PINNED || p == UR_PLACE_MANAGED) shared = 1;
+    if (p != UR_PLACE_HOST && shared < 0) shared = i;
   }
   if (dev >= 0 && host >= 0)
     return ur__error(UR_STATUS_INVALID,
@@ -34,8 +34,8 @@ ur_status ur__dense_backend(const char *op, int n, const ur_tensor *const *ts,
   /* No tensor at all (the checks before rule it out) goes where a GPU op would. */
   if (!b) b = gpu ? gpu : cpu;
   *out = b;
-  /* The CPU is about to read memory the GPU may still be writing. */
-  return b == cpu && gpu && shared ? gpu->device_sync() : UR_STATUS_OK;
+  /* The CPU may be about to read memory the GPU is still writing: one wait covers them all. */
+  return shared >= 0 ? ur__tensor_ready(b, ts[shared]) : UR_STATUS_OK;
 }
 
 static void shape_str(const ur_tensor *t, char *buf, size_t len) {

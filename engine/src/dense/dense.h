@@ -12,8 +12,8 @@
  * else the CPU's), and an op's tensors must agree.  Managed memory is the one exception, as
  * the CPU reaches it too: an op mixing managed with host or pinned memory runs on the CPU.
  * Device memory with host or pinned memory is an error naming both.  When the CPU runs an op
- * on pinned or managed memory while a GPU is in use, it first waits for the GPU (device
- * sync), which may still be writing it.  NULL entries of ts are skipped; `op` and `names`
+ * on pinned or managed memory while a GPU is in use, it first waits for the GPU, which may
+ * still be writing it (ur__tensor_ready).  NULL entries of ts are skipped; `op` and `names`
  * (one per tensor) go into error messages.  Call after the checks of uvmrec.h's dense
  * section, and reach an entry only through UR__NEED(b, dense, <entry>). */
 UR__HIDDEN ur_status ur__dense_backend(const char *op, int n, const ur_tensor *const *ts,

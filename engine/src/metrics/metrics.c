@@ -167,11 +167,11 @@ static ur_status check_inputs(const ur_metrics *m, const ur_tensor *p, const ur_
   return UR_STATUS_OK;
 }
 
-/* CPU work on memory the GPU may still be writing (pinned, managed) waits for it first. */
+/* CPU work on memory the GPU may still be writing (pinned, managed) waits for it first; one
+ * wait covers every tensor. */
 static ur_status host_wait(const ur_metrics *m, const ur_tensor *const *ts, int n) {
-  if (m->gpu || !ur__gpu()) return UR_STATUS_OK;
   for (int i = 0; i < n; i++)
-    if (ts[i] && ur_tensor_place(ts[i]) != UR_PLACE_HOST) return ur__gpu()->device_sync();
+    if (ts[i] && ur_tensor_place(ts[i]) != UR_PLACE_HOST) return ur__tensor_ready(m->b, ts[i]);
   return UR_STATUS_OK;
 }
 
