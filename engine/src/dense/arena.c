@@ -4,7 +4,7 @@
  * never pulls memory from under a live tensor. */
 #include <stdlib.h>
 #include <string.h>
-#include "dense/dense.h"
+#include "core/core.h"
 
 #define UR__ARENA_ALIGN 256 /* bytes: what cuBLASLt's fastest kernels assume */
 
