@@ -21,15 +21,18 @@ describe("uvmrec FFI", function()
     end
   end)
 
-  it("has cdef.lua equal to the marked block of uvmrec.h", function()
-    local h = io.open("engine/include/uvmrec.h")
-    if not h then pending("not in a source tree") return end
-    local text = h:read("*a")
-    h:close()
-    local block = text:match("\n/%* UR_CDEF_BEGIN %*/\n(.-)/%* UR_CDEF_END %*/\n")
-    assert.truthy(block, "marked block found")
-    block = block:gsub("\nUR_API ", "\n"):gsub("^UR_API ", "")
-    assert.equal(block, require "uvmrec.cdef")
+  it("has cdef.lua equal to the marked blocks of uvmrec.h and uvmrec_lua.h", function()
+    local blocks = {}
+    for _, path in ipairs { "engine/include/uvmrec.h", "engine/include/uvmrec_lua.h" } do
+      local h = io.open(path)
+      if not h then pending("not in a source tree") return end
+      local text = h:read("*a")
+      h:close()
+      local block = text:match("\n/%* UR_CDEF_BEGIN %*/\n(.-)/%* UR_CDEF_END %*/\n")
+      assert.truthy(block, path .. ": marked block found")
+      blocks[#blocks + 1] = block:gsub("\nUR_API ", "\n"):gsub("^UR_API ", "")
+    end
+    assert.equal(table.concat(blocks), require "uvmrec.cdef")
   end)
 
   it("loads from plain luajit with the paths `make env` prints", function()

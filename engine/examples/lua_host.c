@@ -49,7 +49,7 @@ int main(void) {
   }
   double mean = lua_tonumber(L, -2), host_seen = lua_tonumber(L, -1);
   lua_pop(L, 2);
-  ur_memory(&m);
+  ur_memory_get(&m);
   printf("mean of 8000 uniform draws made in Lua: %.4f\n", mean);
   printf("host bytes: %.0f seen from Lua, %llu from C (one engine)\n", host_seen,
          (unsigned long long)m.bytes[UR_PLACE_HOST]);

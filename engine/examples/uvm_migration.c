@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
   printf("uvm_migration: %.2f GiB f32 managed tensor on GPU 0 (%s, sm_%d%d, %.1f of %.1f GiB "
          "free), hint pages of %llu bytes\n",
          d.bytes / GIB, p.name, (int)p.major, (int)p.minor, p.free_bytes / GIB,
-         p.total_bytes / GIB, (unsigned long long)ur_hint_page_bytes());
+         p.total_bytes / GIB, (unsigned long long)ur_hint_page_bytes_get());
 
   int rc = run(&d);
   if (d.monitor && ur_monitor_stop() != UR_STATUS_OK && rc == 0)

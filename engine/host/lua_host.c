@@ -153,7 +153,7 @@ static void stop_hook(lua_State *L, lua_Debug *ar) {
 static void on_sigint(int sig) {
   (void)sig;
   sigint_seen = 1;
-  ur_set_interrupt(1);
+  ur_interrupt_set(1);
   lua_sethook(sigint_L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
 
@@ -192,7 +192,7 @@ ur_status ur_lua_pcall(lua_State *L, int nargs, int nresults) {
     interrupted = sigint_seen;
     /* A Ctrl-C that came as the code finished must not stop the next call. */
     if (interrupted && lua_gethook(L) == stop_hook) lua_sethook(L, NULL, 0, 0);
-    ur_set_interrupt(0);
+    ur_interrupt_set(0);
   }
   lua_remove(L, base);
   if (rc == 0) return UR_STATUS_OK;

@@ -1,10 +1,26 @@
 /* uvmrec.h: the whole public C API of the uvmrec engine (Lua-free).
  *
+ * Contents (each section opens with a "==== N. name ====" comment line):
+ *   1. core        statuses and errors, the library, names of enums, devices, memory and the
+ *                  HBM budget, streams and events, tensors, interrupts and signals, the clock
+ *   2. hints       advice and prefetch on managed tensors, what is advised, what moved
+ *   3. data        keyed jagged tensors (KJT), .npy arrays, Criteo TSV, synthetic data, the
+ *                  loader and its batches
+ *   4. embeddings  table-batched collections (tbe), access counters and row layout, page
+ *                  prefetch of managed tables
+ *   5. cache       the software HBM cache of `cached` tables
+ *   6. dense       linear layers, activations, interaction, cross layers, concat, loss,
+ *                  optimizers, arenas
+ *   7. metrics     AUC, grouped AUC, NE and the rest, streaming
+ *   8. io          checkpoints (safetensors), configs (YAML), JSON
+ *
  * Every fallible function returns ur_status (0 ok, negative failure); the reason is in
  * ur_last_error(), a thread-local message naming the object, the value and the expectation.
  * Handles are opaque; the few plain structs are those a caller must read, each with a
- * ur_sizeof_X() so bindings can check their layout.  Argument order: stream first, then
- * inputs, then outputs (marked out), then parameters.
+ * ur_sizeof_X() so bindings can check their layout.  Names are ur_<object>_<verb>.  Argument
+ * order (THNN's): the stream first, then the object acted on and the inputs (what selects in
+ * them, a table, an index or a range, goes with them), then the outputs (marked out), then the
+ * parameters; a constructor's new handle comes first.
  *
  * The block between UR_CDEF_BEGIN and UR_CDEF_END is turned into lua/uvmrec/cdef.lua by
  * make: keep it free of preprocessor lines, and mark exported functions with UR_API. */
@@ -25,6 +41,7 @@ extern "C" {
 #define UR_SYNTH_MAX_TABLES 64 /* ur_synth_spec.tables */
 
 /* UR_CDEF_BEGIN */
+/* ==== 1. core: statuses, the library, names, devices, memory, streams, tensors, interrupts ==== */
 typedef int ur_status;
 enum {
   UR_STATUS_OK = 0,
@@ -50,12 +67,6 @@ typedef enum ur_place {
   UR_PLACE_COUNT
 } ur_place;
 
-typedef enum ur_advice {
-  UR_ADVICE_PREFERRED_LOCATION = 0, UR_ADVICE_UNSET_PREFERRED_LOCATION,
-  UR_ADVICE_ACCESSED_BY, UR_ADVICE_UNSET_ACCESSED_BY,
-  UR_ADVICE_READ_MOSTLY, UR_ADVICE_UNSET_READ_MOSTLY, UR_ADVICE_COUNT
-} ur_advice;
-
 /* Locations: a GPU ordinal (>= 0), or one of these. */
 enum {
   UR_LOC_CPU = -1,
@@ -72,37 +83,6 @@ struct ur_event;
 typedef struct ur_tensor ur_tensor;
 typedef struct ur_stream ur_stream;
 typedef struct ur_event ur_event;
-
-/* A hinted range after the engine rounded it outward to whole pages. */
-typedef struct ur_range {
-  int64_t offset, numel;          /* as asked, in elements */
-  uint64_t byte_begin, byte_end;  /* rounded, in bytes from the start of the storage */
-  uint64_t page_bytes;            /* the granularity used */
-  int32_t rounded;                /* 1 when the rounding widened the range */
-} ur_range;
-
-/* What the driver's range attributes say (or, without a GPU, what was recorded):
- * advice, not a measurement. */
-typedef struct ur_advised {
-  int32_t preferred_location;     /* a GPU, UR_LOC_CPU, UR_LOC_NONE or UR_LOC_MIXED */
-  int32_t last_prefetch_location; /* likewise */
-  int32_t read_mostly;            /* 1 all pages, 0 none, -1 mixed */
-  int32_t accessed_by_cpu;        /* 1 all pages, 0 none, -1 mixed */
-  uint64_t accessed_by_gpus;      /* bit N: every page is accessed-by GPU N */
-  int32_t from_driver;            /* 1: read from the driver; 0: from the engine's record */
-  ur_range range;
-} ur_advised;
-
-/* One entry of the hint log: every advise and prefetch the engine applied or recorded. */
-typedef struct ur_hint_record {
-  uint64_t seq;                   /* 1-based, over the process's lifetime */
-  uint64_t tensor_id;
-  int32_t is_prefetch;
-  int32_t advice;                 /* ur_advice, or -1 for a prefetch */
-  int32_t location;
-  int32_t applied;                /* 1: passed to the driver; 0: recorded only (no GPU) */
-  ur_range range;
-} ur_hint_record;
 
 typedef struct ur_device_props {
   char name[256];
@@ -121,29 +101,8 @@ typedef struct ur_memory_stats {
   uint64_t hbm_peak;
 } ur_memory_stats;
 
-/* Migration measured over an interval (CUPTI unified-memory counters). */
-typedef struct ur_migration_stats {
-  uint64_t bytes_htod, bytes_dtoh;
-  uint64_t gpu_page_faults, cpu_page_faults;
-  uint64_t thrashing, throttling, remote_map;
-  double seconds;                 /* length of the interval */
-  int32_t source;                 /* 1 CUPTI, 0 no monitor running */
-} ur_migration_stats;
-
-/* A timed-read probe of a range on the GPU. */
-typedef struct ur_residency {
-  double seconds, gbps;
-  int32_t fast;                   /* 1: read at HBM-like speed; 0: host-link speed */
-  ur_range range;
-} ur_residency;
-
-UR_API size_t ur_sizeof_range(void);
-UR_API size_t ur_sizeof_advised(void);
-UR_API size_t ur_sizeof_hint_record(void);
 UR_API size_t ur_sizeof_device_props(void);
 UR_API size_t ur_sizeof_memory_stats(void);
-UR_API size_t ur_sizeof_migration_stats(void);
-UR_API size_t ur_sizeof_residency(void);
 
 /* Errors and the library. */
 UR_API const char *ur_last_error(void);
@@ -152,8 +111,6 @@ UR_API const char *ur_version(void);
 UR_API int ur_cuda_built(void);           /* 1 when libuvmrec_cuda.so was found and loads */
 UR_API const char *ur_cuda_archs(void);   /* its targets, "sm_90 compute_90"; "" if none */
 UR_API const char *ur_cuda_error(void);   /* why the CUDA backend is not in use, or "" */
-UR_API ur_status ur_set_interrupt(int on);/* long engine calls poll this flag */
-UR_API int ur_interrupted(void);
 
 /* Names <-> enums ("f32", "pinned", "preferred_location" or
  * "cudaMemAdviseSetPreferredLocation", "cpu" / "gpu" / "cuda:N" / "N"). */
@@ -162,8 +119,6 @@ UR_API size_t ur_dtype_size(ur_dtype d);
 UR_API ur_status ur_dtype_parse(const char *s, ur_dtype *out);
 UR_API const char *ur_place_name(ur_place p);
 UR_API ur_status ur_place_parse(const char *s, ur_place *out);
-UR_API const char *ur_advice_name(ur_advice a);
-UR_API ur_status ur_advice_parse(const char *s, ur_advice *out);
 UR_API ur_status ur_location_parse(const char *s, int32_t *out);
 UR_API ur_status ur_location_format(int32_t loc, char *buf, size_t len);
 
@@ -175,9 +130,9 @@ UR_API ur_status ur_device_props_get(int32_t device, ur_device_props *out);
 UR_API ur_status ur_device_sync(void);
 
 /* HBM budget: every byte the engine places on a GPU counts against it. 0 removes it. */
-UR_API ur_status ur_set_hbm_budget(uint64_t bytes);
-UR_API uint64_t ur_hbm_budget(void);
-UR_API ur_status ur_memory(ur_memory_stats *out);
+UR_API ur_status ur_hbm_budget_set(uint64_t bytes);
+UR_API uint64_t ur_hbm_budget_get(void);
+UR_API ur_status ur_memory_get(ur_memory_stats *out);
 
 /* Streams and events.  Without a GPU they exist and order nothing (work is synchronous). */
 UR_API ur_status ur_stream_new(ur_stream **out, int32_t priority);
@@ -189,6 +144,10 @@ UR_API void ur_event_free(ur_event *e);
 UR_API ur_status ur_event_record(ur_event *e, ur_stream *s);
 UR_API ur_status ur_event_sync(ur_event *e);
 UR_API ur_status ur_event_elapsed(const ur_event *start, const ur_event *end, double *ms);
+
+/* Work enqueued on s after this call waits until e has happened (the prefetch pipeline's
+ * stages meet through this; without a GPU work is synchronous and it returns at once). */
+UR_API ur_status ur_stream_wait_event(ur_stream *s, ur_event *e);
 
 /* Tensors. */
 UR_API ur_status ur_tensor_new(ur_tensor **out, ur_dtype dtype, int32_t ndim,
@@ -224,6 +183,87 @@ UR_API int64_t ur_tensor_offset(const ur_tensor *t); /* a view's first element i
 UR_API int32_t ur_tensor_refs(const ur_tensor *t);   /* handles sharing the storage */
 UR_API void *ur_tensor_data(const ur_tensor *t);
 
+/* A plain row gather, out[i] = src[ids[i]] (src [rows, dim] 2-D, out [n, dim], same dtype):
+ * the ceiling the embedding kernels are measured against.  ids are not checked on the GPU. */
+UR_API ur_status ur_tensor_gather_rows(ur_stream *s, const ur_tensor *src, const ur_tensor *ids,
+                                       ur_tensor *out);
+
+/* Interrupts: long engine calls poll a flag, which SIGINT and SIGTERM may raise. */
+UR_API ur_status ur_interrupt_set(int32_t on);
+UR_API int32_t ur_interrupt_get(void);
+/* on = 1: SIGINT and SIGTERM (unless the process inherited them ignored) only raise the
+ * interrupt flag (ur_interrupt_get) and are remembered, instead of ending the process; each
+ * handler is one-shot, so a second signal ends the process as usual.  on = 0: the previous
+ * handlers come back.  Both clear the flag and the remembered signal. */
+UR_API ur_status ur_signals_catch(int32_t on);
+/* The signal caught since ur_signals_catch(1) (SIGINT 2, SIGTERM 15), or 0. */
+UR_API int32_t ur_signals_caught(void);
+/* Monotonic seconds (rates, ETAs, timings). */
+UR_API double ur_clock_seconds(void);
+
+/* ==== 2. hints: advice and prefetch on managed tensors, what is advised, what moved ==== */
+typedef enum ur_advice {
+  UR_ADVICE_PREFERRED_LOCATION = 0, UR_ADVICE_UNSET_PREFERRED_LOCATION,
+  UR_ADVICE_ACCESSED_BY, UR_ADVICE_UNSET_ACCESSED_BY,
+  UR_ADVICE_READ_MOSTLY, UR_ADVICE_UNSET_READ_MOSTLY, UR_ADVICE_COUNT
+} ur_advice;
+
+/* A hinted range after the engine rounded it outward to whole pages. */
+typedef struct ur_range {
+  int64_t offset, numel;          /* as asked, in elements */
+  uint64_t byte_begin, byte_end;  /* rounded, in bytes from the start of the storage */
+  uint64_t page_bytes;            /* the granularity used */
+  int32_t rounded;                /* 1 when the rounding widened the range */
+} ur_range;
+
+/* What the driver's range attributes say (or, without a GPU, what was recorded):
+ * advice, not a measurement. */
+typedef struct ur_advised {
+  int32_t preferred_location;     /* a GPU, UR_LOC_CPU, UR_LOC_NONE or UR_LOC_MIXED */
+  int32_t last_prefetch_location; /* likewise */
+  int32_t read_mostly;            /* 1 all pages, 0 none, -1 mixed */
+  int32_t accessed_by_cpu;        /* 1 all pages, 0 none, -1 mixed */
+  uint64_t accessed_by_gpus;      /* bit N: every page is accessed-by GPU N */
+  int32_t from_driver;            /* 1: read from the driver; 0: from the engine's record */
+  ur_range range;
+} ur_advised;
+
+/* One entry of the hint log: every advise and prefetch the engine applied or recorded. */
+typedef struct ur_hint_record {
+  uint64_t seq;                   /* 1-based, over the process's lifetime */
+  uint64_t tensor_id;
+  int32_t is_prefetch;
+  int32_t advice;                 /* ur_advice, or -1 for a prefetch */
+  int32_t location;
+  int32_t applied;                /* 1: passed to the driver; 0: recorded only (no GPU) */
+  ur_range range;
+} ur_hint_record;
+
+/* Migration measured over an interval (CUPTI unified-memory counters). */
+typedef struct ur_migration_stats {
+  uint64_t bytes_htod, bytes_dtoh;
+  uint64_t gpu_page_faults, cpu_page_faults;
+  uint64_t thrashing, throttling, remote_map;
+  double seconds;                 /* length of the interval */
+  int32_t source;                 /* 1 CUPTI, 0 no monitor running */
+} ur_migration_stats;
+
+/* A timed-read probe of a range on the GPU. */
+typedef struct ur_residency {
+  double seconds, gbps;
+  int32_t fast;                   /* 1: read at HBM-like speed; 0: host-link speed */
+  ur_range range;
+} ur_residency;
+
+UR_API size_t ur_sizeof_range(void);
+UR_API size_t ur_sizeof_advised(void);
+UR_API size_t ur_sizeof_hint_record(void);
+UR_API size_t ur_sizeof_migration_stats(void);
+UR_API size_t ur_sizeof_residency(void);
+
+UR_API const char *ur_advice_name(ur_advice a);
+UR_API ur_status ur_advice_parse(const char *s, ur_advice *out);
+
 /* Memory hints on managed tensors, by element offset and count within the tensor. */
 UR_API ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel, ur_advice advice,
                                   int32_t location, ur_range *out);
@@ -233,8 +273,8 @@ UR_API ur_status ur_tensor_advised(const ur_tensor *t, int64_t offset, int64_t n
                                    ur_advised *out);
 UR_API ur_status ur_tensor_residency(ur_stream *s, const ur_tensor *t, int64_t offset,
                                      int64_t numel, ur_residency *out);
-UR_API uint64_t ur_hint_page_bytes(void);
-UR_API ur_status ur_set_hint_page_bytes(uint64_t bytes);
+UR_API uint64_t ur_hint_page_bytes_get(void);
+UR_API ur_status ur_hint_page_bytes_set(uint64_t bytes);
 UR_API uint64_t ur_hint_log_total(void);            /* records ever written */
 UR_API uint64_t ur_hint_log_capacity(void);         /* the newest this many are kept */
 UR_API ur_status ur_hint_log_get(uint64_t seq, ur_hint_record *out);
@@ -245,32 +285,8 @@ UR_API void ur_hint_log_clear(void);
 UR_API ur_status ur_monitor_start(void);
 UR_API ur_status ur_monitor_read(ur_migration_stats *out, int32_t reset);
 UR_API ur_status ur_monitor_stop(void);
-/* ---- YAML documents (configs) ---- */
-/* A YAML file as a tree of nodes with their positions, read through libyaml's event API.
- * Anchors, aliases, several documents and nesting deeper than UR_YAML_MAX_DEPTH are errors
- * naming file:line:column; typing the scalars is the schema's job (lua/uvmrec/config.lua). */
-enum { UR_YAML_SCALAR = 0, UR_YAML_MAP = 1, UR_YAML_SEQ = 2, UR_YAML_MAX_DEPTH = 64 };
-enum { UR_YAML_PLAIN = 0, UR_YAML_QUOTED = 1, UR_YAML_BLOCK = 2 };
-typedef struct ur_yaml_node {
-  int32_t kind;          /* UR_YAML_SCALAR, MAP or SEQ */
-  int32_t style;         /* scalars: UR_YAML_PLAIN, QUOTED or BLOCK (| and >) */
-  int32_t line, column;  /* 1-based, where the node starts */
-  int32_t first_child;   /* index of the first child, -1 if none; a map's children alternate
-                            key, value */
-  int32_t next_sibling;  /* -1 if none */
-  int32_t count;         /* children */
-  int32_t has_tag;       /* 1 when the node carries an explicit tag (!!str, !foo) */
-  const char *value;     /* a scalar's text, NUL-terminated; NULL for containers */
-  uint64_t length;       /* a scalar's length in bytes (values may hold NUL) */
-} ur_yaml_node;
-typedef struct ur_yaml_doc ur_yaml_doc;
-UR_API size_t ur_sizeof_yaml_node(void);
-UR_API ur_status ur_yaml_load(const char *path, ur_yaml_doc **out);
-UR_API ur_status ur_yaml_parse(const char *text, size_t len, const char *name, ur_yaml_doc **out);
-UR_API int32_t ur_yaml_count(const ur_yaml_doc *d);    /* nodes; node 0 is the root */
-UR_API const ur_yaml_node *ur_yaml_nodes(const ur_yaml_doc *d);
-UR_API const char *ur_yaml_name(const ur_yaml_doc *d); /* the file name errors use */
-UR_API void ur_yaml_free(ur_yaml_doc *d);
+
+/* ==== 3. data: keyed jagged tensors, .npy, Criteo TSV, synthetic data, the loader ==== */
 /* Keyed jagged tensors (engine/src/kjt.c).  Key-major: lengths[k * stride + b] is the bag of
  * key k for sample b, offsets its exclusive cumulative sum (num_keys * stride + 1 entries), so
  * offsets are directly the embedding kernels' bag offsets into values.  With a variable batch
@@ -425,7 +441,62 @@ UR_API ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int6
                                    int64_t n, ur_tensor *dense, ur_tensor *labels, ur_tensor *ids,
                                    ur_tensor *weights, ur_tensor *lengths, ur_tensor *groups,
                                    ur_tensor *probs);
-/* ---- tbe: table-batched embedding collections ---- */
+/* The loader (engine/src/loader.c): a thread that turns a source into batches in pinned
+ * buffers ahead of use.  Each epoch a rank reads its contiguous share of the rows, in
+ * windows of shuffle_window rows shuffled by a seeded permutation (a window of 0: in order),
+ * so a position (epoch, sample) restores the exact order.  A batch stays valid until it is
+ * released; the loader holds depth batches ahead, plus two the consumer may hold. */
+typedef enum ur_source_kind {
+  UR_SOURCE_SYNTHETIC = 0, UR_SOURCE_CRITEO_TSV, UR_SOURCE_CRITEO_BIN
+} ur_source_kind;
+typedef struct ur_loader_opts {
+  int32_t source;                 /* ur_source_kind */
+  int32_t npaths;
+  const char *const *paths;       /* TSV files, or one folder of day files */
+  const ur_synth_spec *synth;     /* UR_SOURCE_SYNTHETIC */
+  int64_t samples;                /* synthetic samples per epoch */
+  const char *const *keys;        /* names of the sparse features (NULL: C1, C2, ...) */
+  ur_criteo_opts criteo;          /* TSV options; rows also reduce day files' ids on read */
+  int64_t batch_size;
+  int32_t depth;                  /* batches prepared ahead (>= 1) */
+  int32_t drop_last;
+  int64_t shuffle_window;         /* rows per shuffled window; 0: no shuffling */
+  uint64_t seed;
+  int32_t epochs;                 /* 0: without end */
+  int32_t rank, world;
+  int64_t start_epoch, start_sample; /* the position to start from (a resumed run) */
+  int32_t placement;              /* of the batches: UR_PLACE_PINNED (default) or HOST */
+} ur_loader_opts;
+typedef struct ur_loader_stats {
+  int64_t batches, samples, bytes;
+  double wait_seconds;            /* the consumer's time blocked in next */
+  double produce_seconds;         /* the loader thread's time making batches */
+  int64_t epoch, sample;          /* the position after the last batch handed out */
+  int64_t samples_per_epoch;      /* this rank's; -1 until known (TSV) */
+} ur_loader_stats;
+struct ur_loader;
+struct ur_batch;
+typedef struct ur_loader ur_loader;
+typedef struct ur_batch ur_batch;
+UR_API size_t ur_sizeof_loader_opts(void);
+UR_API size_t ur_sizeof_loader_stats(void);
+UR_API ur_status ur_loader_open(const ur_loader_opts *opts, ur_loader **out);
+/* The next batch (*out NULL at the end); an error of the loader thread is returned here,
+ * after the batches made before it. */
+UR_API ur_status ur_loader_next(ur_loader *l, ur_batch **out);
+UR_API void ur_loader_release(ur_loader *l, ur_batch *b);
+/* Stops the thread (also mid-epoch) and frees everything; batches not released are freed too. */
+UR_API void ur_loader_close(ur_loader *l);
+UR_API ur_status ur_loader_stats_get(const ur_loader *l, ur_loader_stats *out);
+UR_API const ur_tensor *ur_batch_dense(const ur_batch *b);   /* f32 [B, dense] */
+UR_API const ur_tensor *ur_batch_labels(const ur_batch *b);  /* f32 [B] */
+UR_API const ur_tensor *ur_batch_groups(const ur_batch *b);  /* i64 [B], or NULL */
+UR_API const ur_kjt *ur_batch_sparse(const ur_batch *b);
+UR_API int64_t ur_batch_size(const ur_batch *b);
+UR_API int64_t ur_batch_epoch(const ur_batch *b);
+UR_API int64_t ur_batch_first_sample(const ur_batch *b);     /* within the epoch */
+
+/* ==== 4. embeddings: table-batched collections, access counters and row layout, page prefetch ==== */
 /* Many embedding tables served by one kernel launch per pass.  Each table has rows of `dim`
  * elements (a multiple of 4, 4..1024) stored as f32, f16 or bf16 (arithmetic in f32), a
  * pooling, and a placement; features (the keys of the input) map onto tables.  Inputs are
@@ -537,12 +608,183 @@ UR_API ur_status ur_tbe_set_step(ur_tbe *t, int64_t step);
 /* Ids skipped under UR_TBE_BOUNDS_WARN since the collection was made (waits for the GPU). */
 UR_API ur_status ur_tbe_skipped(ur_tbe *t, int64_t *out);
 
-/* A plain row gather, out[i] = src[ids[i]] (src [rows, dim] 2-D, out [n, dim], same dtype):
- * the ceiling the embedding kernels are measured against.  ids are not checked on the GPU. */
-UR_API ur_status ur_tensor_gather_rows(ur_stream *s, const ur_tensor *src, const ur_tensor *ids,
-                                       ur_tensor *out);
-/* ---- dense: linear layers, activations, interaction, cross layers, concat, loss,
- * optimizers, arenas ---- */
+/* ---- access counters and row layout ---- */
+/* Access counters: per table an i32 counter per row id, kept where the collection runs (device
+ * memory on a GPU), added to by every forward while counting is on: one per value that reads
+ * the row, integer adds on either backend, so counts are exact and the same on both.  They
+ * stop growing at 2^30; decay scales them, c = floor(c * factor) (factor 0 clears).  Counters
+ * are indexed by row id, so they survive a relayout.  table -1: every table. */
+UR_API ur_status ur_tbe_set_counting(ur_tbe *t, int32_t table, int32_t on);
+UR_API int32_t ur_tbe_counting(const ur_tbe *t, int32_t table);
+/* The counters of a table as an i32 [rows] view (an error if it never counted). */
+UR_API ur_status ur_tbe_counts(const ur_tbe *t, int32_t table, ur_tensor **out);
+UR_API ur_status ur_tbe_decay_counts(ur_stream *s, ur_tbe *t, int32_t table, double factor);
+/* order[r] = the id with the r-th highest count (ties: lower id first); cumsum[r] (optional)
+ * = the counts of order[0..r] summed.  counts is i32 [n] in any placement; order and cumsum
+ * are i64 [n] in host memory.  Linear time (a radix sort). */
+UR_API ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order /* out */,
+                                ur_tensor *cumsum /* out */);
+/* perm[order[r]] = r: the permutation that lays rows out in the given order (which must hold
+ * each of 0..n-1 once); perm is i64 [n] in host memory. */
+UR_API ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm /* out */);
+
+/* Row layout: a table may keep row id at physical row perm[id] (the kernels look it up; ids
+ * are never remapped by the caller).  Relayout applies a new permutation (NULL: back to the
+ * identity), moving the rows and their optimizer state: in device memory the GPU copies each
+ * tensor aside and gathers it back chunk_rows rows at a time (0: 2^20); elsewhere the CPU
+ * copies aside only the rows that move and writes them to their places.  Call it between
+ * steps; it returns when the rows are in place. */
+typedef struct ur_tbe_relayout_stats {
+  double seconds;          /* wall time, waits included */
+  uint64_t bytes;          /* bytes of rows and state rewritten (GPU: all; CPU: those that moved) */
+  int64_t rows_moved;      /* rows whose physical row changed */
+  int32_t chunks;          /* gathers issued */
+  int32_t on_gpu;          /* 1: some tensor was moved by the GPU */
+} ur_tbe_relayout_stats;
+UR_API size_t ur_sizeof_tbe_relayout_stats(void);
+/* The permutation in force as an i64 [rows] view, or *out = NULL for the identity. */
+UR_API ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out);
+UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
+                                 int64_t chunk_rows, ur_tbe_relayout_stats *out /* out */);
+/* Installs perm (NULL: the identity) without moving any row: for rows already laid out by it,
+ * as a checkpoint holds them. */
+UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm);
+
+/* ---- page prefetch of managed tables ---- */
+/* For every managed table of the collection (not those a software cache serves): the physical
+ * rows the batch's ids read (through the permutation in force), the pages those rows touch
+ * (ur_hint_page_bytes_get; a row may straddle two) in the table's weights and in its optimizer
+ * state where that is managed too, deduplicated and coalesced into runs of adjacent pages.
+ * Runs that lie wholly in bytes the hint record says are preferred on, or last prefetched to,
+ * the location are skipped; the others are prefetched there on s (cudaMemPrefetchAsync).
+ * values i64 [n] and offsets i64 [bags + 1] as ur_tbe_forward takes them (any placement:
+ * device ones are read back, synchronously), batch_per_feature as there.  Ids out of range
+ * fail under the collection's fatal bounds check with the forward's error (naming table,
+ * feature, sample and id); under warn and off they are skipped (and counted here, not in
+ * ur_tbe_skipped).  location: a GPU, UR_LOC_CURRENT_GPU (the collection's GPU) or UR_LOC_CPU.
+ * The prefetches are not entered in the hint record or log: they are transient (the batch's
+ * pages), and would otherwise count against the HBM budget for good.  Work is
+ * O(ids + pages touched), and the host mirror of a permutation in device memory is read again
+ * only when the permutation changes.  Without a GPU (or for a collection on the CPU) the runs
+ * are computed the same way and nothing is issued. */
+typedef struct ur_page_run {
+  int32_t table;                  /* the collection's table index */
+  int32_t tensor;                 /* 0: the table's weights; k >= 1: its optimizer state k - 1 */
+  uint64_t byte_begin, byte_end;  /* whole pages, in bytes from the start of the tensor's
+                                     storage (as ur_range), the end clamped to the allocation */
+  int32_t skipped;                /* 1: wholly preferred on or prefetched to the location */
+} ur_page_run;
+typedef struct ur_page_stats {
+  int64_t ids;                    /* ids of the managed tables' features */
+  int64_t skipped_ids;            /* out of range and skipped (bounds warn or off) */
+  int64_t rows;                   /* distinct physical rows, summed over tables */
+  int64_t pages;                  /* distinct pages those rows touch, over their tensors */
+  int64_t runs, runs_skipped;     /* runs of adjacent pages; those skipped */
+  uint64_t bytes;                 /* bytes of the runs asked for (not skipped) */
+  uint64_t bytes_skipped;
+  int32_t location;               /* resolved: a GPU or UR_LOC_CPU */
+  int32_t issued;                 /* 1: the runs asked for went to the driver; 0: computed only */
+} ur_page_stats;
+UR_API size_t ur_sizeof_page_run(void);
+UR_API size_t ur_sizeof_page_stats(void);
+UR_API ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values,
+                                       const ur_tensor *offsets, const int64_t *batch_per_feature,
+                                       int32_t location, ur_page_stats *out /* out */);
+/* The same computation, issuing nothing: for tests and for looking at what a batch touches. */
+UR_API ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
+                                  const int64_t *batch_per_feature, int32_t location,
+                                  ur_page_stats *out /* out */);
+/* The runs of the last ur_tbe_prefetch_pages or ur_tbe_page_runs on t, skipped ones included,
+ * by table, then tensor, then address: lent, valid until the next such call or ur_tbe_free.
+ * *count gets their number (0, with NULL, before any call). */
+UR_API const ur_page_run *ur_tbe_last_page_runs(const ur_tbe *t, int64_t *count /* out */);
+
+/* ==== 5. cache: a software HBM cache of rows for `cached` embedding tables ==== */
+/* The tables of a collection given to ur_cache_new keep their rows and optimizer state in
+ * host memory (the collection's own storage of the table: host, pinned or managed), and the
+ * cache keeps copies of some rows in slots where the collection runs (device memory on a GPU;
+ * they count against the HBM budget).  From then on the collection's kernels read and update
+ * the slots: each batch's ids go through ur_cache_prepare, which looks them up, brings the
+ * missing rows in, and writes the slot ids the collection's forward and backward take.
+ * Set-associative, UR_CACHE_WAYS ways per set, a row's set given by a hash of (table, row);
+ * LRU (per-slot batch stamps) or LFU (per-row counts, halved every decay_batches batches);
+ * write-back: a dirty row returns to host memory when evicted and on flush.  The decisions
+ * are made on the host the same way whatever runs the collection, so the CPU backend is the
+ * reference of the GPU's.  Within a batch, rows are decided set by set and within a set in
+ * ascending (table, row) order.  Rows of batches not yet retired are locked (never evicted);
+ * a row whose set has no evictable way is a conflict miss, served from a staging row (also
+ * where the collection runs) that is written back to host memory at retire. */
+enum { UR_CACHE_WAYS = 32 };
+typedef enum ur_cache_policy { UR_CACHE_LRU = 0, UR_CACHE_LFU, UR_CACHE_POLICY_COUNT } ur_cache_policy;
+typedef struct ur_cache_config {
+  int64_t slots;                  /* rows held; rounded up to whole sets of UR_CACHE_WAYS */
+  const int64_t *table_slots;     /* per table: its own sets of that many slots (rounded up);
+                                     NULL: the tables share the `slots` */
+  ur_cache_policy policy;
+  int32_t decay_batches;          /* LFU: counts halve every this many batches; 0: never */
+  int64_t staging_rows;           /* conflict-miss rows per batch to start with (grows) */
+} ur_cache_config;
+/* Counts since the cache was made or its stats were reset; per table or in total. */
+typedef struct ur_cache_stats {
+  int64_t batches;                /* prepared */
+  int64_t lookups;                /* ids looked up */
+  int64_t unique;                 /* distinct rows per batch, summed over batches */
+  int64_t hits, misses;           /* misses: rows brought into a slot */
+  int64_t conflicts;              /* rows served from staging: their set had no free way */
+  int64_t evictions, writebacks;  /* writebacks: dirty rows written to host memory */
+  int64_t waits;                  /* prepares that waited for the previous batch's retire */
+  uint64_t bytes_in, bytes_out;   /* rows (with optimizer state) host to cache, cache to host */
+  uint64_t bytes_ids;             /* ids and lists over the host link (GPU: the decisions' info) */
+  double seconds;                 /* time in the cache's calls on the host, its waits included */
+  double gpu_seconds;             /* GPU time of the cache's kernels: each prepare's lookup,
+                                   * decisions, placement and row moves, each retire's marks
+                                   * and write-backs (0 on the CPU); waits for the GPU */
+} ur_cache_stats;
+struct ur_cache;
+typedef struct ur_cache ur_cache;
+UR_API size_t ur_sizeof_cache_config(void);
+UR_API size_t ur_sizeof_cache_stats(void);
+/* Caches tables[0..num_tables-1] of collection t (one dim and dtype; placements host,
+ * pinned or managed); t's kernels use the slots from now on.  Free the cache before t, or
+ * after: either order is safe (freeing the cache writes dirty rows back and points t at its
+ * own storage again). */
+UR_API ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables,
+                              const int32_t *tables, const ur_cache_config *config);
+UR_API void ur_cache_free(ur_cache *c);
+UR_API int64_t ur_cache_slots(const ur_cache *c);
+UR_API int64_t ur_cache_staging_rows(const ur_cache *c);  /* per batch, now */
+UR_API int32_t ur_cache_num_tables(const ur_cache *c);
+UR_API int32_t ur_cache_table(const ur_cache *c, int32_t i);   /* collection table index */
+/* Slot storage in bytes where the collection runs (rows, optimizer state and staging). */
+UR_API uint64_t ur_cache_bytes(const ur_cache *c);
+/* A batch's ids: values i64 [n] and offsets i64 [bags + 1] as ur_tbe_forward takes them (any
+ * placement: device ones are read back, synchronously), batch_per_feature as there.  Writes
+ * into out (i64 [n], where the collection runs) the ids to give the collection instead:
+ * slot ids for the cached tables' features, the ids themselves for other features.  The
+ * copies are ordered on s; *ticket identifies the batch for ur_cache_retire.  Ids out of
+ * range fail under the collection's fatal bounds check (naming table, feature, sample, id),
+ * else become -1 (the collection skips and counts them). */
+UR_API ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
+                                  const ur_tensor *offsets, const int64_t *batch_per_feature,
+                                  ur_tensor *out, int64_t *ticket /* out */);
+/* The batch is done with: after its backward was enqueued on s (trained 1: its rows are
+ * dirty and its staged rows are written back to host memory, ordered on s), or without one
+ * (trained 0).  Unlocks its rows for later prepares. */
+UR_API ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int32_t trained);
+/* Writes every dirty row back to host memory and waits: host memory then holds the truth. */
+UR_API ur_status ur_cache_flush(ur_cache *c);
+/* Flushes and empties the cache (after host memory was changed behind it: a load). */
+UR_API ur_status ur_cache_invalidate(ur_cache *c);
+/* table -1: the total; else the cache's table index (0..num_tables-1). */
+UR_API ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *out);
+UR_API void ur_cache_reset_stats(ur_cache *c);
+/* For each of ids[0..n-1] (rows of the cache's table `table`), its slot or -1. */
+UR_API ur_status ur_cache_contains(const ur_cache *c, int32_t table, const int64_t *ids,
+                                   int64_t n, int64_t *slots /* out */);
+/* Batches prepared and not yet retired. */
+UR_API int32_t ur_cache_in_flight(const ur_cache *c);
+
+/* ==== 6. dense: linear layers, activations, interaction, cross layers, concat, loss, optimizers, arenas ==== */
 /* Dense ops take 2-D row-major tensors [rows, features] of f32 or bf16 (gradients of
  * parameters are f32: bf16 math keeps f32 master weights) and run where their tensors are:
  * on the GPU when every tensor is device or managed memory and a GPU is in use, else on the
@@ -664,61 +906,8 @@ UR_API ur_status ur_arena_tensor(ur_arena *a, ur_tensor **out, ur_dtype dtype, i
                                  const int64_t *shape);
 UR_API void ur_arena_reset(ur_arena *a);
 UR_API void ur_arena_stats_get(const ur_arena *a, ur_arena_stats *out);
-/* ---- safetensors (checkpoints) ---- */
-/* safetensors files (engine/src/safetensors.c): an 8-byte little-endian header length, a JSON
- * header (per tensor: dtype F32 BF16 F16 I8 U8 I32 I64, shape, data_offsets from the start of
- * the data; "__metadata__": strings to strings), then the raw little-endian data.  Saving
- * writes <path>.tmp-XXXXXX in the same directory, fsyncs it, renames it over path and fsyncs
- * the directory, so a failed or killed save leaves the previous file as it was.  Tensors are
- * laid out as the reference implementation does (by dtype, widest first, then by name), so
- * each is aligned to its element size.  Device and managed tensors move through a pinned
- * staging buffer of staging_bytes (0: 64 MiB) in chunks, so a table larger than host memory
- * is saved and loaded without that much host memory; host and pinned ones are written and
- * read in place.  Saves do not poll the interrupt flag (a save on SIGINT must finish); loads
- * do.  Opening maps the file and validates the header and the layout (UR_STATUS_FORMAT for a
- * malformed file, naming the file, the tensor and the value; UR_STATUS_IO for the OS). */
-typedef struct ur_safetensors ur_safetensors;
-typedef struct ur_safetensors_entry {
-  const char *name;               /* valid while the file is open */
-  int32_t dtype;                  /* ur_dtype */
-  int32_t ndim;                   /* 0 (a scalar) to UR_MAX_DIMS */
-  int64_t shape[4];
-  uint64_t begin, end;            /* data_offsets: bytes from the start of the data */
-  uint64_t file_offset;           /* where the tensor's bytes start in the file */
-} ur_safetensors_entry;
-UR_API size_t ur_sizeof_safetensors_entry(void);
-/* n tensors of any placement under unique names, and nmeta metadata pairs (UTF-8). */
-UR_API ur_status ur_safetensors_save(ur_stream *s, const char *path, int32_t n,
-                                     const char *const *names, const ur_tensor *const *tensors,
-                                     int32_t nmeta, const char *const *meta_keys,
-                                     const char *const *meta_values, uint64_t staging_bytes);
-UR_API ur_status ur_safetensors_open(const char *path, ur_safetensors **out);
-UR_API void ur_safetensors_close(ur_safetensors *f);
-UR_API const char *ur_safetensors_path(const ur_safetensors *f);
-UR_API uint64_t ur_safetensors_bytes(const ur_safetensors *f);      /* the file's size */
-UR_API uint64_t ur_safetensors_data_start(const ur_safetensors *f); /* 8 + header length */
-UR_API int32_t ur_safetensors_count(const ur_safetensors *f);       /* entries, in data order */
-UR_API ur_status ur_safetensors_entry_get(const ur_safetensors *f, int32_t i,
-                                          ur_safetensors_entry *out);
-UR_API int32_t ur_safetensors_find(const ur_safetensors *f, const char *name); /* -1: absent */
-UR_API int32_t ur_safetensors_meta_count(const ur_safetensors *f);
-UR_API const char *ur_safetensors_meta_key(const ur_safetensors *f, int32_t i);
-UR_API const char *ur_safetensors_meta_get(const ur_safetensors *f, const char *key); /* or NULL */
-/* Copies tensors names[0..n-1] into dsts (any placement, same dtype and shape; a scalar loads
- * into shape [1]).  Every name and shape is checked before anything is written. */
-UR_API ur_status ur_safetensors_load(ur_stream *s, const ur_safetensors *f, int32_t n,
-                                     const char *const *names, ur_tensor *const *dsts,
-                                     uint64_t staging_bytes);
-/* A host tensor over the mapped bytes (zero-copy; a scalar is shape [1]).  It keeps the
- * mapping alive after close; writes to it stay in memory (copy-on-write), never in the file. */
-UR_API ur_status ur_safetensors_view(const ur_safetensors *f, int32_t i, ur_tensor **out);
-/* Run directories: entries of dir named prefix...suffix, sorted, each followed by '\n', into
- * buf[len] (NUL-terminated); *needed is the bytes the whole list takes (retry when > len). */
-UR_API ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, char *buf,
-                             uint64_t len, uint64_t *needed);
-UR_API ur_status ur_dir_create(const char *path);  /* with its parents; existing is fine */
-UR_API int32_t ur_path_kind(const char *path);      /* 0 missing, 1 file, 2 directory, 3 other */
-/* ---- metrics ---- */
+
+/* ==== 7. metrics: AUC, grouped AUC, NE and the rest, streaming ==== */
 /* Streaming metrics of binary predictions (engine/src/metrics.c), computed where the metric's
  * state lives: on the GPU for device or managed state when one is in use, else on the CPU.
  * Inputs are f32 predictions and labels [n] or [n, tasks] (labels in [0, 1]: a sample counts
@@ -794,249 +983,82 @@ UR_API ur_status ur_metrics_compute(ur_stream *s, ur_metrics *m, int32_t from_sn
                                     const ur_tensor *weights, const ur_tensor *groups,
                                     ur_metric_values *window /* out */,
                                     ur_metric_values *lifetime /* out */);
-/* The loader (engine/src/loader.c): a thread that turns a source into batches in pinned
- * buffers ahead of use.  Each epoch a rank reads its contiguous share of the rows, in
- * windows of shuffle_window rows shuffled by a seeded permutation (a window of 0: in order),
- * so a position (epoch, sample) restores the exact order.  A batch stays valid until it is
- * released; the loader holds depth batches ahead, plus two the consumer may hold. */
-typedef enum ur_source_kind {
-  UR_SOURCE_SYNTHETIC = 0, UR_SOURCE_CRITEO_TSV, UR_SOURCE_CRITEO_BIN
-} ur_source_kind;
-typedef struct ur_loader_opts {
-  int32_t source;                 /* ur_source_kind */
-  int32_t npaths;
-  const char *const *paths;       /* TSV files, or one folder of day files */
-  const ur_synth_spec *synth;     /* UR_SOURCE_SYNTHETIC */
-  int64_t samples;                /* synthetic samples per epoch */
-  const char *const *keys;        /* names of the sparse features (NULL: C1, C2, ...) */
-  ur_criteo_opts criteo;          /* TSV options; rows also reduce day files' ids on read */
-  int64_t batch_size;
-  int32_t depth;                  /* batches prepared ahead (>= 1) */
-  int32_t drop_last;
-  int64_t shuffle_window;         /* rows per shuffled window; 0: no shuffling */
-  uint64_t seed;
-  int32_t epochs;                 /* 0: without end */
-  int32_t rank, world;
-  int64_t start_epoch, start_sample; /* the position to start from (a resumed run) */
-  int32_t placement;              /* of the batches: UR_PLACE_PINNED (default) or HOST */
-} ur_loader_opts;
-typedef struct ur_loader_stats {
-  int64_t batches, samples, bytes;
-  double wait_seconds;            /* the consumer's time blocked in next */
-  double produce_seconds;         /* the loader thread's time making batches */
-  int64_t epoch, sample;          /* the position after the last batch handed out */
-  int64_t samples_per_epoch;      /* this rank's; -1 until known (TSV) */
-} ur_loader_stats;
-struct ur_loader;
-struct ur_batch;
-typedef struct ur_loader ur_loader;
-typedef struct ur_batch ur_batch;
-UR_API size_t ur_sizeof_loader_opts(void);
-UR_API size_t ur_sizeof_loader_stats(void);
-UR_API ur_status ur_loader_open(const ur_loader_opts *opts, ur_loader **out);
-/* The next batch (*out NULL at the end); an error of the loader thread is returned here,
- * after the batches made before it. */
-UR_API ur_status ur_loader_next(ur_loader *l, ur_batch **out);
-UR_API void ur_loader_release(ur_loader *l, ur_batch *b);
-/* Stops the thread (also mid-epoch) and frees everything; batches not released are freed too. */
-UR_API void ur_loader_close(ur_loader *l);
-UR_API ur_status ur_loader_stats_get(const ur_loader *l, ur_loader_stats *out);
-UR_API const ur_tensor *ur_batch_dense(const ur_batch *b);   /* f32 [B, dense] */
-UR_API const ur_tensor *ur_batch_labels(const ur_batch *b);  /* f32 [B] */
-UR_API const ur_tensor *ur_batch_groups(const ur_batch *b);  /* i64 [B], or NULL */
-UR_API const ur_kjt *ur_batch_sparse(const ur_batch *b);
-UR_API int64_t ur_batch_size(const ur_batch *b);
-UR_API int64_t ur_batch_epoch(const ur_batch *b);
-UR_API int64_t ur_batch_first_sample(const ur_batch *b);     /* within the epoch */
-/* ---- clock and terminal (the trainer's progress output) ---- */
-UR_API double ur_clock_seconds(void);       /* monotonic seconds: rates and ETAs */
-/* A terminal's width in columns (80 when the terminal does not say), or 0 when fd is not a
- * terminal: a progress bar on a terminal, plain lines on a pipe. */
-UR_API int32_t ur_term_columns(int32_t fd);
-/* ---- signals: SIGINT and SIGTERM as a stop at the next step boundary (the trainer) ---- */
-/* on = 1: SIGINT and SIGTERM (unless the process inherited them ignored) only raise the
- * interrupt flag (ur_interrupted) and are remembered, instead of ending the process; each
- * handler is one-shot, so a second signal ends the process as usual.  on = 0: the previous
- * handlers come back.  Both clear the flag and the remembered signal. */
-UR_API ur_status ur_signals_catch(int32_t on);
-/* The signal caught since ur_signals_catch(1) (SIGINT 2, SIGTERM 15), or 0. */
-UR_API int32_t ur_signals_caught(void);
-/* ---- tbe access counts and row layout (engine/src/tbe_stats.c) ---- */
-/* Access counters: per table an i32 counter per row id, kept where the collection runs (device
- * memory on a GPU), added to by every forward while counting is on: one per value that reads
- * the row, integer adds on either backend, so counts are exact and the same on both.  They
- * stop growing at 2^30; decay scales them, c = floor(c * factor) (factor 0 clears).  Counters
- * are indexed by row id, so they survive a relayout.  table -1: every table. */
-UR_API ur_status ur_tbe_set_counting(ur_tbe *t, int32_t table, int32_t on);
-UR_API int32_t ur_tbe_counting(const ur_tbe *t, int32_t table);
-/* The counters of a table as an i32 [rows] view (an error if it never counted). */
-UR_API ur_status ur_tbe_counts(const ur_tbe *t, int32_t table, ur_tensor **out);
-UR_API ur_status ur_tbe_decay_counts(ur_stream *s, ur_tbe *t, int32_t table, double factor);
-/* order[r] = the id with the r-th highest count (ties: lower id first); cumsum[r] (optional)
- * = the counts of order[0..r] summed.  counts is i32 [n] in any placement; order and cumsum
- * are i64 [n] in host memory.  Linear time (a radix sort). */
-UR_API ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order /* out */,
-                                ur_tensor *cumsum /* out */);
-/* perm[order[r]] = r: the permutation that lays rows out in the given order (which must hold
- * each of 0..n-1 once); perm is i64 [n] in host memory. */
-UR_API ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm /* out */);
 
-/* Row layout: a table may keep row id at physical row perm[id] (the kernels look it up; ids
- * are never remapped by the caller).  Relayout applies a new permutation (NULL: back to the
- * identity), moving the rows and their optimizer state: in device memory the GPU copies each
- * tensor aside and gathers it back chunk_rows rows at a time (0: 2^20); elsewhere the CPU
- * copies aside only the rows that move and writes them to their places.  Call it between
- * steps; it returns when the rows are in place. */
-typedef struct ur_tbe_relayout_stats {
-  double seconds;          /* wall time, waits included */
-  uint64_t bytes;          /* bytes of rows and state rewritten (GPU: all; CPU: those that moved) */
-  int64_t rows_moved;      /* rows whose physical row changed */
-  int32_t chunks;          /* gathers issued */
-  int32_t on_gpu;          /* 1: some tensor was moved by the GPU */
-} ur_tbe_relayout_stats;
-UR_API size_t ur_sizeof_tbe_relayout_stats(void);
-/* The permutation in force as an i64 [rows] view, or *out = NULL for the identity. */
-UR_API ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out);
-UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
-                                 int64_t chunk_rows, ur_tbe_relayout_stats *out /* out */);
-/* Installs perm (NULL: the identity) without moving any row: for rows already laid out by it,
- * as a checkpoint holds them. */
-UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm);
-/* ---- tbe page prefetch: the pages of a batch's rows in `managed` tables (engine/src/tbe_pages.c) ---- */
-/* For every managed table of the collection (not those a software cache serves): the physical
- * rows the batch's ids read (through the permutation in force), the pages those rows touch
- * (ur_hint_page_bytes; a row may straddle two) in the table's weights and in its optimizer
- * state where that is managed too, deduplicated and coalesced into runs of adjacent pages.
- * Runs that lie wholly in bytes the hint record says are preferred on, or last prefetched to,
- * the location are skipped; the others are prefetched there on s (cudaMemPrefetchAsync).
- * values i64 [n] and offsets i64 [bags + 1] as ur_tbe_forward takes them (any placement:
- * device ones are read back, synchronously), batch_per_feature as there.  Ids out of range
- * fail under the collection's fatal bounds check with the forward's error (naming table,
- * feature, sample and id); under warn and off they are skipped (and counted here, not in
- * ur_tbe_skipped).  location: a GPU, UR_LOC_CURRENT_GPU (the collection's GPU) or UR_LOC_CPU.
- * The prefetches are not entered in the hint record or log: they are transient (the batch's
- * pages), and would otherwise count against the HBM budget for good.  Work is
- * O(ids + pages touched), and the host mirror of a permutation in device memory is read again
- * only when the permutation changes.  Without a GPU (or for a collection on the CPU) the runs
- * are computed the same way and nothing is issued. */
-typedef struct ur_page_run {
-  int32_t table;                  /* the collection's table index */
-  int32_t tensor;                 /* 0: the table's weights; k >= 1: its optimizer state k - 1 */
-  uint64_t byte_begin, byte_end;  /* whole pages, in bytes from the start of the tensor's
-                                     storage (as ur_range), the end clamped to the allocation */
-  int32_t skipped;                /* 1: wholly preferred on or prefetched to the location */
-} ur_page_run;
-typedef struct ur_page_stats {
-  int64_t ids;                    /* ids of the managed tables' features */
-  int64_t skipped_ids;            /* out of range and skipped (bounds warn or off) */
-  int64_t rows;                   /* distinct physical rows, summed over tables */
-  int64_t pages;                  /* distinct pages those rows touch, over their tensors */
-  int64_t runs, runs_skipped;     /* runs of adjacent pages; those skipped */
-  uint64_t bytes;                 /* bytes of the runs asked for (not skipped) */
-  uint64_t bytes_skipped;
-  int32_t location;               /* resolved: a GPU or UR_LOC_CPU */
-  int32_t issued;                 /* 1: the runs asked for went to the driver; 0: computed only */
-} ur_page_stats;
-UR_API size_t ur_sizeof_page_run(void);
-UR_API size_t ur_sizeof_page_stats(void);
-UR_API ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values,
-                                       const ur_tensor *offsets, const int64_t *batch_per_feature,
-                                       int32_t location, ur_page_stats *out /* out */);
-/* The same computation, issuing nothing: for tests and for looking at what a batch touches. */
-UR_API ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
-                                  const int64_t *batch_per_feature, int32_t location,
-                                  ur_page_stats *out /* out */);
-/* The runs of the last ur_tbe_prefetch_pages or ur_tbe_page_runs on t, skipped ones included,
- * by table, then tensor, then address: lent, valid until the next such call or ur_tbe_free.
- * *count gets their number (0, with NULL, before any call). */
-UR_API const ur_page_run *ur_tbe_last_page_runs(const ur_tbe *t, int64_t *count /* out */);
-/* ---- cache: a software HBM cache of rows for `cached` embedding tables ---- */
-/* The tables of a collection given to ur_cache_new keep their rows and optimizer state in
- * host memory (the collection's own storage of the table: host, pinned or managed), and the
- * cache keeps copies of some rows in slots where the collection runs (device memory on a GPU;
- * they count against the HBM budget).  From then on the collection's kernels read and update
- * the slots: each batch's ids go through ur_cache_prepare, which looks them up, brings the
- * missing rows in, and writes the slot ids the collection's forward and backward take.
- * Set-associative, UR_CACHE_WAYS ways per set, a row's set given by a hash of (table, row);
- * LRU (per-slot batch stamps) or LFU (per-row counts, halved every decay_batches batches);
- * write-back: a dirty row returns to host memory when evicted and on flush.  The decisions
- * are made on the host the same way whatever runs the collection, so the CPU backend is the
- * reference of the GPU's.  Within a batch, rows are decided set by set and within a set in
- * ascending (table, row) order.  Rows of batches not yet retired are locked (never evicted);
- * a row whose set has no evictable way is a conflict miss, served from a staging row (also
- * where the collection runs) that is written back to host memory at retire. */
-enum { UR_CACHE_WAYS = 32 };
-typedef enum ur_cache_policy { UR_CACHE_LRU = 0, UR_CACHE_LFU, UR_CACHE_POLICY_COUNT } ur_cache_policy;
-typedef struct ur_cache_config {
-  int64_t slots;                  /* rows held; rounded up to whole sets of UR_CACHE_WAYS */
-  const int64_t *table_slots;     /* per table: its own sets of that many slots (rounded up);
-                                     NULL: the tables share the `slots` */
-  ur_cache_policy policy;
-  int32_t decay_batches;          /* LFU: counts halve every this many batches; 0: never */
-  int64_t staging_rows;           /* conflict-miss rows per batch to start with (grows) */
-} ur_cache_config;
-/* Counts since the cache was made or its stats were reset; per table or in total. */
-typedef struct ur_cache_stats {
-  int64_t batches;                /* prepared */
-  int64_t lookups;                /* ids looked up */
-  int64_t unique;                 /* distinct rows per batch, summed over batches */
-  int64_t hits, misses;           /* misses: rows brought into a slot */
-  int64_t conflicts;              /* rows served from staging: their set had no free way */
-  int64_t evictions, writebacks;  /* writebacks: dirty rows written to host memory */
-  int64_t waits;                  /* prepares that waited for the previous batch's retire */
-  uint64_t bytes_in, bytes_out;   /* rows (with optimizer state) host to cache, cache to host */
-  uint64_t bytes_ids;             /* ids and lists over the host link (GPU: the decisions' info) */
-  double seconds;                 /* time in the cache's calls on the host, its waits included */
-  double gpu_seconds;             /* GPU time of the cache's kernels: each prepare's lookup,
-                                   * decisions, placement and row moves, each retire's marks
-                                   * and write-backs (0 on the CPU); waits for the GPU */
-} ur_cache_stats;
-struct ur_cache;
-typedef struct ur_cache ur_cache;
-UR_API size_t ur_sizeof_cache_config(void);
-UR_API size_t ur_sizeof_cache_stats(void);
-/* Caches tables[0..num_tables-1] of collection t (one dim and dtype; placements host,
- * pinned or managed); t's kernels use the slots from now on.  Free the cache before t, or
- * after: either order is safe (freeing the cache writes dirty rows back and points t at its
- * own storage again). */
-UR_API ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables,
-                              const int32_t *tables, const ur_cache_config *config);
-UR_API void ur_cache_free(ur_cache *c);
-UR_API int64_t ur_cache_slots(const ur_cache *c);
-UR_API int64_t ur_cache_staging_rows(const ur_cache *c);  /* per batch, now */
-UR_API int32_t ur_cache_num_tables(const ur_cache *c);
-UR_API int32_t ur_cache_table(const ur_cache *c, int32_t i);   /* collection table index */
-/* Slot storage in bytes where the collection runs (rows, optimizer state and staging). */
-UR_API uint64_t ur_cache_bytes(const ur_cache *c);
-/* A batch's ids: values i64 [n] and offsets i64 [bags + 1] as ur_tbe_forward takes them (any
- * placement: device ones are read back, synchronously), batch_per_feature as there.  Writes
- * into out (i64 [n], where the collection runs) the ids to give the collection instead:
- * slot ids for the cached tables' features, the ids themselves for other features.  The
- * copies are ordered on s; *ticket identifies the batch for ur_cache_retire.  Ids out of
- * range fail under the collection's fatal bounds check (naming table, feature, sample, id),
- * else become -1 (the collection skips and counts them). */
-UR_API ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
-                                  const ur_tensor *offsets, const int64_t *batch_per_feature,
-                                  ur_tensor *out, int64_t *ticket /* out */);
-/* The batch is done with: after its backward was enqueued on s (trained 1: its rows are
- * dirty and its staged rows are written back to host memory, ordered on s), or without one
- * (trained 0).  Unlocks its rows for later prepares. */
-UR_API ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int32_t trained);
-/* Writes every dirty row back to host memory and waits: host memory then holds the truth. */
-UR_API ur_status ur_cache_flush(ur_cache *c);
-/* Flushes and empties the cache (after host memory was changed behind it: a load). */
-UR_API ur_status ur_cache_invalidate(ur_cache *c);
-/* table -1: the total; else the cache's table index (0..num_tables-1). */
-UR_API ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *out);
-UR_API void ur_cache_reset_stats(ur_cache *c);
-/* For each of ids[0..n-1] (rows of the cache's table `table`), its slot or -1. */
-UR_API ur_status ur_cache_contains(const ur_cache *c, int32_t table, const int64_t *ids,
-                                   int64_t n, int64_t *slots /* out */);
-/* Batches prepared and not yet retired. */
-UR_API int32_t ur_cache_in_flight(const ur_cache *c);
-/* Work enqueued on s after this call waits until e has happened (the prefetch pipeline's
- * stages meet through this; without a GPU work is synchronous and it returns at once). */
-UR_API ur_status ur_stream_wait_event(ur_stream *s, ur_event *e);
+/* ==== 8. io: checkpoints (safetensors), configs (YAML), JSON ==== */
+/* safetensors files (engine/src/safetensors.c): an 8-byte little-endian header length, a JSON
+ * header (per tensor: dtype F32 BF16 F16 I8 U8 I32 I64, shape, data_offsets from the start of
+ * the data; "__metadata__": strings to strings), then the raw little-endian data.  Saving
+ * writes <path>.tmp-XXXXXX in the same directory, fsyncs it, renames it over path and fsyncs
+ * the directory, so a failed or killed save leaves the previous file as it was.  Tensors are
+ * laid out as the reference implementation does (by dtype, widest first, then by name), so
+ * each is aligned to its element size.  Device and managed tensors move through a pinned
+ * staging buffer of staging_bytes (0: 64 MiB) in chunks, so a table larger than host memory
+ * is saved and loaded without that much host memory; host and pinned ones are written and
+ * read in place.  Saves do not poll the interrupt flag (a save on SIGINT must finish); loads
+ * do.  Opening maps the file and validates the header and the layout (UR_STATUS_FORMAT for a
+ * malformed file, naming the file, the tensor and the value; UR_STATUS_IO for the OS). */
+typedef struct ur_safetensors ur_safetensors;
+typedef struct ur_safetensors_entry {
+  const char *name;               /* valid while the file is open */
+  int32_t dtype;                  /* ur_dtype */
+  int32_t ndim;                   /* 0 (a scalar) to UR_MAX_DIMS */
+  int64_t shape[4];
+  uint64_t begin, end;            /* data_offsets: bytes from the start of the data */
+  uint64_t file_offset;           /* where the tensor's bytes start in the file */
+} ur_safetensors_entry;
+UR_API size_t ur_sizeof_safetensors_entry(void);
+/* n tensors of any placement under unique names, and nmeta metadata pairs (UTF-8). */
+UR_API ur_status ur_safetensors_save(ur_stream *s, const char *path, int32_t n,
+                                     const char *const *names, const ur_tensor *const *tensors,
+                                     int32_t nmeta, const char *const *meta_keys,
+                                     const char *const *meta_values, uint64_t staging_bytes);
+UR_API ur_status ur_safetensors_open(const char *path, ur_safetensors **out);
+UR_API void ur_safetensors_close(ur_safetensors *f);
+UR_API const char *ur_safetensors_path(const ur_safetensors *f);
+UR_API uint64_t ur_safetensors_bytes(const ur_safetensors *f);      /* the file's size */
+UR_API uint64_t ur_safetensors_data_start(const ur_safetensors *f); /* 8 + header length */
+UR_API int32_t ur_safetensors_count(const ur_safetensors *f);       /* entries, in data order */
+UR_API ur_status ur_safetensors_entry_get(const ur_safetensors *f, int32_t i,
+                                          ur_safetensors_entry *out);
+UR_API int32_t ur_safetensors_find(const ur_safetensors *f, const char *name); /* -1: absent */
+UR_API int32_t ur_safetensors_meta_count(const ur_safetensors *f);
+UR_API const char *ur_safetensors_meta_key(const ur_safetensors *f, int32_t i);
+UR_API const char *ur_safetensors_meta_get(const ur_safetensors *f, const char *key); /* or NULL */
+/* Copies tensors names[0..n-1] into dsts (any placement, same dtype and shape; a scalar loads
+ * into shape [1]).  Every name and shape is checked before anything is written. */
+UR_API ur_status ur_safetensors_load(ur_stream *s, const ur_safetensors *f, int32_t n,
+                                     const char *const *names, ur_tensor *const *dsts,
+                                     uint64_t staging_bytes);
+/* A host tensor over the mapped bytes (zero-copy; a scalar is shape [1]).  It keeps the
+ * mapping alive after close; writes to it stay in memory (copy-on-write), never in the file. */
+UR_API ur_status ur_safetensors_view(const ur_safetensors *f, int32_t i, ur_tensor **out);
+
+/* ---- YAML documents (configs) ---- */
+/* A YAML file as a tree of nodes with their positions, read through libyaml's event API.
+ * Anchors, aliases, several documents and nesting deeper than UR_YAML_MAX_DEPTH are errors
+ * naming file:line:column; typing the scalars is the schema's job (lua/uvmrec/config.lua). */
+enum { UR_YAML_SCALAR = 0, UR_YAML_MAP = 1, UR_YAML_SEQ = 2, UR_YAML_MAX_DEPTH = 64 };
+enum { UR_YAML_PLAIN = 0, UR_YAML_QUOTED = 1, UR_YAML_BLOCK = 2 };
+typedef struct ur_yaml_node {
+  int32_t kind;          /* UR_YAML_SCALAR, MAP or SEQ */
+  int32_t style;         /* scalars: UR_YAML_PLAIN, QUOTED or BLOCK (| and >) */
+  int32_t line, column;  /* 1-based, where the node starts */
+  int32_t first_child;   /* index of the first child, -1 if none; a map's children alternate
+                            key, value */
+  int32_t next_sibling;  /* -1 if none */
+  int32_t count;         /* children */
+  int32_t has_tag;       /* 1 when the node carries an explicit tag (!!str, !foo) */
+  const char *value;     /* a scalar's text, NUL-terminated; NULL for containers */
+  uint64_t length;       /* a scalar's length in bytes (values may hold NUL) */
+} ur_yaml_node;
+typedef struct ur_yaml_doc ur_yaml_doc;
+UR_API size_t ur_sizeof_yaml_node(void);
+UR_API ur_status ur_yaml_load(const char *path, ur_yaml_doc **out);
+UR_API ur_status ur_yaml_parse(const char *text, size_t len, const char *name, ur_yaml_doc **out);
+UR_API int32_t ur_yaml_count(const ur_yaml_doc *d);    /* nodes; node 0 is the root */
+UR_API const ur_yaml_node *ur_yaml_nodes(const ur_yaml_doc *d);
+UR_API const char *ur_yaml_name(const ur_yaml_doc *d); /* the file name errors use */
+UR_API void ur_yaml_free(ur_yaml_doc *d);
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

@@ -19,6 +19,21 @@
 extern "C" {
 #endif
 
+/* Support for the Lua library: run directories, paths and the terminal's width
+ * (engine/src/io/os.c, in libuvmrec so that plain LuaJIT finds them too).  Not part of the
+ * engine's C API.  make appends this marked block to lua/uvmrec/cdef.lua. */
+/* UR_CDEF_BEGIN */
+/* Run directories: entries of dir named prefix...suffix, sorted, each followed by '\n', into
+ * buf[len] (NUL-terminated); *needed is the bytes the whole list takes (retry when > len). */
+UR_API ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, char *buf,
+                             uint64_t len, uint64_t *needed);
+UR_API ur_status ur_dir_create(const char *path);  /* with its parents; existing is fine */
+UR_API int32_t ur_path_kind(const char *path);      /* 0 missing, 1 file, 2 directory, 3 other */
+/* A terminal's width in columns (80 when the terminal does not say), or 0 when fd is not a
+ * terminal: a progress bar on a terminal, plain lines on a pipe. */
+UR_API int32_t ur_term_columns(int32_t fd);
+/* UR_CDEF_END */
+
 struct lua_State;
 
 /* A new state, or UR_STATUS_IO when the Lua modules are not found, UR_STATUS_OOM without memory. */
@@ -29,7 +44,7 @@ UR_API void ur_lua_close(struct lua_State *L);
  * traceback handler.  On success nresults values (LUA_MULTRET: all) replace them; on failure
  * nothing does, and the status is UR_STATUS_INTERRUPTED after Ctrl-C, UR_STATUS_OOM for memory
  * and UR_STATUS_INVALID for an error the code raised.  While it runs, SIGINT stops the Lua code
- * and the engine's long operations (ur_set_interrupt), unless the host installed its own
+ * and the engine's long operations (ur_interrupt_set), unless the host installed its own
  * SIGINT handler, which is then left alone. */
 UR_API ur_status ur_lua_pcall(struct lua_State *L, int nargs, int nresults);
 

@@ -68,14 +68,14 @@ end
 
 -- Every byte the engine places on a GPU counts against the budget; nil or 0 removes it.
 function ur.set_hbm_budget(v)
-  return check(C.ur_set_hbm_budget(v and ur.bytes(v) or 0))
+  return check(C.ur_hbm_budget_set(v and ur.bytes(v) or 0))
 end
 
-function ur.hbm_budget() return tonumber(C.ur_hbm_budget()) end
+function ur.hbm_budget() return tonumber(C.ur_hbm_budget_get()) end
 
 function ur.memory()
   local m = ffi.new("ur_memory_stats")
-  C.ur_memory(m)
+  C.ur_memory_get(m)
   return {
     host = tonumber(m.bytes[C.UR_PLACE_HOST]), pinned = tonumber(m.bytes[C.UR_PLACE_PINNED]),
     device = tonumber(m.bytes[C.UR_PLACE_DEVICE]), managed = tonumber(m.bytes[C.UR_PLACE_MANAGED]),
@@ -84,8 +84,8 @@ function ur.memory()
   }
 end
 
-function ur.hint_page_bytes() return tonumber(C.ur_hint_page_bytes()) end
-function ur.set_hint_page_bytes(n) return lib.must(C.ur_set_hint_page_bytes(n)) end
+function ur.hint_page_bytes() return tonumber(C.ur_hint_page_bytes_get()) end
+function ur.set_hint_page_bytes(n) return lib.must(C.ur_hint_page_bytes_set(n)) end
 
 -- The hint log: every advise and prefetch, newest last; `since` is the last seq already seen.
 function ur.hint_log(since)

@@ -304,12 +304,12 @@ describe("uvmrec train checkpoints", function()
 
   it("stops at the step boundary after the interrupt flag rises, saving a checkpoint there", function()
     local r = assert(run(sets_with(SYNTH, { "train.steps=50" }), { out = dir .. "/i", hooks = { function(step)
-      if step == 6 then C.ur_set_interrupt(1) end
+      if step == 6 then C.ur_interrupt_set(1) end
     end } }))
     assert.same({ signal = 0, name = "the interrupt flag", step = 6 }, r.interrupted)
     assert.equal(6, r.steps)
     assert.is_nil(r.eval, "no final evaluation after a stop")
-    assert.equal(0, C.ur_interrupted(), "the flag is down again")
+    assert.equal(0, C.ur_interrupt_get(), "the flag is down again")
     assert.same({ 6 }, steps_of(dir .. "/i/checkpoints"))
     assert.same({ "signal", 6 }, { last_event(dir .. "/i", "checkpoint").reason,
                                    last_event(dir .. "/i", "interrupted").step })

@@ -23,7 +23,7 @@ static ur_status core_set_error(ur_status status, const char *fmt, ...) {
   return status;
 }
 
-static const ur_core_api core_api = {UR_BACKEND_ABI, core_set_error, ur_interrupted};
+static const ur_core_api core_api = {UR_BACKEND_ABI, core_set_error, ur_interrupt_get};
 
 /* Tries UVMREC_CUDA_LIB, then the folder of the binary holding this code (and ../lib beside
  * it, for a static link into the command), then the loader's own search path. */

@@ -104,7 +104,7 @@ static ur_status cpu_rand(void *stream, void *dst, ur_dtype dtype, size_t n, uin
   const size_t chunk = (size_t)1 << 24;
   rand_job j = {dst, dtype, first, seed, dist == UR_DIST_NORMAL, a, b, 0};
   for (size_t c0 = 0; c0 < n; c0 += chunk) {
-    if (ur_interrupted())
+    if (ur_interrupt_get())
       return ur__error(UR_STATUS_INTERRUPTED, "tensor: random init interrupted at element %zu",
                        c0);
     j.base = c0;

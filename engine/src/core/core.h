@@ -101,7 +101,7 @@ struct ur_event {
 };
 
 /* A host tensor over memory the engine did not allocate (a file mapping): release(ctx) runs
- * when the last handle sharing it is freed.  Not counted in ur_memory's bytes.  On failure the
+ * when the last handle sharing it is freed.  Not counted in ur_memory_get's bytes.  On failure the
  * caller keeps its reference (release is not called). */
 UR__HIDDEN ur_status ur__tensor_wrap(ur_tensor **out, ur_dtype dtype, int32_t ndim,
                                      const int64_t *shape, void *data,

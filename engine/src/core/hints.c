@@ -110,7 +110,7 @@ static ur_status hint_range(const ur_tensor *t, int64_t offset, int64_t numel, c
                      "expected 0 <= offset, 1 <= numel, offset + numel <= %lld",
                      what, (long long)offset, (long long)numel, (long long)t->numel,
                      (long long)t->numel);
-  uint64_t es = ur_dtype_size(t->dtype), pg = ur_hint_page_bytes();
+  uint64_t es = ur_dtype_size(t->dtype), pg = ur_hint_page_bytes_get();
   uint64_t b = (uint64_t)(t->offset + offset) * es, e = b + (uint64_t)numel * es;
   r->offset = offset;
   r->numel = numel;

@@ -9,12 +9,12 @@
 static ur_memory_stats mem;
 static uint64_t page_bytes;
 
-uint64_t ur_hint_page_bytes(void) {
+uint64_t ur_hint_page_bytes_get(void) {
   if (!page_bytes) page_bytes = (uint64_t)sysconf(_SC_PAGESIZE);
   return page_bytes;
 }
 
-ur_status ur_set_hint_page_bytes(uint64_t bytes) {
+ur_status ur_hint_page_bytes_set(uint64_t bytes) {
   if (bytes < 4096 || bytes > (2u << 20) || (bytes & (bytes - 1)))
     return ur__error(UR_STATUS_INVALID,
                      "hint page size: %llu bytes; expected a power of two from 4096 to 2097152",
@@ -47,21 +47,21 @@ void ur__place_sub(ur_place place, uint64_t bytes) { mem.bytes[place] -= bytes; 
 
 void ur__managed_gpu_add(int64_t delta) { mem.managed_on_gpu += (uint64_t)delta; }
 
-ur_status ur_set_hbm_budget(uint64_t bytes) {
+ur_status ur_hbm_budget_set(uint64_t bytes) {
   pthread_mutex_lock(&ur__lock);
   mem.hbm_budget = bytes;
   pthread_mutex_unlock(&ur__lock);
   return UR_STATUS_OK;
 }
 
-uint64_t ur_hbm_budget(void) {
+uint64_t ur_hbm_budget_get(void) {
   pthread_mutex_lock(&ur__lock);
   uint64_t b = mem.hbm_budget;
   pthread_mutex_unlock(&ur__lock);
   return b;
 }
 
-ur_status ur_memory(ur_memory_stats *out) {
+ur_status ur_memory_get(ur_memory_stats *out) {
   pthread_mutex_lock(&ur__lock);
   *out = mem;
   pthread_mutex_unlock(&ur__lock);

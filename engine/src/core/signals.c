@@ -9,12 +9,12 @@
 
 static volatile sig_atomic_t interrupt_flag;
 
-ur_status ur_set_interrupt(int on) {
+ur_status ur_interrupt_set(int32_t on) {
   interrupt_flag = on ? 1 : 0;
   return UR_STATUS_OK;
 }
 
-int ur_interrupted(void) { return interrupt_flag != 0; }
+int32_t ur_interrupt_get(void) { return interrupt_flag != 0; }
 
 static const int caught_signals[2] = {SIGINT, SIGTERM};
 static struct sigaction previous[2];
@@ -23,7 +23,7 @@ static volatile sig_atomic_t last_signal;
 
 static void on_signal(int sig) {
   last_signal = sig;
-  ur_set_interrupt(1);
+  ur_interrupt_set(1);
 }
 
 ur_status ur_signals_catch(int32_t on) {
@@ -35,7 +35,7 @@ ur_status ur_signals_catch(int32_t on) {
     }
   }
   last_signal = 0;
-  ur_set_interrupt(0);
+  ur_interrupt_set(0);
   if (!on) return UR_STATUS_OK;
   for (int i = 0; i < 2 && !s; i++) {
     struct sigaction old, sa;

@@ -70,7 +70,7 @@ static ur_status storage_new(ur__storage **out, uint64_t bytes, ur_place place, 
   st->place = place;
   st->device = device;
   st->refs = 1;
-  uint64_t page = ur_hint_page_bytes();
+  uint64_t page = ur_hint_page_bytes_get();
   st->alloc_bytes = place == UR_PLACE_MANAGED ? (bytes + page - 1) / page * page : bytes;
   ur_status s = UR_STATUS_OK;
   if (place == UR_PLACE_DEVICE) {

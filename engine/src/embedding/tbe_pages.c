@@ -446,7 +446,7 @@ static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *of
     free(bag_start);
     return st;
   }
-  uint64_t page = ur_hint_page_bytes();
+  uint64_t page = ur_hint_page_bytes_get();
   job j = {t, p, v, o, bag_start, ur__tbe_config(t)->bounds == UR_TBE_BOUNDS_FATAL, page};
   ur__parallel_for((size_t)F, 1, gather_range, &j);
   int32_t bf = -1;

@@ -773,7 +773,7 @@ static ur_status interrupted(const ur_safetensors *f, const char *name, uint64_t
 static ur_status read_direct(const ur_safetensors *f, const ur_safetensors_entry *e, char *dst) {
   uint64_t n = e->end - e->begin;
   for (uint64_t off = 0; off < n; off += DIRECT_CHUNK) {
-    if (ur_interrupted()) return interrupted(f, e->name, off);
+    if (ur_interrupt_get()) return interrupted(f, e->name, off);
     uint64_t len = n - off < DIRECT_CHUNK ? n - off : DIRECT_CHUNK;
     ur_status s = read_all(f, dst + off, len, e->file_offset + off);
     if (s) return s;
@@ -789,7 +789,7 @@ static ur_status read_staged(const ur_safetensors *f, const ur_safetensors_entry
   ur_status s = staging_ready(sg);
   int cur = 0;
   for (uint64_t off = 0; !s && off < n; off += sg->chunk) {
-    if (ur_interrupted()) return interrupted(f, e->name, off);
+    if (ur_interrupt_get()) return interrupted(f, e->name, off);
     size_t len = n - off < sg->chunk ? (size_t)(n - off) : sg->chunk;
     if ((s = read_all(f, sg->half[cur], len, e->file_offset + off))) break;
     if ((s = sg->b->stream_sync(sg->stream))) break;
@@ -846,85 +846,4 @@ ur_status ur_safetensors_load(ur_stream *stream, const ur_safetensors *f, int32_
   staging_done(&sg);
   free(idx);
   return s;
-}
-
-/* ---- run directories ---- */
-
-static int by_string(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, char *buf,
-                      uint64_t len, uint64_t *needed) {
-  *needed = 1;
-  if (len) buf[0] = 0;
-  DIR *d = opendir(dir);
-  if (!d) return ur__error(UR_STATUS_IO, "dir: cannot list %s: %s", dir, strerror(errno));
-  size_t n = 0, cap = 16, pl = prefix ? strlen(prefix) : 0, sl = suffix ? strlen(suffix) : 0;
-  char **names = malloc(cap * sizeof *names);
-  ur_status s = names ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "dir: out of host memory");
-  struct dirent *ent;
-  while (!s && (ent = readdir(d))) {
-    const char *nm = ent->d_name;
-    size_t l = strlen(nm);
-    if (!strcmp(nm, ".") || !strcmp(nm, "..") || strchr(nm, '\n') || l < pl + sl ||
-        (pl && memcmp(nm, prefix, pl)) || (sl && memcmp(nm + l - sl, suffix, sl)))
-      continue;
-    if (n == cap) {
-      char **g = realloc(names, 2 * cap * sizeof *names);
-      if (!g) {
-        s = ur__error(UR_STATUS_OOM, "dir: out of host memory");
-        break;
-      }
-      names = g;
-      cap *= 2;
-    }
-    if (!(names[n] = strdup(nm))) s = ur__error(UR_STATUS_OOM, "dir: out of host memory");
-    else n++;
-  }
-  closedir(d);
-  if (!s) {
-    qsort(names, n, sizeof *names, by_string);
-    uint64_t at = 0;
-    for (size_t i = 0; i < n; i++) {
-      size_t l = strlen(names[i]);
-      if (at + l + 2 <= len) {
-        memcpy(buf + at, names[i], l);
-        buf[at + l] = '\n';
-        buf[at + l + 1] = 0;
-      }
-      at += l + 1;
-    }
-    *needed = at + 1;
-  }
-  for (size_t i = 0; i < n; i++) free(names[i]);
-  free(names);
-  return s;
-}
-
-ur_status ur_dir_create(const char *path) {
-  if (!path || !*path) return ur__error(UR_STATUS_INVALID, "dir: no path given");
-  char *p = strdup(path);
-  if (!p) return ur__error(UR_STATUS_OOM, "dir: out of host memory");
-  ur_status s = UR_STATUS_OK;
-  for (char *c = p + 1; !s; c++) {
-    int end = !*c;
-    if (*c != '/' && !end) continue;
-    *c = 0;
-    struct stat sb;
-    if (mkdir(p, 0755) && errno != EEXIST)
-      s = ur__error(UR_STATUS_IO, "dir: cannot create %s: %s", p, strerror(errno));
-    else if (stat(p, &sb) || !S_ISDIR(sb.st_mode))
-      s = ur__error(UR_STATUS_IO, "dir: %s exists and is not a directory", p);
-    if (end) break;
-    *c = '/';
-  }
-  free(p);
-  return s;
-}
-
-int32_t ur_path_kind(const char *path) {
-  struct stat sb;
-  if (!path || stat(path, &sb)) return 0;
-  return S_ISREG(sb.st_mode) ? 1 : S_ISDIR(sb.st_mode) ? 2 : 3;
 }

@@ -449,7 +449,7 @@ function M.run(cfg, opts)
     samples = ctx.samples,
     steps = cfg.train.steps > 0 and cfg.train.steps or nil, lr = sched,
     log_every = cfg.train.log_every, hooks = hooks,
-    stop = function() return C.ur_interrupted() ~= 0 end,
+    stop = function() return C.ur_interrupt_get() ~= 0 end,
     on_log = function(step, loss, n)
       last_loss = loss
       progress:update(step, loss, n)
