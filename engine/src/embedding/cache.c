@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 #include "embedding/cache.h"
-#include "core/core.h"
+#include "embedding/table.h"
 
 #define RING UR__CACHE_RING
 #define EMPTY ((uint64_t)-1)
@@ -237,6 +237,12 @@ static ur_status check_config(const ur_cache_config *cfg) {
   return UR_STATUS_OK;
 }
 
+/* The collection's hook: it is being freed, and the cache must not touch it any more. */
+static void orphan(void *ctx) {
+  ur_cache *c = ctx;
+  c->tbe = NULL;
+}
+
 ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int32_t *tables,
                        const ur_cache_config *config) {
   *out = NULL;
@@ -256,7 +262,7 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   c->nt = num_tables;
   c->T = T;
   c->F = ur_tbe_num_features(t);
-  const ur_tbe_config *tc = ur__tbe_config(t);
+  const ur_tbe_config *tc = &t->cfg;
   c->gpu = tc->device >= 0;
   c->device = tc->device;
   c->bounds = tc->bounds;
@@ -353,6 +359,11 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
                      (long long)c->S);
   }
   for (int64_t i = 0; i < c->S; i++) c->tag[i] = EMPTY;
+  if ((st = ur__tbe_hook_add(t, orphan, c))) {
+    c->tbe = NULL;
+    ur_cache_free(c);
+    return st;
+  }
   c->io.row_bytes = (int64_t)c->row_bytes;
   c->io.state_per_row = c->state_per_row;
   c->io.nstate = c->nstate;
@@ -405,10 +416,6 @@ static void free_batch(flight *b) {
   memset(b, 0, sizeof *b);
 }
 
-void ur__cache_orphan(ur_cache *c, ur_tbe *t) {
-  if (c->tbe == t) c->tbe = NULL;
-}
-
 void ur_cache_free(ur_cache *c) {
   if (!c) return;
   if (c->tbe && c->sw) {
@@ -417,7 +424,8 @@ void ur_cache_free(ur_cache *c) {
       for (int32_t i = 0; i < c->bound; i++)
         ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, NULL, 0);
     }
-  } else if (c->gpu && ur__gpu()) {
+  }
+  if (c->tbe) ur__tbe_hook_remove(c->tbe, orphan, c); else if (c->gpu && ur__gpu()) {
     ur__gpu()->device_sync();
   }
   for (int r = 0; r < RING; r++) free_batch(&c->ring[r]);
@@ -857,7 +865,7 @@ static ur_status gpu_state_new(ur_cache *c) {
   }
   meta[c->nt] = (int64_t)c->total_keys;
   int32_t *fct = (int32_t *)(meta + 3 * c->nt + 1);
-  const ur__tbe_feature *feats = ur__tbe_features(c->tbe);
+  const ur__tbe_feature *feats = c->tbe->features;
   for (int32_t f = 0; f < c->F; f++) fct[f] = c->ct_of[feats[f].table];
   int64_t words = (int64_t)info_words(c) + c->F + 1;
   ur_status st = dev_tensor(c, &c->dmeta, UR_DTYPE_I64, nmeta);
@@ -908,7 +916,7 @@ static ur_status pull_state(ur_cache *c, int dirty) {
 /* The first feature of a cached table whose values hold value v (for messages). */
 static int32_t feature_at(const ur_cache *c, int64_t v, const int64_t *offs,
                           const int64_t *bag_start, int64_t batch) {
-  const ur__tbe_feature *feats = ur__tbe_features(c->tbe);
+  const ur__tbe_feature *feats = c->tbe->features;
   for (int32_t f = 0; f < c->F; f++) {
     int64_t fb0 = bag_start ? bag_start[f] : (int64_t)f * batch;
     int64_t fb1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch;
@@ -1250,7 +1258,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   /* Each cached table's values form a block of (row, value index) pairs, table-major; the
    * blocks are gathered, sorted and deduplicated in parallel, one table per task, and their
    * concatenation is in ascending key order (a key is the table's base plus the row). */
-  const ur__tbe_feature *feats = ur__tbe_features(c->tbe);
+  const ur__tbe_feature *feats = c->tbe->features;
   int64_t *blk = calloc(4 * (size_t)c->nt + 4 + 3 * (size_t)c->F, sizeof(int64_t));
   if (!blk) {
     free(blk);

@@ -105,17 +105,4 @@ typedef struct ur_cache_ops {
   ur_status (*mark)(void *stream, uint8_t *dirty, const int64_t *slots, int64_t n);
 } ur_cache_ops;
 
-/* The collection's side (engine/src/tbe.c). */
-/* Table i's own storage (its rows and state in host memory), whatever its kernels use now;
- * place is where that storage lives. */
-ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out, int32_t *place);
-/* Points table i's kernels at other rows (a cache's slots: weights, state, the row id each
- * holds, rows) and re-keys the collection; owner NULL points it back at its own storage. */
-ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, struct ur_cache *owner, void *weights,
-                           float *state1, float *state2, const int64_t *row_ids, int64_t rows);
-const ur_tbe_config *ur__tbe_config(const ur_tbe *t);
-const ur__tbe_feature *ur__tbe_features(const ur_tbe *t);
-/* The collection is being freed: the cache must not touch it any more. */
-void ur__cache_orphan(struct ur_cache *c, ur_tbe *t);
-
 #endif
