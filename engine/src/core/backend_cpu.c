@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include "core/core.h"
 #include "dense/dense.h"
+#include "embedding/cache.h"
 #include "embedding/tbe.h"
 #include "core/philox.h"
 
@@ -151,6 +152,7 @@ const ur_backend *ur__cpu(void) {
       .event_free = cpu_event_free,
       .dense = &ur__cpu_dense_ops,
       .tbe = &ur__cpu_tbe_ops,
+      .cache = &ur__cpu_cache_ops,
       /* Events, hints, probes and the monitor have no CPU form: the core handles NULL. */
   };
   return &cpu;
