@@ -480,7 +480,7 @@ static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *of
       mark_skipped(&pg->x->st->hints, pt->runs + a, b - a, loc);
       a = b;
     }
-    memcpy(p->all + p->nall, pt->runs, pt->nruns * sizeof *pt->runs);
+    if (pt->nruns) memcpy(p->all + p->nall, pt->runs, pt->nruns * sizeof *pt->runs);
     p->nall += pt->nruns;
   }
   pthread_mutex_unlock(&ur__lock);

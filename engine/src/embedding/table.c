@@ -400,7 +400,7 @@ const char *ur_tbe_state_name(const ur_tbe *t, int32_t which) {
   return which >= 0 && which < t->nstate ? state_names[t->cfg.optim][which] : NULL;
 }
 
-ur_status ur__tbe_check_index(const ur_tbe *t, int32_t i) {
+static ur_status check_index(const ur_tbe *t, int32_t i) {
   if (i < 0 || i >= t->T)
     return ur__error(UR_STATUS_INVALID, "tbe: table %d does not exist; expected 0..%d", (int)i,
                      (int)t->T - 1);
@@ -409,7 +409,7 @@ ur_status ur__tbe_check_index(const ur_tbe *t, int32_t i) {
 
 ur_status ur_tbe_table(const ur_tbe *t, int32_t i, ur_tensor **out) {
   *out = NULL;
-  ur_status st = ur__tbe_check_index(t, i);
+  ur_status st = check_index(t, i);
   if (st) return st;
   const ur_tbe_table_config *c = &t->tc[i];
   int64_t shape[2] = {c->rows, c->dim};
@@ -419,7 +419,7 @@ ur_status ur_tbe_table(const ur_tbe *t, int32_t i, ur_tensor **out) {
 
 ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **out) {
   *out = NULL;
-  ur_status st = ur__tbe_check_index(t, i);
+  ur_status st = check_index(t, i);
   if (st) return st;
   if (which < 0 || which >= t->nstate)
     return ur__error(UR_STATUS_INVALID, "tbe: optimizer state %d does not exist; this "
@@ -435,7 +435,7 @@ ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **ou
 
 ur_status ur_tbe_init_table(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi,
                             uint64_t seed) {
-  ur_status st = ur__tbe_check_index(t, i);
+  ur_status st = check_index(t, i);
   if (st) return st;
   if (!isfinite(lo) || !isfinite(hi) || lo > hi)
     return ur__error(UR_STATUS_INVALID,
@@ -460,7 +460,7 @@ ur_status ur__tbe_sync_desc(ur_tbe *t) {
 }
 
 ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out, int32_t *place) {
-  ur_status st = ur__tbe_check_index(t, i);
+  ur_status st = check_index(t, i);
   if (st) return st;
   const ur_tbe_table_config *c = &t->tc[i];
   ur_tensor *w = t->wstore[storage_place(t, c->place)][c->dtype];
@@ -478,7 +478,7 @@ ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out, int32_
 
 ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weights,
                            float *state1, float *state2, const int64_t *row_ids, int64_t rows) {
-  ur_status st = ur__tbe_check_index(t, i);
+  ur_status st = check_index(t, i);
   if (st) return st;
   if (owner && t->owner[i] && t->owner[i] != owner)
     return ur__error(UR_STATUS_INVALID, "cache: table '%s' is already cached by another cache",

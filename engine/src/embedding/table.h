@@ -3,17 +3,19 @@
  * redirecting a table to other rows (a cache's slots), the counter and permutation slots, the
  * descriptors' copy on the device, and hooks run when the collection is freed.
  *
- * The room's files, lower to upper; each calls only files listed before it (and core/):
+ * The room's files, lower to upper; each calls only files listed before it (and core/), so no
+ * two call each other:
  *   tbe_cpu.c    the CPU reference of the tbe ops (tbe.h's table; tbe_plan.h's arithmetic)
  *   cache_cpu.c  the CPU reference of the cache ops (cache.h's table; cache_sets.h)
  *   table.c      this header: construction, storage, descriptors, redirects, slots, hooks
- *   counters.c   per-row access counters (table.c)
- *   layout.c     ranking rows, row permutations and relayout (table.c)
- *   pages.c      page prefetch of managed tables (table.c)
- *   tbe.c        the checks of a call; forward, backward and the sparse gradient (table.c)
- *   cache.c      the software cache (table.c)
- * The collection reaches its kernels only through t->be->tbe (tbe_cpu.c or kernels/tbe.cu), the
- * cache through c->be->cache (cache_cpu.c or kernels/cache.cu). */
+ *   counters.c   per-row access counters
+ *   layout.c     ranking rows by count, row permutations and relayout
+ *   pages.c      page prefetch of managed tables
+ *   tbe.c        the checks of a call; forward, backward, the sparse gradient, the row gather
+ *   cache.c      the software cache
+ * The five after table.c call table.c and no other.  The collection reaches its kernels only through
+ * t->be->tbe (tbe_cpu.c or kernels/tbe.cu), a cache through c->be->cache (cache_cpu.c or
+ * kernels/cache.cu); a freed collection lets its cache and its page state go through hooks. */
 #ifndef UR_TABLE_H
 #define UR_TABLE_H
 
@@ -63,8 +65,6 @@ struct ur_tbe {
   ur__tbe_hook *hooks;
   int32_t nhooks, cap_hooks;
 };
-
-UR__HIDDEN ur_status ur__tbe_check_index(const ur_tbe *t, int32_t i);
 
 /* A 1-D tensor of n elements at the collection's home. */
 UR__HIDDEN ur_status ur__tbe_home_tensor(const ur_tbe *t, ur_tensor **out, ur_dtype dtype,

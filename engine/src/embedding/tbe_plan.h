@@ -1,7 +1,7 @@
 /* tbe_plan.h: the embedding collection's plan, shared by the collection (table.c, tbe.c), the
- * CPU reference (tbe_cpu.c) and the kernels (kernels/tbe.cu): the descriptors the
- * core lays out once, the arguments of one call, and the arithmetic both backends must do the
- * same way (optimizer steps, stochastic rounding), written once so they cannot drift apart.
+ * CPU reference (tbe_cpu.c) and the kernels (kernels/tbe.cu): the descriptors the core lays
+ * out once, the arguments of one call, and the arithmetic both backends must do the same way
+ * (optimizer steps, stochastic rounding), written once so they cannot drift apart.
  *
  * Every float operation here is spelled with UR_F* so that nvcc cannot fuse a multiply and an
  * add into one fma (the CPU build has -ffp-contract=off): with the same summation order the
