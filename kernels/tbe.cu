@@ -1320,8 +1320,9 @@ static ur_status tbe_sparse_write(void *stream, const ur__tbe_args *a, void *wor
   return UR_STATUS_OK;
 }
 
-static ur_status tbe_gather_rows(void *stream, const void *src, size_t row_bytes,
-                                 const int64_t *ids, int64_t n, void *out) {
+static ur_status tbe_gather_rows(void *stream, const void *src, int64_t src_rows,
+                                 size_t row_bytes, const int64_t *ids, int64_t n, void *out) {
+  (void)src_rows; /* the ids are trusted here (tbe.h) */
   UR_CUDA_CHECK(ur__cuda_gather_rows((cudaStream_t)stream, src, row_bytes, ids, n, out),
                 "tbe gather_rows");
   return UR_STATUS_OK;

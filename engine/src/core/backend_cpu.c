@@ -6,11 +6,13 @@
 #include <time.h>
 #include <unistd.h>
 #include "core/core.h"
+#include "core/philox.h"
 #include "data/kjt.h"
 #include "data/synth.h"
 #include "dense/dense.h"
+#include "embedding/cache.h"
+#include "embedding/tbe.h"
 #include "metrics/metrics.h"
-#include "core/philox.h"
 
 static int cpu_device_count(void) { return 0; }
 
@@ -153,6 +155,8 @@ const ur_backend *ur__cpu(void) {
       .event_new = cpu_event_new,
       .event_free = cpu_event_free,
       .dense = &ur__cpu_dense_ops,
+      .tbe = &ur__cpu_tbe_ops,
+      .cache = &ur__cpu_cache_ops,
       .kjt = &ur__cpu_kjt_ops,
       .synth = &ur__cpu_synth_ops,
       .metrics = &ur__cpu_metrics_ops,

@@ -1,10 +1,10 @@
-/* cache.h: the software cache's internals (engine/src/cache.c), shared with the collection
- * (engine/src/tbe.c, which lends its tables to a cache), the CUDA glue
- * (engine/src/cuda/cache.cu) and the kernels (kernels/cache.cu). */
+/* cache.h: the software cache's ops table and the structs its entries take, shared by the
+ * cache (cache.c), the CPU reference (cache_cpu.c) and the CUDA backend (kernels/cache.cu). */
 #ifndef UR_CACHE_H
 #define UR_CACHE_H
 
 #include <stdint.h>
+#include "core/core.h"
 #include "embedding/cache_sets.h"
 #include "embedding/tbe_plan.h"
 #include "uvmrec.h"
@@ -15,7 +15,7 @@ struct ur_cache;
  * the row of the slot storage (a slot or a staging row) in its second. */
 
 /* What a move needs: where each cached table's rows live in host memory, and the slot
- * storage.  Pointer arrays are in memory the running backend reads. */
+ * storage.  Pointer arrays are in memory the backend reads. */
 typedef struct ur__cache_io {
   void *const *host_w;           /* [tables] the rows of each cached table */
   float *const *host_s1;         /* [tables] optimizer state 1, or NULL arrays when none */
@@ -27,11 +27,12 @@ typedef struct ur__cache_io {
   int32_t nstate;
 } ur__cache_io;
 
-/* ---- the GPU's decisions (kernels/cache.cu; engine/src/cache.c keeps the reference) ---- */
+/* ---- the decisions (cache_cpu.c, the reference, and kernels/cache.cu) ---- */
 
 #define UR__CACHE_RING 4        /* batches prepared and not yet released */
 
-/* The cache's geometry and state in device memory. */
+/* The cache's geometry and state, in memory where the backend runs (device memory for the GPU,
+ * host memory for the CPU). */
 typedef struct ur__cache_dev {
   const int64_t *kbase;         /* [nt + 1]: each cache table's first key, then the total */
   const int64_t *set_base, *set_count;  /* [nt] */
@@ -49,8 +50,9 @@ enum {
   UR__CI_U,                     /* lookup: distinct keys */
   UR__CI_NG,                    /* lookup: sets they fall in */
   UR__CI_NVALID,                /* lookup: values of cached tables with a valid id */
-  UR__CI_BAD_V,                 /* lookup: first value with a bad id (bounds fatal), or -1 */
-  UR__CI_BAD_F,                 /* lookup: first feature whose values run backwards, or -1 */
+  UR__CI_BAD_V,                 /* lookup: a value with a bad id (bounds fatal), or -1 */
+  UR__CI_BAD_F,                 /* lookup: first feature whose values run backwards (F: the
+                                 * offsets as a whole), or -1 */
   UR__CI_NWB,                   /* decide: dirty evictions (write-backs) */
   UR__CI_NFILL,                 /* decide: misses given a slot */
   UR__CI_NCONF,                 /* decide: conflict misses (staged) */
@@ -66,9 +68,10 @@ enum { UR__CT_LOOKUPS, UR__CT_UNIQUE, UR__CT_HITS, UR__CT_MISSES, UR__CT_CONFLIC
 typedef struct ur__cache_job {
   const int64_t *vals, *offs;   /* [n], [bags + 1] */
   int64_t n, bags, batch;       /* batch: bags per feature when bag_start is NULL */
-  const int64_t *bag_start;     /* [F + 1] in device memory, or NULL */
+  const int64_t *bag_start;     /* [F + 1] in host memory (pinned for the GPU), or NULL */
   int32_t bounds_fatal;
-  const int64_t *staged[UR__CACHE_RING];  /* lookup: flights' staged pairs (ascending), or NULL */
+  const int64_t *staged[UR__CACHE_RING];  /* lookup: flights' staged (pair, row)s, pairs
+                                           * ascending, or NULL */
   int64_t nstaged[UR__CACHE_RING];
   int64_t U, ng, nvalid;        /* decide and place: from lookup's info */
   int64_t ticket, floor;        /* slots stamped below floor are evictable */
@@ -79,17 +82,20 @@ typedef struct ur__cache_job {
   int64_t *lists;               /* place: [2 nwb | 2 nfill | 2 nconf | U - nconf slots] */
   int64_t *row_ids;             /* place: [slot storage rows] the row each holds (set for loads) */
   int64_t *out;                 /* place: [n] slot ids, or the ids of other tables' features */
-  void *scratch;                /* of scratch_bytes (the backend's cache_scratch) */
+  void *scratch;                /* of scratch_bytes (the backend's scratch entry), kept from
+                                 * lookup to place */
   size_t scratch_bytes;
-  int64_t *info;                /* device, UR__CI_TABLES + nt * UR__CT_COUNT words */
-  int64_t *info_host;           /* pinned: where each call copies info */
+  int64_t *info;                /* where the backend runs, UR__CI_TABLES + nt * UR__CT_COUNT words */
+  int64_t *info_host;           /* host (pinned for the GPU): where each call copies info;
+                                 * the same memory as info when that is host memory */
 } ur__cache_job;
 
-/* The cache's ops table, filled by the CPU reference and by the CUDA backend
- * (kernels/cache.cu). */
+/* The cache's ops table, filled by the CPU reference (cache_cpu.c) and by the CUDA backend
+ * (kernels/cache.cu).  Pointers (entries, lists, dirty, slots) are in memory the backend
+ * reads. */
 typedef struct ur_cache_ops {
-  /* Rows between host memory and the slot storage, for n entries
-   * (pairs in device memory); to_host 1: slot rows to host memory, 0: host rows to slots. */
+  /* Rows between host memory and the slot storage, for n entries (pairs); to_host 1: slot
+   * rows to host memory, 0: host rows to slots. */
   ur_status (*move)(void *stream, const struct ur__cache_io *io, const int64_t *entries,
                           int64_t n, int32_t to_host);
   /* The decisions: scratch bytes for a batch of n values; then one
@@ -105,17 +111,7 @@ typedef struct ur_cache_ops {
   ur_status (*mark)(void *stream, uint8_t *dirty, const int64_t *slots, int64_t n);
 } ur_cache_ops;
 
-/* The collection's side (engine/src/tbe.c). */
-/* Table i's own storage (its rows and state in host memory), whatever its kernels use now;
- * place is where that storage lives. */
-ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out, int32_t *place);
-/* Points table i's kernels at other rows (a cache's slots: weights, state, the row id each
- * holds, rows) and re-keys the collection; owner NULL points it back at its own storage. */
-ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, struct ur_cache *owner, void *weights,
-                           float *state1, float *state2, const int64_t *row_ids, int64_t rows);
-const ur_tbe_config *ur__tbe_config(const ur_tbe *t);
-const ur__tbe_feature *ur__tbe_features(const ur_tbe *t);
-/* The collection is being freed: the cache must not touch it any more. */
-void ur__cache_orphan(struct ur_cache *c, ur_tbe *t);
+/* The CPU backend's table (cache_cpu.c), the reference. */
+UR__HIDDEN extern const ur_cache_ops ur__cpu_cache_ops;
 
 #endif

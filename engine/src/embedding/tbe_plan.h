@@ -1,7 +1,7 @@
-/* tbe_plan.h: the embedding collection's plan, shared by the CPU reference (engine/src/tbe.c),
- * the CUDA glue (engine/src/cuda/tbe.cu) and the kernels (kernels/tbe.cu): the descriptors the
- * core lays out once, the arguments of one call, and the arithmetic both backends must do the
- * same way (optimizer steps, stochastic rounding), written once so they cannot drift apart.
+/* tbe_plan.h: the embedding collection's plan, shared by the collection (table.c, tbe.c), the
+ * CPU reference (tbe_cpu.c) and the kernels (kernels/tbe.cu): the descriptors the core lays
+ * out once, the arguments of one call, and the arithmetic both backends must do the same way
+ * (optimizer steps, stochastic rounding), written once so they cannot drift apart.
  *
  * Every float operation here is spelled with UR_F* so that nvcc cannot fuse a multiply and an
  * add into one fma (the CPU build has -ffp-contract=off): with the same summation order the
@@ -37,11 +37,11 @@ typedef struct ur__tbe_table {
   int64_t rows;
   int64_t key_base;        /* the key of row 0 in the collection's row-key space */
   int32_t dim, dtype, pooling, index;
-  /* Access statistics and layout (engine/src/tbe_stats.c); NULL: off, and the kernels take
+  /* Access statistics and layout (counters.c, layout.c); NULL: off, and the kernels take
    * the plain path.  perm[id] is the physical row holding row id; counts[id] counts reads. */
   const int64_t *perm;
   int32_t *counts;
-  /* A cached table (engine/src/cache.c): the row id each slot storage row holds, which
+  /* A cached table (cache.c): the row id each slot storage row holds, which
    * stochastic rounding draws by (so cached rows round as the table's own would); or NULL. */
   const int64_t *row_ids;
 } ur__tbe_table;

@@ -1,110 +1,21 @@
-/* tbe_stats.c: access statistics and row layout of embedding tables.  Per-row access counters
- * (counted by the forward pass of either backend, decayed here), ranking of rows by count, and
- * row permutations: a table may keep row id at physical row perm[id], so that its hottest rows
- * sit together at the front, where memory hints (which act on whole pages) can place them.
- * Relayout moves rows and their optimizer state together and reports its cost; ids are never
- * remapped by the caller, the kernels look the permutation up. */
-#include <math.h>
+/* layout.c: row layout of embedding tables.  Ranking of rows by their access counts
+ * (counters.c), and row permutations: a table may keep row id at physical row perm[id], so that
+ * its hottest rows sit together at the front, where memory hints (which act on whole pages) can
+ * place them.  Relayout moves rows and their optimizer state together and reports its cost; ids
+ * are never remapped by the caller, the kernels look the permutation up. */
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
-#include "embedding/tbe_stats.h"
+#include "embedding/table.h"
 
 #define DEFAULT_CHUNK_ROWS ((int64_t)1 << 20)
 
 size_t ur_sizeof_tbe_relayout_stats(void) { return sizeof(ur_tbe_relayout_stats); }
 
-static ur_status check_index(const ur_tbe *t, int32_t i, int all_ok, const char *what) {
-  int32_t n = ur_tbe_num_tables(t);
-  if ((all_ok && i == -1) || (i >= 0 && i < n)) return UR_STATUS_OK;
-  return ur__error(UR_STATUS_INVALID, "tbe: %s: table %d does not exist; expected 0..%d%s", what,
-                   (int)i, (int)n - 1, all_ok ? " or -1 (every table)" : "");
-}
-
-/* Where the collection's own arrays live: device memory of its GPU, or host memory. */
-static ur_status new_side_tensor(const ur_tbe *t, ur_tensor **out, ur_dtype dtype, int64_t n) {
-  int32_t dev = ur_tbe_device(t);
-  return ur_tensor_new(out, dtype, 1, &n, dev >= 0 ? UR_PLACE_DEVICE : UR_PLACE_HOST,
-                       dev >= 0 ? dev : UR_LOC_CPU);
-}
-
-/* ---- counters ---- */
-
-static ur_status set_counting_one(ur_tbe *t, int32_t i, int32_t on) {
-  ur__tbe_table *d = ur__tbe_desc(t, i);
-  ur_tensor **slot = ur__tbe_counts_slot(t, i);
-  if (on && !*slot) {
-    ur_status st = new_side_tensor(t, slot, UR_DTYPE_I32, d->rows);
-    if (!st) st = ur_tensor_fill(NULL, *slot, 0);
-    if (st) {
-      ur_tensor_free(*slot);
-      *slot = NULL;
-      return st;
-    }
-  }
-  d->counts = on ? (int32_t *)ur_tensor_data(*slot) : NULL;
-  return UR_STATUS_OK;
-}
-
-ur_status ur_tbe_set_counting(ur_tbe *t, int32_t table, int32_t on) {
-  ur_status st = check_index(t, table, 1, "set_counting");
-  if (st) return st;
-  int32_t lo = table < 0 ? 0 : table, hi = table < 0 ? ur_tbe_num_tables(t) : table + 1;
-  for (int32_t i = lo; i < hi && !st; i++) st = set_counting_one(t, i, on != 0);
-  ur_status sync = ur__tbe_sync_desc(t);
-  return st ? st : sync;
-}
-
-int32_t ur_tbe_counting(const ur_tbe *t, int32_t table) {
-  if (check_index(t, table, 0, "counting")) return 0;
-  return ur__tbe_desc((ur_tbe *)t, table)->counts != NULL;
-}
-
-ur_status ur_tbe_counts(const ur_tbe *t, int32_t table, ur_tensor **out) {
-  *out = NULL;
-  ur_status st = check_index(t, table, 0, "counts");
-  if (st) return st;
-  ur_tensor *c = *ur__tbe_counts_slot((ur_tbe *)t, table);
-  if (!c)
-    return ur__error(UR_STATUS_INVALID,
-                     "tbe: table '%s' has no access counters; turn counting on first "
-                     "(ur_tbe_set_counting)", ur_tbe_table_name(t, table));
-  int64_t n = ur_tensor_numel(c);
-  return ur_tensor_view_as(c, out, 0, 1, &n);
-}
-
-typedef struct decay_job {
-  int32_t *c;
-  double factor;
-} decay_job;
-
-static void decay_range(void *ctx, size_t i0, size_t i1) {
-  decay_job *j = ctx;
-  for (size_t i = i0; i < i1; i++) j->c[i] = (int32_t)floor((double)j->c[i] * j->factor);
-}
-
-ur_status ur_tbe_decay_counts(ur_stream *s, ur_tbe *t, int32_t table, double factor) {
-  ur_status st = check_index(t, table, 1, "decay_counts");
-  if (st) return st;
-  if (!(factor >= 0 && factor <= 1))
-    return ur__error(UR_STATUS_INVALID, "tbe: decay factor %g; expected a value in [0, 1]", factor);
-  int32_t lo = table < 0 ? 0 : table, hi = table < 0 ? ur_tbe_num_tables(t) : table + 1;
-  for (int32_t i = lo; i < hi && !st; i++) {
-    ur_tensor *c = *ur__tbe_counts_slot(t, i);
-    if (!c) continue;
-    int32_t *p = ur_tensor_data(c);
-    int64_t n = ur_tensor_numel(c);
-    if (ur_tensor_place(c) == UR_PLACE_DEVICE) {
-      if (!ur__gpu()->tbe->decay_counts)
-        return ur__error(UR_STATUS_UNSUPPORTED, "tbe: the CUDA backend has no counter decay (%s)",
-                         ur_cuda_error());
-      st = ur__gpu()->tbe->decay_counts(s ? s->handle : NULL, p, n, factor);
-    } else {
-      decay_job j = {p, factor};
-      ur__parallel_for((size_t)n, 65536, decay_range, &j);
-    }
-  }
-  return st;
+static ur_status check_index(const ur_tbe *t, int32_t i, const char *what) {
+  if (i >= 0 && i < t->T) return UR_STATUS_OK;
+  return ur__error(UR_STATUS_INVALID, "tbe: %s: table %d does not exist; expected 0..%d", what,
+                   (int)i, (int)t->T - 1);
 }
 
 /* ---- ranking ---- */
@@ -166,10 +77,10 @@ ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *c
     free(tmp);
     return ur__error(UR_STATUS_OOM, "counts_rank: out of host memory for %lld rows", (long long)n);
   }
-  if (ur__gpu() && ur_tensor_place(counts) != UR_PLACE_HOST) st = ur__gpu()->device_sync();
+  if (ur_tensor_place(counts) != UR_PLACE_HOST) st = ur_device_sync();
   if (!st) st = ur_tensor_read(counts, 0, n, c);
   if (!st) {
-    if (ur__gpu() && ur_tensor_place(order) != UR_PLACE_HOST) st = ur__gpu()->device_sync();
+    if (ur_tensor_place(order) != UR_PLACE_HOST) st = ur_device_sync();
     int64_t *o = ur_tensor_data(order);
     if (!st) rank_ids(c, n, o, tmp);
     if (!st && cumsum) {
@@ -216,7 +127,7 @@ ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm) {
   if (st) return st;
   int64_t *o = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
   if (!o) return ur__error(UR_STATUS_OOM, "perm_from_order: out of host memory");
-  if (ur__gpu() && ur_tensor_place(perm) != UR_PLACE_HOST) st = ur__gpu()->device_sync();
+  if (ur_tensor_place(perm) != UR_PLACE_HOST) st = ur_device_sync();
   if (!st) st = ur_tensor_read(order, 0, n, o);
   if (!st) st = invert(o, n, ur_tensor_data(perm), "perm_from_order", "order");
   free(o);
@@ -227,9 +138,9 @@ ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm) {
 
 ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out) {
   *out = NULL;
-  ur_status st = check_index(t, table, 0, "permutation");
+  ur_status st = check_index(t, table, "permutation");
   if (st) return st;
-  ur_tensor *p = *ur__tbe_perm_slot((ur_tbe *)t, table);
+  ur_tensor *p = t->perm[table];
   if (!p) return UR_STATUS_OK;
   int64_t n = ur_tensor_numel(p);
   return ur_tensor_view_as(p, out, 0, 1, &n);
@@ -268,23 +179,24 @@ static ur_status move_rows(ur_stream *s, ur_tbe *t, ur_tensor *x, int64_t rows, 
     void *sh = s ? s->handle : NULL;
     ur_tensor *scratch = NULL;
     int64_t nb = (int64_t)bytes;
-    if ((st = ur_tensor_new(&scratch, UR_DTYPE_U8, 1, &nb, UR_PLACE_DEVICE, ur_tbe_device(t))))
+    if ((st = UR__NEED(t->be, tbe, gather_rows)) ||
+        (st = ur__tbe_home_tensor(t, &scratch, UR_DTYPE_U8, nb)))
       return st;
-    st = ur__gpu()->copy(sh, ur_tensor_data(scratch), data, bytes);
+    st = t->be->copy(sh, ur_tensor_data(scratch), data, bytes);
     for (int64_t r0 = 0; r0 < rows && !st; r0 += chunk) {
       int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
-      st = ur__gpu()->tbe->gather_rows(sh, ur_tensor_data(scratch), row_bytes, from_dev + r0, n,
-                                  data + (size_t)r0 * row_bytes);
+      st = t->be->tbe->gather_rows(sh, ur_tensor_data(scratch), rows, row_bytes, from_dev + r0, n,
+                                   data + (size_t)r0 * row_bytes);
       out->chunks++;
     }
-    if (!st) st = ur__gpu()->stream_sync(sh);
+    if (!st) st = t->be->stream_sync(sh);
     ur_tensor_free(scratch);
     out->on_gpu = 1;
     return st;
   }
   /* The CPU copies only the rows that move (and touches only their pages: managed pages
    * elsewhere stay where they are), chunk_rows of them at a time. */
-  if (ur__gpu() && (st = ur__gpu()->device_sync())) return st;
+  if ((st = ur_device_sync())) return st;
   int64_t n = 0;
   for (int64_t r = 0; r < rows; r++) n += from[r] != r;
   int64_t *moved = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
@@ -316,7 +228,7 @@ static ur_status move_rows(ur_stream *s, ur_tbe *t, ur_tensor *x, int64_t rows, 
 static ur_status table_tensors(ur_tbe *t, int32_t table, ur_tensor **xs, int *nx) {
   *nx = 0;
   ur_status st = ur_tbe_table(t, table, &xs[(*nx)++]);
-  for (int32_t k = 0; k < ur_tbe_state_count(t) && !st; k++) st = ur_tbe_state(t, table, k, &xs[(*nx)++]);
+  for (int32_t k = 0; k < t->nstate && !st; k++) st = ur_tbe_state(t, table, k, &xs[(*nx)++]);
   if (st && !xs[*nx - 1]) (*nx)--;
   return st;
 }
@@ -324,21 +236,21 @@ static ur_status table_tensors(ur_tbe *t, int32_t table, ur_tensor **xs, int *nx
 /* A cached table's kernels read the cache's slots, where no row layout applies (the
  * identity, NULL, is allowed: a checkpoint's layout registry installs it on every table). */
 static ur_status check_not_cached(const ur_tbe *t, int32_t table, const char *what) {
-  if (!ur__tbe_is_cached(t, table)) return UR_STATUS_OK;
+  if (!t->owner[table]) return UR_STATUS_OK;
   return ur__error(UR_STATUS_INVALID,
                    "tbe: %s of table '%s': the table is cached (its kernels read the cache's "
                    "slots); row layouts are for device, managed and host tables",
-                   what, ur_tbe_table_name(t, table));
+                   what, t->tc[table].name);
 }
 
 ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
                           int64_t chunk_rows, ur_tbe_relayout_stats *out) {
   memset(out, 0, sizeof *out);
-  ur_status st = check_index(t, table, 0, "relayout");
+  ur_status st = check_index(t, table, "relayout");
   if (!st && perm) st = check_not_cached(t, table, "relayout");
   if (st) return st;
-  ur__tbe_table *d = ur__tbe_desc(t, table);
-  const char *name = ur_tbe_table_name(t, table);
+  ur__tbe_table *d = &t->tables[table];
+  const char *name = t->tc[table].name;
   int64_t rows = d->rows;
   if (perm && (ur_tensor_dtype(perm) != UR_DTYPE_I64 || ur_tensor_ndim(perm) != 1 ||
                ur_tensor_numel(perm) != rows))
@@ -353,14 +265,14 @@ ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tenso
   size_t nb = sizeof(int64_t) * (size_t)rows;
   int64_t *q = malloc(nb), *qinv = malloc(nb), *from = malloc(nb);
   ur_tensor *from_dev = NULL, *xs[3] = {NULL, NULL, NULL};
-  ur_tensor **slot = ur__tbe_perm_slot(t, table);
+  ur_tensor **slot = &t->perm[table];
   int nx = 0, identity = 1;
   if (!q || !qinv || !from) {
     st = ur__error(UR_STATUS_OOM, "tbe: relayout of table '%s': out of host memory", name);
     goto done;
   }
   if (perm) {
-    if (ur__gpu() && ur_tensor_place(perm) != UR_PLACE_HOST && (st = ur__gpu()->device_sync())) goto done;
+    if (ur_tensor_place(perm) != UR_PLACE_HOST && (st = ur_device_sync())) goto done;
     if ((st = ur_tensor_read(perm, 0, rows, q))) goto done;
   } else {
     for (int64_t i = 0; i < rows; i++) q[i] = i;
@@ -385,7 +297,7 @@ ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tenso
     int dev = 0;
     for (int k = 0; k < nx; k++) dev |= ur_tensor_place(xs[k]) == UR_PLACE_DEVICE;
     if (dev) {
-      if ((st = new_side_tensor(t, &from_dev, UR_DTYPE_I64, rows)) ||
+      if ((st = ur__tbe_home_tensor(t, &from_dev, UR_DTYPE_I64, rows)) ||
           (st = ur_tensor_write(from_dev, 0, rows, qinv)))
         goto done;
     }
@@ -400,8 +312,8 @@ ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tenso
     ur_tensor_free(*slot);
     *slot = NULL;
   } else {
-    if (!*slot && (st = new_side_tensor(t, slot, UR_DTYPE_I64, rows))) goto done;
-    if (ur__gpu() && ur_tbe_device(t) >= 0 && (st = ur__gpu()->device_sync())) goto done;
+    if (!*slot && (st = ur__tbe_home_tensor(t, slot, UR_DTYPE_I64, rows))) goto done;
+    if ((st = t->be->device_sync())) goto done;
     /* the kernels must not run between the rows moving and the map changing: callers order
      * relayout between steps, and the writes below wait for the device */
     if ((st = ur_tensor_write(*slot, 0, rows, q))) goto done;
@@ -421,14 +333,14 @@ done:
 }
 
 ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm) {
-  ur_status st = check_index(t, table, 0, "set_permutation");
+  ur_status st = check_index(t, table, "set_permutation");
   if (!st && perm) st = check_not_cached(t, table, "set_permutation");
   if (st) return st;
   ur__tbe_perm_changed(t, table);
-  ur__tbe_table *d = ur__tbe_desc(t, table);
-  const char *name = ur_tbe_table_name(t, table);
+  ur__tbe_table *d = &t->tables[table];
+  const char *name = t->tc[table].name;
   int64_t rows = d->rows;
-  ur_tensor **slot = ur__tbe_perm_slot(t, table);
+  ur_tensor **slot = &t->perm[table];
   if (!perm) {
     d->perm = NULL;
     st = ur__tbe_sync_desc(t);
@@ -444,13 +356,13 @@ ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm
   size_t nb = sizeof(int64_t) * (size_t)rows;
   int64_t *q = malloc(nb), *inv = malloc(nb);
   if (!q || !inv) st = ur__error(UR_STATUS_OOM, "tbe: set_permutation: out of host memory");
-  if (!st && ur__gpu() && ur_tensor_place(perm) != UR_PLACE_HOST) st = ur__gpu()->device_sync();
+  if (!st && ur_tensor_place(perm) != UR_PLACE_HOST) st = ur_device_sync();
   if (!st) st = ur_tensor_read(perm, 0, rows, q);
   char what[300];
   snprintf(what, sizeof what, "tbe: set_permutation of table '%s'", name);
   if (!st) st = invert(q, rows, inv, what, "perm");
-  if (!st && !*slot) st = new_side_tensor(t, slot, UR_DTYPE_I64, rows);
-  if (!st && ur__gpu() && ur_tbe_device(t) >= 0) st = ur__gpu()->device_sync();
+  if (!st && !*slot) st = ur__tbe_home_tensor(t, slot, UR_DTYPE_I64, rows);
+  if (!st) st = t->be->device_sync();
   if (!st) st = ur_tensor_write(*slot, 0, rows, q);
   if (!st) {
     d->perm = ur_tensor_data(*slot);

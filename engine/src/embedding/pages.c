@@ -1,4 +1,4 @@
-/* tbe_pages.c: page prefetch for the `managed` tables of an embedding collection.  The prefetch
+/* pages.c: page prefetch for the `managed` tables of an embedding collection.  The prefetch
  * pipeline knows batch i+1's ids while batch i trains; this turns them into the runs of pages
  * those rows live on (through the permutation in force), skips what the hint policy already
  * keeps on the GPU, and asks the driver to move the rest ahead of the forward pass.
@@ -9,8 +9,7 @@
  * as they come: O(ids + pages touched), no per-page search and no bitmap to clear. */
 #include <stdlib.h>
 #include <string.h>
-#include "embedding/cache.h" /* ur__tbe_config */
-#include "embedding/tbe_stats.h"
+#include "embedding/table.h"
 
 #define MAX_TENSORS 3    /* weights and up to two optimizer states */
 #define SMALL_SORT 256   /* fewer rows than this: qsort beats the radix passes' counts */
@@ -41,7 +40,7 @@ typedef struct page_table {
   int oom;
 } page_table;
 
-struct ur__tbe_pages {
+struct ur__pages {
   int32_t T, F;
   page_table *tab;
   int64_t *fpos;         /* per feature: first slot of its ids in the key arrays */
@@ -59,8 +58,9 @@ struct ur__tbe_pages {
 size_t ur_sizeof_page_run(void) { return sizeof(ur_page_run); }
 size_t ur_sizeof_page_stats(void) { return sizeof(ur_page_stats); }
 
-void ur__tbe_pages_free(struct ur__tbe_pages *p) {
-  if (!p) return;
+/* The collection's hook: its state goes with it. */
+static void pages_free(void *ctx) {
+  struct ur__pages *p = ctx;
   for (int32_t i = 0; p->tab && i < p->T; i++) {
     page_table *pt = &p->tab[i];
     for (int32_t k = 0; k < pt->ntens; k++) ur_tensor_free(pt->tens[k].x);
@@ -95,13 +95,12 @@ static ur_status grow(void **buf, size_t *cap, size_t need, size_t elem, const c
 
 /* The tables' views, made once: a table's storage and its cache don't change after the cache
  * is made (ur_cache_new redirects before any batch; a cached table is left out). */
-static ur_status pages_state(ur_tbe *t, struct ur__tbe_pages **out) {
-  struct ur__tbe_pages **slot = ur__tbe_pages_slot(t);
-  if (*slot) {
-    *out = *slot;
+static ur_status pages_state(ur_tbe *t, struct ur__pages **out) {
+  if (t->pages) {
+    *out = t->pages;
     return UR_STATUS_OK;
   }
-  struct ur__tbe_pages *p = calloc(1, sizeof *p);
+  struct ur__pages *p = calloc(1, sizeof *p);
   if (!p) return oom("its state");
   p->T = ur_tbe_num_tables(t);
   p->F = ur_tbe_num_features(t);
@@ -115,7 +114,7 @@ static ur_status pages_state(ur_tbe *t, struct ur__tbe_pages **out) {
     ur_tensor *w = NULL;
     if ((st = ur_tbe_table(t, i, &w))) break;
     pt->rows = ur_tensor_dim(w, 0);
-    pt->managed = ur_tensor_place(w) == UR_PLACE_MANAGED && !ur__tbe_is_cached(t, i);
+    pt->managed = ur_tensor_place(w) == UR_PLACE_MANAGED && !t->owner[i];
     if (!pt->managed) {
       ur_tensor_free(w);
       continue;
@@ -134,20 +133,20 @@ static ur_status pages_state(ur_tbe *t, struct ur__tbe_pages **out) {
       pg->row_bytes = ur_tensor_nbytes(pg->x) / (uint64_t)pt->rows;
     }
   }
+  if (!st) st = ur__tbe_hook_add(t, pages_free, p);
   if (st) {
-    ur__tbe_pages_free(p);
+    pages_free(p);
     return st;
   }
-  *slot = p;
+  t->pages = p;
   *out = p;
   return UR_STATUS_OK;
 }
 
 /* The permutation of table i as the host can read it (NULL: the identity). */
 static ur_status host_perm(ur_tbe *t, page_table *pt, int32_t i) {
-  ur_tensor *perm = NULL;
-  ur_status st = ur_tbe_permutation(t, i, &perm);
-  if (st) return st;
+  const ur_tensor *perm = t->perm[i];
+  ur_status st = UR_STATUS_OK;
   pt->perm = NULL;
   if (!perm) {
     pt->mirror_valid = 0;
@@ -155,10 +154,9 @@ static ur_status host_perm(ur_tbe *t, page_table *pt, int32_t i) {
   }
   if (ur_tensor_place(perm) != UR_PLACE_DEVICE) {
     pt->perm = ur_tensor_data(perm);
-    ur_tensor_free(perm);
     return UR_STATUS_OK;
   }
-  uint64_t gen = ur__tbe_perm_gen(t, i);
+  uint64_t gen = t->perm_gen[i];
   if (!pt->mirror_valid || pt->mirror_gen != gen) {
     if (!pt->mirror && !(pt->mirror = malloc(sizeof(int64_t) * (size_t)pt->rows)))
       st = oom("a permutation's mirror");
@@ -167,7 +165,6 @@ static ur_status host_perm(ur_tbe *t, page_table *pt, int32_t i) {
     pt->mirror_gen = gen;
   }
   if (!st) pt->perm = pt->mirror;
-  ur_tensor_free(perm);
   return st;
 }
 
@@ -191,7 +188,7 @@ static ur_status host_i64(const ur_tensor *x, int64_t **buf, size_t *cap, const 
 
 typedef struct job {
   ur_tbe *t;
-  struct ur__tbe_pages *p;
+  struct ur__pages *p;
   const int64_t *v, *o, *bag_start; /* bag_start: [F + 1] */
   int fatal;
   uint64_t page;
@@ -378,7 +375,7 @@ static ur_status bad_id(const ur_tbe *t, const job *j, int32_t f, int64_t i) {
 
 static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
                          const int64_t *bpf, int32_t location, ur_page_stats *out,
-                         struct ur__tbe_pages **pp) {
+                         struct ur__pages **pp) {
   memset(out, 0, sizeof *out);
   ur_status st;
   int32_t loc;
@@ -386,7 +383,7 @@ static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *of
       (st = resolve_location(t, location, &loc)))
     return st;
   out->location = loc;
-  struct ur__tbe_pages *p = NULL;
+  struct ur__pages *p = NULL;
   if ((st = pages_state(t, &p))) return st;
   *pp = p;
   p->nall = 0;
@@ -447,7 +444,7 @@ static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *of
     return st;
   }
   uint64_t page = ur_hint_page_bytes_get();
-  job j = {t, p, v, o, bag_start, ur__tbe_config(t)->bounds == UR_TBE_BOUNDS_FATAL, page};
+  job j = {t, p, v, o, bag_start, t->cfg.bounds == UR_TBE_BOUNDS_FATAL, page};
   ur__parallel_for((size_t)F, 1, gather_range, &j);
   int32_t bf = -1;
   for (int32_t f = 0; f < F; f++) {
@@ -483,7 +480,7 @@ static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *of
       mark_skipped(&pg->x->st->hints, pt->runs + a, b - a, loc);
       a = b;
     }
-    memcpy(p->all + p->nall, pt->runs, pt->nruns * sizeof *pt->runs);
+    if (pt->nruns) memcpy(p->all + p->nall, pt->runs, pt->nruns * sizeof *pt->runs);
     p->nall += pt->nruns;
   }
   pthread_mutex_unlock(&ur__lock);
@@ -502,7 +499,7 @@ static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *of
 
 ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
                            const int64_t *batch_per_feature, int32_t location, ur_page_stats *out) {
-  struct ur__tbe_pages *p = NULL;
+  struct ur__pages *p = NULL;
   ur_status st = compute(t, values, offsets, batch_per_feature, location, out, &p);
   if (st && p) p->nall = 0;
   return st;
@@ -511,15 +508,14 @@ ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *
 ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values,
                                 const ur_tensor *offsets, const int64_t *batch_per_feature,
                                 int32_t location, ur_page_stats *out) {
-  struct ur__tbe_pages *p = NULL;
+  struct ur__pages *p = NULL;
   ur_status st = compute(t, values, offsets, batch_per_feature, location, out, &p);
   if (st) {
     if (p) p->nall = 0;
     return st;
   }
-  const ur_backend *g = ur__gpu();
-  /* a collection on the CPU reads managed pages from the host: nothing to move */
-  if (!g || ur_tbe_device(t) < 0) return UR_STATUS_OK;
+  /* a backend without prefetches (the CPU's) reads managed pages where they are: nothing to move */
+  if (!t->be->prefetch) return UR_STATUS_OK;
   for (size_t k = 0; k < p->nall && !st; k++) {
     const ur_page_run *r = &p->all[k];
     if (r->skipped) continue;
@@ -527,7 +523,7 @@ ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values
     const ur__storage *sto = NULL;
     for (int32_t x = 0; x < pt->ntens; x++)
       if (pt->tens[x].which == r->tensor) sto = pt->tens[x].x->st;
-    st = g->prefetch(s ? s->handle : NULL, (char *)sto->data + r->byte_begin,
+    st = t->be->prefetch(s ? s->handle : NULL, (char *)sto->data + r->byte_begin,
                      (size_t)(r->byte_end - r->byte_begin), out->location);
   }
   out->issued = 1;
@@ -535,7 +531,7 @@ ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values
 }
 
 const ur_page_run *ur_tbe_last_page_runs(const ur_tbe *t, int64_t *count) {
-  struct ur__tbe_pages *p = *ur__tbe_pages_slot((ur_tbe *)t);
+  const struct ur__pages *p = t->pages;
   *count = p ? (int64_t)p->nall : 0;
   return p ? p->all : NULL;
 }

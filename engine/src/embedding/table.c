@@ -1,0 +1,511 @@
+/* table.c: the embedding collection's tables (table.h): construction and its checks, the
+ * batched storage with its per-table views, the descriptors the kernels read and their copy on
+ * the device, redirects to a cache's slots, and the hooks run when the collection is freed.
+ *
+ * Tables of one placement and dtype share one storage (one allocation), each at an aligned
+ * element offset; optimizer state (always f32) likewise per placement.  The kernels see every
+ * table through a descriptor array, so one launch serves all of them. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "embedding/table.h"
+
+#define ALIGN_BYTES 256 /* each table and state block starts on this boundary */
+
+static const char *state_names[UR_TBE_OPTIM_COUNT][2] = {
+    {NULL, NULL}, {"sum", NULL}, {"sum", NULL}, {"exp_avg", "exp_avg_sq"}};
+
+size_t ur_sizeof_tbe_table_config(void) { return sizeof(ur_tbe_table_config); }
+size_t ur_sizeof_tbe_config(void) { return sizeof(ur_tbe_config); }
+
+static const char *pooling_name(int32_t p) {
+  return p == UR_POOLING_SUM ? "sum" : p == UR_POOLING_MEAN ? "mean" : "none";
+}
+
+static char *dup(const char *s, const char *fallback, int i) {
+  char buf[32];
+  if (!s) {
+    snprintf(buf, sizeof buf, "%s%d", fallback, i);
+    s = buf;
+  }
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+/* ---- construction ---- */
+
+static ur_status check_config(const ur_tbe_config *c) {
+  if (c->device >= 0 && c->device >= ur_device_count())
+    return ur__error(ur_device_count() ? UR_STATUS_INVALID : UR_STATUS_UNSUPPORTED,
+                     "tbe: device %d asked, but %d GPUs are in use%s%s", (int)c->device,
+                     ur_device_count(), ur_device_count() ? "" : ": ", ur_cuda_error());
+  if (c->device < -1)
+    return ur__error(UR_STATUS_INVALID, "tbe: device %d; expected -1 (the CPU) or a GPU",
+                     (int)c->device);
+  if ((unsigned)c->optim >= UR_TBE_OPTIM_COUNT)
+    return ur__error(UR_STATUS_INVALID, "tbe: optimizer %d is not sgd, rowwise_adagrad, "
+                                        "adagrad or adam", (int)c->optim);
+  if ((unsigned)c->bounds >= UR_TBE_BOUNDS_COUNT)
+    return ur__error(UR_STATUS_INVALID, "tbe: bounds check %d is not fatal, warn or off",
+                     (int)c->bounds);
+  if (!(isfinite(c->lr) && c->lr >= 0))
+    return ur__error(UR_STATUS_INVALID, "tbe: learning rate %g; expected a finite value >= 0", c->lr);
+  if (!(isfinite(c->weight_decay) && c->weight_decay >= 0))
+    return ur__error(UR_STATUS_INVALID, "tbe: weight decay %g; expected a finite value >= 0",
+                     c->weight_decay);
+  if (!(isfinite(c->max_grad) && c->max_grad >= 0))
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: max_grad %g; expected a finite value >= 0 (0: no clipping)", c->max_grad);
+  if (c->optim != UR_TBE_OPTIM_SGD && !(isfinite(c->eps) && c->eps > 0))
+    return ur__error(UR_STATUS_INVALID, "tbe: eps %g; expected a finite value > 0", c->eps);
+  if (c->optim == UR_TBE_OPTIM_ADAM &&
+      !(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1))
+    return ur__error(UR_STATUS_INVALID, "tbe: Adam betas %g, %g; expected each in [0, 1)",
+                     c->beta1, c->beta2);
+  if (c->out_dtype != UR_DTYPE_F32 && c->out_dtype != UR_DTYPE_BF16)
+    return ur__error(UR_STATUS_INVALID, "tbe: output dtype '%s'; expected f32 or bf16",
+                     (unsigned)c->out_dtype < UR_DTYPE_COUNT ? ur_dtype_name(c->out_dtype) : "?");
+  return UR_STATUS_OK;
+}
+
+static ur_status check_table(const ur_tbe_config *c, const ur_tbe_table_config *tc,
+                             const char *name) {
+  if (tc->rows < 1)
+    return ur__error(UR_STATUS_INVALID, "tbe: table '%s' has %lld rows; expected 1 or more",
+                     name, (long long)tc->rows);
+  if (tc->dim < 4 || tc->dim > UR_TBE_MAX_DIM || tc->dim % 4)
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: table '%s' has dim %d; expected a multiple of 4 from 4 to %d", name,
+                     (int)tc->dim, UR_TBE_MAX_DIM);
+  if (tc->dtype != UR_DTYPE_F32 && tc->dtype != UR_DTYPE_F16 && tc->dtype != UR_DTYPE_BF16)
+    return ur__error(UR_STATUS_INVALID, "tbe: table '%s' stores '%s'; expected f32, f16 or bf16",
+                     name, (unsigned)tc->dtype < UR_DTYPE_COUNT ? ur_dtype_name(tc->dtype) : "?");
+  if ((unsigned)tc->pooling >= UR_POOLING_COUNT)
+    return ur__error(UR_STATUS_INVALID, "tbe: table '%s' pooling %d is not sum, mean or none",
+                     name, (int)tc->pooling);
+  int32_t places[2] = {tc->place, tc->state_place < 0 ? (int32_t)tc->place : tc->state_place};
+  for (int k = 0; k < 2; k++) {
+    const char *what = k ? "its optimizer state" : "placement";
+    if (places[k] != UR_PLACE_DEVICE && places[k] != UR_PLACE_MANAGED &&
+        places[k] != UR_PLACE_HOST && places[k] != UR_PLACE_PINNED)
+      return ur__error(UR_STATUS_INVALID,
+                       "tbe: table '%s' %s %d is not device, managed or host", name, what,
+                       (int)places[k]);
+    if (places[k] == UR_PLACE_DEVICE && c->device < 0)
+      return ur__error(UR_STATUS_INVALID,
+                       "tbe: table '%s' %s 'device' needs the collection on a GPU, and it runs "
+                       "on the CPU (device -1)",
+                       name, what);
+  }
+  if ((uint64_t)tc->rows > ((uint64_t)1 << 50) / (uint64_t)tc->dim)
+    return ur__error(UR_STATUS_INVALID, "tbe: table '%s' of %lld rows x %d is too large", name,
+                     (long long)tc->rows, (int)tc->dim);
+  return UR_STATUS_OK;
+}
+
+/* Host tables live in pinned memory when a GPU runs the collection: it reads them in place. */
+static ur_place storage_place(const ur_tbe *t, int32_t place) {
+  if (place == UR_PLACE_HOST || place == UR_PLACE_PINNED)
+    return t->home == UR_PLACE_DEVICE ? UR_PLACE_PINNED : UR_PLACE_HOST;
+  return (ur_place)place;
+}
+
+static int32_t storage_device(const ur_tbe *t, ur_place place) {
+  if (place == UR_PLACE_HOST || place == UR_PLACE_PINNED) return UR_LOC_CPU;
+  return t->home == UR_PLACE_DEVICE ? t->cfg.device : (place == UR_PLACE_MANAGED ? UR_LOC_CPU : 0);
+}
+
+/* Elements of one optimizer state of table i. */
+static int64_t state_elems(const ur_tbe *t, int32_t i) {
+  const ur_tbe_table_config *c = &t->tc[i];
+  return t->cfg.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? c->rows : c->rows * c->dim;
+}
+
+/* The key space: each table's rows follow the previous table's. */
+static void rekey(ur_tbe *t) {
+  int64_t key = 0;
+  for (int32_t k = 0; k < t->T; k++) {
+    t->tables[k].key_base = key;
+    key += t->tables[k].rows;
+  }
+  t->total_keys = key;
+  t->key_bits = 1;
+  while (t->key_bits < 63 && ((uint64_t)1 << t->key_bits) <= (uint64_t)key) t->key_bits++;
+}
+
+static ur_status alloc_storages(ur_tbe *t) {
+  int64_t wsize[UR_PLACE_COUNT][UR__TBE_NDT] = {{0}}, ssize[UR_PLACE_COUNT] = {0};
+  int32_t mult = t->cfg.optim == UR_TBE_OPTIM_ADAM ? 2 : 1;
+  for (int32_t i = 0; i < t->T; i++) {
+    const ur_tbe_table_config *c = &t->tc[i];
+    ur_place wp = storage_place(t, c->place);
+    ur_place sp = storage_place(t, c->state_place < 0 ? (int32_t)c->place : c->state_place);
+    t->splace[i] = sp;
+    int64_t es = (int64_t)ur_dtype_size(c->dtype);
+    t->woff[i] = wsize[wp][c->dtype];
+    wsize[wp][c->dtype] = align_up(t->woff[i] + c->rows * c->dim, ALIGN_BYTES / es);
+    t->soff[i] = ssize[sp];
+    if (t->nstate) ssize[sp] = align_up(t->soff[i] + mult * align_up(state_elems(t, i), ALIGN_BYTES / 4),
+                                        ALIGN_BYTES / 4);
+  }
+  ur_status st;
+  for (int p = 0; p < UR_PLACE_COUNT; p++) {
+    for (int d = 0; d < UR__TBE_NDT; d++) {
+      if (!wsize[p][d]) continue;
+      if ((st = ur_tensor_new(&t->wstore[p][d], (ur_dtype)d, 1, &wsize[p][d], (ur_place)p,
+                              storage_device(t, (ur_place)p))))
+        return st;
+    }
+    if (ssize[p]) {
+      if ((st = ur_tensor_new(&t->sstore[p], UR_DTYPE_F32, 1, &ssize[p], (ur_place)p,
+                              storage_device(t, (ur_place)p))) ||
+          (st = ur_tensor_fill(NULL, t->sstore[p], 0)))
+        return st;
+    }
+  }
+  for (int32_t i = 0; i < t->T; i++) {
+    const ur_tbe_table_config *c = &t->tc[i];
+    ur__tbe_table *d = &t->tables[i];
+    int32_t place;
+    ur__tbe_backing(t, i, d, &place);
+    d->dim = c->dim;
+    d->dtype = c->dtype;
+    d->pooling = c->pooling;
+    d->index = i;
+  }
+  rekey(t);
+  return UR_STATUS_OK;
+}
+
+/* Per-table seeds, so a table's numbers depend on neither its placement nor its neighbours. */
+static uint64_t table_seed(uint64_t seed, int32_t table) {
+  return seed ^ ((uint64_t)(table + 1) * 0xD1B54A32D192ED03ull);
+}
+
+static ur_status draw(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi, uint64_t seed) {
+  const ur_tbe_table_config *c = &t->tc[i];
+  ur_tensor *w = t->wstore[storage_place(t, c->place)][c->dtype];
+  size_t n = (size_t)c->rows * (size_t)c->dim;
+  uint64_t ts = table_seed(seed, i);
+  void *dst = (char *)ur_tensor_data(w) + (size_t)t->woff[i] * ur_dtype_size(c->dtype);
+  if (w->st->place == UR_PLACE_DEVICE)
+    return t->be->rand(s ? s->handle : NULL, dst, c->dtype, n, 0, UR_DIST_UNIFORM, lo, hi, ts);
+  /* Managed tables are drawn on the host, so their pages start there (tensor.c does the same). */
+  if (w->st->place != UR_PLACE_HOST) {
+    ur_status st = ur_device_sync();
+    if (st) return st;
+  }
+  return ur__cpu()->rand(NULL, dst, c->dtype, n, 0, UR_DIST_UNIFORM, lo, hi, ts);
+}
+
+static ur_status upload_desc(ur_tbe *t) {
+  if (!t->desc) return UR_STATUS_OK;
+  ur_status st = t->be->copy(NULL, ur_tensor_data(t->desc), t->tables,
+                             sizeof(ur__tbe_table) * (size_t)t->T);
+  return st ? st : t->be->stream_sync(NULL);
+}
+
+/* The descriptors (and features) in device memory, and room for one call's VBE arrays. */
+static ur_status prepare_device(ur_tbe *t) {
+  size_t tb = sizeof(ur__tbe_table) * (size_t)t->T, fb = sizeof(ur__tbe_feature) * (size_t)t->F;
+  int64_t db = align_up((int64_t)tb, 16) + (int64_t)fb, cb = 3 * (int64_t)sizeof(int64_t) * (t->F + 1);
+  ur_status st;
+  if ((st = ur__tbe_home_tensor(t, &t->desc, UR_DTYPE_U8, db)) ||
+      (st = ur__tbe_home_tensor(t, &t->callbuf, UR_DTYPE_U8, cb)))
+    return st;
+  if ((st = t->be->copy(NULL, ur_tensor_data(t->desc), t->tables, tb))) return st;
+  st = t->be->copy(NULL, (char *)ur_tensor_data(t->desc) + align_up((int64_t)tb, 16),
+                   t->features, fb);
+  if (!st) st = t->be->stream_sync(NULL);
+  return st;
+}
+
+ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tables,
+                     const ur_tbe_table_config *tables, int32_t num_features,
+                     const int32_t *feature_table, const char *const *feature_names) {
+  *out = NULL;
+  ur_status st = check_config(config);
+  if (st) return st;
+  if (num_tables < 1 || num_features < 1)
+    return ur__error(UR_STATUS_INVALID, "tbe: %d tables and %d features; expected at least one "
+                                        "of each", (int)num_tables, (int)num_features);
+  ur_tbe *t = calloc(1, sizeof *t);
+  if (!t) return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
+  t->cfg = *config;
+  t->T = num_tables;
+  t->F = num_features;
+  t->home = config->device >= 0 ? UR_PLACE_DEVICE : UR_PLACE_HOST;
+  t->be = ur__backend_for(t->home);
+  t->nstate = config->optim == UR_TBE_OPTIM_SGD ? 0 : config->optim == UR_TBE_OPTIM_ADAM ? 2 : 1;
+  t->tc = calloc((size_t)num_tables, sizeof *t->tc);
+  t->fnames = calloc((size_t)num_features, sizeof *t->fnames);
+  t->tables = calloc((size_t)num_tables, sizeof *t->tables);
+  t->features = calloc((size_t)num_features, sizeof *t->features);
+  t->woff = calloc((size_t)num_tables, sizeof *t->woff);
+  t->soff = calloc((size_t)num_tables, sizeof *t->soff);
+  t->splace = calloc((size_t)num_tables, sizeof *t->splace);
+  t->owner = calloc((size_t)num_tables, sizeof *t->owner);
+  t->counts = calloc((size_t)num_tables, sizeof *t->counts);
+  t->perm = calloc((size_t)num_tables, sizeof *t->perm);
+  t->perm_gen = calloc((size_t)num_tables, sizeof *t->perm_gen);
+  if (!t->tc || !t->fnames || !t->tables || !t->features || !t->woff || !t->soff || !t->splace ||
+      !t->owner || !t->counts || !t->perm || !t->perm_gen) {
+    ur_tbe_free(t);
+    return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
+  }
+  for (int32_t i = 0; i < num_tables; i++) {
+    t->tc[i] = tables[i];
+    if (!(t->tc[i].name = dup(tables[i].name, "table", i))) {
+      ur_tbe_free(t);
+      return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
+    }
+  }
+  for (int32_t i = 0; i < num_tables && !st; i++) {
+    st = check_table(config, &tables[i], t->tc[i].name);
+    for (int32_t j = 0; j < i && !st; j++)
+      if (!strcmp(t->tc[i].name, t->tc[j].name))
+        st = ur__error(UR_STATUS_INVALID, "tbe: tables %d and %d are both named '%s'", (int)j,
+                       (int)i, t->tc[i].name);
+    if (!st && (tables[i].pooling == UR_POOLING_NONE) != (tables[0].pooling == UR_POOLING_NONE))
+      st = ur__error(UR_STATUS_INVALID,
+                     "tbe: table '%s' pools by %s but table '%s' by %s; a collection pools "
+                     "all its tables (sum or mean) or none",
+                     t->tc[i].name, pooling_name(tables[i].pooling), t->tc[0].name,
+                     pooling_name(tables[0].pooling));
+    if (!st && tables[0].pooling == UR_POOLING_NONE && tables[i].dim != tables[0].dim)
+      st = ur__error(UR_STATUS_INVALID,
+                     "tbe: pooling none needs one dim for all tables; '%s' has %d but '%s' has %d",
+                     t->tc[i].name, (int)tables[i].dim, t->tc[0].name, (int)tables[0].dim);
+  }
+  for (int32_t f = 0; f < num_features && !st; f++) {
+    if (!(t->fnames[f] = dup(feature_names ? feature_names[f] : NULL, "feature", f)))
+      st = ur__error(UR_STATUS_OOM, "tbe: out of host memory");
+    else if (feature_table[f] < 0 || feature_table[f] >= num_tables)
+      st = ur__error(UR_STATUS_INVALID, "tbe: feature %d ('%s') maps to table %d; expected 0..%d",
+                     (int)f, t->fnames[f], (int)feature_table[f], (int)num_tables - 1);
+    for (int32_t g = 0; g < f && !st; g++)
+      if (!strcmp(t->fnames[f], t->fnames[g]))
+        st = ur__error(UR_STATUS_INVALID, "tbe: features %d and %d are both named '%s'", (int)g,
+                       (int)f, t->fnames[f]);
+  }
+  if (st) {
+    ur_tbe_free(t);
+    return st;
+  }
+  t->pooled = tables[0].pooling != UR_POOLING_NONE;
+  t->dim = tables[0].dim;
+  for (int32_t f = 0; f < num_features; f++) {
+    t->features[f].table = feature_table[f];
+    t->features[f].dim = tables[feature_table[f]].dim;
+    t->features[f].col = t->out_dim;
+    t->out_dim += t->pooled ? tables[feature_table[f]].dim : 0;
+  }
+  if (!t->pooled) t->out_dim = t->dim;
+  if ((st = alloc_storages(t)) || (st = ur__tbe_home_tensor(t, &t->flags, UR_DTYPE_I64, 2)) ||
+      (st = t->be->fill(NULL, ur_tensor_data(t->flags), 1, 8, (uint64_t)UR_TBE_NO_BAD)) ||
+      (st = t->be->fill(NULL, (int64_t *)ur_tensor_data(t->flags) + 1, 1, 8, 0))) {
+    ur_tbe_free(t);
+    return st;
+  }
+  for (int32_t i = 0; i < num_tables && !st; i++) {
+    double b = 1.0 / sqrt((double)tables[i].rows);
+    st = draw(NULL, t, i, -b, b, config->seed);
+  }
+  if (!st && t->home == UR_PLACE_DEVICE) st = prepare_device(t);
+  if (st) {
+    ur_tbe_free(t);
+    return st;
+  }
+  *out = t;
+  return UR_STATUS_OK;
+}
+
+void ur_tbe_free(ur_tbe *t) {
+  if (!t) return;
+  /* last in, first out: a hook may lean on what an earlier one lent */
+  for (int32_t k = t->nhooks - 1; k >= 0; k--) t->hooks[k].fn(t->hooks[k].ctx);
+  free(t->hooks);
+  free(t->owner);
+  for (int p = 0; p < UR_PLACE_COUNT; p++) {
+    for (int d = 0; d < UR__TBE_NDT; d++) ur_tensor_free(t->wstore[p][d]);
+    ur_tensor_free(t->sstore[p]);
+  }
+  ur_tensor_free(t->desc);
+  ur_tensor_free(t->callbuf);
+  ur_tensor_free(t->work);
+  ur_tensor_free(t->flags);
+  for (int32_t i = 0; t->counts && i < t->T; i++) ur_tensor_free(t->counts[i]);
+  for (int32_t i = 0; t->perm && i < t->T; i++) ur_tensor_free(t->perm[i]);
+  free(t->counts);
+  free(t->perm);
+  free(t->perm_gen);
+  for (int32_t i = 0; t->tc && i < t->T; i++) free((char *)t->tc[i].name);
+  for (int32_t f = 0; t->fnames && f < t->F; f++) free(t->fnames[f]);
+  free(t->tc);
+  free(t->fnames);
+  free(t->tables);
+  free(t->features);
+  free(t->woff);
+  free(t->soff);
+  free(t->splace);
+  free(t);
+}
+
+ur_status ur__tbe_hook_add(ur_tbe *t, ur__tbe_hook_fn fn, void *ctx) {
+  if (t->nhooks == t->cap_hooks) {
+    int32_t n = t->cap_hooks ? 2 * t->cap_hooks : 4;
+    ur__tbe_hook *h = realloc(t->hooks, sizeof *h * (size_t)n);
+    if (!h) return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
+    t->hooks = h;
+    t->cap_hooks = n;
+  }
+  t->hooks[t->nhooks++] = (ur__tbe_hook){fn, ctx};
+  return UR_STATUS_OK;
+}
+
+void ur__tbe_hook_remove(ur_tbe *t, ur__tbe_hook_fn fn, void *ctx) {
+  for (int32_t k = 0; k < t->nhooks; k++)
+    if (t->hooks[k].fn == fn && t->hooks[k].ctx == ctx) {
+      memmove(t->hooks + k, t->hooks + k + 1, sizeof *t->hooks * (size_t)(t->nhooks - k - 1));
+      t->nhooks--;
+      return;
+    }
+}
+
+/* ---- accessors ---- */
+
+int32_t ur_tbe_num_tables(const ur_tbe *t) { return t->T; }
+int32_t ur_tbe_num_features(const ur_tbe *t) { return t->F; }
+int32_t ur_tbe_device(const ur_tbe *t) { return t->cfg.device; }
+int64_t ur_tbe_out_dim(const ur_tbe *t) { return t->out_dim; }
+int64_t ur_tbe_feature_col(const ur_tbe *t, int32_t f) {
+  return f >= 0 && f < t->F ? t->features[f].col : -1;
+}
+const char *ur_tbe_table_name(const ur_tbe *t, int32_t i) {
+  return i >= 0 && i < t->T ? t->tc[i].name : NULL;
+}
+const char *ur_tbe_feature_name(const ur_tbe *t, int32_t f) {
+  return f >= 0 && f < t->F ? t->fnames[f] : NULL;
+}
+int32_t ur_tbe_feature_table(const ur_tbe *t, int32_t f) {
+  return f >= 0 && f < t->F ? t->features[f].table : -1;
+}
+int32_t ur_tbe_state_count(const ur_tbe *t) { return t->nstate; }
+const char *ur_tbe_state_name(const ur_tbe *t, int32_t which) {
+  return which >= 0 && which < t->nstate ? state_names[t->cfg.optim][which] : NULL;
+}
+
+static ur_status check_index(const ur_tbe *t, int32_t i) {
+  if (i < 0 || i >= t->T)
+    return ur__error(UR_STATUS_INVALID, "tbe: table %d does not exist; expected 0..%d", (int)i,
+                     (int)t->T - 1);
+  return UR_STATUS_OK;
+}
+
+ur_status ur_tbe_table(const ur_tbe *t, int32_t i, ur_tensor **out) {
+  *out = NULL;
+  ur_status st = check_index(t, i);
+  if (st) return st;
+  const ur_tbe_table_config *c = &t->tc[i];
+  int64_t shape[2] = {c->rows, c->dim};
+  return ur_tensor_view_as(t->wstore[storage_place(t, c->place)][c->dtype], out, t->woff[i], 2,
+                           shape);
+}
+
+ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **out) {
+  *out = NULL;
+  ur_status st = check_index(t, i);
+  if (st) return st;
+  if (which < 0 || which >= t->nstate)
+    return ur__error(UR_STATUS_INVALID, "tbe: optimizer state %d does not exist; this "
+                                        "optimizer keeps %d per table", (int)which, (int)t->nstate);
+  const ur_tbe_table_config *c = &t->tc[i];
+  int rowwise = t->cfg.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD;
+  int64_t shape[2] = {c->rows, c->dim};
+  float *base = (float *)ur_tensor_data(t->sstore[t->splace[i]]);
+  float *p = base + t->soff[i];
+  if (which) p += align_up(state_elems(t, i), ALIGN_BYTES / 4);
+  return ur_tensor_view_as(t->sstore[t->splace[i]], out, p - base, rowwise ? 1 : 2, shape);
+}
+
+ur_status ur_tbe_init_table(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi,
+                            uint64_t seed) {
+  ur_status st = check_index(t, i);
+  if (st) return st;
+  if (!isfinite(lo) || !isfinite(hi) || lo > hi)
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: init bounds [%g, %g) are not finite with low <= high", lo, hi);
+  return draw(s, t, i, lo, hi, seed);
+}
+
+/* ---- what the rest of the room reaches (table.h) ---- */
+
+ur_status ur__tbe_home_tensor(const ur_tbe *t, ur_tensor **out, ur_dtype dtype, int64_t n) {
+  return ur_tensor_new(out, dtype, 1, &n, t->home,
+                       t->home == UR_PLACE_DEVICE ? t->cfg.device : UR_LOC_CPU);
+}
+
+void ur__tbe_perm_changed(ur_tbe *t, int32_t i) { t->perm_gen[i]++; }
+
+ur_status ur__tbe_sync_desc(ur_tbe *t) {
+  if (!t->desc) return UR_STATUS_OK;
+  /* kernels in flight on any stream may be reading the descriptors */
+  ur_status st = t->be->device_sync();
+  return st ? st : upload_desc(t);
+}
+
+ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out, int32_t *place) {
+  ur_status st = check_index(t, i);
+  if (st) return st;
+  const ur_tbe_table_config *c = &t->tc[i];
+  ur_tensor *w = t->wstore[storage_place(t, c->place)][c->dtype];
+  *out = t->tables[i];
+  out->weights = (char *)ur_tensor_data(w) + (size_t)t->woff[i] * ur_dtype_size(c->dtype);
+  out->rows = c->rows;
+  out->state1 = out->state2 = NULL;
+  if (t->nstate) {
+    out->state1 = (float *)ur_tensor_data(t->sstore[t->splace[i]]) + t->soff[i];
+    out->state2 = t->nstate > 1 ? out->state1 + align_up(state_elems(t, i), ALIGN_BYTES / 4) : NULL;
+  }
+  *place = storage_place(t, c->place);
+  return UR_STATUS_OK;
+}
+
+ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weights,
+                           float *state1, float *state2, const int64_t *row_ids, int64_t rows) {
+  ur_status st = check_index(t, i);
+  if (st) return st;
+  if (owner && t->owner[i] && t->owner[i] != owner)
+    return ur__error(UR_STATUS_INVALID, "cache: table '%s' is already cached by another cache",
+                     t->tc[i].name);
+  if (owner && (t->tables[i].perm || t->tables[i].counts))
+    return ur__error(UR_STATUS_INVALID,
+                     "cache: table '%s' has a row permutation or access counters; a cached table "
+                     "takes neither (the cache chooses where its rows live)",
+                     t->tc[i].name);
+  ur__tbe_table b;
+  int32_t place;
+  if (!owner) {
+    ur__tbe_backing(t, i, &b, &place);
+    weights = b.weights;
+    state1 = b.state1;
+    state2 = b.state2;
+    rows = b.rows;
+    row_ids = NULL;
+  }
+  /* kernels in flight may read the descriptors or the rows */
+  if ((st = t->be->device_sync())) return st;
+  t->owner[i] = owner;
+  t->tables[i].weights = weights;
+  t->tables[i].state1 = state1;
+  t->tables[i].state2 = state2;
+  t->tables[i].row_ids = row_ids;
+  t->tables[i].rows = rows;
+  rekey(t);
+  return upload_desc(t);
+}

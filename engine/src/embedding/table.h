@@ -1,0 +1,92 @@
+/* table.h: the embedding collection's tables, the lowest module of the embedding room: the
+ * per-table descriptors the kernels read, the storage of rows and optimizer state behind them,
+ * redirecting a table to other rows (a cache's slots), the counter and permutation slots, the
+ * descriptors' copy on the device, and hooks run when the collection is freed.
+ *
+ * The room's files, lower to upper; each calls only files listed before it (and core/), so no
+ * two call each other:
+ *   tbe_cpu.c    the CPU reference of the tbe ops (tbe.h's table; tbe_plan.h's arithmetic)
+ *   cache_cpu.c  the CPU reference of the cache ops (cache.h's table; cache_sets.h)
+ *   table.c      this header: construction, storage, descriptors, redirects, slots, hooks
+ *   counters.c   per-row access counters
+ *   layout.c     ranking rows by count, row permutations and relayout
+ *   pages.c      page prefetch of managed tables
+ *   tbe.c        the checks of a call; forward, backward, the sparse gradient, the row gather
+ *   cache.c      the software cache
+ * The five after table.c call table.c and no other.  The collection reaches its kernels only through
+ * t->be->tbe (tbe_cpu.c or kernels/tbe.cu), a cache through c->be->cache (cache_cpu.c or
+ * kernels/cache.cu); a freed collection lets its cache and its page state go through hooks. */
+#ifndef UR_TABLE_H
+#define UR_TABLE_H
+
+#include "core/core.h"
+#include "embedding/tbe.h"
+
+#define UR__TBE_NDT 3 /* storage dtypes: f32, bf16, f16 (their enum values 0..2) */
+
+/* Run when the collection is freed, before its storage goes: what was lent it (a cache's
+ * redirect, the page prefetch state) lets go.  ctx is the hook's own. */
+typedef void (*ur__tbe_hook_fn)(void *ctx);
+typedef struct ur__tbe_hook {
+  ur__tbe_hook_fn fn;
+  void *ctx;
+} ur__tbe_hook;
+
+struct ur_tbe {
+  ur_tbe_config cfg;
+  /* Where the collection's own arrays (descriptors, counters, permutations, workspaces, a
+   * cache's slots) live: device memory of its GPU, or host memory; its backend is the one of
+   * that memory, taken once here. */
+  ur_place home;
+  const ur_backend *be;
+  int32_t T, F;
+  ur_tbe_table_config *tc;  /* names owned */
+  char **fnames;
+  ur__tbe_table *tables;    /* with pointers into the storages (or a cache's slots) */
+  ur__tbe_feature *features;
+  ur_tensor *wstore[UR_PLACE_COUNT][UR__TBE_NDT];
+  ur_tensor *sstore[UR_PLACE_COUNT];
+  int64_t *woff, *soff;     /* element offsets of each table and of its state */
+  int32_t *splace;
+  int32_t nstate;           /* state tensors per table */
+  int64_t out_dim, total_keys;
+  int32_t pooled, dim, key_bits;
+  int64_t step;
+  ur_tensor *desc;          /* the descriptors and features in device memory (home device) */
+  ur_tensor *callbuf;       /* one call's VBE arrays in device memory (home device) */
+  ur_tensor *work;          /* the backend's workspace, grown on demand (tbe.c) */
+  ur_tensor *flags;         /* i64 [2] at home: first bad value index, ids skipped */
+  const void **owner;       /* per table: who its rows are redirected to (a cache), or NULL */
+  /* per table, NULL until used (counters.c, layout.c): access counters i32 [rows] and the
+   * row permutation i64 [rows], at home */
+  ur_tensor **counts, **perm;
+  uint64_t *perm_gen;       /* per table: bumped whenever its permutation changes */
+  struct ur__pages *pages;  /* page prefetch state (pages.c, freed by its hook), or NULL */
+  ur__tbe_hook *hooks;
+  int32_t nhooks, cap_hooks;
+};
+
+/* A 1-D tensor of n elements at the collection's home. */
+UR__HIDDEN ur_status ur__tbe_home_tensor(const ur_tbe *t, ur_tensor **out, ur_dtype dtype,
+                                         int64_t n);
+
+/* Table i's own storage (its rows and state), whatever its kernels use now; place is where that
+ * storage lives. */
+UR__HIDDEN ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out,
+                                     int32_t *place);
+/* Points table i's kernels at other rows (weights, state, the row id each holds, rows) lent by
+ * owner, and re-keys the collection; owner NULL points it back at its own storage. */
+UR__HIDDEN ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weights,
+                                      float *state1, float *state2, const int64_t *row_ids,
+                                      int64_t rows);
+
+/* A table's permutation changed (set, relaid out or removed): host mirrors of it are stale. */
+UR__HIDDEN void ur__tbe_perm_changed(ur_tbe *t, int32_t i);
+/* Waits for the device, then copies the descriptors there (nothing when they live on the host). */
+UR__HIDDEN ur_status ur__tbe_sync_desc(ur_tbe *t);
+
+/* fn(ctx) runs when t is freed; unhook removes it (the owner went first). */
+UR__HIDDEN ur_status ur__tbe_hook_add(ur_tbe *t, ur__tbe_hook_fn fn, void *ctx);
+UR__HIDDEN void ur__tbe_hook_remove(ur_tbe *t, ur__tbe_hook_fn fn, void *ctx);
+
+#endif
