@@ -27,7 +27,8 @@ NVFLAGS  := -O3 -std=c++17 $(CUDA_ARCH) -DUR_CUDA_ARCHS='"$(CUDA_ARCH_NAMES)"' -
 
 # Libraries the engine links (a host program linking libuvmrec.a links these too).
 ENGINE_LIBS := -lyaml -lopenblas -ljansson -lz -ldl -lpthread -lm
-ENGINE_SRC := $(wildcard engine/src/*.c)
+ENGINE_SRC := $(wildcard engine/src/*.c engine/src/*/*.c)#  engine/src and its rooms (io/, ...)
+ENGINE_HDR := $(wildcard engine/src/*.h engine/src/*/*.h)
 ENGINE_OBJ := $(ENGINE_SRC:engine/src/%.c=$(BUILD)/obj/%.o)
 CUDA_SRC   := $(strip $(wildcard engine/src/cuda/*.cu) $(wildcard kernels/*.cu))
 CUDA_OBJ   := $(patsubst %.cu,$(BUILD)/cuobj/%.o,$(CUDA_SRC))
@@ -72,7 +73,7 @@ $(DEPS_STAMP): Makefile
 	fi
 	@mkdir -p $(BUILD) && touch $@
 
-$(BUILD)/obj/%.o: engine/src/%.c engine/include/uvmrec.h $(wildcard engine/src/*.h) | $(DEPS_STAMP)
+$(BUILD)/obj/%.o: engine/src/%.c engine/include/uvmrec.h $(ENGINE_HDR) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ENGINE) -c $< -o $@
 
@@ -84,7 +85,7 @@ $(BUILD)/lib/libuvmrec.so: $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) -shared $(SANFLAGS) -pthread -o $@ $^ $(ENGINE_LIBS)
 
-$(BUILD)/cuobj/%.o: %.cu engine/include/uvmrec.h $(wildcard engine/src/*.h kernels/*.h) | $(DEPS_STAMP)
+$(BUILD)/cuobj/%.o: %.cu engine/include/uvmrec.h $(ENGINE_HDR) $(wildcard kernels/*.h) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
