@@ -2,7 +2,7 @@
 -- memory, for any cache size, with the plain loop and with the prefetch pipeline (on the CPU
 -- here; the #cuda test does the same against device tables).
 local cmd = require "command"
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 local train = require "uvmrec.train"
 local h = require "helpers"
 
@@ -18,8 +18,7 @@ local function losses(sets, cpu)
   local result = assert(train.run(cfg, { out = dir .. "/run", progress = "none", cpu = cpu,
                                          print = function() end, setup = function(c) ctx = c end }))
   local out = {}
-  for l in io.lines(dir .. "/run/metrics.jsonl") do
-    local j = assert(ck.json.decode(l))
+  for _, j in ipairs(assert(json.read_lines(dir .. "/run/metrics.jsonl"))) do
     if j.event == "train" then out[#out + 1] = j.loss end
   end
   local stats = ctx and ctx.model.embeddings.tbe.cache and ctx.model.embeddings.tbe.cache:stats()

@@ -24,6 +24,7 @@
 -- and zero-copy reads are the driver's and not counted here).  The
 -- first steps' losses of every mode must agree with all-in-HBM's (same weights and batches).
 local ur = require "uvmrec"
+local json = require "uvmrec.json"
 local C = ur.C
 
 local o = { rows = 1000000, tables = 4, batch = 8192, batches = 200, zipf = 1.05, steps = 40 }
@@ -64,14 +65,11 @@ local out_file
 local function emit(rec)
   if not o.out then return end
   out_file = out_file or assert(io.open(o.out, "w"))
-  local parts = {}
+  local finite = {} -- a rate of nothing (0 / 0) is left out of the line
   for k, v in pairs(rec) do
-    local s = type(v) == "string" and ('"' .. v .. '"') or type(v) == "boolean" and tostring(v)
-              or (v ~= v or v == math.huge) and "null" or string.format("%.10g", v)
-    parts[#parts + 1] = ('"%s":%s'):format(k, s)
+    if type(v) ~= "number" or (v == v and math.abs(v) ~= math.huge) then finite[k] = v end
   end
-  table.sort(parts)
-  out_file:write("{", table.concat(parts, ","), "}\n")
+  out_file:write(json.encode(finite), "\n")
   out_file:flush()
 end
 

@@ -12,6 +12,7 @@
 -- time per batch (a prepare and a retire, the host waiting for the GPU after each).
 local ffi = require "ffi"
 local ur = require "uvmrec"
+local json = require "uvmrec.json"
 local C = ur.C
 
 local o = { tables = 26, rows = 1000000, batch = 65536, batches = 12, zipf = 1.05 }
@@ -109,9 +110,9 @@ for _, frac in ipairs({ 0.05, 0.2 }) do
           100 * sg.conflicts / math.max(1, sg.unique), 1e3 * tc, 1e3 * tg, bad and "NO" or "yes"))
     if bad then print("  first difference: " .. bad) end
     if out_file then
-      out_file:write(('{"bench":"cache_decide","cache_fraction":%g,"policy":"%s","hit_rate":%.6f,'
-        .. '"cpu_ms_per_batch":%.3f,"gpu_ms_per_batch":%.3f,"same":%s,"tables":%d,"rows":%d,"batch":%d}\n')
-        :format(frac, policy, sg.hit_rate, 1e3 * tc, 1e3 * tg, tostring(bad == nil), T, N, B))
+      out_file:write(json.encode { bench = "cache_decide", cache_fraction = frac, policy = policy,
+        hit_rate = sg.hit_rate, cpu_ms_per_batch = 1e3 * tc, gpu_ms_per_batch = 1e3 * tg, same = bad == nil,
+        tables = T, rows = N, batch = B }, "\n")
     end
   end
 end

@@ -4,6 +4,7 @@
 -- usage: luajit scripts/bench/checkpoint.lua [GiB=1] [placement=managed] [staging MiB=64] [dir=/tmp]
 local ur = require "uvmrec"
 local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
 local gib = tonumber(arg[1] or 1)
 local place = arg[2] or "managed"
@@ -67,6 +68,5 @@ print(("checkpoint %s %.2f GiB, staging %d MiB: save %.2f GB/s (%.2f s, fsync in
   .. "load %.2f GB/s (%.2f s); host high-water growth %.0f / %.0f MiB"):format(
   place, bytes / 2 ^ 30, staging / 2 ^ 20, bytes / 1e9 / (t1 - t0), t1 - t0,
   bytes / 1e9 / (t3 - t2), t3 - t2, saved - base, loaded - base))
-print(('{"bench":"checkpoint","placement":"%s","bytes":%d,"staging":%d,"save_s":%.4f,"load_s":%.4f,'
-  .. '"save_rss_mib":%.1f,"load_rss_mib":%.1f}'):format(place, bytes, staging, t1 - t0, t3 - t2,
-  saved - base, loaded - base))
+print(json.encode { bench = "checkpoint", placement = place, bytes = bytes, staging = staging, save_s = t1 - t0,
+  load_s = t3 - t2, save_rss_mib = saved - base, load_rss_mib = loaded - base })

@@ -14,7 +14,7 @@
 -- Prints a summary and writes one JSON line to --out.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
 local o = { sets = {} }
 do
@@ -187,7 +187,7 @@ print(("fed by the loader: %d steps, %s samples/s (the loader waited on for %.2f
 
 if o.out then
   local f = assert(io.open(o.out, "a"))
-  f:write(ck.json.encode { bench = "dlrm", config = cfg.name, device = where, batch = B,
+  f:write(json.encode { bench = "dlrm", config = cfg.name, device = where, batch = B,
     precision = cfg.model.precision, steps = o.steps, seconds = seconds, samples_per_s = rate,
     ms_per_step = seconds / o.steps * 1e3, fed_samples_per_s = fed_rate, loss_first = loss0, loss_last = loss1,
     check_f32 = check.f32, check_bf16 = check.bf16 }, "\n")

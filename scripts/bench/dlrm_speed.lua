@@ -24,7 +24,7 @@
 -- Prints the tables last and appends JSON lines to --out.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
@@ -132,7 +132,7 @@ if not o.no_torch then
     local desc = P.describe(small, m, train.optimizer(small, m))
     desc.rows = train.config.table_rows(cfg)
     local f = assert(io.open(desc_path, "w"))
-    f:write(ck.json.encode(desc), "\n")
+    f:write(json.encode(desc), "\n")
     f:close()
     m.embeddings.tbe:free()
   end
@@ -148,7 +148,7 @@ if not o.no_torch then
   local f = io.open(tj)
   if f then
     for line in f:lines() do
-      local r = ck.json.decode(line)
+      local r = json.decode(line)
       if r.bench == "torch_dlrm" then torch[r.precision] = r
       elseif r.bench == "ceilings" then ceil = r end
     end
@@ -385,7 +385,7 @@ if o.out then
   local f = assert(io.open(o.out, "a"))
   for _, r in ipairs(results) do
     local t = torch[r.precision]
-    f:write(ck.json.encode { bench = "dlrm_speed", config = cfg0.name, device = where, batch = B,
+    f:write(json.encode { bench = "dlrm_speed", config = cfg0.name, device = where, batch = B,
       precision = r.precision, ms = r.ms, samples_per_s = r.samples_per_s, phases = r.phases, gaps_ms = r.gaps,
       floor_ms = r.floor_ms, unique_rows = r.unique, ids = r.ids, loss = r.loss,
       torch_ms = t and t.ms, torch_samples_per_s = t and t.samples_per_s, ratio = t and t.ms / r.ms,

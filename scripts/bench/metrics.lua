@@ -5,6 +5,7 @@
 --   luajit scripts/bench/metrics.lua [batch] [window]
 local ur = require "uvmrec"
 local metrics = require "uvmrec.metrics"
+local json = require "uvmrec.json"
 
 local batch = tonumber(arg[1]) or 65536
 local window = tonumber(arg[2]) or 1048576
@@ -58,11 +59,7 @@ end
 local rows = {}
 local function row(r)
   rows[#rows + 1] = r
-  local json = {}
-  for k, v in pairs(r) do
-    json[#json + 1] = ("%q: %s"):format(k, type(v) == "number" and ("%.6g"):format(v) or ("%q"):format(v))
-  end
-  io.stderr:write("{" .. table.concat(json, ", ") .. "}\n")
+  io.stderr:write(json.encode(r), "\n")
 end
 
 local stream = gpu and assert(ur.stream()) or nil

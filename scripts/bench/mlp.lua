@@ -13,6 +13,7 @@
 -- gradient, and input gradient where one is computed; the ceiling is BENCH.md's measured bf16
 -- 790 TFLOP/s.  --torch reads scripts/bench/torch_mlp.py's JSON lines for the ratio.
 local ur = require "uvmrec"
+local json = require "uvmrec.json"
 local nn = ur.nn
 
 local args = {}
@@ -176,15 +177,15 @@ local function time(precision)
   return median(ms)
 end
 
+-- scripts/bench/torch_mlp.py's lines: ms by precision (none when the file is not there).
 local function read_torch(path)
   local out = {}
-  local f = path and io.open(path)
-  if not f then return out end
-  for line in f:lines() do
-    local p, ms = line:match('"precision": *"(%w+)".-"ms": *([%d.eE+-]+)')
-    if p then out[p] = tonumber(ms) end
+  if not path then return out end
+  local recs, err = json.read_lines(path)
+  if not recs then io.stderr:write("mlp bench: --torch: ", err, "; the ratios are left out\n") end
+  for _, r in ipairs(recs or {}) do
+    if r.precision and r.ms then out[r.precision] = r.ms end
   end
-  f:close()
   return out
 end
 
@@ -205,9 +206,8 @@ for _, p in ipairs(precisions) do
   print(("%-6s %12s %10.3f %10.3f %11.2f%% %10s"):format(p, GPU and ("%.1e"):format(worst) or "-", ms, tf,
     100 * tf / CEILING, ratio and ("%.2fx"):format(ratio) or "-"))
   if out then
-    out:write(('{"bench": "mlp", "mode": "%s", "precision": "%s", "batch": %d, "ms": %.4f, "tflops": %.2f, '
-      .. '"ceiling_tflops": %d, "check_max_rel": %.3g, "torch_ms": %s}\n'):format(
-      args.mode, p, BATCH, ms, tf, CEILING, worst, torch[p] and ("%.4f"):format(torch[p]) or "null"))
+    out:write(json.encode { bench = "mlp", mode = args.mode, precision = p, batch = BATCH, ms = ms, tflops = tf,
+      ceiling_tflops = CEILING, check_max_rel = worst, torch_ms = torch[p] }, "\n")
   end
 end
 if out then out:close() end

@@ -18,6 +18,7 @@
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
@@ -136,7 +137,7 @@ for _, g in ipairs(grads) do
 end
 
 ok, err = ck.save(o.dump, { tensors = out, meta = {
-  ["uvmrec.meta.torch"] = ck.json.encode(desc), ["parity.device"] = gpu and "cuda" or "cpu",
+  ["uvmrec.meta.torch"] = json.encode(desc), ["parity.device"] = gpu and "cuda" or "cpu",
   ["parity.first"] = tostring(o.first), ["parity.data"] = o.data } })
 if not ok then die(err) end
 print(("parity: %s (%s interaction, %s) on %s: batch %d from sample %d of %s; loss %.6f; %d dense gradients, "

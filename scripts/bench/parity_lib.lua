@@ -7,6 +7,7 @@
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 local Module = require "uvmrec.nn.Module"
 local dense = ur.dense
 
@@ -75,8 +76,8 @@ end
 -- Saves the model's weights with the description (meta uvmrec.meta.torch) and the config.
 function M.save_weights(path, model, desc, cfg)
   return ck.save(path, { tensors = M.weights(model), meta = {
-    ["uvmrec.format"] = tostring(ck.FORMAT or 1), ["uvmrec.meta.torch"] = ck.json.encode(desc),
-    ["uvmrec.config"] = ck.json.encode(cfg) } })
+    ["uvmrec.format"] = tostring(ck.FORMAT or 1), ["uvmrec.meta.torch"] = json.encode(desc),
+    ["uvmrec.config"] = json.encode(cfg) } })
 end
 
 -- The batch's sparse input as the collection takes it (a KJT stays a KJT).

@@ -16,6 +16,7 @@
 local ffi = require "ffi"
 local ur = require "uvmrec"
 local tbe = require "uvmrec.tbe"
+local json = require "uvmrec.json"
 
 local args = { out = nil, torch = nil }
 do
@@ -231,18 +232,16 @@ end
 
 -- ---- the cases ----
 
+-- scripts/bench/torch_embeddingbag.py's lines: the best ms of each case/op.
 local torch = {}
 if args.torch then
-  local fh = io.open(args.torch)
-  if fh then
-    for line in fh:lines() do
-      local case, op, ms = line:match('"case": *"([^"]+)".-"op": *"([^"]+)".-"ms": *([%d%.eE+-]+)')
-      if case then
-        local key = case .. "/" .. op
-        torch[key] = math.min(torch[key] or math.huge, tonumber(ms))
-      end
+  local recs, err = json.read_lines(args.torch)
+  if not recs then io.stderr:write("tbe bench: --torch: ", err, "; the ratios are left out\n") end
+  for _, r in ipairs(recs or {}) do
+    if r.case and r.op and r.ms then
+      local key = r.case .. "/" .. r.op
+      torch[key] = math.min(torch[key] or math.huge, r.ms)
     end
-    fh:close()
   end
 end
 
@@ -251,15 +250,12 @@ local rows_out = {}
 local function report(r)
   rows_out[#rows_out + 1] = r
   if out_fh then
-    local parts = {}
+    local rec = {}
     for _, k in ipairs { "bench", "case", "op", "ms", "bytes", "gbps", "gather_gbps", "pct_gather",
                          "torch_ms", "vs_torch", "device" } do
-      local v = r[k]
-      if v ~= nil then
-        parts[#parts + 1] = ('"%s": %s'):format(k, type(v) == "number" and ("%.6g"):format(v) or ('"' .. v .. '"'))
-      end
+      rec[k] = r[k]
     end
-    out_fh:write("{", table.concat(parts, ", "), "}\n")
+    out_fh:write(json.encode(rec), "\n")
     out_fh:flush()
   end
 end

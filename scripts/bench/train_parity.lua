@@ -19,7 +19,7 @@
 -- Exits 1 when the AUCs differ by more than --tol or a run fails.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
@@ -140,11 +140,8 @@ end
 
 -- 4. Both runs side by side.
 local function read_jsonl(p)
-  local f = io.open(p)
-  if not f then die(p .. ": not written", 1) end
-  local out = {}
-  for line in f:lines() do out[#out + 1] = ck.json.decode(line) end
-  f:close()
+  local out, jerr = json.read_lines(p)
+  if not out then die(jerr, 1) end
   return out
 end
 local function final(lines)
@@ -172,7 +169,7 @@ print(("%-8s %10.4f %12.4f %10.4f %14.0f"):format("torch", tf.auc, tf.logloss, t
 print(("|AUC difference| %.4f (allowed %.4f): %s; mean |loss difference| over %d logged steps %.4f")
   :format(diff, o.tol, ok and "ok" or "FAIL", n, n > 0 and sum / n or 0))
 local sf = assert(io.open(work .. "/summary.jsonl", "a"))
-sf:write(ck.json.encode { bench = "train_parity", model = cfg.name, steps = steps, batch = cfg.train.batch_size,
+sf:write(json.encode { bench = "train_parity", model = cfg.name, steps = steps, batch = cfg.train.batch_size,
   train_samples = train_samples, eval_samples = eval_samples, uvmrec_device = gpu and "cuda" or "cpu",
   torch_device = o.torch_device, uvmrec_auc = uf.auc, torch_auc = tf.auc, auc_diff = diff, tol = o.tol, ok = ok,
   mean_loss_diff = n > 0 and sum / n or 0, uvmrec_samples_per_s = uf.samples_per_s,

@@ -12,7 +12,7 @@
 -- directories and is removed at the end.  --out appends the result as a line of JSON.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
 local o = { sets = {}, tol = 0, dir = "/tmp/uvmrec-train-resume" }
 do
@@ -68,11 +68,7 @@ local function run(c, opts)
   return r
 end
 
-local function events(dir)
-  local out = {}
-  for l in io.lines(dir .. "/metrics.jsonl") do out[#out + 1] = assert(ck.json.decode(l)) end
-  return out
-end
+local function events(dir) return assert(json.read_lines(dir .. "/metrics.jsonl")) end
 
 local function losses(dir)
   local out = {}
@@ -110,10 +106,10 @@ io.write(("checkpoint at step %d: %.2f GB; saved in %.2f s (%.2f GB/s, fsync inc
   .. "(%.2f GB/s)\n"):format(n, gb, save.seconds, result.save_gb_s, start.load_seconds, result.load_gb_s))
 io.write(("losses of steps 1..%d (resumed after %d): %s (largest relative difference %.3g); last loss %.6f\n")
   :format(2 * n, n, exact and "bit for bit the uninterrupted run's" or "NOT bit-identical", worst, want[2 * n]))
-io.write(ck.json.encode(result), "\n")
+io.write(json.encode(result), "\n")
 if o.out then
   local f = assert(io.open(o.out, "a"))
-  f:write(ck.json.encode(result), "\n")
+  f:write(json.encode(result), "\n")
   f:close()
 end
 os.execute("rm -rf '" .. o.dir .. "'")

@@ -25,7 +25,7 @@
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local hints = require "uvmrec.hints"
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
 local C = ur.C
 local o = { sets = {}, fractions = { 5, 10, 20, 50, 100 }, policies = { "host", "hot_prefix", "adaptive" } }
@@ -295,7 +295,7 @@ local function emit(rec)
   results[#results + 1] = rec
   if o.out then
     local f = assert(io.open(o.out, "a"))
-    f:write(ck.json.encode(rec), "\n")
+    f:write(json.encode(rec), "\n")
     f:close()
   end
   print(("  %-10s %5s  %8.2f ms/step  %10.0f samples/s%s"):format(rec.policy,
@@ -324,7 +324,7 @@ local function failed(what, err)
   if gpu then ur.set_hbm_budget(0) end
   if o.out then
     local f = assert(io.open(o.out, "a"))
-    f:write(ck.json.encode { bench = "uvm", failed = what, error = tostring(err) }, "\n")
+    f:write(json.encode { bench = "uvm", failed = what, error = tostring(err) }, "\n")
     f:close()
   end
 end

@@ -3,7 +3,7 @@
 -- host tables bit for bit; resuming from a checkpoint taken after a relayout gives the
 -- uninterrupted run's losses; intervals go to metrics.jsonl and a summary line is printed;
 -- config errors name the value.
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 local train = require "uvmrec.train"
 
 local BASE = { "train.batch_size=256", "eval.samples=0", "eval.min_auc=0", "train.log_every=1",
@@ -29,8 +29,7 @@ local function run(sets, opts)
   local r, err = train.run(cfg, o)
   assert(r, err)
   local losses, events = {}, {}
-  for l in io.lines(dir .. "/metrics.jsonl") do
-    local e = assert(ck.json.decode(l))
+  for _, e in ipairs(assert(json.read_lines(dir .. "/metrics.jsonl"))) do
     events[#events + 1] = e
     if e.event == "train" then losses[e.step] = e.loss end
   end

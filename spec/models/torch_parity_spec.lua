@@ -5,6 +5,7 @@
 -- numpy in build/venv (build/venv/bin/pip install torch) or in UVMREC_PYTHON; pending without.
 local ur = require "uvmrec"
 local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 local h = require "helpers"
 local command = require "command"
 
@@ -56,8 +57,7 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
     os.remove(jl)
     out, err, code = command.sh(("%s scripts/bench/torch_dlrm.py parity --ckpt %s --dump %s --data %s --device %s "
       .. "--out %s"):format(py, q(ckpt), q(g), q(data(c.data)), opts.gpu and "cuda" or "cpu", q(jl)))
-    local lines = {}
-    for l in (command.slurp(jl) or ""):gmatch("[^\n]+") do lines[#lines + 1] = assert(ck.json.decode(l)) end
+    local lines = json.read_lines(jl) or {}
     return out .. err, code, lines, w
   end
 

@@ -8,6 +8,7 @@
 -- run gives the uninterrupted run's losses too (#cuda).
 local ur = require "uvmrec"
 local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 local cmd = require "command"
 local helpers = require "helpers"
 local train = require "uvmrec.train"
@@ -35,11 +36,7 @@ local function run(sets, opts)
   return train.run(tiny(sets), opts)
 end
 
-local function events(dir)
-  local out = {}
-  for l in io.lines(dir .. "/metrics.jsonl") do out[#out + 1] = assert(ck.json.decode(l)) end
-  return out
-end
+local function events(dir) return assert(json.read_lines(dir .. "/metrics.jsonl")) end
 
 -- {step = loss} of a run directory's train lines (log_every = 1: every step), and how many
 -- steps.  A step logged twice (a killed run's steps after its last checkpoint, done again by
@@ -83,7 +80,7 @@ end
 
 local function trainer_meta(path)
   local f = assert(ck.open(path))
-  local m = assert(ck.json.decode(f:meta("uvmrec.meta.trainer")))
+  local m = assert(json.decode(f:meta("uvmrec.meta.trainer")))
   f:close()
   return m
 end
@@ -274,7 +271,7 @@ describe("uvmrec train checkpoints", function()
       "checkpoint has 64, this run has 32), train.batch_size (the checkpoint has 256, this run has 128)", err)
     -- A key the checkpoint's config lacks (added to the schema since it was written) counts as
     -- its default; a value the checkpoint has is compared.
-    local old = ck.json.decode(ck.json.encode(tiny(sets_with(SYNTH, { "train.steps=3" }))))
+    local old = json.decode(json.encode(tiny(sets_with(SYNTH, { "train.steps=3" }))))
     old.train.keep, old.embeddings.dtype, old.data = nil, nil, nil
     local filled = train.fill_defaults(old)
     assert.same({ 0, "f32", "", 4 },
@@ -433,7 +430,7 @@ describe("uvmrec train checkpoints", function()
                        .. " 2>&1")
     local text = p:read("*a")
     p:close()
-    local got = assert(ck.json.decode(text), text)
+    local got = assert(json.decode(text), text)
     local mine = assert(ck.load(r.checkpoint))
     local n = 0
     for name, t in pairs(mine.tensors) do
@@ -454,7 +451,7 @@ describe("uvmrec train checkpoints", function()
     for name in pairs(got.tensors) do names[#names + 1] = name end
     assert.equal(n, #names)
     assert.equal("4", got.metadata["uvmrec.step"])
-    local comps = assert(ck.json.decode(got.metadata["uvmrec.components"]))
+    local comps = assert(json.decode(got.metadata["uvmrec.components"]))
     assert.same({ "dense", "embeddings", "optimizer", "trainer" }, { unpack(comps, 1, 4) }) -- others may follow
     assert.same(mine.meta, got.metadata)
     assert.truthy(got.tensors["dense.top.3.weight"] and got.tensors["embeddings.C16"]

@@ -1,7 +1,7 @@
 -- uvmrec.train on the CPU: dlrm_tiny trains (the loss falls, the held-out AUC passes 0.70 and
 -- stays under the synthetic data's ceiling), the run directory holds the resolved config and
 -- the metrics as JSON lines, and every component registered for checkpoints comes back.
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 local cmd = require "command"
 local train = require "uvmrec.train"
 
@@ -12,11 +12,7 @@ local function tiny(sets)
   return assert(train.config.load(assert(train.find_config("dlrm_tiny")), all))
 end
 
-local function lines_of(path)
-  local out = {}
-  for l in io.lines(path) do out[#out + 1] = assert(ck.json.decode(l)) end
-  return out
-end
+local function lines_of(path) return assert(json.read_lines(path)) end
 
 describe("uvmrec.train", function()
   local dir
@@ -46,7 +42,7 @@ describe("uvmrec.train", function()
 
     -- the run directory: the config as resolved, then one JSON object a line
     local f = assert(io.open(dir .. "/run/config.json"))
-    local saved = assert(ck.json.decode(f:read("*a")))
+    local saved = assert(json.decode(f:read("*a")))
     f:close()
     assert.equal(160, saved.train.steps)
     assert.equal(512, saved.train.batch_size)
