@@ -38,7 +38,7 @@ HOST_BINS  := $(BUILD)/bin/uvmrec $(BUILD)/lib/libuvmrec_lua.a $(BUILD)/lib/libu
 CDEF       := lua/uvmrec/cdef.lua
 DEPS_STAMP := $(BUILD)/.deps
 
-DEBIAN_PKGS := luajit zlib1g-dev clang libclang-rt-14-dev libluajit-5.1-dev lua-busted lua-check libyaml-dev libopenblas-dev \
+DEBIAN_PKGS := luajit zlib1g-dev clang libclang-rt-14-dev libluajit-5.1-dev lua-argparse lua-busted lua-check libyaml-dev libopenblas-dev \
                libedit-dev libjansson-dev pkg-config valgrind
 
 LUA_PATH_TREE  := $(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;
@@ -185,9 +185,10 @@ uninstall:
 	  $(addprefix $(INST)/lib/pkgconfig/,uvmrec.pc uvmrec-lua.pc)
 	rm -rf $(INST)/share/lua/5.1/uvmrec $(INST)/share/uvmrec
 
-# busted and what it loads (Lua files and three small C modules) travel in the dist tree, which
-# runs the command and the spec suite where only the NVIDIA driver is installed.
-DIST_LUA   := busted busted.lua luassert say pl cliargs cliargs.lua mediator.lua dkjson.lua term system
+# lua-argparse (uvmrec.cli's parser), busted and what it loads (Lua files and three small C
+# modules) travel in the dist tree, which runs the command and the spec suite where only the
+# NVIDIA driver is installed.
+DIST_LUA   := argparse.lua busted busted.lua luassert say pl cliargs cliargs.lua mediator.lua dkjson.lua term system
 DIST_CMODS := lfs.so term/core.so system/core.so
 DIST_MAX_MIB := 48
 # The engine travels inside bin/uvmrec only: a GPU host has no plain luajit to load libuvmrec.so.

@@ -10,4 +10,8 @@ if #arg == 0 or arg[#arg]:match("^%-") then args[#args + 1] = dir end
 for i = 1, #arg do arg[i] = nil end -- luacheck: ignore 122
 for i, a in ipairs(args) do arg[i] = a end -- luacheck: ignore 122
 
-require "busted.runner" { standalone = false }
+-- Called through pcall, busted's runner ends a failed run (or a bad option) with os.exit(1);
+-- called directly it would raise an error without a message, its way on Lua 5.1, which the
+-- command reports as "(error object is a nil value)".
+local ok, err = pcall(require "busted.runner", { standalone = false })
+if not ok then error(err, 0) end
