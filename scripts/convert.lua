@@ -40,10 +40,10 @@ local cmd = require("uvmrec.cli").command {
 local o = cmd:parse(arg)
 local inputs, out = o.input, o.out
 local opts = { rows = o.rows or o.rows_config, on_bad_line = o.on_bad_line, pad_missing_fields = o.pad_missing_fields }
-if os.execute(("mkdir -p '%s'"):format(out:gsub("'", "'\\''"))) ~= 0 then cmd:fail("cannot create " .. out, 1) end
+if os.execute(("mkdir -p '%s'"):format(out:gsub("'", "'\\''"))) ~= 0 then cmd:fail("cannot create " .. out) end
 
 local st, err = data.convert(inputs, out, opts)
-if not st then cmd:fail(err, 1) end
+if not st then cmd:fail(err) end
 
 local readme = assert(io.open(out .. "/README.txt", "a"))
 for k, path in ipairs(inputs) do

@@ -27,12 +27,12 @@ local o = cmd:parse(arg)
 local name, out, days = o.config, o.out, o.days
 
 local base, cfg_samples = synthetic.resolve(name)
-if not base then cmd:fail(cfg_samples) end
+if not base then cmd:misuse(cfg_samples) end
 local samples = o.samples or cfg_samples
-if not samples then cmd:fail("needs --samples N: " .. name .. " gives no synthetic.samples") end
+if not samples then cmd:misuse("needs --samples N: " .. name .. " gives no synthetic.samples") end
 local ok, spec = pcall(synthetic.spec, base, { seed = o.seed or base.seed, groups = o.groups or base.groups })
 if not ok then cmd:fail(spec) end
-if os.execute(("mkdir -p '%s'"):format(out:gsub("'", "'\\''"))) ~= 0 then cmd:fail("cannot create " .. out, 1) end
+if os.execute(("mkdir -p '%s'"):format(out:gsub("'", "'\\''"))) ~= 0 then cmd:fail("cannot create " .. out) end
 
 local c = spec.cspec
 local H, one_hot, weighted, big = 0, true, false, false
@@ -51,14 +51,14 @@ local C = ur.C
 local function writer(path, descr, shape)
   local w = ffi.new("ur_npy_writer *[1]")
   local dims = ffi.new("int64_t[4]", shape)
-  if C.ur_npy_writer_open(path, descr, #shape, dims, w) ~= 0 then cmd:fail(ffi.string(C.ur_last_error()), 1) end
+  if C.ur_npy_writer_open(path, descr, #shape, dims, w) ~= 0 then cmd:fail(ffi.string(C.ur_last_error())) end
   return w[0]
 end
 local function append(w, t)
-  if C.ur_npy_writer_append(w, t.p) ~= 0 then cmd:fail(ffi.string(C.ur_last_error()), 1) end
+  if C.ur_npy_writer_append(w, t.p) ~= 0 then cmd:fail(ffi.string(C.ur_last_error())) end
 end
 local function close(w)
-  if C.ur_npy_writer_close(w) ~= 0 then cmd:fail(ffi.string(C.ur_last_error()), 1) end
+  if C.ur_npy_writer_close(w) ~= 0 then cmd:fail(ffi.string(C.ur_last_error())) end
 end
 
 local chunk = 262144

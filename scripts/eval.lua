@@ -23,9 +23,9 @@ local o = cmd:parse(arg)
 local opts = { data = o.data, out = o.out, checkpoint = o.checkpoint, cpu = o.cpu }
 
 local file, ferr = train.find_config(o.config)
-if not file then cmd:fail(ferr, 1) end
+if not file then cmd:fail(ferr) end
 local cfg, err = train.config.load(file, o.set)
-if not cfg then cmd:fail(err, 1) end
+if not cfg then cmd:fail(err) end
 opts.config_path = file
 local result, rerr = train.eval(cfg, opts)
-if not result then cmd:fail(rerr, 1) end
+if not result then cmd:fail(rerr) end

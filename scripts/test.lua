@@ -13,10 +13,10 @@ local cmd = require("uvmrec.cli").command {
 local o = cmd:parse(arg)
 
 local host = package.loaded["uvmrec.host"]
-if not host then cmd:fail("scripts/test.lua runs under the uvmrec command: `uvmrec test`", 1) end
+if not host then cmd:fail("scripts/test.lua runs under the uvmrec command: `uvmrec test`") end
 if not host.spec then
   cmd:fail(("this tree (%s, %s) has no spec suite; run it from a checkout (make test) or a dist tree "
-    .. "(dist/bin/uvmrec test)"):format(host.layout, host.root or "?"), 1)
+    .. "(dist/bin/uvmrec test)"):format(host.layout, host.root or "?"))
 end
 
 local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end

@@ -43,16 +43,16 @@ end
 local opts = { out = o.out, resume = o.resume, progress = o.progress, cpu = o.cpu }
 
 local file, ferr = train.find_config(o.config)
-if not file then cmd:fail(ferr, 1) end
+if not file then cmd:fail(ferr) end
 local cfg, err = train.config.load(file, sets)
-if not cfg then cmd:fail(err, 1) end
+if not cfg then cmd:fail(err) end
 opts.config_path = file
 -- A run directory resumed goes on being written unless --out names another.
 if opts.resume and not opts.out and require("uvmrec").C.ur_path_kind(opts.resume) == 2 then
   opts.out = opts.resume
 end
 local result, rerr = train.run(cfg, opts)
-if not result then cmd:fail(rerr, 1) end
+if not result then cmd:fail(rerr) end
 if result.interrupted then
   local sig = result.interrupted.signal
   os.exit(128 + (sig > 0 and sig or 2))

@@ -119,6 +119,23 @@ describe("uvmrec command", function()
     end)
   end)
 
+  it("has every benchmark script declare its command line (uvmrec.cli)", function()
+    local cli = require "uvmrec.cli"
+    local libraries = { ["parity_lib.lua"] = true, ["zipf_stream.lua"] = true } -- dofile'd by the benches
+    local p = io.popen("ls scripts/bench/*.lua")
+    local n = 0
+    for path in p:lines() do
+      if not libraries[path:match("[^/]+$")] then
+        local c, err = cli.describe(path)
+        assert.truthy(c, err)
+        assert.equal(path, c.name)
+        n = n + 1
+      end
+    end
+    p:close()
+    assert.is_true(n >= 13, n .. " benchmark scripts")
+  end)
+
   it("hands busted the arguments of `uvmrec test` that are not its own", function()
     local out, err, code = cmd.run("test --help")
     assert.equal(0, code, err)

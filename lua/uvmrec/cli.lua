@@ -249,15 +249,22 @@ function Command:check(args)
   return result
 end
 
--- A message about this command's use on stderr, and exit with code (2: a usage error).
+-- A failure once the arguments are read (a file, the data, a check): the message on stderr, then
+-- exit with code (default 1).
 function Command:fail(msg, code)
   io.stdout:flush()
   io.stderr:write(self.prog, ": ", tostring(msg), "\n")
-  if (code or 2) == 2 then
-    io.stderr:write(self:usage(), "\n(`", self.prog, " --help` describes every option)\n")
-  end
   io.stderr:flush()
-  os.exit(code or 2)
+  os.exit(code or 1)
+end
+
+-- A wrong argument: the message and the usage on stderr, exit 2.
+function Command:misuse(msg)
+  io.stdout:flush()
+  io.stderr:write(self.prog, ": ", tostring(msg), "\n", self:usage(), "\n(`", self.prog,
+                  " --help` describes every option)\n")
+  io.stderr:flush()
+  os.exit(2)
 end
 
 -- opts from the arguments (a script's arg); --help prints the help and exits 0, a wrong
@@ -270,7 +277,7 @@ function Command:parse(args)
     io.stdout:flush()
     os.exit(0)
   end
-  self:fail(err, 2)
+  self:misuse(err)
 end
 
 -- The command a script declares, without running the script past its declaration; nil,

@@ -1,15 +1,20 @@
 -- Checkpoint throughput: saves a table of the given size and placement through the staging
 -- buffer, loads it back into a second one, checks the rows match, and prints GB/s and the
 -- host memory high-water mark's growth (which the staging buffer bounds) as a line of JSON.
--- usage: luajit scripts/bench/checkpoint.lua [GiB=1] [placement=managed] [staging MiB=64] [dir=/tmp]
+-- usage: luajit scripts/bench/checkpoint.lua [GIB] [PLACEMENT] [STAGING_MIB] [DIR]   (--help)
 local ur = require "uvmrec"
 local ck = require "uvmrec.checkpoint"
 local json = require "uvmrec.json"
 
-local gib = tonumber(arg[1] or 1)
-local place = arg[2] or "managed"
-local staging = math.floor(tonumber(arg[3] or 64) * 2 ^ 20)
-local dir = arg[4] or "/tmp"
+local o = require("uvmrec.cli").command {
+  name = "scripts/bench/checkpoint.lua",
+  summary = "checkpoint throughput: save and load a table through the staging buffer, GB/s and host memory",
+  { "[GIB]", "the table's size in GiB", type = "number", default = 1 },
+  { "[PLACEMENT]", "where the table lives", choices = { "host", "pinned", "device", "managed" }, default = "managed" },
+  { "[STAGING_MIB]", "the staging buffer in MiB", type = "number", default = 64 },
+  { "[DIR]", "where the file goes", default = "/tmp" },
+}:parse(arg)
+local gib, place, staging, dir = o.gib, o.placement, math.floor(o.staging_mib * 2 ^ 20), o.dir
 local dim = 128
 local rows = math.floor(gib * 2 ^ 30 / (dim * 4))
 

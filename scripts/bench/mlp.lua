@@ -4,7 +4,7 @@
 -- interaction's backward).
 --
 --   luajit scripts/bench/mlp.lua --gpu [--batch N] [--out FILE] [--torch FILE]   (make bench-gpu)
---   luajit scripts/bench/mlp.lua --cpu [--batch N] [--out FILE]                  (make bench)
+--   luajit scripts/bench/mlp.lua --cpu [--batch N] [--out FILE]                  (make bench; --help)
 --
 -- First a check: the same stack with the same weights on a small batch on the CPU backend (the
 -- reference) and here, in each precision; a wrong answer stops the benchmark.  Then, per
@@ -16,30 +16,24 @@ local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local nn = ur.nn
 
-local args = {}
-do
-  local i = 1
-  while i <= #arg do
-    local a = arg[i]
-    if a == "--gpu" or a == "--cpu" then args.mode = a:sub(3)
-    elseif a == "--batch" or a == "--out" or a == "--torch" or a == "--runs" then
-      args[a:sub(3)] = arg[i + 1]
-      i = i + 1
-    else
-      error("mlp bench: unknown argument " .. a .. " (expected --gpu|--cpu [--batch N] [--out FILE] [--torch FILE])", 0)
-    end
-    i = i + 1
-  end
-  args.mode = args.mode or (ur.gpu() and "gpu" or "cpu")
-end
-if args.mode == "gpu" and not ur.gpu() then
-  io.stderr:write("mlp bench: --gpu asked but no GPU is in use: ", ur.cuda_error(), "\n")
-  os.exit(1)
-end
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/mlp.lua",
+  summary = "MLP benchmark: the MLPerf v1 DLRM's MLP stack, forward + backward, per precision",
+  { "--gpu", "on the GPU (the default where a GPU is in use)" },
+  { "--cpu", "on the CPU" },
+  { "--batch N", "rows a batch (default: 65536 on the GPU, 2048 on the CPU)", type = "whole" },
+  { "--runs N", "timed steps (default: 30 on the GPU, 3 on the CPU)", type = "whole" },
+  { "--out FILE", "write JSON lines" },
+  { "--torch FILE", "scripts/bench/torch_mlp.py's JSON lines, for the ratio to PyTorch" },
+  mutex = { { "--gpu", "--cpu" } },
+}
+local args = cmd:parse(arg)
+args.mode = args.gpu and "gpu" or args.cpu and "cpu" or (ur.gpu() and "gpu" or "cpu")
+if args.mode == "gpu" and not ur.gpu() then cmd:fail("--gpu asked but no GPU is in use: " .. ur.cuda_error()) end
 
 local GPU = args.mode == "gpu"
-local BATCH = tonumber(args.batch) or (GPU and 65536 or 2048)
-local RUNS = tonumber(args.runs) or (GPU and 30 or 3)
+local BATCH = args.batch or (GPU and 65536 or 2048)
+local RUNS = args.runs or (GPU and 30 or 3)
 local WARM = GPU and 5 or 1
 local CEILING = 790 -- TFLOP/s, bf16 matrix products on one H200 (BENCH.md)
 local BOTTOM = { 13, 512, 256, 128 }
@@ -182,7 +176,7 @@ local function read_torch(path)
   local out = {}
   if not path then return out end
   local recs, err = json.read_lines(path)
-  if not recs then io.stderr:write("mlp bench: --torch: ", err, "; the ratios are left out\n") end
+  if not recs then io.stderr:write(cmd.prog, ": --torch: ", err, "; the ratios are left out\n") end
   for _, r in ipairs(recs or {}) do
     if r.precision and r.ms then out[r.precision] = r.ms end
   end
