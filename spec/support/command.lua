@@ -68,6 +68,21 @@ function M.commands(scripts_dir)
   return table.concat(names, ", ")
 end
 
+-- The commands `uvmrec --help` lists, a line each with its summary, in commands()'s form (env,
+-- which the usage names above the list, included); nil when there is no list.  Summaries that
+-- say a script declares no command are returned as the second value.
+function M.listed(help)
+  local listed = help:match("\nThe commands here [^\n]*\n(.*)$")
+  if not listed then return nil end
+  local names, bad = { "env" }, {}
+  for name, summary in listed:gmatch("  (%S+) +([^\n]+)\n") do
+    names[#names + 1] = name
+    if summary:find("declares no command", 1, true) then bad[#bad + 1] = name .. ": " .. summary end
+  end
+  table.sort(names)
+  return table.concat(names, ", "), bad
+end
+
 function M.tmpdir()
   local p = io.popen("mktemp -d /tmp/uvmrec-spec.XXXXXX")
   local d = p:read("*l")
