@@ -3,7 +3,9 @@
 local dir = (arg[0]:match("^(.*)/[^/]*$") or ".")
 package.path = dir .. "/support/?.lua;" .. dir .. "/?.lua;" .. package.path
 
-local args = { "--output=summary" }
+-- One load of every module for the whole run: busted's default reloads the modules a spec file
+-- required before the next file (auto-insulate), while the engine's FFI types outlive the reload.
+local args = { "--output=summary", "--no-auto-insulate" }
 for i = 1, #arg do args[#args + 1] = arg[i] end
 if #arg == 0 or arg[#arg]:match("^%-") then args[#args + 1] = dir end
 -- busted reads the global arg table: hand it ours.

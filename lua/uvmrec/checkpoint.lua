@@ -13,15 +13,7 @@ local M = {
   FILE_PATTERN = "^ckpt%-(%d+)%.safetensors$", -- checkpoint files of a run directory
 }
 
--- A tensor handle by its methods' names, not by identity: busted loads this module afresh
--- for each spec file, while tensors made through an earlier load keep that load's methods.
-local function is_tensor(v)
-  if type(v) ~= "cdata" then return false end
-  local ok, yes = pcall(function()
-    return type(v.numel) == "function" and type(v.dtype) == "function" and type(v.view_as) == "function"
-  end)
-  return ok and yes
-end
+local is_tensor = tensor.is_tensor
 
 -- ---- files ----
 
