@@ -2,34 +2,24 @@
 -- memory, for any cache size, with the plain loop and with the prefetch pipeline (on the CPU
 -- here; the #cuda test does the same against device tables).
 local cmd = require "command"
-local json = require "uvmrec.json"
-local train = require "uvmrec.train"
 local h = require "helpers"
 
 local cuda_it = h.cuda_it
 
+-- Losses by step (every second one logged), how many, and the cache's statistics.
 local function losses(sets, cpu)
-  local all = { "train.batch_size=256", "train.steps=40", "train.log_every=2", "eval.samples=2048",
-                "eval.every=0", "eval.batch_size=2048" }
-  for _, s in ipairs(sets) do all[#all + 1] = s end
-  local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), all))
-  local dir = cmd.tmpdir()
   local ctx
-  local result = assert(train.run(cfg, { out = dir .. "/run", progress = "none", cpu = cpu,
-                                         print = function() end, setup = function(c) ctx = c end }))
-  local out = {}
-  for _, j in ipairs(assert(json.read_lines(dir .. "/run/metrics.jsonl"))) do
-    if j.event == "train" then out[#out + 1] = j.loss end
-  end
-  local stats = ctx and ctx.model.embeddings.tbe.cache and ctx.model.embeddings.tbe.cache:stats()
-  cmd.rmdir(dir)
-  return out, result, stats
+  local r = h.train_tiny({ "train.batch_size=256", "train.steps=40", "train.log_every=2", "eval.samples=2048",
+                           "eval.every=0", "eval.batch_size=2048" }, sets,
+                         { cpu = cpu, setup = function(c) ctx = c end })
+  local cache = ctx and ctx.model.embeddings.tbe.cache
+  return r.losses, r.logged, cache and cache:stats()
 end
 
 describe("training with cached tables", function()
   it("gives the loss sequence of host tables, any cache size, with and without the pipeline", function()
-    local want = losses({ "embeddings.placement=host" }, true)
-    assert.equal(20, #want)
+    local want, logged = losses({ "embeddings.placement=host" }, true)
+    assert.equal(20, logged)
     for _, sets in ipairs({
       { "embeddings.placement=cached", "embeddings.cache.slots=32", "embeddings.cache.shared=true" },
       { "embeddings.placement=cached", "embeddings.cache.load_factor=0.05", "embeddings.cache.policy=lfu",

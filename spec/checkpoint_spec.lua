@@ -7,31 +7,15 @@ local command = require "command"
 local C = ur.C
 
 -- A scratch directory for this file's specs, removed at the end.
-local root = os.tmpname()
-os.remove(root)
-root = root .. ".ckpt"
-assert(C.ur_dir_create(root) == 0)
+local root = command.tmpdir()
 local serial = 0
 local function scratch(name)
   serial = serial + 1
   return ("%s/%d-%s"):format(root, serial, name)
 end
 
-local function write_file(path, bytes)
-  local f = assert(io.open(path, "wb"))
-  f:write(bytes)
-  f:close()
-  return path
-end
-
-local function read_file(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-local function exists(path) return C.ur_path_kind(path) ~= 0 end
+local write_file = command.spit
+local function read_file(path) return assert(command.slurp(path)) end
 
 local function le64(n)
   local b = {}
@@ -82,7 +66,7 @@ local function random_tensor(shape, dtype, placement, seed)
   return assert(t:to(placement))
 end
 
-teardown(function() os.execute("rm -rf '" .. root .. "'") end)
+teardown(function() command.rmdir(root) end)
 
 describe("uvmrec.checkpoint files", function()
   it("writes the safetensors layout byte for byte (a small example computed by hand)", function()
@@ -615,7 +599,7 @@ describe("uvmrec.checkpoint run directories", function()
     assert.same({ 300, 300, 300 }, t:totable())
     local removed = assert(ck.rotate(dir, 1))
     assert.same({ ck.path_for(dir, 20), ck.path_for(dir, 100) }, removed)
-    assert.is_false(exists(ck.path_for(dir, 20)))
+    assert.is_false(command.exists(ck.path_for(dir, 20)))
     local empty = scratch("empty-run")
     assert(C.ur_dir_create(empty) == 0)
     local p, err = ck.latest(empty)
@@ -638,14 +622,8 @@ describe("uvmrec.checkpoint run directories", function()
 end)
 
 describe("uvmrec.checkpoint interop", function()
-  local function python()
-    for _, py in ipairs { os.getenv("UVMREC_PYTHON") or "", "build/venv/bin/python", "python3" } do
-      if py ~= "" and os.execute(py .. " -c 'import safetensors' >/dev/null 2>&1") == 0 then return py end
-    end
-  end
-
   it("is read by the safetensors package, which writes the same bytes (make pydeps)", function()
-    local py = python()
+    local py = h.python("import safetensors")
     if not py then pending("Python's safetensors is not installed (make pydeps)") return end
     local tensors = {}
     for i, dt in ipairs(h.dtypes) do tensors["t." .. dt] = random_tensor({ 3, 5 }, dt, "managed", 100 + i) end

@@ -356,22 +356,9 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
   end)
 
   it("trains managed tables in `uvmrec train` with train.pipeline as without it", function()
-    local json = require "uvmrec.json"
-    local train = require "uvmrec.train"
     local function losses(sets)
-      local all = { "train.batch_size=256", "eval.samples=0", "eval.min_auc=0", "train.log_every=1", "train.steps=6",
-                    "embeddings.hints.every=2", "embeddings.hints.allowance=20%" }
-      for _, s in ipairs(sets) do all[#all + 1] = s end
-      local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), all))
-      local dir = os.tmpname()
-      os.remove(dir)
-      assert(train.run(cfg, { out = dir, progress = "none", cpu = true, print = function() end }))
-      local l = {}
-      for _, e in ipairs(assert(json.read_lines(dir .. "/metrics.jsonl"))) do
-        if e.event == "train" then l[e.step] = e.loss end
-      end
-      os.execute("rm -rf '" .. dir .. "'")
-      return l
+      return h.train_tiny({ "train.batch_size=256", "eval.samples=0", "eval.min_auc=0", "train.log_every=1",
+        "train.steps=6", "embeddings.hints.every=2", "embeddings.hints.allowance=20%" }, sets).losses
     end
     local want = losses { "embeddings.placement=host" }
     assert.equal(6, #want)

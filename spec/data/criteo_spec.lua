@@ -2,28 +2,13 @@
 local ur = require "uvmrec"
 local data = ur.data
 
-local SHARED = (os.getenv("UVMREC_SHARED") or "../shared") .. "/data/"
-local SAMPLE1, SAMPLE2 = SHARED .. "criteo_raw_sample.tsv", SHARED .. "criteo_raw_sample2.tsv"
+local h = require "helpers"
+local cmd = require "command"
 
-local function have(path)
-  local f = io.open(path, "rb")
-  if f then f:close() end
-  return f ~= nil
-end
+local SAMPLE1, SAMPLE2 = h.shared_data("criteo_raw_sample.tsv"), h.shared_data("criteo_raw_sample2.tsv")
+local have, tmpdir = cmd.exists, cmd.tmpdir
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p " .. d) == 0)
-  return d
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-  return path
-end
+local write = cmd.spit
 
 local function read_lines(path)
   local out = {}
@@ -106,7 +91,7 @@ describe("uvmrec.data criteo-tsv", function()
       assert.equal(path .. ":3: " .. c[3], s.stats.first_skipped)
       local _, e2 = data.parse_line(c[2])
       assert.equal("criteo-tsv: " .. c[3], e2)
-      os.execute("rm -rf " .. dir)
+      cmd.rmdir(dir)
     end)
   end
 
@@ -122,7 +107,7 @@ describe("uvmrec.data criteo-tsv", function()
     local tooshort = write(dir .. "/s2.tsv", "1\t2\t3\n")
     _, err = data.read_tsv(tooshort, { pad_missing_fields = true })
     assert.equal("criteo-tsv: " .. tooshort .. ":1: has 3 fields; expected 40 (or 15 to 39 with --pad-missing-fields)", err)
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
   end)
 
   it("rejects an empty file, a missing final newline and a 10 MB line", function()
@@ -144,7 +129,7 @@ describe("uvmrec.data criteo-tsv", function()
     assert.same({ 2, 1 }, { s.stats.rows, s.stats.skipped })
     local _, e3 = data.read_tsv(dir .. "/missing.tsv")
     assert.matches("cannot open", e3)
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
   end)
 
   it("reads gzip'd files", function()
@@ -154,7 +139,7 @@ describe("uvmrec.data criteo-tsv", function()
     local a = assert(data.read_tsv(dir .. "/day_3.gz"))
     local b = assert(data.read_tsv(SAMPLE2))
     assert.same(b.ids:totable(), a.ids:totable())
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
   end)
 end)
 
@@ -223,7 +208,7 @@ describe("uvmrec.data npy", function()
     write(dir .. "/cut.npy", bytes:sub(1, #bytes - 4))
     local _, err = data.npy_load(dir .. "/cut.npy")
     assert.equal("npy: " .. dir .. "/cut.npy: truncated: the header's shape needs 60 data bytes but 56 follow", err)
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
   end)
 end)
 
@@ -252,6 +237,7 @@ describe("uvmrec.data convert", function()
     local info = assert(data.npy_header(io.open(raw .. "/day_0_sparse.npy", "rb"):read(128)))
     assert.equal("<u4", info.descr)
     assert.same(assert(data.read_tsv(SAMPLE2)).ids:totable(), data.npy_load(raw .. "/day_0_sparse.npy"):totable())
-    os.execute("rm -rf " .. dir .. " " .. raw)
+    cmd.rmdir(dir)
+    cmd.rmdir(raw)
   end)
 end)

@@ -1,21 +1,11 @@
 local ur = require "uvmrec"
 local data = ur.data
 
-local SHARED = (os.getenv("UVMREC_SHARED") or "../shared") .. "/data/"
-local SAMPLE1, SAMPLE2 = SHARED .. "criteo_raw_sample.tsv", SHARED .. "criteo_raw_sample2.tsv"
+local h = require "helpers"
+local cmd = require "command"
 
-local function have(path)
-  local f = io.open(path, "rb")
-  if f then f:close() end
-  return f ~= nil
-end
-
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p " .. d) == 0)
-  return d
-end
+local SAMPLE1, SAMPLE2 = h.shared_data("criteo_raw_sample.tsv"), h.shared_data("criteo_raw_sample2.tsv")
+local have, tmpdir = cmd.exists, cmd.tmpdir
 
 -- Every batch as plain rows: {label, dense = {...}, ids = {{key's ids}, ...}}, in order.
 local function rows_of(loader)
@@ -116,25 +106,23 @@ describe("uvmrec.data loader", function()
     assert(data.convert({ SAMPLE1, SAMPLE2 }, raw))
     local c = rows_of(assert(data.open("criteo-bin:" .. raw, opts)))
     for i = 1, #a, 37 do assert.equal(key(a[i]), key(c[i]), "row " .. i) end
-    os.execute("rm -rf " .. dir .. " " .. raw)
+    cmd.rmdir(dir)
+    cmd.rmdir(raw)
   end)
 
   it("reads back what datagen wrote (multi-hot with padding, weights, groups) as the generator's batches", function()
-    local command = require "command"
-    local bin = command.bin()
-    if os.execute("test -x " .. command.quote(bin)) ~= 0 then bin = "luajit" end
+    local bin = cmd.bin()
+    if os.execute("test -x " .. cmd.quote(bin)) ~= 0 then bin = "luajit" end
     local dir = tmpdir()
     local spec = [[return { num_dense = 5, seed = 21, groups = 9, tables = {
       { name = "a", rows = 100, zipf = 1.2 }, { name = "b", rows = 40, hot = { 0, 3 }, weighted = true },
       { name = "c", rows = 3000000000, hot = 2 } } }]]
-    local f = assert(io.open(dir .. "/spec.lua", "w"))
-    f:write(spec)
-    f:close()
-    local cmd = ("%s scripts/datagen.lua %s/spec.lua --out %s/days --samples 2500 --days 2 > %s/log 2>&1"):format(
-      command.quote(bin), dir, dir, dir)
-    assert.equal(0, os.execute(cmd), command.slurp(dir .. "/log"))
-    assert.matches("hidden model AUC", command.slurp(dir .. "/log"))
-    assert.matches("hot 1,0%-3,2", command.slurp(dir .. "/days/layout.txt"))
+    cmd.spit(dir .. "/spec.lua", spec)
+    local line = ("%s scripts/datagen.lua %s/spec.lua --out %s/days --samples 2500 --days 2 > %s/log 2>&1"):format(
+      cmd.quote(bin), dir, dir, dir)
+    assert.equal(0, os.execute(line), cmd.slurp(dir .. "/log"))
+    assert.matches("hidden model AUC", cmd.slurp(dir .. "/log"))
+    assert.matches("hot 1,0%-3,2", cmd.slurp(dir .. "/days/layout.txt"))
     local from_files = rows_of(assert(data.open("criteo-bin:" .. dir .. "/days", { batch_size = 700 })))
     local synth = assert(loadstring(spec))()
     local from_gen = rows_of(assert(data.loader { data = { kind = "synthetic", spec = synth }, samples = 2500,
@@ -146,7 +134,7 @@ describe("uvmrec.data loader", function()
     assert.is_not_nil(b.groups)
     assert.is_not_nil(b.sparse:weights())
     l:close()
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
   end)
 
   it("shuffles within windows by seed: each epoch a permutation, the same for the same seed", function()
@@ -267,7 +255,7 @@ describe("uvmrec.data loader", function()
     local n = 0
     for x in s:batches() do n = n + x.size end
     assert.equal(299, n)
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
   end)
 
   it("stops early without waiting, and frees a batch's tensors once it is released", function()
@@ -354,7 +342,7 @@ describe("uvmrec.data loader", function()
        .. "--show-leak-kinds=definite %s %s > %s 2>&1")
     local rc = os.execute(run:format(exe, bad, out))
     local text = assert(io.open(out)):read("*a")
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
     assert.equal(0, rc, text)
     assert.matches("error after 6 batches: criteo%-tsv: [^\n]*:90: label is '2'", text)
     assert.matches("loader_check: ok", text)

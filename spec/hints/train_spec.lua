@@ -3,38 +3,18 @@
 -- host tables bit for bit; resuming from a checkpoint taken after a relayout gives the
 -- uninterrupted run's losses; intervals go to metrics.jsonl and a summary line is printed;
 -- config errors name the value.
-local json = require "uvmrec.json"
 local train = require "uvmrec.train"
+local h = require "helpers"
+local cmd = require "command"
 
 local BASE = { "train.batch_size=256", "eval.samples=0", "eval.min_auc=0", "train.log_every=1",
                "embeddings.hints.every=3",
                "embeddings.hints.allowance=20%" }
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  return d
-end
-
 -- Losses by step of a run (and its printed lines, its events).
 local function run(sets, opts)
-  local all = {}
-  for _, s in ipairs(BASE) do all[#all + 1] = s end
-  for _, s in ipairs(sets) do all[#all + 1] = s end
-  local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), all))
-  local dir = opts and opts.out or tmpdir()
-  local lines = {}
-  local o = { out = dir, progress = "none", cpu = true, print = function(l) lines[#lines + 1] = l end }
-  for k, v in pairs(opts or {}) do o[k] = v end
-  local r, err = train.run(cfg, o)
-  assert(r, err)
-  local losses, events = {}, {}
-  for _, e in ipairs(assert(json.read_lines(dir .. "/metrics.jsonl"))) do
-    events[#events + 1] = e
-    if e.event == "train" then losses[e.step] = e.loss end
-  end
-  if not (opts and opts.out) then os.execute("rm -rf '" .. dir .. "'") end
-  return losses, lines, events, r
+  local r = h.train_tiny(BASE, sets, opts)
+  return r.losses, r.lines, r.events, r.result
 end
 
 describe("uvmrec train with hint policies", function()
@@ -79,13 +59,13 @@ describe("uvmrec train with hint policies", function()
     local sets = { "train.steps=12", "embeddings.placement=managed", "embeddings.hints.policy=adaptive",
                    "embeddings.hints.decay=0.5", "train.checkpoint_every=5" }
     local want = run(sets)
-    local dir = tmpdir()
+    local dir = cmd.tmpdir()
     local first = { unpack(sets) }
     first[1] = "train.steps=5"
     run(first, { out = dir })
     local got = run(sets, { out = dir, resume = dir })
     for s = 6, 12 do assert.equal(want[s], got[s], "step " .. s) end
-    os.execute("rm -rf '" .. dir .. "'")
+    cmd.rmdir(dir)
   end)
 
   it("names a bad policy or allowance at its place in the config", function()

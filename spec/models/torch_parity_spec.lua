@@ -12,11 +12,7 @@ local command = require "command"
 local q = command.quote
 
 local function python(cuda)
-  local probe = cuda and "import torch, numpy; assert torch.cuda.is_available()" or "import torch, numpy"
-  for _, py in ipairs { os.getenv("UVMREC_PYTHON") or "", "build/venv/bin/python", "python3" } do
-    local r = py ~= "" and os.execute(py .. " -c " .. q(probe) .. " >/dev/null 2>&1")
-    if r == 0 or r == true then return py end
-  end
+  return h.python(cuda and "import torch, numpy; assert torch.cuda.is_available()" or "import torch, numpy")
 end
 
 -- dlrm_tiny as it is (dot), and dlrm_dcnv2 cut down (dim 16, narrow MLPs, two cross layers of

@@ -3,20 +3,13 @@
 -- module protocol: names, zero_grad, to, precision, printing, errors, the arena.
 local ur = require "uvmrec"
 local R = require "dense_ref"
+local h = require "helpers"
 local nn = ur.nn
 
 -- Central differences of f (which reads vals) with respect to each element of vals.
 local function fd(f, vals)
-  local h, g = 1e-6, {}
-  for i = 1, #vals do
-    local v = vals[i]
-    vals[i] = v + h
-    local a = f()
-    vals[i] = v - h
-    local b = f()
-    vals[i] = v
-    g[i] = (a - b) / (2 * h)
-  end
+  local g = {}
+  for i = 1, #vals do g[i] = h.central_difference(f, vals, i, 1e-6) end
   return g
 end
 

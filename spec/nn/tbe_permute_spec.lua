@@ -39,11 +39,7 @@ local function random_perm(n, seed)
   return R.tensor(p, "i64"), p
 end
 
-local function rows_of(m)
-  local r = {}
-  for f, L in ipairs(R.layout(m.tbe)) do r[f] = L.rows end
-  return r
-end
+local rows_of = R.rows_of
 
 -- Table `name` of m read by id (through its permutation), as a flat list.
 local function logical(m, name)

@@ -24,9 +24,7 @@ local function sets_with(base, more)
   return all
 end
 
-local function tiny(sets)
-  return assert(train.config.load(assert(train.find_config("dlrm_tiny")), sets))
-end
+local tiny = helpers.tiny
 
 -- train.run quietly; opts as run's (cpu unless opts.cpu == false).
 local function run(sets, opts)
@@ -38,22 +36,7 @@ end
 
 local function events(dir) return assert(json.read_lines(dir .. "/metrics.jsonl")) end
 
--- {step = loss} of a run directory's train lines (log_every = 1: every step), and how many
--- steps.  A step logged twice (a killed run's steps after its last checkpoint, done again by
--- the resumed run) must have the same loss both times.
-local function losses(dir)
-  local out, n = {}, 0
-  for _, e in ipairs(events(dir)) do
-    if e.event == "train" then
-      if out[e.step] == nil then n = n + 1
-      elseif out[e.step] ~= e.loss then
-        error(("step %d logged twice with losses %.17g and %.17g"):format(e.step, out[e.step], e.loss), 2)
-      end
-      out[e.step] = e.loss
-    end
-  end
-  return out, n
-end
+local losses = helpers.losses -- log_every = 1: every step
 
 local function last_event(dir, kind)
   local found
@@ -419,10 +402,7 @@ describe("uvmrec train checkpoints", function()
   end)
 
   it("writes checkpoints Python's safetensors reads back to the same values (make pydeps)", function()
-    local py
-    for _, p in ipairs { os.getenv("UVMREC_PYTHON") or "", "build/venv/bin/python", "python3" } do
-      if p ~= "" and os.execute(p .. " -c 'import safetensors' >/dev/null 2>&1") == 0 then py = p break end
-    end
+    local py = helpers.python("import safetensors")
     if not py then pending("Python's safetensors is not installed (make pydeps)") return end
     local r = assert(run(sets_with(SYNTH, { "train.steps=4", "train.checkpoint_every=4", "embeddings.max_rows=40" }),
                          { out = dir .. "/p" }))

@@ -4,13 +4,11 @@
 local json = require "uvmrec.json"
 local cmd = require "command"
 local train = require "uvmrec.train"
+local h = require "helpers"
 
-local function tiny(sets)
-  local all = { "train.batch_size=512", "train.steps=160", "eval.samples=16384", "eval.every=80",
-                "eval.batch_size=8192" }
-  for _, s in ipairs(sets or {}) do all[#all + 1] = s end
-  return assert(train.config.load(assert(train.find_config("dlrm_tiny")), all))
-end
+local BASE = { "train.batch_size=512", "train.steps=160", "eval.samples=16384", "eval.every=80",
+               "eval.batch_size=8192" }
+local function tiny(sets) return h.tiny(BASE, sets) end
 
 local function lines_of(path) return assert(json.read_lines(path)) end
 
