@@ -95,7 +95,7 @@ local function reference(c, ids, layout, perms)
   return out
 end
 
-describe("tbe page runs (ur_tbe_page_runs)", function()
+describe("uvmrec.tbe page runs (ur_tbe_page_runs)", function()
   it("has the layouts the header declares", function()
     assert.equal(tonumber(C.ur_sizeof_page_run()), ffi.sizeof("ur_page_run"))
     assert.equal(tonumber(C.ur_sizeof_page_stats()), ffi.sizeof("ur_page_stats"))

@@ -1,139 +1,12 @@
--- The nn modules on the CPU: forward against a float64 reference, and every gradient (input
--- and parameters) against central finite differences of that float64 reference; then the
--- module protocol: names, zero_grad, to, precision, printing, errors, the arena.
+-- uvmrec.nn.Module (lua/uvmrec/nn/Module.lua), the protocol every module follows, on the CPU:
+-- parameter names, zero_grad, to(placement), bf16 precision with f32 masters, no allocation in
+-- a training step once the batch size was seen, subclassing.  Each module's own forward and
+-- gradients: spec/nn/<module>_spec.lua.
 local ur = require "uvmrec"
 local R = require "dense_ref"
-local h = require "helpers"
 local nn = ur.nn
 
--- Central differences of f (which reads vals) with respect to each element of vals.
-local function fd(f, vals)
-  local g = {}
-  for i = 1, #vals do g[i] = h.central_difference(f, vals, i, 1e-6) end
-  return g
-end
-
--- Checks m's forward against ref(inputs' values, parameters' values) and every gradient of
--- sum(gout * output) against finite differences of ref.
-local function gradcheck(m, inputs, ref, tol)
-  local input = #inputs == 1 and inputs[1] or inputs
-  local xv = {}
-  for i, x in ipairs(inputs) do xv[i] = x:totable() end
-  local params = m:parameters()
-  local pv = {}
-  for i, p in ipairs(params) do pv[i] = p.tensor:totable() end
-  local y = m:forward(input)
-  R.close(y:totable(), ref(xv, pv), tol, "forward")
-  local gout, gv = R.rand(y:size(), 999)
-  m:zero_grad()
-  local gi = m:backward(input, gout)
-  local function loss()
-    local out, s = ref(xv, pv), 0
-    for i = 1, #out do s = s + out[i] * gv[i] end
-    return s
-  end
-  if #inputs == 1 then gi = { gi } end
-  for i = 1, #inputs do R.close(gi[i]:totable(), fd(loss, xv[i]), tol, "gradient of input " .. i) end
-  for i, p in ipairs(params) do R.close(p.grad:totable(), fd(loss, pv[i]), tol, "gradient of " .. p.name) end
-end
-
-local function mlp_ref(sizes, last)
-  return function(xv, pv)
-    local x, rows = xv[1], #xv[1] / sizes[1]
-    for l = 1, #sizes - 1 do
-      local act = (l < #sizes - 1 or last == "relu") and "relu" or "none"
-      x = R.linear(x, pv[2 * l - 1], pv[2 * l], rows, sizes[l], sizes[l + 1], act)
-    end
-    if last == "sigmoid" then
-      for i = 1, #x do x[i] = R.sigmoid(x[i]) end
-    end
-    return x
-  end
-end
-
-local function cross_ref(d, L, rank)
-  return function(xv, pv)
-    local x0, rows = xv[1], #xv[1] / d
-    local xl = x0
-    for l = 1, L do
-      local z
-      if rank then
-        local V, U, b = pv[3 * l - 2], pv[3 * l - 1], pv[3 * l]
-        z = R.linear(R.linear(xl, V, nil, rows, d, rank), U, b, rows, rank, d)
-      else
-        z = R.linear(xl, pv[2 * l - 1], pv[2 * l], rows, d, d)
-      end
-      local y = {}
-      for i = 1, #x0 do y[i] = x0[i] * z[i] + xl[i] end
-      xl = y
-    end
-    return xl
-  end
-end
-
-describe("uvmrec.nn gradients (finite differences of a float64 reference)", function()
-  before_each(function() nn.Module.manual_seed(7) end)
-
-  it("Linear, with and without bias and fused relu", function()
-    gradcheck(nn.Linear(5, 4), { (R.rand({ 3, 5 }, 1)) }, function(xv, pv)
-      return R.linear(xv[1], pv[1], pv[2], 3, 5, 4)
-    end, 1e-4)
-    gradcheck(nn.Linear(6, 3, { bias = false, act = "relu" }), { (R.rand({ 4, 6 }, 2)) }, function(xv, pv)
-      return R.linear(xv[1], pv[1], nil, 4, 6, 3, "relu")
-    end, 1e-4)
-  end)
-
-  it("ReLU and Sigmoid on their own", function()
-    gradcheck(nn.ReLU(), { (R.rand({ 4, 5 }, 3)) }, function(xv)
-      local y = {}
-      for i, v in ipairs(xv[1]) do y[i] = math.max(v, 0) end
-      return y
-    end, 1e-4)
-    gradcheck(nn.Sigmoid(), { (R.rand({ 4, 5 }, 4, { lo = -4, hi = 4 })) }, function(xv)
-      local y = {}
-      for i, v in ipairs(xv[1]) do y[i] = R.sigmoid(v) end
-      return y
-    end, 1e-4)
-  end)
-
-  it("Sequential: an MLP with fused relus, and one ending in a sigmoid", function()
-    gradcheck(nn.MLP({ 5, 7, 4, 3 }), { (R.rand({ 6, 5 }, 5)) }, mlp_ref({ 5, 7, 4, 3 }, "relu"), 1e-4)
-    gradcheck(nn.MLP({ 4, 6, 1 }, { last = "sigmoid" }), { (R.rand({ 5, 4 }, 6)) },
-      mlp_ref({ 4, 6, 1 }, "sigmoid"), 1e-4)
-  end)
-
-  it("Interaction, without and with self-interaction", function()
-    for _, self in ipairs { false, true } do
-      gradcheck(nn.Interaction { self_interaction = self }, { (R.rand({ 3, 4 }, 7)), (R.rand({ 3, 12 }, 8)) },
-        function(xv) return (R.interaction(xv[1], xv[2], 3, 3, 4, self)) end, 1e-4)
-    end
-  end)
-
-  it("CrossNet, full rank and low rank", function()
-    gradcheck(nn.CrossNet(5, 3), { (R.rand({ 4, 5 }, 9)) }, cross_ref(5, 3), 1e-4)
-    gradcheck(nn.CrossNet(6, 2, { rank = 2 }), { (R.rand({ 3, 6 }, 10)) }, cross_ref(6, 2, 2), 1e-4)
-  end)
-
-  it("BCEWithLogits, weighted, mean and sum", function()
-    local n = 9
-    local x, xv = R.rand({ n, 1 }, 11, { lo = -5, hi = 5 })
-    local t, tv = R.rand({ n }, 12, { lo = 0, hi = 1 })
-    local w, wv = R.rand({ n }, 13, { lo = 0, hi = 2 })
-    for _, red in ipairs { "mean", "sum" } do
-      local crit = nn.BCEWithLogits { reduction = red }
-      local function loss()
-        local s = 0
-        for i = 1, n do s = s + R.bce(xv[i], tv[i], wv[i]) end
-        return red == "mean" and s / n or s
-      end
-      assert.is_true(math.abs(crit:forward(x, t, w):get(0) - loss()) < 1e-6)
-      assert.is_true(math.abs(crit:value() - loss()) < 1e-6)
-      R.close(crit:backward(x, t, w):totable(), fd(loss, xv), 1e-6, "gradient")
-    end
-  end)
-end)
-
-describe("uvmrec.nn modules", function()
+describe("uvmrec.nn.Module", function()
   before_each(function() nn.Module.manual_seed(3) end)
 
   it("name parameters by path and zero their gradients", function()
@@ -152,20 +25,6 @@ describe("uvmrec.nn modules", function()
     for _, p in ipairs(m:parameters()) do
       for _, v in ipairs(p.grad:totable()) do assert.equal(0, v) end
     end
-  end)
-
-  it("print as a tree", function()
-    local m = nn.Sequential(nn.MLP({ 13, 8 }), nn.Interaction(), nn.CrossNet(4, 2), nn.BCEWithLogits())
-    assert.equal(table.concat({
-      "Sequential {",
-      "  (1): Sequential {",
-      "    (1): Linear(13 -> 8, +relu)",
-      "    (2): ReLU (fused into the Linear before it)",
-      "  }",
-      "  (2): Interaction",
-      "  (3): CrossNet(4, 2 layers)",
-      "  (4): BCEWithLogits(mean)",
-      "}" }, "\n"), tostring(m))
   end)
 
   it("give the same results in managed memory (host memory without a GPU)", function()
@@ -227,16 +86,6 @@ describe("uvmrec.nn modules", function()
     end
     assert.same(s0, m:arena():stats())
     assert.same(mem0, ur.memory())
-  end)
-
-  it("prefix a child's error with its index and type", function()
-    local m = nn.Sequential(nn.ReLU(), nn.Linear(13, 4))
-    assert.error_matches(function() m:forward(R.rand({ 2, 9 }, 1)) end,
-      "Sequential: %(2%) Linear: Linear%(13 %-> 4%): input is %[2, 9%]; expected %[rows, 13%]")
-    assert.error_matches(function() nn.Linear(0, 3) end, "Linear: in must be a whole number >= 1, got 0")
-    assert.error_matches(function() nn.Sequential():add({}) end, "Sequential:add: expected a module")
-    assert.error_matches(function() nn.Interaction():forward(R.zeros({ 2, 2 })) end,
-      "Interaction: input must be {dense %[rows, d%], emb %[rows, T%*d%]}")
   end)
 
   it("can be subclassed with Module:extend", function()
