@@ -1,14 +1,10 @@
 -- luacheck: ignore 631 (the tables of inputs and their exact messages read best one per line)
 local ur = require "uvmrec"
-local data = ur.data
-
 local h = require "helpers"
 local cmd = require "command"
+local data = ur.data
 
 local SAMPLE1, SAMPLE2 = h.shared_data("criteo_raw_sample.tsv"), h.shared_data("criteo_raw_sample2.tsv")
-local have, tmpdir = cmd.exists, cmd.tmpdir
-
-local write = cmd.spit
 
 local function read_lines(path)
   local out = {}
@@ -40,7 +36,7 @@ describe("uvmrec.data criteo-tsv", function()
   end)
 
   it("reads both real samples with no error, as many rows and clicks as their README says", function()
-    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
     local a = assert(data.read_tsv(SAMPLE1, { chunk_bytes = 7777 })) -- chunks end mid-line
     assert.equal(1000, a.stats.rows)
     assert.equal(0, a.stats.skipped)
@@ -80,8 +76,8 @@ describe("uvmrec.data criteo-tsv", function()
 
   for _, c in ipairs(cases) do
     it("names file and line for " .. c[1] .. ", and skips it on request", function()
-      local dir = tmpdir()
-      local path = write(dir .. "/bad.tsv", GOOD .. "\n" .. GOOD .. "\n" .. c[2] .. "\n" .. GOOD .. "\n")
+      local dir = cmd.tmpdir()
+      local path = cmd.spit(dir .. "/bad.tsv", GOOD .. "\n" .. GOOD .. "\n" .. c[2] .. "\n" .. GOOD .. "\n")
       local t, err = data.read_tsv(path)
       assert.is_nil(t)
       assert.equal("criteo-tsv: " .. path .. ":3: " .. c[3], err)
@@ -96,31 +92,31 @@ describe("uvmrec.data criteo-tsv", function()
   end
 
   it("pads lines of 15 to 39 fields only when asked, and counts them", function()
-    local dir = tmpdir()
+    local dir = cmd.tmpdir()
     local short = GOOD:gsub("\t[^\t]*\t[^\t]*\t[^\t]*$", "") -- 37 fields
-    local path = write(dir .. "/short.tsv", GOOD .. "\n" .. short .. "\n")
+    local path = cmd.spit(dir .. "/short.tsv", GOOD .. "\n" .. short .. "\n")
     local _, err = data.read_tsv(path)
     assert.equal("criteo-tsv: " .. path .. ":2: has 37 fields; expected 40", err)
     local s = assert(data.read_tsv(path, { pad_missing_fields = true }))
     assert.equal(2, s.stats.rows)
     assert.equal(1, s.stats.padded)
-    local tooshort = write(dir .. "/s2.tsv", "1\t2\t3\n")
+    local tooshort = cmd.spit(dir .. "/s2.tsv", "1\t2\t3\n")
     _, err = data.read_tsv(tooshort, { pad_missing_fields = true })
     assert.equal("criteo-tsv: " .. tooshort .. ":1: has 3 fields; expected 40 (or 15 to 39 with --pad-missing-fields)", err)
     cmd.rmdir(dir)
   end)
 
   it("rejects an empty file, a missing final newline and a 10 MB line", function()
-    local dir = tmpdir()
-    local empty = write(dir .. "/empty.tsv", "")
+    local dir = cmd.tmpdir()
+    local empty = cmd.spit(dir .. "/empty.tsv", "")
     local _, err = data.read_tsv(empty)
     assert.equal("criteo-tsv: " .. empty .. ": empty file (no lines)", err)
-    local nonl = write(dir .. "/nonl.tsv", GOOD .. "\n" .. GOOD)
+    local nonl = cmd.spit(dir .. "/nonl.tsv", GOOD .. "\n" .. GOOD)
     _, err = data.read_tsv(nonl)
     assert.equal("criteo-tsv: " .. nonl .. ":2: the last line has no final newline (a truncated file?)", err)
     local s = assert(data.read_tsv(nonl, { on_bad_line = "skip" }))
     assert.same({ 1, 1 }, { s.stats.rows, s.stats.skipped })
-    local big = write(dir .. "/big.tsv", GOOD .. "\n" .. string.rep("1", 10 * 2 ^ 20) .. "\n" .. GOOD .. "\n")
+    local big = cmd.spit(dir .. "/big.tsv", GOOD .. "\n" .. string.rep("1", 10 * 2 ^ 20) .. "\n" .. GOOD .. "\n")
     _, err = data.read_tsv(big)
     assert.equal("criteo-tsv: " .. big .. ":2: line is over 1048576 bytes long (a Criteo line is under 1 KiB)", err)
     _, err = data.read_tsv(big, { chunk_bytes = 65536 })
@@ -133,8 +129,8 @@ describe("uvmrec.data criteo-tsv", function()
   end)
 
   it("reads gzip'd files", function()
-    if not have(SAMPLE2) then pending("no " .. SAMPLE2) return end
-    local dir = tmpdir()
+    if not cmd.exists(SAMPLE2) then pending("no " .. SAMPLE2) return end
+    local dir = cmd.tmpdir()
     assert(os.execute(("gzip -c %s > %s/day_3.gz"):format(SAMPLE2, dir)) == 0)
     local a = assert(data.read_tsv(dir .. "/day_3.gz"))
     local b = assert(data.read_tsv(SAMPLE2))
@@ -188,7 +184,7 @@ describe("uvmrec.data npy", function()
   end)
 
   it("saves and loads tensors, and refuses truncated files", function()
-    local dir = tmpdir()
+    local dir = cmd.tmpdir()
     local t = ur.tensor({ 5, 3 }, { dtype = "f32" }):uniform(-1, 1, 3)
     assert(data.npy_save(dir .. "/a.npy", t))
     local back = assert(data.npy_load(dir .. "/a.npy"))
@@ -205,7 +201,7 @@ describe("uvmrec.data npy", function()
     local f = assert(io.open(dir .. "/a.npy", "rb"))
     local bytes = f:read("*a")
     f:close()
-    write(dir .. "/cut.npy", bytes:sub(1, #bytes - 4))
+    cmd.spit(dir .. "/cut.npy", bytes:sub(1, #bytes - 4))
     local _, err = data.npy_load(dir .. "/cut.npy")
     assert.equal("npy: " .. dir .. "/cut.npy: truncated: the header's shape needs 60 data bytes but 56 follow", err)
     cmd.rmdir(dir)
@@ -214,8 +210,8 @@ end)
 
 describe("uvmrec.data convert", function()
   it("writes day files equal to what the TSV reader gives", function()
-    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
-    local dir = tmpdir()
+    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    local dir = cmd.tmpdir()
     local rows = {}
     for i = 1, 26 do rows[i] = 1000 + i end
     local st = assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { rows = rows }))
@@ -232,7 +228,7 @@ describe("uvmrec.data convert", function()
     assert.same(ref.labels:totable(), labels:totable())
     assert.same({ 400, 26 }, data.npy_load(dir .. "/day_1_sparse.npy"):size())
     -- Without rows: raw ids as <u4.
-    local raw = tmpdir()
+    local raw = cmd.tmpdir()
     assert(data.convert(SAMPLE2, raw))
     local info = assert(data.npy_header(io.open(raw .. "/day_0_sparse.npy", "rb"):read(128)))
     assert.equal("<u4", info.descr)

@@ -1,11 +1,9 @@
 local ur = require "uvmrec"
-local data = ur.data
-
 local h = require "helpers"
 local cmd = require "command"
+local data = ur.data
 
 local SAMPLE1, SAMPLE2 = h.shared_data("criteo_raw_sample.tsv"), h.shared_data("criteo_raw_sample2.tsv")
-local have, tmpdir = cmd.exists, cmd.tmpdir
 
 -- Every batch as plain rows: {label, dense = {...}, ids = {{key's ids}, ...}}, in order.
 local function rows_of(loader)
@@ -92,8 +90,8 @@ describe("uvmrec.data loader", function()
   end)
 
   it("reads TSV -> day files -> batches the same as TSV -> batches", function()
-    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
-    local dir = tmpdir()
+    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    local dir = cmd.tmpdir()
     assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { rows = 5000 }))
     local opts = { batch_size = 333, rows = 5000 }
     local a = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1 .. "," .. SAMPLE2, opts)))
@@ -102,7 +100,7 @@ describe("uvmrec.data loader", function()
     assert.equal(#a, #b)
     for i = 1, #a do assert.equal(key(a[i]), key(b[i]), "row " .. i) end
     -- Raw ids in the day files, reduced modulo rows on read, give the same again.
-    local raw = tmpdir()
+    local raw = cmd.tmpdir()
     assert(data.convert({ SAMPLE1, SAMPLE2 }, raw))
     local c = rows_of(assert(data.open("criteo-bin:" .. raw, opts)))
     for i = 1, #a, 37 do assert.equal(key(a[i]), key(c[i]), "row " .. i) end
@@ -113,7 +111,7 @@ describe("uvmrec.data loader", function()
   it("reads back what datagen wrote (multi-hot with padding, weights, groups) as the generator's batches", function()
     local bin = cmd.bin()
     if os.execute("test -x " .. cmd.quote(bin)) ~= 0 then bin = "luajit" end
-    local dir = tmpdir()
+    local dir = cmd.tmpdir()
     local spec = [[return { num_dense = 5, seed = 21, groups = 9, tables = {
       { name = "a", rows = 100, zipf = 1.2 }, { name = "b", rows = 40, hot = { 0, 3 }, weighted = true },
       { name = "c", rows = 3000000000, hot = 2 } } }]]
@@ -195,7 +193,7 @@ describe("uvmrec.data loader", function()
     end
     assert.equal(#all, #parts)
     for i = 1, #all do assert.equal(key(all[i]), parts[i]) end
-    if have(SAMPLE1) then
+    if cmd.exists(SAMPLE1) then
       local r1 = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 64, rank = 1, world = 2 })))
       local whole = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 64 })))
       assert.equal(500, #r1)
@@ -218,7 +216,7 @@ describe("uvmrec.data loader", function()
     local rest = rows_of(assert(data.loader(o2)))
     assert.equal(#full - 3800, #rest)
     for i = 1, #rest do assert.equal(key(full[3800 + i]), key(rest[i])) end
-    if have(SAMPLE1) then
+    if cmd.exists(SAMPLE1) then
       local t = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1,
         { batch_size = 100, shuffle_window = 300, seed = 2 })))
       local r = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 100, shuffle_window = 300, seed = 2,
@@ -229,8 +227,8 @@ describe("uvmrec.data loader", function()
   end)
 
   it("reports a reader error after the batches before it, naming file and line", function()
-    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
-    local dir = tmpdir()
+    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    local dir = cmd.tmpdir()
     local f = assert(io.open(dir .. "/bad.tsv", "w"))
     local lines = {}
     for l in io.lines(SAMPLE1) do lines[#lines + 1] = l end
@@ -317,11 +315,11 @@ describe("uvmrec.data loader", function()
     -- the check runs natively with LeakSanitizer on instead.
     local asan = (os.getenv("LD_PRELOAD") or ""):match("libasan") ~= nil
     if not asan and os.execute("command -v valgrind >/dev/null 2>&1") ~= 0 then pending("no valgrind") return end
-    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
     local so = package.searchpath("libuvmrec", package.cpath)
     local libdir = so:match("^(.*)/[^/]*$")
     local root = libdir:match("^(.*)/[^/]*/lib$") or "."
-    local dir = tmpdir()
+    local dir = cmd.tmpdir()
     local bad = dir .. "/bad.tsv"
     local f = assert(io.open(bad, "w"))
     local n = 0
@@ -332,7 +330,7 @@ describe("uvmrec.data loader", function()
     end
     f:close()
     local src = root .. "/../engine/tests/loader_check.c"
-    if not have(src) then src = "engine/tests/loader_check.c" end
+    if not cmd.exists(src) then src = "engine/tests/loader_check.c" end
     local exe = dir .. "/loader_check"
     local cc = ("cc -std=c11 -g -Iengine/include %s -L%s -luvmrec -Wl,-rpath,%s -o %s"):format(src, libdir, libdir, exe)
     assert.equal(0, os.execute(cc))

@@ -1,16 +1,13 @@
 -- The adaptive policy (lua/uvmrec/hints/adaptive.lua) through the hints manager on the CPU.
 local R = require "tbe_ref"
-local hints = require "uvmrec.hints"
 local H = require "hints_ref"
 
-local tables, feed, log_since, last_seq = H.tables, H.feed, H.log_since, H.last_seq
+local feed, log_since, last_seq = H.feed, H.log_since, H.last_seq
 local PAGE = H.PAGE
 
 describe("uvmrec.hints.adaptive", function()
   it("re-ranks as the stream drifts and swaps only the rows that crossed", function()
-    local m = tables()
-    local mgr = hints.manager(m, { policy = "adaptive", every = 1, allowance = 64 * 1024, decay = 0 })
-    mgr:start(0)
+    local m, mgr = H.started { policy = "adaptive", every = 1, allowance = 64 * 1024, decay = 0 }
     local first = {}
     for i = 1, 100 do first[i] = i * 3 end
     feed(m, { first, { 1 } }, 4)

@@ -1,18 +1,14 @@
 -- The host policy (lua/uvmrec/hints/host.lua) through the hints manager on the CPU (what it
 -- places is read back from the engine's record: spec/support/hints_ref.lua).
 local ur = require "uvmrec"
-local hints = require "uvmrec.hints"
 local H = require "hints_ref"
 
-local tables, feed, log_since, last_seq = H.tables, H.feed, H.log_since, H.last_seq
+local feed, log_since, last_seq = H.feed, H.log_since, H.last_seq
 
 describe("uvmrec.hints.host", function()
   it("prefers every row on the host, accessed by the GPU, once; nothing is counted on the GPU", function()
-    local m = tables()
     local gpu0 = ur.memory().managed_on_gpu
-    local s0 = last_seq()
-    local mgr = hints.manager(m, { policy = "host", every = 5 })
-    mgr:start(0)
+    local m, mgr, s0 = H.started { policy = "host", every = 5 }
     local log = log_since(s0)
     -- 2 tables x (weights, state) x (preferred, accessed_by, prefetch)
     assert.equal(12, #log)

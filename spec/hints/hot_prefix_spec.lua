@@ -1,20 +1,17 @@
 -- The hot_prefix policy (lua/uvmrec/hints/hot_prefix.lua) through the hints manager on the CPU:
 -- the relayout by counts, the prefix the allowance holds, the allowance split over tables.
 local ur = require "uvmrec"
-local hints = require "uvmrec.hints"
 local H = require "hints_ref"
 
-local tables, feed, log_since, last_seq = H.tables, H.feed, H.log_since, H.last_seq
+local feed, log_since, last_seq = H.feed, H.log_since, H.last_seq
 local PAGE = H.PAGE
 
 describe("uvmrec.hints.hot_prefix", function()
   it("lays the counted rows out first and puts the prefix the allowance holds on the GPU", function()
     collectgarbage() -- earlier specs' tables leave the engine's record of GPU bytes
     local gpu0 = ur.memory().managed_on_gpu
-    local m = tables()
     -- a holds 8192 x 68 bytes, b 2048 x 132: an allowance of 100 KiB
-    local mgr = hints.manager(m, { policy = "hot_prefix", every = 10, allowance = 100 * 1024 })
-    mgr:start(0)
+    local m, mgr = H.started { policy = "hot_prefix", every = 10, allowance = 100 * 1024 }
     -- hot ids of a: 100 ids read 5 times; b: 40 ids 5 times; everything else never
     local ha, hb = {}, {}
     for i = 1, 100 do ha[i] = (i * 797) % 8192 end
@@ -59,11 +56,9 @@ describe("uvmrec.hints.hot_prefix", function()
      function()
     collectgarbage() -- earlier specs' tables leave the engine's record of GPU bytes
     local gpu0 = ur.memory().managed_on_gpu
-    local m = tables()
     -- a's hot rows and b's take one page of weights and one of state each after the relayout
     -- (four pages); b's 600 rows read once would take 20 pages more: the allowance holds 10
-    local mgr = hints.manager(m, { policy = "hot_prefix", every = 1, allowance = 10 * PAGE })
-    mgr:start(0)
+    local m, mgr = H.started { policy = "hot_prefix", every = 1, allowance = 10 * PAGE }
     local ha, hb = {}, {}
     for i = 1, 30 do ha[i] = i * 11 end
     for i = 1, 600 do hb[i] = i + 10 end

@@ -1,13 +1,11 @@
 -- uvmrec.nn.BCEWithLogits (lua/uvmrec/nn/BCEWithLogits.lua) on the CPU: the loss and its gradient
 -- against a float64 reference and its central finite differences.
-local ur = require "uvmrec"
 local R = require "dense_ref"
-local nn = ur.nn
+local nn = require("uvmrec").nn
 
 describe("uvmrec.nn.BCEWithLogits", function()
-  before_each(function() nn.Module.manual_seed(7) end)
-
   it("computes the weighted loss, mean and sum, and its gradient", function()
+    nn.Module.manual_seed(7)
     local n = 9
     local x, xv = R.rand({ n, 1 }, 11, { lo = -5, hi = 5 })
     local t, tv = R.rand({ n }, 12, { lo = 0, hi = 1 })

@@ -1,8 +1,7 @@
 -- uvmrec.nn.CrossNet (lua/uvmrec/nn/CrossNet.lua) on the CPU: DCNv2's cross layers, full and low
 -- rank, against a float64 reference and its central finite differences.
-local ur = require "uvmrec"
 local R = require "dense_ref"
-local nn = ur.nn
+local nn = require("uvmrec").nn
 
 local function cross_ref(d, L, rank)
   return function(xv, pv)
@@ -25,9 +24,8 @@ local function cross_ref(d, L, rank)
 end
 
 describe("uvmrec.nn.CrossNet", function()
-  before_each(function() nn.Module.manual_seed(7) end)
-
   it("computes full-rank and low-rank cross layers and their gradients", function()
+    nn.Module.manual_seed(7)
     R.gradcheck(nn.CrossNet(5, 3), { (R.rand({ 4, 5 }, 9)) }, cross_ref(5, 3), 1e-4)
     R.gradcheck(nn.CrossNet(6, 2, { rank = 2 }), { (R.rand({ 3, 6 }, 10)) }, cross_ref(6, 2, 2), 1e-4)
   end)

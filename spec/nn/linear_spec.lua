@@ -1,13 +1,11 @@
 -- uvmrec.nn.Linear (lua/uvmrec/nn/Linear.lua) on the CPU: act(x w^T + b) and its gradients against
 -- a float64 reference and its central finite differences.
-local ur = require "uvmrec"
 local R = require "dense_ref"
-local nn = ur.nn
+local nn = require("uvmrec").nn
 
 describe("uvmrec.nn.Linear", function()
-  before_each(function() nn.Module.manual_seed(7) end)
-
   it("computes act(x w^T + b) and its gradients, with and without bias and fused relu", function()
+    nn.Module.manual_seed(7)
     R.gradcheck(nn.Linear(5, 4), { (R.rand({ 3, 5 }, 1)) }, function(xv, pv)
       return R.linear(xv[1], pv[1], pv[2], 3, 5, 4)
     end, 1e-4)

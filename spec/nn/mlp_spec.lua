@@ -1,8 +1,7 @@
 -- uvmrec.nn.MLP (lua/uvmrec/nn/MLP.lua) on the CPU: Linear layers with fused ReLUs (and a
 -- sigmoid last when asked) against a float64 reference and its central finite differences.
-local ur = require "uvmrec"
 local R = require "dense_ref"
-local nn = ur.nn
+local nn = require("uvmrec").nn
 
 local function mlp_ref(sizes, last)
   return function(xv, pv)
@@ -19,9 +18,8 @@ local function mlp_ref(sizes, last)
 end
 
 describe("uvmrec.nn.MLP", function()
-  before_each(function() nn.Module.manual_seed(7) end)
-
   it("chains Linear layers with fused relus, ending in a sigmoid when asked", function()
+    nn.Module.manual_seed(7)
     R.gradcheck(nn.MLP({ 5, 7, 4, 3 }), { (R.rand({ 6, 5 }, 5)) }, mlp_ref({ 5, 7, 4, 3 }, "relu"), 1e-4)
     R.gradcheck(nn.MLP({ 4, 6, 1 }, { last = "sigmoid" }), { (R.rand({ 5, 4 }, 6)) },
       mlp_ref({ 4, 6, 1 }, "sigmoid"), 1e-4)

@@ -1,13 +1,11 @@
 -- uvmrec.nn.ReLU (lua/uvmrec/nn/ReLU.lua) on its own on the CPU (after a Linear it is fused into
 -- it: linear_spec.lua), against a float64 reference and its central finite differences.
-local ur = require "uvmrec"
 local R = require "dense_ref"
-local nn = ur.nn
+local nn = require("uvmrec").nn
 
 describe("uvmrec.nn.ReLU", function()
-  before_each(function() nn.Module.manual_seed(7) end)
-
   it("passes positive values and their gradients, zeroes the rest", function()
+    nn.Module.manual_seed(7)
     R.gradcheck(nn.ReLU(), { (R.rand({ 4, 5 }, 3)) }, function(xv)
       local y = {}
       for i, v in ipairs(xv[1]) do y[i] = math.max(v, 0) end

@@ -1,12 +1,9 @@
 -- uvmrec.nn.Sequential (lua/uvmrec/nn/Sequential.lua): children in order, printed as a tree,
 -- a child's error prefixed with its index and type.  (Its gradients: mlp_spec.lua.)
-local ur = require "uvmrec"
 local R = require "dense_ref"
-local nn = ur.nn
+local nn = require("uvmrec").nn
 
 describe("uvmrec.nn.Sequential", function()
-  before_each(function() nn.Module.manual_seed(3) end)
-
   it("prints as a tree", function()
     local m = nn.Sequential(nn.MLP({ 13, 8 }), nn.Interaction(), nn.CrossNet(4, 2), nn.BCEWithLogits())
     assert.equal(table.concat({

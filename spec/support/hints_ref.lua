@@ -46,4 +46,15 @@ function M.last_seq()
   return #l > 0 and l[#l].seq or 0
 end
 
+-- M.tables() under a hints manager with opts, started at step 0: the tables, the manager, and
+-- the log's last record before the manager was made (what it hinted since: log_since(seq)).
+function M.started(opts)
+  local hints = require "uvmrec.hints"
+  local m = M.tables()
+  local seq = M.last_seq()
+  local mgr = hints.manager(m, opts)
+  mgr:start(0)
+  return m, mgr, seq
+end
+
 return M
