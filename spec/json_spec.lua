@@ -102,7 +102,7 @@ describe("uvmrec.json", function()
     refuses({ a = { 1, math.huge } }, "json: value.a[2] is inf, which JSON cannot hold")
     refuses({ 1, x = 2 }, "json: value mixes a list and a map (key 1)")
     refuses({ f = print }, "json: value.f is a function, which JSON cannot hold")
-    refuses({ a = { "ok", "\255" } }, "json: value.a[2]: a string of 1 bytes is not valid UTF-8")
+    refuses({ a = { "ok", "\255" } }, "json: value.a[2]: a string is not valid UTF-8 (1 bytes)")
     refuses({ ["\255"] = 1 }, "json: value.\255: the key '\255' is not valid UTF-8")
     refuses({ u = ffi.new("uint64_t", 0) - 1 },
       "json: value.u is 18446744073709551615, above 2^63 - 1, the largest integer JSON holds here")

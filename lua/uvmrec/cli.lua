@@ -23,8 +23,8 @@
 -- restricts a string or each item of a list; check = function(value) -> value or nil, message
 -- refines a value (the message is shown after the option's name).  default is the value when
 -- the option is not given (flags: false, many: {}); it is shown in the help; required = true
--- makes an option one that must be given.  mutex = {{"--a",
--- "--b"}} on the declaration: options that exclude each other.
+-- makes an option one that must be given.  On the declaration, mutex = {{"--a", "--b"}, ...}
+-- names options that exclude each other.
 --
 -- Declare first, before any work: `uvmrec --help` runs each script up to cli.command to read its
 -- summary (M.describe), and stops it there.

@@ -106,7 +106,7 @@ ur_status ur_json_new_string(const char *s, size_t len, ur_json **out) {
   json_t *probe = json_stringn_nocheck(s, len);
   if (!probe) return oom();
   json_decref(probe);
-  return ur__error(UR_STATUS_INVALID, "json: a string of %zu bytes is not valid UTF-8", len);
+  return ur__error(UR_STATUS_INVALID, "json: a string is not valid UTF-8 (%zu bytes)", len);
 }
 
 ur_status ur_json_append(ur_json *array, ur_json *item) {
