@@ -212,7 +212,7 @@ static void put_value(out_buf *b, json_t *v) {
     for (void *it = json_object_iter(v); it; it = json_object_iter_next(v, it), i++)
       m[i] = (member){json_object_iter_key(it), json_object_iter_key_len(it),
                       json_object_iter_value(it)};
-    qsort(m, n, sizeof *m, cmp_member);
+    if (n) qsort(m, n, sizeof *m, cmp_member); /* qsort takes no NULL, even for 0 items */
     put(b, "{", 1);
     for (i = 0; i < n; i++) {
       if (i) put(b, ",", 1);
