@@ -37,7 +37,7 @@ local cmd = require("uvmrec.cli").command {
   { "--batch B", "the batch size (sets train.batch_size)", type = "whole" },
   { "--fractions F,...", "HBM allowances, in percent of the tables' bytes", type = "numbers",
     default = { 5, 10, 20, 50, 100 } },
-  { "--policies P,...", "the hint policies", type = "list", choices = { "host", "hot_prefix", "adaptive" },
+  { "--policies P,...", "the hint policies (host, hot_prefix, adaptive, or a policy's .lua file)", type = "list",
     default = { "host", "hot_prefix", "adaptive" } },
   { "--steps S", "timed steps (default: 40 on a GPU, 6 on the CPU)", type = "whole" },
   { "--warmup W", "warm-up steps (default: 4 on a GPU, 2 on the CPU)", type = "whole" },
