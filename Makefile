@@ -29,10 +29,9 @@ NVFLAGS  := -O3 -std=c++17 $(CUDA_ARCH) -DUR_CUDA_ARCHS='"$(CUDA_ARCH_NAMES)"' -
 
 # Libraries the engine links (a host program linking libuvmrec.a links these too).
 ENGINE_LIBS := -lyaml -lopenblas -ljansson -lz -ldl -lpthread -lm
-ENGINE_SRC := $(wildcard engine/src/*.c engine/src/*/*.c)#  engine/src and its rooms (io/, ...)
-ENGINE_HDR := $(wildcard engine/src/*.h engine/src/*/*.h)
+ENGINE_SRC := $(wildcard engine/src/*/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:engine/src/%.c=$(BUILD)/obj/%.o)
-CUDA_SRC   := $(strip $(wildcard engine/src/cuda/*.cu) $(wildcard kernels/*.cu))
+CUDA_SRC   := $(wildcard kernels/*.cu)
 CUDA_OBJ   := $(patsubst %.cu,$(BUILD)/cuobj/%.o,$(CUDA_SRC))
 LIBS       := $(BUILD)/lib/libuvmrec.a $(BUILD)/lib/libuvmrec.so \
               $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libuvmrec_cuda.so)
@@ -75,19 +74,20 @@ $(DEPS_STAMP): Makefile
 	fi
 	@mkdir -p $(BUILD) && touch $@
 
-$(BUILD)/obj/%.o: engine/src/%.c engine/include/uvmrec.h $(ENGINE_HDR) | $(DEPS_STAMP)
+$(BUILD)/obj/%.o: engine/src/%.c engine/include/uvmrec.h $(wildcard engine/src/*/*.h) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ENGINE) -c $< -o $@
 
+# Made anew each time: `ar r` into an old archive would keep objects of files since moved.
 $(BUILD)/lib/libuvmrec.a: $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
-	ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/lib/libuvmrec.so: $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) -shared $(SANFLAGS) -pthread -o $@ $^ $(ENGINE_LIBS)
 
-$(BUILD)/cuobj/%.o: %.cu engine/include/uvmrec.h $(ENGINE_HDR) $(wildcard kernels/*.h) | $(DEPS_STAMP)
+$(BUILD)/cuobj/%.o: %.cu engine/include/uvmrec.h $(wildcard engine/src/*/*.h kernels/*.cuh) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -128,7 +128,7 @@ $(BUILD)/obj-host/%.o: engine/host/%.c engine/host/host.h engine/include/uvmrec_
 
 $(BUILD)/lib/libuvmrec_lua.a: $(HOST_OBJ)
 	@mkdir -p $(dir $@)
-	ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/lib/libuvmrec_lua.so: $(HOST_OBJ) $(BUILD)/lib/libuvmrec.so
 	$(CC) -shared $(SANFLAGS) -pthread -o $@ $(HOST_OBJ) -L$(BUILD)/lib -luvmrec -lluajit-5.1 -ledit -Wl,-rpath,'$$ORIGIN'
@@ -272,4 +272,4 @@ clean:
 # Fuzzing: `make fuzz` (FUZZ_SECONDS per target, default 60).
 include engine/fuzz/fuzz.mk
 # The synthetic generator must round as the CPU does: no fused multiply-adds.
-$(BUILD)/cuobj/kernels/data.o: NVFLAGS += -fmad=false
+$(BUILD)/cuobj/kernels/synth.o: NVFLAGS += -fmad=false

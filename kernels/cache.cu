@@ -1,5 +1,6 @@
-/* cache.cu (kernels): the software cache on the GPU.  Its decisions, made the way the host
- * reference in engine/src/cache.c makes them, and its row mover.
+/* cache.cu: the software cache on the GPU (the CUDA backend's cache table).  Its decisions,
+ * made the way the host reference (engine/src/embedding/cache.c) makes them, and its row
+ * mover.
  *
  * One batch, in three calls on one stream:
  *   lookup  each value of a cached table becomes a key (the table's first key plus the row);
@@ -21,7 +22,8 @@
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
 
-#include "cache_kernels.h"
+#include "common.cuh"
+#include "embedding/cache.h"
 
 namespace {
 
@@ -479,7 +481,7 @@ cudaError_t copy_info(cudaStream_t s, const ur__cache_dev *d, const ur__cache_jo
 
 }  // namespace
 
-cudaError_t ur__cuda_cache_move(cudaStream_t s, const ur__cache_io *io, const int64_t *entries,
+static cudaError_t ur__cuda_cache_move(cudaStream_t s, const ur__cache_io *io, const int64_t *entries,
                                 int64_t n, int to_host) {
   if (n <= 0) return cudaSuccess;
   int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
@@ -487,14 +489,14 @@ cudaError_t ur__cuda_cache_move(cudaStream_t s, const ur__cache_io *io, const in
   return cudaGetLastError();
 }
 
-cudaError_t ur__cuda_cache_scratch(const ur__cache_dev *d, int64_t n, size_t *bytes) {
+static cudaError_t ur__cuda_cache_scratch(const ur__cache_dev *d, int64_t n, size_t *bytes) {
   Layout L;
   TRY(carve(*d, n, nullptr, &L));
   *bytes = L.total;
   return cudaSuccess;
 }
 
-cudaError_t ur__cuda_cache_lookup(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j) {
+static cudaError_t ur__cuda_cache_lookup(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j) {
   Layout L;
   TRY(layout_of(d, j, &L));
   size_t words = UR__CI_TABLES + (size_t)d->nt * UR__CT_COUNT;
@@ -533,7 +535,7 @@ cudaError_t ur__cuda_cache_lookup(cudaStream_t s, const ur__cache_dev *d, const 
   return copy_info(s, d, j);
 }
 
-cudaError_t ur__cuda_cache_decide(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j) {
+static cudaError_t ur__cuda_cache_decide(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j) {
   Layout L;
   TRY(layout_of(d, j, &L));
   if (j->lfu && j->U > 0) count_lfu<<<blocks_for(j->U), kThreads, 0, s>>>(*d, *j, L);
@@ -550,7 +552,7 @@ cudaError_t ur__cuda_cache_decide(cudaStream_t s, const ur__cache_dev *d, const 
   return copy_info(s, d, j);
 }
 
-cudaError_t ur__cuda_cache_place(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j) {
+static cudaError_t ur__cuda_cache_place(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j) {
   Layout L;
   TRY(layout_of(d, j, &L));
   if (j->U > 0) place_lists<<<blocks_for(j->U), kThreads, 0, s>>>(*d, *j, L);
@@ -559,8 +561,51 @@ cudaError_t ur__cuda_cache_place(cudaStream_t s, const ur__cache_dev *d, const u
   return cudaGetLastError();
 }
 
-cudaError_t ur__cuda_cache_mark(cudaStream_t s, uint8_t *dirty, const int64_t *slots, int64_t n) {
+static cudaError_t ur__cuda_cache_mark(cudaStream_t s, uint8_t *dirty, const int64_t *slots, int64_t n) {
   if (n <= 0) return cudaSuccess;
   mark_dirty<<<blocks_for(n), kThreads, 0, s>>>(dirty, slots, n);
   return cudaGetLastError();
 }
+
+/* ---- the backend's cache table ---- */
+
+static ur_status cache_move(void *stream, const ur__cache_io *io, const int64_t *entries,
+                            int64_t n, int32_t to_host) {
+  UR_CUDA_CHECK(ur__cuda_cache_move((cudaStream_t)stream, io, entries, n, to_host), "cache %s",
+                to_host ? "write-back of rows" : "fill of rows");
+  return UR_STATUS_OK;
+}
+
+static ur_status cache_scratch(const ur__cache_dev *d, int64_t n, size_t *bytes) {
+  UR_CUDA_CHECK(ur__cuda_cache_scratch(d, n, bytes), "cache scratch sizing");
+  return UR_STATUS_OK;
+}
+
+static ur_status cache_lookup(void *stream, const ur__cache_dev *d, const ur__cache_job *j) {
+  UR_CUDA_CHECK(ur__cuda_cache_lookup((cudaStream_t)stream, d, j), "cache lookup");
+  return UR_STATUS_OK;
+}
+
+static ur_status cache_decide(void *stream, const ur__cache_dev *d, const ur__cache_job *j) {
+  UR_CUDA_CHECK(ur__cuda_cache_decide((cudaStream_t)stream, d, j), "cache decisions");
+  return UR_STATUS_OK;
+}
+
+static ur_status cache_place(void *stream, const ur__cache_dev *d, const ur__cache_job *j) {
+  UR_CUDA_CHECK(ur__cuda_cache_place((cudaStream_t)stream, d, j), "cache placement");
+  return UR_STATUS_OK;
+}
+
+static ur_status cache_mark(void *stream, uint8_t *dirty, const int64_t *slots, int64_t n) {
+  UR_CUDA_CHECK(ur__cuda_cache_mark((cudaStream_t)stream, dirty, slots, n), "cache dirty marks");
+  return UR_STATUS_OK;
+}
+
+const ur_cache_ops ur__cuda_cache_ops = {
+    .move = cache_move,
+    .scratch = cache_scratch,
+    .lookup = cache_lookup,
+    .decide = cache_decide,
+    .place = cache_place,
+    .mark = cache_mark,
+};

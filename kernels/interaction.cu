@@ -1,10 +1,11 @@
-/* interaction.cu: DLRM's dot interaction, one fused kernel each way.  A block takes one row at
+/* interaction.cu: DLRM's dot interaction (engine/src/dense/interaction.c) on the GPU, one fused
+ * kernel each way, and the copies of feature concat and split.  A block takes one row at
  * a time: its T+1 vectors of d values go to shared memory as floats (rows padded by one word,
  * so threads reading the same element of different vectors hit different banks), then each
  * thread computes pairs (forward) or elements of the vectors' gradients (backward).  Sums are
  * in f32; inputs and outputs f32 or bf16 in any mix. */
-#include "dense_kernels.h"
-#include "dense_util.cuh"
+#include "common.cuh"
+#include "dense.cuh"
 
 #define UR_INTER_THREADS 128
 
@@ -99,7 +100,9 @@ ur_inter_bwd_kernel(const TD *dense, const TE *emb, const TO *gout, TD *gdense, 
   }
 }
 
-size_t ur__cuda_interaction_smem(int tables, int dim, int backward) {
+/* Shared memory the kernels take per block: one row of T+1 vectors of d floats, padded, and
+ * for the backward the pairs' gradients. */
+static size_t ur_inter_smem(int tables, int dim, int backward) {
   size_t T1 = (size_t)tables + 1;
   return sizeof(float) * (T1 * ((size_t)dim + 1) + (backward ? T1 * T1 : 0));
 }
@@ -108,7 +111,8 @@ size_t ur__cuda_interaction_smem(int tables, int dim, int backward) {
 #define UR_INTER_DISPATCH(dd, ed, od, ...)                                         \
   UR_DENSE_DISPATCH(dd, TD, UR_DENSE_DISPATCH(ed, TE, UR_DENSE_DISPATCH(od, TO, __VA_ARGS__)))
 
-cudaError_t ur__cuda_interaction_prepare(size_t bytes, ur_dtype dd, ur_dtype ed, ur_dtype od) {
+/* Raises the kernels' dynamic shared-memory limit to bytes. */
+static cudaError_t ur_inter_prepare(size_t bytes, ur_dtype dd, ur_dtype ed, ur_dtype od) {
   cudaError_t e = cudaSuccess;
   UR_INTER_DISPATCH(dd, ed, od,
     e = cudaFuncSetAttribute(ur_inter_fwd_kernel<TD, TE, TO>,
@@ -124,11 +128,11 @@ static unsigned ur_inter_blocks(int64_t rows, int sms) {
   return (unsigned)(rows < cap ? (rows < 1 ? 1 : rows) : cap);
 }
 
-cudaError_t ur__cuda_interaction_forward(cudaStream_t stream, const void *dense, const void *emb,
-                                         void *out, int64_t rows, int tables, int dim, int self,
-                                         ur_dtype dd, ur_dtype ed, ur_dtype od, int sms) {
+static cudaError_t ur_inter_fwd_launch(cudaStream_t stream, const void *dense, const void *emb,
+                                       void *out, int64_t rows, int tables, int dim, int self,
+                                       ur_dtype dd, ur_dtype ed, ur_dtype od, int sms) {
   int T1 = tables + 1, pairs = T1 * (T1 - 1) / 2 + (self ? T1 : 0);
-  size_t smem = ur__cuda_interaction_smem(tables, dim, 0);
+  size_t smem = ur_inter_smem(tables, dim, 0);
   UR_INTER_DISPATCH(dd, ed, od,
     ur_inter_fwd_kernel<TD, TE, TO><<<ur_inter_blocks(rows, sms), UR_INTER_THREADS, smem, stream>>>(
         (const TD *)dense, (const TE *)emb, (TO *)out, rows, T1, dim, self,
@@ -136,15 +140,73 @@ cudaError_t ur__cuda_interaction_forward(cudaStream_t stream, const void *dense,
   return cudaGetLastError();
 }
 
-cudaError_t ur__cuda_interaction_backward(cudaStream_t stream, const void *dense, const void *emb,
-                                          const void *gout, void *gdense, void *gemb,
-                                          int64_t rows, int tables, int dim, int self,
-                                          ur_dtype dd, ur_dtype ed, ur_dtype od, int sms) {
+static cudaError_t ur_inter_bwd_launch(cudaStream_t stream, const void *dense, const void *emb,
+                                       const void *gout, void *gdense, void *gemb, int64_t rows,
+                                       int tables, int dim, int self, ur_dtype dd, ur_dtype ed,
+                                       ur_dtype od, int sms) {
   int T1 = tables + 1, pairs = T1 * (T1 - 1) / 2 + (self ? T1 : 0);
-  size_t smem = ur__cuda_interaction_smem(tables, dim, 1);
+  size_t smem = ur_inter_smem(tables, dim, 1);
   UR_INTER_DISPATCH(dd, ed, od,
     ur_inter_bwd_kernel<TD, TE, TO><<<ur_inter_blocks(rows, sms), UR_INTER_THREADS, smem, stream>>>(
         (const TD *)dense, (const TE *)emb, (const TO *)gout, (TD *)gdense, (TE *)gemb, rows, T1,
         dim, self, (int64_t)dim + pairs, pairs));
   return cudaGetLastError();
+}
+
+/* The interaction kernels keep one row in shared memory: check it fits, and raise the
+ * kernels' limit past the default 48 KiB when it must. */
+static ur_status ur_inter_ready(ur_dense_dev *dv, int tables, int dim, ur_dtype dd, ur_dtype ed,
+                                ur_dtype od) {
+  size_t need = ur_inter_smem(tables, dim, 1);
+  if (need > dv->smem_optin)
+    return ur__cuda_core->set_error(UR_STATUS_UNSUPPORTED,
+                                    "cuda: interaction of %d tables of width %d needs %zu bytes "
+                                    "of shared memory per block; this GPU has %zu",
+                                    tables, dim, need, dv->smem_optin);
+  if (need <= 48u << 10) return UR_STATUS_OK;
+  UR_CUDA_CHECK(ur_inter_prepare(need, dd, ed, od),
+                "cudaFuncSetAttribute(MaxDynamicSharedMemorySize %zu) for the interaction", need);
+  return UR_STATUS_OK;
+}
+
+ur_status ur__cuda_interaction_forward(void *stream, const void *dense, const void *emb,
+                                       void *out, int64_t rows, int32_t tables, int32_t dim,
+                                       int32_t self, ur_dtype dd, ur_dtype ed, ur_dtype od) {
+  ur_dense_dev *dv = NULL;
+  int dev = 0;
+  ur_status st = ur__cuda_dense_device(&dv, &dev);
+  if (!st) st = ur_inter_ready(dv, tables, dim, dd, ed, od);
+  if (st) return st;
+  UR_CUDA_CHECK(ur_inter_fwd_launch((cudaStream_t)stream, dense, emb, out, rows, tables, dim,
+                                    self, dd, ed, od, dv->sms),
+                "interaction kernel (%lld rows, %d tables of %d)", (long long)rows, (int)tables,
+                (int)dim);
+  return UR_STATUS_OK;
+}
+
+ur_status ur__cuda_interaction_backward(void *stream, const void *dense, const void *emb,
+                                        const void *gout, void *gdense, void *gemb, int64_t rows,
+                                        int32_t tables, int32_t dim, int32_t self, ur_dtype dd,
+                                        ur_dtype ed, ur_dtype od) {
+  ur_dense_dev *dv = NULL;
+  int dev = 0;
+  ur_status st = ur__cuda_dense_device(&dv, &dev);
+  if (!st) st = ur_inter_ready(dv, tables, dim, dd, ed, od);
+  if (st) return st;
+  UR_CUDA_CHECK(ur_inter_bwd_launch((cudaStream_t)stream, dense, emb, gout, gdense, gemb, rows,
+                                    tables, dim, self, dd, ed, od, dv->sms),
+                "interaction gradient kernel (%lld rows, %d tables of %d)", (long long)rows,
+                (int)tables, (int)dim);
+  return UR_STATUS_OK;
+}
+
+/* ---- feature concat and split (engine/src/dense/interaction.c) ---- */
+
+/* rows rows of width bytes between any two placements, in one call. */
+ur_status ur__cuda_copy_2d(void *stream, void *dst, size_t dpitch, const void *src,
+                           size_t spitch, size_t width, size_t rows) {
+  UR_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault,
+                                  (cudaStream_t)stream),
+                "cudaMemcpy2DAsync (%zu rows of %zu bytes)", rows, width);
+  return UR_STATUS_OK;
 }

@@ -1,10 +1,8 @@
-/* loss.cu: binary cross-entropy on logits and the mean.  Per-sample terms in double, as on the
- * CPU; the sums run in one block in a fixed order (strided per thread, then a fixed tree), so
- * the result is the same on every run. */
-#include "dense_kernels.h"
-#include "dense_util.cuh"
-
-#define UR_SUM_THREADS 1024
+/* loss.cu: binary cross-entropy on logits (engine/src/dense/loss.c) on the GPU.  Per-sample
+ * terms in double, as on the CPU; a reduction runs in one block in a fixed order (strided per
+ * thread, then ur_block_sum's fixed tree), so the result is the same on every run. */
+#include "common.cuh"
+#include "dense.cuh"
 
 __device__ __forceinline__ double ur_bce_term(double x, double y) {
   return (x > 0.0 ? x : 0.0) - x * y + log1p(exp(-fabs(x)));
@@ -14,22 +12,6 @@ __device__ __forceinline__ double ur_dsigmoid(double x) {
   if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
   double e = exp(x);
   return e / (1.0 + e);
-}
-
-/* The block's total of v, valid in thread 0. */
-__device__ double ur_block_sum(double v) {
-  __shared__ double warp_sums[UR_SUM_THREADS / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  v = 0.0;
-  if (warp == 0) {
-    int nw = blockDim.x >> 5;
-    v = lane < nw ? warp_sums[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  }
-  return v;
 }
 
 template <typename T>
@@ -65,18 +47,12 @@ __global__ void ur_bce_grad_kernel(const T *x, const float *t, const float *w, T
   }
 }
 
-static cudaError_t ur_loss_sms(int *sms) {
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  return e == cudaSuccess ? cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev) : e;
-}
-
-cudaError_t ur__cuda_bce_forward(cudaStream_t stream, const void *logits, const float *targets,
-                                 const float *weights, float *loss, int64_t n, ur_dtype dtype,
-                                 int reduction) {
+static cudaError_t ur_bce_fwd_launch(cudaStream_t stream, const void *logits,
+                                     const float *targets, const float *weights, float *loss,
+                                     int64_t n, ur_dtype dtype, int reduction) {
   if (reduction == UR_REDUCTION_NONE) {
     int sms = 0;
-    cudaError_t e = ur_loss_sms(&sms);
+    cudaError_t e = ur__cuda_dense_sms(&sms);
     if (e != cudaSuccess) return e;
     if (n == 0) return cudaSuccess;
     UR_DENSE_DISPATCH(dtype, T,
@@ -91,11 +67,11 @@ cudaError_t ur__cuda_bce_forward(cudaStream_t stream, const void *logits, const 
   return cudaGetLastError();
 }
 
-cudaError_t ur__cuda_bce_backward(cudaStream_t stream, const void *logits, const float *targets,
-                                  const float *weights, void *glogits, int64_t n, ur_dtype dtype,
-                                  double k) {
+static cudaError_t ur_bce_bwd_launch(cudaStream_t stream, const void *logits,
+                                     const float *targets, const float *weights, void *glogits,
+                                     int64_t n, ur_dtype dtype, double k) {
   int sms = 0;
-  cudaError_t e = ur_loss_sms(&sms);
+  cudaError_t e = ur__cuda_dense_sms(&sms);
   if (e != cudaSuccess) return e;
   UR_DENSE_DISPATCH(dtype, T,
     ur_bce_grad_kernel<T><<<ur_dense_blocks(n, 256, sms), 256, 0, stream>>>(
@@ -103,17 +79,21 @@ cudaError_t ur__cuda_bce_backward(cudaStream_t stream, const void *logits, const
   return cudaGetLastError();
 }
 
-template <typename T>
-__global__ void ur_mean_kernel(const T *x, float *out, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += ur_ld(x, i);
-  s = ur_block_sum(s);
-  if (threadIdx.x == 0) out[0] = (float)(s / (double)n);
+ur_status ur__cuda_bce_forward(void *stream, const void *logits, const float *targets,
+                               const float *weights, float *loss, int64_t n, ur_dtype dtype,
+                               ur_reduction reduction) {
+  UR_CUDA_CHECK(ur_bce_fwd_launch((cudaStream_t)stream, logits, targets, weights, loss, n, dtype,
+                                  reduction),
+                "bce kernel (%lld samples)", (long long)n);
+  return UR_STATUS_OK;
 }
 
-cudaError_t ur__cuda_mean(cudaStream_t stream, const void *x, float *out, int64_t n,
-                          ur_dtype dtype) {
-  UR_DENSE_DISPATCH(dtype, T,
-    ur_mean_kernel<T><<<1, UR_SUM_THREADS, 0, stream>>>((const T *)x, out, n));
-  return cudaGetLastError();
+ur_status ur__cuda_bce_backward(void *stream, const void *logits, const float *targets,
+                                const float *weights, void *glogits, int64_t n, ur_dtype dtype,
+                                ur_reduction reduction, double scale) {
+  double k = reduction == UR_REDUCTION_MEAN ? scale / (double)n : scale;
+  UR_CUDA_CHECK(ur_bce_bwd_launch((cudaStream_t)stream, logits, targets, weights, glogits, n,
+                                  dtype, k),
+                "bce gradient kernel (%lld samples)", (long long)n);
+  return UR_STATUS_OK;
 }

@@ -9,7 +9,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "metrics.h"
+#include "common.cuh"
+#include "metrics/metrics.h"
 #include "uvmrec.h"
 
 #define UR_M_THREADS 256
@@ -98,7 +99,7 @@ static cudaError_t ur_m_sums(cudaStream_t s, const ur__metrics_job *j, double *s
   return cudaGetLastError();
 }
 
-cudaError_t ur__cuda_metrics_update(cudaStream_t s, const ur__metrics_job *j) {
+static cudaError_t ur__cuda_metrics_update(cudaStream_t s, const ur__metrics_job *j) {
   if (j->n <= 0) return cudaSuccess;
   (void)cudaGetLastError(); /* report this call's launches only (see kernels/tensor.cu) */
   cudaError_t e = ur_m_sums(s, j, j->state, UR__M_SUMS,
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(UR_M_THREADS) ur_metrics_lifetime_kernel(ur__m
   }
 }
 
-cudaError_t ur__cuda_metrics_lifetime(cudaStream_t s, const ur__metrics_job *j) {
+static cudaError_t ur__cuda_metrics_lifetime(cudaStream_t s, const ur__metrics_job *j) {
   (void)cudaGetLastError();
   ur_metrics_lifetime_kernel<<<(unsigned)j->tasks, UR_M_THREADS, 0, s>>>(*j);
   return cudaGetLastError();
@@ -262,7 +263,7 @@ static cudaError_t ur_m_temp_bytes(int n, size_t *out) {
   return cudaSuccess;
 }
 
-cudaError_t ur__cuda_metrics_scratch(const ur__metrics_job *j, size_t *bytes) {
+static cudaError_t ur__cuda_metrics_scratch(const ur__metrics_job *j, size_t *bytes) {
   size_t temp = 0;
   cudaError_t e = ur_m_temp_bytes((int)j->n, &temp);
   if (e != cudaSuccess) return e;
@@ -411,7 +412,7 @@ static cudaError_t ur_m_auc(cudaStream_t s, const ur__metrics_job *j, int t, int
   return cudaGetLastError();
 }
 
-cudaError_t ur__cuda_metrics_window(cudaStream_t s, const ur__metrics_job *j) {
+static cudaError_t ur__cuda_metrics_window(cudaStream_t s, const ur__metrics_job *j) {
   (void)cudaGetLastError();
   UR_M_TRY(cudaMemsetAsync(j->raw, 0, sizeof(double) * (size_t)j->tasks * UR__M_RAW, s));
   if (j->n <= 0) return cudaSuccess;
@@ -429,3 +430,47 @@ cudaError_t ur__cuda_metrics_window(cudaStream_t s, const ur__metrics_job *j) {
   }
   return cudaSuccess;
 }
+
+/* ---- the backend's metrics table ---- */
+
+/* Names the step and the job's size in a failure. */
+#define UR_METRICS_CHECK(call, step, j)                                            \
+  UR_CUDA_CHECK(call, "metrics %s (%lld samples, %d tasks)", step, (long long)(j)->n, \
+                (int)(j)->tasks)
+
+static ur_status ur_cuda_metrics_update(void *stream, const ur__metrics_job *j) {
+  UR_METRICS_CHECK(ur__cuda_metrics_update((cudaStream_t)stream, j), "update", j);
+  return UR_STATUS_OK;
+}
+
+static ur_status ur_cuda_metrics_scratch(const ur__metrics_job *j, size_t *bytes) {
+  UR_METRICS_CHECK(ur__cuda_metrics_scratch(j, bytes), "sort storage query", j);
+  return UR_STATUS_OK;
+}
+
+static ur_status ur_cuda_metrics_window(void *stream, const ur__metrics_job *j) {
+  size_t need = 0;
+  if ((j->auc || j->grouped) && j->n > 0) {
+    ur_status st = ur_cuda_metrics_scratch(j, &need);
+    if (st != UR_STATUS_OK) return st;
+    if (!j->scratch || need > j->scratch_bytes)
+      return ur__cuda_core->set_error(UR_STATUS_INVALID,
+                               "cuda: metrics window: %zu bytes of scratch given for %lld "
+                               "samples; the sorts need %zu",
+                               j->scratch_bytes, (long long)j->n, need);
+  }
+  UR_METRICS_CHECK(ur__cuda_metrics_window((cudaStream_t)stream, j), "window", j);
+  return UR_STATUS_OK;
+}
+
+static ur_status ur_cuda_metrics_lifetime(void *stream, const ur__metrics_job *j) {
+  UR_METRICS_CHECK(ur__cuda_metrics_lifetime((cudaStream_t)stream, j), "lifetime", j);
+  return UR_STATUS_OK;
+}
+
+const ur_metrics_ops ur__cuda_metrics_ops = {
+    .update = ur_cuda_metrics_update,
+    .window = ur_cuda_metrics_window,
+    .lifetime = ur_cuda_metrics_lifetime,
+    .scratch = ur_cuda_metrics_scratch,
+};

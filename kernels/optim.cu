@@ -1,24 +1,25 @@
-/* optim.cu: the dense optimizers as one launch over up to UR__CUDA_OPTIM_MAX tensors (the
- * pointers travel in the kernel's parameters, read in place as __grid_constant__).  Block b
- * finds its tensor among the tensors' first blocks and updates one chunk of it, with the CPU's
- * formulas in f32. */
-#include "dense_kernels.h"
-#include "dense_util.cuh"
+/* optim.cu: the dense optimizers (engine/src/dense/optim.c) on the GPU, as one launch over up
+ * to UR__OPTIM_GROUP tensors (the pointers travel in the kernel's parameters, read in place as
+ * __grid_constant__).  Block b finds its tensor among the tensors' first blocks and updates
+ * one chunk of it, with the CPU's formulas in f32. */
+#include "common.cuh"
+#include "dense.cuh"
+#include "dense/dense.h"
 
 #define UR_OPTIM_CHUNK 4096
 #define UR_OPTIM_THREADS 256
 
 struct ur_optim_pack {
-  float *p[UR__CUDA_OPTIM_MAX], *g[UR__CUDA_OPTIM_MAX];
-  float *s1[UR__CUDA_OPTIM_MAX], *s2[UR__CUDA_OPTIM_MAX];
-  ur_bf16 *h[UR__CUDA_OPTIM_MAX];
-  int64_t n[UR__CUDA_OPTIM_MAX];
-  int64_t first[UR__CUDA_OPTIM_MAX + 1]; /* first block of each tensor; first[count] = all */
+  float *p[UR__OPTIM_GROUP], *g[UR__OPTIM_GROUP];
+  float *s1[UR__OPTIM_GROUP], *s2[UR__OPTIM_GROUP];
+  ur_bf16 *h[UR__OPTIM_GROUP];
+  int64_t n[UR__OPTIM_GROUP];
+  int64_t first[UR__OPTIM_GROUP + 1]; /* first block of each tensor; first[count] = all */
   int count;
 };
 
 __global__ void __launch_bounds__(UR_OPTIM_THREADS)
-ur_optim_kernel(const __grid_constant__ ur__cuda_optim_consts k,
+ur_optim_kernel(const __grid_constant__ ur__optim_consts k,
                 const __grid_constant__ ur_optim_pack pk) {
   int64_t b = blockIdx.x;
   int t = 0;
@@ -57,12 +58,10 @@ ur_optim_kernel(const __grid_constant__ ur__cuda_optim_consts k,
   }
 }
 
-cudaError_t ur__cuda_optim_step(cudaStream_t stream, const ur__cuda_optim_consts *k, int n,
-                                float *const *params, float *const *grads, float *const *s1,
-                                float *const *s2, void *const *halves, const int64_t *numel,
-                                int sms) {
-  (void)sms;
-  if (n < 1 || n > UR__CUDA_OPTIM_MAX) return cudaErrorInvalidValue;
+static cudaError_t ur_optim_launch(cudaStream_t stream, const ur__optim_consts *k, int n,
+                                  float *const *params, float *const *grads, float *const *s1,
+                                  float *const *s2, void *const *halves, const int64_t *numel) {
+  if (n < 1 || n > UR__OPTIM_GROUP) return cudaErrorInvalidValue;
   ur_optim_pack pk;
   int64_t blocks = 0;
   for (int t = 0; t < n; t++) {
@@ -81,4 +80,17 @@ cudaError_t ur__cuda_optim_step(cudaStream_t stream, const ur__cuda_optim_consts
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   ur_optim_kernel<<<(unsigned)blocks, UR_OPTIM_THREADS, 0, stream>>>(*k, pk);
   return cudaGetLastError();
+}
+
+ur_status ur__cuda_optim_step(void *stream, const ur_optim_cfg *c, int32_t n,
+                              float *const *params, float *const *grads, float *const *s1,
+                              float *const *s2, void *const *halves, const int64_t *numel) {
+  ur__optim_consts k = ur__optim_consts_of(c);
+  for (int32_t i = 0; i < n; i += UR__OPTIM_GROUP) {
+    int m = n - i < UR__OPTIM_GROUP ? (int)(n - i) : UR__OPTIM_GROUP;
+    UR_CUDA_CHECK(ur_optim_launch((cudaStream_t)stream, &k, m, params + i, grads + i, s1 + i,
+                                  s2 + i, halves + i, numel + i),
+                  "optimizer kernel (%d tensors)", m);
+  }
+  return UR_STATUS_OK;
 }

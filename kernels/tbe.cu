@@ -1,4 +1,4 @@
-/* tbe.cu: the embedding collection's kernels.  Forward: one warp per 32 consecutive bags; the
+/* tbe.cu: the embedding collection's kernels and the CUDA backend's tbe table.  Forward: one warp per 32 consecutive bags; the
  * warp walks their values as one stream, each lane loading a 16-byte slice (8 bytes for half
  * tables among f32 ones) of U rows before it adds any, so many rows are in flight whatever the
  * bag sizes.  Backward: (row key, value index) pairs sorted by cub's radix sort (stable, so a
@@ -20,7 +20,8 @@
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
 
-#include "tbe.h"
+#include "common.cuh"
+#include "embedding/tbe.h"
 
 #define UR_TBE_WARPS 8      /* warps per block of the warp-per-group kernels */
 #define UR_TBE_HOT 256      /* a row read more often than this is summed by a whole CTA */
@@ -1158,7 +1159,7 @@ cudaError_t sort_segments(cudaStream_t st, const ur__tbe_args &a, char *work, co
 
 } // namespace
 
-cudaError_t ur__cuda_tbe_work_bytes(const ur__tbe_args *a, int backward, size_t *out) {
+static cudaError_t ur__cuda_tbe_work_bytes(const ur__tbe_args *a, int backward, size_t *out) {
   Layout L;
   cudaError_t e = layout_of(a, backward, &L);
   *out = L.total;
@@ -1173,7 +1174,7 @@ static cudaError_t count_accesses(cudaStream_t st, const ur__tbe_args *a) {
   return cudaGetLastError();
 }
 
-cudaError_t ur__cuda_tbe_decay_counts(cudaStream_t st, int32_t *c, int64_t n, double factor) {
+static cudaError_t ur__cuda_tbe_decay_counts(cudaStream_t st, int32_t *c, int64_t n, double factor) {
   (void)cudaGetLastError();
   if (n == 0) return cudaSuccess;
   int64_t want = (n + 255) / 256;
@@ -1182,7 +1183,7 @@ cudaError_t ur__cuda_tbe_decay_counts(cudaStream_t st, int32_t *c, int64_t n, do
   return cudaGetLastError();
 }
 
-cudaError_t ur__cuda_tbe_forward(cudaStream_t st, const ur__tbe_args *a, void *work) {
+static cudaError_t ur__cuda_tbe_forward(cudaStream_t st, const ur__tbe_args *a, void *work) {
   (void)cudaGetLastError(); /* report this call's errors only (sticky ones come back anyway) */
   UR_TRY(count_accesses(st, a));
   if (!a->inverse) return forward_into(st, *a);
@@ -1233,13 +1234,13 @@ static cudaError_t backward_common(cudaStream_t st, const ur__tbe_args *a, const
                    : reduce_e<4>(st, in, hh, s, sp, hot, num_hot, sh.nv);
 }
 
-cudaError_t ur__cuda_tbe_backward(cudaStream_t st, const ur__tbe_args *a, const ur__tbe_hyper *h,
+static cudaError_t ur__cuda_tbe_backward(cudaStream_t st, const ur__tbe_args *a, const ur__tbe_hyper *h,
                                   void *work) {
   SparseOut sp = {nullptr, nullptr, nullptr, nullptr};
   return backward_common(st, a, h, work, sp, 0, nullptr);
 }
 
-cudaError_t ur__cuda_tbe_sparse_count(cudaStream_t st, const ur__tbe_args *a, void *work,
+static cudaError_t ur__cuda_tbe_sparse_count(cudaStream_t st, const ur__tbe_args *a, void *work,
                                       int64_t *counts) {
   SparseOut sp = {nullptr, nullptr, nullptr, nullptr};
   return backward_common(st, a, nullptr, work, sp, 1, counts);
@@ -1247,7 +1248,7 @@ cudaError_t ur__cuda_tbe_sparse_count(cudaStream_t st, const ur__tbe_args *a, vo
 
 /* Sorts again rather than keeping the count's state: simpler, and this path is for tests and
  * custom optimizers, not for speed. */
-cudaError_t ur__cuda_tbe_sparse_write(cudaStream_t st, const ur__tbe_args *a, void *work,
+static cudaError_t ur__cuda_tbe_sparse_write(cudaStream_t st, const ur__tbe_args *a, void *work,
                                       const int64_t *counts, int64_t *rows, float *grads) {
   Layout L;
   UR_TRY(layout_of(a, 1, &L));
@@ -1271,7 +1272,7 @@ cudaError_t ur__cuda_tbe_sparse_write(cudaStream_t st, const ur__tbe_args *a, vo
   return backward_common(st, a, nullptr, work, sp, 0, nullptr);
 }
 
-cudaError_t ur__cuda_gather_rows(cudaStream_t st, const void *src, size_t row_bytes,
+static cudaError_t ur__cuda_gather_rows(cudaStream_t st, const void *src, size_t row_bytes,
                                  const int64_t *ids, int64_t n, void *out) {
   (void)cudaGetLastError();
   if (n == 0) return cudaSuccess;
@@ -1286,3 +1287,58 @@ cudaError_t ur__cuda_gather_rows(cudaStream_t st, const void *src, size_t row_by
     gather_kernel<unsigned><<<blocks, 256, 0, st>>>((const unsigned *)src, ids, (unsigned *)out, n, per);
   return cudaGetLastError();
 }
+
+/* ---- the backend's tbe table ---- */
+
+static ur_status tbe_work_bytes(const ur__tbe_args *a, int backward, size_t *out) {
+  UR_CUDA_CHECK(ur__cuda_tbe_work_bytes(a, backward, out), "tbe workspace query");
+  return UR_STATUS_OK;
+}
+
+static ur_status tbe_forward(void *stream, const ur__tbe_args *a, void *work) {
+  UR_CUDA_CHECK(ur__cuda_tbe_forward((cudaStream_t)stream, a, work), "tbe forward");
+  return UR_STATUS_OK;
+}
+
+static ur_status tbe_backward(void *stream, const ur__tbe_args *a, const ur__tbe_hyper *h,
+                              void *work) {
+  UR_CUDA_CHECK(ur__cuda_tbe_backward((cudaStream_t)stream, a, h, work), "tbe backward");
+  return UR_STATUS_OK;
+}
+
+static ur_status tbe_sparse_count(void *stream, const ur__tbe_args *a, void *work,
+                                  int64_t *counts) {
+  UR_CUDA_CHECK(ur__cuda_tbe_sparse_count((cudaStream_t)stream, a, work, counts),
+                "tbe sparse gradient (count)");
+  return UR_STATUS_OK;
+}
+
+static ur_status tbe_sparse_write(void *stream, const ur__tbe_args *a, void *work,
+                                  const int64_t *counts, int64_t *rows, float *grads) {
+  UR_CUDA_CHECK(ur__cuda_tbe_sparse_write((cudaStream_t)stream, a, work, counts, rows, grads),
+                "tbe sparse gradient (write)");
+  return UR_STATUS_OK;
+}
+
+static ur_status tbe_gather_rows(void *stream, const void *src, size_t row_bytes,
+                                 const int64_t *ids, int64_t n, void *out) {
+  UR_CUDA_CHECK(ur__cuda_gather_rows((cudaStream_t)stream, src, row_bytes, ids, n, out),
+                "tbe gather_rows");
+  return UR_STATUS_OK;
+}
+
+static ur_status tbe_decay_counts(void *stream, int32_t *c, int64_t n, double factor) {
+  UR_CUDA_CHECK(ur__cuda_tbe_decay_counts((cudaStream_t)stream, c, n, factor),
+                "tbe counter decay");
+  return UR_STATUS_OK;
+}
+
+const ur_tbe_ops ur__cuda_tbe_ops = {
+    .work_bytes = tbe_work_bytes,
+    .forward = tbe_forward,
+    .backward = tbe_backward,
+    .sparse_count = tbe_sparse_count,
+    .sparse_write = tbe_sparse_write,
+    .gather_rows = tbe_gather_rows,
+    .decay_counts = tbe_decay_counts,
+};

@@ -7,8 +7,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "kernels.h"
-#include "philox.h"
+#include "tensor.cuh"
+#include "core/philox.h"
 
 #define UR_THREADS 256
 /* Enough blocks to fill every SM several times over; beyond that a grid-stride loop does

@@ -10,7 +10,7 @@ FUZZ_BINS    := $(patsubst engine/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard engine/fuz
 FUZZ_OBJ     := $(ENGINE_SRC:engine/src/%.c=$(BUILD)/fuzz/obj/%.o)
 .SECONDARY: $(FUZZ_OBJ)
 
-$(BUILD)/fuzz/obj/%.o: engine/src/%.c engine/include/uvmrec.h $(wildcard engine/src/*.h) | $(DEPS_STAMP)
+$(BUILD)/fuzz/obj/%.o: engine/src/%.c engine/include/uvmrec.h $(wildcard engine/src/*/*.h) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link,$(FUZZ_SAN) -c $< -o $@
 

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "core.h"
+#include "core/core.h"
 
 /* A ur_json is a json_t; the handle type keeps jansson out of the public header. */
 #define J(v) ((json_t *)(v))

@@ -1,0 +1,162 @@
+/* backend_cpu.c: the CPU backend's core table, the reference.  Always built; runs everything on host memory.
+ * Without a GPU, pinned and managed storage are page-aligned host memory, streams order
+ * nothing (work is synchronous) and events keep wall-clock times. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "core/core.h"
+#include "data/kjt.h"
+#include "data/synth.h"
+#include "dense/dense.h"
+#include "metrics/metrics.h"
+#include "core/philox.h"
+
+static int cpu_device_count(void) { return 0; }
+
+/* The core says why no GPU is in use where it knows (ur_cuda_error); this backend only knows
+ * that it has none. */
+static ur_status no_gpu(const char *what) {
+  return ur__error(UR_STATUS_UNSUPPORTED, "%s: needs a GPU; the CPU backend has none", what);
+}
+
+static ur_status cpu_device_set(int32_t device) {
+  (void)device;
+  return no_gpu("device_set");
+}
+
+static ur_status cpu_device_get(int32_t *out) {
+  *out = UR_LOC_CPU;
+  return UR_STATUS_OK;
+}
+
+static ur_status cpu_device_props(int32_t device, ur_device_props *out) {
+  (void)device;
+  (void)out;
+  return no_gpu("device_props");
+}
+
+static ur_status cpu_device_sync(void) { return UR_STATUS_OK; }
+
+static ur_status cpu_alloc(ur_place place, int32_t device, size_t bytes, void **out) {
+  (void)device;
+  if (place == UR_PLACE_DEVICE) return no_gpu("tensor: placement 'device'");
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  size_t n = (bytes + page - 1) / page * page;
+  if (posix_memalign(out, page, n ? n : page))
+    return ur__error(UR_STATUS_OOM, "tensor: host allocation of %zu bytes failed", bytes);
+  return UR_STATUS_OK;
+}
+
+static void cpu_free(ur_place place, void *p) {
+  (void)place;
+  free(p);
+}
+
+static ur_status cpu_copy(void *stream, void *dst, const void *src, size_t bytes) {
+  (void)stream;
+  memmove(dst, src, bytes);
+  return UR_STATUS_OK;
+}
+
+typedef struct fill_job {
+  char *dst;
+  size_t elem;
+  unsigned char pat[8];
+} fill_job;
+
+static void fill_range(void *ctx, size_t i0, size_t i1) {
+  fill_job *j = ctx;
+  for (size_t i = i0; i < i1; i++) memcpy(j->dst + i * j->elem, j->pat, j->elem);
+}
+
+static ur_status cpu_fill(void *stream, void *dst, size_t n, size_t elem, uint64_t value) {
+  (void)stream;
+  fill_job j = {dst, elem, {0}};
+  memcpy(j.pat, &value, 8);
+  int same = 1;
+  for (size_t b = 1; b < elem; b++) same &= j.pat[b] == j.pat[0];
+  if (same) memset(dst, j.pat[0], n * elem);
+  else ur__parallel_for(n, (size_t)1 << 18, fill_range, &j);
+  return UR_STATUS_OK;
+}
+
+typedef struct rand_job {
+  void *dst;
+  ur_dtype dtype;
+  uint64_t first, seed;
+  int normal;
+  double a, b;
+  size_t base;
+} rand_job;
+
+/* Half types round from the float value, as the GPU's __float2half_rn does. */
+static void rand_range(void *ctx, size_t i0, size_t i1) {
+  rand_job *j = ctx;
+  for (size_t i = j->base + i0; i < j->base + i1; i++)
+    ur__store(j->dst, j->dtype, i, ur_philox_value(j->first + i, j->seed, j->normal, j->a, j->b));
+}
+
+/* Polls the interrupt flag every chunk, so a huge initialisation can be stopped. */
+static ur_status cpu_rand(void *stream, void *dst, ur_dtype dtype, size_t n, uint64_t first,
+                          ur_dist dist, double a, double b, uint64_t seed) {
+  (void)stream;
+  const size_t chunk = (size_t)1 << 24;
+  rand_job j = {dst, dtype, first, seed, dist == UR_DIST_NORMAL, a, b, 0};
+  for (size_t c0 = 0; c0 < n; c0 += chunk) {
+    if (ur_interrupted())
+      return ur__error(UR_STATUS_INTERRUPTED, "tensor: random init interrupted at element %zu",
+                       c0);
+    j.base = c0;
+    ur__parallel_for((c0 + chunk < n ? c0 + chunk : n) - c0, (size_t)1 << 16, rand_range, &j);
+  }
+  return UR_STATUS_OK;
+}
+
+static ur_status cpu_stream_new(int32_t priority, void **out) {
+  (void)priority;
+  *out = NULL;
+  return UR_STATUS_OK;
+}
+
+static void cpu_stream_free(void *s) { (void)s; }
+static ur_status cpu_stream_sync(void *s) {
+  (void)s;
+  return UR_STATUS_OK;
+}
+
+static ur_status cpu_event_new(void **out) {
+  *out = NULL;
+  return UR_STATUS_OK;
+}
+
+static void cpu_event_free(void *e) { (void)e; }
+
+const ur_backend *ur__cpu(void) {
+  static const ur_backend cpu = {
+      .abi = UR_BACKEND_ABI,
+      .name = "cpu",
+      .archs = "",
+      .device_count = cpu_device_count,
+      .device_set = cpu_device_set,
+      .device_get = cpu_device_get,
+      .device_props = cpu_device_props,
+      .device_sync = cpu_device_sync,
+      .alloc = cpu_alloc,
+      .free = cpu_free,
+      .copy = cpu_copy,
+      .fill = cpu_fill,
+      .rand = cpu_rand,
+      .stream_new = cpu_stream_new,
+      .stream_free = cpu_stream_free,
+      .stream_sync = cpu_stream_sync,
+      .event_new = cpu_event_new,
+      .event_free = cpu_event_free,
+      .dense = &ur__cpu_dense_ops,
+      .kjt = &ur__cpu_kjt_ops,
+      .synth = &ur__cpu_synth_ops,
+      .metrics = &ur__cpu_metrics_ops,
+      /* Events, hints, probes and the monitor have no CPU form: the core handles NULL. */
+  };
+  return &cpu;
+}

@@ -1,0 +1,130 @@
+/* core.h: internals shared by the engine's C files (ur__ names, never in the public header). */
+#ifndef UR_CORE_H
+#define UR_CORE_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include "core/backend.h"
+#include "uvmrec.h"
+
+#define UR__HIDDEN __attribute__((visibility("hidden")))
+
+/* Errors: sets the thread-local message and returns status. */
+UR__HIDDEN ur_status ur__error(ur_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+UR__HIDDEN ur_status ur__errorv(ur_status status, const char *fmt, va_list ap);
+UR__HIDDEN void ur__format_bytes(uint64_t bytes, char *buf, size_t len);
+
+/* Backends: the CPU one always; the CUDA one when it loaded and sees a GPU (else NULL). */
+UR__HIDDEN const ur_backend *ur__cpu(void);
+UR__HIDDEN const ur_backend *ur__gpu(void);
+
+/* The one dispatch rule.  An object (a KJT, an embedding collection, a cache, metrics; for the
+ * dense ops, a tensor) takes its backend once, when it is made or placed, from its memory's
+ * placement: the GPU's for device and managed memory when a GPU is in use, else the CPU's
+ * (host and pinned memory, and everything without a GPU).  Code below never asks again. */
+UR__HIDDEN const ur_backend *ur__backend_for(ur_place place);
+UR__HIDDEN const ur_backend *ur__tensor_backend(const ur_tensor *t);
+
+/* Before backend b works on t's memory: the CPU's waits for the GPU, which may still be
+ * writing pinned or managed memory; a GPU orders its own work on its streams. */
+UR__HIDDEN ur_status ur__tensor_ready(const ur_backend *b, const ur_tensor *t);
+/* Backend b's kernels run on the current device, and the runtime's current device is per
+ * thread: enter makes device current (device < 0, or a backend without devices: nothing),
+ * leave restores *prev and returns st, or its own failure. */
+UR__HIDDEN ur_status ur__device_enter(const ur_backend *b, int32_t device, int32_t *prev);
+UR__HIDDEN ur_status ur__device_leave(const ur_backend *b, int32_t device, int32_t prev,
+                                      ur_status st);
+
+/* "<family> <op> is not available on <backend>" (UR_STATUS_UNSUPPORTED). */
+UR__HIDDEN ur_status ur__missing(const ur_backend *b, const char *family, const char *op);
+/* OK when backend b has op in family's table, else ur__missing's error:
+ *   if ((st = UR__NEED(b, tbe, forward))) return st;  st = b->tbe->forward(...); */
+#define UR__NEED(b, family, op) \
+  ((b)->family && (b)->family->op ? UR_STATUS_OK : ur__missing((b), #family, #op))
+
+/* One lock for accounting, the hint log and hint records; held only briefly. */
+UR__HIDDEN extern pthread_mutex_t ur__lock;
+
+/* Accounting of placed bytes (call with ur__lock held). */
+UR__HIDDEN ur_status ur__hbm_reserve(uint64_t bytes, const char *what);
+UR__HIDDEN void ur__hbm_release(uint64_t bytes);
+UR__HIDDEN void ur__place_add(ur_place place, uint64_t bytes);
+UR__HIDDEN void ur__place_sub(ur_place place, uint64_t bytes);
+UR__HIDDEN void ur__managed_gpu_add(int64_t delta);
+
+/* Hint attributes of a byte segment of managed storage, as the engine recorded them. */
+typedef struct ur__seg {
+  uint64_t begin, end;
+  int32_t preferred, prefetched;  /* UR_LOC_NONE, UR_LOC_CPU or a GPU */
+  int32_t read_mostly, accessed_by_cpu;
+  uint64_t accessed_by_gpus;
+} ur__seg;
+
+typedef struct ur__segmap {
+  ur__seg *v;
+  size_t n, cap;
+} ur__segmap;
+
+typedef struct ur__storage {
+  void *data;
+  uint64_t bytes;       /* as asked */
+  uint64_t alloc_bytes; /* as allocated (managed storage is rounded to whole pages) */
+  ur_place place;
+  int32_t device;
+  uint64_t id;
+  int refs;             /* atomic */
+  ur__segmap hints;     /* managed only */
+  uint64_t on_gpu;      /* managed bytes counted against the HBM budget */
+  void (*release)(void *ctx); /* memory the engine did not allocate: called instead of free */
+  void *release_ctx;
+} ur__storage;
+
+struct ur_tensor {
+  ur__storage *st;
+  ur_dtype dtype;
+  int32_t ndim;
+  int64_t shape[UR_MAX_DIMS];
+  int64_t offset;       /* first element in the storage */
+  int64_t numel;
+};
+
+struct ur_stream {
+  void *handle;         /* the backend's stream (NULL on the CPU backend) */
+  int32_t priority;
+};
+
+struct ur_event {
+  void *handle;         /* the backend's event; the CPU keeps a time */
+  double cpu_ms;
+  int recorded;
+};
+
+/* A host tensor over memory the engine did not allocate (a file mapping): release(ctx) runs
+ * when the last handle sharing it is freed.  Not counted in ur_memory's bytes.  On failure the
+ * caller keeps its reference (release is not called). */
+UR__HIDDEN ur_status ur__tensor_wrap(ur_tensor **out, ur_dtype dtype, int32_t ndim,
+                                     const int64_t *shape, void *data,
+                                     void (*release)(void *ctx), void *ctx);
+
+/* A storage's record of the hints in force, made with the storage (tensor.c) and kept by
+ * hints.c. */
+UR__HIDDEN ur_status ur__segmap_init(ur__segmap *m, uint64_t bytes);
+UR__HIDDEN void ur__segmap_free(ur__segmap *m);
+
+/* A parallel loop: fn(ctx, begin, end) over [0, n) in chunks of at least grain
+ * (engine/src/parallel.c). */
+typedef void (*ur__range_fn)(void *ctx, size_t begin, size_t end);
+UR__HIDDEN void ur__parallel_for(size_t n, size_t grain, ur__range_fn fn, void *ctx);
+UR__HIDDEN int ur__threads(void);
+
+/* Numbers (engine/src/convert.c). */
+UR__HIDDEN double ur__load(const void *base, ur_dtype d, size_t i);
+UR__HIDDEN void ur__store(void *base, ur_dtype d, size_t i, double v);
+UR__HIDDEN uint64_t ur__bits_of(ur_dtype d, double v);
+UR__HIDDEN uint16_t ur__f32_to_f16(float f);
+UR__HIDDEN float ur__f16_to_f32(uint16_t h);
+UR__HIDDEN uint16_t ur__f32_to_bf16(float f);
+UR__HIDDEN float ur__bf16_to_f32(uint16_t h);
+
+#endif

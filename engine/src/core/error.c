@@ -1,0 +1,52 @@
+/* error.c: the thread-local error message and status names. */
+#include <stdio.h>
+#include "core/core.h"
+
+static _Thread_local char last_error[1024];
+
+ur_status ur__errorv(ur_status status, const char *fmt, va_list ap) {
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  return status;
+}
+
+ur_status ur__error(ur_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  ur__errorv(status, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+const char *ur_last_error(void) { return last_error; }
+
+const char *ur_status_name(ur_status s) {
+  switch (s) {
+    case UR_STATUS_OK: return "ok";
+    case UR_STATUS_INVALID: return "invalid";
+    case UR_STATUS_OOM: return "out of memory";
+    case UR_STATUS_DEVICE: return "device error";
+    case UR_STATUS_IO: return "io error";
+    case UR_STATUS_UNSUPPORTED: return "unsupported";
+    case UR_STATUS_INTERRUPTED: return "interrupted";
+    case UR_STATUS_FORMAT: return "malformed input";
+    default: return "unknown status";
+  }
+}
+
+void ur__format_bytes(uint64_t b, char *buf, size_t len) {
+  static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024.0 && u < 4) { v /= 1024.0; u++; }
+  if (u == 0) snprintf(buf, len, "%llu B", (unsigned long long)b);
+  else snprintf(buf, len, "%.1f %s", v, unit[u]);
+}
+
+size_t ur_sizeof_range(void) { return sizeof(ur_range); }
+size_t ur_sizeof_advised(void) { return sizeof(ur_advised); }
+size_t ur_sizeof_hint_record(void) { return sizeof(ur_hint_record); }
+size_t ur_sizeof_device_props(void) { return sizeof(ur_device_props); }
+size_t ur_sizeof_memory_stats(void) { return sizeof(ur_memory_stats); }
+size_t ur_sizeof_migration_stats(void) { return sizeof(ur_migration_stats); }
+size_t ur_sizeof_residency(void) { return sizeof(ur_residency); }
+const char *ur_version(void) { return UR_VERSION; }

@@ -1,0 +1,101 @@
+/* names.c: the names of dtypes, placements, advice and locations, both ways. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/core.h"
+
+static const char *dtype_names[UR_DTYPE_COUNT] = {"f32", "bf16", "f16", "i8", "u8", "i32", "i64"};
+static const size_t dtype_sizes[UR_DTYPE_COUNT] = {4, 2, 2, 1, 1, 4, 8};
+static const char *place_names[UR_PLACE_COUNT] = {"host", "pinned", "device", "managed"};
+static const char *advice_names[UR_ADVICE_COUNT] = {
+    "preferred_location", "unset_preferred_location", "accessed_by",
+    "unset_accessed_by",  "read_mostly",              "unset_read_mostly"};
+/* CUDA's own names are accepted too, so code ported from CUDA reads the same. */
+static const char *advice_cuda_names[UR_ADVICE_COUNT] = {
+    "cudaMemAdviseSetPreferredLocation", "cudaMemAdviseUnsetPreferredLocation",
+    "cudaMemAdviseSetAccessedBy",        "cudaMemAdviseUnsetAccessedBy",
+    "cudaMemAdviseSetReadMostly",        "cudaMemAdviseUnsetReadMostly"};
+
+const char *ur_dtype_name(ur_dtype d) {
+  return (unsigned)d < UR_DTYPE_COUNT ? dtype_names[d] : "?";
+}
+
+size_t ur_dtype_size(ur_dtype d) { return (unsigned)d < UR_DTYPE_COUNT ? dtype_sizes[d] : 0; }
+
+ur_status ur_dtype_parse(const char *s, ur_dtype *out) {
+  for (int i = 0; s && i < UR_DTYPE_COUNT; i++)
+    if (!strcmp(s, dtype_names[i])) { *out = (ur_dtype)i; return UR_STATUS_OK; }
+  return ur__error(UR_STATUS_INVALID,
+                   "dtype: '%s' is not a dtype; expected f32, bf16, f16, i8, u8, i32 or i64",
+                   s ? s : "(null)");
+}
+
+const char *ur_place_name(ur_place p) {
+  return (unsigned)p < UR_PLACE_COUNT ? place_names[p] : "?";
+}
+
+ur_status ur_place_parse(const char *s, ur_place *out) {
+  for (int i = 0; s && i < UR_PLACE_COUNT; i++)
+    if (!strcmp(s, place_names[i])) { *out = (ur_place)i; return UR_STATUS_OK; }
+  return ur__error(UR_STATUS_INVALID,
+                   "placement: '%s' is not a placement; expected host, pinned, device or managed",
+                   s ? s : "(null)");
+}
+
+const char *ur_advice_name(ur_advice a) {
+  return (unsigned)a < UR_ADVICE_COUNT ? advice_names[a] : "?";
+}
+
+ur_status ur_advice_parse(const char *s, ur_advice *out) {
+  for (int i = 0; s && i < UR_ADVICE_COUNT; i++)
+    if (!strcmp(s, advice_names[i]) || !strcmp(s, advice_cuda_names[i])) {
+      *out = (ur_advice)i;
+      return UR_STATUS_OK;
+    }
+  return ur__error(UR_STATUS_INVALID,
+                   "advice: '%s' is not a memory advice; expected preferred_location, "
+                   "unset_preferred_location, accessed_by, unset_accessed_by, read_mostly or "
+                   "unset_read_mostly (or CUDA's cudaMemAdvise* names)",
+                   s ? s : "(null)");
+}
+
+static int parse_int(const char *s, long *out) {
+  char *end;
+  if (!*s) return 0;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end) return 0;
+  *out = v;
+  return 1;
+}
+
+ur_status ur_location_parse(const char *s, int32_t *out) {
+  long n;
+  if (!s) s = "(null)";
+  if (!strcmp(s, "cpu") || !strcmp(s, "host")) { *out = UR_LOC_CPU; return UR_STATUS_OK; }
+  if (!strcmp(s, "gpu") || !strcmp(s, "cuda")) { *out = UR_LOC_CURRENT_GPU; return UR_STATUS_OK; }
+  if ((!strncmp(s, "cuda:", 5) && parse_int(s + 5, &n) && n >= 0 && n <= UR_MAX_GPUS) ||
+      (parse_int(s, &n) && n >= -1 && n <= UR_MAX_GPUS)) {
+    *out = (int32_t)n;
+    return UR_STATUS_OK;
+  }
+  return ur__error(UR_STATUS_INVALID,
+                   "location: '%s' is not a location; expected cpu, gpu, cuda:N or a device "
+                   "number (-1 for the CPU, 0..%d for a GPU)",
+                   s, UR_MAX_GPUS);
+}
+
+ur_status ur_location_format(int32_t loc, char *buf, size_t len) {
+  switch (loc) {
+    case UR_LOC_CPU: snprintf(buf, len, "cpu"); break;
+    case UR_LOC_CURRENT_GPU: snprintf(buf, len, "gpu"); break;
+    case UR_LOC_NONE: snprintf(buf, len, "none"); break;
+    case UR_LOC_MIXED: snprintf(buf, len, "mixed"); break;
+    default:
+      if (loc < 0 || loc > UR_MAX_GPUS)
+        return ur__error(UR_STATUS_INVALID, "location: %d is not a location", (int)loc);
+      snprintf(buf, len, "cuda:%d", (int)loc);
+  }
+  return UR_STATUS_OK;
+}

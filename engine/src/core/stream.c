@@ -1,0 +1,70 @@
+/* stream.c: streams (with priority) and events.  On the CPU backend work is synchronous, so a
+ * stream orders nothing and an event records the wall-clock time. */
+#include <stdlib.h>
+#include <time.h>
+#include "core/core.h"
+
+static const ur_backend *be(void) { return ur__gpu() ? ur__gpu() : ur__cpu(); }
+
+ur_status ur_stream_new(ur_stream **out, int32_t priority) {
+  ur_stream *s = calloc(1, sizeof *s);
+  if (!s) return ur__error(UR_STATUS_OOM, "stream: out of host memory");
+  ur_status st = be()->stream_new(priority, &s->handle);
+  if (st) {
+    free(s);
+    return st;
+  }
+  s->priority = priority;
+  *out = s;
+  return UR_STATUS_OK;
+}
+
+void ur_stream_free(ur_stream *s) {
+  if (!s) return;
+  be()->stream_free(s->handle);
+  free(s);
+}
+
+ur_status ur_stream_sync(ur_stream *s) { return be()->stream_sync(s ? s->handle : NULL); }
+
+int32_t ur_stream_priority(const ur_stream *s) { return s ? s->priority : 0; }
+
+ur_status ur_event_new(ur_event **out) {
+  ur_event *e = calloc(1, sizeof *e);
+  if (!e) return ur__error(UR_STATUS_OOM, "event: out of host memory");
+  ur_status st = be()->event_new(&e->handle);
+  if (st) {
+    free(e);
+    return st;
+  }
+  *out = e;
+  return UR_STATUS_OK;
+}
+
+void ur_event_free(ur_event *e) {
+  if (!e) return;
+  be()->event_free(e->handle);
+  free(e);
+}
+
+ur_status ur_event_record(ur_event *e, ur_stream *s) {
+  e->recorded = 1;
+  if (be()->event_record) return be()->event_record(e->handle, s ? s->handle : NULL);
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  e->cpu_ms = ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+  return UR_STATUS_OK;
+}
+
+ur_status ur_event_sync(ur_event *e) {
+  if (!e->recorded) return ur__error(UR_STATUS_INVALID, "event: synchronised before it was recorded");
+  return be()->event_sync ? be()->event_sync(e->handle) : UR_STATUS_OK;
+}
+
+ur_status ur_event_elapsed(const ur_event *start, const ur_event *end, double *ms) {
+  if (!start->recorded || !end->recorded)
+    return ur__error(UR_STATUS_INVALID, "event: elapsed time asked of an event never recorded");
+  if (be()->event_elapsed) return be()->event_elapsed(start->handle, end->handle, ms);
+  *ms = end->cpu_ms - start->cpu_ms;
+  return UR_STATUS_OK;
+}

@@ -1,0 +1,587 @@
+/* criteo.c: the Criteo raw TSV reader.  Files (plain or gzip'd) are read in large chunks;
+ * each chunk is split into lines on one thread and the lines are parsed on all of them.
+ * Workers only mark bad lines; the first one is parsed again on the calling thread to word
+ * the error, so messages stay thread-local and parsing stays free of formatting. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zlib.h>
+#include "data/data.h"
+
+#define NDENSE 13
+#define NCAT 26
+#define NFIELDS 40
+#define MAX_LINE (1 << 20)  /* a real line is under 500 bytes */
+#define LOG_TABLE 16384
+
+size_t ur_sizeof_criteo_opts(void) { return sizeof(ur_criteo_opts); }
+size_t ur_sizeof_criteo_stats(void) { return sizeof(ur_criteo_stats); }
+
+static float log_table[LOG_TABLE];
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static void log_init(void) {
+  for (int i = 0; i < LOG_TABLE; i++) log_table[i] = (float)log((double)i + 1.0);
+}
+
+/* log(x + 1) of x clamped to 0, computed in double and rounded to f32. */
+static inline float dense_of(int64_t v) {
+  if (v <= 0) return 0.0f;
+  if (v < LOG_TABLE) return log_table[v];
+  return (float)log((double)v + 1.0);
+}
+
+static void shown(char *out, size_t cap, const char *s, size_t n) {
+  size_t k = 0;
+  for (size_t i = 0; i < n && k + 4 < cap; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (i == 24) {
+      memcpy(out + k, "...", 3);
+      k += 3;
+      break;
+    }
+    out[k++] = c >= 32 && c < 127 ? (char)c : '?';
+  }
+  out[k] = 0;
+}
+
+static const char *field_name(int f, char *buf) { /* buf: 16 bytes */
+  if (f == 0) return "label";
+  if (f <= NDENSE) snprintf(buf, 16, "I%d", f);
+  else snprintf(buf, 16, "C%d", f - NDENSE);
+  return buf;
+}
+
+/* Parses one line (no newline).  Returns 0, or 1 with msg (when given) saying why. */
+static int parse(const char *s, size_t len, int pad, int32_t *label, float *dense,
+                 uint32_t *cats, int *padded, char *msg, size_t cap) {
+  const char *p = s, *end = s + len;
+  const char *fq = p;
+  int f = 0;
+  char fb[16], val[32];
+  *padded = 0;
+  if (len && s[len - 1] == '\r') {
+    if (msg) snprintf(msg, cap, "ends with a carriage return (CRLF line endings; convert with dos2unix)");
+    return 1;
+  }
+  for (;;) {
+    const char *q = p;
+    while (q < end && *q != '\t') q++;
+    size_t n = (size_t)(q - p);
+    fq = q;
+    if (f == 0) {
+      if (n != 1 || (p[0] != '0' && p[0] != '1')) {
+        if (msg) {
+          shown(val, sizeof val, p, n);
+          snprintf(msg, cap, "label is '%s'; expected 0 or 1", val);
+        }
+        return 1;
+      }
+      *label = p[0] - '0';
+    } else if (f <= NDENSE) {
+      int64_t v = 0;
+      if (n) {
+        const char *d = p;
+        int neg = *d == '-';
+        if (neg) d++;
+        if (d == q) goto not_int;
+        if (q - d > 10) goto overflow;
+        for (; d < q; d++) {
+          if (*d < '0' || *d > '9') goto not_int;
+          v = v * 10 + (*d - '0');
+        }
+        if (neg) v = -v;
+        if (v > 2147483647 || v < -2147483647 - 1) goto overflow;
+      }
+      dense[f - 1] = dense_of(v);
+    } else if (f < NFIELDS) {
+      uint32_t v = 0;
+      if (n > 8) {
+        if (msg) {
+          shown(val, sizeof val, p, n);
+          snprintf(msg, cap, "field %s is '%s': %zu hex digits, more than 32 bits", field_name(f, fb),
+                   val, n);
+        }
+        return 1;
+      }
+      for (const char *d = p; d < q; d++) {
+        unsigned c = (unsigned char)*d, x;
+        if (c - '0' < 10) x = c - '0';
+        else if ((c | 32) - 'a' < 6) x = (c | 32) - 'a' + 10;
+        else {
+          if (msg) {
+            shown(val, sizeof val, p, n);
+            snprintf(msg, cap, "field %s is '%s': not hexadecimal", field_name(f, fb), val);
+          }
+          return 1;
+        }
+        v = v << 4 | x;
+      }
+      cats[f - NDENSE - 1] = v;
+    }
+    f++;
+    if (q == end) break;
+    p = q + 1;
+    if (f == NFIELDS) { /* a 41st field begins: count them all for the message */
+      int total = f + 1;
+      for (const char *r = p; r < end; r++) total += *r == '\t';
+      if (msg) snprintf(msg, cap, "has %d fields; expected %d", total, NFIELDS);
+      return 1;
+    }
+  }
+  if (f < NFIELDS) {
+    if (pad && f >= 1 + NDENSE + 1) {
+      for (; f < NFIELDS; f++) {
+        if (f <= NDENSE) dense[f - 1] = 0;
+        else cats[f - NDENSE - 1] = 0;
+      }
+      *padded = 1;
+      return 0;
+    }
+    if (msg)
+      snprintf(msg, cap, "has %d fields; expected %d%s", f, NFIELDS,
+               pad ? " (or 15 to 39 with --pad-missing-fields)" : "");
+    return 1;
+  }
+  return 0;
+not_int:
+  if (msg) {
+    shown(val, sizeof val, p, (size_t)(fq - p));
+    snprintf(msg, cap, "field %s is '%s': not an integer", field_name(f, fb), val);
+  }
+  return 1;
+overflow:
+  if (msg) {
+    shown(val, sizeof val, p, (size_t)(fq - p));
+    snprintf(msg, cap, "field %s is '%s': outside 32-bit integers", field_name(f, fb), val);
+  }
+  return 1;
+}
+
+ur_status ur_criteo_parse_line(const char *line, size_t len, int32_t pad_missing_fields,
+                               int32_t *label, float *dense, uint32_t *cats, int32_t *padded) {
+  pthread_once(&log_once, log_init);
+  char msg[256];
+  int pd = 0;
+  if (parse(line, len, pad_missing_fields, label, dense, cats, &pd, msg, sizeof msg))
+    return ur__error(UR_STATUS_FORMAT, "criteo-tsv: %s", msg);
+  if (padded) *padded = pd;
+  return UR_STATUS_OK;
+}
+
+/* ---- the reader ---- */
+
+enum { LINE_OK = 0, LINE_BAD = 1, LINE_LONG = 2, LINE_NO_NEWLINE = 3 };
+
+struct ur_criteo_reader {
+  char **paths;
+  int npaths, cur;
+  gzFile gz;
+  ur_criteo_opts opts;
+  int64_t line_no;       /* complete lines consumed in the current file */
+  uint64_t file_bytes;   /* bytes read from the current file */
+  int discarding;        /* skipping the rest of an overlong line */
+  char *buf;
+  size_t cap, len;
+  /* lines of the chunk being parsed, and the rows parsed from them */
+  size_t *starts;
+  uint32_t *lens;
+  uint8_t *status;
+  size_t line_cap;
+  int32_t *labels;
+  float *dense;
+  uint32_t *ids;
+  int64_t nrows, rpos;
+  int rows_file;
+  int done;
+  ur_status failed;
+  char err[1024];
+  ur_criteo_stats stats;
+  struct timespec t0;
+};
+
+static double since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
+}
+
+void ur_criteo_close(ur_criteo_reader *r) {
+  if (!r) return;
+  if (r->gz) gzclose(r->gz);
+  for (int i = 0; i < r->npaths; i++) free(r->paths[i]);
+  free(r->paths);
+  free(r->buf);
+  free(r->starts);
+  free(r->lens);
+  free(r->status);
+  free(r->labels);
+  free(r->dense);
+  free(r->ids);
+  free(r);
+}
+
+ur_status ur_criteo_open(const char *const *paths, int32_t npaths, const ur_criteo_opts *opts,
+                         ur_criteo_reader **out) {
+  *out = NULL;
+  pthread_once(&log_once, log_init);
+  if (npaths < 1) return ur__error(UR_STATUS_INVALID, "criteo-tsv: no input files");
+  ur_criteo_reader *r = calloc(1, sizeof *r);
+  if (!r) return ur__error(UR_STATUS_OOM, "criteo-tsv: out of host memory");
+  if (opts) r->opts = *opts;
+  for (int i = 0; i < NCAT; i++)
+    if (r->opts.rows[i] > 4294967296LL) {
+      long long rows = (long long)r->opts.rows[i];
+      free(r);
+      return ur__error(UR_STATUS_INVALID, "criteo-tsv: rows of C%d is %lld; at most 2^32", i + 1,
+                       rows);
+    }
+  r->cap = r->opts.chunk_bytes > 0 ? (size_t)r->opts.chunk_bytes : (size_t)16 << 20;
+  if (r->cap < 4096) r->cap = 4096;
+  r->paths = calloc((size_t)npaths, sizeof(char *));
+  r->buf = malloc(r->cap + 1);
+  if (!r->paths || !r->buf) {
+    ur_criteo_close(r);
+    return ur__error(UR_STATUS_OOM, "criteo-tsv: out of host memory");
+  }
+  r->npaths = npaths;
+  for (int i = 0; i < npaths; i++) {
+    if (!(r->paths[i] = strdup(paths[i] ? paths[i] : ""))) {
+      ur_criteo_close(r);
+      return ur__error(UR_STATUS_OOM, "criteo-tsv: out of host memory");
+    }
+  }
+  /* Every file must open before any is read, so a typo fails at once. */
+  for (int i = 0; i < npaths; i++) {
+    gzFile g = gzopen(r->paths[i], "rb");
+    if (!g) {
+      ur_status st = ur__error(UR_STATUS_IO, "criteo-tsv: %s: cannot open: %s", r->paths[i],
+                               errno ? strerror(errno) : "out of memory");
+      ur_criteo_close(r);
+      return st;
+    }
+    gzclose(g);
+  }
+  r->rows_file = -1;
+  clock_gettime(CLOCK_MONOTONIC, &r->t0);
+  *out = r;
+  return UR_STATUS_OK;
+}
+
+typedef struct parse_job {
+  ur_criteo_reader *r;
+} parse_job;
+
+static void parse_range(void *ctx, size_t i0, size_t i1) {
+  ur_criteo_reader *r = ((parse_job *)ctx)->r;
+  int pad = r->opts.pad_missing_fields;
+  for (size_t i = i0; i < i1; i++) {
+    if (r->status[i] != LINE_OK) continue;
+    int padded;
+    if (parse(r->buf + r->starts[i], r->lens[i], pad, r->labels + i, r->dense + i * NDENSE,
+              r->ids + i * NCAT, &padded, NULL, 0)) {
+      r->status[i] = LINE_BAD;
+      continue;
+    }
+    if (padded) r->status[i] = 0x10;
+    uint32_t *c = r->ids + i * NCAT;
+    for (int k = 0; k < NCAT; k++)
+      if (r->opts.rows[k] > 0) c[k] = (uint32_t)((uint64_t)c[k] % (uint64_t)r->opts.rows[k]);
+  }
+}
+
+static ur_status grow(ur_criteo_reader *r, size_t n) {
+  if (n <= r->line_cap) return UR_STATUS_OK;
+  size_t c = r->line_cap ? r->line_cap : 4096;
+  while (c < n) c *= 2;
+  size_t *s = realloc(r->starts, c * sizeof *s);
+  if (s) r->starts = s;
+  uint32_t *l = realloc(r->lens, c * sizeof *l);
+  if (l) r->lens = l;
+  uint8_t *st = realloc(r->status, c);
+  if (st) r->status = st;
+  int32_t *lb = realloc(r->labels, c * sizeof *lb);
+  if (lb) r->labels = lb;
+  float *d = realloc(r->dense, c * NDENSE * sizeof *d);
+  if (d) r->dense = d;
+  uint32_t *ids = realloc(r->ids, c * NCAT * sizeof *ids);
+  if (ids) r->ids = ids;
+  if (!s || !l || !st || !lb || !d || !ids)
+    return ur__error(UR_STATUS_OOM, "criteo-tsv: out of host memory for %zu lines", c);
+  r->line_cap = c;
+  return UR_STATUS_OK;
+}
+
+static ur_status fail(ur_criteo_reader *r, ur_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static ur_status fail(ur_criteo_reader *r, ur_status st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->err, sizeof r->err, fmt, ap);
+  va_end(ap);
+  r->failed = st;
+  return ur__error(st, "%s", r->err);
+}
+
+/* A bad line in skip mode: counted, and the first one remembered. */
+static void skipped(ur_criteo_reader *r, int64_t line, const char *why) {
+  if (!r->stats.skipped) {
+    char full[1400];
+    snprintf(full, sizeof full, "%.1000s:%lld: %.300s", r->paths[r->cur], (long long)line, why);
+    size_t n = strlen(full), cap = sizeof r->stats.first_skipped - 1;
+    if (n > cap) n = cap;
+    memcpy(r->stats.first_skipped, full, n);
+    r->stats.first_skipped[n] = 0;
+  }
+  r->stats.skipped++;
+}
+
+/* Parses the next chunk of the current file into rows; moves to the next file at its end. */
+static ur_status refill(ur_criteo_reader *r) {
+  r->nrows = r->rpos = 0;
+  while (!r->nrows) {
+    if (r->cur >= r->npaths) {
+      r->done = 1;
+      return UR_STATUS_OK;
+    }
+    const char *path = r->paths[r->cur];
+    if (!r->gz) {
+      r->gz = gzopen(path, "rb");
+      if (!r->gz)
+        return fail(r, UR_STATUS_IO, "criteo-tsv: %s: cannot open: %s", path, strerror(errno));
+      gzbuffer(r->gz, 1 << 20);
+      r->line_no = 0;
+      r->file_bytes = 0;
+      r->len = 0;
+      r->discarding = 0;
+    }
+    int eof = 0;
+    while (r->len < r->cap) {
+      size_t want = r->cap - r->len;
+      if (want > (1u << 30)) want = 1u << 30;
+      int got = gzread(r->gz, r->buf + r->len, (unsigned)want);
+      if (got < 0) {
+        int code;
+        const char *m = gzerror(r->gz, &code);
+        return fail(r, UR_STATUS_IO, "criteo-tsv: %s: read failed after line %lld: %s", path,
+                    (long long)r->line_no, code == Z_ERRNO ? strerror(errno) : m);
+      }
+      if (got == 0) {
+        eof = 1;
+        break;
+      }
+      r->len += (size_t)got;
+      r->file_bytes += (uint64_t)got;
+      r->stats.bytes += got;
+    }
+    if (eof && r->file_bytes == 0)
+      return fail(r, UR_STATUS_FORMAT, "criteo-tsv: %s: empty file (no lines)", path);
+    /* Split into lines. */
+    size_t pos = 0, n = 0;
+    if (r->discarding) {
+      char *nl = memchr(r->buf, '\n', r->len);
+      if (!nl) {
+        r->len = 0;
+        pos = 0;
+      } else {
+        pos = (size_t)(nl - r->buf) + 1;
+        r->discarding = 0;
+        r->line_no++;
+      }
+    }
+    for (;;) {
+      char *nl = pos < r->len ? memchr(r->buf + pos, '\n', r->len - pos) : NULL;
+      if (!nl) break;
+      ur_status st = grow(r, n + 1);
+      if (st) return fail(r, st, "%s", ur_last_error());
+      size_t l = (size_t)(nl - (r->buf + pos));
+      r->starts[n] = pos;
+      r->lens[n] = (uint32_t)(l < MAX_LINE ? l : MAX_LINE);
+      r->status[n] = l > MAX_LINE ? LINE_LONG : LINE_OK;
+      n++;
+      pos += l + 1;
+    }
+    size_t rest = r->len - pos;
+    if (!n && !eof && rest == r->cap && r->cap <= MAX_LINE) {
+      /* A small buffer holds no whole line: grow it (a line is refused past MAX_LINE). */
+      char *b = realloc(r->buf, r->cap * 2 + 1);
+      if (!b) return fail(r, UR_STATUS_OOM, "criteo-tsv: out of host memory");
+      r->buf = b;
+      r->cap *= 2;
+      continue;
+    }
+    int tail = 0; /* 1: the rest is a final line without newline; 2: an overlong partial line */
+    if (eof && rest && !r->discarding) tail = 1;
+    else if (!eof && rest > MAX_LINE) tail = 2;
+    if (tail == 1) {
+      ur_status st = grow(r, n + 1);
+      if (st) return fail(r, st, "%s", ur_last_error());
+      r->starts[n] = pos;
+      r->lens[n] = (uint32_t)(rest < MAX_LINE ? rest : MAX_LINE);
+      r->status[n] = LINE_NO_NEWLINE;
+      n++;
+      pos = r->len;
+      rest = 0;
+    }
+    if (n) {
+      parse_job job = {r};
+      ur__parallel_for(n, 2048, parse_range, &job);
+    }
+    char msg[256];
+    int64_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+      int64_t line = r->line_no + (int64_t)i + 1;
+      uint8_t s = r->status[i];
+      if (s == LINE_OK || s == 0x10) {
+        if (s == 0x10) r->stats.padded++;
+        if ((int64_t)i != kept) {
+          r->labels[kept] = r->labels[i];
+          memcpy(r->dense + kept * NDENSE, r->dense + i * NDENSE, NDENSE * sizeof(float));
+          memcpy(r->ids + kept * NCAT, r->ids + i * NCAT, NCAT * sizeof(uint32_t));
+        }
+        kept++;
+        continue;
+      }
+      if (s == LINE_LONG)
+        snprintf(msg, sizeof msg, "line is over %d bytes long (a Criteo line is under 1 KiB)", MAX_LINE);
+      else if (s == LINE_NO_NEWLINE)
+        snprintf(msg, sizeof msg, "the last line has no final newline (a truncated file?)");
+      else {
+        int32_t lb;
+        float d[NDENSE];
+        uint32_t c[NCAT];
+        int pd;
+        parse(r->buf + r->starts[i], r->lens[i], r->opts.pad_missing_fields, &lb, d, c, &pd, msg,
+              sizeof msg);
+      }
+      if (!r->opts.skip_bad_lines) {
+        /* The rows before it are served first; the error comes with the read after them. */
+        fail(r, UR_STATUS_FORMAT, "criteo-tsv: %s:%lld: %s", path, (long long)line, msg);
+        r->stats.lines += (int64_t)i;
+        r->nrows = kept;
+        r->stats.rows += kept;
+        r->rows_file = r->cur;
+        return UR_STATUS_OK;
+      }
+      skipped(r, line, msg);
+    }
+    r->stats.lines += (int64_t)n;
+    r->line_no += (int64_t)n;
+    r->nrows = kept;
+    r->stats.rows += kept;
+    r->rows_file = r->cur;
+    if (tail == 2) {
+      int64_t line = r->line_no + 1;
+      snprintf(msg, sizeof msg, "line is over %d bytes long (a Criteo line is under 1 KiB)", MAX_LINE);
+      if (!r->opts.skip_bad_lines)
+        return fail(r, UR_STATUS_FORMAT, "criteo-tsv: %s:%lld: %s", path, (long long)line, msg);
+      skipped(r, line, msg);
+      r->stats.lines++;
+      r->discarding = 1;
+      rest = 0;
+    }
+    /* The partial line waits for the next read (rows live in their own arrays). */
+    memmove(r->buf, r->buf + pos, rest);
+    r->len = rest;
+    if (eof) {
+      gzclose(r->gz);
+      r->gz = NULL;
+      r->cur++;
+    }
+  }
+  return UR_STATUS_OK;
+}
+
+ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels, float *dense,
+                         uint32_t *ids, int64_t *n) {
+  *n = 0;
+  if (r->failed && r->rpos == r->nrows) return ur__error(r->failed, "%s", r->err);
+  if (max < 0) return ur__error(UR_STATUS_INVALID, "criteo-tsv: read of %lld rows", (long long)max);
+  if (r->rpos == r->nrows && !r->done && !r->failed) {
+    ur_status st = refill(r);
+    r->stats.seconds = since(&r->t0);
+    if (st) return st;
+    if (r->failed && r->rpos == r->nrows) return ur__error(r->failed, "%s", r->err);
+  }
+  int64_t k = r->nrows - r->rpos;
+  if (k > max) k = max;
+  if (k > 0) {
+    if (labels) memcpy(labels, r->labels + r->rpos, (size_t)k * sizeof(int32_t));
+    if (dense) memcpy(dense, r->dense + r->rpos * NDENSE, (size_t)k * NDENSE * sizeof(float));
+    if (ids) memcpy(ids, r->ids + r->rpos * NCAT, (size_t)k * NCAT * sizeof(uint32_t));
+    r->rpos += k;
+  }
+  *n = k;
+  return UR_STATUS_OK;
+}
+
+ur_status ur_criteo_stats_get(const ur_criteo_reader *r, ur_criteo_stats *out) {
+  *out = r->stats;
+  out->seconds = since(&r->t0);
+  return UR_STATUS_OK;
+}
+
+int32_t ur_criteo_file_index(const ur_criteo_reader *r) { return r->rows_file; }
+
+/* ---- conversion to day files ---- */
+
+ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, const ur_criteo_opts *opts,
+                            const char *out_dir, const int32_t *days, ur_criteo_stats *out) {
+  ur_criteo_reader *r;
+  ur_status st = ur_criteo_open(paths, npaths, opts, &r);
+  if (st) return st;
+  int all_rows = 1;
+  for (int k = 0; k < NCAT; k++)
+    if (r->opts.rows[k] <= 0 || r->opts.rows[k] > 2147483648LL) all_rows = 0;
+  const int64_t chunk = 1 << 16;
+  int32_t *labels = malloc(sizeof(int32_t) * chunk);
+  float *dense = malloc(sizeof(float) * NDENSE * chunk);
+  uint32_t *ids = malloc(sizeof(uint32_t) * NCAT * chunk);
+  ur__npy_writer w[3];
+  memset(w, 0, sizeof w);
+  int open_file = -1;
+  if (!labels || !dense || !ids) st = ur__error(UR_STATUS_OOM, "criteo convert: out of host memory");
+  for (;;) {
+    int64_t n = 0;
+    if (!st) st = ur_criteo_read(r, chunk, labels, dense, ids, &n);
+    int fi = ur_criteo_file_index(r);
+    /* A file ends: close its day; files that gave no rows still get (empty) days. */
+    int next = st ? -1 : n ? fi : npaths;
+    while (!st && open_file < next) {
+      if (open_file >= 0)
+        for (int j = 0; j < 3 && !st; j++) st = ur__npy_writer_close(&w[j]);
+      open_file++;
+      if (open_file >= npaths || st) break;
+      int day = days ? days[open_file] : open_file;
+      char path[4096];
+      int64_t inner_d[4] = {0, NDENSE}, inner_s[4] = {0, NCAT}, inner_l[4] = {0};
+      snprintf(path, sizeof path, "%s/day_%d_dense.npy", out_dir, day);
+      st = ur__npy_writer_open(&w[0], path, "<f4", 2, inner_d);
+      snprintf(path, sizeof path, "%s/day_%d_sparse.npy", out_dir, day);
+      if (!st) st = ur__npy_writer_open(&w[1], path, all_rows ? "<i4" : "<u4", 2, inner_s);
+      snprintf(path, sizeof path, "%s/day_%d_labels.npy", out_dir, day);
+      if (!st) st = ur__npy_writer_open(&w[2], path, "<i4", 1, inner_l);
+    }
+    if (st || !n) break;
+    st = ur__npy_writer_append(&w[0], dense, n, NDENSE * sizeof(float));
+    if (!st) st = ur__npy_writer_append(&w[1], ids, n, NCAT * sizeof(uint32_t));
+    if (!st) st = ur__npy_writer_append(&w[2], labels, n, sizeof(int32_t));
+  }
+  for (int j = 0; j < 3; j++) ur__npy_writer_abort(&w[j]);
+  if (out) ur_criteo_stats_get(r, out);
+  if (st) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ur_last_error());
+    ur_criteo_close(r);
+    free(labels);
+    free(dense);
+    free(ids);
+    return ur__error(st, "%s", msg);
+  }
+  ur_criteo_close(r);
+  free(labels);
+  free(dense);
+  free(ids);
+  return UR_STATUS_OK;
+}

@@ -1,0 +1,790 @@
+/* kjt.c: keyed jagged tensors: construction with checked lengths, offsets, permute, split,
+ * concat, dedup into a variable batch per key (VBE), expand back, and placement moves.
+ * A KJT takes its backend once, when it is made or placed, from its values' placement
+ * (ur__backend_for), and its work goes through that backend's kjt table (kjt_cpu.c, the
+ * reference; kernels/kjt.cu), whose results stay in the KJT's memory.  Here are the checks,
+ * the sizes, the allocations and the messages, one path for every backend: only sizes (key
+ * spans, counts, the first bad positions) come back to the host. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "data/kjt.h"
+
+struct ur_kjt {
+  const ur_backend *be; /* from the values' placement, when made */
+  int32_t nkeys;
+  char **keys;
+  int64_t stride;
+  int64_t *spk;        /* bags per key (stride for every key unless VBE) */
+  int64_t *bag0;       /* nkeys + 1: first bag of each key */
+  int64_t *val0;       /* nkeys + 1: first value of each key */
+  int variable;
+  ur_tensor *values, *lengths, *offsets, *weights, *inverse;
+};
+
+static ur_status new_1d(ur_tensor **out, ur_dtype dt, int64_t n, ur_place place, int32_t dev) {
+  return ur_tensor_new(out, dt, 1, &n, place, dev);
+}
+
+static ur_status new_like(ur_tensor **out, ur_dtype dt, int64_t n, const ur_tensor *like) {
+  return new_1d(out, dt, n, ur_tensor_place(like), ur_tensor_device(like));
+}
+
+static void *dp(const ur_tensor *t) { return t ? ur_tensor_data(t) : NULL; }
+
+/* Backend b about to work on t's memory: the memory ready for it, t's GPU current. */
+static ur_status enter(const ur_backend *b, const ur_tensor *t, int32_t *prev) {
+  ur_status st = ur__tensor_ready(b, t);
+  return st ? st : ur__device_enter(b, ur_tensor_device(t), prev);
+}
+
+static ur_status leave(const ur_backend *b, const ur_tensor *t, int32_t prev, ur_status st) {
+  return ur__device_leave(b, ur_tensor_device(t), prev, st);
+}
+
+/* ---- construction ---- */
+
+static void kjt_free_parts(ur_kjt *k) {
+  if (!k) return;
+  if (k->keys)
+    for (int32_t i = 0; i < k->nkeys; i++) free(k->keys[i]);
+  free(k->keys);
+  free(k->spk);
+  free(k->bag0);
+  free(k->val0);
+  ur_tensor_free(k->values);
+  ur_tensor_free(k->lengths);
+  ur_tensor_free(k->offsets);
+  ur_tensor_free(k->weights);
+  ur_tensor_free(k->inverse);
+  free(k);
+}
+
+void ur_kjt_free(ur_kjt *k) { kjt_free_parts(k); }
+
+static const char *kname(const ur_kjt *k, int32_t i) { return k->keys[i]; }
+
+/* The key whose bags hold bag b (keys with no bags skipped). */
+static int32_t key_of_bag(const ur_kjt *k, int64_t b) {
+  int32_t lo = 0, hi = k->nkeys; /* bag0[lo] <= b < bag0[hi] */
+  while (hi - lo > 1) {
+    int32_t mid = lo + (hi - lo) / 2;
+    if (k->bag0[mid] <= b) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+static ur_status view_all(const ur_tensor *t, ur_tensor **out) {
+  *out = NULL;
+  if (!t) return UR_STATUS_OK;
+  return ur_tensor_view(t, out, 0, ur_tensor_dim(t, 0));
+}
+
+static ur_status check_1d(const ur_tensor *t, const char *what, ur_dtype want) {
+  if (ur_tensor_ndim(t) != 1 || ur_tensor_dtype(t) != want)
+    return ur__error(UR_STATUS_INVALID, "kjt: %s must be a 1-d %s tensor, got %s with %d dimensions",
+                     what, ur_dtype_name(want), ur_dtype_name(ur_tensor_dtype(t)),
+                     (int)ur_tensor_ndim(t));
+  return UR_STATUS_OK;
+}
+
+/* The first error in bag order, from the first negative length (bad[0]) and the first bag
+ * ending past the values (bad[1]), with its message made of a few elements read back. */
+static ur_status offsets_error(const ur_kjt *k, const int64_t *bad, int64_t nv) {
+  int64_t neg = bad[0], over = bad[1];
+  ur_status st = UR_STATUS_OK;
+  if (over >= 0 && (neg < 0 || over < neg)) {
+    int32_t key = key_of_bag(k, over);
+    int64_t end = 0, rest = k->bag0[key + 1] - over - 1;
+    st = ur_tensor_read(k->offsets, over + 1, 1, &end);
+    if (!st && rest > 0) {
+      int32_t *len = malloc(sizeof(int32_t) * (size_t)rest);
+      if (!len) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
+      st = ur_tensor_read(k->lengths, over + 1, rest, len);
+      for (int64_t i = 0; i < rest && !st; i++) end += len[i] > 0 ? len[i] : 0;
+      free(len);
+    }
+    if (st) return st;
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt: key '%s' lengths sum to %lld but %lld values remain (the bag of "
+                     "sample %lld, lengths[%lld], ends past them)",
+                     kname(k, key), (long long)(end - k->val0[key]),
+                     (long long)(nv - k->val0[key]), (long long)(over - k->bag0[key]),
+                     (long long)over);
+  }
+  if (neg >= 0) {
+    int32_t key = key_of_bag(k, neg), l = 0;
+    if ((st = ur_tensor_read(k->lengths, neg, 1, &l))) return st;
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt: key '%s' sample %lld (lengths[%lld]) has length %d; lengths must be >= 0",
+                     kname(k, key), (long long)(neg - k->bag0[key]), (long long)neg, (int)l);
+  }
+  if (k->val0[k->nkeys] != nv) {
+    if (k->nkeys)
+      return ur__error(UR_STATUS_INVALID,
+                       "kjt: lengths sum to %lld but there are %lld values (%lld left after the "
+                       "last key, '%s')",
+                       (long long)k->val0[k->nkeys], (long long)nv,
+                       (long long)(nv - k->val0[k->nkeys]), kname(k, k->nkeys - 1));
+    return ur__error(UR_STATUS_INVALID, "kjt: no keys, but %lld values", (long long)nv);
+  }
+  return UR_STATUS_OK;
+}
+
+/* Offsets: given (views and copies, which come with their key spans), or scanned from the
+ * lengths by the backend.  With val0 known (results whose key spans were counted before) the
+ * scan does not wait; else the key spans come back, with the checks when check. */
+static ur_status make_offsets(ur_kjt *k, const ur_tensor *given, const int64_t *val0,
+                              int check) {
+  ur_status st;
+  if (given) {
+    if ((st = view_all(given, &k->offsets))) return st;
+    memcpy(k->val0, val0, sizeof(int64_t) * (size_t)(k->nkeys + 1));
+    return UR_STATUS_OK;
+  }
+  int64_t nb = k->bag0[k->nkeys], nv = ur_tensor_numel(k->values), bad[2] = {-1, -1};
+  int32_t prev = 0;
+  if ((st = new_like(&k->offsets, UR_DTYPE_I64, nb + 1, k->values)) ||
+      (st = UR__NEED(k->be, kjt, offsets)) || (st = enter(k->be, k->values, &prev)))
+    return st;
+  st = k->be->kjt->offsets(NULL, dp(k->lengths), nb, dp(k->offsets), k->bag0, k->nkeys, nv,
+                           val0 ? NULL : k->val0, bad);
+  if ((st = leave(k->be, k->values, prev, st))) return st;
+  if (val0) {
+    memcpy(k->val0, val0, sizeof(int64_t) * (size_t)(k->nkeys + 1));
+    return UR_STATUS_OK;
+  }
+  return check ? offsets_error(k, bad, nv) : UR_STATUS_OK;
+}
+
+/* Every KJT is made here, and takes its backend here.  Offsets given (a view's or a copy's)
+ * come with their key spans val0; else they are scanned from the lengths, checked when check. */
+static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride,
+                          const int64_t *spk, const ur_tensor *values, const ur_tensor *lengths,
+                          const ur_tensor *weights, const ur_tensor *inverse,
+                          const ur_tensor *offsets, const int64_t *val0, int check,
+                          ur_kjt **out) {
+  *out = NULL;
+  if (nkeys < 0)
+    return ur__error(UR_STATUS_INVALID, "kjt: %d keys; expected >= 0", (int)nkeys);
+  if (stride < 0)
+    return ur__error(UR_STATUS_INVALID, "kjt: stride %lld; expected >= 0", (long long)stride);
+  if (!values || !lengths)
+    return ur__error(UR_STATUS_INVALID, "kjt: values and lengths are required");
+  if (!keys && nkeys)
+    return ur__error(UR_STATUS_INVALID, "kjt: %d keys but no key names", (int)nkeys);
+  for (int32_t i = 0; i < nkeys; i++)
+    if (!keys[i] || !keys[i][0])
+      return ur__error(UR_STATUS_INVALID, "kjt: key %d has no name", (int)i);
+  ur_status st;
+  if ((st = check_1d(values, "values", UR_DTYPE_I64))) return st;
+  if ((st = check_1d(lengths, "lengths", UR_DTYPE_I32))) return st;
+  if (weights && (st = check_1d(weights, "weights", UR_DTYPE_F32))) return st;
+  if (inverse && (st = check_1d(inverse, "inverse_indices", UR_DTYPE_I64))) return st;
+  if (inverse && !spk)
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt: inverse_indices given without stride_per_key (a VBE batch needs both)");
+  if (spk && !inverse)
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt: stride_per_key given without inverse_indices (a VBE batch needs both)");
+  const ur_tensor *all[] = {values, lengths, weights, inverse};
+  const char *names[] = {"values", "lengths", "weights", "inverse_indices"};
+  for (int i = 1; i < 4; i++) {
+    if (!all[i]) continue;
+    if (ur_tensor_place(all[i]) != ur_tensor_place(values) ||
+        ur_tensor_device(all[i]) != ur_tensor_device(values))
+      return ur__error(UR_STATUS_INVALID,
+                       "kjt: %s are in %s (device %d) but values in %s (device %d); one placement "
+                       "for all",
+                       names[i], ur_place_name(ur_tensor_place(all[i])),
+                       (int)ur_tensor_device(all[i]), ur_place_name(ur_tensor_place(values)),
+                       (int)ur_tensor_device(values));
+  }
+  ur_kjt *k = calloc(1, sizeof *k);
+  if (!k) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
+  k->nkeys = nkeys;
+  k->stride = stride;
+  k->variable = spk != NULL;
+  k->keys = calloc((size_t)nkeys + 1, sizeof(char *));
+  k->spk = calloc((size_t)nkeys + 1, sizeof(int64_t));
+  k->bag0 = calloc((size_t)nkeys + 1, sizeof(int64_t));
+  k->val0 = calloc((size_t)nkeys + 1, sizeof(int64_t));
+  if (!k->keys || !k->spk || !k->bag0 || !k->val0) {
+    kjt_free_parts(k);
+    return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
+  }
+  for (int32_t i = 0; i < nkeys; i++) {
+    if (!(k->keys[i] = strdup(keys[i]))) {
+      kjt_free_parts(k);
+      return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
+    }
+    int64_t s = spk ? spk[i] : stride;
+    if (s < 0 || (spk && s > stride)) {
+      st = ur__error(UR_STATUS_INVALID,
+                     "kjt: key '%s' has stride %lld; expected 0..%lld (the batch size)",
+                     keys[i], (long long)s, (long long)stride);
+      kjt_free_parts(k);
+      return st;
+    }
+    k->spk[i] = s;
+    k->bag0[i + 1] = k->bag0[i] + s;
+  }
+  int64_t nb = k->bag0[nkeys];
+  if (ur_tensor_numel(lengths) != nb) {
+    if (spk)
+      st = ur__error(UR_STATUS_INVALID,
+                     "kjt: %d keys with %lld bags in all (stride_per_key) need %lld lengths, got %lld",
+                     (int)nkeys, (long long)nb, (long long)nb, (long long)ur_tensor_numel(lengths));
+    else
+      st = ur__error(UR_STATUS_INVALID,
+                     "kjt: %d keys with stride %lld need %lld lengths, got %lld", (int)nkeys,
+                     (long long)stride, (long long)nb, (long long)ur_tensor_numel(lengths));
+    kjt_free_parts(k);
+    return st;
+  }
+  if (weights && ur_tensor_numel(weights) != ur_tensor_numel(values)) {
+    st = ur__error(UR_STATUS_INVALID, "kjt: %lld weights for %lld values; expected one per value",
+                   (long long)ur_tensor_numel(weights), (long long)ur_tensor_numel(values));
+    kjt_free_parts(k);
+    return st;
+  }
+  if (inverse && ur_tensor_numel(inverse) != (int64_t)nkeys * stride) {
+    st = ur__error(UR_STATUS_INVALID,
+                   "kjt: %lld inverse_indices for %d keys of stride %lld; expected %lld",
+                   (long long)ur_tensor_numel(inverse), (int)nkeys, (long long)stride,
+                   (long long)nkeys * stride);
+    kjt_free_parts(k);
+    return st;
+  }
+  k->be = ur__tensor_backend(values);
+  if ((st = view_all(values, &k->values)) || (st = view_all(lengths, &k->lengths)) ||
+      (st = view_all(weights, &k->weights)) || (st = view_all(inverse, &k->inverse)) ||
+      (st = make_offsets(k, offsets, val0, check))) {
+    kjt_free_parts(k);
+    return st;
+  }
+  *out = k;
+  return UR_STATUS_OK;
+}
+
+ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, int64_t stride,
+                     const int64_t *stride_per_key, ur_tensor *values, ur_tensor *lengths,
+                     ur_tensor *weights, ur_tensor *inverse_indices, int32_t check) {
+  ur_status st = kjt_make(num_keys, keys, stride, stride_per_key, values, lengths, weights,
+                          inverse_indices, NULL, NULL, check, out);
+  if (!st && check && inverse_indices && (st = ur_kjt_validate(*out, NULL))) {
+    ur_kjt_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+/* ---- accessors ---- */
+
+int32_t ur_kjt_num_keys(const ur_kjt *k) { return k->nkeys; }
+const char *ur_kjt_key(const ur_kjt *k, int32_t i) {
+  return i >= 0 && i < k->nkeys ? k->keys[i] : NULL;
+}
+int32_t ur_kjt_key_index(const ur_kjt *k, const char *key) {
+  for (int32_t i = 0; i < k->nkeys; i++)
+    if (!strcmp(k->keys[i], key)) return i;
+  return -1;
+}
+int64_t ur_kjt_stride(const ur_kjt *k) { return k->stride; }
+int64_t ur_kjt_stride_of(const ur_kjt *k, int32_t i) {
+  return i >= 0 && i < k->nkeys ? k->spk[i] : -1;
+}
+int32_t ur_kjt_variable_stride(const ur_kjt *k) { return k->variable; }
+const ur_tensor *ur_kjt_values(const ur_kjt *k) { return k->values; }
+const ur_tensor *ur_kjt_lengths(const ur_kjt *k) { return k->lengths; }
+const ur_tensor *ur_kjt_offsets(const ur_kjt *k) { return k->offsets; }
+const ur_tensor *ur_kjt_weights(const ur_kjt *k) { return k->weights; }
+const ur_tensor *ur_kjt_inverse_indices(const ur_kjt *k) { return k->inverse; }
+
+ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *bag1,
+                          int64_t *value0, int64_t *value1) {
+  if (i < 0 || i >= k->nkeys)
+    return ur__error(UR_STATUS_INVALID, "kjt: key index %d outside 0..%d", (int)i,
+                     (int)k->nkeys - 1);
+  *bag0 = k->bag0[i];
+  *bag1 = k->bag0[i + 1];
+  *value0 = k->val0[i];
+  *value1 = k->val0[i + 1];
+  return UR_STATUS_OK;
+}
+
+/* ---- validate ---- */
+
+/* The backend finds the first bad bag, the first bag with a bad id and the first bad inverse
+ * index; the error is the one of the lowest key (bags, then ids, then inverse indices within
+ * a key), and its message is made from a few elements read back. */
+ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
+  int64_t bad[3] = {-1, -1, -1}, nv = ur_tensor_numel(k->values);
+  int32_t prev = 0;
+  ur_status st = UR__NEED(k->be, kjt, validate);
+  if (!st && !(st = enter(k->be, k->values, &prev))) {
+    st = k->be->kjt->validate(NULL, dp(k->lengths), dp(k->offsets), dp(k->values),
+                              dp(k->inverse), nv, k->nkeys, k->stride, k->bag0, k->spk, rows,
+                              bad);
+    st = leave(k->be, k->values, prev, st);
+  }
+  if (st) return st;
+  int64_t none = INT64_MAX;
+  int64_t kb = bad[0] >= 0 ? key_of_bag(k, bad[0]) : none;
+  int64_t ki = bad[1] >= 0 ? key_of_bag(k, bad[1]) : none;
+  int64_t kv = bad[2] >= 0 && k->stride > 0 ? bad[2] / k->stride : none;
+  if (kb != none && kb <= ki && kb <= kv) {
+    int64_t b = bad[0], off[2];
+    int32_t key = (int32_t)kb, l = 0;
+    if ((st = ur_tensor_read(k->lengths, b, 1, &l)) || (st = ur_tensor_read(k->offsets, b, 2, off)))
+      return st;
+    if (l < 0)
+      return ur__error(UR_STATUS_INVALID,
+                       "kjt: key '%s' sample %lld (lengths[%lld]) has length %d; lengths must be >= 0",
+                       kname(k, key), (long long)(b - k->bag0[key]), (long long)b, (int)l);
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt: key '%s' sample %lld: offsets %lld..%lld disagree with length %d "
+                     "or pass the %lld values",
+                     kname(k, key), (long long)(b - k->bag0[key]), (long long)off[0],
+                     (long long)off[1], (int)l, (long long)nv);
+  }
+  if (ki != none && ki <= kv) {
+    int64_t b = bad[1], off[2];
+    int32_t key = (int32_t)ki;
+    if ((st = ur_tensor_read(k->offsets, b, 2, off))) return st;
+    int64_t n = off[1] - off[0];
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    if (!ids) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
+    st = ur_tensor_read(k->values, off[0], n, ids);
+    for (int64_t v = 0; v < n && !st; v++)
+      if (ids[v] < 0 || ids[v] >= rows[key])
+        st = ur__error(UR_STATUS_INVALID,
+                       "kjt: key '%s' sample %lld (values[%lld]) has id %lld, outside the "
+                       "table's %lld rows",
+                       kname(k, key), (long long)(b - k->bag0[key]), (long long)(off[0] + v),
+                       (long long)ids[v], (long long)rows[key]);
+    free(ids);
+    if (!st)
+      st = ur__error(UR_STATUS_DEVICE, "kjt: the %s backend found a bad id in bag %lld of key "
+                     "'%s' that reading the bag back does not show", k->be->name, (long long)b,
+                     kname(k, key));
+    return st;
+  }
+  if (kv != none) {
+    int64_t i = bad[2], x = 0;
+    int32_t key = (int32_t)kv;
+    if ((st = ur_tensor_read(k->inverse, i, 1, &x))) return st;
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt: key '%s' sample %lld has inverse index %lld; expected 0..%lld "
+                     "(the key's stride is %lld)",
+                     kname(k, key), (long long)(i - kv * k->stride), (long long)x,
+                     (long long)k->spk[key] - 1, (long long)k->spk[key]);
+  }
+  if (k->val0[k->nkeys] != nv)
+    return ur__error(UR_STATUS_INVALID, "kjt: lengths sum to %lld but there are %lld values",
+                     (long long)k->val0[k->nkeys], (long long)nv);
+  return UR_STATUS_OK;
+}
+
+/* ---- permute and concat: segment copies ---- */
+
+/* A result made of runs of its input's arrays, in the input's placement from the start; its
+ * key spans (val0) are counted before, so its offsets are scanned without waiting. */
+typedef struct build {
+  int32_t nkeys;
+  const char **keys;
+  int64_t stride;
+  int64_t *spk;        /* NULL: not VBE */
+  int64_t nvalues, nbags;
+  int weighted;
+  ur_tensor *values, *lengths, *weights, *inverse;
+  int64_t *val0;       /* nkeys + 1 first values */
+  ur__kjt_seg *seg;    /* 4 * n runs, array by array: values, weights, lengths, inverse */
+} build;
+
+static void build_free(build *b) {
+  ur_tensor_free(b->values);
+  ur_tensor_free(b->lengths);
+  ur_tensor_free(b->weights);
+  ur_tensor_free(b->inverse);
+  free(b->spk);
+  free(b->keys);
+  free(b->val0);
+  free(b->seg);
+}
+
+/* b's arrays, in the placement of `like`, copied by backend be from n runs each; then the
+ * result.  Frees b. */
+static ur_status build_finish(const ur_backend *be, const ur_tensor *like, build *b, int64_t n,
+                              ur_kjt **out) {
+  const ur__kjt_seg *seg = b->seg;
+  int32_t prev = 0;
+  ur_status st = new_like(&b->values, UR_DTYPE_I64, b->nvalues, like);
+  if (!st) st = new_like(&b->lengths, UR_DTYPE_I32, b->nbags, like);
+  if (!st && b->weighted) st = new_like(&b->weights, UR_DTYPE_F32, b->nvalues, like);
+  if (!st && b->spk) st = new_like(&b->inverse, UR_DTYPE_I64, (int64_t)b->nkeys * b->stride, like);
+  if (!st) st = UR__NEED(be, kjt, segments);
+  if (!st && !(st = enter(be, like, &prev))) {
+    st = be->kjt->segments(NULL, dp(b->values), sizeof(int64_t), seg, n);
+    if (!st && b->weights) st = be->kjt->segments(NULL, dp(b->weights), sizeof(float), seg + n, n);
+    if (!st) st = be->kjt->segments(NULL, dp(b->lengths), sizeof(int32_t), seg + 2 * n, n);
+    if (!st && b->inverse)
+      st = be->kjt->segments(NULL, dp(b->inverse), sizeof(int64_t), seg + 3 * n, n);
+    st = leave(be, like, prev, st);
+  }
+  if (!st)
+    st = kjt_make(b->nkeys, b->keys, b->stride, b->spk, b->values, b->lengths, b->weights,
+                  b->inverse, NULL, b->val0, 0, out);
+  build_free(b);
+  return st;
+}
+
+/* One run per key (and array). */
+ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kjt **out) {
+  *out = NULL;
+  if (n < 0) return ur__error(UR_STATUS_INVALID, "kjt permute: %d keys asked", (int)n);
+  for (int32_t j = 0; j < n; j++)
+    if (order[j] < 0 || order[j] >= k->nkeys)
+      return ur__error(UR_STATUS_INVALID,
+                       "kjt permute: position %d asks for key %d; the KJT has keys 0..%d", (int)j,
+                       (int)order[j], (int)k->nkeys - 1);
+  build b = {0};
+  b.nkeys = n;
+  b.stride = k->stride;
+  b.weighted = k->weights != NULL;
+  b.keys = calloc((size_t)n + 1, sizeof(char *));
+  if (k->variable) b.spk = calloc((size_t)n + 1, sizeof(int64_t));
+  b.val0 = malloc(sizeof(int64_t) * ((size_t)n + 1));
+  b.seg = malloc(sizeof *b.seg * 4 * (size_t)(n > 0 ? n : 1));
+  if (!b.keys || (k->variable && !b.spk) || !b.val0 || !b.seg) {
+    build_free(&b);
+    return ur__error(UR_STATUS_OOM, "kjt permute: out of host memory");
+  }
+  const char *val = dp(k->values), *w = dp(k->weights), *len = dp(k->lengths),
+             *inv = dp(k->inverse);
+  ur__kjt_seg *seg = b.seg;
+  for (int32_t j = 0; j < n; j++) {
+    int32_t s = order[j];
+    int64_t nv = k->val0[s + 1] - k->val0[s], nb = k->spk[s];
+    b.keys[j] = k->keys[s];
+    if (b.spk) b.spk[j] = nb;
+    b.val0[j] = b.nvalues;
+    seg[j] = (ur__kjt_seg){val + 8 * k->val0[s], b.nvalues, nv};
+    seg[n + j] = (ur__kjt_seg){w ? w + 4 * k->val0[s] : NULL, b.nvalues, nv};
+    seg[2 * n + j] = (ur__kjt_seg){len + 4 * k->bag0[s], b.nbags, nb};
+    seg[3 * n + j] = (ur__kjt_seg){inv ? inv + 8 * (int64_t)s * k->stride : NULL,
+                                   (int64_t)j * k->stride, k->stride};
+    b.nvalues += nv;
+    b.nbags += nb;
+  }
+  b.val0[n] = b.nvalues;
+  return build_finish(k->be, k->values, &b, n, out);
+}
+
+/* Consecutive keys share storage with the input: the parts are views. */
+ur_status ur_kjt_split(const ur_kjt *k, const int32_t *sizes, int32_t n, ur_kjt **outs) {
+  int64_t total = 0;
+  for (int32_t j = 0; j < n; j++) {
+    outs[j] = NULL;
+    if (sizes[j] < 0)
+      return ur__error(UR_STATUS_INVALID, "kjt split: segment %d has %d keys; expected >= 0",
+                       (int)j + 1, (int)sizes[j]);
+    total += sizes[j];
+  }
+  if (n < 0 || total != k->nkeys)
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt split: segments hold %lld keys in all but the KJT has %d",
+                     (long long)total, (int)k->nkeys);
+  int32_t k0 = 0;
+  ur_status st = UR_STATUS_OK;
+  for (int32_t j = 0; j < n && !st; j++) {
+    int32_t k1 = k0 + sizes[j];
+    ur_tensor *v = NULL, *l = NULL, *w = NULL, *inv = NULL, *off = NULL;
+    st = ur_tensor_view(k->values, &v, k->val0[k0], k->val0[k1] - k->val0[k0]);
+    if (!st) st = ur_tensor_view(k->lengths, &l, k->bag0[k0], k->bag0[k1] - k->bag0[k0]);
+    if (!st && k->weights)
+      st = ur_tensor_view(k->weights, &w, k->val0[k0], k->val0[k1] - k->val0[k0]);
+    if (!st && k->inverse)
+      st = ur_tensor_view(k->inverse, &inv, (int64_t)k0 * k->stride,
+                          (int64_t)(k1 - k0) * k->stride);
+    /* Offsets of the part start at 0: rebased copies, unless the part starts at value 0. */
+    if (!st && k->val0[k0] == 0)
+      st = ur_tensor_view(k->offsets, &off, k->bag0[k0], k->bag0[k1] - k->bag0[k0] + 1);
+    /* Rebased key spans, so the GPU scans the new offsets without waiting. */
+    int64_t *v0 = NULL;
+    if (!st && !off) {
+      if (!(v0 = malloc(sizeof(int64_t) * (size_t)(k1 - k0 + 1))))
+        st = ur__error(UR_STATUS_OOM, "kjt split: out of host memory");
+      for (int32_t i = 0; v0 && i <= k1 - k0; i++) v0[i] = k->val0[k0 + i] - k->val0[k0];
+    }
+    if (!st)
+      st = kjt_make(k1 - k0, (const char *const *)k->keys + k0, k->stride,
+                    k->variable ? k->spk + k0 : NULL, v, l, w, inv, off, off ? k->val0 + k0 : v0, 0,
+                    &outs[j]);
+    free(v0);
+    ur_tensor_free(v);
+    ur_tensor_free(l);
+    ur_tensor_free(w);
+    ur_tensor_free(inv);
+    ur_tensor_free(off);
+    k0 = k1;
+  }
+  if (st)
+    for (int32_t j = 0; j < n; j++) {
+      ur_kjt_free(outs[j]);
+      outs[j] = NULL;
+    }
+  return st;
+}
+
+typedef struct keyref {
+  const char *name;
+  int32_t part, at; /* at: position among all parts' keys */
+} keyref;
+
+static int keyref_cmp(const void *a, const void *b) {
+  const keyref *x = a, *y = b;
+  int c = strcmp(x->name, y->name);
+  return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+
+/* A key that is in two places: the earliest second occurrence, and the part of its first (by
+ * sorting the names, not comparing every pair: concat takes hundreds of keys). */
+static ur_status concat_duplicate(const ur_kjt *const *parts, int32_t n, int32_t nkeys) {
+  keyref *r = malloc(sizeof *r * ((size_t)nkeys + 1));
+  if (!r) return ur__error(UR_STATUS_OOM, "kjt concat: out of host memory");
+  int32_t m = 0;
+  for (int32_t j = 0; j < n; j++)
+    for (int32_t i = 0; i < parts[j]->nkeys; i++, m++) r[m] = (keyref){parts[j]->keys[i], j, m};
+  qsort(r, (size_t)m, sizeof *r, keyref_cmp);
+  int32_t second = -1, first = -1;
+  for (int32_t i = 1, g = 0; i < m; i++) {
+    if (strcmp(r[i].name, r[g].name)) {
+      g = i;
+      continue;
+    }
+    if (i == g + 1 && (second < 0 || r[i].at < r[second].at)) {
+      second = i;
+      first = g;
+    }
+  }
+  ur_status st = UR_STATUS_OK;
+  if (second >= 0)
+    st = ur__error(UR_STATUS_INVALID, "kjt concat: key '%s' of part %d is also in part %d",
+                   r[second].name, (int)r[second].part + 1, (int)r[first].part + 1);
+  free(r);
+  return st;
+}
+
+ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **out) {
+  *out = NULL;
+  if (n < 1) return ur__error(UR_STATUS_INVALID, "kjt concat: no parts");
+  const ur_kjt *p0 = parts[0];
+  build b = {0};
+  b.stride = p0->stride;
+  b.weighted = p0->weights != NULL;
+  for (int32_t j = 0; j < n; j++) {
+    const ur_kjt *p = parts[j];
+    if (p->stride != p0->stride)
+      return ur__error(UR_STATUS_INVALID,
+                       "kjt concat: part %d has stride %lld but part 1 has %lld", (int)j + 1,
+                       (long long)p->stride, (long long)p0->stride);
+    if ((p->weights != NULL) != b.weighted)
+      return ur__error(UR_STATUS_INVALID,
+                       "kjt concat: part %d is %sweighted but part 1 is %sweighted", (int)j + 1,
+                       p->weights ? "" : "not ", b.weighted ? "" : "not ");
+    if (p->variable != p0->variable)
+      return ur__error(UR_STATUS_INVALID,
+                       "kjt concat: part %d %s a variable batch per key but part 1 %s", (int)j + 1,
+                       p->variable ? "has" : "has not", p0->variable ? "has" : "has not");
+    if (ur_tensor_place(p->values) != ur_tensor_place(p0->values) ||
+        ur_tensor_device(p->values) != ur_tensor_device(p0->values))
+      return ur__error(UR_STATUS_INVALID, "kjt concat: part %d is in %s but part 1 in %s",
+                       (int)j + 1, ur_place_name(ur_tensor_place(p->values)),
+                       ur_place_name(ur_tensor_place(p0->values)));
+    b.nkeys += p->nkeys;
+    b.nvalues += ur_tensor_numel(p->values);
+    b.nbags += p->bag0[p->nkeys];
+  }
+  ur_status dup = concat_duplicate(parts, n, b.nkeys);
+  if (dup) return dup;
+  b.keys = calloc((size_t)b.nkeys + 1, sizeof(char *));
+  if (p0->variable) b.spk = calloc((size_t)b.nkeys + 1, sizeof(int64_t));
+  b.val0 = malloc(sizeof(int64_t) * ((size_t)b.nkeys + 1));
+  b.seg = malloc(sizeof *b.seg * 4 * (size_t)n);
+  if (!b.keys || (p0->variable && !b.spk) || !b.val0 || !b.seg) {
+    build_free(&b);
+    return ur__error(UR_STATUS_OOM, "kjt concat: out of host memory");
+  }
+  /* Key spans from the parts' lengths, as the scan of the result's lengths gives them. */
+  ur__kjt_seg *seg = b.seg;
+  int64_t vo = 0, bo = 0, ko = 0, lo = 0;
+  for (int32_t j = 0; j < n; j++) {
+    const ur_kjt *p = parts[j];
+    int64_t nv = ur_tensor_numel(p->values), nb = p->bag0[p->nkeys];
+    seg[j] = (ur__kjt_seg){dp(p->values), vo, nv};
+    seg[n + j] = (ur__kjt_seg){dp(p->weights), vo, nv};
+    seg[2 * n + j] = (ur__kjt_seg){dp(p->lengths), bo, nb};
+    seg[3 * n + j] = (ur__kjt_seg){dp(p->inverse), ko * b.stride, p->nkeys * b.stride};
+    for (int32_t i = 0; i < p->nkeys; i++) {
+      b.keys[ko + i] = p->keys[i];
+      if (b.spk) b.spk[ko + i] = p->spk[i];
+      b.val0[ko + i] = lo + p->val0[i];
+    }
+    vo += nv;
+    bo += nb;
+    ko += p->nkeys;
+    lo += p->val0[p->nkeys];
+  }
+  b.val0[b.nkeys] = lo;
+  return build_finish(p0->be, p0->values, &b, n, out);
+}
+
+/* ---- dedup and expand: bag gathers ---- */
+
+/* The result whose bag i is k's bag map[i] (n bags): lengths and offsets gathered, then
+ * values and weights.  val0 (nkeys + 1) is known (dedup), or read from the gathered offsets
+ * at every stride-th bag when nat > 0 (expand: each key's first bag), which waits. */
+static ur_status gather_bags(const ur_kjt *k, const ur_tensor *map, int64_t n,
+                             const int64_t *spk, ur_tensor *inv, int64_t *val0, int32_t nat,
+                             ur_kjt **out) {
+  const ur_backend *be = k->be;
+  ur_tensor *len = NULL, *off = NULL, *v = NULL, *w = NULL;
+  int32_t prev = 0;
+  ur_status st = new_like(&len, UR_DTYPE_I32, n, k->values);
+  if (!st) st = new_like(&off, UR_DTYPE_I64, n + 1, k->values);
+  if (!st && !(st = UR__NEED(be, kjt, bag_lengths)) && !(st = UR__NEED(be, kjt, bag_copy)) &&
+      !(st = enter(be, k->values, &prev))) {
+    st = be->kjt->bag_lengths(NULL, dp(k->lengths), dp(map), n, dp(len), dp(off), k->stride,
+                              nat, val0);
+    if (!st) st = new_like(&v, UR_DTYPE_I64, val0[k->nkeys], k->values);
+    if (!st && k->weights) st = new_like(&w, UR_DTYPE_F32, val0[k->nkeys], k->values);
+    if (!st)
+      st = be->kjt->bag_copy(NULL, dp(k->offsets), dp(k->values), dp(k->weights), dp(map), n,
+                             dp(off), dp(v), dp(w));
+    st = leave(be, k->values, prev, st);
+  }
+  if (!st)
+    st = kjt_make(k->nkeys, (const char *const *)k->keys, k->stride, spk, v, len, w, inv, off,
+                  val0, 0, out);
+  ur_tensor_free(len);
+  ur_tensor_free(off);
+  ur_tensor_free(v);
+  ur_tensor_free(w);
+  return st;
+}
+
+/* The backend finds each key's distinct bags (in order of first appearance) and every bag's
+ * distinct one; the result gathers the distinct bags. */
+ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {
+  *out = NULL;
+  if (k->variable)
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt dedup: the KJT already has a variable batch per key; expand() it first");
+  int64_t nb = (int64_t)k->nkeys * k->stride;
+  int64_t *spk = calloc((size_t)k->nkeys + 1, sizeof(int64_t));
+  int64_t *val0 = calloc((size_t)k->nkeys + 1, sizeof(int64_t));
+  ur_tensor *map = NULL, *inv = NULL;
+  int32_t prev = 0;
+  ur_status st = spk && val0 ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "kjt dedup: out of host memory");
+  if (!st) st = new_like(&map, UR_DTYPE_I64, nb, k->values);
+  if (!st) st = new_like(&inv, UR_DTYPE_I64, nb, k->values);
+  if (!st && !(st = UR__NEED(k->be, kjt, dedup)) && !(st = enter(k->be, k->values, &prev))) {
+    st = k->be->kjt->dedup(NULL, dp(k->offsets), dp(k->values), dp(k->weights),
+                           dp(k->lengths), k->nkeys, k->stride, dp(map), dp(inv), spk, val0);
+    st = leave(k->be, k->values, prev, st);
+  }
+  if (!st) {
+    int64_t nu = 0;
+    for (int32_t i = 0; i < k->nkeys; i++) nu += spk[i];
+    st = gather_bags(k, map, nu, spk, inv, val0, 0, out);
+  }
+  ur_tensor_free(map);
+  ur_tensor_free(inv);
+  free(spk);
+  free(val0);
+  return st;
+}
+
+ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out) {
+  *out = NULL;
+  int64_t n = (int64_t)k->nkeys * k->stride;
+  int64_t *val0 = malloc(sizeof(int64_t) * ((size_t)k->nkeys + 1));
+  ur_tensor *map = NULL;
+  int32_t prev = 0;
+  ur_status st = val0 ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "kjt expand: out of host memory");
+  if (!st) st = new_like(&map, UR_DTYPE_I64, n, k->values);
+  if (!st && !(st = UR__NEED(k->be, kjt, expand_map)) && !(st = enter(k->be, k->values, &prev))) {
+    st = k->be->kjt->expand_map(NULL, dp(k->inverse), k->bag0, k->nkeys, k->stride, dp(map));
+    st = leave(k->be, k->values, prev, st);
+  }
+  if (!st) st = gather_bags(k, map, n, NULL, NULL, val0, k->nkeys + 1, out);
+  ur_tensor_free(map);
+  free(val0);
+  return st;
+}
+
+/* The rows' memory decides who gathers them: it is the work, and the result stays in its
+ * placement.  A KJT whose memory that backend does not read lends its inverse indices
+ * through a copy in the rows' placement, ordered on s. */
+ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
+                             ur_tensor **out) {
+  *out = NULL;
+  int64_t nb = k->bag0[k->nkeys];
+  int nd = ur_tensor_ndim(in);
+  if (ur_tensor_dim(in, 0) != nb)
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt expand: the input has %lld rows but the KJT has %lld bags (one row per bag)",
+                     (long long)ur_tensor_dim(in, 0), (long long)nb);
+  int64_t shape[UR_MAX_DIMS], row = 1;
+  for (int i = 0; i < nd; i++) shape[i] = ur_tensor_dim(in, i);
+  for (int i = 1; i < nd; i++) row *= shape[i];
+  shape[0] = (int64_t)k->nkeys * k->stride;
+  const ur_backend *be = ur__tensor_backend(in);
+  ur_place place = ur_tensor_place(in);
+  int32_t dev = ur_tensor_device(in), prev = 0;
+  ur_tensor *o = NULL, *copy = NULL;
+  const ur_tensor *inv = k->inverse;
+  ur_status st = ur_tensor_new(&o, ur_tensor_dtype(in), nd, shape, place, dev);
+  if (!st && inv && ur__tensor_backend(inv) != be &&
+      !(st = ur_tensor_to(s, inv, &copy, place, dev)))
+    inv = copy;
+  if (!st && inv) st = ur__tensor_ready(be, inv);
+  if (!st && !(st = UR__NEED(be, kjt, expand_rows)) && !(st = enter(be, in, &prev))) {
+    st = be->kjt->expand_rows(s ? s->handle : NULL, dp(in),
+                              (size_t)row * ur_dtype_size(ur_tensor_dtype(in)), dp(inv), k->bag0,
+                              k->nkeys, k->stride, dp(o));
+    st = leave(be, in, prev, st);
+  }
+  ur_tensor_free(copy);
+  if (st) {
+    ur_tensor_free(o);
+    return st;
+  }
+  *out = o;
+  return UR_STATUS_OK;
+}
+
+/* ---- placement ---- */
+
+ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place place,
+                    int32_t device) {
+  *out = NULL;
+  ur_tensor *v = NULL, *l = NULL, *w = NULL, *inv = NULL, *off = NULL;
+  ur_status st = ur_tensor_to(s, k->values, &v, place, device);
+  if (!st) st = ur_tensor_to(s, k->lengths, &l, place, device);
+  if (!st) st = ur_tensor_to(s, k->offsets, &off, place, device);
+  if (!st && k->weights) st = ur_tensor_to(s, k->weights, &w, place, device);
+  if (!st && k->inverse) st = ur_tensor_to(s, k->inverse, &inv, place, device);
+  /* The key spans come from the source, so nothing waits for the copies. */
+  if (!st)
+    st = kjt_make(k->nkeys, (const char *const *)k->keys, k->stride,
+                  k->variable ? k->spk : NULL, v, l, w, inv, off, k->val0, 0, out);
+  ur_tensor_free(v);
+  ur_tensor_free(l);
+  ur_tensor_free(w);
+  ur_tensor_free(inv);
+  ur_tensor_free(off);
+  return st;
+}

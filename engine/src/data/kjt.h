@@ -1,0 +1,66 @@
+/* kjt.h: the keyed-jagged-tensor ops' table that kjt.c dispatches through, filled by the CPU
+ * reference (kjt_cpu.c) and by the CUDA backend (kernels/kjt.cu). */
+#ifndef UR_KJT_H
+#define UR_KJT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "core/core.h"
+
+/* One run of a segment copy: n elements from src (memory the backend reads) to element dst of
+ * the output. */
+typedef struct ur__kjt_seg {
+  const void *src;
+  int64_t dst, n;
+} ur__kjt_seg;
+
+/* The KJT ops' table.  kjt.c has checked every size; pointers are memory the backend reads
+ * (for the GPU: of the current GPU) unless called host arrays.  Both tables give the same
+ * results, bit for bit. */
+typedef struct ur_kjt_ops {
+  /* off [nb + 1]: 0, then the running sum of len.  With val0 (host, nkeys + 1) it waits and
+   * gives val0[i] = off[bag0[i]] (bag0 host), bad[0]: the first negative length, bad[1]: the
+   * first bag ending past nv values; -1: none. */
+  ur_status (*offsets)(void *stream, const int32_t *len, int64_t nb, int64_t *off,
+                       const int64_t *bag0, int32_t nkeys, int64_t nv, int64_t *val0,
+                       int64_t *bad);
+  /* Waits; bad[0]: first bag with a negative length or offsets that disagree with it, bad[1]:
+   * first sound bag holding an id outside [0, rows[key]) where rows (host) is given and > 0,
+   * bad[2]: first inverse index outside its key's stride (spk host); -1: none. */
+  ur_status (*validate)(void *stream, const int32_t *len, const int64_t *off,
+                        const int64_t *val, const int64_t *inv, int64_t nv, int32_t nkeys,
+                        int64_t stride, const int64_t *bag0, const int64_t *spk,
+                        const int64_t *rows, int64_t *bad);
+  /* dst elements (elem_bytes 4 or 8) from nseg runs (segs in host memory). */
+  ur_status (*segments)(void *stream, void *dst, size_t elem_bytes,
+                        const struct ur__kjt_seg *segs, int64_t nseg);
+  /* map[k * stride + j] = bag0[k] + (inv ? inv[k * stride + j] : j); bag0 in host memory. */
+  ur_status (*expand_map)(void *stream, const int64_t *inv, const int64_t *bag0,
+                          int32_t nkeys, int64_t stride, int64_t *map);
+  /* len_out[i] = len[map[i]], off_out [n + 1] their offsets; with nat > 0 it waits and gives
+   * at[j] = off_out[j * step] (host) for j < nat. */
+  ur_status (*bag_lengths)(void *stream, const int32_t *len, const int64_t *map, int64_t n,
+                           int32_t *len_out, int64_t *off_out, int64_t step, int32_t nat,
+                           int64_t *at);
+  /* Values (and weights, w may be NULL) of bag map[i] to off_out[i]... */
+  ur_status (*bag_copy)(void *stream, const int64_t *off, const int64_t *val, const float *w,
+                        const int64_t *map, int64_t n, const int64_t *off_out,
+                        int64_t *val_out, float *w_out);
+  /* dst row k * stride + j = src row bag0[k] + (inv ? inv[k * stride + j] : j), rows of
+   * row_bytes; bag0 in host memory. */
+  ur_status (*expand_rows)(void *stream, const void *src, size_t row_bytes,
+                           const int64_t *inv, const int64_t *bag0, int32_t nkeys,
+                           int64_t stride, void *dst);
+  /* Per key of nkeys * stride bags, the distinct bags (ids and weight bits) in order of first
+   * appearance; waits.  map [sum of spk]: each distinct bag's first bag, key-major; inv
+   * [nkeys * stride]: each bag's distinct bag, counted from its key's first; host spk [nkeys]
+   * and val0 [nkeys + 1] (each key's first value in the result). */
+  ur_status (*dedup)(void *stream, const int64_t *off, const int64_t *val, const float *w,
+                     const int32_t *len, int32_t nkeys, int64_t stride, int64_t *map,
+                     int64_t *inv, int64_t *spk, int64_t *val0);
+} ur_kjt_ops;
+
+/* The CPU reference (kjt_cpu.c); the CUDA backend's is ur__cuda_kjt_ops (kernels/kjt.cu). */
+UR__HIDDEN extern const ur_kjt_ops ur__cpu_kjt_ops;
+
+#endif

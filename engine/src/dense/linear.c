@@ -1,0 +1,426 @@
+/* linear.c: the Linear layer (y = act(x w^T + b)) and the elementwise activations: the public
+ * entry points, and the CPU backend's versions on OpenBLAS, which are the reference.  bf16 is
+ * computed as the GPU does it: bf16 inputs widened exactly to f32, f32 products and sums,
+ * bias and activation in f32, one rounding of the result. */
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dense/dense.h"
+
+/* ---- CPU helpers ---- */
+
+typedef struct widen_job {
+  const void *src;
+  ur_dtype d;
+  float *dst;
+} widen_job;
+
+static void widen_range(void *ctx, size_t i0, size_t i1) {
+  widen_job *j = ctx;
+  for (size_t i = i0; i < i1; i++) j->dst[i] = ur__dense_ld(j->src, j->d, i);
+}
+
+/* f32 of p's n elements: p itself when it is f32, else a new buffer (*owned, for free()). */
+static const float *as_f32(const void *p, ur_dtype d, size_t n, float **owned) {
+  *owned = NULL;
+  if (d == UR_DTYPE_F32) return p;
+  float *buf = malloc((n ? n : 1) * sizeof(float));
+  if (!buf) return NULL;
+  widen_job j = {p, d, buf};
+  ur__parallel_for(n, (size_t)1 << 16, widen_range, &j);
+  *owned = buf;
+  return buf;
+}
+
+static ur_status cpu_oom(const char *op, size_t n) {
+  return ur__error(UR_STATUS_OOM, "%s: out of host memory for %zu f32 elements of scratch", op, n);
+}
+
+static inline float act_apply(float v, ur_act act) {
+  if (act == UR_ACT_RELU) return v > 0.0f ? v : 0.0f;
+  if (act == UR_ACT_SIGMOID) {
+    /* exp of a negative number only, so that large |v| neither overflows nor loses 1. */
+    if (v >= 0.0f) return 1.0f / (1.0f + expf(-v));
+    float e = expf(v);
+    return e / (1.0f + e);
+  }
+  return v;
+}
+
+/* ---- linear, CPU ---- */
+
+typedef struct bias_job {
+  const float *acc;   /* [rows, out] products */
+  const void *b;      /* [out] or NULL */
+  void *y;
+  ur_dtype d;
+  int64_t out;
+  ur_act act;
+} bias_job;
+
+static void bias_range(void *ctx, size_t r0, size_t r1) {
+  bias_job *j = ctx;
+  for (size_t r = r0; r < r1; r++)
+    for (int64_t c = 0; c < j->out; c++) {
+      size_t i = r * (size_t)j->out + (size_t)c;
+      float v = j->acc[i];
+      if (j->b) v += ur__dense_ld(j->b, j->d, (size_t)c);
+      ur__dense_st(j->y, j->d, i, act_apply(v, j->act));
+    }
+}
+
+ur_status ur__cpu_linear_forward(void *stream, const void *x, const void *w, const void *b,
+                                 void *y, int64_t rows, int64_t in, int64_t out, ur_dtype dtype,
+                                 ur_act act, uint32_t flags) {
+  (void)stream;
+  (void)flags;
+  const char *op = "linear forward";
+  size_t ny = (size_t)rows * (size_t)out;
+  float *xo, *wo, *yo = NULL;
+  const float *xf = as_f32(x, dtype, (size_t)rows * (size_t)in, &xo);
+  const float *wf = as_f32(w, dtype, (size_t)out * (size_t)in, &wo);
+  float *acc = dtype == UR_DTYPE_F32 ? y : (yo = malloc((ny ? ny : 1) * sizeof(float)));
+  if (!xf || !wf || !acc) {
+    free(xo);
+    free(wo);
+    free(yo);
+    return cpu_oom(op, ny);
+  }
+  if (in == 0) memset(acc, 0, ny * sizeof(float));
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)out, (int)in, 1.0f, xf,
+                (int)in, wf, (int)in, 0.0f, acc, (int)out);
+  bias_job j = {acc, b, y, dtype, out, act};
+  ur__parallel_for((size_t)rows, 256, bias_range, &j);
+  free(xo);
+  free(wo);
+  free(yo);
+  return UR_STATUS_OK;
+}
+
+typedef struct mask_job {
+  const void *gy, *y;
+  void *g;
+  ur_dtype d;
+} mask_job;
+
+/* g = gy where y > 0, else 0; bf16 elements are copied bit for bit. */
+static void mask_range(void *ctx, size_t i0, size_t i1) {
+  mask_job *j = ctx;
+  if (j->d == UR_DTYPE_F32) {
+    const float *gy = j->gy, *y = j->y;
+    float *g = j->g;
+    for (size_t i = i0; i < i1; i++) g[i] = y[i] > 0.0f ? gy[i] : 0.0f;
+  } else {
+    const uint16_t *gy = j->gy, *y = j->y;
+    uint16_t *g = j->g;
+    for (size_t i = i0; i < i1; i++) g[i] = ur__bf16_to_f32(y[i]) > 0.0f ? gy[i] : 0;
+  }
+}
+
+typedef struct colsum_job {
+  const float *g;
+  float *gb;
+  int64_t rows, out;
+} colsum_job;
+
+/* Column sums in double, over all rows, for a range of columns. */
+static void colsum_range(void *ctx, size_t c0, size_t c1) {
+  colsum_job *j = ctx;
+  double acc[64];
+  for (size_t cb = c0; cb < c1; cb += 64) {
+    size_t ce = cb + 64 < c1 ? cb + 64 : c1;
+    for (size_t c = cb; c < ce; c++) acc[c - cb] = 0;
+    for (int64_t r = 0; r < j->rows; r++) {
+      const float *row = j->g + (size_t)r * (size_t)j->out;
+      for (size_t c = cb; c < ce; c++) acc[c - cb] += row[c];
+    }
+    for (size_t c = cb; c < ce; c++) j->gb[c] = (float)((double)j->gb[c] + acc[c - cb]);
+  }
+}
+
+typedef struct narrow_job {
+  const float *src;
+  void *dst;
+  ur_dtype d;
+} narrow_job;
+
+static void narrow_range(void *ctx, size_t i0, size_t i1) {
+  narrow_job *j = ctx;
+  for (size_t i = i0; i < i1; i++) ur__dense_st(j->dst, j->d, i, j->src[i]);
+}
+
+ur_status ur__cpu_linear_backward(void *stream, const void *x, const void *w, const void *y,
+                                  const void *gy, void *gx, float *gw, float *gb, void *work,
+                                  int64_t rows, int64_t in, int64_t out, ur_dtype dtype,
+                                  ur_act act, uint32_t flags) {
+  (void)stream;
+  const char *op = "linear backward";
+  size_t ng = (size_t)rows * (size_t)out, nx = (size_t)rows * (size_t)in;
+  const void *g = gy;
+  if (act == UR_ACT_RELU) {
+    mask_job mj = {gy, y, work, dtype};
+    ur__parallel_for(ng, (size_t)1 << 16, mask_range, &mj);
+    g = work;
+  }
+  float *go = NULL, *wo = NULL, *xo = NULL, *gxo = NULL;
+  ur_status st = UR_STATUS_OK;
+  const float *gf = as_f32(g, dtype, ng, &go);
+  if (!gf) return cpu_oom(op, ng);
+  if (gx && rows > 0 && in > 0) {
+    const float *wf = as_f32(w, dtype, (size_t)out * (size_t)in, &wo);
+    int acc = (flags & UR_DENSE_ACCUMULATE) != 0;
+    float *dst = gx;
+    if (dtype != UR_DTYPE_F32) {
+      if (acc) dst = (float *)as_f32(gx, dtype, nx, &gxo);
+      else dst = gxo = malloc(nx * sizeof(float));
+    }
+    if (!wf || !dst) {
+      st = cpu_oom(op, nx);
+      goto done;
+    }
+    if (out == 0) {
+      if (!acc) memset(dst, 0, nx * sizeof(float));
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)in, (int)out, 1.0f,
+                  gf, (int)out, wf, (int)in, acc ? 1.0f : 0.0f, dst, (int)in);
+    }
+    if (dtype != UR_DTYPE_F32) {
+      narrow_job nj = {dst, gx, dtype};
+      ur__parallel_for(nx, (size_t)1 << 16, narrow_range, &nj);
+    }
+  }
+  if (gw && rows > 0 && out > 0 && in > 0) {
+    const float *xf = as_f32(x, dtype, nx, &xo);
+    if (!xf) {
+      st = cpu_oom(op, nx);
+      goto done;
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)in, (int)rows, 1.0f, gf,
+                (int)out, xf, (int)in, 1.0f, gw, (int)in);
+  }
+  if (gb && rows > 0) {
+    colsum_job cj = {gf, gb, rows, out};
+    ur__parallel_for((size_t)out, 64, colsum_range, &cj);
+  }
+done:
+  free(go);
+  free(wo);
+  free(xo);
+  free(gxo);
+  return st;
+}
+
+/* ---- activations, CPU ---- */
+
+typedef struct act_job {
+  const void *x, *gy;
+  void *y;
+  ur_dtype d;
+  ur_act act;
+} act_job;
+
+static void act_fwd_range(void *ctx, size_t i0, size_t i1) {
+  act_job *j = ctx;
+  for (size_t i = i0; i < i1; i++)
+    ur__dense_st(j->y, j->d, i, act_apply(ur__dense_ld(j->x, j->d, i), j->act));
+}
+
+/* x holds the forward's output here: both derivatives are functions of it. */
+static void act_bwd_range(void *ctx, size_t i0, size_t i1) {
+  act_job *j = ctx;
+  for (size_t i = i0; i < i1; i++) {
+    float y = ur__dense_ld(j->x, j->d, i), g = ur__dense_ld(j->gy, j->d, i);
+    float v = j->act == UR_ACT_RELU ? (y > 0.0f ? g : 0.0f) : g * y * (1.0f - y);
+    ur__dense_st(j->y, j->d, i, v);
+  }
+}
+
+ur_status ur__cpu_act_forward(void *stream, const void *x, void *y, int64_t n, ur_dtype dtype,
+                              ur_act act) {
+  (void)stream;
+  act_job j = {x, NULL, y, dtype, act};
+  ur__parallel_for((size_t)n, (size_t)1 << 16, act_fwd_range, &j);
+  return UR_STATUS_OK;
+}
+
+ur_status ur__cpu_act_backward(void *stream, const void *y, const void *gy, void *gx, int64_t n,
+                               ur_dtype dtype, ur_act act) {
+  (void)stream;
+  act_job j = {y, gy, gx, dtype, act};
+  ur__parallel_for((size_t)n, (size_t)1 << 16, act_bwd_range, &j);
+  return UR_STATUS_OK;
+}
+
+/* ---- public entry points ---- */
+
+/* t (if any) has ref's dtype; ref is the first tensor named in group. */
+static ur_status same_dtype(const char *op, const char *name, const ur_tensor *t,
+                            const ur_tensor *ref, const char *group) {
+  if (!t || t->dtype == ref->dtype) return UR_STATUS_OK;
+  char first[16];
+  size_t k = strcspn(group, ", ");
+  snprintf(first, sizeof first, "%.*s", (int)(k < 15 ? k : 15), group);
+  return ur__error(UR_STATUS_INVALID, "%s: %s is %s but %s is %s; %s take one dtype", op, name,
+                   ur_dtype_name(t->dtype), first, ur_dtype_name(ref->dtype), group);
+}
+
+static ur_status check_dims(const char *op, int64_t rows, int64_t in, int64_t out) {
+  if (rows <= INT_MAX && in <= INT_MAX && out <= INT_MAX) return UR_STATUS_OK;
+  return ur__error(UR_STATUS_INVALID,
+                   "%s: [%lld, %lld] x [%lld, %lld]^T has a size over 2^31 - 1, which the BLAS "
+                   "libraries take",
+                   op, (long long)rows, (long long)in, (long long)out, (long long)in);
+}
+
+/* Outputs of a matrix product cannot share memory with its inputs. */
+static ur_status no_overlap(const char *op, const char *a, const ur_tensor *ta, const char *b,
+                            const ur_tensor *tb) {
+  if (!ta || !tb || ta->st != tb->st) return UR_STATUS_OK;
+  size_t ea = ur_dtype_size(ta->dtype), eb = ur_dtype_size(tb->dtype);
+  uint64_t a0 = (uint64_t)ta->offset * ea, a1 = a0 + (uint64_t)ta->numel * ea;
+  uint64_t b0 = (uint64_t)tb->offset * eb, b1 = b0 + (uint64_t)tb->numel * eb;
+  if (a0 < b1 && b0 < a1)
+    return ur__error(UR_STATUS_INVALID, "%s: %s and %s overlap in storage #%llu", op, a, b,
+                     (unsigned long long)ta->st->id);
+  return UR_STATUS_OK;
+}
+
+static ur_status check_flags(const char *op, uint32_t flags, uint32_t allowed) {
+  if (!(flags & ~allowed)) return UR_STATUS_OK;
+  return ur__error(UR_STATUS_INVALID, "%s: flags 0x%x include bits other than 0x%x", op,
+                   (unsigned)flags, (unsigned)allowed);
+}
+
+ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
+                            const ur_tensor *b, ur_tensor *y, ur_act act, uint32_t flags) {
+  const char *op = "linear forward";
+  ur_status st = ur__dense_check(op, "x", x, 1, -1, -1);
+  if (st) return st;
+  int64_t rows = x->shape[0], in = x->shape[1];
+  if ((st = ur__dense_check(op, "w", w, 1, -1, in))) return st;
+  int64_t out = w->shape[0];
+  if ((b && (st = ur__dense_check_numel(op, "b", b, 1, out))) ||
+      (st = ur__dense_check(op, "y", y, 1, rows, out)))
+    return st;
+  const char *group = "x, w, b and y";
+  if ((st = same_dtype(op, "w", w, x, group)) || (st = same_dtype(op, "b", b, x, group)) ||
+      (st = same_dtype(op, "y", y, x, group)))
+    return st;
+  if (act != UR_ACT_NONE && act != UR_ACT_RELU)
+    return ur__error(UR_STATUS_INVALID, "%s: activation %d is not none (0) or relu (1)", op,
+                     (int)act);
+  if ((st = check_flags(op, flags, UR_DENSE_TF32)) || (st = check_dims(op, rows, in, out)) ||
+      (st = no_overlap(op, "y", y, "x", x)) || (st = no_overlap(op, "y", y, "w", w)) ||
+      (st = no_overlap(op, "y", y, "b", b)))
+    return st;
+  const ur_tensor *ts[] = {x, w, b, y};
+  const char *names[] = {"x", "w", "b", "y"};
+  const ur_backend *be;
+  if ((st = ur__dense_backend(op, 4, ts, names, &be)) ||
+      (st = UR__NEED(be, dense, linear_forward)))
+    return st;
+  if (!rows || !out) return UR_STATUS_OK;
+  return be->dense->linear_forward(ur__dense_stream(s), ur_tensor_data(x), ur_tensor_data(w),
+                                   b ? ur_tensor_data(b) : NULL, ur_tensor_data(y), rows, in, out,
+                                   x->dtype, act, flags);
+}
+
+ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
+                             const ur_tensor *y, const ur_tensor *gy, ur_tensor *gx,
+                             ur_tensor *gw, ur_tensor *gb, ur_tensor *work, ur_act act,
+                             uint32_t flags) {
+  const char *op = "linear backward";
+  ur_status st = ur__dense_check(op, "x", x, 1, -1, -1);
+  if (st) return st;
+  int64_t rows = x->shape[0], in = x->shape[1];
+  if ((st = ur__dense_check(op, "w", w, 1, -1, in))) return st;
+  int64_t out = w->shape[0];
+  if ((st = ur__dense_check(op, "gy", gy, 1, rows, out))) return st;
+  if (act != UR_ACT_NONE && act != UR_ACT_RELU)
+    return ur__error(UR_STATUS_INVALID, "%s: activation %d is not none (0) or relu (1)", op,
+                     (int)act);
+  if (act == UR_ACT_RELU &&
+      ((st = ur__dense_check(op, "y (relu needs it)", y, 1, rows, out)) ||
+       (st = ur__dense_check(op, "work (relu needs it)", work, 1, rows, out))))
+    return st;
+  if ((gx && (st = ur__dense_check(op, "gx", gx, 1, rows, in))) ||
+      (gw && (st = ur__dense_check(op, "gw", gw, 0, out, in))) ||
+      (gb && (st = ur__dense_check_numel(op, "gb", gb, 0, out))))
+    return st;
+  const char *group = "x, w, y, gy, gx and work";
+  if ((st = same_dtype(op, "w", w, x, group)) || (st = same_dtype(op, "gy", gy, x, group)) ||
+      (act == UR_ACT_RELU && ((st = same_dtype(op, "y", y, x, group)) ||
+                              (st = same_dtype(op, "work", work, x, group)))) ||
+      (st = same_dtype(op, "gx", gx, x, group)))
+    return st;
+  if ((st = check_flags(op, flags, UR_DENSE_TF32 | UR_DENSE_ACCUMULATE)) ||
+      (st = check_dims(op, rows, in, out)) || (st = no_overlap(op, "gx", gx, "gy", gy)) ||
+      (st = no_overlap(op, "gx", gx, "w", w)) || (st = no_overlap(op, "gw", gw, "x", x)) ||
+      (st = no_overlap(op, "gw", gw, "gy", gy)))
+    return st;
+  if (act == UR_ACT_RELU && ((st = no_overlap(op, "work", work, "x", x)) ||
+                             (st = no_overlap(op, "work", work, "w", w)) ||
+                             (st = no_overlap(op, "work", work, "gx", gx))))
+    return st;
+  if (act != UR_ACT_RELU) y = work = NULL;
+  const ur_tensor *ts[] = {x, w, y, gy, gx, gw, gb, work};
+  const char *names[] = {"x", "w", "y", "gy", "gx", "gw", "gb", "work"};
+  const ur_backend *be;
+  if ((st = ur__dense_backend(op, 8, ts, names, &be)) ||
+      (st = UR__NEED(be, dense, linear_backward)))
+    return st;
+  if (!rows) return UR_STATUS_OK;
+  return be->dense->linear_backward(ur__dense_stream(s), ur_tensor_data(x), ur_tensor_data(w),
+                                    y ? ur_tensor_data(y) : NULL, ur_tensor_data(gy),
+                                    gx ? ur_tensor_data(gx) : NULL, gw ? ur_tensor_data(gw) : NULL,
+                                    gb ? ur_tensor_data(gb) : NULL,
+                                    work ? ur_tensor_data(work) : NULL, rows, in, out, x->dtype,
+                                    act, flags);
+}
+
+static ur_status check_act(const char *op, ur_act act) {
+  if (act == UR_ACT_RELU || act == UR_ACT_SIGMOID) return UR_STATUS_OK;
+  return ur__error(UR_STATUS_INVALID, "%s: activation %d is not relu (1) or sigmoid (2)", op,
+                   (int)act);
+}
+
+ur_status ur_act_forward(ur_stream *s, const ur_tensor *x, ur_tensor *y, ur_act act) {
+  const char *op = "activation forward";
+  ur_status st = ur__dense_check_numel(op, "x", x, 1, x ? x->numel : 0);
+  if (!st) st = ur__dense_check_numel(op, "y", y, 1, x->numel);
+  if (!st) st = same_dtype(op, "y", y, x, "x and y");
+  if (!st) st = check_act(op, act);
+  if (st) return st;
+  const ur_tensor *ts[] = {x, y};
+  const char *names[] = {"x", "y"};
+  const ur_backend *be;
+  if ((st = ur__dense_backend(op, 2, ts, names, &be)) || (st = UR__NEED(be, dense, act_forward)) ||
+      !x->numel)
+    return st;
+  return be->dense->act_forward(ur__dense_stream(s), ur_tensor_data(x), ur_tensor_data(y), x->numel,
+                                x->dtype, act);
+}
+
+ur_status ur_act_backward(ur_stream *s, const ur_tensor *y, const ur_tensor *gy, ur_tensor *gx,
+                          ur_act act) {
+  const char *op = "activation backward";
+  ur_status st = ur__dense_check_numel(op, "y", y, 1, y ? y->numel : 0);
+  if (!st) st = ur__dense_check_numel(op, "gy", gy, 1, y->numel);
+  if (!st) st = ur__dense_check_numel(op, "gx", gx, 1, y->numel);
+  if (!st) st = same_dtype(op, "gy", gy, y, "y, gy and gx");
+  if (!st) st = same_dtype(op, "gx", gx, y, "y, gy and gx");
+  if (!st) st = check_act(op, act);
+  if (st) return st;
+  const ur_tensor *ts[] = {y, gy, gx};
+  const char *names[] = {"y", "gy", "gx"};
+  const ur_backend *be;
+  if ((st = ur__dense_backend(op, 3, ts, names, &be)) || (st = UR__NEED(be, dense, act_backward)) ||
+      !y->numel)
+    return st;
+  return be->dense->act_backward(ur__dense_stream(s), ur_tensor_data(y), ur_tensor_data(gy),
+                                 ur_tensor_data(gx), y->numel, y->dtype, act);
+}

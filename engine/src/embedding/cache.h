@@ -1,0 +1,121 @@
+/* cache.h: the software cache's internals (engine/src/cache.c), shared with the collection
+ * (engine/src/tbe.c, which lends its tables to a cache), the CUDA glue
+ * (engine/src/cuda/cache.cu) and the kernels (kernels/cache.cu). */
+#ifndef UR_CACHE_H
+#define UR_CACHE_H
+
+#include <stdint.h>
+#include "embedding/cache_sets.h"
+#include "embedding/tbe_plan.h"
+#include "uvmrec.h"
+
+struct ur_cache;
+
+/* A move list entry packs (cache table << UR__CACHE_ROW_BITS | row) in its first word and
+ * the row of the slot storage (a slot or a staging row) in its second. */
+
+/* What a move needs: where each cached table's rows live in host memory, and the slot
+ * storage.  Pointer arrays are in memory the running backend reads. */
+typedef struct ur__cache_io {
+  void *const *host_w;           /* [tables] the rows of each cached table */
+  float *const *host_s1;         /* [tables] optimizer state 1, or NULL arrays when none */
+  float *const *host_s2;
+  void *slot_w;                  /* [slot rows, dim] */
+  float *slot_s1, *slot_s2;      /* [slot rows, state_per_row] */
+  int64_t row_bytes;             /* dim * element size */
+  int32_t state_per_row;         /* floats of each state per row: dim, 1 (rowwise) or 0 */
+  int32_t nstate;
+} ur__cache_io;
+
+/* ---- the GPU's decisions (kernels/cache.cu; engine/src/cache.c keeps the reference) ---- */
+
+#define UR__CACHE_RING 4        /* batches prepared and not yet released */
+
+/* The cache's geometry and state in device memory. */
+typedef struct ur__cache_dev {
+  const int64_t *kbase;         /* [nt + 1]: each cache table's first key, then the total */
+  const int64_t *set_base, *set_count;  /* [nt] */
+  const int32_t *feat_ct;       /* [F]: the cache table of each feature, or -1 */
+  uint64_t *tag;                /* [S]: key, or all ones when empty */
+  int64_t *stamp;               /* [S]: ticket of the last batch that used the slot */
+  uint8_t *dirty;               /* [S] */
+  uint32_t *freq;               /* LFU: [total keys] count (low 16 bits), epoch (high 16); or NULL */
+  int32_t nt, F, key_bits, set_bits;
+  int64_t S, nsets;
+} ur__cache_dev;
+
+/* What the decisions tell the host (int64 words of info), set by each call. */
+enum {
+  UR__CI_U,                     /* lookup: distinct keys */
+  UR__CI_NG,                    /* lookup: sets they fall in */
+  UR__CI_NVALID,                /* lookup: values of cached tables with a valid id */
+  UR__CI_BAD_V,                 /* lookup: first value with a bad id (bounds fatal), or -1 */
+  UR__CI_BAD_F,                 /* lookup: first feature whose values run backwards, or -1 */
+  UR__CI_NWB,                   /* decide: dirty evictions (write-backs) */
+  UR__CI_NFILL,                 /* decide: misses given a slot */
+  UR__CI_NCONF,                 /* decide: conflict misses (staged) */
+  UR__CI_MEET,                  /* lookup: [UR__CACHE_RING] 1 where a flight's staged rows meet */
+  UR__CI_TABLES = UR__CI_MEET + UR__CACHE_RING, /* [nt][UR__CT_COUNT] per cache table */
+};
+enum { UR__CT_LOOKUPS, UR__CT_UNIQUE, UR__CT_HITS, UR__CT_MISSES, UR__CT_CONFLICTS,
+       UR__CT_EVICTIONS, UR__CT_WRITEBACKS, UR__CT_COUNT };
+
+/* One batch's decisions, in three calls on one stream sharing the scratch (lookup; the host
+ * reads info and decides what to wait for; decide; the host reads info and makes room for
+ * staged rows; place). */
+typedef struct ur__cache_job {
+  const int64_t *vals, *offs;   /* [n], [bags + 1] */
+  int64_t n, bags, batch;       /* batch: bags per feature when bag_start is NULL */
+  const int64_t *bag_start;     /* [F + 1] in device memory, or NULL */
+  int32_t bounds_fatal;
+  const int64_t *staged[UR__CACHE_RING];  /* lookup: flights' staged pairs (ascending), or NULL */
+  int64_t nstaged[UR__CACHE_RING];
+  int64_t U, ng, nvalid;        /* decide and place: from lookup's info */
+  int64_t ticket, floor;        /* slots stamped below floor are evictable */
+  uint32_t epoch;               /* LFU: the decay epoch of ticket */
+  int32_t lfu;
+  int64_t nwb, nfill, nconf;    /* place: from decide's info */
+  int64_t sbase;                /* place: the first staging row of this batch */
+  int64_t *lists;               /* place: [2 nwb | 2 nfill | 2 nconf | U - nconf slots] */
+  int64_t *row_ids;             /* place: [slot storage rows] the row each holds (set for loads) */
+  int64_t *out;                 /* place: [n] slot ids, or the ids of other tables' features */
+  void *scratch;                /* of scratch_bytes (the backend's cache_scratch) */
+  size_t scratch_bytes;
+  int64_t *info;                /* device, UR__CI_TABLES + nt * UR__CT_COUNT words */
+  int64_t *info_host;           /* pinned: where each call copies info */
+} ur__cache_job;
+
+/* The cache's ops table, filled by the CPU reference and by the CUDA backend
+ * (kernels/cache.cu). */
+typedef struct ur_cache_ops {
+  /* Rows between host memory and the slot storage, for n entries
+   * (pairs in device memory); to_host 1: slot rows to host memory, 0: host rows to slots. */
+  ur_status (*move)(void *stream, const struct ur__cache_io *io, const int64_t *entries,
+                          int64_t n, int32_t to_host);
+  /* The decisions: scratch bytes for a batch of n values; then one
+   * batch's lookup, decide and place on stream (each copies the job's info to info_host,
+   * which the caller reads after a stream sync); mark sets dirty[slots[0..n-1]] = 1. */
+  ur_status (*scratch)(const struct ur__cache_dev *d, int64_t n, size_t *bytes);
+  ur_status (*lookup)(void *stream, const struct ur__cache_dev *d,
+                            const struct ur__cache_job *j);
+  ur_status (*decide)(void *stream, const struct ur__cache_dev *d,
+                            const struct ur__cache_job *j);
+  ur_status (*place)(void *stream, const struct ur__cache_dev *d,
+                           const struct ur__cache_job *j);
+  ur_status (*mark)(void *stream, uint8_t *dirty, const int64_t *slots, int64_t n);
+} ur_cache_ops;
+
+/* The collection's side (engine/src/tbe.c). */
+/* Table i's own storage (its rows and state in host memory), whatever its kernels use now;
+ * place is where that storage lives. */
+ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out, int32_t *place);
+/* Points table i's kernels at other rows (a cache's slots: weights, state, the row id each
+ * holds, rows) and re-keys the collection; owner NULL points it back at its own storage. */
+ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, struct ur_cache *owner, void *weights,
+                           float *state1, float *state2, const int64_t *row_ids, int64_t rows);
+const ur_tbe_config *ur__tbe_config(const ur_tbe *t);
+const ur__tbe_feature *ur__tbe_features(const ur_tbe *t);
+/* The collection is being freed: the cache must not touch it any more. */
+void ur__cache_orphan(struct ur_cache *c, ur_tbe *t);
+
+#endif

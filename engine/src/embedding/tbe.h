@@ -1,0 +1,32 @@
+/* tbe.h: the embedding collection's ops table, filled by the CPU reference and by the CUDA
+ * backend (kernels/tbe.cu).  tbe_plan.h holds the argument structs; tbe.c has checked every
+ * tensor before an entry runs. */
+#ifndef UR_TBE_H
+#define UR_TBE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "embedding/tbe_plan.h"
+#include "uvmrec.h"
+
+/* work is device memory of the bytes work_bytes gives. */
+typedef struct ur_tbe_ops {
+  ur_status (*work_bytes)(const struct ur__tbe_args *a, int backward, size_t *out);
+  ur_status (*forward)(void *stream, const struct ur__tbe_args *a, void *work);
+  /* Sorts, sums each distinct row's gradient and steps the optimizer, all on the stream. */
+  ur_status (*backward)(void *stream, const struct ur__tbe_args *a,
+                            const struct ur__tbe_hyper *h, void *work);
+  /* The deduplicated gradient in two calls on the same work: count (synchronous, fills
+   * counts[num_tables] in host memory), then write rows i64 [U] and grads f32. */
+  ur_status (*sparse_count)(void *stream, const struct ur__tbe_args *a, void *work,
+                                int64_t *counts);
+  ur_status (*sparse_write)(void *stream, const struct ur__tbe_args *a, void *work,
+                                const int64_t *counts, int64_t *rows, float *grads);
+  /* out[i] = src[ids[i]], rows of row_bytes (a multiple of 4). */
+  ur_status (*gather_rows)(void *stream, const void *src, size_t row_bytes, const int64_t *ids,
+                           int64_t n, void *out);
+  /* tbe access counters (engine/src/tbe_stats.c): c[i] = floor(c[i] * factor), n of them. */
+  ur_status (*decay_counts)(void *stream, int32_t *c, int64_t n, double factor);
+} ur_tbe_ops;
+
+#endif

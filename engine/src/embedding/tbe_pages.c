@@ -1,0 +1,541 @@
+/* tbe_pages.c: page prefetch for the `managed` tables of an embedding collection.  The prefetch
+ * pipeline knows batch i+1's ids while batch i trains; this turns them into the runs of pages
+ * those rows live on (through the permutation in force), skips what the hint policy already
+ * keeps on the GPU, and asks the driver to move the rest ahead of the forward pass.
+ *
+ * Per batch: the ids of each managed table's features are gathered as physical rows (in
+ * parallel over features), each table's rows are sorted by a radix sort and deduplicated (in
+ * parallel over tables), and the ascending rows become ascending pages, coalesced into runs
+ * as they come: O(ids + pages touched), no per-page search and no bitmap to clear. */
+#include <stdlib.h>
+#include <string.h>
+#include "embedding/cache.h" /* ur__tbe_config */
+#include "embedding/tbe_stats.h"
+
+#define MAX_TENSORS 3    /* weights and up to two optimizer states */
+#define SMALL_SORT 256   /* fewer rows than this: qsort beats the radix passes' counts */
+
+typedef struct page_tensor {
+  ur_tensor *x;          /* a view: the table's weights or one optimizer state */
+  int32_t which;         /* 0 weights, k: state k - 1 */
+  uint64_t base;         /* byte of row 0 in the storage */
+  uint64_t row_bytes;
+} page_tensor;
+
+typedef struct page_table {
+  int managed;           /* managed weights and no cache */
+  int64_t rows;
+  page_tensor tens[MAX_TENSORS];
+  int32_t ntens;
+  /* the permutation as the host reads it: the collection's own array when that is in host
+   * memory, else a mirror read again when its generation moves */
+  const int64_t *perm;
+  int64_t *mirror;
+  uint64_t mirror_gen;
+  int mirror_valid;
+  /* this batch */
+  int64_t first, count;  /* its ids' slice of the key arrays */
+  int64_t uniq, pages, skipped;
+  ur_page_run *runs;
+  size_t nruns, cap;
+  int oom;
+} page_table;
+
+struct ur__tbe_pages {
+  int32_t T, F;
+  page_table *tab;
+  int64_t *fpos;         /* per feature: first slot of its ids in the key arrays */
+  int64_t *fbad;         /* per feature: first bad value index, or -1 */
+  int64_t *fskip;        /* per feature: ids skipped */
+  uint64_t *keys, *tmp;
+  size_t kcap, tcap;
+  int64_t *hv, *ho;      /* host copies of device values / offsets */
+  size_t hvcap, hocap;
+  ur_page_run *all;
+  size_t nall, allcap;
+  uint64_t page;         /* the page size the tensors' views were set up for */
+};
+
+size_t ur_sizeof_page_run(void) { return sizeof(ur_page_run); }
+size_t ur_sizeof_page_stats(void) { return sizeof(ur_page_stats); }
+
+void ur__tbe_pages_free(struct ur__tbe_pages *p) {
+  if (!p) return;
+  for (int32_t i = 0; p->tab && i < p->T; i++) {
+    page_table *pt = &p->tab[i];
+    for (int32_t k = 0; k < pt->ntens; k++) ur_tensor_free(pt->tens[k].x);
+    free(pt->mirror);
+    free(pt->runs);
+  }
+  free(p->tab);
+  free(p->fpos);
+  free(p->fbad);
+  free(p->fskip);
+  free(p->keys);
+  free(p->tmp);
+  free(p->hv);
+  free(p->ho);
+  free(p->all);
+  free(p);
+}
+
+static ur_status oom(const char *what) {
+  return ur__error(UR_STATUS_OOM, "tbe: prefetch_pages: out of host memory for %s", what);
+}
+
+static ur_status grow(void **buf, size_t *cap, size_t need, size_t elem, const char *what) {
+  if (need <= *cap) return UR_STATUS_OK;
+  size_t n = need + need / 2 + 16;
+  void *b = realloc(*buf, n * elem);
+  if (!b) return oom(what);
+  *buf = b;
+  *cap = n;
+  return UR_STATUS_OK;
+}
+
+/* The tables' views, made once: a table's storage and its cache don't change after the cache
+ * is made (ur_cache_new redirects before any batch; a cached table is left out). */
+static ur_status pages_state(ur_tbe *t, struct ur__tbe_pages **out) {
+  struct ur__tbe_pages **slot = ur__tbe_pages_slot(t);
+  if (*slot) {
+    *out = *slot;
+    return UR_STATUS_OK;
+  }
+  struct ur__tbe_pages *p = calloc(1, sizeof *p);
+  if (!p) return oom("its state");
+  p->T = ur_tbe_num_tables(t);
+  p->F = ur_tbe_num_features(t);
+  p->tab = calloc((size_t)p->T, sizeof *p->tab);
+  p->fpos = calloc((size_t)p->F, sizeof *p->fpos);
+  p->fbad = calloc((size_t)p->F, sizeof *p->fbad);
+  p->fskip = calloc((size_t)p->F, sizeof *p->fskip);
+  ur_status st = !p->tab || !p->fpos || !p->fbad || !p->fskip ? oom("its state") : UR_STATUS_OK;
+  for (int32_t i = 0; i < p->T && !st; i++) {
+    page_table *pt = &p->tab[i];
+    ur_tensor *w = NULL;
+    if ((st = ur_tbe_table(t, i, &w))) break;
+    pt->rows = ur_tensor_dim(w, 0);
+    pt->managed = ur_tensor_place(w) == UR_PLACE_MANAGED && !ur__tbe_is_cached(t, i);
+    if (!pt->managed) {
+      ur_tensor_free(w);
+      continue;
+    }
+    pt->tens[pt->ntens++] = (page_tensor){w, 0, 0, 0};
+    for (int32_t k = 0; k < ur_tbe_state_count(t) && !st; k++) {
+      ur_tensor *s = NULL;
+      if ((st = ur_tbe_state(t, i, k, &s))) break;
+      if (ur_tensor_place(s) == UR_PLACE_MANAGED) pt->tens[pt->ntens++] = (page_tensor){s, k + 1, 0, 0};
+      else ur_tensor_free(s);
+    }
+    for (int32_t k = 0; k < pt->ntens; k++) {
+      page_tensor *pg = &pt->tens[k];
+      uint64_t es = ur_dtype_size(ur_tensor_dtype(pg->x));
+      pg->base = (uint64_t)ur_tensor_offset(pg->x) * es;
+      pg->row_bytes = ur_tensor_nbytes(pg->x) / (uint64_t)pt->rows;
+    }
+  }
+  if (st) {
+    ur__tbe_pages_free(p);
+    return st;
+  }
+  *slot = p;
+  *out = p;
+  return UR_STATUS_OK;
+}
+
+/* The permutation of table i as the host can read it (NULL: the identity). */
+static ur_status host_perm(ur_tbe *t, page_table *pt, int32_t i) {
+  ur_tensor *perm = NULL;
+  ur_status st = ur_tbe_permutation(t, i, &perm);
+  if (st) return st;
+  pt->perm = NULL;
+  if (!perm) {
+    pt->mirror_valid = 0;
+    return UR_STATUS_OK;
+  }
+  if (ur_tensor_place(perm) != UR_PLACE_DEVICE) {
+    pt->perm = ur_tensor_data(perm);
+    ur_tensor_free(perm);
+    return UR_STATUS_OK;
+  }
+  uint64_t gen = ur__tbe_perm_gen(t, i);
+  if (!pt->mirror_valid || pt->mirror_gen != gen) {
+    if (!pt->mirror && !(pt->mirror = malloc(sizeof(int64_t) * (size_t)pt->rows)))
+      st = oom("a permutation's mirror");
+    if (!st) st = ur_tensor_read(perm, 0, pt->rows, pt->mirror);
+    pt->mirror_valid = !st;
+    pt->mirror_gen = gen;
+  }
+  if (!st) pt->perm = pt->mirror;
+  ur_tensor_free(perm);
+  return st;
+}
+
+/* Host pointers to a tensor's i64 elements: its memory when the CPU may read it in place, else
+ * a copy (device memory; managed memory a GPU may be writing through another stream). */
+static ur_status host_i64(const ur_tensor *x, int64_t **buf, size_t *cap, const int64_t **out,
+                          const char *what) {
+  ur_place pl = ur_tensor_place(x);
+  if (pl == UR_PLACE_HOST || pl == UR_PLACE_PINNED || !ur__gpu()) {
+    *out = ur_tensor_data(x);
+    return UR_STATUS_OK;
+  }
+  size_t n = (size_t)ur_tensor_numel(x);
+  ur_status st = grow((void **)buf, cap, n ? n : 1, sizeof(int64_t), what);
+  if (!st) st = ur_tensor_read(x, 0, (int64_t)n, *buf);
+  if (!st) *out = *buf;
+  return st;
+}
+
+/* ---- one batch ---- */
+
+typedef struct job {
+  ur_tbe *t;
+  struct ur__tbe_pages *p;
+  const int64_t *v, *o, *bag_start; /* bag_start: [F + 1] */
+  int fatal;
+  uint64_t page;
+} job;
+
+/* Feature f's ids as physical rows into its slice; bad ids become `rows` (sorted last). */
+static void gather_range(void *ctx, size_t f0, size_t f1) {
+  const job *j = ctx;
+  for (int32_t f = (int32_t)f0; f < (int32_t)f1; f++) {
+    const page_table *pt = &j->p->tab[ur_tbe_feature_table(j->t, f)];
+    j->p->fbad[f] = -1;
+    j->p->fskip[f] = 0;
+    if (!pt->managed) continue;
+    int64_t s = j->o[j->bag_start[f]], e = j->o[j->bag_start[f + 1]], skip = 0;
+    uint64_t *k = j->p->keys + j->p->fpos[f];
+    for (int64_t i = s; i < e; i++) {
+      int64_t id = j->v[i];
+      if (id < 0 || id >= pt->rows) {
+        if (j->p->fbad[f] < 0) j->p->fbad[f] = i;
+        skip++;
+        k[i - s] = (uint64_t)pt->rows;
+        continue;
+      }
+      k[i - s] = (uint64_t)(pt->perm ? pt->perm[id] : id);
+    }
+    j->p->fskip[f] = skip;
+  }
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Sorts k[0..n) (keys below 2^bits) with tmp as scratch; the result ends in k. */
+static void sort_keys(uint64_t *k, uint64_t *tmp, int64_t n, int bits) {
+  if (n < SMALL_SORT) {
+    qsort(k, (size_t)n, sizeof *k, cmp_u64);
+    return;
+  }
+  enum { RB = 11, RN = 1 << RB };
+  size_t cnt[RN];
+  uint64_t *src = k, *dst = tmp;
+  for (int shift = 0; shift < bits; shift += RB) {
+    memset(cnt, 0, sizeof cnt);
+    for (int64_t i = 0; i < n; i++) cnt[(src[i] >> shift) & (RN - 1)]++;
+    size_t sum = 0;
+    for (int d = 0; d < RN; d++) {
+      size_t c = cnt[d];
+      cnt[d] = sum;
+      sum += c;
+    }
+    for (int64_t i = 0; i < n; i++) dst[cnt[(src[i] >> shift) & (RN - 1)]++] = src[i];
+    uint64_t *x = src;
+    src = dst;
+    dst = x;
+  }
+  if (src != k) memcpy(k, src, sizeof *k * (size_t)n);
+}
+
+static int add_run(page_table *pt, int32_t table, int32_t which, uint64_t b, uint64_t e) {
+  if (pt->nruns == pt->cap) {
+    size_t n = pt->cap ? 2 * pt->cap : 16;
+    ur_page_run *r = realloc(pt->runs, n * sizeof *r);
+    if (!r) return 0;
+    pt->runs = r;
+    pt->cap = n;
+  }
+  pt->runs[pt->nruns++] = (ur_page_run){table, which, b, e, 0};
+  return 1;
+}
+
+/* Table i: its rows sorted and deduplicated (in place), then per tensor the runs of pages. */
+static void table_range(void *ctx, size_t i0, size_t i1) {
+  const job *j = ctx;
+  for (int32_t i = (int32_t)i0; i < (int32_t)i1; i++) {
+    page_table *pt = &j->p->tab[i];
+    pt->nruns = 0;
+    pt->uniq = pt->pages = 0;
+    pt->oom = 0;
+    if (!pt->managed || !pt->count) continue;
+    uint64_t *k = j->p->keys + pt->first;
+    int bits = 1;
+    while (bits < 63 && ((uint64_t)1 << bits) <= (uint64_t)pt->rows) bits++;
+    sort_keys(k, j->p->tmp + pt->first, pt->count, bits);
+    int64_t u = 0;
+    for (int64_t a = 0; a < pt->count && k[a] < (uint64_t)pt->rows; a++)
+      if (!u || k[a] != k[u - 1]) k[u++] = k[a];
+    pt->uniq = u;
+    if (!u) continue;
+    uint64_t P = j->page;
+    for (int32_t x = 0; x < pt->ntens; x++) {
+      const page_tensor *pg = &pt->tens[x];
+      uint64_t alloc = pg->x->st->alloc_bytes;
+      uint64_t rb = pg->base + k[0] * pg->row_bytes;
+      uint64_t run0 = rb / P, run1 = (rb + pg->row_bytes - 1) / P; /* inclusive pages */
+      pt->pages += (int64_t)(run1 - run0 + 1);
+      for (int64_t a = 1; a < u; a++) {
+        uint64_t b = pg->base + k[a] * pg->row_bytes;
+        uint64_t p0 = b / P, p1 = (b + pg->row_bytes - 1) / P;
+        if (p0 <= run1 + 1) {
+          if (p1 > run1) {
+            pt->pages += (int64_t)(p1 - (p0 > run1 ? p0 : run1 + 1) + 1);
+            run1 = p1;
+          }
+          continue;
+        }
+        uint64_t e = (run1 + 1) * P;
+        if (!add_run(pt, i, pg->which, run0 * P, e < alloc ? e : alloc)) pt->oom = 1;
+        pt->pages += (int64_t)(p1 - p0 + 1);
+        run0 = p0;
+        run1 = p1;
+      }
+      uint64_t e = (run1 + 1) * P;
+      if (!add_run(pt, i, pg->which, run0 * P, e < alloc ? e : alloc)) pt->oom = 1;
+    }
+  }
+}
+
+/* Marks the runs of one tensor that lie wholly in segments preferred on or prefetched to loc.
+ * Runs ascend, so one walk over the segment map serves them all (call with ur__lock held). */
+static void mark_skipped(const ur__segmap *m, ur_page_run *r, size_t n, int32_t loc) {
+  size_t s = 0;
+  for (size_t k = 0; k < n; k++) {
+    while (s + 1 < m->n && m->v[s].end <= r[k].byte_begin) s++;
+    int all = 1;
+    for (size_t q = s; q < m->n && m->v[q].begin < r[k].byte_end && all; q++)
+      all = m->v[q].preferred == loc || m->v[q].prefetched == loc;
+    r[k].skipped = all;
+  }
+}
+
+static ur_status resolve_location(const ur_tbe *t, int32_t loc, int32_t *out) {
+  int n = ur_device_count();
+  if (loc == UR_LOC_CURRENT_GPU) {
+    if (ur_tbe_device(t) >= 0) {
+      *out = ur_tbe_device(t);
+      return UR_STATUS_OK;
+    }
+    if (!n) {
+      *out = 0; /* without a GPU, "gpu" is the first one, as hints.c records it */
+      return UR_STATUS_OK;
+    }
+    return ur_device_get(out);
+  }
+  if (loc == UR_LOC_CPU || (loc >= 0 && loc <= UR_MAX_GPUS && (!n || loc < n))) {
+    *out = loc;
+    return UR_STATUS_OK;
+  }
+  if (loc >= 0 && loc <= UR_MAX_GPUS)
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: prefetch_pages: location cuda:%d does not exist; this machine has %d "
+                     "GPU%s", (int)loc, n, n == 1 ? "" : "s");
+  return ur__error(UR_STATUS_INVALID,
+                   "tbe: prefetch_pages: location %d is not a location; expected -1 (cpu), -2 "
+                   "(the collection's gpu) or a GPU number", (int)loc);
+}
+
+static ur_status check_ids_tensor(const ur_tensor *x, const char *what) {
+  if (!x) return ur__error(UR_STATUS_INVALID, "tbe: prefetch_pages: %s is required", what);
+  if (ur_tensor_dtype(x) != UR_DTYPE_I64 || ur_tensor_ndim(x) != 1)
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: prefetch_pages: %s is %s with %d dimensions; expected i64 with 1",
+                     what, ur_dtype_name(ur_tensor_dtype(x)), (int)ur_tensor_ndim(x));
+  return UR_STATUS_OK;
+}
+
+/* The error of the first bad id: the forward's (table, feature, sample, value, id). */
+static ur_status bad_id(const ur_tbe *t, const job *j, int32_t f, int64_t i) {
+  int64_t lo = j->bag_start[f], hi = j->bag_start[f + 1]; /* the last bag with o[bag] <= i */
+  while (hi - lo > 1) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (j->o[mid] <= i) lo = mid;
+    else hi = mid;
+  }
+  int32_t tb = ur_tbe_feature_table(t, f);
+  return ur__error(UR_STATUS_INVALID,
+                   "tbe: table '%s' (feature '%s', sample %lld, value %lld) has no row %lld; "
+                   "ids run 0..%lld",
+                   ur_tbe_table_name(t, tb), ur_tbe_feature_name(t, f),
+                   (long long)(lo - j->bag_start[f]), (long long)i, (long long)j->v[i],
+                   (long long)j->p->tab[tb].rows - 1);
+}
+
+static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
+                         const int64_t *bpf, int32_t location, ur_page_stats *out,
+                         struct ur__tbe_pages **pp) {
+  memset(out, 0, sizeof *out);
+  ur_status st;
+  int32_t loc;
+  if ((st = check_ids_tensor(values, "values")) || (st = check_ids_tensor(offsets, "offsets")) ||
+      (st = resolve_location(t, location, &loc)))
+    return st;
+  out->location = loc;
+  struct ur__tbe_pages *p = NULL;
+  if ((st = pages_state(t, &p))) return st;
+  *pp = p;
+  p->nall = 0;
+  int32_t F = p->F;
+  int64_t n = ur_tensor_numel(values), bags = ur_tensor_numel(offsets) - 1;
+  if (bags < 0)
+    return ur__error(UR_STATUS_INVALID, "tbe: prefetch_pages: offsets is empty; expected bags + 1 entries");
+  int64_t *bag_start = malloc(sizeof(int64_t) * ((size_t)F + 1));
+  if (!bag_start) return oom("the bags");
+  bag_start[0] = 0;
+  for (int32_t f = 0; f < F && !st; f++) {
+    if (bpf && bpf[f] < 0)
+      st = ur__error(UR_STATUS_INVALID, "tbe: prefetch_pages: feature '%s' has batch %lld; expected >= 0",
+                     ur_tbe_feature_name(t, f), (long long)bpf[f]);
+    bag_start[f + 1] = bag_start[f] + (bpf ? bpf[f] : bags / F);
+  }
+  if (!st && bpf && bag_start[F] != bags)
+    st = ur__error(UR_STATUS_INVALID,
+                   "tbe: prefetch_pages: batch_per_feature sums to %lld bags but offsets hold %lld",
+                   (long long)bag_start[F], (long long)bags);
+  if (!st && !bpf && bags % F)
+    st = ur__error(UR_STATUS_INVALID,
+                   "tbe: prefetch_pages: %lld bags do not split evenly over %d features; pass "
+                   "batch_per_feature for a variable batch", (long long)bags, (int)F);
+  const int64_t *v = NULL, *o = NULL;
+  if (!st) st = host_i64(offsets, &p->ho, &p->hocap, &o, "offsets");
+  if (!st && o[0] != 0)
+    st = ur__error(UR_STATUS_INVALID, "tbe: prefetch_pages: offsets[0] is %lld; expected 0", (long long)o[0]);
+  for (int64_t b = 0; b < bags && !st; b++)
+    if (o[b + 1] < o[b])
+      st = ur__error(UR_STATUS_INVALID,
+                     "tbe: prefetch_pages: offsets[%lld] = %lld is below offsets[%lld] = %lld; "
+                     "offsets must not decrease",
+                     (long long)(b + 1), (long long)o[b + 1], (long long)b, (long long)o[b]);
+  if (!st && o[bags] != n)
+    st = ur__error(UR_STATUS_INVALID, "tbe: prefetch_pages: offsets end at %lld but there are %lld values",
+                   (long long)o[bags], (long long)n);
+  if (!st) st = host_i64(values, &p->hv, &p->hvcap, &v, "values");
+  /* each managed table's slice of the key arrays, its features' ids one after the other */
+  int64_t total = 0;
+  for (int32_t i = 0; i < p->T && !st; i++) {
+    page_table *pt = &p->tab[i];
+    pt->first = total;
+    pt->count = 0;
+    if (!pt->managed) continue;
+    for (int32_t f = 0; f < F; f++) {
+      if (ur_tbe_feature_table(t, f) != i) continue;
+      p->fpos[f] = total + pt->count;
+      pt->count += o[bag_start[f + 1]] - o[bag_start[f]];
+    }
+    total += pt->count;
+    st = host_perm(t, pt, i);
+  }
+  if (!st) st = grow((void **)&p->keys, &p->kcap, (size_t)(total ? total : 1), sizeof(uint64_t), "the ids");
+  if (!st) st = grow((void **)&p->tmp, &p->tcap, p->kcap, sizeof(uint64_t), "the ids");
+  if (st) {
+    free(bag_start);
+    return st;
+  }
+  uint64_t page = ur_hint_page_bytes();
+  job j = {t, p, v, o, bag_start, ur__tbe_config(t)->bounds == UR_TBE_BOUNDS_FATAL, page};
+  ur__parallel_for((size_t)F, 1, gather_range, &j);
+  int32_t bf = -1;
+  for (int32_t f = 0; f < F; f++) {
+    out->skipped_ids += p->fskip[f];
+    if (p->fbad[f] >= 0 && (bf < 0 || p->fbad[f] < p->fbad[bf])) bf = f;
+  }
+  out->ids = total;
+  if (j.fatal && bf >= 0) {
+    st = bad_id(t, &j, bf, p->fbad[bf]);
+    free(bag_start);
+    return st;
+  }
+  ur__parallel_for((size_t)p->T, 1, table_range, &j);
+  free(bag_start);
+  size_t nall = 0;
+  for (int32_t i = 0; i < p->T; i++) {
+    if (p->tab[i].oom) return oom("the runs");
+    nall += p->tab[i].nruns;
+  }
+  if ((st = grow((void **)&p->all, &p->allcap, nall ? nall : 1, sizeof(ur_page_run), "the runs"))) return st;
+  pthread_mutex_lock(&ur__lock);
+  for (int32_t i = 0; i < p->T; i++) {
+    page_table *pt = &p->tab[i];
+    out->rows += pt->uniq;
+    out->pages += pt->pages;
+    /* a table's runs are grouped by tensor, each group ascending */
+    for (size_t a = 0; a < pt->nruns;) {
+      size_t b = a;
+      while (b < pt->nruns && pt->runs[b].tensor == pt->runs[a].tensor) b++;
+      const page_tensor *pg = NULL;
+      for (int32_t x = 0; x < pt->ntens; x++)
+        if (pt->tens[x].which == pt->runs[a].tensor) pg = &pt->tens[x];
+      mark_skipped(&pg->x->st->hints, pt->runs + a, b - a, loc);
+      a = b;
+    }
+    memcpy(p->all + p->nall, pt->runs, pt->nruns * sizeof *pt->runs);
+    p->nall += pt->nruns;
+  }
+  pthread_mutex_unlock(&ur__lock);
+  for (size_t k = 0; k < p->nall; k++) {
+    uint64_t b = p->all[k].byte_end - p->all[k].byte_begin;
+    out->runs++;
+    if (p->all[k].skipped) {
+      out->runs_skipped++;
+      out->bytes_skipped += b;
+    } else {
+      out->bytes += b;
+    }
+  }
+  return UR_STATUS_OK;
+}
+
+ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
+                           const int64_t *batch_per_feature, int32_t location, ur_page_stats *out) {
+  struct ur__tbe_pages *p = NULL;
+  ur_status st = compute(t, values, offsets, batch_per_feature, location, out, &p);
+  if (st && p) p->nall = 0;
+  return st;
+}
+
+ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values,
+                                const ur_tensor *offsets, const int64_t *batch_per_feature,
+                                int32_t location, ur_page_stats *out) {
+  struct ur__tbe_pages *p = NULL;
+  ur_status st = compute(t, values, offsets, batch_per_feature, location, out, &p);
+  if (st) {
+    if (p) p->nall = 0;
+    return st;
+  }
+  const ur_backend *g = ur__gpu();
+  /* a collection on the CPU reads managed pages from the host: nothing to move */
+  if (!g || ur_tbe_device(t) < 0) return UR_STATUS_OK;
+  for (size_t k = 0; k < p->nall && !st; k++) {
+    const ur_page_run *r = &p->all[k];
+    if (r->skipped) continue;
+    const page_table *pt = &p->tab[r->table];
+    const ur__storage *sto = NULL;
+    for (int32_t x = 0; x < pt->ntens; x++)
+      if (pt->tens[x].which == r->tensor) sto = pt->tens[x].x->st;
+    st = g->prefetch(s ? s->handle : NULL, (char *)sto->data + r->byte_begin,
+                     (size_t)(r->byte_end - r->byte_begin), out->location);
+  }
+  out->issued = 1;
+  return st;
+}
+
+const ur_page_run *ur_tbe_last_page_runs(const ur_tbe *t, int64_t *count) {
+  struct ur__tbe_pages *p = *ur__tbe_pages_slot((ur_tbe *)t);
+  *count = p ? (int64_t)p->nall : 0;
+  return p ? p->all : NULL;
+}

@@ -1,0 +1,248 @@
+/* tbe_plan.h: the embedding collection's plan, shared by the CPU reference (engine/src/tbe.c),
+ * the CUDA glue (engine/src/cuda/tbe.cu) and the kernels (kernels/tbe.cu): the descriptors the
+ * core lays out once, the arguments of one call, and the arithmetic both backends must do the
+ * same way (optimizer steps, stochastic rounding), written once so they cannot drift apart.
+ *
+ * Every float operation here is spelled with UR_F* so that nvcc cannot fuse a multiply and an
+ * add into one fma (the CPU build has -ffp-contract=off): with the same summation order the
+ * two backends then give the same bits. */
+#ifndef UR_TBE_PLAN_H
+#define UR_TBE_PLAN_H
+
+#include <stdint.h>
+#include "core/philox.h"
+#include "uvmrec.h"
+
+#ifdef __CUDA_ARCH__
+#define UR_FADD(a, b) __fadd_rn((a), (b))
+#define UR_FSUB(a, b) __fsub_rn((a), (b))
+#define UR_FMUL(a, b) __fmul_rn((a), (b))
+#define UR_FDIV(a, b) __fdiv_rn((a), (b))
+#define UR_FSQRT(a) __fsqrt_rn(a)
+#else
+#define UR_FADD(a, b) ((a) + (b))
+#define UR_FSUB(a, b) ((a) - (b))
+#define UR_FMUL(a, b) ((a) * (b))
+#define UR_FDIV(a, b) ((a) / (b))
+#define UR_FSQRT(a) sqrtf(a)
+#endif
+
+#define UR_TBE_MAX_DIM 1024
+#define UR_TBE_NO_BAD INT64_MAX /* flags[0] when no id was out of bounds */
+
+/* One table as the kernels see it. */
+typedef struct ur__tbe_table {
+  void *weights;           /* rows x dim elements of dtype */
+  float *state1, *state2;  /* optimizer state, NULL when the optimizer has none */
+  int64_t rows;
+  int64_t key_base;        /* the key of row 0 in the collection's row-key space */
+  int32_t dim, dtype, pooling, index;
+  /* Access statistics and layout (engine/src/tbe_stats.c); NULL: off, and the kernels take
+   * the plain path.  perm[id] is the physical row holding row id; counts[id] counts reads. */
+  const int64_t *perm;
+  int32_t *counts;
+  /* A cached table (engine/src/cache.c): the row id each slot storage row holds, which
+   * stochastic rounding draws by (so cached rows round as the table's own would); or NULL. */
+  const int64_t *row_ids;
+} ur__tbe_table;
+
+typedef struct ur__tbe_feature {
+  int32_t table, dim;
+  int64_t col;             /* first output column, pooled collections */
+} ur__tbe_feature;
+
+/* The optimizer step, as floats computed once on the host. */
+typedef struct ur__tbe_hyper {
+  int32_t optim, sr;       /* ur_tbe_optim; 1: stochastic rounding of f16/bf16 rows */
+  float lr, eps, weight_decay, max_grad;
+  float beta1, beta2, one_minus_beta1, one_minus_beta2;
+  float bias1, bias2;      /* Adam: 1 - beta^step */
+  uint64_t sr_key;         /* the step's Philox key; each table mixes in its index */
+} ur__tbe_hyper;
+
+/* One call.  Pointers are in memory the running backend can read (device or host). */
+typedef struct ur__tbe_args {
+  const ur__tbe_table *tables;
+  const ur__tbe_feature *features;
+  int32_t num_tables, num_features;
+  int32_t bounds;          /* ur_tbe_bounds */
+  int32_t pooled;          /* 0: pooling none (one output row per value) */
+  const int64_t *values, *offsets;
+  const float *weights;    /* NULL: every weight is 1 */
+  int64_t n, bags;
+  int64_t batch;           /* bags per feature; 0 under VBE */
+  const int64_t *bag_start;  /* VBE: [F + 1], feature f's first bag; NULL: f * batch */
+  const int64_t *out_base;   /* VBE flat output: [F], feature f's first element; NULL: col */
+  int64_t out_stride;      /* elements from one sample's output row to the next */
+  int32_t out_dtype;       /* of out and grad: f32 or bf16 */
+  int32_t dim;             /* pooling none: the common dim */
+  void *out;               /* forward output */
+  const void *grad;        /* backward: the gradient of the output, in out's layout */
+  /* VBE expanded to the full batch: out / grad are [full_batch, out_stride] and the pooled
+   * bags go through flat, laid out as with out_base. */
+  const int64_t *inverse;  /* [F * full_batch] */
+  int64_t full_batch;
+  const int64_t *flat_base;  /* [F] as out_base, for the flat buffer */
+  int64_t flat_numel;
+  int64_t *flags;          /* [2]: first out-of-bounds value index, ids skipped */
+  const ur__tbe_table *host_tables; /* the descriptors in host memory, for launch decisions */
+  int32_t max_dim;         /* the widest table */
+  int32_t halves;          /* 1: some table stores f16 or bf16 */
+  int64_t total_keys;      /* keys of valid rows are below it; it marks a skipped id */
+  int32_t key_bits;        /* bits that hold total_keys */
+} ur__tbe_args;
+
+/* ---- layout ---- */
+
+/* The feature that bag belongs to. */
+UR_HD int32_t ur__tbe_feature_of(const ur__tbe_args *a, int64_t bag) {
+  if (!a->bag_start) return (int32_t)(bag / a->batch);
+  int32_t lo = 0, hi = a->num_features; /* bag_start[lo] <= bag < bag_start[hi] */
+  while (hi - lo > 1) {
+    int32_t mid = (lo + hi) / 2;
+    if (a->bag_start[mid] <= bag) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+UR_HD int64_t ur__tbe_first_bag(const ur__tbe_args *a, int32_t f) {
+  return a->bag_start ? a->bag_start[f] : (int64_t)f * a->batch;
+}
+
+/* The element of the output (or of its gradient) where bag's pooled row begins. */
+UR_HD int64_t ur__tbe_out_at(const int64_t *base, int64_t stride, int32_t f,
+                             const ur__tbe_feature *feat, int64_t sample) {
+  return base ? base[f] + sample * feat->dim : sample * stride + feat->col;
+}
+
+/* The bag's values, clamped to [0, n] so that bad offsets cannot make a kernel read outside
+ * values (offsets are validated on the CPU, trusted on the GPU). */
+UR_HD void ur__tbe_bag_span(const ur__tbe_args *a, int64_t bag, int64_t *b, int64_t *e) {
+  int64_t s = a->offsets[bag], t = a->offsets[bag + 1];
+  s = s < 0 ? 0 : s > a->n ? a->n : s;
+  t = t < s ? s : t > a->n ? a->n : t;
+  *b = s;
+  *e = t;
+}
+
+/* The physical row of row id (ids are checked by the caller). */
+UR_HD int64_t ur__tbe_phys(const ur__tbe_table *tb, int64_t id) {
+  return tb->perm ? tb->perm[id] : id;
+}
+
+#define UR_TBE_COUNT_MAX 0x40000000 /* counters stop growing here (decay keeps them below) */
+
+/* ---- numbers ---- */
+
+UR_HD float ur__tbe_bits_f32(uint32_t x) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(x);
+#else
+  union { uint32_t u; float f; } v;
+  v.u = x;
+  return v.f;
+#endif
+}
+
+UR_HD uint32_t ur__tbe_f32_bits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  union { uint32_t u; float f; } v;
+  v.f = f;
+  return v.u;
+#endif
+}
+
+UR_HD float ur__tbe_bf16_f32(uint16_t h) { return ur__tbe_bits_f32((uint32_t)h << 16); }
+
+UR_HD float ur__tbe_f16_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) {
+    float f = (float)m * (1.0f / 16777216.0f);
+    return sign ? -f : f;
+  }
+  if (e == 31) return ur__tbe_bits_f32(sign | 0x7f800000u | (m << 13));
+  return ur__tbe_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+/* Round to nearest even, as convert.c and the GPU's conversions do. */
+UR_HD uint16_t ur__tbe_f32_bf16(float f) {
+  uint32_t x = ur__tbe_f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (uint16_t)(x >> 16);
+}
+
+UR_HD uint16_t ur__tbe_f32_f16(float f) {
+  uint32_t x = ur__tbe_f32_bits(f);
+  uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+  if (ax < 0x38800000u) {
+    /* subnormal in f16: 2^24 scales its unit to 1, and rintf rounds half to even */
+    return (uint16_t)(sign | (uint32_t)rintf(ur__tbe_bits_f32(ax) * 16777216.0f));
+  }
+  uint32_t m = ax + 0xc8000fffu + ((ax >> 13) & 1u);
+  return (uint16_t)(sign | (m >> 13));
+}
+
+UR_HD float ur__tbe_half_f32(uint16_t h, int32_t dtype) {
+  return dtype == UR_DTYPE_BF16 ? ur__tbe_bf16_f32(h) : ur__tbe_f16_f32(h);
+}
+
+/* Stochastic rounding of x to f16 or bf16 with the random word r: rounds away from zero with
+ * probability (|x| - lo) / (hi - lo), where lo and hi are the neighbours around |x|, so the
+ * stored value is x in expectation.  NaN and exactly representable values round as usual. */
+UR_HD uint16_t ur__tbe_round_sr(float x, int32_t dtype, uint32_t r) {
+  uint16_t q = dtype == UR_DTYPE_BF16 ? ur__tbe_f32_bf16(x) : ur__tbe_f32_f16(x);
+  float ax = x < 0 ? -x : x;
+  if (!(ax == ax)) return q;
+  uint16_t sign = (uint16_t)(q & 0x8000u), m = (uint16_t)(q & 0x7fffu);
+  float a = ur__tbe_half_f32(m, dtype);
+  if (a == ax) return q;
+  uint16_t lo = a < ax ? m : (uint16_t)(m - 1), hi = (uint16_t)(lo + 1);
+  float flo = ur__tbe_half_f32(lo, dtype), fhi = ur__tbe_half_f32(hi, dtype);
+  float p = UR_FDIV(UR_FSUB(ax, flo), UR_FSUB(fhi, flo)); /* inf - flo gives p = 0 */
+  float u = (float)(r >> 8) * (1.0f / 16777216.0f);
+  return (uint16_t)(sign | (u < p ? hi : lo));
+}
+
+UR_HD uint64_t ur__tbe_sr_key(uint64_t step_key, int32_t table) {
+  return step_key + (uint64_t)(table + 1) * 0x9E3779B97F4A7C15ull;
+}
+
+/* ---- the optimizers ---- */
+
+/* Clipping, then L2 weight decay. */
+UR_HD float ur__tbe_grad_adjust(const ur__tbe_hyper *h, float g, float w) {
+  if (h->max_grad > 0) g = g > h->max_grad ? h->max_grad : g < -h->max_grad ? -h->max_grad : g;
+  if (h->weight_decay != 0) g = UR_FADD(g, UR_FMUL(h->weight_decay, w));
+  return g;
+}
+
+/* One element's step.  s1 / s2 point at its state (rowwise Adagrad: s1 is the row's sum,
+ * already updated, and is not written here). */
+UR_HD float ur__tbe_step_elem(const ur__tbe_hyper *h, float w, float g, float *s1, float *s2) {
+  switch (h->optim) {
+  case UR_TBE_OPTIM_SGD: return UR_FSUB(w, UR_FMUL(h->lr, g));
+  case UR_TBE_OPTIM_ROWWISE_ADAGRAD:
+    return UR_FSUB(w, UR_FDIV(UR_FMUL(h->lr, g), UR_FADD(UR_FSQRT(*s1), h->eps)));
+  case UR_TBE_OPTIM_ADAGRAD: {
+    float s = UR_FADD(*s1, UR_FMUL(g, g));
+    *s1 = s;
+    return UR_FSUB(w, UR_FDIV(UR_FMUL(h->lr, g), UR_FADD(UR_FSQRT(s), h->eps)));
+  }
+  default: {
+    float m = UR_FADD(UR_FMUL(h->beta1, *s1), UR_FMUL(h->one_minus_beta1, g));
+    float v = UR_FADD(UR_FMUL(h->beta2, *s2), UR_FMUL(h->one_minus_beta2, UR_FMUL(g, g)));
+    *s1 = m;
+    *s2 = v;
+    float mh = UR_FDIV(m, h->bias1), vh = UR_FDIV(v, h->bias2);
+    return UR_FSUB(w, UR_FDIV(UR_FMUL(h->lr, mh), UR_FADD(UR_FSQRT(vh), h->eps)));
+  }
+  }
+}
+
+#endif

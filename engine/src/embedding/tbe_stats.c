@@ -1,0 +1,462 @@
+/* tbe_stats.c: access statistics and row layout of embedding tables.  Per-row access counters
+ * (counted by the forward pass of either backend, decayed here), ranking of rows by count, and
+ * row permutations: a table may keep row id at physical row perm[id], so that its hottest rows
+ * sit together at the front, where memory hints (which act on whole pages) can place them.
+ * Relayout moves rows and their optimizer state together and reports its cost; ids are never
+ * remapped by the caller, the kernels look the permutation up. */
+#include <math.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include "embedding/tbe_stats.h"
+
+#define DEFAULT_CHUNK_ROWS ((int64_t)1 << 20)
+
+size_t ur_sizeof_tbe_relayout_stats(void) { return sizeof(ur_tbe_relayout_stats); }
+
+static ur_status check_index(const ur_tbe *t, int32_t i, int all_ok, const char *what) {
+  int32_t n = ur_tbe_num_tables(t);
+  if ((all_ok && i == -1) || (i >= 0 && i < n)) return UR_STATUS_OK;
+  return ur__error(UR_STATUS_INVALID, "tbe: %s: table %d does not exist; expected 0..%d%s", what,
+                   (int)i, (int)n - 1, all_ok ? " or -1 (every table)" : "");
+}
+
+/* Where the collection's own arrays live: device memory of its GPU, or host memory. */
+static ur_status new_side_tensor(const ur_tbe *t, ur_tensor **out, ur_dtype dtype, int64_t n) {
+  int32_t dev = ur_tbe_device(t);
+  return ur_tensor_new(out, dtype, 1, &n, dev >= 0 ? UR_PLACE_DEVICE : UR_PLACE_HOST,
+                       dev >= 0 ? dev : UR_LOC_CPU);
+}
+
+/* ---- counters ---- */
+
+static ur_status set_counting_one(ur_tbe *t, int32_t i, int32_t on) {
+  ur__tbe_table *d = ur__tbe_desc(t, i);
+  ur_tensor **slot = ur__tbe_counts_slot(t, i);
+  if (on && !*slot) {
+    ur_status st = new_side_tensor(t, slot, UR_DTYPE_I32, d->rows);
+    if (!st) st = ur_tensor_fill(NULL, *slot, 0);
+    if (st) {
+      ur_tensor_free(*slot);
+      *slot = NULL;
+      return st;
+    }
+  }
+  d->counts = on ? (int32_t *)ur_tensor_data(*slot) : NULL;
+  return UR_STATUS_OK;
+}
+
+ur_status ur_tbe_set_counting(ur_tbe *t, int32_t table, int32_t on) {
+  ur_status st = check_index(t, table, 1, "set_counting");
+  if (st) return st;
+  int32_t lo = table < 0 ? 0 : table, hi = table < 0 ? ur_tbe_num_tables(t) : table + 1;
+  for (int32_t i = lo; i < hi && !st; i++) st = set_counting_one(t, i, on != 0);
+  ur_status sync = ur__tbe_sync_desc(t);
+  return st ? st : sync;
+}
+
+int32_t ur_tbe_counting(const ur_tbe *t, int32_t table) {
+  if (check_index(t, table, 0, "counting")) return 0;
+  return ur__tbe_desc((ur_tbe *)t, table)->counts != NULL;
+}
+
+ur_status ur_tbe_counts(const ur_tbe *t, int32_t table, ur_tensor **out) {
+  *out = NULL;
+  ur_status st = check_index(t, table, 0, "counts");
+  if (st) return st;
+  ur_tensor *c = *ur__tbe_counts_slot((ur_tbe *)t, table);
+  if (!c)
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: table '%s' has no access counters; turn counting on first "
+                     "(ur_tbe_set_counting)", ur_tbe_table_name(t, table));
+  int64_t n = ur_tensor_numel(c);
+  return ur_tensor_view_as(c, out, 0, 1, &n);
+}
+
+typedef struct decay_job {
+  int32_t *c;
+  double factor;
+} decay_job;
+
+static void decay_range(void *ctx, size_t i0, size_t i1) {
+  decay_job *j = ctx;
+  for (size_t i = i0; i < i1; i++) j->c[i] = (int32_t)floor((double)j->c[i] * j->factor);
+}
+
+ur_status ur_tbe_decay_counts(ur_stream *s, ur_tbe *t, int32_t table, double factor) {
+  ur_status st = check_index(t, table, 1, "decay_counts");
+  if (st) return st;
+  if (!(factor >= 0 && factor <= 1))
+    return ur__error(UR_STATUS_INVALID, "tbe: decay factor %g; expected a value in [0, 1]", factor);
+  int32_t lo = table < 0 ? 0 : table, hi = table < 0 ? ur_tbe_num_tables(t) : table + 1;
+  for (int32_t i = lo; i < hi && !st; i++) {
+    ur_tensor *c = *ur__tbe_counts_slot(t, i);
+    if (!c) continue;
+    int32_t *p = ur_tensor_data(c);
+    int64_t n = ur_tensor_numel(c);
+    if (ur_tensor_place(c) == UR_PLACE_DEVICE) {
+      if (!ur__gpu()->tbe->decay_counts)
+        return ur__error(UR_STATUS_UNSUPPORTED, "tbe: the CUDA backend has no counter decay (%s)",
+                         ur_cuda_error());
+      st = ur__gpu()->tbe->decay_counts(s ? s->handle : NULL, p, n, factor);
+    } else {
+      decay_job j = {p, factor};
+      ur__parallel_for((size_t)n, 65536, decay_range, &j);
+    }
+  }
+  return st;
+}
+
+/* ---- ranking ---- */
+
+/* Ids by count, highest first, ties by id: an LSD radix sort (stable) of ids 0..n-1 on
+ * UINT32_MAX - count, 11 bits a pass. */
+static void rank_ids(const int32_t *c, int64_t n, int64_t *order, int64_t *tmp) {
+  enum { RB = 11, RN = 1 << RB };
+  static const int shifts[3] = {0, 11, 22};
+  int64_t *src = tmp, *dst = order;
+  for (int64_t i = 0; i < n; i++) src[i] = i;
+  size_t cnt[RN];
+  for (int p = 0; p < 3; p++) {
+    memset(cnt, 0, sizeof cnt);
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t k = UINT32_MAX - (uint32_t)(c[src[i]] < 0 ? 0 : c[src[i]]);
+      cnt[(k >> shifts[p]) & (RN - 1)]++;
+    }
+    size_t sum = 0;
+    for (int d = 0; d < RN; d++) {
+      size_t x = cnt[d];
+      cnt[d] = sum;
+      sum += x;
+    }
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t k = UINT32_MAX - (uint32_t)(c[src[i]] < 0 ? 0 : c[src[i]]);
+      dst[cnt[(k >> shifts[p]) & (RN - 1)]++] = src[i];
+    }
+    int64_t *x = src;
+    src = dst;
+    dst = x;
+  }
+  /* three passes: the result is in src, which is tmp */
+  memcpy(order, src, sizeof(int64_t) * (size_t)n);
+}
+
+static ur_status check_host_i64(const ur_tensor *x, int64_t n, const char *what) {
+  if (ur_tensor_dtype(x) != UR_DTYPE_I64 || ur_tensor_ndim(x) != 1 || ur_tensor_numel(x) != n ||
+      ur_tensor_place(x) == UR_PLACE_DEVICE)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: expected an i64 [%lld] tensor in host memory; got %s [%lld] in %s memory",
+                     what, (long long)n, ur_dtype_name(ur_tensor_dtype(x)),
+                     (long long)ur_tensor_numel(x), ur_place_name(ur_tensor_place(x)));
+  return UR_STATUS_OK;
+}
+
+ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *cumsum) {
+  if (ur_tensor_dtype(counts) != UR_DTYPE_I32 || ur_tensor_ndim(counts) != 1)
+    return ur__error(UR_STATUS_INVALID, "counts_rank: counts is %s with %d dimensions; expected "
+                     "i32 [n]", ur_dtype_name(ur_tensor_dtype(counts)), (int)ur_tensor_ndim(counts));
+  int64_t n = ur_tensor_numel(counts);
+  ur_status st = check_host_i64(order, n, "counts_rank: order");
+  if (!st && cumsum) st = check_host_i64(cumsum, n, "counts_rank: cumsum");
+  if (st) return st;
+  int32_t *c = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+  int64_t *tmp = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+  if (!c || !tmp) {
+    free(c);
+    free(tmp);
+    return ur__error(UR_STATUS_OOM, "counts_rank: out of host memory for %lld rows", (long long)n);
+  }
+  if (ur__gpu() && ur_tensor_place(counts) != UR_PLACE_HOST) st = ur__gpu()->device_sync();
+  if (!st) st = ur_tensor_read(counts, 0, n, c);
+  if (!st) {
+    if (ur__gpu() && ur_tensor_place(order) != UR_PLACE_HOST) st = ur__gpu()->device_sync();
+    int64_t *o = ur_tensor_data(order);
+    if (!st) rank_ids(c, n, o, tmp);
+    if (!st && cumsum) {
+      int64_t *cs = ur_tensor_data(cumsum), sum = 0;
+      for (int64_t r = 0; r < n; r++) {
+        int32_t v = c[o[r]];
+        sum += v < 0 ? 0 : v;
+        cs[r] = sum;
+      }
+    }
+  }
+  free(c);
+  free(tmp);
+  return st;
+}
+
+/* inv[p[i]] = i, checking that p is a permutation of 0..n-1 (errors start with ctx, and call
+ * the array name). */
+static ur_status invert(const int64_t *p, int64_t n, int64_t *inv, const char *ctx,
+                        const char *name) {
+  for (int64_t i = 0; i < n; i++) inv[i] = -1;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t v = p[i];
+    if (v < 0 || v >= n)
+      return ur__error(UR_STATUS_INVALID, "%s: %s[%lld] = %lld; expected 0..%lld (a permutation)",
+                       ctx, name, (long long)i, (long long)v, (long long)n - 1);
+    if (inv[v] >= 0)
+      return ur__error(UR_STATUS_INVALID,
+                       "%s: %s[%lld] = %lld repeats %s[%lld]; a permutation holds each of 0..%lld "
+                       "once", ctx, name, (long long)i, (long long)v, name, (long long)inv[v],
+                       (long long)n - 1);
+    inv[v] = i;
+  }
+  return UR_STATUS_OK;
+}
+
+ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm) {
+  if (ur_tensor_dtype(order) != UR_DTYPE_I64 || ur_tensor_ndim(order) != 1)
+    return ur__error(UR_STATUS_INVALID, "perm_from_order: order is %s with %d dimensions; "
+                     "expected i64 [n]", ur_dtype_name(ur_tensor_dtype(order)),
+                     (int)ur_tensor_ndim(order));
+  int64_t n = ur_tensor_numel(order);
+  ur_status st = check_host_i64(perm, n, "perm_from_order: perm");
+  if (st) return st;
+  int64_t *o = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+  if (!o) return ur__error(UR_STATUS_OOM, "perm_from_order: out of host memory");
+  if (ur__gpu() && ur_tensor_place(perm) != UR_PLACE_HOST) st = ur__gpu()->device_sync();
+  if (!st) st = ur_tensor_read(order, 0, n, o);
+  if (!st) st = invert(o, n, ur_tensor_data(perm), "perm_from_order", "order");
+  free(o);
+  return st;
+}
+
+/* ---- permutations and relayout ---- */
+
+ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out) {
+  *out = NULL;
+  ur_status st = check_index(t, table, 0, "permutation");
+  if (st) return st;
+  ur_tensor *p = *ur__tbe_perm_slot((ur_tbe *)t, table);
+  if (!p) return UR_STATUS_OK;
+  int64_t n = ur_tensor_numel(p);
+  return ur_tensor_view_as(p, out, 0, 1, &n);
+}
+
+typedef struct move_job {
+  char *data, *buf;
+  const int64_t *from, *moved; /* moved[k]: the k-th row that changes */
+  size_t row_bytes;
+} move_job;
+
+static void gather_moved(void *ctx, size_t k0, size_t k1) {
+  const move_job *j = ctx;
+  for (size_t k = k0; k < k1; k++)
+    memcpy(j->buf + k * j->row_bytes, j->data + (size_t)j->from[j->moved[k]] * j->row_bytes,
+           j->row_bytes);
+}
+
+static void scatter_moved(void *ctx, size_t k0, size_t k1) {
+  const move_job *j = ctx;
+  for (size_t k = k0; k < k1; k++)
+    memcpy(j->data + (size_t)j->moved[k] * j->row_bytes, j->buf + k * j->row_bytes, j->row_bytes);
+}
+
+/* Physical row r of x takes the row at from[r].  By the GPU when x is in device memory (from_dev:
+ * from on the device): x is copied aside, then gathered back in chunks.  Else by the CPU: the
+ * rows that move are copied aside, then written to their places (managed pages they touch come
+ * to the host for it; hint policies place them again afterwards). */
+static ur_status move_rows(ur_stream *s, ur_tbe *t, ur_tensor *x, int64_t rows, const int64_t *from,
+                           const int64_t *from_dev, int64_t chunk, ur_tbe_relayout_stats *out) {
+  size_t bytes = (size_t)ur_tensor_nbytes(x), row_bytes = bytes / (size_t)rows;
+  char *data = ur_tensor_data(x);
+  ur_status st = UR_STATUS_OK;
+  if (ur_tensor_place(x) == UR_PLACE_DEVICE) {
+    out->bytes += bytes;
+    void *sh = s ? s->handle : NULL;
+    ur_tensor *scratch = NULL;
+    int64_t nb = (int64_t)bytes;
+    if ((st = ur_tensor_new(&scratch, UR_DTYPE_U8, 1, &nb, UR_PLACE_DEVICE, ur_tbe_device(t))))
+      return st;
+    st = ur__gpu()->copy(sh, ur_tensor_data(scratch), data, bytes);
+    for (int64_t r0 = 0; r0 < rows && !st; r0 += chunk) {
+      int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
+      st = ur__gpu()->tbe->gather_rows(sh, ur_tensor_data(scratch), row_bytes, from_dev + r0, n,
+                                  data + (size_t)r0 * row_bytes);
+      out->chunks++;
+    }
+    if (!st) st = ur__gpu()->stream_sync(sh);
+    ur_tensor_free(scratch);
+    out->on_gpu = 1;
+    return st;
+  }
+  /* The CPU copies only the rows that move (and touches only their pages: managed pages
+   * elsewhere stay where they are), chunk_rows of them at a time. */
+  if (ur__gpu() && (st = ur__gpu()->device_sync())) return st;
+  int64_t n = 0;
+  for (int64_t r = 0; r < rows; r++) n += from[r] != r;
+  int64_t *moved = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+  char *buf = malloc((size_t)(n ? n : 1) * row_bytes);
+  if (!moved || !buf) {
+    free(moved);
+    free(buf);
+    return ur__error(UR_STATUS_OOM, "tbe: relayout: out of host memory for %lld rows of %zu bytes",
+                     (long long)n, row_bytes);
+  }
+  n = 0;
+  for (int64_t r = 0; r < rows; r++)
+    if (from[r] != r) moved[n++] = r;
+  out->bytes += (uint64_t)n * row_bytes;
+  move_job j = {data, buf, from, moved, row_bytes};
+  ur__parallel_for((size_t)n, 1024, gather_moved, &j); /* every source read before any write */
+  for (int64_t k0 = 0; k0 < n; k0 += chunk) {
+    int64_t m = n - k0 < chunk ? n - k0 : chunk;
+    move_job jc = {data, buf + (size_t)k0 * row_bytes, from, moved + k0, row_bytes};
+    ur__parallel_for((size_t)m, 1024, scatter_moved, &jc);
+    out->chunks++;
+  }
+  free(moved);
+  free(buf);
+  return UR_STATUS_OK;
+}
+
+/* The tensors whose rows move with the table's: its weights and optimizer state. */
+static ur_status table_tensors(ur_tbe *t, int32_t table, ur_tensor **xs, int *nx) {
+  *nx = 0;
+  ur_status st = ur_tbe_table(t, table, &xs[(*nx)++]);
+  for (int32_t k = 0; k < ur_tbe_state_count(t) && !st; k++) st = ur_tbe_state(t, table, k, &xs[(*nx)++]);
+  if (st && !xs[*nx - 1]) (*nx)--;
+  return st;
+}
+
+/* A cached table's kernels read the cache's slots, where no row layout applies (the
+ * identity, NULL, is allowed: a checkpoint's layout registry installs it on every table). */
+static ur_status check_not_cached(const ur_tbe *t, int32_t table, const char *what) {
+  if (!ur__tbe_is_cached(t, table)) return UR_STATUS_OK;
+  return ur__error(UR_STATUS_INVALID,
+                   "tbe: %s of table '%s': the table is cached (its kernels read the cache's "
+                   "slots); row layouts are for device, managed and host tables",
+                   what, ur_tbe_table_name(t, table));
+}
+
+ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
+                          int64_t chunk_rows, ur_tbe_relayout_stats *out) {
+  memset(out, 0, sizeof *out);
+  ur_status st = check_index(t, table, 0, "relayout");
+  if (!st && perm) st = check_not_cached(t, table, "relayout");
+  if (st) return st;
+  ur__tbe_table *d = ur__tbe_desc(t, table);
+  const char *name = ur_tbe_table_name(t, table);
+  int64_t rows = d->rows;
+  if (perm && (ur_tensor_dtype(perm) != UR_DTYPE_I64 || ur_tensor_ndim(perm) != 1 ||
+               ur_tensor_numel(perm) != rows))
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: relayout of table '%s': perm is %s [%lld]; expected i64 [%lld] (row id "
+                     "-> physical row)", name, ur_dtype_name(ur_tensor_dtype(perm)),
+                     (long long)ur_tensor_numel(perm), (long long)rows);
+  if (chunk_rows < 0)
+    return ur__error(UR_STATUS_INVALID, "tbe: relayout: chunk_rows %lld; expected > 0 (0: default)",
+                     (long long)chunk_rows);
+  double t0 = ur_clock_seconds();
+  size_t nb = sizeof(int64_t) * (size_t)rows;
+  int64_t *q = malloc(nb), *qinv = malloc(nb), *from = malloc(nb);
+  ur_tensor *from_dev = NULL, *xs[3] = {NULL, NULL, NULL};
+  ur_tensor **slot = ur__tbe_perm_slot(t, table);
+  int nx = 0, identity = 1;
+  if (!q || !qinv || !from) {
+    st = ur__error(UR_STATUS_OOM, "tbe: relayout of table '%s': out of host memory", name);
+    goto done;
+  }
+  if (perm) {
+    if (ur__gpu() && ur_tensor_place(perm) != UR_PLACE_HOST && (st = ur__gpu()->device_sync())) goto done;
+    if ((st = ur_tensor_read(perm, 0, rows, q))) goto done;
+  } else {
+    for (int64_t i = 0; i < rows; i++) q[i] = i;
+  }
+  char what[300];
+  snprintf(what, sizeof what, "tbe: relayout of table '%s'", name);
+  if ((st = invert(q, rows, qinv, what, "perm"))) goto done;
+  /* from[r]: where the row that belongs at r is now (the old permutation, or the identity) */
+  if (*slot) {
+    if ((st = ur_tensor_read(*slot, 0, rows, from))) goto done;
+  } else {
+    for (int64_t i = 0; i < rows; i++) from[i] = i;
+  }
+  for (int64_t r = 0; r < rows; r++) {
+    qinv[r] = from[qinv[r]];
+    if (qinv[r] != r) out->rows_moved++;
+    if (q[r] != r) identity = 0;
+  }
+  int64_t chunk = chunk_rows ? chunk_rows : DEFAULT_CHUNK_ROWS;
+  if (out->rows_moved) {
+    if ((st = table_tensors(t, table, xs, &nx))) goto done;
+    int dev = 0;
+    for (int k = 0; k < nx; k++) dev |= ur_tensor_place(xs[k]) == UR_PLACE_DEVICE;
+    if (dev) {
+      if ((st = new_side_tensor(t, &from_dev, UR_DTYPE_I64, rows)) ||
+          (st = ur_tensor_write(from_dev, 0, rows, qinv)))
+        goto done;
+    }
+    for (int k = 0; k < nx && !st; k++)
+      st = move_rows(s, t, xs[k], rows, qinv, from_dev ? ur_tensor_data(from_dev) : NULL, chunk, out);
+    if (st) goto done;
+  }
+  /* the map the kernels read */
+  if (identity) {
+    d->perm = NULL;
+    st = ur__tbe_sync_desc(t);
+    ur_tensor_free(*slot);
+    *slot = NULL;
+  } else {
+    if (!*slot && (st = new_side_tensor(t, slot, UR_DTYPE_I64, rows))) goto done;
+    if (ur__gpu() && ur_tbe_device(t) >= 0 && (st = ur__gpu()->device_sync())) goto done;
+    /* the kernels must not run between the rows moving and the map changing: callers order
+     * relayout between steps, and the writes below wait for the device */
+    if ((st = ur_tensor_write(*slot, 0, rows, q))) goto done;
+    d->perm = ur_tensor_data(*slot);
+    st = ur__tbe_sync_desc(t);
+  }
+done:
+  /* even a failed relayout may have moved rows or the map: mirrors read it again */
+  ur__tbe_perm_changed(t, table);
+  out->seconds = ur_clock_seconds() - t0;
+  for (int k = 0; k < nx; k++) ur_tensor_free(xs[k]);
+  ur_tensor_free(from_dev);
+  free(q);
+  free(qinv);
+  free(from);
+  return st;
+}
+
+ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm) {
+  ur_status st = check_index(t, table, 0, "set_permutation");
+  if (!st && perm) st = check_not_cached(t, table, "set_permutation");
+  if (st) return st;
+  ur__tbe_perm_changed(t, table);
+  ur__tbe_table *d = ur__tbe_desc(t, table);
+  const char *name = ur_tbe_table_name(t, table);
+  int64_t rows = d->rows;
+  ur_tensor **slot = ur__tbe_perm_slot(t, table);
+  if (!perm) {
+    d->perm = NULL;
+    st = ur__tbe_sync_desc(t);
+    ur_tensor_free(*slot);
+    *slot = NULL;
+    return st;
+  }
+  if (ur_tensor_dtype(perm) != UR_DTYPE_I64 || ur_tensor_ndim(perm) != 1 || ur_tensor_numel(perm) != rows)
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: set_permutation of table '%s': perm is %s [%lld]; expected i64 [%lld]",
+                     name, ur_dtype_name(ur_tensor_dtype(perm)), (long long)ur_tensor_numel(perm),
+                     (long long)rows);
+  size_t nb = sizeof(int64_t) * (size_t)rows;
+  int64_t *q = malloc(nb), *inv = malloc(nb);
+  if (!q || !inv) st = ur__error(UR_STATUS_OOM, "tbe: set_permutation: out of host memory");
+  if (!st && ur__gpu() && ur_tensor_place(perm) != UR_PLACE_HOST) st = ur__gpu()->device_sync();
+  if (!st) st = ur_tensor_read(perm, 0, rows, q);
+  char what[300];
+  snprintf(what, sizeof what, "tbe: set_permutation of table '%s'", name);
+  if (!st) st = invert(q, rows, inv, what, "perm");
+  if (!st && !*slot) st = new_side_tensor(t, slot, UR_DTYPE_I64, rows);
+  if (!st && ur__gpu() && ur_tbe_device(t) >= 0) st = ur__gpu()->device_sync();
+  if (!st) st = ur_tensor_write(*slot, 0, rows, q);
+  if (!st) {
+    d->perm = ur_tensor_data(*slot);
+    st = ur__tbe_sync_desc(t);
+  }
+  free(q);
+  free(inv);
+  return st;
+}

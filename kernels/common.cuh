@@ -1,0 +1,54 @@
+/* common.cuh: what every file of the CUDA backend shares: the core's services, the one mapping
+ * from CUDA's errors to statuses, and the checks built on it. */
+#ifndef UR_KERNELS_COMMON_CUH
+#define UR_KERNELS_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "core/backend.h"
+
+/* The core's services (errors, the interrupt flag), set by ur_cuda_backend_init. */
+extern const ur_core_api *ur__cuda_core;
+
+/* The op families' tables, one in each kernels/<family>.cu, which kernels/backend.cu hands
+ * the core. */
+extern const struct ur_dense_ops ur__cuda_dense_ops;
+extern const struct ur_tbe_ops ur__cuda_tbe_ops;
+extern const struct ur_cache_ops ur__cuda_cache_ops;
+extern const struct ur_kjt_ops ur__cuda_kjt_ops;
+extern const struct ur_synth_ops ur__cuda_synth_ops;
+extern const struct ur_metrics_ops ur__cuda_metrics_ops;
+
+/* Reports a failed CUDA call as "cuda: <what> failed: <name> (<message>)": out of memory is
+ * UR_STATUS_OOM, anything else UR_STATUS_DEVICE.  The runtime keeps the error as its "last
+ * error" too; it is cleared so that the next launch check reports only itself. */
+static inline ur_status ur__cuda_fail(cudaError_t err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static inline ur_status ur__cuda_fail(cudaError_t err, const char *fmt, ...) {
+  char what[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  (void)cudaGetLastError();
+  ur_status status = err == cudaErrorMemoryAllocation ? UR_STATUS_OOM : UR_STATUS_DEVICE;
+  return ur__cuda_core->set_error(status, "cuda: %s failed: %s (%s)", what, cudaGetErrorName(err),
+                                  cudaGetErrorString(err));
+}
+
+/* Returns from the calling function with the status of a failed CUDA call. */
+#define UR_CUDA_CHECK(call, ...)                                             \
+  do {                                                                       \
+    cudaError_t ur_err_ = (call);                                            \
+    if (ur_err_ != cudaSuccess) return ur__cuda_fail(ur_err_, __VA_ARGS__); \
+  } while (0)
+
+/* For void functions (free, destroy) on cleanup paths: a failure there must not replace the
+ * error the caller is about to report, so it is dropped, and cleared from the runtime. */
+static inline void ur__cuda_drop(cudaError_t err) {
+  if (err != cudaSuccess) (void)cudaGetLastError();
+}
+
+#endif

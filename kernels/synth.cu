@@ -1,0 +1,49 @@
+/* synth.cu: the synthetic data generator on the GPU (the CUDA backend's synth table), one
+ * thread per sample.  The sample is engine/src/data/synth.h's, compiled here without fused multiply-adds (see the Makefile), so the
+ * GPU gives bit for bit the CPU's samples for a seed. */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "common.cuh"
+#include "data/synth.h"
+
+#define UR_SYNTH_THREADS 128
+
+/* The spec travels as a kernel parameter (CUDA 12.1+ takes up to 32 KiB of them). */
+__global__ void ur_synth_kernel(const ur__synth x, int64_t first, int64_t n, float *dense,
+                                float *labels, int64_t *ids, float *weights, int32_t *lengths,
+                                int64_t *groups, float *probs) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    ur__synth_row(&x, first + i, dense + i * x.D, labels + i, ids + i * x.H,
+                  weights ? weights + i * x.H : NULL, lengths + i * x.T, groups ? groups + i : NULL,
+                  probs ? probs + i : NULL);
+  }
+}
+
+static cudaError_t ur__cuda_synth(cudaStream_t stream, const ur__synth *x, int64_t first, int64_t n,
+                           void *dense, void *labels, void *ids, void *weights, void *lengths,
+                           void *groups, void *probs) {
+  if (n <= 0) return cudaSuccess;
+  int dev = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return e;
+  int64_t want = (n + UR_SYNTH_THREADS - 1) / UR_SYNTH_THREADS, cap = (int64_t)sms * 16;
+  unsigned blocks = (unsigned)(want < cap ? want : cap);
+  ur_synth_kernel<<<blocks, UR_SYNTH_THREADS, 0, stream>>>(
+      *x, first, n, (float *)dense, (float *)labels, (int64_t *)ids, (float *)weights,
+      (int32_t *)lengths, (int64_t *)groups, (float *)probs);
+  return cudaGetLastError();
+}
+
+static ur_status synth_generate(void *stream, const ur__synth *x, int64_t first, int64_t n,
+                                void *dense, void *labels, void *ids, void *weights,
+                                void *lengths, void *groups, void *probs) {
+  UR_CUDA_CHECK(ur__cuda_synth((cudaStream_t)stream, x, first, n, dense, labels, ids, weights,
+                               lengths, groups, probs),
+                "synthetic samples %lld..%lld", (long long)first, (long long)(first + n - 1));
+  return UR_STATUS_OK;
+}
+
+const ur_synth_ops ur__cuda_synth_ops = {.generate = synth_generate};

@@ -1,0 +1,30 @@
+/* tensor.cuh: launch wrappers for the kernels in kernels/tensor.cu, called by the backend
+ * table (kernels/backend.cu).  Each enqueues on the current device and returns the launch's cudaError_t;
+ * checking arguments and turning errors into messages is the caller's job. */
+#ifndef UR_KERNELS_TENSOR_CUH
+#define UR_KERNELS_TENSOR_CUH
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "uvmrec.h"
+
+/* n elements of elem_bytes (1, 2, 4 or 8) take the low elem_bytes bytes of value;
+ * dst must be aligned to elem_bytes. */
+cudaError_t ur__cuda_fill(cudaStream_t stream, void *dst, size_t n, size_t elem_bytes,
+                          uint64_t value);
+
+/* Element i takes ur_philox_value(first + i, seed, ...) (philox.h) converted to dtype. */
+cudaError_t ur__cuda_rand(cudaStream_t stream, void *dst, ur_dtype dtype, size_t n,
+                          uint64_t first, ur_dist dist, double a, double b, uint64_t seed);
+
+/* Loads the probe kernel on the current device, so that a timed probe does not time the
+ * module load (lazy loading defers it to the first launch). */
+cudaError_t ur__cuda_probe_prepare(void);
+
+/* Reads every byte of [src, src + bytes) once; writes nothing unless the sum of what it
+ * read equals magic, which keeps the loads from being optimised away. */
+cudaError_t ur__cuda_probe(cudaStream_t stream, const void *src, size_t bytes, uint64_t magic);
+
+#endif
