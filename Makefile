@@ -10,6 +10,8 @@ LUAJIT    ?= luajit#                   interpreter for specs and scripts
 SAN       ?=#                          1: build with address and undefined-behaviour sanitizers
 WERROR    ?= 1#                        1: warnings are errors
 SPEC      ?= spec#                     specs to run (a folder or files)
+PYTHON    ?= python3#                  the Python that make pydeps puts a build/venv on
+TORCH_INDEX ?=#                        make pydeps-torch: a wheel index besides PyPI (the CPU-only wheel)
 
 ifeq ($(CC),cc)
   CC := gcc
@@ -37,7 +39,7 @@ HOST_BINS  := $(BUILD)/bin/uvmrec $(BUILD)/lib/libuvmrec_lua.a $(BUILD)/lib/libu
 CDEF       := lua/uvmrec/cdef.lua
 DEPS_STAMP := $(BUILD)/.deps
 
-DEBIAN_PKGS := luajit zlib1g-dev clang libclang-rt-14-dev libluajit-5.1-dev lua-busted lua-check libyaml-dev libopenblas-dev \
+DEBIAN_PKGS := luajit zlib1g-dev clang libclang-rt-14-dev libluajit-5.1-dev lua-argparse lua-busted lua-check libyaml-dev libopenblas-dev \
                libedit-dev libjansson-dev pkg-config valgrind
 
 LUA_PATH_TREE  := $(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;
@@ -186,9 +188,10 @@ uninstall:
 	  $(addprefix $(INST)/lib/pkgconfig/,uvmrec.pc uvmrec-lua.pc)
 	rm -rf $(INST)/share/lua/5.1/uvmrec $(INST)/share/uvmrec
 
-# busted and what it loads (Lua files and three small C modules) travel in the dist tree, which
-# runs the command and the spec suite where only the NVIDIA driver is installed.
-DIST_LUA   := busted busted.lua luassert say pl cliargs cliargs.lua mediator.lua dkjson.lua term system
+# lua-argparse (uvmrec.cli's parser), busted and what it loads (Lua files and three small C
+# modules) travel in the dist tree, which runs the command and the spec suite where only the
+# NVIDIA driver is installed.
+DIST_LUA   := argparse.lua busted busted.lua luassert say pl cliargs cliargs.lua mediator.lua dkjson.lua term system
 DIST_CMODS := lfs.so term/core.so system/core.so
 DIST_MAX_MIB := 48
 # The engine travels inside bin/uvmrec only: a GPU host has no plain luajit to load libuvmrec.so.
@@ -215,7 +218,8 @@ test-gpu: all
 	@$(RUN_ENV) UVMREC_REQUIRE_GPU=1 $(LUAJIT) spec/run.lua --tags=cuda $(SPEC)
 
 # Benchmarks (BENCH.md): each prints a table and writes JSON lines into $(BUILD)/bench/.
-# bench-gpu runs PyTorch's nn.EmbeddingBag first where PyTorch is installed, for the ratios.
+# bench-gpu runs PyTorch's nn.EmbeddingBag first where PyTorch is installed (build/venv's, from
+# make pydeps-torch, else $(PYTHON)'s), for the ratios.
 .PHONY: bench bench-gpu
 bench: all
 	@mkdir -p $(BUILD)/bench
@@ -224,11 +228,11 @@ bench: all
 
 bench-gpu: all
 	@mkdir -p $(BUILD)/bench
-	@python3 scripts/bench/torch_embeddingbag.py --out $(BUILD)/bench/torch_embeddingbag.jsonl || \
+	@$(VENV_PYTHON) scripts/bench/torch_embeddingbag.py --out $(BUILD)/bench/torch_embeddingbag.jsonl || \
 	  echo "bench-gpu: the PyTorch comparison failed; the ratios are left out"
 	@$(RUN_ENV) $(LUAJIT) scripts/bench/tbe.lua --gpu --torch $(BUILD)/bench/torch_embeddingbag.jsonl \
 	  --out $(BUILD)/bench/tbe_gpu.jsonl
-	@python3 scripts/bench/torch_mlp.py --out $(BUILD)/bench/torch_mlp.jsonl || \
+	@$(VENV_PYTHON) scripts/bench/torch_mlp.py --out $(BUILD)/bench/torch_mlp.jsonl || \
 	  echo "bench-gpu: the PyTorch MLP comparison failed; its ratios are left out"
 	@$(RUN_ENV) $(LUAJIT) scripts/bench/mlp.lua --gpu --torch $(BUILD)/bench/torch_mlp.jsonl \
 	  --out $(BUILD)/bench/mlp_gpu.jsonl
@@ -236,12 +240,27 @@ bench-gpu: all
 lint: $(DEPS_STAMP)
 	luacheck -q lua spec scripts $(wildcard models)
 
-# Optional, from PyPI: Python's safetensors in build/venv for the checkpoint interop spec and
-# scripts/bench/read_safetensors.py.  Nothing else needs it; without it that spec is pending.
-.PHONY: pydeps
-pydeps: build/venv/.stamp
-build/venv/.stamp:
-	python3 -m venv build/venv && build/venv/bin/pip install -q safetensors numpy && touch $@
+# Optional Python tools from PyPI, at the exact versions of scripts/requirements*.txt, in
+# build/venv (the specs and benches look there first; UVMREC_PYTHON names another Python):
+#   make pydeps        safetensors and numpy: the checkpoint interop spec and
+#                      scripts/bench/read_safetensors.py (without them that spec is pending)
+#   make pydeps-torch  those and PyTorch: spec/models/torch_parity_spec.lua, scripts/bench/torch_*.py,
+#                      torch_compare.sh and bench-gpu's ratios.  PyPI's wheel is the CUDA build
+#                      (a few GB with its CUDA libraries; it runs on the CPU too); with
+#                      TORCH_INDEX=https://download.pytorch.org/whl/cpu the same version's CPU-only
+#                      wheel comes from there instead, where that index can be reached.
+VENV        := build/venv
+VENV_PYTHON  = $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON))
+.PHONY: pydeps pydeps-torch
+pydeps: $(VENV)/.pydeps
+pydeps-torch: $(VENV)/.pydeps-torch
+$(VENV)/bin/pip:
+	$(PYTHON) -m venv $(VENV)
+$(VENV)/.pydeps: scripts/requirements.txt | $(VENV)/bin/pip
+	$(VENV)/bin/pip install -q -r scripts/requirements.txt && touch $@
+$(VENV)/.pydeps-torch: scripts/requirements-torch.txt scripts/requirements.txt | $(VENV)/bin/pip
+	$(VENV)/bin/pip install -q -r scripts/requirements-torch.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+	  && touch $@ $(VENV)/.pydeps
 
 # The default job: DLRM (models/dlrm_tiny.yaml) on synthetic data, to the final AUC and the data's
 # ceiling; on the GPU when there is one.

@@ -1,63 +1,38 @@
--- uvmrec datagen CONFIG|PRESET --out DIR --samples N [--days D] [--seed S] [--groups G]
--- Synthetic data written as binary day files, so other tools train on exactly the same data:
--- day_N_dense.npy <f4 [n, dense], day_N_sparse.npy <i4 [n, H] (H = the sum of each table's
--- most ids per sample; one column per table when all are one-hot, as Criteo's; unused slots
--- of a multi-hot bag are -1), day_N_labels.npy <i4 [n], and when asked day_N_weights.npy
+-- `uvmrec datagen`: synthetic data written as binary day files, so other tools train on exactly
+-- the same data: day_N_dense.npy <f4 [n, dense], day_N_sparse.npy <i4 [n, H] (H = the sum of each
+-- table's most ids per sample; one column per table when all are one-hot, as Criteo's; unused
+-- slots of a multi-hot bag are -1), day_N_labels.npy <i4 [n], and when asked day_N_weights.npy
 -- <f4 [n, H] and day_N_groups.npy <i8 [n]; layout.txt says which columns are which table.
--- Prints samples/s and the hidden model's AUC, the ceiling a model can reach.
--- Also runs as `luajit scripts/datagen.lua ...` with the paths from `make -s env`.
+-- Prints samples/s and the hidden model's AUC, the ceiling a model can reach.  Its options are
+-- declared below (`uvmrec datagen --help`).  Also runs as `luajit scripts/datagen.lua ...` with
+-- the paths from `make -s env`.
 local ffi = require "ffi"
 local ur = require "uvmrec"
 local data = ur.data
 local synthetic = require "uvmrec.data.synthetic"
 
-local usage = [[
-usage: uvmrec datagen CONFIG|PRESET --out DIR --samples N [--days D] [--seed S] [--groups G]
-  PRESET      tiny, kaggle, mlperf_v1, mlperf_v1_2m or dcnv2; or a .lua file returning a spec,
-              or a .yaml file with a synthetic: section
-  --samples N samples in all (also from the config's synthetic.samples)
-  --days D    split them into D day files (default 1)
-  --seed S    override the seed; --groups G: per-sample grouping keys in [0, G)]]
+local cmd = require("uvmrec.cli").command {
+  name = "datagen",
+  summary = "write synthetic data (a preset or config) as binary day files, with the hidden model's AUC",
+  { "CONFIG", "a preset (tiny, kaggle, mlperf_v1, mlperf_v1_2m or dcnv2), a .lua file returning a spec, "
+    .. "or a .yaml file with a synthetic: section" },
+  { "--out DIR", "where the day files and layout.txt go (created if missing)", required = true },
+  { "--samples N", "samples in all (default: the config's synthetic.samples)", type = "whole" },
+  { "--days D", "split them into D day files", type = "whole", default = 1,
+    check = function(d) return d >= 1 and d or nil, "must be at least 1" end },
+  { "--seed S", "override the seed", type = "whole" },
+  { "--groups G", "per-sample grouping keys in [0, G)", type = "whole" },
+}
+local o = cmd:parse(arg)
+local name, out, days = o.config, o.out, o.days
 
-local function die(msg)
-  io.stderr:write("uvmrec datagen: ", msg, "\n")
-  os.exit(2)
-end
-
-local args = arg or {}
-local name, out, samples, days, seed, groups
-local i = 1
-while i <= #args do
-  local a = args[i]
-  local k, v = a:match("^(%-%-[%w-]+)=(.*)$")
-  if k then a = k; table.insert(args, i + 1, v) end
-  local function num()
-    i = i + 1
-    local n = tonumber(args[i])
-    if not n or n < 0 or n ~= math.floor(n) then die(a .. " needs a whole number, got " .. tostring(args[i])) end
-    return n
-  end
-  if a == "--out" then i = i + 1; out = args[i]
-  elseif a == "--samples" then samples = num()
-  elseif a == "--days" then days = num()
-  elseif a == "--seed" then seed = num()
-  elseif a == "--groups" then groups = num()
-  elseif a == "-h" or a == "--help" then print(usage) os.exit(0)
-  elseif a:match("^%-%-") then die("unknown option " .. a .. "\n" .. usage)
-  elseif name then die("one CONFIG or PRESET, got '" .. name .. "' and '" .. a .. "'")
-  else name = a end
-  i = i + 1
-end
-if not name or not out then die("needs CONFIG|PRESET and --out DIR\n" .. usage) end
 local base, cfg_samples = synthetic.resolve(name)
-if not base then die(cfg_samples) end
-samples = samples or cfg_samples
-if not samples then die("needs --samples N") end
-days = days or 1
-if days < 1 then die("--days must be at least 1") end
-local ok, spec = pcall(synthetic.spec, base, { seed = seed or base.seed, groups = groups or base.groups })
-if not ok then die(spec) end
-if os.execute(("mkdir -p '%s'"):format(out:gsub("'", "'\\''"))) ~= 0 then die("cannot create " .. out) end
+if not base then cmd:misuse(cfg_samples) end
+local samples = o.samples or cfg_samples
+if not samples then cmd:misuse("needs --samples N: " .. name .. " gives no synthetic.samples") end
+local ok, spec = pcall(synthetic.spec, base, { seed = o.seed or base.seed, groups = o.groups or base.groups })
+if not ok then cmd:fail(spec) end
+if os.execute(("mkdir -p '%s'"):format(out:gsub("'", "'\\''"))) ~= 0 then cmd:fail("cannot create " .. out) end
 
 local c = spec.cspec
 local H, one_hot, weighted, big = 0, true, false, false
@@ -76,14 +51,14 @@ local C = ur.C
 local function writer(path, descr, shape)
   local w = ffi.new("ur_npy_writer *[1]")
   local dims = ffi.new("int64_t[4]", shape)
-  if C.ur_npy_writer_open(path, descr, #shape, dims, w) ~= 0 then die(ffi.string(C.ur_last_error())) end
+  if C.ur_npy_writer_open(path, descr, #shape, dims, w) ~= 0 then cmd:fail(ffi.string(C.ur_last_error())) end
   return w[0]
 end
 local function append(w, t)
-  if C.ur_npy_writer_append(w, t.p) ~= 0 then die(ffi.string(C.ur_last_error())) end
+  if C.ur_npy_writer_append(w, t.p) ~= 0 then cmd:fail(ffi.string(C.ur_last_error())) end
 end
 local function close(w)
-  if C.ur_npy_writer_close(w) ~= 0 then die(ffi.string(C.ur_last_error())) end
+  if C.ur_npy_writer_close(w) ~= 0 then cmd:fail(ffi.string(C.ur_last_error())) end
 end
 
 local chunk = 262144

@@ -1,10 +1,15 @@
--- The default job until the trainer lands: a table in unified memory steered by hints.
--- A 64 MiB table (128K rows x 128 f32) keeps its hottest 20% of rows on the GPU and the rest
--- on the host, read in place by the GPU; the HBM budget is set to what that needs.
--- Usage: luajit scripts/demo.lua [rows]   (make run)
+-- `uvmrec demo`: a table in unified memory steered by hints.  A 64 MiB table (128K rows x 128
+-- f32) keeps its hottest 20% of rows on the GPU and the rest on the host, read in place by the
+-- GPU; the HBM budget is set to what that needs.  Also runs as `luajit scripts/demo.lua [ROWS]`.
 local ur = require "uvmrec"
 
-local rows, dim = tonumber(arg and arg[1]) or 131072, 128
+local o = require("uvmrec.cli").command {
+  name = "demo",
+  summary = "a table in unified memory steered by hints: hot rows on the GPU, cold ones read in place",
+  { "[ROWS]", "rows of the table (128 f32 each)", type = "whole", default = 131072 },
+}:parse(arg)
+
+local rows, dim = o.rows, 128
 local hot = math.floor(rows * 0.2 / 8) * 8 -- whole 4 KiB pages of 512-byte rows
 
 local function mib(b) return ("%.1f MiB"):format(b / 2 ^ 20) end

@@ -17,11 +17,34 @@ describe("uvmrec command", function()
     if ur.cuda_built() then assert.matches("CUDA: built, libuvmrec_cuda.so loads %(%S", out) end
   end)
 
-  it("prints its usage with the commands of its tree for --help", function()
-    local out, _, code = cmd.run("--help")
-    assert.equal(0, code)
+  it("prints its usage and each command of its tree with its summary for --help", function()
+    local out, err, code = cmd.run("--help")
+    assert.equal(0, code, err)
     assert.matches("usage: uvmrec %[options%] %[script %[args%.%.%.%]%]", out)
-    assert.matches("The commands here: " .. cmd.commands("scripts"), out, 1, true)
+    local names, bad = cmd.listed(out)
+    assert.equal(cmd.commands("scripts"), names, out)
+    assert.same({}, bad)
+  end)
+
+  it("prints each command's options for COMMAND --help, and names a wrong option or value, exit 2", function()
+    for name in cmd.commands("scripts"):gmatch("[^, ]+") do
+      if name ~= "env" then
+        local out, err, code = cmd.run(name .. " --help")
+        assert.equal(0, code, name .. ": " .. err)
+        assert.matches("^usage: uvmrec " .. name .. " ", out)
+        assert.matches("\n   %-h, %-%-help ", out)
+        if name ~= "test" then -- test hands options it does not know to busted (below)
+          out, err, code = cmd.run(name .. " --no-such-option")
+          assert.equal(2, code, name)
+          assert.equal("", out)
+          assert.matches("^uvmrec " .. name .. ": unknown option '%-%-no%-such%-option'\nusage: uvmrec " .. name, err)
+        end
+      end
+    end
+    local out, err, code = cmd.run("train dlrm_tiny --steps ten")
+    assert.equal(2, code)
+    assert.equal("", out)
+    assert.matches("^uvmrec train: %-%-steps: 'ten' is not a whole number", err)
   end)
 
   it("rejects a bad option or a missing argument with the usage and exit code 2", function()
@@ -87,6 +110,36 @@ describe("uvmrec command", function()
       assert.equal(0, code)
       assert.equal("43\n", out)
     end)
+  end)
+
+  it("has every benchmark script declare its command line (uvmrec.cli)", function()
+    local cli = require "uvmrec.cli"
+    local libraries = { ["parity_lib.lua"] = true, ["zipf_stream.lua"] = true } -- dofile'd by the benches
+    local p = io.popen("ls scripts/bench/*.lua")
+    local n = 0
+    for path in p:lines() do
+      if not libraries[path:match("[^/]+$")] then
+        local c, err = cli.describe(path)
+        assert.truthy(c, err)
+        assert.equal(path, c.name)
+        n = n + 1
+      end
+    end
+    p:close()
+    assert.is_true(n >= 13, n .. " benchmark scripts")
+  end)
+
+  it("hands busted the arguments of `uvmrec test` that are not its own", function()
+    local out, err, code = cmd.run("test --help")
+    assert.equal(0, code, err)
+    assert.matches("^usage: uvmrec test %[%-h%] %[%-%-gpu%]", out)
+    out, err, code = cmd.run("test --no-such-option")
+    assert.equal(1, code)
+    assert.equal("", out)
+    assert.equal("busted: error: unknown/bad flag: --no-such-option; re-run with --help for usage.\n", err)
+    out, err, code = cmd.run("test -- --version")
+    assert.equal(0, code, err)
+    assert.matches("^%d+%.%d+%.%d+\n$", out)
   end)
 
   it("runs scripts/NAME.lua for `uvmrec NAME`, with the arguments after the name", function()

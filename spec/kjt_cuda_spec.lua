@@ -8,13 +8,7 @@ local cuda_it = h.cuda_it
 
 local gpu_places = { "device", "managed" }
 
-local function rng_of(seed)
-  local s = seed
-  return function(n) -- the LCG of kjt_spec.lua: reproducible across LuaJIT versions
-    s = (s * 1103515245 + 12345) % 2147483648
-    return math.floor(s / 65536) % n + 1
-  end
-end
+local rng_of = h.rng
 
 -- Lists for a random KJT: ids drawn from `ids` values so dedup finds repeats; every fifth key
 -- empty; weights from four values, so equal ids with other weights are other bags.

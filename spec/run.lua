@@ -3,11 +3,17 @@
 local dir = (arg[0]:match("^(.*)/[^/]*$") or ".")
 package.path = dir .. "/support/?.lua;" .. dir .. "/?.lua;" .. package.path
 
-local args = { "--output=summary" }
+-- One load of every module for the whole run: busted's default reloads the modules a spec file
+-- required before the next file (auto-insulate), while the engine's FFI types outlive the reload.
+local args = { "--output=summary", "--no-auto-insulate" }
 for i = 1, #arg do args[#args + 1] = arg[i] end
 if #arg == 0 or arg[#arg]:match("^%-") then args[#args + 1] = dir end
 -- busted reads the global arg table: hand it ours.
 for i = 1, #arg do arg[i] = nil end -- luacheck: ignore 122
 for i, a in ipairs(args) do arg[i] = a end -- luacheck: ignore 122
 
-require "busted.runner" { standalone = false }
+-- Called through pcall, busted's runner ends a failed run (or a bad option) with os.exit(1);
+-- called directly it would raise an error without a message, its way on Lua 5.1, which the
+-- command reports as "(error object is a nil value)".
+local ok, err = pcall(require "busted.runner", { standalone = false })
+if not ok then error(err, 0) end

@@ -1,3 +1,4 @@
+local ffi = require "ffi"
 local ur = require "uvmrec"
 local h = require "helpers"
 
@@ -130,5 +131,254 @@ describe("uvmrec.tensor", function()
     local t, err = ur.tensor({ 2 }, { placement = "device" })
     assert.is_nil(t)
     assert.matches("placement 'device' needs a GPU", err)
+  end)
+end)
+
+-- Philox4x32-10 (Salmon et al., SC'11), written out here as the reference.
+local M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
+local TWO32 = 4294967296
+
+local function mulhilo(a, b)
+  local p = ffi.cast("uint64_t", a) * b
+  return tonumber(p / TWO32), tonumber(p % TWO32)
+end
+
+local function xor(a, b) return bit.bxor(a, b) % TWO32 end
+
+local function philox(counter, seed)
+  local c0, c1, c2, c3 = counter % TWO32, math.floor(counter / TWO32), 0, 0
+  local k0, k1 = seed % TWO32, math.floor(seed / TWO32)
+  for _ = 1, 10 do
+    local hi0, lo0 = mulhilo(M0, c0)
+    local hi1, lo1 = mulhilo(M1, c2)
+    c0, c1, c2, c3 = xor(xor(hi1, c1), k0), lo1, xor(xor(hi0, c3), k1), lo0
+    k0, k1 = (k0 + W0) % TWO32, (k1 + W1) % TWO32
+  end
+  return c0, c1, c2, c3
+end
+
+local function u01(w) return (math.floor(w / 256) + 1) / 16777216 end
+local function f32(v) return tonumber(ffi.new("float", v)) end
+
+local function ref_uniform(i, seed, a, b) return a + (b - a) * (1 - u01((philox(i, seed)))) end
+local function ref_normal(i, seed, mean, std)
+  local w0, w1 = philox(i, seed)
+  return mean + std * math.sqrt(-2 * math.log(u01(w0))) * math.cos(2 * math.pi * u01(w1))
+end
+
+describe("uvmrec.tensor random init", function()
+  it("matches Philox4x32-10's published answer for counter 0, key 0", function()
+    assert.same({ 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8 }, { philox(0, 0) })
+    local t = ur.tensor({ 1 }):uniform(0, 1, 0)
+    assert.equal((16777216 - 0x6627e8 - 1) / 16777216, t[0])
+  end)
+
+  it("draws uniform and normal numbers equal to the reference, element by element", function()
+    for _, seed in ipairs { 1, 42, 2 ^ 40 + 7 } do
+      local u = ur.tensor({ 257, 3 }):uniform(-0.25, 0.75, seed)
+      local n = ur.tensor({ 257, 3 }):normal(1, 2, seed)
+      local uv, nv = u:totable(), n:totable()
+      for i = 0, 770 do
+        assert.equal(f32(ref_uniform(i, seed, -0.25, 0.75)), uv[i + 1])
+        h.near(nv[i + 1], f32(ref_normal(i, seed, 1, 2)), 1e-6, "normal " .. i)
+      end
+    end
+  end)
+
+  it("gives a view the numbers of the same elements of its tensor", function()
+    local t = ur.tensor({ 100, 8 }):normal(0, 1, 9)
+    local v = ur.tensor({ 100, 8 }):view(30, 5):normal(0, 1, 9)
+    assert.same(t:totable(240, 40), v:totable())
+  end)
+
+  it("is deterministic for a seed and differs across seeds", function()
+    local a = ur.tensor({ 1000 }):uniform(0, 1, 5):totable()
+    local b = ur.tensor({ 1000 }):uniform(0, 1, 5):totable()
+    local c = ur.tensor({ 1000 }):uniform(0, 1, 6):totable()
+    assert.same(a, b)
+    local same = 0
+    for i = 1, 1000 do if a[i] == c[i] then same = same + 1 end end
+    assert.is_true(same < 5)
+  end)
+
+  it("has the moments of its distribution", function()
+    local n = 200000
+    local u = ur.tensor({ n }):uniform(-2, 3, 11):totable()
+    local z = ur.tensor({ n }):normal(1, 2, 12):totable()
+    local su, lo, hi, sz, szz = 0, math.huge, -math.huge, 0, 0
+    for i = 1, n do
+      su, lo, hi = su + u[i], math.min(lo, u[i]), math.max(hi, u[i])
+      sz, szz = sz + z[i], szz + z[i] * z[i]
+    end
+    assert.is_true(lo >= -2 and hi < 3)
+    h.near(su / n, 0.5, 0.02, "uniform mean")
+    h.near(sz / n, 1, 0.02, "normal mean")
+    h.near(math.sqrt(szz / n - (sz / n) ^ 2), 2, 0.02, "normal std")
+  end)
+
+  it("rounds half types from the f32 value, and floors into integer types", function()
+    for _, dt in ipairs { "bf16", "f16" } do
+      local half = ur.tensor({ 500 }, { dtype = dt }):normal(0, 3, 4)
+      local want = ur.tensor({ 500 }, { dtype = dt })
+      local full = ur.tensor({ 500 }):normal(0, 3, 4):totable()
+      for i = 1, 500 do want[i - 1] = full[i] end
+      assert.same(want:totable(), half:totable(), dt)
+    end
+    local counts = {}
+    local ids = ur.tensor({ 20000 }, { dtype = "i32" }):uniform(0, 10, 3):totable()
+    for _, v in ipairs(ids) do counts[v] = (counts[v] or 0) + 1 end
+    for v = 0, 9 do h.near(counts[v] / 20000, 0.1, 0.01, "share of " .. v) end
+    assert.is_nil(counts[10])
+  end)
+
+  it("rejects bounds that make no distribution", function()
+    local t = ur.tensor({ 4 })
+    assert.has_error(function() t:uniform(3, 1, 0) end,
+      "tensor rand: uniform bounds [3, 1) are not finite with low <= high")
+    assert.has_error(function() t:normal(0, -1, 0) end,
+      "tensor rand: normal(mean 0, std -1) needs finite values and std >= 0")
+    assert.has_error(function() t:uniform(0, math.huge, 0) end)
+    assert.has_error(function() ur.tensor({ 4 }, { dtype = "i8" }):uniform(0, 300, 0) end,
+      "tensor rand high - 1: 299 is not an integer that fits i8 (-128..127)")
+  end)
+end)
+
+-- Memory hints on managed tensors (advise, prefetch, advised) and the engine's record of them:
+-- 16 pages of f32 at the default 4 KiB hint page.
+local function table16()
+  local t = ur.uvm_tensor({ 16 * 1024 }, 0)
+  return t, 1024 -- elements per page
+end
+
+local function last_log() local l = ur.hint_log() return l[#l] end
+
+describe("uvmrec.tensor memory hints", function()
+  before_each(function() ur.set_hint_page_bytes(4096) end)
+
+  it("rounds a range outward to whole pages and says so", function()
+    local t = table16()
+    local r = t:advise(5, 3000, "preferred_location", "cpu")
+    assert.same({ offset = 5, numel = 3000, byte_begin = 0, byte_end = 12288, page_bytes = 4096,
+                  rounded = true }, r)
+    r = t:advise(1024, 1024, "accessed_by", "gpu")
+    assert.same({ 4096, 8192, false }, { r.byte_begin, r.byte_end, r.rounded })
+  end)
+
+  it("records every advise and prefetch in the log, in order", function()
+    local t, pg = table16()
+    local before = #ur.hint_log()
+    t:advise(0, 4 * pg, "read_mostly", "cpu")
+    t:prefetch(pg, pg, "cuda:0")
+    t:advise(0, pg, "cudaMemAdviseSetAccessedBy", -1)
+    local log = ur.hint_log()
+    assert.equal(before + 3, #log)
+    local a, p, c = log[#log - 2], log[#log - 1], log[#log]
+    assert.same({ "advise", "read_mostly", t:id() }, { a.kind, a.advice, a.tensor_id })
+    assert.same({ "prefetch", "cuda:0", 4096, 8192 }, { p.kind, p.location, p.range.byte_begin, p.range.byte_end })
+    assert.same({ "accessed_by", "cpu" }, { c.advice, c.location })
+    assert.equal(ur.gpu(), c.applied)
+    assert.same({}, ur.hint_log(c.seq))
+    assert.equal(1, #ur.hint_log(c.seq - 1))
+  end)
+
+  it("reports the advice in force over a range, and mixed where pages disagree", function()
+    local t, pg = table16()
+    t:advise(2 * pg, 4 * pg, "preferred_location", "cpu")
+    t:advise(2 * pg, 2 * pg, "accessed_by", "gpu")
+    t:advise(2 * pg, 2 * pg, "accessed_by", "cpu")
+    t:prefetch(2 * pg, 4 * pg, "cpu")
+    local a = t:advised(2 * pg, 2 * pg)
+    assert.same({ "cpu", "cpu", { "cpu", "cuda:0" }, false }, {
+      a.preferred_location, a.last_prefetch_location, a.accessed_by, a.read_mostly })
+    assert.equal(ur.gpu(), a.from_driver)
+    local b = t:advised(3 * pg, 3 * pg) -- pages 3..5: accessed-by was set on pages 2 and 3 only
+    assert.same({ "cpu", "cpu", {}, 0 }, { b.preferred_location, b.last_prefetch_location, b.accessed_by,
+                                          b.accessed_by_cpu == "mixed" and 0 or 1 })
+    local c = t:advised(0, 4 * pg)
+    assert.equal("mixed", c.preferred_location)
+    t:advise(0, 16 * pg, "unset_preferred_location", "cpu")
+    t:advise(0, 16 * pg, "unset_accessed_by", "gpu")
+    t:advise(0, 16 * pg, "unset_accessed_by", "cpu")
+    local d = t:advised()
+    assert.same({ "none", {} }, { d.preferred_location, d.accessed_by })
+  end)
+
+  it("reads read_mostly as true, false or mixed", function()
+    local t, pg = table16()
+    t:advise(0, 2 * pg, "read_mostly", "gpu")
+    assert.is_true(t:advised(0, 2 * pg).read_mostly)
+    assert.equal("mixed", t:advised(0, 3 * pg).read_mostly)
+    t:advise(0, pg, "unset_read_mostly", "gpu")
+    assert.is_false(t:advised(0, pg).read_mostly)
+  end)
+
+  it("takes offsets within a view", function()
+    local t = ur.uvm_tensor({ 64, 1024 }, 0) -- one 4 KiB page per row
+    local v = t:view(10, 4)
+    local r = v:advise(1024, 1024, "preferred_location", "cpu")
+    assert.same({ 11 * 4096, 12 * 4096 }, { r.byte_begin, r.byte_end })
+    assert.equal("cpu", t:advised(11 * 1024, 1024).preferred_location)
+    assert.equal("none", t:advised(10 * 1024, 1024).preferred_location)
+  end)
+
+  it("rounds to a larger page when told to", function()
+    local t = ur.uvm_tensor({ 64 * 1024 }, 0)
+    ur.set_hint_page_bytes(65536)
+    local r = t:advise(100, 10, "accessed_by", "cpu")
+    assert.same({ 0, 65536, true }, { r.byte_begin, r.byte_end, r.rounded })
+    assert.has_error(function() ur.set_hint_page_bytes(3000) end,
+      "hint page size: 3000 bytes; expected a power of two from 4096 to 2097152")
+  end)
+
+  it("accepts every spelling of a location", function()
+    local t = table16()
+    for _, loc in ipairs { "cpu", -1, "gpu", "cuda:0", 0 } do
+      assert.truthy(t:advise(0, 1, "accessed_by", loc))
+    end
+    if not ur.gpu() then
+      t:advise(0, 1, "preferred_location", "gpu")
+      assert.equal("cuda:0", last_log().location) -- the current GPU, recorded as the first
+    end
+  end)
+
+  it("rejects hints on tensors that are not managed, and bad ranges, advice and locations", function()
+    local host = ur.tensor({ 4 })
+    assert.has_error(function() host:advise(0, 4, "read_mostly", "cpu") end,
+      "advise: memory hints need a managed tensor; got tensor f32 [4] host 16 B")
+    local t = table16()
+    local n0 = #ur.hint_log()
+    local range_msg = "range offset %d, numel %d is outside the tensor's 16384 elements"
+    for _, bad in ipairs { { -1, 4 }, { 0, 0 }, { 16380, 5 }, { 16384, 1 } } do
+      assert.has_error(function() t:advise(bad[1], bad[2], "read_mostly", "cpu") end,
+        ("advise: " .. range_msg .. "; expected 0 <= offset, 1 <= numel, offset + numel <= 16384")
+          :format(bad[1], bad[2]))
+      assert.has_error(function() t:prefetch(bad[1], bad[2], "cpu") end)
+      assert.has_error(function() t:advised(bad[1], bad[2]) end)
+    end
+    assert.has_error(function() t:advise(0, 4, "prefer_gpu", "cpu") end,
+      "advice: 'prefer_gpu' is not a memory advice; expected preferred_location, unset_preferred_location, " ..
+      "accessed_by, unset_accessed_by, read_mostly or unset_read_mostly (or CUDA's cudaMemAdvise* names)")
+    assert.has_error(function() t:advise(0, 4, "accessed_by", "tpu") end,
+      "location: 'tpu' is not a location; expected cpu, gpu, cuda:N or a device number " ..
+      "(-1 for the CPU, 0..63 for a GPU)")
+    assert.has_error(function() t:prefetch(0, 4, {}) end)
+    assert.equal(n0, #ur.hint_log()) -- nothing rejected was recorded
+  end)
+
+  it("refuses a GPU that does not exist when there is one", function()
+    if not ur.gpu() then pending("no GPU: every cuda:N up to 63 is recorded") return end
+    local t = table16()
+    assert.has_error(function() t:advise(0, 4, "accessed_by", "cuda:" .. ur.devices()) end)
+  end)
+
+  it("says that residency and the migration monitor need a GPU", function()
+    if ur.gpu() then pending("this machine has a GPU (see cuda_spec)") return end
+    local t = table16()
+    local r, err = t:residency()
+    assert.is_nil(r)
+    assert.matches("residency: measuring where pages are needs a GPU", err)
+    local ok, err2 = ur.monitor.start()
+    assert.is_nil(ok)
+    assert.matches("monitor: measuring migration needs a GPU and CUPTI", err2)
   end)
 end)

@@ -22,6 +22,7 @@
 enum { EXIT_USAGE = 2 };
 
 static void list_commands(const ur__lua_paths *p, char *out, size_t len);
+static int print_command_summaries(void);
 
 static void usage(FILE *f) {
   char known[4096] = "(none found: no uvmrec tree beside this program)";
@@ -40,9 +41,8 @@ static void usage(FILE *f) {
           "  -              run standard input as a script\n"
           "Commands:\n"
           "  env            print `export LUA_PATH=... LUA_CPATH=...` for plain luajit\n"
-          "  NAME           run scripts/NAME.lua of the tree\n"
-          "The commands here: %s\n",
-          known);
+          "  NAME           run scripts/NAME.lua of the tree\n");
+  if (f != stdout || !print_command_summaries()) fprintf(f, "The commands here: %s\n", known);
 }
 
 static void message(const char *msg) {
@@ -77,6 +77,17 @@ static void list_commands(const ur__lua_paths *p, char *out, size_t len) {
     }
     free(names[i]);
   }
+}
+
+/* For --help, each command with its summary line, read from its declaration by Lua
+ * (lua/uvmrec/cli.lua); 0 when that fails, and the names alone are listed instead. */
+static int print_command_summaries(void) {
+  lua_State *L;
+  if (ur_lua_open(&L)) return 0;
+  fflush(stdout);
+  ur_status s = ur_lua_dostring(L, "require('uvmrec.cli').print_commands()", "=(--help)", 0);
+  ur_lua_close(L);
+  return s == UR_STATUS_OK;
 }
 
 /* A word that names a command rather than a file: no folder, no extension. */

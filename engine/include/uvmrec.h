@@ -1059,6 +1059,45 @@ UR_API int32_t ur_yaml_count(const ur_yaml_doc *d);    /* nodes; node 0 is the r
 UR_API const ur_yaml_node *ur_yaml_nodes(const ur_yaml_doc *d);
 UR_API const char *ur_yaml_name(const ur_yaml_doc *d); /* the file name errors use */
 UR_API void ur_yaml_free(ur_yaml_doc *d);
+
+/* ---- JSON values for checkpoint metadata, run logs and benchmarks (engine/src/io/json.c) ---- */
+/* jansson holds the values.  Integers are 64-bit signed and exact (text beyond int64 is an
+ * error naming it); reals are doubles.  A value owns what it holds: ur_json_free frees a root
+ * and everything in it, and the values ur_json_item and ur_json_iter_value lend live as long as
+ * their root.  ur_json_dump writes canonical text, the same bytes for the same value: object
+ * keys sorted bytewise, no spaces, integers in digits, reals as "%.17g", strings escaped as
+ * \" \\ \b \f \n \r \t and \u00xx (other control bytes) and otherwise as they are. */
+typedef struct ur_json ur_json;
+typedef enum ur_json_type {
+  UR_JSON_NULL = 0, UR_JSON_FALSE, UR_JSON_TRUE, UR_JSON_INTEGER, UR_JSON_REAL, UR_JSON_STRING,
+  UR_JSON_ARRAY, UR_JSON_OBJECT
+} ur_json_type;
+/* Any JSON value (not only objects and arrays); UR_STATUS_FORMAT names the byte where it fails. */
+UR_API ur_status ur_json_parse(const char *text, size_t len, ur_json **out);
+UR_API void ur_json_free(ur_json *v);
+UR_API ur_json_type ur_json_typeof(const ur_json *v);
+UR_API int64_t ur_json_integer(const ur_json *v);                 /* 0 unless an integer */
+UR_API double ur_json_real(const ur_json *v);                     /* 0 unless a real */
+UR_API const char *ur_json_string(const ur_json *v, size_t *len); /* NULL unless a string */
+UR_API size_t ur_json_size(const ur_json *v);        /* an array's items, an object's members */
+UR_API ur_json *ur_json_item(const ur_json *array, size_t i);     /* NULL past the end */
+/* An object's members in the text's order: an iterator (NULL when there are no more). */
+UR_API void *ur_json_iter(const ur_json *object);
+UR_API void *ur_json_iter_next(const ur_json *object, void *it);
+UR_API const char *ur_json_iter_key(void *it, size_t *len);
+UR_API ur_json *ur_json_iter_value(void *it);
+/* Building: null, false, true, an empty array or object; then the typed values.  A real must
+ * be finite and a string valid UTF-8 (else UR_STATUS_INVALID). */
+UR_API ur_status ur_json_new(ur_json_type type, ur_json **out);
+UR_API ur_status ur_json_new_integer(int64_t value, ur_json **out);
+UR_API ur_status ur_json_new_real(double value, ur_json **out);
+UR_API ur_status ur_json_new_string(const char *s, size_t len, ur_json **out);
+/* Both take the value they add, also when they fail; a key set again replaces its value. */
+UR_API ur_status ur_json_append(ur_json *array, ur_json *item);
+UR_API ur_status ur_json_set(ur_json *object, const char *key, size_t len, ur_json *value);
+/* Canonical text into buf[len], NUL-terminated; *needed is the bytes it takes with the NUL
+ * (retry with a larger buf when it is more than len). */
+UR_API ur_status ur_json_dump(const ur_json *v, char *buf, uint64_t len, uint64_t *needed);
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

@@ -5,6 +5,7 @@ local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
 local streams = require "uvmrec.stream"
+local json = require "uvmrec.json"
 local C, check = lib.C, lib.check
 
 local M = {
@@ -12,200 +13,7 @@ local M = {
   FILE_PATTERN = "^ckpt%-(%d+)%.safetensors$", -- checkpoint files of a run directory
 }
 
--- A tensor handle by its methods' names, not by identity: busted loads this module afresh
--- for each spec file, while tensors made through an earlier load keep that load's methods.
-local function is_tensor(v)
-  if type(v) ~= "cdata" then return false end
-  local ok, yes = pcall(function()
-    return type(v.numel) == "function" and type(v.dtype) == "function" and type(v.view_as) == "function"
-  end)
-  return ok and yes
-end
-
--- ---- JSON for the metadata values (config, RNG states, component meta) ----
--- Canonical: object keys sorted, integers below 2^53 written exactly, 64-bit cdata integers
--- written exactly and read back as cdata, so the same table always gives the same text.
-
-local json = {}
-M.json = json
-
-local escapes = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f",
-                  ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
-local function quote(s)
-  return '"' .. s:gsub('[%c"\\]', function(c)
-    return escapes[c] or (c:byte() < 32 and ("\\u%04x"):format(c:byte()) or c)
-  end) .. '"'
-end
-
-local function encode(v, out, path, depth)
-  local t = type(v)
-  if depth > 64 then error("json: nesting deeper than 64 at " .. path, 0) end
-  if t == "string" then
-    out[#out + 1] = quote(v)
-  elseif t == "number" then
-    if v ~= v or v == math.huge or v == -math.huge then
-      error("json: " .. path .. " is " .. tostring(v) .. ", which JSON cannot hold", 0)
-    end
-    if v == math.floor(v) and math.abs(v) < 2 ^ 53 then out[#out + 1] = ("%d"):format(v)
-    else out[#out + 1] = ("%.17g"):format(v) end
-  elseif t == "boolean" then
-    out[#out + 1] = tostring(v)
-  elseif t == "cdata" and (ffi.istype("int64_t", v) or ffi.istype("uint64_t", v)) then
-    out[#out + 1] = (tostring(v):gsub("U?LL$", ""))
-  elseif t == "table" then
-    local n, keys = #v, {}
-    for k in pairs(v) do keys[#keys + 1] = k end
-    if n > 0 and #keys == n then
-      out[#out + 1] = "["
-      for i = 1, n do
-        if i > 1 then out[#out + 1] = "," end
-        encode(v[i], out, path .. "[" .. i .. "]", depth + 1)
-      end
-      out[#out + 1] = "]"
-      return
-    end
-    for _, k in ipairs(keys) do
-      if type(k) ~= "string" then
-        error("json: " .. path .. " mixes a list and a map (key " .. tostring(k) .. ")", 0)
-      end
-    end
-    table.sort(keys)
-    out[#out + 1] = "{"
-    for i, k in ipairs(keys) do
-      if i > 1 then out[#out + 1] = "," end
-      out[#out + 1] = quote(k)
-      out[#out + 1] = ":"
-      encode(v[k], out, path .. "." .. k, depth + 1)
-    end
-    out[#out + 1] = "}"
-  else
-    error("json: " .. path .. " is a " .. t .. ", which JSON cannot hold", 0)
-  end
-end
-
--- Text for v; raises (message without position) for values JSON cannot hold.
-function json.encode(v)
-  local out = {}
-  encode(v, out, "value", 0)
-  return table.concat(out)
-end
-
-local function utf8(cp)
-  if cp < 0x80 then return string.char(cp) end
-  if cp < 0x800 then return string.char(0xC0 + bit.rshift(cp, 6), 0x80 + bit.band(cp, 63)) end
-  if cp < 0x10000 then
-    return string.char(0xE0 + bit.rshift(cp, 12), 0x80 + bit.band(bit.rshift(cp, 6), 63),
-                       0x80 + bit.band(cp, 63))
-  end
-  return string.char(0xF0 + bit.rshift(cp, 18), 0x80 + bit.band(bit.rshift(cp, 12), 63),
-                     0x80 + bit.band(bit.rshift(cp, 6), 63), 0x80 + bit.band(cp, 63))
-end
-
-local function big_integer(text)
-  local neg = text:sub(1, 1) == "-"
-  local v = ffi.new(neg and "int64_t" or "uint64_t", 0)
-  for d in text:gmatch("%d") do v = v * 10 + (neg and -tonumber(d) or tonumber(d)) end
-  return v
-end
-
-local simple = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r",
-                 t = "\t" }
-
--- A value from JSON text, or nil, message with the byte position.
-function json.decode(s)
-  local pos = 1
-  local function fail(msg) error({ msg = ("json: %s at byte %d"):format(msg, pos) }) end
-  local function ws() pos = s:find("[^ \t\r\n]", pos) or #s + 1 end
-  local value
-  local function str()
-    local out, i = {}, pos + 1
-    while true do
-      local j = s:find('["\\%c]', i)
-      if not j then pos = #s + 1; fail("unterminated string") end
-      out[#out + 1] = s:sub(i, j - 1)
-      local c = s:sub(j, j)
-      if c == '"' then pos = j + 1; return table.concat(out) end
-      if c ~= "\\" then pos = j; fail("control character in a string") end
-      local e = s:sub(j + 1, j + 1)
-      if simple[e] then
-        out[#out + 1] = simple[e]
-        i = j + 2
-      elseif e == "u" then
-        local hex = s:match("^%x%x%x%x", j + 2)
-        if not hex then pos = j; fail("bad \\u escape") end
-        local cp = tonumber(hex, 16)
-        i = j + 6
-        if cp >= 0xD800 and cp < 0xDC00 then
-          local lo = s:match("^\\u(%x%x%x%x)", i)
-          lo = lo and tonumber(lo, 16)
-          if not lo or lo < 0xDC00 or lo > 0xDFFF then pos = j; fail("unpaired surrogate") end
-          cp = 0x10000 + (cp - 0xD800) * 0x400 + (lo - 0xDC00)
-          i = i + 6
-        end
-        out[#out + 1] = utf8(cp)
-      else
-        pos = j; fail("bad escape")
-      end
-    end
-  end
-  function value()
-    ws()
-    local c = s:sub(pos, pos)
-    if c == "{" then
-      local t = {}
-      pos = pos + 1
-      ws()
-      if s:sub(pos, pos) == "}" then pos = pos + 1; return t end
-      while true do
-        ws()
-        if s:sub(pos, pos) ~= '"' then fail("expected a key") end
-        local k = str()
-        ws()
-        if s:sub(pos, pos) ~= ":" then fail("expected ':'") end
-        pos = pos + 1
-        t[k] = value()
-        ws()
-        c = s:sub(pos, pos)
-        pos = pos + 1
-        if c == "}" then return t end
-        if c ~= "," then pos = pos - 1; fail("expected ',' or '}'") end
-      end
-    elseif c == "[" then
-      local t = {}
-      pos = pos + 1
-      ws()
-      if s:sub(pos, pos) == "]" then pos = pos + 1; return t end
-      while true do
-        t[#t + 1] = value()
-        ws()
-        c = s:sub(pos, pos)
-        pos = pos + 1
-        if c == "]" then return t end
-        if c ~= "," then pos = pos - 1; fail("expected ',' or ']'") end
-      end
-    elseif c == '"' then
-      return str()
-    elseif s:find("^true", pos) then pos = pos + 4; return true
-    elseif s:find("^false", pos) then pos = pos + 5; return false
-    elseif s:find("^null", pos) then pos = pos + 4; return nil
-    end
-    local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", pos)
-    if not num or not tonumber(num) then fail("unexpected " .. (c == "" and "end" or "'" .. c .. "'")) end
-    pos = pos + #num
-    local v = tonumber(num)
-    if num:find("^-?%d+$") and math.abs(v) >= 2 ^ 53 then return big_integer(num) end
-    return v
-  end
-  local ok, v = pcall(function()
-    local r = value()
-    ws()
-    if pos <= #s then fail("trailing text") end
-    return r
-  end)
-  if ok then return v end
-  if type(v) == "table" then return nil, v.msg end
-  error(v, 0)
-end
+local is_tensor = tensor.is_tensor
 
 -- ---- files ----
 
@@ -484,8 +292,6 @@ local function ignored(path, ignore)
 end
 
 local function show(v)
-  if type(v) == "table" then return json.encode(v) end
-  if type(v) == "string" then return quote(v) end
   if v == nil then return "nothing" end
   return json.encode(v)
 end

@@ -43,7 +43,7 @@ local function as_tensor(v, dtype, what, level)
     end
     return t
   end
-  if type(v) == "cdata" and v.p ~= nil then return v end
+  if tensor.is_tensor(v) then return v end
   error(("kjt: %s must be a tensor or a list of numbers, got %s"):format(what, type(v)), level + 1)
 end
 

@@ -66,7 +66,8 @@ end
 
 -- Handles: a small struct boxing the engine's pointer, so that t[i] reaches the metatable
 -- (a bare pointer would be indexed as an array) and free() can clear it.  The finalizer frees
--- what free() has not; free() twice is harmless, any other use after it an error.
+-- what free() has not; free() twice is harmless, any other use after it an error.  Returns
+-- wrap(p), free(h) and is(v), true for a handle of this type (freed or not).
 function M.handle_type(ctype, cfree, mt)
   local box = ffi.metatype(ffi.typeof("struct { " .. ctype .. " *p; }"), mt)
   local function finalize(b)
@@ -80,7 +81,8 @@ function M.handle_type(ctype, cfree, mt)
     ffi.gc(b, nil)
     finalize(b)
   end
-  return wrap, free
+  local function is(v) return ffi.istype(box, v) end
+  return wrap, free, is
 end
 
 -- The engine pointer of a handle, or an error naming the object when it was freed.

@@ -151,7 +151,7 @@ end
 
 local function tensor_arg(v, what, level, optional)
   if v == nil and optional then return nil end
-  if type(v) ~= "cdata" then
+  if not tensor.is_tensor(v) then
     error(("metrics: %s must be a tensor, got %s"):format(what, type(v)), level + 1)
   end
   return lib.ptr(v, "metrics " .. what, level + 1)

@@ -31,7 +31,7 @@ end
 local function place_of(name) return lib.enum(C.ur_place_parse, "ur_place", name, "placement", 4) end
 local function dtype_of(name) return lib.enum(C.ur_dtype_parse, "ur_dtype", name, "dtype", 4) end
 
-local wrap, free_tensor -- set below, once the metatable is complete
+local wrap, free_tensor, is_tensor -- set below, once the metatable is complete
 
 local function new(shape, dtype, place, device)
   local dims, nd = parse_shape(shape)
@@ -246,7 +246,7 @@ local function show(t)
   return s .. " {" .. table.concat(vals, ", ") .. (n > k and ", ...}" or "}")
 end
 
-wrap, free_tensor = lib.handle_type("ur_tensor", C.ur_tensor_free, {
+wrap, free_tensor, is_tensor = lib.handle_type("ur_tensor", C.ur_tensor_free, {
   __index = function(t, k)
     if type(k) == "number" then return methods.get(t, k) end
     return methods[k]
@@ -262,4 +262,5 @@ wrap, free_tensor = lib.handle_type("ur_tensor", C.ur_tensor_free, {
 methods.free = free_tensor
 M.methods = methods
 M.wrap = wrap
+M.is_tensor = is_tensor -- true for a tensor handle
 return M

@@ -24,54 +24,36 @@
 -- and zero-copy reads are the driver's and not counted here).  The
 -- first steps' losses of every mode must agree with all-in-HBM's (same weights and batches).
 local ur = require "uvmrec"
+local json = require "uvmrec.json"
 local C = ur.C
 
-local o = { rows = 1000000, tables = 4, batch = 8192, batches = 200, zipf = 1.05, steps = 40 }
-do
-  local i = 1
-  while i <= #arg do
-    local a = arg[i]
-    local function value()
-      i = i + 1
-      if arg[i] == nil then error("cache bench: " .. a .. " needs a value", 0) end
-      return arg[i]
-    end
-    if a == "--rows" then o.rows = tonumber(value())
-    elseif a == "--tables" then o.tables = tonumber(value())
-    elseif a == "--batch" then o.batch = tonumber(value())
-    elseif a == "--batches" then o.batches = tonumber(value())
-    elseif a == "--zipf" then o.zipf = tonumber(value())
-    elseif a == "--steps" then o.steps = tonumber(value())
-    elseif a == "--out" then o.out = value()
-    elseif a == "--plot" then o.plot = value()
-    elseif a == "--gpu" then o.gpu = true
-    elseif a == "--config" then o.config = value()
-    elseif a == "--modes" then o.modes = value()
-    else
-      error("cache bench: unknown argument " .. a .. " (expected --rows --tables --batch --batches --zipf "
-            .. "--steps --out --plot --gpu --config --modes)", 0)
-    end
-    i = i + 1
-  end
-end
-
-local function die(msg)
-  io.stderr:write("cache bench: ", msg, "\n")
-  os.exit(1)
-end
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/cache.lua",
+  summary = "software cache benchmark (BENCH.md B4, B6): hit rates on the CPU; --gpu: training through the cache",
+  { "--rows N", "rows of each table (hit rates)", type = "whole", default = 1000000 },
+  { "--tables T", "tables (hit rates)", type = "whole", default = 4 },
+  { "--batch B", "samples a batch (hit rates)", type = "whole", default = 8192 },
+  { "--batches K", "batches, the first half warming the cache (hit rates)", type = "whole", default = 200 },
+  { "--zipf S", "the ids' Zipf exponent (hit rates)", type = "number", default = 1.05 },
+  { "--out FILE", "write JSON lines" },
+  { "--plot FILE", "a PNG of the hit rates (with --out; scripts/bench/cache_plot.py)" },
+  { "--gpu", "the training modes: all in HBM, cached, managed" },
+  { "--steps N", "timed steps a mode (--gpu)", type = "whole", default = 40 },
+  { "--config C", "another config than dlrm_mlperf_v1_2m (--gpu; without a GPU, a dry run on host tables)" },
+  { "--modes M,...", "only these modes besides device (--gpu)", type = "list",
+    choices = { "device", "cached+pipeline", "cached", "managed+hot_prefix", "managed+pages" } },
+}
+local o = cmd:parse(arg)
 
 local out_file
 local function emit(rec)
   if not o.out then return end
   out_file = out_file or assert(io.open(o.out, "w"))
-  local parts = {}
+  local finite = {} -- a rate of nothing (0 / 0) is left out of the line
   for k, v in pairs(rec) do
-    local s = type(v) == "string" and ('"' .. v .. '"') or type(v) == "boolean" and tostring(v)
-              or (v ~= v or v == math.huge) and "null" or string.format("%.10g", v)
-    parts[#parts + 1] = ('"%s":%s'):format(k, s)
+    if type(v) ~= "number" or (v == v and math.abs(v) ~= math.huge) then finite[k] = v end
   end
-  table.sort(parts)
-  out_file:write("{", table.concat(parts, ","), "}\n")
+  out_file:write(json.encode(finite), "\n")
   out_file:flush()
 end
 
@@ -118,12 +100,12 @@ local function hit_rates()
         run(math.floor(K / 2) + 1, K)
         local s = cache:stats()
         if s.hits + s.misses + s.conflicts ~= s.unique then
-          die(("check: %d hits + %d misses + %d conflicts != %d distinct rows"):format(s.hits, s.misses,
+          cmd:fail(("check: %d hits + %d misses + %d conflicts != %d distinct rows"):format(s.hits, s.misses,
               s.conflicts, s.unique))
         end
         local key = policy .. tostring(prefetch)
         if last[key] and s.hits / s.unique < last[key] - 0.005 then
-          die(("check: %s hit rate %.4f at %g of the rows, below %.4f at a smaller cache"):format(key,
+          cmd:fail(("check: %s hit rate %.4f at %g of the rows, below %.4f at a smaller cache"):format(key,
               s.hits / s.unique, frac, last[key]))
         end
         last[key] = s.hits / s.unique
@@ -150,10 +132,10 @@ local function hit_rates()
     out_file:close()
     out_file = nil
     -- the first python3 on PATH may lack matplotlib where the system's has it
-    local cmd = ("python3 scripts/bench/cache_plot.py %q --out %q 2>/dev/null || "
-                 .. "/usr/bin/python3 scripts/bench/cache_plot.py %q --out %q"):format(o.out, o.plot, o.out, o.plot)
-    local ok = os.execute(cmd)
-    if ok == 0 or ok == true then print("plot: " .. o.plot) else print("plot: not made (" .. cmd .. " failed)") end
+    local plot = ("python3 scripts/bench/cache_plot.py %q --out %q 2>/dev/null || "
+                  .. "/usr/bin/python3 scripts/bench/cache_plot.py %q --out %q"):format(o.out, o.plot, o.out, o.plot)
+    local ok = os.execute(plot)
+    if ok == 0 or ok == true then print("plot: " .. o.plot) else print("plot: not made (" .. plot .. " failed)") end
   end
 end
 
@@ -163,7 +145,7 @@ end
 -- a small config, e.g. dlrm_tiny) "device" means host tables.
 local function gpu_modes()
   local gpu = ur.gpu()
-  if not gpu and not o.config then die("--gpu needs a GPU: " .. ur.cuda_error()) end
+  if not gpu and not o.config then cmd:fail("--gpu needs a GPU: " .. ur.cuda_error()) end
   local train = require "uvmrec.train"
   local Prefetch = require "uvmrec.pipeline.Prefetch"
   -- every step trains a batch of its own (a cycle of a few would let a 20% cache hold them
@@ -178,9 +160,9 @@ local function gpu_modes()
     local all = { "optimizer.lr=1.0" }
     for _, v in ipairs(sets) do all[#all + 1] = v end
     local cfg, err = train.config.load(path, all)
-    if not cfg then die(err) end
+    if not cfg then cmd:fail(err) end
     local def, derr = train.model_def(cfg, path)
-    if not def then die(derr) end
+    if not def then cmd:fail(derr) end
     return cfg, def
   end
   -- distinct batches in pinned host memory, the same for every mode
@@ -227,12 +209,12 @@ local function gpu_modes()
         "emb HBM", "host link/step", "GB/s", "hit rate", "ms/step", "cache host ms", "cache GPU ms", "conf/st",
         "waits/st"))
   local only = {}
-  for name in (o.modes or ""):gmatch("[^,]+") do only[name] = true end
+  for _, name in ipairs(o.modes or {}) do only[name] = true end
   for _, m in ipairs(modes) do
     if o.modes and not only[m.name] and m.name ~= "device" then goto next_mode end
     local cfg, def = load(m.sets)
     local model = def.build(cfg, { cpu = not gpu })
-    if not model then die("could not build " .. m.name) end
+    if not model then cmd:fail("could not build " .. m.name) end
     local opt = train.optimizer(cfg, model)
     local hints = train.hints(cfg, model)
     if hints then hints:start(0) end
@@ -277,7 +259,7 @@ local function gpu_modes()
       for s = 1, CHECK do
         local d = math.abs(losses[s] - base_losses[s]) / math.max(math.abs(base_losses[s]), 1e-6)
         if d > 1e-3 or d ~= d then
-          die(("check: %s step %d loss %.6g, all-in-HBM's %.6g"):format(m.name, s, losses[s], base_losses[s]))
+          cmd:fail(("check: %s step %d loss %.6g, all-in-HBM's %.6g"):format(m.name, s, losses[s], base_losses[s]))
         end
       end
     end

@@ -12,26 +12,21 @@
 -- time per batch (a prepare and a retire, the host waiting for the GPU after each).
 local ffi = require "ffi"
 local ur = require "uvmrec"
+local json = require "uvmrec.json"
 local C = ur.C
 
-local o = { tables = 26, rows = 1000000, batch = 65536, batches = 12, zipf = 1.05 }
-do
-  local i = 1
-  while i <= #arg do
-    local a, v = arg[i], arg[i + 1]
-    local key = a:match("^%-%-(%a+)$")
-    if not key or o[key] == nil and key ~= "out" then
-      error("cache_decide: unknown argument " .. a .. " (expected --tables --rows --batch --batches --zipf --out)", 0)
-    end
-    if v == nil then error("cache_decide: " .. a .. " needs a value", 0) end
-    o[key] = key == "out" and v or tonumber(v)
-    i = i + 2
-  end
-end
-if not ur.gpu() then
-  io.stderr:write("cache_decide: needs a GPU: ", ur.cuda_error(), "\n")
-  os.exit(1)
-end
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/cache_decide.lua",
+  summary = "the software cache's decisions on the GPU against the host reference, at the B4 shape",
+  { "--tables T", "tables", type = "whole", default = 26 },
+  { "--rows N", "rows of each table", type = "whole", default = 1000000 },
+  { "--batch B", "samples a batch (one id per table)", type = "whole", default = 65536 },
+  { "--batches K", "batches", type = "whole", default = 12 },
+  { "--zipf S", "the ids' Zipf exponent", type = "number", default = 1.05 },
+  { "--out FILE", "write JSON lines" },
+}
+local o = cmd:parse(arg)
+if not ur.gpu() then cmd:fail("needs a GPU: " .. ur.cuda_error()) end
 
 local T, N, B, K = o.tables, o.rows, o.batch, o.batches
 math.randomseed(7)
@@ -109,14 +104,11 @@ for _, frac in ipairs({ 0.05, 0.2 }) do
           100 * sg.conflicts / math.max(1, sg.unique), 1e3 * tc, 1e3 * tg, bad and "NO" or "yes"))
     if bad then print("  first difference: " .. bad) end
     if out_file then
-      out_file:write(('{"bench":"cache_decide","cache_fraction":%g,"policy":"%s","hit_rate":%.6f,'
-        .. '"cpu_ms_per_batch":%.3f,"gpu_ms_per_batch":%.3f,"same":%s,"tables":%d,"rows":%d,"batch":%d}\n')
-        :format(frac, policy, sg.hit_rate, 1e3 * tc, 1e3 * tg, tostring(bad == nil), T, N, B))
+      out_file:write(json.encode { bench = "cache_decide", cache_fraction = frac, policy = policy,
+        hit_rate = sg.hit_rate, cpu_ms_per_batch = 1e3 * tc, gpu_ms_per_batch = 1e3 * tg, same = bad == nil,
+        tables = T, rows = N, batch = B }, "\n")
     end
   end
 end
 if out_file then out_file:close() end
-if failed then
-  io.stderr:write("cache_decide: the GPU's decisions differ from the CPU's\n")
-  os.exit(1)
-end
+if failed then cmd:fail("the GPU's decisions differ from the CPU's") end

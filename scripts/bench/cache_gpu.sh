@@ -28,13 +28,13 @@ step() {
 $name: rc=$rc"
   [ $rc -eq 0 ] || fail=1
 }
-step specs "$LUAJIT" spec/run.lua --tags=cuda spec/cache_cuda_spec.lua spec/pipeline_spec.lua \
-  spec/cache_train_spec.lua spec/tbe_pages_spec.lua
+step specs "$LUAJIT" spec/run.lua --tags=cuda spec/cache_cuda_spec.lua spec/pipeline/prefetch_spec.lua \
+  spec/cache_spec.lua spec/tbe_spec.lua
 step decide "$LUAJIT" scripts/bench/cache_decide.lua --out "$out/cache_decide.jsonl"
 step memcheck-pipeline "$SAN" --tool memcheck --error-exitcode 1 "$LUAJIT" spec/run.lua --tags=cuda \
-  spec/pipeline_spec.lua
+  spec/pipeline/prefetch_spec.lua
 step racecheck-pipeline "$SAN" --tool racecheck --error-exitcode 1 "$LUAJIT" spec/run.lua --tags=cuda \
-  spec/pipeline_spec.lua
+  spec/pipeline/prefetch_spec.lua
 step memcheck-cache "$SAN" --tool memcheck --error-exitcode 1 "$LUAJIT" spec/run.lua --tags=cuda \
   spec/cache_cuda_spec.lua
 step racecheck-cache "$SAN" --tool racecheck --error-exitcode 1 "$LUAJIT" spec/run.lua --tags=cuda \

@@ -1,14 +1,20 @@
 -- Checkpoint throughput: saves a table of the given size and placement through the staging
 -- buffer, loads it back into a second one, checks the rows match, and prints GB/s and the
 -- host memory high-water mark's growth (which the staging buffer bounds) as a line of JSON.
--- usage: luajit scripts/bench/checkpoint.lua [GiB=1] [placement=managed] [staging MiB=64] [dir=/tmp]
+-- usage: luajit scripts/bench/checkpoint.lua [GIB] [PLACEMENT] [STAGING_MIB] [DIR]   (--help)
 local ur = require "uvmrec"
 local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
-local gib = tonumber(arg[1] or 1)
-local place = arg[2] or "managed"
-local staging = math.floor(tonumber(arg[3] or 64) * 2 ^ 20)
-local dir = arg[4] or "/tmp"
+local o = require("uvmrec.cli").command {
+  name = "scripts/bench/checkpoint.lua",
+  summary = "checkpoint throughput: save and load a table through the staging buffer, GB/s and host memory",
+  { "[GIB]", "the table's size in GiB", type = "number", default = 1 },
+  { "[PLACEMENT]", "where the table lives", choices = { "host", "pinned", "device", "managed" }, default = "managed" },
+  { "[STAGING_MIB]", "the staging buffer in MiB", type = "number", default = 64 },
+  { "[DIR]", "where the file goes", default = "/tmp" },
+}:parse(arg)
+local gib, place, staging, dir = o.gib, o.placement, math.floor(o.staging_mib * 2 ^ 20), o.dir
 local dim = 128
 local rows = math.floor(gib * 2 ^ 30 / (dim * 4))
 
@@ -67,6 +73,5 @@ print(("checkpoint %s %.2f GiB, staging %d MiB: save %.2f GB/s (%.2f s, fsync in
   .. "load %.2f GB/s (%.2f s); host high-water growth %.0f / %.0f MiB"):format(
   place, bytes / 2 ^ 30, staging / 2 ^ 20, bytes / 1e9 / (t1 - t0), t1 - t0,
   bytes / 1e9 / (t3 - t2), t3 - t2, saved - base, loaded - base))
-print(('{"bench":"checkpoint","placement":"%s","bytes":%d,"staging":%d,"save_s":%.4f,"load_s":%.4f,'
-  .. '"save_rss_mib":%.1f,"load_rss_mib":%.1f}'):format(place, bytes, staging, t1 - t0, t3 - t2,
-  saved - base, loaded - base))
+print(json.encode { bench = "checkpoint", placement = place, bytes = bytes, staging = staging, save_s = t1 - t0,
+  load_s = t3 - t2, save_rss_mib = saved - base, load_rss_mib = loaded - base })

@@ -1,16 +1,21 @@
 -- Data path throughput, one line each: the Criteo TSV reader (lines/s), the synthetic
 -- generator on the CPU and, when there is one, on the GPU (samples/s), and the loader
 -- (batches/s) from synthetic data, day files and TSV.
--- usage: luajit scripts/bench/data.lua [tsv lines=2000000] [batch=65536] [dir=/tmp]
+-- usage: luajit scripts/bench/data.lua [LINES] [BATCH] [DIR]   (--help)
 -- The TSV is the real sample rows of ../shared/data repeated (or synthetic lines without them).
 local ffi = require "ffi"
 local ur = require "uvmrec"
 local data = ur.data
 local C = ur.C
 
-local lines = tonumber(arg[1] or 2000000)
-local B = tonumber(arg[2] or 65536)
-local dir = (arg[3] or "/tmp") .. "/uvmrec-bench-data"
+local args = require("uvmrec.cli").command {
+  name = "scripts/bench/data.lua",
+  summary = "data path throughput: the Criteo TSV reader, the synthetic generator, the loader",
+  { "[LINES]", "lines of the TSV", type = "whole", default = 2000000 },
+  { "[BATCH]", "samples a batch", type = "whole", default = 65536 },
+  { "[DIR]", "where the files go (in uvmrec-bench-data/)", default = "/tmp" },
+}:parse(arg)
+local lines, B, dir = args.lines, args.batch, args.dir .. "/uvmrec-bench-data"
 
 pcall(ffi.cdef, "int clock_gettime(int, void *);")
 local function now()

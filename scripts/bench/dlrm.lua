@@ -1,7 +1,7 @@
 -- DLRM training benchmark (BENCH.md B3, B7): samples/s of whole training steps.
 --
 --   luajit scripts/bench/dlrm.lua [--steps N] [--batch B] [--config NAME|FILE] [--set k=v]...
---                                 [--precision f32|tf32|bf16] [--cpu] [--out FILE]
+--                                 [--precision f32|tf32|bf16] [--cpu] [--out FILE]   (--help)
 --
 -- Default on a GPU: dlrm_mlperf_v1_2m (26 tables of dim 128 capped at 2 M rows, 6.3 GiB in
 -- HBM; MLPs 512-256-128 and 1024-1024-512-256-1; bf16 MLPs; SGD) at batch 65536, 200 steps.
@@ -14,49 +14,32 @@
 -- Prints a summary and writes one JSON line to --out.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
-local o = { sets = {} }
-do
-  local i = 1
-  while i <= #arg do
-    local a = arg[i]
-    local function value()
-      i = i + 1
-      if arg[i] == nil then error("dlrm bench: " .. a .. " needs a value", 0) end
-      return arg[i]
-    end
-    if a == "--steps" then o.steps = tonumber(value())
-    elseif a == "--batch" then o.batch = tonumber(value())
-    elseif a == "--config" then o.config = value()
-    elseif a == "--set" then o.sets[#o.sets + 1] = value()
-    elseif a == "--precision" then o.precision = value()
-    elseif a == "--out" then o.out = value()
-    elseif a == "--cpu" then o.cpu = true
-    else
-      error("dlrm bench: unknown argument " .. a .. " (expected --steps N --batch B --config C --set k=v "
-            .. "--precision P --cpu --out FILE)", 0)
-    end
-    i = i + 1
-  end
-end
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/dlrm.lua",
+  summary = "DLRM training benchmark (BENCH.md B3, B7): samples/s of whole training steps",
+  { "--steps N", "steps to time (default: 200 on a GPU, 50 on the CPU)", type = "whole" },
+  { "--batch B", "the batch size (sets train.batch_size)", type = "whole" },
+  { "--config C", "a config or preset (default: dlrm_mlperf_v1_2m on a GPU, dlrm_tiny on the CPU)" },
+  { "--set K=V", "any config value", many = true },
+  { "--precision P", "the MLPs' precision (sets model.precision)", choices = { "f32", "tf32", "bf16" } },
+  { "--cpu", "on the CPU even where a GPU is" },
+  { "--out FILE", "append the result as a JSON line" },
+}
+local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
 o.config = o.config or (gpu and "dlrm_mlperf_v1_2m" or "dlrm_tiny")
 o.steps = o.steps or (gpu and 200 or 50)
 local WARM, NBATCH = gpu and 10 or 3, gpu and 8 or 4
 
 local C = ur.C
-local function die(msg)
-  io.stderr:write("dlrm bench: ", msg, "\n")
-  os.exit(1)
-end
-
 local function load(name, sets)
   local path = assert(train.find_config(name))
   local cfg, err = train.config.load(path, sets)
-  if not cfg then die(err) end
+  if not cfg then cmd:fail(err) end
   local def, derr = train.model_def(cfg, path)
-  if not def then die(derr) end
+  if not def then cmd:fail(derr) end
   return cfg, def
 end
 
@@ -87,7 +70,7 @@ if gpu then
     for s = 1, #a do worst = math.max(worst, math.abs(a[s] - b[s]) / math.max(math.abs(a[s]), 1e-6)) end
     check[c[1]] = worst
     if worst > c[2] or worst ~= worst then
-      die(("check: dlrm_tiny %s losses on the GPU differ from the CPU's by %.3g (relative; allowed %g)"):format(
+      cmd:fail(("check: dlrm_tiny %s losses on the GPU differ from the CPU's by %.3g (relative; allowed %g)"):format(
         c[1], worst, c[2]))
     end
   end
@@ -95,13 +78,13 @@ end
 
 -- ---- the timed run ----
 
-local sets = { unpack(o.sets) }
+local sets = { unpack(o.set) }
 if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
 if o.precision then sets[#sets + 1] = "model.precision=" .. o.precision end
 local cfg, def = load(o.config, sets)
 local B = cfg.train.batch_size
 local model, merr = def.build(cfg, { cpu = not gpu })
-if not model then die(merr) end
+if not model then cmd:fail(merr) end
 local opt = train.optimizer(cfg, model)
 local st = model:stats()
 local where = gpu and ("cuda:0 " .. ur.device_props(0).name) or "the CPU"
@@ -154,10 +137,10 @@ end
 -- run(1) read the loss once inside the timed span: one wait in o.steps steps.
 local loss1 = model.criterion:forward(model:forward(probe), probe.labels):get(0)
 if not (loss1 == loss1 and math.abs(loss1) < math.huge) then
-  die(("the loss is %s after %d steps"):format(loss1, step))
+  cmd:fail(("the loss is %s after %d steps"):format(loss1, step))
 end
 if loss1 >= loss0 then
-  die(("the loss of a batch did not fall over %d steps on %d repeated batches: %.4f -> %.4f"):format(o.steps,
+  cmd:fail(("the loss of a batch did not fall over %d steps on %d repeated batches: %.4f -> %.4f"):format(o.steps,
     NBATCH, loss0, loss1))
 end
 local rate = o.steps * B / seconds
@@ -187,7 +170,7 @@ print(("fed by the loader: %d steps, %s samples/s (the loader waited on for %.2f
 
 if o.out then
   local f = assert(io.open(o.out, "a"))
-  f:write(ck.json.encode { bench = "dlrm", config = cfg.name, device = where, batch = B,
+  f:write(json.encode { bench = "dlrm", config = cfg.name, device = where, batch = B,
     precision = cfg.model.precision, steps = o.steps, seconds = seconds, samples_per_s = rate,
     ms_per_step = seconds / o.steps * 1e3, fed_samples_per_s = fed_rate, loss_first = loss0, loss_last = loss1,
     check_f32 = check.f32, check_bf16 = check.bf16 }, "\n")

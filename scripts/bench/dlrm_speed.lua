@@ -4,7 +4,7 @@
 --
 --   luajit scripts/bench/dlrm_speed.lua [--config dlrm_mlperf_v1_2m] [--set k=v]... [--batch B]
 --          [--precisions f32,tf32,bf16] [--steps 30] [--data DIR] [--work DIR] [--python PY]
---          [--no-torch] [--out FILE] [--cpu]
+--          [--no-torch] [--out FILE] [--cpu]   (--help)
 --
 -- The data: the day files in --data, or written by uvmrec datagen from the config's synthetic
 -- preset into --work (8 batches); both engines train on the same batches, rotating over them.
@@ -24,79 +24,44 @@
 -- Prints the tables last and appends JSON lines to --out.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
 local C = ur.C
 
-local function die(msg, code)
-  io.stderr:write("dlrm_speed: ", msg, "\n")
-  os.exit(code or 2)
-end
-
-local o = { sets = {}, precisions = { "f32", "tf32", "bf16" }, work = "build/dlrm_speed",
-            python = os.getenv("PYTHON") or "python3" }
-do
-  local i = 1
-  while i <= #arg do
-    local a = arg[i]
-    local function value()
-      i = i + 1
-      if arg[i] == nil then die(a .. " needs a value") end
-      return arg[i]
-    end
-    local function whole(min)
-      local v = value()
-      local n = tonumber(v)
-      if not n or n < min or n ~= math.floor(n) then
-        die(("%s needs a whole number >= %d, got %s"):format(a, min, v))
-      end
-      return n
-    end
-    if a == "--config" then o.config = value()
-    elseif a == "--set" then o.sets[#o.sets + 1] = value()
-    elseif a == "--batch" then o.batch = whole(1)
-    elseif a == "--steps" then o.steps = whole(1)
-    elseif a == "--precisions" then
-      o.precisions = {}
-      for p in value():gmatch("[^,]+") do
-        if p ~= "f32" and p ~= "tf32" and p ~= "bf16" then die("--precisions: " .. p .. " is not f32, tf32 or bf16") end
-        o.precisions[#o.precisions + 1] = p
-      end
-    elseif a == "--data" then o.data = value()
-    elseif a == "--work" then o.work = value()
-    elseif a == "--python" then o.python = value()
-    elseif a == "--no-torch" then o.no_torch = true
-    elseif a == "--out" then o.out = value()
-    elseif a == "--cpu" then o.cpu = true
-    else
-      die("unknown argument " .. a .. " (expected --config C --set k=v --batch B --precisions P,... --steps N "
-          .. "--data DIR --work DIR --python PY --no-torch --out FILE --cpu)")
-    end
-    i = i + 1
-  end
-end
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/dlrm_speed.lua",
+  summary = "uvmrec against the PyTorch DLRM in the same run (BENCH.md B3): samples/s per precision, and phases",
+  { "--config C", "a config or preset (default: dlrm_mlperf_v1_2m on a GPU, dlrm_tiny on the CPU)" },
+  { "--set K=V", "any config value", many = true },
+  { "--batch B", "the batch size (sets train.batch_size)", type = "whole", check = function(n)
+    return n >= 1 and n or nil, "needs at least 1" end },
+  { "--precisions P,...", "the precisions to time", type = "list", choices = { "f32", "tf32", "bf16" },
+    default = { "f32", "tf32", "bf16" } },
+  { "--steps N", "timed steps (default: 30 on a GPU, 5 on the CPU)", type = "whole", check = function(n)
+    return n >= 1 and n or nil, "needs at least 1" end },
+  { "--data DIR", "day files to train on (default: written by uvmrec datagen into --work)" },
+  { "--work DIR", "where the data and PyTorch's results go", default = "build/dlrm_speed" },
+  { "--python PY", "the Python with torch", default = os.getenv("PYTHON") or "python3" },
+  { "--no-torch", "leave PyTorch out" },
+  { "--out FILE", "append JSON lines" },
+  { "--cpu", "on the CPU even where a GPU is" },
+}
+local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
 o.config = o.config or (gpu and "dlrm_mlperf_v1_2m" or "dlrm_tiny")
 o.steps = o.steps or (gpu and 30 or 5)
 local WARM, NBATCH, REPEAT = gpu and 5 or 1, gpu and 8 or 2, gpu and 10 or 2
 
-local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-local function run(cmd)
-  print("+ " .. cmd)
-  io.stdout:flush()
-  local ok, how, code = os.execute(cmd)
-  if type(ok) == "number" then return ok == 0 end
-  return ok == true and (how ~= "exit" or code == 0)
-end
+local sh, run = P.sh, P.run
 
 local function config(precision)
-  local sets = { unpack(o.sets) }
+  local sets = { unpack(o.set) }
   if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
   sets[#sets + 1] = "model.precision=" .. precision
   local cfg, def = P.config(o.config, sets)
-  if not cfg then die(def) end
+  if not cfg then cmd:fail(def) end
   return cfg, def
 end
 
@@ -105,11 +70,11 @@ local cfg0 = config(o.precisions[1])
 local B = cfg0.train.batch_size
 if not o.data then
   local preset = cfg0.data.train:match("^synthetic:(.+)$")
-  if not preset then die(o.config .. ": give --data DIR (its data.train is not a synthetic preset)") end
+  if not preset then cmd:fail(o.config .. ": give --data DIR (its data.train is not a synthetic preset)") end
   o.data = o.work .. "/days"
   if not run(("%s %s %s --out %s --samples %d"):format(sh(arg[-1] or "luajit"), sh(here .. "/../datagen.lua"),
     sh(preset), sh(o.data), NBATCH * B)) then
-    die("datagen failed")
+    cmd:fail("datagen failed")
   end
 end
 
@@ -123,16 +88,16 @@ if not o.no_torch then
     -- The description needs built objects: a model of 1-row tables has the same shape (the
     -- real rows are put back).
     local cfg = config(o.precisions[1])
-    local sets = { unpack(o.sets) }
+    local sets = { unpack(o.set) }
     sets[#sets + 1] = "embeddings.max_rows=1"
     if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
     local small, def = P.config(o.config, sets)
-    if not small then die(def) end
+    if not small then cmd:fail(def) end
     local m = assert(def.build(small, { cpu = true }))
     local desc = P.describe(small, m, train.optimizer(small, m))
     desc.rows = train.config.table_rows(cfg)
     local f = assert(io.open(desc_path, "w"))
-    f:write(ck.json.encode(desc), "\n")
+    f:write(json.encode(desc), "\n")
     f:close()
     m.embeddings.tbe:free()
   end
@@ -148,7 +113,7 @@ if not o.no_torch then
   local f = io.open(tj)
   if f then
     for line in f:lines() do
-      local r = ck.json.decode(line)
+      local r = json.decode(line)
       if r.bench == "torch_dlrm" then torch[r.precision] = r
       elseif r.bench == "ceilings" then ceil = r end
     end
@@ -248,7 +213,7 @@ local results = {}
 for _, precision in ipairs(o.precisions) do
   local cfg, def = config(precision)
   local model, merr = def.build(cfg, { cpu = not gpu })
-  if not model then die(merr) end
+  if not model then cmd:fail(merr) end
   local opt = train.optimizer(cfg, model)
   local rows = train.config.table_rows(cfg)
   local loader = assert(ur.data.loader { data = "criteo-bin:" .. o.data, batch_size = B, depth = 2, rows = rows,
@@ -268,7 +233,7 @@ for _, precision in ipairs(o.precisions) do
     ids = ids + b.sparse:values():numel()
   end
   loader:close()
-  if #batches == 0 then die(o.data .. ": not one whole batch of " .. B) end
+  if #batches == 0 then cmd:fail(o.data .. ": not one whole batch of " .. B) end
   model._speed_ids = ids / #batches
   local steps = {}
   for i, b in ipairs(batches) do steps[i] = P.phases(model, opt, b) end
@@ -299,7 +264,7 @@ for _, precision in ipairs(o.precisions) do
     loss_last = st.loss:get(0)
   end
   if not (loss_last == loss_last and math.abs(loss_last) < math.huge) then
-    die(("%s: the loss is %s after %d steps"):format(precision, tostring(loss_last), n), 1)
+    cmd:fail(("%s: the loss is %s after %d steps"):format(precision, tostring(loss_last), n), 1)
   end
 
   -- The distinct rows of a batch (the backward's floor), from the tables' gradient.
@@ -385,7 +350,7 @@ if o.out then
   local f = assert(io.open(o.out, "a"))
   for _, r in ipairs(results) do
     local t = torch[r.precision]
-    f:write(ck.json.encode { bench = "dlrm_speed", config = cfg0.name, device = where, batch = B,
+    f:write(json.encode { bench = "dlrm_speed", config = cfg0.name, device = where, batch = B,
       precision = r.precision, ms = r.ms, samples_per_s = r.samples_per_s, phases = r.phases, gaps_ms = r.gaps,
       floor_ms = r.floor_ms, unique_rows = r.unique, ids = r.ids, loss = r.loss,
       torch_ms = t and t.ms, torch_samples_per_s = t and t.samples_per_s, ratio = t and t.ms / r.ms,

@@ -2,12 +2,18 @@
 -- time of compute() (the window's sorts, the lifetime histogram) on the GPU when one is in use,
 -- else on the CPU.  Results are checked first: the backend in use against the CPU reference on
 -- the same data.  Prints a table and one JSON line per row.
---   luajit scripts/bench/metrics.lua [batch] [window]
+--   luajit scripts/bench/metrics.lua [BATCH] [WINDOW]   (--help)
 local ur = require "uvmrec"
 local metrics = require "uvmrec.metrics"
+local json = require "uvmrec.json"
 
-local batch = tonumber(arg[1]) or 65536
-local window = tonumber(arg[2]) or 1048576
+local o = require("uvmrec.cli").command {
+  name = "scripts/bench/metrics.lua",
+  summary = "metrics benchmark: update throughput and compute() time, checked against the CPU reference",
+  { "[BATCH]", "samples an update", type = "whole", default = 65536 },
+  { "[WINDOW]", "samples in the window", type = "whole", default = 1048576 },
+}:parse(arg)
+local batch, window = o.batch, o.window
 local gpu = ur.gpu()
 local place = gpu and "device" or "host"
 local reps = gpu and 50 or 5
@@ -58,11 +64,7 @@ end
 local rows = {}
 local function row(r)
   rows[#rows + 1] = r
-  local json = {}
-  for k, v in pairs(r) do
-    json[#json + 1] = ("%q: %s"):format(k, type(v) == "number" and ("%.6g"):format(v) or ("%q"):format(v))
-  end
-  io.stderr:write("{" .. table.concat(json, ", ") .. "}\n")
+  io.stderr:write(json.encode(r), "\n")
 end
 
 local stream = gpu and assert(ur.stream()) or nil

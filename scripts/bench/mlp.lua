@@ -4,7 +4,7 @@
 -- interaction's backward).
 --
 --   luajit scripts/bench/mlp.lua --gpu [--batch N] [--out FILE] [--torch FILE]   (make bench-gpu)
---   luajit scripts/bench/mlp.lua --cpu [--batch N] [--out FILE]                  (make bench)
+--   luajit scripts/bench/mlp.lua --cpu [--batch N] [--out FILE]                  (make bench; --help)
 --
 -- First a check: the same stack with the same weights on a small batch on the CPU backend (the
 -- reference) and here, in each precision; a wrong answer stops the benchmark.  Then, per
@@ -13,32 +13,27 @@
 -- gradient, and input gradient where one is computed; the ceiling is BENCH.md's measured bf16
 -- 790 TFLOP/s.  --torch reads scripts/bench/torch_mlp.py's JSON lines for the ratio.
 local ur = require "uvmrec"
+local json = require "uvmrec.json"
 local nn = ur.nn
 
-local args = {}
-do
-  local i = 1
-  while i <= #arg do
-    local a = arg[i]
-    if a == "--gpu" or a == "--cpu" then args.mode = a:sub(3)
-    elseif a == "--batch" or a == "--out" or a == "--torch" or a == "--runs" then
-      args[a:sub(3)] = arg[i + 1]
-      i = i + 1
-    else
-      error("mlp bench: unknown argument " .. a .. " (expected --gpu|--cpu [--batch N] [--out FILE] [--torch FILE])", 0)
-    end
-    i = i + 1
-  end
-  args.mode = args.mode or (ur.gpu() and "gpu" or "cpu")
-end
-if args.mode == "gpu" and not ur.gpu() then
-  io.stderr:write("mlp bench: --gpu asked but no GPU is in use: ", ur.cuda_error(), "\n")
-  os.exit(1)
-end
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/mlp.lua",
+  summary = "MLP benchmark: the MLPerf v1 DLRM's MLP stack, forward + backward, per precision",
+  { "--gpu", "on the GPU (the default where a GPU is in use)" },
+  { "--cpu", "on the CPU" },
+  { "--batch N", "rows a batch (default: 65536 on the GPU, 2048 on the CPU)", type = "whole" },
+  { "--runs N", "timed steps (default: 30 on the GPU, 3 on the CPU)", type = "whole" },
+  { "--out FILE", "write JSON lines" },
+  { "--torch FILE", "scripts/bench/torch_mlp.py's JSON lines, for the ratio to PyTorch" },
+  mutex = { { "--gpu", "--cpu" } },
+}
+local args = cmd:parse(arg)
+args.mode = args.gpu and "gpu" or args.cpu and "cpu" or (ur.gpu() and "gpu" or "cpu")
+if args.mode == "gpu" and not ur.gpu() then cmd:fail("--gpu asked but no GPU is in use: " .. ur.cuda_error()) end
 
 local GPU = args.mode == "gpu"
-local BATCH = tonumber(args.batch) or (GPU and 65536 or 2048)
-local RUNS = tonumber(args.runs) or (GPU and 30 or 3)
+local BATCH = args.batch or (GPU and 65536 or 2048)
+local RUNS = args.runs or (GPU and 30 or 3)
 local WARM = GPU and 5 or 1
 local CEILING = 790 -- TFLOP/s, bf16 matrix products on one H200 (BENCH.md)
 local BOTTOM = { 13, 512, 256, 128 }
@@ -176,15 +171,15 @@ local function time(precision)
   return median(ms)
 end
 
+-- scripts/bench/torch_mlp.py's lines: ms by precision (none when the file is not there).
 local function read_torch(path)
   local out = {}
-  local f = path and io.open(path)
-  if not f then return out end
-  for line in f:lines() do
-    local p, ms = line:match('"precision": *"(%w+)".-"ms": *([%d.eE+-]+)')
-    if p then out[p] = tonumber(ms) end
+  if not path then return out end
+  local recs, err = json.read_lines(path)
+  if not recs then io.stderr:write(cmd.prog, ": --torch: ", err, "; the ratios are left out\n") end
+  for _, r in ipairs(recs or {}) do
+    if r.precision and r.ms then out[r.precision] = r.ms end
   end
-  f:close()
   return out
 end
 
@@ -205,9 +200,8 @@ for _, p in ipairs(precisions) do
   print(("%-6s %12s %10.3f %10.3f %11.2f%% %10s"):format(p, GPU and ("%.1e"):format(worst) or "-", ms, tf,
     100 * tf / CEILING, ratio and ("%.2fx"):format(ratio) or "-"))
   if out then
-    out:write(('{"bench": "mlp", "mode": "%s", "precision": "%s", "batch": %d, "ms": %.4f, "tflops": %.2f, '
-      .. '"ceiling_tflops": %d, "check_max_rel": %.3g, "torch_ms": %s}\n'):format(
-      args.mode, p, BATCH, ms, tf, CEILING, worst, torch[p] and ("%.4f"):format(torch[p]) or "null"))
+    out:write(json.encode { bench = "mlp", mode = args.mode, precision = p, batch = BATCH, ms = ms, tflops = tf,
+      ceiling_tflops = CEILING, check_max_rel = worst, torch_ms = torch[p] }, "\n")
   end
 end
 if out then out:close() end

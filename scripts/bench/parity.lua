@@ -3,7 +3,7 @@
 --
 --   luajit scripts/bench/parity.lua --data DIR --ckpt W.safetensors --dump G.safetensors
 --          [--config dlrm_tiny] [--set k=v]... [--precision f32|tf32|bf16] [--batch B]
---          [--first N] [--cpu]
+--          [--first N] [--cpu]   (--help)
 --
 -- Builds the model of the config (on the GPU when there is one, unless --cpu), saves its
 -- initial weights (--ckpt: dense.<parameter> and embeddings.<table>, as the trainer's
@@ -18,67 +18,48 @@
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
 
-local function die(msg)
-  io.stderr:write("parity: ", msg, "\n")
-  os.exit(2)
-end
-
-local o = { sets = {}, first = 0, config = "dlrm_tiny" }
-do
-  local i = 1
-  while i <= #arg do
-    local a = arg[i]
-    local function value()
-      i = i + 1
-      if arg[i] == nil then die(a .. " needs a value") end
-      return arg[i]
-    end
-    local function whole()
-      local v = value()
-      local n = tonumber(v)
-      if not n or n < 0 or n ~= math.floor(n) then die(a .. " needs a whole number >= 0, got " .. v) end
-      return n
-    end
-    if a == "--config" then o.config = value()
-    elseif a == "--set" then o.sets[#o.sets + 1] = value()
-    elseif a == "--precision" then o.sets[#o.sets + 1] = "model.precision=" .. value()
-    elseif a == "--batch" then o.sets[#o.sets + 1] = "train.batch_size=" .. whole()
-    elseif a == "--data" then o.data = value()
-    elseif a == "--first" then o.first = whole()
-    elseif a == "--ckpt" then o.ckpt = value()
-    elseif a == "--dump" then o.dump = value()
-    elseif a == "--cpu" then o.cpu = true
-    else
-      die("unknown argument " .. a .. " (expected --data DIR --ckpt FILE --dump FILE --config C --set k=v "
-          .. "--precision P --batch B --first N --cpu)")
-    end
-    i = i + 1
-  end
-end
-if not (o.data and o.ckpt and o.dump) then die("needs --data DIR, --ckpt FILE and --dump FILE") end
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/parity.lua",
+  summary = "uvmrec's side of the parity with PyTorch: one training step's outputs, loss and gradients",
+  { "--data DIR", "binary day files (uvmrec datagen / convert)", required = true },
+  { "--ckpt FILE", "where the initial weights go", required = true },
+  { "--dump FILE", "where the step's outputs, loss, gradients and batch go", required = true },
+  { "--config C", "a config or preset", default = "dlrm_tiny" },
+  { "--set K=V", "any config value", many = true },
+  { "--precision P", "sets model.precision", choices = { "f32", "tf32", "bf16" } },
+  { "--batch B", "sets train.batch_size", type = "whole" },
+  { "--first N", "the batch's first sample", type = "whole", default = 0 },
+  { "--cpu", "on the CPU even where a GPU is" },
+}
+local o = cmd:parse(arg)
+if o.precision then o.set[#o.set + 1] = "model.precision=" .. o.precision end
+if o.batch then o.set[#o.set + 1] = ("train.batch_size=%d"):format(o.batch) end
 
 local gpu = ur.gpu() and not o.cpu
-local cfg, def = P.config(o.config, o.sets)
-if not cfg then die(def) end
+local cfg, def = P.config(o.config, o.set)
+if not cfg then cmd:fail(def) end
 local model, merr = def.build(cfg, { cpu = not gpu })
-if not model then die(merr) end
+if not model then cmd:fail(merr) end
 local opt = train.optimizer(cfg, model)
 local desc = P.describe(cfg, model, opt)
 local ok, err = P.save_weights(o.ckpt, model, desc, cfg)
-if not ok then die(err) end
+if not ok then cmd:fail(err) end
 
 -- One batch of the day files, where the model runs.
 local B = cfg.train.batch_size
 local loader, lerr = ur.data.loader { data = "criteo-bin:" .. o.data, batch_size = B, depth = 1,
                                       rows = desc.rows, position = { epoch = 0, sample = o.first } }
-if not loader then die(lerr) end
+if not loader then cmd:fail(lerr) end
 local b, berr = loader:next()
-if not b then die(berr or ("%s: no samples from sample %d"):format(o.data, o.first)) end
-if b.size ~= B then die(("%s: %d samples from sample %d; the batch needs %d"):format(o.data, b.size, o.first, B)) end
+if not b then cmd:fail(berr or ("%s: no samples from sample %d"):format(o.data, o.first)) end
+if b.size ~= B then
+  cmd:fail(("%s: %d samples from sample %d; the batch needs %d"):format(o.data, b.size, o.first, B))
+end
 local batch
 if gpu then
   local d = b:to("device")
@@ -129,16 +110,16 @@ for _, g in ipairs(grads) do
   for i = 1, #c do big = math.max(big, math.abs(c[i])) end
   for i = 1, #a do
     if math.abs(a[i] - c[i]) > (gpu and 1e-6 * big or 0) then
-      die(("self-check: gradient %s[%d] is %.9g by the phases but %.9g by DLRM:backward"):format(g.name, i - 1,
+      cmd:fail(("self-check: gradient %s[%d] is %.9g by the phases but %.9g by DLRM:backward"):format(g.name, i - 1,
         a[i], c[i]))
     end
   end
 end
 
 ok, err = ck.save(o.dump, { tensors = out, meta = {
-  ["uvmrec.meta.torch"] = ck.json.encode(desc), ["parity.device"] = gpu and "cuda" or "cpu",
+  ["uvmrec.meta.torch"] = json.encode(desc), ["parity.device"] = gpu and "cuda" or "cpu",
   ["parity.first"] = tostring(o.first), ["parity.data"] = o.data } })
-if not ok then die(err) end
+if not ok then cmd:fail(err) end
 print(("parity: %s (%s interaction, %s) on %s: batch %d from sample %d of %s; loss %.6f; %d dense gradients, "
   .. "%d distinct rows in %d tables; weights %s, dump %s"):format(cfg.name, desc.interaction, desc.precision,
   gpu and "the GPU" or "the CPU", B, o.first, o.data, loss, #grads, unique, model.num_tables, o.ckpt, o.dump))

@@ -1,12 +1,14 @@
 -- What scripts/bench/parity.lua, train_parity.lua and dlrm_speed.lua share with the PyTorch DLRM
 -- (scripts/bench/torch_dlrm.py): the model description the Python side builds its DLRM from
 -- (every hyperparameter resolved here, so no default is written twice), the checkpoint of a
--- model's weights under the trainer's names, and DLRM's training step cut into its phases,
--- with the tables' gradient taken without their fused optimizer step when asked.
+-- model's weights under the trainer's names, DLRM's training step cut into its phases, with
+-- the tables' gradient taken without their fused optimizer step when asked, and running the
+-- other programs (datagen, torch_dlrm.py).
 --   local P = dofile(dir .. "/parity_lib.lua")
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 local Module = require "uvmrec.nn.Module"
 local dense = ur.dense
 
@@ -75,8 +77,8 @@ end
 -- Saves the model's weights with the description (meta uvmrec.meta.torch) and the config.
 function M.save_weights(path, model, desc, cfg)
   return ck.save(path, { tensors = M.weights(model), meta = {
-    ["uvmrec.format"] = tostring(ck.FORMAT or 1), ["uvmrec.meta.torch"] = ck.json.encode(desc),
-    ["uvmrec.config"] = ck.json.encode(cfg) } })
+    ["uvmrec.format"] = tostring(ck.FORMAT or 1), ["uvmrec.meta.torch"] = json.encode(desc),
+    ["uvmrec.config"] = json.encode(cfg) } })
 end
 
 -- The batch's sparse input as the collection takes it (a KJT stays a KJT).
@@ -151,6 +153,19 @@ function M.host_f32(t)
   local h = assert(src:to("host"))
   if src ~= t then src:free() end
   return h
+end
+
+-- A word quoted for the shell.
+function M.sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- Runs a shell command line, echoed first; true when it exits 0.
+function M.run(line)
+  print("+ " .. line)
+  io.stdout:flush()
+  local ok, how, code = os.execute(line)
+  -- LuaJIT without 5.2 compatibility returns the status alone.
+  if type(ok) == "number" then return ok == 0 end
+  return ok == true and (how ~= "exit" or code == 0)
 end
 
 return M

@@ -2,7 +2,7 @@
 -- fused with SGD and rowwise Adagrad, next to a plain row gather of the same ids.
 --
 --   luajit scripts/bench/tbe.lua --gpu [--out FILE] [--torch FILE] [--quick]   (make bench-gpu)
---   luajit scripts/bench/tbe.lua --cpu [--out FILE]                             (make bench)
+--   luajit scripts/bench/tbe.lua --cpu [--out FILE]                             (make bench; --help)
 --
 -- GPU shapes: 26 tables of dim 128, 8 GiB of them, batch 65536, one id per bag (B1) and 20;
 -- ids uniform and Zipf(1.05) with hot rows scattered over the table; f32 and f16 rows; tables
@@ -16,24 +16,22 @@
 local ffi = require "ffi"
 local ur = require "uvmrec"
 local tbe = require "uvmrec.tbe"
+local json = require "uvmrec.json"
 
-local args = { out = nil, torch = nil }
-do
-  local i = 1
-  while i <= #arg do
-    local a = arg[i]
-    if a == "--gpu" or a == "--cpu" then args.mode = a:sub(3)
-    elseif a == "--quick" then args.quick = true
-    elseif a == "--out" or a == "--torch" or a == "--only" then args[a:sub(3)] = arg[i + 1]; i = i + 1
-    else error("tbe bench: unknown argument " .. a .. " (expected --gpu|--cpu [--out FILE] [--torch FILE])", 0) end
-    i = i + 1
-  end
-  args.mode = args.mode or (ur.gpu() and "gpu" or "cpu")
-end
-if args.mode == "gpu" and not ur.gpu() then
-  io.stderr:write("tbe bench: --gpu asked but no GPU is in use: ", ur.cuda_error(), "\n")
-  os.exit(1)
-end
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/tbe.lua",
+  summary = "embedding collection benchmark (BENCH.md B1, B2): pooled forward, and forward + backward",
+  { "--gpu", "the GPU shapes (the default where a GPU is in use)" },
+  { "--cpu", "the CPU shapes" },
+  { "--quick", "fewer timed runs a case" },
+  { "--out FILE", "write JSON lines" },
+  { "--torch FILE", "scripts/bench/torch_embeddingbag.py's JSON lines, for the ratio to PyTorch" },
+  { "--only TEXT", "only the cases whose name holds TEXT" },
+  mutex = { { "--gpu", "--cpu" } },
+}
+local args = cmd:parse(arg)
+args.mode = args.gpu and "gpu" or args.cpu and "cpu" or (ur.gpu() and "gpu" or "cpu")
+if args.mode == "gpu" and not ur.gpu() then cmd:fail("--gpu asked but no GPU is in use: " .. ur.cuda_error()) end
 
 local GPU = args.mode == "gpu"
 local TABLES = GPU and 26 or 8
@@ -231,18 +229,16 @@ end
 
 -- ---- the cases ----
 
+-- scripts/bench/torch_embeddingbag.py's lines: the best ms of each case/op.
 local torch = {}
 if args.torch then
-  local fh = io.open(args.torch)
-  if fh then
-    for line in fh:lines() do
-      local case, op, ms = line:match('"case": *"([^"]+)".-"op": *"([^"]+)".-"ms": *([%d%.eE+-]+)')
-      if case then
-        local key = case .. "/" .. op
-        torch[key] = math.min(torch[key] or math.huge, tonumber(ms))
-      end
+  local recs, err = json.read_lines(args.torch)
+  if not recs then io.stderr:write(cmd.prog, ": --torch: ", err, "; the ratios are left out\n") end
+  for _, r in ipairs(recs or {}) do
+    if r.case and r.op and r.ms then
+      local key = r.case .. "/" .. r.op
+      torch[key] = math.min(torch[key] or math.huge, r.ms)
     end
-    fh:close()
   end
 end
 
@@ -251,15 +247,12 @@ local rows_out = {}
 local function report(r)
   rows_out[#rows_out + 1] = r
   if out_fh then
-    local parts = {}
+    local rec = {}
     for _, k in ipairs { "bench", "case", "op", "ms", "bytes", "gbps", "gather_gbps", "pct_gather",
                          "torch_ms", "vs_torch", "device" } do
-      local v = r[k]
-      if v ~= nil then
-        parts[#parts + 1] = ('"%s": %s'):format(k, type(v) == "number" and ("%.6g"):format(v) or ('"' .. v .. '"'))
-      end
+      rec[k] = r[k]
     end
-    out_fh:write("{", table.concat(parts, ", "), "}\n")
+    out_fh:write(json.encode(rec), "\n")
     out_fh:flush()
   end
 end

@@ -20,7 +20,8 @@
 set -u -o pipefail
 cd "$(dirname "$0")/../.." || exit 2
 UVMREC=${UVMREC:-dist/bin/uvmrec}
-PYTHON=${PYTHON:-python3}
+# build/venv's Python (make pydeps-torch: the pinned PyTorch) where there is one.
+if [ -x build/venv/bin/python ]; then PYTHON=${PYTHON:-build/venv/bin/python}; else PYTHON=${PYTHON:-python3}; fi
 OUT=${OUT:-build/torch_compare}
 WORK=${WORK:-/tmp/torch_compare}
 TORCH_DEVICE=${TORCH_DEVICE:-cuda}

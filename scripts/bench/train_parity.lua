@@ -5,7 +5,7 @@
 --
 --   luajit scripts/bench/train_parity.lua [--config dlrm_kaggle] [--set k=v]... [--samples N]
 --          [--days D] [--steps S] [--work DIR] [--python PY] [--torch-device cpu|cuda] [--cpu]
---          [--tol 0.005] [--threads T]
+--          [--tol 0.005] [--threads T]   (--help)
 --
 -- 1. uvmrec datagen writes N samples of the config's synthetic data (its data.train preset) as
 --    D day files (default 7, as the Kaggle set's days); the last day is held out, the others
@@ -19,82 +19,52 @@
 -- Exits 1 when the AUCs differ by more than --tol or a run fails.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
 
-local function die(msg, code)
-  io.stderr:write("train_parity: ", msg, "\n")
-  os.exit(code or 2)
-end
-
-local o = { sets = {}, config = "dlrm_kaggle", samples = 700000, days = 7, steps = 0, work = "build/train_parity",
-            python = os.getenv("PYTHON") or "python3", tol = 0.005 }
-do
-  local i = 1
-  while i <= #arg do
-    local a = arg[i]
-    local function value()
-      i = i + 1
-      if arg[i] == nil then die(a .. " needs a value") end
-      return arg[i]
-    end
-    local function whole(min)
-      local v = value()
-      local n = tonumber(v)
-      if not n or n < (min or 0) or n ~= math.floor(n) then
-        die(("%s needs a whole number >= %d, got %s"):format(a, min or 0, v))
-      end
-      return n
-    end
-    if a == "--config" then o.config = value()
-    elseif a == "--set" then o.sets[#o.sets + 1] = value()
-    elseif a == "--samples" then o.samples = whole(2)
-    elseif a == "--days" then o.days = whole(2)
-    elseif a == "--steps" then o.steps = whole()
-    elseif a == "--work" then o.work = value()
-    elseif a == "--python" then o.python = value()
-    elseif a == "--torch-device" then o.torch_device = value()
-    elseif a == "--threads" then o.threads = whole(1)
-    elseif a == "--cpu" then o.cpu = true
-    elseif a == "--tol" then
-      o.tol = tonumber(value())
-      if not o.tol or o.tol < 0 then die("--tol needs a number >= 0") end
-    else
-      die("unknown argument " .. a .. " (expected --config C --set k=v --samples N --days D --steps S --work DIR "
-          .. "--python PY --torch-device cpu|cuda --threads T --cpu --tol X)")
-    end
-    i = i + 1
-  end
-end
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/train_parity.lua",
+  summary = "training parity with PyTorch: the same DLRM trained by both, final AUCs within --tol",
+  { "--config C", "the config or preset (its data.train names the synthetic preset)", default = "dlrm_kaggle" },
+  { "--set K=V", "any config value", many = true },
+  { "--samples N", "samples written by datagen", type = "whole", default = 700000, check = function(n)
+    return n >= 2 and n or nil, "needs at least 2" end },
+  { "--days D", "day files (the last is held out)", type = "whole", default = 7, check = function(n)
+    return n >= 2 and n or nil, "needs at least 2" end },
+  { "--steps S", "steps to train (0: the training days once)", type = "whole", default = 0 },
+  { "--work DIR", "where the data, runs and summary go", default = "build/train_parity" },
+  { "--python PY", "the Python with torch", default = os.getenv("PYTHON") or "python3" },
+  { "--torch-device D", "PyTorch's device (default: cuda where uvmrec uses a GPU)", choices = { "cpu", "cuda" } },
+  { "--threads T", "CPU threads of both", type = "whole", check = function(n)
+    return n >= 1 and n or nil, "needs at least 1" end },
+  { "--cpu", "uvmrec on the CPU even where a GPU is" },
+  { "--tol X", "the largest AUC difference that passes", type = "number", default = 0.005, check = function(x)
+    return x >= 0 and x or nil, "needs a number >= 0" end },
+}
+local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
 o.torch_device = o.torch_device or (gpu and "cuda" or "cpu")
 
-local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-local function run(cmd)
-  print("+ " .. cmd)
-  io.stdout:flush()
-  local ok, how, code = os.execute(cmd)
-  -- LuaJIT without 5.2 compatibility returns the status alone.
-  if type(ok) == "number" then return ok == 0 end
-  return ok == true and (how ~= "exit" or code == 0)
-end
+local sh, run = P.sh, P.run
 
 -- 1. The data.
-local cfg0, def0 = P.config(o.config, o.sets)
-if not cfg0 then die(def0) end
+local cfg0, def0 = P.config(o.config, o.set)
+if not cfg0 then cmd:fail(def0) end
 local preset = cfg0.data.train:match("^synthetic:(.+)$")
 if not preset then
-  die(("%s: data.train is %s; the data is made from a synthetic preset"):format(o.config, cfg0.data.train))
+  cmd:fail(("%s: data.train is %s; the data is made from a synthetic preset"):format(o.config, cfg0.data.train))
 end
 local work = o.work
-if not run("mkdir -p " .. sh(work .. "/train") .. " " .. sh(work .. "/eval")) then die("cannot create " .. work) end
+if not run("mkdir -p " .. sh(work .. "/train") .. " " .. sh(work .. "/eval")) then
+  cmd:fail("cannot create " .. work)
+end
 local interp = arg[-1] or "luajit"
 local datagen = here .. "/../datagen.lua"
 if not run(("%s %s %s --out %s --samples %d --days %d"):format(sh(interp), sh(datagen), sh(preset), sh(work .. "/days"),
   o.samples, o.days)) then
-  die("datagen failed")
+  cmd:fail("datagen failed")
 end
 local held = o.days - 1
 for _, k in ipairs { "dense", "sparse", "labels" } do
@@ -110,14 +80,14 @@ local eval_samples = o.samples - math.floor(o.samples * held / o.days) -- datage
 local train_samples = o.samples - eval_samples
 
 -- 2. uvmrec.
-local sets = { unpack(o.sets) }
+local sets = { unpack(o.set) }
 for _, s in ipairs { "data.train=criteo-bin:" .. work .. "/train", "data.eval=criteo-bin:" .. work .. "/eval",
                      "data.shuffle_window=0", "eval.every=0", "eval.samples=" .. eval_samples, "eval.min_auc=0",
                      "train.steps=" .. o.steps } do
   sets[#sets + 1] = s
 end
 local cfg, def, path = P.config(o.config, sets)
-if not cfg then die(def) end
+if not cfg then cmd:fail(def) end
 local init = work .. "/init.safetensors"
 run("rm -rf " .. sh(work .. "/uvmrec"))
 local desc
@@ -126,7 +96,7 @@ local result, err = train.run(cfg, { config_path = path, out = work .. "/uvmrec"
     desc = P.describe(cfg, ctx.model, ctx.optimizer)
     assert(P.save_weights(init, ctx.model, desc, cfg))
   end })
-if not result then die("uvmrec: " .. tostring(err), 1) end
+if not result then cmd:fail("uvmrec: " .. tostring(err), 1) end
 local steps = result.steps
 
 -- 3. PyTorch, from the same weights, for the same steps.
@@ -135,16 +105,13 @@ os.remove(tjson)
 if not run(("%s %s train --ckpt %s --data %s --eval-data %s --steps %d --out %s --device %s%s"):format(sh(o.python),
   sh(here .. "/torch_dlrm.py"), sh(init), sh(work .. "/train"), sh(work .. "/eval"), steps, sh(tjson),
   o.torch_device, o.threads and (" --threads " .. o.threads) or "")) then
-  die("torch_dlrm.py train failed", 1)
+  cmd:fail("torch_dlrm.py train failed", 1)
 end
 
 -- 4. Both runs side by side.
 local function read_jsonl(p)
-  local f = io.open(p)
-  if not f then die(p .. ": not written", 1) end
-  local out = {}
-  for line in f:lines() do out[#out + 1] = ck.json.decode(line) end
-  f:close()
+  local out, jerr = json.read_lines(p)
+  if not out then cmd:fail(jerr, 1) end
   return out
 end
 local function final(lines)
@@ -157,7 +124,7 @@ local function final(lines)
 end
 local uf, ucurve = final(read_jsonl(work .. "/uvmrec/metrics.jsonl"))
 local tf, tcurve = final(read_jsonl(tjson))
-if not (uf and uf.auc and tf and tf.auc) then die("a run wrote no final AUC", 1) end
+if not (uf and uf.auc and tf and tf.auc) then cmd:fail("a run wrote no final AUC", 1) end
 local diff, n, sum = math.abs(uf.auc - tf.auc), 0, 0
 for s, l in pairs(ucurve) do
   if tcurve[s] then n, sum = n + 1, sum + math.abs(l - tcurve[s]) end
@@ -172,11 +139,11 @@ print(("%-8s %10.4f %12.4f %10.4f %14.0f"):format("torch", tf.auc, tf.logloss, t
 print(("|AUC difference| %.4f (allowed %.4f): %s; mean |loss difference| over %d logged steps %.4f")
   :format(diff, o.tol, ok and "ok" or "FAIL", n, n > 0 and sum / n or 0))
 local sf = assert(io.open(work .. "/summary.jsonl", "a"))
-sf:write(ck.json.encode { bench = "train_parity", model = cfg.name, steps = steps, batch = cfg.train.batch_size,
+sf:write(json.encode { bench = "train_parity", model = cfg.name, steps = steps, batch = cfg.train.batch_size,
   train_samples = train_samples, eval_samples = eval_samples, uvmrec_device = gpu and "cuda" or "cpu",
   torch_device = o.torch_device, uvmrec_auc = uf.auc, torch_auc = tf.auc, auc_diff = diff, tol = o.tol, ok = ok,
   mean_loss_diff = n > 0 and sum / n or 0, uvmrec_samples_per_s = uf.samples_per_s,
-  torch_samples_per_s = tf.samples_per_s, sets = o.sets }, "\n")
+  torch_samples_per_s = tf.samples_per_s, sets = o.set }, "\n")
 sf:close()
 local plot = ("%s %s %s %s --out %s --title %s"):format(sh(o.python), sh(here .. "/train_parity_plot.py"),
   sh(work .. "/uvmrec/metrics.jsonl"), sh(tjson), sh(work .. "/loss.png"),

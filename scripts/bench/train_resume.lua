@@ -5,56 +5,39 @@
 -- and the resume's times.  Exit status 1 when the losses differ by more than --tol.
 --
 --   luajit scripts/bench/train_resume.lua [--config NAME|FILE] [--steps N] [--set k=v]...
---                                        [--dir DIR] [--tol T] [--cpu] [--out FILE]
+--                                        [--dir DIR] [--tol T] [--cpu] [--out FILE]   (--help)
 --
 -- Defaults: on a GPU dlrm_mlperf_v1_2m (6.3 GiB of tables in HBM, batch 65536, bf16 MLPs),
 -- N = 5; on the CPU dlrm_tiny, N = 10.  DIR (default /tmp/uvmrec-train-resume) holds the run
 -- directories and is removed at the end.  --out appends the result as a line of JSON.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
-local o = { sets = {}, tol = 0, dir = "/tmp/uvmrec-train-resume" }
-do
-  local i = 1
-  while i <= #arg do
-    local a = arg[i]
-    local function value()
-      i = i + 1
-      if arg[i] == nil then error("train_resume: " .. a .. " needs a value", 0) end
-      return arg[i]
-    end
-    if a == "--config" then o.config = value()
-    elseif a == "--steps" then o.steps = tonumber(value())
-    elseif a == "--set" then o.sets[#o.sets + 1] = value()
-    elseif a == "--dir" then o.dir = value()
-    elseif a == "--tol" then o.tol = tonumber(value())
-    elseif a == "--out" then o.out = value()
-    elseif a == "--cpu" then o.cpu = true
-    else
-      error("train_resume: unknown argument " .. a .. " (expected --config C --steps N --set k=v --dir DIR "
-            .. "--tol T --cpu --out FILE)", 0)
-    end
-    i = i + 1
-  end
-end
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/train_resume.lua",
+  summary = "exact resume at a real size: 2N steps straight against N, a checkpoint, and N resumed",
+  { "--config C", "a config or preset (default: dlrm_mlperf_v1_2m on a GPU, dlrm_tiny on the CPU)" },
+  { "--steps N", "N (default: 5 on a GPU, 10 on the CPU)", type = "whole", check = function(n)
+    return n >= 1 and n or nil, "needs at least 1" end },
+  { "--set K=V", "any config value", many = true },
+  { "--dir DIR", "the run directories (removed at the end)", default = "/tmp/uvmrec-train-resume" },
+  { "--tol T", "the relative loss difference allowed", type = "number", default = 0 },
+  { "--cpu", "on the CPU even where a GPU is" },
+  { "--out FILE", "append the result as a JSON line" },
+}
+local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
 o.config = o.config or (gpu and "dlrm_mlperf_v1_2m" or "dlrm_tiny")
 local n = o.steps or (gpu and 5 or 10)
-if not (n and n >= 1 and n == math.floor(n)) then error("train_resume: --steps must be an integer >= 1", 0) end
 
-local function die(msg)
-  io.stderr:write("train_resume: ", msg, "\n")
-  os.exit(1)
-end
-
-local path = train.find_config(o.config) or die(o.config .. ": no such config or preset")
+local path = train.find_config(o.config) or cmd:fail(o.config .. ": no such config or preset")
 local function cfg(extra)
   local sets = { "train.log_every=1", "eval.samples=0", "eval.every=0", "eval.min_auc=0" }
-  for _, s in ipairs(o.sets) do sets[#sets + 1] = s end
+  for _, s in ipairs(o.set) do sets[#sets + 1] = s end
   for _, s in ipairs(extra) do sets[#sets + 1] = s end
   local c, err = train.config.load(path, sets)
-  if not c then die(err) end
+  if not c then cmd:fail(err) end
   return c
 end
 
@@ -62,17 +45,13 @@ local function run(c, opts)
   opts.config_path, opts.progress, opts.cpu = path, "none", not gpu
   opts.print = function() end
   local r, err = train.run(c, opts)
-  if not r then die(err) end
+  if not r then cmd:fail(err) end
   collectgarbage()
   collectgarbage()
   return r
 end
 
-local function events(dir)
-  local out = {}
-  for l in io.lines(dir .. "/metrics.jsonl") do out[#out + 1] = assert(ck.json.decode(l)) end
-  return out
-end
+local function events(dir) return assert(json.read_lines(dir .. "/metrics.jsonl")) end
 
 local function losses(dir)
   local out = {}
@@ -96,7 +75,7 @@ end
 local want, got = losses(a_dir), losses(b_dir)
 local worst, exact = 0, true
 for s = 1, 2 * n do
-  if not (want[s] and got[s]) then die(("step %d has no loss (uninterrupted %s, resumed %s)"):format(
+  if not (want[s] and got[s]) then cmd:fail(("step %d has no loss (uninterrupted %s, resumed %s)"):format(
     s, tostring(want[s]), tostring(got[s]))) end
   if want[s] ~= got[s] then exact = false end
   worst = math.max(worst, math.abs(got[s] - want[s]) / math.max(math.abs(want[s]), 1e-30))
@@ -110,13 +89,14 @@ io.write(("checkpoint at step %d: %.2f GB; saved in %.2f s (%.2f GB/s, fsync inc
   .. "(%.2f GB/s)\n"):format(n, gb, save.seconds, result.save_gb_s, start.load_seconds, result.load_gb_s))
 io.write(("losses of steps 1..%d (resumed after %d): %s (largest relative difference %.3g); last loss %.6f\n")
   :format(2 * n, n, exact and "bit for bit the uninterrupted run's" or "NOT bit-identical", worst, want[2 * n]))
-io.write(ck.json.encode(result), "\n")
+io.write(json.encode(result), "\n")
 if o.out then
   local f = assert(io.open(o.out, "a"))
-  f:write(ck.json.encode(result), "\n")
+  f:write(json.encode(result), "\n")
   f:close()
 end
 os.execute("rm -rf '" .. o.dir .. "'")
 if worst > o.tol then
-  die(("the resumed losses differ from the uninterrupted run's by %.3g (relative), over --tol %g"):format(worst, o.tol))
+  cmd:fail(("the resumed losses differ from the uninterrupted run's by %.3g (relative), over --tol %g"):format(
+    worst, o.tol))
 end

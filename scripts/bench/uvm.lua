@@ -4,7 +4,7 @@
 --   luajit scripts/bench/uvm.lua [--cpu] [--config NAME] [--set k=v]... [--batch B]
 --                                [--fractions 5,10,20,50,100] [--policies host,hot_prefix,adaptive]
 --                                [--steps S] [--warmup W] [--count C] [--none-steps N]
---                                [--out FILE.jsonl]
+--                                [--out FILE.jsonl]   (--help)
 --
 -- On a GPU (default dlrm_mlperf_v1_2m, batch 65536, Zipf(1.05) ids scattered over the rows):
 --   device       every table in HBM: the reference throughput (and the access counters' cost:
@@ -25,43 +25,28 @@
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local hints = require "uvmrec.hints"
-local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 
 local C = ur.C
-local o = { sets = {}, fractions = { 5, 10, 20, 50, 100 }, policies = { "host", "hot_prefix", "adaptive" } }
-do
-  local function list(s, num)
-    local out = {}
-    for x in s:gmatch("[^,]+") do out[#out + 1] = num and assert(tonumber(x), "not a number: " .. x) or x end
-    return out
-  end
-  local i = 1
-  while i <= #arg do
-    local a = arg[i]
-    local function value()
-      i = i + 1
-      if arg[i] == nil then error("uvm bench: " .. a .. " needs a value", 0) end
-      return arg[i]
-    end
-    if a == "--cpu" then o.cpu = true
-    elseif a == "--config" then o.config = value()
-    elseif a == "--set" then o.sets[#o.sets + 1] = value()
-    elseif a == "--batch" then o.batch = tonumber(value())
-    elseif a == "--fractions" then o.fractions = list(value(), true)
-    elseif a == "--policies" then o.policies = list(value())
-    elseif a == "--steps" then o.steps = tonumber(value())
-    elseif a == "--warmup" then o.warmup = tonumber(value())
-    elseif a == "--count" then o.count = tonumber(value())
-    elseif a == "--none-steps" then o.none_steps = tonumber(value())
-    elseif a == "--out" then o.out = value()
-    else
-      error("uvm bench: unknown argument " .. a .. " (expected --cpu --config C --set k=v --batch B "
-            .. "--fractions 5,20 --policies host,hot_prefix,adaptive --steps S --warmup W --count C "
-            .. "--none-steps N --out FILE)", 0)
-    end
-    i = i + 1
-  end
-end
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/uvm.lua",
+  summary = "UVM offload benchmark (BENCH.md B4): managed tables steered by hint policies against all in HBM",
+  { "--cpu", "dlrm_tiny on the CPU backend: a smoke test of the whole flow, no migration measured" },
+  { "--config C", "a config or preset (default: dlrm_mlperf_v1_2m on a GPU, dlrm_tiny on the CPU)" },
+  { "--set K=V", "any config value", many = true },
+  { "--batch B", "the batch size (sets train.batch_size)", type = "whole" },
+  { "--fractions F,...", "HBM allowances, in percent of the tables' bytes", type = "numbers",
+    default = { 5, 10, 20, 50, 100 } },
+  { "--policies P,...", "the hint policies (host, hot_prefix, adaptive, or a policy's .lua file)", type = "list",
+    default = { "host", "hot_prefix", "adaptive" } },
+  { "--steps S", "timed steps (default: 40 on a GPU, 6 on the CPU)", type = "whole" },
+  { "--warmup W", "warm-up steps (default: 4 on a GPU, 2 on the CPU)", type = "whole" },
+  { "--count C", "counting steps before a policy places rows (default: 16 on a GPU, 4 on the CPU)",
+    type = "whole" },
+  { "--none-steps N", "steps of the run without hints (default: 200 on a GPU, 8 on the CPU)", type = "whole" },
+  { "--out FILE", "write JSON lines" },
+}
+local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
 o.config = o.config or (gpu and "dlrm_mlperf_v1_2m" or "dlrm_tiny")
 o.steps = o.steps or (gpu and 40 or 6)
@@ -70,10 +55,6 @@ o.count = o.count or (gpu and 16 or 4)
 o.none_steps = o.none_steps or (gpu and 200 or 8)
 local NB = gpu and 8 or 4 -- batches the timed steps rotate over
 
-local function die(msg)
-  io.stderr:write("uvm bench: ", msg, "\n")
-  os.exit(1)
-end
 
 -- The monitor counts only managed memory allocated after it starts: first thing.
 local monitored = false
@@ -87,13 +68,13 @@ end
 -- after 2750 warm-up steps) makes the losses NaN by step 4 from fresh weights (seen on the
 -- H200), so on the GPU the dense lr is 1 unless --set says otherwise.
 local sets = { gpu and "optimizer.lr=1.0" or nil }
-for _, s in ipairs(o.sets) do sets[#sets + 1] = s end
+for _, s in ipairs(o.set) do sets[#sets + 1] = s end
 if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
-local path = train.find_config(o.config) or die("no config " .. o.config)
+local path = train.find_config(o.config) or cmd:fail("no config " .. o.config)
 local base_cfg, cerr = train.config.load(path, sets)
-if not base_cfg then die(cerr) end
+if not base_cfg then cmd:fail(cerr) end
 local def, derr = train.model_def(base_cfg, path)
-if not def then die(derr) end
+if not def then cmd:fail(derr) end
 local B = base_cfg.train.batch_size
 
 -- ---- the batches: NB for the timed rotation, `count` for counting, none_steps fresh ones ----
@@ -117,7 +98,7 @@ local function cfg_for(placement)
   local s = { unpack(sets) }
   s[#s + 1] = "embeddings.placement=" .. placement
   local cfg, err = train.config.load(path, s)
-  if not cfg then die(err) end
+  if not cfg then cmd:fail(err) end
   return cfg
 end
 
@@ -150,7 +131,7 @@ local function run(r)
   local cfg = cfg_for(r.placement)
   collectgarbage()
   local model, merr = def.build(cfg, { cpu = not gpu })
-  if not model then die(merr) end
+  if not model then cmd:fail(merr) end
   local opt = train.optimizer(cfg, model)
   local tbe = model.embeddings.tbe
   local emb_bytes = table_bytes(model)
@@ -295,7 +276,7 @@ local function emit(rec)
   results[#results + 1] = rec
   if o.out then
     local f = assert(io.open(o.out, "a"))
-    f:write(ck.json.encode(rec), "\n")
+    f:write(json.encode(rec), "\n")
     f:close()
   end
   print(("  %-10s %5s  %8.2f ms/step  %10.0f samples/s%s"):format(rec.policy,
@@ -324,7 +305,7 @@ local function failed(what, err)
   if gpu then ur.set_hbm_budget(0) end
   if o.out then
     local f = assert(io.open(o.out, "a"))
-    f:write(ck.json.encode { bench = "uvm", failed = what, error = tostring(err) }, "\n")
+    f:write(json.encode { bench = "uvm", failed = what, error = tostring(err) }, "\n")
     f:close()
   end
 end

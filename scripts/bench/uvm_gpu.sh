@@ -15,7 +15,7 @@ out=${1:-.}
 mkdir -p "$out"
 LUAJIT=${LUAJIT:-luajit}
 SAN=${SAN:-compute-sanitizer}
-CUDA_SPECS="spec/nn/tbe_counters_spec.lua spec/nn/tbe_permute_spec.lua spec/hints/uvm_cuda_spec.lua"
+CUDA_SPECS="spec/tbe_stats_spec.lua spec/hints_cuda_spec.lua"
 summary=""
 fail=0
 step() {
@@ -28,12 +28,12 @@ step() {
 $name: rc=$rc"
   [ $rc -eq 0 ] || fail=1
 }
-step specs env UVMREC_REQUIRE_GPU=1 "$LUAJIT" spec/run.lua $CUDA_SPECS spec/hints/policies_spec.lua \
-  spec/hints/train_spec.lua spec/nn/tbe_cuda_spec.lua
+step specs env UVMREC_REQUIRE_GPU=1 "$LUAJIT" spec/run.lua $CUDA_SPECS spec/hints_spec.lua spec/hints \
+  spec/tbe_cuda_spec.lua
 step memcheck env UVMREC_REQUIRE_GPU=1 UVMREC_SANITIZER=1 "$SAN" --tool memcheck --error-exitcode 3 \
   "$LUAJIT" spec/run.lua --tags=cuda $CUDA_SPECS
 step racecheck env UVMREC_REQUIRE_GPU=1 UVMREC_SANITIZER=1 "$SAN" --tool racecheck --error-exitcode 3 \
-  "$LUAJIT" spec/run.lua --tags=cuda spec/nn/tbe_counters_spec.lua spec/nn/tbe_permute_spec.lua
+  "$LUAJIT" spec/run.lua --tags=cuda spec/tbe_stats_spec.lua
 step bench "$LUAJIT" scripts/bench/uvm.lua --out "$out/uvm_gpu.jsonl"
 echo "== summary$summary"
 exit $fail

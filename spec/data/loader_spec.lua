@@ -1,21 +1,9 @@
 local ur = require "uvmrec"
+local h = require "helpers"
+local cmd = require "command"
 local data = ur.data
 
-local SHARED = (os.getenv("UVMREC_SHARED") or "../shared") .. "/data/"
-local SAMPLE1, SAMPLE2 = SHARED .. "criteo_raw_sample.tsv", SHARED .. "criteo_raw_sample2.tsv"
-
-local function have(path)
-  local f = io.open(path, "rb")
-  if f then f:close() end
-  return f ~= nil
-end
-
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p " .. d) == 0)
-  return d
-end
+local SAMPLE1, SAMPLE2 = h.shared_data("criteo_raw_sample.tsv"), h.shared_data("criteo_raw_sample2.tsv")
 
 -- Every batch as plain rows: {label, dense = {...}, ids = {{key's ids}, ...}}, in order.
 local function rows_of(loader)
@@ -102,8 +90,8 @@ describe("uvmrec.data loader", function()
   end)
 
   it("reads TSV -> day files -> batches the same as TSV -> batches", function()
-    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
-    local dir = tmpdir()
+    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    local dir = cmd.tmpdir()
     assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { rows = 5000 }))
     local opts = { batch_size = 333, rows = 5000 }
     local a = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1 .. "," .. SAMPLE2, opts)))
@@ -112,29 +100,27 @@ describe("uvmrec.data loader", function()
     assert.equal(#a, #b)
     for i = 1, #a do assert.equal(key(a[i]), key(b[i]), "row " .. i) end
     -- Raw ids in the day files, reduced modulo rows on read, give the same again.
-    local raw = tmpdir()
+    local raw = cmd.tmpdir()
     assert(data.convert({ SAMPLE1, SAMPLE2 }, raw))
     local c = rows_of(assert(data.open("criteo-bin:" .. raw, opts)))
     for i = 1, #a, 37 do assert.equal(key(a[i]), key(c[i]), "row " .. i) end
-    os.execute("rm -rf " .. dir .. " " .. raw)
+    cmd.rmdir(dir)
+    cmd.rmdir(raw)
   end)
 
   it("reads back what datagen wrote (multi-hot with padding, weights, groups) as the generator's batches", function()
-    local command = require "command"
-    local bin = command.bin()
-    if os.execute("test -x " .. command.quote(bin)) ~= 0 then bin = "luajit" end
-    local dir = tmpdir()
+    local bin = cmd.bin()
+    if os.execute("test -x " .. cmd.quote(bin)) ~= 0 then bin = "luajit" end
+    local dir = cmd.tmpdir()
     local spec = [[return { num_dense = 5, seed = 21, groups = 9, tables = {
       { name = "a", rows = 100, zipf = 1.2 }, { name = "b", rows = 40, hot = { 0, 3 }, weighted = true },
       { name = "c", rows = 3000000000, hot = 2 } } }]]
-    local f = assert(io.open(dir .. "/spec.lua", "w"))
-    f:write(spec)
-    f:close()
-    local cmd = ("%s scripts/datagen.lua %s/spec.lua --out %s/days --samples 2500 --days 2 > %s/log 2>&1"):format(
-      command.quote(bin), dir, dir, dir)
-    assert.equal(0, os.execute(cmd), command.slurp(dir .. "/log"))
-    assert.matches("hidden model AUC", command.slurp(dir .. "/log"))
-    assert.matches("hot 1,0%-3,2", command.slurp(dir .. "/days/layout.txt"))
+    cmd.spit(dir .. "/spec.lua", spec)
+    local line = ("%s scripts/datagen.lua %s/spec.lua --out %s/days --samples 2500 --days 2 > %s/log 2>&1"):format(
+      cmd.quote(bin), dir, dir, dir)
+    assert.equal(0, os.execute(line), cmd.slurp(dir .. "/log"))
+    assert.matches("hidden model AUC", cmd.slurp(dir .. "/log"))
+    assert.matches("hot 1,0%-3,2", cmd.slurp(dir .. "/days/layout.txt"))
     local from_files = rows_of(assert(data.open("criteo-bin:" .. dir .. "/days", { batch_size = 700 })))
     local synth = assert(loadstring(spec))()
     local from_gen = rows_of(assert(data.loader { data = { kind = "synthetic", spec = synth }, samples = 2500,
@@ -146,7 +132,7 @@ describe("uvmrec.data loader", function()
     assert.is_not_nil(b.groups)
     assert.is_not_nil(b.sparse:weights())
     l:close()
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
   end)
 
   it("shuffles within windows by seed: each epoch a permutation, the same for the same seed", function()
@@ -207,7 +193,7 @@ describe("uvmrec.data loader", function()
     end
     assert.equal(#all, #parts)
     for i = 1, #all do assert.equal(key(all[i]), parts[i]) end
-    if have(SAMPLE1) then
+    if cmd.exists(SAMPLE1) then
       local r1 = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 64, rank = 1, world = 2 })))
       local whole = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 64 })))
       assert.equal(500, #r1)
@@ -230,7 +216,7 @@ describe("uvmrec.data loader", function()
     local rest = rows_of(assert(data.loader(o2)))
     assert.equal(#full - 3800, #rest)
     for i = 1, #rest do assert.equal(key(full[3800 + i]), key(rest[i])) end
-    if have(SAMPLE1) then
+    if cmd.exists(SAMPLE1) then
       local t = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1,
         { batch_size = 100, shuffle_window = 300, seed = 2 })))
       local r = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 100, shuffle_window = 300, seed = 2,
@@ -241,8 +227,8 @@ describe("uvmrec.data loader", function()
   end)
 
   it("reports a reader error after the batches before it, naming file and line", function()
-    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
-    local dir = tmpdir()
+    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    local dir = cmd.tmpdir()
     local f = assert(io.open(dir .. "/bad.tsv", "w"))
     local lines = {}
     for l in io.lines(SAMPLE1) do lines[#lines + 1] = l end
@@ -267,7 +253,7 @@ describe("uvmrec.data loader", function()
     local n = 0
     for x in s:batches() do n = n + x.size end
     assert.equal(299, n)
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
   end)
 
   it("stops early without waiting, and frees a batch's tensors once it is released", function()
@@ -329,11 +315,11 @@ describe("uvmrec.data loader", function()
     -- the check runs natively with LeakSanitizer on instead.
     local asan = (os.getenv("LD_PRELOAD") or ""):match("libasan") ~= nil
     if not asan and os.execute("command -v valgrind >/dev/null 2>&1") ~= 0 then pending("no valgrind") return end
-    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
     local so = package.searchpath("libuvmrec", package.cpath)
     local libdir = so:match("^(.*)/[^/]*$")
     local root = libdir:match("^(.*)/[^/]*/lib$") or "."
-    local dir = tmpdir()
+    local dir = cmd.tmpdir()
     local bad = dir .. "/bad.tsv"
     local f = assert(io.open(bad, "w"))
     local n = 0
@@ -344,7 +330,7 @@ describe("uvmrec.data loader", function()
     end
     f:close()
     local src = root .. "/../engine/tests/loader_check.c"
-    if not have(src) then src = "engine/tests/loader_check.c" end
+    if not cmd.exists(src) then src = "engine/tests/loader_check.c" end
     local exe = dir .. "/loader_check"
     local cc = ("cc -std=c11 -g -Iengine/include %s -L%s -luvmrec -Wl,-rpath,%s -o %s"):format(src, libdir, libdir, exe)
     assert.equal(0, os.execute(cc))
@@ -354,7 +340,7 @@ describe("uvmrec.data loader", function()
        .. "--show-leak-kinds=definite %s %s > %s 2>&1")
     local rc = os.execute(run:format(exe, bad, out))
     local text = assert(io.open(out)):read("*a")
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
     assert.equal(0, rc, text)
     assert.matches("error after 6 batches: criteo%-tsv: [^\n]*:90: label is '2'", text)
     assert.matches("loader_check: ok", text)

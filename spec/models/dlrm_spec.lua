@@ -4,6 +4,7 @@
 -- central finite differences of that reference; on random weights, ids and bag sizes.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
+local h = require "helpers"
 
 local function model_of(yaml)
   local cfg = assert(train.config.parse(yaml, "t.yaml"))
@@ -138,22 +139,12 @@ local function reference(model, P, B, dense, lengths, values, labels)
   return z, loss / B
 end
 
-local function close(a, b, tol, what)
-  local scale = math.max(1e-3, math.abs(b))
-  if math.abs(a - b) > tol * scale then
-    error(("%s: %.9g differs from %.9g (tolerance %g relative)"):format(what, a, b, tol), 2)
-  end
-end
+-- Relative to |b|, but for values near 0 (gradients): to 1e-3.
+local function close(a, b, tol, what) h.near(a, b, tol, what, 1e-3) end
 
--- Central differences of the reference loss, element by element of list `vals`.
+-- The derivative of the reference loss (loss()'s second value) by element i of list `vals`.
 local function fd(loss, vals, i)
-  local h, v = 1e-5, vals[i]
-  vals[i] = v + h
-  local a = select(2, loss())
-  vals[i] = v - h
-  local b = select(2, loss())
-  vals[i] = v
-  return (a - b) / (2 * h)
+  return h.central_difference(function() return select(2, loss()) end, vals, i, 1e-5)
 end
 
 local function check_model(yaml, seed)

@@ -2,20 +2,17 @@
 -- written by scripts/bench/parity.lua and checked by the PyTorch DLRM of
 -- scripts/bench/torch_dlrm.py on the same weights and batch: outputs, loss, every dense gradient
 -- and every table's deduplicated gradient within the tolerances it states.  Needs PyTorch and
--- numpy in build/venv (build/venv/bin/pip install torch) or in UVMREC_PYTHON; pending without.
+-- numpy in build/venv (make pydeps-torch) or in UVMREC_PYTHON; pending without.
 local ur = require "uvmrec"
 local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 local h = require "helpers"
 local command = require "command"
 
 local q = command.quote
 
 local function python(cuda)
-  local probe = cuda and "import torch, numpy; assert torch.cuda.is_available()" or "import torch, numpy"
-  for _, py in ipairs { os.getenv("UVMREC_PYTHON") or "", "build/venv/bin/python", "python3" } do
-    local r = py ~= "" and os.execute(py .. " -c " .. q(probe) .. " >/dev/null 2>&1")
-    if r == 0 or r == true then return py end
-  end
+  return h.python(cuda and "import torch, numpy; assert torch.cuda.is_available()" or "import torch, numpy")
 end
 
 -- dlrm_tiny as it is (dot), and dlrm_dcnv2 cut down (dim 16, narrow MLPs, two cross layers of
@@ -56,8 +53,7 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
     os.remove(jl)
     out, err, code = command.sh(("%s scripts/bench/torch_dlrm.py parity --ckpt %s --dump %s --data %s --device %s "
       .. "--out %s"):format(py, q(ckpt), q(g), q(data(c.data)), opts.gpu and "cuda" or "cpu", q(jl)))
-    local lines = {}
-    for l in (command.slurp(jl) or ""):gmatch("[^\n]+") do lines[#lines + 1] = assert(ck.json.decode(l)) end
+    local lines = json.read_lines(jl) or {}
     return out .. err, code, lines, w
   end
 
@@ -84,7 +80,7 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
     for _, precision in ipairs { "f32", "bf16" } do
       it(("agrees on a %s step in %s on the CPU"):format(c.name, precision), function()
         local py = python(false)
-        if not py then pending("PyTorch is not importable (build/venv/bin/pip install torch)") return end
+        if not py then pending("PyTorch is not importable (make pydeps-torch)") return end
         check(c, precision, parity(c, precision, py))
       end)
 
@@ -98,7 +94,7 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
 
   it("fails when the weights differ: a checkpoint of another seed against the dump", function()
     local py = python(false)
-    if not py then pending("PyTorch is not importable (build/venv/bin/pip install torch)") return end
+    if not py then pending("PyTorch is not importable (make pydeps-torch)") return end
     local _, _, _, other = parity(CASES[1], "f32", py, { extra = " --set train.seed=7", tag = "_seed7" })
     local out, code, lines = parity(CASES[1], "f32", py, { ckpt = other })
     assert.equal(1, code, out)
@@ -111,7 +107,7 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
 
   it("names the file and the fault in a checkpoint it cannot read", function()
     local py = python(false)
-    if not py then pending("PyTorch is not importable (build/venv/bin/pip install torch)") return end
+    if not py then pending("PyTorch is not importable (make pydeps-torch)") return end
     local bad = dir .. "/short.safetensors"
     command.spit(bad, "\100\0\0\0\0\0\0\0{}")
     local out, err, code = command.sh(("%s scripts/bench/torch_dlrm.py train --ckpt %s --data %s --device cpu")

@@ -18,12 +18,7 @@ local function make(opts)
   return EBC(o)
 end
 
-local function rows_of(m)
-  local l = R.layout(m.tbe)
-  local r = {}
-  for f, L in ipairs(l) do r[f] = L.rows end
-  return r
-end
+local rows_of = R.rows_of
 
 local function poolings(opts)
   return { t_a = opts.pool_a or "sum", t_b = opts.pool_b or "sum", t_c = "sum" }

@@ -1,5 +1,6 @@
--- Spec helpers for the uvmrec command: where it is, running it, temporary folders, a wall clock,
--- and a session on a pseudo-terminal (util-linux's `script`) to drive the REPL with keys.
+-- Spec helpers for the uvmrec command: where it is, running it, files and temporary folders, a
+-- wall clock, and a session on a pseudo-terminal (util-linux's `script`) to drive the REPL with
+-- keys.
 local M = {}
 
 -- The command under test: UVMREC_BIN (make test and `uvmrec test` set it), else the program
@@ -27,10 +28,18 @@ local function slurp(path)
 end
 M.slurp = slurp
 
+-- Writes text to path; returns path.
 function M.spit(path, text)
   local f = assert(io.open(path, "wb"))
   f:write(text)
   f:close()
+  return path
+end
+
+function M.exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
 end
 
 -- Runs a shell command (with `input` on its stdin when given): its stdout, stderr, exit code.
@@ -66,6 +75,21 @@ function M.commands(scripts_dir)
   p:close()
   table.sort(names)
   return table.concat(names, ", ")
+end
+
+-- The commands `uvmrec --help` lists, a line each with its summary, in commands()'s form (env,
+-- which the usage names above the list, included); nil when there is no list.  Summaries that
+-- say a script declares no command are returned as the second value.
+function M.listed(help)
+  local listed = help:match("\nThe commands here [^\n]*\n(.*)$")
+  if not listed then return nil end
+  local names, bad = { "env" }, {}
+  for name, summary in listed:gmatch("  (%S+) +([^\n]+)\n") do
+    names[#names + 1] = name
+    if summary:find("declares no command", 1, true) then bad[#bad + 1] = name .. ": " .. summary end
+  end
+  table.sort(names)
+  return table.concat(names, ", "), bad
 end
 
 function M.tmpdir()

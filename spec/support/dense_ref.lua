@@ -174,4 +174,38 @@ function M.bce(x, y, wt)
   return wt and wt * l or l
 end
 
+-- The gradient of f() (which reads the list vals) by central differences, element by element.
+function M.central_differences(f, vals)
+  local h = require "helpers"
+  local g = {}
+  for i = 1, #vals do g[i] = h.central_difference(f, vals, i, 1e-6) end
+  return g
+end
+
+-- Checks module m's forward against ref(inputs' values, parameters' values) (float64, in Lua)
+-- and every gradient of sum(gout * output), of the inputs and of the parameters, against
+-- central finite differences of ref.
+function M.gradcheck(m, inputs, ref, tol)
+  local fd = M.central_differences
+  local input = #inputs == 1 and inputs[1] or inputs
+  local xv = {}
+  for i, x in ipairs(inputs) do xv[i] = x:totable() end
+  local params = m:parameters()
+  local pv = {}
+  for i, p in ipairs(params) do pv[i] = p.tensor:totable() end
+  local y = m:forward(input)
+  M.close(y:totable(), ref(xv, pv), tol, "forward")
+  local gout, gv = M.rand(y:size(), 999)
+  m:zero_grad()
+  local gi = m:backward(input, gout)
+  local function loss()
+    local out, s = ref(xv, pv), 0
+    for i = 1, #out do s = s + out[i] * gv[i] end
+    return s
+  end
+  if #inputs == 1 then gi = { gi } end
+  for i = 1, #inputs do M.close(gi[i]:totable(), fd(loss, xv[i]), tol, "gradient of input " .. i) end
+  for i, p in ipairs(params) do M.close(p.grad:totable(), fd(loss, pv[i]), tol, "gradient of " .. p.name) end
+end
+
 return M

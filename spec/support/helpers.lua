@@ -1,5 +1,9 @@
--- Shared spec helpers: GPU guards, random references, tolerant comparison.
+-- Shared spec helpers: GPU guards, tolerant comparison and finite differences, a reproducible
+-- random stream, the shared data and a Python with the optional tools, and dlrm_tiny runs.
+-- (Files, temporary folders and the command itself: command.lua; references: dense_ref.lua,
+-- tbe_ref.lua.)
 local ur = require "uvmrec"
+local command = require "command"
 
 local M = {}
 
@@ -21,10 +25,97 @@ function M.cuda_it(name, fn)
   end)
 end
 
-function M.near(a, b, tol, what)
-  if math.abs(a - b) > tol * math.max(1, math.abs(b)) then
-    error(("%s: %.9g differs from %.9g by more than %g"):format(what or "value", a, b, tol), 2)
+-- a within tol of b, relative to max(floor, |b|) (floor: 1 unless given).
+function M.near(a, b, tol, what, floor)
+  local d = math.abs(a - b)
+  if d ~= d or d > tol * math.max(floor or 1, math.abs(b)) then
+    error(("%s: %.9g differs from %.9g by more than %g (relative)"):format(what or "value", a, b, tol), 2)
   end
+end
+
+-- d f / d vals[i] by central differences with step h: f() reads vals and returns a number.
+function M.central_difference(f, vals, i, h)
+  local v = vals[i]
+  vals[i] = v + h
+  local a = f()
+  vals[i] = v - h
+  local b = f()
+  vals[i] = v
+  return (a - b) / (2 * h)
+end
+
+-- A small LCG for random inputs that stay the same across LuaJIT versions (math.random's
+-- stream may not): rng(n) draws an integer in 1..n.
+function M.rng(seed)
+  local s = seed
+  return function(n)
+    s = (s * 1103515245 + 12345) % 2147483648
+    return math.floor(s / 65536) % n + 1
+  end
+end
+
+-- A file of the real Criteo sample rows the project shares (../shared/data, or
+-- UVMREC_SHARED/data), by name; specs on it go pending where it is not there.
+function M.shared_data(name)
+  return (os.getenv("UVMREC_SHARED") or "../shared") .. "/data/" .. name
+end
+
+-- A Python for which `probe` (Python code) succeeds: UVMREC_PYTHON, build/venv's (make pydeps,
+-- make pydeps-torch: the pinned versions), then python3; nil when none.
+function M.python(probe)
+  for _, py in ipairs { os.getenv("UVMREC_PYTHON") or "", "build/venv/bin/python", "python3" } do
+    local r = py ~= "" and os.execute(py .. " -c " .. command.quote(probe) .. " >/dev/null 2>&1")
+    if r == 0 or r == true then return py end
+  end
+end
+
+-- dlrm_tiny's config with the given lists of --set values, in order.
+function M.tiny(...)
+  local train = require "uvmrec.train"
+  local all = {}
+  for i = 1, select("#", ...) do
+    for _, s in ipairs(select(i, ...) or {}) do all[#all + 1] = s end
+  end
+  return assert(train.config.load(assert(train.find_config("dlrm_tiny")), all))
+end
+
+-- {step = loss} of a run directory's train lines, and how many steps.  A step logged twice (a
+-- killed run's steps after its last checkpoint, done again by the resumed run) must have the
+-- same loss both times.
+function M.losses(dir)
+  local json = require "uvmrec.json"
+  local out, n = {}, 0
+  for _, e in ipairs(assert(json.read_lines(dir .. "/metrics.jsonl"))) do
+    if e.event == "train" then
+      if out[e.step] == nil then n = n + 1
+      elseif out[e.step] ~= e.loss then
+        error(("step %d logged twice with losses %.17g and %.17g"):format(e.step, out[e.step], e.loss), 2)
+      end
+      out[e.step] = e.loss
+    end
+  end
+  return out, n
+end
+
+-- dlrm_tiny trained quietly (train.run) with the lists of --set values: {losses = {step =
+-- loss}, logged = how many steps have one, events = metrics.jsonl's, lines = what it printed,
+-- result = run's}.  opts go to
+-- train.run (cpu = true unless opts.cpu is false); without opts.out the run directory is a
+-- fresh one, removed afterwards.
+function M.train_tiny(sets, more, opts)
+  local train, json = require "uvmrec.train", require "uvmrec.json"
+  local tmp = not (opts and opts.out) and command.tmpdir()
+  local lines = {}
+  local o = { out = tmp and tmp .. "/run", progress = "none", print = function(l) lines[#lines + 1] = l end }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  o.cpu = o.cpu ~= false
+  local result, err = train.run(M.tiny(sets, more), o)
+  local out = result and { result = result, lines = lines,
+                           events = assert(json.read_lines(o.out .. "/metrics.jsonl")) }
+  if out then out.losses, out.logged = M.losses(o.out) end
+  if tmp then command.rmdir(tmp) end
+  if not result then error(err, 2) end
+  return out
 end
 
 -- Placements this machine can hold.

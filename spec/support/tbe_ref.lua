@@ -102,6 +102,13 @@ local function bags(b, nf)
 end
 M.bags = bags
 
+-- Each table's row count of a collection, in layout order.
+function M.rows_of(c)
+  local r = {}
+  for f, L in ipairs(M.layout(c.tbe or c)) do r[f] = L.rows end
+  return r
+end
+
 -- Pooled forward in float64: a list of rows, flat as the output's elements (out_dim per row),
 -- with per element the sum of |terms| for tolerances.  Flat VBE when b.bpf without inverse.
 function M.forward(b, layout, tables, out_dim)

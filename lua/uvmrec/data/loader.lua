@@ -76,11 +76,7 @@ end
 -- Per open loader, by the engine's pointer: the batches handed out (oldest first), and
 -- whether it is still open (a batch outliving its loader must not touch it).  Batches refer
 -- to this state, not to the loader, so an unreferenced loader is still collected.
--- Kept in the Lua registry, so that a reloaded copy of this module (busted reloads modules
--- per spec file, while FFI metatypes persist) finds the loaders another copy opened.
-local registry = debug.getregistry()
-registry.uvmrec_loader_states = registry.uvmrec_loader_states or {}
-local states = registry.uvmrec_loader_states
+local states = {}
 local function key(p) return tostring(ffi.cast("uintptr_t", p)) end
 
 local function close_c(p)

@@ -11,14 +11,8 @@ function Sequential:__init(...)
   for i = 1, select("#", ...) do self:add((select(i, ...))) end
 end
 
--- By what modules do rather than by class identity: a class loaded twice (package.loaded reset
--- between busted spec files) still counts.
-local function is_module(m)
-  return type(m) == "table" and type(m.forward) == "function" and type(m.apply) == "function"
-end
-
 function Sequential:add(m)
-  if not is_module(m) then error("Sequential:add: expected a module, got " .. tostring(m), 2) end
+  if not Module.is(m, Module) then error("Sequential:add: expected a module, got " .. tostring(m), 2) end
   local prev = self.modules[#self.modules]
   if m.is_relu and prev and prev.fuses_relu and prev.act == "none" then
     prev.act = "relu"

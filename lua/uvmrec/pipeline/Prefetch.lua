@@ -38,9 +38,7 @@ local DEPTH = 3 -- batches in flight: computing, prefetched, copied
 
 local function fail(msg, level) error("Prefetch: " .. msg, level + 1) end
 
-local function is_tensor(v)
-  return type(v) == "cdata" and type(v.copy) == "function" and type(v.numel) == "function"
-end
+local is_tensor = tensor.is_tensor
 
 function Prefetch.new(o)
   if type(o) ~= "table" then fail("expected a table of options", 2) end

@@ -18,6 +18,7 @@
 -- opts.setup(ctx) (ctx.registry:register{...}), before a resume loads them.
 local ur = require "uvmrec"
 local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 local synthetic = require "uvmrec.data.synthetic"
 local hints = require "uvmrec.hints"
 
@@ -222,7 +223,7 @@ local function fill_defaults(s, v)
   if s.kind ~= "map" or type(v) ~= "table" then return v end
   for key, fs in pairs(s.fields) do
     if v[key] == nil then
-      if fs.default ~= nil then v[key] = ck.json.decode(ck.json.encode(fs.default))
+      if fs.default ~= nil then v[key] = json.decode(json.encode(fs.default))
       elseif fs.kind == "map" then v[key] = fill_defaults(fs, {})
       elseif fs.kind == "dict" then v[key] = {} end
     else
@@ -268,13 +269,13 @@ local function run_dir(out)
   if not f then return nil, ferr end
   return {
     line = function(t)
-      f:write(ck.json.encode(t), "\n")
+      f:write(json.encode(t), "\n")
       f:flush()
     end,
     close = function() f:close() end,
     config = function(cfg)
       local c = assert(io.open(out .. "/config.json", "w"))
-      c:write(ck.json.encode(cfg), "\n")
+      c:write(json.encode(cfg), "\n")
       c:close()
     end,
   }

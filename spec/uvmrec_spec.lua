@@ -2,7 +2,7 @@ local ur = require "uvmrec"
 
 local MiB = 2 ^ 20
 
-describe("uvmrec memory and the HBM budget", function()
+describe("uvmrec memory and the HBM budget (ur.memory, ur.bytes, ur.set_hbm_budget)", function()
   -- Tensors earlier specs left to the collector must not be freed in the middle of a count.
   before_each(function() collectgarbage() collectgarbage() end)
   after_each(function() ur.set_hbm_budget(nil) end)

@@ -6,9 +6,7 @@
 local ur = require "uvmrec"
 local h = require "helpers"
 local R = require "tbe_ref"
-local ck = require "uvmrec.checkpoint"
 local hints = require "uvmrec.hints"
-local train = require "uvmrec.train"
 
 local cuda_it = h.cuda_it
 local EBC = ur.nn.EmbeddingBagCollection
@@ -143,21 +141,11 @@ describe("uvmrec.hints on the GPU", function()
 
   cuda_it("training with managed tables gives the device tables' losses bit for bit, under every policy", function()
     local function losses(placement, policy)
-      local dir = os.tmpname()
-      os.remove(dir)
       local sets = { "train.steps=12", "train.batch_size=512", "eval.samples=0", "eval.min_auc=0", "train.log_every=1",
                      "embeddings.placement=" .. placement, "embeddings.hints.every=4",
                      "embeddings.hints.allowance=20%" }
       if policy then sets[#sets + 1] = "embeddings.hints.policy=" .. policy end
-      local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), sets))
-      assert(train.run(cfg, { out = dir, progress = "none", print = function() end }))
-      local out = {}
-      for l in io.lines(dir .. "/metrics.jsonl") do
-        local e = assert(ck.json.decode(l))
-        if e.event == "train" then out[#out + 1] = e.loss end
-      end
-      os.execute("rm -rf '" .. dir .. "'")
-      return out
+      return h.train_tiny(sets, nil, { cpu = false }).losses
     end
     local want = losses("device")
     assert.equal(12, #want)

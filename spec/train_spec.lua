@@ -1,6 +1,9 @@
--- Checkpoints of uvmrec train and exact resume: a run stopped at step N and resumed to N+M gives
--- the uninterrupted run's losses bit for bit on the CPU, on synthetic data and on Criteo TSV
--- files read in shuffled windows over two epochs (so the loader's position matters);
+-- uvmrec.train (lua/uvmrec/train/init.lua) on the CPU: dlrm_tiny trains (the loss falls, the
+-- held-out AUC passes 0.70 and stays under the synthetic data's ceiling), the run directory
+-- holds the resolved config and the metrics as JSON lines, and every component registered for
+-- checkpoints comes back.  Checkpoints and exact resume: a run stopped at step N and resumed to
+-- N+M gives the uninterrupted run's losses bit for bit on the CPU, on synthetic data and on
+-- Criteo TSV files read in shuffled windows over two epochs (so the loader's position matters);
 -- --checkpoint-every and --keep; the config must be the checkpoint's (every difference named);
 -- SIGINT and SIGTERM stop at a step boundary with a checkpoint (exit 130 / 143); SIGKILL in the
 -- middle of a save leaves the previous checkpoint to resume from; eval --checkpoint gives the
@@ -8,6 +11,7 @@
 -- run gives the uninterrupted run's losses too (#cuda).
 local ur = require "uvmrec"
 local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
 local cmd = require "command"
 local helpers = require "helpers"
 local train = require "uvmrec.train"
@@ -23,9 +27,7 @@ local function sets_with(base, more)
   return all
 end
 
-local function tiny(sets)
-  return assert(train.config.load(assert(train.find_config("dlrm_tiny")), sets))
-end
+local tiny = helpers.tiny
 
 -- train.run quietly; opts as run's (cpu unless opts.cpu == false).
 local function run(sets, opts)
@@ -35,28 +37,9 @@ local function run(sets, opts)
   return train.run(tiny(sets), opts)
 end
 
-local function events(dir)
-  local out = {}
-  for l in io.lines(dir .. "/metrics.jsonl") do out[#out + 1] = assert(ck.json.decode(l)) end
-  return out
-end
+local function events(dir) return assert(json.read_lines(dir .. "/metrics.jsonl")) end
 
--- {step = loss} of a run directory's train lines (log_every = 1: every step), and how many
--- steps.  A step logged twice (a killed run's steps after its last checkpoint, done again by
--- the resumed run) must have the same loss both times.
-local function losses(dir)
-  local out, n = {}, 0
-  for _, e in ipairs(events(dir)) do
-    if e.event == "train" then
-      if out[e.step] == nil then n = n + 1
-      elseif out[e.step] ~= e.loss then
-        error(("step %d logged twice with losses %.17g and %.17g"):format(e.step, out[e.step], e.loss), 2)
-      end
-      out[e.step] = e.loss
-    end
-  end
-  return out, n
-end
+local losses = helpers.losses -- log_every = 1: every step
 
 local function last_event(dir, kind)
   local found
@@ -83,7 +66,7 @@ end
 
 local function trainer_meta(path)
   local f = assert(ck.open(path))
-  local m = assert(ck.json.decode(f:meta("uvmrec.meta.trainer")))
+  local m = assert(json.decode(f:meta("uvmrec.meta.trainer")))
   f:close()
   return m
 end
@@ -274,7 +257,7 @@ describe("uvmrec train checkpoints", function()
       "checkpoint has 64, this run has 32), train.batch_size (the checkpoint has 256, this run has 128)", err)
     -- A key the checkpoint's config lacks (added to the schema since it was written) counts as
     -- its default; a value the checkpoint has is compared.
-    local old = ck.json.decode(ck.json.encode(tiny(sets_with(SYNTH, { "train.steps=3" }))))
+    local old = json.decode(json.encode(tiny(sets_with(SYNTH, { "train.steps=3" }))))
     old.train.keep, old.embeddings.dtype, old.data = nil, nil, nil
     local filled = train.fill_defaults(old)
     assert.same({ 0, "f32", "", 4 },
@@ -422,10 +405,7 @@ describe("uvmrec train checkpoints", function()
   end)
 
   it("writes checkpoints Python's safetensors reads back to the same values (make pydeps)", function()
-    local py
-    for _, p in ipairs { os.getenv("UVMREC_PYTHON") or "", "build/venv/bin/python", "python3" } do
-      if p ~= "" and os.execute(p .. " -c 'import safetensors' >/dev/null 2>&1") == 0 then py = p break end
-    end
+    local py = helpers.python("import safetensors")
     if not py then pending("Python's safetensors is not installed (make pydeps)") return end
     local r = assert(run(sets_with(SYNTH, { "train.steps=4", "train.checkpoint_every=4", "embeddings.max_rows=40" }),
                          { out = dir .. "/p" }))
@@ -433,7 +413,7 @@ describe("uvmrec train checkpoints", function()
                        .. " 2>&1")
     local text = p:read("*a")
     p:close()
-    local got = assert(ck.json.decode(text), text)
+    local got = assert(json.decode(text), text)
     local mine = assert(ck.load(r.checkpoint))
     local n = 0
     for name, t in pairs(mine.tensors) do
@@ -454,7 +434,7 @@ describe("uvmrec train checkpoints", function()
     for name in pairs(got.tensors) do names[#names + 1] = name end
     assert.equal(n, #names)
     assert.equal("4", got.metadata["uvmrec.step"])
-    local comps = assert(ck.json.decode(got.metadata["uvmrec.components"]))
+    local comps = assert(json.decode(got.metadata["uvmrec.components"]))
     assert.same({ "dense", "embeddings", "optimizer", "trainer" }, { unpack(comps, 1, 4) }) -- others may follow
     assert.same(mine.meta, got.metadata)
     assert.truthy(got.tensors["dense.top.3.weight"] and got.tensors["embeddings.C16"]
@@ -504,5 +484,119 @@ describe("uvmrec train checkpoints on the GPU", function()
     local sets = tsv_sets(dir)
     for i, s in ipairs(sets) do if s == "train.steps=0" then table.remove(sets, i) break end end
     check(sets, 13, 20, "tsv")
+  end)
+end)
+
+-- A dlrm_tiny long enough to reach its AUC.
+local BASE = { "train.batch_size=512", "train.steps=160", "eval.samples=16384", "eval.every=80",
+               "eval.batch_size=8192" }
+local function tiny_to_auc(sets) return helpers.tiny(BASE, sets) end
+
+local function lines_of(path) return assert(json.read_lines(path)) end
+
+describe("uvmrec.train", function()
+  local dir
+  before_each(function() dir = cmd.tmpdir() end)
+  after_each(function() cmd.rmdir(dir) end)
+
+  it("trains dlrm_tiny on the CPU: the loss falls and the held-out AUC passes 0.70", function()
+    local cfg = tiny_to_auc()
+    local said, ctx = {}, nil
+    local result = assert(train.run(cfg, { out = dir .. "/run", progress = "none", cpu = true,
+                                           print = function(s) said[#said + 1] = s end,
+                                           setup = function(c) ctx = c end }))
+    assert.equal(160, result.steps)
+    assert.equal(160 * 512, result.samples)
+    assert.is_true(result.samples_per_s > 0)
+    assert.equal(2, #result.evals, "at step 80 and at the end")
+    assert.is_true(result.eval.auc > 0.70, "AUC " .. result.eval.auc)
+    assert.is_true(result.eval.auc < result.ceiling + 0.01,
+                   ("AUC %g, ceiling %g"):format(result.eval.auc, result.ceiling))
+    assert.is_true(result.evals[2].auc > result.evals[1].auc - 0.01)
+    assert.equal(16384, result.eval.samples)
+    for _, k in ipairs { "ne", "logloss", "accuracy", "calibration", "ctr" } do
+      assert.is_number(result.eval[k], k)
+    end
+    assert.matches("^final AUC %d%.%d+ %(the synthetic data's hidden%-model ceiling: %d%.%d+%)$", said[#said - 1])
+    assert.matches("^uvmrec train: dlrm_tiny on the CPU$", said[1])
+
+    -- the run directory: the config as resolved, then one JSON object a line
+    local f = assert(io.open(dir .. "/run/config.json"))
+    local saved = assert(json.decode(f:read("*a")))
+    f:close()
+    assert.equal(160, saved.train.steps)
+    assert.equal(512, saved.train.batch_size)
+    assert.same(cfg.embeddings.rows, saved.embeddings.rows)
+    local log = lines_of(dir .. "/run/metrics.jsonl")
+    assert.equal("start", log[1].event)
+    local train_losses, evals = {}, 0
+    for _, l in ipairs(log) do
+      if l.event == "train" then train_losses[#train_losses + 1] = l.loss end
+      if l.event == "eval" then evals = evals + 1 end
+    end
+    assert.equal(16, #train_losses, "the loss every log_every (10) steps")
+    assert.equal(2, evals)
+    local first = (train_losses[1] + train_losses[2]) / 2
+    local last = (train_losses[#train_losses] + train_losses[#train_losses - 1]) / 2
+    assert.is_true(last < first - 0.05, ("loss %g -> %g"):format(first, last))
+    assert.same({ "final", 160 }, { log[#log].event, log[#log].steps })
+
+    -- every component comes back through the checkpoint registry: the same held-out metrics
+    -- the trainer's own four first; other subsystems' components (hints' layout) may follow
+    assert.same({ "dense", "embeddings", "optimizer", "trainer" }, { unpack(ctx.registry:components(), 1, 4) })
+    assert(ctx.registry:save(dir .. "/ck.safetensors", { step = ctx.step, config = cfg }))
+    local back
+    local r = assert(train.eval(tiny_to_auc(), { cpu = true, print = function() end, setup = function(c)
+      back = assert(c.registry:load(dir .. "/ck.safetensors", { config = cfg }))
+      assert.equal(160, c.first - 1)
+      assert.equal(160, c.optimizer.step_count)
+    end }))
+    assert.equal(160, back.step)
+    assert.near(result.eval.auc, r.eval.auc, 1e-6)
+    assert.near(result.eval.logloss, r.eval.logloss, 1e-6)
+  end)
+
+
+  it("evaluates a config's model on held-out data with uvmrec eval", function()
+    local out, err, code = cmd.run("eval dlrm_tiny --cpu --data synthetic:tiny --set eval.samples=2048 --out "
+                                   .. cmd.quote(dir .. "/ev"))
+    assert.equal(0, code, err)
+    assert.matches("^uvmrec eval: dlrm_tiny on the CPU\nmodel: DLRM: ", out)
+    assert.matches("\ndata: synthetic:tiny: 307200 samples an epoch; evaluation on the 2048 samples after them\n", out)
+    assert.matches("\neval: AUC 0%.%d+  NE %d+%.%d+  logloss %d+%.%d+  accuracy 0%.%d+  calibration %d+%.%d+  "
+                   .. "CTR 0%.%d+  %(2048 samples, [%d.]+ s%)\n", out)
+    assert.matches("\nthe synthetic data's hidden%-model ceiling: 0%.8%d+\n$", out)
+    local log = lines_of(dir .. "/ev/metrics.jsonl")
+    assert.same({ "eval", 2048 }, { log[1].event, log[1].samples })
+    out, err, code = cmd.run("eval dlrm_tiny --cpu --data criteo-tsv:/nonexistent/day_0")
+    assert.equal(1, code)
+    assert.is_nil(out:find("\neval: "))
+    assert.equal("uvmrec eval: criteo-tsv: /nonexistent/day_0: cannot open: No such file or directory\n", err)
+  end)
+
+  it("holds out synthetic samples after the training ones and reports data errors", function()
+    local cfg = tiny_to_auc()
+    local d = assert(train.data(cfg, train.config.table_rows(cfg)))
+    assert.equal(160 * 512, d.train.samples)
+    assert.same({ epoch = 0, sample = 160 * 512 }, d.eval.position)
+    assert.equal(160 * 512 + 16384, d.eval.samples)
+    assert.equal(160, d.steps)
+    -- a rows cap shrinks the synthetic tables too, so every id fits
+    cfg = tiny { "embeddings.max_rows=100" }
+    d = assert(train.data(cfg, train.config.table_rows(cfg)))
+    assert.equal(100, d.train.data.spec.tables[16].rows)
+    assert.equal(4, d.train.data.spec.tables[1].rows)
+    cfg = tiny { "data.train=synthetic:nothing" }
+    local none, err = train.data(cfg, train.config.table_rows(cfg))
+    assert.is_nil(none)
+    assert.matches("^%-%-data synthetic:nothing: 'nothing' is neither a preset", err)
+    cfg = tiny { "data.train=parquet:/x" }
+    none, err = train.data(cfg, train.config.table_rows(cfg))
+    assert.is_nil(none)
+    assert.matches("'parquet:/x' is not a data spec", err)
+    cfg = tiny { "data.train=synthetic:kaggle", "embeddings.rows=5,5" }
+    none, err = train.data(cfg, train.config.table_rows(cfg))
+    assert.is_nil(none)
+    assert.equal("--data synthetic:kaggle: 26 sparse features, but the model has 2 tables", err)
   end)
 end)

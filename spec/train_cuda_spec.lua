@@ -5,11 +5,8 @@ local helpers = require "helpers"
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 
-local function tiny(sets)
-  local all = { "train.batch_size=512", "train.steps=20", "eval.samples=8192", "eval.batch_size=4096" }
-  for _, s in ipairs(sets or {}) do all[#all + 1] = s end
-  return assert(train.config.load(assert(train.find_config("dlrm_tiny")), all))
-end
+local BASE = { "train.batch_size=512", "train.steps=20", "eval.samples=8192", "eval.batch_size=4096" }
+local function tiny(sets) return helpers.tiny(BASE, sets) end
 
 -- The losses of `steps` steps, and the model, on the CPU or the GPU.
 local function run(cfg, on_cpu, steps)

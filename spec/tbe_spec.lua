@@ -95,7 +95,7 @@ local function reference(c, ids, layout, perms)
   return out
 end
 
-describe("tbe page runs (ur_tbe_page_runs)", function()
+describe("uvmrec.tbe page runs (ur_tbe_page_runs)", function()
   it("has the layouts the header declares", function()
     assert.equal(tonumber(C.ur_sizeof_page_run()), ffi.sizeof("ur_page_run"))
     assert.equal(tonumber(C.ur_sizeof_page_stats()), ffi.sizeof("ur_page_stats"))
@@ -356,23 +356,9 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
   end)
 
   it("trains managed tables in `uvmrec train` with train.pipeline as without it", function()
-    local ck = require "uvmrec.checkpoint"
-    local train = require "uvmrec.train"
     local function losses(sets)
-      local all = { "train.batch_size=256", "eval.samples=0", "eval.min_auc=0", "train.log_every=1", "train.steps=6",
-                    "embeddings.hints.every=2", "embeddings.hints.allowance=20%" }
-      for _, s in ipairs(sets) do all[#all + 1] = s end
-      local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), all))
-      local dir = os.tmpname()
-      os.remove(dir)
-      assert(train.run(cfg, { out = dir, progress = "none", cpu = true, print = function() end }))
-      local l = {}
-      for line in io.lines(dir .. "/metrics.jsonl") do
-        local e = assert(ck.json.decode(line))
-        if e.event == "train" then l[e.step] = e.loss end
-      end
-      os.execute("rm -rf '" .. dir .. "'")
-      return l
+      return h.train_tiny({ "train.batch_size=256", "eval.samples=0", "eval.min_auc=0", "train.log_every=1",
+        "train.steps=6", "embeddings.hints.every=2", "embeddings.hints.allowance=20%" }, sets).losses
     end
     local want = losses { "embeddings.placement=host" }
     assert.equal(6, #want)

@@ -45,11 +45,7 @@ local function pair(shape, opts)
   return make("cpu", "host"), make(0, (opts and opts.gpu_placement) or "device")
 end
 
-local function rows_of(m)
-  local r = {}
-  for f, L in ipairs(R.layout(m.tbe)) do r[f] = L.rows end
-  return r
-end
+local rows_of = R.rows_of
 
 -- f32 tables within rel (and abs); halves within one step of their grid (1e-2 covers bf16's
 -- 2^-8), where f32 results that differ in the last bit straddle a rounding point.

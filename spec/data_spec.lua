@@ -1,29 +1,10 @@
 -- luacheck: ignore 631 (the tables of inputs and their exact messages read best one per line)
 local ur = require "uvmrec"
+local h = require "helpers"
+local cmd = require "command"
 local data = ur.data
 
-local SHARED = (os.getenv("UVMREC_SHARED") or "../shared") .. "/data/"
-local SAMPLE1, SAMPLE2 = SHARED .. "criteo_raw_sample.tsv", SHARED .. "criteo_raw_sample2.tsv"
-
-local function have(path)
-  local f = io.open(path, "rb")
-  if f then f:close() end
-  return f ~= nil
-end
-
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p " .. d) == 0)
-  return d
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-  return path
-end
+local SAMPLE1, SAMPLE2 = h.shared_data("criteo_raw_sample.tsv"), h.shared_data("criteo_raw_sample2.tsv")
 
 local function read_lines(path)
   local out = {}
@@ -55,7 +36,7 @@ describe("uvmrec.data criteo-tsv", function()
   end)
 
   it("reads both real samples with no error, as many rows and clicks as their README says", function()
-    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
     local a = assert(data.read_tsv(SAMPLE1, { chunk_bytes = 7777 })) -- chunks end mid-line
     assert.equal(1000, a.stats.rows)
     assert.equal(0, a.stats.skipped)
@@ -95,8 +76,8 @@ describe("uvmrec.data criteo-tsv", function()
 
   for _, c in ipairs(cases) do
     it("names file and line for " .. c[1] .. ", and skips it on request", function()
-      local dir = tmpdir()
-      local path = write(dir .. "/bad.tsv", GOOD .. "\n" .. GOOD .. "\n" .. c[2] .. "\n" .. GOOD .. "\n")
+      local dir = cmd.tmpdir()
+      local path = cmd.spit(dir .. "/bad.tsv", GOOD .. "\n" .. GOOD .. "\n" .. c[2] .. "\n" .. GOOD .. "\n")
       local t, err = data.read_tsv(path)
       assert.is_nil(t)
       assert.equal("criteo-tsv: " .. path .. ":3: " .. c[3], err)
@@ -106,36 +87,36 @@ describe("uvmrec.data criteo-tsv", function()
       assert.equal(path .. ":3: " .. c[3], s.stats.first_skipped)
       local _, e2 = data.parse_line(c[2])
       assert.equal("criteo-tsv: " .. c[3], e2)
-      os.execute("rm -rf " .. dir)
+      cmd.rmdir(dir)
     end)
   end
 
   it("pads lines of 15 to 39 fields only when asked, and counts them", function()
-    local dir = tmpdir()
+    local dir = cmd.tmpdir()
     local short = GOOD:gsub("\t[^\t]*\t[^\t]*\t[^\t]*$", "") -- 37 fields
-    local path = write(dir .. "/short.tsv", GOOD .. "\n" .. short .. "\n")
+    local path = cmd.spit(dir .. "/short.tsv", GOOD .. "\n" .. short .. "\n")
     local _, err = data.read_tsv(path)
     assert.equal("criteo-tsv: " .. path .. ":2: has 37 fields; expected 40", err)
     local s = assert(data.read_tsv(path, { pad_missing_fields = true }))
     assert.equal(2, s.stats.rows)
     assert.equal(1, s.stats.padded)
-    local tooshort = write(dir .. "/s2.tsv", "1\t2\t3\n")
+    local tooshort = cmd.spit(dir .. "/s2.tsv", "1\t2\t3\n")
     _, err = data.read_tsv(tooshort, { pad_missing_fields = true })
     assert.equal("criteo-tsv: " .. tooshort .. ":1: has 3 fields; expected 40 (or 15 to 39 with --pad-missing-fields)", err)
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
   end)
 
   it("rejects an empty file, a missing final newline and a 10 MB line", function()
-    local dir = tmpdir()
-    local empty = write(dir .. "/empty.tsv", "")
+    local dir = cmd.tmpdir()
+    local empty = cmd.spit(dir .. "/empty.tsv", "")
     local _, err = data.read_tsv(empty)
     assert.equal("criteo-tsv: " .. empty .. ": empty file (no lines)", err)
-    local nonl = write(dir .. "/nonl.tsv", GOOD .. "\n" .. GOOD)
+    local nonl = cmd.spit(dir .. "/nonl.tsv", GOOD .. "\n" .. GOOD)
     _, err = data.read_tsv(nonl)
     assert.equal("criteo-tsv: " .. nonl .. ":2: the last line has no final newline (a truncated file?)", err)
     local s = assert(data.read_tsv(nonl, { on_bad_line = "skip" }))
     assert.same({ 1, 1 }, { s.stats.rows, s.stats.skipped })
-    local big = write(dir .. "/big.tsv", GOOD .. "\n" .. string.rep("1", 10 * 2 ^ 20) .. "\n" .. GOOD .. "\n")
+    local big = cmd.spit(dir .. "/big.tsv", GOOD .. "\n" .. string.rep("1", 10 * 2 ^ 20) .. "\n" .. GOOD .. "\n")
     _, err = data.read_tsv(big)
     assert.equal("criteo-tsv: " .. big .. ":2: line is over 1048576 bytes long (a Criteo line is under 1 KiB)", err)
     _, err = data.read_tsv(big, { chunk_bytes = 65536 })
@@ -144,17 +125,17 @@ describe("uvmrec.data criteo-tsv", function()
     assert.same({ 2, 1 }, { s.stats.rows, s.stats.skipped })
     local _, e3 = data.read_tsv(dir .. "/missing.tsv")
     assert.matches("cannot open", e3)
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
   end)
 
   it("reads gzip'd files", function()
-    if not have(SAMPLE2) then pending("no " .. SAMPLE2) return end
-    local dir = tmpdir()
+    if not cmd.exists(SAMPLE2) then pending("no " .. SAMPLE2) return end
+    local dir = cmd.tmpdir()
     assert(os.execute(("gzip -c %s > %s/day_3.gz"):format(SAMPLE2, dir)) == 0)
     local a = assert(data.read_tsv(dir .. "/day_3.gz"))
     local b = assert(data.read_tsv(SAMPLE2))
     assert.same(b.ids:totable(), a.ids:totable())
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
   end)
 end)
 
@@ -203,7 +184,7 @@ describe("uvmrec.data npy", function()
   end)
 
   it("saves and loads tensors, and refuses truncated files", function()
-    local dir = tmpdir()
+    local dir = cmd.tmpdir()
     local t = ur.tensor({ 5, 3 }, { dtype = "f32" }):uniform(-1, 1, 3)
     assert(data.npy_save(dir .. "/a.npy", t))
     local back = assert(data.npy_load(dir .. "/a.npy"))
@@ -220,17 +201,17 @@ describe("uvmrec.data npy", function()
     local f = assert(io.open(dir .. "/a.npy", "rb"))
     local bytes = f:read("*a")
     f:close()
-    write(dir .. "/cut.npy", bytes:sub(1, #bytes - 4))
+    cmd.spit(dir .. "/cut.npy", bytes:sub(1, #bytes - 4))
     local _, err = data.npy_load(dir .. "/cut.npy")
     assert.equal("npy: " .. dir .. "/cut.npy: truncated: the header's shape needs 60 data bytes but 56 follow", err)
-    os.execute("rm -rf " .. dir)
+    cmd.rmdir(dir)
   end)
 end)
 
 describe("uvmrec.data convert", function()
   it("writes day files equal to what the TSV reader gives", function()
-    if not have(SAMPLE1) then pending("no " .. SAMPLE1) return end
-    local dir = tmpdir()
+    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
+    local dir = cmd.tmpdir()
     local rows = {}
     for i = 1, 26 do rows[i] = 1000 + i end
     local st = assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { rows = rows }))
@@ -247,11 +228,12 @@ describe("uvmrec.data convert", function()
     assert.same(ref.labels:totable(), labels:totable())
     assert.same({ 400, 26 }, data.npy_load(dir .. "/day_1_sparse.npy"):size())
     -- Without rows: raw ids as <u4.
-    local raw = tmpdir()
+    local raw = cmd.tmpdir()
     assert(data.convert(SAMPLE2, raw))
     local info = assert(data.npy_header(io.open(raw .. "/day_0_sparse.npy", "rb"):read(128)))
     assert.equal("<u4", info.descr)
     assert.same(assert(data.read_tsv(SAMPLE2)).ids:totable(), data.npy_load(raw .. "/day_0_sparse.npy"):totable())
-    os.execute("rm -rf " .. dir .. " " .. raw)
+    cmd.rmdir(dir)
+    cmd.rmdir(raw)
   end)
 end)

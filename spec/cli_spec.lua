@@ -1,0 +1,196 @@
+local cli = require "uvmrec.cli"
+local command = require "command"
+
+local function decl(extra)
+  local d = {
+    name = "tool",
+    summary = "does things to FILES",
+    { "FILES...", "the files" },
+    { "--out DIR", "where results go" },
+    { "--steps N", "how many", type = "whole", default = 10 },
+    { "--rate R", "how fast", type = "number" },
+    { "--shift K", "how far", type = "integer" },
+    { "--mode M", "which way", choices = { "fast", "slow" }, default = "fast" },
+    { "--precisions P,...", "which", type = "list", choices = { "f32", "bf16" } },
+    { "--sizes N,...", "how big", type = "numbers" },
+    { "--set K=V", "a value", many = true },
+    { "--cpu", "on the CPU" },
+    { "--eval-data SPEC", "held out" },
+  }
+  for k, v in pairs(extra or {}) do d[k] = v end
+  return d
+end
+
+describe("uvmrec.cli", function()
+  it("parses options, flags and arguments into typed values with their defaults", function()
+    local c = cli.command(decl())
+    local o = assert(c:check { "a", "--steps", "3", "b", "--rate=0.5", "--shift=-2", "--set", "x=1",
+                               "--set", "y=2", "--cpu", "--precisions", "f32,bf16", "--sizes", "1,2.5",
+                               "--eval-data", "synthetic:tiny" })
+    assert.same({ "a", "b" }, o.files)
+    assert.equal(3, o.steps)
+    assert.equal(0.5, o.rate)
+    assert.equal(-2, o.shift)
+    assert.same({ "x=1", "y=2" }, o.set)
+    assert.is_true(o.cpu)
+    assert.same({ "f32", "bf16" }, o.precisions)
+    assert.same({ 1, 2.5 }, o.sizes)
+    assert.equal("synthetic:tiny", o.eval_data)
+    assert.equal("fast", o.mode)
+    o = assert(c:check { "a" })
+    assert.equal(10, o.steps)
+    assert.is_false(o.cpu)
+    assert.same({}, o.set)
+    assert.is_nil(o.out)
+    assert.is_nil(o.rate)
+  end)
+
+  it("names the option and the value that is wrong", function()
+    local c = cli.command(decl())
+    local cases = {
+      { { "a", "--steps=-1" }, "--steps: '-1' is not a whole number (0, 1, 2, ...)" },
+      { { "a", "--steps", "1.5" }, "--steps: '1.5' is not a whole number (0, 1, 2, ...)" },
+      { { "a", "--shift", "x" }, "--shift: 'x' is not an integer" },
+      { { "a", "--rate", "fast" }, "--rate: 'fast' is not a number" },
+      { { "a", "--mode", "medium" }, "--mode: 'medium' is not fast or slow" },
+      { { "a", "--precisions", "f32,f64" }, "--precisions: 'f64' is not f32 or bf16" },
+      { { "a", "--sizes", "1,x" }, "--sizes: 'x' is not a number" },
+      { { "a", "--sizes", "," }, "--sizes: ',' holds no items" },
+      { { "a", "--frobnicate" }, "unknown option '--frobnicate'" },
+      { { "a", "--step", "1" }, "unknown option '--step'\nDid you mean '--steps'?" },
+      { { "a", "--out" }, "option '--out' requires an argument" },
+      { {}, "missing argument 'FILES'" },
+    }
+    for _, case in ipairs(cases) do
+      local o, err = c:check(case[1])
+      assert.is_nil(o)
+      assert.equal(case[2], err, table.concat(case[1], " "))
+    end
+  end)
+
+  it("checks values, required options and options that exclude each other", function()
+    local c = cli.command {
+      name = "t", summary = "s",
+      { "[ROWS]", "rows", type = "whole", default = 8, check = function(n)
+        if n % 8 ~= 0 then return nil, n .. " is not a multiple of 8" end
+        return n
+      end },
+      { "--out DIR", "where", required = true },
+      { "--config C", "a config" },
+      { "--rows-list R,...", "rows", type = "numbers" },
+      mutex = { { "--config", "--rows-list" } },
+    }
+    assert.equal(8, assert(c:check { "--out", "x" }).rows)
+    assert.equal(16, assert(c:check { "16", "--out", "x" }).rows)
+    local o, err = c:check { "12", "--out", "x" }
+    assert.is_nil(o)
+    assert.equal("ROWS: 12 is not a multiple of 8", err)
+    o, err = c:check {}
+    assert.is_nil(o)
+    assert.equal("missing option '--out'", err)
+    o, err = c:check { "--out", "x", "--config", "c", "--rows-list", "1" }
+    assert.is_nil(o)
+    assert.equal("option '--rows-list' can not be used together with option '--config'", err)
+    o, err = c:check { "8", "16", "--out", "x" }
+    assert.is_nil(o)
+    assert.equal("too many arguments", err)
+  end)
+
+  it("hands on what is not its own with rest, in order, and everything after --", function()
+    local c = cli.command {
+      name = "t", summary = "s",
+      { "--gpu", "gpu only" },
+      { "--n N", "n", type = "whole" },
+      { "[ARGS...]", "for another program", rest = true },
+    }
+    local o = assert(c:check { "--tags=x", "--gpu", "spec/a", "--n", "2", "-v", "--", "--gpu", "--help" })
+    assert.is_true(o.gpu)
+    assert.equal(2, o.n)
+    assert.same({ "--tags=x", "spec/a", "-v", "--gpu", "--help" }, o.args)
+    assert.same({}, assert(c:check {}).args)
+    local _, err = c:check { "x", "--help" }
+    assert.equal("help", err)
+  end)
+
+  it("writes the usage and help from the declaration", function()
+    local c = cli.command(decl { description = "More about the tool." })
+    local _, why = c:check { "a", "--steps", "3", "--help" }
+    assert.equal("help", why)
+    local help = c:help()
+    assert.matches("^usage: uvmrec tool %[%-h%] ", help)
+    assert.matches("\n\ndoes things to FILES\n\nMore about the tool%.\n", help)
+    assert.matches("\n   FILES +the files\n", help)
+    assert.matches("\n   %-%-steps N +how many %(default: 10%)\n", help)
+    assert.matches("\n   %-%-set K=V +a value\n", help)
+    assert.matches("\n   %-%-cpu +on the CPU\n", help)
+    assert.matches("^usage: uvmrec tool ", c:usage())
+    assert.is_nil(c:usage():find("\n\n"))
+  end)
+
+  it("exits 2 with the message and the usage for a wrong argument, 0 with the help for --help", function()
+    local dir = command.tmpdir()
+    command.spit(dir .. "/tool.lua", [[
+      local o = require("uvmrec.cli").command {
+        name = "tool", summary = "a tool", { "--steps N", "how many", type = "whole" },
+      }:parse(arg)
+      print("steps", o.steps)]])
+    local out, err, code = command.run(command.quote(dir .. "/tool.lua") .. " --steps 2")
+    assert.equal(0, code, err)
+    assert.equal("steps\t2\n", out)
+    out, err, code = command.run(command.quote(dir .. "/tool.lua") .. " --steps two")
+    assert.equal(2, code)
+    assert.equal("", out)
+    assert.equal("uvmrec tool: --steps: 'two' is not a whole number (0, 1, 2, ...)\nusage: uvmrec tool [-h] "
+      .. "[--steps N]\n(`uvmrec tool --help` describes every option)\n", err)
+    out, err, code = command.run(command.quote(dir .. "/tool.lua") .. " --help")
+    assert.equal(0, code, err)
+    assert.matches("^usage: uvmrec tool %[%-h%] %[%-%-steps N%]\n\na tool\n", out)
+    command.rmdir(dir)
+  end)
+
+  it("refuses a declaration it cannot read, at the caller's line", function()
+    local function refuses(d, msg)
+      local ok, err = pcall(cli.command, d)
+      assert.is_false(ok)
+      assert.matches(msg, err)
+    end
+    refuses({ summary = "s" }, "^cli%.command: name must be a string")
+    refuses({ name = "t", summary = "two\nlines" }, "^cli%.command t: summary must be one line of text")
+    refuses({ name = "t", summary = "s", { "--x" } }, "cli: entry 1: expected")
+    refuses({ name = "t", summary = "s", { "--x N", "x", colour = 1 } },
+      "cli: entry 1 %(%-%-x N%): unknown field 'colour'")
+    refuses({ name = "t", summary = "s", { "--x N", "x", type = "date" } }, "cli: %-%-x N: unknown type 'date'")
+    refuses({ name = "t", summary = "s", { "--x", "x", default = 1 } }, "cli: %-%-x: a flag takes no type")
+    refuses({ name = "t", summary = "s", { "lower", "x" } }, "cli: entry 1: 'lower' is neither")
+    refuses({ name = "t", summary = "s", { "[A", "x" } }, "cli: entry 1: '%[A' is neither")
+    refuses({ name = "t", summary = "s", { "A", "x", rest = true } }, "cli: A: rest = true needs %[NAME%.%.%.%]")
+    refuses({ name = "t", summary = "s", { "--a-b N", "x" }, { "--c N", "y", key = "a_b" } },
+      "cli%.command t: %-%-a%-b and %-%-c both land in opts%.a_b")
+    refuses({ name = "t", summary = "s", { "--a N", "x" }, mutex = { { "--a", "--b" } } },
+      "cli: mutex: '%-%-b' is not an option of uvmrec t")
+  end)
+
+  it("reads a script's declaration without running the rest of it", function()
+    local dir = command.tmpdir()
+    command.spit(dir .. "/good.lua", [[
+      local cli = require "uvmrec.cli"
+      local o = cli.command { name = "good", summary = "the good one" }:parse(arg)
+      error("ran past its declaration")]])
+    command.spit(dir .. "/plain.lua", [[error("a script without a declaration must not run")]])
+    command.spit(dir .. "/exits.lua", [[-- uses uvmrec.cli, but exits first
+      os.exit(3)]])
+    local c = assert(cli.describe(dir .. "/good.lua"))
+    assert.equal("the good one", c.summary)
+    local none, err = cli.describe(dir .. "/plain.lua")
+    assert.is_nil(none)
+    assert.equal(dir .. "/plain.lua declares no command (uvmrec.cli)", err)
+    none, err = cli.describe(dir .. "/exits.lua")
+    assert.is_nil(none)
+    assert.matches("exits%.lua exits %(code 3%) before its declaration", err)
+    local list = assert(cli.commands(dir))
+    assert.same({ "exits", "good", "plain" }, { list[1].name, list[2].name, list[3].name })
+    assert.equal("the good one", list[2].summary)
+    assert.matches("^%(.*declares no command", list[3].summary)
+    command.rmdir(dir)
+  end)
+end)

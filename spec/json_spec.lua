@@ -1,0 +1,134 @@
+local ffi = require "ffi"
+local json = require "uvmrec.json"
+local train = require "uvmrec.train"
+
+-- Metadata as checkpoints and run logs hold it: every model config, and values at the edges of
+-- the number and string formats.
+local function edges()
+  return {
+    numbers = { 0, -0.0, 1, -1, 0.1, 1 / 3, -2.5e-7, 1e-5, 1e-8, 1e20, 1e300, 5e-324, 2 ^ 53 - 1, -(2 ^ 53 - 1),
+                2 ^ 53, 2 ^ 53 + 2, 2 ^ 63, 123456.789, 0.05 * 3 },
+    int64 = { ffi.new("int64_t", 2 ^ 62) + 12345, ffi.new("int64_t", -2 ^ 62) - 7,
+              ffi.new("uint64_t", 2 ^ 53) + 1, ffi.new("int64_t", 0) },
+    strings = { "", "plain", "quote \" backslash \\ slash /", "\b\f\n\r\t", "\0\1\31\127", "é😀 ünïcödé" },
+    nested = { a = { b = { c = { {}, { {} }, { d = false } } } }, ["key with space"] = 1, [""] = "empty key",
+               ["Z"] = 1, ["b"] = 2, ["ä"] = 3, ["_"] = 4, ["1"] = 5 },
+    trainer = { step = 1234, samples = 1234 * 4096, position = { epoch = 0, sample = 5054464 },
+                counting = { t0 = true, t1 = false } },
+  }
+end
+
+-- What checkpoint.lua's own encoder wrote for edges() before uvmrec.json replaced it: the
+-- canonical bytes of checkpoint metadata, which must not change.
+local EDGES_TEXT = table.concat {
+  [[{"int64":[4611686018427400249,-4611686018427387911,9007199254740993,0],]],
+  [["nested":{"":"empty key","1":5,"Z":1,"_":4,"a":{"b":{"c":[{},[{}],{"d":false}]}},"b":2,"key with space":1,]],
+  [["ä":3},"numbers":[0,0,1,-1,0.10000000000000001,0.33333333333333331,-2.4999999999999999e-07,]],
+  [[1.0000000000000001e-05,1e-08,1e+20,1.0000000000000001e+300,4.9406564584124654e-324,9007199254740991,]],
+  [[-9007199254740991,9007199254740992,9007199254740994,9.2233720368547758e+18,123456.789,0.15000000000000002],]],
+  [["strings":["","plain","quote \" backslash \\ slash /","\b\f\n\r\t","\u0000\u0001\u001f]], "\127",
+  [[","é😀 ünïcödé"],"trainer":{"counting":{"t0":true,"t1":false},"position":{"epoch":0,"sample":5054464},]],
+  [["samples":5054464,"step":1234}}]],
+}
+
+local function rich_values()
+  local values = {}
+  for _, name in ipairs { "dlrm_tiny", "dlrm_kaggle", "dlrm_mlperf_v1", "dlrm_mlperf_v1_2m", "dlrm_dcnv2" } do
+    values[#values + 1] = assert(train.config.load(assert(train.find_config(name)),
+      { "optimizer.lr=0.00001", "train.steps=123456789" }))
+  end
+  values[#values + 1] = edges()
+  return values
+end
+
+describe("uvmrec.json", function()
+  it("writes the bytes checkpoint metadata has always had", function()
+    assert.equal(EDGES_TEXT, json.encode(edges()))
+  end)
+
+  it("reads back what it writes: numbers exactly, 64-bit integers as int64 cdata", function()
+    for i, v in ipairs(rich_values()) do
+      local text = json.encode(v)
+      local back = assert(json.decode(text))
+      assert.equal(text, json.encode(back), "value " .. i)
+    end
+    local v = edges()
+    local back = json.decode(json.encode(v))
+    assert.same(v.numbers, back.numbers)
+    assert.same(v.strings, back.strings)
+    assert.same(v.trainer, back.trainer)
+    for k, x in ipairs(v.int64) do
+      assert.is_true(back.int64[k] == x, "int64 " .. k)
+    end
+    assert.is_true(ffi.istype("int64_t", back.int64[1]))
+    assert.equal("number", type(back.numbers[14])) -- 2^53 - 1 stays a Lua number
+  end)
+
+  it("reads any JSON value; null is nil", function()
+    assert.equal("é😀", json.decode('"\\u00e9\\ud83d\\ude00"'))
+    assert.equal(42, json.decode(" 42 "))
+    assert.equal(1, json.decode("1.0"))
+    assert.same({ a = { 1, 2 } }, json.decode('{"a":[1,2],"b":null}'))
+    assert.is_nil(json.decode("null"))
+    local holes = json.decode("[1,null,3]")
+    assert.equal(1, holes[1])
+    assert.is_nil(holes[2])
+    assert.equal(3, holes[3])
+  end)
+
+  it("names the byte where text fails to parse", function()
+    local cases = {
+      { '{"a":[1,}', "json: unexpected token near '}' at byte 9" },
+      { "[1,", "json: ']' expected near end of file at byte 3" },
+      { '{"a":1} x', "json: end of file expected near 'x' at byte 9" },
+      { "18446744073709551615", "json: too big integer near '18446744073709551615' at byte 20" },
+      { '"\255"', "json: unable to decode byte 0xff near '\"' at byte 1" },
+    }
+    for _, c in ipairs(cases) do
+      local v, err = json.decode(c[1])
+      assert.is_nil(v)
+      assert.equal(c[2], err)
+    end
+    assert.has_error(function() json.decode(nil) end, "json decode: expected a string, got nil")
+  end)
+
+  it("refuses what JSON cannot hold, naming where it is", function()
+    local function refuses(v, msg)
+      local ok, err = pcall(json.encode, v)
+      assert.is_false(ok)
+      assert.equal(msg, err)
+    end
+    refuses({ x = 0 / 0 }, "json: value.x is nan, which JSON cannot hold")
+    refuses({ a = { 1, math.huge } }, "json: value.a[2] is inf, which JSON cannot hold")
+    refuses({ 1, x = 2 }, "json: value mixes a list and a map (key 1)")
+    refuses({ f = print }, "json: value.f is a function, which JSON cannot hold")
+    refuses({ a = { "ok", "\255" } }, "json: value.a[2]: a string is not valid UTF-8 (1 bytes)")
+    refuses({ ["\255"] = 1 }, "json: value.\255: the key '\255' is not valid UTF-8")
+    refuses({ u = ffi.new("uint64_t", 0) - 1 },
+      "json: value.u is 18446744073709551615, above 2^63 - 1, the largest integer JSON holds here")
+    local deep = {}
+    local t = deep
+    for _ = 1, 70 do t.x = {}; t = t.x end
+    local ok, err = pcall(json.encode, deep)
+    assert.is_false(ok)
+    assert.matches("^json: nesting deeper than 64 at value%.x%.x", err)
+  end)
+
+  it("reads a JSON-lines file, naming the line that is not JSON", function()
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write(json.encode { step = 1, loss = 0.5 }, "\n\n", json.encode { step = 2, loss = 0.25 }, "\n")
+    f:close()
+    assert.same({ { step = 1, loss = 0.5 }, { step = 2, loss = 0.25 } }, assert(json.read_lines(path)))
+    f = assert(io.open(path, "a"))
+    f:write("{oops\n")
+    f:close()
+    local v, err = json.read_lines(path)
+    assert.is_nil(v)
+    assert.equal(path .. ":4: json: string or '}' expected near 'oops' at byte 5", err)
+    os.remove(path)
+    v, err = json.read_lines(path)
+    assert.is_nil(v)
+    assert.matches("^json: " .. path:gsub("%p", "%%%0") .. ": No such file", err)
+  end)
+end)

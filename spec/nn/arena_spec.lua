@@ -1,0 +1,20 @@
+-- uvmrec.nn.arena (lua/uvmrec/nn/arena.lua): the blocks modules take their activations and
+-- workspaces from.
+describe("uvmrec.nn.arena", function()
+  it("carves aligned tensors from few blocks, which outlive the arena", function()
+    local arena = require "uvmrec.nn.arena"
+    local a = arena.new("host", nil, 4096)
+    local t1 = a:tensor({ 3, 5 }, "f32")
+    local t2 = a:tensor({ 7 }, "bf16")
+    local s = a:stats()
+    assert.same({ used = 512, reserved = 4096, blocks = 1, tensors = 2 }, s)
+    assert.equal(t1:id(), t2:id())
+    local big = a:tensor({ 2000 }, "f32")
+    assert.equal(2, a:stats().blocks)
+    assert.are_not.equal(big:id(), t1:id())
+    a:free()
+    t1:fill(3)
+    assert.equal(3, t1[14])
+    assert.error_matches(function() arena.new("host", nil, 1):tensor({ 1 }) end, "arena: block size 1 bytes")
+  end)
+end)

@@ -1,0 +1,104 @@
+-- uvmrec.nn.Module (lua/uvmrec/nn/Module.lua), the protocol every module follows, on the CPU:
+-- parameter names, zero_grad, to(placement), bf16 precision with f32 masters, no allocation in
+-- a training step once the batch size was seen, subclassing.  Each module's own forward and
+-- gradients: spec/nn/<module>_spec.lua.
+local ur = require "uvmrec"
+local R = require "dense_ref"
+local nn = ur.nn
+
+describe("uvmrec.nn.Module", function()
+  before_each(function() nn.Module.manual_seed(3) end)
+
+  it("name parameters by path and zero their gradients", function()
+    local m = nn.Sequential(nn.MLP({ 3, 4, 2 }), nn.CrossNet(2, 1, { rank = 1 }))
+    local names = {}
+    for _, p in ipairs(m:parameters()) do names[#names + 1] = p.name end
+    assert.same({ "1.1.weight", "1.1.bias", "1.3.weight", "1.3.bias", "2.V_1", "2.U_1", "2.bias_1" }, names)
+    m:forward(R.rand({ 5, 3 }, 1))
+    m:backward(R.rand({ 5, 3 }, 1), R.rand({ 5, 2 }, 2))
+    local nonzero = 0
+    for _, p in ipairs(m:parameters()) do
+      for _, v in ipairs(p.grad:totable()) do if v ~= 0 then nonzero = nonzero + 1 end end
+    end
+    assert.is_true(nonzero > 10)
+    m:zero_grad()
+    for _, p in ipairs(m:parameters()) do
+      for _, v in ipairs(p.grad:totable()) do assert.equal(0, v) end
+    end
+  end)
+
+  it("give the same results in managed memory (host memory without a GPU)", function()
+    local m = nn.MLP({ 6, 5, 2 })
+    local x = R.rand({ 4, 6 }, 21)
+    local y = m:forward(x):totable()
+    assert(m:to("managed"))
+    assert.equal("managed", m.placement)
+    assert.equal("managed", m:parameters()[1].tensor:placement())
+    local xm = assert(x:to("managed"))
+    R.close(m:forward(xm):totable(), y, 1e-6, "managed")
+    assert.error_matches(function() m:to("gpu") end, "to: placement 'gpu' is not host, pinned, device or managed")
+  end)
+
+  it("compute in bf16 with f32 master weights and gradients", function()
+    local m = nn.MLP({ 16, 32, 8 }, { last = "none" })
+    local x = R.rand({ 10, 16 }, 31)
+    local y32 = m:forward(x):totable()
+    assert(m:set_precision("bf16"))
+    local y16 = m:forward(x)
+    assert.equal("bf16", y16:dtype())
+    R.close(y16:totable(), y32, 3e-2, "bf16 forward")
+    local p = m:parameters()[1]
+    assert.equal("f32", p.tensor:dtype())
+    assert.equal("f32", p.grad:dtype())
+    assert.equal("bf16", p.half:dtype())
+    local gi = m:backward(x, R.rand({ 10, 8 }, 32, { dtype = "bf16" }))
+    assert.equal("f32", gi:dtype()) -- the input's dtype
+    local opt = ur.optim.SGD(m:parameters(), { lr = 0.1 })
+    opt:step()
+    local master, half = p.tensor:totable(), p.half:totable()
+    local hb = R.zeros({ #master }, { dtype = "bf16" })
+    ur.dense.cast(p.tensor, hb)
+    assert.same(hb:totable(), half)
+    assert.is_true(R.maxrel(master, half) > 0) -- the copy is rounded, the master is not
+  end)
+
+  it("allocate nothing in a training step once the batch size has been seen", function()
+    local m = nn.Sequential(nn.MLP({ 8, 16, 4 }), nn.CrossNet(4, 2, { rank = 2 }))
+    local crit = nn.BCEWithLogits()
+    local head = nn.Linear(4, 1)
+    m:add(head)
+    local opt = ur.optim.Adam(m:parameters(), { lr = 1e-3 })
+    local x, t = R.rand({ 32, 8 }, 41), R.rand({ 32 }, 42, { lo = 0, hi = 1 })
+    local x2 = x:view(0, 16)
+    local function step(xb, tb)
+      local out = m:forward(xb)
+      crit:forward(out, tb)
+      m:zero_grad()
+      m:backward(xb, crit:backward(out, tb))
+      opt:step()
+    end
+    step(x, t)
+    step(x2, t:view(0, 16))
+    local s0, mem0 = m:arena():stats(), ur.memory()
+    for _ = 1, 3 do
+      step(x, t)
+      step(x2, t:view(0, 16))
+    end
+    assert.same(s0, m:arena():stats())
+    assert.same(mem0, ur.memory())
+  end)
+
+  it("can be subclassed with Module:extend", function()
+    local Scale = nn.Module:extend("Scale")
+    function Scale:__init(n)
+      nn.Module.__init(self)
+      self:register_parameter("weight", { n }):fill(2)
+    end
+    local s = Scale(3)
+    assert.is_true(nn.Module.is(s, nn.Module))
+    assert.equal("Scale", tostring(s))
+    assert.equal("weight", s:parameters()[1].name)
+    assert.error_matches(function() s:forward(1) end, "Scale has no updateOutput")
+    assert.error_matches(function() s:register_parameter("a.b", { 1 }) end, "without dots")
+  end)
+end)

@@ -1,0 +1,22 @@
+-- Learning-rate schedules (lua/uvmrec/optim/schedule.lua) against their formulas.
+local optim = require("uvmrec").optim
+
+describe("uvmrec.optim.schedule", function()
+  local S = optim.schedule
+
+  it("warms up linearly, decays polynomially and in steps", function()
+    local w = S.linear_warmup { base = 2, warmup = 4 }
+    assert.same({ 0.5, 1, 1.5, 2, 2 }, { w(1), w(2), w(3), w(4), w(100) })
+    local p = S.polynomial { base = 1, start = 10, steps = 4, power = 2, min = 0.01 }
+    assert.same({ 1, 1, 0.5625, 0.25, 0.0625, 0.0625, 0.0625 }, { p(1), p(9), p(11), p(12), p(13), p(14), p(99) })
+    local st = S.step_decay { base = 1, every = 3, gamma = 0.5 }
+    assert.same({ 1, 1, 1, 0.5, 0.25 }, { st(1), st(2), st(3), st(4), st(7) })
+  end)
+
+  it("gives the public DLRM code's warmup and polynomial decay", function()
+    local f = S.dlrm { base = 1, warmup = 2, decay_start = 5, decay_steps = 2, min = 0 }
+    assert.same({ 0.5, 1, 1, 1, 1, 0.25, 0.25, 0.25 }, { f(1), f(2), f(3), f(4), f(5), f(6), f(7), f(50) })
+    assert.error_matches(function() S.step_decay { base = 1, every = 0, gamma = 1 } end,
+      "schedule: every must be a number >= 1, got 0")
+  end)
+end)

@@ -1,0 +1,442 @@
+-- Access counters of embedding tables (engine/src/tbe_stats.c, lua/uvmrec/tbe_stats.lua): what
+-- the forward counts, decay, ranking (topk, coverage, histogram), against plain references;
+-- the CUDA counters against the CPU's (#cuda).
+local ur = require "uvmrec"
+local h = require "helpers"
+local R = require "tbe_ref"
+local ck = require "uvmrec.checkpoint"
+local hints = require "uvmrec.hints"
+
+local cuda_it = h.cuda_it
+local EBC = ur.nn.EmbeddingBagCollection
+
+local TABLES = {
+  { name = "a", rows = 500, dim = 8, features = { "a1", "a2" } },
+  { name = "b", rows = 37, dim = 4 },
+  { name = "c", rows = 2000, dim = 16, dtype = "f16" },
+}
+
+local function make(dev, place, opts)
+  local o = { tables = {}, device = dev, placement = place, seed = 5, bounds = "warn" }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  for i, t in ipairs(TABLES) do
+    local c = {}
+    for k, v in pairs(t) do c[k] = v end
+    o.tables[i] = c
+  end
+  return EBC(o)
+end
+
+-- Skewed ids (the low ones hot), a few out of bounds.
+local function batch(m, n, seed)
+  math.randomseed(seed)
+  local rows = {}
+  for f, L in ipairs(R.layout(m.tbe)) do rows[f] = L.rows end
+  local b = R.batch(rows, { batch = n })
+  local li = 0
+  for f = 1, #rows do
+    for bag = (f - 1) * n + 1, f * n do
+      for v = b.offsets[bag] + 1, b.offsets[bag + 1] do
+        li = li + 1
+        local u = math.random()
+        b.values[v] = math.floor(rows[f] * u * u * u)
+        if math.random() < 0.01 then b.values[v] = rows[f] + 3 end
+      end
+    end
+  end
+  return b
+end
+
+-- Counts per table by the definition: one per value whose id is in the table.
+local function reference(m, b, into)
+  local layout = R.layout(m.tbe)
+  for _, g in ipairs(R.bags(b, #layout)) do
+    local L = layout[g.f]
+    local c = into[L.table] or {}
+    into[L.table] = c
+    for v = g.first, g.last do
+      local id = b.values[v]
+      if id >= 0 and id < L.rows then c[id] = (c[id] or 0) + 1 end
+    end
+  end
+  return into
+end
+
+local function counts_of(m, name)
+  local c = m.tbe:counts(name)
+  local t = c:totable()
+  c:free()
+  return t
+end
+
+local function check_counts(m, ref, what)
+  for _, t in ipairs(TABLES) do
+    local got, want = counts_of(m, t.name), ref[t.name] or {}
+    for id = 0, t.rows - 1 do
+      if got[id + 1] ~= (want[id] or 0) then
+        error(("%s: table %s id %d counted %d, expected %d"):format(what, t.name, id, got[id + 1], want[id] or 0))
+      end
+    end
+  end
+end
+
+describe("uvmrec.tbe access counters", function()
+  it("count one access per value that reads a row, over features sharing a table, skipping bad ids", function()
+    local m = make("cpu", "host")
+    assert(m.tbe:set_counting(true))
+    local ref = {}
+    for s = 1, 3 do
+      local b = batch(m, 64, s)
+      m:forward(R.input(b))
+      reference(m, b, ref)
+    end
+    check_counts(m, ref, "after 3 forwards")
+    assert.is_true(m.tbe:counting("a"))
+  end)
+
+  it("count nothing while off and keep what they had; count one table alone", function()
+    local m = make("cpu", "host")
+    assert(m.tbe:set_counting(true, "b"))
+    assert.is_false(m.tbe:counting("a"))
+    local b = batch(m, 32, 11)
+    m:forward(R.input(b))
+    local ref = reference(m, b, {})
+    assert.same(counts_of(m, "b"), (function()
+      local t = {}
+      for id = 0, 36 do t[id + 1] = ref.b[id] or 0 end
+      return t
+    end)())
+    assert.has_error(function() m.tbe:counts("a") end,
+      "tbe: table 'a' has no access counters; turn counting on first (ur_tbe_set_counting)")
+    assert(m.tbe:set_counting(false, "b"))
+    m:forward(R.input(batch(m, 32, 12)))
+    local before = counts_of(m, "b")
+    assert.same(before, counts_of(m, "b"))
+    local sum = 0
+    for _, v in ipairs(before) do sum = sum + v end
+    local want = 0
+    for _, v in pairs(ref.b) do want = want + v end
+    assert.equal(want, sum)
+  end)
+
+  it("decay as floor(count * factor), and 0 clears", function()
+    local m = make("cpu", "host")
+    assert(m.tbe:set_counting(true))
+    local ref = {}
+    for s = 1, 4 do
+      local b = batch(m, 64, 20 + s)
+      m:forward(R.input(b))
+      reference(m, b, ref)
+      assert(m.tbe:decay_counts(0.7))
+      for _, c in pairs(ref) do
+        for id, v in pairs(c) do c[id] = math.floor(v * 0.7) end
+      end
+    end
+    check_counts(m, ref, "after decay")
+    assert(m.tbe:decay_counts(0, "a"))
+    for _, v in ipairs(counts_of(m, "a")) do assert.equal(0, v) end
+    assert.has_error(function() m.tbe:decay_counts(1.5) end, "tbe: decay factor 1.5; expected a value in [0, 1]")
+  end)
+
+  it("rank rows: topk, coverage and histogram match a sort of the counts", function()
+    local m = make("cpu", "host")
+    assert(m.tbe:set_counting(true))
+    local ref = {}
+    for s = 1, 5 do
+      local b = batch(m, 128, 40 + s)
+      m:forward(R.input(b))
+      reference(m, b, ref)
+    end
+    local rows = 2000
+    local list, total = {}, 0
+    for id = 0, rows - 1 do
+      list[#list + 1] = { id = id, c = ref.c[id] or 0 }
+      total = total + (ref.c[id] or 0)
+    end
+    table.sort(list, function(x, y) if x.c ~= y.c then return x.c > y.c end return x.id < y.id end)
+    local a = m.tbe:access("c")
+    assert.equal(total, a.total)
+    local ids, counts = a:topk(25)
+    for r = 1, 25 do
+      assert.equal(list[r].id, ids[r])
+      assert.equal(list[r].c, counts[r])
+    end
+    for _, x in ipairs { 0.01, 0.05, 0.2, 0.5, 1 } do
+      local k, s = math.floor(x * rows + 0.5), 0
+      for r = 1, k do s = s + list[r].c end
+      assert.equal(s / total, a:coverage(x))
+    end
+    local hist = a:histogram(6)
+    local seen_rows, seen_acc = 0, 0
+    for _, bin in ipairs(hist) do
+      local nr, na = 0, 0
+      for _, e in ipairs(list) do
+        if e.c >= bin.lo and e.c <= bin.hi then nr, na = nr + 1, na + e.c end
+      end
+      assert.equal(nr, bin.rows)
+      assert.equal(na, bin.accesses)
+      seen_rows, seen_acc = seen_rows + bin.rows, seen_acc + bin.accesses
+    end
+    assert.equal(rows, seen_rows)
+    assert.equal(total, seen_acc)
+    a:free()
+  end)
+
+  it("reject a table that does not exist", function()
+    local m = make("cpu", "host")
+    assert.has_error(function() m.tbe:set_counting(true, "zz") end,
+      "embedding collection: no table named 'zz' (tables: a, b, c)")
+  end)
+
+  cuda_it("count on the GPU exactly as on the CPU, decay included (device and managed tables)", function()
+    for _, place in ipairs { "device", "managed" } do
+      local cpu, gpu = make("cpu", "host"), make(0, place)
+      assert(cpu.tbe:set_counting(true))
+      assert(gpu.tbe:set_counting(true))
+      for s = 1, 4 do
+        local b = batch(cpu, 256, 60 + s)
+        -- a hot id read by many lanes of a warp at once
+        for v = 1, 40 do b.values[v] = 7 end
+        cpu:forward(R.input(b))
+        gpu:forward(R.input(b, "device"))
+        if s == 2 then
+          assert(cpu.tbe:decay_counts(0.5))
+          assert(gpu.tbe:decay_counts(0.5))
+        end
+      end
+      assert(ur.sync())
+      for _, t in ipairs(TABLES) do
+        assert.same(counts_of(cpu, t.name), counts_of(gpu, t.name), place .. " table " .. t.name)
+      end
+    end
+  end)
+end)
+
+-- Row permutations of embedding tables (engine/src/tbe_stats.c, the lookup kernels): a table
+-- laid out by a permutation gives the same outputs and the same training, bit for bit, as the
+-- identity layout; relayout moves rows with their optimizer state; a checkpoint of a permuted
+-- table resumes exactly; the CUDA kernels' permuted lookups match the CPU's (#cuda).
+
+local PERM_TABLES = {
+  { name = "a", rows = 300, dim = 16, features = { "a1", "a2" } },
+  { name = "b", rows = 41, dim = 8, dtype = "f16" },
+  { name = "c", rows = 1000, dim = 32, dtype = "bf16" },
+}
+
+local function make_permuted(dev, place, optim)
+  local o = { tables = {}, device = dev, placement = place, seed = 3, optimizer = optim }
+  for i, t in ipairs(PERM_TABLES) do
+    local c = {}
+    for k, v in pairs(t) do c[k] = v end
+    o.tables[i] = c
+  end
+  return EBC(o)
+end
+
+-- A random permutation of 0..n-1 as a host i64 tensor.
+local function random_perm(n, seed)
+  math.randomseed(seed)
+  local p = {}
+  for i = 1, n do p[i] = i - 1 end
+  for i = n, 2, -1 do
+    local j = math.random(1, i)
+    p[i], p[j] = p[j], p[i]
+  end
+  return R.tensor(p, "i64"), p
+end
+
+local rows_of = R.rows_of
+
+-- Table `name` of m read by id (through its permutation), as a flat list.
+local function logical(m, name)
+  local w = m:table(name):totable()
+  local p = m.tbe:permutation(name)
+  if not p then return w end
+  local perm, dim, out = p:totable(), m.tbe.dims[name], {}
+  for id = 0, #perm - 1 do
+    for c = 1, dim do out[id * dim + c] = w[perm[id + 1] * dim + c] end
+  end
+  return out
+end
+
+local function logical_state(m, name, which)
+  local s = m:state(name)[which]:totable()
+  local p = m.tbe:permutation(name)
+  if not p then return s end
+  local perm, per, out = p:totable(), #s / m.tbe.rows[name], {}
+  for id = 0, #perm - 1 do
+    for c = 1, per do out[id * per + c] = s[perm[id + 1] * per + c] end
+  end
+  return out
+end
+
+-- Steps of forward and backward on random batches: the outputs of each, then the tables.
+local function train(m, steps, seed, placement)
+  local outs = {}
+  for s = 1, steps do
+    math.randomseed(seed + s)
+    local b = R.batch(rows_of(m), { batch = 24, weighted = s % 2 == 0, big = 300 })
+    local inp = R.input(b, placement)
+    local o = m:forward(inp)
+    outs[s] = o:totable()
+    local g = ur.tensor(o:size(), { dtype = o:dtype() }):uniform(-1, 1, seed + 100 * s)
+    if placement == "device" then g = assert(g:to("device")) end
+    m:backward(inp, g)
+  end
+  return outs
+end
+
+describe("uvmrec.tbe row permutations", function()
+  for _, optim in ipairs { "sgd", "rowwise_adagrad", "adam" } do
+    it("train bit-identically to the identity layout (" .. optim .. ", f16 and bf16 rounded stochastically)",
+       function()
+      local plain, perm = make_permuted("cpu", "host", optim), make_permuted("cpu", "host", optim)
+      for i, t in ipairs(PERM_TABLES) do
+        local p = random_perm(t.rows, 10 + i)
+        local r = assert(perm.tbe:relayout(t.name, p))
+        assert.is_true(r.rows_moved > t.rows * 0.9)
+      end
+      assert.same(train(plain, 6, 1), train(perm, 6, 1))
+      for _, t in ipairs(PERM_TABLES) do
+        assert.same(logical(plain, t.name), logical(perm, t.name), "table " .. t.name)
+        for _, sname in ipairs(plain.tbe.state_names) do
+          assert.same(logical_state(plain, t.name, sname), logical_state(perm, t.name, sname),
+                      "state " .. sname .. " of " .. t.name)
+        end
+      end
+    end)
+  end
+
+  it("relayout mid-training changes nothing, and back to the identity restores the storage", function()
+    local plain, perm = make_permuted("cpu", "host", "rowwise_adagrad"), make_permuted("cpu", "host", "rowwise_adagrad")
+    local a = train(plain, 3, 7)
+    assert.same(a, train(perm, 3, 7))
+    assert(perm.tbe:relayout("a", (random_perm(300, 5))))
+    assert(perm.tbe:relayout("a", (random_perm(300, 6)))) -- a permutation over a permutation
+    assert(perm.tbe:relayout("c", (random_perm(1000, 8))))
+    assert.same(train(plain, 3, 70), train(perm, 3, 70))
+    local r = assert(perm.tbe:relayout("a", nil))
+    assert.is_nil(perm.tbe:permutation("a"))
+    assert.is_true(r.rows_moved > 0)
+    assert.same(plain:table("a"):totable(), perm:table("a"):totable())
+    assert.same(plain:state("a").sum:totable(), perm:state("a").sum:totable())
+  end)
+
+  it("lays rows out hottest first from the counts, ties by id", function()
+    local m = make_permuted("cpu", "host", "sgd")
+    assert(m.tbe:set_counting(true))
+    math.randomseed(3)
+    local b = R.batch(rows_of(m), { batch = 64 })
+    m:forward(R.input(b))
+    local before = m:forward(R.input(b)):totable() -- counts every id twice now
+    local cnt = m.tbe:counts("c"):totable()
+    local ids = {}
+    for id = 0, 999 do ids[#ids + 1] = id end
+    table.sort(ids, function(x, y)
+      if cnt[x + 1] ~= cnt[y + 1] then return cnt[x + 1] > cnt[y + 1] end
+      return x < y
+    end)
+    local r = assert(m.tbe:relayout("c", "counts"))
+    assert.is_false(r.on_gpu)
+    assert.equal(r.rows_moved * 32 * 2, r.bytes) -- the CPU rewrites the rows that move
+    local p = m.tbe:permutation("c"):totable()
+    for rank, id in ipairs(ids) do assert.equal(rank - 1, p[id + 1]) end
+    -- the counters are by id: a relayout leaves them as they were
+    assert.same(cnt, m.tbe:counts("c"):totable())
+    assert.same(before, m:forward(R.input(b)):totable())
+  end)
+
+  it("keep the sparse gradient's rows as ids", function()
+    local plain, perm = make_permuted("cpu", "host", "sgd"), make_permuted("cpu", "host", "sgd")
+    assert(perm.tbe:relayout("a", (random_perm(300, 9))))
+    math.randomseed(4)
+    local b = R.batch(rows_of(plain), { batch = 16 })
+    local g = ur.tensor({ 16, plain.tbe.out_dim }):uniform(-1, 1, 2)
+    local x, y = plain:sparse_grad(R.input(b), g), perm:sparse_grad(R.input(b), g)
+    for name, v in pairs(x) do
+      assert.same(v.rows:totable(), y[name].rows:totable())
+      assert.same(v.grad:totable(), y[name].grad:totable())
+    end
+  end)
+
+  it("reject a perm that is not a permutation of the table's rows, naming table and entry", function()
+    local m = make_permuted("cpu", "host", "sgd")
+    local _, list = random_perm(41, 1)
+    list[5] = list[9]
+    assert.has_error(function() m.tbe:relayout("b", R.tensor(list, "i64")) end,
+      ("tbe: relayout of table 'b': perm[8] = %d repeats perm[4]; a permutation holds each of 0..40 once")
+        :format(list[9]))
+    list[5] = 41
+    assert.has_error(function() m.tbe:relayout("b", R.tensor(list, "i64")) end,
+      "tbe: relayout of table 'b': perm[4] = 41; expected 0..40 (a permutation)")
+    assert.has_error(function() m.tbe:relayout("b", R.tensor({ 0, 1 }, "i64")) end,
+      "tbe: relayout of table 'b': perm is i64 [2]; expected i64 [41] (row id -> physical row)")
+    assert.is_nil(m.tbe:permutation("b"))
+    assert.has_error(function() m.tbe:relayout("b", 3) end, "relayout: perm must be an i64 tensor, \"counts\" or nil")
+  end)
+
+  it("save with the layout and counters in a registry checkpoint and resume exactly", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    local path = dir .. ".safetensors"
+    local function registry(m)
+      local reg = ck.registry()
+      reg:register { name = "embeddings",
+        state = function()
+          local ts = {}
+          for _, name in ipairs(m.tbe.table_names) do
+            ts[name] = m:table(name)
+            for k, s in pairs(m:state(name)) do ts[name .. "." .. k] = s end
+          end
+          return { tensors = ts, meta = { step = m.tbe:step() } }
+        end,
+        load = function(_, meta) m.tbe:set_step(meta.step) end }
+      hints.register(reg, m.tbe)
+      return reg
+    end
+    local a = make_permuted("cpu", "host", "adam")
+    assert(a.tbe:set_counting(true))
+    train(a, 2, 30)
+    assert(a.tbe:relayout("a", "counts"))
+    assert(a.tbe:relayout("c", (random_perm(1000, 2))))
+    train(a, 2, 40)
+    assert(registry(a):save(path, { step = 4 }))
+    local counts, perm = a.tbe:counts("b"):totable(), a.tbe:permutation("c"):totable()
+    local want = train(a, 3, 50)
+    local b = make_permuted("cpu", "host", "adam")
+    assert(registry(b):load(path))
+    assert.is_true(b.tbe:counting("b"))
+    assert.same(counts, b.tbe:counts("b"):totable())
+    assert.same(perm, b.tbe:permutation("c"):totable())
+    assert.is_nil(b.tbe:permutation("b"))
+    assert.same(want, train(b, 3, 50))
+    for _, t in ipairs(PERM_TABLES) do assert.same(logical(a, t.name), logical(b, t.name)) end
+    os.remove(path)
+  end)
+
+  cuda_it("look up permuted rows on the GPU as the CPU does, forward and fused backward", function()
+    for _, place in ipairs { "device", "managed" } do
+      local cpu, gpu = make_permuted("cpu", "host", "rowwise_adagrad"), make_permuted(0, place, "rowwise_adagrad")
+      for i, t in ipairs(PERM_TABLES) do
+        local p = random_perm(t.rows, 20 + i)
+        local rc, rg = assert(cpu.tbe:relayout(t.name, p)), assert(gpu.tbe:relayout(t.name, p))
+        assert.equal(rc.rows_moved, rg.rows_moved)
+        assert.equal(place == "device", rg.on_gpu)
+      end
+      local a, b = train(cpu, 4, 90), train(gpu, 4, 90, "device")
+      assert.same(a[1], b[1], place .. ": step 1")
+      for s = 2, 4 do R.close(b[s], a[s], 1e-3, 1e-3, place .. ": step " .. s) end
+      for _, t in ipairs(PERM_TABLES) do
+        R.close(logical(gpu, t.name), logical(cpu, t.name), t.dtype and 1e-2 or 1e-4, 1e-4,
+                place .. " table " .. t.name)
+      end
+    end
+  end)
+
+  cuda_it("train bit-identically on the GPU with and without a permutation (device tables)", function()
+    local plain, perm = make_permuted(0, "device", "adam"), make_permuted(0, "device", "adam")
+    for i, t in ipairs(PERM_TABLES) do assert(perm.tbe:relayout(t.name, (random_perm(t.rows, 40 + i)))) end
+    assert.same(train(plain, 5, 3, "device"), train(perm, 5, 3, "device"))
+    for _, t in ipairs(PERM_TABLES) do assert.same(logical(plain, t.name), logical(perm, t.name)) end
+  end)
+end)
