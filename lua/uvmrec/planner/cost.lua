@@ -107,13 +107,18 @@ function M.cache_slots(rows, c, ctx)
   return ceil(want / M.CACHE.ways) * M.CACHE.ways
 end
 
--- Memo per table and population: distinct rows, hit rates, cold distinct rows.
-local function memo(t, key, f)
-  local v = t._memo[key]
-  if v == nil then
-    v = f()
-    t._memo[key] = v
-  end
+-- Memo per table: kind -> key1 -> key2 -> value (distinct rows, cold distinct rows, hit rates).
+local function memo_get(t, kind, k1, k2)
+  local a = t._memo[kind]
+  local b = a and a[k1]
+  return b and b[k2]
+end
+local function memo_set(t, kind, k1, k2, v)
+  local a = t._memo[kind]
+  if not a then a = {} t._memo[kind] = a end
+  local b = a[k1]
+  if not b then b = {} a[k1] = b end
+  b[k2] = v
   return v
 end
 
@@ -135,7 +140,7 @@ function M.option(t, ctx, opt)
   local es = ELEM[t.dtype]
   local rbs, sbs = g.dim * es, M.state_bytes(t.optimizer, g.dim)
   local Rs = g.rows
-  local U_pop = memo(t, "U" .. g.L_pop, function() return P:distinct(g.L_pop) end)
+  local U_pop = memo_get(t, "U", g.L_pop, 0) or memo_set(t, "U", g.L_pop, 0, P:distinct(g.L_pop))
   local Ls, Us = g.frac * g.L_pop, g.frac * U_pop
   local out = g.bags * g.dim * ctx.output_bytes
   local o = { sharding = sharding, placement = place, shards_count = g.count, distinct = Us, lookups = Ls,
@@ -153,7 +158,8 @@ function M.option(t, ctx, opt)
     local h_pop = h / g.frac
     o.prefix, o.prefix_fraction = h, h / Rs
     o.coverage = P:top(h_pop)
-    local cold = memo(t, ("C%g:%g"):format(g.L_pop, h_pop), function() return P:distinct_beyond(h_pop, g.L_pop) end)
+    local cold = memo_get(t, "C", g.L_pop, h_pop)
+                 or memo_set(t, "C", g.L_pop, h_pop, P:distinct_beyond(h_pop, g.L_pop))
     U_link, Glink, Glink_u = g.frac * cold, r.Gm, r.Gmu
     U_hbm = Us - U_link
     mem.managed_on_gpu = (h > 0 and pages(h * rbs, ctx.page_bytes) or 0)
@@ -167,10 +173,11 @@ function M.option(t, ctx, opt)
     local S = M.cache_slots(Rs, c, ctx)
     local M2 = 2 * ctx.staging_rows
     local policy = opt.policy or ctx.policy
-    local hr = memo(t, ("H%s%g:%g"):format(policy, g.L_pop, S / g.frac), function()
-      if policy == "lru" then return hitrate.lru(P, g.L_pop, S / g.frac) end
-      return hitrate.lfu(P, g.L_pop, S / g.frac)
-    end)
+    local hr = memo_get(t, policy, g.L_pop, S / g.frac)
+    if not hr then
+      hr = memo_set(t, policy, g.L_pop, S / g.frac, policy == "lru" and hitrate.lru(P, g.L_pop, S / g.frac)
+                    or hitrate.lfu(P, g.L_pop, S / g.frac))
+    end
     local misses = g.frac * hr.misses
     o.load_factor, o.slots, o.hit_rate, o.misses, o.policy = c, S, hr.hit_rate, misses, policy
     mem.device.cache_slots = (S + M2) * (rbs + sbs)
@@ -210,8 +217,9 @@ function M.option(t, ctx, opt)
       comm = 2 * (W - 1) / W * Rs * g.dim * 4 / r.ar
     end
   end
-  local hbm = mem.managed_on_gpu
-  for _, v in pairs(mem.device) do hbm = hbm + v end
+  local d = mem.device
+  local hbm = mem.managed_on_gpu + d.weights + d.optimizer + d.cache_slots + d.cache_meta + d.cache_scratch
+              + d.outputs
   local shard = { compute = compute, comm = comm, time = compute + comm, hbm = hbm, mem = mem,
                   host = mem.pinned + mem.managed }
   o.shards = {}
@@ -245,7 +253,9 @@ function M.options(t, ctx)
       end
       for _, k in ipairs(ks) do
         for _, place in ipairs(M.PLACEMENTS) do
-          if not fx.placement or fx.placement == place then
+          -- column-wise shards are for wide tables that must spread: in HBM, or cached
+          local allowed = sh ~= "column_wise" or place == "device" or place == "cached"
+          if allowed and (not fx.placement or fx.placement == place) then
             local base = { sharding = sh, shards = sh == "column_wise" and k or nil, placement = place }
             if place == "managed" then
               for _, f in ipairs(fx.prefix_fraction and { fx.prefix_fraction } or ctx.fractions) do

@@ -58,29 +58,10 @@ local function occupancy(P, v, T)
 end
 
 -- LRU by Che's approximation.  Returns {hit_rate, misses (rows a batch), distinct, T}.
-function M.lru(P, L, slots)
-  local v = batch_view(P, L)
-  local U = v.distinct
-  if U <= 0 then return { hit_rate = 1, misses = 0, distinct = 0, T = math.huge } end
-  -- rows ever read: a cache at least that large misses nothing once warm
-  local support = 0
-  for i = 1, #P.n do if v.q[i] > 0 then support = support + P.n[i] end end
-  if slots >= support then return { hit_rate = 1, misses = 0, distinct = U, T = math.huge } end
-  if slots <= 0 then return { hit_rate = 0, misses = U, distinct = U, T = 0 } end
-  local lo, hi = -30, 60 -- log T
-  for _ = 1, 64 do
-    local mid = (lo + hi) / 2
-    local c = occupancy(P, v, exp(mid))
-    if c < slots then lo = mid else hi = mid end
-    if hi - lo < 1e-7 then break end
-  end
-  local T = exp((lo + hi) / 2)
-  local _, m = occupancy(P, v, T)
-  return { hit_rate = 1 - m / U, misses = m, distinct = U, T = T }
-end
+function M.lru(P, L, slots) return M.lru_many(P, L, { slots })[1] end
 
--- LRU at several cache sizes (slots each): the same as lru() size by size, with T bracketed
--- on a grid of log T computed once, then refined by regula falsi in log space.
+-- LRU at several cache sizes (slots each): T bracketed on a grid of log T computed once per
+-- profile and batch, then found by regula falsi (Illinois) in log space.
 function M.lru_many(P, L, sizes)
   local v = batch_view(P, L)
   local U = v.distinct
@@ -89,8 +70,8 @@ function M.lru_many(P, L, sizes)
   local grid = v.lru_grid
   if not grid then
     grid = { lt = {}, c = {} }
-    for g = -24, 90 do
-      local lt = g / 2
+    for g = -12, 45 do
+      local lt = g
       grid.lt[#grid.lt + 1] = lt
       grid.c[#grid.c + 1] = (occupancy(P, v, exp(lt)))
     end

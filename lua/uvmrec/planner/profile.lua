@@ -94,7 +94,8 @@ M.new = function(rows, n, p, opts) return new(rows, n, p, opts) end
 -- (engine/src/synth.h samples it exactly by rejection-inversion), or variant "continuous":
 -- the rank floor(x) - 1 of x with density proportional to x^-s on [1, rows + 1]
 -- (scripts/bench/zipf_stream.lua).  s = 0 is uniform.  opts: rows, s, hot (ids per sample),
--- variant, head (ranks kept one per class, 256), ratio (bin growth beyond, 1.03).
+-- variant, head (ranks kept one per class, 64), ratio (bin growth beyond, 1.1: within a bin
+-- the probabilities differ by at most 10%, which moves distinct rows and hit rates by ~1e-4).
 function M.zipf(o)
   local rows, s = o.rows, o.s or o.zipf or 0
   if type(rows) ~= "number" or rows < 1 or rows ~= floor(rows) then
@@ -108,7 +109,7 @@ function M.zipf(o)
   local opts = { hot = o.hot, kind = "zipf", name = o.name,
                  source = o.source or ("zipf %g over %d rows (%s)"):format(s, rows, variant) }
   if s == 0 then return new(rows, { rows }, { 1 }, opts) end
-  local head, ratio = min(o.head or 256, rows), o.ratio or 1.03
+  local head, ratio = min(o.head or 64, rows), o.ratio or 1.1
   local n, p = {}, {}
   local function mass(a, b) -- ranks a..b
     if variant == "continuous" then return power_integral(a, b + 1, s) end
