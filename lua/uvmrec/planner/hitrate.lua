@@ -11,9 +11,10 @@
 -- hash): a row stays when fewer than `cap` hotter rows share its set, where cap is the ways
 -- minus the misses each set takes per batch (each miss of a batch takes a way of its own, the
 -- lowest counted one not locked, so a set that misses m rows in a batch keeps only 32 - m
--- stable rows); the hotter rows sharing a set are Poisson((rank - 1) / sets).  Misses and
--- cap are solved together by fixed point.  With one set of all slots this is "the top c rows":
--- the coverage of the hottest c.
+-- stable rows); the hotter rows sharing a set are Poisson((rank - 1) / sets).  The ways the
+-- misses took hold the last batch's missed rows, so a row outside the stable part still hits
+-- when it was read the batch before.  Misses and cap are solved together.  With one set of all
+-- slots and few misses this is "the top c rows": the coverage of the hottest c.
 --
 -- Finite runs (the benchmark's view): after k batches a row can only hit if it was read
 -- before; `window` gives the rates over batches k0..k1 of a run started cold, split into
@@ -144,6 +145,31 @@ local function poisson_cdf(mu, k)
 end
 M.poisson_cdf = poisson_cdf
 
+-- G(x, k) = integral over [0, x] of P(Poisson(mu) <= k) dmu = sum_{j=0..k} P(Poisson(x) > j).
+local function G(x, k)
+  if k < 0 or x <= 0 then return 0 end
+  local s, F, t = 0, 0, nil
+  if x > 745 then
+    -- every P(Poisson(x) <= j) for j <= k is 0 far below the mean
+    if x > 4 * k + 100 then return k + 1 end
+    local lt = -x
+    for j = 0, k do
+      if j > 0 then lt = lt + log(x / j) end
+      F = F + exp(lt)
+      s = s + (1 - min(F, 1))
+    end
+    return s
+  end
+  t = exp(-x)
+  for j = 0, k do
+    if j > 0 then t = t * x / j end
+    F = F + t
+    s = s + (1 - min(F, 1))
+  end
+  return s
+end
+M.poisson_cdf_integral = G
+
 -- The resident share of each class, for `cap` stable ways a set (fractional caps blend the two
 -- whole ones).  Exact ranks (window nil: a long run without decay, whose counts order the rows
 -- as their probabilities do), or counts of a window of W batches (Poisson(q W)): a row with
@@ -166,7 +192,12 @@ local function lfu_resident(P, v, sets, cap, window, full, history)
       if full then
         res[i] = max(0, min(1, (cap - cr[i - 1]) / n[i]))
       else
-        res[i] = in_set((cr[i - 1] + cr[i] - 1) / 2)
+        -- the class's rows span ranks cr[i-1] .. cr[i]: the mean over them, as the integral of
+        -- the Poisson CDF over its mean (G below)
+        local a, b = cr[i - 1] / sets, cr[i] / sets
+        local r0 = (G(b, c0 - 1) - G(a, c0 - 1)) / (b - a)
+        if frac > 0 then r0 = r0 + frac * ((G(b, c0) - G(a, c0)) / (b - a) - r0) end
+        res[i] = max(0, min(1, r0))
       end
     end
     return res
@@ -236,10 +267,12 @@ function M.lfu(P, L, slots, opts)
   local per = opts.full and slots or ways
   local n, q = P.n, v.q
   local res
+  -- a row outside the stable part still hits when it was read (and so brought in) the batch
+  -- before: the ways the misses took hold the last batch's missed rows
   local function misses_at(cap)
     res = lfu_resident(P, v, sets, cap, opts.window, opts.full, opts.history)
     local m = 0
-    for i = 1, #n do m = m + n[i] * q[i] * (1 - res[i]) end
+    for i = 1, #n do m = m + n[i] * q[i] * (1 - res[i]) * (1 - q[i]) end
     return m
   end
   -- each miss of a batch takes a way of its own: a set keeps per - (its misses) stable rows
@@ -293,7 +326,7 @@ function M.window(policy, P, L, slots, k0, k1, opts)
       if policy == "lru" then
         h = 1 - exp(min(k - 1, st.T) * lq[i])
       else
-        h = min(res[i], before)
+        h = min(res[i] + (1 - res[i]) * q[i], before)
       end
       hits = hits + n[i] * q[i] * h
       seen_before = seen_before + n[i] * q[i] * before

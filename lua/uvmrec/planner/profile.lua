@@ -95,7 +95,8 @@ M.new = function(rows, n, p, opts) return new(rows, n, p, opts) end
 -- the rank floor(x) - 1 of x with density proportional to x^-s on [1, rows + 1]
 -- (scripts/bench/zipf_stream.lua).  s = 0 is uniform.  opts: rows, s, hot (ids per sample),
 -- variant, head (ranks kept one per class, 64), ratio (bin growth beyond, 1.1: within a bin
--- the probabilities differ by at most 10%, which moves distinct rows and hit rates by ~1e-4).
+-- the probabilities differ by at most 10%: distinct rows and hit rates move by ~1e-4, a top-k share
+-- that ends inside a bin by up to ~3e-4).
 function M.zipf(o)
   local rows, s = o.rows, o.s or o.zipf or 0
   if type(rows) ~= "number" or rows < 1 or rows ~= floor(rows) then
@@ -293,23 +294,38 @@ function Profile:curve(xs)
   return out
 end
 
--- Expected distinct rows among L lookups.
-function Profile:distinct(L)
+-- Expected distinct rows among L lookups, from the classes alone.
+function Profile:distinct_raw(L)
   local s = 0
   local n, p = self.n, self.p
   for i = 1, #n do s = s + n[i] * seen(p[i], L) end
   return s
 end
 
--- Expected distinct rows among L lookups that rank below the hottest k rows.
+-- Expected distinct rows among L lookups.  A profile counted over a short pass has never seen
+-- part of the tail, so its classes give too few distinct rows; where the pass measured the
+-- distinct rows of its batches, the classes' figure is scaled to agree with it there.
+function Profile:distinct(L)
+  local raw = self:distinct_raw(L)
+  local m = self.measured
+  if m and m.lookups_per_batch and m.lookups_per_batch > 0 and m.distinct_per_batch and m.distinct_per_batch > 0 then
+    self._scale = self._scale or m.distinct_per_batch / self:distinct_raw(m.lookups_per_batch)
+    return raw * self._scale
+  end
+  return raw
+end
+
+-- Expected distinct rows among L lookups that rank below the hottest k rows (the rows a
+-- measured pass never saw, see distinct, rank below every counted one).
 function Profile:distinct_beyond(k, L)
   if k >= self.rows then return 0 end
-  if k <= 0 then return self:distinct(L) end
+  local extra = self.measured and (self:distinct(L) - self:distinct_raw(L)) or 0
+  if k <= 0 then return self:distinct_raw(L) + extra end
   local i0 = class_at(self, k)
   local n, p = self.n, self.p
   local s = (self.cum_rows[i0] - k) * seen(p[i0], L)
   for i = i0 + 1, #n do s = s + n[i] * seen(p[i], L) end
-  return s
+  return s + extra
 end
 
 -- Rows read at least once in a very long run (rows of nonzero probability).
