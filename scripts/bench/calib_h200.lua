@@ -123,6 +123,12 @@ rate("interaction_dot", 6 * B * (27 * 26 / 2) * 128 / (1.09e-3 + 2.18e-3), "FLOP
      .. "vectors of 128: 6 x batch x 351 x 128 FLOPs over 3.27 ms", "OUT=dir UVMREC=dist/bin/uvmrec bash "
      .. "scripts/bench/torch_compare.sh", DAY)
 
+-- ---- a step's fixed cost: dlrm_kaggle at batch 128 is bound by launches ----
+rate("step_overhead", 128 / 101.6e3, "s", "README.md 'Against PyTorch', training parity on the GPU: dlrm_kaggle at "
+     .. "batch 128 trained at 101.6 k samples/s ('both bound by launches'), 1.26 ms a step, taken whole as the "
+     .. "fixed cost (its work is a few microseconds by this model)", "uvmrec scripts/bench/train_parity.lua "
+     .. "(torch_compare.sh)", DAY)
+
 -- ---- collectives: not measured yet ----
 local NV = "not measured by uvmrec: NVIDIA H200 SXM data sheet, NVLink 900 GB/s per GPU (both directions), taken "
            .. "as 450 GB/s each way; to be replaced by `uvmrec calibrate` on a multi-GPU host"

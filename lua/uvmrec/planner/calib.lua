@@ -37,6 +37,7 @@ M.RATES = {
   mlp_tf32 = { "FLOP/s", "MLP forward + backward, TF32" },
   mlp_bf16 = { "FLOP/s", "MLP forward + backward, bf16" },
   interaction_dot = { "FLOP/s", "dot interaction forward + backward (6 x batch x F(F-1)/2 x dim)" },
+  step_overhead = { "s", "a training step's fixed cost (launches, calls) apart from its work", true },
   alltoall = { "B/s", "all-to-all, bytes each rank sends", true },
   allreduce = { "B/s", "all-reduce bus rate (ring: 2 (W-1)/W x bytes per rank)", true },
   reduce_scatter = { "B/s", "reduce-scatter bus rate ((W-1)/W x bytes per rank)", true },

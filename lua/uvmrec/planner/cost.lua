@@ -335,13 +335,14 @@ function M.dense(dm, ctx)
   local t_mlp = 6 * B * dm.macs / rate
   local t_int = dm.inter_flops > 0 and B * dm.inter_flops / c:rate("interaction_dot") or 0
   local t_opt = dm.params * 4 * (3 + 2 * dm.nstate) / c:rate("hbm_copy")
+  local t_fixed = c:has("step_overhead") and c:rate("step_overhead") or 0
   local comm = 0
   if ctx.world > 1 then comm = 2 * (ctx.world - 1) / ctx.world * dm.params * 4 / c:rate("allreduce") end
   local act_bytes = dm.precision == "bf16" and 2 or 4
   local mem = { params = dm.params * 4 * (2 + dm.nstate) + (dm.precision == "bf16" and dm.params * 2 or 0),
                 activations = 2 * B * dm.act_floats * act_bytes }
-  return { time = t_mlp + t_int + t_opt + comm, mlp = t_mlp, interaction = t_int, optimizer = t_opt, comm = comm,
-           mem = mem, hbm = mem.params + mem.activations }
+  return { time = t_mlp + t_int + t_opt + t_fixed + comm, mlp = t_mlp, interaction = t_int, optimizer = t_opt,
+           fixed = t_fixed, comm = comm, mem = mem, hbm = mem.params + mem.activations }
 end
 
 -- The pipeline's buffers on one rank: the batch on the GPU (two in flight), `depth` pinned

@@ -102,7 +102,7 @@ local function setup(tables, profiles, budget, opts)
     ids = ids + ct.hot
   end
   local dense = { time = 0, hbm = 0, mem = { params = 0, activations = 0 }, mlp = 0, interaction = 0,
-                  optimizer = 0, comm = 0 }
+                  optimizer = 0, fixed = 0, comm = 0 }
   if opts.dense then
     local dm = cost.dense_model(opts.dense)
     dense = cost.dense(dm, ctx)
@@ -203,7 +203,9 @@ local function infeasible(S, info)
         fmt_bytes(fixed), fmt_bytes(need - S.budget), fmt_bytes(need))
     if gpus then
       msg = msg .. (", or %d GPUs at this budget"):format(gpus)
-    elseif not S.calib:has("alltoall") then
+    elseif S.calib:has("alltoall") then
+      msg = msg .. "; more GPUs do not bring it down (every rank keeps its own batch's outputs)"
+    else
       msg = msg .. " (more GPUs: the calibration has no collective rates to plan them)"
     end
     return nil, msg, { shortfall = need - S.budget, min_budget = need, gpus = gpus }
@@ -335,7 +337,7 @@ function M.build(S, best, stats)
   local cal = S.calib
   local used = { "hbm_gather", "hbm_gather_repeat", "hbm_copy", "zero_copy_gather", "managed_gather",
                  "tbe_backward_per_id", "cache_per_id", "cache_row_fixed", "cache_move", "pipeline_overlap",
-                 "mlp_" .. (S.opts.dense and S.opts.dense.precision or "f32"), "interaction_dot" }
+                 "mlp_" .. (S.opts.dense and S.opts.dense.precision or "f32"), "interaction_dot", "step_overhead" }
   if W > 1 then for _, n in ipairs({ "alltoall", "allreduce", "reduce_scatter" }) do used[#used + 1] = n end end
   local p = {
     format = M.FORMAT, version = M.VERSION, world = W, batch = ctx.batch, budget = S.budget,
@@ -344,7 +346,7 @@ function M.build(S, best, stats)
       not_measured = cal:unmeasured(used) },
     tables = out, ranks = ranks,
     dense = { seconds = S.dense.time, mlp = S.dense.mlp, interaction = S.dense.interaction,
-              optimizer = S.dense.optimizer, comm = S.dense.comm, hbm = S.dense.hbm },
+              optimizer = S.dense.optimizer, fixed = S.dense.fixed or 0, comm = S.dense.comm, hbm = S.dense.hbm },
     step_seconds = step, embedding_seconds = slowest, samples_per_second = W * ctx.batch / step,
     search = stats,
   }
@@ -404,9 +406,9 @@ function Plan:table()
       fmt_bytes(d.reserve), fmt_bytes(R.managed_on_gpu), fmt_bytes(R.pinned), fmt_bytes(R.managed), fmt_time(R.load))
   end
   L[#L + 1] = ("step: %s predicted (embeddings %s on the slowest rank + dense %s: MLPs %s, interaction %s, "
-    .. "optimizer %s, all-reduce %s); %s samples/s"):format(fmt_time(p.step_seconds), fmt_time(p.embedding_seconds),
-    fmt_time(p.dense.seconds), fmt_time(p.dense.mlp), fmt_time(p.dense.interaction), fmt_time(p.dense.optimizer),
-    fmt_time(p.dense.comm), fmt_count(p.samples_per_second))
+    .. "optimizer %s, fixed %s, all-reduce %s); %s samples/s"):format(fmt_time(p.step_seconds),
+    fmt_time(p.embedding_seconds), fmt_time(p.dense.seconds), fmt_time(p.dense.mlp), fmt_time(p.dense.interaction),
+    fmt_time(p.dense.optimizer), fmt_time(p.dense.fixed or 0), fmt_time(p.dense.comm), fmt_count(p.samples_per_second))
   local s = p.search
   if s.method == "greedy" then
     L[#L + 1] = ("search: greedy, %d proposals (first fit at %s, best at %s)%s, %.3f s"):format(s.proposals,
