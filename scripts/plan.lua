@@ -107,10 +107,9 @@ if cfg.data.train:match("^synthetic:") then
   synth = synthetic.resolve(cfg.data.train:match("^synthetic:(.+)$"))
 end
 
-local tables, names = {}, {}
+local tables = {}
 for i, r in ipairs(rows) do
   local name = "C" .. i
-  names[i] = name
   local per = e.tables[name] or {}
   local fixed = {}
   if per.placement and per.placement ~= "auto" then fixed.placement = per.placement end

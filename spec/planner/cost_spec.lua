@@ -26,7 +26,9 @@ local function ctx(extra)
   for k, v in pairs(extra or {}) do o[k] = v end
   return cost.context(o)
 end
-local function near(a, b, what) assert.is_true(math.abs(a - b) <= 1e-9 * math.abs(b) + 1e-15, ("%s: %.12g vs %.12g"):format(what, a, b)) end
+local function near(a, b, what)
+  assert.is_true(math.abs(a - b) <= 1e-9 * math.abs(b) + 1e-15, ("%s: %.12g vs %.12g"):format(what, a, b))
+end
 
 describe("planner.cost", function()
   it("prices a device table: rows once, repeats on chip, the step per id and per distinct row", function()
@@ -79,7 +81,8 @@ describe("planner.cost", function()
     -- LFU keeps 4 bytes a row of counts; the prefetch pipeline hides its share of the cache's time
     local lfu = assert(cost.option(tab(), c, { placement = "cached", load_factor = 0.2, policy = "lfu" }))
     assert.equal(m.cache_meta + 4 * ROWS, lfu.shards[1].mem.device.cache_meta)
-    local piped = assert(cost.option(tab(), ctx { min_slots = 0, pipeline = true }, { placement = "cached", load_factor = 0.2 }))
+    local piped = assert(cost.option(tab(), ctx { min_slots = 0, pipeline = true },
+                                     { placement = "cached", load_factor = 0.2 }))
     near(piped.time, fwd + bwd + cache * (1 - R.pipeline_overlap), "pipelined time")
     -- a small table is cached whole (two slots a row) under the default min_slots
     assert.equal(2016, assert(cost.option(tab(), ctx(), { placement = "cached", load_factor = 0.2 })).slots)
@@ -113,7 +116,8 @@ describe("planner.cost", function()
     local Ls, Us = Lp / W, ROWS * qp / W
     local fr = Us * RB / R.hbm_gather + (Ls - Us) * RB / R.hbm_gather_repeat + out2 / R.hbm_copy
     local br = Ls * R.tbe_backward_per_id + Us * (RB + SB) / R.hbm_update + out2 / R.hbm_copy
-    local cr = ((W - 1) * B * H * 8 / W + (W - 1) * B * 4) / R.alltoall + 2 * (W - 1) * B * DIM * 4 / R.reduce_scatter
+    local cr = ((W - 1) * B * H * 8 / W + (W - 1) * B * 4) / R.alltoall
+               + 2 * (W - 1) * B * DIM * 4 / R.reduce_scatter
     near(rw.shards[1].time, fr + br + cr, "row_wise shard")
     assert.equal(ROWS / W * RB, rw.shards[1].mem.device.weights)
     -- data_parallel: every rank its own batch, the whole table's gradient all-reduced and stepped
@@ -126,13 +130,16 @@ describe("planner.cost", function()
     local cw = assert(cost.option(tab(), c, { sharding = "column_wise", shards = 2, placement = "device" }))
     assert.equal(ROWS * RB / 2, cw.shards[1].mem.device.weights)
     -- what cannot be
-    local bad, err = cost.option(tab(), ctx { world = 4 }, { sharding = "column_wise", shards = 4, placement = "device" })
+    local bad, err = cost.option(tab(), ctx { world = 4 },
+                                 { sharding = "column_wise", shards = 4, placement = "device" })
     assert.is_nil(bad)
     assert.equal("column_wise over 4 shards needs dim 8 to split into multiples of 4", err)
     bad, err = cost.option(tab(), c, { sharding = "data_parallel", placement = "host" })
     assert.is_nil(bad)
     assert.equal("data_parallel tables are device tables (every rank holds the whole table)", err)
-    assert.has_error(function() cost.context { calib = planner.calib.synthetic { alltoall = false }, batch = 1, world = 2 } end)
+    assert.has_error(function()
+      cost.context { calib = planner.calib.synthetic { alltoall = false }, batch = 1, world = 2 }
+    end)
   end)
 
   it("prices the dense part: MLP and interaction FLOPs at the calibrated rates", function()

@@ -24,12 +24,14 @@ describe("planner.profile", function()
       for _, k in ipairs({ 1, 10, 64, 100, 1000, n }) do
         local top = 0
         for r = 1, k do top = top + p[r] end
-        assert.is_true(math.abs(P:top(k) - top) < 1e-3 * top + 1e-12, ("top(%d) %.9g vs %.9g"):format(k, P:top(k), top))
+        assert.is_true(math.abs(P:top(k) - top) < 1e-3 * top + 1e-12,
+          ("top(%d) %.9g vs %.9g"):format(k, P:top(k), top))
       end
       for _, L in ipairs({ 1, 128, 4096, 65536 }) do
         local d = 0
         for r = 1, n do d = d + 1 - (1 - p[r]) ^ L end
-        assert.is_true(math.abs(P:distinct(L) / d - 1) < 5e-4, ("distinct(%d) %.6g vs %.6g"):format(L, P:distinct(L), d))
+        assert.is_true(math.abs(P:distinct(L) / d - 1) < 5e-4,
+          ("distinct(%d) %.6g vs %.6g"):format(L, P:distinct(L), d))
       end
       assert.near(P:coverage(1), 1, 1e-12)
     end

@@ -139,7 +139,8 @@ describe("planner.search", function()
     assert.matches("more GPUs do not bring it down", herr, 1, true)
     -- the dense part alone over the budget
     local _, derr = planner.plan(tables, profiles, "8MiB", { batch = 65536, calibration = cal,
-      dense = { dense_features = 13, bottom = { 512, 256, 128 }, top = { 1024, 1024, 512, 256, 1 }, tables = 4, dim = 128 } })
+      dense = { dense_features = 13, bottom = { 512, 256, 128 }, top = { 1024, 1024, 512, 256, 1 }, tables = 4,
+                dim = 128 } })
     assert.matches("alone take", derr, 1, true)
     assert.matches("more GPUs do not help", derr, 1, true)
   end)

@@ -148,7 +148,7 @@ M.poisson_cdf = poisson_cdf
 -- G(x, k) = integral over [0, x] of P(Poisson(mu) <= k) dmu = sum_{j=0..k} P(Poisson(x) > j).
 local function G(x, k)
   if k < 0 or x <= 0 then return 0 end
-  local s, F, t = 0, 0, nil
+  local s, F = 0, 0
   if x > 745 then
     -- every P(Poisson(x) <= j) for j <= k is 0 far below the mean
     if x > 4 * k + 100 then return k + 1 end
@@ -160,7 +160,7 @@ local function G(x, k)
     end
     return s
   end
-  t = exp(-x)
+  local t = exp(-x)
   for j = 0, k do
     if j > 0 then t = t * x / j end
     F = F + t
