@@ -24,7 +24,7 @@ local profile = require "uvmrec.planner.profile"
 local hitrate = require "uvmrec.planner.hitrate"
 
 local o = { rows = 1000000, tables = 4, batch = 8192, batches = 200, warm = 100, zipf = 1.05,
-            fractions = { 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0 }, policies = { "lru", "lfu" }, decay = 16 }
+            fractions = { 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0 }, policies = { "lru", "lfu" }, decay = 0 }
 do
   local i = 1
   local function list(s, f)
@@ -142,7 +142,8 @@ for _, frac in ipairs(o.fractions) do
                   model_warm_hit_rate = m.warm_hit_rate, model_steady = m.steady,
                   unique_per_batch = s.unique / (K - W), model_unique_per_batch = T * m.distinct,
                   slots_per_table = slots, tables = T, rows = N, batch = B, batches = K, warm = W,
-                  zipf = o.zipf, stream = "zipf_stream.lua (continuous), seed 7" }
+                  zipf = o.zipf, decay = policy == "lfu" and o.decay or nil,
+                  stream = "zipf_stream.lua (continuous), seed 7" }
       emit(r)
       print(("%4.0f%% %-4s %-8s %8.2f%% %8.2f%% %8.2f%% | %8.2f%% %8.2f%% %8.2f%% %8.2f%%"):format(100 * frac,
         policy, prefetch and "yes" or "no", 100 * r.hit_rate, 100 * r.first_touch, 100 * r.warm_hit_rate,
@@ -157,7 +158,9 @@ for _, x in ipairs(inputs) do
 end
 if out_file then out_file:close() end
 if o.out and o.plot then
-  local cmd = ("python3 %s/cache_plot.py %q --out %q"):format(here, o.out, o.plot)
+  -- the first python3 on PATH may lack matplotlib where the system's has it
+  local cmd = ("python3 %s/cache_plot.py %q --out %q 2>/dev/null || /usr/bin/python3 %s/cache_plot.py %q --out %q")
+              :format(here, o.out, o.plot, here, o.out, o.plot)
   local ok = os.execute(cmd)
   if ok == 0 or ok == true then print("plot: " .. o.plot) else print("plot: not made (" .. cmd .. " failed)") end
 end

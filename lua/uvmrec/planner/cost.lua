@@ -328,7 +328,8 @@ function M.dense_model(d)
            description = d }
 end
 
--- Seconds and HBM of the dense part on one rank of ctx (batch per rank).
+-- Seconds and HBM of the dense part on one rank of ctx (batch per rank); `fixed` is the step's
+-- fixed cost, which M.step combines with the work.
 function M.dense(dm, ctx)
   local c, B = ctx.calib, ctx.batch
   local rate = c:rate("mlp_" .. dm.precision)
@@ -341,8 +342,15 @@ function M.dense(dm, ctx)
   local act_bytes = dm.precision == "bf16" and 2 or 4
   local mem = { params = dm.params * 4 * (2 + dm.nstate) + (dm.precision == "bf16" and dm.params * 2 or 0),
                 activations = 2 * B * dm.act_floats * act_bytes }
-  return { time = t_mlp + t_int + t_opt + t_fixed + comm, mlp = t_mlp, interaction = t_int, optimizer = t_opt,
+  return { time = t_mlp + t_int + t_opt + comm, mlp = t_mlp, interaction = t_int, optimizer = t_opt,
            fixed = t_fixed, comm = comm, mem = mem, hbm = mem.params + mem.activations }
+end
+
+-- A step from its work and its fixed cost: on a GPU the host's launches run ahead of the
+-- device, so the step is the longer of the two; the CPU backend does both in turn.
+function M.step(work, fixed, backend)
+  if backend == "cpu" then return work + fixed end
+  return max(work, fixed)
 end
 
 -- The pipeline's buffers on one rank: the batch on the GPU (two in flight), `depth` pinned

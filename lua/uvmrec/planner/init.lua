@@ -298,7 +298,7 @@ function M.build(S, best, stats)
   end
   local slowest = 0
   for r = 1, W do slowest = math.max(slowest, best.part.load[r]) end
-  local step = slowest + S.dense.time
+  local step = cost.step(slowest + S.dense.time, S.dense.fixed or 0, S.calib.backend)
   local out = {}
   for i, it in ipairs(S.items) do
     local o = it.options[best.choice[i]]
@@ -332,7 +332,7 @@ function M.build(S, best, stats)
     for _, v in pairs(R.device) do d = d + v end
     R.device_total, R.hbm = d, d + R.managed_on_gpu
     R.host = R.pinned + R.managed
-    R.step = R.load + S.dense.time
+    R.step = cost.step(R.load + S.dense.time, S.dense.fixed or 0, S.calib.backend)
   end
   local cal = S.calib
   local used = { "hbm_gather", "hbm_gather_repeat", "hbm_copy", "zero_copy_gather", "managed_gather",
@@ -368,7 +368,7 @@ function Plan:table()
     p.host_memory and (", host memory " .. fmt_bytes(p.host_memory)) or "", p.batch, p.policy,
     p.pipeline and ", prefetch pipeline" or "", tostring(cal.where), tostring(cal.machine))
   if #cal.not_measured > 0 then
-    L[#L + 1] = "  not measured (data-sheet figures): " .. table.concat(cal.not_measured, "; ")
+    L[#L + 1] = "  not measured: " .. table.concat(cal.not_measured, "; ")
   end
   local head = ("%-8s %11s %5s %-13s %-7s %-9s %-20s %10s %-12s %6s"):format("table", "rows", "dim", "sharding",
     "ranks", "placement", "size", "HBM", "hit/cov", "share")
@@ -406,9 +406,10 @@ function Plan:table()
       fmt_bytes(d.reserve), fmt_bytes(R.managed_on_gpu), fmt_bytes(R.pinned), fmt_bytes(R.managed), fmt_time(R.load))
   end
   L[#L + 1] = ("step: %s predicted (embeddings %s on the slowest rank + dense %s: MLPs %s, interaction %s, "
-    .. "optimizer %s, fixed %s, all-reduce %s); %s samples/s"):format(fmt_time(p.step_seconds),
+    .. "optimizer %s, all-reduce %s; fixed cost %s%s); %s samples/s"):format(fmt_time(p.step_seconds),
     fmt_time(p.embedding_seconds), fmt_time(p.dense.seconds), fmt_time(p.dense.mlp), fmt_time(p.dense.interaction),
-    fmt_time(p.dense.optimizer), fmt_time(p.dense.fixed or 0), fmt_time(p.dense.comm), fmt_count(p.samples_per_second))
+    fmt_time(p.dense.optimizer), fmt_time(p.dense.comm), fmt_time(p.dense.fixed or 0),
+    p.calibration.backend == "cpu" and ", added" or ", the longer of it and the work", fmt_count(p.samples_per_second))
   local s = p.search
   if s.method == "greedy" then
     L[#L + 1] = ("search: greedy, %d proposals (first fit at %s, best at %s)%s, %.3f s"):format(s.proposals,
