@@ -75,6 +75,41 @@ describe("planner plans", function()
     assert.matches("^plan: ", lerr)
   end)
 
+  it("writes plan files that the engine's YAML reader (libyaml, through uvmrec.config) reads the same", function()
+    local cfg = require "uvmrec.config"
+    -- a schema shaped as the plan's own data: every key it has, lists merged over their elements
+    local function schema_of(v)
+      if type(v) == "number" then return cfg.number {} end
+      if type(v) == "boolean" then return cfg.bool {} end
+      if type(v) == "string" then return cfg.string {} end
+      if #v > 0 then
+        local function merge(into, x)
+          if type(x) ~= "table" or #x > 0 then return into == nil and x or into end
+          into = type(into) == "table" and into or {}
+          for k, y in pairs(x) do into[k] = merge(into[k], y) end
+          return into
+        end
+        local merged
+        for _, x in ipairs(v) do merged = merge(merged, x) end
+        return cfg.list(schema_of(merged))
+      end
+      local fields = {}
+      for k, x in pairs(v) do fields[k] = schema_of(x) end
+      return cfg.map(fields)
+    end
+    local text = plan:encode()
+    local back = assert(planner.decode(text)).data
+    local y = assert(cfg.parse(text, schema_of(back), "plan.yaml"))
+    local function same(a, b, path)
+      if type(a) == "table" then
+        for k, v in pairs(a) do same(v, b[k], path .. "." .. tostring(k)) end
+      else
+        assert.equal(a, b, path)
+      end
+    end
+    same(back, y, "plan")
+  end)
+
   it("re-predicts an edited plan and tells the difference", function()
     local big
     for _, t in ipairs(plan.data.tables) do
