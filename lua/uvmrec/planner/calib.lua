@@ -1,0 +1,166 @@
+-- Calibrations: the measured rates the planner's cost model divides by, as JSON files.
+--
+--   { "format": "uvmrec-calibration", "version": 1, "machine": "...", "backend": "cuda" | "cpu",
+--     "date": "...", "command": "...", "commit": "...",
+--     "rates": { "<name>": { "value": <number>, "unit": "<unit>", "measured": true | false,
+--                            "source": "...", "command": "...", "date": "..." }, ... } }
+--
+-- Every rate says where it comes from; "measured": false marks a figure that is not a
+-- measurement of this project (a data-sheet value), which the planner names when it uses it.
+-- The rates (M.RATES below) are all required, except the collectives, which only plans over
+-- several ranks need.  Shipped: calib/h200.json (from the project's H200 figures) and
+-- calib/cpu.json (`uvmrec calibrate` on the 2-core development machine).
+local json = require("uvmrec.checkpoint").json
+
+local M = {}
+
+M.FORMAT, M.VERSION = "uvmrec-calibration", 1
+
+-- name -> {unit, what, optional}
+M.RATES = {
+  hbm_copy = { "B/s", "copy within HBM, bytes read + written" },
+  hbm_gather = { "B/s", "bytes of scattered rows read once each in HBM" },
+  hbm_gather_repeat = { "B/s", "bytes of rows read again within a batch (on-chip caches)" },
+  hbm_update = { "B/s", "bytes of scattered rows (with their optimizer state) read, stepped and written back" },
+  host_to_device = { "B/s", "host (pinned) to device copy" },
+  device_to_host = { "B/s", "device to host (pinned) copy" },
+  zero_copy_gather = { "B/s", "bytes of scattered rows read in place from pinned host memory" },
+  managed_gather = { "B/s", "bytes of scattered rows read in place from managed memory on the host" },
+  zero_copy_update = { "B/s", "bytes of scattered rows updated in place in pinned host memory" },
+  managed_update = { "B/s", "bytes of scattered rows updated in place in managed memory on the host" },
+  tbe_backward_per_id = { "s", "fused backward: per id (sort, reduction, the step's work per value)" },
+  cache_per_id = { "s", "software cache: per id looked up (lookup and decisions)" },
+  cache_row_fixed = { "s", "software cache: per row moved, besides its bytes" },
+  cache_move = { "B/s", "software cache: bytes of rows moved in and written back" },
+  pipeline_overlap = { "fraction", "share of the cache's time the prefetch pipeline hides" },
+  mlp_f32 = { "FLOP/s", "MLP forward + backward, f32 (6 x batch x sum of in x out)" },
+  mlp_tf32 = { "FLOP/s", "MLP forward + backward, TF32" },
+  mlp_bf16 = { "FLOP/s", "MLP forward + backward, bf16" },
+  interaction_dot = { "FLOP/s", "dot interaction forward + backward (6 x batch x F(F-1)/2 x dim)" },
+  step_overhead = { "s", "a training step's fixed cost (launches, calls) apart from its work", true },
+  alltoall = { "B/s", "all-to-all, bytes each rank sends", true },
+  allreduce = { "B/s", "all-reduce bus rate (ring: 2 (W-1)/W x bytes per rank)", true },
+  reduce_scatter = { "B/s", "reduce-scatter bus rate ((W-1)/W x bytes per rank)", true },
+}
+
+local Calib = {}
+Calib.__index = Calib
+M.Calib = Calib
+
+local function fail(where, msg) return nil, ("calibration %s: %s"):format(where, msg) end
+
+-- A calibration from a decoded JSON table; nil, message naming the key when it is malformed.
+function M.from_table(t, where)
+  where = where or "(table)"
+  if type(t) ~= "table" then return fail(where, "not a JSON object") end
+  if t.format ~= M.FORMAT then
+    return fail(where, ("format is %s; expected %q"):format(tostring(t.format), M.FORMAT))
+  end
+  if t.version ~= M.VERSION then
+    return fail(where, ("version %s; this planner reads %d"):format(tostring(t.version), M.VERSION))
+  end
+  if type(t.rates) ~= "table" then return fail(where, "no rates") end
+  for name in pairs(t.rates) do
+    if not M.RATES[name] then return fail(where, ("rates.%s: unknown rate"):format(name)) end
+  end
+  local names = {}
+  for name in pairs(M.RATES) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local spec, r = M.RATES[name], t.rates[name]
+    if r == nil then
+      if not spec[3] then return fail(where, ("rates.%s is missing (%s)"):format(name, spec[2])) end
+    else
+      if type(r) ~= "table" then return fail(where, ("rates.%s is not an object"):format(name)) end
+      if type(r.value) ~= "number" or r.value ~= r.value then
+        return fail(where, ("rates.%s.value is not a number"):format(name))
+      end
+      local ok = spec[1] == "fraction" and r.value >= 0 and r.value < 1 or spec[1] ~= "fraction" and
+                 (spec[1] == "s" and r.value >= 0 or r.value > 0)
+      if not ok then return fail(where, ("rates.%s.value %s is out of range for %s"):format(name, r.value, spec[1])) end
+      if r.unit ~= spec[1] then
+        return fail(where, ("rates.%s.unit is %s; expected %s"):format(name, tostring(r.unit), spec[1]))
+      end
+      if type(r.source) ~= "string" or r.source == "" then
+        return fail(where, ("rates.%s has no source"):format(name))
+      end
+    end
+  end
+  return setmetatable({ data = t, where = where, machine = t.machine, backend = t.backend }, Calib)
+end
+
+function M.load(path)
+  local f, err = io.open(path, "r")
+  if not f then return nil, "calibration: " .. tostring(err) end
+  local text = f:read("*a")
+  f:close()
+  local t, jerr = json.decode(text)
+  if t == nil then return nil, ("calibration %s: %s"):format(path, tostring(jerr)) end
+  return M.from_table(t, path)
+end
+
+-- The directory of the shipped calibrations.
+function M.dir()
+  local src = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+  return src .. "/calib"
+end
+
+-- A shipped calibration by name ("h200", "cpu") or a path.
+function M.find(name)
+  if name:match("%.json$") or name:find("/") then return M.load(name) end
+  return M.load(M.dir() .. "/" .. name .. ".json")
+end
+
+function Calib:rate(name)
+  local r = self.data.rates[name]
+  if r == nil then
+    if M.RATES[name] and M.RATES[name][3] then
+      error(("calibration %s has no %s rate (%s): plans over several ranks need the collectives' rates")
+            :format(self.where, name, M.RATES[name][2]), 2)
+    end
+    error("calibration: no rate " .. tostring(name), 2)
+  end
+  return r.value
+end
+
+function Calib:has(name) return self.data.rates[name] ~= nil end
+
+-- Rates used that are not measurements: {name = source}.
+function Calib:unmeasured(names)
+  local out = {}
+  for _, n in ipairs(names) do
+    local r = self.data.rates[n]
+    if r and r.measured == false then out[#out + 1] = ("%s (%s)"):format(n, r.source) end
+  end
+  return out
+end
+
+function Calib:encode() return M.encode(self.data) end
+
+-- JSON text, one rate a line (the canonical encoder, keys sorted).
+function M.encode(t)
+  local head = {}
+  for k, v in pairs(t) do if k ~= "rates" then head[k] = v end end
+  local names = {}
+  for n in pairs(t.rates) do names[#names + 1] = n end
+  table.sort(names)
+  local lines = {}
+  for i, n in ipairs(names) do
+    lines[i] = ("    %s: %s"):format(json.encode(n), json.encode(t.rates[n]))
+  end
+  local h = json.encode(head)
+  return h:sub(1, -2) .. ',\n  "rates": {\n' .. table.concat(lines, ",\n") .. "\n  }\n}\n"
+end
+
+-- A calibration for specs and experiments: every rate at `value` unless given.
+function M.synthetic(rates)
+  local t = { format = M.FORMAT, version = M.VERSION, machine = "synthetic", backend = "none", rates = {} }
+  for name, spec in pairs(M.RATES) do
+    local v = rates and rates[name]
+    if v == nil and not spec[3] then v = spec[1] == "fraction" and 0 or spec[1] == "s" and 1e-9 or 1e10 end
+    if v then t.rates[name] = { value = v, unit = spec[1], source = "synthetic", measured = false } end
+  end
+  return assert(M.from_table(t, "(synthetic)"))
+end
+
+return M

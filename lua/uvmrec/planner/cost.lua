@@ -1,0 +1,364 @@
+-- The planner's cost model: for one table and one choice (sharding, placement and its size),
+-- the HBM and host bytes each shard holds, per category of ur.memory, and the seconds each
+-- shard adds to its rank's step; and the same for the dense part and a rank's fixed costs.
+-- docs/planner.md gives the formulas with their sources; the rates come from a calibration
+-- (uvmrec.planner.calib).
+--
+--   local ctx = cost.context { calib = c, batch = 65536, world = 1, policy = "lru" }
+--   local t = cost.table { name = "C3", rows = 1e7, dim = 128, profile = p }
+--   local o = cost.option(t, ctx, { sharding = "table_wise", placement = "cached", load_factor = 0.2 })
+--   o.time, o.hbm, o.shards[1].mem, o.hit_rate
+local hitrate = require "uvmrec.planner.hitrate"
+
+local M = {}
+local ceil, max, min = math.ceil, math.max, math.min
+
+M.PLACEMENTS = { "device", "managed", "cached", "host" }
+M.SHARDINGS = { "table_wise", "row_wise", "column_wise", "data_parallel" }
+-- prefix fractions (managed) and load factors (cached) the search tries
+M.FRACTIONS = { 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9 }
+
+local ELEM = { f32 = 4, f16 = 2, bf16 = 2 }
+M.ELEM = ELEM
+
+-- Optimizer state bytes a row carries (f32), for a row of `dim` columns.
+function M.state_bytes(optimizer, dim)
+  if optimizer == "rowwise_adagrad" then return 4 end
+  if optimizer == "adagrad" then return 4 * dim end
+  if optimizer == "adam" then return 8 * dim end
+  if optimizer == nil or optimizer == "sgd" then return 0 end
+  error("cost: optimizer '" .. tostring(optimizer) .. "' is not sgd, rowwise_adagrad, adagrad or adam", 3)
+end
+
+-- What the engine's cache allocates besides slot rows (engine/src/cache.c, kernels/cache.cu):
+M.CACHE = {
+  slot_meta = 8 + 8 + 1,      -- tag (u64), LRU stamp (i64), dirty (u8) per slot
+  slot_row_id = 8,            -- the row each slot-storage row holds (slots and staging rows)
+  lfu_per_row = 4,            -- LFU count and epoch per row of every cached table
+  scratch_per_value = 144 * 1.25, -- decisions' scratch (ka kb va vb uid ukeys 6x8, sa sb 2x4,
+                              -- oa ob 2x8, grp res evict 3x8, flags pre 2x24) grown by 1/4
+  ids_per_value = 8 * 1.25 * 2, -- slot-id buffers (i64, 1.25x), two batches in flight
+  ring = 4,                   -- batches prepared and not retired: move lists each
+  staging_rows = 256,         -- conflict rows per half (two halves), the default start
+  min_slots = 131072,         -- tables of <= min_slots / 2 rows get two slots a row
+  ways = 32,
+}
+
+function M.context(o)
+  if not o.calib then error("cost.context: calib is required", 2) end
+  local ctx = {
+    calib = o.calib, batch = o.batch or error("cost.context: batch is required", 2),
+    world = o.world or 1, policy = o.policy or "lru", pipeline = o.pipeline or false,
+    page_bytes = o.page_bytes or 2097152, output_bytes = o.output_bytes or 4,
+    min_slots = o.min_slots or M.CACHE.min_slots, staging_rows = o.staging_rows or M.CACHE.staging_rows,
+    fractions = o.fractions or M.FRACTIONS, decay_batches = o.decay_batches,
+  }
+  local c = o.calib
+  ctx.r = {
+    G = c:rate("hbm_gather"), Gr = c:rate("hbm_gather_repeat"), Gc = c:rate("hbm_copy"), Gu = c:rate("hbm_update"),
+    Gz = c:rate("zero_copy_gather"), Gm = c:rate("managed_gather"), Gzu = c:rate("zero_copy_update"),
+    Gmu = c:rate("managed_update"), kb = c:rate("tbe_backward_per_id"),
+    kc = c:rate("cache_per_id"), kr = c:rate("cache_row_fixed"), Gmv = c:rate("cache_move"),
+    overlap = c:rate("pipeline_overlap"),
+  }
+  if ctx.world > 1 then
+    ctx.r.a2a, ctx.r.ar, ctx.r.rs = c:rate("alltoall"), c:rate("allreduce"), c:rate("reduce_scatter")
+  end
+  return ctx
+end
+
+-- A table as the planner sees it: name, rows, dim, dtype, optimizer, profile (uvmrec.planner.
+-- profile), hot (ids per sample; the profile's by default).
+function M.table(t)
+  if type(t.name) ~= "string" then error("cost.table: name is required", 2) end
+  if type(t.rows) ~= "number" or t.rows < 1 then error(("cost.table %s: rows must be >= 1"):format(t.name), 2) end
+  if type(t.dim) ~= "number" or t.dim < 1 then error(("cost.table %s: dim must be >= 1"):format(t.name), 2) end
+  if not t.profile then error(("cost.table %s: no access profile"):format(t.name), 2) end
+  local dtype = t.dtype or "f32"
+  if not ELEM[dtype] then error(("cost.table %s: dtype %s is not f32, f16 or bf16"):format(t.name, dtype), 2) end
+  return { name = t.name, rows = t.rows, dim = t.dim, dtype = dtype, optimizer = t.optimizer or "sgd",
+           profile = t.profile, hot = t.hot or t.profile.hot or 1, fixed = t.fixed, _memo = {} }
+end
+
+-- The shards of a sharding: {count, rows each, dim each, lookups of the population the shard
+-- draws from (L_pop), share of that population's rows it holds (frac), output rows (bags)}.
+local function geometry(t, ctx, sharding, k)
+  local W, B, h = ctx.world, ctx.batch, t.hot
+  if sharding == "table_wise" then
+    return { count = 1, rows = t.rows, dim = t.dim, L_pop = W * B * h, frac = 1, bags = W * B }
+  elseif sharding == "row_wise" then
+    return { count = W, rows = ceil(t.rows / W), dim = t.dim, L_pop = W * B * h, frac = 1 / W, bags = W * B }
+  elseif sharding == "column_wise" then
+    return { count = k, rows = t.rows, dim = t.dim / k, L_pop = W * B * h, frac = 1, bags = W * B }
+  elseif sharding == "data_parallel" then
+    return { count = W, rows = t.rows, dim = t.dim, L_pop = B * h, frac = 1, bags = B }
+  end
+  error("cost: sharding '" .. tostring(sharding) .. "' is not " .. table.concat(M.SHARDINGS, ", "), 3)
+end
+M.geometry = geometry
+
+local function pages(bytes, page) return ceil(bytes / page) * page end
+
+-- Slots a table's own cache gets for load factor c (uvmrec.cache's rule for per-table sets:
+-- small tables twice their rows), in whole sets.
+function M.cache_slots(rows, c, ctx)
+  local want = max(1, ceil(c * rows))
+  if 2 * rows <= ctx.min_slots and 2 * rows > want then want = 2 * rows end
+  return ceil(want / M.CACHE.ways) * M.CACHE.ways
+end
+
+-- Memo per table: kind -> key1 -> key2 -> value (distinct rows, cold distinct rows, hit rates).
+local function memo_get(t, kind, k1, k2)
+  local a = t._memo[kind]
+  local b = a and a[k1]
+  return b and b[k2]
+end
+local function memo_set(t, kind, k1, k2, v)
+  local a = t._memo[kind]
+  if not a then a = {} t._memo[kind] = a end
+  local b = a[k1]
+  if not b then b = {} a[k1] = b end
+  b[k2] = v
+  return v
+end
+
+-- The choice `opt` {sharding, shards (column_wise), placement, prefix (managed: rows of each
+-- shard, or prefix_fraction), load_factor (cached)} for table t.  Returns
+-- { shards = { {time, compute, comm, hbm, mem = {device = {...}, managed_on_gpu, pinned, managed}} },
+--   time (sum over shards), time_max, hbm, host, hit_rate | coverage, misses, distinct, ... }.
+function M.option(t, ctx, opt)
+  local r = ctx.r
+  local sharding, place = opt.sharding or "table_wise", opt.placement
+  local g = geometry(t, ctx, sharding, opt.shards or ctx.world)
+  if sharding == "column_wise" and (t.dim % g.count ~= 0 or (t.dim / g.count) % 4 ~= 0) then
+    return nil, ("column_wise over %d shards needs dim %d to split into multiples of 4"):format(g.count, t.dim)
+  end
+  if sharding == "data_parallel" and place ~= "device" then
+    return nil, "data_parallel tables are device tables (every rank holds the whole table)"
+  end
+  local P = t.profile
+  local es = ELEM[t.dtype]
+  local rbs, sbs = g.dim * es, M.state_bytes(t.optimizer, g.dim)
+  local Rs = g.rows
+  local U_pop = memo_get(t, "U", g.L_pop, 0) or memo_set(t, "U", g.L_pop, 0, P:distinct(g.L_pop))
+  local Ls, Us = g.frac * g.L_pop, g.frac * U_pop
+  local out = g.bags * g.dim * ctx.output_bytes
+  local o = { sharding = sharding, placement = place, shards_count = g.count, distinct = Us, lookups = Ls,
+              rows_per_shard = Rs }
+  local mem = { device = { weights = 0, optimizer = 0, cache_slots = 0, cache_meta = 0, cache_scratch = 0,
+                           outputs = 2 * out }, managed_on_gpu = 0, pinned = 0, managed = 0 }
+  -- rows read from HBM (U_hbm) and in place over the link (U_link at rates Glink, Glink_u)
+  local U_hbm, U_link, Glink, Glink_u = Us, 0, r.G, r.Gu
+  local cache_time = 0
+  if place == "device" then
+    mem.device.weights, mem.device.optimizer = Rs * rbs, Rs * sbs
+  elseif place == "managed" then
+    local h = opt.prefix or ceil((opt.prefix_fraction or 0) * Rs)
+    h = min(max(h, 0), Rs)
+    local h_pop = h / g.frac
+    o.prefix, o.prefix_fraction = h, h / Rs
+    o.coverage = P:top(h_pop)
+    local cold = memo_get(t, "C", g.L_pop, h_pop)
+                 or memo_set(t, "C", g.L_pop, h_pop, P:distinct_beyond(h_pop, g.L_pop))
+    U_link, Glink, Glink_u = g.frac * cold, r.Gm, r.Gmu
+    U_hbm = Us - U_link
+    mem.managed_on_gpu = (h > 0 and pages(h * rbs, ctx.page_bytes) or 0)
+                         + (h > 0 and sbs > 0 and pages(h * sbs, ctx.page_bytes) or 0)
+    mem.managed = Rs * (rbs + sbs)
+  elseif place == "cached" then
+    local c = opt.load_factor
+    if type(c) ~= "number" or c <= 0 or c > 1 then
+      return nil, ("load_factor %s; expected a number in (0, 1]"):format(tostring(c))
+    end
+    local S = M.cache_slots(Rs, c, ctx)
+    local M2 = 2 * ctx.staging_rows
+    local policy = opt.policy or ctx.policy
+    local hr = memo_get(t, policy, g.L_pop, S / g.frac)
+    if not hr then
+      hr = memo_set(t, policy, g.L_pop, S / g.frac, policy == "lru" and hitrate.lru(P, g.L_pop, S / g.frac)
+                    or hitrate.lfu(P, g.L_pop, S / g.frac))
+    end
+    local misses = g.frac * hr.misses
+    o.load_factor, o.slots, o.hit_rate, o.misses, o.policy = c, S, hr.hit_rate, misses, policy
+    mem.device.cache_slots = (S + M2) * (rbs + sbs)
+    mem.device.cache_meta = S * M.CACHE.slot_meta + (S + M2) * M.CACHE.slot_row_id
+                            + (policy == "lfu" and M.CACHE.lfu_per_row * Rs or 0)
+    mem.device.cache_scratch = Ls * (M.CACHE.scratch_per_value + M.CACHE.ids_per_value)
+                               + M.CACHE.ring * 8 * (1.5 * (4 * misses + Us) + 1024)
+    mem.pinned = Rs * (rbs + sbs)
+    cache_time = Ls * r.kc + 2 * misses * (r.kr + (rbs + sbs) / r.Gmv)
+    o.cache_seconds = cache_time
+    if ctx.pipeline then cache_time = cache_time * (1 - r.overlap) end
+  elseif place == "host" then
+    U_link, U_hbm, Glink, Glink_u = Us, 0, r.Gz, r.Gzu
+    mem.pinned = Rs * (rbs + sbs)
+  else
+    return nil, ("placement '%s' is not %s"):format(tostring(place), table.concat(M.PLACEMENTS, ", "))
+  end
+  -- forward: distinct rows at the gather rate (or over the link), repeats on chip, outputs
+  -- written; backward: per id, each distinct row stepped with its state, the outputs' gradient
+  local fwd = U_hbm * rbs / r.G + U_link * rbs / Glink + max(0, Ls - Us) * rbs / r.Gr + out / r.Gc
+  local bwd = Ls * r.kb + U_hbm * (rbs + sbs) / r.Gu + U_link * (rbs + sbs) / Glink_u + out / r.Gc
+  local compute = fwd + bwd + cache_time
+  if sharding == "data_parallel" and ctx.world > 1 then
+    -- the all-reduced gradient steps every row
+    compute = compute + 2 * Rs * (rbs + sbs) / r.Gc
+  end
+  -- communication each shard's rank takes part in (bytes over its links / the collective's rate)
+  local comm = 0
+  local W, B, hh = ctx.world, ctx.batch, t.hot
+  if W > 1 then
+    local ob = ctx.output_bytes
+    if sharding == "table_wise" or sharding == "column_wise" then
+      comm = ((W - 1) * B * hh * 8 + (W - 1) * B * 4) / r.a2a + 2 * (W - 1) * B * g.dim * ob / r.a2a
+    elseif sharding == "row_wise" then
+      comm = ((W - 1) * B * hh * 8 / W + (W - 1) * B * 4) / r.a2a + 2 * (W - 1) * B * g.dim * ob / r.rs
+    elseif sharding == "data_parallel" then
+      comm = 2 * (W - 1) / W * Rs * g.dim * 4 / r.ar
+    end
+  end
+  local d = mem.device
+  local hbm = mem.managed_on_gpu + d.weights + d.optimizer + d.cache_slots + d.cache_meta + d.cache_scratch
+              + d.outputs
+  local shard = { compute = compute, comm = comm, time = compute + comm, hbm = hbm, mem = mem,
+                  host = mem.pinned + mem.managed }
+  o.shards = {}
+  for i = 1, g.count do o.shards[i] = shard end
+  o.time, o.time_max, o.hbm, o.host = g.count * shard.time, shard.time, g.count * hbm, g.count * shard.host
+  o.fwd, o.bwd, o.cache_time = fwd, bwd, cache_time
+  return o
+end
+
+-- The choices the search considers for table t: every sharding the world allows, every
+-- placement, the prefix fractions and load factors of ctx.fractions.  A table's fixed settings
+-- (t.fixed: placement, sharding, load_factor, prefix_fraction) narrow the list.
+function M.options(t, ctx)
+  local W = ctx.world
+  local fx = t.fixed or {}
+  local shardings = W > 1 and { "table_wise", "row_wise", "column_wise", "data_parallel" } or { "table_wise" }
+  local out = {}
+  local function add(o)
+    if o then out[#out + 1] = o end
+  end
+  for _, sh in ipairs(shardings) do
+    if not fx.sharding or fx.sharding == sh then
+      local ks = { 1 }
+      if sh == "column_wise" then
+        ks = {}
+        local k = 2
+        while k <= W do
+          ks[#ks + 1] = k
+          k = k * 2
+        end
+      end
+      for _, k in ipairs(ks) do
+        for _, place in ipairs(M.PLACEMENTS) do
+          -- column-wise shards are for wide tables that must spread: in HBM, or cached
+          local allowed = sh ~= "column_wise" or place == "device" or place == "cached"
+          if allowed and (not fx.placement or fx.placement == place) then
+            local base = { sharding = sh, shards = sh == "column_wise" and k or nil, placement = place }
+            if place == "managed" then
+              for _, f in ipairs(fx.prefix_fraction and { fx.prefix_fraction } or ctx.fractions) do
+                local o = {}
+                for kk, v in pairs(base) do o[kk] = v end
+                o.prefix_fraction = f
+                add(M.option(t, ctx, o))
+              end
+            elseif place == "cached" then
+              for _, c in ipairs(fx.load_factor and { fx.load_factor } or ctx.fractions) do
+                local o = {}
+                for kk, v in pairs(base) do o[kk] = v end
+                o.load_factor = c
+                add(M.option(t, ctx, o))
+              end
+            else
+              add(M.option(t, ctx, base))
+            end
+          end
+        end
+      end
+    end
+  end
+  return out
+end
+
+-- ---- the dense part ----
+
+-- A DLRM's dense side from its shape: dense_features, bottom (widths), top (widths),
+-- interaction ("dot" | "dcnv2"), tables (count), dim, self_interaction, cross_layers,
+-- cross_rank, precision ("f32" | "tf32" | "bf16"), optimizer ("sgd" ...; its state per
+-- parameter: sgd 0 (momentum 1), adagrad 1, adam/adamw 2).
+function M.dense_model(d)
+  local macs, params, widths = 0, 0, 0
+  local function layer(i, o)
+    macs, params, widths = macs + i * o, params + i * o + o, widths + o
+  end
+  local w = d.dense_features or 13
+  for _, o in ipairs(d.bottom) do
+    layer(w, o)
+    w = o
+  end
+  local F = d.tables + 1
+  local inter_flops, width
+  if (d.interaction or "dot") == "dot" then
+    local pairs_ = d.self_interaction and F * (F + 1) / 2 or F * (F - 1) / 2
+    width = w + pairs_
+    inter_flops = 6 * pairs_ * d.dim
+  else
+    width = w + d.tables * d.dim
+    inter_flops = 0
+    for _ = 1, d.cross_layers or 3 do
+      if (d.cross_rank or 0) > 0 then
+        layer(width, d.cross_rank)
+        layer(d.cross_rank, width)
+      else
+        layer(width, width)
+      end
+    end
+  end
+  local top_in = width
+  for _, o in ipairs(d.top) do
+    layer(top_in, o)
+    top_in = o
+  end
+  local states = { sgd = (d.momentum or 0) > 0 and 1 or 0, adagrad = 1, adam = 2, adamw = 2 }
+  local nstate = states[d.optimizer or "sgd"] or 0
+  return { macs = macs, params = params, inter_flops = inter_flops, interaction = d.interaction or "dot",
+           act_floats = widths + width + F * d.dim, precision = d.precision or "f32", nstate = nstate,
+           description = d }
+end
+
+-- Seconds and HBM of the dense part on one rank of ctx (batch per rank); `fixed` is the step's
+-- fixed cost, which M.step combines with the work.
+function M.dense(dm, ctx)
+  local c, B = ctx.calib, ctx.batch
+  local rate = c:rate("mlp_" .. dm.precision)
+  local t_mlp = 6 * B * dm.macs / rate
+  local t_int = dm.inter_flops > 0 and B * dm.inter_flops / c:rate("interaction_dot") or 0
+  local t_opt = dm.params * 4 * (3 + 2 * dm.nstate) / c:rate("hbm_copy")
+  local t_fixed = c:has("step_overhead") and c:rate("step_overhead") or 0
+  local comm = 0
+  if ctx.world > 1 then comm = 2 * (ctx.world - 1) / ctx.world * dm.params * 4 / c:rate("allreduce") end
+  local act_bytes = dm.precision == "bf16" and 2 or 4
+  local mem = { params = dm.params * 4 * (2 + dm.nstate) + (dm.precision == "bf16" and dm.params * 2 or 0),
+                activations = 2 * B * dm.act_floats * act_bytes }
+  return { time = t_mlp + t_int + t_opt + comm, mlp = t_mlp, interaction = t_int, optimizer = t_opt,
+           fixed = t_fixed, comm = comm, mem = mem, hbm = mem.params + mem.activations }
+end
+
+-- A step from its work and its fixed cost: on a GPU the host's launches run ahead of the
+-- device, so the step is the longer of the two; the CPU backend does both in turn.
+function M.step(work, fixed, backend)
+  if backend == "cpu" then return work + fixed end
+  return max(work, fixed)
+end
+
+-- The pipeline's buffers on one rank: the batch on the GPU (two in flight), `depth` pinned
+-- batches on the host.  ids = ids per sample over all tables.
+function M.pipeline(ctx, ids, tables, dense_features, depth)
+  local B = ctx.batch
+  local batch = B * ids * 8 + (tables * B + 1) * 8 + tables * B * 4 + B * (dense_features or 13) * 4 + B * 4
+  return { device = 2 * batch, pinned = (depth or 4) * batch }
+end
+
+return M

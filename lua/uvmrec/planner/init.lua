@@ -1,0 +1,567 @@
+-- uvmrec.planner: where each embedding table lives (device, managed with a hot prefix, cached
+-- with a load factor, host), how it is sharded over ranks and on which ones, chosen from
+-- measured costs (a calibration) and the tables' access profiles, within an HBM budget.
+--
+--   local planner = require "uvmrec.planner"
+--   local plan = assert(planner.plan(tables, profiles, "16GiB", {
+--     world = 1, batch = 65536, calibration = "h200", dense = {...} }))
+--   print(plan:table())                       -- one row per table, totals per rank, step time
+--   assert(plan:save("plan.json"))            -- JSON; planner.load(path) reads it back
+--   local p2 = plan:with("C3", { placement = "device" })   -- an edited plan, re-predicted
+--   print(plan:compare(p2))
+--
+-- tables: { {name, rows, dim, dtype, optimizer, hot, fixed = {placement, sharding,
+-- load_factor, prefix_fraction}}, ... }; profiles: {[name] = uvmrec.planner.profile};
+-- budget: HBM per rank (bytes or "16GiB").  docs/planner.md has the model and an example.
+local cost = require "uvmrec.planner.cost"
+local search = require "uvmrec.planner.search"
+local calib = require "uvmrec.planner.calib"
+local json = require("uvmrec.checkpoint").json
+
+local M = {}
+M.profile = require "uvmrec.planner.profile"
+M.hitrate = require "uvmrec.planner.hitrate"
+M.calib, M.cost, M.search = calib, cost, search
+M.FORMAT, M.VERSION = "uvmrec-plan", 1
+
+local Plan = {}
+Plan.__index = Plan
+M.Plan = Plan
+
+local UNITS = { B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12, KIB = 1024, MIB = 1024 ^ 2,
+                GIB = 1024 ^ 3, TIB = 1024 ^ 4 }
+
+-- Bytes from a number or "16GiB"; nil, message otherwise.
+function M.bytes(v)
+  if type(v) == "number" and v >= 0 then return v end
+  if type(v) == "string" then
+    local n, u = v:match("^%s*([%d%.]+)%s*(%a*)%s*$")
+    local scale = UNITS[(u or ""):upper() ~= "" and u:upper() or "B"]
+    if n and tonumber(n) and scale then return math.floor(tonumber(n) * scale) end
+  end
+  return nil, ("'%s' is not a size; expected bytes or e.g. 16GiB"):format(tostring(v))
+end
+
+local function fmt_bytes(b)
+  local a = math.abs(b)
+  if a >= 1024 ^ 4 then return ("%.2f TiB"):format(b / 1024 ^ 4) end
+  if a >= 1024 ^ 3 then return ("%.2f GiB"):format(b / 1024 ^ 3) end
+  if a >= 1024 ^ 2 then return ("%.1f MiB"):format(b / 1024 ^ 2) end
+  if a >= 1024 then return ("%.1f KiB"):format(b / 1024) end
+  return ("%d B"):format(b)
+end
+M.fmt_bytes = fmt_bytes
+
+local function fmt_count(n)
+  if n >= 1e9 then return ("%.2fG"):format(n / 1e9) end
+  if n >= 1e6 then return ("%.2fM"):format(n / 1e6) end
+  if n >= 1e4 then return ("%.1fk"):format(n / 1e3) end
+  return ("%d"):format(n)
+end
+
+local function fmt_time(s)
+  if s >= 1 then return ("%.3f s"):format(s) end
+  if s >= 1e-3 then return ("%.3f ms"):format(s * 1e3) end
+  return ("%.1f us"):format(s * 1e6)
+end
+M.fmt_time = fmt_time
+
+-- ---- building ----
+
+local function resolve_calib(c)
+  if c == nil then c = "h200" end
+  if type(c) == "table" and getmetatable(c) == calib.Calib then return c end
+  if type(c) == "table" then return calib.from_table(c) end
+  return calib.find(c)
+end
+
+-- The planning problem: context, cost tables, options (frontiers), fixed HBM per rank.
+local function setup(tables, profiles, budget, opts)
+  opts = opts or {}
+  local B, err = M.bytes(budget)
+  if not B then return nil, "planner: budget: " .. err end
+  local cal, cerr = resolve_calib(opts.calibration)
+  if not cal then return nil, "planner: " .. cerr end
+  local world = opts.world or opts.gpus or 1
+  if type(world) ~= "number" or world < 1 or world ~= math.floor(world) then
+    return nil, "planner: world (gpus) must be a whole number >= 1"
+  end
+  local ok, ctx = pcall(cost.context, { calib = cal, batch = opts.batch or 65536, world = world,
+    policy = opts.policy, pipeline = opts.pipeline, page_bytes = opts.page_bytes, fractions = opts.fractions,
+    output_bytes = opts.output_bytes })
+  if not ok then return nil, "planner: " .. tostring(ctx):gsub("^[^\n]-:%d+: ", "") end
+  local cts = {}
+  local ids = 0
+  for i, t in ipairs(tables) do
+    local p = profiles and profiles[t.name] or t.profile
+    if not p then return nil, ("planner: table %s has no access profile"):format(tostring(t.name)) end
+    local tok, ct = pcall(cost.table, { name = t.name, rows = t.rows, dim = t.dim, dtype = t.dtype,
+      optimizer = t.optimizer, hot = t.hot, profile = p, fixed = t.fixed })
+    if not tok then return nil, "planner: " .. tostring(ct):gsub("^[^\n]-:%d+: ", "") end
+    cts[i] = ct
+    ids = ids + ct.hot
+  end
+  local dense = { time = 0, hbm = 0, mem = { params = 0, activations = 0 }, mlp = 0, interaction = 0,
+                  optimizer = 0, fixed = 0, comm = 0 }
+  if opts.dense then
+    local dm = cost.dense_model(opts.dense)
+    dense = cost.dense(dm, ctx)
+  end
+  local pipe = cost.pipeline(ctx, ids, #tables, opts.dense and opts.dense.dense_features, opts.depth)
+  local reserve = opts.reserve or 0.05
+  if reserve < 1 then reserve = math.floor(reserve * B) end
+  local fixed = { dense = dense.hbm, pipeline = pipe.device, reserve = reserve }
+  local fixed_total = dense.hbm + pipe.device + reserve
+  local host_limit
+  if opts.host_memory then
+    local h, herr = M.bytes(opts.host_memory)
+    if not h then return nil, "planner: host memory: " .. herr end
+    host_limit = h - world * pipe.pinned
+  end
+  local items = {}
+  for i, t in ipairs(cts) do
+    local options = cost.options(t, ctx)
+    if #options == 0 then
+      return nil, ("planner: table %s: no choice satisfies its fixed settings (%s)"):format(t.name,
+        json.encode(t.fixed or {}))
+    end
+    items[i] = { name = t.name, options = search.frontier(options), table = t }
+  end
+  local avail = {}
+  for r = 1, world do avail[r] = B - fixed_total end
+  return { ctx = ctx, calib = cal, budget = B, world = world, tables = cts, items = items, dense = dense,
+           pipe = pipe, fixed = fixed, fixed_total = fixed_total, avail = avail, host_limit = host_limit,
+           opts = opts, input_tables = tables, profiles = profiles }
+end
+
+-- The least HBM per rank the tables need at world size W (every table at its smallest choice,
+-- largest first onto the emptiest rank), plus the fixed part; nil when W cannot be evaluated.
+local function min_budget(S, W)
+  local ctx = S.ctx
+  if W ~= S.world then
+    local ok, c = pcall(cost.context, { calib = S.calib, batch = ctx.batch, world = W, policy = ctx.policy,
+      pipeline = ctx.pipeline, page_bytes = ctx.page_bytes, fractions = ctx.fractions,
+      output_bytes = ctx.output_bytes })
+    if not ok then return nil end
+    ctx = c
+  end
+  local items = {}
+  for i, t in ipairs(S.tables) do
+    local fr = W == S.world and S.items[i].options or search.frontier(cost.options(t, ctx))
+    items[i] = { name = t.name, options = { fr[1] } }
+  end
+  local choice = {}
+  for i = 1, #items do choice[i] = 1 end
+  local inf = {}
+  for r = 1, W do inf[r] = math.huge end
+  local p = search.partition(items, choice, { world = W, avail = inf }, true)
+  local m = 0
+  for r = 1, W do m = math.max(m, p.hbm[r]) end
+  local fixed = S.fixed_total
+  if W ~= S.world then
+    local dense = S.opts.dense and cost.dense(cost.dense_model(S.opts.dense), ctx).hbm or 0
+    fixed = dense + S.fixed.pipeline + S.fixed.reserve
+  end
+  return m + fixed, fixed
+end
+
+local function infeasible(S, info)
+  local need, fixed = min_budget(S, S.world)
+  local lines = {}
+  if S.fixed_total >= S.budget then
+    lines[#lines + 1] = ("planner: the model cannot fit: the dense part, the pipeline's buffers and the reserve "
+      .. "alone take %s of each rank's %s HBM budget (dense %s, pipeline %s, reserve %s), and every rank holds "
+      .. "them: more GPUs do not help; a budget of at least %s would"):format(fmt_bytes(S.fixed_total),
+      fmt_bytes(S.budget), fmt_bytes(S.fixed.dense), fmt_bytes(S.fixed.pipeline), fmt_bytes(S.fixed.reserve),
+      fmt_bytes(need))
+    return nil, table.concat(lines, "\n"), { shortfall = need - S.budget, min_budget = need }
+  end
+  if need > S.budget then
+    local gpus
+    if S.calib:has("alltoall") then
+      -- the fewest ranks whose smallest plan fits: doubling, then bisection
+      local lo, hi = S.world, nil
+      local W = S.world
+      while W < 65536 do
+        W = W * 2
+        local nb = min_budget(S, W)
+        if nb and nb <= S.budget then hi = W break end
+        lo = W
+      end
+      if hi then
+        while hi - lo > 1 do
+          local mid = math.floor((lo + hi) / 2)
+          local nb = min_budget(S, mid)
+          if nb and nb <= S.budget then hi = mid else lo = mid end
+        end
+        gpus = hi
+      end
+    end
+    local msg = ("planner: the model cannot fit in %s of HBM per rank on %d rank%s: with every table at its "
+      .. "smallest choice a rank needs %s (tables %s, fixed %s), %s short; the smallest budget that fits is %s")
+      :format(fmt_bytes(S.budget), S.world, S.world > 1 and "s" or "", fmt_bytes(need), fmt_bytes(need - fixed),
+        fmt_bytes(fixed), fmt_bytes(need - S.budget), fmt_bytes(need))
+    if gpus then
+      msg = msg .. (", or %d GPUs at this budget"):format(gpus)
+    elseif S.calib:has("alltoall") then
+      msg = msg .. "; more GPUs do not bring it down (every rank keeps its own batch's outputs)"
+    else
+      msg = msg .. " (more GPUs: the calibration has no collective rates to plan them)"
+    end
+    return nil, msg, { shortfall = need - S.budget, min_budget = need, gpus = gpus }
+  end
+  -- HBM would do: host memory is what is short
+  local host_min = 0
+  for _, it in ipairs(S.items) do
+    local m = math.huge
+    for _, o in ipairs(it.options) do m = math.min(m, o.host) end
+    host_min = host_min + m
+  end
+  return nil, ("planner: no plan fits both budgets: the tables need %s of HBM per rank at least, which fits, but "
+    .. "then %s of host memory against the %s given (--host-memory, less the pipeline's pinned batches); "
+    .. "give more host memory or more HBM"):format(fmt_bytes(need), fmt_bytes(host_min),
+    fmt_bytes(S.host_limit or 0)), { host_shortfall = host_min - (S.host_limit or 0), min_budget = need,
+    lack = info }
+end
+
+local function size_of(S)
+  local n = 1
+  for _, it in ipairs(S.items) do
+    n = n * #it.options * (S.world > 1 and S.world or 1)
+    if n > 1e12 then return n end
+  end
+  return n
+end
+
+-- The plan: see the top of this file.  opts: world (gpus), batch (per rank), calibration
+-- (a name, path, table or calib), dense (cost.dense_model's description), host_memory, policy
+-- ("lru" | "lfu"), pipeline, threshold (greedy's early stop, 10; false: none), search ("auto":
+-- exhaustive when the instance is small, else greedy; "greedy"; "exhaustive"), reserve (bytes,
+-- or a fraction of the budget: 0.05), page_bytes (hint pages: 2 MiB), fractions, depth.
+function M.plan(tables, profiles, budget, opts)
+  opts = opts or {}
+  local clock = require("uvmrec.lib").C.ur_clock_seconds
+  local t0 = clock()
+  local S, err = setup(tables, profiles, budget, opts)
+  if not S then return nil, err end
+  local env = { world = S.world, avail = S.avail, host = S.host_limit }
+  if S.fixed_total >= S.budget then return infeasible(S) end
+  local how = opts.search or "auto"
+  local best, info, stats
+  if how == "exhaustive" or how == "auto" and size_of(S) <= 2e5 then
+    best, info = search.exhaustive(S.items, env)
+    stats = { method = "exhaustive", visited = info and info.visited }
+  else
+    best, info, stats = search.greedy(S.items, env, { threshold = opts.threshold })
+    stats.method = "greedy"
+    stats.threshold = opts.threshold == nil and 10 or opts.threshold
+  end
+  if not best then return infeasible(S, info) end
+  stats.seconds = clock() - t0
+  return M.build(S, best, stats)
+end
+
+-- ---- the plan object ----
+
+local function round(x, d) local m = 10 ^ (d or 6) return math.floor(x * m + 0.5) / m end
+
+-- The config keys a table's choice maps onto (train config, per table).
+local function config_keys(name, o, hbm_gpu)
+  local k = { placement = o.placement, sharding = o.sharding }
+  if o.placement == "cached" then k.cache = { load_factor = o.load_factor, policy = o.policy } end
+  if o.placement == "managed" then
+    k.hints = { policy = "hot_prefix", allowance = ("%d"):format(hbm_gpu) }
+  end
+  local prefix = "embeddings.tables." .. name
+  local flat = { [prefix .. ".placement"] = o.placement, [prefix .. ".sharding"] = o.sharding }
+  if k.cache then
+    flat[prefix .. ".cache.load_factor"] = o.load_factor
+    flat[prefix .. ".cache.policy"] = o.policy
+  end
+  if k.hints then
+    flat[prefix .. ".hints.policy"] = "hot_prefix"
+    flat[prefix .. ".hints.allowance"] = k.hints.allowance
+  end
+  return k, flat
+end
+
+function M.build(S, best, stats)
+  local ctx = S.ctx
+  local W = S.world
+  local ranks = {}
+  for r = 1, W do
+    ranks[r] = { rank = r - 1, load = best.part.load[r], tables_hbm = best.part.hbm[r],
+                 device = { weights = 0, optimizer = 0, cache_slots = 0, cache_meta = 0, cache_scratch = 0,
+                            outputs = 0, dense = S.fixed.dense, pipeline = S.fixed.pipeline,
+                            reserve = S.fixed.reserve },
+                 managed_on_gpu = 0, pinned = S.pipe.pinned, managed = 0 }
+  end
+  local slowest = 0
+  for r = 1, W do slowest = math.max(slowest, best.part.load[r]) end
+  local step = cost.step(slowest + S.dense.time, S.dense.fixed or 0, S.calib.backend)
+  local out = {}
+  for i, it in ipairs(S.items) do
+    local o = it.options[best.choice[i]]
+    local rs = best.part.ranks[i]
+    local sh = o.shards[1]
+    for _, r in ipairs(rs) do
+      local R = ranks[r]
+      for k, v in pairs(sh.mem.device) do R.device[k] = R.device[k] + v end
+      R.managed_on_gpu = R.managed_on_gpu + sh.mem.managed_on_gpu
+      R.pinned, R.managed = R.pinned + sh.mem.pinned, R.managed + sh.mem.managed
+    end
+    local t = it.table
+    local fixed = t.fixed and next(t.fixed) ~= nil
+    local keys, flat = config_keys(t.name, o, sh.mem.managed_on_gpu)
+    local rl = {}
+    for j, r in ipairs(rs) do rl[j] = r - 1 end
+    out[i] = {
+      name = t.name, rows = t.rows, dim = t.dim, dtype = t.dtype, optimizer = t.optimizer, hot = t.hot,
+      sharding = o.sharding, shards = o.shards_count, ranks = rl, placement = o.placement,
+      prefix_rows = o.prefix, prefix_fraction = o.prefix_fraction, load_factor = o.load_factor,
+      slots = o.slots, policy = o.policy, hit_rate = o.hit_rate, coverage = o.coverage,
+      misses_per_step = o.misses, distinct_per_step = o.distinct, lookups_per_step = o.lookups,
+      hbm_per_shard = sh.hbm, host_per_shard = sh.host, hbm = o.hbm, seconds_per_shard = sh.time,
+      comm_per_shard = sh.comm, share = step > 0 and sh.time / step or 0,
+      fixed = fixed and t.fixed or nil, config = keys, config_keys = flat,
+      profile = t.profile:summary(),
+    }
+  end
+  for _, R in ipairs(ranks) do
+    local d = 0
+    for _, v in pairs(R.device) do d = d + v end
+    R.device_total, R.hbm = d, d + R.managed_on_gpu
+    R.host = R.pinned + R.managed
+    R.step = cost.step(R.load + S.dense.time, S.dense.fixed or 0, S.calib.backend)
+  end
+  local cal = S.calib
+  local used = { "hbm_gather", "hbm_gather_repeat", "hbm_copy", "zero_copy_gather", "managed_gather",
+                 "tbe_backward_per_id", "cache_per_id", "cache_row_fixed", "cache_move", "pipeline_overlap",
+                 "mlp_" .. (S.opts.dense and S.opts.dense.precision or "f32"), "interaction_dot", "step_overhead" }
+  if W > 1 then for _, n in ipairs({ "alltoall", "allreduce", "reduce_scatter" }) do used[#used + 1] = n end end
+  local p = {
+    format = M.FORMAT, version = M.VERSION, world = W, batch = ctx.batch, budget = S.budget,
+    host_memory = S.opts.host_memory and M.bytes(S.opts.host_memory) or nil, policy = ctx.policy,
+    pipeline = ctx.pipeline, calibration = { where = cal.where, machine = cal.machine, backend = cal.backend,
+      not_measured = cal:unmeasured(used) },
+    tables = out, ranks = ranks,
+    dense = { seconds = S.dense.time, mlp = S.dense.mlp, interaction = S.dense.interaction,
+              optimizer = S.dense.optimizer, fixed = S.dense.fixed or 0, comm = S.dense.comm, hbm = S.dense.hbm },
+    step_seconds = step, embedding_seconds = slowest, samples_per_second = W * ctx.batch / step,
+    search = stats,
+  }
+  p.search.seconds = p.search.seconds and round(p.search.seconds, 6)
+  local plan = setmetatable({ data = p, _S = S }, Plan)
+  return plan
+end
+
+-- Plain data (what a plan file holds).
+function Plan:totable() return self.data end
+
+-- One row per table, totals per rank against the budget, the predicted step.
+function Plan:table()
+  local p = self.data
+  local L = {}
+  local cal = p.calibration
+  L[#L + 1] = ("plan: %d tables on %d rank%s, HBM budget %s per rank%s, batch %d per rank, policy %s%s; "
+    .. "calibration %s (%s)"):format(#p.tables, p.world, p.world > 1 and "s" or "", fmt_bytes(p.budget),
+    p.host_memory and (", host memory " .. fmt_bytes(p.host_memory)) or "", p.batch, p.policy,
+    p.pipeline and ", prefetch pipeline" or "", tostring(cal.where), tostring(cal.machine))
+  if #cal.not_measured > 0 then
+    L[#L + 1] = "  not measured: " .. table.concat(cal.not_measured, "; ")
+  end
+  local head = ("%-8s %11s %5s %-13s %-7s %-9s %-20s %10s %-12s %6s"):format("table", "rows", "dim", "sharding",
+    "ranks", "placement", "size", "HBM", "hit/cov", "share")
+  L[#L + 1] = head
+  local flagged = false
+  for _, t in ipairs(p.tables) do
+    local size, rate = "-", "-"
+    if t.placement == "managed" then
+      size = ("prefix %.0f%% (%s)"):format(100 * t.prefix_fraction, fmt_count(t.prefix_rows))
+      rate = ("cov %.1f%%"):format(100 * t.coverage)
+    elseif t.placement == "cached" then
+      size = ("lf %.2f (%s)"):format(t.load_factor, fmt_count(t.slots))
+      rate = ("hit %.1f%%"):format(100 * t.hit_rate)
+    end
+    local rk
+    if #t.ranks == p.world and p.world > 1 then rk = "all" else
+      local s = {}
+      for j, r in ipairs(t.ranks) do s[j] = tostring(r) end
+      rk = table.concat(s, ",")
+    end
+    local sh = t.sharding .. ((t.shards or 1) > 1 and t.sharding == "column_wise" and ("/" .. t.shards) or "")
+    local name = t.name .. (t.fixed and "*" or "")
+    flagged = flagged or t.fixed ~= nil
+    L[#L + 1] = ("%-8s %11s %5d %-13s %-7s %-9s %-20s %10s %-12s %5.1f%%"):format(name, fmt_count(t.rows), t.dim, sh,
+      rk, t.placement, size, fmt_bytes(t.hbm), rate, 100 * t.share * #t.ranks)
+  end
+  if flagged then L[#L + 1] = "* kept as given (fixed per-table settings)" end
+  for _, R in ipairs(p.ranks) do
+    local d = R.device
+    L[#L + 1] = ("rank %d: HBM %s of %s (device %s: weights %s, optimizer %s, cache slots %s, cache metadata %s, "
+      .. "cache scratch %s, outputs %s, dense %s, pipeline %s, reserve %s; managed on GPU %s); host: pinned %s, "
+      .. "managed %s; embeddings %s"):format(R.rank, fmt_bytes(R.hbm), fmt_bytes(p.budget), fmt_bytes(R.device_total),
+      fmt_bytes(d.weights), fmt_bytes(d.optimizer), fmt_bytes(d.cache_slots), fmt_bytes(d.cache_meta),
+      fmt_bytes(d.cache_scratch), fmt_bytes(d.outputs), fmt_bytes(d.dense), fmt_bytes(d.pipeline),
+      fmt_bytes(d.reserve), fmt_bytes(R.managed_on_gpu), fmt_bytes(R.pinned), fmt_bytes(R.managed), fmt_time(R.load))
+  end
+  L[#L + 1] = ("step: %s predicted (embeddings %s on the slowest rank + dense %s: MLPs %s, interaction %s, "
+    .. "optimizer %s, all-reduce %s; fixed cost %s%s); %s samples/s"):format(fmt_time(p.step_seconds),
+    fmt_time(p.embedding_seconds), fmt_time(p.dense.seconds), fmt_time(p.dense.mlp), fmt_time(p.dense.interaction),
+    fmt_time(p.dense.optimizer), fmt_time(p.dense.comm), fmt_time(p.dense.fixed or 0),
+    p.calibration.backend == "cpu" and ", added" or ", the longer of it and the work", fmt_count(p.samples_per_second))
+  local s = p.search
+  if s.method == "greedy" then
+    L[#L + 1] = ("search: greedy, %d proposals (first fit at %s, best at %s)%s, %.3f s"):format(s.proposals,
+      tostring(s.feasible_at), tostring(s.best_at), s.stopped_early and
+      (", stopped after %d without improvement"):format(s.threshold) or ", options exhausted", s.seconds or 0)
+  else
+    L[#L + 1] = ("search: exhaustive, %d nodes, %.3f s"):format(s.visited or 0, s.seconds or 0)
+  end
+  return table.concat(L, "\n")
+end
+
+-- The plan with table `name` set to `choice` ({placement, sharding, load_factor,
+-- prefix_fraction, shards}), every other table as it is, re-predicted.  nil, message when the
+-- choice does not fit (the budget is checked as for a search).
+function Plan:with(name, choice)
+  local S = self._S
+  if not S then return nil, "plan: a plan read from a file has no cost model attached; plan again to edit" end
+  local fixed = {}
+  for i, t in ipairs(self.data.tables) do
+    local f
+    if t.name == name then
+      f = { placement = choice.placement or t.placement, sharding = choice.sharding or t.sharding,
+            load_factor = choice.load_factor, prefix_fraction = choice.prefix_fraction }
+      if f.placement == "cached" and not f.load_factor then f.load_factor = t.load_factor or 0.2 end
+      if f.placement == "managed" and not f.prefix_fraction then f.prefix_fraction = t.prefix_fraction or 0.2 end
+    else
+      f = { placement = t.placement, sharding = t.sharding, load_factor = t.load_factor,
+            prefix_fraction = t.prefix_fraction }
+    end
+    fixed[i] = f
+  end
+  return M.evaluate(S.input_tables, S.profiles, S.budget, S.opts, fixed, name)
+end
+
+-- Re-predicts a given choice for every table (choices[i] as Plan:with takes; tables in order):
+-- the plan of those choices, ranks from the partitioner; nil, message when they do not fit.
+function M.evaluate(tables, profiles, budget, opts, choices, edited)
+  local tabs = {}
+  for i, t in ipairs(tables) do
+    local c = {}
+    for k, v in pairs(t) do c[k] = v end
+    local f = {}
+    for k, v in pairs(t.fixed or {}) do f[k] = v end
+    for k, v in pairs(choices[i] or {}) do f[k] = v end
+    c.fixed = f
+    tabs[i] = c
+  end
+  local S, err = setup(tabs, profiles, budget, opts)
+  if not S then return nil, err end
+  local env = { world = S.world, avail = S.avail, host = S.host_limit }
+  local choice = {}
+  for i = 1, #S.items do choice[i] = #S.items[i].options end
+  local part, perr = search.best_partition(S.items, choice, env)
+  local host = 0
+  for i, it in ipairs(S.items) do host = host + it.options[choice[i]].host end
+  if part and S.host_limit and host > S.host_limit then
+    return nil, ("plan: these choices need %s of host memory; %s are given"):format(fmt_bytes(host),
+      fmt_bytes(S.host_limit))
+  end
+  if not part then
+    return nil, ("plan: these choices do not fit %s per rank (%s more needed%s)"):format(fmt_bytes(S.budget),
+      fmt_bytes(perr and perr.need or 0), perr and perr.item and (" by " .. S.items[perr.item].name) or "")
+  end
+  local best = { choice = choice, part = part, cost = search.max_load(part) }
+  local p = M.build(S, best, { method = "evaluated", edited = edited, seconds = 0 })
+  -- the tables' own fixed settings stay flagged; choices applied here are the plan's
+  for i, t in ipairs(p.data.tables) do
+    local own = tables[i].fixed
+    t.fixed = (own and next(own) ~= nil) and own or nil
+  end
+  return p
+end
+
+-- A short account of what differs between two plans (tables, HBM, step).
+function Plan:compare(other)
+  local a, b = self.data, other.data or other
+  local L = {}
+  local by = {}
+  for _, t in ipairs(b.tables) do by[t.name] = t end
+  local function desc(t)
+    if t.placement == "cached" then return ("%s %s lf %.2f"):format(t.sharding, t.placement, t.load_factor) end
+    if t.placement == "managed" then
+      return ("%s %s prefix %.0f%%"):format(t.sharding, t.placement, 100 * t.prefix_fraction)
+    end
+    return t.sharding .. " " .. t.placement
+  end
+  for _, t in ipairs(a.tables) do
+    local u = by[t.name]
+    if not u then
+      L[#L + 1] = ("%s: only in the first plan"):format(t.name)
+    elseif desc(t) ~= desc(u) then
+      L[#L + 1] = ("%s: %s -> %s (HBM %s -> %s)"):format(t.name, desc(t), desc(u), fmt_bytes(t.hbm), fmt_bytes(u.hbm))
+    end
+  end
+  local ha, hb = 0, 0
+  for _, R in ipairs(a.ranks) do ha = math.max(ha, R.hbm) end
+  for _, R in ipairs(b.ranks) do hb = math.max(hb, R.hbm) end
+  L[#L + 1] = ("step %s -> %s (%+.1f%%); fullest rank's HBM %s -> %s"):format(fmt_time(a.step_seconds),
+    fmt_time(b.step_seconds), 100 * (b.step_seconds / a.step_seconds - 1), fmt_bytes(ha), fmt_bytes(hb))
+  return table.concat(L, "\n")
+end
+
+-- ---- plan files ----
+
+-- JSON, one table and one rank a line; numbers are written exactly (%.17g), so a file read
+-- back and written again gives the same bytes, and the same data.
+function M.encode(p)
+  local head = {}
+  for k, v in pairs(p) do if k ~= "tables" and k ~= "ranks" then head[k] = v end end
+  local function lines(list)
+    local out = {}
+    for i, x in ipairs(list) do out[i] = "    " .. json.encode(x) end
+    return table.concat(out, ",\n")
+  end
+  local h = json.encode(head)
+  return h:sub(1, -2) .. ',\n  "ranks": [\n' .. lines(p.ranks) .. '\n  ],\n  "tables": [\n' .. lines(p.tables)
+         .. "\n  ]\n}\n"
+end
+
+function Plan:encode() return M.encode(self.data) end
+
+-- Writes the plan file (JSON; a .yaml path gets the same text, which YAML's flow syntax reads).
+function Plan:save(path)
+  local f, err = io.open(path, "w")
+  if not f then return nil, "plan: " .. tostring(err) end
+  f:write(self:encode())
+  f:close()
+  return true
+end
+
+-- A plan from a plan file's text; nil, message.
+function M.decode(text, where)
+  where = where or "plan"
+  local t, err = json.decode(text)
+  if t == nil then return nil, ("%s: %s"):format(where, tostring(err)) end
+  if type(t) ~= "table" or t.format ~= M.FORMAT then
+    return nil, ("%s: not a plan file (format %s; expected %q)"):format(where,
+      tostring(type(t) == "table" and t.format), M.FORMAT)
+  end
+  if t.version ~= M.VERSION then
+    return nil, ("%s: plan file version %s; this planner reads %d"):format(where, tostring(t.version), M.VERSION)
+  end
+  if type(t.tables) ~= "table" or type(t.ranks) ~= "table" then return nil, where .. ": no tables or ranks" end
+  return setmetatable({ data = t }, Plan)
+end
+
+function M.load(path)
+  local f, err = io.open(path, "r")
+  if not f then return nil, "plan: " .. tostring(err) end
+  local text = f:read("*a")
+  f:close()
+  return M.decode(text, path)
+end
+
+return M

@@ -1,0 +1,689 @@
+-- The planner's search: which option (uvmrec.planner.cost) each table takes and on which
+-- ranks, so that every rank's HBM holds and the step (the slowest rank) is fastest.
+--
+-- items[i] = { name, options } where options are cost.option results; env = { world, avail
+-- (HBM each rank has for tables), host (bytes of host memory for all ranks, or nil) }.
+--
+--   frontier(options)          the options no other beats on both HBM and time, HBM ascending
+--   partition(...)             rank assignment: fixed shards (row_wise, data_parallel) on every
+--                              rank, the others longest first onto the least loaded rank that
+--                              has room (then, if that fails, largest first)
+--   greedy(items, env, opts)   from every table's fastest option, downgrade along the lower
+--                              convex hulls by least time added per byte freed until the ranks
+--                              fit; each proposal after that goes one downgrade further and
+--                              fills the room left with the upgrades that save the most time
+--                              per byte; stops after opts.threshold proposals in a row that do
+--                              not beat the best (default 10; false: never)
+--   exhaustive(items, env)     every option of every table on every rank (branch and bound):
+--                              the optimum for small instances
+local M = {}
+local max, min, huge = math.max, math.min, math.huge
+
+-- ---- options ----
+
+function M.frontier(options)
+  local sorted = {}
+  for _, o in ipairs(options) do sorted[#sorted + 1] = o end
+  table.sort(sorted, function(a, b)
+    if a.hbm ~= b.hbm then return a.hbm < b.hbm end
+    return a.time < b.time
+  end)
+  local out, best = {}, huge
+  for _, o in ipairs(sorted) do
+    if o.time < best * (1 - 1e-12) then
+      out[#out + 1] = o
+      best = o.time
+    end
+  end
+  return out
+end
+
+-- Indices of the frontier's lower convex hull in (hbm, time), hbm ascending.
+local function hull(fr)
+  local h = {}
+  for j = 1, #fr do
+    while #h >= 2 do
+      local a, b = fr[h[#h - 1]], fr[h[#h]]
+      local c = fr[j]
+      -- b is above the chord a-c: drop it
+      local cross = (b.hbm - a.hbm) * (c.time - a.time) - (b.time - a.time) * (c.hbm - a.hbm)
+      if cross <= 0 then h[#h] = nil else break end
+    end
+    h[#h + 1] = j
+  end
+  return h
+end
+M.hull = hull
+
+local function spread(o) return o.sharding == "row_wise" or o.sharding == "data_parallel" end
+
+-- Flat arrays per item, for the inner loops: per option, total HBM, time and host bytes (H, T,
+-- X), a shard's HBM and time (SH, ST), whether it spreads over every rank (SP), its shard
+-- count (SK) and its sharding as a number (FAM: changes within one keep the ranks).
+local function prep(items)
+  if items.prepared then return end
+  local fam = {}
+  for _, it in ipairs(items) do
+    local H, T, X, SH, ST, SP, SK, FAM = {}, {}, {}, {}, {}, {}, {}, {}
+    for v, o in ipairs(it.options) do
+      H[v], T[v], X[v] = o.hbm, o.time, o.host
+      SH[v], ST[v], SP[v], SK[v] = o.shards[1].hbm, o.shards[1].time, spread(o), o.shards_count
+      local key = o.sharding .. "/" .. o.shards_count
+      if not fam[key] then fam[key] = #fam + 1 fam[#fam + 1] = key end
+      FAM[v] = fam[key]
+    end
+    it.H, it.T, it.X, it.SH, it.ST, it.SP, it.SK, it.FAM = H, T, X, SH, ST, SP, SK, FAM
+  end
+  items.prepared = true
+end
+M.prep = prep
+
+-- ---- partition ----
+
+-- Ranks for every table's shards under `choice` (frontier index per item).  Returns
+-- {load, hbm, ranks = {[i] = {r, ...}}} or nil, {item, need} when a shard finds no room.
+function M.partition(items, choice, env, by_hbm)
+  prep(items)
+  local W, avail = env.world, env.avail
+  local load, hbm = {}, {}
+  for r = 1, W do load[r], hbm[r] = 0, 0 end
+  local ranks, units = {}, {}
+  local all = {}
+  for r = 1, W do all[r] = r end
+  for i, it in ipairs(items) do
+    local c = choice[i]
+    if it.SP[c] then
+      local t, h = it.ST[c], it.SH[c]
+      for r = 1, W do load[r], hbm[r] = load[r] + t, hbm[r] + h end
+      ranks[i] = all
+    else
+      units[#units + 1] = i
+    end
+  end
+  for r = 1, W do
+    if hbm[r] > avail[r] then return nil, { item = nil, need = hbm[r] - avail[r] } end
+  end
+  local k1, k2 = {}, {}
+  for _, i in ipairs(units) do
+    local it, c = items[i], choice[i]
+    if by_hbm then k1[i], k2[i] = it.SH[c], it.ST[c] else k1[i], k2[i] = it.ST[c], it.SH[c] end
+  end
+  table.sort(units, function(a, b)
+    if k1[a] ~= k1[b] then return k1[a] > k1[b] end
+    if k2[a] ~= k2[b] then return k2[a] > k2[b] end
+    return a < b
+  end)
+  for _, i in ipairs(units) do
+    local it, c = items[i], choice[i]
+    local sh, st, k = it.SH[c], it.ST[c], it.SK[c]
+    if k == 1 then
+      local best
+      for r = 1, W do
+        if hbm[r] + sh <= avail[r] and (not best or load[r] < load[best]) then best = r end
+      end
+      if not best then return nil, { item = i, need = sh } end
+      load[best], hbm[best] = load[best] + st, hbm[best] + sh
+      ranks[i] = { best }
+    else
+      local fit = {}
+      for r = 1, W do if hbm[r] + sh <= avail[r] then fit[#fit + 1] = r end end
+      if #fit < k then return nil, { item = i, need = sh } end
+      table.sort(fit, function(a, b) if load[a] ~= load[b] then return load[a] < load[b] end return a < b end)
+      local rs = {}
+      for j = 1, k do
+        local r = fit[j]
+        rs[j] = r
+        load[r], hbm[r] = load[r] + st, hbm[r] + sh
+      end
+      ranks[i] = rs
+    end
+  end
+  return { load = load, hbm = hbm, ranks = ranks }
+end
+
+local function max_load(p)
+  local m = 0
+  for _, v in ipairs(p.load) do m = max(m, v) end
+  return m
+end
+M.max_load = max_load
+
+-- Moves and swaps of single-rank shards off the slowest rank while that makes it faster and
+-- memory holds (swaps only where the shards are few enough to try every pair).
+local function improve(items, choice, env, p)
+  local W, avail = env.world, env.avail
+  local load, hbm, ranks = p.load, p.hbm, p.ranks
+  local units = {}
+  for i, it in ipairs(items) do
+    local o = it.options[choice[i]]
+    if not spread(o) and o.shards_count == 1 then units[#units + 1] = i end
+  end
+  local swaps = #units <= 64
+  for _ = 1, min(4 * #units + 4, 64) do
+    local top = 1
+    for r = 2, W do if load[r] > load[top] then top = r end end
+    local cur = load[top]
+    local bi, bj, br, bnew
+    for _, i in ipairs(units) do
+      if ranks[i][1] == top then
+        local sh = items[i].options[choice[i]].shards[1]
+        for r = 1, W do
+          if r ~= top and hbm[r] + sh.hbm <= avail[r] then
+            local new = max(cur - sh.time, load[r] + sh.time)
+            if new < (bnew or cur) * (1 - 1e-12) then bi, bj, br, bnew = i, nil, r, new end
+          end
+        end
+        if swaps then
+          for _, j in ipairs(units) do
+            local r = ranks[j][1]
+            if r ~= top then
+              local sj = items[j].options[choice[j]].shards[1]
+              if hbm[r] - sj.hbm + sh.hbm <= avail[r] and hbm[top] - sh.hbm + sj.hbm <= avail[top] then
+                local new = max(cur - sh.time + sj.time, load[r] + sh.time - sj.time)
+                if new < (bnew or cur) * (1 - 1e-12) then bi, bj, br, bnew = i, j, r, new end
+              end
+            end
+          end
+        end
+      end
+    end
+    if not bi then break end
+    local si = items[bi].options[choice[bi]].shards[1]
+    load[top], hbm[top] = load[top] - si.time, hbm[top] - si.hbm
+    load[br], hbm[br] = load[br] + si.time, hbm[br] + si.hbm
+    ranks[bi] = { br }
+    if bj then
+      local sj = items[bj].options[choice[bj]].shards[1]
+      load[br], hbm[br] = load[br] - sj.time, hbm[br] - sj.hbm
+      load[top], hbm[top] = load[top] + sj.time, hbm[top] + sj.hbm
+      ranks[bj] = { top }
+    end
+  end
+  return p
+end
+
+-- The better of the two partitions (longest first, largest first), each improved by moves and
+-- swaps: feasible, then faster.
+local function best_partition(items, choice, env)
+  local a, ea = M.partition(items, choice, env, false)
+  if env.world == 1 then return a, ea end
+  if a then improve(items, choice, env, a) end
+  local b, eb = M.partition(items, choice, env, true)
+  if b then improve(items, choice, env, b) end
+  if a and b then return max_load(a) <= max_load(b) and a or b end
+  return a or b, ea or eb
+end
+M.best_partition = best_partition
+
+local function host_of(items, choice)
+  local s = 0
+  for i, it in ipairs(items) do s = s + it.options[choice[i]].host end
+  return s
+end
+
+-- ---- greedy ----
+
+-- Upgrades that fit the room the partition left, most time saved per byte first, keeping each
+-- table's sharding and ranks.
+local function fill(items, choice, part, env, locked, by_gain)
+  local W, avail = env.world, env.avail
+  local slack = {}
+  for r = 1, W do slack[r] = avail[r] - part.hbm[r] end
+  local host_left = env.host and (env.host - host_of(items, choice)) or huge
+  while true do
+    local bi, bu, bratio
+    for i, it in ipairs(items) do
+      local c = choice[i]
+      local nops = #it.H
+      if c < nops and not (locked and locked[i]) then
+        local rs = part.ranks[i]
+        local room = huge
+        for j = 1, #rs do
+          local sl = slack[rs[j]]
+          if sl < room then room = sl end
+        end
+        local T, X, SH, FAM = it.T, it.X, it.SH, it.FAM
+        local fam, sh, t0, x0, nr = FAM[c], SH[c], T[c], X[c], #rs
+        for u = c + 1, nops do
+          if FAM[u] == fam then
+            local dh = SH[u] - sh
+            if dh <= room and X[u] - x0 <= host_left then
+              local ratio = by_gain and (t0 - T[u]) or (t0 - T[u]) / max(dh * nr, 1)
+              if not bratio or ratio > bratio then bi, bu, bratio = i, u, ratio end
+            end
+          end
+        end
+      end
+    end
+    if not bi then break end
+    local it = items[bi]
+    local c = choice[bi]
+    local dh, dt = it.SH[bu] - it.SH[c], it.ST[bu] - it.ST[c]
+    for _, r in ipairs(part.ranks[bi]) do
+      slack[r] = slack[r] - dh
+      part.hbm[r] = part.hbm[r] + dh
+      part.load[r] = part.load[r] + dt
+    end
+    host_left = host_left - (it.X[bu] - it.X[c])
+    choice[bi] = bu
+  end
+  return choice, part
+end
+
+local function copy(t)
+  local o = {}
+  for k, v in pairs(t) do o[k] = v end
+  return o
+end
+
+-- The better of two fills: most time saved per byte first, and most time saved first (the
+-- first alone can leave a large upgrade out for many small ones).
+local function fill_best(items, choice, part, env, locked)
+  local c1, p1 = fill(items, copy(choice), { load = copy(part.load), hbm = copy(part.hbm), ranks = part.ranks },
+                      env, locked, false)
+  local c2, p2 = fill(items, copy(choice), { load = copy(part.load), hbm = copy(part.hbm), ranks = part.ranks },
+                      env, locked, true)
+  if max_load(p2) < max_load(p1) then return c2, p2 end
+  return c1, p1
+end
+
+-- A binary heap of moves by slope.
+local function heap_push(h, slope, i)
+  h[#h + 1] = { slope, i }
+  local k = #h
+  while k > 1 do
+    local p = math.floor(k / 2)
+    if h[p][1] <= h[k][1] then break end
+    h[p], h[k] = h[k], h[p]
+    k = p
+  end
+end
+local function heap_pop(h)
+  local top = h[1]
+  if not top then return nil end
+  h[1] = h[#h]
+  h[#h] = nil
+  local k, n = 1, #h
+  while true do
+    local l, r, s = 2 * k, 2 * k + 1, k
+    if l <= n and h[l][1] < h[s][1] then s = l end
+    if r <= n and h[r][1] < h[s][1] then s = r end
+    if s == k then break end
+    h[s], h[k] = h[k], h[s]
+    k = s
+  end
+  return top[1], top[2]
+end
+
+-- Downgrades until the choice fits (aggregate HBM, host memory, then the partition): each time
+-- the move, among tables not locked, that adds the least time per byte it frees.  Returns the
+-- partition, or nil when no move is left.
+-- The option of item `it` below index c with the most HBM that frees at least `need` bytes
+-- (the fastest such: frontiers get faster as they grow), or nil.
+local function finishing(it, c, need)
+  local H = it.H
+  local lim = H[c] - need
+  if H[1] > lim then return nil end
+  local lo, hi = 1, c - 1
+  while lo < hi do
+    local mid = math.floor((lo + hi + 1) / 2)
+    if H[mid] <= lim then lo = mid else hi = mid - 1 end
+  end
+  return lo
+end
+
+-- The downgrade of item i from option c adding the least time per byte freed: v, ratio.
+local function ratio_move(it, c, host, host_limit)
+  local H, T, X = it.H, it.T, it.X
+  local bv, br
+  for v = 1, c - 1 do
+    if not host_limit or host - X[c] + X[v] <= host_limit then
+      local ratio = (T[v] - T[c]) / max(H[c] - H[v], 1e-9)
+      if not br or ratio < br then bv, br = v, ratio end
+    end
+  end
+  return bv, br
+end
+
+-- Downgrades until the choice fits (aggregate HBM, host memory, then the partition): each time
+-- the move, among tables not locked, that adds the least time per byte it frees; with `finish`,
+-- once single moves can free all that is still needed, the cheapest of them, unless the best
+-- move by ratio followed by the cheapest finishing move costs less.  Returns the partition, or
+-- nil when no move is left.
+local function repair(items, choice, env, locked, total_avail, finish)
+  local agg, host = 0, 0
+  local n = #items
+  for i, it in ipairs(items) do
+    agg, host = agg + it.H[choice[i]], host + it.X[choice[i]]
+  end
+  local mv, mr = {}, {} -- each item's best move by ratio, kept while its choice stays
+  local function refresh(i)
+    if locked[i] then mv[i], mr[i] = nil, nil return end
+    mv[i], mr[i] = ratio_move(items[i], choice[i], host, env.host)
+  end
+  for i = 1, n do refresh(i) end
+  for step = 1, 8 * n + 8 do
+    local part, err
+    if agg <= total_avail * (1 + 1e-12) and (not env.host or host <= env.host) then
+      part, err = best_partition(items, choice, env)
+      if part then return part, step - 1 end
+    end
+    local need = max(agg - total_avail, err and err.need or 0)
+    local only = err and err.item -- a shard found no room: move that table first
+    if only and (locked[only] or not mv[only]) then only = nil end
+    local bi, bv
+    if only then
+      bi, bv = only, mv[only]
+    else
+      local br
+      for i = 1, n do
+        if mv[i] and (not br or mr[i] < br) then bi, bv, br = i, mv[i], mr[i] end
+      end
+      if finish and bi and not env.host then
+        local fi, fv, ft
+        for i = 1, n do
+          if not locked[i] then
+            local it = items[i]
+            local v = finishing(it, choice[i], need)
+            if v and (not ft or it.T[v] - it.T[choice[i]] < ft) then fi, fv, ft = i, v, it.T[v] - it.T[choice[i]] end
+          end
+        end
+        if fi and not (fi == bi and fv == bv) then
+          local it = items[bi]
+          local rest = need - (it.H[choice[bi]] - it.H[bv])
+          local ft2
+          for i = 1, n do
+            if i ~= bi and not locked[i] then
+              local v = finishing(items[i], choice[i], rest)
+              if v then
+                local dt = items[i].T[v] - items[i].T[choice[i]]
+                if not ft2 or dt < ft2 then ft2 = dt end
+              end
+            end
+          end
+          if not (ft2 and (it.T[bv] - it.T[choice[bi]]) + ft2 < ft) then bi, bv = fi, fv end
+        end
+      end
+    end
+    if not bi then return nil end
+    local it = items[bi]
+    agg, host = agg - it.H[choice[bi]] + it.H[bv], host - it.X[choice[bi]] + it.X[bv]
+    choice[bi] = bv
+    if env.host then
+      for i = 1, n do refresh(i) end
+    else
+      refresh(bi)
+    end
+  end
+  return nil
+end
+
+-- Returns the best plan {choice, part, cost} (cost: the slowest rank's seconds) or nil, info
+-- (no proposal fit: {need} the HBM the last one lacked), and the search's statistics
+-- {proposals, rated, feasible_at, best_at, stopped_early}.
+--
+-- Proposals: first the descent along the lower convex hulls (least time added per byte freed)
+-- until the ranks fit, filled with upgrades into the room left.  Then, from the best plan, one
+-- proposal per upgrade (table i to a faster option u), largest time saved first: i is set to u
+-- and locked, the others are downgraded until the ranks fit again, and the room left is filled.
+-- A proposal that beats the best becomes it, and the upgrades are listed again from there.
+function M.greedy(items, env, opts)
+  opts = opts or {}
+  prep(items)
+  local threshold = opts.threshold
+  if threshold == nil then threshold = 10 end
+  -- a proposal improves when it beats the best by more than this share (the model is not
+  -- finer than that: chasing smaller gains only makes the search longer)
+  local tol = opts.tolerance or 5e-3
+  local n = #items
+  local hulls, hpos, choice = {}, {}, {}
+  local agg, total_avail = 0, 0
+  for r = 1, env.world do total_avail = total_avail + env.avail[r] end
+  local heap = {}
+  local function push(i)
+    local h, p = hulls[i], hpos[i]
+    if p > 1 then
+      local a, b = items[i].options[h[p - 1]], items[i].options[h[p]]
+      heap_push(heap, (a.time - b.time) / max(b.hbm - a.hbm, 1e-9), i)
+    end
+  end
+  for i = 1, n do
+    local ops = items[i].options
+    if #ops == 0 then error(("planner: table %s has no option"):format(items[i].name), 2) end
+    hulls[i] = hull(ops)
+    hpos[i] = #hulls[i]
+    choice[i] = hulls[i][hpos[i]]
+    agg = agg + ops[choice[i]].hbm
+    push(i)
+  end
+  local host = host_of(items, choice)
+  local stats = { proposals = 0, rated = 0, stopped_early = false, descent = 0 }
+  local best, lack
+  -- the descent: every step a proposal, rated once the ranks fit
+  while true do
+    stats.proposals = stats.proposals + 1
+    stats.descent = stats.descent + 1
+    local part, err
+    if agg <= total_avail * (1 + 1e-12) and (not env.host or host <= env.host) then
+      part, err = best_partition(items, choice, env)
+    else
+      err = { need = agg - total_avail }
+    end
+    if part then
+      stats.rated = stats.rated + 1
+      stats.feasible_at = stats.proposals
+      local c2, p2 = fill_best(items, choice, part, env)
+      best = { choice = c2, part = p2, cost = max_load(p2) }
+      stats.best_at = stats.proposals
+      break
+    end
+    lack = err
+    local moved = false
+    while not moved do
+      local _, i = heap_pop(heap)
+      if not i then break end
+      local ops, h = items[i].options, hulls[i]
+      local from, to = ops[h[hpos[i]]], ops[h[hpos[i] - 1]]
+      -- a table whose next step would overrun host memory stays where it is
+      if not env.host or host - from.host + to.host <= env.host then
+        hpos[i] = hpos[i] - 1
+        choice[i] = h[hpos[i]]
+        agg, host = agg - from.hbm + to.hbm, host - from.host + to.host
+        push(i)
+        moved = true
+      end
+    end
+    if not moved then break end
+  end
+  if not best then return nil, lack or {}, stats end
+  -- Local search from the first plan that fits: changes of one table at a time (to any of its
+  -- options), each repaired and filled around the changed table; a change that beats the best
+  -- becomes it and the changes are listed again.  Order: upgrades (most time saved first) and
+  -- downgrades (least time lost first) alternately; with several ranks a second run takes the
+  -- tables on the slowest rank first (only they make that rank faster), and the better run wins.
+  local start = best
+  local function run(mode)
+    local slowest_first, estimate = mode == "hot" or mode == "hot_est", mode == "hot_est"
+    local cur, nonimp, stopped = start, 0, false
+    while true do
+      local hot = {}
+      if slowest_first then
+        local top = 1
+        for r = 2, env.world do if cur.part.load[r] > cur.part.load[top] then top = r end end
+        for i = 1, n do
+          for _, r in ipairs(cur.part.ranks[i]) do if r == top then hot[i] = true end end
+        end
+      end
+      local ups, downs = {}, {}
+      local lambda, mu = huge, 0 -- the cheapest byte to free, the most useful byte to take
+      if estimate then
+        for i, it in ipairs(items) do
+          local o = it.options[cur.choice[i]]
+          for u = 1, #it.options do
+            local ou = it.options[u]
+            local dh = ou.hbm - o.hbm
+            if dh > 0 and ou.time < o.time then mu = max(mu, (o.time - ou.time) / dh)
+            elseif dh < 0 and ou.time > o.time then lambda = min(lambda, (ou.time - o.time) / -dh) end
+          end
+        end
+        if lambda == huge then lambda = 0 end
+      end
+      for i, it in ipairs(items) do
+        local o = it.options[cur.choice[i]]
+        for u = 1, #it.options do
+          local ou = it.options[u]
+          local dh = ou.hbm - o.hbm
+          if ou.time < o.time then
+            ups[#ups + 1] = { i, u, o.time - ou.time - (estimate and lambda * max(dh, 0) or 0) }
+          elseif u ~= cur.choice[i] then
+            downs[#downs + 1] = { i, u, ou.time - o.time - (estimate and mu * max(-dh, 0) or 0) }
+          end
+        end
+      end
+      local function order(a, b, up)
+        local ha, hb = hot[a[1]] and 1 or 0, hot[b[1]] and 1 or 0
+        if ha ~= hb then return ha > hb end
+        if a[3] ~= b[3] then
+          if up then return a[3] > b[3] end
+          return a[3] < b[3]
+        end
+        if a[1] ~= b[1] then return a[1] < b[1] end
+        return a[2] < b[2]
+      end
+      table.sort(ups, function(a, b) return order(a, b, true) end)
+      table.sort(downs, function(a, b) return order(a, b, false) end)
+      local cands = {}
+      for k = 1, max(#ups, #downs) do
+        cands[#cands + 1] = ups[k]
+        cands[#cands + 1] = downs[k]
+      end
+      local improved = false
+      for _, cd in ipairs(cands) do
+        stats.proposals = stats.proposals + 1
+        local lock = { [cd[1]] = true }
+        -- repaired two ways (least time per byte freed; or, once one move can free all that is
+        -- still needed, the cheapest such move), each filled: the faster counts
+        local c2, p2, cost
+        for _, finish in ipairs({ false, true }) do
+          local ch = copy(cur.choice)
+          ch[cd[1]] = cd[2]
+          local part, moves = repair(items, ch, env, lock, total_avail, finish)
+          if part then
+            local c3, p3 = fill_best(items, ch, part, env, lock)
+            local k = max_load(p3)
+            if not cost or k < cost then c2, p2, cost = c3, p3, k end
+          end
+          if moves == 0 then break end -- nothing to repair: both ways are the same
+        end
+        if cost then
+          stats.rated = stats.rated + 1
+          if cost < cur.cost * (1 - tol) then
+            cur = { choice = c2, part = p2, cost = cost, at = stats.proposals }
+            nonimp = 0
+            improved = true
+            break
+          end
+          -- only proposals that fit count: one that cannot be repaired says nothing of the best
+          nonimp = nonimp + 1
+          if threshold and threshold > 0 and nonimp >= threshold then
+            stopped = true
+            break
+          end
+        end
+      end
+      if not improved or stopped then return cur, stopped end
+    end
+  end
+  local modes = { "gain", "hot", "hot_est" }
+  local a, sa = run(modes[1])
+  best, stats.stopped_early = a, sa
+  if env.world > 1 then
+    for k = 2, #modes do
+      local b, sb = run(modes[k])
+      if b.cost < best.cost * (1 - 1e-9) then best = b end
+      stats.stopped_early = stats.stopped_early or sb
+    end
+  end
+  if best.at then stats.best_at = best.at end
+  return best, nil, stats
+end
+
+-- ---- exhaustive ----
+
+-- Every option of every table and every rank assignment (movable shards on any rank, spread
+-- ones on all), by depth-first search with bounds: exact for small instances.
+function M.exhaustive(items, env)
+  local W, avail = env.world, env.avail
+  local n = #items
+  local order = {}
+  for i = 1, n do order[i] = i end
+  local function biggest(i) return items[i].options[#items[i].options].hbm end
+  table.sort(order, function(a, b) return biggest(a) > biggest(b) end)
+  local load, hbm = {}, {}
+  for r = 1, W do load[r], hbm[r] = 0, 0 end
+  local choice, ranks = {}, {}
+  local best, best_choice, best_ranks = huge, nil, nil
+  local host = 0
+  local visited = 0
+  local function combos(k, from, acc, out)
+    if #acc == k then out[#out + 1] = { unpack(acc) } return end
+    for r = from, W do
+      acc[#acc + 1] = r
+      combos(k, r + 1, acc, out)
+      acc[#acc] = nil
+    end
+  end
+  local rank_sets = {}
+  local function sets_of(k)
+    if not rank_sets[k] then
+      rank_sets[k] = {}
+      combos(k, 1, {}, rank_sets[k])
+    end
+    return rank_sets[k]
+  end
+  local all = {}
+  for r = 1, W do all[r] = r end
+  local function dfs(d, cur_max)
+    visited = visited + 1
+    if cur_max >= best then return end
+    if d > n then
+      best, best_choice, best_ranks = cur_max, copy(choice), copy(ranks)
+      return
+    end
+    local i = order[d]
+    for j, o in ipairs(items[i].options) do
+      if not env.host or host + o.host <= env.host then
+        local sh = o.shards[1]
+        local sets = spread(o) and { all } or sets_of(o.shards_count)
+        for _, rs in ipairs(sets) do
+          local ok, m = true, cur_max
+          for _, r in ipairs(rs) do
+            if hbm[r] + sh.hbm > avail[r] then ok = false break end
+            m = max(m, load[r] + sh.time)
+          end
+          if ok and m < best then
+            for _, r in ipairs(rs) do load[r], hbm[r] = load[r] + sh.time, hbm[r] + sh.hbm end
+            host = host + o.host
+            choice[i], ranks[i] = j, rs
+            dfs(d + 1, m)
+            host = host - o.host
+            for _, r in ipairs(rs) do load[r], hbm[r] = load[r] - sh.time, hbm[r] - sh.hbm end
+          end
+        end
+      end
+    end
+  end
+  dfs(1, 0)
+  if not best_choice then return nil, { visited = visited } end
+  local part = { load = {}, hbm = {}, ranks = best_ranks }
+  for r = 1, W do part.load[r], part.hbm[r] = 0, 0 end
+  for i = 1, n do
+    local sh = items[i].options[best_choice[i]].shards[1]
+    for _, r in ipairs(best_ranks[i]) do
+      part.load[r], part.hbm[r] = part.load[r] + sh.time, part.hbm[r] + sh.hbm
+    end
+  end
+  return { choice = best_choice, part = part, cost = best }, { visited = visited }
+end
+
+return M

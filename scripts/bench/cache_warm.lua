@@ -1,0 +1,166 @@
+-- Cache hit rates warm and at first touch (BENCH.md B6), measured by the cache itself on the CPU
+-- and predicted by the planner's hit-rate model (lua/uvmrec/planner/hitrate.lua).
+--
+--   uvmrec scripts/bench/cache_warm.lua [--rows N] [--tables T] [--batch B] [--batches K]
+--        [--warm W] [--zipf S] [--fractions 0.01,0.1,...] [--policies lru,lfu] [--prefetch]
+--        [--out FILE.jsonl] [--plot FILE.png]
+--
+-- The id stream is B6's (scripts/bench/zipf_stream.lua, seed 7): T tables of N rows, batches of
+-- B samples with one id per table, Zipf(S) by the continuous inverse CDF, scattered over the
+-- rows.  The first W batches warm the cache, the rest are measured.  Each measured batch's
+-- distinct rows split into rows never read before in the run (first touch: no cache can hit
+-- them) and rows read before; the cache's counters give the hits, so
+--   hit rate       = hits / distinct rows          (what `cache:stats()` calls hit_rate)
+--   first touch    = never-read rows / distinct rows
+--   warm hit rate  = hits / rows read before       (the steady state's rate, which a long run
+--                                                    approaches as first touches die out)
+-- The model's numbers for the same window (and for a cache warm forever) are printed beside
+-- them.  It checks hits + misses + conflicts = distinct rows before it reports.  "--prefetch"
+-- adds the runs with two batches in flight (the pipeline's order), as cache.lua does.
+local ffi = require "ffi"
+local ur = require "uvmrec"
+local C = ur.C
+local profile = require "uvmrec.planner.profile"
+local hitrate = require "uvmrec.planner.hitrate"
+
+local o = { rows = 1000000, tables = 4, batch = 8192, batches = 200, warm = 100, zipf = 1.05,
+            fractions = { 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0 }, policies = { "lru", "lfu" }, decay = 0 }
+do
+  local i = 1
+  local function list(s, f)
+    local t = {}
+    for x in s:gmatch("[^,]+") do t[#t + 1] = f(x) end
+    return t
+  end
+  while i <= #arg do
+    local a = arg[i]
+    local function value()
+      i = i + 1
+      if arg[i] == nil then error("cache_warm: " .. a .. " needs a value", 0) end
+      return arg[i]
+    end
+    if a == "--rows" then o.rows = tonumber(value())
+    elseif a == "--tables" then o.tables = tonumber(value())
+    elseif a == "--batch" then o.batch = tonumber(value())
+    elseif a == "--batches" then o.batches = tonumber(value())
+    elseif a == "--warm" then o.warm = tonumber(value())
+    elseif a == "--zipf" then o.zipf = tonumber(value())
+    elseif a == "--fractions" then o.fractions = list(value(), tonumber)
+    elseif a == "--policies" then o.policies = list(value(), function(x) return x end)
+    elseif a == "--decay" then o.decay = tonumber(value())
+    elseif a == "--prefetch" then o.prefetch = true
+    elseif a == "--out" then o.out = value()
+    elseif a == "--plot" then o.plot = value()
+    else
+      error("cache_warm: unknown argument " .. a .. " (expected --rows --tables --batch --batches --warm "
+            .. "--zipf --fractions --policies --prefetch --out --plot)", 0)
+    end
+    i = i + 1
+  end
+end
+
+local function die(msg)
+  io.stderr:write("cache_warm: ", msg, "\n")
+  os.exit(1)
+end
+
+local out_file
+local function emit(rec)
+  if not o.out then return end
+  out_file = out_file or assert(io.open(o.out, "w"))
+  out_file:write(require("uvmrec.checkpoint").json.encode(rec), "\n")
+  out_file:flush()
+end
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local zipf_stream = dofile(here .. "/zipf_stream.lua")
+
+local T, N, B, K, W = o.tables, o.rows, o.batch, o.batches, o.warm
+if W >= K then die("--warm must be below --batches") end
+print(("cache_warm: %d tables x %d rows, batches of %d samples (one id per table), Zipf(%.2f) "
+       .. "(zipf_stream.lua), %d batches, the first %d warm the cache"):format(T, N, B, o.zipf, K, W))
+math.randomseed(7)
+local inputs = zipf_stream(T, N, B, K, o.zipf)
+
+-- first touches per batch and table: rows of batch k never read in batches 1..k-1
+local first = {}
+do
+  local seen = ffi.new("uint8_t[?]", T * N)
+  for k = 1, K do
+    local pv = ffi.cast("int64_t *", C.ur_tensor_data(inputs[k].values.p))
+    local new = 0
+    for j = 0, T * B - 1 do
+      local t = math.floor(j / B)
+      local key = t * N + tonumber(pv[j])
+      if seen[key] == 0 then
+        seen[key] = 1
+        new = new + 1
+      end
+    end
+    first[k] = new
+  end
+end
+
+local P = profile.zipf { rows = N, s = o.zipf, variant = "continuous" }
+local prefetch_stream = o.prefetch and assert(ur.stream()) or nil
+print(("%-5s %-4s %-8s %9s %9s %9s | %9s %9s %9s %9s"):format("cache", "pol", "prefetch", "hit", "first",
+      "warm", "model hit", "first", "warm", "steady"))
+for _, frac in ipairs(o.fractions) do
+  for _, policy in ipairs(o.policies) do
+    for _, prefetch in ipairs(o.prefetch and { false, true } or { false }) do
+      local tables = {}
+      for t = 1, T do tables[t] = { name = "t" .. t, rows = N, dim = 4, placement = "cached" } end
+      local c = assert(require("uvmrec.tbe").new { tables = tables, device = "cpu", optimizer = "sgd",
+        cache = { load_factor = frac, policy = policy, decay_batches = policy == "lfu" and o.decay or 0 } })
+      local cache = c.cache
+      local function run(k0, k1)
+        local prev
+        for k = k0, k1 do
+          local x = inputs[k]
+          if prev then assert(cache:retire(prev, true, nil)) end
+          assert(cache:prepare(x, x.values.p, x.offsets.p, nil, prefetch and prefetch_stream or nil, 1, true))
+          prev = x
+        end
+        if prev then assert(cache:retire(prev, true, nil)) end
+      end
+      run(1, W)
+      cache:reset_stats()
+      run(W + 1, K)
+      local s = cache:stats()
+      if s.hits + s.misses + s.conflicts ~= s.unique then
+        die(("check: %d hits + %d misses + %d conflicts != %d distinct rows"):format(s.hits, s.misses,
+            s.conflicts, s.unique))
+      end
+      local new = 0
+      for k = W + 1, K do new = new + first[k] end
+      local slots = cache:slots() / T
+      local m = hitrate.window(policy, P, B, slots, W + 1, K, { decay_batches = o.decay })
+      local r = { bench = "cache_warm", cache_fraction = frac, policy = policy, prefetch = prefetch,
+                  hit_rate = s.hits / s.unique, first_touch = new / s.unique,
+                  warm_hit_rate = s.hits / (s.unique - new), conflict_rate = s.conflicts / s.unique,
+                  model_hit_rate = m.hit_rate, model_first_touch = m.first_touch,
+                  model_warm_hit_rate = m.warm_hit_rate, model_steady = m.steady,
+                  unique_per_batch = s.unique / (K - W), model_unique_per_batch = T * m.distinct,
+                  slots_per_table = slots, tables = T, rows = N, batch = B, batches = K, warm = W,
+                  zipf = o.zipf, decay = policy == "lfu" and o.decay or nil,
+                  stream = "zipf_stream.lua (continuous), seed 7" }
+      emit(r)
+      print(("%4.0f%% %-4s %-8s %8.2f%% %8.2f%% %8.2f%% | %8.2f%% %8.2f%% %8.2f%% %8.2f%%"):format(100 * frac,
+        policy, prefetch and "yes" or "no", 100 * r.hit_rate, 100 * r.first_touch, 100 * r.warm_hit_rate,
+        100 * m.hit_rate, 100 * m.first_touch, 100 * m.warm_hit_rate, 100 * m.steady))
+      c:free()
+    end
+  end
+end
+for _, x in ipairs(inputs) do
+  x.values:free()
+  x.offsets:free()
+end
+if out_file then out_file:close() end
+if o.out and o.plot then
+  -- the first python3 on PATH may lack matplotlib where the system's has it
+  local cmd = ("python3 %s/cache_plot.py %q --out %q 2>/dev/null || /usr/bin/python3 %s/cache_plot.py %q --out %q")
+              :format(here, o.out, o.plot, here, o.out, o.plot)
+  local ok = os.execute(cmd)
+  if ok == 0 or ok == true then print("plot: " .. o.plot) else print("plot: not made (" .. cmd .. " failed)") end
+end

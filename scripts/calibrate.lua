@@ -1,0 +1,390 @@
+-- uvmrec calibrate [--out calib.json] [--machine NAME] [--quick]
+-- Measures on this machine the rates the planner's cost model divides by (uvmrec.planner.calib,
+-- docs/planner.md) through the engine itself, and writes them as a calibration file:
+--   copies (within memory, host to device and back: on the CPU both are memcpy), the embedding
+--   forward's gather of scattered rows (once each, and again within a batch), the same rows read
+--   in place from pinned and managed memory, the fused backward's cost per id, the software
+--   cache's cost per id and per row moved (through the real cache), the MLP's matrix products
+--   (f32, TF32, bf16) and the dot interaction (uvmrec.nn modules).  Collectives need ranks: not
+--   measured here (plans over several ranks need a calibration that has them).
+-- Runs in well under a minute on two cores.  Also `luajit scripts/calibrate.lua ...`.
+local ffi = require "ffi"
+local ur = require "uvmrec"
+local C = ur.C
+local calib = require "uvmrec.planner.calib"
+local tbe = require "uvmrec.tbe"
+
+local usage = [[
+usage: uvmrec calibrate [--out FILE] [--machine NAME] [--quick]
+  --out FILE      where to write the calibration (default: print it)
+  --machine NAME  the machine's name in the file (default: the CPU's or the GPU's)
+  --quick         smaller sizes and fewer repetitions (for specs)]]
+
+-- The command line (a local parse, kept to this one function until uvmrec.cli takes over).
+local function parse(args)
+  local o = {}
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local k, v = a:match("^(%-%-[%w-]+)=(.*)$")
+    if k then a = k; table.insert(args, i + 1, v) end
+    local function value()
+      i = i + 1
+      if args[i] == nil then return nil, a .. " needs a value" end
+      return args[i]
+    end
+    local err
+    if a == "--out" then o.out, err = value()
+    elseif a == "--machine" then o.machine, err = value()
+    elseif a == "--quick" then o.quick = true
+    elseif a == "-h" or a == "--help" then o.help = true
+    else err = "unknown argument " .. a end
+    if err then return nil, err end
+    i = i + 1
+  end
+  return o
+end
+
+local o, perr = parse(arg or {})
+if not o then
+  io.stderr:write("uvmrec calibrate: ", perr, "\n", usage, "\n")
+  os.exit(2)
+end
+if o.help then print(usage) os.exit(0) end
+
+local gpu = ur.gpu()
+local place_fast = gpu and "device" or "host"
+local Q = o.quick
+local t_start = C.ur_clock_seconds()
+local function loadavg()
+  local f = io.open("/proc/loadavg")
+  if not f then return nil end
+  local l = f:read("*l")
+  f:close()
+  return l and tonumber(l:match("^(%S+)"))
+end
+local load_start = loadavg()
+
+-- median seconds of fn over n runs (after one warm-up)
+local function time(n, fn)
+  fn()
+  if gpu then ur.sync() end
+  local s = {}
+  for k = 1, n do
+    local t0 = C.ur_clock_seconds()
+    fn()
+    if gpu then ur.sync() end
+    s[k] = C.ur_clock_seconds() - t0
+  end
+  table.sort(s)
+  return s[math.floor((n + 1) / 2)]
+end
+
+local function i64(list_or_n, fill)
+  local n = type(list_or_n) == "table" and #list_or_n or list_or_n
+  local t = assert(ur.tensor({ n }, { dtype = "i64", placement = "host" }))
+  local p = ffi.cast("int64_t *", C.ur_tensor_data(t.p))
+  for k = 0, n - 1 do p[k] = fill(k) end
+  if gpu then
+    local d = assert(t:to("device"))
+    t:free()
+    return d
+  end
+  return t
+end
+
+local rates = {}
+local date = os.date("!%Y-%m-%d")
+local command = "uvmrec calibrate" .. (o.quick and " --quick" or "")
+local function rate(name, value, unit, source)
+  rates[name] = { value = value, unit = unit, source = source, command = command, date = date, measured = true }
+  local shown = unit == "B/s" and ("%.2f GB/s"):format(value / 1e9) or unit == "FLOP/s"
+                and ("%.2f GFLOP/s"):format(value / 1e9) or unit == "s" and ("%.3f ns"):format(value * 1e9)
+                or ("%.3f"):format(value)
+  print(("  %-22s %14s  %s"):format(name, shown, source))
+end
+
+print(("uvmrec calibrate: %s, %s"):format(gpu and "GPU" or "CPU backend", Q and "quick" or "full"))
+
+-- ---- copies ----
+do
+  local n = (Q and 16 or 64) * 2 ^ 20 / 4
+  local a = assert(ur.tensor({ n }, { placement = place_fast }))
+  local b = assert(ur.tensor({ n }, { placement = place_fast }))
+  local h = assert(ur.tensor({ n }, { placement = "pinned" }))
+  a:fill(1)
+  local reps = Q and 3 or 7
+  local tc = time(reps, function() assert(b:copy(a)) end)
+  rate("hbm_copy", 2 * n * 4 / tc, "B/s", ("copy of %d MiB within %s memory, bytes read + written"):format(
+       n * 4 / 2 ^ 20, place_fast))
+  local th = time(reps, function() assert(a:copy(h)) end)
+  rate("host_to_device", n * 4 / th, "B/s", ("copy of %d MiB pinned -> %s"):format(n * 4 / 2 ^ 20, place_fast))
+  local td = time(reps, function() assert(h:copy(a)) end)
+  rate("device_to_host", n * 4 / td, "B/s", ("copy of %d MiB %s -> pinned"):format(n * 4 / 2 ^ 20, place_fast))
+  a:free(); b:free(); h:free()
+end
+
+-- ---- the embedding forward and backward ----
+local T, ROWS, DIM = 4, Q and 65536 or 131072, 128
+local BATCH = Q and 4096 or 8192
+local RB = DIM * 4
+local L = T * BATCH
+math.randomseed(11)
+local uniform = {}
+for k = 0, L - 1 do uniform[k] = math.random(0, ROWS - 1) end
+local HOT = 64 -- rows of the "repeat" batch: every id is one of 64 rows of its table
+local function distinct(ids)
+  local seen, u = {}, 0
+  for k = 0, L - 1 do
+    local key = math.floor(k / BATCH) * ROWS + ids[k]
+    if not seen[key] then seen[key] = true u = u + 1 end
+  end
+  return u
+end
+local Uu = distinct(uniform)
+local repeat_ids = {}
+for k = 0, L - 1 do repeat_ids[k] = math.random(0, HOT - 1) * 997 % ROWS end
+local Ur = distinct(repeat_ids)
+local function input_of(ids)
+  return { values = i64(L, function(k) return ids[k] end), offsets = i64(L + 1, function(k) return k end) }
+end
+local in_u, in_r = input_of(uniform), input_of(repeat_ids)
+local OUT = L * DIM * 4
+local reps = Q and 3 or 5
+
+local function collection(placement, extra)
+  local tabs = {}
+  for t = 1, T do tabs[t] = { name = "t" .. t, rows = ROWS, dim = DIM, placement = placement } end
+  local opts = { tables = tabs, optimizer = { "sgd", lr = 1e-6 }, bounds = "off" }
+  for k, v in pairs(extra or {}) do opts[k] = v end
+  return assert(tbe.new(opts))
+end
+
+local G, Gr, GC
+do
+  GC = rates.hbm_copy.value
+  local c = collection(place_fast)
+  local out = assert(c:new_output(in_u))
+  local fu = time(reps, function() assert(c:forward(in_u, out)) end)
+  local fr = time(reps, function() assert(c:forward(in_r, out)) end)
+  -- f - OUT/GC = U RB x + (L - U) RB y, for both batches
+  local a1, b1, a2, b2 = Uu * RB, (L - Uu) * RB, Ur * RB, (L - Ur) * RB
+  local y1, y2 = fu - OUT / GC, fr - OUT / GC
+  local det = a1 * b2 - a2 * b1
+  local x, y = (y1 * b2 - y2 * b1) / det, (a1 * y2 - a2 * y1) / det
+  if x <= 0 or y <= 0 then
+    -- no separate repeat rate can be told apart here: one rate for both
+    x = y1 / (L * RB)
+    y = x
+  end
+  G, Gr = 1 / x, 1 / y
+  rate("hbm_gather", G, "B/s", ("embedding forward, %d tables x %d rows x %d f32 in %s memory: %d uniform ids (%d "
+       .. "distinct) %.3f ms, %d ids over %d rows a table %.3f ms; outputs at hbm_copy"):format(T, ROWS, DIM,
+       place_fast, L, Uu, fu * 1e3, L, HOT, fr * 1e3))
+  rate("hbm_gather_repeat", Gr, "B/s", "the same two forwards: bytes of rows read again within the batch")
+  -- the fused backward (SGD): b - OUT/GC = L kb + U RB / Gu, for both batches
+  local grad = assert(c:new_output(in_u))
+  grad:fill(1e-3)
+  local bu = time(reps, function() assert(c:backward(in_u, grad)) end)
+  local br = time(reps, function() assert(c:backward(in_r, grad)) end)
+  local v = ((bu - br) / ((Uu - Ur) * RB))
+  local kb = ((br - OUT / GC) - Ur * RB * v) / L
+  if kb < 0 or v <= 0 then
+    kb = math.max(0, (br - OUT / GC) / L)
+    v = math.max((bu - OUT / GC - L * kb) / (Uu * RB), 1e-15)
+  end
+  rate("tbe_backward_per_id", kb, "s", ("fused backward with SGD, the same collection: %.3f ms (uniform) and %.3f ms "
+       .. "(repeated rows) for %d ids; with hbm_update fitted to both"):format(bu * 1e3, br * 1e3, L))
+  rate("hbm_update", 1 / v, "B/s", "the same two backwards: bytes of the distinct rows stepped")
+  rates._kb = kb
+  out:free(); grad:free()
+  c:free()
+end
+
+-- rows read and updated in place: pinned and managed tables
+for _, pl in ipairs({ { "pinned", "zero_copy" }, { "managed", "managed" } }) do
+  local c = collection(pl[1])
+  local out = assert(c:new_output(in_u))
+  local f = time(reps, function() assert(c:forward(in_u, out)) end)
+  local rest = f - OUT / GC - (L - Uu) * RB / Gr
+  rate(pl[2] .. "_gather", Uu * RB / math.max(rest, 1e-9), "B/s", ("embedding forward of %s tables, %d uniform ids: "
+       .. "%.3f ms; the distinct rows' bytes over what is left after the outputs and repeats"):format(pl[1], L,
+       f * 1e3))
+  local grad = assert(c:new_output(in_u))
+  grad:fill(1e-3)
+  local b = time(reps, function() assert(c:backward(in_u, grad)) end)
+  local restb = b - OUT / GC - L * rates._kb
+  rate(pl[2] .. "_update", Uu * RB / math.max(restb, 1e-9), "B/s", ("fused backward (SGD) of the same, %.3f ms; the "
+       .. "distinct rows' bytes over what is left after the per-id cost and the gradient's read"):format(b * 1e3))
+  out:free(); grad:free()
+  c:free()
+end
+rates._kb = nil
+
+-- ---- the software cache (LRU) ----
+do
+  local crow = Q and 65536 or 131072
+  local cb = Q and 4096 or 8192
+  local CL = T * cb
+  local function cache_batch(ids_fn)
+    return { values = i64(CL, ids_fn), offsets = i64(CL + 1, function(k) return k end) }
+  end
+  -- hits: the whole table cached, the same batch prepared again
+  local function run(dim, lf, batches)
+    local tabs = {}
+    for t = 1, T do tabs[t] = { name = "t" .. t, rows = crow, dim = dim, placement = "cached" } end
+    local c = assert(tbe.new { tables = tabs, optimizer = "sgd", bounds = "off", device = gpu and nil or "cpu",
+                               cache = { load_factor = lf, policy = "lru" } })
+    local cache = c.cache
+    local function step(x)
+      assert(cache:prepare(x, x.values.p, x.offsets.p, nil, nil, 1, false))
+      assert(cache:retire(x, true, nil))
+    end
+    step(batches[1])
+    cache:reset_stats()
+    local times = {}
+    for k = 2, #batches do
+      local t0 = C.ur_clock_seconds()
+      step(batches[k])
+      if gpu then ur.sync() end
+      times[#times + 1] = C.ur_clock_seconds() - t0
+    end
+    table.sort(times)
+    local s = cache:stats()
+    c:free()
+    return times[math.floor((#times + 1) / 2)], s, #batches - 1
+  end
+  local same = cache_batch(function(k) return uniform[k % L] % crow end)
+  local hits_batches = {}
+  for k = 1, (Q and 8 or 12) do hits_batches[k] = same end
+  local th, sh = run(4, 1.0, hits_batches)
+  local kc = th / CL
+  if sh.misses + sh.conflicts > 0 then
+    print(("  (note: %d misses in the all-hit runs)"):format(sh.misses + sh.conflicts))
+  end
+  rate("cache_per_id", kc, "s", ("the cache's prepare and retire of a batch whose rows are all cached: %d ids, "
+       .. "%.3f ms"):format(CL, th * 1e3))
+  -- misses: fresh uniform ids each batch into a 1% cache, rows of 16 and 512 bytes
+  local fresh = {}
+  for k = 1, (Q and 8 or 12) do
+    fresh[k] = cache_batch(function() return math.random(0, crow - 1) end)
+  end
+  local moves = {}
+  for _, dim in ipairs({ 4, 128 }) do
+    local tm, s, nb = run(dim, 0.01, fresh)
+    local m = (s.misses + s.conflicts + s.writebacks) / nb
+    moves[dim] = { per_row = (tm - CL * kc) / math.max(m, 1), rows = m, ms = tm * 1e3 }
+  end
+  local b4, b128 = 4 * 4, 128 * 4
+  local slope = (moves[128].per_row - moves[4].per_row) / (b128 - b4)
+  local fixed = moves[4].per_row - slope * b4
+  if slope <= 0 or fixed < 0 then
+    -- too noisy to split: the 512-byte rows' whole cost as bytes (at least 1 ns a row)
+    slope, fixed = math.max(moves[128].per_row, 1e-9) / b128, 0
+  end
+  rate("cache_row_fixed", math.max(fixed, 0), "s", ("the cache with 1%% of the rows, fresh uniform ids: %.0f rows "
+       .. "moved (in and back) a batch, %.3f ms with rows of 16 bytes, %.3f ms with 512 (less the per-id cost): per "
+       .. "row"):format(moves[128].rows, moves[4].ms, moves[128].ms))
+  rate("cache_move", 1 / slope, "B/s", "the same runs: the bytes a moved row adds")
+  for _, b in ipairs(fresh) do b.values:free(); b.offsets:free() end
+  same.values:free(); same.offsets:free()
+end
+rates.pipeline_overlap = { value = 0, unit = "fraction", measured = false, command = command, date = date,
+  source = gpu and "not measured by calibrate yet (the prefetch pipeline's overlap needs a training run)"
+           or "the CPU backend runs streams synchronously: nothing overlaps" }
+print(("  %-22s %14s  %s"):format("pipeline_overlap", "0", rates.pipeline_overlap.source))
+
+-- ---- dense: the Kaggle DLRM's MLPs and dot interaction ----
+do
+  local nn = require "uvmrec.nn"
+  local B = Q and 512 or 2048
+  local bottom, top = { 13, 512, 256, 64, 16 }, { 367, 512, 256, 1 }
+  local macs = 0
+  for _, s in ipairs({ bottom, top }) do for k = 1, #s - 1 do macs = macs + s[k] * s[k + 1] end end
+  for _, prec in ipairs({ "f32", "tf32", "bf16" }) do
+    local m1 = nn.MLP(bottom, { input_grad = false })
+    local m2 = nn.MLP(top, { last = "none" })
+    if gpu then m1:to("device"); m2:to("device") end
+    m1:set_precision(prec); m2:set_precision(prec)
+    local x1 = assert(ur.tensor({ B, 13 }, { placement = place_fast })); x1:uniform(0, 1, 1)
+    local x2 = assert(ur.tensor({ B, 367 }, { placement = place_fast })); x2:uniform(-1, 1, 2)
+    local gd = prec == "bf16" and "bf16" or "f32"
+    local g1 = assert(ur.tensor({ B, 16 }, { placement = place_fast, dtype = gd })); g1:uniform(-1, 1, 3)
+    local g2 = assert(ur.tensor({ B, 1 }, { placement = place_fast, dtype = gd })); g2:uniform(-1, 1, 4)
+    local t = time(Q and 1 or 3, function()
+      m1:forward(x1); m1:backward(x1, g1)
+      m2:forward(x2); m2:backward(x2, g2)
+    end)
+    rate("mlp_" .. prec, 6 * B * macs / t, "FLOP/s", ("MLPs 13-512-256-64-16 and 367-512-256-1 (dlrm_kaggle), forward "
+         .. "+ backward at batch %d, %s: %.2f ms; 6 x batch x sum of in x out"):format(B, prec, t * 1e3))
+    x1:free(); x2:free(); g1:free(); g2:free()
+  end
+  local d, F = 16, 27
+  local it = nn.Interaction()
+  if gpu then it:to("device") end
+  local dn = assert(ur.tensor({ B, d }, { placement = place_fast })); dn:uniform(-1, 1, 5)
+  local em = assert(ur.tensor({ B, (F - 1) * d }, { placement = place_fast })); em:uniform(-1, 1, 6)
+  local gy = assert(ur.tensor({ B, d + F * (F - 1) / 2 }, { placement = place_fast })); gy:uniform(-1, 1, 7)
+  local t = time(reps, function()
+    it:forward({ dn, em })
+    it:backward({ dn, em }, gy)
+  end)
+  rate("interaction_dot", 6 * B * (F * (F - 1) / 2) * d / t, "FLOP/s", ("dot interaction of %d vectors of %d, "
+       .. "forward + backward at batch %d: %.2f ms; 6 x batch x F(F-1)/2 x dim"):format(F, d, B, t * 1e3))
+end
+
+-- ---- a training step's fixed cost: dlrm_tiny at batch 8, whose work is negligible ----
+do
+  local train = require "uvmrec.train"
+  local path = assert(train.find_config("dlrm_tiny"))
+  local cfg = assert(train.config.load(path, { "train.batch_size=8" }))
+  local def = assert(train.model_def(cfg, path))
+  local model = def.build(cfg, { cpu = not gpu })
+  local opt = train.optimizer(cfg, model)
+  local d = assert(train.data(cfg, train.config.table_rows(cfg)))
+  local lo = {}
+  for k, v in pairs(d.train) do lo[k] = v end
+  lo.samples = 64
+  local loader = assert(ur.data.loader(lo))
+  local b = assert(loader:next()):to(gpu and "device" or "host")
+  loader:close()
+  local t = time(Q and 5 or 21, function() train.loop.step(model, opt, b):get(0) end)
+  rate("step_overhead", t, "s", ("a whole training step of dlrm_tiny at batch 8 (26 tables, MLPs 13-64-16 and "
+       .. "367-64-1): %.3f ms, its work negligible"):format(t * 1e3))
+end
+
+in_u.values:free(); in_u.offsets:free(); in_r.values:free(); in_r.offsets:free()
+
+local machine = o.machine
+if not machine then
+  if gpu then
+    machine = ur.device_props(0).name
+  else
+    local f = io.open("/proc/cpuinfo")
+    local cpu = f and f:read("*a"):match("model name%s*:%s*([^\n]+)") or "unknown CPU"
+    if f then f:close() end
+    local n = 0
+    local g = io.popen("nproc 2>/dev/null")
+    if g then n = tonumber(g:read("*l")) or 0 g:close() end
+    machine = ("%s, %d cores (CPU backend)"):format(cpu, n)
+  end
+end
+local commit
+do
+  local g = io.popen("git rev-parse --short HEAD 2>/dev/null")
+  if g then commit = g:read("*l") g:close() end
+end
+local t = { format = calib.FORMAT, version = calib.VERSION, machine = machine, backend = gpu and "cuda" or "cpu",
+            date = date, command = command, commit = commit, rates = rates,
+            seconds = math.floor((C.ur_clock_seconds() - t_start) * 10 + 0.5) / 10,
+            load_average = load_start and { load_start, loadavg() } or nil }
+assert(calib.from_table(t, "calibrate"))
+local text = calib.encode(t)
+if o.out then
+  local f = assert(io.open(o.out, "w"))
+  f:write(text)
+  f:close()
+  print(("wrote %s in %.1f s"):format(o.out, C.ur_clock_seconds() - t_start))
+else
+  io.write(text)
+end

@@ -1,0 +1,93 @@
+local calib = require "uvmrec.planner.calib"
+local cmd = require "command"
+
+local function base()
+  local t = { format = "uvmrec-calibration", version = 1, machine = "m", backend = "cpu", rates = {} }
+  for name, spec in pairs(calib.RATES) do
+    if not spec[3] then
+      t.rates[name] = { value = spec[1] == "fraction" and 0.5 or 1, unit = spec[1], source = "s" }
+    end
+  end
+  return t
+end
+
+describe("planner.calib", function()
+  it("ships an H200 and a CPU calibration, every rate with its source, command and date", function()
+    for _, name in ipairs({ "h200", "cpu" }) do
+      local c = assert(calib.find(name))
+      for rate, spec in pairs(calib.RATES) do
+        local r = c.data.rates[rate]
+        if not spec[3] or rate == "step_overhead" or name == "h200" then
+          assert.is_table(r, name .. " " .. rate)
+        end
+        if r then
+          assert.is_string(r.source)
+          assert.is_string(r.command, name .. " " .. rate)
+          assert.is_string(r.date, name .. " " .. rate)
+        end
+      end
+    end
+    local h = assert(calib.find("h200"))
+    assert.equal(141e9, h.data.hbm_bytes)
+    -- the collectives are data-sheet figures, and say so
+    assert.same({ "alltoall (" .. h.data.rates.alltoall.source .. ")" }, h:unmeasured({ "alltoall", "hbm_gather" }))
+  end)
+
+  it("is the file scripts/bench/calib_h200.lua builds from the project's figures", function()
+    local out = os.tmpname()
+    local _, se, rc = cmd.sh(("%s scripts/bench/calib_h200.lua --out %s"):format(cmd.bin(), out))
+    assert.equal(0, rc, se)
+    assert.equal(cmd.slurp(calib.dir() .. "/h200.json"), cmd.slurp(out))
+    os.remove(out)
+  end)
+
+  it("reads a file back as written, and names what is wrong with a bad one", function()
+    local t = base()
+    local c = assert(calib.from_table(t))
+    local back = assert(calib.from_table(require("uvmrec.checkpoint").json.decode(c:encode())))
+    assert.same(c.data, back.data)
+    local function bad(edit, msg)
+      local x = base()
+      edit(x)
+      local ok, err = calib.from_table(x, "f.json")
+      assert.is_nil(ok)
+      assert.equal(msg, err)
+    end
+    bad(function(x) x.rates.hbm_gather = nil end,
+        "calibration f.json: rates.hbm_gather is missing (bytes of scattered rows read once each in HBM)")
+    bad(function(x) x.rates.hbm_gather.unit = "GB/s" end,
+        "calibration f.json: rates.hbm_gather.unit is GB/s; expected B/s")
+    bad(function(x) x.rates.hbm_gather.value = -1 end,
+        "calibration f.json: rates.hbm_gather.value -1 is out of range for B/s")
+    bad(function(x) x.rates.pipeline_overlap.value = 1 end,
+        "calibration f.json: rates.pipeline_overlap.value 1 is out of range for fraction")
+    bad(function(x) x.rates.warp_speed = { value = 1, unit = "B/s", source = "s" } end,
+        "calibration f.json: rates.warp_speed: unknown rate")
+    bad(function(x) x.rates.cache_move.source = nil end, "calibration f.json: rates.cache_move has no source")
+    bad(function(x) x.format = "x" end, 'calibration f.json: format is x; expected "uvmrec-calibration"')
+    bad(function(x) x.version = 2 end, "calibration f.json: version 2; this planner reads 1")
+    -- the collectives are optional, until a plan over several ranks needs them
+    local one = assert(calib.from_table(base()))
+    assert.has_error(function() one:rate("alltoall") end,
+      "calibration (table) has no alltoall rate (all-to-all, bytes each rank sends): plans over several ranks need "
+      .. "the collectives' rates")
+    local _, err = calib.load("/nonexistent.json")
+    assert.matches("^calibration: ", err)
+  end)
+
+  it("measures this machine with uvmrec calibrate --quick", function()
+    local out = os.tmpname()
+    local so, se, rc = cmd.sh(("%s calibrate --quick --out %s"):format(cmd.bin(), out))
+    assert.equal(0, rc, se)
+    assert.matches("wrote " .. out, so, 1, true)
+    local c = assert(calib.load(out))
+    assert.equal("uvmrec calibrate --quick", c.data.rates.hbm_gather.command)
+    assert.is_true(c:rate("mlp_f32") > 1e8)
+    assert.is_true(c:rate("hbm_copy") > 1e8)
+    assert.is_true(c:rate("step_overhead") > 0)
+    os.remove(out)
+    local _, se2, rc2 = cmd.sh(("%s calibrate --bogus"):format(cmd.bin()))
+    assert.equal(2, rc2)
+    assert.matches("unknown argument --bogus", se2, 1, true)
+  end)
+end)

@@ -1,0 +1,178 @@
+local planner = require "uvmrec.planner"
+local cost = planner.cost
+local profile = planner.profile
+
+-- Round rates, so that every expected figure below is a formula written out here.
+local R = { hbm_gather = 1e9, hbm_gather_repeat = 2e9, hbm_copy = 4e9, hbm_update = 0.5e9, zero_copy_gather = 1e8,
+            managed_gather = 2e8, zero_copy_update = 0.5e8, managed_update = 1e8, tbe_backward_per_id = 1e-9,
+            cache_per_id = 2e-9, cache_row_fixed = 1e-8, cache_move = 1e9, pipeline_overlap = 0.5,
+            mlp_f32 = 1e12, mlp_tf32 = 2e12, mlp_bf16 = 4e12, interaction_dot = 1e11, alltoall = 1e10,
+            allreduce = 2e10, reduce_scatter = 3e10, host_to_device = 1e10, device_to_host = 1e10 }
+local cal = planner.calib.synthetic(R)
+
+local ROWS, DIM, B, H = 1000, 8, 100, 2
+local RB, SB = DIM * 4, 4 -- f32 rows, rowwise Adagrad's one float a row
+local L = B * H
+local q = 1 - (1 - 1 / ROWS) ^ L -- a row's chance to be read in a batch (uniform ids)
+local U = ROWS * q
+local OUT = B * DIM * 4
+
+local function tab()
+  return cost.table { name = "t", rows = ROWS, dim = DIM, optimizer = "rowwise_adagrad", hot = H,
+                      profile = profile.zipf { rows = ROWS, s = 0 } }
+end
+local function ctx(extra)
+  local o = { calib = cal, batch = B, world = 1, page_bytes = 4096 }
+  for k, v in pairs(extra or {}) do o[k] = v end
+  return cost.context(o)
+end
+local function near(a, b, what)
+  assert.is_true(math.abs(a - b) <= 1e-9 * math.abs(b) + 1e-15, ("%s: %.12g vs %.12g"):format(what, a, b))
+end
+
+describe("planner.cost", function()
+  it("prices a device table: rows once, repeats on chip, the step per id and per distinct row", function()
+    local o = assert(cost.option(tab(), ctx(), { placement = "device" }))
+    local fwd = U * RB / R.hbm_gather + (L - U) * RB / R.hbm_gather_repeat + OUT / R.hbm_copy
+    local bwd = L * R.tbe_backward_per_id + U * (RB + SB) / R.hbm_update + OUT / R.hbm_copy
+    near(o.time, fwd + bwd, "time")
+    local m = o.shards[1].mem
+    assert.equal(ROWS * RB, m.device.weights)
+    assert.equal(ROWS * SB, m.device.optimizer)
+    assert.equal(2 * OUT, m.device.outputs)
+    assert.equal(ROWS * RB + ROWS * SB + 2 * OUT, o.hbm)
+    assert.equal(0, o.host)
+  end)
+
+  it("prices a managed table with a hot prefix: coverage, cold rows over the link, whole pages", function()
+    local o = assert(cost.option(tab(), ctx(), { placement = "managed", prefix_fraction = 0.1 }))
+    local h = 100
+    local Ucold, Uhot = (ROWS - h) * q, h * q
+    local fwd = Uhot * RB / R.hbm_gather + Ucold * RB / R.managed_gather + (L - U) * RB / R.hbm_gather_repeat
+                + OUT / R.hbm_copy
+    local bwd = L * R.tbe_backward_per_id + Uhot * (RB + SB) / R.hbm_update + Ucold * (RB + SB) / R.managed_update
+                + OUT / R.hbm_copy
+    near(o.time, fwd + bwd, "time")
+    near(o.coverage, 0.1, "coverage")
+    local m = o.shards[1].mem
+    assert.equal(4096 + 4096, m.managed_on_gpu) -- 3200 bytes of rows and 400 of state, each a page
+    assert.equal(ROWS * (RB + SB), m.managed)
+    assert.equal(8192 + 2 * OUT, o.hbm)
+  end)
+
+  it("prices a cached table: slots in whole sets, metadata, scratch, misses moved in and back", function()
+    local c = ctx { min_slots = 0 }
+    local o = assert(cost.option(tab(), c, { placement = "cached", load_factor = 0.2 }))
+    local S = 224 -- 200 rows rounded up to 7 sets of 32
+    assert.equal(S, o.slots)
+    near(o.hit_rate, S / ROWS, "hit rate (uniform ids: the cached share)")
+    local misses = U * (1 - S / ROWS)
+    near(o.misses, misses, "misses")
+    local fwd = U * RB / R.hbm_gather + (L - U) * RB / R.hbm_gather_repeat + OUT / R.hbm_copy
+    local bwd = L * R.tbe_backward_per_id + U * (RB + SB) / R.hbm_update + OUT / R.hbm_copy
+    local cache = L * R.cache_per_id + 2 * misses * (R.cache_row_fixed + (RB + SB) / R.cache_move)
+    near(o.time, fwd + bwd + cache, "time")
+    local m = o.shards[1].mem.device
+    local staging = 2 * 256
+    assert.equal((S + staging) * (RB + SB), m.cache_slots)
+    assert.equal(S * 17 + (S + staging) * 8, m.cache_meta)
+    near(m.cache_scratch, L * (144 * 1.25 + 8 * 1.25 * 2) + 4 * 8 * (1.5 * (4 * misses + U) + 1024), "scratch")
+    assert.equal(ROWS * (RB + SB), o.shards[1].mem.pinned)
+    -- LFU keeps 4 bytes a row of counts; the prefetch pipeline hides its share of the cache's time
+    local lfu = assert(cost.option(tab(), c, { placement = "cached", load_factor = 0.2, policy = "lfu" }))
+    assert.equal(m.cache_meta + 4 * ROWS, lfu.shards[1].mem.device.cache_meta)
+    local piped = assert(cost.option(tab(), ctx { min_slots = 0, pipeline = true },
+                                     { placement = "cached", load_factor = 0.2 }))
+    near(piped.time, fwd + bwd + cache * (1 - R.pipeline_overlap), "pipelined time")
+    -- a small table is cached whole (two slots a row) under the default min_slots
+    assert.equal(2016, assert(cost.option(tab(), ctx(), { placement = "cached", load_factor = 0.2 })).slots)
+  end)
+
+  it("prices a host table: every distinct row read and stepped in place", function()
+    local o = assert(cost.option(tab(), ctx(), { placement = "host" }))
+    local fwd = U * RB / R.zero_copy_gather + (L - U) * RB / R.hbm_gather_repeat + OUT / R.hbm_copy
+    local bwd = L * R.tbe_backward_per_id + U * (RB + SB) / R.zero_copy_update + OUT / R.hbm_copy
+    near(o.time, fwd + bwd, "time")
+    assert.equal(2 * OUT, o.hbm)
+    assert.equal(ROWS * (RB + SB), o.host)
+  end)
+
+  it("prices sharding over ranks: lookups, rows and communication per shard", function()
+    local W = 2
+    local c = ctx { world = W }
+    local Lp = W * B * H -- every rank's lookups of the table
+    local qp = 1 - (1 - 1 / ROWS) ^ Lp
+    -- table_wise: one shard sees all ranks' ids; ids and lengths in, outputs out and gradients in
+    local tw = assert(cost.option(tab(), c, { sharding = "table_wise", placement = "device" }))
+    local out2 = W * B * DIM * 4
+    local fwd = ROWS * qp * RB / R.hbm_gather + (Lp - ROWS * qp) * RB / R.hbm_gather_repeat + out2 / R.hbm_copy
+    local bwd = Lp * R.tbe_backward_per_id + ROWS * qp * (RB + SB) / R.hbm_update + out2 / R.hbm_copy
+    local comm = ((W - 1) * B * H * 8 + (W - 1) * B * 4) / R.alltoall + 2 * (W - 1) * B * DIM * 4 / R.alltoall
+    near(tw.time, fwd + bwd + comm, "table_wise")
+    assert.equal(1, tw.shards_count)
+    -- row_wise: each rank half the rows and half the lookups; partial outputs reduce-scattered
+    local rw = assert(cost.option(tab(), c, { sharding = "row_wise", placement = "device" }))
+    assert.equal(2, rw.shards_count)
+    local Ls, Us = Lp / W, ROWS * qp / W
+    local fr = Us * RB / R.hbm_gather + (Ls - Us) * RB / R.hbm_gather_repeat + out2 / R.hbm_copy
+    local br = Ls * R.tbe_backward_per_id + Us * (RB + SB) / R.hbm_update + out2 / R.hbm_copy
+    local cr = ((W - 1) * B * H * 8 / W + (W - 1) * B * 4) / R.alltoall
+               + 2 * (W - 1) * B * DIM * 4 / R.reduce_scatter
+    near(rw.shards[1].time, fr + br + cr, "row_wise shard")
+    assert.equal(ROWS / W * RB, rw.shards[1].mem.device.weights)
+    -- data_parallel: every rank its own batch, the whole table's gradient all-reduced and stepped
+    local dp = assert(cost.option(tab(), c, { sharding = "data_parallel", placement = "device" }))
+    local fd = U * RB / R.hbm_gather + (L - U) * RB / R.hbm_gather_repeat + OUT / R.hbm_copy
+    local bd = L * R.tbe_backward_per_id + U * (RB + SB) / R.hbm_update + OUT / R.hbm_copy
+      + 2 * ROWS * (RB + SB) / R.hbm_copy
+    near(dp.shards[1].time, fd + bd + 2 * (W - 1) / W * ROWS * DIM * 4 / R.allreduce, "data_parallel shard")
+    -- column_wise over 2: half the columns each, all ids
+    local cw = assert(cost.option(tab(), c, { sharding = "column_wise", shards = 2, placement = "device" }))
+    assert.equal(ROWS * RB / 2, cw.shards[1].mem.device.weights)
+    -- what cannot be
+    local bad, err = cost.option(tab(), ctx { world = 4 },
+                                 { sharding = "column_wise", shards = 4, placement = "device" })
+    assert.is_nil(bad)
+    assert.equal("column_wise over 4 shards needs dim 8 to split into multiples of 4", err)
+    bad, err = cost.option(tab(), c, { sharding = "data_parallel", placement = "host" })
+    assert.is_nil(bad)
+    assert.equal("data_parallel tables are device tables (every rank holds the whole table)", err)
+    assert.has_error(function()
+      cost.context { calib = planner.calib.synthetic { alltoall = false }, batch = 1, world = 2 }
+    end)
+  end)
+
+  it("prices the dense part: MLP and interaction FLOPs at the calibrated rates", function()
+    local dm = cost.dense_model { dense_features = 3, bottom = { 4 }, top = { 2, 1 }, tables = 1, dim = 4 }
+    -- dot over 2 vectors: 1 pair; top input 4 + 1
+    assert.equal(3 * 4 + 5 * 2 + 2 * 1, dm.macs)
+    assert.equal(3 * 4 + 4 + 5 * 2 + 2 + 2 * 1 + 1, dm.params)
+    local d = cost.dense(dm, ctx())
+    near(d.mlp, 6 * B * dm.macs / R.mlp_f32, "mlp")
+    near(d.interaction, B * 6 * 1 * 4 / R.interaction_dot, "interaction")
+    near(d.optimizer, dm.params * 4 * 3 / R.hbm_copy, "optimizer (sgd)")
+    near(d.time, d.mlp + d.interaction + d.optimizer, "dense time")
+    local bf = cost.dense(cost.dense_model { dense_features = 3, bottom = { 4 }, top = { 2, 1 }, tables = 1, dim = 4,
+                                             precision = "bf16" }, ctx())
+    near(bf.mlp, 6 * B * dm.macs / R.mlp_bf16, "bf16 mlp")
+  end)
+
+  it("lists the choices a table may take, narrowed by its fixed settings", function()
+    local c = ctx { world = 2 }
+    local all = cost.options(tab(), c)
+    local kinds = {}
+    for _, o in ipairs(all) do kinds[o.sharding .. " " .. o.placement] = true end
+    for _, k in ipairs({ "table_wise device", "table_wise managed", "table_wise cached", "table_wise host",
+                         "row_wise cached", "column_wise device", "data_parallel device" }) do
+      assert.is_true(kinds[k], k)
+    end
+    local t = tab()
+    t.fixed = { placement = "cached", load_factor = 0.5 }
+    local only = cost.options(t, c)
+    for _, o in ipairs(only) do
+      assert.equal("cached", o.placement)
+      assert.equal(0.5, o.load_factor)
+    end
+    assert.is_true(#only >= 2) -- table_wise, row_wise, column_wise
+  end)
+end)

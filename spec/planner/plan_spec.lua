@@ -1,0 +1,200 @@
+local planner = require "uvmrec.planner"
+local cmd = require "command"
+local presets = require "uvmrec.data.presets"
+
+local cal = assert(planner.calib.find("h200"))
+
+local function mlperf_tables()
+  local tables, profiles = {}, {}
+  for i, r in ipairs(presets.mlperf_rows) do
+    tables[i] = { name = "C" .. i, rows = r, dim = 128 }
+    profiles["C" .. i] = planner.profile.zipf { rows = r, s = 1.05 }
+  end
+  return tables, profiles
+end
+local DENSE = { dense_features = 13, bottom = { 512, 256, 128 }, top = { 1024, 1024, 512, 256, 1 }, tables = 26,
+                dim = 128, precision = "bf16" }
+
+local function deep_equal(a, b, path)
+  if type(a) ~= type(b) then error(("%s: %s vs %s"):format(path, type(a), type(b))) end
+  if type(a) ~= "table" then
+    if a ~= b then error(("%s: %s vs %s"):format(path, tostring(a), tostring(b))) end
+    return
+  end
+  for k, v in pairs(a) do deep_equal(v, b[k], path .. "." .. tostring(k)) end
+  for k in pairs(b) do if a[k] == nil then error(path .. "." .. tostring(k) .. " only in the second") end end
+end
+
+describe("planner plans", function()
+  local tables, profiles = mlperf_tables()
+  local plan = assert(planner.plan(tables, profiles, "16GiB", { batch = 65536, calibration = cal, dense = DENSE }))
+
+  it("prints a row per table, each rank's HBM against the budget and the predicted step", function()
+    local text = plan:table()
+    for i = 1, 26 do assert.matches("\nC" .. i .. " ", text, 1, true) end
+    assert.matches("rank 0: HBM ", text, 1, true)
+    assert.matches(" of 16.00 GiB (device ", text, 1, true)
+    assert.matches("samples/s", text, 1, true)
+    local p = plan.data
+    local r = p.ranks[1]
+    assert.is_true(r.hbm <= p.budget)
+    -- the rank's HBM is its categories' sum, device plus managed on the GPU (ur.memory's hbm_used)
+    local d = 0
+    for _, v in pairs(r.device) do d = d + v end
+    assert.near(d + r.managed_on_gpu, r.hbm, 1e-6)
+    -- the step: the slowest rank's embeddings plus the dense part; samples/s from it
+    assert.near(math.max(p.embedding_seconds + p.dense.seconds, p.dense.fixed), p.step_seconds, 1e-15)
+    assert.near(65536 / p.step_seconds, p.samples_per_second, 1e-6)
+    -- every table maps onto the config keys of its choice
+    for _, t in ipairs(p.tables) do
+      assert.equal(t.placement, t.config_keys["embeddings.tables." .. t.name .. ".placement"])
+      if t.placement == "cached" then
+        assert.equal(t.load_factor, t.config_keys["embeddings.tables." .. t.name .. ".cache.load_factor"])
+      elseif t.placement == "managed" then
+        assert.equal("hot_prefix", t.config_keys["embeddings.tables." .. t.name .. ".hints.policy"])
+      end
+    end
+  end)
+
+  it("round-trips through a plan file exactly", function()
+    local path = os.tmpname()
+    assert(plan:save(path))
+    local back = assert(planner.load(path))
+    deep_equal(plan.data, back.data, "plan")
+    assert.equal(plan:encode(), back:encode())
+    assert.equal(plan:table(), back:table())
+    os.remove(path)
+    -- broken files name what is wrong
+    local _, err = planner.decode('{"format":"something-else"}', "x.json")
+    assert.equal('x.json: not a plan file (format something-else; expected "uvmrec-plan")', err)
+    _, err = planner.decode('{"format":"uvmrec-plan","version":7}', "x.json")
+    assert.equal("x.json: plan file version 7; this planner reads 1", err)
+    _, err = planner.decode("{", "x.json")
+    assert.matches("^x.json: json:", err)
+    local _, lerr = planner.load("/nonexistent/plan.json")
+    assert.matches("^plan: ", lerr)
+  end)
+
+  it("writes plan files that the engine's YAML reader (libyaml, through uvmrec.config) reads the same", function()
+    local cfg = require "uvmrec.config"
+    -- a schema shaped as the plan's own data: every key it has, lists merged over their elements
+    local function schema_of(v)
+      if type(v) == "number" then return cfg.number {} end
+      if type(v) == "boolean" then return cfg.bool {} end
+      if type(v) == "string" then return cfg.string {} end
+      if #v > 0 then
+        local function merge(into, x)
+          if type(x) ~= "table" or #x > 0 then return into == nil and x or into end
+          into = type(into) == "table" and into or {}
+          for k, y in pairs(x) do into[k] = merge(into[k], y) end
+          return into
+        end
+        local merged
+        for _, x in ipairs(v) do merged = merge(merged, x) end
+        return cfg.list(schema_of(merged))
+      end
+      local fields = {}
+      for k, x in pairs(v) do fields[k] = schema_of(x) end
+      return cfg.map(fields)
+    end
+    local text = plan:encode()
+    local back = assert(planner.decode(text)).data
+    local y = assert(cfg.parse(text, schema_of(back), "plan.yaml"))
+    local function same(a, b, path)
+      if type(a) == "table" then
+        for k, v in pairs(a) do same(v, b[k], path .. "." .. tostring(k)) end
+      else
+        assert.equal(a, b, path)
+      end
+    end
+    same(back, y, "plan")
+  end)
+
+  it("re-predicts an edited plan and tells the difference", function()
+    local big
+    for _, t in ipairs(plan.data.tables) do
+      if t.placement ~= "device" and t.rows > 1e7 then big = t break end
+    end
+    assert.is_truthy(big, "a large table off HBM")
+    local other = "host"
+    local edited = assert(plan:with(big.name, { placement = other }))
+    local t2
+    for _, t in ipairs(edited.data.tables) do if t.name == big.name then t2 = t end end
+    assert.equal(other, t2.placement)
+    local diff = plan:compare(edited)
+    assert.matches(big.name .. ": table_wise " .. big.placement, diff, 1, true)
+    assert.matches("-> table_wise host", diff, 1, true)
+    assert.is_true(edited.data.step_seconds > plan.data.step_seconds)
+    -- an edit that cannot fit says so
+    local _, err = plan:with(big.name, { placement = "device" })
+    assert.matches("do not fit", err, 1, true)
+    -- a plan read from a file compares but cannot be edited
+    local loaded = assert(planner.decode(plan:encode()))
+    assert.matches("^step ", loaded:compare(plan):match("step .*"))
+    local _, lerr = loaded:with(big.name, { placement = "host" })
+    assert.matches("no cost model attached", lerr, 1, true)
+  end)
+
+  it("plans from the command: uvmrec plan CONFIG ... --out FILE", function()
+    local out = os.tmpname()
+    local so, se, rc = cmd.sh(("%s plan dlrm_tiny --hbm 64MiB --calibration cpu --set train.batch_size=512 "
+      .. "--set embeddings.tables.C16.placement=host --out %s"):format(cmd.bin(), out))
+    assert.equal(0, rc, se)
+    assert.matches("profiles from the Zipf exponents of synthetic:tiny", so, 1, true)
+    assert.matches("\nC16*", so, 1, true)
+    assert.matches("batch 512 per rank", so, 1, true)
+    local p = assert(planner.load(out))
+    assert.equal(26, #p.data.tables)
+    assert.equal("host", p.data.tables[16].placement)
+    assert.same({ placement = "host" }, p.data.tables[16].fixed)
+    os.remove(out)
+    -- a pass over the data
+    so, se, rc = cmd.sh(("%s plan dlrm_tiny --hbm 64MiB --calibration cpu --profile-steps 3"):format(cmd.bin()))
+    assert.equal(0, rc, se)
+    assert.matches("profiles from a pass over 3 batches of synthetic:tiny (3072 samples)", so, 1, true)
+    -- the access counts a checkpoint keeps (component `layout`, as uvmrec.hints registers it)
+    local ur = require "uvmrec"
+    local ck = require "uvmrec.checkpoint"
+    local tensors = {}
+    for i, r in ipairs(presets.tiny_rows) do
+      local t = assert(ur.tensor({ r }, { dtype = "i32" }))
+      for k = 0, r - 1 do t:set(k, k == 0 and 1000 or (k % 7 == 0 and 3 or 0)) end
+      tensors[("layout.C%d.counts"):format(i)] = t
+    end
+    local ckpt = os.tmpname() .. ".safetensors"
+    assert(ck.save(ckpt, { tensors = tensors }))
+    so, se, rc = cmd.sh(("%s plan dlrm_tiny --hbm 64MiB --calibration cpu --counts %s --out %s"):format(cmd.bin(),
+      ckpt, out))
+    assert.equal(0, rc, se)
+    assert.matches("profiles from access counts of " .. ckpt, so, 1, true)
+    local pc = assert(planner.load(out))
+    -- C16 (10000 rows): row 0 read 1000 times, the 1428 others that are multiples of 7 three times;
+    -- the hottest 0.1% (10 rows) take row 0 and nine of those
+    local c16 = pc.data.tables[16].profile
+    assert.equal("counts", c16.kind)
+    assert.near((1000 + 9 * 3) / (1000 + 3 * 1428), c16.coverage[1][2], 1e-9)
+    os.remove(out)
+    tensors["layout.C3.counts"] = nil
+    assert(ck.save(ckpt, { tensors = tensors }))
+    so, se, rc = cmd.sh(("%s plan dlrm_tiny --hbm 64MiB --calibration cpu --counts %s"):format(cmd.bin(), ckpt))
+    assert.equal(1, rc)
+    assert.equal("", so)
+    assert.matches("no access counts for table C3 (layout.C3.counts)", se, 1, true)
+    os.remove(ckpt)
+    for _, t in pairs(tensors) do t:free() end
+    -- an impossible budget: exit 1 with the numbers
+    so, se, rc = cmd.sh(("%s plan dlrm_tiny --hbm 1MiB --calibration cpu"):format(cmd.bin()))
+    assert.equal(1, rc)
+    assert.equal("", so)
+    assert.matches("uvmrec plan: planner: the model cannot fit", se, 1, true)
+    -- usage errors: exit 2
+    so, se, rc = cmd.sh(("%s plan dlrm_tiny --gpus 0"):format(cmd.bin()))
+    assert.equal(2, rc)
+    assert.equal("", so)
+    assert.matches("--gpus needs a whole number >= 1", se, 1, true)
+    so, se, rc = cmd.sh(("%s plan dlrm_tiny --profile-steps 2 --counts x"):format(cmd.bin()))
+    assert.equal(2, rc)
+    assert.equal("", so)
+    assert.matches("give --profile-steps or --counts, not both", se, 1, true)
+  end)
+end)

@@ -1,0 +1,173 @@
+local planner = require "uvmrec.planner"
+
+local cal = assert(planner.calib.find("h200"))
+
+-- A random instance: 3 to 6 tables (rows 1e3..2e7, dims 16..128, Zipf 0.6..1.3 or uniform,
+-- 1 to 5 ids a sample, three optimizers), a batch, and a budget between the smallest plan's
+-- need and the all-in-HBM one's.
+local function instance(seed, world)
+  math.randomseed(seed)
+  local n = math.random(3, 6)
+  local tables, profiles = {}, {}
+  for i = 1, n do
+    local rows = math.floor(10 ^ (3 + 4.3 * math.random()))
+    local name = "T" .. i
+    local s = math.random() < 0.15 and 0 or 0.6 + 0.7 * math.random()
+    tables[i] = { name = name, rows = rows, dim = ({ 16, 32, 64, 128 })[math.random(4)],
+                  optimizer = ({ "sgd", "rowwise_adagrad", "adagrad" })[math.random(3)],
+                  hot = ({ 1, 1, 2, 5 })[math.random(4)] }
+    profiles[name] = planner.profile.zipf { rows = rows, s = s }
+  end
+  local batch, u = ({ 4096, 16384, 65536 })[math.random(3)], math.random()
+  local opts = { world = world, batch = batch, calibration = cal, reserve = 0 }
+  local all = assert(planner.plan(tables, profiles, "1TiB", opts))
+  local hi = 0
+  for _, r in ipairs(all.data.ranks) do hi = math.max(hi, r.hbm) end
+  local none, _, info = planner.plan(tables, profiles, 1, opts)
+  assert.is_nil(none)
+  return tables, profiles, opts, math.floor(info.min_budget + u * (hi - info.min_budget))
+end
+
+local function compare(seeds, world)
+  local gaps = {}
+  for seed = seeds[1], seeds[2] do
+    local tables, profiles, opts, budget = instance(seed, world)
+    opts.search = "greedy"
+    local g = assert(planner.plan(tables, profiles, budget, opts))
+    opts.search = "exhaustive"
+    local e = assert(planner.plan(tables, profiles, budget, opts))
+    local gap = g.data.step_seconds / e.data.step_seconds - 1
+    -- the exhaustive search is the optimum over the same choices: never beaten
+    assert.is_true(gap > -1e-9, ("seed %d: greedy %.9g beats exhaustive %.9g"):format(seed, g.data.step_seconds,
+      e.data.step_seconds))
+    gaps[#gaps + 1] = { seed = seed, gap = gap }
+  end
+  table.sort(gaps, function(a, b) return a.gap > b.gap end)
+  return gaps
+end
+
+local function tables_of(n, seed)
+  math.randomseed(seed)
+  local tables, profiles = {}, {}
+  for i = 1, n do
+    local rows = math.floor(10 ^ (2 + 5 * math.random()))
+    local name = "T" .. i
+    tables[i] = { name = name, rows = rows, dim = ({ 16, 32, 64, 128 })[math.random(4)], optimizer = "rowwise_adagrad" }
+    profiles[name] = planner.profile.zipf { rows = rows, s = 0.8 + 0.5 * math.random(), hot = 1 }
+  end
+  return tables, profiles
+end
+
+describe("planner.search", function()
+  it("plans within 5% of the exhaustive optimum on 200 seeded single-rank instances", function()
+    local gaps = compare({ 1, 200 }, 1)
+    print(("\n    1 rank: worst gap %.2f%% (seed %d), median %.3f%%"):format(100 * gaps[1].gap, gaps[1].seed,
+      100 * gaps[100].gap))
+    assert.is_true(gaps[1].gap <= 0.05, ("seed %d: %.1f%% over"):format(gaps[1].seed, 100 * gaps[1].gap))
+  end)
+
+  it("plans within 5% of the exhaustive optimum on at least 97% of 200 seeded two-rank instances", function()
+    local gaps = compare({ 1, 200 }, 2)
+    local over = 0
+    for _, g in ipairs(gaps) do if g.gap > 0.05 then over = over + 1 end end
+    print(("\n    2 ranks: %d of 200 over 5%%, worst %.2f%% (seed %d), median %.3f%%"):format(over, 100 * gaps[1].gap,
+      gaps[1].seed, 100 * gaps[100].gap))
+    assert.is_true(over <= 6, over .. " instances over 5%")
+  end)
+
+  it("plans 1000 tables over 8 ranks in under 2 s (CPU time of this process)", function()
+    local tables, profiles = tables_of(1000, 7)
+    local clock = require("uvmrec.lib").C.ur_clock_seconds
+    local c0, w0 = os.clock(), clock()
+    local p = assert(planner.plan(tables, profiles, "8GiB", { world = 8, batch = 4096, calibration = cal }))
+    local cpu, wall = os.clock() - c0, clock() - w0
+    local f = io.open("/proc/loadavg")
+    local load = f and f:read("*l"):match("^%S+") or "?"
+    if f then f:close() end
+    print(("\n    1000 tables, 8 ranks: %.2f s CPU, %.2f s wall (load average %s), %d proposals, step %.3f ms")
+      :format(cpu, wall, load, p.data.search.proposals, p.data.step_seconds * 1e3))
+    assert.is_true(cpu < 2, ("%.2f s"):format(cpu))
+    for _, r in ipairs(p.data.ranks) do assert.is_true(r.hbm <= p.data.budget, "rank over budget") end
+  end)
+
+  it("stops early with at least 3x fewer proposals, at an equal or better predicted step", function()
+    for _, case in ipairs({ { 100, 4, "512MiB", 7 }, { 200, 1, "2GiB", 7 } }) do
+      local tables, profiles = tables_of(case[1], case[4])
+      local opts = { world = case[2], batch = 4096, calibration = cal, search = "greedy" }
+      local early = assert(planner.plan(tables, profiles, case[3], opts))
+      opts.threshold = false
+      local full = assert(planner.plan(tables, profiles, case[3], opts))
+      local se, sf = early.data.search, full.data.search
+      print(("\n    %d tables, %d ranks: %d proposals (stopped early: %s) against %d, step %.6f ms against %.6f ms")
+        :format(case[1], case[2], se.proposals, tostring(se.stopped_early), sf.proposals, early.data.step_seconds * 1e3,
+          full.data.step_seconds * 1e3))
+      assert.is_true(se.stopped_early)
+      assert.is_true(3 * se.proposals <= sf.proposals)
+      assert.is_true(early.data.step_seconds <= full.data.step_seconds * (1 + 1e-12))
+    end
+  end)
+
+  it("errs on a budget no plan fits, with the shortfall, the smallest budget and the GPUs that would do", function()
+    local tables, profiles = {}, {}
+    for i = 1, 4 do
+      -- 2 GiB of rows each, kept in HBM
+      tables[i] = { name = "C" .. i, rows = 2 ^ 22, dim = 128, fixed = { placement = "device" } }
+      profiles["C" .. i] = planner.profile.zipf { rows = 2 ^ 22, s = 1.05 }
+    end
+    local opts = { world = 1, batch = 65536, calibration = cal }
+    local p, err, info = planner.plan(tables, profiles, "3GiB", opts)
+    assert.is_nil(p)
+    -- a rank needs the four tables, their pooled outputs and gradients (4 x 65536 x 128 x 4 x 2
+    -- bytes), the pipeline's batch and the reserve (5% of the budget)
+    local need = 4 * 2 ^ 31 + 4 * 65536 * 128 * 8 + 2 * (65536 * 4 * 8 + (4 * 65536 + 1) * 8 + 4 * 65536 * 4
+                 + 65536 * 13 * 4 + 65536 * 4) + math.floor(0.05 * 3 * 2 ^ 30)
+    assert.near(info.min_budget, need, 1)
+    assert.near(info.shortfall, need - 3 * 2 ^ 30, 1)
+    assert.matches("cannot fit in 3.00 GiB of HBM per rank on 1 rank", err, 1, true)
+    assert.matches(("%s short; the smallest budget that fits is %s"):format(planner.fmt_bytes(need - 3 * 2 ^ 30),
+      planner.fmt_bytes(need)), err, 1, true)
+    -- one table a rank fits: four GPUs
+    assert.equal(4, info.gpus)
+    assert.matches("or 4 GPUs at this budget", err, 1, true)
+    opts.world = 4
+    local r = assert(planner.plan(tables, profiles, "3GiB", opts))
+    for _, t in ipairs(r.data.tables) do assert.equal("device", t.placement) end
+    -- with every table on the host, only the outputs are left: more GPUs do not help
+    for i = 1, 4 do tables[i].fixed = nil end
+    local _, herr, hinfo = planner.plan(tables, profiles, "200MiB", { world = 1, batch = 65536, calibration = cal })
+    assert.is_nil(hinfo.gpus)
+    assert.matches("more GPUs do not bring it down", herr, 1, true)
+    -- the dense part alone over the budget
+    local _, derr = planner.plan(tables, profiles, "8MiB", { batch = 65536, calibration = cal,
+      dense = { dense_features = 13, bottom = { 512, 256, 128 }, top = { 1024, 1024, 512, 256, 1 }, tables = 4,
+                dim = 128 } })
+    assert.matches("alone take", derr, 1, true)
+    assert.matches("more GPUs do not help", derr, 1, true)
+  end)
+
+  it("keeps and flags a table's fixed settings, and holds host memory to the given size", function()
+    local tables, profiles = tables_of(12, 3)
+    tables[5].fixed = { placement = "host" }
+    tables[6].fixed = { placement = "cached", load_factor = 0.3 }
+    local p = assert(planner.plan(tables, profiles, "2GiB", { batch = 4096, calibration = cal, search = "greedy" }))
+    local t5, t6 = p.data.tables[5], p.data.tables[6]
+    assert.equal("host", t5.placement)
+    assert.same({ placement = "host" }, t5.fixed)
+    assert.equal("cached", t6.placement)
+    assert.equal(0.3, t6.load_factor)
+    assert.is_nil(p.data.tables[1].fixed)
+    assert.matches("T5*", p:table(), 1, true)
+    assert.matches("* kept as given", p:table(), 1, true)
+    -- host memory: a plan that keeps every offloaded table under the limit, or an error
+    local free = assert(planner.plan(tables, profiles, "256MiB", { batch = 4096, calibration = cal }))
+    local host = 0
+    for _, r in ipairs(free.data.ranks) do host = host + r.pinned + r.managed end
+    local _, err = planner.plan(tables, profiles, "256MiB", { batch = 4096, calibration = cal, host_memory = 1024 })
+    assert.matches("host memory", err, 1, true)
+    local lim = assert(planner.plan(tables, profiles, "256MiB", { batch = 4096, calibration = cal,
+      host_memory = math.ceil(host * 1.5) }))
+    local h2 = 0
+    for _, r in ipairs(lim.data.ranks) do h2 = h2 + r.pinned + r.managed end
+    assert.is_true(h2 <= host * 1.5)
+  end)
+end)
