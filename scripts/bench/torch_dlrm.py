@@ -768,6 +768,46 @@ class GraphedStep:
         return self.loss.clone()
 
 
+def same_step(tr, b, run_a, run_b, what):
+    """Whether run_b(b) steps the model as run_a(b) does from the same state (a CUDA graph's
+    replay against the eager step it captured): the loss and the update of every dense parameter
+    and of the batch's rows, within 1e-4 of the update plus the f32 rounding of the weights (the
+    atomics add in another order).  Leaves the model stepped once, by run_b."""
+    rows = torch.unique(b.idx)
+    ps = tr.m.params()
+
+    def snap():
+        return ([p.detach().clone() for p in ps], tr.m.weight[rows].clone(),
+                [st[rows].clone() for st in tr.state])
+
+    def put(sn):
+        with torch.no_grad():
+            for p, q in zip(ps, sn[0]):
+                p.copy_(q)
+            tr.m.weight[rows] = sn[1]
+            for st, q in zip(tr.state, sn[2]):
+                st[rows] = q
+
+    s0 = snap()
+    loss_a = run_a(b).float()
+    sa = snap()
+    put(s0)
+    loss_b = run_b(b).float()
+    sb = snap()
+    eps = torch.finfo(torch.float32).eps
+    worst, ok = 0.0, bool(torch.allclose(loss_a, loss_b, rtol=1e-5, atol=0))
+    for xa, xb, x0 in zip(sa[0] + [sa[1]], sb[0] + [sb[1]], s0[0] + [s0[1]]):
+        da, db = (xa - x0).double(), (xb - x0).double()
+        e = float((da - db).norm())
+        ref = float(da.norm())
+        floor = 2 * eps * float(x0.double().norm())
+        ok = ok and e <= 1e-4 * ref + floor
+        worst = max(worst, e / max(ref, 1e-30))
+    print(f"check: {what}: loss {float(loss_a):.6f} / {float(loss_b):.6f}, updates within {worst:.3g}: "
+          f"{'ok' if ok else 'FAILED'}")
+    return ok
+
+
 def expert_from_plain(plain, d, device):
     """An expert model with the plain model's weights."""
     m = ExpertDLRM(d, device)
@@ -957,14 +997,15 @@ def expert_step_grads(d, tensors, path, batch_np, device, compile_mode):
     tr = ExpertTrainer(ex, d, compile_mode)  # its gradient scale stays 1: the gradient itself
     b = ExpertBatch(batch_np, ex, device)
     loss, logits, z, e = tr.forward_backward(b)
-    g = torch.sparse_coo_tensor(b.idx.unsqueeze(0), tr.id_grads(b, e.grad), (ex.total + 1, ex.D)).coalesce()
+    g = torch.sparse_coo_tensor(b.idx.unsqueeze(0), tr.id_grads(b, e.grad), (ex.total + 1, ex.D),
+                                check_invariants=True).coalesce()
     rows, vals = g.indices()[0], g.values()
     sp = {}
     for t, name in enumerate(d["tables"]):
         lo, hi = int(ex.row_offsets[t]), int(ex.row_offsets[t + 1])
         k = (rows >= lo) & (rows < hi)
         sp[name] = (rows[k] - lo, vals[k])
-    return {"logits": logits.detach(), "loss": loss.detach().view(-1), "pooled": e.detach().to(ex.act),
+    return {"logits": logits.detach(), "loss": loss.detach().view(-1), "pooled": e.detach().flatten(1).to(ex.act),
             "inter": z.detach(), "dense": {n: ex.dense_grad(n) for n in ex.names}, "sparse": sp}
 
 
@@ -1319,11 +1360,16 @@ def speed(a):
             print(f"speed: no CUDA graph of the step: {why}")
             graph = False
         runner = tr
+        f = factor(1)
+        tr.set_lr(base_lr * f, base_emb * f)
         if graph:
-            f = factor(1)
-            tr.set_lr(base_lr * f, base_emb * f)
             runner = GraphedStep(tr, batches[0], 3)
-        config = (f"compile {a.compile}" + (", CUDA graph" if graph else "") +
+            if a.check and not same_step(tr, batches[-1], tr.step, runner.step, "the CUDA graph's step against eager"):
+                fail("speed: the CUDA graph's step is not the eager one's; not timed", 1)
+        elif a.check and not cuda:
+            # The comparison itself, tried where there is no graph to compare.
+            same_step(tr, batches[-1], tr.step, tr.step, "eager against eager (the graph's comparison, tried)")
+        config = (f"compile {a.compile}" + (", one CUDA graph" if graph else "") +
                   (", tables by atomic SGD" if tr.atomic else ", tables deduplicated"))
 
         def step(i):
