@@ -770,9 +770,11 @@ class GraphedStep:
 
 def same_step(tr, b, run_a, run_b, what):
     """Whether run_b(b) steps the model as run_a(b) does from the same state (a CUDA graph's
-    replay against the eager step it captured): the loss and the update of every dense parameter
-    and of the batch's rows, within 1e-4 of the update plus the f32 rounding of the weights (the
-    atomics add in another order).  Leaves the model stepped once, by run_b."""
+    replay against the eager step it captured): the loss within 1e-4 and the update of every
+    dense parameter and of the batch's rows within 1e-3 of the update plus the f32 rounding of
+    the weights (atomics add in another order, a product may take another algorithm; a wrong
+    input, row or rate is off by the update's own size).  Leaves the model stepped once, by
+    run_b."""
     rows = torch.unique(b.idx)
     ps = tr.m.params()
 
@@ -795,13 +797,13 @@ def same_step(tr, b, run_a, run_b, what):
     loss_b = run_b(b).float()
     sb = snap()
     eps = torch.finfo(torch.float32).eps
-    worst, ok = 0.0, bool(torch.allclose(loss_a, loss_b, rtol=1e-5, atol=0))
+    worst, ok = 0.0, bool(torch.allclose(loss_a, loss_b, rtol=1e-4, atol=0))
     for xa, xb, x0 in zip(sa[0] + [sa[1]], sb[0] + [sb[1]], s0[0] + [s0[1]]):
         da, db = (xa - x0).double(), (xb - x0).double()
         e = float((da - db).norm())
         ref = float(da.norm())
         floor = 2 * eps * float(x0.double().norm())
-        ok = ok and e <= 1e-4 * ref + floor
+        ok = ok and e <= 1e-3 * ref + floor
         worst = max(worst, e / max(ref, 1e-30))
     print(f"check: {what}: loss {float(loss_a):.6f} / {float(loss_b):.6f}, updates within {worst:.3g}: "
           f"{'ok' if ok else 'FAILED'}")
@@ -1364,6 +1366,9 @@ def speed(a):
         tr.set_lr(base_lr * f, base_emb * f)
         if graph:
             runner = GraphedStep(tr, batches[0], 3)
+            # Another rate than the capture's: a rate baked into the graph shows.
+            f = factor(2)
+            tr.set_lr(base_lr * f, base_emb * f)
             if a.check and not same_step(tr, batches[-1], tr.step, runner.step, "the CUDA graph's step against eager"):
                 fail("speed: the CUDA graph's step is not the eager one's; not timed", 1)
         elif a.check and not cuda:
@@ -1414,7 +1419,9 @@ def speed(a):
 
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
-EXPERT_FALLBACK = [("default", "off"), ("none", "off")]
+# Tried in order when none of the configurations asked ran: without the graph, then without
+# torch.compile (no Triton, say), with and without the graph.
+EXPERT_FALLBACK = [("default", "off"), ("none", "on"), ("none", "off")]
 
 
 def expert_configs(text, cuda):
