@@ -403,34 +403,57 @@ def schedule(s):
 #   * one table: all tables' rows in one f32 tensor, each table at its row offset, so a batch's
 #     lookups are one gather (one-hot bags) or one embedding_bag (multi-hot), and the update one
 #     scatter;
-#   * no sparse gradient objects: the pooled embeddings are a leaf of the dense part's graph, and
-#     their gradient is applied to the rows by hand after the backward.  SGD adds -lr * g of every
-#     id into its row with atomics (index_add_), which is w[row] -= lr * (the sum of the row's
+#   * no sparse gradient objects: the table takes no gradient; the pooled embeddings' gradient
+#     (_Lookup) is applied to the rows by hand after the backward.  SGD adds -lr * g of every id
+#     into its row with atomics (index_add_), which is w[row] -= lr * (the sum of the row's
 #     gradients), uvmrec's rule, without sorting or coalescing; the other optimizers (and SGD
 #     with weight decay) need each row once, so the ids are deduplicated through a row -> slot
 #     map (no sort) and the rows stepped as TableOptimizer steps them;
-#   * the dense part (bottom MLP, interaction, top MLP, loss) under torch.compile, bf16 by
-#     autocast, the dot interaction as a bmm and a gather of the lower triangle, the top MLP's
-#     input padded to a multiple of 8 columns (a zero column with a zero weight column: the same
-#     model, aligned rows for the tensor cores);
+#   * the lookup and the dense part (bottom MLP, interaction, top MLP, loss) under one
+#     torch.compile, bf16 by autocast, the one-hot gather fused into the cast and concatenation
+#     of the interaction's input, the dot interaction as a bmm (its backward one bmm, _SelfDot)
+#     and a gather of the lower triangle, the top MLP's input padded to a multiple of 8 columns
+#     (a zero column with a zero weight column: the same model, aligned rows for the tensor
+#     cores);
 #   * fused SGD (foreach for the other optimizers) for the dense parameters;
 #   * on a GPU, the whole step (lookup, forward, backward, both updates) captured as one CUDA
 #     graph and replayed, the batch copied into the graph's input buffers first.
 
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; the backward multiplies the gradient by the 0-dim tensor s.  The tables'
-    gradient leaves the compiled backward already scaled by -lr, in the kernel that writes it,
-    and s can change between CUDA graph replays (a Python float would be baked in)."""
+class _Lookup(torch.autograd.Function):
+    """The pooled embeddings [B, T, D] (f32) of the ids idx (rows of the table w; one-hot bags
+    when offsets is None, else embedding_bag's bags).  The table takes no gradient: the
+    gradient, times the 0-dim tensor s (-lr for atomic SGD: a tensor, so a CUDA graph follows
+    the schedule), goes to sink, a placeholder of the output's shape that nothing reads, where
+    the tables' update finds it.  Inside torch.compile the gather of one-hot bags fuses into the
+    kernel that casts and concatenates the rows (no f32 copy of them), and the scaled gradient
+    is written by the kernel that splits the interaction's gradient."""
 
     @staticmethod
-    def forward(ctx, x, s):
+    def forward(ctx, w, idx, offsets, sink, s, mode):
         ctx.save_for_backward(s)
-        return x.view_as(x)
+        if offsets is None:
+            return w.index_select(0, idx).view(sink.shape)
+        return F.embedding_bag(idx, w, offsets, mode=mode, include_last_offset=True).view(sink.shape)
 
     @staticmethod
     def backward(ctx, g):
         (s,) = ctx.saved_tensors
-        return g * s, None
+        return None, None, None, g * s, None, None
+
+
+class _SelfDot(torch.autograd.Function):
+    """Z = v v^T for each sample, v [B, n, D]; the backward as one product, (dZ + dZ^T) v,
+    where autograd's bmm would take two and add them."""
+
+    @staticmethod
+    def forward(ctx, v):
+        ctx.save_for_backward(v)
+        return torch.bmm(v, v.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, g):
+        (v,) = ctx.saved_tensors
+        return torch.bmm(g + g.transpose(1, 2), v)
 
 
 class ExpertDLRM(torch.nn.Module):
@@ -510,11 +533,13 @@ class ExpertDLRM(torch.nn.Module):
         p, shape = self.names[name]
         return p.grad[tuple(slice(0, s) for s in shape)]
 
-    def forward(self, dense, e, labels, scale):
-        """The dense part: loss (f32), logits [B, 1] and the top MLP's input [B, width]
-        (without the padding), from the dense features and the pooled embeddings e [B, T, D]
-        (f32, a leaf: its gradient, times scale, is what the tables' update reads)."""
-        e = _ScaleGrad.apply(e, scale)
+    def forward(self, w, dense, idx, offsets, sink, labels, scale):
+        """The step's forward from the lookup to the loss: loss (f32), logits [B, 1], the top
+        MLP's input [B, width] (without the padding) and the pooled embeddings in the
+        activations' type [B, T * D], from the table w (self.weight: an argument, so that
+        torch.compile reads it as an input, not a constant).  After the backward, sink.grad holds the pooled
+        embeddings' gradient times scale."""
+        e = _Lookup.apply(w, idx, offsets, sink, scale, self.d["pooling"])
         with torch.autocast(dense.device.type, dtype=torch.bfloat16, enabled=self.act == torch.bfloat16):
             x = dense
             for i in range(0, len(self.bottom), 2):
@@ -523,13 +548,15 @@ class ExpertDLRM(torch.nn.Module):
             B = x.shape[0]
             if self.dot:
                 v = torch.cat([x.unsqueeze(1), e.to(a)], 1)
-                Z = torch.bmm(v, v.transpose(1, 2)).to(a)
+                pooled = v[:, 1:].flatten(1)
+                Z = _SelfDot.apply(v).to(a)
                 parts = [x, Z.flatten(1).index_select(1, self.tri)]
                 if self.pad:
                     parts.append(torch.zeros(B, self.pad, dtype=a, device=x.device))
                 z = torch.cat(parts, 1)
             else:
                 x0 = torch.cat([x, e.flatten(1).to(a)], 1)
+                pooled = x0[:, x.shape[1]:]
                 xl = x0
                 ps = list(self.cross)
                 per = 3 if self.d["cross_rank"] > 0 else 2
@@ -548,7 +575,7 @@ class ExpertDLRM(torch.nn.Module):
                 if i < nt - 1:
                     y = torch.relu(y)
         loss = F.binary_cross_entropy_with_logits(y.float().view(-1), labels, reduction="mean")
-        return loss, y, z[:, :z.shape[1] - self.pad]
+        return loss, y, z[:, :z.shape[1] - self.pad], pooled
 
 
 class ExpertBatch:
@@ -617,6 +644,7 @@ class ExpertTrainer:
         # in the same step, so it is never cleared.
         self.slot = None if self.atomic else torch.zeros(R, dtype=torch.int64, device=dev)
         self.step_count = 0
+        self.sink = None  # the placeholder that receives the pooled embeddings' gradient
         self.opt = self._dense_optimizer(model.params())
         self.fn = model.forward if compile_mode == "none" else torch.compile(model.forward, mode=compile_mode,
                                                                               dynamic=False, fullgraph=True)
@@ -659,22 +687,16 @@ class ExpertTrainer:
             else:
                 g["lr"] = dense_lr
 
-    def lookup(self, b):
-        w = self.m.weight
-        if b.onehot:
-            return w.index_select(0, b.idx).view(b.B, b.T, self.m.D)
-        return F.embedding_bag(b.idx, w, b.bag_offsets, mode=self.pooling,
-                               include_last_offset=True).view(b.B, b.T, self.m.D)
-
     def forward_backward(self, b):
         """Forward and backward: loss, logits, the interaction's output, the pooled embeddings
-        (their .grad holds the gradient times self.scale); the dense gradients in .grad."""
-        with torch.no_grad():
-            e = self.lookup(b)
-        e.requires_grad_(True)
-        loss, logits, z = self.fn(b.dense, e, b.labels, self.scale)
+        and their gradient times self.scale [B, T, D] f32; the dense gradients in .grad."""
+        if self.sink is None or self.sink.shape != (b.B, b.T, self.m.D):
+            self.sink = torch.empty(b.B, b.T, self.m.D, device=self.m.device, requires_grad=True)
+        self.sink.grad = None
+        loss, logits, z, pooled = self.fn(self.m.weight, b.dense, b.idx, b.bag_offsets, self.sink, b.labels,
+                                          self.scale)
         loss.backward()
-        return loss, logits, z, e
+        return loss, logits, z, pooled, self.sink.grad
 
     def id_grads(self, b, g):
         """The gradient of each id, [nnz, D], from the pooled gradient g [B, T, D]."""
@@ -734,8 +756,8 @@ class ExpertTrainer:
         # Before the backward, not after the step: inside a CUDA graph the gradients must be
         # allocated by the captured backward, and stay.
         self.opt.zero_grad(set_to_none=True)
-        loss, logits, _, e = self.forward_backward(b)
-        self.update_tables(b, e.grad)
+        loss, logits, _, _, g = self.forward_backward(b)
+        self.update_tables(b, g)
         self.opt.step()
         if keep is not None:
             keep["logits"] = logits.detach()
@@ -777,10 +799,11 @@ def same_step(tr, b, run_a, run_b, what):
     run_b."""
     rows = torch.unique(b.idx)
     ps = tr.m.params()
+    ostate = [t for st in tr.opt.state.values() for t in st.values() if torch.is_tensor(t)]
 
     def snap():
         return ([p.detach().clone() for p in ps], tr.m.weight[rows].clone(),
-                [st[rows].clone() for st in tr.state])
+                [st[rows].clone() for st in tr.state], [t.clone() for t in ostate])
 
     def put(sn):
         with torch.no_grad():
@@ -789,6 +812,8 @@ def same_step(tr, b, run_a, run_b, what):
             tr.m.weight[rows] = sn[1]
             for st, q in zip(tr.state, sn[2]):
                 st[rows] = q
+            for t, q in zip(ostate, sn[3]):
+                t.copy_(q)
 
     s0 = snap()
     loss_a = run_a(b).float()
@@ -998,16 +1023,15 @@ def expert_step_grads(d, tensors, path, batch_np, device, compile_mode):
     ex.load_from(dense, tables)
     tr = ExpertTrainer(ex, d, compile_mode)  # its gradient scale stays 1: the gradient itself
     b = ExpertBatch(batch_np, ex, device)
-    loss, logits, z, e = tr.forward_backward(b)
-    g = torch.sparse_coo_tensor(b.idx.unsqueeze(0), tr.id_grads(b, e.grad), (ex.total + 1, ex.D),
-                                check_invariants=True).coalesce()
-    rows, vals = g.indices()[0], g.values()
+    loss, logits, z, pooled, ge = tr.forward_backward(b)
+    rows, inv = torch.unique(b.idx, return_inverse=True)
+    vals = torch.zeros(rows.numel(), ex.D, device=device).index_add_(0, inv, tr.id_grads(b, ge))
     sp = {}
     for t, name in enumerate(d["tables"]):
         lo, hi = int(ex.row_offsets[t]), int(ex.row_offsets[t + 1])
         k = (rows >= lo) & (rows < hi)
         sp[name] = (rows[k] - lo, vals[k])
-    return {"logits": logits.detach(), "loss": loss.detach().view(-1), "pooled": e.detach().flatten(1).to(ex.act),
+    return {"logits": logits.detach(), "loss": loss.detach().view(-1), "pooled": pooled.detach(),
             "inter": z.detach(), "dense": {n: ex.dense_grad(n) for n in ex.names}, "sparse": sp}
 
 
