@@ -648,6 +648,11 @@ class ExpertTrainer:
         self.opt = self._dense_optimizer(model.params())
         self.fn = model.forward if compile_mode == "none" else torch.compile(model.forward, mode=compile_mode,
                                                                               dynamic=False, fullgraph=True)
+        # torch.compile's own CUDA graphs copy every input that is not a parameter into a
+        # static buffer before each replay: the table and the placeholder are static.
+        self.static = compile_mode in ("reduce-overhead", "max-autotune")
+        if self.static:
+            torch._dynamo.mark_static_address(model.weight)
         # A CUDA graph bakes Python numbers in: only optimizers whose state and rates are tensors.
         self.graphable = (dev.type == "cuda" and kind in ("sgd", "rowwise_adagrad", "adagrad")
                           and self.do["name"] == "sgd")
@@ -692,6 +697,8 @@ class ExpertTrainer:
         and their gradient times self.scale [B, T, D] f32; the dense gradients in .grad."""
         if self.sink is None or self.sink.shape != (b.B, b.T, self.m.D):
             self.sink = torch.empty(b.B, b.T, self.m.D, device=self.m.device, requires_grad=True)
+            if self.static:
+                torch._dynamo.mark_static_address(self.sink)
         self.sink.grad = None
         loss, logits, z, pooled = self.fn(self.m.weight, b.dense, b.idx, b.bag_offsets, self.sink, b.labels,
                                           self.scale)
