@@ -19,6 +19,6 @@ export PARITY_DOT="--config dlrm_mlperf_v1 --set embeddings.max_rows=2000 --batc
 export PARITY_DCN="--config dlrm_dcnv2 --set embeddings.max_rows=2000 --batch 128"
 export PARITY_CASES=${PARITY_CASES:-dot:f32:mlperf dot:bf16:mlperf dcnv2:bf16:dcnv2}
 export PARITY_VARIANTS=${PARITY_VARIANTS:-plain expert}
-SPEED=(--config dlrm_mlperf_v1_2m --set embeddings.max_rows=3000 --batch 256 --precisions f32,bf16 --steps 2)
-export SPEED_ARGS=${SPEED_ARGS:-${SPEED[*]}}
+SPEED="--config dlrm_mlperf_v1_2m --set embeddings.max_rows=3000 --batch 256 --precisions f32,bf16"
+export SPEED_ARGS=${SPEED_ARGS:-$SPEED --steps 2}
 exec bash scripts/bench/torch_compare.sh
