@@ -15,7 +15,12 @@ Precision as uvmrec's: f32; tf32 (f32 tensors, TF32 products on the GPU); bf16 (
 activations and products with f32 accumulation, f32 master weights, the embeddings pooled in f32
 and rounded to bf16, the loss in f32).
 
+Two variants of the same model: plain (the class DLRM: one nn.EmbeddingBag a table, sparse
+gradients coalesced and stepped table by table, eager) and expert (ExpertDLRM and ExpertTrainer:
+written for speed on one GPU as a PyTorch expert would, see "the expert variant" below).
+
     python3 scripts/bench/torch_dlrm.py parity --ckpt W --dump G --data DIR [--device cpu|cuda]
+          [--variant plain|expert] [--compile MODE]
         compares the step uvmrec wrote (scripts/bench/parity.lua) with this model's on the same
         weights and batch: outputs, loss, every dense gradient and the deduplicated gradient of
         every table (its rows exactly, its values within a tolerance); prints a table, exit 1 on
@@ -25,11 +30,19 @@ and rounded to bf16, the loss in f32).
         shuffle: uvmrec's loader with shuffle_window 0 gives the same batches), writes the loss
         every log_every steps and the final exact AUC as JSON lines.
     python3 scripts/bench/torch_dlrm.py speed --desc D.json --data DIR --precision P --out F
-        samples/s of whole training steps (tables stepped by sparse SGD or the checkpoint's
-        optimizer), CUDA events, median; --ceilings also measures the GPU's matrix-product and
-        copy ceilings in the same process.
+          [--variant both|plain|expert] [--expert-configs MODE[:graph|:nograph],...]
+        samples/s of whole training steps on --batches batches read once and kept on the device
+        (as uvmrec's side), rotating, the rates following the schedule: --warmup steps, then
+        --steps back to back, the median step (CUDA events between steps on a GPU).  both (the
+        default): the plain variant, then the expert one in each configuration asked
+        (torch.compile mode and whether the step is one CUDA graph; default default:graph on a
+        GPU, or $TORCH_DLRM_EXPERT_CONFIGS), each in a process of its own after a check that
+        its step equals the plain one's (--no-check skips it); the line the faster variant
+        writes is bench torch_dlrm, the others torch_dlrm_variant.  --ceilings also measures the
+        GPU's matrix-product and copy ceilings.
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -383,6 +396,587 @@ def schedule(s):
     return dlrm
 
 
+# ---- the expert variant: the same model written for speed ----
+#
+# What DLRM needs from PyTorch to run fast on one GPU, as NVIDIA's PyTorch DLRM and FBGEMM's
+# table-batched embeddings do it, in plain PyTorch (no torchrec, no fbgemm):
+#   * one table: all tables' rows in one f32 tensor, each table at its row offset, so a batch's
+#     lookups are one gather (one-hot bags) or one embedding_bag (multi-hot), and the update one
+#     scatter;
+#   * no sparse gradient objects: the table takes no gradient; the pooled embeddings' gradient
+#     (_Lookup) is applied to the rows by hand after the backward.  SGD adds -lr * g of every id
+#     into its row with atomics (index_add_), which is w[row] -= lr * (the sum of the row's
+#     gradients), uvmrec's rule, without sorting or coalescing; the other optimizers (and SGD
+#     with weight decay) need each row once, so the ids are deduplicated through a row -> slot
+#     map (no sort) and the rows stepped as TableOptimizer steps them;
+#   * the lookup and the dense part (bottom MLP, interaction, top MLP, loss) under one
+#     torch.compile, bf16 by autocast, the one-hot gather fused into the cast and concatenation
+#     of the interaction's input, the dot interaction as a bmm (its backward one bmm, _SelfDot)
+#     and a gather of the lower triangle, the top MLP's input padded to a multiple of 8 columns
+#     (a zero column with a zero weight column: the same model, aligned rows for the tensor
+#     cores);
+#   * fused SGD (foreach for the other optimizers) for the dense parameters;
+#   * on a GPU, the whole step (lookup, forward, backward, both updates) captured as one CUDA
+#     graph and replayed, the batch copied into the graph's input buffers first.
+
+class _Lookup(torch.autograd.Function):
+    """The pooled embeddings [B, T, D] (f32) of the ids idx (rows of the table w; one-hot bags
+    when offsets is None, else embedding_bag's bags).  The table takes no gradient: the
+    gradient, times the 0-dim tensor s (-lr for atomic SGD: a tensor, so a CUDA graph follows
+    the schedule), goes to sink, a placeholder of the output's shape that nothing reads, where
+    the tables' update finds it.  Inside torch.compile the gather of one-hot bags fuses into the
+    kernel that casts and concatenates the rows (no f32 copy of them), and the scaled gradient
+    is written by the kernel that splits the interaction's gradient."""
+
+    @staticmethod
+    def forward(ctx, w, idx, offsets, sink, s, mode):
+        ctx.save_for_backward(s)
+        if offsets is None:
+            return w.index_select(0, idx).view(sink.shape)
+        return F.embedding_bag(idx, w, offsets, mode=mode, include_last_offset=True).view(sink.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        (s,) = ctx.saved_tensors
+        return None, None, None, g * s, None, None
+
+
+class _SelfDot(torch.autograd.Function):
+    """Z = v v^T for each sample, v [B, n, D]; the backward as one product, (dZ + dZ^T) v,
+    where autograd's bmm would take two and add them."""
+
+    @staticmethod
+    def forward(ctx, v):
+        ctx.save_for_backward(v)
+        return torch.bmm(v, v.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, g):
+        (v,) = ctx.saved_tensors
+        return torch.bmm(g + g.transpose(1, 2), v)
+
+
+class ExpertDLRM(torch.nn.Module):
+    """DLRM as DLRM above, one concatenated table (plus one scratch row at the end, never looked
+    up, that padded slots of the deduplicated update point at)."""
+
+    def __init__(self, d, device, init=False):
+        super().__init__()
+        self.d, self.device = d, device
+        self.act = torch.bfloat16 if d["precision"] == "bf16" else torch.float32
+        self.rows = list(d["rows"])
+        self.T, self.D = len(self.rows), d["dim"]
+        self.row_offsets = np.concatenate([[0], np.cumsum(self.rows)]).astype(np.int64)
+        self.total = int(self.row_offsets[-1])
+        self.weight = torch.empty(self.total + 1, self.D, device=device)
+        with torch.no_grad():
+            self.weight[self.total].zero_()
+            if init:
+                for t, r in enumerate(self.rows):
+                    o = int(self.row_offsets[t])
+                    self.weight[o:o + r].uniform_(-1 / math.sqrt(r), 1 / math.sqrt(r))
+        self.names = {}  # uvmrec's names -> (parameter, the plain model's shape)
+
+        def mlp(prefix, sizes, pad_first=0):
+            ps = torch.nn.ParameterList()
+            for i in range(len(sizes) - 1):
+                lin = torch.nn.Linear(sizes[i], sizes[i + 1], device=device)
+                w = lin.weight
+                if i == 0 and pad_first:
+                    w = torch.nn.Parameter(torch.cat([w.detach(), torch.zeros(sizes[1], pad_first, device=device)], 1))
+                ps.append(w)
+                ps.append(lin.bias)
+                self.names[f"{prefix}.{2 * i + 1}.weight"] = (w, (sizes[i + 1], sizes[i]))
+                self.names[f"{prefix}.{2 * i + 1}.bias"] = (lin.bias, (sizes[i + 1],))
+            return ps
+
+        self.dot = d["interaction"] == "dot"
+        width = d["top"][0]
+        self.pad = (-width) % 8 if self.dot else 0
+        self.bottom = mlp("bottom", d["bottom"])
+        self.top = mlp("top", d["top"], self.pad)
+        self.cross = torch.nn.ParameterList()
+        if self.dot:
+            n = self.T + 1
+            extra = 1 if d["self_interaction"] else 0
+            self.tri = torch.tensor([i * n + j for i in range(n) for j in range(i + extra)], device=device)
+        else:
+            cw = d["bottom"][-1] + self.T * self.D
+            r = d["cross_rank"]
+            for layer in range(1, d["cross_layers"] + 1):
+                shapes = [("V", (r, cw)), ("U", (cw, r))] if r > 0 else [("weight", (cw, cw))]
+                for kind, shape in shapes + [("bias", (cw,))]:
+                    p = torch.nn.Parameter(torch.randn(shape, device=device) / math.sqrt(cw))
+                    self.cross.append(p)
+                    self.names[f"interaction.{kind}_{layer}"] = (p, shape)
+        self.dense_names = list(self.names)
+
+    def params(self):
+        return [p for p, _ in self.names.values()]
+
+    @torch.no_grad()
+    def load_from(self, dense, tables):
+        """dense: {uvmrec name: tensor of the plain model's shape}; tables: one tensor a table."""
+        for name, (p, shape) in self.names.items():
+            t = dense[name]
+            if tuple(t.shape) != tuple(shape):
+                fail(f"{name} is {list(t.shape)}; this model's is {list(shape)}")
+            p.zero_()
+            p[tuple(slice(0, s) for s in shape)].copy_(t.float())
+        for t, (w, r) in enumerate(zip(tables, self.rows)):
+            if tuple(w.shape) != (r, self.D):
+                fail(f"table {t} is {list(w.shape)}; expected [{r}, {self.D}]")
+            o = int(self.row_offsets[t])
+            self.weight[o:o + r].copy_(w.float())
+
+    def dense_grad(self, name):
+        p, shape = self.names[name]
+        return p.grad[tuple(slice(0, s) for s in shape)]
+
+    def forward(self, w, dense, idx, offsets, sink, labels, scale):
+        """The step's forward from the lookup to the loss: loss (f32), logits [B, 1], the top
+        MLP's input [B, width] (without the padding) and the pooled embeddings in the
+        activations' type [B, T * D], from the table w (self.weight: an argument, so that
+        torch.compile reads it as an input, not a constant).  After the backward, sink.grad holds the pooled
+        embeddings' gradient times scale."""
+        e = _Lookup.apply(w, idx, offsets, sink, scale, self.d["pooling"])
+        with torch.autocast(dense.device.type, dtype=torch.bfloat16, enabled=self.act == torch.bfloat16):
+            x = dense
+            for i in range(0, len(self.bottom), 2):
+                x = torch.relu(F.linear(x, self.bottom[i], self.bottom[i + 1]))
+            a = x.dtype
+            B = x.shape[0]
+            if self.dot:
+                v = torch.cat([x.unsqueeze(1), e.to(a)], 1)
+                pooled = v[:, 1:].flatten(1)
+                Z = _SelfDot.apply(v).to(a)
+                parts = [x, Z.flatten(1).index_select(1, self.tri)]
+                if self.pad:
+                    parts.append(torch.zeros(B, self.pad, dtype=a, device=x.device))
+                z = torch.cat(parts, 1)
+            else:
+                x0 = torch.cat([x, e.flatten(1).to(a)], 1)
+                pooled = x0[:, x.shape[1]:]
+                xl = x0
+                ps = list(self.cross)
+                per = 3 if self.d["cross_rank"] > 0 else 2
+                for layer in range(self.d["cross_layers"]):
+                    q = ps[layer * per:(layer + 1) * per]
+                    h = F.linear(F.linear(xl, q[0]), q[1], q[2]) if per == 3 else F.linear(xl, q[0], q[1])
+                    if a == torch.bfloat16:
+                        xl = (x0.float() * h.float() + xl.float()).to(a)
+                    else:
+                        xl = x0 * h + xl
+                z = xl
+            y = z
+            nt = len(self.top) // 2
+            for i in range(nt):
+                y = F.linear(y, self.top[2 * i], self.top[2 * i + 1])
+                if i < nt - 1:
+                    y = torch.relu(y)
+        loss = F.binary_cross_entropy_with_logits(y.float().view(-1), labels, reduction="mean")
+        return loss, y, z[:, :z.shape[1] - self.pad], pooled
+
+
+class ExpertBatch:
+    """A batch as the expert variant reads it, on the device: dense [B, 13] f32, labels [B] f32,
+    idx the ids as rows of the concatenated table, sample-major (bag b*T + t).  One-hot (every bag
+    one id): idx is [B*T] and the gradient's rows line up with it.  Multi-hot: bag_offsets
+    [B*T + 1] and, per id, its bag and (mean pooling) 1/length."""
+
+    def __init__(self, batch, model, device):
+        dense, labels, sparse = batch
+        B, T = labels.shape[0], len(sparse)
+        off = model.row_offsets
+        lengths = np.stack([np.diff(np.append(o, len(v))) for v, o in sparse], 1)
+        self.B, self.T = B, T
+        self.dense = torch.from_numpy(dense).to(device)
+        self.labels = torch.from_numpy(labels).to(device)
+        self.onehot = bool((lengths == 1).all())
+        if self.onehot:
+            idx = np.stack([v + off[t] for t, (v, o) in enumerate(sparse)], 1).reshape(-1)
+            self.idx = torch.from_numpy(idx).to(device)
+            self.bag_offsets = self.bag = self.inv_len = None
+            return
+        bag = np.concatenate([np.repeat(np.arange(B, dtype=np.int64) * T + t, lengths[:, t]) for t in range(T)])
+        vals = np.concatenate([v + off[t] for t, (v, o) in enumerate(sparse)])
+        order = np.argsort(bag, kind="stable")
+        self.idx = torch.from_numpy(vals[order]).to(device)
+        self.bag = torch.from_numpy(bag[order]).to(device)
+        flat = lengths.reshape(-1)
+        self.bag_offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(flat)]).astype(np.int64)).to(device)
+        self.inv_len = torch.from_numpy((1.0 / np.maximum(flat, 1)).astype(np.float32)).to(device)[self.bag]
+
+    def tensors(self):
+        return [t for t in (self.dense, self.labels, self.idx, self.bag_offsets, self.bag, self.inv_len)
+                if t is not None]
+
+    def clone(self):
+        c = copy.copy(self)
+        for k in ("dense", "labels", "idx", "bag_offsets", "bag", "inv_len"):
+            if getattr(self, k) is not None:
+                setattr(c, k, getattr(self, k).clone())
+        return c
+
+
+class ExpertTrainer:
+    """The expert variant's training step: lookup, the compiled dense part, backward, the tables'
+    update and the dense optimizer, with the learning rates in 0-dim device tensors (so a CUDA
+    graph of the step follows the schedule)."""
+
+    def __init__(self, model, d, compile_mode="default"):
+        self.m, self.d = model, d
+        dev = model.device
+        self.do, self.eo = d["dense_optim"], d["emb_optim"]
+        self.pooling = d["pooling"]
+        self.emb_lr = torch.tensor(float(self.eo["lr"]), device=dev)
+        self.scale = torch.tensor(1.0, device=dev)  # multiplies the tables' gradient
+        kind = self.eo["name"]
+        if kind not in ("sgd", "rowwise_adagrad", "adagrad", "adam"):
+            fail(f"table optimizer {kind}: expected sgd, rowwise_adagrad, adagrad or adam")
+        self.atomic = kind == "sgd" and not self.eo["weight_decay"]
+        R = model.total + 1
+        self.state = {"rowwise_adagrad": lambda: [torch.zeros(R, device=dev)],
+                      "adagrad": lambda: [torch.zeros(R, model.D, device=dev)],
+                      "adam": lambda: [torch.zeros(R, model.D, device=dev), torch.zeros(R, model.D, device=dev)],
+                      "sgd": lambda: []}[kind]()
+        # The row -> slot map of the deduplication: every entry the step reads it wrote first
+        # in the same step, so it is never cleared.
+        self.slot = None if self.atomic else torch.zeros(R, dtype=torch.int64, device=dev)
+        self.step_count = 0
+        self.sink = None  # the placeholder that receives the pooled embeddings' gradient
+        self.opt = self._dense_optimizer(model.params())
+        self.fn = model.forward if compile_mode == "none" else torch.compile(model.forward, mode=compile_mode,
+                                                                              dynamic=False, fullgraph=True)
+        # torch.compile's own CUDA graphs copy every input that is not a parameter into a
+        # static buffer before each replay: the table and the placeholder are static.
+        self.static = compile_mode in ("reduce-overhead", "max-autotune")
+        if self.static:
+            torch._dynamo.mark_static_address(model.weight)
+        # A CUDA graph bakes Python numbers in: only optimizers whose state and rates are tensors.
+        self.graphable = (dev.type == "cuda" and kind in ("sgd", "rowwise_adagrad", "adagrad")
+                          and self.do["name"] == "sgd")
+
+    def reset(self):
+        """The optimizers' state as new."""
+        for t in self.state:
+            t.zero_()
+        self.step_count = 0
+        self.opt = self._dense_optimizer(self.m.params())
+
+    def _dense_optimizer(self, ps):
+        o, kind = self.do, self.do["name"]
+        cuda = self.m.device.type == "cuda"
+        if kind == "sgd":
+            # The rate a device tensor: a graph replay reads the schedule's value.
+            lr = torch.tensor(float(o["lr"]), device=self.m.device)
+            return torch.optim.SGD(ps, lr=lr, momentum=o["momentum"], nesterov=o["nesterov"],
+                                   weight_decay=o["weight_decay"], fused=True)
+        if kind == "adagrad":
+            # Adagrad's fused implementation is the CPU's only.
+            return torch.optim.Adagrad(ps, lr=o["lr"], eps=o["eps"], weight_decay=o["weight_decay"],
+                                       foreach=cuda, fused=not cuda)
+        if kind in ("adam", "adamw"):
+            cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
+            return cls(ps, lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"], weight_decay=o["weight_decay"],
+                       fused=True)
+        fail(f"dense optimizer {kind}: expected sgd, adagrad, adam or adamw")
+
+    def set_lr(self, dense_lr, emb_lr):
+        """Outside a graph: the rates of the next step (device tensors, no synchronisation)."""
+        self.emb_lr.fill_(emb_lr)
+        self.scale.fill_(-emb_lr if self.atomic else 1.0)
+        for g in self.opt.param_groups:
+            if torch.is_tensor(g["lr"]):
+                g["lr"].fill_(dense_lr)
+            else:
+                g["lr"] = dense_lr
+
+    def forward_backward(self, b):
+        """Forward and backward: loss, logits, the interaction's output, the pooled embeddings
+        and their gradient times self.scale [B, T, D] f32; the dense gradients in .grad."""
+        if self.sink is None or self.sink.shape != (b.B, b.T, self.m.D):
+            self.sink = torch.empty(b.B, b.T, self.m.D, device=self.m.device, requires_grad=True)
+            if self.static:
+                torch._dynamo.mark_static_address(self.sink)
+        self.sink.grad = None
+        loss, logits, z, pooled = self.fn(self.m.weight, b.dense, b.idx, b.bag_offsets, self.sink, b.labels,
+                                          self.scale)
+        loss.backward()
+        return loss, logits, z, pooled, self.sink.grad
+
+    def id_grads(self, b, g):
+        """The gradient of each id, [nnz, D], from the pooled gradient g [B, T, D]."""
+        g = g.view(-1, self.m.D)
+        if b.onehot:
+            return g
+        g = g.index_select(0, b.bag)
+        return g * b.inv_len.unsqueeze(1) if self.pooling == "mean" else g
+
+    @torch.no_grad()
+    def dedup(self, idx, src):
+        """(rows, gsum): each distinct row of idx once with the sum of its ids' gradients, in
+        static shapes (no synchronisation, graph-safe): nnz slots, the unused ones pointing at the
+        scratch row with a zero gradient."""
+        n = idx.numel()
+        pos = torch.arange(n, device=idx.device)
+        self.slot.index_put_((idx,), pos)  # one id of each row wins its slot
+        s = self.slot.index_select(0, idx)
+        gsum = torch.zeros(n, src.shape[1], device=src.device).index_add_(0, s, src)
+        rows = torch.where(s == pos, idx, torch.full_like(idx, self.m.total))
+        return rows, gsum
+
+    @torch.no_grad()
+    def update_tables(self, b, g):
+        w, o, kind = self.m.weight, self.eo, self.eo["name"]
+        src = self.id_grads(b, g)
+        if self.atomic:
+            w.index_add_(0, b.idx, src)  # src is -lr * gradient already
+            return
+        rows, g = self.dedup(b.idx, src)
+        lr = self.emb_lr
+        if o["weight_decay"]:
+            g = g + o["weight_decay"] * w.index_select(0, rows)
+        st = self.state
+        if kind == "sgd":
+            w.index_add_(0, rows, g * -lr)
+        elif kind == "rowwise_adagrad":
+            # The scratch row may take 0/eps or 0/0: it is never read.
+            st[0].index_add_(0, rows, (g * g).mean(1))
+            w.index_add_(0, rows, g * (-lr / (st[0].index_select(0, rows).sqrt() + o["eps"])).unsqueeze(1))
+        elif kind == "adagrad":
+            st[0].index_add_(0, rows, g * g)
+            w.index_add_(0, rows, g * -lr / (st[0].index_select(0, rows).sqrt() + o["eps"]))
+        else:
+            b1, b2 = o["beta1"], o["beta2"]
+            m = st[0].index_select(0, rows) * b1 + (1 - b1) * g
+            v = st[1].index_select(0, rows) * b2 + (1 - b2) * g * g
+            st[0].index_copy_(0, rows, m)
+            st[1].index_copy_(0, rows, v)
+            mh, vh = m / (1 - b1 ** self.step_count), v / (1 - b2 ** self.step_count)
+            w.index_add_(0, rows, -lr * mh / (vh.sqrt() + o["eps"]))
+
+    def step(self, b, keep=None):
+        """One training step on the batch b; the loss (a 0-dim tensor, not waited for); keep:
+        a dict that receives the logits."""
+        self.step_count += 1
+        # Before the backward, not after the step: inside a CUDA graph the gradients must be
+        # allocated by the captured backward, and stay.
+        self.opt.zero_grad(set_to_none=True)
+        loss, logits, _, _, g = self.forward_backward(b)
+        self.update_tables(b, g)
+        self.opt.step()
+        if keep is not None:
+            keep["logits"] = logits.detach()
+        return loss.detach()
+
+
+class GraphedStep:
+    """The expert's whole step as one CUDA graph: warm-up steps on a side stream, capture, then
+    per step the batch copied into the graph's input buffers and a replay."""
+
+    def __init__(self, trainer, batch, warmup):
+        self.tr = trainer
+        self.static = batch = batch.clone()
+        self.bufs = batch.tensors()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(warmup):
+                trainer.step(batch)
+        torch.cuda.current_stream().wait_stream(s)
+        self.graph = torch.cuda.CUDAGraph()
+        trainer.opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(self.graph):
+            self.loss = trainer.step(batch)
+
+    def step(self, b):
+        for dst, src in zip(self.bufs, b.tensors()):
+            dst.copy_(src)
+        self.graph.replay()
+        return self.loss.clone()
+
+
+def rounding(before, adds=None):
+    """How far two f32 updates of the weights before may differ by rounding alone: 2 eps |w|
+    (each rounds each weight once), or eps sqrt(k + 4) |w| for a row of k atomic adds (each of
+    an id's -lr * g into the weight rounds there; k roundings of w add up to about
+    0.3 sqrt(k) eps |w|)."""
+    eps = torch.finfo(torch.float32).eps
+    sq = before.double().pow(2).sum(-1) if before.dim() > 1 else before.double().pow(2)
+    k = 4.0 if adds is None else adds.double() + 4
+    return eps * float((sq * k).sum().sqrt())
+
+
+def same_step(tr, b, run_a, run_b, what):
+    """Whether run_b(b) steps the model as run_a(b) does from the same state (a CUDA graph's
+    replay against the eager step it captured): the loss within 1e-4 and the update of every
+    dense parameter and of the batch's rows within 1e-3 of the update plus their rounding
+    (atomics add in another order, a product may take another algorithm; a wrong input, row or
+    rate is off by the update's own size).  Leaves the model stepped once, by run_b."""
+    rows, adds = torch.unique(b.idx, return_counts=True)
+    ps = tr.m.params()
+    ostate = [t for st in tr.opt.state.values() for t in st.values() if torch.is_tensor(t)]
+
+    def snap():
+        return ([p.detach().clone() for p in ps], tr.m.weight[rows].clone(),
+                [st[rows].clone() for st in tr.state], [t.clone() for t in ostate])
+
+    def put(sn):
+        with torch.no_grad():
+            for p, q in zip(ps, sn[0]):
+                p.copy_(q)
+            tr.m.weight[rows] = sn[1]
+            for st, q in zip(tr.state, sn[2]):
+                st[rows] = q
+            for t, q in zip(ostate, sn[3]):
+                t.copy_(q)
+
+    s0 = snap()
+    loss_a = run_a(b).float()
+    sa = snap()
+    put(s0)
+    loss_b = run_b(b).float()
+    sb = snap()
+    worst, ok = 0.0, bool(torch.allclose(loss_a, loss_b, rtol=1e-4, atol=0))
+    floors = [rounding(x0) for x0 in s0[0]] + [rounding(s0[1], adds if tr.atomic else None)]
+    for xa, xb, x0, floor in zip(sa[0] + [sa[1]], sb[0] + [sb[1]], s0[0] + [s0[1]], floors):
+        da, db = (xa - x0).double(), (xb - x0).double()
+        e = float((da - db).norm())
+        ref = float(da.norm())
+        ok = ok and e <= 1e-3 * ref + floor
+        worst = max(worst, e / max(ref, 1e-30))
+    print(f"check: {what}: loss {float(loss_a):.6f} / {float(loss_b):.6f}, updates within {worst:.3g}: "
+          f"{'ok' if ok else 'FAILED'}")
+    return ok
+
+
+def expert_from_plain(plain, d, device):
+    """An expert model with the plain model's weights."""
+    m = ExpertDLRM(d, device)
+    m.load_from({n: p.detach() for n, p in plain.names.items()}, [e.weight.detach() for e in plain.emb])
+    return m
+
+
+def check_expert(d, device, batch_np, compile_mode):
+    """One step of the plain and the expert variants from the same weights on one batch, at the
+    base learning rates: the logits, the loss and every parameter's update (the tables' on the
+    rows the batch read, and no other row moved) must agree within TOLERANCES, or the expert
+    must be as close to the step in float64 as the plain variant is.  Updates, not weights: a
+    wrong row, sign or scale is an error of the update's own size.  The floor of each
+    comparison is the f32 rounding of the stored weights (rounding(): the tables stepped by
+    atomic SGD round once per id of a row, where the plain variant adds the row's summed
+    gradient once).  Returns the expert
+    trainer (weights and optimizer state put back as they were) and whether the check passed."""
+    tols = TOLERANCES[d["precision"]]
+    torch.manual_seed(0)
+    plain = DLRM(d, device, init=True)
+    ex = expert_from_plain(plain, d, device)
+    tr = ExpertTrainer(ex, d, compile_mode)
+    w0 = ex.weight.detach().clone()
+    dense0 = {n: p.detach().clone() for n, p in plain.names.items()}
+    lr, elr = d["dense_optim"]["lr"], d["emb_optim"]["lr"]
+
+    dense, labels, sparse = to_device(batch_np, device)
+    opt = dense_optimizer(plain, d["dense_optim"])
+    topt = TableOptimizer(plain, d["emb_optim"])
+    logits_p = plain(dense, sparse)
+    loss_p = loss_of(logits_p, labels)
+    opt.zero_grad(set_to_none=True)
+    loss_p.backward()
+    opt.step()
+    topt.step()
+
+    eb = ExpertBatch(batch_np, ex, device)
+    tr.set_lr(lr, elr)
+    keep = {}
+    loss_e = tr.step(eb, keep)
+    logits_e = keep["logits"]
+
+    uc = [torch.unique(torch.from_numpy(v).to(device), return_counts=True) for v, _ in batch_np[2]]
+    rows_t = [r for r, _ in uc]
+    qs = []  # (what, kind, expert, plain, before or None, rounding floor)
+    qs.append(("logits", "logits", logits_e.detach().float(), logits_p.detach().float(), None, 0.0))
+    qs.append(("loss", "loss", loss_e.detach().view(1), loss_p.detach().float().view(1), None, 0.0))
+    for n, p in plain.names.items():
+        pe = ex.names[n][0].detach()[tuple(slice(0, s) for s in p.shape)]
+        qs.append(("update " + n, "dense", pe - dense0[n], p.detach() - dense0[n], dense0[n], rounding(dense0[n])))
+    for t, ((r, k), emb) in enumerate(zip(uc, plain.emb)):
+        o = int(ex.row_offsets[t])
+        before = w0[o + r]
+        qs.append((f"update {d['tables'][t]}", "sparse", ex.weight[o + r] - before, emb.weight.detach()[r] - before,
+                   before, rounding(before, k if tr.atomic else None)))
+    moved = (ex.weight != w0).any(1)
+    touched = torch.zeros_like(moved)
+    touched[ex.total] = True  # the scratch row
+    for t, r in enumerate(rows_t):
+        touched[int(ex.row_offsets[t]) + r] = True
+    stray = int((moved & ~touched).sum())
+
+    def err(x, y):
+        return float((x.double() - y.double()).norm())
+
+    results, failed = [], []
+    for what, kind, xe, xp, before, floor in qs:
+        ref = float(xp.double().norm())
+        e_ = err(xe, xp)
+        ok = e_ <= tols[kind] * ref + floor
+        results.append([what, kind, e_ / max(ref, 1e-30), tols[kind], floor / max(ref, 1e-30), ok, ""])
+        if not ok:
+            failed.append(len(results) - 1)
+    if failed:
+        # The arbiter: the plain model in float64 from the same weights, one step.
+        exact = DLRM(dict(d, precision="f32"), device)
+        exact.load({"dense." + n: t for n, t in dense0.items()}
+                   | {f"embeddings.{name}": w0[int(ex.row_offsets[t]):int(ex.row_offsets[t + 1])]
+                      for t, name in enumerate(d["tables"])}, "the check")
+        exact = exact.double()
+        exact.act = torch.float64
+        opt64 = dense_optimizer(exact, d["dense_optim"])
+        topt64 = TableOptimizer(exact, d["emb_optim"])
+        logits64 = exact(dense.double(), sparse)
+        loss64 = loss_of(logits64, labels)
+        loss64.backward()
+        opt64.step()
+        topt64.step()
+        for i in failed:
+            what, kind, xe, xp, before, floor = qs[i]
+            if what == "logits":
+                x64 = logits64.detach()
+            elif what == "loss":
+                x64 = loss64.detach().view(1)
+            elif kind == "dense":
+                n = what[len("update "):]
+                x64 = exact.names[n].detach() - dense0[n].double()
+            else:
+                t = d["tables"].index(what[len("update "):])
+                x64 = exact.emb[t].weight.detach()[rows_t[t]] - before.double()
+            ee, ep = err(xe, x64), err(xp, x64)
+            if ee <= ARBITER * ep + floor:
+                results[i][5], results[i][6] = True, f"(f64: expert {ee:.3g}, plain {ep:.3g})"
+        del exact
+    ok = all(r[5] for r in results) and stray == 0
+    print(f"check: expert against plain, {d['name']} {d['precision']} batch {labels.shape[0]} on {device.type}, "
+          f"one step at lr {lr:g} / tables {elr:g}: {len(results)} quantities")
+    worst = {}
+    for r in results:
+        k = r[1]
+        if k not in worst or r[2] / max(r[3], 1e-30) > worst[k][2] / max(worst[k][3], 1e-30):
+            worst[k] = r
+    for r in results:
+        if r is worst.get(r[1]) or not r[5]:
+            print(f"  {r[0]:28} {r[1]:7} rel {r[2]:9.3g} tol {r[3]:7.2g} (+ rounding {r[4]:.2g})  "
+                  f"{'ok' if r[5] else 'FAIL'} {r[6]}")
+    print(f"  rows moved outside the batch's: {stray}")
+    print(f"check: {'ok' if ok else 'FAILED'}")
+    # The timed steps start from the weights the check started from, not after a step at the
+    # base rate (MLPerf's 24 without its warm-up diverges).
+    ex.load_from(dense0, [w0[int(ex.row_offsets[t]):int(ex.row_offsets[t + 1])] for t in range(ex.T)])
+    tr.reset()
+    del plain, opt, topt, w0
+    return tr, ok
+
+
 # ---- parity ----
 
 # Relative error in the L2 norm, |uvmrec - torch| / |torch|, by precision.  f32: only the order of
@@ -412,6 +1006,51 @@ def set_precision(precision, device):
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
 
+def plain_step_grads(m, dense, labels, sparse):
+    """Forward and backward of the plain model without a step: what the parity compares."""
+    keep = {}
+    logits = m(dense, sparse, keep)
+    loss = loss_of(logits, labels)
+    for t in keep.values():
+        t.retain_grad()
+    loss.backward()
+    sp = {}
+    for name, e in zip(m.d["tables"], m.emb):
+        g = e.weight.grad.coalesce()
+        sp[name] = (g.indices()[0], g.values())
+    return {"logits": logits.detach(), "loss": loss.detach().view(-1), "pooled": keep["pooled"].detach(),
+            "inter": keep["inter"].detach(), "dense": {n: p.grad for n, p in m.names.items()}, "sparse": sp}
+
+
+def expert_step_grads(d, tensors, path, batch_np, device, compile_mode):
+    """The same from the expert variant (compiled as it is timed); the tables' gradient is
+    deduplicated here, for the comparison only."""
+    ex = ExpertDLRM(d, device)
+    dense = {}
+    for n in ex.names:
+        if "dense." + n not in tensors:
+            fail(f"{path}: no tensor dense.{n}")
+        dense[n] = tensors["dense." + n]
+    tables = []
+    for name in d["tables"]:
+        if "embeddings." + name not in tensors:
+            fail(f"{path}: no tensor embeddings.{name}")
+        tables.append(tensors["embeddings." + name])
+    ex.load_from(dense, tables)
+    tr = ExpertTrainer(ex, d, compile_mode)  # its gradient scale stays 1: the gradient itself
+    b = ExpertBatch(batch_np, ex, device)
+    loss, logits, z, pooled, ge = tr.forward_backward(b)
+    rows, inv = torch.unique(b.idx, return_inverse=True)
+    vals = torch.zeros(rows.numel(), ex.D, device=device).index_add_(0, inv, tr.id_grads(b, ge))
+    sp = {}
+    for t, name in enumerate(d["tables"]):
+        lo, hi = int(ex.row_offsets[t]), int(ex.row_offsets[t + 1])
+        k = (rows >= lo) & (rows < hi)
+        sp[name] = (rows[k] - lo, vals[k])
+    return {"logits": logits.detach(), "loss": loss.detach().view(-1), "pooled": pooled.detach(),
+            "inter": z.detach(), "dense": {n: ex.dense_grad(n) for n in ex.names}, "sparse": sp}
+
+
 def parity(a):
     device = torch.device(a.device)
     tensors, meta = read_safetensors(a.ckpt)
@@ -423,20 +1062,28 @@ def parity(a):
             fail(f"{a.dump}: {k} is {dd[k]} but {a.ckpt} says {d[k]}: not the same model")
     set_precision(d["precision"], device)
     torch.manual_seed(0)
-    model = DLRM(d, device)
-    model.load(tensors, a.ckpt)
-    # The arbiter: the same model and weights in float64.
-    exact = DLRM(dict(d, precision="f32"), device)
-    exact.load(tensors, a.ckpt)
-    exact = exact.double()
-    exact.act = torch.float64
-    del tensors
     B = dump["batch.labels"].shape[0]
     first = int(dmeta.get("parity.first", "0"))
     days = DayFiles(a.data, d["rows"])
     dense_np, labels_np, sparse_np = days.read(first, B)
     if labels_np.shape[0] != B:
         fail(f"{a.data}: {labels_np.shape[0]} samples from sample {first}; the dump's batch has {B}")
+    dense, labels, sparse = to_device((dense_np, labels_np, sparse_np), device)
+    if a.variant == "plain":
+        model = DLRM(d, device)
+        model.load(tensors, a.ckpt)
+        got = plain_step_grads(model, dense, labels, sparse)
+        del model
+    else:
+        got = expert_step_grads(d, tensors, a.ckpt, (dense_np, labels_np, sparse_np), device, a.compile)
+    # The arbiter: the same model and weights in float64.
+    exact = DLRM(dict(d, precision="f32"), device)
+    exact.load(tensors, a.ckpt)
+    exact = exact.double()
+    exact.act = torch.float64
+    del tensors
+    got64 = plain_step_grads(exact, dense, labels, sparse)
+    del exact
 
     rows = []
     tols = TOLERANCES[d["precision"]]
@@ -475,31 +1122,17 @@ def parity(a):
     record("batch.values", "batch", torch.from_numpy(np.concatenate(vals)), dump["batch.values"])
     record("batch.offsets", "batch", torch.from_numpy(np.concatenate(offs)), dump["batch.offsets"])
 
-    dense, labels, sparse = to_device((dense_np, labels_np, sparse_np), device)
-
-    def step(m):
-        keep = {}
-        logits = m(dense, sparse, keep)
-        loss = loss_of(logits, labels)
-        for t in keep.values():
-            t.retain_grad()
-        loss.backward()
-        return logits.detach(), loss.detach().view(-1), keep
-
-    logits, loss, keep = step(model)
-    logits64, loss64, keep64 = step(exact)
-    record("pooled", "pooled", dump["pooled"], keep["pooled"].detach(), keep64["pooled"].detach())
-    record("inter", "inter", dump["inter"], keep["inter"].detach(), keep64["inter"].detach())
-    record("logits", "logits", dump["logits"], logits, logits64)
-    record("loss", "loss", dump["loss"].view(-1), loss, loss64)
-    for name in model.dense_names:
+    record("pooled", "pooled", dump["pooled"], got["pooled"], got64["pooled"])
+    record("inter", "inter", dump["inter"], got["inter"], got64["inter"])
+    record("logits", "logits", dump["logits"], got["logits"], got64["logits"])
+    record("loss", "loss", dump["loss"].view(-1), got["loss"], got64["loss"])
+    for name in got["dense"]:
         g = dump.get("grad." + name)
         if g is None:
             fail(f"{a.dump}: no grad.{name}")
-        record("grad." + name, "dense", g, model.names[name].grad, exact.names[name].grad)
-    for name, e, e64 in zip(d["tables"], model.emb, exact.emb):
-        g, g64 = e.weight.grad.coalesce(), e64.weight.grad.coalesce()
-        r_ref = g.indices()[0]
+        record("grad." + name, "dense", g, got["dense"][name], got64["dense"][name])
+    for name in d["tables"]:
+        (r_ref, g), (_, g64) = got["sparse"][name], got64["sparse"][name]
         r_got = dump.get(f"sparse.{name}.rows")
         if r_got is None:
             r_got, g_got = torch.zeros(0, dtype=torch.int64), torch.zeros(0, d["dim"])
@@ -510,12 +1143,12 @@ def parity(a):
                          "max_abs": float("nan"), "rel": float("nan"), "e_uvmrec": None, "e_torch": None,
                          "ok": False, "by": "", "note": f"{r_got.numel()} rows vs {r_ref.numel()}"})
             continue
-        record(f"sparse.{name}", "sparse", g_got, g.values(), g64.values())
+        record(f"sparse.{name}", "sparse", g_got, g, g64)
 
     dev = dmeta.get("parity.device", "?")
     print(f"parity: {d['name']} {d['interaction']} {d['precision']}, batch {B}: uvmrec on {dev} against PyTorch "
-          f"{torch.__version__} on {device.type} (and PyTorch in float64, the arbiter: ok by f64 means uvmrec's error "
-          f"against it is at most {ARBITER:g}x PyTorch's)")
+          f"{torch.__version__} ({a.variant} variant) on {device.type} (and PyTorch in float64, the arbiter: ok by "
+          f"f64 means uvmrec's error against it is at most {ARBITER:g}x PyTorch's)")
     print(f"{'quantity':24} {'shape':>13} {'max |diff|':>10} {'rel diff':>9} {'tol':>7} {'uvmrec-f64':>10} "
           f"{'torch-f64':>10}  ok")
     sp = [r for r in rows if r["kind"] == "sparse"]
@@ -535,7 +1168,8 @@ def parity(a):
     if a.out:
         with open(a.out, "a") as f:
             for r in rows:
-                f.write(json.dumps(dict(r, bench="torch_parity", model=d["name"], interaction=d["interaction"],
+                f.write(json.dumps(dict(r, bench="torch_parity", variant=a.variant, model=d["name"],
+                                        interaction=d["interaction"],
                                         precision=d["precision"], uvmrec_device=dev, torch_device=device.type,
                                         batch=B)) + "\n")
     failures = [r["quantity"] for r in rows if not r["ok"]]
@@ -678,78 +1312,242 @@ def time_it(fn, runs):
     return statistics.median(times)
 
 
-def speed(a):
-    device = torch.device(a.device)
+def time_steps(step, first, n, cuda):
+    """Milliseconds of each of n steps run back to back from step number first, and their losses.
+    On a GPU an event between steps and one wait at the end (the host runs ahead as it does in
+    training, as uvmrec's side is timed); on the CPU the clock, each step waited for."""
+    losses, times = [], []
+    if cuda:
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+        ev[0].record()
+        for i in range(n):
+            losses.append(step(first + i))
+            ev[i + 1].record()
+        ev[-1].synchronize()
+        times = [ev[i].elapsed_time(ev[i + 1]) for i in range(n)]
+    else:
+        for i in range(n):
+            t = time.perf_counter()
+            losses.append(step(first + i))
+            float(losses[-1])
+            times.append((time.perf_counter() - t) * 1e3)
+    return times, losses
+
+
+def speed_desc(a):
     if a.desc:
-        d = json.load(open(a.desc))
+        try:
+            d = json.load(open(a.desc))
+        except (OSError, ValueError) as e:
+            fail(f"{a.desc}: {e}")
     else:
         d = description(read_safetensors(a.ckpt, names=set())[1], a.ckpt)
     if a.precision:
         d["precision"] = a.precision
+    return d
+
+
+def speed(a):
+    if a.variant == "both":
+        return speed_both(a)
+    device = torch.device(a.device)
+    cuda = device.type == "cuda"
+    d = speed_desc(a)
     set_precision(d["precision"], device)
     B = a.batch or d["batch_size"]
-    torch.manual_seed(0)
-    model = DLRM(d, device, init=True)  # random weights: the time does not depend on them
     data = DayFiles(a.data, d["rows"])
     nb = max(1, min(a.batches, data.total // B))
-    batches = [to_device(data.read(i * B, B), device) for i in range(nb)]
-    opt = dense_optimizer(model, d["dense_optim"])
-    topt = TableOptimizer(model, d["emb_optim"])
-    losses = []
+    batches_np = [data.read(i * B, B) for i in range(nb)]
     # The learning rates follow the schedule, as uvmrec's side does (MLPerf's lr 24 needs its warmup).
     factor = schedule(d["schedule"])
     base_lr, base_emb = d["dense_optim"]["lr"], d["emb_optim"]["lr"]
+    config, check = "-", None
+    if a.variant == "plain":
+        torch.manual_seed(0)
+        model = DLRM(d, device, init=True)  # random weights: the time does not depend on them
+        batches = [to_device(b, device) for b in batches_np]
+        opt = dense_optimizer(model, d["dense_optim"])
+        topt = TableOptimizer(model, d["emb_optim"])
 
-    def step(i):
-        f = factor(i + 1)
-        for g in opt.param_groups:
-            g["lr"] = base_lr * f
-        topt.lr = base_emb * f
-        dense, labels, sparse = batches[i % nb]
-        loss = loss_of(model(dense, sparse), labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        topt.step()
-        return loss
-
-    for i in range(a.warmup):
-        losses.append(step(i))
-    cuda = device.type == "cuda"
-    times = []
-    for i in range(a.steps):
-        if cuda:
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            losses.append(step(a.warmup + i))
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1))
+        def step(i):
+            f = factor(i + 1)
+            for g in opt.param_groups:
+                g["lr"] = base_lr * f
+            topt.lr = base_emb * f
+            dense, labels, sparse = batches[i % nb]
+            loss = loss_of(model(dense, sparse), labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            topt.step()
+            return loss.detach()
+    else:
+        t0 = time.time()
+        if a.check:
+            tr, ok = check_expert(d, device, batches_np[0], a.compile)
+            if not ok:
+                fail("speed: the expert variant's step is not the plain variant's; not timed", 1)
+            check = "ok"
         else:
-            t = time.perf_counter()
-            float(step(a.warmup + i).detach())
-            times.append((time.perf_counter() - t) * 1e3)
-    lv = [float(x) for x in losses]
+            torch.manual_seed(0)
+            tr = ExpertTrainer(ExpertDLRM(d, device, init=True), d, a.compile)
+        batches = [ExpertBatch(b, tr.m, device) for b in batches_np]
+        graph = a.cuda_graph == "on" and cuda
+        why = ("not on a GPU" if not cuda else
+               "the optimizers keep Python numbers" if not tr.graphable else
+               "multi-hot batches change shape" if not all(b.onehot for b in batches) else
+               f"torch.compile mode {a.compile} makes graphs of its own" if a.compile in ("reduce-overhead",
+                                                                                          "max-autotune") else None)
+        if graph and why:
+            print(f"speed: no CUDA graph of the step: {why}")
+            graph = False
+        runner = tr
+        f = factor(1)
+        tr.set_lr(base_lr * f, base_emb * f)
+        if graph:
+            runner = GraphedStep(tr, batches[0], 3)
+            # Another rate than the capture's: a rate baked into the graph shows.
+            f = factor(2)
+            tr.set_lr(base_lr * f, base_emb * f)
+            if a.check and not same_step(tr, batches[-1], tr.step, runner.step, "the CUDA graph's step against eager"):
+                fail("speed: the CUDA graph's step is not the eager one's; not timed", 1)
+        elif a.check and not cuda:
+            # The comparison itself, tried where there is no graph to compare.
+            same_step(tr, batches[-1], tr.step, tr.step, "eager against eager (the graph's comparison, tried)")
+        config = (f"compile {a.compile}" + (", one CUDA graph" if graph else "") +
+                  (", tables by atomic SGD" if tr.atomic else ", tables deduplicated"))
+
+        def step(i):
+            f = factor(i + 1)
+            tr.set_lr(base_lr * f, base_emb * f)
+            return runner.step(batches[i % nb])
+        step(0)  # compiles
+        if cuda:
+            torch.cuda.synchronize()
+        print(f"speed: expert ready in {time.time() - t0:.1f} s ({config})")
+
+    _, warm = time_steps(step, 0, a.warmup, cuda)
+    times, losses = time_steps(step, a.warmup, a.steps, cuda)
+    lv = [float(x) for x in warm + losses]
     if not all(math.isfinite(v) for v in lv):
         fail(f"speed: the loss is not finite: {lv[-3:]}", 1)
     ms = statistics.median(times)
     rate = B / (ms * 1e-3)
-    rec = {"bench": "torch_dlrm", "model": d["name"], "precision": d["precision"], "batch": B, "device": device.type,
+    rec = {"bench": "torch_dlrm", "variant": a.variant, "config": config, "check": check, "model": d["name"],
+           "precision": d["precision"], "batch": B, "device": device.type,
            "gpu": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__, "ms": ms,
-           "samples_per_s": rate, "steps": a.steps, "batches": nb, "loss_first": lv[0], "loss_last": lv[-1]}
-    print(f"torch_dlrm speed: {d['name']} {d['precision']} batch {B} on {rec['gpu']}: {ms:.3f} ms a step "
-          f"(median of {a.steps}), {rate / 1e6:.3f} M samples/s; loss {lv[0]:.4f} -> {lv[-1]:.4f}")
+           "ms_mean": sum(times) / len(times), "samples_per_s": rate, "steps": a.steps, "batches": nb,
+           "loss_first": lv[0], "loss_last": lv[-1]}
+    print(f"torch_dlrm speed: {a.variant} ({config}): {d['name']} {d['precision']} batch {B} on {rec['gpu']}: "
+          f"{ms:.3f} ms a step (median of {a.steps}, mean {rec['ms_mean']:.3f}), {rate / 1e6:.3f} M samples/s; "
+          f"loss {lv[0]:.4f} -> {lv[-1]:.4f}")
     recs = [rec]
     if a.ceilings and cuda:
-        del batches, model, opt, topt
+        del batches, step
         torch.cuda.empty_cache()
         c = ceilings(device)
         recs.append(dict(c, bench="ceilings", gpu=rec["gpu"]))
+        print("ceilings: " + ", ".join(f"{k} {v:.1f}" for k, v in c.items()))
+    if a.result:
+        with open(a.result, "w") as f:
+            f.write(json.dumps(rec) + "\n")
+    if a.out:
+        with open(a.out, "a") as f:
+            for r in recs:
+                f.write(json.dumps(r) + "\n")
+    return rec
+
+
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+# Tried in order when none of the configurations asked ran: without the graph, then without
+# torch.compile (no Triton, say), with and without the graph.
+EXPERT_FALLBACK = [("default", "off"), ("none", "on"), ("none", "off")]
+
+
+def expert_configs(text, cuda):
+    """'MODE:graph|nograph,...' -> [(mode, 'on'|'off')]."""
+    if not text:
+        return [("default", "on" if cuda else "off")]
+    out = []
+    for item in text.split(","):
+        mode, _, g = item.partition(":")
+        if mode not in COMPILE_MODES or g not in ("graph", "nograph", ""):
+            fail(f"--expert-configs: {item}: expected MODE[:graph|:nograph], MODE one of {', '.join(COMPILE_MODES)}")
+        out.append((mode, "on" if g == "graph" else "off"))
+    return out
+
+
+def speed_both(a):
+    """Both variants, each in a process of its own (a failure or a CUDA error in one leaves the
+    other's result), the expert in each configuration asked for (the fastest that passed its
+    check counts), falling back to simpler ones when none ran.  Writes each run's line
+    (bench torch_dlrm_variant) and the faster variant's as bench torch_dlrm (what
+    dlrm_speed.lua compares uvmrec with)."""
+    import subprocess
+    import tempfile
+    cuda = a.device == "cuda"
+    d = speed_desc(a)
+    base = [sys.executable, os.path.abspath(__file__), "speed", "--data", a.data, "--batch", str(a.batch),
+            "--batches", str(a.batches), "--steps", str(a.steps), "--warmup", str(a.warmup), "--device", a.device,
+            "--threads", str(a.threads)]
+    base += ["--desc", a.desc] if a.desc else ["--ckpt", a.ckpt]
+    if a.precision:
+        base += ["--precision", a.precision]
+    runs = []
+
+    def run(extra):
+        with tempfile.NamedTemporaryFile("r", suffix=".json") as res:
+            cmd = base + extra + ["--result", res.name]
+            print("+ " + " ".join(cmd[1:]), flush=True)
+            rc = subprocess.call(cmd)
+            text = res.read()
+        rec = json.loads(text) if rc == 0 and text else None
+        runs.append({"extra": extra, "rc": rc, "rec": rec})
+        return rec
+
+    plain = run(["--variant", "plain"])
+    experts = []
+    configs = expert_configs(a.expert_configs, cuda)
+    for i, (mode, g) in enumerate(configs + [c for c in EXPERT_FALLBACK if c not in configs]):
+        if i >= len(configs) and experts:
+            break
+        r = run(["--variant", "expert", "--compile", mode, "--cuda-graph", g] + ([] if a.no_check else ["--check"]))
+        if r:
+            experts.append(r)
+    expert = min(experts, key=lambda r: r["ms"]) if experts else None
+    best = min([r for r in (plain, expert) if r], key=lambda r: r["ms"], default=None)
+    recs = []
+    for r in runs:
+        if r["rec"]:
+            recs.append(dict(r["rec"], bench="torch_dlrm_variant"))
+        else:
+            recs.append({"bench": "torch_dlrm_variant", "variant": r["extra"][1], "failed": True, "rc": r["rc"],
+                         "args": " ".join(r["extra"]), "precision": d["precision"], "model": d["name"]})
+    if best:
+        recs.append(dict(best, bench="torch_dlrm", plain_ms=plain and plain["ms"], expert_ms=expert and expert["ms"],
+                         expert_config=expert and expert["config"]))
+    print(f"\ntorch_dlrm speed, both variants: {d['name']} {d['precision']} on {best['gpu'] if best else a.device}")
+    print(f"  {'variant':7} {'configuration':58} {'ms':>9} {'M/s':>8} {'check':>6}")
+    for r in recs:
+        if r["bench"] != "torch_dlrm_variant":
+            continue
+        if r.get("failed"):
+            print(f"  {r['variant']:7} {r['args']:58} {'failed (exit ' + str(r['rc']) + ')':>25}")
+        else:
+            print(f"  {r['variant']:7} {r['config']:58} {r['ms']:9.3f} {r['samples_per_s'] / 1e6:8.3f} "
+                  f"{r['check'] or '-':>6}")
+    if plain and expert:
+        print(f"  the expert variant is {plain['ms'] / expert['ms']:.2f}x the plain one")
+    if a.ceilings and cuda:
+        c = ceilings(torch.device("cuda"))
+        recs.append(dict(c, bench="ceilings", gpu=torch.cuda.get_device_name()))
         print("ceilings: " + ", ".join(f"{k} {v:.1f}" for k, v in c.items()))
     if a.out:
         with open(a.out, "a") as f:
             for r in recs:
                 f.write(json.dumps(r) + "\n")
+    if not expert:
+        fail("speed: no configuration of the expert variant ran", 1)
 
 
 def main():
@@ -761,6 +1559,8 @@ def main():
     p.add_argument("--dump", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--out")
+    p.add_argument("--variant", choices=["plain", "expert"], default="plain")
+    p.add_argument("--compile", choices=COMPILE_MODES, default="default")
     t = sub.add_parser("train")
     t.add_argument("--ckpt", required=True)
     t.add_argument("--data", required=True)
@@ -779,6 +1579,13 @@ def main():
     s.add_argument("--warmup", type=int, default=5)
     s.add_argument("--ceilings", action="store_true")
     s.add_argument("--out")
+    s.add_argument("--variant", choices=["plain", "expert", "both"], default="both")
+    s.add_argument("--compile", choices=COMPILE_MODES, default="default")
+    s.add_argument("--cuda-graph", choices=["on", "off"], default="on")
+    s.add_argument("--check", action="store_true")
+    s.add_argument("--no-check", action="store_true")
+    s.add_argument("--expert-configs", default=os.environ.get("TORCH_DLRM_EXPERT_CONFIGS"))
+    s.add_argument("--result", help=argparse.SUPPRESS)
     for q in (p, t, s):
         q.add_argument("--device", choices=["cpu", "cuda"], default=default_device)
         q.add_argument("--threads", type=int, default=0)
