@@ -14,43 +14,13 @@ local C = ur.C
 local calib = require "uvmrec.planner.calib"
 local tbe = require "uvmrec.tbe"
 
-local usage = [[
-usage: uvmrec calibrate [--out FILE] [--machine NAME] [--quick]
-  --out FILE      where to write the calibration (default: print it)
-  --machine NAME  the machine's name in the file (default: the CPU's or the GPU's)
-  --quick         smaller sizes and fewer repetitions (for specs)]]
-
--- The command line (a local parse, kept to this one function until uvmrec.cli takes over).
-local function parse(args)
-  local o = {}
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local k, v = a:match("^(%-%-[%w-]+)=(.*)$")
-    if k then a = k; table.insert(args, i + 1, v) end
-    local function value()
-      i = i + 1
-      if args[i] == nil then return nil, a .. " needs a value" end
-      return args[i]
-    end
-    local err
-    if a == "--out" then o.out, err = value()
-    elseif a == "--machine" then o.machine, err = value()
-    elseif a == "--quick" then o.quick = true
-    elseif a == "-h" or a == "--help" then o.help = true
-    else err = "unknown argument " .. a end
-    if err then return nil, err end
-    i = i + 1
-  end
-  return o
-end
-
-local o, perr = parse(arg or {})
-if not o then
-  io.stderr:write("uvmrec calibrate: ", perr, "\n", usage, "\n")
-  os.exit(2)
-end
-if o.help then print(usage) os.exit(0) end
+local o = require("uvmrec.cli").command {
+  name = "calibrate",
+  summary = "measure the rates the planner's cost model uses, on this machine",
+  { "--out FILE", "where to write the calibration (default: print it)" },
+  { "--machine NAME", "the machine's name in the file (default: the CPU's or the GPU's)" },
+  { "--quick", "smaller sizes and fewer repetitions (for specs)" },
+}:parse(arg)
 
 local gpu = ur.gpu()
 local place_fast = gpu and "device" or "host"

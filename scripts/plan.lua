@@ -4,97 +4,55 @@
 -- load factor, host), sharding and ranks for a training config within an HBM budget, from the
 -- tables' access profiles and a calibration's measured rates (uvmrec.planner, docs/planner.md);
 -- prints one row per table, the totals per rank against the budget and the predicted step, and
--- writes the plan file.  Also `luajit scripts/plan.lua ...` with the paths from `make -s env`.
+-- writes the plan file.  Its options are declared below (`uvmrec plan --help`).  Also
+-- `luajit scripts/plan.lua ...` with the paths from `make -s env`.
 local ur = require "uvmrec"
 local planner = require "uvmrec.planner"
 local profile = require "uvmrec.planner.profile"
 local train = require "uvmrec.train"
 local synthetic = require "uvmrec.data.synthetic"
 
-local usage = [[
-usage: uvmrec plan CONFIG [--gpus N] [--hbm SIZE] [--host-memory SIZE] [--calibration NAME|FILE]
-                   [--profile-steps N | --counts CKPT] [--out FILE] [--batch N] [--set a.b=v]...
-                   [--policy lru|lfu] [--threshold N|none] [--search auto|greedy|exhaustive]
-  CONFIG            a config file or a preset of models/ (dlrm_kaggle, ...)
-  --gpus N          ranks to plan for (default 1)
-  --hbm SIZE        HBM budget per rank, e.g. 16GiB (default: the calibration's device memory)
-  --host-memory S   host memory for all ranks' host-side tables (default: not checked)
-  --calibration C   h200 (default), cpu, or a calibration file (uvmrec calibrate --out FILE)
-  --profile-steps N profile the tables from N batches of the config's data
-  --counts CKPT     profile them from the access counts saved in a checkpoint
-                    (default: the synthetic preset's Zipf exponents, for synthetic data)
-  --out FILE        write the plan (JSON; a .yaml name gets the same text, which YAML reads)
-  --batch N         batch per rank (default train.batch_size)
-  --set a.b=v       override a config value (as uvmrec train), e.g. fix one table:
-                    --set embeddings.tables.C3.placement=device
-  --policy P        the cache policy to plan cached tables with (default the config's, or lru)
-  --threshold N     the greedy search's early stop (default 10; none: no early stop)
-  --search S        auto (exhaustive for small instances), greedy or exhaustive]]
-
--- The command line (a local parse, kept to this one function until uvmrec.cli takes over).
-local function parse_args(args)
-  local o = { sets = {} }
-  local i, missing = 1, nil
-  while i <= #args do
-    local a = args[i]
-    local k, v = a:match("^(%-%-[%w-]+)=(.*)$")
-    if k then a = k; table.insert(args, i + 1, v) end
-    local function value()
-      i = i + 1
-      if args[i] == nil then missing = missing or a end
-      return args[i]
-    end
-    local function count(what)
-      local n = tonumber(value())
-      if not n or n < 1 or n ~= math.floor(n) then return nil, what .. " needs a whole number >= 1" end
-      return n
-    end
-    local err
-    if a == "--gpus" then o.gpus, err = count(a)
-    elseif a == "--hbm" then o.hbm = value()
-    elseif a == "--host-memory" then o.host_memory = value()
-    elseif a == "--calibration" then o.calibration = value()
-    elseif a == "--profile-steps" then o.profile_steps, err = count(a)
-    elseif a == "--counts" then o.counts = value()
-    elseif a == "--out" then o.out = value()
-    elseif a == "--batch" then o.batch, err = count(a)
-    elseif a == "--set" then o.sets[#o.sets + 1] = value()
-    elseif a == "--policy" then o.policy = value()
-    elseif a == "--threshold" then
-      local t = value()
-      if t == "none" then o.threshold = false
-      else
-        o.threshold = tonumber(t)
-        if not o.threshold then err = "--threshold needs a number or none" end
-      end
-    elseif a == "--search" then o.search = value()
-    elseif a == "-h" or a == "--help" then o.help = true
-    elseif a:match("^%-%-") then err = "unknown option " .. a
-    elseif o.config then err = ("one CONFIG, got '%s' and '%s'"):format(o.config, a)
-    else o.config = a end
-    if missing then return nil, missing .. " needs a value" end
-    if err then return nil, err end
-    i = i + 1
-  end
-  if o.profile_steps and o.counts then return nil, "give --profile-steps or --counts, not both" end
-  return o
-end
-
+local cmd = require("uvmrec.cli").command {
+  name = "plan",
+  summary = "choose each embedding table's placement, cache size and sharding within an HBM budget",
+  { "CONFIG", "a config file or a preset of models/ (dlrm_kaggle, ...)" },
+  { "--gpus N", "ranks to plan for", type = "whole", default = 1,
+    check = function(n) return n >= 1 and n or nil, "must be at least 1" end },
+  { "--hbm SIZE", "HBM budget per rank, e.g. 16GiB (default: the calibration's device memory)" },
+  { "--host-memory SIZE", "host memory for all ranks' host-side tables (default: not checked)" },
+  { "--calibration C", "h200, cpu, or a calibration file (uvmrec calibrate --out FILE)", default = "h200" },
+  { "--profile-steps N", "profile the tables from N batches of the config's data", type = "whole",
+    check = function(n) return n >= 1 and n or nil, "must be at least 1" end },
+  { "--counts CKPT", "profile them from the access counts saved in a checkpoint (default: the synthetic "
+    .. "preset's Zipf exponents, for synthetic data)" },
+  { "--out FILE", "write the plan (JSON; a .yaml name gets the same text, which YAML reads)" },
+  { "--batch N", "batch per rank (default train.batch_size)", type = "whole",
+    check = function(n) return n >= 1 and n or nil, "must be at least 1" end },
+  { "--set K=V", "override a config value (as uvmrec train), e.g. --set embeddings.tables.C3.placement=device",
+    many = true, key = "sets" },
+  { "--policy P", "the cache policy to plan cached tables with (default the config's, or lru)",
+    choices = { "lru", "lfu" } },
+  { "--threshold N", "the greedy search's early stop: a number (default 10), or none for no early stop",
+    check = function(t)
+      if t == "none" then return false end
+      local n = tonumber(t)
+      return n and n >= 1 and n or nil, "must be a number >= 1 or none"
+    end },
+  { "--search S", "auto (exhaustive for small instances), greedy or exhaustive", choices = { "auto", "greedy",
+    "exhaustive" } },
+  mutex = { { "--profile-steps", "--counts" } },
+}
+local o = cmd:parse(arg)
 local function die(msg, code)
-  io.stderr:write("uvmrec plan: ", msg, "\n")
-  os.exit(code or 1)
+  if code == 2 then cmd:misuse(msg) end
+  cmd:fail(msg, code)
 end
-
-local o, perr = parse_args(arg or {})
-if not o then die(perr .. "\n" .. usage, 2) end
-if o.help then print(usage) os.exit(0) end
-if not o.config then die("needs a CONFIG\n" .. usage, 2) end
 
 local path, ferr = train.find_config(o.config)
 if not path then die(ferr, 2) end
 local cfg, cerr = train.config.load(path, o.sets)
 if not cfg then die(cerr, 2) end
-local cal, calerr = planner.calib.find(o.calibration or "h200")
+local cal, calerr = planner.calib.find(o.calibration)
 if not cal then die(calerr, 2) end
 
 local e = cfg.embeddings

@@ -23,41 +23,23 @@ local C = ur.C
 local profile = require "uvmrec.planner.profile"
 local hitrate = require "uvmrec.planner.hitrate"
 
-local o = { rows = 1000000, tables = 4, batch = 8192, batches = 200, warm = 100, zipf = 1.05,
-            fractions = { 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0 }, policies = { "lru", "lfu" }, decay = 0 }
-do
-  local i = 1
-  local function list(s, f)
-    local t = {}
-    for x in s:gmatch("[^,]+") do t[#t + 1] = f(x) end
-    return t
-  end
-  while i <= #arg do
-    local a = arg[i]
-    local function value()
-      i = i + 1
-      if arg[i] == nil then error("cache_warm: " .. a .. " needs a value", 0) end
-      return arg[i]
-    end
-    if a == "--rows" then o.rows = tonumber(value())
-    elseif a == "--tables" then o.tables = tonumber(value())
-    elseif a == "--batch" then o.batch = tonumber(value())
-    elseif a == "--batches" then o.batches = tonumber(value())
-    elseif a == "--warm" then o.warm = tonumber(value())
-    elseif a == "--zipf" then o.zipf = tonumber(value())
-    elseif a == "--fractions" then o.fractions = list(value(), tonumber)
-    elseif a == "--policies" then o.policies = list(value(), function(x) return x end)
-    elseif a == "--decay" then o.decay = tonumber(value())
-    elseif a == "--prefetch" then o.prefetch = true
-    elseif a == "--out" then o.out = value()
-    elseif a == "--plot" then o.plot = value()
-    else
-      error("cache_warm: unknown argument " .. a .. " (expected --rows --tables --batch --batches --warm "
-            .. "--zipf --fractions --policies --prefetch --out --plot)", 0)
-    end
-    i = i + 1
-  end
-end
+local o = require("uvmrec.cli").command {
+  name = "scripts/bench/cache_warm.lua",
+  summary = "the cache's warm and first-touch hit rates against its size, beside the planner's model",
+  { "--rows N", "rows per table", type = "whole", default = 1000000 },
+  { "--tables N", "tables", type = "whole", default = 4 },
+  { "--batch N", "ids per table and batch", type = "whole", default = 8192 },
+  { "--batches N", "measured batches", type = "whole", default = 200 },
+  { "--warm N", "warm-up batches before them", type = "whole", default = 100 },
+  { "--zipf S", "the ids' Zipf exponent", type = "number", default = 1.05 },
+  { "--fractions F", "cache sizes as fractions of the rows", type = "numbers",
+    default = { 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0 } },
+  { "--policies P", "cache policies", type = "list", choices = { "lru", "lfu" }, default = { "lru", "lfu" } },
+  { "--decay N", "LFU: counts halve every N batches (0: never)", type = "whole", default = 0 },
+  { "--prefetch", "prepare each batch before the previous one retires (the pipeline's order)" },
+  { "--out FILE", "JSON lines of the results" },
+  { "--plot FILE", "a PNG of the curves (matplotlib)" },
+}:parse(arg)
 
 local function die(msg)
   io.stderr:write("cache_warm: ", msg, "\n")
@@ -68,7 +50,7 @@ local out_file
 local function emit(rec)
   if not o.out then return end
   out_file = out_file or assert(io.open(o.out, "w"))
-  out_file:write(require("uvmrec.checkpoint").json.encode(rec), "\n")
+  out_file:write(require("uvmrec.json").encode(rec), "\n")
   out_file:flush()
 end
 

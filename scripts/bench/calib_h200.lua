@@ -8,10 +8,11 @@
 local profile = require "uvmrec.planner.profile"
 local calib = require "uvmrec.planner.calib"
 
-local out = "lua/uvmrec/planner/calib/h200.json"
-for i = 1, #arg do
-  if arg[i] == "--out" then out = arg[i + 1] end
-end
+local out = require("uvmrec.cli").command {
+  name = "scripts/bench/calib_h200.lua",
+  summary = "build the planner's H200 calibration from the figures the project measured there",
+  { "--out FILE", "where the calibration goes", default = "lua/uvmrec/planner/calib/h200.json" },
+}:parse(arg).out
 
 local DAY = "2026-11-29"
 local BENCH = "BENCH.md, table 'Ceilings measured on one NVIDIA H200' (no command or date recorded there)"

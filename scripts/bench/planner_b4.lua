@@ -7,9 +7,12 @@
 local planner = require "uvmrec.planner"
 local train = require "uvmrec.train"
 
-local calname = "h200"
-for i = 1, #arg do if arg[i] == "--calibration" then calname = arg[i + 1] end end
-local cal = assert(planner.calib.find(calname))
+local o = require("uvmrec.cli").command {
+  name = "scripts/bench/planner_b4.lua",
+  summary = "the planner's predicted steps for the B3/B4 configurations beside the H200's measured ones",
+  { "--calibration C", "h200, cpu or a calibration file", default = "h200" },
+}:parse(arg)
+local cal = assert(planner.calib.find(o.calibration))
 local path = assert(train.find_config("dlrm_mlperf_v1_2m"))
 local cfg = assert(train.config.load(path, {}))
 local rows = train.config.table_rows(cfg)

@@ -10,7 +10,7 @@
 -- The rates (M.RATES below) are all required, except the collectives, which only plans over
 -- several ranks need.  Shipped: calib/h200.json (from the project's H200 figures) and
 -- calib/cpu.json (`uvmrec calibrate` on the 2-core development machine).
-local json = require("uvmrec.checkpoint").json
+local json = require "uvmrec.json"
 
 local M = {}
 

@@ -16,7 +16,7 @@
 local cost = require "uvmrec.planner.cost"
 local search = require "uvmrec.planner.search"
 local calib = require "uvmrec.planner.calib"
-local json = require("uvmrec.checkpoint").json
+local json = require "uvmrec.json"
 
 local M = {}
 M.profile = require "uvmrec.planner.profile"
