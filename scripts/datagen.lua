@@ -51,7 +51,8 @@ local C = ur.C
 local function writer(path, descr, shape)
   local w = ffi.new("ur_npy_writer *[1]")
   local dims = ffi.new("int64_t[4]", shape)
-  if C.ur_npy_writer_open(path, descr, #shape, dims, w) ~= 0 then cmd:fail(ffi.string(C.ur_last_error())) end
+  if C.ur_npy_writer_open(w, path, descr, #shape,
+                          dims) ~= 0 then cmd:fail(ffi.string(C.ur_last_error())) end
   return w[0]
 end
 local function append(w, t)

@@ -88,7 +88,7 @@ describe("uvmrec.cache", function()
     assert.equal("tbe: set_permutation of table 'a': the table is cached (its kernels read the cache's slots); "
                  .. "row layouts are for device, managed and host tables", ffi.string(C.ur_last_error()))
     local st = ffi.new("ur_tbe_relayout_stats")
-    assert.not_equal(0, C.ur_tbe_relayout(nil, m.tbe.h.p, 0, perm.p, 0, st))
+    assert.not_equal(0, C.ur_tbe_relayout(nil, m.tbe.h.p, 0, perm.p, st, 0))
     assert.matches("relayout of table 'a': the table is cached", ffi.string(C.ur_last_error()))
   end)
 

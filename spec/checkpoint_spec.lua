@@ -36,7 +36,7 @@ end
 -- The status and message of opening path, straight from the C API.
 local function open_status(path)
   local out = ffi.new("ur_safetensors *[1]")
-  local st = C.ur_safetensors_open(path, out)
+  local st = C.ur_safetensors_open(out, path)
   if st == 0 then C.ur_safetensors_close(out[0]) end
   return st, ffi.string(C.ur_last_error())
 end

@@ -213,7 +213,7 @@ describe("uvmrec.tbe page runs (ur_tbe_page_runs)", function()
     assert.equal("tbe: prefetch_pages: batch_per_feature sums to 3 bags but offsets hold 4",
                  err_of({ values = good.values, offsets = good.offsets, batch_per_feature = { 1, 1, 1, 0 } }))
     local st = ffi.new("ur_page_stats")
-    assert.equal(C.UR_STATUS_INVALID, C.ur_tbe_page_runs(c.h.p, good.values.p, good.offsets.p, nil, -7, st))
+    assert.equal(C.UR_STATUS_INVALID, C.ur_tbe_page_runs(c.h.p, good.values.p, good.offsets.p, nil, st, -7))
     assert.equal("tbe: prefetch_pages: location -7 is not a location; expected -1 (cpu), -2 (the collection's "
                  .. "gpu) or a GPU number", ffi.string(C.ur_last_error()))
     assert.has_error(function() c:page_runs(good, "moon") end)

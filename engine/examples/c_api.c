@@ -28,14 +28,14 @@ int main(void) {
   if (ur_tensor_new(&t, UR_DTYPE_F32, 2, shape, UR_PLACE_MANAGED, gpu ? 0 : UR_LOC_CPU))
     return fail("tensor_new");
   if (ur_tensor_rand(NULL, t, UR_DIST_UNIFORM, -0.05, 0.05, 7)) goto failed;
-  if (ur_tensor_advise(t, 0, hot, UR_ADVICE_PREFERRED_LOCATION, gpu ? 0 : UR_LOC_CPU, &r))
+  if (ur_tensor_advise(t, 0, hot, &r, UR_ADVICE_PREFERRED_LOCATION, gpu ? 0 : UR_LOC_CPU))
     goto failed;
   printf("hot rows: bytes %llu..%llu (page %llu, rounded %d)\n", (unsigned long long)r.byte_begin,
          (unsigned long long)r.byte_end, (unsigned long long)r.page_bytes, (int)r.rounded);
-  if (ur_tensor_advise(t, hot, numel - hot, UR_ADVICE_PREFERRED_LOCATION, UR_LOC_CPU, &r))
+  if (ur_tensor_advise(t, hot, numel - hot, &r, UR_ADVICE_PREFERRED_LOCATION, UR_LOC_CPU))
     goto failed;
-  if (gpu && ur_tensor_advise(t, hot, numel - hot, UR_ADVICE_ACCESSED_BY, loc, &r)) goto failed;
-  if (ur_tensor_prefetch(NULL, t, 0, hot, loc, &r)) goto failed;
+  if (gpu && ur_tensor_advise(t, hot, numel - hot, &r, UR_ADVICE_ACCESSED_BY, loc)) goto failed;
+  if (ur_tensor_prefetch(NULL, t, 0, hot, &r, loc)) goto failed;
   if (ur_tensor_advised(t, hot, numel - hot, &a)) goto failed;
   ur_location_format(a.preferred_location, where, sizeof where);
   printf("cold rows: preferred %s (%s)\n", where, a.from_driver ? "driver" : "engine record");

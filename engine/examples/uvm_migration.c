@@ -90,7 +90,7 @@ static int step_advise(demo *d, const char *step, ur_advice advice, int32_t loca
   ur_range r;
   ur_migration_stats moved;
   double t0 = now_s();
-  if (ur_tensor_advise(d->t, 0, d->numel, advice, location, &r) != UR_STATUS_OK)
+  if (ur_tensor_advise(d->t, 0, d->numel, &r, advice, location) != UR_STATUS_OK)
     return engine_error(step);
   return report(d, step, now_s() - t0, 0, NULL, &moved);
 }
@@ -98,7 +98,7 @@ static int step_advise(demo *d, const char *step, ur_advice advice, int32_t loca
 static int step_prefetch(demo *d, const char *step, int32_t location, ur_migration_stats *moved) {
   ur_range r;
   double t0 = now_s();
-  if (ur_tensor_prefetch(d->s, d->t, 0, d->numel, location, &r) != UR_STATUS_OK)
+  if (ur_tensor_prefetch(d->s, d->t, 0, d->numel, &r, location) != UR_STATUS_OK)
     return engine_error(step);
   if (ur_stream_sync(d->s) != UR_STATUS_OK) return engine_error(step);
   double secs = now_s() - t0;
@@ -141,7 +141,7 @@ static int run(demo *d) {
   if (ur_tensor_fill(d->s, d->t, 1.0) != UR_STATUS_OK) return engine_error("filling the tensor");
   /* Start from every page on the host, wherever the fill ran, so that the GPU prefetch
    * below has the whole tensor to move. */
-  if (ur_tensor_prefetch(d->s, d->t, 0, d->numel, UR_LOC_CPU, &r) != UR_STATUS_OK ||
+  if (ur_tensor_prefetch(d->s, d->t, 0, d->numel, &r, UR_LOC_CPU) != UR_STATUS_OK ||
       ur_stream_sync(d->s) != UR_STATUS_OK)
     return engine_error("placing the tensor on the host");
 

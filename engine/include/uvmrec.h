@@ -265,10 +265,10 @@ UR_API const char *ur_advice_name(ur_advice a);
 UR_API ur_status ur_advice_parse(const char *s, ur_advice *out);
 
 /* Memory hints on managed tensors, by element offset and count within the tensor. */
-UR_API ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel, ur_advice advice,
-                                  int32_t location, ur_range *out);
+UR_API ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel, ur_range *out,
+                                  ur_advice advice, int32_t location);
 UR_API ur_status ur_tensor_prefetch(ur_stream *s, ur_tensor *t, int64_t offset, int64_t numel,
-                                    int32_t location, ur_range *out);
+                                    ur_range *out, int32_t location);
 UR_API ur_status ur_tensor_advised(const ur_tensor *t, int64_t offset, int64_t numel,
                                    ur_advised *out);
 UR_API ur_status ur_tensor_residency(ur_stream *s, const ur_tensor *t, int64_t offset,
@@ -357,15 +357,15 @@ UR_API size_t ur_sizeof_npy_info(void);
 UR_API ur_status ur_npy_parse_header(const void *buf, size_t len, const char *what,
                                      ur_npy_info *out);
 /* Reads a whole file into a new host tensor: f32 for <f4, i32 for <i4, i64 for <u4 and <i8. */
-UR_API ur_status ur_npy_load(const char *path, ur_tensor **out);
+UR_API ur_status ur_npy_load(ur_tensor **out, const char *path);
 /* Writes a tensor (f32, i32, i64) as .npy; descr overrides the dtype's ("<u4" for i32 ids). */
 UR_API ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr);
 /* A .npy written in parts: rows of tensors appended, converted to descr (f32 to <f4; integer
  * or f32 tensors to <i4, <u4, <i8, each value checked to fit), the row count set on close. */
 struct ur_npy_writer;
 typedef struct ur_npy_writer ur_npy_writer;
-UR_API ur_status ur_npy_writer_open(const char *path, const char *descr, int32_t ndim,
-                                    const int64_t *shape, ur_npy_writer **out);
+UR_API ur_status ur_npy_writer_open(ur_npy_writer **out, const char *path, const char *descr,
+                                    int32_t ndim, const int64_t *shape);
 UR_API ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *rows);
 /* Writes the header and closes; frees w either way. */
 UR_API ur_status ur_npy_writer_close(ur_npy_writer *w);
@@ -395,8 +395,8 @@ typedef struct ur_criteo_reader ur_criteo_reader;
 UR_API ur_status ur_criteo_parse_line(const char *line, size_t len, int32_t pad_missing_fields,
                                       int32_t *label, float *dense, uint32_t *cats,
                                       int32_t *padded);
-UR_API ur_status ur_criteo_open(const char *const *paths, int32_t npaths,
-                                const ur_criteo_opts *opts, ur_criteo_reader **out);
+UR_API ur_status ur_criteo_open(ur_criteo_reader **out, const char *const *paths, int32_t npaths,
+                                const ur_criteo_opts *opts);
 UR_API void ur_criteo_close(ur_criteo_reader *r);
 /* Up to max rows into host buffers labels[max], dense[max * 13], ids[max * 26] (ids reduced
  * modulo rows where given); *n 0 at the end.  An error names file and line. */
@@ -408,9 +408,9 @@ UR_API int32_t ur_criteo_file_index(const ur_criteo_reader *r);
 /* TSV to binary day files: input i becomes out_dir/day_D_{dense,sparse,labels}.npy with
  * D = days[i] (or i when days is NULL): dense <f4 [N,13] already transformed, sparse <i4
  * [N,26] when every column has rows (ids mod rows), else <u4 raw ids, labels <i4 [N]. */
-UR_API ur_status ur_criteo_convert(const char *const *paths, int32_t npaths,
+UR_API ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_criteo_stats *out,
                                    const ur_criteo_opts *opts, const char *out_dir,
-                                   const int32_t *days, ur_criteo_stats *out);
+                                   const int32_t *days);
 
 /* Synthetic data (engine/src/synth.c): counter-based, so sample i is the same whatever the
  * order, the thread count or the backend.  Labels come from a hidden logistic model whose
@@ -480,7 +480,7 @@ typedef struct ur_loader ur_loader;
 typedef struct ur_batch ur_batch;
 UR_API size_t ur_sizeof_loader_opts(void);
 UR_API size_t ur_sizeof_loader_stats(void);
-UR_API ur_status ur_loader_open(const ur_loader_opts *opts, ur_loader **out);
+UR_API ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *opts);
 /* The next batch (*out NULL at the end); an error of the loader thread is returned here,
  * after the batches made before it. */
 UR_API ur_status ur_loader_next(ur_loader *l, ur_batch **out);
@@ -645,7 +645,7 @@ UR_API size_t ur_sizeof_tbe_relayout_stats(void);
 /* The permutation in force as an i64 [rows] view, or *out = NULL for the identity. */
 UR_API ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out);
 UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
-                                 int64_t chunk_rows, ur_tbe_relayout_stats *out /* out */);
+                                 ur_tbe_relayout_stats *out /* out */, int64_t chunk_rows);
 /* Installs perm (NULL: the identity) without moving any row: for rows already laid out by it,
  * as a checkpoint holds them. */
 UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm);
@@ -689,11 +689,11 @@ UR_API size_t ur_sizeof_page_run(void);
 UR_API size_t ur_sizeof_page_stats(void);
 UR_API ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values,
                                        const ur_tensor *offsets, const int64_t *batch_per_feature,
-                                       int32_t location, ur_page_stats *out /* out */);
+                                       ur_page_stats *out /* out */, int32_t location);
 /* The same computation, issuing nothing: for tests and for looking at what a batch touches. */
 UR_API ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
-                                  const int64_t *batch_per_feature, int32_t location,
-                                  ur_page_stats *out /* out */);
+                                  const int64_t *batch_per_feature, ur_page_stats *out /* out */,
+                                  int32_t location);
 /* The runs of the last ur_tbe_prefetch_pages or ur_tbe_page_runs on t, skipped ones included,
  * by table, then tensor, then address: lent, valid until the next such call or ur_tbe_free.
  * *count gets their number (0, with NULL, before any call). */
@@ -1012,7 +1012,7 @@ UR_API ur_status ur_safetensors_save(ur_stream *s, const char *path, int32_t n,
                                      const char *const *names, const ur_tensor *const *tensors,
                                      int32_t nmeta, const char *const *meta_keys,
                                      const char *const *meta_values, uint64_t staging_bytes);
-UR_API ur_status ur_safetensors_open(const char *path, ur_safetensors **out);
+UR_API ur_status ur_safetensors_open(ur_safetensors **out, const char *path);
 UR_API void ur_safetensors_close(ur_safetensors *f);
 UR_API const char *ur_safetensors_path(const ur_safetensors *f);
 UR_API uint64_t ur_safetensors_bytes(const ur_safetensors *f);      /* the file's size */
@@ -1053,8 +1053,8 @@ typedef struct ur_yaml_node {
 } ur_yaml_node;
 typedef struct ur_yaml_doc ur_yaml_doc;
 UR_API size_t ur_sizeof_yaml_node(void);
-UR_API ur_status ur_yaml_load(const char *path, ur_yaml_doc **out);
-UR_API ur_status ur_yaml_parse(const char *text, size_t len, const char *name, ur_yaml_doc **out);
+UR_API ur_status ur_yaml_load(ur_yaml_doc **out, const char *path);
+UR_API ur_status ur_yaml_parse(ur_yaml_doc **out, const char *text, size_t len, const char *name);
 UR_API int32_t ur_yaml_count(const ur_yaml_doc *d);    /* nodes; node 0 is the root */
 UR_API const ur_yaml_node *ur_yaml_nodes(const ur_yaml_doc *d);
 UR_API const char *ur_yaml_name(const ur_yaml_doc *d); /* the file name errors use */
@@ -1073,7 +1073,7 @@ typedef enum ur_json_type {
   UR_JSON_ARRAY, UR_JSON_OBJECT
 } ur_json_type;
 /* Any JSON value (not only objects and arrays); UR_STATUS_FORMAT names the byte where it fails. */
-UR_API ur_status ur_json_parse(const char *text, size_t len, ur_json **out);
+UR_API ur_status ur_json_parse(ur_json **out, const char *text, size_t len);
 UR_API void ur_json_free(ur_json *v);
 UR_API ur_json_type ur_json_typeof(const ur_json *v);
 UR_API int64_t ur_json_integer(const ur_json *v);                 /* 0 unless an integer */
@@ -1088,10 +1088,10 @@ UR_API const char *ur_json_iter_key(void *it, size_t *len);
 UR_API ur_json *ur_json_iter_value(void *it);
 /* Building: null, false, true, an empty array or object; then the typed values.  A real must
  * be finite and a string valid UTF-8 (else UR_STATUS_INVALID). */
-UR_API ur_status ur_json_new(ur_json_type type, ur_json **out);
-UR_API ur_status ur_json_new_integer(int64_t value, ur_json **out);
-UR_API ur_status ur_json_new_real(double value, ur_json **out);
-UR_API ur_status ur_json_new_string(const char *s, size_t len, ur_json **out);
+UR_API ur_status ur_json_new(ur_json **out, ur_json_type type);
+UR_API ur_status ur_json_new_integer(ur_json **out, int64_t value);
+UR_API ur_status ur_json_new_real(ur_json **out, double value);
+UR_API ur_status ur_json_new_string(ur_json **out, const char *s, size_t len);
 /* Both take the value they add, also when they fail; a key set again replaces its value. */
 UR_API ur_status ur_json_append(ur_json *array, ur_json *item);
 UR_API ur_status ur_json_set(ur_json *object, const char *key, size_t len, ur_json *value);

@@ -42,14 +42,14 @@ int main(int argc, char **argv) {
   ur_loader *l;
   ur_batch *b;
   /* 1. Take two batches, hold one, let the thread fill every slot, then stop. */
-  if (ur_loader_open(&o, &l)) return fail("open");
+  if (ur_loader_open(&l, &o)) return fail("open");
   if (ur_loader_next(l, &b) || !b) return fail("next");
   ur_batch *held = b;
   if (ur_loader_next(l, &b) || !b) return fail("next");
   ur_loader_release(l, held);
   ur_loader_close(l); /* b is not released: close frees it */
   /* 2. Stop at once. */
-  if (ur_loader_open(&o, &l)) return fail("open");
+  if (ur_loader_open(&l, &o)) return fail("open");
   ur_loader_close(l);
   /* 3. An error in the thread reaches the consumer after the good batches. */
   memset(&o, 0, sizeof o);
@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
   o.depth = 2;
   o.epochs = 1;
   o.world = 1;
-  if (ur_loader_open(&o, &l)) return fail("open tsv");
+  if (ur_loader_open(&l, &o)) return fail("open tsv");
   int batches = 0;
   ur_status st;
   while (!(st = ur_loader_next(l, &b)) && b) {
@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
   printf("error after %d batches: %s\n", batches, ur_last_error());
   ur_loader_close(l);
   /* 4. The same error while the consumer stops early, before reaching it. */
-  if (ur_loader_open(&o, &l)) return fail("open tsv");
+  if (ur_loader_open(&l, &o)) return fail("open tsv");
   ur_loader_close(l);
   printf("loader_check: ok\n");
   return 0;

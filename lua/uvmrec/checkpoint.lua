@@ -44,7 +44,7 @@ end
 function M.open(path)
   if type(path) ~= "string" then error("checkpoint open: path must be a string", 2) end
   local out = ffi.new("ur_safetensors *[1]")
-  local ok, err = check(C.ur_safetensors_open(path, out))
+  local ok, err = check(C.ur_safetensors_open(out, path))
   if not ok then return nil, err end
   return wrap_file(out[0])
 end

@@ -188,14 +188,14 @@ end
 -- Environmental failures (file, YAML) and schema errors return nil, "file:line:col: ...".
 function M.load(path, schema)
   local out = ffi.new("ur_yaml_doc *[1]")
-  local ok, err = check(C.ur_yaml_load(path, out))
+  local ok, err = check(C.ur_yaml_load(out, path))
   if not ok then return nil, err end
   return from_doc(out[0], schema)
 end
 
 function M.parse(text, schema, name)
   local out = ffi.new("ur_yaml_doc *[1]")
-  local ok, err = check(C.ur_yaml_parse(text, #text, name or "<string>", out))
+  local ok, err = check(C.ur_yaml_parse(out, text, #text, name or "<string>"))
   if not ok then return nil, err end
   return from_doc(out[0], schema)
 end

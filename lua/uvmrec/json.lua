@@ -46,25 +46,28 @@ end
 local function node(v, path, depth)
   local t = type(v)
   if depth > MAX_DEPTH then fail("nesting deeper than " .. MAX_DEPTH .. " at " .. path) end
-  if t == "string" then return made(C.ur_json_new_string(v, #v, box), path) end
+  if t == "string" then return made(C.ur_json_new_string(box, v, #v), path) end
   if t == "number" then
     if v ~= v or v == math.huge or v == -math.huge then
       fail(path .. " is " .. tostring(v) .. ", which JSON cannot hold")
     end
-    if v == math.floor(v) and math.abs(v) < EXACT then return made(C.ur_json_new_integer(v, box), path) end
-    return made(C.ur_json_new_real(v, box), path)
+    if v == math.floor(v) and math.abs(v) < EXACT then return made(C.ur_json_new_integer(box, v),
+                                                                                         path) end
+    return made(C.ur_json_new_real(box, v), path)
   end
-  if t == "boolean" then return made(C.ur_json_new(v and C.UR_JSON_TRUE or C.UR_JSON_FALSE, box), path) end
+  if t == "boolean" then return made(C.ur_json_new(box, v and C.UR_JSON_TRUE or C.UR_JSON_FALSE),
+                                                   path) end
   if t == "table" then
-    return made(C.ur_json_new(is_array(v, path) and C.UR_JSON_ARRAY or C.UR_JSON_OBJECT, box), path)
+    return made(C.ur_json_new(box, is_array(v, path) and C.UR_JSON_ARRAY or C.UR_JSON_OBJECT), path)
   end
-  if t == "cdata" and ffi.istype("int64_t", v) then return made(C.ur_json_new_integer(v, box), path) end
+  if t == "cdata" and ffi.istype("int64_t", v) then return made(C.ur_json_new_integer(box, v),
+                                                                                      path) end
   if t == "cdata" and ffi.istype("uint64_t", v) then
     if v > INT64_MAX then
       fail(("%s is %s, above 2^63 - 1, the largest integer JSON holds here"):format(path,
         (tostring(v):gsub("ULL$", ""))))
     end
-    return made(C.ur_json_new_integer(v, box), path)
+    return made(C.ur_json_new_integer(box, v), path)
   end
   fail(path .. " is a " .. t .. ", which JSON cannot hold")
 end
@@ -155,7 +158,7 @@ end
 -- The value of JSON text, or nil, "json: <what> at byte N".
 function M.decode(text)
   if type(text) ~= "string" then error("json decode: expected a string, got " .. type(text), 2) end
-  if C.ur_json_parse(text, #text, box) ~= 0 then return nil, ffi.string(C.ur_last_error()) end
+  if C.ur_json_parse(box, text, #text) ~= 0 then return nil, ffi.string(C.ur_last_error()) end
   local root = box[0]
   local ok, v = pcall(value, root)
   C.ur_json_free(root)

@@ -523,7 +523,7 @@ end
 function methods:prefetch_pages(input, stream, location)
   local v, o, _, bp = self:_input(input, 2)
   local loc = page_location(location, 2)
-  local ok, err = check(C.ur_tbe_prefetch_pages(S(stream), H(self), v, o, bp, loc, page_stats), 2)
+  local ok, err = check(C.ur_tbe_prefetch_pages(S(stream), H(self), v, o, bp, page_stats, loc), 2)
   if not ok then return nil, err end
   return stats_table(page_stats)
 end
@@ -534,7 +534,7 @@ end
 function methods:page_runs(input, location)
   local v, o, _, bp = self:_input(input, 2)
   local loc = page_location(location, 2)
-  local ok, err = check(C.ur_tbe_page_runs(H(self), v, o, bp, loc, page_stats), 2)
+  local ok, err = check(C.ur_tbe_page_runs(H(self), v, o, bp, page_stats, loc), 2)
   if not ok then return nil, err end
   local r = C.ur_tbe_last_page_runs(H(self), run_count)
   local list = {}

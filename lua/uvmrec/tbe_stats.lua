@@ -184,7 +184,8 @@ function M.install(methods)
     end
     local st = ffi.new("ur_tbe_relayout_stats")
     local ok, err = check(C.ur_tbe_relayout(streams.handle(opts.stream, 3), self.h.p, i,
-                                            perm and lib.ptr(perm, "perm", 2) or nil, opts.chunk_rows or 0, st), 2)
+                                            perm and lib.ptr(perm, "perm", 2) or nil, st,
+                                            opts.chunk_rows or 0), 2)
     if own then own:free() end
     if not ok then return nil, err end
     return { seconds = st.seconds, bytes = tonumber(st.bytes), rows_moved = tonumber(st.rows_moved),

@@ -178,14 +178,14 @@ local range = ffi.new("ur_range")
 function methods:advise(offset, numel, advice, location)
   local a = lib.enum(C.ur_advice_parse, "ur_advice", advice, "advise", 3)
   local loc = location == nil and C.UR_LOC_CURRENT_GPU or lib.location(location, 3)
-  local ok, err = check(C.ur_tensor_advise(T(self), offset, numel, a, loc, range))
+  local ok, err = check(C.ur_tensor_advise(T(self), offset, numel, range, a, loc))
   if not ok then return nil, err end
   return range_table(range)
 end
 
 function methods:prefetch(offset, numel, location, stream)
   local loc = location == nil and C.UR_LOC_CURRENT_GPU or lib.location(location, 3)
-  local ok, err = check(C.ur_tensor_prefetch(S(stream), T(self), offset, numel, loc, range))
+  local ok, err = check(C.ur_tensor_prefetch(S(stream), T(self), offset, numel, range, loc))
   if not ok then return nil, err end
   return range_table(range)
 end

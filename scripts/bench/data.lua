@@ -58,7 +58,7 @@ do
   local paths = ffi.new("const char *[1]", { tsv })
   local r = ffi.new("ur_criteo_reader *[1]")
   local o = data.criteo_opts({ rows = data.presets.kaggle_rows }, 1)
-  assert(C.ur_criteo_open(paths, 1, o, r) == 0)
+  assert(C.ur_criteo_open(r, paths, 1, o) == 0)
   local chunk = 65536
   local lb, d, c = ffi.new("int32_t[?]", chunk), ffi.new("float[?]", chunk * 13), ffi.new("uint32_t[?]", chunk * 26)
   local got = ffi.new("int64_t[1]")

@@ -197,8 +197,8 @@ out:
   return rc;
 }
 
-ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel, ur_advice advice,
-                           int32_t location, ur_range *out) {
+ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel, ur_range *out,
+                           ur_advice advice, int32_t location) {
   ur_range r;
   int32_t loc;
   if ((unsigned)advice >= UR_ADVICE_COUNT)
@@ -211,7 +211,7 @@ ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel, ur_advic
 }
 
 ur_status ur_tensor_prefetch(ur_stream *str, ur_tensor *t, int64_t offset, int64_t numel,
-                             int32_t location, ur_range *out) {
+                             ur_range *out, int32_t location) {
   ur_range r;
   int32_t loc;
   ur_status s = hint_range(t, offset, numel, "prefetch", &r);

@@ -222,8 +222,8 @@ void ur_criteo_close(ur_criteo_reader *r) {
   free(r);
 }
 
-ur_status ur_criteo_open(const char *const *paths, int32_t npaths, const ur_criteo_opts *opts,
-                         ur_criteo_reader **out) {
+ur_status ur_criteo_open(ur_criteo_reader **out, const char *const *paths, int32_t npaths,
+                         const ur_criteo_opts *opts) {
   *out = NULL;
   pthread_once(&log_once, log_init);
   if (npaths < 1) return ur__error(UR_STATUS_INVALID, "criteo-tsv: no input files");
@@ -526,10 +526,10 @@ int32_t ur_criteo_file_index(const ur_criteo_reader *r) { return r->rows_file; }
 
 /* ---- conversion to day files ---- */
 
-ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, const ur_criteo_opts *opts,
-                            const char *out_dir, const int32_t *days, ur_criteo_stats *out) {
+ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_criteo_stats *out,
+                            const ur_criteo_opts *opts, const char *out_dir, const int32_t *days) {
   ur_criteo_reader *r;
-  ur_status st = ur_criteo_open(paths, npaths, opts, &r);
+  ur_status st = ur_criteo_open(&r, paths, npaths, opts);
   if (st) return st;
   int all_rows = 1;
   for (int k = 0; k < NCAT; k++)

@@ -330,7 +330,7 @@ static ur_status tsv_restart(ur_loader *l) {
   ur_criteo_close(l->tsv);
   l->tsv = NULL;
   l->tsv_next = 0;
-  return ur_criteo_open((const char *const *)l->paths, l->o.npaths, &l->o.criteo, &l->tsv);
+  return ur_criteo_open(&l->tsv, (const char *const *)l->paths, l->o.npaths, &l->o.criteo);
 }
 
 /* Up to n rows from row0 (TSV reads forward, restarting when asked to go back); *got is
@@ -676,7 +676,7 @@ static void *xmalloc(size_t n, int *bad) {
   return p;
 }
 
-ur_status ur_loader_open(const ur_loader_opts *o, ur_loader **out) {
+ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
   *out = NULL;
   if (o->batch_size < 1)
     return ur__error(UR_STATUS_INVALID, "loader: batch_size %lld; expected >= 1", (long long)o->batch_size);
@@ -740,7 +740,7 @@ ur_status ur_loader_open(const ur_loader_opts *o, ur_loader **out) {
       l->H = 26;
       for (int t = 0; t <= 26; t++) l->col0[t] = t;
       for (int t = 0; t < 26; t++) l->hot_max[t] = 1;
-      st = ur_criteo_open((const char *const *)l->paths, o->npaths, &o->criteo, &l->tsv);
+      st = ur_criteo_open(&l->tsv, (const char *const *)l->paths, o->npaths, &o->criteo);
       l->total = -1;
       if (!st && o->world > 1) {
         /* A split by rows needs the count: one pass over the files first. */

@@ -202,7 +202,7 @@ void ur__npy_unmap(ur__npy_map_t *m) {
   memset(m, 0, sizeof *m);
 }
 
-ur_status ur_npy_load(const char *path, ur_tensor **out) {
+ur_status ur_npy_load(ur_tensor **out, const char *path) {
   *out = NULL;
   ur__npy_map_t m;
   ur_status st = ur__npy_map(path, &m);
@@ -354,8 +354,8 @@ struct ur_npy_writer {
   size_t cap;
 };
 
-ur_status ur_npy_writer_open(const char *path, const char *descr, int32_t ndim,
-                             const int64_t *shape, ur_npy_writer **out) {
+ur_status ur_npy_writer_open(ur_npy_writer **out, const char *path, const char *descr, int32_t ndim,
+                             const int64_t *shape) {
   *out = NULL;
   if (!descr || (strcmp(descr, "<f4") && strcmp(descr, "<i4") && strcmp(descr, "<u4") &&
                  strcmp(descr, "<i8")))

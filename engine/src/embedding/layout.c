@@ -244,7 +244,7 @@ static ur_status check_not_cached(const ur_tbe *t, int32_t table, const char *wh
 }
 
 ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
-                          int64_t chunk_rows, ur_tbe_relayout_stats *out) {
+                          ur_tbe_relayout_stats *out, int64_t chunk_rows) {
   memset(out, 0, sizeof *out);
   ur_status st = check_index(t, table, "relayout");
   if (!st && perm) st = check_not_cached(t, table, "relayout");

@@ -15,7 +15,7 @@
 
 static ur_status oom(void) { return ur__error(UR_STATUS_OOM, "json: out of host memory"); }
 
-ur_status ur_json_parse(const char *text, size_t len, ur_json **out) {
+ur_status ur_json_parse(ur_json **out, const char *text, size_t len) {
   *out = NULL;
   json_error_t e;
   json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
@@ -67,7 +67,7 @@ ur_json *ur_json_iter_value(void *it) { return U(json_object_iter_value(it)); }
 
 /* ---- building ---- */
 
-ur_status ur_json_new(ur_json_type type, ur_json **out) {
+ur_status ur_json_new(ur_json **out, ur_json_type type) {
   json_t *v;
   switch (type) {
   case UR_JSON_NULL: v = json_null(); break;
@@ -85,12 +85,12 @@ ur_status ur_json_new(ur_json_type type, ur_json **out) {
   return v ? UR_STATUS_OK : oom();
 }
 
-ur_status ur_json_new_integer(int64_t value, ur_json **out) {
+ur_status ur_json_new_integer(ur_json **out, int64_t value) {
   *out = U(json_integer((json_int_t)value));
   return *out ? UR_STATUS_OK : oom();
 }
 
-ur_status ur_json_new_real(double value, ur_json **out) {
+ur_status ur_json_new_real(ur_json **out, double value) {
   *out = NULL;
   if (!isfinite(value))
     return ur__error(UR_STATUS_INVALID, "json: %g cannot be written; JSON numbers are finite",
@@ -99,7 +99,7 @@ ur_status ur_json_new_real(double value, ur_json **out) {
   return *out ? UR_STATUS_OK : oom();
 }
 
-ur_status ur_json_new_string(const char *s, size_t len, ur_json **out) {
+ur_status ur_json_new_string(ur_json **out, const char *s, size_t len) {
   *out = U(json_stringn(s, len));
   if (*out) return UR_STATUS_OK;
   /* json_stringn fails only on bad UTF-8 or memory: tell which. */

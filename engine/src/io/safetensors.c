@@ -628,7 +628,7 @@ static ur_status check_layout(ur_safetensors *f) {
   return UR_STATUS_OK;
 }
 
-ur_status ur_safetensors_open(const char *path, ur_safetensors **out) {
+ur_status ur_safetensors_open(ur_safetensors **out, const char *path) {
   *out = NULL;
   if (!path || !*path) return ur__error(UR_STATUS_INVALID, "safetensors open: no path given");
   ur_safetensors *f = calloc(1, sizeof *f);

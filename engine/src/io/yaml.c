@@ -140,7 +140,7 @@ static ur_status build(ur_yaml_doc *d, yaml_parser_t *p) {
   return st;
 }
 
-ur_status ur_yaml_parse(const char *text, size_t len, const char *name, ur_yaml_doc **out) {
+ur_status ur_yaml_parse(ur_yaml_doc **out, const char *text, size_t len, const char *name) {
   *out = NULL;
   ur_yaml_doc *d = calloc(1, sizeof *d);
   if (!d || !(d->name = strdup(name ? name : "<string>"))) {
@@ -163,7 +163,7 @@ ur_status ur_yaml_parse(const char *text, size_t len, const char *name, ur_yaml_
   return UR_STATUS_OK;
 }
 
-ur_status ur_yaml_load(const char *path, ur_yaml_doc **out) {
+ur_status ur_yaml_load(ur_yaml_doc **out, const char *path) {
   *out = NULL;
   FILE *f = fopen(path, "rb");
   if (!f) return ur__error(UR_STATUS_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -188,7 +188,7 @@ ur_status ur_yaml_load(const char *path, ur_yaml_doc **out) {
     free(buf);
     return ur__error(UR_STATUS_IO, "%s: read error", path);
   }
-  ur_status st = ur_yaml_parse(buf, n, path, out);
+  ur_status st = ur_yaml_parse(out, buf, n, path);
   free(buf);
   return st;
 }

@@ -27,7 +27,7 @@ end
 
 -- A whole .npy as a host tensor (f32 for <f4, i32 for <i4, i64 for <u4 and <i8).
 function M.npy_load(path)
-  local ok, err = check(C.ur_npy_load(path, out_tensor), 2)
+  local ok, err = check(C.ur_npy_load(out_tensor, path), 2)
   if not ok then return nil, err end
   return tensor.wrap(out_tensor[0])
 end
@@ -100,7 +100,7 @@ function M.read_tsv(paths, opts)
   local arr, n = path_list(paths, 2)
   local o = criteo_opts(opts, 2)
   local r = ffi.new("ur_criteo_reader *[1]")
-  local ok, err = check(C.ur_criteo_open(arr, n, o, r), 2)
+  local ok, err = check(C.ur_criteo_open(r, arr, n, o), 2)
   if not ok then return nil, err end
   local reader = ffi.gc(r[0], C.ur_criteo_close)
   local chunk = 65536
@@ -158,7 +158,7 @@ function M.convert(paths, out_dir, opts)
     end
   end
   local s = ffi.new("ur_criteo_stats")
-  local ok, err = check(C.ur_criteo_convert(arr, n, o, out_dir, days, s), 2)
+  local ok, err = check(C.ur_criteo_convert(arr, n, s, o, out_dir, days), 2)
   if not ok then return nil, err end
   local st = stats_table(s)
   st.days = {}

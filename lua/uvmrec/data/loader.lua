@@ -191,7 +191,7 @@ function M.loader(o)
   end
   co.placement = (o.placement or "pinned") == "host" and C.UR_PLACE_HOST or C.UR_PLACE_PINNED
   local out = ffi.new("ur_loader *[1]")
-  local ok, err = check(C.ur_loader_open(co, out), 2)
+  local ok, err = check(C.ur_loader_open(out, co), 2)
   if not ok then return nil, err end
   states[key(out[0])] = { held = {}, open = true, p = out[0] }
   return wrap(out[0])
