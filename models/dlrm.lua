@@ -48,7 +48,8 @@ function DLRM:__init(cfg, opts)
                           min_slots = e.cache.min_slots },
     device = not gpu and "cpu" or opts.device,
     optimizer = { o.name or "sgd", lr = o.lr or cfg.optimizer.lr, eps = o.eps,
-                  weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2 },
+                  weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2,
+                  deterministic = o.deterministic },
   }
 
   local d = m.bottom_mlp[#m.bottom_mlp]

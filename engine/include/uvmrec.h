@@ -541,6 +541,10 @@ typedef struct ur_tbe_config {
   int32_t stochastic_rounding; /* 1: f16/bf16 rows are written with stochastic rounding */
   uint64_t seed;           /* initialisation and stochastic rounding */
   ur_dtype out_dtype;      /* pooled output and its gradient: f32 or bf16 */
+  int32_t nondeterministic; /* 1: on the GPU, SGD without weight decay or clipping on a
+                               collection of f32 tables adds each value's update to its row by
+                               atomics, without the sort: faster, not bit-reproducible.  The
+                               CPU, and every other case, steps deterministically. */
 } ur_tbe_config;
 
 UR_API size_t ur_sizeof_tbe_table_config(void);

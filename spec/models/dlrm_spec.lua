@@ -267,6 +267,18 @@ optimizer: {name: sgd, lr: 0.1}
                    .. "%-> top 4%-1", tostring(model))
   end)
 
+  it("passes embeddings.optimizer.deterministic to the tables (true unless set false)", function()
+    for _, det in ipairs { "", ", deterministic: false", ", deterministic: true" } do
+      local model = model_of(([[
+model: {dense_features: 2, bottom_mlp: [4], top_mlp: [4, 1]}
+embeddings: {dim: 4, rows: [6, 4], optimizer: {name: sgd%s}}
+optimizer: {name: sgd, lr: 0.1}
+]]):format(det))
+      assert.equal(det ~= ", deterministic: false", model.embeddings.tbe.deterministic)
+      model.embeddings.tbe:free()
+    end
+  end)
+
   it("gives probabilities in [0, 1] and runs in bf16", function()
     local model = model_of([[
 model: {dense_features: 3, bottom_mlp: [8, 4], top_mlp: [6, 1], precision: bf16}
