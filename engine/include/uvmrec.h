@@ -80,9 +80,11 @@ typedef enum ur_dist { UR_DIST_UNIFORM = 0, UR_DIST_NORMAL } ur_dist;
 struct ur_tensor;
 struct ur_stream;
 struct ur_event;
+struct ur_graph;
 typedef struct ur_tensor ur_tensor;
 typedef struct ur_stream ur_stream;
 typedef struct ur_event ur_event;
+typedef struct ur_graph ur_graph;
 
 typedef struct ur_device_props {
   char name[256];
@@ -148,6 +150,23 @@ UR_API ur_status ur_event_elapsed(const ur_event *start, const ur_event *end, do
 /* Work enqueued on s after this call waits until e has happened (the prefetch pipeline's
  * stages meet through this; without a GPU work is synchronous and it returns at once). */
 UR_API ur_status ur_stream_wait_event(ur_stream *s, ur_event *e);
+
+/* Graphs: the work a sequence of calls enqueues on a stream (and on the streams it forks and
+ * joins back), captured once and replayed with one launch.  ur_graph_begin starts capturing s
+ * (a stream of ur_stream_new: the default stream cannot be captured); the calls that follow
+ * only record their work, so nothing they compute may be read on the host before the end.
+ * ur_graph_end stops, turns the capture into *g (updating *g in place when it is a graph of
+ * the same shape from an earlier capture, else replacing it) and launches it once, so that the
+ * calls' work is done as if they had run.  ur_graph_launch replays it on s: the same kernels on
+ * the same memory with the same arguments (numbers computed on the host, such as learning
+ * rates, are those of the capture).  A call that waits for the GPU, allocates device memory or
+ * reads results breaks the capture: ur_graph_end then fails with the reason and leaves *g as
+ * it was.  Without a GPU the calls run as they are made: begin and end do nothing (*g stays
+ * NULL) and launch says it needs a GPU. */
+UR_API ur_status ur_graph_begin(ur_stream *s);
+UR_API ur_status ur_graph_end(ur_stream *s, ur_graph **g /* in, out */);
+UR_API ur_status ur_graph_launch(ur_graph *g, ur_stream *s);
+UR_API void ur_graph_free(ur_graph *g);
 
 /* Tensors. */
 UR_API ur_status ur_tensor_new(ur_tensor **out, ur_dtype dtype, int32_t ndim,

@@ -152,7 +152,9 @@ function M.new(opts, level)
   local n = #tables
   local tc = ffi.new("ur_tbe_table_config[?]", n)
   local self = { table_index = {}, table_names = {}, features = {}, feature_index = {},
-                 dims = {}, rows = {}, optimizer = optim_name, deterministic = hp.deterministic, _keep = {} }
+                 dims = {}, rows = {}, optimizer = optim_name, deterministic = hp.deterministic,
+                 bounds = opts.bounds or "fatal", stochastic_rounding = opts.stochastic_rounding ~= false,
+                 _keep = {} }
   local features_of = {}
   for i, t in ipairs(tables) do
     if type(t) ~= "table" then error(("embedding collection: table %d is not a table"):format(i), level) end

@@ -155,7 +155,7 @@ function M.phases(model, opt, batch, opts)
       model.embeddings:backward(sparse_of(batch), s.ge)
       dense.join(model.stream)
     end }
-    list[#list + 1] = { "dense_opt", function() opt:step() end }
+    list[#list + 1] = { "dense_opt", function() opt:step(model.stream) end }
   end
   return list, s
 end
