@@ -695,7 +695,7 @@ __device__ __forceinline__ void prefetch_step(const ur__tbe_hyper &h, const ur__
  * same sum, in the same order and rounding, as the CPU reference's.  Segments are numbered on
  * the device, hence the grid-stride loop; long ones are left to chunk_kernel and long_kernel. */
 template <int NV, int E, int U>
-__global__ void __launch_bounds__(UR_TBE_WARPS * 32, 4)
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV * E <= 8 ? 4 : 2)
     seg_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
   __shared__ float slots[UR_TBE_WARPS][NV * 32 * E];
   int lane = threadIdx.x & 31;
