@@ -66,12 +66,12 @@ check() {
   step racecheck-tbe sanitize racecheck --filter="payloads" --filter="chunks" spec/tbe_cuda_spec.lua
   step memcheck-graph sanitize memcheck spec/train/graph_spec.lua
   step parity env OUT="$out/compare" WORK="$WORK/compare" UVMREC="$UVMREC" PYTHON="$PYTHON" SKIP="train speed" \
-    sh scripts/bench/torch_compare.sh
+    bash scripts/bench/torch_compare.sh
 }
 
 b3() {
   step b3 env OUT="$out/compare" WORK="$WORK/compare" UVMREC="$UVMREC" PYTHON="$PYTHON" SKIP="parity train" \
-    SPEED_ARGS="--config dlrm_mlperf_v1_2m --precisions tf32,bf16 --steps 30" sh scripts/bench/torch_compare.sh
+    SPEED_ARGS="--config dlrm_mlperf_v1_2m --precisions tf32,bf16 --steps 30" bash scripts/bench/torch_compare.sh
 }
 
 more() {
