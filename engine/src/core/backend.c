@@ -160,10 +160,12 @@ ur_status ur_device_set(int32_t device) {
 }
 
 ur_status ur_device_get(int32_t *out) {
+  UR__ARGS(out);
   return (ur__gpu() ? gpu : ur__cpu())->device_get(out);
 }
 
 ur_status ur_device_props_get(int32_t device, ur_device_props *out) {
+  UR__ARGS(out);
   if (!ur__gpu()) return no_gpu("device_props");
   int n = gpu->device_count();
   if (device < 0 || device >= n)

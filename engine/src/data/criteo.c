@@ -161,6 +161,7 @@ overflow:
 
 ur_status ur_criteo_parse_line(const char *line, size_t len, int32_t pad_missing_fields,
                                int32_t *label, float *dense, uint32_t *cats, int32_t *padded) {
+  UR__ARGS(line, label, dense, cats);
   pthread_once(&log_once, log_init);
   char msg[256];
   int pd = 0;
@@ -224,6 +225,7 @@ void ur_criteo_close(ur_criteo_reader *r) {
 
 ur_status ur_criteo_open(ur_criteo_reader **out, const char *const *paths, int32_t npaths,
                          const ur_criteo_opts *opts) {
+  UR__ARGS(out, paths);
   *out = NULL;
   pthread_once(&log_once, log_init);
   if (npaths < 1) return ur__error(UR_STATUS_INVALID, "criteo-tsv: no input files");
@@ -495,6 +497,7 @@ static ur_status refill(ur_criteo_reader *r) {
 
 ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels, float *dense,
                          uint32_t *ids, int64_t *n) {
+  UR__ARGS(r, n);
   *n = 0;
   if (r->failed && r->rpos == r->nrows) return ur__error(r->failed, "%s", r->err);
   if (max < 0) return ur__error(UR_STATUS_INVALID, "criteo-tsv: read of %lld rows", (long long)max);
@@ -517,6 +520,7 @@ ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels, floa
 }
 
 ur_status ur_criteo_stats_get(const ur_criteo_reader *r, ur_criteo_stats *out) {
+  UR__ARGS(r, out);
   *out = r->stats;
   out->seconds = since(&r->t0);
   return UR_STATUS_OK;
@@ -528,6 +532,7 @@ int32_t ur_criteo_file_index(const ur_criteo_reader *r) { return r->rows_file; }
 
 ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_criteo_stats *out,
                             const ur_criteo_opts *opts, const char *out_dir, const int32_t *days) {
+  UR__ARGS(paths, out_dir);
   ur_criteo_reader *r;
   ur_status st = ur_criteo_open(&r, paths, npaths, opts);
   if (st) return st;

@@ -60,6 +60,7 @@ static int word(cursor *c, const char *w) {
 }
 
 ur_status ur_npy_parse_header(const void *buf, size_t len, const char *what, ur_npy_info *out) {
+  UR__ARGS(buf, out);
   const unsigned char *b = buf;
   memset(out, 0, sizeof *out);
   if (!what) what = "(buffer)";
@@ -203,6 +204,7 @@ void ur__npy_unmap(ur__npy_map_t *m) {
 }
 
 ur_status ur_npy_load(ur_tensor **out, const char *path) {
+  UR__ARGS(out, path);
   *out = NULL;
   ur__npy_map_t m;
   ur_status st = ur__npy_map(path, &m);
@@ -305,6 +307,7 @@ void ur__npy_writer_abort(ur__npy_writer *w) {
 }
 
 ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr) {
+  UR__ARGS(path, t);
   ur_dtype dt = ur_tensor_dtype(t);
   const char *want = dt == UR_DTYPE_F32 ? "<f4" : dt == UR_DTYPE_I32 ? "<i4" : dt == UR_DTYPE_I64 ? "<i8" : NULL;
   if (!want)
@@ -356,11 +359,11 @@ struct ur_npy_writer {
 
 ur_status ur_npy_writer_open(ur_npy_writer **out, const char *path, const char *descr, int32_t ndim,
                              const int64_t *shape) {
+  UR__ARGS(out, path, descr, shape);
   *out = NULL;
-  if (!descr || (strcmp(descr, "<f4") && strcmp(descr, "<i4") && strcmp(descr, "<u4") &&
-                 strcmp(descr, "<i8")))
+  if (strcmp(descr, "<f4") && strcmp(descr, "<i4") && strcmp(descr, "<u4") && strcmp(descr, "<i8"))
     return ur__error(UR_STATUS_INVALID, "npy writer: dtype '%s'; expected <f4, <i4, <u4 or <i8",
-                     descr ? descr : "(null)");
+                     descr);
   if (ndim < 1 || ndim > 4)
     return ur__error(UR_STATUS_INVALID, "npy writer: %d dimensions; expected 1..4", (int)ndim);
   ur_npy_writer *w = calloc(1, sizeof *w);
@@ -388,6 +391,8 @@ ur_status ur_npy_writer_open(ur_npy_writer **out, const char *path, const char *
 }
 
 ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *t) {
+  UR__ARGS(w);
+  if (!t) return ur__null(__func__, "rows");
   int64_t n = ur_tensor_numel(t), rows = ur_tensor_dim(t, 0);
   if (rows * w->inner != n)
     return ur__error(UR_STATUS_INVALID,
@@ -448,6 +453,7 @@ ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *t) {
 }
 
 ur_status ur_npy_writer_close(ur_npy_writer *w) {
+  UR__ARGS(w);
   if (!w) return UR_STATUS_OK;
   ur_status st = ur__npy_writer_close(&w->w);
   free(w->buf);

@@ -297,6 +297,7 @@ static ur_status check_flags(const char *op, uint32_t flags, uint32_t allowed) {
 
 ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
                             const ur_tensor *b, ur_tensor *y, ur_act act, uint32_t flags) {
+  UR__ARGS(x, w, y);
   const char *op = "linear forward";
   ur_status st = ur__dense_check(op, "x", x, 1, -1, -1);
   if (st) return st;
@@ -333,6 +334,7 @@ ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *
                              const ur_tensor *y, const ur_tensor *gy, ur_tensor *gx,
                              ur_tensor *gw, ur_tensor *gb, ur_tensor *work, ur_act act,
                              uint32_t flags) {
+  UR__ARGS(x, w, gy);
   const char *op = "linear backward";
   ur_status st = ur__dense_check(op, "x", x, 1, -1, -1);
   if (st) return st;
@@ -389,6 +391,7 @@ static ur_status check_act(const char *op, ur_act act) {
 }
 
 ur_status ur_act_forward(ur_stream *s, const ur_tensor *x, ur_tensor *y, ur_act act) {
+  UR__ARGS(x, y);
   const char *op = "activation forward";
   ur_status st = ur__dense_check_numel(op, "x", x, 1, x ? x->numel : 0);
   if (!st) st = ur__dense_check_numel(op, "y", y, 1, x->numel);
@@ -407,6 +410,7 @@ ur_status ur_act_forward(ur_stream *s, const ur_tensor *x, ur_tensor *y, ur_act 
 
 ur_status ur_act_backward(ur_stream *s, const ur_tensor *y, const ur_tensor *gy, ur_tensor *gx,
                           ur_act act) {
+  UR__ARGS(y, gy, gx);
   const char *op = "activation backward";
   ur_status st = ur__dense_check_numel(op, "y", y, 1, y ? y->numel : 0);
   if (!st) st = ur__dense_check_numel(op, "gy", gy, 1, y->numel);

@@ -17,6 +17,8 @@ static int by_string(const void *a, const void *b) {
 
 ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, char *buf,
                       uint64_t len, uint64_t *needed) {
+  UR__ARGS(dir, needed);
+  if (len && !buf) return ur__null(__func__, "buf");
   *needed = 1;
   if (len) buf[0] = 0;
   DIR *d = opendir(dir);
@@ -64,6 +66,7 @@ ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, c
 }
 
 ur_status ur_dir_create(const char *path) {
+  UR__ARGS(path);
   if (!path || !*path) return ur__error(UR_STATUS_INVALID, "dir: no path given");
   char *p = strdup(path);
   if (!p) return ur__error(UR_STATUS_OOM, "dir: out of host memory");
