@@ -222,7 +222,7 @@ dist: all
 	@mib=$$(du -sm dist | cut -f1); echo "dist: $$mib MiB in dist/"; \
 	  [ $$mib -le $(DIST_MAX_MIB) ] || { echo "dist: over $(DIST_MAX_MIB) MiB"; exit 1; }
 
-test: all $(CAPI_NULLS)
+test: all $(CAPI_NULLS) fuzz-build
 	@$(RUN_ENV) $(LUAJIT) spec/run.lua $(SPEC)
 
 test-gpu: all
