@@ -364,7 +364,9 @@ UR_API ur_status ur_npy_load(ur_tensor **out, const char *path);
 /* Writes a tensor (f32, i32, i64) as .npy; descr overrides the dtype's ("<u4" for i32 ids). */
 UR_API ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr /* or NULL */);
 /* A .npy written in parts: rows of tensors appended, converted to descr (f32 to <f4; integer
- * or f32 tensors to <i4, <u4, <i8, each value checked to fit), the row count set on close. */
+ * or f32 tensors to <i4, <u4, <i8, each value checked to fit), the row count set on close.  It is
+ * written under a temporary name beside path and appears at path only when closed (as does
+ * ur_npy_save's file): a writer that fails or is killed leaves no file that looks complete. */
 struct ur_npy_writer;
 typedef struct ur_npy_writer ur_npy_writer;
 UR_API ur_status ur_npy_writer_open(ur_npy_writer **out, const char *path, const char *descr,
@@ -411,7 +413,8 @@ UR_API ur_status ur_criteo_stats_get(const ur_criteo_reader *r, ur_criteo_stats 
 UR_API int32_t ur_criteo_file_index(const ur_criteo_reader *r);
 /* TSV to binary day files: input i becomes out_dir/day_D_{dense,sparse,labels}.npy with
  * D = days[i] (or i when days is NULL): dense <f4 [N,13] already transformed, sparse <i4
- * [N,26] when every column has rows (ids mod rows), else <u4 raw ids, labels <i4 [N]. */
+ * [N,26] when every column has rows (ids mod rows), else <u4 raw ids, labels <i4 [N].  All or
+ * nothing: the files appear when every input converted, and a failure leaves none of them. */
 UR_API ur_status ur_criteo_convert(const char *const *paths, int32_t npaths,
                                    ur_criteo_stats *out /* or NULL */,
                                    const ur_criteo_opts *opts /* or NULL */, const char *out_dir,

@@ -30,6 +30,11 @@ UR__HIDDEN ur_status ur__null_args(const char *fn, const char *names, const void
       return UR_STATUS_INVALID;                                                        \
   } while (0)
 
+/* Files written atomically (a temporary name renamed over the final one) need the folder
+ * synced for the rename to last: fsyncs the folder holding path.  what prefixes the error
+ * ("safetensors", "npy"); io/os.c. */
+UR__HIDDEN ur_status ur__sync_dir(const char *path, const char *what);
+
 /* Backends: the CPU one always; the CUDA one when it loaded and sees a GPU (else NULL). */
 UR__HIDDEN const ur_backend *ur__cpu(void);
 UR__HIDDEN const ur_backend *ur__gpu(void);

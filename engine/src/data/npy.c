@@ -262,28 +262,39 @@ static ur_status header_text(char *buf, size_t total, const char *descr, int ndi
 ur_status ur__npy_writer_open(ur__npy_writer *w, const char *path, const char *descr, int ndim,
                               const int64_t *inner) {
   memset(w, 0, sizeof *w);
+  if (strlen(path) >= sizeof w->path)
+    return ur__error(UR_STATUS_INVALID, "npy: a path of %zu bytes is too long", strlen(path));
   snprintf(w->path, sizeof w->path, "%s", path);
+  snprintf(w->tmp, sizeof w->tmp, "%s.tmp-XXXXXX", path);
   snprintf(w->descr, sizeof w->descr, "%s", descr);
   w->ndim = ndim;
   for (int i = 1; i < ndim; i++) w->inner[i] = inner[i];
-  w->f = fopen(path, "wb");
-  if (!w->f) return ur__error(UR_STATUS_IO, "npy: %s: cannot create: %s", path, strerror(errno));
+  int fd = mkostemp(w->tmp, O_CLOEXEC);
+  if (fd < 0) {
+    w->tmp[0] = 0;
+    return ur__error(UR_STATUS_IO, "npy: cannot create %s (a temporary file beside it): %s", path,
+                     strerror(errno));
+  }
+  if (fchmod(fd, 0644) || !(w->f = fdopen(fd, "wb"))) {
+    ur_status st = ur__error(UR_STATUS_IO, "npy: cannot write %s: %s", w->tmp, strerror(errno));
+    close(fd);
+    unlink(w->tmp);
+    w->tmp[0] = 0;
+    return st;
+  }
   char h[UR__NPY_HEADER];
   int64_t shape[4] = {0, w->inner[1], w->inner[2], w->inner[3]};
   ur_status st = header_text(h, sizeof h, descr, ndim, shape);
   if (!st && fwrite(h, 1, sizeof h, w->f) != sizeof h)
-    st = ur__error(UR_STATUS_IO, "npy: %s: write failed: %s", path, strerror(errno));
-  if (st) {
-    fclose(w->f);
-    w->f = NULL;
-  }
+    st = ur__error(UR_STATUS_IO, "npy: %s: write failed: %s", w->tmp, strerror(errno));
+  if (st) ur__npy_writer_abort(w);
   return st;
 }
 
 ur_status ur__npy_writer_append(ur__npy_writer *w, const void *data, int64_t rows,
                                 size_t row_bytes) {
   if (rows && fwrite(data, row_bytes, (size_t)rows, w->f) != (size_t)rows)
-    return ur__error(UR_STATUS_IO, "npy: %s: write failed: %s", w->path, strerror(errno));
+    return ur__error(UR_STATUS_IO, "npy: %s: write failed: %s", w->tmp, strerror(errno));
   w->rows += rows;
   return UR_STATUS_OK;
 }
@@ -293,17 +304,39 @@ ur_status ur__npy_writer_close(ur__npy_writer *w) {
   char h[UR__NPY_HEADER];
   int64_t shape[4] = {w->rows, w->inner[1], w->inner[2], w->inner[3]};
   ur_status st = header_text(h, sizeof h, w->descr, w->ndim, shape);
-  if (!st && (fseek(w->f, 0, SEEK_SET) || fwrite(h, 1, sizeof h, w->f) != sizeof h))
-    st = ur__error(UR_STATUS_IO, "npy: %s: write failed: %s", w->path, strerror(errno));
+  if (!st && (fseek(w->f, 0, SEEK_SET) || fwrite(h, 1, sizeof h, w->f) != sizeof h ||
+              fflush(w->f) || fsync(fileno(w->f))))
+    st = ur__error(UR_STATUS_IO, "npy: %s: write failed: %s", w->tmp, strerror(errno));
   if (fclose(w->f) && !st)
-    st = ur__error(UR_STATUS_IO, "npy: %s: close failed: %s", w->path, strerror(errno));
+    st = ur__error(UR_STATUS_IO, "npy: %s: close failed: %s", w->tmp, strerror(errno));
   w->f = NULL;
   return st;
+}
+
+ur_status ur__npy_writer_commit(ur__npy_writer *w) {
+  if (w->f || !w->tmp[0])
+    return ur__error(UR_STATUS_INVALID, "npy: %s: committed before it was closed", w->path);
+  if (rename(w->tmp, w->path))
+    return ur__error(UR_STATUS_IO, "npy: renaming %s to %s failed: %s", w->tmp, w->path,
+                     strerror(errno));
+  w->tmp[0] = 0;
+  return UR_STATUS_OK;
 }
 
 void ur__npy_writer_abort(ur__npy_writer *w) {
   if (w->f) fclose(w->f);
   w->f = NULL;
+  if (w->tmp[0]) unlink(w->tmp);
+  w->tmp[0] = 0;
+}
+
+/* Close, rename and sync the folder: one file made whole. */
+static ur_status writer_finish(ur__npy_writer *w) {
+  ur_status st = ur__npy_writer_close(w);
+  if (!st) st = ur__npy_writer_commit(w);
+  if (!st) st = ur__sync_dir(w->path, "npy");
+  ur__npy_writer_abort(w);
+  return st;
 }
 
 ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr) {
@@ -343,7 +376,7 @@ ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr) {
     ur__npy_writer_abort(&w);
     return st;
   }
-  return ur__npy_writer_close(&w);
+  return writer_finish(&w);
 }
 
 /* ---- the public streaming writer ---- */
@@ -455,7 +488,7 @@ ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *t) {
 ur_status ur_npy_writer_close(ur_npy_writer *w) {
   UR__ARGS(w);
   if (!w) return UR_STATUS_OK;
-  ur_status st = ur__npy_writer_close(&w->w);
+  ur_status st = writer_finish(&w->w);
   free(w->buf);
   free(w);
   return st;

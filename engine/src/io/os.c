@@ -3,6 +3,7 @@
  * but live in libuvmrec so that plain LuaJIT finds them there too. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -84,6 +85,23 @@ ur_status ur_dir_create(const char *path) {
     *c = '/';
   }
   free(p);
+  return s;
+}
+
+ur_status ur__sync_dir(const char *path, const char *what) {
+  char *dir = strdup(path);
+  if (!dir) return ur__error(UR_STATUS_OOM, "%s: out of host memory", what);
+  char *slash = strrchr(dir, '/');
+  if (!slash) strcpy(dir, ".");
+  else if (slash == dir) dir[1] = 0;
+  else *slash = 0;
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ur_status s = UR_STATUS_OK;
+  if (fd < 0 || fsync(fd))
+    s = ur__error(UR_STATUS_IO, "%s: %s is written, but syncing its directory %s failed: %s", what,
+                  path, dir, strerror(errno));
+  if (fd >= 0) close(fd);
+  free(dir);
   return s;
 }
 

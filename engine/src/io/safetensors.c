@@ -236,24 +236,6 @@ static ur_status check_save_args(const char *path, int32_t n, const char *const 
   return UR_STATUS_OK;
 }
 
-static ur_status sync_dir(const char *path) {
-  char *dir = strdup(path);
-  if (!dir) return ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
-  char *slash = strrchr(dir, '/');
-  if (!slash) strcpy(dir, ".");
-  else if (slash == dir) dir[1] = 0;
-  else *slash = 0;
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  ur_status s = UR_STATUS_OK;
-  if (fd < 0 || fsync(fd))
-    s = ur__error(UR_STATUS_IO,
-                  "safetensors: %s is written, but syncing its directory %s failed: %s", path, dir,
-                  strerror(errno));
-  if (fd >= 0) close(fd);
-  free(dir);
-  return s;
-}
-
 /* For the specs only: UVMREC_CHECKPOINT_TEST_DELAY=S holds a complete temporary file for S
  * seconds before the rename, and says so on stderr, so a spec can kill the process at that
  * point for certain (the previous checkpoint must then be the one that loads). */
@@ -352,7 +334,7 @@ ur_status ur_safetensors_save(ur_stream *stream, const char *path, int32_t n,
     s = ur__error(UR_STATUS_IO, "safetensors: renaming %s to %s failed: %s; %s is unchanged", w.tmp,
                   path, strerror(errno), path);
   if (s && w.fd >= 0) unlink(w.tmp);
-  if (!s) s = sync_dir(path);
+  if (!s) s = ur__sync_dir(path, "safetensors");
   free(w.tmp);
   free(header);
   free(items);

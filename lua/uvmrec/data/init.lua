@@ -69,6 +69,20 @@ local function criteo_opts(opts, level)
 end
 M.criteo_opts = criteo_opts
 
+-- A reader's error about a bad line of a TSV file, with the settings that would take the line,
+-- in the caller's words: names = {skip = "--on-bad-line skip", pad = "--pad-missing-fields"} (a
+-- command's flags) or the config's keys.  Other errors come back as they are.
+function M.bad_line_hint(err, names)
+  if type(err) ~= "string" or not err:find("criteo%-tsv: [^\n]-:%d+: ") then return err end
+  local hints = {}
+  if names.pad and err:find("fields; expected 40$") then
+    hints[#hints + 1] = names.pad .. " accepts lines of 15 to 39 fields (copies that lost their trailing tabs)"
+  end
+  if names.skip then hints[#hints + 1] = names.skip .. " skips bad lines and counts them" end
+  if #hints == 0 then return err end
+  return err .. " (" .. table.concat(hints, "; ") .. ")"
+end
+
 local function path_list(paths, level)
   if type(paths) == "string" then paths = { paths } end
   if type(paths) ~= "table" or #paths == 0 then error("criteo: expected one or more paths", level + 1) end
