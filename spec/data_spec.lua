@@ -207,6 +207,15 @@ describe("uvmrec.data npy", function()
 end)
 
 describe("uvmrec.data convert", function()
+  it("refuses table sizes that are not whole numbers from 1 to 2^32, at the caller's line", function()
+    for _, rows in ipairs { -5, 0, 1.5, 2 ^ 32 + 1 } do
+      local ok, err = pcall(data.convert, { SAMPLE2 }, "/nonexistent", { rows = rows })
+      assert.is_false(ok)
+      assert.equal(("criteo: rows of C1 is %s; table sizes are whole numbers from 1 to 2^32"):format(tostring(rows)),
+        err:gsub("^[^:]*:%d+: ", ""))
+    end
+  end)
+
   it("writes day files equal to what the TSV reader gives", function()
     local dir = cmd.tmpdir()
     local rows = {}

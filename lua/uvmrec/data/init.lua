@@ -44,10 +44,16 @@ local function rows_list(rows, level)
   if type(rows) == "number" then
     local r = {}
     for i = 1, 26 do r[i] = rows end
-    return r
+    rows = r
   end
   if type(rows) ~= "table" or #rows ~= 26 then
     error("criteo: rows must be 26 table sizes (one per categorical column) or one number", level + 1)
+  end
+  for i, r in ipairs(rows) do
+    if type(r) ~= "number" or r < 1 or r > 2 ^ 32 or r ~= math.floor(r) then
+      error(("criteo: rows of C%d is %s; table sizes are whole numbers from 1 to 2^32"):format(i, tostring(r)),
+        level + 1)
+    end
   end
   return rows
 end
