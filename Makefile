@@ -102,6 +102,17 @@ $(BUILD)/bin/%: engine/examples/%.c $(BUILD)/lib/libuvmrec.a
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -Iengine/include $< $(BUILD)/lib/libuvmrec.a $(subst -ljansson,-l:libjansson.a,$(subst -lyaml,-l:libyaml.a,$(ENGINE_LIBS))) -o $@
 
+# The C API called with NULL pointers (spec/capi_null_spec.lua): a program made from the header's
+# prototypes by spec/support/capi.lua, so a new function is called too.
+CAPI_NULLS := $(BUILD)/bin/capi_nulls
+$(BUILD)/gen/capi_nulls.c: engine/include/uvmrec.h engine/include/uvmrec_lua.h spec/support/capi.lua | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(LUAJIT) spec/support/capi.lua engine/include/uvmrec.h engine/include/uvmrec_lua.h > $@.tmp && mv $@.tmp $@
+$(CAPI_NULLS): $(BUILD)/gen/capi_nulls.c $(BUILD)/lib/libuvmrec.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O1 -g -D_GNU_SOURCE $(WARN) $(SANFLAGS) -Iengine/include $< $(BUILD)/lib/libuvmrec.a \
+	  $(ENGINE_LIBS) -o $@
+
 # The FFI declarations come from the marked blocks of the public header and of the Lua host's
 # header (its support functions), so they cannot drift.
 $(CDEF): engine/include/uvmrec.h engine/include/uvmrec_lua.h
@@ -211,7 +222,7 @@ dist: all
 	@mib=$$(du -sm dist | cut -f1); echo "dist: $$mib MiB in dist/"; \
 	  [ $$mib -le $(DIST_MAX_MIB) ] || { echo "dist: over $(DIST_MAX_MIB) MiB"; exit 1; }
 
-test: all
+test: all $(CAPI_NULLS) fuzz-build
 	@$(RUN_ENV) $(LUAJIT) spec/run.lua $(SPEC)
 
 test-gpu: all

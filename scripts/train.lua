@@ -52,7 +52,10 @@ if opts.resume and not opts.out and require("uvmrec").C.ur_path_kind(opts.resume
   opts.out = opts.resume
 end
 local result, rerr = train.run(cfg, opts)
-if not result then cmd:fail(rerr) end
+if not result then
+  cmd:fail(require("uvmrec.data").bad_line_hint(rerr, { skip = "--set data.on_bad_line=skip",
+    pad = "--set data.pad_missing_fields=true" }))
+end
 if result.interrupted then
   local sig = result.interrupted.signal
   os.exit(128 + (sig > 0 and sig or 2))

@@ -562,7 +562,8 @@ describe("uvmrec.train", function()
                                    .. cmd.quote(dir .. "/ev"))
     assert.equal(0, code, err)
     assert.matches("^uvmrec eval: dlrm_tiny on the CPU\nmodel: DLRM: ", out)
-    assert.matches("\ndata: synthetic:tiny: 307200 samples an epoch; evaluation on the 2048 samples after them\n", out)
+    assert.matches("\ndata: synthetic:tiny: 307200 samples an epoch; evaluation on 2048 held%-out samples %(from "
+                   .. "sample 2%^48%)\n", out)
     assert.matches("\neval: AUC 0%.%d+  NE %d+%.%d+  logloss %d+%.%d+  accuracy 0%.%d+  calibration %d+%.%d+  "
                    .. "CTR 0%.%d+  %(2048 samples, [%d.]+ s%)\n", out)
     assert.matches("\nthe synthetic data's hidden%-model ceiling: 0%.8%d+\n$", out)
@@ -574,12 +575,12 @@ describe("uvmrec.train", function()
     assert.equal("uvmrec eval: criteo-tsv: /nonexistent/day_0: cannot open: No such file or directory\n", err)
   end)
 
-  it("holds out synthetic samples after the training ones and reports data errors", function()
+  it("holds out synthetic samples from 2^48, which training never reaches, and reports data errors", function()
     local cfg = tiny_to_auc()
     local d = assert(train.data(cfg, train.config.table_rows(cfg)))
     assert.equal(160 * 512, d.train.samples)
-    assert.same({ epoch = 0, sample = 160 * 512 }, d.eval.position)
-    assert.equal(160 * 512 + 16384, d.eval.samples)
+    assert.same({ epoch = 0, sample = 2 ^ 48 }, d.eval.position)
+    assert.equal(2 ^ 48 + 16384, d.eval.samples)
     assert.equal(160, d.steps)
     -- a rows cap shrinks the synthetic tables too, so every id fits
     cfg = tiny { "embeddings.max_rows=100" }

@@ -247,6 +247,13 @@ int main(int argc, char **argv) {
       message(ur_lua_last_error());
       return 1;
     }
+    if (!strcmp(p.layout, "none")) {
+      fprintf(stderr,
+              PROG ": '%s' is a command of a uvmrec tree, and no tree was found beside this "
+                   "program (%s); set UVMREC_ROOT to a checkout, a dist tree or an install prefix\n",
+              argv[script], p.binary);
+      return 1;
+    }
     snprintf(command_file, sizeof command_file, "%s/%s.lua", p.scripts, argv[script]);
     if (!p.scripts[0] || access(command_file, R_OK) != 0) {
       char known[4096];

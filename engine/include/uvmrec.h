@@ -16,6 +16,9 @@
  *
  * Every fallible function returns ur_status (0 ok, negative failure); the reason is in
  * ur_last_error(), a thread-local message naming the object, the value and the expectation.
+ * Pointer arguments must not be NULL unless the parameter says "or NULL" (a stream may always
+ * be: NULL is the default stream): a NULL one is UR_STATUS_INVALID with "<function>: argument
+ * '<name>' is NULL", and functions returning nothing (the _free ones, ...) do nothing with NULL.
  * Handles are opaque; the few plain structs are those a caller must read, each with a
  * ur_sizeof_X() so bindings can check their layout.  Names are ur_<object>_<verb>.  Argument
  * order (THNN's): the stream first, then the object acted on and the inputs (what selects in
@@ -165,7 +168,7 @@ UR_API ur_status ur_stream_wait_event(ur_stream *s, ur_event *e);
  * NULL) and launch says it needs a GPU. */
 UR_API ur_status ur_graph_begin(ur_stream *s);
 UR_API ur_status ur_graph_end(ur_stream *s, ur_graph **g /* in, out */);
-UR_API ur_status ur_graph_launch(ur_graph *g, ur_stream *s);
+UR_API ur_status ur_graph_launch(ur_graph *g /* or NULL: what ur_graph_end gives without a GPU */, ur_stream *s);
 UR_API void ur_graph_free(ur_graph *g);
 
 /* Tensors. */
@@ -284,10 +287,10 @@ UR_API const char *ur_advice_name(ur_advice a);
 UR_API ur_status ur_advice_parse(const char *s, ur_advice *out);
 
 /* Memory hints on managed tensors, by element offset and count within the tensor. */
-UR_API ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel, ur_range *out,
-                                  ur_advice advice, int32_t location);
+UR_API ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel,
+                                  ur_range *out /* or NULL */, ur_advice advice, int32_t location);
 UR_API ur_status ur_tensor_prefetch(ur_stream *s, ur_tensor *t, int64_t offset, int64_t numel,
-                                    ur_range *out, int32_t location);
+                                    ur_range *out /* or NULL */, int32_t location);
 UR_API ur_status ur_tensor_advised(const ur_tensor *t, int64_t offset, int64_t numel,
                                    ur_advised *out);
 UR_API ur_status ur_tensor_residency(ur_stream *s, const ur_tensor *t, int64_t offset,
@@ -320,10 +323,10 @@ typedef struct ur_kjt ur_kjt;
  * for one stride for all keys (then inverse_indices must be NULL), else num_keys entries and
  * inverse_indices i64 [num_keys * stride].  All tensors in one placement (device: one GPU).
  * Offsets are computed here; lengths are checked (negative, sum) unless check is 0. */
-UR_API ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys,
-                            int64_t stride, const int64_t *stride_per_key, ur_tensor *values,
-                            ur_tensor *lengths, ur_tensor *weights, ur_tensor *inverse_indices,
-                            int32_t check);
+UR_API ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, int64_t stride,
+                            const int64_t *stride_per_key /* or NULL */, ur_tensor *values,
+                            ur_tensor *lengths, ur_tensor *weights /* or NULL */,
+                            ur_tensor *inverse_indices /* or NULL */, int32_t check);
 UR_API void ur_kjt_free(ur_kjt *k);
 UR_API int32_t ur_kjt_num_keys(const ur_kjt *k);
 UR_API const char *ur_kjt_key(const ur_kjt *k, int32_t i);     /* NULL outside 0..num_keys-1 */
@@ -341,7 +344,7 @@ UR_API ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int6
                                  int64_t *value0, int64_t *value1);
 /* Checks lengths, offsets, sizes and, where rows[i] > 0, that key i's ids lie in
  * [0, rows[i]); rows may be NULL.  The error names the key and the position. */
-UR_API ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows);
+UR_API ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows /* or NULL */);
 /* A KJT of keys order[0..n-1] (indices into k's keys; repeats allowed). */
 UR_API ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n,
                                 ur_kjt **out);
@@ -373,14 +376,16 @@ typedef struct ur_npy_info {
 } ur_npy_info;
 UR_API size_t ur_sizeof_npy_info(void);
 /* Parses a header held in buf[0..len); what is named in errors is `what` (a file name). */
-UR_API ur_status ur_npy_parse_header(const void *buf, size_t len, const char *what,
+UR_API ur_status ur_npy_parse_header(const void *buf, size_t len, const char *what /* or NULL */,
                                      ur_npy_info *out);
 /* Reads a whole file into a new host tensor: f32 for <f4, i32 for <i4, i64 for <u4 and <i8. */
 UR_API ur_status ur_npy_load(ur_tensor **out, const char *path);
 /* Writes a tensor (f32, i32, i64) as .npy; descr overrides the dtype's ("<u4" for i32 ids). */
-UR_API ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr);
+UR_API ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr /* or NULL */);
 /* A .npy written in parts: rows of tensors appended, converted to descr (f32 to <f4; integer
- * or f32 tensors to <i4, <u4, <i8, each value checked to fit), the row count set on close. */
+ * or f32 tensors to <i4, <u4, <i8, each value checked to fit), the row count set on close.  It is
+ * written under a temporary name beside path and appears at path only when closed (as does
+ * ur_npy_save's file): a writer that fails or is killed leaves no file that looks complete. */
 struct ur_npy_writer;
 typedef struct ur_npy_writer ur_npy_writer;
 UR_API ur_status ur_npy_writer_open(ur_npy_writer **out, const char *path, const char *descr,
@@ -413,23 +418,26 @@ typedef struct ur_criteo_reader ur_criteo_reader;
  * UR_STATUS_INVALID with a message naming the field; *padded set when fields were added. */
 UR_API ur_status ur_criteo_parse_line(const char *line, size_t len, int32_t pad_missing_fields,
                                       int32_t *label, float *dense, uint32_t *cats,
-                                      int32_t *padded);
+                                      int32_t *padded /* or NULL */);
 UR_API ur_status ur_criteo_open(ur_criteo_reader **out, const char *const *paths, int32_t npaths,
-                                const ur_criteo_opts *opts);
+                                const ur_criteo_opts *opts /* or NULL */);
 UR_API void ur_criteo_close(ur_criteo_reader *r);
 /* Up to max rows into host buffers labels[max], dense[max * 13], ids[max * 26] (ids reduced
  * modulo rows where given); *n 0 at the end.  An error names file and line. */
-UR_API ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels, float *dense,
-                                uint32_t *ids, int64_t *n);
+UR_API ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels /* or NULL */,
+                                float *dense /* or NULL */, uint32_t *ids /* or NULL */,
+                                int64_t *n);
 UR_API ur_status ur_criteo_stats_get(const ur_criteo_reader *r, ur_criteo_stats *out);
 /* Which input file the last rows came from (index into paths), -1 before any. */
 UR_API int32_t ur_criteo_file_index(const ur_criteo_reader *r);
 /* TSV to binary day files: input i becomes out_dir/day_D_{dense,sparse,labels}.npy with
  * D = days[i] (or i when days is NULL): dense <f4 [N,13] already transformed, sparse <i4
- * [N,26] when every column has rows (ids mod rows), else <u4 raw ids, labels <i4 [N]. */
-UR_API ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_criteo_stats *out,
-                                   const ur_criteo_opts *opts, const char *out_dir,
-                                   const int32_t *days);
+ * [N,26] when every column has rows (ids mod rows), else <u4 raw ids, labels <i4 [N].  All or
+ * nothing: the files appear when every input converted, and a failure leaves none of them. */
+UR_API ur_status ur_criteo_convert(const char *const *paths, int32_t npaths,
+                                   ur_criteo_stats *out /* or NULL */,
+                                   const ur_criteo_opts *opts /* or NULL */, const char *out_dir,
+                                   const int32_t *days /* or NULL */);
 
 /* Synthetic data (engine/src/data/synth.c): counter-based, so sample i is the same whatever the
  * order, the thread count or the backend.  Labels come from a hidden logistic model whose
@@ -458,8 +466,8 @@ UR_API ur_status ur_synth_check(const ur_synth_spec *spec);
  * groups i64 [n] or NULL, probs f32 [n] (the hidden model's click probability) or NULL. */
 UR_API ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int64_t first,
                                    int64_t n, ur_tensor *dense, ur_tensor *labels, ur_tensor *ids,
-                                   ur_tensor *weights, ur_tensor *lengths, ur_tensor *groups,
-                                   ur_tensor *probs);
+                                   ur_tensor *weights /* or NULL */, ur_tensor *lengths,
+                                   ur_tensor *groups /* or NULL */, ur_tensor *probs /* or NULL */);
 /* The loader (engine/src/data/loader.c): a thread that turns a source into batches in pinned
  * buffers ahead of use.  Each epoch a rank reads its contiguous share of the rows, in
  * windows of shuffle_window rows shuffled by a seeded permutation (a window of 0: in order),
@@ -574,7 +582,8 @@ UR_API size_t ur_sizeof_tbe_config(void);
  * every backend and placement; optimizer state starts at zero. */
 UR_API ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tables,
                             const ur_tbe_table_config *tables, int32_t num_features,
-                            const int32_t *feature_table, const char *const *feature_names);
+                            const int32_t *feature_table,
+                            const char *const *feature_names /* or NULL */);
 UR_API void ur_tbe_free(ur_tbe *t);
 UR_API int32_t ur_tbe_num_tables(const ur_tbe *t);
 UR_API int32_t ur_tbe_num_features(const ur_tbe *t);
@@ -591,22 +600,25 @@ UR_API int64_t ur_tbe_feature_col(const ur_tbe *t, int32_t feature);
  * inverse[f * B + b]), expanded to [B, out_dim].  Pooling none: out is [n, dim], one row per
  * value.  Empty bags give zeros; mean divides by the bag's length.  weights may be NULL. */
 UR_API ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
-                                const ur_tensor *offsets, const ur_tensor *weights,
-                                const int64_t *batch_per_feature, const ur_tensor *inverse,
-                                ur_tensor *out);
+                                const ur_tensor *offsets, const ur_tensor *weights /* or NULL */,
+                                const int64_t *batch_per_feature /* or NULL */,
+                                const ur_tensor *inverse /* or NULL */, ur_tensor *out);
 /* The gradient of forward's output updates the rows in place through the optimizer. */
 UR_API ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                                  const ur_tensor *values, const ur_tensor *offsets,
-                                 const ur_tensor *weights, const int64_t *batch_per_feature,
-                                 const ur_tensor *inverse);
+                                 const ur_tensor *weights /* or NULL */,
+                                 const int64_t *batch_per_feature /* or NULL */,
+                                 const ur_tensor *inverse /* or NULL */);
 /* The deduplicated gradient instead of an update: rows i64 [U] (row ids within their tables,
  * ascending per table, tables in order), grads f32 [sum_t U_t * dim_t] (table t's block is
  * [U_t, dim_t]), and counts[t] = U_t (host array of num_tables).  Synchronous. */
 UR_API ur_status ur_tbe_sparse_grad(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                                     const ur_tensor *values, const ur_tensor *offsets,
-                                    const ur_tensor *weights, const int64_t *batch_per_feature,
-                                    const ur_tensor *inverse, ur_tensor **rows /* out */,
-                                    ur_tensor **grads /* out */, int64_t *counts /* out */);
+                                    const ur_tensor *weights /* or NULL */,
+                                    const int64_t *batch_per_feature /* or NULL */,
+                                    const ur_tensor *inverse /* or NULL */,
+                                    ur_tensor **rows /* out */, ur_tensor **grads /* out */,
+                                    int64_t *counts /* out */);
 
 /* Table t as a [rows, dim] view of the batched storage; its optimizer state `which`
  * (0-based, ur_tbe_state_count of them: rowwise Adagrad's sum [rows], Adagrad's sum
@@ -646,7 +658,7 @@ UR_API ur_status ur_tbe_decay_counts(ur_stream *s, ur_tbe *t, int32_t table, dou
  * = the counts of order[0..r] summed.  counts is i32 [n] in any placement; order and cumsum
  * are i64 [n] in host memory.  Linear time (a radix sort). */
 UR_API ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order /* out */,
-                                ur_tensor *cumsum /* out */);
+                                ur_tensor *cumsum /* out, or NULL */);
 /* perm[order[r]] = r: the permutation that lays rows out in the given order (which must hold
  * each of 0..n-1 once); perm is i64 [n] in host memory. */
 UR_API ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm /* out */);
@@ -667,11 +679,13 @@ typedef struct ur_tbe_relayout_stats {
 UR_API size_t ur_sizeof_tbe_relayout_stats(void);
 /* The permutation in force as an i64 [rows] view, or *out = NULL for the identity. */
 UR_API ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out);
-UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
+UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table,
+                                 const ur_tensor *perm /* or NULL */,
                                  ur_tbe_relayout_stats *out /* out */, int64_t chunk_rows);
 /* Installs perm (NULL: the identity) without moving any row: for rows already laid out by it,
  * as a checkpoint holds them. */
-UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm);
+UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table,
+                                        const ur_tensor *perm /* or NULL */);
 
 /* ---- page prefetch of managed tables ---- */
 /* For every managed table of the collection (not those a software cache serves): the physical
@@ -711,12 +725,13 @@ typedef struct ur_page_stats {
 UR_API size_t ur_sizeof_page_run(void);
 UR_API size_t ur_sizeof_page_stats(void);
 UR_API ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values,
-                                       const ur_tensor *offsets, const int64_t *batch_per_feature,
+                                       const ur_tensor *offsets,
+                                       const int64_t *batch_per_feature /* or NULL */,
                                        ur_page_stats *out /* out */, int32_t location);
 /* The same computation, issuing nothing: for tests and for looking at what a batch touches. */
 UR_API ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
-                                  const int64_t *batch_per_feature, ur_page_stats *out /* out */,
-                                  int32_t location);
+                                  const int64_t *batch_per_feature /* or NULL */,
+                                  ur_page_stats *out /* out */, int32_t location);
 /* The runs of the last ur_tbe_prefetch_pages or ur_tbe_page_runs on t, skipped ones included,
  * by table, then tensor, then address: lent, valid until the next such call or ur_tbe_free.
  * *count gets their number (0, with NULL, before any call). */
@@ -788,8 +803,9 @@ UR_API uint64_t ur_cache_bytes(const ur_cache *c);
  * range fail under the collection's fatal bounds check (naming table, feature, sample, id),
  * else become -1 (the collection skips and counts them). */
 UR_API ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
-                                  const ur_tensor *offsets, const int64_t *batch_per_feature,
-                                  ur_tensor *out, int64_t *ticket /* out */);
+                                  const ur_tensor *offsets,
+                                  const int64_t *batch_per_feature /* or NULL */, ur_tensor *out,
+                                  int64_t *ticket /* out */);
 /* The batch is done with: after its backward was enqueued on s (trained 1: its rows are
  * dirty and its staged rows are written back to host memory, ordered on s), or without one
  * (trained 0).  Unlocks its rows for later prepares. */
@@ -861,8 +877,8 @@ UR_API size_t ur_sizeof_arena_stats(void);
  * With RELU, mask (u8 [rows, ur_linear_mask_cols(out)], or NULL) receives y > 0 as bits
  * (element j of a row: bit j % 8 of byte j / 8), for the backward of the layer reading y. */
 UR_API ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
-                                   const ur_tensor *b, ur_tensor *y /* out */,
-                                   ur_tensor *mask /* out */, ur_act act, uint32_t flags);
+                                   const ur_tensor *b /* or NULL */, ur_tensor *y /* out */,
+                                   ur_tensor *mask /* out, or NULL */, ur_act act, uint32_t flags);
 /* From gy = dL/dy, with g = gy masked by y > 0 (RELU; then y and work [rows, out] of x's dtype
  * are needed, and work receives g) or g = gy (NONE, or GY_MASKED):
  * gx = g w (+= with ACCUMULATE), gw += g^T x, gb += column sums of g.  With x_mask (the mask
@@ -872,11 +888,13 @@ UR_API ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_te
  * the product's epilogue).  gx, gw, gb, x_mask and gb_x may each be NULL; gw, gb and gb_x are
  * f32.  flags: TF32, ACCUMULATE (not with x_mask), GY_MASKED, WGRAD_ASYNC, PAD. */
 UR_API ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
-                                    const ur_tensor *y, const ur_tensor *gy,
-                                    const ur_tensor *x_mask, ur_tensor *gx /* out */,
-                                    ur_tensor *gw /* out */, ur_tensor *gb /* out */,
-                                    ur_tensor *gb_x /* out */, ur_tensor *work, ur_act act,
-                                    uint32_t flags);
+                                    const ur_tensor *y /* or NULL */, const ur_tensor *gy,
+                                    const ur_tensor *x_mask /* or NULL */,
+                                    ur_tensor *gx /* out, or NULL */,
+                                    ur_tensor *gw /* out, or NULL */,
+                                    ur_tensor *gb /* out, or NULL */,
+                                    ur_tensor *gb_x /* out, or NULL */,
+                                    ur_tensor *work /* or NULL */, ur_act act, uint32_t flags);
 /* Bytes a row of a ReLU mask takes for out columns: whole 16-byte words. */
 UR_API int64_t ur_linear_mask_cols(int64_t out);
 /* Work enqueued on s after this waits for the weight gradients that linear backward calls with
@@ -914,7 +932,7 @@ UR_API ur_status ur_cross_forward(ur_stream *s, const ur_tensor *x0, const ur_te
                                   const ur_tensor *xl, ur_tensor *y /* out */);
 UR_API ur_status ur_cross_backward(ur_stream *s, const ur_tensor *x0, const ur_tensor *z,
                                    const ur_tensor *gy, ur_tensor *gz /* out */,
-                                   ur_tensor *gx0 /* out */, ur_tensor *gxl /* out */,
+                                   ur_tensor *gx0 /* out */, ur_tensor *gxl /* out, or NULL */,
                                    uint32_t flags);
 /* out [rows, sum of widths] = the n parts [rows, width_i] side by side (one dtype), and back. */
 UR_API ur_status ur_features_concat(ur_stream *s, const ur_tensor *const *parts, int32_t n,
@@ -926,11 +944,12 @@ UR_API ur_status ur_features_split(ur_stream *s, const ur_tensor *in,
  * f32 of as many elements; loss f32 [1] (MEAN: sum / rows, SUM) or [rows] (NONE).  Sums in
  * double, in a fixed order.  Backward: glogits (logits' dtype) = scale * dl/dx. */
 UR_API ur_status ur_bce_forward(ur_stream *s, const ur_tensor *logits, const ur_tensor *targets,
-                                const ur_tensor *weights, ur_tensor *loss /* out */,
+                                const ur_tensor *weights /* or NULL */, ur_tensor *loss /* out */,
                                 ur_reduction reduction);
 UR_API ur_status ur_bce_backward(ur_stream *s, const ur_tensor *logits, const ur_tensor *targets,
-                                 const ur_tensor *weights, ur_tensor *glogits /* out */,
-                                 ur_reduction reduction, double scale);
+                                 const ur_tensor *weights /* or NULL */,
+                                 ur_tensor *glogits /* out */, ur_reduction reduction,
+                                 double scale);
 /* out f32 [1] = the mean of every element of x (f32 or bf16; summed in double). */
 UR_API ur_status ur_dense_mean(ur_stream *s, const ur_tensor *x, ur_tensor *out /* out */);
 /* dst = src converted between f32 and bf16 (round to nearest even), or copied. */
@@ -942,8 +961,9 @@ UR_API ur_status ur_dense_cast(ur_stream *s, const ur_tensor *src, ur_tensor *ds
  * for every 48 parameters. */
 UR_API ur_status ur_optim_step(ur_stream *s, const ur_optim_cfg *cfg, int32_t n,
                                ur_tensor *const *params, ur_tensor *const *grads,
-                               ur_tensor *const *state1, ur_tensor *const *state2,
-                               ur_tensor *const *halves);
+                               ur_tensor *const *state1 /* or NULL */,
+                               ur_tensor *const *state2 /* or NULL */,
+                               ur_tensor *const *halves /* or NULL */);
 
 /* An arena: tensors carved from a few large blocks of one placement, 256-byte aligned, so a
  * model's activations cost a handful of allocations once.  A tensor keeps its block alive;
@@ -1006,8 +1026,8 @@ UR_API void ur_metrics_free(ur_metrics *m);
 /* Adds a batch: lifetime sums and histogram, and its last samples into the window.  weights
  * and groups may be NULL (weight 1; groups are needed only with grouped_auc). */
 UR_API ur_status ur_metrics_update(ur_stream *s, ur_metrics *m, const ur_tensor *predictions,
-                                   const ur_tensor *labels, const ur_tensor *weights,
-                                   const ur_tensor *groups);
+                                   const ur_tensor *labels, const ur_tensor *weights /* or NULL */,
+                                   const ur_tensor *groups /* or NULL */);
 UR_API ur_status ur_metrics_reset(ur_stream *s, ur_metrics *m);
 /* Samples added since the last reset (host-side; no wait). */
 UR_API int64_t ur_metrics_seen(const ur_metrics *m);
@@ -1028,8 +1048,10 @@ UR_API ur_status ur_metrics_window(const ur_metrics *m, ur_tensor **predictions,
  * predictions is NULL, from the metric's own window; the lifetime scope from the snapshot
  * (from_snapshot = 1) or the live state. */
 UR_API ur_status ur_metrics_compute(ur_stream *s, ur_metrics *m, int32_t from_snapshot,
-                                    const ur_tensor *predictions, const ur_tensor *labels,
-                                    const ur_tensor *weights, const ur_tensor *groups,
+                                    const ur_tensor *predictions /* or NULL */,
+                                    const ur_tensor *labels /* or NULL */,
+                                    const ur_tensor *weights /* or NULL */,
+                                    const ur_tensor *groups /* or NULL */,
                                     ur_metric_values *window /* out */,
                                     ur_metric_values *lifetime /* out */);
 
@@ -1103,7 +1125,8 @@ typedef struct ur_yaml_node {
 typedef struct ur_yaml_doc ur_yaml_doc;
 UR_API size_t ur_sizeof_yaml_node(void);
 UR_API ur_status ur_yaml_load(ur_yaml_doc **out, const char *path);
-UR_API ur_status ur_yaml_parse(ur_yaml_doc **out, const char *text, size_t len, const char *name);
+UR_API ur_status ur_yaml_parse(ur_yaml_doc **out, const char *text, size_t len,
+                               const char *name /* or NULL */);
 UR_API int32_t ur_yaml_count(const ur_yaml_doc *d);    /* nodes; node 0 is the root */
 UR_API const ur_yaml_node *ur_yaml_nodes(const ur_yaml_doc *d);
 UR_API const char *ur_yaml_name(const ur_yaml_doc *d); /* the file name errors use */

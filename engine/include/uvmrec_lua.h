@@ -25,8 +25,9 @@ extern "C" {
 /* UR_CDEF_BEGIN */
 /* Run directories: entries of dir named prefix...suffix, sorted, each followed by '\n', into
  * buf[len] (NUL-terminated); *needed is the bytes the whole list takes (retry when > len). */
-UR_API ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, char *buf,
-                             uint64_t len, uint64_t *needed);
+UR_API ur_status ur_dir_list(const char *dir, const char *prefix /* or NULL */,
+                             const char *suffix /* or NULL */, char *buf, uint64_t len,
+                             uint64_t *needed);
 UR_API ur_status ur_dir_create(const char *path);  /* with its parents; existing is fine */
 UR_API int32_t ur_path_kind(const char *path);      /* 0 missing, 1 file, 2 directory, 3 other */
 /* A terminal's width in columns (80 when the terminal does not say), or 0 when fd is not a

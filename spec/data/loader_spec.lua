@@ -3,7 +3,7 @@ local h = require "helpers"
 local cmd = require "command"
 local data = ur.data
 
-local SAMPLE1, SAMPLE2 = h.shared_data("criteo_raw_sample.tsv"), h.shared_data("criteo_raw_sample2.tsv")
+local SAMPLE1, SAMPLE2 = h.fixture("criteo_raw_sample.tsv"), h.fixture("criteo_raw_sample2.tsv")
 
 -- Every batch as plain rows: {label, dense = {...}, ids = {{key's ids}, ...}}, in order.
 local function rows_of(loader)
@@ -90,7 +90,6 @@ describe("uvmrec.data loader", function()
   end)
 
   it("reads TSV -> day files -> batches the same as TSV -> batches", function()
-    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
     local dir = cmd.tmpdir()
     assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { rows = 5000 }))
     local opts = { batch_size = 333, rows = 5000 }
@@ -193,7 +192,7 @@ describe("uvmrec.data loader", function()
     end
     assert.equal(#all, #parts)
     for i = 1, #all do assert.equal(key(all[i]), parts[i]) end
-    if cmd.exists(SAMPLE1) then
+    do -- the real rows too
       local r1 = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 64, rank = 1, world = 2 })))
       local whole = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 64 })))
       assert.equal(500, #r1)
@@ -216,7 +215,7 @@ describe("uvmrec.data loader", function()
     local rest = rows_of(assert(data.loader(o2)))
     assert.equal(#full - 3800, #rest)
     for i = 1, #rest do assert.equal(key(full[3800 + i]), key(rest[i])) end
-    if cmd.exists(SAMPLE1) then
+    do -- the real rows too
       local t = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1,
         { batch_size = 100, shuffle_window = 300, seed = 2 })))
       local r = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 100, shuffle_window = 300, seed = 2,
@@ -227,7 +226,6 @@ describe("uvmrec.data loader", function()
   end)
 
   it("reports a reader error after the batches before it, naming file and line", function()
-    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
     local dir = cmd.tmpdir()
     local f = assert(io.open(dir .. "/bad.tsv", "w"))
     local lines = {}
@@ -315,7 +313,6 @@ describe("uvmrec.data loader", function()
     -- the check runs natively with LeakSanitizer on instead.
     local asan = (os.getenv("LD_PRELOAD") or ""):match("libasan") ~= nil
     if not asan and os.execute("command -v valgrind >/dev/null 2>&1") ~= 0 then pending("no valgrind") return end
-    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
     local so = package.searchpath("libuvmrec", package.cpath)
     local libdir = so:match("^(.*)/[^/]*$")
     local root = libdir:match("^(.*)/[^/]*/lib$") or "."

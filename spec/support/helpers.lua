@@ -25,6 +25,12 @@ function M.cuda_it(name, fn)
   end)
 end
 
+-- A wall-clock limit of s seconds for a spec, stretched fourfold under the sanitizers (make SAN=1
+-- test preloads them), which slow the engine down that much.
+function M.seconds(s)
+  return (os.getenv("LD_PRELOAD") or ""):find("libasan", 1, true) and 4 * s or s
+end
+
 -- a within tol of b, relative to max(floor, |b|) (floor: 1 unless given).
 function M.near(a, b, tol, what, floor)
   local d = math.abs(a - b)
@@ -54,10 +60,10 @@ function M.rng(seed)
   end
 end
 
--- A file of the real Criteo sample rows the project shares (../shared/data, or
--- UVMREC_SHARED/data), by name; specs on it go pending where it is not there.
-function M.shared_data(name)
-  return (os.getenv("UVMREC_SHARED") or "../shared") .. "/data/" .. name
+-- A fixture of spec/fixtures/ by name (real Criteo rows: spec/fixtures/README.md), for specs run
+-- from the tree's root, as make test and `uvmrec test` run them.
+function M.fixture(name)
+  return "spec/fixtures/" .. name
 end
 
 -- A Python for which `probe` (Python code) succeeds: UVMREC_PYTHON, build/venv's (make pydeps,

@@ -8,6 +8,7 @@
 static const ur_backend *be(void) { return ur__gpu() ? ur__gpu() : ur__cpu(); }
 
 ur_status ur_stream_new(ur_stream **out, int32_t priority) {
+  UR__ARGS(out);
   ur_stream *s = calloc(1, sizeof *s);
   if (!s) return ur__error(UR_STATUS_OOM, "stream: out of host memory");
   ur_status st = be()->stream_new(priority, &s->handle);
@@ -31,6 +32,7 @@ ur_status ur_stream_sync(ur_stream *s) { return be()->stream_sync(s ? s->handle 
 int32_t ur_stream_priority(const ur_stream *s) { return s ? s->priority : 0; }
 
 ur_status ur_event_new(ur_event **out) {
+  UR__ARGS(out);
   ur_event *e = calloc(1, sizeof *e);
   if (!e) return ur__error(UR_STATUS_OOM, "event: out of host memory");
   ur_status st = be()->event_new(&e->handle);
@@ -49,6 +51,7 @@ void ur_event_free(ur_event *e) {
 }
 
 ur_status ur_event_record(ur_event *e, ur_stream *s) {
+  UR__ARGS(e);
   e->recorded = 1;
   if (be()->event_record) return be()->event_record(e->handle, s ? s->handle : NULL);
   struct timespec ts;
@@ -58,11 +61,13 @@ ur_status ur_event_record(ur_event *e, ur_stream *s) {
 }
 
 ur_status ur_event_sync(ur_event *e) {
+  UR__ARGS(e);
   if (!e->recorded) return ur__error(UR_STATUS_INVALID, "event: synchronised before it was recorded");
   return be()->event_sync ? be()->event_sync(e->handle) : UR_STATUS_OK;
 }
 
 ur_status ur_event_elapsed(const ur_event *start, const ur_event *end, double *ms) {
+  UR__ARGS(start, end, ms);
   if (!start->recorded || !end->recorded)
     return ur__error(UR_STATUS_INVALID, "event: elapsed time asked of an event never recorded");
   if (be()->event_elapsed) return be()->event_elapsed(start->handle, end->handle, ms);
@@ -86,8 +91,8 @@ ur_status ur_graph_begin(ur_stream *s) {
 }
 
 ur_status ur_graph_end(ur_stream *s, ur_graph **g) {
+  UR__ARGS(g);
   const ur_backend *b = be();
-  if (!g) return ur__error(UR_STATUS_INVALID, "graph: end needs where to put the graph (g is NULL)");
   if (!b->graph_end) return UR_STATUS_OK;
   if (!s)
     return ur__error(UR_STATUS_INVALID,

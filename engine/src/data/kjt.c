@@ -271,6 +271,8 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
 ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, int64_t stride,
                      const int64_t *stride_per_key, ur_tensor *values, ur_tensor *lengths,
                      ur_tensor *weights, ur_tensor *inverse_indices, int32_t check) {
+  UR__ARGS(out, values, lengths);
+  if (num_keys > 0 && !keys) return ur__null(__func__, "keys");
   ur_status st = kjt_make(num_keys, keys, stride, stride_per_key, values, lengths, weights,
                           inverse_indices, NULL, NULL, check, out);
   if (!st && check && inverse_indices && (st = ur_kjt_validate(*out, NULL))) {
@@ -304,6 +306,7 @@ const ur_tensor *ur_kjt_inverse_indices(const ur_kjt *k) { return k->inverse; }
 
 ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *bag1,
                           int64_t *value0, int64_t *value1) {
+  UR__ARGS(k, bag0, bag1, value0, value1);
   if (i < 0 || i >= k->nkeys)
     return ur__error(UR_STATUS_INVALID, "kjt: key index %d outside 0..%d", (int)i,
                      (int)k->nkeys - 1);
@@ -320,6 +323,7 @@ ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *ba
  * index; the error is the one of the lowest key (bags, then ids, then inverse indices within
  * a key), and its message is made from a few elements read back. */
 ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
+  UR__ARGS(k);
   int64_t bad[3] = {-1, -1, -1}, nv = ur_tensor_numel(k->values);
   int32_t prev = 0;
   ur_status st = UR__NEED(k->be, kjt, validate);
@@ -442,6 +446,8 @@ static ur_status build_finish(const ur_backend *be, const ur_tensor *like, build
 
 /* One run per key (and array). */
 ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kjt **out) {
+  UR__ARGS(k, out);
+  if (n > 0 && !order) return ur__null(__func__, "order");
   *out = NULL;
   if (n < 0) return ur__error(UR_STATUS_INVALID, "kjt permute: %d keys asked", (int)n);
   for (int32_t j = 0; j < n; j++)
@@ -484,6 +490,9 @@ ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kj
 
 /* Consecutive keys share storage with the input: the parts are views. */
 ur_status ur_kjt_split(const ur_kjt *k, const int32_t *sizes, int32_t n, ur_kjt **outs) {
+  UR__ARGS(k);
+  if (n > 0 && !sizes) return ur__null(__func__, "sizes");
+  if (n > 0 && !outs) return ur__null(__func__, "outs");
   int64_t total = 0;
   for (int32_t j = 0; j < n; j++) {
     outs[j] = NULL;
@@ -578,6 +587,7 @@ static ur_status concat_duplicate(const ur_kjt *const *parts, int32_t n, int32_t
 }
 
 ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **out) {
+  UR__ARGS(parts, out);
   *out = NULL;
   if (n < 1) return ur__error(UR_STATUS_INVALID, "kjt concat: no parts");
   const ur_kjt *p0 = parts[0];
@@ -678,6 +688,7 @@ static ur_status gather_bags(const ur_kjt *k, const ur_tensor *map, int64_t n,
 /* The backend finds each key's distinct bags (in order of first appearance) and every bag's
  * distinct one; the result gathers the distinct bags. */
 ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {
+  UR__ARGS(k, out);
   *out = NULL;
   if (k->variable)
     return ur__error(UR_STATUS_INVALID,
@@ -708,6 +719,7 @@ ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {
 }
 
 ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out) {
+  UR__ARGS(k, out);
   *out = NULL;
   int64_t n = (int64_t)k->nkeys * k->stride;
   int64_t *val0 = malloc(sizeof(int64_t) * ((size_t)k->nkeys + 1));
@@ -730,6 +742,7 @@ ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out) {
  * through a copy in the rows' placement, ordered on s. */
 ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
                              ur_tensor **out) {
+  UR__ARGS(k, in, out);
   *out = NULL;
   int64_t nb = k->bag0[k->nkeys];
   int nd = ur_tensor_ndim(in);
@@ -770,6 +783,7 @@ ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
 
 ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place place,
                     int32_t device) {
+  UR__ARGS(k, out);
   *out = NULL;
   ur_tensor *v = NULL, *l = NULL, *w = NULL, *inv = NULL, *off = NULL;
   ur_status st = ur_tensor_to(s, k->values, &v, place, device);

@@ -677,6 +677,8 @@ static void *xmalloc(size_t n, int *bad) {
 }
 
 ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
+  UR__ARGS(out);
+  if (!o) return ur__null(__func__, "opts");
   *out = NULL;
   if (o->batch_size < 1)
     return ur__error(UR_STATUS_INVALID, "loader: batch_size %lld; expected >= 1", (long long)o->batch_size);
@@ -821,6 +823,7 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
 }
 
 ur_status ur_loader_next(ur_loader *l, ur_batch **out) {
+  UR__ARGS(l, out);
   *out = NULL;
   double t0 = now_s();
   pthread_mutex_lock(&l->mu);
@@ -857,6 +860,7 @@ void ur_loader_release(ur_loader *l, ur_batch *b) {
 }
 
 ur_status ur_loader_stats_get(const ur_loader *l, ur_loader_stats *out) {
+  UR__ARGS(l, out);
   pthread_mutex_lock((pthread_mutex_t *)&l->mu);
   *out = l->stats;
   pthread_mutex_unlock((pthread_mutex_t *)&l->mu);

@@ -9,6 +9,7 @@ size_t ur_sizeof_synth_table(void) { return sizeof(ur_synth_table); }
 size_t ur_sizeof_synth_spec(void) { return sizeof(ur_synth_spec); }
 
 ur_status ur_synth_check(const ur_synth_spec *s) {
+  if (!s) return ur__null(__func__, "spec");
   if (s->num_tables < 0 || s->num_tables > UR_SYNTH_MAX_TABLES)
     return ur__error(UR_STATUS_INVALID, "synthetic: %d tables; expected 0..%d", (int)s->num_tables,
                      UR_SYNTH_MAX_TABLES);
@@ -109,6 +110,7 @@ ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int64_t fir
                             ur_tensor *dense, ur_tensor *labels, ur_tensor *ids,
                             ur_tensor *weights, ur_tensor *lengths, ur_tensor *groups,
                             ur_tensor *probs) {
+  UR__ARGS(spec, dense, labels, ids, lengths);
   ur__synth *x = malloc(sizeof *x);
   if (!x) return ur__error(UR_STATUS_OOM, "synthetic: out of host memory");
   ur_status st = ur__synth_expand(spec, x);

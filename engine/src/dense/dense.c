@@ -102,6 +102,7 @@ ur_status ur__cpu_cast(void *stream, const void *src, ur_dtype src_dtype, void *
 }
 
 ur_status ur_dense_cast(ur_stream *s, const ur_tensor *src, ur_tensor *dst) {
+  UR__ARGS(src, dst);
   const char *op = "dense cast";
   ur_status st = ur__dense_check_numel(op, "src", src, 1, src ? src->numel : 0);
   if (!st) st = ur__dense_check_numel(op, "dst", dst, 1, src->numel);
@@ -127,6 +128,7 @@ ur_status ur__cpu_mean(void *stream, const void *x, float *out, int64_t n, ur_dt
 }
 
 ur_status ur_dense_mean(ur_stream *s, const ur_tensor *x, ur_tensor *out) {
+  UR__ARGS(x, out);
   const char *op = "dense mean";
   ur_status st = ur__dense_check_numel(op, "x", x, 1, x ? x->numel : 0);
   if (!st) st = ur__dense_check_numel(op, "out", out, 0, 1);

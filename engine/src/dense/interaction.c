@@ -169,6 +169,7 @@ int64_t ur_interaction_cols(int32_t tables, int32_t dim, int32_t self_interactio
 
 ur_status ur_interaction_forward(ur_stream *s, const ur_tensor *dense, const ur_tensor *emb,
                                  ur_tensor *out, int32_t self_interaction, uint32_t flags) {
+  UR__ARGS(dense, emb, out);
   const char *op = "interaction forward";
   int32_t T;
   ur_status st = inter_shapes(op, dense, emb, out, "out", self_interaction, flags, &T);
@@ -189,6 +190,7 @@ ur_status ur_interaction_forward(ur_stream *s, const ur_tensor *dense, const ur_
 ur_status ur_interaction_backward(ur_stream *s, const ur_tensor *dense, const ur_tensor *emb,
                                   const ur_tensor *gout, ur_tensor *gdense, ur_tensor *gemb,
                                   int32_t self_interaction, uint32_t flags) {
+  UR__ARGS(dense, emb, gout, gdense, gemb);
   const char *op = "interaction backward";
   int32_t T;
   ur_status st = inter_shapes(op, dense, emb, gout, "gout", self_interaction, flags, &T);
@@ -277,10 +279,12 @@ static ur_status concat_split(const char *op, ur_stream *s, const ur_tensor *con
 
 ur_status ur_features_concat(ur_stream *s, const ur_tensor *const *parts, int32_t n,
                              ur_tensor *out) {
+  UR__ARGS(parts, out);
   return concat_split("features concat", s, parts, n, out, "out", 1);
 }
 
 ur_status ur_features_split(ur_stream *s, const ur_tensor *in, ur_tensor *const *parts,
                             int32_t n) {
+  UR__ARGS(in, parts);
   return concat_split("features split", s, (const ur_tensor *const *)parts, n, in, "in", 0);
 }

@@ -379,6 +379,7 @@ static ur_status check_pad(const char *op, uint32_t flags, int64_t in) {
 ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
                             const ur_tensor *b, ur_tensor *y, ur_tensor *mask, ur_act act,
                             uint32_t flags) {
+  UR__ARGS(x, w, y);
   const char *op = "linear forward";
   ur_status st = ur__dense_check(op, "x", x, 1, -1, -1);
   if (st) return st;
@@ -421,6 +422,7 @@ ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *
                              const ur_tensor *y, const ur_tensor *gy, const ur_tensor *x_mask,
                              ur_tensor *gx, ur_tensor *gw, ur_tensor *gb, ur_tensor *gb_x,
                              ur_tensor *work, ur_act act, uint32_t flags) {
+  UR__ARGS(x, w, gy);
   const char *op = "linear backward";
   ur_status st = ur__dense_check(op, "x", x, 1, -1, -1);
   if (st) return st;
@@ -501,6 +503,7 @@ static ur_status check_act(const char *op, ur_act act) {
 }
 
 ur_status ur_act_forward(ur_stream *s, const ur_tensor *x, ur_tensor *y, ur_act act) {
+  UR__ARGS(x, y);
   const char *op = "activation forward";
   ur_status st = ur__dense_check_numel(op, "x", x, 1, x ? x->numel : 0);
   if (!st) st = ur__dense_check_numel(op, "y", y, 1, x->numel);
@@ -519,6 +522,7 @@ ur_status ur_act_forward(ur_stream *s, const ur_tensor *x, ur_tensor *y, ur_act 
 
 ur_status ur_act_backward(ur_stream *s, const ur_tensor *y, const ur_tensor *gy, ur_tensor *gx,
                           ur_act act) {
+  UR__ARGS(y, gy, gx);
   const char *op = "activation backward";
   ur_status st = ur__dense_check_numel(op, "y", y, 1, y ? y->numel : 0);
   if (!st) st = ur__dense_check_numel(op, "gy", gy, 1, y->numel);

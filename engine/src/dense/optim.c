@@ -96,6 +96,9 @@ ur_status ur_optim_step(ur_stream *s, const ur_optim_cfg *cfg, int32_t n,
                         ur_tensor *const *params, ur_tensor *const *grads,
                         ur_tensor *const *state1, ur_tensor *const *state2,
                         ur_tensor *const *halves) {
+  UR__ARGS(cfg);
+  if (n > 0 && !params) return ur__null(__func__, "params");
+  if (n > 0 && !grads) return ur__null(__func__, "grads");
   const char *op = "optim step";
   ur_status st = check_cfg(op, cfg);
   if (st) return st;

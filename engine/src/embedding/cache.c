@@ -293,6 +293,8 @@ static void orphan(void *ctx) {
 
 ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int32_t *tables,
                        const ur_cache_config *config) {
+  UR__ARGS(out, t, config);
+  if (num_tables > 0 && !tables) return ur__null(__func__, "tables");
   *out = NULL;
   ur_status st = check_config(config);
   if (st) return st;
@@ -868,11 +870,10 @@ static ur_status settle(ur_cache *c, ur_stream *s, const flight *B, int64_t tk, 
 ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
                            const ur_tensor *offsets, const int64_t *bpf, ur_tensor *out,
                            int64_t *ticket) {
+  UR__ARGS(c, values, offsets, out, ticket);
   *ticket = 0;
   ur_status st = check_alive(c);
   if (st) return st;
-  if (!values || !offsets || !out)
-    return ur__error(UR_STATUS_INVALID, "cache: values, offsets and out are required");
   if ((st = check_ids_tensor(c, values, "values")) || (st = check_ids_tensor(c, offsets, "offsets")) ||
       (st = check_ids_tensor(c, out, "out")))
     return st;
@@ -941,6 +942,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
 }
 
 ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int32_t trained) {
+  UR__ARGS(c);
   ur_status st = check_alive(c);
   if (st) return st;
   flight *b = ticket > 0 ? ring_find(c, ticket) : NULL;
@@ -984,6 +986,7 @@ static ur_status pull_state(ur_cache *c, int dirty) {
 }
 
 ur_status ur_cache_flush(ur_cache *c) {
+  UR__ARGS(c);
   ur_status st = check_alive(c);
   if (st) return st;
   double t0 = now_s();
@@ -1019,6 +1022,7 @@ ur_status ur_cache_flush(ur_cache *c) {
 }
 
 ur_status ur_cache_invalidate(ur_cache *c) {
+  UR__ARGS(c);
   ur_status st = check_alive(c);
   if (st) return st;
   if (ur_cache_in_flight(c))
@@ -1037,6 +1041,7 @@ ur_status ur_cache_invalidate(ur_cache *c) {
 }
 
 ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *out) {
+  UR__ARGS(c, out);
   memset(out, 0, sizeof *out);
   if (table < -1 || table >= c->nt)
     return ur__error(UR_STATUS_INVALID, "cache: table %d; expected -1 (the total) or 0..%d",
@@ -1065,6 +1070,7 @@ ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *o
 }
 
 void ur_cache_reset_stats(ur_cache *c) {
+  if (!c) return;
   memset(c->stats, 0, sizeof *c->stats * ((size_t)c->nt + 1));
   c->seconds = c->gpu_seconds = 0;
   for (int r = 0; r < RING; r++) c->ring[r].timed_p = c->ring[r].timed_r = 0;
@@ -1072,6 +1078,9 @@ void ur_cache_reset_stats(ur_cache *c) {
 
 ur_status ur_cache_contains(const ur_cache *c, int32_t table, const int64_t *ids, int64_t n,
                             int64_t *slots) {
+  UR__ARGS(c);
+  if (n > 0 && !ids) return ur__null(__func__, "ids");
+  if (n > 0 && !slots) return ur__null(__func__, "slots");
   if (table < 0 || table >= c->nt)
     return ur__error(UR_STATUS_INVALID, "cache: table %d; expected 0..%d", (int)table,
                      (int)c->nt - 1);
@@ -1093,7 +1102,7 @@ ur_status ur_cache_contains(const ur_cache *c, int32_t table, const int64_t *ids
 }
 
 ur_status ur_stream_wait_event(ur_stream *s, ur_event *e) {
-  if (!e) return ur__error(UR_STATUS_INVALID, "stream_wait_event: no event");
+  UR__ARGS(e);
   if (!ur__gpu() || !e->handle || !e->recorded) return UR_STATUS_OK;
   if (!ur__gpu()->stream_wait)
     return ur__error(UR_STATUS_UNSUPPORTED, "stream_wait_event: the CUDA backend has no stream "

@@ -63,6 +63,7 @@ static ur_status check_host_i64(const ur_tensor *x, int64_t n, const char *what)
 }
 
 ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *cumsum) {
+  UR__ARGS(counts, order);
   if (ur_tensor_dtype(counts) != UR_DTYPE_I32 || ur_tensor_ndim(counts) != 1)
     return ur__error(UR_STATUS_INVALID, "counts_rank: counts is %s with %d dimensions; expected "
                      "i32 [n]", ur_dtype_name(ur_tensor_dtype(counts)), (int)ur_tensor_ndim(counts));
@@ -118,6 +119,7 @@ static ur_status invert(const int64_t *p, int64_t n, int64_t *inv, const char *c
 }
 
 ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm) {
+  UR__ARGS(order, perm);
   if (ur_tensor_dtype(order) != UR_DTYPE_I64 || ur_tensor_ndim(order) != 1)
     return ur__error(UR_STATUS_INVALID, "perm_from_order: order is %s with %d dimensions; "
                      "expected i64 [n]", ur_dtype_name(ur_tensor_dtype(order)),
@@ -137,6 +139,7 @@ ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm) {
 /* ---- permutations and relayout ---- */
 
 ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out) {
+  UR__ARGS(t, out);
   *out = NULL;
   ur_status st = check_index(t, table, "permutation");
   if (st) return st;
@@ -245,6 +248,7 @@ static ur_status check_not_cached(const ur_tbe *t, int32_t table, const char *wh
 
 ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
                           ur_tbe_relayout_stats *out, int64_t chunk_rows) {
+  UR__ARGS(t, out);
   memset(out, 0, sizeof *out);
   ur_status st = check_index(t, table, "relayout");
   if (!st && perm) st = check_not_cached(t, table, "relayout");
@@ -333,6 +337,7 @@ done:
 }
 
 ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm) {
+  UR__ARGS(t);
   ur_status st = check_index(t, table, "set_permutation");
   if (!st && perm) st = check_not_cached(t, table, "set_permutation");
   if (st) return st;

@@ -499,6 +499,7 @@ static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *of
 
 ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
                            const int64_t *batch_per_feature, ur_page_stats *out, int32_t location) {
+  UR__ARGS(t, values, offsets, out);
   struct ur__pages *p = NULL;
   ur_status st = compute(t, values, offsets, batch_per_feature, location, out, &p);
   if (st && p) p->nall = 0;
@@ -508,6 +509,7 @@ ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *
 ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values,
                                 const ur_tensor *offsets, const int64_t *batch_per_feature,
                                 ur_page_stats *out, int32_t location) {
+  UR__ARGS(t, values, offsets, out);
   struct ur__pages *p = NULL;
   ur_status st = compute(t, values, offsets, batch_per_feature, location, out, &p);
   if (st) {

@@ -228,6 +228,7 @@ static ur_status prepare_device(ur_tbe *t) {
 ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tables,
                      const ur_tbe_table_config *tables, int32_t num_features,
                      const int32_t *feature_table, const char *const *feature_names) {
+  UR__ARGS(out, config, tables, feature_table);
   *out = NULL;
   ur_status st = check_config(config);
   if (st) return st;
@@ -408,6 +409,7 @@ static ur_status check_index(const ur_tbe *t, int32_t i) {
 }
 
 ur_status ur_tbe_table(const ur_tbe *t, int32_t i, ur_tensor **out) {
+  UR__ARGS(t, out);
   *out = NULL;
   ur_status st = check_index(t, i);
   if (st) return st;
@@ -418,6 +420,7 @@ ur_status ur_tbe_table(const ur_tbe *t, int32_t i, ur_tensor **out) {
 }
 
 ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **out) {
+  UR__ARGS(t, out);
   *out = NULL;
   ur_status st = check_index(t, i);
   if (st) return st;
@@ -435,6 +438,7 @@ ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **ou
 
 ur_status ur_tbe_init_table(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi,
                             uint64_t seed) {
+  UR__ARGS(t);
   ur_status st = check_index(t, i);
   if (st) return st;
   if (!isfinite(lo) || !isfinite(hi) || lo > hi)

@@ -20,6 +20,7 @@ double ur_tbe_lr(const ur_tbe *t) { return t->cfg.lr; }
 int64_t ur_tbe_step(const ur_tbe *t) { return t->step; }
 
 ur_status ur_tbe_set_lr(ur_tbe *t, double lr) {
+  UR__ARGS(t);
   if (!(isfinite(lr) && lr >= 0))
     return ur__error(UR_STATUS_INVALID, "tbe: learning rate %g; expected a finite value >= 0", lr);
   t->cfg.lr = lr;
@@ -27,6 +28,7 @@ ur_status ur_tbe_set_lr(ur_tbe *t, double lr) {
 }
 
 ur_status ur_tbe_set_out_dtype(ur_tbe *t, ur_dtype dtype) {
+  UR__ARGS(t);
   if (dtype != UR_DTYPE_F32 && dtype != UR_DTYPE_BF16)
     return ur__error(UR_STATUS_INVALID, "tbe: output dtype '%s'; expected f32 or bf16",
                      (unsigned)dtype < UR_DTYPE_COUNT ? ur_dtype_name(dtype) : "?");
@@ -35,6 +37,7 @@ ur_status ur_tbe_set_out_dtype(ur_tbe *t, ur_dtype dtype) {
 }
 
 ur_status ur_tbe_set_step(ur_tbe *t, int64_t step) {
+  UR__ARGS(t);
   if (step < 0)
     return ur__error(UR_STATUS_INVALID, "tbe: step %lld; expected >= 0", (long long)step);
   t->step = step;
@@ -42,6 +45,7 @@ ur_status ur_tbe_set_step(ur_tbe *t, int64_t step) {
 }
 
 ur_status ur_tbe_skipped(ur_tbe *t, int64_t *out) {
+  UR__ARGS(t, out);
   return ur_tensor_read(t->flags, 1, 1, out);
 }
 
@@ -320,6 +324,7 @@ ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
                          const ur_tensor *offsets, const ur_tensor *weights,
                          const int64_t *batch_per_feature, const ur_tensor *inverse,
                          ur_tensor *out) {
+  UR__ARGS(t, values, offsets, out);
   call c;
   ur_status st = prepare(t, &c, values, offsets, weights, batch_per_feature, inverse, out, "out");
   if (!st) st = UR__NEED(t->be, tbe, forward);
@@ -362,6 +367,7 @@ ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                           const ur_tensor *values, const ur_tensor *offsets,
                           const ur_tensor *weights, const int64_t *batch_per_feature,
                           const ur_tensor *inverse) {
+  UR__ARGS(t, grad_out, values, offsets);
   call c;
   ur_status st = prepare(t, &c, values, offsets, weights, batch_per_feature, inverse, grad_out,
                          "grad_out");
@@ -406,6 +412,7 @@ ur_status ur_tbe_sparse_grad(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                              const ur_tensor *weights, const int64_t *batch_per_feature,
                              const ur_tensor *inverse, ur_tensor **rows, ur_tensor **grads,
                              int64_t *counts) {
+  UR__ARGS(t, grad_out, values, offsets, rows, grads, counts);
   *rows = *grads = NULL;
   call c;
   ur_status st = prepare(t, &c, values, offsets, weights, batch_per_feature, inverse, grad_out,
@@ -439,6 +446,7 @@ ur_status ur_tbe_sparse_grad(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
  * by the CPU, after any GPU work on that memory. */
 ur_status ur_tensor_gather_rows(ur_stream *s, const ur_tensor *src, const ur_tensor *ids,
                                 ur_tensor *out) {
+  UR__ARGS(src, ids, out);
   if (ur_tensor_ndim(src) != 2 || ur_tensor_dtype(ids) != UR_DTYPE_I64 ||
       ur_tensor_ndim(ids) != 1 || ur_tensor_ndim(out) != 2 ||
       ur_tensor_dtype(out) != ur_tensor_dtype(src) || ur_tensor_dim(out, 1) != ur_tensor_dim(src, 1) ||

@@ -3,6 +3,7 @@
  * but live in libuvmrec so that plain LuaJIT finds them there too. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -17,6 +18,8 @@ static int by_string(const void *a, const void *b) {
 
 ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, char *buf,
                       uint64_t len, uint64_t *needed) {
+  UR__ARGS(dir, needed);
+  if (len && !buf) return ur__null(__func__, "buf");
   *needed = 1;
   if (len) buf[0] = 0;
   DIR *d = opendir(dir);
@@ -64,6 +67,7 @@ ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, c
 }
 
 ur_status ur_dir_create(const char *path) {
+  UR__ARGS(path);
   if (!path || !*path) return ur__error(UR_STATUS_INVALID, "dir: no path given");
   char *p = strdup(path);
   if (!p) return ur__error(UR_STATUS_OOM, "dir: out of host memory");
@@ -81,6 +85,23 @@ ur_status ur_dir_create(const char *path) {
     *c = '/';
   }
   free(p);
+  return s;
+}
+
+ur_status ur__sync_dir(const char *path, const char *what) {
+  char *dir = strdup(path);
+  if (!dir) return ur__error(UR_STATUS_OOM, "%s: out of host memory", what);
+  char *slash = strrchr(dir, '/');
+  if (!slash) strcpy(dir, ".");
+  else if (slash == dir) dir[1] = 0;
+  else *slash = 0;
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ur_status s = UR_STATUS_OK;
+  if (fd < 0 || fsync(fd))
+    s = ur__error(UR_STATUS_IO, "%s: %s is written, but syncing its directory %s failed: %s", what,
+                  path, dir, strerror(errno));
+  if (fd >= 0) close(fd);
+  free(dir);
   return s;
 }
 

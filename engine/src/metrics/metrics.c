@@ -251,6 +251,7 @@ static ur_status check_opts(const ur_metrics_opts *o) {
 
 ur_status ur_metrics_new(ur_metrics **out, const ur_metrics_opts *opts, ur_place place,
                          int32_t device) {
+  UR__ARGS(out, opts);
   *out = NULL;
   ur_status st = check_opts(opts);
   if (st) return st;
@@ -304,6 +305,7 @@ void ur_metrics_free(ur_metrics *m) {
 ur_status ur_metrics_update(ur_stream *s, ur_metrics *m, const ur_tensor *predictions,
                             const ur_tensor *labels, const ur_tensor *weights,
                             const ur_tensor *groups) {
+  UR__ARGS(m, predictions, labels);
   ur__metrics_job j = base_job(m);
   ur_status st = check_inputs(m, predictions, labels, weights, groups, "update", &j);
   if (st || !j.n) return st;
@@ -322,6 +324,7 @@ ur_status ur_metrics_update(ur_stream *s, ur_metrics *m, const ur_tensor *predic
 }
 
 ur_status ur_metrics_reset(ur_stream *s, ur_metrics *m) {
+  UR__ARGS(m);
   ur_status st = ur_tensor_fill(s, m->state, 0);
   if (!st) m->seen = 0;
   return st;
@@ -331,6 +334,7 @@ int64_t ur_metrics_seen(const ur_metrics *m) { return m->seen; }
 int32_t ur_metrics_on_gpu(const ur_metrics *m) { return m->gpu; }
 
 ur_status ur_metrics_snapshot(ur_stream *s, ur_metrics *m, double **state, uint64_t *count) {
+  UR__ARGS(m, state, count);
   ur_status st = ur_tensor_copy(s, m->state, m->snap);
   *state = st ? NULL : ur_tensor_data(m->snap);
   *count = st ? 0 : m->state_count;
@@ -339,6 +343,7 @@ ur_status ur_metrics_snapshot(ur_stream *s, ur_metrics *m, double **state, uint6
 
 ur_status ur_metrics_window(const ur_metrics *m, ur_tensor **predictions, ur_tensor **labels,
                             ur_tensor **weights, ur_tensor **groups) {
+  UR__ARGS(m, predictions, labels, weights, groups);
   *predictions = *labels = *weights = *groups = NULL;
   if (!m->o.window)
     return ur__error(UR_STATUS_INVALID, "metrics window: the metric keeps no window (0 samples)");
@@ -360,6 +365,7 @@ ur_status ur_metrics_compute(ur_stream *s, ur_metrics *m, int32_t from_snapshot,
                              const ur_tensor *predictions, const ur_tensor *labels,
                              const ur_tensor *weights, const ur_tensor *groups,
                              ur_metric_values *window, ur_metric_values *lifetime) {
+  UR__ARGS(m, window, lifetime);
   int32_t T = m->o.tasks;
   ur__metrics_job wj = base_job(m), lj = base_job(m);
   ur_status st = UR_STATUS_OK;

@@ -12,6 +12,7 @@ local PLACEMENTS = { "auto", "device", "managed", "host", "cached" }
 local TBE_OPTIMS = { "sgd", "rowwise_adagrad", "adagrad", "adam" }
 local DENSE_OPTIMS = { "sgd", "adagrad", "adam", "adamw" }
 M.METRICS = { "auc", "ne", "accuracy", "calibration", "ctr" }
+M.MAX_BATCH = 2 ^ 24 -- samples in a batch: far beyond any GPU's, and its buffers stay allocatable
 
 M.schema = map({
   name = string { pattern = "^[%w_%-%.]+$" },
@@ -77,9 +78,9 @@ M.schema = map({
     min_factor = number { min = 0, max = 1, default = 0 },
   },
   train = map {
-    batch_size = int { min = 1, default = 1024 },
+    batch_size = int { min = 1, max = M.MAX_BATCH, default = 1024 },
     steps = int { min = 0, default = 0 },          -- 0: until the data ends (epochs)
-    epochs = int { min = 1, default = 1 },
+    epochs = int { min = 1, max = 2 ^ 31 - 1, default = 1 },
     seed = int { min = 0, default = 1 },
     log_every = int { min = 1, default = 10 },     -- read the loss (the one wait) every N steps
     pipeline = bool { default = false },           -- the prefetch pipeline (uvmrec.pipeline.Prefetch)
@@ -90,16 +91,18 @@ M.schema = map({
   },
   data = map {
     train = string { default = "" },               -- a data spec; "" for a config without one
-    eval = string { default = "" },                -- "": synthetic data's samples after training's
+    eval = string { default = "" },                -- "": synthetic data's held-out samples (from 2^48)
     samples = int { min = 0, default = 0 },        -- synthetic samples per epoch; 0: steps x batch
     shuffle_window = int { min = 0, default = 0 },
     depth = int { min = 1, max = 64, default = 4 },
     seed = int { min = 0, default = 0 },
+    on_bad_line = enum({ "fail", "skip" }, { default = "fail" }), -- TSV: a bad line stops the run, or is skipped
+    pad_missing_fields = bool { default = false }, -- TSV: lines of 15..39 fields take empty trailing ones
   },
   eval = map {
     every = int { min = 0, default = 0 },          -- steps; 0: only at the end
-    samples = int { min = 0, default = 65536 },    -- held-out samples; 0: all of data.eval
-    batch_size = int { min = 1, default = 16384 },
+    samples = int { min = 0, max = 2 ^ 30, default = 65536 }, -- held-out samples; 0: all of data.eval
+    batch_size = int { min = 1, max = M.MAX_BATCH, default = 16384 },
     metrics = list(enum(M.METRICS), { default = { "auc", "ne", "accuracy", "calibration", "ctr" } }),
     min_auc = number { min = 0, max = 1, default = 0 }, -- the final AUC must reach it (0: no check)
   },

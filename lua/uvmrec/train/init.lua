@@ -32,6 +32,9 @@ local M = {
 local C = ur.C
 
 M.CEILING_SAMPLES = 262144
+-- Held-out synthetic samples are drawn from index 2^48 up, a stream no training run reaches:
+-- an epoch of synthetic training data is held below it, whatever train.steps says.
+M.HELD_OUT = 2 ^ 48
 
 local function exists(path) return path and C.ur_path_kind(path) == 1 end
 
@@ -93,6 +96,13 @@ function M.optimizer(cfg, model)
   })
 end
 
+-- The loader options of n held-out synthetic samples (data: a spec string or a loader's data
+-- table): samples 2^48 .. 2^48 + n - 1, which training never draws.
+function M.held_out(data, n, batch_size)
+  return { data = data, samples = M.HELD_OUT + n, position = { epoch = 0, sample = M.HELD_OUT },
+           batch_size = batch_size, depth = 2 }
+end
+
 -- Where the data comes from, for the config as resolved (data.train, train.steps set):
 -- {train = loader options, eval = loader options or nil, eval_samples, ceiling = function()
 -- (synthetic data: the hidden model's AUC on the held-out samples), steps = total or nil,
@@ -104,7 +114,8 @@ function M.data(cfg, rows)
   if not ok then return nil, (tostring(src):gsub("^[^\n]-:%d+: ", "")) end
   local d = { eval_samples = cfg.eval.samples }
   local common = { batch_size = batch, depth = cfg.data.depth, shuffle_window = cfg.data.shuffle_window,
-                   seed = cfg.data.seed, epochs = cfg.train.epochs }
+                   seed = cfg.data.seed, epochs = cfg.train.epochs, on_bad_line = cfg.data.on_bad_line,
+                   pad_missing_fields = cfg.data.pad_missing_fields }
   if src.kind == "synthetic" then
     local base, samples = synthetic.resolve(src.name)
     if not base then return nil, "--data " .. spec .. ": " .. tostring(samples) end
@@ -116,16 +127,21 @@ function M.data(cfg, rows)
     local s = synthetic.spec(base, nil, 2)
     local n = cfg.data.samples > 0 and cfg.data.samples or (samples and cfg.train.steps == 0 and samples)
               or cfg.train.steps * batch
+    if n >= M.HELD_OUT then
+      return nil, ("%s: an epoch of %.0f samples (%s); synthetic training data stops below sample 2^48, where "
+        .. "the held-out samples start"):format(spec, n, cfg.data.samples > 0 and "data.samples"
+        or ("train.steps %.0f x train.batch_size %d"):format(cfg.train.steps, batch))
+    end
     common.data, common.samples = { kind = "synthetic", spec = s }, n
     d.train = common
     d.steps = cfg.train.steps > 0 and cfg.train.steps or math.ceil(n / batch) * cfg.train.epochs
     if cfg.data.eval == "" and d.eval_samples > 0 then
-      d.eval = { data = common.data, samples = n + d.eval_samples, position = { epoch = 0, sample = n },
-                 batch_size = cfg.eval.batch_size, depth = 2 }
+      d.eval = M.held_out(common.data, d.eval_samples, cfg.eval.batch_size)
       -- The ceiling from at most CEILING_SAMPLES of them: it is computed on the host.
       d.ceiling_samples = math.min(d.eval_samples, M.CEILING_SAMPLES)
-      d.ceiling = function() return synthetic.hidden_auc(s, d.ceiling_samples, n) end
-      d.what = ("%s: %d samples an epoch; evaluation on the %d samples after them"):format(spec, n, d.eval_samples)
+      d.ceiling = function() return synthetic.hidden_auc(s, d.ceiling_samples, M.HELD_OUT) end
+      d.what = ("%s: %d samples an epoch; evaluation on %d held-out samples (from sample 2^48)"):format(spec,
+        n, d.eval_samples)
     end
   else
     common.data, common.rows = spec, rows
@@ -133,9 +149,12 @@ function M.data(cfg, rows)
     d.steps = cfg.train.steps > 0 and cfg.train.steps or nil
   end
   if cfg.data.eval ~= "" then
-    local synth = cfg.data.eval:match("^synthetic:")
-    d.eval = { data = cfg.data.eval, rows = not synth and rows or nil, batch_size = cfg.eval.batch_size,
-               depth = 2, samples = synth and d.eval_samples or nil }
+    if cfg.data.eval:match("^synthetic:") then
+      d.eval = M.held_out(cfg.data.eval, d.eval_samples, cfg.eval.batch_size)
+    else
+      d.eval = { data = cfg.data.eval, rows = rows, batch_size = cfg.eval.batch_size, depth = 2,
+                 on_bad_line = cfg.data.on_bad_line, pad_missing_fields = cfg.data.pad_missing_fields }
+    end
     d.what = ("%s; evaluation on %s"):format(spec, cfg.data.eval)
   end
   d.what = d.what or (src.kind == "synthetic" and ("%s: %d samples an epoch; no evaluation (eval.samples is 0)")
@@ -302,6 +321,54 @@ function M.hints(cfg, model)
                                            allowance = e.hints.allowance, decay = e.hints.decay, tables = per })
 end
 
+-- A resumed run saves as the run it resumes did (train.checkpoint_every, train.keep), unless this
+-- run's config gives them (in its file or by --set).
+function M.keep_saving(cfg, saved)
+  local given = require("uvmrec.config").given
+  for _, key in ipairs { "checkpoint_every", "keep" } do
+    local v = type(saved) == "table" and type(saved.train) == "table" and saved.train[key]
+    if type(v) == "number" and not given(cfg, "train." .. key) then cfg.train[key] = v end
+  end
+end
+
+-- A resume may not end before its checkpoint: nil, or why not (the checkpoint's step, and the
+-- step the run would end at, nil when the data decides).  Ending at it trains nothing.
+function M.check_resume(ckpt_step, last_step, path)
+  if last_step and last_step < ckpt_step then
+    return ("--resume: %s is at step %d and this run ends at step %d (train.steps, --steps): a resumed run "
+      .. "goes on from its checkpoint; give %d steps or more"):format(path, ckpt_step, last_step, ckpt_step)
+  end
+end
+
+-- After the loop: nil, or why the run fails though it was not stopped.  Steps the data could not
+-- give are a failure when train.steps asked for them; with train.steps 0 the data's end
+-- (train.epochs of it) is the run's, but a run that trained no step at all always fails.
+function M.check_ran(cfg, first, steps, samples)
+  local asked = cfg.train.steps
+  if asked > 0 and first > asked then return nil end -- a resume already at train.steps
+  if steps < first then
+    return ("the training data gave no batch: nothing was trained (%s)"):format(cfg.data.train)
+  end
+  if asked > 0 and steps < asked then
+    return ("the training data ran out at step %d of train.steps %d (%d samples trained; train.epochs %d of %s): "
+      .. "give more data or epochs (train.epochs), or train.steps 0 to train until the data ends"):format(steps,
+      cfg.train.steps, samples, cfg.train.epochs, cfg.data.train)
+  end
+  return nil
+end
+
+-- eval.min_auc against the final evaluation: nil when it passes, else why the run fails; with
+-- no evaluation there is nothing to check (the second value says so).
+function M.check_min_auc(cfg, ev)
+  local want = cfg.eval.min_auc
+  if want <= 0 then return nil end
+  if not ev then return nil, ("eval.min_auc %.4f is not checked: this run has no evaluation"):format(want) end
+  if ev.auc ~= ev.auc or ev.auc < want then
+    return ("the final AUC %.4f is below eval.min_auc %.4f"):format(ev.auc, want)
+  end
+  return nil
+end
+
 -- Trains as the config says.  opts: config_path (to find model.file), out (run directory),
 -- progress ("auto", "bar", "lines", "none"), print (a function of one line; default to
 -- stdout), hooks ({function(step, samples, ctx)}: after each step), setup (function(ctx),
@@ -329,16 +396,20 @@ function M.run(cfg, opts)
   local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1 }
   ctx.registry = register(ctx)
   if opts.setup then opts.setup(ctx) end
-  local every, ckdir = cfg.train.checkpoint_every, opts.out and opts.out .. "/checkpoints"
-  if every > 0 and not ckdir then
-    return nil, "train.checkpoint_every is " .. every .. ": checkpoints need a run directory (--out RUNDIR)"
-  end
+  local ckdir = opts.out and opts.out .. "/checkpoints"
   local resumed
   if opts.resume then
     local t0 = C.ur_clock_seconds()
     local r, rerr = M.load_checkpoint(ctx, opts.resume, M.RESUME_IGNORE)
     if not r then return nil, "--resume: " .. rerr end
+    local behind = M.check_resume(r.step, data.steps, r.path)
+    if behind then return nil, behind end
+    if ckdir then M.keep_saving(cfg, r.config) end
     resumed = { step = r.step, path = r.path, seconds = C.ur_clock_seconds() - t0 }
+  end
+  local every = cfg.train.checkpoint_every
+  if every > 0 and not ckdir then
+    return nil, ("train.checkpoint_every is %d: checkpoints need a run directory (--out RUNDIR)"):format(every)
   end
   ctx.hints = M.hints(cfg, model)
 
@@ -481,11 +552,21 @@ function M.run(cfg, opts)
     log.close()
     return nil, tostring(cerr or steps)
   end
+  local short = not interrupted and M.check_ran(cfg, first, steps, samples)
+  if short then
+    feed:free()
+    loader:close()
+    log.line { event = "failed", step = steps, samples = samples, error = short }
+    log.close()
+    return nil, short
+  end
   local seconds = progress:elapsed()
   local result = { steps = steps, samples = samples, seconds = seconds, loss = last_loss,
                    samples_per_s = (samples - samples0) / math.max(seconds, 1e-9), evals = evals,
                    resumed = resumed, checkpoint = saved and saved.path, interrupted = interrupted }
-  if resumed then
+  if resumed and steps < first then
+    say(("nothing to train: the checkpoint is at step %d, where train.steps ends"):format(steps))
+  elseif resumed then
     say(("trained steps %d to %d, %d samples in %.1f s: %s samples/s (%d samples in all)"):format(first, steps,
       samples - samples0, seconds, M.progress.count(result.samples_per_s), samples))
   else
@@ -545,15 +626,14 @@ function M.run(cfg, opts)
   if opts.out then
     say("run directory: " .. opts.out .. " (config.json, metrics.jsonl" .. (saved and ", checkpoints/)" or ")"))
   end
-  if cfg.eval.min_auc > 0 and not (result.eval and result.eval.auc >= cfg.eval.min_auc) then
-    return nil, ("the final AUC %s is below eval.min_auc %.4f"):format(
-      result.eval and ("%.4f"):format(result.eval.auc) or "(no evaluation)", cfg.eval.min_auc), result
-  end
+  local low, unchecked = M.check_min_auc(cfg, result.eval)
+  if unchecked then say(unchecked) end
+  if low then return nil, low, result end
   return result
 end
 
 -- Evaluates the model of a config on held-out data, as run() does at its end: opts.data
--- (synthetic: the samples after the config's training ones; files: these files), out,
+-- (synthetic: eval.samples held-out samples, from sample 2^48; files: these files), out,
 -- config_path, setup (function(ctx), as run's), checkpoint (a file or run directory: its
 -- weights are loaded; the model's config must be the checkpoint's, M.EVAL_IGNORE aside),
 -- print, cpu.  Returns {eval = {...}, ceiling, step (the checkpoint's, or 0)} or nil, message.
