@@ -441,11 +441,12 @@ UR_API ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int6
                                    int64_t n, ur_tensor *dense, ur_tensor *labels, ur_tensor *ids,
                                    ur_tensor *weights, ur_tensor *lengths, ur_tensor *groups,
                                    ur_tensor *probs);
-/* The loader (engine/src/loader.c): a thread that turns a source into batches in pinned
- * buffers ahead of use.  Each epoch a rank reads its contiguous share of the rows, in
- * windows of shuffle_window rows shuffled by a seeded permutation (a window of 0: in order),
- * so a position (epoch, sample) restores the exact order.  A batch stays valid until it is
- * released; the loader holds depth batches ahead, plus two the consumer may hold. */
+/* The loader (engine/src/data/loader.c): threads that turn a source into batches in pinned
+ * buffers ahead of use, each thread making whole batches, handed out in order.  Each epoch a
+ * rank reads its contiguous share of the rows, in windows of shuffle_window rows shuffled by a
+ * seeded permutation (a window of 0: in order), so a position (epoch, sample) restores the
+ * exact order, on any number of threads.  A batch stays valid until it is released; the loader
+ * holds max(depth, threads) batches ahead, plus two the consumer may hold. */
 typedef enum ur_source_kind {
   UR_SOURCE_SYNTHETIC = 0, UR_SOURCE_CRITEO_TSV, UR_SOURCE_CRITEO_BIN
 } ur_source_kind;
@@ -458,7 +459,8 @@ typedef struct ur_loader_opts {
   const char *const *keys;        /* names of the sparse features (NULL: C1, C2, ...) */
   ur_criteo_opts criteo;          /* TSV options; rows also reduce day files' ids on read */
   int64_t batch_size;
-  int32_t depth;                  /* batches prepared ahead (>= 1) */
+  int32_t depth;                  /* batches prepared ahead (>= 1; at least one a thread) */
+  int32_t threads;                /* threads making batches; 0: UR_NUM_THREADS, else every core */
   int32_t drop_last;
   int64_t shuffle_window;         /* rows per shuffled window; 0: no shuffling */
   uint64_t seed;
@@ -470,9 +472,12 @@ typedef struct ur_loader_opts {
 typedef struct ur_loader_stats {
   int64_t batches, samples, bytes;
   double wait_seconds;            /* the consumer's time blocked in next */
-  double produce_seconds;         /* the loader thread's time making batches */
+  double produce_seconds;         /* the threads' wall time making batches, summed */
+  double produce_cpu_seconds;     /* their CPU time for it (dispatch included): the cost on a
+                                     shared machine */
   int64_t epoch, sample;          /* the position after the last batch handed out */
   int64_t samples_per_epoch;      /* this rank's; -1 until known (TSV) */
+  int32_t threads;                /* threads making batches */
 } ur_loader_stats;
 struct ur_loader;
 struct ur_batch;
@@ -488,6 +493,11 @@ UR_API void ur_loader_release(ur_loader *l, ur_batch *b);
 /* Stops the thread (also mid-epoch) and frees everything; batches not released are freed too. */
 UR_API void ur_loader_close(ur_loader *l);
 UR_API ur_status ur_loader_stats_get(const ur_loader *l, ur_loader_stats *out);
+/* Host memory a loader with these options takes at most (its slots and the windows it keeps),
+ * for data of `columns` id columns (the sum of each table's ids per sample), `tables` tables
+ * and `dense` features: for accounting before anything is allocated. */
+UR_API uint64_t ur_loader_host_bytes(const ur_loader_opts *opts, int32_t columns, int32_t tables,
+                                     int32_t dense);
 UR_API const ur_tensor *ur_batch_dense(const ur_batch *b);   /* f32 [B, dense] */
 UR_API const ur_tensor *ur_batch_labels(const ur_batch *b);  /* f32 [B] */
 UR_API const ur_tensor *ur_batch_groups(const ur_batch *b);  /* i64 [B], or NULL */

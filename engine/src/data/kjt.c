@@ -280,6 +280,16 @@ ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, in
   return st;
 }
 
+/* A KJT whose offsets the caller made (the loader, writing them with the lengths): offsets
+ * [nkeys * stride + 1] beside values, val0 (host, nkeys + 1) each key's first value.  Nothing
+ * is scanned or allocated but the views. */
+ur_status ur__kjt_new_with_offsets(ur_kjt **out, int32_t num_keys, const char *const *keys,
+                                   int64_t stride, ur_tensor *values, ur_tensor *lengths,
+                                   ur_tensor *weights, ur_tensor *offsets, const int64_t *val0) {
+  return kjt_make(num_keys, keys, stride, NULL, values, lengths, weights, NULL, offsets, val0, 0,
+                  out);
+}
+
 /* ---- accessors ---- */
 
 int32_t ur_kjt_num_keys(const ur_kjt *k) { return k->nkeys; }

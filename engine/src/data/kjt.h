@@ -60,6 +60,15 @@ typedef struct ur_kjt_ops {
                      int64_t *inv, int64_t *spk, int64_t *val0);
 } ur_kjt_ops;
 
+/* A KJT on offsets the caller computed (kjt.c; the loader's): no scan, no allocation but the
+ * views.  offsets i64 [num_keys * stride + 1] in values' placement, val0 (host) each key's first
+ * value and the total. */
+UR__HIDDEN ur_status ur__kjt_new_with_offsets(struct ur_kjt **out, int32_t num_keys,
+                                              const char *const *keys, int64_t stride,
+                                              struct ur_tensor *values, struct ur_tensor *lengths,
+                                              struct ur_tensor *weights, struct ur_tensor *offsets,
+                                              const int64_t *val0);
+
 /* The CPU reference (kjt_cpu.c); the CUDA backend's is ur__cuda_kjt_ops (kernels/kjt.cu). */
 UR__HIDDEN extern const ur_kjt_ops ur__cpu_kjt_ops;
 

@@ -215,6 +215,9 @@ UR_HD void ur__synth_row(const ur__synth *sp, int64_t i, float *dense, float *la
   }
 }
 
+/* The spec checked and expanded (synth.c): the Zipf constants, the scatter, the columns. */
+UR__HIDDEN ur_status ur__synth_expand(const ur_synth_spec *s, ur__synth *x);
+
 /* The generator's ops table; synth.c has checked the outputs (memory the backend reads,
  * sizes).  Samples first..first + n - 1, laid out as ur__synth_row's. */
 typedef struct ur_synth_ops {
