@@ -172,7 +172,7 @@ for _, t in ipairs(threads) do
     sorted[#sorted] / 1e6, med / o.batch, mp * 1e3, o.batch / mp, ld))
   if out then
     out:write(json.encode { bench = "B8", threads = t, batch = o.batch, window = o.window, samples_per_s = med,
-                            min = sorted[1], max = sorted[#sorted], cpu_ms_per_batch = mp * 1e3,
+                            min = sorted[1], max = sorted[#sorted], cpu_ms_per_batch = mp * 1e3, waited = waits,
                             load = ld, runs = rates }, "\n")
   end
 end
