@@ -339,6 +339,19 @@ UR_API ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out);
  * [num_keys * stride, D]: out row k*stride+b = in row (first bag of k) + inverse[k][b]. */
 UR_API ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
                                     ur_tensor **out);
+/* Sample-major rows (as the synthetic generator makes them) to a KJT: key k takes hot[k] id
+ * columns of ids i64 [n, sum of hot] (weights f32 alike, or NULL), of which lengths i32
+ * [n, num_keys] say how many are used (NULL: all of them).  Written into the caller's buffers
+ * (values and weights_out at least n * sum of hot elements, lengths_out n * num_keys, offsets
+ * n * num_keys + 1; one placement for all), of which the KJT holds views: no allocation, so a
+ * loader reuses them.  With lengths it waits for the device (the key spans come back); without,
+ * nothing waits.  A length outside 0..hot[k] is an error naming the key and the sample. */
+UR_API ur_status ur_kjt_from_rows(ur_stream *s, ur_kjt **out, int32_t num_keys,
+                                  const char *const *keys, const int32_t *hot,
+                                  const ur_tensor *ids, const ur_tensor *weights,
+                                  const ur_tensor *lengths, ur_tensor *values /* out */,
+                                  ur_tensor *lengths_out /* out */, ur_tensor *offsets /* out */,
+                                  ur_tensor *weights_out /* out */);
 /* A copy in another placement, ordered on s (asynchronous where the GPU is involved). */
 UR_API ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place place,
                            int32_t device);

@@ -141,7 +141,8 @@ methods.free = methods.close
 -- ur.data.loader{data = spec, batch_size =, samples = (synthetic), rows = (26 sizes or one: ids
 -- mod rows), depth = 4, threads = 0 (UR_NUM_THREADS, else every core), drop_last = false,
 -- shuffle_window = 0, seed = 0, epochs = 1, rank = 0, world = 1, position = {epoch, sample},
--- placement = "pinned", keys = {...}, on_bad_line = "fail", pad_missing_fields = false}
+-- placement = "pinned" (synthetic data: "device" draws on the GPU, uvmrec.data.generator),
+-- stream (that placement's), keys = {...}, on_bad_line = "fail", pad_missing_fields = false}
 function M.loader(o)
   if type(o) ~= "table" then error("loader: expected a table of options", 2) end
   local src = M.source(o.data, 2)
@@ -158,6 +159,10 @@ function M.loader(o)
       o.samples = o.samples or samples
     elseif not spec.cspec then
       spec = synthetic.spec(spec, nil, 2)
+    end
+    if o.placement == "device" or o.placement == "managed" then -- drawn where it is used
+      if not o.samples then error("loader: synthetic data needs samples = N", 2) end
+      return require("uvmrec.data.generator").open(o, spec, 2)
     end
     co.source = C.UR_SOURCE_SYNTHETIC
     co.synth = spec.cspec

@@ -359,6 +359,8 @@ function M.run(cfg, opts)
   local topts = {}
   for k, v in pairs(data.train) do topts[k] = v end
   topts.position = ctx.position
+  -- synthetic data in order is drawn on the GPU where it is used (uvmrec.data.generator)
+  if gpu and type(topts.data) == "table" and (topts.shuffle_window or 0) == 0 then topts.placement = "device" end
   local loader, err = ur.data.loader(topts)
   if not loader then return nil, err end
   ctx.loader = loader
