@@ -282,7 +282,7 @@ describe("uvmrec.KJT", function()
     local H = 10
     for _, with_lengths in ipairs { true, false } do
       local ids, lens, w = {}, {}, {}
-      for i = 1, n do
+      for _ = 1, n do
         for _, k in ipairs(hot) do
           local m = with_lengths and rng(k + 1) - 1 or k
           lens[#lens + 1] = m
@@ -324,7 +324,9 @@ describe("uvmrec.KJT", function()
     local ids = ur.tensor({ 2, 3 }, { dtype = "i64" })
     local bad = ur.tensor({ 2, 2 }, { dtype = "i32" })
     bad:set(3, 3) -- lengths [2, 2]: sample 1's bag of key y (2 ids a sample) says 3
-    assert.has_error(function() assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 2 }, ids = ids, lengths = bad }) end,
+    assert.has_error(function()
+      assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 2 }, ids = ids, lengths = bad })
+    end,
       "kjt from_rows: key 'y' sample 1 has length 3; expected 0..2 (its ids a sample)")
     assert.has_error(function() assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 1 }, ids = ids }) end,
       "kjt from_rows: ids must be i64 [2, 2]; got i64 with 6 elements")

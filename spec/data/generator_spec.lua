@@ -67,7 +67,8 @@ describe("uvmrec.data.generator", function()
 
   it("refuses a shuffle window: the generator's samples are independent draws already", function()
     assert.has_error(function()
-      data.loader { data = "synthetic:tiny", samples = 100, batch_size = 10, placement = "managed", shuffle_window = 50 }
+      data.loader { data = "synthetic:tiny", samples = 100, batch_size = 10, placement = "managed",
+                    shuffle_window = 50 }
     end, "loader: the generator (placement 'managed') makes batches in sample order; shuffle_window must be 0 (its "
       .. "samples are independent draws already), not 50")
   end)
