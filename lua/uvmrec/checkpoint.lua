@@ -454,6 +454,7 @@ local function list_dir(dir, prefix, suffix)
     size = tonumber(needed[0])
   end
 end
+M.list_dir = list_dir -- entries of dir named prefix...suffix, sorted (nil, message on failure)
 
 -- The checkpoints of a run directory, oldest step first: {{path =, step =}, ...}.
 function M.list(rundir)
