@@ -442,6 +442,9 @@ typedef struct ur_synth_spec {
   float dense_signal;             /* weight of the dense features in the logit */
   float bias;                     /* logit offset (sets the click rate) */
   int64_t groups;                 /* > 0: per-sample grouping keys in [0, groups) */
+  double drift;                   /* > 0: the hot ids move: sample i's Zipf rank r is read as
+                                     rank r + floor(i * drift) (mod rows), so the ids that were
+                                     hot grow cold and colder ones take their place; 0: none */
 } ur_synth_spec;
 UR_API size_t ur_sizeof_synth_table(void);
 UR_API size_t ur_sizeof_synth_spec(void);
@@ -669,6 +672,15 @@ UR_API size_t ur_sizeof_tbe_relayout_stats(void);
 UR_API ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out);
 UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
                                  ur_tbe_relayout_stats *out /* out */, int64_t chunk_rows);
+/* Trades the physical rows of ids a[k] and b[k] (k < n; host arrays; no id in two pairs), in
+ * the weights and in the optimizer state, and their entries of the permutation, in place (a
+ * table without a layout gets the identity first).  Work is O(n rows), ordered on s: on a GPU
+ * collection a kernel moves the rows (managed rows are read and written where they are: no page
+ * moves, no wait).  The kernels must not read the table meanwhile: order it between steps on
+ * their stream.  Stats as relayout's (bytes: the rows rewritten; seconds: the host's time). */
+UR_API ur_status ur_tbe_swap_rows(ur_stream *s, ur_tbe *t, int32_t table, const int64_t *a,
+                                  const int64_t *b, int64_t n,
+                                  ur_tbe_relayout_stats *out /* out */);
 /* Installs perm (NULL: the identity) without moving any row: for rows already laid out by it,
  * as a checkpoint holds them. */
 UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm);

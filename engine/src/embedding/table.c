@@ -368,6 +368,7 @@ void ur_tbe_free(ur_tbe *t) {
   ur_tensor_free(t->desc);
   ur_tensor_free(t->callbuf);
   ur_tensor_free(t->work);
+  ur_tensor_free(t->swapbuf);
   ur_tensor_free(t->flags);
   for (int32_t i = 0; t->counts && i < t->T; i++) ur_tensor_free(t->counts[i]);
   for (int32_t i = 0; t->perm && i < t->T; i++) ur_tensor_free(t->perm[i]);
