@@ -105,7 +105,9 @@ for b in loader:batches() do
     end
   end
   -- the check: swaps and layouts move rows, never values
-  for j = 1, #outs[1], 97 do assert(outs[1][j] == outs[2][j], "the two collections' outputs differ at step " .. step) end
+  for j = 1, #outs[1], 97 do
+    assert(outs[1][j] == outs[2][j], "the two collections' outputs differ at step " .. step)
+  end
   if step % o.every == 0 then
     local row = { step = step, shift = math.floor(drift * step * o.batch) }
     for _, run in ipairs(runs) do
