@@ -24,6 +24,7 @@ local cmd = require("uvmrec.cli").command {
   { "--seed S", "override the seed", type = "whole" },
   { "--groups G", "per-sample grouping keys in [0, G)", type = "whole" },
   { "--cpu", "generate on the CPU even where a GPU is (by default the GPU draws, the host writes)" },
+  { "--report FILE", "append a JSON line of the rates to FILE" },
 }
 local o = cmd:parse(arg)
 local name, out, days = o.config, o.out, o.days
@@ -121,6 +122,14 @@ lay:close()
 
 print(("CPU time: generation %.0f samples a CPU-second, converting and writing %.0f MB a CPU-second"):format(
   samples / math.max(gen_cpu, 1e-9), bytes / 1e6 / math.max(write_cpu, 1e-9)))
+if o.report then
+  local f = assert(io.open(o.report, "a"))
+  f:write(require("uvmrec.json").encode { bench = "datagen", config = name, samples = samples, bytes = bytes,
+    seconds = secs, mb_per_s = bytes / 1e6 / math.max(secs, 1e-9), gpu = gpu,
+    generation_cpu_samples_per_s = samples / math.max(gen_cpu, 1e-9),
+    write_cpu_mb_per_s = bytes / 1e6 / math.max(write_cpu, 1e-9) }, "\n")
+  f:close()
+end
 local ceiling = synthetic.hidden_auc(spec, math.min(samples, 100000), 0)
 print(("wrote %d samples of '%s' (%d tables, %d dense) into %d day file(s) in %s"):format(samples, name,
   c.num_tables, c.num_dense, days, out))

@@ -53,7 +53,8 @@ describe("uvmrec.host_memory", function()
       .. "[%d.]+ MiB, in all 89%.%d+ GiB%) but 64%.00 GiB are allowed %(%-%-host%-memory%)", out .. err)
     assert.is_true(cmd.now() - t0 < 60) -- 89.5 GiB were never drawn
     local _, lerr = pcall(host_memory.check, { total = 1, items = {} }, "lots")
-    assert.matches("host memory: 'lots' is not a size; expected bytes or e.g. 16GiB", lerr)
+    assert.matches("host memory: bytes: 'lots' is not a size; expected a number of bytes or e.g. '16GiB'", lerr, 1,
+                   true)
     assert.is_true(host_memory.check({ total = 2 ^ 30, items = {} }, "1GiB"))
   end)
 end)

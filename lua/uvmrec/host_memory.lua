@@ -89,8 +89,8 @@ end
 -- bytes, where it came from.
 function M.limit(given)
   if given then
-    local b, err = planner().bytes(given)
-    if not b then error("host memory: " .. err, 3) end
+    local ok, b = pcall(require("uvmrec").bytes, given)
+    if not ok then error("host memory: " .. tostring(b):gsub("^[^\n]-:%d+: ", ""), 3) end
     return b, "--host-memory"
   end
   for _, path in ipairs { "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes" } do

@@ -2,8 +2,9 @@
 -- 65,536, for each thread count asked (--threads 1,2,16), with the per-batch cost split into
 -- what bounds it.  The day files are `uvmrec datagen` output (made in DIR when it has none).
 -- Checked before anything is timed: every thread count gives the 1-thread loader's first
--- batches bit for bit, and one epoch's ids, dense features and labels sum to what the files
--- hold (a shuffle moves rows, it neither drops nor repeats them).  Prints a table and one JSON
+-- batches bit for bit, and a share of about 2 M rows gives, shuffled, the ids, dense features
+-- and labels it gives in order (a shuffle moves rows, it neither drops nor repeats them; rows
+-- read in order are the files', spec/data/loader_spec.lua).  Prints a table and one JSON
 -- line per thread count (--out).
 --   luajit scripts/bench/loader.lua --dir DIR [--samples N] [--threads 1,2] (--help)
 local ffi = require "ffi"
@@ -102,43 +103,34 @@ do
     end
     lt:close()
   end
-  local sums = { ids = 0ULL, labels = 0, dense = 0 }
-  local l2 = open(threads[#threads], { epochs = 1 })
-  local n = 0
-  for b in l2:batches() do
-    local v = b.sparse:values()
-    local q = ffi.cast("int64_t *", C.ur_tensor_data(v.p))
-    for i = 0, v:numel() - 1 do sums.ids = sums.ids + q[i] end
-    v:free()
-    sums.labels = sums.labels + sum(b.labels, "float *")
-    sums.dense = sums.dense + sum(b.dense, "float *")
-    n = n + b.size
+  -- a share of about 2 M rows (rank 0 of as many ranks), shuffled and in order, sums the same
+  local function sums(shuffle, world)
+    local l2 = open(threads[#threads], { epochs = 1, world = world, shuffle_window = shuffle })
+    local acc = { ids = 0ULL, labels = 0, dense = 0, n = 0 }
+    for b in l2:batches() do
+      local v = b.sparse:values()
+      local q = ffi.cast("int64_t *", C.ur_tensor_data(v.p))
+      for i = 0, v:numel() - 1 do acc.ids = acc.ids + q[i] end
+      v:free()
+      acc.labels = acc.labels + sum(b.labels, "float *")
+      acc.dense = acc.dense + sum(b.dense, "float *")
+      acc.n = acc.n + b.size
+    end
+    l2:close()
+    return acc
   end
-  l2:close()
-  local file = { ids = 0ULL, labels = 0, dense = 0, n = 0 }
-  for d = 0, 1000 do
-    local f = io.open(("%s/day_%d_sparse.npy"):format(dir, d))
-    if not f then break end
-    f:close()
-    local ids = assert(data.npy_load(("%s/day_%d_sparse.npy"):format(dir, d)))
-    local q = ffi.cast(ids:dtype() == "i32" and "int32_t *" or "int64_t *", C.ur_tensor_data(ids.p))
-    for i = 0, ids:numel() - 1 do file.ids = file.ids + q[i] end
-    file.n = file.n + ids:size(1)
-    ids:free()
-    local lb = assert(data.npy_load(("%s/day_%d_labels.npy"):format(dir, d)))
-    file.labels = file.labels + sum(lb, lb:dtype() == "f32" and "float *" or "int32_t *")
-    lb:free()
-    local dn = assert(data.npy_load(("%s/day_%d_dense.npy"):format(dir, d)))
-    file.dense = file.dense + sum(dn, "float *")
-    dn:free()
-  end
-  assert(n == file.n, ("an epoch gave %d samples; the files hold %d"):format(n, file.n))
-  assert(sums.ids == file.ids, "an epoch's ids do not sum to the files'")
-  assert(sums.labels == file.labels, "an epoch's labels do not sum to the files'")
-  assert(math.abs(sums.dense - file.dense) <= 1e-6 * math.abs(file.dense), "an epoch's dense features differ")
-  print(("checked: %d thread counts give 1 thread's first batches; one epoch of %d samples sums to the files'")
-    :format(#threads, n))
-  bytes = bytes / n
+  local probe = open(1, { epochs = 1 })
+  local total = probe:stats().samples_per_epoch
+  probe:close()
+  local world = math.max(1, math.floor(total / 2000000))
+  local a, b = sums(o.window, world), sums(0, world)
+  assert(a.n == b.n and a.n == math.floor(total / world), ("a share gave %d and %d samples"):format(a.n, b.n))
+  assert(a.ids == b.ids, "the shuffled share's ids do not sum to the share's")
+  assert(a.labels == b.labels, "the shuffled share's labels do not sum to the share's")
+  assert(math.abs(a.dense - b.dense) <= 1e-9 * math.abs(b.dense), "the shuffled share's dense features differ")
+  print(("checked: %d thread counts give 1 thread's first batches; %d of %d samples, shuffled, sum as in order")
+    :format(#threads, a.n, total))
+  bytes = bytes / total
 end
 
 local out = o.out and assert(io.open(o.out, "a"))
