@@ -321,8 +321,8 @@ describe("uvmrec.KJT", function()
       assert.same(want.weights, got.weights)
       assert.equal(n, k:stride())
     end
-    local ids = ur.tensor({ 2, 3 }, { dtype = "i64" })
-    local bad = ur.tensor({ 2, 2 }, { dtype = "i32" })
+    local ids = ur.tensor({ 2, 3 }, { dtype = "i64" }):fill(0)
+    local bad = ur.tensor({ 2, 2 }, { dtype = "i32" }):fill(0)
     bad:set(3, 3) -- lengths [2, 2]: sample 1's bag of key y (2 ids a sample) says 3
     assert.has_error(function()
       assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 2 }, ids = ids, lengths = bad })
