@@ -35,6 +35,11 @@ local function tables(gib, placement)
   return out
 end
 
+if o.gpu and not ur.gpu() then
+  io.stderr:write("scripts/bench/build.lua: --gpu: no GPU in use: ", ur.cuda_error(), "\n")
+  os.exit(2)
+end
+
 -- Build once here: {seconds, cpu_seconds, bytes, digest} as a JSON line on stdout.
 if o.one then
   local ts = tables(o.gib, o.one)
@@ -76,7 +81,9 @@ local function load()
   return tonumber(l:match("^(%S+)")) or -1
 end
 
-local bin = os.getenv("UVMREC_BIN") or "build/bin/uvmrec"
+-- the command running this script (a dist tree's bin/uvmrec), else the build's
+local host = package.loaded["uvmrec.host"]
+local bin = os.getenv("UVMREC_BIN") or (type(host) == "table" and host.binary) or "build/bin/uvmrec"
 local places = o.gpu and { "host", "managed" } or { "host" }
 local out = o.out and assert(io.open(o.out, "a"))
 print(("%-9s %-8s %10s %12s %12s %14s %8s"):format("placement", "threads", "GiB", "wall s/GiB", "CPU s/GiB",

@@ -10,7 +10,7 @@
 #      against the same model with its tables in HBM; hit rate, host-link bytes a step, peak
 #      host memory, the projected Criteo 1TB epoch
 #   5. one table of all of it (scripts/bench/scale.lua --table)
-#   sh scripts/bench/scale_gpu.sh [OUT]     (env: SAMPLES, STEPS, HBM, HOST_MEMORY, UVMREC, ONLY)
+#   sh scripts/bench/scale_gpu.sh [OUT]     (env: SAMPLES, STEPS, HBM, HOST_MEMORY, UVMREC, ONLY, GIB)
 # Expected on one H200 with its 16-core host: datagen ~25 s (10.5 GB), B8 ~1.5 min (checks
 # included), build ~1 min, B5 ~4 min (three builds of 89.5 GiB: all-in-HBM and cached for the
 # check, cached for the timed run; 2050 steps): about 7-8 minutes.  ONLY="datagen b8" runs
@@ -46,7 +46,9 @@ nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader 2>/de
 step datagen "$UVMREC" datagen mlperf_v1 --out "$out/days" --samples "$SAMPLES" --report "$out/scale.jsonl"
 step b8 "$UVMREC" scripts/bench/loader.lua --dir "$out/days" --threads "$threads" --batches 100 \
   --out "$out/scale.jsonl"
-step build "$UVMREC" scripts/bench/build.lua --gib 8 --threads "$nproc_" --gpu --out "$out/scale.jsonl"
+gpu_flag=""
+nvidia-smi -L >/dev/null 2>&1 && gpu_flag=--gpu
+step build "$UVMREC" scripts/bench/build.lua --gib "${GIB:-8}" --threads "$nproc_" $gpu_flag --out "$out/scale.jsonl"
 step b5 "$UVMREC" scripts/bench/scale.lua --dir "$out/days" --steps "$STEPS" --hbm "$HBM" \
   --host-memory "$HOST_MEMORY" --out "$out/scale.jsonl"
 echo "== table"
