@@ -10,10 +10,11 @@
 #      against the same model with its tables in HBM; hit rate, host-link bytes a step, peak
 #      host memory, the projected Criteo 1TB epoch
 #   5. one table of all of it (scripts/bench/scale.lua --table)
-#   sh scripts/bench/scale_gpu.sh [OUT]     (env: SAMPLES, STEPS, HBM, HOST_MEMORY, UVMREC, ONLY, GIB)
+#   sh scripts/bench/scale_gpu.sh [OUT]  (env: SAMPLES, STEPS, HBM, HOST_MEMORY, UVMREC, ONLY, GIB, CHECK)
 # Expected on one H200 with its 16-core host: datagen ~25 s (10.5 GB), B8 ~1.5 min (checks
 # included), build ~1 min, B5 ~4 min (three builds of 89.5 GiB: all-in-HBM and cached for the
-# check, cached for the timed run; 2050 steps): about 7-8 minutes.  ONLY="datagen b8" runs
+# check, cached for the timed run; 2050 steps; CHECK=0 skips the two check builds): about 7-8
+# minutes.  ONLY="datagen b8" runs
 # those steps alone (datagen is needed by b8 and b5 in the same call).  Each step's exit status
 # is printed at the end; the script fails if any step failed.
 out=${1:-scale-out}
@@ -50,7 +51,7 @@ gpu_flag=""
 nvidia-smi -L >/dev/null 2>&1 && gpu_flag=--gpu
 step build "$UVMREC" scripts/bench/build.lua --gib "${GIB:-8}" --threads "$nproc_" $gpu_flag --out "$out/scale.jsonl"
 step b5 "$UVMREC" scripts/bench/scale.lua --dir "$out/days" --steps "$STEPS" --hbm "$HBM" \
-  --host-memory "$HOST_MEMORY" --out "$out/scale.jsonl"
+  --host-memory "$HOST_MEMORY" --check "${CHECK:-4}" --out "$out/scale.jsonl"
 echo "== table"
 "$UVMREC" scripts/bench/scale.lua --table "$out/scale.jsonl"
 echo "== summary$summary"
