@@ -1475,6 +1475,50 @@ static cudaError_t ur__cuda_gather_rows(cudaStream_t st, const void *src, size_t
   return cudaGetLastError();
 }
 
+/* ---- row swaps ---- */
+
+/* A warp a pair: the two physical rows trade places in every tensor (16 bytes a lane where the
+ * rows allow, else 4), then their permutation entries.  Pairs share no row (checked by the
+ * caller), so no two warps touch the same bytes. */
+__global__ void swap_rows_kernel(const ur__tbe_swap s) {
+  int lane = threadIdx.x & 31;
+  int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  for (int64_t k = warp; k < s.n; k += warps) {
+    int64_t x = s.ids[k], y = s.ids[s.n + k], px = s.perm[x], py = s.perm[y];
+    for (int j = 0; j < s.ntensors; j++) {
+      size_t rb = (size_t)s.row_bytes[j];
+      char *a = s.base[j] + (size_t)px * rb, *b = s.base[j] + (size_t)py * rb;
+      if (rb % 16 == 0 && (uintptr_t)s.base[j] % 16 == 0) {
+        for (size_t w = (size_t)lane; w < rb / 16; w += 32) {
+          uint4 t = ((uint4 *)a)[w];
+          ((uint4 *)a)[w] = ((uint4 *)b)[w];
+          ((uint4 *)b)[w] = t;
+        }
+      } else {
+        for (size_t w = (size_t)lane; w < rb / 4; w += 32) {
+          unsigned t = ((unsigned *)a)[w];
+          ((unsigned *)a)[w] = ((unsigned *)b)[w];
+          ((unsigned *)b)[w] = t;
+        }
+      }
+    }
+    if (lane == 0) {
+      s.perm[x] = py;
+      s.perm[y] = px;
+    }
+  }
+}
+
+static cudaError_t ur__cuda_swap_rows(cudaStream_t st, const ur__tbe_swap *s) {
+  (void)cudaGetLastError();
+  if (s->n == 0) return cudaSuccess;
+  int64_t want = (s->n + 7) / 8; /* 8 warps a block */
+  int64_t cap = (int64_t)sm_count() * 32;
+  swap_rows_kernel<<<(unsigned)(want < cap ? want : cap), 256, 0, st>>>(*s);
+  return cudaGetLastError();
+}
+
 /* ---- the backend's tbe table ---- */
 
 static ur_status tbe_work_bytes(const ur__tbe_args *a, int backward, size_t *out) {
@@ -1515,6 +1559,11 @@ static ur_status tbe_gather_rows(void *stream, const void *src, int64_t src_rows
   return UR_STATUS_OK;
 }
 
+static ur_status tbe_swap_rows(void *stream, const ur__tbe_swap *s) {
+  UR_CUDA_CHECK(ur__cuda_swap_rows((cudaStream_t)stream, s), "tbe row swaps");
+  return UR_STATUS_OK;
+}
+
 static ur_status tbe_decay_counts(void *stream, int32_t *c, int64_t n, double factor) {
   UR_CUDA_CHECK(ur__cuda_tbe_decay_counts((cudaStream_t)stream, c, n, factor),
                 "tbe counter decay");
@@ -1529,4 +1578,5 @@ const ur_tbe_ops ur__cuda_tbe_ops = {
     .sparse_write = tbe_sparse_write,
     .gather_rows = tbe_gather_rows,
     .decay_counts = tbe_decay_counts,
+    .swap_rows = tbe_swap_rows,
 };

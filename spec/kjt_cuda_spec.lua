@@ -263,6 +263,28 @@ describe("uvmrec.KJT on the GPU", function()
     same_error(v, { 100, 100 }, "kjt: key 'b' sample 1 has inverse index 3; expected 0..0 (the key's stride is 1)")
   end)
 
+  cuda_it("lays the generator's rows out key-major (from_rows) like the CPU, with and without lengths", function()
+    local spec = ur.data.synthetic_spec {
+      num_dense = 2, seed = 4,
+      tables = { { rows = 100 }, { rows = 50, hot = { 0, 5 }, weighted = true }, { rows = 9, hot = 3 } } }
+    local g = assert(ur.data.generate(spec, 0, 5000))
+    local keys, hot = { "a", "b", "c" }, { 1, 5, 3 }
+    local want = assert(ur.KJT.from_rows { keys = keys, hot = hot, ids = g.ids, weights = g.weights,
+                                           lengths = g.lengths }):totable()
+    for _, place in ipairs(gpu_places) do
+      local got = assert(ur.KJT.from_rows { keys = keys, hot = hot, ids = assert(g.ids:to(place)),
+                                            weights = assert(g.weights:to(place)),
+                                            lengths = assert(g.lengths:to(place)) })
+      assert.equal(place, got:placement())
+      assert.same(want, got:totable(), place)
+    end
+    local fixed = ur.data.synthetic_spec { num_dense = 1, seed = 5, tables = { { rows = 30, hot = 2 }, { rows = 8 } } }
+    local f = assert(ur.data.generate(fixed, 0, 3000))
+    local wf = assert(ur.KJT.from_rows { keys = { "p", "q" }, hot = { 2, 1 }, ids = f.ids }):totable()
+    local gf = assert(ur.KJT.from_rows { keys = { "p", "q" }, hot = { 2, 1 }, ids = assert(f.ids:to("device")) })
+    assert.same(wf, gf:totable())
+  end)
+
   cuda_it("finds the first bad position among many on a large batch", function()
     local o = random_lists(rng_of(99), 26, 4096, 3, 50, true)
     o.check = false

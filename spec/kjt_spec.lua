@@ -276,6 +276,62 @@ describe("uvmrec.KJT", function()
     assert.has_error(function() freed:values() end, "kjt: used after free()")
   end)
 
+  it("lays sample-major rows out key-major (from_rows), as the plain loops would", function()
+    local rng = rng_of(31)
+    local hot, n = { 1, 3, 2, 4 }, 37
+    local H = 10
+    for _, with_lengths in ipairs { true, false } do
+      local ids, lens, w = {}, {}, {}
+      for _ = 1, n do
+        for _, k in ipairs(hot) do
+          local m = with_lengths and rng(k + 1) - 1 or k
+          lens[#lens + 1] = m
+          for q = 1, k do
+            ids[#ids + 1] = q <= m and rng(1000) - 1 or -1
+            w[#w + 1] = q <= m and rng(8) / 8 or 0
+          end
+        end
+      end
+      local function t2(list, dtype, cols) -- a [n, cols] tensor of a list
+        local x = ur.tensor({ n, cols }, { dtype = dtype })
+        for i, v in ipairs(list) do x:set(i - 1, v) end
+        return x
+      end
+      local k = assert(ur.KJT.from_rows { keys = { "a", "b", "c", "d" }, hot = hot, ids = t2(ids, "i64", H),
+                                       weights = t2(w, "f32", H),
+                                       lengths = with_lengths and t2(lens, "i32", #hot) or nil })
+      local want = { values = {}, lengths = {}, weights = {}, offsets = { 0 } }
+      for t = 1, #hot do
+        local c0 = 0
+        for u = 1, t - 1 do c0 = c0 + hot[u] end
+        for i = 1, n do
+          local m = lens[(i - 1) * #hot + t]
+          want.lengths[#want.lengths + 1] = m
+          for q = 1, m do
+            want.values[#want.values + 1] = ids[(i - 1) * H + c0 + q]
+            want.weights[#want.weights + 1] = w[(i - 1) * H + c0 + q]
+          end
+          want.offsets[#want.offsets + 1] = #want.values
+        end
+      end
+      local got = k:totable()
+      assert.same(want.values, got.values)
+      assert.same(want.lengths, got.lengths)
+      assert.same(want.offsets, got.offsets)
+      assert.same(want.weights, got.weights)
+      assert.equal(n, k:stride())
+    end
+    local ids = ur.tensor({ 2, 3 }, { dtype = "i64" }):fill(0)
+    local bad = ur.tensor({ 2, 2 }, { dtype = "i32" }):fill(0)
+    bad:set(3, 3) -- lengths [2, 2]: sample 1's bag of key y (2 ids a sample) says 3
+    assert.has_error(function()
+      assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 2 }, ids = ids, lengths = bad })
+    end,
+      "kjt from_rows: key 'y' sample 1 has length 3; expected 0..2 (its ids a sample)")
+    assert.has_error(function() assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 1 }, ids = ids }) end,
+      "kjt from_rows: ids must be i64 [2, 2]; got i64 with 6 elements")
+  end)
+
   h.cuda_it("gives the same results on the GPU as on the CPU", function()
     for trial = 1, 10 do
       local rng = rng_of(100 + trial)

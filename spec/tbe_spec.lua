@@ -9,6 +9,7 @@
 local ffi = require "ffi"
 local ur = require "uvmrec"
 local h = require "helpers"
+local cmd = require "command"
 local R = require "tbe_ref"
 local tbe = require "uvmrec.tbe"
 local Prefetch = require "uvmrec.pipeline.Prefetch"
@@ -429,4 +430,55 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
       R.bits_equal(m:state(t.name).sum, dev:state(t.name).sum, "state " .. t.name)
     end
   end))
+end)
+
+describe("uvmrec.tbe tables at build time", function()
+  -- A collection's tables drawn in a process of its own: a digest of every element, and its
+  -- first elements against the tensor generator for the table's seed (Philox's numbers).
+  local script = [[
+    local ffi = require "ffi"
+    local ur = require "uvmrec"
+    local place, device = arg[1], arg[2] == "gpu" and 0 or "cpu"
+    local c = assert(require("uvmrec.tbe").new { seed = 5, device = device, tables = {
+      { name = "a", rows = 70001, dim = 16, placement = place }, { name = "b", rows = 3, dim = 8, placement = place },
+      { name = "c", rows = 4099, dim = 12, dtype = "bf16", placement = place } } })
+    local h = 2166136261ULL
+    for i, name in ipairs { "a", "b", "c" } do
+      local w = c:table(name)
+      local host = assert(w:to("host"))
+      local n = host:nbytes() / 2
+      local q = ffi.cast("uint16_t *", ur.C.ur_tensor_data(host.p))
+      for k = 0, n - 1 do h = bit.bxor(h, q[k]) * 16777619ULL end
+      local rows = ({ 70001, 3, 4099 })[i]
+      local seed = bit.bxor(ffi.cast("uint64_t", 5), ffi.cast("uint64_t", i) * 0xD1B54A32D192ED03ULL)
+      local m = math.min(500, host:numel())
+      local ref = ur.tensor({ m }, { dtype = host:dtype() }):uniform(-1 / math.sqrt(rows), 1 / math.sqrt(rows), seed)
+      for k = 0, m - 1 do assert(ref:get(k) == host:get(k), name .. " element " .. k) end
+    end
+    print("digest " .. tostring(h))
+  ]]
+
+  local function digest(env, place, gpu)
+    local dir = cmd.tmpdir()
+    cmd.spit(dir .. "/draw.lua", script)
+    local out, err, code = cmd.sh(("%s %s %s/draw.lua %s %s"):format(env, cmd.quote(cmd.bin()), dir, place,
+      gpu and "gpu" or "cpu"))
+    cmd.rmdir(dir)
+    assert.equal(0, code, err)
+    return out:match("digest (%S+)")
+  end
+
+  it("draws the same numbers on one thread and on several, each Philox's for the table's seed", function()
+    local one = digest("UR_NUM_THREADS=1", "host")
+    assert.is_not_nil(one)
+    assert.equal(one, digest("UR_NUM_THREADS=3", "host"))
+    assert.equal(one, digest("UR_NUM_THREADS=3", "managed"))
+  end)
+
+  cuda_it("draws pinned host tables of a GPU collection on the GPU (streamed down) as the CPU draws them", function()
+    local cpu = digest("UR_NUM_THREADS=2", "host")
+    assert.equal(cpu, digest("", "host", true))
+    assert.equal(cpu, digest("", "managed", true))
+    assert.equal(cpu, digest("", "device", true))
+  end)
 end)

@@ -162,28 +162,7 @@ describe("uvmrec.tensor", function()
   end)
 end)
 
--- Philox4x32-10 (Salmon et al., SC'11), written out here as the reference.
-local M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
-local TWO32 = 4294967296
-
-local function mulhilo(a, b)
-  local p = ffi.cast("uint64_t", a) * b
-  return tonumber(p / TWO32), tonumber(p % TWO32)
-end
-
-local function xor(a, b) return bit.bxor(a, b) % TWO32 end
-
-local function philox(counter, seed)
-  local c0, c1, c2, c3 = counter % TWO32, math.floor(counter / TWO32), 0, 0
-  local k0, k1 = seed % TWO32, math.floor(seed / TWO32)
-  for _ = 1, 10 do
-    local hi0, lo0 = mulhilo(M0, c0)
-    local hi1, lo1 = mulhilo(M1, c2)
-    c0, c1, c2, c3 = xor(xor(hi1, c1), k0), lo1, xor(xor(hi0, c3), k1), lo0
-    k0, k1 = (k0 + W0) % TWO32, (k1 + W1) % TWO32
-  end
-  return c0, c1, c2, c3
-end
+local philox = h.philox
 
 local function u01(w) return (math.floor(w / 256) + 1) / 16777216 end
 local function f32(v) return tonumber(ffi.new("float", v)) end

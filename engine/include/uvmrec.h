@@ -361,6 +361,20 @@ UR_API ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out);
  * [num_keys * stride, D]: out row k*stride+b = in row (first bag of k) + inverse[k][b]. */
 UR_API ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
                                     ur_tensor **out);
+/* Sample-major rows (as the synthetic generator makes them) to a KJT: key k takes hot[k] id
+ * columns of ids i64 [n, sum of hot] (weights f32 alike, or NULL), of which lengths i32
+ * [n, num_keys] say how many are used (NULL: all of them).  Written into the caller's buffers
+ * (values and weights_out at least n * sum of hot elements, lengths_out n * num_keys, offsets
+ * n * num_keys + 1; one placement for all), of which the KJT holds views: no allocation, so a
+ * loader reuses them.  With lengths it waits for the device (the key spans come back); without,
+ * nothing waits.  A length outside 0..hot[k] is an error naming the key and the sample. */
+UR_API ur_status ur_kjt_from_rows(ur_stream *s, ur_kjt **out, int32_t num_keys,
+                                  const char *const *keys, const int32_t *hot,
+                                  const ur_tensor *ids, const ur_tensor *weights /* or NULL */,
+                                  const ur_tensor *lengths /* or NULL */,
+                                  ur_tensor *values /* out */, ur_tensor *lengths_out /* out */,
+                                  ur_tensor *offsets /* out */,
+                                  ur_tensor *weights_out /* out, or NULL without weights */);
 /* A copy in another placement, ordered on s (asynchronous where the GPU is involved). */
 UR_API ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place place,
                            int32_t device);
@@ -456,6 +470,9 @@ typedef struct ur_synth_spec {
   float dense_signal;             /* weight of the dense features in the logit */
   float bias;                     /* logit offset (sets the click rate) */
   int64_t groups;                 /* > 0: per-sample grouping keys in [0, groups) */
+  double drift;                   /* > 0: the hot ids move: sample i's Zipf rank r is read as
+                                     rank r + floor(i * drift) (mod rows), so the ids that were
+                                     hot grow cold and colder ones take their place; 0: none */
 } ur_synth_spec;
 UR_API size_t ur_sizeof_synth_table(void);
 UR_API size_t ur_sizeof_synth_spec(void);
@@ -468,11 +485,12 @@ UR_API ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int6
                                    int64_t n, ur_tensor *dense, ur_tensor *labels, ur_tensor *ids,
                                    ur_tensor *weights /* or NULL */, ur_tensor *lengths,
                                    ur_tensor *groups /* or NULL */, ur_tensor *probs /* or NULL */);
-/* The loader (engine/src/data/loader.c): a thread that turns a source into batches in pinned
- * buffers ahead of use.  Each epoch a rank reads its contiguous share of the rows, in
- * windows of shuffle_window rows shuffled by a seeded permutation (a window of 0: in order),
- * so a position (epoch, sample) restores the exact order.  A batch stays valid until it is
- * released; the loader holds depth batches ahead, plus two the consumer may hold. */
+/* The loader (engine/src/data/loader.c): threads that turn a source into batches in pinned
+ * buffers ahead of use, each thread making whole batches, handed out in order.  Each epoch a
+ * rank reads its contiguous share of the rows, in windows of shuffle_window rows shuffled by a
+ * seeded permutation (a window of 0: in order), so a position (epoch, sample) restores the
+ * exact order, on any number of threads.  A batch stays valid until it is released; the loader
+ * holds max(depth, threads) batches ahead, plus two the consumer may hold. */
 typedef enum ur_source_kind {
   UR_SOURCE_SYNTHETIC = 0, UR_SOURCE_CRITEO_TSV, UR_SOURCE_CRITEO_BIN
 } ur_source_kind;
@@ -485,7 +503,8 @@ typedef struct ur_loader_opts {
   const char *const *keys;        /* names of the sparse features (NULL: C1, C2, ...) */
   ur_criteo_opts criteo;          /* TSV options; rows also reduce day files' ids on read */
   int64_t batch_size;
-  int32_t depth;                  /* batches prepared ahead (>= 1) */
+  int32_t depth;                  /* batches prepared ahead (>= 1; at least one a thread) */
+  int32_t threads;                /* threads making batches; 0: UR_NUM_THREADS, else every core */
   int32_t drop_last;
   int64_t shuffle_window;         /* rows per shuffled window; 0: no shuffling */
   uint64_t seed;
@@ -497,9 +516,12 @@ typedef struct ur_loader_opts {
 typedef struct ur_loader_stats {
   int64_t batches, samples, bytes;
   double wait_seconds;            /* the consumer's time blocked in next */
-  double produce_seconds;         /* the loader thread's time making batches */
+  double produce_seconds;         /* the threads' wall time making batches, summed */
+  double produce_cpu_seconds;     /* their CPU time for it (dispatch included): the cost on a
+                                     shared machine */
   int64_t epoch, sample;          /* the position after the last batch handed out */
   int64_t samples_per_epoch;      /* this rank's; -1 until known (TSV) */
+  int32_t threads;                /* threads making batches */
 } ur_loader_stats;
 struct ur_loader;
 struct ur_batch;
@@ -515,6 +537,11 @@ UR_API void ur_loader_release(ur_loader *l, ur_batch *b);
 /* Stops the thread (also mid-epoch) and frees everything; batches not released are freed too. */
 UR_API void ur_loader_close(ur_loader *l);
 UR_API ur_status ur_loader_stats_get(const ur_loader *l, ur_loader_stats *out);
+/* Host memory a loader with these options takes at most (its slots and the windows it keeps),
+ * for data of `columns` id columns (the sum of each table's ids per sample), `tables` tables
+ * and `dense` features: for accounting before anything is allocated. */
+UR_API uint64_t ur_loader_host_bytes(const ur_loader_opts *opts, int32_t columns, int32_t tables,
+                                     int32_t dense);
 UR_API const ur_tensor *ur_batch_dense(const ur_batch *b);   /* f32 [B, dense] */
 UR_API const ur_tensor *ur_batch_labels(const ur_batch *b);  /* f32 [B] */
 UR_API const ur_tensor *ur_batch_groups(const ur_batch *b);  /* i64 [B], or NULL */
@@ -682,6 +709,15 @@ UR_API ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **
 UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table,
                                  const ur_tensor *perm /* or NULL */,
                                  ur_tbe_relayout_stats *out /* out */, int64_t chunk_rows);
+/* Trades the physical rows of ids a[k] and b[k] (k < n; host arrays; no id in two pairs), in
+ * the weights and in the optimizer state, and their entries of the permutation, in place (a
+ * table without a layout gets the identity first).  Work is O(n rows), ordered on s: on a GPU
+ * collection a kernel moves the rows (managed rows are read and written where they are: no page
+ * moves, no wait).  The kernels must not read the table meanwhile: order it between steps on
+ * their stream.  Stats as relayout's (bytes: the rows rewritten; seconds: the host's time). */
+UR_API ur_status ur_tbe_swap_rows(ur_stream *s, ur_tbe *t, int32_t table, const int64_t *a,
+                                  const int64_t *b, int64_t n,
+                                  ur_tbe_relayout_stats *out /* out */);
 /* Installs perm (NULL: the identity) without moving any row: for rows already laid out by it,
  * as a checkpoint holds them. */
 UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table,

@@ -263,6 +263,43 @@ end
 M.concat = function(parts) return concat(parts, 2) end
 function methods:concat(...) return concat({ self, ... }, 2) end
 
+-- A KJT from sample-major rows, as the synthetic generator makes them: KJT.from_rows{keys =,
+-- hot = {ids a sample, per key}, ids = i64 [n, sum of hot], lengths = i32 [n, #keys] or nil
+-- (every bag full), weights = f32 like ids or nil, stream =}, in the ids' placement (a loader
+-- reuses its buffers through ur_kjt_from_rows; this makes new ones).
+local function from_rows(o, level)
+  if type(o) ~= "table" then error("KJT.from_rows: expected a table {keys=, hot=, ids=}", level + 1) end
+  local keys, nk = key_list(o.keys, level + 1)
+  if type(o.hot) ~= "table" or #o.hot ~= nk then
+    error(("KJT.from_rows: hot must list ids a sample for each of the %d keys"):format(nk), level + 1)
+  end
+  local hot, H = ffi.new("int32_t[?]", math.max(nk, 1)), 0
+  for i, v in ipairs(o.hot) do
+    hot[i - 1] = v
+    H = H + v
+  end
+  local ids = o.ids
+  if not tensor.is_tensor(ids) then error("KJT.from_rows: ids must be an i64 [n, sum of hot] tensor", level + 1) end
+  local n = ids:size(1)
+  local place, dev = ids:placement(), ids:device()
+  local function new(m, dtype)
+    return assert(tensor.tensor({ m }, { placement = place, dtype = dtype, device = dev >= 0 and dev or nil }))
+  end
+  local values, lens, offsets = new(math.max(n * H, 1), "i64"), new(math.max(n * nk, 1), "i32"), new(n * nk + 1, "i64")
+  local wout = o.weights and new(math.max(n * H, 1), "f32") or nil
+  local ok, err = check(C.ur_kjt_from_rows(streams.handle(o.stream, level + 1), out_kjt, nk, keys, hot,
+    lib.ptr(ids, "ids", level + 1), o.weights and lib.ptr(o.weights, "weights", level + 1) or nil,
+    o.lengths and lib.ptr(o.lengths, "lengths", level + 1) or nil, values.p, lens.p, offsets.p,
+    wout and wout.p or nil), level + 1)
+  values:free()
+  lens:free()
+  offsets:free()
+  if wout then wout:free() end
+  if not ok then return nil, err end
+  return wrap(out_kjt[0])
+end
+M.from_rows = function(o) return from_rows(o, 2) end
+
 -- Plain Lua lists of everything, for tests and printing.
 function methods:totable()
   local w = self:weights()
@@ -296,8 +333,9 @@ methods.free = free_kjt
 M.wrap = wrap
 M.methods = methods
 
--- ur.KJT{...} constructs; ur.KJT.concat{...} concatenates.
-M.KJT = setmetatable({ new = function(o) return new_kjt(o, 2) end, concat = M.concat, methods = methods },
+-- ur.KJT{...} constructs; ur.KJT.concat{...} concatenates; ur.KJT.from_rows{...} lays rows out.
+M.KJT = setmetatable({ new = function(o) return new_kjt(o, 2) end, concat = M.concat, from_rows = M.from_rows,
+                       methods = methods },
   { __call = function(_, o) return new_kjt(o, 2) end })
 
 return M

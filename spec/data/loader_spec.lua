@@ -1,3 +1,4 @@
+local ffi = require "ffi"
 local ur = require "uvmrec"
 local h = require "helpers"
 local cmd = require "command"
@@ -5,36 +6,136 @@ local data = ur.data
 
 local SAMPLE1, SAMPLE2 = h.fixture("criteo_raw_sample.tsv"), h.fixture("criteo_raw_sample2.tsv")
 
--- Every batch as plain rows: {label, dense = {...}, ids = {{key's ids}, ...}}, in order.
+-- A batch as plain rows: {label, dense = "...", ids = "key's ids|...", epoch}, in order.
+local function batch_rows(b)
+  local out = {}
+  local dense, labels = b.dense:totable(), b.labels:totable()
+  local t = b.sparse:totable()
+  local nk, B, D = #t.keys, b.size, #dense / b.size
+  local pos = 0
+  local ids = {}
+  for k = 1, nk do
+    for i = 1, B do
+      local n = t.lengths[(k - 1) * B + i]
+      ids[i] = ids[i] or {}
+      local bag = {}
+      for j = 1, n do bag[j] = t.values[pos + j] end
+      pos = pos + n
+      ids[i][k] = table.concat(bag, " ")
+    end
+  end
+  for i = 1, B do
+    local d = {}
+    for j = 1, D do d[j] = dense[(i - 1) * D + j] end
+    out[#out + 1] = { label = labels[i], dense = table.concat(d, " "), ids = table.concat(ids[i], "|"),
+                      epoch = b.epoch }
+  end
+  return out
+end
+
+-- Every batch's rows, in order.
 local function rows_of(loader)
   local out = {}
   for b in loader:batches() do
-    local dense, labels = b.dense:totable(), b.labels:totable()
-    local t = b.sparse:totable()
-    local nk, B, D = #t.keys, b.size, #dense / b.size
-    local pos = 0
-    local ids = {}
-    for k = 1, nk do
-      for i = 1, B do
-        local n = t.lengths[(k - 1) * B + i]
-        ids[i] = ids[i] or {}
-        local bag = {}
-        for j = 1, n do bag[j] = t.values[pos + j] end
-        pos = pos + n
-        ids[i][k] = table.concat(bag, " ")
-      end
-    end
-    for i = 1, B do
-      local d = {}
-      for j = 1, D do d[j] = dense[(i - 1) * D + j] end
-      out[#out + 1] = { label = labels[i], dense = table.concat(d, " "), ids = table.concat(ids[i], "|"),
-                        epoch = b.epoch }
-    end
+    for _, r in ipairs(batch_rows(b)) do out[#out + 1] = r end
   end
   return out
 end
 
 local function key(r) return r.label .. "/" .. r.dense .. "/" .. r.ids end
+
+-- ---- the plain loader, written out: which sample each batch holds ----
+
+-- Window w of epoch e, rows rows: the Fisher-Yates permutation drawn from Philox at
+-- ((e << 44) ^ (w << 24) ^ i, seed ^ 0x5DEECE66D), position -> row within the window.
+local function window_perm(e, w, rows, seed)
+  local p = {}
+  for i = 0, rows - 1 do p[i] = i end
+  local u64 = ffi.typeof("uint64_t")
+  local k = tonumber(bit.bxor(ffi.cast(u64, seed), 0x5DEECE66DULL))
+  for i = rows - 1, 1, -1 do
+    local ctr = tonumber(bit.bxor(bit.bxor(ffi.cast(u64, e) * 2 ^ 44, ffi.cast(u64, w) * 2 ^ 24), i))
+    local v0, v1 = h.philox(ctr, k)
+    local x = tonumber((ffi.cast(u64, v0) * 4294967296 + v1) % (i + 1))
+    p[i], p[x] = p[x], p[i]
+  end
+  return p
+end
+
+-- The batches of a source of `total` rows under loader options o: a list of {epoch, first,
+-- samples = {global row, ...}}.  A rank reads rows [total*rank/world, total*(rank+1)/world) in
+-- windows of shuffle_window rows (0: max(batch, 65536), in order), batches never cross an
+-- epoch, a partial last batch is dropped on request, and a position resumes mid-epoch.
+local function plain_batches(total, o)
+  local B, world, rank = o.batch_size, o.world or 1, o.rank or 0
+  local lo, hi = math.floor(total * rank / world), math.floor(total * (rank + 1) / world)
+  local N = hi - lo
+  local W = (o.shuffle_window or 0) > 0 and o.shuffle_window or math.max(B, 65536)
+  local pos = o.position or { epoch = 0, sample = 0 }
+  local perms, out = {}, {}
+  for e = pos.epoch, (o.epochs or 1) - 1 do
+    local k = e == pos.epoch and pos.sample or 0
+    while k < N do
+      local n = math.min(B, N - k)
+      if n < B and o.drop_last then break end
+      local b = { epoch = e, first = k, samples = {} }
+      for q = k, k + n - 1 do
+        local w, off = math.floor(q / W), q % W
+        local r = off
+        if (o.shuffle_window or 0) > 0 then
+          local id = e .. ":" .. w
+          perms[id] = perms[id] or window_perm(e, w, math.min(W, N - w * W), o.seed or 0)
+          r = perms[id][off]
+        end
+        b.samples[#b.samples + 1] = lo + w * W + r
+      end
+      out[#out + 1] = b
+      k = k + n
+    end
+  end
+  return out
+end
+
+-- Every sample of a synthetic spec as the key rows_of gives it, by global row (1-based); ids
+-- of table t reduced modulo rows[t] when given.
+local function sample_keys(spec, total, rows)
+  local g = assert(data.generate(spec, 0, total))
+  local dense, labels, ids, lens = g.dense:totable(), g.labels:totable(), g.ids:totable(), g.lengths:totable()
+  local D, H, T = g.dense:size(2), g.ids:size(2), g.lengths:size(2)
+  local keys = {}
+  for s = 0, total - 1 do
+    local d, bags, col = {}, {}, 0
+    for j = 1, D do d[j] = dense[s * D + j] end
+    for t = 1, T do
+      local bag = {}
+      for q = 1, lens[s * T + t] do bag[q] = rows and ids[s * H + col + q] % rows[t] or ids[s * H + col + q] end
+      col = col + spec.hot_max[t]
+      bags[t] = table.concat(bag, " ")
+    end
+    keys[s + 1] = labels[s + 1] .. "/" .. table.concat(d, " ") .. "/" .. table.concat(bags, "|")
+  end
+  return keys
+end
+
+-- The loader's batches against the plain ones, batch by batch: epoch, first sample, size and
+-- every sample.
+local function same_as_plain(loader, plain, keys, what)
+  local i = 0
+  for b in loader:batches() do
+    i = i + 1
+    local want = plain[i]
+    assert.is_not_nil(want, what .. ": batch " .. i .. " is one too many")
+    assert.same({ want.epoch, want.first, #want.samples }, { b.epoch, b.first, b.size }, what .. ": batch " .. i)
+    local got = batch_rows(b)
+    for j = 1, b.size do
+      if key(got[j]) ~= keys[want.samples[j] + 1] then
+        error(("%s: batch %d sample %d is not row %d"):format(what, i, j, want.samples[j]))
+      end
+    end
+  end
+  assert.equal(#plain, i, what .. ": batches")
+  loader:close()
+end
 
 describe("uvmrec.data loader", function()
   it("gives the generator's samples in order, as dense, key-major KJT and labels", function()
@@ -172,6 +273,69 @@ describe("uvmrec.data loader", function()
     differ = 0
     for i = 1, 2500 do if key(a[i]) ~= key(c[i]) then differ = differ + 1 end end
     assert.is_true(differ > 2000, "seeds are shuffled differently")
+  end)
+
+  it("gives the plain loader's batches one for one on 1 or 3 threads: shuffled, epochs, resumed, by rank", function()
+    local spec = data.synthetic_spec {
+      num_dense = 3, seed = 5, groups = 4,
+      tables = { { rows = 90, zipf = 1.1 }, { rows = 30, hot = { 0, 3 }, weighted = true }, { rows = 7, hot = 2 } } }
+    local total = 2300
+    local keys = sample_keys(spec, total)
+    local cases = {
+      { batch_size = 200, shuffle_window = 700, seed = 9, epochs = 3 },
+      { batch_size = 256, epochs = 2 },
+      { batch_size = 300, shuffle_window = 110, seed = 3, epochs = 2, drop_last = true },
+      { batch_size = 128, shuffle_window = 1000, seed = 1, epochs = 3, position = { epoch = 1, sample = 777 } },
+      { batch_size = 100, shuffle_window = 333, seed = 4, epochs = 2, rank = 1, world = 3 },
+      { batch_size = 64, shuffle_window = 500, seed = 7, epochs = 2, rank = 2, world = 3,
+        position = { epoch = 0, sample = 640 } },
+    }
+    for ci, c in ipairs(cases) do
+      local plain = plain_batches(total, c)
+      for _, threads in ipairs { 1, 3 } do
+        local o = { data = { kind = "synthetic", spec = spec }, samples = total, depth = 2, threads = threads }
+        for k, v in pairs(c) do o[k] = v end
+        same_as_plain(assert(data.loader(o)), plain, keys, ("case %d, %d threads"):format(ci, threads))
+      end
+    end
+  end)
+
+  it("gives the plain loader's batches from day files too, windows crossing days, ids reduced by rows", function()
+    local bin = cmd.bin()
+    if os.execute("test -x " .. cmd.quote(bin)) ~= 0 then bin = "luajit" end
+    local dir = cmd.tmpdir()
+    local text = [[return { num_dense = 4, seed = 33, groups = 6, tables = {
+      { name = "C1", rows = 500, zipf = 1.05 }, { name = "C2", rows = 60, hot = { 0, 4 }, weighted = true },
+      { name = "C3", rows = 9, hot = 3 } } }]]
+    cmd.spit(dir .. "/spec.lua", text)
+    local total = 2500
+    local line = ("%s scripts/datagen.lua %s/spec.lua --out %s/days --samples %d --days 3 > %s/log 2>&1"):format(
+      cmd.quote(bin), dir, dir, total, dir)
+    assert.equal(0, os.execute(line), cmd.slurp(dir .. "/log"))
+    local spec = data.synthetic_spec(assert(loadstring(text))())
+    local keys, modded = sample_keys(spec, total), sample_keys(spec, total, { 77, 13, 5 })
+    local cases = {
+      { batch_size = 300, shuffle_window = 900, seed = 2, epochs = 2 },
+      { batch_size = 256, epochs = 1, rows = { 77, 13, 5 } },
+      { batch_size = 200, shuffle_window = 1300, seed = 8, epochs = 3, position = { epoch = 1, sample = 1000 },
+        rows = { 77, 13, 5 } },
+      { batch_size = 150, shuffle_window = 400, seed = 6, epochs = 2, rank = 1, world = 2, drop_last = true },
+    }
+    for ci, c in ipairs(cases) do
+      local plain = plain_batches(total, c)
+      for _, threads in ipairs { 1, 3 } do
+        local o = { depth = 3, threads = threads }
+        for k, v in pairs(c) do o[k] = v end
+        if o.rows then -- rows as the loader takes them: Criteo's 26 sizes, those past the files' tables 2^32
+          local r = {}
+          for i = 1, 26 do r[i] = c.rows[i] or 2 ^ 32 end
+          o.rows = r
+        end
+        same_as_plain(assert(data.open("criteo-bin:" .. dir .. "/days", o)), plain, c.rows and modded or keys,
+          ("day files, case %d, %d threads"):format(ci, threads))
+      end
+    end
+    cmd.rmdir(dir)
   end)
 
   it("drops the last partial batch on request, and splits rows by rank", function()

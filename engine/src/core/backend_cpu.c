@@ -92,9 +92,18 @@ typedef struct rand_job {
   size_t base;
 } rand_job;
 
-/* Half types round from the float value, as the GPU's __float2half_rn does. */
+/* Half types round from the float value, as the GPU's __float2half_rn does.  Uniform f32, what
+ * embedding tables are drawn with, has a loop of its own: ur_philox_value's numbers without
+ * the call per element (tens of GiB go through it when a large model is built). */
 static void rand_range(void *ctx, size_t i0, size_t i1) {
   rand_job *j = ctx;
+  if (!j->normal && j->dtype == UR_DTYPE_F32) {
+    float *d = j->dst;
+    double a = j->a, w = j->b - j->a;
+    for (size_t i = j->base + i0; i < j->base + i1; i++)
+      d[i] = (float)(a + w * (1.0 - (double)ur_u01(ur_philox(j->first + i, j->seed).v[0])));
+    return;
+  }
   for (size_t i = j->base + i0; i < j->base + i1; i++)
     ur__store(j->dst, j->dtype, i, ur_philox_value(j->first + i, j->seed, j->normal, j->a, j->b));
 }

@@ -282,6 +282,16 @@ ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, in
   return st;
 }
 
+/* A KJT whose offsets the caller made (the loader, writing them with the lengths): offsets
+ * [nkeys * stride + 1] beside values, val0 (host, nkeys + 1) each key's first value.  Nothing
+ * is scanned or allocated but the views. */
+ur_status ur__kjt_new_with_offsets(ur_kjt **out, int32_t num_keys, const char *const *keys,
+                                   int64_t stride, ur_tensor *values, ur_tensor *lengths,
+                                   ur_tensor *weights, ur_tensor *offsets, const int64_t *val0) {
+  return kjt_make(num_keys, keys, stride, NULL, values, lengths, weights, NULL, offsets, val0, 0,
+                  out);
+}
+
 /* ---- accessors ---- */
 
 int32_t ur_kjt_num_keys(const ur_kjt *k) { return k->nkeys; }
@@ -777,6 +787,108 @@ ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
   }
   *out = o;
   return UR_STATUS_OK;
+}
+
+/* ---- from sample-major rows ---- */
+
+static ur_status check_rows(const ur_tensor *t, const char *what, ur_dtype dt, int64_t n,
+                            int64_t cols, const ur_tensor *ref) {
+  if (ur_tensor_dtype(t) != dt || ur_tensor_ndim(t) != 2 || ur_tensor_dim(t, 0) != n ||
+      ur_tensor_dim(t, 1) != cols)
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt from_rows: %s must be %s [%lld, %lld]; got %s with %lld elements", what,
+                     ur_dtype_name(dt), (long long)n, (long long)cols,
+                     ur_dtype_name(ur_tensor_dtype(t)), (long long)ur_tensor_numel(t));
+  if (ur_tensor_place(t) != ur_tensor_place(ref) || ur_tensor_device(t) != ur_tensor_device(ref))
+    return ur__error(UR_STATUS_INVALID, "kjt from_rows: %s is in %s but ids in %s; one placement "
+                     "for all", what, ur_place_name(ur_tensor_place(t)),
+                     ur_place_name(ur_tensor_place(ref)));
+  return UR_STATUS_OK;
+}
+
+static ur_status check_room(const ur_tensor *t, const char *what, ur_dtype dt, int64_t need,
+                            const ur_tensor *ref) {
+  if (ur_tensor_dtype(t) != dt || ur_tensor_ndim(t) != 1 || ur_tensor_numel(t) < need)
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt from_rows: %s must be a 1-d %s tensor of at least %lld elements; got %s "
+                     "with %lld", what, ur_dtype_name(dt), (long long)need,
+                     ur_dtype_name(ur_tensor_dtype(t)), (long long)ur_tensor_numel(t));
+  if (ur_tensor_place(t) != ur_tensor_place(ref) || ur_tensor_device(t) != ur_tensor_device(ref))
+    return ur__error(UR_STATUS_INVALID, "kjt from_rows: %s is in %s but ids in %s; one placement "
+                     "for all", what, ur_place_name(ur_tensor_place(t)),
+                     ur_place_name(ur_tensor_place(ref)));
+  return UR_STATUS_OK;
+}
+
+ur_status ur_kjt_from_rows(ur_stream *s, ur_kjt **out, int32_t num_keys, const char *const *keys,
+                           const int32_t *hot, const ur_tensor *ids, const ur_tensor *weights,
+                           const ur_tensor *lengths, ur_tensor *values, ur_tensor *lengths_out,
+                           ur_tensor *offsets, ur_tensor *weights_out) {
+  UR__ARGS(out, keys, hot, ids, values, lengths_out, offsets);
+  *out = NULL;
+  if (num_keys < 1)
+    return ur__error(UR_STATUS_INVALID, "kjt from_rows: %d keys; expected at least one, with "
+                     "names and ids per sample", (int)num_keys);
+  int64_t H = 0;
+  for (int32_t k = 0; k < num_keys; k++) {
+    if (hot[k] < 1)
+      return ur__error(UR_STATUS_INVALID, "kjt from_rows: key '%s' takes %d ids a sample; "
+                       "expected >= 1", keys[k] ? keys[k] : "?", (int)hot[k]);
+    H += hot[k];
+  }
+  if (!ids || !values || !lengths_out || !offsets || !weights != !weights_out)
+    return ur__error(UR_STATUS_INVALID, "kjt from_rows: ids, values, lengths and offsets are "
+                     "required, and weights_out exactly when weights are given");
+  int64_t n = ur_tensor_ndim(ids) == 2 ? ur_tensor_dim(ids, 0) : -1;
+  ur_status st = check_rows(ids, "ids", UR_DTYPE_I64, n, H, ids);
+  if (!st && weights) st = check_rows(weights, "weights", UR_DTYPE_F32, n, H, ids);
+  if (!st && lengths) st = check_rows(lengths, "lengths", UR_DTYPE_I32, n, num_keys, ids);
+  if (!st) st = check_room(values, "values", UR_DTYPE_I64, n * H, ids);
+  if (!st) st = check_room(lengths_out, "lengths_out", UR_DTYPE_I32, n * num_keys, ids);
+  if (!st) st = check_room(offsets, "offsets", UR_DTYPE_I64, n * num_keys + 1, ids);
+  if (!st && weights_out) st = check_room(weights_out, "weights_out", UR_DTYPE_F32, n * H, ids);
+  if (st) return st;
+  int64_t *col0 = malloc(sizeof(int64_t) * ((size_t)num_keys + 1)),
+          *val0 = malloc(sizeof(int64_t) * ((size_t)num_keys + 1)), bad = -1;
+  if (!col0 || !val0) {
+    free(col0);
+    free(val0);
+    return ur__error(UR_STATUS_OOM, "kjt from_rows: out of host memory");
+  }
+  col0[0] = 0;
+  for (int32_t k = 0; k < num_keys; k++) col0[k + 1] = col0[k] + hot[k];
+  /* every bag full: the key spans are the columns' (no wait for the device) */
+  for (int32_t k = 0; k <= num_keys; k++) val0[k] = n * col0[k];
+  const ur_backend *be = ur__tensor_backend(ids);
+  int32_t prev = 0;
+  if (!(st = UR__NEED(be, kjt, from_rows)) && !(st = enter(be, ids, &prev))) {
+    st = be->kjt->from_rows(s ? s->handle : NULL, dp(ids), dp(weights), dp(lengths), n, num_keys,
+                            H, col0, hot, dp(lengths_out), dp(offsets), dp(values),
+                            dp(weights_out), lengths ? val0 : NULL, lengths ? &bad : NULL);
+    st = leave(be, ids, prev, st);
+  }
+  if (!st && bad >= 0) {
+    int32_t key = (int32_t)(bad / (n ? n : 1)), got = 0;
+    st = ur_tensor_read(lengths, (bad % (n ? n : 1)) * num_keys + key, 1, &got);
+    if (!st)
+      st = ur__error(UR_STATUS_INVALID,
+                     "kjt from_rows: key '%s' sample %lld has length %d; expected 0..%d (its ids "
+                     "a sample)", keys[key] ? keys[key] : "?", (long long)(bad % (n ? n : 1)),
+                     (int)got, (int)hot[key]);
+  }
+  ur_tensor *v = NULL, *l = NULL, *o = NULL, *w = NULL;
+  if (!st) st = ur_tensor_view(values, &v, 0, val0[num_keys]);
+  if (!st) st = ur_tensor_view(lengths_out, &l, 0, n * num_keys);
+  if (!st) st = ur_tensor_view(offsets, &o, 0, n * num_keys + 1);
+  if (!st && weights_out) st = ur_tensor_view(weights_out, &w, 0, val0[num_keys]);
+  if (!st) st = kjt_make(num_keys, keys, n, NULL, v, l, w, NULL, o, val0, 0, out);
+  ur_tensor_free(v);
+  ur_tensor_free(l);
+  ur_tensor_free(o);
+  ur_tensor_free(w);
+  free(col0);
+  free(val0);
+  return st;
 }
 
 /* ---- placement ---- */

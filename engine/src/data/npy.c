@@ -423,6 +423,39 @@ ur_status ur_npy_writer_open(ur_npy_writer **out, const char *path, const char *
   return UR_STATUS_OK;
 }
 
+/* Elements i0..i1 to 32 bits: src i64 or f32 (a whole number), checked against the range of
+ * <i4 or <u4; the lowest bad index is kept. */
+typedef struct narrow_job {
+  const void *src;
+  void *dst;
+  int from_f32, to_u;
+  int64_t bad;
+} narrow_job;
+
+static void narrow_range(void *ctx, size_t i0, size_t i1) {
+  narrow_job *j = ctx;
+  int64_t lo = j->to_u ? 0 : INT32_MIN, hi = j->to_u ? (int64_t)UINT32_MAX : INT32_MAX;
+  uint32_t *d = j->dst;
+  for (size_t i = i0; i < i1; i++) {
+    int64_t v;
+    if (j->from_f32) {
+      float f = ((const float *)j->src)[i];
+      v = (int64_t)f;
+      if (!(f >= -9.2e18f && f <= 9.2e18f) || (float)v != f) v = INT64_MIN; /* not whole */
+    } else {
+      v = ((const int64_t *)j->src)[i];
+    }
+    if (v < lo || v > hi) {
+      int64_t cur = __atomic_load_n(&j->bad, __ATOMIC_RELAXED);
+      while ((int64_t)i < cur &&
+             !__atomic_compare_exchange_n(&j->bad, &cur, (int64_t)i, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      }
+      continue;
+    }
+    d[i] = (uint32_t)v;
+  }
+}
+
 ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *t) {
   UR__ARGS(w);
   if (!t) return ur__null(__func__, "rows");
@@ -444,16 +477,17 @@ ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *t) {
   ur_status st;
   if (same) {
     if ((st = ur_tensor_read(t, 0, n, w->buf))) return st;
-  } else if (dt == UR_DTYPE_I64 && w->item == 4 && ur_tensor_place(t) != UR_PLACE_DEVICE) {
-    /* ids to 32 bits, the common case of datagen: checked, without going through double */
+  } else if ((dt == UR_DTYPE_I64 || (dt == UR_DTYPE_F32 && w->kind != 'f')) && w->item == 4 &&
+             ur_tensor_place(t) != UR_PLACE_DEVICE) {
+    /* ids (i64) and labels (f32) to 32-bit integers, datagen's common cases: checked, on every
+     * core, the first bad element named */
     if ((st = ur__tensor_ready(ur__cpu(), t))) return st;
-    const int64_t *src = ur_tensor_data(t);
-    int64_t lo = w->kind == 'u' ? 0 : INT32_MIN, hi = w->kind == 'u' ? (int64_t)UINT32_MAX : INT32_MAX;
-    for (int64_t i = 0; i < n; i++) {
-      if (src[i] < lo || src[i] > hi)
-        return ur__error(UR_STATUS_INVALID, "npy writer: %s: value %lld (element %lld) does not fit %s",
-                         w->w.path, (long long)src[i], (long long)i, w->w.descr);
-      ((uint32_t *)w->buf)[i] = (uint32_t)src[i];
+    narrow_job j = {ur_tensor_data(t), w->buf, dt == UR_DTYPE_F32, w->kind == 'u', INT64_MAX};
+    ur__parallel_for((size_t)n, (size_t)1 << 16, narrow_range, &j);
+    if (j.bad < INT64_MAX) {
+      double v = j.from_f32 ? (double)((const float *)j.src)[j.bad] : (double)((const int64_t *)j.src)[j.bad];
+      return ur__error(UR_STATUS_INVALID, "npy writer: %s: value %.17g (element %lld) does not fit %s",
+                       w->w.path, v, (long long)j.bad, w->w.descr);
     }
   } else {
     size_t es = ur_dtype_size(dt);

@@ -40,6 +40,9 @@ ur_status ur_synth_check(const ur_synth_spec *s) {
   if (h > 1 << 20)
     return ur__error(UR_STATUS_INVALID, "synthetic: %lld ids per sample at most; expected <= 2^20",
                      (long long)h);
+  if (!(s->drift >= 0 && s->drift <= 1e6))
+    return ur__error(UR_STATUS_INVALID, "synthetic: drift %g; expected 0 (none) to 1e6 ranks a sample",
+                     s->drift);
   if (s->groups < 0)
     return ur__error(UR_STATUS_INVALID, "synthetic: groups %lld; expected >= 0",
                      (long long)s->groups);
@@ -65,6 +68,7 @@ ur_status ur__synth_expand(const ur_synth_spec *s, ur__synth *x) {
   x->dense_signal = s->dense_signal;
   x->bias = s->bias;
   x->groups = s->groups;
+  x->drift = s->drift;
   for (int j = 0; j < 64; j++) x->dw[j] = ur__unorm(ur_philox((uint64_t)j, ur__skey(s->seed, UR__S_DW, 0)));
   for (int t = 0; t < s->num_tables; t++) {
     const ur_synth_table *in = &s->tables[t];

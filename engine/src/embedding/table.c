@@ -187,6 +187,33 @@ static uint64_t table_seed(uint64_t seed, int32_t table) {
   return seed ^ ((uint64_t)(table + 1) * 0xD1B54A32D192ED03ull);
 }
 
+/* Bytes of device memory a host table is drawn through (streamed_draw). */
+#define DRAW_CHUNK_BYTES ((size_t)256 << 20)
+
+/* A pinned host table of a GPU collection drawn by the GPU a chunk at a time and copied down
+ * on one stream (the draw of a chunk is ~50x faster than its copy, so the copy engine sets the
+ * pace: the host link's speed, not the host cores').  The rand kernel makes the CPU's numbers
+ * counter for counter (a #cuda spec), so a table is the same wherever it was drawn. */
+static ur_status streamed_draw(ur_stream *s, ur_tbe *t, void *dst, ur_dtype dt, size_t n, double lo,
+                               double hi, uint64_t seed) {
+  size_t es = ur_dtype_size(dt), per = DRAW_CHUNK_BYTES / es;
+  if (per > n) per = n;
+  void *sh = s ? s->handle : NULL;
+  ur_tensor *scratch = NULL;
+  ur_status st = ur__tbe_home_tensor(t, &scratch, UR_DTYPE_U8, (int64_t)(per * es));
+  for (size_t c0 = 0; c0 < n && !st; c0 += per) {
+    size_t m = n - c0 < per ? n - c0 : per;
+    if (!(st = t->be->rand(sh, ur_tensor_data(scratch), dt, m, c0, UR_DIST_UNIFORM, lo, hi, seed)))
+      st = t->be->copy(sh, (char *)dst + c0 * es, ur_tensor_data(scratch), m * es);
+    if (!st && ur_interrupt_get())
+      st = ur__error(UR_STATUS_INTERRUPTED, "tbe: drawing a table interrupted at element %zu", c0);
+  }
+  ur_status sync = t->be->stream_sync(sh); /* the scratch is freed only once the copies are done */
+  if (!st) st = sync;
+  ur_tensor_free(scratch);
+  return st;
+}
+
 static ur_status draw(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi, uint64_t seed) {
   const ur_tbe_table_config *c = &t->tc[i];
   ur_tensor *w = t->wstore[storage_place(t, c->place)][c->dtype];
@@ -195,7 +222,10 @@ static ur_status draw(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi, 
   void *dst = (char *)ur_tensor_data(w) + (size_t)t->woff[i] * ur_dtype_size(c->dtype);
   if (w->st->place == UR_PLACE_DEVICE)
     return t->be->rand(s ? s->handle : NULL, dst, c->dtype, n, 0, UR_DIST_UNIFORM, lo, hi, ts);
-  /* Managed tables are drawn on the host, so their pages start there (tensor.c does the same). */
+  if (w->st->place == UR_PLACE_PINNED && t->home == UR_PLACE_DEVICE)
+    return streamed_draw(s, t, dst, c->dtype, n, lo, hi, ts);
+  /* Managed tables are drawn on the host, so their pages start there (tensor.c does the same),
+   * on every core (the CPU backend's rand); so are all tables of a CPU collection. */
   if (w->st->place != UR_PLACE_HOST) {
     ur_status st = ur_device_sync();
     if (st) return st;
@@ -339,6 +369,7 @@ void ur_tbe_free(ur_tbe *t) {
   ur_tensor_free(t->desc);
   ur_tensor_free(t->callbuf);
   ur_tensor_free(t->work);
+  ur_tensor_free(t->swapbuf);
   ur_tensor_free(t->flags);
   for (int32_t i = 0; t->counts && i < t->T; i++) ur_tensor_free(t->counts[i]);
   for (int32_t i = 0; t->perm && i < t->T; i++) ur_tensor_free(t->perm[i]);

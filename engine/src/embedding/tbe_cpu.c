@@ -506,6 +506,32 @@ static ur_status cpu_decay_counts(void *stream, int32_t *c, int64_t n, double fa
   return UR_STATUS_OK;
 }
 
+/* ---- row swaps ---- */
+
+static void swap_range(void *ctx, size_t k0, size_t k1) {
+  const ur__tbe_swap *s = ctx;
+  for (size_t k = k0; k < k1; k++) {
+    int64_t x = s->ids[k], y = s->ids[s->n + (int64_t)k], px = s->perm[x], py = s->perm[y];
+    for (int32_t j = 0; j < s->ntensors; j++) {
+      size_t rb = s->row_bytes[j];
+      uint32_t *a = (uint32_t *)(s->base[j] + (size_t)px * rb), *b = (uint32_t *)(s->base[j] + (size_t)py * rb);
+      for (size_t w = 0; w < rb / 4; w++) {
+        uint32_t tmp = a[w];
+        a[w] = b[w];
+        b[w] = tmp;
+      }
+    }
+    s->perm[x] = py;
+    s->perm[y] = px;
+  }
+}
+
+static ur_status cpu_swap_rows(void *stream, const ur__tbe_swap *s) {
+  (void)stream;
+  ur__parallel_for((size_t)s->n, 256, swap_range, (void *)s); /* pairs share no row */
+  return UR_STATUS_OK;
+}
+
 const ur_tbe_ops ur__cpu_tbe_ops = {
     .work_bytes = cpu_work_bytes,
     .forward = cpu_forward,
@@ -514,4 +540,5 @@ const ur_tbe_ops ur__cpu_tbe_ops = {
     .sparse_write = cpu_sparse_write,
     .gather_rows = cpu_gather_rows,
     .decay_counts = cpu_decay_counts,
+    .swap_rows = cpu_swap_rows,
 };

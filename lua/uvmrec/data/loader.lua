@@ -123,7 +123,8 @@ function methods:stats()
   C.ur_loader_stats_get(L(self), st)
   return { batches = tonumber(st.batches), samples = tonumber(st.samples), bytes = tonumber(st.bytes),
            wait_seconds = st.wait_seconds, produce_seconds = st.produce_seconds,
-           epoch = tonumber(st.epoch), sample = tonumber(st.sample),
+           produce_cpu_seconds = st.produce_cpu_seconds,
+           epoch = tonumber(st.epoch), sample = tonumber(st.sample), threads = st.threads,
            samples_per_epoch = st.samples_per_epoch >= 0 and tonumber(st.samples_per_epoch) or nil }
 end
 
@@ -138,9 +139,10 @@ function methods:close() free_loader(self) end
 methods.free = methods.close
 
 -- ur.data.loader{data = spec, batch_size =, samples = (synthetic), rows = (26 sizes or one: ids
--- mod rows), depth = 4, drop_last = false, shuffle_window = 0, seed = 0, epochs = 1, rank = 0,
--- world = 1, position = {epoch, sample}, placement = "pinned", keys = {...},
--- on_bad_line = "fail", pad_missing_fields = false}
+-- mod rows), depth = 4, threads = 0 (UR_NUM_THREADS, else every core), drop_last = false,
+-- shuffle_window = 0, seed = 0, epochs = 1, rank = 0, world = 1, position = {epoch, sample},
+-- placement = "pinned" (synthetic data: "device" draws on the GPU, uvmrec.data.generator),
+-- stream (that placement's), keys = {...}, on_bad_line = "fail", pad_missing_fields = false}
 function M.loader(o)
   if type(o) ~= "table" then error("loader: expected a table of options", 2) end
   local src = M.source(o.data, 2)
@@ -157,6 +159,10 @@ function M.loader(o)
       o.samples = o.samples or samples
     elseif not spec.cspec then
       spec = synthetic.spec(spec, nil, 2)
+    end
+    if o.placement == "device" or o.placement == "managed" then -- drawn where it is used
+      if not o.samples then error("loader: synthetic data needs samples = N", 2) end
+      return require("uvmrec.data.generator").open(o, spec, 2)
     end
     co.source = C.UR_SOURCE_SYNTHETIC
     co.synth = spec.cspec
@@ -181,6 +187,7 @@ function M.loader(o)
   end
   co.batch_size = o.batch_size or error("loader: batch_size is required", 2)
   co.depth = o.depth or 4
+  co.threads = o.threads or 0
   co.drop_last = o.drop_last and 1 or 0
   co.shuffle_window = o.shuffle_window or 0
   co.seed = o.seed or 0

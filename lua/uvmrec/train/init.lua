@@ -376,7 +376,9 @@ end
 -- components there), resume (a checkpoint file or run directory: its state is loaded and
 -- training goes on from its step to train.steps), signals (false: leave SIGINT/SIGTERM
 -- alone; by default, while the loop runs, either stops it at the next step boundary, with a
--- checkpoint when there is a run directory), cpu (true: no GPU).  Returns {steps, samples,
+-- checkpoint when there is a run directory), cpu (true: no GPU), host_memory (bytes or
+-- "100GiB": a run needing more host memory is refused before anything is allocated; default: the
+-- cgroup's limit, if any; uvmrec.host_memory).  Returns {steps, samples,
 -- seconds, samples_per_s, loss, eval = {...} or nil, ceiling, checkpoint = the last saved,
 -- resumed = {step, path} or nil, interrupted = {signal, name, step} or nil} or nil, message.
 function M.run(cfg, opts)
@@ -387,6 +389,11 @@ function M.run(cfg, opts)
   local rows = M.config.table_rows(cfg)
   local data, derr = M.data(cfg, rows)
   if not data then return nil, derr end
+  -- host memory counted before anything is allocated: a run that cannot fit is refused here
+  local host_memory = require "uvmrec.host_memory"
+  local fits, herr = host_memory.check(host_memory.count(cfg, data.train, ur.gpu() and not opts.cpu),
+                                       opts.host_memory)
+  if not fits then return nil, herr end
   -- The migration monitor counts only managed memory allocated after it starts: before the
   -- model, when tables are managed (hint policies report what moved; nil without CUPTI).
   if ur.gpu() and not opts.cpu and M.any_managed(cfg) then ur.monitor.start() end
@@ -430,6 +437,8 @@ function M.run(cfg, opts)
   local topts = {}
   for k, v in pairs(data.train) do topts[k] = v end
   topts.position = ctx.position
+  -- synthetic data in order is drawn on the GPU where it is used (uvmrec.data.generator)
+  if gpu and type(topts.data) == "table" and (topts.shuffle_window or 0) == 0 then topts.placement = "device" end
   local loader, err = ur.data.loader(topts)
   if not loader then return nil, err end
   ctx.loader = loader
