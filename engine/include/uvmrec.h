@@ -336,6 +336,13 @@ UR_API ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **o
 /* Per key, the distinct bags (same ids and weights) in order of first appearance, and for
  * every sample its bag: a VBE batch whose expand() is the input. */
 UR_API ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out);
+/* Row-wise sharding's split of ids (not for VBE batches): key i with block[i] > 0 becomes
+ * `buckets` keys "<key>@<b>" in its place, bucket b holding, bag by bag and in order, the ids
+ * in [b * block[i], (b + 1) * block[i]) less b * block[i], with their weights; keys with
+ * block[i] 0 stay as they are.  An id outside [0, rows[i]) is an error naming the key, the
+ * sample and the id. */
+UR_API ur_status ur_kjt_bucketize(const ur_kjt *k, ur_kjt **out, const int64_t *block,
+                                  const int64_t *rows, int32_t buckets);
 /* A VBE batch back to the full batch (a plain KJT is copied). */
 UR_API ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out);
 /* Rows of a per-bag output [sum of strides, D] (bag order) to the full batch's bag order
@@ -469,6 +476,10 @@ typedef struct ur_loader_opts {
   int32_t rank, world;
   int64_t start_epoch, start_sample; /* the position to start from (a resumed run) */
   int32_t placement;              /* of the batches: UR_PLACE_PINNED (default) or HOST */
+  /* slice_world > 1: batch_size is a global batch, and each batch handed out is this rank's
+   * slice of it, samples [n * slice_rank / slice_world, n * (slice_rank + 1) / slice_world) of
+   * its n (data-parallel training: every rank reads the same global batches) */
+  int32_t slice_rank, slice_world;
 } ur_loader_opts;
 typedef struct ur_loader_stats {
   int64_t batches, samples, bytes;
@@ -802,7 +813,11 @@ UR_API int32_t ur_cache_in_flight(const ur_cache *c);
 typedef enum ur_act { UR_ACT_NONE = 0, UR_ACT_RELU, UR_ACT_SIGMOID, UR_ACT_COUNT } ur_act;
 enum {
   UR_DENSE_TF32 = 1,        /* f32 matrix products may use TF32 tensor cores (GPU) */
-  UR_DENSE_ACCUMULATE = 2   /* add into the input gradient rather than overwrite it */
+  UR_DENSE_ACCUMULATE = 2,  /* add into the input gradient rather than overwrite it */
+  /* Bits 8..15: the first row's index in a larger batch, mod 256 (a data-parallel rank's
+   * first sample in the global batch): the CPU then computes each row of a linear layer bit
+   * for bit as it computes that row of the whole batch. */
+  UR_DENSE_ROW0_SHIFT = 8
 };
 typedef enum ur_reduction {
   UR_REDUCTION_MEAN = 0, UR_REDUCTION_SUM, UR_REDUCTION_NONE, UR_REDUCTION_COUNT
@@ -979,6 +994,9 @@ UR_API int32_t ur_metrics_on_gpu(const ur_metrics *m);
  * from_snapshot = 1.  Ordered on s like everything else. */
 UR_API ur_status ur_metrics_snapshot(ur_stream *s, ur_metrics *m, double **state /* out */,
                                      uint64_t *count /* out */);
+/* The same snapshot as an f64 [count] tensor (a view the caller frees), for a communicator's
+ * all-reduce (ur_comm_all_reduce). */
+UR_API ur_status ur_metrics_snapshot_tensor(ur_stream *s, ur_metrics *m, ur_tensor **out /* out */);
 /* Views of the window's filled part (rows in slot order, not time order): predictions,
  * labels and weights f32 [n, tasks], groups i64 [n] (NULL without grouped_auc).  The caller
  * frees them; an all-gather of these over the ranks is the window of the whole job. */

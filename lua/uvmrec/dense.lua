@@ -13,6 +13,9 @@ local M = {}
 M.ACT = { none = 0, relu = 1, sigmoid = 2 }
 M.REDUCTION = { mean = 0, sum = 1, none = 2 }
 M.TF32, M.ACCUMULATE = 1, 2
+-- flags + row0 % 256 * M.ROW0: the rows' first one is row row0 of a larger batch (data-parallel
+-- ranks), so the CPU computes each as it computes that row of the whole batch
+M.ROW0 = 2 ^ C.UR_DENSE_ROW0_SHIFT
 
 local function run(st)
   if st ~= 0 then error(ffi.string(C.ur_last_error()), 3) end

@@ -58,6 +58,17 @@ typedef struct ur_kjt_ops {
   ur_status (*dedup)(void *stream, const int64_t *off, const int64_t *val, const float *w,
                      const int32_t *len, int32_t nkeys, int64_t stride, int64_t *map,
                      int64_t *inv, int64_t *spk, int64_t *val0);
+  /* Row-wise bucketing of one key's nb bags (off [nb + 1] into val): cnt [buckets * nb],
+   * bucket-major, counts each bag's ids with id / block == b; waits and gives bad: the first
+   * value index holding an id outside [0, rows), or -1. */
+  ur_status (*bucket_count)(void *stream, const int64_t *off, const int64_t *val, int64_t nb,
+                            int64_t block, int64_t rows, int32_t buckets, int32_t *cnt,
+                            int64_t *bad);
+  /* Each bag's ids (as id - b * block) and weights (w may be NULL), in order, to its bucket's
+   * bag: off_out [buckets * nb], bucket-major, the first value of each output bag. */
+  ur_status (*bucket_fill)(void *stream, const int64_t *off, const int64_t *val, const float *w,
+                           int64_t nb, int64_t block, int32_t buckets, const int64_t *off_out,
+                           int64_t *val_out, float *w_out);
 } ur_kjt_ops;
 
 /* The CPU reference (kjt_cpu.c); the CUDA backend's is ur__cuda_kjt_ops (kernels/kjt.cu). */

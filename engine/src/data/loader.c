@@ -469,7 +469,7 @@ static void gather(ur_loader *l, int64_t off, int64_t take, int64_t n0) {
  * knows where its values start). */
 typedef struct key_job {
   ur_loader *l;
-  int64_t n;
+  int64_t r0, n; /* the gathered rows r0 .. r0 + n */
   int64_t *vstart;
   int64_t *vals;
   int32_t *lens;
@@ -482,7 +482,7 @@ static void key_lengths(void *ctx, size_t t0, size_t t1) {
   for (size_t t = t0; t < t1; t++) {
     int64_t sum = 0;
     for (int64_t i = 0; i < j->n; i++) {
-      int32_t len = l->g_len[i * l->T + (int64_t)t];
+      int32_t len = l->g_len[(j->r0 + i) * l->T + (int64_t)t];
       j->lens[(int64_t)t * j->n + i] = len;
       sum += len;
     }
@@ -497,26 +497,28 @@ static void key_values(void *ctx, size_t t0, size_t t1) {
     int64_t nv = j->vstart[t], c0 = l->col0[t];
     for (int64_t i = 0; i < j->n; i++) {
       int32_t len = j->lens[(int64_t)t * j->n + i];
-      const int64_t *src = l->g_ids + i * l->H + c0;
+      const int64_t *src = l->g_ids + (j->r0 + i) * l->H + c0;
       for (int32_t q = 0; q < len; q++) j->vals[nv + q] = src[q];
-      if (j->w) memcpy(j->w + nv, l->g_weights + i * l->H + c0, sizeof(float) * (size_t)len);
+      if (j->w)
+        memcpy(j->w + nv, l->g_weights + (j->r0 + i) * l->H + c0, sizeof(float) * (size_t)len);
       nv += len;
     }
   }
 }
 
-/* The gathered rows into slot b as a batch of n samples: dense, labels and a key-major KJT. */
-static ur_status fill_batch(ur_loader *l, ur_batch *b, int64_t n) {
+/* Gathered rows r0 .. r0 + n into slot b as a batch of n samples: dense, labels and a
+ * key-major KJT. */
+static ur_status fill_batch(ur_loader *l, ur_batch *b, int64_t r0, int64_t n) {
   float *dense = ur_tensor_data(b->dense_buf), *labels = ur_tensor_data(b->labels_buf);
   int64_t *vals = ur_tensor_data(b->values_buf);
   int32_t *lens = ur_tensor_data(b->lengths_buf);
   float *w = l->weighted ? ur_tensor_data(b->weights_buf) : NULL;
   int64_t *groups = l->grouped ? ur_tensor_data(b->groups_buf) : NULL;
-  memcpy(dense, l->g_dense, sizeof(float) * (size_t)(n * l->D));
-  memcpy(labels, l->g_labels, sizeof(float) * (size_t)n);
-  if (groups) memcpy(groups, l->g_groups, sizeof(int64_t) * (size_t)n);
+  memcpy(dense, l->g_dense + r0 * l->D, sizeof(float) * (size_t)(n * l->D));
+  memcpy(labels, l->g_labels + r0, sizeof(float) * (size_t)n);
+  if (groups) memcpy(groups, l->g_groups + r0, sizeof(int64_t) * (size_t)n);
   int64_t vstart[UR_SYNTH_MAX_TABLES + 1] = {0};
-  key_job kj = {l, n, vstart, vals, lens, w};
+  key_job kj = {l, r0, n, vstart, vals, lens, w};
   ur__parallel_for((size_t)l->T, 1, key_lengths, &kj);
   for (int t = 0; t < l->T; t++) vstart[t + 1] += vstart[t];
   ur__parallel_for((size_t)l->T, 1, key_values, &kj);
@@ -602,14 +604,20 @@ static void *run(void *arg) {
       if (!b) goto out;
       t0 = now_s();
       batch_views_free(b);
-      if ((st = fill_batch(l, b, n))) {
+      /* A rank's slice of the global batch (every rank gathered all of it). */
+      int64_t r0 = 0, m = n;
+      if (l->o.slice_world > 1) {
+        r0 = n * l->o.slice_rank / l->o.slice_world;
+        m = n * (l->o.slice_rank + 1) / l->o.slice_world - r0;
+      }
+      if ((st = fill_batch(l, b, r0, m))) {
         pthread_mutex_lock(&l->mu);
         b->state = SLOT_FREE;
         pthread_mutex_unlock(&l->mu);
         break;
       }
       b->epoch = epoch;
-      b->first = k;
+      b->first = k + r0;
       k += n;
       pthread_mutex_lock(&l->mu);
       l->stats.produce_seconds += busy + (now_s() - t0);
@@ -682,6 +690,10 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
     return ur__error(UR_STATUS_INVALID, "loader: batch_size %lld; expected >= 1", (long long)o->batch_size);
   if (o->depth < 1 || o->depth > 64)
     return ur__error(UR_STATUS_INVALID, "loader: depth %d; expected 1..64", (int)o->depth);
+  if (o->slice_world < 0 || (o->slice_world > 0 && (o->slice_rank < 0 || o->slice_rank >= o->slice_world)))
+    return ur__error(UR_STATUS_INVALID,
+                     "loader: batch slice %d of %d; expected 0 <= slice_rank < slice_world",
+                     (int)o->slice_rank, (int)o->slice_world);
   if (o->world < 1 || o->rank < 0 || o->rank >= o->world)
     return ur__error(UR_STATUS_INVALID, "loader: rank %d of world %d; expected 0 <= rank < world",
                      (int)o->rank, (int)o->world);

@@ -387,6 +387,12 @@ static ur_status route_of(ur_comm *c, const char *op, const ur_tensor *a, const 
 static void *data(const ur_tensor *t) { return ur_tensor_data(t); }
 static uint64_t bytes_of(const ur_tensor *t) { return ur_tensor_nbytes(t); }
 
+/* Collectives that move data between ranks cannot read and write the same bytes. */
+static int overlap(const ur_tensor *a, const ur_tensor *b) {
+  const char *pa = data(a), *pb = data(b);
+  return bytes_of(a) && bytes_of(b) && pa < pb + bytes_of(b) && pb < pa + bytes_of(a);
+}
+
 static ur_status same_dtype(const char *op, const ur_tensor *a, const ur_tensor *b) {
   if (a->dtype != b->dtype)
     return ur__error(UR_STATUS_INVALID, "comm %s: the input is %s and the output %s; expected one "
@@ -510,9 +516,9 @@ ur_status ur_comm_reduce_scatter(ur_stream *s, ur_comm *c, const ur_tensor *in, 
     st = ur__error(UR_STATUS_INVALID, "comm reduce_scatter: the input has %lld elements; "
                                       "expected %d blocks of the output's %lld",
                    (long long)ur_tensor_numel(in), (int)c->world, (long long)n);
-  if (!st && c->world > 1 && in->st == out->st)
-    st = ur__error(UR_STATUS_INVALID, "comm reduce_scatter: the input and the output share "
-                                      "storage; expected separate tensors");
+  if (!st && c->world > 1 && overlap(in, out))
+    st = ur__error(UR_STATUS_INVALID, "comm reduce_scatter: the input and the output overlap; "
+                                      "expected separate memory");
   if (st) return st;
   if (r.engine == ENGINE_SELF) {
     st = self_copy(s, in, out);
@@ -573,9 +579,9 @@ ur_status ur_comm_all_gather(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_t
                                       "has %lld elements",
                    (int)c->rank, (long long)counts[c->rank], (int)c->rank,
                    (long long)ur_tensor_numel(in));
-  if (!st && c->world > 1 && in->st == out->st)
-    st = ur__error(UR_STATUS_INVALID, "comm all_gather: the input and the output share "
-                                      "storage; expected separate tensors");
+  if (!st && c->world > 1 && overlap(in, out))
+    st = ur__error(UR_STATUS_INVALID, "comm all_gather: the input and the output overlap; "
+                                      "expected separate memory");
   if (!st) {
     if (r.engine == ENGINE_SELF) {
       st = self_copy(s, in, out);
@@ -648,9 +654,9 @@ ur_status ur_comm_all_to_all(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_t
   if (!st) st = counts_check(c, name, "send_counts", send_counts, ur_tensor_numel(in), "the input");
   if (!st)
     st = counts_check(c, name, "recv_counts", recv_counts, ur_tensor_numel(out), "the output");
-  if (!st && c->world > 1 && in->st == out->st)
-    st = ur__error(UR_STATUS_INVALID, "comm all_to_all: the input and the output share "
-                                      "storage; expected separate tensors");
+  if (!st && c->world > 1 && overlap(in, out))
+    st = ur__error(UR_STATUS_INVALID, "comm all_to_all: the input and the output overlap; "
+                                      "expected separate memory");
   if (!st && send_counts[c->rank] != recv_counts[c->rank])
     st = ur__error(UR_STATUS_INVALID, "comm all_to_all: rank %d sends itself %lld elements and "
                                       "receives %lld from itself",

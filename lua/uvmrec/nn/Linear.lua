@@ -33,8 +33,9 @@ function Linear:__init(inf, outf, opts)
   end
 end
 
+-- row0: this batch's first row in a larger batch (set by uvmrec.dist.ddp on data-parallel ranks).
 function Linear:flags()
-  return self.precision == "tf32" and dense.TF32 or 0
+  return (self.precision == "tf32" and dense.TF32 or 0) + ((self.row0 or 0) % 256) * dense.ROW0
 end
 
 function Linear:updateOutput(input)
