@@ -103,12 +103,12 @@ local function new(kinds, opts, level)
     local rank = opts.rank or opts.my_rank
     if rank == nil then error("metrics: world_size " .. world .. " needs rank (or my_rank)", level) end
     whole(rank, 0, "rank", level)
+    if reduce then error("metrics: give reduce or world_size, not both", level) end
     local comm = opts.comm or require("uvmrec.dist").job()
     if comm.world ~= world or comm.rank ~= rank then
       error(("metrics: world_size %d and rank %d, but the communicator is rank %d of %d")
             :format(world, rank, comm.rank, comm.world), level)
     end
-    if reduce then error("metrics: give reduce or world_size, not both", level) end
     reduce = M.over_ranks(comm)
   end
   if kinds.gauc and window == 0 then

@@ -6,31 +6,36 @@ local data = ur.data
 local SAMPLE1, SAMPLE2 = h.shared_data("criteo_raw_sample.tsv"), h.shared_data("criteo_raw_sample2.tsv")
 
 -- Every batch as plain rows: {label, dense = {...}, ids = {{key's ids}, ...}}, in order.
-local function rows_of(loader)
-  local out = {}
-  for b in loader:batches() do
-    local dense, labels = b.dense:totable(), b.labels:totable()
-    local t = b.sparse:totable()
-    local nk, B, D = #t.keys, b.size, #dense / b.size
-    local pos = 0
-    local ids = {}
-    for k = 1, nk do
-      for i = 1, B do
-        local n = t.lengths[(k - 1) * B + i]
-        ids[i] = ids[i] or {}
-        local bag = {}
-        for j = 1, n do bag[j] = t.values[pos + j] end
-        pos = pos + n
-        ids[i][k] = table.concat(bag, " ")
-      end
-    end
+-- One row per sample: label, dense and ids as strings (and the epoch), in batch order.
+local function rows_of_batch(b, out)
+  out = out or {}
+  local dense, labels = b.dense:totable(), b.labels:totable()
+  local t = b.sparse:totable()
+  local nk, B, D = #t.keys, b.size, #dense / b.size
+  local pos = 0
+  local ids = {}
+  for k = 1, nk do
     for i = 1, B do
-      local d = {}
-      for j = 1, D do d[j] = dense[(i - 1) * D + j] end
-      out[#out + 1] = { label = labels[i], dense = table.concat(d, " "), ids = table.concat(ids[i], "|"),
-                        epoch = b.epoch }
+      local n = t.lengths[(k - 1) * B + i]
+      ids[i] = ids[i] or {}
+      local bag = {}
+      for j = 1, n do bag[j] = t.values[pos + j] end
+      pos = pos + n
+      ids[i][k] = table.concat(bag, " ")
     end
   end
+  for i = 1, B do
+    local d = {}
+    for j = 1, D do d[j] = dense[(i - 1) * D + j] end
+    out[#out + 1] = { label = labels[i], dense = table.concat(d, " "), ids = table.concat(ids[i], "|"),
+                      epoch = b.epoch }
+  end
+  return out
+end
+
+local function rows_of(loader)
+  local out = {}
+  for b in loader:batches() do rows_of_batch(b, out) end
   return out
 end
 
@@ -295,6 +300,31 @@ describe("uvmrec.data loader", function()
     assert.equal(512 * 26 * 8, #full)
     for i = 1, #full do assert.is_true(math.abs(full[i] - pooled[i]) < 1e-5, "element " .. i) end
     l:close()
+  end)
+
+  it("gives each rank its slice of every global batch, the last one too", function()
+    local whole = assert(data.loader { data = "synthetic:tiny", samples = 250, batch_size = 96 })
+    local slices = {}
+    for r = 0, 2 do
+      slices[r] = assert(data.loader { data = "synthetic:tiny", samples = 250, batch_size = 96, slice_rank = r,
+                                       slice_world = 3 })
+    end
+    for b in whole:batches() do
+      local rows, at = rows_of_batch(b), 0
+      for r = 0, 2 do
+        local s = assert(slices[r]:next())
+        local lo, hi = math.floor(b.size * r / 3), math.floor(b.size * (r + 1) / 3)
+        assert.equal(hi - lo, s.size)
+        assert.equal(b.first + lo, s.first)
+        for i, x in ipairs(rows_of_batch(s)) do assert.equal(key(rows[at + i]), key(x)) end
+        at = at + s.size
+      end
+      assert.equal(b.size, at)
+    end
+    for r = 0, 2 do assert.is_nil(slices[r]:next()) end
+    assert.has_error(function()
+      data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, slice_rank = 3, slice_world = 3 }
+    end, "loader: batch slice 3 of 3; expected 0 <= slice_rank < slice_world")
   end)
 
   it("rejects bad options", function()

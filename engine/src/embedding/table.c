@@ -186,7 +186,11 @@ static ur_status alloc_storages(ur_tbe *t) {
     d->dim = c->dim;
     d->dtype = c->dtype;
     d->pooling = c->pooling;
-    d->index = i;
+    int shard = c->logical_rows != 0;
+    d->index = shard ? c->logical : i;
+    d->sr_row0 = shard ? c->row0 : 0;
+    d->sr_col0 = shard ? c->col0 : 0;
+    d->sr_pitch = shard ? c->logical_dim : c->dim;
   }
   rekey(t);
   return UR_STATUS_OK;

@@ -156,7 +156,9 @@ function Sharded:__init(opts, spec, comm)
   self.tbe_rw = build(rw, "row-wise")
   self.tbe_dp = build(dp, "data-parallel")
   self.collections = {}
-  for _, c in ipairs { self.tbe_a2a, self.tbe_rw, self.tbe_dp } do self.collections[#self.collections + 1] = c end
+  for _, key in ipairs { "tbe_a2a", "tbe_rw", "tbe_dp" } do
+    if self[key] then self.collections[#self.collections + 1] = self[key] end
+  end
   local any = self.collections[1]
   self.device = any and any.device or -1
   self.placement = self.device >= 0 and "device" or "host"
@@ -536,9 +538,19 @@ function Sharded:full_table(name)
       assert(comm:broadcast(cols[s], sh.rank, stream))
     end
     assert(comm:wait(stream))
-    full = new({ p.rows, p.dim })
-    dense.concat(cols, full, stream)
-    for _, c in ipairs(cols) do c:free() end
+    -- side by side, row by row in host memory (any dtype)
+    local host = assert(tensor.tensor({ p.rows, p.dim }, { dtype = dtype }))
+    local es = host:nbytes() / (p.rows * p.dim)
+    local dst = ffi.cast("uint8_t *", lib.C.ur_tensor_data(host.p))
+    for s, sh in ipairs(p.shards) do
+      local c = on_host(cols[s])
+      cols[s]:free()
+      local src = ffi.cast("uint8_t *", lib.C.ur_tensor_data(c.p))
+      local w = sh.dim * es
+      for r = 0, p.rows - 1 do ffi.copy(dst + (r * p.dim + sh.col0) * es, src + r * w, w) end
+      c:free()
+    end
+    return host
   end
   assert(comm:wait(stream))
   local h = on_host(full)
