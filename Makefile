@@ -208,6 +208,7 @@ dist: all
 	rm -rf dist && mkdir -p dist/bin dist/lib/lua/term dist/lib/lua/system dist/lua
 	cp $(BUILD)/bin/uvmrec dist/bin/ && strip --strip-debug dist/bin/uvmrec
 	$(if $(filter %cuda.so,$(LIBS)),cp $(filter %cuda.so,$(LIBS)) dist/lib/)
+	$(if $(filter %mpi.so,$(LIBS)),cp $(filter %mpi.so,$(LIBS)) dist/lib/)
 	cp -R lua/uvmrec dist/lua/
 	for m in $(DIST_LUA); do cp -RL /usr/share/lua/5.1/$$m dist/lua/ || exit 1; done
 	for m in $(DIST_CMODS); do cp -L $(SYSLIB)/lua/5.1/$$m dist/lib/lua/$$m || exit 1; done
@@ -216,6 +217,7 @@ dist: all
 	{ echo "uvmrec $(VERSION): a self-contained tree made by make dist ($$(git describe --always --dirty 2>/dev/null || echo no git), $$(date -u +%F))."; \
 	  echo "bin/uvmrec uses only the Lua modules and libraries in this tree, never the system's."; \
 	  echo "CUDA: $(if $(filter %cuda.so,$(LIBS)),lib/libuvmrec_cuda.so for $(CUDA_ARCH_NAMES),not built)."; \
+	  echo "MPI: $(if $(filter %mpi.so,$(LIBS)),lib/libuvmrec_mpi.so (used where OpenMPI is installed; NCCL is never shipped),not built)."; \
 	  echo "Spec suite: bin/uvmrec test; on a GPU host, only the GPU specs: bin/uvmrec test --gpu"; } > dist/DIST
 	@mib=$$(du -sm dist | cut -f1); echo "dist: $$mib MiB in dist/"; \
 	  [ $$mib -le $(DIST_MAX_MIB) ] || { echo "dist: over $(DIST_MAX_MIB) MiB"; exit 1; }

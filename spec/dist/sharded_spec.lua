@@ -47,8 +47,8 @@ describe("uvmrec.dist.shard", function()
     end
     assert.same(full:table("y"):totable(), part:table("y"):totable())
     assert.has_error(function()
-      tbe.new { tables = { { name = "z", rows = 10, dim = 8, shard = { logical = 0, rows = 50, dim = 16, row0 = 45 } } },
-                device = "cpu" }
+      tbe.new { tables = { { name = "z", rows = 10, dim = 8,
+                             shard = { logical = 0, rows = 50, dim = 16, row0 = 45 } } }, device = "cpu" }
     end, "tbe: table 'z' is rows [45, 55) and columns [0, 8) of logical table 0 of 50 x 16; expected a block inside "
       .. "it and a logical index >= 0")
   end)

@@ -53,6 +53,29 @@ describe("sharded training over ranks", function()
     job(2, { PLAN = "column_wise", STEPS = "2", SETS = sets })
   end)
 
+  it("runs docs/distributed.md's examples over 2 ranks with the one process's losses", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local doc = command.slurp("docs/distributed.md")
+    if not doc then pending("not in a source tree") return end
+    local code = {}
+    for body in doc:gmatch("```lua\n(.-)```") do code[#code + 1] = body end
+    local script = command.spit(os.tmpname() .. ".lua", table.concat(code, "\n"))
+    local one, err1, c1 = command.sh(command.bin() .. " " .. script)
+    local two, err2, c2 = command.sh(command.bin() .. " launch -n 2 " .. script)
+    os.remove(script)
+    assert.equal(0, c1, one .. err1)
+    assert.equal(0, c2, two .. err2)
+    local function losses(out)
+      local l = {}
+      for x in out:gmatch("\nloss ([%d%.]+)") do l[#l + 1] = x end
+      return l
+    end
+    assert.equal(4, #losses("\n" .. one))
+    assert.same(losses("\n" .. one), losses("\n" .. two))
+    assert.matches("%[rank 1%] ShardedEmbeddingBagCollection%(3 tables: 1 row_wise, 1 column_wise, 1 data_parallel; "
+      .. "rank 1 of 2", two)
+  end)
+
   it("is deterministic run to run", function()
     if not have_mpi() then pending("no MPI here") return end
     local a = job(2, { PLAN = "mixed", STEPS = "3", SETS = ADAGRAD })

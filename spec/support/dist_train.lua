@@ -7,13 +7,15 @@
 -- reference's, and at the end that the AUC over the ranks (metrics with world_size) on held-out
 -- samples is within 1e-3 of the reference's.
 -- Environment: PLAN (a kind, or "mixed": the four kinds in turn), STEPS, SETS (--set's, comma-
--- separated), CONFIG.  Rank 0 prints each step's losses and "auc A B"; every rank "rank R: ok".
+-- separated), CONFIG, GPU=1 (rank r on GPU r, collectives through NCCL; scripts/bench/
+-- dist_gpu.sh).  Rank 0 prints each step's losses and "auc A B"; every rank "rank R: ok".
 local ur = require "uvmrec"
 local dist = require "uvmrec.dist"
 local train = require "uvmrec.train"
 local metrics = require "uvmrec.metrics"
 
-assert(dist.init { cpu = true })
+local gpu = os.getenv("GPU") == "1"
+assert(dist.init { cpu = not gpu })
 local rank, world = dist.rank(), dist.world()
 local sets = {}
 for s in (os.getenv("SETS") or ""):gmatch("[^,]+") do sets[#sets + 1] = s end
@@ -27,11 +29,11 @@ if plan == "mixed" then
 end
 local B = cfg.train.batch_size
 local def = assert(train.model_def(cfg))
-local model = assert(def.build(cfg, { cpu = true, sharding = plan }))
+local model = assert(def.build(cfg, { cpu = not gpu, sharding = plan }))
 local opt = train.optimizer(cfg, model)
 local ref, ref_opt
 if rank == 0 then
-  ref = assert(def.build(cfg, { cpu = true }))
+  ref = assert(def.build(cfg, { cpu = not gpu }))
   ref_opt = train.optimizer(cfg, ref)
 end
 
@@ -59,10 +61,13 @@ local function rows_equal(step, tol)
   end
 end
 
+-- on a GPU, batches go to the device (the loader's are pinned host memory)
+local function on(b) return gpu and b:to("device") or b end
+
 for step = 1, steps do
-  local ld = train.loop.step(model, opt, mine:next()):get(0)
+  local ld = train.loop.step(model, opt, on(mine:next())):get(0)
   if ref then
-    local lr = train.loop.step(ref, ref_opt, whole:next()):get(0)
+    local lr = train.loop.step(ref, ref_opt, on(whole:next())):get(0)
     if math.abs(ld - lr) > 1e-5 * math.abs(lr) then
       fail("step %d loss %.9g, the one-process run's %.9g", step, ld, lr)
     end
@@ -76,12 +81,18 @@ local eval = { data = cfg.data.train, samples = n + 4 * B, batch_size = B, posit
                slice_rank = rank, slice_world = world }
 local held = assert(ur.data.loader(eval))
 local auc = metrics.AUC { batch_size = math.ceil(B / world), window_size = 4 * B, world_size = world, rank = rank }
-for b in held:batches() do auc:update { predictions = model:predict(b), labels = b.labels } end
+for hb in held:batches() do
+  local b = on(hb)
+  auc:update { predictions = model:predict(b), labels = b.labels }
+end
 local a = auc:values().default.window.auc
 if ref then
   eval.slice_rank, eval.slice_world = nil, nil
   local ra = metrics.AUC { batch_size = B, window_size = 4 * B }
-  for b in assert(ur.data.loader(eval)):batches() do ra:update { predictions = ref:predict(b), labels = b.labels } end
+  for hb in assert(ur.data.loader(eval)):batches() do
+    local b = on(hb)
+    ra:update { predictions = ref:predict(b), labels = b.labels }
+  end
   local r = ra:values().default.window.auc
   if math.abs(a - r) > 1e-3 then fail("AUC %.6f over the ranks, the one-process run's %.6f", a, r) end
   print(("auc %.7f %.7f"):format(a, r))
