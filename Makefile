@@ -193,7 +193,7 @@ install: all
 
 uninstall:
 	rm -f $(INST)/bin/uvmrec $(addprefix $(INST)/include/,uvmrec.h uvmrec_lua.h) \
-	  $(addprefix $(INST)/lib/,libuvmrec.a libuvmrec.so libuvmrec_cuda.so libuvmrec_lua.a libuvmrec_lua.so) \
+	  $(addprefix $(INST)/lib/,libuvmrec.a libuvmrec.so libuvmrec_cuda.so libuvmrec_mpi.so libuvmrec_lua.a libuvmrec_lua.so) \
 	  $(addprefix $(INST)/lib/pkgconfig/,uvmrec.pc uvmrec-lua.pc)
 	rm -rf $(INST)/share/lua/5.1/uvmrec $(INST)/share/uvmrec
 

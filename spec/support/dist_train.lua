@@ -2,13 +2,14 @@
 -- (dlrm_tiny unless CONFIG says) trained with its tables sharded by a plan and its dense part
 -- data-parallel, each rank on its slice of every global batch, while rank 0 also trains the
 -- one-process model on the whole global batches (the reference).  Rank 0 checks after the
--- first step that every table row equals the reference's bit for bit (EXACT=0: within 1e-6
--- relative), that every step's loss (the global batch's) is within 1e-5 relative of the
--- reference's, and at the end that the AUC over the ranks (metrics with world_size) on held-out
--- samples is within 1e-3 of the reference's.
+-- first step that every table row equals the reference's bit for bit (EXACT=0: within 1e-4
+-- relative, for values near 0 of 1e-2), that every step's loss (the global batch's) is within
+-- TOL (1e-5) relative of the reference's, and at the end that the AUC over the ranks (metrics
+-- with world_size) on held-out samples is within 1e-3 of the reference's.
 -- Environment: PLAN (a kind, or "mixed": the four kinds in turn), STEPS, SETS (--set's, comma-
--- separated), CONFIG, GPU=1 (rank r on GPU r, collectives through NCCL; scripts/bench/
--- dist_gpu.sh).  Rank 0 prints each step's losses and "auc A B"; every rank "rank R: ok".
+-- separated), CONFIG, EXACT, TOL, GPU=1 (rank r on GPU r, collectives through NCCL; scripts/
+-- bench/dist_gpu.sh).  Rank 0 prints each step's losses, "auc A B" and the worst loss
+-- difference; every rank "rank R: ok".
 local ur = require "uvmrec"
 local dist = require "uvmrec.dist"
 local train = require "uvmrec.train"
@@ -21,6 +22,8 @@ local sets = {}
 for s in (os.getenv("SETS") or ""):gmatch("[^,]+") do sets[#sets + 1] = s end
 local cfg = assert(train.config.load(assert(train.find_config(os.getenv("CONFIG") or "dlrm_tiny")), sets))
 local steps = tonumber(os.getenv("STEPS") or "3")
+local LOSS_TOL = tonumber(os.getenv("TOL") or "1e-5")
+local worst = 0
 local plan = os.getenv("PLAN") or "table_wise"
 if plan == "mixed" then
   local kinds = { "table_wise", "row_wise", "column_wise", "data_parallel" }
@@ -52,7 +55,7 @@ local function rows_equal(step, tol)
     if ref then
       local want = ref.embeddings:table(name):totable()
       for k = 1, #want do
-        if math.abs(got[k] - want[k]) > tol * math.abs(want[k]) or (tol == 0 and got[k] ~= want[k]) then
+        if math.abs(got[k] - want[k]) > tol * math.max(math.abs(want[k]), 1e-2) or (tol == 0 and got[k] ~= want[k]) then
           fail("after step %d table %s element %d is %.9g, the one-process run's %.9g", step, name, k - 1, got[k],
                want[k])
         end
@@ -68,12 +71,13 @@ for step = 1, steps do
   local ld = train.loop.step(model, opt, on(mine:next())):get(0)
   if ref then
     local lr = train.loop.step(ref, ref_opt, on(whole:next())):get(0)
-    if math.abs(ld - lr) > 1e-5 * math.abs(lr) then
+    if math.abs(ld - lr) > LOSS_TOL * math.abs(lr) then
       fail("step %d loss %.9g, the one-process run's %.9g", step, ld, lr)
     end
+    worst = math.max(worst, math.abs(ld - lr) / math.abs(lr))
     print(("step %d loss %.7f %.7f"):format(step, ld, lr))
   end
-  if step == 1 then rows_equal(step, os.getenv("EXACT") == "0" and 1e-6 or 0) end
+  if step == 1 then rows_equal(step, os.getenv("EXACT") == "0" and 1e-4 or 0) end
 end
 
 -- AUC on the 4 global batches after the training samples, over the ranks
@@ -96,5 +100,6 @@ if ref then
   local r = ra:values().default.window.auc
   if math.abs(a - r) > 1e-3 then fail("AUC %.6f over the ranks, the one-process run's %.6f", a, r) end
   print(("auc %.7f %.7f"):format(a, r))
+  print(("worst loss difference %.3g relative"):format(worst))
 end
 print(("rank %d: ok"):format(rank))
