@@ -32,6 +32,16 @@ describe("uvmrec.dist communicators", function()
     end)
   end
 
+  it("joins a job started by a plain mpirun, ranks from MPI's environment", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local root = command.sh("id -u") == "0\n" and "--allow-run-as-root " or ""
+    local out, err, code = command.sh(("mpirun %s--oversubscribe -np 3 %s spec/support/dist_collectives.lua")
+      :format(root, command.bin()))
+    assert.equal(0, code, out .. err)
+    assert.matches("rank 0: ok %(communicator rank 0 of 3 %(host mpi", out)
+    assert.matches("%[rank 2%] rank 2: ok %(communicator rank 2 of 3 %(host mpi", out)
+  end)
+
   it("opens NCCL without a GPU, or names every file it tried", function()
     local n, why = dist.nccl()
     if n then
