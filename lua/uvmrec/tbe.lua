@@ -36,7 +36,7 @@ local OPTS = { tables = true, features = true, optimizer = true, bounds = true, 
 local TABLE_OPTS = { name = true, rows = true, dim = true, dtype = true, pooling = true,
                      placement = true, state_placement = true, features = true, shard = true }
 local OPTIM_OPTS = { [1] = true, name = true, lr = true, eps = true, weight_decay = true,
-                     beta1 = true, beta2 = true, max_grad = true }
+                     beta1 = true, beta2 = true, max_grad = true, deterministic = true }
 
 local function keys_of(t)
   local k = {}
@@ -78,9 +78,14 @@ local function optimizer_of(o, level)
   local name = o.name or o[1] or "sgd"
   local kind = pick(OPTIMS, name, "optimizer", level + 1)
   local d = OPTIM_DEFAULTS[name]
+  if o.deterministic ~= nil and type(o.deterministic) ~= "boolean" then
+    error("embedding collection: optimizer deterministic must be true or false, got " .. tostring(o.deterministic),
+          level + 1)
+  end
   return name, kind, {
     lr = o.lr or d.lr, eps = o.eps or d.eps or 0, weight_decay = o.weight_decay or 0,
     beta1 = o.beta1 or d.beta1 or 0, beta2 = o.beta2 or d.beta2 or 0, max_grad = o.max_grad or 0,
+    deterministic = o.deterministic ~= false,
   }
 end
 
@@ -94,7 +99,10 @@ local wrap_tbe, free_tbe = lib.handle_type("ur_tbe", C.ur_tbe_free, {})
 --                its elements }, ... }
 --   features = { ... } the input's key order (default: each table's features in table order)
 --   optimizer = "sgd" | { "rowwise_adagrad" | "adagrad" | "adam", lr=, eps=, weight_decay=,
---                         beta1=, beta2=, max_grad= }
+--                         beta1=, beta2=, max_grad=, deterministic = true }
+--     (deterministic = false: on the GPU, SGD without weight decay or clipping on f32 tables adds
+--     each value's update to its row by atomics, without sorting: faster, not bit-reproducible;
+--     the CPU, and every other case, stays deterministic)
 --   bounds = "fatal" | "warn" | "off";  seed = 0;  stochastic_rounding = true
 --   device = a GPU ordinal or "cpu" (default: the current GPU when there is one)
 --   output_dtype = "f32" | "bf16";  pooling, placement, dtype, state_placement: table defaults
@@ -139,6 +147,7 @@ function M.new(opts, level)
   cfg.beta1, cfg.beta2, cfg.max_grad = hp.beta1, hp.beta2, hp.max_grad
   cfg.bounds = pick(BOUNDS, opts.bounds or "fatal", "bounds check", level)
   cfg.stochastic_rounding = opts.stochastic_rounding == false and 0 or 1
+  cfg.nondeterministic = hp.deterministic and 0 or 1
   cfg.seed = whole(opts.seed or 0, "seed", level)
   cfg.out_dtype = pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, opts.output_dtype or "f32",
                        "output dtype", level)
@@ -146,7 +155,9 @@ function M.new(opts, level)
   local n = #tables
   local tc = ffi.new("ur_tbe_table_config[?]", n)
   local self = { table_index = {}, table_names = {}, features = {}, feature_index = {},
-                 dims = {}, rows = {}, optimizer = optim_name, _keep = {} }
+                 dims = {}, rows = {}, optimizer = optim_name, deterministic = hp.deterministic,
+                 bounds = opts.bounds or "fatal", stochastic_rounding = opts.stochastic_rounding ~= false,
+                 _keep = {} }
   local features_of = {}
   for i, t in ipairs(tables) do
     if type(t) ~= "table" then error(("embedding collection: table %d is not a table"):format(i), level) end

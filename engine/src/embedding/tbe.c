@@ -372,6 +372,11 @@ ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
   }
   fill_host_info(t, &c.a);
   c.a.grad = ur_tensor_data(grad_out);
+  /* the atomic step adds each value's -lr g: exact in distribution only for plain SGD on f32
+   * rows (weight decay and clipping act on a row's whole gradient, halves round per row) */
+  const ur_tbe_config *cf = &t->cfg;
+  c.a.atomic = cf->nondeterministic && cf->optim == UR_TBE_OPTIM_SGD && cf->weight_decay == 0 &&
+               cf->max_grad <= 0 && !c.a.halves;
   t->step++;
   ur__tbe_hyper h;
   hyper_of(t, &h);

@@ -96,8 +96,11 @@ function M.data_parallel(model, opts)
     end
     advance()
   end
-  -- each module holding parameters reports when its backward (or accGradParameters) is done
+  -- each module holding parameters reports when its backward (or accGradParameters) is done;
+  -- its weight gradient stays on the model's stream, where the bucket's all-reduce follows it
+  -- (a side stream's would not be done: uvmrec.nn.Linear's async_wgrad)
   for m in pairs(of_module) do
+    m.async_wgrad = false
     local backward, acc = m.backward, m.accGradParameters
     m.backward = function(self, ...)
       local r = backward(self, ...)

@@ -53,7 +53,7 @@ function EBC:updateOutput(input)
     self.output = assert(self.tbe:new_output(input))
     self._out_shape = key
   end
-  assert(self.tbe:forward(input, self.output))
+  assert(self.tbe:forward(input, self.output, self.stream))
   return self.output
 end
 
@@ -65,12 +65,12 @@ end
 
 -- The optimizer step, fused: every row the input read is updated in place.
 function EBC:accGradParameters(input, gradOutput)
-  assert(self.tbe:backward(input, gradOutput))
+  assert(self.tbe:backward(input, gradOutput, self.stream))
 end
 
 -- The deduplicated gradient without a step: { [table] = { rows =, grad = } }.
 function EBC:sparse_grad(input, gradOutput)
-  return assert(self.tbe:sparse_grad(input, gradOutput))
+  return assert(self.tbe:sparse_grad(input, gradOutput, self.stream))
 end
 
 function EBC:parameters(prefix, out)

@@ -6,12 +6,13 @@
 local M = {}
 
 -- One step on a batch; the loss is a one-element tensor where the model runs (reading it waits).
+-- On the model's stream, if it has one (uvmrec.train.graph puts it on one).
 function M.step(model, optimizer, batch)
   local crit = model.criterion
   local logits = model:forward(batch)
   local loss = crit:forward(logits, batch.labels)
   model:backward(batch, crit:backward(logits, batch.labels))
-  optimizer:step()
+  optimizer:step(model.stream)
   return loss
 end
 
@@ -31,15 +32,18 @@ local function train_one(st, batch)
     st.opt:set_lr(st.base_lr * f)
     st.model.embeddings:set_lr(st.base_emb_lr * f)
   end
-  st.loss = M.step(st.model, st.opt, batch)
+  -- t.graph: a uvmrec.train.graph runner, which replays the step as one CUDA graph
+  st.loss = t.graph and t.graph:step(batch) or M.step(st.model, st.opt, batch)
   st.samples = st.samples + batch.size
   st.logged = st.step % st.log_every == 0
+  if st.logged and t.graph then t.graph:sync() end
   if st.logged and t.on_log then t.on_log(st.step, st.loss:get(0), st.samples) end
   for i = 1, #st.hooks do st.hooks[i](st.step, st.samples, batch) end
 end
 
 -- The last log line when the last step was not logged; what the loops return.
 local function finish(st)
+  if st.t.graph then st.t.graph:sync() end
   if not st.logged and st.loss and st.t.on_log then st.t.on_log(st.step, st.loss:get(0), st.samples) end
   return st.step, st.samples, st.stopped
 end
@@ -48,7 +52,8 @@ end
 -- data ends), first = 1, samples = 0 (trained on before first: a resumed run's), lr =
 -- function(step) -> factor (nil: constant), log_every = 10, on_log = function(step, loss,
 -- samples), hooks = {function(step, samples, batch), ...}, stop = function() -> true to end the loop
--- (checked before each step, after the previous one's hooks: a signal's request)}.
+-- (checked before each step, after the previous one's hooks: a signal's request), graph = a
+-- uvmrec.train.graph runner (nil: every step eager)}.
 -- Returns the last step made, the samples trained on, and true when stop() ended it.
 function M.run(t)
   local st = state(t)
