@@ -303,14 +303,16 @@ static ur_status ur_cuda_fill(void *stream, void *dst, size_t n, size_t elem_byt
 }
 
 static ur_status ur_cuda_rand(void *stream, void *dst, ur_dtype dtype, size_t n, uint64_t first,
-                              ur_dist dist, double a, double b, uint64_t seed) {
+                              size_t cols, uint64_t pitch, ur_dist dist, double a, double b,
+                              uint64_t seed) {
   if ((int)dtype < 0 || dtype >= UR_DTYPE_COUNT)
     return ur__cuda_core->set_error(UR_STATUS_INVALID, "cuda: rand: dtype %d is unknown", (int)dtype);
   if (dist != UR_DIST_UNIFORM && dist != UR_DIST_NORMAL)
     return ur__cuda_core->set_error(UR_STATUS_INVALID, "cuda: rand: distribution %d is unknown",
                              (int)dist);
   if (n == 0) return UR_STATUS_OK;
-  UR_CUDA_CHECK(ur__cuda_rand((cudaStream_t)stream, dst, dtype, n, first, dist, a, b, seed),
+  UR_CUDA_CHECK(ur__cuda_rand((cudaStream_t)stream, dst, dtype, n, first, cols ? cols : 1, pitch,
+                              dist, a, b, seed),
                 "rand kernel (dtype %d, %zu elements at %p)", (int)dtype, n, dst);
   return UR_STATUS_OK;
 }
@@ -970,6 +972,7 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   b->kjt = &ur__cuda_kjt_ops;
   b->synth = &ur__cuda_synth_ops;
   b->metrics = &ur__cuda_metrics_ops;
+  b->comm = &ur__cuda_comm_ops;
   *out = b;
   return UR_STATUS_OK;
 }

@@ -858,6 +858,84 @@ static ur_status ur_cuda_kjt_from_rows(void *stream, const int64_t *ids, const f
   return UR_STATUS_OK;
 }
 
+/* ---- row-wise bucketing ---- */
+
+/* A thread per bag: bags are short, and each bag's counts are its own thread's. */
+__global__ void ur_kjt_bucket_count_kernel(const int64_t *off, const int64_t *val, int64_t nb,
+                                           int64_t block, int64_t rows, int32_t buckets,
+                                           int32_t *cnt, unsigned long long *bad) {
+  UR_KJT_LOOP(j, nb) {
+    for (int32_t b = 0; b < buckets; b++) cnt[(int64_t)b * nb + j] = 0;
+    for (int64_t v = off[j]; v < off[j + 1]; v++) {
+      int64_t id = val[v];
+      if (id < 0 || id >= rows) {
+        atomicMin(bad, (unsigned long long)v);
+        continue;
+      }
+      cnt[(id / block) * nb + j]++;
+    }
+  }
+}
+
+static cudaError_t ur_kjt_bucket_count_run(cudaStream_t s, const int64_t *off, const int64_t *val,
+                                           int64_t nb, int64_t block, int64_t rows,
+                                           int32_t buckets, int32_t *cnt, int64_t *bad,
+                                           const char **what) {
+  ur_kjt_scratch w(s);
+  UR_KJT_TRY(w.alloc(w.up(8)), "scratch");
+  unsigned long long *d_bad = w.take<unsigned long long>(1), h_bad = 0;
+  UR_KJT_TRY(cudaMemsetAsync(d_bad, 0xff, 8, s), "flag");
+  if (nb > 0) {
+    ur_kjt_bucket_count_kernel<<<ur_kjt_blocks(nb, UR_KJT_THREADS), UR_KJT_THREADS, 0, s>>>(
+        off, val, nb, block, rows, buckets, cnt, d_bad);
+    UR_KJT_TRY(cudaGetLastError(), "count");
+  }
+  UR_KJT_TRY(cudaMemcpyAsync(&h_bad, d_bad, 8, cudaMemcpyDeviceToHost, s), "flag down");
+  UR_KJT_TRY(cudaStreamSynchronize(s), "wait");
+  *bad = h_bad == ~0ull ? -1 : (int64_t)h_bad;
+  return cudaSuccess;
+}
+
+static ur_status ur_cuda_kjt_bucket_count(void *stream, const int64_t *off, const int64_t *val,
+                                          int64_t nb, int64_t block, int64_t rows,
+                                          int32_t buckets, int32_t *cnt, int64_t *bad) {
+  const char *what = "";
+  cudaError_t e = ur_kjt_bucket_count_run((cudaStream_t)stream, off, val, nb, block, rows, buckets,
+                                          cnt, bad, &what);
+  UR_CUDA_CHECK(e, "kjt %s (%s)", "bucket count", what);
+  return UR_STATUS_OK;
+}
+
+/* A thread per bag, each bucket in turn, so each output bag is filled in the input's order. */
+__global__ void ur_kjt_bucket_fill_kernel(const int64_t *off, const int64_t *val, const float *w,
+                                          int64_t nb, int64_t block, int32_t buckets,
+                                          const int64_t *off_out, int64_t *val_out,
+                                          float *w_out) {
+  UR_KJT_LOOP(j, nb) {
+    for (int32_t b = 0; b < buckets; b++) {
+      int64_t d = off_out[(int64_t)b * nb + j];
+      for (int64_t v = off[j]; v < off[j + 1]; v++)
+        if (val[v] / block == b) {
+          val_out[d] = val[v] - (int64_t)b * block;
+          if (w) w_out[d] = w[v];
+          d++;
+        }
+    }
+  }
+}
+
+static ur_status ur_cuda_kjt_bucket_fill(void *stream, const int64_t *off, const int64_t *val,
+                                         const float *w, int64_t nb, int64_t block,
+                                         int32_t buckets, const int64_t *off_out,
+                                         int64_t *val_out, float *w_out) {
+  if (nb > 0)
+    ur_kjt_bucket_fill_kernel<<<ur_kjt_blocks(nb, UR_KJT_THREADS), UR_KJT_THREADS, 0,
+                                (cudaStream_t)stream>>>(off, val, w, nb, block, buckets, off_out,
+                                                        val_out, w_out);
+  UR_CUDA_CHECK(cudaGetLastError(), "kjt %s (%s)", "bucket fill", "fill");
+  return UR_STATUS_OK;
+}
+
 const ur_kjt_ops ur__cuda_kjt_ops = {
     .offsets = ur_cuda_kjt_offsets,
     .validate = ur_cuda_kjt_validate,
@@ -868,4 +946,6 @@ const ur_kjt_ops ur__cuda_kjt_ops = {
     .expand_rows = ur_cuda_kjt_expand_rows,
     .dedup = ur_cuda_kjt_dedup,
     .from_rows = ur_cuda_kjt_from_rows,
+    .bucket_count = ur_cuda_kjt_bucket_count,
+    .bucket_fill = ur_cuda_kjt_bucket_fill,
 };

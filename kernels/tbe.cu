@@ -595,7 +595,8 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
   /* row is the id: the rows and state are read at its physical row, stochastic rounding draws
    * by id (so a relayout changes no number) */
   int64_t prow = tb.perm ? tb.perm[row] : row;
-  int64_t base = prow * dim, lbase = (tb.row_ids ? tb.row_ids[row] : row) * dim;
+  int64_t base = prow * dim;
+  int64_t lbase = (tb.sr_row0 + (tb.row_ids ? tb.row_ids[row] : row)) * tb.sr_pitch + tb.sr_col0;
   float w[NV][E], gg[NV][E];
   float sq = 0.0f;
 #pragma unroll

@@ -17,9 +17,11 @@ local nn = {
 
 local DLRM = Module:extend("DLRM")
 
--- DLRM(cfg, {gpu = true, device = n}): with gpu, tables go where the config places them on
--- GPU device (default: the current one), else on the host; the dense part is built on the
--- host (to() moves it).  Environmental failures (memory, the HBM budget) raise.
+-- DLRM(cfg, {gpu = true, device = n, sharding = plan}): with gpu, tables go where the config
+-- places them on GPU device (default: the current one), else on the host; the dense part is
+-- built on the host (to() moves it).  With sharding (a plan as uvmrec.dist.plan reads it), the
+-- tables are built as this rank's shards of them (uvmrec.dist.shard).  Environmental failures
+-- (memory, the HBM budget) raise.
 function DLRM:__init(cfg, opts)
   Module.__init(self)
   opts = opts or {}
@@ -40,7 +42,7 @@ function DLRM:__init(cfg, opts)
                               and place or nil }
   end
   local o = e.optimizer or {}
-  self.embeddings = nn.EmbeddingBagCollection {
+  local ebc = {
     tables = tables, pooling = e.pooling, bounds = e.bounds, seed = cfg.train.seed,
     cache = e.cache and { load_factor = e.cache.load_factor, slots = e.cache.slots, bytes = e.cache.bytes,
                           shared = e.cache.shared, policy = e.cache.policy, decay_batches = e.cache.decay_batches,
@@ -51,6 +53,11 @@ function DLRM:__init(cfg, opts)
                   weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2,
                   deterministic = o.deterministic },
   }
+  if opts.sharding then
+    self.embeddings = require("uvmrec.dist").shard(ebc, opts.sharding)
+  else
+    self.embeddings = nn.EmbeddingBagCollection(ebc)
+  end
 
   local d = m.bottom_mlp[#m.bottom_mlp]
   local width
@@ -192,12 +199,14 @@ end
 local M = { DLRM = DLRM }
 
 -- The model of a config, placed: on the current GPU when one is in use (opts.cpu: never),
--- with the config's precision.  Returns the model, or nil, message (memory, the HBM budget).
+-- with the config's precision; with opts.sharding (a plan; dist.init() done), its tables
+-- sharded over the job's ranks and its dense part data-parallel.  Returns the model, or nil,
+-- message (memory, the HBM budget).
 function M.build(cfg, opts)
   opts = opts or {}
   Module.manual_seed(cfg.train.seed)
   local gpu = ur.gpu() and not opts.cpu
-  local ok, model = pcall(DLRM, cfg, { gpu = gpu, device = opts.device })
+  local ok, model = pcall(DLRM, cfg, { gpu = gpu, device = opts.device, sharding = opts.sharding })
   if not ok then return nil, (tostring(model):gsub("^[^\n]-:%d+: ", "")) end
   if gpu then
     local moved, err = model:to("device", opts.device)
@@ -205,6 +214,7 @@ function M.build(cfg, opts)
   end
   local set, err = model:set_precision(cfg.model.precision)
   if not set then return nil, err end
+  if opts.sharding then require("uvmrec.dist.ddp").data_parallel(model) end
   return model
 end
 

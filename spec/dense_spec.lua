@@ -24,6 +24,30 @@ describe("uvmrec.dense linear", function()
     end)
   end
 
+  it("computes each row of a batch's slice bit for bit as that row of the whole batch (ROW0)", function()
+    local rows, n, out = 300, 37, 19
+    local x = R.rand({ rows, n }, 21)
+    local w = R.rand({ out, n }, 22)
+    local b = R.rand({ out }, 23)
+    local gy = R.rand({ rows, out }, 24)
+    local y = R.zeros({ rows, out })
+    local gx = R.zeros({ rows, n })
+    dense.linear_forward(x, w, b, y, "relu")
+    local work = R.zeros({ rows, out })
+    dense.linear_backward(x, w, y, gy, gx, nil, nil, work, "relu")
+    local yw, gxw = y:totable(), gx:totable()
+    for _, part in ipairs { { 0, 100 }, { 100, 100 }, { 200, 100 }, { 7, 45 }, { 299, 1 } } do
+      local r0, m = part[1], part[2]
+      local flags = (r0 % 256) * dense.ROW0
+      local ys, gxs, ws = R.zeros({ m, out }), R.zeros({ m, n }), R.zeros({ m, out })
+      dense.linear_forward(x:view(r0, m), w, b, ys, "relu", flags)
+      dense.linear_backward(x:view(r0, m), w, ys, gy:view(r0, m), gxs, nil, nil, ws, "relu", flags)
+      local a, g = ys:totable(), gxs:totable()
+      for i = 1, m * out do assert.equal(yw[r0 * out + i], a[i], "y row " .. r0) end
+      for i = 1, m * n do assert.equal(gxw[r0 * n + i], g[i], "gx row " .. r0) end
+    end
+  end)
+
   it("computes in bf16 as f32 products of bf16 values, rounded once", function()
     local rows, n, out = 9, 33, 17
     local x, xv = R.rand({ rows, n }, 11, { dtype = "bf16" })
@@ -107,7 +131,7 @@ describe("uvmrec.dense linear", function()
       dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), nil, R.zeros({ 3, 5 }, { dtype = "bf16" }))
     end, "gw is bf16 %[3, 5%]; expected f32 %[3, 5%]")
     assert.error_matches(function() dense.linear_forward(x, R.zeros({ 3, 5 }), nil, y, "none", 4) end,
-      "flags 0x4 include bits other than 0xff0001")
+      "flags 0x4 include bits other than 0xffff01")
     assert.error_matches(function() dense.linear_forward(x, R.zeros({ 3, 5 }), nil, y, "none", dense.pad(6)) end,
       "linear forward: 6 padding columns but the input has 5")
     assert.error_matches(function()

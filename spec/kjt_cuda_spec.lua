@@ -13,7 +13,8 @@ local rng_of = h.rng
 -- Lists for a random KJT: ids drawn from `ids` values so dedup finds repeats; every fifth key
 -- empty; weights from four values, so equal ids with other weights are other bags.
 local function random_lists(rng, nkeys, stride, maxlen, ids, weighted)
-  local o = { keys = {}, values = {}, lengths = {}, weights = weighted and {} or nil, stride = stride }
+  local o = { keys = {}, values = {}, lengths = {}, weights = weighted and {} or nil, stride = stride,
+              ids_max = ids }
   for k = 1, nkeys do
     o.keys[k] = "f" .. k .. "_" .. rng(1000)
     local empty = rng(5) == 1
@@ -125,6 +126,26 @@ describe("uvmrec.KJT on the GPU", function()
         end
       end
     end
+  end)
+
+  cuda_it("bucketizes keys by row blocks like the CPU, and names a bad id as it does", function()
+    for t, o in ipairs(trials()) do
+      local cpu = make(o)
+      local blocks = {}
+      for k, key in ipairs(o.keys) do
+        if k % 2 == 1 then blocks[key] = { block = math.ceil(o.ids_max / 3), rows = o.ids_max } end
+      end
+      local want = assert(cpu:bucketize(3, blocks))
+      for _, place in ipairs(gpu_places) do
+        same(want, assert(assert(cpu:to(place)):bucketize(3, blocks)), place, "bucketize " .. t .. " " .. place)
+      end
+    end
+    local k = ur.KJT { keys = { "a" }, values = { 1, 9 }, lengths = { 1, 1 } }
+    local g = assert(k:to("device"))
+    local ok1, e1 = pcall(k.bucketize, k, 2, { a = { block = 5, rows = 9 } })
+    local ok2, e2 = pcall(g.bucketize, g, 2, { a = { block = 5, rows = 9 } })
+    assert.is_false(ok1 or ok2)
+    assert.equal(tostring(e1):gsub("^.-: ", ""), tostring(e2):gsub("^.-: ", ""))
   end)
 
   cuda_it("deduplicates per key in order of first appearance and expands back like the CPU", function()

@@ -202,6 +202,47 @@ describe("uvmrec.KJT", function()
     end
   end)
 
+  it("bucketizes keys by row blocks for row-wise sharding, against the reference", function()
+    for t, shape in ipairs(shapes) do
+      for weighted = 0, 1 do
+        local rng = rng_of(500 + 10 * t + weighted)
+        local ref = random_ref(rng, shape[1], shape[2], weighted == 1, 4)
+        local kjt = make(ref)
+        local buckets, blocks, expect = rng(4), {}, { keys = {}, stride = ref.stride, bags = {},
+                                                      weighted = ref.weighted }
+        for k, key in ipairs(ref.keys) do
+          local block = k % 2 == 1 and rng(3) or nil -- every other key stays
+          if block and block * buckets < 6 then block = math.ceil(6 / buckets) end
+          if block then blocks[key] = { block = block, rows = 6 } end
+          for b = 0, (block and buckets or 1) - 1 do
+            expect.keys[#expect.keys + 1] = block and (key .. "@" .. b) or key
+            local bags = {}
+            for j = 1, ref.stride do
+              local src, bag = ref.bags[k][j], { ids = {}, w = {} }
+              for i = 1, #src.ids do
+                if not block or math.floor(src.ids[i] / block) == b then
+                  bag.ids[#bag.ids + 1] = block and src.ids[i] - b * block or src.ids[i]
+                  bag.w[#bag.w + 1] = src.w[i]
+                end
+              end
+              bags[j] = bag
+            end
+            expect.bags[#expect.keys] = bags
+          end
+        end
+        same(expect, assert(kjt:bucketize(buckets, blocks)), "bucketize " .. t .. " " .. weighted)
+      end
+    end
+    local k = ur.KJT { keys = { "a", "b" }, values = { 1, 9, 2 }, lengths = { 1, 1, 1, 0 } }
+    assert.has_error(function() k:bucketize(2, { a = { block = 5, rows = 9 } }) end,
+      "kjt bucketize: key 'a' sample 1 has id 9; expected 0..8 (its table's rows)")
+    assert.has_error(function() k:bucketize(2, { a = { block = 4, rows = 9 } }) end,
+      "kjt bucketize: key 'a' has blocks of 4 rows for a table of 9 rows; expected 2 blocks to cover it")
+    assert.has_error(function() k:bucketize(2, { c = { block = 4, rows = 8 } }) end, "kjt bucketize: no key 'c'")
+    assert.has_error(function() k:bucketize(0, {}) end, "kjt bucketize: 0 buckets; expected 1..4096")
+    assert.has_error(function() k:dedup():bucketize(2, {}) end, "kjt bucketize: a VBE batch; expand() it first")
+  end)
+
   it("keeps a VBE batch through permute, split and placement moves", function()
     local k = ur.KJT { keys = { "a", "b", "c" }, values = { 1, 1, 2, 3, 3, 3, 4, 5 },
                        lengths = { 1, 1, 1, 1, 1, 1, 1, 1, 0 } }

@@ -114,8 +114,8 @@ describe("uvmrec.tensor", function()
     assert.has_error(function() ur.tensor({ 2, -1 }) end,
       "tensor: size 2 of the shape is -1; expected a whole number >= 0")
     assert.has_error(function() ur.tensor({ 1, 1, 1, 1, 1 }) end)
-    assert.has_error(function() ur.tensor({ 2 }, { dtype = "f64" }) end,
-      "dtype: 'f64' is not a dtype; expected f32, bf16, f16, i8, u8, i32 or i64")
+    assert.has_error(function() ur.tensor({ 2 }, { dtype = "f128" }) end,
+      "dtype: 'f128' is not a dtype; expected f32, bf16, f16, i8, u8, i32, i64 or f64")
     assert.has_error(function() ur.tensor({ 2 }, { placement = "gpu" }) end,
       "placement: 'gpu' is not a placement; expected host, pinned, device or managed")
     assert.has_error(function() ur.tensor({ 2 }, { device = 0 }) end)
@@ -138,7 +138,7 @@ describe("uvmrec.tensor", function()
     at(l + 1, function() local x = ur.tensor({ 2, -1 }) return x end)
     at(l + 2, function() local x = ur.tensor({}) return x end)
     at(l + 3, function() local x = ur.uvm_tensor({ -2 }) return x end)
-    at(l + 4, function() local x = ur.tensor({ 2 }, { dtype = "f64" }) return x end)
+    at(l + 4, function() local x = ur.tensor({ 2 }, { dtype = "f8" }) return x end)
     at(l + 5, function() local x = ur.tensor({ 2 }, { placement = "gpu" }) return x end)
     at(l + 6, function() local x = ur.tensor({ 2 }, { placement = "managed", device = "mars" }) return x end)
     at(l + 7, function() local x = t:to("mars") return x end)

@@ -13,6 +13,7 @@
  *                  optimizers, arenas
  *   7. metrics     AUC, grouped AUC, NE and the rest, streaming
  *   8. io          checkpoints (safetensors), configs (YAML), JSON
+ *   9. dist        communicators over the ranks of a job (NCCL on GPUs, MPI on hosts)
  *
  * Every fallible function returns ur_status (0 ok, negative failure); the reason is in
  * ur_last_error(), a thread-local message naming the object, the value and the expectation.
@@ -59,7 +60,9 @@ enum {
 
 typedef enum ur_dtype {
   UR_DTYPE_F32 = 0, UR_DTYPE_BF16, UR_DTYPE_F16, UR_DTYPE_I8, UR_DTYPE_U8,
-  UR_DTYPE_I32, UR_DTYPE_I64, UR_DTYPE_COUNT
+  UR_DTYPE_I32, UR_DTYPE_I64,
+  UR_DTYPE_F64, /* for sums that must not round: metric state reduced over ranks */
+  UR_DTYPE_COUNT
 } ur_dtype;
 
 typedef enum ur_place {
@@ -355,6 +358,13 @@ UR_API ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **o
 /* Per key, the distinct bags (same ids and weights) in order of first appearance, and for
  * every sample its bag: a VBE batch whose expand() is the input. */
 UR_API ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out);
+/* Row-wise sharding's split of ids (not for VBE batches): key i with block[i] > 0 becomes
+ * `buckets` keys "<key>@<b>" in its place, bucket b holding, bag by bag and in order, the ids
+ * in [b * block[i], (b + 1) * block[i]) less b * block[i], with their weights; keys with
+ * block[i] 0 stay as they are.  An id outside [0, rows[i]) is an error naming the key, the
+ * sample and the id. */
+UR_API ur_status ur_kjt_bucketize(const ur_kjt *k, ur_kjt **out, const int64_t *block,
+                                  const int64_t *rows, int32_t buckets);
 /* A VBE batch back to the full batch (a plain KJT is copied). */
 UR_API ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out);
 /* Rows of a per-bag output [sum of strides, D] (bag order) to the full batch's bag order
@@ -512,6 +522,10 @@ typedef struct ur_loader_opts {
   int32_t rank, world;
   int64_t start_epoch, start_sample; /* the position to start from (a resumed run) */
   int32_t placement;              /* of the batches: UR_PLACE_PINNED (default) or HOST */
+  /* slice_world > 1: batch_size is a global batch, and each batch handed out is this rank's
+   * slice of it, samples [n * slice_rank / slice_world, n * (slice_rank + 1) / slice_world) of
+   * its n (data-parallel training: every rank reads the same global batches) */
+  int32_t slice_rank, slice_world;
 } ur_loader_opts;
 typedef struct ur_loader_stats {
   int64_t batches, samples, bytes;
@@ -583,6 +597,13 @@ typedef struct ur_tbe_table_config {
   ur_pooling pooling;      /* all tables pool (sum or mean), or none does */
   ur_place place;          /* device, managed, or host (kept pinned: the GPU reads it in place) */
   int32_t state_place;     /* where its optimizer state lives: a ur_place, or -1: as the table */
+  /* A shard of a larger logical table (sharding over ranks): this table is rows [row0, row0 +
+   * rows) and columns [col0, col0 + dim) of the logical_rows x logical_dim table that is table
+   * `logical` of the unsharded collection, and starts as those elements of it: the same numbers,
+   * drawn with that table's seed and bound.  logical_rows 0: not a shard (the rest is unused). */
+  int32_t logical;
+  int32_t logical_dim, col0;
+  int64_t logical_rows, row0;
 } ur_tbe_table_config;
 
 typedef struct ur_tbe_config {
@@ -872,6 +893,10 @@ enum {
                                and the bias gradient was taken (by the layer above: x_mask) */
   UR_DENSE_WGRAD_ASYNC = 8, /* linear backward (GPU): gw and gb on a side stream of s, which
                                ur_dense_join brings back; the inputs must stay until then */
+  /* Bits 8..15: the first row's index in a larger batch, mod 256 (a data-parallel rank's
+   * first sample in the global batch): the CPU then computes each row of a linear layer bit
+   * for bit as it computes that row of the whole batch. */
+  UR_DENSE_ROW0_SHIFT = 8,
   UR_DENSE_PAD_SHIFT = 16   /* flags | n << PAD_SHIFT (n < 256): the last n columns of x and w
                                are zero padding (the CPU skips them; gx's are written zero) */
 };
@@ -1074,6 +1099,9 @@ UR_API int32_t ur_metrics_on_gpu(const ur_metrics *m);
  * from_snapshot = 1.  Ordered on s like everything else. */
 UR_API ur_status ur_metrics_snapshot(ur_stream *s, ur_metrics *m, double **state /* out */,
                                      uint64_t *count /* out */);
+/* The same snapshot as an f64 [count] tensor (a view the caller frees), for a communicator's
+ * all-reduce (ur_comm_all_reduce). */
+UR_API ur_status ur_metrics_snapshot_tensor(ur_stream *s, ur_metrics *m, ur_tensor **out /* out */);
 /* Views of the window's filled part (rows in slot order, not time order): predictions,
  * labels and weights f32 [n, tasks], groups i64 [n] (NULL without grouped_auc).  The caller
  * frees them; an all-gather of these over the ranks is the window of the whole job. */
@@ -1206,6 +1234,83 @@ UR_API ur_status ur_json_set(ur_json *object, const char *key, size_t len, ur_js
 /* Canonical text into buf[len], NUL-terminated; *needed is the bytes it takes with the NUL
  * (retry with a larger buf when it is more than len). */
 UR_API ur_status ur_json_dump(const ur_json *v, char *buf, uint64_t len, uint64_t *needed);
+/* ==== 9. dist: communicators over the ranks of a job (NCCL on GPUs, MPI on hosts) ==== */
+/* A job runs one process ("rank") per GPU.  A communicator joins the job's W ranks.  Collectives
+ * on device memory (device tensors, and managed ones when a GPU is in use) go through NCCL
+ * (libnccl.so.2 opened at run time: UVMREC_NCCL, the CUDA toolkit's, the system's, or PyTorch's
+ * nvidia/nccl/lib); on host memory (host, pinned) through MPI (libuvmrec_mpi.so, a plugin built
+ * against OpenMPI and opened at run time), so a single process needs neither.  The ranks come
+ * from the environment: MPI's (the process was started by mpirun, on one host or several), else
+ * `uvmrec launch`'s (UVMREC_RANK, UVMREC_WORLD, UVMREC_LOCAL_RANK; NCCL's unique id is handed from
+ * rank 0 to the others through a file in the folder UVMREC_RENDEZVOUS, a bootstrap, not a
+ * transport), else the world is this process alone and collectives copy.  Without MPI, host
+ * collectives over several ranks are staged through the GPU's NCCL communicator.
+ * Every rank makes the same collectives in the same order.  A collective is ordered after the
+ * work enqueued on s so far and runs on the communicator's own high-priority stream (MPI's are
+ * non-blocking); its output may be used by work enqueued on s after ur_comm_wait(s, c), and
+ * read on the host after ur_comm_wait returned, and its input must not change until then.
+ * Element counts are per rank, in rank order; a tensor's elements are taken as a flat array. */
+typedef enum ur_reduce_op { UR_REDUCE_SUM = 0, UR_REDUCE_MAX, UR_REDUCE_MIN, UR_REDUCE_COUNT } ur_reduce_op;
+struct ur_comm;
+typedef struct ur_comm ur_comm;
+/* What a communicator moved since it was made (or the stats were reset). */
+typedef struct ur_comm_stats {
+  int64_t calls;                  /* collectives issued */
+  uint64_t bytes_sent;            /* this rank's bytes handed to the engine, to other ranks */
+  uint64_t bytes_received;        /* bytes that came from other ranks */
+  double seconds;                 /* host time in the calls, waits included */
+} ur_comm_stats;
+UR_API size_t ur_sizeof_comm_stats(void);
+/* The job's communicator, its rank and world from the environment.  device: the GPU of this
+ * rank's device collectives (-1: host memory only).  Environmental failures (no MPI plugin for
+ * a job started by mpirun, no NCCL, a rendezvous that times out) name what was tried. */
+UR_API ur_status ur_comm_new(ur_comm **out, int32_t device);
+UR_API void ur_comm_free(ur_comm *c);
+UR_API int32_t ur_comm_rank(const ur_comm *c);
+UR_API int32_t ur_comm_world(const ur_comm *c);
+UR_API int32_t ur_comm_local_rank(const ur_comm *c);   /* among the ranks of this host */
+UR_API int32_t ur_comm_local_world(const ur_comm *c);
+UR_API int32_t ur_comm_device(const ur_comm *c);
+/* The engines in use: host memory "mpi", "nccl" (staged through the GPU), "self" (a world of
+ * one) or "none"; device memory "nccl", "self" or "none". */
+UR_API const char *ur_comm_host_engine(const ur_comm *c);
+UR_API const char *ur_comm_device_engine(const ur_comm *c);
+/* out = op over the ranks of in, elementwise (in and out alike in dtype and size; in == out is
+ * allowed).  dtypes f32, f64, i32, i64 (on NCCL also f16, bf16). */
+UR_API ur_status ur_comm_all_reduce(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_tensor *out,
+                                    ur_reduce_op op);
+/* in holds W blocks of out's size; rank r's out = op over the ranks of block r. */
+UR_API ur_status ur_comm_reduce_scatter(ur_stream *s, ur_comm *c, const ur_tensor *in,
+                                        ur_tensor *out, ur_reduce_op op);
+/* out = every rank's in, in rank order; counts[r] the elements of rank r (NULL: all alike). */
+UR_API ur_status ur_comm_all_gather(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_tensor *out,
+                                    const int64_t *counts /* or NULL: all alike */);
+/* t on every rank = root's t. */
+UR_API ur_status ur_comm_broadcast(ur_stream *s, ur_comm *c, ur_tensor *t, int32_t root);
+/* in holds send_counts[r] elements for each rank r in turn; out receives recv_counts[r]
+ * elements from each rank r in turn (recv_counts here = send_counts there, to this rank). */
+UR_API ur_status ur_comm_all_to_all(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_tensor *out,
+                                    const int64_t *send_counts, const int64_t *recv_counts);
+/* Every rank has reached it (waits on the host). */
+UR_API ur_status ur_comm_barrier(ur_stream *s, ur_comm *c);
+/* The collectives between start and end go to the engine as one (NCCL's group: several
+ * all-to-alls in one launch); end needs the stream the collectives were given. */
+UR_API ur_status ur_comm_group_start(ur_comm *c);
+UR_API ur_status ur_comm_group_end(ur_stream *s, ur_comm *c);
+/* Work enqueued on s from now on waits for every collective issued so far; host ones are done
+ * when it returns. */
+UR_API ur_status ur_comm_wait(ur_stream *s, ur_comm *c);
+UR_API ur_status ur_comm_stats_get(const ur_comm *c, ur_comm_stats *out);
+UR_API void ur_comm_reset_stats(ur_comm *c);
+/* NCCL, opened (not initialised: no GPU needed): its version (e.g. 22809) and the file. */
+UR_API ur_status ur_nccl_version(int32_t *version, char *path /* or NULL */, size_t len);
+/* The MPI plugin, opened: the MPI library's version line and the plugin's file.  Opening it
+ * does not start MPI. */
+UR_API ur_status ur_mpi_version(char *version, size_t len, char *path /* or NULL */,
+                                size_t len2);
+/* For a program about to exit with `code`: a failure while MPI is in use aborts the job
+ * (MPI_Abort), so that no rank waits for this one forever; 0 finalizes MPI. */
+UR_API void ur_comm_exit(int32_t code);
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

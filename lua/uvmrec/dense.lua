@@ -15,6 +15,9 @@ M.REDUCTION = { mean = 0, sum = 1, none = 2 }
 M.TF32, M.ACCUMULATE, M.GY_MASKED, M.WGRAD_ASYNC = 1, 2, 4, 8
 -- flags + M.pad(n): the last n (< 256) columns of x and w are zero padding.
 function M.pad(n) return n * 2 ^ 16 end
+-- flags + row0 % 256 * M.ROW0: the rows' first one is row row0 of a larger batch (data-parallel
+-- ranks), so the CPU computes each as it computes that row of the whole batch
+M.ROW0 = 2 ^ C.UR_DENSE_ROW0_SHIFT
 
 local function run(st)
   if st ~= 0 then error(ffi.string(C.ur_last_error()), 3) end

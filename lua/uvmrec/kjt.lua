@@ -219,6 +219,27 @@ function methods:to_dict()
   return parts
 end
 
+-- Row-wise sharding's split: bucketize(buckets, {[key] = {block = rows per bucket, rows =
+-- the table's rows}, ...}) turns each named key into keys "<key>@0".."<key>@<buckets-1>" in its
+-- place, bucket b holding the ids in [b * block, (b + 1) * block) less b * block, bag by bag and
+-- in order (weights too); other keys stay.  An id outside [0, rows) is an error naming it.
+function methods:bucketize(buckets, blocks)
+  local p = K(self)
+  if type(blocks) ~= "table" then error("kjt bucketize: expected {[key] = {block =, rows =}}", 2) end
+  local n = C.ur_kjt_num_keys(p)
+  local blk, rows = ffi.new("int64_t[?]", math.max(n, 1)), ffi.new("int64_t[?]", math.max(n, 1))
+  for i = 0, n - 1 do
+    local b = blocks[ffi.string(C.ur_kjt_key(p, i))]
+    if b then blk[i], rows[i] = b.block, b.rows end
+  end
+  for key in pairs(blocks) do
+    if type(key) ~= "string" or C.ur_kjt_key_index(p, key) < 0 then
+      error(("kjt bucketize: no key '%s'"):format(tostring(key)), 2)
+    end
+  end
+  return result(C.ur_kjt_bucketize(p, out_kjt, blk, rows, buckets), out_kjt, 2)
+end
+
 -- Per key, distinct bags and every sample's bag: a variable batch per key (VBE).
 function methods:dedup() return result(C.ur_kjt_dedup(K(self), out_kjt), out_kjt, 2) end
 

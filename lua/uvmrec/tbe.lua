@@ -34,7 +34,7 @@ local OPTS = { tables = true, features = true, optimizer = true, bounds = true, 
                device = true, stochastic_rounding = true, output_dtype = true, pooling = true,
                placement = true, dtype = true, state_placement = true, cache = true }
 local TABLE_OPTS = { name = true, rows = true, dim = true, dtype = true, pooling = true,
-                     placement = true, state_placement = true, features = true }
+                     placement = true, state_placement = true, features = true, shard = true }
 local OPTIM_OPTS = { [1] = true, name = true, lr = true, eps = true, weight_decay = true,
                      beta1 = true, beta2 = true, max_grad = true, deterministic = true }
 
@@ -93,7 +93,10 @@ local wrap_tbe, free_tbe = lib.handle_type("ur_tbe", C.ur_tbe_free, {})
 
 -- tbe.new(opts), opts:
 --   tables = { { name=, rows=, dim=, dtype="f32", pooling="sum", placement=,
---                state_placement=, features={...} (default {name}) }, ... }
+--                state_placement=, features={...} (default {name}), shard = { logical = the
+--                unsharded collection's table index (0-based), rows =, dim = (the logical
+--                table's), row0 = 0, col0 = 0 }: this table is that block of it and starts as
+--                its elements }, ... }
 --   features = { ... } the input's key order (default: each table's features in table order)
 --   optimizer = "sgd" | { "rowwise_adagrad" | "adagrad" | "adam", lr=, eps=, weight_decay=,
 --                         beta1=, beta2=, max_grad=, deterministic = true }
@@ -180,6 +183,18 @@ function M.new(opts, level)
       c.place = cache_opts.backing == "managed" and C.UR_PLACE_MANAGED or C.UR_PLACE_HOST
     else
       c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", level)
+    end
+    if t.shard ~= nil then
+      local sh = t.shard
+      if type(sh) ~= "table" then
+        error(("embedding collection: table '%s' shard must be a table {logical=, rows=, dim=, row0=, col0=}")
+              :format(name), level)
+      end
+      c.logical = whole(sh.logical, "table '" .. name .. "' shard.logical", level)
+      c.logical_rows = whole(sh.rows, "table '" .. name .. "' shard.rows", level, 1)
+      c.logical_dim = whole(sh.dim, "table '" .. name .. "' shard.dim", level, 1)
+      c.row0 = whole(sh.row0 or 0, "table '" .. name .. "' shard.row0", level)
+      c.col0 = whole(sh.col0 or 0, "table '" .. name .. "' shard.col0", level)
     end
     local sp = t.state_placement or opts.state_placement
     c.state_place = sp and sp ~= "table" and pick(PLACES, sp, "table '" .. name .. "' state placement", level)

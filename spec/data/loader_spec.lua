@@ -6,9 +6,9 @@ local data = ur.data
 
 local SAMPLE1, SAMPLE2 = h.fixture("criteo_raw_sample.tsv"), h.fixture("criteo_raw_sample2.tsv")
 
--- A batch as plain rows: {label, dense = "...", ids = "key's ids|...", epoch}, in order.
-local function batch_rows(b)
-  local out = {}
+-- One row per sample: label, dense and ids as strings (and the epoch), in batch order.
+local function rows_of_batch(b, out)
+  out = out or {}
   local dense, labels = b.dense:totable(), b.labels:totable()
   local t = b.sparse:totable()
   local nk, B, D = #t.keys, b.size, #dense / b.size
@@ -33,12 +33,9 @@ local function batch_rows(b)
   return out
 end
 
--- Every batch's rows, in order.
 local function rows_of(loader)
   local out = {}
-  for b in loader:batches() do
-    for _, r in ipairs(batch_rows(b)) do out[#out + 1] = r end
-  end
+  for b in loader:batches() do rows_of_batch(b, out) end
   return out
 end
 
@@ -126,7 +123,7 @@ local function same_as_plain(loader, plain, keys, what)
     local want = plain[i]
     assert.is_not_nil(want, what .. ": batch " .. i .. " is one too many")
     assert.same({ want.epoch, want.first, #want.samples }, { b.epoch, b.first, b.size }, what .. ": batch " .. i)
-    local got = batch_rows(b)
+    local got = rows_of_batch(b)
     for j = 1, b.size do
       if key(got[j]) ~= keys[want.samples[j] + 1] then
         error(("%s: batch %d sample %d is not row %d"):format(what, i, j, want.samples[j]))
@@ -457,6 +454,31 @@ describe("uvmrec.data loader", function()
     assert.equal(512 * 26 * 8, #full)
     for i = 1, #full do assert.is_true(math.abs(full[i] - pooled[i]) < 1e-5, "element " .. i) end
     l:close()
+  end)
+
+  it("gives each rank its slice of every global batch, the last one too", function()
+    local whole = assert(data.loader { data = "synthetic:tiny", samples = 250, batch_size = 96 })
+    local slices = {}
+    for r = 0, 2 do
+      slices[r] = assert(data.loader { data = "synthetic:tiny", samples = 250, batch_size = 96, slice_rank = r,
+                                       slice_world = 3 })
+    end
+    for b in whole:batches() do
+      local rows, at = rows_of_batch(b), 0
+      for r = 0, 2 do
+        local s = assert(slices[r]:next())
+        local lo, hi = math.floor(b.size * r / 3), math.floor(b.size * (r + 1) / 3)
+        assert.equal(hi - lo, s.size)
+        assert.equal(b.first + lo, s.first)
+        for i, x in ipairs(rows_of_batch(s)) do assert.equal(key(rows[at + i]), key(x)) end
+        at = at + s.size
+      end
+      assert.equal(b.size, at)
+    end
+    for r = 0, 2 do assert.is_nil(slices[r]:next()) end
+    assert.has_error(function()
+      data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, slice_rank = 3, slice_world = 3 }
+    end, "loader: batch slice 3 of 3; expected 0 <= slice_rank < slice_world")
   end)
 
   it("rejects bad options", function()

@@ -184,7 +184,7 @@ describe("uvmrec.data synthetic", function()
     assert.has_error(function() data.synthetic_spec { tables = { { rows = 5 }, { rows = 5, hot = { 3, 2 } } } } end,
       "synthetic: table 2 has ids per sample 3..2; expected 0 <= min <= max, 1 <= max <= 4096")
     assert.has_error(function() data.synthetic_spec "huge" end,
-      "synthetic: no preset 'huge'; presets are tiny, kaggle, mlperf_v1, mlperf_v1_2m, dcnv2")
+      "synthetic: no preset 'huge'; presets are tiny, kaggle, mlperf_v1, mlperf_v1_2m, dcnv2, tiny_multihot")
   end)
 
   it("has the presets' table sizes", function()

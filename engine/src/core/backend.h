@@ -28,6 +28,7 @@ struct ur_cache_ops;    /* embedding/cache.h */
 struct ur_kjt_ops;      /* data/kjt.h */
 struct ur_synth_ops;    /* data/synth.h */
 struct ur_metrics_ops;  /* metrics/metrics.h */
+struct ur_comm_ops;     /* dist/comm.h */
 
 /* Streams and events are the backend's own handles (cudaStream_t, cudaEvent_t). */
 typedef struct ur_backend {
@@ -48,10 +49,12 @@ typedef struct ur_backend {
   ur_status (*copy)(void *stream, void *dst, const void *src, size_t bytes);
   /* Fills n elements of elem_bytes each (1, 2, 4 or 8) with the bit pattern in value. */
   ur_status (*fill)(void *stream, void *dst, size_t n, size_t elem_bytes, uint64_t value);
-  /* Counter-based random numbers (see philox.h): element i of the tensor, counted from
-   * first, takes philox(seed, first + i); the CPU backend gives the same numbers. */
+  /* Counter-based random numbers (see philox.h): element i, at row i / cols and column
+   * i % cols, takes philox(seed, first + row * pitch + column), so a block of columns of a
+   * wider array draws that array's numbers (pitch = cols: counters first + i); the CPU backend
+   * gives the same numbers. */
   ur_status (*rand)(void *stream, void *dst, ur_dtype dtype, size_t n, uint64_t first,
-                    ur_dist dist, double a, double b, uint64_t seed);
+                    size_t cols, uint64_t pitch, ur_dist dist, double a, double b, uint64_t seed);
 
   ur_status (*stream_new)(int32_t priority, void **out);
   void (*stream_free)(void *s);
@@ -90,6 +93,7 @@ typedef struct ur_backend {
   const struct ur_kjt_ops *kjt;
   const struct ur_synth_ops *synth;
   const struct ur_metrics_ops *metrics;
+  const struct ur_comm_ops *comm;
 } ur_backend;
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which

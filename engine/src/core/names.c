@@ -5,8 +5,8 @@
 #include <string.h>
 #include "core/core.h"
 
-static const char *dtype_names[UR_DTYPE_COUNT] = {"f32", "bf16", "f16", "i8", "u8", "i32", "i64"};
-static const size_t dtype_sizes[UR_DTYPE_COUNT] = {4, 2, 2, 1, 1, 4, 8};
+static const char *dtype_names[UR_DTYPE_COUNT] = {"f32", "bf16", "f16", "i8", "u8", "i32", "i64", "f64"};
+static const size_t dtype_sizes[UR_DTYPE_COUNT] = {4, 2, 2, 1, 1, 4, 8, 8};
 static const char *place_names[UR_PLACE_COUNT] = {"host", "pinned", "device", "managed"};
 static const char *advice_names[UR_ADVICE_COUNT] = {
     "preferred_location", "unset_preferred_location", "accessed_by",
@@ -28,8 +28,8 @@ ur_status ur_dtype_parse(const char *s, ur_dtype *out) {
   for (int i = 0; i < UR_DTYPE_COUNT; i++)
     if (!strcmp(s, dtype_names[i])) { *out = (ur_dtype)i; return UR_STATUS_OK; }
   return ur__error(UR_STATUS_INVALID,
-                   "dtype: '%s' is not a dtype; expected f32, bf16, f16, i8, u8, i32 or i64",
-                   s);
+                   "dtype: '%s' is not a dtype; expected f32, bf16, f16, i8, u8, i32, i64 or f64",
+                   s ? s : "(null)");
 }
 
 const char *ur_place_name(ur_place p) {

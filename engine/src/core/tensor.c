@@ -310,7 +310,7 @@ ur_status ur_tensor_to(ur_stream *s, const ur_tensor *src, ur_tensor **out, ur_p
   return st;
 }
 
-static int is_int(ur_dtype d) { return d >= UR_DTYPE_I8; }
+static int is_int(ur_dtype d) { return d >= UR_DTYPE_I8 && d <= UR_DTYPE_I64; }
 
 static ur_status check_value(const ur_tensor *t, double v, const char *what) {
   static const double lo[] = {0, 0, 0, -128.0, 0, -2147483648.0, -9223372036854775808.0};
@@ -355,11 +355,11 @@ ur_status ur_tensor_rand(ur_stream *s, ur_tensor *t, ur_dist dist, double a, dou
   }
   if (storage_on_gpu(t->st))
     return ur__gpu()->rand(s ? s->handle : NULL, elem_ptr(t, 0), t->dtype, (size_t)t->numel,
-                           (uint64_t)t->offset, dist, a, b, seed);
+                           (uint64_t)t->offset, 1, 1, dist, a, b, seed);
   ur_status st = host_access(t->st);
   return st ? st
             : ur__cpu()->rand(NULL, elem_ptr(t, 0), t->dtype, (size_t)t->numel,
-                              (uint64_t)t->offset, dist, a, b, seed);
+                              (uint64_t)t->offset, 1, 1, dist, a, b, seed);
 }
 
 static ur_status check_span(const ur_tensor *t, int64_t index, int64_t count, const char *what) {

@@ -695,6 +695,119 @@ static ur_status gather_bags(const ur_kjt *k, const ur_tensor *map, int64_t n,
   return st;
 }
 
+/* Lengths first (a copy for the keys that stay, the bucket counts for the others), their
+ * offsets, then the values: a copy, or each bag's ids dealt to its buckets. */
+ur_status ur_kjt_bucketize(const ur_kjt *k, ur_kjt **out, const int64_t *block,
+                           const int64_t *rows, int32_t buckets) {
+  UR__ARGS(k, out, block, rows);
+  *out = NULL;
+  if (k->variable)
+    return ur__error(UR_STATUS_INVALID, "kjt bucketize: a VBE batch; expand() it first");
+  if (buckets < 1 || buckets > 4096)
+    return ur__error(UR_STATUS_INVALID, "kjt bucketize: %d buckets; expected 1..4096", (int)buckets);
+  int32_t n = 0;
+  for (int32_t i = 0; i < k->nkeys; i++) {
+    if (block[i] < 0 || (block[i] > 0 && (rows[i] < 1 || rows[i] > block[i] * buckets)))
+      return ur__error(UR_STATUS_INVALID,
+                       "kjt bucketize: key '%s' has blocks of %lld rows for a table of %lld rows; "
+                       "expected %d blocks to cover it",
+                       k->keys[i], (long long)block[i], (long long)rows[i], (int)buckets);
+    n += block[i] > 0 ? buckets : 1;
+  }
+  const ur_backend *be = k->be;
+  ur_status st = UR__NEED(be, kjt, bucket_count);
+  if (!st) st = UR__NEED(be, kjt, bucket_fill);
+  if (!st) st = UR__NEED(be, kjt, segments);
+  if (!st) st = UR__NEED(be, kjt, offsets);
+  if (st) return st;
+  char **names = calloc((size_t)n + 1, sizeof *names);
+  int64_t *bag0 = calloc((size_t)n + 1, sizeof *bag0), *val0 = calloc((size_t)n + 1, sizeof *val0);
+  ur__kjt_seg *seg = calloc((size_t)n + 1, sizeof *seg);
+  ur_tensor *len = NULL, *off = NULL, *val = NULL, *w = NULL;
+  int64_t nv = k->val0[k->nkeys], nb = 0, bad[2];
+  int32_t prev = 0, nseg = 0;
+  if (!names || !bag0 || !val0 || !seg) st = ur__error(UR_STATUS_OOM, "kjt bucketize: out of host memory");
+  for (int32_t i = 0, j = 0; i < k->nkeys && !st; i++)
+    for (int32_t b = 0; b < (block[i] > 0 ? buckets : 1) && !st; b++, j++) {
+      size_t l = strlen(k->keys[i]) + 16;
+      if (!(names[j] = malloc(l))) st = ur__error(UR_STATUS_OOM, "kjt bucketize: out of host memory");
+      else if (block[i] > 0) snprintf(names[j], l, "%s@%d", k->keys[i], (int)b);
+      else snprintf(names[j], l, "%s", k->keys[i]);
+      bag0[j] = nb;
+      nb += k->spk[i];
+      bag0[j + 1] = nb;
+    }
+  if (!st) st = new_like(&len, UR_DTYPE_I32, nb, k->values);
+  if (!st) st = new_like(&off, UR_DTYPE_I64, nb + 1, k->values);
+  if (!st) st = new_like(&val, UR_DTYPE_I64, nv, k->values);
+  if (!st && k->weights) st = new_like(&w, UR_DTYPE_F32, nv, k->values);
+  if (!st && !(st = enter(be, k->values, &prev))) {
+    const int64_t *koff = dp(k->offsets), *kval = dp(k->values);
+    for (int32_t i = 0, j = 0; i < k->nkeys && !st; i++) {
+      int64_t kb = k->spk[i];
+      if (block[i] == 0) {
+        seg[nseg++] = (ur__kjt_seg){(const int32_t *)dp(k->lengths) + k->bag0[i], bag0[j], kb};
+        j++;
+        continue;
+      }
+      st = be->kjt->bucket_count(NULL, koff + k->bag0[i], kval, kb, block[i], rows[i], buckets,
+                                 (int32_t *)dp(len) + bag0[j], bad);
+      if (!st && bad[0] >= 0) {
+        int64_t id = 0, sample = 0;
+        ur_tensor_read(k->values, bad[0], 1, &id);
+        for (int64_t b = k->bag0[i]; b < k->bag0[i + 1]; b++) {
+          int64_t o1 = 0;
+          ur_tensor_read(k->offsets, b + 1, 1, &o1);
+          if (o1 > bad[0]) {
+            sample = b - k->bag0[i];
+            break;
+          }
+        }
+        st = ur__error(UR_STATUS_INVALID,
+                       "kjt bucketize: key '%s' sample %lld has id %lld; expected 0..%lld (its "
+                       "table's rows)",
+                       k->keys[i], (long long)sample, (long long)id, (long long)rows[i] - 1);
+      }
+      j += buckets;
+    }
+    if (!st && nseg) st = be->kjt->segments(NULL, dp(len), sizeof(int32_t), seg, nseg);
+    if (!st)
+      st = be->kjt->offsets(NULL, dp(len), nb, dp(off), bag0, n, nv, val0, bad);
+    nseg = 0;
+    for (int32_t i = 0, j = 0; i < k->nkeys && !st; i++) {
+      if (block[i] == 0) {
+        seg[nseg++] = (ur__kjt_seg){kval + k->val0[i], val0[j], k->val0[i + 1] - k->val0[i]};
+        j++;
+        continue;
+      }
+      st = be->kjt->bucket_fill(NULL, koff + k->bag0[i], kval, dp(k->weights), k->spk[i],
+                                block[i], buckets, (const int64_t *)dp(off) + bag0[j], dp(val),
+                                dp(w));
+      j += buckets;
+    }
+    if (!st && nseg) st = be->kjt->segments(NULL, dp(val), sizeof(int64_t), seg, nseg);
+    if (!st && nseg && w) {
+      for (int32_t i = 0; i < nseg; i++)
+        seg[i].src = (const float *)dp(k->weights) + ((const int64_t *)seg[i].src - kval);
+      st = be->kjt->segments(NULL, dp(w), sizeof(float), seg, nseg);
+    }
+    st = leave(be, k->values, prev, st);
+  }
+  if (!st)
+    st = kjt_make(n, (const char *const *)names, k->stride, NULL, val, len, w, NULL, off, val0, 0,
+                  out);
+  for (int32_t j = 0; names && j < n; j++) free(names[j]);
+  free(names);
+  free(bag0);
+  free(val0);
+  free(seg);
+  ur_tensor_free(len);
+  ur_tensor_free(off);
+  ur_tensor_free(val);
+  ur_tensor_free(w);
+  return st;
+}
+
 /* The backend finds each key's distinct bags (in order of first appearance) and every bag's
  * distinct one; the result gathers the distinct bags. */
 ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {

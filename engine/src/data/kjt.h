@@ -69,6 +69,17 @@ typedef struct ur_kjt_ops {
                          int64_t n, int32_t nkeys, int64_t H, const int64_t *col0,
                          const int32_t *hot, int32_t *len_out, int64_t *off_out, int64_t *val_out,
                          float *w_out, int64_t *val0, int64_t *bad);
+  /* Row-wise bucketing of one key's nb bags (off [nb + 1] into val): cnt [buckets * nb],
+   * bucket-major, counts each bag's ids with id / block == b; waits and gives bad: the first
+   * value index holding an id outside [0, rows), or -1. */
+  ur_status (*bucket_count)(void *stream, const int64_t *off, const int64_t *val, int64_t nb,
+                            int64_t block, int64_t rows, int32_t buckets, int32_t *cnt,
+                            int64_t *bad);
+  /* Each bag's ids (as id - b * block) and weights (w may be NULL), in order, to its bucket's
+   * bag: off_out [buckets * nb], bucket-major, the first value of each output bag. */
+  ur_status (*bucket_fill)(void *stream, const int64_t *off, const int64_t *val, const float *w,
+                           int64_t nb, int64_t block, int32_t buckets, const int64_t *off_out,
+                           int64_t *val_out, float *w_out);
 } ur_kjt_ops;
 
 /* A KJT on offsets the caller computed (kjt.c; the loader's): no scan, no allocation but the

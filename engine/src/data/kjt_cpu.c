@@ -221,6 +221,38 @@ static ur_status cpu_from_rows(void *stream, const int64_t *ids, const float *w,
   return UR_STATUS_OK;
 }
 
+static ur_status cpu_bucket_count(void *stream, const int64_t *off, const int64_t *val,
+                                  int64_t nb, int64_t block, int64_t rows, int32_t buckets,
+                                  int32_t *cnt, int64_t *bad) {
+  (void)stream;
+  *bad = -1;
+  memset(cnt, 0, sizeof *cnt * (size_t)nb * (size_t)buckets);
+  for (int64_t j = 0; j < nb; j++)
+    for (int64_t v = off[j]; v < off[j + 1]; v++) {
+      if (val[v] < 0 || val[v] >= rows) {
+        if (*bad < 0) *bad = v;
+        continue;
+      }
+      cnt[(val[v] / block) * nb + j]++;
+    }
+  return UR_STATUS_OK;
+}
+
+static ur_status cpu_bucket_fill(void *stream, const int64_t *off, const int64_t *val,
+                                 const float *w, int64_t nb, int64_t block, int32_t buckets,
+                                 const int64_t *off_out, int64_t *val_out, float *w_out) {
+  (void)stream;
+  for (int64_t j = 0; j < nb; j++)
+    for (int32_t b = 0, k = 0; b < buckets; b++, k = 0)
+      for (int64_t v = off[j]; v < off[j + 1]; v++)
+        if (val[v] / block == b) {
+          int64_t d = off_out[(int64_t)b * nb + j] + k++;
+          val_out[d] = val[v] - (int64_t)b * block;
+          if (w) w_out[d] = w[v];
+        }
+  return UR_STATUS_OK;
+}
+
 const ur_kjt_ops ur__cpu_kjt_ops = {
     .offsets = cpu_offsets,
     .validate = cpu_validate,
@@ -231,4 +263,6 @@ const ur_kjt_ops ur__cpu_kjt_ops = {
     .expand_rows = cpu_expand_rows,
     .dedup = cpu_dedup,
     .from_rows = cpu_from_rows,
+    .bucket_count = cpu_bucket_count,
+    .bucket_fill = cpu_bucket_fill,
 };

@@ -26,6 +26,8 @@ struct ur_batch {
   int state;
   int64_t index;             /* which batch of the run this slot holds */
   int64_t size, epoch, first;
+  int64_t next;              /* the position after it: first + size, or past the global batch
+                              * a slice was cut from */
   /* whole-capacity buffers, and this batch's views of them */
   ur_tensor *dense_buf, *labels_buf, *groups_buf, *values_buf, *lengths_buf, *weights_buf,
       *offsets_buf;
@@ -695,9 +697,14 @@ static void tsv_row(const win *x, int64_t r, int64_t i, out_rows *o) {
 }
 
 /* Job j's rows into slot b: dense, labels, groups, and the KJT (padded bags closed up where
- * some are short, then the offsets). */
+ * some are short, then the offsets).  With slice_world > 1 the job is a global batch and only
+ * this rank's slice of it, rows [r0, r0 + n), is read. */
 static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b) {
-  int64_t n = j->n, T = l->T;
+  int64_t r0 = 0, n = j->n, T = l->T;
+  if (l->o.slice_world > 1) {
+    r0 = j->n * l->o.slice_rank / l->o.slice_world;
+    n = j->n * (l->o.slice_rank + 1) / l->o.slice_world - r0;
+  }
   out_rows o;
   memset(&o, 0, sizeof o);
   o.n = n;
@@ -716,7 +723,7 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
   int64_t w0 = j->k / l->W;
   int dc = 0, pc = 0;
   for (int64_t i = 0; i < n; i++) {
-    int64_t q = j->k + i;
+    int64_t q = j->k + r0 + i;
     const win *x = j->wins[q / l->W - w0];
     int64_t off = q % l->W, r = x->perm ? x->perm[off] : off;
     if (l->o.source == UR_SOURCE_CRITEO_BIN) {
@@ -779,7 +786,8 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
   ur_tensor_free(of);
   b->size = n;
   b->epoch = j->epoch;
-  b->first = j->k;
+  b->first = j->k + r0;
+  b->next = j->k + j->n;
   b->bytes = (uint64_t)n * (uint64_t)(l->D * 4 + 4 + (o.groups ? 8 : 0) + l->T * 4) +
              (uint64_t)nv * (o.weights ? 12 : 8);
   return st;
@@ -903,6 +911,10 @@ static ur_status check_opts(const ur_loader_opts *o) {
     return ur__error(UR_STATUS_INVALID, "loader: batch_size %lld; expected >= 1", (long long)o->batch_size);
   if (o->depth < 1 || o->depth > 64)
     return ur__error(UR_STATUS_INVALID, "loader: depth %d; expected 1..64", (int)o->depth);
+  if (o->slice_world < 0 || (o->slice_world > 0 && (o->slice_rank < 0 || o->slice_rank >= o->slice_world)))
+    return ur__error(UR_STATUS_INVALID,
+                     "loader: batch slice %d of %d; expected 0 <= slice_rank < slice_world",
+                     (int)o->slice_rank, (int)o->slice_world);
   if (o->threads < 0 || o->threads > 256)
     return ur__error(UR_STATUS_INVALID, "loader: threads %d; expected 0 (UR_NUM_THREADS, else every "
                      "core) to 256", (int)o->threads);
@@ -1090,7 +1102,7 @@ ur_status ur_loader_next(ur_loader *l, ur_batch **out) {
   l->stats.samples += b->size;
   l->stats.bytes += (int64_t)b->bytes;
   l->stats.epoch = b->epoch;
-  l->stats.sample = b->first + b->size;
+  l->stats.sample = b->next;
   pthread_cond_broadcast(&l->cv);
   pthread_mutex_unlock(&l->mu);
   *out = b;

@@ -1,9 +1,12 @@
 /* linear.c: the Linear layer (y = act(x w^T + b)) and the elementwise activations: the public
  * entry points, and the CPU backend's versions on OpenBLAS, which are the reference.  bf16 is
  * computed as the GPU does it: bf16 inputs widened exactly to f32, f32 products and sums,
- * bias and activation in f32, one rounding of the result. */
+ * bias and activation in f32, one rounding of the result.  A row of the output depends on its
+ * row of the input alone (blocks of ROW_BLOCK rows, see gemm_rows), so a batch split over ranks
+ * computes each sample as the whole batch does. */
 #include <cblas.h>
 #include <limits.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +14,85 @@
 #include "dense/dense.h"
 
 /* ---- CPU helpers ---- */
+
+/* OpenBLAS gives a row of C bits that depend on where the row falls: rows past the last whole
+ * block of its micro-kernel, and rows at its threads' boundaries, are summed by other code.  So
+ * every product whose rows are samples is made in blocks of exactly ROW_BLOCK rows (a multiple
+ * of every kernel's height), the last block padded with zeros, each block a single-threaded
+ * call, the blocks spread over the engine's threads: each row is then computed the same way
+ * wherever it is, in a batch of any size. */
+enum { ROW_BLOCK = 64 };
+
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_single(void) { openblas_set_num_threads(1); }
+
+typedef struct gemm_job {
+  int transa, transb, pad, phase;
+  int64_t m, n, k;
+  const float *a, *b;
+  int lda, ldb, ldc;
+  float beta;
+  float *c;
+  int oom;
+} gemm_job;
+
+static void gemm_blocks(void *ctx, size_t b0, size_t b1) {
+  gemm_job *j = ctx;
+  enum CBLAS_TRANSPOSE ta = j->transa ? CblasTrans : CblasNoTrans;
+  enum CBLAS_TRANSPOSE tb = j->transb ? CblasTrans : CblasNoTrans;
+  for (size_t blk = b0; blk < b1; blk++) {
+    /* the block's rows of C, and where they sit in it (phase: the first row's place) */
+    int64_t v0 = (int64_t)blk * ROW_BLOCK - j->phase, r0 = v0 > 0 ? v0 : 0;
+    int64_t r1 = v0 + ROW_BLOCK < j->m ? v0 + ROW_BLOCK : j->m, m = r1 - r0, at = r0 - v0;
+    const float *a = j->transa ? j->a + r0 : j->a + r0 * j->lda;
+    float *c = j->c + r0 * j->ldc;
+    if (m == ROW_BLOCK || !j->pad) {
+      cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)j->n, (int)j->k, 1.0f, a, j->lda, j->b,
+                  j->ldb, j->beta, c, j->ldc);
+      continue;
+    }
+    /* a part of a block, padded with zero rows to a whole one (A is not transposed where rows
+     * are samples) */
+    float *pa = calloc((size_t)ROW_BLOCK * (size_t)j->k + 1, sizeof(float));
+    float *pc = calloc((size_t)ROW_BLOCK * (size_t)j->n + 1, sizeof(float));
+    if (!pa || !pc) {
+      free(pa);
+      free(pc);
+      __atomic_store_n(&j->oom, 1, __ATOMIC_RELAXED);
+      continue;
+    }
+    for (int64_t r = 0; r < m; r++) {
+      memcpy(pa + (at + r) * j->k, a + r * j->lda, (size_t)j->k * sizeof(float));
+      if (j->beta != 0.0f)
+        memcpy(pc + (at + r) * j->n, c + r * j->ldc, (size_t)j->n * sizeof(float));
+    }
+    cblas_sgemm(CblasRowMajor, ta, tb, ROW_BLOCK, (int)j->n, (int)j->k, 1.0f, pa, (int)j->k,
+                j->b, j->ldb, j->beta, pc, (int)j->n);
+    for (int64_t r = 0; r < m; r++)
+      memcpy(c + r * j->ldc, pc + (at + r) * j->n, (size_t)j->n * sizeof(float));
+    free(pa);
+    free(pc);
+  }
+}
+
+/* C [m, n] = op(A) op(B) + beta C, row-major, in blocks of ROW_BLOCK rows of C.  With pad (A
+ * not transposed), blocks that C's rows fill only in part are padded to whole ones, and C's
+ * first row sits at place phase (0..ROW_BLOCK-1) of the first block, as that row of a larger
+ * batch would: each row of C then depends on its row of A and its place alone.  Returns 0, or
+ * -1 out of host memory. */
+static int gemm_rows(int transa, int transb, int pad, int phase, int64_t m, int64_t n,
+                     int64_t k, const float *a, int lda, const float *b, int ldb, float beta,
+                     float *c, int ldc) {
+  pthread_once(&blas_once, blas_single);
+  if (!pad) phase = 0;
+  gemm_job j = {transa, transb, pad, phase, m, n, k, a, b, lda, ldb, ldc, beta, c, 0};
+  ur__parallel_for((size_t)((phase + m + ROW_BLOCK - 1) / ROW_BLOCK), 1, gemm_blocks, &j);
+  return j.oom ? -1 : 0;
+}
+
+static int row_phase(uint32_t flags) {
+  return (int)((flags >> UR_DENSE_ROW0_SHIFT) & 255) % ROW_BLOCK;
+}
 
 typedef struct widen_job {
   const void *src;
@@ -109,9 +191,13 @@ ur_status ur__cpu_linear_forward(void *stream, const void *x, const void *w, con
     return cpu_oom(op, ny);
   }
   if (k == 0) memset(acc, 0, ny * sizeof(float));
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)out, (int)k, 1.0f, xf,
-                (int)in, wf, (int)in, 0.0f, acc, (int)out);
+  else if (gemm_rows(0, 1, 1, row_phase(flags), rows, out, k, xf, (int)in, wf, (int)in, 0.0f, acc,
+                     (int)out)) {
+    free(xo);
+    free(wo);
+    free(yo);
+    return cpu_oom(op, ny);
+  }
   bias_job j = {acc, b, y, act == UR_ACT_RELU ? mask : NULL, dtype, out, act};
   ur__parallel_for((size_t)rows, 256, bias_range, &j);
   free(xo);
@@ -228,9 +314,10 @@ ur_status ur__cpu_linear_backward(void *stream, const void *x, const void *w, co
     }
     if (out == 0 || k == 0) {
       if (!acc) memset(dst, 0, nx * sizeof(float));
-    } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)k, (int)out, 1.0f,
-                  gf, (int)out, wf, (int)in, acc ? 1.0f : 0.0f, dst, (int)in);
+    } else if (gemm_rows(0, 0, 1, row_phase(flags), rows, k, out, gf, (int)out, wf, (int)in,
+                         acc ? 1.0f : 0.0f, dst, (int)in)) {
+      st = cpu_oom(op, nx);
+      goto done;
     }
     /* the padding's gradient is zero (left as it was when accumulating; x_mask excludes
      * that); the mask as the layer below's backward would have applied it: zeros, exactly */
@@ -259,8 +346,11 @@ ur_status ur__cpu_linear_backward(void *stream, const void *x, const void *w, co
       st = cpu_oom(op, nx);
       goto done;
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)k, (int)rows, 1.0f, gf,
-                (int)out, xf, (int)in, 1.0f, gw, (int)in);
+    /* a sum over the samples: blocks of the output's rows, unpadded */
+    if (gemm_rows(1, 0, 0, 0, out, k, rows, gf, (int)out, xf, (int)in, 1.0f, gw, (int)in)) {
+      st = cpu_oom(op, (size_t)out * (size_t)in);
+      goto done;
+    }
   }
   if (gb && rows > 0) {
     colsum_job cj = {gf, gb, rows, out};
@@ -399,7 +489,8 @@ ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w
   if (mask && act != UR_ACT_RELU)
     return ur__error(UR_STATUS_INVALID, "%s: a mask is written only under relu (activation %d)",
                      op, (int)act);
-  if ((st = check_flags(op, flags, UR_DENSE_TF32 | (0xffu << UR_DENSE_PAD_SHIFT))) ||
+  if ((st = check_flags(op, flags, UR_DENSE_TF32 | (255u << UR_DENSE_ROW0_SHIFT) |
+                                       (0xffu << UR_DENSE_PAD_SHIFT))) ||
       (st = check_pad(op, flags, in)) || (st = check_dims(op, rows, in, out)) ||
       (mask && (st = check_mask(op, "mask", mask, rows, out))) ||
       (st = no_overlap(op, "y", y, "x", x)) || (st = no_overlap(op, "y", y, "w", w)) ||
@@ -461,7 +552,8 @@ ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *
       (st = same_dtype(op, "gx", gx, x, group)))
     return st;
   uint32_t allowed = UR_DENSE_TF32 | UR_DENSE_ACCUMULATE | UR_DENSE_GY_MASKED |
-                     UR_DENSE_WGRAD_ASYNC | (0xffu << UR_DENSE_PAD_SHIFT);
+                     UR_DENSE_WGRAD_ASYNC | (255u << UR_DENSE_ROW0_SHIFT) |
+                     (0xffu << UR_DENSE_PAD_SHIFT);
   if ((st = check_flags(op, flags, allowed)) || (st = check_pad(op, flags, in)) ||
       (st = check_dims(op, rows, in, out)) || (st = no_overlap(op, "gx", gx, "gy", gy)) ||
       (st = no_overlap(op, "gx", gx, "w", w)) || (st = no_overlap(op, "gw", gw, "x", x)) ||

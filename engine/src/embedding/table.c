@@ -105,6 +105,16 @@ static ur_status check_table(const ur_tbe_config *c, const ur_tbe_table_config *
   if ((uint64_t)tc->rows > ((uint64_t)1 << 50) / (uint64_t)tc->dim)
     return ur__error(UR_STATUS_INVALID, "tbe: table '%s' of %lld rows x %d is too large", name,
                      (long long)tc->rows, (int)tc->dim);
+  if (tc->logical_rows &&
+      (tc->logical < 0 || tc->logical_rows < 0 || tc->row0 < 0 ||
+       tc->row0 > tc->logical_rows - tc->rows || tc->col0 < 0 || tc->logical_dim < tc->dim ||
+       tc->col0 > tc->logical_dim - tc->dim))
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: table '%s' is rows [%lld, %lld) and columns [%d, %d) of logical table "
+                     "%d of %lld x %d; expected a block inside it and a logical index >= 0",
+                     name, (long long)tc->row0, (long long)(tc->row0 + tc->rows), (int)tc->col0,
+                     (int)(tc->col0 + tc->dim), (int)tc->logical, (long long)tc->logical_rows,
+                     (int)tc->logical_dim);
   return UR_STATUS_OK;
 }
 
@@ -176,13 +186,18 @@ static ur_status alloc_storages(ur_tbe *t) {
     d->dim = c->dim;
     d->dtype = c->dtype;
     d->pooling = c->pooling;
-    d->index = i;
+    int shard = c->logical_rows != 0;
+    d->index = shard ? c->logical : i;
+    d->sr_row0 = shard ? c->row0 : 0;
+    d->sr_col0 = shard ? c->col0 : 0;
+    d->sr_pitch = shard ? c->logical_dim : c->dim;
   }
   rekey(t);
   return UR_STATUS_OK;
 }
 
-/* Per-table seeds, so a table's numbers depend on neither its placement nor its neighbours. */
+/* Per-table seeds, so a table's numbers depend on neither its placement nor its neighbours;
+ * a shard draws with its logical table's seed, at that table's counters. */
 static uint64_t table_seed(uint64_t seed, int32_t table) {
   return seed ^ ((uint64_t)(table + 1) * 0xD1B54A32D192ED03ull);
 }
@@ -194,16 +209,20 @@ static uint64_t table_seed(uint64_t seed, int32_t table) {
  * on one stream (the draw of a chunk is ~50x faster than its copy, so the copy engine sets the
  * pace: the host link's speed, not the host cores').  The rand kernel makes the CPU's numbers
  * counter for counter (a #cuda spec), so a table is the same wherever it was drawn. */
-static ur_status streamed_draw(ur_stream *s, ur_tbe *t, void *dst, ur_dtype dt, size_t n, double lo,
-                               double hi, uint64_t seed) {
-  size_t es = ur_dtype_size(dt), per = DRAW_CHUNK_BYTES / es;
+static ur_status streamed_draw(ur_stream *s, ur_tbe *t, void *dst, ur_dtype dt, size_t n,
+                               uint64_t first, size_t cols, uint64_t pitch, double lo, double hi,
+                               uint64_t seed) {
+  size_t es = ur_dtype_size(dt), per = DRAW_CHUNK_BYTES / es / cols * cols; /* whole rows */
+  if (per < cols) per = cols;
   if (per > n) per = n;
   void *sh = s ? s->handle : NULL;
   ur_tensor *scratch = NULL;
   ur_status st = ur__tbe_home_tensor(t, &scratch, UR_DTYPE_U8, (int64_t)(per * es));
   for (size_t c0 = 0; c0 < n && !st; c0 += per) {
     size_t m = n - c0 < per ? n - c0 : per;
-    if (!(st = t->be->rand(sh, ur_tensor_data(scratch), dt, m, c0, UR_DIST_UNIFORM, lo, hi, seed)))
+    uint64_t f = first + (uint64_t)(c0 / cols) * pitch; /* a shard's rows lie pitch apart */
+    if (!(st = t->be->rand(sh, ur_tensor_data(scratch), dt, m, f, cols, pitch, UR_DIST_UNIFORM, lo,
+                           hi, seed)))
       st = t->be->copy(sh, (char *)dst + c0 * es, ur_tensor_data(scratch), m * es);
     if (!st && ur_interrupt_get())
       st = ur__error(UR_STATUS_INTERRUPTED, "tbe: drawing a table interrupted at element %zu", c0);
@@ -214,23 +233,33 @@ static ur_status streamed_draw(ur_stream *s, ur_tbe *t, void *dst, ur_dtype dt, 
   return st;
 }
 
+/* The rows of the table, or of its logical table for a shard (the initial bound's). */
+static int64_t logical_rows(const ur_tbe_table_config *c) {
+  return c->logical_rows ? c->logical_rows : c->rows;
+}
+
 static ur_status draw(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi, uint64_t seed) {
   const ur_tbe_table_config *c = &t->tc[i];
   ur_tensor *w = t->wstore[storage_place(t, c->place)][c->dtype];
   size_t n = (size_t)c->rows * (size_t)c->dim;
-  uint64_t ts = table_seed(seed, i);
+  int shard = c->logical_rows != 0;
+  uint64_t ts = table_seed(seed, shard ? c->logical : i);
+  uint64_t pitch = shard ? (uint64_t)c->logical_dim : (uint64_t)c->dim;
+  uint64_t first = shard ? (uint64_t)c->row0 * pitch + (uint64_t)c->col0 : 0;
   void *dst = (char *)ur_tensor_data(w) + (size_t)t->woff[i] * ur_dtype_size(c->dtype);
   if (w->st->place == UR_PLACE_DEVICE)
-    return t->be->rand(s ? s->handle : NULL, dst, c->dtype, n, 0, UR_DIST_UNIFORM, lo, hi, ts);
+    return t->be->rand(s ? s->handle : NULL, dst, c->dtype, n, first, (size_t)c->dim, pitch,
+                       UR_DIST_UNIFORM, lo, hi, ts);
   if (w->st->place == UR_PLACE_PINNED && t->home == UR_PLACE_DEVICE)
-    return streamed_draw(s, t, dst, c->dtype, n, lo, hi, ts);
+    return streamed_draw(s, t, dst, c->dtype, n, first, (size_t)c->dim, pitch, lo, hi, ts);
   /* Managed tables are drawn on the host, so their pages start there (tensor.c does the same),
    * on every core (the CPU backend's rand); so are all tables of a CPU collection. */
   if (w->st->place != UR_PLACE_HOST) {
     ur_status st = ur_device_sync();
     if (st) return st;
   }
-  return ur__cpu()->rand(NULL, dst, c->dtype, n, 0, UR_DIST_UNIFORM, lo, hi, ts);
+  return ur__cpu()->rand(NULL, dst, c->dtype, n, first, (size_t)c->dim, pitch, UR_DIST_UNIFORM,
+                         lo, hi, ts);
 }
 
 static ur_status upload_desc(ur_tbe *t) {
@@ -344,7 +373,7 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
     return st;
   }
   for (int32_t i = 0; i < num_tables && !st; i++) {
-    double b = 1.0 / sqrt((double)tables[i].rows);
+    double b = 1.0 / sqrt((double)logical_rows(&tables[i]));
     st = draw(NULL, t, i, -b, b, config->seed);
   }
   if (!st && t->home == UR_PLACE_DEVICE) st = prepare_device(t);

@@ -217,7 +217,8 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
   int32_t dim = tb->dim;
   int64_t row = ur__tbe_phys(tb, id);
   int64_t sid = tb->row_ids ? tb->row_ids[id] : id;
-  size_t base = (size_t)row * (size_t)dim, lbase = (size_t)sid * (size_t)dim;
+  size_t base = (size_t)row * (size_t)dim;
+  size_t lbase = (size_t)(tb->sr_row0 + sid) * (size_t)tb->sr_pitch + (size_t)tb->sr_col0;
   const float *wr = load_row(tb, row, w);
   for (int32_t c = 0; c < dim; c++) {
     w[c] = wr[c];

@@ -36,7 +36,12 @@ typedef struct ur__tbe_table {
   float *state1, *state2;  /* optimizer state, NULL when the optimizer has none */
   int64_t rows;
   int64_t key_base;        /* the key of row 0 in the collection's row-key space */
-  int32_t dim, dtype, pooling, index;
+  int32_t dim, dtype, pooling;
+  /* Stochastic rounding draws by the table's index and each element's place in it: a shard
+   * by its logical table's, so that it rounds as the unsharded table would (element (r, c)
+   * at sr_row0 + r, sr_col0 + c of rows of sr_pitch). */
+  int32_t index, sr_pitch, sr_col0;
+  int64_t sr_row0;
   /* Access statistics and layout (counters.c, layout.c); NULL: off, and the kernels take
    * the plain path.  perm[id] is the physical row holding row id; counts[id] counts reads. */
   const int64_t *perm;

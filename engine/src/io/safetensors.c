@@ -23,11 +23,11 @@
 #define DIRECT_CHUNK (64ull << 20) /* host reads between interrupt polls */
 #define IO_MAX (1ull << 30)        /* Linux moves at most ~2 GiB per read or write call */
 
-static const char *const st_dtype[UR_DTYPE_COUNT] = {"F32", "BF16", "F16", "I8", "U8", "I32", "I64"};
+static const char *const st_dtype[UR_DTYPE_COUNT] = {"F32", "BF16", "F16", "I8", "U8", "I32", "I64", "F64"};
 /* Position in the reference implementation's dtype order.  Tensors are written by descending
  * position, then by name, as it does: every tensor then starts aligned to its element size
  * (the data starts 8-aligned), and our files equal its files byte for byte. */
-static const int st_rank[UR_DTYPE_COUNT] = {11, 8, 7, 2, 1, 9, 13};
+static const int st_rank[UR_DTYPE_COUNT] = {11, 8, 7, 2, 1, 9, 13, 12};
 
 static void shape_text(int32_t ndim, const int64_t *shape, char *buf, size_t len) {
   size_t n = (size_t)snprintf(buf, len, "[");
@@ -475,7 +475,7 @@ static ur_status parse_entry(const ur_safetensors *f, const char *name, json_t *
   if (e->dtype < 0)
     return ur__error(UR_STATUS_FORMAT,
                      "safetensors: %s: tensor '%s' has dtype '%s', which uvmrec does not read; "
-                     "expected F32, BF16, F16, I8, U8, I32 or I64", f->path, name,
+                     "expected F32, BF16, F16, I8, U8, I32, I64 or F64", f->path, name,
                      json_string_value(dt));
   json_t *shape = json_object_get(v, "shape");
   if (!json_is_array(shape))

@@ -22,7 +22,7 @@ struct ur_metrics {
   int gpu;                 /* b is the GPU's */
   int64_t seen;            /* samples since the last reset */
   uint64_t state_count;    /* doubles in state: tasks * (UR__M_SUMS + 2 * bins) */
-  ur_tensor *state, *snap; /* u8 tensors holding state_count doubles */
+  ur_tensor *state, *snap; /* f64 [state_count] */
   ur_tensor *ring_preds, *ring_labels, *ring_weights; /* f32 [window, tasks] */
   ur_tensor *ring_groups;  /* i64 [window], grouped only */
   ur_tensor *raw;          /* u8: [2][tasks][UR__M_RAW] doubles where the work runs */
@@ -267,8 +267,8 @@ ur_status ur_metrics_new(ur_metrics **out, const ur_metrics_opts *opts, ur_place
   st = need_entries(m->b);
   int64_t T = opts->tasks, W = opts->window;
   m->state_count = (uint64_t)T * (UR__M_SUMS + 2 * (uint64_t)opts->bins);
-  m->state = bytes_tensor(&st, m->state_count * sizeof(double), place, device);
-  m->snap = bytes_tensor(&st, m->state_count * sizeof(double), place, device);
+  m->state = ring_tensor(&st, UR_DTYPE_F64, (int64_t)m->state_count, 0, place, device);
+  m->snap = ring_tensor(&st, UR_DTYPE_F64, (int64_t)m->state_count, 0, place, device);
   if (W) {
     m->ring_preds = ring_tensor(&st, UR_DTYPE_F32, W, T, place, device);
     m->ring_labels = ring_tensor(&st, UR_DTYPE_F32, W, T, place, device);
@@ -339,6 +339,13 @@ ur_status ur_metrics_snapshot(ur_stream *s, ur_metrics *m, double **state, uint6
   *state = st ? NULL : ur_tensor_data(m->snap);
   *count = st ? 0 : m->state_count;
   return st;
+}
+
+ur_status ur_metrics_snapshot_tensor(ur_stream *s, ur_metrics *m, ur_tensor **out) {
+  UR__ARGS(m, out);
+  *out = NULL;
+  ur_status st = ur_tensor_copy(s, m->state, m->snap);
+  return st ? st : ur_tensor_view(m->snap, out, 0, (int64_t)m->state_count);
 }
 
 ur_status ur_metrics_window(const ur_metrics *m, ur_tensor **predictions, ur_tensor **labels,

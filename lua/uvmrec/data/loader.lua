@@ -140,7 +140,10 @@ methods.free = methods.close
 
 -- ur.data.loader{data = spec, batch_size =, samples = (synthetic), rows = (26 sizes or one: ids
 -- mod rows), depth = 4, threads = 0 (UR_NUM_THREADS, else every core), drop_last = false,
--- shuffle_window = 0, seed = 0, epochs = 1, rank = 0, world = 1, position = {epoch, sample},
+-- shuffle_window = 0, seed = 0, epochs = 1, rank = 0, world = 1 (each rank reads its share of
+-- the rows), slice_rank = 0, slice_world = 0 (> 1: batch_size is a global batch and each batch
+-- is this rank's slice of it: samples [n * slice_rank / slice_world, n * (slice_rank + 1) /
+-- slice_world) of its n, as data-parallel training reads them), position = {epoch, sample},
 -- placement = "pinned" (synthetic data: "device" draws on the GPU, uvmrec.data.generator),
 -- stream (that placement's), keys = {...}, on_bad_line = "fail", pad_missing_fields = false}
 function M.loader(o)
@@ -193,6 +196,7 @@ function M.loader(o)
   co.seed = o.seed or 0
   co.epochs = o.epochs or 1
   co.rank, co.world = o.rank or 0, o.world or 1
+  co.slice_rank, co.slice_world = o.slice_rank or 0, o.slice_world or 0
   if o.position then
     co.start_epoch, co.start_sample = o.position.epoch or 0, o.position.sample or 0
   end

@@ -37,6 +37,7 @@ function EBC:__init(opts, pooling)
   elseif opts.pooling and not allowed[opts.pooling] then
     error(("EmbeddingBagCollection: pooling %s; this module takes pooling sum or mean"):format(opts.pooling), level)
   end
+  self.options = opts -- what it was built from: uvmrec.dist.shard builds shards from them
   self.tbe = assert(tbe.new(opts, level))
   self.placement = self.tbe:placement()
   self.device = self.tbe.device

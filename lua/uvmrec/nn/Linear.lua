@@ -49,8 +49,10 @@ function Linear:__init(inf, outf, opts)
   end
 end
 
+-- row0: this batch's first row in a larger batch (set by uvmrec.dist.ddp on data-parallel ranks).
 function Linear:flags()
   return (self.precision == "tf32" and dense.TF32 or 0) + dense.pad(self.in_width - self.in_features)
+         + ((self.row0 or 0) % 256) * dense.ROW0
 end
 
 function Linear:updateOutput(input)
