@@ -1,0 +1,106 @@
+-- uvmrec.train.loop: dlrm_tiny trained on the CPU gives, bit for bit, the losses recorded before
+-- the batch, loop and optimizer were made one (issue 17): plain, through the prefetch pipeline,
+-- with cached tables (a tenth of the rows, conflict misses), with managed tables (a hint policy
+-- and its relayout every 10 steps), each with and without the pipeline (the plain loop's cached
+-- run with an evaluation every 10 steps), and two runs that step every kind of update constant
+-- (Adam on both sides with f16 tables and the dlrm schedule; SGD with momentum and Adagrad on
+-- bf16 tables with a warmup).  The values are hex floats, each
+-- step's loss as train.run logged it.
+local helpers = require "helpers"
+
+local COMMON = { "train.steps=30", "train.batch_size=256", "train.log_every=1", "eval.samples=0",
+                 "eval.min_auc=0" }
+
+local RUNS = {
+  { name = "plain", sets = {} },
+  { name = "pipelined", sets = {
+    "train.pipeline=true" } },
+  { name = "cached", sets = {
+    "embeddings.placement=cached", "embeddings.cache.load_factor=0.1", "embeddings.cache.min_slots=0",
+    "eval.samples=2048", "eval.batch_size=1024", "eval.every=10" } },
+  { name = "cached_pipelined", sets = {
+    "embeddings.placement=cached", "embeddings.cache.load_factor=0.1", "embeddings.cache.min_slots=0",
+    "train.pipeline=true" } },
+  { name = "managed", sets = {
+    "embeddings.placement=managed", "embeddings.hints.every=10", "embeddings.hints.allowance=20%" } },
+  { name = "managed_pipelined", sets = {
+    "embeddings.placement=managed", "embeddings.hints.every=10", "embeddings.hints.allowance=20%",
+    "train.pipeline=true" } },
+  { name = "adam_f16_dlrm_schedule", sets = {
+    "optimizer.name=adam", "optimizer.lr=0.01", "embeddings.optimizer.name=adam",
+    "embeddings.optimizer.lr=0.01", "embeddings.dtype=f16", "schedule.name=dlrm", "schedule.warmup_steps=5",
+    "schedule.decay_start=15", "schedule.decay_steps=10" } },
+  { name = "sgd_momentum_adagrad_warmup", sets = {
+    "optimizer.name=sgd", "optimizer.lr=0.1", "optimizer.momentum=0.9", "embeddings.optimizer.name=adagrad",
+    "embeddings.dtype=bf16", "schedule.name=warmup", "schedule.warmup_steps=8" } },
+}
+
+local RECORDED = {
+  plain = [[
+    0x1.62ceb4p+0 0x1.7a5962p+0 0x1.79fc2ap+0 0x1.371482p+0 0x1.e54b3ep-1 0x1.47373ep-1
+    0x1.57202ep-1 0x1.42e632p-1 0x1.5f8aecp-1 0x1.508ebap-1 0x1.48bcdp-1 0x1.22d4c8p-1
+    0x1.21c9d6p-1 0x1.2393p-1 0x1.2b83e6p-1 0x1.13283p-1 0x1.1e32aep-1 0x1.111ed6p-1
+    0x1.31f888p-1 0x1.22f75cp-1 0x1.044106p-1 0x1.ef2478p-2 0x1.183ce2p-1 0x1.2a717cp-1
+    0x1.18f51ep-1 0x1.1171bap-1 0x1.e7937ap-2 0x1.f2f484p-2 0x1.fd88fcp-2 0x1.e6d832p-2]],
+  pipelined = [[
+    0x1.62ceb4p+0 0x1.7a5962p+0 0x1.79fc2ap+0 0x1.371482p+0 0x1.e54b3ep-1 0x1.47373ep-1
+    0x1.57202ep-1 0x1.42e632p-1 0x1.5f8aecp-1 0x1.508ebap-1 0x1.48bcdp-1 0x1.22d4c8p-1
+    0x1.21c9d6p-1 0x1.2393p-1 0x1.2b83e6p-1 0x1.13283p-1 0x1.1e32aep-1 0x1.111ed6p-1
+    0x1.31f888p-1 0x1.22f75cp-1 0x1.044106p-1 0x1.ef2478p-2 0x1.183ce2p-1 0x1.2a717cp-1
+    0x1.18f51ep-1 0x1.1171bap-1 0x1.e7937ap-2 0x1.f2f484p-2 0x1.fd88fcp-2 0x1.e6d832p-2]],
+  cached = [[
+    0x1.62ceb4p+0 0x1.7a5962p+0 0x1.79fc2ap+0 0x1.371482p+0 0x1.e54b3ep-1 0x1.47373ep-1
+    0x1.57202ep-1 0x1.42e632p-1 0x1.5f8aecp-1 0x1.508ebap-1 0x1.48bcdp-1 0x1.22d4c8p-1
+    0x1.21c9d6p-1 0x1.2393p-1 0x1.2b83e6p-1 0x1.13283p-1 0x1.1e32aep-1 0x1.111ed6p-1
+    0x1.31f888p-1 0x1.22f75cp-1 0x1.044106p-1 0x1.ef2478p-2 0x1.183ce2p-1 0x1.2a717cp-1
+    0x1.18f51ep-1 0x1.1171bap-1 0x1.e7937ap-2 0x1.f2f484p-2 0x1.fd88fcp-2 0x1.e6d832p-2]],
+  cached_pipelined = [[
+    0x1.62ceb4p+0 0x1.7a5962p+0 0x1.79fc2ap+0 0x1.371482p+0 0x1.e54b3ep-1 0x1.47373ep-1
+    0x1.57202ep-1 0x1.42e632p-1 0x1.5f8aecp-1 0x1.508ebap-1 0x1.48bcdp-1 0x1.22d4c8p-1
+    0x1.21c9d6p-1 0x1.2393p-1 0x1.2b83e6p-1 0x1.13283p-1 0x1.1e32aep-1 0x1.111ed6p-1
+    0x1.31f888p-1 0x1.22f75cp-1 0x1.044106p-1 0x1.ef2478p-2 0x1.183ce2p-1 0x1.2a717cp-1
+    0x1.18f51ep-1 0x1.1171bap-1 0x1.e7937ap-2 0x1.f2f484p-2 0x1.fd88fcp-2 0x1.e6d832p-2]],
+  managed = [[
+    0x1.62ceb4p+0 0x1.7a5962p+0 0x1.79fc2ap+0 0x1.371482p+0 0x1.e54b3ep-1 0x1.47373ep-1
+    0x1.57202ep-1 0x1.42e632p-1 0x1.5f8aecp-1 0x1.508ebap-1 0x1.48bcdp-1 0x1.22d4c8p-1
+    0x1.21c9d6p-1 0x1.2393p-1 0x1.2b83e6p-1 0x1.13283p-1 0x1.1e32aep-1 0x1.111ed6p-1
+    0x1.31f888p-1 0x1.22f75cp-1 0x1.044106p-1 0x1.ef2478p-2 0x1.183ce2p-1 0x1.2a717cp-1
+    0x1.18f51ep-1 0x1.1171bap-1 0x1.e7937ap-2 0x1.f2f484p-2 0x1.fd88fcp-2 0x1.e6d832p-2]],
+  managed_pipelined = [[
+    0x1.62ceb4p+0 0x1.7a5962p+0 0x1.79fc2ap+0 0x1.371482p+0 0x1.e54b3ep-1 0x1.47373ep-1
+    0x1.57202ep-1 0x1.42e632p-1 0x1.5f8aecp-1 0x1.508ebap-1 0x1.48bcdp-1 0x1.22d4c8p-1
+    0x1.21c9d6p-1 0x1.2393p-1 0x1.2b83e6p-1 0x1.13283p-1 0x1.1e32aep-1 0x1.111ed6p-1
+    0x1.31f888p-1 0x1.22f75cp-1 0x1.044106p-1 0x1.ef2478p-2 0x1.183ce2p-1 0x1.2a717cp-1
+    0x1.18f51ep-1 0x1.1171bap-1 0x1.e7937ap-2 0x1.f2f484p-2 0x1.fd88fcp-2 0x1.e6d832p-2]],
+  adam_f16_dlrm_schedule = [[
+    0x1.62cecap+0 0x1.71f32cp+0 0x1.3e1e4ap+0 0x1.0417p+0 0x1.930fc4p-1 0x1.629ffep-1
+    0x1.09e612p+0 0x1.95973cp-1 0x1.5e629ep-1 0x1.51fd8p-1 0x1.5971p-1 0x1.73108cp-1
+    0x1.6ef378p-1 0x1.4ea3ep-1 0x1.46338ep-1 0x1.2e0b6ap-1 0x1.4ad8f8p-1 0x1.4427p-1
+    0x1.5f5d06p-1 0x1.4c0798p-1 0x1.319b8ep-1 0x1.1d2eep-1 0x1.43d1e8p-1 0x1.4857e4p-1
+    0x1.3d4434p-1 0x1.493abep-1 0x1.2568d4p-1 0x1.2cc32cp-1 0x1.2d3392p-1 0x1.363bf2p-1]],
+  sgd_momentum_adagrad_warmup = [[
+    0x1.62cf02p+0 0x1.7908f8p+0 0x1.4fddb2p+0 0x1.273ac2p+0 0x1.02d48ap+0 0x1.768594p-1
+    0x1.677d06p-1 0x1.a6dc3p-1 0x1.caad0ep-1 0x1.89a72p-1 0x1.31484p-1 0x1.37196p-1
+    0x1.389708p-1 0x1.318736p-1 0x1.36e7e6p-1 0x1.2f197p-1 0x1.3b1248p-1 0x1.2e68d4p-1
+    0x1.53d6b8p-1 0x1.49cd2ap-1 0x1.224b52p-1 0x1.21447ap-1 0x1.35d4cep-1 0x1.2e771p-1
+    0x1.2ecebcp-1 0x1.31e33p-1 0x1.18f8cep-1 0x1.1a736ap-1 0x1.1b00aep-1 0x1.1f8a6p-1]],
+}
+
+describe("uvmrec.train.loop", function()
+  for _, r in ipairs(RUNS) do
+    it("trains dlrm_tiny to the recorded losses bit for bit: " .. r.name:gsub("_", " "), function()
+      local got = helpers.train_tiny(COMMON, r.sets).losses
+      local k = 0
+      for hex in RECORDED[r.name]:gmatch("%S+") do
+        k = k + 1
+        local want = tonumber(hex)
+        if got[k] ~= want then
+          error(("%s, step %d: loss %s (%.9g); recorded %s (%.9g)"):format(r.name, k,
+                got[k] and ("%a"):format(got[k]) or "missing", got[k] or 0, hex, want), 0)
+        end
+      end
+      assert.equal(30, k)
+      assert.is_nil(got[31])
+    end)
+  end
+end)
