@@ -572,7 +572,7 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
     }
   }
   float rs = 0.0f;
-  if (h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) {
+  if (h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) sq = UR_FADD(sq, __shfl_xor_sync(kFull, sq, o));
     rs = UR_FADD(tb.state1[prow], UR_FDIV(sq, (float)dim));
@@ -588,7 +588,7 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
 #pragma unroll
     for (int e = 0; e < E; e++) {
       int64_t el = base + col + e;
-      float *s1 = h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? &rs : tb.state1 ? tb.state1 + el : nullptr;
+      float *s1 = h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD ? &rs : tb.state1 ? tb.state1 + el : nullptr;
       float *s2 = tb.state2 ? tb.state2 + el : nullptr;
       nw[e] = ur__tbe_step_elem(&h, w[v][e], gg[v][e], s1, s2);
     }
@@ -666,7 +666,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, 2)
         int es = esize(tb.dtype);
         int64_t pr = tb.perm ? tb.perm[row] : row;
         prefetch_l2((const char *)tb.weights + pr * dim * es, dim * es);
-        if (h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) prefetch_l2(tb.state1 + pr, 4);
+        if (h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) prefetch_l2(tb.state1 + pr, 4);
         else if (tb.state1) prefetch_l2(tb.state1 + pr * dim, dim * 4);
         if (tb.state2) prefetch_l2(tb.state2 + pr * dim, dim * 4);
       }

@@ -2,7 +2,8 @@
  *
  * Contents (each section opens with a "==== N. name ====" comment line):
  *   1. core        statuses and errors, the library, names of enums, devices, memory and the
- *                  HBM budget, streams and events, tensors, interrupts and signals, the clock
+ *                  HBM budget, streams and events, tensors, interrupts and signals, the clock,
+ *                  optimizer settings (the dense parameters' and the embedding tables' alike)
  *   2. hints       advice and prefetch on managed tensors, what is advised, what moved
  *   3. data        keyed jagged tensors (KJT), .npy arrays, Criteo TSV, synthetic data, the
  *                  loader and its batches
@@ -10,7 +11,7 @@
  *                  prefetch of managed tables
  *   5. cache       the software HBM cache of `cached` tables
  *   6. dense       linear layers, activations, interaction, cross layers, concat, loss,
- *                  optimizers, arenas
+ *                  the dense optimizers' step, arenas
  *   7. metrics     AUC, grouped AUC, NE and the rest, streaming
  *   8. io          checkpoints (safetensors), configs (YAML), JSON
  *
@@ -41,7 +42,7 @@ extern "C" {
 #define UR_SYNTH_MAX_TABLES 64 /* ur_synth_spec.tables */
 
 /* UR_CDEF_BEGIN */
-/* ==== 1. core: statuses, the library, names, devices, memory, streams, tensors, interrupts ==== */
+/* ==== 1. core: statuses, the library, names, devices, memory, streams, tensors, interrupts, optimizers ==== */
 typedef int ur_status;
 enum {
   UR_STATUS_OK = 0,
@@ -200,6 +201,30 @@ UR_API ur_status ur_signals_catch(int32_t on);
 UR_API int32_t ur_signals_caught(void);
 /* Monotonic seconds (rates, ETAs, timings). */
 UR_API double ur_clock_seconds(void);
+
+/* Optimizer settings: one kind and one struct for the dense parameters (ur_optim_step, PyTorch's
+ * formulas) and the embedding tables, whose optimizer is fused into their backward
+ * (ur_tbe_config.optim).  Dense parameters take sgd, adagrad, adam and adamw; tables take sgd,
+ * rowwise_adagrad (one sum per row), adagrad and adam. */
+typedef enum ur_optim_kind {
+  UR_OPTIM_KIND_SGD = 0, UR_OPTIM_KIND_ADAGRAD, UR_OPTIM_KIND_ADAM, UR_OPTIM_KIND_ADAMW,
+  UR_OPTIM_KIND_ROWWISE_ADAGRAD, UR_OPTIM_KIND_COUNT
+} ur_optim_kind;
+
+typedef struct ur_optim_config {
+  int32_t kind;             /* ur_optim_kind */
+  int32_t nesterov;         /* dense SGD with momentum */
+  int32_t zero_grad;        /* dense: 1: gradients are zeroed once read */
+  int32_t pad_;
+  int64_t step;             /* dense: this update's number, from 1 (tables count their own) */
+  double lr, weight_decay;  /* weight decay is L2 (g += weight_decay * w); AdamW's decoupled */
+  double momentum;          /* dense SGD; 0 for none */
+  double beta1, beta2;      /* Adam */
+  double eps;               /* Adagrad, Adam */
+  double max_grad;          /* tables: > 0 clips each gradient element to [-max_grad, max_grad] */
+} ur_optim_config;
+
+UR_API size_t ur_sizeof_optim_config(void);
 
 /* ==== 2. hints: advice and prefetch on managed tensors, what is advised, what moved ==== */
 typedef enum ur_advice {
@@ -506,10 +531,6 @@ UR_API int64_t ur_batch_first_sample(const ur_batch *b);     /* within the epoch
 typedef enum ur_pooling {
   UR_POOLING_SUM = 0, UR_POOLING_MEAN, UR_POOLING_NONE, UR_POOLING_COUNT
 } ur_pooling;
-typedef enum ur_tbe_optim {
-  UR_TBE_OPTIM_SGD = 0, UR_TBE_OPTIM_ROWWISE_ADAGRAD, UR_TBE_OPTIM_ADAGRAD, UR_TBE_OPTIM_ADAM,
-  UR_TBE_OPTIM_COUNT
-} ur_tbe_optim;
 typedef enum ur_tbe_bounds {
   UR_TBE_BOUNDS_FATAL = 0, /* a bad id fails the call, naming table, feature, sample and id */
   UR_TBE_BOUNDS_WARN,      /* the id is skipped and counted (ur_tbe_skipped) */
@@ -533,10 +554,7 @@ typedef struct ur_tbe_table_config {
 
 typedef struct ur_tbe_config {
   int32_t device;          /* the GPU that runs the collection, or -1: the CPU backend */
-  ur_tbe_optim optim;
-  double lr, eps, weight_decay;  /* weight decay is L2: g += weight_decay * w */
-  double beta1, beta2;     /* Adam */
-  double max_grad;         /* > 0: each gradient element is clipped to [-max_grad, max_grad] */
+  ur_optim_config optim;   /* sgd, rowwise_adagrad, adagrad or adam; its step is the collection's */
   ur_tbe_bounds bounds;
   int32_t stochastic_rounding; /* 1: f16/bf16 rows are written with stochastic rounding */
   uint64_t seed;           /* initialisation and stochastic rounding */
@@ -797,24 +815,6 @@ enum {
 typedef enum ur_reduction {
   UR_REDUCTION_MEAN = 0, UR_REDUCTION_SUM, UR_REDUCTION_NONE, UR_REDUCTION_COUNT
 } ur_reduction;
-typedef enum ur_optim_kind {
-  UR_OPTIM_KIND_SGD = 0, UR_OPTIM_KIND_ADAGRAD, UR_OPTIM_KIND_ADAM, UR_OPTIM_KIND_ADAMW,
-  UR_OPTIM_KIND_COUNT
-} ur_optim_kind;
-
-/* One optimizer step's settings (PyTorch's formulas; see ur_optim_step). */
-typedef struct ur_optim_cfg {
-  int32_t kind;             /* ur_optim_kind */
-  int32_t nesterov;         /* SGD with momentum */
-  int32_t zero_grad;        /* 1: gradients are zeroed once read */
-  int32_t pad_;
-  int64_t step;             /* this update's number, from 1 */
-  double lr, weight_decay;
-  double momentum;          /* SGD; 0 for none */
-  double beta1, beta2;      /* Adam */
-  double eps;               /* Adagrad, Adam */
-} ur_optim_cfg;
-
 struct ur_arena;
 typedef struct ur_arena ur_arena;
 typedef struct ur_arena_stats {
@@ -824,7 +824,6 @@ typedef struct ur_arena_stats {
   uint64_t tensors;         /* tensors handed out, ever */
 } ur_arena_stats;
 
-UR_API size_t ur_sizeof_optim_cfg(void);
 UR_API size_t ur_sizeof_arena_stats(void);
 
 /* y[rows, out] = act(x[rows, in] w[out, in]^T + b[out]), one dtype for all four; b may be
@@ -891,7 +890,7 @@ UR_API ur_status ur_dense_cast(ur_stream *s, const ur_tensor *src, ur_tensor *ds
  * exp_avg, exp_avg_sq in state1, state2; NULL arrays or entries where a rule needs none);
  * halves (NULL or entries NULL) receive the new values in bf16.  On the GPU, one launch
  * for every 48 parameters. */
-UR_API ur_status ur_optim_step(ur_stream *s, const ur_optim_cfg *cfg, int32_t n,
+UR_API ur_status ur_optim_step(ur_stream *s, const ur_optim_config *cfg, int32_t n,
                                ur_tensor *const *params, ur_tensor *const *grads,
                                ur_tensor *const *state1, ur_tensor *const *state2,
                                ur_tensor *const *halves);

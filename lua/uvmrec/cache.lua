@@ -94,9 +94,7 @@ end
 -- Bytes one slot takes: the row and its optimizer state.
 local function slot_bytes(dim, dtype, optimizer)
   local es = dtype == "f32" and 4 or 2
-  local state = optimizer == "rowwise_adagrad" and 4 or optimizer == "adagrad" and 4 * dim
-                or optimizer == "adam" and 8 * dim or 0
-  return dim * es + state
+  return dim * es + 4 * require("uvmrec.optim").state_floats(optimizer, dim)
 end
 
 -- Builds the cache of collection `t` (a uvmrec.tbe object) over its tables listed in names.

@@ -16,14 +16,6 @@ local M = {}
 local methods = {}
 local mt = { __index = methods }
 
-local OPTIMS = { sgd = C.UR_TBE_OPTIM_SGD, rowwise_adagrad = C.UR_TBE_OPTIM_ROWWISE_ADAGRAD,
-                 adagrad = C.UR_TBE_OPTIM_ADAGRAD, adam = C.UR_TBE_OPTIM_ADAM }
-local OPTIM_DEFAULTS = {
-  sgd = { lr = 0.01 },
-  rowwise_adagrad = { lr = 0.01, eps = 1e-8 },
-  adagrad = { lr = 0.01, eps = 1e-10 },
-  adam = { lr = 0.001, eps = 1e-8, beta1 = 0.9, beta2 = 0.999 },
-}
 local BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
 local POOLINGS = { sum = C.UR_POOLING_SUM, mean = C.UR_POOLING_MEAN, none = C.UR_POOLING_NONE }
 local PLACES = { device = C.UR_PLACE_DEVICE, managed = C.UR_PLACE_MANAGED, host = C.UR_PLACE_HOST,
@@ -35,8 +27,6 @@ local OPTS = { tables = true, features = true, optimizer = true, bounds = true, 
                placement = true, dtype = true, state_placement = true, cache = true }
 local TABLE_OPTS = { name = true, rows = true, dim = true, dtype = true, pooling = true,
                      placement = true, state_placement = true, features = true }
-local OPTIM_OPTS = { [1] = true, name = true, lr = true, eps = true, weight_decay = true,
-                     beta1 = true, beta2 = true, max_grad = true }
 
 local function keys_of(t)
   local k = {}
@@ -69,19 +59,17 @@ local function whole(v, what, level, lo)
   return v
 end
 
--- optimizer = "sgd" | { "adam", lr = ..., ... } | { name = "adam", ... }
+-- optimizer = "sgd" | { "adam", lr = ..., ... } | { name = "adam", ... }: uvmrec.optim's
+-- settings and defaults for tables.
 local function optimizer_of(o, level)
   if o == nil then o = "sgd" end
   if type(o) == "string" then o = { o } end
   if type(o) ~= "table" then error("embedding collection: optimizer must be a name or a table", level + 1) end
-  check_keys(o, OPTIM_OPTS, "optimizer", level + 1)
-  local name = o.name or o[1] or "sgd"
-  local kind = pick(OPTIMS, name, "optimizer", level + 1)
-  local d = OPTIM_DEFAULTS[name]
-  return name, kind, {
-    lr = o.lr or d.lr, eps = o.eps or d.eps or 0, weight_decay = o.weight_decay or 0,
-    beta1 = o.beta1 or d.beta1 or 0, beta2 = o.beta2 or d.beta2 or 0, max_grad = o.max_grad or 0,
-  }
+  local name, settings = o.name or o[1] or "sgd", {}
+  for k, v in pairs(o) do
+    if k ~= 1 and k ~= "name" then settings[k] = v end
+  end
+  return name, require("uvmrec.optim").config(name, "tables", settings, "embedding collection", level + 1)
 end
 
 local wrap_tbe, free_tbe = lib.handle_type("ur_tbe", C.ur_tbe_free, {})
@@ -128,12 +116,10 @@ function M.new(opts, level)
       cache_opts = cache_opts or require("uvmrec.cache").options(opts.cache, level)
     end
   end
-  local optim_name, kind, hp = optimizer_of(opts.optimizer, level)
+  local optim_name, optim_cfg = optimizer_of(opts.optimizer, level)
   local cfg = ffi.new("ur_tbe_config")
   cfg.device = device
-  cfg.optim = kind
-  cfg.lr, cfg.eps, cfg.weight_decay = hp.lr, hp.eps, hp.weight_decay
-  cfg.beta1, cfg.beta2, cfg.max_grad = hp.beta1, hp.beta2, hp.max_grad
+  cfg.optim = optim_cfg
   cfg.bounds = pick(BOUNDS, opts.bounds or "fatal", "bounds check", level)
   cfg.stochastic_rounding = opts.stochastic_rounding == false and 0 or 1
   cfg.seed = whole(opts.seed or 0, "seed", level)

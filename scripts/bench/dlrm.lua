@@ -104,7 +104,7 @@ local loader = assert(ur.data.loader(dopts))
 local batches = train.feed.hold(loader, NBATCH, gpu)
 
 local sched = train.config.schedule(cfg)
-local base_lr, base_emb = opt.lr, model.embeddings.tbe:lr()
+local base_lr, base_emb = opt:lr(), model.embeddings.tbe:lr()
 local step = 0
 local function run(n)
   local first, last

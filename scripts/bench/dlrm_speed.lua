@@ -238,7 +238,7 @@ for _, precision in ipairs(o.precisions) do
   local steps = {}
   for i, b in ipairs(batches) do steps[i] = P.phases(model, opt, b) end
   local sched = train.config.schedule(cfg)
-  local base_lr, base_emb = opt.lr, model.embeddings.tbe:lr()
+  local base_lr, base_emb = opt:lr(), model.embeddings.tbe:lr()
   local n = 0
   local function step()
     n = n + 1

@@ -14,8 +14,7 @@ local dense = ur.dense
 
 local M = {}
 
--- The defaults of uvmrec.tbe (lua/uvmrec/tbe.lua, OPTIM_DEFAULTS) for what a config leaves out.
-local TBE_EPS = { sgd = 0, rowwise_adagrad = 1e-8, adagrad = 1e-10, adam = 1e-8 }
+local RULES = require("uvmrec.optim").RULES -- the defaults for what a config leaves out
 
 -- A config by preset name or file, with --set overrides; nil, message on a bad one.
 function M.config(name, sets)
@@ -51,9 +50,9 @@ function M.describe(cfg, model, opt)
     precision = cfg.model.precision, pooling = e.pooling, dim = e.dim,
     rows = train.config.table_rows(cfg), tables = names,
     bottom = widths(model.bottom), top = widths(model.top),
-    emb_optim = { name = ename, lr = model.embeddings.tbe:lr(), eps = eo.eps or TBE_EPS[ename],
+    emb_optim = { name = ename, lr = model.embeddings.tbe:lr(), eps = eo.eps or RULES[ename].defaults.eps or 0,
                   weight_decay = eo.weight_decay or 0, beta1 = eo.beta1 or 0.9, beta2 = eo.beta2 or 0.999 },
-    dense_optim = { name = opt.kind, lr = opt.lr, eps = opt.cfg.eps, momentum = opt.cfg.momentum,
+    dense_optim = { name = opt.kind, lr = opt:lr(), eps = opt.cfg.eps, momentum = opt.cfg.momentum,
                     nesterov = opt.cfg.nesterov ~= 0, weight_decay = opt.cfg.weight_decay,
                     beta1 = opt.cfg.beta1, beta2 = opt.cfg.beta2 },
     schedule = { name = s.name, warmup_steps = s.warmup_steps, decay_start = s.decay_start,

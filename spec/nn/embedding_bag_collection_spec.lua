@@ -420,7 +420,7 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     bad({ { name = "x", rows = 10, dim = 8 } }, { optimizer = "lamb" },
         "embedding collection: optimizer 'lamb' is not one of adagrad, adam, rowwise_adagrad, sgd")
     bad({ { name = "x", rows = 10, dim = 8 } }, { optimizer = { "sgd", lr = -1 } },
-        "tbe: learning rate -1; expected a finite value >= 0")
+        "embedding collection: lr must be a finite number >= 0, got -1")
     bad({ { name = "x", rows = 10, dim = 8 } }, { optimizer = { "adam", beta1 = 1 } },
         "tbe: Adam betas 1, 0.999; expected each in [0, 1)")
     bad({ { name = "x", rows = 10, dim = 8 } }, { bounds = "maybe" },

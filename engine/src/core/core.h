@@ -15,6 +15,10 @@ UR__HIDDEN ur_status ur__error(ur_status status, const char *fmt, ...)
 UR__HIDDEN ur_status ur__errorv(ur_status status, const char *fmt, va_list ap);
 UR__HIDDEN void ur__format_bytes(uint64_t bytes, char *buf, size_t len);
 
+/* Checks optimizer settings (optim.c) for dense parameters (tables 0) or embedding tables (1);
+ * `who` opens the message. */
+UR__HIDDEN ur_status ur__optim_check(const char *who, const ur_optim_config *c, int tables);
+
 /* Backends: the CPU one always; the CUDA one when it loaded and sees a GPU (else NULL). */
 UR__HIDDEN const ur_backend *ur__cpu(void);
 UR__HIDDEN const ur_backend *ur__gpu(void);

@@ -378,7 +378,7 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   c->key_bits = 1;
   while (c->key_bits < 63 && ((uint64_t)1 << c->key_bits) <= key) c->key_bits++;
   c->row_bytes = (size_t)c->dim * ur_dtype_size((ur_dtype)c->dtype);
-  c->state_per_row = c->nstate == 0 ? 0 : tc->optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? 1 : c->dim;
+  c->state_per_row = c->nstate == 0 ? 0 : tc->optim.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD ? 1 : c->dim;
   c->nsets = 0;
   c->cfg.table_slots = NULL; /* the caller's array: not kept */
   for (int32_t i = 0; i < num_tables; i++) {

@@ -16,13 +16,13 @@ static ur_status reset_flags(ur_tbe *t, ur_stream *s) {
                      (uint64_t)UR_TBE_NO_BAD);
 }
 
-double ur_tbe_lr(const ur_tbe *t) { return t->cfg.lr; }
+double ur_tbe_lr(const ur_tbe *t) { return t->cfg.optim.lr; }
 int64_t ur_tbe_step(const ur_tbe *t) { return t->step; }
 
 ur_status ur_tbe_set_lr(ur_tbe *t, double lr) {
   if (!(isfinite(lr) && lr >= 0))
-    return ur__error(UR_STATUS_INVALID, "tbe: learning rate %g; expected a finite value >= 0", lr);
-  t->cfg.lr = lr;
+    return ur__error(UR_STATUS_INVALID, "tbe: lr %g; expected a finite value >= 0", lr);
+  t->cfg.optim.lr = lr;
   return UR_STATUS_OK;
 }
 
@@ -343,18 +343,8 @@ ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
 static void hyper_of(ur_tbe *t, ur__tbe_hyper *h) {
   const ur_tbe_config *c = &t->cfg;
   memset(h, 0, sizeof *h);
-  h->optim = c->optim;
+  h->k = ur__optim_consts_of(&c->optim, t->step);
   h->sr = c->stochastic_rounding != 0;
-  h->lr = (float)c->lr;
-  h->eps = (float)c->eps;
-  h->weight_decay = (float)c->weight_decay;
-  h->max_grad = (float)c->max_grad;
-  h->beta1 = (float)c->beta1;
-  h->beta2 = (float)c->beta2;
-  h->one_minus_beta1 = (float)(1.0 - c->beta1);
-  h->one_minus_beta2 = (float)(1.0 - c->beta2);
-  h->bias1 = (float)(1.0 - pow(c->beta1, (double)t->step));
-  h->bias2 = (float)(1.0 - pow(c->beta2, (double)t->step));
   h->sr_key = c->seed ^ ((uint64_t)t->step * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
 }
 

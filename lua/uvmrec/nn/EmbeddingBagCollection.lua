@@ -93,6 +93,10 @@ function EBC:optimizer_state()
 end
 
 function EBC:features() return { unpack(self.tbe.features) } end
+-- The fused optimizer's learning rate (a parameter group of uvmrec.optim.Schedule).
+function EBC:lr() return self.tbe:lr() end
+-- The fused optimizer's learning rate (a parameter group of uvmrec.optim.Schedule).
+function EBC:lr() return self.tbe:lr() end
 function EBC:set_lr(lr) self.tbe:set_lr(lr) return self end
 function EBC:skipped() return self.tbe:skipped() end
 -- The pages of the managed tables' rows an input reads (uvmrec.tbe: prefetch_pages, page_runs).

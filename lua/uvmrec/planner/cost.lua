@@ -23,11 +23,13 @@ M.ELEM = ELEM
 
 -- Optimizer state bytes a row carries (f32), for a row of `dim` columns.
 function M.state_bytes(optimizer, dim)
-  if optimizer == "rowwise_adagrad" then return 4 end
-  if optimizer == "adagrad" then return 4 * dim end
-  if optimizer == "adam" then return 8 * dim end
-  if optimizer == nil or optimizer == "sgd" then return 0 end
-  error("cost: optimizer '" .. tostring(optimizer) .. "' is not sgd, rowwise_adagrad, adagrad or adam", 3)
+  local optim = require "uvmrec.optim"
+  local r = optim.RULES[optimizer or "sgd"]
+  if not (r and r.tables) then
+    error(("cost: optimizer '%s' is not one of %s"):format(tostring(optimizer),
+          table.concat(optim.names("tables"), ", ")), 3)
+  end
+  return 4 * r.state(dim)
 end
 
 -- What the engine's cache allocates besides slot rows (engine/src/cache.c, kernels/cache.cu):

@@ -9,8 +9,8 @@ local int, number, bool, string, enum, list, map, dict =
   config.int, config.number, config.bool, config.string, config.enum, config.list, config.map, config.dict
 
 local PLACEMENTS = { "auto", "device", "managed", "host", "cached" }
-local TBE_OPTIMS = { "sgd", "rowwise_adagrad", "adagrad", "adam" }
-local DENSE_OPTIMS = { "sgd", "adagrad", "adam", "adamw" }
+local TBE_OPTIMS = require("uvmrec.optim").names("tables")
+local DENSE_OPTIMS = require("uvmrec.optim").names("dense")
 M.METRICS = { "auc", "ne", "accuracy", "calibration", "ctr" }
 
 M.schema = map({
@@ -67,7 +67,7 @@ M.schema = map({
     eps = number { min = 0 },
     beta1 = number { min = 0, max = 1 }, beta2 = number { min = 0, max = 1 },
   }, { required = { "lr" } }),
-  schedule = map {                                             -- a factor on both learning rates
+  schedule = map {                                             -- a factor on each group's lr (ur.optim.Schedule)
     name = enum({ "constant", "warmup", "dlrm" }, { default = "constant" }),
     warmup_steps = int { min = 0, default = 0 },
     decay_start = int { min = 0, default = 0 },

@@ -84,9 +84,7 @@ end
 -- The dense optimizer of the config over the model's parameters (zeroing the gradients).
 function M.optimizer(cfg, model)
   local o = cfg.optimizer
-  local ctor = ({ sgd = ur.optim.SGD, adagrad = ur.optim.Adagrad, adam = ur.optim.Adam,
-                  adamw = ur.optim.AdamW })[o.name]
-  return ctor(model:parameters(), {
+  return ur.optim.dense(o.name, model:parameters(), {
     lr = o.lr, momentum = o.name == "sgd" and o.momentum or nil, weight_decay = o.weight_decay,
     eps = o.eps, betas = (o.beta1 or o.beta2) and { o.beta1 or 0.9, o.beta2 or 0.999 } or nil,
     zero_grad = true,
@@ -455,7 +453,7 @@ function M.run(cfg, opts)
       last_loss = loss
       progress:update(step, loss, n)
       log.line { event = "train", step = step, samples = n, loss = loss, seconds = progress:elapsed(),
-                 samples_per_s = progress.rate, lr = ctx.optimizer.lr }
+                 samples_per_s = progress.rate, lr = ctx.optimizer:lr() }
     end,
   })
   local interrupted, cerr

@@ -19,7 +19,7 @@ end
 -- the hooks.
 local function state(t)
   return { t = t, model = t.model, opt = t.optimizer, hooks = t.hooks or {}, log_every = t.log_every or 10,
-           base_lr = t.optimizer.lr, base_emb_lr = t.model.embeddings.tbe:lr(),
+           base_lr = t.optimizer:lr(), base_emb_lr = t.model.embeddings.tbe:lr(),
            step = (t.first or 1) - 1, samples = t.samples or 0, loss = nil, logged = true, stopped = false }
 end
 
