@@ -42,7 +42,7 @@ extern "C" {
 #define UR_SYNTH_MAX_TABLES 64 /* ur_synth_spec.tables */
 
 /* UR_CDEF_BEGIN */
-/* ==== 1. core: statuses, the library, names, devices, memory, streams, tensors, interrupts, optimizers ==== */
+/* ==== 1. core: statuses, library, names, devices, memory, streams, tensors, interrupts, optimizers ==== */
 typedef int ur_status;
 enum {
   UR_STATUS_OK = 0,
@@ -315,19 +315,21 @@ UR_API ur_status ur_monitor_stop(void);
 /* Keyed jagged tensors (engine/src/kjt.c).  Key-major: lengths[k * stride + b] is the bag of
  * key k for sample b, offsets its exclusive cumulative sum (num_keys * stride + 1 entries), so
  * offsets are directly the embedding kernels' bag offsets into values.  With a variable batch
- * per key (VBE), key k has stride_per_key[k] bags and inverse_indices [num_keys, stride] gives,
- * for each sample of the full batch, its bag within that key.  A KJT holds views of the
- * tensors it was given (the caller keeps its own handles); accessors lend the KJT's own
- * handles, valid while it lives. */
+ * per key (VBE; TorchRec's names), key k has stride_per_key_per_rank[k] bags (one rank) and
+ * inverse_indices [num_keys, stride] gives, for each sample of the full batch, its bag within
+ * that key.  A KJT holds views of the tensors it was given (the caller keeps its own handles);
+ * accessors lend the KJT's own handles, valid while it lives. */
 struct ur_kjt;
 typedef struct ur_kjt ur_kjt;
 
-/* values i64 [n], lengths i32 [sum of strides], weights f32 [n] or NULL; stride_per_key NULL
- * for one stride for all keys (then inverse_indices must be NULL), else num_keys entries and
+/* values i64 [n], lengths i32 [sum of strides], weights f32 [n] or NULL;
+ * stride_per_key_per_rank NULL for one stride for all keys (then inverse_indices must be NULL),
+ * else each key's bags on each rank (TorchRec's names; one rank: num_keys entries) and
  * inverse_indices i64 [num_keys * stride].  All tensors in one placement (device: one GPU).
  * Offsets are computed here; lengths are checked (negative, sum) unless check is 0. */
 UR_API ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys,
-                            int64_t stride, const int64_t *stride_per_key, ur_tensor *values,
+                            int64_t stride, const int64_t *stride_per_key_per_rank,
+                            ur_tensor *values,
                             ur_tensor *lengths, ur_tensor *weights, ur_tensor *inverse_indices,
                             int32_t check);
 UR_API void ur_kjt_free(ur_kjt *k);
@@ -367,6 +369,12 @@ UR_API ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tens
 /* A copy in another placement, ordered on s (asynchronous where the GPU is involved). */
 UR_API ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place place,
                            int32_t device);
+/* The same into buffers the caller keeps: into[0..4] for the values, lengths, offsets, weights
+ * and inverse_indices (1-D, of k's dtypes, at least as long, in one placement; NULL where k has
+ * none).  The copy's tensors are views of their first elements, so a loop that copies every
+ * batch to the GPU allocates no device memory and waits for nothing. */
+UR_API ur_status ur_kjt_copy(ur_stream *s, const ur_kjt *k, ur_tensor *const *into /* out */,
+                             ur_kjt **out /* out */);
 
 /* .npy arrays (engine/src/npy.c): version 1, 2 and 3 headers; dtypes <f4, <i4, <u4, <i8. */
 typedef struct ur_npy_info {
@@ -579,28 +587,31 @@ UR_API int64_t ur_tbe_out_dim(const ur_tbe *t);
 /* The first output column of feature f (pooled collections). */
 UR_API int64_t ur_tbe_feature_col(const ur_tbe *t, int32_t feature);
 
-/* Pooled forward.  Without VBE (batch_per_feature NULL) every feature has bags/num_features
- * bags and out is [batch, out_dim].  With VBE, batch_per_feature[f] (host memory) gives each
- * feature's bags; out is then either flat [sum_f batch_f * dim_f] (inverse NULL) or, with
- * inverse i64 [num_features * B] (key-major: sample b of feature f reads its bag
- * inverse[f * B + b]), expanded to [B, out_dim].  Pooling none: out is [n, dim], one row per
+/* Pooled forward.  Without VBE (stride_per_key_per_rank NULL) every feature has
+ * bags/num_features bags and out is [batch, out_dim].  With VBE, stride_per_key_per_rank[f]
+ * (host memory; one rank) gives each feature's bags, as a KJT's; out is then either flat
+ * [sum_f batch_f * dim_f] (inverse_indices NULL) or, with inverse_indices i64
+ * [num_features * B] (key-major: sample b of feature f reads its bag
+ * inverse_indices[f * B + b]), expanded to [B, out_dim].  Pooling none: out is [n, dim], one row per
  * value.  Empty bags give zeros; mean divides by the bag's length.  weights may be NULL. */
 UR_API ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
                                 const ur_tensor *offsets, const ur_tensor *weights,
-                                const int64_t *batch_per_feature, const ur_tensor *inverse,
+                                const int64_t *stride_per_key_per_rank,
+                                const ur_tensor *inverse_indices,
                                 ur_tensor *out);
 /* The gradient of forward's output updates the rows in place through the optimizer. */
 UR_API ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                                  const ur_tensor *values, const ur_tensor *offsets,
-                                 const ur_tensor *weights, const int64_t *batch_per_feature,
-                                 const ur_tensor *inverse);
+                                 const ur_tensor *weights, const int64_t *stride_per_key_per_rank,
+                                 const ur_tensor *inverse_indices);
 /* The deduplicated gradient instead of an update: rows i64 [U] (row ids within their tables,
  * ascending per table, tables in order), grads f32 [sum_t U_t * dim_t] (table t's block is
  * [U_t, dim_t]), and counts[t] = U_t (host array of num_tables).  Synchronous. */
 UR_API ur_status ur_tbe_sparse_grad(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                                     const ur_tensor *values, const ur_tensor *offsets,
-                                    const ur_tensor *weights, const int64_t *batch_per_feature,
-                                    const ur_tensor *inverse, ur_tensor **rows /* out */,
+                                    const ur_tensor *weights,
+                                    const int64_t *stride_per_key_per_rank,
+                                    const ur_tensor *inverse_indices, ur_tensor **rows /* out */,
                                     ur_tensor **grads /* out */, int64_t *counts /* out */);
 
 /* Table t as a [rows, dim] view of the batched storage; its optimizer state `which`
@@ -676,7 +687,7 @@ UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tenso
  * Runs that lie wholly in bytes the hint record says are preferred on, or last prefetched to,
  * the location are skipped; the others are prefetched there on s (cudaMemPrefetchAsync).
  * values i64 [n] and offsets i64 [bags + 1] as ur_tbe_forward takes them (any placement:
- * device ones are read back, synchronously), batch_per_feature as there.  Ids out of range
+ * device ones are read back, synchronously), stride_per_key_per_rank as there.  Ids out of range
  * fail under the collection's fatal bounds check with the forward's error (naming table,
  * feature, sample and id); under warn and off they are skipped (and counted here, not in
  * ur_tbe_skipped).  location: a GPU, UR_LOC_CURRENT_GPU (the collection's GPU) or UR_LOC_CPU.
@@ -706,11 +717,11 @@ typedef struct ur_page_stats {
 UR_API size_t ur_sizeof_page_run(void);
 UR_API size_t ur_sizeof_page_stats(void);
 UR_API ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values,
-                                       const ur_tensor *offsets, const int64_t *batch_per_feature,
+                                       const ur_tensor *offsets, const int64_t *stride_per_key_per_rank,
                                        ur_page_stats *out /* out */, int32_t location);
 /* The same computation, issuing nothing: for tests and for looking at what a batch touches. */
 UR_API ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
-                                  const int64_t *batch_per_feature, ur_page_stats *out /* out */,
+                                  const int64_t *stride_per_key_per_rank, ur_page_stats *out /* out */,
                                   int32_t location);
 /* The runs of the last ur_tbe_prefetch_pages or ur_tbe_page_runs on t, skipped ones included,
  * by table, then tensor, then address: lent, valid until the next such call or ur_tbe_free.
@@ -776,14 +787,14 @@ UR_API int32_t ur_cache_table(const ur_cache *c, int32_t i);   /* collection tab
 /* Slot storage in bytes where the collection runs (rows, optimizer state and staging). */
 UR_API uint64_t ur_cache_bytes(const ur_cache *c);
 /* A batch's ids: values i64 [n] and offsets i64 [bags + 1] as ur_tbe_forward takes them (any
- * placement: device ones are read back, synchronously), batch_per_feature as there.  Writes
+ * placement: device ones are read back, synchronously), stride_per_key_per_rank as there.  Writes
  * into out (i64 [n], where the collection runs) the ids to give the collection instead:
  * slot ids for the cached tables' features, the ids themselves for other features.  The
  * copies are ordered on s; *ticket identifies the batch for ur_cache_retire.  Ids out of
  * range fail under the collection's fatal bounds check (naming table, feature, sample, id),
  * else become -1 (the collection skips and counts them). */
 UR_API ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
-                                  const ur_tensor *offsets, const int64_t *batch_per_feature,
+                                  const ur_tensor *offsets, const int64_t *stride_per_key_per_rank,
                                   ur_tensor *out, int64_t *ticket /* out */);
 /* The batch is done with: after its backward was enqueued on s (trained 1: its rows are
  * dirty and its staged rows are written back to host memory, ordered on s), or without one

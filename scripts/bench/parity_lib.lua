@@ -50,7 +50,7 @@ function M.describe(cfg, model, opt)
     precision = cfg.model.precision, pooling = e.pooling, dim = e.dim,
     rows = train.config.table_rows(cfg), tables = names,
     bottom = widths(model.bottom), top = widths(model.top),
-    emb_optim = { name = ename, lr = model.embeddings.tbe:lr(), eps = eo.eps or RULES[ename].defaults.eps or 0,
+    emb_optim = { name = ename, lr = model.embeddings:lr(), eps = eo.eps or RULES[ename].defaults.eps or 0,
                   weight_decay = eo.weight_decay or 0, beta1 = eo.beta1 or 0.9, beta2 = eo.beta2 or 0.999 },
     dense_optim = { name = opt.kind, lr = opt:lr(), eps = opt.cfg.eps, momentum = opt.cfg.momentum,
                     nesterov = opt.cfg.nesterov ~= 0, weight_decay = opt.cfg.weight_decay,
@@ -80,9 +80,6 @@ function M.save_weights(path, model, desc, cfg)
     ["uvmrec.config"] = json.encode(cfg) } })
 end
 
--- The batch's sparse input as the collection takes it (a KJT stays a KJT).
-local function sparse_of(batch) return batch.sparse end
-
 -- DLRM's training step (models/dlrm.lua: updateOutput, the criterion, backward, the dense
 -- optimizer) as named phases over a state table s; the same calls in the same order as
 -- DLRM:forward/backward and uvmrec.train.loop.step.  With opts.sparse_grad the last phases
@@ -95,7 +92,7 @@ function M.phases(model, opt, batch, opts)
   local pair = model._pair and {} or nil
   local list = {
     { "bottom_fwd", function() s.x = model.bottom:forward(batch.dense) end },
-    { "emb_fwd", function() s.e = model.embeddings:forward(sparse_of(batch)) end },
+    { "emb_fwd", function() s.e = model.embeddings:forward(batch.sparse) end },
     { "inter_fwd", function()
       if pair then
         pair[1], pair[2] = s.x, s.e
@@ -129,9 +126,9 @@ function M.phases(model, opt, batch, opts)
     { "bottom_bwd", function() model.bottom:backward(batch.dense, s.gx) end },
   }
   if opts.sparse_grad then
-    list[#list + 1] = { "emb_grad", function() s.sparse = model.embeddings:sparse_grad(sparse_of(batch), s.ge) end }
+    list[#list + 1] = { "emb_grad", function() s.sparse = model.embeddings:sparse_grad(batch.sparse, s.ge) end }
   else
-    list[#list + 1] = { "emb_bwd_opt", function() model.embeddings:backward(sparse_of(batch), s.ge) end }
+    list[#list + 1] = { "emb_bwd_opt", function() model.embeddings:backward(batch.sparse, s.ge) end }
     list[#list + 1] = { "dense_opt", function() opt:step() end }
   end
   return list, s

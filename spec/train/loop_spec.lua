@@ -1,12 +1,14 @@
 -- uvmrec.train.loop: dlrm_tiny trained on the CPU gives, bit for bit, the losses recorded before
 -- the batch, loop and optimizer were made one (issue 17): plain, through the prefetch pipeline,
 -- with cached tables (a tenth of the rows, conflict misses), with managed tables (a hint policy
--- and its relayout every 10 steps), each with and without the pipeline (the plain loop's cached
--- run with an evaluation every 10 steps), and two runs that step every kind of update constant
--- (Adam on both sides with f16 tables and the dlrm schedule; SGD with momentum and Adagrad on
--- bf16 tables with a warmup).  The values are hex floats, each
+-- and its relayout every 10 steps), each with and without the pipeline (the cached runs with an
+-- evaluation every 10 steps: the pipelined one failed before, an evaluation's last batch left
+-- in flight with staged rows the next prefetch needed; its losses are the plain cached run's),
+-- and two runs that step every kind of update constant (Adam on both sides with f16 tables and
+-- the dlrm schedule; SGD with momentum and Adagrad on bf16 tables with a warmup).  The values are hex floats, each
 -- step's loss as train.run logged it.
 local helpers = require "helpers"
+local loop = require "uvmrec.train.loop"
 
 local COMMON = { "train.steps=30", "train.batch_size=256", "train.log_every=1", "eval.samples=0",
                  "eval.min_auc=0" }
@@ -20,7 +22,7 @@ local RUNS = {
     "eval.samples=2048", "eval.batch_size=1024", "eval.every=10" } },
   { name = "cached_pipelined", sets = {
     "embeddings.placement=cached", "embeddings.cache.load_factor=0.1", "embeddings.cache.min_slots=0",
-    "train.pipeline=true" } },
+    "train.pipeline=true", "eval.samples=2048", "eval.batch_size=1024", "eval.every=10" } },
   { name = "managed", sets = {
     "embeddings.placement=managed", "embeddings.hints.every=10", "embeddings.hints.allowance=20%" } },
   { name = "managed_pipelined", sets = {
@@ -104,3 +106,68 @@ describe("uvmrec.train.loop", function()
     end)
   end
 end)
+
+-- A model and an optimizer that write down what the loop asks of them, and a source of n
+-- batches of sizes 1, 2, ... that notes its close.
+local function fakes(n, fail_at)
+  local log = {}
+  local loss = { get = function() return 0.5 end }
+  local model = {
+    criterion = { forward = function() return loss end, backward = function() return "grad" end },
+    forward = function(_, b)
+      if b.size == fail_at then error("step " .. b.size .. " failed", 0) end
+      log[#log + 1] = "forward " .. b.size
+      return "logits"
+    end,
+    backward = function(_, b) log[#log + 1] = "backward " .. b.size end,
+  }
+  local opt = { step = function() log[#log + 1] = "step" end }
+  local k = 0
+  local source = { next = function()
+    k = k + 1
+    if k > n then return nil end
+    return { size = k }
+  end, close = function() log[#log + 1] = "close" end }
+  return model, opt, source, log
+end
+
+describe("uvmrec.train.loop.run", function()
+  it("takes batches from a source until it ends, the hooks around each step in order, then closes it", function()
+    local model, opt, source, log = fakes(2)
+    local function hook(name)
+      return { start = function(_, r) log[#log + 1] = name .. " start " .. r.step end,
+               before = function(_, r, b) log[#log + 1] = name .. " before " .. r.step .. " " .. b.size end,
+               after = function(_, r, b)
+                 log[#log + 1] = name .. " after " .. r.step .. " " .. r.samples .. " " .. b.size
+               end,
+               finish = function(_, r) log[#log + 1] = name .. " finish " .. r.step .. " " .. tostring(r.error) end }
+    end
+    local run = loop.run(model, opt, source, { hook("a"), hook("b") })
+    assert.same({ "a start 0", "b start 0",
+                  "a before 0 1", "b before 0 1", "forward 1", "backward 1", "step", "a after 1 1 1", "b after 1 1 1",
+                  "a before 1 2", "b before 1 2", "forward 2", "backward 2", "step", "a after 2 3 2", "b after 2 3 2",
+                  "close", "a finish 2 nil", "b finish 2 nil" }, log)
+    assert.same({ 2, 3, false }, { run.step, run.samples, run.stopped })
+    assert.equal(0.5, run.loss:get(0))
+  end)
+
+  it("starts where a hook says (a resumed run's step) and stops when one asks", function()
+    local model, opt, source, log = fakes(10)
+    local run = loop.run(model, opt, source, {
+      { start = function(_, r) r.step, r.samples = 40, 400 end },
+      { after = function(_, r) if r.step == 42 then r:stop() end end } })
+    assert.same({ 42, 403, true }, { run.step, run.samples, run.stopped })
+    assert.equal("close", log[#log])
+  end)
+
+  it("closes the source and runs the hooks' finish with the error when a step fails, then raises it", function()
+    local model, opt, source, log = fakes(5, 3)
+    local seen
+    assert.has_error(function()
+      loop.run(model, opt, source, { { finish = function(_, r) seen = { r.step, r.error } end } })
+    end, "step 3 failed")
+    assert.same({ 2, "step 3 failed" }, seen)
+    assert.equal("close", log[#log])
+  end)
+end)
+

@@ -866,7 +866,7 @@ static ur_status settle(ur_cache *c, ur_stream *s, const flight *B, int64_t tk, 
 }
 
 ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
-                           const ur_tensor *offsets, const int64_t *bpf, ur_tensor *out,
+                           const ur_tensor *offsets, const int64_t *spk, ur_tensor *out,
                            int64_t *ticket) {
   *ticket = 0;
   ur_status st = check_alive(c);
@@ -885,23 +885,23 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
                                         "cannot read");
   if (bags < 0) return ur__error(UR_STATUS_INVALID, "cache: offsets is empty; expected bags + 1");
   int64_t *bag_start = NULL, batch = 0;
-  if (bpf) {
+  if (spk) {
     bag_start = malloc(sizeof(int64_t) * ((size_t)c->F + 1));
     if (!bag_start) return ur__error(UR_STATUS_OOM, "cache: out of host memory");
     bag_start[0] = 0;
     for (int32_t f = 0; f < c->F; f++) {
-      if (bpf[f] < 0) {
+      if (spk[f] < 0) {
         free(bag_start);
         return ur__error(UR_STATUS_INVALID, "cache: feature '%s' has batch %lld; expected >= 0",
-                         c->tbe->fnames[f], (long long)bpf[f]);
+                         c->tbe->fnames[f], (long long)spk[f]);
       }
-      bag_start[f + 1] = bag_start[f] + bpf[f];
+      bag_start[f + 1] = bag_start[f] + spk[f];
     }
     if (bag_start[c->F] != bags) {
       int64_t sum = bag_start[c->F];
       free(bag_start);
       return ur__error(UR_STATUS_INVALID,
-                       "cache: batch_per_feature sums to %lld bags but offsets hold %lld",
+                       "cache: stride_per_key_per_rank sums to %lld bags but offsets hold %lld",
                        (long long)sum, (long long)bags);
     }
   } else if (bags % c->F) {

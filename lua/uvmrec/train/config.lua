@@ -82,6 +82,8 @@ M.schema = map({
     seed = int { min = 0, default = 1 },
     log_every = int { min = 1, default = 10 },     -- read the loss (the one wait) every N steps
     pipeline = bool { default = false },           -- the prefetch pipeline (uvmrec.pipeline.Prefetch)
+    drain = bool { default = true },               -- the pipeline at the end of the data: train the
+                                                   -- batches in flight (true) or drop them
     print_every = int { min = 0, default = 0 },    -- lines when not on a terminal; 0: ~10 a run
     checkpoint_every = int { min = 0, default = 0 }, -- save RUNDIR/checkpoints every N steps and at
                                                    -- the end (needs --out); 0: only on a signal
