@@ -123,7 +123,7 @@ describe("uvmrec.cache on CUDA", function()
 end)
 
 -- The GPU's own decisions (kernels/cache.cu, a warp per set) against the host reference
--- (engine/src/cache.c), batch by batch: the slot id of every value, every count, and the
+-- (engine/src/embedding/cache_cpu.c), batch by batch: the slot id of every value, every count, and the
 -- tags at the end, on skewed ids whose hot set moves, with tiny caches (conflicts and
 -- staging growth), tables sharing a pool of sets, LFU with decay, a variable batch per
 -- feature, and the pipeline's order (batch i+1 prepared on another stream before batch i

@@ -1,4 +1,4 @@
--- Access counters of embedding tables (engine/src/tbe_stats.c, lua/uvmrec/tbe_stats.lua): what
+-- Access counters of embedding tables (engine/src/embedding/counters.c, lua/uvmrec/tbe_stats.lua): what
 -- the forward counts, decay, ranking (topk, coverage, histogram), against plain references;
 -- the CUDA counters against the CPU's (#cuda).
 local ur = require "uvmrec"
@@ -212,7 +212,7 @@ describe("uvmrec.tbe access counters", function()
   end)
 end)
 
--- Row permutations of embedding tables (engine/src/tbe_stats.c, the lookup kernels): a table
+-- Row permutations of embedding tables (engine/src/embedding/layout.c, the lookup kernels): a table
 -- laid out by a permutation gives the same outputs and the same training, bit for bit, as the
 -- identity layout; relayout moves rows with their optimizer state; a checkpoint of a permuted
 -- table resumes exactly; the CUDA kernels' permuted lookups match the CPU's (#cuda).

@@ -312,7 +312,7 @@ UR_API ur_status ur_monitor_read(ur_migration_stats *out, int32_t reset);
 UR_API ur_status ur_monitor_stop(void);
 
 /* ==== 3. data: keyed jagged tensors, .npy, Criteo TSV, synthetic data, the loader ==== */
-/* Keyed jagged tensors (engine/src/kjt.c).  Key-major: lengths[k * stride + b] is the bag of
+/* Keyed jagged tensors (engine/src/data/kjt.c).  Key-major: lengths[k * stride + b] is the bag of
  * key k for sample b, offsets its exclusive cumulative sum (num_keys * stride + 1 entries), so
  * offsets are directly the embedding kernels' bag offsets into values.  With a variable batch
  * per key (VBE; TorchRec's names), key k has stride_per_key_per_rank[k] bags (one rank) and
@@ -376,7 +376,7 @@ UR_API ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place
 UR_API ur_status ur_kjt_copy(ur_stream *s, const ur_kjt *k, ur_tensor *const *into /* out */,
                              ur_kjt **out /* out */);
 
-/* .npy arrays (engine/src/npy.c): version 1, 2 and 3 headers; dtypes <f4, <i4, <u4, <i8. */
+/* .npy arrays (engine/src/data/npy.c): version 1, 2 and 3 headers; dtypes <f4, <i4, <u4, <i8. */
 typedef struct ur_npy_info {
   char descr[8];                  /* "<f4", "<i4", "<u4" or "<i8" */
   int32_t ndim;                   /* 0 to 4 */
@@ -403,7 +403,7 @@ UR_API ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *rows);
 /* Writes the header and closes; frees w either way. */
 UR_API ur_status ur_npy_writer_close(ur_npy_writer *w);
 
-/* Criteo raw TSV (engine/src/criteo.c): 40 tab-separated fields, label, 13 integers, 26 hex
+/* Criteo raw TSV (engine/src/data/criteo.c): 40 tab-separated fields, label, 13 integers, 26 hex
  * categoricals.  Integers: empty 0, negatives clamped to 0, then log(x + 1); categoricals:
  * hex as unsigned 32-bit, empty 0, then id mod rows[i] where rows[i] > 0.  Files are read
  * plain or gzip'd, parsed on UR_NUM_THREADS threads (default: every core).  Malformed data
@@ -445,7 +445,7 @@ UR_API ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_
                                    const ur_criteo_opts *opts, const char *out_dir,
                                    const int32_t *days);
 
-/* Synthetic data (engine/src/synth.c): counter-based, so sample i is the same whatever the
+/* Synthetic data (engine/src/data/synth.c): counter-based, so sample i is the same whatever the
  * order, the thread count or the backend.  Labels come from a hidden logistic model whose
  * logit is mostly per-id effects of the sparse features. */
 typedef struct ur_synth_table {
@@ -474,7 +474,7 @@ UR_API ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int6
                                    int64_t n, ur_tensor *dense, ur_tensor *labels, ur_tensor *ids,
                                    ur_tensor *weights, ur_tensor *lengths, ur_tensor *groups,
                                    ur_tensor *probs);
-/* The loader (engine/src/loader.c): a thread that turns a source into batches in pinned
+/* The loader (engine/src/data/loader.c): a thread that turns a source into batches in pinned
  * buffers ahead of use.  Each epoch a rank reads its contiguous share of the rows, in
  * windows of shuffle_window rows shuffled by a seeded permutation (a window of 0: in order),
  * so a position (epoch, sample) restores the exact order.  A batch stays valid until it is
@@ -738,8 +738,8 @@ UR_API const ur_page_run *ur_tbe_last_page_runs(const ur_tbe *t, int64_t *count 
  * Set-associative, UR_CACHE_WAYS ways per set, a row's set given by a hash of (table, row);
  * LRU (per-slot batch stamps) or LFU (per-row counts, halved every decay_batches batches);
  * write-back: a dirty row returns to host memory when evicted and on flush.  The decisions
- * are made on the host the same way whatever runs the collection, so the CPU backend is the
- * reference of the GPU's.  Within a batch, rows are decided set by set and within a set in
+ * are made where the collection runs (a warp per set on the GPU), the same way on both
+ * backends: the CPU's are the reference of the GPU's.  Within a batch, rows are decided set by set and within a set in
  * ascending (table, row) order.  Rows of batches not yet retired are locked (never evicted);
  * a row whose set has no evictable way is a conflict miss, served from a staging row (also
  * where the collection runs) that is written back to host memory at retire. */
@@ -918,7 +918,7 @@ UR_API void ur_arena_reset(ur_arena *a);
 UR_API void ur_arena_stats_get(const ur_arena *a, ur_arena_stats *out);
 
 /* ==== 7. metrics: AUC, grouped AUC, NE and the rest, streaming ==== */
-/* Streaming metrics of binary predictions (engine/src/metrics.c), computed where the metric's
+/* Streaming metrics of binary predictions (engine/src/metrics/metrics.c), computed where the metric's
  * state lives: on the GPU for device or managed state when one is in use, else on the CPU.
  * Inputs are f32 predictions and labels [n] or [n, tasks] (labels in [0, 1]: a sample counts
  * w * y as positive and w * (1 - y) as negative), optional f32 weights [n] or [n, tasks] and
@@ -995,7 +995,7 @@ UR_API ur_status ur_metrics_compute(ur_stream *s, ur_metrics *m, int32_t from_sn
                                     ur_metric_values *lifetime /* out */);
 
 /* ==== 8. io: checkpoints (safetensors), configs (YAML), JSON ==== */
-/* safetensors files (engine/src/safetensors.c): an 8-byte little-endian header length, a JSON
+/* safetensors files (engine/src/io/safetensors.c): an 8-byte little-endian header length, a JSON
  * header (per tensor: dtype F32 BF16 F16 I8 U8 I32 I64, shape, data_offsets from the start of
  * the data; "__metadata__": strings to strings), then the raw little-endian data.  Saving
  * writes <path>.tmp-XXXXXX in the same directory, fsyncs it, renames it over path and fsyncs

@@ -1,5 +1,5 @@
 -- uvmrec.cache: the software HBM cache of an embedding collection's `cached` tables (the
--- engine's ur_cache, engine/src/cache.c).  A collection builds its cache itself when a table
+-- engine's ur_cache, engine/src/embedding/cache.c).  A collection builds its cache itself when a table
 -- is placed "cached"; this module is its Lua face:
 --
 --   local ebc = ur.nn.EmbeddingBagCollection{ tables = { { name = "t", rows = 1e7, dim = 128,

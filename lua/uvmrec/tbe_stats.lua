@@ -1,4 +1,4 @@
--- Access statistics and row layout of an embedding collection's tables (engine/src/tbe_stats.c),
+-- Access statistics and row layout of an embedding collection's tables (engine/src/embedding/counters.c, layout.c),
 -- as methods of uvmrec.tbe collections:
 --
 --   c:set_counting(true)                 -- every table (or c:set_counting(true, "t0"))

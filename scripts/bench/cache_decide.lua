@@ -5,7 +5,7 @@
 --
 -- T tables of N rows (dim 4: only the decisions matter), batches of B samples with one id per
 -- table drawn Zipf(S) and scattered over the rows (the hit-rate stream of cache.lua).  For
--- each cache size and policy, the same K batches go through a CPU cache (engine/src/cache.c)
+-- each cache size and policy, the same K batches go through a CPU cache (engine/src/embedding/cache.c)
 -- and a GPU cache (kernels/cache.cu) in the prefetch pipeline's order (batch k prepared on
 -- another stream before batch k-1 retires).  It checks that every batch gets the same slot
 -- id for every value and the same counts from both, then prints each one's hit rate and

@@ -117,12 +117,12 @@ UR__HIDDEN ur_status ur__segmap_init(ur__segmap *m, uint64_t bytes);
 UR__HIDDEN void ur__segmap_free(ur__segmap *m);
 
 /* A parallel loop: fn(ctx, begin, end) over [0, n) in chunks of at least grain
- * (engine/src/parallel.c). */
+ * (engine/src/core/parallel.c). */
 typedef void (*ur__range_fn)(void *ctx, size_t begin, size_t end);
 UR__HIDDEN void ur__parallel_for(size_t n, size_t grain, ur__range_fn fn, void *ctx);
 UR__HIDDEN int ur__threads(void);
 
-/* Numbers (engine/src/convert.c). */
+/* Numbers (engine/src/core/convert.c). */
 UR__HIDDEN double ur__load(const void *base, ur_dtype d, size_t i);
 UR__HIDDEN void ur__store(void *base, ur_dtype d, size_t i, double v);
 UR__HIDDEN uint64_t ur__bits_of(ur_dtype d, double v);

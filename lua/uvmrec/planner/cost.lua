@@ -32,7 +32,7 @@ function M.state_bytes(optimizer, dim)
   return 4 * r.state(dim)
 end
 
--- What the engine's cache allocates besides slot rows (engine/src/cache.c, kernels/cache.cu):
+-- What the engine's cache allocates besides slot rows (engine/src/embedding/cache.c, kernels/cache.cu):
 M.CACHE = {
   slot_meta = 8 + 8 + 1,      -- tag (u64), LRU stamp (i64), dirty (u8) per slot
   slot_row_id = 8,            -- the row each slot-storage row holds (slots and staging rows)
