@@ -5,9 +5,12 @@
 -- evaluation every 10 steps: the pipelined one failed before, an evaluation's last batch left
 -- in flight with staged rows the next prefetch needed; its losses are the plain cached run's),
 -- and two runs that step every kind of update constant (Adam on both sides with f16 tables and
--- the dlrm schedule; SGD with momentum and Adagrad on bf16 tables with a warmup).  The values are hex floats, each
--- step's loss as train.run logged it.
-local helpers = require "helpers"
+-- the dlrm schedule; SGD with momentum and Adagrad on bf16 tables with a warmup).  The values
+-- are hex floats, each step's loss as train.run logged it, recorded with OpenBLAS's Haswell
+-- kernels: the runs are made by the uvmrec command with OPENBLAS_CORETYPE=Haswell (a machine's
+-- own choice of kernels rounds its matrix products its own way).  And loop.run's protocol:
+-- sources, hooks, stopping and failing.
+local cmd = require "command"
 local loop = require "uvmrec.train.loop"
 
 local COMMON = { "train.steps=30", "train.batch_size=256", "train.log_every=1", "eval.samples=0",
@@ -88,10 +91,50 @@ local RECORDED = {
     0x1.2ecebcp-1 0x1.31e33p-1 0x1.18f8cep-1 0x1.1a736ap-1 0x1.1b00aep-1 0x1.1f8a6p-1]],
 }
 
+-- Every run's losses {name = {loss, ...}}, made once by a child uvmrec on the recording's BLAS
+-- kernels: its script trains each run (train.run on the CPU) and prints "name hex hex ...".
+local made
+local function losses_of(name)
+  if not made then
+    local dir = cmd.tmpdir()
+    local src = { 'local train, json = require "uvmrec.train", require "uvmrec.json"',
+                  "local runs = {" }
+    for _, r in ipairs(RUNS) do
+      local sets = {}
+      for _, v in ipairs(COMMON) do sets[#sets + 1] = ("%q"):format(v) end
+      for _, v in ipairs(r.sets) do sets[#sets + 1] = ("%q"):format(v) end
+      src[#src + 1] = ("  { name = %q, sets = { %s } },"):format(r.name, table.concat(sets, ", "))
+    end
+    src[#src + 1] = [[}
+for _, r in ipairs(runs) do
+  local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), r.sets))
+  local out = arg[1] .. "/" .. r.name
+  assert(train.run(cfg, { out = out, progress = "none", cpu = true, print = function() end }))
+  local hex = {}
+  for _, e in ipairs(assert(json.read_lines(out .. "/metrics.jsonl"))) do
+    if e.event == "train" then hex[#hex + 1] = ("%a"):format(e.loss) end
+  end
+  print(r.name .. " " .. table.concat(hex, " "))
+end]]
+    local script = cmd.spit(dir .. "/runs.lua", table.concat(src, "\n") .. "\n")
+    local out, err, code = cmd.sh("OPENBLAS_CORETYPE=Haswell " .. cmd.quote(cmd.bin()) .. " " .. cmd.quote(script)
+                                  .. " " .. cmd.quote(dir))
+    cmd.rmdir(dir)
+    assert(code == 0, "the runs failed: " .. err)
+    made = {}
+    for line in out:gmatch("[^\n]+") do
+      local n, rest = line:match("^(%S+) (.*)$")
+      made[n] = {}
+      for hex in rest:gmatch("%S+") do made[n][#made[n] + 1] = tonumber(hex) end
+    end
+  end
+  return made[name]
+end
+
 describe("uvmrec.train.loop", function()
   for _, r in ipairs(RUNS) do
     it("trains dlrm_tiny to the recorded losses bit for bit: " .. r.name:gsub("_", " "), function()
-      local got = helpers.train_tiny(COMMON, r.sets).losses
+      local got = assert(losses_of(r.name), "no losses for " .. r.name)
       local k = 0
       for hex in RECORDED[r.name]:gmatch("%S+") do
         k = k + 1

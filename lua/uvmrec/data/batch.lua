@@ -47,7 +47,8 @@ function Batch:position()
 end
 
 -- Buffers a run keeps in one placement (device, managed, host), grown to the largest batch:
--- Batch:to copies into them.  Views of each size are made once.
+-- Batch:to copies into them.  Each keeps its view of the last size asked (batches of one size
+-- make none after the first).
 local Buffers = {}
 Buffers.__index = Buffers
 
@@ -64,22 +65,21 @@ function Buffers:get(key, dtype, n, cols)
     local t = assert(tensor.tensor({ cap }, { placement = self.placement, device = self.device, dtype = dtype }))
     if b then
       b.t:free()
-      for _, v in pairs(b.views) do v:free() end
+      b.view:free()
     end
-    b = { t = t, cap = cap, dtype = dtype, cols = cols, views = {} }
+    b = { t = t, cap = cap, dtype = dtype, cols = cols }
     self.bufs[key] = b
   end
-  local v = b.views[n]
-  if not v then
-    v = cols > 0 and b.t:view_as(0, { n, cols }) or b.t:view(0, n)
-    b.views[n] = v
+  if b.n ~= n then
+    if b.view then b.view:free() end
+    b.view, b.n = cols > 0 and b.t:view_as(0, { n, cols }) or b.t:view(0, n), n
   end
-  return v
+  return b.view
 end
 
 function Buffers:free()
   for _, b in pairs(self.bufs) do
-    for _, v in pairs(b.views) do v:free() end
+    if b.view then b.view:free() end
     b.t:free()
   end
   self.bufs = {}

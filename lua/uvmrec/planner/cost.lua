@@ -323,8 +323,9 @@ function M.dense_model(d)
     layer(top_in, o)
     top_in = o
   end
-  local states = { sgd = (d.momentum or 0) > 0 and 1 or 0, adagrad = 1, adam = 2, adamw = 2 }
-  local nstate = states[d.optimizer or "sgd"] or 0
+  -- uvmrec.optim's state of a row of one element, and SGD's momentum buffer
+  local rule = require("uvmrec.optim").RULES[d.optimizer or "sgd"]
+  local nstate = (rule and rule.state(1) or 0) + ((d.optimizer or "sgd") == "sgd" and (d.momentum or 0) > 0 and 1 or 0)
   return { macs = macs, params = params, inter_flops = inter_flops, interaction = d.interaction or "dot",
            act_floats = widths + width + F * d.dim, precision = d.precision or "f32", nstate = nstate,
            description = d }
