@@ -92,6 +92,14 @@ local PARTS = { { "values", C.ur_kjt_values, "i64" }, { "lengths", C.ur_kjt_leng
                 { "offsets", C.ur_kjt_offsets, "i64" }, { "weights", C.ur_kjt_weights, "f32" },
                 { "inverse_indices", C.ur_kjt_inverse_indices, "i64" } }
 
+-- Tensor t copied into `key`'s buffer of into (cols > 0: as [rows, cols]), ordered on stream.
+local function copy_into(into, key, t, cols, stream)
+  if t == nil then return nil end
+  local dst = into:get(key, t:dtype(), cols > 0 and t:size(1) or t:numel(), cols)
+  assert(dst:copy(t, stream))
+  return dst
+end
+
 -- A copy of this batch in another placement (device, managed, pinned, host), ordered on stream.
 -- With into (Batch.buffers of that placement), the copy is made in its buffers, and lives until
 -- the next copy into them.
@@ -105,12 +113,6 @@ function Batch:to(placement, stream, into)
   if into.placement ~= placement then
     error(("Batch:to: buffers in %s, not %s"):format(into.placement, placement), 2)
   end
-  local function copy(key, t, cols)
-    if t == nil then return nil end
-    local dst = into:get(key, t:dtype(), cols > 0 and t:size(1) or t:numel(), cols)
-    assert(dst:copy(t, stream))
-    return dst
-  end
   local k = self.sparse
   local kp = lib.ptr(k, "kjt", 2)
   local parts = into.parts or {}
@@ -120,8 +122,9 @@ function Batch:to(placement, stream, into)
     parts[p[1]] = src ~= nil and into:get(p[1], p[3], tonumber(C.ur_tensor_numel(src)), 0) or nil
   end
   if into.last then into.last.sparse:free() end
-  local out = setmetatable({ dense = copy("dense", self.dense, self.dense and self.dense:size(2)),
-                             labels = copy("labels", self.labels, 0), groups = copy("groups", self.groups, 0),
+  local out = setmetatable({ dense = copy_into(into, "dense", self.dense, self.dense and self.dense:size(2), stream),
+                             labels = copy_into(into, "labels", self.labels, 0, stream),
+                             groups = copy_into(into, "groups", self.groups, 0, stream),
                              sparse = assert(k:copy(parts, stream)), size = self.size, epoch = self.epoch,
                              first = self.first, _into = into }, Batch)
   into.last = out
