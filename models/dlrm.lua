@@ -48,13 +48,19 @@ function DLRM:__init(cfg, opts)
                           min_slots = e.cache.min_slots },
     device = not gpu and "cpu" or opts.device,
     optimizer = { o.name or "sgd", lr = o.lr or cfg.optimizer.lr, eps = o.eps,
-                  weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2 },
+                  weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2,
+                  deterministic = o.deterministic },
   }
 
   local d = m.bottom_mlp[#m.bottom_mlp]
   local width
+  local pad
   if m.interaction == "dot" then
-    self.interaction = nn.Interaction { self_interaction = m.self_interaction }
+    -- The interaction's output is padded with zero columns to a multiple of 8, which the top
+    -- MLP's first layer reads with zero weights: the same model, on rows the matrix products
+    -- take aligned.  interaction_width stays the unpadded model's.
+    pad = 8
+    self.interaction = nn.Interaction { self_interaction = m.self_interaction, pad = true }
     width = dense.interaction_width(#rows, d, m.self_interaction)
     self._pair = {}
   else
@@ -62,8 +68,15 @@ function DLRM:__init(cfg, opts)
     self.interaction = nn.CrossNet(width, m.cross_layers, { rank = m.cross_rank > 0 and m.cross_rank or nil })
   end
   self.interaction_width = width
-  self.top = nn.MLP({ width, unpack(m.top_mlp) }, { last = "none" })
+  self.top = nn.MLP({ width, unpack(m.top_mlp) }, { last = "none", pad_to = pad })
   self.criterion = nn.BCEWithLogits()
+  -- The MLPs' weight gradients go to a side stream on the GPU, beside the input gradients and
+  -- the tables' backward; backward joins them before it returns.
+  for _, mlp in ipairs { self.bottom, self.top } do
+    for _, l in ipairs(mlp.modules) do
+      if l.fuses_relu then l.async_wgrad = true end
+    end
+  end
   self.modules = { self.bottom, self.embeddings, self.interaction, self.top, self.criterion }
   for _, c in ipairs(self.modules) do c:share_arena(self) end
 end
@@ -108,6 +121,7 @@ function DLRM:backward(batch, gradOutput)
   end
   self.bottom:backward(batch.dense, gx)
   self.embeddings:backward(batch.sparse, ge, batch.ticket)
+  dense.join(self.stream)
   self.gradInput = nil
   return nil
 end

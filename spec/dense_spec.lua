@@ -107,7 +107,27 @@ describe("uvmrec.dense linear", function()
       dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), nil, R.zeros({ 3, 5 }, { dtype = "bf16" }))
     end, "gw is bf16 %[3, 5%]; expected f32 %[3, 5%]")
     assert.error_matches(function() dense.linear_forward(x, R.zeros({ 3, 5 }), nil, y, "none", 4) end,
-      "flags 0x4 include bits other than 0x1")
+      "flags 0x4 include bits other than 0xff0001")
+    assert.error_matches(function() dense.linear_forward(x, R.zeros({ 3, 5 }), nil, y, "none", dense.pad(6)) end,
+      "linear forward: 6 padding columns but the input has 5")
+    assert.error_matches(function()
+      dense.linear_forward(x, R.zeros({ 3, 5 }), nil, y, "none", { mask = R.zeros({ 4, 16 }, { dtype = "u8" }) })
+    end, "a mask is written only under relu")
+    assert.error_matches(function()
+      dense.linear_forward(x, R.zeros({ 3, 5 }), nil, y, "relu", { mask = R.zeros({ 4, 3 }, { dtype = "u8" }) })
+    end, "mask is u8 of 12 elements; expected u8 %[4, 16%] %(the ReLU mask of 3 columns%)")
+    assert.error_matches(function()
+      dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), R.zeros({ 4, 5 }), nil, R.zeros({ 3 }), nil,
+                            "none", dense.GY_MASKED)
+    end, "under GY_MASKED the layer above took the bias gradient: gb must be NULL")
+    assert.error_matches(function()
+      dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), R.zeros({ 4, 5 }), nil, nil, nil, "none",
+                            { flags = dense.ACCUMULATE, x_mask = R.zeros({ 4, 16 }, { dtype = "u8" }) })
+    end, "x_mask cannot mask an accumulated gx")
+    assert.error_matches(function()
+      dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), R.zeros({ 4, 5 }), nil, nil, nil, "none",
+                            { gb_x = R.zeros({ 5 }) })
+    end, "gb_x is the masked gradient's sum: it needs x_mask")
     local big = R.zeros({ 8, 5 })
     assert.error_matches(function() dense.linear_forward(big:view(0, 4), R.zeros({ 5, 5 }), nil, big:view(2, 4)) end,
       "y and x overlap in storage")
@@ -170,6 +190,35 @@ describe("uvmrec.dense interaction", function()
     end)
   end
 
+  it("pads its output with zero columns to a multiple of 8 and ignores their gradient", function()
+    local rows, T, d = 4, 3, 8
+    local dn, dv = R.rand({ rows, d }, 64)
+    local em, ev = R.rand({ rows, T * d }, 65)
+    local ref, w = R.interaction(dv, ev, rows, T, d, false)
+    local wp = dense.interaction_width(T, d, false, true)
+    assert.same({ 14, 16 }, { w, wp })
+    local out = R.rand({ rows, wp }, 66) -- not zeros: the padding must be written
+    dense.interaction_forward(dn, em, out, false)
+    local got = out:totable()
+    for r = 0, rows - 1 do
+      for k = 1, wp do
+        if k <= w then R.close({ got[r * wp + k] }, { ref[r * w + k] }, 1e-5, "out")
+        else assert.equal(0, got[r * wp + k]) end
+      end
+    end
+    -- the gradient of the padded output, whatever its padding holds, is the unpadded one's
+    local go, gov = R.rand({ rows, wp }, 67)
+    local gou = {}
+    for r = 0, rows - 1 do
+      for k = 1, w do gou[r * w + k] = gov[r * wp + k] end
+    end
+    local gd, ge = R.zeros({ rows, d }), R.zeros({ rows, T * d })
+    dense.interaction_backward(dn, em, go, gd, ge, false)
+    local rgd, rge = R.interaction_back(dv, ev, gou, rows, T, d, false)
+    R.close(gd:totable(), rgd, 1e-5, "gdense")
+    R.close(ge:totable(), rge, 1e-5, "gemb")
+  end)
+
   it("mixes dtypes: bf16 dense, f32 embeddings, bf16 output", function()
     local rows, T, d = 3, 26, 16
     local dn, dv = R.rand({ rows, d }, 71, { dtype = "bf16" })
@@ -185,8 +234,13 @@ describe("uvmrec.dense interaction", function()
       dense.interaction_forward(R.zeros({ 2, 4 }), R.zeros({ 2, 10 }), R.zeros({ 2, 7 }))
     end, "interaction forward: emb has 10 columns; expected T %* 4")
     assert.error_matches(function()
-      dense.interaction_forward(R.zeros({ 2, 4 }), R.zeros({ 2, 8 }), R.zeros({ 2, 8 }))
-    end, "interaction forward: out is f32 %[2, 8%]; expected f32 or bf16 %[2, 7%]")
+      dense.interaction_forward(R.zeros({ 2, 4 }), R.zeros({ 2, 8 }), R.zeros({ 2, 9 }))
+    end, "interaction forward: out is f32 %[2, 9%]; expected f32 or bf16 %[2, 7%] %(or 8 columns: "
+      .. "padded to a multiple of 8%)")
+    assert.error_matches(function()
+      dense.interaction_backward(R.zeros({ 2, 4 }), R.zeros({ 2, 8 }), R.zeros({ 2, 7 }), R.zeros({ 2, 4 }),
+                                 R.zeros({ 2, 8 }), false, 4)
+    end, "interaction backward: flags 0x4 include bits other than TF32 %(0x1%)")
     assert.error_matches(function()
       dense.interaction_forward(R.zeros({ 2, 4 }), R.zeros({ 3, 8 }), R.zeros({ 2, 7 }))
     end, "emb is f32 %[3, 8%]; expected f32 or bf16 %[2, cols%]")

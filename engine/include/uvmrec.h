@@ -81,9 +81,11 @@ typedef enum ur_dist { UR_DIST_UNIFORM = 0, UR_DIST_NORMAL } ur_dist;
 struct ur_tensor;
 struct ur_stream;
 struct ur_event;
+struct ur_graph;
 typedef struct ur_tensor ur_tensor;
 typedef struct ur_stream ur_stream;
 typedef struct ur_event ur_event;
+typedef struct ur_graph ur_graph;
 
 typedef struct ur_device_props {
   char name[256];
@@ -149,6 +151,23 @@ UR_API ur_status ur_event_elapsed(const ur_event *start, const ur_event *end, do
 /* Work enqueued on s after this call waits until e has happened (the prefetch pipeline's
  * stages meet through this; without a GPU work is synchronous and it returns at once). */
 UR_API ur_status ur_stream_wait_event(ur_stream *s, ur_event *e);
+
+/* Graphs: the work a sequence of calls enqueues on a stream (and on the streams it forks and
+ * joins back), captured once and replayed with one launch.  ur_graph_begin starts capturing s
+ * (a stream of ur_stream_new: the default stream cannot be captured); the calls that follow
+ * only record their work, so nothing they compute may be read on the host before the end.
+ * ur_graph_end stops, turns the capture into *g (updating *g in place when it is a graph of
+ * the same shape from an earlier capture, else replacing it) and launches it once, so that the
+ * calls' work is done as if they had run.  ur_graph_launch replays it on s: the same kernels on
+ * the same memory with the same arguments (numbers computed on the host, such as learning
+ * rates, are those of the capture).  A call that waits for the GPU, allocates device memory or
+ * reads results breaks the capture: ur_graph_end then fails with the reason and leaves *g as
+ * it was.  Without a GPU the calls run as they are made: begin and end do nothing (*g stays
+ * NULL) and launch says it needs a GPU. */
+UR_API ur_status ur_graph_begin(ur_stream *s);
+UR_API ur_status ur_graph_end(ur_stream *s, ur_graph **g /* in, out */);
+UR_API ur_status ur_graph_launch(ur_graph *g, ur_stream *s);
+UR_API void ur_graph_free(ur_graph *g);
 
 /* Tensors. */
 UR_API ur_status ur_tensor_new(ur_tensor **out, ur_dtype dtype, int32_t ndim,
@@ -567,6 +586,10 @@ typedef struct ur_tbe_config {
   int32_t stochastic_rounding; /* 1: f16/bf16 rows are written with stochastic rounding */
   uint64_t seed;           /* initialisation and stochastic rounding */
   ur_dtype out_dtype;      /* pooled output and its gradient: f32 or bf16 */
+  int32_t nondeterministic; /* 1: on the GPU, SGD without weight decay or clipping on a
+                               collection of f32 tables adds each value's update to its row by
+                               atomics, without the sort: faster, not bit-reproducible.  The
+                               CPU, and every other case, steps deterministically. */
 } ur_tbe_config;
 
 UR_API size_t ur_sizeof_tbe_table_config(void);
@@ -821,7 +844,13 @@ UR_API int32_t ur_cache_in_flight(const ur_cache *c);
 typedef enum ur_act { UR_ACT_NONE = 0, UR_ACT_RELU, UR_ACT_SIGMOID, UR_ACT_COUNT } ur_act;
 enum {
   UR_DENSE_TF32 = 1,        /* f32 matrix products may use TF32 tensor cores (GPU) */
-  UR_DENSE_ACCUMULATE = 2   /* add into the input gradient rather than overwrite it */
+  UR_DENSE_ACCUMULATE = 2,  /* add into the input gradient rather than overwrite it */
+  UR_DENSE_GY_MASKED = 4,   /* linear backward: gy is already the gradient at the ReLU's input,
+                               and the bias gradient was taken (by the layer above: x_mask) */
+  UR_DENSE_WGRAD_ASYNC = 8, /* linear backward (GPU): gw and gb on a side stream of s, which
+                               ur_dense_join brings back; the inputs must stay until then */
+  UR_DENSE_PAD_SHIFT = 16   /* flags | n << PAD_SHIFT (n < 256): the last n columns of x and w
+                               are zero padding (the CPU skips them; gx's are written zero) */
 };
 typedef enum ur_reduction {
   UR_REDUCTION_MEAN = 0, UR_REDUCTION_SUM, UR_REDUCTION_NONE, UR_REDUCTION_COUNT
@@ -838,19 +867,32 @@ typedef struct ur_arena_stats {
 UR_API size_t ur_sizeof_arena_stats(void);
 
 /* y[rows, out] = act(x[rows, in] w[out, in]^T + b[out]), one dtype for all four; b may be
- * NULL; act NONE or RELU (fused into the product's epilogue on the GPU); flags: TF32. */
+ * NULL; act NONE or RELU (fused into the product's epilogue on the GPU); flags: TF32, PAD.
+ * With RELU, mask (u8 [rows, ur_linear_mask_cols(out)], or NULL) receives y > 0 as bits
+ * (element j of a row: bit j % 8 of byte j / 8), for the backward of the layer reading y. */
 UR_API ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
-                                   const ur_tensor *b, ur_tensor *y /* out */, ur_act act,
-                                   uint32_t flags);
+                                   const ur_tensor *b, ur_tensor *y /* out */,
+                                   ur_tensor *mask /* out */, ur_act act, uint32_t flags);
 /* From gy = dL/dy, with g = gy masked by y > 0 (RELU; then y and work [rows, out] of x's dtype
- * are needed, and work receives g) or g = gy (NONE):
- * gx = g w (+= with ACCUMULATE), gw += g^T x, gb += column sums of g.  gx, gw, gb may each be
- * NULL; gw and gb are f32.  flags: TF32, ACCUMULATE. */
+ * are needed, and work receives g) or g = gy (NONE, or GY_MASKED):
+ * gx = g w (+= with ACCUMULATE), gw += g^T x, gb += column sums of g.  With x_mask (the mask
+ * the forward of the layer below wrote: x is its ReLU output), gx is masked by it and gb_x +=
+ * the column sums of that masked gx: the layer below's gradient at its ReLU's input and its
+ * bias gradient, so its backward takes GY_MASKED and no gb (on the GPU the mask and the sum are
+ * the product's epilogue).  gx, gw, gb, x_mask and gb_x may each be NULL; gw, gb and gb_x are
+ * f32.  flags: TF32, ACCUMULATE (not with x_mask), GY_MASKED, WGRAD_ASYNC, PAD. */
 UR_API ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
                                     const ur_tensor *y, const ur_tensor *gy,
-                                    ur_tensor *gx /* out */, ur_tensor *gw /* out */,
-                                    ur_tensor *gb /* out */, ur_tensor *work, ur_act act,
+                                    const ur_tensor *x_mask, ur_tensor *gx /* out */,
+                                    ur_tensor *gw /* out */, ur_tensor *gb /* out */,
+                                    ur_tensor *gb_x /* out */, ur_tensor *work, ur_act act,
                                     uint32_t flags);
+/* Bytes a row of a ReLU mask takes for out columns: whole 16-byte words. */
+UR_API int64_t ur_linear_mask_cols(int64_t out);
+/* Work enqueued on s after this waits for the weight gradients that linear backward calls with
+ * WGRAD_ASYNC on s put on its side stream.  Returns at once when none is pending (and without
+ * a GPU, where work is synchronous). */
+UR_API ur_status ur_dense_join(ur_stream *s);
 /* Elementwise y = act(x) (RELU or SIGMOID), and gx = gy act'(x) computed from y; in place
  * (y = x, gx = gy) is allowed. */
 UR_API ur_status ur_act_forward(ur_stream *s, const ur_tensor *x, ur_tensor *y /* out */,
@@ -859,15 +901,22 @@ UR_API ur_status ur_act_backward(ur_stream *s, const ur_tensor *y, const ur_tens
                                  ur_tensor *gx /* out */, ur_act act);
 /* The DLRM dot interaction.  dense [rows, d] and emb [rows, T*d] are T+1 vectors per row;
  * out [rows, d + P] is dense followed by the dot products of pairs (i, j), j < i (j <= i with
- * self_interaction), in the order i = 1.., j = 0..: P = T(T+1)/2 (+ T+1).  Each of the three
- * may be f32 or bf16 (sums in f32); the gradients take their input's dtype. */
+ * self_interaction), in the order i = 1.., j = 0..: P = T(T+1)/2 (+ T+1).  out (and gout) may
+ * also be padded to a multiple of 8 columns (ur_interaction_cols): the padding is written
+ * zero and its gradient ignored, so a next layer's rows stay aligned.  Each of the three may
+ * be f32 or bf16 (sums in f32); the gradients take their input's dtype.  flags: TF32 (f32
+ * inputs may use TF32 tensor cores on the GPU; bf16 inputs use bf16 ones whatever the flags). */
 UR_API ur_status ur_interaction_forward(ur_stream *s, const ur_tensor *dense,
                                         const ur_tensor *emb, ur_tensor *out /* out */,
-                                        int32_t self_interaction);
+                                        int32_t self_interaction, uint32_t flags);
 UR_API ur_status ur_interaction_backward(ur_stream *s, const ur_tensor *dense,
                                          const ur_tensor *emb, const ur_tensor *gout,
                                          ur_tensor *gdense /* out */, ur_tensor *gemb /* out */,
-                                         int32_t self_interaction);
+                                         int32_t self_interaction, uint32_t flags);
+/* Columns of the interaction's output: d + P, or that rounded up to a multiple of 8 (padded);
+ * 0 when tables or dim is below 1. */
+UR_API int64_t ur_interaction_cols(int32_t tables, int32_t dim, int32_t self_interaction,
+                                   int32_t padded);
 /* A DCNv2 cross layer's elementwise part: y = x0 * z + xl, where z = W xl + b comes from
  * ur_linear_forward.  Backward from gy: gz = gy * x0; gx0 = gy * z (+= with ACCUMULATE);
  * gxl = gy, or, when gxl is NULL (the layer whose xl is x0), gy is added into gx0 too. */

@@ -63,16 +63,22 @@ local function whole(v, what, level, lo)
 end
 
 -- optimizer = "sgd" | { "adam", lr = ..., ... } | { name = "adam", ... }: uvmrec.optim's
--- settings and defaults for tables.
+-- settings and defaults for tables, and the collection's own deterministic (default true).
+-- Returns the name, the engine's settings and deterministic.
 local function optimizer_of(o, level)
   if o == nil then o = "sgd" end
   if type(o) == "string" then o = { o } end
   if type(o) ~= "table" then error("embedding collection: optimizer must be a name or a table", level + 1) end
+  if o.deterministic ~= nil and type(o.deterministic) ~= "boolean" then
+    error("embedding collection: optimizer deterministic must be true or false, got " .. tostring(o.deterministic),
+          level + 1)
+  end
   local name, settings = o.name or o[1] or "sgd", {}
   for k, v in pairs(o) do
-    if k ~= 1 and k ~= "name" then settings[k] = v end
+    if k ~= 1 and k ~= "name" and k ~= "deterministic" then settings[k] = v end
   end
-  return name, require("uvmrec.optim").config(name, "tables", settings, "embedding collection", level + 1)
+  return name, require("uvmrec.optim").config(name, "tables", settings, "embedding collection", level + 1),
+         o.deterministic ~= false
 end
 
 local wrap_tbe, free_tbe = lib.handle_type("ur_tbe", C.ur_tbe_free, {})
@@ -82,7 +88,10 @@ local wrap_tbe, free_tbe = lib.handle_type("ur_tbe", C.ur_tbe_free, {})
 --                state_placement=, features={...} (default {name}) }, ... }
 --   features = { ... } the input's key order (default: each table's features in table order)
 --   optimizer = "sgd" | { "rowwise_adagrad" | "adagrad" | "adam", lr=, eps=, weight_decay=,
---                         beta1=, beta2=, max_grad= }
+--                         beta1=, beta2=, max_grad=, deterministic = true }
+--     (deterministic = false: on the GPU, SGD without weight decay or clipping on f32 tables adds
+--     each value's update to its row by atomics, without sorting: faster, not bit-reproducible;
+--     the CPU, and every other case, stays deterministic)
 --   bounds = "fatal" | "warn" | "off";  seed = 0;  stochastic_rounding = true
 --   device = a GPU ordinal or "cpu" (default: the current GPU when there is one)
 --   output_dtype = "f32" | "bf16";  pooling, placement, dtype, state_placement: table defaults
@@ -119,12 +128,13 @@ function M.new(opts, level)
       cache_opts = cache_opts or require("uvmrec.cache").options(opts.cache, level)
     end
   end
-  local optim_name, optim_cfg = optimizer_of(opts.optimizer, level)
+  local optim_name, optim_cfg, deterministic = optimizer_of(opts.optimizer, level)
   local cfg = ffi.new("ur_tbe_config")
   cfg.device = device
   cfg.optim = optim_cfg
   cfg.bounds = pick(BOUNDS, opts.bounds or "fatal", "bounds check", level)
   cfg.stochastic_rounding = opts.stochastic_rounding == false and 0 or 1
+  cfg.nondeterministic = deterministic and 0 or 1
   cfg.seed = whole(opts.seed or 0, "seed", level)
   cfg.out_dtype = pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, opts.output_dtype or "f32",
                        "output dtype", level)
@@ -132,7 +142,9 @@ function M.new(opts, level)
   local n = #tables
   local tc = ffi.new("ur_tbe_table_config[?]", n)
   local self = { table_index = {}, table_names = {}, features = {}, feature_index = {},
-                 dims = {}, rows = {}, optimizer = optim_name, _keep = {} }
+                 dims = {}, rows = {}, optimizer = optim_name, deterministic = deterministic,
+                 bounds = opts.bounds or "fatal", stochastic_rounding = opts.stochastic_rounding ~= false,
+                 _keep = {} }
   local features_of = {}
   for i, t in ipairs(tables) do
     if type(t) ~= "table" then error(("embedding collection: table %d is not a table"):format(i), level) end

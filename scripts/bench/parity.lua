@@ -68,9 +68,14 @@ loader:close()
 model:zero_grad()
 local list, s = P.phases(model, opt, batch, { sparse_grad = true })
 P.run_phases(list)
+-- The interaction's output without its padding columns (models/dlrm.lua pads a dot model's).
+local inter = s.z
+if model.top.modules[1].in_width ~= model.interaction_width then
+  inter = P.unpadded({ module = model.top.modules[1], name = "weight" }, s.z)
+end
 local out = {
   logits = P.host_f32(s.logits), loss = assert(s.loss:to("host")), pooled = P.host_f32(s.e),
-  inter = P.host_f32(s.z),
+  inter = P.host_f32(inter),
   ["batch.dense"] = assert(batch.dense:to("host")), ["batch.labels"] = assert(batch.labels:to("host")),
   ["batch.values"] = assert(batch.sparse:values():to("host")),
   ["batch.offsets"] = assert(batch.sparse:offsets():to("host")),
@@ -78,9 +83,9 @@ local out = {
 local grads = {}
 for _, p in ipairs(model:parameters()) do
   if p.grad then
-    local h = assert(p.grad:to("host"))
+    local h = assert(P.unpadded(p, p.grad):to("host"))
     out["grad." .. p.name] = h
-    grads[#grads + 1] = { name = p.name, host = h, grad = p.grad }
+    grads[#grads + 1] = { name = p.name, host = h, grad = p.grad, p = p }
   end
 end
 local unique = 0
@@ -98,7 +103,7 @@ model:zero_grad()
 local logits = model:forward(batch)
 model:backward(batch, model.criterion:backward(logits, batch.labels))
 for _, g in ipairs(grads) do
-  local a, c = g.host:totable(), assert(g.grad:to("host")):totable()
+  local a, c = g.host:totable(), assert(P.unpadded(g.p, g.grad):to("host")):totable()
   local big = 0
   for i = 1, #c do big = math.max(big, math.abs(c[i])) end
   for i = 1, #a do

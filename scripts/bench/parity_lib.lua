@@ -62,13 +62,28 @@ function M.describe(cfg, model, opt)
   }
 end
 
+-- t (a parameter's tensor or gradient, [out, in_width]) as the unpadded model has it: a Linear
+-- reading a padded input (nn.Linear pad_to) keeps zero columns past its in_features, which
+-- the PyTorch model has not.  A new tensor where it must cut, else t.
+function M.unpadded(p, t)
+  local m = p.module
+  if not (m and m.in_width and m.in_width ~= m.in_features and p.name:match("weight$")) then return t end
+  local rows = t:size(1)
+  local keep = assert(ur.tensor({ rows, m.in_features }, { placement = t:placement() }))
+  local rest = assert(ur.tensor({ rows, m.in_width - m.in_features }, { placement = t:placement() }))
+  dense.split(t, { keep, rest })
+  rest:free()
+  return keep
+end
+
 -- The tensors of a model under the trainer's registry names (uvmrec.train registers
--- "dense" and "embeddings"): dense.<parameter> and embeddings.<table>.
+-- "dense" and "embeddings"): dense.<parameter> and embeddings.<table>, as the unpadded model
+-- has them.
 function M.weights(model)
   local ts = {}
   for _, p in ipairs(model:parameters()) do
     if p.fused then ts["embeddings." .. p.name:gsub("^embeddings%.", "")] = p.tensor
-    else ts["dense." .. p.name] = p.tensor end
+    else ts["dense." .. p.name] = M.unpadded(p, p.tensor) end
   end
   return ts
 end
@@ -125,11 +140,18 @@ function M.phases(model, opt, batch, opts)
     end },
     { "bottom_bwd", function() model.bottom:backward(batch.dense, s.gx) end },
   }
+  -- The tables' phase ends as DLRM:backward does: the MLPs' weight gradients joined back.
   if opts.sparse_grad then
-    list[#list + 1] = { "emb_grad", function() s.sparse = model.embeddings:sparse_grad(batch.sparse, s.ge) end }
+    list[#list + 1] = { "emb_grad", function()
+      s.sparse = model.embeddings:sparse_grad(batch.sparse, s.ge)
+      dense.join(model.stream)
+    end }
   else
-    list[#list + 1] = { "emb_bwd_opt", function() model.embeddings:backward(batch.sparse, s.ge) end }
-    list[#list + 1] = { "dense_opt", function() opt:step() end }
+    list[#list + 1] = { "emb_bwd_opt", function()
+      model.embeddings:backward(batch.sparse, s.ge)
+      dense.join(model.stream)
+    end }
+    list[#list + 1] = { "dense_opt", function() opt:step(model.stream) end }
   end
   return list, s
 end

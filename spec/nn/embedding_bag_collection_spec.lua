@@ -149,6 +149,27 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     assert.same(runs[1], runs[2])
   end)
 
+  it("steps deterministically on the CPU when told it need not (deterministic = false)", function()
+    -- the atomic SGD step is the GPU's; the CPU's reference for it is the sorted step itself
+    local runs = {}
+    for run, det in ipairs { true, false } do
+      math.randomseed(78)
+      local m = make { optimizer = { "sgd", lr = 0.3, deterministic = det } }
+      assert.equal(det, m.tbe.deterministic)
+      for s = 1, 2 do
+        local b = R.batch(rows_of(m), { batch = 40, weighted = true, hot = { 2, 300 } })
+        local input = R.input(b)
+        local out = m:forward(input)
+        m:backward(input, ur.tensor(out:size()):uniform(-1, 1, s))
+      end
+      runs[run] = R.snapshot(m.tbe)
+    end
+    assert.same(runs[1], runs[2])
+    assert.has_error(function()
+      make { optimizer = { "sgd", deterministic = "no" } }
+    end, "embedding collection: optimizer deterministic must be true or false, got no")
+  end)
+
   it("rounds f16 and bf16 rows stochastically: within one step of the f32 result, unbiased", function()
     for _, dt in ipairs { "f16", "bf16" } do
       local m = EBC { tables = { { name = "t", rows = 1, dim = 1024, dtype = dt } }, device = "cpu",

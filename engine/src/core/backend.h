@@ -7,7 +7,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 4
+#define UR_BACKEND_ABI 5
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {
@@ -77,6 +77,12 @@ typedef struct ur_backend {
 
   /* Work enqueued on stream after this call waits for event (cudaStreamWaitEvent). */
   ur_status (*stream_wait)(void *stream, void *event);
+  /* Graph capture on stream, its end into *exec (an executable graph, updated when given and
+   * of the same shape, else replaced) launched once, replay, release.  NULL: work is eager. */
+  ur_status (*graph_begin)(void *stream);
+  ur_status (*graph_end)(void *stream, void **exec);
+  ur_status (*graph_launch)(void *exec, void *stream);
+  void (*graph_free)(void *exec);
 
   const struct ur_dense_ops *dense;
   const struct ur_tbe_ops *tbe;

@@ -1,5 +1,6 @@
-/* stream.c: streams (with priority) and events.  On the CPU backend work is synchronous, so a
- * stream orders nothing and an event records the wall-clock time. */
+/* stream.c: streams (with priority), events and graphs.  On the CPU backend work is
+ * synchronous, so a stream orders nothing, an event records the wall-clock time, and a graph
+ * captures nothing (the calls between its begin and end run as they are made). */
 #include <stdlib.h>
 #include <time.h>
 #include "core/core.h"
@@ -67,4 +68,60 @@ ur_status ur_event_elapsed(const ur_event *start, const ur_event *end, double *m
   if (be()->event_elapsed) return be()->event_elapsed(start->handle, end->handle, ms);
   *ms = end->cpu_ms - start->cpu_ms;
   return UR_STATUS_OK;
+}
+
+/* ---- graphs ---- */
+
+struct ur_graph {
+  void *exec; /* the backend's executable graph */
+};
+
+ur_status ur_graph_begin(ur_stream *s) {
+  const ur_backend *b = be();
+  if (!b->graph_begin) return UR_STATUS_OK;
+  if (!s)
+    return ur__error(UR_STATUS_INVALID,
+                     "graph: the default stream cannot be captured; give a stream of ur_stream_new");
+  return b->graph_begin(s->handle);
+}
+
+ur_status ur_graph_end(ur_stream *s, ur_graph **g) {
+  const ur_backend *b = be();
+  if (!g) return ur__error(UR_STATUS_INVALID, "graph: end needs where to put the graph (g is NULL)");
+  if (!b->graph_end) return UR_STATUS_OK;
+  if (!s)
+    return ur__error(UR_STATUS_INVALID,
+                     "graph: the default stream cannot be captured; give a stream of ur_stream_new");
+  ur_graph *out = *g;
+  if (!out && !(out = calloc(1, sizeof *out))) {
+    /* the capture must still end, or the stream stays capturing */
+    void *none = NULL;
+    b->graph_end(s->handle, &none);
+    if (none) b->graph_free(none);
+    return ur__error(UR_STATUS_OOM, "graph: out of host memory");
+  }
+  ur_status st = b->graph_end(s->handle, &out->exec);
+  if (st && !*g) {
+    free(out);
+    return st;
+  }
+  *g = out;
+  return st;
+}
+
+ur_status ur_graph_launch(ur_graph *g, ur_stream *s) {
+  const ur_backend *b = be();
+  if (!b->graph_launch || !g || !g->exec)
+    return ur__error(UR_STATUS_UNSUPPORTED,
+                     "graph: launch needs a graph captured on a GPU (%s)",
+                     b->graph_launch ? "this one holds none" : "without one the calls ran eagerly");
+  if (!s)
+    return ur__error(UR_STATUS_INVALID, "graph: launch on the default stream; give the capture's");
+  return b->graph_launch(g->exec, s->handle);
+}
+
+void ur_graph_free(ur_graph *g) {
+  if (!g) return;
+  if (g->exec && be()->graph_free) be()->graph_free(g->exec);
+  free(g);
 }

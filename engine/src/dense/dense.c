@@ -143,6 +143,7 @@ ur_status ur_dense_mean(ur_stream *s, const ur_tensor *x, ur_tensor *out) {
 const ur_dense_ops ur__cpu_dense_ops = {
     .linear_forward = ur__cpu_linear_forward,
     .linear_backward = ur__cpu_linear_backward,
+    .join = ur__cpu_dense_join,
     .act_forward = ur__cpu_act_forward,
     .act_backward = ur__cpu_act_backward,
     .interaction_forward = ur__cpu_interaction_forward,

@@ -52,10 +52,20 @@ static inline float act_apply(float v, ur_act act) {
 
 /* ---- linear, CPU ---- */
 
+/* The zero columns that end x and w (UR_DENSE_PAD_SHIFT). */
+static int64_t pad_of(uint32_t flags) { return (int64_t)((flags >> UR_DENSE_PAD_SHIFT) & 0xffu); }
+
+int64_t ur_linear_mask_cols(int64_t out) { return ur__mask_cols(out); }
+
+static int mask_bit(const uint8_t *m, int64_t mcols, size_t r, int64_t c) {
+  return (m[r * (size_t)mcols + (size_t)(c >> 3)] >> (c & 7)) & 1;
+}
+
 typedef struct bias_job {
   const float *acc;   /* [rows, out] products */
   const void *b;      /* [out] or NULL */
   void *y;
+  uint8_t *mask;      /* or NULL */
   ur_dtype d;
   int64_t out;
   ur_act act;
@@ -63,21 +73,30 @@ typedef struct bias_job {
 
 static void bias_range(void *ctx, size_t r0, size_t r1) {
   bias_job *j = ctx;
-  for (size_t r = r0; r < r1; r++)
+  int64_t mcols = ur_linear_mask_cols(j->out);
+  for (size_t r = r0; r < r1; r++) {
+    uint8_t *m = j->mask ? j->mask + r * (size_t)mcols : NULL;
+    if (m) memset(m, 0, (size_t)mcols);
     for (int64_t c = 0; c < j->out; c++) {
       size_t i = r * (size_t)j->out + (size_t)c;
       float v = j->acc[i];
       if (j->b) v += ur__dense_ld(j->b, j->d, (size_t)c);
       ur__dense_st(j->y, j->d, i, act_apply(v, j->act));
+      /* the mask says what the backward of y's reader sees: y as stored */
+      if (m && ur__dense_ld(j->y, j->d, i) > 0.0f) m[c >> 3] |= (uint8_t)(1u << (c & 7));
     }
+  }
 }
 
+/* The CPU skips the padding columns of x and w (their products are zero), so a padded layer
+ * gives the unpadded one's bits: the BLAS is called with the unpadded sizes and the padded
+ * leading dimensions. */
 ur_status ur__cpu_linear_forward(void *stream, const void *x, const void *w, const void *b,
-                                 void *y, int64_t rows, int64_t in, int64_t out, ur_dtype dtype,
-                                 ur_act act, uint32_t flags) {
+                                 void *y, uint8_t *mask, int64_t rows, int64_t in, int64_t out,
+                                 ur_dtype dtype, ur_act act, uint32_t flags) {
   (void)stream;
-  (void)flags;
   const char *op = "linear forward";
+  int64_t k = in - pad_of(flags);
   size_t ny = (size_t)rows * (size_t)out;
   float *xo, *wo, *yo = NULL;
   const float *xf = as_f32(x, dtype, (size_t)rows * (size_t)in, &xo);
@@ -89,11 +108,11 @@ ur_status ur__cpu_linear_forward(void *stream, const void *x, const void *w, con
     free(yo);
     return cpu_oom(op, ny);
   }
-  if (in == 0) memset(acc, 0, ny * sizeof(float));
+  if (k == 0) memset(acc, 0, ny * sizeof(float));
   else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)out, (int)in, 1.0f, xf,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)out, (int)k, 1.0f, xf,
                 (int)in, wf, (int)in, 0.0f, acc, (int)out);
-  bias_job j = {acc, b, y, dtype, out, act};
+  bias_job j = {acc, b, y, act == UR_ACT_RELU ? mask : NULL, dtype, out, act};
   ur__parallel_for((size_t)rows, 256, bias_range, &j);
   free(xo);
   free(wo);
@@ -153,20 +172,45 @@ static void narrow_range(void *ctx, size_t i0, size_t i1) {
   for (size_t i = i0; i < i1; i++) ur__dense_st(j->dst, j->d, i, j->src[i]);
 }
 
+/* gx's padding columns zeroed, and gx masked by x_mask: rows of an f32 [rows, in]. */
+typedef struct gx_job {
+  float *gx;
+  const uint8_t *mask;
+  int64_t in, k;
+} gx_job;
+
+static void gx_range(void *ctx, size_t r0, size_t r1) {
+  gx_job *j = ctx;
+  int64_t mcols = ur_linear_mask_cols(j->in);
+  for (size_t r = r0; r < r1; r++) {
+    float *row = j->gx + r * (size_t)j->in;
+    for (int64_t c = j->k; c < j->in; c++) row[c] = 0.0f;
+    if (j->mask)
+      for (int64_t c = 0; c < j->k; c++)
+        if (!mask_bit(j->mask, mcols, r, c)) row[c] = 0.0f;
+  }
+}
+
+ur_status ur__cpu_dense_join(void *stream) {
+  (void)stream;
+  return UR_STATUS_OK;
+}
+
 ur_status ur__cpu_linear_backward(void *stream, const void *x, const void *w, const void *y,
-                                  const void *gy, void *gx, float *gw, float *gb, void *work,
-                                  int64_t rows, int64_t in, int64_t out, ur_dtype dtype,
-                                  ur_act act, uint32_t flags) {
+                                  const void *gy, const uint8_t *x_mask, void *gx, float *gw,
+                                  float *gb, float *gb_x, void *work, int64_t rows, int64_t in,
+                                  int64_t out, ur_dtype dtype, ur_act act, uint32_t flags) {
   (void)stream;
   const char *op = "linear backward";
   size_t ng = (size_t)rows * (size_t)out, nx = (size_t)rows * (size_t)in;
+  int64_t k = in - pad_of(flags);
   const void *g = gy;
-  if (act == UR_ACT_RELU) {
+  if (act == UR_ACT_RELU && !(flags & UR_DENSE_GY_MASKED)) {
     mask_job mj = {gy, y, work, dtype};
     ur__parallel_for(ng, (size_t)1 << 16, mask_range, &mj);
     g = work;
   }
-  float *go = NULL, *wo = NULL, *xo = NULL, *gxo = NULL;
+  float *go = NULL, *wo = NULL, *xo = NULL, *gxo = NULL, *gxw = NULL;
   ur_status st = UR_STATUS_OK;
   const float *gf = as_f32(g, dtype, ng, &go);
   if (!gf) return cpu_oom(op, ng);
@@ -182,24 +226,40 @@ ur_status ur__cpu_linear_backward(void *stream, const void *x, const void *w, co
       st = cpu_oom(op, nx);
       goto done;
     }
-    if (out == 0) {
+    if (out == 0 || k == 0) {
       if (!acc) memset(dst, 0, nx * sizeof(float));
     } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)in, (int)out, 1.0f,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)k, (int)out, 1.0f,
                   gf, (int)out, wf, (int)in, acc ? 1.0f : 0.0f, dst, (int)in);
+    }
+    /* the padding's gradient is zero (left as it was when accumulating; x_mask excludes
+     * that); the mask as the layer below's backward would have applied it: zeros, exactly */
+    if ((k < in && !acc) || x_mask) {
+      gx_job xj = {dst, x_mask, in, k};
+      ur__parallel_for((size_t)rows, 256, gx_range, &xj);
     }
     if (dtype != UR_DTYPE_F32) {
       narrow_job nj = {dst, gx, dtype};
       ur__parallel_for(nx, (size_t)1 << 16, narrow_range, &nj);
     }
+    if (gb_x) {
+      /* summed as the layer below sums its masked gradient: the stored values, in double */
+      const float *sf = as_f32(gx, dtype, nx, &gxw);
+      if (!sf) {
+        st = cpu_oom(op, nx);
+        goto done;
+      }
+      colsum_job cj = {sf, gb_x, rows, in};
+      ur__parallel_for((size_t)in, 64, colsum_range, &cj);
+    }
   }
-  if (gw && rows > 0 && out > 0 && in > 0) {
+  if (gw && rows > 0 && out > 0 && k > 0) {
     const float *xf = as_f32(x, dtype, nx, &xo);
     if (!xf) {
       st = cpu_oom(op, nx);
       goto done;
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)in, (int)rows, 1.0f, gf,
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)k, (int)rows, 1.0f, gf,
                 (int)out, xf, (int)in, 1.0f, gw, (int)in);
   }
   if (gb && rows > 0) {
@@ -211,6 +271,7 @@ done:
   free(wo);
   free(xo);
   free(gxo);
+  free(gxw);
   return st;
 }
 
@@ -295,8 +356,29 @@ static ur_status check_flags(const char *op, uint32_t flags, uint32_t allowed) {
                    (unsigned)flags, (unsigned)allowed);
 }
 
+/* A ReLU mask of rows x cols elements: u8 [rows, ur_linear_mask_cols(cols)]. */
+static ur_status check_mask(const char *op, const char *name, const ur_tensor *m, int64_t rows,
+                            int64_t cols) {
+  int64_t mc = ur_linear_mask_cols(cols);
+  if (m->dtype == UR_DTYPE_U8 && m->ndim == 2 && m->shape[0] == rows && m->shape[1] == mc)
+    return UR_STATUS_OK;
+  return ur__error(UR_STATUS_INVALID,
+                   "%s: %s is %s of %lld elements; expected u8 [%lld, %lld] (the ReLU mask of "
+                   "%lld columns)",
+                   op, name, ur_dtype_name(m->dtype), (long long)m->numel, (long long)rows,
+                   (long long)mc, (long long)cols);
+}
+
+/* The padding that flags declare fits in the input's columns. */
+static ur_status check_pad(const char *op, uint32_t flags, int64_t in) {
+  if (pad_of(flags) <= in) return UR_STATUS_OK;
+  return ur__error(UR_STATUS_INVALID, "%s: %lld padding columns but the input has %lld", op,
+                   (long long)pad_of(flags), (long long)in);
+}
+
 ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
-                            const ur_tensor *b, ur_tensor *y, ur_act act, uint32_t flags) {
+                            const ur_tensor *b, ur_tensor *y, ur_tensor *mask, ur_act act,
+                            uint32_t flags) {
   const char *op = "linear forward";
   ur_status st = ur__dense_check(op, "x", x, 1, -1, -1);
   if (st) return st;
@@ -313,26 +395,32 @@ ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w
   if (act != UR_ACT_NONE && act != UR_ACT_RELU)
     return ur__error(UR_STATUS_INVALID, "%s: activation %d is not none (0) or relu (1)", op,
                      (int)act);
-  if ((st = check_flags(op, flags, UR_DENSE_TF32)) || (st = check_dims(op, rows, in, out)) ||
+  if (mask && act != UR_ACT_RELU)
+    return ur__error(UR_STATUS_INVALID, "%s: a mask is written only under relu (activation %d)",
+                     op, (int)act);
+  if ((st = check_flags(op, flags, UR_DENSE_TF32 | (0xffu << UR_DENSE_PAD_SHIFT))) ||
+      (st = check_pad(op, flags, in)) || (st = check_dims(op, rows, in, out)) ||
+      (mask && (st = check_mask(op, "mask", mask, rows, out))) ||
       (st = no_overlap(op, "y", y, "x", x)) || (st = no_overlap(op, "y", y, "w", w)) ||
       (st = no_overlap(op, "y", y, "b", b)))
     return st;
-  const ur_tensor *ts[] = {x, w, b, y};
-  const char *names[] = {"x", "w", "b", "y"};
+  const ur_tensor *ts[] = {x, w, b, y, mask};
+  const char *names[] = {"x", "w", "b", "y", "mask"};
   const ur_backend *be;
-  if ((st = ur__dense_backend(op, 4, ts, names, &be)) ||
+  if ((st = ur__dense_backend(op, 5, ts, names, &be)) ||
       (st = UR__NEED(be, dense, linear_forward)))
     return st;
   if (!rows || !out) return UR_STATUS_OK;
   return be->dense->linear_forward(ur__dense_stream(s), ur_tensor_data(x), ur_tensor_data(w),
-                                   b ? ur_tensor_data(b) : NULL, ur_tensor_data(y), rows, in, out,
-                                   x->dtype, act, flags);
+                                   b ? ur_tensor_data(b) : NULL, ur_tensor_data(y),
+                                   mask ? ur_tensor_data(mask) : NULL, rows, in, out, x->dtype,
+                                   act, flags);
 }
 
 ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
-                             const ur_tensor *y, const ur_tensor *gy, ur_tensor *gx,
-                             ur_tensor *gw, ur_tensor *gb, ur_tensor *work, ur_act act,
-                             uint32_t flags) {
+                             const ur_tensor *y, const ur_tensor *gy, const ur_tensor *x_mask,
+                             ur_tensor *gx, ur_tensor *gw, ur_tensor *gb, ur_tensor *gb_x,
+                             ur_tensor *work, ur_act act, uint32_t flags) {
   const char *op = "linear backward";
   ur_status st = ur__dense_check(op, "x", x, 1, -1, -1);
   if (st) return st;
@@ -343,43 +431,67 @@ ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *
   if (act != UR_ACT_NONE && act != UR_ACT_RELU)
     return ur__error(UR_STATUS_INVALID, "%s: activation %d is not none (0) or relu (1)", op,
                      (int)act);
-  if (act == UR_ACT_RELU &&
-      ((st = ur__dense_check(op, "y (relu needs it)", y, 1, rows, out)) ||
-       (st = ur__dense_check(op, "work (relu needs it)", work, 1, rows, out))))
+  int masking = act == UR_ACT_RELU && !(flags & UR_DENSE_GY_MASKED);
+  if (masking && ((st = ur__dense_check(op, "y (relu needs it)", y, 1, rows, out)) ||
+                  (st = ur__dense_check(op, "work (relu needs it)", work, 1, rows, out))))
     return st;
   if ((gx && (st = ur__dense_check(op, "gx", gx, 1, rows, in))) ||
       (gw && (st = ur__dense_check(op, "gw", gw, 0, out, in))) ||
-      (gb && (st = ur__dense_check_numel(op, "gb", gb, 0, out))))
+      (gb && (st = ur__dense_check_numel(op, "gb", gb, 0, out))) ||
+      (gb_x && (st = ur__dense_check_numel(op, "gb_x", gb_x, 0, in))) ||
+      (x_mask && (st = check_mask(op, "x_mask", x_mask, rows, in))))
     return st;
+  if ((x_mask || gb_x) && !gx)
+    return ur__error(UR_STATUS_INVALID, "%s: x_mask and gb_x act on gx, which is NULL", op);
+  if (gb_x && !x_mask)
+    return ur__error(UR_STATUS_INVALID, "%s: gb_x is the masked gradient's sum: it needs x_mask",
+                     op);
+  if (x_mask && (flags & UR_DENSE_ACCUMULATE))
+    return ur__error(UR_STATUS_INVALID, "%s: x_mask cannot mask an accumulated gx", op);
+  if (gb && (flags & UR_DENSE_GY_MASKED))
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: under GY_MASKED the layer above took the bias gradient: gb must be "
+                     "NULL", op);
   const char *group = "x, w, y, gy, gx and work";
   if ((st = same_dtype(op, "w", w, x, group)) || (st = same_dtype(op, "gy", gy, x, group)) ||
-      (act == UR_ACT_RELU && ((st = same_dtype(op, "y", y, x, group)) ||
-                              (st = same_dtype(op, "work", work, x, group)))) ||
+      (masking && ((st = same_dtype(op, "y", y, x, group)) ||
+                   (st = same_dtype(op, "work", work, x, group)))) ||
       (st = same_dtype(op, "gx", gx, x, group)))
     return st;
-  if ((st = check_flags(op, flags, UR_DENSE_TF32 | UR_DENSE_ACCUMULATE)) ||
+  uint32_t allowed = UR_DENSE_TF32 | UR_DENSE_ACCUMULATE | UR_DENSE_GY_MASKED |
+                     UR_DENSE_WGRAD_ASYNC | (0xffu << UR_DENSE_PAD_SHIFT);
+  if ((st = check_flags(op, flags, allowed)) || (st = check_pad(op, flags, in)) ||
       (st = check_dims(op, rows, in, out)) || (st = no_overlap(op, "gx", gx, "gy", gy)) ||
       (st = no_overlap(op, "gx", gx, "w", w)) || (st = no_overlap(op, "gw", gw, "x", x)) ||
-      (st = no_overlap(op, "gw", gw, "gy", gy)))
+      (st = no_overlap(op, "gw", gw, "gy", gy)) || (st = no_overlap(op, "gx", gx, "x", x)))
     return st;
-  if (act == UR_ACT_RELU && ((st = no_overlap(op, "work", work, "x", x)) ||
-                             (st = no_overlap(op, "work", work, "w", w)) ||
-                             (st = no_overlap(op, "work", work, "gx", gx))))
+  if (masking && ((st = no_overlap(op, "work", work, "x", x)) ||
+                  (st = no_overlap(op, "work", work, "w", w)) ||
+                  (st = no_overlap(op, "work", work, "gx", gx))))
     return st;
-  if (act != UR_ACT_RELU) y = work = NULL;
-  const ur_tensor *ts[] = {x, w, y, gy, gx, gw, gb, work};
-  const char *names[] = {"x", "w", "y", "gy", "gx", "gw", "gb", "work"};
+  if (!masking) y = work = NULL;
+  if (act == UR_ACT_RELU && !masking) act = UR_ACT_NONE; /* g is gy */
+  const ur_tensor *ts[] = {x, w, y, gy, gx, gw, gb, work, x_mask, gb_x};
+  const char *names[] = {"x", "w", "y", "gy", "gx", "gw", "gb", "work", "x_mask", "gb_x"};
   const ur_backend *be;
-  if ((st = ur__dense_backend(op, 8, ts, names, &be)) ||
+  if ((st = ur__dense_backend(op, 10, ts, names, &be)) ||
       (st = UR__NEED(be, dense, linear_backward)))
     return st;
   if (!rows) return UR_STATUS_OK;
   return be->dense->linear_backward(ur__dense_stream(s), ur_tensor_data(x), ur_tensor_data(w),
                                     y ? ur_tensor_data(y) : NULL, ur_tensor_data(gy),
+                                    x_mask ? ur_tensor_data(x_mask) : NULL,
                                     gx ? ur_tensor_data(gx) : NULL, gw ? ur_tensor_data(gw) : NULL,
                                     gb ? ur_tensor_data(gb) : NULL,
+                                    gb_x ? ur_tensor_data(gb_x) : NULL,
                                     work ? ur_tensor_data(work) : NULL, rows, in, out, x->dtype,
                                     act, flags);
+}
+
+ur_status ur_dense_join(ur_stream *s) {
+  const ur_backend *be = ur__gpu();
+  if (!be || !be->dense || !be->dense->join) return UR_STATUS_OK;
+  return be->dense->join(ur__dense_stream(s));
 }
 
 static ur_status check_act(const char *op, ur_act act) {

@@ -355,8 +355,8 @@ ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                           const ur_tensor *weights, const int64_t *stride_per_key_per_rank,
                           const ur_tensor *inverse_indices) {
   call c;
-  ur_status st = prepare(t, &c, values, offsets, weights, stride_per_key_per_rank, inverse_indices, grad_out,
-                         "grad_out");
+  ur_status st = prepare(t, &c, values, offsets, weights, stride_per_key_per_rank, inverse_indices,
+                         grad_out, "grad_out");
   if (!st) st = UR__NEED(t->be, tbe, backward);
   if (st) {
     release(&c);
@@ -364,6 +364,11 @@ ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
   }
   fill_host_info(t, &c.a);
   c.a.grad = ur_tensor_data(grad_out);
+  /* the atomic step adds each value's -lr g: exact in distribution only for plain SGD on f32
+   * rows (weight decay and clipping act on a row's whole gradient, halves round per row) */
+  const ur_tbe_config *cf = &t->cfg;
+  c.a.atomic = cf->nondeterministic && cf->optim.kind == UR_OPTIM_KIND_SGD &&
+               cf->optim.weight_decay == 0 && cf->optim.max_grad <= 0 && !c.a.halves;
   t->step++;
   ur__tbe_hyper h;
   hyper_of(t, &h);
@@ -395,8 +400,8 @@ ur_status ur_tbe_sparse_grad(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                              int64_t *counts) {
   *rows = *grads = NULL;
   call c;
-  ur_status st = prepare(t, &c, values, offsets, weights, stride_per_key_per_rank, inverse_indices, grad_out,
-                         "grad_out");
+  ur_status st = prepare(t, &c, values, offsets, weights, stride_per_key_per_rank, inverse_indices,
+                         grad_out, "grad_out");
   if (!st && !(st = UR__NEED(t->be, tbe, sparse_count))) st = UR__NEED(t->be, tbe, sparse_write);
   if (st) {
     release(&c);

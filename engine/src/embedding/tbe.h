@@ -15,7 +15,9 @@
 typedef struct ur_tbe_ops {
   ur_status (*work_bytes)(const struct ur__tbe_args *a, int backward, size_t *out);
   ur_status (*forward)(void *stream, const struct ur__tbe_args *a, void *work);
-  /* Sorts, sums each distinct row's gradient and steps the optimizer, all on the stream. */
+  /* Sorts, sums each distinct row's gradient and steps the optimizer, all on the stream; with
+   * a->atomic (plain SGD on f32 rows, asked for) a backend may instead add each value's update
+   * by atomics without sorting (the GPU does; the CPU steps as usual: its reference). */
   ur_status (*backward)(void *stream, const struct ur__tbe_args *a,
                             const struct ur__tbe_hyper *h, void *work);
   /* The deduplicated gradient in two calls with the same arguments and work: count

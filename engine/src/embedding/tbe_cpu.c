@@ -2,7 +2,8 @@
  * (kernels/tbe.cu) match bit for bit: forward pooling, the fused backward with its optimizer
  * step, the deduplicated sparse gradient, the plain row gather and the decay of access counters.
  * Arguments are the same structs the kernels take (tbe_plan.h), in host memory; tbe.c has
- * checked them.  The workspace (work_bytes) holds the VBE bags and the sort of a backward, so
+ * checked them.  The GPU's atomic SGD step (args.atomic, ur_tbe_config.nondeterministic) has
+ * this sorted step as its reference: the CPU ignores the flag.  The workspace (work_bytes) holds the VBE bags and the sort of a backward, so
  * the sparse gradient's second call finds the first one's sort there. */
 #include <math.h>
 #include <stdlib.h>

@@ -91,6 +91,7 @@ typedef struct ur__tbe_args {
   int32_t halves;          /* 1: some table stores f16 or bf16 */
   int64_t total_keys;      /* keys of valid rows are below it; it marks a skipped id */
   int32_t key_bits;        /* bits that hold total_keys */
+  int32_t atomic;          /* backward: SGD by atomic adds, no sort (tbe.c says when it may) */
 } ur__tbe_args;
 
 /* ---- layout ---- */

@@ -59,8 +59,8 @@ function EBC:updateOutput(input, ticket)
     self.output = assert(self.tbe:new_output(input))
     self._out_shape = key
   end
-  assert(self.tbe:forward(input, self.output, nil, ticket))
-  if not self.train then assert(self.tbe:retire(ticket, false)) end
+  assert(self.tbe:forward(input, self.output, self.stream, ticket))
+  if not self.train then assert(self.tbe:retire(ticket, false, self.stream)) end
   return self.output
 end
 
@@ -79,7 +79,7 @@ end
 
 -- The optimizer step, fused: every row the input read is updated in place.
 function EBC:accGradParameters(input, gradOutput, ticket)
-  assert(self.tbe:backward(input, gradOutput, nil, ticket))
+  assert(self.tbe:backward(input, gradOutput, self.stream, ticket))
 end
 
 -- A batch's ticket: its rows brought into the cache of the cached tables on stream, ahead of
@@ -92,7 +92,7 @@ function EBC:cache_stats() return self.tbe.cache and self.tbe.cache:stats() end
 
 -- The deduplicated gradient without a step: { [table] = { rows =, grad = } }.
 function EBC:sparse_grad(input, gradOutput)
-  return assert(self.tbe:sparse_grad(input, gradOutput))
+  return assert(self.tbe:sparse_grad(input, gradOutput, self.stream))
 end
 
 function EBC:parameters(prefix, out)

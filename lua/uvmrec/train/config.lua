@@ -57,6 +57,7 @@ M.schema = map({
       lr = number { min = 0 },                                 -- default: the dense lr
       eps = number { min = 0 }, weight_decay = number { min = 0 },
       beta1 = number { min = 0, max = 1 }, beta2 = number { min = 0, max = 1 },
+      deterministic = bool { default = true },                 -- false: atomic SGD on the GPU (uvmrec.tbe)
     },
   }, { required = { "dim", "rows" } }),
   optimizer = map({                                            -- the dense parameters'

@@ -8,12 +8,13 @@
 local M = {}
 
 -- One step on a batch; the loss is a one-element tensor where the model runs (reading it waits).
+-- On the model's stream, if it has one (uvmrec.train.graph puts it on one).
 function M.step(model, optimizer, batch)
   local crit = model.criterion
   local logits = model:forward(batch)
   local loss = crit:forward(logits, batch.labels)
   model:backward(batch, crit:backward(logits, batch.labels))
-  optimizer:step()
+  optimizer:step(model.stream)
   return loss
 end
 
@@ -32,14 +33,27 @@ local function call(hooks, name, run, batch)
   end
 end
 
+-- The hook that takes the step over (take_step), or nil.
+local function stepper(hooks)
+  for i = 1, #hooks do
+    if hooks[i].take_step then return hooks[i] end
+  end
+  return nil
+end
+
 local function steps(run, source, hooks)
   call(hooks, "start", run)
+  local taker = stepper(hooks)
   while not run.stopped do
     local batch, err = source:next()
     if err then error(err, 0) end
     if not batch then break end
     call(hooks, "before", run, batch)
-    run.loss = M.step(run.model, run.optimizer, batch)
+    if taker then
+      run.loss = taker:take_step(run, batch)
+    else
+      run.loss = M.step(run.model, run.optimizer, batch)
+    end
     run.step, run.samples = run.step + 1, run.samples + batch.size
     call(hooks, "after", run, batch)
   end
@@ -49,7 +63,9 @@ end
 -- at the end (batches in flight dropped).  A hook is a table with any of start(run) (before the
 -- first step; a resumed run's sets run.step and run.samples), before(run, batch) (before each
 -- step: the learning rates), after(run, batch) (after each step) and finish(run) (after the
--- last, also when the loop failed: run.error).  Returns the run, or raises the loop's error.
+-- last, also when the loop failed: run.error); one may take the step over, take_step(run,
+-- batch) returning the loss as step does (uvmrec.train.graph's runner:hook() replays it as one
+-- CUDA graph).  Returns the run, or raises the loop's error.
 function M.run(model, optimizer, source, hooks)
   hooks = hooks or {}
   local run = setmetatable({ model = model, optimizer = optimizer, step = 0, samples = 0, stopped = false }, Run)
