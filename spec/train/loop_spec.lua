@@ -203,6 +203,16 @@ describe("uvmrec.train.loop.run", function()
     assert.equal("close", log[#log])
   end)
 
+  it("lets a hook take the step over (as uvmrec.train.graph's runner does)", function()
+    local model, opt, source, log = fakes(3)
+    local run = loop.run(model, opt, source, { { take_step = function(_, r, b)
+      log[#log + 1] = "taken " .. r.step .. " " .. b.size
+      return { get = function() return 7 end }
+    end } })
+    assert.same({ "taken 0 1", "taken 1 2", "taken 2 3", "close" }, log)
+    assert.same({ 3, 6, 7 }, { run.step, run.samples, run.loss:get(0) })
+  end)
+
   it("closes the source and runs the hooks' finish with the error when a step fails, then raises it", function()
     local model, opt, source, log = fakes(5, 3)
     local seen
