@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/optim_plan.h"
 #include "uvmrec.h"
 
 typedef __nv_bfloat16 ur_bf16;
@@ -187,7 +188,7 @@ ur_status ur__cuda_bce_backward(void *stream, const void *logits, const float *t
                                 ur_reduction reduction, double scale);
 
 /* optim.cu */
-ur_status ur__cuda_optim_step(void *stream, const ur_optim_cfg *cfg, int32_t n,
+ur_status ur__cuda_optim_step(void *stream, const ur__optim_consts *k, int32_t n,
                               float *const *params, float *const *grads, float *const *s1,
                               float *const *s2, void *const *halves, const int64_t *numel);
 

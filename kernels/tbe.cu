@@ -612,7 +612,7 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
     }
   }
   float rs = 0.0f;
-  if (h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) {
+  if (h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) sq = UR_FADD(sq, __shfl_xor_sync(kFull, sq, o));
     rs = UR_FADD(tb.state1[prow], UR_FDIV(sq, (float)dim));
@@ -628,7 +628,7 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
 #pragma unroll
     for (int e = 0; e < E; e++) {
       int64_t el = base + col + e;
-      float *s1 = h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? &rs : tb.state1 ? tb.state1 + el : nullptr;
+      float *s1 = h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD ? &rs : tb.state1 ? tb.state1 + el : nullptr;
       float *s2 = tb.state2 ? tb.state2 + el : nullptr;
       nw[e] = ur__tbe_step_elem(&h, w[v][e], gg[v][e], s1, s2);
     }
@@ -683,7 +683,7 @@ __device__ __forceinline__ void prefetch_step(const ur__tbe_hyper &h, const ur__
   int es = esize(tb.dtype);
   int64_t pr = tb.perm ? tb.perm[row] : row;
   prefetch_row((const char *)tb.weights + pr * tb.dim * es, tb.dim * es, lane);
-  if (h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) {
+  if (h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
     if (lane == 0) prefetch_row(tb.state1 + pr, 4, 0);
   } else if (tb.state1) {
     prefetch_row(tb.state1 + pr * tb.dim, tb.dim * 4, lane);
@@ -1401,7 +1401,7 @@ static cudaError_t backward_common(cudaStream_t st, const ur__tbe_args *a, const
   ur__tbe_args in;
   UR_TRY(collapse(st, a, w, L, &in));
   if (a->atomic && h && !sp.rows && !count_only)
-    return a->n > 0 ? atomic_sgd(st, in, h->lr, shape_of(a).nv) : cudaSuccess;
+    return a->n > 0 ? atomic_sgd(st, in, h->k.lr, shape_of(a).nv) : cudaSuccess;
   Sorted s;
   UR_TRY(keys32(a) ? sort_segments<uint32_t>(st, in, w, L, &s) : sort_segments<uint64_t>(st, in, w, L, &s));
   if (count_only) {

@@ -88,10 +88,11 @@ function DLRM:__init(cfg, opts)
   for _, c in ipairs(self.modules) do c:share_arena(self) end
 end
 
--- The logits [B, 1] of a batch {dense = f32 [B, dense], sparse = KJT or {values=, offsets=}}.
+-- The logits [B, 1] of a batch (uvmrec.data.Batch: dense f32 [B, dense], sparse a KJT, and
+-- the ticket of its cached rows when the prefetch pipeline brought them in ahead).
 function DLRM:updateOutput(batch)
   local x = self.bottom:forward(batch.dense)
-  local e = self.embeddings:forward(batch.sparse)
+  local e = self.embeddings:forward(batch.sparse, batch.ticket)
   local z
   if self._pair then
     self._pair[1], self._pair[2] = x, e
@@ -126,7 +127,7 @@ function DLRM:backward(batch, gradOutput)
     dense.split(gc, self._parts, self.stream)
   end
   self.bottom:backward(batch.dense, gx)
-  self.embeddings:backward(batch.sparse, ge)
+  self.embeddings:backward(batch.sparse, ge, batch.ticket)
   dense.join(self.stream)
   self.gradInput = nil
   return nil

@@ -9,7 +9,7 @@ describe("uvmrec FFI", function()
                             "safetensors_entry", "metrics_opts", "metric_values" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
-    for _, name in ipairs { "optim_cfg", "arena_stats" } do
+    for _, name in ipairs { "optim_config", "arena_stats" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
     for _, name in ipairs { "tbe_table_config", "tbe_config" } do

@@ -61,7 +61,7 @@ local function make_in(o, place)
   return ur.KJT { keys = o.keys, stride = o.stride, values = tensor_of(o.values, "i64", place),
                   lengths = tensor_of(o.lengths, "i32", place),
                   weights = o.weights and tensor_of(o.weights, "f32", place),
-                  stride_per_key = o.stride_per_key,
+                  stride_per_key_per_rank = o.stride_per_key_per_rank,
                   inverse_indices = o.inverse_indices and tensor_of(o.inverse_indices, "i64", place),
                   check = o.check }
 end
@@ -204,8 +204,9 @@ describe("uvmrec.KJT on the GPU", function()
     end
   end)
 
-  cuda_it("builds a VBE batch from stride_per_key and inverse indices in place", function()
-    local o = { keys = { "a", "b" }, values = { 5, 6, 7 }, lengths = { 1, 1, 1 }, stride_per_key = { 2, 1 },
+  cuda_it("builds a VBE batch from stride_per_key_per_rank and inverse indices in place", function()
+    local o = { keys = { "a", "b" }, values = { 5, 6, 7 }, lengths = { 1, 1, 1 },
+                stride_per_key_per_rank = { { 2 }, { 1 } },
                 inverse_indices = { 0, 1, 1, 0, 0, 0, 0, 0 } }
     local cpu = make(o)
     for _, place in ipairs(gpu_places) do
@@ -248,9 +249,10 @@ describe("uvmrec.KJT on the GPU", function()
     same_error({ keys = { "a" }, values = { 1, 2 }, lengths = { 2 }, weights = { 1 } }, nil,
       "kjt: 1 weights for 2 values; expected one per value")
     same_error({ keys = {}, values = { 1 }, lengths = {} }, nil, "kjt: no keys, but 1 values")
-    same_error({ keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key = { 1 }, inverse_indices = { 1 } },
+    same_error({ keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key_per_rank = { { 1 } },
+                 inverse_indices = { 1 } },
       nil, "kjt: key 'a' sample 0 has inverse index 1; expected 0..0 (the key's stride is 1)")
-    same_error({ keys = { "a", "b" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key = { 1, 1 },
+    same_error({ keys = { "a", "b" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key_per_rank = { { 1 }, { 1 } },
                  inverse_indices = { 0, 0, 0, -1 } }, nil,
       "kjt: key 'b' sample 1 has inverse index -1; expected 0..0 (the key's stride is 1)")
     -- by validate: ids out of range (rows per key), negative ids
@@ -278,7 +280,7 @@ describe("uvmrec.KJT on the GPU", function()
     same_error({ keys = { "a", "b" }, values = { 50, 2, 3 }, lengths = { 1, -1, 1, 1 }, check = false }, { 10, 10 },
       "kjt: key 'a' sample 1 (lengths[1]) has length -1; lengths must be >= 0")
     -- ids before inverse indices of the same key, and key order across them
-    local v = { keys = { "a", "b" }, values = { 5, 60 }, lengths = { 1, 1 }, stride_per_key = { 1, 1 },
+    local v = { keys = { "a", "b" }, values = { 5, 60 }, lengths = { 1, 1 }, stride_per_key_per_rank = { { 1 }, { 1 } },
                 inverse_indices = { 0, 0, 0, 3 }, check = false }
     same_error(v, { 100, 10 }, "kjt: key 'b' sample 0 (values[1]) has id 60, outside the table's 10 rows")
     same_error(v, { 100, 100 }, "kjt: key 'b' sample 1 has inverse index 3; expected 0..0 (the key's stride is 1)")

@@ -165,7 +165,7 @@ describe("uvmrec.KJT", function()
           end
           inv[b] = seen[key]
         end
-        assert.equal(#uniq, vt.stride_per_key[ki], "stride of key " .. ki)
+        assert.same({ #uniq }, vt.stride_per_key_per_rank[ki], "stride of key " .. ki)
         for b = 1, ref.stride do
           assert.equal(inv[b], vt.inverse_indices[(ki - 1) * ref.stride + b])
         end
@@ -189,7 +189,7 @@ describe("uvmrec.KJT", function()
           local row = (ki - 1) * ref.stride + b - 1
           assert.same({ src * 2, src * 2 + 1 }, { ft[row * 2 + 1], ft[row * 2 + 2] })
         end
-        kb = kb + vt.stride_per_key[ki]
+        kb = kb + vt.stride_per_key_per_rank[ki][1]
       end
 
       -- placements
@@ -247,10 +247,9 @@ describe("uvmrec.KJT", function()
     local k = ur.KJT { keys = { "a", "b", "c" }, values = { 1, 1, 2, 3, 3, 3, 4, 5 },
                        lengths = { 1, 1, 1, 1, 1, 1, 1, 1, 0 } }
     local v = k:dedup()
-    assert.same({ 2, 1, 3 }, v:stride_per_key())
     assert.same({ { 2 }, { 1 }, { 3 } }, v:stride_per_key_per_rank())
     local p = v:permute { "c", "a" }
-    assert.same({ 3, 2 }, p:stride_per_key())
+    assert.same({ { 3 }, { 2 } }, p:stride_per_key_per_rank())
     assert.same({ 0, 1, 2, 0, 0, 1 }, p:inverse_indices():totable())
     assert.same(k:permute { "c", "a" }:totable(), p:expand():totable())
     local parts = v:split { 2, 1 }
@@ -263,11 +262,32 @@ describe("uvmrec.KJT", function()
       "kjt dedup: the KJT already has a variable batch per key; expand() it first")
   end)
 
-  it("builds a VBE batch from stride_per_key and inverse_indices", function()
-    local v = ur.KJT { keys = { "a" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key = { 2 },
+  it("builds a VBE batch from stride_per_key_per_rank and inverse_indices (TorchRec's names)", function()
+    local v = ur.KJT { keys = { "a" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key_per_rank = { { 2 } },
                        inverse_indices = { 0, 1, 1, 0 } }
     assert.equal(4, v:stride())
     assert.same({ 5, 6, 6, 5 }, v:expand():values():totable())
+    assert.has_error(function()
+      ur.KJT { keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key_per_rank = { 1 },
+               inverse_indices = { 0 } }
+    end, "kjt: stride_per_key_per_rank[1] must be a list of one stride (one rank), such as {2}")
+    assert.has_error(function()
+      ur.KJT { keys = { "a", "b" }, values = { 5 }, lengths = { 1 }, stride_per_key_per_rank = { { 1 } } }
+    end, "kjt: stride_per_key_per_rank has 1 entries for 2 keys")
+  end)
+
+  it("copies into buffers kept by the caller: views of them, the same KJT", function()
+    local v = ur.KJT { keys = { "a", "b" }, values = { 5, 6, 7 }, lengths = { 1, 0, 2, 0 }, weights = { 1, 2, 3 } }
+    local into = { values = ur.tensor({ 8 }, { dtype = "i64" }), lengths = ur.tensor({ 8 }, { dtype = "i32" }),
+                   offsets = ur.tensor({ 8 }, { dtype = "i64" }), weights = ur.tensor({ 8 }, { dtype = "f32" }) }
+    local c = assert(v:copy(into))
+    assert.same(v:totable(), c:totable())
+    assert.equal(ur.C.ur_tensor_id(into.values.p), ur.C.ur_tensor_id(c:values().p))
+    local d = v:dedup()
+    assert.has_error(function() d:copy(into) end, "kjt copy: no buffer for its inverse_indices")
+    into.values = ur.tensor({ 2 }, { dtype = "i64" })
+    assert.has_error(function() v:copy(into) end,
+      "kjt copy: the buffer for its values is i64 of 2 elements (1-D); expected 1-D i64 of at least 3")
   end)
 
   it("names the key and the position in every error", function()
@@ -292,7 +312,8 @@ describe("uvmrec.KJT", function()
       KJT { keys = { "a" }, values = ur.tensor({ 1 }, { dtype = "i32" }), lengths = { 1 } }
     end, "kjt: values must be a 1-d i64 tensor, got i32 with 1 dimensions")
     assert.has_error(function()
-      KJT { keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key = { 1 }, inverse_indices = { 1 } }
+      KJT { keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key_per_rank = { { 1 } },
+            inverse_indices = { 1 } }
     end, "kjt: key 'a' sample 0 has inverse index 1; expected 0..0 (the key's stride is 1)")
     local k = KJT { keys = { "a", "C7" }, values = { 1, 2, 999, 3 }, lengths = { 1, 1, 2, 0 } }
     assert.is_true(k:validate { 10, 1000 })

@@ -183,12 +183,12 @@ describe("embedding collections on CUDA", function()
   cuda_it("takes VBE batches, flat and expanded, like the CPU", function()
     math.randomseed(7)
     local cpu, gpu = pair("mixed", { optimizer = { "sgd", lr = 0.3 } })
-    local b = R.batch(rows_of(cpu), { bpf = { 5, 1, 3, 8, 2 }, weighted = true })
+    local b = R.batch(rows_of(cpu), { strides = { 5, 1, 3, 8, 2 }, weighted = true })
     assert.same(cpu:forward(R.input(b)):totable(), gpu:forward(R.input(b, "device")):totable(), "flat")
-    b.inverse = {}
+    b.inverse_indices = {}
     local full = 9
-    for f, nb in ipairs(b.bpf) do
-      for s = 0, full - 1 do b.inverse[(f - 1) * full + s + 1] = (s * 5 + f) % nb end
+    for f, nb in ipairs(b.strides) do
+      for s = 0, full - 1 do b.inverse_indices[(f - 1) * full + s + 1] = (s * 5 + f) % nb end
     end
     train(cpu, gpu, b, 2, 90)
     same_tables(cpu, gpu, 1e-5, "vbe")

@@ -204,15 +204,16 @@ describe("uvmrec.tbe page runs (ur_tbe_page_runs)", function()
     local good = batch(c, { a = { 1 } })
     assert.equal("tbe: prefetch_pages: values is i32 with 1 dimensions; expected i64 with 1",
                  err_of({ values = R.tensor({ 1 }, "i32"), offsets = good.offsets }))
-    assert.equal("tbe: prefetch_pages: 5 bags do not split evenly over 4 features; pass batch_per_feature "
+    assert.equal("tbe: prefetch_pages: 5 bags do not split evenly over 4 features; pass stride_per_key_per_rank "
                  .. "for a variable batch",
                  err_of({ values = good.values, offsets = R.tensor({ 0, 1, 1, 1, 1, 1 }, "i64") }))
     assert.equal("tbe: prefetch_pages: offsets end at 3 but there are 1 values",
                  err_of({ values = good.values, offsets = R.tensor({ 0, 1, 1, 1, 3 }, "i64") }))
     assert.equal("tbe: prefetch_pages: offsets[2] = 0 is below offsets[1] = 1; offsets must not decrease",
                  err_of({ values = good.values, offsets = R.tensor({ 0, 1, 0, 1, 1 }, "i64") }))
-    assert.equal("tbe: prefetch_pages: batch_per_feature sums to 3 bags but offsets hold 4",
-                 err_of({ values = good.values, offsets = good.offsets, batch_per_feature = { 1, 1, 1, 0 } }))
+    assert.equal("tbe: prefetch_pages: stride_per_key_per_rank sums to 3 bags but offsets hold 4",
+                 err_of({ values = good.values, offsets = good.offsets,
+                         stride_per_key_per_rank = { { 1 }, { 1 }, { 1 }, { 0 } } }))
     local st = ffi.new("ur_page_stats")
     assert.equal(C.UR_STATUS_INVALID, C.ur_tbe_page_runs(c.h.p, good.values.p, good.offsets.p, nil, st, -7))
     assert.equal("tbe: prefetch_pages: location -7 is not a location; expected -1 (cpu), -2 (the collection's "
@@ -258,11 +259,12 @@ describe("uvmrec.tbe page runs (ur_tbe_page_runs)", function()
                                              alloc = math.huge }
         end
       end
-      local bpf = { math.random(0, 40), math.random(0, 40), math.random(0, 40), math.random(0, 40), math.random(0, 40) }
+      local strides = {}
+      for f = 1, 5 do strides[f] = math.random(0, 40) end
       local values, offsets, ids = {}, { 0 }, { x = {}, y = {}, z = {}, w = {} }
       for f, fname in ipairs(c.features) do
         local tname = fname:match("^x") and "x" or fname
-        for _ = 1, bpf[f] do
+        for _ = 1, strides[f] do
           for _ = 1, math.random(0, 4) do
             local id = math.floor(c.rows[tname] * math.random() ^ 3)
             values[#values + 1] = id
@@ -271,7 +273,7 @@ describe("uvmrec.tbe page runs (ur_tbe_page_runs)", function()
           offsets[#offsets + 1] = #values
         end
       end
-      local input = R.input({ values = values, offsets = offsets, bpf = bpf }, "host")
+      local input = R.input({ values = values, offsets = offsets, strides = strides }, "host")
       local runs, st = c:page_runs(input)
       local want = reference(c, ids, layout, perms)
       -- the last run of a tensor may end at its allocation's end: compare with that clamped
@@ -314,7 +316,7 @@ local function batches(n, placement)
       end
     end
     local g = R.tensor(R.randoms(16 * 24), "f32", placement):view_as(0, { 16, 24 })
-    list[k] = { sparse = R.input({ values = values, offsets = offsets }, placement), grad = g }
+    list[k] = { sparse = R.kjt({ values = values, offsets = offsets }, { "a", "b" }, placement), grad = g }
   end
   return list
 end
@@ -349,10 +351,10 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
     assert.is_nil(stats.pages)
     assert.equal(0, stats.prefetched)
     assert.has_error(function()
-      Prefetch.new { collection = make("cpu", "host"), source = function() end, step = function() end, pages = true }
+      Prefetch.new { collection = make("cpu", "host"), source = { next = function() end }, pages = true }
     end, "Prefetch: pages = true needs a collection with managed tables")
     assert.has_error(function()
-      Prefetch.new { collection = make("cpu", "managed"), source = function() end, step = function() end, pages = 1 }
+      Prefetch.new { collection = make("cpu", "managed"), source = { next = function() end }, pages = 1 }
     end, "Prefetch: pages is 1; expected true or false")
   end)
 

@@ -286,9 +286,8 @@ describe("uvmrec train checkpoints", function()
   end)
 
   it("stops at the step boundary after the interrupt flag rises, saving a checkpoint there", function()
-    local r = assert(run(sets_with(SYNTH, { "train.steps=50" }), { out = dir .. "/i", hooks = { function(step)
-      if step == 6 then C.ur_interrupt_set(1) end
-    end } }))
+    local flag = { after = function(_, at) if at.step == 6 then C.ur_interrupt_set(1) end end }
+    local r = assert(run(sets_with(SYNTH, { "train.steps=50" }), { out = dir .. "/i", hooks = { flag } }))
     assert.same({ signal = 0, name = "the interrupt flag", step = 6 }, r.interrupted)
     assert.equal(6, r.steps)
     assert.is_nil(r.eval, "no final evaluation after a stop")
@@ -573,6 +572,16 @@ describe("uvmrec.train", function()
     assert.equal(1, code)
     assert.is_nil(out:find("\neval: "))
     assert.equal("uvmrec eval: criteo-tsv: /nonexistent/day_0: cannot open: No such file or directory\n", err)
+  end)
+
+  it("trains the pipeline's batches in flight at the end of the data, or drops them with train.drain", function()
+    local sets = { "train.steps=0", "data.samples=2560", "train.batch_size=256", "train.pipeline=true",
+                   "eval.samples=0", "eval.min_auc=0", "train.log_every=1" }
+    local all = helpers.train_tiny(sets)
+    local dropped = helpers.train_tiny(sets, { "train.drain=false" })
+    assert.equal(10, all.result.steps)
+    assert.equal(9, dropped.result.steps, "the batch prefetched when the data ended is dropped")
+    for s = 1, 9 do assert.equal(all.losses[s], dropped.losses[s], "step " .. s) end
   end)
 
   it("holds out synthetic samples from 2^48, which training never reaches, and reports data errors", function()

@@ -2,7 +2,8 @@
  *
  * Contents (each section opens with a "==== N. name ====" comment line):
  *   1. core        statuses and errors, the library, names of enums, devices, memory and the
- *                  HBM budget, streams and events, tensors, interrupts and signals, the clock
+ *                  HBM budget, streams and events, tensors, interrupts and signals, the clock,
+ *                  optimizer settings (the dense parameters' and the embedding tables' alike)
  *   2. hints       advice and prefetch on managed tensors, what is advised, what moved
  *   3. data        keyed jagged tensors (KJT), .npy arrays, Criteo TSV, synthetic data, the
  *                  loader and its batches
@@ -10,7 +11,7 @@
  *                  prefetch of managed tables
  *   5. cache       the software HBM cache of `cached` tables
  *   6. dense       linear layers, activations, interaction, cross layers, concat, loss,
- *                  optimizers, arenas
+ *                  the dense optimizers' step, arenas
  *   7. metrics     AUC, grouped AUC, NE and the rest, streaming
  *   8. io          checkpoints (safetensors), configs (YAML), JSON
  *   9. dist        communicators over the ranks of a job (NCCL on GPUs, MPI on hosts)
@@ -45,7 +46,7 @@ extern "C" {
 #define UR_SYNTH_MAX_TABLES 64 /* ur_synth_spec.tables */
 
 /* UR_CDEF_BEGIN */
-/* ==== 1. core: statuses, the library, names, devices, memory, streams, tensors, interrupts ==== */
+/* ==== 1. core: statuses, library, names, devices, memory, streams, tensors, interrupts, optimizers ==== */
 typedef int ur_status;
 enum {
   UR_STATUS_OK = 0,
@@ -226,6 +227,30 @@ UR_API int32_t ur_signals_caught(void);
 /* Monotonic seconds (rates, ETAs, timings). */
 UR_API double ur_clock_seconds(void);
 
+/* Optimizer settings: one kind and one struct for the dense parameters (ur_optim_step, PyTorch's
+ * formulas) and the embedding tables, whose optimizer is fused into their backward
+ * (ur_tbe_config.optim).  Dense parameters take sgd, adagrad, adam and adamw; tables take sgd,
+ * rowwise_adagrad (one sum per row), adagrad and adam. */
+typedef enum ur_optim_kind {
+  UR_OPTIM_KIND_SGD = 0, UR_OPTIM_KIND_ADAGRAD, UR_OPTIM_KIND_ADAM, UR_OPTIM_KIND_ADAMW,
+  UR_OPTIM_KIND_ROWWISE_ADAGRAD, UR_OPTIM_KIND_COUNT
+} ur_optim_kind;
+
+typedef struct ur_optim_config {
+  int32_t kind;             /* ur_optim_kind */
+  int32_t nesterov;         /* dense SGD with momentum */
+  int32_t zero_grad;        /* dense: 1: gradients are zeroed once read */
+  int32_t pad_;
+  int64_t step;             /* dense: this update's number, from 1 (tables count their own) */
+  double lr, weight_decay;  /* weight decay is L2 (g += weight_decay * w); AdamW's decoupled */
+  double momentum;          /* dense SGD; 0 for none */
+  double beta1, beta2;      /* Adam */
+  double eps;               /* Adagrad, Adam */
+  double max_grad;          /* tables: > 0 clips each gradient element to [-max_grad, max_grad] */
+} ur_optim_config;
+
+UR_API size_t ur_sizeof_optim_config(void);
+
 /* ==== 2. hints: advice and prefetch on managed tensors, what is advised, what moved ==== */
 typedef enum ur_advice {
   UR_ADVICE_PREFERRED_LOCATION = 0, UR_ADVICE_UNSET_PREFERRED_LOCATION,
@@ -315,20 +340,21 @@ UR_API ur_status ur_monitor_stop(void);
 /* Keyed jagged tensors (engine/src/data/kjt.c).  Key-major: lengths[k * stride + b] is the bag of
  * key k for sample b, offsets its exclusive cumulative sum (num_keys * stride + 1 entries), so
  * offsets are directly the embedding kernels' bag offsets into values.  With a variable batch
- * per key (VBE), key k has stride_per_key[k] bags and inverse_indices [num_keys, stride] gives,
- * for each sample of the full batch, its bag within that key.  A KJT holds views of the
- * tensors it was given (the caller keeps its own handles); accessors lend the KJT's own
- * handles, valid while it lives. */
+ * per key (VBE; TorchRec's names), key k has stride_per_key_per_rank[k] bags (one rank) and
+ * inverse_indices [num_keys, stride] gives, for each sample of the full batch, its bag within
+ * that key.  A KJT holds views of the tensors it was given (the caller keeps its own handles);
+ * accessors lend the KJT's own handles, valid while it lives. */
 struct ur_kjt;
 typedef struct ur_kjt ur_kjt;
 
-/* values i64 [n], lengths i32 [sum of strides], weights f32 [n] or NULL; stride_per_key NULL
- * for one stride for all keys (then inverse_indices must be NULL), else num_keys entries and
+/* values i64 [n], lengths i32 [sum of strides], weights f32 [n] or NULL;
+ * stride_per_key_per_rank NULL for one stride for all keys (then inverse_indices must be NULL),
+ * else each key's bags on each rank (TorchRec's names; one rank: num_keys entries) and
  * inverse_indices i64 [num_keys * stride].  All tensors in one placement (device: one GPU).
  * Offsets are computed here; lengths are checked (negative, sum) unless check is 0. */
-UR_API ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, int64_t stride,
-                            const int64_t *stride_per_key /* or NULL */, ur_tensor *values,
-                            ur_tensor *lengths, ur_tensor *weights /* or NULL */,
+UR_API ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys,
+                            int64_t stride, const int64_t *stride_per_key_per_rank /* or NULL */,
+                            ur_tensor *values, ur_tensor *lengths, ur_tensor *weights /* or NULL */,
                             ur_tensor *inverse_indices /* or NULL */, int32_t check);
 UR_API void ur_kjt_free(ur_kjt *k);
 UR_API int32_t ur_kjt_num_keys(const ur_kjt *k);
@@ -388,6 +414,12 @@ UR_API ur_status ur_kjt_from_rows(ur_stream *s, ur_kjt **out, int32_t num_keys,
 /* A copy in another placement, ordered on s (asynchronous where the GPU is involved). */
 UR_API ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place place,
                            int32_t device);
+/* The same into buffers the caller keeps: into[0..4] for the values, lengths, offsets, weights
+ * and inverse_indices (1-D, of k's dtypes, at least as long, in one placement; NULL where k has
+ * none).  The copy's tensors are views of their first elements, so a loop that copies every
+ * batch to the GPU allocates no device memory and waits for nothing. */
+UR_API ur_status ur_kjt_copy(ur_stream *s, const ur_kjt *k, ur_tensor *const *into /* out */,
+                             ur_kjt **out /* out */);
 
 /* .npy arrays (engine/src/data/npy.c): version 1, 2 and 3 headers; dtypes <f4, <i4, <u4, <i8. */
 typedef struct ur_npy_info {
@@ -574,10 +606,6 @@ UR_API int64_t ur_batch_first_sample(const ur_batch *b);     /* within the epoch
 typedef enum ur_pooling {
   UR_POOLING_SUM = 0, UR_POOLING_MEAN, UR_POOLING_NONE, UR_POOLING_COUNT
 } ur_pooling;
-typedef enum ur_tbe_optim {
-  UR_TBE_OPTIM_SGD = 0, UR_TBE_OPTIM_ROWWISE_ADAGRAD, UR_TBE_OPTIM_ADAGRAD, UR_TBE_OPTIM_ADAM,
-  UR_TBE_OPTIM_COUNT
-} ur_tbe_optim;
 typedef enum ur_tbe_bounds {
   UR_TBE_BOUNDS_FATAL = 0, /* a bad id fails the call, naming table, feature, sample and id */
   UR_TBE_BOUNDS_WARN,      /* the id is skipped and counted (ur_tbe_skipped) */
@@ -608,10 +636,7 @@ typedef struct ur_tbe_table_config {
 
 typedef struct ur_tbe_config {
   int32_t device;          /* the GPU that runs the collection, or -1: the CPU backend */
-  ur_tbe_optim optim;
-  double lr, eps, weight_decay;  /* weight decay is L2: g += weight_decay * w */
-  double beta1, beta2;     /* Adam */
-  double max_grad;         /* > 0: each gradient element is clipped to [-max_grad, max_grad] */
+  ur_optim_config optim;   /* sgd, rowwise_adagrad, adagrad or adam; its step is the collection's */
   ur_tbe_bounds bounds;
   int32_t stochastic_rounding; /* 1: f16/bf16 rows are written with stochastic rounding */
   uint64_t seed;           /* initialisation and stochastic rounding */
@@ -641,30 +666,31 @@ UR_API int64_t ur_tbe_out_dim(const ur_tbe *t);
 /* The first output column of feature f (pooled collections). */
 UR_API int64_t ur_tbe_feature_col(const ur_tbe *t, int32_t feature);
 
-/* Pooled forward.  Without VBE (batch_per_feature NULL) every feature has bags/num_features
- * bags and out is [batch, out_dim].  With VBE, batch_per_feature[f] (host memory) gives each
- * feature's bags; out is then either flat [sum_f batch_f * dim_f] (inverse NULL) or, with
- * inverse i64 [num_features * B] (key-major: sample b of feature f reads its bag
- * inverse[f * B + b]), expanded to [B, out_dim].  Pooling none: out is [n, dim], one row per
+/* Pooled forward.  Without VBE (stride_per_key_per_rank NULL) every feature has
+ * bags/num_features bags and out is [batch, out_dim].  With VBE, stride_per_key_per_rank[f]
+ * (host memory; one rank) gives each feature's bags, as a KJT's; out is then either flat
+ * [sum_f batch_f * dim_f] (inverse_indices NULL) or, with inverse_indices i64
+ * [num_features * B] (key-major: sample b of feature f reads its bag
+ * inverse_indices[f * B + b]), expanded to [B, out_dim].  Pooling none: out is [n, dim], one row per
  * value.  Empty bags give zeros; mean divides by the bag's length.  weights may be NULL. */
 UR_API ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
                                 const ur_tensor *offsets, const ur_tensor *weights /* or NULL */,
-                                const int64_t *batch_per_feature /* or NULL */,
-                                const ur_tensor *inverse /* or NULL */, ur_tensor *out);
+                                const int64_t *stride_per_key_per_rank /* or NULL */,
+                                const ur_tensor *inverse_indices /* or NULL */, ur_tensor *out);
 /* The gradient of forward's output updates the rows in place through the optimizer. */
 UR_API ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                                  const ur_tensor *values, const ur_tensor *offsets,
                                  const ur_tensor *weights /* or NULL */,
-                                 const int64_t *batch_per_feature /* or NULL */,
-                                 const ur_tensor *inverse /* or NULL */);
+                                 const int64_t *stride_per_key_per_rank /* or NULL */,
+                                 const ur_tensor *inverse_indices /* or NULL */);
 /* The deduplicated gradient instead of an update: rows i64 [U] (row ids within their tables,
  * ascending per table, tables in order), grads f32 [sum_t U_t * dim_t] (table t's block is
  * [U_t, dim_t]), and counts[t] = U_t (host array of num_tables).  Synchronous. */
 UR_API ur_status ur_tbe_sparse_grad(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                                     const ur_tensor *values, const ur_tensor *offsets,
                                     const ur_tensor *weights /* or NULL */,
-                                    const int64_t *batch_per_feature /* or NULL */,
-                                    const ur_tensor *inverse /* or NULL */,
+                                    const int64_t *stride_per_key_per_rank /* or NULL */,
+                                    const ur_tensor *inverse_indices /* or NULL */,
                                     ur_tensor **rows /* out */, ur_tensor **grads /* out */,
                                     int64_t *counts /* out */);
 
@@ -752,7 +778,7 @@ UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table,
  * Runs that lie wholly in bytes the hint record says are preferred on, or last prefetched to,
  * the location are skipped; the others are prefetched there on s (cudaMemPrefetchAsync).
  * values i64 [n] and offsets i64 [bags + 1] as ur_tbe_forward takes them (any placement:
- * device ones are read back, synchronously), batch_per_feature as there.  Ids out of range
+ * device ones are read back, synchronously), stride_per_key_per_rank as there.  Ids out of range
  * fail under the collection's fatal bounds check with the forward's error (naming table,
  * feature, sample and id); under warn and off they are skipped (and counted here, not in
  * ur_tbe_skipped).  location: a GPU, UR_LOC_CURRENT_GPU (the collection's GPU) or UR_LOC_CPU.
@@ -783,11 +809,11 @@ UR_API size_t ur_sizeof_page_run(void);
 UR_API size_t ur_sizeof_page_stats(void);
 UR_API ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values,
                                        const ur_tensor *offsets,
-                                       const int64_t *batch_per_feature /* or NULL */,
+                                       const int64_t *stride_per_key_per_rank /* or NULL */,
                                        ur_page_stats *out /* out */, int32_t location);
 /* The same computation, issuing nothing: for tests and for looking at what a batch touches. */
 UR_API ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
-                                  const int64_t *batch_per_feature /* or NULL */,
+                                  const int64_t *stride_per_key_per_rank /* or NULL */,
                                   ur_page_stats *out /* out */, int32_t location);
 /* The runs of the last ur_tbe_prefetch_pages or ur_tbe_page_runs on t, skipped ones included,
  * by table, then tensor, then address: lent, valid until the next such call or ur_tbe_free.
@@ -853,7 +879,7 @@ UR_API int32_t ur_cache_table(const ur_cache *c, int32_t i);   /* collection tab
 /* Slot storage in bytes where the collection runs (rows, optimizer state and staging). */
 UR_API uint64_t ur_cache_bytes(const ur_cache *c);
 /* A batch's ids: values i64 [n] and offsets i64 [bags + 1] as ur_tbe_forward takes them (any
- * placement: device ones are read back, synchronously), batch_per_feature as there.  Writes
+ * placement: device ones are read back, synchronously), stride_per_key_per_rank as there.  Writes
  * into out (i64 [n], where the collection runs) the ids to give the collection instead:
  * slot ids for the cached tables' features, the ids themselves for other features.  The
  * copies are ordered on s; *ticket identifies the batch for ur_cache_retire.  Ids out of
@@ -861,8 +887,8 @@ UR_API uint64_t ur_cache_bytes(const ur_cache *c);
  * else become -1 (the collection skips and counts them). */
 UR_API ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
                                   const ur_tensor *offsets,
-                                  const int64_t *batch_per_feature /* or NULL */, ur_tensor *out,
-                                  int64_t *ticket /* out */);
+                                  const int64_t *stride_per_key_per_rank /* or NULL */,
+                                  ur_tensor *out, int64_t *ticket /* out */);
 /* The batch is done with: after its backward was enqueued on s (trained 1: its rows are
  * dirty and its staged rows are written back to host memory, ordered on s), or without one
  * (trained 0).  Unlocks its rows for later prepares. */
@@ -903,24 +929,6 @@ enum {
 typedef enum ur_reduction {
   UR_REDUCTION_MEAN = 0, UR_REDUCTION_SUM, UR_REDUCTION_NONE, UR_REDUCTION_COUNT
 } ur_reduction;
-typedef enum ur_optim_kind {
-  UR_OPTIM_KIND_SGD = 0, UR_OPTIM_KIND_ADAGRAD, UR_OPTIM_KIND_ADAM, UR_OPTIM_KIND_ADAMW,
-  UR_OPTIM_KIND_COUNT
-} ur_optim_kind;
-
-/* One optimizer step's settings (PyTorch's formulas; see ur_optim_step). */
-typedef struct ur_optim_cfg {
-  int32_t kind;             /* ur_optim_kind */
-  int32_t nesterov;         /* SGD with momentum */
-  int32_t zero_grad;        /* 1: gradients are zeroed once read */
-  int32_t pad_;
-  int64_t step;             /* this update's number, from 1 */
-  double lr, weight_decay;
-  double momentum;          /* SGD; 0 for none */
-  double beta1, beta2;      /* Adam */
-  double eps;               /* Adagrad, Adam */
-} ur_optim_cfg;
-
 struct ur_arena;
 typedef struct ur_arena ur_arena;
 typedef struct ur_arena_stats {
@@ -930,7 +938,6 @@ typedef struct ur_arena_stats {
   uint64_t tensors;         /* tensors handed out, ever */
 } ur_arena_stats;
 
-UR_API size_t ur_sizeof_optim_cfg(void);
 UR_API size_t ur_sizeof_arena_stats(void);
 
 /* y[rows, out] = act(x[rows, in] w[out, in]^T + b[out]), one dtype for all four; b may be
@@ -1020,7 +1027,7 @@ UR_API ur_status ur_dense_cast(ur_stream *s, const ur_tensor *src, ur_tensor *ds
  * exp_avg, exp_avg_sq in state1, state2; NULL arrays or entries where a rule needs none);
  * halves (NULL or entries NULL) receive the new values in bf16.  On the GPU, one launch
  * for every 48 parameters. */
-UR_API ur_status ur_optim_step(ur_stream *s, const ur_optim_cfg *cfg, int32_t n,
+UR_API ur_status ur_optim_step(ur_stream *s, const ur_optim_config *cfg, int32_t n,
                                ur_tensor *const *params, ur_tensor *const *grads,
                                ur_tensor *const *state1 /* or NULL */,
                                ur_tensor *const *state2 /* or NULL */,

@@ -1,6 +1,8 @@
 -- Keyed jagged tensors: ur.KJT{keys=, values=, lengths=[, weights=][, stride=]
--- [, stride_per_key=, inverse_indices=]}.  Key-major lengths; offsets (computed by the engine)
--- are the embedding kernels' bag offsets.  Keys are named by string or by 1-based position.
+-- [, stride_per_key_per_rank=, inverse_indices=]}.  Key-major lengths; offsets (computed by the
+-- engine) are the embedding kernels' bag offsets.  Keys are named by string or by 1-based
+-- position.  A variable batch per key (VBE) has TorchRec's names: stride_per_key_per_rank (per
+-- key, its bags on each rank: {{2}, {1}, ...} for one rank) and inverse_indices.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -9,7 +11,7 @@ local C, check, must = lib.C, lib.check, lib.must
 
 local M = {}
 local methods = {}
-local wrap, free_kjt
+local wrap, free_kjt, is_kjt
 
 local function K(k, level) return lib.ptr(k, "kjt", (level or 2) + 1) end
 
@@ -69,14 +71,22 @@ local function new_kjt(o, level)
   local inverse = as_tensor(o.inverse_indices, "i64", "inverse_indices", level + 1)
   local stride = o.stride
   local spk
-  if o.stride_per_key then
-    spk = ffi.new("int64_t[?]", math.max(#o.stride_per_key, 1))
-    if #o.stride_per_key ~= nk then
-      error(("kjt: stride_per_key has %d entries for %d keys"):format(#o.stride_per_key, nk), level + 1)
+  local per = o.stride_per_key_per_rank
+  if per then
+    if type(per) ~= "table" or #per ~= nk then
+      error(("kjt: stride_per_key_per_rank has %s entries for %d keys"):format(
+        type(per) == "table" and #per or "no", nk), level + 1)
     end
-    for i, s in ipairs(o.stride_per_key) do spk[i - 1] = s end
+    spk = ffi.new("int64_t[?]", math.max(nk, 1))
+    for i, ranks in ipairs(per) do
+      if type(ranks) ~= "table" or #ranks ~= 1 or type(ranks[1]) ~= "number" then
+        error(("kjt: stride_per_key_per_rank[%d] must be a list of one stride (one rank), such as {2}")
+          :format(i), level + 1)
+      end
+      spk[i - 1] = ranks[1]
+    end
     if not stride then
-      stride = nk > 0 and math.floor(tonumber(C.ur_tensor_numel(inverse.p)) / nk) or 0
+      stride = (nk > 0 and inverse) and math.floor(tonumber(C.ur_tensor_numel(inverse.p)) / nk) or 0
     end
   end
   if not stride then
@@ -108,15 +118,10 @@ function methods:keys()
 end
 function methods:stride() return tonumber(C.ur_kjt_stride(K(self))) end
 function methods:variable_stride() return C.ur_kjt_variable_stride(K(self)) ~= 0 end
-function methods:stride_per_key()
-  local p, out = K(self), {}
-  for i = 0, C.ur_kjt_num_keys(p) - 1 do out[i + 1] = tonumber(C.ur_kjt_stride_of(p, i)) end
-  return out
-end
--- TorchRec's shape (one rank for now): per key, a list of strides per rank.
+-- Per key, its bags on each rank (TorchRec's shape; one rank): {{s1}, {s2}, ...}.
 function methods:stride_per_key_per_rank()
-  local out = {}
-  for i, s in ipairs(self:stride_per_key()) do out[i] = { s } end
+  local p, out = K(self), {}
+  for i = 0, C.ur_kjt_num_keys(p) - 1 do out[i + 1] = { tonumber(C.ur_kjt_stride_of(p, i)) } end
   return out
 end
 function methods:values() return lend(C.ur_kjt_values(K(self))) end
@@ -274,6 +279,19 @@ function methods:to(placement, a, b)
   return result(C.ur_kjt_to(streams.handle(stream, 2), K(self), out_kjt, place, device), out_kjt, 2)
 end
 
+-- The same as to(), into buffers kept by the caller: into = {values =, lengths =, offsets =,
+-- weights =, inverse_indices =} (1-D tensors at least as long as this KJT's, one placement;
+-- those it has none of may be absent).  The copy's tensors are views of the buffers.
+local into_arr = ffi.new("ur_tensor *[5]")
+local PARTS = { "values", "lengths", "offsets", "weights", "inverse_indices" }
+function methods:copy(into, stream)
+  if type(into) ~= "table" then error("kjt copy: expected a table of buffers {values =, lengths =, ...}", 2) end
+  for i, name in ipairs(PARTS) do
+    into_arr[i - 1] = into[name] ~= nil and lib.ptr(into[name], "kjt copy " .. name .. " buffer", 2) or nil
+  end
+  return result(C.ur_kjt_copy(streams.handle(stream, 2), K(self), into_arr, out_kjt), out_kjt, 2)
+end
+
 -- Keys of all parts in order: KJT.concat{a, b, ...} or a:concat(b, ...).
 local function concat(parts, level)
   local n = #parts
@@ -329,7 +347,7 @@ function methods:totable()
     keys = self:keys(), stride = self:stride(), values = self:values():totable(),
     lengths = self:lengths():totable(), offsets = self:offsets():totable(),
     weights = w and w:totable() or nil,
-    stride_per_key = self:variable_stride() and self:stride_per_key() or nil,
+    stride_per_key_per_rank = self:variable_stride() and self:stride_per_key_per_rank() or nil,
     inverse_indices = inv and inv:totable() or nil,
   }
 end
@@ -346,12 +364,13 @@ local function show(k)
   return s .. " {" .. table.concat(keys, ", ") .. "}"
 end
 
-wrap, free_kjt = lib.handle_type("ur_kjt", C.ur_kjt_free, {
+wrap, free_kjt, is_kjt = lib.handle_type("ur_kjt", C.ur_kjt_free, {
   __index = methods,
   __tostring = show,
 })
 methods.free = free_kjt
 M.wrap = wrap
+M.is = is_kjt -- true for a KJT handle
 M.methods = methods
 
 -- ur.KJT{...} constructs; ur.KJT.concat{...} concatenates; ur.KJT.from_rows{...} lays rows out.

@@ -222,22 +222,10 @@ for _, precision in ipairs(o.precisions) do
   local rows = train.config.table_rows(cfg)
   local loader = assert(ur.data.loader { data = "criteo-bin:" .. o.data, batch_size = B, depth = 2, rows = rows,
                                          drop_last = true })
-  local batches, ids = {}, 0
-  for i = 1, NBATCH do
-    local b = loader:next()
-    if not b then break end
-    if gpu then
-      local dv = b:to("device")
-      assert(ur.sync())
-      batches[i] = { dense = dv.dense, labels = dv.labels, sparse = dv.sparse, size = b.size }
-    else
-      batches[i] = { dense = assert(b.dense:to("host")), labels = assert(b.labels:to("host")),
-                     sparse = assert(b.sparse:to("host")), size = b.size }
-    end
-    ids = ids + b.sparse:values():numel()
-  end
-  loader:close()
+  local batches = train.source.hold(loader, NBATCH, gpu and "device" or nil)
   if #batches == 0 then cmd:fail(o.data .. ": not one whole batch of " .. B) end
+  local ids = 0
+  for _, b in ipairs(batches) do ids = ids + b.sparse:values():numel() end
   model._speed_ids = ids / #batches
   local runner
   if o.graph then
@@ -250,16 +238,13 @@ for _, precision in ipairs(o.precisions) do
   local stream = runner and runner.stream
   local steps = {}
   for i, b in ipairs(batches) do steps[i] = P.phases(model, opt, b) end
+  -- the step's phases over the batches in turn, the learning rates as uvmrec.train sets them
   local sched = train.config.schedule(cfg)
-  local base_lr, base_emb = opt.lr, model.embeddings.tbe:lr()
+  local lrs = sched and ur.optim.Schedule(sched, { opt, model.embeddings })
   local n = runner and cfg.schedule.warmup_steps or 0
   local function step()
     n = n + 1
-    if sched then
-      local fct = sched(n)
-      opt:set_lr(base_lr * fct)
-      model.embeddings:set_lr(base_emb * fct)
-    end
+    if lrs then lrs:set(n) end
     local i = (n - 1) % #batches + 1
     if runner then
       runner:step(batches[i])
@@ -322,7 +307,7 @@ for _, precision in ipairs(o.precisions) do
             r.samples_per_s / 1e6, loss_last))
   if runner then runner:free() end
   model.embeddings.tbe:free()
-  model, opt, steps, batches = nil, nil, nil, nil
+  steps, batches = nil, nil
   collectgarbage()
   collectgarbage()
 end

@@ -60,15 +60,8 @@ if not b then cmd:fail(berr or ("%s: no samples from sample %d"):format(o.data, 
 if b.size ~= B then
   cmd:fail(("%s: %d samples from sample %d; the batch needs %d"):format(o.data, b.size, o.first, B))
 end
-local batch
-if gpu then
-  local d = b:to("device")
-  assert(ur.sync())
-  batch = { dense = d.dense, labels = d.labels, sparse = d.sparse, size = b.size }
-else
-  batch = { dense = assert(b.dense:to("host")), labels = assert(b.labels:to("host")),
-            sparse = assert(b.sparse:to("host")), size = b.size }
-end
+local batch = b:to(gpu and "device" or "host")
+assert(ur.sync()) -- the copies are done before the loader's buffers go
 loader:close()
 
 -- The step, the tables' gradient taken without their step.

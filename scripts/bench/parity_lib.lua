@@ -14,8 +14,7 @@ local dense = ur.dense
 
 local M = {}
 
--- The defaults of uvmrec.tbe (lua/uvmrec/tbe.lua, OPTIM_DEFAULTS) for what a config leaves out.
-local TBE_EPS = { sgd = 0, rowwise_adagrad = 1e-8, adagrad = 1e-10, adam = 1e-8 }
+local RULES = require("uvmrec.optim").RULES -- the defaults for what a config leaves out
 
 -- A config by preset name or file, with --set overrides; nil, message on a bad one.
 function M.config(name, sets)
@@ -51,9 +50,9 @@ function M.describe(cfg, model, opt)
     precision = cfg.model.precision, pooling = e.pooling, dim = e.dim,
     rows = train.config.table_rows(cfg), tables = names,
     bottom = widths(model.bottom), top = widths(model.top),
-    emb_optim = { name = ename, lr = model.embeddings.tbe:lr(), eps = eo.eps or TBE_EPS[ename],
+    emb_optim = { name = ename, lr = model.embeddings:lr(), eps = eo.eps or RULES[ename].defaults.eps or 0,
                   weight_decay = eo.weight_decay or 0, beta1 = eo.beta1 or 0.9, beta2 = eo.beta2 or 0.999 },
-    dense_optim = { name = opt.kind, lr = opt.lr, eps = opt.cfg.eps, momentum = opt.cfg.momentum,
+    dense_optim = { name = opt.kind, lr = opt:lr(), eps = opt.cfg.eps, momentum = opt.cfg.momentum,
                     nesterov = opt.cfg.nesterov ~= 0, weight_decay = opt.cfg.weight_decay,
                     beta1 = opt.cfg.beta1, beta2 = opt.cfg.beta2 },
     schedule = { name = s.name, warmup_steps = s.warmup_steps, decay_start = s.decay_start,
@@ -96,9 +95,6 @@ function M.save_weights(path, model, desc, cfg)
     ["uvmrec.config"] = json.encode(cfg) } })
 end
 
--- The batch's sparse input as the collection takes it (a KJT stays a KJT).
-local function sparse_of(batch) return batch.sparse end
-
 -- DLRM's training step (models/dlrm.lua: updateOutput, the criterion, backward, the dense
 -- optimizer) as named phases over a state table s; the same calls in the same order as
 -- DLRM:forward/backward and uvmrec.train.loop.step.  With opts.sparse_grad the last phases
@@ -111,7 +107,7 @@ function M.phases(model, opt, batch, opts)
   local pair = model._pair and {} or nil
   local list = {
     { "bottom_fwd", function() s.x = model.bottom:forward(batch.dense) end },
-    { "emb_fwd", function() s.e = model.embeddings:forward(sparse_of(batch)) end },
+    { "emb_fwd", function() s.e = model.embeddings:forward(batch.sparse) end },
     { "inter_fwd", function()
       if pair then
         pair[1], pair[2] = s.x, s.e
@@ -147,12 +143,12 @@ function M.phases(model, opt, batch, opts)
   -- The tables' phase ends as DLRM:backward does: the MLPs' weight gradients joined back.
   if opts.sparse_grad then
     list[#list + 1] = { "emb_grad", function()
-      s.sparse = model.embeddings:sparse_grad(sparse_of(batch), s.ge)
+      s.sparse = model.embeddings:sparse_grad(batch.sparse, s.ge)
       dense.join(model.stream)
     end }
   else
     list[#list + 1] = { "emb_bwd_opt", function()
-      model.embeddings:backward(sparse_of(batch), s.ge)
+      model.embeddings:backward(batch.sparse, s.ge)
       dense.join(model.stream)
     end }
     list[#list + 1] = { "dense_opt", function() opt:step(model.stream) end }

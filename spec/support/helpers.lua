@@ -149,6 +149,11 @@ function M.train_tiny(sets, more, opts)
   return out
 end
 
+-- A loader of `samples` samples of the synthetic tiny data in batches of batch_size (256).
+function M.tiny_loader(samples, batch_size)
+  return assert(ur.data.loader { data = "synthetic:tiny", samples = samples, batch_size = batch_size or 256 })
+end
+
 -- Placements this machine can hold.
 function M.placements()
   local p = { "host", "pinned", "managed" }

@@ -18,16 +18,8 @@ end
 
 -- n batches of 512 samples of the tiny synthetic data, on the device.
 local function batches(n)
-  local data = ur.data.loader { data = "synthetic:tiny", samples = n * 512, batch_size = 512 }
-  local out = {}
-  for i = 1, n do
-    local b = data:next()
-    local d = b:to("device")
-    out[i] = { dense = d.dense, labels = d.labels, sparse = d.sparse, size = b.size }
-  end
-  data:close()
-  assert(ur.sync())
-  return out
+  return train.source.hold(ur.data.loader { data = "synthetic:tiny", samples = n * 512, batch_size = 512 }, n,
+                           "device")
 end
 
 -- Every dense parameter and table of a model, as lists.
@@ -87,8 +79,8 @@ describe("uvmrec.train.graph", function()
       rl[step] = loss:get(0)
       if step == 6 then
         -- a new learning rate is a new capture, with the eager step's numbers
-        eopt:set_lr(eopt.lr * 0.5)
-        ropt:set_lr(ropt.lr * 0.5)
+        eopt:set_lr(eopt:lr() * 0.5)
+        ropt:set_lr(ropt:lr() * 0.5)
       end
     end
     assert.same(el, rl)

@@ -35,6 +35,10 @@ UR__HIDDEN ur_status ur__null_args(const char *fn, const char *names, const void
  * ("safetensors", "npy"); io/os.c. */
 UR__HIDDEN ur_status ur__sync_dir(const char *path, const char *what);
 
+/* Checks optimizer settings (optim.c) for dense parameters (tables 0) or embedding tables (1);
+ * `who` opens the message. */
+UR__HIDDEN ur_status ur__optim_check(const char *who, const ur_optim_config *c, int tables);
+
 /* Backends: the CPU one always; the CUDA one when it loaded and sees a GPU (else NULL). */
 UR__HIDDEN const ur_backend *ur__cpu(void);
 UR__HIDDEN const ur_backend *ur__gpu(void);

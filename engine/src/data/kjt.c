@@ -184,10 +184,12 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
   if (inverse && (st = check_1d(inverse, "inverse_indices", UR_DTYPE_I64))) return st;
   if (inverse && !spk)
     return ur__error(UR_STATUS_INVALID,
-                     "kjt: inverse_indices given without stride_per_key (a VBE batch needs both)");
+                     "kjt: inverse_indices given without stride_per_key_per_rank (a VBE batch "
+                     "needs both)");
   if (spk && !inverse)
     return ur__error(UR_STATUS_INVALID,
-                     "kjt: stride_per_key given without inverse_indices (a VBE batch needs both)");
+                     "kjt: stride_per_key_per_rank given without inverse_indices (a VBE batch "
+                     "needs both)");
   const ur_tensor *all[] = {values, lengths, weights, inverse};
   const char *names[] = {"values", "lengths", "weights", "inverse_indices"};
   for (int i = 1; i < 4; i++) {
@@ -234,7 +236,8 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
   if (ur_tensor_numel(lengths) != nb) {
     if (spk)
       st = ur__error(UR_STATUS_INVALID,
-                     "kjt: %d keys with %lld bags in all (stride_per_key) need %lld lengths, got %lld",
+                     "kjt: %d keys with %lld bags in all (stride_per_key_per_rank) need %lld "
+                     "lengths, got %lld",
                      (int)nkeys, (long long)nb, (long long)nb, (long long)ur_tensor_numel(lengths));
     else
       st = ur__error(UR_STATUS_INVALID,
@@ -269,11 +272,11 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
 }
 
 ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, int64_t stride,
-                     const int64_t *stride_per_key, ur_tensor *values, ur_tensor *lengths,
+                     const int64_t *stride_per_key_per_rank, ur_tensor *values, ur_tensor *lengths,
                      ur_tensor *weights, ur_tensor *inverse_indices, int32_t check) {
   UR__ARGS(out, values, lengths);
   if (num_keys > 0 && !keys) return ur__null(__func__, "keys");
-  ur_status st = kjt_make(num_keys, keys, stride, stride_per_key, values, lengths, weights,
+  ur_status st = kjt_make(num_keys, keys, stride, stride_per_key_per_rank, values, lengths, weights,
                           inverse_indices, NULL, NULL, check, out);
   if (!st && check && inverse_indices && (st = ur_kjt_validate(*out, NULL))) {
     ur_kjt_free(*out);
@@ -1025,5 +1028,37 @@ ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place place,
   ur_tensor_free(w);
   ur_tensor_free(inv);
   ur_tensor_free(off);
+  return st;
+}
+
+ur_status ur_kjt_copy(ur_stream *s, const ur_kjt *k, ur_tensor *const *into, ur_kjt **out) {
+  UR__ARGS(k, into, out);
+  *out = NULL;
+  static const char *names[5] = {"values", "lengths", "offsets", "weights", "inverse_indices"};
+  const ur_tensor *src[5] = {k->values, k->lengths, k->offsets, k->weights, k->inverse};
+  ur_tensor *dst[5] = {NULL, NULL, NULL, NULL, NULL};
+  ur_status st = UR_STATUS_OK;
+  for (int i = 0; i < 5 && !st; i++) {
+    if (!src[i]) continue;
+    const ur_tensor *b = into ? into[i] : NULL;
+    int64_t n = ur_tensor_numel(src[i]);
+    if (!b)
+      st = ur__error(UR_STATUS_INVALID, "kjt copy: no buffer for its %s", names[i]);
+    else if (ur_tensor_ndim(b) != 1 || ur_tensor_dtype(b) != ur_tensor_dtype(src[i]) ||
+             ur_tensor_numel(b) < n)
+      st = ur__error(UR_STATUS_INVALID,
+                     "kjt copy: the buffer for its %s is %s of %lld elements (%d-D); expected "
+                     "1-D %s of at least %lld",
+                     names[i], ur_dtype_name(ur_tensor_dtype(b)), (long long)ur_tensor_numel(b),
+                     (int)ur_tensor_ndim(b), ur_dtype_name(ur_tensor_dtype(src[i])),
+                     (long long)n);
+    else if (!(st = ur_tensor_view(b, &dst[i], 0, n)))
+      st = ur_tensor_copy(s, src[i], dst[i]);
+  }
+  /* The key spans come from the source, so nothing waits for the copies. */
+  if (!st)
+    st = kjt_make(k->nkeys, (const char *const *)k->keys, k->stride, k->variable ? k->spk : NULL,
+                  dst[0], dst[1], dst[3], dst[4], dst[2], k->val0, 0, out);
+  for (int i = 0; i < 5; i++) ur_tensor_free(dst[i]);
   return st;
 }

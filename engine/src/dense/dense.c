@@ -4,7 +4,6 @@
 #include <string.h>
 #include "dense/dense.h"
 
-size_t ur_sizeof_optim_cfg(void) { return sizeof(ur_optim_cfg); }
 size_t ur_sizeof_arena_stats(void) { return sizeof(ur_arena_stats); }
 
 void *ur__dense_stream(const ur_stream *s) { return s ? s->handle : NULL; }

@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include "core/core.h"
+#include "core/optim_plan.h"
 
 /* The backend that runs an op, by the one rule (core.h): each tensor's backend is its
  * memory's (ur__tensor_backend: the GPU's for device and managed memory when a GPU is in use,
@@ -44,32 +45,6 @@ static inline int64_t ur__mask_cols(int64_t n) { return n <= 0 ? 0 : (n + 127) /
 
 /* Parameters per optimizer call of a backend (for the GPU, one launch). */
 #define UR__OPTIM_GROUP 48
-
-/* An optimizer step's constants, computed once per step on the host from its configuration,
- * the same for the CPU (optim.c) and the GPU (kernels/optim.cu). */
-typedef struct ur__optim_consts {
-  int kind, nesterov, first, zero;
-  float lr, wd, mom, b1, b2, eps, step_size, bc2_sqrt, decay;
-} ur__optim_consts;
-
-static inline ur__optim_consts ur__optim_consts_of(const ur_optim_cfg *c) {
-  ur__optim_consts k;
-  k.kind = c->kind;
-  k.nesterov = c->nesterov;
-  k.first = c->step == 1;
-  k.zero = c->zero_grad;
-  k.lr = (float)c->lr;
-  k.wd = (float)c->weight_decay;
-  k.mom = (float)c->momentum;
-  k.b1 = (float)c->beta1;
-  k.b2 = (float)c->beta2;
-  k.eps = (float)c->eps;
-  double t = (double)c->step;
-  k.step_size = (float)(c->lr / (1.0 - pow(c->beta1, t)));
-  k.bc2_sqrt = (float)sqrt(1.0 - pow(c->beta2, t));
-  k.decay = (float)(1.0 - c->lr * c->weight_decay);
-  return k;
-}
 
 /* The dense ops' table, filled by the CPU reference below and by the CUDA backend, each entry
  * in the file of its op's name: linear.c (linear, act), interaction.c (interaction, copy_2d),
@@ -118,8 +93,9 @@ typedef struct ur_dense_ops {
   ur_status (*mean)(void *stream, const void *x, float *out, int64_t n, ur_dtype dtype);
   ur_status (*cast)(void *stream, const void *src, ur_dtype src_dtype, void *dst,
                     ur_dtype dst_dtype, int64_t n);
-  /* Entries of s1, s2 and halves may be NULL where the rule or the caller needs none. */
-  ur_status (*optim_step)(void *stream, const ur_optim_cfg *cfg, int32_t n, float *const *params,
+  /* One update with the constants k (core/optim_plan.h); entries of s1, s2 and halves may be
+   * NULL where the rule or the caller needs none. */
+  ur_status (*optim_step)(void *stream, const ur__optim_consts *k, int32_t n, float *const *params,
                           float *const *grads, float *const *s1, float *const *s2,
                           void *const *halves, const int64_t *numel);
 } ur_dense_ops;
@@ -171,7 +147,7 @@ UR__HIDDEN ur_status ur__cpu_mean(void *stream, const void *x, float *out, int64
                                   ur_dtype dtype);
 UR__HIDDEN ur_status ur__cpu_cast(void *stream, const void *src, ur_dtype src_dtype, void *dst,
                                   ur_dtype dst_dtype, int64_t n);
-UR__HIDDEN ur_status ur__cpu_optim_step(void *stream, const ur_optim_cfg *cfg, int32_t n,
+UR__HIDDEN ur_status ur__cpu_optim_step(void *stream, const ur__optim_consts *k, int32_t n,
                                         float *const *params, float *const *grads,
                                         float *const *s1, float *const *s2, void *const *halves,
                                         const int64_t *numel);

@@ -380,7 +380,7 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   c->key_bits = 1;
   while (c->key_bits < 63 && ((uint64_t)1 << c->key_bits) <= key) c->key_bits++;
   c->row_bytes = (size_t)c->dim * ur_dtype_size((ur_dtype)c->dtype);
-  c->state_per_row = c->nstate == 0 ? 0 : tc->optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? 1 : c->dim;
+  c->state_per_row = c->nstate == 0 ? 0 : tc->optim.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD ? 1 : c->dim;
   c->nsets = 0;
   c->cfg.table_slots = NULL; /* the caller's array: not kept */
   for (int32_t i = 0; i < num_tables; i++) {
@@ -868,7 +868,7 @@ static ur_status settle(ur_cache *c, ur_stream *s, const flight *B, int64_t tk, 
 }
 
 ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
-                           const ur_tensor *offsets, const int64_t *bpf, ur_tensor *out,
+                           const ur_tensor *offsets, const int64_t *spk, ur_tensor *out,
                            int64_t *ticket) {
   UR__ARGS(c, values, offsets, out, ticket);
   *ticket = 0;
@@ -886,23 +886,23 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
                                         "cannot read");
   if (bags < 0) return ur__error(UR_STATUS_INVALID, "cache: offsets is empty; expected bags + 1");
   int64_t *bag_start = NULL, batch = 0;
-  if (bpf) {
+  if (spk) {
     bag_start = malloc(sizeof(int64_t) * ((size_t)c->F + 1));
     if (!bag_start) return ur__error(UR_STATUS_OOM, "cache: out of host memory");
     bag_start[0] = 0;
     for (int32_t f = 0; f < c->F; f++) {
-      if (bpf[f] < 0) {
+      if (spk[f] < 0) {
         free(bag_start);
         return ur__error(UR_STATUS_INVALID, "cache: feature '%s' has batch %lld; expected >= 0",
-                         c->tbe->fnames[f], (long long)bpf[f]);
+                         c->tbe->fnames[f], (long long)spk[f]);
       }
-      bag_start[f + 1] = bag_start[f] + bpf[f];
+      bag_start[f + 1] = bag_start[f] + spk[f];
     }
     if (bag_start[c->F] != bags) {
       int64_t sum = bag_start[c->F];
       free(bag_start);
       return ur__error(UR_STATUS_INVALID,
-                       "cache: batch_per_feature sums to %lld bags but offsets hold %lld",
+                       "cache: stride_per_key_per_rank sums to %lld bags but offsets hold %lld",
                        (long long)sum, (long long)bags);
     }
   } else if (bags % c->F) {

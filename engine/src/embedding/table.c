@@ -13,8 +13,10 @@
 
 #define ALIGN_BYTES 256 /* each table and state block starts on this boundary */
 
-static const char *state_names[UR_TBE_OPTIM_COUNT][2] = {
-    {NULL, NULL}, {"sum", NULL}, {"sum", NULL}, {"exp_avg", "exp_avg_sq"}};
+static const char *state_names[UR_OPTIM_KIND_COUNT][2] = {
+    [UR_OPTIM_KIND_ROWWISE_ADAGRAD] = {"sum", NULL},
+    [UR_OPTIM_KIND_ADAGRAD] = {"sum", NULL},
+    [UR_OPTIM_KIND_ADAM] = {"exp_avg", "exp_avg_sq"}};
 
 size_t ur_sizeof_tbe_table_config(void) { return sizeof(ur_tbe_table_config); }
 size_t ur_sizeof_tbe_config(void) { return sizeof(ur_tbe_config); }
@@ -47,26 +49,11 @@ static ur_status check_config(const ur_tbe_config *c) {
   if (c->device < -1)
     return ur__error(UR_STATUS_INVALID, "tbe: device %d; expected -1 (the CPU) or a GPU",
                      (int)c->device);
-  if ((unsigned)c->optim >= UR_TBE_OPTIM_COUNT)
-    return ur__error(UR_STATUS_INVALID, "tbe: optimizer %d is not sgd, rowwise_adagrad, "
-                                        "adagrad or adam", (int)c->optim);
   if ((unsigned)c->bounds >= UR_TBE_BOUNDS_COUNT)
     return ur__error(UR_STATUS_INVALID, "tbe: bounds check %d is not fatal, warn or off",
                      (int)c->bounds);
-  if (!(isfinite(c->lr) && c->lr >= 0))
-    return ur__error(UR_STATUS_INVALID, "tbe: learning rate %g; expected a finite value >= 0", c->lr);
-  if (!(isfinite(c->weight_decay) && c->weight_decay >= 0))
-    return ur__error(UR_STATUS_INVALID, "tbe: weight decay %g; expected a finite value >= 0",
-                     c->weight_decay);
-  if (!(isfinite(c->max_grad) && c->max_grad >= 0))
-    return ur__error(UR_STATUS_INVALID,
-                     "tbe: max_grad %g; expected a finite value >= 0 (0: no clipping)", c->max_grad);
-  if (c->optim != UR_TBE_OPTIM_SGD && !(isfinite(c->eps) && c->eps > 0))
-    return ur__error(UR_STATUS_INVALID, "tbe: eps %g; expected a finite value > 0", c->eps);
-  if (c->optim == UR_TBE_OPTIM_ADAM &&
-      !(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1))
-    return ur__error(UR_STATUS_INVALID, "tbe: Adam betas %g, %g; expected each in [0, 1)",
-                     c->beta1, c->beta2);
+  ur_status st = ur__optim_check("tbe", &c->optim, 1);
+  if (st) return st;
   if (c->out_dtype != UR_DTYPE_F32 && c->out_dtype != UR_DTYPE_BF16)
     return ur__error(UR_STATUS_INVALID, "tbe: output dtype '%s'; expected f32 or bf16",
                      (unsigned)c->out_dtype < UR_DTYPE_COUNT ? ur_dtype_name(c->out_dtype) : "?");
@@ -133,7 +120,7 @@ static int32_t storage_device(const ur_tbe *t, ur_place place) {
 /* Elements of one optimizer state of table i. */
 static int64_t state_elems(const ur_tbe *t, int32_t i) {
   const ur_tbe_table_config *c = &t->tc[i];
-  return t->cfg.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? c->rows : c->rows * c->dim;
+  return t->cfg.optim.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD ? c->rows : c->rows * c->dim;
 }
 
 /* The key space: each table's rows follow the previous table's. */
@@ -150,7 +137,7 @@ static void rekey(ur_tbe *t) {
 
 static ur_status alloc_storages(ur_tbe *t) {
   int64_t wsize[UR_PLACE_COUNT][UR__TBE_NDT] = {{0}}, ssize[UR_PLACE_COUNT] = {0};
-  int32_t mult = t->cfg.optim == UR_TBE_OPTIM_ADAM ? 2 : 1;
+  int32_t mult = t->cfg.optim.kind == UR_OPTIM_KIND_ADAM ? 2 : 1;
   for (int32_t i = 0; i < t->T; i++) {
     const ur_tbe_table_config *c = &t->tc[i];
     ur_place wp = storage_place(t, c->place);
@@ -301,7 +288,9 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
   t->F = num_features;
   t->home = config->device >= 0 ? UR_PLACE_DEVICE : UR_PLACE_HOST;
   t->be = ur__backend_for(t->home);
-  t->nstate = config->optim == UR_TBE_OPTIM_SGD ? 0 : config->optim == UR_TBE_OPTIM_ADAM ? 2 : 1;
+  t->nstate = config->optim.kind == UR_OPTIM_KIND_SGD    ? 0
+              : config->optim.kind == UR_OPTIM_KIND_ADAM ? 2
+                                                          : 1;
   t->tc = calloc((size_t)num_tables, sizeof *t->tc);
   t->fnames = calloc((size_t)num_features, sizeof *t->fnames);
   t->tables = calloc((size_t)num_tables, sizeof *t->tables);
@@ -458,7 +447,7 @@ int32_t ur_tbe_feature_table(const ur_tbe *t, int32_t f) {
 }
 int32_t ur_tbe_state_count(const ur_tbe *t) { return t->nstate; }
 const char *ur_tbe_state_name(const ur_tbe *t, int32_t which) {
-  return which >= 0 && which < t->nstate ? state_names[t->cfg.optim][which] : NULL;
+  return which >= 0 && which < t->nstate ? state_names[t->cfg.optim.kind][which] : NULL;
 }
 
 static ur_status check_index(const ur_tbe *t, int32_t i) {
@@ -488,7 +477,7 @@ ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **ou
     return ur__error(UR_STATUS_INVALID, "tbe: optimizer state %d does not exist; this "
                                         "optimizer keeps %d per table", (int)which, (int)t->nstate);
   const ur_tbe_table_config *c = &t->tc[i];
-  int rowwise = t->cfg.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD;
+  int rowwise = t->cfg.optim.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD;
   int64_t shape[2] = {c->rows, c->dim};
   float *base = (float *)ur_tensor_data(t->sstore[t->splace[i]]);
   float *p = base + t->soff[i];

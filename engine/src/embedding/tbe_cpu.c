@@ -225,7 +225,7 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
     g[c] = ur__tbe_grad_adjust(h, acc[c], w[c]);
   }
   float rs = 0;
-  if (h->optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) {
+  if (h->k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
     float sq = 0;
     for (int32_t c = 0; c < dim; c++) sq = UR_FADD(sq, UR_FMUL(g[c], g[c]));
     rs = UR_FADD(tb->state1[row], UR_FDIV(sq, (float)dim));
@@ -235,7 +235,7 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
   ur_philox4 r = {{0, 0, 0, 0}};
   for (int32_t c = 0; c < dim; c++) {
     size_t e = base + (size_t)c;
-    float *s1 = h->optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? &rs : tb->state1 ? tb->state1 + e : NULL;
+    float *s1 = h->k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD ? &rs : tb->state1 ? tb->state1 + e : NULL;
     float *s2 = tb->state2 ? tb->state2 + e : NULL;
     float nw = ur__tbe_step_elem(h, w[c], g[c], s1, s2);
     if (tb->dtype == UR_DTYPE_F32) {

@@ -1,6 +1,6 @@
 -- ur.data: the data path.  Criteo raw TSV (parsed by the engine on every core), .npy day
 -- files, synthetic data with a learnable signal, and the loader that turns any of them into
--- batches {dense, sparse (a KJT), labels, groups}.
+-- batches (uvmrec.data.Batch: dense, sparse a KJT, labels, groups; ur.data.Batch).
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -223,5 +223,6 @@ local loader = require "uvmrec.data.loader"
 M.loader = loader.loader
 M.open = loader.open
 M.source = loader.source
+M.Batch = require "uvmrec.data.batch"
 
 return M

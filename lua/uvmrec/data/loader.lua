@@ -1,15 +1,16 @@
 -- The loader: a thread of the engine fills pinned batches ahead of use.
 --   local loader = ur.data.loader{ data = "synthetic:tiny", samples = 1e6, batch_size = 4096,
 --                                  depth = 4, shuffle_window = 65536, seed = 1, epochs = 1 }
---   for batch in loader:batches() do  -- {dense = f32 [B,13], sparse = KJT, labels = f32 [B], groups}
+--   for batch in loader:batches() do  -- a uvmrec.data.Batch: dense f32 [B,13], sparse KJT, labels
 --     ...
 --   end
 -- A batch stays valid until the call to next() after the one that returned it (so batch i+1
--- can be fetched while batch i is in use); batch:to(placement) keeps a copy.
+-- can be fetched while batch i is in use), or its release(); batch:to(placement) keeps a copy.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
 local kjt = require "uvmrec.kjt"
+local Batch = require "uvmrec.data.batch"
 local C, check, must = lib.C, lib.check, lib.must
 
 local M = {}
@@ -31,9 +32,6 @@ function M.source(spec, level)
     .. "criteo-bin:DIR"):format(spec), level + 1)
 end
 
-local batch_mt = {}
-batch_mt.__index = batch_mt
-
 local out_tensor = ffi.new("ur_tensor *[1]")
 local function lend(p)
   if p == nil then return nil end
@@ -41,36 +39,28 @@ local function lend(p)
   return tensor.wrap(out_tensor[0])
 end
 
+-- Gives a batch's slot back; its tensors are freed, so a later use is an error, not data
+-- silently overwritten by a later batch.
+local function give_back(self)
+  for _, k in ipairs { "dense", "labels", "groups", "sparse" } do
+    if self[k] then self[k]:free() end
+  end
+  if self._state.open then C.ur_loader_release(self._state.p, self._b) end
+end
+
 local function make_batch(state, b)
   local kp = C.ur_batch_sparse(b)
   local outs = ffi.new("ur_kjt *[1]")
   local n = ffi.new("int32_t[1]", C.ur_kjt_num_keys(kp))
   must(C.ur_kjt_split(kp, n, 1, outs)) -- a KJT of Lua's own over the slot's storage
-  return setmetatable({
+  local batch = Batch.new {
     dense = lend(C.ur_batch_dense(b)), labels = lend(C.ur_batch_labels(b)),
     groups = lend(C.ur_batch_groups(b)), sparse = kjt.wrap(outs[0]),
     size = tonumber(C.ur_batch_size(b)), epoch = tonumber(C.ur_batch_epoch(b)),
-    first = tonumber(C.ur_batch_first_sample(b)), _b = b, _state = state,
-  }, batch_mt)
-end
-
--- Gives the slot back; the batch's tensors are freed, so a later use is an error, not data
--- silently overwritten by a later batch.
-function batch_mt:release()
-  if not self._b then return end
-  for _, k in ipairs { "dense", "labels", "groups", "sparse" } do
-    if self[k] then self[k]:free() end
-  end
-  if self._state.open then C.ur_loader_release(self._state.p, self._b) end
-  self._b = nil
-end
-
--- A copy in another placement (device, managed, host), ordered on stream.
-function batch_mt:to(placement, stream)
-  local function mv(t) return t and assert(t:to(placement, nil, stream)) end
-  return { dense = mv(self.dense), labels = mv(self.labels), groups = mv(self.groups),
-           sparse = assert(self.sparse:to(placement, stream)), size = self.size,
-           epoch = self.epoch, first = self.first }
+    first = tonumber(C.ur_batch_first_sample(b)), release = give_back,
+  }
+  batch._b, batch._state = b, state
+  return batch
 end
 
 -- Per open loader, by the engine's pointer: the batches handed out (oldest first), and

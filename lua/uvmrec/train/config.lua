@@ -9,8 +9,8 @@ local int, number, bool, string, enum, list, map, dict =
   config.int, config.number, config.bool, config.string, config.enum, config.list, config.map, config.dict
 
 local PLACEMENTS = { "auto", "device", "managed", "host", "cached" }
-local TBE_OPTIMS = { "sgd", "rowwise_adagrad", "adagrad", "adam" }
-local DENSE_OPTIMS = { "sgd", "adagrad", "adam", "adamw" }
+local TBE_OPTIMS = require("uvmrec.optim").names("tables")
+local DENSE_OPTIMS = require("uvmrec.optim").names("dense")
 M.METRICS = { "auc", "ne", "accuracy", "calibration", "ctr" }
 M.MAX_BATCH = 2 ^ 24 -- samples in a batch: far beyond any GPU's, and its buffers stay allocatable
 
@@ -69,7 +69,7 @@ M.schema = map({
     eps = number { min = 0 },
     beta1 = number { min = 0, max = 1 }, beta2 = number { min = 0, max = 1 },
   }, { required = { "lr" } }),
-  schedule = map {                                             -- a factor on both learning rates
+  schedule = map {                                             -- a factor on each group's lr (ur.optim.Schedule)
     name = enum({ "constant", "warmup", "dlrm" }, { default = "constant" }),
     warmup_steps = int { min = 0, default = 0 },
     decay_start = int { min = 0, default = 0 },
@@ -84,6 +84,8 @@ M.schema = map({
     seed = int { min = 0, default = 1 },
     log_every = int { min = 1, default = 10 },     -- read the loss (the one wait) every N steps
     pipeline = bool { default = false },           -- the prefetch pipeline (uvmrec.pipeline.Prefetch)
+    drain = bool { default = true },               -- the pipeline at the end of the data: train the
+                                                   -- batches in flight (true) or drop them
     print_every = int { min = 0, default = 0 },    -- lines when not on a terminal; 0: ~10 a run
     checkpoint_every = int { min = 0, default = 0 }, -- save RUNDIR/checkpoints every N steps and at
                                                    -- the end (needs --out); 0: only on a signal

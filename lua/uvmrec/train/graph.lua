@@ -3,8 +3,9 @@
 -- capture must not do); then a step is captured (ur_graph_*) and replayed for the batches after
 -- it: one launch in place of a few hundred, with no gaps between kernels.  A replay repeats its
 -- capture exactly: the same memory, the same numbers computed on the host.  So the runner
---   * copies each batch into buffers of its own, on its stream (a batch of another shape runs
---     eagerly); with static = true it keeps a graph per batch object instead (fixed batches);
+--   * copies each batch into buffers of its own (batch:to into Batch.buffers), on its stream
+--     (a batch of another shape runs eagerly); with static = true it keeps a graph per batch
+--     object instead (fixed batches);
 --   * captures again when a learning rate changes (a schedule's warm-up and decay: there the
 --     graph saves nothing; the plateau between them is where it pays);
 --   * is not used (usable() says why) where a replay cannot repeat the step: on the CPU, with
@@ -14,8 +15,10 @@
 --   * advances the optimizers' step counters as each replayed step would have.
 --   local runner = graph.new(model, optimizer)        -- or nil, why
 --   local loss = runner:step(batch)                   -- as loop.step(model, optimizer, batch)
+--   loop.run(model, optimizer, source, { runner:hook(), ... })  -- every step through it
 local ur = require "uvmrec"
 local loop = require "uvmrec.train.loop"
+local Batch = require "uvmrec.data.batch"
 
 local M = {}
 
@@ -54,34 +57,31 @@ end
 
 -- The numbers the host computes for a step that a graph bakes in.
 local function scalars(self)
-  return ("%.17g %.17g"):format(self.opt:get_lr(), self.model.embeddings.tbe:lr())
+  return ("%.17g %.17g"):format(self.opt:lr(), self.model.embeddings:lr())
 end
 
--- A copy of batch in buffers of the runner's (made from the first batch), or nil when batch's
--- shapes differ from theirs.  The copies wait for what the default stream did before (the
--- batch's own upload); the default stream waits for the step after them (Runner:step).
+-- The shape of a batch's tensors, which a replay must find again.
+local function shape_of(batch)
+  local k = batch.sparse
+  local w = k:weights()
+  return ("%d %d %d %d"):format(batch.size, k:values():numel(), k:offsets():numel(), w and w:numel() or -1)
+end
+
+-- A copy of batch in buffers of the runner's (batch:to into Batch.buffers: the same memory each
+-- step), or nil when batch's shapes differ from the first one's.  The copies wait for what the
+-- default stream did before (the batch's own upload); the default stream waits for the step
+-- after them (Runner:step).
 local function stage(self, batch)
   local s = self.staged
-  local sp = batch.sparse
-  local parts = { { batch.dense }, { batch.labels }, { sp:values() }, { sp:lengths() }, { sp:offsets() } }
-  if sp:weights() then parts[#parts + 1] = { sp:weights() } end
   if not s then
-    s = { batch = { dense = assert(batch.dense:to("device")), labels = assert(batch.labels:to("device")),
-                    sparse = assert(sp:to("device")), size = batch.size }, ready = assert(ur.event()) }
-    local k = s.batch.sparse
-    s.targets = { s.batch.dense, s.batch.labels, k:values(), k:lengths(), k:offsets(), k:weights() }
+    s = { bufs = Batch.buffers("device"), ready = assert(ur.event()), shape = shape_of(batch) }
     self.staged = s
-    assert(ur.sync())
-    return s.batch
-  end
-  if #parts ~= #s.targets then return nil end
-  for i, p in ipairs(parts) do
-    if p[1]:numel() ~= s.targets[i]:numel() then return nil end
+  elseif shape_of(batch) ~= s.shape then
+    return nil
   end
   assert(s.ready:record())
   assert(ur.C.ur_stream_wait_event(self.stream.p, s.ready.p) == 0)
-  for i, p in ipairs(parts) do assert(s.targets[i]:copy(p[1], self.stream)) end
-  return s.batch
+  return batch:to("device", self.stream, s.bufs)
 end
 
 -- The default stream waits for the step: what runs there next (a batch's upload, a read of the
@@ -126,9 +126,19 @@ end
 -- Waits for the runner's stream (before the host reads a loss or a parameter).
 function Runner:sync() return self.stream:sync() end
 
+-- The runner as a hook of uvmrec.train.loop.run, which takes the loop's steps over; the loop's
+-- end waits for its stream.
+function Runner:hook()
+  local runner = self
+  return { take_step = function(_, _, batch) return runner:step(batch) end,
+           finish = function() assert(runner:sync()) end }
+end
+
 function Runner:free()
   for _, g in pairs(self.graphs) do g.graph:free() end
   self.graphs = {}
+  if self.staged then self.staged.bufs:free() end
+  self.staged = nil
   self.model:set_stream(nil)
 end
 
