@@ -163,21 +163,18 @@ end
 
 -- The timed run: warm-up, then the timed steps (the clock read at their first and last).
 local t_warm, cache_ref
-local hooks = { function(step, _, ctx)
-  if step == o.warm then
+local t_end
+local hooks = { { after = function(_, at)
+  if at.step == o.warm then
     if gpu then C.ur_device_sync() end
     t_warm = C.ur_clock_seconds()
-    cache_ref = ctx.model.embeddings.tbe.cache
+    cache_ref = at.model.embeddings.tbe.cache
     if cache_ref then cache_ref:reset_stats() end
-  end
-end }
-local t_end
-hooks[2] = function(step)
-  if step == o.warm + o.steps then
+  elseif at.step == o.warm + o.steps then
     if gpu then C.ur_device_sync() end
     t_end = C.ur_clock_seconds()
   end
-end
+end } }
 local r, _, built, cstats = run(cache_sets, o.warm + o.steps, o.warm + o.steps, hooks)
 local secs = t_end - t_warm
 local rate = o.steps * B / secs
