@@ -18,11 +18,13 @@ local Batch = {}
 Batch.__index = Batch
 
 local FIELDS = { dense = true, sparse = true, labels = true, groups = true, size = true, epoch = true,
-                 first = true, release = true }
+                 first = true, release = true, ready = true }
 
 -- Batch.new{dense =, sparse =, labels =[, groups =], size =[, epoch =, first =][, release =]}:
 -- the batch owns the tensors and the KJT given, and its release() frees them, or calls
--- release(batch) when given (a loader's batch goes back to the loader).
+-- release(batch) when given (a loader's batch goes back to the loader).  ready: an event recorded
+-- on the stream that made the batch's tensors (a source on the GPU): copies on other streams
+-- (Batch:to) wait for it.
 function Batch.new(t)
   if type(t) ~= "table" then error("Batch: expected a table {dense =, sparse =, labels =, size =}", 2) end
   for k in pairs(t) do
@@ -34,7 +36,7 @@ function Batch.new(t)
   if type(t.size) ~= "number" then error("Batch: size must be the number of samples", 2) end
   if t.release ~= nil and type(t.release) ~= "function" then error("Batch: release must be a function(batch)", 2) end
   return setmetatable({ dense = t.dense, sparse = t.sparse, labels = t.labels, groups = t.groups, size = t.size,
-                        epoch = t.epoch, first = t.first, _release = t.release }, Batch)
+                        epoch = t.epoch, first = t.first, _release = t.release, ready = t.ready }, Batch)
 end
 
 function Batch.is(v) return getmetatable(v) == Batch end
@@ -104,6 +106,9 @@ end
 -- With into (Batch.buffers of that placement), the copy is made in its buffers, and lives until
 -- the next copy into them.
 function Batch:to(placement, stream, into)
+  if self.ready then -- made on another stream: the copy waits for it
+    lib.must(C.ur_stream_wait_event(require("uvmrec.stream").handle(stream), lib.ptr(self.ready, "event", 2)), 2)
+  end
   if not into then
     local function mv(t) return t and assert(t:to(placement, nil, stream)) end
     return setmetatable({ dense = mv(self.dense), labels = mv(self.labels), groups = mv(self.groups),

@@ -73,6 +73,7 @@ function M.open(o, spec, level)
       groups = c.groups > 0 and new({ B }, "i64") or nil,
       values = new({ B * H }, "i64"), lens = new({ B * T }, "i32"), offsets = new({ B * T + 1 }, "i64"),
       wout = weighted and new({ B * H }, "f32") or nil,
+      ready = assert(streams.event()), -- recorded once the batch is made (Batch:to waits on it)
     }
   end
   return self
@@ -128,8 +129,9 @@ function G:next()
   end
   local nv = tonumber(C.ur_tensor_numel(C.ur_kjt_values(out_kjt[0])))
   -- its views are freed by release(), when the consumer is done or two batches later
+  assert(s.ready:record(self.stream))
   local b = Batch.new { dense = v.dense, labels = v.labels, groups = v.groups, sparse = kjt.wrap(out_kjt[0]),
-                        size = n, epoch = self.epoch, first = self.k }
+                        size = n, epoch = self.epoch, first = self.k, ready = s.ready }
   self.held[#self.held + 1] = b
   self.k = self.k + n
   local st = self.st
