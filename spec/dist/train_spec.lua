@@ -81,6 +81,83 @@ describe("sharded training over ranks", function()
       .. "rank 1 of 2", two)
   end)
 
+  -- `uvmrec train` over ranks: the run directory's train events and final AUC against the
+  -- one-process run of the same command without `launch -n W`; rank 0 alone writes and prints.
+  local json = require "uvmrec.json"
+  local function events(dir)
+    local text = command.slurp(dir .. "/metrics.jsonl")
+    assert.is_truthy(text, "no " .. dir .. "/metrics.jsonl")
+    local train, final = {}, nil
+    for line in text:gmatch("[^\n]+") do
+      local e = json.decode(line)
+      if e.event == "train" then train[#train + 1] = e end
+      if e.event == "final" then final = e end
+    end
+    return train, final
+  end
+  local function against_one_process(launch, args, steps, log_every)
+    local one_dir, many_dir = command.tmpdir(), command.tmpdir()
+    local one, err1, c1 = command.sh(("%s %s"):format(command.bin(), args:gsub("RUN", one_dir .. "/run")))
+    assert.equal(0, c1, one .. err1)
+    local t0 = os.time()
+    local many, err2, c2 = command.sh(("%s %s"):format(command.bin(), launch .. " " .. args:gsub("RUN", many_dir .. "/run")))
+    io.stderr:write(("  [dist] %s train: %d s\n"):format(launch, os.time() - t0))
+    assert.equal(0, c2, many .. err2)
+    -- rank 0 prints; the others are silent (their errors would carry "[rank R] ")
+    assert.not_matches("%[rank %d%]", many)
+    local _, starts = many:gsub("uvmrec train: ", "")
+    assert.equal(1, starts, many)
+    assert.matches("final AUC 0%.%d+", many)
+    local a, fa = events(one_dir .. "/run")
+    local b, fb = events(many_dir .. "/run")
+    assert.equal(steps / log_every, #a)
+    assert.equal(#a, #b)
+    for i = 1, #a do
+      assert.equal(a[i].step, b[i].step)
+      assert.equal(a[i].samples, b[i].samples)
+      assert.is_true(math.abs(a[i].loss - b[i].loss) <= 1e-5 * math.abs(a[i].loss),
+        ("step %d: loss %.9g over the ranks, %.9g in one process"):format(a[i].step, b[i].loss, a[i].loss))
+    end
+    assert.is_true(math.abs(fa.auc - fb.auc) <= 1e-3, ("AUC %.6f over the ranks, %.6f in one process"):format(fb.auc,
+      fa.auc))
+    command.rmdir(one_dir)
+    command.rmdir(many_dir)
+    return a, b
+  end
+
+  it("trains with `uvmrec launch -n 2 train` as docs/distributed.md says, with the one process's losses and AUC",
+     function()
+    if not have_mpi() then pending("no MPI here") return end
+    local doc = command.slurp("docs/distributed.md")
+    if not doc then pending("not in a source tree") return end
+    local line = doc:match("\n(uvmrec launch %-n 2 train [^\n]*)")
+    assert.is_truthy(line, "docs/distributed.md has no `uvmrec launch -n 2 train` command")
+    local args = line:gsub("^uvmrec launch %-n 2 ", ""):gsub("runs/a", "RUN")
+    assert.matches("embeddings.sharding=row_wise", args)
+    local a, b = against_one_process("launch -n 2", args, 40, 10)
+    -- the first logged loss went through the same sums but the dense gradients' all-reduce
+    assert.is_true(a[1].loss == b[1].loss or math.abs(a[1].loss - b[1].loss) <= 1e-6 * a[1].loss)
+  end)
+
+  it("trains per-table shardings of the config over 3 ranks as one process", function()
+    if not have_mpi() then pending("no MPI here") return end
+    against_one_process("launch -n 3", "train dlrm_tiny --cpu --steps 20 --out RUN --progress none "
+      .. "--set train.batch_size=1032 --set eval.samples=16512 --set eval.batch_size=8256 "
+      .. "--set eval.min_auc=0 --set embeddings.sharding=table_wise --set embeddings.tables.C3.sharding=row_wise "
+      .. "--set embeddings.tables.C16.sharding=data_parallel --set embeddings.tables.C21.sharding=row_wise", 20, 10)
+  end)
+
+  it("refuses what a run over ranks cannot do, naming the value and why", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local out, err, code = command.run("launch -n 2 train dlrm_tiny --cpu --steps 2 --set embeddings.sharding=column_wise")
+    assert.is_true(code ~= 0, out)
+    assert.matches("dist.shard: table 'C1' is column_wise in 2 shards and the tables' optimizer is rowwise_adagrad", err)
+    assert.matches("%[rank 1%] ", err) -- every rank says why, the others with their rank
+    out, err, code = command.run("launch -n 2 train dlrm_tiny --cpu --steps 2 --set train.batch_size=1025")
+    assert.is_true(code ~= 0, out)
+    assert.matches("train.batch_size: 1025 is not a multiple of the 2 ranks", err)
+  end)
+
   it("is deterministic run to run", function()
     if not have_mpi() then pending("no MPI here") return end
     local a = job(2, { PLAN = "mixed", STEPS = "3", SETS = ADAGRAD })
