@@ -22,8 +22,8 @@ local function job(n, env)
   return out
 end
 
--- dlrm_tiny's tables take rowwise Adagrad; column shards keep a row's Adagrad sum per shard
--- (docs/distributed.md), so plans with column-wise tables train with elementwise Adagrad here.
+-- dlrm_tiny's tables take rowwise Adagrad, which dist.shard refuses for tables in several column
+-- shards (docs/distributed.md), so plans with column-wise tables train with elementwise Adagrad here.
 local ADAGRAD = "embeddings.optimizer.name=adagrad"
 
 describe("sharded training over ranks", function()
@@ -100,7 +100,8 @@ describe("sharded training over ranks", function()
     local one, err1, c1 = command.sh(("%s %s"):format(command.bin(), args:gsub("RUN", one_dir .. "/run")))
     assert.equal(0, c1, one .. err1)
     local t0 = os.time()
-    local many, err2, c2 = command.sh(("%s %s"):format(command.bin(), launch .. " " .. args:gsub("RUN", many_dir .. "/run")))
+    local many, err2, c2 = command.sh(("%s %s %s"):format(command.bin(), launch,
+      (args:gsub("RUN", many_dir .. "/run"))))
     io.stderr:write(("  [dist] %s train: %d s\n"):format(launch, os.time() - t0))
     assert.equal(0, c2, many .. err2)
     -- rank 0 prints; the others are silent (their errors would carry "[rank R] ")
@@ -149,13 +150,28 @@ describe("sharded training over ranks", function()
 
   it("refuses what a run over ranks cannot do, naming the value and why", function()
     if not have_mpi() then pending("no MPI here") return end
-    local out, err, code = command.run("launch -n 2 train dlrm_tiny --cpu --steps 2 --set embeddings.sharding=column_wise")
+    local out, err, code = command.run("launch -n 2 train dlrm_tiny --cpu --steps 2 "
+      .. "--set embeddings.sharding=column_wise")
     assert.is_true(code ~= 0, out)
-    assert.matches("dist.shard: table 'C1' is column_wise in 2 shards and the tables' optimizer is rowwise_adagrad", err)
+    assert.matches("dist.shard: table 'C1' is column_wise in 2 shards and the tables' optimizer is "
+      .. "rowwise_adagrad", err)
     assert.matches("%[rank 1%] ", err) -- every rank says why, the others with their rank
     out, err, code = command.run("launch -n 2 train dlrm_tiny --cpu --steps 2 --set train.batch_size=1025")
     assert.is_true(code ~= 0, out)
     assert.matches("train.batch_size: 1025 is not a multiple of the 2 ranks", err)
+  end)
+
+  it("measures B9 over 2 ranks (scripts/bench/dist.lua): samples/s and each step's collectives", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local dir = command.tmpdir()
+    local out, err, code = command.run(("launch -n 2 scripts/bench/dist.lua --cpu --per-rank 128 --steps 2 --warmup 1 "
+      .. "--sharding mixed --set embeddings.optimizer.name=adagrad --out %s/b9.jsonl"):format(dir))
+    assert.equal(0, code, out .. err)
+    assert.matches("B9: dlrm_tiny on 2 ranks %(the CPU%), 128 samples a rank and step %(global batch 256%)", out)
+    local r = json.decode(command.slurp(dir .. "/b9.jsonl"))
+    assert.equal(2, r.ranks)
+    assert.is_true(r.samples_per_s > 0 and r.comm_calls_per_step > 0 and r.comm_bytes_sent_per_step > 0)
+    command.rmdir(dir)
   end)
 
   it("is deterministic run to run", function()

@@ -146,11 +146,13 @@ describe("uvmrec.train.config", function()
       .. "takes an equal slice of every global batch", world_err({ "train.batch_size=1025" }, 2))
     assert.matches("eval.batch_size: 16384 is not a multiple of the 3 ranks", world_err({ "train.batch_size=1026" }, 3))
     assert.matches("eval.samples: 1001 is not a multiple of the 2 ranks", world_err({ "eval.samples=1001" }, 2))
-    assert.equal("--set train.checkpoint_every=5: train.checkpoint_every: 5: a run over 2 ranks writes no checkpoints "
-      .. "yet (each rank holds only its shards of the tables); set it to 0", world_err({ "train.checkpoint_every=5" }, 2))
+    assert.equal("--set train.checkpoint_every=5: train.checkpoint_every: 5: a run over 2 ranks writes no "
+      .. "checkpoints yet (each rank holds only its shards of the tables); set it to 0",
+      world_err({ "train.checkpoint_every=5" }, 2))
     assert.equal("--resume runs/a: a run over 2 ranks cannot resume from a checkpoint yet (each rank holds only its "
       .. "shards of the tables)", world_err({}, 2, "runs/a"))
-    assert.matches("train.pipeline: the prefetch pipeline feeds one collection", world_err({ "train.pipeline=true" }, 2))
+    assert.matches("train.pipeline: the prefetch pipeline feeds one collection",
+      world_err({ "train.pipeline=true" }, 2))
     assert.matches("embeddings.tables.C2.placement: table C2 is managed, and the hint policies drive whole tables",
       world_err({ "embeddings.tables.C2.placement=managed" }, 2))
   end)

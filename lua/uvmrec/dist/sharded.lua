@@ -62,8 +62,8 @@ function Sharded:__init(opts, spec, comm)
   self.output_dtype = opts.output_dtype or "f32"
   -- Rowwise Adagrad steps a row by the mean of its squared gradient over the whole row; a
   -- column shard sees only its columns, so its sum would differ from the unsharded table's.
-  local o = opts.optimizer
-  local oname = type(o) == "table" and (o.name or o[1]) or o
+  local optim = opts.optimizer
+  local oname = type(optim) == "table" and (optim.name or optim[1]) or optim
   if oname == "rowwise_adagrad" then
     for _, t in ipairs(tables) do
       local p = plan.tables[t.name]

@@ -18,16 +18,16 @@ function M.run(model, source, opts)
   local comm = opts.comm
   local W = comm and comm.world or 1
   local limit = math.ceil((opts.samples or 0) / W)
-  local batch = math.ceil((opts.batch_size or 16384) / W)
+  local per_update = math.ceil((opts.batch_size or 16384) / W)
   local kinds = opts.metrics or { "auc", "ne" }
   -- The metric state lives where the model's predictions are (made at the first batch).
   local m
   local function collection(predictions)
     local p = predictions:placement()
-    return metrics.MetricCollection { metrics = kinds, batch_size = batch, include_logloss = true,
+    return metrics.MetricCollection { metrics = kinds, batch_size = per_update, include_logloss = true,
                                       placement = (p == "device" or p == "managed") and "device" or "host",
                                       device = predictions:device() >= 0 and predictions:device() or nil,
-                                      window_size = limit > 0 and limit + batch or 0,
+                                      window_size = limit > 0 and limit + per_update or 0,
                                       world_size = W > 1 and W or nil, rank = W > 1 and comm.rank or nil,
                                       comm = W > 1 and comm or nil }
   end

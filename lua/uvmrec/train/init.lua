@@ -595,7 +595,8 @@ function M.eval(cfg, opts)
   opts = opts or {}
   local world = require("uvmrec.dist").environment().world
   if world > 1 then
-    return nil, ("uvmrec eval runs as one process, not %d ranks: evaluate without uvmrec launch or mpirun"):format(world)
+    return nil, ("uvmrec eval runs as one process, not %d ranks: evaluate without uvmrec launch or mpirun")
+      :format(world)
   end
   local say = opts.print or function(s) io.stdout:write(s, "\n") io.stdout:flush() end
   if opts.data and not opts.data:match("^synthetic:") then
