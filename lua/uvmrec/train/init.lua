@@ -446,7 +446,7 @@ function M.run(cfg, opts)
   if not log then return nil, lerr end
   if log.config then log.config(cfg) end
   say(("uvmrec train: %s %s"):format(cfg.name or "model", device_line(gpu, comm)))
-  say("model: " .. tostring(model))
+  say("model: " .. tostring(model) .. (comm and " (the rows and bytes of rank 0's shards)" or ""))
   if comm then say("sharding: " .. model.embeddings:extra_repr():gsub("^%((.*)%)$", "%1")) end
   say("data: " .. data.what)
   if resumed then
