@@ -467,7 +467,7 @@ function M.run(cfg, opts)
   if not loader then return nil, err end
   local last = cfg.train.steps > 0 and cfg.train.steps or nil
   local source = train_source(cfg, model, loader, gpu, last and last - ctx.step)
-  local progress = M.progress.new { total = data.steps, mode = rank == 0 and opts.progress or "none",
+  local progress = M.progress.new { total = data.steps, mode = rank ~= 0 and "none" or opts.progress,
                                     print_every = cfg.train.print_every }
 
   -- The run's hooks, in the order they act after a step: the loss read and logged, the
