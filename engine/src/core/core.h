@@ -60,6 +60,11 @@ UR__HIDDEN ur_status ur__device_enter(const ur_backend *b, int32_t device, int32
 UR__HIDDEN ur_status ur__device_leave(const ur_backend *b, int32_t device, int32_t prev,
                                       ur_status st);
 
+/* The CPU backend's non-finite check and step end (nonfinite.c; backend.h says what). */
+UR__HIDDEN ur_status ur__cpu_nonfinite_check(void *stream, int32_t n, const void *const *xs,
+                                             const ur_dtype *dtypes, const int64_t *counts,
+                                             int32_t *flags, int32_t slot0);
+UR__HIDDEN ur_status ur__cpu_nonfinite_end(void *stream, int32_t *flags, int32_t sticky);
 /* "<family> <op> is not available on <backend>" (UR_STATUS_UNSUPPORTED). */
 UR__HIDDEN ur_status ur__missing(const ur_backend *b, const char *family, const char *op);
 /* OK when backend b has op in family's table, else ur__missing's error:
