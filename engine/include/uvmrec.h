@@ -1201,6 +1201,10 @@ UR_API ur_status ur_safetensors_load(ur_stream *s, const ur_safetensors *f, int3
 /* A host tensor over the mapped bytes (zero-copy; a scalar is shape [1]).  It keeps the
  * mapping alive after close; writes to it stay in memory (copy-on-write), never in the file. */
 UR_API ur_status ur_safetensors_view(const ur_safetensors *f, int32_t i, ur_tensor **out);
+/* *out = the index of the first NaN or infinity of tensor i (f32, bf16, f16, f64; -1 when none,
+ * and for other dtypes), read from the file a chunk at a time (the pages are not mapped: the
+ * host memory used stays a chunk's), before a load that should refuse such a tensor. */
+UR_API ur_status ur_safetensors_find_nonfinite(const ur_safetensors *f, int32_t i, int64_t *out);
 
 /* ---- YAML documents (configs) ---- */
 /* A YAML file as a tree of nodes with their positions, read through libyaml's event API.

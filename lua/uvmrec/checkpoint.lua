@@ -98,14 +98,15 @@ local FLOATS = { f32 = true, bf16 = true, f16 = true, f64 = true }
 
 -- nil, or why the file's tensors `names` may not be loaded: the first that holds a NaN or an
 -- infinity, named with its first bad element (row and column of a 2-D tensor).  Read from the
--- file's pages, before anything is written.
+-- file a chunk at a time, before anything is written.
+local bad_at = ffi.new("int64_t[1]")
 function file_methods:nonfinite(names)
+  local p = F(self)
   for _, name in ipairs(names) do
     local info = self:info(name)
     if info and FLOATS[info.dtype] then
-      local v = assert(self:view(name))
-      local i = v:find_nonfinite()
-      v:free()
+      lib.must(C.ur_safetensors_find_nonfinite(p, C.ur_safetensors_find(p, name), bad_at), 2)
+      local i = bad_at[0] >= 0 and tonumber(bad_at[0]) or nil
       if i then
         local where = ("element %d"):format(i)
         if #info.shape == 2 then

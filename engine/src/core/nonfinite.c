@@ -54,7 +54,7 @@ static void scan_range(void *ctx, size_t c0, size_t c1) {
 }
 
 /* The first bad element of n, in chunks over the threads; n when none. */
-static int64_t scan(const void *x, ur_dtype d, int64_t n) {
+int64_t ur__nonfinite_first(const void *x, ur_dtype d, int64_t n) {
   enum { CHUNKS = 64 };
   int64_t firsts[CHUNKS];
   int64_t chunk = n / CHUNKS + 1;
@@ -74,7 +74,7 @@ ur_status ur__cpu_nonfinite_check(void *stream, int32_t n, const void *const *xs
                                   int32_t slot0) {
   (void)stream;
   for (int32_t i = 0; i < n; i++) {
-    if (scan(xs[i], dtypes[i], counts[i]) == counts[i]) continue;
+    if (ur__nonfinite_first(xs[i], dtypes[i], counts[i]) == counts[i]) continue;
     flags[0] = 1;
     if (flags[UR_NONFINITE_HEAD + slot0 + i] == 0) flags[UR_NONFINITE_HEAD + slot0 + i] = flags[1] + 1;
   }
@@ -164,7 +164,7 @@ ur_status ur_tensor_find_nonfinite(const ur_tensor *x, int64_t *out) {
                      "expected memory the CPU reads (host, pinned, managed)");
   ur_status st = ur__tensor_ready(ur__cpu(), x);
   if (st) return st;
-  int64_t i = scan(ur_tensor_data(x), x->dtype, x->numel);
+  int64_t i = ur__nonfinite_first(ur_tensor_data(x), x->dtype, x->numel);
   if (i < x->numel) *out = i;
   return UR_STATUS_OK;
 }
