@@ -85,7 +85,9 @@ local function random_steps(seed, place)
     assert(check(xs, flags, 0))
     local f = ints(flags)
     assert.equal(any and 1 or 0, f[1], "step " .. step .. ": the step's flag")
-    for i = 1, n do assert.equal(want_first[i] or 0, f[HEAD + i], ("step %d: slot %d (%s)"):format(step, i - 1, dts[i])) end
+    for i = 1, n do
+      assert.equal(want_first[i] or 0, f[HEAD + i], ("step %d: slot %d (%s)"):format(step, i - 1, dts[i]))
+    end
     assert(require("uvmrec.lib").check(C.ur_nonfinite_end_step(nil, flags.p, 0)))
     if any then bad_steps = bad_steps + 1 end
     f = ints(flags)
@@ -191,7 +193,8 @@ describe("uvmrec.train.guard", function()
     { "optimizer.name=adam", "embeddings.optimizer.name=adam", "optimizer.lr=0.01", "embeddings.optimizer.lr=0.01" },
     { "optimizer.name=adagrad", "embeddings.optimizer.name=rowwise_adagrad" },
   } do
-    it("leaves tables, parameters and optimizer state as they were after a skipped step (" .. opt_sets[1] .. ")", function()
+    it("leaves tables, parameters and optimizer state as they were after a skipped step (" .. opt_sets[1] .. ")",
+       function()
       local model, opt = tiny_model(opt_sets)
       local g = guard.new(model, opt, "skip")
       local bs = batches(4)
@@ -226,7 +229,7 @@ describe("uvmrec.train.guard", function()
       local r = loop.run(model, opt, list_source(list), hooks)
       return losses, state_of(model, opt), r
     end
-    local clean, ref = {}, nil
+    local clean = {}
     for i = 1, 9 do if i ~= 5 then clean[#clean + 1] = bs[i] end end
     local want_losses, want_state = run(clean)
     bs[5].dense:set(0, math.huge)
@@ -235,8 +238,7 @@ describe("uvmrec.train.guard", function()
     table.remove(got_losses, 5)
     assert.same(want_losses, got_losses)
     assert.same(want_state, got_state)
-    ref = r
-    assert.equal(9, ref.step)
+    assert.equal(9, r.step)
   end)
 
   it("refuses a mode other than stop or skip", function()
@@ -282,8 +284,8 @@ end
 describe("train.nonfinite", function()
   it("stops the run naming the step and the first non-finite tensor: NaN in a batch's dense features", function()
     local nan7 = { before = function(_, run, batch) if run.step + 1 == 7 then batch.dense:set(3, 0 / 0) end end }
-    local ok, err = pcall(helpers.train_tiny, { "train.steps=12", "train.log_every=5", "eval.samples=0", "eval.min_auc=0" },
-                          nil, { hooks = { nan7 } })
+    local ok, err = pcall(helpers.train_tiny, { "train.steps=12", "train.log_every=5", "eval.samples=0",
+                                                "eval.min_auc=0" }, nil, { hooks = { nan7 } })
     assert.is_false(ok)
     -- the ReLU of the bottom MLP passes 0 for NaN: the loss stays finite, the weight gradient does not
     assert.matches("train.nonfinite: step 7: bottom.1.weight gradient holds NaN or infinity %(the first non%-finite "
@@ -303,8 +305,8 @@ describe("train.nonfinite", function()
         return out
       end
     end
-    local ok, err = pcall(helpers.train_tiny, { "train.steps=8", "train.log_every=4", "eval.samples=0", "eval.min_auc=0" },
-                          nil, { setup = setup })
+    local ok, err = pcall(helpers.train_tiny, { "train.steps=8", "train.log_every=4", "eval.samples=0",
+                                                "eval.min_auc=0" }, nil, { setup = setup })
     assert.is_false(ok)
     assert.matches("train.nonfinite: step 4: top.3.bias gradient holds NaN or infinity", err)
   end)
@@ -313,7 +315,8 @@ describe("train.nonfinite", function()
     local row = row_first_read(9, 6)
     assert.is_not_nil(row)
     local dir = command.tmpdir()
-    local ok, err = pcall(helpers.train_tiny, { "train.steps=9", "train.log_every=3", "eval.samples=0", "eval.min_auc=0",
+    local ok, err = pcall(helpers.train_tiny, { "train.steps=9", "train.log_every=3", "eval.samples=0",
+                                                "eval.min_auc=0",
                                                 "train.checkpoint_every=3", "train.batch_size=256" },
                           nil, { out = dir .. "/run", setup = function(ctx) nan_row(ctx, row) end })
     assert.is_false(ok)
@@ -358,9 +361,10 @@ describe("train.nonfinite", function()
     assert.is_false(ok)
     local dim = 16
     assert.matches(("tensor 'embeddings.C16' holds NaN or infinity at element %d %%(row %d, column 2%%); refused "
-                    .. "%%(load with allow_nonfinite, %%-%%-allow%%-nonfinite, to take it as it is%%)"):format(row * dim + 2, row), err)
-    local _, eerr = train.eval(helpers.tiny({ "eval.samples=512", "train.batch_size=256" }), { checkpoint = dir .. "/run", cpu = true,
-                                                                     print = function() end })
+                    .. "%%(load with allow_nonfinite, %%-%%-allow%%-nonfinite, to take it as it is%%)"):format(
+                    row * dim + 2, row), err)
+    local _, eerr = train.eval(helpers.tiny({ "eval.samples=512", "train.batch_size=256" }),
+                               { checkpoint = dir .. "/run", cpu = true, print = function() end })
     assert.matches("tensor 'embeddings.C16' holds NaN or infinity", eerr)
     -- allowed: it loads, and training goes on (the row is not read in these steps)
     local r = helpers.train_tiny(more, nil, { out = dir .. "/run", resume = dir .. "/run", allow_nonfinite = true })

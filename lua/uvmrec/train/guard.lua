@@ -51,9 +51,13 @@ function M.new(model, optimizer, mode)
                               optimizer = optimizer, model = model, one = ffi.new("const ur_tensor *[1]"),
                               buf = ffi.new("int32_t[?]", HEAD + 1 + n), checked = false,
                               seen = 0, base = 0, skipped = 0 }, Guard)
-  model.guard = self
   local emb = model.embeddings
-  if emb and emb.set_gate then emb:set_gate(flags) end
+  if emb and not emb.set_gate then
+    error("guard: the model's embeddings (" .. tostring(emb) .. ") have no set_gate: their fused step "
+          .. "cannot be held back", 2)
+  end
+  model.guard = self
+  if emb then emb:set_gate(flags) end
   optimizer:set_gate(flags)
   return self
 end
