@@ -421,6 +421,11 @@ typedef struct ur_synth_table {
   int32_t hot_min, hot_max;       /* ids per sample, uniform in [min, max]; equal: fixed */
   int32_t weighted;               /* per-id weights in (0, 1] */
   float signal;                   /* std of this table's per-id effects on the logit */
+  int64_t id_space;               /* ids drawn from [0, id_space) (raw ids: a consumer takes
+                                     them modulo rows, or maps them); 0: rows */
+  double drift_rate;              /* popularity drift: every 1/drift_rate samples each id moves
+                                     one rank down and an id from the cold end takes rank 1
+                                     (new ids appear, old ones fade); 0: none */
 } ur_synth_table;
 typedef struct ur_synth_spec {
   int32_t num_tables, num_dense;
@@ -456,7 +461,8 @@ typedef struct ur_loader_opts {
   const ur_synth_spec *synth;     /* UR_SOURCE_SYNTHETIC */
   int64_t samples;                /* synthetic samples per epoch */
   const char *const *keys;        /* names of the sparse features (NULL: C1, C2, ...) */
-  ur_criteo_opts criteo;          /* TSV options; rows also reduce day files' ids on read */
+  ur_criteo_opts criteo;          /* TSV options; rows also reduce day files' and synthetic
+                                     data's ids on read (the first 26 tables) */
   int64_t batch_size;
   int32_t depth;                  /* batches prepared ahead (>= 1) */
   int32_t drop_last;

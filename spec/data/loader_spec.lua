@@ -297,6 +297,28 @@ describe("uvmrec.data loader", function()
     l:close()
   end)
 
+  it("takes synthetic ids from an id space larger than the table modulo rows where given", function()
+    local spec = data.synthetic_spec { seed = 2, num_dense = 2,
+                                       tables = { { name = "a", rows = 10, id_space = 500 },
+                                                  { name = "b", rows = 7, id_space = 70 } } }
+    local g = assert(data.generate(spec, 0, 64))
+    local raw = g.ids:totable()
+    local rows = { 10 }
+    for i = 2, 26 do rows[i] = 0 end -- b: raw ids
+    local l = assert(data.loader { data = { kind = "synthetic", spec = spec }, samples = 64, batch_size = 64,
+                                   rows = rows })
+    local d = l:next().sparse:to_dict()
+    local a, b = d.a.values:totable(), d.b.values:totable()
+    local over = 0
+    for i = 1, 64 do
+      assert.equal(raw[2 * i - 1] % 10, a[i], "a: id mod rows, sample " .. i)
+      assert.equal(raw[2 * i], b[i], "b: the raw id, sample " .. i)
+      if raw[2 * i - 1] >= 10 then over = over + 1 end
+    end
+    assert.is_true(over > 32, "most raw ids lie past the table")
+    l:close()
+  end)
+
   it("rejects bad options", function()
     assert.has_error(function() data.loader { data = "synthetic:tiny", samples = 10 } end,
       "loader: batch_size is required")

@@ -202,12 +202,64 @@ describe("uvmrec.data synthetic", function()
     assert.same({ 3, hsum }, g.ids:size())
   end)
 
+  -- The ids of one column over samples first .. first + n - 1, most frequent first.
+  local function ranked(spec, first, n)
+    local g = assert(data.generate(spec, first, n))
+    local count, ids = {}, {}
+    for _, id in ipairs(g.ids:totable()) do
+      if not count[id] then ids[#ids + 1] = id end
+      count[id] = (count[id] or 0) + 1
+    end
+    table.sort(ids, function(a, b) return count[a] > count[b] or (count[a] == count[b] and a < b) end)
+    return ids, count
+  end
+
+  it("draws ids from an id space larger than the table (id_space, id_space_factor)", function()
+    local base = { seed = 3, num_dense = 1, tables = { { rows = 100, zipf = 1.05 } } }
+    local wide = { seed = 3, num_dense = 1, tables = { { rows = 100, zipf = 1.05, id_space = 1000 } } }
+    local ids, count = ranked(data.synthetic_spec(wide), 0, 20000)
+    local top_outside, largest = 0, 0
+    for k = 1, 100 do if ids[k] >= 100 then top_outside = top_outside + 1 end end
+    for id in pairs(count) do largest = math.max(largest, id) end
+    assert.is_true(largest < 1000 and largest >= 900, "ids span the space (largest " .. largest .. ")")
+    assert.is_true(top_outside > 70, "the hot ids lie all over the space, not within rows")
+    -- the factor gives the same spec; the table's rows as its space, the plain draw
+    local f = data.synthetic_spec({ seed = 3, num_dense = 1, id_space_factor = 10,
+                                    tables = { { rows = 100, zipf = 1.05 } } })
+    assert.equal(1000, tonumber(f.cspec.tables[0].id_space))
+    local same = { seed = 3, num_dense = 1, tables = { { rows = 100, zipf = 1.05, id_space = 100 } } }
+    assert.same(assert(data.generate(base, 5, 500)).ids:totable(),
+                assert(data.generate(same, 5, 500)).ids:totable())
+    assert.has_error(function() data.synthetic_spec { tables = { { rows = 5, id_space = -2 } } } end,
+      "synthetic: table 1 has an id space of -2; expected 1..2^40, or 0 (its rows)")
+  end)
+
+  it("moves the popularity one rank every 1/drift_rate samples: new ids at the top, old ones fade", function()
+    local function spec(rate)
+      return data.synthetic_spec { seed = 9, num_dense = 1, drift_rate = rate,
+                                   tables = { { rows = 50, zipf = 2, id_space = 60 } } }
+    end
+    local still0, still1 = ranked(spec(0), 0, 20000), ranked(spec(0), 100000, 20000)
+    assert.same({ still0[1], still0[2], still0[3] }, { still1[1], still1[2], still1[3] })
+    -- 1e-5 a sample: one rank by sample 100000, two by 200000
+    local d0, d1 = ranked(spec(1e-5), 0, 20000), ranked(spec(1e-5), 100000, 20000)
+    local d2 = ranked(spec(1e-5), 200000, 20000)
+    assert.same({ d0[1], d0[2] }, { still0[1], still0[2] }, "no drift yet")
+    assert.same({ d0[1], d0[2] }, { d1[2], d1[3] }, "each id one rank down")
+    assert.same({ d0[1], d1[1] }, { d2[3], d2[2] }, "and another")
+    assert.is_true(d1[1] ~= d0[1] and d1[1] ~= d0[2] and d2[1] ~= d1[1], "new ids took the top")
+    assert.has_error(function() data.synthetic_spec { tables = { { rows = 5, drift_rate = 2 } } } end,
+      "synthetic: table 1 has drift rate 2; expected 0..1 (ranks a sample)")
+  end)
+
   h.cuda_it("gives the same samples on the GPU as on the CPU", function()
-    local spec = data.synthetic_spec("tiny", { groups = 10 })
-    local c = assert(data.generate(spec, 777, 3000, { probs = true }))
-    local g = assert(data.generate(spec, 777, 3000, { probs = true, placement = "device" }))
-    for _, k in ipairs { "dense", "labels", "ids", "lengths", "groups", "probs" } do
-      assert.same(c[k]:totable(), g[k]:totable(), k)
+    for _, over in ipairs { { groups = 10 }, { groups = 10, id_space_factor = 7, drift_rate = 0.003 } } do
+      local spec = data.synthetic_spec("tiny", over)
+      local c = assert(data.generate(spec, 777, 3000, { probs = true }))
+      local g = assert(data.generate(spec, 777, 3000, { probs = true, placement = "device" }))
+      for _, k in ipairs { "dense", "labels", "ids", "lengths", "groups", "probs" } do
+        assert.same(c[k]:totable(), g[k]:totable(), k)
+      end
     end
   end)
 end)

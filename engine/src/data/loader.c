@@ -321,6 +321,16 @@ static ur_status read_synth(ur_loader *l, int64_t row0, int64_t n) {
     if (t[3]) memcpy(l->s_weights, ur_tensor_data(t[3]), sizeof(float) * (size_t)(n * l->H));
     memcpy(l->s_len, ur_tensor_data(t[4]), sizeof(int32_t) * (size_t)(n * l->T));
     if (t[5]) memcpy(l->s_groups, ur_tensor_data(t[5]), sizeof(int64_t) * (size_t)n);
+    /* rows reduce synthetic ids too (an id space larger than the table), as day files' */
+    for (int tb = 0; tb < l->T && tb < 26; tb++) {
+      int64_t rows = l->o.criteo.rows[tb];
+      if (rows <= 0) continue;
+      for (int64_t r = 0; r < n; r++)
+        for (int64_t c = l->col0[tb]; c < l->col0[tb + 1]; c++) {
+          int64_t *id = &l->s_ids[r * l->H + c];
+          if (*id >= 0) *id %= rows;
+        }
+    }
   }
   for (int i = 0; i < 6; i++) ur_tensor_free(t[i]);
   return st;

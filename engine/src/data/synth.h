@@ -14,7 +14,8 @@
 
 /* A table of the spec, expanded: Zipf constants, the id scatter, the column of its ids. */
 typedef struct ur__synth_tab {
-  int64_t rows, col0;
+  int64_t rows, col0;             /* rows: the id space */
+  double drift;                   /* ranks the popularity moves a sample */
   double s, hx1, hn, sv;          /* rejection-inversion Zipf (Hoermann & Derflinger) */
   uint64_t pa, pb;                /* id = (rank * pa + pb) mod rows: hot ids scattered */
   int32_t hot_min, hot_max, weighted, zipf;
@@ -187,7 +188,12 @@ UR_HD void ur__synth_row(const ur__synth *sp, int64_t i, float *dense, float *la
         continue;
       }
       int64_t rank = ur__zipf(tb, base + (uint64_t)j, kid);
-      int64_t id = (int64_t)(((uint64_t)(rank - 1) * tb->pa + tb->pb) % (uint64_t)tb->rows);
+      uint64_t pos = (uint64_t)(rank - 1);
+      if (tb->drift > 0) { /* the rank's id at this sample: shifted by the drift so far */
+        uint64_t shift = (uint64_t)floor((double)i * tb->drift) % (uint64_t)tb->rows;
+        pos = (pos + (uint64_t)tb->rows - shift) % (uint64_t)tb->rows;
+      }
+      int64_t id = (int64_t)((pos * tb->pa + tb->pb) % (uint64_t)tb->rows);
       ids[col] = id;
       double wt = 1.0;
       if (tb->weighted) {

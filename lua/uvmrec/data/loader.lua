@@ -138,9 +138,10 @@ function methods:close() free_loader(self) end
 methods.free = methods.close
 
 -- ur.data.loader{data = spec, batch_size =, samples = (synthetic), rows = (26 sizes or one: ids
--- mod rows), depth = 4, drop_last = false, shuffle_window = 0, seed = 0, epochs = 1, rank = 0,
--- world = 1, position = {epoch, sample}, placement = "pinned", keys = {...},
--- on_bad_line = "fail", pad_missing_fields = false}
+-- mod rows, of files and of synthetic data's first 26 tables; 0: raw ids), depth = 4,
+-- drop_last = false, shuffle_window = 0, seed = 0, epochs = 1, rank = 0, world = 1,
+-- position = {epoch, sample}, placement = "pinned", keys = {...}, on_bad_line = "fail",
+-- pad_missing_fields = false}
 function M.loader(o)
   if type(o) ~= "table" then error("loader: expected a table of options", 2) end
   local src = M.source(o.data, 2)
