@@ -121,6 +121,13 @@ describe("ur.nn.ManagedCollisionCollection", function()
                          "evictions" } do
       assert.equal(sa[k], sb[k], k)
     end
+    local c = MCC{ collection = collection(), evict_every = 4, policy = "distance_lfu", distance_power = 2 }
+    local reg3 = ck.registry()
+    reg3:register(c:checkpoint_component())
+    local ok, err = pcall(reg3.load, reg3, ck.latest(dir))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("collisions: table u's evict_every differs from the checkpoint's (the "
+                                     .. "checkpoint has 3, this run has 4)", 1, true))
     os.execute("rm -rf " .. dir)
   end)
 end)

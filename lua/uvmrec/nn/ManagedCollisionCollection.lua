@@ -125,8 +125,9 @@ end
 
 -- A checkpoint registry component (uvmrec.checkpoint) holding every table's map and counts:
 -- tensors "<table>.<ids|counts|window|last|cand_ids|cand_counts|cand_last>", meta {step,
--- counts = {table = {lookups, ...}}}.  Its tensors' sizes vary with the candidates, so the
--- registry hands load() views of the file's.
+-- counts = {table = {lookups, ...}}, settings = {table = {policy, ...}}}.  Its tensors' sizes
+-- vary with the candidates, so the registry hands load() views of the file's; a load into
+-- tables with other settings (or other tables) is an error naming the first difference.
 function MCC:checkpoint_component(name)
   local map = self.map
   return {
@@ -139,9 +140,22 @@ function MCC:checkpoint_component(name)
         for _, k in ipairs(mc.STATE_TENSORS) do ts[t .. "." .. k] = st[k] end
         for _, k in ipairs(mc.STATE_COUNTS) do counts[t][k] = st[k] end
       end
-      return { tensors = ts, meta = { step = map:step(), counts = counts } }
+      return { tensors = ts, meta = { step = map:step(), counts = counts, settings = map.settings } }
     end,
     load = function(tensors, meta)
+      -- the maps hold ids ranked by these settings: other settings would not resume them
+      for _, t in ipairs(map.table_names) do
+        local theirs = (meta.settings or {})[t]
+        if not theirs then
+          error(("collisions: the checkpoint has no managed collisions for table %s"):format(t), 0)
+        end
+        for _, k in ipairs(mc.TABLE_SETTINGS) do
+          if theirs[k] ~= map.settings[t][k] then
+            error(("collisions: table %s's %s differs from the checkpoint's (the checkpoint has %s, this run has %s)")
+                  :format(t, k, tostring(theirs[k]), tostring(map.settings[t][k])), 0)
+          end
+        end
+      end
       for _, t in ipairs(map.table_names) do
         local st = {}
         for _, k in ipairs(mc.STATE_TENSORS) do
