@@ -13,6 +13,7 @@ local nn = {
   MLP = require "uvmrec.nn.MLP", EmbeddingBagCollection = require "uvmrec.nn.EmbeddingBagCollection",
   Interaction = require "uvmrec.nn.Interaction", CrossNet = require "uvmrec.nn.CrossNet",
   BCEWithLogits = require "uvmrec.nn.BCEWithLogits",
+  ManagedCollisionCollection = require "uvmrec.nn.ManagedCollisionCollection",
 }
 
 local DLRM = Module:extend("DLRM")
@@ -51,6 +52,16 @@ function DLRM:__init(cfg, opts)
                   weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2 },
   }
 
+  -- Managed collisions: raw ids to rows in front of the tables that have them (the map lives
+  -- where the collection runs; it has no parameters, and is not among self.modules).
+  local managed = tconfig.collisions(cfg)
+  if next(managed) then
+    local per = {}
+    for i, c in pairs(managed) do per["C" .. i] = c end
+    self.collisions = nn.ManagedCollisionCollection { collection = self.embeddings, tables = per,
+                                                      seed = cfg.train.seed }
+  end
+
   local d = m.bottom_mlp[#m.bottom_mlp]
   local width
   if m.interaction == "dot" then
@@ -69,9 +80,11 @@ function DLRM:__init(cfg, opts)
 end
 
 -- The logits [B, 1] of a batch {dense = f32 [B, dense], sparse = KJT or {values=, offsets=}}.
+-- With managed collisions the raw ids become rows first (counted when training).
 function DLRM:updateOutput(batch)
   local x = self.bottom:forward(batch.dense)
-  local e = self.embeddings:forward(batch.sparse)
+  self._sparse = self.collisions and self.collisions:forward(batch.sparse) or batch.sparse
+  local e = self.embeddings:forward(self._sparse)
   local z
   if self._pair then
     self._pair[1], self._pair[2] = x, e
@@ -106,16 +119,20 @@ function DLRM:backward(batch, gradOutput)
     dense.split(gc, self._parts, self.stream)
   end
   self.bottom:backward(batch.dense, gx)
-  self.embeddings:backward(batch.sparse, ge)
+  self.embeddings:backward(self._sparse or batch.sparse, ge)
   self.gradInput = nil
   return nil
 end
 
 DLRM.updateGradInput = DLRM.backward
 
--- Probabilities f32 [B, 1] of a batch (the sigmoid of the logits), for metrics.
+-- Probabilities f32 [B, 1] of a batch (the sigmoid of the logits), for metrics; managed
+-- collisions only look up.
 function DLRM:predict(batch)
+  local training = self.collisions and self.collisions.train
+  if self.collisions then self.collisions.train = false end
   local logits = self:forward(batch)
+  if self.collisions then self.collisions.train = training end
   local rows = Module.rows_cols(logits)
   if Module.dtype_of(logits) ~= "f32" then
     logits = dense.cast(logits, self:buffer("logits_f32", "f32", rows, 1), self.stream)

@@ -223,14 +223,15 @@ end
 
 -- remap(input[, opts][, stream]): each raw id's row.  opts: update (default true: the rounds
 -- due run first and the batch is counted; false: a read-only lookup), out (an i64 tensor of
--- the values' size where the map lives).  A KJT input gives a KJT of rows (its keys, lengths,
+-- the values' size where the map lives; by default a new one, in the values' placement on the
+-- CPU).  A KJT input gives a KJT of rows (its keys, lengths,
 -- weights and variable batch); a table input gives the rows tensor.
 function methods:remap(input, opts, stream)
   opts = opts or {}
   local values, offsets, bp, inverse = self:_input(input, 2)
   local out = opts.out
   if out == nil then
-    local o = { dtype = "i64", placement = self:placement() }
+    local o = { dtype = "i64", placement = self.device >= 0 and "device" or values:placement() }
     if self.device >= 0 then o.device = self.device end
     local err
     out, err = tensor.tensor({ values:numel() }, o)

@@ -77,21 +77,33 @@ function MCC:__init(opts)
   self.table_names = self.map.table_names
 end
 
--- Rows for the input's ids (a KJT valid until the next forward: its values are the module's
--- buffer); in training mode the rounds due run first and the batch is counted, and the rows a
+-- Rows for the input's ids: a KJT for a KJT, the same table with values replaced for a table
+-- {values=, offsets=, ...}; valid until the next forward (the values are the module's buffer).
+-- In training mode the rounds due run first and the batch is counted, and the rows a
 -- round gave to other ids are reset in the collection.
 function MCC:updateOutput(input)
   local update = self.train ~= false
-  local n = type(input.values) == "function" and input:values():numel() or input.values:numel()
-  if not self._out or self._out:numel() < n then
+  local values = type(input.values) == "function" and input:values() or input.values
+  local n = values:numel()
+  -- rows where the ids are (a KJT keeps one placement): device memory for a map on a GPU, the
+  -- ids' own host, pinned or managed memory for one on the CPU
+  local place = self.device >= 0 and "device" or values:placement()
+  if not self._out or self._out:numel() < n or self._out:placement() ~= place then
     if self._out then self._out:free() end
-    local o = { dtype = "i64", placement = self.placement }
+    local o = { dtype = "i64", placement = place }
     if self.device >= 0 then o.device = self.device end
     self._out = assert(tensor.tensor({ math.max(n, 1) }, o))
   end
   local out = n == self._out:numel() and self._out or self._out:view(0, n)
   local rows = assert(self.map:remap(input, { update = update, out = out }, self.stream))
   if out ~= self._out then out:free() end
+  if type(input.values) ~= "function" then
+    -- a table input {values=, offsets=, ...} (the GPU feed's): the same table with rows
+    local t = self._tab or {}
+    for k in pairs(t) do t[k] = nil end
+    for k, v in pairs(input) do t[k] = v end
+    t.values, self._tab, rows = rows, t, t
+  end
   if update and self.tbe then
     for _, name in ipairs(self.table_names) do
       local p, k = self.map:reassigned_ptr(name)

@@ -99,6 +99,10 @@ end
 -- what = a line for people}.
 function M.data(cfg, rows)
   local spec, batch = cfg.data.train, cfg.train.batch_size
+  -- What the loader takes ids modulo: each table's rows, but 0 (raw ids) where managed
+  -- collisions map them.
+  local managed, load_rows = M.config.collisions(cfg), {}
+  for i, r in ipairs(rows) do load_rows[i] = managed[i] and 0 or r end
   if spec == "" then return nil, "no training data: give --data SPEC or data.train in the config" end
   local ok, src = pcall(require("uvmrec.data.loader").source, spec)
   if not ok then return nil, (tostring(src):gsub("^[^\n]-:%d+: ", "")) end
@@ -111,30 +115,42 @@ function M.data(cfg, rows)
     if #base.tables ~= #rows then
       return nil, ("--data %s: %d sparse features, but the model has %d tables"):format(spec, #base.tables, #rows)
     end
-    -- Ids the capped tables cannot hold are not drawn: the hidden model lives on the capped rows.
+    -- Ids the capped tables cannot hold are not drawn: the hidden model lives on the capped rows
+    -- (unless the spec draws from an id space of its own: id_space, id_space_factor).
     for i, t in ipairs(base.tables) do t.rows = math.min(t.rows, rows[i]) end
     local s = synthetic.spec(base, nil, 2)
     local n = cfg.data.samples > 0 and cfg.data.samples or (samples and cfg.train.steps == 0 and samples)
               or cfg.train.steps * batch
     common.data, common.samples = { kind = "synthetic", spec = s }, n
+    -- Ids beyond a table's rows are taken modulo them by the loader, or kept raw for managed
+    -- collisions.
+    local wide = false
+    for i = 0, s.cspec.num_tables - 1 do
+      wide = wide or tonumber(s.cspec.tables[i].id_space) > tonumber(s.cspec.tables[i].rows)
+    end
+    if wide and #rows ~= 26 then
+      return nil, ("--data %s: an id space larger than the tables needs the loader's 26 tables (this "
+                   .. "model has %d)"):format(spec, #rows)
+    end
+    common.rows = wide and load_rows or nil
     d.train = common
     d.steps = cfg.train.steps > 0 and cfg.train.steps or math.ceil(n / batch) * cfg.train.epochs
     if cfg.data.eval == "" and d.eval_samples > 0 then
       d.eval = { data = common.data, samples = n + d.eval_samples, position = { epoch = 0, sample = n },
-                 batch_size = cfg.eval.batch_size, depth = 2 }
+                 batch_size = cfg.eval.batch_size, depth = 2, rows = common.rows }
       -- The ceiling from at most CEILING_SAMPLES of them: it is computed on the host.
       d.ceiling_samples = math.min(d.eval_samples, M.CEILING_SAMPLES)
       d.ceiling = function() return synthetic.hidden_auc(s, d.ceiling_samples, n) end
       d.what = ("%s: %d samples an epoch; evaluation on the %d samples after them"):format(spec, n, d.eval_samples)
     end
   else
-    common.data, common.rows = spec, rows
+    common.data, common.rows = spec, load_rows
     d.train = common
     d.steps = cfg.train.steps > 0 and cfg.train.steps or nil
   end
   if cfg.data.eval ~= "" then
     local synth = cfg.data.eval:match("^synthetic:")
-    d.eval = { data = cfg.data.eval, rows = not synth and rows or nil, batch_size = cfg.eval.batch_size,
+    d.eval = { data = cfg.data.eval, rows = not synth and load_rows or nil, batch_size = cfg.eval.batch_size,
                depth = 2, samples = synth and d.eval_samples or nil }
     d.what = ("%s; evaluation on %s"):format(spec, cfg.data.eval)
   end
@@ -192,6 +208,8 @@ local function register(ctx)
       ctx.step, ctx.first, ctx.samples, ctx.position = meta.step, meta.step + 1, meta.samples, meta.position
     end }
   hints.register(reg, tbe) -- row layout and access counters (optional in a checkpoint)
+  -- managed collisions' maps and counts
+  if model.collisions then reg:register(model.collisions:checkpoint_component("collisions")) end
   return reg
 end
 
@@ -279,6 +297,24 @@ local function run_dir(out)
       c:close()
     end,
   }
+end
+
+-- A metrics.jsonl line of managed collisions' statistics: {"event": "collisions", resident,
+-- capacity, occupancy, candidates, lookups, resident_share, fallback_share, rounds, fills,
+-- admissions, evictions, skipped, seconds, tables = {C3 = {...}, ...}} (counts since the start).
+local RECORD = { "resident", "capacity", "occupancy", "candidates", "lookups", "resident_share", "fallback_share",
+                 "rounds", "fills", "admissions", "evictions", "skipped", "seconds" }
+function M.collisions_record(mcc)
+  local s = assert(mcc:stats())
+  local function pick(t)
+    local o = {}
+    for _, k in ipairs(RECORD) do o[k] = t[k] end
+    return o
+  end
+  local rec = pick(s)
+  rec.event, rec.tables = "collisions", {}
+  for name, t in pairs(s.tables) do rec.tables[name] = pick(t) end
+  return rec
 end
 
 -- The hint policy manager of the config's managed tables (uvmrec.hints), or nil without any.
@@ -453,6 +489,13 @@ function M.run(cfg, opts)
     stop = function() return C.ur_interrupt_get() ~= 0 end,
     on_log = function(step, loss, n)
       last_loss = loss
+      if model.collisions then
+        -- the maps' statistics with the loss (reading them waits for the GPU, as the loss did)
+        local cs = M.collisions_record(model.collisions)
+        progress.note = ("collisions %.1f%% resident"):format(100 * cs.resident_share)
+        cs.step = step
+        log.line(cs)
+      end
       progress:update(step, loss, n)
       log.line { event = "train", step = step, samples = n, loss = loss, seconds = progress:elapsed(),
                  samples_per_s = progress.rate, lr = ctx.optimizer.lr }
@@ -496,6 +539,10 @@ function M.run(cfg, opts)
     say(ctx.hints:summary())
     result.hints = ctx.hints.last
     ctx.hints:free()
+  end
+  if model.collisions then
+    say(model.collisions:summary())
+    result.collisions = M.collisions_record(model.collisions)
   end
   local cache = model.embeddings.tbe.cache
   if cache then
