@@ -726,8 +726,9 @@ UR_API ur_status ur_tbe_reset_rows(ur_stream *s, ur_tbe *t, int32_t table, const
  * rows freed, in ascending row order, best first, then the free rows; the candidates are then
  * forgotten, and every count decays.  With fill on, a fill round before any batch admits the
  * best candidates into free rows while there are any (no eviction, no decay).  Scores: lfu
- * the count (lookups, decayed at every eviction round); lru the step of the last lookup;
- * distance_lfu the count / (1 + steps since the last lookup)^distance_power.  All counting is
+ * the count (lookups, decayed at every eviction round); lru the step of the last lookup, ties
+ * going to more lookups since the last eviction round; distance_lfu the count / (1 + steps
+ * since the last lookup)^distance_power.  All counting is
  * integer and the scores are computed the same way on both backends, so the CPU and the GPU
  * make the same decisions.  The id -1 is never admitted (it always reads a fallback row). */
 typedef enum ur_mc_policy {

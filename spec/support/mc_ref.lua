@@ -54,7 +54,7 @@ end
 M.exp, M.log = eexp, elog
 
 local function score(s, counts, window, last, now)
-  if s.policy == "lru" then return last end
+  if s.policy == "lru" then return last * 1048576 + math.min(window, 1048575) end
   local c = counts + window * ONE
   if s.policy == "lfu" then return c end
   local age = now > last and now - last or 0

@@ -123,10 +123,14 @@ UR_HD int64_t ur__mc_find(const ur__mc_table *t, int64_t id) {
   }
 }
 
-/* A resident's or a candidate's score (higher is better): counts fixed point, window plain. */
+/* A resident's or a candidate's score (higher is better): counts fixed point, window plain
+ * (a candidate's: its lookups).  lru: the step of the last lookup, ties going to more lookups
+ * since the last eviction round (a batch holds many more ids than rows: with the step alone,
+ * the ids seen last would tie and be chosen by id).  Exact in a double: steps < 2^32. */
 UR_HD double ur__mc_score(int32_t policy, int64_t counts, int64_t window, int64_t last,
                           int64_t now, double power) {
-  if (policy == UR_MC_LRU) return (double)last;
+  if (policy == UR_MC_LRU)
+    return (double)last * 1048576.0 + (double)(window < 1048575 ? window : 1048575);
   double c = (double)(counts + window * UR__MC_ONE);
   if (policy == UR_MC_LFU) return c;
   int64_t age = now > last ? now - last : 0;
