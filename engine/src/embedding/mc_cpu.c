@@ -102,7 +102,9 @@ static ur_status cpu_remap(void *stream, const ur__mc_batch *b) {
         b->mult[b->bag_start[f] + b->inverse[(int64_t)f * b->batch + j]]++;
   }
   remap_job j = {b};
-  ur__parallel_for((size_t)b->bags, 512, remap_range, &j);
+  /* Threads start per call: only batches whose lookups outweigh that (thousands of cache
+   * misses each) are split. */
+  ur__parallel_for((size_t)b->bags, 8192, remap_range, &j);
   return UR_STATUS_OK;
 }
 
