@@ -132,6 +132,24 @@ describe("uvmrec.data loader", function()
     assert.is_not_nil(b.groups)
     assert.is_not_nil(b.sparse:weights())
     l:close()
+    -- an id space beyond the rows: raw ids written (and said so), taken modulo rows on read
+    cmd.spit(dir .. "/wide.lua", [[return { num_dense = 2, seed = 3, tables = {
+      { name = "a", rows = 100, id_space = 100000 }, { name = "b", rows = 40 } } }]])
+    line = ("%s scripts/datagen.lua %s/wide.lua --out %s/wide --samples 500 > %s/log 2>&1"):format(
+      cmd.quote(bin), dir, dir, dir)
+    assert.equal(0, os.execute(line), cmd.slurp(dir .. "/log"))
+    assert.matches("id_space 100000,40", cmd.slurp(dir .. "/wide/layout.txt"))
+    local raw = rows_of(assert(data.open("criteo-bin:" .. dir .. "/wide", { batch_size = 500 })))
+    local rows = { 100, 40 }
+    for i = 3, 26 do rows[i] = 0 end
+    local cut = rows_of(assert(data.open("criteo-bin:" .. dir .. "/wide", { batch_size = 500, rows = rows })))
+    local past = 0
+    for i = 1, 500 do
+      local a, a_cut = raw[i].ids:match("^([%d-]+)|"), cut[i].ids:match("^([%d-]+)|")
+      if tonumber(a) >= 100 then past = past + 1 end
+      assert.equal(tonumber(a) % 100, tonumber(a_cut), "row " .. i)
+    end
+    assert.is_true(past > 400, "raw ids past the table's rows")
     cmd.rmdir(dir)
   end)
 
