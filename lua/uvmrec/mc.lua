@@ -204,7 +204,10 @@ function methods:_input(input, level)
            table.concat(self.features, ", ")), level)
     end
     values, offsets = input:values(), input:offsets()
-    if input:variable_stride() then bpf, inverse = input:stride_per_key(), input:inverse_indices() end
+    if input:variable_stride() then
+      bpf, inverse = {}, input:inverse_indices()
+      for i, per_rank in ipairs(input:stride_per_key_per_rank()) do bpf[i] = per_rank[1] end
+    end
   else
     values, offsets = input.values, input.offsets
     bpf, inverse = input.batch_per_feature, input.inverse
@@ -244,7 +247,7 @@ function methods:remap(input, opts, stream)
   if type(input.values) ~= "function" then return out end
   local lengths, weights = input:lengths(), input:weights()
   local k, kerr = require("uvmrec.kjt").new({ keys = input:keys(), values = out, lengths = lengths,
-    weights = weights, stride = input:stride(), stride_per_key = bp and input:stride_per_key() or nil,
+    weights = weights, stride = input:stride(), stride_per_key_per_rank = bp and input:stride_per_key_per_rank() or nil,
     inverse_indices = inverse, check = false }, 2)
   -- the KJT holds its own views; these handles (and a made-up out) go now
   lengths:free()

@@ -184,7 +184,7 @@ describe("uvmrec.data synthetic", function()
     assert.has_error(function() data.synthetic_spec { tables = { { rows = 5 }, { rows = 5, hot = { 3, 2 } } } } end,
       "synthetic: table 2 has ids per sample 3..2; expected 0 <= min <= max, 1 <= max <= 4096")
     assert.has_error(function() data.synthetic_spec "huge" end,
-      "synthetic: no preset 'huge'; presets are tiny, kaggle, mlperf_v1, mlperf_v1_2m, dcnv2")
+      "synthetic: no preset 'huge'; presets are tiny, kaggle, mlperf_v1, mlperf_v1_2m, dcnv2, tiny_multihot")
   end)
 
   it("has the presets' table sizes", function()
@@ -234,26 +234,56 @@ describe("uvmrec.data synthetic", function()
       "synthetic: table 1 has an id space of -2; expected 1..2^40, or 0 (its rows)")
   end)
 
-  it("moves the popularity one rank every 1/drift_rate samples: new ids at the top, old ones fade", function()
-    local function spec(rate)
-      return data.synthetic_spec { seed = 9, num_dense = 1, drift_rate = rate,
-                                   tables = { { rows = 50, zipf = 2, id_space = 60 } } }
+  it("moves the hot ids with drift: rank r of sample i is the undrifted rank r + floor(i drift)", function()
+    local function spec(drift)
+      return data.synthetic_spec { num_dense = 1, seed = 3, drift = drift,
+                                   tables = { { rows = 5000, zipf = 2.0 }, { rows = 50, zipf = 0 } } }
     end
-    local still0, still1 = ranked(spec(0), 0, 20000), ranked(spec(0), 100000, 20000)
-    assert.same({ still0[1], still0[2], still0[3] }, { still1[1], still1[2], still1[3] })
-    -- 1e-5 a sample: one rank by sample 100000, two by 200000
-    local d0, d1 = ranked(spec(1e-5), 0, 20000), ranked(spec(1e-5), 100000, 20000)
-    local d2 = ranked(spec(1e-5), 200000, 20000)
-    assert.same({ d0[1], d0[2] }, { still0[1], still0[2] }, "no drift yet")
-    assert.same({ d0[1], d0[2] }, { d1[2], d1[3] }, "each id one rank down")
-    assert.same({ d0[1], d1[1] }, { d2[3], d2[2] }, "and another")
-    assert.is_true(d1[1] ~= d0[1] and d1[1] ~= d0[2] and d2[1] ~= d1[1], "new ids took the top")
-    assert.has_error(function() data.synthetic_spec { tables = { { rows = 5, drift_rate = 2 } } } end,
-      "synthetic: table 1 has drift rate 2; expected 0..1 (ranks a sample)")
+    -- the most frequent ids of table 1 among n samples from first, most frequent first
+    local function top(sp, first, n)
+      local g = assert(data.generate(sp, first, n))
+      local ids, counts, order = g.ids:totable(), {}, {}
+      for i = 0, n - 1 do
+        local id = ids[i * 2 + 1]
+        if not counts[id] then order[#order + 1] = id end
+        counts[id] = (counts[id] or 0) + 1
+      end
+      table.sort(order, function(a, b) return counts[a] > counts[b] end)
+      return order
+    end
+    local plain = top(spec(0), 0, 10000)
+    -- drift 1e-4: samples 10000m .. 10000m + 9999 read every rank m further on
+    for m = 0, 2 do assert.equal(plain[m + 1], top(spec(1e-4), 10000 * m, 10000)[1], "window " .. m) end
+    -- before the first whole rank of drift, the samples are the undrifted ones, bit for bit
+    local a, b = assert(data.generate(spec(1e-4), 0, 9999)), assert(data.generate(spec(0), 0, 9999))
+    assert.same(b.ids:totable(), a.ids:totable())
+    assert.same(b.labels:totable(), a.labels:totable())
+    assert.has_error(function() data.synthetic_spec { drift = -1, tables = { { rows = 5 } } } end,
+      "synthetic: drift -1; expected 0 (none) to 1e6 ranks a sample")
+  end)
+
+  it("drifts over the whole id space: ids from past the rows rise, the hottest leave for the cold end", function()
+    local function spec(drift)
+      return data.synthetic_spec { num_dense = 1, seed = 4, drift = drift,
+                                   tables = { { rows = 50, zipf = 2.0, id_space = 500 } } }
+    end
+    local plain = ranked(spec(0), 0, 20000)
+    -- drift 1e-4: samples 20000 .. 29999 read every rank two further on
+    local later, count = ranked(spec(1e-4), 20000, 10000)
+    assert.same({ plain[3], plain[4] }, { later[1], later[2] })
+    -- the two hottest ids are now the two coldest of 500 ranks
+    assert.is_true((count[plain[1]] or 0) + (count[plain[2]] or 0) <= 1, "the hottest ids left the hot set")
+    local beyond = 0
+    for k = 1, 20 do if later[k] >= 50 then beyond = beyond + 1 end end
+    assert.is_true(beyond > 10, "the hot ids lie past the table's rows")
   end)
 
   h.cuda_it("gives the same samples on the GPU as on the CPU", function()
-    for _, over in ipairs { { groups = 10 }, { groups = 10, id_space_factor = 7, drift_rate = 0.003 } } do
+    local drifting = data.synthetic_spec("tiny", { drift = 0.37 })
+    local dc = assert(data.generate(drifting, 123456, 2000))
+    local dg = assert(data.generate(drifting, 123456, 2000, { placement = "device" }))
+    assert.same(dc.ids:totable(), dg.ids:totable(), "drifting ids")
+    for _, over in ipairs { { groups = 10 }, { groups = 10, id_space_factor = 7, drift = 0.003 } } do
       local spec = data.synthetic_spec("tiny", over)
       local c = assert(data.generate(spec, 777, 3000, { probs = true }))
       local g = assert(data.generate(spec, 777, 3000, { probs = true, placement = "device" }))

@@ -29,6 +29,7 @@ struct ur_kjt_ops;      /* data/kjt.h */
 struct ur_synth_ops;    /* data/synth.h */
 struct ur_metrics_ops;  /* metrics/metrics.h */
 struct ur_mc_ops;       /* embedding/mc.h */
+struct ur_comm_ops;     /* dist/comm.h */
 
 /* Streams and events are the backend's own handles (cudaStream_t, cudaEvent_t). */
 typedef struct ur_backend {
@@ -49,10 +50,12 @@ typedef struct ur_backend {
   ur_status (*copy)(void *stream, void *dst, const void *src, size_t bytes);
   /* Fills n elements of elem_bytes each (1, 2, 4 or 8) with the bit pattern in value. */
   ur_status (*fill)(void *stream, void *dst, size_t n, size_t elem_bytes, uint64_t value);
-  /* Counter-based random numbers (see philox.h): element i of the tensor, counted from
-   * first, takes philox(seed, first + i); the CPU backend gives the same numbers. */
+  /* Counter-based random numbers (see philox.h): element i, at row i / cols and column
+   * i % cols, takes philox(seed, first + row * pitch + column), so a block of columns of a
+   * wider array draws that array's numbers (pitch = cols: counters first + i); the CPU backend
+   * gives the same numbers. */
   ur_status (*rand)(void *stream, void *dst, ur_dtype dtype, size_t n, uint64_t first,
-                    ur_dist dist, double a, double b, uint64_t seed);
+                    size_t cols, uint64_t pitch, ur_dist dist, double a, double b, uint64_t seed);
   /* The same draw for scattered rows (re-initialising embedding rows): row phys[j] of dst
    * (row_elems elements of a float dtype) takes the uniform numbers on [a, b) that rand with
    * first 0 gives elements ids[j] * row_elems .. + row_elems - 1; n rows, phys and ids in
@@ -88,6 +91,12 @@ typedef struct ur_backend {
 
   /* Work enqueued on stream after this call waits for event (cudaStreamWaitEvent). */
   ur_status (*stream_wait)(void *stream, void *event);
+  /* Graph capture on stream, its end into *exec (an executable graph, updated when given and
+   * of the same shape, else replaced) launched once, replay, release.  NULL: work is eager. */
+  ur_status (*graph_begin)(void *stream);
+  ur_status (*graph_end)(void *stream, void **exec);
+  ur_status (*graph_launch)(void *exec, void *stream);
+  void (*graph_free)(void *exec);
 
   const struct ur_dense_ops *dense;
   const struct ur_tbe_ops *tbe;
@@ -96,6 +105,7 @@ typedef struct ur_backend {
   const struct ur_synth_ops *synth;
   const struct ur_metrics_ops *metrics;
   const struct ur_mc_ops *mc;
+  const struct ur_comm_ops *comm;
 } ur_backend;
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which

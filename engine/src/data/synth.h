@@ -14,8 +14,7 @@
 
 /* A table of the spec, expanded: Zipf constants, the id scatter, the column of its ids. */
 typedef struct ur__synth_tab {
-  int64_t rows, col0;             /* rows: the id space */
-  double drift;                   /* ranks the popularity moves a sample */
+  int64_t rows, col0;             /* rows: the id space (the spec's id_space, else its rows) */
   double s, hx1, hn, sv;          /* rejection-inversion Zipf (Hoermann & Derflinger) */
   uint64_t pa, pb;                /* id = (rank * pa + pb) mod rows: hot ids scattered */
   int32_t hot_min, hot_max, weighted, zipf;
@@ -28,6 +27,7 @@ typedef struct ur__synth {
   uint64_t seed;
   double dense_signal, bias;
   int64_t groups;
+  double drift;                   /* ranks the hot set advances a sample (ur_synth_spec's) */
   double dw[64];                  /* the hidden dense weights of the first 64 features */
   ur__synth_tab t[64];
 } ur__synth;
@@ -188,12 +188,10 @@ UR_HD void ur__synth_row(const ur__synth *sp, int64_t i, float *dense, float *la
         continue;
       }
       int64_t rank = ur__zipf(tb, base + (uint64_t)j, kid);
-      uint64_t pos = (uint64_t)(rank - 1);
-      if (tb->drift > 0) { /* the rank's id at this sample: shifted by the drift so far */
-        uint64_t shift = (uint64_t)floor((double)i * tb->drift) % (uint64_t)tb->rows;
-        pos = (pos + (uint64_t)tb->rows - shift) % (uint64_t)tb->rows;
-      }
-      int64_t id = (int64_t)((pos * tb->pa + tb->pb) % (uint64_t)tb->rows);
+      if (sp->drift > 0) /* a drifting hot set: rank r of sample i is rank r + floor(i drift) */
+        rank = (int64_t)(((uint64_t)(rank - 1) + (uint64_t)floor((double)i * sp->drift)) %
+                         (uint64_t)tb->rows) + 1;
+      int64_t id = (int64_t)(((uint64_t)(rank - 1) * tb->pa + tb->pb) % (uint64_t)tb->rows);
       ids[col] = id;
       double wt = 1.0;
       if (tb->weighted) {
@@ -220,6 +218,9 @@ UR_HD void ur__synth_row(const ur__synth *sp, int64_t i, float *dense, float *la
     }
   }
 }
+
+/* The spec checked and expanded (synth.c): the Zipf constants, the scatter, the columns. */
+UR__HIDDEN ur_status ur__synth_expand(const ur_synth_spec *s, ur__synth *x);
 
 /* The generator's ops table; synth.c has checked the outputs (memory the backend reads,
  * sizes).  Samples first..first + n - 1, laid out as ur__synth_row's. */

@@ -64,6 +64,7 @@ const char *ur_mc_policy_name(ur_mc_policy p) {
 }
 
 ur_status ur_mc_policy_parse(const char *s, ur_mc_policy *out) {
+  UR__ARGS(s, out);
   for (int i = 0; s && i < UR_MC_POLICY_COUNT; i++)
     if (!strcmp(s, policy_names[i])) {
       *out = (ur_mc_policy)i;
@@ -190,6 +191,7 @@ static ur_status alloc_table(ur_mc *m, int32_t t) {
 ur_status ur_mc_new(ur_mc **out, const ur_mc_config *config, int32_t num_tables,
                     const ur_mc_table_config *tables, int32_t num_features,
                     const int32_t *feature_table) {
+  UR__ARGS(out, config, tables, feature_table);
   *out = NULL;
   if (config->device < -1)
     return ur__error(UR_STATUS_INVALID, "mc: device %d; expected -1 (the CPU) or a GPU",
@@ -311,6 +313,7 @@ int32_t ur_mc_device(const ur_mc *m) { return m->cfg.device; }
 int64_t ur_mc_step(const ur_mc *m) { return m->step; }
 
 ur_status ur_mc_set_step(ur_mc *m, int64_t step) {
+  UR__ARGS(m);
   if (step < 0) return ur__error(UR_STATUS_INVALID, "mc: step %lld; expected >= 0", (long long)step);
   m->step = step;
   return UR_STATUS_OK;
@@ -428,6 +431,7 @@ static ur_status size_cand_map(ur_mc *m, ur_stream *s, int32_t t, int64_t need) 
 }
 
 ur_status ur_mc_round(ur_stream *s, ur_mc *m, int32_t table) {
+  UR__ARGS(m);
   ur_status st = check_table_index(m, table, 0, "round");
   if (st) return st;
   double t0 = now_s();
@@ -563,6 +567,7 @@ static ur_status schedule(ur_mc *m, ur_stream *s, const ur_tensor *offsets) {
 ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values, const ur_tensor *offsets,
                       const int64_t *batch_per_feature, const ur_tensor *inverse, ur_tensor *out,
                       int32_t update) {
+  UR__ARGS(m, values, offsets, out);
   double t0 = now_s();
   ur_status st = check_i64(m, values, "values");
   if (!st) st = check_i64(m, offsets, "offsets");
@@ -650,6 +655,7 @@ ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values, const ur_
 
 ur_status ur_mc_lookup(ur_mc *m, int32_t table, const int64_t *ids, int64_t n, int64_t *rows,
                        int32_t *resident) {
+  UR__ARGS(m, ids, rows);
   ur_status st = check_table_index(m, table, 0, "lookup");
   if (st) return st;
   if (n < 0) return ur__error(UR_STATUS_INVALID, "mc: lookup of %lld ids", (long long)n);
@@ -676,6 +682,7 @@ ur_status ur_mc_lookup(ur_mc *m, int32_t table, const int64_t *ids, int64_t n, i
 /* ---- statistics ---- */
 
 ur_status ur_mc_stats_get(ur_mc *m, int32_t table, ur_mc_stats *out) {
+  UR__ARGS(m, out);
   memset(out, 0, sizeof *out);
   ur_status st = check_table_index(m, table, 1, "stats");
   if (!st) st = read_info(m);
@@ -701,6 +708,7 @@ ur_status ur_mc_stats_get(ur_mc *m, int32_t table, ur_mc_stats *out) {
 }
 
 void ur_mc_reset_stats(ur_mc *m) {
+  if (!m) return;
   if (read_info(m)) return;
   for (int32_t t = 0; t < m->T; t++) {
     mc_tab *b = &m->tb[t];
@@ -725,6 +733,7 @@ static ur_status host_tensor(ur_tensor **out, ur_dtype d, int64_t n, void **p) {
 }
 
 ur_status ur_mc_state_get(ur_mc *m, int32_t table, ur_mc_state *out) {
+  UR__ARGS(m, out);
   memset(out, 0, sizeof *out);
   ur_status st = check_table_index(m, table, 0, "state_get");
   if (!st) st = read_info(m);
@@ -807,6 +816,7 @@ static ur_status to_host(const ur_tensor *x, void **out) {
 }
 
 ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
+  UR__ARGS(m, in);
   ur_status st = check_table_index(m, table, 0, "state_set");
   if (st) return st;
   int64_t cap = m->desc[table].cap;

@@ -1,6 +1,6 @@
 -- ur.data: the data path.  Criteo raw TSV (parsed by the engine on every core), .npy day
 -- files, synthetic data with a learnable signal, and the loader that turns any of them into
--- batches {dense, sparse (a KJT), labels, groups}.
+-- batches (uvmrec.data.Batch: dense, sparse a KJT, labels, groups; ur.data.Batch).
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -39,21 +39,29 @@ end
 
 -- ---- Criteo TSV ----
 
-local function rows_list(rows, level)
+-- raw: 0 is a size too (the loader keeps that table's ids raw, for managed collisions).
+local function rows_list(rows, level, raw)
   if rows == nil then return nil end
   if type(rows) == "number" then
     local r = {}
     for i = 1, 26 do r[i] = rows end
-    return r
+    rows = r
   end
   if type(rows) ~= "table" or #rows ~= 26 then
     error("criteo: rows must be 26 table sizes (one per categorical column) or one number", level + 1)
   end
+  for i, r in ipairs(rows) do
+    if type(r) ~= "number" or r < (raw and 0 or 1) or r > 2 ^ 32 or r ~= math.floor(r) then
+      error(("criteo: rows of C%d is %s; table sizes are whole numbers from 1 to 2^32%s"):format(i, tostring(r),
+        raw and ", or 0 (the table's raw ids)" or ""), level + 1)
+    end
+  end
   return rows
 end
 
--- opts: rows (26 sizes or one), pad_missing_fields, on_bad_line ("fail" or "skip"), chunk_bytes.
-local function criteo_opts(opts, level)
+-- opts: rows (26 sizes or one), pad_missing_fields, on_bad_line ("fail" or "skip"), chunk_bytes;
+-- raw: a size 0 keeps the table's ids raw (the loader's).
+local function criteo_opts(opts, level, raw)
   opts = opts or {}
   local o = ffi.new("ur_criteo_opts")
   o.pad_missing_fields = opts.pad_missing_fields and 1 or 0
@@ -63,11 +71,25 @@ local function criteo_opts(opts, level)
   end
   o.skip_bad_lines = bad == "skip" and 1 or 0
   o.chunk_bytes = opts.chunk_bytes or 0
-  local rows = rows_list(opts.rows, level + 1)
+  local rows = rows_list(opts.rows, level + 1, raw)
   for i = 1, 26 do o.rows[i - 1] = rows and rows[i] or 0 end
   return o
 end
 M.criteo_opts = criteo_opts
+
+-- A reader's error about a bad line of a TSV file, with the settings that would take the line,
+-- in the caller's words: names = {skip = "--on-bad-line skip", pad = "--pad-missing-fields"} (a
+-- command's flags) or the config's keys.  Other errors come back as they are.
+function M.bad_line_hint(err, names)
+  if type(err) ~= "string" or not err:find("criteo%-tsv: [^\n]-:%d+: ") then return err end
+  local hints = {}
+  if names.pad and err:find("fields; expected 40$") then
+    hints[#hints + 1] = names.pad .. " accepts lines of 15 to 39 fields (copies that lost their trailing tabs)"
+  end
+  if names.skip then hints[#hints + 1] = names.skip .. " skips bad lines and counts them" end
+  if #hints == 0 then return err end
+  return err .. " (" .. table.concat(hints, "; ") .. ")"
+end
 
 local function path_list(paths, level)
   if type(paths) == "string" then paths = { paths } end
@@ -203,5 +225,6 @@ local loader = require "uvmrec.data.loader"
 M.loader = loader.loader
 M.open = loader.open
 M.source = loader.source
+M.Batch = require "uvmrec.data.batch"
 
 return M

@@ -20,6 +20,7 @@ local Module = require "uvmrec.nn.Module"
 local mc = require "uvmrec.mc"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
+local kjt = require "uvmrec.kjt"
 local C = lib.C
 
 local MCC = Module:extend("ManagedCollisionCollection")
@@ -77,13 +78,16 @@ function MCC:__init(opts)
   self.table_names = self.map.table_names
 end
 
--- Rows for the input's ids: a KJT for a KJT, the same table with values replaced for a table
--- {values=, offsets=, ...}; valid until the next forward (the values are the module's buffer).
--- In training mode the rounds due run first and the batch is counted, and the rows a
--- round gave to other ids are reset in the collection.
+-- A KJT of rows for a KJT of raw ids (a batch's sparse part), valid until the next forward (its
+-- values are the module's buffer).  In training mode the rounds due run first and the batch is
+-- counted, and the rows a round gave to other ids are reset in the collection.
 function MCC:updateOutput(input)
+  if not kjt.is(input) then
+    error("ManagedCollisionCollection: forward takes a KJT (ur.KJT, a batch's sparse part), not a "
+          .. type(input), 2)
+  end
   local update = self.train ~= false
-  local values = type(input.values) == "function" and input:values() or input.values
+  local values = input:values()
   local n = values:numel()
   -- rows where the ids are (a KJT keeps one placement): device memory for a map on a GPU, the
   -- ids' own host, pinned or managed memory for one on the CPU
@@ -97,13 +101,6 @@ function MCC:updateOutput(input)
   local out = n == self._out:numel() and self._out or self._out:view(0, n)
   local rows = assert(self.map:remap(input, { update = update, out = out }, self.stream))
   if out ~= self._out then out:free() end
-  if type(input.values) ~= "function" then
-    -- a table input {values=, offsets=, ...} (the GPU feed's): the same table with rows
-    local t = self._tab or {}
-    for k in pairs(t) do t[k] = nil end
-    for k, v in pairs(input) do t[k] = v end
-    t.values, self._tab, rows = rows, t, t
-  end
   if update and self.tbe then
     for _, name in ipairs(self.table_names) do
       local p, k = self.map:reassigned_ptr(name)
