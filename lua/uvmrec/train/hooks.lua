@@ -165,9 +165,10 @@ end
 -- collisions{collisions = (ur.nn.ManagedCollisionCollection, the model's), every =}: the maps
 -- and counts as the checkpoint component "collisions" (exact resume; eval --checkpoint reads
 -- its maps); every `every` steps their statistics as a "collisions" line and, before the log
--- hook shows the step, the share of lookups on resident ids beside the loss; at the end the
--- last step's line (when it was not).  What it shows and writes to is attached once the run
--- has them (attach{progress =, line =}); self.last: the last record, self:summary() a line.
+-- hook shows the step, the maps' occupancy and the share of lookups on resident ids beside the
+-- loss; at the end the last step's line (when it was not).  What it shows and writes to is
+-- attached once the run has them (attach{progress =, line =}); self.last: the last record,
+-- self:summary() a line.
 function M.collisions(o)
   local h = { every = o.every or 10, last = nil }
   function h.attach(_, a) h.progress, h.line = a.progress, a.line end
@@ -176,7 +177,8 @@ function M.collisions(o)
     local rec = M.collisions_record(o.collisions) -- waits for the GPU, as the loss's read does
     rec.step = run.step
     h.last = rec
-    h.progress.note = ("collisions %.1f%% resident"):format(100 * rec.resident_share)
+    h.progress.note = ("collisions %.0f%% full, %.1f%% resident"):format(100 * rec.occupancy,
+                                                                           100 * rec.resident_share)
     h.line(rec)
   end
   function h.after(_, run)
