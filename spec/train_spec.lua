@@ -211,6 +211,25 @@ describe("uvmrec train checkpoints", function()
     assert.equal(rest.eval.auc, ev.eval.auc)
   end)
 
+  it("hands tables with managed collisions raw ids and takes the others' modulo their rows", function()
+    local spec = dir .. "/wide2.yaml"
+    cmd.spit(spec, "synthetic: {preset: tiny, id_space_factor: 10}\n")
+    local cfg = tiny(sets_with(SYNTH, { "data.train=synthetic:" .. spec, "embeddings.max_rows=60", "train.steps=2",
+                                        "embeddings.collisions.policy=lfu", "embeddings.tables.C16.collisions.policy=none" }))
+    local rows = train.config.table_rows(cfg)
+    local d = assert(train.data(cfg, rows))
+    assert.same({ 0, rows[16] }, { d.train.rows[15], d.train.rows[16] })
+    assert.same(d.train.rows, d.eval.rows, "the held-out samples as the training ones")
+    local l = assert(ur.data.loader(d.train))
+    local k = assert(l:next()).sparse:to_dict()
+    local raw, modulo = 0, 0
+    for _, v in ipairs(k.C15.values:totable()) do raw = math.max(raw, v) end
+    for _, v in ipairs(k.C16.values:totable()) do modulo = math.max(modulo, v) end
+    assert.is_true(raw >= rows[15], ("C15's raw ids pass its %d rows (largest %d)"):format(rows[15], raw))
+    assert.is_true(modulo < rows[16], ("C16's ids lie within its %d rows (largest %d)"):format(rows[16], modulo))
+    l:close()
+  end)
+
   it("resumes Criteo TSV files mid-window and in the second epoch at the loader's position", function()
     local sets = tsv_sets(dir)
     local whole = assert(run(sets_with(sets, { "train.checkpoint_every=7" }), { out = dir .. "/whole" }))

@@ -93,6 +93,11 @@ describe("ur.nn.ManagedCollisionCollection", function()
     ok, err = pcall(MCC, { collection = 5 })
     assert.is_false(ok)
     assert.truthy(tostring(err):find("collection must be an embedding collection", 1, true))
+    -- a batch's sparse part is a KJT: plain tables of values and offsets are refused
+    ok, err = pcall(mcc.forward, mcc, { values = ur.tensor({ 1 }, { dtype = "i64" }) })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("ManagedCollisionCollection: forward takes a KJT (ur.KJT, a batch's sparse "
+                                     .. "part), not a table", 1, true))
   end)
 
   it("saves its maps through the checkpoint registry and resumes them exactly", function()
