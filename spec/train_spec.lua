@@ -215,7 +215,8 @@ describe("uvmrec train checkpoints", function()
     local spec = dir .. "/wide2.yaml"
     cmd.spit(spec, "synthetic: {preset: tiny, id_space_factor: 10}\n")
     local cfg = tiny(sets_with(SYNTH, { "data.train=synthetic:" .. spec, "embeddings.max_rows=60", "train.steps=2",
-                                        "embeddings.collisions.policy=lfu", "embeddings.tables.C16.collisions.policy=none" }))
+                                        "embeddings.collisions.policy=lfu",
+                                        "embeddings.tables.C16.collisions.policy=none" }))
     local rows = train.config.table_rows(cfg)
     local d = assert(train.data(cfg, rows))
     assert.same({ 0, rows[16] }, { d.train.rows[15], d.train.rows[16] })
