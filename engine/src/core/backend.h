@@ -7,7 +7,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 6
+#define UR_BACKEND_ABI 7
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {
