@@ -485,14 +485,52 @@ end
 
 -- ---- tables ----
 
--- This rank's shards as parameters (fused: no gradient): "C3/r1" is rank 1's rows of C3.
+-- This rank's pieces of the logical tables: {name = the logical table, shard = its table in
+-- `collection` (a uvmrec.tbe), kind, row0, rows, col0, cols (the block of the logical table it
+-- holds), table_rows, table_dim, replica = true for data-parallel tables (every rank holds
+-- them whole)}, in the collection's table order.  Row-wise blocks past a table's end (more
+-- ranks than rows) hold no row and are left out.
+function Sharded:blocks()
+  local out, me = {}, self.rank
+  for _, name in ipairs(self.plan.order) do
+    local p = self.plan.tables[name]
+    local function add(shard, coll, row0, rows, col0, cols)
+      out[#out + 1] = { name = name, shard = shard, collection = coll, kind = p.kind, row0 = row0, rows = rows,
+                        col0 = col0, cols = cols, table_rows = p.rows, table_dim = p.dim,
+                        replica = p.kind == "data_parallel" or nil }
+    end
+    if p.kind == "table_wise" then
+      if p.shards[1].rank == me then add(name, self.tbe_a2a, 0, p.rows, 0, p.dim) end
+    elseif p.kind == "column_wise" then
+      for s, sh in ipairs(p.shards) do
+        if sh.rank == me then add(("%s/c%d"):format(name, s - 1), self.tbe_a2a, 0, p.rows, sh.col0, sh.dim) end
+      end
+    elseif p.kind == "row_wise" then
+      local sh = p.shards[me + 1]
+      if sh.rows > 0 then add(("%s/r%d"):format(name, me), self.tbe_rw, sh.row0, sh.rows, 0, p.dim) end
+    else
+      add(name, self.tbe_dp, 0, p.rows, 0, p.dim)
+    end
+  end
+  return out
+end
+
+-- The name of a block of logical table `name` as parameters() and checkpoints give it: the
+-- table's own name for the whole table, else "C3[250:500,0:16]" (rows, then columns).
+local function block_name(b)
+  if b.row0 == 0 and b.rows == b.table_rows and b.col0 == 0 and b.cols == b.table_dim then return b.name end
+  return ("%s[%d:%d,%d:%d]"):format(b.name, b.row0, b.row0 + b.rows, b.col0, b.col0 + b.cols)
+end
+
+-- This rank's shards as parameters (fused: no gradient), named as views of the logical tables:
+-- "C3" where this rank holds the whole table, "C3[250:500,0:16]" for a block of it; each has
+-- `block` (Sharded:blocks()'s entry) and `shard` (its table's name in its collection).
 function Sharded:parameters(prefix, out)
   out = out or {}
   prefix = prefix or ""
-  for _, c in ipairs(self.collections) do
-    for _, t in ipairs(c:tables()) do
-      out[#out + 1] = { name = prefix .. t.name, tensor = t.tensor, module = self, fused = true }
-    end
+  for _, b in ipairs(self:blocks()) do
+    out[#out + 1] = { name = prefix .. block_name(b), tensor = b.collection:table(b.shard), module = self,
+                      fused = true, block = b, shard = b.shard }
   end
   return out
 end
@@ -604,7 +642,7 @@ function Sharded:extra_repr()
     self.rank, self.world, #self.features, self.out_dim)
 end
 
-local M = { Sharded = Sharded }
+local M = { Sharded = Sharded, block_name = block_name }
 
 -- dist.shard(collection, plan[, comm]): a sharded collection over the job's ranks with the
 -- collection's forward and backward.  collection: an EmbeddingBagCollection (its options are
