@@ -82,7 +82,8 @@ describe("uvmrec.dist.checkpoint", function()
     assert.equal(3, #m.tables.d.blocks, "a row-wise block past the table's end holds nothing")
     assert.equal("a[26:52,0:16]", m.tables.a.blocks[2].tensor)
     -- on 2 ranks under another plan, then in one process, then on 4 ranks: the same files
-    assert.matches("loaded .*A: 4 ranks' checkpoint at step 2", job(2, { PLAN = "mixed2", IN = A, STEPS = "2", OUT = B }))
+    assert.matches("loaded .*A: 4 ranks' checkpoint at step 2",
+                   job(2, { PLAN = "mixed2", IN = A, STEPS = "2", OUT = B }))
     job(1, { PLAN = "row_wise", IN = B, STEPS = "2", OUT = C })
     assert.equal(1, assert(dck.manifest(C)).world)
     job(4, { PLAN = "mixed4", IN = C, STEPS = "2", OUT = D })

@@ -106,7 +106,8 @@ local function agree(comm, ok, err)
   for r = 1, #bad do
     if bad[r] ~= 0 then
       if r - 1 == comm.rank then return nil, err end
-      return nil, ("dist.checkpoint: rank %d failed to save its blocks (its own message is on its output)"):format(r - 1)
+      return nil, ("dist.checkpoint: rank %d failed to save its blocks (its own message is on its output)")
+        :format(r - 1)
     end
   end
   return true
