@@ -59,7 +59,8 @@ describe("VBE over ranks", function()
 
   it("sends fewer bytes over 4 ranks where bags repeat, with VBE off's outputs", function()
     if not have_mpi() then pending("no MPI here") return end
-    local out, err, code = command.sh(command.bin() .. " launch -n 4 scripts/bench/dist_vbe.lua --batch 16384 --steps 2")
+    local out, err, code = command.sh(command.bin()
+      .. " launch -n 4 scripts/bench/dist_vbe.lua --batch 16384 --steps 2")
     assert.equal(0, code, out .. err)
     assert.matches("step 1 input exchange %d+ bytes off, %d+ on %([%d.]+x%); outputs equal; tables within", out)
     for w in out:gmatch("tables within (%S+) relative") do assert.is_true(tonumber(w) < 1e-4, w) end
