@@ -12,7 +12,7 @@ local dist = require "uvmrec.dist"
 local train = require "uvmrec.train"
 
 local cmd = require("uvmrec.cli").command {
-  name = "dist_vbe", summary = "bytes of the sharded input exchange with and without VBE",
+  name = "scripts/bench/dist_vbe.lua", summary = "bytes of the sharded input exchange with and without VBE",
   { "--data SPEC", "synthetic data (Zipf ids)", default = "synthetic:tiny", key = "data" },
   { "--batch N", "the global batch", type = "whole", default = 4096, key = "batch" },
   { "--steps N", "steps", type = "whole", default = 4, key = "steps" },
