@@ -9,6 +9,7 @@ local dist = require "uvmrec.dist"
 local dck = require "uvmrec.dist.checkpoint"
 local ck = require "uvmrec.checkpoint"
 local command = require "command"
+local h = require "helpers"
 
 local function have_mpi() return dist.mpi() ~= nil and command.have("mpirun") end
 
@@ -168,6 +169,34 @@ describe("uvmrec.dist.checkpoint", function()
     sharded:free()
     again.tbe:free()
     plain.tbe:free()
+  end)
+
+  h.cuda_it("saves shards of device tables and loads them into host collections, bit for bit", function()
+    local comm = assert(dist.comm())
+    local o = opts()
+    o.device = nil -- the GPU
+    local gpu = dist.shard(o, { a = "row_wise", b = "table_wise", c = { "column_wise", ranks = { 0, 0 } },
+                                d = "data_parallel" }, comm)
+    local kjt = ur.KJT { keys = { "f", "g", "b", "c", "d" }, values = { 1, 2, 3, 4, 2 }, lengths = { 1, 1, 1, 1, 1 },
+                         stride = 1 }:to("device")
+    gpu:forward(kjt)
+    gpu:backward(kjt, ur.tensor({ 1, gpu.out_dim }, { placement = "device" }):uniform(-1, 1, 3))
+    local G = dir .. "/gpu"
+    assert(dck.save(G, gpu))
+    local host = ur.nn.EmbeddingBagCollection(opts())
+    assert(dck.load(G, host))
+    for _, t in ipairs { "a", "b", "c", "d" } do
+      assert.same(gpu:full_table(t):totable(), host:table(t):totable(), t)
+    end
+    -- and back into device shards under another plan
+    local again = dist.shard(o, "table_wise", comm)
+    assert(dck.load(G, again))
+    for _, t in ipairs { "a", "b", "c", "d" } do
+      assert.same(host:table(t):totable(), again:full_table(t):totable(), t)
+    end
+    gpu:free()
+    again:free()
+    host.tbe:free()
   end)
 
   it("names what does not fit before writing anything", function()
