@@ -80,16 +80,25 @@ local function check_counts(m, ref, what)
   end
 end
 
+-- A CPU collection counting every table after n forwards of batches of `size` (seeds seed + 1 ..
+-- seed + n), and the reference counts of what it read; after(m, ref), when given, runs after
+-- each forward.
+local function counted(n, size, seed, after)
+  local m = make("cpu", "host")
+  assert(m.tbe:set_counting(true))
+  local ref = {}
+  for s = 1, n do
+    local b = batch(m, size, seed + s)
+    m:forward(R.input(b))
+    reference(m, b, ref)
+    if after then after(m, ref) end
+  end
+  return m, ref
+end
+
 describe("uvmrec.tbe access counters", function()
   it("count one access per value that reads a row, over features sharing a table, skipping bad ids", function()
-    local m = make("cpu", "host")
-    assert(m.tbe:set_counting(true))
-    local ref = {}
-    for s = 1, 3 do
-      local b = batch(m, 64, s)
-      m:forward(R.input(b))
-      reference(m, b, ref)
-    end
+    local m, ref = counted(3, 64, 0)
     check_counts(m, ref, "after 3 forwards")
     assert.is_true(m.tbe:counting("a"))
   end)
@@ -120,18 +129,12 @@ describe("uvmrec.tbe access counters", function()
   end)
 
   it("decay as floor(count * factor), and 0 clears", function()
-    local m = make("cpu", "host")
-    assert(m.tbe:set_counting(true))
-    local ref = {}
-    for s = 1, 4 do
-      local b = batch(m, 64, 20 + s)
-      m:forward(R.input(b))
-      reference(m, b, ref)
+    local m, ref = counted(4, 64, 20, function(m, ref)
       assert(m.tbe:decay_counts(0.7))
       for _, c in pairs(ref) do
         for id, v in pairs(c) do c[id] = math.floor(v * 0.7) end
       end
-    end
+    end)
     check_counts(m, ref, "after decay")
     assert(m.tbe:decay_counts(0, "a"))
     for _, v in ipairs(counts_of(m, "a")) do assert.equal(0, v) end
@@ -139,14 +142,7 @@ describe("uvmrec.tbe access counters", function()
   end)
 
   it("rank rows: topk, coverage and histogram match a sort of the counts", function()
-    local m = make("cpu", "host")
-    assert(m.tbe:set_counting(true))
-    local ref = {}
-    for s = 1, 5 do
-      local b = batch(m, 128, 40 + s)
-      m:forward(R.input(b))
-      reference(m, b, ref)
-    end
+    local m, ref = counted(5, 128, 40)
     local rows = 2000
     local list, total = {}, 0
     for id = 0, rows - 1 do
