@@ -243,27 +243,35 @@ end
 
 local rows_of = R.rows_of
 
--- Table `name` of m read by id (through its permutation), as a flat list.
-local function logical(m, name)
-  local w = m:table(name):totable()
+-- A flat list of `per` elements a row of table `name`'s storage, read by id (through its
+-- permutation).
+local function by_id(m, name, flat, per)
   local p = m.tbe:permutation(name)
-  if not p then return w end
-  local perm, dim, out = p:totable(), m.tbe.dims[name], {}
+  if not p then return flat end
+  local perm, out = p:totable(), {}
   for id = 0, #perm - 1 do
-    for c = 1, dim do out[id * dim + c] = w[perm[id + 1] * dim + c] end
+    for c = 1, per do out[id * per + c] = flat[perm[id + 1] * per + c] end
   end
   return out
 end
 
+-- Table `name` of m read by id, and its optimizer state `which`.
+local function logical(m, name) return by_id(m, name, m:table(name):totable(), m.tbe.dims[name]) end
+
 local function logical_state(m, name, which)
   local s = m:state(name)[which]:totable()
-  local p = m.tbe:permutation(name)
-  if not p then return s end
-  local perm, per, out = p:totable(), #s / m.tbe.rows[name], {}
-  for id = 0, #perm - 1 do
-    for c = 1, per do out[id * per + c] = s[perm[id + 1] * per + c] end
+  return by_id(m, name, s, #s / m.tbe.rows[name])
+end
+
+-- Every permuted table and its state read by id: the same in a and b.
+local function same_logical(a, b)
+  for _, t in ipairs(PERM_TABLES) do
+    assert.same(logical(a, t.name), logical(b, t.name), "table " .. t.name)
+    for _, sname in ipairs(a.tbe.state_names) do
+      assert.same(logical_state(a, t.name, sname), logical_state(b, t.name, sname),
+                  "state " .. sname .. " of " .. t.name)
+    end
   end
-  return out
 end
 
 -- Steps of forward and backward on random batches: the outputs of each, then the tables.
@@ -293,13 +301,7 @@ describe("uvmrec.tbe row permutations", function()
         assert.is_true(r.rows_moved > t.rows * 0.9)
       end
       assert.same(train(plain, 6, 1), train(perm, 6, 1))
-      for _, t in ipairs(PERM_TABLES) do
-        assert.same(logical(plain, t.name), logical(perm, t.name), "table " .. t.name)
-        for _, sname in ipairs(plain.tbe.state_names) do
-          assert.same(logical_state(plain, t.name, sname), logical_state(perm, t.name, sname),
-                      "state " .. sname .. " of " .. t.name)
-        end
-      end
+      same_logical(plain, perm)
     end)
   end
 
@@ -340,13 +342,7 @@ describe("uvmrec.tbe row permutations", function()
       end
       assert(swapped.tbe:swap_rows("a", random_pairs(300, 7, 99))) -- swaps over swaps
       assert.same(train(plain, 4, 12), train(swapped, 4, 12))
-      for _, t in ipairs(PERM_TABLES) do
-        assert.same(logical(plain, t.name), logical(swapped, t.name), "table " .. t.name)
-        for _, sname in ipairs(plain.tbe.state_names) do
-          assert.same(logical_state(plain, t.name, sname), logical_state(swapped, t.name, sname),
-                      "state " .. sname .. " of " .. t.name)
-        end
-      end
+      same_logical(plain, swapped)
     end)
   end
 
