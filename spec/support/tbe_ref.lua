@@ -235,6 +235,28 @@ function M.randoms(n)
   return t
 end
 
+-- n training batches (math.randomseed(8) first) of 16 samples over `tables`, one feature a table
+-- named as it: 1 to 3 ids a bag, each id(k, t) for batch k and table t, and a random gradient of
+-- the pooled output ({sparse = KJT, grad = [16, sum of dims] f32}).
+function M.train_batches(n, tables, placement, id)
+  math.randomseed(8)
+  local keys, width = {}, 0
+  for i, t in ipairs(tables) do keys[i], width = t.name, width + t.dim end
+  local list = {}
+  for k = 1, n do
+    local values, offsets = {}, { 0 }
+    for _, t in ipairs(tables) do
+      for _ = 1, 16 do
+        for _ = 1, math.random(1, 3) do values[#values + 1] = id(k, t) end
+        offsets[#offsets + 1] = #values
+      end
+    end
+    local g = M.tensor(M.randoms(16 * width), "f32", placement):view_as(0, { 16, width })
+    list[k] = { sparse = M.kjt({ values = values, offsets = offsets }, keys, placement), grad = g }
+  end
+  return list
+end
+
 -- Asserts |a[i] - b[i]| <= rel * scale[i] + abs for every i (scale defaults to |b[i]|).
 function M.close(a, b, rel, abs, what, scale)
   assert(#a == #b, ("%s: %d values, expected %d"):format(what, #a, #b))
