@@ -7,7 +7,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 4
+#define UR_BACKEND_ABI 5
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {
@@ -24,6 +24,7 @@ typedef struct ur_core_api {
  * <backend>". */
 struct ur_dense_ops;    /* dense/dense.h */
 struct ur_tbe_ops;      /* embedding/tbe.h */
+struct ur_qtbe_ops;     /* embedding/qtbe.h */
 struct ur_cache_ops;    /* embedding/cache.h */
 struct ur_kjt_ops;      /* data/kjt.h */
 struct ur_synth_ops;    /* data/synth.h */
@@ -84,6 +85,7 @@ typedef struct ur_backend {
   const struct ur_kjt_ops *kjt;
   const struct ur_synth_ops *synth;
   const struct ur_metrics_ops *metrics;
+  const struct ur_qtbe_ops *qtbe;
 } ur_backend;
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which

@@ -11,6 +11,7 @@
 #include "data/synth.h"
 #include "dense/dense.h"
 #include "embedding/cache.h"
+#include "embedding/qtbe.h"
 #include "embedding/tbe.h"
 #include "metrics/metrics.h"
 
@@ -160,6 +161,7 @@ const ur_backend *ur__cpu(void) {
       .kjt = &ur__cpu_kjt_ops,
       .synth = &ur__cpu_synth_ops,
       .metrics = &ur__cpu_metrics_ops,
+      .qtbe = &ur__cpu_qtbe_ops,
       /* Events, hints, probes and the monitor have no CPU form: the core handles NULL. */
   };
   return &cpu;
