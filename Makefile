@@ -97,7 +97,7 @@ $(BUILD)/lib/libuvmrec_cuda.so: $(CUDA_OBJ)
 	$(NVCC) -shared --cudart static $(CUDA_ARCH) -o $@ $^ -ldl -lpthread
 
 # Host programs on the C API alone, linked statically to the engine so they run on a GPU host.
-examples: $(BUILD)/bin/uvm_migration $(BUILD)/bin/serve
+examples: $(BUILD)/bin/uvm_migration $(BUILD)/bin/serve $(BUILD)/bin/serve_bench
 $(BUILD)/bin/%: engine/examples/%.c $(BUILD)/lib/libuvmrec.a
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -Iengine/include $< $(BUILD)/lib/libuvmrec.a $(subst -ljansson,-l:libjansson.a,$(subst -lyaml,-l:libyaml.a,$(ENGINE_LIBS))) -o $@
