@@ -94,8 +94,9 @@ class ServeDLRM(torch.nn.Module):
         x = self.mlp(self.bottom, dense)
         offsets = torch.arange(B, device=dense.device)
         pooled = []
+        cols = ids.t().contiguous()  # one run of ids a feature, as the bags take them
         for f, (fmt, w, modulo, perm, pooling) in enumerate(self.tables):
-            v = ids[:, f]
+            v = cols[f]
             if modulo > 0:
                 v = v % modulo
             if perm is not None:

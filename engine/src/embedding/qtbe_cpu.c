@@ -41,9 +41,23 @@ static const uint8_t *row_of(const ur__qtbe_args *a, const ur__qtbe_table *tb, i
   return tb->rows + r * tb->row_bytes;
 }
 
+/* Rows of big tables are far apart in memory: ask for the row a few bags ahead (of the same
+ * feature, the usual case) while this one is summed. */
+#define PREFETCH_AHEAD 4
+
+static void prefetch(const ur__qtbe_args *a, const ur__qtbe_table *tb, int64_t i) {
+  if (i >= a->n) return;
+  int64_t id = a->values[i];
+  if (id < 0 || (tb->modulo == 0 && id >= tb->nrows)) return;
+  int64_t r = ur__qtbe_map(tb, id);
+  if (r < 0) return;
+  const uint8_t *p = tb->rows + r * tb->row_bytes;
+  for (int64_t o = 0; o < tb->row_bytes; o += 64) __builtin_prefetch(p + o);
+}
+
 static void pooled_range(void *ctx, size_t b0, size_t b1) {
   const ur__qtbe_args *a = ctx;
-  float acc[UR_TBE_MAX_DIM], v[4];
+  float acc[UR_TBE_MAX_DIM], v[UR_TBE_MAX_DIM];
   for (int64_t bag = (int64_t)b0; bag < (int64_t)b1; bag++) {
     int32_t f = (int32_t)(bag / a->batch);
     const ur__qtbe_feature *ft = &a->features[f];
@@ -53,12 +67,16 @@ static void pooled_range(void *ctx, size_t b0, size_t b1) {
     span(a, bag, &s, &e);
     memset(acc, 0, sizeof(float) * (size_t)dim);
     for (int64_t i = s; i < e; i++) {
+      prefetch(a, tb, i + PREFETCH_AHEAD);
       const uint8_t *row = row_of(a, tb, i);
       if (!row) continue;
-      float w = a->weights ? a->weights[i] : 1.0f;
-      for (int32_t c4 = 0; c4 < dim / 4; c4++) {
-        ur__qtbe_load4(row, tb->format, c4, v);
-        for (int k = 0; k < 4; k++) acc[4 * c4 + k] = UR_FADD(acc[4 * c4 + k], UR_FMUL(w, v[k]));
+      ur__qtbe_load_row(row, tb->format, dim, v);
+      /* w * v is v itself when w is 1: the GPU's product gives the same bits */
+      if (a->weights) {
+        float w = a->weights[i];
+        for (int32_t c = 0; c < dim; c++) acc[c] = UR_FADD(acc[c], UR_FMUL(w, v[c]));
+      } else {
+        for (int32_t c = 0; c < dim; c++) acc[c] = UR_FADD(acc[c], v[c]);
       }
     }
     if (tb->pooling == UR_POOLING_MEAN && e > s) {
@@ -72,17 +90,20 @@ static void pooled_range(void *ctx, size_t b0, size_t b1) {
 /* Pooling none: value i's row, times its weight, is output row i (zeros for a bad id). */
 static void rows_range(void *ctx, size_t b0, size_t b1) {
   const ur__qtbe_args *a = ctx;
-  float out[UR_TBE_MAX_DIM], v[4];
+  float out[UR_TBE_MAX_DIM];
   for (int64_t bag = (int64_t)b0; bag < (int64_t)b1; bag++) {
     const ur__qtbe_table *tb = &a->tables[a->features[bag / a->batch].table];
     int64_t s, e;
     span(a, bag, &s, &e);
     for (int64_t i = s; i < e; i++) {
+      prefetch(a, tb, i + PREFETCH_AHEAD);
       const uint8_t *row = row_of(a, tb, i);
-      float w = a->weights ? a->weights[i] : 1.0f;
-      for (int32_t c4 = 0; c4 < tb->dim / 4; c4++) {
-        if (row) ur__qtbe_load4(row, tb->format, c4, v);
-        for (int k = 0; k < 4; k++) out[4 * c4 + k] = row ? UR_FMUL(w, v[k]) : 0.0f;
+      if (row) {
+        ur__qtbe_load_row(row, tb->format, tb->dim, out);
+        float w = a->weights ? a->weights[i] : 1.0f;
+        for (int32_t c = 0; c < tb->dim; c++) out[c] = UR_FMUL(w, out[c]);
+      } else {
+        memset(out, 0, sizeof(float) * (size_t)tb->dim);
       }
       store(a, i * a->out_stride, out, tb->dim);
     }

@@ -97,4 +97,31 @@ UR_HD void ur__qtbe_load4(const uint8_t *row, int32_t format, int32_t c4, float 
   for (int k = 0; k < 4; k++) v[k] = UR_FADD(UR_FMUL((float)q[k], scale), bias);
 }
 
+/* A whole stored row as f32, element for element what ur__qtbe_load4 gives (the CPU decodes a
+ * row once; the GPU's lanes take 4 elements each). */
+UR_HD void ur__qtbe_load_row(const uint8_t *row, int32_t format, int32_t dim, float *out) {
+  if (format == UR_QFORMAT_F32) {
+    const float *p = (const float *)row;
+    for (int32_t c = 0; c < dim; c++) out[c] = p[c];
+    return;
+  }
+  if (format == UR_QFORMAT_F16) {
+    const uint16_t *p = (const uint16_t *)row;
+    for (int32_t c = 0; c < dim; c++) out[c] = ur__tbe_f16_f32(p[c]);
+    return;
+  }
+  const uint16_t *h = (const uint16_t *)row;
+  float scale = ur__tbe_f16_f32(h[0]), bias = ur__tbe_f16_f32(h[1]);
+  const uint8_t *codes = row + UR_QTBE_HEADER;
+  if (format == UR_QFORMAT_INT8) {
+    for (int32_t c = 0; c < dim; c++) out[c] = UR_FADD(UR_FMUL((float)codes[c], scale), bias);
+  } else if (format == UR_QFORMAT_INT4) {
+    for (int32_t c = 0; c < dim; c++)
+      out[c] = UR_FADD(UR_FMUL((float)((codes[c >> 1] >> (4 * (c & 1))) & 15u), scale), bias);
+  } else {
+    for (int32_t c = 0; c < dim; c++)
+      out[c] = UR_FADD(UR_FMUL((float)((codes[c >> 2] >> (2 * (c & 3))) & 3u), scale), bias);
+  }
+}
+
 #endif
