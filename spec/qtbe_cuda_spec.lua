@@ -83,7 +83,17 @@ describe("uvmrec.qtbe on the GPU", function()
     local cpu = assert(serve.open(dir .. "/m.safetensors", { device = "cpu" }))
     local data = assert(serve.data(cpu, nil, { batch_size = 1000 }))
     for _, placement in ipairs { "device", "managed", "host" } do
-      local gpu = assert(serve.open(dir .. "/m.safetensors", { device = 0, placement = placement }))
+      local seen = tonumber(ur.C.ur_hint_log_total())
+      local gpu = assert(serve.open(dir .. "/m.safetensors",
+                                    { device = 0, placement = placement, hot_fraction = 0.25 }))
+      if placement == "managed" then
+        -- the hot_prefix split on each of the 26 tables: its leading quarter preferred on the GPU
+        local preferred = 0
+        for _, r in ipairs(ur.hint_log(seen)) do
+          if r.advice == "preferred_location" and r.location ~= "cpu" then preferred = preferred + 1 end
+        end
+        assert.equal(26, preferred)
+      end
       local loader = assert(ur.data.loader(data))
       local batch = loader:next()
       local a, b = cpu:predict(batch):totable(), gpu:predict(batch):totable()

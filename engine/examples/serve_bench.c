@@ -6,8 +6,11 @@
  * measured window, samples/s and the p50 / p99 latency of a call in milliseconds.  The model is
  * opened once.  scripts/bench/serve.lua writes the requests and runs it.
  *
- *   serve_bench MODEL DENSE.npy IDS.npy 4096x1,1x1,1x4,... SECONDS [cpu|gpu] [device|managed|host]
+ *   serve_bench MODEL DENSE.npy IDS.npy 4096x1,1x1,... SECONDS [cpu|gpu] [device|managed|host]
+ *               [HOT_FRACTION] [HBM_BUDGET_BYTES]
  *
+ * HOT_FRACTION: of each managed table's rows, preferred on the GPU (the rest read in place);
+ * HBM_BUDGET_BYTES: the engine's HBM budget, to serve a model larger than the HBM it is given.
  * Exit status: 0 measured, 1 an engine call failed (its message on standard error), 2 usage. */
 #define _POSIX_C_SOURCE 200809L /* pthread barriers under -std=c11 */
 #include <pthread.h>
@@ -94,7 +97,7 @@ static void *run(void *p) {
 
 static int usage(void) {
   fprintf(stderr, "usage: serve_bench MODEL DENSE.npy IDS.npy BATCHxTHREADS[,...] SECONDS [cpu|gpu] "
-                  "[device|managed|host]\n");
+                  "[device|managed|host] [HOT_FRACTION] [HBM_BUDGET_BYTES]\n");
   return 2;
 }
 
@@ -109,10 +112,15 @@ int main(int argc, char **argv) {
   ur_model_options o;
   ur_model_options_init(&o);
   if (argc > 6 && !strcmp(argv[6], "cpu")) o.device = -1;
-  if (argc > 7) {
+  if (argc > 7 && argv[7][0]) {
     ur_place p;
     if (ur_place_parse(argv[7], &p)) return usage();
     o.table_place = p;
+  }
+  if (argc > 8) o.hot_fraction = strtod(argv[8], NULL);
+  if (argc > 9 && ur_hbm_budget_set(strtoull(argv[9], NULL, 10))) {
+    fprintf(stderr, "serve_bench: %s\n", ur_last_error());
+    return 1;
   }
   ur_model *m = NULL;
   ur_tensor *dense = NULL, *ids = NULL;

@@ -5,7 +5,7 @@
 --
 --   uvmrec scripts/bench/serve.lua --run RUNDIR [--formats f32,int8,int4] [--configs 4096x1,1x1,...]
 --        [--seconds S] [--requests N] [--dir DIR] [--python PY] [--no-torch] [--no-speed]
---        [--gpu [--placement device|managed|host]] [--out FILE]
+--        [--gpu [--placement device|managed|host] [--hot-fraction F] [--hbm-budget 8GiB]] [--out FILE]
 --
 -- Before any time is reported: PyTorch's probabilities of the first 4096 requests must be
 -- uvmrec's within 2e-6 (the same dequantized rows, another summation order), and every quantized
@@ -38,6 +38,9 @@ local cmd = require("uvmrec.cli").command {
   { "--no-speed", "only the accuracy table" },
   { "--gpu", "serve on the GPU (the tables where --placement says; PyTorch on cuda)" },
   { "--placement P", "where the tables live when serving", choices = { "device", "managed", "host" } },
+  { "--hot-fraction F", "managed tables: the share of each table's leading rows preferred on the GPU", type = "number",
+    default = 0.2 },
+  { "--hbm-budget BYTES", "the engine's HBM budget while serving (a model larger than the HBM it is given)" },
   { "--out FILE", "append the results as JSON lines" },
 }
 local o = cmd:parse(arg)
@@ -155,8 +158,8 @@ end
 local configs = table.concat(o.configs, ",")
 local rows = {}
 for _, f in ipairs(o.speed_formats) do
-  local text, ok = sh(("%s %s %s %s %s %g %s %s"):format(bench_bin, files[f], dense_path, ids_path, configs, o.seconds,
-                                                        o.gpu and "gpu" or "cpu", o.placement or ""))
+  local text, ok = sh(("%s %s %s %s %s %g %s '%s' %g %d"):format(bench_bin, files[f], dense_path, ids_path, configs,
+    o.seconds, o.gpu and "gpu" or "cpu", o.placement or "", o.hot_fraction, o.hbm_budget and ur.bytes(o.hbm_budget) or 0))
   if not ok then cmd:fail("serve_bench: " .. text) end
   for line in text:gmatch("[^\n]+") do
     local r = json.decode(line)
