@@ -158,8 +158,9 @@ end
 local configs = table.concat(o.configs, ",")
 local rows = {}
 for _, f in ipairs(o.speed_formats) do
+  local budget = o.hbm_budget and ur.bytes(o.hbm_budget) or 0
   local text, ok = sh(("%s %s %s %s %s %g %s '%s' %g %d"):format(bench_bin, files[f], dense_path, ids_path, configs,
-    o.seconds, o.gpu and "gpu" or "cpu", o.placement or "", o.hot_fraction, o.hbm_budget and ur.bytes(o.hbm_budget) or 0))
+    o.seconds, o.gpu and "gpu" or "cpu", o.placement or "", o.hot_fraction, budget))
   if not ok then cmd:fail("serve_bench: " .. text) end
   for line in text:gmatch("[^\n]+") do
     local r = json.decode(line)
