@@ -620,11 +620,12 @@ static ur_status ensure(const ur_model *m, ctx *c, int64_t batch, int64_t nvals,
   if (batch > c->cap) {
     int64_t cap = batch > 2 * c->cap ? batch : 2 * c->cap;
     if (!(st = new_buffer(m, &c->act, m->dt, cap * m->per_row)) &&
-        !(st = new_buffer(m, &c->f32, UR_DTYPE_F32, cap * (m->num_dense + 2) + 3 * ALIGN_ELEMS)) &&
-        !(st = (need_ids ? new_buffer(m, &c->offsets, UR_DTYPE_I64, cap * m->F + 1) : UR_STATUS_OK)))
+        !(st = new_buffer(m, &c->f32, UR_DTYPE_F32, cap * (m->num_dense + 2) + 3 * ALIGN_ELEMS)))
       c->cap = cap;
     else c->cap = 0;
   }
+  if (!st && need_ids && (!c->offsets || ur_tensor_numel(c->offsets) < c->cap * m->F + 1))
+    st = new_buffer(m, &c->offsets, UR_DTYPE_I64, c->cap * m->F + 1);
   if (!st && need_ids && nvals > c->nvals) {
     int64_t cap = nvals > 2 * c->nvals ? nvals : 2 * c->nvals;
     if (!(st = new_buffer(m, &c->values, UR_DTYPE_I64, cap)) &&
