@@ -4,6 +4,7 @@
 PREFIX    ?= /usr/local#               where `make install` puts things
 CC        ?= cc#                       C compiler for the engine
 NVCC      ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))#  empty: no CUDA backend
+MPICC     ?= mpicc#                    OpenMPI's compiler driver (make deps installs it); empty: no MPI plugin
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90#  GPU targets (Hopper code and PTX; add compute_80,code=sm_80 for Ampere)
 BUILD     ?= $(if $(filter 1,$(SAN)),build-san,build)#                    where objects and libraries go
 LUAJIT    ?= luajit#                   interpreter for specs and scripts
@@ -29,18 +30,21 @@ NVFLAGS  := -O3 -std=c++17 $(CUDA_ARCH) -DUR_CUDA_ARCHS='"$(CUDA_ARCH_NAMES)"' -
 
 # Libraries the engine links (a host program linking libuvmrec.a links these too).
 ENGINE_LIBS := -lyaml -lopenblas -ljansson -lz -ldl -lpthread -lm
-ENGINE_SRC := $(wildcard engine/src/*/*.c)
+# engine/src/dist/mpi_plugin.c is the MPI plugin, built apart (below).
+MPI_PLUGIN_SRC := engine/src/dist/mpi_plugin.c
+ENGINE_SRC := $(filter-out $(MPI_PLUGIN_SRC),$(wildcard engine/src/*/*.c))
 ENGINE_OBJ := $(ENGINE_SRC:engine/src/%.c=$(BUILD)/obj/%.o)
 CUDA_SRC   := $(wildcard kernels/*.cu)
 CUDA_OBJ   := $(patsubst %.cu,$(BUILD)/cuobj/%.o,$(CUDA_SRC))
 LIBS       := $(BUILD)/lib/libuvmrec.a $(BUILD)/lib/libuvmrec.so \
-              $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libuvmrec_cuda.so)
+              $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libuvmrec_cuda.so) \
+              $(if $(MPICC),$(BUILD)/lib/libuvmrec_mpi.so)
 HOST_BINS  := $(BUILD)/bin/uvmrec $(BUILD)/lib/libuvmrec_lua.a $(BUILD)/lib/libuvmrec_lua.so
 CDEF       := lua/uvmrec/cdef.lua
 DEPS_STAMP := $(BUILD)/.deps
 
 DEBIAN_PKGS := luajit zlib1g-dev clang libclang-rt-14-dev libluajit-5.1-dev lua-argparse lua-busted lua-check libyaml-dev libopenblas-dev \
-               libedit-dev libjansson-dev pkg-config valgrind
+               libedit-dev libjansson-dev pkg-config valgrind openmpi-bin libopenmpi-dev
 
 LUA_PATH_TREE  := $(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;
 LUA_CPATH_TREE := $(CURDIR)/$(BUILD)/lib/?.so;;
@@ -96,11 +100,27 @@ $(BUILD)/lib/libuvmrec_cuda.so: $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) -shared --cudart static $(CUDA_ARCH) -o $@ $^ -ldl -lpthread
 
+# The MPI plugin: the engine opens it at run time, so only jobs started by mpirun need MPI.
+$(BUILD)/lib/libuvmrec_mpi.so: $(MPI_PLUGIN_SRC) engine/src/dist/comm.h engine/src/core/backend.h engine/include/uvmrec.h | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS_ENGINE) -shared -o $@ $<
+
 # Host programs on the C API alone, linked statically to the engine so they run on a GPU host.
 examples: $(BUILD)/bin/uvm_migration $(BUILD)/bin/serve $(BUILD)/bin/serve_bench
 $(BUILD)/bin/%: engine/examples/%.c $(BUILD)/lib/libuvmrec.a
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -Iengine/include $< $(BUILD)/lib/libuvmrec.a $(subst -ljansson,-l:libjansson.a,$(subst -lyaml,-l:libyaml.a,$(ENGINE_LIBS))) -o $@
+
+# The C API called with NULL pointers (spec/capi_null_spec.lua): a program made from the header's
+# prototypes by spec/support/capi.lua, so a new function is called too.
+CAPI_NULLS := $(BUILD)/bin/capi_nulls
+$(BUILD)/gen/capi_nulls.c: engine/include/uvmrec.h engine/include/uvmrec_lua.h spec/support/capi.lua | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(LUAJIT) spec/support/capi.lua engine/include/uvmrec.h engine/include/uvmrec_lua.h > $@.tmp && mv $@.tmp $@
+$(CAPI_NULLS): $(BUILD)/gen/capi_nulls.c $(BUILD)/lib/libuvmrec.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O1 -g -D_GNU_SOURCE $(WARN) $(SANFLAGS) -Iengine/include $< $(BUILD)/lib/libuvmrec.a \
+	  $(ENGINE_LIBS) -o $@
 
 # The FFI declarations come from the marked blocks of the public header and of the Lua host's
 # header (its support functions), so they cannot drift.
@@ -184,7 +204,7 @@ install: all
 
 uninstall:
 	rm -f $(INST)/bin/uvmrec $(addprefix $(INST)/include/,uvmrec.h uvmrec_lua.h) \
-	  $(addprefix $(INST)/lib/,libuvmrec.a libuvmrec.so libuvmrec_cuda.so libuvmrec_lua.a libuvmrec_lua.so) \
+	  $(addprefix $(INST)/lib/,libuvmrec.a libuvmrec.so libuvmrec_cuda.so libuvmrec_mpi.so libuvmrec_lua.a libuvmrec_lua.so) \
 	  $(addprefix $(INST)/lib/pkgconfig/,uvmrec.pc uvmrec-lua.pc)
 	rm -rf $(INST)/share/lua/5.1/uvmrec $(INST)/share/uvmrec
 
@@ -199,6 +219,7 @@ dist: all
 	rm -rf dist && mkdir -p dist/bin dist/lib/lua/term dist/lib/lua/system dist/lua
 	cp $(BUILD)/bin/uvmrec dist/bin/ && strip --strip-debug dist/bin/uvmrec
 	$(if $(filter %cuda.so,$(LIBS)),cp $(filter %cuda.so,$(LIBS)) dist/lib/)
+	$(if $(filter %mpi.so,$(LIBS)),cp $(filter %mpi.so,$(LIBS)) dist/lib/)
 	cp -R lua/uvmrec dist/lua/
 	for m in $(DIST_LUA); do cp -RL /usr/share/lua/5.1/$$m dist/lua/ || exit 1; done
 	for m in $(DIST_CMODS); do cp -L $(SYSLIB)/lua/5.1/$$m dist/lib/lua/$$m || exit 1; done
@@ -207,11 +228,12 @@ dist: all
 	{ echo "uvmrec $(VERSION): a self-contained tree made by make dist ($$(git describe --always --dirty 2>/dev/null || echo no git), $$(date -u +%F))."; \
 	  echo "bin/uvmrec uses only the Lua modules and libraries in this tree, never the system's."; \
 	  echo "CUDA: $(if $(filter %cuda.so,$(LIBS)),lib/libuvmrec_cuda.so for $(CUDA_ARCH_NAMES),not built)."; \
+	  echo "MPI: $(if $(filter %mpi.so,$(LIBS)),lib/libuvmrec_mpi.so (used where OpenMPI is installed; NCCL is never shipped),not built)."; \
 	  echo "Spec suite: bin/uvmrec test; on a GPU host, only the GPU specs: bin/uvmrec test --gpu"; } > dist/DIST
 	@mib=$$(du -sm dist | cut -f1); echo "dist: $$mib MiB in dist/"; \
 	  [ $$mib -le $(DIST_MAX_MIB) ] || { echo "dist: over $(DIST_MAX_MIB) MiB"; exit 1; }
 
-test: all
+test: all $(CAPI_NULLS) fuzz-build
 	@$(RUN_ENV) $(LUAJIT) spec/run.lua $(SPEC)
 
 test-gpu: all

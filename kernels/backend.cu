@@ -303,14 +303,16 @@ static ur_status ur_cuda_fill(void *stream, void *dst, size_t n, size_t elem_byt
 }
 
 static ur_status ur_cuda_rand(void *stream, void *dst, ur_dtype dtype, size_t n, uint64_t first,
-                              ur_dist dist, double a, double b, uint64_t seed) {
+                              size_t cols, uint64_t pitch, ur_dist dist, double a, double b,
+                              uint64_t seed) {
   if ((int)dtype < 0 || dtype >= UR_DTYPE_COUNT)
     return ur__cuda_core->set_error(UR_STATUS_INVALID, "cuda: rand: dtype %d is unknown", (int)dtype);
   if (dist != UR_DIST_UNIFORM && dist != UR_DIST_NORMAL)
     return ur__cuda_core->set_error(UR_STATUS_INVALID, "cuda: rand: distribution %d is unknown",
                              (int)dist);
   if (n == 0) return UR_STATUS_OK;
-  UR_CUDA_CHECK(ur__cuda_rand((cudaStream_t)stream, dst, dtype, n, first, dist, a, b, seed),
+  UR_CUDA_CHECK(ur__cuda_rand((cudaStream_t)stream, dst, dtype, n, first, cols ? cols : 1, pitch,
+                              dist, a, b, seed),
                 "rand kernel (dtype %d, %zu elements at %p)", (int)dtype, n, dst);
   return UR_STATUS_OK;
 }
@@ -361,6 +363,50 @@ static ur_status ur_cuda_stream_wait(void *stream, void *event) {
   UR_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0),
                 "cudaStreamWaitEvent");
   return UR_STATUS_OK;
+}
+
+/* ---- graphs ---- */
+
+/* Relaxed: the calls being captured may make calls that are unsafe during a capture (a
+ * shared-memory limit raised, a device attribute read), which a global capture would refuse
+ * from any thread; what waits or allocates still breaks the capture, as it must. */
+static ur_status ur_cuda_graph_begin(void *stream) {
+  UR_CUDA_CHECK(cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeRelaxed),
+                "cudaStreamBeginCapture");
+  return UR_STATUS_OK;
+}
+
+static ur_status ur_cuda_graph_end(void *stream, void **exec) {
+  cudaStream_t s = (cudaStream_t)stream;
+  cudaGraph_t graph = NULL;
+  UR_CUDA_CHECK(cudaStreamEndCapture(s, &graph),
+                "cudaStreamEndCapture (a captured call waited, allocated or failed)");
+  cudaGraphExec_t ex = (cudaGraphExec_t)*exec;
+  cudaError_t e = cudaSuccess;
+  if (ex) {
+    /* the same kernels with new arguments update in place; a new shape needs a new graph */
+    cudaGraphExecUpdateResultInfo info;
+    if (cudaGraphExecUpdate(ex, graph, &info) != cudaSuccess) {
+      (void)cudaGetLastError();
+      cudaGraphExecDestroy(ex);
+      ex = NULL;
+    }
+  }
+  if (!ex) e = cudaGraphInstantiate(&ex, graph, 0);
+  cudaGraphDestroy(graph);
+  *exec = e == cudaSuccess ? ex : NULL;
+  UR_CUDA_CHECK(e, "cudaGraphInstantiate");
+  UR_CUDA_CHECK(cudaGraphLaunch(ex, s), "cudaGraphLaunch");
+  return UR_STATUS_OK;
+}
+
+static ur_status ur_cuda_graph_launch(void *exec, void *stream) {
+  UR_CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream), "cudaGraphLaunch");
+  return UR_STATUS_OK;
+}
+
+static void ur_cuda_graph_free(void *exec) {
+  if (exec) ur__cuda_drop(cudaGraphExecDestroy((cudaGraphExec_t)exec));
 }
 
 static ur_status ur_cuda_event_elapsed(void *start, void *end, double *ms) {
@@ -916,6 +962,10 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   b->monitor_read = ur_cuda_monitor_read;
   b->monitor_stop = ur_cuda_monitor_stop;
   b->stream_wait = ur_cuda_stream_wait;
+  b->graph_begin = ur_cuda_graph_begin;
+  b->graph_end = ur_cuda_graph_end;
+  b->graph_launch = ur_cuda_graph_launch;
+  b->graph_free = ur_cuda_graph_free;
   b->dense = &ur__cuda_dense_ops;
   b->tbe = &ur__cuda_tbe_ops;
   b->cache = &ur__cuda_cache_ops;
@@ -923,6 +973,7 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   b->synth = &ur__cuda_synth_ops;
   b->metrics = &ur__cuda_metrics_ops;
   b->qtbe = &ur__cuda_qtbe_ops;
+  b->comm = &ur__cuda_comm_ops;
   *out = b;
   return UR_STATUS_OK;
 }

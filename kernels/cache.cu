@@ -1,5 +1,5 @@
 /* cache.cu: the software cache on the GPU (the CUDA backend's cache table).  Its decisions,
- * made the way the host reference (engine/src/embedding/cache.c) makes them, and its row
+ * made the way the CPU reference (engine/src/embedding/cache_cpu.c) makes them, and its row
  * mover.
  *
  * One batch, in three calls on one stream:
@@ -68,7 +68,7 @@ __global__ void move_rows(ur__cache_io io, const int64_t *entries, int64_t n, in
   }
 }
 
-/* ---- keys, sets and counts: engine/src/cache_sets.h, as the host reference computes them ---- */
+/* ---- keys, sets and counts: engine/src/embedding/cache_sets.h, as the CPU reference computes them ---- */
 
 __device__ int32_t table_of_key(const ur__cache_dev &d, uint64_t key) {
   return ur__cache_table_of(d.kbase, d.nt, key);

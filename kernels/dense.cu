@@ -210,6 +210,7 @@ static ur_status ur_cuda_mean(void *stream, const void *x, float *out, int64_t n
 const ur_dense_ops ur__cuda_dense_ops = {
     .linear_forward = ur__cuda_linear_forward,
     .linear_backward = ur__cuda_linear_backward,
+    .join = ur__cuda_dense_join,
     .act_forward = ur__cuda_act_forward,
     .act_backward = ur__cuda_act_backward,
     .interaction_forward = ur__cuda_interaction_forward,

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/optim_plan.h"
 #include "uvmrec.h"
 
 typedef __nv_bfloat16 ur_bf16;
@@ -147,12 +148,13 @@ ur_status ur__cuda_dense_workspace(int dev, cudaStream_t stream, size_t bytes, v
 
 /* linear.cu */
 ur_status ur__cuda_linear_forward(void *stream, const void *x, const void *w, const void *b,
-                                  void *y, int64_t rows, int64_t in, int64_t out, ur_dtype dtype,
-                                  ur_act act, uint32_t flags);
+                                  void *y, uint8_t *mask, int64_t rows, int64_t in, int64_t out,
+                                  ur_dtype dtype, ur_act act, uint32_t flags);
 ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, const void *y,
-                                   const void *gy, void *gx, float *gw, float *gb, void *work,
-                                   int64_t rows, int64_t in, int64_t out, ur_dtype dtype,
-                                   ur_act act, uint32_t flags);
+                                   const void *gy, const uint8_t *x_mask, void *gx, float *gw,
+                                   float *gb, float *gb_x, void *work, int64_t rows, int64_t in,
+                                   int64_t out, ur_dtype dtype, ur_act act, uint32_t flags);
+ur_status ur__cuda_dense_join(void *stream);
 ur_status ur__cuda_act_forward(void *stream, const void *x, void *y, int64_t n, ur_dtype dtype,
                                ur_act act);
 ur_status ur__cuda_act_backward(void *stream, const void *y, const void *gy, void *gx, int64_t n,
@@ -160,12 +162,13 @@ ur_status ur__cuda_act_backward(void *stream, const void *y, const void *gy, voi
 
 /* interaction.cu */
 ur_status ur__cuda_interaction_forward(void *stream, const void *dense, const void *emb,
-                                       void *out, int64_t rows, int32_t tables, int32_t dim,
-                                       int32_t self, ur_dtype dd, ur_dtype ed, ur_dtype od);
+                                       void *out, int64_t rows, int64_t ocols, int32_t tables,
+                                       int32_t dim, int32_t self, ur_dtype dd, ur_dtype ed,
+                                       ur_dtype od, uint32_t flags);
 ur_status ur__cuda_interaction_backward(void *stream, const void *dense, const void *emb,
                                         const void *gout, void *gdense, void *gemb, int64_t rows,
-                                        int32_t tables, int32_t dim, int32_t self, ur_dtype dd,
-                                        ur_dtype ed, ur_dtype od);
+                                        int64_t ocols, int32_t tables, int32_t dim, int32_t self,
+                                        ur_dtype dd, ur_dtype ed, ur_dtype od, uint32_t flags);
 ur_status ur__cuda_copy_2d(void *stream, void *dst, size_t dpitch, const void *src,
                            size_t spitch, size_t width, size_t rows);
 
@@ -185,7 +188,7 @@ ur_status ur__cuda_bce_backward(void *stream, const void *logits, const float *t
                                 ur_reduction reduction, double scale);
 
 /* optim.cu */
-ur_status ur__cuda_optim_step(void *stream, const ur_optim_cfg *cfg, int32_t n,
+ur_status ur__cuda_optim_step(void *stream, const ur__optim_consts *k, int32_t n,
                               float *const *params, float *const *grads, float *const *s1,
                               float *const *s2, void *const *halves, const int64_t *numel);
 

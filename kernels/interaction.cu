@@ -1,13 +1,26 @@
-/* interaction.cu: DLRM's dot interaction (engine/src/dense/interaction.c) on the GPU, one fused
- * kernel each way, and the copies of feature concat and split.  A block takes one row at
- * a time: its T+1 vectors of d values go to shared memory as floats (rows padded by one word,
- * so threads reading the same element of different vectors hit different banks), then each
- * thread computes pairs (forward) or elements of the vectors' gradients (backward).  Sums are
- * in f32; inputs and outputs f32 or bf16 in any mix. */
+/* interaction.cu: DLRM's dot interaction (engine/src/dense/interaction.c) on the GPU, and the
+ * copies of feature concat and split.  Two paths each way:
+ *  - tensor cores, for bf16 inputs (bf16 products) or f32 inputs under TF32, when the T+1
+ *    vectors fit 32 and d is a multiple of 16: a warp per row at a time, its vectors in shared
+ *    memory as a 32 x d matrix X (rows past T padded with zeros, each row padded by 16 bytes so
+ *    fragment loads miss no bank).  Forward: X X^T by 16x16 MMA tiles, only the three tiles of
+ *    the lower triangle, straight into the output row (dense part, pairs, zero padding); the
+ *    32 x 32 product is never written to memory.  Backward: the symmetric matrix G of the
+ *    pairs' gradients (a diagonal pair counts twice) built in shared memory, then G X as one
+ *    product, 16 columns at a time, the results written over the columns of X they no longer
+ *    need and stored as whole rows.  f32 accumulation, sums in the tensor cores' order.
+ *  - a scalar kernel for everything else (f32 exact, dtype mixes, more than 31 tables): a block
+ *    per row, the vectors in shared memory as floats (rows padded by one word), each thread
+ *    computing pairs (forward) or elements of the vectors' gradients (backward), sums in f32.
+ * Inputs and outputs f32 or bf16; the output may be padded past d + P (zeros written, the
+ * gradient's padding ignored). */
+#include <mma.h>
+
 #include "common.cuh"
 #include "dense.cuh"
 
 #define UR_INTER_THREADS 128
+#define UR_MMA_WARPS 4 /* warps per block of the tensor-core kernels, a row each at a time */
 
 /* The pair number p's vectors (i, j): the pairs of vector i start at i(i-1)/2, or i(i+1)/2
  * with self-interaction; the float square root guesses i and integer steps make it exact. */
@@ -48,12 +61,14 @@ ur_inter_fwd_kernel(const TD *dense, const TE *emb, TO *out, int64_t rows, int T
     __syncthreads();
     TO *o = out + r * ocols;
     for (int k = threadIdx.x; k < d; k += blockDim.x) ur_st(o, k, z[k]);
-    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-      int i, j;
-      ur_pair(p, self, &i, &j);
-      const float *a = z + i * ld, *b = z + j * ld;
+    for (int p = threadIdx.x; p < ocols - d; p += blockDim.x) {
       float s = 0.0f;
-      for (int k = 0; k < d; k++) s = fmaf(a[k], b[k], s);
+      if (p < pairs) {
+        int i, j;
+        ur_pair(p, self, &i, &j);
+        const float *a = z + i * ld, *b = z + j * ld;
+        for (int k = 0; k < d; k++) s = fmaf(a[k], b[k], s);
+      }
       ur_st(o, d + p, s);
     }
     __syncthreads(); /* z is reloaded for the next row */
@@ -100,103 +115,355 @@ ur_inter_bwd_kernel(const TD *dense, const TE *emb, const TO *gout, TD *gdense, 
   }
 }
 
-/* Shared memory the kernels take per block: one row of T+1 vectors of d floats, padded, and
- * for the backward the pairs' gradients. */
+/* Shared memory the scalar kernels take per block: one row of T+1 vectors of d floats,
+ * padded, and for the backward the pairs' gradients. */
 static size_t ur_inter_smem(int tables, int dim, int backward) {
   size_t T1 = (size_t)tables + 1;
   return sizeof(float) * (T1 * ((size_t)dim + 1) + (backward ? T1 * T1 : 0));
+}
+
+/* ---- the tensor-core path ---- */
+
+namespace wmma = nvcuda::wmma;
+
+#define UR_MMA_VECS 32   /* the vectors of a row, padded: two 16-row tiles */
+#define UR_MMA_ZLD 36    /* floats per row of a warp's product scratch (32 + 4: no bank repeats) */
+#define UR_MMA_BATCH 16  /* 16-byte loads a lane has in flight before it stores them */
+
+/* What the element type E of the inputs fixes: the fragments' type, k per product, and the
+ * padding of a shared-memory row (16 bytes). */
+template <typename E> struct ur_mma_t;
+template <> struct ur_mma_t<ur_bf16> {
+  typedef ur_bf16 frag;
+  enum { K = 16, PAD = 8 };
+  __device__ static ur_bf16 of(float v) { return __float2bfloat16_rn(v); }
+};
+template <> struct ur_mma_t<float> {
+  typedef wmma::precision::tf32 frag;
+  enum { K = 8, PAD = 4 };
+  __device__ static float of(float v) { return v; }
+};
+
+/* tf32 fragments are loaded as f32 and rounded here (to nearest, ties away); bf16 ones are
+ * the inputs' bits. */
+template <typename Frag> __device__ __forceinline__ void ur_mma_round(Frag &f, float) {
+#pragma unroll
+  for (int i = 0; i < f.num_elements; i++) f.x[i] = wmma::__float_to_tf32(f.x[i]);
+}
+template <typename Frag> __device__ __forceinline__ void ur_mma_round(Frag &, ur_bf16) {}
+
+/* Bytes of a warp's shared memory: X (32 rows of d + PAD elements), G (32 rows of 32 + PAD,
+ * backward only) and an f32 scratch of 32 x UR_MMA_ZLD.  Every part is a multiple of 32
+ * bytes, so fragment pointers stay 256-bit aligned. */
+__host__ __device__ static size_t ur_mma_warp_bytes(int dim, size_t esize, int backward) {
+  size_t pad = 16 / esize;
+  size_t x = UR_MMA_VECS * ((size_t)dim + pad) * esize;
+  size_t g = backward ? UR_MMA_VECS * (UR_MMA_VECS + pad) * esize : 0;
+  return x + g + UR_MMA_VECS * UR_MMA_ZLD * sizeof(float);
+}
+
+/* Row r's T+1 vectors into X (row i at X + i * ld), 16 bytes a lane at a time, UR_MMA_BATCH
+ * loads in flight before the first store.  d is a multiple of 16 and the rows 16-byte aligned
+ * (the launcher checks). */
+template <typename E>
+__device__ __forceinline__ void ur_mma_load(E *X, int ld, const E *dr, const E *er, int T1, int d,
+                                            int lane) {
+  const int V = 16 / (int)sizeof(E), per = d / V, n = T1 * per;
+  for (int c0 = 0; c0 < n; c0 += 32 * UR_MMA_BATCH) {
+    uint4 v[UR_MMA_BATCH];
+#pragma unroll
+    for (int u = 0; u < UR_MMA_BATCH; u++) {
+      int c = c0 + u * 32 + lane;
+      if (c < n) {
+        int i = c / per, q = c - i * per;
+        const E *src = i == 0 ? dr + q * V : er + (int64_t)(i - 1) * d + q * V;
+        v[u] = __ldg(reinterpret_cast<const uint4 *>(src));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UR_MMA_BATCH; u++) {
+      int c = c0 + u * 32 + lane;
+      if (c < n) {
+        int i = c / per, q = c - i * per;
+        *reinterpret_cast<uint4 *>(X + i * ld + q * V) = v[u];
+      }
+    }
+  }
+}
+
+/* X's rows 0..T1-1 out: row 0 to dr, the others to er, 16 bytes a lane. */
+template <typename E>
+__device__ __forceinline__ void ur_mma_store(const E *X, int ld, E *dr, E *er, int T1, int d,
+                                             int lane) {
+  const int V = 16 / (int)sizeof(E), per = d / V, n = T1 * per;
+  for (int c = lane; c < n; c += 32) {
+    int i = c / per, q = c - i * per;
+    E *dst = i == 0 ? dr + q * V : er + (int64_t)(i - 1) * d + q * V;
+    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(X + i * ld + q * V);
+  }
+}
+
+/* Rows T1.. of X (and, backward, all of G) start zero and are never written again. */
+template <typename E>
+__device__ __forceinline__ void ur_mma_zero(E *p, int n, int lane) {
+  for (int e = lane; e < n; e += 32) p[e] = ur_mma_t<E>::of(0.0f);
+}
+
+template <typename E, typename TO>
+__global__ void __launch_bounds__(UR_MMA_WARPS * 32)
+ur_inter_mma_fwd_kernel(const E *dense, const E *emb, TO *out, int64_t rows, int T1, int d,
+                        int self, int64_t ocols, int pairs) {
+  typedef typename ur_mma_t<E>::frag F;
+  const int K = ur_mma_t<E>::K, ld = d + ur_mma_t<E>::PAD;
+  extern __shared__ __align__(128) unsigned char ur_mma_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  unsigned char *mine = ur_mma_smem + warp * ur_mma_warp_bytes(d, sizeof(E), 0);
+  E *X = reinterpret_cast<E *>(mine);
+  float *Z = reinterpret_cast<float *>(mine + UR_MMA_VECS * ld * sizeof(E));
+  ur_mma_zero(X + T1 * ld, (UR_MMA_VECS - T1) * ld, lane);
+  for (int64_t r = (int64_t)blockIdx.x * UR_MMA_WARPS + warp; r < rows;
+       r += (int64_t)gridDim.x * UR_MMA_WARPS) {
+    ur_mma_load(X, ld, dense + r * d, emb + r * (int64_t)(T1 - 1) * d, T1, d, lane);
+    __syncwarp();
+    /* Z = X X^T: B(k, n) = X[n][k] is X read column-major.  Tile (0, 1) is the upper
+     * triangle's and is not needed. */
+    wmma::fragment<wmma::accumulator, 16, 16, ur_mma_t<E>::K, float> z00, z10, z11;
+    wmma::fill_fragment(z00, 0.0f);
+    wmma::fill_fragment(z10, 0.0f);
+    wmma::fill_fragment(z11, 0.0f);
+    for (int k = 0; k < d; k += K) {
+      wmma::fragment<wmma::matrix_a, 16, 16, ur_mma_t<E>::K, F, wmma::row_major> a0, a1;
+      wmma::fragment<wmma::matrix_b, 16, 16, ur_mma_t<E>::K, F, wmma::col_major> b0, b1;
+      wmma::load_matrix_sync(a0, X + k, ld);
+      wmma::load_matrix_sync(a1, X + 16 * ld + k, ld);
+      wmma::load_matrix_sync(b0, X + k, ld);
+      wmma::load_matrix_sync(b1, X + 16 * ld + k, ld);
+      ur_mma_round(a0, E());
+      ur_mma_round(a1, E());
+      ur_mma_round(b0, E());
+      ur_mma_round(b1, E());
+      wmma::mma_sync(z00, a0, b0, z00);
+      wmma::mma_sync(z10, a1, b0, z10);
+      wmma::mma_sync(z11, a1, b1, z11);
+    }
+    wmma::store_matrix_sync(Z, z00, UR_MMA_ZLD, wmma::mem_row_major);
+    wmma::store_matrix_sync(Z + 16 * UR_MMA_ZLD, z10, UR_MMA_ZLD, wmma::mem_row_major);
+    wmma::store_matrix_sync(Z + 16 * UR_MMA_ZLD + 16, z11, UR_MMA_ZLD, wmma::mem_row_major);
+    __syncwarp();
+    TO *o = out + r * ocols;
+    for (int k = lane; k < d; k += 32) ur_st(o, k, ur_ld(X, k));
+    for (int p = lane; p < ocols - d; p += 32) {
+      float v = 0.0f;
+      if (p < pairs) {
+        int i, j;
+        ur_pair(p, self, &i, &j);
+        v = Z[i * UR_MMA_ZLD + j];
+      }
+      ur_st(o, d + p, v);
+    }
+    __syncwarp(); /* X and Z are the next row's */
+  }
+}
+
+/* gdense = gout's dense part + (G X)[0], gemb = (G X)[1..T], G the pairs' gradients as a
+ * symmetric matrix (diagonal: twice the pair's, with self-interaction). */
+template <typename E, typename TO>
+__global__ void __launch_bounds__(UR_MMA_WARPS * 32)
+ur_inter_mma_bwd_kernel(const E *dense, const E *emb, const TO *gout, E *gdense, E *gemb,
+                        int64_t rows, int T1, int d, int self, int64_t ocols, int pairs) {
+  typedef typename ur_mma_t<E>::frag F;
+  const int K = ur_mma_t<E>::K, ld = d + ur_mma_t<E>::PAD;
+  const int gld = UR_MMA_VECS + ur_mma_t<E>::PAD;
+  extern __shared__ __align__(128) unsigned char ur_mma_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  unsigned char *mine = ur_mma_smem + warp * ur_mma_warp_bytes(d, sizeof(E), 1);
+  E *X = reinterpret_cast<E *>(mine);
+  E *G = X + UR_MMA_VECS * ld;
+  float *S = reinterpret_cast<float *>(G + UR_MMA_VECS * gld);
+  ur_mma_zero(X + T1 * ld, (UR_MMA_VECS - T1) * ld, lane);
+  ur_mma_zero(G, UR_MMA_VECS * gld, lane);
+  for (int64_t r = (int64_t)blockIdx.x * UR_MMA_WARPS + warp; r < rows;
+       r += (int64_t)gridDim.x * UR_MMA_WARPS) {
+    ur_mma_load(X, ld, dense + r * d, emb + r * (int64_t)(T1 - 1) * d, T1, d, lane);
+    const TO *go = gout + r * ocols;
+    /* every pair's entries are written for every row; the rest of G stays zero */
+    for (int p = lane; p < pairs; p += 32) {
+      int i, j;
+      ur_pair(p, self, &i, &j);
+      float g = ur_ld(go, d + p);
+      if (i == j) {
+        G[i * gld + i] = ur_mma_t<E>::of(2.0f * g);
+      } else {
+        G[i * gld + j] = ur_mma_t<E>::of(g);
+        G[j * gld + i] = ur_mma_t<E>::of(g);
+      }
+    }
+    __syncwarp();
+    for (int n0 = 0; n0 < d; n0 += 16) {
+      wmma::fragment<wmma::accumulator, 16, 16, ur_mma_t<E>::K, float> c0, c1;
+      wmma::fill_fragment(c0, 0.0f);
+      wmma::fill_fragment(c1, 0.0f);
+#pragma unroll
+      for (int k = 0; k < UR_MMA_VECS; k += K) {
+        wmma::fragment<wmma::matrix_a, 16, 16, ur_mma_t<E>::K, F, wmma::row_major> a0, a1;
+        wmma::fragment<wmma::matrix_b, 16, 16, ur_mma_t<E>::K, F, wmma::row_major> b;
+        wmma::load_matrix_sync(a0, G + k, gld);
+        wmma::load_matrix_sync(a1, G + 16 * gld + k, gld);
+        wmma::load_matrix_sync(b, X + k * ld + n0, ld);
+        ur_mma_round(a0, E());
+        ur_mma_round(a1, E());
+        ur_mma_round(b, E());
+        wmma::mma_sync(c0, a0, b, c0);
+        wmma::mma_sync(c1, a1, b, c1);
+      }
+      wmma::store_matrix_sync(S, c0, UR_MMA_ZLD, wmma::mem_row_major);
+      wmma::store_matrix_sync(S + 16 * UR_MMA_ZLD, c1, UR_MMA_ZLD, wmma::mem_row_major);
+      __syncwarp();
+      /* columns n0.. of X are read by no later tile: the gradients go there */
+      for (int e = lane; e < T1 * 16; e += 32) {
+        int i = e >> 4, c = e & 15;
+        float v = S[i * UR_MMA_ZLD + c];
+        if (i == 0) v = ur_ld(go, n0 + c) + v;
+        X[i * ld + n0 + c] = ur_mma_t<E>::of(v);
+      }
+      __syncwarp();
+    }
+    ur_mma_store(X, ld, gdense + r * d, gemb + r * (int64_t)(T1 - 1) * d, T1, d, lane);
+    __syncwarp(); /* X is the next row's */
+  }
 }
 
 /* Calls BODY with TD, TE, TO bound to the element types of dd, ed, od. */
 #define UR_INTER_DISPATCH(dd, ed, od, ...)                                         \
   UR_DENSE_DISPATCH(dd, TD, UR_DENSE_DISPATCH(ed, TE, UR_DENSE_DISPATCH(od, TO, __VA_ARGS__)))
 
-/* Raises the kernels' dynamic shared-memory limit to bytes. */
-static cudaError_t ur_inter_prepare(size_t bytes, ur_dtype dd, ur_dtype ed, ur_dtype od) {
-  cudaError_t e = cudaSuccess;
-  UR_INTER_DISPATCH(dd, ed, od,
-    e = cudaFuncSetAttribute(ur_inter_fwd_kernel<TD, TE, TO>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(ur_inter_bwd_kernel<TD, TE, TO>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-  return e;
+/* Which path runs: the tensor cores (1) when the inputs share a dtype that has them (bf16, or
+ * f32 under TF32; a bf16 backward also needs a bf16 gout, which G keeps exactly), the vectors
+ * fit 32, d is a multiple of 16, every row is 16-byte aligned and a warp's shared memory fits;
+ * else the scalar kernels (0). */
+static int ur_inter_use_mma(const ur_dense_dev *dv, int backward, int tables, int dim,
+                            ur_dtype dd, ur_dtype ed, ur_dtype od, uint32_t flags,
+                            const void *const *ptrs, int nptrs) {
+  if (dd != ed || tables + 1 > UR_MMA_VECS || dim % 16) return 0;
+  if (dd == UR_DTYPE_F32 ? !(flags & UR_DENSE_TF32) : backward && od != UR_DTYPE_BF16) return 0;
+  for (int i = 0; i < nptrs; i++)
+    if ((uintptr_t)ptrs[i] % 16) return 0;
+  size_t need = UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), backward);
+  return need <= dv->smem_optin;
 }
 
-static unsigned ur_inter_blocks(int64_t rows, int sms) {
-  int64_t cap = (int64_t)(sms > 0 ? sms : 1) * 16;
-  return (unsigned)(rows < cap ? (rows < 1 ? 1 : rows) : cap);
+/* Blocks for a grid-stride loop over rows: at most 16 (scalar) or 8 (tensor cores) per
+ * multiprocessor, as shared memory allows several of either. */
+static unsigned ur_inter_blocks(int64_t rows, int per_block, int per_sm, int sms) {
+  int64_t want = (rows + per_block - 1) / per_block;
+  int64_t cap = (int64_t)(sms > 0 ? sms : 1) * per_sm;
+  return (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
+}
+
+/* Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KiB. */
+template <typename Kern>
+static cudaError_t ur_inter_allow(Kern k, size_t bytes) {
+  if (bytes <= 48u << 10) return cudaSuccess;
+  return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
 static cudaError_t ur_inter_fwd_launch(cudaStream_t stream, const void *dense, const void *emb,
-                                       void *out, int64_t rows, int tables, int dim, int self,
-                                       ur_dtype dd, ur_dtype ed, ur_dtype od, int sms) {
+                                       void *out, int64_t rows, int64_t ocols, int tables,
+                                       int dim, int self, ur_dtype dd, ur_dtype ed, ur_dtype od,
+                                       int mma, int sms) {
   int T1 = tables + 1, pairs = T1 * (T1 - 1) / 2 + (self ? T1 : 0);
+  cudaError_t e = cudaSuccess;
+  if (mma) {
+    size_t smem = UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), 0);
+    unsigned blocks = ur_inter_blocks(rows, UR_MMA_WARPS, 8, sms);
+    UR_DENSE_DISPATCH(dd, TI, UR_DENSE_DISPATCH(od, TO,
+      e = ur_inter_allow(ur_inter_mma_fwd_kernel<TI, TO>, smem);
+      if (e == cudaSuccess)
+        ur_inter_mma_fwd_kernel<TI, TO><<<blocks, UR_MMA_WARPS * 32, smem, stream>>>(
+            (const TI *)dense, (const TI *)emb, (TO *)out, rows, T1, dim, self, ocols, pairs)));
+    return e != cudaSuccess ? e : cudaGetLastError();
+  }
   size_t smem = ur_inter_smem(tables, dim, 0);
   UR_INTER_DISPATCH(dd, ed, od,
-    ur_inter_fwd_kernel<TD, TE, TO><<<ur_inter_blocks(rows, sms), UR_INTER_THREADS, smem, stream>>>(
-        (const TD *)dense, (const TE *)emb, (TO *)out, rows, T1, dim, self,
-        (int64_t)dim + pairs, pairs));
-  return cudaGetLastError();
+    e = ur_inter_allow(ur_inter_fwd_kernel<TD, TE, TO>, smem);
+    if (e == cudaSuccess)
+      ur_inter_fwd_kernel<TD, TE, TO><<<ur_inter_blocks(rows, 1, 16, sms), UR_INTER_THREADS, smem,
+                                        stream>>>((const TD *)dense, (const TE *)emb, (TO *)out,
+                                                  rows, T1, dim, self, ocols, pairs));
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 static cudaError_t ur_inter_bwd_launch(cudaStream_t stream, const void *dense, const void *emb,
                                        const void *gout, void *gdense, void *gemb, int64_t rows,
-                                       int tables, int dim, int self, ur_dtype dd, ur_dtype ed,
-                                       ur_dtype od, int sms) {
+                                       int64_t ocols, int tables, int dim, int self, ur_dtype dd,
+                                       ur_dtype ed, ur_dtype od, int mma, int sms) {
   int T1 = tables + 1, pairs = T1 * (T1 - 1) / 2 + (self ? T1 : 0);
+  cudaError_t e = cudaSuccess;
+  if (mma) {
+    size_t smem = UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), 1);
+    unsigned blocks = ur_inter_blocks(rows, UR_MMA_WARPS, 8, sms);
+    UR_DENSE_DISPATCH(dd, TI, UR_DENSE_DISPATCH(od, TO,
+      e = ur_inter_allow(ur_inter_mma_bwd_kernel<TI, TO>, smem);
+      if (e == cudaSuccess)
+        ur_inter_mma_bwd_kernel<TI, TO><<<blocks, UR_MMA_WARPS * 32, smem, stream>>>(
+            (const TI *)dense, (const TI *)emb, (const TO *)gout, (TI *)gdense, (TI *)gemb, rows,
+            T1, dim, self, ocols, pairs)));
+    return e != cudaSuccess ? e : cudaGetLastError();
+  }
   size_t smem = ur_inter_smem(tables, dim, 1);
   UR_INTER_DISPATCH(dd, ed, od,
-    ur_inter_bwd_kernel<TD, TE, TO><<<ur_inter_blocks(rows, sms), UR_INTER_THREADS, smem, stream>>>(
-        (const TD *)dense, (const TE *)emb, (const TO *)gout, (TD *)gdense, (TE *)gemb, rows, T1,
-        dim, self, (int64_t)dim + pairs, pairs));
-  return cudaGetLastError();
+    e = ur_inter_allow(ur_inter_bwd_kernel<TD, TE, TO>, smem);
+    if (e == cudaSuccess)
+      ur_inter_bwd_kernel<TD, TE, TO><<<ur_inter_blocks(rows, 1, 16, sms), UR_INTER_THREADS, smem,
+                                        stream>>>((const TD *)dense, (const TE *)emb,
+                                                  (const TO *)gout, (TD *)gdense, (TE *)gemb, rows,
+                                                  T1, dim, self, ocols, pairs));
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-/* The interaction kernels keep one row in shared memory: check it fits, and raise the
- * kernels' limit past the default 48 KiB when it must. */
-static ur_status ur_inter_ready(ur_dense_dev *dv, int tables, int dim, ur_dtype dd, ur_dtype ed,
-                                ur_dtype od) {
+/* The scalar kernels keep one row in a block's shared memory: check it fits. */
+static ur_status ur_inter_fits(ur_dense_dev *dv, int tables, int dim) {
   size_t need = ur_inter_smem(tables, dim, 1);
-  if (need > dv->smem_optin)
-    return ur__cuda_core->set_error(UR_STATUS_UNSUPPORTED,
-                                    "cuda: interaction of %d tables of width %d needs %zu bytes "
-                                    "of shared memory per block; this GPU has %zu",
-                                    tables, dim, need, dv->smem_optin);
-  if (need <= 48u << 10) return UR_STATUS_OK;
-  UR_CUDA_CHECK(ur_inter_prepare(need, dd, ed, od),
-                "cudaFuncSetAttribute(MaxDynamicSharedMemorySize %zu) for the interaction", need);
-  return UR_STATUS_OK;
+  if (need <= dv->smem_optin) return UR_STATUS_OK;
+  return ur__cuda_core->set_error(UR_STATUS_UNSUPPORTED,
+                                  "cuda: interaction of %d tables of width %d needs %zu bytes "
+                                  "of shared memory per block; this GPU has %zu",
+                                  tables, dim, need, dv->smem_optin);
 }
 
 ur_status ur__cuda_interaction_forward(void *stream, const void *dense, const void *emb,
-                                       void *out, int64_t rows, int32_t tables, int32_t dim,
-                                       int32_t self, ur_dtype dd, ur_dtype ed, ur_dtype od) {
+                                       void *out, int64_t rows, int64_t ocols, int32_t tables,
+                                       int32_t dim, int32_t self, ur_dtype dd, ur_dtype ed,
+                                       ur_dtype od, uint32_t flags) {
   ur_dense_dev *dv = NULL;
   int dev = 0;
   ur_status st = ur__cuda_dense_device(&dv, &dev);
-  if (!st) st = ur_inter_ready(dv, tables, dim, dd, ed, od);
   if (st) return st;
-  UR_CUDA_CHECK(ur_inter_fwd_launch((cudaStream_t)stream, dense, emb, out, rows, tables, dim,
-                                    self, dd, ed, od, dv->sms),
-                "interaction kernel (%lld rows, %d tables of %d)", (long long)rows, (int)tables,
-                (int)dim);
+  const void *ptrs[2] = {dense, emb};
+  int mma = ur_inter_use_mma(dv, 0, tables, dim, dd, ed, od, flags, ptrs, 2);
+  if (!mma && (st = ur_inter_fits(dv, tables, dim))) return st;
+  UR_CUDA_CHECK(ur_inter_fwd_launch((cudaStream_t)stream, dense, emb, out, rows, ocols, tables,
+                                    dim, self, dd, ed, od, mma, dv->sms),
+                "interaction kernel (%lld rows, %d tables of %d%s)", (long long)rows, (int)tables,
+                (int)dim, mma ? ", tensor cores" : "");
   return UR_STATUS_OK;
 }
 
 ur_status ur__cuda_interaction_backward(void *stream, const void *dense, const void *emb,
                                         const void *gout, void *gdense, void *gemb, int64_t rows,
-                                        int32_t tables, int32_t dim, int32_t self, ur_dtype dd,
-                                        ur_dtype ed, ur_dtype od) {
+                                        int64_t ocols, int32_t tables, int32_t dim, int32_t self,
+                                        ur_dtype dd, ur_dtype ed, ur_dtype od, uint32_t flags) {
   ur_dense_dev *dv = NULL;
   int dev = 0;
   ur_status st = ur__cuda_dense_device(&dv, &dev);
-  if (!st) st = ur_inter_ready(dv, tables, dim, dd, ed, od);
   if (st) return st;
+  const void *ptrs[4] = {dense, emb, gdense, gemb};
+  int mma = ur_inter_use_mma(dv, 1, tables, dim, dd, ed, od, flags, ptrs, 4);
+  if (!mma && (st = ur_inter_fits(dv, tables, dim))) return st;
   UR_CUDA_CHECK(ur_inter_bwd_launch((cudaStream_t)stream, dense, emb, gout, gdense, gemb, rows,
-                                    tables, dim, self, dd, ed, od, dv->sms),
-                "interaction gradient kernel (%lld rows, %d tables of %d)", (long long)rows,
-                (int)tables, (int)dim);
+                                    ocols, tables, dim, self, dd, ed, od, mma, dv->sms),
+                "interaction gradient kernel (%lld rows, %d tables of %d%s)", (long long)rows,
+                (int)tables, (int)dim, mma ? ", tensor cores" : "");
   return UR_STATUS_OK;
 }
 

@@ -748,6 +748,194 @@ static ur_status ur_cuda_kjt_dedup(void *stream, const int64_t *off, const int64
   return UR_STATUS_OK;
 }
 
+/* ---- from sample-major rows ---- */
+
+/* Bag b = k * n + i: its length (hot[k] without len; a bad one is flagged and left empty). */
+__global__ void ur_kjt_rows_len_kernel(const int32_t *len, int64_t n, int32_t nkeys,
+                                       const int32_t *hot, int32_t *len_out,
+                                       unsigned long long *bad) {
+  UR_KJT_LOOP(b, (int64_t)nkeys * n) {
+    int32_t k = (int32_t)(b / n);
+    int64_t i = b - (int64_t)k * n;
+    int32_t l = len ? len[i * nkeys + k] : hot[k];
+    if (l < 0 || l > hot[k]) {
+      if (bad) atomicMin(bad, (unsigned long long)b);
+      l = 0;
+    }
+    len_out[b] = l;
+  }
+}
+
+/* Offsets when every bag is full: bag (k, i) ends at n * col0[k] + (i + 1) * hot[k]. */
+__global__ void ur_kjt_rows_full_off_kernel(int64_t n, int32_t nkeys, const int64_t *col0,
+                                            const int32_t *hot, int64_t *off) {
+  UR_KJT_LOOP(b, (int64_t)nkeys * n) {
+    int32_t k = (int32_t)(b / n);
+    int64_t i = b - (int64_t)k * n;
+    off[b + 1] = n * col0[k] + (i + 1) * hot[k];
+    if (b == 0) off[0] = 0;
+  }
+}
+
+__global__ void ur_kjt_rows_copy_kernel(const int64_t *ids, const float *w, int64_t n,
+                                        int32_t nkeys, int64_t H, const int64_t *col0,
+                                        const int32_t *len, const int64_t *off, int64_t *val,
+                                        float *w_out) {
+  UR_KJT_LOOP(b, (int64_t)nkeys * n) {
+    int32_t k = (int32_t)(b / n);
+    int64_t i = b - (int64_t)k * n, o = off[b], src = i * H + col0[k];
+    for (int32_t q = 0; q < len[b]; q++) {
+      val[o + q] = ids[src + q];
+      if (w_out) w_out[o + q] = w[src + q];
+    }
+  }
+}
+
+static cudaError_t ur_kjt_from_rows_run(cudaStream_t s, const int64_t *ids, const float *w,
+                                        const int32_t *len, int64_t n, int32_t nkeys, int64_t H,
+                                        const int64_t *col0, const int32_t *hot, int32_t *len_out,
+                                        int64_t *off_out, int64_t *val_out, float *w_out,
+                                        int64_t *val0, int64_t *bad, const char **what) {
+  int64_t nb = (int64_t)nkeys * n;
+  size_t n1 = (size_t)nkeys + 1;
+  ur_kjt_scratch sc(s);
+  UR_KJT_TRY(sc.alloc(sc.up(n1 * 8) + sc.up(n1 * 4) + sc.up(8)), "scratch");
+  int64_t *d_col0 = sc.take<int64_t>(n1);
+  int32_t *d_hot = sc.take<int32_t>(n1);
+  unsigned long long *d_bad = sc.take<unsigned long long>(1);
+  /* from pageable memory: the copies are staged before they return, so the caller's arrays
+   * may go */
+  UR_KJT_TRY(cudaMemcpyAsync(d_col0, col0, (size_t)nkeys * 8, cudaMemcpyHostToDevice, s), "columns up");
+  UR_KJT_TRY(cudaMemcpyAsync(d_hot, hot, (size_t)nkeys * 4, cudaMemcpyHostToDevice, s), "widths up");
+  if (len) UR_KJT_TRY(cudaMemsetAsync(d_bad, 0xff, 8, s), "clear");
+  unsigned grid = ur_kjt_blocks(nb, UR_KJT_THREADS);
+  if (nb > 0) {
+    ur_kjt_rows_len_kernel<<<grid, UR_KJT_THREADS, 0, s>>>(len, n, nkeys, d_hot, len_out,
+                                                          len ? d_bad : nullptr);
+    UR_KJT_TRY(cudaGetLastError(), "lengths");
+  }
+  if (len) {
+    int64_t *bag0 = (int64_t *)malloc(n1 * 8), neg[2];
+    if (!bag0) {
+      *what = "host memory";
+      return cudaErrorMemoryAllocation;
+    }
+    for (size_t k = 0; k < n1; k++) bag0[k] = (int64_t)k * n;
+    cudaError_t e = ur_kjt_offsets_run(s, len_out, nb, off_out, bag0, nkeys, INT64_MAX, val0, neg,
+                                       what);
+    free(bag0);
+    if (e != cudaSuccess) return e;
+  } else {
+    if (nb > 0) {
+      ur_kjt_rows_full_off_kernel<<<grid, UR_KJT_THREADS, 0, s>>>(n, nkeys, d_col0, d_hot, off_out);
+      UR_KJT_TRY(cudaGetLastError(), "offsets");
+    } else {
+      UR_KJT_TRY(cudaMemsetAsync(off_out, 0, 8, s), "offsets");
+    }
+  }
+  if (nb > 0) {
+    ur_kjt_rows_copy_kernel<<<grid, UR_KJT_THREADS, 0, s>>>(ids, w, n, nkeys, H, d_col0, len_out,
+                                                           off_out, val_out, w_out);
+    UR_KJT_TRY(cudaGetLastError(), "copy");
+  }
+  if (!len) return cudaSuccess;
+  unsigned long long hb = ~0ull;
+  UR_KJT_TRY(cudaMemcpyAsync(&hb, d_bad, 8, cudaMemcpyDeviceToHost, s), "check down");
+  UR_KJT_TRY(cudaStreamSynchronize(s), "wait");
+  *bad = hb == ~0ull ? -1 : (int64_t)hb;
+  return cudaSuccess;
+}
+
+static ur_status ur_cuda_kjt_from_rows(void *stream, const int64_t *ids, const float *w,
+                                       const int32_t *len, int64_t n, int32_t nkeys, int64_t H,
+                                       const int64_t *col0, const int32_t *hot, int32_t *len_out,
+                                       int64_t *off_out, int64_t *val_out, float *w_out,
+                                       int64_t *val0, int64_t *bad) {
+  const char *what = "";
+  cudaError_t e = ur_kjt_from_rows_run((cudaStream_t)stream, ids, w, len, n, nkeys, H, col0, hot,
+                                       len_out, off_out, val_out, w_out, val0, bad, &what);
+  UR_CUDA_CHECK(e, "kjt %s (%s)", "from rows", what);
+  return UR_STATUS_OK;
+}
+
+/* ---- row-wise bucketing ---- */
+
+/* A thread per bag: bags are short, and each bag's counts are its own thread's. */
+__global__ void ur_kjt_bucket_count_kernel(const int64_t *off, const int64_t *val, int64_t nb,
+                                           int64_t block, int64_t rows, int32_t buckets,
+                                           int32_t *cnt, unsigned long long *bad) {
+  UR_KJT_LOOP(j, nb) {
+    for (int32_t b = 0; b < buckets; b++) cnt[(int64_t)b * nb + j] = 0;
+    for (int64_t v = off[j]; v < off[j + 1]; v++) {
+      int64_t id = val[v];
+      if (id < 0 || id >= rows) {
+        atomicMin(bad, (unsigned long long)v);
+        continue;
+      }
+      cnt[(id / block) * nb + j]++;
+    }
+  }
+}
+
+static cudaError_t ur_kjt_bucket_count_run(cudaStream_t s, const int64_t *off, const int64_t *val,
+                                           int64_t nb, int64_t block, int64_t rows,
+                                           int32_t buckets, int32_t *cnt, int64_t *bad,
+                                           const char **what) {
+  ur_kjt_scratch w(s);
+  UR_KJT_TRY(w.alloc(w.up(8)), "scratch");
+  unsigned long long *d_bad = w.take<unsigned long long>(1), h_bad = 0;
+  UR_KJT_TRY(cudaMemsetAsync(d_bad, 0xff, 8, s), "flag");
+  if (nb > 0) {
+    ur_kjt_bucket_count_kernel<<<ur_kjt_blocks(nb, UR_KJT_THREADS), UR_KJT_THREADS, 0, s>>>(
+        off, val, nb, block, rows, buckets, cnt, d_bad);
+    UR_KJT_TRY(cudaGetLastError(), "count");
+  }
+  UR_KJT_TRY(cudaMemcpyAsync(&h_bad, d_bad, 8, cudaMemcpyDeviceToHost, s), "flag down");
+  UR_KJT_TRY(cudaStreamSynchronize(s), "wait");
+  *bad = h_bad == ~0ull ? -1 : (int64_t)h_bad;
+  return cudaSuccess;
+}
+
+static ur_status ur_cuda_kjt_bucket_count(void *stream, const int64_t *off, const int64_t *val,
+                                          int64_t nb, int64_t block, int64_t rows,
+                                          int32_t buckets, int32_t *cnt, int64_t *bad) {
+  const char *what = "";
+  cudaError_t e = ur_kjt_bucket_count_run((cudaStream_t)stream, off, val, nb, block, rows, buckets,
+                                          cnt, bad, &what);
+  UR_CUDA_CHECK(e, "kjt %s (%s)", "bucket count", what);
+  return UR_STATUS_OK;
+}
+
+/* A thread per bag, each bucket in turn, so each output bag is filled in the input's order. */
+__global__ void ur_kjt_bucket_fill_kernel(const int64_t *off, const int64_t *val, const float *w,
+                                          int64_t nb, int64_t block, int32_t buckets,
+                                          const int64_t *off_out, int64_t *val_out,
+                                          float *w_out) {
+  UR_KJT_LOOP(j, nb) {
+    for (int32_t b = 0; b < buckets; b++) {
+      int64_t d = off_out[(int64_t)b * nb + j];
+      for (int64_t v = off[j]; v < off[j + 1]; v++)
+        if (val[v] / block == b) {
+          val_out[d] = val[v] - (int64_t)b * block;
+          if (w) w_out[d] = w[v];
+          d++;
+        }
+    }
+  }
+}
+
+static ur_status ur_cuda_kjt_bucket_fill(void *stream, const int64_t *off, const int64_t *val,
+                                         const float *w, int64_t nb, int64_t block,
+                                         int32_t buckets, const int64_t *off_out,
+                                         int64_t *val_out, float *w_out) {
+  if (nb > 0)
+    ur_kjt_bucket_fill_kernel<<<ur_kjt_blocks(nb, UR_KJT_THREADS), UR_KJT_THREADS, 0,
+                                (cudaStream_t)stream>>>(off, val, w, nb, block, buckets, off_out,
+                                                        val_out, w_out);
+  UR_CUDA_CHECK(cudaGetLastError(), "kjt %s (%s)", "bucket fill", "fill");
+  return UR_STATUS_OK;
+}
+
 const ur_kjt_ops ur__cuda_kjt_ops = {
     .offsets = ur_cuda_kjt_offsets,
     .validate = ur_cuda_kjt_validate,
@@ -757,4 +945,7 @@ const ur_kjt_ops ur__cuda_kjt_ops = {
     .bag_copy = ur_cuda_kjt_bag_copy,
     .expand_rows = ur_cuda_kjt_expand_rows,
     .dedup = ur_cuda_kjt_dedup,
+    .from_rows = ur_cuda_kjt_from_rows,
+    .bucket_count = ur_cuda_kjt_bucket_count,
+    .bucket_fill = ur_cuda_kjt_bucket_fill,
 };

@@ -1,11 +1,17 @@
 /* linear.cu: the Linear layer and the activations (engine/src/dense/linear.c) on the GPU.
- * Matrix products go through cuBLASLt, with the bias and ReLU fused into the epilogue; where
- * cuBLASLt offers no algorithm for a shape, cuBLAS runs the product and a kernel the epilogue.
- * Plans (descriptors and the chosen algorithm) are made once per shape and kept.  The
- * backward's ReLU mask is fused with the bias gradient, a column sum made deterministic by
- * summing fixed chunks of rows into partials and then the partials in order.  Activations
- * (ReLU, sigmoid) and their gradients from the output are grid-stride loops with math in f32,
- * as on the CPU. */
+ * Matrix products go through cuBLASLt with their elementwise work in the epilogue: forward the
+ * bias and the ReLU (RELU_AUX_BIAS also writes the ReLU mask, a bit per output); backward the
+ * input gradient masked by the layer below's ReLU mask with that layer's bias gradient
+ * (DRELU_BGRAD), and the bias gradient of an unmasked layer in its weight-gradient product
+ * (BGRADB).  Where cuBLASLt offers no algorithm for a shape and epilogue, cuBLAS runs the
+ * product and kernels here do the epilogue.  Plans (descriptors and the chosen algorithm) are
+ * made once per shape and kept.  The weight gradient may go to a side stream of the caller's
+ * (WGRAD_ASYNC), forked and joined by events.  A layer of one output (DLRM's last) skips the
+ * matrix products: a warp a row forward, and one pass backward that writes the input gradient
+ * and sums the weight and bias gradients into per-block partials, added in block order.  The
+ * ReLU mask and bias gradient kernels sum fixed chunks of rows into partials and then the
+ * partials in order, so every sum is the same on every run.  Activations (ReLU, sigmoid) and
+ * their gradients from the output are grid-stride loops with math in f32, as on the CPU. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -14,6 +20,7 @@
 
 #include "common.cuh"
 #include "dense.cuh"
+#include "dense/dense.h"
 
 #define UR_LT_WORKSPACE (32u << 20) /* cuBLASLt's workspace per stream, as NVIDIA advises */
 #define UR_PLANS 512
@@ -112,24 +119,70 @@ static cudaError_t ur_relu_bgrad_launch(cudaStream_t stream, const void *gy, con
   return cudaGetLastError();
 }
 
+/* The ReLU mask of y [rows, cols] as bits (uvmrec.h: bit j % 8 of byte j / 8 of a row of
+ * mcols bytes), a thread per byte: what the forward writes when cuBLAS ran the product. */
+template <typename T>
+__global__ void ur_mask_kernel(const T *y, uint8_t *mask, int64_t rows, int64_t cols,
+                               int64_t mcols) {
+  UR_GRID_STRIDE(i, rows * mcols) {
+    int64_t r = i / mcols, c0 = (i - r * mcols) * 8;
+    unsigned bits = 0;
+    for (int k = 0; k < 8; k++)
+      if (c0 + k < cols && ur_ld(y, r * cols + c0 + k) > 0.0f) bits |= 1u << k;
+    mask[i] = (uint8_t)bits;
+  }
+}
+
+static cudaError_t ur_mask_launch(cudaStream_t stream, const void *y, uint8_t *mask, int64_t rows,
+                                  int64_t cols, ur_dtype dtype, int sms) {
+  int64_t mcols = ur__mask_cols(cols);
+  UR_DENSE_DISPATCH(dtype, T,
+    ur_mask_kernel<T><<<ur_dense_blocks(rows * mcols, 256, sms), 256, 0, stream>>>(
+        (const T *)y, mask, rows, cols, mcols));
+  return cudaGetLastError();
+}
+
+__global__ void ur_vec_add_kernel(float *dst, const float *src, int64_t n) {
+  UR_GRID_STRIDE(i, n) dst[i] += src[i];
+}
+
+/* dst[n] += src[n]: the bias gradients an epilogue wrote, added to the accumulated ones. */
+static cudaError_t ur_vec_add(cudaStream_t stream, float *dst, const float *src, int64_t n) {
+  ur_vec_add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(dst, src, n);
+  return cudaGetLastError();
+}
+
 /* ---- matrix products ---- */
 
-/* D (m x n, column-major, ldd) = alpha op(A) op(B) + beta C, with C = D, as cuBLAS sees it. */
+/* D (m x n, column-major, ldd) = alpha op(A) op(B) + beta C, with C = D, as cuBLAS sees it, and
+ * the epilogue: its kind, the bias type when it is f32 under a bf16 D, the ReLU mask's leading
+ * dimension in bits, and the alignments cuBLASLt chooses kernels by. */
 typedef struct ur_mm_key {
   int dev, ta, tb, epi;
   int64_t m, n, k, lda, ldb, ldd;
   cudaDataType_t ab, cd;
   cublasComputeType_t compute;
-  unsigned align_a, align_b, align_d;
+  unsigned align_a, align_b, align_d, align_bias, align_aux;
+  int bias_f32;
+  int64_t aux_ld;
 } ur_mm_key;
 
 typedef struct ur_mm_plan {
   ur_mm_key key;
-  int usable;               /* 0: cuBLASLt has no algorithm: cuBLAS runs it */
+  int usable;               /* 0: cuBLASLt has no algorithm: cuBLAS runs it, kernels the epilogue */
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t a, b, d;
   cublasLtMatmulAlgo_t algo;
 } ur_mm_plan;
+
+/* One product's epilogue and its vectors. */
+typedef struct ur_mm_epi {
+  int epi;                  /* cublasLtEpilogue_t */
+  const void *bias;         /* BIAS: added (cd's type); BGRAD*: written (f32 when bias_f32) */
+  void *aux;                /* RELU_AUX: the mask written; DRELU: the mask read */
+  int64_t aux_ld;           /* bits between the mask's columns of D */
+  int bias_f32;
+} ur_mm_epi;
 
 /* Guards the plans, and each descriptor while a product uses it. */
 static pthread_mutex_t g_plan_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -150,8 +203,21 @@ static void ur_plan_destroy(ur_mm_plan *p) {
   if (p->desc) ur__cuda_blas.cublasLtMatmulDescDestroy(p->desc);
 }
 
+/* The epilogue's pointers on the shared descriptor (the heuristic reads their alignment). */
+static cublasStatus_t ur_plan_pointers(ur_mm_plan *p, const ur_mm_epi *e) {
+  const void *bias = e->bias;
+  void *aux = e->aux;
+  cublasStatus_t s = ur__cuda_blas.cublasLtMatmulDescSetAttribute(
+      p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+  if (!s && (p->key.epi & 128))
+    s = ur__cuda_blas.cublasLtMatmulDescSetAttribute(
+        p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+  return s;
+}
+
 /* Call with g_plan_lock held. */
-static ur_status ur_plan_make(ur_dense_dev *dv, const ur_mm_key *k, ur_mm_plan *p) {
+static ur_status ur_plan_make(ur_dense_dev *dv, const ur_mm_key *k, const ur_mm_epi *e,
+                              ur_mm_plan *p) {
   memset(p, 0, sizeof *p);
   p->key = *k;
   cublasOperation_t ta = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -164,6 +230,15 @@ static ur_status ur_plan_make(ur_dense_dev *dv, const ur_mm_key *k, ur_mm_plan *
   const size_t dlen[3] = {sizeof ta, sizeof tb, sizeof epi};
   for (int i = 0; i < 3 && !s; i++)
     s = ur__cuda_blas.cublasLtMatmulDescSetAttribute(dd, dwhat[i], dval[i], dlen[i]);
+  if (!s && k->bias_f32) {
+    int32_t bt = CUDA_R_32F;
+    s = ur__cuda_blas.cublasLtMatmulDescSetAttribute(dd, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                                     sizeof bt);
+  }
+  if (!s && (k->epi & 128))
+    s = ur__cuda_blas.cublasLtMatmulDescSetAttribute(dd, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                     &k->aux_ld, sizeof k->aux_ld);
+  if (!s) s = ur_plan_pointers(p, e);
   /* Layouts describe the matrices as stored: op(A) is m x k, so A is k x m when transposed. */
   uint64_t ar = k->ta ? k->k : k->m, ac = k->ta ? k->m : k->k;
   uint64_t br = k->tb ? k->n : k->k, bc = k->tb ? k->k : k->n;
@@ -185,6 +260,12 @@ static ur_status ur_plan_make(ur_dense_dev *dv, const ur_mm_key *k, ur_mm_plan *
   if (s) {
     if (pref) ur__cuda_blas.cublasLtMatmulPreferenceDestroy(pref);
     ur_plan_destroy(p);
+    /* An epilogue this cuBLASLt does not know is no error: cuBLAS and the kernels take it. */
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+      memset(p, 0, sizeof *p);
+      p->key = *k;
+      return UR_STATUS_OK;
+    }
     return ur__cuda_blas_fail(s, "cuBLASLt descriptor setup");
   }
   cublasLtMatmulHeuristicResult_t res;
@@ -198,7 +279,8 @@ static ur_status ur_plan_make(ur_dense_dev *dv, const ur_mm_key *k, ur_mm_plan *
   return UR_STATUS_OK;
 }
 
-static ur_status ur_plan_get(ur_dense_dev *dv, const ur_mm_key *k, ur_mm_plan **out) {
+static ur_status ur_plan_get(ur_dense_dev *dv, const ur_mm_key *k, const ur_mm_epi *e,
+                             ur_mm_plan **out) {
   for (int i = 0; i < g_nplans; i++)
     if (!memcmp(&g_plans[i].key, k, sizeof *k)) {
       *out = &g_plans[i];
@@ -209,7 +291,7 @@ static ur_status ur_plan_get(ur_dense_dev *dv, const ur_mm_key *k, ur_mm_plan **
     for (int i = 0; i < g_nplans; i++) ur_plan_destroy(&g_plans[i]);
     g_nplans = 0;
   }
-  ur_status st = ur_plan_make(dv, k, &g_plans[g_nplans]);
+  ur_status st = ur_plan_make(dv, k, e, &g_plans[g_nplans]);
   if (st) return st;
   *out = &g_plans[g_nplans++];
   return UR_STATUS_OK;
@@ -219,28 +301,34 @@ static cudaDataType_t ur_cuda_type(ur_dtype d) {
   return d == UR_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
-/* Runs one product (the key's); bias (m values of cd's type) and relu make the epilogue. */
+/* Runs one product (the key's) with epilogue e (NULL: none).  *plain says cuBLAS ran it without
+ * any epilogue (no cuBLASLt algorithm): the caller then does the epilogue's work itself. */
 static ur_status ur_matmul(ur_dense_dev *dv, int dev, cudaStream_t stream, ur_mm_key *k,
-                           const void *A, const void *B, void *D, const void *bias, int relu,
-                           float beta) {
+                           const void *A, const void *B, void *D, const ur_mm_epi *e, float beta,
+                           int *plain) {
+  static const ur_mm_epi none = {CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, 0};
+  if (!e) e = &none;
   k->dev = dev;
-  k->epi = bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
-                : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+  k->epi = e->epi;
   k->align_a = ur_align(A);
   k->align_b = ur_align(B);
   k->align_d = ur_align(D);
+  k->align_bias = e->bias ? ur_align(e->bias) : 0;
+  k->align_aux = e->aux ? ur_align(e->aux) : 0;
+  k->bias_f32 = e->bias_f32;
+  k->aux_ld = e->aux_ld;
+  *plain = 0;
   void *ws = NULL;
   ur_status st = ur__cuda_dense_workspace(dev, stream, UR_LT_WORKSPACE, &ws);
   if (st) return st;
   float alpha = 1.0f;
   pthread_mutex_lock(&g_plan_lock);
   ur_mm_plan *p = NULL;
-  st = ur_plan_get(dv, k, &p);
+  st = ur_plan_get(dv, k, e, &p);
   int fallback = !st && !p->usable;
   if (!st && p->usable) {
     /* The descriptor is shared by every call of this shape: set and use it under the lock. */
-    cublasStatus_t s = ur__cuda_blas.cublasLtMatmulDescSetAttribute(
-        p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    cublasStatus_t s = ur_plan_pointers(p, e);
     if (!s)
       s = ur__cuda_blas.cublasLtMatmul(dv->lt, p->desc, &alpha, A, p->a, B, p->b, &beta, D, p->d,
                                        D, p->d, &p->algo, ws, UR_LT_WORKSPACE, stream);
@@ -260,13 +348,9 @@ static ur_status ur_matmul(ur_dense_dev *dv, int dev, cudaStream_t stream, ur_mm
                                      (int)k->ldb, &beta, D, k->cd, (int)k->ldd, k->compute,
                                      CUBLAS_GEMM_DEFAULT);
     if (s) st = ur__cuda_blas_fail(s, "cublasGemmEx");
+    else *plain = 1;
   }
   pthread_mutex_unlock(&g_plan_lock);
-  if (!st && fallback && (bias || relu))
-    UR_CUDA_CHECK(ur_bias_act_launch(stream, D, bias, k->n, k->m,
-                                     k->cd == CUDA_R_16BF ? UR_DTYPE_BF16 : UR_DTYPE_F32,
-                                     relu ? UR_ACT_RELU : UR_ACT_NONE),
-                  "bias/activation kernel (%lld x %lld)", (long long)k->n, (long long)k->m);
   return st;
 }
 
@@ -275,20 +359,251 @@ static cublasComputeType_t ur_compute(ur_dtype d, uint32_t flags) {
                                                       : CUBLAS_COMPUTE_32F;
 }
 
+/* ---- side streams for the weight gradients ---- */
+
+#define UR_SIDES 64
+
+/* Per caller's stream: the side stream its weight gradients go to, the event that forks them
+ * (recorded on the caller's stream) and the one that joins them (recorded on the side). */
+typedef struct ur_side {
+  int dev;
+  cudaStream_t main, side;
+  cudaEvent_t fork, done;
+  int pending;
+} ur_side;
+
+static pthread_mutex_t g_side_lock = PTHREAD_MUTEX_INITIALIZER;
+static ur_side g_sides[UR_SIDES];
+static int g_nsides;
+
+/* The side of (dev, stream), made on first use; NULL when the table is full (the caller then
+ * stays on its own stream).  Call with g_side_lock held. */
+static ur_status ur_side_of(int dev, cudaStream_t stream, ur_side **out) {
+  *out = NULL;
+  for (int i = 0; i < g_nsides; i++)
+    if (g_sides[i].dev == dev && g_sides[i].main == stream) {
+      *out = &g_sides[i];
+      return UR_STATUS_OK;
+    }
+  if (g_nsides == UR_SIDES) return UR_STATUS_OK;
+  ur_side *sd = &g_sides[g_nsides];
+  memset(sd, 0, sizeof *sd);
+  sd->dev = dev;
+  sd->main = stream;
+  cudaError_t e = cudaStreamCreateWithFlags(&sd->side, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&sd->fork, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&sd->done, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    if (sd->fork) cudaEventDestroy(sd->fork);
+    if (sd->side) cudaStreamDestroy(sd->side);
+    return ur__cuda_fail(e, "a side stream for weight gradients");
+  }
+  g_nsides++;
+  *out = sd;
+  return UR_STATUS_OK;
+}
+
+/* The stream the weight gradient of a backward on `stream` runs on, forked from `stream` at this
+ * point (its inputs are ready there), or `stream` itself without WGRAD_ASYNC. */
+static ur_status ur_wgrad_stream(int dev, cudaStream_t stream, uint32_t flags, cudaStream_t *out,
+                                 ur_side **sd) {
+  *out = stream;
+  *sd = NULL;
+  if (!(flags & UR_DENSE_WGRAD_ASYNC)) return UR_STATUS_OK;
+  pthread_mutex_lock(&g_side_lock);
+  ur_status st = ur_side_of(dev, stream, sd);
+  cudaError_t e = cudaSuccess;
+  if (!st && *sd) {
+    e = cudaEventRecord((*sd)->fork, stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent((*sd)->side, (*sd)->fork, 0);
+    if (e == cudaSuccess) *out = (*sd)->side;
+  }
+  pthread_mutex_unlock(&g_side_lock);
+  if (e != cudaSuccess) st = ur__cuda_fail(e, "forking the weight gradient's stream");
+  return st;
+}
+
+/* After the side's work: marks it for the next join. */
+static ur_status ur_wgrad_done(ur_side *sd) {
+  if (!sd) return UR_STATUS_OK;
+  pthread_mutex_lock(&g_side_lock);
+  cudaError_t e = cudaEventRecord(sd->done, sd->side);
+  if (e == cudaSuccess) sd->pending = 1;
+  pthread_mutex_unlock(&g_side_lock);
+  if (e != cudaSuccess) return ur__cuda_fail(e, "recording the weight gradient's event");
+  return UR_STATUS_OK;
+}
+
+ur_status ur__cuda_dense_join(void *stream) {
+  int dev = 0;
+  UR_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
+  cudaStream_t s = (cudaStream_t)stream;
+  cudaError_t e = cudaSuccess;
+  pthread_mutex_lock(&g_side_lock);
+  for (int i = 0; i < g_nsides && e == cudaSuccess; i++) {
+    ur_side *sd = &g_sides[i];
+    if (sd->dev != dev || sd->main != s || !sd->pending) continue;
+    e = cudaStreamWaitEvent(s, sd->done, 0);
+    if (e == cudaSuccess) sd->pending = 0;
+  }
+  pthread_mutex_unlock(&g_side_lock);
+  UR_CUDA_CHECK(e, "joining the weight gradients' side stream");
+  return UR_STATUS_OK;
+}
+
+/* ---- a layer of one output ---- */
+
+#define UR_GEMV_THREADS 256
+
+/* y[r] = act(x[r] . w + b), a warp a row (lanes over the columns, then a fixed shuffle tree),
+ * and, with a mask, its row of mcols bytes (bit 0 of byte 0: y > 0, the rest zero). */
+template <typename T>
+__global__ void ur_gemv_fwd_kernel(const T *x, const T *w, const T *b, T *y, uint8_t *mask,
+                                   int64_t rows, int64_t in, int act) {
+  int lane = threadIdx.x & 31;
+  int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
+       r += warps) {
+    const T *xr = x + r * in;
+    float s = 0.0f;
+    for (int64_t k = lane; k < in; k += 32) s = fmaf(ur_ld(xr, k), ur_ld(w, k), s);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (b) s += ur_ld(b, 0);
+    if (act == UR_ACT_RELU) s = s > 0.0f ? s : 0.0f;
+    if (lane == 0) ur_st(y, r, s);
+    if (mask && lane < 16) {
+      float stored = lane == 0 ? ur_ld(y, r) : 0.0f;
+      mask[r * 16 + lane] = (uint8_t)(lane == 0 && stored > 0.0f);
+    }
+  }
+}
+
+/* The backward of a layer of one output over a chunk of rows per block: g = gy (masked by y > 0
+ * under relu), gx = g w (masked by x > 0 when the layer below's mask is asked for: x is that
+ * layer's ReLU output, which says the same), and the block's sums of g x (gw), of gx as stored
+ * (gb_x) and of g (gb) into partials, each thread owning columns, summing its rows in order. */
+template <typename T>
+__global__ void __launch_bounds__(UR_GEMV_THREADS)
+ur_gemv_bwd_kernel(const T *x, const T *w, const T *y, const T *gy, T *gx, T *work,
+                   float *part_gw, float *part_gbx, float *part_gb, int64_t rows, int64_t in,
+                   int64_t per, int relu, int mask_x, int acc) {
+  int64_t r0 = (int64_t)blockIdx.x * per, r1 = r0 + per < rows ? r0 + per : rows;
+  for (int64_t c = threadIdx.x; c < in; c += blockDim.x) {
+    float wc = ur_ld(w, c), sgw = 0.0f, sgbx = 0.0f;
+    for (int64_t r = r0; r < r1; r++) {
+      float g = ur_ld(gy, r);
+      if (relu && !(ur_ld(y, r) > 0.0f)) g = 0.0f;
+      float xv = ur_ld(x, r * in + c);
+      if (gx) {
+        float v = (mask_x && !(xv > 0.0f)) ? 0.0f : g * wc;
+        if (acc) v += ur_ld(gx, r * in + c);
+        ur_st(gx, r * in + c, v);
+        if (part_gbx) sgbx += ur_ld(gx, r * in + c);
+      }
+      if (part_gw) sgw = fmaf(g, xv, sgw);
+    }
+    if (part_gw) part_gw[(int64_t)blockIdx.x * in + c] = sgw;
+    if (part_gbx) part_gbx[(int64_t)blockIdx.x * in + c] = sgbx;
+  }
+  if ((part_gb || work) && threadIdx.x == 0) {
+    /* the masked gradient itself (work, as the other kernels leave it) and its sum */
+    float s = 0.0f;
+    for (int64_t r = r0; r < r1; r++) {
+      T g = gy[r];
+      if (relu && !(ur_ld(y, r) > 0.0f)) g = T(0.0f);
+      if (work) work[r] = g;
+      s += (float)g;
+    }
+    if (part_gb) part_gb[blockIdx.x] = s;
+  }
+}
+
+/* Adds the blocks' partials in block order: gw[c] += sum part_gw[.][c], likewise gb_x, and
+ * gb[0] += sum part_gb. */
+__global__ void ur_gemv_sum_kernel(const float *part_gw, const float *part_gbx,
+                                   const float *part_gb, float *gw, float *gbx, float *gb,
+                                   int64_t blocks, int64_t in) {
+  int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c < in) {
+    float s = 0.0f, t = 0.0f;
+    for (int64_t k = 0; k < blocks; k++) {
+      if (part_gw) s += part_gw[k * in + c];
+      if (part_gbx) t += part_gbx[k * in + c];
+    }
+    if (gw) gw[c] += s;
+    if (gbx) gbx[c] += t;
+  }
+  if (c == 0 && gb) {
+    float s = 0.0f;
+    for (int64_t k = 0; k < blocks; k++) s += part_gb[k];
+    gb[0] += s;
+  }
+}
+
+/* Blocks of the one-output backward: enough to fill the GPU, each over at least 32 rows. */
+static int64_t ur_gemv_blocks(int64_t rows, int sms) {
+  int64_t want = (rows + 31) / 32, cap = (int64_t)(sms > 0 ? sms : 1) * 4;
+  return want < 1 ? 1 : want < cap ? want : cap;
+}
+
+static ur_status ur_gemv_backward(ur_dense_dev *dv, int dev, cudaStream_t s, const void *x,
+                                  const void *w, const void *y, const void *gy, void *gx,
+                                  void *work, float *gw, float *gb, float *gb_x, int64_t rows,
+                                  int64_t in, ur_dtype dtype, int relu, int mask_x, int acc) {
+  int64_t blocks = ur_gemv_blocks(rows, dv->sms), per = (rows + blocks - 1) / blocks;
+  blocks = (rows + per - 1) / per;
+  size_t need = (size_t)(blocks * in * 2 + blocks) * sizeof(float);
+  void *ws = NULL;
+  ur_status st = ur__cuda_dense_workspace(dev, s, UR_LT_WORKSPACE + need, &ws);
+  if (st) return st;
+  float *part_gw = (float *)((char *)ws + UR_LT_WORKSPACE), *part_gbx = part_gw + blocks * in;
+  float *part_gb = part_gbx + blocks * in;
+  UR_DENSE_DISPATCH(dtype, T,
+    ur_gemv_bwd_kernel<T><<<(unsigned)blocks, UR_GEMV_THREADS, 0, s>>>(
+        (const T *)x, (const T *)w, (const T *)y, (const T *)gy, (T *)gx, (T *)work,
+        gw ? part_gw : NULL,
+        gb_x ? part_gbx : NULL, gb ? part_gb : NULL, rows, in, per, relu, mask_x, acc));
+  UR_CUDA_CHECK(cudaGetLastError(), "one-output linear gradient kernel (%lld x %lld)",
+                (long long)rows, (long long)in);
+  if (gw || gb || gb_x) {
+    ur_gemv_sum_kernel<<<(unsigned)((in + 255) / 256), 256, 0, s>>>(
+        gw ? part_gw : NULL, gb_x ? part_gbx : NULL, gb ? part_gb : NULL, gw, gb_x, gb, blocks,
+        in);
+    UR_CUDA_CHECK(cudaGetLastError(), "one-output linear gradient sums (%lld columns)",
+                  (long long)in);
+  }
+  return UR_STATUS_OK;
+}
+
+/* ---- the layer ---- */
+
 /* Row-major y[rows, out] = x[rows, in] w[out, in]^T is, column-major, y^T = w^T' x^T: cuBLAS's
- * D (out x rows) = op(A = w as in x out, transposed) B (x as in x rows). */
+ * D (out x rows) = op(A = w as in x out, transposed) B (x as in x rows).  The padding columns
+ * of x and w are zero and multiplied like the rest: the rows stay aligned. */
 ur_status ur__cuda_linear_forward(void *stream, const void *x, const void *w, const void *b,
-                                  void *y, int64_t rows, int64_t in, int64_t out, ur_dtype dtype,
-                                  ur_act act, uint32_t flags) {
+                                  void *y, uint8_t *mask, int64_t rows, int64_t in, int64_t out,
+                                  ur_dtype dtype, ur_act act, uint32_t flags) {
   ur_dense_dev *dv = NULL;
   int dev = 0;
   ur_status st = ur__cuda_dense_device(&dv, &dev);
   if (st) return st;
   cudaStream_t s = (cudaStream_t)stream;
+  int relu = act == UR_ACT_RELU;
   if (in == 0) {
     UR_CUDA_CHECK(cudaMemsetAsync(y, 0, (size_t)(rows * out) * ur_dense_esize(dtype), s),
                   "cudaMemsetAsync");
     UR_CUDA_CHECK(ur_bias_act_launch(s, y, b, rows, out, dtype, act), "bias/activation kernel");
+    if (mask) UR_CUDA_CHECK(ur_mask_launch(s, y, mask, rows, out, dtype, dv->sms), "mask kernel");
+    return UR_STATUS_OK;
+  }
+  if (out == 1) {
+    UR_DENSE_DISPATCH(dtype, T,
+      ur_gemv_fwd_kernel<T><<<ur_dense_blocks(rows * 32, UR_GEMV_THREADS, dv->sms),
+                              UR_GEMV_THREADS, 0, s>>>((const T *)x, (const T *)w, (const T *)b,
+                                                       (T *)y, mask, rows, in, act));
+    UR_CUDA_CHECK(cudaGetLastError(), "one-output linear kernel (%lld x %lld)", (long long)rows,
+                  (long long)in);
     return UR_STATUS_OK;
   }
   ur_mm_key k;
@@ -303,42 +618,73 @@ ur_status ur__cuda_linear_forward(void *stream, const void *x, const void *w, co
   k.ldd = out;
   k.ab = k.cd = ur_cuda_type(dtype);
   k.compute = ur_compute(dtype, flags);
-  return ur_matmul(dv, dev, s, &k, w, x, y, b, act == UR_ACT_RELU, 0.0f);
+  ur_mm_epi e = {CUBLASLT_EPILOGUE_DEFAULT, b, NULL, 0, 0};
+  if (relu && mask) {
+    e.epi = b ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_RELU_AUX;
+    e.aux = mask;
+    e.aux_ld = ur__mask_cols(out) * 8;
+  } else {
+    e.epi = b ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+              : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+  }
+  int plain = 0;
+  if ((st = ur_matmul(dv, dev, s, &k, w, x, y, &e, 0.0f, &plain))) return st;
+  if (plain && (b || relu))
+    UR_CUDA_CHECK(ur_bias_act_launch(s, y, b, rows, out, dtype, act),
+                  "bias/activation kernel (%lld x %lld)", (long long)rows, (long long)out);
+  if (plain && relu && mask)
+    UR_CUDA_CHECK(ur_mask_launch(s, y, mask, rows, out, dtype, dv->sms),
+                  "ReLU mask kernel (%lld x %lld)", (long long)rows, (long long)out);
+  return UR_STATUS_OK;
 }
 
 ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, const void *y,
-                                   const void *gy, void *gx, float *gw, float *gb, void *work,
-                                   int64_t rows, int64_t in, int64_t out, ur_dtype dtype,
-                                   ur_act act, uint32_t flags) {
+                                   const void *gy, const uint8_t *x_mask, void *gx, float *gw,
+                                   float *gb, float *gb_x, void *work, int64_t rows, int64_t in,
+                                   int64_t out, ur_dtype dtype, ur_act act, uint32_t flags) {
   ur_dense_dev *dv = NULL;
   int dev = 0;
   ur_status st = ur__cuda_dense_device(&dv, &dev);
   if (st) return st;
   cudaStream_t s = (cudaStream_t)stream;
-  int relu = act == UR_ACT_RELU;
+  int relu = act == UR_ACT_RELU; /* the core passes NONE under GY_MASKED */
+  int acc = (flags & UR_DENSE_ACCUMULATE) != 0;
+  if (out == 1 && in > 0)
+    return ur_gemv_backward(dv, dev, s, x, w, y, gy, gx, relu ? work : NULL, gw, gb, gb_x, rows,
+                            in, dtype, relu, x_mask != NULL, acc);
   const void *g = gy;
-  if ((relu || gb) && out > 0) {
-    /* The partial sums sit after cuBLASLt's part of the stream's workspace. */
+  int gb_done = 0;
+  if (relu && out > 0) {
+    /* g = gy masked by y > 0, and gb's partial sums in the same pass; they sit after
+     * cuBLASLt's part of the stream's workspace */
     int64_t chunks = ur_bgrad_chunks(rows, out, dv->sms);
     void *ws = NULL;
     size_t part = gb ? (size_t)(chunks * out) * sizeof(float) : 0;
     if ((st = ur__cuda_dense_workspace(dev, s, UR_LT_WORKSPACE + part, &ws))) return st;
     float *partial = (float *)((char *)ws + UR_LT_WORKSPACE);
-    UR_CUDA_CHECK(ur_relu_bgrad_launch(s, gy, relu ? y : NULL, relu ? work : NULL, gb, partial,
-                                       rows, out, dtype, dv->sms),
+    UR_CUDA_CHECK(ur_relu_bgrad_launch(s, gy, y, work, gb, partial, rows, out, dtype, dv->sms),
                   "relu mask / bias gradient kernel (%lld x %lld)", (long long)rows,
                   (long long)out);
-    if (relu) g = work;
+    g = work;
+    gb_done = 1;
   }
-  int acc = (flags & UR_DENSE_ACCUMULATE) != 0;
+  /* The weight gradient's stream forks here, where g is ready, so that it runs beside the
+   * input gradient's product. */
+  int wgrad = (gw && in > 0 && out > 0) || (gb && !gb_done && out > 0);
+  cudaStream_t ws_stream = s;
+  ur_side *sd = NULL;
+  if (wgrad && (st = ur_wgrad_stream(dev, s, flags, &ws_stream, &sd))) return st;
   ur_mm_key k;
+  int plain = 0;
   if (gx && in > 0) {
     if (out == 0) {
       if (!acc)
         UR_CUDA_CHECK(cudaMemsetAsync(gx, 0, (size_t)(rows * in) * ur_dense_esize(dtype), s),
                       "cudaMemsetAsync");
     } else {
-      /* gx^T (in x rows) = w^T (as stored: in x out) g^T (out x rows). */
+      /* gx^T (in x rows) = w^T (as stored: in x out) g^T (out x rows); with the layer below's
+       * mask, DRELU_BGRAD masks it and sums the layer below's bias gradient over the rows into
+       * an f32 vector after the workspace's cuBLASLt part */
       memset(&k, 0, sizeof k);
       k.m = in;
       k.n = rows;
@@ -348,23 +694,81 @@ ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, c
       k.ldd = in;
       k.ab = k.cd = ur_cuda_type(dtype);
       k.compute = ur_compute(dtype, flags);
-      if ((st = ur_matmul(dv, dev, s, &k, w, g, gx, NULL, 0, acc ? 1.0f : 0.0f))) return st;
+      ur_mm_epi e = {CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, 0};
+      float *tmp = NULL;
+      if (x_mask) {
+        void *ws = NULL;
+        if ((st = ur__cuda_dense_workspace(dev, s, UR_LT_WORKSPACE + (size_t)in * sizeof(float),
+                                           &ws)))
+          return st;
+        tmp = (float *)((char *)ws + UR_LT_WORKSPACE);
+        e.epi = gb_x ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DRELU;
+        e.bias = gb_x ? tmp : NULL;
+        e.aux = (void *)x_mask;
+        e.aux_ld = ur__mask_cols(in) * 8;
+        e.bias_f32 = gb_x && dtype != UR_DTYPE_F32;
+      }
+      if ((st = ur_matmul(dv, dev, s, &k, w, g, gx, &e, acc ? 1.0f : 0.0f, &plain))) return st;
+      if (x_mask && plain) {
+        /* cuBLAS ran it bare: x > 0 is the layer below's mask (x is its ReLU output) */
+        int64_t chunks = ur_bgrad_chunks(rows, in, dv->sms);
+        void *ws = NULL;
+        size_t part = gb_x ? (size_t)(chunks * in) * sizeof(float) : 0;
+        if ((st = ur__cuda_dense_workspace(dev, s, UR_LT_WORKSPACE + part, &ws))) return st;
+        UR_CUDA_CHECK(ur_relu_bgrad_launch(s, gx, x, gx, gb_x, (float *)((char *)ws + UR_LT_WORKSPACE),
+                                           rows, in, dtype, dv->sms),
+                      "input gradient mask kernel (%lld x %lld)", (long long)rows, (long long)in);
+      } else if (gb_x) {
+        UR_CUDA_CHECK(ur_vec_add(s, gb_x, tmp, in), "bias gradient add (%lld)", (long long)in);
+      }
     }
   }
-  if (gw && in > 0 && out > 0) {
-    /* gw^T (in x out) += x^T (in x rows) op(g^T (out x rows)) with op a transpose. */
-    memset(&k, 0, sizeof k);
-    k.tb = 1;
-    k.m = in;
-    k.n = out;
-    k.k = rows;
-    k.lda = in;
-    k.ldb = out;
-    k.ldd = in;
-    k.ab = ur_cuda_type(dtype);
-    k.cd = CUDA_R_32F;
-    k.compute = ur_compute(dtype, flags);
-    if ((st = ur_matmul(dv, dev, s, &k, x, g, gw, NULL, 0, 1.0f))) return st;
+  if (wgrad) {
+    if (gw && in > 0 && out > 0) {
+      /* gw^T (in x out) += x^T (in x rows) op(g^T (out x rows)) with op a transpose; the bias
+       * gradient of an unmasked layer is the sum of B over k (BGRADB), into an f32 vector */
+      memset(&k, 0, sizeof k);
+      k.tb = 1;
+      k.m = in;
+      k.n = out;
+      k.k = rows;
+      k.lda = in;
+      k.ldb = out;
+      k.ldd = in;
+      k.ab = ur_cuda_type(dtype);
+      k.cd = CUDA_R_32F;
+      k.compute = ur_compute(dtype, flags);
+      ur_mm_epi e = {CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, 0};
+      float *tmp = NULL;
+      if (gb && !gb_done) {
+        void *ws = NULL;
+        if ((st = ur__cuda_dense_workspace(dev, ws_stream,
+                                           UR_LT_WORKSPACE + (size_t)out * sizeof(float), &ws)))
+          return st;
+        tmp = (float *)((char *)ws + UR_LT_WORKSPACE);
+        e.epi = CUBLASLT_EPILOGUE_BGRADB;
+        e.bias = tmp;
+      }
+      if ((st = ur_matmul(dv, dev, ws_stream, &k, x, g, gw, &e, 1.0f, &plain))) return st;
+      if (tmp && !plain) {
+        UR_CUDA_CHECK(ur_vec_add(ws_stream, gb, tmp, out), "bias gradient add (%lld)",
+                      (long long)out);
+        gb_done = 1;
+      }
+    }
+    if (gb && !gb_done && out > 0) {
+      int64_t chunks = ur_bgrad_chunks(rows, out, dv->sms);
+      void *ws = NULL;
+      if ((st = ur__cuda_dense_workspace(dev, ws_stream,
+                                         UR_LT_WORKSPACE + (size_t)(chunks * out) * sizeof(float),
+                                         &ws)))
+        return st;
+      UR_CUDA_CHECK(ur_relu_bgrad_launch(ws_stream, g, NULL, NULL, gb,
+                                         (float *)((char *)ws + UR_LT_WORKSPACE), rows, out, dtype,
+                                         dv->sms),
+                    "bias gradient kernel (%lld x %lld)", (long long)rows, (long long)out);
+    }
+    if ((st = ur_wgrad_done(sd))) return st;
   }
   return UR_STATUS_OK;
 }

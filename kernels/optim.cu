@@ -1,7 +1,7 @@
 /* optim.cu: the dense optimizers (engine/src/dense/optim.c) on the GPU, as one launch over up
  * to UR__OPTIM_GROUP tensors (the pointers travel in the kernel's parameters, read in place as
  * __grid_constant__).  Block b finds its tensor among the tensors' first blocks and updates
- * one chunk of it, with the CPU's formulas in f32. */
+ * one chunk of it with the CPU's element step (core/optim_plan.h) and constants. */
 #include "common.cuh"
 #include "dense.cuh"
 #include "dense/dense.h"
@@ -29,32 +29,10 @@ ur_optim_kernel(const __grid_constant__ ur__optim_consts k,
   float *P = pk.p[t], *Gr = pk.g[t], *S1 = pk.s1[t], *S2 = pk.s2[t];
   ur_bf16 *H = pk.h[t];
   for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
-    float p = P[i], g = Gr[i];
-    if (k.kind == UR_OPTIM_KIND_SGD) {
-      g += k.wd * p;
-      if (k.mom != 0.0f) {
-        float m = k.first ? g : k.mom * S1[i] + g;
-        S1[i] = m;
-        g = k.nesterov ? g + k.mom * m : m;
-      }
-      p -= k.lr * g;
-    } else if (k.kind == UR_OPTIM_KIND_ADAGRAD) {
-      g += k.wd * p;
-      float s = S1[i] + g * g;
-      S1[i] = s;
-      p -= k.lr * g / (sqrtf(s) + k.eps);
-    } else {
-      if (k.kind == UR_OPTIM_KIND_ADAMW) p *= k.decay;
-      else g += k.wd * p;
-      float m = k.b1 * S1[i] + (1.0f - k.b1) * g;
-      float v = k.b2 * S2[i] + (1.0f - k.b2) * g * g;
-      S1[i] = m;
-      S2[i] = v;
-      p -= k.step_size * m / (sqrtf(v) / k.bc2_sqrt + k.eps);
-    }
+    float p = ur__optim_dense_elem(&k, P[i], Gr[i], S1 ? S1 + i : nullptr, S2 ? S2 + i : nullptr);
     P[i] = p;
     if (H) H[i] = __float2bfloat16_rn(p);
-    if (k.zero) Gr[i] = 0.0f;
+    if (k.zero_grad) Gr[i] = 0.0f;
   }
 }
 
@@ -82,13 +60,12 @@ static cudaError_t ur_optim_launch(cudaStream_t stream, const ur__optim_consts *
   return cudaGetLastError();
 }
 
-ur_status ur__cuda_optim_step(void *stream, const ur_optim_cfg *c, int32_t n,
+ur_status ur__cuda_optim_step(void *stream, const ur__optim_consts *k, int32_t n,
                               float *const *params, float *const *grads, float *const *s1,
                               float *const *s2, void *const *halves, const int64_t *numel) {
-  ur__optim_consts k = ur__optim_consts_of(c);
   for (int32_t i = 0; i < n; i += UR__OPTIM_GROUP) {
     int m = n - i < UR__OPTIM_GROUP ? (int)(n - i) : UR__OPTIM_GROUP;
-    UR_CUDA_CHECK(ur_optim_launch((cudaStream_t)stream, &k, m, params + i, grads + i, s1 + i,
+    UR_CUDA_CHECK(ur_optim_launch((cudaStream_t)stream, k, m, params + i, grads + i, s1 + i,
                                   s2 + i, halves + i, numel + i),
                   "optimizer kernel (%d tensors)", m);
   }

@@ -1,14 +1,20 @@
-/* tbe.cu: the embedding collection's kernels and the CUDA backend's tbe table.  Forward: one warp per 32 consecutive bags; the
- * warp walks their values as one stream, each lane loading a 16-byte slice (8 bytes for half
- * tables among f32 ones) of U rows before it adds any, so many rows are in flight whatever the
- * bag sizes.  Backward: (row key, value index) pairs sorted by cub's radix sort (stable, so a
- * row's values stay in value order), segments selected where the key changes, then one warp per
- * distinct row sums its gradient in that order and steps the optimizer; rows read more than
- * UR_TBE_HOT times are split over a whole CTA in fixed chunks, summed in chunk order.  No
- * atomics touch floats, so a run is bit-identical to the next, and short segments sum exactly
- * as the CPU reference does (tbe_plan.h's arithmetic, unfused).  Indices are 64-bit where they
- * address tables (100 GB tables have more than 2^31 elements); values and bags are fewer than
- * 2^31 (tbe.c checks). */
+/* tbe.cu: the embedding collection's kernels and the CUDA backend's tbe table.  Forward: one
+ * warp per 32 consecutive bags; the warp walks their values as one stream, each lane loading a
+ * 16-byte slice (8 bytes for half tables among f32 ones) of U rows before it adds any, so many
+ * rows are in flight whatever the bag sizes.
+ * Backward: only what must be sorted is: (row key, payload) pairs, keys of table and row bits
+ * just wide enough for the collection's rows (32-bit keys up to 2^32 rows), 4-byte payloads
+ * pointing back into the output's gradient (the bag, or the value when weights or pooling
+ * none need it), never gradient rows, sorted by cub's radix sort (stable: a row's values stay
+ * in value order).  The sorted keys' runs are the segments (a run starts where the key
+ * changes).  A warp per short segment sums its gradient rows in that order and steps the
+ * optimizer once, the same sum as the CPU reference's (tbe_plan.h's arithmetic, unfused);
+ * segments of more than UR_TBE_HOT entries are cut into chunks of UR_TBE_CHUNK, a CTA each,
+ * whose partial sums a warp per segment adds in chunk order.  No atomics touch floats, so a
+ * run is bit-identical to the next.  The one exception, asked for (nondeterministic, SGD on f32
+ * rows): no sort, every value adds its update to its row with a vector atomic.
+ * Indices are 64-bit where they address tables (100 GB tables have more than 2^31 elements);
+ * values and bags are fewer than 2^31 (tbe.c checks). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,17 +23,18 @@
 #include <string.h>
 
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
 
 #include "common.cuh"
 #include "embedding/tbe.h"
 
-#define UR_TBE_WARPS 8      /* warps per block of the warp-per-group kernels */
-#define UR_TBE_HOT 256      /* a row read more often than this is summed by a whole CTA */
+#define UR_TBE_WARPS 8      /* warps per block */
+#define UR_TBE_HOT 256      /* a row read more often than this is summed in chunks */
+#define UR_TBE_CHUNK 256    /* entries a CTA sums into one partial (a multiple of UR_TBE_WARPS) */
 #define UR_TBE_ALIGN 256
-#define UR_TBE_HOT_THREADS 512
-#define UR_TBE_HOT_SMEM 32768 /* bytes of partial sums a hot CTA may use */
 
 namespace {
 
@@ -387,68 +394,59 @@ __global__ void expand_kernel(const ur__tbe_args a, const float *flat) {
 
 /* ---- backward ---- */
 
-/* Keys of every value: its row's key, or total_keys for an id outside its table.  Its index
- * rides along through the sort, and what the sums need is resolved here once per value rather
- * than per use: where its gradient row starts (its bag's output row, or its own) and its
- * factor (weight, over the bag's length under mean pooling). */
+/* Keys of every value: its row's key (table bits and row bits, key_bits wide: 32-bit keys when
+ * every row's key fits), or total_keys for an id outside its table.  The payload that rides
+ * along through the sort points back into the output's gradient, 4 bytes: the value's bag
+ * when the bags are pooled without weights (its gradient row is the bag's), else the value
+ * itself (pooling none: its own row; weighted: its weight, and its bag from vbag). */
+template <typename K>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
-    keys_kernel(const ur__tbe_args a, uint64_t *keys, int32_t *idx, int64_t *gat, float *gc,
-                int32_t *scal) {
+    keys_kernel(const ur__tbe_args a, K *keys, int32_t *pay, int32_t *vbag, int32_t *scal) {
   int lane = threadIdx.x & 31;
   int64_t bag0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * 32;
   if (bag0 == 0 && lane == 0) scal[2] = (int32_t)a.n; /* n_valid until a skipped key says less */
   if (bag0 >= a.bags) return;
   Group g = group_of(a, bag0, lane);
   int64_t bag = bag0 + lane;
-  int64_t rows = 0, kb = 0, at = 0;
-  int32_t dim = 0, mean = 0;
-  float scale = 1.0f;
+  int64_t rows = 0, kb = 0;
   if (bag < a.bags) {
-    int32_t f = feature_of(a, bag);
-    const ur__tbe_feature ft = a.features[f];
-    const ur__tbe_table &tb = a.tables[ft.table];
+    const ur__tbe_table &tb = a.tables[a.features[feature_of(a, bag)].table];
     rows = tb.rows;
     kb = tb.key_base;
-    dim = tb.dim;
-    if (a.pooled) {
-      at = out_at(a.out_base, a.out_stride, f, ft, bag - first_bag(a, f));
-      mean = tb.pooling == UR_POOLING_MEAN;
-      if (mean && g.len > 0) scale = UR_FDIV(1.0f, (float)g.len);
-    }
   }
+  bool by_bag = a.pooled && !a.weights;
   for (int64_t base = 0; base < g.T; base += 32) {
     int64_t p = base + lane;
     int j = bag_at(g, p);
     int64_t i = __shfl_sync(kFull, g.s, j) + (p - __shfl_sync(kFull, g.P, j));
     int64_t r = __shfl_sync(kFull, rows, j), k0 = __shfl_sync(kFull, kb, j);
-    int64_t jat = __shfl_sync(kFull, at, j);
-    int jdim = __shfl_sync(kFull, dim, j), jmean = __shfl_sync(kFull, mean, j);
-    float jscale = __shfl_sync(kFull, scale, j);
     if (p >= g.T) continue;
     int64_t id = a.values[i];
-    keys[i] = id >= 0 && id < r ? (uint64_t)(k0 + id) : (uint64_t)a.total_keys;
-    idx[i] = (int32_t)i;
-    gat[i] = a.pooled ? jat : i * jdim;
-    float w = a.weights ? a.weights[i] : 1.0f;
-    gc[i] = jmean ? UR_FMUL(w, jscale) : w;
+    keys[i] = (K)(id >= 0 && id < r ? k0 + id : a.total_keys);
+    pay[i] = (int32_t)(by_bag ? bag0 + j : i);
+    if (vbag) vbag[i] = (int32_t)(bag0 + j);
   }
 }
 
-/* A segment starts where the sorted key changes.  Keys from total_keys up are skipped: bad ids
- * (total_keys), and values no bag covers (left all ones), which bad offsets could leave; their
- * low key_bits bits, which alone are sorted, are all >= total_keys, so they sort last. */
+/* A segment starts where the sorted key changes (the run-length encoding of the sorted keys).
+ * Keys from total_keys up are skipped: bad ids (total_keys), and values no bag covers (left
+ * all ones), which bad offsets could leave; their low key_bits bits, which alone are sorted,
+ * are all >= total_keys, so they sort last. */
+template <typename K>
 struct IsStart {
-  const uint64_t *k;
-  uint64_t skip;
+  const K *k;
+  K skip;
   __device__ bool operator()(int j) const { return k[j] < skip && (j == 0 || k[j] != k[j - 1]); }
 };
 
 /* n_valid: the position of the first skipped key. */
-__global__ void valid_kernel(const uint64_t *k, int64_t n, uint64_t skip, int32_t *n_valid) {
+template <typename K>
+__global__ void valid_kernel(const K *k, int64_t n, K skip, int32_t *n_valid) {
   int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (j < n && k[j] >= skip && (j == 0 || k[j - 1] < skip)) *n_valid = (int32_t)j;
 }
 
+/* A long segment: more than UR_TBE_HOT entries, summed in chunks by many CTAs. */
 struct IsHot {
   const int32_t *starts, *scal;
   __device__ bool operator()(int s) const {
@@ -459,11 +457,33 @@ struct IsHot {
   }
 };
 
+/* The sorted pairs and their segments.  scal: [0] segments, [1] long segments, [2] valid
+ * entries; hot: the long segments; cend: after each long segment, the chunks so far. */
 struct Sorted {
-  const uint64_t *keys;
-  const int32_t *idx, *starts, *scal;
-  const int64_t *gat;
-  const float *gc;
+  const uint32_t *k32;
+  const uint64_t *k64; /* one of the two, by key_bits */
+  const int32_t *pay, *vbag, *starts, *scal, *hot, *cend;
+  float *part;         /* chunk partial sums, max_dim floats apart */
+};
+
+__device__ __forceinline__ uint64_t key_at(const Sorted &s, int64_t j) {
+  return s.k64 ? s.k64[j] : (uint64_t)s.k32[j];
+}
+
+/* Chunks of a long segment of len entries. */
+__device__ __forceinline__ int32_t chunks_of(int64_t len) {
+  return (int32_t)((len + UR_TBE_CHUNK - 1) / UR_TBE_CHUNK);
+}
+
+/* The chunks of long segment h (0 past the list's end), for the scan that places them. */
+struct ChunksOf {
+  const int32_t *starts, *scal, *hot;
+  __device__ int32_t operator()(int h) const {
+    if (h >= scal[1]) return 0;
+    int s = hot[h], ns = scal[0];
+    int end = s + 1 < ns ? starts[s + 1] : scal[2];
+    return chunks_of(end - starts[s]);
+  }
 };
 
 __device__ __forceinline__ int32_t table_of_key(const ur__tbe_args &a, uint64_t key) {
@@ -474,6 +494,28 @@ __device__ __forceinline__ int32_t table_of_key(const ur__tbe_args &a, uint64_t 
     else hi = mid;
   }
   return lo;
+}
+
+/* Where payload p's gradient row starts (*at) and the factor it enters with (*c): the weight,
+ * over the bag's length under mean pooling, as the CPU reference computes them. */
+__device__ __forceinline__ void resolve(const ur__tbe_args &a, const Sorted &s, int32_t p,
+                                        int32_t dim, int64_t *at, float *c) {
+  if (!a.pooled) {
+    *at = (int64_t)p * dim;
+    *c = a.weights ? a.weights[p] : 1.0f;
+    return;
+  }
+  int64_t bag = a.weights ? s.vbag[p] : p;
+  float w = a.weights ? a.weights[p] : 1.0f;
+  int32_t f = feature_of(a, bag);
+  const ur__tbe_feature ft = a.features[f];
+  *at = out_at(a.out_base, a.out_stride, f, ft, bag - first_bag(a, f));
+  if (a.tables[ft.table].pooling == UR_POOLING_MEAN) {
+    int64_t b, e;
+    span(a, bag, b, e);
+    w = UR_FMUL(w, UR_FDIV(1.0f, (float)(e - b)));
+  }
+  *c = w;
 }
 
 /* Adds U gradient rows, all loaded before the first is added, into acc in order; entries past
@@ -507,7 +549,8 @@ __device__ __forceinline__ void add_rows(const ur__tbe_args &a, float c, int64_t
   }
 }
 
-/* Adds entries [j0, j1) of one segment into acc, in order. */
+/* Adds entries [j0, j1) of one segment into acc, in order: the lanes resolve 32 payloads at a
+ * time, then U gradient rows are in flight at once. */
 template <int NV, int E, int U>
 __device__ __forceinline__ void sum_entries(const ur__tbe_args &a, const Sorted &s, int dim,
                                             int64_t j0, int64_t j1, float (&acc)[NV][E], int lane) {
@@ -515,11 +558,7 @@ __device__ __forceinline__ void sum_entries(const ur__tbe_args &a, const Sorted 
     int64_t j = base + lane;
     float c = 0.0f;
     int64_t at = 0;
-    if (j < j1) {
-      int32_t i = s.idx[j];
-      c = s.gc[i];
-      at = s.gat[i];
-    }
+    if (j < j1) resolve(a, s, s.pay[j], dim, &at, &c);
     int cnt = j1 - base < 32 ? (int)(j1 - base) : 32;
     for (int u = 0; u < cnt; u += U) add_rows<NV, E, U>(a, c, at, u, cnt, dim, acc, lane);
   }
@@ -556,7 +595,8 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
   /* row is the id: the rows and state are read at its physical row, stochastic rounding draws
    * by id (so a relayout changes no number) */
   int64_t prow = tb.perm ? tb.perm[row] : row;
-  int64_t base = prow * dim, lbase = (tb.row_ids ? tb.row_ids[row] : row) * dim;
+  int64_t base = prow * dim;
+  int64_t lbase = (tb.sr_row0 + (tb.row_ids ? tb.row_ids[row] : row)) * tb.sr_pitch + tb.sr_col0;
   float w[NV][E], gg[NV][E];
   float sq = 0.0f;
 #pragma unroll
@@ -572,7 +612,7 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
     }
   }
   float rs = 0.0f;
-  if (h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) {
+  if (h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) sq = UR_FADD(sq, __shfl_xor_sync(kFull, sq, o));
     rs = UR_FADD(tb.state1[prow], UR_FDIV(sq, (float)dim));
@@ -588,7 +628,7 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
 #pragma unroll
     for (int e = 0; e < E; e++) {
       int64_t el = base + col + e;
-      float *s1 = h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? &rs : tb.state1 ? tb.state1 + el : nullptr;
+      float *s1 = h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD ? &rs : tb.state1 ? tb.state1 + el : nullptr;
       float *s2 = tb.state2 ? tb.state2 + el : nullptr;
       nw[e] = ur__tbe_step_elem(&h, w[v][e], gg[v][e], s1, s2);
     }
@@ -630,161 +670,253 @@ __device__ __forceinline__ void finish(const ur__tbe_args &a, const ur__tbe_hype
   step_row<NV, E>(h, sp, a.tables + t, t, seg, row, slot, lane);
 }
 
-/* Pulls a row's lines into L2 ahead of the step that reads and writes it. */
-__device__ __forceinline__ void prefetch_l2(const void *p, int bytes) {
-  for (int o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+
+/* Pulls a row's lines into L2, a line a lane. */
+__device__ __forceinline__ void prefetch_row(const void *p, int bytes, int lane) {
+  for (int o = lane * 128; o < bytes; o += 32 * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
 }
 
-/* 32 consecutive segments per warp, their entries walked as one stream, as forward walks bags:
- * lanes resolve 32 entries at once, U gradient rows are in flight per lane, and each segment's
- * row is stepped once its last entry is in.  The rows to step (and their state) are prefetched
- * into L2 when the group starts, so a step waits on L2 rather than on HBM.  Segments are
- * numbered on the device, hence the grid-stride loop; hot ones are left to hot_kernel. */
+/* The segment's row (and its state) on their way to L2 while its gradient is summed. */
+__device__ __forceinline__ void prefetch_step(const ur__tbe_hyper &h, const ur__tbe_table &tb,
+                                              int64_t row, int lane) {
+  int es = esize(tb.dtype);
+  int64_t pr = tb.perm ? tb.perm[row] : row;
+  prefetch_row((const char *)tb.weights + pr * tb.dim * es, tb.dim * es, lane);
+  if (h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
+    if (lane == 0) prefetch_row(tb.state1 + pr, 4, 0);
+  } else if (tb.state1) {
+    prefetch_row(tb.state1 + pr * tb.dim, tb.dim * 4, lane);
+  }
+  if (tb.state2) prefetch_row(tb.state2 + pr * tb.dim, tb.dim * 4, lane);
+}
+
+/* A warp per short segment (UR_TBE_HOT entries or fewer): its entries summed in order, U
+ * gradient rows in flight at a time, then its row stepped once (or written out, sparse).  The
+ * same sum, in the same order and rounding, as the CPU reference's.  Segments are numbered on
+ * the device, hence the grid-stride loop; long ones are left to chunk_kernel and long_kernel. */
 template <int NV, int E, int U>
-__global__ void __launch_bounds__(UR_TBE_WARPS * 32, 2)
-    reduce_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV * E <= 8 ? 4 : 2)
+    seg_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
   __shared__ float slots[UR_TBE_WARPS][NV * 32 * E];
   int lane = threadIdx.x & 31;
   float *slot = slots[threadIdx.x / 32];
   int ns = s.scal[0], nv = s.scal[2];
-  int64_t groups = ((int64_t)ns + 31) / 32;
   int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
-  for (int64_t gi = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; gi < groups; gi += warps) {
-    /* lane l: segment gi * 32 + l */
-    int64_t seg = gi * 32 + lane, j0 = 0, len = 0, row = 0;
-    int32_t t = 0, dim = 0;
-    if (seg < ns) {
-      j0 = s.starts[seg];
-      int64_t j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
-      if (j1 - j0 <= UR_TBE_HOT) len = j1 - j0;
-      uint64_t key = s.keys[j0];
-      t = table_of_key(a, key);
-      const ur__tbe_table &tb = a.tables[t];
-      row = (int64_t)key - tb.key_base;
-      dim = tb.dim;
-      if (len && !sp.rows) {
-        int es = esize(tb.dtype);
-        int64_t pr = tb.perm ? tb.perm[row] : row;
-        prefetch_l2((const char *)tb.weights + pr * dim * es, dim * es);
-        if (h.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) prefetch_l2(tb.state1 + pr, 4);
-        else if (tb.state1) prefetch_l2(tb.state1 + pr * dim, dim * 4);
-        if (tb.state2) prefetch_l2(tb.state2 + pr * dim, dim * 4);
-      }
-    }
-    Group g;
-    g.s = j0;
-    g.len = len;
-    int64_t incl = len;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      int64_t y = __shfl_up_sync(kFull, incl, o);
-      if (lane >= o) incl += y;
-    }
-    g.P = incl - len;
-    g.T = __shfl_sync(kFull, incl, 31);
+  for (int64_t seg = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; seg < ns; seg += warps) {
+    int64_t j0 = s.starts[seg], j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
+    if (j1 - j0 > UR_TBE_HOT) continue;
+    uint64_t key = key_at(s, j0);
+    int32_t t = table_of_key(a, key);
+    const ur__tbe_table &tb = a.tables[t];
+    int64_t row = (int64_t)key - tb.key_base;
+    if (!sp.rows) prefetch_step(h, tb, row, lane);
     float acc[NV][E];
 #pragma unroll
     for (int v = 0; v < NV; v++)
 #pragma unroll
       for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
-    int cj = -1;
-    for (int64_t base = 0; base < g.T; base += 32) {
-      int64_t p = base + lane;
-      int j = bag_at(g, p);
-      int64_t entry = __shfl_sync(kFull, g.s, j) + (p - __shfl_sync(kFull, g.P, j));
-      float c = 0.0f;
-      int64_t at = 0;
-      int jdim = __shfl_sync(kFull, dim, j);
-      if (p < g.T) {
-        int32_t i = s.idx[entry];
-        c = s.gc[i];
-        at = s.gat[i];
-        /* all 32 gradient rows of the chunk on their way, whatever the runs below */
-        int gs = a.out_dtype == UR_DTYPE_F32 ? 4 : 2;
-        prefetch_l2((const char *)a.grad + at * gs, jdim * gs);
-      }
-      int cnt = g.T - base < 32 ? (int)(g.T - base) : 32;
-      /* Runs of entries of one segment go U at a time; a segment's end steps its row. */
-      int k = 0;
-      while (k < cnt) {
-        int jk = __shfl_sync(kFull, j, k);
-        if (jk != cj) {
-          if (cj >= 0)
-            finish<NV, E>(a, h, sp, slot, __shfl_sync(kFull, t, cj), gi * 32 + cj,
-                          __shfl_sync(kFull, row, cj), acc, lane);
-#pragma unroll
-          for (int v = 0; v < NV; v++)
-#pragma unroll
-            for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
-          cj = jk;
-        }
-        /* entries k .. run_end - 1 belong to segment cj */
-        int64_t send = __shfl_sync(kFull, g.P, cj) + __shfl_sync(kFull, g.len, cj) - base;
-        int run_end = send < cnt ? (int)send : cnt;
-        int dimj = __shfl_sync(kFull, dim, cj);
-        for (int u = k; u < run_end; u += U) add_rows<NV, E, U>(a, c, at, u, run_end, dimj, acc, lane);
-        k = run_end;
-      }
-    }
-    if (cj >= 0)
-      finish<NV, E>(a, h, sp, slot, __shfl_sync(kFull, t, cj), gi * 32 + cj,
-                    __shfl_sync(kFull, row, cj), acc, lane);
+    sum_entries<NV, E, U>(a, s, tb.dim, j0, j1, acc, lane);
+    finish<NV, E>(a, h, sp, slot, t, seg, row, acc, lane);
   }
 }
 
-/* A CTA per hot row: warp w sums the w-th of W equal chunks, then warp 0 adds the W partial
- * sums in order and finishes the row.  Deterministic: the chunks depend only on the length. */
+/* The long segments' chunks (UR_TBE_CHUNK entries, the last one shorter), a CTA each: warp w
+ * sums the w-th UR_TBE_CHUNK / UR_TBE_WARPS entries in order, warp 0 adds the warps' sums in
+ * order into the chunk's partial.  Chunk q belongs to the first long segment h with
+ * cend[h] > q.  Deterministic: the split depends only on the segment's length. */
 template <int NV, int E, int U>
-__global__ void __launch_bounds__(UR_TBE_HOT_THREADS)
-    hot_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp,
-               const int32_t *hot, const int32_t *num_hot) {
-  extern __shared__ float part[]; /* [W][NV * 32 * E] */
-  const int width = NV * 32 * E;
-  const int W = UR_TBE_HOT_SMEM / (width * 4) < UR_TBE_HOT_THREADS / 32 ? UR_TBE_HOT_SMEM / (width * 4)
-                                                                      : UR_TBE_HOT_THREADS / 32;
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32)
+    chunk_kernel(const ur__tbe_args a, const Sorted s) {
+  __shared__ float part[UR_TBE_WARPS][NV * 32 * E];
+  const int sub = UR_TBE_CHUNK / UR_TBE_WARPS;
   int lane = threadIdx.x & 31, w = threadIdx.x / 32;
-  int ns = s.scal[0], nv = s.scal[2];
-  for (int q = blockIdx.x; q < *num_hot; q += gridDim.x) {
-    int64_t seg = hot[q];
+  int nh = s.scal[1], ns = s.scal[0], nv = s.scal[2];
+  int total = nh > 0 ? s.cend[nh - 1] : 0;
+  for (int q = blockIdx.x; q < total; q += gridDim.x) {
+    int lo = 0, hi = nh - 1;
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (s.cend[mid] > q) hi = mid;
+      else lo = mid + 1;
+    }
+    int64_t seg = s.hot[lo];
     int64_t j0 = s.starts[seg], j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
-    uint64_t key = s.keys[j0];
-    int32_t t = table_of_key(a, key);
-    int dim = a.tables[t].dim;
-    int64_t chunk = (j1 - j0 + W - 1) / W;
-    int64_t c0 = j0 + w * chunk, c1 = c0 + chunk < j1 ? c0 + chunk : j1;
-    if (w >= W) c0 = c1; /* warps beyond W (wide rows) only wait at the barriers */
+    int c = q - (s.cend[lo] - chunks_of(j1 - j0));
+    int64_t c0 = j0 + (int64_t)c * UR_TBE_CHUNK;
+    int64_t c1 = c0 + UR_TBE_CHUNK < j1 ? c0 + UR_TBE_CHUNK : j1;
+    int dim = a.tables[table_of_key(a, key_at(s, j0))].dim;
+    int64_t w0 = c0 + (int64_t)w * sub, w1 = w0 + sub < c1 ? w0 + sub : c1;
     float acc[NV][E];
 #pragma unroll
     for (int v = 0; v < NV; v++)
 #pragma unroll
       for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
-    if (c0 < c1) sum_entries<NV, E, U>(a, s, dim, c0, c1, acc, lane);
-    if (w < W)
+    if (w0 < w1) sum_entries<NV, E, U>(a, s, dim, w0, w1, acc, lane);
 #pragma unroll
-      for (int v = 0; v < NV; v++)
+    for (int v = 0; v < NV; v++)
 #pragma unroll
-        for (int e = 0; e < E; e++) part[w * width + (v * 32 + lane) * E + e] = acc[v][e];
+      for (int e = 0; e < E; e++) part[w][(v * 32 + lane) * E + e] = acc[v][e];
     __syncthreads();
     if (w == 0) {
+      float *out = s.part + (int64_t)q * a.max_dim;
 #pragma unroll
-      for (int v = 0; v < NV; v++)
+      for (int v = 0; v < NV; v++) {
+        int col = (v * 32 + lane) * E;
+        if (col >= dim) continue;
 #pragma unroll
         for (int e = 0; e < E; e++) {
           float x = 0.0f;
-          for (int k = 0; k < W; k++) x = UR_FADD(x, part[k * width + (v * 32 + lane) * E + e]);
-          acc[v][e] = x;
+          for (int k = 0; k < UR_TBE_WARPS; k++) x = UR_FADD(x, part[k][col + e]);
+          out[col + e] = x;
         }
-      /* each lane overwrites only its own columns of warp 0's partials, which it alone read */
-      finish<NV, E>(a, h, sp, part, t, seg, (int64_t)key - a.tables[t].key_base, acc, lane);
+      }
     }
     __syncthreads();
+  }
+}
+
+/* A warp per long segment: its chunks' partials added in chunk order (U rows in flight), then
+ * its row stepped once (or written out, sparse). */
+template <int NV, int E, int U>
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32)
+    long_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
+  __shared__ float slots[UR_TBE_WARPS][NV * 32 * E];
+  int lane = threadIdx.x & 31;
+  float *slot = slots[threadIdx.x / 32];
+  int nh = s.scal[1], ns = s.scal[0], nv = s.scal[2];
+  int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
+  for (int64_t k = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; k < nh; k += warps) {
+    int64_t seg = s.hot[k];
+    int64_t j0 = s.starts[seg], j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
+    uint64_t key = key_at(s, j0);
+    int32_t t = table_of_key(a, key);
+    const ur__tbe_table &tb = a.tables[t];
+    int64_t row = (int64_t)key - tb.key_base;
+    int dim = tb.dim;
+    if (!sp.rows) prefetch_step(h, tb, row, lane);
+    int q1 = s.cend[k], q0 = q1 - chunks_of(j1 - j0);
+    float acc[NV][E];
+#pragma unroll
+    for (int v = 0; v < NV; v++)
+#pragma unroll
+      for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
+    for (int q = q0; q < q1; q += U) {
+      float x[U][NV][E];
+#pragma unroll
+      for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+          int col = (v * 32 + lane) * E;
+#pragma unroll
+          for (int e = 0; e < E; e++)
+            x[u][v][e] = q + u < q1 && col < dim ? s.part[(int64_t)(q + u) * a.max_dim + col + e] : 0.0f;
+        }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (q + u >= q1) break;
+#pragma unroll
+        for (int v = 0; v < NV; v++)
+#pragma unroll
+          for (int e = 0; e < E; e++) acc[v][e] = UR_FADD(acc[v][e], x[u][v][e]);
+      }
+    }
+    finish<NV, E>(a, h, sp, slot, t, seg, row, acc, lane);
   }
 }
 
 /* Distinct rows per table, for the sparse gradient (integer atomics: order does not matter). */
 __global__ void count_kernel(const ur__tbe_args a, const Sorted s, unsigned long long *counts) {
   int64_t seg = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (seg < s.scal[0]) atomicAdd(&counts[table_of_key(a, s.keys[s.starts[seg]])], 1ull);
+  if (seg < s.scal[0]) atomicAdd(&counts[table_of_key(a, key_at(s, s.starts[seg]))], 1ull);
+}
+
+/* The non-deterministic SGD step (args.atomic: f32 rows, no weight decay or clipping): no
+ * sort, each value adds -lr * its factor * its gradient row to its row, 16 bytes a lane in one
+ * vector atomic.  A warp per 32 bags, the values walked as forward walks them, U gradient
+ * rows loaded before their adds.  The adds of a row's values land in any order: the result
+ * differs from the sorted step's within rounding, and from run to run. */
+template <int NV, int U>
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32)
+    atomic_sgd_kernel(const ur__tbe_args a, float neg_lr) {
+  int lane = threadIdx.x & 31;
+  int64_t bag0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * 32;
+  if (bag0 >= a.bags) return;
+  Group g = group_of(a, bag0, lane);
+  int64_t bag = bag0 + lane, rows = 0, at = 0;
+  float *wt = nullptr;
+  const int64_t *perm = nullptr;
+  int32_t dim = 0;
+  float scale = 1.0f;
+  if (bag < a.bags) {
+    int32_t f = feature_of(a, bag);
+    const ur__tbe_feature ft = a.features[f];
+    const ur__tbe_table &tb = a.tables[ft.table];
+    rows = tb.rows;
+    wt = (float *)tb.weights;
+    perm = tb.perm;
+    dim = tb.dim;
+    if (a.pooled) {
+      at = out_at(a.out_base, a.out_stride, f, ft, bag - first_bag(a, f));
+      if (tb.pooling == UR_POOLING_MEAN && g.len > 0) scale = UR_FDIV(1.0f, (float)g.len);
+    }
+  }
+  for (int64_t base = 0; base < g.T; base += 32) {
+    int64_t p = base + lane;
+    int j = bag_at(g, p);
+    int64_t i = __shfl_sync(kFull, g.s, j) + (p - __shfl_sync(kFull, g.P, j));
+    int64_t r = __shfl_sync(kFull, rows, j), jat = __shfl_sync(kFull, at, j);
+    float *jw = (float *)shfl_ptr(wt, j);
+    const int64_t *jp = (const int64_t *)shfl_ptr(perm, j);
+    int jdim = __shfl_sync(kFull, dim, j);
+    float jscale = __shfl_sync(kFull, scale, j);
+    float *rp = nullptr, c = 0.0f;
+    int64_t gat = 0;
+    if (p < g.T) {
+      int64_t id = a.values[i];
+      if (id >= 0 && id < r) rp = jw + (jp ? jp[id] : id) * jdim;
+      gat = a.pooled ? jat : i * jdim;
+      float w = a.weights ? a.weights[i] : 1.0f;
+      c = jscale == 1.0f ? w : UR_FMUL(w, jscale);
+    }
+    int cnt = g.T - base < 32 ? (int)(g.T - base) : 32;
+    for (int u = 0; u < cnt; u += U) {
+      float *rk[U], ck[U], gk[U][NV][4];
+      int dk[U];
+#pragma unroll
+      for (int k = 0; k < U; k++) {
+        int src = (u + k) & 31;
+        rk[k] = (float *)shfl_ptr(rp, src);
+        ck[k] = __shfl_sync(kFull, c, src);
+        int64_t ak = __shfl_sync(kFull, gat, src);
+        dk[k] = __shfl_sync(kFull, jdim, src);
+        if (u + k >= cnt) rk[k] = nullptr;
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+          int col = (v * 32 + lane) * 4;
+          if (rk[k] && col < dk[k]) load_out<4>(a.grad, a.out_dtype, ak + col, gk[k][v]);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < U; k++) {
+        if (!rk[k]) continue;
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+          int col = (v * 32 + lane) * 4;
+          if (col >= dk[k]) continue;
+          float d[4];
+#pragma unroll
+          for (int e = 0; e < 4; e++) d[e] = UR_FMUL(neg_lr, UR_FMUL(ck[k], gk[k][v][e]));
+#if __CUDA_ARCH__ >= 900
+          atomicAdd(reinterpret_cast<float4 *>(rk[k] + col), make_float4(d[0], d[1], d[2], d[3]));
+#else
+#pragma unroll
+          for (int e = 0; e < 4; e++) atomicAdd(rk[k] + col + e, d[e]);
+#endif
+        }
+      }
+    }
+  }
 }
 
 /* VBE backward: bag keys (bag_start[f] + inverse) of every sample of the full batch. */
@@ -913,11 +1045,46 @@ __global__ void decay_kernel(int32_t *c, int64_t n, double factor) {
 /* ---- launch plumbing ---- */
 
 struct Layout {
-  size_t keys0, keys1, idx0, idx1, gat, gc, starts, hot, scal, tabs, cub, flat;
+  size_t keys0, keys1, pay0, pay1, vbag, starts, hot, cend, part, scal, tabs, cub, flat;
   size_t vkeys0, vkeys1, vpos0, vpos1, vstarts, vscal, total, cub_bytes;
 };
 
 size_t up(size_t v) { return (v + UR_TBE_ALIGN - 1) / UR_TBE_ALIGN * UR_TBE_ALIGN; }
+
+/* Keys fit 32 bits when every row's key (and total_keys, the skipped ones') does. */
+bool keys32(const ur__tbe_args *a) { return a->key_bits <= 32; }
+
+/* Long segments a backward can have at most, and their chunks. */
+size_t max_long(size_t n) { return n / (UR_TBE_HOT + 1) + 1; }
+size_t max_chunks(size_t n) { return n / UR_TBE_CHUNK + max_long(n); }
+
+/* cub's scratch for one sort of keys of type K with the selections that follow it. */
+template <typename K>
+cudaError_t sort_scratch(const ur__tbe_args *a, size_t n, size_t *best) {
+  size_t c = 0;
+  int items = (int)(n ? n : 1);
+  cub::DoubleBuffer<K> kb(nullptr, nullptr);
+  cub::DoubleBuffer<int32_t> v32(nullptr, nullptr);
+  cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, c, kb, v32, items, 0, a->key_bits,
+                                                  (cudaStream_t)0);
+  if (e != cudaSuccess) return e;
+  *best = c > *best ? c : *best;
+  e = cub::DeviceSelect::If(nullptr, c, thrust::counting_iterator<int>(0), (int32_t *)nullptr,
+                            (int32_t *)nullptr, items, IsStart<K>{nullptr, 0}, (cudaStream_t)0);
+  if (e != cudaSuccess) return e;
+  *best = c > *best ? c : *best;
+  e = cub::DeviceSelect::If(nullptr, c, thrust::counting_iterator<int>(0), (int32_t *)nullptr,
+                            (int32_t *)nullptr, items, IsHot{nullptr, nullptr}, (cudaStream_t)0);
+  if (e != cudaSuccess) return e;
+  *best = c > *best ? c : *best;
+  auto chunks = thrust::make_transform_iterator(thrust::counting_iterator<int>(0),
+                                                ChunksOf{nullptr, nullptr, nullptr});
+  e = cub::DeviceScan::InclusiveSum(nullptr, c, chunks, (int32_t *)nullptr, (int)max_long(n),
+                                    (cudaStream_t)0);
+  if (e != cudaSuccess) return e;
+  *best = c > *best ? c : *best;
+  return cudaSuccess;
+}
 
 cudaError_t layout_of(const ur__tbe_args *a, int backward, Layout *L) {
   size_t n = (size_t)a->n, m = a->inverse ? (size_t)a->num_features * (size_t)a->full_batch : 0;
@@ -934,14 +1101,6 @@ cudaError_t layout_of(const ur__tbe_args *a, int backward, Layout *L) {
     L->total = at;
     return cudaSuccess;
   }
-  L->keys0 = take(n * 8);
-  L->keys1 = take(n * 8);
-  L->idx0 = take(n * 4);
-  L->idx1 = take(n * 4);
-  L->gat = take(n * 8);
-  L->gc = take(n * 4);
-  L->starts = take(n * 4);
-  L->hot = take((n / (UR_TBE_HOT + 1) + 1) * 4);
   L->tabs = take(3 * (size_t)a->num_tables * 8);
   L->vkeys0 = take(m * 4);
   L->vkeys1 = take(m * 4);
@@ -949,23 +1108,12 @@ cudaError_t layout_of(const ur__tbe_args *a, int backward, Layout *L) {
   L->vpos1 = take(m * 4);
   L->vstarts = take(m * 4);
   L->vscal = take(8 * sizeof(int32_t));
-  size_t c = 0, best = 0;
-  cub::DoubleBuffer<uint64_t> k64(nullptr, nullptr);
-  cub::DoubleBuffer<int32_t> v32(nullptr, nullptr);
-  cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, c, k64, v32, (int)(n ? n : 1), 0,
-                                                  a->key_bits, (cudaStream_t)0);
-  if (e != cudaSuccess) return e;
-  best = c;
-  e = cub::DeviceSelect::If(nullptr, c, thrust::counting_iterator<int>(0), (int32_t *)nullptr,
-                            (int32_t *)nullptr, (int)(n ? n : 1), IsStart{nullptr, 0}, (cudaStream_t)0);
-  if (e != cudaSuccess) return e;
-  best = c > best ? c : best;
-  e = cub::DeviceSelect::If(nullptr, c, thrust::counting_iterator<int>(0), (int32_t *)nullptr,
-                            (int32_t *)nullptr, (int)(n ? n : 1), IsHot{nullptr, nullptr}, (cudaStream_t)0);
-  if (e != cudaSuccess) return e;
-  best = c > best ? c : best;
+  size_t best = 0;
+  cudaError_t e = cudaSuccess;
   if (m) {
+    size_t c = 0;
     cub::DoubleBuffer<uint32_t> k32(nullptr, nullptr);
+    cub::DoubleBuffer<int32_t> v32(nullptr, nullptr);
     e = cub::DeviceRadixSort::SortPairs(nullptr, c, k32, v32, (int)m, 0, 32, (cudaStream_t)0);
     if (e != cudaSuccess) return e;
     best = c > best ? c : best;
@@ -973,6 +1121,21 @@ cudaError_t layout_of(const ur__tbe_args *a, int backward, Layout *L) {
                               (int32_t *)nullptr, (int)m, IsStart32{nullptr, 0}, (cudaStream_t)0);
     if (e != cudaSuccess) return e;
     best = c > best ? c : best;
+  }
+  /* the atomic step sorts nothing */
+  if (!a->atomic) {
+    size_t ks = keys32(a) ? 4 : 8;
+    L->keys0 = take(n * ks);
+    L->keys1 = take(n * ks);
+    L->pay0 = take(n * 4);
+    L->pay1 = take(n * 4);
+    L->vbag = take(a->pooled && a->weights ? n * 4 : 0);
+    L->starts = take(n * 4);
+    L->hot = take(max_long(n) * 4);
+    L->cend = take(max_long(n) * 4);
+    L->part = take(max_chunks(n) * (size_t)a->max_dim * sizeof(float));
+    e = keys32(a) ? sort_scratch<uint32_t>(a, n, &best) : sort_scratch<uint64_t>(a, n, &best);
+    if (e != cudaSuccess) return e;
   }
   L->cub_bytes = best;
   L->cub = take(best);
@@ -1040,32 +1203,47 @@ cudaError_t forward_into(cudaStream_t st, const ur__tbe_args &a) {
 
 template <int NV, int E>
 cudaError_t launch_reduce(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_hyper &h,
-                          const Sorted &s, const SparseOut &sp, const int32_t *hot,
-                          const int32_t *num_hot) {
-  /* Fewer gradient rows per lane than forward's: the chunk's rows are already on their way to
-   * L2 (reduce_kernel prefetches them), and registers decide how many warps fit. */
-  const int U = NV * E >= 16 ? 1 : 16 / (NV * E);
+                          const Sorted &s, const SparseOut &sp) {
+  /* Gradient rows a lane has in flight: registers decide how many warps fit. */
+  const int U = NV * E >= 16 ? 2 : 16 / (NV * E);
   int sms = sm_count();
-  int64_t want = blocks_for((a.n + 31) / 32);
-  unsigned blocks = (unsigned)(want < (int64_t)sms * 16 ? want : (int64_t)sms * 16);
-  reduce_kernel<NV, E, U><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);
+  int64_t want = blocks_for((a.n + 1) / 2); /* a segment has two entries or so */
+  unsigned blocks = (unsigned)(want < (int64_t)sms * 32 ? want : (int64_t)sms * 32);
+  seg_kernel<NV, E, U><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  int64_t maxhot = a.n / (UR_TBE_HOT + 1) + 1;
-  unsigned hb = (unsigned)(maxhot < (int64_t)sms * 2 ? maxhot : (int64_t)sms * 2);
-  hot_kernel<NV, E, U><<<hb, UR_TBE_HOT_THREADS, UR_TBE_HOT_SMEM, st>>>(a, h, s, sp, hot, num_hot);
+  int64_t chunks = (int64_t)max_chunks((size_t)a.n);
+  unsigned cb = (unsigned)(chunks < (int64_t)sms * 16 ? chunks : (int64_t)sms * 16);
+  chunk_kernel<NV, E, U><<<cb, UR_TBE_WARPS * 32, 0, st>>>(a, s);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  int64_t longs = blocks_for((int64_t)max_long((size_t)a.n));
+  unsigned lb = (unsigned)(longs < (int64_t)sms * 4 ? longs : (int64_t)sms * 4);
+  long_kernel<NV, E, U><<<lb, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);
   return cudaGetLastError();
 }
 
 template <int E>
 cudaError_t reduce_e(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_hyper &h, const Sorted &s,
-                     const SparseOut &sp, const int32_t *hot, const int32_t *num_hot, int nv) {
+                     const SparseOut &sp, int nv) {
   switch (nv) {
-  case 1: return launch_reduce<1, E>(st, a, h, s, sp, hot, num_hot);
-  case 2: return launch_reduce<2, E>(st, a, h, s, sp, hot, num_hot);
-  case 4: return launch_reduce<4, E>(st, a, h, s, sp, hot, num_hot);
-  default: return launch_reduce<E == 8 ? 4 : 8, E>(st, a, h, s, sp, hot, num_hot);
+  case 1: return launch_reduce<1, E>(st, a, h, s, sp);
+  case 2: return launch_reduce<2, E>(st, a, h, s, sp);
+  case 4: return launch_reduce<4, E>(st, a, h, s, sp);
+  default: return launch_reduce<E == 8 ? 4 : 8, E>(st, a, h, s, sp);
   }
+}
+
+/* The atomic SGD step (f32 rows only, so E = 4). */
+cudaError_t atomic_sgd(cudaStream_t st, const ur__tbe_args &a, float lr, int nv) {
+  unsigned blocks = blocks_for((a.bags + 31) / 32);
+  float neg = -lr;
+  switch (nv) {
+  case 1: atomic_sgd_kernel<1, 8><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, neg); break;
+  case 2: atomic_sgd_kernel<2, 4><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, neg); break;
+  case 4: atomic_sgd_kernel<4, 2><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, neg); break;
+  default: atomic_sgd_kernel<8, 1><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, neg); break;
+  }
+  return cudaGetLastError();
 }
 
 #define UR_TRY(call)                        \
@@ -1117,43 +1295,53 @@ cudaError_t collapse(cudaStream_t st, const ur__tbe_args *a, char *work, const L
   return cudaSuccess;
 }
 
-/* Keys, sort, segments and the hot list; fills s. */
+/* Keys, sort, segments, the long ones and their chunks; fills s.  K: the keys' type. */
+template <typename K>
 cudaError_t sort_segments(cudaStream_t st, const ur__tbe_args &a, char *work, const Layout &L,
-                          Sorted *s, int32_t **hot, int32_t **num_hot) {
+                          Sorted *s) {
   int32_t *scal = (int32_t *)(work + L.scal);
   UR_TRY(cudaMemsetAsync(scal, 0, 8 * sizeof(int32_t), st));
-  uint64_t *k0 = (uint64_t *)(work + L.keys0), *k1 = (uint64_t *)(work + L.keys1);
-  int32_t *i0 = (int32_t *)(work + L.idx0), *i1 = (int32_t *)(work + L.idx1);
-  int64_t *gat = (int64_t *)(work + L.gat);
-  float *gc = (float *)(work + L.gc);
-  int32_t *starts = (int32_t *)(work + L.starts);
-  *hot = (int32_t *)(work + L.hot);
-  *num_hot = scal + 1;
+  K *k0 = (K *)(work + L.keys0), *k1 = (K *)(work + L.keys1);
+  int32_t *p0 = (int32_t *)(work + L.pay0), *p1 = (int32_t *)(work + L.pay1);
+  int32_t *vbag = a.pooled && a.weights ? (int32_t *)(work + L.vbag) : nullptr;
+  int32_t *starts = (int32_t *)(work + L.starts), *hot = (int32_t *)(work + L.hot);
+  int32_t *cend = (int32_t *)(work + L.cend);
+  *s = Sorted();
   s->starts = starts;
-  s->gat = gat;
-  s->gc = gc;
   s->scal = scal;
-  s->keys = k0;
-  s->idx = i0;
+  s->hot = hot;
+  s->cend = cend;
+  s->part = (float *)(work + L.part);
+  s->vbag = vbag;
+  s->pay = p0;
+  if (sizeof(K) == 4) s->k32 = (const uint32_t *)k0;
+  else s->k64 = (const uint64_t *)k0;
   if (a.n == 0) return cudaSuccess;
-  UR_TRY(cudaMemsetAsync(k0, 0xff, (size_t)a.n * 8, st));
-  keys_kernel<<<blocks_for((a.bags + 31) / 32), UR_TBE_WARPS * 32, 0, st>>>(a, k0, i0, gat, gc, scal);
+  UR_TRY(cudaMemsetAsync(k0, 0xff, (size_t)a.n * sizeof(K), st));
+  keys_kernel<K><<<blocks_for((a.bags + 31) / 32), UR_TBE_WARPS * 32, 0, st>>>(a, k0, p0, vbag, scal);
   UR_TRY(cudaGetLastError());
-  cub::DoubleBuffer<uint64_t> kb(k0, k1);
-  cub::DoubleBuffer<int32_t> ib(i0, i1);
+  cub::DoubleBuffer<K> kb(k0, k1);
+  cub::DoubleBuffer<int32_t> pb(p0, p1);
   size_t cb = L.cub_bytes;
-  UR_TRY(cub::DeviceRadixSort::SortPairs(work + L.cub, cb, kb, ib, (int)a.n, 0, a.key_bits, st));
-  s->keys = kb.Current();
-  s->idx = ib.Current();
+  UR_TRY(cub::DeviceRadixSort::SortPairs(work + L.cub, cb, kb, pb, (int)a.n, 0, a.key_bits, st));
+  const K *keys = kb.Current();
+  if (sizeof(K) == 4) s->k32 = (const uint32_t *)keys;
+  else s->k64 = (const uint64_t *)keys;
+  s->pay = pb.Current();
   unsigned vb = (unsigned)((a.n + 255) / 256);
-  valid_kernel<<<vb, 256, 0, st>>>(s->keys, a.n, (uint64_t)a.total_keys, scal + 2);
+  valid_kernel<K><<<vb, 256, 0, st>>>(keys, a.n, (K)a.total_keys, scal + 2);
   UR_TRY(cudaGetLastError());
   cb = L.cub_bytes;
   UR_TRY(cub::DeviceSelect::If(work + L.cub, cb, thrust::counting_iterator<int>(0), starts, scal,
-                               (int)a.n, IsStart{s->keys, (uint64_t)a.total_keys}, st));
+                               (int)a.n, IsStart<K>{keys, (K)a.total_keys}, st));
   cb = L.cub_bytes;
-  UR_TRY(cub::DeviceSelect::If(work + L.cub, cb, thrust::counting_iterator<int>(0), *hot, scal + 1,
+  UR_TRY(cub::DeviceSelect::If(work + L.cub, cb, thrust::counting_iterator<int>(0), hot, scal + 1,
                                (int)a.n, IsHot{starts, scal}, st));
+  cb = L.cub_bytes;
+  auto chunks = thrust::make_transform_iterator(thrust::counting_iterator<int>(0),
+                                                ChunksOf{starts, scal, hot});
+  UR_TRY(cub::DeviceScan::InclusiveSum(work + L.cub, cb, chunks, cend,
+                                       (int)max_long((size_t)a.n), st));
   return cudaSuccess;
 }
 
@@ -1212,9 +1400,10 @@ static cudaError_t backward_common(cudaStream_t st, const ur__tbe_args *a, const
   char *w = (char *)work;
   ur__tbe_args in;
   UR_TRY(collapse(st, a, w, L, &in));
+  if (a->atomic && h && !sp.rows && !count_only)
+    return a->n > 0 ? atomic_sgd(st, in, h->k.lr, shape_of(a).nv) : cudaSuccess;
   Sorted s;
-  int32_t *hot = nullptr, *num_hot = nullptr;
-  UR_TRY(sort_segments(st, in, w, L, &s, &hot, &num_hot));
+  UR_TRY(keys32(a) ? sort_segments<uint32_t>(st, in, w, L, &s) : sort_segments<uint64_t>(st, in, w, L, &s));
   if (count_only) {
     unsigned long long *c = (unsigned long long *)(w + L.tabs);
     UR_TRY(cudaMemsetAsync(c, 0, (size_t)a->num_tables * 8, st));
@@ -1230,8 +1419,7 @@ static cudaError_t backward_common(cudaStream_t st, const ur__tbe_args *a, const
   ur__tbe_hyper hh;
   if (h) hh = *h;
   else memset(&hh, 0, sizeof hh);
-  return sh.e == 8 ? reduce_e<8>(st, in, hh, s, sp, hot, num_hot, sh.nv)
-                   : reduce_e<4>(st, in, hh, s, sp, hot, num_hot, sh.nv);
+  return sh.e == 8 ? reduce_e<8>(st, in, hh, s, sp, sh.nv) : reduce_e<4>(st, in, hh, s, sp, sh.nv);
 }
 
 static cudaError_t ur__cuda_tbe_backward(cudaStream_t st, const ur__tbe_args *a, const ur__tbe_hyper *h,
@@ -1288,6 +1476,50 @@ static cudaError_t ur__cuda_gather_rows(cudaStream_t st, const void *src, size_t
   return cudaGetLastError();
 }
 
+/* ---- row swaps ---- */
+
+/* A warp a pair: the two physical rows trade places in every tensor (16 bytes a lane where the
+ * rows allow, else 4), then their permutation entries.  Pairs share no row (checked by the
+ * caller), so no two warps touch the same bytes. */
+__global__ void swap_rows_kernel(const ur__tbe_swap s) {
+  int lane = threadIdx.x & 31;
+  int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  for (int64_t k = warp; k < s.n; k += warps) {
+    int64_t x = s.ids[k], y = s.ids[s.n + k], px = s.perm[x], py = s.perm[y];
+    for (int j = 0; j < s.ntensors; j++) {
+      size_t rb = (size_t)s.row_bytes[j];
+      char *a = s.base[j] + (size_t)px * rb, *b = s.base[j] + (size_t)py * rb;
+      if (rb % 16 == 0 && (uintptr_t)s.base[j] % 16 == 0) {
+        for (size_t w = (size_t)lane; w < rb / 16; w += 32) {
+          uint4 t = ((uint4 *)a)[w];
+          ((uint4 *)a)[w] = ((uint4 *)b)[w];
+          ((uint4 *)b)[w] = t;
+        }
+      } else {
+        for (size_t w = (size_t)lane; w < rb / 4; w += 32) {
+          unsigned t = ((unsigned *)a)[w];
+          ((unsigned *)a)[w] = ((unsigned *)b)[w];
+          ((unsigned *)b)[w] = t;
+        }
+      }
+    }
+    if (lane == 0) {
+      s.perm[x] = py;
+      s.perm[y] = px;
+    }
+  }
+}
+
+static cudaError_t ur__cuda_swap_rows(cudaStream_t st, const ur__tbe_swap *s) {
+  (void)cudaGetLastError();
+  if (s->n == 0) return cudaSuccess;
+  int64_t want = (s->n + 7) / 8; /* 8 warps a block */
+  int64_t cap = (int64_t)sm_count() * 32;
+  swap_rows_kernel<<<(unsigned)(want < cap ? want : cap), 256, 0, st>>>(*s);
+  return cudaGetLastError();
+}
+
 /* ---- the backend's tbe table ---- */
 
 static ur_status tbe_work_bytes(const ur__tbe_args *a, int backward, size_t *out) {
@@ -1328,6 +1560,11 @@ static ur_status tbe_gather_rows(void *stream, const void *src, int64_t src_rows
   return UR_STATUS_OK;
 }
 
+static ur_status tbe_swap_rows(void *stream, const ur__tbe_swap *s) {
+  UR_CUDA_CHECK(ur__cuda_swap_rows((cudaStream_t)stream, s), "tbe row swaps");
+  return UR_STATUS_OK;
+}
+
 static ur_status tbe_decay_counts(void *stream, int32_t *c, int64_t n, double factor) {
   UR_CUDA_CHECK(ur__cuda_tbe_decay_counts((cudaStream_t)stream, c, n, factor),
                 "tbe counter decay");
@@ -1342,4 +1579,5 @@ const ur_tbe_ops ur__cuda_tbe_ops = {
     .sparse_write = tbe_sparse_write,
     .gather_rows = tbe_gather_rows,
     .decay_counts = tbe_decay_counts,
+    .swap_rows = tbe_swap_rows,
 };

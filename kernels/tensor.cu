@@ -120,41 +120,49 @@ __device__ __forceinline__ void ur_rand_store(int8_t *p, double v) { *p = (int8_
 __device__ __forceinline__ void ur_rand_store(uint8_t *p, double v) { *p = (uint8_t)floor(v); }
 __device__ __forceinline__ void ur_rand_store(int32_t *p, double v) { *p = (int32_t)floor(v); }
 __device__ __forceinline__ void ur_rand_store(int64_t *p, double v) { *p = (int64_t)floor(v); }
+__device__ __forceinline__ void ur_rand_store(double *p, double v) { *p = v; }
 
 template <typename T>
-__global__ void ur_rand_kernel(T *dst, size_t n, uint64_t first, int normal, double a,
-                               double b, uint64_t seed) {
+__global__ void ur_rand_kernel(T *dst, size_t n, uint64_t first, size_t cols, uint64_t pitch,
+                               int normal, double a, double b, uint64_t seed) {
   size_t stride = (size_t)gridDim.x * blockDim.x;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    ur_rand_store(dst + i, ur_rand_value(first + i, seed, normal, a, b));
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    uint64_t counter = pitch == cols ? first + i : first + (i / cols) * pitch + i % cols;
+    ur_rand_store(dst + i, ur_rand_value(counter, seed, normal, a, b));
+  }
 }
 
 template <typename T>
 static cudaError_t ur_rand_launch(cudaStream_t stream, void *dst, size_t n, uint64_t first,
-                                  int normal, double a, double b, uint64_t seed) {
+                                  size_t cols, uint64_t pitch, int normal, double a, double b,
+                                  uint64_t seed) {
   unsigned blocks = 0;
   cudaError_t e = ur_grid_size(n, &blocks);
   if (e != cudaSuccess) return e;
-  ur_rand_kernel<T><<<blocks, UR_THREADS, 0, stream>>>((T *)dst, n, first, normal, a, b, seed);
+  ur_rand_kernel<T><<<blocks, UR_THREADS, 0, stream>>>((T *)dst, n, first, cols, pitch, normal, a,
+                                                       b, seed);
   return cudaGetLastError();
 }
 
 cudaError_t ur__cuda_rand(cudaStream_t stream, void *dst, ur_dtype dtype, size_t n,
-                          uint64_t first, ur_dist dist, double a, double b, uint64_t seed) {
+                          uint64_t first, size_t cols, uint64_t pitch, ur_dist dist, double a,
+                          double b, uint64_t seed) {
   if (n == 0) return cudaSuccess;
   (void)cudaGetLastError(); /* see ur__cuda_fill */
   int normal = dist == UR_DIST_NORMAL;
+#define UR_RAND(T) ur_rand_launch<T>(stream, dst, n, first, cols, pitch, normal, a, b, seed)
   switch (dtype) {
-  case UR_DTYPE_F32: return ur_rand_launch<float>(stream, dst, n, first, normal, a, b, seed);
-  case UR_DTYPE_BF16:
-    return ur_rand_launch<__nv_bfloat16>(stream, dst, n, first, normal, a, b, seed);
-  case UR_DTYPE_F16: return ur_rand_launch<__half>(stream, dst, n, first, normal, a, b, seed);
-  case UR_DTYPE_I8: return ur_rand_launch<int8_t>(stream, dst, n, first, normal, a, b, seed);
-  case UR_DTYPE_U8: return ur_rand_launch<uint8_t>(stream, dst, n, first, normal, a, b, seed);
-  case UR_DTYPE_I32: return ur_rand_launch<int32_t>(stream, dst, n, first, normal, a, b, seed);
-  case UR_DTYPE_I64: return ur_rand_launch<int64_t>(stream, dst, n, first, normal, a, b, seed);
+  case UR_DTYPE_F32: return UR_RAND(float);
+  case UR_DTYPE_BF16: return UR_RAND(__nv_bfloat16);
+  case UR_DTYPE_F16: return UR_RAND(__half);
+  case UR_DTYPE_I8: return UR_RAND(int8_t);
+  case UR_DTYPE_U8: return UR_RAND(uint8_t);
+  case UR_DTYPE_I32: return UR_RAND(int32_t);
+  case UR_DTYPE_I64: return UR_RAND(int64_t);
+  case UR_DTYPE_F64: return UR_RAND(double);
   default: return cudaErrorInvalidValue;
   }
+#undef UR_RAND
 }
 
 /* ---- probe ---- */

@@ -15,9 +15,11 @@
 cudaError_t ur__cuda_fill(cudaStream_t stream, void *dst, size_t n, size_t elem_bytes,
                           uint64_t value);
 
-/* Element i takes ur_philox_value(first + i, seed, ...) (philox.h) converted to dtype. */
+/* Element i (row i / cols, column i % cols) takes ur_philox_value(first + row * pitch + column,
+ * seed, ...) (philox.h) converted to dtype. */
 cudaError_t ur__cuda_rand(cudaStream_t stream, void *dst, ur_dtype dtype, size_t n,
-                          uint64_t first, ur_dist dist, double a, double b, uint64_t seed);
+                          uint64_t first, size_t cols, uint64_t pitch, ur_dist dist, double a,
+                          double b, uint64_t seed);
 
 /* Loads the probe kernel on the current device, so that a timed probe does not time the
  * module load (lazy loading defers it to the first launch). */

@@ -17,9 +17,11 @@ local nn = {
 
 local DLRM = Module:extend("DLRM")
 
--- DLRM(cfg, {gpu = true, device = n}): with gpu, tables go where the config places them on
--- GPU device (default: the current one), else on the host; the dense part is built on the
--- host (to() moves it).  Environmental failures (memory, the HBM budget) raise.
+-- DLRM(cfg, {gpu = true, device = n, sharding = plan}): with gpu, tables go where the config
+-- places them on GPU device (default: the current one), else on the host; the dense part is
+-- built on the host (to() moves it).  With sharding (a plan as uvmrec.dist.plan reads it), the
+-- tables are built as this rank's shards of them (uvmrec.dist.shard).  Environmental failures
+-- (memory, the HBM budget) raise.
 function DLRM:__init(cfg, opts)
   Module.__init(self)
   opts = opts or {}
@@ -40,7 +42,7 @@ function DLRM:__init(cfg, opts)
                               and place or nil }
   end
   local o = e.optimizer or {}
-  self.embeddings = nn.EmbeddingBagCollection {
+  local ebc = {
     tables = tables, pooling = e.pooling, bounds = e.bounds, seed = cfg.train.seed,
     cache = e.cache and { load_factor = e.cache.load_factor, slots = e.cache.slots, bytes = e.cache.bytes,
                           shared = e.cache.shared, policy = e.cache.policy, decay_batches = e.cache.decay_batches,
@@ -48,13 +50,24 @@ function DLRM:__init(cfg, opts)
                           min_slots = e.cache.min_slots },
     device = not gpu and "cpu" or opts.device,
     optimizer = { o.name or "sgd", lr = o.lr or cfg.optimizer.lr, eps = o.eps,
-                  weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2 },
+                  weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2,
+                  deterministic = o.deterministic },
   }
+  if opts.sharding then
+    self.embeddings = require("uvmrec.dist").shard(ebc, opts.sharding)
+  else
+    self.embeddings = nn.EmbeddingBagCollection(ebc)
+  end
 
   local d = m.bottom_mlp[#m.bottom_mlp]
   local width
+  local pad
   if m.interaction == "dot" then
-    self.interaction = nn.Interaction { self_interaction = m.self_interaction }
+    -- The interaction's output is padded with zero columns to a multiple of 8, which the top
+    -- MLP's first layer reads with zero weights: the same model, on rows the matrix products
+    -- take aligned.  interaction_width stays the unpadded model's.
+    pad = 8
+    self.interaction = nn.Interaction { self_interaction = m.self_interaction, pad = true }
     width = dense.interaction_width(#rows, d, m.self_interaction)
     self._pair = {}
   else
@@ -62,16 +75,24 @@ function DLRM:__init(cfg, opts)
     self.interaction = nn.CrossNet(width, m.cross_layers, { rank = m.cross_rank > 0 and m.cross_rank or nil })
   end
   self.interaction_width = width
-  self.top = nn.MLP({ width, unpack(m.top_mlp) }, { last = "none" })
+  self.top = nn.MLP({ width, unpack(m.top_mlp) }, { last = "none", pad_to = pad })
   self.criterion = nn.BCEWithLogits()
+  -- The MLPs' weight gradients go to a side stream on the GPU, beside the input gradients and
+  -- the tables' backward; backward joins them before it returns.
+  for _, mlp in ipairs { self.bottom, self.top } do
+    for _, l in ipairs(mlp.modules) do
+      if l.fuses_relu then l.async_wgrad = true end
+    end
+  end
   self.modules = { self.bottom, self.embeddings, self.interaction, self.top, self.criterion }
   for _, c in ipairs(self.modules) do c:share_arena(self) end
 end
 
--- The logits [B, 1] of a batch {dense = f32 [B, dense], sparse = KJT or {values=, offsets=}}.
+-- The logits [B, 1] of a batch (uvmrec.data.Batch: dense f32 [B, dense], sparse a KJT, and
+-- the ticket of its cached rows when the prefetch pipeline brought them in ahead).
 function DLRM:updateOutput(batch)
   local x = self.bottom:forward(batch.dense)
-  local e = self.embeddings:forward(batch.sparse)
+  local e = self.embeddings:forward(batch.sparse, batch.ticket)
   local z
   if self._pair then
     self._pair[1], self._pair[2] = x, e
@@ -106,7 +127,8 @@ function DLRM:backward(batch, gradOutput)
     dense.split(gc, self._parts, self.stream)
   end
   self.bottom:backward(batch.dense, gx)
-  self.embeddings:backward(batch.sparse, ge)
+  self.embeddings:backward(batch.sparse, ge, batch.ticket)
+  dense.join(self.stream)
   self.gradInput = nil
   return nil
 end
@@ -178,12 +200,14 @@ end
 local M = { DLRM = DLRM }
 
 -- The model of a config, placed: on the current GPU when one is in use (opts.cpu: never),
--- with the config's precision.  Returns the model, or nil, message (memory, the HBM budget).
+-- with the config's precision; with opts.sharding (a plan; dist.init() done), its tables
+-- sharded over the job's ranks and its dense part data-parallel.  Returns the model, or nil,
+-- message (memory, the HBM budget).
 function M.build(cfg, opts)
   opts = opts or {}
   Module.manual_seed(cfg.train.seed)
   local gpu = ur.gpu() and not opts.cpu
-  local ok, model = pcall(DLRM, cfg, { gpu = gpu, device = opts.device })
+  local ok, model = pcall(DLRM, cfg, { gpu = gpu, device = opts.device, sharding = opts.sharding })
   if not ok then return nil, (tostring(model):gsub("^[^\n]-:%d+: ", "")) end
   if gpu then
     local moved, err = model:to("device", opts.device)
@@ -191,6 +215,7 @@ function M.build(cfg, opts)
   end
   local set, err = model:set_precision(cfg.model.precision)
   if not set then return nil, err end
+  if opts.sharding then require("uvmrec.dist.ddp").data_parallel(model) end
   return model
 end
 

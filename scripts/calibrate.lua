@@ -207,8 +207,7 @@ do
                                cache = { load_factor = lf, policy = "lru" } })
     local cache = c.cache
     local function step(x)
-      assert(cache:prepare(x, x.values.p, x.offsets.p, nil, nil, 1, false))
-      assert(cache:retire(x, true, nil))
+      assert(c:retire(assert(c:prepare(x)), true))
     end
     step(batches[1])
     cache:reset_stats()

@@ -7,9 +7,14 @@
 local ur = require "uvmrec"
 local data = ur.data
 
--- Table sizes: 26, or one for all.
+-- Table sizes: 26, or one for all, each a whole number of rows from 1 to 2^32.
 local function rows(list)
   if #list ~= 1 and #list ~= 26 then return nil, ("%d sizes; give 26 or one"):format(#list) end
+  for i, r in ipairs(list) do
+    if not (r >= 1 and r <= 2 ^ 32 and r == math.floor(r)) then
+      return nil, ("size %d is %s; table sizes are whole numbers from 1 to 2^32"):format(i, tostring(r))
+    end
+  end
   return #list == 1 and list[1] or list
 end
 
@@ -40,10 +45,21 @@ local cmd = require("uvmrec.cli").command {
 local o = cmd:parse(arg)
 local inputs, out = o.input, o.out
 local opts = { rows = o.rows or o.rows_config, on_bad_line = o.on_bad_line, pad_missing_fields = o.pad_missing_fields }
-if os.execute(("mkdir -p '%s'"):format(out:gsub("'", "'\\''"))) ~= 0 then cmd:fail("cannot create " .. out) end
+-- Every input is there before anything is made; the day files appear only when all converted.
+for _, path in ipairs(inputs) do
+  local f, ferr = io.open(path, "rb")
+  if not f then cmd:fail(ferr) end
+  f:close()
+end
+local existed = ur.C.ur_path_kind(out) ~= 0
+local made, merr = require("uvmrec.lib").check(ur.C.ur_dir_create(out))
+if not made then cmd:fail(merr) end
 
 local st, err = data.convert(inputs, out, opts)
-if not st then cmd:fail(err) end
+if not st then
+  if not existed then os.remove(out) end -- the folder made for it, left empty
+  cmd:fail(data.bad_line_hint(err, { skip = "--on-bad-line skip", pad = "--pad-missing-fields" }))
+end
 
 local readme = assert(io.open(out .. "/README.txt", "a"))
 for k, path in ipairs(inputs) do

@@ -3,7 +3,8 @@
 -- table's most ids per sample; one column per table when all are one-hot, as Criteo's; unused
 -- slots of a multi-hot bag are -1), day_N_labels.npy <i4 [n], and when asked day_N_weights.npy
 -- <f4 [n, H] and day_N_groups.npy <i8 [n]; layout.txt says which columns are which table.
--- Prints samples/s and the hidden model's AUC, the ceiling a model can reach.  Its options are
+-- Draws on the GPU where there is one (--cpu: on every core), converts and writes on every
+-- core.  Prints samples/s, MB/s and the hidden model's AUC, the ceiling a model can reach.  Its options are
 -- declared below (`uvmrec datagen --help`).  Also runs as `luajit scripts/datagen.lua ...` with
 -- the paths from `make -s env`.
 local ffi = require "ffi"
@@ -22,6 +23,8 @@ local cmd = require("uvmrec.cli").command {
     check = function(d) return d >= 1 and d or nil, "must be at least 1" end },
   { "--seed S", "override the seed", type = "whole" },
   { "--groups G", "per-sample grouping keys in [0, G)", type = "whole" },
+  { "--cpu", "generate on the CPU even where a GPU is (by default the GPU draws, the host writes)" },
+  { "--report FILE", "append a JSON line of the rates to FILE" },
 }
 local o = cmd:parse(arg)
 local name, out, days = o.config, o.out, o.days
@@ -62,15 +65,14 @@ local function close(w)
   if C.ur_npy_writer_close(w) ~= 0 then cmd:fail(ffi.string(C.ur_last_error())) end
 end
 
+-- A chunk at a time: drawn on the GPU (copied down) or on every core, then converted (on every
+-- core) and written.
 local chunk = 262144
-local function now()
-  local t = ffi.new("struct { long s, ns; }")
-  ffi.C.clock_gettime(1, t) -- CLOCK_MONOTONIC
-  return tonumber(t.s) + tonumber(t.ns) * 1e-9
-end
-pcall(ffi.cdef, "int clock_gettime(int, void *);")
+local gpu = ur.gpu() and not o.cpu
+local function now() return C.ur_clock_seconds() end
 local start = now()
-local gen_s = 0
+local gen_s, write_s, bytes = 0, 0, 0
+local gen_cpu, write_cpu = 0, 0 -- CPU time (all threads): the cost on a shared machine
 local first = 0
 for d = 0, days - 1 do
   local n_day = math.floor(samples * (d + 1) / days) - math.floor(samples * d / days)
@@ -85,14 +87,25 @@ for d = 0, days - 1 do
   local done = 0
   while done < n_day do
     local n = math.min(chunk, n_day - done)
-    local g0 = now()
-    local g = assert(data.generate(spec, first + done, n))
-    gen_s = gen_s + (now() - g0)
+    local g0, gc0 = now(), os.clock()
+    local g = assert(data.generate(spec, first + done, n, { placement = gpu and "device" or "host" }))
+    if gpu then
+      for k, t in pairs(g) do
+        g[k] = assert(t:to("host"))
+        t:free()
+      end
+    end
+    local w0, wc0 = now(), os.clock()
+    gen_s, gen_cpu = gen_s + (w0 - g0), gen_cpu + (wc0 - gc0)
     append(w.dense, g.dense)
     append(w.sparse, g.ids)
     append(w.labels, g.labels)
     if w.weights then append(w.weights, g.weights) end
     if w.groups then append(w.groups, g.groups) end
+    write_s, write_cpu = write_s + (now() - w0), write_cpu + (os.clock() - wc0)
+    bytes = bytes + n * (c.num_dense * 4 + H * (big and 8 or 4) + 4 + (w.weights and H * 4 or 0) +
+                         (w.groups and 8 or 0))
+    for _, t in pairs(g) do t:free() end
     done = done + n
   end
   for _, x in pairs(w) do close(x) end
@@ -107,9 +120,20 @@ lay:write("format uvmrec-day 1\n", ("source synthetic %s seed %d\n"):format(name
   ("one_hot %s\nweights %s\ngroups %d\n"):format(tostring(one_hot), tostring(weighted), tonumber(c.groups)))
 lay:close()
 
+print(("CPU time: generation %.0f samples a CPU-second, converting and writing %.0f MB a CPU-second"):format(
+  samples / math.max(gen_cpu, 1e-9), bytes / 1e6 / math.max(write_cpu, 1e-9)))
+if o.report then
+  local f = assert(io.open(o.report, "a"))
+  f:write(require("uvmrec.json").encode { bench = "datagen", config = name, samples = samples, bytes = bytes,
+    seconds = secs, mb_per_s = bytes / 1e6 / math.max(secs, 1e-9), gpu = gpu,
+    generation_cpu_samples_per_s = samples / math.max(gen_cpu, 1e-9),
+    write_cpu_mb_per_s = bytes / 1e6 / math.max(write_cpu, 1e-9) }, "\n")
+  f:close()
+end
 local ceiling = synthetic.hidden_auc(spec, math.min(samples, 100000), 0)
 print(("wrote %d samples of '%s' (%d tables, %d dense) into %d day file(s) in %s"):format(samples, name,
   c.num_tables, c.num_dense, days, out))
-print(("%.2f s: %.0f samples/s written (generation alone %.0f samples/s)"):format(secs,
-  samples / math.max(secs, 1e-9), samples / math.max(gen_s, 1e-9)))
+print(("%.2f s: %.0f samples/s, %.0f MB/s written (generation on the %s %.0f samples/s; converting and writing "
+  .. "%.0f MB/s)"):format(secs, samples / math.max(secs, 1e-9), bytes / 1e6 / math.max(secs, 1e-9),
+  gpu and "GPU, copies included," or "CPU", samples / math.max(gen_s, 1e-9), bytes / 1e6 / math.max(write_s, 1e-9)))
 print(("hidden model AUC (the ceiling): %.4f"):format(ceiling or 0))

@@ -11,12 +11,12 @@ local cmd = require("uvmrec.cli").command {
   name = "eval",
   summary = "evaluate a config's model (or a checkpoint of it) on held-out data: AUC, NE, log loss, ...",
   { "CONFIG", "a YAML config, a preset in models/ (dlrm_tiny, dlrm_kaggle, ...), or a model file (uvmrec export)" },
-  { "--data SPEC", "what to evaluate on: synthetic:NAME (the samples after the config's training ones, "
-    .. "eval.samples of them), criteo-tsv:PATH[,PATH...] or criteo-bin:DIR (all, or the first eval.samples); "
-    .. "default: the config's data.eval or data.train" },
+  { "--data SPEC", "what to evaluate on: synthetic:NAME (eval.samples held-out samples, from sample 2^48, "
+    .. "which training never reaches), criteo-tsv:PATH[,PATH...] or criteo-bin:DIR (all, or the first "
+    .. "eval.samples); default: the config's data.eval or data.train; for a model file, the training "
+    .. "run's held-out samples" },
   { "--checkpoint C", "the weights: a checkpoint file, or a run directory (its newest checkpoint); the model's "
-    .. "config must be the checkpoint's.  For synthetic data give the training's --set train.steps / "
-    .. "data.samples: the held-out samples follow them" },
+    .. "config must be the checkpoint's" },
   { "--set K=V", "any config value, checked by the schema", many = true },
   { "--out RUNDIR", "append the result to RUNDIR/metrics.jsonl" },
   { "--cpu", "evaluate on the CPU even where a GPU is" },
@@ -54,4 +54,7 @@ local cfg, err = train.config.load(file, o.set)
 if not cfg then cmd:fail(err) end
 opts.config_path = file
 local result, rerr = train.eval(cfg, opts)
-if not result then cmd:fail(rerr) end
+if not result then
+  cmd:fail(require("uvmrec.data").bad_line_hint(rerr, { skip = "--set data.on_bad_line=skip",
+    pad = "--set data.pad_missing_fields=true" }))
+end

@@ -30,6 +30,8 @@ local cmd = require("uvmrec.cli").command {
   { "--progress M", "auto (a bar on a terminal, lines elsewhere), bar, lines or none",
     choices = { "auto", "bar", "lines", "none" } },
   { "--cpu", "train on the CPU even where a GPU is" },
+  { "--host-memory SIZE", "refuse, before allocating anything, a run needing more host memory than SIZE "
+    .. "(e.g. 120GiB: tables on the host, the loader, the day files' page cache; default: the cgroup's limit)" },
 }
 local o = cmd:parse(arg)
 
@@ -40,7 +42,7 @@ for _, f in ipairs { { "data", "data.train" }, { "eval_data", "data.eval" }, { "
   local v = o[f[1]]
   if v ~= nil then sets[#sets + 1] = f[2] .. "=" .. (type(v) == "number" and ("%d"):format(v) or v) end
 end
-local opts = { out = o.out, resume = o.resume, progress = o.progress, cpu = o.cpu }
+local opts = { out = o.out, resume = o.resume, progress = o.progress, cpu = o.cpu, host_memory = o.host_memory }
 
 local file, ferr = train.find_config(o.config)
 if not file then cmd:fail(ferr) end
@@ -52,7 +54,10 @@ if opts.resume and not opts.out and require("uvmrec").C.ur_path_kind(opts.resume
   opts.out = opts.resume
 end
 local result, rerr = train.run(cfg, opts)
-if not result then cmd:fail(rerr) end
+if not result then
+  cmd:fail(require("uvmrec.data").bad_line_hint(rerr, { skip = "--set data.on_bad_line=skip",
+    pad = "--set data.pad_missing_fields=true" }))
+end
 if result.interrupted then
   local sig = result.interrupted.signal
   os.exit(128 + (sig > 0 and sig or 2))

@@ -123,7 +123,7 @@ describe("uvmrec.cache on CUDA", function()
 end)
 
 -- The GPU's own decisions (kernels/cache.cu, a warp per set) against the host reference
--- (engine/src/cache.c), batch by batch: the slot id of every value, every count, and the
+-- (engine/src/embedding/cache_cpu.c), batch by batch: the slot id of every value, every count, and the
 -- tags at the end, on skewed ids whose hot set moves, with tiny caches (conflicts and
 -- staging growth), tables sharing a pool of sets, LFU with decay, a variable batch per
 -- feature, and the pipeline's order (batch i+1 prepared on another stream before batch i
@@ -133,11 +133,11 @@ describe("uvmrec.cache decisions on CUDA", function()
   local FIELDS = { "batches", "lookups", "unique", "hits", "misses", "conflicts", "evictions",
                    "writebacks", "waits", "bytes_in", "bytes_out" }
 
-  local function ids_batch(step, bpf, hot)
+  local function ids_batch(step, strides, hot)
     local values, offsets = {}, { 0 }
     local shift = math.floor(step / 5) * 97
     for f, t in ipairs(TABLES) do
-      for _ = 1, bpf and bpf[f] or 24 do
+      for _ = 1, strides and strides[f] or 24 do
         for _ = 1, math.random(0, 4) do
           local r = math.floor(t.rows * math.random() ^ hot)
           values[#values + 1] = (r + shift) % t.rows
@@ -145,7 +145,7 @@ describe("uvmrec.cache decisions on CUDA", function()
         offsets[#offsets + 1] = #values
       end
     end
-    return { values = values, offsets = offsets, bpf = bpf }
+    return { values = values, offsets = offsets, strides = strides }
   end
 
   local function same_stats(cc, cg, what)
@@ -165,7 +165,7 @@ describe("uvmrec.cache decisions on CUDA", function()
     { "lru, variable batch per feature", { load_factor = 0.1, policy = "lru", min_slots = 0 }, { 17, 40, 5 } },
     { "lfu, a shared pool, skew 6", { slots = 160, shared = true, policy = "lfu", decay_batches = 0 }, nil, 6 },
   }) do
-    local name, cache, bpf, hot, conflicts = case[1], case[2], case[3], case[4] or 3, case[5]
+    local name, cache, strides, hot, conflicts = case[1], case[2], case[3], case[4] or 3, case[5]
     for _, pipelined in ipairs({ false, true }) do
       cuda_it(("gives the CPU's slot ids and counts batch by batch (%s%s)"):format(name,
               pipelined and ", pipelined" or ""), function()
@@ -177,20 +177,18 @@ describe("uvmrec.cache decisions on CUDA", function()
         local pending = {}
         local staged = 0
         for step = 1, 30 do
-          local b = ids_batch(step, bpf, hot)
+          local b = ids_batch(step, strides, hot)
           local xg, xc = R.input(b, "device"), R.input(b, "host")
           -- pipelined: the batch before retires (trained) on its stream, then this one is
           -- prepared on the other while that one may still run
           local k = pipelined and step % 2 + 1 or 1
           while #pending > 0 do
             local p = table.remove(pending, 1)
-            assert(g.cache:retire(p.xg, true, sg[p.k]))
-            assert(c.cache:retire(p.xc, true, sc[p.k]))
+            assert(g:retire(p.tg, true, sg[p.k]))
+            assert(c:retire(p.tc, true, sc[p.k]))
           end
-          local vg, og, _, bg = g:_input(xg, 1)
-          local rg = assert(g.cache:prepare(xg, vg, og, bg, sg[k], 1))
-          local vc, oc, _, bc = c:_input(xc, 1)
-          local rc = assert(c.cache:prepare(xc, vc, oc, bc, sc[k], 1))
+          local rg = assert(g:prepare(xg, sg[k]))
+          local rc = assert(c:prepare(xc, sc[k]))
           assert(sg[k]:sync())
           local want, got = rc.ids:totable(), assert(rg.ids:to("host")):totable()
           assert.equal(#want, #got)
@@ -202,16 +200,16 @@ describe("uvmrec.cache decisions on CUDA", function()
           end
           same_stats(c.cache, g.cache, "step " .. step)
           staged = staged + c.cache:stats().conflicts
-          pending[#pending + 1] = { xg = xg, xc = xc, k = k }
+          pending[#pending + 1] = { tg = rg, tc = rc, k = k }
           if not pipelined then
             local p = table.remove(pending, 1)
-            assert(g.cache:retire(p.xg, true, sg[p.k]))
-            assert(c.cache:retire(p.xc, true, sc[p.k]))
+            assert(g:retire(p.tg, true, sg[p.k]))
+            assert(c:retire(p.tc, true, sc[p.k]))
           end
         end
         for _, p in ipairs(pending) do
-          assert(g.cache:retire(p.xg, true, sg[p.k]))
-          assert(c.cache:retire(p.xc, true, sc[p.k]))
+          assert(g:retire(p.tg, true, sg[p.k]))
+          assert(c:retire(p.tc, true, sc[p.k]))
         end
         if conflicts then assert.is_true(staged > 0, "the case makes conflict misses") end
         assert.is_true(g.cache:stats().evictions > 0, "the case evicts")
@@ -239,10 +237,8 @@ describe("uvmrec.cache decisions on CUDA", function()
     local c = make("cpu", "cached", { "sgd", lr = 0.2 }, cache).tbe
     local b = { values = { 1, 2, 300, 3, 4 }, offsets = { 0, 2, 3, 5 } }
     local xg, xc = R.input(b, "device"), R.input(b, "host")
-    local vg, og, _, bg = g:_input(xg, 1)
-    local vc, oc, _, bc = c:_input(xc, 1)
-    local okg, eg = pcall(g.cache.prepare, g.cache, xg, vg, og, bg, nil, 1)
-    local okc, ec = pcall(c.cache.prepare, c.cache, xc, vc, oc, bc, nil, 1)
+    local okg, eg = pcall(g.prepare, g, xg)
+    local okc, ec = pcall(c.prepare, c, xc)
     assert.is_false(okg)
     assert.is_false(okc)
     assert.equal(ec:match("cache: .*"), eg:match("cache: .*"))

@@ -342,8 +342,7 @@ local function losses(sets, cpu)
   local r = h.train_tiny({ "train.batch_size=256", "train.steps=40", "train.log_every=2", "eval.samples=2048",
                            "eval.every=0", "eval.batch_size=2048" }, sets,
                          { cpu = cpu, setup = function(c) ctx = c end })
-  local cache = ctx and ctx.model.embeddings.tbe.cache
-  return r.losses, r.logged, cache and cache:stats()
+  return r.losses, r.logged, ctx and ctx.model.embeddings:cache_stats()
 end
 
 describe("uvmrec.cache in training", function()

@@ -367,8 +367,8 @@ describe("uvmrec.checkpoint validation", function()
   end)
 
   it("rejects unknown dtypes and malformed entries", function()
-    rejects(craft("f64.safetensors", '{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}', data8),
-      C.UR_STATUS_FORMAT, "tensor 'a' has dtype 'F64', which uvmrec does not read; expected F32, BF16")
+    rejects(craft("f16x.safetensors", '{"a":{"dtype":"F16x","shape":[1],"data_offsets":[0,8]}}', data8),
+      C.UR_STATUS_FORMAT, "tensor 'a' has dtype 'F16x', which uvmrec does not read; expected F32, BF16")
     rejects(craft("q4.safetensors", '{"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,8]}}', data8),
       C.UR_STATUS_FORMAT, "dtype 'Q4'")
     rejects(craft("field.safetensors", '{"a":{' .. F32_2 .. ',"scale":2}}', data8),

@@ -37,6 +37,9 @@ describe("uvmrec.cli", function()
     assert.same({ 1, 2.5 }, o.sizes)
     assert.equal("synthetic:tiny", o.eval_data)
     assert.equal("fast", o.mode)
+    -- a negative number after an option is its value, not an option
+    o = assert(c:check { "a", "--shift", "-2", "--rate", "-.5", "--sizes", "-1,2", "--", "-3" })
+    assert.same({ -2, -0.5, { -1, 2 }, { "a", "-3" } }, { o.shift, o.rate, o.sizes, o.files })
     o = assert(c:check { "a" })
     assert.equal(10, o.steps)
     assert.is_false(o.cpu)
@@ -49,6 +52,8 @@ describe("uvmrec.cli", function()
     local c = cli.command(decl())
     local cases = {
       { { "a", "--steps=-1" }, "--steps: '-1' is not a whole number (0, 1, 2, ...)" },
+      { { "a", "--steps", "-5" }, "--steps: '-5' is not a whole number (0, 1, 2, ...)" },
+      { { "a", "--sizes", "-1,x" }, "--sizes: 'x' is not a number" },
       { { "a", "--steps", "1.5" }, "--steps: '1.5' is not a whole number (0, 1, 2, ...)" },
       { { "a", "--shift", "x" }, "--shift: 'x' is not an integer" },
       { { "a", "--rate", "fast" }, "--rate: 'fast' is not a number" },

@@ -4,7 +4,7 @@ local h = require "helpers"
 local cmd = require "command"
 local data = ur.data
 
-local SAMPLE1, SAMPLE2 = h.shared_data("criteo_raw_sample.tsv"), h.shared_data("criteo_raw_sample2.tsv")
+local SAMPLE1, SAMPLE2 = h.fixture("criteo_raw_sample.tsv"), h.fixture("criteo_raw_sample2.tsv")
 
 local function read_lines(path)
   local out = {}
@@ -36,7 +36,6 @@ describe("uvmrec.data criteo-tsv", function()
   end)
 
   it("reads both real samples with no error, as many rows and clicks as their README says", function()
-    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
     local a = assert(data.read_tsv(SAMPLE1, { chunk_bytes = 7777 })) -- chunks end mid-line
     assert.equal(1000, a.stats.rows)
     assert.equal(0, a.stats.skipped)
@@ -102,7 +101,7 @@ describe("uvmrec.data criteo-tsv", function()
     assert.equal(1, s.stats.padded)
     local tooshort = cmd.spit(dir .. "/s2.tsv", "1\t2\t3\n")
     _, err = data.read_tsv(tooshort, { pad_missing_fields = true })
-    assert.equal("criteo-tsv: " .. tooshort .. ":1: has 3 fields; expected 40 (or 15 to 39 with --pad-missing-fields)", err)
+    assert.equal("criteo-tsv: " .. tooshort .. ":1: has 3 fields; expected 40, or 15 to 39 with the missing ones padded", err)
     cmd.rmdir(dir)
   end)
 
@@ -129,7 +128,6 @@ describe("uvmrec.data criteo-tsv", function()
   end)
 
   it("reads gzip'd files", function()
-    if not cmd.exists(SAMPLE2) then pending("no " .. SAMPLE2) return end
     local dir = cmd.tmpdir()
     assert(os.execute(("gzip -c %s > %s/day_3.gz"):format(SAMPLE2, dir)) == 0)
     local a = assert(data.read_tsv(dir .. "/day_3.gz"))
@@ -209,8 +207,16 @@ describe("uvmrec.data npy", function()
 end)
 
 describe("uvmrec.data convert", function()
+  it("refuses table sizes that are not whole numbers from 1 to 2^32, at the caller's line", function()
+    for _, rows in ipairs { -5, 0, 1.5, 2 ^ 32 + 1 } do
+      local ok, err = pcall(data.convert, { SAMPLE2 }, "/nonexistent", { rows = rows })
+      assert.is_false(ok)
+      assert.equal(("criteo: rows of C1 is %s; table sizes are whole numbers from 1 to 2^32"):format(tostring(rows)),
+        err:gsub("^[^:]*:%d+: ", ""))
+    end
+  end)
+
   it("writes day files equal to what the TSV reader gives", function()
-    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
     local dir = cmd.tmpdir()
     local rows = {}
     for i = 1, 26 do rows[i] = 1000 + i end
@@ -235,5 +241,45 @@ describe("uvmrec.data convert", function()
     assert.same(assert(data.read_tsv(SAMPLE2)).ids:totable(), data.npy_load(raw .. "/day_0_sparse.npy"):totable())
     cmd.rmdir(dir)
     cmd.rmdir(raw)
+  end)
+  it("writes .npy in parts, narrowing ids and labels to 32 bits on every core, naming the first value too big", function()
+    local dir = require("command").tmpdir()
+    local ffi = require "ffi"
+    local C = ur.C
+    local function writer(path, descr, shape)
+      local w = ffi.new("ur_npy_writer *[1]")
+      assert.equal(0, C.ur_npy_writer_open(w, path, descr, #shape, ffi.new("int64_t[4]", shape)))
+      return w[0]
+    end
+    local ids = ur.tensor({ 300000, 2 }, { dtype = "i64" }):uniform(0, 2 ^ 31 - 1, 5)
+    local w = writer(dir .. "/ids.npy", "<i4", { 0, 2 })
+    assert.equal(0, C.ur_npy_writer_append(w, ids.p))
+    assert.equal(0, C.ur_npy_writer_append(w, ids:view(0, 7).p))
+    assert.equal(0, C.ur_npy_writer_close(w))
+    local back = assert(data.npy_load(dir .. "/ids.npy"))
+    assert.same({ 300007, 2 }, back:size())
+    assert.same(ids:totable(0, 1000), back:totable(0, 1000))
+    assert.same(ids:totable(599000, 1000), back:totable(599000, 1000))
+    local lw = writer(dir .. "/labels.npy", "<i4", { 0 })
+    local whole, buf = ur.tensor({ 300000 }, { dtype = "f32" }), ffi.new("float[?]", 300000)
+    for i = 0, 299999 do buf[i] = i % 3 == 0 and 1 or 0 end
+    assert.equal(0, C.ur_tensor_write(whole.p, 0, 300000, buf))
+    assert.equal(0, C.ur_npy_writer_append(lw, whole.p))
+    assert.equal(0, C.ur_npy_writer_close(lw))
+    local lb = assert(data.npy_load(dir .. "/labels.npy"))
+    assert.same({ 0, 1, 0, 0 }, lb:totable(299996, 4)) -- 299997 is a multiple of 3
+    whole:set(200000, 7.25)
+    whole:set(123456, 0.5)
+    local bad = writer(dir .. "/bad.npy", "<i4", { 0 })
+    assert.is_not.equal(0, C.ur_npy_writer_append(bad, whole.p))
+    assert.matches("value 0%.5 %(element 123456%) does not fit <i4", ffi.string(C.ur_last_error()))
+    C.ur_npy_writer_close(bad)
+    local big = ur.tensor({ 3 }, { dtype = "i64" }):fill(0)
+    big:set(2, 2 ^ 32)
+    local u = writer(dir .. "/u.npy", "<u4", { 0 })
+    assert.is_not.equal(0, C.ur_npy_writer_append(u, big.p))
+    assert.matches("value 4294967296 %(element 2%) does not fit <u4", ffi.string(C.ur_last_error()))
+    C.ur_npy_writer_close(u)
+    require("command").rmdir(dir)
   end)
 end)

@@ -2,7 +2,8 @@
 -- bf16, in device and managed memory.  Every test is #cuda: pending without a GPU.
 -- Tolerances are relative to max(1, |cpu value|): f32 products 1e-4 (sums of up to a thousand
 -- terms in another order), elementwise f32 1e-6, bf16 outputs 1e-2 (one rounding apart), TF32
--- products 2e-2 (10-bit mantissas).
+-- products 2e-2 (10-bit mantissas); through a chain of ReLUs, whose masks two backends may set
+-- apart within rounding of zero, in norm: f32 1e-4, TF32 and bf16 3e-2.
 local ur = require "uvmrec"
 local h = require "helpers"
 local R = require "dense_ref"
@@ -161,6 +162,101 @@ describe("uvmrec.dense on CUDA", function()
         same(gdg, gdc, tol, what .. " gdense")
         same(geg, gec, tol, what .. " gemb")
       end
+    end
+  end)
+
+  cuda_it("runs the interaction on tensor cores (bf16, TF32) like the CPU, padded output too", function()
+    -- rows, tables, d, self: the MLPerf shape, 32 vectors exactly (two full tiles), one tile,
+    -- and the smallest; d a multiple of 16 (the tensor cores' path)
+    local cases = { { 300, 26, 128, false }, { 65, 31, 32, true }, { 50, 15, 64, false }, { 40, 1, 16, true } }
+    for _, case in ipairs(cases) do
+      local rows, T, d, self = case[1], case[2], case[3], case[4]
+      -- inputs / output dtypes and flags: bf16 products; TF32 products into f32 or bf16
+      for _, mode in ipairs { { "bf16", "bf16", 0, 1e-2 }, { "f32", "f32", dense.TF32, 2e-2 },
+                              { "f32", "bf16", dense.TF32, 2e-2 } } do
+        local dt, ot, flags, tol = mode[1], mode[2], mode[3], mode[4]
+        for _, padded in ipairs { false, true } do
+          local dn = R.rand({ rows, d }, 11, { dtype = dt })
+          local em = R.rand({ rows, T * d }, 12, { dtype = dt })
+          local w = dense.interaction_width(T, d, self, padded)
+          local what = ("%d rows, %d tables of %d, self %s, %s -> %s, flags %d, padded %s"):format(rows, T, d,
+            tostring(self), dt, ot, flags, tostring(padded))
+          local oc = R.zeros({ rows, w }, { dtype = ot })
+          local og = R.rand({ rows, w }, 13, { dtype = ot, placement = "device" }) -- the padding must be written
+          dense.interaction_forward(dn, em, oc, self, flags)
+          dense.interaction_forward(dev(dn), dev(em), og, self, flags)
+          same(og, oc, tol, what)
+          local go = R.rand({ rows, w }, 14, { dtype = ot })
+          local gdc, gec = R.zeros({ rows, d }, { dtype = dt }), R.zeros({ rows, T * d }, { dtype = dt })
+          local gdg, geg = dev(gdc), dev(gec)
+          dense.interaction_backward(dn, em, go, gdc, gec, self, flags)
+          dense.interaction_backward(dev(dn), dev(em), dev(go), gdg, geg, self, flags)
+          same(gdg, gdc, tol, what .. " gdense")
+          same(geg, gec, tol, what .. " gemb")
+          local again = dev(gec)
+          dense.interaction_backward(dev(dn), dev(em), dev(go), dev(gdc), again, self, flags)
+          assert.same(geg:totable(), again:totable(), what .. ": the same bits twice")
+        end
+      end
+    end
+  end)
+
+  cuda_it("runs an MLP's fused chain like the CPU: padded input, ReLU masks, a one-output layer, "
+    .. "weight gradients on a side stream", function()
+    for _, prec in ipairs { "f32", "tf32", "bf16" } do
+      local function build(place)
+        ur.nn.Module.manual_seed(7)
+        local m = ur.nn.MLP({ 61, 96, 48, 1 }, { last = "none", pad_to = 8 })
+        if place then assert(m:to(place)) end
+        assert(m:set_precision(prec))
+        for _, l in ipairs(m.modules) do
+          if l.fuses_relu then l.async_wgrad = true end
+        end
+        return m
+      end
+      local mc, mg = build(), build("device")
+      local x = R.zeros({ 300, 64 })
+      dense.concat({ (R.rand({ 300, 61 }, 21)), R.zeros({ 300, 3 }) }, x)
+      local gy = R.rand({ 300, 1 }, 22)
+      local yc, yg = mc:forward(x), mg:forward(dev(x))
+      local tol = prec == "f32" and 1e-4 or 3e-2
+      R.close_norm(yg:totable(), yc:totable(), tol, prec .. " output")
+      -- the first layer's ReLU mask: the CPU's bits wherever the output is clearly off zero
+      local first = mc.modules[1]
+      local mcb, mgb = first._mask:totable(), mg.modules[1]._mask:totable()
+      local y1, mcols = first.output:totable(), dense.mask_cols(96)
+      for r = 0, 299 do
+        for j = 0, 95 do
+          if math.abs(y1[r * 96 + j + 1]) > 1e-2 or y1[r * 96 + j + 1] == 0 then
+            local byte = r * mcols + math.floor(j / 8) + 1
+            local bc, bg = math.floor(mcb[byte] / 2 ^ (j % 8)) % 2, math.floor(mgb[byte] / 2 ^ (j % 8)) % 2
+            if bc ~= bg then error(("%s mask row %d column %d: GPU %d, CPU %d"):format(prec, r, j, bg, bc)) end
+          end
+        end
+      end
+      mc:zero_grad()
+      mg:zero_grad()
+      local g = dense.cast(gy, R.zeros({ 300, 1 }, { dtype = prec == "bf16" and "bf16" or "f32" }))
+      local gxc = mc:backward(x, g)
+      local gxg = mg:backward(dev(x), dev(g))
+      dense.join()
+      R.close_norm(gxg:totable(), gxc:totable(), tol, prec .. " input gradient")
+      local pc, pg = mc:parameters(), mg:parameters()
+      for i = 1, #pc do
+        R.close_norm(pg[i].grad:totable(), pc[i].grad:totable(), tol, prec .. " gradient of " .. pc[i].name)
+      end
+      -- the padding's weight gradient is zero on both
+      local g1 = pg[1].grad:totable()
+      for o = 0, 95 do
+        for k = 62, 64 do assert.equal(0, g1[o * 64 + k]) end
+      end
+      -- the side stream gives what the caller's stream gives, bit for bit
+      local async = {}
+      for i = 1, #pg do async[i] = pg[i].grad:totable() end
+      for _, l in ipairs(mg.modules) do l.async_wgrad = nil end
+      mg:zero_grad()
+      mg:backward(dev(x), dev(g))
+      for i = 1, #pg do assert.same(async[i], pg[i].grad:totable(), prec .. " async " .. pc[i].name) end
     end
   end)
 

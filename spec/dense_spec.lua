@@ -24,6 +24,30 @@ describe("uvmrec.dense linear", function()
     end)
   end
 
+  it("computes each row of a batch's slice bit for bit as that row of the whole batch (ROW0)", function()
+    local rows, n, out = 300, 37, 19
+    local x = R.rand({ rows, n }, 21)
+    local w = R.rand({ out, n }, 22)
+    local b = R.rand({ out }, 23)
+    local gy = R.rand({ rows, out }, 24)
+    local y = R.zeros({ rows, out })
+    local gx = R.zeros({ rows, n })
+    dense.linear_forward(x, w, b, y, "relu")
+    local work = R.zeros({ rows, out })
+    dense.linear_backward(x, w, y, gy, gx, nil, nil, work, "relu")
+    local yw, gxw = y:totable(), gx:totable()
+    for _, part in ipairs { { 0, 100 }, { 100, 100 }, { 200, 100 }, { 7, 45 }, { 299, 1 } } do
+      local r0, m = part[1], part[2]
+      local flags = (r0 % 256) * dense.ROW0
+      local ys, gxs, ws = R.zeros({ m, out }), R.zeros({ m, n }), R.zeros({ m, out })
+      dense.linear_forward(x:view(r0, m), w, b, ys, "relu", flags)
+      dense.linear_backward(x:view(r0, m), w, ys, gy:view(r0, m), gxs, nil, nil, ws, "relu", flags)
+      local a, g = ys:totable(), gxs:totable()
+      for i = 1, m * out do assert.equal(yw[r0 * out + i], a[i], "y row " .. r0) end
+      for i = 1, m * n do assert.equal(gxw[r0 * n + i], g[i], "gx row " .. r0) end
+    end
+  end)
+
   it("computes in bf16 as f32 products of bf16 values, rounded once", function()
     local rows, n, out = 9, 33, 17
     local x, xv = R.rand({ rows, n }, 11, { dtype = "bf16" })
@@ -107,7 +131,27 @@ describe("uvmrec.dense linear", function()
       dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), nil, R.zeros({ 3, 5 }, { dtype = "bf16" }))
     end, "gw is bf16 %[3, 5%]; expected f32 %[3, 5%]")
     assert.error_matches(function() dense.linear_forward(x, R.zeros({ 3, 5 }), nil, y, "none", 4) end,
-      "flags 0x4 include bits other than 0x1")
+      "flags 0x4 include bits other than 0xffff01")
+    assert.error_matches(function() dense.linear_forward(x, R.zeros({ 3, 5 }), nil, y, "none", dense.pad(6)) end,
+      "linear forward: 6 padding columns but the input has 5")
+    assert.error_matches(function()
+      dense.linear_forward(x, R.zeros({ 3, 5 }), nil, y, "none", { mask = R.zeros({ 4, 16 }, { dtype = "u8" }) })
+    end, "a mask is written only under relu")
+    assert.error_matches(function()
+      dense.linear_forward(x, R.zeros({ 3, 5 }), nil, y, "relu", { mask = R.zeros({ 4, 3 }, { dtype = "u8" }) })
+    end, "mask is u8 of 12 elements; expected u8 %[4, 16%] %(the ReLU mask of 3 columns%)")
+    assert.error_matches(function()
+      dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), R.zeros({ 4, 5 }), nil, R.zeros({ 3 }), nil,
+                            "none", dense.GY_MASKED)
+    end, "under GY_MASKED the layer above took the bias gradient: gb must be NULL")
+    assert.error_matches(function()
+      dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), R.zeros({ 4, 5 }), nil, nil, nil, "none",
+                            { flags = dense.ACCUMULATE, x_mask = R.zeros({ 4, 16 }, { dtype = "u8" }) })
+    end, "x_mask cannot mask an accumulated gx")
+    assert.error_matches(function()
+      dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), R.zeros({ 4, 5 }), nil, nil, nil, "none",
+                            { gb_x = R.zeros({ 5 }) })
+    end, "gb_x is the masked gradient's sum: it needs x_mask")
     local big = R.zeros({ 8, 5 })
     assert.error_matches(function() dense.linear_forward(big:view(0, 4), R.zeros({ 5, 5 }), nil, big:view(2, 4)) end,
       "y and x overlap in storage")
@@ -170,6 +214,35 @@ describe("uvmrec.dense interaction", function()
     end)
   end
 
+  it("pads its output with zero columns to a multiple of 8 and ignores their gradient", function()
+    local rows, T, d = 4, 3, 8
+    local dn, dv = R.rand({ rows, d }, 64)
+    local em, ev = R.rand({ rows, T * d }, 65)
+    local ref, w = R.interaction(dv, ev, rows, T, d, false)
+    local wp = dense.interaction_width(T, d, false, true)
+    assert.same({ 14, 16 }, { w, wp })
+    local out = R.rand({ rows, wp }, 66) -- not zeros: the padding must be written
+    dense.interaction_forward(dn, em, out, false)
+    local got = out:totable()
+    for r = 0, rows - 1 do
+      for k = 1, wp do
+        if k <= w then R.close({ got[r * wp + k] }, { ref[r * w + k] }, 1e-5, "out")
+        else assert.equal(0, got[r * wp + k]) end
+      end
+    end
+    -- the gradient of the padded output, whatever its padding holds, is the unpadded one's
+    local go, gov = R.rand({ rows, wp }, 67)
+    local gou = {}
+    for r = 0, rows - 1 do
+      for k = 1, w do gou[r * w + k] = gov[r * wp + k] end
+    end
+    local gd, ge = R.zeros({ rows, d }), R.zeros({ rows, T * d })
+    dense.interaction_backward(dn, em, go, gd, ge, false)
+    local rgd, rge = R.interaction_back(dv, ev, gou, rows, T, d, false)
+    R.close(gd:totable(), rgd, 1e-5, "gdense")
+    R.close(ge:totable(), rge, 1e-5, "gemb")
+  end)
+
   it("mixes dtypes: bf16 dense, f32 embeddings, bf16 output", function()
     local rows, T, d = 3, 26, 16
     local dn, dv = R.rand({ rows, d }, 71, { dtype = "bf16" })
@@ -185,8 +258,13 @@ describe("uvmrec.dense interaction", function()
       dense.interaction_forward(R.zeros({ 2, 4 }), R.zeros({ 2, 10 }), R.zeros({ 2, 7 }))
     end, "interaction forward: emb has 10 columns; expected T %* 4")
     assert.error_matches(function()
-      dense.interaction_forward(R.zeros({ 2, 4 }), R.zeros({ 2, 8 }), R.zeros({ 2, 8 }))
-    end, "interaction forward: out is f32 %[2, 8%]; expected f32 or bf16 %[2, 7%]")
+      dense.interaction_forward(R.zeros({ 2, 4 }), R.zeros({ 2, 8 }), R.zeros({ 2, 9 }))
+    end, "interaction forward: out is f32 %[2, 9%]; expected f32 or bf16 %[2, 7%] %(or 8 columns: "
+      .. "padded to a multiple of 8%)")
+    assert.error_matches(function()
+      dense.interaction_backward(R.zeros({ 2, 4 }), R.zeros({ 2, 8 }), R.zeros({ 2, 7 }), R.zeros({ 2, 4 }),
+                                 R.zeros({ 2, 8 }), false, 4)
+    end, "interaction backward: flags 0x4 include bits other than TF32 %(0x1%)")
     assert.error_matches(function()
       dense.interaction_forward(R.zeros({ 2, 4 }), R.zeros({ 3, 8 }), R.zeros({ 2, 7 }))
     end, "emb is f32 %[3, 8%]; expected f32 or bf16 %[2, cols%]")

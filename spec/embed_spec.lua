@@ -99,7 +99,7 @@ describe("embedding uvmrec in C", function()
     local model, missing = h.exported("criteo", { tables = "int4" })
     if not model then return pending(missing) end
     local lines = {}
-    for l in io.lines(h.shared_data("criteo_raw_sample.tsv")) do
+    for l in io.lines(h.fixture("criteo_raw_sample.tsv")) do
       lines[#lines + 1] = l
       if #lines == 40 then break end
     end

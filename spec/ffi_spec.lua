@@ -9,7 +9,7 @@ describe("uvmrec FFI", function()
                             "safetensors_entry", "metrics_opts", "metric_values" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
-    for _, name in ipairs { "optim_cfg", "arena_stats" } do
+    for _, name in ipairs { "optim_config", "arena_stats" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
     for _, name in ipairs { "qerror", "qtbe_table_config", "qtbe_config", "model_options", "model_props" } do
@@ -19,7 +19,7 @@ describe("uvmrec FFI", function()
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
     for _, name in ipairs { "npy_info", "criteo_opts", "criteo_stats", "synth_table", "synth_spec",
-                            "loader_opts", "loader_stats" } do
+                            "loader_opts", "loader_stats", "comm_stats" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
   end)
@@ -79,8 +79,8 @@ describe("uvmrec FFI", function()
 
   it("rejects unknown names with messages that list what is expected", function()
     local d = ffi.new("ur_dtype[1]")
-    assert.equal(C.UR_STATUS_INVALID, C.ur_dtype_parse("f64", d))
-    assert.matches("'f64' is not a dtype; expected f32", ffi.string(C.ur_last_error()))
+    assert.equal(C.UR_STATUS_INVALID, C.ur_dtype_parse("f128", d))
+    assert.matches("'f128' is not a dtype; expected f32", ffi.string(C.ur_last_error()))
     local l = ffi.new("int32_t[1]")
     for _, bad in ipairs { "cuda:", "cuda:-1", "gpu0", "64", "-2", "" } do
       assert.equal(C.UR_STATUS_INVALID, C.ur_location_parse(bad, l), bad)

@@ -13,7 +13,8 @@ local rng_of = h.rng
 -- Lists for a random KJT: ids drawn from `ids` values so dedup finds repeats; every fifth key
 -- empty; weights from four values, so equal ids with other weights are other bags.
 local function random_lists(rng, nkeys, stride, maxlen, ids, weighted)
-  local o = { keys = {}, values = {}, lengths = {}, weights = weighted and {} or nil, stride = stride }
+  local o = { keys = {}, values = {}, lengths = {}, weights = weighted and {} or nil, stride = stride,
+              ids_max = ids }
   for k = 1, nkeys do
     o.keys[k] = "f" .. k .. "_" .. rng(1000)
     local empty = rng(5) == 1
@@ -60,7 +61,7 @@ local function make_in(o, place)
   return ur.KJT { keys = o.keys, stride = o.stride, values = tensor_of(o.values, "i64", place),
                   lengths = tensor_of(o.lengths, "i32", place),
                   weights = o.weights and tensor_of(o.weights, "f32", place),
-                  stride_per_key = o.stride_per_key,
+                  stride_per_key_per_rank = o.stride_per_key_per_rank,
                   inverse_indices = o.inverse_indices and tensor_of(o.inverse_indices, "i64", place),
                   check = o.check }
 end
@@ -127,6 +128,26 @@ describe("uvmrec.KJT on the GPU", function()
     end
   end)
 
+  cuda_it("bucketizes keys by row blocks like the CPU, and names a bad id as it does", function()
+    for t, o in ipairs(trials()) do
+      local cpu = make(o)
+      local blocks = {}
+      for k, key in ipairs(o.keys) do
+        if k % 2 == 1 then blocks[key] = { block = math.ceil(o.ids_max / 3), rows = o.ids_max } end
+      end
+      local want = assert(cpu:bucketize(3, blocks))
+      for _, place in ipairs(gpu_places) do
+        same(want, assert(assert(cpu:to(place)):bucketize(3, blocks)), place, "bucketize " .. t .. " " .. place)
+      end
+    end
+    local k = ur.KJT { keys = { "a" }, values = { 1, 9 }, lengths = { 1, 1 } }
+    local g = assert(k:to("device"))
+    local ok1, e1 = pcall(k.bucketize, k, 2, { a = { block = 5, rows = 9 } })
+    local ok2, e2 = pcall(g.bucketize, g, 2, { a = { block = 5, rows = 9 } })
+    assert.is_false(ok1 or ok2)
+    assert.equal(tostring(e1):gsub("^.-: ", ""), tostring(e2):gsub("^.-: ", ""))
+  end)
+
   cuda_it("deduplicates per key in order of first appearance and expands back like the CPU", function()
     for t, o in ipairs(trials()) do
       local cpu = make(o)
@@ -183,8 +204,9 @@ describe("uvmrec.KJT on the GPU", function()
     end
   end)
 
-  cuda_it("builds a VBE batch from stride_per_key and inverse indices in place", function()
-    local o = { keys = { "a", "b" }, values = { 5, 6, 7 }, lengths = { 1, 1, 1 }, stride_per_key = { 2, 1 },
+  cuda_it("builds a VBE batch from stride_per_key_per_rank and inverse indices in place", function()
+    local o = { keys = { "a", "b" }, values = { 5, 6, 7 }, lengths = { 1, 1, 1 },
+                stride_per_key_per_rank = { { 2 }, { 1 } },
                 inverse_indices = { 0, 1, 1, 0, 0, 0, 0, 0 } }
     local cpu = make(o)
     for _, place in ipairs(gpu_places) do
@@ -227,9 +249,10 @@ describe("uvmrec.KJT on the GPU", function()
     same_error({ keys = { "a" }, values = { 1, 2 }, lengths = { 2 }, weights = { 1 } }, nil,
       "kjt: 1 weights for 2 values; expected one per value")
     same_error({ keys = {}, values = { 1 }, lengths = {} }, nil, "kjt: no keys, but 1 values")
-    same_error({ keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key = { 1 }, inverse_indices = { 1 } },
+    same_error({ keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key_per_rank = { { 1 } },
+                 inverse_indices = { 1 } },
       nil, "kjt: key 'a' sample 0 has inverse index 1; expected 0..0 (the key's stride is 1)")
-    same_error({ keys = { "a", "b" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key = { 1, 1 },
+    same_error({ keys = { "a", "b" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key_per_rank = { { 1 }, { 1 } },
                  inverse_indices = { 0, 0, 0, -1 } }, nil,
       "kjt: key 'b' sample 1 has inverse index -1; expected 0..0 (the key's stride is 1)")
     -- by validate: ids out of range (rows per key), negative ids
@@ -257,10 +280,32 @@ describe("uvmrec.KJT on the GPU", function()
     same_error({ keys = { "a", "b" }, values = { 50, 2, 3 }, lengths = { 1, -1, 1, 1 }, check = false }, { 10, 10 },
       "kjt: key 'a' sample 1 (lengths[1]) has length -1; lengths must be >= 0")
     -- ids before inverse indices of the same key, and key order across them
-    local v = { keys = { "a", "b" }, values = { 5, 60 }, lengths = { 1, 1 }, stride_per_key = { 1, 1 },
+    local v = { keys = { "a", "b" }, values = { 5, 60 }, lengths = { 1, 1 }, stride_per_key_per_rank = { { 1 }, { 1 } },
                 inverse_indices = { 0, 0, 0, 3 }, check = false }
     same_error(v, { 100, 10 }, "kjt: key 'b' sample 0 (values[1]) has id 60, outside the table's 10 rows")
     same_error(v, { 100, 100 }, "kjt: key 'b' sample 1 has inverse index 3; expected 0..0 (the key's stride is 1)")
+  end)
+
+  cuda_it("lays the generator's rows out key-major (from_rows) like the CPU, with and without lengths", function()
+    local spec = ur.data.synthetic_spec {
+      num_dense = 2, seed = 4,
+      tables = { { rows = 100 }, { rows = 50, hot = { 0, 5 }, weighted = true }, { rows = 9, hot = 3 } } }
+    local g = assert(ur.data.generate(spec, 0, 5000))
+    local keys, hot = { "a", "b", "c" }, { 1, 5, 3 }
+    local want = assert(ur.KJT.from_rows { keys = keys, hot = hot, ids = g.ids, weights = g.weights,
+                                           lengths = g.lengths }):totable()
+    for _, place in ipairs(gpu_places) do
+      local got = assert(ur.KJT.from_rows { keys = keys, hot = hot, ids = assert(g.ids:to(place)),
+                                            weights = assert(g.weights:to(place)),
+                                            lengths = assert(g.lengths:to(place)) })
+      assert.equal(place, got:placement())
+      assert.same(want, got:totable(), place)
+    end
+    local fixed = ur.data.synthetic_spec { num_dense = 1, seed = 5, tables = { { rows = 30, hot = 2 }, { rows = 8 } } }
+    local f = assert(ur.data.generate(fixed, 0, 3000))
+    local wf = assert(ur.KJT.from_rows { keys = { "p", "q" }, hot = { 2, 1 }, ids = f.ids }):totable()
+    local gf = assert(ur.KJT.from_rows { keys = { "p", "q" }, hot = { 2, 1 }, ids = assert(f.ids:to("device")) })
+    assert.same(wf, gf:totable())
   end)
 
   cuda_it("finds the first bad position among many on a large batch", function()

@@ -165,7 +165,7 @@ describe("uvmrec.KJT", function()
           end
           inv[b] = seen[key]
         end
-        assert.equal(#uniq, vt.stride_per_key[ki], "stride of key " .. ki)
+        assert.same({ #uniq }, vt.stride_per_key_per_rank[ki], "stride of key " .. ki)
         for b = 1, ref.stride do
           assert.equal(inv[b], vt.inverse_indices[(ki - 1) * ref.stride + b])
         end
@@ -189,7 +189,7 @@ describe("uvmrec.KJT", function()
           local row = (ki - 1) * ref.stride + b - 1
           assert.same({ src * 2, src * 2 + 1 }, { ft[row * 2 + 1], ft[row * 2 + 2] })
         end
-        kb = kb + vt.stride_per_key[ki]
+        kb = kb + vt.stride_per_key_per_rank[ki][1]
       end
 
       -- placements
@@ -202,14 +202,54 @@ describe("uvmrec.KJT", function()
     end
   end)
 
+  it("bucketizes keys by row blocks for row-wise sharding, against the reference", function()
+    for t, shape in ipairs(shapes) do
+      for weighted = 0, 1 do
+        local rng = rng_of(500 + 10 * t + weighted)
+        local ref = random_ref(rng, shape[1], shape[2], weighted == 1, 4)
+        local kjt = make(ref)
+        local buckets, blocks, expect = rng(4), {}, { keys = {}, stride = ref.stride, bags = {},
+                                                      weighted = ref.weighted }
+        for k, key in ipairs(ref.keys) do
+          local block = k % 2 == 1 and rng(3) or nil -- every other key stays
+          if block and block * buckets < 6 then block = math.ceil(6 / buckets) end
+          if block then blocks[key] = { block = block, rows = 6 } end
+          for b = 0, (block and buckets or 1) - 1 do
+            expect.keys[#expect.keys + 1] = block and (key .. "@" .. b) or key
+            local bags = {}
+            for j = 1, ref.stride do
+              local src, bag = ref.bags[k][j], { ids = {}, w = {} }
+              for i = 1, #src.ids do
+                if not block or math.floor(src.ids[i] / block) == b then
+                  bag.ids[#bag.ids + 1] = block and src.ids[i] - b * block or src.ids[i]
+                  bag.w[#bag.w + 1] = src.w[i]
+                end
+              end
+              bags[j] = bag
+            end
+            expect.bags[#expect.keys] = bags
+          end
+        end
+        same(expect, assert(kjt:bucketize(buckets, blocks)), "bucketize " .. t .. " " .. weighted)
+      end
+    end
+    local k = ur.KJT { keys = { "a", "b" }, values = { 1, 9, 2 }, lengths = { 1, 1, 1, 0 } }
+    assert.has_error(function() k:bucketize(2, { a = { block = 5, rows = 9 } }) end,
+      "kjt bucketize: key 'a' sample 1 has id 9; expected 0..8 (its table's rows)")
+    assert.has_error(function() k:bucketize(2, { a = { block = 4, rows = 9 } }) end,
+      "kjt bucketize: key 'a' has blocks of 4 rows for a table of 9 rows; expected 2 blocks to cover it")
+    assert.has_error(function() k:bucketize(2, { c = { block = 4, rows = 8 } }) end, "kjt bucketize: no key 'c'")
+    assert.has_error(function() k:bucketize(0, {}) end, "kjt bucketize: 0 buckets; expected 1..4096")
+    assert.has_error(function() k:dedup():bucketize(2, {}) end, "kjt bucketize: a VBE batch; expand() it first")
+  end)
+
   it("keeps a VBE batch through permute, split and placement moves", function()
     local k = ur.KJT { keys = { "a", "b", "c" }, values = { 1, 1, 2, 3, 3, 3, 4, 5 },
                        lengths = { 1, 1, 1, 1, 1, 1, 1, 1, 0 } }
     local v = k:dedup()
-    assert.same({ 2, 1, 3 }, v:stride_per_key())
     assert.same({ { 2 }, { 1 }, { 3 } }, v:stride_per_key_per_rank())
     local p = v:permute { "c", "a" }
-    assert.same({ 3, 2 }, p:stride_per_key())
+    assert.same({ { 3 }, { 2 } }, p:stride_per_key_per_rank())
     assert.same({ 0, 1, 2, 0, 0, 1 }, p:inverse_indices():totable())
     assert.same(k:permute { "c", "a" }:totable(), p:expand():totable())
     local parts = v:split { 2, 1 }
@@ -222,11 +262,32 @@ describe("uvmrec.KJT", function()
       "kjt dedup: the KJT already has a variable batch per key; expand() it first")
   end)
 
-  it("builds a VBE batch from stride_per_key and inverse_indices", function()
-    local v = ur.KJT { keys = { "a" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key = { 2 },
+  it("builds a VBE batch from stride_per_key_per_rank and inverse_indices (TorchRec's names)", function()
+    local v = ur.KJT { keys = { "a" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key_per_rank = { { 2 } },
                        inverse_indices = { 0, 1, 1, 0 } }
     assert.equal(4, v:stride())
     assert.same({ 5, 6, 6, 5 }, v:expand():values():totable())
+    assert.has_error(function()
+      ur.KJT { keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key_per_rank = { 1 },
+               inverse_indices = { 0 } }
+    end, "kjt: stride_per_key_per_rank[1] must be a list of one stride (one rank), such as {2}")
+    assert.has_error(function()
+      ur.KJT { keys = { "a", "b" }, values = { 5 }, lengths = { 1 }, stride_per_key_per_rank = { { 1 } } }
+    end, "kjt: stride_per_key_per_rank has 1 entries for 2 keys")
+  end)
+
+  it("copies into buffers kept by the caller: views of them, the same KJT", function()
+    local v = ur.KJT { keys = { "a", "b" }, values = { 5, 6, 7 }, lengths = { 1, 0, 2, 0 }, weights = { 1, 2, 3 } }
+    local into = { values = ur.tensor({ 8 }, { dtype = "i64" }), lengths = ur.tensor({ 8 }, { dtype = "i32" }),
+                   offsets = ur.tensor({ 8 }, { dtype = "i64" }), weights = ur.tensor({ 8 }, { dtype = "f32" }) }
+    local c = assert(v:copy(into))
+    assert.same(v:totable(), c:totable())
+    assert.equal(ur.C.ur_tensor_id(into.values.p), ur.C.ur_tensor_id(c:values().p))
+    local d = v:dedup()
+    assert.has_error(function() d:copy(into) end, "kjt copy: no buffer for its inverse_indices")
+    into.values = ur.tensor({ 2 }, { dtype = "i64" })
+    assert.has_error(function() v:copy(into) end,
+      "kjt copy: the buffer for its values is i64 of 2 elements (1-D); expected 1-D i64 of at least 3")
   end)
 
   it("names the key and the position in every error", function()
@@ -251,7 +312,8 @@ describe("uvmrec.KJT", function()
       KJT { keys = { "a" }, values = ur.tensor({ 1 }, { dtype = "i32" }), lengths = { 1 } }
     end, "kjt: values must be a 1-d i64 tensor, got i32 with 1 dimensions")
     assert.has_error(function()
-      KJT { keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key = { 1 }, inverse_indices = { 1 } }
+      KJT { keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key_per_rank = { { 1 } },
+            inverse_indices = { 1 } }
     end, "kjt: key 'a' sample 0 has inverse index 1; expected 0..0 (the key's stride is 1)")
     local k = KJT { keys = { "a", "C7" }, values = { 1, 2, 999, 3 }, lengths = { 1, 1, 2, 0 } }
     assert.is_true(k:validate { 10, 1000 })
@@ -274,6 +336,62 @@ describe("uvmrec.KJT", function()
     freed:free()
     freed:free()
     assert.has_error(function() freed:values() end, "kjt: used after free()")
+  end)
+
+  it("lays sample-major rows out key-major (from_rows), as the plain loops would", function()
+    local rng = rng_of(31)
+    local hot, n = { 1, 3, 2, 4 }, 37
+    local H = 10
+    for _, with_lengths in ipairs { true, false } do
+      local ids, lens, w = {}, {}, {}
+      for _ = 1, n do
+        for _, k in ipairs(hot) do
+          local m = with_lengths and rng(k + 1) - 1 or k
+          lens[#lens + 1] = m
+          for q = 1, k do
+            ids[#ids + 1] = q <= m and rng(1000) - 1 or -1
+            w[#w + 1] = q <= m and rng(8) / 8 or 0
+          end
+        end
+      end
+      local function t2(list, dtype, cols) -- a [n, cols] tensor of a list
+        local x = ur.tensor({ n, cols }, { dtype = dtype })
+        for i, v in ipairs(list) do x:set(i - 1, v) end
+        return x
+      end
+      local k = assert(ur.KJT.from_rows { keys = { "a", "b", "c", "d" }, hot = hot, ids = t2(ids, "i64", H),
+                                       weights = t2(w, "f32", H),
+                                       lengths = with_lengths and t2(lens, "i32", #hot) or nil })
+      local want = { values = {}, lengths = {}, weights = {}, offsets = { 0 } }
+      for t = 1, #hot do
+        local c0 = 0
+        for u = 1, t - 1 do c0 = c0 + hot[u] end
+        for i = 1, n do
+          local m = lens[(i - 1) * #hot + t]
+          want.lengths[#want.lengths + 1] = m
+          for q = 1, m do
+            want.values[#want.values + 1] = ids[(i - 1) * H + c0 + q]
+            want.weights[#want.weights + 1] = w[(i - 1) * H + c0 + q]
+          end
+          want.offsets[#want.offsets + 1] = #want.values
+        end
+      end
+      local got = k:totable()
+      assert.same(want.values, got.values)
+      assert.same(want.lengths, got.lengths)
+      assert.same(want.offsets, got.offsets)
+      assert.same(want.weights, got.weights)
+      assert.equal(n, k:stride())
+    end
+    local ids = ur.tensor({ 2, 3 }, { dtype = "i64" }):fill(0)
+    local bad = ur.tensor({ 2, 2 }, { dtype = "i32" }):fill(0)
+    bad:set(3, 3) -- lengths [2, 2]: sample 1's bag of key y (2 ids a sample) says 3
+    assert.has_error(function()
+      assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 2 }, ids = ids, lengths = bad })
+    end,
+      "kjt from_rows: key 'y' sample 1 has length 3; expected 0..2 (its ids a sample)")
+    assert.has_error(function() assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 1 }, ids = ids }) end,
+      "kjt from_rows: ids must be i64 [2, 2]; got i64 with 6 elements")
   end)
 
   h.cuda_it("gives the same results on the GPU as on the CPU", function()

@@ -1,5 +1,6 @@
 -- The dense optimizers (lua/uvmrec/optim/init.lua, Optimizer.lua) against their formulas
--- (PyTorch's), in float64, over several steps with fresh gradients each step; and the errors.
+-- (PyTorch's), in float64, over several steps with fresh gradients each step; their names,
+-- kinds and defaults, one set for dense parameters and embedding tables; and the errors.
 local ur = require "uvmrec"
 local R = require "dense_ref"
 local optim = ur.optim
@@ -76,22 +77,44 @@ describe("uvmrec.optim", function()
     end)
   end
 
-  it("zeroes the gradients in the step when asked, and follows a schedule", function()
+  it("zeroes the gradients in the step when asked, and takes its rate from a schedule", function()
     local p = param(8, 3)
-    local lrs = {}
-    local opt = optim.SGD({ p }, { lr = 1, zero_grad = true, schedule = function(step)
-      lrs[#lrs + 1] = step
+    local opt = optim.SGD({ p }, { lr = 1, zero_grad = true })
+    local asked = {}
+    local lrs = optim.Schedule(function(step)
+      asked[#asked + 1] = step
       return 0.5 ^ step
-    end })
+    end, { opt })
     p.grad:fill(1)
     local before = p.tensor:totable()
+    lrs:set(1)
     opt:step()
     for i, v in ipairs(p.tensor:totable()) do assert.is_true(math.abs(v - (before[i] - 0.5)) < 1e-6) end
     for _, v in ipairs(p.grad:totable()) do assert.equal(0, v) end
+    lrs:set(2)
     opt:step()
-    assert.same({ 1, 2 }, lrs)
-    assert.equal(0.125, opt:get_lr())
-    assert.matches("^SGD %(lr 0.125, 1 parameters, 0.0 MiB of state, step 2%)$", tostring(opt))
+    assert.same({ 1, 2 }, asked)
+    assert.equal(0.25, opt:lr())
+    assert.matches("^SGD %(lr 0.25, 1 parameters, 0.0 MiB of state, step 2%)$", tostring(opt))
+  end)
+
+  it("names each optimizer once: the engine's kinds, one set of defaults for parameters and tables", function()
+    assert.same({ "adagrad", "adam", "adamw", "sgd" }, optim.names("dense"))
+    assert.same({ "adagrad", "adam", "rowwise_adagrad", "sgd" }, optim.names("tables"))
+    assert.equal(ur.C.UR_OPTIM_KIND_ROWWISE_ADAGRAD, optim.RULES.rowwise_adagrad.kind)
+    local c = optim.config("adam", "tables", { lr = 0.02, max_grad = 1 }, "t")
+    assert.same({ ur.C.UR_OPTIM_KIND_ADAM, 0.02, 1e-8, 0.9, 0.999, 1 },
+                { c.kind, c.lr, c.eps, c.beta1, c.beta2, c.max_grad })
+    local ebc = ur.nn.EmbeddingBagCollection { tables = { { name = "t", rows = 4, dim = 4 } }, optimizer = "adam",
+                                               device = "cpu" }
+    assert.equal(optim.RULES.adam.defaults.lr, ebc:lr())
+    assert.equal(optim.RULES.adam.defaults.lr, optim.Adam({ (param(4, 6)) }):lr())
+    assert.same({ 0, 1, 16, 32 }, { optim.state_floats("sgd", 16), optim.state_floats("rowwise_adagrad", 16),
+                                     optim.state_floats("adagrad", 16), optim.state_floats("adam", 16) })
+    assert.error_matches(function() optim.config("adamw", "tables", {}, "t") end,
+      "t: optimizer 'adamw' is not one of adagrad, adam, rowwise_adagrad, sgd")
+    assert.error_matches(function() optim.config("adam", "tables", { momentum = 0.9 }, "t") end,
+      "t: unknown optimizer setting 'momentum'")
   end)
 
   it("skips parameters without a gradient", function()
@@ -103,10 +126,12 @@ describe("uvmrec.optim", function()
 
   it("rejects bad settings with a message", function()
     local p = param(4, 5)
-    assert.error_matches(function() optim.SGD({ p }, {}) end, "SGD: lr is required")
+    assert.error_matches(function() optim.SGD({ p }, { max_grad = 1 }) end, "SGD: unknown optimizer setting 'max_grad'")
+    assert.error_matches(function() optim.dense("rowwise_adagrad", { p }) end,
+      "optim: 'rowwise_adagrad' is not a dense optimizer %(adagrad, adam, adamw, sgd%)")
     assert.error_matches(function() optim.Adam({ p }, { lr = -1 }) end, "lr must be a finite number >= 0, got %-1")
     assert.error_matches(function() optim.Adam({ p }, { betas = { 1, 0.9 } }):step() end,
-      "optim step: beta1 1 and beta2 0.9 must be in %[0, 1%)")
+      "optim step: Adam betas 1, 0.9; expected each in %[0, 1%)")
     assert.error_matches(function() optim.SGD({ p }, { lr = 1, nesterov = true }):step() end,
       "optim step: nesterov needs momentum > 0")
     local bad = { name = "b", tensor = R.zeros({ 4 }), grad = R.zeros({ 5 }) }

@@ -63,6 +63,22 @@ describe("uvmrec REPL on a terminal", function()
     assert.equal(0, s:close())
   end)
 
+  it("completes and prints ur.nn, whose classes load on first use", function()
+    local repl = require "uvmrec.repl"
+    local had = rawget(_G, "ur")
+    rawset(_G, "ur", require "uvmrec")
+    local word, list = repl.complete("ur.nn.")
+    local _, lin = repl.complete("m = ur.nn.Li")
+    local shown = repl.format(require("uvmrec").nn)
+    rawset(_G, "ur", had)
+    assert.equal("", word)
+    for _, cls in ipairs { "Linear(", "Sequential(", "EmbeddingBagCollection(", "BCEWithLogits(" } do
+      assert.is_true(table.concat(list, " "):find(cls, 1, true) ~= nil, cls .. " in " .. table.concat(list, " "))
+    end
+    assert.same({ "Linear(" }, lin)
+    assert.matches("^{BCEWithLogits, CrossNet, .*Linear, .*Sequential.*} %(loaded on first use%)$", shown)
+  end)
+
   it("reports an error with a traceback and goes on", function()
     local s = session()
     s:send("local function boom() error('no such row') end boom()\n")

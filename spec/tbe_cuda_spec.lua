@@ -1,7 +1,9 @@
 -- The embedding collection's CUDA kernels against the CPU reference backend.  Every test is
 -- #cuda: pending without a GPU.  Forward sums in the CPU's order, unfused, so it must match
 -- bit for bit; backward matches within rounding (rowwise Adagrad reduces a row across a warp,
--- and rows read more than 256 times are summed in chunks), and is bit-identical run to run.
+-- and rows read more than 256 times are summed in chunks), bit for bit for SGD on f32 rows read
+-- fewer times, and is bit-identical run to run, but for the atomic SGD step asked for with
+-- deterministic = false (within rounding).
 local ur = require "uvmrec"
 local h = require "helpers"
 local R = require "tbe_ref"
@@ -104,19 +106,62 @@ describe("embedding collections on CUDA", function()
     end)
   end
 
-  cuda_it("sums rows read thousands of times on a whole CTA, deterministically", function()
+  cuda_it("sums rows read thousands of times in chunks over many CTAs, deterministically", function()
     local runs = {}
     for run = 1, 2 do
       math.randomseed(5)
       local cpu, gpu = pair("narrow", { optimizer = { "adagrad", lr = 0.1 } })
       local b = R.batch(rows_of(cpu), { batch = 400, hot = { 7, 5000 } })
       train(cpu, gpu, b, 2, 70)
-      -- 5000 gradients summed in 16 chunks round differently from one running sum: the step
+      -- 5000 gradients summed in 20 chunks of 8 runs round differently from one running sum: the step
       -- (lr 0.1) agrees to about 1e-4 of itself
       same_tables(cpu, gpu, 1e-5, "hot rows", 2e-5)
       runs[run] = R.snapshot(gpu.tbe)
     end
     assert.same(runs[1], runs[2])
+  end)
+
+  cuda_it("sums rows read up to 256 times as the CPU does, bit for bit: payloads by bag and by value", function()
+    -- f32 tables under SGD: the same sum in the same order, the same step; weighted bags carry
+    -- the value (its weight, its bag), plain ones the bag, mean pooling the bag's length
+    for _, weighted in ipairs { false, true } do
+      math.randomseed(weighted and 31 or 32)
+      local cpu, gpu = pair("narrow", { optimizer = { "sgd", lr = 0.5, weight_decay = 0.01 } })
+      local b = R.batch(rows_of(cpu), { batch = 60, weighted = weighted, hot = { 3, 200 } })
+      local ci, gi = R.input(b), R.input(b, "device")
+      local co, go = cpu:forward(ci), gpu:forward(gi)
+      local g = ur.tensor(co:size()):uniform(-1, 1, 33)
+      cpu:backward(ci, g)
+      gpu:backward(gi, assert(g:to("device")))
+      assert.same(R.snapshot(cpu.tbe), R.snapshot(gpu.tbe), "weighted " .. tostring(weighted))
+      assert.same(co:totable(), go:totable())
+    end
+  end)
+
+  cuda_it("steps SGD by atomics without sorting when not deterministic, within rounding of the CPU", function()
+    for _, shape in ipairs { "narrow", "mixed" } do
+      math.randomseed(#shape + 50)
+      local opt = { "sgd", lr = 0.3, deterministic = false }
+      local cpu, gpu = pair(shape, { optimizer = opt })
+      local b = R.batch(rows_of(cpu), { batch = 200, weighted = true, hot = { 4, 3000 } })
+      train(cpu, gpu, b, 2, 90)
+      -- "mixed" has half tables: the collection keeps the sorted step, exactly the CPU's rows
+      -- except where rows read thousands of times are summed in chunks
+      same_tables(cpu, gpu, 1e-4, "atomic SGD " .. shape, 1e-4)
+    end
+    -- a row's thousands of adds land in any order: the atomic step is not the sorted one bit
+    -- for bit, but each row is within rounding of it
+    math.randomseed(51)
+    local _, sorted = pair("narrow", { optimizer = { "sgd", lr = 0.3 } })
+    local _, atomic = pair("narrow", { optimizer = { "sgd", lr = 0.3, deterministic = false } })
+    local b = R.batch(rows_of(sorted), { batch = 300, hot = { 9, 8000 } })
+    for _, m in ipairs { sorted, atomic } do
+      local gi = R.input(b, "device")
+      local o = m:forward(gi)
+      m:backward(gi, ur.tensor(o:size(), { placement = "device" }):uniform(-1, 1, 52))
+    end
+    local ss, sa = R.snapshot(sorted.tbe), R.snapshot(atomic.tbe)
+    for name, t in pairs(ss) do R.close(sa[name], t, 1e-4, 1e-4, "atomic against sorted, table " .. name) end
   end)
 
   cuda_it("is bit-identical run to run on the GPU, stochastic rounding included", function()
@@ -138,12 +183,12 @@ describe("embedding collections on CUDA", function()
   cuda_it("takes VBE batches, flat and expanded, like the CPU", function()
     math.randomseed(7)
     local cpu, gpu = pair("mixed", { optimizer = { "sgd", lr = 0.3 } })
-    local b = R.batch(rows_of(cpu), { bpf = { 5, 1, 3, 8, 2 }, weighted = true })
+    local b = R.batch(rows_of(cpu), { strides = { 5, 1, 3, 8, 2 }, weighted = true })
     assert.same(cpu:forward(R.input(b)):totable(), gpu:forward(R.input(b, "device")):totable(), "flat")
-    b.inverse = {}
+    b.inverse_indices = {}
     local full = 9
-    for f, nb in ipairs(b.bpf) do
-      for s = 0, full - 1 do b.inverse[(f - 1) * full + s + 1] = (s * 5 + f) % nb end
+    for f, nb in ipairs(b.strides) do
+      for s = 0, full - 1 do b.inverse_indices[(f - 1) * full + s + 1] = (s * 5 + f) % nb end
     end
     train(cpu, gpu, b, 2, 90)
     same_tables(cpu, gpu, 1e-5, "vbe")

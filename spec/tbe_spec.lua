@@ -9,6 +9,7 @@
 local ffi = require "ffi"
 local ur = require "uvmrec"
 local h = require "helpers"
+local cmd = require "command"
 local R = require "tbe_ref"
 local tbe = require "uvmrec.tbe"
 local Prefetch = require "uvmrec.pipeline.Prefetch"
@@ -203,15 +204,16 @@ describe("uvmrec.tbe page runs (ur_tbe_page_runs)", function()
     local good = batch(c, { a = { 1 } })
     assert.equal("tbe: prefetch_pages: values is i32 with 1 dimensions; expected i64 with 1",
                  err_of({ values = R.tensor({ 1 }, "i32"), offsets = good.offsets }))
-    assert.equal("tbe: prefetch_pages: 5 bags do not split evenly over 4 features; pass batch_per_feature "
+    assert.equal("tbe: prefetch_pages: 5 bags do not split evenly over 4 features; pass stride_per_key_per_rank "
                  .. "for a variable batch",
                  err_of({ values = good.values, offsets = R.tensor({ 0, 1, 1, 1, 1, 1 }, "i64") }))
     assert.equal("tbe: prefetch_pages: offsets end at 3 but there are 1 values",
                  err_of({ values = good.values, offsets = R.tensor({ 0, 1, 1, 1, 3 }, "i64") }))
     assert.equal("tbe: prefetch_pages: offsets[2] = 0 is below offsets[1] = 1; offsets must not decrease",
                  err_of({ values = good.values, offsets = R.tensor({ 0, 1, 0, 1, 1 }, "i64") }))
-    assert.equal("tbe: prefetch_pages: batch_per_feature sums to 3 bags but offsets hold 4",
-                 err_of({ values = good.values, offsets = good.offsets, batch_per_feature = { 1, 1, 1, 0 } }))
+    assert.equal("tbe: prefetch_pages: stride_per_key_per_rank sums to 3 bags but offsets hold 4",
+                 err_of({ values = good.values, offsets = good.offsets,
+                         stride_per_key_per_rank = { { 1 }, { 1 }, { 1 }, { 0 } } }))
     local st = ffi.new("ur_page_stats")
     assert.equal(C.UR_STATUS_INVALID, C.ur_tbe_page_runs(c.h.p, good.values.p, good.offsets.p, nil, st, -7))
     assert.equal("tbe: prefetch_pages: location -7 is not a location; expected -1 (cpu), -2 (the collection's "
@@ -257,11 +259,12 @@ describe("uvmrec.tbe page runs (ur_tbe_page_runs)", function()
                                              alloc = math.huge }
         end
       end
-      local bpf = { math.random(0, 40), math.random(0, 40), math.random(0, 40), math.random(0, 40), math.random(0, 40) }
+      local strides = {}
+      for f = 1, 5 do strides[f] = math.random(0, 40) end
       local values, offsets, ids = {}, { 0 }, { x = {}, y = {}, z = {}, w = {} }
       for f, fname in ipairs(c.features) do
         local tname = fname:match("^x") and "x" or fname
-        for _ = 1, bpf[f] do
+        for _ = 1, strides[f] do
           for _ = 1, math.random(0, 4) do
             local id = math.floor(c.rows[tname] * math.random() ^ 3)
             values[#values + 1] = id
@@ -270,7 +273,7 @@ describe("uvmrec.tbe page runs (ur_tbe_page_runs)", function()
           offsets[#offsets + 1] = #values
         end
       end
-      local input = R.input({ values = values, offsets = offsets, bpf = bpf }, "host")
+      local input = R.input({ values = values, offsets = offsets, strides = strides }, "host")
       local runs, st = c:page_runs(input)
       local want = reference(c, ids, layout, perms)
       -- the last run of a tensor may end at its allocation's end: compare with that clamped
@@ -313,7 +316,7 @@ local function batches(n, placement)
       end
     end
     local g = R.tensor(R.randoms(16 * 24), "f32", placement):view_as(0, { 16, 24 })
-    list[k] = { sparse = R.input({ values = values, offsets = offsets }, placement), grad = g }
+    list[k] = { sparse = R.kjt({ values = values, offsets = offsets }, { "a", "b" }, placement), grad = g }
   end
   return list
 end
@@ -348,10 +351,10 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
     assert.is_nil(stats.pages)
     assert.equal(0, stats.prefetched)
     assert.has_error(function()
-      Prefetch.new { collection = make("cpu", "host"), source = function() end, step = function() end, pages = true }
+      Prefetch.new { collection = make("cpu", "host"), source = { next = function() end }, pages = true }
     end, "Prefetch: pages = true needs a collection with managed tables")
     assert.has_error(function()
-      Prefetch.new { collection = make("cpu", "managed"), source = function() end, step = function() end, pages = 1 }
+      Prefetch.new { collection = make("cpu", "managed"), source = { next = function() end }, pages = 1 }
     end, "Prefetch: pages is 1; expected true or false")
   end)
 
@@ -429,4 +432,55 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
       R.bits_equal(m:state(t.name).sum, dev:state(t.name).sum, "state " .. t.name)
     end
   end))
+end)
+
+describe("uvmrec.tbe tables at build time", function()
+  -- A collection's tables drawn in a process of its own: a digest of every element, and its
+  -- first elements against the tensor generator for the table's seed (Philox's numbers).
+  local script = [[
+    local ffi = require "ffi"
+    local ur = require "uvmrec"
+    local place, device = arg[1], arg[2] == "gpu" and 0 or "cpu"
+    local c = assert(require("uvmrec.tbe").new { seed = 5, device = device, tables = {
+      { name = "a", rows = 70001, dim = 16, placement = place }, { name = "b", rows = 3, dim = 8, placement = place },
+      { name = "c", rows = 4099, dim = 12, dtype = "bf16", placement = place } } })
+    local h = 2166136261ULL
+    for i, name in ipairs { "a", "b", "c" } do
+      local w = c:table(name)
+      local host = assert(w:to("host"))
+      local n = host:nbytes() / 2
+      local q = ffi.cast("uint16_t *", ur.C.ur_tensor_data(host.p))
+      for k = 0, n - 1 do h = bit.bxor(h, q[k]) * 16777619ULL end
+      local rows = ({ 70001, 3, 4099 })[i]
+      local seed = bit.bxor(ffi.cast("uint64_t", 5), ffi.cast("uint64_t", i) * 0xD1B54A32D192ED03ULL)
+      local m = math.min(500, host:numel())
+      local ref = ur.tensor({ m }, { dtype = host:dtype() }):uniform(-1 / math.sqrt(rows), 1 / math.sqrt(rows), seed)
+      for k = 0, m - 1 do assert(ref:get(k) == host:get(k), name .. " element " .. k) end
+    end
+    print("digest " .. tostring(h))
+  ]]
+
+  local function digest(env, place, gpu)
+    local dir = cmd.tmpdir()
+    cmd.spit(dir .. "/draw.lua", script)
+    local out, err, code = cmd.sh(("%s %s %s/draw.lua %s %s"):format(env, cmd.quote(cmd.bin()), dir, place,
+      gpu and "gpu" or "cpu"))
+    cmd.rmdir(dir)
+    assert.equal(0, code, err)
+    return out:match("digest (%S+)")
+  end
+
+  it("draws the same numbers on one thread and on several, each Philox's for the table's seed", function()
+    local one = digest("UR_NUM_THREADS=1", "host")
+    assert.is_not_nil(one)
+    assert.equal(one, digest("UR_NUM_THREADS=3", "host"))
+    assert.equal(one, digest("UR_NUM_THREADS=3", "managed"))
+  end)
+
+  cuda_it("draws pinned host tables of a GPU collection on the GPU (streamed down) as the CPU draws them", function()
+    local cpu = digest("UR_NUM_THREADS=2", "host")
+    assert.equal(cpu, digest("", "host", true))
+    assert.equal(cpu, digest("", "managed", true))
+    assert.equal(cpu, digest("", "device", true))
+  end)
 end)

@@ -1,4 +1,4 @@
--- Access counters of embedding tables (engine/src/tbe_stats.c, lua/uvmrec/tbe_stats.lua): what
+-- Access counters of embedding tables (engine/src/embedding/counters.c, lua/uvmrec/tbe_stats.lua): what
 -- the forward counts, decay, ranking (topk, coverage, histogram), against plain references;
 -- the CUDA counters against the CPU's (#cuda).
 local ur = require "uvmrec"
@@ -212,7 +212,7 @@ describe("uvmrec.tbe access counters", function()
   end)
 end)
 
--- Row permutations of embedding tables (engine/src/tbe_stats.c, the lookup kernels): a table
+-- Row permutations of embedding tables (engine/src/embedding/layout.c, the lookup kernels): a table
 -- laid out by a permutation gives the same outputs and the same training, bit for bit, as the
 -- identity layout; relayout moves rows with their optimizer state; a checkpoint of a permuted
 -- table resumes exactly; the CUDA kernels' permuted lookups match the CPU's (#cuda).
@@ -320,6 +320,62 @@ describe("uvmrec.tbe row permutations", function()
     assert.is_true(r.rows_moved > 0)
     assert.same(plain:table("a"):totable(), perm:table("a"):totable())
     assert.same(plain:state("a").sum:totable(), perm:state("a").sum:totable())
+  end)
+
+  -- Disjoint random pairs of ids of a table of n rows: two lists of m.
+  local function random_pairs(n, m, seed)
+    local _, p = random_perm(n, seed)
+    local a, b = {}, {}
+    for i = 1, m do a[i], b[i] = p[i], p[m + i] end
+    return a, b
+  end
+
+  for _, optim in ipairs { "sgd", "rowwise_adagrad", "adam" } do
+    it("swap rows in place mid-training and train bit-identically to the identity layout (" .. optim .. ")",
+       function()
+      local plain, swapped = make_permuted("cpu", "host", optim), make_permuted("cpu", "host", optim)
+      local a1 = train(plain, 3, 11)
+      assert.same(a1, train(swapped, 3, 11))
+      for i, t in ipairs(PERM_TABLES) do
+        local a, b = random_pairs(t.rows, math.floor(t.rows / 3), 60 + i)
+        local r = assert(swapped.tbe:swap_rows(t.name, a, b))
+        assert.equal(2 * #a, r.rows_moved)
+        assert.is_false(r.on_gpu)
+      end
+      assert(swapped.tbe:swap_rows("a", random_pairs(300, 7, 99))) -- swaps over swaps
+      assert.same(train(plain, 4, 12), train(swapped, 4, 12))
+      for _, t in ipairs(PERM_TABLES) do
+        assert.same(logical(plain, t.name), logical(swapped, t.name), "table " .. t.name)
+        for _, sname in ipairs(plain.tbe.state_names) do
+          assert.same(logical_state(plain, t.name, sname), logical_state(swapped, t.name, sname),
+                      "state " .. sname .. " of " .. t.name)
+        end
+      end
+    end)
+  end
+
+  it("swap rows as the relayout with the permutation they make does, and check their ids", function()
+    local x, y = make_permuted("cpu", "host", "adam"), make_permuted("cpu", "host", "adam")
+    train(x, 2, 5)
+    train(y, 2, 5)
+    assert(x.tbe:relayout("c", (random_perm(1000, 3))))
+    assert(y.tbe:relayout("c", (random_perm(1000, 3))))
+    local a, b = random_pairs(1000, 200, 4)
+    assert(x.tbe:swap_rows("c", a, b))
+    local p = y.tbe:permutation("c"):totable()
+    for k = 1, #a do p[a[k] + 1], p[b[k] + 1] = p[b[k] + 1], p[a[k] + 1] end
+    assert(y.tbe:relayout("c", R.tensor(p, "i64")))
+    assert.same(y.tbe:permutation("c"):totable(), x.tbe:permutation("c"):totable())
+    assert.same(y:table("c"):totable(), x:table("c"):totable())
+    assert.same(y:state("c").exp_avg:totable(), x:state("c").exp_avg:totable())
+    assert.same(y:state("c").exp_avg_sq:totable(), x:state("c").exp_avg_sq:totable())
+    assert.has_error(function() assert(x.tbe:swap_rows("b", { 1, 40 }, { 41, 3 })) end,
+      "tbe: swap_rows of table 'b': b[0] = 41; expected 0..40")
+    assert.has_error(function() assert(x.tbe:swap_rows("b", { 1, 5 }, { 2, 1 })) end,
+      "tbe: swap_rows of table 'b': id 1 is in two pairs; each id may move once")
+    assert.has_error(function() x.tbe:swap_rows("b", { 1 }, { 2, 3 }) end,
+      "swap_rows: a and b must be lists of one length")
+    assert.is_truthy(x.tbe:swap_rows("b", {}, {})) -- nothing to do
   end)
 
   it("lays rows out hottest first from the counts, ties by id", function()
@@ -430,6 +486,27 @@ describe("uvmrec.tbe row permutations", function()
         R.close(logical(gpu, t.name), logical(cpu, t.name), t.dtype and 1e-2 or 1e-4, 1e-4,
                 place .. " table " .. t.name)
       end
+    end
+  end)
+
+  cuda_it("swap rows on the GPU as the CPU does (device, managed and pinned tables), training unchanged", function()
+    for _, place in ipairs { "device", "managed", "host" } do
+      local cpu, gpu = make_permuted("cpu", "host", "adam"), make_permuted(0, place, "adam")
+      local plain = make_permuted(0, place, "adam")
+      train(cpu, 2, 8)
+      train(gpu, 2, 8, "device")
+      train(plain, 2, 8, "device")
+      for i, t in ipairs(PERM_TABLES) do
+        local a, b = random_pairs(t.rows, math.floor(t.rows / 4), 80 + i)
+        assert(cpu.tbe:swap_rows(t.name, a, b))
+        local r = assert(gpu.tbe:swap_rows(t.name, a, b))
+        assert.is_true(r.on_gpu)
+        assert.same(cpu.tbe:permutation(t.name):totable(), gpu.tbe:permutation(t.name):totable())
+        R.close(gpu:table(t.name):totable(), cpu:table(t.name):totable(), t.dtype and 1e-2 or 1e-4, 1e-4,
+                place .. " table " .. t.name)
+      end
+      assert.same(train(plain, 3, 9, "device"), train(gpu, 3, 9, "device"), place)
+      for _, t in ipairs(PERM_TABLES) do assert.same(logical(plain, t.name), logical(gpu, t.name), place) end
     end
   end)
 

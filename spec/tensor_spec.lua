@@ -114,8 +114,8 @@ describe("uvmrec.tensor", function()
     assert.has_error(function() ur.tensor({ 2, -1 }) end,
       "tensor: size 2 of the shape is -1; expected a whole number >= 0")
     assert.has_error(function() ur.tensor({ 1, 1, 1, 1, 1 }) end)
-    assert.has_error(function() ur.tensor({ 2 }, { dtype = "f64" }) end,
-      "dtype: 'f64' is not a dtype; expected f32, bf16, f16, i8, u8, i32 or i64")
+    assert.has_error(function() ur.tensor({ 2 }, { dtype = "f128" }) end,
+      "dtype: 'f128' is not a dtype; expected f32, bf16, f16, i8, u8, i32, i64 or f64")
     assert.has_error(function() ur.tensor({ 2 }, { placement = "gpu" }) end,
       "placement: 'gpu' is not a placement; expected host, pinned, device or managed")
     assert.has_error(function() ur.tensor({ 2 }, { device = 0 }) end)
@@ -126,6 +126,34 @@ describe("uvmrec.tensor", function()
     assert.has_error(function() t.x = 1 end)
   end)
 
+  it("raises misuse at the caller's line: shapes, dtypes, placements, devices, advice, ranges, indices", function()
+    local t = ur.uvm_tensor({ 64, 4 })
+    local file = debug.getinfo(1, "S").short_src
+    local function at(line, f)
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      assert.equal(file .. ":" .. line .. ":", tostring(err):match("^[^:]*:%d+:"), tostring(err))
+    end
+    local l = debug.getinfo(1, "l").currentline
+    at(l + 1, function() local x = ur.tensor({ 2, -1 }) return x end)
+    at(l + 2, function() local x = ur.tensor({}) return x end)
+    at(l + 3, function() local x = ur.uvm_tensor({ -2 }) return x end)
+    at(l + 4, function() local x = ur.tensor({ 2 }, { dtype = "f8" }) return x end)
+    at(l + 5, function() local x = ur.tensor({ 2 }, { placement = "gpu" }) return x end)
+    at(l + 6, function() local x = ur.tensor({ 2 }, { placement = "managed", device = "mars" }) return x end)
+    at(l + 7, function() local x = t:to("mars") return x end)
+    at(l + 8, function() local x = t:view_as(0, { -1 }) return x end)
+    at(l + 9, function() local x = t:advise(0, 8, "bogus", "cpu") return x end)
+    at(l + 10, function() local x = t:advise(0, 8, "preferred_location", "mars") return x end)
+    at(l + 11, function() local x = t:prefetch(0, 8, "mars") return x end)
+    at(l + 12, function() local x = t:advise(0, 1000, "preferred_location", "cpu") return x end)
+    at(l + 13, function() local x = t:fill("x") return x end)
+    at(l + 14, function() local x = t[1000] return x end)
+    at(l + 15, function() t[1000] = 1 end)
+    at(l + 16, function() local x = t:get(1000) return x end)
+    at(l + 17, function() local x = t:view(60, 10) return x end)
+  end)
+
   it("reports device placement without a GPU as an environmental failure", function()
     if ur.gpu() then pending("this machine has a GPU") return end
     local t, err = ur.tensor({ 2 }, { placement = "device" })
@@ -134,28 +162,7 @@ describe("uvmrec.tensor", function()
   end)
 end)
 
--- Philox4x32-10 (Salmon et al., SC'11), written out here as the reference.
-local M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
-local TWO32 = 4294967296
-
-local function mulhilo(a, b)
-  local p = ffi.cast("uint64_t", a) * b
-  return tonumber(p / TWO32), tonumber(p % TWO32)
-end
-
-local function xor(a, b) return bit.bxor(a, b) % TWO32 end
-
-local function philox(counter, seed)
-  local c0, c1, c2, c3 = counter % TWO32, math.floor(counter / TWO32), 0, 0
-  local k0, k1 = seed % TWO32, math.floor(seed / TWO32)
-  for _ = 1, 10 do
-    local hi0, lo0 = mulhilo(M0, c0)
-    local hi1, lo1 = mulhilo(M1, c2)
-    c0, c1, c2, c3 = xor(xor(hi1, c1), k0), lo1, xor(xor(hi0, c3), k1), lo0
-    k0, k1 = (k0 + W0) % TWO32, (k1 + W1) % TWO32
-  end
-  return c0, c1, c2, c3
-end
+local philox = h.philox
 
 local function u01(w) return (math.floor(w / 256) + 1) / 16777216 end
 local function f32(v) return tonumber(ffi.new("float", v)) end

@@ -1,5 +1,6 @@
 -- uvmrec.train on the GPU against the CPU backend: the same initial weights and batches give
--- the same losses (f32 and bf16), the device feed hands over the loader's batches unchanged,
+-- the same losses (f32 and bf16), the loader's source hands over its batches unchanged (a KJT
+-- on the device, its keys checked by the collection),
 -- evaluation agrees, and dlrm_tiny trains to the AUC make run asks for.  Pending without a GPU.
 local helpers = require "helpers"
 local ur = require "uvmrec"
@@ -15,10 +16,10 @@ local function run(cfg, on_cpu, steps)
   local opt = train.optimizer(cfg, model)
   local data = assert(train.data(cfg, train.config.table_rows(cfg)))
   local loader = assert(ur.data.loader(data.train))
-  local feed = train.feed.new(loader, { gpu = not on_cpu })
+  local source = train.source.loader(loader, { placement = not on_cpu and "device" or nil })
   local out = {}
-  for s = 1, steps do out[s] = train.loop.step(model, opt, assert(feed:next())):get(0) end
-  feed:free()
+  for s = 1, steps do out[s] = train.loop.step(model, opt, assert(source:next())):get(0) end
+  source:free()
   loader:close()
   return out, model, data
 end
@@ -61,17 +62,18 @@ describe("uvmrec.train on the GPU", function()
       return assert(ur.data.loader { data = "synthetic:dcnv2", samples = 700, batch_size = 256 })
     end
     local a, b = loader(), loader()
-    local feed = train.feed.new(b, { gpu = true })
+    local source = train.source.loader(b, { placement = "device" })
     for _ = 1, 3 do
-      local x, y = assert(a:next()), assert(feed:next())
+      local x, y = assert(a:next()), assert(source:next())
       assert.equal("device", y.dense:placement())
+      assert.equal("device", y.sparse:placement())
       assert.same(x.dense:totable(), y.dense:totable())
       assert.same(x.labels:totable(), y.labels:totable())
-      assert.same(x.sparse:values():totable(), y.sparse.values:totable())
-      assert.same(x.sparse:offsets():totable(), y.sparse.offsets:totable())
+      assert.same(x.sparse:values():totable(), y.sparse:values():totable())
+      assert.same(x.sparse:offsets():totable(), y.sparse:offsets():totable())
     end
-    assert.is_nil(feed:next())
-    feed:free()
+    assert.is_nil(source:next())
+    source:free()
     a:close()
     b:close()
   end)
@@ -82,9 +84,9 @@ describe("uvmrec.train on the GPU", function()
     local _, mb = run(cfg, false, 20)
     local function eval(model, gpu)
       local l = assert(ur.data.loader(data.eval))
-      local feed = train.feed.new(l, { gpu = gpu })
-      local r = assert(train.evaluate.run(model, feed, { samples = 8192, batch_size = 4096 }))
-      feed:free()
+      local source = train.source.loader(l, { placement = gpu and "device" or nil })
+      local r = assert(train.evaluate.run(model, source, { samples = 8192, batch_size = 4096 }))
+      source:free()
       l:close()
       return r
     end

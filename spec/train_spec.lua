@@ -286,9 +286,8 @@ describe("uvmrec train checkpoints", function()
   end)
 
   it("stops at the step boundary after the interrupt flag rises, saving a checkpoint there", function()
-    local r = assert(run(sets_with(SYNTH, { "train.steps=50" }), { out = dir .. "/i", hooks = { function(step)
-      if step == 6 then C.ur_interrupt_set(1) end
-    end } }))
+    local flag = { after = function(_, at) if at.step == 6 then C.ur_interrupt_set(1) end end }
+    local r = assert(run(sets_with(SYNTH, { "train.steps=50" }), { out = dir .. "/i", hooks = { flag } }))
     assert.same({ signal = 0, name = "the interrupt flag", step = 6 }, r.interrupted)
     assert.equal(6, r.steps)
     assert.is_nil(r.eval, "no final evaluation after a stop")
@@ -562,7 +561,8 @@ describe("uvmrec.train", function()
                                    .. cmd.quote(dir .. "/ev"))
     assert.equal(0, code, err)
     assert.matches("^uvmrec eval: dlrm_tiny on the CPU\nmodel: DLRM: ", out)
-    assert.matches("\ndata: synthetic:tiny: 307200 samples an epoch; evaluation on the 2048 samples after them\n", out)
+    assert.matches("\ndata: synthetic:tiny: 307200 samples an epoch; evaluation on 2048 held%-out samples %(from "
+                   .. "sample 2%^48%)\n", out)
     assert.matches("\neval: AUC 0%.%d+  NE %d+%.%d+  logloss %d+%.%d+  accuracy 0%.%d+  calibration %d+%.%d+  "
                    .. "CTR 0%.%d+  %(2048 samples, [%d.]+ s%)\n", out)
     assert.matches("\nthe synthetic data's hidden%-model ceiling: 0%.8%d+\n$", out)
@@ -574,12 +574,22 @@ describe("uvmrec.train", function()
     assert.equal("uvmrec eval: criteo-tsv: /nonexistent/day_0: cannot open: No such file or directory\n", err)
   end)
 
-  it("holds out synthetic samples after the training ones and reports data errors", function()
+  it("trains the pipeline's batches in flight at the end of the data, or drops them with train.drain", function()
+    local sets = { "train.steps=0", "data.samples=2560", "train.batch_size=256", "train.pipeline=true",
+                   "eval.samples=0", "eval.min_auc=0", "train.log_every=1" }
+    local all = helpers.train_tiny(sets)
+    local dropped = helpers.train_tiny(sets, { "train.drain=false" })
+    assert.equal(10, all.result.steps)
+    assert.equal(9, dropped.result.steps, "the batch prefetched when the data ended is dropped")
+    for s = 1, 9 do assert.equal(all.losses[s], dropped.losses[s], "step " .. s) end
+  end)
+
+  it("holds out synthetic samples from 2^48, which training never reaches, and reports data errors", function()
     local cfg = tiny_to_auc()
     local d = assert(train.data(cfg, train.config.table_rows(cfg)))
     assert.equal(160 * 512, d.train.samples)
-    assert.same({ epoch = 0, sample = 160 * 512 }, d.eval.position)
-    assert.equal(160 * 512 + 16384, d.eval.samples)
+    assert.same({ epoch = 0, sample = 2 ^ 48 }, d.eval.position)
+    assert.equal(2 ^ 48 + 16384, d.eval.samples)
     assert.equal(160, d.steps)
     -- a rows cap shrinks the synthetic tables too, so every id fits
     cfg = tiny { "embeddings.max_rows=100" }

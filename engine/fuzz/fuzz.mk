@@ -1,7 +1,9 @@
-# libFuzzer targets (engine/fuzz/*.c: the TSV line parser, the .npy header parser), each linked
+# libFuzzer targets for every C parser of outside input (engine/fuzz/*.c: TSV lines, .npy
+# headers, safetensors files, YAML documents, keyed jagged tensors from raw arrays), each linked
 # to the engine built by clang with the address and undefined-behaviour sanitizers.
 # `make fuzz` runs each for FUZZ_SECONDS over its corpus (build/fuzz/corpus/NAME, seeded from
 # engine/fuzz/seeds/NAME); a crash stops it with the input saved as crash-* in the top folder.
+# `make test` builds them and spec/fuzz_spec.lua runs each once over its seeds and corpus.
 FUZZ_SECONDS ?= 60#                   how long `make fuzz` runs each target
 FUZZ_CC      ?= clang#                a clang with libFuzzer (Debian: clang, libclang-rt-14-dev)
 FUZZ_FLAGS   := -std=c11 -O1 -g -fno-omit-frame-pointer -pthread -D_GNU_SOURCE -Iengine/include -Iengine/src

@@ -2,6 +2,7 @@
  * --version, `uvmrec env` and subcommands (`uvmrec NAME` runs scripts/NAME.lua of the tree). */
 #include <dirent.h>
 #include <locale.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,78 @@ static void message(const char *msg) {
   fflush(stdout);
   fprintf(stderr, PROG ": %s\n", msg);
   fflush(stderr);
+}
+
+/* In a job of several ranks (mpirun's or `uvmrec launch`'s environment), every rank but 0
+ * prefixes each line it prints with "[rank R] ": its standard output and error go through a
+ * pipe to a thread that adds the prefix, so C's and Lua's prints alike carry it. */
+typedef struct prefixer {
+  int fd, out; /* the stream's descriptor; where its prefixed lines go */
+  pthread_t thread;
+  char prefix[32];
+} prefixer;
+static prefixer prefixers[2];
+static int prefixing;
+
+static void *prefix_lines(void *arg) {
+  prefixer *p = arg;
+  FILE *in = fdopen(p->fd, "r");
+  char line[8192 + sizeof p->prefix];
+  size_t pl = strlen(p->prefix);
+  int start = 1;
+  memcpy(line, p->prefix, pl);
+  /* The prefix and the line in one write, so that ranks sharing a terminal do not cut in. */
+  while (in && fgets(line + pl, 8192, in)) {
+    size_t n = strlen(line + pl);
+    const char *from = start ? line : line + pl;
+    if (write(p->out, from, n + (start ? pl : 0)) < 0) break;
+    start = n > 0 && line[pl + n - 1] == '\n';
+  }
+  if (in) fclose(in);
+  return NULL;
+}
+
+static void prefix_drain(void) {
+  if (!prefixing) return;
+  prefixing = 0;
+  fflush(stdout);
+  fflush(stderr);
+  for (int i = 0; i < 2; i++) {
+    dup2(prefixers[i].out, i + 1); /* closes the pipe's last write end: the thread sees EOF */
+    pthread_join(prefixers[i].thread, NULL);
+  }
+}
+
+static int env_number(const char *a, const char *b, const char *c) {
+  const char *names[] = {a, b, c};
+  for (int i = 0; i < 3; i++) {
+    const char *v = getenv(names[i]);
+    if (v && *v) return atoi(v);
+  }
+  return -1;
+}
+
+static void rank_prefix(void) {
+  int rank = env_number("OMPI_COMM_WORLD_RANK", "PMI_RANK", "UVMREC_RANK");
+  int world = env_number("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "UVMREC_WORLD");
+  if (rank <= 0 || world <= 1) return;
+  for (int i = 0; i < 2; i++) {
+    int fds[2];
+    prefixer *p = &prefixers[i];
+    if (pipe(fds)) return;
+    p->out = dup(i + 1);
+    p->fd = fds[0];
+    snprintf(p->prefix, sizeof p->prefix, "[rank %d] ", rank);
+    dup2(fds[1], i + 1);
+    close(fds[1]);
+    if (pthread_create(&p->thread, NULL, prefix_lines, p)) {
+      dup2(p->out, i + 1);
+      return;
+    }
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  prefixing = 1;
+  atexit(prefix_drain);
 }
 
 static int cmp_str(const void *a, const void *b) {
@@ -226,8 +299,17 @@ static int run_script(lua_State *L, char **argv, int argc, int script, const cha
   return report(ur_lua_pcall(L, nargs, 0));
 }
 
+static int finish(int status) {
+  /* A failing rank of a job under MPI aborts the job rather than leave the others waiting;
+   * its message goes out first. */
+  prefix_drain();
+  ur_comm_exit(status);
+  return status;
+}
+
 int main(int argc, char **argv) {
   setlocale(LC_CTYPE, "");
+  rank_prefix();
   int flags = 0;
   int script = collect_args(argv, &flags);
   if (script < 0) {
@@ -245,6 +327,13 @@ int main(int argc, char **argv) {
     ur__lua_paths p;
     if (ur__lua_paths_find(&p)) {
       message(ur_lua_last_error());
+      return 1;
+    }
+    if (!strcmp(p.layout, "none")) {
+      fprintf(stderr,
+              PROG ": '%s' is a command of a uvmrec tree, and no tree was found beside this "
+                   "program (%s); set UVMREC_ROOT to a checkout, a dist tree or an install prefix\n",
+              argv[script], p.binary);
       return 1;
     }
     snprintf(command_file, sizeof command_file, "%s/%s.lua", p.scripts, argv[script]);
@@ -279,5 +368,5 @@ int main(int argc, char **argv) {
     }
   }
   ur_lua_close(L);
-  return status;
+  return finish(status);
 }

@@ -2,7 +2,8 @@
  *
  * Contents (each section opens with a "==== N. name ====" comment line):
  *   1. core        statuses and errors, the library, names of enums, devices, memory and the
- *                  HBM budget, streams and events, tensors, interrupts and signals, the clock
+ *                  HBM budget, streams and events, tensors, interrupts and signals, the clock,
+ *                  optimizer settings (the dense parameters' and the embedding tables' alike)
  *   2. hints       advice and prefetch on managed tensors, what is advised, what moved
  *   3. data        keyed jagged tensors (KJT), .npy arrays, Criteo TSV, synthetic data, the
  *                  loader and its batches
@@ -10,14 +11,18 @@
  *                  prefetch of managed tables
  *   5. cache       the software HBM cache of `cached` tables
  *   6. dense       linear layers, activations, interaction, cross layers, concat, loss,
- *                  optimizers, arenas
+ *                  the dense optimizers' step, arenas
  *   7. metrics     AUC, grouped AUC, NE and the rest, streaming
  *   8. io          checkpoints (safetensors), configs (YAML), JSON
- *   9. serve       quantized rows and collections (qtbe), exported model files, the serving
+ *   9. dist        communicators over the ranks of a job (NCCL on GPUs, MPI on hosts)
+ *  10. serve       quantized rows and collections (qtbe), exported model files, the serving
  *                  API (ur_model_*)
  *
  * Every fallible function returns ur_status (0 ok, negative failure); the reason is in
  * ur_last_error(), a thread-local message naming the object, the value and the expectation.
+ * Pointer arguments must not be NULL unless the parameter says "or NULL" (a stream may always
+ * be: NULL is the default stream): a NULL one is UR_STATUS_INVALID with "<function>: argument
+ * '<name>' is NULL", and functions returning nothing (the _free ones, ...) do nothing with NULL.
  * Handles are opaque; the few plain structs are those a caller must read, each with a
  * ur_sizeof_X() so bindings can check their layout.  Names are ur_<object>_<verb>.  Argument
  * order (THNN's): the stream first, then the object acted on and the inputs (what selects in
@@ -43,7 +48,7 @@ extern "C" {
 #define UR_SYNTH_MAX_TABLES 64 /* ur_synth_spec.tables */
 
 /* UR_CDEF_BEGIN */
-/* ==== 1. core: statuses, the library, names, devices, memory, streams, tensors, interrupts ==== */
+/* ==== 1. core: statuses, library, names, devices, memory, streams, tensors, interrupts, optimizers ==== */
 typedef int ur_status;
 enum {
   UR_STATUS_OK = 0,
@@ -58,7 +63,9 @@ enum {
 
 typedef enum ur_dtype {
   UR_DTYPE_F32 = 0, UR_DTYPE_BF16, UR_DTYPE_F16, UR_DTYPE_I8, UR_DTYPE_U8,
-  UR_DTYPE_I32, UR_DTYPE_I64, UR_DTYPE_COUNT
+  UR_DTYPE_I32, UR_DTYPE_I64,
+  UR_DTYPE_F64, /* for sums that must not round: metric state reduced over ranks */
+  UR_DTYPE_COUNT
 } ur_dtype;
 
 typedef enum ur_place {
@@ -82,9 +89,11 @@ typedef enum ur_dist { UR_DIST_UNIFORM = 0, UR_DIST_NORMAL } ur_dist;
 struct ur_tensor;
 struct ur_stream;
 struct ur_event;
+struct ur_graph;
 typedef struct ur_tensor ur_tensor;
 typedef struct ur_stream ur_stream;
 typedef struct ur_event ur_event;
+typedef struct ur_graph ur_graph;
 
 typedef struct ur_device_props {
   char name[256];
@@ -151,6 +160,23 @@ UR_API ur_status ur_event_elapsed(const ur_event *start, const ur_event *end, do
  * stages meet through this; without a GPU work is synchronous and it returns at once). */
 UR_API ur_status ur_stream_wait_event(ur_stream *s, ur_event *e);
 
+/* Graphs: the work a sequence of calls enqueues on a stream (and on the streams it forks and
+ * joins back), captured once and replayed with one launch.  ur_graph_begin starts capturing s
+ * (a stream of ur_stream_new: the default stream cannot be captured); the calls that follow
+ * only record their work, so nothing they compute may be read on the host before the end.
+ * ur_graph_end stops, turns the capture into *g (updating *g in place when it is a graph of
+ * the same shape from an earlier capture, else replacing it) and launches it once, so that the
+ * calls' work is done as if they had run.  ur_graph_launch replays it on s: the same kernels on
+ * the same memory with the same arguments (numbers computed on the host, such as learning
+ * rates, are those of the capture).  A call that waits for the GPU, allocates device memory or
+ * reads results breaks the capture: ur_graph_end then fails with the reason and leaves *g as
+ * it was.  Without a GPU the calls run as they are made: begin and end do nothing (*g stays
+ * NULL) and launch says it needs a GPU. */
+UR_API ur_status ur_graph_begin(ur_stream *s);
+UR_API ur_status ur_graph_end(ur_stream *s, ur_graph **g /* in, out */);
+UR_API ur_status ur_graph_launch(ur_graph *g /* or NULL: what ur_graph_end gives without a GPU */, ur_stream *s);
+UR_API void ur_graph_free(ur_graph *g);
+
 /* Tensors. */
 UR_API ur_status ur_tensor_new(ur_tensor **out, ur_dtype dtype, int32_t ndim,
                                const int64_t *shape, ur_place place, int32_t device);
@@ -202,6 +228,30 @@ UR_API ur_status ur_signals_catch(int32_t on);
 UR_API int32_t ur_signals_caught(void);
 /* Monotonic seconds (rates, ETAs, timings). */
 UR_API double ur_clock_seconds(void);
+
+/* Optimizer settings: one kind and one struct for the dense parameters (ur_optim_step, PyTorch's
+ * formulas) and the embedding tables, whose optimizer is fused into their backward
+ * (ur_tbe_config.optim).  Dense parameters take sgd, adagrad, adam and adamw; tables take sgd,
+ * rowwise_adagrad (one sum per row), adagrad and adam. */
+typedef enum ur_optim_kind {
+  UR_OPTIM_KIND_SGD = 0, UR_OPTIM_KIND_ADAGRAD, UR_OPTIM_KIND_ADAM, UR_OPTIM_KIND_ADAMW,
+  UR_OPTIM_KIND_ROWWISE_ADAGRAD, UR_OPTIM_KIND_COUNT
+} ur_optim_kind;
+
+typedef struct ur_optim_config {
+  int32_t kind;             /* ur_optim_kind */
+  int32_t nesterov;         /* dense SGD with momentum */
+  int32_t zero_grad;        /* dense: 1: gradients are zeroed once read */
+  int32_t pad_;
+  int64_t step;             /* dense: this update's number, from 1 (tables count their own) */
+  double lr, weight_decay;  /* weight decay is L2 (g += weight_decay * w); AdamW's decoupled */
+  double momentum;          /* dense SGD; 0 for none */
+  double beta1, beta2;      /* Adam */
+  double eps;               /* Adagrad, Adam */
+  double max_grad;          /* tables: > 0 clips each gradient element to [-max_grad, max_grad] */
+} ur_optim_config;
+
+UR_API size_t ur_sizeof_optim_config(void);
 
 /* ==== 2. hints: advice and prefetch on managed tensors, what is advised, what moved ==== */
 typedef enum ur_advice {
@@ -267,10 +317,10 @@ UR_API const char *ur_advice_name(ur_advice a);
 UR_API ur_status ur_advice_parse(const char *s, ur_advice *out);
 
 /* Memory hints on managed tensors, by element offset and count within the tensor. */
-UR_API ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel, ur_range *out,
-                                  ur_advice advice, int32_t location);
+UR_API ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel,
+                                  ur_range *out /* or NULL */, ur_advice advice, int32_t location);
 UR_API ur_status ur_tensor_prefetch(ur_stream *s, ur_tensor *t, int64_t offset, int64_t numel,
-                                    ur_range *out, int32_t location);
+                                    ur_range *out /* or NULL */, int32_t location);
 UR_API ur_status ur_tensor_advised(const ur_tensor *t, int64_t offset, int64_t numel,
                                    ur_advised *out);
 UR_API ur_status ur_tensor_residency(ur_stream *s, const ur_tensor *t, int64_t offset,
@@ -289,24 +339,25 @@ UR_API ur_status ur_monitor_read(ur_migration_stats *out, int32_t reset);
 UR_API ur_status ur_monitor_stop(void);
 
 /* ==== 3. data: keyed jagged tensors, .npy, Criteo TSV, synthetic data, the loader ==== */
-/* Keyed jagged tensors (engine/src/kjt.c).  Key-major: lengths[k * stride + b] is the bag of
+/* Keyed jagged tensors (engine/src/data/kjt.c).  Key-major: lengths[k * stride + b] is the bag of
  * key k for sample b, offsets its exclusive cumulative sum (num_keys * stride + 1 entries), so
  * offsets are directly the embedding kernels' bag offsets into values.  With a variable batch
- * per key (VBE), key k has stride_per_key[k] bags and inverse_indices [num_keys, stride] gives,
- * for each sample of the full batch, its bag within that key.  A KJT holds views of the
- * tensors it was given (the caller keeps its own handles); accessors lend the KJT's own
- * handles, valid while it lives. */
+ * per key (VBE; TorchRec's names), key k has stride_per_key_per_rank[k] bags (one rank) and
+ * inverse_indices [num_keys, stride] gives, for each sample of the full batch, its bag within
+ * that key.  A KJT holds views of the tensors it was given (the caller keeps its own handles);
+ * accessors lend the KJT's own handles, valid while it lives. */
 struct ur_kjt;
 typedef struct ur_kjt ur_kjt;
 
-/* values i64 [n], lengths i32 [sum of strides], weights f32 [n] or NULL; stride_per_key NULL
- * for one stride for all keys (then inverse_indices must be NULL), else num_keys entries and
+/* values i64 [n], lengths i32 [sum of strides], weights f32 [n] or NULL;
+ * stride_per_key_per_rank NULL for one stride for all keys (then inverse_indices must be NULL),
+ * else each key's bags on each rank (TorchRec's names; one rank: num_keys entries) and
  * inverse_indices i64 [num_keys * stride].  All tensors in one placement (device: one GPU).
  * Offsets are computed here; lengths are checked (negative, sum) unless check is 0. */
 UR_API ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys,
-                            int64_t stride, const int64_t *stride_per_key, ur_tensor *values,
-                            ur_tensor *lengths, ur_tensor *weights, ur_tensor *inverse_indices,
-                            int32_t check);
+                            int64_t stride, const int64_t *stride_per_key_per_rank /* or NULL */,
+                            ur_tensor *values, ur_tensor *lengths, ur_tensor *weights /* or NULL */,
+                            ur_tensor *inverse_indices /* or NULL */, int32_t check);
 UR_API void ur_kjt_free(ur_kjt *k);
 UR_API int32_t ur_kjt_num_keys(const ur_kjt *k);
 UR_API const char *ur_kjt_key(const ur_kjt *k, int32_t i);     /* NULL outside 0..num_keys-1 */
@@ -324,7 +375,7 @@ UR_API ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int6
                                  int64_t *value0, int64_t *value1);
 /* Checks lengths, offsets, sizes and, where rows[i] > 0, that key i's ids lie in
  * [0, rows[i]); rows may be NULL.  The error names the key and the position. */
-UR_API ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows);
+UR_API ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows /* or NULL */);
 /* A KJT of keys order[0..n-1] (indices into k's keys; repeats allowed). */
 UR_API ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n,
                                 ur_kjt **out);
@@ -335,17 +386,44 @@ UR_API ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **o
 /* Per key, the distinct bags (same ids and weights) in order of first appearance, and for
  * every sample its bag: a VBE batch whose expand() is the input. */
 UR_API ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out);
+/* Row-wise sharding's split of ids (not for VBE batches): key i with block[i] > 0 becomes
+ * `buckets` keys "<key>@<b>" in its place, bucket b holding, bag by bag and in order, the ids
+ * in [b * block[i], (b + 1) * block[i]) less b * block[i], with their weights; keys with
+ * block[i] 0 stay as they are.  An id outside [0, rows[i]) is an error naming the key, the
+ * sample and the id. */
+UR_API ur_status ur_kjt_bucketize(const ur_kjt *k, ur_kjt **out, const int64_t *block,
+                                  const int64_t *rows, int32_t buckets);
 /* A VBE batch back to the full batch (a plain KJT is copied). */
 UR_API ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out);
 /* Rows of a per-bag output [sum of strides, D] (bag order) to the full batch's bag order
  * [num_keys * stride, D]: out row k*stride+b = in row (first bag of k) + inverse[k][b]. */
 UR_API ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
                                     ur_tensor **out);
+/* Sample-major rows (as the synthetic generator makes them) to a KJT: key k takes hot[k] id
+ * columns of ids i64 [n, sum of hot] (weights f32 alike, or NULL), of which lengths i32
+ * [n, num_keys] say how many are used (NULL: all of them).  Written into the caller's buffers
+ * (values and weights_out at least n * sum of hot elements, lengths_out n * num_keys, offsets
+ * n * num_keys + 1; one placement for all), of which the KJT holds views: no allocation, so a
+ * loader reuses them.  With lengths it waits for the device (the key spans come back); without,
+ * nothing waits.  A length outside 0..hot[k] is an error naming the key and the sample. */
+UR_API ur_status ur_kjt_from_rows(ur_stream *s, ur_kjt **out, int32_t num_keys,
+                                  const char *const *keys, const int32_t *hot,
+                                  const ur_tensor *ids, const ur_tensor *weights /* or NULL */,
+                                  const ur_tensor *lengths /* or NULL */,
+                                  ur_tensor *values /* out */, ur_tensor *lengths_out /* out */,
+                                  ur_tensor *offsets /* out */,
+                                  ur_tensor *weights_out /* out, or NULL without weights */);
 /* A copy in another placement, ordered on s (asynchronous where the GPU is involved). */
 UR_API ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place place,
                            int32_t device);
+/* The same into buffers the caller keeps: into[0..4] for the values, lengths, offsets, weights
+ * and inverse_indices (1-D, of k's dtypes, at least as long, in one placement; NULL where k has
+ * none).  The copy's tensors are views of their first elements, so a loop that copies every
+ * batch to the GPU allocates no device memory and waits for nothing. */
+UR_API ur_status ur_kjt_copy(ur_stream *s, const ur_kjt *k, ur_tensor *const *into /* out */,
+                             ur_kjt **out /* out */);
 
-/* .npy arrays (engine/src/npy.c): version 1, 2 and 3 headers; dtypes <f4, <i4, <u4, <i8. */
+/* .npy arrays (engine/src/data/npy.c): version 1, 2 and 3 headers; dtypes <f4, <i4, <u4, <i8. */
 typedef struct ur_npy_info {
   char descr[8];                  /* "<f4", "<i4", "<u4" or "<i8" */
   int32_t ndim;                   /* 0 to 4 */
@@ -356,14 +434,16 @@ typedef struct ur_npy_info {
 } ur_npy_info;
 UR_API size_t ur_sizeof_npy_info(void);
 /* Parses a header held in buf[0..len); what is named in errors is `what` (a file name). */
-UR_API ur_status ur_npy_parse_header(const void *buf, size_t len, const char *what,
+UR_API ur_status ur_npy_parse_header(const void *buf, size_t len, const char *what /* or NULL */,
                                      ur_npy_info *out);
 /* Reads a whole file into a new host tensor: f32 for <f4, i32 for <i4, i64 for <u4 and <i8. */
 UR_API ur_status ur_npy_load(ur_tensor **out, const char *path);
 /* Writes a tensor (f32, i32, i64) as .npy; descr overrides the dtype's ("<u4" for i32 ids). */
-UR_API ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr);
+UR_API ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr /* or NULL */);
 /* A .npy written in parts: rows of tensors appended, converted to descr (f32 to <f4; integer
- * or f32 tensors to <i4, <u4, <i8, each value checked to fit), the row count set on close. */
+ * or f32 tensors to <i4, <u4, <i8, each value checked to fit), the row count set on close.  It is
+ * written under a temporary name beside path and appears at path only when closed (as does
+ * ur_npy_save's file): a writer that fails or is killed leaves no file that looks complete. */
 struct ur_npy_writer;
 typedef struct ur_npy_writer ur_npy_writer;
 UR_API ur_status ur_npy_writer_open(ur_npy_writer **out, const char *path, const char *descr,
@@ -372,7 +452,7 @@ UR_API ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *rows);
 /* Writes the header and closes; frees w either way. */
 UR_API ur_status ur_npy_writer_close(ur_npy_writer *w);
 
-/* Criteo raw TSV (engine/src/criteo.c): 40 tab-separated fields, label, 13 integers, 26 hex
+/* Criteo raw TSV (engine/src/data/criteo.c): 40 tab-separated fields, label, 13 integers, 26 hex
  * categoricals.  Integers: empty 0, negatives clamped to 0, then log(x + 1); categoricals:
  * hex as unsigned 32-bit, empty 0, then id mod rows[i] where rows[i] > 0.  Files are read
  * plain or gzip'd, parsed on UR_NUM_THREADS threads (default: every core).  Malformed data
@@ -396,25 +476,28 @@ typedef struct ur_criteo_reader ur_criteo_reader;
  * UR_STATUS_INVALID with a message naming the field; *padded set when fields were added. */
 UR_API ur_status ur_criteo_parse_line(const char *line, size_t len, int32_t pad_missing_fields,
                                       int32_t *label, float *dense, uint32_t *cats,
-                                      int32_t *padded);
+                                      int32_t *padded /* or NULL */);
 UR_API ur_status ur_criteo_open(ur_criteo_reader **out, const char *const *paths, int32_t npaths,
-                                const ur_criteo_opts *opts);
+                                const ur_criteo_opts *opts /* or NULL */);
 UR_API void ur_criteo_close(ur_criteo_reader *r);
 /* Up to max rows into host buffers labels[max], dense[max * 13], ids[max * 26] (ids reduced
  * modulo rows where given); *n 0 at the end.  An error names file and line. */
-UR_API ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels, float *dense,
-                                uint32_t *ids, int64_t *n);
+UR_API ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels /* or NULL */,
+                                float *dense /* or NULL */, uint32_t *ids /* or NULL */,
+                                int64_t *n);
 UR_API ur_status ur_criteo_stats_get(const ur_criteo_reader *r, ur_criteo_stats *out);
 /* Which input file the last rows came from (index into paths), -1 before any. */
 UR_API int32_t ur_criteo_file_index(const ur_criteo_reader *r);
 /* TSV to binary day files: input i becomes out_dir/day_D_{dense,sparse,labels}.npy with
  * D = days[i] (or i when days is NULL): dense <f4 [N,13] already transformed, sparse <i4
- * [N,26] when every column has rows (ids mod rows), else <u4 raw ids, labels <i4 [N]. */
-UR_API ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_criteo_stats *out,
-                                   const ur_criteo_opts *opts, const char *out_dir,
-                                   const int32_t *days);
+ * [N,26] when every column has rows (ids mod rows), else <u4 raw ids, labels <i4 [N].  All or
+ * nothing: the files appear when every input converted, and a failure leaves none of them. */
+UR_API ur_status ur_criteo_convert(const char *const *paths, int32_t npaths,
+                                   ur_criteo_stats *out /* or NULL */,
+                                   const ur_criteo_opts *opts /* or NULL */, const char *out_dir,
+                                   const int32_t *days /* or NULL */);
 
-/* Synthetic data (engine/src/synth.c): counter-based, so sample i is the same whatever the
+/* Synthetic data (engine/src/data/synth.c): counter-based, so sample i is the same whatever the
  * order, the thread count or the backend.  Labels come from a hidden logistic model whose
  * logit is mostly per-id effects of the sparse features. */
 typedef struct ur_synth_table {
@@ -431,6 +514,9 @@ typedef struct ur_synth_spec {
   float dense_signal;             /* weight of the dense features in the logit */
   float bias;                     /* logit offset (sets the click rate) */
   int64_t groups;                 /* > 0: per-sample grouping keys in [0, groups) */
+  double drift;                   /* > 0: the hot ids move: sample i's Zipf rank r is read as
+                                     rank r + floor(i * drift) (mod rows), so the ids that were
+                                     hot grow cold and colder ones take their place; 0: none */
 } ur_synth_spec;
 UR_API size_t ur_sizeof_synth_table(void);
 UR_API size_t ur_sizeof_synth_spec(void);
@@ -441,13 +527,14 @@ UR_API ur_status ur_synth_check(const ur_synth_spec *spec);
  * groups i64 [n] or NULL, probs f32 [n] (the hidden model's click probability) or NULL. */
 UR_API ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int64_t first,
                                    int64_t n, ur_tensor *dense, ur_tensor *labels, ur_tensor *ids,
-                                   ur_tensor *weights, ur_tensor *lengths, ur_tensor *groups,
-                                   ur_tensor *probs);
-/* The loader (engine/src/loader.c): a thread that turns a source into batches in pinned
- * buffers ahead of use.  Each epoch a rank reads its contiguous share of the rows, in
- * windows of shuffle_window rows shuffled by a seeded permutation (a window of 0: in order),
- * so a position (epoch, sample) restores the exact order.  A batch stays valid until it is
- * released; the loader holds depth batches ahead, plus two the consumer may hold. */
+                                   ur_tensor *weights /* or NULL */, ur_tensor *lengths,
+                                   ur_tensor *groups /* or NULL */, ur_tensor *probs /* or NULL */);
+/* The loader (engine/src/data/loader.c): threads that turn a source into batches in pinned
+ * buffers ahead of use, each thread making whole batches, handed out in order.  Each epoch a
+ * rank reads its contiguous share of the rows, in windows of shuffle_window rows shuffled by a
+ * seeded permutation (a window of 0: in order), so a position (epoch, sample) restores the
+ * exact order, on any number of threads.  A batch stays valid until it is released; the loader
+ * holds max(depth, threads) batches ahead, plus two the consumer may hold. */
 typedef enum ur_source_kind {
   UR_SOURCE_SYNTHETIC = 0, UR_SOURCE_CRITEO_TSV, UR_SOURCE_CRITEO_BIN
 } ur_source_kind;
@@ -460,7 +547,8 @@ typedef struct ur_loader_opts {
   const char *const *keys;        /* names of the sparse features (NULL: C1, C2, ...) */
   ur_criteo_opts criteo;          /* TSV options; rows also reduce day files' ids on read */
   int64_t batch_size;
-  int32_t depth;                  /* batches prepared ahead (>= 1) */
+  int32_t depth;                  /* batches prepared ahead (>= 1; at least one a thread) */
+  int32_t threads;                /* threads making batches; 0: UR_NUM_THREADS, else every core */
   int32_t drop_last;
   int64_t shuffle_window;         /* rows per shuffled window; 0: no shuffling */
   uint64_t seed;
@@ -468,13 +556,20 @@ typedef struct ur_loader_opts {
   int32_t rank, world;
   int64_t start_epoch, start_sample; /* the position to start from (a resumed run) */
   int32_t placement;              /* of the batches: UR_PLACE_PINNED (default) or HOST */
+  /* slice_world > 1: batch_size is a global batch, and each batch handed out is this rank's
+   * slice of it, samples [n * slice_rank / slice_world, n * (slice_rank + 1) / slice_world) of
+   * its n (data-parallel training: every rank reads the same global batches) */
+  int32_t slice_rank, slice_world;
 } ur_loader_opts;
 typedef struct ur_loader_stats {
   int64_t batches, samples, bytes;
   double wait_seconds;            /* the consumer's time blocked in next */
-  double produce_seconds;         /* the loader thread's time making batches */
+  double produce_seconds;         /* the threads' wall time making batches, summed */
+  double produce_cpu_seconds;     /* their CPU time for it (dispatch included): the cost on a
+                                     shared machine */
   int64_t epoch, sample;          /* the position after the last batch handed out */
   int64_t samples_per_epoch;      /* this rank's; -1 until known (TSV) */
+  int32_t threads;                /* threads making batches */
 } ur_loader_stats;
 struct ur_loader;
 struct ur_batch;
@@ -490,6 +585,11 @@ UR_API void ur_loader_release(ur_loader *l, ur_batch *b);
 /* Stops the thread (also mid-epoch) and frees everything; batches not released are freed too. */
 UR_API void ur_loader_close(ur_loader *l);
 UR_API ur_status ur_loader_stats_get(const ur_loader *l, ur_loader_stats *out);
+/* Host memory a loader with these options takes at most (its slots and the windows it keeps),
+ * for data of `columns` id columns (the sum of each table's ids per sample), `tables` tables
+ * and `dense` features: for accounting before anything is allocated. */
+UR_API uint64_t ur_loader_host_bytes(const ur_loader_opts *opts, int32_t columns, int32_t tables,
+                                     int32_t dense);
 UR_API const ur_tensor *ur_batch_dense(const ur_batch *b);   /* f32 [B, dense] */
 UR_API const ur_tensor *ur_batch_labels(const ur_batch *b);  /* f32 [B] */
 UR_API const ur_tensor *ur_batch_groups(const ur_batch *b);  /* i64 [B], or NULL */
@@ -508,10 +608,6 @@ UR_API int64_t ur_batch_first_sample(const ur_batch *b);     /* within the epoch
 typedef enum ur_pooling {
   UR_POOLING_SUM = 0, UR_POOLING_MEAN, UR_POOLING_NONE, UR_POOLING_COUNT
 } ur_pooling;
-typedef enum ur_tbe_optim {
-  UR_TBE_OPTIM_SGD = 0, UR_TBE_OPTIM_ROWWISE_ADAGRAD, UR_TBE_OPTIM_ADAGRAD, UR_TBE_OPTIM_ADAM,
-  UR_TBE_OPTIM_COUNT
-} ur_tbe_optim;
 typedef enum ur_tbe_bounds {
   UR_TBE_BOUNDS_FATAL = 0, /* a bad id fails the call, naming table, feature, sample and id */
   UR_TBE_BOUNDS_WARN,      /* the id is skipped and counted (ur_tbe_skipped) */
@@ -531,18 +627,26 @@ typedef struct ur_tbe_table_config {
   ur_pooling pooling;      /* all tables pool (sum or mean), or none does */
   ur_place place;          /* device, managed, or host (kept pinned: the GPU reads it in place) */
   int32_t state_place;     /* where its optimizer state lives: a ur_place, or -1: as the table */
+  /* A shard of a larger logical table (sharding over ranks): this table is rows [row0, row0 +
+   * rows) and columns [col0, col0 + dim) of the logical_rows x logical_dim table that is table
+   * `logical` of the unsharded collection, and starts as those elements of it: the same numbers,
+   * drawn with that table's seed and bound.  logical_rows 0: not a shard (the rest is unused). */
+  int32_t logical;
+  int32_t logical_dim, col0;
+  int64_t logical_rows, row0;
 } ur_tbe_table_config;
 
 typedef struct ur_tbe_config {
   int32_t device;          /* the GPU that runs the collection, or -1: the CPU backend */
-  ur_tbe_optim optim;
-  double lr, eps, weight_decay;  /* weight decay is L2: g += weight_decay * w */
-  double beta1, beta2;     /* Adam */
-  double max_grad;         /* > 0: each gradient element is clipped to [-max_grad, max_grad] */
+  ur_optim_config optim;   /* sgd, rowwise_adagrad, adagrad or adam; its step is the collection's */
   ur_tbe_bounds bounds;
   int32_t stochastic_rounding; /* 1: f16/bf16 rows are written with stochastic rounding */
   uint64_t seed;           /* initialisation and stochastic rounding */
   ur_dtype out_dtype;      /* pooled output and its gradient: f32 or bf16 */
+  int32_t nondeterministic; /* 1: on the GPU, SGD without weight decay or clipping on a
+                               collection of f32 tables adds each value's update to its row by
+                               atomics, without the sort: faster, not bit-reproducible.  The
+                               CPU, and every other case, steps deterministically. */
 } ur_tbe_config;
 
 UR_API size_t ur_sizeof_tbe_table_config(void);
@@ -553,7 +657,8 @@ UR_API size_t ur_sizeof_tbe_config(void);
  * every backend and placement; optimizer state starts at zero. */
 UR_API ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tables,
                             const ur_tbe_table_config *tables, int32_t num_features,
-                            const int32_t *feature_table, const char *const *feature_names);
+                            const int32_t *feature_table,
+                            const char *const *feature_names /* or NULL */);
 UR_API void ur_tbe_free(ur_tbe *t);
 UR_API int32_t ur_tbe_num_tables(const ur_tbe *t);
 UR_API int32_t ur_tbe_num_features(const ur_tbe *t);
@@ -563,29 +668,33 @@ UR_API int64_t ur_tbe_out_dim(const ur_tbe *t);
 /* The first output column of feature f (pooled collections). */
 UR_API int64_t ur_tbe_feature_col(const ur_tbe *t, int32_t feature);
 
-/* Pooled forward.  Without VBE (batch_per_feature NULL) every feature has bags/num_features
- * bags and out is [batch, out_dim].  With VBE, batch_per_feature[f] (host memory) gives each
- * feature's bags; out is then either flat [sum_f batch_f * dim_f] (inverse NULL) or, with
- * inverse i64 [num_features * B] (key-major: sample b of feature f reads its bag
- * inverse[f * B + b]), expanded to [B, out_dim].  Pooling none: out is [n, dim], one row per
+/* Pooled forward.  Without VBE (stride_per_key_per_rank NULL) every feature has
+ * bags/num_features bags and out is [batch, out_dim].  With VBE, stride_per_key_per_rank[f]
+ * (host memory; one rank) gives each feature's bags, as a KJT's; out is then either flat
+ * [sum_f batch_f * dim_f] (inverse_indices NULL) or, with inverse_indices i64
+ * [num_features * B] (key-major: sample b of feature f reads its bag
+ * inverse_indices[f * B + b]), expanded to [B, out_dim].  Pooling none: out is [n, dim], one row per
  * value.  Empty bags give zeros; mean divides by the bag's length.  weights may be NULL. */
 UR_API ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
-                                const ur_tensor *offsets, const ur_tensor *weights,
-                                const int64_t *batch_per_feature, const ur_tensor *inverse,
-                                ur_tensor *out);
+                                const ur_tensor *offsets, const ur_tensor *weights /* or NULL */,
+                                const int64_t *stride_per_key_per_rank /* or NULL */,
+                                const ur_tensor *inverse_indices /* or NULL */, ur_tensor *out);
 /* The gradient of forward's output updates the rows in place through the optimizer. */
 UR_API ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                                  const ur_tensor *values, const ur_tensor *offsets,
-                                 const ur_tensor *weights, const int64_t *batch_per_feature,
-                                 const ur_tensor *inverse);
+                                 const ur_tensor *weights /* or NULL */,
+                                 const int64_t *stride_per_key_per_rank /* or NULL */,
+                                 const ur_tensor *inverse_indices /* or NULL */);
 /* The deduplicated gradient instead of an update: rows i64 [U] (row ids within their tables,
  * ascending per table, tables in order), grads f32 [sum_t U_t * dim_t] (table t's block is
  * [U_t, dim_t]), and counts[t] = U_t (host array of num_tables).  Synchronous. */
 UR_API ur_status ur_tbe_sparse_grad(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                                     const ur_tensor *values, const ur_tensor *offsets,
-                                    const ur_tensor *weights, const int64_t *batch_per_feature,
-                                    const ur_tensor *inverse, ur_tensor **rows /* out */,
-                                    ur_tensor **grads /* out */, int64_t *counts /* out */);
+                                    const ur_tensor *weights /* or NULL */,
+                                    const int64_t *stride_per_key_per_rank /* or NULL */,
+                                    const ur_tensor *inverse_indices /* or NULL */,
+                                    ur_tensor **rows /* out */, ur_tensor **grads /* out */,
+                                    int64_t *counts /* out */);
 
 /* Table t as a [rows, dim] view of the batched storage; its optimizer state `which`
  * (0-based, ur_tbe_state_count of them: rowwise Adagrad's sum [rows], Adagrad's sum
@@ -625,7 +734,7 @@ UR_API ur_status ur_tbe_decay_counts(ur_stream *s, ur_tbe *t, int32_t table, dou
  * = the counts of order[0..r] summed.  counts is i32 [n] in any placement; order and cumsum
  * are i64 [n] in host memory.  Linear time (a radix sort). */
 UR_API ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order /* out */,
-                                ur_tensor *cumsum /* out */);
+                                ur_tensor *cumsum /* out, or NULL */);
 /* perm[order[r]] = r: the permutation that lays rows out in the given order (which must hold
  * each of 0..n-1 once); perm is i64 [n] in host memory. */
 UR_API ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm /* out */);
@@ -646,11 +755,22 @@ typedef struct ur_tbe_relayout_stats {
 UR_API size_t ur_sizeof_tbe_relayout_stats(void);
 /* The permutation in force as an i64 [rows] view, or *out = NULL for the identity. */
 UR_API ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out);
-UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
+UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table,
+                                 const ur_tensor *perm /* or NULL */,
                                  ur_tbe_relayout_stats *out /* out */, int64_t chunk_rows);
+/* Trades the physical rows of ids a[k] and b[k] (k < n; host arrays; no id in two pairs), in
+ * the weights and in the optimizer state, and their entries of the permutation, in place (a
+ * table without a layout gets the identity first).  Work is O(n rows), ordered on s: on a GPU
+ * collection a kernel moves the rows (managed rows are read and written where they are: no page
+ * moves, no wait).  The kernels must not read the table meanwhile: order it between steps on
+ * their stream.  Stats as relayout's (bytes: the rows rewritten; seconds: the host's time). */
+UR_API ur_status ur_tbe_swap_rows(ur_stream *s, ur_tbe *t, int32_t table, const int64_t *a,
+                                  const int64_t *b, int64_t n,
+                                  ur_tbe_relayout_stats *out /* out */);
 /* Installs perm (NULL: the identity) without moving any row: for rows already laid out by it,
  * as a checkpoint holds them. */
-UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm);
+UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table,
+                                        const ur_tensor *perm /* or NULL */);
 
 /* ---- page prefetch of managed tables ---- */
 /* For every managed table of the collection (not those a software cache serves): the physical
@@ -660,7 +780,7 @@ UR_API ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tenso
  * Runs that lie wholly in bytes the hint record says are preferred on, or last prefetched to,
  * the location are skipped; the others are prefetched there on s (cudaMemPrefetchAsync).
  * values i64 [n] and offsets i64 [bags + 1] as ur_tbe_forward takes them (any placement:
- * device ones are read back, synchronously), batch_per_feature as there.  Ids out of range
+ * device ones are read back, synchronously), stride_per_key_per_rank as there.  Ids out of range
  * fail under the collection's fatal bounds check with the forward's error (naming table,
  * feature, sample and id); under warn and off they are skipped (and counted here, not in
  * ur_tbe_skipped).  location: a GPU, UR_LOC_CURRENT_GPU (the collection's GPU) or UR_LOC_CPU.
@@ -690,12 +810,13 @@ typedef struct ur_page_stats {
 UR_API size_t ur_sizeof_page_run(void);
 UR_API size_t ur_sizeof_page_stats(void);
 UR_API ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values,
-                                       const ur_tensor *offsets, const int64_t *batch_per_feature,
+                                       const ur_tensor *offsets,
+                                       const int64_t *stride_per_key_per_rank /* or NULL */,
                                        ur_page_stats *out /* out */, int32_t location);
 /* The same computation, issuing nothing: for tests and for looking at what a batch touches. */
 UR_API ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
-                                  const int64_t *batch_per_feature, ur_page_stats *out /* out */,
-                                  int32_t location);
+                                  const int64_t *stride_per_key_per_rank /* or NULL */,
+                                  ur_page_stats *out /* out */, int32_t location);
 /* The runs of the last ur_tbe_prefetch_pages or ur_tbe_page_runs on t, skipped ones included,
  * by table, then tensor, then address: lent, valid until the next such call or ur_tbe_free.
  * *count gets their number (0, with NULL, before any call). */
@@ -711,8 +832,8 @@ UR_API const ur_page_run *ur_tbe_last_page_runs(const ur_tbe *t, int64_t *count 
  * Set-associative, UR_CACHE_WAYS ways per set, a row's set given by a hash of (table, row);
  * LRU (per-slot batch stamps) or LFU (per-row counts, halved every decay_batches batches);
  * write-back: a dirty row returns to host memory when evicted and on flush.  The decisions
- * are made on the host the same way whatever runs the collection, so the CPU backend is the
- * reference of the GPU's.  Within a batch, rows are decided set by set and within a set in
+ * are made where the collection runs (a warp per set on the GPU), the same way on both
+ * backends: the CPU's are the reference of the GPU's.  Within a batch, rows are decided set by set and within a set in
  * ascending (table, row) order.  Rows of batches not yet retired are locked (never evicted);
  * a row whose set has no evictable way is a conflict miss, served from a staging row (also
  * where the collection runs) that is written back to host memory at retire. */
@@ -760,14 +881,15 @@ UR_API int32_t ur_cache_table(const ur_cache *c, int32_t i);   /* collection tab
 /* Slot storage in bytes where the collection runs (rows, optimizer state and staging). */
 UR_API uint64_t ur_cache_bytes(const ur_cache *c);
 /* A batch's ids: values i64 [n] and offsets i64 [bags + 1] as ur_tbe_forward takes them (any
- * placement: device ones are read back, synchronously), batch_per_feature as there.  Writes
+ * placement: device ones are read back, synchronously), stride_per_key_per_rank as there.  Writes
  * into out (i64 [n], where the collection runs) the ids to give the collection instead:
  * slot ids for the cached tables' features, the ids themselves for other features.  The
  * copies are ordered on s; *ticket identifies the batch for ur_cache_retire.  Ids out of
  * range fail under the collection's fatal bounds check (naming table, feature, sample, id),
  * else become -1 (the collection skips and counts them). */
 UR_API ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
-                                  const ur_tensor *offsets, const int64_t *batch_per_feature,
+                                  const ur_tensor *offsets,
+                                  const int64_t *stride_per_key_per_rank /* or NULL */,
                                   ur_tensor *out, int64_t *ticket /* out */);
 /* The batch is done with: after its backward was enqueued on s (trained 1: its rows are
  * dirty and its staged rows are written back to host memory, ordered on s), or without one
@@ -794,29 +916,21 @@ UR_API int32_t ur_cache_in_flight(const ur_cache *c);
 typedef enum ur_act { UR_ACT_NONE = 0, UR_ACT_RELU, UR_ACT_SIGMOID, UR_ACT_COUNT } ur_act;
 enum {
   UR_DENSE_TF32 = 1,        /* f32 matrix products may use TF32 tensor cores (GPU) */
-  UR_DENSE_ACCUMULATE = 2   /* add into the input gradient rather than overwrite it */
+  UR_DENSE_ACCUMULATE = 2,  /* add into the input gradient rather than overwrite it */
+  UR_DENSE_GY_MASKED = 4,   /* linear backward: gy is already the gradient at the ReLU's input,
+                               and the bias gradient was taken (by the layer above: x_mask) */
+  UR_DENSE_WGRAD_ASYNC = 8, /* linear backward (GPU): gw and gb on a side stream of s, which
+                               ur_dense_join brings back; the inputs must stay until then */
+  /* Bits 8..15: the first row's index in a larger batch, mod 256 (a data-parallel rank's
+   * first sample in the global batch): the CPU then computes each row of a linear layer bit
+   * for bit as it computes that row of the whole batch. */
+  UR_DENSE_ROW0_SHIFT = 8,
+  UR_DENSE_PAD_SHIFT = 16   /* flags | n << PAD_SHIFT (n < 256): the last n columns of x and w
+                               are zero padding (the CPU skips them; gx's are written zero) */
 };
 typedef enum ur_reduction {
   UR_REDUCTION_MEAN = 0, UR_REDUCTION_SUM, UR_REDUCTION_NONE, UR_REDUCTION_COUNT
 } ur_reduction;
-typedef enum ur_optim_kind {
-  UR_OPTIM_KIND_SGD = 0, UR_OPTIM_KIND_ADAGRAD, UR_OPTIM_KIND_ADAM, UR_OPTIM_KIND_ADAMW,
-  UR_OPTIM_KIND_COUNT
-} ur_optim_kind;
-
-/* One optimizer step's settings (PyTorch's formulas; see ur_optim_step). */
-typedef struct ur_optim_cfg {
-  int32_t kind;             /* ur_optim_kind */
-  int32_t nesterov;         /* SGD with momentum */
-  int32_t zero_grad;        /* 1: gradients are zeroed once read */
-  int32_t pad_;
-  int64_t step;             /* this update's number, from 1 */
-  double lr, weight_decay;
-  double momentum;          /* SGD; 0 for none */
-  double beta1, beta2;      /* Adam */
-  double eps;               /* Adagrad, Adam */
-} ur_optim_cfg;
-
 struct ur_arena;
 typedef struct ur_arena ur_arena;
 typedef struct ur_arena_stats {
@@ -826,23 +940,37 @@ typedef struct ur_arena_stats {
   uint64_t tensors;         /* tensors handed out, ever */
 } ur_arena_stats;
 
-UR_API size_t ur_sizeof_optim_cfg(void);
 UR_API size_t ur_sizeof_arena_stats(void);
 
 /* y[rows, out] = act(x[rows, in] w[out, in]^T + b[out]), one dtype for all four; b may be
- * NULL; act NONE or RELU (fused into the product's epilogue on the GPU); flags: TF32. */
+ * NULL; act NONE or RELU (fused into the product's epilogue on the GPU); flags: TF32, PAD.
+ * With RELU, mask (u8 [rows, ur_linear_mask_cols(out)], or NULL) receives y > 0 as bits
+ * (element j of a row: bit j % 8 of byte j / 8), for the backward of the layer reading y. */
 UR_API ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
-                                   const ur_tensor *b, ur_tensor *y /* out */, ur_act act,
-                                   uint32_t flags);
+                                   const ur_tensor *b /* or NULL */, ur_tensor *y /* out */,
+                                   ur_tensor *mask /* out, or NULL */, ur_act act, uint32_t flags);
 /* From gy = dL/dy, with g = gy masked by y > 0 (RELU; then y and work [rows, out] of x's dtype
- * are needed, and work receives g) or g = gy (NONE):
- * gx = g w (+= with ACCUMULATE), gw += g^T x, gb += column sums of g.  gx, gw, gb may each be
- * NULL; gw and gb are f32.  flags: TF32, ACCUMULATE. */
+ * are needed, and work receives g) or g = gy (NONE, or GY_MASKED):
+ * gx = g w (+= with ACCUMULATE), gw += g^T x, gb += column sums of g.  With x_mask (the mask
+ * the forward of the layer below wrote: x is its ReLU output), gx is masked by it and gb_x +=
+ * the column sums of that masked gx: the layer below's gradient at its ReLU's input and its
+ * bias gradient, so its backward takes GY_MASKED and no gb (on the GPU the mask and the sum are
+ * the product's epilogue).  gx, gw, gb, x_mask and gb_x may each be NULL; gw, gb and gb_x are
+ * f32.  flags: TF32, ACCUMULATE (not with x_mask), GY_MASKED, WGRAD_ASYNC, PAD. */
 UR_API ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
-                                    const ur_tensor *y, const ur_tensor *gy,
-                                    ur_tensor *gx /* out */, ur_tensor *gw /* out */,
-                                    ur_tensor *gb /* out */, ur_tensor *work, ur_act act,
-                                    uint32_t flags);
+                                    const ur_tensor *y /* or NULL */, const ur_tensor *gy,
+                                    const ur_tensor *x_mask /* or NULL */,
+                                    ur_tensor *gx /* out, or NULL */,
+                                    ur_tensor *gw /* out, or NULL */,
+                                    ur_tensor *gb /* out, or NULL */,
+                                    ur_tensor *gb_x /* out, or NULL */,
+                                    ur_tensor *work /* or NULL */, ur_act act, uint32_t flags);
+/* Bytes a row of a ReLU mask takes for out columns: whole 16-byte words. */
+UR_API int64_t ur_linear_mask_cols(int64_t out);
+/* Work enqueued on s after this waits for the weight gradients that linear backward calls with
+ * WGRAD_ASYNC on s put on its side stream.  Returns at once when none is pending (and without
+ * a GPU, where work is synchronous). */
+UR_API ur_status ur_dense_join(ur_stream *s);
 /* Elementwise y = act(x) (RELU or SIGMOID), and gx = gy act'(x) computed from y; in place
  * (y = x, gx = gy) is allowed. */
 UR_API ur_status ur_act_forward(ur_stream *s, const ur_tensor *x, ur_tensor *y /* out */,
@@ -851,15 +979,22 @@ UR_API ur_status ur_act_backward(ur_stream *s, const ur_tensor *y, const ur_tens
                                  ur_tensor *gx /* out */, ur_act act);
 /* The DLRM dot interaction.  dense [rows, d] and emb [rows, T*d] are T+1 vectors per row;
  * out [rows, d + P] is dense followed by the dot products of pairs (i, j), j < i (j <= i with
- * self_interaction), in the order i = 1.., j = 0..: P = T(T+1)/2 (+ T+1).  Each of the three
- * may be f32 or bf16 (sums in f32); the gradients take their input's dtype. */
+ * self_interaction), in the order i = 1.., j = 0..: P = T(T+1)/2 (+ T+1).  out (and gout) may
+ * also be padded to a multiple of 8 columns (ur_interaction_cols): the padding is written
+ * zero and its gradient ignored, so a next layer's rows stay aligned.  Each of the three may
+ * be f32 or bf16 (sums in f32); the gradients take their input's dtype.  flags: TF32 (f32
+ * inputs may use TF32 tensor cores on the GPU; bf16 inputs use bf16 ones whatever the flags). */
 UR_API ur_status ur_interaction_forward(ur_stream *s, const ur_tensor *dense,
                                         const ur_tensor *emb, ur_tensor *out /* out */,
-                                        int32_t self_interaction);
+                                        int32_t self_interaction, uint32_t flags);
 UR_API ur_status ur_interaction_backward(ur_stream *s, const ur_tensor *dense,
                                          const ur_tensor *emb, const ur_tensor *gout,
                                          ur_tensor *gdense /* out */, ur_tensor *gemb /* out */,
-                                         int32_t self_interaction);
+                                         int32_t self_interaction, uint32_t flags);
+/* Columns of the interaction's output: d + P, or that rounded up to a multiple of 8 (padded);
+ * 0 when tables or dim is below 1. */
+UR_API int64_t ur_interaction_cols(int32_t tables, int32_t dim, int32_t self_interaction,
+                                   int32_t padded);
 /* A DCNv2 cross layer's elementwise part: y = x0 * z + xl, where z = W xl + b comes from
  * ur_linear_forward.  Backward from gy: gz = gy * x0; gx0 = gy * z (+= with ACCUMULATE);
  * gxl = gy, or, when gxl is NULL (the layer whose xl is x0), gy is added into gx0 too. */
@@ -867,7 +1002,7 @@ UR_API ur_status ur_cross_forward(ur_stream *s, const ur_tensor *x0, const ur_te
                                   const ur_tensor *xl, ur_tensor *y /* out */);
 UR_API ur_status ur_cross_backward(ur_stream *s, const ur_tensor *x0, const ur_tensor *z,
                                    const ur_tensor *gy, ur_tensor *gz /* out */,
-                                   ur_tensor *gx0 /* out */, ur_tensor *gxl /* out */,
+                                   ur_tensor *gx0 /* out */, ur_tensor *gxl /* out, or NULL */,
                                    uint32_t flags);
 /* out [rows, sum of widths] = the n parts [rows, width_i] side by side (one dtype), and back. */
 UR_API ur_status ur_features_concat(ur_stream *s, const ur_tensor *const *parts, int32_t n,
@@ -879,11 +1014,12 @@ UR_API ur_status ur_features_split(ur_stream *s, const ur_tensor *in,
  * f32 of as many elements; loss f32 [1] (MEAN: sum / rows, SUM) or [rows] (NONE).  Sums in
  * double, in a fixed order.  Backward: glogits (logits' dtype) = scale * dl/dx. */
 UR_API ur_status ur_bce_forward(ur_stream *s, const ur_tensor *logits, const ur_tensor *targets,
-                                const ur_tensor *weights, ur_tensor *loss /* out */,
+                                const ur_tensor *weights /* or NULL */, ur_tensor *loss /* out */,
                                 ur_reduction reduction);
 UR_API ur_status ur_bce_backward(ur_stream *s, const ur_tensor *logits, const ur_tensor *targets,
-                                 const ur_tensor *weights, ur_tensor *glogits /* out */,
-                                 ur_reduction reduction, double scale);
+                                 const ur_tensor *weights /* or NULL */,
+                                 ur_tensor *glogits /* out */, ur_reduction reduction,
+                                 double scale);
 /* out f32 [1] = the mean of every element of x (f32 or bf16; summed in double). */
 UR_API ur_status ur_dense_mean(ur_stream *s, const ur_tensor *x, ur_tensor *out /* out */);
 /* dst = src converted between f32 and bf16 (round to nearest even), or copied. */
@@ -893,10 +1029,11 @@ UR_API ur_status ur_dense_cast(ur_stream *s, const ur_tensor *src, ur_tensor *ds
  * exp_avg, exp_avg_sq in state1, state2; NULL arrays or entries where a rule needs none);
  * halves (NULL or entries NULL) receive the new values in bf16.  On the GPU, one launch
  * for every 48 parameters. */
-UR_API ur_status ur_optim_step(ur_stream *s, const ur_optim_cfg *cfg, int32_t n,
+UR_API ur_status ur_optim_step(ur_stream *s, const ur_optim_config *cfg, int32_t n,
                                ur_tensor *const *params, ur_tensor *const *grads,
-                               ur_tensor *const *state1, ur_tensor *const *state2,
-                               ur_tensor *const *halves);
+                               ur_tensor *const *state1 /* or NULL */,
+                               ur_tensor *const *state2 /* or NULL */,
+                               ur_tensor *const *halves /* or NULL */);
 
 /* An arena: tensors carved from a few large blocks of one placement, 256-byte aligned, so a
  * model's activations cost a handful of allocations once.  A tensor keeps its block alive;
@@ -910,7 +1047,7 @@ UR_API void ur_arena_reset(ur_arena *a);
 UR_API void ur_arena_stats_get(const ur_arena *a, ur_arena_stats *out);
 
 /* ==== 7. metrics: AUC, grouped AUC, NE and the rest, streaming ==== */
-/* Streaming metrics of binary predictions (engine/src/metrics.c), computed where the metric's
+/* Streaming metrics of binary predictions (engine/src/metrics/metrics.c), computed where the metric's
  * state lives: on the GPU for device or managed state when one is in use, else on the CPU.
  * Inputs are f32 predictions and labels [n] or [n, tasks] (labels in [0, 1]: a sample counts
  * w * y as positive and w * (1 - y) as negative), optional f32 weights [n] or [n, tasks] and
@@ -959,8 +1096,8 @@ UR_API void ur_metrics_free(ur_metrics *m);
 /* Adds a batch: lifetime sums and histogram, and its last samples into the window.  weights
  * and groups may be NULL (weight 1; groups are needed only with grouped_auc). */
 UR_API ur_status ur_metrics_update(ur_stream *s, ur_metrics *m, const ur_tensor *predictions,
-                                   const ur_tensor *labels, const ur_tensor *weights,
-                                   const ur_tensor *groups);
+                                   const ur_tensor *labels, const ur_tensor *weights /* or NULL */,
+                                   const ur_tensor *groups /* or NULL */);
 UR_API ur_status ur_metrics_reset(ur_stream *s, ur_metrics *m);
 /* Samples added since the last reset (host-side; no wait). */
 UR_API int64_t ur_metrics_seen(const ur_metrics *m);
@@ -971,6 +1108,9 @@ UR_API int32_t ur_metrics_on_gpu(const ur_metrics *m);
  * from_snapshot = 1.  Ordered on s like everything else. */
 UR_API ur_status ur_metrics_snapshot(ur_stream *s, ur_metrics *m, double **state /* out */,
                                      uint64_t *count /* out */);
+/* The same snapshot as an f64 [count] tensor (a view the caller frees), for a communicator's
+ * all-reduce (ur_comm_all_reduce). */
+UR_API ur_status ur_metrics_snapshot_tensor(ur_stream *s, ur_metrics *m, ur_tensor **out /* out */);
 /* Views of the window's filled part (rows in slot order, not time order): predictions,
  * labels and weights f32 [n, tasks], groups i64 [n] (NULL without grouped_auc).  The caller
  * frees them; an all-gather of these over the ranks is the window of the whole job. */
@@ -981,13 +1121,15 @@ UR_API ur_status ur_metrics_window(const ur_metrics *m, ur_tensor **predictions,
  * predictions is NULL, from the metric's own window; the lifetime scope from the snapshot
  * (from_snapshot = 1) or the live state. */
 UR_API ur_status ur_metrics_compute(ur_stream *s, ur_metrics *m, int32_t from_snapshot,
-                                    const ur_tensor *predictions, const ur_tensor *labels,
-                                    const ur_tensor *weights, const ur_tensor *groups,
+                                    const ur_tensor *predictions /* or NULL */,
+                                    const ur_tensor *labels /* or NULL */,
+                                    const ur_tensor *weights /* or NULL */,
+                                    const ur_tensor *groups /* or NULL */,
                                     ur_metric_values *window /* out */,
                                     ur_metric_values *lifetime /* out */);
 
 /* ==== 8. io: checkpoints (safetensors), configs (YAML), JSON ==== */
-/* safetensors files (engine/src/safetensors.c): an 8-byte little-endian header length, a JSON
+/* safetensors files (engine/src/io/safetensors.c): an 8-byte little-endian header length, a JSON
  * header (per tensor: dtype F32 BF16 F16 I8 U8 I32 I64, shape, data_offsets from the start of
  * the data; "__metadata__": strings to strings), then the raw little-endian data.  Saving
  * writes <path>.tmp-XXXXXX in the same directory, fsyncs it, renames it over path and fsyncs
@@ -1056,7 +1198,8 @@ typedef struct ur_yaml_node {
 typedef struct ur_yaml_doc ur_yaml_doc;
 UR_API size_t ur_sizeof_yaml_node(void);
 UR_API ur_status ur_yaml_load(ur_yaml_doc **out, const char *path);
-UR_API ur_status ur_yaml_parse(ur_yaml_doc **out, const char *text, size_t len, const char *name);
+UR_API ur_status ur_yaml_parse(ur_yaml_doc **out, const char *text, size_t len,
+                               const char *name /* or NULL */);
 UR_API int32_t ur_yaml_count(const ur_yaml_doc *d);    /* nodes; node 0 is the root */
 UR_API const ur_yaml_node *ur_yaml_nodes(const ur_yaml_doc *d);
 UR_API const char *ur_yaml_name(const ur_yaml_doc *d); /* the file name errors use */
@@ -1100,7 +1243,85 @@ UR_API ur_status ur_json_set(ur_json *object, const char *key, size_t len, ur_js
 /* Canonical text into buf[len], NUL-terminated; *needed is the bytes it takes with the NUL
  * (retry with a larger buf when it is more than len). */
 UR_API ur_status ur_json_dump(const ur_json *v, char *buf, uint64_t len, uint64_t *needed);
-/* ==== 9. serve: quantized rows and collections, exported model files, the serving API ==== */
+/* ==== 9. dist: communicators over the ranks of a job (NCCL on GPUs, MPI on hosts) ==== */
+/* A job runs one process ("rank") per GPU.  A communicator joins the job's W ranks.  Collectives
+ * on device memory (device tensors, and managed ones when a GPU is in use) go through NCCL
+ * (libnccl.so.2 opened at run time: UVMREC_NCCL, the CUDA toolkit's, the system's, or PyTorch's
+ * nvidia/nccl/lib); on host memory (host, pinned) through MPI (libuvmrec_mpi.so, a plugin built
+ * against OpenMPI and opened at run time), so a single process needs neither.  The ranks come
+ * from the environment: MPI's (the process was started by mpirun, on one host or several), else
+ * `uvmrec launch`'s (UVMREC_RANK, UVMREC_WORLD, UVMREC_LOCAL_RANK; NCCL's unique id is handed from
+ * rank 0 to the others through a file in the folder UVMREC_RENDEZVOUS, a bootstrap, not a
+ * transport), else the world is this process alone and collectives copy.  Without MPI, host
+ * collectives over several ranks are staged through the GPU's NCCL communicator.
+ * Every rank makes the same collectives in the same order.  A collective is ordered after the
+ * work enqueued on s so far and runs on the communicator's own high-priority stream (MPI's are
+ * non-blocking); its output may be used by work enqueued on s after ur_comm_wait(s, c), and
+ * read on the host after ur_comm_wait returned, and its input must not change until then.
+ * Element counts are per rank, in rank order; a tensor's elements are taken as a flat array. */
+typedef enum ur_reduce_op { UR_REDUCE_SUM = 0, UR_REDUCE_MAX, UR_REDUCE_MIN, UR_REDUCE_COUNT } ur_reduce_op;
+struct ur_comm;
+typedef struct ur_comm ur_comm;
+/* What a communicator moved since it was made (or the stats were reset). */
+typedef struct ur_comm_stats {
+  int64_t calls;                  /* collectives issued */
+  uint64_t bytes_sent;            /* this rank's bytes handed to the engine, to other ranks */
+  uint64_t bytes_received;        /* bytes that came from other ranks */
+  double seconds;                 /* host time in the calls, waits included */
+} ur_comm_stats;
+UR_API size_t ur_sizeof_comm_stats(void);
+/* The job's communicator, its rank and world from the environment.  device: the GPU of this
+ * rank's device collectives (-1: host memory only).  Environmental failures (no MPI plugin for
+ * a job started by mpirun, no NCCL, a rendezvous that times out) name what was tried. */
+UR_API ur_status ur_comm_new(ur_comm **out, int32_t device);
+UR_API void ur_comm_free(ur_comm *c);
+UR_API int32_t ur_comm_rank(const ur_comm *c);
+UR_API int32_t ur_comm_world(const ur_comm *c);
+UR_API int32_t ur_comm_local_rank(const ur_comm *c);   /* among the ranks of this host */
+UR_API int32_t ur_comm_local_world(const ur_comm *c);
+UR_API int32_t ur_comm_device(const ur_comm *c);
+/* The engines in use: host memory "mpi", "nccl" (staged through the GPU), "self" (a world of
+ * one) or "none"; device memory "nccl", "self" or "none". */
+UR_API const char *ur_comm_host_engine(const ur_comm *c);
+UR_API const char *ur_comm_device_engine(const ur_comm *c);
+/* out = op over the ranks of in, elementwise (in and out alike in dtype and size; in == out is
+ * allowed).  dtypes f32, f64, i32, i64 (on NCCL also f16, bf16). */
+UR_API ur_status ur_comm_all_reduce(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_tensor *out,
+                                    ur_reduce_op op);
+/* in holds W blocks of out's size; rank r's out = op over the ranks of block r. */
+UR_API ur_status ur_comm_reduce_scatter(ur_stream *s, ur_comm *c, const ur_tensor *in,
+                                        ur_tensor *out, ur_reduce_op op);
+/* out = every rank's in, in rank order; counts[r] the elements of rank r (NULL: all alike). */
+UR_API ur_status ur_comm_all_gather(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_tensor *out,
+                                    const int64_t *counts /* or NULL: all alike */);
+/* t on every rank = root's t. */
+UR_API ur_status ur_comm_broadcast(ur_stream *s, ur_comm *c, ur_tensor *t, int32_t root);
+/* in holds send_counts[r] elements for each rank r in turn; out receives recv_counts[r]
+ * elements from each rank r in turn (recv_counts here = send_counts there, to this rank). */
+UR_API ur_status ur_comm_all_to_all(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_tensor *out,
+                                    const int64_t *send_counts, const int64_t *recv_counts);
+/* Every rank has reached it (waits on the host). */
+UR_API ur_status ur_comm_barrier(ur_stream *s, ur_comm *c);
+/* The collectives between start and end go to the engine as one (NCCL's group: several
+ * all-to-alls in one launch); end needs the stream the collectives were given. */
+UR_API ur_status ur_comm_group_start(ur_comm *c);
+UR_API ur_status ur_comm_group_end(ur_stream *s, ur_comm *c);
+/* Work enqueued on s from now on waits for every collective issued so far; host ones are done
+ * when it returns. */
+UR_API ur_status ur_comm_wait(ur_stream *s, ur_comm *c);
+UR_API ur_status ur_comm_stats_get(const ur_comm *c, ur_comm_stats *out);
+UR_API void ur_comm_reset_stats(ur_comm *c);
+/* NCCL, opened (not initialised: no GPU needed): its version (e.g. 22809) and the file. */
+UR_API ur_status ur_nccl_version(int32_t *version, char *path /* or NULL */, size_t len);
+/* The MPI plugin, opened: the MPI library's version line and the plugin's file.  Opening it
+ * does not start MPI. */
+UR_API ur_status ur_mpi_version(char *version, size_t len, char *path /* or NULL */,
+                                size_t len2);
+/* For a program about to exit with `code`: a failure while MPI is in use aborts the job
+ * (MPI_Abort), so that no rank waits for this one forever; 0 finalizes MPI. */
+UR_API void ur_comm_exit(int32_t code);
+
+/* ==== 10. serve: quantized rows and collections, exported model files, the serving API ==== */
 /* Rows in a serving format (engine/src/embedding/qtbe.c), dequantized on the fly in f32.
  * f32 and f16 rows are stored as they are ([rows, dim] of that dtype).  int8, int4 and int2
  * rows are row-wise quantized (u8 [rows, row bytes]): each row is a 4-byte header, an f16 scale
@@ -1132,7 +1353,7 @@ UR_API int64_t ur_qformat_row_bytes(ur_qformat f, int32_t dim);
  * [rows, dim]); err (may be NULL) receives the error.  A non-finite value or a row beyond f16's
  * range is an error naming the row. */
 UR_API ur_status ur_rows_quantize(const ur_tensor *src, ur_tensor *dst /* out */,
-                                  ur_qerror *err /* out */, ur_qformat f);
+                                  ur_qerror *err /* out, or NULL */, ur_qformat f);
 /* The reverse: src in format f into dst f32 [rows, dim]. */
 UR_API ur_status ur_rows_dequantize(const ur_tensor *src, ur_tensor *dst /* out */, ur_qformat f);
 
@@ -1165,7 +1386,8 @@ UR_API size_t ur_sizeof_qtbe_config(void);
 /* Rows start as zeros; fill them through ur_qtbe_table's views. */
 UR_API ur_status ur_qtbe_new(ur_qtbe **out, const ur_qtbe_config *config, int32_t num_tables,
                              const ur_qtbe_table_config *tables, int32_t num_features,
-                             const int32_t *feature_table, const char *const *feature_names);
+                             const int32_t *feature_table,
+                             const char *const *feature_names /* or NULL: f0, f1, ... */);
 UR_API void ur_qtbe_free(ur_qtbe *q);
 UR_API int32_t ur_qtbe_num_tables(const ur_qtbe *q);
 UR_API int32_t ur_qtbe_num_features(const ur_qtbe *q);
@@ -1180,13 +1402,14 @@ UR_API uint64_t ur_qtbe_bytes(const ur_qtbe *q);    /* of the rows, over every t
  * it (ur_tensor_copy, ur_safetensors_load), or advise and prefetch it when managed. */
 UR_API ur_status ur_qtbe_table(const ur_qtbe *q, int32_t table, ur_tensor **out);
 /* perm i64 [rows] (any placement; copied and checked to be a permutation), or NULL: none. */
-UR_API ur_status ur_qtbe_set_permutation(ur_qtbe *q, int32_t table, const ur_tensor *perm);
+UR_API ur_status ur_qtbe_set_permutation(ur_qtbe *q, int32_t table,
+                                         const ur_tensor *perm /* or NULL */);
 /* values i64 [n], offsets i64 [bags + 1] (key-major, bags = batch * num_features), weights
  * f32 [n] or NULL, in memory the collection's backend reads; out as above, of out_dtype.  A bad
  * id under fatal names the table, feature, sample and id (after mapping); the call waits for
  * the GPU unless bounds are off. */
 UR_API ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
-                                 const ur_tensor *offsets, const ur_tensor *weights,
+                                 const ur_tensor *offsets, const ur_tensor *weights /* or NULL */,
                                  ur_tensor *out /* out */);
 /* Ids skipped under warn since the collection was made. */
 UR_API int64_t ur_qtbe_skipped(const ur_qtbe *q);
@@ -1230,7 +1453,8 @@ UR_API size_t ur_sizeof_model_props(void);
  * no caller limit, hot_fraction 0.2. */
 UR_API void ur_model_options_init(ur_model_options *opts);
 /* opts NULL: the defaults. */
-UR_API ur_status ur_model_open(ur_model **out, const char *path, const ur_model_options *opts);
+UR_API ur_status ur_model_open(ur_model **out, const char *path,
+                               const ur_model_options *opts /* or NULL */);
 UR_API void ur_model_close(ur_model *m);
 UR_API ur_status ur_model_info(const ur_model *m, ur_model_props *out);
 UR_API const char *ur_model_feature_name(const ur_model *m, int32_t feature); /* or NULL */

@@ -19,19 +19,31 @@
 extern "C" {
 #endif
 
-/* Support for the Lua library: run directories, paths and the terminal's width
+/* Support for the Lua library: run directories, paths, the terminal's width and processes
  * (engine/src/io/os.c, in libuvmrec so that plain LuaJIT finds them too).  Not part of the
  * engine's C API.  make appends this marked block to lua/uvmrec/cdef.lua. */
 /* UR_CDEF_BEGIN */
 /* Run directories: entries of dir named prefix...suffix, sorted, each followed by '\n', into
  * buf[len] (NUL-terminated); *needed is the bytes the whole list takes (retry when > len). */
-UR_API ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, char *buf,
-                             uint64_t len, uint64_t *needed);
+UR_API ur_status ur_dir_list(const char *dir, const char *prefix /* or NULL */,
+                             const char *suffix /* or NULL */, char *buf, uint64_t len,
+                             uint64_t *needed);
 UR_API ur_status ur_dir_create(const char *path);  /* with its parents; existing is fine */
 UR_API int32_t ur_path_kind(const char *path);      /* 0 missing, 1 file, 2 directory, 3 other */
 /* A terminal's width in columns (80 when the terminal does not say), or 0 when fd is not a
  * terminal: a progress bar on a terminal, plain lines on a pipe. */
 UR_API int32_t ur_term_columns(int32_t fd);
+/* Processes (`uvmrec launch`): argv[0] run through PATH in a child that shares our output;
+ * wait (pid -1: any child, *which: the one that ended) gives its exit code, 128 + the signal
+ * that ended it, or -1 while it runs (nohang). */
+UR_API ur_status ur_proc_spawn(const char *const *argv, int32_t *pid);
+UR_API ur_status ur_proc_wait(int32_t pid, int32_t nohang, int32_t *status,
+                              int32_t *which /* or NULL */);
+UR_API ur_status ur_proc_kill(int32_t pid, int32_t sig);
+UR_API int32_t ur_proc_uid(void);                  /* the effective user id (0: root) */
+UR_API ur_status ur_env_set(const char *name, const char *value /* or NULL: unset */);
+UR_API int32_t ur_cpu_count(void);                 /* cores this process may run on */
+UR_API ur_status ur_dir_temp(char *templ);         /* mkdtemp: templ ends in XXXXXX */
 /* UR_CDEF_END */
 
 struct lua_State;

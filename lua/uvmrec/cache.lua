@@ -1,5 +1,5 @@
 -- uvmrec.cache: the software HBM cache of an embedding collection's `cached` tables (the
--- engine's ur_cache, engine/src/cache.c).  A collection builds its cache itself when a table
+-- engine's ur_cache, engine/src/embedding/cache.c).  A collection builds its cache itself when a table
 -- is placed "cached"; this module is its Lua face:
 --
 --   local ebc = ur.nn.EmbeddingBagCollection{ tables = { { name = "t", rows = 1e7, dim = 128,
@@ -94,9 +94,7 @@ end
 -- Bytes one slot takes: the row and its optimizer state.
 local function slot_bytes(dim, dtype, optimizer)
   local es = dtype == "f32" and 4 or 2
-  local state = optimizer == "rowwise_adagrad" and 4 or optimizer == "adagrad" and 4 * dim
-                or optimizer == "adam" and 8 * dim or 0
-  return dim * es + state
+  return dim * es + 4 * require("uvmrec.optim").state_floats(optimizer, dim)
 end
 
 -- Builds the cache of collection `t` (a uvmrec.tbe object) over its tables listed in names.
@@ -151,7 +149,7 @@ function M.new(t, names, o, level)
                         level)
   if not ok then return nil, err end
   local self = setmetatable({ h = wrap_cache(out[0]), names = { unpack(names) }, index = {},
-                              options = o, tbe = t, _prepared = {}, _order = {},
+                              options = o, tbe = t, _order = {},
                               _pool = {}, _next_ticket = 1 }, mt)
   for i, name in ipairs(names) do self.index[name] = i - 1 end
   return self
@@ -170,12 +168,8 @@ function methods:staging_rows() return tonumber(C.ur_cache_staging_rows(H(self))
 function methods:bytes() return tonumber(C.ur_cache_bytes(H(self))) end
 function methods:in_flight() return C.ur_cache_in_flight(H(self)) end
 
--- ---- batches: used by uvmrec.tbe's forward and backward, and by the prefetch pipeline ----
+-- ---- batches: used by uvmrec.tbe's prepare, forward and backward ----
 
--- prepare(input, v, o, bp[, stream]): looks up the batch `input` (its values and offsets
--- pointers v, o and batch_per_feature bp as uvmrec.tbe hands them) and brings its rows in;
--- returns the record { ticket=, ids= (the slot ids tensor) }.  A batch already prepared is
--- not prepared again.
 -- The buffers of slot ids are reused oldest first.  A buffer comes back at its batch's retire
 -- (ticket t), while the GPU may still run that batch's backward on another stream; it is taken
 -- again only by the prepare of ticket t + 2 or later, which the engine makes wait for t's
@@ -192,71 +186,64 @@ function methods:_buffer(n)
   return tensor.tensor({ math.max(1, math.ceil(n * 1.25)) }, opts)
 end
 
-function methods:prepare(input, v, o, bp, stream, level, ahead)
+-- prepare(v, o, spk[, stream]): looks up a batch (the pointers of its values and offsets and
+-- its strides per key, as uvmrec.tbe hands them) and brings its rows in, ordered on stream.
+-- Returns the batch's ticket, which travels with the batch to its forward and backward:
+-- { id = the engine's ticket, ids = the slot ids tensor the kernels read }.
+function methods:prepare(v, o, spk, stream, level)
   level = (level or 1) + 1
-  local rec = self._prepared[input]
-  if rec then return rec end
   local n = tonumber(C.ur_tensor_numel(v))
   local buf, err = self:_buffer(n)
   if not buf then return nil, err end
   local ids = buf:view(0, n)
-  local ticket = ffi.new("int64_t[1]")
+  local id = ffi.new("int64_t[1]")
   local ok
-  ok, err = check(C.ur_cache_prepare(S(stream, level), H(self, level), v, o, bp,
-                                     lib.ptr(ids, "ids", level), ticket), level)
+  ok, err = check(C.ur_cache_prepare(S(stream, level), H(self, level), v, o, spk,
+                                     lib.ptr(ids, "ids", level), id), level)
   if not ok then
     ids:free()
     self._pool[#self._pool + 1] = { buf = buf, free_at = 0 }
     return nil, err
   end
-  rec = { ticket = ticket[0], ids = ids, buf = buf, input = input, ahead = ahead }
-  self._next_ticket = tonumber(ticket[0]) + 1
-  self._prepared[input] = rec
-  self._order[#self._order + 1] = rec
-  return rec
+  local ticket = { id = id[0], ids = ids, buf = buf, retired = false }
+  self._next_ticket = tonumber(id[0]) + 1
+  self._order[#self._order + 1] = ticket
+  return ticket
 end
 
--- The record of a batch prepared for `input`, or nil.
-function methods:prepared(input) return self._prepared[input] end
-
--- Retires the batch of `input`: trained (its backward is enqueued on stream) or only read.
-function methods:retire(input, trained, stream, level)
+-- Retires a batch's ticket: trained (its backward is enqueued on stream) or only read.  A
+-- ticket retired already is left alone.
+function methods:retire(ticket, trained, stream, level)
   level = (level or 1) + 1
-  local rec = self._prepared[input]
-  if not rec then return true end
-  self._prepared[input] = nil
-  for i, r in ipairs(self._order) do
-    if r == rec then
+  if ticket.retired then return true end
+  ticket.retired = true
+  for i, t in ipairs(self._order) do
+    if t == ticket then
       table.remove(self._order, i)
       break
     end
   end
-  local ok, err = check(C.ur_cache_retire(S(stream, level), H(self, level), rec.ticket,
-                                          trained and 1 or 0), level)
-  rec.ids:free()
-  self._pool[#self._pool + 1] = { buf = rec.buf, free_at = tonumber(rec.ticket) + 2 }
+  local ok, err = check(C.ur_cache_retire(S(stream, level), H(self, level), ticket.id, trained and 1 or 0), level)
+  ticket.ids:free()
+  self._pool[#self._pool + 1] = { buf = ticket.buf, free_at = tonumber(ticket.id) + 2 }
   if not ok then return nil, err end
   return true
 end
 
--- Retires, unread-only, every prepared batch older than `input` (a forward without backward,
--- as in evaluation, leaves its batch in flight until the next one comes).
-function methods:retire_before(input, stream, level)
+-- Retires, only read, every ticket in flight older than `ticket` (nil: all of them): a forward
+-- without a backward leaves its batch in flight until the next one comes.
+function methods:retire_before(ticket, stream, level)
   level = (level or 1) + 1
-  while self._order[1] and self._order[1].input ~= input do
-    local ok, err = self:retire(self._order[1].input, false, stream, level)
+  while self._order[1] and self._order[1] ~= ticket do
+    local ok, err = self:retire(self._order[1], false, stream, level)
     if not ok then return nil, err end
   end
   return true
 end
 
--- Retires every batch in flight (read-only): before a flush, an invalidation, the end.
+-- Retires every batch in flight (only read): before a flush, an invalidation, the end.
 function methods:retire_all(stream)
-  while self._order[1] do
-    local ok, err = self:retire(self._order[1].input, false, stream, 2)
-    if not ok then return nil, err end
-  end
-  return true
+  return self:retire_before(nil, stream, 2)
 end
 
 -- ---- state ----

@@ -440,24 +440,9 @@ function M.path_for(rundir, step)
   return ("%s/ckpt-%012d.safetensors"):format(rundir, step)
 end
 
-local function list_dir(dir, prefix, suffix)
-  local size = 4096
-  while true do
-    local buf, needed = ffi.new("char[?]", size), ffi.new("uint64_t[1]")
-    local ok, err = check(C.ur_dir_list(dir, prefix, suffix, buf, size, needed))
-    if not ok then return nil, err end
-    if tonumber(needed[0]) <= size then
-      local out = {}
-      for name in ffi.string(buf):gmatch("([^\n]+)\n") do out[#out + 1] = name end
-      return out
-    end
-    size = tonumber(needed[0])
-  end
-end
-
 -- The checkpoints of a run directory, oldest step first: {{path =, step =}, ...}.
 function M.list(rundir)
-  local names, err = list_dir(rundir, "ckpt-", ".safetensors")
+  local names, err = lib.dir_list(rundir, "ckpt-", ".safetensors")
   if not names then return nil, err end
   local out = {}
   for _, name in ipairs(names) do
@@ -495,7 +480,7 @@ function M.rotate(rundir, keep)
     if not ok then return nil, "checkpoint rotate: " .. rerr end
     removed[#removed + 1] = all[i].path
   end
-  local stale = list_dir(rundir, "ckpt-", "") or {}
+  local stale = lib.dir_list(rundir, "ckpt-", "") or {}
   for _, name in ipairs(stale) do
     if name:match("^ckpt%-%d+%.safetensors%.tmp%-") then
       local p = rundir .. "/" .. name

@@ -234,6 +234,28 @@ function Command:check(args)
     if a == "--" then break end
     if a == "-h" or a == "--help" then return nil, "help" end
   end
+  -- argparse takes "-5" after an option for an unknown option: join it to its option.
+  local takes_value = {}
+  for _, e in ipairs(self.entries) do
+    if e.kind == "option" then takes_value[e.name] = true end
+  end
+  local joined = {}
+  local i = 1
+  while i <= #list do
+    local a, v = list[i], list[i + 1]
+    if takes_value[a] and v and v:match("^%-[%d.]") then
+      joined[#joined + 1] = a .. "=" .. v
+      i = i + 2
+    else
+      joined[#joined + 1] = a
+      i = i + 1
+    end
+    if a == "--" then
+      for j = i, #list do joined[#joined + 1] = list[j] end
+      break
+    end
+  end
+  list = joined
   local ok, result = self.parser:pparse(list)
   if not ok then return nil, result end
   result.help = nil

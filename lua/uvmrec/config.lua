@@ -57,12 +57,19 @@ local function scalar(s, text, quoted)
       return nil, "a number"
     end
     v = tonumber(text)
+    if v ~= v or math.abs(v) == math.huge then return nil, "a finite number" end
   else
     return nil, describe(s)
   end
   if s.min and v < s.min then return nil, ("%s >= %s"):format(describe(s), tostring(s.min)) end
   if s.max and v > s.max then return nil, ("%s <= %s"):format(describe(s), tostring(s.max)) end
   return v
+end
+
+-- nil, or why a list of n items is too short or too long for its schema s.
+function M.list_length(s, n)
+  if s.min_len and n < s.min_len then return ("expected at least %d items, got %d"):format(s.min_len, n) end
+  if s.max_len and n > s.max_len then return ("expected at most %d items, got %d"):format(s.max_len, n) end
 end
 
 -- ---- checking a YAML tree ----
@@ -117,12 +124,8 @@ local function checker(doc, positions)
       if n.kind ~= C.UR_YAML_SEQ then fail(i, path, "expected a list") end
       local out = {}
       for k, c in ipairs(children(i)) do out[k] = walk(c, s.elem, ("%s[%d]"):format(path, k)) end
-      if s.min_len and #out < s.min_len then
-        fail(i, path, ("expected at least %d items, got %d"):format(s.min_len, #out))
-      end
-      if s.max_len and #out > s.max_len then
-        fail(i, path, ("expected at most %d items, got %d"):format(s.max_len, #out))
-      end
+      local lerr = M.list_length(s, #out)
+      if lerr then fail(i, path, lerr) end
       return out
     end
     if n.kind ~= C.UR_YAML_SCALAR then fail(i, path, "expected " .. describe(s)) end
@@ -179,6 +182,12 @@ function M.where(cfg, path)
   end
 end
 
+-- True when the value at `path` was given (in the file or by --set), not a default.
+function M.given(cfg, path)
+  local pos = positions[cfg]
+  return pos ~= nil and pos[path] ~= nil
+end
+
 -- "where: path: msg", the form of every config error, for checks made after loading.
 function M.message(cfg, path, msg)
   local w = M.where(cfg, path)
@@ -230,6 +239,8 @@ function M.set(cfg, schema, assignment)
       v[#v + 1] = x
     end
     if want then v = nil end
+    local lerr = v and M.list_length(s, #v)
+    if lerr then return nil, ("--set %s: %s"):format(assignment, lerr) end
   else
     v, want = scalar(s, text, false)
   end

@@ -12,7 +12,12 @@ local M = {}
 
 M.ACT = { none = 0, relu = 1, sigmoid = 2 }
 M.REDUCTION = { mean = 0, sum = 1, none = 2 }
-M.TF32, M.ACCUMULATE = 1, 2
+M.TF32, M.ACCUMULATE, M.GY_MASKED, M.WGRAD_ASYNC = 1, 2, 4, 8
+-- flags + M.pad(n): the last n (< 256) columns of x and w are zero padding.
+function M.pad(n) return n * 2 ^ 16 end
+-- flags + row0 % 256 * M.ROW0: the rows' first one is row row0 of a larger batch (data-parallel
+-- ranks), so the CPU computes each as it computes that row of the whole batch
+M.ROW0 = 2 ^ C.UR_DENSE_ROW0_SHIFT
 
 local function run(st)
   if st ~= 0 then error(ffi.string(C.ur_last_error()), 3) end
@@ -27,18 +32,32 @@ end
 local function P(t) return t and t.p or nil end
 local function S(s) return streams.handle(s, 3) end
 
--- y = act(x w^T + b); act "none" or "relu"; flags: dense.TF32.
+-- y = act(x w^T + b); act "none" or "relu"; flags: dense.TF32, dense.pad(n), or a table
+-- {flags = n, mask = u8 tensor} whose mask receives y > 0 (relu; ur_linear_mask_cols bytes a row).
 function M.linear_forward(x, w, b, y, act, flags, stream)
-  run(C.ur_linear_forward(S(stream), P(x), P(w), P(b), P(y), act_of(act), flags or 0))
+  local mask
+  if type(flags) == "table" then flags, mask = flags.flags, flags.mask end
+  run(C.ur_linear_forward(S(stream), P(x), P(w), P(b), P(y), P(mask), act_of(act), flags or 0))
   return y
 end
 
 -- gx = g w (+= with dense.ACCUMULATE), gw += g^T x, gb += sum(g); g = gy masked by y > 0 under
--- relu (work receives it).  gx, gw, gb may be nil.
+-- relu (work receives it), or gy itself with dense.GY_MASKED.  gx, gw, gb may be nil.  flags
+-- may be a table {flags = n, x_mask =, gb_x =}: gx is then masked by x_mask (the layer below's
+-- forward mask) and gb_x += its column sums (uvmrec.h, ur_linear_backward).
 function M.linear_backward(x, w, y, gy, gx, gw, gb, work, act, flags, stream)
-  run(C.ur_linear_backward(S(stream), P(x), P(w), P(y), P(gy), P(gx), P(gw), P(gb), P(work),
-                           act_of(act), flags or 0))
+  local x_mask, gb_x
+  if type(flags) == "table" then flags, x_mask, gb_x = flags.flags, flags.x_mask, flags.gb_x end
+  run(C.ur_linear_backward(S(stream), P(x), P(w), P(y), P(gy), P(x_mask), P(gx), P(gw), P(gb),
+                           P(gb_x), P(work), act_of(act), flags or 0))
   return gx
+end
+
+function M.mask_cols(out) return tonumber(C.ur_linear_mask_cols(out)) end
+
+-- Work on stream after this waits for the weight gradients of dense.WGRAD_ASYNC backward calls.
+function M.join(stream)
+  run(C.ur_dense_join(S(stream)))
 end
 
 function M.act_forward(x, y, act, stream)
@@ -51,20 +70,22 @@ function M.act_backward(y, gy, gx, act, stream)
   return gx
 end
 
--- Output columns of an interaction of T tables of width d.
-function M.interaction_width(T, d, self_interaction)
-  local n = T + 1
-  return d + n * (n - 1) / 2 + (self_interaction and n or 0)
+-- Output columns of an interaction of T tables of width d: d + P, or with padded that rounded
+-- up to a multiple of 8 (the padding zero, its gradient ignored).
+function M.interaction_width(T, d, self_interaction, padded)
+  return tonumber(C.ur_interaction_cols(T, d, self_interaction and 1 or 0, padded and 1 or 0))
 end
 
-function M.interaction_forward(dense, emb, out, self_interaction, stream)
-  run(C.ur_interaction_forward(S(stream), P(dense), P(emb), P(out), self_interaction and 1 or 0))
+-- out [rows, interaction_width(T, d, self, padded?)]; flags: dense.TF32.
+function M.interaction_forward(dense, emb, out, self_interaction, flags, stream)
+  run(C.ur_interaction_forward(S(stream), P(dense), P(emb), P(out), self_interaction and 1 or 0,
+                               flags or 0))
   return out
 end
 
-function M.interaction_backward(dense, emb, gout, gdense, gemb, self_interaction, stream)
+function M.interaction_backward(dense, emb, gout, gdense, gemb, self_interaction, flags, stream)
   run(C.ur_interaction_backward(S(stream), P(dense), P(emb), P(gout), P(gdense), P(gemb),
-                                self_interaction and 1 or 0))
+                                self_interaction and 1 or 0, flags or 0))
 end
 
 function M.cross_forward(x0, z, xl, y, stream)

@@ -12,6 +12,8 @@ local ur = {
   uvm_tensor = tensor.uvm_tensor,
   stream = stream.stream,
   event = stream.event,
+  graph_begin = stream.graph_begin,
+  graph_end = stream.graph_end,
 }
 
 ur.UvmTensor = ur.uvm_tensor -- the seed's spelling

@@ -1,6 +1,8 @@
 -- Keyed jagged tensors: ur.KJT{keys=, values=, lengths=[, weights=][, stride=]
--- [, stride_per_key=, inverse_indices=]}.  Key-major lengths; offsets (computed by the engine)
--- are the embedding kernels' bag offsets.  Keys are named by string or by 1-based position.
+-- [, stride_per_key_per_rank=, inverse_indices=]}.  Key-major lengths; offsets (computed by the
+-- engine) are the embedding kernels' bag offsets.  Keys are named by string or by 1-based
+-- position.  A variable batch per key (VBE) has TorchRec's names: stride_per_key_per_rank (per
+-- key, its bags on each rank: {{2}, {1}, ...} for one rank) and inverse_indices.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -9,7 +11,7 @@ local C, check, must = lib.C, lib.check, lib.must
 
 local M = {}
 local methods = {}
-local wrap, free_kjt
+local wrap, free_kjt, is_kjt
 
 local function K(k, level) return lib.ptr(k, "kjt", (level or 2) + 1) end
 
@@ -69,14 +71,22 @@ local function new_kjt(o, level)
   local inverse = as_tensor(o.inverse_indices, "i64", "inverse_indices", level + 1)
   local stride = o.stride
   local spk
-  if o.stride_per_key then
-    spk = ffi.new("int64_t[?]", math.max(#o.stride_per_key, 1))
-    if #o.stride_per_key ~= nk then
-      error(("kjt: stride_per_key has %d entries for %d keys"):format(#o.stride_per_key, nk), level + 1)
+  local per = o.stride_per_key_per_rank
+  if per then
+    if type(per) ~= "table" or #per ~= nk then
+      error(("kjt: stride_per_key_per_rank has %s entries for %d keys"):format(
+        type(per) == "table" and #per or "no", nk), level + 1)
     end
-    for i, s in ipairs(o.stride_per_key) do spk[i - 1] = s end
+    spk = ffi.new("int64_t[?]", math.max(nk, 1))
+    for i, ranks in ipairs(per) do
+      if type(ranks) ~= "table" or #ranks ~= 1 or type(ranks[1]) ~= "number" then
+        error(("kjt: stride_per_key_per_rank[%d] must be a list of one stride (one rank), such as {2}")
+          :format(i), level + 1)
+      end
+      spk[i - 1] = ranks[1]
+    end
     if not stride then
-      stride = nk > 0 and math.floor(tonumber(C.ur_tensor_numel(inverse.p)) / nk) or 0
+      stride = (nk > 0 and inverse) and math.floor(tonumber(C.ur_tensor_numel(inverse.p)) / nk) or 0
     end
   end
   if not stride then
@@ -108,15 +118,10 @@ function methods:keys()
 end
 function methods:stride() return tonumber(C.ur_kjt_stride(K(self))) end
 function methods:variable_stride() return C.ur_kjt_variable_stride(K(self)) ~= 0 end
-function methods:stride_per_key()
-  local p, out = K(self), {}
-  for i = 0, C.ur_kjt_num_keys(p) - 1 do out[i + 1] = tonumber(C.ur_kjt_stride_of(p, i)) end
-  return out
-end
--- TorchRec's shape (one rank for now): per key, a list of strides per rank.
+-- Per key, its bags on each rank (TorchRec's shape; one rank): {{s1}, {s2}, ...}.
 function methods:stride_per_key_per_rank()
-  local out = {}
-  for i, s in ipairs(self:stride_per_key()) do out[i] = { s } end
+  local p, out = K(self), {}
+  for i = 0, C.ur_kjt_num_keys(p) - 1 do out[i + 1] = { tonumber(C.ur_kjt_stride_of(p, i)) } end
   return out
 end
 function methods:values() return lend(C.ur_kjt_values(K(self))) end
@@ -219,6 +224,27 @@ function methods:to_dict()
   return parts
 end
 
+-- Row-wise sharding's split: bucketize(buckets, {[key] = {block = rows per bucket, rows =
+-- the table's rows}, ...}) turns each named key into keys "<key>@0".."<key>@<buckets-1>" in its
+-- place, bucket b holding the ids in [b * block, (b + 1) * block) less b * block, bag by bag and
+-- in order (weights too); other keys stay.  An id outside [0, rows) is an error naming it.
+function methods:bucketize(buckets, blocks)
+  local p = K(self)
+  if type(blocks) ~= "table" then error("kjt bucketize: expected {[key] = {block =, rows =}}", 2) end
+  local n = C.ur_kjt_num_keys(p)
+  local blk, rows = ffi.new("int64_t[?]", math.max(n, 1)), ffi.new("int64_t[?]", math.max(n, 1))
+  for i = 0, n - 1 do
+    local b = blocks[ffi.string(C.ur_kjt_key(p, i))]
+    if b then blk[i], rows[i] = b.block, b.rows end
+  end
+  for key in pairs(blocks) do
+    if type(key) ~= "string" or C.ur_kjt_key_index(p, key) < 0 then
+      error(("kjt bucketize: no key '%s'"):format(tostring(key)), 2)
+    end
+  end
+  return result(C.ur_kjt_bucketize(p, out_kjt, blk, rows, buckets), out_kjt, 2)
+end
+
 -- Per key, distinct bags and every sample's bag: a variable batch per key (VBE).
 function methods:dedup() return result(C.ur_kjt_dedup(K(self), out_kjt), out_kjt, 2) end
 
@@ -253,6 +279,19 @@ function methods:to(placement, a, b)
   return result(C.ur_kjt_to(streams.handle(stream, 2), K(self), out_kjt, place, device), out_kjt, 2)
 end
 
+-- The same as to(), into buffers kept by the caller: into = {values =, lengths =, offsets =,
+-- weights =, inverse_indices =} (1-D tensors at least as long as this KJT's, one placement;
+-- those it has none of may be absent).  The copy's tensors are views of the buffers.
+local into_arr = ffi.new("ur_tensor *[5]")
+local PARTS = { "values", "lengths", "offsets", "weights", "inverse_indices" }
+function methods:copy(into, stream)
+  if type(into) ~= "table" then error("kjt copy: expected a table of buffers {values =, lengths =, ...}", 2) end
+  for i, name in ipairs(PARTS) do
+    into_arr[i - 1] = into[name] ~= nil and lib.ptr(into[name], "kjt copy " .. name .. " buffer", 2) or nil
+  end
+  return result(C.ur_kjt_copy(streams.handle(stream, 2), K(self), into_arr, out_kjt), out_kjt, 2)
+end
+
 -- Keys of all parts in order: KJT.concat{a, b, ...} or a:concat(b, ...).
 local function concat(parts, level)
   local n = #parts
@@ -263,6 +302,43 @@ end
 M.concat = function(parts) return concat(parts, 2) end
 function methods:concat(...) return concat({ self, ... }, 2) end
 
+-- A KJT from sample-major rows, as the synthetic generator makes them: KJT.from_rows{keys =,
+-- hot = {ids a sample, per key}, ids = i64 [n, sum of hot], lengths = i32 [n, #keys] or nil
+-- (every bag full), weights = f32 like ids or nil, stream =}, in the ids' placement (a loader
+-- reuses its buffers through ur_kjt_from_rows; this makes new ones).
+local function from_rows(o, level)
+  if type(o) ~= "table" then error("KJT.from_rows: expected a table {keys=, hot=, ids=}", level + 1) end
+  local keys, nk = key_list(o.keys, level + 1)
+  if type(o.hot) ~= "table" or #o.hot ~= nk then
+    error(("KJT.from_rows: hot must list ids a sample for each of the %d keys"):format(nk), level + 1)
+  end
+  local hot, H = ffi.new("int32_t[?]", math.max(nk, 1)), 0
+  for i, v in ipairs(o.hot) do
+    hot[i - 1] = v
+    H = H + v
+  end
+  local ids = o.ids
+  if not tensor.is_tensor(ids) then error("KJT.from_rows: ids must be an i64 [n, sum of hot] tensor", level + 1) end
+  local n = ids:size(1)
+  local place, dev = ids:placement(), ids:device()
+  local function new(m, dtype)
+    return assert(tensor.tensor({ m }, { placement = place, dtype = dtype, device = dev >= 0 and dev or nil }))
+  end
+  local values, lens, offsets = new(math.max(n * H, 1), "i64"), new(math.max(n * nk, 1), "i32"), new(n * nk + 1, "i64")
+  local wout = o.weights and new(math.max(n * H, 1), "f32") or nil
+  local ok, err = check(C.ur_kjt_from_rows(streams.handle(o.stream, level + 1), out_kjt, nk, keys, hot,
+    lib.ptr(ids, "ids", level + 1), o.weights and lib.ptr(o.weights, "weights", level + 1) or nil,
+    o.lengths and lib.ptr(o.lengths, "lengths", level + 1) or nil, values.p, lens.p, offsets.p,
+    wout and wout.p or nil), level + 1)
+  values:free()
+  lens:free()
+  offsets:free()
+  if wout then wout:free() end
+  if not ok then return nil, err end
+  return wrap(out_kjt[0])
+end
+M.from_rows = function(o) return from_rows(o, 2) end
+
 -- Plain Lua lists of everything, for tests and printing.
 function methods:totable()
   local w = self:weights()
@@ -271,7 +347,7 @@ function methods:totable()
     keys = self:keys(), stride = self:stride(), values = self:values():totable(),
     lengths = self:lengths():totable(), offsets = self:offsets():totable(),
     weights = w and w:totable() or nil,
-    stride_per_key = self:variable_stride() and self:stride_per_key() or nil,
+    stride_per_key_per_rank = self:variable_stride() and self:stride_per_key_per_rank() or nil,
     inverse_indices = inv and inv:totable() or nil,
   }
 end
@@ -288,16 +364,18 @@ local function show(k)
   return s .. " {" .. table.concat(keys, ", ") .. "}"
 end
 
-wrap, free_kjt = lib.handle_type("ur_kjt", C.ur_kjt_free, {
+wrap, free_kjt, is_kjt = lib.handle_type("ur_kjt", C.ur_kjt_free, {
   __index = methods,
   __tostring = show,
 })
 methods.free = free_kjt
 M.wrap = wrap
+M.is = is_kjt -- true for a KJT handle
 M.methods = methods
 
--- ur.KJT{...} constructs; ur.KJT.concat{...} concatenates.
-M.KJT = setmetatable({ new = function(o) return new_kjt(o, 2) end, concat = M.concat, methods = methods },
+-- ur.KJT{...} constructs; ur.KJT.concat{...} concatenates; ur.KJT.from_rows{...} lays rows out.
+M.KJT = setmetatable({ new = function(o) return new_kjt(o, 2) end, concat = M.concat, from_rows = M.from_rows,
+                       methods = methods },
   { __call = function(_, o) return new_kjt(o, 2) end })
 
 return M

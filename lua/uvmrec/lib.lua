@@ -85,6 +85,23 @@ function M.handle_type(ctype, cfree, mt)
   return wrap, free, is
 end
 
+-- The names in dir that start with prefix and end with suffix, sorted; nil, message when dir
+-- cannot be listed.
+function M.dir_list(dir, prefix, suffix)
+  local size = 4096
+  while true do
+    local buf, needed = ffi.new("char[?]", size), ffi.new("uint64_t[1]")
+    local ok, err = M.check(C.ur_dir_list(dir, prefix, suffix, buf, size, needed))
+    if not ok then return nil, err end
+    if tonumber(needed[0]) <= size then
+      local out = {}
+      for name in ffi.string(buf):gmatch("([^\n]+)\n") do out[#out + 1] = name end
+      return out
+    end
+    size = tonumber(needed[0])
+  end
+end
+
 -- The engine pointer of a handle, or an error naming the object when it was freed.
 function M.ptr(h, what, level)
   local p = h.p

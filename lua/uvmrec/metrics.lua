@@ -48,7 +48,8 @@ local FIELDS = { "auc", "auc_error", "grouped_auc", "ne", "logloss", "accuracy",
 
 local OPTIONS = { tasks = true, batch_size = true, window_size = true, lifetime_bins = true,
                   include_logloss = true, threshold = true, eta = true, placement = true,
-                  device = true, reduce = true }
+                  device = true, reduce = true, world_size = true, rank = true, my_rank = true,
+                  comm = true }
 
 local DEFAULT_BINS = 65536
 local DEFAULT_WINDOW_BATCHES = 100
@@ -95,6 +96,21 @@ local function new(kinds, opts, level)
   if opts.reduce ~= nil and type(opts.reduce) ~= "function" then
     error("metrics: reduce must be a function, got " .. type(opts.reduce), level)
   end
+  local reduce = opts.reduce
+  local world = opts.world_size or 1
+  if world ~= 1 then
+    whole(world, 1, "world_size", level)
+    local rank = opts.rank or opts.my_rank
+    if rank == nil then error("metrics: world_size " .. world .. " needs rank (or my_rank)", level) end
+    whole(rank, 0, "rank", level)
+    if reduce then error("metrics: give reduce or world_size, not both", level) end
+    local comm = opts.comm or require("uvmrec.dist").job()
+    if comm.world ~= world or comm.rank ~= rank then
+      error(("metrics: world_size %d and rank %d, but the communicator is rank %d of %d")
+            :format(world, rank, comm.rank, comm.world), level)
+    end
+    reduce = M.over_ranks(comm)
+  end
   if kinds.gauc and window == 0 then
     error("metrics: grouped AUC is computed over the window, and window_size is 0", level)
   end
@@ -136,7 +152,7 @@ local function new(kinds, opts, level)
   end
   return setmetatable({
     _h = wrap_handle(out[0]), tasks = tasks, batch_size = batch, window_size = window,
-    lifetime_bins = bins, reduce = opts.reduce, placement = place, device = device,
+    lifetime_bins = bins, reduce = reduce, placement = place, device = device, world_size = world,
     _outputs = outputs, _window = ffi.new("ur_metric_values[?]", #tasks),
     _lifetime = ffi.new("ur_metric_values[?]", #tasks),
     _snap = ffi.new("double *[1]"), _count = ffi.new("uint64_t[1]"),
@@ -191,8 +207,11 @@ function Metric:state(stream)
   local m = H(self, 2)
   local ok, err = check(C.ur_metrics_snapshot(streams.handle(stream, 2), m, self._snap, self._count))
   if not ok then return nil, err end
+  local snap = ffi.new("ur_tensor *[1]")
+  ok, err = check(C.ur_metrics_snapshot_tensor(streams.handle(stream, 2), m, snap))
+  if not ok then return nil, err end
   local s = { lifetime = { ptr = self._snap[0], count = tonumber(self._count[0]),
-                           placement = self.placement, device = self.device },
+                           placement = self.placement, device = self.device, tensor = tensor.wrap(snap[0]) },
               tasks = #self.tasks, stream = stream }
   if self.window_size > 0 then
     local v = ffi.new("ur_tensor *[4]")
@@ -233,6 +252,8 @@ local function run(self, stream, level)
       ok, err = check(C.ur_metrics_compute(sh, m, 1, nil, nil, nil, nil, self._window, self._lifetime), level + 1)
     end
     free_window(s.window)
+    if got and got ~= s.window then free_window(got) end
+    s.lifetime.tensor:free()
   else
     ok, err = check(C.ur_metrics_compute(sh, m, 0, nil, nil, nil, nil, self._window, self._lifetime), level + 1)
   end
@@ -285,6 +306,46 @@ function Metric:__tostring()
   return ("metrics {%s} tasks {%s} window %d bins %d, %s %s"):format(table.concat(ks, ", "),
     table.concat(self.tasks, ", "), self.window_size, self.lifetime_bins, self.placement,
     self:on_gpu() and "(GPU)" or "(CPU)")
+end
+
+-- The reduction over the ranks of a communicator (world_size = W, rank = r): the lifetime sums
+-- and histograms summed (f64, exact for counts), the windows gathered, so AUC and grouped AUC
+-- are exact over the union of every rank's samples.
+function M.over_ranks(comm)
+  return function(state)
+    local st = state.stream
+    assert(comm:all_reduce(state.lifetime.tensor, "sum", st))
+    local w = state.window
+    if not w then
+      assert(comm:wait(st))
+      return nil
+    end
+    local W, tasks = comm.world, state.tasks
+    local n = w.labels:size(1)
+    local counts = tensor.tensor({ W }, { dtype = "i64" })
+    local mine = tensor.tensor({ 1 }, { dtype = "i64" }):fill(n)
+    assert(comm:all_gather(mine, counts))
+    assert(comm:wait())
+    local rows, total = counts:totable(), 0
+    counts:free()
+    mine:free()
+    for r = 1, W do total = total + rows[r] end
+    local function gather(t, per)
+      if not t then return nil end
+      local o = { dtype = t:dtype(), placement = t:placement() }
+      if o.placement == "device" or o.placement == "managed" then o.device = t:device() end
+      local out = assert(tensor.tensor(per > 1 and { total, per } or { total }, o))
+      local c = {}
+      for r = 1, W do c[r] = rows[r] * per end
+      assert(comm:all_gather(t, out, c, st))
+      return out
+    end
+    local wper = w.weights and w.weights:numel() == n * tasks and tasks or 1
+    local got = { predictions = gather(w.predictions, tasks), labels = gather(w.labels, tasks),
+                  weights = gather(w.weights, wper), grouping_keys = gather(w.grouping_keys, 1) }
+    assert(comm:wait(st))
+    return got
+  end
 end
 
 -- The classes: each is called with the options, as in the seed: AUC{tasks = ..., ...}.

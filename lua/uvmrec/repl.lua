@@ -67,8 +67,19 @@ end
 
 local format
 
+-- Names a table makes on use (uvmrec.nn's classes) and lists through its metatable's __names.
+local function lazy_names(t)
+  local mt = getmetatable(t)
+  local f = type(mt) == "table" and rawget(mt, "__names")
+  if type(f) ~= "function" then return nil end
+  local ok, list = pcall(f, t)
+  return ok and type(list) == "table" and list or nil
+end
+
 local function format_table(t, depth, seen, indent)
   if seen[t] then return "{<cycle>}" end
+  local lazy = lazy_names(t)
+  if lazy then return "{" .. table.concat(lazy, ", ") .. "} (loaded on first use)" end
   if depth > M.depth then return "{...}" end
   seen[t] = true
   local parts, n = {}, #t
@@ -147,6 +158,9 @@ local function names(v, out, level)
   local mt = getmetatable(v)
   if type(mt) == "table" and type(rawget(mt, "__index")) == "table" then
     names(rawget(mt, "__index"), out, level + 1)
+  end
+  if type(v) == "table" then
+    for _, k in ipairs(lazy_names(v) or {}) do if is_name(k) then out[k] = true end end
   end
 end
 

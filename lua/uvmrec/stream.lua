@@ -55,4 +55,30 @@ function M.event()
   return wrap_event(out[0])
 end
 
+-- Graphs (uvmrec.h, ur_graph_*): the work of the calls between graph_begin(stream) and
+-- graph_end(stream, g) captured once (g: an earlier graph to update, or nil) and run; g:launch
+-- replays it.  Without a GPU the calls run as they are made and graph_end returns nil.
+local graph_methods = {}
+local wrap_graph, free_graph = lib.handle_type("ur_graph", C.ur_graph_free, { __index = graph_methods })
+
+function graph_methods:launch(stream)
+  return check(C.ur_graph_launch(ptr(self, "graph"), M.handle(stream)))
+end
+graph_methods.free = free_graph
+
+function M.graph_begin(stream)
+  return check(C.ur_graph_begin(M.handle(stream)))
+end
+
+local graph_out = ffi.new("ur_graph *[1]")
+-- The graph (g itself when given), or nil without a GPU; nil, message when the capture broke
+-- (g, if given, is kept).
+function M.graph_end(stream, g)
+  graph_out[0] = g and ptr(g, "graph") or nil
+  local ok, err = check(C.ur_graph_end(M.handle(stream), graph_out))
+  if not ok then return nil, err end
+  if g or graph_out[0] == nil then return g end
+  return wrap_graph(graph_out[0])
+end
+
 return M

@@ -6,24 +6,19 @@
 --                      optimizer = { "rowwise_adagrad", lr = 0.01 } }
 --   local out = c:forward(kjt)              -- [batch, sum of dims]
 --   c:backward(kjt, grad_out)               -- steps the optimizer on the rows it read
+-- With cached tables a batch may bring a ticket (prepare(kjt, stream): its rows brought into
+-- the cache ahead, as the prefetch pipeline does) to its forward and backward.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
 local streams = require "uvmrec.stream"
+local kjt = require "uvmrec.kjt"
 local C, check, must = lib.C, lib.check, lib.must
 
 local M = {}
 local methods = {}
 local mt = { __index = methods }
 
-local OPTIMS = { sgd = C.UR_TBE_OPTIM_SGD, rowwise_adagrad = C.UR_TBE_OPTIM_ROWWISE_ADAGRAD,
-                 adagrad = C.UR_TBE_OPTIM_ADAGRAD, adam = C.UR_TBE_OPTIM_ADAM }
-local OPTIM_DEFAULTS = {
-  sgd = { lr = 0.01 },
-  rowwise_adagrad = { lr = 0.01, eps = 1e-8 },
-  adagrad = { lr = 0.01, eps = 1e-10 },
-  adam = { lr = 0.001, eps = 1e-8, beta1 = 0.9, beta2 = 0.999 },
-}
 local BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
 local POOLINGS = { sum = C.UR_POOLING_SUM, mean = C.UR_POOLING_MEAN, none = C.UR_POOLING_NONE }
 local PLACES = { device = C.UR_PLACE_DEVICE, managed = C.UR_PLACE_MANAGED, host = C.UR_PLACE_HOST,
@@ -34,9 +29,7 @@ local OPTS = { tables = true, features = true, optimizer = true, bounds = true, 
                device = true, stochastic_rounding = true, output_dtype = true, pooling = true,
                placement = true, dtype = true, state_placement = true, cache = true }
 local TABLE_OPTS = { name = true, rows = true, dim = true, dtype = true, pooling = true,
-                     placement = true, state_placement = true, features = true }
-local OPTIM_OPTS = { [1] = true, name = true, lr = true, eps = true, weight_decay = true,
-                     beta1 = true, beta2 = true, max_grad = true }
+                     placement = true, state_placement = true, features = true, shard = true }
 
 local function keys_of(t)
   local k = {}
@@ -69,29 +62,39 @@ local function whole(v, what, level, lo)
   return v
 end
 
--- optimizer = "sgd" | { "adam", lr = ..., ... } | { name = "adam", ... }
+-- optimizer = "sgd" | { "adam", lr = ..., ... } | { name = "adam", ... }: uvmrec.optim's
+-- settings and defaults for tables, and the collection's own deterministic (default true).
+-- Returns the name, the engine's settings and deterministic.
 local function optimizer_of(o, level)
   if o == nil then o = "sgd" end
   if type(o) == "string" then o = { o } end
   if type(o) ~= "table" then error("embedding collection: optimizer must be a name or a table", level + 1) end
-  check_keys(o, OPTIM_OPTS, "optimizer", level + 1)
-  local name = o.name or o[1] or "sgd"
-  local kind = pick(OPTIMS, name, "optimizer", level + 1)
-  local d = OPTIM_DEFAULTS[name]
-  return name, kind, {
-    lr = o.lr or d.lr, eps = o.eps or d.eps or 0, weight_decay = o.weight_decay or 0,
-    beta1 = o.beta1 or d.beta1 or 0, beta2 = o.beta2 or d.beta2 or 0, max_grad = o.max_grad or 0,
-  }
+  if o.deterministic ~= nil and type(o.deterministic) ~= "boolean" then
+    error("embedding collection: optimizer deterministic must be true or false, got " .. tostring(o.deterministic),
+          level + 1)
+  end
+  local name, settings = o.name or o[1] or "sgd", {}
+  for k, v in pairs(o) do
+    if k ~= 1 and k ~= "name" and k ~= "deterministic" then settings[k] = v end
+  end
+  return name, require("uvmrec.optim").config(name, "tables", settings, "embedding collection", level + 1),
+         o.deterministic ~= false
 end
 
 local wrap_tbe, free_tbe = lib.handle_type("ur_tbe", C.ur_tbe_free, {})
 
 -- tbe.new(opts), opts:
 --   tables = { { name=, rows=, dim=, dtype="f32", pooling="sum", placement=,
---                state_placement=, features={...} (default {name}) }, ... }
+--                state_placement=, features={...} (default {name}), shard = { logical = the
+--                unsharded collection's table index (0-based), rows =, dim = (the logical
+--                table's), row0 = 0, col0 = 0 }: this table is that block of it and starts as
+--                its elements }, ... }
 --   features = { ... } the input's key order (default: each table's features in table order)
 --   optimizer = "sgd" | { "rowwise_adagrad" | "adagrad" | "adam", lr=, eps=, weight_decay=,
---                         beta1=, beta2=, max_grad= }
+--                         beta1=, beta2=, max_grad=, deterministic = true }
+--     (deterministic = false: on the GPU, SGD without weight decay or clipping on f32 tables adds
+--     each value's update to its row by atomics, without sorting: faster, not bit-reproducible;
+--     the CPU, and every other case, stays deterministic)
 --   bounds = "fatal" | "warn" | "off";  seed = 0;  stochastic_rounding = true
 --   device = a GPU ordinal or "cpu" (default: the current GPU when there is one)
 --   output_dtype = "f32" | "bf16";  pooling, placement, dtype, state_placement: table defaults
@@ -128,14 +131,13 @@ function M.new(opts, level)
       cache_opts = cache_opts or require("uvmrec.cache").options(opts.cache, level)
     end
   end
-  local optim_name, kind, hp = optimizer_of(opts.optimizer, level)
+  local optim_name, optim_cfg, deterministic = optimizer_of(opts.optimizer, level)
   local cfg = ffi.new("ur_tbe_config")
   cfg.device = device
-  cfg.optim = kind
-  cfg.lr, cfg.eps, cfg.weight_decay = hp.lr, hp.eps, hp.weight_decay
-  cfg.beta1, cfg.beta2, cfg.max_grad = hp.beta1, hp.beta2, hp.max_grad
+  cfg.optim = optim_cfg
   cfg.bounds = pick(BOUNDS, opts.bounds or "fatal", "bounds check", level)
   cfg.stochastic_rounding = opts.stochastic_rounding == false and 0 or 1
+  cfg.nondeterministic = deterministic and 0 or 1
   cfg.seed = whole(opts.seed or 0, "seed", level)
   cfg.out_dtype = pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, opts.output_dtype or "f32",
                        "output dtype", level)
@@ -143,7 +145,9 @@ function M.new(opts, level)
   local n = #tables
   local tc = ffi.new("ur_tbe_table_config[?]", n)
   local self = { table_index = {}, table_names = {}, features = {}, feature_index = {},
-                 dims = {}, rows = {}, poolings = {}, optimizer = optim_name, _keep = {} }
+                 dims = {}, rows = {}, poolings = {}, optimizer = optim_name, deterministic = deterministic,
+                 bounds = opts.bounds or "fatal", stochastic_rounding = opts.stochastic_rounding ~= false,
+                 _keep = {} }
   local features_of = {}
   for i, t in ipairs(tables) do
     if type(t) ~= "table" then error(("embedding collection: table %d is not a table"):format(i), level) end
@@ -169,6 +173,18 @@ function M.new(opts, level)
       c.place = cache_opts.backing == "managed" and C.UR_PLACE_MANAGED or C.UR_PLACE_HOST
     else
       c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", level)
+    end
+    if t.shard ~= nil then
+      local sh = t.shard
+      if type(sh) ~= "table" then
+        error(("embedding collection: table '%s' shard must be a table {logical=, rows=, dim=, row0=, col0=}")
+              :format(name), level)
+      end
+      c.logical = whole(sh.logical, "table '" .. name .. "' shard.logical", level)
+      c.logical_rows = whole(sh.rows, "table '" .. name .. "' shard.rows", level, 1)
+      c.logical_dim = whole(sh.dim, "table '" .. name .. "' shard.dim", level, 1)
+      c.row0 = whole(sh.row0 or 0, "table '" .. name .. "' shard.row0", level)
+      c.col0 = whole(sh.col0 or 0, "table '" .. name .. "' shard.col0", level)
     end
     local sp = t.state_placement or opts.state_placement
     c.state_place = sp and sp ~= "table" and pick(PLACES, sp, "table '" .. name .. "' state placement", level)
@@ -232,7 +248,8 @@ function M.new(opts, level)
   for k = 0, C.ur_tbe_state_count(out[0]) - 1 do
     self.state_names[k + 1] = ffi.string(C.ur_tbe_state_name(out[0], k))
   end
-  self._bpf = ffi.new("int64_t[?]", nf)
+  self._spk = ffi.new("int64_t[?]", nf)
+  self._keys_ok = setmetatable({}, { __mode = "k" }) -- KJTs whose keys were checked
   setmetatable(self, mt)
   if #cached > 0 then
     local cache
@@ -264,86 +281,75 @@ function methods:free()
   free_tbe(self.h)
 end
 
--- Cached tables: the ids the kernels take for this input (slot ids for cached tables' features),
--- prepared now unless the prefetch pipeline prepared them ahead.
-function methods:_cache_ids(input, v, o, bp, stream, level)
-  level = level + 1
-  local c = self.cache
-  local rec = c:prepared(input)
-  if rec and not (rec.ahead and not rec.used) then
-    -- a forward of this input without a backward: read-only, done with
-    assert(c:retire(input, false, stream, level))
-    rec = nil
-  end
-  assert(c:retire_before(input, stream, level))
-  if not rec then
-    local err
-    rec, err = c:prepare(input, v, o, bp, stream, level)
-    if not rec then return nil, err end
-  end
-  rec.used = true
-  return lib.ptr(rec.ids, "cache ids", level)
-end
-
 -- ---- inputs ----
 
--- A KJT (or any object with values() / offsets() / weights() methods, and stride_per_key()
--- with inverse_indices() for a variable batch), or a table {values=, offsets=, weights=,
--- batch_per_feature=, inverse=}.  Returns the pointers the C call takes.
+-- The input as the C calls take it: a KJT whose keys are the collection's features (a variable
+-- batch per key: its stride_per_key_per_rank and inverse_indices), or a table {values=,
+-- offsets=[, weights=][, stride_per_key_per_rank=, inverse_indices=]} of tensors and, for
+-- the strides, {{s1}, {s2}, ...} as a KJT gives them.  Returns the pointers of values,
+-- offsets, weights and inverse indices and the strides per key (a host array), or nil.
 function methods:_input(input, level)
   level = level + 1
-  if type(input) ~= "table" and type(input) ~= "cdata" then
-    error("embedding collection: input must be a KJT or a table {values=, offsets=[, weights=]}", level)
-  end
-  local values, offsets, weights, bpf, inverse
-  if type(input.values) == "function" then
-    if type(input.keys) == "function" then
+  local v, o, w, spk, inv
+  local nf = #self.features
+  if kjt.is(input) then
+    local p = lib.ptr(input, "kjt", level)
+    if not self._keys_ok[input] then
       local keys = input:keys()
-      local ok = #keys == #self.features
+      local ok = #keys == nf
       for i = 1, #keys do ok = ok and keys[i] == self.features[i] end
       if not ok then
         error(("embedding collection: the input's keys {%s} are not the collection's features {%s}")
               :format(table.concat(keys, ", "), table.concat(self.features, ", ")), level)
       end
+      self._keys_ok[input] = true
     end
-    values, offsets, weights = input:values(), input:offsets(), input:weights()
-    if type(input.variable_stride) == "function" and input:variable_stride() then
-      bpf = input:stride_per_key()
-      inverse = input:inverse_indices()
+    v, o, w = C.ur_kjt_values(p), C.ur_kjt_offsets(p), C.ur_kjt_weights(p)
+    if C.ur_kjt_variable_stride(p) ~= 0 then
+      for i = 0, nf - 1 do self._spk[i] = C.ur_kjt_stride_of(p, i) end
+      spk, inv = self._spk, C.ur_kjt_inverse_indices(p)
+    end
+  elseif type(input) == "table" then
+    if input.values == nil or input.offsets == nil then
+      error("embedding collection: the input has no values or offsets", level)
+    end
+    v, o = T(input.values, "values", level), T(input.offsets, "offsets", level)
+    w = input.weights ~= nil and T(input.weights, "weights", level) or nil
+    inv = input.inverse_indices ~= nil and T(input.inverse_indices, "inverse_indices", level) or nil
+    local per = input.stride_per_key_per_rank
+    if per ~= nil then
+      if type(per) ~= "table" or #per ~= nf then
+        error(("embedding collection: stride_per_key_per_rank must list %d keys"):format(nf), level)
+      end
+      for i, ranks in ipairs(per) do
+        local what = "stride_per_key_per_rank[" .. i .. "]"
+        if type(ranks) ~= "table" or #ranks ~= 1 then
+          error(("embedding collection: %s must be a list of one stride (one rank), such as {2}"):format(what),
+                level)
+        end
+        self._spk[i - 1] = whole(ranks[1], what .. "[1]", level)
+      end
+      spk = self._spk
     end
   else
-    values, offsets, weights = input.values, input.offsets, input.weights
-    bpf, inverse = input.batch_per_feature, input.inverse
+    error("embedding collection: input must be a KJT or a table {values=, offsets=[, weights=]}", level)
   end
-  if values == nil or offsets == nil then
-    error("embedding collection: the input has no values or offsets", level)
-  end
-  local bp = nil
-  if bpf then
-    if type(bpf) ~= "table" or #bpf ~= #self.features then
-      error(("embedding collection: batch_per_feature must list %d batches"):format(#self.features), level)
-    end
-    for i, b in ipairs(bpf) do self._bpf[i - 1] = whole(b, "batch_per_feature[" .. i .. "]", level) end
-    bp = self._bpf
-  end
-  return T(values, "values", level), T(offsets, "offsets", level),
-         weights ~= nil and T(weights, "weights", level) or nil, bp,
-         inverse ~= nil and T(inverse, "inverse", level) or nil, values, offsets, bpf, inverse
+  return v, o, w, spk, inv
 end
 
 -- The shape of the output for this input.
 function methods:output_shape(input)
-  local _, _, _, bp, _, values, offsets, bpf, inverse = self:_input(input, 2)
-  if not self.pooled then return { values:numel(), self.out_dim } end
+  local v, o, _, spk, inv = self:_input(input, 2)
+  if not self.pooled then return { tonumber(C.ur_tensor_numel(v)), self.out_dim } end
   local nf = #self.features
   -- Shapes that do not divide are left for the engine to report.
-  if inverse then return { math.floor(inverse:numel() / nf), self.out_dim } end
-  if bp then
+  if inv ~= nil then return { math.floor(tonumber(C.ur_tensor_numel(inv)) / nf), self.out_dim } end
+  if spk then
     local total = 0
-    for i = 1, nf do total = total + bpf[i] * self.feature_dims[i] end
+    for i = 1, nf do total = total + tonumber(spk[i - 1]) * self.feature_dims[i] end
     return { total }
   end
-  return { math.floor((offsets:numel() - 1) / nf), self.out_dim }
+  return { math.floor((tonumber(C.ur_tensor_numel(o)) - 1) / nf), self.out_dim }
 end
 
 function methods:placement() return self.device >= 0 and "device" or "host" end
@@ -355,38 +361,89 @@ function methods:new_output(input)
   return tensor.tensor(self:output_shape(input), opts)
 end
 
--- forward(input[, out][, stream]): the pooled embeddings (into out when given).
-function methods:forward(input, out, stream)
-  local v, o, w, bp, inv = self:_input(input, 2)
+-- ---- batches through the cache ----
+
+-- prepare(input[, stream]): brings the rows of a batch's input into the cache of the cached
+-- tables ahead of its forward (the prefetch pipeline does, on its own stream) and returns the
+-- batch's ticket, which goes with the batch to forward and backward; nil without cached tables
+-- (nil, message when the cache failed: memory, the HBM budget).
+function methods:prepare(input, stream)
+  if not self.cache then return nil end
+  local v, o, _, spk = self:_input(input, 2)
+  return self.cache:prepare(v, o, spk, stream, 2)
+end
+
+-- retire(ticket[, trained][, stream]): a batch's ticket done with: trained (its backward is
+-- enqueued on stream) or only read (a batch dropped, a forward without backward).  Without a
+-- ticket: the one the last forward prepared itself.
+function methods:retire(ticket, trained, stream)
+  if not self.cache then return true end
+  if ticket == nil then
+    ticket = self._own and self._own.ticket
+    self._own = nil
+    if not ticket then return true end
+  end
+  return self.cache:retire(ticket, trained, stream, 2)
+end
+
+-- The ticket of a batch for its forward or backward: the one it brings (the batches in flight
+-- before it, forwards without a backward, are retired first), or one prepared now and kept for
+-- the backward of the same input.
+function methods:_ticket(input, v, o, spk, stream, ticket, level)
+  level = level + 1
+  local c = self.cache
+  if ticket then
+    if ticket.retired then
+      error(("embedding collection: the batch's ticket %d was retired already (trained or dropped)")
+            :format(tonumber(ticket.id)), level)
+    end
+    assert(c:retire_before(ticket, stream, level))
+    return ticket
+  end
+  local own = self._own
+  if own and own.input == input and not own.ticket.retired then return own.ticket end
+  assert(c:retire_before(nil, stream, level))
+  local t, err = c:prepare(v, o, spk, stream, level)
+  if not t then return nil, err end
+  self._own = { input = input, ticket = t }
+  return t
+end
+
+-- forward(input[, out][, stream][, ticket]): the pooled embeddings (into out when given).
+function methods:forward(input, out, stream, ticket)
+  local v, o, w, spk, inv = self:_input(input, 2)
   if self.cache then
-    local err
-    v, err = self:_cache_ids(input, v, o, bp, stream, 2)
-    if not v then return nil, err end
+    local t, err = self:_ticket(input, v, o, spk, stream, ticket, 2)
+    if not t then return nil, err end
+    v = T(t.ids, "cache ids", 2)
   end
   if out == nil then
     local err
     out, err = self:new_output(input)
     if not out then return nil, err end
   end
-  local ok, err = check(C.ur_tbe_forward(S(stream), H(self), v, o, w, bp, inv, T(out, "out", 2)), 2)
+  local ok, err = check(C.ur_tbe_forward(S(stream), H(self), v, o, w, spk, inv, T(out, "out", 2)), 2)
   if not ok then return nil, err end
   return out
 end
 
--- backward(input, grad_out[, stream]): steps the optimizer on every row the input read.
-function methods:backward(input, grad, stream)
-  local v, o, w, bp, inv = self:_input(input, 2)
-  local rec = self.cache and self.cache:prepared(input)
-  if self.cache and not rec then
+-- backward(input, grad_out[, stream][, ticket]): steps the optimizer on every row the input
+-- read; the batch's ticket is retired (trained).
+function methods:backward(input, grad, stream, ticket)
+  local v, o, w, spk, inv = self:_input(input, 2)
+  local t
+  if self.cache then
     local err
-    v, err = self:_cache_ids(input, v, o, bp, stream, 2)
-    if not v then return nil, err end
-  elseif rec then
-    v = T(rec.ids, "cache ids", 2)
+    t, err = self:_ticket(input, v, o, spk, stream, ticket, 2)
+    if not t then return nil, err end
+    v = T(t.ids, "cache ids", 2)
   end
-  local ok, err = check(C.ur_tbe_backward(S(stream), H(self), T(grad, "grad_out", 2), v, o, w, bp, inv), 2)
+  local ok, err = check(C.ur_tbe_backward(S(stream), H(self), T(grad, "grad_out", 2), v, o, w, spk, inv), 2)
   if not ok then return nil, err end
-  if self.cache then return self.cache:retire(input, true, stream, 2) end
+  if t then
+    if self._own and self._own.ticket == t then self._own = nil end
+    return self.cache:retire(t, true, stream, 2)
+  end
   return true
 end
 
@@ -397,10 +454,10 @@ function methods:sparse_grad(input, grad, stream)
     error("embedding collection: sparse_grad is not available with cached tables (their rows "
           .. "are stepped in the cache)", 2)
   end
-  local v, o, w, bp, inv = self:_input(input, 2)
+  local v, o, w, spk, inv = self:_input(input, 2)
   local rows, grads = ffi.new("ur_tensor *[1]"), ffi.new("ur_tensor *[1]")
   local counts = ffi.new("int64_t[?]", #self.table_names)
-  local ok, err = check(C.ur_tbe_sparse_grad(S(stream), H(self), T(grad, "grad_out", 2), v, o, w, bp, inv,
+  local ok, err = check(C.ur_tbe_sparse_grad(S(stream), H(self), T(grad, "grad_out", 2), v, o, w, spk, inv,
                                              rows, grads, counts), 2)
   if not ok then return nil, err end
   local r, g = tensor.wrap(rows[0]), tensor.wrap(grads[0])
@@ -522,9 +579,9 @@ end
 -- runs_skipped, bytes (asked for), bytes_skipped, location, issued}.  Without a GPU it
 -- computes the same runs and issues nothing (issued = false).
 function methods:prefetch_pages(input, stream, location)
-  local v, o, _, bp = self:_input(input, 2)
+  local v, o, _, spk = self:_input(input, 2)
   local loc = page_location(location, 2)
-  local ok, err = check(C.ur_tbe_prefetch_pages(S(stream), H(self), v, o, bp, page_stats, loc), 2)
+  local ok, err = check(C.ur_tbe_prefetch_pages(S(stream), H(self), v, o, spk, page_stats, loc), 2)
   if not ok then return nil, err end
   return stats_table(page_stats)
 end
@@ -533,9 +590,9 @@ end
 -- runs {table = name, tensor = "weights" or a state name, first = byte, bytes =, skipped =
 -- bool} (bytes from the start of the tensor's storage, whole pages), and the stats.
 function methods:page_runs(input, location)
-  local v, o, _, bp = self:_input(input, 2)
+  local v, o, _, spk = self:_input(input, 2)
   local loc = page_location(location, 2)
-  local ok, err = check(C.ur_tbe_page_runs(H(self), v, o, bp, page_stats, loc), 2)
+  local ok, err = check(C.ur_tbe_page_runs(H(self), v, o, spk, page_stats, loc), 2)
   if not ok then return nil, err end
   local r = C.ur_tbe_last_page_runs(H(self), run_count)
   local list = {}

@@ -1,4 +1,4 @@
--- Access statistics and row layout of an embedding collection's tables (engine/src/tbe_stats.c),
+-- Access statistics and row layout of an embedding collection's tables (engine/src/embedding/counters.c, layout.c),
 -- as methods of uvmrec.tbe collections:
 --
 --   c:set_counting(true)                 -- every table (or c:set_counting(true, "t0"))
@@ -7,6 +7,7 @@
 --   a:topk(10)  a:coverage(0.2)  a:histogram(8)
 --   c:decay_counts(0.5)                  -- every table's counts halved (floor)
 --   c:relayout("t0", "counts")           -- hottest rows first; {seconds=, bytes=, rows_moved=}
+--   c:swap_rows("t0", {3, 9}, {0, 1})    -- ids 3 and 0 trade rows, 9 and 1: in place, on the GPU
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -167,6 +168,27 @@ function M.install(methods)
     must(C.ur_perm_from_order(a.order.p, perm.p))
     a:free()
     return perm
+  end
+
+  -- Trades the physical rows of ids a[k] and b[k] of table `name` (Lua lists, or int64_t
+  -- arrays with n), rows and optimizer state, in place and on the stream (on a GPU, a kernel:
+  -- nothing waits); no id may be in two pairs.  Returns {seconds, bytes, rows_moved, on_gpu}, or
+  -- nil, message.
+  function methods:swap_rows(name, a, b, n, opts)
+    opts = opts or {}
+    local i = index_of(self, name, 2)
+    if type(a) == "table" then
+      if type(b) ~= "table" or #a ~= #b then error("swap_rows: a and b must be lists of one length", 2) end
+      n = #a
+      a, b = ffi.new("int64_t[?]", math.max(n, 1), a), ffi.new("int64_t[?]", math.max(n, 1), b)
+    elseif type(n) ~= "number" then
+      error("swap_rows: give lists, or int64_t arrays and their length", 2)
+    end
+    local st = ffi.new("ur_tbe_relayout_stats")
+    local ok, err = check(C.ur_tbe_swap_rows(streams.handle(opts.stream, 3), self.h.p, i, a, b, n, st), 2)
+    if not ok then return nil, err end
+    return { seconds = st.seconds, bytes = tonumber(st.bytes), rows_moved = tonumber(st.rows_moved),
+             on_gpu = st.on_gpu ~= 0 }
   end
 
   -- Lays table `name` out by perm: an i64 [rows] tensor (perm[id] = physical row), "counts"

@@ -13,28 +13,39 @@ local function S(s) return streams.handle(s, 3) end
 
 local int64s = ffi.typeof("int64_t[?]")
 
-local function parse_shape(shape)
+-- Misuse raises at the user's line: `level` counts frames from the caller of the helper (1 its
+-- caller, 2 that one's caller, ...), as lib.check's does.  The public functions below make no
+-- tail calls into these helpers, which would remove a frame.
+local function parse_shape(shape, level)
   if type(shape) == "number" then shape = { shape } end
   if type(shape) ~= "table" or #shape < 1 or #shape > 4 then
-    error("tensor: shape must be a list of 1 to 4 sizes, got " .. tostring(shape), 4)
+    error("tensor: shape must be a list of 1 to 4 sizes, got " .. tostring(shape), level + 1)
   end
   local dims = int64s(#shape)
   for i, n in ipairs(shape) do
     if type(n) ~= "number" or n < 0 or n ~= math.floor(n) then
-      error(("tensor: size %d of the shape is %s; expected a whole number >= 0"):format(i, tostring(n)), 4)
+      error(("tensor: size %d of the shape is %s; expected a whole number >= 0"):format(i, tostring(n)), level + 1)
     end
     dims[i - 1] = n
   end
   return dims, #shape
 end
 
-local function place_of(name) return lib.enum(C.ur_place_parse, "ur_place", name, "placement", 4) end
-local function dtype_of(name) return lib.enum(C.ur_dtype_parse, "ur_dtype", name, "dtype", 4) end
+-- Called by the public functions themselves: the user is their caller's caller.
+local function place_of(name)
+  local p = lib.enum(C.ur_place_parse, "ur_place", name, "placement", 3)
+  return p
+end
+local function dtype_of(name)
+  local d = lib.enum(C.ur_dtype_parse, "ur_dtype", name, "dtype", 3)
+  return d
+end
 
 local wrap, free_tensor, is_tensor -- set below, once the metatable is complete
 
+-- Called by ur.tensor and ur.uvm_tensor: the user is its caller's caller.
 local function new(shape, dtype, place, device)
-  local dims, nd = parse_shape(shape)
+  local dims, nd = parse_shape(shape, 3)
   local out = ffi.new("ur_tensor *[1]")
   local ok, err = check(C.ur_tensor_new(out, dtype, nd, dims, place, device), 3)
   if not ok then return nil, err end
@@ -42,7 +53,10 @@ local function new(shape, dtype, place, device)
 end
 
 local function device_for(place, device)
-  if device ~= nil then return lib.location(device, 4) end
+  if device ~= nil then
+    local loc = lib.location(device, 3)
+    return loc
+  end
   if place == C.UR_PLACE_DEVICE or place == C.UR_PLACE_MANAGED then
     if C.ur_device_count() > 0 then
       local d = ffi.new("int32_t[1]")
@@ -58,7 +72,8 @@ end
 function M.tensor(shape, opts)
   opts = opts or {}
   local place = place_of(opts.placement or "host")
-  return new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
+  local t, err = new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
+  return t, err
 end
 
 -- ur.uvm_tensor(shape, {device = 0, dtype = "f32"}) or the seed's ur.uvm_tensor(shape, gpu_id).
@@ -66,7 +81,8 @@ function M.uvm_tensor(shape, opts)
   if type(opts) == "number" then opts = { device = opts } end
   opts = opts or {}
   local place = C.UR_PLACE_MANAGED
-  return new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
+  local t, err = new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
+  return t, err
 end
 
 function methods:dtype() return ffi.string(C.ur_dtype_name(C.ur_tensor_dtype(T(self)))) end
@@ -102,7 +118,7 @@ end
 -- A view of any shape starting `offset` elements after this tensor's first, sharing the
 -- storage; it may reach past this tensor's elements but not past the storage.
 function methods:view_as(offset, shape)
-  local dims, nd = parse_shape(shape)
+  local dims, nd = parse_shape(shape, 2)
   local out = ffi.new("ur_tensor *[1]")
   must(C.ur_tensor_view_as(T(self), out, offset, nd, dims))
   return wrap(out[0])
@@ -123,6 +139,7 @@ function methods:copy(src, stream)
 end
 
 function methods:fill(v, stream)
+  if type(v) ~= "number" then error("tensor fill: expected a number, got " .. type(v), 2) end
   local ok, err = check(C.ur_tensor_fill(S(stream), T(self), v))
   if not ok then return nil, err end
   return self
@@ -141,17 +158,24 @@ function methods:normal(mean, std, seed, stream)
   return self
 end
 
+-- t:get(i), t[i]: level as the helpers' (t[i] is one frame further, in the metamethod).
 local value = ffi.new("double[1]")
-function methods:get(i)
-  local ok, err = check(C.ur_tensor_get(T(self), i, value))
-  if not ok then error(err, 2) end
+local function get(t, i, level)
+  if type(i) ~= "number" then error("tensor get: expected an element index, got " .. type(i), level + 1) end
+  local ok, err = check(C.ur_tensor_get(lib.ptr(t, "tensor", level + 1), i, value), level + 1)
+  if not ok then error(err, level + 1) end
   return value[0]
 end
+function methods:get(i) return (get(self, i, 2)) end
 
-function methods:set(i, v)
-  local ok, err = check(C.ur_tensor_set(T(self), i, v))
-  if not ok then error(err, 2) end
+local function set(t, i, v, level)
+  if type(i) ~= "number" or type(v) ~= "number" then
+    error(("tensor set: expected an element index and a number, got %s and %s"):format(type(i), type(v)), level + 1)
+  end
+  local ok, err = check(C.ur_tensor_set(lib.ptr(t, "tensor", level + 1), i, v), level + 1)
+  if not ok then error(err, level + 1) end
 end
+function methods:set(i, v) set(self, i, v, 2) end
 
 -- Elements first .. first + count - 1 as a Lua list of numbers (one bulk read).
 function methods:totable(first, count)
@@ -176,15 +200,15 @@ M.range_table = range_table
 
 local range = ffi.new("ur_range")
 function methods:advise(offset, numel, advice, location)
-  local a = lib.enum(C.ur_advice_parse, "ur_advice", advice, "advise", 3)
-  local loc = location == nil and C.UR_LOC_CURRENT_GPU or lib.location(location, 3)
+  local a = lib.enum(C.ur_advice_parse, "ur_advice", advice, "advise", 2)
+  local loc = location == nil and C.UR_LOC_CURRENT_GPU or lib.location(location, 2)
   local ok, err = check(C.ur_tensor_advise(T(self), offset, numel, range, a, loc))
   if not ok then return nil, err end
   return range_table(range)
 end
 
 function methods:prefetch(offset, numel, location, stream)
-  local loc = location == nil and C.UR_LOC_CURRENT_GPU or lib.location(location, 3)
+  local loc = location == nil and C.UR_LOC_CURRENT_GPU or lib.location(location, 2)
   local ok, err = check(C.ur_tensor_prefetch(S(stream), T(self), offset, numel, range, loc))
   if not ok then return nil, err end
   return range_table(range)
@@ -248,12 +272,12 @@ end
 
 wrap, free_tensor, is_tensor = lib.handle_type("ur_tensor", C.ur_tensor_free, {
   __index = function(t, k)
-    if type(k) == "number" then return methods.get(t, k) end
+    if type(k) == "number" then return (get(t, k, 2)) end
     return methods[k]
   end,
   __newindex = function(t, k, v)
     if type(k) ~= "number" then error("tensor: cannot set field '" .. tostring(k) .. "'", 2) end
-    methods.set(t, k, v)
+    set(t, k, v, 2)
   end,
   __len = function(t) return methods.numel(t) end,
   __tostring = show,

@@ -85,15 +85,12 @@ local function hit_rates()
         local function run(k0, k1)
           local prev
           for k = k0, k1 do
-            local x = inputs[k]
-            local v, off = x.values, x.offsets
             -- the pipeline's order: k-1's retire is enqueued (compute stream), then batch k is
             -- prepared on the prefetch stream while k-1 may still run, its rows locked
-            if prev then assert(cache:retire(prev, true, nil)) end
-            assert(cache:prepare(x, v.p, off.p, nil, prefetch and prefetch_stream or nil, 1, true))
-            prev = x
+            if prev then assert(c:retire(prev, true)) end
+            prev = assert(c:prepare(inputs[k], prefetch and prefetch_stream or nil))
           end
-          if prev then assert(cache:retire(prev, true, nil)) end
+          if prev then assert(c:retire(prev, true)) end
         end
         run(1, math.floor(K / 2))
         cache:reset_stats()
@@ -171,26 +168,8 @@ local function gpu_modes()
   local dopts = {}
   for k, v in pairs(data.train) do dopts[k] = v end
   dopts.samples, dopts.epochs = NB * cfg0.train.batch_size, 1
-  local loader = assert(ur.data.loader(dopts))
-  local host = {}
-  for k = 1, NB do
-    local b = assert(loader:next())
-    local kj = b.sparse
-    local function pin(t) return t and assert(t:to("pinned")) end
-    local v, off, w = kj:values(), kj:offsets(), kj:weights()
-    host[k] = { dense = pin(b.dense), labels = pin(b.labels), size = b.size,
-                sparse = { values = pin(v), offsets = pin(off), weights = pin(w) } }
-    v:free()
-    off:free()
-    if w then w:free() end
-  end
-  loader:close()
+  local host = train.source.hold(assert(ur.data.loader(dopts)), NB, "pinned")
   local B = cfg0.train.batch_size
-  local function device_copy(b)
-    local function dv(t) return t and assert(t:to(gpu and "device" or "host")) end
-    return { dense = dv(b.dense), labels = dv(b.labels), size = b.size,
-             sparse = { values = dv(b.sparse.values), offsets = dv(b.sparse.offsets), weights = dv(b.sparse.weights) } }
-  end
 
   local modes = {
     { name = "device", sets = { "embeddings.placement=" .. (gpu and "device" or "host") } },
@@ -218,32 +197,26 @@ local function gpu_modes()
     local opt = train.optimizer(cfg, model)
     local hints = train.hints(cfg, model)
     if hints then hints:start(0) end
-    local tb = model.embeddings.tbe
-    local cache = tb.cache
+    local cache = model.embeddings.tbe.cache
     local dev = {}
-    if not m.pipeline then for k = 1, NB do dev[k] = device_copy(host[k]) end end
-    local losses, step, page_bytes, taken = {}, 0, 0, 0
-    local function one(batch)
-      step = step + 1
-      local loss = train.loop.step(model, opt, batch)
-      if step <= CHECK then losses[step] = loss:get(0) end
-      if hints then hints:step(step) end
-    end
+    if not m.pipeline then for k = 1, NB do dev[k] = host[k]:to(gpu and "device" or "host") end end
+    local losses, step, page_bytes = {}, 0, 0
+    -- n steps of train.loop from the batch after the steps made so far: through the pipeline
+    -- from the pinned batches, else over the device copies
+    local hooks = { { start = function(_, at) at.step = step end },
+                    { after = function(_, at)
+                        if at.step <= CHECK then losses[at.step] = at.loss:get(0) end
+                        if hints then hints:step(at.step) end
+                      end } }
     local function run(n)
       if m.pipeline then
-        local k = 0
-        local p = Prefetch.new { collection = model.embeddings, step = one, pages = m.pages,
-                                 source = function()
-                                   k = k + 1
-                                   if k > n then return nil end
-                                   taken = taken + 1
-                                   return host[(taken - 1) % NB + 1]
-                                 end }
-        p:run(n)
+        local p = Prefetch.new { collection = model.embeddings, source = train.source.ring(host, n, step),
+                                 pages = m.pages }
+        step = train.loop.run(model, opt, p, hooks).step
         page_bytes = p:stats().page_bytes or 0 -- managed tables: the page runs asked for
         p:free()
       else
-        for _ = 1, n do one(dev[step % NB + 1]) end
+        step = train.loop.run(model, opt, train.source.ring(dev, n, step), hooks).step
       end
       if gpu then C.ur_device_sync() end
     end
@@ -282,7 +255,7 @@ local function gpu_modes()
     -- the pipeline copies each batch (dense, labels, ids); the cache without it reads the ids
     -- back from the device; the other modes train on batches already on the device
     local hb = host[1]
-    local ids = hb.sparse.values:nbytes() + hb.sparse.offsets:nbytes()
+    local ids = hb.sparse:values():nbytes() + hb.sparse:offsets():nbytes()
     if m.pipeline then link = link + page_bytes / steps + hb.dense:nbytes() + hb.labels:nbytes() + ids
     elseif cache then link = link + ids end
     local gbps = link / (secs / steps) / 1e9
@@ -299,9 +272,7 @@ local function gpu_modes()
       conf and ("%.0f"):format(conf) or "-",
       waits and ("%.2f"):format(waits) or "-"))
     if hints then hints:free() end
-    for _, b in ipairs(dev) do
-      for _, t in pairs({ b.dense, b.labels, b.sparse.values, b.sparse.offsets, b.sparse.weights }) do t:free() end
-    end
+    for _, b in ipairs(dev) do b:release() end
     model.embeddings.tbe:free()
     collectgarbage()
     ::next_mode::

@@ -5,7 +5,7 @@
 --
 -- T tables of N rows (dim 4: only the decisions matter), batches of B samples with one id per
 -- table drawn Zipf(S) and scattered over the rows (the hit-rate stream of cache.lua).  For
--- each cache size and policy, the same K batches go through a CPU cache (engine/src/cache.c)
+-- each cache size and policy, the same K batches go through a CPU cache (engine/src/embedding/cache.c)
 -- and a GPU cache (kernels/cache.cu) in the prefetch pipeline's order (batch k prepared on
 -- another stream before batch k-1 retires).  It checks that every batch gets the same slot
 -- id for every value and the same counts from both, then prints each one's hit rate and
@@ -53,16 +53,16 @@ local function run(device, frac, policy, check)
   for k = 1, K do
     local x = inputs[k]
     local t0 = C.ur_clock_seconds()
-    if prev then assert(cache:retire(prev, true, s_compute)) end
-    local rec = assert(cache:prepare(x, x.values.p, x.offsets.p, nil, s_prefetch, 1, true))
+    if prev then assert(c:retire(prev, true, s_compute)) end
+    local rec = assert(c:prepare(x, s_prefetch))
     if device >= 0 then assert(s_prefetch:sync()) end
     if k > 2 then seconds = seconds + (C.ur_clock_seconds() - t0) end
     local ids = device >= 0 and assert(rec.ids:to("host")) or rec.ids
     per[k] = check(k, ffi.cast("const int64_t *", C.ur_tensor_data(ids.p)), ids:numel())
     if device >= 0 then ids:free() end
-    prev = x
+    prev = rec
   end
-  assert(cache:retire(prev, true, s_compute))
+  assert(c:retire(prev, true, s_compute))
   local st = cache:stats()
   c:free()
   s_compute:free()

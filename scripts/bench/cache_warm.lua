@@ -98,12 +98,10 @@ for _, frac in ipairs(o.fractions) do
       local function run(k0, k1)
         local prev
         for k = k0, k1 do
-          local x = inputs[k]
-          if prev then assert(cache:retire(prev, true, nil)) end
-          assert(cache:prepare(x, x.values.p, x.offsets.p, nil, prefetch and prefetch_stream or nil, 1, true))
-          prev = x
+          if prev then assert(c:retire(prev, true)) end
+          prev = assert(c:prepare(inputs[k], prefetch and prefetch_stream or nil))
         end
-        if prev then assert(cache:retire(prev, true, nil)) end
+        if prev then assert(c:retire(prev, true)) end
       end
       run(1, W)
       cache:reset_stats()

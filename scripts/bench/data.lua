@@ -32,7 +32,7 @@ os.execute("rm -rf " .. dir .. " && mkdir -p " .. dir)
 print(("threads: %s (UR_NUM_THREADS), batch %d"):format(os.getenv("UR_NUM_THREADS") or "all cores", B))
 
 -- A TSV of `lines` lines.
-local shared = (os.getenv("UVMREC_SHARED") or "../shared") .. "/data/criteo_raw_sample.tsv"
+local shared = (arg[0]:match("^(.*)/scripts/bench/[^/]*$") or ".") .. "/spec/fixtures/criteo_raw_sample.tsv"
 local src = {}
 local f = io.open(shared)
 if f then

@@ -52,12 +52,9 @@ local function losses(precision, on_cpu, steps)
   local opt = train.optimizer(cfg, model)
   local data = assert(train.data(cfg, train.config.table_rows(cfg)))
   local loader = assert(ur.data.loader(data.train))
-  local feed = train.feed.new(loader, { gpu = not on_cpu })
   local out = {}
-  for s = 1, steps do
-    out[s] = train.loop.step(model, opt, assert(feed:next())):get(0)
-  end
-  feed:free()
+  train.loop.run(model, opt, train.source.loader(loader, { placement = not on_cpu and "device" or nil, steps = steps }),
+                 { { after = function(_, r) out[r.step] = r.loss:get(0) end } })
   loader:close()
   return out
 end
@@ -101,23 +98,21 @@ local dopts = {}
 for k, v in pairs(data.train) do dopts[k] = v end
 dopts.samples, dopts.epochs = NBATCH * B, 1
 local loader = assert(ur.data.loader(dopts))
-local batches = train.feed.hold(loader, NBATCH, gpu)
+local batches = train.source.hold(loader, NBATCH, gpu and "device" or nil)
 
+-- n more steps over the batches held, going on from the steps made before (the schedule's
+-- step, the ring's turn); the first step's loss and the last's.
 local sched = train.config.schedule(cfg)
-local base_lr, base_emb = opt.lr, model.embeddings.tbe:lr()
+local lrs = sched and ur.optim.Schedule(sched, { opt, model.embeddings })
 local step = 0
 local function run(n)
-  local first, last
-  for _ = 1, n do
-    step = step + 1
-    if sched then
-      opt:set_lr(base_lr * sched(step))
-      model.embeddings:set_lr(base_emb * sched(step))
-    end
-    last = train.loop.step(model, opt, batches[(step - 1) % NBATCH + 1])
-    first = first or last:get(0)
-  end
-  return first, last:get(0)
+  local first
+  local hooks = { { start = function(_, r) r.step = step end },
+                  { after = function(_, r) first = first or r.loss:get(0) end } }
+  if lrs then table.insert(hooks, 2, lrs) end
+  local r = train.loop.run(model, opt, train.source.ring(batches, n, step), hooks)
+  step = r.step
+  return first, r.loss:get(0)
 end
 
 run(WARM)
@@ -153,17 +148,19 @@ if gpu then print(("B3 target: 10 M samples/s on one H200; this is %.2f of it"):
 local fed_steps = math.max(5, math.floor(o.steps / 4))
 dopts.samples = (fed_steps + WARM) * B
 loader = assert(ur.data.loader(dopts))
-local feed = train.feed.new(loader, { gpu = gpu })
-for _ = 1, WARM do train.loop.step(model, opt, assert(feed:next())) end
-local last
-ur.sync()
-local f0 = C.ur_clock_seconds()
-for _ = 1, fed_steps do last = train.loop.step(model, opt, assert(feed:next())) end
-last:get(0)
+local f0
+local fed = train.loop.run(model, opt, train.source.loader(loader, { placement = gpu and "device" or nil,
+                                                                     steps = WARM + fed_steps }),
+                           { { after = function(_, r)
+                               if r.step == WARM then
+                                 ur.sync()
+                                 f0 = C.ur_clock_seconds()
+                               end
+                             end } })
+fed.loss:get(0)
 local fed_seconds = C.ur_clock_seconds() - f0
 local fed_rate = fed_steps * B / fed_seconds
 local ls = loader:stats()
-feed:free()
 loader:close()
 print(("fed by the loader: %d steps, %s samples/s (the loader waited on for %.2f s of %.2f s)"):format(fed_steps,
   train.progress.count(fed_rate), ls.wait_seconds, fed_seconds))

@@ -4,14 +4,17 @@
 --
 --   luajit scripts/bench/dlrm_speed.lua [--config dlrm_mlperf_v1_2m] [--set k=v]... [--batch B]
 --          [--precisions f32,tf32,bf16] [--steps 30] [--data DIR] [--work DIR] [--python PY]
---          [--no-torch] [--out FILE] [--cpu]   (--help)
+--          [--no-torch] [--out FILE] [--cpu] [--graph]   (--help)
 --
 -- The data: the day files in --data, or written by uvmrec datagen from the config's synthetic
 -- preset into --work (8 batches); both engines train on the same batches, rotating over them.
 -- PyTorch first (scripts/bench/torch_dlrm.py speed, one process a precision; on a GPU it also
 -- measures the matrix-product and copy ceilings), then uvmrec, per precision:
 --   * steady: --steps steps back to back after a warm-up, timed with CUDA events (the clock on
---     the CPU), the learning rates following the config's schedule as uvmrec.train does;
+--     the CPU), the learning rates following the config's schedule as uvmrec.train does; with
+--     --graph each step is a replayed CUDA graph (uvmrec.train.graph, a graph per batch), the
+--     model on a stream of its own and the schedule taken from its plateau (after the warm-up
+--     steps), where the learning rates stay put and a graph replays as captured;
 --   * phases: each phase of the step (parity_lib.lua's cut of models/dlrm.lua: bottom MLP,
 --     embeddings, interaction, top MLP forward; loss; top, interaction, bottom backward; the
 --     tables' backward with their fused optimizer; the dense optimizer) repeated alone, back to
@@ -47,6 +50,7 @@ local cmd = require("uvmrec.cli").command {
   { "--no-torch", "leave PyTorch out" },
   { "--out FILE", "append JSON lines" },
   { "--cpu", "on the CPU even where a GPU is" },
+  { "--graph", "each steady step a replayed CUDA graph (the schedule from its plateau)" },
 }
 local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
@@ -199,11 +203,11 @@ end
 
 -- ---- uvmrec ----
 local clock = C.ur_clock_seconds
-local function timer()
+local function timer(stream)
   if gpu then
     local e0, e1 = assert(ur.event()), assert(ur.event())
-    return { start = function() assert(e0:record()) end,
-             stop = function() assert(e1:record()); assert(e1:sync()); return e0:elapsed(e1) end }
+    return { start = function() assert(e0:record(stream)) end,
+             stop = function() assert(e1:record(stream)); assert(e1:sync()); return e0:elapsed(e1) end }
   end
   local t0
   return { start = function() t0 = clock() end, stop = function() return (clock() - t0) * 1e3 end }
@@ -218,41 +222,39 @@ for _, precision in ipairs(o.precisions) do
   local rows = train.config.table_rows(cfg)
   local loader = assert(ur.data.loader { data = "criteo-bin:" .. o.data, batch_size = B, depth = 2, rows = rows,
                                          drop_last = true })
-  local batches, ids = {}, 0
-  for i = 1, NBATCH do
-    local b = loader:next()
-    if not b then break end
-    if gpu then
-      local dv = b:to("device")
-      assert(ur.sync())
-      batches[i] = { dense = dv.dense, labels = dv.labels, sparse = dv.sparse, size = b.size }
-    else
-      batches[i] = { dense = assert(b.dense:to("host")), labels = assert(b.labels:to("host")),
-                     sparse = assert(b.sparse:to("host")), size = b.size }
-    end
-    ids = ids + b.sparse:values():numel()
-  end
-  loader:close()
+  local batches = train.source.hold(loader, NBATCH, gpu and "device" or nil)
   if #batches == 0 then cmd:fail(o.data .. ": not one whole batch of " .. B) end
+  local ids = 0
+  for _, b in ipairs(batches) do ids = ids + b.sparse:values():numel() end
   model._speed_ids = ids / #batches
+  local runner
+  if o.graph then
+    if not gpu then cmd:fail("--graph needs a GPU") end
+    local why
+    -- each batch runs eagerly once, then is captured, then replayed
+    runner, why = require("uvmrec.train.graph").new(model, opt, { static = true, warmup = #batches })
+    if not runner then cmd:fail("--graph: " .. why) end
+  end
+  local stream = runner and runner.stream
   local steps = {}
   for i, b in ipairs(batches) do steps[i] = P.phases(model, opt, b) end
+  -- the step's phases over the batches in turn, the learning rates as uvmrec.train sets them
   local sched = train.config.schedule(cfg)
-  local base_lr, base_emb = opt.lr, model.embeddings.tbe:lr()
-  local n = 0
+  local lrs = sched and ur.optim.Schedule(sched, { opt, model.embeddings })
+  local n = runner and cfg.schedule.warmup_steps or 0
   local function step()
     n = n + 1
-    if sched then
-      local fct = sched(n)
-      opt:set_lr(base_lr * fct)
-      model.embeddings:set_lr(base_emb * fct)
+    if lrs then lrs:set(n) end
+    local i = (n - 1) % #batches + 1
+    if runner then
+      runner:step(batches[i])
+    else
+      P.run_phases(steps[i])
     end
-    local list = steps[(n - 1) % #batches + 1]
-    P.run_phases(list)
-    return list
+    return steps[i]
   end
-  for _ = 1, WARM do step() end
-  local tm = timer()
+  for _ = 1, math.max(WARM, runner and 2 * #batches or 0) do step() end
+  local tm = timer(stream)
   tm.start()
   for _ = 1, o.steps do step() end
   local ms = tm.stop() / o.steps
@@ -261,6 +263,7 @@ for _, precision in ipairs(o.precisions) do
   do
     local list, st = P.phases(model, opt, batches[1])
     for i = 1, 5 do list[i][2]() end
+    if stream then assert(stream:sync()) end
     loss_last = st.loss:get(0)
   end
   if not (loss_last == loss_last and math.abs(loss_last) < math.huge) then
@@ -281,9 +284,10 @@ for _, precision in ipairs(o.precisions) do
   local list = step()
   local phases, sum = {}, 0
   for _, ph in ipairs(list) do
-    local t = timer()
+    local t = timer(stream)
     t.start()
     for _ = 1, REPEAT do ph[2]() end
+    ur.dense.join(model.stream) -- the phase's weight gradients, on a side stream, count here
     local pms = t.stop() / REPEAT
     phases[#phases + 1] = { name = ph[1], ms = pms, floor_ms = fl[ph[1]] and fl[ph[1]].ms,
                             bytes = fl[ph[1]] and fl[ph[1]].bytes, flops = fl[ph[1]] and fl[ph[1]].flops }
@@ -295,12 +299,15 @@ for _, precision in ipairs(o.precisions) do
   end
   local r = { precision = precision, ms = ms, samples_per_s = B / (ms * 1e-3), phases = phases, phase_sum = sum,
               gaps = ms - sum, floor_ms = floor_known and floor_ms or nil, unique = unique, ids = model._speed_ids,
-              loss = loss_last }
+              loss = loss_last, graph = runner and { captures = runner.captures, replays = runner.replays } or nil }
   results[#results + 1] = r
-  print(("uvmrec %s: %.3f ms a step (%d steps after %d warm-up, over %d batches), %.3f M samples/s; loss %.4f")
-    :format(precision, ms, o.steps, WARM, #batches, r.samples_per_s / 1e6, loss_last))
+  print(("uvmrec %s: %.3f ms a step (%d steps after %d warm-up, over %d batches%s), %.3f M samples/s; loss %.4f")
+    :format(precision, ms, o.steps, WARM, #batches,
+            runner and (", CUDA graphs: %d captured, %d replays"):format(runner.captures, runner.replays) or "",
+            r.samples_per_s / 1e6, loss_last))
+  if runner then runner:free() end
   model.embeddings.tbe:free()
-  model, opt, steps, batches = nil, nil, nil, nil
+  steps, batches = nil, nil
   collectgarbage()
   collectgarbage()
 end
@@ -352,7 +359,8 @@ if o.out then
     local t = torch[r.precision]
     f:write(json.encode { bench = "dlrm_speed", config = cfg0.name, device = where, batch = B,
       precision = r.precision, ms = r.ms, samples_per_s = r.samples_per_s, phases = r.phases, gaps_ms = r.gaps,
-      floor_ms = r.floor_ms, unique_rows = r.unique, ids = r.ids, loss = r.loss,
+      floor_ms = r.floor_ms, unique_rows = r.unique, ids = r.ids, loss = r.loss, graph = r.graph,
+      sets = #o.set > 0 and o.set or nil,
       torch_ms = t and t.ms, torch_samples_per_s = t and t.samples_per_s, ratio = t and t.ms / r.ms,
       ceilings = next(ceil) and ceil or nil }, "\n")
   end

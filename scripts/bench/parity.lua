@@ -60,24 +60,22 @@ if not b then cmd:fail(berr or ("%s: no samples from sample %d"):format(o.data, 
 if b.size ~= B then
   cmd:fail(("%s: %d samples from sample %d; the batch needs %d"):format(o.data, b.size, o.first, B))
 end
-local batch
-if gpu then
-  local d = b:to("device")
-  assert(ur.sync())
-  batch = { dense = d.dense, labels = d.labels, sparse = d.sparse, size = b.size }
-else
-  batch = { dense = assert(b.dense:to("host")), labels = assert(b.labels:to("host")),
-            sparse = assert(b.sparse:to("host")), size = b.size }
-end
+local batch = b:to(gpu and "device" or "host")
+assert(ur.sync()) -- the copies are done before the loader's buffers go
 loader:close()
 
 -- The step, the tables' gradient taken without their step.
 model:zero_grad()
 local list, s = P.phases(model, opt, batch, { sparse_grad = true })
 P.run_phases(list)
+-- The interaction's output without its padding columns (models/dlrm.lua pads a dot model's).
+local inter = s.z
+if model.top.modules[1].in_width ~= model.interaction_width then
+  inter = P.unpadded({ module = model.top.modules[1], name = "weight" }, s.z)
+end
 local out = {
   logits = P.host_f32(s.logits), loss = assert(s.loss:to("host")), pooled = P.host_f32(s.e),
-  inter = P.host_f32(s.z),
+  inter = P.host_f32(inter),
   ["batch.dense"] = assert(batch.dense:to("host")), ["batch.labels"] = assert(batch.labels:to("host")),
   ["batch.values"] = assert(batch.sparse:values():to("host")),
   ["batch.offsets"] = assert(batch.sparse:offsets():to("host")),
@@ -85,9 +83,9 @@ local out = {
 local grads = {}
 for _, p in ipairs(model:parameters()) do
   if p.grad then
-    local h = assert(p.grad:to("host"))
+    local h = assert(P.unpadded(p, p.grad):to("host"))
     out["grad." .. p.name] = h
-    grads[#grads + 1] = { name = p.name, host = h, grad = p.grad }
+    grads[#grads + 1] = { name = p.name, host = h, grad = p.grad, p = p }
   end
 end
 local unique = 0
@@ -105,7 +103,7 @@ model:zero_grad()
 local logits = model:forward(batch)
 model:backward(batch, model.criterion:backward(logits, batch.labels))
 for _, g in ipairs(grads) do
-  local a, c = g.host:totable(), assert(g.grad:to("host")):totable()
+  local a, c = g.host:totable(), assert(P.unpadded(g.p, g.grad):to("host")):totable()
   local big = 0
   for i = 1, #c do big = math.max(big, math.abs(c[i])) end
   for i = 1, #a do

@@ -14,8 +14,7 @@ local dense = ur.dense
 
 local M = {}
 
--- The defaults of uvmrec.tbe (lua/uvmrec/tbe.lua, OPTIM_DEFAULTS) for what a config leaves out.
-local TBE_EPS = { sgd = 0, rowwise_adagrad = 1e-8, adagrad = 1e-10, adam = 1e-8 }
+local RULES = require("uvmrec.optim").RULES -- the defaults for what a config leaves out
 
 -- A config by preset name or file, with --set overrides; nil, message on a bad one.
 function M.config(name, sets)
@@ -51,9 +50,9 @@ function M.describe(cfg, model, opt)
     precision = cfg.model.precision, pooling = e.pooling, dim = e.dim,
     rows = train.config.table_rows(cfg), tables = names,
     bottom = widths(model.bottom), top = widths(model.top),
-    emb_optim = { name = ename, lr = model.embeddings.tbe:lr(), eps = eo.eps or TBE_EPS[ename],
+    emb_optim = { name = ename, lr = model.embeddings:lr(), eps = eo.eps or RULES[ename].defaults.eps or 0,
                   weight_decay = eo.weight_decay or 0, beta1 = eo.beta1 or 0.9, beta2 = eo.beta2 or 0.999 },
-    dense_optim = { name = opt.kind, lr = opt.lr, eps = opt.cfg.eps, momentum = opt.cfg.momentum,
+    dense_optim = { name = opt.kind, lr = opt:lr(), eps = opt.cfg.eps, momentum = opt.cfg.momentum,
                     nesterov = opt.cfg.nesterov ~= 0, weight_decay = opt.cfg.weight_decay,
                     beta1 = opt.cfg.beta1, beta2 = opt.cfg.beta2 },
     schedule = { name = s.name, warmup_steps = s.warmup_steps, decay_start = s.decay_start,
@@ -63,13 +62,28 @@ function M.describe(cfg, model, opt)
   }
 end
 
+-- t (a parameter's tensor or gradient, [out, in_width]) as the unpadded model has it: a Linear
+-- reading a padded input (nn.Linear pad_to) keeps zero columns past its in_features, which
+-- the PyTorch model has not.  A new tensor where it must cut, else t.
+function M.unpadded(p, t)
+  local m = p.module
+  if not (m and m.in_width and m.in_width ~= m.in_features and p.name:match("weight$")) then return t end
+  local rows = t:size(1)
+  local keep = assert(ur.tensor({ rows, m.in_features }, { placement = t:placement() }))
+  local rest = assert(ur.tensor({ rows, m.in_width - m.in_features }, { placement = t:placement() }))
+  dense.split(t, { keep, rest })
+  rest:free()
+  return keep
+end
+
 -- The tensors of a model under the trainer's registry names (uvmrec.train registers
--- "dense" and "embeddings"): dense.<parameter> and embeddings.<table>.
+-- "dense" and "embeddings"): dense.<parameter> and embeddings.<table>, as the unpadded model
+-- has them.
 function M.weights(model)
   local ts = {}
   for _, p in ipairs(model:parameters()) do
     if p.fused then ts["embeddings." .. p.name:gsub("^embeddings%.", "")] = p.tensor
-    else ts["dense." .. p.name] = p.tensor end
+    else ts["dense." .. p.name] = M.unpadded(p, p.tensor) end
   end
   return ts
 end
@@ -80,9 +94,6 @@ function M.save_weights(path, model, desc, cfg)
     ["uvmrec.format"] = tostring(ck.FORMAT or 1), ["uvmrec.meta.torch"] = json.encode(desc),
     ["uvmrec.config"] = json.encode(cfg) } })
 end
-
--- The batch's sparse input as the collection takes it (a KJT stays a KJT).
-local function sparse_of(batch) return batch.sparse end
 
 -- DLRM's training step (models/dlrm.lua: updateOutput, the criterion, backward, the dense
 -- optimizer) as named phases over a state table s; the same calls in the same order as
@@ -96,7 +107,7 @@ function M.phases(model, opt, batch, opts)
   local pair = model._pair and {} or nil
   local list = {
     { "bottom_fwd", function() s.x = model.bottom:forward(batch.dense) end },
-    { "emb_fwd", function() s.e = model.embeddings:forward(sparse_of(batch)) end },
+    { "emb_fwd", function() s.e = model.embeddings:forward(batch.sparse) end },
     { "inter_fwd", function()
       if pair then
         pair[1], pair[2] = s.x, s.e
@@ -129,11 +140,18 @@ function M.phases(model, opt, batch, opts)
     end },
     { "bottom_bwd", function() model.bottom:backward(batch.dense, s.gx) end },
   }
+  -- The tables' phase ends as DLRM:backward does: the MLPs' weight gradients joined back.
   if opts.sparse_grad then
-    list[#list + 1] = { "emb_grad", function() s.sparse = model.embeddings:sparse_grad(sparse_of(batch), s.ge) end }
+    list[#list + 1] = { "emb_grad", function()
+      s.sparse = model.embeddings:sparse_grad(batch.sparse, s.ge)
+      dense.join(model.stream)
+    end }
   else
-    list[#list + 1] = { "emb_bwd_opt", function() model.embeddings:backward(sparse_of(batch), s.ge) end }
-    list[#list + 1] = { "dense_opt", function() opt:step() end }
+    list[#list + 1] = { "emb_bwd_opt", function()
+      model.embeddings:backward(batch.sparse, s.ge)
+      dense.join(model.stream)
+    end }
+    list[#list + 1] = { "dense_opt", function() opt:step(model.stream) end }
   end
   return list, s
 end

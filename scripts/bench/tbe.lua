@@ -106,9 +106,11 @@ end
 
 -- ---- the collection ----
 
+-- optimizer "sgd_atomic": SGD with deterministic = false (atomic adds, no sort, on the GPU).
 local function collection(dtype, placement, optimizer)
   local tables = {}
   for t = 1, TABLES do tables[t] = { name = "t" .. t, rows = ROWS, dim = DIM, dtype = dtype } end
+  if optimizer == "sgd_atomic" then optimizer = { "sgd", deterministic = false } end
   return assert(tbe.new { tables = tables, placement = placement, optimizer = optimizer,
                           bounds = "warn", seed = 1, device = GPU and 0 or "cpu" })
 end
@@ -303,6 +305,11 @@ local function run_group(dtype, placement, advise, shapes, ops)
           if opt ~= "sgd" then
             cc = collection(dtype, placement, opt)
             if advise then advise_host(cc) end
+            -- the atomic step is checked as the sorted one was (the others are not SGD)
+            if opt == "sgd_atomic" then
+              check_backward(cc, batches[1], grad)
+              assert(grad:uniform(-1, 1, 3))
+            end
           end
           ms = median_ms(function(b)
             assert(cc:forward(b.input, out))
@@ -339,7 +346,9 @@ local t0 = os.time()
 if GPU then
   local full = { "forward", "forward+sgd", "forward+rowwise_adagrad" }
   local shapes = { { 1, "uniform" }, { 1, "zipf" }, { 20, "uniform" }, { 20, "zipf" } }
-  run_group("f32", "device", false, shapes, full)
+  -- the atomic SGD step beside the deterministic one (B2 is quoted with the latter)
+  run_group("f32", "device", false, shapes, { "forward", "forward+sgd", "forward+sgd_atomic",
+                                              "forward+rowwise_adagrad" })
   run_group("f16", "device", false, { { 1, "uniform" }, { 1, "zipf" } }, full)
   run_group("f32", "managed", true, { { 1, "uniform" }, { 1, "zipf" } }, { "forward", "forward+sgd" })
   run_group("f32", "host", false, { { 1, "uniform" }, { 1, "zipf" } }, { "forward", "forward+sgd" })

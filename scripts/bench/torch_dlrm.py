@@ -304,7 +304,7 @@ def loss_of(logits, labels):
     return F.binary_cross_entropy_with_logits(logits.view(-1), labels.to(logits.dtype), reduction="mean")
 
 
-# ---- optimizers, as uvmrec's (lua/uvmrec/optim, engine/src/tbe_plan.h) ----
+# ---- optimizers, as uvmrec's (lua/uvmrec/optim, engine/src/embedding/tbe_plan.h) ----
 
 def dense_optimizer(model, o):
     ps = [model.names[n] for n in model.dense_names]

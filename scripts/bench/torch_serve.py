@@ -79,6 +79,11 @@ class ServeDLRM(torch.nn.Module):
         extra = 1 if d.get("self_interaction") else 0
         self.li = torch.tensor([i for i in range(n) for j in range(i + extra)], device=device)
         self.lj = torch.tensor([j for i in range(n) for j in range(i + extra)], device=device)
+        if d["interaction"] == "dot":
+            # A training run's top MLP reads the interaction padded with zero columns to a
+            # multiple of 8 (models/dlrm.lua); the file keeps those zero weights, dropped here.
+            w, b, relu = self.top[0]
+            self.top[0] = (w[:, :dim + len(self.li)].contiguous(), b, relu)
 
     @staticmethod
     def mlp(layers, x):

@@ -86,9 +86,9 @@ local nbatches = math.max(NB + o.count, o.none_steps)
 dopts.samples, dopts.epochs = nbatches * B, 1
 local t_gen = C.ur_clock_seconds()
 local loader = assert(ur.data.loader(dopts))
-local batches = train.feed.hold(loader, nbatches, gpu)
-local sp1 = batches[1].sparse
-local lookups = (type(sp1.values) == "function" and sp1:values() or sp1.values):numel()
+local batches = train.source.hold(loader, nbatches, gpu and "device" or nil)
+local rotation = { unpack(batches, 1, NB) } -- the timed steps take these in turn
+local lookups = batches[1].sparse:values():numel()
 print(("uvm bench: %s, batch %d, %d batches made in %.1f s (%d lookups a batch)"):format(base_cfg.name, B,
   nbatches, C.ur_clock_seconds() - t_gen, lookups))
 
@@ -138,10 +138,14 @@ local function run(r)
   local rec = { bench = "uvm", config = cfg.name, batch = B, placement = r.placement, policy = r.policy or r.placement,
                 fraction = r.fraction, table_bytes = emb_bytes, device = gpu and ur.device_props(0).name or "cpu",
                 losses = {} }
+  -- n steps of train.loop over the list's batches in turn from its (first+1)-th, going on from
+  -- the steps made so far (the hint manager counts them); hook: one more of the loop's.
   local step = 0
-  local function one(batch)
-    step = step + 1
-    return train.loop.step(model, opt, batch)
+  local function steps(list, n, first, hook)
+    local done = train.loop.run(model, opt, train.source.ring(list, n, first),
+                                { { start = function(_, at) at.step = step end }, hook })
+    step = done.step
+    return done
   end
   local mgr
   migration() -- reset the monitor's interval
@@ -165,7 +169,7 @@ local function run(r)
   end
   if r.counting then assert(tbe:set_counting(true)) end
   -- counting steps (the policy's interval after them), then warm-up and the timed steps
-  for i = 1, o.count do rec.losses[#rec.losses + 1] = one(batches[NB + i]):get(0) end
+  steps(batches, o.count, NB, { after = function(_, at) rec.losses[#rec.losses + 1] = at.loss:get(0) end })
   if mgr then
     local ir = assert(mgr:interval(step))
     rec.relayout_seconds, rec.relayout_bytes, rec.rows_moved = ir.relayout_seconds, ir.relayout_bytes, ir.rows_moved
@@ -174,24 +178,23 @@ local function run(r)
     rec.setup_migration = migration()
   end
   rec.setup_seconds = C.ur_clock_seconds() - t_setup
-  for i = 1, o.warmup do one(batches[(i - 1) % NB + 1]) end
+  steps(rotation, o.warmup, 0)
   local function timed(n, first)
     if gpu then assert(ur.sync()) end
     migration()
     local ev0, ev1 = gpu and assert(ur.event()), gpu and assert(ur.event())
     local t0 = C.ur_clock_seconds()
     if gpu then assert(ev0:record()) end
-    local last
-    for i = 1, n do
-      last = one(batches[(first + i - 1) % NB + 1])
-      if mgr and r.policy == "adaptive" and i == math.floor(n / 2) then
-        local ir = assert(mgr:interval(step))
+    local half = step + math.floor(n / 2)
+    local last = steps(rotation, n, first, mgr and r.policy == "adaptive" and { after = function(_, at)
+      if at.step == half then
+        local ir = assert(mgr:interval(at.step))
         rec.adaptive_rows_moved = ir.rows_moved
         rec.adaptive_seconds = ir.seconds
       end
-    end
+    end } or nil)
     local s = elapsed(t0, ev0, ev1)
-    return s, last:get(0), migration()
+    return s, last.loss:get(0), migration()
   end
   local seconds, loss, mig = timed(o.steps, o.warmup)
   rec.steps, rec.seconds = o.steps, seconds
@@ -244,16 +247,15 @@ local function run_none()
   local ev0, ev1 = gpu and assert(ur.event()), gpu and assert(ur.event())
   local t0 = C.ur_clock_seconds()
   if gpu then assert(ev0:record()) end
-  local marks, last = {}, nil
-  for i = 1, o.none_steps do
-    last = train.loop.step(model, opt, batches[i])
+  local marks = {}
+  local last = train.loop.run(model, opt, train.source.ring(batches, o.none_steps), { { after = function(_, at)
+    local i = at.step
     if i == 1 or i == 10 or i == 50 or i == o.none_steps then
-      local s = elapsed(t0, ev0, ev1)
-      marks[#marks + 1] = { step = i, seconds = s, migration = migration() }
+      marks[#marks + 1] = { step = i, seconds = elapsed(t0, ev0, ev1), migration = migration() }
     end
-  end
+  end } })
   rec.seconds = elapsed(t0, ev0, ev1)
-  rec.loss = last:get(0)
+  rec.loss = last.loss:get(0)
   rec.marks = marks
   local bytes, faults = 0, 0
   for _, m in ipairs(marks) do

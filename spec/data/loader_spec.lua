@@ -1,40 +1,138 @@
+local ffi = require "ffi"
 local ur = require "uvmrec"
 local h = require "helpers"
 local cmd = require "command"
 local data = ur.data
 
-local SAMPLE1, SAMPLE2 = h.shared_data("criteo_raw_sample.tsv"), h.shared_data("criteo_raw_sample2.tsv")
+local SAMPLE1, SAMPLE2 = h.fixture("criteo_raw_sample.tsv"), h.fixture("criteo_raw_sample2.tsv")
 
--- Every batch as plain rows: {label, dense = {...}, ids = {{key's ids}, ...}}, in order.
+-- One row per sample: label, dense and ids as strings (and the epoch), in batch order.
+local function rows_of_batch(b, out)
+  out = out or {}
+  local dense, labels = b.dense:totable(), b.labels:totable()
+  local t = b.sparse:totable()
+  local nk, B, D = #t.keys, b.size, #dense / b.size
+  local pos = 0
+  local ids = {}
+  for k = 1, nk do
+    for i = 1, B do
+      local n = t.lengths[(k - 1) * B + i]
+      ids[i] = ids[i] or {}
+      local bag = {}
+      for j = 1, n do bag[j] = t.values[pos + j] end
+      pos = pos + n
+      ids[i][k] = table.concat(bag, " ")
+    end
+  end
+  for i = 1, B do
+    local d = {}
+    for j = 1, D do d[j] = dense[(i - 1) * D + j] end
+    out[#out + 1] = { label = labels[i], dense = table.concat(d, " "), ids = table.concat(ids[i], "|"),
+                      epoch = b.epoch }
+  end
+  return out
+end
+
 local function rows_of(loader)
   local out = {}
-  for b in loader:batches() do
-    local dense, labels = b.dense:totable(), b.labels:totable()
-    local t = b.sparse:totable()
-    local nk, B, D = #t.keys, b.size, #dense / b.size
-    local pos = 0
-    local ids = {}
-    for k = 1, nk do
-      for i = 1, B do
-        local n = t.lengths[(k - 1) * B + i]
-        ids[i] = ids[i] or {}
-        local bag = {}
-        for j = 1, n do bag[j] = t.values[pos + j] end
-        pos = pos + n
-        ids[i][k] = table.concat(bag, " ")
+  for b in loader:batches() do rows_of_batch(b, out) end
+  return out
+end
+
+local function key(r) return r.label .. "/" .. r.dense .. "/" .. r.ids end
+
+-- ---- the plain loader, written out: which sample each batch holds ----
+
+-- Window w of epoch e, rows rows: the Fisher-Yates permutation drawn from Philox at
+-- ((e << 44) ^ (w << 24) ^ i, seed ^ 0x5DEECE66D), position -> row within the window.
+local function window_perm(e, w, rows, seed)
+  local p = {}
+  for i = 0, rows - 1 do p[i] = i end
+  local u64 = ffi.typeof("uint64_t")
+  local k = tonumber(bit.bxor(ffi.cast(u64, seed), 0x5DEECE66DULL))
+  for i = rows - 1, 1, -1 do
+    local ctr = tonumber(bit.bxor(bit.bxor(ffi.cast(u64, e) * 2 ^ 44, ffi.cast(u64, w) * 2 ^ 24), i))
+    local v0, v1 = h.philox(ctr, k)
+    local x = tonumber((ffi.cast(u64, v0) * 4294967296 + v1) % (i + 1))
+    p[i], p[x] = p[x], p[i]
+  end
+  return p
+end
+
+-- The batches of a source of `total` rows under loader options o: a list of {epoch, first,
+-- samples = {global row, ...}}.  A rank reads rows [total*rank/world, total*(rank+1)/world) in
+-- windows of shuffle_window rows (0: max(batch, 65536), in order), batches never cross an
+-- epoch, a partial last batch is dropped on request, and a position resumes mid-epoch.
+local function plain_batches(total, o)
+  local B, world, rank = o.batch_size, o.world or 1, o.rank or 0
+  local lo, hi = math.floor(total * rank / world), math.floor(total * (rank + 1) / world)
+  local N = hi - lo
+  local W = (o.shuffle_window or 0) > 0 and o.shuffle_window or math.max(B, 65536)
+  local pos = o.position or { epoch = 0, sample = 0 }
+  local perms, out = {}, {}
+  for e = pos.epoch, (o.epochs or 1) - 1 do
+    local k = e == pos.epoch and pos.sample or 0
+    while k < N do
+      local n = math.min(B, N - k)
+      if n < B and o.drop_last then break end
+      local b = { epoch = e, first = k, samples = {} }
+      for q = k, k + n - 1 do
+        local w, off = math.floor(q / W), q % W
+        local r = off
+        if (o.shuffle_window or 0) > 0 then
+          local id = e .. ":" .. w
+          perms[id] = perms[id] or window_perm(e, w, math.min(W, N - w * W), o.seed or 0)
+          r = perms[id][off]
+        end
+        b.samples[#b.samples + 1] = lo + w * W + r
       end
-    end
-    for i = 1, B do
-      local d = {}
-      for j = 1, D do d[j] = dense[(i - 1) * D + j] end
-      out[#out + 1] = { label = labels[i], dense = table.concat(d, " "), ids = table.concat(ids[i], "|"),
-                        epoch = b.epoch }
+      out[#out + 1] = b
+      k = k + n
     end
   end
   return out
 end
 
-local function key(r) return r.label .. "/" .. r.dense .. "/" .. r.ids end
+-- Every sample of a synthetic spec as the key rows_of gives it, by global row (1-based); ids
+-- of table t reduced modulo rows[t] when given.
+local function sample_keys(spec, total, rows)
+  local g = assert(data.generate(spec, 0, total))
+  local dense, labels, ids, lens = g.dense:totable(), g.labels:totable(), g.ids:totable(), g.lengths:totable()
+  local D, H, T = g.dense:size(2), g.ids:size(2), g.lengths:size(2)
+  local keys = {}
+  for s = 0, total - 1 do
+    local d, bags, col = {}, {}, 0
+    for j = 1, D do d[j] = dense[s * D + j] end
+    for t = 1, T do
+      local bag = {}
+      for q = 1, lens[s * T + t] do bag[q] = rows and ids[s * H + col + q] % rows[t] or ids[s * H + col + q] end
+      col = col + spec.hot_max[t]
+      bags[t] = table.concat(bag, " ")
+    end
+    keys[s + 1] = labels[s + 1] .. "/" .. table.concat(d, " ") .. "/" .. table.concat(bags, "|")
+  end
+  return keys
+end
+
+-- The loader's batches against the plain ones, batch by batch: epoch, first sample, size and
+-- every sample.
+local function same_as_plain(loader, plain, keys, what)
+  local i = 0
+  for b in loader:batches() do
+    i = i + 1
+    local want = plain[i]
+    assert.is_not_nil(want, what .. ": batch " .. i .. " is one too many")
+    assert.same({ want.epoch, want.first, #want.samples }, { b.epoch, b.first, b.size }, what .. ": batch " .. i)
+    local got = rows_of_batch(b)
+    for j = 1, b.size do
+      if key(got[j]) ~= keys[want.samples[j] + 1] then
+        error(("%s: batch %d sample %d is not row %d"):format(what, i, j, want.samples[j]))
+      end
+    end
+  end
+  assert.equal(#plain, i, what .. ": batches")
+  loader:close()
+end
 
 describe("uvmrec.data loader", function()
   it("gives the generator's samples in order, as dense, key-major KJT and labels", function()
@@ -90,7 +188,6 @@ describe("uvmrec.data loader", function()
   end)
 
   it("reads TSV -> day files -> batches the same as TSV -> batches", function()
-    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
     local dir = cmd.tmpdir()
     assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { rows = 5000 }))
     local opts = { batch_size = 333, rows = 5000 }
@@ -175,6 +272,69 @@ describe("uvmrec.data loader", function()
     assert.is_true(differ > 2000, "seeds are shuffled differently")
   end)
 
+  it("gives the plain loader's batches one for one on 1 or 3 threads: shuffled, epochs, resumed, by rank", function()
+    local spec = data.synthetic_spec {
+      num_dense = 3, seed = 5, groups = 4,
+      tables = { { rows = 90, zipf = 1.1 }, { rows = 30, hot = { 0, 3 }, weighted = true }, { rows = 7, hot = 2 } } }
+    local total = 2300
+    local keys = sample_keys(spec, total)
+    local cases = {
+      { batch_size = 200, shuffle_window = 700, seed = 9, epochs = 3 },
+      { batch_size = 256, epochs = 2 },
+      { batch_size = 300, shuffle_window = 110, seed = 3, epochs = 2, drop_last = true },
+      { batch_size = 128, shuffle_window = 1000, seed = 1, epochs = 3, position = { epoch = 1, sample = 777 } },
+      { batch_size = 100, shuffle_window = 333, seed = 4, epochs = 2, rank = 1, world = 3 },
+      { batch_size = 64, shuffle_window = 500, seed = 7, epochs = 2, rank = 2, world = 3,
+        position = { epoch = 0, sample = 640 } },
+    }
+    for ci, c in ipairs(cases) do
+      local plain = plain_batches(total, c)
+      for _, threads in ipairs { 1, 3 } do
+        local o = { data = { kind = "synthetic", spec = spec }, samples = total, depth = 2, threads = threads }
+        for k, v in pairs(c) do o[k] = v end
+        same_as_plain(assert(data.loader(o)), plain, keys, ("case %d, %d threads"):format(ci, threads))
+      end
+    end
+  end)
+
+  it("gives the plain loader's batches from day files too, windows crossing days, ids reduced by rows", function()
+    local bin = cmd.bin()
+    if os.execute("test -x " .. cmd.quote(bin)) ~= 0 then bin = "luajit" end
+    local dir = cmd.tmpdir()
+    local text = [[return { num_dense = 4, seed = 33, groups = 6, tables = {
+      { name = "C1", rows = 500, zipf = 1.05 }, { name = "C2", rows = 60, hot = { 0, 4 }, weighted = true },
+      { name = "C3", rows = 9, hot = 3 } } }]]
+    cmd.spit(dir .. "/spec.lua", text)
+    local total = 2500
+    local line = ("%s scripts/datagen.lua %s/spec.lua --out %s/days --samples %d --days 3 > %s/log 2>&1"):format(
+      cmd.quote(bin), dir, dir, total, dir)
+    assert.equal(0, os.execute(line), cmd.slurp(dir .. "/log"))
+    local spec = data.synthetic_spec(assert(loadstring(text))())
+    local keys, modded = sample_keys(spec, total), sample_keys(spec, total, { 77, 13, 5 })
+    local cases = {
+      { batch_size = 300, shuffle_window = 900, seed = 2, epochs = 2 },
+      { batch_size = 256, epochs = 1, rows = { 77, 13, 5 } },
+      { batch_size = 200, shuffle_window = 1300, seed = 8, epochs = 3, position = { epoch = 1, sample = 1000 },
+        rows = { 77, 13, 5 } },
+      { batch_size = 150, shuffle_window = 400, seed = 6, epochs = 2, rank = 1, world = 2, drop_last = true },
+    }
+    for ci, c in ipairs(cases) do
+      local plain = plain_batches(total, c)
+      for _, threads in ipairs { 1, 3 } do
+        local o = { depth = 3, threads = threads }
+        for k, v in pairs(c) do o[k] = v end
+        if o.rows then -- rows as the loader takes them: Criteo's 26 sizes, those past the files' tables 2^32
+          local r = {}
+          for i = 1, 26 do r[i] = c.rows[i] or 2 ^ 32 end
+          o.rows = r
+        end
+        same_as_plain(assert(data.open("criteo-bin:" .. dir .. "/days", o)), plain, c.rows and modded or keys,
+          ("day files, case %d, %d threads"):format(ci, threads))
+      end
+    end
+    cmd.rmdir(dir)
+  end)
+
   it("drops the last partial batch on request, and splits rows by rank", function()
     local l = assert(data.loader { data = "synthetic:tiny", samples = 1000, batch_size = 300, drop_last = true })
     local n = 0
@@ -193,7 +353,7 @@ describe("uvmrec.data loader", function()
     end
     assert.equal(#all, #parts)
     for i = 1, #all do assert.equal(key(all[i]), parts[i]) end
-    if cmd.exists(SAMPLE1) then
+    do -- the real rows too
       local r1 = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 64, rank = 1, world = 2 })))
       local whole = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 64 })))
       assert.equal(500, #r1)
@@ -216,7 +376,7 @@ describe("uvmrec.data loader", function()
     local rest = rows_of(assert(data.loader(o2)))
     assert.equal(#full - 3800, #rest)
     for i = 1, #rest do assert.equal(key(full[3800 + i]), key(rest[i])) end
-    if cmd.exists(SAMPLE1) then
+    do -- the real rows too
       local t = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1,
         { batch_size = 100, shuffle_window = 300, seed = 2 })))
       local r = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 100, shuffle_window = 300, seed = 2,
@@ -227,7 +387,6 @@ describe("uvmrec.data loader", function()
   end)
 
   it("reports a reader error after the batches before it, naming file and line", function()
-    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
     local dir = cmd.tmpdir()
     local f = assert(io.open(dir .. "/bad.tsv", "w"))
     local lines = {}
@@ -290,11 +449,36 @@ describe("uvmrec.data loader", function()
     local b = assert(l:next())
     local full = ebc:forward(b.sparse):totable()
     local vbe = b.sparse:dedup()
-    assert.is_true(vbe:stride_per_key()[1] < 512) -- tiny's first table has 4 rows
+    assert.is_true(vbe:stride_per_key_per_rank()[1][1] < 512) -- tiny's first table has 4 rows
     local pooled = ebc:forward(vbe):totable()
     assert.equal(512 * 26 * 8, #full)
     for i = 1, #full do assert.is_true(math.abs(full[i] - pooled[i]) < 1e-5, "element " .. i) end
     l:close()
+  end)
+
+  it("gives each rank its slice of every global batch, the last one too", function()
+    local whole = assert(data.loader { data = "synthetic:tiny", samples = 250, batch_size = 96 })
+    local slices = {}
+    for r = 0, 2 do
+      slices[r] = assert(data.loader { data = "synthetic:tiny", samples = 250, batch_size = 96, slice_rank = r,
+                                       slice_world = 3 })
+    end
+    for b in whole:batches() do
+      local rows, at = rows_of_batch(b), 0
+      for r = 0, 2 do
+        local s = assert(slices[r]:next())
+        local lo, hi = math.floor(b.size * r / 3), math.floor(b.size * (r + 1) / 3)
+        assert.equal(hi - lo, s.size)
+        assert.equal(b.first + lo, s.first)
+        for i, x in ipairs(rows_of_batch(s)) do assert.equal(key(rows[at + i]), key(x)) end
+        at = at + s.size
+      end
+      assert.equal(b.size, at)
+    end
+    for r = 0, 2 do assert.is_nil(slices[r]:next()) end
+    assert.has_error(function()
+      data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, slice_rank = 3, slice_world = 3 }
+    end, "loader: batch slice 3 of 3; expected 0 <= slice_rank < slice_world")
   end)
 
   it("rejects bad options", function()
@@ -315,7 +499,6 @@ describe("uvmrec.data loader", function()
     -- the check runs natively with LeakSanitizer on instead.
     local asan = (os.getenv("LD_PRELOAD") or ""):match("libasan") ~= nil
     if not asan and os.execute("command -v valgrind >/dev/null 2>&1") ~= 0 then pending("no valgrind") return end
-    if not cmd.exists(SAMPLE1) then pending("no " .. SAMPLE1) return end
     local so = package.searchpath("libuvmrec", package.cpath)
     local libdir = so:match("^(.*)/[^/]*$")
     local root = libdir:match("^(.*)/[^/]*/lib$") or "."

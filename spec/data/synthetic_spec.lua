@@ -184,7 +184,7 @@ describe("uvmrec.data synthetic", function()
     assert.has_error(function() data.synthetic_spec { tables = { { rows = 5 }, { rows = 5, hot = { 3, 2 } } } } end,
       "synthetic: table 2 has ids per sample 3..2; expected 0 <= min <= max, 1 <= max <= 4096")
     assert.has_error(function() data.synthetic_spec "huge" end,
-      "synthetic: no preset 'huge'; presets are tiny, kaggle, mlperf_v1, mlperf_v1_2m, dcnv2")
+      "synthetic: no preset 'huge'; presets are tiny, kaggle, mlperf_v1, mlperf_v1_2m, dcnv2, tiny_multihot")
   end)
 
   it("has the presets' table sizes", function()
@@ -202,7 +202,39 @@ describe("uvmrec.data synthetic", function()
     assert.same({ 3, hsum }, g.ids:size())
   end)
 
+  it("moves the hot ids with drift: rank r of sample i is the undrifted rank r + floor(i drift)", function()
+    local function spec(drift)
+      return data.synthetic_spec { num_dense = 1, seed = 3, drift = drift,
+                                   tables = { { rows = 5000, zipf = 2.0 }, { rows = 50, zipf = 0 } } }
+    end
+    -- the most frequent ids of table 1 among n samples from first, most frequent first
+    local function top(sp, first, n)
+      local g = assert(data.generate(sp, first, n))
+      local ids, counts, order = g.ids:totable(), {}, {}
+      for i = 0, n - 1 do
+        local id = ids[i * 2 + 1]
+        if not counts[id] then order[#order + 1] = id end
+        counts[id] = (counts[id] or 0) + 1
+      end
+      table.sort(order, function(a, b) return counts[a] > counts[b] end)
+      return order
+    end
+    local plain = top(spec(0), 0, 10000)
+    -- drift 1e-4: samples 10000m .. 10000m + 9999 read every rank m further on
+    for m = 0, 2 do assert.equal(plain[m + 1], top(spec(1e-4), 10000 * m, 10000)[1], "window " .. m) end
+    -- before the first whole rank of drift, the samples are the undrifted ones, bit for bit
+    local a, b = assert(data.generate(spec(1e-4), 0, 9999)), assert(data.generate(spec(0), 0, 9999))
+    assert.same(b.ids:totable(), a.ids:totable())
+    assert.same(b.labels:totable(), a.labels:totable())
+    assert.has_error(function() data.synthetic_spec { drift = -1, tables = { { rows = 5 } } } end,
+      "synthetic: drift -1; expected 0 (none) to 1e6 ranks a sample")
+  end)
+
   h.cuda_it("gives the same samples on the GPU as on the CPU", function()
+    local drifting = data.synthetic_spec("tiny", { drift = 0.37 })
+    local dc = assert(data.generate(drifting, 123456, 2000))
+    local dg = assert(data.generate(drifting, 123456, 2000, { placement = "device" }))
+    assert.same(dc.ids:totable(), dg.ids:totable(), "drifting ids")
     local spec = data.synthetic_spec("tiny", { groups = 10 })
     local c = assert(data.generate(spec, 777, 3000, { probs = true }))
     local g = assert(data.generate(spec, 777, 3000, { probs = true, placement = "device" }))

@@ -51,7 +51,8 @@ local function params_of(model)
   for _, part in ipairs { "bottom", "top" } do
     for _, l in ipairs(model[part].modules) do
       if l.weight then
-        P[part][#P[part] + 1] = { w = l.weight:totable(), b = l.bias:totable(), n = l.in_features,
+        -- n: the row length of the weight (a padded input's width; the padding is zero)
+        P[part][#P[part] + 1] = { w = l.weight:totable(), b = l.bias:totable(), n = l.in_width,
                                   out = l.out_features, t = l }
       end
     end
@@ -91,7 +92,9 @@ local function reference(model, P, B, dense, lengths, values, labels)
       end
     end
   end
-  local z, width = {}, model.interaction_width
+  -- z as the top MLP reads it: rows of its first layer's input width, zero past the interaction
+  local z, width = {}, P.top[1].n
+  for i = 1, B * width do z[i] = 0 end
   for b = 0, B - 1 do
     local vec = function(i, k) -- vector i (0: the bottom output), element k
       if i == 0 then return x[b * d + k] end
@@ -113,6 +116,7 @@ local function reference(model, P, B, dense, lengths, values, labels)
     end
   end
   if model.interaction_kind == "dcnv2" then
+    assert(width == model.interaction_width)
     local x0, xl = z, z
     for _, c in ipairs(P.cross) do
       local zz
@@ -204,6 +208,40 @@ train: {seed: 3}
 ]], 11)
   end)
 
+  it("pads the dot interaction to 8 columns, read by zero weights that stay zero", function()
+    local yaml = [[
+model: {dense_features: 3, bottom_mlp: [5, 4], top_mlp: [6, 1]}
+embeddings: {dim: 4, rows: [7, 11, 5]}
+optimizer: {name: adam, lr: 0.1, weight_decay: 0.01}
+train: {seed: 3}
+]]
+    local model, cfg = model_of(yaml)
+    local first = model.top.modules[1]
+    assert.same({ 10, 16 }, { model.interaction_width, first.in_width })
+    -- drawn as the unpadded layer's: the same numbers in the first 10 columns of each row
+    local unpadded = ur.nn.Linear(10, 6, { seed = 1 })
+    local padded = ur.nn.Linear(10, 6, { seed = 1, pad_to = 8 })
+    local u, p = unpadded.weight:totable(), padded.weight:totable()
+    for o = 0, 5 do
+      for k = 1, 16 do assert.equal(k <= 10 and u[o * 10 + k] or 0, p[o * 16 + k]) end
+    end
+    local opt = train.optimizer(cfg, model)
+    local batch = batch_of(7, 3, { 7, 11, 5 }, 5)
+    for _ = 1, 3 do
+      local logits = model:forward(batch)
+      assert.same({ 7, 16 }, model.interaction.output:size())
+      model:backward(batch, model.criterion:backward(logits, batch.labels))
+      opt:step()
+    end
+    local z, w = model.interaction.output:totable(), first.weight:totable()
+    for r = 0, 6 do
+      for k = 11, 16 do assert.equal(0, z[r * 16 + k]) end
+    end
+    for o = 0, 5 do
+      for k = 11, 16 do assert.equal(0, w[o * 16 + k]) end
+    end
+  end)
+
   it("computes them with DCNv2 cross layers, full and low rank", function()
     for _, rank in ipairs { 0, 3 } do
       check_model(([[
@@ -227,6 +265,18 @@ optimizer: {name: sgd, lr: 0.1}
                   "top.1.bias", "top.3.weight", "top.3.bias" }, names)
     assert.matches("^DLRM: 2 dense %-> bottom 4; 2 tables of dim 4 %(10 rows, 160 B%); dot interaction %(7%) "
                    .. "%-> top 4%-1", tostring(model))
+  end)
+
+  it("passes embeddings.optimizer.deterministic to the tables (true unless set false)", function()
+    for _, det in ipairs { "", ", deterministic: false", ", deterministic: true" } do
+      local model = model_of(([[
+model: {dense_features: 2, bottom_mlp: [4], top_mlp: [4, 1]}
+embeddings: {dim: 4, rows: [6, 4], optimizer: {name: sgd%s}}
+optimizer: {name: sgd, lr: 0.1}
+]]):format(det))
+      assert.equal(det ~= ", deterministic: false", model.embeddings.tbe.deterministic)
+      model.embeddings.tbe:free()
+    end
   end)
 
   it("gives probabilities in [0, 1] and runs in bf16", function()

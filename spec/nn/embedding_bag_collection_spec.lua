@@ -149,6 +149,27 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     assert.same(runs[1], runs[2])
   end)
 
+  it("steps deterministically on the CPU when told it need not (deterministic = false)", function()
+    -- the atomic SGD step is the GPU's; the CPU's reference for it is the sorted step itself
+    local runs = {}
+    for run, det in ipairs { true, false } do
+      math.randomseed(78)
+      local m = make { optimizer = { "sgd", lr = 0.3, deterministic = det } }
+      assert.equal(det, m.tbe.deterministic)
+      for s = 1, 2 do
+        local b = R.batch(rows_of(m), { batch = 40, weighted = true, hot = { 2, 300 } })
+        local input = R.input(b)
+        local out = m:forward(input)
+        m:backward(input, ur.tensor(out:size()):uniform(-1, 1, s))
+      end
+      runs[run] = R.snapshot(m.tbe)
+    end
+    assert.same(runs[1], runs[2])
+    assert.has_error(function()
+      make { optimizer = { "sgd", deterministic = "no" } }
+    end, "embedding collection: optimizer deterministic must be true or false, got no")
+  end)
+
   it("rounds f16 and bf16 rows stochastically: within one step of the f32 result, unbiased", function()
     for _, dt in ipairs { "f16", "bf16" } do
       local m = EBC { tables = { { name = "t", rows = 1, dim = 1024, dtype = dt } }, device = "cpu",
@@ -220,7 +241,7 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     math.randomseed(8)
     local m = make {}
     local rows = rows_of(m)
-    local b = R.batch(rows, { bpf = { 3, 1, 4, 2 }, weighted = true })
+    local b = R.batch(rows, { strides = { 3, 1, 4, 2 }, weighted = true })
     local layout = R.layout(m.tbe)
     local tables = R.snapshot(m.tbe)
     local flat = m:forward(R.input(b))
@@ -228,9 +249,9 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     local want, mag = R.forward(b, layout, tables, 60)
     R.close(flat:totable(), want, 2e-6, 1e-7, "vbe flat", mag)
     -- five samples; each feature's sample reads one of that feature's bags
-    b.inverse = {}
-    for f, nb in ipairs(b.bpf) do
-      for s = 0, 4 do b.inverse[(f - 1) * 5 + s + 1] = (s * 7 + f) % nb end
+    b.inverse_indices = {}
+    for f, nb in ipairs(b.strides) do
+      for s = 0, 4 do b.inverse_indices[(f - 1) * 5 + s + 1] = (s * 7 + f) % nb end
     end
     local full = m:forward(R.input(b))
     assert.same({ 5, 60 }, full:size())
@@ -242,11 +263,11 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     local opt = { "sgd", lr = 0.5 }
     local m1, m2 = make { optimizer = opt }, make { optimizer = opt }
     local rows = rows_of(m1)
-    local b = R.batch(rows, { bpf = { 2, 3, 1, 2 }, weighted = true })
-    b.inverse = {}
+    local b = R.batch(rows, { strides = { 2, 3, 1, 2 }, weighted = true })
+    b.inverse_indices = {}
     local nfull = 4
-    for f, nb in ipairs(b.bpf) do
-      for s = 0, nfull - 1 do b.inverse[(f - 1) * nfull + s + 1] = (s + f) % nb end
+    for f, nb in ipairs(b.strides) do
+      for s = 0, nfull - 1 do b.inverse_indices[(f - 1) * nfull + s + 1] = (s + f) % nb end
     end
     -- the same batch written out in full
     local bags = R.bags(b, 4)
@@ -254,7 +275,7 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     local first_bag = { 0, 2, 5, 6 }
     for f = 1, 4 do
       for s = 0, nfull - 1 do
-        local g = bags[first_bag[f] + b.inverse[(f - 1) * nfull + s + 1] + 1]
+        local g = bags[first_bag[f] + b.inverse_indices[(f - 1) * nfull + s + 1] + 1]
         for i = g.first, g.last do
           fb.values[#fb.values + 1] = b.values[i]
           fb.weights[#fb.weights + 1] = b.weights[i]
@@ -420,7 +441,7 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     bad({ { name = "x", rows = 10, dim = 8 } }, { optimizer = "lamb" },
         "embedding collection: optimizer 'lamb' is not one of adagrad, adam, rowwise_adagrad, sgd")
     bad({ { name = "x", rows = 10, dim = 8 } }, { optimizer = { "sgd", lr = -1 } },
-        "tbe: learning rate -1; expected a finite value >= 0")
+        "embedding collection: lr must be a finite number >= 0, got -1")
     bad({ { name = "x", rows = 10, dim = 8 } }, { optimizer = { "adam", beta1 = 1 } },
         "tbe: Adam betas 1, 0.999; expected each in [0, 1)")
     bad({ { name = "x", rows = 10, dim = 8 } }, { bounds = "maybe" },
@@ -442,7 +463,7 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
       end, msg)
     end
     bad({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3 }, batch = 1 },
-        "tbe: 3 bags do not split evenly over 4 features; pass batch_per_feature for a variable batch")
+        "tbe: 3 bags do not split evenly over 4 features; pass stride_per_key_per_rank for a variable batch")
     bad({ values = { 1, 2 }, offsets = { 0, 2, 1, 2, 2 }, batch = 1 },
         "tbe: offsets[2] = 1 is below offsets[1] = 2 (feature 'f_a2', sample 0); offsets must not decrease")
     bad({ values = { 1, 2 }, offsets = { 0, 1, 1, 1, 1 }, batch = 1 }, "tbe: offsets end at 1 but there are 2 values")
@@ -452,9 +473,10 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
         "tbe: grad_out has shape [3, 60]; expected [1, 60]", ur.tensor({ 3, 60 }))
     bad({ values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, batch = 1 },
         "tbe: grad_out is f16 with 2 dimensions; expected f32 with 2", ur.tensor({ 1, 60 }, { dtype = "f16" }))
-    bad({ values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, bpf = { 1, 1, 1, 2 }, batch = 1 },
-        "tbe: batch_per_feature sums to 5 bags but offsets hold 4")
-    local b = { values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, bpf = { 1, 1, 1, 1 }, inverse = { 0, 0, 0, 1 } }
+    bad({ values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, strides = { 1, 1, 1, 2 }, batch = 1 },
+        "tbe: stride_per_key_per_rank sums to 5 bags but offsets hold 4")
+    local b = { values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, strides = { 1, 1, 1, 1 },
+                inverse_indices = { 0, 0, 0, 1 } }
     bad(b, "tbe: feature 't_c' sample 0 has inverse index 1; expected 0..0")
   end)
 end)

@@ -67,7 +67,8 @@ describe("uvmrec.nn.EmbeddingCollection", function()
     end, "EmbeddingCollection: table 'a' pools by sum; this module takes pooling none")
     assert.has_error(function()
       local m = make {}
-      m:forward(R.input { values = { 1 }, offsets = { 0, 1, 1, 1 }, bpf = { 1, 1, 1 }, inverse = { 0, 0, 0 } })
+      m:forward(R.input { values = { 1 }, offsets = { 0, 1, 1, 1 }, strides = { 1, 1, 1 },
+                          inverse_indices = { 0, 0, 0 } })
     end, "tbe: pooling none takes no inverse indices")
   end)
 

@@ -1,5 +1,7 @@
--- Learning-rate schedules (lua/uvmrec/optim/schedule.lua) against their formulas.
-local optim = require("uvmrec").optim
+-- Learning-rate schedules (lua/uvmrec/optim/schedule.lua) against their formulas, and the
+-- Schedule that scales the rates of parameter groups (a dense optimizer, an embedding collection).
+local ur = require "uvmrec"
+local optim = ur.optim
 
 describe("uvmrec.optim.schedule", function()
   local S = optim.schedule
@@ -18,5 +20,19 @@ describe("uvmrec.optim.schedule", function()
     assert.same({ 0.5, 1, 1, 1, 1, 0.25, 0.25, 0.25 }, { f(1), f(2), f(3), f(4), f(5), f(6), f(7), f(50) })
     assert.error_matches(function() S.step_decay { base = 1, every = 0, gamma = 1 } end,
       "schedule: every must be a number >= 1, got 0")
+  end)
+
+  it("gives each parameter group its own base rate times the factor, before each step as a hook", function()
+    local w = ur.tensor({ 4 }):fill(0)
+    local opt = optim.Adagrad({ { name = "w", tensor = w, grad = ur.tensor({ 4 }):fill(0) } }, { lr = 0.2 })
+    local ebc = ur.nn.EmbeddingBagCollection { tables = { { name = "t", rows = 4, dim = 4 } }, device = "cpu",
+                                               optimizer = { "rowwise_adagrad", lr = 0.5 } }
+    local s = optim.Schedule(S.linear_warmup { warmup = 4 }, { opt, ebc })
+    s:set(1)
+    assert.same({ 0.05, 0.125 }, { opt:lr(), ebc:lr() })
+    s:before { step = 3 }
+    assert.same({ 0.2, 0.5 }, { opt:lr(), ebc:lr() })
+    assert.error_matches(function() optim.Schedule(S.linear_warmup { warmup = 4 }, { opt, {} }) end,
+      "Schedule: group 2 has no lr%(%) and set_lr%(lr%)")
   end)
 end)

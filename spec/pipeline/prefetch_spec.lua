@@ -20,7 +20,7 @@ local function make(device, placement, cache, optimizer)
   return EBC(o)
 end
 
--- Batches in host memory: sparse = {values, offsets}, grad = the output's gradient.  Ids are
+-- Batches in host memory: sparse = a KJT, grad = the output's gradient.  Ids are
 -- drawn from a small hot range that moves, so consecutive batches share rows.
 local function batches(n, placement)
   math.randomseed(8)
@@ -37,7 +37,7 @@ local function batches(n, placement)
       end
     end
     local g = R.tensor(R.randoms(16 * 16), "f32", placement):view_as(0, { 16, 16 })
-    list[k] = { sparse = R.input({ values = values, offsets = offsets }, placement), grad = g }
+    list[k] = { sparse = R.kjt({ values = values, offsets = offsets }, { "a", "b" }, placement), grad = g }
   end
   return list
 end
@@ -50,9 +50,8 @@ describe("uvmrec.pipeline.Prefetch", function()
       local m = make("cpu", "cached", cache, { "adam", lr = 0.02 })
       local ref = make("cpu", "host", nil, { "adam", lr = 0.02 })
       local want = R.train_plain(ref, list)
-      local outs, n, _, released = R.train_piped(m, list)
+      local outs, n = R.train_piped(m, list)
       assert.equal(14, n)
-      assert.equal(14, released)
       for i = 1, 14 do R.bits_equal(outs[i], want[i], "batch " .. i .. " output") end
       for _, t in ipairs(TABLES) do
         R.bits_equal(m:table(t.name), ref:table(t.name), "table " .. t.name)
@@ -73,9 +72,9 @@ describe("uvmrec.pipeline.Prefetch", function()
     local _, n = R.train_piped(make("cpu", "cached", { slots = 64 }), list)
     assert.equal(6, n)
     local m = make("cpu", "cached", { slots = 64 })
-    local _, n2, _, released = R.train_piped(m, list, { drain = false })
+    local _, n2, stats = R.train_piped(m, list, { drain = false })
     assert.equal(5, n2)      -- the last batch was prefetched, never trained
-    assert.equal(6, released)
+    assert.equal(6, stats.prefetched)
     assert.equal(0, m.tbe.cache:in_flight())
     local _, n3 = R.train_piped(make("cpu", "cached", { slots = 64 }), list, { steps = 4 })
     assert.equal(4, n3)
@@ -88,9 +87,9 @@ describe("uvmrec.pipeline.Prefetch", function()
     local m = make("cpu", "host")
     local outs = R.train_piped(m, list)
     for i = 1, 5 do R.bits_equal(outs[i], want[i], "batch " .. i) end
-    assert.has_error(function() Prefetch.new { step = function() end } end,
-                     "Prefetch: source must be a function returning batches")
-    assert.has_error(function() Prefetch.new { source = function() end, step = function() end, depth = 3 } end,
+    assert.has_error(function() Prefetch.new { steps = 3 } end,
+                     "Prefetch: source must give host batches through next() (a loader)")
+    assert.has_error(function() Prefetch.new { source = { next = function() end }, depth = 3 } end,
                      "Prefetch: unknown option 'depth'")
   end)
 

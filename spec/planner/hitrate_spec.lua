@@ -40,8 +40,7 @@ local function measure(rows, s, B, K, warm, load_factor, policy)
   for k = 1, K do
     local x = batches[k]
     if k == warm + 1 then cache:reset_stats() end
-    assert(cache:prepare(x, x.values.p, x.offsets.p, nil, nil, 1, false))
-    assert(cache:retire(x, true, nil))
+    assert(c:retire(assert(c:prepare(x)), true))
   end
   local st = cache:stats()
   local slots = cache:slots()

@@ -3,6 +3,7 @@ local ur = require "uvmrec"
 local profile = require "uvmrec.planner.profile"
 local presets = require "uvmrec.data.presets"
 local synthetic = require "uvmrec.data.synthetic"
+local helpers = require "helpers"
 
 -- Zipf(s) over ranks 1..n by direct summation (float64): the reference.
 local function zipf_ref(n, s)
@@ -144,7 +145,7 @@ describe("planner.profile", function()
     end
     local secs = clock() - t0
     print(("\n    26 Kaggle tables (33.8 M rows) from counts: %.2f s, %d classes"):format(secs, classes))
-    assert.is_true(secs < 20, ("%.1f s"):format(secs))
+    assert.is_true(secs < helpers.seconds(20), ("%.1f s"):format(secs))
   end)
 
   it("rejects what is not a profile", function()

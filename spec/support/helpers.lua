@@ -1,5 +1,6 @@
 -- Shared spec helpers: GPU guards, tolerant comparison and finite differences, a reproducible
--- random stream, the shared data and a Python with the optional tools, and dlrm_tiny runs.
+-- random stream, Philox written out, the shared data and a Python with the optional tools, and
+-- dlrm_tiny runs.
 -- (Files, temporary folders and the command itself: command.lua; references: dense_ref.lua,
 -- tbe_ref.lua.)
 local ur = require "uvmrec"
@@ -23,6 +24,36 @@ function M.cuda_it(name, fn)
     end
     return fn(...)
   end)
+end
+
+-- A wall-clock limit of s seconds for a spec, stretched fourfold under the sanitizers (make SAN=1
+-- test preloads them), which slow the engine down that much.
+function M.seconds(s)
+  return (os.getenv("LD_PRELOAD") or ""):find("libasan", 1, true) and 4 * s or s
+end
+
+-- Philox4x32-10 (Salmon et al., SC'11), written out here as the reference: the four output
+-- words for a counter and a key below 2^53.
+local PM0, PM1, PW0, PW1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
+local TWO32 = 4294967296
+
+local function mulhilo(a, b)
+  local p = require("ffi").cast("uint64_t", a) * b
+  return tonumber(p / TWO32), tonumber(p % TWO32)
+end
+
+local function xor32(a, b) return bit.bxor(a, b) % TWO32 end
+
+function M.philox(counter, seed)
+  local c0, c1, c2, c3 = counter % TWO32, math.floor(counter / TWO32), 0, 0
+  local k0, k1 = seed % TWO32, math.floor(seed / TWO32)
+  for _ = 1, 10 do
+    local hi0, lo0 = mulhilo(PM0, c0)
+    local hi1, lo1 = mulhilo(PM1, c2)
+    c0, c1, c2, c3 = xor32(xor32(hi1, c1), k0), lo1, xor32(xor32(hi0, c3), k1), lo0
+    k0, k1 = (k0 + PW0) % TWO32, (k1 + PW1) % TWO32
+  end
+  return c0, c1, c2, c3
 end
 
 -- a within tol of b, relative to max(floor, |b|) (floor: 1 unless given).
@@ -54,10 +85,10 @@ function M.rng(seed)
   end
 end
 
--- A file of the real Criteo sample rows the project shares (../shared/data, or
--- UVMREC_SHARED/data), by name; specs on it go pending where it is not there.
-function M.shared_data(name)
-  return (os.getenv("UVMREC_SHARED") or "../shared") .. "/data/" .. name
+-- A fixture of spec/fixtures/ by name (real Criteo rows: spec/fixtures/README.md), for specs run
+-- from the tree's root, as make test and `uvmrec test` run them.
+function M.fixture(name)
+  return "spec/fixtures/" .. name
 end
 
 -- A Python for which `probe` (Python code) succeeds: UVMREC_PYTHON, build/venv's (make pydeps,
@@ -136,7 +167,7 @@ function M.trained(kind)
   if trained[kind] then return trained[kind] end
   local sets = { unpack(TRAINED[kind]) }
   if kind == "criteo" then
-    local a, b = M.shared_data("criteo_raw_sample.tsv"), M.shared_data("criteo_raw_sample2.tsv")
+    local a, b = M.fixture("criteo_raw_sample.tsv"), M.fixture("criteo_raw_sample2.tsv")
     if not command.exists(a) or not command.exists(b) then return nil, "no " .. a end
     sets[#sets + 1] = "data.train=criteo-tsv:" .. a
     sets[#sets + 1] = "data.eval=criteo-tsv:" .. b
@@ -164,6 +195,11 @@ function M.exported(kind, opts)
   for k, v in pairs(opts) do o[k] = v end
   exported[key] = assert(require("uvmrec.serve.export").run(t.run, o)).path
   return exported[key]
+end
+
+-- A loader of `samples` samples of the synthetic tiny data in batches of batch_size (256).
+function M.tiny_loader(samples, batch_size)
+  return assert(ur.data.loader { data = "synthetic:tiny", samples = samples, batch_size = batch_size or 256 })
 end
 
 -- Placements this machine can hold.

@@ -35,15 +35,15 @@ local function bag_size(big)
 end
 
 -- A batch for features whose tables have rows_of[f] rows: { values, offsets, weights, lengths,
--- batch, bpf } as Lua lists.  opts: batch, weighted, big (a bag size used now and then),
--- bpf (per-feature batches: VBE), force = { [bag] = size }, hot = {row, count} (one bag of
+-- batch, strides } as Lua lists.  opts: batch, weighted, big (a bag size used now and then),
+-- strides (per-feature batches: VBE), force = { [bag] = size }, hot = {row, count} (one bag of
 -- `count` copies of `row` in feature 1).
 function M.batch(rows_of, opts)
   local nf = #rows_of
   local values, offsets, weights = {}, { 0 }, opts.weighted and {} or nil
   local bag = 0
   for f = 1, nf do
-    local nb = opts.bpf and opts.bpf[f] or opts.batch
+    local nb = opts.strides and opts.strides[f] or opts.batch
     for b = 1, nb do
       bag = bag + 1
       local size = opts.force and opts.force[bag] or bag_size(opts.big)
@@ -57,7 +57,7 @@ function M.batch(rows_of, opts)
       offsets[#offsets + 1] = #values
     end
   end
-  return { values = values, offsets = offsets, weights = weights, bpf = opts.bpf,
+  return { values = values, offsets = offsets, weights = weights, strides = opts.strides,
            batch = opts.batch }
 end
 
@@ -65,8 +65,11 @@ end
 function M.input(b, placement)
   local inp = { values = M.tensor(b.values, "i64", placement), offsets = M.tensor(b.offsets, "i64", placement) }
   if b.weights then inp.weights = M.tensor(b.weights, "f32", placement) end
-  if b.bpf then inp.batch_per_feature = b.bpf end
-  if b.inverse then inp.inverse = M.tensor(b.inverse, "i64", placement) end
+  if b.strides then
+    inp.stride_per_key_per_rank = {}
+    for f, n in ipairs(b.strides) do inp.stride_per_key_per_rank[f] = { n } end
+  end
+  if b.inverse_indices then inp.inverse_indices = M.tensor(b.inverse_indices, "i64", placement) end
   return inp
 end
 
@@ -92,7 +95,7 @@ end
 local function bags(b, nf)
   local out, bag = {}, 0
   for f = 1, nf do
-    local nb = b.bpf and b.bpf[f] or b.batch
+    local nb = b.strides and b.strides[f] or b.batch
     for s = 0, nb - 1 do
       bag = bag + 1
       out[bag] = { f = f, s = s, first = b.offsets[bag] + 1, last = b.offsets[bag + 1] }
@@ -110,20 +113,20 @@ function M.rows_of(c)
 end
 
 -- Pooled forward in float64: a list of rows, flat as the output's elements (out_dim per row),
--- with per element the sum of |terms| for tolerances.  Flat VBE when b.bpf without inverse.
+-- with per element the sum of |terms| for tolerances.  Flat VBE when b.strides without inverse_indices.
 function M.forward(b, layout, tables, out_dim)
   local out, mag = {}, {}
   local nf = #layout
   local flat_base, acc = {}, 0
   for f = 1, nf do
     flat_base[f] = acc
-    acc = acc + (b.bpf and b.bpf[f] or 0) * layout[f].dim
+    acc = acc + (b.strides and b.strides[f] or 0) * layout[f].dim
   end
   for _, g in ipairs(bags(b, nf)) do
     local L = layout[g.f]
     local tv = tables[L.table]
     local len = g.last - g.first + 1
-    local base = b.bpf and (flat_base[g.f] + g.s * L.dim) or (g.s * out_dim + L.col)
+    local base = b.strides and (flat_base[g.f] + g.s * L.dim) or (g.s * out_dim + L.col)
     for k = 0, L.dim - 1 do
       local sum, abs = 0, 0
       for i = g.first, g.last do
@@ -141,17 +144,17 @@ function M.forward(b, layout, tables, out_dim)
   return out, mag
 end
 
--- The full batch from VBE bags: sample s of feature f reads bag inverse[(f-1)*B + s + 1].
+-- The full batch from VBE bags: sample s of feature f reads bag inverse_indices[(f-1)*B + s + 1].
 function M.expand(flat, b, layout, out_dim, full)
   local out = {}
   local flat_base, acc = {}, 0
   for f = 1, #layout do
     flat_base[f] = acc
-    acc = acc + b.bpf[f] * layout[f].dim
+    acc = acc + b.strides[f] * layout[f].dim
   end
   for f, L in ipairs(layout) do
     for s = 0, full - 1 do
-      local j = b.inverse[(f - 1) * full + s + 1]
+      local j = b.inverse_indices[(f - 1) * full + s + 1]
       for k = 0, L.dim - 1 do out[s * out_dim + L.col + k + 1] = flat[flat_base[f] + j * L.dim + k + 1] end
     end
   end
@@ -166,13 +169,13 @@ function M.row_grads(b, layout, grad, out_dim)
   local flat_base, acc = {}, 0
   for f = 1, nf do
     flat_base[f] = acc
-    acc = acc + (b.bpf and b.bpf[f] or 0) * layout[f].dim
+    acc = acc + (b.strides and b.strides[f] or 0) * layout[f].dim
   end
   for _, bg in ipairs(bags(b, nf)) do
     local L = layout[bg.f]
     g[L.table] = g[L.table] or {}
     local len = bg.last - bg.first + 1
-    local base = b.bpf and (flat_base[bg.f] + bg.s * L.dim) or (bg.s * out_dim + L.col)
+    local base = b.strides and (flat_base[bg.f] + bg.s * L.dim) or (bg.s * out_dim + L.col)
     for i = bg.first, bg.last do
       local id = b.values[i]
       if id >= 0 and id < L.rows then
@@ -271,27 +274,48 @@ function M.train_plain(m, list)
   return outs
 end
 
--- The same through uvmrec.pipeline.Prefetch (opts: drain, steps, pages): the outputs, the
--- batches trained, the pipeline's stats and the batches it released.
+-- A batch's table form as a KJT of `keys` (a collection's features) in `placement`.
+function M.kjt(b, keys, placement)
+  local lengths = {}
+  for i = 1, #b.offsets - 1 do lengths[i] = b.offsets[i + 1] - b.offsets[i] end
+  local o = { keys = keys, values = M.tensor(b.values, "i64", placement), lengths = M.tensor(lengths, "i32", placement),
+              weights = b.weights and M.tensor(b.weights, "f32", placement) }
+  if b.strides then
+    o.stride_per_key_per_rank = {}
+    for f, n in ipairs(b.strides) do o.stride_per_key_per_rank[f] = { n } end
+    o.inverse_indices = M.tensor(b.inverse_indices, "i64", placement)
+  else
+    o.stride = (#b.offsets - 1) / #keys
+  end
+  return assert(ur.KJT(o))
+end
+
+-- The same through uvmrec.pipeline.Prefetch (opts: drain, steps, pages), batches {sparse = a
+-- KJT in host or pinned memory, grad =} handed to it as uvmrec.data.Batch copies: the outputs,
+-- the batches trained and the pipeline's stats.
 function M.train_piped(m, list, opts)
   opts = opts or {}
-  local outs, k, released = {}, 0, 0
-  local p = require("uvmrec.pipeline.Prefetch").new {
-    collection = m, drain = opts.drain, pages = opts.pages,
-    source = function()
-      k = k + 1
-      return list[k]
-    end,
-    step = function(b, i)
-      outs[i] = assert(m:forward(b.sparse):to("host"))
-      m:backward(b.sparse, b.grad)
-    end,
-    release = function() released = released + 1 end,
-  }
-  local n = p:run(opts.steps)
+  local Batch = require "uvmrec.data.batch"
+  local copies = {}
+  for k, b in ipairs(list) do
+    copies[k] = Batch.new { sparse = assert(b.sparse:to(b.sparse:placement())), size = b.sparse:stride() }
+  end
+  local outs, n = {}, 0
+  local p = require("uvmrec.pipeline.Prefetch").new { collection = m, source = require("uvmrec.train.source").ring(
+    copies, #copies), steps = opts.steps, drain = opts.drain, pages = opts.pages }
+  while true do
+    local b = p:next()
+    if not b then break end
+    n = n + 1
+    local out = assert(m:forward(b.sparse, b.ticket))
+    outs[n] = assert(out:to("host"))
+    m:backward(b.sparse, assert(list[n].grad:to(out:placement())), b.ticket)
+  end
+  p:close()
   local stats = p:stats()
   p:free()
-  return outs, n, stats, released
+  for _, b in ipairs(copies) do b:release() end
+  return outs, n, stats
 end
 
 return M

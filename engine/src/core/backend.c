@@ -83,7 +83,15 @@ static void load(void) {
   if (archs) snprintf(cuda_archs, sizeof cuda_archs, "%s", archs());
   const ur_backend *b = NULL;
   if (init(&core_api, &b) != UR_STATUS_OK || !b) {
-    snprintf(cuda_why, sizeof cuda_why, "%s", ur_last_error());
+    /* Without a driver at all the CUDA runtime speaks of an "insufficient" one: say which. */
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (driver) {
+      dlclose(driver);
+      snprintf(cuda_why, sizeof cuda_why, "%s", ur_last_error());
+    } else {
+      snprintf(cuda_why, sizeof cuda_why, "no NVIDIA driver: libcuda.so.1 cannot be loaded (%s)",
+               dlerror());
+    }
     ur__error(UR_STATUS_OK, "%s", "");
     return;
   }
@@ -160,10 +168,12 @@ ur_status ur_device_set(int32_t device) {
 }
 
 ur_status ur_device_get(int32_t *out) {
+  UR__ARGS(out);
   return (ur__gpu() ? gpu : ur__cpu())->device_get(out);
 }
 
 ur_status ur_device_props_get(int32_t device, ur_device_props *out) {
+  UR__ARGS(out);
   if (!ur__gpu()) return no_gpu("device_props");
   int n = gpu->device_count();
   if (device < 0 || device >= n)

@@ -29,6 +29,7 @@ struct ur_cache_ops;    /* embedding/cache.h */
 struct ur_kjt_ops;      /* data/kjt.h */
 struct ur_synth_ops;    /* data/synth.h */
 struct ur_metrics_ops;  /* metrics/metrics.h */
+struct ur_comm_ops;     /* dist/comm.h */
 
 /* Streams and events are the backend's own handles (cudaStream_t, cudaEvent_t). */
 typedef struct ur_backend {
@@ -49,10 +50,12 @@ typedef struct ur_backend {
   ur_status (*copy)(void *stream, void *dst, const void *src, size_t bytes);
   /* Fills n elements of elem_bytes each (1, 2, 4 or 8) with the bit pattern in value. */
   ur_status (*fill)(void *stream, void *dst, size_t n, size_t elem_bytes, uint64_t value);
-  /* Counter-based random numbers (see philox.h): element i of the tensor, counted from
-   * first, takes philox(seed, first + i); the CPU backend gives the same numbers. */
+  /* Counter-based random numbers (see philox.h): element i, at row i / cols and column
+   * i % cols, takes philox(seed, first + row * pitch + column), so a block of columns of a
+   * wider array draws that array's numbers (pitch = cols: counters first + i); the CPU backend
+   * gives the same numbers. */
   ur_status (*rand)(void *stream, void *dst, ur_dtype dtype, size_t n, uint64_t first,
-                    ur_dist dist, double a, double b, uint64_t seed);
+                    size_t cols, uint64_t pitch, ur_dist dist, double a, double b, uint64_t seed);
 
   ur_status (*stream_new)(int32_t priority, void **out);
   void (*stream_free)(void *s);
@@ -78,6 +81,12 @@ typedef struct ur_backend {
 
   /* Work enqueued on stream after this call waits for event (cudaStreamWaitEvent). */
   ur_status (*stream_wait)(void *stream, void *event);
+  /* Graph capture on stream, its end into *exec (an executable graph, updated when given and
+   * of the same shape, else replaced) launched once, replay, release.  NULL: work is eager. */
+  ur_status (*graph_begin)(void *stream);
+  ur_status (*graph_end)(void *stream, void **exec);
+  ur_status (*graph_launch)(void *exec, void *stream);
+  void (*graph_free)(void *exec);
 
   const struct ur_dense_ops *dense;
   const struct ur_tbe_ops *tbe;
@@ -86,6 +95,7 @@ typedef struct ur_backend {
   const struct ur_synth_ops *synth;
   const struct ur_metrics_ops *metrics;
   const struct ur_qtbe_ops *qtbe;
+  const struct ur_comm_ops *comm;
 } ur_backend;
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which

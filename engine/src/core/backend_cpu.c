@@ -9,6 +9,7 @@
 #include "core/philox.h"
 #include "data/kjt.h"
 #include "data/synth.h"
+#include "dist/comm.h"
 #include "dense/dense.h"
 #include "embedding/cache.h"
 #include "embedding/qtbe.h"
@@ -87,25 +88,43 @@ static ur_status cpu_fill(void *stream, void *dst, size_t n, size_t elem, uint64
 typedef struct rand_job {
   void *dst;
   ur_dtype dtype;
-  uint64_t first, seed;
+  uint64_t first, seed, pitch;
+  size_t cols;
   int normal;
   double a, b;
   size_t base;
 } rand_job;
 
-/* Half types round from the float value, as the GPU's __float2half_rn does. */
+/* Half types round from the float value, as the GPU's __float2half_rn does.  Uniform f32, what
+ * embedding tables are drawn with, has a loop of its own: ur_philox_value's numbers without
+ * the call per element (tens of GiB go through it when a large model is built). */
 static void rand_range(void *ctx, size_t i0, size_t i1) {
   rand_job *j = ctx;
+  if (j->pitch != j->cols) { /* a shard's columns of its logical table: a counter per element */
+    for (size_t i = j->base + i0; i < j->base + i1; i++) {
+      uint64_t counter = j->first + (i / j->cols) * j->pitch + i % j->cols;
+      ur__store(j->dst, j->dtype, i, ur_philox_value(counter, j->seed, j->normal, j->a, j->b));
+    }
+    return;
+  }
+  if (!j->normal && j->dtype == UR_DTYPE_F32) {
+    float *d = j->dst;
+    double a = j->a, w = j->b - j->a;
+    for (size_t i = j->base + i0; i < j->base + i1; i++)
+      d[i] = (float)(a + w * (1.0 - (double)ur_u01(ur_philox(j->first + i, j->seed).v[0])));
+    return;
+  }
   for (size_t i = j->base + i0; i < j->base + i1; i++)
     ur__store(j->dst, j->dtype, i, ur_philox_value(j->first + i, j->seed, j->normal, j->a, j->b));
 }
 
 /* Polls the interrupt flag every chunk, so a huge initialisation can be stopped. */
 static ur_status cpu_rand(void *stream, void *dst, ur_dtype dtype, size_t n, uint64_t first,
-                          ur_dist dist, double a, double b, uint64_t seed) {
+                          size_t cols, uint64_t pitch, ur_dist dist, double a, double b,
+                          uint64_t seed) {
   (void)stream;
   const size_t chunk = (size_t)1 << 24;
-  rand_job j = {dst, dtype, first, seed, dist == UR_DIST_NORMAL, a, b, 0};
+  rand_job j = {dst, dtype, first, seed, pitch, cols ? cols : 1, dist == UR_DIST_NORMAL, a, b, 0};
   for (size_t c0 = 0; c0 < n; c0 += chunk) {
     if (ur_interrupt_get())
       return ur__error(UR_STATUS_INTERRUPTED, "tensor: random init interrupted at element %zu",
@@ -162,6 +181,7 @@ const ur_backend *ur__cpu(void) {
       .synth = &ur__cpu_synth_ops,
       .metrics = &ur__cpu_metrics_ops,
       .qtbe = &ur__cpu_qtbe_ops,
+      .comm = &ur__cpu_comm_ops,
       /* Events, hints, probes and the monitor have no CPU form: the core handles NULL. */
   };
   return &cpu;

@@ -56,6 +56,7 @@ double ur__load(const void *base, ur_dtype d, size_t i) {
     case UR_DTYPE_U8: return ((const uint8_t *)base)[i];
     case UR_DTYPE_I32: return ((const int32_t *)base)[i];
     case UR_DTYPE_I64: return (double)((const int64_t *)base)[i];
+    case UR_DTYPE_F64: return ((const double *)base)[i];
     default: return 0;
   }
 }
@@ -70,6 +71,7 @@ void ur__store(void *base, ur_dtype d, size_t i, double v) {
     case UR_DTYPE_U8: ((uint8_t *)base)[i] = (uint8_t)floor(v); break;
     case UR_DTYPE_I32: ((int32_t *)base)[i] = (int32_t)floor(v); break;
     case UR_DTYPE_I64: ((int64_t *)base)[i] = (int64_t)floor(v); break;
+    case UR_DTYPE_F64: ((double *)base)[i] = v; break;
     default: break;
   }
 }

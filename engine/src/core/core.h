@@ -15,6 +15,30 @@ UR__HIDDEN ur_status ur__error(ur_status status, const char *fmt, ...)
 UR__HIDDEN ur_status ur__errorv(ur_status status, const char *fmt, va_list ap);
 UR__HIDDEN void ur__format_bytes(uint64_t bytes, char *buf, size_t len);
 
+/* NULL arguments of the C API, checked before anything else is read: UR__ARGS(t, out) returns
+ * UR_STATUS_INVALID with "<function>: argument '<name>' is NULL" for the first NULL one.  A
+ * pointer needed only in some cases is checked where it is needed:
+ *   if (n > 0 && !names) return ur__null(__func__, "names");
+ * spec/capi_null_spec.lua calls every function of uvmrec.h with NULLs to hold this. */
+UR__HIDDEN ur_status ur__null(const char *fn, const char *arg);
+UR__HIDDEN ur_status ur__null_args(const char *fn, const char *names, const void *const *ptrs, int n);
+#define UR__ARGS(...)                                                                  \
+  do {                                                                                 \
+    const void *const ur__ptrs_[] = {__VA_ARGS__};                                     \
+    if (ur__null_args(__func__, #__VA_ARGS__, ur__ptrs_,                              \
+                      (int)(sizeof ur__ptrs_ / sizeof *ur__ptrs_)))                    \
+      return UR_STATUS_INVALID;                                                        \
+  } while (0)
+
+/* Files written atomically (a temporary name renamed over the final one) need the folder
+ * synced for the rename to last: fsyncs the folder holding path.  what prefixes the error
+ * ("safetensors", "npy"); io/os.c. */
+UR__HIDDEN ur_status ur__sync_dir(const char *path, const char *what);
+
+/* Checks optimizer settings (optim.c) for dense parameters (tables 0) or embedding tables (1);
+ * `who` opens the message. */
+UR__HIDDEN ur_status ur__optim_check(const char *who, const ur_optim_config *c, int tables);
+
 /* Backends: the CPU one always; the CUDA one when it loaded and sees a GPU (else NULL). */
 UR__HIDDEN const ur_backend *ur__cpu(void);
 UR__HIDDEN const ur_backend *ur__gpu(void);
@@ -113,12 +137,12 @@ UR__HIDDEN ur_status ur__segmap_init(ur__segmap *m, uint64_t bytes);
 UR__HIDDEN void ur__segmap_free(ur__segmap *m);
 
 /* A parallel loop: fn(ctx, begin, end) over [0, n) in chunks of at least grain
- * (engine/src/parallel.c). */
+ * (engine/src/core/parallel.c). */
 typedef void (*ur__range_fn)(void *ctx, size_t begin, size_t end);
 UR__HIDDEN void ur__parallel_for(size_t n, size_t grain, ur__range_fn fn, void *ctx);
 UR__HIDDEN int ur__threads(void);
 
-/* Numbers (engine/src/convert.c). */
+/* Numbers (engine/src/core/convert.c). */
 UR__HIDDEN double ur__load(const void *base, ur_dtype d, size_t i);
 UR__HIDDEN void ur__store(void *base, ur_dtype d, size_t i, double v);
 UR__HIDDEN uint64_t ur__bits_of(ur_dtype d, double v);

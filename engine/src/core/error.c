@@ -1,5 +1,6 @@
 /* error.c: the thread-local error message and status names. */
 #include <stdio.h>
+#include <string.h>
 #include "core/core.h"
 
 static _Thread_local char last_error[1024];
@@ -18,6 +19,27 @@ ur_status ur__error(ur_status status, const char *fmt, ...) {
 }
 
 const char *ur_last_error(void) { return last_error; }
+
+ur_status ur__null(const char *fn, const char *arg) {
+  return ur__error(UR_STATUS_INVALID, "%s: argument '%s' is NULL", fn, arg);
+}
+
+/* names is the macro's argument list as written: "t, out". */
+ur_status ur__null_args(const char *fn, const char *names, const void *const *ptrs, int n) {
+  for (int i = 0; i < n; i++) {
+    if (ptrs[i]) continue;
+    const char *p = names;
+    for (int k = 0; k < i && p; k++) {
+      p = strchr(p, ',');
+      if (p) p++;
+    }
+    if (!p) return ur__error(UR_STATUS_INVALID, "%s: argument %d is NULL", fn, i + 1);
+    while (*p == ' ') p++;
+    size_t len = strcspn(p, ", ");
+    return ur__error(UR_STATUS_INVALID, "%s: argument '%.*s' is NULL", fn, (int)len, p);
+  }
+  return UR_STATUS_OK;
+}
 
 const char *ur_status_name(ur_status s) {
   switch (s) {

@@ -199,6 +199,7 @@ out:
 
 ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel, ur_range *out,
                            ur_advice advice, int32_t location) {
+  UR__ARGS(t);
   ur_range r;
   int32_t loc;
   if ((unsigned)advice >= UR_ADVICE_COUNT)
@@ -212,6 +213,7 @@ ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel, ur_range
 
 ur_status ur_tensor_prefetch(ur_stream *str, ur_tensor *t, int64_t offset, int64_t numel,
                              ur_range *out, int32_t location) {
+  UR__ARGS(t);
   ur_range r;
   int32_t loc;
   ur_status s = hint_range(t, offset, numel, "prefetch", &r);
@@ -228,6 +230,7 @@ static int32_t agree(int32_t acc, int32_t v, int first) {
 }
 
 ur_status ur_tensor_advised(const ur_tensor *t, int64_t offset, int64_t numel, ur_advised *out) {
+  UR__ARGS(t, out);
   ur_range r;
   ur_status s = hint_range(t, offset, numel, "advised", &r);
   if (s) return s;
@@ -287,6 +290,7 @@ static void recorded_advice(const ur_tensor *t, const ur_range *rp, ur_advised *
  * it measures. */
 ur_status ur_tensor_residency(ur_stream *s, const ur_tensor *t, int64_t offset, int64_t numel,
                               ur_residency *out) {
+  UR__ARGS(t, out);
   ur_range r;
   ur_status st = hint_range(t, offset, numel, "residency", &r);
   if (st) return st;
@@ -329,6 +333,7 @@ uint64_t ur_hint_log_total(void) {
 uint64_t ur_hint_log_capacity(void) { return LOG_CAP; }
 
 ur_status ur_hint_log_get(uint64_t seq, ur_hint_record *out) {
+  UR__ARGS(out);
   ur_status s = UR_STATUS_OK;
   pthread_mutex_lock(&ur__lock);
   if (seq < 1 || seq > log_total)
@@ -360,6 +365,7 @@ ur_status ur_monitor_start(void) {
 }
 
 ur_status ur_monitor_read(ur_migration_stats *out, int32_t reset) {
+  UR__ARGS(out);
   const ur_backend *g = ur__gpu();
   memset(out, 0, sizeof *out);
   return g && g->monitor_read ? g->monitor_read(out, reset) : monitor_missing();

@@ -62,6 +62,7 @@ uint64_t ur_hbm_budget_get(void) {
 }
 
 ur_status ur_memory_get(ur_memory_stats *out) {
+  UR__ARGS(out);
   pthread_mutex_lock(&ur__lock);
   *out = mem;
   pthread_mutex_unlock(&ur__lock);

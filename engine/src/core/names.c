@@ -5,8 +5,8 @@
 #include <string.h>
 #include "core/core.h"
 
-static const char *dtype_names[UR_DTYPE_COUNT] = {"f32", "bf16", "f16", "i8", "u8", "i32", "i64"};
-static const size_t dtype_sizes[UR_DTYPE_COUNT] = {4, 2, 2, 1, 1, 4, 8};
+static const char *dtype_names[UR_DTYPE_COUNT] = {"f32", "bf16", "f16", "i8", "u8", "i32", "i64", "f64"};
+static const size_t dtype_sizes[UR_DTYPE_COUNT] = {4, 2, 2, 1, 1, 4, 8, 8};
 static const char *place_names[UR_PLACE_COUNT] = {"host", "pinned", "device", "managed"};
 static const char *advice_names[UR_ADVICE_COUNT] = {
     "preferred_location", "unset_preferred_location", "accessed_by",
@@ -24,10 +24,11 @@ const char *ur_dtype_name(ur_dtype d) {
 size_t ur_dtype_size(ur_dtype d) { return (unsigned)d < UR_DTYPE_COUNT ? dtype_sizes[d] : 0; }
 
 ur_status ur_dtype_parse(const char *s, ur_dtype *out) {
-  for (int i = 0; s && i < UR_DTYPE_COUNT; i++)
+  UR__ARGS(s, out);
+  for (int i = 0; i < UR_DTYPE_COUNT; i++)
     if (!strcmp(s, dtype_names[i])) { *out = (ur_dtype)i; return UR_STATUS_OK; }
   return ur__error(UR_STATUS_INVALID,
-                   "dtype: '%s' is not a dtype; expected f32, bf16, f16, i8, u8, i32 or i64",
+                   "dtype: '%s' is not a dtype; expected f32, bf16, f16, i8, u8, i32, i64 or f64",
                    s ? s : "(null)");
 }
 
@@ -36,11 +37,12 @@ const char *ur_place_name(ur_place p) {
 }
 
 ur_status ur_place_parse(const char *s, ur_place *out) {
-  for (int i = 0; s && i < UR_PLACE_COUNT; i++)
+  UR__ARGS(s, out);
+  for (int i = 0; i < UR_PLACE_COUNT; i++)
     if (!strcmp(s, place_names[i])) { *out = (ur_place)i; return UR_STATUS_OK; }
   return ur__error(UR_STATUS_INVALID,
                    "placement: '%s' is not a placement; expected host, pinned, device or managed",
-                   s ? s : "(null)");
+                   s);
 }
 
 const char *ur_advice_name(ur_advice a) {
@@ -48,7 +50,8 @@ const char *ur_advice_name(ur_advice a) {
 }
 
 ur_status ur_advice_parse(const char *s, ur_advice *out) {
-  for (int i = 0; s && i < UR_ADVICE_COUNT; i++)
+  UR__ARGS(s, out);
+  for (int i = 0; i < UR_ADVICE_COUNT; i++)
     if (!strcmp(s, advice_names[i]) || !strcmp(s, advice_cuda_names[i])) {
       *out = (ur_advice)i;
       return UR_STATUS_OK;
@@ -57,7 +60,7 @@ ur_status ur_advice_parse(const char *s, ur_advice *out) {
                    "advice: '%s' is not a memory advice; expected preferred_location, "
                    "unset_preferred_location, accessed_by, unset_accessed_by, read_mostly or "
                    "unset_read_mostly (or CUDA's cudaMemAdvise* names)",
-                   s ? s : "(null)");
+                   s);
 }
 
 static int parse_int(const char *s, long *out) {
@@ -71,8 +74,8 @@ static int parse_int(const char *s, long *out) {
 }
 
 ur_status ur_location_parse(const char *s, int32_t *out) {
+  UR__ARGS(s, out);
   long n;
-  if (!s) s = "(null)";
   if (!strcmp(s, "cpu") || !strcmp(s, "host")) { *out = UR_LOC_CPU; return UR_STATUS_OK; }
   if (!strcmp(s, "gpu") || !strcmp(s, "cuda")) { *out = UR_LOC_CURRENT_GPU; return UR_STATUS_OK; }
   if ((!strncmp(s, "cuda:", 5) && parse_int(s + 5, &n) && n >= 0 && n <= UR_MAX_GPUS) ||
@@ -87,6 +90,7 @@ ur_status ur_location_parse(const char *s, int32_t *out) {
 }
 
 ur_status ur_location_format(int32_t loc, char *buf, size_t len) {
+  if (len && !buf) return ur__null(__func__, "buf");
   switch (loc) {
     case UR_LOC_CPU: snprintf(buf, len, "cpu"); break;
     case UR_LOC_CURRENT_GPU: snprintf(buf, len, "gpu"); break;

@@ -123,6 +123,7 @@ static void storage_release(ur__storage *st) {
 
 ur_status ur_tensor_new(ur_tensor **out, ur_dtype dtype, int32_t ndim, const int64_t *shape,
                         ur_place place, int32_t device) {
+  UR__ARGS(out, shape);
   *out = NULL;
   if ((unsigned)dtype >= UR_DTYPE_COUNT)
     return ur__error(UR_STATUS_INVALID, "tensor: dtype %d is not a dtype", (int)dtype);
@@ -200,6 +201,7 @@ static int64_t row_elems(const ur_tensor *t) {
 }
 
 ur_status ur_tensor_view(const ur_tensor *t, ur_tensor **out, int64_t row0, int64_t nrows) {
+  UR__ARGS(t, out);
   *out = NULL;
   if (row0 < 0 || nrows < 0 || row0 > t->shape[0] - nrows)
     return ur__error(UR_STATUS_INVALID,
@@ -221,6 +223,7 @@ ur_status ur_tensor_view(const ur_tensor *t, ur_tensor **out, int64_t row0, int6
  * shapes in one storage and hands out each as its own view. */
 ur_status ur_tensor_view_as(const ur_tensor *t, ur_tensor **out, int64_t offset, int32_t ndim,
                             const int64_t *shape) {
+  UR__ARGS(t, out, shape);
   *out = NULL;
   if (ndim < 1 || ndim > UR_MAX_DIMS)
     return ur__error(UR_STATUS_INVALID, "tensor view_as: %d dimensions asked; expected 1 to %d",
@@ -264,6 +267,7 @@ static void shape_str(const ur_tensor *t, char *buf, size_t len) {
 }
 
 ur_status ur_tensor_copy(ur_stream *s, const ur_tensor *src, ur_tensor *dst) {
+  UR__ARGS(src, dst);
   if (src->dtype != dst->dtype || src->numel != dst->numel) {
     char a[96], b[96];
     shape_str(src, a, sizeof a);
@@ -296,6 +300,7 @@ ur_status ur_tensor_copy(ur_stream *s, const ur_tensor *src, ur_tensor *dst) {
 
 ur_status ur_tensor_to(ur_stream *s, const ur_tensor *src, ur_tensor **out, ur_place place,
                        int32_t device) {
+  UR__ARGS(src, out);
   ur_status st = ur_tensor_new(out, src->dtype, src->ndim, src->shape, place, device);
   if (st) return st;
   if ((st = ur_tensor_copy(s, src, *out))) {
@@ -305,7 +310,7 @@ ur_status ur_tensor_to(ur_stream *s, const ur_tensor *src, ur_tensor **out, ur_p
   return st;
 }
 
-static int is_int(ur_dtype d) { return d >= UR_DTYPE_I8; }
+static int is_int(ur_dtype d) { return d >= UR_DTYPE_I8 && d <= UR_DTYPE_I64; }
 
 static ur_status check_value(const ur_tensor *t, double v, const char *what) {
   static const double lo[] = {0, 0, 0, -128.0, 0, -2147483648.0, -9223372036854775808.0};
@@ -317,6 +322,7 @@ static ur_status check_value(const ur_tensor *t, double v, const char *what) {
 }
 
 ur_status ur_tensor_fill(ur_stream *s, ur_tensor *t, double value) {
+  UR__ARGS(t);
   ur_status st = check_value(t, value, "tensor fill");
   if (st) return st;
   uint64_t bits = ur__bits_of(t->dtype, value);
@@ -332,6 +338,7 @@ ur_status ur_tensor_fill(ur_stream *s, ur_tensor *t, double value) {
  * so their pages start there, as a table that outgrows the GPU must. */
 ur_status ur_tensor_rand(ur_stream *s, ur_tensor *t, ur_dist dist, double a, double b,
                          uint64_t seed) {
+  UR__ARGS(t);
   if (dist != UR_DIST_UNIFORM && dist != UR_DIST_NORMAL)
     return ur__error(UR_STATUS_INVALID, "tensor rand: distribution %d is not uniform or normal",
                      (int)dist);
@@ -348,11 +355,11 @@ ur_status ur_tensor_rand(ur_stream *s, ur_tensor *t, ur_dist dist, double a, dou
   }
   if (storage_on_gpu(t->st))
     return ur__gpu()->rand(s ? s->handle : NULL, elem_ptr(t, 0), t->dtype, (size_t)t->numel,
-                           (uint64_t)t->offset, dist, a, b, seed);
+                           (uint64_t)t->offset, 1, 1, dist, a, b, seed);
   ur_status st = host_access(t->st);
   return st ? st
             : ur__cpu()->rand(NULL, elem_ptr(t, 0), t->dtype, (size_t)t->numel,
-                              (uint64_t)t->offset, dist, a, b, seed);
+                              (uint64_t)t->offset, 1, 1, dist, a, b, seed);
 }
 
 static ur_status check_span(const ur_tensor *t, int64_t index, int64_t count, const char *what) {
@@ -364,6 +371,8 @@ static ur_status check_span(const ur_tensor *t, int64_t index, int64_t count, co
 }
 
 ur_status ur_tensor_read(const ur_tensor *t, int64_t index, int64_t count, void *out) {
+  UR__ARGS(t);
+  if (count && !out) return ur__null(__func__, "out");
   ur_status st = check_span(t, index, count, "tensor read");
   if (st || !count) return st;
   size_t bytes = (size_t)count * ur_dtype_size(t->dtype);
@@ -377,6 +386,8 @@ ur_status ur_tensor_read(const ur_tensor *t, int64_t index, int64_t count, void 
 }
 
 ur_status ur_tensor_write(ur_tensor *t, int64_t index, int64_t count, const void *src) {
+  UR__ARGS(t);
+  if (count && !src) return ur__null(__func__, "src");
   ur_status st = check_span(t, index, count, "tensor write");
   if (st || !count) return st;
   size_t bytes = (size_t)count * ur_dtype_size(t->dtype);
@@ -390,6 +401,8 @@ ur_status ur_tensor_write(ur_tensor *t, int64_t index, int64_t count, const void
 }
 
 ur_status ur_tensor_read_f64(const ur_tensor *t, int64_t index, int64_t count, double *out) {
+  UR__ARGS(t);
+  if (count && !out) return ur__null(__func__, "out");
   ur_status st = check_span(t, index, count, "tensor read");
   if (st || !count) return st;
   size_t es = ur_dtype_size(t->dtype);
@@ -402,6 +415,7 @@ ur_status ur_tensor_read_f64(const ur_tensor *t, int64_t index, int64_t count, d
 }
 
 ur_status ur_tensor_get(const ur_tensor *t, int64_t index, double *out) {
+  UR__ARGS(t, out);
   unsigned char buf[8];
   ur_status st = check_span(t, index, 1, "tensor get");
   if (!st) st = ur_tensor_read(t, index, 1, buf);
@@ -410,6 +424,7 @@ ur_status ur_tensor_get(const ur_tensor *t, int64_t index, double *out) {
 }
 
 ur_status ur_tensor_set(ur_tensor *t, int64_t index, double value) {
+  UR__ARGS(t);
   unsigned char buf[8];
   ur_status st = check_span(t, index, 1, "tensor set");
   if (!st) st = check_value(t, value, "tensor set");

@@ -141,7 +141,7 @@ static int parse(const char *s, size_t len, int pad, int32_t *label, float *dens
     }
     if (msg)
       snprintf(msg, cap, "has %d fields; expected %d%s", f, NFIELDS,
-               pad ? " (or 15 to 39 with --pad-missing-fields)" : "");
+               pad ? ", or 15 to 39 with the missing ones padded" : "");
     return 1;
   }
   return 0;
@@ -161,6 +161,7 @@ overflow:
 
 ur_status ur_criteo_parse_line(const char *line, size_t len, int32_t pad_missing_fields,
                                int32_t *label, float *dense, uint32_t *cats, int32_t *padded) {
+  UR__ARGS(line, label, dense, cats);
   pthread_once(&log_once, log_init);
   char msg[256];
   int pd = 0;
@@ -224,6 +225,7 @@ void ur_criteo_close(ur_criteo_reader *r) {
 
 ur_status ur_criteo_open(ur_criteo_reader **out, const char *const *paths, int32_t npaths,
                          const ur_criteo_opts *opts) {
+  UR__ARGS(out, paths);
   *out = NULL;
   pthread_once(&log_once, log_init);
   if (npaths < 1) return ur__error(UR_STATUS_INVALID, "criteo-tsv: no input files");
@@ -495,6 +497,7 @@ static ur_status refill(ur_criteo_reader *r) {
 
 ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels, float *dense,
                          uint32_t *ids, int64_t *n) {
+  UR__ARGS(r, n);
   *n = 0;
   if (r->failed && r->rpos == r->nrows) return ur__error(r->failed, "%s", r->err);
   if (max < 0) return ur__error(UR_STATUS_INVALID, "criteo-tsv: read of %lld rows", (long long)max);
@@ -517,6 +520,7 @@ ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels, floa
 }
 
 ur_status ur_criteo_stats_get(const ur_criteo_reader *r, ur_criteo_stats *out) {
+  UR__ARGS(r, out);
   *out = r->stats;
   out->seconds = since(&r->t0);
   return UR_STATUS_OK;
@@ -526,8 +530,11 @@ int32_t ur_criteo_file_index(const ur_criteo_reader *r) { return r->rows_file; }
 
 /* ---- conversion to day files ---- */
 
+/* Every day's three files are written under temporary names and renamed only when the whole
+ * conversion succeeded: a failed or killed one leaves no file that looks like a day. */
 ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_criteo_stats *out,
                             const ur_criteo_opts *opts, const char *out_dir, const int32_t *days) {
+  UR__ARGS(paths, out_dir);
   ur_criteo_reader *r;
   ur_status st = ur_criteo_open(&r, paths, npaths, opts);
   if (st) return st;
@@ -538,10 +545,9 @@ ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_criteo_
   int32_t *labels = malloc(sizeof(int32_t) * chunk);
   float *dense = malloc(sizeof(float) * NDENSE * chunk);
   uint32_t *ids = malloc(sizeof(uint32_t) * NCAT * chunk);
-  ur__npy_writer w[3];
-  memset(w, 0, sizeof w);
+  ur__npy_writer *w = calloc((size_t)npaths * 3, sizeof *w);
   int open_file = -1;
-  if (!labels || !dense || !ids) st = ur__error(UR_STATUS_OOM, "criteo convert: out of host memory");
+  if (!labels || !dense || !ids || !w) st = ur__error(UR_STATUS_OOM, "criteo convert: out of host memory");
   for (;;) {
     int64_t n = 0;
     if (!st) st = ur_criteo_read(r, chunk, labels, dense, ids, &n);
@@ -550,38 +556,36 @@ ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_criteo_
     int next = st ? -1 : n ? fi : npaths;
     while (!st && open_file < next) {
       if (open_file >= 0)
-        for (int j = 0; j < 3 && !st; j++) st = ur__npy_writer_close(&w[j]);
+        for (int j = 0; j < 3 && !st; j++) st = ur__npy_writer_close(&w[3 * open_file + j]);
       open_file++;
       if (open_file >= npaths || st) break;
       int day = days ? days[open_file] : open_file;
+      ur__npy_writer *d = &w[3 * open_file];
       char path[4096];
       int64_t inner_d[4] = {0, NDENSE}, inner_s[4] = {0, NCAT}, inner_l[4] = {0};
       snprintf(path, sizeof path, "%s/day_%d_dense.npy", out_dir, day);
-      st = ur__npy_writer_open(&w[0], path, "<f4", 2, inner_d);
+      st = ur__npy_writer_open(&d[0], path, "<f4", 2, inner_d);
       snprintf(path, sizeof path, "%s/day_%d_sparse.npy", out_dir, day);
-      if (!st) st = ur__npy_writer_open(&w[1], path, all_rows ? "<i4" : "<u4", 2, inner_s);
+      if (!st) st = ur__npy_writer_open(&d[1], path, all_rows ? "<i4" : "<u4", 2, inner_s);
       snprintf(path, sizeof path, "%s/day_%d_labels.npy", out_dir, day);
-      if (!st) st = ur__npy_writer_open(&w[2], path, "<i4", 1, inner_l);
+      if (!st) st = ur__npy_writer_open(&d[2], path, "<i4", 1, inner_l);
     }
     if (st || !n) break;
-    st = ur__npy_writer_append(&w[0], dense, n, NDENSE * sizeof(float));
-    if (!st) st = ur__npy_writer_append(&w[1], ids, n, NCAT * sizeof(uint32_t));
-    if (!st) st = ur__npy_writer_append(&w[2], labels, n, sizeof(int32_t));
+    ur__npy_writer *d = &w[3 * open_file];
+    st = ur__npy_writer_append(&d[0], dense, n, NDENSE * sizeof(float));
+    if (!st) st = ur__npy_writer_append(&d[1], ids, n, NCAT * sizeof(uint32_t));
+    if (!st) st = ur__npy_writer_append(&d[2], labels, n, sizeof(int32_t));
   }
-  for (int j = 0; j < 3; j++) ur__npy_writer_abort(&w[j]);
+  for (int i = 0; !st && w && i < 3 * npaths; i++) st = ur__npy_writer_commit(&w[i]);
+  if (!st && npaths > 0) st = ur__sync_dir(w[0].path, "criteo convert");
+  char msg[1024];
+  if (st) snprintf(msg, sizeof msg, "%s", ur_last_error());
+  for (int i = 0; w && i < 3 * npaths; i++) ur__npy_writer_abort(&w[i]);
   if (out) ur_criteo_stats_get(r, out);
-  if (st) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", ur_last_error());
-    ur_criteo_close(r);
-    free(labels);
-    free(dense);
-    free(ids);
-    return ur__error(st, "%s", msg);
-  }
   ur_criteo_close(r);
+  free(w);
   free(labels);
   free(dense);
   free(ids);
-  return UR_STATUS_OK;
+  return st ? ur__error(st, "%s", msg) : UR_STATUS_OK;
 }

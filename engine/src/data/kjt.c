@@ -184,10 +184,12 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
   if (inverse && (st = check_1d(inverse, "inverse_indices", UR_DTYPE_I64))) return st;
   if (inverse && !spk)
     return ur__error(UR_STATUS_INVALID,
-                     "kjt: inverse_indices given without stride_per_key (a VBE batch needs both)");
+                     "kjt: inverse_indices given without stride_per_key_per_rank (a VBE batch "
+                     "needs both)");
   if (spk && !inverse)
     return ur__error(UR_STATUS_INVALID,
-                     "kjt: stride_per_key given without inverse_indices (a VBE batch needs both)");
+                     "kjt: stride_per_key_per_rank given without inverse_indices (a VBE batch "
+                     "needs both)");
   const ur_tensor *all[] = {values, lengths, weights, inverse};
   const char *names[] = {"values", "lengths", "weights", "inverse_indices"};
   for (int i = 1; i < 4; i++) {
@@ -234,7 +236,8 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
   if (ur_tensor_numel(lengths) != nb) {
     if (spk)
       st = ur__error(UR_STATUS_INVALID,
-                     "kjt: %d keys with %lld bags in all (stride_per_key) need %lld lengths, got %lld",
+                     "kjt: %d keys with %lld bags in all (stride_per_key_per_rank) need %lld "
+                     "lengths, got %lld",
                      (int)nkeys, (long long)nb, (long long)nb, (long long)ur_tensor_numel(lengths));
     else
       st = ur__error(UR_STATUS_INVALID,
@@ -269,15 +272,27 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
 }
 
 ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, int64_t stride,
-                     const int64_t *stride_per_key, ur_tensor *values, ur_tensor *lengths,
+                     const int64_t *stride_per_key_per_rank, ur_tensor *values, ur_tensor *lengths,
                      ur_tensor *weights, ur_tensor *inverse_indices, int32_t check) {
-  ur_status st = kjt_make(num_keys, keys, stride, stride_per_key, values, lengths, weights,
+  UR__ARGS(out, values, lengths);
+  if (num_keys > 0 && !keys) return ur__null(__func__, "keys");
+  ur_status st = kjt_make(num_keys, keys, stride, stride_per_key_per_rank, values, lengths, weights,
                           inverse_indices, NULL, NULL, check, out);
   if (!st && check && inverse_indices && (st = ur_kjt_validate(*out, NULL))) {
     ur_kjt_free(*out);
     *out = NULL;
   }
   return st;
+}
+
+/* A KJT whose offsets the caller made (the loader, writing them with the lengths): offsets
+ * [nkeys * stride + 1] beside values, val0 (host, nkeys + 1) each key's first value.  Nothing
+ * is scanned or allocated but the views. */
+ur_status ur__kjt_new_with_offsets(ur_kjt **out, int32_t num_keys, const char *const *keys,
+                                   int64_t stride, ur_tensor *values, ur_tensor *lengths,
+                                   ur_tensor *weights, ur_tensor *offsets, const int64_t *val0) {
+  return kjt_make(num_keys, keys, stride, NULL, values, lengths, weights, NULL, offsets, val0, 0,
+                  out);
 }
 
 /* ---- accessors ---- */
@@ -304,6 +319,7 @@ const ur_tensor *ur_kjt_inverse_indices(const ur_kjt *k) { return k->inverse; }
 
 ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *bag1,
                           int64_t *value0, int64_t *value1) {
+  UR__ARGS(k, bag0, bag1, value0, value1);
   if (i < 0 || i >= k->nkeys)
     return ur__error(UR_STATUS_INVALID, "kjt: key index %d outside 0..%d", (int)i,
                      (int)k->nkeys - 1);
@@ -320,6 +336,7 @@ ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *ba
  * index; the error is the one of the lowest key (bags, then ids, then inverse indices within
  * a key), and its message is made from a few elements read back. */
 ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
+  UR__ARGS(k);
   int64_t bad[3] = {-1, -1, -1}, nv = ur_tensor_numel(k->values);
   int32_t prev = 0;
   ur_status st = UR__NEED(k->be, kjt, validate);
@@ -442,6 +459,8 @@ static ur_status build_finish(const ur_backend *be, const ur_tensor *like, build
 
 /* One run per key (and array). */
 ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kjt **out) {
+  UR__ARGS(k, out);
+  if (n > 0 && !order) return ur__null(__func__, "order");
   *out = NULL;
   if (n < 0) return ur__error(UR_STATUS_INVALID, "kjt permute: %d keys asked", (int)n);
   for (int32_t j = 0; j < n; j++)
@@ -484,6 +503,9 @@ ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kj
 
 /* Consecutive keys share storage with the input: the parts are views. */
 ur_status ur_kjt_split(const ur_kjt *k, const int32_t *sizes, int32_t n, ur_kjt **outs) {
+  UR__ARGS(k);
+  if (n > 0 && !sizes) return ur__null(__func__, "sizes");
+  if (n > 0 && !outs) return ur__null(__func__, "outs");
   int64_t total = 0;
   for (int32_t j = 0; j < n; j++) {
     outs[j] = NULL;
@@ -578,6 +600,7 @@ static ur_status concat_duplicate(const ur_kjt *const *parts, int32_t n, int32_t
 }
 
 ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **out) {
+  UR__ARGS(parts, out);
   *out = NULL;
   if (n < 1) return ur__error(UR_STATUS_INVALID, "kjt concat: no parts");
   const ur_kjt *p0 = parts[0];
@@ -675,9 +698,123 @@ static ur_status gather_bags(const ur_kjt *k, const ur_tensor *map, int64_t n,
   return st;
 }
 
+/* Lengths first (a copy for the keys that stay, the bucket counts for the others), their
+ * offsets, then the values: a copy, or each bag's ids dealt to its buckets. */
+ur_status ur_kjt_bucketize(const ur_kjt *k, ur_kjt **out, const int64_t *block,
+                           const int64_t *rows, int32_t buckets) {
+  UR__ARGS(k, out, block, rows);
+  *out = NULL;
+  if (k->variable)
+    return ur__error(UR_STATUS_INVALID, "kjt bucketize: a VBE batch; expand() it first");
+  if (buckets < 1 || buckets > 4096)
+    return ur__error(UR_STATUS_INVALID, "kjt bucketize: %d buckets; expected 1..4096", (int)buckets);
+  int32_t n = 0;
+  for (int32_t i = 0; i < k->nkeys; i++) {
+    if (block[i] < 0 || (block[i] > 0 && (rows[i] < 1 || rows[i] > block[i] * buckets)))
+      return ur__error(UR_STATUS_INVALID,
+                       "kjt bucketize: key '%s' has blocks of %lld rows for a table of %lld rows; "
+                       "expected %d blocks to cover it",
+                       k->keys[i], (long long)block[i], (long long)rows[i], (int)buckets);
+    n += block[i] > 0 ? buckets : 1;
+  }
+  const ur_backend *be = k->be;
+  ur_status st = UR__NEED(be, kjt, bucket_count);
+  if (!st) st = UR__NEED(be, kjt, bucket_fill);
+  if (!st) st = UR__NEED(be, kjt, segments);
+  if (!st) st = UR__NEED(be, kjt, offsets);
+  if (st) return st;
+  char **names = calloc((size_t)n + 1, sizeof *names);
+  int64_t *bag0 = calloc((size_t)n + 1, sizeof *bag0), *val0 = calloc((size_t)n + 1, sizeof *val0);
+  ur__kjt_seg *seg = calloc((size_t)n + 1, sizeof *seg);
+  ur_tensor *len = NULL, *off = NULL, *val = NULL, *w = NULL;
+  int64_t nv = k->val0[k->nkeys], nb = 0, bad[2];
+  int32_t prev = 0, nseg = 0;
+  if (!names || !bag0 || !val0 || !seg) st = ur__error(UR_STATUS_OOM, "kjt bucketize: out of host memory");
+  for (int32_t i = 0, j = 0; i < k->nkeys && !st; i++)
+    for (int32_t b = 0; b < (block[i] > 0 ? buckets : 1) && !st; b++, j++) {
+      size_t l = strlen(k->keys[i]) + 16;
+      if (!(names[j] = malloc(l))) st = ur__error(UR_STATUS_OOM, "kjt bucketize: out of host memory");
+      else if (block[i] > 0) snprintf(names[j], l, "%s@%d", k->keys[i], (int)b);
+      else snprintf(names[j], l, "%s", k->keys[i]);
+      bag0[j] = nb;
+      nb += k->spk[i];
+      bag0[j + 1] = nb;
+    }
+  if (!st) st = new_like(&len, UR_DTYPE_I32, nb, k->values);
+  if (!st) st = new_like(&off, UR_DTYPE_I64, nb + 1, k->values);
+  if (!st) st = new_like(&val, UR_DTYPE_I64, nv, k->values);
+  if (!st && k->weights) st = new_like(&w, UR_DTYPE_F32, nv, k->values);
+  if (!st && !(st = enter(be, k->values, &prev))) {
+    const int64_t *koff = dp(k->offsets), *kval = dp(k->values);
+    for (int32_t i = 0, j = 0; i < k->nkeys && !st; i++) {
+      int64_t kb = k->spk[i];
+      if (block[i] == 0) {
+        seg[nseg++] = (ur__kjt_seg){(const int32_t *)dp(k->lengths) + k->bag0[i], bag0[j], kb};
+        j++;
+        continue;
+      }
+      st = be->kjt->bucket_count(NULL, koff + k->bag0[i], kval, kb, block[i], rows[i], buckets,
+                                 (int32_t *)dp(len) + bag0[j], bad);
+      if (!st && bad[0] >= 0) {
+        int64_t id = 0, sample = 0;
+        ur_tensor_read(k->values, bad[0], 1, &id);
+        for (int64_t b = k->bag0[i]; b < k->bag0[i + 1]; b++) {
+          int64_t o1 = 0;
+          ur_tensor_read(k->offsets, b + 1, 1, &o1);
+          if (o1 > bad[0]) {
+            sample = b - k->bag0[i];
+            break;
+          }
+        }
+        st = ur__error(UR_STATUS_INVALID,
+                       "kjt bucketize: key '%s' sample %lld has id %lld; expected 0..%lld (its "
+                       "table's rows)",
+                       k->keys[i], (long long)sample, (long long)id, (long long)rows[i] - 1);
+      }
+      j += buckets;
+    }
+    if (!st && nseg) st = be->kjt->segments(NULL, dp(len), sizeof(int32_t), seg, nseg);
+    if (!st)
+      st = be->kjt->offsets(NULL, dp(len), nb, dp(off), bag0, n, nv, val0, bad);
+    nseg = 0;
+    for (int32_t i = 0, j = 0; i < k->nkeys && !st; i++) {
+      if (block[i] == 0) {
+        seg[nseg++] = (ur__kjt_seg){kval + k->val0[i], val0[j], k->val0[i + 1] - k->val0[i]};
+        j++;
+        continue;
+      }
+      st = be->kjt->bucket_fill(NULL, koff + k->bag0[i], kval, dp(k->weights), k->spk[i],
+                                block[i], buckets, (const int64_t *)dp(off) + bag0[j], dp(val),
+                                dp(w));
+      j += buckets;
+    }
+    if (!st && nseg) st = be->kjt->segments(NULL, dp(val), sizeof(int64_t), seg, nseg);
+    if (!st && nseg && w) {
+      for (int32_t i = 0; i < nseg; i++)
+        seg[i].src = (const float *)dp(k->weights) + ((const int64_t *)seg[i].src - kval);
+      st = be->kjt->segments(NULL, dp(w), sizeof(float), seg, nseg);
+    }
+    st = leave(be, k->values, prev, st);
+  }
+  if (!st)
+    st = kjt_make(n, (const char *const *)names, k->stride, NULL, val, len, w, NULL, off, val0, 0,
+                  out);
+  for (int32_t j = 0; names && j < n; j++) free(names[j]);
+  free(names);
+  free(bag0);
+  free(val0);
+  free(seg);
+  ur_tensor_free(len);
+  ur_tensor_free(off);
+  ur_tensor_free(val);
+  ur_tensor_free(w);
+  return st;
+}
+
 /* The backend finds each key's distinct bags (in order of first appearance) and every bag's
  * distinct one; the result gathers the distinct bags. */
 ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {
+  UR__ARGS(k, out);
   *out = NULL;
   if (k->variable)
     return ur__error(UR_STATUS_INVALID,
@@ -708,6 +845,7 @@ ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {
 }
 
 ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out) {
+  UR__ARGS(k, out);
   *out = NULL;
   int64_t n = (int64_t)k->nkeys * k->stride;
   int64_t *val0 = malloc(sizeof(int64_t) * ((size_t)k->nkeys + 1));
@@ -730,6 +868,7 @@ ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out) {
  * through a copy in the rows' placement, ordered on s. */
 ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
                              ur_tensor **out) {
+  UR__ARGS(k, in, out);
   *out = NULL;
   int64_t nb = k->bag0[k->nkeys];
   int nd = ur_tensor_ndim(in);
@@ -766,10 +905,113 @@ ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
   return UR_STATUS_OK;
 }
 
+/* ---- from sample-major rows ---- */
+
+static ur_status check_rows(const ur_tensor *t, const char *what, ur_dtype dt, int64_t n,
+                            int64_t cols, const ur_tensor *ref) {
+  if (ur_tensor_dtype(t) != dt || ur_tensor_ndim(t) != 2 || ur_tensor_dim(t, 0) != n ||
+      ur_tensor_dim(t, 1) != cols)
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt from_rows: %s must be %s [%lld, %lld]; got %s with %lld elements", what,
+                     ur_dtype_name(dt), (long long)n, (long long)cols,
+                     ur_dtype_name(ur_tensor_dtype(t)), (long long)ur_tensor_numel(t));
+  if (ur_tensor_place(t) != ur_tensor_place(ref) || ur_tensor_device(t) != ur_tensor_device(ref))
+    return ur__error(UR_STATUS_INVALID, "kjt from_rows: %s is in %s but ids in %s; one placement "
+                     "for all", what, ur_place_name(ur_tensor_place(t)),
+                     ur_place_name(ur_tensor_place(ref)));
+  return UR_STATUS_OK;
+}
+
+static ur_status check_room(const ur_tensor *t, const char *what, ur_dtype dt, int64_t need,
+                            const ur_tensor *ref) {
+  if (ur_tensor_dtype(t) != dt || ur_tensor_ndim(t) != 1 || ur_tensor_numel(t) < need)
+    return ur__error(UR_STATUS_INVALID,
+                     "kjt from_rows: %s must be a 1-d %s tensor of at least %lld elements; got %s "
+                     "with %lld", what, ur_dtype_name(dt), (long long)need,
+                     ur_dtype_name(ur_tensor_dtype(t)), (long long)ur_tensor_numel(t));
+  if (ur_tensor_place(t) != ur_tensor_place(ref) || ur_tensor_device(t) != ur_tensor_device(ref))
+    return ur__error(UR_STATUS_INVALID, "kjt from_rows: %s is in %s but ids in %s; one placement "
+                     "for all", what, ur_place_name(ur_tensor_place(t)),
+                     ur_place_name(ur_tensor_place(ref)));
+  return UR_STATUS_OK;
+}
+
+ur_status ur_kjt_from_rows(ur_stream *s, ur_kjt **out, int32_t num_keys, const char *const *keys,
+                           const int32_t *hot, const ur_tensor *ids, const ur_tensor *weights,
+                           const ur_tensor *lengths, ur_tensor *values, ur_tensor *lengths_out,
+                           ur_tensor *offsets, ur_tensor *weights_out) {
+  UR__ARGS(out, keys, hot, ids, values, lengths_out, offsets);
+  *out = NULL;
+  if (num_keys < 1)
+    return ur__error(UR_STATUS_INVALID, "kjt from_rows: %d keys; expected at least one, with "
+                     "names and ids per sample", (int)num_keys);
+  int64_t H = 0;
+  for (int32_t k = 0; k < num_keys; k++) {
+    if (hot[k] < 1)
+      return ur__error(UR_STATUS_INVALID, "kjt from_rows: key '%s' takes %d ids a sample; "
+                       "expected >= 1", keys[k] ? keys[k] : "?", (int)hot[k]);
+    H += hot[k];
+  }
+  if (!ids || !values || !lengths_out || !offsets || !weights != !weights_out)
+    return ur__error(UR_STATUS_INVALID, "kjt from_rows: ids, values, lengths and offsets are "
+                     "required, and weights_out exactly when weights are given");
+  int64_t n = ur_tensor_ndim(ids) == 2 ? ur_tensor_dim(ids, 0) : -1;
+  ur_status st = check_rows(ids, "ids", UR_DTYPE_I64, n, H, ids);
+  if (!st && weights) st = check_rows(weights, "weights", UR_DTYPE_F32, n, H, ids);
+  if (!st && lengths) st = check_rows(lengths, "lengths", UR_DTYPE_I32, n, num_keys, ids);
+  if (!st) st = check_room(values, "values", UR_DTYPE_I64, n * H, ids);
+  if (!st) st = check_room(lengths_out, "lengths_out", UR_DTYPE_I32, n * num_keys, ids);
+  if (!st) st = check_room(offsets, "offsets", UR_DTYPE_I64, n * num_keys + 1, ids);
+  if (!st && weights_out) st = check_room(weights_out, "weights_out", UR_DTYPE_F32, n * H, ids);
+  if (st) return st;
+  int64_t *col0 = malloc(sizeof(int64_t) * ((size_t)num_keys + 1)),
+          *val0 = malloc(sizeof(int64_t) * ((size_t)num_keys + 1)), bad = -1;
+  if (!col0 || !val0) {
+    free(col0);
+    free(val0);
+    return ur__error(UR_STATUS_OOM, "kjt from_rows: out of host memory");
+  }
+  col0[0] = 0;
+  for (int32_t k = 0; k < num_keys; k++) col0[k + 1] = col0[k] + hot[k];
+  /* every bag full: the key spans are the columns' (no wait for the device) */
+  for (int32_t k = 0; k <= num_keys; k++) val0[k] = n * col0[k];
+  const ur_backend *be = ur__tensor_backend(ids);
+  int32_t prev = 0;
+  if (!(st = UR__NEED(be, kjt, from_rows)) && !(st = enter(be, ids, &prev))) {
+    st = be->kjt->from_rows(s ? s->handle : NULL, dp(ids), dp(weights), dp(lengths), n, num_keys,
+                            H, col0, hot, dp(lengths_out), dp(offsets), dp(values),
+                            dp(weights_out), lengths ? val0 : NULL, lengths ? &bad : NULL);
+    st = leave(be, ids, prev, st);
+  }
+  if (!st && bad >= 0) {
+    int32_t key = (int32_t)(bad / (n ? n : 1)), got = 0;
+    st = ur_tensor_read(lengths, (bad % (n ? n : 1)) * num_keys + key, 1, &got);
+    if (!st)
+      st = ur__error(UR_STATUS_INVALID,
+                     "kjt from_rows: key '%s' sample %lld has length %d; expected 0..%d (its ids "
+                     "a sample)", keys[key] ? keys[key] : "?", (long long)(bad % (n ? n : 1)),
+                     (int)got, (int)hot[key]);
+  }
+  ur_tensor *v = NULL, *l = NULL, *o = NULL, *w = NULL;
+  if (!st) st = ur_tensor_view(values, &v, 0, val0[num_keys]);
+  if (!st) st = ur_tensor_view(lengths_out, &l, 0, n * num_keys);
+  if (!st) st = ur_tensor_view(offsets, &o, 0, n * num_keys + 1);
+  if (!st && weights_out) st = ur_tensor_view(weights_out, &w, 0, val0[num_keys]);
+  if (!st) st = kjt_make(num_keys, keys, n, NULL, v, l, w, NULL, o, val0, 0, out);
+  ur_tensor_free(v);
+  ur_tensor_free(l);
+  ur_tensor_free(o);
+  ur_tensor_free(w);
+  free(col0);
+  free(val0);
+  return st;
+}
+
 /* ---- placement ---- */
 
 ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place place,
                     int32_t device) {
+  UR__ARGS(k, out);
   *out = NULL;
   ur_tensor *v = NULL, *l = NULL, *w = NULL, *inv = NULL, *off = NULL;
   ur_status st = ur_tensor_to(s, k->values, &v, place, device);
@@ -786,5 +1028,37 @@ ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place place,
   ur_tensor_free(w);
   ur_tensor_free(inv);
   ur_tensor_free(off);
+  return st;
+}
+
+ur_status ur_kjt_copy(ur_stream *s, const ur_kjt *k, ur_tensor *const *into, ur_kjt **out) {
+  UR__ARGS(k, into, out);
+  *out = NULL;
+  static const char *names[5] = {"values", "lengths", "offsets", "weights", "inverse_indices"};
+  const ur_tensor *src[5] = {k->values, k->lengths, k->offsets, k->weights, k->inverse};
+  ur_tensor *dst[5] = {NULL, NULL, NULL, NULL, NULL};
+  ur_status st = UR_STATUS_OK;
+  for (int i = 0; i < 5 && !st; i++) {
+    if (!src[i]) continue;
+    const ur_tensor *b = into ? into[i] : NULL;
+    int64_t n = ur_tensor_numel(src[i]);
+    if (!b)
+      st = ur__error(UR_STATUS_INVALID, "kjt copy: no buffer for its %s", names[i]);
+    else if (ur_tensor_ndim(b) != 1 || ur_tensor_dtype(b) != ur_tensor_dtype(src[i]) ||
+             ur_tensor_numel(b) < n)
+      st = ur__error(UR_STATUS_INVALID,
+                     "kjt copy: the buffer for its %s is %s of %lld elements (%d-D); expected "
+                     "1-D %s of at least %lld",
+                     names[i], ur_dtype_name(ur_tensor_dtype(b)), (long long)ur_tensor_numel(b),
+                     (int)ur_tensor_ndim(b), ur_dtype_name(ur_tensor_dtype(src[i])),
+                     (long long)n);
+    else if (!(st = ur_tensor_view(b, &dst[i], 0, n)))
+      st = ur_tensor_copy(s, src[i], dst[i]);
+  }
+  /* The key spans come from the source, so nothing waits for the copies. */
+  if (!st)
+    st = kjt_make(k->nkeys, (const char *const *)k->keys, k->stride, k->variable ? k->spk : NULL,
+                  dst[0], dst[1], dst[3], dst[4], dst[2], k->val0, 0, out);
+  for (int i = 0; i < 5; i++) ur_tensor_free(dst[i]);
   return st;
 }

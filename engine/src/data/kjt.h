@@ -58,7 +58,38 @@ typedef struct ur_kjt_ops {
   ur_status (*dedup)(void *stream, const int64_t *off, const int64_t *val, const float *w,
                      const int32_t *len, int32_t nkeys, int64_t stride, int64_t *map,
                      int64_t *inv, int64_t *spk, int64_t *val0);
+  /* Sample-major rows to key-major bags: len_out[k * n + i] = len[i * nkeys + k] (hot[k] when
+   * len is NULL: every bag full), off_out [nkeys * n + 1] their running sum, and bag (k, i)
+   * copied from ids[i * H + col0[k]] (and w) to val_out (w_out) at its offset.  col0 [nkeys]
+   * and hot [nkeys] are host arrays.  With len it waits and gives val0 [nkeys + 1] (host): each
+   * key's first value and the total, and bad: the first bag (k * n + i) whose length is
+   * outside 0..hot[k] (its bag is left empty), -1: none; without, nothing waits (the caller
+   * knows them). */
+  ur_status (*from_rows)(void *stream, const int64_t *ids, const float *w, const int32_t *len,
+                         int64_t n, int32_t nkeys, int64_t H, const int64_t *col0,
+                         const int32_t *hot, int32_t *len_out, int64_t *off_out, int64_t *val_out,
+                         float *w_out, int64_t *val0, int64_t *bad);
+  /* Row-wise bucketing of one key's nb bags (off [nb + 1] into val): cnt [buckets * nb],
+   * bucket-major, counts each bag's ids with id / block == b; waits and gives bad: the first
+   * value index holding an id outside [0, rows), or -1. */
+  ur_status (*bucket_count)(void *stream, const int64_t *off, const int64_t *val, int64_t nb,
+                            int64_t block, int64_t rows, int32_t buckets, int32_t *cnt,
+                            int64_t *bad);
+  /* Each bag's ids (as id - b * block) and weights (w may be NULL), in order, to its bucket's
+   * bag: off_out [buckets * nb], bucket-major, the first value of each output bag. */
+  ur_status (*bucket_fill)(void *stream, const int64_t *off, const int64_t *val, const float *w,
+                           int64_t nb, int64_t block, int32_t buckets, const int64_t *off_out,
+                           int64_t *val_out, float *w_out);
 } ur_kjt_ops;
+
+/* A KJT on offsets the caller computed (kjt.c; the loader's): no scan, no allocation but the
+ * views.  offsets i64 [num_keys * stride + 1] in values' placement, val0 (host) each key's first
+ * value and the total. */
+UR__HIDDEN ur_status ur__kjt_new_with_offsets(struct ur_kjt **out, int32_t num_keys,
+                                              const char *const *keys, int64_t stride,
+                                              struct ur_tensor *values, struct ur_tensor *lengths,
+                                              struct ur_tensor *weights, struct ur_tensor *offsets,
+                                              const int64_t *val0);
 
 /* The CPU reference (kjt_cpu.c); the CUDA backend's is ur__cuda_kjt_ops (kernels/kjt.cu). */
 UR__HIDDEN extern const ur_kjt_ops ur__cpu_kjt_ops;

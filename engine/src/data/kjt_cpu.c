@@ -189,6 +189,70 @@ static ur_status cpu_dedup(void *stream, const int64_t *off, const int64_t *val,
   return UR_STATUS_OK;
 }
 
+static ur_status cpu_from_rows(void *stream, const int64_t *ids, const float *w,
+                               const int32_t *len, int64_t n, int32_t nkeys, int64_t H,
+                               const int64_t *col0, const int32_t *hot, int32_t *len_out,
+                               int64_t *off_out, int64_t *val_out, float *w_out, int64_t *val0,
+                               int64_t *bad) {
+  (void)stream;
+  int64_t sum = 0;
+  off_out[0] = 0;
+  if (bad) *bad = -1;
+  for (int32_t k = 0; k < nkeys; k++) {
+    if (val0) val0[k] = sum;
+    for (int64_t i = 0; i < n; i++) {
+      int64_t b = k * n + i;
+      int32_t l = len ? len[i * nkeys + k] : hot[k];
+      if (l < 0 || l > hot[k]) {
+        if (bad && *bad < 0) *bad = b;
+        l = 0;
+      }
+      len_out[b] = l;
+      const int64_t *src = ids + i * H + col0[k];
+      for (int32_t q = 0; q < l; q++) {
+        val_out[sum + q] = src[q];
+        if (w_out) w_out[sum + q] = w[i * H + col0[k] + q];
+      }
+      sum += l;
+      off_out[b + 1] = sum;
+    }
+  }
+  if (val0) val0[nkeys] = sum;
+  return UR_STATUS_OK;
+}
+
+static ur_status cpu_bucket_count(void *stream, const int64_t *off, const int64_t *val,
+                                  int64_t nb, int64_t block, int64_t rows, int32_t buckets,
+                                  int32_t *cnt, int64_t *bad) {
+  (void)stream;
+  *bad = -1;
+  memset(cnt, 0, sizeof *cnt * (size_t)nb * (size_t)buckets);
+  for (int64_t j = 0; j < nb; j++)
+    for (int64_t v = off[j]; v < off[j + 1]; v++) {
+      if (val[v] < 0 || val[v] >= rows) {
+        if (*bad < 0) *bad = v;
+        continue;
+      }
+      cnt[(val[v] / block) * nb + j]++;
+    }
+  return UR_STATUS_OK;
+}
+
+static ur_status cpu_bucket_fill(void *stream, const int64_t *off, const int64_t *val,
+                                 const float *w, int64_t nb, int64_t block, int32_t buckets,
+                                 const int64_t *off_out, int64_t *val_out, float *w_out) {
+  (void)stream;
+  for (int64_t j = 0; j < nb; j++)
+    for (int32_t b = 0, k = 0; b < buckets; b++, k = 0)
+      for (int64_t v = off[j]; v < off[j + 1]; v++)
+        if (val[v] / block == b) {
+          int64_t d = off_out[(int64_t)b * nb + j] + k++;
+          val_out[d] = val[v] - (int64_t)b * block;
+          if (w) w_out[d] = w[v];
+        }
+  return UR_STATUS_OK;
+}
+
 const ur_kjt_ops ur__cpu_kjt_ops = {
     .offsets = cpu_offsets,
     .validate = cpu_validate,
@@ -198,4 +262,7 @@ const ur_kjt_ops ur__cpu_kjt_ops = {
     .bag_copy = cpu_bag_copy,
     .expand_rows = cpu_expand_rows,
     .dedup = cpu_dedup,
+    .from_rows = cpu_from_rows,
+    .bucket_count = cpu_bucket_count,
+    .bucket_fill = cpu_bucket_fill,
 };

@@ -1,26 +1,36 @@
-/* loader.c: the batch loader.  One thread reads windows of rows from a source (synthetic,
- * Criteo TSV, day files) into a staging area, permutes each window with a seeded shuffle and
- * cuts batches into a ring of pinned slots; the consumer takes them in order and releases
- * them.  Stopping (close) and errors of the thread both end it cleanly: the thread is joined
- * and every buffer freed. */
+/* loader.c: the batch loader.  Worker threads each make whole batches.  A dispatcher (run by
+ * one worker at a time) hands the batches out in order, each a run of positions of one epoch,
+ * and prepares the windows they read: a window's Fisher-Yates permutation, drawn from Philox
+ * at (epoch, window, i), and for TSV its rows, read in order.  The worker then reads its
+ * batch's rows straight from the source (day files mapped in memory, the synthetic generator,
+ * or the window's TSV rows) into a slot of pinned buffers: dense, labels, and the KJT key-major
+ * with its offsets, written in one pass.  The consumer takes the batches in order, so the
+ * batches and a resume position are the same on any number of threads.  Stopping (close) and
+ * errors end it cleanly: the threads are joined and every buffer freed. */
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include "data/data.h"
+#include "data/kjt.h"
+#include "data/synth.h"
 #include "core/philox.h"
 
 size_t ur_sizeof_loader_opts(void) { return sizeof(ur_loader_opts); }
 size_t ur_sizeof_loader_stats(void) { return sizeof(ur_loader_stats); }
 
-enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_TAKEN };
+enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_TAKEN, SLOT_ERROR };
 
 struct ur_batch {
   int state;
+  int64_t index;             /* which batch of the run this slot holds */
   int64_t size, epoch, first;
+  int64_t next;              /* the position after it: first + size, or past the global batch
+                              * a slice was cut from */
   /* whole-capacity buffers, and this batch's views of them */
-  ur_tensor *dense_buf, *labels_buf, *groups_buf, *values_buf, *lengths_buf, *weights_buf;
+  ur_tensor *dense_buf, *labels_buf, *groups_buf, *values_buf, *lengths_buf, *weights_buf,
+      *offsets_buf;
   ur_tensor *dense, *labels, *groups;
   ur_kjt *sparse;
   uint64_t bytes;
@@ -32,54 +42,90 @@ typedef struct day {
   int64_t rows, first;       /* rows, and the global row of the first */
 } day;
 
+/* A window of rows of one epoch: its permutation, and for TSV the rows themselves. */
+typedef struct win {
+  int64_t epoch, index, rows;
+  int64_t *perm;             /* position -> row within the window; NULL: in order */
+  int drawn;                 /* the permutation: 0 to draw, 1 being drawn, 2 ready */
+  int refs;                  /* batches handed out that read it */
+  int32_t *t_labels;         /* TSV: the rows as read */
+  float *t_dense;
+  uint32_t *t_ids;
+  struct win *next;
+} win;
+
+/* A batch handed to a worker: positions k .. k + n - 1 of an epoch, or an error in its place. */
+typedef struct job {
+  int64_t index, epoch, k, n;
+  int nwins;
+  win **wins;                /* windows k / W, k / W + 1, ... (the worker's array) */
+  ur_status err;
+  char msg[1024];
+} job;
+
+typedef struct worker {
+  struct ur_loader *l;
+  pthread_t thread;
+  win **wins;
+  int64_t *ids;              /* a block of samples' ids, weights and lengths (out_rows) */
+  float *w;
+  int32_t *len;
+} worker;
+
 struct ur_loader {
   ur_loader_opts o;
   char **paths, **keys;
   ur_synth_spec synth;
+  ur__synth *sx;             /* the synthetic spec, expanded */
   int32_t T, D;
   int64_t H, B;
   int32_t hot_max[UR_SYNTH_MAX_TABLES];
   int64_t col0[UR_SYNTH_MAX_TABLES + 1];
-  int weighted, grouped;
+  int64_t rows_mod[UR_SYNTH_MAX_TABLES]; /* day files: ids of table t mod rows_mod[t] (> 0) */
+  int weighted, grouped, one_hot; /* one_hot: every table one id a sample */
   /* the rows of this rank per epoch: [lo, hi) of the source (hi -1: unknown, TSV) */
   int64_t total, lo, hi;
-  /* staging: one window of rows in storage order */
-  int64_t W;
-  float *s_dense, *s_labels, *s_weights;
-  int64_t *s_ids, *s_groups, *perm;
-  int32_t *s_len;
-  int64_t win_index, win_rows, win_epoch; /* which window is staged */
-  /* the batch being gathered, row by row from the window (it may span two windows) */
-  float *g_dense, *g_labels, *g_weights;
-  int64_t *g_ids, *g_groups;
-  int32_t *g_len;
+  int64_t W;                 /* rows a window */
   /* sources */
   ur_criteo_reader *tsv;
   int64_t tsv_next;          /* the row the TSV reader gives next */
-  int32_t *t_labels;
-  float *t_dense;
-  uint32_t *t_ids;
   day *days;
   int ndays;
-  /* slots */
+  /* the dispatcher's state, under dmu */
+  pthread_mutex_t dmu;
+  pthread_cond_t wcv;        /* a window's permutation is drawn */
+  win *wins;
+  int64_t d_index, d_epoch, d_k;
+  int d_done;
+  ur_status pending;         /* a TSV error met after some rows: raised once they are out */
+  char pending_msg[1024];
+  int fail_next;             /* the batch just handed out is the last before that error */
+  /* the workers */
+  worker *workers;
+  int nworkers, nstarted;
+  /* the slots and the consumer, under mu */
   ur_batch *slots;
   int nslots;
-  int64_t head, tail;        /* batches made, batches handed out */
-  pthread_t thread;
-  int started;
+  int64_t ahead;             /* batches made or in the making ahead of the consumer */
+  int64_t tail;              /* batches handed to the consumer */
+  int64_t njobs;             /* batches in all (errors included) once known; -1 before */
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  int stop, finished;
+  int stop, locks;
   ur_status err;
   char errmsg[1024];
-  ur_status pending;         /* a source error met after some rows: raised once they are out */
-  char pending_msg[1024];
   ur_loader_stats stats;
 };
 
 static double now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double cpu_s(void) { /* this thread's CPU time: what a batch costs, whatever the load */
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -209,123 +255,6 @@ static ur_status open_bin(ur_loader *l) {
   return bin_layout(l, dir, l->days[0].sparse.info.shape[1], l->days[0].dense.info.shape[1]);
 }
 
-/* Rows r0.. of day d into staging rows at0.. (one range of a parallel loop). */
-typedef struct bin_job {
-  ur_loader *l;
-  const day *d;
-  int64_t r0, at0;
-} bin_job;
-
-static void bin_rows(void *ctx, size_t i0, size_t i1) {
-  const bin_job *j = ctx;
-  ur_loader *l = j->l;
-  const day *d = j->d;
-  const ur_npy_info *li = &d->labels.info, *si = &d->sparse.info;
-  for (size_t ii = i0; ii < i1; ii++) {
-    int64_t r = j->r0 + (int64_t)ii, at = j->at0 + (int64_t)ii;
-    memcpy(l->s_dense + at * l->D, (const float *)d->dense.data + r * l->D, sizeof(float) * (size_t)l->D);
-    if (li->descr[1] == 'f') {
-      float v;
-      memcpy(&v, (const char *)d->labels.data + (size_t)r * 4, 4);
-      l->s_labels[at] = v;
-    } else if (li->item_bytes == 8) {
-      int64_t v;
-      memcpy(&v, (const char *)d->labels.data + (size_t)r * 8, 8);
-      l->s_labels[at] = (float)v;
-    } else {
-      int32_t v;
-      memcpy(&v, (const char *)d->labels.data + (size_t)r * 4, 4);
-      l->s_labels[at] = (float)v;
-    }
-    int64_t *ids = l->s_ids + at * l->H;
-    const char *src = (const char *)d->sparse.data + (size_t)r * (size_t)l->H * si->item_bytes;
-    for (int64_t c = 0; c < l->H; c++) {
-      int64_t v;
-      if (si->item_bytes == 8) memcpy(&v, src + c * 8, 8);
-      else if (si->descr[1] == 'u') {
-        uint32_t u;
-        memcpy(&u, src + c * 4, 4);
-        v = u;
-      } else {
-        int32_t x;
-        memcpy(&x, src + c * 4, 4);
-        v = x;
-      }
-      ids[c] = v;
-    }
-    for (int t = 0; t < l->T; t++) {
-      int32_t len = 0;
-      int64_t rows = t < 26 ? l->o.criteo.rows[t] : 0;
-      for (int64_t c = l->col0[t]; c < l->col0[t + 1]; c++) {
-        if (ids[c] < 0) break; /* -1 pads a multi-hot bag */
-        if (rows > 0) ids[c] %= rows;
-        len++;
-      }
-      l->s_len[at * l->T + t] = len;
-    }
-    if (l->weighted)
-      memcpy(l->s_weights + at * l->H, (const float *)d->weights.data + r * l->H,
-             sizeof(float) * (size_t)l->H);
-    if (l->grouped) {
-      const ur_npy_info *gi = &d->groups.info;
-      int64_t g = 0;
-      if (gi->item_bytes == 8) memcpy(&g, (const char *)d->groups.data + r * 8, 8);
-      else {
-        int32_t x;
-        memcpy(&x, (const char *)d->groups.data + r * 4, 4);
-        g = x;
-      }
-      l->s_groups[at] = g;
-    }
-  }
-}
-
-/* Rows [row0, row0 + n) of the day files into staging rows 0..n-1, on every core. */
-static ur_status read_bin(ur_loader *l, int64_t row0, int64_t n) {
-  int64_t done = 0;
-  int di = 0;
-  while (di + 1 < l->ndays && l->days[di + 1].first <= row0) di++;
-  while (done < n) {
-    const day *d = &l->days[di];
-    int64_t r = row0 + done - d->first, k = d->rows - r;
-    if (k > n - done) k = n - done;
-    if (k <= 0) {
-      di++;
-      if (di >= l->ndays)
-        return ur__error(UR_STATUS_INVALID, "criteo-bin: row %lld past the end", (long long)(row0 + done));
-      continue;
-    }
-    bin_job j = {l, d, r, done};
-    ur__parallel_for((size_t)k, 2048, bin_rows, &j);
-    done += k;
-  }
-  return UR_STATUS_OK;
-}
-
-static ur_status read_synth(ur_loader *l, int64_t row0, int64_t n) {
-  ur_tensor *t[6] = {0};
-  int64_t s1[1] = {n}, sd[2] = {n, l->D}, sh[2] = {n, l->H}, st_[2] = {n, l->T};
-  /* Host tensors wrapping the staging arrays would need an adopt API; generate into
-   * temporaries and copy (a few percent of the generator's time). */
-  ur_status st = ur_tensor_new(&t[0], UR_DTYPE_F32, 2, sd, UR_PLACE_HOST, UR_LOC_CPU);
-  if (!st) st = ur_tensor_new(&t[1], UR_DTYPE_F32, 1, s1, UR_PLACE_HOST, UR_LOC_CPU);
-  if (!st) st = ur_tensor_new(&t[2], UR_DTYPE_I64, 2, sh, UR_PLACE_HOST, UR_LOC_CPU);
-  if (!st && l->weighted) st = ur_tensor_new(&t[3], UR_DTYPE_F32, 2, sh, UR_PLACE_HOST, UR_LOC_CPU);
-  if (!st) st = ur_tensor_new(&t[4], UR_DTYPE_I32, 2, st_, UR_PLACE_HOST, UR_LOC_CPU);
-  if (!st && l->grouped) st = ur_tensor_new(&t[5], UR_DTYPE_I64, 1, s1, UR_PLACE_HOST, UR_LOC_CPU);
-  if (!st) st = ur_synth_generate(NULL, &l->synth, row0, n, t[0], t[1], t[2], t[3], t[4], t[5], NULL);
-  if (!st) {
-    memcpy(l->s_dense, ur_tensor_data(t[0]), sizeof(float) * (size_t)(n * l->D));
-    memcpy(l->s_labels, ur_tensor_data(t[1]), sizeof(float) * (size_t)n);
-    memcpy(l->s_ids, ur_tensor_data(t[2]), sizeof(int64_t) * (size_t)(n * l->H));
-    if (t[3]) memcpy(l->s_weights, ur_tensor_data(t[3]), sizeof(float) * (size_t)(n * l->H));
-    memcpy(l->s_len, ur_tensor_data(t[4]), sizeof(int32_t) * (size_t)(n * l->T));
-    if (t[5]) memcpy(l->s_groups, ur_tensor_data(t[5]), sizeof(int64_t) * (size_t)n);
-  }
-  for (int i = 0; i < 6; i++) ur_tensor_free(t[i]);
-  return st;
-}
-
 static ur_status tsv_restart(ur_loader *l) {
   ur_criteo_close(l->tsv);
   l->tsv = NULL;
@@ -333,77 +262,211 @@ static ur_status tsv_restart(ur_loader *l) {
   return ur_criteo_open(&l->tsv, (const char *const *)l->paths, l->o.npaths, &l->o.criteo);
 }
 
-/* Up to n rows from row0 (TSV reads forward, restarting when asked to go back); *got is
- * fewer than n at the end of the files. */
-static ur_status read_tsv(ur_loader *l, int64_t row0, int64_t n, int64_t *got) {
+/* Up to n TSV rows from row0 into window x (the reader goes forward, restarting when asked to
+ * go back); *got is fewer than n at the end of the files.  An error after some rows is kept
+ * as pending and raised once those rows are out. */
+static ur_status read_tsv(ur_loader *l, win *x, int64_t row0, int64_t n, int64_t *got) {
   ur_status st;
   *got = 0;
   if (!l->tsv || row0 < l->tsv_next)
     if ((st = tsv_restart(l))) return st;
   int64_t m;
-  while (l->tsv_next < row0) { /* skip */
+  while (l->tsv_next < row0) { /* skip, through the window's arrays */
     int64_t want = row0 - l->tsv_next < l->W ? row0 - l->tsv_next : l->W;
-    if ((st = ur_criteo_read(l->tsv, want, l->t_labels, l->t_dense, l->t_ids, &m))) return st;
+    if ((st = ur_criteo_read(l->tsv, want, x->t_labels, x->t_dense, x->t_ids, &m))) return st;
     if (!m) return UR_STATUS_OK;
     l->tsv_next += m;
   }
   while (*got < n) {
-    if ((st = ur_criteo_read(l->tsv, n - *got, l->t_labels, l->t_dense, l->t_ids, &m))) {
+    if ((st = ur_criteo_read(l->tsv, n - *got, x->t_labels + *got, x->t_dense + *got * 13,
+                             x->t_ids + *got * 26, &m))) {
       if (!*got) return st;
       l->pending = st;
       snprintf(l->pending_msg, sizeof l->pending_msg, "%s", ur_last_error());
       return UR_STATUS_OK;
     }
     if (!m) break;
-    for (int64_t i = 0; i < m; i++) {
-      int64_t r = *got + i;
-      l->s_labels[r] = (float)l->t_labels[i];
-      memcpy(l->s_dense + r * 13, l->t_dense + i * 13, 13 * sizeof(float));
-      for (int c = 0; c < 26; c++) {
-        l->s_ids[r * 26 + c] = l->t_ids[i * 26 + c];
-        l->s_len[r * 26 + c] = 1;
-      }
-    }
     *got += m;
     l->tsv_next += m;
   }
   return UR_STATUS_OK;
 }
 
-/* ---- windows ---- */
+/* ---- windows (the dispatcher's, under dmu) ---- */
 
-/* Loads window w of epoch e (rows lo + w*W ...) and its permutation; win_rows 0 at the end. */
-static ur_status load_window(ur_loader *l, int64_t e, int64_t w) {
-  int64_t row0 = l->lo + w * l->W, n = l->W;
-  ur_status st = UR_STATUS_OK;
+static void win_free(win *x) {
+  if (!x) return;
+  free(x->perm);
+  free(x->t_labels);
+  free(x->t_dense);
+  free(x->t_ids);
+  free(x);
+}
+
+/* Window w of epoch e, with a reference for the caller: kept from before, or made (a window no
+ * batch reads any more, from before it, is reused: windows are asked for in order). */
+static ur_status get_window(ur_loader *l, int64_t e, int64_t w, win **out) {
+  *out = NULL;
+  win *x = NULL;
+  for (win *y = l->wins; y; y = y->next)
+    if (y->epoch == e && y->index == w) {
+      y->refs++;
+      *out = y;
+      return UR_STATUS_OK;
+    }
+  for (win *y = l->wins; y && !x; y = y->next)
+    if (!y->refs && (y->epoch < e || (y->epoch == e && y->index < w))) x = y;
+  if (!x) {
+    int bad = !(x = calloc(1, sizeof *x));
+    if (!bad && l->o.shuffle_window > 0) bad = !(x->perm = malloc(sizeof(int64_t) * (size_t)l->W));
+    if (!bad && l->o.source == UR_SOURCE_CRITEO_TSV) {
+      bad = !(x->t_labels = malloc(sizeof(int32_t) * (size_t)l->W)) ||
+            !(x->t_dense = malloc(sizeof(float) * 13 * (size_t)l->W)) ||
+            !(x->t_ids = malloc(sizeof(uint32_t) * 26 * (size_t)l->W));
+    }
+    if (bad) {
+      win_free(x);
+      return ur__error(UR_STATUS_OOM, "loader: out of host memory for a window of %lld rows",
+                       (long long)l->W);
+    }
+    x->next = l->wins;
+    l->wins = x;
+  }
+  x->epoch = e;
+  x->index = w;
+  x->rows = 0;
+  int64_t row0 = l->lo + w * l->W, n = l->W, got = 0;
   if (l->hi >= 0) {
     n = l->hi - row0;
     if (n > l->W) n = l->W;
     if (n < 0) n = 0;
   }
-  int64_t got = n;
-  if (n > 0) {
-    if (l->o.source == UR_SOURCE_CRITEO_TSV) st = read_tsv(l, row0, n, &got);
-    else if (l->o.source == UR_SOURCE_CRITEO_BIN) st = read_bin(l, row0, n);
-    else st = read_synth(l, row0, n);
+  got = n;
+  ur_status st = UR_STATUS_OK;
+  if (n > 0 && l->o.source == UR_SOURCE_CRITEO_TSV) st = read_tsv(l, x, row0, n, &got);
+  if (st) {
+    x->epoch = -1; /* nothing valid: reusable at once */
+    return st;
   }
-  if (st) return st;
-  l->win_index = w;
-  l->win_epoch = e;
-  l->win_rows = got;
-  for (int64_t i = 0; i < got; i++) l->perm[i] = i;
-  if (l->o.shuffle_window > 0) {
-    /* Fisher-Yates drawing from Philox at (epoch, window, i): the same order on a resume. */
-    uint64_t key = l->o.seed ^ 0x5DEECE66Dull;
-    for (int64_t i = got - 1; i > 0; i--) {
-      ur_philox4 r = ur_philox(((uint64_t)e << 44) ^ ((uint64_t)w << 24) ^ (uint64_t)i, key);
-      uint64_t x = ((uint64_t)r.v[0] << 32 | r.v[1]) % (uint64_t)(i + 1);
-      int64_t tmp = l->perm[i];
-      l->perm[i] = l->perm[x];
-      l->perm[x] = tmp;
-    }
-  }
+  x->rows = got;
+  x->drawn = x->perm ? 0 : 2;
+  x->refs = 1;
+  *out = x;
   return UR_STATUS_OK;
+}
+
+/* Window x's permutation, drawn by the first worker that needs it (outside the dispatcher's
+ * lock: windows are drawn by several workers at once), waited for by the others. */
+static void draw_window(ur_loader *l, win *x) {
+  pthread_mutex_lock(&l->dmu);
+  while (x->drawn == 1) pthread_cond_wait(&l->wcv, &l->dmu);
+  int mine = x->drawn == 0;
+  if (mine) x->drawn = 1;
+  pthread_mutex_unlock(&l->dmu);
+  if (!mine) return;
+  /* Fisher-Yates drawing from Philox at (epoch, window, i): the same order on a resume. */
+  int64_t *p = x->perm, got = x->rows;
+  uint64_t key = l->o.seed ^ 0x5DEECE66Dull, e = (uint64_t)x->epoch, w = (uint64_t)x->index;
+  for (int64_t i = 0; i < got; i++) p[i] = i;
+  for (int64_t i = got - 1; i > 0; i--) {
+    ur_philox4 r = ur_philox((e << 44) ^ (w << 24) ^ (uint64_t)i, key);
+    uint64_t k = ((uint64_t)r.v[0] << 32 | r.v[1]) % (uint64_t)(i + 1);
+    int64_t tmp = p[i];
+    p[i] = p[k];
+    p[k] = tmp;
+  }
+  pthread_mutex_lock(&l->dmu);
+  x->drawn = 2;
+  pthread_cond_broadcast(&l->wcv);
+  pthread_mutex_unlock(&l->dmu);
+}
+
+static void release_windows(job *j) {
+  for (int i = 0; i < j->nwins; i++) j->wins[i]->refs--;
+  j->nwins = 0;
+}
+
+static void set_samples_per_epoch(ur_loader *l, int64_t n) {
+  pthread_mutex_lock(&l->mu);
+  l->stats.samples_per_epoch = n;
+  pthread_mutex_unlock(&l->mu);
+}
+
+/* The next batch in order into j (1), or 0 when there are no more.  Under dmu.  Batches never
+ * cross an epoch; a partial last batch is dropped on request; an error of the source becomes
+ * a batch of its own, after the batches made before it, and the last one. */
+static int dispatch(ur_loader *l, job *j) {
+  j->nwins = 0;
+  j->err = UR_STATUS_OK;
+  for (;;) {
+    if (l->d_done) return 0;
+    if (l->fail_next) {
+      j->err = l->pending;
+      snprintf(j->msg, sizeof j->msg, "%s", l->pending_msg);
+      j->index = l->d_index++;
+      l->d_done = 1;
+      return 1;
+    }
+    int64_t e = l->d_epoch, k = l->d_k, n = 0;
+    if (l->o.epochs > 0 && e >= l->o.epochs) {
+      l->d_done = 1;
+      return 0;
+    }
+    int end = 0, then_fail = 0;
+    ur_status st = UR_STATUS_OK;
+    while (n < l->B) {
+      int64_t w = (k + n) / l->W, off = (k + n) % l->W;
+      win *x = j->nwins ? j->wins[j->nwins - 1] : NULL;
+      if (!x || x->index != w) {
+        if ((st = get_window(l, e, w, &x))) break;
+        j->wins[j->nwins++] = x;
+      }
+      if (off >= x->rows) {
+        if (l->pending) then_fail = 1;
+        end = 1;
+        break;
+      }
+      int64_t take = x->rows - off;
+      if (take > l->B - n) take = l->B - n;
+      n += take;
+    }
+    if (st) {
+      release_windows(j);
+      j->err = st;
+      snprintf(j->msg, sizeof j->msg, "%s", ur_last_error());
+      j->index = l->d_index++;
+      l->d_done = 1;
+      return 1;
+    }
+    if (l->hi >= 0 && l->lo + k + n >= l->hi) end = 1;
+    if (end && l->hi < 0) set_samples_per_epoch(l, k + n);
+    if (then_fail && (!n || (n < l->B && l->o.drop_last))) {
+      release_windows(j);
+      l->fail_next = 1;
+      continue;
+    }
+    if (!n || (n < l->B && l->o.drop_last)) {
+      release_windows(j);
+      if (!k) { /* an epoch without a batch: so are the next ones */
+        l->d_done = 1;
+        return 0;
+      }
+      l->d_epoch++;
+      l->d_k = 0;
+      continue;
+    }
+    j->index = l->d_index++;
+    j->epoch = e;
+    j->k = k;
+    j->n = n;
+    l->d_k = k + n;
+    if (then_fail) l->fail_next = 1;
+    if (end) {
+      l->d_epoch++;
+      l->d_k = 0;
+    }
+    return 1;
+  }
 }
 
 /* ---- batches ---- */
@@ -425,210 +488,372 @@ static void slot_free(ur_batch *b) {
   ur_tensor_free(b->values_buf);
   ur_tensor_free(b->lengths_buf);
   ur_tensor_free(b->weights_buf);
+  ur_tensor_free(b->offsets_buf);
+}
+
+/* The bytes of one slot's buffers (for the accounting of host memory). */
+static uint64_t slot_bytes(int64_t B, int64_t D, int64_t H, int64_t T, int weighted, int grouped) {
+  return (uint64_t)B * (uint64_t)(D * 4 + 4 + (grouped ? 8 : 0) + H * (weighted ? 12 : 8) + T * 4 +
+                                  T * 8) + 8;
 }
 
 static ur_status slot_alloc(ur_loader *l, ur_batch *b) {
   ur_place p = l->o.placement == UR_PLACE_HOST ? UR_PLACE_HOST : UR_PLACE_PINNED;
-  int64_t sd[2] = {l->B, l->D}, s1[1] = {l->B}, sv[1] = {l->B * l->H}, sl[1] = {l->B * l->T};
+  int64_t sd[2] = {l->B, l->D}, s1[1] = {l->B}, sv[1] = {l->B * l->H}, sl[1] = {l->B * l->T},
+          so[1] = {l->B * l->T + 1};
+  b->index = -1;
   ur_status st = ur_tensor_new(&b->dense_buf, UR_DTYPE_F32, 2, sd, p, UR_LOC_CPU);
   if (!st) st = ur_tensor_new(&b->labels_buf, UR_DTYPE_F32, 1, s1, p, UR_LOC_CPU);
   if (!st && l->grouped) st = ur_tensor_new(&b->groups_buf, UR_DTYPE_I64, 1, s1, p, UR_LOC_CPU);
   if (!st) st = ur_tensor_new(&b->values_buf, UR_DTYPE_I64, 1, sv, p, UR_LOC_CPU);
   if (!st) st = ur_tensor_new(&b->lengths_buf, UR_DTYPE_I32, 1, sl, p, UR_LOC_CPU);
+  if (!st) st = ur_tensor_new(&b->offsets_buf, UR_DTYPE_I64, 1, so, p, UR_LOC_CPU);
   if (!st && l->weighted) st = ur_tensor_new(&b->weights_buf, UR_DTYPE_F32, 1, sv, p, UR_LOC_CPU);
   return st;
 }
 
-/* Rows perm[off .. off+take) of the window to rows n0.. of the batch being gathered. */
-typedef struct gather_job {
-  ur_loader *l;
-  int64_t off, n0;
-} gather_job;
-
-static void gather_rows(void *ctx, size_t i0, size_t i1) {
-  const gather_job *j = ctx;
-  ur_loader *l = j->l;
-  for (size_t i = i0; i < i1; i++) {
-    int64_t r = l->perm[j->off + (int64_t)i], g = j->n0 + (int64_t)i;
-    memcpy(l->g_dense + g * l->D, l->s_dense + r * l->D, sizeof(float) * (size_t)l->D);
-    l->g_labels[g] = l->s_labels[r];
-    memcpy(l->g_ids + g * l->H, l->s_ids + r * l->H, sizeof(int64_t) * (size_t)l->H);
-    memcpy(l->g_len + g * l->T, l->s_len + r * l->T, sizeof(int32_t) * (size_t)l->T);
-    if (l->weighted)
-      memcpy(l->g_weights + g * l->H, l->s_weights + r * l->H, sizeof(float) * (size_t)l->H);
-    if (l->grouped) l->g_groups[g] = l->s_groups[r];
-  }
-}
-
-static void gather(ur_loader *l, int64_t off, int64_t take, int64_t n0) {
-  gather_job j = {l, off, n0};
-  ur__parallel_for((size_t)take, 4096, gather_rows, &j);
-}
-
-/* Key t of the gathered rows into the batch's lengths and values (keys run in parallel; each
- * knows where its values start). */
-typedef struct key_job {
-  ur_loader *l;
+/* Where a batch's rows go.  Dense features and labels straight into the slot; ids, weights
+ * and lengths first into a block of BLOCK samples (sample-major, small enough for the L1 and L2
+ * caches), then out key-major: sample i's bag of table t padded at values[n * col0[t] + i *
+ * hot_max[t]], its length at lengths[t * n + i].  Written a block at a time, each table's run is
+ * contiguous: a few store streams instead of one a table and a length a sample. */
+#define BLOCK 128
+typedef struct out_rows {
   int64_t n;
-  int64_t *vstart;
-  int64_t *vals;
-  int32_t *lens;
-  float *w;
-} key_job;
+  float *dense, *labels, *weights;
+  int64_t *values, *groups, *offsets;
+  int32_t *lengths;
+  int64_t *bids;             /* the block: ids [BLOCK, H], weights, lengths [BLOCK, T] */
+  float *bw;
+  int32_t *blen;
+  int64_t tot[UR_SYNTH_MAX_TABLES]; /* values per table */
+} out_rows;
 
-static void key_lengths(void *ctx, size_t t0, size_t t1) {
-  const key_job *j = ctx;
-  ur_loader *l = j->l;
-  for (size_t t = t0; t < t1; t++) {
+/* The slot's big arrays are written once and read by someone else later (the consumer, or a
+ * copy to the GPU): stores that bypass the cache save reading each line before writing it. */
+#if defined(__SSE2__) && defined(__x86_64__)
+#include <emmintrin.h>
+static inline void put64(int64_t *p, int64_t v) { _mm_stream_si64((long long *)p, v); }
+static inline void put32(int32_t *p, int32_t v) { _mm_stream_si32(p, v); }
+static inline void put_fence(void) { _mm_sfence(); }
+#else
+static inline void put64(int64_t *p, int64_t v) { *p = v; }
+static inline void put32(int32_t *p, int32_t v) { *p = v; }
+static inline void put_fence(void) {}
+#endif
+
+/* Samples i0 .. i0 + m - 1 of the block out to the slot, with the offsets they would have if
+ * no bag were short (make_batch mends them when one is). */
+static void flush_block(const ur_loader *l, out_rows *o, int64_t i0, int64_t m) {
+  int64_t n = o->n, H = l->H, T = l->T;
+  for (int64_t t = 0; t < T; t++) {
+    int32_t *len = o->lengths + t * n + i0;
+    int64_t sum = 0, hot = l->hot_max[t], c0 = l->col0[t];
+    int64_t *off = o->offsets + t * n + i0 + 1, at = n * c0 + i0 * hot;
+    for (int64_t s = 0; s < m; s++) {
+      int32_t k = o->blen[s * T + t];
+      put32(len + s, k);
+      put64(off + s, at + (s + 1) * hot);
+      sum += k;
+    }
+    o->tot[t] += sum;
+    int64_t *v = o->values + n * c0 + i0 * hot;
+    if (hot == 1) {
+      for (int64_t s = 0; s < m; s++) put64(v + s, o->bids[s * H + c0]);
+      if (o->weights)
+        for (int64_t s = 0; s < m; s++) o->weights[n * c0 + i0 + s] = o->bw[s * H + c0];
+    } else {
+      for (int64_t s = 0; s < m; s++) {
+        for (int64_t q = 0; q < hot; q++) put64(v + s * hot + q, o->bids[s * H + c0 + q]);
+        if (o->weights)
+          memcpy(o->weights + n * c0 + (i0 + s) * hot, o->bw + s * H + c0, sizeof(float) * (size_t)hot);
+      }
+    }
+  }
+}
+
+static int64_t read_id(const char *src, const ur_npy_info *si, int64_t c) {
+  if (si->item_bytes == 8) {
+    int64_t v;
+    memcpy(&v, src + c * 8, 8);
+    return v;
+  }
+  if (si->descr[1] == 'u') {
+    uint32_t u;
+    memcpy(&u, src + c * 4, 4);
+    return u;
+  }
+  int32_t x;
+  memcpy(&x, src + c * 4, 4);
+  return x;
+}
+
+/* The day holding global row g (*dc: the day last found, where the next row most often is). */
+static const day *day_of(const ur_loader *l, int64_t g, int *dc) {
+  int di = *dc;
+  while (g < l->days[di].first) di--;
+  while (g >= l->days[di].first + l->days[di].rows) di++;
+  *dc = di;
+  return &l->days[di];
+}
+
+/* Rows are read at random within a window (the shuffle), so each is a cache and TLB miss:
+ * the rows PREFETCH samples ahead are asked for while this one is copied. */
+#define PREFETCH 16
+
+static void bin_prefetch(const ur_loader *l, int64_t g, int *dc) {
+  const day *d = day_of(l, g, dc);
+  int64_t r = g - d->first;
+  const char *sp = (const char *)d->sparse.data + (size_t)r * (size_t)l->H * d->sparse.info.item_bytes;
+  const char *dp = (const char *)d->dense.data + (size_t)r * (size_t)l->D * 4;
+  __builtin_prefetch(dp);
+  __builtin_prefetch(dp + l->D * 4 - 1);
+  __builtin_prefetch(sp);
+  __builtin_prefetch(sp + (size_t)l->H * d->sparse.info.item_bytes - 1);
+  __builtin_prefetch((const char *)d->labels.data + (size_t)r * d->labels.info.item_bytes);
+}
+
+/* Global row g of the day files as sample i; *dc caches the day last read. */
+static void bin_row(const ur_loader *l, int64_t g, int64_t i, out_rows *o, int *dc) {
+  const day *d = day_of(l, g, dc);
+  int64_t r = g - d->first;
+  const ur_npy_info *li = &d->labels.info, *si = &d->sparse.info;
+  const float *dsrc = (const float *)d->dense.data + r * l->D;
+  if (l->D == 13) memcpy(o->dense + i * 13, dsrc, 13 * sizeof(float)); /* inlined: Criteo's */
+  else memcpy(o->dense + i * l->D, dsrc, sizeof(float) * (size_t)l->D);
+  if (li->descr[1] == 'f') {
+    float v;
+    memcpy(&v, (const char *)d->labels.data + (size_t)r * 4, 4);
+    o->labels[i] = v;
+  } else if (li->item_bytes == 8) {
+    int64_t v;
+    memcpy(&v, (const char *)d->labels.data + (size_t)r * 8, 8);
+    o->labels[i] = (float)v;
+  } else {
+    int32_t v;
+    memcpy(&v, (const char *)d->labels.data + (size_t)r * 4, 4);
+    o->labels[i] = (float)v;
+  }
+  const char *src = (const char *)d->sparse.data + (size_t)r * (size_t)l->H * si->item_bytes;
+  const float *wsrc = l->weighted ? (const float *)d->weights.data + r * l->H : NULL;
+  int64_t s = i % BLOCK, *ids = o->bids + s * l->H;
+  int32_t *len = o->blen + s * l->T;
+  if (l->one_hot && si->item_bytes == 4 && !wsrc) {
+    /* Criteo's layout: a column a table, 32-bit ids (the common case, kept branch-light) */
+    int is_u = si->descr[1] == 'u';
+    for (int t = 0; t < l->T; t++) {
+      int32_t x;
+      memcpy(&x, src + t * 4, 4);
+      int64_t v = is_u ? (int64_t)(uint32_t)x : (int64_t)x, rows = l->rows_mod[t];
+      len[t] = v >= 0;
+      if (rows > 0 && v >= rows) v %= rows;
+      ids[t] = v;
+    }
+  } else {
+    for (int t = 0; t < l->T; t++) {
+      int64_t rows = l->rows_mod[t], c0 = l->col0[t];
+      int32_t k = 0;
+      for (int64_t c = c0; c < l->col0[t + 1]; c++) {
+        int64_t v = read_id(src, si, c);
+        if (v < 0) break; /* -1 pads a multi-hot bag */
+        if (rows > 0 && v >= rows) v %= rows;
+        ids[c0 + k] = v;
+        if (wsrc) o->bw[s * l->H + c0 + k] = wsrc[c];
+        k++;
+      }
+      len[t] = k;
+    }
+  }
+  if (l->grouped) {
+    const ur_npy_info *gi = &d->groups.info;
+    int64_t gv = 0;
+    if (gi->item_bytes == 8) memcpy(&gv, (const char *)d->groups.data + r * 8, 8);
+    else {
+      int32_t x;
+      memcpy(&x, (const char *)d->groups.data + r * 4, 4);
+      gv = x;
+    }
+    o->groups[i] = gv;
+  }
+}
+
+/* Synthetic sample g as sample i. */
+static void synth_row(const ur_loader *l, int64_t g, int64_t i, out_rows *o) {
+  int64_t s = i % BLOCK;
+  ur__synth_row(l->sx, g, o->dense + i * l->D, o->labels + i, o->bids + s * l->H,
+                l->weighted ? o->bw + s * l->H : NULL, o->blen + s * l->T,
+                l->grouped ? o->groups + i : NULL, NULL);
+}
+
+/* Row r of TSV window x as sample i (the reader reduced the ids already). */
+static void tsv_row(const win *x, int64_t r, int64_t i, out_rows *o) {
+  int64_t s = i % BLOCK;
+  memcpy(o->dense + i * 13, x->t_dense + r * 13, 13 * sizeof(float));
+  o->labels[i] = (float)x->t_labels[r];
+  for (int c = 0; c < 26; c++) {
+    o->bids[s * 26 + c] = x->t_ids[r * 26 + c];
+    o->blen[s * 26 + c] = 1;
+  }
+}
+
+/* Job j's rows into slot b: dense, labels, groups, and the KJT (padded bags closed up where
+ * some are short, then the offsets).  With slice_world > 1 the job is a global batch and only
+ * this rank's slice of it, rows [r0, r0 + n), is read. */
+static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b) {
+  int64_t r0 = 0, n = j->n, T = l->T;
+  if (l->o.slice_world > 1) {
+    r0 = j->n * l->o.slice_rank / l->o.slice_world;
+    n = j->n * (l->o.slice_rank + 1) / l->o.slice_world - r0;
+  }
+  out_rows o;
+  memset(&o, 0, sizeof o);
+  o.n = n;
+  o.dense = ur_tensor_data(b->dense_buf);
+  o.labels = ur_tensor_data(b->labels_buf);
+  o.values = ur_tensor_data(b->values_buf);
+  o.lengths = ur_tensor_data(b->lengths_buf);
+  o.weights = l->weighted ? ur_tensor_data(b->weights_buf) : NULL;
+  o.groups = l->grouped ? ur_tensor_data(b->groups_buf) : NULL;
+  o.offsets = ur_tensor_data(b->offsets_buf);
+  o.offsets[0] = 0;
+  o.bids = wk->ids;
+  o.bw = wk->w;
+  o.blen = wk->len;
+  for (int i = 0; i < j->nwins; i++) draw_window(l, j->wins[i]);
+  int64_t w0 = j->k / l->W;
+  int dc = 0, pc = 0;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t q = j->k + r0 + i;
+    const win *x = j->wins[q / l->W - w0];
+    int64_t off = q % l->W, r = x->perm ? x->perm[off] : off;
+    if (l->o.source == UR_SOURCE_CRITEO_BIN) {
+      if (i + PREFETCH < n) {
+        int64_t qp = q + PREFETCH, op = qp % l->W;
+        const win *xp = j->wins[qp / l->W - w0];
+        bin_prefetch(l, l->lo + xp->index * l->W + (xp->perm ? xp->perm[op] : op), &pc);
+      }
+      bin_row(l, l->lo + x->index * l->W + r, i, &o, &dc);
+    } else if (l->o.source == UR_SOURCE_SYNTHETIC) {
+      synth_row(l, l->lo + x->index * l->W + r, i, &o);
+    } else {
+      tsv_row(x, r, i, &o);
+    }
+    if (i % BLOCK == BLOCK - 1 || i == n - 1) flush_block(l, &o, i - i % BLOCK, i % BLOCK + 1);
+  }
+  put_fence(); /* the streamed stores are done before anything reads them */
+  int64_t val0[UR_SYNTH_MAX_TABLES + 1];
+  val0[0] = 0;
+  int short_bags = 0;
+  for (int64_t t = 0; t < T; t++) {
+    val0[t + 1] = val0[t] + o.tot[t];
+    short_bags |= o.tot[t] != n * l->hot_max[t];
+  }
+  if (short_bags) { /* close the bags up, then offsets from the lengths */
+    for (int64_t t = 0; t < T; t++) {
+      int64_t dst = val0[t], hot = l->hot_max[t];
+      if (dst == n * l->col0[t] && o.tot[t] == n * hot) continue; /* in place already */
+      for (int64_t i = 0; i < n; i++) {
+        int32_t len = o.lengths[t * n + i];
+        int64_t src = n * l->col0[t] + i * hot;
+        if (src != dst) {
+          memmove(o.values + dst, o.values + src, sizeof(int64_t) * (size_t)len);
+          if (o.weights) memmove(o.weights + dst, o.weights + src, sizeof(float) * (size_t)len);
+        }
+        dst += len;
+      }
+    }
     int64_t sum = 0;
-    for (int64_t i = 0; i < j->n; i++) {
-      int32_t len = l->g_len[i * l->T + (int64_t)t];
-      j->lens[(int64_t)t * j->n + i] = len;
-      sum += len;
-    }
-    j->vstart[t + 1] = sum;
-  }
-}
-
-static void key_values(void *ctx, size_t t0, size_t t1) {
-  const key_job *j = ctx;
-  ur_loader *l = j->l;
-  for (size_t t = t0; t < t1; t++) {
-    int64_t nv = j->vstart[t], c0 = l->col0[t];
-    for (int64_t i = 0; i < j->n; i++) {
-      int32_t len = j->lens[(int64_t)t * j->n + i];
-      const int64_t *src = l->g_ids + i * l->H + c0;
-      for (int32_t q = 0; q < len; q++) j->vals[nv + q] = src[q];
-      if (j->w) memcpy(j->w + nv, l->g_weights + i * l->H + c0, sizeof(float) * (size_t)len);
-      nv += len;
+    for (int64_t k = 0; k < T * n; k++) {
+      sum += o.lengths[k];
+      o.offsets[k + 1] = sum;
     }
   }
-}
-
-/* The gathered rows into slot b as a batch of n samples: dense, labels and a key-major KJT. */
-static ur_status fill_batch(ur_loader *l, ur_batch *b, int64_t n) {
-  float *dense = ur_tensor_data(b->dense_buf), *labels = ur_tensor_data(b->labels_buf);
-  int64_t *vals = ur_tensor_data(b->values_buf);
-  int32_t *lens = ur_tensor_data(b->lengths_buf);
-  float *w = l->weighted ? ur_tensor_data(b->weights_buf) : NULL;
-  int64_t *groups = l->grouped ? ur_tensor_data(b->groups_buf) : NULL;
-  memcpy(dense, l->g_dense, sizeof(float) * (size_t)(n * l->D));
-  memcpy(labels, l->g_labels, sizeof(float) * (size_t)n);
-  if (groups) memcpy(groups, l->g_groups, sizeof(int64_t) * (size_t)n);
-  int64_t vstart[UR_SYNTH_MAX_TABLES + 1] = {0};
-  key_job kj = {l, n, vstart, vals, lens, w};
-  ur__parallel_for((size_t)l->T, 1, key_lengths, &kj);
-  for (int t = 0; t < l->T; t++) vstart[t + 1] += vstart[t];
-  ur__parallel_for((size_t)l->T, 1, key_values, &kj);
-  int64_t nv = vstart[l->T];
-  ur_tensor *v = NULL, *ln = NULL, *wt = NULL;
+  int64_t nv = val0[T];
+  ur_tensor *v = NULL, *ln = NULL, *wt = NULL, *of = NULL;
   ur_status st = ur_tensor_view(b->values_buf, &v, 0, nv);
-  if (!st) st = ur_tensor_view(b->lengths_buf, &ln, 0, n * l->T);
-  if (!st && w) st = ur_tensor_view(b->weights_buf, &wt, 0, nv);
+  if (!st) st = ur_tensor_view(b->lengths_buf, &ln, 0, n * T);
+  if (!st) st = ur_tensor_view(b->offsets_buf, &of, 0, n * T + 1);
+  if (!st && o.weights) st = ur_tensor_view(b->weights_buf, &wt, 0, nv);
   if (!st) st = ur_tensor_view(b->dense_buf, &b->dense, 0, n);
   if (!st) st = ur_tensor_view(b->labels_buf, &b->labels, 0, n);
-  if (!st && groups) st = ur_tensor_view(b->groups_buf, &b->groups, 0, n);
+  if (!st && o.groups) st = ur_tensor_view(b->groups_buf, &b->groups, 0, n);
   if (!st)
-    st = ur_kjt_new(&b->sparse, l->T, (const char *const *)l->keys, n, NULL, v, ln, wt, NULL, 0);
+    st = ur__kjt_new_with_offsets(&b->sparse, l->T, (const char *const *)l->keys, n, v, ln, wt, of,
+                                  val0);
   ur_tensor_free(v);
   ur_tensor_free(ln);
   ur_tensor_free(wt);
+  ur_tensor_free(of);
   b->size = n;
-  b->bytes = (uint64_t)n * (uint64_t)(l->D * 4 + 4 + (groups ? 8 : 0) + l->T * 4) +
-             (uint64_t)nv * (w ? 12 : 8);
+  b->epoch = j->epoch;
+  b->first = j->k + r0;
+  b->next = j->k + j->n;
+  b->bytes = (uint64_t)n * (uint64_t)(l->D * 4 + 4 + (o.groups ? 8 : 0) + l->T * 4) +
+             (uint64_t)nv * (o.weights ? 12 : 8);
   return st;
 }
 
-/* ---- the thread ---- */
+/* ---- the workers ---- */
 
-static void set_error(ur_loader *l, ur_status st) {
-  pthread_mutex_lock(&l->mu);
-  l->err = st;
-  snprintf(l->errmsg, sizeof l->errmsg, "%s", ur_last_error());
-  pthread_mutex_unlock(&l->mu);
-}
-
-static ur_batch *wait_free_slot(ur_loader *l) {
-  pthread_mutex_lock(&l->mu);
-  ur_batch *b = &l->slots[l->head % l->nslots];
-  /* depth batches ahead of the consumer; the rest of the ring holds batches it keeps */
-  while (!l->stop && (b->state != SLOT_FREE || l->head - l->tail >= l->o.depth))
-    pthread_cond_wait(&l->cv, &l->mu);
-  if (l->stop) b = NULL;
-  else b->state = SLOT_FILLING;
-  pthread_mutex_unlock(&l->mu);
-  return b;
-}
+static int stopping(ur_loader *l) { return __atomic_load_n(&l->stop, __ATOMIC_ACQUIRE); }
 
 static void *run(void *arg) {
-  ur_loader *l = arg;
-  ur_status st = UR_STATUS_OK;
-  int64_t epoch = l->o.start_epoch, k = l->o.start_sample;
-  while (!st && (l->o.epochs <= 0 || epoch < l->o.epochs)) {
-    int end = 0;
-    while (!st && !end) {
-      if (__atomic_load_n(&l->stop, __ATOMIC_ACQUIRE)) goto out;
-      double t0 = now_s();
-      int64_t n = 0;
-      int then_fail = 0;
-      while (n < l->B) {
-        int64_t w = (k + n) / l->W, off = (k + n) % l->W;
-        if (l->win_epoch != epoch || l->win_index != w)
-          if ((st = load_window(l, epoch, w))) break;
-        if (off >= l->win_rows) {
-          if (l->pending) then_fail = 1;
-          end = 1;
-          break;
-        }
-        int64_t take = l->win_rows - off;
-        if (take > l->B - n) take = l->B - n;
-        gather(l, off, take, n);
-        n += take;
-      }
-      if (st) break;
-      if (l->hi >= 0 && l->lo + k + n >= l->hi) end = 1;
-      if (end && l->hi < 0) {
-        pthread_mutex_lock(&l->mu);
-        l->stats.samples_per_epoch = k + n;
-        pthread_mutex_unlock(&l->mu);
-      }
-      if (then_fail && (!n || (n < l->B && l->o.drop_last))) {
-        st = ur__error(l->pending, "%s", l->pending_msg);
-        break;
-      }
-      if (!n || (n < l->B && l->o.drop_last)) break;
-      double busy = now_s() - t0;
-      ur_batch *b = wait_free_slot(l);
-      if (!b) goto out;
-      t0 = now_s();
-      batch_views_free(b);
-      if ((st = fill_batch(l, b, n))) {
-        pthread_mutex_lock(&l->mu);
-        b->state = SLOT_FREE;
-        pthread_mutex_unlock(&l->mu);
-        break;
-      }
-      b->epoch = epoch;
-      b->first = k;
-      k += n;
+  worker *wk = arg;
+  ur_loader *l = wk->l;
+  job j;
+  memset(&j, 0, sizeof j);
+  j.wins = wk->wins;
+  for (;;) {
+    double c0 = cpu_s();
+    pthread_mutex_lock(&l->dmu);
+    int got = !stopping(l) && dispatch(l, &j);
+    int64_t total = l->d_done ? l->d_index : -1;
+    pthread_mutex_unlock(&l->dmu);
+    if (!got) {
       pthread_mutex_lock(&l->mu);
-      l->stats.produce_seconds += busy + (now_s() - t0);
-      b->state = SLOT_READY;
-      l->head++;
+      if (total >= 0) l->njobs = total;
       pthread_cond_broadcast(&l->cv);
       pthread_mutex_unlock(&l->mu);
-      if (then_fail) st = ur__error(l->pending, "%s", l->pending_msg);
+      break;
     }
-    if (st) break;
-    epoch++;
-    k = 0;
+    pthread_mutex_lock(&l->mu);
+    ur_batch *b = &l->slots[j.index % l->nslots];
+    /* ahead batches in the making or made; the rest of the ring holds batches the consumer keeps */
+    while (!l->stop && (b->state != SLOT_FREE || j.index - l->tail >= l->ahead))
+      pthread_cond_wait(&l->cv, &l->mu);
+    int stop = l->stop;
+    if (!stop) {
+      b->state = SLOT_FILLING;
+      b->index = j.index;
+    }
+    pthread_mutex_unlock(&l->mu);
+    ur_status st = j.err;
+    double t0 = now_s();
+    if (!stop && !st) {
+      batch_views_free(b);
+      if ((st = make_batch(l, wk, &j, b))) snprintf(j.msg, sizeof j.msg, "%s", ur_last_error());
+    }
+    double busy = now_s() - t0;
+    pthread_mutex_lock(&l->dmu);
+    release_windows(&j);
+    if (st) l->d_done = 1;
+    pthread_mutex_unlock(&l->dmu);
+    if (stop) break;
+    pthread_mutex_lock(&l->mu);
+    if (st) {
+      b->state = SLOT_ERROR;
+      if (!l->err) {
+        l->err = st;
+        snprintf(l->errmsg, sizeof l->errmsg, "%s", j.msg);
+      }
+    } else {
+      b->state = SLOT_READY;
+      l->stats.produce_seconds += busy;
+      l->stats.produce_cpu_seconds += cpu_s() - c0;
+    }
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
   }
-  if (st) set_error(l, st);
-out:
-  pthread_mutex_lock(&l->mu);
-  l->finished = 1;
-  pthread_cond_broadcast(&l->cv);
-  pthread_mutex_unlock(&l->mu);
   return NULL;
 }
 
@@ -636,15 +861,27 @@ out:
 
 void ur_loader_close(ur_loader *l) {
   if (!l) return;
-  if (l->started) {
+  if (l->nstarted) {
     pthread_mutex_lock(&l->mu);
     l->stop = 1;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
-    pthread_join(l->thread, NULL);
+    for (int i = 0; i < l->nstarted; i++) pthread_join(l->workers[i].thread, NULL);
   }
   for (int i = 0; i < l->nslots && l->slots; i++) slot_free(&l->slots[i]);
   free(l->slots);
+  for (int i = 0; i < l->nworkers && l->workers; i++) {
+    free(l->workers[i].wins);
+    free(l->workers[i].ids);
+    free(l->workers[i].w);
+    free(l->workers[i].len);
+  }
+  free(l->workers);
+  while (l->wins) {
+    win *x = l->wins;
+    l->wins = x->next;
+    win_free(x);
+  }
   ur_criteo_close(l->tsv);
   for (int i = 0; i < l->ndays && l->days; i++) {
     day *d = &l->days[i];
@@ -659,29 +896,28 @@ void ur_loader_close(ur_loader *l) {
   free(l->paths);
   for (int i = 0; i < l->T && l->keys; i++) free(l->keys[i]);
   free(l->keys);
-  void *bufs[] = {l->s_dense, l->s_labels, l->s_weights, l->s_ids, l->s_groups, l->perm, l->s_len,
-                  l->g_dense, l->g_labels, l->g_weights, l->g_ids, l->g_groups, l->g_len,
-                  l->t_labels, l->t_dense, l->t_ids};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-  if (l->started) {
+  free(l->sx);
+  if (l->locks) {
     pthread_mutex_destroy(&l->mu);
+    pthread_mutex_destroy(&l->dmu);
     pthread_cond_destroy(&l->cv);
+    pthread_cond_destroy(&l->wcv);
   }
   free(l);
 }
 
-static void *xmalloc(size_t n, int *bad) {
-  void *p = malloc(n ? n : 1);
-  if (!p) *bad = 1;
-  return p;
-}
-
-ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
-  *out = NULL;
+static ur_status check_opts(const ur_loader_opts *o) {
   if (o->batch_size < 1)
     return ur__error(UR_STATUS_INVALID, "loader: batch_size %lld; expected >= 1", (long long)o->batch_size);
   if (o->depth < 1 || o->depth > 64)
     return ur__error(UR_STATUS_INVALID, "loader: depth %d; expected 1..64", (int)o->depth);
+  if (o->slice_world < 0 || (o->slice_world > 0 && (o->slice_rank < 0 || o->slice_rank >= o->slice_world)))
+    return ur__error(UR_STATUS_INVALID,
+                     "loader: batch slice %d of %d; expected 0 <= slice_rank < slice_world",
+                     (int)o->slice_rank, (int)o->slice_world);
+  if (o->threads < 0 || o->threads > 256)
+    return ur__error(UR_STATUS_INVALID, "loader: threads %d; expected 0 (UR_NUM_THREADS, else every "
+                     "core) to 256", (int)o->threads);
   if (o->world < 1 || o->rank < 0 || o->rank >= o->world)
     return ur__error(UR_STATUS_INVALID, "loader: rank %d of world %d; expected 0 <= rank < world",
                      (int)o->rank, (int)o->world);
@@ -698,6 +934,58 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
     return ur__error(UR_STATUS_INVALID, "loader: synthetic needs a spec and samples >= 0");
   if (o->source < 0 || o->source > UR_SOURCE_CRITEO_BIN)
     return ur__error(UR_STATUS_INVALID, "loader: source %d is not a source", (int)o->source);
+  return UR_STATUS_OK;
+}
+
+/* The source: its tables, columns and rows. */
+static ur_status open_source(ur_loader *l, const ur_loader_opts *o) {
+  ur_status st;
+  if (o->source == UR_SOURCE_SYNTHETIC) {
+    l->synth = *o->synth;
+    if (!(l->sx = malloc(sizeof *l->sx))) return ur__error(UR_STATUS_OOM, "loader: out of host memory");
+    if ((st = ur__synth_expand(&l->synth, l->sx))) return st;
+    l->T = l->synth.num_tables;
+    l->D = l->synth.num_dense;
+    l->H = 0;
+    for (int t = 0; t < l->T; t++) {
+      l->hot_max[t] = l->synth.tables[t].hot_max;
+      l->col0[t] = l->H;
+      l->H += l->hot_max[t];
+      l->weighted |= l->synth.tables[t].weighted != 0;
+    }
+    l->col0[l->T] = l->H;
+    l->grouped = l->synth.groups > 0;
+    l->total = o->samples;
+    return UR_STATUS_OK;
+  }
+  if (o->source == UR_SOURCE_CRITEO_BIN) {
+    if ((st = open_bin(l))) return st;
+    for (int t = 0; t < l->T; t++) l->rows_mod[t] = t < 26 && o->criteo.rows[t] > 0 ? o->criteo.rows[t] : 0;
+    return UR_STATUS_OK;
+  }
+  l->T = 26;
+  l->D = 13;
+  l->H = 26;
+  for (int t = 0; t <= 26; t++) l->col0[t] = t;
+  for (int t = 0; t < 26; t++) l->hot_max[t] = 1;
+  if ((st = ur_criteo_open(&l->tsv, (const char *const *)l->paths, o->npaths, &o->criteo))) return st;
+  l->total = -1;
+  if (o->world > 1) {
+    /* A split by rows needs the count: one pass over the files first. */
+    int64_t m, total = 0;
+    while (!(st = ur_criteo_read(l->tsv, INT64_MAX, NULL, NULL, NULL, &m)) && m) total += m;
+    l->total = total;
+    if (!st) st = tsv_restart(l);
+  }
+  return st;
+}
+
+ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
+  UR__ARGS(out);
+  if (!o) return ur__null(__func__, "opts");
+  *out = NULL;
+  ur_status st = check_opts(o);
+  if (st) return st;
   ur_loader *l = calloc(1, sizeof *l);
   if (!l) return ur__error(UR_STATUS_OOM, "loader: out of host memory");
   l->o = *o;
@@ -705,8 +993,7 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
   l->o.keys = NULL;
   l->o.synth = NULL;
   l->B = o->batch_size;
-  l->win_epoch = -1;
-  ur_status st = UR_STATUS_OK;
+  l->njobs = -1;
   int bad = 0;
   if (o->npaths > 0) {
     l->paths = calloc((size_t)o->npaths, sizeof(char *));
@@ -715,43 +1002,10 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
       if (!(l->paths[i] = strdup(o->paths[i] ? o->paths[i] : ""))) bad = 1;
   }
   if (bad) st = ur__error(UR_STATUS_OOM, "loader: out of host memory");
+  if (!st) st = open_source(l, o);
   if (!st) {
-    if (o->source == UR_SOURCE_SYNTHETIC) {
-      l->synth = *o->synth;
-      if (!(st = ur_synth_check(&l->synth))) {
-        l->T = l->synth.num_tables;
-        l->D = l->synth.num_dense;
-        l->H = 0;
-        for (int t = 0; t < l->T; t++) {
-          l->hot_max[t] = l->synth.tables[t].hot_max;
-          l->col0[t] = l->H;
-          l->H += l->hot_max[t];
-          l->weighted |= l->synth.tables[t].weighted != 0;
-        }
-        l->col0[l->T] = l->H;
-        l->grouped = l->synth.groups > 0;
-        l->total = o->samples;
-      }
-    } else if (o->source == UR_SOURCE_CRITEO_BIN) {
-      st = open_bin(l);
-    } else {
-      l->T = 26;
-      l->D = 13;
-      l->H = 26;
-      for (int t = 0; t <= 26; t++) l->col0[t] = t;
-      for (int t = 0; t < 26; t++) l->hot_max[t] = 1;
-      st = ur_criteo_open(&l->tsv, (const char *const *)l->paths, o->npaths, &o->criteo);
-      l->total = -1;
-      if (!st && o->world > 1) {
-        /* A split by rows needs the count: one pass over the files first. */
-        int64_t m, total = 0;
-        while (!(st = ur_criteo_read(l->tsv, INT64_MAX, NULL, NULL, NULL, &m)) && m) total += m;
-        l->total = total;
-        if (!st) st = tsv_restart(l);
-      }
-    }
-  }
-  if (!st) {
+    l->one_hot = 1;
+    for (int t = 0; t < l->T; t++) l->one_hot &= l->hot_max[t] == 1;
     if (l->total >= 0) {
       l->lo = l->total * o->rank / o->world;
       l->hi = l->total * (o->rank + 1) / o->world;
@@ -768,68 +1022,77 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
       snprintf(name, sizeof name, "C%d", t + 1);
       if (!(l->keys[t] = strdup(o->keys && o->keys[t] ? o->keys[t] : name))) bad = 1;
     }
-    size_t W = (size_t)l->W, B = (size_t)l->B, D = (size_t)l->D, H = (size_t)l->H, T = (size_t)l->T;
-    l->s_dense = xmalloc(W * D * 4, &bad);
-    l->s_labels = xmalloc(W * 4, &bad);
-    l->s_ids = xmalloc(W * H * 8, &bad);
-    l->s_len = xmalloc(W * T * 4, &bad);
-    l->perm = xmalloc(W * 8, &bad);
-    l->g_dense = xmalloc(B * D * 4, &bad);
-    l->g_labels = xmalloc(B * 4, &bad);
-    l->g_ids = xmalloc(B * H * 8, &bad);
-    l->g_len = xmalloc(B * T * 4, &bad);
-    if (l->weighted) {
-      l->s_weights = xmalloc(W * H * 4, &bad);
-      l->g_weights = xmalloc(B * H * 4, &bad);
+    l->nworkers = o->threads > 0 ? o->threads : ur__threads();
+    l->workers = calloc((size_t)l->nworkers, sizeof(worker));
+    if (!l->workers) bad = 1;
+    /* windows a batch reads: B / W whole ones, a partial one at each end, one past the end */
+    size_t nw = (size_t)(l->B / l->W) + 3;
+    for (int i = 0; i < l->nworkers && !bad; i++) {
+      worker *wk = &l->workers[i];
+      wk->l = l;
+      bad = !(wk->wins = calloc(nw, sizeof(win *))) ||
+            !(wk->ids = malloc(sizeof(int64_t) * BLOCK * (size_t)(l->H + 1))) ||
+            !(wk->w = malloc(sizeof(float) * BLOCK * (size_t)(l->H + 1))) ||
+            !(wk->len = malloc(sizeof(int32_t) * BLOCK * (size_t)(l->T + 1)));
     }
-    if (l->grouped) {
-      l->s_groups = xmalloc(W * 8, &bad);
-      l->g_groups = xmalloc(B * 8, &bad);
-    }
-    if (o->source == UR_SOURCE_CRITEO_TSV) {
-      l->t_labels = xmalloc(W * 4, &bad);
-      l->t_dense = xmalloc(W * 13 * 4, &bad);
-      l->t_ids = xmalloc(W * 26 * 4, &bad);
-    }
-    if (bad) st = ur__error(UR_STATUS_OOM, "loader: out of host memory for a window of %zu rows", W);
+    if (bad) st = ur__error(UR_STATUS_OOM, "loader: out of host memory");
   }
   if (!st) {
-    l->nslots = o->depth + 2;
+    l->ahead = o->depth > l->nworkers ? o->depth : l->nworkers;
+    l->nslots = (int)l->ahead + 2;
     l->slots = calloc((size_t)l->nslots, sizeof(ur_batch));
     if (!l->slots) st = ur__error(UR_STATUS_OOM, "loader: out of host memory");
     for (int i = 0; i < l->nslots && !st; i++) st = slot_alloc(l, &l->slots[i]);
+    if (st && st == UR_STATUS_OOM) {
+      char have[32];
+      ur__format_bytes(slot_bytes(l->B, l->D, l->H, l->T, l->weighted, l->grouped), have, sizeof have);
+      st = ur__error(st, "loader: %d slots of %s (batch %lld, %d ahead): %s", l->nslots, have,
+                     (long long)l->B, (int)l->ahead, ur_last_error());
+    }
   }
   if (!st) {
     pthread_mutex_init(&l->mu, NULL);
+    pthread_mutex_init(&l->dmu, NULL);
     pthread_cond_init(&l->cv, NULL);
-    l->started = 1;
-    if (pthread_create(&l->thread, NULL, run, l)) {
-      l->started = 0;
-      pthread_mutex_destroy(&l->mu);
-      pthread_cond_destroy(&l->cv);
-      st = ur__error(UR_STATUS_OOM, "loader: cannot start its thread");
+    pthread_cond_init(&l->wcv, NULL);
+    l->locks = 1;
+    l->d_epoch = o->start_epoch;
+    l->d_k = o->start_sample;
+    l->stats.epoch = o->start_epoch;
+    l->stats.sample = o->start_sample;
+    for (int i = 0; i < l->nworkers; i++) {
+      if (pthread_create(&l->workers[i].thread, NULL, run, &l->workers[i])) break;
+      l->nstarted++;
     }
+    if (!l->nstarted) st = ur__error(UR_STATUS_OOM, "loader: cannot start its threads");
   }
   if (st) {
     ur_loader_close(l);
     return st;
   }
-  l->stats.epoch = o->start_epoch;
-  l->stats.sample = o->start_sample;
   *out = l;
   return UR_STATUS_OK;
 }
 
 ur_status ur_loader_next(ur_loader *l, ur_batch **out) {
+  UR__ARGS(l, out);
   *out = NULL;
   double t0 = now_s();
   pthread_mutex_lock(&l->mu);
-  ur_batch *b = &l->slots[l->tail % l->nslots];
-  while (l->tail == l->head && !l->finished) pthread_cond_wait(&l->cv, &l->mu);
+  ur_batch *b;
+  for (;;) {
+    b = &l->slots[l->tail % l->nslots];
+    if (b->index == l->tail && (b->state == SLOT_READY || b->state == SLOT_ERROR)) break;
+    if (l->njobs >= 0 && l->tail >= l->njobs) { /* the end */
+      l->stats.wait_seconds += now_s() - t0;
+      pthread_mutex_unlock(&l->mu);
+      return UR_STATUS_OK;
+    }
+    pthread_cond_wait(&l->cv, &l->mu);
+  }
   l->stats.wait_seconds += now_s() - t0;
-  if (l->tail == l->head) { /* finished: the end, or the thread's error */
-    ur_status st = l->err;
-    if (st) ur__error(st, "%s", l->errmsg);
+  if (b->state == SLOT_ERROR) { /* raised after the batches before it, and again if asked */
+    ur_status st = ur__error(l->err, "%s", l->errmsg);
     pthread_mutex_unlock(&l->mu);
     return st;
   }
@@ -839,7 +1102,7 @@ ur_status ur_loader_next(ur_loader *l, ur_batch **out) {
   l->stats.samples += b->size;
   l->stats.bytes += (int64_t)b->bytes;
   l->stats.epoch = b->epoch;
-  l->stats.sample = b->first + b->size;
+  l->stats.sample = b->next;
   pthread_cond_broadcast(&l->cv);
   pthread_mutex_unlock(&l->mu);
   *out = b;
@@ -857,10 +1120,26 @@ void ur_loader_release(ur_loader *l, ur_batch *b) {
 }
 
 ur_status ur_loader_stats_get(const ur_loader *l, ur_loader_stats *out) {
+  UR__ARGS(l, out);
   pthread_mutex_lock((pthread_mutex_t *)&l->mu);
   *out = l->stats;
+  out->threads = l->nworkers;
   pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
   return UR_STATUS_OK;
+}
+
+uint64_t ur_loader_host_bytes(const ur_loader_opts *o, int32_t columns, int32_t tables,
+                              int32_t dense) {
+  int threads = o->threads > 0 ? o->threads : ur__threads();
+  int64_t ahead = o->depth > threads ? o->depth : threads;
+  int64_t B = o->batch_size > 0 ? o->batch_size : 1;
+  int64_t W = o->shuffle_window > 0 ? o->shuffle_window : (B > 65536 ? B : 65536);
+  uint64_t slots = (uint64_t)(ahead + 2) * slot_bytes(B, dense, columns, tables, 1, 1);
+  /* the windows batches in the making read: their permutations, and TSV rows */
+  uint64_t per_win = (o->shuffle_window > 0 ? 8 : 0) +
+                     (o->source == UR_SOURCE_CRITEO_TSV ? 4 + 13 * 4 + 26 * 4 : 0);
+  uint64_t wins = (uint64_t)(ahead + 2) * ((uint64_t)(B / W) + 3) * (uint64_t)W * per_win;
+  return slots + wins;
 }
 
 const ur_tensor *ur_batch_dense(const ur_batch *b) { return b->dense; }

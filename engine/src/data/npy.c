@@ -60,6 +60,7 @@ static int word(cursor *c, const char *w) {
 }
 
 ur_status ur_npy_parse_header(const void *buf, size_t len, const char *what, ur_npy_info *out) {
+  UR__ARGS(buf, out);
   const unsigned char *b = buf;
   memset(out, 0, sizeof *out);
   if (!what) what = "(buffer)";
@@ -203,6 +204,7 @@ void ur__npy_unmap(ur__npy_map_t *m) {
 }
 
 ur_status ur_npy_load(ur_tensor **out, const char *path) {
+  UR__ARGS(out, path);
   *out = NULL;
   ur__npy_map_t m;
   ur_status st = ur__npy_map(path, &m);
@@ -260,28 +262,39 @@ static ur_status header_text(char *buf, size_t total, const char *descr, int ndi
 ur_status ur__npy_writer_open(ur__npy_writer *w, const char *path, const char *descr, int ndim,
                               const int64_t *inner) {
   memset(w, 0, sizeof *w);
+  if (strlen(path) >= sizeof w->path)
+    return ur__error(UR_STATUS_INVALID, "npy: a path of %zu bytes is too long", strlen(path));
   snprintf(w->path, sizeof w->path, "%s", path);
+  snprintf(w->tmp, sizeof w->tmp, "%s.tmp-XXXXXX", path);
   snprintf(w->descr, sizeof w->descr, "%s", descr);
   w->ndim = ndim;
   for (int i = 1; i < ndim; i++) w->inner[i] = inner[i];
-  w->f = fopen(path, "wb");
-  if (!w->f) return ur__error(UR_STATUS_IO, "npy: %s: cannot create: %s", path, strerror(errno));
+  int fd = mkostemp(w->tmp, O_CLOEXEC);
+  if (fd < 0) {
+    w->tmp[0] = 0;
+    return ur__error(UR_STATUS_IO, "npy: cannot create %s (a temporary file beside it): %s", path,
+                     strerror(errno));
+  }
+  if (fchmod(fd, 0644) || !(w->f = fdopen(fd, "wb"))) {
+    ur_status st = ur__error(UR_STATUS_IO, "npy: cannot write %s: %s", w->tmp, strerror(errno));
+    close(fd);
+    unlink(w->tmp);
+    w->tmp[0] = 0;
+    return st;
+  }
   char h[UR__NPY_HEADER];
   int64_t shape[4] = {0, w->inner[1], w->inner[2], w->inner[3]};
   ur_status st = header_text(h, sizeof h, descr, ndim, shape);
   if (!st && fwrite(h, 1, sizeof h, w->f) != sizeof h)
-    st = ur__error(UR_STATUS_IO, "npy: %s: write failed: %s", path, strerror(errno));
-  if (st) {
-    fclose(w->f);
-    w->f = NULL;
-  }
+    st = ur__error(UR_STATUS_IO, "npy: %s: write failed: %s", w->tmp, strerror(errno));
+  if (st) ur__npy_writer_abort(w);
   return st;
 }
 
 ur_status ur__npy_writer_append(ur__npy_writer *w, const void *data, int64_t rows,
                                 size_t row_bytes) {
   if (rows && fwrite(data, row_bytes, (size_t)rows, w->f) != (size_t)rows)
-    return ur__error(UR_STATUS_IO, "npy: %s: write failed: %s", w->path, strerror(errno));
+    return ur__error(UR_STATUS_IO, "npy: %s: write failed: %s", w->tmp, strerror(errno));
   w->rows += rows;
   return UR_STATUS_OK;
 }
@@ -291,20 +304,43 @@ ur_status ur__npy_writer_close(ur__npy_writer *w) {
   char h[UR__NPY_HEADER];
   int64_t shape[4] = {w->rows, w->inner[1], w->inner[2], w->inner[3]};
   ur_status st = header_text(h, sizeof h, w->descr, w->ndim, shape);
-  if (!st && (fseek(w->f, 0, SEEK_SET) || fwrite(h, 1, sizeof h, w->f) != sizeof h))
-    st = ur__error(UR_STATUS_IO, "npy: %s: write failed: %s", w->path, strerror(errno));
+  if (!st && (fseek(w->f, 0, SEEK_SET) || fwrite(h, 1, sizeof h, w->f) != sizeof h ||
+              fflush(w->f) || fsync(fileno(w->f))))
+    st = ur__error(UR_STATUS_IO, "npy: %s: write failed: %s", w->tmp, strerror(errno));
   if (fclose(w->f) && !st)
-    st = ur__error(UR_STATUS_IO, "npy: %s: close failed: %s", w->path, strerror(errno));
+    st = ur__error(UR_STATUS_IO, "npy: %s: close failed: %s", w->tmp, strerror(errno));
   w->f = NULL;
   return st;
+}
+
+ur_status ur__npy_writer_commit(ur__npy_writer *w) {
+  if (w->f || !w->tmp[0])
+    return ur__error(UR_STATUS_INVALID, "npy: %s: committed before it was closed", w->path);
+  if (rename(w->tmp, w->path))
+    return ur__error(UR_STATUS_IO, "npy: renaming %s to %s failed: %s", w->tmp, w->path,
+                     strerror(errno));
+  w->tmp[0] = 0;
+  return UR_STATUS_OK;
 }
 
 void ur__npy_writer_abort(ur__npy_writer *w) {
   if (w->f) fclose(w->f);
   w->f = NULL;
+  if (w->tmp[0]) unlink(w->tmp);
+  w->tmp[0] = 0;
+}
+
+/* Close, rename and sync the folder: one file made whole. */
+static ur_status writer_finish(ur__npy_writer *w) {
+  ur_status st = ur__npy_writer_close(w);
+  if (!st) st = ur__npy_writer_commit(w);
+  if (!st) st = ur__sync_dir(w->path, "npy");
+  ur__npy_writer_abort(w);
+  return st;
 }
 
 ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr) {
+  UR__ARGS(path, t);
   ur_dtype dt = ur_tensor_dtype(t);
   const char *want = dt == UR_DTYPE_F32 ? "<f4" : dt == UR_DTYPE_I32 ? "<i4" : dt == UR_DTYPE_I64 ? "<i8" : NULL;
   if (!want)
@@ -340,7 +376,7 @@ ur_status ur_npy_save(const char *path, const ur_tensor *t, const char *descr) {
     ur__npy_writer_abort(&w);
     return st;
   }
-  return ur__npy_writer_close(&w);
+  return writer_finish(&w);
 }
 
 /* ---- the public streaming writer ---- */
@@ -356,11 +392,11 @@ struct ur_npy_writer {
 
 ur_status ur_npy_writer_open(ur_npy_writer **out, const char *path, const char *descr, int32_t ndim,
                              const int64_t *shape) {
+  UR__ARGS(out, path, descr, shape);
   *out = NULL;
-  if (!descr || (strcmp(descr, "<f4") && strcmp(descr, "<i4") && strcmp(descr, "<u4") &&
-                 strcmp(descr, "<i8")))
+  if (strcmp(descr, "<f4") && strcmp(descr, "<i4") && strcmp(descr, "<u4") && strcmp(descr, "<i8"))
     return ur__error(UR_STATUS_INVALID, "npy writer: dtype '%s'; expected <f4, <i4, <u4 or <i8",
-                     descr ? descr : "(null)");
+                     descr);
   if (ndim < 1 || ndim > 4)
     return ur__error(UR_STATUS_INVALID, "npy writer: %d dimensions; expected 1..4", (int)ndim);
   ur_npy_writer *w = calloc(1, sizeof *w);
@@ -387,7 +423,42 @@ ur_status ur_npy_writer_open(ur_npy_writer **out, const char *path, const char *
   return UR_STATUS_OK;
 }
 
+/* Elements i0..i1 to 32 bits: src i64 or f32 (a whole number), checked against the range of
+ * <i4 or <u4; the lowest bad index is kept. */
+typedef struct narrow_job {
+  const void *src;
+  void *dst;
+  int from_f32, to_u;
+  int64_t bad;
+} narrow_job;
+
+static void narrow_range(void *ctx, size_t i0, size_t i1) {
+  narrow_job *j = ctx;
+  int64_t lo = j->to_u ? 0 : INT32_MIN, hi = j->to_u ? (int64_t)UINT32_MAX : INT32_MAX;
+  uint32_t *d = j->dst;
+  for (size_t i = i0; i < i1; i++) {
+    int64_t v;
+    if (j->from_f32) {
+      float f = ((const float *)j->src)[i];
+      v = (int64_t)f;
+      if (!(f >= -9.2e18f && f <= 9.2e18f) || (float)v != f) v = INT64_MIN; /* not whole */
+    } else {
+      v = ((const int64_t *)j->src)[i];
+    }
+    if (v < lo || v > hi) {
+      int64_t cur = __atomic_load_n(&j->bad, __ATOMIC_RELAXED);
+      while ((int64_t)i < cur &&
+             !__atomic_compare_exchange_n(&j->bad, &cur, (int64_t)i, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      }
+      continue;
+    }
+    d[i] = (uint32_t)v;
+  }
+}
+
 ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *t) {
+  UR__ARGS(w);
+  if (!t) return ur__null(__func__, "rows");
   int64_t n = ur_tensor_numel(t), rows = ur_tensor_dim(t, 0);
   if (rows * w->inner != n)
     return ur__error(UR_STATUS_INVALID,
@@ -406,16 +477,17 @@ ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *t) {
   ur_status st;
   if (same) {
     if ((st = ur_tensor_read(t, 0, n, w->buf))) return st;
-  } else if (dt == UR_DTYPE_I64 && w->item == 4 && ur_tensor_place(t) != UR_PLACE_DEVICE) {
-    /* ids to 32 bits, the common case of datagen: checked, without going through double */
+  } else if ((dt == UR_DTYPE_I64 || (dt == UR_DTYPE_F32 && w->kind != 'f')) && w->item == 4 &&
+             ur_tensor_place(t) != UR_PLACE_DEVICE) {
+    /* ids (i64) and labels (f32) to 32-bit integers, datagen's common cases: checked, on every
+     * core, the first bad element named */
     if ((st = ur__tensor_ready(ur__cpu(), t))) return st;
-    const int64_t *src = ur_tensor_data(t);
-    int64_t lo = w->kind == 'u' ? 0 : INT32_MIN, hi = w->kind == 'u' ? (int64_t)UINT32_MAX : INT32_MAX;
-    for (int64_t i = 0; i < n; i++) {
-      if (src[i] < lo || src[i] > hi)
-        return ur__error(UR_STATUS_INVALID, "npy writer: %s: value %lld (element %lld) does not fit %s",
-                         w->w.path, (long long)src[i], (long long)i, w->w.descr);
-      ((uint32_t *)w->buf)[i] = (uint32_t)src[i];
+    narrow_job j = {ur_tensor_data(t), w->buf, dt == UR_DTYPE_F32, w->kind == 'u', INT64_MAX};
+    ur__parallel_for((size_t)n, (size_t)1 << 16, narrow_range, &j);
+    if (j.bad < INT64_MAX) {
+      double v = j.from_f32 ? (double)((const float *)j.src)[j.bad] : (double)((const int64_t *)j.src)[j.bad];
+      return ur__error(UR_STATUS_INVALID, "npy writer: %s: value %.17g (element %lld) does not fit %s",
+                       w->w.path, v, (long long)j.bad, w->w.descr);
     }
   } else {
     size_t es = ur_dtype_size(dt);
@@ -448,8 +520,9 @@ ur_status ur_npy_writer_append(ur_npy_writer *w, const ur_tensor *t) {
 }
 
 ur_status ur_npy_writer_close(ur_npy_writer *w) {
+  UR__ARGS(w);
   if (!w) return UR_STATUS_OK;
-  ur_status st = ur__npy_writer_close(&w->w);
+  ur_status st = writer_finish(&w->w);
   free(w->buf);
   free(w);
   return st;

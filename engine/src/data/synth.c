@@ -9,6 +9,7 @@ size_t ur_sizeof_synth_table(void) { return sizeof(ur_synth_table); }
 size_t ur_sizeof_synth_spec(void) { return sizeof(ur_synth_spec); }
 
 ur_status ur_synth_check(const ur_synth_spec *s) {
+  if (!s) return ur__null(__func__, "spec");
   if (s->num_tables < 0 || s->num_tables > UR_SYNTH_MAX_TABLES)
     return ur__error(UR_STATUS_INVALID, "synthetic: %d tables; expected 0..%d", (int)s->num_tables,
                      UR_SYNTH_MAX_TABLES);
@@ -39,6 +40,9 @@ ur_status ur_synth_check(const ur_synth_spec *s) {
   if (h > 1 << 20)
     return ur__error(UR_STATUS_INVALID, "synthetic: %lld ids per sample at most; expected <= 2^20",
                      (long long)h);
+  if (!(s->drift >= 0 && s->drift <= 1e6))
+    return ur__error(UR_STATUS_INVALID, "synthetic: drift %g; expected 0 (none) to 1e6 ranks a sample",
+                     s->drift);
   if (s->groups < 0)
     return ur__error(UR_STATUS_INVALID, "synthetic: groups %lld; expected >= 0",
                      (long long)s->groups);
@@ -64,6 +68,7 @@ ur_status ur__synth_expand(const ur_synth_spec *s, ur__synth *x) {
   x->dense_signal = s->dense_signal;
   x->bias = s->bias;
   x->groups = s->groups;
+  x->drift = s->drift;
   for (int j = 0; j < 64; j++) x->dw[j] = ur__unorm(ur_philox((uint64_t)j, ur__skey(s->seed, UR__S_DW, 0)));
   for (int t = 0; t < s->num_tables; t++) {
     const ur_synth_table *in = &s->tables[t];
@@ -109,6 +114,7 @@ ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int64_t fir
                             ur_tensor *dense, ur_tensor *labels, ur_tensor *ids,
                             ur_tensor *weights, ur_tensor *lengths, ur_tensor *groups,
                             ur_tensor *probs) {
+  UR__ARGS(spec, dense, labels, ids, lengths);
   ur__synth *x = malloc(sizeof *x);
   if (!x) return ur__error(UR_STATUS_OOM, "synthetic: out of host memory");
   ur_status st = ur__synth_expand(spec, x);

@@ -27,6 +27,7 @@ typedef struct ur__synth {
   uint64_t seed;
   double dense_signal, bias;
   int64_t groups;
+  double drift;                   /* ranks the hot set advances a sample (ur_synth_spec's) */
   double dw[64];                  /* the hidden dense weights of the first 64 features */
   ur__synth_tab t[64];
 } ur__synth;
@@ -187,6 +188,9 @@ UR_HD void ur__synth_row(const ur__synth *sp, int64_t i, float *dense, float *la
         continue;
       }
       int64_t rank = ur__zipf(tb, base + (uint64_t)j, kid);
+      if (sp->drift > 0) /* a drifting hot set: rank r of sample i is rank r + floor(i drift) */
+        rank = (int64_t)(((uint64_t)(rank - 1) + (uint64_t)floor((double)i * sp->drift)) %
+                         (uint64_t)tb->rows) + 1;
       int64_t id = (int64_t)(((uint64_t)(rank - 1) * tb->pa + tb->pb) % (uint64_t)tb->rows);
       ids[col] = id;
       double wt = 1.0;
@@ -214,6 +218,9 @@ UR_HD void ur__synth_row(const ur__synth *sp, int64_t i, float *dense, float *la
     }
   }
 }
+
+/* The spec checked and expanded (synth.c): the Zipf constants, the scatter, the columns. */
+UR__HIDDEN ur_status ur__synth_expand(const ur_synth_spec *s, ur__synth *x);
 
 /* The generator's ops table; synth.c has checked the outputs (memory the backend reads,
  * sizes).  Samples first..first + n - 1, laid out as ur__synth_row's. */

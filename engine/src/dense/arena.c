@@ -18,6 +18,7 @@ struct ur_arena {
 };
 
 ur_status ur_arena_new(ur_arena **out, ur_place place, int32_t device, uint64_t block_bytes) {
+  UR__ARGS(out);
   *out = NULL;
   if ((unsigned)place >= UR_PLACE_COUNT)
     return ur__error(UR_STATUS_INVALID, "arena: placement %d is not a placement", (int)place);
@@ -47,10 +48,13 @@ void ur_arena_free(ur_arena *a) {
   free(a);
 }
 
-void ur_arena_stats_get(const ur_arena *a, ur_arena_stats *out) { *out = a->stats; }
+void ur_arena_stats_get(const ur_arena *a, ur_arena_stats *out) {
+  if (a && out) *out = a->stats;
+}
 
 ur_status ur_arena_tensor(ur_arena *a, ur_tensor **out, ur_dtype dtype, int32_t ndim,
                           const int64_t *shape) {
+  UR__ARGS(a, out, shape);
   *out = NULL;
   if ((unsigned)dtype >= UR_DTYPE_COUNT)
     return ur__error(UR_STATUS_INVALID, "arena: dtype %d is not a dtype", (int)dtype);

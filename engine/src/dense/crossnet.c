@@ -65,6 +65,7 @@ static ur_status check_like(const char *op, int n, const ur_tensor *const *ts,
 
 ur_status ur_cross_forward(ur_stream *s, const ur_tensor *x0, const ur_tensor *z,
                            const ur_tensor *xl, ur_tensor *y) {
+  UR__ARGS(x0, z, xl, y);
   const char *op = "cross forward";
   const ur_tensor *ts[] = {x0, z, xl, y};
   const char *names[] = {"x0", "z", "xl", "y"};
@@ -83,6 +84,7 @@ ur_status ur_cross_forward(ur_stream *s, const ur_tensor *x0, const ur_tensor *z
 ur_status ur_cross_backward(ur_stream *s, const ur_tensor *x0, const ur_tensor *z,
                             const ur_tensor *gy, ur_tensor *gz, ur_tensor *gx0, ur_tensor *gxl,
                             uint32_t flags) {
+  UR__ARGS(x0, z, gy, gz, gx0);
   const char *op = "cross backward";
   const ur_tensor *ts[] = {x0, z, gy, gz, gx0, gxl};
   const char *names[] = {"x0", "z", "gy", "gz", "gx0", "gxl"};

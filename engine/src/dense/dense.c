@@ -4,7 +4,6 @@
 #include <string.h>
 #include "dense/dense.h"
 
-size_t ur_sizeof_optim_cfg(void) { return sizeof(ur_optim_cfg); }
 size_t ur_sizeof_arena_stats(void) { return sizeof(ur_arena_stats); }
 
 void *ur__dense_stream(const ur_stream *s) { return s ? s->handle : NULL; }
@@ -102,6 +101,7 @@ ur_status ur__cpu_cast(void *stream, const void *src, ur_dtype src_dtype, void *
 }
 
 ur_status ur_dense_cast(ur_stream *s, const ur_tensor *src, ur_tensor *dst) {
+  UR__ARGS(src, dst);
   const char *op = "dense cast";
   ur_status st = ur__dense_check_numel(op, "src", src, 1, src ? src->numel : 0);
   if (!st) st = ur__dense_check_numel(op, "dst", dst, 1, src->numel);
@@ -127,6 +127,7 @@ ur_status ur__cpu_mean(void *stream, const void *x, float *out, int64_t n, ur_dt
 }
 
 ur_status ur_dense_mean(ur_stream *s, const ur_tensor *x, ur_tensor *out) {
+  UR__ARGS(x, out);
   const char *op = "dense mean";
   ur_status st = ur__dense_check_numel(op, "x", x, 1, x ? x->numel : 0);
   if (!st) st = ur__dense_check_numel(op, "out", out, 0, 1);
@@ -144,6 +145,7 @@ ur_status ur_dense_mean(ur_stream *s, const ur_tensor *x, ur_tensor *out) {
 const ur_dense_ops ur__cpu_dense_ops = {
     .linear_forward = ur__cpu_linear_forward,
     .linear_backward = ur__cpu_linear_backward,
+    .join = ur__cpu_dense_join,
     .act_forward = ur__cpu_act_forward,
     .act_backward = ur__cpu_act_backward,
     .interaction_forward = ur__cpu_interaction_forward,

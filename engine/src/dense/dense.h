@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include "core/core.h"
+#include "core/optim_plan.h"
 
 /* The backend that runs an op, by the one rule (core.h): each tensor's backend is its
  * memory's (ur__tensor_backend: the GPU's for device and managed memory when a GPU is in use,
@@ -38,34 +39,12 @@ static inline void ur__dense_st(void *p, ur_dtype d, size_t i, float v) {
   else ((uint16_t *)p)[i] = ur__f32_to_bf16(v);
 }
 
+/* Bytes a row of a ReLU mask of n columns takes (ur_linear_mask_cols): whole 16-byte words, so
+ * the mask is cuBLASLt's bit mask with a leading dimension of 128-bit multiples. */
+static inline int64_t ur__mask_cols(int64_t n) { return n <= 0 ? 0 : (n + 127) / 128 * 16; }
+
 /* Parameters per optimizer call of a backend (for the GPU, one launch). */
 #define UR__OPTIM_GROUP 48
-
-/* An optimizer step's constants, computed once per step on the host from its configuration,
- * the same for the CPU (optim.c) and the GPU (kernels/optim.cu). */
-typedef struct ur__optim_consts {
-  int kind, nesterov, first, zero;
-  float lr, wd, mom, b1, b2, eps, step_size, bc2_sqrt, decay;
-} ur__optim_consts;
-
-static inline ur__optim_consts ur__optim_consts_of(const ur_optim_cfg *c) {
-  ur__optim_consts k;
-  k.kind = c->kind;
-  k.nesterov = c->nesterov;
-  k.first = c->step == 1;
-  k.zero = c->zero_grad;
-  k.lr = (float)c->lr;
-  k.wd = (float)c->weight_decay;
-  k.mom = (float)c->momentum;
-  k.b1 = (float)c->beta1;
-  k.b2 = (float)c->beta2;
-  k.eps = (float)c->eps;
-  double t = (double)c->step;
-  k.step_size = (float)(c->lr / (1.0 - pow(c->beta1, t)));
-  k.bc2_sqrt = (float)sqrt(1.0 - pow(c->beta2, t));
-  k.decay = (float)(1.0 - c->lr * c->weight_decay);
-  return k;
-}
 
 /* The dense ops' table, filled by the CPU reference below and by the CUDA backend, each entry
  * in the file of its op's name: linear.c (linear, act), interaction.c (interaction, copy_2d),
@@ -73,24 +52,30 @@ static inline ur__optim_consts ur__optim_consts_of(const ur_optim_cfg *c) {
  * The core has checked every shape and dtype; matrices are row-major and contiguous; counts
  * are elements; the C files say what each computes. */
 typedef struct ur_dense_ops {
+  /* mask, x_mask: ReLU masks of ur_linear_mask_cols bytes a row (of out, of in), or NULL. */
   ur_status (*linear_forward)(void *stream, const void *x, const void *w, const void *b, void *y,
-                              int64_t rows, int64_t in, int64_t out, ur_dtype dtype, ur_act act,
-                              uint32_t flags);
+                              uint8_t *mask, int64_t rows, int64_t in, int64_t out,
+                              ur_dtype dtype, ur_act act, uint32_t flags);
   ur_status (*linear_backward)(void *stream, const void *x, const void *w, const void *y,
-                               const void *gy, void *gx, float *gw, float *gb, void *work,
-                               int64_t rows, int64_t in, int64_t out, ur_dtype dtype, ur_act act,
-                               uint32_t flags);
+                               const void *gy, const uint8_t *x_mask, void *gx, float *gw,
+                               float *gb, float *gb_x, void *work, int64_t rows, int64_t in,
+                               int64_t out, ur_dtype dtype, ur_act act, uint32_t flags);
+  /* Orders stream after the side-stream work of WGRAD_ASYNC backward calls on it. */
+  ur_status (*join)(void *stream);
   ur_status (*act_forward)(void *stream, const void *x, void *y, int64_t n, ur_dtype dtype,
                            ur_act act);
   ur_status (*act_backward)(void *stream, const void *y, const void *gy, void *gx, int64_t n,
                             ur_dtype dtype, ur_act act);
+  /* out and gout have ocols columns: d + P, or padded beyond it (zeros, ignored). */
   ur_status (*interaction_forward)(void *stream, const void *dense, const void *emb, void *out,
-                                   int64_t rows, int32_t tables, int32_t dim, int32_t self,
-                                   ur_dtype dense_dtype, ur_dtype emb_dtype, ur_dtype out_dtype);
+                                   int64_t rows, int64_t ocols, int32_t tables, int32_t dim,
+                                   int32_t self, ur_dtype dense_dtype, ur_dtype emb_dtype,
+                                   ur_dtype out_dtype, uint32_t flags);
   ur_status (*interaction_backward)(void *stream, const void *dense, const void *emb,
                                     const void *gout, void *gdense, void *gemb, int64_t rows,
-                                    int32_t tables, int32_t dim, int32_t self,
-                                    ur_dtype dense_dtype, ur_dtype emb_dtype, ur_dtype out_dtype);
+                                    int64_t ocols, int32_t tables, int32_t dim, int32_t self,
+                                    ur_dtype dense_dtype, ur_dtype emb_dtype, ur_dtype out_dtype,
+                                    uint32_t flags);
   ur_status (*cross_forward)(void *stream, const void *x0, const void *z, const void *xl, void *y,
                              int64_t n, ur_dtype dtype);
   ur_status (*cross_backward)(void *stream, const void *x0, const void *z, const void *gy,
@@ -108,8 +93,9 @@ typedef struct ur_dense_ops {
   ur_status (*mean)(void *stream, const void *x, float *out, int64_t n, ur_dtype dtype);
   ur_status (*cast)(void *stream, const void *src, ur_dtype src_dtype, void *dst,
                     ur_dtype dst_dtype, int64_t n);
-  /* Entries of s1, s2 and halves may be NULL where the rule or the caller needs none. */
-  ur_status (*optim_step)(void *stream, const ur_optim_cfg *cfg, int32_t n, float *const *params,
+  /* One update with the constants k (core/optim_plan.h); entries of s1, s2 and halves may be
+   * NULL where the rule or the caller needs none. */
+  ur_status (*optim_step)(void *stream, const ur__optim_consts *k, int32_t n, float *const *params,
                           float *const *grads, float *const *s1, float *const *s2,
                           void *const *halves, const int64_t *numel);
 } ur_dense_ops;
@@ -119,27 +105,31 @@ UR__HIDDEN extern const ur_dense_ops ur__cpu_dense_ops;
 
 /* The CPU reference's entries. */
 UR__HIDDEN ur_status ur__cpu_linear_forward(void *stream, const void *x, const void *w,
-                                            const void *b, void *y, int64_t rows, int64_t in,
-                                            int64_t out, ur_dtype dtype, ur_act act,
+                                            const void *b, void *y, uint8_t *mask, int64_t rows,
+                                            int64_t in, int64_t out, ur_dtype dtype, ur_act act,
                                             uint32_t flags);
 UR__HIDDEN ur_status ur__cpu_linear_backward(void *stream, const void *x, const void *w,
-                                             const void *y, const void *gy, void *gx, float *gw,
-                                             float *gb, void *work, int64_t rows, int64_t in,
-                                             int64_t out, ur_dtype dtype, ur_act act,
+                                             const void *y, const void *gy,
+                                             const uint8_t *x_mask, void *gx, float *gw,
+                                             float *gb, float *gb_x, void *work, int64_t rows,
+                                             int64_t in, int64_t out, ur_dtype dtype, ur_act act,
                                              uint32_t flags);
+UR__HIDDEN ur_status ur__cpu_dense_join(void *stream);
 UR__HIDDEN ur_status ur__cpu_act_forward(void *stream, const void *x, void *y, int64_t n,
                                          ur_dtype dtype, ur_act act);
 UR__HIDDEN ur_status ur__cpu_act_backward(void *stream, const void *y, const void *gy, void *gx,
                                           int64_t n, ur_dtype dtype, ur_act act);
 UR__HIDDEN ur_status ur__cpu_interaction_forward(void *stream, const void *dense, const void *emb,
-                                                 void *out, int64_t rows, int32_t tables,
-                                                 int32_t dim, int32_t self, ur_dtype dense_dtype,
-                                                 ur_dtype emb_dtype, ur_dtype out_dtype);
+                                                 void *out, int64_t rows, int64_t ocols,
+                                                 int32_t tables, int32_t dim, int32_t self,
+                                                 ur_dtype dense_dtype, ur_dtype emb_dtype,
+                                                 ur_dtype out_dtype, uint32_t flags);
 UR__HIDDEN ur_status ur__cpu_interaction_backward(void *stream, const void *dense,
                                                   const void *emb, const void *gout, void *gdense,
-                                                  void *gemb, int64_t rows, int32_t tables,
-                                                  int32_t dim, int32_t self, ur_dtype dense_dtype,
-                                                  ur_dtype emb_dtype, ur_dtype out_dtype);
+                                                  void *gemb, int64_t rows, int64_t ocols,
+                                                  int32_t tables, int32_t dim, int32_t self,
+                                                  ur_dtype dense_dtype, ur_dtype emb_dtype,
+                                                  ur_dtype out_dtype, uint32_t flags);
 UR__HIDDEN ur_status ur__cpu_cross_forward(void *stream, const void *x0, const void *z,
                                            const void *xl, void *y, int64_t n, ur_dtype dtype);
 UR__HIDDEN ur_status ur__cpu_cross_backward(void *stream, const void *x0, const void *z,
@@ -157,7 +147,7 @@ UR__HIDDEN ur_status ur__cpu_mean(void *stream, const void *x, float *out, int64
                                   ur_dtype dtype);
 UR__HIDDEN ur_status ur__cpu_cast(void *stream, const void *src, ur_dtype src_dtype, void *dst,
                                   ur_dtype dst_dtype, int64_t n);
-UR__HIDDEN ur_status ur__cpu_optim_step(void *stream, const ur_optim_cfg *cfg, int32_t n,
+UR__HIDDEN ur_status ur__cpu_optim_step(void *stream, const ur__optim_consts *k, int32_t n,
                                         float *const *params, float *const *grads,
                                         float *const *s1, float *const *s2, void *const *halves,
                                         const int64_t *numel);

@@ -2,7 +2,9 @@
  * the CPU backend's versions (the reference).  Per row, the bottom MLP's output and the T
  * pooled embeddings are T+1 vectors z_0..z_T of d elements; the output is z_0 followed by
  * the dot products z_i . z_j, i > j (i >= j with self-interaction), i-major, as in the public
- * DLRM code. */
+ * DLRM code, then, when the output is padded to a multiple of 8 columns, zeros (the padding's
+ * gradient is ignored).  The CPU computes in exact f32 whatever the flags: TF32 products are
+ * the GPU's, measured against this. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +47,7 @@ static void inter_fwd_range(void *ctx, size_t r0, size_t r1) {
         for (int k = 0; k < d; k++) s += za[k] * zb[k];
         ur__dense_st(j->out, j->od, p++, s);
       }
+    for (; p < o + (size_t)j->ocols; p++) ur__dense_st(j->out, j->od, p, 0.0f);
   }
   free(z);
 }
@@ -90,10 +93,11 @@ static void inter_bwd_range(void *ctx, size_t r0, size_t r1) {
 static int64_t pairs(int64_t T1, int self) { return T1 * (T1 - 1) / 2 + (self ? T1 : 0); }
 
 static ur_status cpu_inter(int fwd, const void *dense, const void *emb, const void *gout,
-                           void *out, void *gdense, void *gemb, int64_t rows, int32_t tables,
-                           int32_t dim, int32_t self, ur_dtype dd, ur_dtype ed, ur_dtype od) {
+                           void *out, void *gdense, void *gemb, int64_t rows, int64_t ocols,
+                           int32_t tables, int32_t dim, int32_t self, ur_dtype dd, ur_dtype ed,
+                           ur_dtype od) {
   inter_job j = {dense, emb, gout, out, gdense, gemb, tables + 1, dim, self ? 1 : 0,
-                 dd, ed, od, dim + pairs(tables + 1, self), 0};
+                 dd, ed, od, ocols, 0};
   ur__parallel_for((size_t)rows, 64, fwd ? inter_fwd_range : inter_bwd_range, &j);
   if (j.failed)
     return ur__error(UR_STATUS_OOM, "interaction %s: out of host memory for a row's scratch",
@@ -102,28 +106,31 @@ static ur_status cpu_inter(int fwd, const void *dense, const void *emb, const vo
 }
 
 ur_status ur__cpu_interaction_forward(void *stream, const void *dense, const void *emb,
-                                      void *out, int64_t rows, int32_t tables, int32_t dim,
-                                      int32_t self, ur_dtype dense_dtype, ur_dtype emb_dtype,
-                                      ur_dtype out_dtype) {
+                                      void *out, int64_t rows, int64_t ocols, int32_t tables,
+                                      int32_t dim, int32_t self, ur_dtype dense_dtype,
+                                      ur_dtype emb_dtype, ur_dtype out_dtype, uint32_t flags) {
   (void)stream;
-  return cpu_inter(1, dense, emb, NULL, out, NULL, NULL, rows, tables, dim, self, dense_dtype,
-                   emb_dtype, out_dtype);
+  (void)flags;
+  return cpu_inter(1, dense, emb, NULL, out, NULL, NULL, rows, ocols, tables, dim, self,
+                   dense_dtype, emb_dtype, out_dtype);
 }
 
 ur_status ur__cpu_interaction_backward(void *stream, const void *dense, const void *emb,
                                        const void *gout, void *gdense, void *gemb, int64_t rows,
-                                       int32_t tables, int32_t dim, int32_t self,
+                                       int64_t ocols, int32_t tables, int32_t dim, int32_t self,
                                        ur_dtype dense_dtype, ur_dtype emb_dtype,
-                                       ur_dtype out_dtype) {
+                                       ur_dtype out_dtype, uint32_t flags) {
   (void)stream;
-  return cpu_inter(0, dense, emb, gout, NULL, gdense, gemb, rows, tables, dim, self, dense_dtype,
-                   emb_dtype, out_dtype);
+  (void)flags;
+  return cpu_inter(0, dense, emb, gout, NULL, gdense, gemb, rows, ocols, tables, dim, self,
+                   dense_dtype, emb_dtype, out_dtype);
 }
 
-/* Shapes of an interaction: dense [rows, d], emb [rows, T d], out [rows, d + P]. */
+/* Shapes of an interaction: dense [rows, d], emb [rows, T d], out [rows, d + P] or padded
+ * to [rows, ur_interaction_cols(T, d, self, 1)]. */
 static ur_status inter_shapes(const char *op, const ur_tensor *dense, const ur_tensor *emb,
                               const ur_tensor *out, const char *out_name, int32_t self,
-                              int32_t *tables) {
+                              uint32_t flags, int32_t *tables) {
   ur_status st = ur__dense_check(op, "dense", dense, 1, -1, -1);
   if (st) return st;
   int64_t rows = dense->shape[0], d = dense->shape[1];
@@ -140,15 +147,32 @@ static ur_status inter_shapes(const char *op, const ur_tensor *dense, const ur_t
   if (self != 0 && self != 1)
     return ur__error(UR_STATUS_INVALID, "%s: self_interaction is %d; expected 0 or 1", op,
                      (int)self);
+  if (flags & ~(uint32_t)UR_DENSE_TF32)
+    return ur__error(UR_STATUS_INVALID, "%s: flags 0x%x include bits other than TF32 (0x%x)", op,
+                     (unsigned)flags, (unsigned)UR_DENSE_TF32);
   *tables = (int32_t)T;
-  return ur__dense_check(op, out_name, out, 1, rows, d + pairs(T + 1, self));
+  int64_t w = d + pairs(T + 1, self), wp = (w + 7) / 8 * 8;
+  if (out && out->ndim == 2 && out->shape[1] == wp) return ur__dense_check(op, out_name, out, 1, rows, wp);
+  st = ur__dense_check(op, out_name, out, 1, rows, w);
+  if (!st || w == wp) return st;
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", ur_last_error());
+  return ur__error(st, "%s (or %lld columns: padded to a multiple of 8)", msg, (long long)wp);
+}
+
+int64_t ur_interaction_cols(int32_t tables, int32_t dim, int32_t self_interaction,
+                            int32_t padded) {
+  if (tables < 1 || dim < 1) return 0;
+  int64_t w = dim + pairs((int64_t)tables + 1, self_interaction != 0);
+  return padded ? (w + 7) / 8 * 8 : w;
 }
 
 ur_status ur_interaction_forward(ur_stream *s, const ur_tensor *dense, const ur_tensor *emb,
-                                 ur_tensor *out, int32_t self_interaction) {
+                                 ur_tensor *out, int32_t self_interaction, uint32_t flags) {
+  UR__ARGS(dense, emb, out);
   const char *op = "interaction forward";
   int32_t T;
-  ur_status st = inter_shapes(op, dense, emb, out, "out", self_interaction, &T);
+  ur_status st = inter_shapes(op, dense, emb, out, "out", self_interaction, flags, &T);
   if (st) return st;
   const ur_tensor *ts[] = {dense, emb, out};
   const char *names[] = {"dense", "emb", "out"};
@@ -157,17 +181,19 @@ ur_status ur_interaction_forward(ur_stream *s, const ur_tensor *dense, const ur_
       (st = UR__NEED(b, dense, interaction_forward)) || !dense->shape[0])
     return st;
   return b->dense->interaction_forward(ur__dense_stream(s), ur_tensor_data(dense),
-                                       ur_tensor_data(emb), ur_tensor_data(out), dense->shape[0], T,
-                                       (int32_t)dense->shape[1], self_interaction, dense->dtype,
-                                       emb->dtype, out->dtype);
+                                       ur_tensor_data(emb), ur_tensor_data(out), dense->shape[0],
+                                       out->shape[1], T, (int32_t)dense->shape[1],
+                                       self_interaction, dense->dtype, emb->dtype, out->dtype,
+                                       flags);
 }
 
 ur_status ur_interaction_backward(ur_stream *s, const ur_tensor *dense, const ur_tensor *emb,
                                   const ur_tensor *gout, ur_tensor *gdense, ur_tensor *gemb,
-                                  int32_t self_interaction) {
+                                  int32_t self_interaction, uint32_t flags) {
+  UR__ARGS(dense, emb, gout, gdense, gemb);
   const char *op = "interaction backward";
   int32_t T;
-  ur_status st = inter_shapes(op, dense, emb, gout, "gout", self_interaction, &T);
+  ur_status st = inter_shapes(op, dense, emb, gout, "gout", self_interaction, flags, &T);
   if (st) return st;
   if ((st = ur__dense_check(op, "gdense", gdense, 1, dense->shape[0], dense->shape[1])) ||
       (st = ur__dense_check(op, "gemb", gemb, 1, emb->shape[0], emb->shape[1])))
@@ -187,8 +213,9 @@ ur_status ur_interaction_backward(ur_stream *s, const ur_tensor *dense, const ur
   return b->dense->interaction_backward(ur__dense_stream(s), ur_tensor_data(dense),
                                         ur_tensor_data(emb), ur_tensor_data(gout),
                                         ur_tensor_data(gdense), ur_tensor_data(gemb),
-                                        dense->shape[0], T, (int32_t)dense->shape[1],
-                                        self_interaction, dense->dtype, emb->dtype, gout->dtype);
+                                        dense->shape[0], gout->shape[1], T,
+                                        (int32_t)dense->shape[1], self_interaction, dense->dtype,
+                                        emb->dtype, gout->dtype, flags);
 }
 
 /* ---- concat / split ---- */
@@ -252,10 +279,12 @@ static ur_status concat_split(const char *op, ur_stream *s, const ur_tensor *con
 
 ur_status ur_features_concat(ur_stream *s, const ur_tensor *const *parts, int32_t n,
                              ur_tensor *out) {
+  UR__ARGS(parts, out);
   return concat_split("features concat", s, parts, n, out, "out", 1);
 }
 
 ur_status ur_features_split(ur_stream *s, const ur_tensor *in, ur_tensor *const *parts,
                             int32_t n) {
+  UR__ARGS(in, parts);
   return concat_split("features split", s, (const ur_tensor *const *)parts, n, in, "in", 0);
 }

@@ -1,9 +1,12 @@
 /* linear.c: the Linear layer (y = act(x w^T + b)) and the elementwise activations: the public
  * entry points, and the CPU backend's versions on OpenBLAS, which are the reference.  bf16 is
  * computed as the GPU does it: bf16 inputs widened exactly to f32, f32 products and sums,
- * bias and activation in f32, one rounding of the result. */
+ * bias and activation in f32, one rounding of the result.  A row of the output depends on its
+ * row of the input alone (blocks of ROW_BLOCK rows, see gemm_rows), so a batch split over ranks
+ * computes each sample as the whole batch does. */
 #include <cblas.h>
 #include <limits.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +14,85 @@
 #include "dense/dense.h"
 
 /* ---- CPU helpers ---- */
+
+/* OpenBLAS gives a row of C bits that depend on where the row falls: rows past the last whole
+ * block of its micro-kernel, and rows at its threads' boundaries, are summed by other code.  So
+ * every product whose rows are samples is made in blocks of exactly ROW_BLOCK rows (a multiple
+ * of every kernel's height), the last block padded with zeros, each block a single-threaded
+ * call, the blocks spread over the engine's threads: each row is then computed the same way
+ * wherever it is, in a batch of any size. */
+enum { ROW_BLOCK = 64 };
+
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_single(void) { openblas_set_num_threads(1); }
+
+typedef struct gemm_job {
+  int transa, transb, pad, phase;
+  int64_t m, n, k;
+  const float *a, *b;
+  int lda, ldb, ldc;
+  float beta;
+  float *c;
+  int oom;
+} gemm_job;
+
+static void gemm_blocks(void *ctx, size_t b0, size_t b1) {
+  gemm_job *j = ctx;
+  enum CBLAS_TRANSPOSE ta = j->transa ? CblasTrans : CblasNoTrans;
+  enum CBLAS_TRANSPOSE tb = j->transb ? CblasTrans : CblasNoTrans;
+  for (size_t blk = b0; blk < b1; blk++) {
+    /* the block's rows of C, and where they sit in it (phase: the first row's place) */
+    int64_t v0 = (int64_t)blk * ROW_BLOCK - j->phase, r0 = v0 > 0 ? v0 : 0;
+    int64_t r1 = v0 + ROW_BLOCK < j->m ? v0 + ROW_BLOCK : j->m, m = r1 - r0, at = r0 - v0;
+    const float *a = j->transa ? j->a + r0 : j->a + r0 * j->lda;
+    float *c = j->c + r0 * j->ldc;
+    if (m == ROW_BLOCK || !j->pad) {
+      cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)j->n, (int)j->k, 1.0f, a, j->lda, j->b,
+                  j->ldb, j->beta, c, j->ldc);
+      continue;
+    }
+    /* a part of a block, padded with zero rows to a whole one (A is not transposed where rows
+     * are samples) */
+    float *pa = calloc((size_t)ROW_BLOCK * (size_t)j->k + 1, sizeof(float));
+    float *pc = calloc((size_t)ROW_BLOCK * (size_t)j->n + 1, sizeof(float));
+    if (!pa || !pc) {
+      free(pa);
+      free(pc);
+      __atomic_store_n(&j->oom, 1, __ATOMIC_RELAXED);
+      continue;
+    }
+    for (int64_t r = 0; r < m; r++) {
+      memcpy(pa + (at + r) * j->k, a + r * j->lda, (size_t)j->k * sizeof(float));
+      if (j->beta != 0.0f)
+        memcpy(pc + (at + r) * j->n, c + r * j->ldc, (size_t)j->n * sizeof(float));
+    }
+    cblas_sgemm(CblasRowMajor, ta, tb, ROW_BLOCK, (int)j->n, (int)j->k, 1.0f, pa, (int)j->k,
+                j->b, j->ldb, j->beta, pc, (int)j->n);
+    for (int64_t r = 0; r < m; r++)
+      memcpy(c + r * j->ldc, pc + (at + r) * j->n, (size_t)j->n * sizeof(float));
+    free(pa);
+    free(pc);
+  }
+}
+
+/* C [m, n] = op(A) op(B) + beta C, row-major, in blocks of ROW_BLOCK rows of C.  With pad (A
+ * not transposed), blocks that C's rows fill only in part are padded to whole ones, and C's
+ * first row sits at place phase (0..ROW_BLOCK-1) of the first block, as that row of a larger
+ * batch would: each row of C then depends on its row of A and its place alone.  Returns 0, or
+ * -1 out of host memory. */
+static int gemm_rows(int transa, int transb, int pad, int phase, int64_t m, int64_t n,
+                     int64_t k, const float *a, int lda, const float *b, int ldb, float beta,
+                     float *c, int ldc) {
+  pthread_once(&blas_once, blas_single);
+  if (!pad) phase = 0;
+  gemm_job j = {transa, transb, pad, phase, m, n, k, a, b, lda, ldb, ldc, beta, c, 0};
+  ur__parallel_for((size_t)((phase + m + ROW_BLOCK - 1) / ROW_BLOCK), 1, gemm_blocks, &j);
+  return j.oom ? -1 : 0;
+}
+
+static int row_phase(uint32_t flags) {
+  return (int)((flags >> UR_DENSE_ROW0_SHIFT) & 255) % ROW_BLOCK;
+}
 
 typedef struct widen_job {
   const void *src;
@@ -52,10 +134,20 @@ static inline float act_apply(float v, ur_act act) {
 
 /* ---- linear, CPU ---- */
 
+/* The zero columns that end x and w (UR_DENSE_PAD_SHIFT). */
+static int64_t pad_of(uint32_t flags) { return (int64_t)((flags >> UR_DENSE_PAD_SHIFT) & 0xffu); }
+
+int64_t ur_linear_mask_cols(int64_t out) { return ur__mask_cols(out); }
+
+static int mask_bit(const uint8_t *m, int64_t mcols, size_t r, int64_t c) {
+  return (m[r * (size_t)mcols + (size_t)(c >> 3)] >> (c & 7)) & 1;
+}
+
 typedef struct bias_job {
   const float *acc;   /* [rows, out] products */
   const void *b;      /* [out] or NULL */
   void *y;
+  uint8_t *mask;      /* or NULL */
   ur_dtype d;
   int64_t out;
   ur_act act;
@@ -63,21 +155,30 @@ typedef struct bias_job {
 
 static void bias_range(void *ctx, size_t r0, size_t r1) {
   bias_job *j = ctx;
-  for (size_t r = r0; r < r1; r++)
+  int64_t mcols = ur_linear_mask_cols(j->out);
+  for (size_t r = r0; r < r1; r++) {
+    uint8_t *m = j->mask ? j->mask + r * (size_t)mcols : NULL;
+    if (m) memset(m, 0, (size_t)mcols);
     for (int64_t c = 0; c < j->out; c++) {
       size_t i = r * (size_t)j->out + (size_t)c;
       float v = j->acc[i];
       if (j->b) v += ur__dense_ld(j->b, j->d, (size_t)c);
       ur__dense_st(j->y, j->d, i, act_apply(v, j->act));
+      /* the mask says what the backward of y's reader sees: y as stored */
+      if (m && ur__dense_ld(j->y, j->d, i) > 0.0f) m[c >> 3] |= (uint8_t)(1u << (c & 7));
     }
+  }
 }
 
+/* The CPU skips the padding columns of x and w (their products are zero), so a padded layer
+ * gives the unpadded one's bits: the BLAS is called with the unpadded sizes and the padded
+ * leading dimensions. */
 ur_status ur__cpu_linear_forward(void *stream, const void *x, const void *w, const void *b,
-                                 void *y, int64_t rows, int64_t in, int64_t out, ur_dtype dtype,
-                                 ur_act act, uint32_t flags) {
+                                 void *y, uint8_t *mask, int64_t rows, int64_t in, int64_t out,
+                                 ur_dtype dtype, ur_act act, uint32_t flags) {
   (void)stream;
-  (void)flags;
   const char *op = "linear forward";
+  int64_t k = in - pad_of(flags);
   size_t ny = (size_t)rows * (size_t)out;
   float *xo, *wo, *yo = NULL;
   const float *xf = as_f32(x, dtype, (size_t)rows * (size_t)in, &xo);
@@ -89,11 +190,15 @@ ur_status ur__cpu_linear_forward(void *stream, const void *x, const void *w, con
     free(yo);
     return cpu_oom(op, ny);
   }
-  if (in == 0) memset(acc, 0, ny * sizeof(float));
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)out, (int)in, 1.0f, xf,
-                (int)in, wf, (int)in, 0.0f, acc, (int)out);
-  bias_job j = {acc, b, y, dtype, out, act};
+  if (k == 0) memset(acc, 0, ny * sizeof(float));
+  else if (gemm_rows(0, 1, 1, row_phase(flags), rows, out, k, xf, (int)in, wf, (int)in, 0.0f, acc,
+                     (int)out)) {
+    free(xo);
+    free(wo);
+    free(yo);
+    return cpu_oom(op, ny);
+  }
+  bias_job j = {acc, b, y, act == UR_ACT_RELU ? mask : NULL, dtype, out, act};
   ur__parallel_for((size_t)rows, 256, bias_range, &j);
   free(xo);
   free(wo);
@@ -153,20 +258,45 @@ static void narrow_range(void *ctx, size_t i0, size_t i1) {
   for (size_t i = i0; i < i1; i++) ur__dense_st(j->dst, j->d, i, j->src[i]);
 }
 
+/* gx's padding columns zeroed, and gx masked by x_mask: rows of an f32 [rows, in]. */
+typedef struct gx_job {
+  float *gx;
+  const uint8_t *mask;
+  int64_t in, k;
+} gx_job;
+
+static void gx_range(void *ctx, size_t r0, size_t r1) {
+  gx_job *j = ctx;
+  int64_t mcols = ur_linear_mask_cols(j->in);
+  for (size_t r = r0; r < r1; r++) {
+    float *row = j->gx + r * (size_t)j->in;
+    for (int64_t c = j->k; c < j->in; c++) row[c] = 0.0f;
+    if (j->mask)
+      for (int64_t c = 0; c < j->k; c++)
+        if (!mask_bit(j->mask, mcols, r, c)) row[c] = 0.0f;
+  }
+}
+
+ur_status ur__cpu_dense_join(void *stream) {
+  (void)stream;
+  return UR_STATUS_OK;
+}
+
 ur_status ur__cpu_linear_backward(void *stream, const void *x, const void *w, const void *y,
-                                  const void *gy, void *gx, float *gw, float *gb, void *work,
-                                  int64_t rows, int64_t in, int64_t out, ur_dtype dtype,
-                                  ur_act act, uint32_t flags) {
+                                  const void *gy, const uint8_t *x_mask, void *gx, float *gw,
+                                  float *gb, float *gb_x, void *work, int64_t rows, int64_t in,
+                                  int64_t out, ur_dtype dtype, ur_act act, uint32_t flags) {
   (void)stream;
   const char *op = "linear backward";
   size_t ng = (size_t)rows * (size_t)out, nx = (size_t)rows * (size_t)in;
+  int64_t k = in - pad_of(flags);
   const void *g = gy;
-  if (act == UR_ACT_RELU) {
+  if (act == UR_ACT_RELU && !(flags & UR_DENSE_GY_MASKED)) {
     mask_job mj = {gy, y, work, dtype};
     ur__parallel_for(ng, (size_t)1 << 16, mask_range, &mj);
     g = work;
   }
-  float *go = NULL, *wo = NULL, *xo = NULL, *gxo = NULL;
+  float *go = NULL, *wo = NULL, *xo = NULL, *gxo = NULL, *gxw = NULL;
   ur_status st = UR_STATUS_OK;
   const float *gf = as_f32(g, dtype, ng, &go);
   if (!gf) return cpu_oom(op, ng);
@@ -182,25 +312,45 @@ ur_status ur__cpu_linear_backward(void *stream, const void *x, const void *w, co
       st = cpu_oom(op, nx);
       goto done;
     }
-    if (out == 0) {
+    if (out == 0 || k == 0) {
       if (!acc) memset(dst, 0, nx * sizeof(float));
-    } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)in, (int)out, 1.0f,
-                  gf, (int)out, wf, (int)in, acc ? 1.0f : 0.0f, dst, (int)in);
+    } else if (gemm_rows(0, 0, 1, row_phase(flags), rows, k, out, gf, (int)out, wf, (int)in,
+                         acc ? 1.0f : 0.0f, dst, (int)in)) {
+      st = cpu_oom(op, nx);
+      goto done;
+    }
+    /* the padding's gradient is zero (left as it was when accumulating; x_mask excludes
+     * that); the mask as the layer below's backward would have applied it: zeros, exactly */
+    if ((k < in && !acc) || x_mask) {
+      gx_job xj = {dst, x_mask, in, k};
+      ur__parallel_for((size_t)rows, 256, gx_range, &xj);
     }
     if (dtype != UR_DTYPE_F32) {
       narrow_job nj = {dst, gx, dtype};
       ur__parallel_for(nx, (size_t)1 << 16, narrow_range, &nj);
     }
+    if (gb_x) {
+      /* summed as the layer below sums its masked gradient: the stored values, in double */
+      const float *sf = as_f32(gx, dtype, nx, &gxw);
+      if (!sf) {
+        st = cpu_oom(op, nx);
+        goto done;
+      }
+      colsum_job cj = {sf, gb_x, rows, in};
+      ur__parallel_for((size_t)in, 64, colsum_range, &cj);
+    }
   }
-  if (gw && rows > 0 && out > 0 && in > 0) {
+  if (gw && rows > 0 && out > 0 && k > 0) {
     const float *xf = as_f32(x, dtype, nx, &xo);
     if (!xf) {
       st = cpu_oom(op, nx);
       goto done;
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)in, (int)rows, 1.0f, gf,
-                (int)out, xf, (int)in, 1.0f, gw, (int)in);
+    /* a sum over the samples: blocks of the output's rows, unpadded */
+    if (gemm_rows(1, 0, 0, 0, out, k, rows, gf, (int)out, xf, (int)in, 1.0f, gw, (int)in)) {
+      st = cpu_oom(op, (size_t)out * (size_t)in);
+      goto done;
+    }
   }
   if (gb && rows > 0) {
     colsum_job cj = {gf, gb, rows, out};
@@ -211,6 +361,7 @@ done:
   free(wo);
   free(xo);
   free(gxo);
+  free(gxw);
   return st;
 }
 
@@ -295,8 +446,30 @@ static ur_status check_flags(const char *op, uint32_t flags, uint32_t allowed) {
                    (unsigned)flags, (unsigned)allowed);
 }
 
+/* A ReLU mask of rows x cols elements: u8 [rows, ur_linear_mask_cols(cols)]. */
+static ur_status check_mask(const char *op, const char *name, const ur_tensor *m, int64_t rows,
+                            int64_t cols) {
+  int64_t mc = ur_linear_mask_cols(cols);
+  if (m->dtype == UR_DTYPE_U8 && m->ndim == 2 && m->shape[0] == rows && m->shape[1] == mc)
+    return UR_STATUS_OK;
+  return ur__error(UR_STATUS_INVALID,
+                   "%s: %s is %s of %lld elements; expected u8 [%lld, %lld] (the ReLU mask of "
+                   "%lld columns)",
+                   op, name, ur_dtype_name(m->dtype), (long long)m->numel, (long long)rows,
+                   (long long)mc, (long long)cols);
+}
+
+/* The padding that flags declare fits in the input's columns. */
+static ur_status check_pad(const char *op, uint32_t flags, int64_t in) {
+  if (pad_of(flags) <= in) return UR_STATUS_OK;
+  return ur__error(UR_STATUS_INVALID, "%s: %lld padding columns but the input has %lld", op,
+                   (long long)pad_of(flags), (long long)in);
+}
+
 ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
-                            const ur_tensor *b, ur_tensor *y, ur_act act, uint32_t flags) {
+                            const ur_tensor *b, ur_tensor *y, ur_tensor *mask, ur_act act,
+                            uint32_t flags) {
+  UR__ARGS(x, w, y);
   const char *op = "linear forward";
   ur_status st = ur__dense_check(op, "x", x, 1, -1, -1);
   if (st) return st;
@@ -313,26 +486,34 @@ ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w
   if (act != UR_ACT_NONE && act != UR_ACT_RELU)
     return ur__error(UR_STATUS_INVALID, "%s: activation %d is not none (0) or relu (1)", op,
                      (int)act);
-  if ((st = check_flags(op, flags, UR_DENSE_TF32)) || (st = check_dims(op, rows, in, out)) ||
+  if (mask && act != UR_ACT_RELU)
+    return ur__error(UR_STATUS_INVALID, "%s: a mask is written only under relu (activation %d)",
+                     op, (int)act);
+  if ((st = check_flags(op, flags, UR_DENSE_TF32 | (255u << UR_DENSE_ROW0_SHIFT) |
+                                       (0xffu << UR_DENSE_PAD_SHIFT))) ||
+      (st = check_pad(op, flags, in)) || (st = check_dims(op, rows, in, out)) ||
+      (mask && (st = check_mask(op, "mask", mask, rows, out))) ||
       (st = no_overlap(op, "y", y, "x", x)) || (st = no_overlap(op, "y", y, "w", w)) ||
       (st = no_overlap(op, "y", y, "b", b)))
     return st;
-  const ur_tensor *ts[] = {x, w, b, y};
-  const char *names[] = {"x", "w", "b", "y"};
+  const ur_tensor *ts[] = {x, w, b, y, mask};
+  const char *names[] = {"x", "w", "b", "y", "mask"};
   const ur_backend *be;
-  if ((st = ur__dense_backend(op, 4, ts, names, &be)) ||
+  if ((st = ur__dense_backend(op, 5, ts, names, &be)) ||
       (st = UR__NEED(be, dense, linear_forward)))
     return st;
   if (!rows || !out) return UR_STATUS_OK;
   return be->dense->linear_forward(ur__dense_stream(s), ur_tensor_data(x), ur_tensor_data(w),
-                                   b ? ur_tensor_data(b) : NULL, ur_tensor_data(y), rows, in, out,
-                                   x->dtype, act, flags);
+                                   b ? ur_tensor_data(b) : NULL, ur_tensor_data(y),
+                                   mask ? ur_tensor_data(mask) : NULL, rows, in, out, x->dtype,
+                                   act, flags);
 }
 
 ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
-                             const ur_tensor *y, const ur_tensor *gy, ur_tensor *gx,
-                             ur_tensor *gw, ur_tensor *gb, ur_tensor *work, ur_act act,
-                             uint32_t flags) {
+                             const ur_tensor *y, const ur_tensor *gy, const ur_tensor *x_mask,
+                             ur_tensor *gx, ur_tensor *gw, ur_tensor *gb, ur_tensor *gb_x,
+                             ur_tensor *work, ur_act act, uint32_t flags) {
+  UR__ARGS(x, w, gy);
   const char *op = "linear backward";
   ur_status st = ur__dense_check(op, "x", x, 1, -1, -1);
   if (st) return st;
@@ -343,43 +524,68 @@ ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *
   if (act != UR_ACT_NONE && act != UR_ACT_RELU)
     return ur__error(UR_STATUS_INVALID, "%s: activation %d is not none (0) or relu (1)", op,
                      (int)act);
-  if (act == UR_ACT_RELU &&
-      ((st = ur__dense_check(op, "y (relu needs it)", y, 1, rows, out)) ||
-       (st = ur__dense_check(op, "work (relu needs it)", work, 1, rows, out))))
+  int masking = act == UR_ACT_RELU && !(flags & UR_DENSE_GY_MASKED);
+  if (masking && ((st = ur__dense_check(op, "y (relu needs it)", y, 1, rows, out)) ||
+                  (st = ur__dense_check(op, "work (relu needs it)", work, 1, rows, out))))
     return st;
   if ((gx && (st = ur__dense_check(op, "gx", gx, 1, rows, in))) ||
       (gw && (st = ur__dense_check(op, "gw", gw, 0, out, in))) ||
-      (gb && (st = ur__dense_check_numel(op, "gb", gb, 0, out))))
+      (gb && (st = ur__dense_check_numel(op, "gb", gb, 0, out))) ||
+      (gb_x && (st = ur__dense_check_numel(op, "gb_x", gb_x, 0, in))) ||
+      (x_mask && (st = check_mask(op, "x_mask", x_mask, rows, in))))
     return st;
+  if ((x_mask || gb_x) && !gx)
+    return ur__error(UR_STATUS_INVALID, "%s: x_mask and gb_x act on gx, which is NULL", op);
+  if (gb_x && !x_mask)
+    return ur__error(UR_STATUS_INVALID, "%s: gb_x is the masked gradient's sum: it needs x_mask",
+                     op);
+  if (x_mask && (flags & UR_DENSE_ACCUMULATE))
+    return ur__error(UR_STATUS_INVALID, "%s: x_mask cannot mask an accumulated gx", op);
+  if (gb && (flags & UR_DENSE_GY_MASKED))
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: under GY_MASKED the layer above took the bias gradient: gb must be "
+                     "NULL", op);
   const char *group = "x, w, y, gy, gx and work";
   if ((st = same_dtype(op, "w", w, x, group)) || (st = same_dtype(op, "gy", gy, x, group)) ||
-      (act == UR_ACT_RELU && ((st = same_dtype(op, "y", y, x, group)) ||
-                              (st = same_dtype(op, "work", work, x, group)))) ||
+      (masking && ((st = same_dtype(op, "y", y, x, group)) ||
+                   (st = same_dtype(op, "work", work, x, group)))) ||
       (st = same_dtype(op, "gx", gx, x, group)))
     return st;
-  if ((st = check_flags(op, flags, UR_DENSE_TF32 | UR_DENSE_ACCUMULATE)) ||
+  uint32_t allowed = UR_DENSE_TF32 | UR_DENSE_ACCUMULATE | UR_DENSE_GY_MASKED |
+                     UR_DENSE_WGRAD_ASYNC | (255u << UR_DENSE_ROW0_SHIFT) |
+                     (0xffu << UR_DENSE_PAD_SHIFT);
+  if ((st = check_flags(op, flags, allowed)) || (st = check_pad(op, flags, in)) ||
       (st = check_dims(op, rows, in, out)) || (st = no_overlap(op, "gx", gx, "gy", gy)) ||
       (st = no_overlap(op, "gx", gx, "w", w)) || (st = no_overlap(op, "gw", gw, "x", x)) ||
-      (st = no_overlap(op, "gw", gw, "gy", gy)))
+      (st = no_overlap(op, "gw", gw, "gy", gy)) || (st = no_overlap(op, "gx", gx, "x", x)))
     return st;
-  if (act == UR_ACT_RELU && ((st = no_overlap(op, "work", work, "x", x)) ||
-                             (st = no_overlap(op, "work", work, "w", w)) ||
-                             (st = no_overlap(op, "work", work, "gx", gx))))
+  if (masking && ((st = no_overlap(op, "work", work, "x", x)) ||
+                  (st = no_overlap(op, "work", work, "w", w)) ||
+                  (st = no_overlap(op, "work", work, "gx", gx))))
     return st;
-  if (act != UR_ACT_RELU) y = work = NULL;
-  const ur_tensor *ts[] = {x, w, y, gy, gx, gw, gb, work};
-  const char *names[] = {"x", "w", "y", "gy", "gx", "gw", "gb", "work"};
+  if (!masking) y = work = NULL;
+  if (act == UR_ACT_RELU && !masking) act = UR_ACT_NONE; /* g is gy */
+  const ur_tensor *ts[] = {x, w, y, gy, gx, gw, gb, work, x_mask, gb_x};
+  const char *names[] = {"x", "w", "y", "gy", "gx", "gw", "gb", "work", "x_mask", "gb_x"};
   const ur_backend *be;
-  if ((st = ur__dense_backend(op, 8, ts, names, &be)) ||
+  if ((st = ur__dense_backend(op, 10, ts, names, &be)) ||
       (st = UR__NEED(be, dense, linear_backward)))
     return st;
   if (!rows) return UR_STATUS_OK;
   return be->dense->linear_backward(ur__dense_stream(s), ur_tensor_data(x), ur_tensor_data(w),
                                     y ? ur_tensor_data(y) : NULL, ur_tensor_data(gy),
+                                    x_mask ? ur_tensor_data(x_mask) : NULL,
                                     gx ? ur_tensor_data(gx) : NULL, gw ? ur_tensor_data(gw) : NULL,
                                     gb ? ur_tensor_data(gb) : NULL,
+                                    gb_x ? ur_tensor_data(gb_x) : NULL,
                                     work ? ur_tensor_data(work) : NULL, rows, in, out, x->dtype,
                                     act, flags);
+}
+
+ur_status ur_dense_join(ur_stream *s) {
+  const ur_backend *be = ur__gpu();
+  if (!be || !be->dense || !be->dense->join) return UR_STATUS_OK;
+  return be->dense->join(ur__dense_stream(s));
 }
 
 static ur_status check_act(const char *op, ur_act act) {
@@ -389,6 +595,7 @@ static ur_status check_act(const char *op, ur_act act) {
 }
 
 ur_status ur_act_forward(ur_stream *s, const ur_tensor *x, ur_tensor *y, ur_act act) {
+  UR__ARGS(x, y);
   const char *op = "activation forward";
   ur_status st = ur__dense_check_numel(op, "x", x, 1, x ? x->numel : 0);
   if (!st) st = ur__dense_check_numel(op, "y", y, 1, x->numel);
@@ -407,6 +614,7 @@ ur_status ur_act_forward(ur_stream *s, const ur_tensor *x, ur_tensor *y, ur_act 
 
 ur_status ur_act_backward(ur_stream *s, const ur_tensor *y, const ur_tensor *gy, ur_tensor *gx,
                           ur_act act) {
+  UR__ARGS(y, gy, gx);
   const char *op = "activation backward";
   ur_status st = ur__dense_check_numel(op, "y", y, 1, y ? y->numel : 0);
   if (!st) st = ur__dense_check_numel(op, "gy", gy, 1, y->numel);

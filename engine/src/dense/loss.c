@@ -68,6 +68,7 @@ static ur_status bce_check(const char *op, const ur_tensor *logits, const ur_ten
 
 ur_status ur_bce_forward(ur_stream *s, const ur_tensor *logits, const ur_tensor *targets,
                          const ur_tensor *weights, ur_tensor *loss, ur_reduction reduction) {
+  UR__ARGS(logits, targets, loss);
   const char *op = "bce forward";
   ur_status st = bce_check(op, logits, targets, weights, reduction);
   if (st) return st;
@@ -87,6 +88,7 @@ ur_status ur_bce_forward(ur_stream *s, const ur_tensor *logits, const ur_tensor 
 ur_status ur_bce_backward(ur_stream *s, const ur_tensor *logits, const ur_tensor *targets,
                           const ur_tensor *weights, ur_tensor *glogits, ur_reduction reduction,
                           double scale) {
+  UR__ARGS(logits, targets, glogits);
   const char *op = "bce backward";
   ur_status st = bce_check(op, logits, targets, weights, reduction);
   if (st) return st;

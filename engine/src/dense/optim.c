@@ -1,61 +1,35 @@
 /* optim.c: dense optimizers (SGD with momentum, Adagrad, Adam, AdamW) with PyTorch's formulas,
- * in f32: the public entry point, which walks the parameters in groups of UR__OPTIM_GROUP (one
- * GPU launch each), and the CPU backend's version. */
+ * in f32: the public entry point, which checks the settings, computes the update's constants
+ * once and walks the parameters in groups of UR__OPTIM_GROUP (one GPU launch each), and the CPU
+ * backend's version (the element step is core/optim_plan.h's, the GPU's too). */
 #include <math.h>
 #include <stdio.h>
 #include "dense/dense.h"
 
 typedef struct optim_job {
-  ur__optim_consts k;
+  const ur__optim_consts *k;
   float *p, *g, *s1, *s2;
   uint16_t *h;
 } optim_job;
 
 static void step_range(void *ctx, size_t i0, size_t i1) {
   optim_job *j = ctx;
-  const ur__optim_consts *k = &j->k;
+  const ur__optim_consts *k = j->k;
   for (size_t i = i0; i < i1; i++) {
-    float p = j->p[i], g = j->g[i];
-    switch (k->kind) {
-    case UR_OPTIM_KIND_SGD:
-      g += k->wd * p;
-      if (k->mom != 0.0f) {
-        float b = k->first ? g : k->mom * j->s1[i] + g;
-        j->s1[i] = b;
-        g = k->nesterov ? g + k->mom * b : b;
-      }
-      p -= k->lr * g;
-      break;
-    case UR_OPTIM_KIND_ADAGRAD: {
-      g += k->wd * p;
-      float s = j->s1[i] + g * g;
-      j->s1[i] = s;
-      p -= k->lr * g / (sqrtf(s) + k->eps);
-      break;
-    }
-    default: { /* Adam, AdamW */
-      if (k->kind == UR_OPTIM_KIND_ADAMW) p *= k->decay;
-      else g += k->wd * p;
-      float m = k->b1 * j->s1[i] + (1.0f - k->b1) * g;
-      float v = k->b2 * j->s2[i] + (1.0f - k->b2) * g * g;
-      j->s1[i] = m;
-      j->s2[i] = v;
-      p -= k->step_size * m / (sqrtf(v) / k->bc2_sqrt + k->eps);
-      break;
-    }
-    }
+    float p = ur__optim_dense_elem(k, j->p[i], j->g[i], j->s1 ? j->s1 + i : NULL,
+                                   j->s2 ? j->s2 + i : NULL);
     j->p[i] = p;
     if (j->h) j->h[i] = ur__f32_to_bf16(p);
-    if (k->zero) j->g[i] = 0.0f;
+    if (k->zero_grad) j->g[i] = 0.0f;
   }
 }
 
-ur_status ur__cpu_optim_step(void *stream, const ur_optim_cfg *cfg, int32_t n,
+ur_status ur__cpu_optim_step(void *stream, const ur__optim_consts *k, int32_t n,
                              float *const *params, float *const *grads, float *const *s1,
                              float *const *s2, void *const *halves, const int64_t *numel) {
   (void)stream;
   optim_job j;
-  j.k = ur__optim_consts_of(cfg);
+  j.k = k;
   for (int32_t t = 0; t < n; t++) {
     j.p = params[t];
     j.g = grads[t];
@@ -67,42 +41,24 @@ ur_status ur__cpu_optim_step(void *stream, const ur_optim_cfg *cfg, int32_t n,
   return UR_STATUS_OK;
 }
 
-static ur_status check_cfg(const char *op, const ur_optim_cfg *c) {
-  if (!c) return ur__error(UR_STATUS_INVALID, "%s: cfg is missing (NULL)", op);
-  if ((unsigned)c->kind >= UR_OPTIM_KIND_COUNT)
-    return ur__error(UR_STATUS_INVALID, "%s: kind %d is not sgd (0), adagrad (1), adam (2) or "
-                     "adamw (3)", op, (int)c->kind);
-  if (c->step < 1)
-    return ur__error(UR_STATUS_INVALID, "%s: step %lld; expected >= 1 (the update's number)", op,
-                     (long long)c->step);
-  if (!isfinite(c->lr) || c->lr < 0 || !isfinite(c->weight_decay) || c->weight_decay < 0)
-    return ur__error(UR_STATUS_INVALID, "%s: lr %g and weight_decay %g must be finite and >= 0",
-                     op, c->lr, c->weight_decay);
-  if (c->kind == UR_OPTIM_KIND_SGD && (!isfinite(c->momentum) || c->momentum < 0))
-    return ur__error(UR_STATUS_INVALID, "%s: momentum %g must be finite and >= 0", op,
-                     c->momentum);
-  if (c->kind == UR_OPTIM_KIND_SGD && c->nesterov && c->momentum <= 0)
-    return ur__error(UR_STATUS_INVALID, "%s: nesterov needs momentum > 0", op);
-  if (c->kind >= UR_OPTIM_KIND_ADAM &&
-      !(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1))
-    return ur__error(UR_STATUS_INVALID, "%s: beta1 %g and beta2 %g must be in [0, 1)", op,
-                     c->beta1, c->beta2);
-  if (c->kind != UR_OPTIM_KIND_SGD && !(c->eps > 0 && isfinite(c->eps)))
-    return ur__error(UR_STATUS_INVALID, "%s: eps %g must be finite and > 0", op, c->eps);
-  return UR_STATUS_OK;
-}
-
-ur_status ur_optim_step(ur_stream *s, const ur_optim_cfg *cfg, int32_t n,
+ur_status ur_optim_step(ur_stream *s, const ur_optim_config *cfg, int32_t n,
                         ur_tensor *const *params, ur_tensor *const *grads,
                         ur_tensor *const *state1, ur_tensor *const *state2,
                         ur_tensor *const *halves) {
+  UR__ARGS(cfg);
+  if (n > 0 && !params) return ur__null(__func__, "params");
+  if (n > 0 && !grads) return ur__null(__func__, "grads");
   const char *op = "optim step";
-  ur_status st = check_cfg(op, cfg);
+  ur_status st = ur__optim_check(op, cfg, 0);
   if (st) return st;
+  if (cfg->step < 1)
+    return ur__error(UR_STATUS_INVALID, "%s: step %lld; expected >= 1 (the update's number)", op,
+                     (long long)cfg->step);
+  ur__optim_consts k = ur__optim_consts_of(cfg, cfg->step);
   if (n < 0 || (n > 0 && (!params || !grads)))
     return ur__error(UR_STATUS_INVALID, "%s: %d parameters, params or grads missing", op, (int)n);
   int need1 = cfg->kind != UR_OPTIM_KIND_SGD || cfg->momentum > 0;
-  int need2 = cfg->kind >= UR_OPTIM_KIND_ADAM;
+  int need2 = cfg->kind == UR_OPTIM_KIND_ADAM || cfg->kind == UR_OPTIM_KIND_ADAMW;
   float *p[UR__OPTIM_GROUP], *g[UR__OPTIM_GROUP], *a[UR__OPTIM_GROUP], *b[UR__OPTIM_GROUP];
   void *h[UR__OPTIM_GROUP];
   int64_t num[UR__OPTIM_GROUP];
@@ -149,7 +105,7 @@ ur_status ur_optim_step(ur_stream *s, const ur_optim_cfg *cfg, int32_t n,
       live++;
     }
     if (live && ((st = UR__NEED(be, dense, optim_step)) ||
-                 (st = be->dense->optim_step(ur__dense_stream(s), cfg, live, p, g, a, b, h, num))))
+                 (st = be->dense->optim_step(ur__dense_stream(s), &k, live, p, g, a, b, h, num))))
       return st;
   }
   return UR_STATUS_OK;

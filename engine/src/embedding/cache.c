@@ -293,6 +293,8 @@ static void orphan(void *ctx) {
 
 ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int32_t *tables,
                        const ur_cache_config *config) {
+  UR__ARGS(out, t, config);
+  if (num_tables > 0 && !tables) return ur__null(__func__, "tables");
   *out = NULL;
   ur_status st = check_config(config);
   if (st) return st;
@@ -378,7 +380,7 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   c->key_bits = 1;
   while (c->key_bits < 63 && ((uint64_t)1 << c->key_bits) <= key) c->key_bits++;
   c->row_bytes = (size_t)c->dim * ur_dtype_size((ur_dtype)c->dtype);
-  c->state_per_row = c->nstate == 0 ? 0 : tc->optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? 1 : c->dim;
+  c->state_per_row = c->nstate == 0 ? 0 : tc->optim.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD ? 1 : c->dim;
   c->nsets = 0;
   c->cfg.table_slots = NULL; /* the caller's array: not kept */
   for (int32_t i = 0; i < num_tables; i++) {
@@ -866,13 +868,12 @@ static ur_status settle(ur_cache *c, ur_stream *s, const flight *B, int64_t tk, 
 }
 
 ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
-                           const ur_tensor *offsets, const int64_t *bpf, ur_tensor *out,
+                           const ur_tensor *offsets, const int64_t *spk, ur_tensor *out,
                            int64_t *ticket) {
+  UR__ARGS(c, values, offsets, out, ticket);
   *ticket = 0;
   ur_status st = check_alive(c);
   if (st) return st;
-  if (!values || !offsets || !out)
-    return ur__error(UR_STATUS_INVALID, "cache: values, offsets and out are required");
   if ((st = check_ids_tensor(c, values, "values")) || (st = check_ids_tensor(c, offsets, "offsets")) ||
       (st = check_ids_tensor(c, out, "out")))
     return st;
@@ -885,23 +886,23 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
                                         "cannot read");
   if (bags < 0) return ur__error(UR_STATUS_INVALID, "cache: offsets is empty; expected bags + 1");
   int64_t *bag_start = NULL, batch = 0;
-  if (bpf) {
+  if (spk) {
     bag_start = malloc(sizeof(int64_t) * ((size_t)c->F + 1));
     if (!bag_start) return ur__error(UR_STATUS_OOM, "cache: out of host memory");
     bag_start[0] = 0;
     for (int32_t f = 0; f < c->F; f++) {
-      if (bpf[f] < 0) {
+      if (spk[f] < 0) {
         free(bag_start);
         return ur__error(UR_STATUS_INVALID, "cache: feature '%s' has batch %lld; expected >= 0",
-                         c->tbe->fnames[f], (long long)bpf[f]);
+                         c->tbe->fnames[f], (long long)spk[f]);
       }
-      bag_start[f + 1] = bag_start[f] + bpf[f];
+      bag_start[f + 1] = bag_start[f] + spk[f];
     }
     if (bag_start[c->F] != bags) {
       int64_t sum = bag_start[c->F];
       free(bag_start);
       return ur__error(UR_STATUS_INVALID,
-                       "cache: batch_per_feature sums to %lld bags but offsets hold %lld",
+                       "cache: stride_per_key_per_rank sums to %lld bags but offsets hold %lld",
                        (long long)sum, (long long)bags);
     }
   } else if (bags % c->F) {
@@ -941,6 +942,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
 }
 
 ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int32_t trained) {
+  UR__ARGS(c);
   ur_status st = check_alive(c);
   if (st) return st;
   flight *b = ticket > 0 ? ring_find(c, ticket) : NULL;
@@ -984,6 +986,7 @@ static ur_status pull_state(ur_cache *c, int dirty) {
 }
 
 ur_status ur_cache_flush(ur_cache *c) {
+  UR__ARGS(c);
   ur_status st = check_alive(c);
   if (st) return st;
   double t0 = now_s();
@@ -1019,6 +1022,7 @@ ur_status ur_cache_flush(ur_cache *c) {
 }
 
 ur_status ur_cache_invalidate(ur_cache *c) {
+  UR__ARGS(c);
   ur_status st = check_alive(c);
   if (st) return st;
   if (ur_cache_in_flight(c))
@@ -1037,6 +1041,7 @@ ur_status ur_cache_invalidate(ur_cache *c) {
 }
 
 ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *out) {
+  UR__ARGS(c, out);
   memset(out, 0, sizeof *out);
   if (table < -1 || table >= c->nt)
     return ur__error(UR_STATUS_INVALID, "cache: table %d; expected -1 (the total) or 0..%d",
@@ -1065,6 +1070,7 @@ ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *o
 }
 
 void ur_cache_reset_stats(ur_cache *c) {
+  if (!c) return;
   memset(c->stats, 0, sizeof *c->stats * ((size_t)c->nt + 1));
   c->seconds = c->gpu_seconds = 0;
   for (int r = 0; r < RING; r++) c->ring[r].timed_p = c->ring[r].timed_r = 0;
@@ -1072,6 +1078,9 @@ void ur_cache_reset_stats(ur_cache *c) {
 
 ur_status ur_cache_contains(const ur_cache *c, int32_t table, const int64_t *ids, int64_t n,
                             int64_t *slots) {
+  UR__ARGS(c);
+  if (n > 0 && !ids) return ur__null(__func__, "ids");
+  if (n > 0 && !slots) return ur__null(__func__, "slots");
   if (table < 0 || table >= c->nt)
     return ur__error(UR_STATUS_INVALID, "cache: table %d; expected 0..%d", (int)table,
                      (int)c->nt - 1);
@@ -1093,7 +1102,7 @@ ur_status ur_cache_contains(const ur_cache *c, int32_t table, const int64_t *ids
 }
 
 ur_status ur_stream_wait_event(ur_stream *s, ur_event *e) {
-  if (!e) return ur__error(UR_STATUS_INVALID, "stream_wait_event: no event");
+  UR__ARGS(e);
   if (!ur__gpu() || !e->handle || !e->recorded) return UR_STATUS_OK;
   if (!ur__gpu()->stream_wait)
     return ur__error(UR_STATUS_UNSUPPORTED, "stream_wait_event: the CUDA backend has no stream "

@@ -1,5 +1,5 @@
 /* cache_sets.h: the software cache's arithmetic shared by the host reference
- * (engine/src/cache.c) and the GPU's decisions (kernels/cache.cu), so both map a row to the
+ * (engine/src/embedding/cache_cpu.c) and the GPU's decisions (kernels/cache.cu), so both map a row to the
  * same set and age LFU counts the same way.  Keys are a cumulative row space over the cache's
  * tables: kbase[ct] is table ct's first key, kbase[nt] the total. */
 #ifndef UR_CACHE_SETS_H

@@ -26,6 +26,7 @@ static ur_status set_counting_one(ur_tbe *t, int32_t i, int32_t on) {
 }
 
 ur_status ur_tbe_set_counting(ur_tbe *t, int32_t table, int32_t on) {
+  UR__ARGS(t);
   ur_status st = check_index(t, table, 1, "set_counting");
   if (st) return st;
   int32_t lo = table < 0 ? 0 : table, hi = table < 0 ? t->T : table + 1;
@@ -40,6 +41,7 @@ int32_t ur_tbe_counting(const ur_tbe *t, int32_t table) {
 }
 
 ur_status ur_tbe_counts(const ur_tbe *t, int32_t table, ur_tensor **out) {
+  UR__ARGS(t, out);
   *out = NULL;
   ur_status st = check_index(t, table, 0, "counts");
   if (st) return st;
@@ -53,6 +55,7 @@ ur_status ur_tbe_counts(const ur_tbe *t, int32_t table, ur_tensor **out) {
 }
 
 ur_status ur_tbe_decay_counts(ur_stream *s, ur_tbe *t, int32_t table, double factor) {
+  UR__ARGS(t);
   ur_status st = check_index(t, table, 1, "decay_counts");
   if (st) return st;
   if (!(factor >= 0 && factor <= 1))

@@ -63,6 +63,7 @@ static ur_status check_host_i64(const ur_tensor *x, int64_t n, const char *what)
 }
 
 ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *cumsum) {
+  UR__ARGS(counts, order);
   if (ur_tensor_dtype(counts) != UR_DTYPE_I32 || ur_tensor_ndim(counts) != 1)
     return ur__error(UR_STATUS_INVALID, "counts_rank: counts is %s with %d dimensions; expected "
                      "i32 [n]", ur_dtype_name(ur_tensor_dtype(counts)), (int)ur_tensor_ndim(counts));
@@ -118,6 +119,7 @@ static ur_status invert(const int64_t *p, int64_t n, int64_t *inv, const char *c
 }
 
 ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm) {
+  UR__ARGS(order, perm);
   if (ur_tensor_dtype(order) != UR_DTYPE_I64 || ur_tensor_ndim(order) != 1)
     return ur__error(UR_STATUS_INVALID, "perm_from_order: order is %s with %d dimensions; "
                      "expected i64 [n]", ur_dtype_name(ur_tensor_dtype(order)),
@@ -137,6 +139,7 @@ ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm) {
 /* ---- permutations and relayout ---- */
 
 ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out) {
+  UR__ARGS(t, out);
   *out = NULL;
   ur_status st = check_index(t, table, "permutation");
   if (st) return st;
@@ -245,6 +248,7 @@ static ur_status check_not_cached(const ur_tbe *t, int32_t table, const char *wh
 
 ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tensor *perm,
                           ur_tbe_relayout_stats *out, int64_t chunk_rows) {
+  UR__ARGS(t, out);
   memset(out, 0, sizeof *out);
   ur_status st = check_index(t, table, "relayout");
   if (!st && perm) st = check_not_cached(t, table, "relayout");
@@ -333,6 +337,7 @@ done:
 }
 
 ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm) {
+  UR__ARGS(t);
   ur_status st = check_index(t, table, "set_permutation");
   if (!st && perm) st = check_not_cached(t, table, "set_permutation");
   if (st) return st;
@@ -370,5 +375,104 @@ ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm
   }
   free(q);
   free(inv);
+  return st;
+}
+
+/* ---- row swaps ---- */
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* The ids of a swap, checked: within the table, none twice. */
+static ur_status check_swap_ids(const ur_tbe *t, int32_t table, const int64_t *ids, int64_t n2) {
+  const char *name = t->tc[table].name;
+  int64_t rows = t->tables[table].rows;
+  for (int64_t i = 0; i < n2; i++)
+    if (ids[i] < 0 || ids[i] >= rows)
+      return ur__error(UR_STATUS_INVALID, "tbe: swap_rows of table '%s': %s[%lld] = %lld; expected "
+                       "0..%lld", name, i < n2 / 2 ? "a" : "b", (long long)(i % (n2 / 2)),
+                       (long long)ids[i], (long long)rows - 1);
+  int64_t *sorted = malloc(sizeof(int64_t) * (size_t)(n2 ? n2 : 1));
+  if (!sorted) return ur__error(UR_STATUS_OOM, "tbe: swap_rows: out of host memory");
+  memcpy(sorted, ids, sizeof(int64_t) * (size_t)n2);
+  qsort(sorted, (size_t)n2, sizeof(int64_t), cmp_i64);
+  ur_status st = UR_STATUS_OK;
+  for (int64_t i = 1; i < n2 && !st; i++)
+    if (sorted[i] == sorted[i - 1])
+      st = ur__error(UR_STATUS_INVALID, "tbe: swap_rows of table '%s': id %lld is in two pairs; "
+                     "each id may move once", name, (long long)sorted[i]);
+  free(sorted);
+  return st;
+}
+
+ur_status ur_tbe_swap_rows(ur_stream *s, ur_tbe *t, int32_t table, const int64_t *a,
+                           const int64_t *b, int64_t n, ur_tbe_relayout_stats *out) {
+  UR__ARGS(t, a, b, out);
+  memset(out, 0, sizeof *out);
+  ur_status st = check_index(t, table, "swap_rows");
+  if (!st) st = check_not_cached(t, table, "swap_rows");
+  if (st) return st;
+  if (n < 0 || (n > 0 && (!a || !b)))
+    return ur__error(UR_STATUS_INVALID, "tbe: swap_rows of table '%s': %lld pairs; expected n >= 0 "
+                     "and both lists", t->tc[table].name, (long long)n);
+  if (!n) return UR_STATUS_OK;
+  double t0 = ur_clock_seconds();
+  int64_t rows = t->tables[table].rows;
+  int64_t *ids = malloc(sizeof(int64_t) * 2 * (size_t)n);
+  if (!ids) return ur__error(UR_STATUS_OOM, "tbe: swap_rows: out of host memory");
+  memcpy(ids, a, sizeof(int64_t) * (size_t)n);
+  memcpy(ids + n, b, sizeof(int64_t) * (size_t)n);
+  ur_tensor *xs[3] = {NULL, NULL, NULL};
+  int nx = 0;
+  if ((st = check_swap_ids(t, table, ids, 2 * n)) || (st = UR__NEED(t->be, tbe, swap_rows)))
+    goto done;
+  /* a table without a layout gets the identity first: the swaps change it in place */
+  ur_tensor **slot = &t->perm[table];
+  if (!*slot) {
+    int64_t *iota = malloc(sizeof(int64_t) * (size_t)rows);
+    if (!iota) {
+      st = ur__error(UR_STATUS_OOM, "tbe: swap_rows: out of host memory for %lld rows", (long long)rows);
+      goto done;
+    }
+    for (int64_t r = 0; r < rows; r++) iota[r] = r;
+    if (!(st = ur__tbe_home_tensor(t, slot, UR_DTYPE_I64, rows))) st = ur_tensor_write(*slot, 0, rows, iota);
+    free(iota);
+    if (st) goto done;
+    t->tables[table].perm = ur_tensor_data(*slot);
+    if ((st = ur__tbe_sync_desc(t))) goto done;
+  }
+  /* the ids at home, in a buffer kept for the next swaps (freeing device memory would wait) */
+  if (!t->swapbuf || ur_tensor_numel(t->swapbuf) < 2 * n) {
+    if (t->swapbuf && (st = t->be->device_sync())) goto done;
+    ur_tensor_free(t->swapbuf);
+    t->swapbuf = NULL;
+    if ((st = ur__tbe_home_tensor(t, &t->swapbuf, UR_DTYPE_I64, 2 * n))) goto done;
+  }
+  if ((st = t->be->copy(s ? s->handle : NULL, ur_tensor_data(t->swapbuf), ids,
+                        sizeof(int64_t) * 2 * (size_t)n)) ||
+      (st = table_tensors(t, table, xs, &nx)))
+    goto done;
+  ur__tbe_swap sw;
+  memset(&sw, 0, sizeof sw);
+  sw.perm = ur_tensor_data(*slot);
+  sw.ids = ur_tensor_data(t->swapbuf);
+  sw.n = n;
+  sw.ntensors = nx;
+  for (int k = 0; k < nx; k++) {
+    sw.base[k] = ur_tensor_data(xs[k]);
+    sw.row_bytes[k] = (uint64_t)ur_tensor_nbytes(xs[k]) / (uint64_t)rows;
+    out->bytes += 2 * (uint64_t)n * sw.row_bytes[k];
+  }
+  st = t->be->tbe->swap_rows(s ? s->handle : NULL, &sw);
+  out->rows_moved = 2 * n;
+  out->chunks = 1;
+  out->on_gpu = t->home == UR_PLACE_DEVICE;
+done:
+  ur__tbe_perm_changed(t, table);
+  out->seconds = ur_clock_seconds() - t0;
+  for (int k = 0; k < nx; k++) ur_tensor_free(xs[k]);
+  free(ids);
   return st;
 }

@@ -374,7 +374,7 @@ static ur_status bad_id(const ur_tbe *t, const job *j, int32_t f, int64_t i) {
 }
 
 static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
-                         const int64_t *bpf, int32_t location, ur_page_stats *out,
+                         const int64_t *spk, int32_t location, ur_page_stats *out,
                          struct ur__pages **pp) {
   memset(out, 0, sizeof *out);
   ur_status st;
@@ -395,19 +395,19 @@ static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *of
   if (!bag_start) return oom("the bags");
   bag_start[0] = 0;
   for (int32_t f = 0; f < F && !st; f++) {
-    if (bpf && bpf[f] < 0)
+    if (spk && spk[f] < 0)
       st = ur__error(UR_STATUS_INVALID, "tbe: prefetch_pages: feature '%s' has batch %lld; expected >= 0",
-                     ur_tbe_feature_name(t, f), (long long)bpf[f]);
-    bag_start[f + 1] = bag_start[f] + (bpf ? bpf[f] : bags / F);
+                     ur_tbe_feature_name(t, f), (long long)spk[f]);
+    bag_start[f + 1] = bag_start[f] + (spk ? spk[f] : bags / F);
   }
-  if (!st && bpf && bag_start[F] != bags)
+  if (!st && spk && bag_start[F] != bags)
     st = ur__error(UR_STATUS_INVALID,
-                   "tbe: prefetch_pages: batch_per_feature sums to %lld bags but offsets hold %lld",
+                   "tbe: prefetch_pages: stride_per_key_per_rank sums to %lld bags but offsets hold %lld",
                    (long long)bag_start[F], (long long)bags);
-  if (!st && !bpf && bags % F)
+  if (!st && !spk && bags % F)
     st = ur__error(UR_STATUS_INVALID,
                    "tbe: prefetch_pages: %lld bags do not split evenly over %d features; pass "
-                   "batch_per_feature for a variable batch", (long long)bags, (int)F);
+                   "stride_per_key_per_rank for a variable batch", (long long)bags, (int)F);
   const int64_t *v = NULL, *o = NULL;
   if (!st) st = host_i64(offsets, &p->ho, &p->hocap, &o, "offsets");
   if (!st && o[0] != 0)
@@ -498,18 +498,20 @@ static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *of
 }
 
 ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,
-                           const int64_t *batch_per_feature, ur_page_stats *out, int32_t location) {
+                           const int64_t *stride_per_key_per_rank, ur_page_stats *out, int32_t location) {
+  UR__ARGS(t, values, offsets, out);
   struct ur__pages *p = NULL;
-  ur_status st = compute(t, values, offsets, batch_per_feature, location, out, &p);
+  ur_status st = compute(t, values, offsets, stride_per_key_per_rank, location, out, &p);
   if (st && p) p->nall = 0;
   return st;
 }
 
 ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values,
-                                const ur_tensor *offsets, const int64_t *batch_per_feature,
+                                const ur_tensor *offsets, const int64_t *stride_per_key_per_rank,
                                 ur_page_stats *out, int32_t location) {
+  UR__ARGS(t, values, offsets, out);
   struct ur__pages *p = NULL;
-  ur_status st = compute(t, values, offsets, batch_per_feature, location, out, &p);
+  ur_status st = compute(t, values, offsets, stride_per_key_per_rank, location, out, &p);
   if (st) {
     if (p) p->nall = 0;
     return st;

@@ -42,6 +42,7 @@ const char *ur_qformat_name(ur_qformat f) {
 }
 
 ur_status ur_qformat_parse(const char *s, ur_qformat *out) {
+  UR__ARGS(s, out);
   for (int f = 0; f < UR_QFORMAT_COUNT; f++)
     if (s && !strcmp(s, format_names[f])) {
       *out = (ur_qformat)f;
@@ -179,6 +180,7 @@ static void quant_range(void *ctx, size_t r0, size_t r1) {
 }
 
 ur_status ur_rows_quantize(const ur_tensor *src, ur_tensor *dst, ur_qerror *err, ur_qformat f) {
+  UR__ARGS(src, dst);
   const char *op = "rows quantize";
   ur_status st;
   if ((unsigned)f >= UR_QFORMAT_COUNT)
@@ -249,6 +251,7 @@ static void dequant_range(void *ctx, size_t r0, size_t r1) {
 }
 
 ur_status ur_rows_dequantize(const ur_tensor *src, ur_tensor *dst, ur_qformat f) {
+  UR__ARGS(src, dst);
   const char *op = "rows dequantize";
   ur_status st;
   if ((unsigned)f >= UR_QFORMAT_COUNT)
@@ -396,6 +399,7 @@ static ur_status upload_desc(ur_qtbe *q) {
 ur_status ur_qtbe_new(ur_qtbe **out, const ur_qtbe_config *config, int32_t num_tables,
                       const ur_qtbe_table_config *tables, int32_t num_features,
                       const int32_t *feature_table, const char *const *feature_names) {
+  UR__ARGS(out, config, tables, feature_table);
   *out = NULL;
   ur_status st;
   if (!config || !tables || !feature_table)
@@ -527,12 +531,14 @@ static ur_status check_index(const ur_qtbe *q, int32_t i) {
 }
 
 ur_status ur_qtbe_table(const ur_qtbe *q, int32_t i, ur_tensor **out) {
+  UR__ARGS(q, out);
   *out = NULL;
   ur_status st = check_index(q, i);
   return st ? st : ur_tensor_view(q->rows[i], out, 0, q->tc[i].rows);
 }
 
 ur_status ur_qtbe_set_permutation(ur_qtbe *q, int32_t i, const ur_tensor *perm) {
+  UR__ARGS(q);
   ur_status st = check_index(q, i);
   if (st) return st;
   const ur_qtbe_table_config *c = &q->tc[i];
@@ -664,9 +670,8 @@ static ur_status bad_id(const ur_qtbe *q, const ur__qtbe_args *a, const ur_tenso
 
 ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
                           const ur_tensor *offsets, const ur_tensor *weights, ur_tensor *out) {
+  UR__ARGS(q, values, offsets, out);
   ur_status st;
-  if (!values || !offsets || !out)
-    return ur__error(UR_STATUS_INVALID, "qtbe: values, offsets and out are required");
   if ((st = check_tensor(q, values, "values", UR_DTYPE_I64)) ||
       (st = check_tensor(q, offsets, "offsets", UR_DTYPE_I64)) ||
       (weights && (st = check_tensor(q, weights, "weights", UR_DTYPE_F32))) ||

@@ -13,8 +13,10 @@
 
 #define ALIGN_BYTES 256 /* each table and state block starts on this boundary */
 
-static const char *state_names[UR_TBE_OPTIM_COUNT][2] = {
-    {NULL, NULL}, {"sum", NULL}, {"sum", NULL}, {"exp_avg", "exp_avg_sq"}};
+static const char *state_names[UR_OPTIM_KIND_COUNT][2] = {
+    [UR_OPTIM_KIND_ROWWISE_ADAGRAD] = {"sum", NULL},
+    [UR_OPTIM_KIND_ADAGRAD] = {"sum", NULL},
+    [UR_OPTIM_KIND_ADAM] = {"exp_avg", "exp_avg_sq"}};
 
 size_t ur_sizeof_tbe_table_config(void) { return sizeof(ur_tbe_table_config); }
 size_t ur_sizeof_tbe_config(void) { return sizeof(ur_tbe_config); }
@@ -47,26 +49,11 @@ static ur_status check_config(const ur_tbe_config *c) {
   if (c->device < -1)
     return ur__error(UR_STATUS_INVALID, "tbe: device %d; expected -1 (the CPU) or a GPU",
                      (int)c->device);
-  if ((unsigned)c->optim >= UR_TBE_OPTIM_COUNT)
-    return ur__error(UR_STATUS_INVALID, "tbe: optimizer %d is not sgd, rowwise_adagrad, "
-                                        "adagrad or adam", (int)c->optim);
   if ((unsigned)c->bounds >= UR_TBE_BOUNDS_COUNT)
     return ur__error(UR_STATUS_INVALID, "tbe: bounds check %d is not fatal, warn or off",
                      (int)c->bounds);
-  if (!(isfinite(c->lr) && c->lr >= 0))
-    return ur__error(UR_STATUS_INVALID, "tbe: learning rate %g; expected a finite value >= 0", c->lr);
-  if (!(isfinite(c->weight_decay) && c->weight_decay >= 0))
-    return ur__error(UR_STATUS_INVALID, "tbe: weight decay %g; expected a finite value >= 0",
-                     c->weight_decay);
-  if (!(isfinite(c->max_grad) && c->max_grad >= 0))
-    return ur__error(UR_STATUS_INVALID,
-                     "tbe: max_grad %g; expected a finite value >= 0 (0: no clipping)", c->max_grad);
-  if (c->optim != UR_TBE_OPTIM_SGD && !(isfinite(c->eps) && c->eps > 0))
-    return ur__error(UR_STATUS_INVALID, "tbe: eps %g; expected a finite value > 0", c->eps);
-  if (c->optim == UR_TBE_OPTIM_ADAM &&
-      !(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1))
-    return ur__error(UR_STATUS_INVALID, "tbe: Adam betas %g, %g; expected each in [0, 1)",
-                     c->beta1, c->beta2);
+  ur_status st = ur__optim_check("tbe", &c->optim, 1);
+  if (st) return st;
   if (c->out_dtype != UR_DTYPE_F32 && c->out_dtype != UR_DTYPE_BF16)
     return ur__error(UR_STATUS_INVALID, "tbe: output dtype '%s'; expected f32 or bf16",
                      (unsigned)c->out_dtype < UR_DTYPE_COUNT ? ur_dtype_name(c->out_dtype) : "?");
@@ -105,6 +92,16 @@ static ur_status check_table(const ur_tbe_config *c, const ur_tbe_table_config *
   if ((uint64_t)tc->rows > ((uint64_t)1 << 50) / (uint64_t)tc->dim)
     return ur__error(UR_STATUS_INVALID, "tbe: table '%s' of %lld rows x %d is too large", name,
                      (long long)tc->rows, (int)tc->dim);
+  if (tc->logical_rows &&
+      (tc->logical < 0 || tc->logical_rows < 0 || tc->row0 < 0 ||
+       tc->row0 > tc->logical_rows - tc->rows || tc->col0 < 0 || tc->logical_dim < tc->dim ||
+       tc->col0 > tc->logical_dim - tc->dim))
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: table '%s' is rows [%lld, %lld) and columns [%d, %d) of logical table "
+                     "%d of %lld x %d; expected a block inside it and a logical index >= 0",
+                     name, (long long)tc->row0, (long long)(tc->row0 + tc->rows), (int)tc->col0,
+                     (int)(tc->col0 + tc->dim), (int)tc->logical, (long long)tc->logical_rows,
+                     (int)tc->logical_dim);
   return UR_STATUS_OK;
 }
 
@@ -123,7 +120,7 @@ static int32_t storage_device(const ur_tbe *t, ur_place place) {
 /* Elements of one optimizer state of table i. */
 static int64_t state_elems(const ur_tbe *t, int32_t i) {
   const ur_tbe_table_config *c = &t->tc[i];
-  return t->cfg.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? c->rows : c->rows * c->dim;
+  return t->cfg.optim.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD ? c->rows : c->rows * c->dim;
 }
 
 /* The key space: each table's rows follow the previous table's. */
@@ -140,7 +137,7 @@ static void rekey(ur_tbe *t) {
 
 static ur_status alloc_storages(ur_tbe *t) {
   int64_t wsize[UR_PLACE_COUNT][UR__TBE_NDT] = {{0}}, ssize[UR_PLACE_COUNT] = {0};
-  int32_t mult = t->cfg.optim == UR_TBE_OPTIM_ADAM ? 2 : 1;
+  int32_t mult = t->cfg.optim.kind == UR_OPTIM_KIND_ADAM ? 2 : 1;
   for (int32_t i = 0; i < t->T; i++) {
     const ur_tbe_table_config *c = &t->tc[i];
     ur_place wp = storage_place(t, c->place);
@@ -176,31 +173,80 @@ static ur_status alloc_storages(ur_tbe *t) {
     d->dim = c->dim;
     d->dtype = c->dtype;
     d->pooling = c->pooling;
-    d->index = i;
+    int shard = c->logical_rows != 0;
+    d->index = shard ? c->logical : i;
+    d->sr_row0 = shard ? c->row0 : 0;
+    d->sr_col0 = shard ? c->col0 : 0;
+    d->sr_pitch = shard ? c->logical_dim : c->dim;
   }
   rekey(t);
   return UR_STATUS_OK;
 }
 
-/* Per-table seeds, so a table's numbers depend on neither its placement nor its neighbours. */
+/* Per-table seeds, so a table's numbers depend on neither its placement nor its neighbours;
+ * a shard draws with its logical table's seed, at that table's counters. */
 static uint64_t table_seed(uint64_t seed, int32_t table) {
   return seed ^ ((uint64_t)(table + 1) * 0xD1B54A32D192ED03ull);
+}
+
+/* Bytes of device memory a host table is drawn through (streamed_draw). */
+#define DRAW_CHUNK_BYTES ((size_t)256 << 20)
+
+/* A pinned host table of a GPU collection drawn by the GPU a chunk at a time and copied down
+ * on one stream (the draw of a chunk is ~50x faster than its copy, so the copy engine sets the
+ * pace: the host link's speed, not the host cores').  The rand kernel makes the CPU's numbers
+ * counter for counter (a #cuda spec), so a table is the same wherever it was drawn. */
+static ur_status streamed_draw(ur_stream *s, ur_tbe *t, void *dst, ur_dtype dt, size_t n,
+                               uint64_t first, size_t cols, uint64_t pitch, double lo, double hi,
+                               uint64_t seed) {
+  size_t es = ur_dtype_size(dt), per = DRAW_CHUNK_BYTES / es / cols * cols; /* whole rows */
+  if (per < cols) per = cols;
+  if (per > n) per = n;
+  void *sh = s ? s->handle : NULL;
+  ur_tensor *scratch = NULL;
+  ur_status st = ur__tbe_home_tensor(t, &scratch, UR_DTYPE_U8, (int64_t)(per * es));
+  for (size_t c0 = 0; c0 < n && !st; c0 += per) {
+    size_t m = n - c0 < per ? n - c0 : per;
+    uint64_t f = first + (uint64_t)(c0 / cols) * pitch; /* a shard's rows lie pitch apart */
+    if (!(st = t->be->rand(sh, ur_tensor_data(scratch), dt, m, f, cols, pitch, UR_DIST_UNIFORM, lo,
+                           hi, seed)))
+      st = t->be->copy(sh, (char *)dst + c0 * es, ur_tensor_data(scratch), m * es);
+    if (!st && ur_interrupt_get())
+      st = ur__error(UR_STATUS_INTERRUPTED, "tbe: drawing a table interrupted at element %zu", c0);
+  }
+  ur_status sync = t->be->stream_sync(sh); /* the scratch is freed only once the copies are done */
+  if (!st) st = sync;
+  ur_tensor_free(scratch);
+  return st;
+}
+
+/* The rows of the table, or of its logical table for a shard (the initial bound's). */
+static int64_t logical_rows(const ur_tbe_table_config *c) {
+  return c->logical_rows ? c->logical_rows : c->rows;
 }
 
 static ur_status draw(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi, uint64_t seed) {
   const ur_tbe_table_config *c = &t->tc[i];
   ur_tensor *w = t->wstore[storage_place(t, c->place)][c->dtype];
   size_t n = (size_t)c->rows * (size_t)c->dim;
-  uint64_t ts = table_seed(seed, i);
+  int shard = c->logical_rows != 0;
+  uint64_t ts = table_seed(seed, shard ? c->logical : i);
+  uint64_t pitch = shard ? (uint64_t)c->logical_dim : (uint64_t)c->dim;
+  uint64_t first = shard ? (uint64_t)c->row0 * pitch + (uint64_t)c->col0 : 0;
   void *dst = (char *)ur_tensor_data(w) + (size_t)t->woff[i] * ur_dtype_size(c->dtype);
   if (w->st->place == UR_PLACE_DEVICE)
-    return t->be->rand(s ? s->handle : NULL, dst, c->dtype, n, 0, UR_DIST_UNIFORM, lo, hi, ts);
-  /* Managed tables are drawn on the host, so their pages start there (tensor.c does the same). */
+    return t->be->rand(s ? s->handle : NULL, dst, c->dtype, n, first, (size_t)c->dim, pitch,
+                       UR_DIST_UNIFORM, lo, hi, ts);
+  if (w->st->place == UR_PLACE_PINNED && t->home == UR_PLACE_DEVICE)
+    return streamed_draw(s, t, dst, c->dtype, n, first, (size_t)c->dim, pitch, lo, hi, ts);
+  /* Managed tables are drawn on the host, so their pages start there (tensor.c does the same),
+   * on every core (the CPU backend's rand); so are all tables of a CPU collection. */
   if (w->st->place != UR_PLACE_HOST) {
     ur_status st = ur_device_sync();
     if (st) return st;
   }
-  return ur__cpu()->rand(NULL, dst, c->dtype, n, 0, UR_DIST_UNIFORM, lo, hi, ts);
+  return ur__cpu()->rand(NULL, dst, c->dtype, n, first, (size_t)c->dim, pitch, UR_DIST_UNIFORM,
+                         lo, hi, ts);
 }
 
 static ur_status upload_desc(ur_tbe *t) {
@@ -228,6 +274,7 @@ static ur_status prepare_device(ur_tbe *t) {
 ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tables,
                      const ur_tbe_table_config *tables, int32_t num_features,
                      const int32_t *feature_table, const char *const *feature_names) {
+  UR__ARGS(out, config, tables, feature_table);
   *out = NULL;
   ur_status st = check_config(config);
   if (st) return st;
@@ -241,7 +288,9 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
   t->F = num_features;
   t->home = config->device >= 0 ? UR_PLACE_DEVICE : UR_PLACE_HOST;
   t->be = ur__backend_for(t->home);
-  t->nstate = config->optim == UR_TBE_OPTIM_SGD ? 0 : config->optim == UR_TBE_OPTIM_ADAM ? 2 : 1;
+  t->nstate = config->optim.kind == UR_OPTIM_KIND_SGD    ? 0
+              : config->optim.kind == UR_OPTIM_KIND_ADAM ? 2
+                                                          : 1;
   t->tc = calloc((size_t)num_tables, sizeof *t->tc);
   t->fnames = calloc((size_t)num_features, sizeof *t->fnames);
   t->tables = calloc((size_t)num_tables, sizeof *t->tables);
@@ -313,7 +362,7 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
     return st;
   }
   for (int32_t i = 0; i < num_tables && !st; i++) {
-    double b = 1.0 / sqrt((double)tables[i].rows);
+    double b = 1.0 / sqrt((double)logical_rows(&tables[i]));
     st = draw(NULL, t, i, -b, b, config->seed);
   }
   if (!st && t->home == UR_PLACE_DEVICE) st = prepare_device(t);
@@ -338,6 +387,7 @@ void ur_tbe_free(ur_tbe *t) {
   ur_tensor_free(t->desc);
   ur_tensor_free(t->callbuf);
   ur_tensor_free(t->work);
+  ur_tensor_free(t->swapbuf);
   ur_tensor_free(t->flags);
   for (int32_t i = 0; t->counts && i < t->T; i++) ur_tensor_free(t->counts[i]);
   for (int32_t i = 0; t->perm && i < t->T; i++) ur_tensor_free(t->perm[i]);
@@ -397,7 +447,7 @@ int32_t ur_tbe_feature_table(const ur_tbe *t, int32_t f) {
 }
 int32_t ur_tbe_state_count(const ur_tbe *t) { return t->nstate; }
 const char *ur_tbe_state_name(const ur_tbe *t, int32_t which) {
-  return which >= 0 && which < t->nstate ? state_names[t->cfg.optim][which] : NULL;
+  return which >= 0 && which < t->nstate ? state_names[t->cfg.optim.kind][which] : NULL;
 }
 
 static ur_status check_index(const ur_tbe *t, int32_t i) {
@@ -408,6 +458,7 @@ static ur_status check_index(const ur_tbe *t, int32_t i) {
 }
 
 ur_status ur_tbe_table(const ur_tbe *t, int32_t i, ur_tensor **out) {
+  UR__ARGS(t, out);
   *out = NULL;
   ur_status st = check_index(t, i);
   if (st) return st;
@@ -418,6 +469,7 @@ ur_status ur_tbe_table(const ur_tbe *t, int32_t i, ur_tensor **out) {
 }
 
 ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **out) {
+  UR__ARGS(t, out);
   *out = NULL;
   ur_status st = check_index(t, i);
   if (st) return st;
@@ -425,7 +477,7 @@ ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **ou
     return ur__error(UR_STATUS_INVALID, "tbe: optimizer state %d does not exist; this "
                                         "optimizer keeps %d per table", (int)which, (int)t->nstate);
   const ur_tbe_table_config *c = &t->tc[i];
-  int rowwise = t->cfg.optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD;
+  int rowwise = t->cfg.optim.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD;
   int64_t shape[2] = {c->rows, c->dim};
   float *base = (float *)ur_tensor_data(t->sstore[t->splace[i]]);
   float *p = base + t->soff[i];
@@ -435,6 +487,7 @@ ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **ou
 
 ur_status ur_tbe_init_table(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi,
                             uint64_t seed) {
+  UR__ARGS(t);
   ur_status st = check_index(t, i);
   if (st) return st;
   if (!isfinite(lo) || !isfinite(hi) || lo > hi)

@@ -62,6 +62,8 @@ struct ur_tbe {
    * row permutation i64 [rows], at home */
   ur_tensor **counts, **perm;
   uint64_t *perm_gen;       /* per table: bumped whenever its permutation changes */
+  ur_tensor *swapbuf;       /* i64 at home: the ids of the last row swaps (layout.c), kept so
+                               that nothing is freed (and waited for) while the swaps run */
   struct ur__pages *pages;  /* page prefetch state (pages.c, freed by its hook), or NULL */
   ur__tbe_hook *hooks;
   int32_t nhooks, cap_hooks;

@@ -16,17 +16,19 @@ static ur_status reset_flags(ur_tbe *t, ur_stream *s) {
                      (uint64_t)UR_TBE_NO_BAD);
 }
 
-double ur_tbe_lr(const ur_tbe *t) { return t->cfg.lr; }
+double ur_tbe_lr(const ur_tbe *t) { return t->cfg.optim.lr; }
 int64_t ur_tbe_step(const ur_tbe *t) { return t->step; }
 
 ur_status ur_tbe_set_lr(ur_tbe *t, double lr) {
+  UR__ARGS(t);
   if (!(isfinite(lr) && lr >= 0))
-    return ur__error(UR_STATUS_INVALID, "tbe: learning rate %g; expected a finite value >= 0", lr);
-  t->cfg.lr = lr;
+    return ur__error(UR_STATUS_INVALID, "tbe: lr %g; expected a finite value >= 0", lr);
+  t->cfg.optim.lr = lr;
   return UR_STATUS_OK;
 }
 
 ur_status ur_tbe_set_out_dtype(ur_tbe *t, ur_dtype dtype) {
+  UR__ARGS(t);
   if (dtype != UR_DTYPE_F32 && dtype != UR_DTYPE_BF16)
     return ur__error(UR_STATUS_INVALID, "tbe: output dtype '%s'; expected f32 or bf16",
                      (unsigned)dtype < UR_DTYPE_COUNT ? ur_dtype_name(dtype) : "?");
@@ -35,6 +37,7 @@ ur_status ur_tbe_set_out_dtype(ur_tbe *t, ur_dtype dtype) {
 }
 
 ur_status ur_tbe_set_step(ur_tbe *t, int64_t step) {
+  UR__ARGS(t);
   if (step < 0)
     return ur__error(UR_STATUS_INVALID, "tbe: step %lld; expected >= 0", (long long)step);
   t->step = step;
@@ -42,6 +45,7 @@ ur_status ur_tbe_set_step(ur_tbe *t, int64_t step) {
 }
 
 ur_status ur_tbe_skipped(ur_tbe *t, int64_t *out) {
+  UR__ARGS(t, out);
   return ur_tensor_read(t->flags, 1, 1, out);
 }
 
@@ -88,7 +92,7 @@ static ur_status check_shape2(const ur_tensor *x, const char *what, int64_t r, i
 
 /* The checks forward and backward share; `o` is the output or its gradient. */
 static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_tensor *offsets,
-                         const ur_tensor *weights, const int64_t *bpf, const ur_tensor *inverse,
+                         const ur_tensor *weights, const int64_t *spk, const ur_tensor *inverse,
                          const ur_tensor *o, const char *oname) {
   memset(c, 0, sizeof *c);
   ur__tbe_args *a = &c->a;
@@ -98,7 +102,8 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
   if ((st = check_tensor(t, values, "values", UR_DTYPE_I64, 1)) ||
       (st = check_tensor(t, offsets, "offsets", UR_DTYPE_I64, 1)) ||
       (weights && (st = check_tensor(t, weights, "weights", UR_DTYPE_F32, 1))) ||
-      (inverse && (st = check_tensor(t, inverse, "inverse", UR_DTYPE_I64, ur_tensor_ndim(inverse)))))
+      (inverse &&
+       (st = check_tensor(t, inverse, "inverse_indices", UR_DTYPE_I64, ur_tensor_ndim(inverse)))))
     return st;
   if ((st = check_tensor(t, o, oname, t->cfg.out_dtype, ur_tensor_ndim(o)))) return st;
   if (t->home == UR_PLACE_DEVICE && (uintptr_t)ur_tensor_data(o) % 16)
@@ -132,27 +137,27 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
   a->weights = weights ? ur_tensor_data(weights) : NULL;
   a->flags = ur_tensor_data(t->flags);
   a->out_stride = t->out_dim;
-  if (inverse && !bpf)
+  if (inverse && !spk)
     return ur__error(UR_STATUS_INVALID,
-                     "tbe: inverse indices given without batch_per_feature (VBE needs both)");
+                     "tbe: inverse_indices given without stride_per_key_per_rank (VBE needs both)");
   if (inverse && !t->pooled)
     return ur__error(UR_STATUS_INVALID, "tbe: pooling none takes no inverse indices");
-  if (bpf) {
+  if (spk) {
     c->vbe = malloc(sizeof(int64_t) * (3 * (size_t)t->F + 1));
     if (!c->vbe) return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
     int64_t *bs = c->vbe, *ob = c->vbe + t->F + 1;
     bs[0] = 0;
     for (int32_t f = 0; f < t->F; f++) {
-      if (bpf[f] < 0)
+      if (spk[f] < 0)
         return ur__error(UR_STATUS_INVALID, "tbe: feature '%s' has batch %lld; expected >= 0",
-                         t->fnames[f], (long long)bpf[f]);
-      bs[f + 1] = bs[f] + bpf[f];
+                         t->fnames[f], (long long)spk[f]);
+      bs[f + 1] = bs[f] + spk[f];
       ob[f] = c->vbe_rows;
-      c->vbe_rows += bpf[f] * t->features[f].dim;
+      c->vbe_rows += spk[f] * t->features[f].dim;
     }
     if (bs[t->F] != a->bags)
       return ur__error(UR_STATUS_INVALID,
-                       "tbe: batch_per_feature sums to %lld bags but offsets hold %lld",
+                       "tbe: stride_per_key_per_rank sums to %lld bags but offsets hold %lld",
                        (long long)bs[t->F], (long long)a->bags);
     memcpy(ob + t->F, ob, sizeof(int64_t) * (size_t)t->F);
     a->bag_start = bs;
@@ -160,7 +165,7 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
     if (a->bags % t->F)
       return ur__error(UR_STATUS_INVALID,
                        "tbe: %lld bags do not split evenly over %d features; pass "
-                       "batch_per_feature for a variable batch",
+                       "stride_per_key_per_rank for a variable batch",
                        (long long)a->bags, (int)t->F);
     a->batch = a->bags / t->F;
   }
@@ -177,7 +182,7 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
     a->flat_numel = c->vbe_rows;
     return check_shape2(o, oname, a->full_batch, t->out_dim);
   }
-  if (bpf) {
+  if (spk) {
     a->out_base = c->vbe + t->F + 1;
     if (ur_tensor_ndim(o) != 1 || ur_tensor_numel(o) != c->vbe_rows)
       return ur__error(UR_STATUS_INVALID,
@@ -318,10 +323,12 @@ static ur_status call_setup(ur_tbe *t, ur_stream *s, call *c, int backward, void
 
 ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
                          const ur_tensor *offsets, const ur_tensor *weights,
-                         const int64_t *batch_per_feature, const ur_tensor *inverse,
+                         const int64_t *stride_per_key_per_rank, const ur_tensor *inverse_indices,
                          ur_tensor *out) {
+  UR__ARGS(t, values, offsets, out);
   call c;
-  ur_status st = prepare(t, &c, values, offsets, weights, batch_per_feature, inverse, out, "out");
+  ur_status st = prepare(t, &c, values, offsets, weights, stride_per_key_per_rank, inverse_indices,
+                         out, "out");
   if (!st) st = UR__NEED(t->be, tbe, forward);
   if (st) {
     release(&c);
@@ -343,28 +350,19 @@ ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
 static void hyper_of(ur_tbe *t, ur__tbe_hyper *h) {
   const ur_tbe_config *c = &t->cfg;
   memset(h, 0, sizeof *h);
-  h->optim = c->optim;
+  h->k = ur__optim_consts_of(&c->optim, t->step);
   h->sr = c->stochastic_rounding != 0;
-  h->lr = (float)c->lr;
-  h->eps = (float)c->eps;
-  h->weight_decay = (float)c->weight_decay;
-  h->max_grad = (float)c->max_grad;
-  h->beta1 = (float)c->beta1;
-  h->beta2 = (float)c->beta2;
-  h->one_minus_beta1 = (float)(1.0 - c->beta1);
-  h->one_minus_beta2 = (float)(1.0 - c->beta2);
-  h->bias1 = (float)(1.0 - pow(c->beta1, (double)t->step));
-  h->bias2 = (float)(1.0 - pow(c->beta2, (double)t->step));
   h->sr_key = c->seed ^ ((uint64_t)t->step * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
 }
 
 ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                           const ur_tensor *values, const ur_tensor *offsets,
-                          const ur_tensor *weights, const int64_t *batch_per_feature,
-                          const ur_tensor *inverse) {
+                          const ur_tensor *weights, const int64_t *stride_per_key_per_rank,
+                          const ur_tensor *inverse_indices) {
+  UR__ARGS(t, grad_out, values, offsets);
   call c;
-  ur_status st = prepare(t, &c, values, offsets, weights, batch_per_feature, inverse, grad_out,
-                         "grad_out");
+  ur_status st = prepare(t, &c, values, offsets, weights, stride_per_key_per_rank, inverse_indices,
+                         grad_out, "grad_out");
   if (!st) st = UR__NEED(t->be, tbe, backward);
   if (st) {
     release(&c);
@@ -372,6 +370,11 @@ ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
   }
   fill_host_info(t, &c.a);
   c.a.grad = ur_tensor_data(grad_out);
+  /* the atomic step adds each value's -lr g: exact in distribution only for plain SGD on f32
+   * rows (weight decay and clipping act on a row's whole gradient, halves round per row) */
+  const ur_tbe_config *cf = &t->cfg;
+  c.a.atomic = cf->nondeterministic && cf->optim.kind == UR_OPTIM_KIND_SGD &&
+               cf->optim.weight_decay == 0 && cf->optim.max_grad <= 0 && !c.a.halves;
   t->step++;
   ur__tbe_hyper h;
   hyper_of(t, &h);
@@ -398,13 +401,14 @@ static ur_status sparse_outputs(ur_tbe *t, const int64_t *counts, ur_tensor **ro
 
 ur_status ur_tbe_sparse_grad(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                              const ur_tensor *values, const ur_tensor *offsets,
-                             const ur_tensor *weights, const int64_t *batch_per_feature,
-                             const ur_tensor *inverse, ur_tensor **rows, ur_tensor **grads,
+                             const ur_tensor *weights, const int64_t *stride_per_key_per_rank,
+                             const ur_tensor *inverse_indices, ur_tensor **rows, ur_tensor **grads,
                              int64_t *counts) {
+  UR__ARGS(t, grad_out, values, offsets, rows, grads, counts);
   *rows = *grads = NULL;
   call c;
-  ur_status st = prepare(t, &c, values, offsets, weights, batch_per_feature, inverse, grad_out,
-                         "grad_out");
+  ur_status st = prepare(t, &c, values, offsets, weights, stride_per_key_per_rank, inverse_indices,
+                         grad_out, "grad_out");
   if (!st && !(st = UR__NEED(t->be, tbe, sparse_count))) st = UR__NEED(t->be, tbe, sparse_write);
   if (st) {
     release(&c);
@@ -434,6 +438,7 @@ ur_status ur_tbe_sparse_grad(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
  * by the CPU, after any GPU work on that memory. */
 ur_status ur_tensor_gather_rows(ur_stream *s, const ur_tensor *src, const ur_tensor *ids,
                                 ur_tensor *out) {
+  UR__ARGS(src, ids, out);
   if (ur_tensor_ndim(src) != 2 || ur_tensor_dtype(ids) != UR_DTYPE_I64 ||
       ur_tensor_ndim(ids) != 1 || ur_tensor_ndim(out) != 2 ||
       ur_tensor_dtype(out) != ur_tensor_dtype(src) || ur_tensor_dim(out, 1) != ur_tensor_dim(src, 1) ||

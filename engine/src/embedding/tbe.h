@@ -10,12 +10,27 @@
 #include "embedding/tbe_plan.h"
 #include "uvmrec.h"
 
+/* Row swaps of a table's layout (layout.c): pair k trades the physical rows of ids ids[k] and
+ * ids[n + k] (no id twice among the 2n), in every tensor (rows of row_bytes[j], a multiple of
+ * 4, at base[j]: the weights and the optimizer state), and their entries of perm.  ids and perm
+ * are memory the backend reads. */
+typedef struct ur__tbe_swap {
+  int64_t *perm;
+  const int64_t *ids;
+  int64_t n;
+  int32_t ntensors;
+  char *base[3];
+  uint64_t row_bytes[3];
+} ur__tbe_swap;
+
 /* work is memory of the bytes work_bytes gives (NULL when it gives 0), where the backend runs:
  * device memory for the GPU, host memory for the CPU. */
 typedef struct ur_tbe_ops {
   ur_status (*work_bytes)(const struct ur__tbe_args *a, int backward, size_t *out);
   ur_status (*forward)(void *stream, const struct ur__tbe_args *a, void *work);
-  /* Sorts, sums each distinct row's gradient and steps the optimizer, all on the stream. */
+  /* Sorts, sums each distinct row's gradient and steps the optimizer, all on the stream; with
+   * a->atomic (plain SGD on f32 rows, asked for) a backend may instead add each value's update
+   * by atomics without sorting (the GPU does; the CPU steps as usual: its reference). */
   ur_status (*backward)(void *stream, const struct ur__tbe_args *a,
                             const struct ur__tbe_hyper *h, void *work);
   /* The deduplicated gradient in two calls with the same arguments and work: count
@@ -32,6 +47,8 @@ typedef struct ur_tbe_ops {
                            const int64_t *ids, int64_t n, void *out);
   /* Access counters (counters.c): c[i] = floor(c[i] * factor), n of them. */
   ur_status (*decay_counts)(void *stream, int32_t *c, int64_t n, double factor);
+  /* The swaps of s, on the stream (the GPU: a warp a pair, nothing waits). */
+  ur_status (*swap_rows)(void *stream, const ur__tbe_swap *s);
 } ur_tbe_ops;
 
 /* The CPU backend's table (tbe_cpu.c), the reference. */

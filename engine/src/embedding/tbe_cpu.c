@@ -2,7 +2,8 @@
  * (kernels/tbe.cu) match bit for bit: forward pooling, the fused backward with its optimizer
  * step, the deduplicated sparse gradient, the plain row gather and the decay of access counters.
  * Arguments are the same structs the kernels take (tbe_plan.h), in host memory; tbe.c has
- * checked them.  The workspace (work_bytes) holds the VBE bags and the sort of a backward, so
+ * checked them.  The GPU's atomic SGD step (args.atomic, ur_tbe_config.nondeterministic) has
+ * this sorted step as its reference: the CPU ignores the flag.  The workspace (work_bytes) holds the VBE bags and the sort of a backward, so
  * the sparse gradient's second call finds the first one's sort there. */
 #include <math.h>
 #include <stdlib.h>
@@ -216,14 +217,15 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
   int32_t dim = tb->dim;
   int64_t row = ur__tbe_phys(tb, id);
   int64_t sid = tb->row_ids ? tb->row_ids[id] : id;
-  size_t base = (size_t)row * (size_t)dim, lbase = (size_t)sid * (size_t)dim;
+  size_t base = (size_t)row * (size_t)dim;
+  size_t lbase = (size_t)(tb->sr_row0 + sid) * (size_t)tb->sr_pitch + (size_t)tb->sr_col0;
   const float *wr = load_row(tb, row, w);
   for (int32_t c = 0; c < dim; c++) {
     w[c] = wr[c];
     g[c] = ur__tbe_grad_adjust(h, acc[c], w[c]);
   }
   float rs = 0;
-  if (h->optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD) {
+  if (h->k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
     float sq = 0;
     for (int32_t c = 0; c < dim; c++) sq = UR_FADD(sq, UR_FMUL(g[c], g[c]));
     rs = UR_FADD(tb->state1[row], UR_FDIV(sq, (float)dim));
@@ -233,7 +235,7 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
   ur_philox4 r = {{0, 0, 0, 0}};
   for (int32_t c = 0; c < dim; c++) {
     size_t e = base + (size_t)c;
-    float *s1 = h->optim == UR_TBE_OPTIM_ROWWISE_ADAGRAD ? &rs : tb->state1 ? tb->state1 + e : NULL;
+    float *s1 = h->k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD ? &rs : tb->state1 ? tb->state1 + e : NULL;
     float *s2 = tb->state2 ? tb->state2 + e : NULL;
     float nw = ur__tbe_step_elem(h, w[c], g[c], s1, s2);
     if (tb->dtype == UR_DTYPE_F32) {
@@ -505,6 +507,32 @@ static ur_status cpu_decay_counts(void *stream, int32_t *c, int64_t n, double fa
   return UR_STATUS_OK;
 }
 
+/* ---- row swaps ---- */
+
+static void swap_range(void *ctx, size_t k0, size_t k1) {
+  const ur__tbe_swap *s = ctx;
+  for (size_t k = k0; k < k1; k++) {
+    int64_t x = s->ids[k], y = s->ids[s->n + (int64_t)k], px = s->perm[x], py = s->perm[y];
+    for (int32_t j = 0; j < s->ntensors; j++) {
+      size_t rb = s->row_bytes[j];
+      uint32_t *a = (uint32_t *)(s->base[j] + (size_t)px * rb), *b = (uint32_t *)(s->base[j] + (size_t)py * rb);
+      for (size_t w = 0; w < rb / 4; w++) {
+        uint32_t tmp = a[w];
+        a[w] = b[w];
+        b[w] = tmp;
+      }
+    }
+    s->perm[x] = py;
+    s->perm[y] = px;
+  }
+}
+
+static ur_status cpu_swap_rows(void *stream, const ur__tbe_swap *s) {
+  (void)stream;
+  ur__parallel_for((size_t)s->n, 256, swap_range, (void *)s); /* pairs share no row */
+  return UR_STATUS_OK;
+}
+
 const ur_tbe_ops ur__cpu_tbe_ops = {
     .work_bytes = cpu_work_bytes,
     .forward = cpu_forward,
@@ -513,4 +541,5 @@ const ur_tbe_ops ur__cpu_tbe_ops = {
     .sparse_write = cpu_sparse_write,
     .gather_rows = cpu_gather_rows,
     .decay_counts = cpu_decay_counts,
+    .swap_rows = cpu_swap_rows,
 };

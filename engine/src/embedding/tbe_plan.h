@@ -1,7 +1,8 @@
 /* tbe_plan.h: the embedding collection's plan, shared by the collection (table.c, tbe.c), the
  * CPU reference (tbe_cpu.c) and the kernels (kernels/tbe.cu): the descriptors the core lays
  * out once, the arguments of one call, and the arithmetic both backends must do the same way
- * (optimizer steps, stochastic rounding), written once so they cannot drift apart.
+ * (the tables' optimizer steps on core/optim_plan.h's constants, stochastic rounding), written
+ * once so they cannot drift apart.
  *
  * Every float operation here is spelled with UR_F* so that nvcc cannot fuse a multiply and an
  * add into one fma (the CPU build has -ffp-contract=off): with the same summation order the
@@ -10,6 +11,7 @@
 #define UR_TBE_PLAN_H
 
 #include <stdint.h>
+#include "core/optim_plan.h"
 #include "core/philox.h"
 #include "uvmrec.h"
 
@@ -36,7 +38,12 @@ typedef struct ur__tbe_table {
   float *state1, *state2;  /* optimizer state, NULL when the optimizer has none */
   int64_t rows;
   int64_t key_base;        /* the key of row 0 in the collection's row-key space */
-  int32_t dim, dtype, pooling, index;
+  int32_t dim, dtype, pooling;
+  /* Stochastic rounding draws by the table's index and each element's place in it: a shard
+   * by its logical table's, so that it rounds as the unsharded table would (element (r, c)
+   * at sr_row0 + r, sr_col0 + c of rows of sr_pitch). */
+  int32_t index, sr_pitch, sr_col0;
+  int64_t sr_row0;
   /* Access statistics and layout (counters.c, layout.c); NULL: off, and the kernels take
    * the plain path.  perm[id] is the physical row holding row id; counts[id] counts reads. */
   const int64_t *perm;
@@ -51,12 +58,11 @@ typedef struct ur__tbe_feature {
   int64_t col;             /* first output column, pooled collections */
 } ur__tbe_feature;
 
-/* The optimizer step, as floats computed once on the host. */
+/* The optimizer step: the update's constants (core/optim_plan.h, computed once on the host)
+ * and its stochastic rounding. */
 typedef struct ur__tbe_hyper {
-  int32_t optim, sr;       /* ur_tbe_optim; 1: stochastic rounding of f16/bf16 rows */
-  float lr, eps, weight_decay, max_grad;
-  float beta1, beta2, one_minus_beta1, one_minus_beta2;
-  float bias1, bias2;      /* Adam: 1 - beta^step */
+  ur__optim_consts k;
+  int32_t sr;              /* 1: stochastic rounding of f16/bf16 rows */
   uint64_t sr_key;         /* the step's Philox key; each table mixes in its index */
 } ur__tbe_hyper;
 
@@ -90,6 +96,7 @@ typedef struct ur__tbe_args {
   int32_t halves;          /* 1: some table stores f16 or bf16 */
   int64_t total_keys;      /* keys of valid rows are below it; it marks a skipped id */
   int32_t key_bits;        /* bits that hold total_keys */
+  int32_t atomic;          /* backward: SGD by atomic adds, no sort (tbe.c says when it may) */
 } ur__tbe_args;
 
 /* ---- layout ---- */
@@ -217,30 +224,32 @@ UR_HD uint64_t ur__tbe_sr_key(uint64_t step_key, int32_t table) {
 
 /* Clipping, then L2 weight decay. */
 UR_HD float ur__tbe_grad_adjust(const ur__tbe_hyper *h, float g, float w) {
-  if (h->max_grad > 0) g = g > h->max_grad ? h->max_grad : g < -h->max_grad ? -h->max_grad : g;
-  if (h->weight_decay != 0) g = UR_FADD(g, UR_FMUL(h->weight_decay, w));
+  const ur__optim_consts *k = &h->k;
+  if (k->max_grad > 0) g = g > k->max_grad ? k->max_grad : g < -k->max_grad ? -k->max_grad : g;
+  if (k->weight_decay != 0) g = UR_FADD(g, UR_FMUL(k->weight_decay, w));
   return g;
 }
 
 /* One element's step.  s1 / s2 point at its state (rowwise Adagrad: s1 is the row's sum,
  * already updated, and is not written here). */
 UR_HD float ur__tbe_step_elem(const ur__tbe_hyper *h, float w, float g, float *s1, float *s2) {
-  switch (h->optim) {
-  case UR_TBE_OPTIM_SGD: return UR_FSUB(w, UR_FMUL(h->lr, g));
-  case UR_TBE_OPTIM_ROWWISE_ADAGRAD:
-    return UR_FSUB(w, UR_FDIV(UR_FMUL(h->lr, g), UR_FADD(UR_FSQRT(*s1), h->eps)));
-  case UR_TBE_OPTIM_ADAGRAD: {
+  const ur__optim_consts *k = &h->k;
+  switch (k->kind) {
+  case UR_OPTIM_KIND_SGD: return UR_FSUB(w, UR_FMUL(k->lr, g));
+  case UR_OPTIM_KIND_ROWWISE_ADAGRAD:
+    return UR_FSUB(w, UR_FDIV(UR_FMUL(k->lr, g), UR_FADD(UR_FSQRT(*s1), k->eps)));
+  case UR_OPTIM_KIND_ADAGRAD: {
     float s = UR_FADD(*s1, UR_FMUL(g, g));
     *s1 = s;
-    return UR_FSUB(w, UR_FDIV(UR_FMUL(h->lr, g), UR_FADD(UR_FSQRT(s), h->eps)));
+    return UR_FSUB(w, UR_FDIV(UR_FMUL(k->lr, g), UR_FADD(UR_FSQRT(s), k->eps)));
   }
   default: {
-    float m = UR_FADD(UR_FMUL(h->beta1, *s1), UR_FMUL(h->one_minus_beta1, g));
-    float v = UR_FADD(UR_FMUL(h->beta2, *s2), UR_FMUL(h->one_minus_beta2, UR_FMUL(g, g)));
+    float m = UR_FADD(UR_FMUL(k->beta1, *s1), UR_FMUL(k->one_minus_beta1, g));
+    float v = UR_FADD(UR_FMUL(k->beta2, *s2), UR_FMUL(k->one_minus_beta2, UR_FMUL(g, g)));
     *s1 = m;
     *s2 = v;
-    float mh = UR_FDIV(m, h->bias1), vh = UR_FDIV(v, h->bias2);
-    return UR_FSUB(w, UR_FDIV(UR_FMUL(h->lr, mh), UR_FADD(UR_FSQRT(vh), h->eps)));
+    float mh = UR_FDIV(m, k->bias1), vh = UR_FDIV(v, k->bias2);
+    return UR_FSUB(w, UR_FDIV(UR_FMUL(k->lr, mh), UR_FADD(UR_FSQRT(vh), k->eps)));
   }
   }
 }

@@ -16,6 +16,8 @@
 static ur_status oom(void) { return ur__error(UR_STATUS_OOM, "json: out of host memory"); }
 
 ur_status ur_json_parse(ur_json **out, const char *text, size_t len) {
+  UR__ARGS(out);
+  if (len && !text) return ur__null(__func__, "text");
   *out = NULL;
   json_error_t e;
   json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
@@ -68,6 +70,7 @@ ur_json *ur_json_iter_value(void *it) { return U(json_object_iter_value(it)); }
 /* ---- building ---- */
 
 ur_status ur_json_new(ur_json **out, ur_json_type type) {
+  UR__ARGS(out);
   json_t *v;
   switch (type) {
   case UR_JSON_NULL: v = json_null(); break;
@@ -86,11 +89,13 @@ ur_status ur_json_new(ur_json **out, ur_json_type type) {
 }
 
 ur_status ur_json_new_integer(ur_json **out, int64_t value) {
+  UR__ARGS(out);
   *out = U(json_integer((json_int_t)value));
   return *out ? UR_STATUS_OK : oom();
 }
 
 ur_status ur_json_new_real(ur_json **out, double value) {
+  UR__ARGS(out);
   *out = NULL;
   if (!isfinite(value))
     return ur__error(UR_STATUS_INVALID, "json: %g cannot be written; JSON numbers are finite",
@@ -100,6 +105,8 @@ ur_status ur_json_new_real(ur_json **out, double value) {
 }
 
 ur_status ur_json_new_string(ur_json **out, const char *s, size_t len) {
+  UR__ARGS(out);
+  if (len && !s) return ur__null(__func__, "s");
   *out = U(json_stringn(s, len));
   if (*out) return UR_STATUS_OK;
   /* json_stringn fails only on bad UTF-8 or memory: tell which. */
@@ -110,6 +117,11 @@ ur_status ur_json_new_string(ur_json **out, const char *s, size_t len) {
 }
 
 ur_status ur_json_append(ur_json *array, ur_json *item) {
+  if (!array) {
+    json_decref(J(item));
+    return ur__null(__func__, "array");
+  }
+  if (!item) return ur__null(__func__, "item");
   if (!json_is_array(J(array))) {
     json_decref(J(item));
     return ur__error(UR_STATUS_INVALID, "json: ur_json_append needs an array");
@@ -118,6 +130,11 @@ ur_status ur_json_append(ur_json *array, ur_json *item) {
 }
 
 ur_status ur_json_set(ur_json *object, const char *key, size_t len, ur_json *value) {
+  if (!object || (len && !key)) {
+    json_decref(J(value));
+    return ur__null(__func__, object ? "key" : "object");
+  }
+  if (!value) return ur__null(__func__, "value");
   if (!json_is_object(J(object))) {
     json_decref(J(value));
     return ur__error(UR_STATUS_INVALID, "json: ur_json_set needs an object");
@@ -248,6 +265,8 @@ static void put_value(out_buf *b, json_t *v) {
 }
 
 ur_status ur_json_dump(const ur_json *v, char *buf, uint64_t len, uint64_t *needed) {
+  UR__ARGS(v, needed);
+  if (len && !buf) return ur__null(__func__, "buf");
   out_buf b = {0};
   put(&b, "", 0);
   put_value(&b, J(v));

@@ -1,12 +1,17 @@
-/* os.c: the file-system and terminal helpers the Lua library needs (run directories, paths,
- * the terminal's width).  uvmrec_lua.h declares them: they are not part of the engine's C API,
+/* os.c: the file-system, terminal and process helpers the Lua library needs (run directories,
+ * paths, the terminal's width, the ranks `uvmrec launch` starts).  uvmrec_lua.h declares them: they are not part of the engine's C API,
  * but live in libuvmrec so that plain LuaJIT finds them there too. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "core/core.h"
 #include "uvmrec_lua.h"
@@ -17,6 +22,8 @@ static int by_string(const void *a, const void *b) {
 
 ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, char *buf,
                       uint64_t len, uint64_t *needed) {
+  UR__ARGS(dir, needed);
+  if (len && !buf) return ur__null(__func__, "buf");
   *needed = 1;
   if (len) buf[0] = 0;
   DIR *d = opendir(dir);
@@ -64,6 +71,7 @@ ur_status ur_dir_list(const char *dir, const char *prefix, const char *suffix, c
 }
 
 ur_status ur_dir_create(const char *path) {
+  UR__ARGS(path);
   if (!path || !*path) return ur__error(UR_STATUS_INVALID, "dir: no path given");
   char *p = strdup(path);
   if (!p) return ur__error(UR_STATUS_OOM, "dir: out of host memory");
@@ -84,6 +92,23 @@ ur_status ur_dir_create(const char *path) {
   return s;
 }
 
+ur_status ur__sync_dir(const char *path, const char *what) {
+  char *dir = strdup(path);
+  if (!dir) return ur__error(UR_STATUS_OOM, "%s: out of host memory", what);
+  char *slash = strrchr(dir, '/');
+  if (!slash) strcpy(dir, ".");
+  else if (slash == dir) dir[1] = 0;
+  else *slash = 0;
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ur_status s = UR_STATUS_OK;
+  if (fd < 0 || fsync(fd))
+    s = ur__error(UR_STATUS_IO, "%s: %s is written, but syncing its directory %s failed: %s", what,
+                  path, dir, strerror(errno));
+  if (fd >= 0) close(fd);
+  free(dir);
+  return s;
+}
+
 int32_t ur_path_kind(const char *path) {
   struct stat sb;
   if (!path || stat(path, &sb)) return 0;
@@ -96,4 +121,68 @@ int32_t ur_term_columns(int32_t fd) {
   /* A pseudo-terminal made without a size (script(1) run from a pipe) reports 0 columns. */
   if (ioctl(fd, TIOCGWINSZ, &w) != 0 || w.ws_col == 0) return 80;
   return w.ws_col;
+}
+
+/* ---- processes, for `uvmrec launch` ---- */
+
+ur_status ur_proc_spawn(const char *const *argv, int32_t *pid) {
+  UR__ARGS(argv, pid);
+  if (!argv || !argv[0]) return ur__error(UR_STATUS_INVALID, "spawn: no program given");
+  fflush(stdout);
+  fflush(stderr);
+  pid_t p = fork();
+  if (p < 0) return ur__error(UR_STATUS_IO, "spawn: fork failed: %s", strerror(errno));
+  if (p == 0) {
+    execvp(argv[0], (char *const *)argv);
+    fprintf(stderr, "spawn: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  *pid = (int32_t)p;
+  return UR_STATUS_OK;
+}
+
+ur_status ur_proc_wait(int32_t pid, int32_t nohang, int32_t *status, int32_t *which) {
+  UR__ARGS(status);
+  int ws = 0;
+  pid_t got;
+  do got = waitpid((pid_t)pid, &ws, nohang ? WNOHANG : 0);
+  while (got < 0 && errno == EINTR && !nohang);
+  if (got < 0) return ur__error(UR_STATUS_IO, "wait: process %d: %s", (int)pid, strerror(errno));
+  if (which) *which = (int32_t)got;
+  if (got == 0) *status = -1;
+  else if (WIFEXITED(ws)) *status = WEXITSTATUS(ws);
+  else *status = 128 + (WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
+  return UR_STATUS_OK;
+}
+
+ur_status ur_proc_kill(int32_t pid, int32_t sig) {
+  if (kill((pid_t)pid, sig) && errno != ESRCH)
+    return ur__error(UR_STATUS_IO, "kill: process %d: %s", (int)pid, strerror(errno));
+  return UR_STATUS_OK;
+}
+
+ur_status ur_env_set(const char *name, const char *value) {
+  UR__ARGS(name);
+  if (!name || !*name || strchr(name, '='))
+    return ur__error(UR_STATUS_INVALID, "env: '%s' is not a variable name", name ? name : "");
+  if (value ? setenv(name, value, 1) : unsetenv(name))
+    return ur__error(UR_STATUS_IO, "env: cannot set %s: %s", name, strerror(errno));
+  return UR_STATUS_OK;
+}
+
+int32_t ur_cpu_count(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int32_t)n : 1;
+}
+
+int32_t ur_proc_uid(void) { return (int32_t)geteuid(); }
+
+ur_status ur_dir_temp(char *templ) {
+  UR__ARGS(templ);
+  if (!templ || !mkdtemp(templ))
+    return ur__error(UR_STATUS_IO, "dir: cannot make a temporary folder %s: %s",
+                     templ ? templ : "", strerror(errno));
+  return UR_STATUS_OK;
 }

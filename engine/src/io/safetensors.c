@@ -23,11 +23,11 @@
 #define DIRECT_CHUNK (64ull << 20) /* host reads between interrupt polls */
 #define IO_MAX (1ull << 30)        /* Linux moves at most ~2 GiB per read or write call */
 
-static const char *const st_dtype[UR_DTYPE_COUNT] = {"F32", "BF16", "F16", "I8", "U8", "I32", "I64"};
+static const char *const st_dtype[UR_DTYPE_COUNT] = {"F32", "BF16", "F16", "I8", "U8", "I32", "I64", "F64"};
 /* Position in the reference implementation's dtype order.  Tensors are written by descending
  * position, then by name, as it does: every tensor then starts aligned to its element size
  * (the data starts 8-aligned), and our files equal its files byte for byte. */
-static const int st_rank[UR_DTYPE_COUNT] = {11, 8, 7, 2, 1, 9, 13};
+static const int st_rank[UR_DTYPE_COUNT] = {11, 8, 7, 2, 1, 9, 13, 12};
 
 static void shape_text(int32_t ndim, const int64_t *shape, char *buf, size_t len) {
   size_t n = (size_t)snprintf(buf, len, "[");
@@ -236,24 +236,6 @@ static ur_status check_save_args(const char *path, int32_t n, const char *const 
   return UR_STATUS_OK;
 }
 
-static ur_status sync_dir(const char *path) {
-  char *dir = strdup(path);
-  if (!dir) return ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
-  char *slash = strrchr(dir, '/');
-  if (!slash) strcpy(dir, ".");
-  else if (slash == dir) dir[1] = 0;
-  else *slash = 0;
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  ur_status s = UR_STATUS_OK;
-  if (fd < 0 || fsync(fd))
-    s = ur__error(UR_STATUS_IO,
-                  "safetensors: %s is written, but syncing its directory %s failed: %s", path, dir,
-                  strerror(errno));
-  if (fd >= 0) close(fd);
-  free(dir);
-  return s;
-}
-
 /* For the specs only: UVMREC_CHECKPOINT_TEST_DELAY=S holds a complete temporary file for S
  * seconds before the rename, and says so on stderr, so a spec can kill the process at that
  * point for certain (the previous checkpoint must then be the one that loads). */
@@ -275,6 +257,11 @@ ur_status ur_safetensors_save(ur_stream *stream, const char *path, int32_t n,
                               const char *const *names, const ur_tensor *const *tensors,
                               int32_t nmeta, const char *const *meta_keys,
                               const char *const *meta_values, uint64_t staging_bytes) {
+  UR__ARGS(path);
+  if (n > 0 && !names) return ur__null(__func__, "names");
+  if (n > 0 && !tensors) return ur__null(__func__, "tensors");
+  if (nmeta > 0 && !meta_keys) return ur__null(__func__, "meta_keys");
+  if (nmeta > 0 && !meta_values) return ur__null(__func__, "meta_values");
   ur_status s = check_save_args(path, n, names, tensors, nmeta);
   if (s) return s;
   item *items = calloc((size_t)n + 1, sizeof *items);
@@ -347,7 +334,7 @@ ur_status ur_safetensors_save(ur_stream *stream, const char *path, int32_t n,
     s = ur__error(UR_STATUS_IO, "safetensors: renaming %s to %s failed: %s; %s is unchanged", w.tmp,
                   path, strerror(errno), path);
   if (s && w.fd >= 0) unlink(w.tmp);
-  if (!s) s = sync_dir(path);
+  if (!s) s = ur__sync_dir(path, "safetensors");
   free(w.tmp);
   free(header);
   free(items);
@@ -488,7 +475,7 @@ static ur_status parse_entry(const ur_safetensors *f, const char *name, json_t *
   if (e->dtype < 0)
     return ur__error(UR_STATUS_FORMAT,
                      "safetensors: %s: tensor '%s' has dtype '%s', which uvmrec does not read; "
-                     "expected F32, BF16, F16, I8, U8, I32 or I64", f->path, name,
+                     "expected F32, BF16, F16, I8, U8, I32, I64 or F64", f->path, name,
                      json_string_value(dt));
   json_t *shape = json_object_get(v, "shape");
   if (!json_is_array(shape))
@@ -629,6 +616,7 @@ static ur_status check_layout(ur_safetensors *f) {
 }
 
 ur_status ur_safetensors_open(ur_safetensors **out, const char *path) {
+  UR__ARGS(out, path);
   *out = NULL;
   if (!path || !*path) return ur__error(UR_STATUS_INVALID, "safetensors open: no path given");
   ur_safetensors *f = calloc(1, sizeof *f);
@@ -718,6 +706,7 @@ static ur_status check_index(const ur_safetensors *f, int32_t i, const char *wha
 }
 
 ur_status ur_safetensors_entry_get(const ur_safetensors *f, int32_t i, ur_safetensors_entry *out) {
+  UR__ARGS(f, out);
   ur_status s = check_index(f, i, "entry");
   if (!s) *out = f->entries[i];
   return s;
@@ -734,6 +723,7 @@ const char *ur_safetensors_meta_get(const ur_safetensors *f, const char *key) {
 }
 
 ur_status ur_safetensors_view(const ur_safetensors *f, int32_t i, ur_tensor **out) {
+  UR__ARGS(f, out);
   *out = NULL;
   ur_status s = check_index(f, i, "view");
   if (s) return s;
@@ -811,6 +801,9 @@ static int same_shape(const ur_safetensors_entry *e, const ur_tensor *t) {
 ur_status ur_safetensors_load(ur_stream *stream, const ur_safetensors *f, int32_t n,
                               const char *const *names, ur_tensor *const *dsts,
                               uint64_t staging_bytes) {
+  UR__ARGS(f);
+  if (n > 0 && !names) return ur__null(__func__, "names");
+  if (n > 0 && !dsts) return ur__null(__func__, "dsts");
   if (n < 0) return ur__error(UR_STATUS_INVALID, "safetensors load: %d tensors asked", (int)n);
   int32_t *idx = calloc((size_t)n + 1, sizeof *idx);
   if (!idx) return ur__error(UR_STATUS_OOM, "safetensors load: out of host memory");

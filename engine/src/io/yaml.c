@@ -141,6 +141,7 @@ static ur_status build(ur_yaml_doc *d, yaml_parser_t *p) {
 }
 
 ur_status ur_yaml_parse(ur_yaml_doc **out, const char *text, size_t len, const char *name) {
+  UR__ARGS(out, text);
   *out = NULL;
   ur_yaml_doc *d = calloc(1, sizeof *d);
   if (!d || !(d->name = strdup(name ? name : "<string>"))) {
@@ -164,6 +165,7 @@ ur_status ur_yaml_parse(ur_yaml_doc **out, const char *text, size_t len, const c
 }
 
 ur_status ur_yaml_load(ur_yaml_doc **out, const char *path) {
+  UR__ARGS(out, path);
   *out = NULL;
   FILE *f = fopen(path, "rb");
   if (!f) return ur__error(UR_STATUS_IO, "%s: cannot open: %s", path, strerror(errno));

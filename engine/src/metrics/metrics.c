@@ -22,7 +22,7 @@ struct ur_metrics {
   int gpu;                 /* b is the GPU's */
   int64_t seen;            /* samples since the last reset */
   uint64_t state_count;    /* doubles in state: tasks * (UR__M_SUMS + 2 * bins) */
-  ur_tensor *state, *snap; /* u8 tensors holding state_count doubles */
+  ur_tensor *state, *snap; /* f64 [state_count] */
   ur_tensor *ring_preds, *ring_labels, *ring_weights; /* f32 [window, tasks] */
   ur_tensor *ring_groups;  /* i64 [window], grouped only */
   ur_tensor *raw;          /* u8: [2][tasks][UR__M_RAW] doubles where the work runs */
@@ -251,6 +251,7 @@ static ur_status check_opts(const ur_metrics_opts *o) {
 
 ur_status ur_metrics_new(ur_metrics **out, const ur_metrics_opts *opts, ur_place place,
                          int32_t device) {
+  UR__ARGS(out, opts);
   *out = NULL;
   ur_status st = check_opts(opts);
   if (st) return st;
@@ -266,8 +267,8 @@ ur_status ur_metrics_new(ur_metrics **out, const ur_metrics_opts *opts, ur_place
   st = need_entries(m->b);
   int64_t T = opts->tasks, W = opts->window;
   m->state_count = (uint64_t)T * (UR__M_SUMS + 2 * (uint64_t)opts->bins);
-  m->state = bytes_tensor(&st, m->state_count * sizeof(double), place, device);
-  m->snap = bytes_tensor(&st, m->state_count * sizeof(double), place, device);
+  m->state = ring_tensor(&st, UR_DTYPE_F64, (int64_t)m->state_count, 0, place, device);
+  m->snap = ring_tensor(&st, UR_DTYPE_F64, (int64_t)m->state_count, 0, place, device);
   if (W) {
     m->ring_preds = ring_tensor(&st, UR_DTYPE_F32, W, T, place, device);
     m->ring_labels = ring_tensor(&st, UR_DTYPE_F32, W, T, place, device);
@@ -304,6 +305,7 @@ void ur_metrics_free(ur_metrics *m) {
 ur_status ur_metrics_update(ur_stream *s, ur_metrics *m, const ur_tensor *predictions,
                             const ur_tensor *labels, const ur_tensor *weights,
                             const ur_tensor *groups) {
+  UR__ARGS(m, predictions, labels);
   ur__metrics_job j = base_job(m);
   ur_status st = check_inputs(m, predictions, labels, weights, groups, "update", &j);
   if (st || !j.n) return st;
@@ -322,6 +324,7 @@ ur_status ur_metrics_update(ur_stream *s, ur_metrics *m, const ur_tensor *predic
 }
 
 ur_status ur_metrics_reset(ur_stream *s, ur_metrics *m) {
+  UR__ARGS(m);
   ur_status st = ur_tensor_fill(s, m->state, 0);
   if (!st) m->seen = 0;
   return st;
@@ -331,14 +334,23 @@ int64_t ur_metrics_seen(const ur_metrics *m) { return m->seen; }
 int32_t ur_metrics_on_gpu(const ur_metrics *m) { return m->gpu; }
 
 ur_status ur_metrics_snapshot(ur_stream *s, ur_metrics *m, double **state, uint64_t *count) {
+  UR__ARGS(m, state, count);
   ur_status st = ur_tensor_copy(s, m->state, m->snap);
   *state = st ? NULL : ur_tensor_data(m->snap);
   *count = st ? 0 : m->state_count;
   return st;
 }
 
+ur_status ur_metrics_snapshot_tensor(ur_stream *s, ur_metrics *m, ur_tensor **out) {
+  UR__ARGS(m, out);
+  *out = NULL;
+  ur_status st = ur_tensor_copy(s, m->state, m->snap);
+  return st ? st : ur_tensor_view(m->snap, out, 0, (int64_t)m->state_count);
+}
+
 ur_status ur_metrics_window(const ur_metrics *m, ur_tensor **predictions, ur_tensor **labels,
                             ur_tensor **weights, ur_tensor **groups) {
+  UR__ARGS(m, predictions, labels, weights, groups);
   *predictions = *labels = *weights = *groups = NULL;
   if (!m->o.window)
     return ur__error(UR_STATUS_INVALID, "metrics window: the metric keeps no window (0 samples)");
@@ -360,6 +372,7 @@ ur_status ur_metrics_compute(ur_stream *s, ur_metrics *m, int32_t from_snapshot,
                              const ur_tensor *predictions, const ur_tensor *labels,
                              const ur_tensor *weights, const ur_tensor *groups,
                              ur_metric_values *window, ur_metric_values *lifetime) {
+  UR__ARGS(m, window, lifetime);
   int32_t T = m->o.tasks;
   ur__metrics_job wj = base_job(m), lj = base_job(m);
   ur_status st = UR_STATUS_OK;

@@ -17,6 +17,7 @@ typedef struct layer {
   ur_tensor *w, *b;         /* w [out, in] (or U [out, rank] with v), b [out] */
   ur_tensor *v;             /* DCNv2 low rank: V [rank, in]; NULL at full rank */
   int64_t in, out, rank;
+  int32_t pad;              /* the last pad columns of w (and of its input) are zero padding */
   ur_act act;
 } layer;
 
@@ -54,6 +55,7 @@ size_t ur_sizeof_model_options(void) { return sizeof(ur_model_options); }
 size_t ur_sizeof_model_props(void) { return sizeof(ur_model_props); }
 
 void ur_model_options_init(ur_model_options *o) {
+  if (!o) return;
   memset(o, 0, sizeof *o);
   o->device = -1;
   if (ur_device_count() > 0 && ur_device_get(&o->device)) o->device = 0;
@@ -151,9 +153,12 @@ static ur_status load_dense(ur_model *m, const reader *r, const char *name, ur_t
   return st;
 }
 
-/* A list of Linear layers ({weight, bias, act}) from width `in`; *out_width its last width. */
+/* A list of Linear layers ({weight, bias, act}) from width `in`; *out_width its last width.
+ * The first layer's weight may instead have padded_in columns (> in), the rest zero padding:
+ * a training run's top MLP reads the dot interaction's output padded to a multiple of 8
+ * (models/dlrm.lua), and serving keeps that layout, so its products are the training run's. */
 static ur_status read_mlp(ur_model *m, const reader *r, const ur_json *list, const char *what,
-                          layer *ls, int32_t *n, int64_t in, int64_t *out_width) {
+                          layer *ls, int32_t *n, int64_t in, int64_t padded_in, int64_t *out_width) {
   if (!list || ur_json_typeof(list) != UR_JSON_ARRAY || !ur_json_size(list) ||
       ur_json_size(list) > MAX_LAYERS)
     return bad(r, "the description's %s is not a list of 1 to %d layers", what, MAX_LAYERS);
@@ -174,10 +179,14 @@ static ur_status read_mlp(ur_model *m, const reader *r, const ur_json *list, con
     if (i < 0) return bad(r, "no tensor '%s' (%s's weight)", wn, where);
     if ((st = ur_safetensors_entry_get(r->f, i, &e))) return st;
     int64_t out = e.ndim == 2 ? e.shape[0] : -1;
-    if ((st = want(r, wn, m->dt, out, in, where)) || (st = want(r, bn, m->dt, out, -1, where)))
+    int64_t in_w = k == 0 && padded_in > in && e.ndim == 2 && e.shape[1] == padded_in ? padded_in : in;
+    if (in_w - in >= 256)
+      return bad(r, "'%s' pads %lld columns; at most 255 are padding", wn, (long long)(in_w - in));
+    if ((st = want(r, wn, m->dt, out, in_w, where)) || (st = want(r, bn, m->dt, out, -1, where)))
       return st;
     layer *L = &ls[k];
-    L->in = in;
+    L->in = in_w;
+    L->pad = (int32_t)(in_w - in);
     L->out = out;
     L->act = strcmp(act, "relu") ? UR_ACT_NONE : UR_ACT_RELU;
     if (m->place != UR_PLACE_COUNT && ((st = load_dense(m, r, wn, &L->w)) || (st = load_dense(m, r, bn, &L->b))))
@@ -431,7 +440,7 @@ static ur_status read_model(ur_model *m, const reader *r, const ur_json *desc) {
   if ((st = get_int(r, desc, "dim", "", 4, 1024, &dim))) return st;
   m->dim = (int32_t)dim;
   int64_t bw, tw;
-  if ((st = read_mlp(m, r, member(desc, "bottom"), "bottom", m->bottom, &m->nb, nd, &bw)) ||
+  if ((st = read_mlp(m, r, member(desc, "bottom"), "bottom", m->bottom, &m->nb, nd, nd, &bw)) ||
       (st = read_tables(m, r, desc)))
     return st;
   if (m->dcn) {
@@ -444,7 +453,8 @@ static ur_status read_model(ur_model *m, const reader *r, const ur_json *desc) {
     int64_t t = m->F;
     m->width = bw + (m->self_inter ? t * (t + 1) / 2 + t + 1 : t * (t + 1) / 2);
   }
-  if ((st = read_mlp(m, r, member(desc, "top"), "top", m->top, &m->nt, m->width, &tw))) return st;
+  if ((st = read_mlp(m, r, member(desc, "top"), "top", m->top, &m->nt, m->width,
+                      m->dcn ? m->width : ur_interaction_cols(m->F, m->dim, m->self_inter, 1), &tw))) return st;
   if (tw != 1) return bad(r, "the top MLP ends at %lld; it must give one logit", (long long)tw);
   if (m->top[m->nt - 1].act != UR_ACT_NONE)
     return bad(r, "the top MLP's last layer has act relu; the logit takes none");
@@ -458,8 +468,8 @@ static ur_status read_model(ur_model *m, const reader *r, const ur_json *desc) {
 }
 
 ur_status ur_model_open(ur_model **out, const char *path, const ur_model_options *opts) {
+  UR__ARGS(out, path);
   *out = NULL;
-  if (!path) return ur__error(UR_STATUS_INVALID, "model: path is NULL");
   ur_model *m = calloc(1, sizeof *m);
   if (!m) return ur__error(UR_STATUS_OOM, "model: out of host memory");
   pthread_mutex_init(&m->lock, NULL);
@@ -534,7 +544,7 @@ ur_status ur_model_open(ur_model **out, const char *path, const ur_model_options
     int64_t per = m->num_dense + ALIGN_ELEMS, rk = 0;
     for (int32_t k = 0; k < m->nb; k++) per += m->bottom[k].out + ALIGN_ELEMS;
     per += (int64_t)m->F * m->dim + ALIGN_ELEMS;
-    per += m->dcn ? 4 * (m->width + ALIGN_ELEMS) : m->width + ALIGN_ELEMS;
+    per += m->dcn ? 4 * (m->width + ALIGN_ELEMS) : m->top[0].in + ALIGN_ELEMS; /* padded */
     for (int32_t k = 0; k < m->nc; k++) rk = m->cross[k].rank > rk ? m->cross[k].rank : rk;
     per += rk + ALIGN_ELEMS;
     for (int32_t k = 0; k < m->nt; k++) per += m->top[k].out + ALIGN_ELEMS;
@@ -551,6 +561,7 @@ ur_status ur_model_open(ur_model **out, const char *path, const ur_model_options
 }
 
 ur_status ur_model_info(const ur_model *m, ur_model_props *out) {
+  UR__ARGS(m, out);
   pthread_mutex_lock((pthread_mutex_t *)&m->lock);
   *out = m->props;
   out->contexts = m->made;
@@ -751,7 +762,7 @@ static ur_status run(ur_model *m, ctx *c, const ur_tensor *dense, const ur_kjt *
   for (int32_t k = 0; k < m->nb; k++) {
     const layer *L = &m->bottom[k];
     if ((st = view2(vs, c->act, &at, b, L->out, &y)) ||
-        (st = ur_linear_forward(s, x, L->w, L->b, y, L->act, 0)))
+        (st = ur_linear_forward(s, x, L->w, L->b, y, NULL, L->act, 0)))
       return st;
     x = y;
   }
@@ -762,9 +773,9 @@ static ur_status run(ur_model *m, ctx *c, const ur_tensor *dense, const ur_kjt *
     return st;
   /* Interaction. */
   ur_tensor *z;
-  if ((st = view2(vs, c->act, &at, b, m->width, &z))) return st;
+  if ((st = view2(vs, c->act, &at, b, m->dcn ? m->width : m->top[0].in, &z))) return st;
   if (!m->dcn) {
-    if ((st = ur_interaction_forward(s, x, emb, z, m->self_inter))) return st;
+    if ((st = ur_interaction_forward(s, x, emb, z, m->self_inter, 0))) return st;
   } else {
     const ur_tensor *parts[2] = {x, emb};
     ur_tensor *x0 = z, *pre, *xa, *xb, *t = NULL;
@@ -779,11 +790,11 @@ static ur_status run(ur_model *m, ctx *c, const ur_tensor *dense, const ur_kjt *
       if (L->v) {
         int64_t save = at;
         if ((st = view2(vs, c->act, &at, b, L->rank, &t)) ||
-            (st = ur_linear_forward(s, xl, L->v, NULL, t, UR_ACT_NONE, 0)) ||
-            (st = ur_linear_forward(s, t, L->w, L->b, pre, UR_ACT_NONE, 0)))
+            (st = ur_linear_forward(s, xl, L->v, NULL, t, NULL, UR_ACT_NONE, 0)) ||
+            (st = ur_linear_forward(s, t, L->w, L->b, pre, NULL, UR_ACT_NONE, 0)))
           return st;
         at = save;
-      } else if ((st = ur_linear_forward(s, xl, L->w, L->b, pre, UR_ACT_NONE, 0))) {
+      } else if ((st = ur_linear_forward(s, xl, L->w, L->b, pre, NULL, UR_ACT_NONE, 0))) {
         return st;
       }
       ur_tensor *next = xl == xa ? xb : xa;
@@ -797,7 +808,7 @@ static ur_status run(ur_model *m, ctx *c, const ur_tensor *dense, const ur_kjt *
   for (int32_t k = 0; k < m->nt; k++) {
     const layer *L = &m->top[k];
     if ((st = view2(vs, c->act, &at, b, L->out, &y)) ||
-        (st = ur_linear_forward(s, x, L->w, L->b, y, L->act, 0)))
+        (st = ur_linear_forward(s, x, L->w, L->b, y, NULL, L->act, (uint32_t)L->pad << UR_DENSE_PAD_SHIFT)))
       return st;
     x = y;
   }
@@ -814,6 +825,7 @@ static ur_status run(ur_model *m, ctx *c, const ur_tensor *dense, const ur_kjt *
 
 ur_status ur_model_predict(ur_model *m, const ur_tensor *dense, const ur_kjt *sparse,
                            ur_tensor *scores) {
+  UR__ARGS(m, dense, sparse, scores);
   int32_t order[4096];
   int reorder = 0;
   ur_status st = check_request(m, dense, sparse, scores, order, &reorder);

@@ -1,6 +1,6 @@
 -- ur.data: the data path.  Criteo raw TSV (parsed by the engine on every core), .npy day
 -- files, synthetic data with a learnable signal, and the loader that turns any of them into
--- batches {dense, sparse (a KJT), labels, groups}.
+-- batches (uvmrec.data.Batch: dense, sparse a KJT, labels, groups; ur.data.Batch).
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -44,10 +44,16 @@ local function rows_list(rows, level)
   if type(rows) == "number" then
     local r = {}
     for i = 1, 26 do r[i] = rows end
-    return r
+    rows = r
   end
   if type(rows) ~= "table" or #rows ~= 26 then
     error("criteo: rows must be 26 table sizes (one per categorical column) or one number", level + 1)
+  end
+  for i, r in ipairs(rows) do
+    if type(r) ~= "number" or r < 1 or r > 2 ^ 32 or r ~= math.floor(r) then
+      error(("criteo: rows of C%d is %s; table sizes are whole numbers from 1 to 2^32"):format(i, tostring(r)),
+        level + 1)
+    end
   end
   return rows
 end
@@ -68,6 +74,20 @@ local function criteo_opts(opts, level)
   return o
 end
 M.criteo_opts = criteo_opts
+
+-- A reader's error about a bad line of a TSV file, with the settings that would take the line,
+-- in the caller's words: names = {skip = "--on-bad-line skip", pad = "--pad-missing-fields"} (a
+-- command's flags) or the config's keys.  Other errors come back as they are.
+function M.bad_line_hint(err, names)
+  if type(err) ~= "string" or not err:find("criteo%-tsv: [^\n]-:%d+: ") then return err end
+  local hints = {}
+  if names.pad and err:find("fields; expected 40$") then
+    hints[#hints + 1] = names.pad .. " accepts lines of 15 to 39 fields (copies that lost their trailing tabs)"
+  end
+  if names.skip then hints[#hints + 1] = names.skip .. " skips bad lines and counts them" end
+  if #hints == 0 then return err end
+  return err .. " (" .. table.concat(hints, "; ") .. ")"
+end
 
 local function path_list(paths, level)
   if type(paths) == "string" then paths = { paths } end
@@ -203,5 +223,6 @@ local loader = require "uvmrec.data.loader"
 M.loader = loader.loader
 M.open = loader.open
 M.source = loader.source
+M.Batch = require "uvmrec.data.batch"
 
 return M

@@ -1,15 +1,16 @@
 -- The loader: a thread of the engine fills pinned batches ahead of use.
 --   local loader = ur.data.loader{ data = "synthetic:tiny", samples = 1e6, batch_size = 4096,
 --                                  depth = 4, shuffle_window = 65536, seed = 1, epochs = 1 }
---   for batch in loader:batches() do  -- {dense = f32 [B,13], sparse = KJT, labels = f32 [B], groups}
+--   for batch in loader:batches() do  -- a uvmrec.data.Batch: dense f32 [B,13], sparse KJT, labels
 --     ...
 --   end
 -- A batch stays valid until the call to next() after the one that returned it (so batch i+1
--- can be fetched while batch i is in use); batch:to(placement) keeps a copy.
+-- can be fetched while batch i is in use), or its release(); batch:to(placement) keeps a copy.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
 local kjt = require "uvmrec.kjt"
+local Batch = require "uvmrec.data.batch"
 local C, check, must = lib.C, lib.check, lib.must
 
 local M = {}
@@ -31,9 +32,6 @@ function M.source(spec, level)
     .. "criteo-bin:DIR"):format(spec), level + 1)
 end
 
-local batch_mt = {}
-batch_mt.__index = batch_mt
-
 local out_tensor = ffi.new("ur_tensor *[1]")
 local function lend(p)
   if p == nil then return nil end
@@ -41,36 +39,28 @@ local function lend(p)
   return tensor.wrap(out_tensor[0])
 end
 
+-- Gives a batch's slot back; its tensors are freed, so a later use is an error, not data
+-- silently overwritten by a later batch.
+local function give_back(self)
+  for _, k in ipairs { "dense", "labels", "groups", "sparse" } do
+    if self[k] then self[k]:free() end
+  end
+  if self._state.open then C.ur_loader_release(self._state.p, self._b) end
+end
+
 local function make_batch(state, b)
   local kp = C.ur_batch_sparse(b)
   local outs = ffi.new("ur_kjt *[1]")
   local n = ffi.new("int32_t[1]", C.ur_kjt_num_keys(kp))
   must(C.ur_kjt_split(kp, n, 1, outs)) -- a KJT of Lua's own over the slot's storage
-  return setmetatable({
+  local batch = Batch.new {
     dense = lend(C.ur_batch_dense(b)), labels = lend(C.ur_batch_labels(b)),
     groups = lend(C.ur_batch_groups(b)), sparse = kjt.wrap(outs[0]),
     size = tonumber(C.ur_batch_size(b)), epoch = tonumber(C.ur_batch_epoch(b)),
-    first = tonumber(C.ur_batch_first_sample(b)), _b = b, _state = state,
-  }, batch_mt)
-end
-
--- Gives the slot back; the batch's tensors are freed, so a later use is an error, not data
--- silently overwritten by a later batch.
-function batch_mt:release()
-  if not self._b then return end
-  for _, k in ipairs { "dense", "labels", "groups", "sparse" } do
-    if self[k] then self[k]:free() end
-  end
-  if self._state.open then C.ur_loader_release(self._state.p, self._b) end
-  self._b = nil
-end
-
--- A copy in another placement (device, managed, host), ordered on stream.
-function batch_mt:to(placement, stream)
-  local function mv(t) return t and assert(t:to(placement, nil, stream)) end
-  return { dense = mv(self.dense), labels = mv(self.labels), groups = mv(self.groups),
-           sparse = assert(self.sparse:to(placement, stream)), size = self.size,
-           epoch = self.epoch, first = self.first }
+    first = tonumber(C.ur_batch_first_sample(b)), release = give_back,
+  }
+  batch._b, batch._state = b, state
+  return batch
 end
 
 -- Per open loader, by the engine's pointer: the batches handed out (oldest first), and
@@ -123,7 +113,8 @@ function methods:stats()
   C.ur_loader_stats_get(L(self), st)
   return { batches = tonumber(st.batches), samples = tonumber(st.samples), bytes = tonumber(st.bytes),
            wait_seconds = st.wait_seconds, produce_seconds = st.produce_seconds,
-           epoch = tonumber(st.epoch), sample = tonumber(st.sample),
+           produce_cpu_seconds = st.produce_cpu_seconds,
+           epoch = tonumber(st.epoch), sample = tonumber(st.sample), threads = st.threads,
            samples_per_epoch = st.samples_per_epoch >= 0 and tonumber(st.samples_per_epoch) or nil }
 end
 
@@ -138,9 +129,13 @@ function methods:close() free_loader(self) end
 methods.free = methods.close
 
 -- ur.data.loader{data = spec, batch_size =, samples = (synthetic), rows = (26 sizes or one: ids
--- mod rows), depth = 4, drop_last = false, shuffle_window = 0, seed = 0, epochs = 1, rank = 0,
--- world = 1, position = {epoch, sample}, placement = "pinned", keys = {...},
--- on_bad_line = "fail", pad_missing_fields = false}
+-- mod rows), depth = 4, threads = 0 (UR_NUM_THREADS, else every core), drop_last = false,
+-- shuffle_window = 0, seed = 0, epochs = 1, rank = 0, world = 1 (each rank reads its share of
+-- the rows), slice_rank = 0, slice_world = 0 (> 1: batch_size is a global batch and each batch
+-- is this rank's slice of it: samples [n * slice_rank / slice_world, n * (slice_rank + 1) /
+-- slice_world) of its n, as data-parallel training reads them), position = {epoch, sample},
+-- placement = "pinned" (synthetic data: "device" draws on the GPU, uvmrec.data.generator),
+-- stream (that placement's), keys = {...}, on_bad_line = "fail", pad_missing_fields = false}
 function M.loader(o)
   if type(o) ~= "table" then error("loader: expected a table of options", 2) end
   local src = M.source(o.data, 2)
@@ -157,6 +152,10 @@ function M.loader(o)
       o.samples = o.samples or samples
     elseif not spec.cspec then
       spec = synthetic.spec(spec, nil, 2)
+    end
+    if o.placement == "device" or o.placement == "managed" then -- drawn where it is used
+      if not o.samples then error("loader: synthetic data needs samples = N", 2) end
+      return require("uvmrec.data.generator").open(o, spec, 2)
     end
     co.source = C.UR_SOURCE_SYNTHETIC
     co.synth = spec.cspec
@@ -181,11 +180,13 @@ function M.loader(o)
   end
   co.batch_size = o.batch_size or error("loader: batch_size is required", 2)
   co.depth = o.depth or 4
+  co.threads = o.threads or 0
   co.drop_last = o.drop_last and 1 or 0
   co.shuffle_window = o.shuffle_window or 0
   co.seed = o.seed or 0
   co.epochs = o.epochs or 1
   co.rank, co.world = o.rank or 0, o.world or 1
+  co.slice_rank, co.slice_world = o.slice_rank or 0, o.slice_world or 0
   if o.position then
     co.start_epoch, co.start_sample = o.position.epoch or 0, o.position.sample or 0
   end

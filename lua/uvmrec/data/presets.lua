@@ -42,6 +42,14 @@ M.mlperf_v1_2m = { name = "mlperf_v1_2m", num_dense = 13, seed = 1234, bias = -1
 M.dcnv2 = { name = "dcnv2", num_dense = 13, seed = 1234, bias = -1.2, dense_signal = 0.08,
             signal_total = 2.6, tables = tables(M.mlperf_rows, { hot = M.dcnv2_hot }) }
 
-M.names = { "tiny", "kaggle", "mlperf_v1", "mlperf_v1_2m", "dcnv2" }
+-- The tiny tables multi-hot: 0 to 6 ids a bag (empty bags too), every third table weighted.
+M.tiny_multihot = { name = "tiny_multihot", num_dense = 13, seed = 4321, bias = -1.2, dense_signal = 0.08,
+                    signal_total = 2.6, tables = tables(M.tiny_rows, { zipf = 1.05 }) }
+for i, t in ipairs(M.tiny_multihot.tables) do
+  t.hot = { (i - 1) % 2, 1 + i % 6 }
+  t.weighted = i % 3 == 0
+end
+
+M.names = { "tiny", "kaggle", "mlperf_v1", "mlperf_v1_2m", "dcnv2", "tiny_multihot" }
 
 return M

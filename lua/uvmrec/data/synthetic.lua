@@ -1,7 +1,8 @@
 -- Synthetic data with a learnable signal.  A spec is a preset name or a table:
 --   { num_dense = 13, seed = 1, bias = -1.2, dense_signal = 0.08, signal_total = 2.6,
---     groups = 0, tables = { { name = "C1", rows = 1000, zipf = 1.05 (0: uniform),
---                              hot = 1 | {min, max}, weighted = false, signal = nil }, ... } }
+--     groups = 0, drift = 0 (ranks the hot ids move a sample),
+--     tables = { { name = "C1", rows = 1000, zipf = 1.05 (0: uniform),
+--                    hot = 1 | {min, max}, weighted = false, signal = nil }, ... } }
 -- Labels come from a hidden logistic model: per table, each id has a fixed random effect
 -- (std `signal`, by default signal_total / sqrt(tables)); the dense features add a small part.
 local ffi = require "ffi"
@@ -41,6 +42,7 @@ function M.spec(s, overrides, level)
   c.bias = s.bias or -1.2
   c.dense_signal = s.dense_signal or 0.08
   c.groups = s.groups or 0
+  c.drift = s.drift or 0
   local default_signal = (s.signal_total or 2.6) / math.sqrt(math.max(#tabs, 1))
   s.hot_max = {}
   for i, t in ipairs(tabs) do
@@ -100,7 +102,7 @@ function M.schema()
   return cfg.map {
     preset = cfg.enum(presets.names), seed = cfg.int { min = 0 }, num_dense = cfg.int { min = 0, max = 4096 },
     bias = cfg.number {}, dense_signal = cfg.number { min = 0 }, signal_total = cfg.number { min = 0 },
-    groups = cfg.int { min = 0 }, samples = cfg.int { min = 0 },
+    groups = cfg.int { min = 0 }, samples = cfg.int { min = 0 }, drift = cfg.number { min = 0 },
     tables = cfg.list(cfg.map({
       name = cfg.string {}, rows = cfg.int { min = 1 }, zipf = cfg.number { min = 0 },
       hot = cfg.int { min = 1 }, hot_min = cfg.int { min = 0 }, hot_max = cfg.int { min = 1 },

@@ -4,7 +4,9 @@
 -- and then only rows that crossed: the hottest ids outside the prefix trade places with the
 -- coldest inside it, pair by pair, while the newcomer was read more than (1 + band) times as
 -- often (hysteresis on both: it does not thrash on noise), so rows that stayed hot do not
--- move.  Only ranges whose placement changed are advised again.
+-- move.  The swaps run on the stream (uvmrec.tbe swap_rows: a kernel on a GPU moves the rows
+-- and their optimizer state and updates the permutation in place); between intervals it costs
+-- what hot_prefix costs.  Only ranges whose placement changed are advised again.
 --   hints.new("adaptive", {margin = 0.02, band = 0.1})
 local hints = require "uvmrec.hints"
 
@@ -41,10 +43,8 @@ function P:plan(stats, allowance)
     actions[#actions + 1] = hints.advise(k, s.k - k, "preferred_location", "cpu")
     actions[#actions + 1] = hints.prefetch(k, s.k - k, "cpu")
   end
-  -- swapped rows were written in place: the prefix's pages are prefetched again
-  for _, a in ipairs(actions) do
-    if a.kind == "relayout" and k > 0 then actions[#actions + 1] = hints.prefetch(0, k, "gpu") break end
-  end
+  -- swapped rows are moved where they live (a kernel on the GPU writes the prefix's pages in
+  -- HBM and the rest in place over the link): no page changes sides, nothing to prefetch again
   s.k = k
   return actions
 end

@@ -25,7 +25,6 @@
 --   print(m:summary())
 local ffi = require "ffi"
 local ur = require "uvmrec"
-local tensor = require "uvmrec.tensor"
 
 local M = {}
 local C = ur.C
@@ -304,29 +303,31 @@ local function time_call(self, f, ...)
   return a, b
 end
 
+local function record_move(self, rec, r)
+  rec.relayout_seconds = rec.relayout_seconds + r.seconds
+  rec.relayout_bytes = rec.relayout_bytes + r.bytes
+  rec.rows_moved = rec.rows_moved + r.rows_moved
+  self.relayout_seconds = self.relayout_seconds + r.seconds
+  self.relayout_bytes = self.relayout_bytes + r.bytes
+end
+
 -- Applies one table's actions; returns nil, message on the first failure.
 function Manager:_apply(t, s, actions, rec)
   for _, a in ipairs(actions) do
     if a.kind == "relayout" then
-      local perm
+      local r, err
       if a.how == "counts" then
-        perm = "counts"
+        r, err = self.tbe:relayout(t.name, "counts", { stream = self.stream })
       elseif type(a.how) == "table" and a.how.swap then
-        perm = self:_swap_perm(t, s, a.how.swap, a.how.band or 0)
+        -- rows that crossed trade places where they are, on the stream (a kernel on a GPU)
+        local A, B, n = self:_swap_pairs(t, s, a.how.swap, a.how.band or 0)
+        if n > 0 then r, err = self.tbe:swap_rows(t.name, A, B, n, { stream = self.stream }) end
       else
         return nil, ("hints: policy %s: relayout %s is not \"counts\" nor {swap = k}"):format(
           t.policy.name or "?", tostring(a.how))
       end
-      if perm then
-        local r, err = self.tbe:relayout(t.name, perm, { stream = self.stream })
-        if type(perm) ~= "string" then perm:free() end
-        if not r then return nil, err end
-        rec.relayout_seconds = rec.relayout_seconds + r.seconds
-        rec.relayout_bytes = rec.relayout_bytes + r.bytes
-        rec.rows_moved = rec.rows_moved + r.rows_moved
-        self.relayout_seconds = self.relayout_seconds + r.seconds
-        self.relayout_bytes = self.relayout_bytes + r.bytes
-      end
+      if err then return nil, err end
+      if r then record_move(self, rec, r) end
     else
       if a.first < 0 or a.rows < 0 or a.first + a.rows > t.rows then
         return nil, ("hints: policy %s: rows [%d, %d) of table '%s' are outside 0..%d"):format(
@@ -352,47 +353,42 @@ function Manager:_apply(t, s, actions, rec)
   return true
 end
 
--- A permutation that trades rows across the prefix [0, k): the hottest ids outside it swap
--- physical rows with the coldest inside it, pair by pair, while the one coming in was read
--- more than (1 + band) times as often as the one going out (hysteresis: near-ties stay).
--- Rows that stay on their side keep their place.  nil when nothing crosses.
-function Manager:_swap_perm(t, s, k, band)
-  local rows, a = t.rows, s.access
-  if k <= 0 or k >= rows then return nil end
-  local cur = self.tbe:permutation(t.name)
-  local perm = assert(tensor.tensor({ rows }, { dtype = "i64" }))
-  local p = ffi.cast("int64_t *", C.ur_tensor_data(perm.p))
-  if cur then
-    assert(perm:copy(cur))
-    cur:free()
-  else
-    for id = 0, rows - 1 do p[id] = id end
+-- The pairs of ids that trade rows across the prefix [0, k): the hottest ids outside it with
+-- the coldest inside it, pair by pair, while the one coming in was read more than (1 + band)
+-- times as often as the one going out (hysteresis: near-ties stay).  Rows that stay on their
+-- side keep their place.  Returns int64_t arrays a, b and their length (0: nothing crosses).
+function Manager._swap_pairs(_, t, s, k, band)
+  local rows, acc = t.rows, s.access
+  if k <= 0 or k >= rows then return nil, nil, 0 end
+  local base, moved = rawget(s, "_perm_p"), {} -- the layout the counts were ranked under
+  local function phys(id)
+    local m = moved[id]
+    if m then return m end
+    return base and tonumber(base[id]) or id
   end
-  local o = a._o
+  local o = acc._o
   local enter, ec = {}, {}
   for r = 0, rows - 1 do
-    local c = a:count_at(r)
+    local c = acc:count_at(r)
     if c == 0 or #enter >= k then break end
-    local id = o[r]
-    if p[id] >= k then
+    local id = tonumber(o[r])
+    if phys(id) >= k then
       enter[#enter + 1], ec[#enter + 1] = id, c
     end
   end
+  local A, B = ffi.new("int64_t[?]", math.max(#enter, 1)), ffi.new("int64_t[?]", math.max(#enter, 1))
   local n, r = 0, rows - 1
   for i = 1, #enter do
     -- the coldest row still inside the prefix
-    while r >= 0 and p[o[r]] >= k do r = r - 1 end
-    if r < 0 or ec[i] <= (1 + band) * a:count_at(r) then break end
-    local x, y = enter[i], o[r]
-    p[x], p[y] = p[y], p[x]
+    while r >= 0 and phys(tonumber(o[r])) >= k do r = r - 1 end
+    if r < 0 or ec[i] <= (1 + band) * acc:count_at(r) then break end
+    local x, y = enter[i], tonumber(o[r])
+    moved[x], moved[y] = phys(y), phys(x)
+    A[n], B[n] = x, y
     n = n + 1
     r = r - 1
   end
-  if n == 0 then
-    perm:free()
-    return nil
-  end
-  return perm
+  return A, B, n
 end
 
 -- One interval: statistics, the split of the allowance, each policy's plan, applied; decay.

@@ -32,7 +32,9 @@ function CrossNet:__init(d, layers, opts)
   end
 end
 
-local function flags(self) return self.precision == "tf32" and dense.TF32 or 0 end
+local function flags(self)
+  return (self.precision == "tf32" and dense.TF32 or 0) + ((self.row0 or 0) % 256) * dense.ROW0
+end
 
 function CrossNet:updateOutput(input)
   local x0 = self:as_act(input, "input")

@@ -7,10 +7,13 @@
 --   local out = ebc:forward(kjt)       -- [batch, sum of the features' dims]
 --   ebc:backward(kjt, grad_out)        -- steps the rows the batch read; no .grad exists
 --
--- The input is a KJT (keys in the collection's feature order) or a table {values=, offsets=
--- [, weights=][, batch_per_feature=, inverse=]}.  Tables keep the placement they were built
--- with: to() moves nothing, and the optimizer lives in the collection, so parameters() lists
--- the tables (with grad = nil and fused = true) for checkpoints and hint policies only.
+-- The input is a KJT (keys in the collection's feature order; a variable batch per key with
+-- its stride_per_key_per_rank and inverse_indices) or a table {values=, offsets=[, weights=]
+-- [, stride_per_key_per_rank=, inverse_indices=]}.  With cached tables a batch may bring a
+-- ticket, its rows brought into the cache ahead (prepare), to forward and backward.  Tables
+-- keep the placement they were built with: to() moves nothing, and the optimizer lives in the
+-- collection, so parameters() lists the tables (with grad = nil and fused = true) for
+-- checkpoints and hint policies only.
 local Module = require "uvmrec.nn.Module"
 local tbe = require "uvmrec.tbe"
 
@@ -37,6 +40,7 @@ function EBC:__init(opts, pooling)
   elseif opts.pooling and not allowed[opts.pooling] then
     error(("EmbeddingBagCollection: pooling %s; this module takes pooling sum or mean"):format(opts.pooling), level)
   end
+  self.options = opts -- what it was built from: uvmrec.dist.shard builds shards from them
   self.tbe = assert(tbe.new(opts, level))
   self.placement = self.tbe:placement()
   self.device = self.tbe.device
@@ -44,7 +48,11 @@ function EBC:__init(opts, pooling)
   self._out_shape = nil
 end
 
-function EBC:updateOutput(input)
+-- forward(input[, ticket]); in evaluation (no backward follows) the batch's rows are done
+-- with at once.
+function EBC:forward(input, ticket) return self:updateOutput(input, ticket) end
+
+function EBC:updateOutput(input, ticket)
   local shape = self.tbe:output_shape(input)
   local key = table.concat(shape, "x")
   if self._out_shape ~= key or not self.output then
@@ -52,8 +60,16 @@ function EBC:updateOutput(input)
     self.output = assert(self.tbe:new_output(input))
     self._out_shape = key
   end
-  assert(self.tbe:forward(input, self.output))
+  assert(self.tbe:forward(input, self.output, self.stream, ticket))
+  if not self.train then assert(self.tbe:retire(ticket, false, self.stream)) end
   return self.output
+end
+
+-- backward(input, gradOutput[, ticket]).
+function EBC:backward(input, gradOutput, ticket)
+  self:updateGradInput(input, gradOutput)
+  self:accGradParameters(input, gradOutput, ticket)
+  return self.gradInput
 end
 
 -- Ids have no gradient.
@@ -63,13 +79,21 @@ function EBC:updateGradInput(input, gradOutput) -- luacheck: ignore 212
 end
 
 -- The optimizer step, fused: every row the input read is updated in place.
-function EBC:accGradParameters(input, gradOutput)
-  assert(self.tbe:backward(input, gradOutput))
+function EBC:accGradParameters(input, gradOutput, ticket)
+  assert(self.tbe:backward(input, gradOutput, self.stream, ticket))
 end
+
+-- A batch's ticket: its rows brought into the cache of the cached tables on stream, ahead of
+-- its forward (nil without cached tables); retire(ticket, false) drops a batch never trained.
+function EBC:prepare(input, stream) return self.tbe:prepare(input, stream) end
+function EBC:retire(ticket, trained, stream) return self.tbe:retire(ticket, trained, stream) end
+
+-- The cache's statistics (uvmrec.cache stats()), or nil without cached tables.
+function EBC:cache_stats() return self.tbe.cache and self.tbe.cache:stats() end
 
 -- The deduplicated gradient without a step: { [table] = { rows =, grad = } }.
 function EBC:sparse_grad(input, gradOutput)
-  return assert(self.tbe:sparse_grad(input, gradOutput))
+  return assert(self.tbe:sparse_grad(input, gradOutput, self.stream))
 end
 
 function EBC:parameters(prefix, out)
@@ -85,6 +109,27 @@ end
 function EBC:table(name) return self.tbe:table(name) end
 function EBC:state(name) return self.tbe:state(name) end
 
+-- The collection as a checkpoint component (uvmrec.checkpoint's registry) named `name`: every
+-- table and its optimizer state (state() flushes a cache first, so the tables' own storage
+-- holds the truth) and the optimizer's step.  Loading leaves a cache empty: the copies it held
+-- are stale.
+function EBC:component(name)
+  local t = self.tbe
+  return { name = name,
+    state = function()
+      local ts = {}
+      for _, tn in ipairs(t.table_names) do
+        ts[tn] = t:table(tn)
+        for k, st in pairs(t:state(tn)) do ts[tn .. "." .. k] = st end
+      end
+      return { tensors = ts, meta = { step = t:step() } }
+    end,
+    load = function(_, meta)
+      t:set_step(meta.step)
+      if t.cache then assert(t.cache:invalidate()) end
+    end }
+end
+
 -- Every table's optimizer state, by table name.
 function EBC:optimizer_state()
   local out = {}
@@ -93,6 +138,8 @@ function EBC:optimizer_state()
 end
 
 function EBC:features() return { unpack(self.tbe.features) } end
+-- The fused optimizer's learning rate (a parameter group of uvmrec.optim.Schedule).
+function EBC:lr() return self.tbe:lr() end
 function EBC:set_lr(lr) self.tbe:set_lr(lr) return self end
 function EBC:skipped() return self.tbe:skipped() end
 -- The pages of the managed tables' rows an input reads (uvmrec.tbe: prefetch_pages, page_runs).

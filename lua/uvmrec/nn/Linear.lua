@@ -13,8 +13,11 @@ local function count(v, what)
   end
 end
 
--- Linear(in, out, {bias = true, act = "none" | "relu", input_grad = true, seed = n}).
--- input_grad = false skips the input's gradient (a first layer fed by data).
+-- Linear(in, out, {bias = true, act = "none" | "relu", input_grad = true, seed = n, pad_to = 1}).
+-- input_grad = false skips the input's gradient (a first layer fed by data).  pad_to = 8 makes
+-- the layer read inputs padded with zero columns to a multiple of 8 (a padded interaction's
+-- output): W is then [out, in_width] with zero columns past in, drawn as the unpadded layer's,
+-- so the layer computes the same numbers on aligned rows (its gradient there stays zero).
 function Linear:__init(inf, outf, opts)
   Module.__init(self)
   count(inf, "in")
@@ -23,45 +26,88 @@ function Linear:__init(inf, outf, opts)
   if opts.act ~= nil and opts.act ~= "none" and opts.act ~= "relu" then
     error("Linear: act must be none or relu, got " .. tostring(opts.act), 3)
   end
+  local pad = opts.pad_to or 1
+  count(pad, "pad_to")
   self.in_features, self.out_features = inf, outf
+  self.in_width = math.ceil(inf / pad) * pad
   self.act = opts.act or "none"
   self.input_grad = opts.input_grad ~= false
   local seed = opts.seed or Module.next_seed()
-  self:register_parameter("weight", { outf, inf }):normal(0, math.sqrt(2 / (inf + outf)), seed)
+  local w = self:register_parameter("weight", { outf, self.in_width })
+  if self.in_width == inf then
+    w:normal(0, math.sqrt(2 / (inf + outf)), seed)
+  else
+    local ur_tensor = require "uvmrec.tensor"
+    local drawn = assert(ur_tensor.tensor({ outf, inf })):normal(0, math.sqrt(2 / (inf + outf)), seed)
+    local zeros = assert(ur_tensor.tensor({ outf, self.in_width - inf })):fill(0)
+    dense.concat({ drawn, zeros }, w)
+    drawn:free()
+    zeros:free()
+  end
   if opts.bias ~= false then
     self:register_parameter("bias", { outf }):normal(0, math.sqrt(1 / outf), seed + 1)
   end
 end
 
+-- row0: this batch's first row in a larger batch (set by uvmrec.dist.ddp on data-parallel ranks).
 function Linear:flags()
-  return self.precision == "tf32" and dense.TF32 or 0
+  return (self.precision == "tf32" and dense.TF32 or 0) + dense.pad(self.in_width - self.in_features)
+         + ((self.row0 or 0) % 256) * dense.ROW0
 end
 
 function Linear:updateOutput(input)
   local rows, cols = Module.rows_cols(input)
-  if cols ~= self.in_features then
+  if cols ~= self.in_width then
     error(("Linear(%d -> %d): input is [%d, %d]; expected [rows, %d]"):format(
-      self.in_features, self.out_features, rows, cols, self.in_features), 3)
+      self.in_features, self.out_features, rows, cols, self.in_width), 3)
   end
   local x = self:as_act(input, "input")
   self._x = x
   self.output = self:buffer("output", self:act_dtype(), rows, self.out_features)
-  dense.linear_forward(x, self:param("weight"), self:param("bias"), self.output, self.act,
-                       self:flags(), self.stream)
+  local flags = self:flags()
+  if self.mask_out and self.act == "relu" then
+    -- which outputs passed the ReLU, for the backward of the Linear that reads them
+    self._mask = self:buffer("mask", "u8", rows, dense.mask_cols(self.out_features))
+    self._fopts = self._fopts or {}
+    self._fopts.flags, self._fopts.mask = flags, self._mask
+    flags = self._fopts
+  end
+  dense.linear_forward(x, self:param("weight"), self:param("bias"), self.output, self.act, flags,
+                       self.stream)
   return self.output
 end
 
--- The one backward call; want_input / want_params select what it computes.
+-- The one backward call; want_input / want_params select what it computes.  In a full
+-- backward (both), a Linear reading a fused Linear + ReLU (self.below, linked by Sequential)
+-- masks its input's gradient with that layer's ReLU mask and adds that layer's bias gradient
+-- in the same product; that layer then takes the gradient as already masked (GY_MASKED).
+-- With async_wgrad (set by the model), the weight gradient goes to a side stream on the GPU,
+-- which the model joins (dense.join) before the optimizer reads it.
 function Linear:_backward(input, gradOutput, want_input, want_params)
   local x = self._x
   local rows = Module.rows_cols(x)
   local dt = self:act_dtype()
   local gx
-  if want_input and self.input_grad then gx = self:buffer("gx", dt, rows, self.in_features) end
-  local work = self.act == "relu" and self:buffer("work", dt, rows, self.out_features) or nil
-  dense.linear_backward(x, self:param("weight"), self.output, gradOutput, gx,
-                        want_params and self.grad_weight or nil,
-                        want_params and self.grad_bias or nil, work, self.act, self:flags(),
+  if want_input and self.input_grad then gx = self:buffer("gx", dt, rows, self.in_width) end
+  local flags = self:flags()
+  local masked = self._gy_masked
+  self._gy_masked = false
+  local work, y, gb = nil, self.output, want_params and self.grad_bias or nil
+  if masked then
+    flags, y, gb = flags + dense.GY_MASKED, nil, nil
+  elseif self.act == "relu" then
+    work = self:buffer("work", dt, rows, self.out_features)
+  end
+  if want_params and self.async_wgrad then flags = flags + dense.WGRAD_ASYNC end
+  local below = self.below
+  if below and gx and want_params and below._mask then
+    self._bopts = self._bopts or {}
+    self._bopts.flags, self._bopts.x_mask, self._bopts.gb_x = flags, below._mask, below.grad_bias
+    flags = self._bopts
+    below._gy_masked = true
+  end
+  dense.linear_backward(x, self:param("weight"), y, gradOutput, gx,
+                        want_params and self.grad_weight or nil, gb, work, self.act, flags,
                         self.stream)
   if want_input then
     if gx and Module.dtype_of(input) ~= dt then
@@ -87,6 +133,7 @@ end
 
 function Linear:extra_repr()
   local s = ("(%d -> %d"):format(self.in_features, self.out_features)
+  if self.in_width ~= self.in_features then s = s .. (", input padded to %d"):format(self.in_width) end
   if not self.grad_bias then s = s .. ", no bias" end
   if self.act ~= "none" then s = s .. ", +" .. self.act end
   if self.precision ~= "f32" then s = s .. ", " .. self.precision end

@@ -1,7 +1,8 @@
 -- uvmrec.nn.MLP(sizes, opts): a Sequential of Linear layers with fused ReLUs, as DLRM's bottom
 -- and top MLPs: MLP({13, 512, 256, 128}) is 13 -> 512 -> 256 -> 128 with a ReLU after each
 -- layer.  opts.last = "relu" (default), "none" or "sigmoid" says what follows the last layer;
--- opts.input_grad = false skips the gradient of the MLP's input (fed by data).
+-- opts.input_grad = false skips the gradient of the MLP's input (fed by data); opts.pad_to = 8
+-- makes the first layer read an input padded to a multiple of 8 columns (nn.Linear).
 local Linear = require "uvmrec.nn.Linear"
 local ReLU = require "uvmrec.nn.ReLU"
 local Sequential = require "uvmrec.nn.Sequential"
@@ -18,7 +19,8 @@ return function(sizes, opts)
   end
   local m = Sequential()
   for i = 1, #sizes - 1 do
-    m:add(Linear(sizes[i], sizes[i + 1], { input_grad = i > 1 or opts.input_grad ~= false }))
+    m:add(Linear(sizes[i], sizes[i + 1], { input_grad = i > 1 or opts.input_grad ~= false,
+                                            pad_to = i == 1 and opts.pad_to or nil }))
     if i < #sizes - 1 or last == "relu" then m:add(ReLU())
     elseif last == "sigmoid" then m:add(Sigmoid()) end
   end

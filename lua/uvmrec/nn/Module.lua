@@ -75,7 +75,7 @@ function Module.next_seed()
   return seed_base * 1000003 + seed_count * 7919
 end
 
-local DTYPE_NAMES = { [0] = "f32", "bf16", "f16", "i8", "u8", "i32", "i64" }
+local DTYPE_NAMES = { [0] = "f32", "bf16", "f16", "i8", "u8", "i32", "i64", "f64" }
 -- A tensor's dtype name without building a string (hot paths).
 function Module.dtype_of(t)
   return DTYPE_NAMES[tonumber(lib.C.ur_tensor_dtype(lib.ptr(t, "tensor", 2)))]

@@ -1,6 +1,8 @@
 -- uvmrec.nn.Sequential: children applied one after another.  A ReLU added right after a Linear
--- is fused into it (the Linear applies it in its epilogue; the ReLU passes through).  An error
--- in a child is raised with the child's index and type in front.
+-- is fused into it (the Linear applies it in its epilogue; the ReLU passes through), and a
+-- Linear reading such a pair masks the gradient it passes down with that ReLU's mask in its own
+-- product's epilogue (nn.Linear: below).  An error in a child is raised with the child's index
+-- and type in front.
 local Module = require "uvmrec.nn.Module"
 
 local Sequential = Module:extend("Sequential")
@@ -17,6 +19,10 @@ function Sequential:add(m)
   if m.is_relu and prev and prev.fuses_relu and prev.act == "none" then
     prev.act = "relu"
     m.fused = true
+  end
+  if m.fuses_relu and prev and prev.is_relu and prev.fused then
+    local below = self.modules[#self.modules - 1]
+    m.below, below.mask_out = below, true
   end
   self.modules[#self.modules + 1] = m
   -- One arena per model; a child placed elsewhere keeps its own until the model's to().

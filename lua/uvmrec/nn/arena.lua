@@ -1,5 +1,5 @@
 -- uvmrec.nn.arena: a model's arena, tensors carved from a few large blocks of one placement
--- (engine/src/arena.c).  Modules take their activations and workspaces from it through
+-- (engine/src/dense/arena.c).  Modules take their activations and workspaces from it through
 -- Module:buffer, so that a training step allocates nothing once the largest batch was seen.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"

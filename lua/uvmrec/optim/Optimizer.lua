@@ -12,18 +12,6 @@ local C = lib.C
 local Optimizer = {}
 Optimizer.__index = Optimizer
 
-local KINDS = { sgd = 0, adagrad = 1, adam = 2, adamw = 3 }
-local NAMES = { sgd = "SGD", adagrad = "Adagrad", adam = "Adam", adamw = "AdamW" }
-
-local function number(opts, key, default, level)
-  local v = opts[key]
-  if v == nil then return default end
-  if type(v) ~= "number" or v ~= v or v < 0 or v == math.huge then
-    error(("%s must be a finite number >= 0, got %s"):format(key, tostring(v)), level + 1)
-  end
-  return v
-end
-
 local function like(t, value)
   local place = t:placement()
   local dev = (place == "host" or place == "pinned") and nil or t:device()
@@ -31,40 +19,25 @@ local function like(t, value)
   return s:fill(value)
 end
 
--- kind: "sgd", "adagrad", "adam", "adamw"; params: model:parameters(); opts as each
--- constructor in uvmrec.optim documents.
+-- kind: a dense optimizer's name ("sgd", "adagrad", "adam", "adamw"); params:
+-- model:parameters(); opts: the settings uvmrec.optim documents, with its defaults.
 function Optimizer.new(kind, params, opts, level)
   level = (level or 1) + 1
-  opts = opts or {}
+  local optim = require "uvmrec.optim"
+  local name = optim.RULES[kind] and optim.RULES[kind].class or tostring(kind)
   if type(params) ~= "table" then
-    error(NAMES[kind] .. ": expected the list from model:parameters(), got " .. tostring(params), level)
+    error(name .. ": expected the list from model:parameters(), got " .. tostring(params), level)
   end
-  local self = setmetatable({ kind = kind, params = {}, state1 = {}, state2 = {}, step_count = 0 }, Optimizer)
-  local default_lr = ({ adagrad = 0.01, adam = 0.001, adamw = 0.001 })[kind]
-  self.lr = number(opts, "lr", default_lr, level)
-  if not self.lr then error("SGD: lr is required", level) end
-  if opts.schedule ~= nil and type(opts.schedule) ~= "function" then
-    error(NAMES[kind] .. ": schedule must be a function of the step, got " .. tostring(opts.schedule), level)
-  end
-  self.schedule = opts.schedule
-  local cfg = ffi.new("ur_optim_cfg")
-  cfg.kind = KINDS[kind]
-  cfg.weight_decay = number(opts, "weight_decay", kind == "adamw" and 0.01 or 0, level)
-  cfg.momentum = number(opts, "momentum", 0, level)
-  cfg.nesterov = opts.nesterov and 1 or 0
-  cfg.zero_grad = opts.zero_grad and 1 or 0
-  local betas = opts.betas or { 0.9, 0.999 }
-  cfg.beta1, cfg.beta2 = betas[1], betas[2]
-  cfg.eps = number(opts, "eps", kind == "adagrad" and 1e-10 or 1e-8, level)
-  self.cfg = cfg
+  local cfg, s = optim.config(kind, "dense", opts, name, level)
+  local self = setmetatable({ kind = kind, name = name, cfg = cfg, params = {}, state1 = {}, state2 = {},
+                              step_count = 0 }, Optimizer)
   local need1 = kind ~= "sgd" or cfg.momentum > 0
   local need2 = kind == "adam" or kind == "adamw"
-  local init1 = kind == "adagrad" and number(opts, "initial_accumulator_value", 0, level) or 0
   for _, p in ipairs(params) do
     if p.grad then
       local i = #self.params + 1
       self.params[i] = p
-      self.state1[i] = need1 and like(p.tensor, init1) or nil
+      self.state1[i] = need1 and like(p.tensor, kind == "adagrad" and s.initial_accumulator_value or 0) or nil
       self.state2[i] = need2 and like(p.tensor, 0) or nil
     end
   end
@@ -81,21 +54,18 @@ function Optimizer.new(kind, params, opts, level)
   return self
 end
 
--- The learning rate the next step uses.
-function Optimizer:get_lr()
-  if self.schedule then return self.schedule(self.step_count + 1) end
-  return self.lr
-end
+-- The learning rate of the next step; a schedule (uvmrec.optim.Schedule) sets it.
+function Optimizer:lr() return self.cfg.lr end
 
 function Optimizer:set_lr(lr)
   if type(lr) ~= "number" or lr < 0 then error("set_lr: expected a number >= 0", 2) end
-  self.lr = lr
+  self.cfg.lr = lr
+  return self
 end
 
 -- One update of every parameter from its gradient (one C call).
 function Optimizer:step(stream)
   local cfg = self.cfg
-  cfg.lr = self:get_lr()
   cfg.step = self.step_count + 1
   local st = C.ur_optim_step(streams.handle(stream, 2), cfg, self.n, self._p, self._g, self._s1,
                              self._s2, self._h)
@@ -113,7 +83,7 @@ function Optimizer:__tostring()
     for _, s in ipairs { self.state1[i], self.state2[i] } do bytes = bytes + s:nbytes() end
   end
   return ("%s (lr %g, %d parameters, %.1f MiB of state, step %d)"):format(
-    NAMES[self.kind], self:get_lr(), self.n, bytes / 2 ^ 20, self.step_count)
+    self.name, self:lr(), self.n, bytes / 2 ^ 20, self.step_count)
 end
 
 return Optimizer

@@ -23,14 +23,16 @@ M.ELEM = ELEM
 
 -- Optimizer state bytes a row carries (f32), for a row of `dim` columns.
 function M.state_bytes(optimizer, dim)
-  if optimizer == "rowwise_adagrad" then return 4 end
-  if optimizer == "adagrad" then return 4 * dim end
-  if optimizer == "adam" then return 8 * dim end
-  if optimizer == nil or optimizer == "sgd" then return 0 end
-  error("cost: optimizer '" .. tostring(optimizer) .. "' is not sgd, rowwise_adagrad, adagrad or adam", 3)
+  local optim = require "uvmrec.optim"
+  local r = optim.RULES[optimizer or "sgd"]
+  if not (r and r.tables) then
+    error(("cost: optimizer '%s' is not one of %s"):format(tostring(optimizer),
+          table.concat(optim.names("tables"), ", ")), 3)
+  end
+  return 4 * r.state(dim)
 end
 
--- What the engine's cache allocates besides slot rows (engine/src/cache.c, kernels/cache.cu):
+-- What the engine's cache allocates besides slot rows (engine/src/embedding/cache.c, kernels/cache.cu):
 M.CACHE = {
   slot_meta = 8 + 8 + 1,      -- tag (u64), LRU stamp (i64), dirty (u8) per slot
   slot_row_id = 8,            -- the row each slot-storage row holds (slots and staging rows)
@@ -321,8 +323,9 @@ function M.dense_model(d)
     layer(top_in, o)
     top_in = o
   end
-  local states = { sgd = (d.momentum or 0) > 0 and 1 or 0, adagrad = 1, adam = 2, adamw = 2 }
-  local nstate = states[d.optimizer or "sgd"] or 0
+  -- uvmrec.optim's state of a row of one element, and SGD's momentum buffer
+  local rule = require("uvmrec.optim").RULES[d.optimizer or "sgd"]
+  local nstate = (rule and rule.state(1) or 0) + ((d.optimizer or "sgd") == "sgd" and (d.momentum or 0) > 0 and 1 or 0)
   return { macs = macs, params = params, inter_flops = inter_flops, interaction = d.interaction or "dot",
            act_floats = widths + width + F * d.dim, precision = d.precision or "f32", nstate = nstate,
            description = d }

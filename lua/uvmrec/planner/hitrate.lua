@@ -1,4 +1,4 @@
--- Hit rates of the software cache (engine/src/cache.c) from an access profile, per batch: a
+-- Hit rates of the software cache (engine/src/embedding/cache.c) from an access profile, per batch: a
 -- batch of L lookups reads row i (probability p_i per lookup) with q_i = 1 - (1 - p_i)^L, and
 -- the cache's hit rate is hits over the batch's distinct rows, as its own counters count it.
 --

@@ -91,7 +91,7 @@ end
 M.new = function(rows, n, p, opts) return new(rows, n, p, opts) end
 
 -- Zipf(s) over ranks 1..rows, P(k) proportional to k^-s: the synthetic generator's draw
--- (engine/src/synth.h samples it exactly by rejection-inversion), or variant "continuous":
+-- (engine/src/data/synth.h samples it exactly by rejection-inversion), or variant "continuous":
 -- the rank floor(x) - 1 of x with density proportional to x^-s on [1, rows + 1]
 -- (scripts/bench/zipf_stream.lua).  s = 0 is uniform.  opts: rows, s, hot (ids per sample),
 -- variant, head (ranks kept one per class, 64), ratio (bin growth beyond, 1.1: within a bin

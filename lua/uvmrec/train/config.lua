@@ -9,9 +9,10 @@ local int, number, bool, string, enum, list, map, dict =
   config.int, config.number, config.bool, config.string, config.enum, config.list, config.map, config.dict
 
 local PLACEMENTS = { "auto", "device", "managed", "host", "cached" }
-local TBE_OPTIMS = { "sgd", "rowwise_adagrad", "adagrad", "adam" }
-local DENSE_OPTIMS = { "sgd", "adagrad", "adam", "adamw" }
+local TBE_OPTIMS = require("uvmrec.optim").names("tables")
+local DENSE_OPTIMS = require("uvmrec.optim").names("dense")
 M.METRICS = { "auc", "ne", "accuracy", "calibration", "ctr" }
+M.MAX_BATCH = 2 ^ 24 -- samples in a batch: far beyond any GPU's, and its buffers stay allocatable
 
 M.schema = map({
   name = string { pattern = "^[%w_%-%.]+$" },
@@ -57,6 +58,7 @@ M.schema = map({
       lr = number { min = 0 },                                 -- default: the dense lr
       eps = number { min = 0 }, weight_decay = number { min = 0 },
       beta1 = number { min = 0, max = 1 }, beta2 = number { min = 0, max = 1 },
+      deterministic = bool { default = true },                 -- false: atomic SGD on the GPU (uvmrec.tbe)
     },
   }, { required = { "dim", "rows" } }),
   optimizer = map({                                            -- the dense parameters'
@@ -67,7 +69,7 @@ M.schema = map({
     eps = number { min = 0 },
     beta1 = number { min = 0, max = 1 }, beta2 = number { min = 0, max = 1 },
   }, { required = { "lr" } }),
-  schedule = map {                                             -- a factor on both learning rates
+  schedule = map {                                             -- a factor on each group's lr (ur.optim.Schedule)
     name = enum({ "constant", "warmup", "dlrm" }, { default = "constant" }),
     warmup_steps = int { min = 0, default = 0 },
     decay_start = int { min = 0, default = 0 },
@@ -76,12 +78,14 @@ M.schema = map({
     min_factor = number { min = 0, max = 1, default = 0 },
   },
   train = map {
-    batch_size = int { min = 1, default = 1024 },
+    batch_size = int { min = 1, max = M.MAX_BATCH, default = 1024 },
     steps = int { min = 0, default = 0 },          -- 0: until the data ends (epochs)
-    epochs = int { min = 1, default = 1 },
+    epochs = int { min = 1, max = 2 ^ 31 - 1, default = 1 },
     seed = int { min = 0, default = 1 },
     log_every = int { min = 1, default = 10 },     -- read the loss (the one wait) every N steps
     pipeline = bool { default = false },           -- the prefetch pipeline (uvmrec.pipeline.Prefetch)
+    drain = bool { default = true },               -- the pipeline at the end of the data: train the
+                                                   -- batches in flight (true) or drop them
     print_every = int { min = 0, default = 0 },    -- lines when not on a terminal; 0: ~10 a run
     checkpoint_every = int { min = 0, default = 0 }, -- save RUNDIR/checkpoints every N steps and at
                                                    -- the end (needs --out); 0: only on a signal
@@ -89,16 +93,18 @@ M.schema = map({
   },
   data = map {
     train = string { default = "" },               -- a data spec; "" for a config without one
-    eval = string { default = "" },                -- "": synthetic data's samples after training's
+    eval = string { default = "" },                -- "": synthetic data's held-out samples (from 2^48)
     samples = int { min = 0, default = 0 },        -- synthetic samples per epoch; 0: steps x batch
     shuffle_window = int { min = 0, default = 0 },
     depth = int { min = 1, max = 64, default = 4 },
     seed = int { min = 0, default = 0 },
+    on_bad_line = enum({ "fail", "skip" }, { default = "fail" }), -- TSV: a bad line stops the run, or is skipped
+    pad_missing_fields = bool { default = false }, -- TSV: lines of 15..39 fields take empty trailing ones
   },
   eval = map {
     every = int { min = 0, default = 0 },          -- steps; 0: only at the end
-    samples = int { min = 0, default = 65536 },    -- held-out samples; 0: all of data.eval
-    batch_size = int { min = 1, default = 16384 },
+    samples = int { min = 0, max = 2 ^ 30, default = 65536 }, -- held-out samples; 0: all of data.eval
+    batch_size = int { min = 1, max = M.MAX_BATCH, default = 16384 },
     metrics = list(enum(M.METRICS), { default = { "auc", "ne", "accuracy", "calibration", "ctr" } }),
     min_auc = number { min = 0, max = 1, default = 0 }, -- the final AUC must reach it (0: no check)
   },

@@ -5,10 +5,11 @@ local metrics = require "uvmrec.metrics"
 
 local M = {}
 
--- feed: next() gives batches; opts: metrics (kinds, default auc and ne), samples (the set's
--- size, or at most this many; 0 or nil: until the data ends), batch_size.  Returns
--- {auc =, ne =, logloss =, accuracy =, calibration =, ctr =, samples =, auc_error =, seconds =}.
-function M.run(model, feed, opts)
+-- source: next() gives batches (uvmrec.train.source); opts: metrics (kinds, default auc and
+-- ne), samples (the set's size, or at most this many; 0 or nil: until the data ends),
+-- batch_size.  Returns {auc =, ne =, logloss =, accuracy =, calibration =, ctr =, samples =,
+-- auc_error =, seconds =}.
+function M.run(model, source, opts)
   opts = opts or {}
   local C = require("uvmrec").C
   local t0 = C.ur_clock_seconds()
@@ -27,7 +28,7 @@ function M.run(model, feed, opts)
   model:evaluate()
   local seen = 0
   while limit == 0 or seen < limit do
-    local batch, err = feed:next()
+    local batch, err = source:next()
     if err then
       model:training()
       return nil, err

@@ -1,6 +1,7 @@
 -- uvmrec.train: training a model from a config, as `uvmrec train` does.  The pieces, each
 -- usable alone: config (schema, loading, --set), loop (the loop itself: read it to write your
--- own), feed (batches onto the GPU), progress (bar or lines), evaluate (held-out metrics).
+-- own), source (batches from the loader, onto the GPU; a ring of them), hooks (what a run does
+-- besides its steps), progress (bar or lines), evaluate (held-out metrics).
 --
 --   local train = require "uvmrec.train"
 --   local cfg = assert(train.config.load("models/dlrm_tiny.yaml", {"train.steps=100"}))
@@ -8,8 +9,10 @@
 --
 -- run() builds the model (models/<model.file>), its optimizer, the loaders, registers every
 -- component's state in a checkpoint registry (ctx.registry), resumes from a checkpoint when
--- asked, trains with progress and evaluations, and writes the run directory: config.json (the
--- resolved config), metrics.jsonl (one JSON object a line) and checkpoints/ckpt-<step>.safetensors
+-- asked, and runs uvmrec.train.loop over the data (the loader, or the prefetch pipeline) with
+-- its hooks: learning rates, progress and the run log, the trainer's position, hint policies,
+-- evaluations, checkpoints, signals.  It writes the run directory: config.json (the resolved
+-- config), metrics.jsonl (one JSON object a line) and checkpoints/ckpt-<step>.safetensors
 -- (every train.checkpoint_every steps, at the end, and on SIGINT/SIGTERM).
 --
 -- The registry (uvmrec.checkpoint) is the one place a run's state goes through: a component
@@ -25,13 +28,17 @@ local hints = require "uvmrec.hints"
 local M = {
   config = require "uvmrec.train.config",
   loop = require "uvmrec.train.loop",
-  feed = require "uvmrec.train.feed",
+  source = require "uvmrec.train.source",
+  hooks = require "uvmrec.train.hooks",
   progress = require "uvmrec.train.progress",
   evaluate = require "uvmrec.train.evaluate",
 }
 local C = ur.C
 
 M.CEILING_SAMPLES = 262144
+-- Held-out synthetic samples are drawn from index 2^48 up, a stream no training run reaches:
+-- an epoch of synthetic training data is held below it, whatever train.steps says.
+M.HELD_OUT = 2 ^ 48
 
 local function exists(path) return path and C.ur_path_kind(path) == 1 end
 
@@ -84,13 +91,18 @@ end
 -- The dense optimizer of the config over the model's parameters (zeroing the gradients).
 function M.optimizer(cfg, model)
   local o = cfg.optimizer
-  local ctor = ({ sgd = ur.optim.SGD, adagrad = ur.optim.Adagrad, adam = ur.optim.Adam,
-                  adamw = ur.optim.AdamW })[o.name]
-  return ctor(model:parameters(), {
+  return ur.optim.dense(o.name, model:parameters(), {
     lr = o.lr, momentum = o.name == "sgd" and o.momentum or nil, weight_decay = o.weight_decay,
     eps = o.eps, betas = (o.beta1 or o.beta2) and { o.beta1 or 0.9, o.beta2 or 0.999 } or nil,
     zero_grad = true,
   })
+end
+
+-- The loader options of n held-out synthetic samples (data: a spec string or a loader's data
+-- table): samples 2^48 .. 2^48 + n - 1, which training never draws.
+function M.held_out(data, n, batch_size)
+  return { data = data, samples = M.HELD_OUT + n, position = { epoch = 0, sample = M.HELD_OUT },
+           batch_size = batch_size, depth = 2 }
 end
 
 -- Where the data comes from, for the config as resolved (data.train, train.steps set):
@@ -104,7 +116,8 @@ function M.data(cfg, rows)
   if not ok then return nil, (tostring(src):gsub("^[^\n]-:%d+: ", "")) end
   local d = { eval_samples = cfg.eval.samples }
   local common = { batch_size = batch, depth = cfg.data.depth, shuffle_window = cfg.data.shuffle_window,
-                   seed = cfg.data.seed, epochs = cfg.train.epochs }
+                   seed = cfg.data.seed, epochs = cfg.train.epochs, on_bad_line = cfg.data.on_bad_line,
+                   pad_missing_fields = cfg.data.pad_missing_fields }
   if src.kind == "synthetic" then
     local base, samples = synthetic.resolve(src.name)
     if not base then return nil, "--data " .. spec .. ": " .. tostring(samples) end
@@ -116,16 +129,21 @@ function M.data(cfg, rows)
     local s = synthetic.spec(base, nil, 2)
     local n = cfg.data.samples > 0 and cfg.data.samples or (samples and cfg.train.steps == 0 and samples)
               or cfg.train.steps * batch
+    if n >= M.HELD_OUT then
+      return nil, ("%s: an epoch of %.0f samples (%s); synthetic training data stops below sample 2^48, where "
+        .. "the held-out samples start"):format(spec, n, cfg.data.samples > 0 and "data.samples"
+        or ("train.steps %.0f x train.batch_size %d"):format(cfg.train.steps, batch))
+    end
     common.data, common.samples = { kind = "synthetic", spec = s }, n
     d.train = common
     d.steps = cfg.train.steps > 0 and cfg.train.steps or math.ceil(n / batch) * cfg.train.epochs
     if cfg.data.eval == "" and d.eval_samples > 0 then
-      d.eval = { data = common.data, samples = n + d.eval_samples, position = { epoch = 0, sample = n },
-                 batch_size = cfg.eval.batch_size, depth = 2 }
+      d.eval = M.held_out(common.data, d.eval_samples, cfg.eval.batch_size)
       -- The ceiling from at most CEILING_SAMPLES of them: it is computed on the host.
       d.ceiling_samples = math.min(d.eval_samples, M.CEILING_SAMPLES)
-      d.ceiling = function() return synthetic.hidden_auc(s, d.ceiling_samples, n) end
-      d.what = ("%s: %d samples an epoch; evaluation on the %d samples after them"):format(spec, n, d.eval_samples)
+      d.ceiling = function() return synthetic.hidden_auc(s, d.ceiling_samples, M.HELD_OUT) end
+      d.what = ("%s: %d samples an epoch; evaluation on %d held-out samples (from sample 2^48)"):format(spec,
+        n, d.eval_samples)
     end
   else
     common.data, common.rows = spec, rows
@@ -133,9 +151,12 @@ function M.data(cfg, rows)
     d.steps = cfg.train.steps > 0 and cfg.train.steps or nil
   end
   if cfg.data.eval ~= "" then
-    local synth = cfg.data.eval:match("^synthetic:")
-    d.eval = { data = cfg.data.eval, rows = not synth and rows or nil, batch_size = cfg.eval.batch_size,
-               depth = 2, samples = synth and d.eval_samples or nil }
+    if cfg.data.eval:match("^synthetic:") then
+      d.eval = M.held_out(cfg.data.eval, d.eval_samples, cfg.eval.batch_size)
+    else
+      d.eval = { data = cfg.data.eval, rows = rows, batch_size = cfg.eval.batch_size, depth = 2,
+                 on_bad_line = cfg.data.on_bad_line, pad_missing_fields = cfg.data.pad_missing_fields }
+    end
     d.what = ("%s; evaluation on %s"):format(spec, cfg.data.eval)
   end
   d.what = d.what or (src.kind == "synthetic" and ("%s: %d samples an epoch; no evaluation (eval.samples is 0)")
@@ -143,9 +164,11 @@ function M.data(cfg, rows)
   return d
 end
 
--- The checkpoint registry of a run: each component's state, to save and load in one call.
-local function register(ctx)
-  local model, opt, tbe = ctx.model, ctx.optimizer, ctx.model.embeddings.tbe
+-- The checkpoint registry of a run: the model's and its optimizer's state, then what the
+-- hooks (the trainer's position, ...) register, then the tables' row layout; saved and loaded
+-- in one call.
+local function registry(ctx, hooks)
+  local model, opt = ctx.model, ctx.optimizer
   local reg = ck.registry()
   reg:register { name = "dense",
     state = function()
@@ -158,21 +181,7 @@ local function register(ctx)
     load = function()
       for _, c in ipairs { model.bottom, model.interaction, model.top } do c:sync_halves() end
     end }
-  reg:register { name = "embeddings",
-    state = function()
-      local ts = {}
-      for _, name in ipairs(tbe.table_names) do
-        ts[name] = tbe:table(name)
-        for k, s in pairs(tbe:state(name)) do ts[name .. "." .. k] = s end
-      end
-      return { tensors = ts, meta = { step = tbe:step() } }
-    end,
-    load = function(_, meta)
-      tbe:set_step(meta.step)
-      -- The rows came into the tables' own storage (state() flushed the cache before): copies
-      -- a cache holds are stale.
-      if tbe.cache then assert(tbe.cache:invalidate()) end
-    end }
+  reg:register(model.embeddings:component("embeddings"))
   reg:register { name = "optimizer",
     state = function()
       local ts = {}
@@ -183,15 +192,10 @@ local function register(ctx)
       return { tensors = ts, meta = { step = opt.step_count } }
     end,
     load = function(_, meta) opt.step_count = meta.step end }
-  reg:register { name = "trainer",
-    state = function()
-      local pos = ctx.trained or ctx.loader and ctx.loader:position() or ctx.position
-      return { meta = { step = ctx.step, samples = ctx.samples, position = pos } }
-    end,
-    load = function(_, meta)
-      ctx.step, ctx.first, ctx.samples, ctx.position = meta.step, meta.step + 1, meta.samples, meta.position
-    end }
-  hints.register(reg, tbe) -- row layout and access counters (optional in a checkpoint)
+  for _, h in ipairs(hooks) do
+    if h.register then h:register(reg) end
+  end
+  hints.register(reg, model.embeddings) -- row layout and access counters (optional in a checkpoint)
   return reg
 end
 
@@ -201,7 +205,7 @@ end
 M.RESUME_IGNORE = { "train.steps", "train.checkpoint_every", "train.keep", "train.log_every",
                     "train.print_every", "data.eval", "data.depth", "eval", "embeddings.placement",
                     "embeddings.tables", "embeddings.bounds", "embeddings.hints", "embeddings.cache",
-                    "train.pipeline" }
+                    "train.pipeline", "train.drain" }
 -- Evaluating a checkpoint needs only the model's shape to match.
 M.EVAL_IGNORE = { "name", "train", "data", "eval", "schedule", "optimizer", "embeddings.optimizer",
                   "embeddings.placement", "embeddings.tables", "embeddings.bounds", "embeddings.hints",
@@ -241,16 +245,6 @@ function M.load_checkpoint(ctx, path, ignore)
   if not file then return nil, err end
   return ctx.registry:load(file, { config = ctx.cfg, config_ignore = ignore, config_fill = M.fill_defaults })
 end
-
-local function file_bytes(path)
-  local f = io.open(path, "rb")
-  if not f then return 0 end
-  local n = f:seek("end")
-  f:close()
-  return n
-end
-
-local SIGNALS = { [2] = "SIGINT", [15] = "SIGTERM" }
 
 local function device_line()
   if ur.gpu() then
@@ -302,14 +296,75 @@ function M.hints(cfg, model)
                                            allowance = e.hints.allowance, decay = e.hints.decay, tables = per })
 end
 
+-- A resumed run saves as the run it resumes did (train.checkpoint_every, train.keep), unless this
+-- run's config gives them (in its file or by --set).
+function M.keep_saving(cfg, saved)
+  local given = require("uvmrec.config").given
+  for _, key in ipairs { "checkpoint_every", "keep" } do
+    local v = type(saved) == "table" and type(saved.train) == "table" and saved.train[key]
+    if type(v) == "number" and not given(cfg, "train." .. key) then cfg.train[key] = v end
+  end
+end
+
+-- A resume may not end before its checkpoint: nil, or why not (the checkpoint's step, and the
+-- step the run would end at, nil when the data decides).  Ending at it trains nothing.
+function M.check_resume(ckpt_step, last_step, path)
+  if last_step and last_step < ckpt_step then
+    return ("--resume: %s is at step %d and this run ends at step %d (train.steps, --steps): a resumed run "
+      .. "goes on from its checkpoint; give %d steps or more"):format(path, ckpt_step, last_step, ckpt_step)
+  end
+end
+
+-- After the loop: nil, or why the run fails though it was not stopped.  Steps the data could not
+-- give are a failure when train.steps asked for them; with train.steps 0 the data's end
+-- (train.epochs of it) is the run's, but a run that trained no step at all always fails.
+function M.check_ran(cfg, first, steps, samples)
+  local asked = cfg.train.steps
+  if asked > 0 and first > asked then return nil end -- a resume already at train.steps
+  if steps < first then
+    return ("the training data gave no batch: nothing was trained (%s)"):format(cfg.data.train)
+  end
+  if asked > 0 and steps < asked then
+    return ("the training data ran out at step %d of train.steps %d (%d samples trained; train.epochs %d of %s): "
+      .. "give more data or epochs (train.epochs), or train.steps 0 to train until the data ends"):format(steps,
+      cfg.train.steps, samples, cfg.train.epochs, cfg.data.train)
+  end
+  return nil
+end
+
+-- eval.min_auc against the final evaluation: nil when it passes, else why the run fails; with
+-- no evaluation there is nothing to check (the second value says so).
+function M.check_min_auc(cfg, ev)
+  local want = cfg.eval.min_auc
+  if want <= 0 then return nil end
+  if not ev then return nil, ("eval.min_auc %.4f is not checked: this run has no evaluation"):format(want) end
+  if ev.auc ~= ev.auc or ev.auc < want then
+    return ("the final AUC %.4f is below eval.min_auc %.4f"):format(ev.auc, want)
+  end
+  return nil
+end
+
+-- The source of a run's training batches: the loader's, copied to the GPU when the model is
+-- there, or through the prefetch pipeline (train.pipeline; train.drain); at most `steps`.
+local function train_source(cfg, model, loader, gpu, steps)
+  if cfg.train.pipeline then
+    return require("uvmrec.pipeline.Prefetch").new { collection = model.embeddings, source = loader,
+                                                      steps = steps, drain = cfg.train.drain }
+  end
+  return M.source.loader(loader, { placement = gpu and "device" or nil, steps = steps })
+end
+
 -- Trains as the config says.  opts: config_path (to find model.file), out (run directory),
 -- progress ("auto", "bar", "lines", "none"), print (a function of one line; default to
--- stdout), hooks ({function(step, samples, ctx)}: after each step), setup (function(ctx),
--- after the model and registry exist and before a resume and the data: register more
--- components there), resume (a checkpoint file or run directory: its state is loaded and
--- training goes on from its step to train.steps), signals (false: leave SIGINT/SIGTERM
+-- stdout), hooks (more hooks of uvmrec.train.loop.run's protocol, after the run's own: {after
+-- = function(self, run, batch) ... end, register = function(self, registry) ... end}), setup
+-- (function(ctx), after the model and registry exist and before a resume and the data:
+-- register more components there), resume (a checkpoint file or run directory: its state is
+-- loaded and training goes on from its step to train.steps), signals (false: leave SIGINT/SIGTERM
 -- alone; by default, while the loop runs, either stops it at the next step boundary, with a
--- checkpoint when there is a run directory), cpu (true: no GPU).  Returns {steps, samples,
+-- checkpoint when there is a run directory), cpu (true: no GPU), host_memory (bytes or
+-- "100GiB": a run needing more host memory is refused before anything is allocated; default: the
+-- cgroup's limit, if any; uvmrec.host_memory).  Returns {steps, samples,
 -- seconds, samples_per_s, loss, eval = {...} or nil, ceiling, checkpoint = the last saved,
 -- resumed = {step, path} or nil, interrupted = {signal, name, step} or nil} or nil, message.
 function M.run(cfg, opts)
@@ -320,6 +375,11 @@ function M.run(cfg, opts)
   local rows = M.config.table_rows(cfg)
   local data, derr = M.data(cfg, rows)
   if not data then return nil, derr end
+  -- host memory counted before anything is allocated: a run that cannot fit is refused here
+  local host_memory = require "uvmrec.host_memory"
+  local fits, herr = host_memory.check(host_memory.count(cfg, data.train, ur.gpu() and not opts.cpu),
+                                       opts.host_memory)
+  if not fits then return nil, herr end
   -- The migration monitor counts only managed memory allocated after it starts: before the
   -- model, when tables are managed (hint policies report what moved; nil without CUPTI).
   if ur.gpu() and not opts.cpu and M.any_managed(cfg) then ur.monitor.start() end
@@ -327,18 +387,23 @@ function M.run(cfg, opts)
   if not model then return nil, merr end
   local gpu = ur.gpu() and not opts.cpu
   local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1 }
-  ctx.registry = register(ctx)
+  local trainer = M.hooks.trainer(ctx)
+  ctx.registry = registry(ctx, { trainer, unpack(opts.hooks or {}) })
   if opts.setup then opts.setup(ctx) end
-  local every, ckdir = cfg.train.checkpoint_every, opts.out and opts.out .. "/checkpoints"
-  if every > 0 and not ckdir then
-    return nil, "train.checkpoint_every is " .. every .. ": checkpoints need a run directory (--out RUNDIR)"
-  end
+  local ckdir = opts.out and opts.out .. "/checkpoints"
   local resumed
   if opts.resume then
     local t0 = C.ur_clock_seconds()
     local r, rerr = M.load_checkpoint(ctx, opts.resume, M.RESUME_IGNORE)
     if not r then return nil, "--resume: " .. rerr end
+    local behind = M.check_resume(r.step, data.steps, r.path)
+    if behind then return nil, behind end
+    if ckdir then M.keep_saving(cfg, r.config) end
     resumed = { step = r.step, path = r.path, seconds = C.ur_clock_seconds() - t0 }
+  end
+  local every = cfg.train.checkpoint_every
+  if every > 0 and not ckdir then
+    return nil, ("train.checkpoint_every is %d: checkpoints need a run directory (--out RUNDIR)"):format(every)
   end
   ctx.hints = M.hints(cfg, model)
 
@@ -359,133 +424,64 @@ function M.run(cfg, opts)
   local topts = {}
   for k, v in pairs(data.train) do topts[k] = v end
   topts.position = ctx.position
+  -- synthetic data in order is drawn on the GPU where it is used (uvmrec.data.generator)
+  if gpu and type(topts.data) == "table" and (topts.shuffle_window or 0) == 0 then topts.placement = "device" end
   local loader, err = ur.data.loader(topts)
   if not loader then return nil, err end
-  ctx.loader = loader
-  local feed = M.feed.new(loader, { gpu = gpu })
-  local eval_feed = data.eval and M.feed.new(nil, { gpu = gpu })
-  local kinds = cfg.eval.metrics
+  local last = cfg.train.steps > 0 and cfg.train.steps or nil
+  local source = train_source(cfg, model, loader, gpu, last and last - ctx.step)
   local progress = M.progress.new { total = data.steps, mode = opts.progress, print_every = cfg.train.print_every }
-  local evals = {}
-  local function evaluate(step)
-    progress:pause()
-    local l = assert(ur.data.loader(data.eval))
-    eval_feed:attach(l)
-    local r, e = M.evaluate.run(model, eval_feed, { metrics = kinds, samples = cfg.eval.samples,
-                                                    batch_size = cfg.eval.batch_size })
-    eval_feed:drain()
-    l:close()
-    if not r then error(e, 0) end
-    r.step = step
-    evals[#evals + 1] = r
-    progress:message(("eval at step %d: %s  (%d samples, %.1f s)"):format(step, M.evaluate.format(r, kinds),
-                                                                        r.samples, r.seconds))
-    local line = { event = "eval", step = step }
-    for k, v in pairs(r) do line[k] = v end
-    log.line(line)
-    progress:resume()
-    return r
-  end
 
-  -- Saves ctx.registry into RUNDIR/checkpoints at a step boundary (ctx.step is that step's).
-  local saved
-  local function checkpoint(step, why)
-    progress:pause()
-    local t0 = C.ur_clock_seconds()
-    local path, cerr = ctx.registry:save_step(ckdir, { step = step, config = cfg,
-                                                       keep = cfg.train.keep > 0 and cfg.train.keep or nil })
-    if not path then error(cerr, 0) end
-    local secs, bytes = C.ur_clock_seconds() - t0, file_bytes(path)
-    saved = { step = step, path = path }
-    progress:message(("checkpoint at step %d: %s (%s, %.1f s)"):format(step, path, M.progress.bytes(bytes), secs))
-    log.line { event = "checkpoint", step = step, path = path, bytes = bytes, seconds = secs, reason = why }
-    progress:resume()
-  end
-
-  -- Where the data stands after the step: the position after its batch.  The loader's own
-  -- position runs ahead of it when batches are read in advance (the prefetch pipeline's are).
-  local hooks = { function(step, samples, batch)
-    ctx.step, ctx.samples = step, samples
-    local b = batch and (batch._batch or batch)
-    if b and b.epoch and b.first then ctx.trained = { epoch = b.epoch, sample = b.first + b.size } end
-  end }
-  if ctx.hints then
-    local function note(rec)
-      local line = { event = "hints" }
-      for k, v in pairs(rec) do line[k] = v end
-      log.line(line)
-    end
-    note(ctx.hints:start(ctx.first - 1))
-    say(ctx.hints:summary())
-    hooks[#hooks + 1] = function(step)
-      local rec = ctx.hints:step(step)
-      if rec then note(rec) end
-    end
-  end
-  local eval_every = cfg.eval.every
-  if data.eval and eval_every > 0 then
-    hooks[#hooks + 1] = function(step)
-      if step % eval_every == 0 and step ~= data.steps then evaluate(step) end
-    end
-  end
-  if every > 0 then
-    hooks[#hooks + 1] = function(step)
-      if step % every == 0 then checkpoint(step, "every") end
-    end
-  end
-  for _, h in ipairs(opts.hooks or {}) do hooks[#hooks + 1] = function(step, samples) h(step, samples, ctx) end end
-
-  -- SIGINT/SIGTERM only raise the interrupt flag while the loop runs; the loop reads it once
-  -- a step (one call, no system call) and stops at the boundary.
-  local catching = opts.signals ~= false
-  if catching then
-    local cok, cerr = require("uvmrec.lib").check(C.ur_signals_catch(1))
-    if not cok then return nil, cerr end
-  end
+  -- The run's hooks, in the order they act after a step: the loss read and logged, the
+  -- trainer's position, hint policies, evaluations, checkpoints, the caller's, and last the
+  -- signals' stop (after every other hook of the step, as a step boundary).
   local sched = M.config.schedule(cfg)
-  local last_loss
+  local logger = M.hooks.log { progress = progress, line = log.line, every = cfg.train.log_every,
+                               optimizer = ctx.optimizer }
+  local evaluation = data.eval and M.hooks.evaluation {
+    every = cfg.eval.every, last = data.steps, model = model, data = data.eval, metrics = cfg.eval.metrics,
+    source = M.source.loader(nil, { placement = gpu and "device" or nil }), samples = cfg.eval.samples,
+    batch_size = cfg.eval.batch_size, progress = progress, line = log.line }
+  local checkpoints = ckdir and M.hooks.checkpoints {
+    every = every, registry = ctx.registry, dir = ckdir, config = cfg, progress = progress, line = log.line,
+    keep = cfg.train.keep > 0 and cfg.train.keep or nil }
+  local hooks = { sched and ur.optim.Schedule(sched, { ctx.optimizer, model.embeddings }) or nil }
+  hooks[#hooks + 1] = logger
+  hooks[#hooks + 1] = trainer
+  hooks[#hooks + 1] = ctx.hints and M.hooks.hints(ctx.hints, log.line, say) or nil
+  hooks[#hooks + 1] = evaluation or nil
+  hooks[#hooks + 1] = checkpoints or nil
+  for _, h in ipairs(opts.hooks or {}) do hooks[#hooks + 1] = h end
+  hooks[#hooks + 1] = M.hooks.signals(opts.signals ~= false)
+
   local first, samples0 = ctx.first, ctx.samples
-  local ok, steps, samples, stopped = pcall(cfg.train.pipeline and M.loop.run_pipelined or M.loop.run, {
-    model = model, optimizer = ctx.optimizer, feed = feed, loader = loader, first = ctx.first,
-    samples = ctx.samples,
-    steps = cfg.train.steps > 0 and cfg.train.steps or nil, lr = sched,
-    log_every = cfg.train.log_every, hooks = hooks,
-    stop = function() return C.ur_interrupt_get() ~= 0 end,
-    on_log = function(step, loss, n)
-      last_loss = loss
-      progress:update(step, loss, n)
-      log.line { event = "train", step = step, samples = n, loss = loss, seconds = progress:elapsed(),
-                 samples_per_s = progress.rate, lr = ctx.optimizer.lr }
-    end,
-  })
-  local interrupted, cerr
-  if ok and stopped then
-    local sig = catching and C.ur_signals_caught() or 0
-    interrupted = { signal = sig, name = SIGNALS[sig] or "the interrupt flag", step = steps }
-    ctx.step, ctx.samples = steps, samples
-    -- No step since the start (or the checkpoint resumed from): nothing new to save.
-    if ckdir and steps >= first and not (saved and saved.step == steps) then
-      local sok, e = pcall(checkpoint, steps, "signal")
-      if not sok then cerr = e end
-    end
-  elseif ok and every > 0 and steps >= first and not (saved and saved.step == steps) then
-    local sok, e = pcall(checkpoint, steps, "end")
-    if not sok then cerr = e end
-  end
-  if catching then C.ur_signals_catch(0) end
+  local ok, run = pcall(M.loop.run, model, ctx.optimizer, source, hooks)
   progress:finish()
-  feed:drain()
-  ctx.position, ctx.loader = loader:position(), nil
-  if not ok or cerr then
+  if source.free then source:free() end
+  if not ok then
+    if evaluation then evaluation:free() end
     loader:close()
     log.close()
-    return nil, tostring(cerr or steps)
+    return nil, tostring(run)
+  end
+  local steps, samples, interrupted = run.step, run.samples, run.interrupted
+  local saved = checkpoints and checkpoints.saved
+  local short = not interrupted and M.check_ran(cfg, first, steps, samples)
+  if short then
+    if evaluation then evaluation:free() end
+    loader:close()
+    log.line { event = "failed", step = steps, samples = samples, error = short }
+    log.close()
+    return nil, short
   end
   local seconds = progress:elapsed()
-  local result = { steps = steps, samples = samples, seconds = seconds, loss = last_loss,
-                   samples_per_s = (samples - samples0) / math.max(seconds, 1e-9), evals = evals,
+  local result = { steps = steps, samples = samples, seconds = seconds, loss = logger.loss,
+                   samples_per_s = (samples - samples0) / math.max(seconds, 1e-9),
+                   evals = evaluation and evaluation.evals or {},
                    resumed = resumed, checkpoint = saved and saved.path, interrupted = interrupted }
-  if resumed then
+  if resumed and steps < first then
+    say(("nothing to train: the checkpoint is at step %d, where train.steps ends"):format(steps))
+  elseif resumed then
     say(("trained steps %d to %d, %d samples in %.1f s: %s samples/s (%d samples in all)"):format(first, steps,
       samples - samples0, seconds, M.progress.count(result.samples_per_s), samples))
   else
@@ -497,9 +493,8 @@ function M.run(cfg, opts)
     result.hints = ctx.hints.last
     ctx.hints:free()
   end
-  local cache = model.embeddings.tbe.cache
-  if cache then
-    local cs = cache:stats()
+  local cs = model.embeddings:cache_stats()
+  if cs then
     result.cache = cs
     say(("cache: %.1f%% of %s distinct rows hit, %s misses, %s conflict misses, %s evictions; "
          .. "%s in, %s out over the host link"):format(100 * cs.hit_rate, M.progress.count(cs.unique),
@@ -509,7 +504,6 @@ function M.run(cfg, opts)
                evictions = cs.evictions, writebacks = cs.writebacks, bytes_in = cs.bytes_in,
                bytes_out = cs.bytes_out, seconds = cs.seconds }
   end
-  feed:free()
   loader:close()
   if interrupted then
     local what
@@ -523,37 +517,37 @@ function M.run(cfg, opts)
     say(("stopped by %s at step %d: %s"):format(interrupted.name, steps, what))
     log.line { event = "interrupted", step = steps, signal = interrupted.signal, checkpoint = saved and saved.path }
     log.close()
+    if evaluation then evaluation:free() end
     return result
   end
-  if data.eval then
-    local eok, r = true, evals[#evals]
-    if not (r and r.step == steps) then eok, r = pcall(evaluate, steps) end
+  if evaluation then
+    local eok, r = true, result.evals[#result.evals]
+    if not (r and r.step == steps) then eok, r = pcall(evaluation.evaluate, evaluation, steps) end
+    evaluation:free()
     if not eok then
       log.close()
       return nil, tostring(r)
     end
-    eval_feed:free()
     result.eval = r
     if data.ceiling then result.ceiling = data.ceiling() end
     say(("final AUC %.4f%s"):format(r.auc, result.ceiling
       and (" (the synthetic data's hidden-model ceiling: %.4f)"):format(result.ceiling) or ""))
   end
   log.line { event = "final", steps = steps, samples = samples, seconds = seconds,
-             samples_per_s = result.samples_per_s, loss = last_loss, auc = result.eval and result.eval.auc,
+             samples_per_s = result.samples_per_s, loss = logger.loss, auc = result.eval and result.eval.auc,
              ceiling_auc = result.ceiling }
   log.close()
   if opts.out then
     say("run directory: " .. opts.out .. " (config.json, metrics.jsonl" .. (saved and ", checkpoints/)" or ")"))
   end
-  if cfg.eval.min_auc > 0 and not (result.eval and result.eval.auc >= cfg.eval.min_auc) then
-    return nil, ("the final AUC %s is below eval.min_auc %.4f"):format(
-      result.eval and ("%.4f"):format(result.eval.auc) or "(no evaluation)", cfg.eval.min_auc), result
-  end
+  local low, unchecked = M.check_min_auc(cfg, result.eval)
+  if unchecked then say(unchecked) end
+  if low then return nil, low, result end
   return result
 end
 
 -- Evaluates the model of a config on held-out data, as run() does at its end: opts.data
--- (synthetic: the samples after the config's training ones; files: these files), out,
+-- (synthetic: eval.samples held-out samples, from sample 2^48; files: these files), out,
 -- config_path, setup (function(ctx), as run's), checkpoint (a file or run directory: its
 -- weights are loaded; the model's config must be the checkpoint's, M.EVAL_IGNORE aside),
 -- print, cpu.  Returns {eval = {...}, ceiling, step (the checkpoint's, or 0)} or nil, message.
@@ -575,7 +569,7 @@ function M.eval(cfg, opts)
   if not model then return nil, merr end
   local gpu = ur.gpu() and not opts.cpu
   local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1 }
-  ctx.registry = register(ctx)
+  ctx.registry = registry(ctx, { M.hooks.trainer(ctx) })
   if opts.setup then opts.setup(ctx) end
   local loaded
   if opts.checkpoint then
@@ -593,10 +587,10 @@ function M.eval(cfg, opts)
   say("data: " .. data.what)
   local loader, err = ur.data.loader(data.eval)
   if not loader then return nil, err end
-  local feed = M.feed.new(loader, { gpu = gpu })
-  local r, eerr = M.evaluate.run(model, feed, { metrics = cfg.eval.metrics, samples = cfg.eval.samples,
-                                                batch_size = cfg.eval.batch_size })
-  feed:free()
+  local source = M.source.loader(loader, { placement = gpu and "device" or nil })
+  local r, eerr = M.evaluate.run(model, source, { metrics = cfg.eval.metrics, samples = cfg.eval.samples,
+                                                  batch_size = cfg.eval.batch_size })
+  source:free()
   loader:close()
   if not r then return nil, eerr end
   local result = { eval = r, ceiling = data.ceiling and data.ceiling(), step = ctx.step }

@@ -1,0 +1,86 @@
+/* optim_plan.h: the optimizers' arithmetic, written once for the dense parameters (dense/optim.c
+ * and kernels/optim.cu) and the embedding tables' fused step (embedding/tbe_cpu.c and
+ * kernels/tbe.cu, through tbe_plan.h): the constants of one update, computed on the host from
+ * a ur_optim_config and the update's number, and the dense parameters' element step.  Compiled
+ * for host and device, so that both backends read the same constants and do the same
+ * operations in the same order (the CPU build has -ffp-contract=off). */
+#ifndef UR_OPTIM_PLAN_H
+#define UR_OPTIM_PLAN_H
+
+#include <math.h>
+#include <stdint.h>
+#include "core/philox.h"
+#include "uvmrec.h"
+
+/* One update's constants, as floats. */
+typedef struct ur__optim_consts {
+  int32_t kind;             /* ur_optim_kind */
+  int32_t nesterov, first;  /* dense SGD: Nesterov momentum; first: step 1 (the buffer starts at g) */
+  int32_t zero_grad;        /* dense: zero the gradient once read */
+  float lr, eps, weight_decay, momentum, max_grad;
+  float beta1, beta2;
+  float one_minus_beta1, one_minus_beta2; /* tables' Adam: 1 - beta, rounded once */
+  float bias1, bias2;       /* tables' Adam: 1 - beta^step */
+  float step_size;          /* dense Adam (PyTorch's): lr / (1 - beta1^step) */
+  float bias2_sqrt;         /* dense Adam: sqrt(1 - beta2^step) */
+  float decay;              /* AdamW: 1 - lr weight_decay */
+} ur__optim_consts;
+
+/* The constants of update number `step` (from 1) of c's rule. */
+static inline ur__optim_consts ur__optim_consts_of(const ur_optim_config *c, int64_t step) {
+  ur__optim_consts k;
+  double t = (double)step;
+  k.kind = c->kind;
+  k.nesterov = c->nesterov;
+  k.first = step == 1;
+  k.zero_grad = c->zero_grad;
+  k.lr = (float)c->lr;
+  k.eps = (float)c->eps;
+  k.weight_decay = (float)c->weight_decay;
+  k.momentum = (float)c->momentum;
+  k.max_grad = (float)c->max_grad;
+  k.beta1 = (float)c->beta1;
+  k.beta2 = (float)c->beta2;
+  k.one_minus_beta1 = (float)(1.0 - c->beta1);
+  k.one_minus_beta2 = (float)(1.0 - c->beta2);
+  k.bias1 = (float)(1.0 - pow(c->beta1, t));
+  k.bias2 = (float)(1.0 - pow(c->beta2, t));
+  k.step_size = (float)(c->lr / (1.0 - pow(c->beta1, t)));
+  k.bias2_sqrt = (float)sqrt(1.0 - pow(c->beta2, t));
+  k.decay = (float)(1.0 - c->lr * c->weight_decay);
+  return k;
+}
+
+/* One dense element's update with PyTorch's formulas: the new value of p from its gradient g;
+ * s1 and s2 point at its state (SGD's momentum buffer; Adagrad's sum; Adam's exp_avg and
+ * exp_avg_sq), NULL where the rule keeps none. */
+UR_HD float ur__optim_dense_elem(const ur__optim_consts *k, float p, float g, float *s1,
+                                 float *s2) {
+  switch (k->kind) {
+  case UR_OPTIM_KIND_SGD:
+    g += k->weight_decay * p;
+    if (k->momentum != 0.0f) {
+      float b = k->first ? g : k->momentum * *s1 + g;
+      *s1 = b;
+      g = k->nesterov ? g + k->momentum * b : b;
+    }
+    return p - k->lr * g;
+  case UR_OPTIM_KIND_ADAGRAD: {
+    g += k->weight_decay * p;
+    float s = *s1 + g * g;
+    *s1 = s;
+    return p - k->lr * g / (sqrtf(s) + k->eps);
+  }
+  default: { /* Adam, AdamW */
+    if (k->kind == UR_OPTIM_KIND_ADAMW) p *= k->decay;
+    else g += k->weight_decay * p;
+    float m = k->beta1 * *s1 + (1.0f - k->beta1) * g;
+    float v = k->beta2 * *s2 + (1.0f - k->beta2) * g * g;
+    *s1 = m;
+    *s2 = v;
+    return p - k->step_size * m / (sqrtf(v) / k->bias2_sqrt + k->eps);
+  }
+  }
+}
+
+#endif

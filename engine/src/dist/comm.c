@@ -1,0 +1,750 @@
+/* comm.c: communicators (ur_comm_*): the job read from the environment (mpirun's, or `uvmrec
+ * launch`'s), the engines opened for it (MPI for host memory, NCCL for device memory), the
+ * rendezvous folder that bootstraps NCCL without MPI, argument checks, and each collective
+ * routed by where its tensors live; a world of one copies. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "dist/comm.h"
+
+enum { ENGINE_NONE = 0, ENGINE_SELF, ENGINE_MPI, ENGINE_NCCL, ENGINE_STAGED };
+static const char *const engine_names[] = {"none", "self", "mpi", "nccl", "nccl"};
+
+struct ur_comm {
+  int32_t rank, world, local_rank, local_world, device;
+  int host, dev;               /* ENGINE_* for host and device memory */
+  const ur__mpi_api *mpi;
+  void *host_net, *dev_net;    /* the CPU backend's (MPI) and the GPU backend's (NCCL) */
+  char rendezvous[1024];
+  uint64_t seq;                /* this communicator's number in the process (rendezvous files) */
+  int grouped;
+  ur_comm_stats stats;
+};
+
+size_t ur_sizeof_comm_stats(void) { return sizeof(ur_comm_stats); }
+
+/* ---- the MPI plugin ---- */
+
+static pthread_once_t mpi_once = PTHREAD_ONCE_INIT;
+static const ur__mpi_api *mpi_api;
+static char mpi_why[4096], mpi_path[1024];
+
+static ur_status plugin_error(ur_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static ur_status plugin_error(ur_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  ur__errorv(status, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+static const ur_core_api plugin_core = {UR_BACKEND_ABI, plugin_error, ur_interrupt_get};
+
+/* UVMREC_MPI_LIB, then beside the binary holding this code (and ../lib), then the loader's
+ * path, as the CUDA backend is found. */
+static void *open_plugin(char *tried, size_t len) {
+  const char *env = getenv("UVMREC_MPI_LIB");
+  void *h;
+  tried[0] = 0;
+  if (env && *env) {
+    snprintf(tried, len, "%s", env);
+    snprintf(mpi_path, sizeof mpi_path, "%s", env);
+    return dlopen(env, RTLD_NOW | RTLD_GLOBAL);
+  }
+  Dl_info info;
+  char exe[1024];
+  if (dladdr((void *)open_plugin, &info) && info.dli_fname) {
+    const char *fname = info.dli_fname;
+    ssize_t n;
+    if (!strchr(fname, '/') && (n = readlink("/proc/self/exe", exe, sizeof exe - 1)) > 0) {
+      exe[n] = 0;
+      fname = exe;
+    }
+    const char *slash = strrchr(fname, '/');
+    int dirlen = slash ? (int)(slash - fname) : 1;
+    const char *dir = slash ? fname : ".";
+    const char *rel[] = {"/libuvmrec_mpi.so", "/../lib/libuvmrec_mpi.so"};
+    for (int i = 0; i < 2; i++) {
+      snprintf(mpi_path, sizeof mpi_path, "%.*s%s", dirlen, dir, rel[i]);
+      /* RTLD_GLOBAL: OpenMPI's own components find libmpi's symbols. */
+      if ((h = dlopen(mpi_path, RTLD_NOW | RTLD_GLOBAL))) return h;
+      snprintf(tried + strlen(tried), len - strlen(tried), "%s%s: %s", i ? "; " : "", mpi_path,
+               dlerror());
+    }
+  }
+  snprintf(mpi_path, sizeof mpi_path, "libuvmrec_mpi.so");
+  snprintf(tried + strlen(tried), len - strlen(tried), "; libuvmrec_mpi.so");
+  return dlopen("libuvmrec_mpi.so", RTLD_NOW | RTLD_GLOBAL);
+}
+
+static void load_mpi(void) {
+  char tried[3072];
+  void *h = open_plugin(tried, sizeof tried);
+  if (!h) {
+    snprintf(mpi_why, sizeof mpi_why,
+             "comm: the MPI plugin libuvmrec_mpi.so did not load (tried %s): %s; it is built "
+             "where OpenMPI is installed (Debian: openmpi-bin, libopenmpi-dev)",
+             tried, dlerror());
+    return;
+  }
+  ur__mpi_init_fn init = (ur__mpi_init_fn)dlsym(h, UR_MPI_PLUGIN_INIT);
+  const ur__mpi_api *api = NULL;
+  if (!init || init(&plugin_core, &api) || !api) {
+    snprintf(mpi_why, sizeof mpi_why, "comm: %s has no working %s", mpi_path, UR_MPI_PLUGIN_INIT);
+    return;
+  }
+  if (api->abi != UR_MPI_ABI) {
+    snprintf(mpi_why, sizeof mpi_why, "comm: %s speaks plugin ABI %d, expected %d", mpi_path,
+             api->abi, UR_MPI_ABI);
+    return;
+  }
+  mpi_api = api;
+}
+
+ur_status ur__mpi_open(const ur__mpi_api **out) {
+  pthread_once(&mpi_once, load_mpi);
+  if (!mpi_api) return ur__error(UR_STATUS_UNSUPPORTED, "%s", mpi_why);
+  *out = mpi_api;
+  return UR_STATUS_OK;
+}
+
+ur_status ur_mpi_version(char *version, size_t len, char *path, size_t len2) {
+  UR__ARGS(version);
+  const ur__mpi_api *api = NULL;
+  ur_status st = ur__mpi_open(&api);
+  if (st) return st;
+  if (version && len) snprintf(version, len, "%s", api->library());
+  if (path && len2) snprintf(path, len2, "%s", mpi_path);
+  return UR_STATUS_OK;
+}
+
+void ur_comm_exit(int32_t code) {
+  if (mpi_api) mpi_api->exit(code);
+}
+
+/* ---- the job, from the environment ---- */
+
+static int env_int(const char *name, int32_t *out) {
+  const char *v = getenv(name);
+  if (!v || !*v) return 0;
+  char *end;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno || *end || x < 0 || x > 1 << 24) return -1;
+  *out = (int32_t)x;
+  return 1;
+}
+
+/* The MPI launchers' marks: OpenMPI's, then PMI's (MPICH, Slurm) and PMIx's. */
+static const char *mpi_mark(void) {
+  static const char *const marks[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"};
+  for (size_t i = 0; i < sizeof marks / sizeof *marks; i++)
+    if (getenv(marks[i]) && *getenv(marks[i])) return marks[i];
+  return NULL;
+}
+
+static ur_status launch_env(ur_comm *c) {
+  int32_t v;
+  int got = env_int("UVMREC_WORLD", &c->world);
+  if (got < 0 || (got && c->world < 1))
+    return ur__error(UR_STATUS_INVALID, "comm: UVMREC_WORLD is '%s'; expected a number of ranks",
+                     getenv("UVMREC_WORLD"));
+  if (!got) {
+    c->world = 1;
+    return UR_STATUS_OK;
+  }
+  if (env_int("UVMREC_RANK", &c->rank) != 1 || c->rank >= c->world)
+    return ur__error(UR_STATUS_INVALID,
+                     "comm: UVMREC_RANK is '%s' in a world of %d (UVMREC_WORLD); expected 0..%d",
+                     getenv("UVMREC_RANK") ? getenv("UVMREC_RANK") : "(unset)", (int)c->world,
+                     (int)c->world - 1);
+  c->local_rank = env_int("UVMREC_LOCAL_RANK", &v) == 1 ? v : c->rank;
+  c->local_world = env_int("UVMREC_LOCAL_WORLD", &v) == 1 ? v : c->world;
+  const char *dir = getenv("UVMREC_RENDEZVOUS");
+  snprintf(c->rendezvous, sizeof c->rendezvous, "%s", dir ? dir : "");
+  return UR_STATUS_OK;
+}
+
+/* ---- sharing rank 0's bytes: MPI's broadcast, or a file in the rendezvous folder ---- */
+
+static ur_status share_mpi(void *ctx, void *bytes, size_t n) {
+  ur_comm *c = ctx;
+  ur_status st = ur__cpu_comm_ops.broadcast(NULL, c->host_net, UR_DTYPE_U8, bytes, (int64_t)n, 0);
+  return st ? st : ur__cpu_comm_ops.wait(NULL, c->host_net);
+}
+
+/* Rank 0 writes <folder>/comm-<n>.id (a temporary file renamed, so it is whole when seen); the
+ * others wait for it, UVMREC_RENDEZVOUS_TIMEOUT seconds at most (300). */
+static ur_status share_file(void *ctx, void *bytes, size_t n) {
+  ur_comm *c = ctx;
+  char path[1200], tmp[1300];
+  if (!c->rendezvous[0])
+    return ur__error(UR_STATUS_INVALID,
+                     "comm: rank %d of %d without MPI needs UVMREC_RENDEZVOUS, the folder where "
+                     "rank 0 leaves NCCL's unique id (uvmrec launch sets it)",
+                     (int)c->rank, (int)c->world);
+  snprintf(path, sizeof path, "%s/comm-%llu.id", c->rendezvous, (unsigned long long)c->seq);
+  if (c->rank == 0) {
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f || fwrite(bytes, 1, n, f) != n || fclose(f) != 0 || rename(tmp, path) != 0)
+      return ur__error(UR_STATUS_IO, "comm: rendezvous: cannot write %s: %s", path,
+                       strerror(errno));
+    return UR_STATUS_OK;
+  }
+  int32_t limit = 300;
+  if (env_int("UVMREC_RENDEZVOUS_TIMEOUT", &limit) < 0) limit = 300;
+  double t0 = ur_clock_seconds();
+  for (;;) {
+    FILE *f = fopen(path, "rb");
+    if (f) {
+      size_t got = fread(bytes, 1, n, f);
+      fclose(f);
+      if (got == n) return UR_STATUS_OK;
+      return ur__error(UR_STATUS_IO, "comm: rendezvous: %s holds %zu bytes; expected %zu", path,
+                       got, n);
+    }
+    if (ur_clock_seconds() - t0 > limit)
+      return ur__error(UR_STATUS_IO,
+                       "comm: rendezvous: rank %d waited %d s for rank 0's %s; is rank 0 running?",
+                       (int)c->rank, (int)limit, path);
+    if (ur_interrupt_get())
+      return ur__error(UR_STATUS_INTERRUPTED, "comm: rendezvous interrupted");
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* ---- making and freeing ---- */
+
+static uint64_t comm_seq;
+
+ur_status ur_comm_new(ur_comm **out, int32_t device) {
+  UR__ARGS(out);
+  *out = NULL;
+  ur_comm *c = calloc(1, sizeof *c);
+  if (!c) return ur__error(UR_STATUS_OOM, "comm: out of host memory");
+  c->device = device;
+  c->local_world = c->world = 1;
+  pthread_mutex_lock(&ur__lock);
+  c->seq = comm_seq++;
+  pthread_mutex_unlock(&ur__lock);
+  ur__comm_boot boot;
+  memset(&boot, 0, sizeof boot);
+  ur_status st = UR_STATUS_OK;
+  const char *mark = mpi_mark();
+  if (mark) {
+    /* Started by mpirun: MPI says who is who. */
+    st = ur__mpi_open(&c->mpi);
+    if (st)
+      st = ur__error(st, "comm: this process was started by an MPI launcher (%s is set), and %s",
+                     mark, ur_last_error());
+    if (!st) {
+      boot.mpi = c->mpi;
+      st = ur__cpu_comm_ops.open(&boot, &c->host_net);
+    }
+    if (!st) {
+      c->rank = boot.rank;
+      c->world = boot.world;
+      c->local_rank = boot.local_rank;
+      c->local_world = boot.local_world;
+      c->host = ENGINE_MPI;
+    }
+  } else {
+    st = launch_env(c);
+  }
+  if (!st && c->world == 1) c->host = ENGINE_SELF;
+  if (!st && device >= 0) {
+    const ur_backend *gpu = ur__gpu();
+    if (!gpu || device >= gpu->device_count())
+      st = ur__error(UR_STATUS_UNSUPPORTED,
+                     "comm: rank %d asks for GPU %d for its device collectives, and %s",
+                     (int)c->rank, (int)device,
+                     gpu ? "this host has fewer GPUs" : "no GPU is in use here");
+    else if (c->world == 1)
+      c->dev = ENGINE_SELF;
+    else {
+      st = ur__nccl_open(&boot.nccl);
+      if (!st) {
+        boot.rank = c->rank;
+        boot.world = c->world;
+        boot.device = device;
+        boot.share = c->host == ENGINE_MPI ? share_mpi : share_file;
+        boot.share_ctx = c;
+        int32_t prev;
+        st = ur__device_enter(gpu, device, &prev);
+        if (!st) st = ur__device_leave(gpu, device, prev, gpu->comm->open(&boot, &c->dev_net));
+      }
+      if (!st) {
+        c->dev = ENGINE_NCCL;
+        if (!c->host) c->host = ENGINE_STAGED;
+      }
+    }
+  }
+  if (!st && c->host == ENGINE_NONE)
+    st = ur__error(UR_STATUS_UNSUPPORTED,
+                   "comm: rank %d of %d has neither MPI (the job was not started by mpirun) nor a "
+                   "GPU to run its collectives through NCCL; on the CPU, install OpenMPI (Debian: "
+                   "openmpi-bin, libopenmpi-dev) and start the job with mpirun or `uvmrec launch`",
+                   (int)c->rank, (int)c->world);
+  if (st) {
+    ur_comm_free(c);
+    return st;
+  }
+  *out = c;
+  return UR_STATUS_OK;
+}
+
+void ur_comm_free(ur_comm *c) {
+  if (!c) return;
+  if (c->dev_net) ur__gpu()->comm->close(c->dev_net);
+  if (c->host_net) ur__cpu_comm_ops.close(c->host_net);
+  free(c);
+}
+
+int32_t ur_comm_rank(const ur_comm *c) { return c->rank; }
+int32_t ur_comm_world(const ur_comm *c) { return c->world; }
+int32_t ur_comm_local_rank(const ur_comm *c) { return c->local_rank; }
+int32_t ur_comm_local_world(const ur_comm *c) { return c->local_world; }
+int32_t ur_comm_device(const ur_comm *c) { return c->device; }
+const char *ur_comm_host_engine(const ur_comm *c) { return engine_names[c->host]; }
+const char *ur_comm_device_engine(const ur_comm *c) { return engine_names[c->dev]; }
+
+ur_status ur_comm_stats_get(const ur_comm *c, ur_comm_stats *out) {
+  UR__ARGS(c, out);
+  *out = c->stats;
+  return UR_STATUS_OK;
+}
+
+void ur_comm_reset_stats(ur_comm *c) {
+  if (c) memset(&c->stats, 0, sizeof c->stats);
+}
+
+/* ---- routing: where a collective's tensors live says which engine moves them ---- */
+
+typedef struct route {
+  int engine;
+  const ur_backend *b; /* the backend whose comm table runs it (NCCL and staged: the GPU's) */
+  void *net;
+  int32_t device;
+} route;
+
+static int on_gpu(const ur_tensor *t) {
+  return ur__gpu() && (t->st->place == UR_PLACE_DEVICE || t->st->place == UR_PLACE_MANAGED);
+}
+
+static ur_status route_of(ur_comm *c, const char *op, const ur_tensor *a, const ur_tensor *b,
+                          route *r) {
+  if (!a)
+    return ur__error(UR_STATUS_INVALID, "comm %s: a tensor is missing (NULL)", op);
+  if (b && on_gpu(a) != on_gpu(b))
+    return ur__error(UR_STATUS_INVALID,
+                     "comm %s: one tensor is in %s memory and the other in %s memory; a "
+                     "collective takes both on the GPU or both on the host",
+                     op, ur_place_name(a->st->place), ur_place_name(b->st->place));
+  memset(r, 0, sizeof *r);
+  if (on_gpu(a)) {
+    r->engine = c->dev;
+    r->b = ur__gpu();
+    r->net = c->dev_net;
+    r->device = c->device;
+    if (c->dev == ENGINE_NONE)
+      return ur__error(UR_STATUS_INVALID,
+                       "comm %s: the tensor is in %s memory, and rank %d's communicator has no "
+                       "device engine (it was made for host memory only, device -1)",
+                       op, ur_place_name(a->st->place), (int)c->rank);
+    if (a->st->device != c->device)
+      return ur__error(UR_STATUS_INVALID,
+                       "comm %s: the tensor is on GPU %d; rank %d's communicator uses GPU %d", op,
+                       (int)a->st->device, (int)c->rank, (int)c->device);
+    return UR_STATUS_OK;
+  }
+  r->engine = c->host;
+  r->device = -1;
+  if (c->host == ENGINE_MPI) {
+    r->b = ur__cpu();
+    r->net = c->host_net;
+  } else if (c->host == ENGINE_STAGED) {
+    r->b = ur__gpu();
+    r->net = c->dev_net;
+    r->device = c->device;
+  } else if (c->host == ENGINE_NONE) {
+    return ur__error(UR_STATUS_UNSUPPORTED,
+                     "comm %s: host collectives over %d ranks need MPI (Debian: openmpi-bin and "
+                     "libopenmpi-dev; run under mpirun or `uvmrec launch`) or a GPU to stage "
+                     "them through NCCL",
+                     op, (int)c->world);
+  }
+  if (c->host != ENGINE_SELF) {
+    ur_status st = ur__tensor_ready(ur__cpu(), a);
+    if (!st && b) st = ur__tensor_ready(ur__cpu(), b);
+    if (st) return st;
+  }
+  return UR_STATUS_OK;
+}
+
+static void *data(const ur_tensor *t) { return ur_tensor_data(t); }
+static uint64_t bytes_of(const ur_tensor *t) { return ur_tensor_nbytes(t); }
+
+/* Collectives that move data between ranks cannot read and write the same bytes. */
+static int overlap(const ur_tensor *a, const ur_tensor *b) {
+  const char *pa = data(a), *pb = data(b);
+  return bytes_of(a) && bytes_of(b) && pa < pb + bytes_of(b) && pb < pa + bytes_of(a);
+}
+
+static ur_status same_dtype(const char *op, const ur_tensor *a, const ur_tensor *b) {
+  if (a->dtype != b->dtype)
+    return ur__error(UR_STATUS_INVALID, "comm %s: the input is %s and the output %s; expected one "
+                                        "dtype", op, ur_dtype_name(a->dtype), ur_dtype_name(b->dtype));
+  return UR_STATUS_OK;
+}
+
+static ur_status reducible(const char *op, const route *r, ur_dtype dt) {
+  int ok = dt == UR_DTYPE_F32 || dt == UR_DTYPE_F64 || dt == UR_DTYPE_I32 || dt == UR_DTYPE_I64;
+  if (r->engine == ENGINE_NCCL || r->engine == ENGINE_STAGED || r->engine == ENGINE_SELF)
+    ok |= dt == UR_DTYPE_F16 || dt == UR_DTYPE_BF16;
+  if (!ok)
+    return ur__error(UR_STATUS_INVALID, "comm %s: dtype %s cannot be reduced here; expected f32, "
+                                        "f64, i32 or i64 (f16, bf16 on GPUs)", op,
+                     ur_dtype_name(dt));
+  return UR_STATUS_OK;
+}
+
+static ur_status check_op(const char *op, ur_reduce_op o) {
+  if ((unsigned)o >= UR_REDUCE_COUNT)
+    return ur__error(UR_STATUS_INVALID, "comm %s: reduction %d is not sum, max or min", op, (int)o);
+  return UR_STATUS_OK;
+}
+
+static void *stream_of(ur_stream *s) { return s ? s->handle : NULL; }
+
+/* The world of one: out = in, byte for byte. */
+static ur_status self_copy(ur_stream *s, const ur_tensor *in, ur_tensor *out) {
+  if (in == out || data(in) == data(out)) return UR_STATUS_OK;
+  const ur_backend *b = on_gpu(out) || on_gpu(in) ? ur__gpu() : ur__cpu();
+  return b->copy(stream_of(s), data(out), data(in), (size_t)bytes_of(in));
+}
+
+/* Host memory without MPI: copied into device memory, reduced there by NCCL, copied back
+ * (synchronous; a job without MPI keeps its data on the GPU, so this is for small things). */
+typedef struct staged {
+  ur_tensor *in, *out;
+} staged;
+
+static ur_status stage_in(ur_comm *c, ur_stream *s, const ur_tensor *in, const ur_tensor *out,
+                          staged *g) {
+  memset(g, 0, sizeof *g);
+  if (c->grouped)
+    return ur__error(UR_STATUS_INVALID, "comm: host collectives staged through the GPU cannot "
+                                        "be grouped; issue them outside group_start/group_end");
+  int64_t n = ur_tensor_numel(in), m = out ? ur_tensor_numel(out) : 0;
+  ur_status st = ur_tensor_new(&g->in, in->dtype, 1, &n, UR_PLACE_DEVICE, c->device);
+  if (!st && out) st = ur_tensor_new(&g->out, out->dtype, 1, &m, UR_PLACE_DEVICE, c->device);
+  if (!st) st = ur__gpu()->copy(stream_of(s), data(g->in), data(in), (size_t)bytes_of(in));
+  return st;
+}
+
+static ur_status stage_out(ur_comm *c, ur_stream *s, ur_tensor *dst, staged *g, ur_status st) {
+  const ur_backend *gpu = ur__gpu();
+  if (!st) st = gpu->comm->wait(stream_of(s), c->dev_net);
+  ur_tensor *src = g->out ? g->out : g->in;
+  if (!st && dst) st = gpu->copy(stream_of(s), data(dst), data(src), (size_t)bytes_of(dst));
+  if (!st) st = gpu->stream_sync(stream_of(s));
+  ur_tensor_free(g->in);
+  ur_tensor_free(g->out);
+  return st;
+}
+
+static void account(ur_comm *c, double t0, uint64_t sent, uint64_t received) {
+  c->stats.calls++;
+  c->stats.bytes_sent += sent;
+  c->stats.bytes_received += received;
+  c->stats.seconds += ur_clock_seconds() - t0;
+}
+
+/* ---- the collectives ---- */
+
+ur_status ur_comm_all_reduce(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_tensor *out,
+                             ur_reduce_op op) {
+  UR__ARGS(c, in, out);
+  const char *name = "all_reduce";
+  route r;
+  double t0 = ur_clock_seconds();
+  ur_status st = route_of(c, name, in, out, &r);
+  if (!st) st = same_dtype(name, in, out);
+  if (!st) st = reducible(name, &r, in->dtype);
+  if (!st) st = check_op(name, op);
+  if (!st && ur_tensor_numel(in) != ur_tensor_numel(out))
+    st = ur__error(UR_STATUS_INVALID, "comm all_reduce: the input has %lld elements and the "
+                                      "output %lld; expected as many",
+                   (long long)ur_tensor_numel(in), (long long)ur_tensor_numel(out));
+  if (st) return st;
+  int64_t n = ur_tensor_numel(in);
+  if (r.engine == ENGINE_SELF) {
+    st = self_copy(s, in, out);
+  } else if (r.engine == ENGINE_STAGED) {
+    int32_t prev;
+    st = ur__device_enter(r.b, r.device, &prev);
+    staged g = {NULL, NULL};
+    if (!st) st = stage_in(c, s, in, NULL, &g);
+    if (!st) st = r.b->comm->all_reduce(stream_of(s), r.net, in->dtype, op, data(g.in),
+                                        data(g.in), n);
+    st = stage_out(c, s, out, &g, st);
+    st = ur__device_leave(r.b, r.device, prev, st);
+  } else {
+    int32_t prev;
+    st = ur__device_enter(r.b, r.device, &prev);
+    if (!st) st = r.b->comm->all_reduce(stream_of(s), r.net, in->dtype, op, data(in), data(out), n);
+    st = ur__device_leave(r.b, r.device, prev, st);
+  }
+  uint64_t others = bytes_of(in) * (uint64_t)(c->world - 1);
+  if (!st) account(c, t0, others, others);
+  return st;
+}
+
+ur_status ur_comm_reduce_scatter(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_tensor *out,
+                                 ur_reduce_op op) {
+  UR__ARGS(c, in, out);
+  const char *name = "reduce_scatter";
+  route r;
+  double t0 = ur_clock_seconds();
+  ur_status st = route_of(c, name, in, out, &r);
+  if (!st) st = same_dtype(name, in, out);
+  if (!st) st = reducible(name, &r, in->dtype);
+  if (!st) st = check_op(name, op);
+  int64_t n = out ? ur_tensor_numel(out) : 0;
+  if (!st && ur_tensor_numel(in) != n * c->world)
+    st = ur__error(UR_STATUS_INVALID, "comm reduce_scatter: the input has %lld elements; "
+                                      "expected %d blocks of the output's %lld",
+                   (long long)ur_tensor_numel(in), (int)c->world, (long long)n);
+  if (!st && c->world > 1 && overlap(in, out))
+    st = ur__error(UR_STATUS_INVALID, "comm reduce_scatter: the input and the output overlap; "
+                                      "expected separate memory");
+  if (st) return st;
+  if (r.engine == ENGINE_SELF) {
+    st = self_copy(s, in, out);
+  } else if (r.engine == ENGINE_STAGED) {
+    int32_t prev;
+    st = ur__device_enter(r.b, r.device, &prev);
+    staged g = {NULL, NULL};
+    if (!st) st = stage_in(c, s, in, out, &g);
+    if (!st) st = r.b->comm->reduce_scatter(stream_of(s), r.net, in->dtype, op, data(g.in),
+                                            data(g.out), n);
+    st = stage_out(c, s, out, &g, st);
+    st = ur__device_leave(r.b, r.device, prev, st);
+  } else {
+    int32_t prev;
+    st = ur__device_enter(r.b, r.device, &prev);
+    if (!st) st = r.b->comm->reduce_scatter(stream_of(s), r.net, in->dtype, op, data(in),
+                                            data(out), n);
+    st = ur__device_leave(r.b, r.device, prev, st);
+  }
+  if (!st) account(c, t0, bytes_of(in) - bytes_of(out), bytes_of(out) * (uint64_t)(c->world - 1));
+  return st;
+}
+
+/* counts: NULL (every rank's as this rank's input) or one per rank, >= 0. */
+static ur_status counts_check(ur_comm *c, const char *op, const char *what,
+                              const int64_t *counts, int64_t total, const char *of) {
+  int64_t sum = 0;
+  for (int32_t r = 0; r < c->world; r++) {
+    if (counts[r] < 0)
+      return ur__error(UR_STATUS_INVALID, "comm %s: %s[%d] is %lld; expected a count >= 0", op,
+                       what, (int)r, (long long)counts[r]);
+    sum += counts[r];
+  }
+  if (sum != total)
+    return ur__error(UR_STATUS_INVALID, "comm %s: %s sum to %lld, and %s has %lld elements", op,
+                     what, (long long)sum, of, (long long)total);
+  return UR_STATUS_OK;
+}
+
+ur_status ur_comm_all_gather(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_tensor *out,
+                             const int64_t *counts) {
+  UR__ARGS(c, in, out);
+  const char *name = "all_gather";
+  route r;
+  double t0 = ur_clock_seconds();
+  ur_status st = route_of(c, name, in, out, &r);
+  if (!st) st = same_dtype(name, in, out);
+  if (st) return st;
+  int64_t *own = NULL;
+  if (!counts) {
+    own = malloc((size_t)c->world * sizeof *own);
+    if (!own) return ur__error(UR_STATUS_OOM, "comm: out of host memory");
+    for (int32_t k = 0; k < c->world; k++) own[k] = ur_tensor_numel(in);
+    counts = own;
+  }
+  st = counts_check(c, name, "counts", counts, ur_tensor_numel(out), "the output");
+  if (!st && counts[c->rank] != ur_tensor_numel(in))
+    st = ur__error(UR_STATUS_INVALID, "comm all_gather: counts[%d] is %lld, and rank %d's input "
+                                      "has %lld elements",
+                   (int)c->rank, (long long)counts[c->rank], (int)c->rank,
+                   (long long)ur_tensor_numel(in));
+  if (!st && c->world > 1 && overlap(in, out))
+    st = ur__error(UR_STATUS_INVALID, "comm all_gather: the input and the output overlap; "
+                                      "expected separate memory");
+  if (!st) {
+    if (r.engine == ENGINE_SELF) {
+      st = self_copy(s, in, out);
+    } else if (r.engine == ENGINE_STAGED) {
+      int32_t prev;
+      st = ur__device_enter(r.b, r.device, &prev);
+      staged g = {NULL, NULL};
+      if (!st) st = stage_in(c, s, in, out, &g);
+      if (!st) st = r.b->comm->all_gather(stream_of(s), r.net, in->dtype, data(g.in),
+                                          data(g.out), counts);
+      st = stage_out(c, s, out, &g, st);
+      st = ur__device_leave(r.b, r.device, prev, st);
+    } else {
+      int32_t prev;
+      st = ur__device_enter(r.b, r.device, &prev);
+      if (!st) st = r.b->comm->all_gather(stream_of(s), r.net, in->dtype, data(in), data(out),
+                                          counts);
+      st = ur__device_leave(r.b, r.device, prev, st);
+    }
+  }
+  if (!st)
+    account(c, t0, bytes_of(in) * (uint64_t)(c->world - 1), bytes_of(out) - bytes_of(in));
+  free(own);
+  return st;
+}
+
+ur_status ur_comm_broadcast(ur_stream *s, ur_comm *c, ur_tensor *t, int32_t root) {
+  UR__ARGS(c, t);
+  const char *name = "broadcast";
+  route r;
+  double t0 = ur_clock_seconds();
+  ur_status st = route_of(c, name, t, NULL, &r);
+  if (!st && (root < 0 || root >= c->world))
+    st = ur__error(UR_STATUS_INVALID, "comm broadcast: root %d; expected a rank 0..%d", (int)root,
+                   (int)c->world - 1);
+  if (st) return st;
+  int64_t n = ur_tensor_numel(t);
+  if (r.engine == ENGINE_SELF) {
+    account(c, t0, 0, 0);
+    return UR_STATUS_OK;
+  }
+  if (r.engine == ENGINE_STAGED) {
+    int32_t prev;
+    st = ur__device_enter(r.b, r.device, &prev);
+    staged g = {NULL, NULL};
+    if (!st) st = stage_in(c, s, t, NULL, &g);
+    if (!st) st = r.b->comm->broadcast(stream_of(s), r.net, t->dtype, data(g.in), n, root);
+    st = stage_out(c, s, t, &g, st);
+    st = ur__device_leave(r.b, r.device, prev, st);
+  } else {
+    int32_t prev;
+    st = ur__device_enter(r.b, r.device, &prev);
+    if (!st) st = r.b->comm->broadcast(stream_of(s), r.net, t->dtype, data(t), n, root);
+    st = ur__device_leave(r.b, r.device, prev, st);
+  }
+  uint64_t b = bytes_of(t);
+  if (!st) account(c, t0, c->rank == root ? b * (uint64_t)(c->world - 1) : 0, c->rank == root ? 0 : b);
+  return st;
+}
+
+ur_status ur_comm_all_to_all(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_tensor *out,
+                             const int64_t *send_counts, const int64_t *recv_counts) {
+  UR__ARGS(c, in, out, send_counts, recv_counts);
+  const char *name = "all_to_all";
+  route r;
+  double t0 = ur_clock_seconds();
+  ur_status st = route_of(c, name, in, out, &r);
+  if (!st) st = same_dtype(name, in, out);
+  if (!st && (!send_counts || !recv_counts))
+    st = ur__error(UR_STATUS_INVALID, "comm all_to_all: send and receive counts are needed, one "
+                                      "per rank");
+  if (!st) st = counts_check(c, name, "send_counts", send_counts, ur_tensor_numel(in), "the input");
+  if (!st)
+    st = counts_check(c, name, "recv_counts", recv_counts, ur_tensor_numel(out), "the output");
+  if (!st && c->world > 1 && overlap(in, out))
+    st = ur__error(UR_STATUS_INVALID, "comm all_to_all: the input and the output overlap; "
+                                      "expected separate memory");
+  if (!st && send_counts[c->rank] != recv_counts[c->rank])
+    st = ur__error(UR_STATUS_INVALID, "comm all_to_all: rank %d sends itself %lld elements and "
+                                      "receives %lld from itself",
+                   (int)c->rank, (long long)send_counts[c->rank],
+                   (long long)recv_counts[c->rank]);
+  if (st) return st;
+  if (r.engine == ENGINE_SELF) {
+    st = self_copy(s, in, out);
+  } else if (r.engine == ENGINE_STAGED) {
+    int32_t prev;
+    st = ur__device_enter(r.b, r.device, &prev);
+    staged g = {NULL, NULL};
+    if (!st) st = stage_in(c, s, in, out, &g);
+    if (!st) st = r.b->comm->all_to_all(stream_of(s), r.net, in->dtype, data(g.in), send_counts,
+                                        data(g.out), recv_counts);
+    st = stage_out(c, s, out, &g, st);
+    st = ur__device_leave(r.b, r.device, prev, st);
+  } else {
+    int32_t prev;
+    st = ur__device_enter(r.b, r.device, &prev);
+    if (!st) st = r.b->comm->all_to_all(stream_of(s), r.net, in->dtype, data(in), send_counts,
+                                        data(out), recv_counts);
+    st = ur__device_leave(r.b, r.device, prev, st);
+  }
+  if (!st) {
+    size_t es = ur_dtype_size(in->dtype);
+    uint64_t own = (uint64_t)send_counts[c->rank] * es;
+    account(c, t0, bytes_of(in) - own, bytes_of(out) - own);
+  }
+  return st;
+}
+
+ur_status ur_comm_barrier(ur_stream *s, ur_comm *c) {
+  UR__ARGS(c);
+  double t0 = ur_clock_seconds();
+  ur_status st = UR_STATUS_OK;
+  if (c->host == ENGINE_MPI) st = ur__cpu_comm_ops.barrier(NULL, c->host_net);
+  else if (c->dev == ENGINE_NCCL) st = ur__gpu()->comm->barrier(stream_of(s), c->dev_net);
+  else if (c->host == ENGINE_NONE)
+    st = ur__error(UR_STATUS_UNSUPPORTED, "comm barrier: %d ranks without MPI or NCCL",
+                   (int)c->world);
+  if (!st) account(c, t0, 0, 0);
+  return st;
+}
+
+ur_status ur_comm_group_start(ur_comm *c) {
+  UR__ARGS(c);
+  ur_status st = UR_STATUS_OK;
+  if (c->dev_net) st = ur__gpu()->comm->group_start(c->dev_net);
+  if (!st && c->host_net) st = ur__cpu_comm_ops.group_start(c->host_net);
+  if (!st) c->grouped++;
+  return st;
+}
+
+ur_status ur_comm_group_end(ur_stream *s, ur_comm *c) {
+  UR__ARGS(c);
+  if (c->grouped <= 0)
+    return ur__error(UR_STATUS_INVALID, "comm group_end: no group_start before it");
+  c->grouped--;
+  ur_status st = UR_STATUS_OK;
+  if (c->dev_net) st = ur__gpu()->comm->group_end(stream_of(s), c->dev_net);
+  if (!st && c->host_net) st = ur__cpu_comm_ops.group_end(stream_of(s), c->host_net);
+  return st;
+}
+
+ur_status ur_comm_wait(ur_stream *s, ur_comm *c) {
+  UR__ARGS(c);
+  double t0 = ur_clock_seconds();
+  ur_status st = UR_STATUS_OK;
+  if (c->grouped)
+    return ur__error(UR_STATUS_INVALID, "comm wait: inside a group; call group_end first");
+  if (c->host_net) st = ur__cpu_comm_ops.wait(NULL, c->host_net);
+  if (!st && c->dev_net) {
+    const ur_backend *gpu = ur__gpu();
+    int32_t prev;
+    st = ur__device_enter(gpu, c->device, &prev);
+    if (!st) st = ur__device_leave(gpu, c->device, prev, gpu->comm->wait(stream_of(s), c->dev_net));
+  }
+  c->stats.seconds += ur_clock_seconds() - t0;
+  return st;
+}

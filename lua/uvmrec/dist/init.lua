@@ -1,0 +1,232 @@
+-- uvmrec.dist: training over several GPUs and hosts, one process ("rank") per GPU.
+--
+--   local dist = require "uvmrec.dist"
+--   local comm = dist.init()            -- the job's communicator (mpirun's or `uvmrec launch`'s)
+--   print(dist.rank(), dist.world())
+--   comm:all_reduce(t)                  -- NCCL for device tensors, MPI for host ones
+--   local ebc = dist.shard(collection, "row_wise")          -- uvmrec.dist.sharded
+--   local model = dist.shard_modules(model, { default = "table_wise", C3 = "row_wise" })
+--
+-- Collectives follow the engine's rule (uvmrec.h, section 9): each is ordered after the work
+-- enqueued on its stream, and its output is ready after comm:wait(stream) (host memory: read
+-- it once wait returned).  Every rank makes the same calls in the same order.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local streams = require "uvmrec.stream"
+local C, check, must = lib.C, lib.check, lib.must
+
+local M = {}
+
+local OPS = { sum = C.UR_REDUCE_SUM, max = C.UR_REDUCE_MAX, min = C.UR_REDUCE_MIN }
+
+local Comm = {}
+Comm.__index = Comm
+local wrap_comm, free_comm = lib.handle_type("ur_comm", C.ur_comm_free, {})
+
+local function P(self, level) return lib.ptr(self.h, "communicator", (level or 2) + 1) end
+local function S(s, level) return streams.handle(s, (level or 2) + 1) end
+local function T(t, what, level)
+  if not tensor.is_tensor(t) then
+    error(("comm: %s must be a tensor, got %s"):format(what, type(t)), (level or 2) + 1)
+  end
+  return lib.ptr(t, what, (level or 2) + 1)
+end
+
+local function op_of(op, level)
+  if op == nil then return C.UR_REDUCE_SUM end
+  local v = OPS[op]
+  if v == nil then error(("comm: reduction '%s' is not sum, max or min"):format(tostring(op)), level + 1) end
+  return v
+end
+
+-- Per-rank counts from a Lua list (or an int64_t array) into the communicator's buffer k.
+function Comm:_counts(list, k, what, level)
+  if list == nil then return nil end
+  if type(list) == "cdata" then return list end
+  local w = self.world
+  if type(list) ~= "table" or #list ~= w then
+    error(("comm: %s must list %d counts, one per rank"):format(what, w), level + 1)
+  end
+  local buf = self._counts_buf[k]
+  for r = 1, w do buf[r - 1] = list[r] end
+  return buf
+end
+
+-- comm:all_reduce(t[, out][, op][, stream]): out (default: t, in place) = op over the ranks.
+function Comm:all_reduce(t, out, op, stream)
+  if type(out) == "string" then out, op, stream = nil, out, op end
+  out = out or t
+  return check(C.ur_comm_all_reduce(S(stream), P(self), T(t, "input"), T(out, "output"), op_of(op, 2)), 2)
+end
+
+-- comm:reduce_scatter(in, out[, op][, stream]): out = op over the ranks of block `rank` of in.
+function Comm:reduce_scatter(t, out, op, stream)
+  return check(C.ur_comm_reduce_scatter(S(stream), P(self), T(t, "input"), T(out, "output"), op_of(op, 2)), 2)
+end
+
+-- comm:all_gather(in, out[, counts][, stream]): every rank's in, side by side in rank order.
+function Comm:all_gather(t, out, counts, stream)
+  if counts ~= nil and type(counts) ~= "table" and type(counts) ~= "cdata" then counts, stream = nil, counts end
+  return check(C.ur_comm_all_gather(S(stream), P(self), T(t, "input"), T(out, "output"),
+                                    self:_counts(counts, 1, "counts", 2)), 2)
+end
+
+-- comm:broadcast(t[, root = 0][, stream]).
+function Comm:broadcast(t, root, stream)
+  return check(C.ur_comm_broadcast(S(stream), P(self), T(t, "tensor"), root or 0), 2)
+end
+
+-- comm:all_to_all(in, out, send_counts, recv_counts[, stream]): counts per rank, in elements.
+function Comm:all_to_all(t, out, send_counts, recv_counts, stream)
+  return check(C.ur_comm_all_to_all(S(stream), P(self), T(t, "input"), T(out, "output"),
+                                    self:_counts(send_counts, 1, "send_counts", 2),
+                                    self:_counts(recv_counts, 2, "recv_counts", 2)), 2)
+end
+
+function Comm:barrier(stream) return check(C.ur_comm_barrier(S(stream), P(self)), 2) end
+function Comm:group_start() return check(C.ur_comm_group_start(P(self)), 2) end
+function Comm:group_end(stream) return check(C.ur_comm_group_end(S(stream), P(self)), 2) end
+-- Work on stream from now on (the host: this very moment) sees every collective's output.
+function Comm:wait(stream) return check(C.ur_comm_wait(S(stream), P(self)), 2) end
+
+local stats = ffi.new("ur_comm_stats")
+function Comm:stats()
+  must(C.ur_comm_stats_get(P(self), stats))
+  return { calls = tonumber(stats.calls), bytes_sent = tonumber(stats.bytes_sent),
+           bytes_received = tonumber(stats.bytes_received), seconds = stats.seconds }
+end
+function Comm:reset_stats() C.ur_comm_reset_stats(P(self)) return self end
+
+function Comm:engines()
+  local p = P(self)
+  return { host = ffi.string(C.ur_comm_host_engine(p)), device = ffi.string(C.ur_comm_device_engine(p)) }
+end
+
+function Comm:free() free_comm(self.h) end
+
+function Comm:__tostring()
+  if self.h.p == nil then return "communicator (freed)" end
+  local e = self:engines()
+  return ("communicator rank %d of %d (host %s, device %s%s)"):format(self.rank, self.world, e.host, e.device,
+    self.device >= 0 and (", GPU %d"):format(self.device) or "")
+end
+
+-- A communicator of the job (from the environment).  opts.device: this rank's GPU for device
+-- collectives (-1: host memory only).  Environmental failures return nil, message.
+function M.comm(opts)
+  opts = opts or {}
+  local out = ffi.new("ur_comm *[1]")
+  local ok, err = check(C.ur_comm_new(out, opts.device or -1), 2)
+  if not ok then return nil, err end
+  local p = out[0]
+  local world = C.ur_comm_world(p)
+  return setmetatable({ h = wrap_comm(p), rank = C.ur_comm_rank(p), world = world,
+                        local_rank = C.ur_comm_local_rank(p), local_world = C.ur_comm_local_world(p),
+                        device = C.ur_comm_device(p),
+                        _counts_buf = { ffi.new("int64_t[?]", world), ffi.new("int64_t[?]", world) } }, Comm)
+end
+
+-- ---- the process's job ----
+
+local job -- the communicator made by init
+
+-- dist.init{cpu = false, device = n}: joins the job (idempotent) and returns its communicator.
+-- Rank r uses GPU local_rank of its host when a GPU is in use (not with cpu = true), and makes
+-- it the current device.  In a job of several ranks a failing exit (os.exit(n ~= 0), or the
+-- uvmrec command's error exit) aborts the whole job, so no rank waits on a dead one.
+function M.init(opts)
+  if job then return job end
+  opts = opts or {}
+  local device = opts.device
+  if device == nil then
+    device = -1
+    if not opts.cpu and C.ur_device_count() > 0 then
+      -- the GPU of this rank on its host: its rank among the host's ranks
+      local local_rank = M.environment().local_rank
+      if not local_rank then
+        local probe, err = M.comm({ device = -1 })
+        if not probe then return nil, err end
+        local_rank = probe.local_rank
+        probe:free()
+      end
+      device = local_rank % C.ur_device_count()
+    end
+  end
+  if device >= 0 then
+    local ok, err = check(C.ur_device_set(device))
+    if not ok then return nil, err end
+  end
+  local c, err = M.comm({ device = device })
+  if not c then return nil, err end
+  job = c
+  if c.world > 1 then
+    local exit = os.exit
+    os.exit = function(code, close) -- luacheck: ignore 122
+      local n = code == nil and 0 or (code == true and 0) or (code == false and 1) or code
+      C.ur_comm_exit(n)
+      return exit(code, close)
+    end
+  end
+  return c
+end
+
+function M.is_initialized() return job ~= nil end
+
+local function need(what)
+  if not job then error("dist." .. what .. ": call dist.init() first", 3) end
+  return job
+end
+
+function M.rank() return need("rank").rank end
+function M.world() return need("world").world end
+function M.local_rank() return need("local_rank").local_rank end
+function M.job() return need("job") end
+
+-- NCCL's version and file, or nil, why (opening it needs no GPU).
+function M.nccl()
+  local v, path = ffi.new("int32_t[1]"), ffi.new("char[1024]")
+  local ok, err = check(C.ur_nccl_version(v, path, 1024))
+  if not ok then return nil, err end
+  return { version = v[0], path = ffi.string(path) }
+end
+
+-- The MPI plugin's MPI and file, or nil, why (opening it does not start MPI).
+function M.mpi()
+  local v, path = ffi.new("char[512]"), ffi.new("char[1024]")
+  local ok, err = check(C.ur_mpi_version(v, 512, path, 1024))
+  if not ok then return nil, err end
+  return { library = ffi.string(v), path = ffi.string(path) }
+end
+
+-- The job as the environment describes it, without joining it: {rank, world, local_rank,
+-- launcher = "mpi" | "uvmrec" | nil}.
+function M.environment()
+  local function n(name) return tonumber(os.getenv(name) or "") end
+  if n("OMPI_COMM_WORLD_SIZE") then
+    return { rank = n("OMPI_COMM_WORLD_RANK"), world = n("OMPI_COMM_WORLD_SIZE"),
+             local_rank = n("OMPI_COMM_WORLD_LOCAL_RANK"), launcher = "mpi" }
+  end
+  if n("PMI_SIZE") then
+    return { rank = n("PMI_RANK"), world = n("PMI_SIZE"), local_rank = n("MPI_LOCALRANKID"), launcher = "mpi" }
+  end
+  if n("UVMREC_WORLD") then
+    return { rank = n("UVMREC_RANK"), world = n("UVMREC_WORLD"), local_rank = n("UVMREC_LOCAL_RANK"),
+             launcher = "uvmrec" }
+  end
+  return { rank = 0, world = 1, local_rank = 0 }
+end
+
+-- Sharding (uvmrec.dist.sharded, uvmrec.dist.plan) and data-parallel dense modules
+-- (uvmrec.dist.ddp), loaded on first use.
+setmetatable(M, { __index = function(t, k)
+  local where = ({ shard = "uvmrec.dist.sharded", shard_modules = "uvmrec.dist.sharded",
+                   plan = "uvmrec.dist.plan", data_parallel = "uvmrec.dist.ddp" })[k]
+  if where then
+    local v = require(where)[k]
+    rawset(t, k, v)
+    return v
+  end
+end })
+
+return M

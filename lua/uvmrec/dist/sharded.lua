@@ -1,0 +1,651 @@
+-- uvmrec.dist.sharded: an embedding bag collection sharded over the ranks of a job, with the
+-- unsharded one's forward and backward.  Each rank builds and initialises only its own shards
+-- (the same numbers as the unsharded tables' rows: uvmrec.tbe's shard option), keeping each
+-- table's placement; uvmrec.dist.plan says where every shard lives.
+--
+--   local dist = require "uvmrec.dist"
+--   local ebc = dist.shard(collection, { default = "table_wise", C3 = "row_wise" })
+--   local out = ebc:forward(kjt)        -- this rank's samples [B, out_dim], as the unsharded one
+--   ebc:backward(kjt, grad)             -- the fused optimizer steps every shard's rows
+--
+-- A step, for a batch of B samples on each of W ranks (a global batch of W * B):
+--   input: row-wise tables' ids are split into one bucket per rank (KJT bucketize); every rank
+--     sends each rank the features its shards read: first the splits (per rank and key, the
+--     counts of lengths and values) of all features in one all-to-all, then lengths, values and
+--     weights in one grouped all-to-all; the received keys, rank-major, are permuted to
+--     key-major, which is the global batch of every feature in sample order;
+--   forward: each rank pools its shards over the global batch: table- and column-wise shards'
+--     outputs go back by all-to-all (each rank its B rows), row-wise partial sums by
+--     reduce-scatter; data-parallel tables pool the rank's own batch; the pieces are put side
+--     by side in the collection's feature order;
+--   backward: the gradient the reverse way (all-to-all; all-gather for row-wise and data-
+--     parallel tables, whose replicas all step on the global batch's gradient), into each
+--     shard's fused optimizer step.
+-- Every shard thus sees its rows' gradients in the unsharded order, so its rows step as the
+-- unsharded table's would (bit for bit where pooling adds the same numbers in the same order:
+-- all but row-wise tables of multi-id bags, whose partial sums are added over the ranks).
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local Module = require "uvmrec.nn.Module"
+local tbe = require "uvmrec.tbe"
+local tensor = require "uvmrec.tensor"
+local kjt = require "uvmrec.kjt"
+local dense = require "uvmrec.dense"
+local planner = require "uvmrec.dist.plan"
+
+local Sharded = Module:extend("ShardedEmbeddingBagCollection")
+
+local COMMON = { "optimizer", "bounds", "seed", "device", "stochastic_rounding", "output_dtype", "pooling",
+                 "placement", "dtype", "state_placement", "cache" }
+
+local function copy_table(t)
+  local o = {}
+  for k, v in pairs(t) do o[k] = v end
+  return o
+end
+
+-- The collection's options (an EmbeddingBagCollection's, or the table it was made from), the
+-- plan's spec and the communicator.
+function Sharded:__init(opts, spec, comm)
+  Module.__init(self)
+  if type(opts) ~= "table" or type(opts.tables) ~= "table" then
+    error("dist.shard: expected an embedding bag collection or its options", 4)
+  end
+  if not comm then error("dist.shard: no communicator (call dist.init() first)", 4) end
+  self.comm = comm
+  local W, me = comm.world, comm.rank
+  self.world, self.rank = W, me
+  local tables = opts.tables
+  local ok, plan = pcall(planner.plan, tables, spec, W, opts.pooling)
+  if not ok then error(plan, 4) end
+  self.plan = plan
+  self.output_dtype = opts.output_dtype or "f32"
+
+  local features, table_opts = {}, {}
+  for _, t in ipairs(tables) do
+    table_opts[t.name] = t
+    for _, f in ipairs(t.features or { t.name }) do features[#features + 1] = f end
+  end
+  self.features = opts.features and { unpack(opts.features) } or features
+  self.table_opts = table_opts
+  self.default_dtype = opts.dtype or "f32"
+
+  -- Per rank, its table- and column-wise shards' features in their collection's order: the
+  -- keys it receives and the columns it sends back.  Every rank computes every rank's list.
+  local a2a = {}
+  for r = 0, W - 1 do a2a[r] = { feats = {}, tables = {}, dim = 0 } end
+  local rw = { feats = {}, tables = {}, dim = 0 }
+  local dp = { feats = {}, tables = {}, dim = 0 }
+  self.rw_blocks = nil
+  local function base_of(t, name, i)
+    local o = { name = name, rows = t.rows, dim = t.dim, dtype = t.dtype, pooling = t.pooling,
+                placement = t.placement, state_placement = t.state_placement,
+                shard = { logical = i - 1, rows = t.rows, dim = t.dim } }
+    return o
+  end
+  for i, t in ipairs(tables) do
+    local p = plan.tables[t.name]
+    local fs = t.features or { t.name }
+    if p.kind == "table_wise" then
+      local r = p.shards[1].rank
+      local g = a2a[r]
+      local o = base_of(t, t.name, i)
+      o.features = {}
+      for _, f in ipairs(fs) do
+        o.features[#o.features + 1] = f
+        g.feats[#g.feats + 1] = { src = f, name = f, dim = t.dim, col = g.dim }
+        g.dim = g.dim + t.dim
+      end
+      g.tables[#g.tables + 1] = o
+    elseif p.kind == "column_wise" then
+      for s, sh in ipairs(p.shards) do
+        local g = a2a[sh.rank]
+        local o = base_of(t, ("%s/c%d"):format(t.name, s - 1), i)
+        o.dim = sh.dim
+        o.shard.col0 = sh.col0
+        o.features = {}
+        for _, f in ipairs(fs) do
+          local name = ("%s/c%d"):format(f, s - 1)
+          o.features[#o.features + 1] = name
+          g.feats[#g.feats + 1] = { src = f, name = name, dim = sh.dim, col = g.dim, shard = s }
+          g.dim = g.dim + sh.dim
+        end
+        g.tables[#g.tables + 1] = o
+      end
+    elseif p.kind == "row_wise" then
+      local sh = p.shards[me + 1]
+      -- A block past the table's end holds no row: it gets one that no id reaches.
+      local o = base_of(t, ("%s/r%d"):format(t.name, me), i)
+      o.rows = math.max(sh.rows, 1)
+      o.shard.row0 = sh.rows > 0 and sh.row0 or t.rows - 1
+      o.features = {}
+      self.rw_blocks = self.rw_blocks or {}
+      for _, f in ipairs(fs) do
+        o.features[#o.features + 1] = f
+        rw.feats[#rw.feats + 1] = { src = f, name = f, dim = t.dim, col = rw.dim }
+        rw.dim = rw.dim + t.dim
+        self.rw_blocks[f] = { block = p.block, rows = t.rows }
+      end
+      rw.tables[#rw.tables + 1] = o
+    else
+      local o = base_of(t, t.name, i)
+      o.features = {}
+      for _, f in ipairs(fs) do
+        o.features[#o.features + 1] = f
+        dp.feats[#dp.feats + 1] = { src = f, name = f, dim = t.dim, col = dp.dim }
+        dp.dim = dp.dim + t.dim
+      end
+      dp.tables[#dp.tables + 1] = o
+    end
+  end
+  self.a2a, self.rw, self.dp = a2a, rw, dp
+
+  -- This rank's collections, one per kind of exchange.
+  local common = {}
+  for _, k in ipairs(COMMON) do common[k] = opts[k] end
+  if common.device == nil and comm.device and comm.device >= 0 then common.device = comm.device end
+  local function build(group, what)
+    if #group.tables == 0 then return nil end
+    local o = copy_table(common)
+    o.tables = group.tables
+    local c, err = tbe.new(o, 5)
+    if not c then error(("dist.shard: rank %d's %s shards: %s"):format(me, what, err), 5) end
+    return c
+  end
+  self.tbe_a2a = build(a2a[me], "table- and column-wise")
+  self.tbe_rw = build(rw, "row-wise")
+  self.tbe_dp = build(dp, "data-parallel")
+  self.collections = {}
+  for _, key in ipairs { "tbe_a2a", "tbe_rw", "tbe_dp" } do
+    if self[key] then self.collections[#self.collections + 1] = self[key] end
+  end
+  local any = self.collections[1]
+  self.device = any and any.device or -1
+  self.placement = self.device >= 0 and "device" or "host"
+
+  -- What every rank sends each rank (keys of the bucketized input), and what it receives.
+  self.send_keys = {}
+  for d = 0, W - 1 do
+    local list = {}
+    for _, f in ipairs(a2a[d].feats) do list[#list + 1] = f.src end
+    for _, f in ipairs(rw.feats) do list[#list + 1] = ("%s@%d"):format(f.src, d) end
+    for _, f in ipairs(dp.feats) do list[#list + 1] = f.src end
+    self.send_keys[d] = list
+  end
+  local recv = {}
+  for _, g in ipairs { a2a[me], rw, dp } do
+    for _, f in ipairs(g.feats) do recv[#recv + 1] = f.name end
+  end
+  self.recv_keys = recv
+  self.nrecv = #recv
+  self.groups = { #a2a[me].feats, #rw.feats, #dp.feats }
+  local rank_major, key_major = {}, {}
+  for s = 0, W - 1 do
+    for k = 1, #recv do rank_major[#rank_major + 1] = ("%s#%d"):format(recv[k], s) end
+  end
+  for k = 1, #recv do
+    for s = 0, W - 1 do key_major[#key_major + 1] = s * #recv + k end
+  end
+  self.rank_major_keys, self.key_major_order = rank_major, key_major
+  self.dp_keys = {}
+  for _, f in ipairs(dp.feats) do self.dp_keys[#self.dp_keys + 1] = f.src end
+
+  -- The output's pieces in the collection's order: {source, column, width}; sources are
+  -- 1..W (rank s's table- and column-wise block), W + 1 (row-wise), W + 2 (data-parallel).
+  local pieces, out_dim = {}, 0
+  local where = {}
+  for s = 0, W - 1 do
+    for _, f in ipairs(a2a[s].feats) do
+      where[f.src] = where[f.src] or {}
+      where[f.src][#where[f.src] + 1] = { src = s + 1, col = f.col, width = f.dim, shard = f.shard or 1 }
+    end
+  end
+  for _, f in ipairs(rw.feats) do where[f.src] = { { src = W + 1, col = f.col, width = f.dim, shard = 1 } } end
+  for _, f in ipairs(dp.feats) do where[f.src] = { { src = W + 2, col = f.col, width = f.dim, shard = 1 } } end
+  for _, f in ipairs(self.features) do
+    local list = where[f]
+    if not list then error(("dist.shard: feature '%s' is on no table"):format(tostring(f)), 4) end
+    table.sort(list, function(a, b) return a.shard < b.shard end) -- column shards in column order
+    for _, p in ipairs(list) do
+      pieces[#pieces + 1] = p
+      out_dim = out_dim + p.width
+    end
+  end
+  self.out_dim = out_dim
+  self.pieces = pieces
+  -- per source, its pieces in column order (they tile its columns)
+  local by_src = {}
+  for i, p in ipairs(pieces) do
+    by_src[p.src] = by_src[p.src] or {}
+    by_src[p.src][#by_src[p.src] + 1] = i
+  end
+  for _, list in pairs(by_src) do
+    table.sort(list, function(a, b) return pieces[a].col < pieces[b].col end)
+  end
+  self.by_src = by_src
+  self.a2a_dims = {}
+  for s = 0, W - 1 do self.a2a_dims[s + 1] = a2a[s].dim end
+  self._counts = { {}, {}, {}, {} }
+end
+
+-- ---- the input exchange ----
+
+local function fill(list, n, v)
+  for i = 1, n do list[i] = v end
+  return list
+end
+
+local function new_like(kj, dtype, n)
+  local place = kj:placement()
+  local o = { dtype = dtype, placement = place }
+  if place == "device" or place == "managed" then o.device = kj:device() end
+  return assert(tensor.tensor({ n }, o))
+end
+
+-- The global batch of this rank's shards' features, as one KJT (key-major, stride W * B).
+function Sharded:_exchange(input)
+  local comm, W, me, stream = self.comm, self.world, self.rank, self.stream
+  local B = input:stride()
+  local kin = input
+  if self.rw_blocks then kin = assert(input:bucketize(W, self.rw_blocks)) end
+  if not self._order then
+    local index = {}
+    for i, k in ipairs(kin:keys()) do index[k] = i end
+    local order = {}
+    for d = 0, W - 1 do
+      for _, k in ipairs(self.send_keys[d]) do
+        if not index[k] then
+          error(("dist: the input has no key '%s' (keys: %s)"):format(k, table.concat(kin:keys(), ", ")), 4)
+        end
+        order[#order + 1] = index[k]
+      end
+    end
+    self._order = order
+  end
+  local send = assert(kin:permute(self._order))
+  if kin ~= input then kin:free() end
+
+  -- splits first: per destination and key, the counts of lengths and values
+  local n = #self._order
+  local sp = ffi.new("int64_t[?]", 2 * n)
+  local send_len, send_val, at = self._counts[1], self._counts[2], 0
+  for d = 0, W - 1 do
+    local nk, nv = #self.send_keys[d], 0
+    for k = 1, nk do
+      local span = send:key_span(at + k)
+      local v = span.values[2] - span.values[1]
+      sp[2 * (at + k - 1)], sp[2 * (at + k - 1) + 1] = B, v
+      nv = nv + v
+    end
+    send_len[d + 1], send_val[d + 1] = nk * B, nv
+    at = at + nk
+  end
+  local host_splits = tensor.tensor({ 2 * n }, { dtype = "i64" })
+  lib.must(lib.C.ur_tensor_write(host_splits.p, 0, 2 * n, sp))
+  local splits = host_splits
+  if send:placement() == "device" then splits = assert(host_splits:to("device", send:device(), stream)) end
+  local K = self.nrecv
+  local rsplits = new_like(send, "i64", 2 * K * W)
+  local sc, rc = {}, fill({}, W, 2 * K)
+  for d = 0, W - 1 do sc[d + 1] = 2 * #self.send_keys[d] end
+  assert(comm:all_to_all(splits, rsplits, sc, rc, stream))
+  assert(comm:wait(stream))
+  local r = rsplits:totable()
+  local recv_len, recv_val = self._counts[3], self._counts[4]
+  local total_len, total_val = 0, 0
+  for s = 0, W - 1 do
+    local l, v = 0, 0
+    for k = 0, K - 1 do
+      local b = r[2 * (s * K + k) + 1]
+      if b ~= B then
+        error(("dist: rank %d has a batch of %d samples and rank %d of %d; the ranks take equal shares "
+          .. "of a global batch"):format(me, B, s, b), 4)
+      end
+      l, v = l + b, v + r[2 * (s * K + k) + 2]
+    end
+    recv_len[s + 1], recv_val[s + 1] = l, v
+    total_len, total_val = total_len + l, total_val + v
+  end
+
+  -- then lengths, values and weights in one grouped exchange
+  local lengths, values, weights = send:lengths(), send:values(), send:weights()
+  local rl, rv = new_like(send, "i32", total_len), new_like(send, "i64", total_val)
+  local rwt = weights and new_like(send, "f32", total_val) or nil
+  assert(comm:group_start())
+  assert(comm:all_to_all(lengths, rl, send_len, recv_len, stream))
+  assert(comm:all_to_all(values, rv, send_val, recv_val, stream))
+  if weights then assert(comm:all_to_all(weights, rwt, send_val, recv_val, stream)) end
+  assert(comm:group_end(stream))
+  assert(comm:wait(stream))
+  lengths:free()
+  values:free()
+  if weights then weights:free() end
+  send:free()
+  host_splits:free()
+  if splits ~= host_splits then splits:free() end
+  rsplits:free()
+
+  -- rank-major (source, key, sample) to key-major (key, source, sample): the global batch
+  local rk = kjt.new({ keys = self.rank_major_keys, values = rv, lengths = rl, weights = rwt, stride = B,
+                       check = false }, 3)
+  local km = assert(rk:permute(self.key_major_order))
+  local kv, kl, kw = km:values(), km:lengths(), km:weights()
+  local glob = kjt.new({ keys = self.recv_keys, values = kv, lengths = kl, weights = kw, stride = W * B,
+                         check = false }, 3)
+  for _, t in ipairs { rv, rl, rwt, kv, kl, kw } do t:free() end
+  rk:free()
+  km:free()
+  return glob, B
+end
+
+-- ---- forward ----
+
+local function buf(self, key, rows, cols) return self:buffer(key, self.output_dtype, rows, cols) end
+
+function Sharded:_check_input(input)
+  if type(input) ~= "cdata" or type(input.keys) ~= "function" then
+    error(self:type_name() .. ": the input must be a KJT (its keys in the collection's feature order)", 4)
+  end
+end
+
+function Sharded:updateOutput(input)
+  self:_check_input(input)
+  local comm, W, stream = self.comm, self.world, self.stream
+  if self._parts then for _, p in ipairs(self._parts) do p:free() end end
+  if self._glob then self._glob:free() end
+  local glob, B = self:_exchange(input)
+  self._glob, self._B = glob, B
+  local parts = assert(glob:split(self.groups))
+  self._parts = parts
+  local srcs = {}
+  -- table- and column-wise: pool the global batch, send each rank its rows back
+  local D = self.a2a[self.rank].dim
+  local total = 0
+  for s = 1, W do total = total + self.a2a_dims[s] end
+  if total > 0 then
+    local recv = buf(self, "a2a_recv", 1, B * total)
+    if self.tbe_a2a then
+      local out = buf(self, "a2a_out", W * B, D)
+      assert(self.tbe_a2a:forward(parts[1], out, stream))
+      self._send = out
+    else
+      self._send = self:_empty()
+    end
+    local sc, rc = {}, {}
+    for s = 1, W do
+      sc[s], rc[s] = B * D, B * self.a2a_dims[s]
+    end
+    assert(comm:all_to_all(self._send, recv, sc, rc, stream))
+    local at = 0
+    for s = 1, W do
+      local d = self.a2a_dims[s]
+      if d > 0 then srcs[s] = recv:view_as(at, { B, d }) end
+      at = at + B * d
+    end
+  end
+  -- row-wise: partial sums over the global batch, reduced and scattered
+  if self.tbe_rw then
+    local out = buf(self, "rw_out", W * B, self.rw.dim)
+    assert(self.tbe_rw:forward(parts[2], out, stream))
+    srcs[W + 1] = buf(self, "rw_local", B, self.rw.dim)
+    assert(comm:reduce_scatter(out, srcs[W + 1], "sum", stream))
+  end
+  assert(comm:wait(stream))
+  -- data-parallel: this rank's own batch
+  if self.tbe_dp then
+    local mine = assert(input:permute(self.dp_keys))
+    srcs[W + 2] = buf(self, "dp_out", B, self.dp.dim)
+    assert(self.tbe_dp:forward(mine, srcs[W + 2], stream))
+    mine:free()
+  end
+  -- the pieces side by side in the collection's order
+  local pieces = self._piece_bufs or {}
+  self._piece_bufs = pieces
+  for i, p in ipairs(self.pieces) do pieces[i] = buf(self, "piece" .. i, B, p.width) end
+  for src, list in pairs(self.by_src) do
+    local parts_of = {}
+    for j, i in ipairs(list) do parts_of[j] = pieces[i] end
+    dense.split(srcs[src], parts_of, stream)
+  end
+  self.output = buf(self, "output", B, self.out_dim)
+  dense.concat(pieces, self.output, stream)
+  for s = 1, W do
+    if srcs[s] then srcs[s]:free() end
+  end
+  return self.output
+end
+
+-- Ids have no gradient.
+function Sharded:updateGradInput(input, gradOutput) -- luacheck: ignore 212
+  self.gradInput = nil
+  return nil
+end
+
+-- The fused optimizer step of every shard, from the gradient of this rank's output.
+function Sharded:accGradParameters(input, gradOutput) -- luacheck: ignore 212 (the input came through forward)
+  local comm, W, stream, B = self.comm, self.world, self.stream, self._B
+  if not self._parts then error(self:type_name() .. ": backward before forward", 3) end
+  local pieces = self._piece_bufs
+  for i, p in ipairs(self.pieces) do pieces[i] = buf(self, "gpiece" .. i, B, p.width) end
+  dense.split(gradOutput, pieces, stream)
+  local grads = {}
+  local total = 0
+  for s = 1, W do total = total + self.a2a_dims[s] end
+  local send = total > 0 and buf(self, "a2a_gsend", 1, B * total) or nil
+  local at = 0
+  for src = 1, W + 2 do
+    local list = self.by_src[src]
+    if list then
+      local cols = src <= W and self.a2a_dims[src] or (src == W + 1 and self.rw.dim or self.dp.dim)
+      local g
+      if src <= W then g = send:view_as(at, { B, cols })
+      else g = buf(self, src == W + 1 and "rw_glocal" or "dp_glocal", B, cols) end
+      local parts_of = {}
+      for j, i in ipairs(list) do parts_of[j] = pieces[i] end
+      dense.concat(parts_of, g, stream)
+      grads[src] = g
+    end
+    if src <= W then at = at + B * self.a2a_dims[src] end
+  end
+  local D = self.a2a[self.rank].dim
+  local ga2a, grw, gdp
+  if total > 0 then
+    ga2a = D > 0 and buf(self, "a2a_grecv", W * B, D) or self:_empty()
+    local sc, rc = {}, {}
+    for s = 1, W do sc[s], rc[s] = B * self.a2a_dims[s], B * D end
+    assert(comm:all_to_all(send, ga2a, sc, rc, stream))
+  end
+  if self.tbe_rw then
+    grw = buf(self, "rw_gglobal", W * B, self.rw.dim)
+    assert(comm:all_gather(grads[W + 1], grw, stream))
+  end
+  if self.tbe_dp then
+    gdp = buf(self, "dp_gglobal", W * B, self.dp.dim)
+    assert(comm:all_gather(grads[W + 2], gdp, stream))
+  end
+  assert(comm:wait(stream))
+  for s = 1, W do
+    if grads[s] then grads[s]:free() end
+  end
+  if self.tbe_a2a then assert(self.tbe_a2a:backward(self._parts[1], ga2a, stream)) end
+  if self.tbe_rw then assert(self.tbe_rw:backward(self._parts[2], grw, stream)) end
+  if self.tbe_dp then assert(self.tbe_dp:backward(self._parts[3], gdp, stream)) end
+end
+
+-- A tensor of no elements where the collections run: what a rank without table- or
+-- column-wise shards sends and receives.
+function Sharded:_empty()
+  if not self._none then
+    local o = { dtype = self.output_dtype, placement = self.placement }
+    if self.device >= 0 then o.device = self.device end
+    self._none = assert(tensor.tensor({ 0 }, o))
+  end
+  return self._none
+end
+
+-- ---- tables ----
+
+-- This rank's shards as parameters (fused: no gradient): "C3/r1" is rank 1's rows of C3.
+function Sharded:parameters(prefix, out)
+  out = out or {}
+  prefix = prefix or ""
+  for _, c in ipairs(self.collections) do
+    for _, t in ipairs(c:tables()) do
+      out[#out + 1] = { name = prefix .. t.name, tensor = t.tensor, module = self, fused = true }
+    end
+  end
+  return out
+end
+
+-- The whole logical table `name` [rows, dim] in host memory on every rank, gathered from its
+-- shards (a collective: every rank calls it).
+function Sharded:full_table(name)
+  local p = self.plan.tables[name]
+  if not p then error(("dist: no table named '%s'"):format(tostring(name)), 2) end
+  local comm, W, me, stream = self.comm, self.world, self.rank, self.stream
+  local function local_shard(shard_name, c)
+    return assert(c:table(shard_name):to(self.device >= 0 and "device" or "host", nil, stream))
+  end
+  local function on_host(t) return assert(t:to("host")) end
+  local dtype = self.table_opts[name].dtype or self.default_dtype
+  local place = self.device >= 0 and "device" or "host"
+  local function new(shape)
+    local o = { dtype = dtype, placement = place, device = self.device >= 0 and self.device or nil }
+    return assert(tensor.tensor(shape, o))
+  end
+  local full
+  if p.kind == "data_parallel" then
+    full = local_shard(name, self.tbe_dp)
+  elseif p.kind == "table_wise" then
+    local owner = p.shards[1].rank
+    full = owner == me and local_shard(name, self.tbe_a2a) or new({ p.rows, p.dim })
+    assert(comm:broadcast(full, owner, stream))
+  elseif p.kind == "row_wise" then
+    local counts = {}
+    for r = 0, W - 1 do counts[r + 1] = p.shards[r + 1].rows * p.dim end
+    local mine = local_shard(("%s/r%d"):format(name, me), self.tbe_rw)
+    local part = mine:view_as(0, { p.shards[me + 1].rows * p.dim })
+    full = new({ p.rows, p.dim })
+    assert(comm:all_gather(part, full, counts, stream))
+    assert(comm:wait(stream))
+    part:free()
+    mine:free()
+  else
+    local cols = {}
+    for s, sh in ipairs(p.shards) do
+      local shard_name = ("%s/c%d"):format(name, s - 1)
+      cols[s] = sh.rank == me and local_shard(shard_name, self.tbe_a2a) or new({ p.rows, sh.dim })
+      assert(comm:broadcast(cols[s], sh.rank, stream))
+    end
+    assert(comm:wait(stream))
+    -- side by side, row by row in host memory (any dtype)
+    local host = assert(tensor.tensor({ p.rows, p.dim }, { dtype = dtype }))
+    local es = host:nbytes() / (p.rows * p.dim)
+    local dst = ffi.cast("uint8_t *", lib.C.ur_tensor_data(host.p))
+    for s, sh in ipairs(p.shards) do
+      local c = on_host(cols[s])
+      cols[s]:free()
+      local src = ffi.cast("uint8_t *", lib.C.ur_tensor_data(c.p))
+      local w = sh.dim * es
+      for r = 0, p.rows - 1 do ffi.copy(dst + (r * p.dim + sh.col0) * es, src + r * w, w) end
+      c:free()
+    end
+    return host
+  end
+  assert(comm:wait(stream))
+  local h = on_host(full)
+  full:free()
+  return h
+end
+
+function Sharded:set_lr(lr)
+  for _, c in ipairs(self.collections) do c:set_lr(lr) end
+  return self
+end
+
+function Sharded:lr() return self.collections[1] and self.collections[1]:lr() end
+
+-- bf16 precision makes the output (and the gradient it takes) bf16, as the unsharded one.
+function Sharded:set_precision(precision)
+  if precision ~= "f32" and precision ~= "tf32" and precision ~= "bf16" then
+    error("set_precision: '" .. tostring(precision) .. "' is not f32, tf32 or bf16", 2)
+  end
+  local dtype = precision == "bf16" and "bf16" or "f32"
+  for _, c in ipairs(self.collections) do c:set_output_dtype(dtype) end
+  self.output_dtype, self.precision = dtype, precision
+  self._bufs = {}
+  if self._none then self._none:free() end
+  self._none = nil
+  return self
+end
+
+function Sharded:features() return { unpack(self.features) } end
+function Sharded:to() return self end
+function Sharded:zero_grad() return self end
+
+function Sharded:free()
+  if self._parts then for _, p in ipairs(self._parts) do p:free() end end
+  if self._glob then self._glob:free() end
+  self._parts, self._glob = nil, nil
+  for _, c in ipairs(self.collections) do c:free() end
+end
+
+function Sharded:extra_repr()
+  local kinds = {}
+  for _, name in ipairs(self.plan.order) do
+    local k = self.plan.tables[name].kind
+    kinds[k] = (kinds[k] or 0) + 1
+  end
+  local parts = {}
+  for _, k in ipairs { "table_wise", "row_wise", "column_wise", "data_parallel" } do
+    if kinds[k] then parts[#parts + 1] = ("%d %s"):format(kinds[k], k) end
+  end
+  return ("(%d tables: %s; rank %d of %d, %d features -> %d)"):format(#self.plan.order, table.concat(parts, ", "),
+    self.rank, self.world, #self.features, self.out_dim)
+end
+
+local M = { Sharded = Sharded }
+
+-- dist.shard(collection, plan[, comm]): a sharded collection over the job's ranks with the
+-- collection's forward and backward.  collection: an EmbeddingBagCollection (its options are
+-- rebuilt as shards; free the original when done with it) or the options themselves (then no
+-- rank ever holds a whole table it does not own).  plan: a kind for every table or
+-- {default =, [table] = kind}, as uvmrec.dist.plan reads it.
+function M.shard(collection, spec, comm)
+  comm = comm or require("uvmrec.dist").job()
+  local opts = collection
+  if type(collection) == "table" and collection.options then opts = collection.options end
+  return Sharded(opts, spec, comm)
+end
+
+-- dist.shard_modules(model, plan[, opts]): every EmbeddingBagCollection of the model replaced
+-- by its sharded collection (the originals freed); the dense modules made data-parallel
+-- (uvmrec.dist.ddp: gradients all-reduced in buckets during the backward) and the model's
+-- BCE criterion taken over the global batch.  opts: comm, bucket_bytes.  Returns the model.
+function M.shard_modules(model, spec, opts)
+  opts = opts or {}
+  local comm = opts.comm or require("uvmrec.dist").job()
+  local EBC = require "uvmrec.nn.EmbeddingBagCollection"
+  local function visit(m)
+    local kids = m.modules
+    if not kids then return end
+    for i, c in ipairs(kids) do
+      if Module.is(c, EBC) then
+        local s = M.shard(c, spec, comm)
+        s:share_arena(m)
+        kids[i] = s
+        for k, v in pairs(m) do
+          if v == c then m[k] = s end
+        end
+        c.tbe:free()
+      else
+        visit(c)
+      end
+    end
+  end
+  visit(model)
+  require("uvmrec.dist.ddp").data_parallel(model, { comm = comm, bucket_bytes = opts.bucket_bytes })
+  return model
+end
+
+return M

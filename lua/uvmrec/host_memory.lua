@@ -1,0 +1,127 @@
+-- uvmrec.host_memory: the host memory a training run will hold, counted from its config before
+-- anything is allocated, and checked against a limit: --host-memory, else the cgroup's memory
+-- limit when one is set; never MemTotal, which can under-report on GPU hosts (and is no limit
+-- where a cgroup holds the process).  What is counted: embedding tables living on the host
+-- (placement host: pinned on a GPU; managed: they start there; cached: their backing store) and
+-- their optimizer state, the loader's slots and windows, and the page cache the day files need
+-- (read at random, they must stay in memory or the loader waits for the disk).
+--   local need = host_memory.count(cfg, loader_opts, gpu)  -- {items = {{what, bytes}}, total}
+--   assert(host_memory.check(need, "100GiB"))             -- nil, message with the numbers
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local C = lib.C
+
+local M = {}
+
+local function planner() return require "uvmrec.planner" end
+
+local STATE = { sgd = function() return 0 end, rowwise_adagrad = function(rows) return rows * 4 end,
+                adagrad = function(rows, dim) return rows * dim * 4 end,
+                adam = function(rows, dim) return 2 * rows * dim * 4 end }
+local DTYPE_BYTES = { f32 = 4, f16 = 2, bf16 = 2 }
+
+-- The bytes of the files of day-file folder dir (0 when it has none).
+local function day_files(dir)
+  local total = 0
+  for _, name in ipairs(require("uvmrec.lib").dir_list(dir, "day_", ".npy") or {}) do
+    if name:match("^day_%d+_%a+%.npy$") then
+      local f = io.open(dir .. "/" .. name, "rb")
+      if f then
+        total = total + f:seek("end")
+        f:close()
+      end
+    end
+  end
+  return total
+end
+
+-- The loader's slots and windows for loader options o (ur.data.loader's) over data of the
+-- given shape; 0 when the generator draws on the GPU.
+local function loader_bytes(o, columns, tables, dense)
+  if o.placement == "device" then return 0 end
+  local co = ffi.new("ur_loader_opts")
+  co.batch_size, co.depth, co.threads = o.batch_size, o.depth or 4, o.threads or 0
+  co.shuffle_window = o.shuffle_window or 0
+  local kind = type(o.data) == "table" and o.data.kind or tostring(o.data):match("^([%w-]+):")
+  co.source = kind == "criteo-tsv" and C.UR_SOURCE_CRITEO_TSV or kind == "criteo-bin" and C.UR_SOURCE_CRITEO_BIN
+              or C.UR_SOURCE_SYNTHETIC
+  return tonumber(C.ur_loader_host_bytes(co, columns, tables, dense))
+end
+
+-- What the run of training config cfg holds in host memory: {items = {{what =, bytes =}},
+-- total}.  loader: the training loader's options (uvmrec.train.data(...).train); gpu: whether the
+-- model runs on a GPU (else everything is host memory).
+function M.count(cfg, loader, gpu)
+  local e = cfg.embeddings
+  local rows = require("uvmrec.train.config").table_rows(cfg)
+  local optim = (e.optimizer and e.optimizer.name) or "sgd"
+  local state = STATE[optim] or STATE.adam
+  local tables, states, columns = 0, 0, 0
+  for i, r in ipairs(rows) do
+    local own = e.tables["C" .. i] or {}
+    local place = own.placement or e.placement
+    local on_host = not gpu or place == "host" or place == "managed" or place == "cached"
+    if on_host then
+      tables = tables + r * e.dim * (DTYPE_BYTES[own.dtype or e.dtype or "f32"] or 4)
+      states = states + state(r, e.dim)
+    end
+    columns = columns + 1
+  end
+  local items = { { what = "tables on the host", bytes = tables },
+                  { what = "their optimizer state", bytes = states } }
+  if loader then
+    local spec = type(loader.data) == "table" and loader.data.spec
+    if spec then -- synthetic: its tables' ids per sample
+      columns = 0
+      for _, h in ipairs(spec.hot_max) do columns = columns + h end
+    end
+    items[#items + 1] = { what = "the loader's buffers",
+                          bytes = loader_bytes(loader, columns, #rows, cfg.model.dense_features) }
+    local dir = type(loader.data) == "string" and loader.data:match("^criteo%-bin:(.+)$")
+    if dir then items[#items + 1] = { what = "the day files in the page cache", bytes = day_files(dir) } end
+  end
+  local total = 0
+  for _, it in ipairs(items) do total = total + it.bytes end
+  return { items = items, total = total }
+end
+
+-- The limit: given (bytes or "100GiB"), else the cgroup's memory limit, else nil.  Returns
+-- bytes, where it came from.
+function M.limit(given)
+  if given then
+    local ok, b = pcall(require("uvmrec").bytes, given)
+    if not ok then error("host memory: " .. tostring(b):gsub("^[^\n]-:%d+: ", ""), 3) end
+    return b, "--host-memory"
+  end
+  for _, path in ipairs { "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes" } do
+    local f = io.open(path)
+    if f then
+      local v = tonumber((f:read("*l") or ""):match("^(%d+)$"))
+      f:close()
+      if v and v < 2 ^ 60 then return v, "the cgroup's limit (" .. path .. ")" end
+    end
+  end
+  return nil
+end
+
+-- One line: "tables on the host 89.50 GiB, ..., in all 112.40 GiB".
+function M.describe(need)
+  local fmt, parts = planner().fmt_bytes, {}
+  for _, it in ipairs(need.items) do
+    if it.bytes > 0 then parts[#parts + 1] = ("%s %s"):format(it.what, fmt(it.bytes)) end
+  end
+  parts[#parts + 1] = "in all " .. fmt(need.total)
+  return table.concat(parts, ", ")
+end
+
+-- true, or nil and a message with the numbers when need (count's) exceeds the limit (given,
+-- else the cgroup's; no limit known: true).
+function M.check(need, given)
+  local limit, where = M.limit(given)
+  if not limit or need.total <= limit then return true, limit, where end
+  local fmt = planner().fmt_bytes
+  return nil, ("host memory: the run needs %s (%s) but %s are allowed (%s); place tables in HBM, make fewer or "
+    .. "smaller day files, or allow more"):format(fmt(need.total), M.describe(need), fmt(limit), where)
+end
+
+return M

@@ -1,0 +1,169 @@
+-- uvmrec.train.hooks: the hooks uvmrec.train.run composes a run of, in uvmrec.train.loop.run's
+-- protocol (start, before, after, finish; each gets the run).  A hook with state of its own to
+-- save registers it (register(registry): a uvmrec.checkpoint component), before a resume loads.
+-- The learning rates' hook is uvmrec.optim.Schedule.
+local ur = require "uvmrec"
+local progress = require "uvmrec.train.progress"
+local C = ur.C
+
+local M = {}
+
+-- trainer(ctx): where the run stands, the checkpoint component "trainer": the last step, the
+-- samples trained on and the data's position after the last batch trained (a pipeline reads
+-- ahead: the loader's own position is not it).  A resumed run starts at the saved step; ctx
+-- (uvmrec.train.run's) holds step, first, samples, position.
+function M.trainer(ctx)
+  return {
+    register = function(_, reg)
+      reg:register { name = "trainer",
+        state = function() return { meta = { step = ctx.step, samples = ctx.samples, position = ctx.position } } end,
+        load = function(_, meta)
+          ctx.step, ctx.first, ctx.samples, ctx.position = meta.step, meta.step + 1, meta.samples, meta.position
+        end }
+    end,
+    start = function(_, run) run.step, run.samples = ctx.step, ctx.samples end,
+    after = function(_, run, batch)
+      ctx.step, ctx.samples = run.step, run.samples
+      ctx.position = batch:position() or ctx.position
+    end,
+  }
+end
+
+-- log{progress =, line =, every =, optimizer =}: every `every` steps the loss is read (the one
+-- wait for the GPU), shown by progress (uvmrec.train.progress) and written as a "train" line
+-- (line(t): the run directory's); at the end, the last step's when it was not.  self.loss: the
+-- last loss read.
+function M.log(o)
+  local h = { every = o.every or 10, logged = nil, loss = nil }
+  local function line(run)
+    local loss = run.loss:get(0)
+    h.loss, h.logged = loss, run.step
+    o.progress:update(run.step, loss, run.samples)
+    o.line { event = "train", step = run.step, samples = run.samples, loss = loss, seconds = o.progress:elapsed(),
+             samples_per_s = o.progress.rate, lr = o.optimizer:lr() }
+  end
+  function h.after(_, run)
+    if run.step % h.every == 0 then line(run) end
+  end
+  function h.finish(_, run)
+    if not run.error and run.loss and h.logged ~= run.step then line(run) end
+  end
+  return h
+end
+
+-- evaluation{every =, last =, model =, data = (the held-out loader's options), source = (a
+-- uvmrec.train.source.loader, attached to each evaluation's loader), metrics =, samples =,
+-- batch_size =, progress =, line =}: the model's held-out metrics every `every` steps (0:
+-- never) but at step `last`, which the run evaluates at its end (evaluate(step)); shown,
+-- logged as an "eval" line and kept in self.evals.
+function M.evaluation(o)
+  local evaluate = require "uvmrec.train.evaluate"
+  local h = { evals = {} }
+  function h.evaluate(_, step)
+    o.progress:pause()
+    local l = assert(ur.data.loader(o.data))
+    o.source:attach(l)
+    local r, e = evaluate.run(o.model, o.source, { metrics = o.metrics, samples = o.samples,
+                                                   batch_size = o.batch_size })
+    o.source:drain()
+    l:close()
+    if not r then error(e, 0) end
+    r.step = step
+    h.evals[#h.evals + 1] = r
+    o.progress:message(("eval at step %d: %s  (%d samples, %.1f s)"):format(step, evaluate.format(r, o.metrics),
+                                                                          r.samples, r.seconds))
+    local line = { event = "eval", step = step }
+    for k, v in pairs(r) do line[k] = v end
+    o.line(line)
+    o.progress:resume()
+    return r
+  end
+  function h.after(_, run)
+    if o.every > 0 and run.step % o.every == 0 and run.step ~= o.last then h:evaluate(run.step) end
+  end
+  function h.free() o.source:free() end
+  return h
+end
+
+local function file_bytes(path)
+  local f = io.open(path, "rb")
+  if not f then return 0 end
+  local n = f:seek("end")
+  f:close()
+  return n
+end
+
+-- checkpoints{every =, registry =, dir =, config =, keep =, progress =, line =}: the registry
+-- saved into dir every `every` steps ("every"), at the end when every > 0 ("end"), and when a
+-- signal stopped the run ("signal"); never twice at one step, and not at a resumed run's
+-- first step before it trained; shown and logged as a "checkpoint" line.  self.saved: {step,
+-- path} of the last.
+function M.checkpoints(o)
+  local h = { saved = nil }
+  local function save(step, why)
+    o.progress:pause()
+    local t0 = C.ur_clock_seconds()
+    local path, err = o.registry:save_step(o.dir, { step = step, config = o.config, keep = o.keep })
+    if not path then error(err, 0) end
+    local secs, bytes = C.ur_clock_seconds() - t0, file_bytes(path)
+    o.progress:message(("checkpoint at step %d: %s (%s, %.1f s)"):format(step, path, progress.bytes(bytes), secs))
+    o.line { event = "checkpoint", step = step, path = path, bytes = bytes, seconds = secs, reason = why }
+    o.progress:resume()
+    h.saved = { step = step, path = path }
+  end
+  function h.start(_, run) h.first = run.step + 1 end
+  function h.after(_, run)
+    if o.every > 0 and run.step % o.every == 0 then save(run.step, "every") end
+  end
+  function h.finish(_, run)
+    if run.error or run.step < h.first or (h.saved and h.saved.step == run.step) then return end
+    if run.interrupted then save(run.step, "signal")
+    elseif o.every > 0 then save(run.step, "end") end
+  end
+  return h
+end
+
+-- hints(manager, line, say): a hint policy manager (uvmrec.hints) stepped after each step; each
+-- interval's record (and the first) logged as a "hints" line, its summary said at the start.
+function M.hints(manager, line, say)
+  local function note(rec)
+    local l = { event = "hints" }
+    for k, v in pairs(rec) do l[k] = v end
+    line(l)
+  end
+  return {
+    start = function(_, run)
+      note(manager:start(run.step))
+      say(manager:summary())
+    end,
+    after = function(_, run)
+      local rec = manager:step(run.step)
+      if rec then note(rec) end
+    end,
+  }
+end
+
+local SIGNALS = { [2] = "SIGINT", [15] = "SIGTERM" }
+
+-- signals(catch): the interrupt flag stops the run at the step boundary after it rises
+-- (run.interrupted = {signal, name, step}); with catch, SIGINT and SIGTERM only raise it while
+-- the loop runs (one call a step, no system call).  Last in a run's hooks: the others' after
+-- has run when it stops, and the handlers come back after their finish (a checkpoint's save).
+function M.signals(catch)
+  return {
+    start = function()
+      if catch then assert(require("uvmrec.lib").check(C.ur_signals_catch(1))) end
+    end,
+    after = function(_, run)
+      if C.ur_interrupt_get() == 0 then return end
+      local sig = catch and C.ur_signals_caught() or 0
+      run.interrupted = { signal = sig, name = SIGNALS[sig] or "the interrupt flag", step = run.step }
+      run:stop()
+    end,
+    finish = function()
+      if catch then C.ur_signals_catch(0) end
+    end,
+  }
+end
+
+return M

@@ -1,0 +1,132 @@
+-- uvmrec.dist's communicators (engine/src/dist/, uvmrec.h section 9) and `uvmrec launch`: every
+-- collective over 1 to 4 ranks against a reference (spec/support/dist_collectives.lua, run as
+-- each rank), the engines a job gets, NCCL found without a GPU, and each documented error.
+local ur = require "uvmrec"
+local dist = require "uvmrec.dist"
+local command = require "command"
+
+local function launch(args)
+  return command.sh(command.bin() .. " launch " .. args)
+end
+
+local function have_mpi() return dist.mpi() ~= nil and command.have("mpirun") end
+
+describe("uvmrec.dist communicators", function()
+  it("runs every collective in a world of one: copies, with statistics", function()
+    local out, err, code = command.sh(command.bin() .. " spec/support/dist_collectives.lua")
+    assert.equal(0, code, err)
+    assert.matches("rank 0: ok %(communicator rank 0 of 1 %(host self, device none%); 16 calls, 0 bytes", out)
+  end)
+
+  for _, w in ipairs { 2, 3, 4 } do
+    it(("runs every collective over %d ranks through MPI, against the reference"):format(w), function()
+      if not have_mpi() then pending("no MPI here: " .. tostring(select(2, dist.mpi()))) return end
+      local out, err, code = launch(("-n %d spec/support/dist_collectives.lua"):format(w))
+      assert.equal(0, code, out .. err)
+      for r = 0, w - 1 do
+        local prefix = r == 0 and "" or ("%[rank " .. r .. "%] ")
+        assert.matches("\n?" .. prefix .. "rank " .. r .. ": ok %(communicator rank " .. r .. " of " .. w
+                       .. " %(host mpi, device none%); 16 calls", out)
+      end
+      assert.is_nil(out:match("\nrank [1-9]"), "only rank 0's lines go unprefixed")
+    end)
+  end
+
+  it("joins a job started by a plain mpirun, ranks from MPI's environment", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local root = command.sh("id -u") == "0\n" and "--allow-run-as-root " or ""
+    local out, err, code = command.sh(("mpirun %s--oversubscribe -np 3 %s spec/support/dist_collectives.lua")
+      :format(root, command.bin()))
+    assert.equal(0, code, out .. err)
+    assert.matches("rank 0: ok %(communicator rank 0 of 3 %(host mpi", out)
+    assert.matches("%[rank 2%] rank 2: ok %(communicator rank 2 of 3 %(host mpi", out)
+  end)
+
+  it("opens NCCL without a GPU, or names every file it tried", function()
+    local n, why = dist.nccl()
+    if n then
+      assert.is_true(n.version >= 20700, "NCCL 2.7 or later: " .. n.version)
+      assert.matches("libnccl%.so", n.path)
+    else
+      assert.matches("NCCL %(libnccl%.so%.2%) not found; tried .*UVMREC_NCCL", why)
+    end
+    local old = os.getenv("UVMREC_NCCL")
+    -- a named file that is not there is reported as such (the process opens NCCL once, so in a child)
+    local out, err, code = command.sh("UVMREC_NCCL=/nonexistent/libnccl.so.2 " .. command.bin()
+      .. " -e 'local d = require \"uvmrec.dist\"; local n, e = d.nccl(); print(n, e)'")
+    assert.equal(0, code, err)
+    assert.matches("nil\tcomm: NCCL %(libnccl%.so%.2%) not found; tried /nonexistent/libnccl%.so%.2", out)
+    assert.equal(old, os.getenv("UVMREC_NCCL"))
+  end)
+
+  it("opens the MPI plugin without starting MPI", function()
+    local m, why = dist.mpi()
+    if not m then
+      assert.matches("libuvmrec_mpi%.so did not load .* openmpi%-bin, libopenmpi%-dev", why)
+      return
+    end
+    assert.matches("MPI", m.library)
+    assert.matches("libuvmrec_mpi%.so$", m.path)
+  end)
+
+  it("reads the job from the environment", function()
+    local out, err, code = command.sh("UVMREC_WORLD=3 UVMREC_RANK=2 " .. command.bin()
+      .. " -e 'local e = require(\"uvmrec.dist\").environment(); print(e.rank, e.world, e.launcher)'")
+    assert.equal(0, code, err)
+    assert.equal("2\t3\tuvmrec\n", out:gsub("^%[rank 2%] ", ""))
+    local e = dist.environment()
+    assert.same({ 0, 1 }, { e.rank, e.world })
+  end)
+
+  describe("errors", function()
+    local comm = assert(dist.comm())
+    local a, b = ur.tensor({ 4 }), ur.tensor({ 3 })
+
+    it("names sizes, counts, roots and reductions that do not fit", function()
+      assert.has_error(function() comm:all_reduce(a, b) end,
+        "comm all_reduce: the input has 4 elements and the output 3; expected as many")
+      assert.has_error(function() comm:reduce_scatter(a, b) end,
+        "comm reduce_scatter: the input has 4 elements; expected 1 blocks of the output's 3")
+      assert.has_error(function() comm:all_to_all(a, b, { 4 }, { 3 }) end,
+        "comm all_to_all: rank 0 sends itself 4 elements and receives 3 from itself")
+      assert.has_error(function() comm:all_to_all(a, ur.tensor({ 4 }), { 5 }, { 4 }) end,
+        "comm all_to_all: send_counts sum to 5, and the input has 4 elements")
+      assert.has_error(function() comm:all_to_all(a, b, { 4, 1 }, { 3 }) end,
+        "comm: send_counts must list 1 counts, one per rank")
+      assert.has_error(function() comm:all_gather(a, b, { 4 }) end,
+        "comm all_gather: counts sum to 4, and the output has 3 elements")
+      assert.has_error(function() comm:broadcast(a, 1) end, "comm broadcast: root 1; expected a rank 0..0")
+      assert.has_error(function() comm:all_reduce(a, nil, "mean") end,
+        "comm: reduction 'mean' is not sum, max or min")
+      assert.has_error(function() comm:all_reduce(a, ur.tensor({ 4 }, { dtype = "i32" })) end,
+        "comm all_reduce: the input is f32 and the output i32; expected one dtype")
+      assert.has_error(function() comm:all_reduce(ur.tensor({ 2 }, { dtype = "u8" })) end,
+        "comm all_reduce: dtype u8 cannot be reduced here; expected f32, f64, i32 or i64 (f16, bf16 on GPUs)")
+      assert.has_error(function() comm:all_reduce("x") end, "comm: input must be a tensor, got string")
+      assert.has_error(function() comm:group_end() end, "comm group_end: no group_start before it")
+    end)
+
+    it("refuses a job on the CPU without MPI, naming the package", function()
+      local out, err, code = launch("-n 2 --fork train dlrm_tiny --cpu")
+      assert.equal(1, code, out)
+      assert.matches("uvmrec launch: 2 ranks on the CPU need MPI for their collectives, and %-%-fork starts "
+        .. "the ranks without it: install OpenMPI %(Debian: apt%-get install openmpi%-bin libopenmpi%-dev", err)
+      -- ranks started without MPI and without a GPU cannot make a communicator
+      local script = command.spit(os.tmpname(), 'assert(require("uvmrec.dist").init{cpu = true})')
+      out, err, code = launch("-n 2 --fork " .. script)
+      os.remove(script)
+      assert.is_true(code ~= 0, out)
+      assert.matches("comm: rank %d of 2 has neither MPI %(the job was not started by mpirun%) nor a GPU", err)
+      assert.matches("uvmrec launch: rank %d exited with 1; stopping the other ranks", err)
+    end)
+
+    it("says what launch needs", function()
+      local _, err, code = launch("")
+      assert.equal(2, code)
+      assert.matches("uvmrec launch: ", err)
+      _, err, code = launch("-n 0 train")
+      assert.equal(1, code)
+      assert.matches("%-n 0: expected at least 1 rank", err)
+    end)
+  end)
+end)

@@ -1,0 +1,120 @@
+-- uvmrec.dist.shard and shard_modules in a world of one (the collectives copy): every kind of
+-- sharding gives the unsharded collection's outputs and steps bit for bit, shards start as the
+-- unsharded table's rows (uvmrec.tbe's shard option), and a sharded, data-parallel DLRM trains
+-- as the plain one.  Over several ranks: spec/dist/train_spec.lua.
+local ur = require "uvmrec"
+local dist = require "uvmrec.dist"
+local tbe = require "uvmrec.tbe"
+local train = require "uvmrec.train"
+local h = require "helpers"
+
+local comm = assert(dist.comm())
+
+local function opts(optimizer)
+  return { tables = { { name = "a", rows = 100, dim = 16, features = { "f", "g" } },
+                      { name = "b", rows = 7, dim = 8, dtype = "f16" }, { name = "c", rows = 30, dim = 12 } },
+           optimizer = optimizer or { "adagrad", lr = 0.1 }, device = "cpu", seed = 5 }
+end
+
+local function batch(rng, n)
+  local values, lengths, weights = {}, {}, {}
+  local rows = { f = 100, g = 100, b = 7, c = 30 }
+  for _, key in ipairs { "f", "g", "b", "c" } do
+    for _ = 1, n do
+      local len = rng(4) - 1
+      lengths[#lengths + 1] = len
+      for _ = 1, len do
+        values[#values + 1] = rng(rows[key]) - 1
+        weights[#weights + 1] = rng(8) / 8
+      end
+    end
+  end
+  return ur.KJT { keys = { "f", "g", "b", "c" }, values = values, lengths = lengths, weights = weights }
+end
+
+describe("uvmrec.dist.shard", function()
+  it("makes shards start as the unsharded table's rows and columns", function()
+    local full = assert(tbe.new { tables = { { name = "x", rows = 50, dim = 16 },
+                                             { name = "y", rows = 9, dim = 8 } }, device = "cpu", seed = 3 })
+    local part = assert(tbe.new { tables = { { name = "x/rc", rows = 15, dim = 8,
+                                               shard = { logical = 0, rows = 50, dim = 16, row0 = 20, col0 = 4 } },
+                                             { name = "y", rows = 9, dim = 8,
+                                               shard = { logical = 1, rows = 9, dim = 8 } } },
+                                  device = "cpu", seed = 3 })
+    local x, s = full:table("x"):totable(), part:table("x/rc"):totable()
+    for r = 0, 14 do
+      for c = 0, 7 do assert.equal(x[(20 + r) * 16 + 4 + c + 1], s[r * 8 + c + 1]) end
+    end
+    assert.same(full:table("y"):totable(), part:table("y"):totable())
+    assert.has_error(function()
+      tbe.new { tables = { { name = "z", rows = 10, dim = 8,
+                             shard = { logical = 0, rows = 50, dim = 16, row0 = 45 } } }, device = "cpu" }
+    end, "tbe: table 'z' is rows [45, 55) and columns [0, 8) of logical table 0 of 50 x 16; expected a block inside "
+      .. "it and a logical index >= 0")
+  end)
+
+  h.cuda_it("draws a shard on the GPU as on the CPU", function()
+    local o = { tables = { { name = "x", rows = 40, dim = 8,
+                             shard = { logical = 2, rows = 90, dim = 24, row0 = 33, col0 = 12 } } }, seed = 9 }
+    local g = assert(tbe.new(o))
+    o.device = "cpu"
+    local c = assert(tbe.new(o))
+    assert.same(c:table("x"):totable(), g:table("x"):totable())
+  end)
+
+  local specs = {
+    table_wise = "table_wise", row_wise = "row_wise", data_parallel = "data_parallel",
+    ["column_wise, a in 3 shards"] = { default = "column_wise", a = { "column_wise", ranks = { 0, 0, 0 } } },
+    ["mixed"] = { a = "row_wise", b = "data_parallel", c = { "column_wise", ranks = { 0, 0 } } },
+  }
+  for _, what in ipairs { "table_wise", "row_wise", "data_parallel", "column_wise, a in 3 shards", "mixed" } do
+    local spec = specs[what]
+    it("gives the unsharded collection's forward and steps, bit for bit: " .. what, function()
+      local plain = ur.nn.EmbeddingBagCollection(opts())
+      local sharded = dist.shard(plain, spec, comm)
+      local rng = h.rng(11)
+      for step = 1, 3 do
+        local kjt = batch(rng, 9)
+        local a, b = plain:forward(kjt), sharded:forward(kjt)
+        assert.same(a:totable(), b:totable(), "forward " .. step)
+        local g = ur.tensor(a:size()):uniform(-1, 1, step)
+        plain:backward(kjt, g)
+        sharded:backward(kjt, g)
+        for _, t in ipairs { "a", "b", "c" } do
+          assert.same(plain:table(t):totable(), sharded:full_table(t):totable(), t .. " after step " .. step)
+        end
+      end
+      assert.matches("^ShardedEmbeddingBagCollection%(3 tables: ", tostring(sharded))
+      assert.has_error(function() sharded:full_table("q") end, "dist: no table named 'q'")
+      sharded:free()
+    end)
+  end
+
+  it("takes the options themselves, so no rank builds a table it does not own", function()
+    local s = dist.shard(opts(), "row_wise", comm)
+    local names = {}
+    for _, p in ipairs(s:parameters()) do names[#names + 1] = p.name end
+    assert.same({ "a/r0", "b/r0", "c/r0" }, names)
+    local bad = { tables = opts().tables, features = { "f", "g", "b", "q" } }
+    assert.has_error(function() dist.shard(bad, "row_wise", comm) end, "dist.shard: feature 'q' is on no table")
+  end)
+
+  it("trains a sharded, data-parallel DLRM as the plain one (a world of one)", function()
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "train.batch_size=256" }))
+    local def = assert(train.model_def(cfg))
+    local plain = assert(def.build(cfg, { cpu = true }))
+    local m = assert(def.build(cfg, { cpu = true }))
+    dist.shard_modules(m, { default = "row_wise", C3 = "table_wise" }, { comm = comm, bucket_bytes = 4096 })
+    assert.matches("Sharded", tostring(m.embeddings))
+    assert.is_true(m.data_parallel.buckets > 1)
+    local o1, o2 = train.optimizer(cfg, plain), train.optimizer(cfg, m)
+    local data = ur.data.loader { data = "synthetic:tiny", samples = 3 * 256, batch_size = 256 }
+    for b in data:batches() do
+      local l1 = train.loop.step(plain, o1, b):get(0)
+      local l2 = train.loop.step(m, o2, b):get(0)
+      assert.equal(l1, l2)
+    end
+    assert.same(plain.embeddings:table("C7"):totable(), m.embeddings:full_table("C7"):totable())
+    assert.same(plain.top.modules[1].weight:totable(), m.top.modules[1].weight:totable())
+  end)
+end)

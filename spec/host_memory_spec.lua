@@ -1,0 +1,60 @@
+local ur = require "uvmrec"
+local cmd = require "command"
+local train = require "uvmrec.train"
+local host_memory = require "uvmrec.host_memory"
+
+local function config(name, sets)
+  return assert(train.config.load(assert(train.find_config(name)), sets or {}))
+end
+
+describe("uvmrec.host_memory", function()
+  it("counts the tables the host holds: every one on the CPU; on a GPU host, managed and cached ones", function()
+    local rows = 0
+    for _, r in ipairs(ur.data.presets.mlperf_rows) do rows = rows + r end
+    local cfg = config("dlrm_mlperf_v1", { "embeddings.placement=cached" })
+    local need = host_memory.count(cfg, nil, true)
+    assert.equal(rows * 128 * 4, need.items[1].bytes) -- 89.5 GiB of f32 rows, SGD: no state
+    assert.equal(0, need.items[2].bytes)
+    assert.equal(0, host_memory.count(config("dlrm_mlperf_v1", { "embeddings.placement=device" }), nil, true).total)
+    local adam = config("dlrm_tiny", { "embeddings.optimizer.name=adam" })
+    local tiny = 0
+    for _, r in ipairs(ur.data.presets.tiny_rows) do tiny = tiny + r end
+    local n = host_memory.count(adam, nil, false)
+    assert.same({ tiny * 16 * 4, 2 * tiny * 16 * 4 }, { n.items[1].bytes, n.items[2].bytes })
+  end)
+
+  it("counts the loader's buffers and the day files' page cache", function()
+    local dir = cmd.tmpdir()
+    local out, err, code = cmd.run(("datagen tiny --out %s --samples 3000 --days 2"):format(dir))
+    assert.equal(0, code, out .. err)
+    local files = 0
+    for _, name in ipairs { "dense", "sparse", "labels" } do
+      for d = 0, 1 do
+        local f = assert(io.open(("%s/day_%d_%s.npy"):format(dir, d, name), "rb"))
+        files = files + f:seek("end")
+        f:close()
+      end
+    end
+    local cfg = config("dlrm_tiny")
+    local need = host_memory.count(cfg, { data = "criteo-bin:" .. dir, batch_size = 1024, depth = 3, threads = 2 },
+                                   false)
+    assert.equal("the day files in the page cache", need.items[4].what)
+    assert.equal(files, need.items[4].bytes)
+    -- 5 slots (3 ahead, 2 held) of 1024 samples: dense, label, and per table an id, a length and an offset
+    assert.equal(5 * (1024 * (13 * 4 + 4 + 8 + 26 * 12 + 26 * 4 + 26 * 8) + 8), need.items[3].bytes)
+    cmd.rmdir(dir)
+  end)
+
+  it("refuses an oversize run before allocating anything, with the numbers", function()
+    local t0 = cmd.now()
+    local out, err, code = cmd.run("train dlrm_mlperf_v1 --host-memory 64GiB --steps 1 --progress none")
+    assert.is_not.equal(0, code)
+    assert.matches("host memory: the run needs 89%.%d+ GiB %(tables on the host 89%.53 GiB, the loader's buffers "
+      .. "[%d.]+ MiB, in all 89%.%d+ GiB%) but 64%.00 GiB are allowed %(%-%-host%-memory%)", out .. err)
+    assert.is_true(cmd.now() - t0 < 60) -- 89.5 GiB were never drawn
+    local _, lerr = pcall(host_memory.check, { total = 1, items = {} }, "lots")
+    assert.matches("host memory: bytes: 'lots' is not a size; expected a number of bytes or e.g. '16GiB'", lerr, 1,
+                   true)
+    assert.is_true(host_memory.check({ total = 2 ^ 30, items = {} }, "1GiB"))
+  end)
+end)

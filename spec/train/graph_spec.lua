@@ -1,0 +1,107 @@
+-- uvmrec.train.graph (lua/uvmrec/train/graph.lua) and the graph calls under it (uvmrec.h,
+-- ur_graph_*): eager on the CPU; on a GPU (#cuda) a replayed training step gives the eager
+-- step's bits, a changed learning rate is captured again, and steps a replay cannot repeat are
+-- refused with the reason.
+local ur = require "uvmrec"
+local h = require "helpers"
+local train = require "uvmrec.train"
+local graph = require "uvmrec.train.graph"
+
+local cuda_it = h.cuda_it
+
+-- dlrm_tiny on the device (or the CPU), with extra --set values; the model and its optimizer.
+local function tiny(sets, cpu)
+  local cfg = h.tiny({ "embeddings.bounds=warn" }, sets)
+  local model = assert(assert(train.model_def(cfg)).build(cfg, { cpu = cpu }))
+  return model, train.optimizer(cfg, model)
+end
+
+-- n batches of 512 samples of the tiny synthetic data, on the device.
+local function batches(n)
+  return train.source.hold(ur.data.loader { data = "synthetic:tiny", samples = n * 512, batch_size = 512 }, n,
+                           "device")
+end
+
+-- Every dense parameter and table of a model, as lists.
+local function state(model)
+  local s = {}
+  for _, p in ipairs(model:parameters()) do s[p.name] = p.tensor:totable() end
+  return s
+end
+
+describe("uvmrec.train.graph", function()
+  it("captures nothing without a GPU: the calls run as they are made", function()
+    if ur.gpu() then return end
+    local s = assert(ur.stream())
+    local t = ur.tensor({ 4 }):fill(1)
+    assert(ur.graph_begin(s))
+    t:fill(3, s)
+    assert.is_nil(ur.graph_end(s))
+    assert.same({ 3, 3, 3, 3 }, t:totable())
+    assert.matches("graph: launch needs a graph captured on a GPU", require("ffi").string((function()
+      ur.C.ur_graph_launch(nil, s.p)
+      return ur.C.ur_last_error()
+    end)()))
+    local model, opt = tiny({}, true)
+    local ok, why = graph.usable(model, opt)
+    assert.same({ false, "the model is not on a GPU" }, { ok, why })
+    assert.same({ nil, "the model is not on a GPU" }, { graph.new(model, opt) })
+    model.embeddings.tbe:free()
+  end)
+
+  cuda_it("replays a captured fill on its stream", function()
+    local s = assert(ur.stream())
+    local t = assert(ur.tensor({ 1000 }, { placement = "device" })):fill(0)
+    assert(ur.graph_begin(s))
+    t:fill(3, s)
+    local g = assert(ur.graph_end(s))
+    assert(s:sync())
+    assert.equal(3, t:totable()[1000])
+    t:fill(0, s)
+    assert(g:launch(s))
+    assert(s:sync())
+    assert.equal(3, t:totable()[1000])
+    assert.has_error(function() assert(ur.graph_begin(nil)) end)
+    g:free()
+  end)
+
+  cuda_it("replays the training step bit for bit, batches copied in, counters advanced", function()
+    local bs = batches(4)
+    local eager, eopt = tiny({ "optimizer.name=sgd", "embeddings.optimizer.name=sgd" })
+    local replayed, ropt = tiny({ "optimizer.name=sgd", "embeddings.optimizer.name=sgd" })
+    local runner = assert(graph.new(replayed, ropt, { warmup = 2 }))
+    local el, rl = {}, {}
+    for step = 1, 10 do
+      local b = bs[(step - 1) % #bs + 1]
+      el[step] = train.loop.step(eager, eopt, b):get(0)
+      local loss = runner:step(b)
+      assert(runner:sync())
+      rl[step] = loss:get(0)
+      if step == 6 then
+        -- a new learning rate is a new capture, with the eager step's numbers
+        eopt:set_lr(eopt:lr() * 0.5)
+        ropt:set_lr(ropt:lr() * 0.5)
+      end
+    end
+    assert.same(el, rl)
+    assert.same(state(eager), state(replayed))
+    assert.same({ 2, 6 }, { runner.captures, runner.replays })
+    assert.same({ eopt.step_count, eager.embeddings.tbe:step() }, { ropt.step_count, replayed.embeddings.tbe:step() })
+    runner:free()
+    eager.embeddings.tbe:free()
+    replayed.embeddings.tbe:free()
+  end)
+
+  cuda_it("refuses steps a replay cannot repeat, saying why", function()
+    local cases = {
+      { { "optimizer.name=adam" }, "Adam's bias corrections change every step" },
+      { { "embeddings.bounds=fatal" }, "bounds 'fatal' reads the GPU's flags every forward" },
+      { { "embeddings.dtype=bf16" }, "f16/bf16 tables round stochastically with a key per step" },
+    }
+    for _, c in ipairs(cases) do
+      local model, opt = tiny(c[1])
+      assert.same({ nil, c[2] }, { graph.new(model, opt) })
+      model.embeddings.tbe:free()
+    end
+  end)
+end)
