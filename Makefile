@@ -215,9 +215,10 @@ DIST_LUA   := argparse.lua busted busted.lua luassert say pl cliargs cliargs.lua
 DIST_CMODS := lfs.so term/core.so system/core.so
 DIST_MAX_MIB := 48
 # The engine travels inside bin/uvmrec only: a GPU host has no plain luajit to load libuvmrec.so.
-dist: all
+dist: all examples
 	rm -rf dist && mkdir -p dist/bin dist/lib/lua/term dist/lib/lua/system dist/lua
 	cp $(BUILD)/bin/uvmrec dist/bin/ && strip --strip-debug dist/bin/uvmrec
+	cp $(BUILD)/bin/serve $(BUILD)/bin/serve_bench dist/bin/ && strip --strip-debug dist/bin/serve dist/bin/serve_bench
 	$(if $(filter %cuda.so,$(LIBS)),cp $(filter %cuda.so,$(LIBS)) dist/lib/)
 	$(if $(filter %mpi.so,$(LIBS)),cp $(filter %mpi.so,$(LIBS)) dist/lib/)
 	cp -R lua/uvmrec dist/lua/

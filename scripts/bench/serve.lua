@@ -146,12 +146,18 @@ for _, m in pairs(opened) do m:close() end
 
 -- ---- speed ----
 
-local bin_dir = (os.getenv("UVMREC_BIN") or "build/bin/uvmrec"):match("^(.*)/[^/]*$") or "build/bin"
-local bench_bin = bin_dir .. "/serve_bench"
-if not io.open(bench_bin) then cmd:fail(bench_bin .. " is missing: build it with `make examples`") end
+-- serve_bench beside the running uvmrec (build/bin of a checkout, bin/ of a `make dist` tree),
+-- torch_serve.py in its tree's scripts/bench, so the bench runs from either.
+local host = package.loaded["uvmrec.host"] or {}
+local bin = host.binary or os.getenv("UVMREC_BIN") or "build/bin/uvmrec"
+local bench_bin = (bin:match("^(.*)/[^/]*$") or ".") .. "/serve_bench"
+if not io.open(bench_bin) then
+  cmd:fail(bench_bin .. " is missing: build it with `make examples` (make dist ships it in bin/)")
+end
+local torch_serve = (host.root or ".") .. "/scripts/bench/torch_serve.py"
 local py = o.python
 if not py and not o.no_torch then
-  for _, cand in ipairs { "build/venv/bin/python", "python3" } do
+  for _, cand in ipairs { (host.root or ".") .. "/build/venv/bin/python", "python3" } do
     if os.execute(cand .. " -c 'import torch' >/dev/null 2>&1") == 0 then py = cand break end
   end
 end
@@ -172,8 +178,8 @@ for _, f in ipairs(o.speed_formats) do
     end
   end
   if py then
-    text, ok = sh(("%s scripts/bench/torch_serve.py --model %s --dense %s --ids %s --check %s --configs %s "
-                   .. "--seconds %g --device %s"):format(py, files[f], dense_path, ids_path, checks[f], configs,
+    text, ok = sh(("%s %s --model %s --dense %s --ids %s --check %s --configs %s "
+                   .. "--seconds %g --device %s"):format(py, torch_serve, files[f], dense_path, ids_path, checks[f], configs,
                                                           o.seconds, o.gpu and "cuda" or "cpu"))
     if not ok then
       print(("torch_serve (%s): %s"):format(f, text:gsub("\n+$", "")))
