@@ -87,6 +87,7 @@ typedef struct reader {
   const char *path;
   ur_safetensors *f;
   uint8_t *named;           /* per entry of the file */
+  int values;               /* want() also reads the values (the check pass) */
 } reader;
 
 static ur_status bad(const reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -116,6 +117,53 @@ static ur_status get_str(const reader *r, const ur_json *o, const char *key, con
   return UR_STATUS_OK;
 }
 
+/* The first element of a tensor of the file that no export writes: NaN or infinity in f32, bf16
+ * or f16 values, or in the f16 scale or bias heading each row of u8 quantized rows.  A file whose
+ * bytes changed after export (or a diverged run's) is refused rather than served; a change that
+ * leaves finite values is not seen (the file holds no checksum). */
+static ur_status check_finite(const reader *r, const char *name, int32_t i, const ur_safetensors_entry *e) {
+  if (e->dtype != UR_DTYPE_F32 && e->dtype != UR_DTYPE_BF16 && e->dtype != UR_DTYPE_F16 &&
+      !(e->dtype == UR_DTYPE_U8 && e->ndim == 2))
+    return UR_STATUS_OK;
+  ur_tensor *v = NULL;
+  ur_status st = ur_safetensors_view(r->f, i, &v);
+  if (st) return st;
+  const uint8_t *p = ur_tensor_data(v);
+  int64_t n = ur_tensor_numel(v), bad_at = -1, cols = e->ndim == 2 ? e->shape[1] : 1;
+  const char *kind = "value";
+  if (e->dtype == UR_DTYPE_F32) {
+    for (int64_t k = 0; k < n && bad_at < 0; k++) {
+      uint32_t u;
+      memcpy(&u, p + 4 * k, 4);
+      if ((u & 0x7f800000u) == 0x7f800000u) bad_at = k;
+    }
+  } else if (e->dtype != UR_DTYPE_U8) {
+    uint16_t mask = e->dtype == UR_DTYPE_BF16 ? 0x7f80 : 0x7c00;
+    for (int64_t k = 0; k < n && bad_at < 0; k++) {
+      uint16_t h;
+      memcpy(&h, p + 2 * k, 2);
+      if ((h & mask) == mask) bad_at = k;
+    }
+  } else {
+    kind = "f16 scale or bias";
+    for (int64_t row = 0; row < e->shape[0] && bad_at < 0; row++) {
+      uint16_t h[2];
+      memcpy(h, p + row * cols, 4);
+      if ((h[0] & 0x7c00) == 0x7c00 || (h[1] & 0x7c00) == 0x7c00) bad_at = row * cols;
+    }
+  }
+  ur_tensor_free(v);
+  if (bad_at < 0) return UR_STATUS_OK;
+  if (e->dtype == UR_DTYPE_U8)
+    return bad(r, "tensor '%s' holds a non-finite %s at row %lld (a file changed after export?)", name, kind,
+               (long long)(bad_at / cols));
+  if (e->ndim == 2)
+    return bad(r, "tensor '%s' holds a non-finite value at row %lld, column %lld (a file changed after export?)",
+               name, (long long)(bad_at / cols), (long long)(bad_at % cols));
+  return bad(r, "tensor '%s' holds a non-finite value at element %lld (a file changed after export?)", name,
+             (long long)bad_at);
+}
+
 /* The tensor `name` of the file, which must be dtype [d0, d1] (d1 < 0: 1-D [d0]). */
 static ur_status want(const reader *r, const char *name, ur_dtype dtype, int64_t d0, int64_t d1,
                       const char *what) {
@@ -137,6 +185,7 @@ static ur_status want(const reader *r, const char *name, ur_dtype dtype, int64_t
                (unsigned)e.dtype < UR_DTYPE_COUNT ? ur_dtype_name((ur_dtype)e.dtype) : "?", got,
                what, ur_dtype_name(dtype), need);
   }
+  if (r->values) return check_finite(r, name, i, &e);
   return UR_STATUS_OK;
 }
 
@@ -497,7 +546,7 @@ ur_status ur_model_open(ur_model **out, const char *path, const ur_model_options
     st = ur__error(UR_STATUS_INVALID, "model: hot_fraction %g; expected at most 1 (< 0: no hints)",
                    o->hot_fraction);
   if (!st) st = ur_safetensors_open(&m->file, path);
-  reader r = {path, m->file, NULL};
+  reader r = {path, m->file, NULL, 0};
   if (!st && !(r.named = calloc((size_t)ur_safetensors_count(m->file) + 1, 1)))
     st = ur__error(UR_STATUS_OOM, "model: out of host memory");
   const char *fmt = st ? NULL : ur_safetensors_meta_get(m->file, "uvmrec.format");
@@ -515,7 +564,9 @@ ur_status ur_model_open(ur_model **out, const char *path, const ur_model_options
   if (!st) {
     /* Checked whole first, then placed: a bad file costs no device memory. */
     m->place = UR_PLACE_COUNT;
+    r.values = 1;
     st = read_model(m, &r, desc);
+    r.values = 0;
   }
   if (!st) {
     m->place = o->device >= 0 ? UR_PLACE_DEVICE : UR_PLACE_HOST;
