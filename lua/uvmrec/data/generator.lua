@@ -17,23 +17,7 @@ local M = {}
 local G = {}
 G.__index = G
 
-local batch_mt = {}
-batch_mt.__index = batch_mt
-
--- Frees the batch's views; a later use is an error, not a later batch's data.
-function batch_mt:release()
-  for _, k in ipairs { "dense", "labels", "groups", "sparse" } do
-    if self[k] then self[k]:free() end
-  end
-end
-
--- A copy in another placement, ordered on stream.
-function batch_mt:to(placement, stream)
-  local function mv(t) return t and assert(t:to(placement, nil, stream)) end
-  return { dense = mv(self.dense), labels = mv(self.labels), groups = mv(self.groups),
-           sparse = assert(self.sparse:to(placement, stream)), size = self.size,
-           epoch = self.epoch, first = self.first }
-end
+local Batch = require "uvmrec.data.batch"
 
 local SLOTS = 3 -- two batches the consumer may hold, one in the making
 
@@ -143,8 +127,9 @@ function G:next()
     return nil, err
   end
   local nv = tonumber(C.ur_tensor_numel(C.ur_kjt_values(out_kjt[0])))
-  local b = setmetatable({ dense = v.dense, labels = v.labels, groups = v.groups, sparse = kjt.wrap(out_kjt[0]),
-                           size = n, epoch = self.epoch, first = self.k }, batch_mt)
+  -- its views are freed by release(), when the consumer is done or two batches later
+  local b = Batch.new { dense = v.dense, labels = v.labels, groups = v.groups, sparse = kjt.wrap(out_kjt[0]),
+                        size = n, epoch = self.epoch, first = self.k }
   self.held[#self.held + 1] = b
   self.k = self.k + n
   local st = self.st
