@@ -179,8 +179,8 @@ for _, f in ipairs(o.speed_formats) do
   end
   if py then
     text, ok = sh(("%s %s --model %s --dense %s --ids %s --check %s --configs %s "
-                   .. "--seconds %g --device %s"):format(py, torch_serve, files[f], dense_path, ids_path, checks[f], configs,
-                                                          o.seconds, o.gpu and "cuda" or "cpu"))
+                   .. "--seconds %g --device %s"):format(py, torch_serve, files[f], dense_path, ids_path, checks[f],
+                                                          configs, o.seconds, o.gpu and "cuda" or "cpu"))
     if not ok then
       print(("torch_serve (%s): %s"):format(f, text:gsub("\n+$", "")))
     else
