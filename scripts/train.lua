@@ -29,6 +29,8 @@ local cmd = require("uvmrec.cli").command {
     .. "run goes and what it logs, saves and evaluates (--steps sets where it ends)" },
   { "--progress M", "auto (a bar on a terminal, lines elsewhere), bar, lines or none",
     choices = { "auto", "bar", "lines", "none" } },
+  { "--allow-nonfinite", "with --resume: take a checkpoint whose tensors hold NaN or infinity (refused by "
+    .. "default, naming the tensor and its first bad element)" },
   { "--cpu", "train on the CPU even where a GPU is" },
   { "--host-memory SIZE", "refuse, before allocating anything, a run needing more host memory than SIZE "
     .. "(e.g. 120GiB: tables on the host, the loader, the day files' page cache; default: the cgroup's limit)" },
@@ -42,7 +44,8 @@ for _, f in ipairs { { "data", "data.train" }, { "eval_data", "data.eval" }, { "
   local v = o[f[1]]
   if v ~= nil then sets[#sets + 1] = f[2] .. "=" .. (type(v) == "number" and ("%d"):format(v) or v) end
 end
-local opts = { out = o.out, resume = o.resume, progress = o.progress, cpu = o.cpu, host_memory = o.host_memory }
+local opts = { out = o.out, resume = o.resume, progress = o.progress, cpu = o.cpu, host_memory = o.host_memory,
+               allow_nonfinite = o.allow_nonfinite }
 
 local file, ferr = train.find_config(o.config)
 if not file then cmd:fail(ferr) end
