@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/core.h"
+#include "core/nonfinite.h"
 
 #define MAX_LAYERS 64
 #define ALIGN_ELEMS 64 /* each activation starts 256 bytes (f32) after the one before */
@@ -118,50 +119,33 @@ static ur_status get_str(const reader *r, const ur_json *o, const char *key, con
 }
 
 /* The first element of a tensor of the file that no export writes: NaN or infinity in f32, bf16
- * or f16 values, or in the f16 scale or bias heading each row of u8 quantized rows.  A file whose
- * bytes changed after export (or a diverged run's) is refused rather than served; a change that
- * leaves finite values is not seen (the file holds no checksum). */
+ * or f16 values (the safetensors reader's scan, as checkpoints are checked), or in the f16 scale
+ * or bias heading each row of u8 quantized rows.  A file whose bytes changed after export is
+ * refused rather than served; a change that leaves finite values is not seen (the file holds no
+ * checksum). */
 static ur_status check_finite(const reader *r, const char *name, int32_t i, const ur_safetensors_entry *e) {
-  if (e->dtype != UR_DTYPE_F32 && e->dtype != UR_DTYPE_BF16 && e->dtype != UR_DTYPE_F16 &&
-      !(e->dtype == UR_DTYPE_U8 && e->ndim == 2))
-    return UR_STATUS_OK;
-  ur_tensor *v = NULL;
-  ur_status st = ur_safetensors_view(r->f, i, &v);
-  if (st) return st;
-  const uint8_t *p = ur_tensor_data(v);
-  int64_t n = ur_tensor_numel(v), bad_at = -1, cols = e->ndim == 2 ? e->shape[1] : 1;
-  const char *kind = "value";
-  if (e->dtype == UR_DTYPE_F32) {
-    for (int64_t k = 0; k < n && bad_at < 0; k++) {
-      uint32_t u;
-      memcpy(&u, p + 4 * k, 4);
-      if ((u & 0x7f800000u) == 0x7f800000u) bad_at = k;
-    }
-  } else if (e->dtype != UR_DTYPE_U8) {
-    uint16_t mask = e->dtype == UR_DTYPE_BF16 ? 0x7f80 : 0x7c00;
-    for (int64_t k = 0; k < n && bad_at < 0; k++) {
-      uint16_t h;
-      memcpy(&h, p + 2 * k, 2);
-      if ((h & mask) == mask) bad_at = k;
-    }
-  } else {
-    kind = "f16 scale or bias";
-    for (int64_t row = 0; row < e->shape[0] && bad_at < 0; row++) {
+  int64_t at = -1, cols = e->ndim == 2 ? e->shape[1] : 1;
+  ur_status st;
+  if (e->dtype == UR_DTYPE_U8 && e->ndim == 2) {
+    ur_tensor *v = NULL;
+    if ((st = ur_safetensors_view(r->f, i, &v))) return st;
+    const uint8_t *p = ur_tensor_data(v);
+    for (int64_t row = 0; row < e->shape[0] && at < 0; row++) {
       uint16_t h[2];
       memcpy(h, p + row * cols, 4);
-      if ((h[0] & 0x7c00) == 0x7c00 || (h[1] & 0x7c00) == 0x7c00) bad_at = row * cols;
+      if (ur__nonfinite_f16(h[0]) || ur__nonfinite_f16(h[1])) at = row;
     }
+    ur_tensor_free(v);
+    if (at < 0) return UR_STATUS_OK;
+    return bad(r, "tensor '%s' holds a non-finite f16 scale or bias at row %lld (a file changed after export?)",
+               name, (long long)at);
   }
-  ur_tensor_free(v);
-  if (bad_at < 0) return UR_STATUS_OK;
-  if (e->dtype == UR_DTYPE_U8)
-    return bad(r, "tensor '%s' holds a non-finite %s at row %lld (a file changed after export?)", name, kind,
-               (long long)(bad_at / cols));
+  if ((st = ur_safetensors_find_nonfinite(r->f, i, &at)) || at < 0) return st;
   if (e->ndim == 2)
     return bad(r, "tensor '%s' holds a non-finite value at row %lld, column %lld (a file changed after export?)",
-               name, (long long)(bad_at / cols), (long long)(bad_at % cols));
+               name, (long long)(at / cols), (long long)(at % cols));
   return bad(r, "tensor '%s' holds a non-finite value at element %lld (a file changed after export?)", name,
-             (long long)bad_at);
+             (long long)at);
 }
 
 /* The tensor `name` of the file, which must be dtype [d0, d1] (d1 < 0: 1-D [d0]). */
