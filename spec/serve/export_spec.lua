@@ -115,6 +115,17 @@ with safe_open(sys.argv[1], "np") as f:
     assert.equal(2, code, out)
     assert.matches("int3", serr)
     assert.is_false(cmd.exists("/tmp/never.safetensors"))
+    -- a run with managed collisions on two tables: its checkpoint's config says so
+    local src = assert(ck.open(assert(require("uvmrec.train").checkpoint_file(t.run))))
+    local cfg = json.decode(src:meta("uvmrec.config"))
+    cfg.embeddings.tables = { C5 = { collisions = { policy = "lru" } }, C12 = { collisions = { policy = "lfu" } } }
+    local dir = cmd.tmpdir()
+    assert(ck.save(dir .. "/mc.safetensors", { tensors = { x = ur.tensor({ 2 }) },
+                                               meta = { ["uvmrec.format"] = "1", ["uvmrec.config"] = json.encode(cfg) } }))
+    _, err = export.run(dir .. "/mc.safetensors", { out = dir .. "/never.safetensors" })
+    assert.equal(("export: %s/mc.safetensors: tables C5, C12 were trained with managed collisions "
+                  .. "(embeddings.collisions), whose id map a model file cannot carry yet"):format(dir), err)
+    cmd.rmdir(dir)
   end)
 
   it("writes bf16 dense weights when asked", function()

@@ -77,6 +77,16 @@ function M.run(source, opts)
     return nil, ("export: %s is not a training checkpoint (uvmrec.format is %s)"):format(path, tostring(fmt))
   end
   local cfg = train.fill_defaults(assert(json.decode(f:meta("uvmrec.config"))))
+  -- A table trained behind managed collisions (uvmrec.mc) maps raw ids through a map the model
+  -- file cannot carry yet (the description's "collisions" slot): its rows under modulo ids would
+  -- score wrongly, so it is refused rather than exported.
+  local managed = {}
+  for i in pairs(train.config.collisions(cfg)) do managed[#managed + 1] = "C" .. i end
+  if #managed > 0 then
+    table.sort(managed, function(a, b) return tonumber(a:sub(2)) < tonumber(b:sub(2)) end)
+    return nil, ("export: %s: tables %s were trained with managed collisions (embeddings.collisions), whose id "
+      .. "map a model file cannot carry yet"):format(path, table.concat(managed, ", "))
+  end
   if cfg.model.file ~= "dlrm.lua" then
     return nil, ("export: %s's model is %s; export knows DLRM (dlrm.lua)"):format(path, tostring(cfg.model.file))
   end
