@@ -120,8 +120,8 @@ with safe_open(sys.argv[1], "np") as f:
     local cfg = json.decode(src:meta("uvmrec.config"))
     cfg.embeddings.tables = { C5 = { collisions = { policy = "lru" } }, C12 = { collisions = { policy = "lfu" } } }
     local dir = cmd.tmpdir()
-    assert(ck.save(dir .. "/mc.safetensors", { tensors = { x = ur.tensor({ 2 }) },
-                                               meta = { ["uvmrec.format"] = "1", ["uvmrec.config"] = json.encode(cfg) } }))
+    local meta = { ["uvmrec.format"] = "1", ["uvmrec.config"] = json.encode(cfg) }
+    assert(ck.save(dir .. "/mc.safetensors", { tensors = { x = ur.tensor({ 2 }) }, meta = meta }))
     _, err = export.run(dir .. "/mc.safetensors", { out = dir .. "/never.safetensors" })
     assert.equal(("export: %s/mc.safetensors: tables C5, C12 were trained with managed collisions "
                   .. "(embeddings.collisions), whose id map a model file cannot carry yet"):format(dir), err)
