@@ -106,10 +106,12 @@ $(BUILD)/lib/libuvmrec_mpi.so: $(MPI_PLUGIN_SRC) engine/src/dist/comm.h engine/s
 	$(MPICC) $(CFLAGS_ENGINE) -shared -o $@ $<
 
 # Host programs on the C API alone, linked statically to the engine so they run on a GPU host.
-examples: $(BUILD)/bin/uvm_migration
+examples: $(BUILD)/bin/uvm_migration $(BUILD)/bin/serve $(BUILD)/bin/serve_bench
+# The examples take the engine's libraries statically where the system has the archives (as
+# bin/uvmrec does), so make dist's bin/serve and bin/serve_bench run on a host without them.
 $(BUILD)/bin/%: engine/examples/%.c $(BUILD)/lib/libuvmrec.a
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -Iengine/include $< $(BUILD)/lib/libuvmrec.a $(subst -ljansson,-l:libjansson.a,$(subst -lyaml,-l:libyaml.a,$(ENGINE_LIBS))) -o $@
+	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -pthread -Iengine/include $< $(BUILD)/lib/libuvmrec.a $(engine_static) $(filter -ldl -lpthread -lm -lrt,$(ENGINE_LIBS)) -o $@
 
 # The C API called with NULL pointers (spec/capi_null_spec.lua): a program made from the header's
 # prototypes by spec/support/capi.lua, so a new function is called too.
@@ -139,7 +141,9 @@ CFLAGS_HOST := $(CFLAGS_ENGINE) -I$(LUAJIT_INC) -DUR_HOST_CUDA_ARCHS='"$(if $(fi
 # Linked into the command statically where the .a is there (checked when linking, after `deps`),
 # so it runs on hosts that have none of them: LuaJIT, libedit and what it needs, and the engine's
 # libraries but glibc's.
-HOST_STATIC := luajit-5.1 edit tinfo bsd md $(patsubst -l%,%,$(filter-out -ldl -lpthread -lm -lrt,$(ENGINE_LIBS)))
+ENGINE_STATIC := $(patsubst -l%,%,$(filter-out -ldl -lpthread -lm -lrt,$(ENGINE_LIBS)))
+HOST_STATIC := luajit-5.1 edit tinfo bsd md $(ENGINE_STATIC)
+engine_static = $$(for l in $(ENGINE_STATIC); do a=$(SYSLIB)/lib$$l.a; if [ -f $$a ]; then printf '%s ' $$a; else printf -- '-l%s ' $$l; fi; done)
 host_static  = $$(for l in $(HOST_STATIC); do a=$(SYSLIB)/lib$$l.a; if [ -f $$a ]; then printf '%s ' $$a; else printf -- '-l%s ' $$l; fi; done)
 VERSION      = $(shell sed -n 's/^\#define UR_VERSION "\(.*\)"/\1/p' engine/include/uvmrec.h)
 
@@ -215,9 +219,10 @@ DIST_LUA   := argparse.lua busted busted.lua luassert say pl cliargs cliargs.lua
 DIST_CMODS := lfs.so term/core.so system/core.so
 DIST_MAX_MIB := 48
 # The engine travels inside bin/uvmrec only: a GPU host has no plain luajit to load libuvmrec.so.
-dist: all
+dist: all examples
 	rm -rf dist && mkdir -p dist/bin dist/lib/lua/term dist/lib/lua/system dist/lua
 	cp $(BUILD)/bin/uvmrec dist/bin/ && strip --strip-debug dist/bin/uvmrec
+	cp $(BUILD)/bin/serve $(BUILD)/bin/serve_bench dist/bin/ && strip --strip-debug dist/bin/serve dist/bin/serve_bench
 	$(if $(filter %cuda.so,$(LIBS)),cp $(filter %cuda.so,$(LIBS)) dist/lib/)
 	$(if $(filter %mpi.so,$(LIBS)),cp $(filter %mpi.so,$(LIBS)) dist/lib/)
 	cp -R lua/uvmrec dist/lua/

@@ -1009,6 +1009,7 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   b->kjt = &ur__cuda_kjt_ops;
   b->synth = &ur__cuda_synth_ops;
   b->metrics = &ur__cuda_metrics_ops;
+  b->qtbe = &ur__cuda_qtbe_ops;
   b->mc = &ur__cuda_mc_ops;
   b->comm = &ur__cuda_comm_ops;
   *out = b;

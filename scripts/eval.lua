@@ -1,17 +1,20 @@
 -- `uvmrec eval`: evaluates the model of a config on held-out data: AUC, NE, log loss, accuracy,
 -- calibration and CTR (eval.metrics), and for synthetic data the hidden model's AUC beside them.
 -- The weights are a checkpoint's (a file, or a run directory's newest), else the config's model
--- as built (seeded).  Its options are declared below (`uvmrec eval --help`).  Also runs as
+-- as built (seeded).  CONFIG may be an exported model file instead (`uvmrec export`): it is then
+-- served through the serving API (uvmrec.serve), by default on the training run's held-out
+-- samples, the ones its final evaluation scored.  Its options are declared below (`uvmrec eval --help`).  Also runs as
 -- `luajit scripts/eval.lua ...` with the paths from `make -s env`.
 local train = require "uvmrec.train"
 
 local cmd = require("uvmrec.cli").command {
   name = "eval",
   summary = "evaluate a config's model (or a checkpoint of it) on held-out data: AUC, NE, log loss, ...",
-  { "CONFIG", "a YAML config, or a preset in models/ (dlrm_tiny, dlrm_kaggle, ...)" },
+  { "CONFIG", "a YAML config, a preset in models/ (dlrm_tiny, dlrm_kaggle, ...), or a model file (uvmrec export)" },
   { "--data SPEC", "what to evaluate on: synthetic:NAME (eval.samples held-out samples, from sample 2^48, "
     .. "which training never reaches), criteo-tsv:PATH[,PATH...] or criteo-bin:DIR (all, or the first "
-    .. "eval.samples); default: the config's data.eval or data.train" },
+    .. "eval.samples); default: the config's data.eval or data.train; for a model file, the training "
+    .. "run's held-out samples" },
   { "--checkpoint C", "the weights: a checkpoint file, or a run directory (its newest checkpoint); the model's "
     .. "config must be the checkpoint's" },
   { "--set K=V", "any config value, checked by the schema", many = true },
@@ -22,6 +25,30 @@ local cmd = require("uvmrec.cli").command {
 }
 local o = cmd:parse(arg)
 local opts = { data = o.data, out = o.out, checkpoint = o.checkpoint, cpu = o.cpu, allow_nonfinite = o.allow_nonfinite }
+
+local serve = require "uvmrec.serve"
+if serve.is_model_file(o.config) then
+  if o.checkpoint or #o.set > 0 then cmd:fail("a model file takes neither --checkpoint nor --set") end
+  local m, err = serve.open(o.config, { device = o.cpu and "cpu" or nil })
+  if not m then cmd:fail(err) end
+  local info = m:info()
+  print(("uvmrec eval: model file %s (%s interaction, %d tables, %s dense, %d bytes)"):format(o.config,
+    info.interaction, info.num_tables, info.dense_dtype, info.file_bytes))
+  local r, rerr = serve.evaluate(m, o.data)
+  if not r then cmd:fail(rerr) end
+  print("data: " .. r.what)
+  print(("eval: %s  (%d samples, %.1f s)"):format(train.evaluate.format(r, m:config().eval.metrics), r.samples,
+                                                 r.seconds))
+  if o.out then
+    local line = { event = "eval", model = o.config }
+    for k, v in pairs(r) do line[k] = v end
+    local f = assert(io.open(o.out .. "/metrics.jsonl", "a"))
+    f:write(require("uvmrec.json").encode(line), "\n")
+    f:close()
+  end
+  m:close()
+  return
+end
 
 local file, ferr = train.find_config(o.config)
 if not file then cmd:fail(ferr) end

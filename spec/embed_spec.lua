@@ -36,20 +36,20 @@ describe("embedding uvmrec in C", function()
   end)
 
   -- Compiles an example with `pkg-config --cflags --libs pc`; returns the program's path.
-  local function build(name, pc)
+  local function build(name, pc, extra)
     local exe = dir .. "/" .. name
     local out, err, code = cmd.sh(("cc -std=c11 -Wall -Wextra -Werror %s " ..
-      "$(PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags --libs %s) -Wl,-rpath,%s/lib -o %s"):format(
-      q("engine/examples/" .. name .. ".c"), q(prefix), pc, q(prefix), q(exe)))
+      "$(PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags --libs %s) %s -Wl,-rpath,%s/lib -o %s"):format(
+      q("engine/examples/" .. name .. ".c"), q(prefix), pc, extra or "", q(prefix), q(exe)))
     assert.equal(0, code, out .. err)
     return exe
   end
 
-  local function valgrind(exe)
+  local function valgrind(exe, input, args)
     if not cmd.have("valgrind") then return pending("no valgrind") end
     local out, err, code = cmd.sh(("valgrind -q --error-exitcode=99 --leak-check=full " ..
       "--suppressions=spec/support/valgrind.supp " ..
-      "--errors-for-leak-kinds=definite,indirect %s"):format(q(exe)))
+      "--errors-for-leak-kinds=definite,indirect %s %s"):format(q(exe), args or ""), input)
     assert.equal(0, code, "valgrind:\n" .. err .. out)
   end
 
@@ -90,6 +90,30 @@ describe("embedding uvmrec in C", function()
     assert.matches("host bytes: (%d+) seen from Lua, %1 from C %(one engine%)", out)
     assert.matches("error reported: snippet:1: from Lua", out)
     valgrind(exe)
+  end)
+
+  it("builds serve.c with pkg-config uvmrec; it scores Criteo lines as the tree's build does, clean under valgrind",
+    function()
+    if why then return pending(why) end
+    local h = require "helpers"
+    local model, missing = h.exported("criteo", { tables = "int4" })
+    if not model then return pending(missing) end
+    local lines = {}
+    for l in io.lines(h.fixture("criteo_raw_sample.tsv")) do
+      lines[#lines + 1] = l
+      if #lines == 40 then break end
+    end
+    local input = table.concat(lines, "\n") .. "\n"
+    local exe = build("serve", "uvmrec", "-lpthread")
+    local out, err, code = cmd.sh(q(exe) .. " --threads 2 --batch 16 " .. q(model), input)
+    assert.equal(0, code, err)
+    assert.equal(40, select(2, out:gsub("\n", "")))
+    cmd.spit(dir .. "/lines.tsv", input)
+    local want = cmd.sh(q(cmd.bin()) .. " predict " .. q(model) .. " --batch-size 16 --data criteo-tsv:" ..
+                        q(dir .. "/lines.tsv"))
+    assert.equal(want, out)
+    valgrind(exe, input, "--threads 2 --batch 16 " .. q(model))
+    build("serve_bench", "uvmrec", "-lpthread")
   end)
 
   it("uninstalls everything it installed", function()

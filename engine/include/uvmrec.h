@@ -16,6 +16,8 @@
  *   7. metrics     AUC, grouped AUC, NE and the rest, streaming
  *   8. io          checkpoints (safetensors), configs (YAML), JSON
  *   9. dist        communicators over the ranks of a job (NCCL on GPUs, MPI on hosts)
+ *  10. serve       quantized rows and collections (qtbe), exported model files, the serving
+ *                  API (ur_model_*)
  *
  * Every fallible function returns ur_status (0 ok, negative failure); the reason is in
  * ur_last_error(), a thread-local message naming the object, the value and the expectation.
@@ -1482,6 +1484,154 @@ UR_API ur_status ur_mpi_version(char *version, size_t len, char *path /* or NULL
 /* For a program about to exit with `code`: a failure while MPI is in use aborts the job
  * (MPI_Abort), so that no rank waits for this one forever; 0 finalizes MPI. */
 UR_API void ur_comm_exit(int32_t code);
+
+/* ==== 10. serve: quantized rows and collections, exported model files, the serving API ==== */
+/* Rows in a serving format (engine/src/embedding/qtbe.c), dequantized on the fly in f32.
+ * f32 and f16 rows are stored as they are ([rows, dim] of that dtype).  int8, int4 and int2
+ * rows are row-wise quantized (u8 [rows, row bytes]): each row is a 4-byte header, an f16 scale
+ * then an f16 bias (little-endian), then dim codes of 8, 4 or 2 bits packed from the low bits of
+ * each byte up (element c of an int4 row is in byte 4 + c/2, the low nibble for even c), the row
+ * padded to a multiple of 4 bytes; element c is code * scale + bias, computed in f32.  Quantizing
+ * takes bias = the row's minimum rounded down to f16 and scale = (maximum - bias) / (2^bits - 1)
+ * rounded up to f16, so no code clamps and every element is within scale / 2 of its value (plus
+ * f32 rounding: the bound is scale / 2 + 2^-22 max |x| of the row); f16 rows are within 2^-11 |x|
+ * (2^-25 below 2^-14).  These run on the CPU, over host, pinned or managed memory. */
+typedef enum ur_qformat {
+  UR_QFORMAT_F32 = 0, UR_QFORMAT_F16, UR_QFORMAT_INT8, UR_QFORMAT_INT4, UR_QFORMAT_INT2,
+  UR_QFORMAT_COUNT
+} ur_qformat;
+/* What quantizing cost, over the elements given. */
+typedef struct ur_qerror {
+  double max_abs;          /* the largest |x - dequantized x| */
+  double sum_sq;           /* sum of (x - dequantized x)^2 */
+  double ref_sum_sq;       /* sum of x^2 */
+  double max_ratio;        /* the largest |x - dequantized x| / the bound above (<= 1) */
+  int64_t count;           /* elements */
+} ur_qerror;
+UR_API size_t ur_sizeof_qerror(void);
+UR_API const char *ur_qformat_name(ur_qformat f);   /* "f32", "fp16", "int8", "int4", "int2" */
+UR_API ur_status ur_qformat_parse(const char *s, ur_qformat *out); /* also "f16" */
+/* Bytes of one stored row of dim elements (dim a multiple of 4, 4..1024), or -1. */
+UR_API int64_t ur_qformat_row_bytes(ur_qformat f, int32_t dim);
+/* src [rows, dim] f32, f16 or bf16 into dst in format f (u8 [rows, row bytes], or f16 / f32
+ * [rows, dim]); err (may be NULL) receives the error.  A non-finite value or a row beyond f16's
+ * range is an error naming the row. */
+UR_API ur_status ur_rows_quantize(const ur_tensor *src, ur_tensor *dst /* out */,
+                                  ur_qerror *err /* out, or NULL */, ur_qformat f);
+/* The reverse: src in format f into dst f32 [rows, dim]. */
+UR_API ur_status ur_rows_dequantize(const ur_tensor *src, ur_tensor *dst /* out */, ur_qformat f);
+
+/* Quantized embedding collections: an inference-only ur_tbe.  Each table's rows are in one
+ * format and one placement (device, managed, or host: pinned when a GPU runs the collection, so
+ * the GPU reads it in place); each maps the ids of its features before the bounds check: an id
+ * is taken modulo the table's `modulo` when that is > 0 (the hashing of raw ids), then through
+ * the row permutation when one is set (row id r is stored at row perm[r]).  Forward pools bags
+ * (sum or mean) into [batch, out_dim], or, pooling none, gives one row per value [n, dim]; it
+ * is safe from several threads at once, each with its own stream and output; the other calls
+ * are not (set up the collection first). */
+struct ur_qtbe;
+typedef struct ur_qtbe ur_qtbe;
+typedef struct ur_qtbe_table_config {
+  const char *name;
+  int64_t rows;
+  int32_t dim;             /* a multiple of 4, 4..1024 */
+  ur_qformat format;
+  ur_pooling pooling;      /* all tables pool (sum or mean), or none does */
+  ur_place place;          /* device, managed or host */
+  int64_t modulo;          /* > 0: ids are taken modulo this first; 0: as they come */
+} ur_qtbe_table_config;
+typedef struct ur_qtbe_config {
+  int32_t device;          /* the GPU that runs the collection, or -1: the CPU */
+  ur_tbe_bounds bounds;    /* fatal: a bad id fails the call; warn: skipped and counted */
+  ur_dtype out_dtype;      /* f32 or bf16 */
+} ur_qtbe_config;
+UR_API size_t ur_sizeof_qtbe_table_config(void);
+UR_API size_t ur_sizeof_qtbe_config(void);
+/* Rows start as zeros; fill them through ur_qtbe_table's views. */
+UR_API ur_status ur_qtbe_new(ur_qtbe **out, const ur_qtbe_config *config, int32_t num_tables,
+                             const ur_qtbe_table_config *tables, int32_t num_features,
+                             const int32_t *feature_table,
+                             const char *const *feature_names /* or NULL: f0, f1, ... */);
+UR_API void ur_qtbe_free(ur_qtbe *q);
+UR_API int32_t ur_qtbe_num_tables(const ur_qtbe *q);
+UR_API int32_t ur_qtbe_num_features(const ur_qtbe *q);
+UR_API int32_t ur_qtbe_device(const ur_qtbe *q);
+UR_API int64_t ur_qtbe_out_dim(const ur_qtbe *q);
+UR_API int64_t ur_qtbe_feature_col(const ur_qtbe *q, int32_t feature);
+UR_API const char *ur_qtbe_table_name(const ur_qtbe *q, int32_t table);
+UR_API const char *ur_qtbe_feature_name(const ur_qtbe *q, int32_t feature);
+UR_API int32_t ur_qtbe_feature_table(const ur_qtbe *q, int32_t feature);
+UR_API uint64_t ur_qtbe_bytes(const ur_qtbe *q);    /* of the rows, over every table */
+/* Table t's rows as a view in its format's shape (as ur_rows_quantize writes them): copy into
+ * it (ur_tensor_copy, ur_safetensors_load), or advise and prefetch it when managed. */
+UR_API ur_status ur_qtbe_table(const ur_qtbe *q, int32_t table, ur_tensor **out);
+/* perm i64 [rows] (any placement; copied and checked to be a permutation), or NULL: none. */
+UR_API ur_status ur_qtbe_set_permutation(ur_qtbe *q, int32_t table,
+                                         const ur_tensor *perm /* or NULL */);
+/* values i64 [n], offsets i64 [bags + 1] (key-major, bags = batch * num_features), weights
+ * f32 [n] or NULL, in memory the collection's backend reads; out as above, of out_dtype.  A bad
+ * id under fatal names the table, feature, sample and id (after mapping); the call waits for
+ * the GPU unless bounds are off. */
+UR_API ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
+                                 const ur_tensor *offsets, const ur_tensor *weights /* or NULL */,
+                                 ur_tensor *out /* out */);
+/* Ids skipped under warn since the collection was made. */
+UR_API int64_t ur_qtbe_skipped(const ur_qtbe *q);
+
+/* Exported models (engine/src/serve/model.c): one safetensors file that `uvmrec export` writes
+ * from a training checkpoint (docs/serving.md): metadata uvmrec.format = "model" and
+ * uvmrec.model (the description: DLRM with the dot or DCNv2 interaction, its layers, tables,
+ * features and id mappings, the input transform, where the held-out samples were), the dense
+ * weights (f32 or bf16) and the tables in their formats.  Opening checks the whole file against
+ * its description before anything is placed; any other file, or another architecture, is
+ * refused with the file and the reason.  Predicting is safe from many threads at once: each
+ * call takes a context (its own stream and buffers) from the model's pool, making one when none
+ * is free, up to max_callers; a bad request fails that call only. */
+struct ur_model;
+typedef struct ur_model ur_model;
+typedef struct ur_model_options {
+  int32_t device;          /* the GPU that serves, or -1: the CPU */
+  int32_t table_place;     /* ur_place of the tables (device, managed, host); -1: device on a
+                              GPU, host on the CPU */
+  int32_t bounds;          /* ur_tbe_bounds for the ids after their mapping */
+  int32_t max_callers;     /* contexts at most (callers beyond wait); 0: no limit */
+  double hot_fraction;     /* managed tables: the leading share of each table's rows (the
+                              hottest first where the file's layout sorts them) preferred on the
+                              GPU and prefetched there, the rest preferred on the host and read
+                              in place (the hot_prefix policy's split); < 0: no hints */
+} ur_model_options;
+/* What a model is and what it did. */
+typedef struct ur_model_props {
+  char interaction[8];     /* "dot" or "dcnv2" */
+  char input[16];          /* the transform its training data had: "criteo" or "synthetic" */
+  int32_t num_dense, num_features, num_tables, dim;
+  int32_t device, table_place, dense_dtype;
+  int32_t contexts;        /* made so far */
+  int64_t rows;            /* over every table */
+  uint64_t table_bytes, dense_bytes, file_bytes;
+  int64_t calls, failed, samples;
+} ur_model_props;
+UR_API size_t ur_sizeof_model_options(void);
+UR_API size_t ur_sizeof_model_props(void);
+/* Defaults: the current GPU when one is in use (else -1), tables where it runs, bounds fatal,
+ * no caller limit, hot_fraction 0.2. */
+UR_API void ur_model_options_init(ur_model_options *opts);
+/* opts NULL: the defaults. */
+UR_API ur_status ur_model_open(ur_model **out, const char *path,
+                               const ur_model_options *opts /* or NULL */);
+UR_API void ur_model_close(ur_model *m);
+UR_API ur_status ur_model_info(const ur_model *m, ur_model_props *out);
+UR_API const char *ur_model_feature_name(const ur_model *m, int32_t feature); /* or NULL */
+UR_API int64_t ur_model_table_modulo(const ur_model *m, int32_t feature); /* 0: none */
+/* A metadata value of the file (uvmrec.model, uvmrec.config, ...), or NULL. */
+UR_API const char *ur_model_meta(const ur_model *m, const char *key);
+/* The model's tables, for a look at their rows or hints of your own. */
+UR_API ur_qtbe *ur_model_tables(const ur_model *m);
+/* Probabilities of a batch: dense f32 [B, num_dense], sparse a KJT of the model's features (in
+ * its order, or in any order by name) with stride B, raw ids (the model maps them), any
+ * placement; scores f32 of B elements, any placement, written when the call returns. */
+UR_API ur_status ur_model_predict(ur_model *m, const ur_tensor *dense, const ur_kjt *sparse,
+                                  ur_tensor *scores /* out */);
 /* UR_CDEF_END */
 
 #ifdef __cplusplus

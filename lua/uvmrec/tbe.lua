@@ -131,7 +131,7 @@ function M.new(opts, level)
   local n = #tables
   local tc = ffi.new("ur_tbe_table_config[?]", n)
   local self = { table_index = {}, table_names = {}, features = {}, feature_index = {},
-                 dims = {}, rows = {}, optimizer = optim_name, deterministic = deterministic,
+                 dims = {}, rows = {}, poolings = {}, optimizer = optim_name, deterministic = deterministic,
                  bounds = opts.bounds or "fatal", stochastic_rounding = opts.stochastic_rounding ~= false,
                  _keep = {} }
   local features_of = {}
@@ -176,6 +176,7 @@ function M.new(opts, level)
     c.state_place = sp and sp ~= "table" and pick(PLACES, sp, "table '" .. name .. "' state placement", level)
                     or -1
     self.dims[name], self.rows[name] = t.dim, t.rows
+    self.poolings[name] = t.pooling or opts.pooling or "sum"
     -- managed tables not behind a cache: the ones whose pages the prefetch pipeline moves
     if (t.placement or default_place) == "managed" then
       self.managed = self.managed or {}

@@ -149,6 +149,54 @@ function M.train_tiny(sets, more, opts)
   return out
 end
 
+-- Trained runs for the serving specs, each made once per spec run (kept in a temporary folder):
+-- "tiny" (dlrm_tiny on its synthetic data, 120 steps), "criteo" (dlrm_tiny on the shared Criteo
+-- sample, 20 steps of 100, held out: the second sample), "dcnv2" and "dcnv2_rank" (DCNv2, full and
+-- low rank).  Returns {dir, run (the run directory), result (train.run's)}; nil, why when a file
+-- it needs is missing.
+local trained = {}
+local TRAINED = {
+  tiny = { "train.steps=120", "train.batch_size=1024", "eval.samples=16384", "eval.every=0", "eval.min_auc=0" },
+  criteo = { "train.steps=20", "train.batch_size=100", "train.epochs=2", "eval.min_auc=0", "eval.every=0" },
+  dcnv2 = { "model.interaction=dcnv2", "model.cross_layers=2", "model.bottom_mlp=32,8", "train.steps=40",
+            "train.batch_size=512", "eval.samples=4096", "eval.every=0", "eval.min_auc=0" },
+  dcnv2_rank = { "model.interaction=dcnv2", "model.cross_layers=2", "model.cross_rank=16", "train.steps=40",
+                 "train.batch_size=512", "eval.samples=4096", "eval.every=0", "eval.min_auc=0" },
+}
+function M.trained(kind)
+  if trained[kind] then return trained[kind] end
+  local sets = { unpack(TRAINED[kind]) }
+  if kind == "criteo" then
+    local a, b = M.fixture("criteo_raw_sample.tsv"), M.fixture("criteo_raw_sample2.tsv")
+    if not command.exists(a) or not command.exists(b) then return nil, "no " .. a end
+    sets[#sets + 1] = "data.train=criteo-tsv:" .. a
+    sets[#sets + 1] = "data.eval=criteo-tsv:" .. b
+  end
+  local dir = command.tmpdir()
+  local train = require "uvmrec.train"
+  local cfg = M.tiny(sets)
+  cfg.train.checkpoint_every = cfg.train.steps
+  local result = assert(train.run(cfg, { out = dir .. "/run", progress = "none", cpu = true, print = function() end }))
+  trained[kind] = { dir = dir, run = dir .. "/run", result = result }
+  return trained[kind]
+end
+
+-- The model file of a trained run (M.trained) exported with opts (uvmrec.serve.export's: tables,
+-- per_table, dense), made once per run.
+local exported = {}
+function M.exported(kind, opts)
+  opts = opts or {}
+  local key = kind .. ":" .. require("uvmrec.json").encode(opts)
+  if exported[key] then return exported[key] end
+  local t, why = M.trained(kind)
+  if not t then return nil, why end
+  local path = ("%s/%s_%s%s.safetensors"):format(t.dir, kind, opts.tables or "int8", opts.dense or "")
+  local o = { out = path }
+  for k, v in pairs(opts) do o[k] = v end
+  exported[key] = assert(require("uvmrec.serve.export").run(t.run, o)).path
+  return exported[key]
+end
+
 -- A loader of `samples` samples of the synthetic tiny data in batches of batch_size (256).
 function M.tiny_loader(samples, batch_size)
   return assert(ur.data.loader { data = "synthetic:tiny", samples = samples, batch_size = batch_size or 256 })

@@ -24,6 +24,7 @@ typedef struct ur_core_api {
  * <backend>". */
 struct ur_dense_ops;    /* dense/dense.h */
 struct ur_tbe_ops;      /* embedding/tbe.h */
+struct ur_qtbe_ops;     /* embedding/qtbe.h */
 struct ur_cache_ops;    /* embedding/cache.h */
 struct ur_kjt_ops;      /* data/kjt.h */
 struct ur_synth_ops;    /* data/synth.h */
@@ -112,6 +113,7 @@ typedef struct ur_backend {
   const struct ur_kjt_ops *kjt;
   const struct ur_synth_ops *synth;
   const struct ur_metrics_ops *metrics;
+  const struct ur_qtbe_ops *qtbe;
   const struct ur_mc_ops *mc;
   const struct ur_comm_ops *comm;
 } ur_backend;

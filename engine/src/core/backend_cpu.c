@@ -12,6 +12,7 @@
 #include "dist/comm.h"
 #include "dense/dense.h"
 #include "embedding/cache.h"
+#include "embedding/qtbe.h"
 #include "embedding/mc.h"
 #include "embedding/tbe.h"
 #include "metrics/metrics.h"
@@ -218,6 +219,7 @@ const ur_backend *ur__cpu(void) {
       .kjt = &ur__cpu_kjt_ops,
       .synth = &ur__cpu_synth_ops,
       .metrics = &ur__cpu_metrics_ops,
+      .qtbe = &ur__cpu_qtbe_ops,
       .mc = &ur__cpu_mc_ops,
       .comm = &ur__cpu_comm_ops,
       /* Events, hints, probes and the monitor have no CPU form: the core handles NULL. */

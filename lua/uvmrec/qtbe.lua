@@ -1,0 +1,351 @@
+-- Quantized embedding collections: rows in a serving format (f32, fp16, int8, int4, int2; the
+-- formats are uvmrec.h's section 9), converted by the engine, and the engine's ur_qtbe as a
+-- Lua object: an inference-only embedding collection.  The nn modules
+-- QuantEmbeddingBagCollection and QuantEmbeddingCollection are built on it.
+--
+--   local qtbe = require "uvmrec.qtbe"
+--   local rows, err = qtbe.quantize(ebc:table("C1"), "int4")   -- u8 [rows, row bytes]; err.max_abs
+--   local q = qtbe.new{ tables = { { name = "C1", rows = 1000, dim = 16, format = "int4" } } }
+--   q:load("C1", rows)
+--   local out = q:forward(kjt)                 -- [batch, 16]
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local streams = require "uvmrec.stream"
+local C, check, must = lib.C, lib.check, lib.must
+
+local M = {}
+local methods = {}
+local mt = { __index = methods }
+
+M.FORMATS = { "f32", "fp16", "int8", "int4", "int2" }
+
+local BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
+local POOLINGS = { sum = C.UR_POOLING_SUM, mean = C.UR_POOLING_MEAN, none = C.UR_POOLING_NONE }
+local PLACES = { device = C.UR_PLACE_DEVICE, managed = C.UR_PLACE_MANAGED, host = C.UR_PLACE_HOST }
+local OPTS = { tables = true, features = true, bounds = true, device = true, output_dtype = true,
+               pooling = true, placement = true, format = true }
+local TABLE_OPTS = { name = true, rows = true, dim = true, format = true, pooling = true,
+                     placement = true, modulo = true, features = true }
+
+local function keys_of(t)
+  local k = {}
+  for name in pairs(t) do k[#k + 1] = name end
+  table.sort(k)
+  return table.concat(k, ", ")
+end
+
+local function pick(map, v, what, level)
+  local r = map[v]
+  if r == nil then
+    error(("quantized collection: %s '%s' is not one of %s"):format(what, tostring(v), keys_of(map)), level + 1)
+  end
+  return r
+end
+
+local function whole(v, what, level, lo)
+  if type(v) ~= "number" or v ~= math.floor(v) or v < (lo or 0) then
+    error(("quantized collection: %s is %s; expected a whole number >= %d"):format(what, tostring(v), lo or 0),
+          level + 1)
+  end
+  return v
+end
+
+-- The format's enum, from its name ("f16" is fp16 too).
+function M.format_of(name, level)
+  return lib.enum(C.ur_qformat_parse, "ur_qformat", name, "table format", (level or 1) + 1)
+end
+
+-- Bytes of one stored row of dim elements.
+function M.row_bytes(format, dim)
+  local n = tonumber(C.ur_qformat_row_bytes(M.format_of(format, 2), dim))
+  if n < 0 then error(("quantized rows: dim %s is not a multiple of 4 from 4 to 1024"):format(tostring(dim)), 2) end
+  return n
+end
+
+-- The tensor shape and dtype rows of a format take: {rows, cols}, dtype.
+function M.shape(format, rows, dim)
+  local f = M.format_of(format, 2)
+  if f == C.UR_QFORMAT_F32 then return { rows, dim }, "f32" end
+  if f == C.UR_QFORMAT_F16 then return { rows, dim }, "f16" end
+  return { rows, M.row_bytes(format, dim) }, "u8"
+end
+
+local qerr = ffi.new("ur_qerror")
+
+-- Rows [rows, dim] (f32, f16 or bf16; host, pinned or managed) in a format: a new host tensor
+-- and the error {max_abs, rms, rel_rms (of the rows' rms), max_ratio (to the format's bound),
+-- count}.  A value the format cannot hold raises (the row is named).
+function M.quantize(src, format)
+  local f = M.format_of(format, 2)
+  local shape, dtype = M.shape(format, src:size(1), src:size(2))
+  local dst = assert(tensor.tensor(shape, { dtype = dtype }))
+  must(C.ur_rows_quantize(lib.ptr(src, "src", 2), lib.ptr(dst, "dst", 2), qerr, f))
+  local n = math.max(tonumber(qerr.count), 1)
+  return dst, { max_abs = qerr.max_abs, rms = math.sqrt(qerr.sum_sq / n),
+                rel_rms = qerr.ref_sum_sq > 0 and math.sqrt(qerr.sum_sq / qerr.ref_sum_sq) or 0,
+                max_ratio = qerr.max_ratio, count = tonumber(qerr.count) }
+end
+
+-- Rows of a format back to f32 [rows, dim] (a new host tensor).
+function M.dequantize(src, format, dim)
+  local f = M.format_of(format, 2)
+  local dst = assert(tensor.tensor({ src:size(1), dim }))
+  must(C.ur_rows_dequantize(lib.ptr(src, "src", 2), lib.ptr(dst, "dst", 2), f))
+  return dst
+end
+
+local wrap_qtbe, free_qtbe = lib.handle_type("ur_qtbe", C.ur_qtbe_free, {})
+
+-- qtbe.new(opts), opts:
+--   tables = { { name=, rows=, dim=, format="f32", pooling="sum", placement=, modulo=0,
+--                features={...} (default {name}) }, ... }
+--   features = { ... } the input's key order (default: each table's features in table order)
+--   bounds = "fatal" | "warn" | "off";  device = a GPU ordinal or "cpu" (default: the current GPU)
+--   output_dtype = "f32" | "bf16";  pooling, placement, format: table defaults
+-- Rows start as zeros: load() them.  Environmental failures return nil, message.
+function M.new(opts, level)
+  level = (level or 1) + 1
+  if type(opts) ~= "table" then error("quantized collection: expected a table of options", level) end
+  for k in pairs(opts) do
+    if not OPTS[k] then error(("quantized collection: unknown option '%s'"):format(tostring(k)), level) end
+  end
+  local tables = opts.tables
+  if type(tables) ~= "table" or #tables == 0 then
+    error("quantized collection: tables must be a non-empty list", level)
+  end
+  local device = opts.device
+  if device == nil then
+    if C.ur_device_count() > 0 then
+      local d = ffi.new("int32_t[1]")
+      C.ur_device_get(d)
+      device = d[0]
+    else
+      device = -1
+    end
+  elseif device == "cpu" then
+    device = -1
+  else
+    device = lib.location(device, level)
+  end
+  local default_place = opts.placement or (device >= 0 and "device" or "host")
+  local cfg = ffi.new("ur_qtbe_config")
+  cfg.device = device
+  cfg.bounds = pick(BOUNDS, opts.bounds or "fatal", "bounds check", level)
+  cfg.out_dtype = pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, opts.output_dtype or "f32",
+                       "output dtype", level)
+  local n = #tables
+  local tc = ffi.new("ur_qtbe_table_config[?]", n)
+  local self = { table_index = {}, table_names = {}, features = {}, feature_index = {}, dims = {},
+                 rows = {}, formats = {}, feature_dims = {} }
+  local features_of = {}
+  for i, t in ipairs(tables) do
+    if type(t) ~= "table" then error(("quantized collection: table %d is not a table"):format(i), level) end
+    for k in pairs(t) do
+      if not TABLE_OPTS[k] then
+      error(("quantized collection: unknown table option '%s'"):format(tostring(k)), level)
+    end
+    end
+    local name = t.name
+    if type(name) ~= "string" or name == "" then
+      error(("quantized collection: table %d needs a name"):format(i), level)
+    end
+    if self.table_index[name] then
+      error(("quantized collection: two tables are named '%s'"):format(name), level)
+    end
+    self.table_index[name], self.table_names[i] = i - 1, name
+    local c = tc[i - 1]
+    c.name = name
+    c.rows = whole(t.rows, "table '" .. name .. "' rows", level, 1)
+    c.dim = whole(t.dim, "table '" .. name .. "' dim", level, 1)
+    local format = t.format or opts.format or "f32"
+    c.format = M.format_of(format, level)
+    c.pooling = pick(POOLINGS, t.pooling or opts.pooling or "sum", "table '" .. name .. "' pooling", level)
+    c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", level)
+    c.modulo = whole(t.modulo or 0, "table '" .. name .. "' modulo", level)
+    self.dims[name], self.rows[name], self.formats[name] = t.dim, t.rows, format
+    local fs = t.features or { name }
+    if type(fs) ~= "table" then
+      error(("quantized collection: table '%s' features must be a list"):format(name), level)
+    end
+    for _, f in ipairs(fs) do
+      if type(f) ~= "string" then
+        error(("quantized collection: table '%s' has a feature that is not a string"):format(name), level)
+      end
+      if features_of[f] then
+        error(("quantized collection: feature '%s' is on tables '%s' and '%s'"):format(f, features_of[f], name), level)
+      end
+      features_of[f] = name
+      self.features[#self.features + 1] = f
+    end
+  end
+  if opts.features then
+    if type(opts.features) ~= "table" or #opts.features ~= #self.features then
+      error(("quantized collection: features lists %s names; the tables have %d features")
+            :format(type(opts.features) == "table" and #opts.features or "no", #self.features), level)
+    end
+    for _, f in ipairs(opts.features) do
+      if not features_of[f] then
+        error(("quantized collection: feature '%s' is on no table"):format(tostring(f)), level)
+      end
+    end
+    self.features = { unpack(opts.features) }
+  end
+  local nf = #self.features
+  local ft, fnames = ffi.new("int32_t[?]", nf), ffi.new("const char *[?]", nf)
+  for i, f in ipairs(self.features) do
+    self.feature_index[f] = i - 1
+    ft[i - 1] = self.table_index[features_of[f]]
+    fnames[i - 1] = f
+    self.feature_dims[i] = self.dims[features_of[f]]
+  end
+  local out = ffi.new("ur_qtbe *[1]")
+  local ok, err = check(C.ur_qtbe_new(out, cfg, n, tc, nf, ft, fnames), level)
+  if not ok then return nil, err end
+  self.h = wrap_qtbe(out[0])
+  self.device = device
+  self.pooled = (tables[1].pooling or opts.pooling or "sum") ~= "none"
+  self.out_dim = tonumber(C.ur_qtbe_out_dim(out[0]))
+  self.output_dtype = opts.output_dtype or "f32"
+  return setmetatable(self, mt)
+end
+
+local function H(self, level) return lib.ptr(self.h, "quantized collection", (level or 2) + 1) end
+local function S(s, level) return streams.handle(s, (level or 2) + 1) end
+local function T(t, what, level) return lib.ptr(t, what, (level or 2) + 1) end
+
+function methods:free() free_qtbe(self.h) end
+
+local function table_index(self, name, level)
+  local i = self.table_index[name]
+  if i == nil then
+    error(("quantized collection: no table named '%s' (tables: %s)")
+          :format(tostring(name), table.concat(self.table_names, ", ")), level + 1)
+  end
+  return i
+end
+
+local out_tensor = ffi.new("ur_tensor *[1]")
+
+-- Table `name`'s stored rows as a view (u8 [rows, row bytes], or [rows, dim] of f16 / f32).
+function methods:table(name)
+  must(C.ur_qtbe_table(H(self), table_index(self, name, 2), out_tensor))
+  return tensor.wrap(out_tensor[0])
+end
+
+-- Copies rows in the table's format (as quantize() gives them) into table `name`.
+function methods:load(name, src, stream)
+  local dst = self:table(name)
+  local ok, err = dst:copy(src, stream)
+  dst:free()
+  if not ok then return nil, err end
+  return self
+end
+
+-- Row id r of table `name` is stored at row perm[r] (i64 [rows]); nil: the identity.
+function methods:set_permutation(name, perm)
+  local ok, err = check(C.ur_qtbe_set_permutation(H(self), table_index(self, name, 2),
+                                                  perm ~= nil and T(perm, "perm", 2) or nil), 2)
+  if not ok then return nil, err end
+  return self
+end
+
+function methods:skipped() return tonumber(C.ur_qtbe_skipped(H(self))) end
+function methods:bytes() return tonumber(C.ur_qtbe_bytes(H(self))) end
+function methods:placement() return self.device >= 0 and "device" or "host" end
+
+-- values, offsets, weights of a KJT (keys in the collection's order) or {values=, offsets=}.
+function methods:_input(input, level)
+  level = level + 1
+  if type(input) ~= "table" and type(input) ~= "cdata" then
+    error("quantized collection: input must be a KJT or a table {values=, offsets=[, weights=]}", level)
+  end
+  local values, offsets, weights
+  if type(input.values) == "function" then
+    local keys = input:keys()
+    local same = #keys == #self.features
+    for i = 1, #keys do same = same and keys[i] == self.features[i] end
+    if not same then
+      error(("quantized collection: the input's keys {%s} are not the collection's features {%s}")
+            :format(table.concat(keys, ", "), table.concat(self.features, ", ")), level)
+    end
+    if input:variable_stride() then
+      error("quantized collection: a variable batch per feature is not served; expand() it first", level)
+    end
+    values, offsets, weights = input:values(), input:offsets(), input:weights()
+  else
+    values, offsets, weights = input.values, input.offsets, input.weights
+  end
+  if values == nil or offsets == nil then error("quantized collection: the input has no values or offsets", level) end
+  return values, offsets, weights
+end
+
+function methods:output_shape(input)
+  local values, offsets = self:_input(input, 2)
+  if not self.pooled then return { values:numel(), self.out_dim } end
+  return { math.floor((offsets:numel() - 1) / #self.features), self.out_dim }
+end
+
+function methods:new_output(input)
+  local opts = { dtype = self.output_dtype, placement = self:placement() }
+  if self.device >= 0 then opts.device = self.device end
+  return tensor.tensor(self:output_shape(input), opts)
+end
+
+-- forward(input[, out][, stream]): pooled embeddings [batch, out_dim], or one row per value.
+function methods:forward(input, out, stream)
+  local values, offsets, weights = self:_input(input, 2)
+  if out == nil then
+    local err
+    out, err = self:new_output(input)
+    if not out then return nil, err end
+  end
+  local ok, err = check(C.ur_qtbe_forward(S(stream), H(self), T(values, "values", 2), T(offsets, "offsets", 2),
+                                          weights ~= nil and T(weights, "weights", 2) or nil, T(out, "out", 2)), 2)
+  if not ok then return nil, err end
+  return out
+end
+
+-- A quantized copy of a trained collection (uvmrec.tbe, or the nn module holding one):
+-- opts.format (default "int8") for every table, opts.formats = {name = format} per table,
+-- opts.placement, device, bounds, output_dtype as new().  Rows keep the collection's layout
+-- (its permutation comes along).  Returns the collection and {name = error} per table.
+function M.from(c, opts, level)
+  level = (level or 1) + 1
+  opts = opts or {}
+  local src = c.tbe or c
+  local tables, errs = {}, {}
+  for i, name in ipairs(src.table_names) do
+    tables[i] = { name = name, rows = src.rows[name], dim = src.dims[name],
+                  format = (opts.formats or {})[name] or opts.format or "int8",
+                  pooling = src.poolings[name], placement = opts.placement, features = {} }
+  end
+  for i, f in ipairs(src.features) do
+    local t = tables[C.ur_tbe_feature_table(lib.ptr(src.h, "embedding collection", level), i - 1) + 1]
+    t.features[#t.features + 1] = f
+  end
+  local q, err = M.new({ tables = tables, features = src.features, device = opts.device, bounds = opts.bounds,
+                         output_dtype = opts.output_dtype }, level)
+  if not q then return nil, err end
+  for _, t in ipairs(tables) do
+    local w = src:table(t.name)
+    if w:placement() == "device" then
+      local host = assert(w:to("host"))
+      w:free()
+      w = host
+    end
+    local rows
+    rows, errs[t.name] = M.quantize(w, t.format)
+    w:free()
+    assert(q:load(t.name, rows))
+    rows:free()
+    local perm = src:permutation(t.name)
+    if perm then
+      assert(q:set_permutation(t.name, perm))
+      perm:free()
+    end
+  end
+  return q, errs
+end
+
+return M

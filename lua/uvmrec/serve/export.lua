@@ -1,0 +1,202 @@
+-- uvmrec.serve.export: a training checkpoint of DLRM to one model file (docs/serving.md): the
+-- description (metadata uvmrec.model), the dense weights in f32 or bf16, each table's rows in
+-- its serving format (uvmrec.qtbe's), the id mapping each table needs, and where the training
+-- run's held-out samples were.  `uvmrec export` (scripts/export.lua) is its command.
+--
+--   local export = require "uvmrec.serve.export"
+--   local r = assert(export.run("runs/a", { out = "tiny.safetensors", tables = "int8",
+--                                           per_table = { C3 = "int4" } }))
+--   r.tables.C3.error.max_abs, r.bytes
+local ur = require "uvmrec"
+local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
+local qtbe = require "uvmrec.qtbe"
+local train = require "uvmrec.train"
+
+local M = {}
+
+M.VERSION = 1
+
+-- The Linear layers of a Sequential in the checkpoint, by index: prefix .. i .. ".weight".
+local function linears(names, prefix)
+  local idx = {}
+  for _, n in ipairs(names) do
+    local i = n:match("^" .. prefix:gsub("%.", "%%.") .. "(%d+)%.weight$")
+    if i then idx[#idx + 1] = tonumber(i) end
+  end
+  table.sort(idx)
+  return idx
+end
+
+-- "C3=int4,C5=fp16" (or a table) to {C3 = "int4", ...}.
+function M.parse_per_table(s)
+  if type(s) == "table" then return s end
+  local out = {}
+  for item in (s or ""):gmatch("[^,]+") do
+    local name, format = item:match("^%s*([^=%s]+)%s*=%s*(%S+)%s*$")
+    if not name then return nil, ("--per-table: '%s' is not TABLE=FORMAT"):format(item) end
+    out[name] = format
+  end
+  return out
+end
+
+-- Where the training run's held-out samples were, for the file's readers:
+-- {data = spec, first = sample, samples = n, batch_size} (synthetic), or {data = spec}.
+local function held_out(cfg)
+  local d = train.data(cfg, train.config.table_rows(cfg))
+  if not d or not d.eval then return nil end
+  if cfg.data.eval ~= "" then
+    return { data = cfg.data.eval, samples = cfg.eval.samples, batch_size = cfg.eval.batch_size }
+  end
+  return { data = cfg.data.train, first = d.eval.position.sample, samples = cfg.eval.samples,
+           batch_size = cfg.eval.batch_size }
+end
+
+local function bf16_of(t)
+  local out = assert(ur.tensor(t:size(), { dtype = "bf16" }))
+  ur.dense.cast(t, out)
+  return out
+end
+
+-- run(source, opts): source a checkpoint file or a run directory (its newest); opts: out (the
+-- model file), tables (the format of every table: f32, fp16, int8 (default), int4, int2),
+-- per_table ({name = format} or "C3=int4,..."), dense ("f32" or "bf16"), print (a function
+-- of one line; default none).  Returns {path, bytes, tables = {name = {format, rows, dim,
+-- bytes, error}}, description} or nil, message.
+function M.run(source, opts)
+  opts = opts or {}
+  local say = opts.print or function() end
+  if type(opts.out) ~= "string" or opts.out == "" then return nil, "export: --out FILE is required" end
+  local path, perr = train.checkpoint_file(source)
+  if not path then return nil, "export: " .. tostring(perr) end
+  local f, ferr = ck.open(path)
+  if not f then return nil, "export: " .. ferr end
+  local fmt = f:meta("uvmrec.format")
+  if fmt == "model" then return nil, ("export: %s is already a model file"):format(path) end
+  if fmt ~= "1" or not f:meta("uvmrec.config") then
+    return nil, ("export: %s is not a training checkpoint (uvmrec.format is %s)"):format(path, tostring(fmt))
+  end
+  local cfg = train.fill_defaults(assert(json.decode(f:meta("uvmrec.config"))))
+  -- A table trained behind managed collisions (uvmrec.mc) maps raw ids through a map the model
+  -- file cannot carry yet (the description's "collisions" slot): its rows under modulo ids would
+  -- score wrongly, so it is refused rather than exported.
+  local managed = {}
+  for i in pairs(train.config.collisions(cfg)) do managed[#managed + 1] = "C" .. i end
+  if #managed > 0 then
+    table.sort(managed, function(a, b) return tonumber(a:sub(2)) < tonumber(b:sub(2)) end)
+    return nil, ("export: %s: tables %s were trained with managed collisions (embeddings.collisions), whose id "
+      .. "map a model file cannot carry yet"):format(path, table.concat(managed, ", "))
+  end
+  if cfg.model.file ~= "dlrm.lua" then
+    return nil, ("export: %s's model is %s; export knows DLRM (dlrm.lua)"):format(path, tostring(cfg.model.file))
+  end
+  local default = opts.tables or "int8"
+  local per, err = M.parse_per_table(opts.per_table)
+  if not per then return nil, "export: " .. err end
+  local dense_dtype = opts.dense or "f32"
+  if dense_dtype ~= "f32" and dense_dtype ~= "bf16" then
+    return nil, ("export: --dense %s; expected f32 or bf16"):format(dense_dtype)
+  end
+  local names = f:names()
+  local rows = train.config.table_rows(cfg)
+  local e = cfg.embeddings
+  for name, format in pairs(per) do
+    local k = tonumber(name:match("^C(%d+)$"))
+    if not k or k < 1 or k > #rows then
+      return nil, ("export: --per-table names table '%s'; tables are C1 to C%d"):format(name, #rows)
+    end
+    if not pcall(qtbe.format_of, format) then
+      return nil, ("export: --per-table %s=%s: expected f32, fp16, int8, int4 or int2"):format(name, format)
+    end
+  end
+  if not pcall(qtbe.format_of, default) then
+    return nil, ("export: --tables %s: expected f32, fp16, int8, int4 or int2"):format(default)
+  end
+
+  local tensors, keep = {}, {}
+  local function dense(name)
+    local v = assert(f:view(name))
+    keep[#keep + 1] = v
+    tensors[name] = dense_dtype == "bf16" and bf16_of(v) or v
+    return name
+  end
+  local function mlp(prefix, relu_last)
+    local layers = {}
+    local idx = linears(names, prefix)
+    for j, i in ipairs(idx) do
+      layers[j] = { weight = dense(prefix .. i .. ".weight"), bias = dense(prefix .. i .. ".bias"),
+                    act = (j < #idx or relu_last) and "relu" or "none" }
+    end
+    return layers
+  end
+  local desc = {
+    arch = "dlrm", version = M.VERSION, interaction = cfg.model.interaction,
+    self_interaction = cfg.model.self_interaction, dense_features = cfg.model.dense_features,
+    dense_dtype = dense_dtype, dim = e.dim,
+    bottom = mlp("dense.bottom.", true), top = mlp("dense.top.", false),
+    input = cfg.data.train:match("^synthetic:") and "synthetic" or "criteo",
+    features = {}, tables = {}, held_out = held_out(cfg),
+  }
+  if #desc.bottom ~= #cfg.model.bottom_mlp or #desc.top ~= #cfg.model.top_mlp then
+    return nil, ("export: %s holds %d bottom and %d top layers; its config has %d and %d"):format(
+      path, #desc.bottom, #desc.top, #cfg.model.bottom_mlp, #cfg.model.top_mlp)
+  end
+  if cfg.model.interaction == "dcnv2" then
+    desc.cross = {}
+    for l = 1, cfg.model.cross_layers do
+      local layer = { bias = dense("dense.interaction.bias_" .. l) }
+      if cfg.model.cross_rank > 0 then
+        layer.V, layer.U = dense("dense.interaction.V_" .. l), dense("dense.interaction.U_" .. l)
+      else
+        layer.weight = dense("dense.interaction.weight_" .. l)
+      end
+      desc.cross[l] = layer
+    end
+  end
+  local result = { tables = {}, description = desc }
+  say(("export: %s (step %s) -> %s"):format(path, tostring(f:meta("uvmrec.step")), opts.out))
+  say(("%-5s %-5s %12s %5s %12s %12s %10s  %s"):format("table", "format", "rows", "dim", "max |err|",
+                                                        "rms err", "rel rms", "bytes"))
+  for i, r in ipairs(rows) do
+    local name = "C" .. i
+    local format = per[name] or default
+    local src, serr = f:view("embeddings." .. name)
+    if not src then return nil, "export: " .. serr end
+    local stored, qerr = qtbe.quantize(src, format)
+    src:free()
+    tensors["embeddings." .. name] = stored
+    local t = { name = name, rows = r, dim = e.dim, format = qtbe.FORMATS[tonumber(qtbe.format_of(format)) + 1],
+                pooling = e.pooling, features = { name }, weights = "embeddings." .. name,
+                modulo = desc.input == "criteo" and r or 0 }
+    -- The slot for a managed-collision map (uvmrec.h's serving section): "collisions" names its
+    -- tensor once managed collisions are trained; absent here, and the engine refuses a table
+    -- that has one until it serves them.
+    local perm = f:info("layout." .. name .. ".perm") and assert(f:view("layout." .. name .. ".perm"))
+    if perm then
+      keep[#keep + 1] = perm
+      tensors["embeddings." .. name .. ".perm"] = perm
+      t.permutation = "embeddings." .. name .. ".perm"
+    end
+    desc.features[i], desc.tables[i] = name, t
+    result.tables[name] = { format = t.format, rows = r, dim = e.dim, bytes = stored:nbytes(), error = qerr }
+    say(("%-5s %-5s %12d %5d %12.3g %12.3g %9.3f%%  %d"):format(name, t.format, r, e.dim, qerr.max_abs,
+                                                               qerr.rms, 100 * qerr.rel_rms, stored:nbytes()))
+  end
+  local meta = {
+    ["uvmrec.format"] = "model",
+    ["uvmrec.model"] = json.encode(desc),
+    ["uvmrec.config"] = f:meta("uvmrec.config"),
+    ["uvmrec.version"] = ur.version(),
+    ["uvmrec.source"] = json.encode { checkpoint = path, step = tonumber(f:meta("uvmrec.step")) },
+  }
+  local ok, serr = ck.save(opts.out, { tensors = tensors, meta = meta })
+  for _, t in pairs(tensors) do t:free() end
+  for _, v in ipairs(keep) do v:free() end
+  if not ok then return nil, "export: " .. serr end
+  local st = assert(ck.open(opts.out))
+  result.path, result.bytes = opts.out, st:bytes()
+  say(("model file: %s, %d bytes (the checkpoint: %d)"):format(opts.out, result.bytes, f:bytes()))
+  return result
+end
+
+return M

@@ -1,0 +1,223 @@
+-- uvmrec.serve: exported models (model files of `uvmrec export`) scored through the engine's
+-- serving API (uvmrec.h section 9, ur_model_*), the same calls a C program makes: open,
+-- predict, info; and scoring a data spec, which `uvmrec predict` and `uvmrec eval` run.
+--
+--   local serve = require "uvmrec.serve"
+--   local m = assert(serve.open("tiny.safetensors", { placement = "host" }))
+--   local p = m:predict(batch)          -- f32 [B]: probabilities of a loader's batch
+--   local r = assert(serve.evaluate(m)) -- AUC on the training run's held-out samples
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local json = require "uvmrec.json"
+local C, check = lib.C, lib.check
+
+local M = {}
+local methods = {}
+local wrap_model, free_model = lib.handle_type("ur_model", C.ur_model_close, { __index = methods })
+
+local PLACES = { device = C.UR_PLACE_DEVICE, managed = C.UR_PLACE_MANAGED, host = C.UR_PLACE_HOST }
+local BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
+local OPTS = { device = true, placement = true, bounds = true, max_callers = true, hot_fraction = true }
+
+local function choice(map, v, what, level)
+  if map[v] == nil then
+    local names = {}
+    for k in pairs(map) do names[#names + 1] = k end
+    table.sort(names)
+    error(("serve: %s '%s' is not one of %s"):format(what, tostring(v), table.concat(names, ", ")), level + 1)
+  end
+  return map[v]
+end
+
+-- True when path is a model file (safetensors with uvmrec.format "model").
+function M.is_model_file(path)
+  local f = type(path) == "string" and require("uvmrec.checkpoint").open(path)
+  if not f then return false end
+  local yes = f:meta("uvmrec.format") == "model"
+  f:close()
+  return yes
+end
+
+-- serve.open(path, opts): opts.device ("cpu" or a GPU; default the current GPU, else the CPU),
+-- placement of the tables ("device", "managed", "host"; default where it runs), bounds ("fatal",
+-- "warn", "off"), max_callers (0: no limit), hot_fraction (managed tables' share preferred on
+-- the GPU; < 0: no hints).  The model, or nil, message (the file and the reason).
+function M.open(path, opts)
+  opts = opts or {}
+  if type(path) ~= "string" then error("serve: open needs a path", 2) end
+  for k in pairs(opts) do
+    if not OPTS[k] then error(("serve: unknown option '%s'"):format(tostring(k)), 2) end
+  end
+  local o = ffi.new("ur_model_options")
+  C.ur_model_options_init(o)
+  if opts.device == "cpu" then o.device = -1
+  elseif opts.device ~= nil then o.device = lib.location(opts.device, 2) end
+  if opts.placement ~= nil then o.table_place = choice(PLACES, opts.placement, "placement", 2) end
+  if opts.bounds ~= nil then o.bounds = choice(BOUNDS, opts.bounds, "bounds", 2) end
+  if opts.max_callers ~= nil then o.max_callers = opts.max_callers end
+  if opts.hot_fraction ~= nil then o.hot_fraction = opts.hot_fraction end
+  local out = ffi.new("ur_model *[1]")
+  local ok, err = check(C.ur_model_open(out, path, o), 2)
+  if not ok then return nil, err end
+  return wrap_model(out[0])
+end
+
+local function P(m) return lib.ptr(m, "model", 3) end
+
+function methods:close() free_model(self) end
+methods.free = methods.close
+
+local props = ffi.new("ur_model_props")
+
+-- {interaction, input, num_dense, num_features, num_tables, dim, device, placement,
+-- dense_dtype, contexts, rows, table_bytes, dense_bytes, file_bytes, calls, failed, samples}
+function methods:info()
+  lib.must(C.ur_model_info(P(self), props))
+  return {
+    interaction = ffi.string(props.interaction), input = ffi.string(props.input),
+    num_dense = props.num_dense, num_features = props.num_features, num_tables = props.num_tables,
+    dim = props.dim, device = props.device, placement = ffi.string(C.ur_place_name(props.table_place)),
+    dense_dtype = ffi.string(C.ur_dtype_name(props.dense_dtype)), contexts = props.contexts,
+    rows = tonumber(props.rows), table_bytes = tonumber(props.table_bytes),
+    dense_bytes = tonumber(props.dense_bytes), file_bytes = tonumber(props.file_bytes),
+    calls = tonumber(props.calls), failed = tonumber(props.failed), samples = tonumber(props.samples),
+  }
+end
+
+-- A metadata value of the file, or nil.
+function methods:meta(key)
+  local v = C.ur_model_meta(P(self), key)
+  return v ~= nil and ffi.string(v) or nil
+end
+
+-- The description (uvmrec.model) and the training config (uvmrec.config), decoded.
+function methods:description() return assert(json.decode(self:meta("uvmrec.model"))) end
+function methods:config()
+  local train = require "uvmrec.train"
+  return train.fill_defaults(assert(json.decode(self:meta("uvmrec.config"))))
+end
+
+function methods:features()
+  local out = {}
+  for i = 0, self:info().num_features - 1 do out[i + 1] = ffi.string(C.ur_model_feature_name(P(self), i)) end
+  return out
+end
+
+-- predict(batch[, out]) or predict(dense, sparse[, out]): the probabilities f32 [B] (into out,
+-- f32 of B elements in any placement, when given).  A bad request returns nil, message and
+-- leaves the model serving.
+function methods:predict(a, b, c)
+  local dense, sparse, out
+  if type(a) == "table" and a.dense then dense, sparse, out = a.dense, a.sparse, b
+  else dense, sparse, out = a, b, c end
+  if dense == nil or sparse == nil then error("serve: predict needs a batch {dense=, sparse=} or dense, sparse", 2) end
+  if out == nil then
+    local err
+    out, err = tensor.tensor({ dense:size(1) })
+    if not out then return nil, err end
+  end
+  local st = C.ur_model_predict(P(self), lib.ptr(dense, "dense", 2), lib.ptr(sparse, "sparse", 2),
+                                lib.ptr(out, "scores", 2))
+  if st ~= 0 then return nil, ffi.string(C.ur_last_error()) end
+  return out
+end
+
+-- ---- data ----
+
+-- Loader options for scoring data with model m: spec nil or "held-out" (the training run's
+-- held-out samples, as its final evaluation read them), a synthetic spec (the same samples),
+-- or criteo-tsv / criteo-bin files (all of them, raw ids: the model maps them).  opts:
+-- batch_size, samples (at most).  Returns loader options and a line saying what they are.
+function M.data(m, spec, opts)
+  opts = opts or {}
+  local train = require "uvmrec.train"
+  local cfg = m:config()
+  local rows = train.config.table_rows(cfg)
+  local bs = opts.batch_size or cfg.eval.batch_size
+  if spec == nil or spec == "held-out" or spec:match("^synthetic:") then
+    if spec and spec ~= "held-out" then cfg.data.train, cfg.data.eval = spec, "" end
+    local d, err = train.data(cfg, rows)
+    if not d then return nil, err end
+    if not d.eval then return nil, "serve: the model's training run has no held-out data; give --data SPEC" end
+    local o = {}
+    for k, v in pairs(d.eval) do o[k] = v end
+    o.batch_size, o.placement, o.rows = bs, "host", nil
+    if opts.samples and o.samples and o.position then
+      o.samples = math.min(o.samples, o.position.sample + opts.samples)
+    end
+    local what = o.position and ("%s: samples %d to %d (the training run's held-out samples)"):format(
+      spec or cfg.data.train, o.position.sample, o.samples - 1) or (spec or cfg.data.eval)
+    return o, what
+  end
+  local ok, src = pcall(require("uvmrec.data.loader").source, spec)
+  if not ok then return nil, (tostring(src):gsub("^[^\n]-:%d+: ", "")) end
+  return { data = spec, batch_size = bs, depth = 2, epochs = 1, placement = "host",
+           pad_missing_fields = false }, spec
+end
+
+-- Scores loader options' batches: fn(batch, probabilities) for each; opts.samples stops after
+-- that many.  Returns the samples scored, or nil, message.
+function M.score(m, lopts, fn, opts)
+  opts = opts or {}
+  local loader, err = require("uvmrec").data.loader(lopts)
+  if not loader then return nil, err end
+  local n, out = 0, nil
+  while not opts.samples or n < opts.samples do
+    local batch, berr = loader:next()
+    if berr then
+      loader:close()
+      return nil, berr
+    end
+    if not batch then break end
+    if not out or out:numel() ~= batch.size then
+      if out then out:free() end
+      out = assert(tensor.tensor({ batch.size }))
+    end
+    local p, perr = m:predict(batch, out)
+    if not p then
+      loader:close()
+      return nil, perr
+    end
+    fn(batch, p)
+    n = n + batch.size
+  end
+  loader:close()
+  if out then out:free() end
+  return n
+end
+
+-- The metrics of model m on data (M.data's spec and opts; kinds: eval.metrics of its training
+-- config): {auc, ne, logloss, accuracy, calibration, ctr, samples, seconds, what}, AUC exact
+-- over every sample scored.
+function M.evaluate(m, spec, opts)
+  opts = opts or {}
+  local metrics = require "uvmrec.metrics"
+  local lopts, what = M.data(m, spec, opts)
+  if not lopts then return nil, what end
+  local cfg = m:config()
+  local total = lopts.position and (lopts.samples - lopts.position.sample) or opts.samples or cfg.eval.samples
+  local t0 = C.ur_clock_seconds()
+  local mc = metrics.MetricCollection { metrics = opts.metrics or cfg.eval.metrics, batch_size = lopts.batch_size,
+                                        include_logloss = true, placement = "host",
+                                        window_size = total > 0 and total + lopts.batch_size or 0 }
+  local n, err = M.score(m, lopts, function(batch, p)
+    assert(mc:update { predictions = p, labels = batch.labels })
+  end, { samples = total > 0 and total or nil })
+  if not n then
+    mc:free()
+    return nil, err
+  end
+  if n == 0 then
+    mc:free()
+    return nil, "serve: the data gave no samples"
+  end
+  local v = assert(mc:values()).default
+  local scope = total > 0 and v.window or v.lifetime
+  mc:free()
+  local r = { samples = n, seconds = C.ur_clock_seconds() - t0, what = what }
+  for _, k in ipairs { "auc", "ne", "logloss", "accuracy", "calibration", "ctr" } do r[k] = scope[k] end
+  return r
+end
+
+return M

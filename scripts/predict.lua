@@ -1,0 +1,40 @@
+-- `uvmrec predict`: scores data with an exported model file through the serving API (the calls
+-- engine/examples/serve.c makes): one probability a line, in the data's order.  Synthetic data
+-- gives the training run's held-out samples (those its final evaluation scored); Criteo TSV and
+-- day files are read whole, raw ids mapped by the model.  Its options are declared below
+-- (`uvmrec predict --help`).
+local serve = require "uvmrec.serve"
+
+local cmd = require("uvmrec.cli").command {
+  name = "predict",
+  summary = "score data with an exported model file: one probability a line",
+  { "MODEL", "a model file (uvmrec export)" },
+  { "--data SPEC", "synthetic:NAME (the training run's held-out samples), criteo-tsv:PATH[,PATH...] or "
+    .. "criteo-bin:DIR; default: the held-out samples of the model's training run" },
+  { "--out FILE", "where the probabilities go (default: standard output)" },
+  { "--batch-size N", "samples a call", type = "whole", default = 512 },
+  { "--samples N", "score at most N samples", type = "whole" },
+  { "--placement WHERE", "where the tables live", choices = { "device", "managed", "host" } },
+  { "--bounds MODE", "ids outside their table after the mapping", choices = { "fatal", "warn", "off" },
+    default = "fatal" },
+  { "--cpu", "serve on the CPU even where a GPU is" },
+}
+local o = cmd:parse(arg)
+local m, err = serve.open(o.model, { device = o.cpu and "cpu" or nil, placement = o.placement, bounds = o.bounds })
+if not m then cmd:fail(err) end
+local lopts, what = serve.data(m, o.data, { batch_size = o.batch_size, samples = o.samples })
+if not lopts then cmd:fail(what) end
+local out = io.stdout
+if o.out then
+  local ferr
+  out, ferr = io.open(o.out, "w")
+  if not out then cmd:fail(ferr) end
+end
+local n, serr = serve.score(m, lopts, function(_, p)
+  local v = p:totable()
+  for i = 1, #v do out:write(("%.9g\n"):format(v[i])) end
+end, { samples = o.samples })
+if out ~= io.stdout then out:close() end
+if not n then cmd:fail(serr) end
+if o.out then print(("predict: %d samples of %s -> %s"):format(n, what, o.out)) end
+m:close()

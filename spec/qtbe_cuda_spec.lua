@@ -1,0 +1,106 @@
+-- The quantized collection on the GPU (#cuda; pending without one): its forward gives the CPU
+-- reference's bits for every format, pooled and unpooled, weighted, with ids taken modulo and a
+-- row permutation, with tables in device, managed and pinned host memory, bf16 outputs; a bad
+-- id fails with the CPU's message; and an exported model served on the GPU scores as on the CPU.
+local ur = require "uvmrec"
+local qtbe = require "uvmrec.qtbe"
+local h = require "helpers"
+local R = require "tbe_ref"
+
+local cuda_it = h.cuda_it
+
+-- Two collections of the same rows, on the CPU and on the GPU (placement as given).
+local function pair(format, placement, opts)
+  opts = opts or {}
+  local tables = { { name = "a", rows = 3000, dim = opts.dim or 64, features = { "f1", "f3" }, format = format,
+                     modulo = opts.modulo and 3000 or nil, pooling = opts.pooling },
+                   { name = "b", rows = 77, dim = opts.dim or 64, features = { "f2" }, format = format,
+                     pooling = opts.pooling or "mean" } }
+  local cpu = assert(qtbe.new { tables = tables, features = { "f1", "f2", "f3" }, device = "cpu",
+                                output_dtype = opts.output_dtype })
+  local gpu = assert(qtbe.new { tables = tables, features = { "f1", "f2", "f3" }, device = 0,
+                                placement = placement, output_dtype = opts.output_dtype })
+  for i, t in ipairs(tables) do
+    local src = assert(ur.tensor({ t.rows, t.dim })):uniform(-0.2, 0.2, 100 + i)
+    local rows = qtbe.quantize(src, format)
+    assert(cpu:load(t.name, rows))
+    assert(gpu:load(t.name, rows))
+    if opts.perm then
+      local p = {}
+      for r = 0, t.rows - 1 do p[r + 1] = (r * 7 + 1) % t.rows end
+      assert(cpu:set_permutation(t.name, R.tensor(p, "i64")))
+      assert(gpu:set_permutation(t.name, R.tensor(p, "i64")))
+    end
+  end
+  return cpu, gpu
+end
+
+local function run(c, batch, placement)
+  local inp = { values = R.tensor(batch.values, "i64", placement), offsets = R.tensor(batch.offsets, "i64", placement),
+                weights = batch.weights and R.tensor(batch.weights, "f32", placement) or nil }
+  local out = assert(c:forward(inp))
+  return assert(out:to("host")):totable()
+end
+
+describe("uvmrec.qtbe on the GPU", function()
+  for _, format in ipairs(qtbe.FORMATS) do
+    cuda_it("gives the CPU's bits for " .. format .. " rows in device, managed and host memory", function()
+      math.randomseed(#format)
+      for _, placement in ipairs { "device", "managed", "host" } do
+        for _, o in ipairs { {}, { weighted = true, perm = true, modulo = true }, { pooling = "none", dim = 16 },
+                             { dim = 1024 }, { dim = 4 }, { output_dtype = "bf16" } } do
+          local cpu, gpu = pair(format, placement, o)
+          local batch = R.batch({ 3000, 77, 3000 }, { batch = 257, weighted = o.weighted, big = 300 })
+          if o.modulo then
+            for i = 1, #batch.values do batch.values[i] = batch.values[i] + 3000 * 77 * math.random(0, 99) end
+          end
+          assert.same(run(cpu, batch), run(gpu, batch, "device"))
+          cpu:free()
+          gpu:free()
+        end
+      end
+    end)
+  end
+
+  cuda_it("fails a bad id with the CPU's message, and counts skipped ids under warn", function()
+    local _, gpu = pair("int8", "device")
+    local batch = { values = { 1, 2, 77, 3 }, offsets = { 0, 1, 2, 3, 4, 4, 4 } }
+    assert.has_error(function() run(gpu, batch) end,
+                     "qtbe: table 'b' (feature 'f2', sample 0, value 2) has no row for id 77; ids run 0..76")
+    local w = assert(qtbe.new { tables = { { name = "a", rows = 10, dim = 8, format = "int4" } }, device = 0,
+                                bounds = "warn" })
+    run(w, { values = { 1, 10, -1 }, offsets = { 0, 3 } })
+    assert.equal(2, w:skipped())
+  end)
+
+  cuda_it("serves an exported model on the GPU as on the CPU", function()
+    local dir = require("command").tmpdir()
+    local train = require "uvmrec.train"
+    local cfg = h.tiny { "train.steps=30", "train.checkpoint_every=30", "eval.samples=4096", "eval.min_auc=0" }
+    assert(train.run(cfg, { out = dir .. "/run", progress = "none", cpu = true, print = function() end }))
+    assert(require("uvmrec.serve.export").run(dir .. "/run", { out = dir .. "/m.safetensors", tables = "int4" }))
+    local serve = require "uvmrec.serve"
+    local cpu = assert(serve.open(dir .. "/m.safetensors", { device = "cpu" }))
+    local data = assert(serve.data(cpu, nil, { batch_size = 1000 }))
+    for _, placement in ipairs { "device", "managed", "host" } do
+      local seen = tonumber(ur.C.ur_hint_log_total())
+      local gpu = assert(serve.open(dir .. "/m.safetensors",
+                                    { device = 0, placement = placement, hot_fraction = 0.25 }))
+      if placement == "managed" then
+        -- the hot_prefix split on each of the 26 tables: its leading quarter preferred on the GPU
+        local preferred = 0
+        for _, r in ipairs(ur.hint_log(seen)) do
+          if r.advice == "preferred_location" and r.location ~= "cpu" then preferred = preferred + 1 end
+        end
+        assert.equal(26, preferred)
+      end
+      local loader = assert(ur.data.loader(data))
+      local batch = loader:next()
+      local a, b = cpu:predict(batch):totable(), gpu:predict(batch):totable()
+      for i = 1, #a do assert.is_true(math.abs(a[i] - b[i]) <= 1e-5, placement) end
+      loader:close()
+      gpu:close()
+    end
+    require("command").rmdir(dir)
+  end)
+end)

@@ -1,0 +1,143 @@
+-- uvmrec.serve.export and `uvmrec export`: a training checkpoint becomes one model file whose
+-- description, dense weights, quantized tables and id mappings are what the run trained (each
+-- table's rows the quantizer's output of the checkpoint's rows, its layout's permutation along),
+-- that Python's safetensors reads; the quantization error per table is printed; bad requests
+-- are refused with the reason.
+local ur = require "uvmrec"
+local ck = require "uvmrec.checkpoint"
+local json = require "uvmrec.json"
+local qtbe = require "uvmrec.qtbe"
+local export = require "uvmrec.serve.export"
+local h = require "helpers"
+local cmd = require "command"
+
+describe("uvmrec.serve.export", function()
+  it("writes the description, the dense weights and every table in its format", function()
+    local t = h.trained("tiny")
+    local path = h.exported("tiny", { tables = "int8", per_table = { C3 = "int4", C16 = "fp16" } })
+    local f = assert(ck.open(path))
+    assert.equal("model", f:meta("uvmrec.format"))
+    local d = assert(json.decode(f:meta("uvmrec.model")))
+    assert.equal("dlrm", d.arch)
+    assert.equal("dot", d.interaction)
+    assert.equal(13, d.dense_features)
+    assert.equal("synthetic", d.input)
+    assert.same({ "relu", "relu" }, { d.bottom[1].act, d.bottom[2].act })
+    assert.same({ "relu", "none" }, { d.top[1].act, d.top[2].act })
+    assert.equal(26, #d.tables)
+    -- where the run's final evaluation read: the held-out stream from sample 2^48, which training never draws
+    assert.same({ data = "synthetic:tiny", first = 2 ^ 48, samples = 16384, batch_size = 16384 }, d.held_out)
+    local src = assert(ck.open(assert(require("uvmrec.train").checkpoint_file(t.run))))
+    for i, tb in ipairs(d.tables) do
+      local want = i == 3 and "int4" or i == 16 and "fp16" or "int8"
+      assert.equal(want, tb.format)
+      assert.equal(0, tb.modulo)   -- synthetic ids are rows already
+      assert.is_nil(tb.collisions)
+      local rows = qtbe.quantize(assert(src:view("embeddings.C" .. i)), want)
+      assert.same(rows:totable(), assert(f:view("embeddings.C" .. i)):totable())
+    end
+    for _, l in ipairs(d.bottom) do
+      assert.same(assert(src:view(l.weight)):totable(), assert(f:view(l.weight)):totable())
+    end
+    assert.same(json.decode(src:meta("uvmrec.config")), json.decode(f:meta("uvmrec.config")))
+  end)
+
+  it("keeps the row layout's permutation, and Criteo-trained tables take ids modulo their rows", function()
+    local path = assert(h.exported("criteo", { tables = "int4" }))
+    local d = assert(json.decode(assert(ck.open(path)):meta("uvmrec.model")))
+    assert.equal("criteo", d.input)
+    assert.equal(4, d.tables[1].modulo)
+    assert.equal(10000, d.tables[16].modulo)
+    -- a layout: a run with managed tables and hot_prefix relays rows out; the file keeps it
+    local dir = cmd.tmpdir()
+    local train = require "uvmrec.train"
+    local cfg = h.tiny { "train.steps=30", "train.checkpoint_every=30", "eval.samples=2048", "eval.min_auc=0",
+                         "embeddings.placement=managed", "embeddings.hints.every=10" }
+    assert(train.run(cfg, { out = dir .. "/run", progress = "none", cpu = true, print = function() end }))
+    local src = assert(ck.open(assert(train.checkpoint_file(dir .. "/run"))))
+    assert.truthy(src:info("layout.C12.perm"), "the run laid its rows out")
+    assert(export.run(dir .. "/run", { out = dir .. "/m.safetensors", tables = "f32" }))
+    local f = assert(ck.open(dir .. "/m.safetensors"))
+    d = json.decode(f:meta("uvmrec.model"))
+    assert.equal("embeddings.C12.perm", d.tables[12].permutation)
+    assert.same(src:view("layout.C12.perm"):totable(), f:view("embeddings.C12.perm"):totable())
+    cmd.rmdir(dir)
+  end)
+
+  it("is read by Python's safetensors, the description included", function()
+    local py = h.python("import safetensors, numpy")
+    if not py then pending("no Python with safetensors (make pydeps)") return end
+    local path = h.exported("tiny", { tables = "int4" })
+    local out, err, code = cmd.sh(py .. " -c " .. cmd.quote([[
+import json, sys
+from safetensors import safe_open
+with safe_open(sys.argv[1], "np") as f:
+    meta = f.metadata()
+    d = json.loads(meta["uvmrec.model"])
+    t = f.get_tensor("embeddings.C3")
+    w = f.get_tensor(d["top"][0]["weight"])
+    print(meta["uvmrec.format"], d["tables"][2]["format"], t.dtype, t.shape[0], t.shape[1], w.dtype, len(f.keys()))
+]]) .. " " .. path)
+    assert.equal(0, code, err)
+    assert.equal("model int4 uint8 1000 12 float32 34\n", out)
+  end)
+
+  it("prints each table's quantization error and the file's size (uvmrec export)", function()
+    local t = h.trained("tiny")
+    local dir = cmd.tmpdir()
+    local out, err, code = cmd.run(("export %s --out %s/m.safetensors --tables int2 --per-table C1=f32,C2=fp16")
+                                   :format(t.run, dir))
+    assert.equal(0, code, err)
+    assert.matches("C1    f32              4    16            0            0     0%.000%%  256", out)
+    assert.matches("C2    fp16            10    16 ", out)
+    assert.matches("C3    int2          1000    16 ", out)
+    assert.truthy(out:find("model file: " .. dir .. "/m.safetensors, ", 1, true))
+    local bytes = assert(ck.open(dir .. "/m.safetensors")):bytes()
+    local f32 = assert(ck.open(h.exported("tiny", { tables = "f32" }))):bytes()
+    assert.is_true(bytes < f32 / 3, "int2 tables: " .. bytes .. " of " .. f32)
+    cmd.rmdir(dir)
+  end)
+
+  it("refuses what it cannot export, with the reason", function()
+    local t = h.trained("tiny")
+    local model = h.exported("tiny", {})
+    local _, err = export.run(model, { out = "/tmp/never.safetensors" })
+    assert.equal("export: " .. model .. " is already a model file", err)
+    _, err = export.run(t.run, {})
+    assert.equal("export: --out FILE is required", err)
+    _, err = export.run(t.run, { out = "/tmp/never.safetensors", per_table = "C99=int4" })
+    assert.equal("export: --per-table names table 'C99'; tables are C1 to C26", err)
+    _, err = export.run(t.run, { out = "/tmp/never.safetensors", per_table = "C3:int4" })
+    assert.equal("export: --per-table: 'C3:int4' is not TABLE=FORMAT", err)
+    _, err = export.run("/nonexistent", { out = "/tmp/never.safetensors" })
+    assert.matches("^export: ", err)
+    local out, serr, code = cmd.run("export " .. t.run .. " --out /tmp/never.safetensors --tables int3")
+    assert.equal(2, code, out)
+    assert.matches("int3", serr)
+    assert.is_false(cmd.exists("/tmp/never.safetensors"))
+    -- a run with managed collisions on two tables: its checkpoint's config says so
+    local src = assert(ck.open(assert(require("uvmrec.train").checkpoint_file(t.run))))
+    local cfg = json.decode(src:meta("uvmrec.config"))
+    cfg.embeddings.tables = { C5 = { collisions = { policy = "lru" } }, C12 = { collisions = { policy = "lfu" } } }
+    local dir = cmd.tmpdir()
+    local meta = { ["uvmrec.format"] = "1", ["uvmrec.config"] = json.encode(cfg) }
+    assert(ck.save(dir .. "/mc.safetensors", { tensors = { x = ur.tensor({ 2 }) }, meta = meta }))
+    _, err = export.run(dir .. "/mc.safetensors", { out = dir .. "/never.safetensors" })
+    assert.equal(("export: %s/mc.safetensors: tables C5, C12 were trained with managed collisions "
+                  .. "(embeddings.collisions), whose id map a model file cannot carry yet"):format(dir), err)
+    cmd.rmdir(dir)
+  end)
+
+  it("writes bf16 dense weights when asked", function()
+    local path = h.exported("tiny", { tables = "int8", dense = "bf16" })
+    local f = assert(ck.open(path))
+    local d = json.decode(f:meta("uvmrec.model"))
+    assert.equal("bf16", d.dense_dtype)
+    assert.equal("bf16", f:info(d.bottom[1].weight).dtype)
+    local w = assert(ck.open(h.exported("tiny", {}))):view(d.bottom[1].weight)
+    local b = ur.tensor(w:size())
+    ur.dense.cast(f:view(d.bottom[1].weight), b)
+    local x, y = w:totable(), b:totable()
+    for i = 1, #x do assert.is_true(math.abs(x[i] - y[i]) <= math.abs(x[i]) * 2 ^ -8) end
+  end)
+end)
