@@ -37,7 +37,9 @@ M.schema = map({
     bounds = enum({ "fatal", "warn", "off" }, { default = "fatal" }),
     tables = dict(map {                                        -- per table (C1, C2, ...)
       placement = enum(PLACEMENTS), dtype = enum { "f32", "f16", "bf16" },
-      hints = map { policy = string {} },                      -- this table's hint policy
+      hints = map { policy = string {},                        -- this table's hint policy
+                    allowance = string {} },                   -- its own HBM ('20%' of its bytes, '1GiB')
+      cache = map { load_factor = number { min = 0, max = 1 } }, -- its own cache size (placement cached)
     }),
     hints = map {                                              -- managed tables (uvmrec.hints)
       policy = string { default = "hot_prefix" },              -- none, host, hot_prefix, adaptive, or a .lua file
@@ -156,8 +158,33 @@ function M.check(cfg)
     if not i or i < 1 or i > #e.rows then
       return fail("embeddings.tables." .. name, ("no table '%s'; tables are C1 to C%d"):format(name, #e.rows))
     end
+    local at = "embeddings.tables." .. name
     local perr = t.hints and t.hints.policy and M.check_policy(t.hints.policy)
-    if perr then return fail("embeddings.tables." .. name .. ".hints.policy", perr) end
+    if perr then return fail(at .. ".hints.policy", perr) end
+    local place = t.placement or e.placement
+    local lf = t.cache and t.cache.load_factor
+    if lf ~= nil then
+      if place ~= "cached" then
+        return fail(at .. ".cache.load_factor", ("table %s is placed %s (embeddings.%splacement): a load factor "
+          .. "sizes the cache of a cached table"):format(name, place, t.placement and ("tables." .. name .. ".") or ""))
+      end
+      if lf <= 0 then return fail(at .. ".cache.load_factor", ("%s; expected a number in (0, 1]"):format(lf)) end
+      if e.cache.shared then
+        return fail(at .. ".cache.load_factor", "a load factor per table needs sets per table, and "
+          .. "embeddings.cache.shared puts every cached table in one pool")
+      end
+    end
+    local al = t.hints and t.hints.allowance
+    if al ~= nil then
+      if place ~= "managed" then
+        return fail(at .. ".hints.allowance", ("table %s is placed %s: an allowance is the HBM of a managed "
+          .. "table's hot rows"):format(name, place))
+      end
+      local ok, aerr = pcall(require("uvmrec.hints").parse_allowance, al, 1)
+      if not ok then
+        return fail(at .. ".hints.allowance", (tostring(aerr):gsub("^hints: ", ""):gsub("^[^\n]-:%d+: ", "")))
+      end
+    end
   end
   local perr = M.check_policy(e.hints.policy)
   if perr then return fail("embeddings.hints.policy", perr) end

@@ -290,7 +290,9 @@ function M.hints(cfg, model)
   if not M.any_managed(cfg) then return nil end
   local per = {}
   for name, t in pairs(e.tables) do
-    if t.hints and t.hints.policy then per[name] = { policy = t.hints.policy } end
+    if t.hints and (t.hints.policy or t.hints.allowance) then
+      per[name] = { policy = t.hints.policy, allowance = t.hints.allowance }
+    end
   end
   return hints.manager(model.embeddings, { policy = e.hints.policy, every = e.hints.every,
                                            allowance = e.hints.allowance, decay = e.hints.decay, tables = per })
