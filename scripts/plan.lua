@@ -71,6 +71,7 @@ for i, r in ipairs(rows) do
   local per = e.tables[name] or {}
   local fixed = {}
   if per.placement and per.placement ~= "auto" then fixed.placement = per.placement end
+  if per.cache and per.cache.load_factor then fixed.load_factor = per.cache.load_factor end
   local hot = 1
   local st = synth and synth.tables[i]
   if st then

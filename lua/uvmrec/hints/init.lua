@@ -570,10 +570,12 @@ function Manager:summary()
   for n in pairs(names) do pol[#pol + 1] = n end
   table.sort(pol)
   local m = r.migration
+  local allowed = self.allowance
+  for _, t in ipairs(self.tables) do allowed = allowed + (t.allowance or 0) end
   return ("hints %s: %d tables, hot %.1f%% of rows, coverage %s, on GPU %s of %s allowed; "
     .. "migrated %s in / %s out, %s faults; hint calls %.3f s, relayout %.2f s (%s)"):format(
     table.concat(pol, "+"), #self.tables, 100 * r.hot_fraction,
-    r.coverage and ("%.1f%%"):format(100 * r.coverage) or "-", gb(r.bytes_on_gpu), gb(self.allowance),
+    r.coverage and ("%.1f%%"):format(100 * r.coverage) or "-", gb(r.bytes_on_gpu), gb(allowed),
     m and gb(m.bytes_htod) or "-", m and gb(m.bytes_dtoh) or "-", m and tostring(m.gpu_page_faults) or "-",
     r.hint_seconds, self.relayout_seconds, gb(self.relayout_bytes))
 end

@@ -265,10 +265,11 @@ end
 
 local function round(x, d) local m = 10 ^ (d or 6) return math.floor(x * m + 0.5) / m end
 
--- The config keys a table's choice maps onto (train config, per table).
+-- The config keys a table's choice maps onto (train config, per table; the cache's policy is
+-- the cache's, one for all cached tables: embeddings.cache.policy, from the plan's policy).
 local function config_keys(name, o, hbm_gpu)
   local k = { placement = o.placement, sharding = o.sharding }
-  if o.placement == "cached" then k.cache = { load_factor = o.load_factor, policy = o.policy } end
+  if o.placement == "cached" then k.cache = { load_factor = o.load_factor } end
   if o.placement == "managed" then
     k.hints = { policy = "hot_prefix", allowance = ("%d"):format(hbm_gpu) }
   end
@@ -276,7 +277,6 @@ local function config_keys(name, o, hbm_gpu)
   local flat = { [prefix .. ".placement"] = o.placement, [prefix .. ".sharding"] = o.sharding }
   if k.cache then
     flat[prefix .. ".cache.load_factor"] = o.load_factor
-    flat[prefix .. ".cache.policy"] = o.policy
   end
   if k.hints then
     flat[prefix .. ".hints.policy"] = "hot_prefix"
@@ -562,6 +562,119 @@ function M.load(path)
   local text = f:read("*a")
   f:close()
   return M.decode(text, path)
+end
+
+-- ---- a plan applied to a training config (uvmrec train --plan) ----
+
+-- Whether the plan fits its own budget on every rank: nil, or why not (an edited plan, or one
+-- written by hand, may not).
+function Plan:over_budget()
+  local p = self.data
+  for _, R in ipairs(p.ranks) do
+    if type(R.hbm) ~= "number" or R.hbm > p.budget then
+      return ("rank %d needs %s of HBM (%s), over the plan's budget of %s per rank"):format(R.rank or 0,
+        fmt_bytes(R.hbm or 0), type(R.hbm) == "number" and ("%d bytes"):format(R.hbm) or "no figure",
+        fmt_bytes(p.budget))
+    end
+  end
+end
+
+-- Sets training config cfg (uvmrec.train.config, loaded and checked) to the plan: each table's
+-- placement, cache load factor, hint policy and allowance, and with several ranks its sharding
+-- (the plan's config_keys), and the cache policy; the config's own per-table settings must
+-- agree with the plan's. `where` names the plan in messages (its file).  Refuses a plan made for
+-- another model (tables, rows, dims, dtypes), batch, pipeline or number of ranks (opts.world,
+-- default 1), and one over its own HBM budget.  Returns cfg, or nil, message.
+function Plan:apply(cfg, where, opts)
+  opts = opts or {}
+  local tconfig = require "uvmrec.train.config"
+  local config = require "uvmrec.config"
+  local p = self.data
+  where = "--plan " .. tostring(where or "plan")
+  local function bad(fmt, ...) return nil, where .. ": " .. fmt:format(...) end
+  local e = cfg.embeddings
+  local rows = tconfig.table_rows(cfg)
+  if #p.tables ~= #rows then
+    return bad("the plan has %d tables and the model %d (embeddings.rows): plan this config with uvmrec plan",
+      #p.tables, #rows)
+  end
+  for i, t in ipairs(p.tables) do
+    local name = "C" .. i
+    local own = e.tables[name] or {}
+    local dtype = own.dtype or e.dtype
+    if t.name ~= name then return bad("table %d is named %s in the plan; the model's is %s", i, tostring(t.name), name) end
+    if t.rows ~= rows[i] then
+      return bad("table %s has %s rows in the plan and %d in the model (embeddings.rows, max_rows)", name,
+        tostring(t.rows), rows[i])
+    end
+    if t.dim ~= e.dim then return bad("table %s has dim %s in the plan and %d in the model (embeddings.dim)", name,
+      tostring(t.dim), e.dim) end
+    if t.dtype ~= dtype then return bad("table %s is %s in the plan and %s in the model", name, tostring(t.dtype), dtype) end
+    if t.optimizer ~= e.optimizer.name then
+      return bad("table %s was planned with the %s optimizer (its state's bytes) and the model's is %s", name,
+        tostring(t.optimizer), e.optimizer.name)
+    end
+  end
+  local world = opts.world or 1
+  if p.world ~= world then
+    return bad("the plan is for %d rank%s and this run has %d", p.world, p.world == 1 and "" or "s", world)
+  end
+  if p.batch ~= cfg.train.batch_size then
+    return bad("the plan is for a batch of %d per rank and train.batch_size is %d: its cache scratch and step "
+      .. "times are for its batch; set train.batch_size=%d or plan again with --batch", p.batch,
+      cfg.train.batch_size, p.batch)
+  end
+  if (p.pipeline and true or false) ~= cfg.train.pipeline then
+    return bad("the plan was made %s the prefetch pipeline and train.pipeline is %s", p.pipeline and "with" or
+      "without", tostring(cfg.train.pipeline))
+  end
+  local over = self:over_budget()
+  if over then return bad("%s", over) end
+  local sets, any_cached = {}, false
+  for _, t in ipairs(p.tables) do
+    local keys = {}
+    for k, v in pairs(t.config_keys or {}) do
+      if not (world == 1 and k:match("%.sharding$") and v == "table_wise") then keys[#keys + 1] = k end
+    end
+    if #keys == 0 then return bad("table %s has no config_keys", t.name) end
+    table.sort(keys)
+    for _, k in ipairs(keys) do
+      local v = t.config_keys[k]
+      sets[#sets + 1] = { k, type(v) == "number" and ("%.17g"):format(v) or tostring(v), v }
+    end
+    any_cached = any_cached or t.placement == "cached"
+  end
+  if any_cached then
+    sets[#sets + 1] = { "embeddings.cache.policy", p.policy, p.policy }
+  end
+  -- the config's own values must be the plan's (the planner kept them, flagged as fixed)
+  local function get(path)
+    local v = cfg
+    for key in path:gmatch("[^.]+") do
+      if type(v) ~= "table" then return nil end
+      v = v[key]
+    end
+    return v
+  end
+  for _, s in ipairs(sets) do
+    local have = get(s[1])
+    local per_table = s[1]:match("^embeddings%.tables%.")
+    if have ~= nil and have ~= s[3] and (per_table or config.given(cfg, s[1])) then
+      return bad("%s is %s in the config and %s in the plan: plan this config again (its own settings are kept)",
+        s[1], tostring(have), tostring(s[3]))
+    end
+    local ok, err = config.set(cfg, tconfig.schema, s[1] .. "=" .. s[2])
+    if not ok then
+      if s[1]:match("%.sharding$") then
+        return bad("table sharding %s: the training config has no per-table sharding key (%s)", s[2],
+          tostring(err):gsub("^%-%-set ", ""))
+      end
+      return nil, (tostring(err):gsub("^%-%-set ", where .. ": "))
+    end
+  end
+  local err = tconfig.check(cfg)
+  if err then return nil, (err:gsub("%-%-set ", where .. ": ")) end
+  return cfg
 end
 
 return M
