@@ -564,6 +564,111 @@ function M.load(path)
   return M.decode(text, path)
 end
 
+-- ---- the planning problem of a training config ----
+
+-- The tables, access profiles and dense part of training config cfg (uvmrec.train.config), as
+-- uvmrec plan and the benchmarks give them to M.plan.  o: batch (default train.batch_size),
+-- counts (a checkpoint whose access counts profile the tables), profile_steps (profile them from
+-- that many batches of the config's data); by default the Zipf exponents of the config's
+-- synthetic preset.  A table's placement and cache load factor set in the config are kept
+-- (fixed).  Returns {tables, profiles, dense, batch, how, seconds}, or nil, message (, 2 when
+-- the command line is to blame).
+function M.from_config(cfg, o)
+  o = o or {}
+  local ur = require "uvmrec"
+  local train = require "uvmrec.train"
+  local synthetic = require "uvmrec.data.synthetic"
+  local profile = M.profile
+  local e = cfg.embeddings
+  local rows = train.config.table_rows(cfg)
+  local batch = o.batch or cfg.train.batch_size
+
+  -- the synthetic preset behind the config's data, when it has one: Zipf exponents, ids a sample
+  local synth
+  if cfg.data.train:match("^synthetic:") then
+    synth = synthetic.resolve(cfg.data.train:match("^synthetic:(.+)$"))
+  end
+
+  local tables = {}
+  for i, r in ipairs(rows) do
+    local name = "C" .. i
+    local per = e.tables[name] or {}
+    local fixed = {}
+    if per.placement and per.placement ~= "auto" then fixed.placement = per.placement end
+    if per.cache and per.cache.load_factor then fixed.load_factor = per.cache.load_factor end
+    local hot = 1
+    local st = synth and synth.tables[i]
+    if st then
+      local h = st.hot or 1
+      hot = type(h) == "table" and ((h[1] or h.min) + (h[2] or h.max)) / 2 or h
+    end
+    tables[i] = { name = name, rows = r, dim = e.dim, dtype = per.dtype or e.dtype, optimizer = e.optimizer.name,
+                  hot = hot, fixed = next(fixed) and fixed or nil }
+  end
+
+  -- profiles
+  local clock = ur.C.ur_clock_seconds
+  local t0 = clock()
+  local profiles, how = {}, nil
+  if o.counts then
+    local ck = require "uvmrec.checkpoint"
+    local file, err = ck.open(train.checkpoint_file and train.checkpoint_file(o.counts) or o.counts)
+    if not file then return nil, "--counts: " .. tostring(err) end
+    local have = {}
+    for _, n in ipairs(file:names()) do have[n] = true end
+    for i, t in ipairs(tables) do
+      local key = have["layout." .. t.name .. ".counts"] and "layout." .. t.name .. ".counts"
+                  or have[t.name .. ".counts"] and t.name .. ".counts"
+      if not key then
+        file:close()
+        return nil, (("--counts %s: no access counts for table %s (layout.%s.counts); train with counting on "
+             .. "(hints or set_counting) to save them"):format(o.counts, t.name, t.name))
+      end
+      local v = file:view(key)
+      if v:numel() ~= t.rows then
+        file:close()
+        return nil, ("--counts %s: table %s has %d counts for %d rows"):format(o.counts, t.name, v:numel(), t.rows)
+      end
+      profiles[t.name] = profile.from_counts(v, { name = t.name, hot = tables[i].hot,
+        source = ("counts of %s"):format(o.counts) })
+    end
+    file:close()
+    how = ("access counts of %s"):format(o.counts)
+  elseif o.profile_steps then
+    local d, derr = train.data(cfg, rows)
+    if not d then return nil, derr end
+    local lo = {}
+    for k, v in pairs(d.train) do lo[k] = v end
+    lo.batch_size = batch
+    local loader, lerr = ur.data.loader(lo)
+    if not loader then return nil, lerr end
+    local out, info = profile.from_loader(loader, o.profile_steps, tables)
+    loader:close()
+    for _, t in ipairs(tables) do
+      profiles[t.name] = out[t.name]
+      t.hot = out[t.name].hot
+    end
+    how = ("a pass over %d batches of %s (%d samples)"):format(info.batches, cfg.data.train, info.samples)
+  elseif synth then
+    for i, t in ipairs(tables) do
+      local st = synth.tables[i]
+      profiles[t.name] = profile.zipf { rows = t.rows, s = st and (st.zipf or 0) or 0, hot = t.hot, name = t.name }
+    end
+    how = ("the Zipf exponents of %s"):format(cfg.data.train)
+  else
+    return nil, ("the config's data (%s) is not synthetic: give --profile-steps N or --counts CKPT"):format(
+      cfg.data.train ~= "" and cfg.data.train or "none"), 2
+  end
+  local profile_seconds = clock() - t0
+
+  local m = cfg.model
+  local dense = { dense_features = m.dense_features, bottom = m.bottom_mlp, top = m.top_mlp, interaction = m.interaction,
+                  self_interaction = m.self_interaction, cross_layers = m.cross_layers, cross_rank = m.cross_rank,
+                  tables = #tables, dim = e.dim, precision = m.precision, optimizer = cfg.optimizer.name,
+                  momentum = cfg.optimizer.momentum }
+  return { tables = tables, profiles = profiles, dense = dense, batch = batch, how = how, seconds = profile_seconds }
+end
+
 -- ---- a plan applied to a training config (uvmrec train --plan) ----
 
 -- Whether the plan fits its own budget on every rank: nil, or why not (an edited plan, or one
