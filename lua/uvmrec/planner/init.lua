@@ -87,7 +87,9 @@ local function setup(tables, profiles, budget, opts)
     return nil, "planner: world (gpus) must be a whole number >= 1"
   end
   local ok, ctx = pcall(cost.context, { calib = cal, batch = opts.batch or 65536, world = world,
-    policy = opts.policy, pipeline = opts.pipeline, page_bytes = opts.page_bytes, fractions = opts.fractions,
+    policy = opts.policy, pipeline = opts.pipeline, fractions = opts.fractions,
+    -- the hint pages: the GPU's 2 MiB, the CPU backend's system pages (4 KiB)
+    page_bytes = opts.page_bytes or (cal.backend == "cpu" and 4096 or nil),
     output_bytes = opts.output_bytes })
   if not ok then return nil, "planner: " .. tostring(ctx):gsub("^[^\n]-:%d+: ", "") end
   local cts = {}
@@ -237,7 +239,8 @@ end
 -- (a name, path, table or calib), dense (cost.dense_model's description), host_memory, policy
 -- ("lru" | "lfu"), pipeline, threshold (greedy's early stop, 10; false: none), search ("auto":
 -- exhaustive when the instance is small, else greedy; "greedy"; "exhaustive"), reserve (bytes,
--- or a fraction of the budget: 0.05), page_bytes (hint pages: 2 MiB), fractions, depth.
+-- or a fraction of the budget: 0.05), page_bytes (hint pages: 2 MiB; 4 KiB with a CPU
+-- calibration), fractions, depth.
 function M.plan(tables, profiles, budget, opts)
   opts = opts or {}
   local clock = require("uvmrec.lib").C.ur_clock_seconds
