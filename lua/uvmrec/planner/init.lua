@@ -782,6 +782,25 @@ function Plan:apply(cfg, where, opts)
   end
   local err = tconfig.check(cfg)
   if err then return nil, (err:gsub("%-%-set ", where .. ": ")) end
+  if world > 1 then
+    -- the ranks the run will use (uvmrec.dist.plan's, from the kinds) must be the plan's
+    local dtabs, kinds = {}, {}
+    for i, t in ipairs(p.tables) do
+      dtabs[i] = { name = t.name, rows = t.rows, dim = t.dim }
+      kinds[t.name] = t.sharding
+    end
+    local ok, dp = pcall(require("uvmrec.dist.plan").plan, dtabs, kinds, world)
+    if not ok then return bad("%s", tostring(dp)) end
+    for _, t in ipairs(p.tables) do
+      local got = {}
+      for j, sh in ipairs(dp.tables[t.name].shards) do got[j] = sh.rank end
+      if table.concat(got, ",") ~= table.concat(t.ranks, ",") then
+        return bad("table %s is %s on rank%s %s in the plan, and the run would place it on %s: a table's ranks are "
+          .. "not a config key yet", t.name, t.sharding, #t.ranks > 1 and "s" or "", table.concat(t.ranks, ","),
+          table.concat(got, ","))
+      end
+    end
+  end
   return cfg
 end
 
