@@ -52,7 +52,8 @@ if not cfg then die(cerr, 2) end
 local cal, calerr = planner.calib.find(o.calibration)
 if not cal then die(calerr, 2) end
 
-local prob, perr, pcode = planner.from_config(cfg, { batch = o.batch, counts = o.counts, profile_steps = o.profile_steps })
+local prob, perr, pcode = planner.from_config(cfg, { batch = o.batch, counts = o.counts,
+                                                    profile_steps = o.profile_steps })
 if not prob then die(perr, pcode) end
 local tables, profiles, dense, batch, how = prob.tables, prob.profiles, prob.dense, prob.batch, prob.how
 local profile_seconds = prob.seconds

@@ -153,7 +153,8 @@ describe("uvmrec.cache", function()
     assert.has_error(function() pair(tables, { tables = { a = { slots = 5 } } }) end,
                      "cache: tables.a: unknown option 'slots' (a table sets its own load_factor)")
     assert.has_error(function() pair(tables, { shared = true, tables = { a = { load_factor = 0.1 } } }) end,
-                     "cache: tables: per-table load factors need sets per table; shared = true puts every table in one pool")
+                     "cache: tables: per-table load factors need sets per table; shared = true puts every table in "
+                     .. "one pool")
   end)
 
   it("evicts the least recently used row of a full set, and writes it back when dirty", function()

@@ -152,7 +152,7 @@ function M.new(t, names, o, level)
   cfg.policy = POLICIES[o.policy]
   cfg.decay_batches = o.decay_batches
   cfg.staging_rows = o.staging_rows
-  local total_slots = 0
+  local total_slots
   if total_rows == 0 then
     total_slots = 0 -- every cached table has a load factor of its own
   elseif o.load_factor then

@@ -106,7 +106,8 @@ describe("uvmrec train --plan", function()
         .. "train.batch_size is 512" },
       { { "train.pipeline=true" }, "--plan " .. path .. ": the plan was made without the prefetch pipeline and "
         .. "train.pipeline is true" },
-      { { "embeddings.tables.C3.cache.load_factor=0.3" }, "--plan " .. path .. ": embeddings.tables.C3.cache.load_factor "
+      { { "embeddings.tables.C3.cache.load_factor=0.3" }, "--plan " .. path
+        .. ": embeddings.tables.C3.cache.load_factor "
         .. "is 0.3 in the config and 0.1 in the plan: plan this config again" },
     }
     for _, c in ipairs(cases) do

@@ -128,8 +128,10 @@ describe("uvmrec.train.config", function()
 
   it("takes a cache load factor and a hint allowance per table, each on a table of its placement", function()
     local cfg = assert(parse(base, { "embeddings.placement=cached", "embeddings.tables.C2.cache.load_factor=0.05",
-                                     "embeddings.tables.C3.placement=managed", "embeddings.tables.C3.hints.allowance=20%" }))
-    assert.same({ C2 = { cache = { load_factor = 0.05 } }, C3 = { placement = "managed", hints = { allowance = "20%" } } },
+                                     "embeddings.tables.C3.placement=managed",
+                                     "embeddings.tables.C3.hints.allowance=20%" }))
+    assert.same({ C2 = { cache = { load_factor = 0.05 } },
+                  C3 = { placement = "managed", hints = { allowance = "20%" } } },
                 cfg.embeddings.tables)
     local cases3 = {
       { { "embeddings.tables.C1.cache.load_factor=0.5" }, "--set embeddings.tables.C1.cache.load_factor=0.5: "

@@ -612,7 +612,7 @@ function M.from_config(cfg, o)
   -- profiles
   local clock = ur.C.ur_clock_seconds
   local t0 = clock()
-  local profiles, how = {}, nil
+  local profiles, how = {}, nil -- luacheck: ignore 311
   if o.counts then
     local ck = require "uvmrec.checkpoint"
     local file, err = ck.open(train.checkpoint_file and train.checkpoint_file(o.counts) or o.counts)
@@ -665,7 +665,8 @@ function M.from_config(cfg, o)
   local profile_seconds = clock() - t0
 
   local m = cfg.model
-  local dense = { dense_features = m.dense_features, bottom = m.bottom_mlp, top = m.top_mlp, interaction = m.interaction,
+  local dense = { dense_features = m.dense_features, bottom = m.bottom_mlp, top = m.top_mlp,
+                  interaction = m.interaction,
                   self_interaction = m.self_interaction, cross_layers = m.cross_layers, cross_rank = m.cross_rank,
                   tables = #tables, dim = e.dim, precision = m.precision, optimizer = cfg.optimizer.name,
                   momentum = cfg.optimizer.momentum }
@@ -710,14 +711,18 @@ function Plan:apply(cfg, where, opts)
     local name = "C" .. i
     local own = e.tables[name] or {}
     local dtype = own.dtype or e.dtype
-    if t.name ~= name then return bad("table %d is named %s in the plan; the model's is %s", i, tostring(t.name), name) end
+    if t.name ~= name then
+      return bad("table %d is named %s in the plan; the model's is %s", i, tostring(t.name), name)
+    end
     if t.rows ~= rows[i] then
       return bad("table %s has %s rows in the plan and %d in the model (embeddings.rows, max_rows)", name,
         tostring(t.rows), rows[i])
     end
     if t.dim ~= e.dim then return bad("table %s has dim %s in the plan and %d in the model (embeddings.dim)", name,
       tostring(t.dim), e.dim) end
-    if t.dtype ~= dtype then return bad("table %s is %s in the plan and %s in the model", name, tostring(t.dtype), dtype) end
+    if t.dtype ~= dtype then
+      return bad("table %s is %s in the plan and %s in the model", name, tostring(t.dtype), dtype)
+    end
     if t.optimizer ~= e.optimizer.name then
       return bad("table %s was planned with the %s optimizer (its state's bytes) and the model's is %s", name,
         tostring(t.optimizer), e.optimizer.name)
