@@ -178,7 +178,11 @@ for _, c in ipairs(order) do
   local timer = { after = function(_, run)
     if run.step == o.warmup or run.step == total then
       if gpu then ur.C.ur_device_sync() end
-      if run.step == o.warmup then t0, c0 = clock(), os.clock() else t1, c1 = clock(), os.clock() end
+      if run.step == o.warmup then
+        t0, c0 = clock(), os.clock()
+      else
+        t1, c1 = clock(), os.clock()
+      end
     end
   end }
   local r, rerr = train.run(cfg, { cpu = o.cpu, progress = "none", print = function() end, hooks = { timer },
