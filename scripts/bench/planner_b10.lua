@@ -195,7 +195,8 @@ for _, c in ipairs(order) do
     planner.fmt_bytes(p.ranks[1].hbm), planner.fmt_bytes(r.plan.hbm_peak)))
   record { bench = "B10", config = base.name or o.config, case = c, placements = train.plan_summary(p),
            batch = prob.batch, predicted_seconds = p.step_seconds, measured_seconds = measured,
-           ratio = p.step_seconds / measured, cpu_seconds = cpu, hbm_predicted = p.ranks[1].hbm, hbm_peak = r.plan.hbm_peak,
+           ratio = p.step_seconds / measured, cpu_seconds = cpu, hbm_predicted = p.ranks[1].hbm,
+           hbm_peak = r.plan.hbm_peak,
            budget = p.budget, gpu = gpu, calibration = cal.where, steps = o.steps, warmup = o.warmup,
            commit = commit(), date = os.date("!%Y-%m-%d"), load = load_avg() }
   os.remove(file)
