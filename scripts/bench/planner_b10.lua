@@ -200,6 +200,10 @@ for _, c in ipairs(order) do
            budget = p.budget, gpu = gpu, calibration = cal.where, steps = o.steps, warmup = o.warmup,
            commit = commit(), date = os.date("!%Y-%m-%d"), load = load_avg() }
   os.remove(file)
+  -- the case's model goes before the next one's (its managed rows on the GPU count in HBM)
+  r, applied, cfg = nil, nil, nil
+  collectgarbage()
+  collectgarbage()
 end
 os.remove(dir)
 if out then out:close() end

@@ -370,22 +370,22 @@ end
 -- seconds, samples_per_s, loss, eval = {...} or nil, ceiling, checkpoint = the last saved,
 -- resumed = {step, path} or nil, interrupted = {signal, name, step} or nil} or nil, message.
 -- plan (a uvmrec.planner plan, applied to cfg by M.apply_plan; plan_path names it): the run
--- goes under the engine's HBM budget of the plan (an allocation past it fails, naming it; on
--- the CPU the engine counts there only the managed rows hinted to the GPU), restored after; a
--- budget already set below the plan's refuses the run.
+-- goes under the engine's HBM budget of the plan, on top of the HBM the process holds already
+-- (an allocation past it fails, naming it; on the CPU the engine counts there only the managed
+-- rows hinted to the GPU), restored after; a budget already set that leaves less refuses the run.
 local run_plain
 function M.run(cfg, opts)
   opts = opts or {}
   if not opts.plan then return run_plain(cfg, opts) end
   local planner = require "uvmrec.planner"
-  local budget, before = opts.plan.data.budget, ur.hbm_budget()
-  if before > 0 and before < budget then
-    return nil, ("--plan %s: the plan's HBM budget is %s and the engine's is %s already (ur.set_hbm_budget)"):format(
-      opts.plan_path or "given", planner.fmt_bytes(budget), planner.fmt_bytes(before))
+  -- the plan's HBM is this run's: on top of what the process holds already
+  local budget, before, used0 = opts.plan.data.budget, ur.hbm_budget(), ur.memory().hbm_used
+  if before > 0 and before - used0 < budget then
+    return nil, ("--plan %s: the plan's HBM budget is %s and the engine's leaves %s (ur.set_hbm_budget)"):format(
+      opts.plan_path or "given", planner.fmt_bytes(budget), planner.fmt_bytes(math.max(0, before - used0)))
   end
-  ur.set_hbm_budget(budget)
+  ur.set_hbm_budget(used0 + budget)
   ur.reset_hbm_peak()
-  local used0 = ur.memory().hbm_used
   local r = { pcall(run_plain, cfg, opts) }
   local peak = ur.memory().hbm_peak - used0
   ur.set_hbm_budget(before > 0 and before or nil)
