@@ -201,7 +201,7 @@ for _, c in ipairs(order) do
            commit = commit(), date = os.date("!%Y-%m-%d"), load = load_avg() }
   os.remove(file)
   -- the case's model goes before the next one's (its managed rows on the GPU count in HBM)
-  r, applied, cfg = nil, nil, nil
+  r, applied, cfg = nil, nil, nil -- luacheck: ignore 311 (still on the stack at the collection)
   collectgarbage()
   collectgarbage()
 end
