@@ -282,6 +282,7 @@ ur_inter_mma_bwd_kernel(const E *dense, const E *emb, const TO *gout, E *gdense,
   float *S = reinterpret_cast<float *>(G + UR_MMA_VECS * gld);
   ur_mma_zero(X + T1 * ld, (UR_MMA_VECS - T1) * ld, lane);
   ur_mma_zero(G, UR_MMA_VECS * gld, lane);
+  __syncwarp(); /* the zeros land before any lane writes a pair's gradient into G (racecheck) */
   for (int64_t r = (int64_t)blockIdx.x * UR_MMA_WARPS + warp; r < rows;
        r += (int64_t)gridDim.x * UR_MMA_WARPS) {
     ur_mma_load(X, ld, dense + r * d, emb + r * (int64_t)(T1 - 1) * d, T1, d, lane);

@@ -23,7 +23,7 @@ local cmd = require("uvmrec.cli").command {
   { "--counts CKPT", "profile them from the access counts saved in a checkpoint (default: the synthetic "
     .. "preset's Zipf exponents, for synthetic data)" },
   { "--out FILE", "write the plan (JSON; a .yaml name gets the same text, which YAML reads)" },
-  { "--batch N", "batch per rank (default train.batch_size)", type = "whole",
+  { "--batch N", "batch per rank (default train.batch_size over --gpus: each rank's slice)", type = "whole",
     check = function(n) return n >= 1 and n or nil, "must be at least 1" end },
   { "--set K=V", "override a config value (as uvmrec train), e.g. --set embeddings.tables.C3.placement=device",
     many = true, key = "sets" },
@@ -52,7 +52,7 @@ if not cfg then die(cerr, 2) end
 local cal, calerr = planner.calib.find(o.calibration)
 if not cal then die(calerr, 2) end
 
-local prob, perr, pcode = planner.from_config(cfg, { batch = o.batch, counts = o.counts,
+local prob, perr, pcode = planner.from_config(cfg, { world = o.gpus or 1, batch = o.batch, counts = o.counts,
                                                     profile_steps = o.profile_steps })
 if not prob then die(perr, pcode) end
 local tables, profiles, dense, batch, how = prob.tables, prob.profiles, prob.dense, prob.batch, prob.how

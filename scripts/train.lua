@@ -53,8 +53,8 @@ local cfg, err = train.config.load(file, sets)
 if not cfg then cmd:fail(err) end
 opts.config_path = file
 if o.plan then
-  -- the ranks of this run: uvmrec launch's (UVMREC_WORLD), else one
-  local plan, perr = train.apply_plan(cfg, o.plan, { world = tonumber(os.getenv("UVMREC_WORLD") or "") or 1 })
+  -- the ranks of this run (uvmrec launch's)
+  local plan, perr = train.apply_plan(cfg, o.plan, { world = require("uvmrec.dist").environment().world })
   if not plan then cmd:fail(perr) end
   opts.plan, opts.plan_path = plan, o.plan
 end

@@ -596,6 +596,9 @@ UR_API const ur_kjt *ur_batch_sparse(const ur_batch *b);
 UR_API int64_t ur_batch_size(const ur_batch *b);
 UR_API int64_t ur_batch_epoch(const ur_batch *b);
 UR_API int64_t ur_batch_first_sample(const ur_batch *b);     /* within the epoch */
+/* Where the data stands after the batch: first + size, or past the global batch a rank's slice
+ * (slice_world > 1) was cut from. */
+UR_API int64_t ur_batch_next_sample(const ur_batch *b);
 
 /* ==== 4. embeddings: table-batched collections, access counters and row layout, page prefetch ==== */
 /* Many embedding tables served by one kernel launch per pass.  Each table has rows of `dim`

@@ -50,9 +50,11 @@ local model = assert(def.build(cfg, { cpu = o.cpu, sharding = world > 1 and plan
 local optimizer = train.optimizer(cfg, model)
 
 local B = per * world
-local data = assert(ur.data.loader { data = cfg.data.train, samples = o.batches * B, batch_size = B,
-                                     slice_rank = rank, slice_world = world })
-local held = require("uvmrec.train.feed").hold(data, o.batches, gpu)
+-- the config's data as uvmrec train reads it (synthetic ids within the capped tables' rows)
+local lo = assert(train.data(cfg, train.config.table_rows(cfg))).train
+lo.samples, lo.batch_size, lo.slice_rank, lo.slice_world = o.batches * B, B, rank, world
+local data = assert(ur.data.loader(lo))
+local held = train.source.hold(data, o.batches, gpu and "device" or nil)
 local function say(s) if rank == 0 then io.stdout:write(s, "\n") io.stdout:flush() end end
 say(("B9: %s on %d rank%s (%s), %d samples a rank and step (global batch %d), sharding %s")
   :format(cfg.name or o.config, world, world > 1 and "s" or "", gpu and "GPUs" or "the CPU", per, B, o.sharding))

@@ -7,7 +7,9 @@
 #      (column-wise and mixed with elementwise Adagrad); the tables after a step within 1e-6
 #      (EXACT=0: cuBLAS may sum a row of a smaller batch otherwise), 40 steps' losses within 1e-5,
 #      the AUC over the ranks within 1e-3
-#   2. B9: scripts/bench/dist.lua, dlrm_mlperf_v1_2m at 65,536 samples a GPU: one GPU, then 2 (and
+#   2. `uvmrec train` over 2 ranks (row-wise tables) against one process: spec/support/dist_runs.lua
+#      compares the run directories (the same steps, losses within 1e-5, the final AUC within 1e-3)
+#   3. B9: scripts/bench/dist.lua, dlrm_mlperf_v1_2m at 65,536 samples a GPU: one GPU, then 2 (and
 #      4 where there are 4) for table- and row-wise sharding; samples/s, the step time, and each
 #      step's collectives (calls, bytes each way, host time); JSON lines to OUTDIR/dist_gpu.jsonl
 #   sh scripts/bench/dist_gpu.sh [OUTDIR] [N]
@@ -51,6 +53,14 @@ for plan in column_wise mixed; do
   step "equal-2-$plan" env $dev PLAN=$plan STEPS=$steps EXACT=0 SETS=$ada "$UVMREC" launch -n 2 \
     spec/support/dist_train.lua
 done
+if [ "$gpus" -gt 0 ]; then cpu=""; else cpu="--cpu"; fi
+targs="train dlrm_tiny $cpu --steps 40 --progress lines --set train.log_every=10 --set embeddings.sharding=row_wise"
+rm -rf "$out/train-1" "$out/train-2"
+# shellcheck disable=SC2086 # $targs is several words
+step train-1 "$UVMREC" $targs --out "$out/train-1"
+# shellcheck disable=SC2086
+step train-2 "$UVMREC" launch -n 2 $targs --out "$out/train-2"
+step train-compare "$UVMREC" spec/support/dist_runs.lua "$out/train-1" "$out/train-2"
 if [ "$gpus" -gt 0 ]; then
   b9="--config dlrm_mlperf_v1_2m --per-rank 65536 --steps 20"
 else

@@ -69,8 +69,9 @@ function M.unpadded(p, t)
   local m = p.module
   if not (m and m.in_width and m.in_width ~= m.in_features and p.name:match("weight$")) then return t end
   local rows = t:size(1)
-  local keep = assert(ur.tensor({ rows, m.in_features }, { placement = t:placement() }))
-  local rest = assert(ur.tensor({ rows, m.in_width - m.in_features }, { placement = t:placement() }))
+  local o = { placement = t:placement(), dtype = t:dtype() }
+  local keep = assert(ur.tensor({ rows, m.in_features }, o))
+  local rest = assert(ur.tensor({ rows, m.in_width - m.in_features }, o))
   dense.split(t, { keep, rest })
   rest:free()
   return keep

@@ -26,6 +26,8 @@ local cmd = require("uvmrec.cli").command {
   { "--check K", "first steps whose losses must equal all-in-HBM's (0: no check)", type = "whole", default = 4 },
   { "--hbm SIZE", "HBM for the embeddings (tables, cache, state, metadata, scratch)", default = "16GiB" },
   { "--host-memory SIZE", "refuse the run when it needs more host memory than this" },
+  { "--cache-share F", "the share of --hbm given to the cache's rows; the rest holds its metadata, the " ..
+    "pipeline's staged rows and scratch", type = "number", default = 0.7 },
     { "--out FILE", "JSON lines go here too" },
   { "--table", "print one table of the JSON lines in the files given (the scale run's results)" },
   { "[FILES...]", "JSON line files (--table)" },
@@ -111,7 +113,11 @@ local function run(sets, steps, log_every, hooks)
     end,
     hooks = hooks,
   })
-  if not r then cmd:fail(err) end
+  if not r then
+    local m = ur.memory()
+    cmd:fail(("%s (HBM in use %s, peak %s, budget %s)"):format(err, planner.fmt_bytes(m.hbm_used),
+      planner.fmt_bytes(m.hbm_peak), planner.fmt_bytes(m.hbm_budget)))
+  end
   local losses = {}
   for _, l in ipairs(assert(json.read_lines(dir .. "/metrics.jsonl"))) do
     if l.event == "train" then losses[l.step] = l.loss end
@@ -141,7 +147,8 @@ if o.check > 0 then
 end
 rest = rest or 8 * 2 ^ 30
 if gpu then ur.set_hbm_budget(rest + hbm) end
-local cache_sets = { "embeddings.placement=cached", ("embeddings.cache.bytes=%d"):format(math.floor(hbm * 0.85)),
+local cache_sets = { "embeddings.placement=cached",
+                     ("embeddings.cache.bytes=%d"):format(math.floor(hbm * o.cache_share)),
                      "train.pipeline=true", shuffle }
 
 if o.check > 0 then
@@ -156,21 +163,18 @@ end
 
 -- The timed run: warm-up, then the timed steps (the clock read at their first and last).
 local t_warm, cache_ref
-local hooks = { function(step, _, ctx)
-  if step == o.warm then
+local t_end
+local hooks = { { after = function(_, at)
+  if at.step == o.warm then
     if gpu then C.ur_device_sync() end
     t_warm = C.ur_clock_seconds()
-    cache_ref = ctx.model.embeddings.tbe.cache
+    cache_ref = at.model.embeddings.tbe.cache
     if cache_ref then cache_ref:reset_stats() end
-  end
-end }
-local t_end
-hooks[2] = function(step)
-  if step == o.warm + o.steps then
+  elseif at.step == o.warm + o.steps then
     if gpu then C.ur_device_sync() end
     t_end = C.ur_clock_seconds()
   end
-end
+end } }
 local r, _, built, cstats = run(cache_sets, o.warm + o.steps, o.warm + o.steps, hooks)
 local secs = t_end - t_warm
 local rate = o.steps * B / secs
@@ -179,7 +183,8 @@ local rec = { mode = "timed", config = config, steps = o.steps, batch = B, sampl
               hit_rate = s.hits / math.max(s.unique, 1),
               link_bytes_per_step = (s.bytes_in + s.bytes_out + s.bytes_ids) / o.steps,
               epoch_minutes = 4.37e9 / rate / 60, build_seconds = built, host_peak_bytes = host_peak(),
-              hbm_embeddings = hbm, hbm_peak = ur.memory().hbm_peak, loss = r.loss }
+              hbm_embeddings = hbm, hbm_peak = ur.memory().hbm_peak, hbm_rest = rest, cache_share = o.cache_share,
+              loss = r.loss }
 emit(rec)
 print(("%-12s %14s %10s %16s %14s %12s %14s"):format("steps", "samples/s", "hit rate", "host link/step",
   "1TB epoch", "built", "host peak"))

@@ -28,6 +28,9 @@ local function same(place)
     { batch_size = 300, epochs = 3, drop_last = true },
     { batch_size = 100, epochs = 2, rank = 1, world = 3, position = { epoch = 0, sample = 200 } },
     { batch_size = 64, epochs = 2, position = { epoch = 1, sample = 640 } },
+    -- a rank's slices of global batches (uneven where the ranks do not divide a batch)
+    { batch_size = 100, epochs = 2, slice_rank = 2, slice_world = 3 },
+    { batch_size = 128, epochs = 2, slice_rank = 0, slice_world = 2, position = { epoch = 0, sample = 256 } },
   }
   for si, spec in ipairs(specs) do
     for ci, c in ipairs(cases) do
@@ -45,7 +48,8 @@ local function same(place)
 end
 
 describe("uvmrec.data.generator", function()
-  it("gives the loader's batches, drawn in managed memory: epochs, dropped ends, ranks, resumed", function()
+  it("gives the loader's batches, drawn in managed memory: epochs, dropped ends, ranks, slices, resumed",
+     function()
     same("managed")
   end)
 

@@ -99,6 +99,17 @@ describe("uvmrec.dist.shard", function()
     assert.has_error(function() dist.shard(bad, "row_wise", comm) end, "dist.shard: feature 'q' is on no table")
   end)
 
+  it("refuses column shards under rowwise Adagrad, whose row mean no shard holds, naming the table", function()
+    assert.has_error(function() dist.shard(opts { "rowwise_adagrad", lr = 0.1 }, { default = "table_wise",
+      b = { "column_wise", ranks = { 0, 0 } } }, comm) end, "dist.shard: table 'b' is column_wise in 2 shards and "
+      .. "the tables' optimizer is rowwise_adagrad, whose step takes the mean squared gradient of the whole row, "
+      .. "which no column shard holds: shard it table_wise, row_wise or data_parallel, or use an elementwise "
+      .. "optimizer (adagrad, sgd, adam)")
+    -- one column shard is the whole row: exact
+    local s = dist.shard(opts { name = "rowwise_adagrad", lr = 0.1 }, "column_wise", comm)
+    s:free()
+  end)
+
   it("trains a sharded, data-parallel DLRM as the plain one (a world of one)", function()
     local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "train.batch_size=256" }))
     local def = assert(train.model_def(cfg))

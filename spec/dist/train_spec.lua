@@ -22,8 +22,8 @@ local function job(n, env)
   return out
 end
 
--- dlrm_tiny's tables take rowwise Adagrad; column shards keep a row's Adagrad sum per shard
--- (docs/distributed.md), so plans with column-wise tables train with elementwise Adagrad here.
+-- dlrm_tiny's tables take rowwise Adagrad, which dist.shard refuses for tables in several column
+-- shards (docs/distributed.md), so plans with column-wise tables train with elementwise Adagrad here.
 local ADAGRAD = "embeddings.optimizer.name=adagrad"
 
 describe("sharded training over ranks", function()
@@ -79,6 +79,78 @@ describe("sharded training over ranks", function()
     assert.same(losses("\n" .. one), losses("\n" .. two))
     assert.matches("%[rank 1%] ShardedEmbeddingBagCollection%(3 tables: 1 row_wise, 1 column_wise, 1 data_parallel; "
       .. "rank 1 of 2", two)
+  end)
+
+  -- `uvmrec train` over ranks: the run directory's train events and final AUC against the
+  -- one-process run of the same command without `launch -n W`; rank 0 alone writes and prints.
+  local json = require "uvmrec.json"
+  local runs = dofile("spec/support/dist_runs.lua")
+  local function against_one_process(launch, args, steps, log_every)
+    local one_dir, many_dir = command.tmpdir(), command.tmpdir()
+    local one, err1, c1 = command.sh(("%s %s"):format(command.bin(), args:gsub("RUN", one_dir .. "/run")))
+    assert.equal(0, c1, one .. err1)
+    local t0 = os.time()
+    local many, err2, c2 = command.sh(("%s %s %s"):format(command.bin(), launch,
+      (args:gsub("RUN", many_dir .. "/run"))))
+    io.stderr:write(("  [dist] %s train: %d s\n"):format(launch, os.time() - t0))
+    assert.equal(0, c2, many .. err2)
+    -- rank 0 prints; the others are silent (their errors would carry "[rank R] ")
+    assert.not_matches("%[rank %d%]", many)
+    local _, starts = many:gsub("uvmrec train: ", "")
+    assert.equal(1, starts, many)
+    assert.matches("final AUC 0%.%d+", many)
+    local worst, a, b = runs.compare(one_dir .. "/run", many_dir .. "/run")
+    assert.is_truthy(worst, a)
+    assert.equal(steps / log_every, #a)
+    command.rmdir(one_dir)
+    command.rmdir(many_dir)
+    return a, b
+  end
+
+  it("trains with `uvmrec launch -n 2 train` as docs/distributed.md says, with the one process's losses and AUC",
+     function()
+    if not have_mpi() then pending("no MPI here") return end
+    local doc = command.slurp("docs/distributed.md")
+    if not doc then pending("not in a source tree") return end
+    local line = doc:match("\n(uvmrec launch %-n 2 train [^\n]*)")
+    assert.is_truthy(line, "docs/distributed.md has no `uvmrec launch -n 2 train` command")
+    local args = line:gsub("^uvmrec launch %-n 2 ", ""):gsub("runs/a", "RUN")
+    assert.matches("embeddings.sharding=row_wise", args)
+    against_one_process("launch -n 2", args, 40, 10)
+  end)
+
+  it("trains per-table shardings of the config over 3 ranks as one process", function()
+    if not have_mpi() then pending("no MPI here") return end
+    against_one_process("launch -n 3", "train dlrm_tiny --cpu --steps 20 --out RUN --progress none "
+      .. "--set train.batch_size=1032 --set eval.samples=16512 --set eval.batch_size=8256 "
+      .. "--set eval.min_auc=0 --set embeddings.sharding=table_wise --set embeddings.tables.C3.sharding=row_wise "
+      .. "--set embeddings.tables.C16.sharding=data_parallel --set embeddings.tables.C21.sharding=row_wise", 20, 10)
+  end)
+
+  it("refuses what a run over ranks cannot do, naming the value and why", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local out, err, code = command.run("launch -n 2 train dlrm_tiny --cpu --steps 2 "
+      .. "--set embeddings.sharding=column_wise")
+    assert.is_true(code ~= 0, out)
+    assert.matches("dist.shard: table 'C1' is column_wise in 2 shards and the tables' optimizer is "
+      .. "rowwise_adagrad", err)
+    assert.matches("%[rank 1%] ", err) -- every rank says why, the others with their rank
+    out, err, code = command.run("launch -n 2 train dlrm_tiny --cpu --steps 2 --set train.batch_size=1025")
+    assert.is_true(code ~= 0, out)
+    assert.matches("train.batch_size: 1025 is not a multiple of the 2 ranks", err)
+  end)
+
+  it("measures B9 over 2 ranks (scripts/bench/dist.lua): samples/s and each step's collectives", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local dir = command.tmpdir()
+    local out, err, code = command.run(("launch -n 2 scripts/bench/dist.lua --cpu --per-rank 128 --steps 2 --warmup 1 "
+      .. "--sharding mixed --set embeddings.optimizer.name=adagrad --out %s/b9.jsonl"):format(dir))
+    assert.equal(0, code, out .. err)
+    assert.matches("B9: dlrm_tiny on 2 ranks %(the CPU%), 128 samples a rank and step %(global batch 256%)", out)
+    local r = json.decode(command.slurp(dir .. "/b9.jsonl"))
+    assert.equal(2, r.ranks)
+    assert.is_true(r.samples_per_s > 0 and r.comm_calls_per_step > 0 and r.comm_bytes_sent_per_step > 0)
+    command.rmdir(dir)
   end)
 
   it("is deterministic run to run", function()

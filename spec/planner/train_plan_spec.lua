@@ -143,6 +143,32 @@ describe("uvmrec train --plan", function()
     assert.matches("uvmrec train: --plan " .. path .. ": the plan is for a batch of 1024", se, 1, true)
   end)
 
+  it("sets each table's sharding and rank from a plan of several ranks, as uvmrec.dist.plan places them", function()
+    local p2 = dir .. "/w2.json"
+    local so, se, rc = cmd.sh(("%s plan dlrm_tiny --gpus 2 --hbm 64MiB --out %s"):format(cmd.bin(), p2))
+    assert.equal(0, rc, se .. so)
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), {}))
+    local plan = assert(train.apply_plan(cfg, p2, { world = 2 }))
+    assert.is_nil(train.config.check_world(cfg, 2))
+    local tabs = {}
+    for i, t in ipairs(plan.data.tables) do tabs[i] = { name = t.name, rows = t.rows, dim = t.dim } end
+    local dp = require("uvmrec.dist.plan").plan(tabs, train.config.sharding(cfg), 2)
+    local kinds = {}
+    for _, t in ipairs(plan.data.tables) do
+      assert.equal(t.sharding, dp.tables[t.name].kind, t.name)
+      local got = {}
+      for j, s in ipairs(dp.tables[t.name].shards) do got[j] = s.rank end
+      assert.same(t.ranks, got, t.name)
+      kinds[t.sharding] = true
+    end
+    assert.truthy(kinds.table_wise, "the plan has table_wise tables (their ranks are the check)")
+    -- a rank on a table that is not table_wise is refused where it is set
+    local _, err = train.config.load(assert(train.find_config("dlrm_tiny")), { "embeddings.tables.C3.sharding=row_wise",
+      "embeddings.tables.C3.rank=1" })
+    assert.equal("--set embeddings.tables.C3.rank=1: embeddings.tables.C3.rank: table C3 is sharded row_wise: a rank "
+      .. "places a table_wise table", err)
+  end)
+
   h.cuda_it("on the GPU: 5 steps under the plan's HBM budget peak at most the prediction + 5%", function()
     local so, se, rc = cmd.sh(("%s plan dlrm_kaggle --calibration h200 --hbm 40MiB %s --out %s"):format(cmd.bin(),
       set_args(), dir .. "/gpu.json"))

@@ -156,6 +156,37 @@ describe("uvmrec.train.config", function()
     end
   end)
 
+  it("gives the tables' sharding as uvmrec.dist.plan reads it, a default and per table", function()
+    local cfg = assert(parse(base, { "embeddings.tables.C2.sharding=row_wise" }))
+    assert.same({ default = "table_wise", C2 = "row_wise" }, tconfig.sharding(cfg))
+    cfg = assert(parse((base:gsub("rows: %[10, 20, 30%]\n",
+      "rows: [10, 20, 30]\n  sharding: column_wise\n  tables: {C3: {sharding: data_parallel}}\n"))))
+    assert.same({ default = "column_wise", C3 = "data_parallel" }, tconfig.sharding(cfg))
+    local _, err = parse(base, { "embeddings.sharding=diagonal" })
+    assert.matches("'diagonal' is not one of table_wise, row_wise, column_wise, data_parallel", err)
+  end)
+
+  it("refuses what a run over ranks cannot do, at the value to change", function()
+    local function world_err(sets, world, resume)
+      return tconfig.check_world(assert(parse(base, sets)), world, resume)
+    end
+    assert.is_nil(world_err({}, 1, "runs/a"))
+    assert.is_nil(world_err({ "train.batch_size=1026", "eval.batch_size=1026", "eval.samples=2052" }, 3))
+    assert.equal("--set train.batch_size=1025: train.batch_size: 1025 is not a multiple of the 2 ranks: each rank "
+      .. "takes an equal slice of every global batch", world_err({ "train.batch_size=1025" }, 2))
+    assert.matches("eval.batch_size: 16384 is not a multiple of the 3 ranks", world_err({ "train.batch_size=1026" }, 3))
+    assert.matches("eval.samples: 1001 is not a multiple of the 2 ranks", world_err({ "eval.samples=1001" }, 2))
+    assert.equal("--set train.checkpoint_every=5: train.checkpoint_every: 5: a run over 2 ranks writes no "
+      .. "checkpoints yet (each rank holds only its shards of the tables); set it to 0",
+      world_err({ "train.checkpoint_every=5" }, 2))
+    assert.equal("--resume runs/a: a run over 2 ranks cannot resume from a checkpoint yet (each rank holds only its "
+      .. "shards of the tables)", world_err({}, 2, "runs/a"))
+    assert.matches("train.pipeline: the prefetch pipeline feeds one collection",
+      world_err({ "train.pipeline=true" }, 2))
+    assert.matches("embeddings.tables.C2.placement: table C2 is managed, and the hint policies drive whole tables",
+      world_err({ "embeddings.tables.C2.placement=managed" }, 2))
+  end)
+
   it("reports a missing file", function()
     local cfg, err = tconfig.load("/nonexistent/x.yaml")
     assert.is_nil(cfg)

@@ -1149,3 +1149,4 @@ const ur_kjt *ur_batch_sparse(const ur_batch *b) { return b->sparse; }
 int64_t ur_batch_size(const ur_batch *b) { return b->size; }
 int64_t ur_batch_epoch(const ur_batch *b) { return b->epoch; }
 int64_t ur_batch_first_sample(const ur_batch *b) { return b->first; }
+int64_t ur_batch_next_sample(const ur_batch *b) { return b->next; }

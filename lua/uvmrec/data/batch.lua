@@ -18,11 +18,15 @@ local Batch = {}
 Batch.__index = Batch
 
 local FIELDS = { dense = true, sparse = true, labels = true, groups = true, size = true, epoch = true,
-                 first = true, release = true }
+                 first = true, next = true, release = true, ready = true }
 
--- Batch.new{dense =, sparse =, labels =[, groups =], size =[, epoch =, first =][, release =]}:
+-- Batch.new{dense =, sparse =, labels =[, groups =], size =[, epoch =, first =, next =][, release =]}:
+-- next: where the data stands after the batch when it is not first + size (a data-parallel
+-- rank's slice of a global batch resumes past the whole of it);
 -- the batch owns the tensors and the KJT given, and its release() frees them, or calls
--- release(batch) when given (a loader's batch goes back to the loader).
+-- release(batch) when given (a loader's batch goes back to the loader).  ready: an event recorded
+-- on the stream that made the batch's tensors (a source on the GPU): copies on other streams
+-- (Batch:to) wait for it.
 function Batch.new(t)
   if type(t) ~= "table" then error("Batch: expected a table {dense =, sparse =, labels =, size =}", 2) end
   for k in pairs(t) do
@@ -34,7 +38,8 @@ function Batch.new(t)
   if type(t.size) ~= "number" then error("Batch: size must be the number of samples", 2) end
   if t.release ~= nil and type(t.release) ~= "function" then error("Batch: release must be a function(batch)", 2) end
   return setmetatable({ dense = t.dense, sparse = t.sparse, labels = t.labels, groups = t.groups, size = t.size,
-                        epoch = t.epoch, first = t.first, _release = t.release }, Batch)
+                        epoch = t.epoch, first = t.first, next = t.next, _release = t.release,
+                        ready = t.ready }, Batch)
 end
 
 function Batch.is(v) return getmetatable(v) == Batch end
@@ -43,7 +48,7 @@ function Batch.is(v) return getmetatable(v) == Batch end
 -- a batch that does not know where it came from.
 function Batch:position()
   if not (self.epoch and self.first) then return nil end
-  return { epoch = self.epoch, sample = self.first + self.size }
+  return { epoch = self.epoch, sample = self.next or self.first + self.size }
 end
 
 -- Buffers a run keeps in one placement (device, managed, host), grown to the largest batch:
@@ -104,11 +109,14 @@ end
 -- With into (Batch.buffers of that placement), the copy is made in its buffers, and lives until
 -- the next copy into them.
 function Batch:to(placement, stream, into)
+  if self.ready then -- made on another stream: the copy waits for it
+    lib.must(C.ur_stream_wait_event(require("uvmrec.stream").handle(stream), lib.ptr(self.ready, "event", 2)), 2)
+  end
   if not into then
     local function mv(t) return t and assert(t:to(placement, nil, stream)) end
     return setmetatable({ dense = mv(self.dense), labels = mv(self.labels), groups = mv(self.groups),
                           sparse = assert(self.sparse:to(placement, stream)), size = self.size,
-                          epoch = self.epoch, first = self.first }, Batch)
+                          epoch = self.epoch, first = self.first, next = self.next }, Batch)
   end
   if into.placement ~= placement then
     error(("Batch:to: buffers in %s, not %s"):format(into.placement, placement), 2)
@@ -126,7 +134,7 @@ function Batch:to(placement, stream, into)
                              labels = copy_into(into, "labels", self.labels, 0, stream),
                              groups = copy_into(into, "groups", self.groups, 0, stream),
                              sparse = assert(k:copy(parts, stream)), size = self.size, epoch = self.epoch,
-                             first = self.first, _into = into }, Batch)
+                             first = self.first, next = self.next, _into = into }, Batch)
   into.last = out
   return out
 end

@@ -17,28 +17,14 @@ local M = {}
 local G = {}
 G.__index = G
 
-local batch_mt = {}
-batch_mt.__index = batch_mt
-
--- Frees the batch's views; a later use is an error, not a later batch's data.
-function batch_mt:release()
-  for _, k in ipairs { "dense", "labels", "groups", "sparse" } do
-    if self[k] then self[k]:free() end
-  end
-end
-
--- A copy in another placement, ordered on stream.
-function batch_mt:to(placement, stream)
-  local function mv(t) return t and assert(t:to(placement, nil, stream)) end
-  return { dense = mv(self.dense), labels = mv(self.labels), groups = mv(self.groups),
-           sparse = assert(self.sparse:to(placement, stream)), size = self.size,
-           epoch = self.epoch, first = self.first }
-end
+local Batch = require "uvmrec.data.batch"
 
 local SLOTS = 3 -- two batches the consumer may hold, one in the making
 
--- o: the loader's options (batch_size, samples, drop_last, epochs, rank, world, position, keys,
--- placement, stream); spec: the synthetic spec (uvmrec.data.synthetic.spec's).
+-- o: the loader's options (batch_size, samples, drop_last, epochs, rank, world, slice_rank,
+-- slice_world, position, keys, placement, stream); spec: the synthetic spec
+-- (uvmrec.data.synthetic.spec's).  With slice_world > 1 each batch is this rank's slice of a
+-- global batch, as the loader cuts it.
 function M.open(o, spec, level)
   level = (level or 1) + 1
   if (o.shuffle_window or 0) > 0 then
@@ -58,11 +44,16 @@ function M.open(o, spec, level)
   if world < 1 or rank < 0 or rank >= world then
     error(("loader: rank %d of world %d; expected 0 <= rank < world"):format(rank, world), level)
   end
+  local sw, sr = o.slice_world or 0, o.slice_rank or 0
+  if sw < 0 or (sw > 0 and (sr < 0 or sr >= sw)) then
+    error(("loader: batch slice %d of %d; expected 0 <= slice_rank < slice_world"):format(sr, sw), level)
+  end
   local total = o.samples
   local self = setmetatable({
     spec = spec, c = c, B = B, T = T, D = D, H = H, hot = hot, fixed = fixed, weighted = weighted,
     lo = math.floor(total * rank / world), hi = math.floor(total * (rank + 1) / world),
     epochs = o.epochs or 1, drop_last = o.drop_last, stream = o.stream, keys = {},
+    slice_world = sw > 1 and sw or 1, slice_rank = sw > 1 and sr or 0,
     epoch = o.position and o.position.epoch or 0, k = o.position and o.position.sample or 0,
     held = {}, slots = {}, n = 0, done = false,
     st = { batches = 0, samples = 0, bytes = 0, wait_seconds = 0, produce_seconds = 0, produce_cpu_seconds = 0,
@@ -89,6 +80,7 @@ function M.open(o, spec, level)
       groups = c.groups > 0 and new({ B }, "i64") or nil,
       values = new({ B * H }, "i64"), lens = new({ B * T }, "i32"), offsets = new({ B * T + 1 }, "i64"),
       wout = weighted and new({ B * H }, "f32") or nil,
+      ready = assert(streams.event()), -- recorded once the batch is made (Batch:to waits on it)
     }
   end
   return self
@@ -119,14 +111,17 @@ function G:next()
     return nil
   end
   self.n = self.n + 1
+  -- this rank's slice [a, a + m) of the n samples (all of them without slices)
+  local a = math.floor(n * self.slice_rank / self.slice_world)
+  local m = math.floor(n * (self.slice_rank + 1) / self.slice_world) - a
   local s = self.slots[(self.n - 1) % SLOTS + 1]
   local v = {}
   for _, k in ipairs { "dense", "labels", "ids", "lengths", "weights", "groups" } do
-    if s[k] then v[k] = s[k]:view(0, n) end
+    if s[k] then v[k] = s[k]:view(0, m) end
   end
   local function p(x) return x and x.p or nil end
   local h = streams.handle(self.stream, 2)
-  local ok, err = check(C.ur_synth_generate(h, self.c, self.lo + self.k, n, v.dense.p, v.labels.p, v.ids.p,
+  local ok, err = check(C.ur_synth_generate(h, self.c, self.lo + self.k + a, m, v.dense.p, v.labels.p, v.ids.p,
                                             p(v.weights), v.lengths.p, p(v.groups), nil), 2)
   if ok then
     ok, err = check(C.ur_kjt_from_rows(h, out_kjt, self.T, self.key_arr, self.hot, v.ids.p, p(v.weights),
@@ -143,13 +138,16 @@ function G:next()
     return nil, err
   end
   local nv = tonumber(C.ur_tensor_numel(C.ur_kjt_values(out_kjt[0])))
-  local b = setmetatable({ dense = v.dense, labels = v.labels, groups = v.groups, sparse = kjt.wrap(out_kjt[0]),
-                           size = n, epoch = self.epoch, first = self.k }, batch_mt)
+  -- its views are freed by release(), when the consumer is done or two batches later; a rank's
+  -- slice of the global batch resumes past the whole of it (next)
+  assert(s.ready:record(self.stream))
+  local b = Batch.new { dense = v.dense, labels = v.labels, groups = v.groups, sparse = kjt.wrap(out_kjt[0]),
+                        size = m, epoch = self.epoch, first = self.k + a, next = self.k + n, ready = s.ready }
   self.held[#self.held + 1] = b
   self.k = self.k + n
   local st = self.st
-  st.batches, st.samples = st.batches + 1, st.samples + n
-  st.bytes = st.bytes + n * (self.D * 4 + 4 + self.T * 4) + nv * (self.weighted and 12 or 8)
+  st.batches, st.samples = st.batches + 1, st.samples + m
+  st.bytes = st.bytes + m * (self.D * 4 + 4 + self.T * 4) + nv * (self.weighted and 12 or 8)
   st.epoch, st.sample = b.epoch, self.k
   local dt = C.ur_clock_seconds() - t0
   st.produce_seconds, st.produce_cpu_seconds = st.produce_seconds + dt, st.produce_cpu_seconds + dt

@@ -57,7 +57,7 @@ local function make_batch(state, b)
     dense = lend(C.ur_batch_dense(b)), labels = lend(C.ur_batch_labels(b)),
     groups = lend(C.ur_batch_groups(b)), sparse = kjt.wrap(outs[0]),
     size = tonumber(C.ur_batch_size(b)), epoch = tonumber(C.ur_batch_epoch(b)),
-    first = tonumber(C.ur_batch_first_sample(b)), release = give_back,
+    first = tonumber(C.ur_batch_first_sample(b)), next = tonumber(C.ur_batch_next_sample(b)), release = give_back,
   }
   batch._b, batch._state = b, state
   return batch

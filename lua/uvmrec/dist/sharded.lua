@@ -60,6 +60,21 @@ function Sharded:__init(opts, spec, comm)
   if not ok then error(plan, 4) end
   self.plan = plan
   self.output_dtype = opts.output_dtype or "f32"
+  -- Rowwise Adagrad steps a row by the mean of its squared gradient over the whole row; a
+  -- column shard sees only its columns, so its sum would differ from the unsharded table's.
+  local optim = opts.optimizer
+  local oname = type(optim) == "table" and (optim.name or optim[1]) or optim
+  if oname == "rowwise_adagrad" then
+    for _, t in ipairs(tables) do
+      local p = plan.tables[t.name]
+      if p.kind == "column_wise" and #p.shards > 1 then
+        error(("dist.shard: table '%s' is column_wise in %d shards and the tables' optimizer is rowwise_adagrad, "
+          .. "whose step takes the mean squared gradient of the whole row, which no column shard holds: "
+          .. "shard it table_wise, row_wise or data_parallel, or use an elementwise optimizer (adagrad, sgd, adam)")
+          :format(t.name, #p.shards), 4)
+      end
+    end
+  end
 
   local features, table_opts = {}, {}
   for _, t in ipairs(tables) do

@@ -570,7 +570,8 @@ end
 -- ---- the planning problem of a training config ----
 
 -- The tables, access profiles and dense part of training config cfg (uvmrec.train.config), as
--- uvmrec plan and the benchmarks give them to M.plan.  o: batch (default train.batch_size),
+-- uvmrec plan and the benchmarks give them to M.plan.  o: world (ranks, 1), batch (per rank;
+-- default train.batch_size / world, the global batch's slice),
 -- counts (a checkpoint whose access counts profile the tables), profile_steps (profile them from
 -- that many batches of the config's data); by default the Zipf exponents of the config's
 -- synthetic preset.  A table's placement and cache load factor set in the config are kept
@@ -584,7 +585,13 @@ function M.from_config(cfg, o)
   local profile = M.profile
   local e = cfg.embeddings
   local rows = train.config.table_rows(cfg)
-  local batch = o.batch or cfg.train.batch_size
+  -- train.batch_size is the global batch: each of the world's ranks takes an equal slice
+  local world = o.world or 1
+  if not o.batch and cfg.train.batch_size % world ~= 0 then
+    return nil, ("train.batch_size %d is not a multiple of the %d ranks (each takes an equal slice); give --batch "
+      .. "(per rank)"):format(cfg.train.batch_size, world), 2
+  end
+  local batch = o.batch or cfg.train.batch_size / world
 
   -- the synthetic preset behind the config's data, when it has one: Zipf exponents, ids a sample
   local synth
@@ -732,10 +739,10 @@ function Plan:apply(cfg, where, opts)
   if p.world ~= world then
     return bad("the plan is for %d rank%s and this run has %d", p.world, p.world == 1 and "" or "s", world)
   end
-  if p.batch ~= cfg.train.batch_size then
-    return bad("the plan is for a batch of %d per rank and train.batch_size is %d: its cache scratch and step "
-      .. "times are for its batch; set train.batch_size=%d or plan again with --batch", p.batch,
-      cfg.train.batch_size, p.batch)
+  if p.batch * world ~= cfg.train.batch_size then
+    return bad("the plan is for a batch of %d per rank and train.batch_size is %d over %d rank%s: its cache scratch "
+      .. "and step times are for its batch; set train.batch_size=%d or plan again with --batch", p.batch,
+      cfg.train.batch_size, world, world == 1 and "" or "s", p.batch * world)
   end
   if (p.pipeline and true or false) ~= cfg.train.pipeline then
     return bad("the plan was made %s the prefetch pipeline and train.pipeline is %s", p.pipeline and "with" or
@@ -754,6 +761,9 @@ function Plan:apply(cfg, where, opts)
     for _, k in ipairs(keys) do
       local v = t.config_keys[k]
       sets[#sets + 1] = { k, type(v) == "number" and ("%.17g"):format(v) or tostring(v), v }
+    end
+    if world > 1 and t.sharding == "table_wise" then
+      sets[#sets + 1] = { "embeddings.tables." .. t.name .. ".rank", ("%d"):format(t.ranks[1]), t.ranks[1] }
     end
     any_cached = any_cached or t.placement == "cached"
   end
@@ -789,20 +799,16 @@ function Plan:apply(cfg, where, opts)
   if err then return nil, (err:gsub("%-%-set ", where .. ": ")) end
   if world > 1 then
     -- the ranks the run will use (uvmrec.dist.plan's, from the kinds) must be the plan's
-    local dtabs, kinds = {}, {}
-    for i, t in ipairs(p.tables) do
-      dtabs[i] = { name = t.name, rows = t.rows, dim = t.dim }
-      kinds[t.name] = t.sharding
-    end
-    local ok, dp = pcall(require("uvmrec.dist.plan").plan, dtabs, kinds, world)
+    local dtabs = {}
+    for i, t in ipairs(p.tables) do dtabs[i] = { name = t.name, rows = t.rows, dim = t.dim } end
+    local ok, dp = pcall(require("uvmrec.dist.plan").plan, dtabs, tconfig.sharding(cfg), world)
     if not ok then return bad("%s", tostring(dp)) end
     for _, t in ipairs(p.tables) do
       local got = {}
       for j, sh in ipairs(dp.tables[t.name].shards) do got[j] = sh.rank end
       if table.concat(got, ",") ~= table.concat(t.ranks, ",") then
-        return bad("table %s is %s on rank%s %s in the plan, and the run would place it on %s: a table's ranks are "
-          .. "not a config key yet", t.name, t.sharding, #t.ranks > 1 and "s" or "", table.concat(t.ranks, ","),
-          table.concat(got, ","))
+        return bad("table %s is %s on rank%s %s in the plan, and the run would place it on %s (uvmrec.dist.plan)",
+          t.name, t.sharding, #t.ranks > 1 and "s" or "", table.concat(t.ranks, ","), table.concat(got, ","))
       end
     end
   end

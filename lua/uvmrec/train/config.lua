@@ -9,6 +9,8 @@ local int, number, bool, string, enum, list, map, dict =
   config.int, config.number, config.bool, config.string, config.enum, config.list, config.map, config.dict
 
 local PLACEMENTS = { "auto", "device", "managed", "host", "cached" }
+-- How a table is sharded over the ranks of a job (uvmrec.dist.plan); a run of one rank ignores it.
+M.SHARDINGS = { "table_wise", "row_wise", "column_wise", "data_parallel" }
 local TBE_OPTIMS = require("uvmrec.optim").names("tables")
 local DENSE_OPTIMS = require("uvmrec.optim").names("dense")
 M.METRICS = { "auc", "ne", "accuracy", "calibration", "ctr" }
@@ -35,8 +37,11 @@ M.schema = map({
     pooling = enum({ "sum", "mean" }, { default = "sum" }),
     placement = enum(PLACEMENTS, { default = "auto" }),        -- auto: device with a GPU, else host
     bounds = enum({ "fatal", "warn", "off" }, { default = "fatal" }),
+    sharding = enum(M.SHARDINGS, { default = "table_wise" }),  -- over the ranks (uvmrec launch -n N)
     tables = dict(map {                                        -- per table (C1, C2, ...)
       placement = enum(PLACEMENTS), dtype = enum { "f32", "f16", "bf16" },
+      sharding = enum(M.SHARDINGS),                            -- this table's (default: embeddings.sharding)
+      rank = int { min = 0 },                                  -- table_wise: its rank (default: the least loaded)
       hints = map { policy = string {},                        -- this table's hint policy
                     allowance = string {} },                   -- its own HBM ('20%' of its bytes, '1GiB')
       cache = map { load_factor = number { min = 0, max = 1 } }, -- its own cache size (placement cached)
@@ -159,6 +164,10 @@ function M.check(cfg)
       return fail("embeddings.tables." .. name, ("no table '%s'; tables are C1 to C%d"):format(name, #e.rows))
     end
     local at = "embeddings.tables." .. name
+    if t.rank and (t.sharding or e.sharding) ~= "table_wise" then
+      return fail(at .. ".rank", ("table %s is sharded %s: a rank places a table_wise table"):format(name,
+        t.sharding or e.sharding))
+    end
     local perr = t.hints and t.hints.policy and M.check_policy(t.hints.policy)
     if perr then return fail(at .. ".hints.policy", perr) end
     local place = t.placement or e.placement
@@ -239,6 +248,61 @@ function M.table_rows(cfg)
   local e, out = cfg.embeddings, {}
   for i, r in ipairs(e.rows) do out[i] = e.max_rows > 0 and math.min(r, e.max_rows) or r end
   return out
+end
+
+-- The tables' sharding over the ranks, as uvmrec.dist.plan reads it: {default =
+-- embeddings.sharding, C3 = embeddings.tables.C3.sharding, ...}.
+function M.sharding(cfg)
+  local e = cfg.embeddings
+  local spec = { default = e.sharding }
+  for name, t in pairs(e.tables) do
+    if t.rank then
+      spec[name] = { t.sharding or e.sharding, rank = t.rank }
+    elseif t.sharding then
+      spec[name] = t.sharding
+    end
+  end
+  return spec
+end
+
+-- What a run over `world` ranks needs of the config: nil, or the message at the value to
+-- change.  The batches are global batches cut into equal slices, one a rank; a rank holds only
+-- its shards, so it writes no checkpoint of them nor resumes from one (issue #20), and the
+-- hint policies and the prefetch pipeline drive whole collections.
+function M.check_world(cfg, world, resume)
+  if world <= 1 then return nil end
+  local function fail(path, msg) return config.message(cfg, path, msg) end
+  for _, key in ipairs { "train.batch_size", "eval.batch_size", "eval.samples" } do
+    local sec, name = key:match("^(%w+)%.([%w_]+)$")
+    local v = cfg[sec][name]
+    if v % world ~= 0 then
+      return fail(key, ("%d is not a multiple of the %d ranks: each rank takes an equal slice of every global batch")
+        :format(v, world))
+    end
+  end
+  if cfg.train.checkpoint_every > 0 then
+    return fail("train.checkpoint_every", ("%d: a run over %d ranks writes no checkpoints yet (each rank holds only "
+      .. "its shards of the tables); set it to 0"):format(cfg.train.checkpoint_every, world))
+  end
+  if resume then
+    return ("--resume %s: a run over %d ranks cannot resume from a checkpoint yet (each rank holds only its shards "
+      .. "of the tables)"):format(resume, world)
+  end
+  if cfg.train.pipeline then
+    return fail("train.pipeline", ("the prefetch pipeline feeds one collection, not the shards of %d ranks; set it "
+      .. "to false"):format(world))
+  end
+  local e = cfg.embeddings
+  for i = 1, #e.rows do
+    local name = "C" .. i
+    local own = e.tables[name] or {}
+    if (own.placement or e.placement) == "managed" then
+      return fail(own.placement and ("embeddings.tables.%s.placement"):format(name) or "embeddings.placement",
+        ("table %s is managed, and the hint policies drive whole tables, not the shards of %d ranks: place it "
+          .. "device, cached or host"):format(name, world))
+    end
+  end
+  return nil
 end
 
 -- The learning-rate factor of the 1-based step (nil for a constant schedule).

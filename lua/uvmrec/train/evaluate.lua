@@ -7,23 +7,29 @@ local M = {}
 
 -- source: next() gives batches (uvmrec.train.source); opts: metrics (kinds, default auc and
 -- ne), samples (the set's size, or at most this many; 0 or nil: until the data ends),
--- batch_size.  Returns {auc =, ne =, logloss =, accuracy =, calibration =, ctr =, samples =,
+-- batch_size, comm (a job of several ranks: the source gives this rank's slices of the global
+-- batches, samples and batch_size count the global ones, and the metrics are over every rank's
+-- samples).  Returns {auc =, ne =, logloss =, accuracy =, calibration =, ctr =, samples =,
 -- auc_error =, seconds =}.
 function M.run(model, source, opts)
   opts = opts or {}
   local C = require("uvmrec").C
   local t0 = C.ur_clock_seconds()
-  local limit = opts.samples or 0
+  local comm = opts.comm
+  local W = comm and comm.world or 1
+  local limit = math.ceil((opts.samples or 0) / W)
+  local per_update = math.ceil((opts.batch_size or 16384) / W)
   local kinds = opts.metrics or { "auc", "ne" }
   -- The metric state lives where the model's predictions are (made at the first batch).
   local m
   local function collection(predictions)
     local p = predictions:placement()
-    return metrics.MetricCollection { metrics = kinds, batch_size = opts.batch_size or 16384,
-                                      include_logloss = true,
+    return metrics.MetricCollection { metrics = kinds, batch_size = per_update, include_logloss = true,
                                       placement = (p == "device" or p == "managed") and "device" or "host",
                                       device = predictions:device() >= 0 and predictions:device() or nil,
-                                      window_size = limit > 0 and limit + (opts.batch_size or 16384) or 0 }
+                                      window_size = limit > 0 and limit + per_update or 0,
+                                      world_size = W > 1 and W or nil, rank = W > 1 and comm.rank or nil,
+                                      comm = W > 1 and comm or nil }
   end
   model:evaluate()
   local seen = 0
@@ -44,7 +50,7 @@ function M.run(model, source, opts)
   local v = assert(m:values()).default
   local scope = limit > 0 and v.window or v.lifetime
   m:free()
-  local out = { samples = seen, seconds = C.ur_clock_seconds() - t0 }
+  local out = { samples = seen * W, seconds = C.ur_clock_seconds() - t0 }
   for _, k in ipairs { "auc", "ne", "logloss", "accuracy", "calibration", "ctr" } do out[k] = scope[k] end
   if limit == 0 then out.auc_error = v.lifetime.auc_error end
   return out

@@ -53,7 +53,8 @@ end
 
 -- evaluation{every =, last =, model =, data = (the held-out loader's options), source = (a
 -- uvmrec.train.source.loader, attached to each evaluation's loader), metrics =, samples =,
--- batch_size =, progress =, line =}: the model's held-out metrics every `every` steps (0:
+-- batch_size =, progress =, line =, comm = (several ranks: each evaluates its slices, the metrics
+-- over all)}: the model's held-out metrics every `every` steps (0:
 -- never) but at step `last`, which the run evaluates at its end (evaluate(step)); shown,
 -- logged as an "eval" line and kept in self.evals.
 function M.evaluation(o)
@@ -64,7 +65,7 @@ function M.evaluation(o)
     local l = assert(ur.data.loader(o.data))
     o.source:attach(l)
     local r, e = evaluate.run(o.model, o.source, { metrics = o.metrics, samples = o.samples,
-                                                   batch_size = o.batch_size })
+                                                   batch_size = o.batch_size, comm = o.comm })
     o.source:drain()
     l:close()
     if not r then error(e, 0) end

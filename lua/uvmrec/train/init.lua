@@ -20,6 +20,7 @@
 -- "<name>.<key>", its meta as JSON.  Components of other subsystems register through
 -- opts.setup(ctx) (ctx.registry:register{...}), before a resume loads them.
 local ur = require "uvmrec"
+local ffi = require "ffi"
 local ck = require "uvmrec.checkpoint"
 local json = require "uvmrec.json"
 local synthetic = require "uvmrec.data.synthetic"
@@ -181,7 +182,8 @@ local function registry(ctx, hooks)
     load = function()
       for _, c in ipairs { model.bottom, model.interaction, model.top } do c:sync_halves() end
     end }
-  reg:register(model.embeddings:component("embeddings"))
+  -- A sharded collection's rows are shards; a run over ranks saves no checkpoint (check_world).
+  if model.embeddings.component then reg:register(model.embeddings:component("embeddings")) end
   reg:register { name = "optimizer",
     state = function()
       local ts = {}
@@ -195,7 +197,9 @@ local function registry(ctx, hooks)
   for _, h in ipairs(hooks) do
     if h.register then h:register(reg) end
   end
-  hints.register(reg, model.embeddings) -- row layout and access counters (optional in a checkpoint)
+  if model.embeddings.component then
+    hints.register(reg, model.embeddings) -- row layout and access counters (optional in a checkpoint)
+  end
   return reg
 end
 
@@ -205,11 +209,11 @@ end
 M.RESUME_IGNORE = { "train.steps", "train.checkpoint_every", "train.keep", "train.log_every",
                     "train.print_every", "data.eval", "data.depth", "eval", "embeddings.placement",
                     "embeddings.tables", "embeddings.bounds", "embeddings.hints", "embeddings.cache",
-                    "train.pipeline", "train.drain" }
+                    "embeddings.sharding", "train.pipeline", "train.drain" }
 -- Evaluating a checkpoint needs only the model's shape to match.
 M.EVAL_IGNORE = { "name", "train", "data", "eval", "schedule", "optimizer", "embeddings.optimizer",
                   "embeddings.placement", "embeddings.tables", "embeddings.bounds", "embeddings.hints",
-                  "embeddings.cache" }
+                  "embeddings.cache", "embeddings.sharding" }
 
 -- The checkpoint file of --resume / --checkpoint: a file itself; a run directory's newest in
 -- its checkpoints/ folder; a folder of ckpt-<step>.safetensors files, its newest.
@@ -246,12 +250,27 @@ function M.load_checkpoint(ctx, path, ignore)
   return ctx.registry:load(file, { config = ctx.cfg, config_ignore = ignore, config_fill = M.fill_defaults })
 end
 
-local function device_line()
-  if ur.gpu() then
-    local p = ur.device_props(0)
-    return ("on the GPU (cuda:%d %s)"):format(p.ordinal, p.name)
+local function device_line(gpu, comm)
+  local where = "on the CPU"
+  if gpu then
+    local d = ffi.new("int32_t[1]")
+    local p = ur.device_props(comm and comm.device >= 0 and comm.device or (C.ur_device_get(d) == 0 and d[0] or 0))
+    where = ("on the GPU (cuda:%d %s)"):format(p.ordinal, p.name)
   end
-  return "on the CPU"
+  if comm and comm.world > 1 then
+    where = ("%s, %d ranks (rank 0 %s; host collectives %s, device %s)"):format(gpu and "on GPUs" or "on the CPU",
+      comm.world, gpu and where:gsub("^on the ", "on its ") or "on the CPU", comm:engines().host,
+      comm:engines().device)
+  end
+  return where
+end
+
+-- The job a run belongs to: its communicator when the environment says several ranks
+-- (`uvmrec launch -n N`, mpirun), else nil (one process).
+function M.job(opts)
+  local dist = require "uvmrec.dist"
+  if dist.environment().world <= 1 then return nil end
+  return dist.init { cpu = opts and opts.cpu }
 end
 
 -- A writer of the run directory's files; a no-op without a directory.
@@ -392,7 +411,9 @@ function M.run(cfg, opts)
   if not r[1] then error(r[2], 0) end
   local result = r[2]
   if result then
-    local predicted = opts.plan.data.ranks[1].hbm
+    local rank = require("uvmrec.dist").environment().rank or 0
+    local R = opts.plan.data.ranks[rank + 1] or opts.plan.data.ranks[1]
+    local predicted = R.hbm
     result.plan = { hbm_peak = peak, hbm_predicted = predicted, step_seconds = opts.plan.data.step_seconds }
     local say = opts.print or function(l) io.stdout:write(l, "\n") io.stdout:flush() end
     say(("plan: HBM peak %s (ur.memory: device and managed rows on the GPU), predicted %s%s"):format(
@@ -428,9 +449,24 @@ function run_plain(cfg, opts)
   local say = opts.print or function(s) io.stdout:write(s, "\n") io.stdout:flush() end
   local def, where = M.model_def(cfg, opts.config_path)
   if not def then return nil, where end
+  -- Several ranks: the tables sharded as the config says, the dense part data-parallel, each
+  -- rank on its slice of every global batch; rank 0 alone speaks and writes the run directory.
+  local wanted = require("uvmrec.dist").environment().world
+  local werr = M.config.check_world(cfg, wanted, opts.resume)
+  if werr then return nil, werr end
+  local comm, cerr = M.job(opts)
+  if wanted > 1 and not comm then return nil, cerr end
+  local rank, world = comm and comm.rank or 0, comm and comm.world or 1
+  if rank ~= 0 then say = function() end end
+  local out = rank == 0 and opts.out or nil
   local rows = M.config.table_rows(cfg)
   local data, derr = M.data(cfg, rows)
   if not data then return nil, derr end
+  if comm then
+    for _, d in ipairs { data.train, data.eval or false } do
+      if d then d.slice_rank, d.slice_world = rank, world end
+    end
+  end
   -- host memory counted before anything is allocated: a run that cannot fit is refused here
   local host_memory = require "uvmrec.host_memory"
   local fits, herr = host_memory.check(host_memory.count(cfg, data.train, ur.gpu() and not opts.cpu),
@@ -439,14 +475,15 @@ function run_plain(cfg, opts)
   -- The migration monitor counts only managed memory allocated after it starts: before the
   -- model, when tables are managed (hint policies report what moved; nil without CUPTI).
   if ur.gpu() and not opts.cpu and M.any_managed(cfg) then ur.monitor.start() end
-  local model, merr = def.build(cfg, { cpu = opts.cpu })
+  local model, merr = def.build(cfg, { cpu = opts.cpu, sharding = comm and M.config.sharding(cfg) or nil })
   if not model then return nil, merr end
   local gpu = ur.gpu() and not opts.cpu
-  local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1 }
+  local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1,
+                comm = comm }
   local trainer = M.hooks.trainer(ctx)
   ctx.registry = registry(ctx, { trainer, unpack(opts.hooks or {}) })
   if opts.setup then opts.setup(ctx) end
-  local ckdir = opts.out and opts.out .. "/checkpoints"
+  local ckdir = out and out .. "/checkpoints"
   local resumed
   if opts.resume then
     local t0 = C.ur_clock_seconds()
@@ -463,11 +500,12 @@ function run_plain(cfg, opts)
   end
   ctx.hints = M.hints(cfg, model)
 
-  local log, lerr = run_dir(opts.out)
+  local log, lerr = run_dir(out)
   if not log then return nil, lerr end
   if log.config then log.config(cfg) end
-  say(("uvmrec train: %s %s"):format(cfg.name or "model", device_line()))
-  say("model: " .. tostring(model))
+  say(("uvmrec train: %s %s"):format(cfg.name or "model", device_line(gpu, comm)))
+  say("model: " .. tostring(model) .. (comm and " (the rows and bytes of rank 0's shards)" or ""))
+  if comm then say("sharding: " .. model.embeddings:extra_repr():gsub("^%((.*)%)$", "%1")) end
   say("data: " .. data.what)
   if opts.plan then
     local planner, p = require "uvmrec.planner", opts.plan.data
@@ -483,6 +521,7 @@ function run_plain(cfg, opts)
       ctx.samples, resumed.seconds))
   end
   log.line { event = "start", version = ur.version(), gpu = gpu, model = model:stats(), data = cfg.data.train,
+             ranks = world,
              resumed_from = resumed and resumed.path, step = resumed and resumed.step,
              load_seconds = resumed and resumed.seconds }
 
@@ -495,7 +534,8 @@ function run_plain(cfg, opts)
   if not loader then return nil, err end
   local last = cfg.train.steps > 0 and cfg.train.steps or nil
   local source = train_source(cfg, model, loader, gpu, last and last - ctx.step)
-  local progress = M.progress.new { total = data.steps, mode = opts.progress, print_every = cfg.train.print_every }
+  local progress = M.progress.new { total = data.steps, mode = rank ~= 0 and "none" or opts.progress,
+                                    print_every = cfg.train.print_every }
 
   -- The run's hooks, in the order they act after a step: the loss read and logged, the
   -- trainer's position, hint policies, evaluations, checkpoints, the caller's, and last the
@@ -506,7 +546,7 @@ function run_plain(cfg, opts)
   local evaluation = data.eval and M.hooks.evaluation {
     every = cfg.eval.every, last = data.steps, model = model, data = data.eval, metrics = cfg.eval.metrics,
     source = M.source.loader(nil, { placement = gpu and "device" or nil }), samples = cfg.eval.samples,
-    batch_size = cfg.eval.batch_size, progress = progress, line = log.line }
+    batch_size = cfg.eval.batch_size, progress = progress, line = log.line, comm = comm }
   local checkpoints = ckdir and M.hooks.checkpoints {
     every = every, registry = ctx.registry, dir = ckdir, config = cfg, progress = progress, line = log.line,
     keep = cfg.train.keep > 0 and cfg.train.keep or nil }
@@ -517,10 +557,12 @@ function run_plain(cfg, opts)
   hooks[#hooks + 1] = evaluation or nil
   hooks[#hooks + 1] = checkpoints or nil
   for _, h in ipairs(opts.hooks or {}) do hooks[#hooks + 1] = h end
-  hooks[#hooks + 1] = M.hooks.signals(opts.signals ~= false)
+  -- Ranks caught by a signal would stop at different steps, each waiting on the others: a
+  -- signal ends a run over ranks at once (mpirun passes it to every rank).
+  hooks[#hooks + 1] = M.hooks.signals(opts.signals ~= false and not comm)
 
   local first, samples0 = ctx.first, ctx.samples
-  local ok, run = pcall(M.loop.run, model, ctx.optimizer, source, hooks)
+  local ok, run = pcall(M.loop.run, model, ctx.optimizer, source, hooks, { world = world })
   progress:finish()
   if source.free then source:free() end
   if not ok then
@@ -558,7 +600,7 @@ function run_plain(cfg, opts)
     result.hints = ctx.hints.last
     ctx.hints:free()
   end
-  local cs = model.embeddings:cache_stats()
+  local cs = model.embeddings.cache_stats and model.embeddings:cache_stats()
   if cs then
     result.cache = cs
     say(("cache: %.1f%% of %s distinct rows hit, %s misses, %s conflict misses, %s evictions; "
@@ -573,7 +615,7 @@ function run_plain(cfg, opts)
   if interrupted then
     local what
     if saved and saved.step == steps then
-      what = "checkpoint " .. saved.path .. "; go on with --resume " .. opts.out
+      what = "checkpoint " .. saved.path .. "; go on with --resume " .. out
     elseif steps < first then
       what = "no step was trained, so nothing was saved"
     else
@@ -594,7 +636,7 @@ function run_plain(cfg, opts)
       return nil, tostring(r)
     end
     result.eval = r
-    if data.ceiling then result.ceiling = data.ceiling() end
+    if data.ceiling and rank == 0 then result.ceiling = data.ceiling() end
     say(("final AUC %.4f%s"):format(r.auc, result.ceiling
       and (" (the synthetic data's hidden-model ceiling: %.4f)"):format(result.ceiling) or ""))
   end
@@ -602,8 +644,8 @@ function run_plain(cfg, opts)
              samples_per_s = result.samples_per_s, loss = logger.loss, auc = result.eval and result.eval.auc,
              ceiling_auc = result.ceiling }
   log.close()
-  if opts.out then
-    say("run directory: " .. opts.out .. " (config.json, metrics.jsonl" .. (saved and ", checkpoints/)" or ")"))
+  if out then
+    say("run directory: " .. out .. " (config.json, metrics.jsonl" .. (saved and ", checkpoints/)" or ")"))
   end
   local low, unchecked = M.check_min_auc(cfg, result.eval)
   if unchecked then say(unchecked) end
@@ -618,6 +660,11 @@ end
 -- print, cpu.  Returns {eval = {...}, ceiling, step (the checkpoint's, or 0)} or nil, message.
 function M.eval(cfg, opts)
   opts = opts or {}
+  local world = require("uvmrec.dist").environment().world
+  if world > 1 then
+    return nil, ("uvmrec eval runs as one process, not %d ranks: evaluate without uvmrec launch or mpirun")
+      :format(world)
+  end
   local say = opts.print or function(s) io.stdout:write(s, "\n") io.stdout:flush() end
   if opts.data and not opts.data:match("^synthetic:") then
     cfg.data.eval = opts.data
@@ -646,7 +693,7 @@ function M.eval(cfg, opts)
   end
   local log, lerr = run_dir(opts.out)
   if not log then return nil, lerr end
-  say(("uvmrec eval: %s %s"):format(cfg.name or "model", device_line()))
+  say(("uvmrec eval: %s %s"):format(cfg.name or "model", device_line(gpu)))
   say("model: " .. tostring(model))
   if loaded then say(("weights: %s (step %d)"):format(loaded.path, loaded.step)) end
   say("data: " .. data.what)

@@ -19,7 +19,8 @@ function M.step(model, optimizer, batch)
 end
 
 -- A run as its hooks see it: model, optimizer, step (the last step made), samples (trained on,
--- in all), loss (the last step's), stopped, and error (in finish, when the loop failed).
+-- in all, by every rank), world, loss (the last step's), stopped, and error (in finish, when the
+-- loop failed).
 local Run = {}
 Run.__index = Run
 
@@ -54,7 +55,7 @@ local function steps(run, source, hooks)
     else
       run.loss = M.step(run.model, run.optimizer, batch)
     end
-    run.step, run.samples = run.step + 1, run.samples + batch.size
+    run.step, run.samples = run.step + 1, run.samples + batch.size * run.world
     call(hooks, "after", run, batch)
   end
 end
@@ -65,10 +66,12 @@ end
 -- step: the learning rates), after(run, batch) (after each step) and finish(run) (after the
 -- last, also when the loop failed: run.error); one may take the step over, take_step(run,
 -- batch) returning the loss as step does (uvmrec.train.graph's runner:hook() replays it as one
--- CUDA graph).  Returns the run, or raises the loop's error.
-function M.run(model, optimizer, source, hooks)
+-- CUDA graph).  opts.world: the ranks training data-parallel, each on its slice of the global
+-- batch (run.samples counts the global batches).  Returns the run, or raises the loop's error.
+function M.run(model, optimizer, source, hooks, opts)
   hooks = hooks or {}
-  local run = setmetatable({ model = model, optimizer = optimizer, step = 0, samples = 0, stopped = false }, Run)
+  local run = setmetatable({ model = model, optimizer = optimizer, step = 0, samples = 0, stopped = false,
+                             world = opts and opts.world or 1 }, Run)
   local ok, err = pcall(steps, run, source, hooks)
   source:close()
   if not ok then run.error = err end
