@@ -317,6 +317,21 @@ static ur_status ur_cuda_rand(void *stream, void *dst, ur_dtype dtype, size_t n,
   return UR_STATUS_OK;
 }
 
+static ur_status ur_cuda_nonfinite_check(void *stream, int32_t n, const void *const *xs,
+                                         const ur_dtype *dtypes, const int64_t *counts,
+                                         int32_t *flags, int32_t slot0) {
+  UR_CUDA_CHECK(ur__cuda_nonfinite_check((cudaStream_t)stream, n, xs, dtypes, counts, flags,
+                                         slot0),
+                "nonfinite check kernel (%d tensors from slot %d)", (int)n, (int)slot0);
+  return UR_STATUS_OK;
+}
+
+static ur_status ur_cuda_nonfinite_end(void *stream, int32_t *flags, int32_t sticky) {
+  UR_CUDA_CHECK(ur__cuda_nonfinite_end((cudaStream_t)stream, flags, sticky),
+                "nonfinite end-of-step kernel");
+  return UR_STATUS_OK;
+}
+
 /* ---- streams and events ---- */
 
 static ur_status ur_cuda_stream_new(int32_t priority, void **out) {
@@ -966,6 +981,8 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   b->graph_end = ur_cuda_graph_end;
   b->graph_launch = ur_cuda_graph_launch;
   b->graph_free = ur_cuda_graph_free;
+  b->nonfinite_check = ur_cuda_nonfinite_check;
+  b->nonfinite_end = ur_cuda_nonfinite_end;
   b->dense = &ur__cuda_dense_ops;
   b->tbe = &ur__cuda_tbe_ops;
   b->cache = &ur__cuda_cache_ops;

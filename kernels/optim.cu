@@ -28,6 +28,11 @@ ur_optim_kernel(const __grid_constant__ ur__optim_consts k,
   int64_t i1 = i0 + UR_OPTIM_CHUNK < pk.n[t] ? i0 + UR_OPTIM_CHUNK : pk.n[t];
   float *P = pk.p[t], *Gr = pk.g[t], *S1 = pk.s1[t], *S2 = pk.s2[t];
   ur_bf16 *H = pk.h[t];
+  if (ur__optim_gated(&k)) { /* held back: the gradient is spent all the same */
+    if (k.zero_grad)
+      for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) Gr[i] = 0.0f;
+    return;
+  }
   for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
     float p = ur__optim_dense_elem(&k, P[i], Gr[i], S1 ? S1 + i : nullptr, S2 ? S2 + i : nullptr);
     P[i] = p;

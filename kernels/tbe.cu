@@ -698,6 +698,7 @@ __device__ __forceinline__ void prefetch_step(const ur__tbe_hyper &h, const ur__
 template <int NV, int E, int U>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV * E <= 8 ? 4 : 2)
     seg_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
+  if (!sp.rows && ur__optim_gated(&h.k)) return; /* a guard holds the step back */
   __shared__ float slots[UR_TBE_WARPS][NV * 32 * E];
   int lane = threadIdx.x & 31;
   float *slot = slots[threadIdx.x / 32];
@@ -781,6 +782,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
 template <int NV, int E, int U>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     long_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
+  if (!sp.rows && ur__optim_gated(&h.k)) return;
   __shared__ float slots[UR_TBE_WARPS][NV * 32 * E];
   int lane = threadIdx.x & 31;
   float *slot = slots[threadIdx.x / 32];
@@ -838,7 +840,8 @@ __global__ void count_kernel(const ur__tbe_args a, const Sorted s, unsigned long
  * differs from the sorted step's within rounding, and from run to run. */
 template <int NV, int U>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
-    atomic_sgd_kernel(const ur__tbe_args a, float neg_lr) {
+    atomic_sgd_kernel(const ur__tbe_args a, float neg_lr, const int32_t *gate) {
+  if (gate && *gate) return; /* a guard holds the step back */
   int lane = threadIdx.x & 31;
   int64_t bag0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * 32;
   if (bag0 >= a.bags) return;
@@ -1234,14 +1237,15 @@ cudaError_t reduce_e(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_hyper
 }
 
 /* The atomic SGD step (f32 rows only, so E = 4). */
-cudaError_t atomic_sgd(cudaStream_t st, const ur__tbe_args &a, float lr, int nv) {
+cudaError_t atomic_sgd(cudaStream_t st, const ur__tbe_args &a, float lr, const int32_t *gate,
+                       int nv) {
   unsigned blocks = blocks_for((a.bags + 31) / 32);
   float neg = -lr;
   switch (nv) {
-  case 1: atomic_sgd_kernel<1, 8><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, neg); break;
-  case 2: atomic_sgd_kernel<2, 4><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, neg); break;
-  case 4: atomic_sgd_kernel<4, 2><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, neg); break;
-  default: atomic_sgd_kernel<8, 1><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, neg); break;
+  case 1: atomic_sgd_kernel<1, 8><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, neg, gate); break;
+  case 2: atomic_sgd_kernel<2, 4><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, neg, gate); break;
+  case 4: atomic_sgd_kernel<4, 2><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, neg, gate); break;
+  default: atomic_sgd_kernel<8, 1><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, neg, gate); break;
   }
   return cudaGetLastError();
 }
@@ -1401,7 +1405,7 @@ static cudaError_t backward_common(cudaStream_t st, const ur__tbe_args *a, const
   ur__tbe_args in;
   UR_TRY(collapse(st, a, w, L, &in));
   if (a->atomic && h && !sp.rows && !count_only)
-    return a->n > 0 ? atomic_sgd(st, in, h->k.lr, shape_of(a).nv) : cudaSuccess;
+    return a->n > 0 ? atomic_sgd(st, in, h->k.lr, h->k.gate, shape_of(a).nv) : cudaSuccess;
   Sorted s;
   UR_TRY(keys32(a) ? sort_segments<uint32_t>(st, in, w, L, &s) : sort_segments<uint64_t>(st, in, w, L, &s));
   if (count_only) {

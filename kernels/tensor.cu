@@ -9,6 +9,8 @@
 
 #include "tensor.cuh"
 #include "core/philox.h"
+#include "core/backend.h"
+#include "core/nonfinite.h"
 
 #define UR_THREADS 256
 /* Enough blocks to fill every SM several times over; beyond that a grid-stride loop does
@@ -210,5 +212,81 @@ cudaError_t ur__cuda_probe(cudaStream_t stream, const void *src, size_t bytes, u
   ur_probe_kernel<<<blocks, UR_THREADS, 0, stream>>>(
       (const uint4 *)(p + nhead), nvec, p, nhead, p + nhead + nvec * 16, ntail,
       (unsigned long long)magic);
+  return cudaGetLastError();
+}
+
+/* ---- non-finite check (train.nonfinite's guard; core/nonfinite.c is the reference) ---- */
+
+struct ur_nonfinite_pack {
+  const void *x[UR__NONFINITE_GROUP];
+  int64_t n[UR__NONFINITE_GROUP];
+  int32_t dtype[UR__NONFINITE_GROUP];
+  int count;
+};
+
+__device__ __forceinline__ int ur_nonfinite_at(const void *x, int32_t dtype, int64_t i) {
+  switch (dtype) {
+  case UR_DTYPE_F32: return ur__nonfinite_f32(((const uint32_t *)x)[i]);
+  case UR_DTYPE_BF16: return ur__nonfinite_bf16(((const uint16_t *)x)[i]);
+  case UR_DTYPE_F16: return ur__nonfinite_f16(((const uint16_t *)x)[i]);
+  default: return ur__nonfinite_f64(((const unsigned long long *)x)[i]);
+  }
+}
+
+/* blockIdx.y is the tensor; a grid-stride loop over its elements in x.  A warp that saw a bad
+ * element raises the step's flag and, the first time, the tensor's (the step it is in).  Only
+ * a bad element writes: a finite step costs the reads. */
+__global__ void ur_nonfinite_kernel(const __grid_constant__ ur_nonfinite_pack pk, int32_t *flags,
+                                    int32_t slot0) {
+  int t = blockIdx.y;
+  const void *x = pk.x[t];
+  int64_t n = pk.n[t];
+  int32_t dt = pk.dtype[t];
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  int bad = 0;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n && !bad; i += stride)
+    bad = ur_nonfinite_at(x, dt, i);
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) {
+    atomicOr(&flags[0], 1);
+    atomicCAS(&flags[UR_NONFINITE_HEAD + slot0 + t], 0, flags[1] + 1);
+  }
+}
+
+cudaError_t ur__cuda_nonfinite_check(cudaStream_t stream, int n, const void *const *xs,
+                                     const ur_dtype *dtypes, const int64_t *counts,
+                                     int32_t *flags, int32_t slot0) {
+  if (n < 1) return cudaSuccess;
+  if (n > UR__NONFINITE_GROUP) return cudaErrorInvalidValue;
+  (void)cudaGetLastError(); /* see ur__cuda_fill */
+  ur_nonfinite_pack pk;
+  int64_t most = 0;
+  for (int i = 0; i < n; i++) {
+    pk.x[i] = xs[i];
+    pk.n[i] = counts[i];
+    pk.dtype[i] = dtypes[i];
+    if (counts[i] > most) most = counts[i];
+  }
+  pk.count = n;
+  if (most == 0) return cudaSuccess;
+  unsigned blocks = 0;
+  cudaError_t e = ur_grid_size((size_t)most, &blocks);
+  if (e != cudaSuccess) return e;
+  /* the grid covers the largest tensor; divide it among the tensors so the whole check is
+   * about one pass over the bytes, not n passes of the largest's grid */
+  unsigned per = (unsigned)((blocks + n - 1) / n);
+  dim3 grid(per > 0 ? per : 1, (unsigned)n);
+  ur_nonfinite_kernel<<<grid, UR_THREADS, 0, stream>>>(pk, flags, slot0);
+  return cudaGetLastError();
+}
+
+__global__ void ur_nonfinite_end_kernel(int32_t *flags, int32_t sticky) {
+  flags[1] += 1;
+  flags[2] += flags[0] != 0;
+  if (!sticky) flags[0] = 0;
+}
+
+cudaError_t ur__cuda_nonfinite_end(cudaStream_t stream, int32_t *flags, int32_t sticky) {
+  (void)cudaGetLastError(); /* see ur__cuda_fill */
+  ur_nonfinite_end_kernel<<<1, 1, 0, stream>>>(flags, sticky);
   return cudaGetLastError();
 }

@@ -29,4 +29,11 @@ cudaError_t ur__cuda_probe_prepare(void);
  * read equals magic, which keeps the loads from being optimised away. */
 cudaError_t ur__cuda_probe(cudaStream_t stream, const void *src, size_t bytes, uint64_t magic);
 
+/* ORs "an element is NaN or +-Inf" of n <= UR__NONFINITE_GROUP arrays into a guard's flags
+ * (uvmrec.h's ur_nonfinite_check), one launch; and the end of a step. */
+cudaError_t ur__cuda_nonfinite_check(cudaStream_t stream, int n, const void *const *xs,
+                                     const ur_dtype *dtypes, const int64_t *counts,
+                                     int32_t *flags, int32_t slot0);
+cudaError_t ur__cuda_nonfinite_end(cudaStream_t stream, int32_t *flags, int32_t sticky);
+
 #endif

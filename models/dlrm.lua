@@ -110,7 +110,8 @@ function DLRM:updateOutput(batch)
 end
 
 -- Back through the top MLP, the interaction and the bottom MLP (gradients accumulate in the
--- dense parameters' .grad); the embedding rows the batch read are stepped here, fused.
+-- dense parameters' .grad); the embedding rows the batch read are stepped here, fused, after
+-- the guard's check of the dense gradients when there is one (model.guard).
 function DLRM:backward(batch, gradOutput)
   local gz = self.top:backward(self._z, gradOutput)
   local gx, ge
@@ -128,6 +129,12 @@ function DLRM:backward(batch, gradOutput)
     dense.split(gc, self._parts, self.stream)
   end
   self.bottom:backward(batch.dense, gx)
+  if self.guard then
+    -- train.nonfinite: the tables' step is gated by the check of every dense gradient, so it
+    -- waits for the weight gradients of the side stream (uvmrec.train.guard)
+    dense.join(self.stream)
+    self.guard:check_grads(self.stream)
+  end
   self.embeddings:backward(batch.sparse, ge, batch.ticket)
   dense.join(self.stream)
   self.gradInput = nil

@@ -16,10 +16,12 @@ local cmd = require("uvmrec.cli").command {
     .. "config must be the checkpoint's" },
   { "--set K=V", "any config value, checked by the schema", many = true },
   { "--out RUNDIR", "append the result to RUNDIR/metrics.jsonl" },
+  { "--allow-nonfinite", "take a checkpoint whose tensors hold NaN or infinity (refused by default, naming "
+    .. "the tensor and its first bad element)" },
   { "--cpu", "evaluate on the CPU even where a GPU is" },
 }
 local o = cmd:parse(arg)
-local opts = { data = o.data, out = o.out, checkpoint = o.checkpoint, cpu = o.cpu }
+local opts = { data = o.data, out = o.out, checkpoint = o.checkpoint, cpu = o.cpu, allow_nonfinite = o.allow_nonfinite }
 
 local file, ferr = train.find_config(o.config)
 if not file then cmd:fail(ferr) end

@@ -32,6 +32,8 @@ local cmd = require("uvmrec.cli").command {
   { "--plan FILE", "apply a plan of uvmrec plan (--out FILE): each table's placement, cache load factor, hint "
     .. "allowance and sharding; refused when it was made for another model, batch or budget; on a GPU the run "
     .. "goes under the plan's HBM budget" },
+  { "--allow-nonfinite", "with --resume: take a checkpoint whose tensors hold NaN or infinity (refused by "
+    .. "default, naming the tensor and its first bad element)" },
   { "--cpu", "train on the CPU even where a GPU is" },
   { "--host-memory SIZE", "refuse, before allocating anything, a run needing more host memory than SIZE "
     .. "(e.g. 120GiB: tables on the host, the loader, the day files' page cache; default: the cgroup's limit)" },
@@ -45,7 +47,8 @@ for _, f in ipairs { { "data", "data.train" }, { "eval_data", "data.eval" }, { "
   local v = o[f[1]]
   if v ~= nil then sets[#sets + 1] = f[2] .. "=" .. (type(v) == "number" and ("%d"):format(v) or v) end
 end
-local opts = { out = o.out, resume = o.resume, progress = o.progress, cpu = o.cpu, host_memory = o.host_memory }
+local opts = { out = o.out, resume = o.resume, progress = o.progress, cpu = o.cpu, host_memory = o.host_memory,
+               allow_nonfinite = o.allow_nonfinite }
 
 local file, ferr = train.find_config(o.config)
 if not file then cmd:fail(ferr) end

@@ -2,7 +2,8 @@
  *
  * Contents (each section opens with a "==== N. name ====" comment line):
  *   1. core        statuses and errors, the library, names of enums, devices, memory and the
- *                  HBM budget, streams and events, tensors, interrupts and signals, the clock,
+ *                  HBM budget, streams and events, tensors, non-finite values (the training
+ *                  guard's flags), interrupts and signals, the clock,
  *                  optimizer settings (the dense parameters' and the embedding tables' alike)
  *   2. hints       advice and prefetch on managed tensors, what is advised, what moved
  *   3. data        keyed jagged tensors (KJT), .npy arrays, Criteo TSV, synthetic data, the
@@ -214,6 +215,24 @@ UR_API void *ur_tensor_data(const ur_tensor *t);
  * the ceiling the embedding kernels are measured against.  ids are not checked on the GPU. */
 UR_API ur_status ur_tensor_gather_rows(ur_stream *s, const ur_tensor *src, const ur_tensor *ids,
                                        ur_tensor *out);
+
+/* Non-finite values: the guard of a training step (train.nonfinite, docs/training.md) and the
+ * checkpoints' load check.  A guard's flags are i32 [UR_NONFINITE_HEAD + slots], zeroed by their
+ * owner, in memory the work's backend reads (device memory on a GPU): [0] 1 once the current
+ * step held a NaN or an infinity (a gate: ur_optim_step and ur_tbe_set_gate skip their update
+ * while it is set), [1] steps ended, [2] steps that ended with [0] set; [UR_NONFINITE_HEAD + i]
+ * the step (1 + [1] then) in which slot i's tensor first held one, 0 while it never did. */
+enum { UR_NONFINITE_HEAD = 3 };
+/* ORs "some element is NaN or +-Inf" of each of n tensors (f32, bf16, f16, f64; any shape)
+ * into flags, tensor i as slot first_slot + i.  Ordered on s; reads nothing back (on a GPU: one
+ * launch for every 32 tensors, no wait).  The tensors and flags are on one side (GPU or host). */
+UR_API ur_status ur_nonfinite_check(ur_stream *s, int32_t n, const ur_tensor *const *xs,
+                                    ur_tensor *flags, int32_t first_slot);
+/* The end of a step, ordered on s: [1] += 1, [2] += [0], and [0] cleared unless sticky. */
+UR_API ur_status ur_nonfinite_end_step(ur_stream *s, ur_tensor *flags, int32_t sticky);
+/* *out = the index of x's first NaN or infinity (f32, bf16, f16, f64), or -1.  Synchronous;
+ * x in memory the CPU reads (host, pinned, managed), as a checkpoint file's views are. */
+UR_API ur_status ur_tensor_find_nonfinite(const ur_tensor *x, int64_t *out);
 
 /* Interrupts: long engine calls poll a flag, which SIGINT and SIGTERM may raise. */
 UR_API ur_status ur_interrupt_set(int32_t on);
@@ -687,6 +706,11 @@ UR_API ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_
                                  const ur_tensor *weights /* or NULL */,
                                  const int64_t *stride_per_key_per_rank /* or NULL */,
                                  const ur_tensor *inverse_indices /* or NULL */);
+/* gate: a guard's flags (ur_nonfinite_check), or NULL: while its element 0 is set when a
+ * backward runs, that backward leaves rows and optimizer state as they are (decided where it
+ * runs, without a wait; the collection's own step count still advances).  The flags stay the
+ * caller's and must outlive the collection or be unset first; i32, on the collection's side. */
+UR_API ur_status ur_tbe_set_gate(ur_tbe *t, const ur_tensor *gate /* or NULL */);
 /* The deduplicated gradient instead of an update: rows i64 [U] (row ids within their tables,
  * ascending per table, tables in order), grads f32 [sum_t U_t * dim_t] (table t's block is
  * [U_t, dim_t]), and counts[t] = U_t (host array of num_tables).  Synchronous. */
@@ -1030,12 +1054,15 @@ UR_API ur_status ur_dense_cast(ur_stream *s, const ur_tensor *src, ur_tensor *ds
  * state (f32, same shapes: SGD's momentum buffer in state1; Adagrad's sum in state1; Adam's
  * exp_avg, exp_avg_sq in state1, state2; NULL arrays or entries where a rule needs none);
  * halves (NULL or entries NULL) receive the new values in bf16.  On the GPU, one launch
- * for every 48 parameters. */
+ * for every 48 parameters.  gate: a guard's flags (ur_nonfinite_check); when its element 0 is
+ * set as the step runs, parameters and state are left as they are (gradients are still zeroed
+ * when cfg->zero_grad says so), decided where the work runs, without a wait. */
 UR_API ur_status ur_optim_step(ur_stream *s, const ur_optim_config *cfg, int32_t n,
                                ur_tensor *const *params, ur_tensor *const *grads,
                                ur_tensor *const *state1 /* or NULL */,
                                ur_tensor *const *state2 /* or NULL */,
-                               ur_tensor *const *halves /* or NULL */);
+                               ur_tensor *const *halves /* or NULL */,
+                               const ur_tensor *gate /* or NULL */);
 
 /* An arena: tensors carved from a few large blocks of one placement, 256-byte aligned, so a
  * model's activations cost a handful of allocations once.  A tensor keeps its block alive;
@@ -1178,6 +1205,10 @@ UR_API ur_status ur_safetensors_load(ur_stream *s, const ur_safetensors *f, int3
 /* A host tensor over the mapped bytes (zero-copy; a scalar is shape [1]).  It keeps the
  * mapping alive after close; writes to it stay in memory (copy-on-write), never in the file. */
 UR_API ur_status ur_safetensors_view(const ur_safetensors *f, int32_t i, ur_tensor **out);
+/* *out = the index of the first NaN or infinity of tensor i (f32, bf16, f16, f64; -1 when none,
+ * and for other dtypes), read from the file a chunk at a time (the pages are not mapped: the
+ * host memory used stays a chunk's), before a load that should refuse such a tensor. */
+UR_API ur_status ur_safetensors_find_nonfinite(const ur_safetensors *f, int32_t i, int64_t *out);
 
 /* ---- YAML documents (configs) ---- */
 /* A YAML file as a tree of nodes with their positions, read through libyaml's event API.

@@ -94,9 +94,37 @@ function file_methods:view(name)
   return tensor.wrap(out[0])
 end
 
+local FLOATS = { f32 = true, bf16 = true, f16 = true, f64 = true }
+
+-- nil, or why the file's tensors `names` may not be loaded: the first that holds a NaN or an
+-- infinity, named with its first bad element (row and column of a 2-D tensor).  Read from the
+-- file a chunk at a time, before anything is written.
+local bad_at = ffi.new("int64_t[1]")
+function file_methods:nonfinite(names)
+  local p = F(self)
+  for _, name in ipairs(names) do
+    local info = self:info(name)
+    if info and FLOATS[info.dtype] then
+      lib.must(C.ur_safetensors_find_nonfinite(p, C.ur_safetensors_find(p, name), bad_at), 2)
+      local i = bad_at[0] >= 0 and tonumber(bad_at[0]) or nil
+      if i then
+        local where = ("element %d"):format(i)
+        if #info.shape == 2 then
+          where = ("element %d (row %d, column %d)"):format(i, math.floor(i / info.shape[2]), i % info.shape[2])
+        end
+        return ("checkpoint %s: tensor '%s' holds NaN or infinity at %s; refused (load with "
+          .. "allow_nonfinite, --allow-nonfinite, to take it as it is)"):format(self:path(), name, where)
+      end
+    end
+  end
+  return nil
+end
+
 -- Copies tensors into existing ones of any placement: map is {name = tensor}.  Every name,
--- dtype and shape is checked before anything is written (a mismatch raises).
--- opts: staging (bytes of the pinned staging buffer), stream.
+-- dtype and shape is checked before anything is written (a mismatch raises), and a tensor
+-- holding NaN or infinity is refused (nil, message naming it and its first bad element) unless
+-- opts.allow_nonfinite.  opts: staging (bytes of the pinned staging buffer), stream,
+-- allow_nonfinite.
 function file_methods:load(map, opts)
   opts = opts or {}
   local p = F(self)
@@ -108,6 +136,10 @@ function file_methods:load(map, opts)
     names[#names + 1] = name
   end
   table.sort(names)
+  if not opts.allow_nonfinite then
+    local bad = self:nonfinite(names)
+    if bad then return nil, bad end
+  end
   local cnames = ffi.new("const char *[?]", #names + 1)
   local cdsts = ffi.new("ur_tensor *[?]", #names + 1)
   for i, name in ipairs(names) do
@@ -338,7 +370,9 @@ end
 -- opts.config, skipping the dotted paths in opts.config_ignore), and that every component and
 -- tensor is there with the same dtype and shape; nothing is written until all of that holds.
 -- opts: config, config_ignore, config_fill (function(a copy of the checkpoint's config) -> the
--- config to compare: fills keys added to the schema since, with their defaults), staging, stream.
+-- config to compare: fills keys added to the schema since, with their defaults), staging, stream,
+-- allow_nonfinite (take tensors holding NaN or infinity; by default such a file is refused,
+-- naming the tensor and its first bad element, before anything is loaded).
 -- Returns {step, rng, config, path, unused} (unused: components in the file that nobody
 -- registered), or nil, message.
 function Registry:load(path, opts)
@@ -394,6 +428,16 @@ function Registry:load(path, opts)
       local tensors = {}
       local file_names = by_comp[c.name] or {}
       if c.views then
+        if not opts.allow_nonfinite then
+          local list = {}
+          for _, full in pairs(file_names) do list[#list + 1] = full end
+          table.sort(list)
+          local bad = f:nonfinite(list)
+          if bad then
+            f:close()
+            return nil, bad
+          end
+        end
         for rest, full in pairs(file_names) do tensors[rest] = assert(f:view(full)) end
       else
         local ts = component_state(c, 2)

@@ -542,6 +542,16 @@ function methods:set_step(n) must(C.ur_tbe_set_step(H(self), n)) return self end
 
 local skipped = ffi.new("int64_t[1]")
 -- Ids skipped by the "warn" bounds check so far.
+-- set_gate(flags or nil): a guard's flags (uvmrec.train.guard, i32 at the collection's side):
+-- while their element 0 is set when a backward runs, the backward leaves rows and state as
+-- they are, decided where it runs.  The collection keeps the tensor alive while it is set.
+function methods:set_gate(flags)
+  local ok, err = check(C.ur_tbe_set_gate(H(self), flags and T(flags, "gate", 2) or nil), 2)
+  if not ok then error(err, 2) end
+  self._gate = flags
+  return self
+end
+
 function methods:skipped()
   local ok, err = check(C.ur_tbe_skipped(H(self), skipped))
   if not ok then return nil, err end

@@ -189,6 +189,16 @@ function methods:totable(first, count)
   return out
 end
 
+-- The index (from 0) of the first NaN or infinity of a float tensor in memory the CPU reads
+-- (host, pinned, managed), or nil when every element is finite.
+local nonfinite_at = ffi.new("int64_t[1]")
+function methods:find_nonfinite()
+  local ok, err = check(C.ur_tensor_find_nonfinite(T(self), nonfinite_at))
+  if not ok then error(err, 2) end
+  local i = tonumber(nonfinite_at[0])
+  return i >= 0 and i or nil
+end
+
 -- Memory hints: offset and numel count elements of this tensor; the engine rounds the range
 -- out to whole pages and returns what it used.
 local function range_table(r)

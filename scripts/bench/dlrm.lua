@@ -10,7 +10,9 @@
 -- the same initial weights and batches (the losses must agree; f32 and bf16).  Then it times
 -- the step with every batch already on the device (rotating over several distinct batches of
 -- the synthetic data, Zipf ids), after a warm-up, with CUDA events; the loss must be finite and
--- fall.  Last, a shorter run fed by the loader (host generation and the copies included).
+-- fall.  The step carries train.nonfinite's guard as a training run does (--nonfinite off: none),
+-- and the guard's own work (its checks and its step end, without the step) is timed apart.
+-- Last, a shorter run fed by the loader (host generation and the copies included).
 -- Prints a summary and writes one JSON line to --out.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
@@ -25,6 +27,8 @@ local cmd = require("uvmrec.cli").command {
   { "--set K=V", "any config value", many = true },
   { "--precision P", "the MLPs' precision (sets model.precision)", choices = { "f32", "tf32", "bf16" } },
   { "--cpu", "on the CPU even where a GPU is" },
+  { "--nonfinite M", "the guard against NaN and infinity in the step (sets train.nonfinite; default: stop, as "
+    .. "in training)", choices = { "stop", "skip", "off" } },
   { "--out FILE", "append the result as a JSON line" },
 }
 local o = cmd:parse(arg)
@@ -78,11 +82,13 @@ end
 local sets = { unpack(o.set) }
 if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
 if o.precision then sets[#sets + 1] = "model.precision=" .. o.precision end
+if o.nonfinite then sets[#sets + 1] = "train.nonfinite=" .. o.nonfinite end
 local cfg, def = load(o.config, sets)
 local B = cfg.train.batch_size
 local model, merr = def.build(cfg, { cpu = not gpu })
 if not model then cmd:fail(merr) end
 local opt = train.optimizer(cfg, model)
+local guard = cfg.train.nonfinite ~= "off" and train.guard.new(model, opt, cfg.train.nonfinite) or nil
 local st = model:stats()
 local where = gpu and ("cuda:0 " .. ur.device_props(0).name) or "the CPU"
 print(("dlrm bench: %s on %s, batch %d, %s MLPs, %d tables x %d (%s rows, %s)"):format(cfg.name, where, B,
@@ -144,6 +150,32 @@ print(("steady: %d steps (after %d warm-up) over %d batches already %s: %.3f ms 
   seconds / o.steps * 1e3, train.progress.count(rate), loss0, loss1))
 if gpu then print(("B3 target: 10 M samples/s on one H200; this is %.2f of it"):format(rate / 10e6)) end
 
+-- The guard's work alone, as a step does it: the loss's check, the dense gradients' (one launch
+-- on a GPU for up to 32), the step's end; timed over many rounds (CUDA events on a GPU).
+local guard_ms
+if guard then
+  local rounds = gpu and 1000 or 200
+  local loss = model.criterion.output
+  local g0, e0, e1 = C.ur_clock_seconds(), gpu and assert(ur.event()), gpu and assert(ur.event())
+  if gpu then assert(e0:record(model.stream)) end
+  for _ = 1, rounds do
+    guard:check_loss(loss, model.stream)
+    guard:end_step(model.stream)
+  end
+  if gpu then
+    assert(e1:record(model.stream))
+    assert(e1:sync())
+    guard_ms = e0:elapsed(e1) / rounds
+  else
+    guard_ms = (C.ur_clock_seconds() - g0) * 1e3 / rounds
+  end
+  local r = guard:read()
+  if r.bad > 0 then cmd:fail(("the guard saw %d steps with NaN or infinity (%s)"):format(r.bad, r.first.name)) end
+  print(("guard (train.nonfinite: %s): %.4f ms a step over %d gradients (%s elements) and the loss, %.3f%% of "
+    .. "the step"):format(cfg.train.nonfinite, guard_ms, guard.n, train.progress.count(st.dense_params),
+    100 * guard_ms / (seconds / o.steps * 1e3)))
+end
+
 -- The same steps fed by the loader: generation on the host, copies to the device.
 local fed_steps = math.max(5, math.floor(o.steps / 4))
 dopts.samples = (fed_steps + WARM) * B
@@ -170,6 +202,6 @@ if o.out then
   f:write(json.encode { bench = "dlrm", config = cfg.name, device = where, batch = B,
     precision = cfg.model.precision, steps = o.steps, seconds = seconds, samples_per_s = rate,
     ms_per_step = seconds / o.steps * 1e3, fed_samples_per_s = fed_rate, loss_first = loss0, loss_last = loss1,
-    check_f32 = check.f32, check_bf16 = check.bf16 }, "\n")
+    check_f32 = check.f32, check_bf16 = check.bf16, nonfinite = cfg.train.nonfinite, guard_ms = guard_ms }, "\n")
   f:close()
 end

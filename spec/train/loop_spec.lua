@@ -186,13 +186,14 @@ describe("uvmrec.train.loop.run", function()
                after = function(_, r, b)
                  log[#log + 1] = name .. " after " .. r.step .. " " .. r.samples .. " " .. b.size
                end,
+               done = function(_, r) log[#log + 1] = name .. " done " .. r.step end,
                finish = function(_, r) log[#log + 1] = name .. " finish " .. r.step .. " " .. tostring(r.error) end }
     end
     local run = loop.run(model, opt, source, { hook("a"), hook("b") })
     assert.same({ "a start 0", "b start 0",
                   "a before 0 1", "b before 0 1", "forward 1", "backward 1", "step", "a after 1 1 1", "b after 1 1 1",
                   "a before 1 2", "b before 1 2", "forward 2", "backward 2", "step", "a after 2 3 2", "b after 2 3 2",
-                  "close", "a finish 2 nil", "b finish 2 nil" }, log)
+                  "a done 2", "b done 2", "close", "a finish 2 nil", "b finish 2 nil" }, log)
     assert.same({ 2, 3, false }, { run.step, run.samples, run.stopped })
     assert.equal(0.5, run.loss:get(0))
   end)

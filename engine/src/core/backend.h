@@ -7,7 +7,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 5
+#define UR_BACKEND_ABI 6
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {
@@ -87,6 +87,14 @@ typedef struct ur_backend {
   ur_status (*graph_launch)(void *exec, void *stream);
   void (*graph_free)(void *exec);
 
+  /* ORs "an element is NaN or +-Inf" of n arrays (counts[i] elements of dtypes[i]: f32, bf16,
+   * f16 or f64) into a guard's flags as slots slot0 + i (uvmrec.h's ur_nonfinite_check),
+   * n <= UR__NONFINITE_GROUP; and the end of a step (ur_nonfinite_end_step). */
+  ur_status (*nonfinite_check)(void *stream, int32_t n, const void *const *xs,
+                               const ur_dtype *dtypes, const int64_t *counts, int32_t *flags,
+                               int32_t slot0);
+  ur_status (*nonfinite_end)(void *stream, int32_t *flags, int32_t sticky);
+
   const struct ur_dense_ops *dense;
   const struct ur_tbe_ops *tbe;
   const struct ur_cache_ops *cache;
@@ -95,6 +103,9 @@ typedef struct ur_backend {
   const struct ur_metrics_ops *metrics;
   const struct ur_comm_ops *comm;
 } ur_backend;
+
+/* Arrays per nonfinite_check call (for the GPU, one launch). */
+#define UR__NONFINITE_GROUP 32
 
 /* The two symbols libuvmrec_cuda.so exports: init, and the targets it was built for (which
  * work without a GPU). */

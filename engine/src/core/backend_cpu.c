@@ -173,6 +173,8 @@ const ur_backend *ur__cpu(void) {
       .stream_sync = cpu_stream_sync,
       .event_new = cpu_event_new,
       .event_free = cpu_event_free,
+      .nonfinite_check = ur__cpu_nonfinite_check,
+      .nonfinite_end = ur__cpu_nonfinite_end,
       .dense = &ur__cpu_dense_ops,
       .tbe = &ur__cpu_tbe_ops,
       .cache = &ur__cpu_cache_ops,

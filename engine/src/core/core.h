@@ -60,6 +60,13 @@ UR__HIDDEN ur_status ur__device_enter(const ur_backend *b, int32_t device, int32
 UR__HIDDEN ur_status ur__device_leave(const ur_backend *b, int32_t device, int32_t prev,
                                       ur_status st);
 
+/* The CPU backend's non-finite check and step end (nonfinite.c; backend.h says what). */
+UR__HIDDEN ur_status ur__cpu_nonfinite_check(void *stream, int32_t n, const void *const *xs,
+                                             const ur_dtype *dtypes, const int64_t *counts,
+                                             int32_t *flags, int32_t slot0);
+UR__HIDDEN ur_status ur__cpu_nonfinite_end(void *stream, int32_t *flags, int32_t sticky);
+/* The first NaN or infinity of n elements of a float dtype (f32, bf16, f16, f64), or n. */
+UR__HIDDEN int64_t ur__nonfinite_first(const void *x, ur_dtype dtype, int64_t n);
 /* "<family> <op> is not available on <backend>" (UR_STATUS_UNSUPPORTED). */
 UR__HIDDEN ur_status ur__missing(const ur_backend *b, const char *family, const char *op);
 /* OK when backend b has op in family's table, else ur__missing's error:

@@ -24,7 +24,13 @@ typedef struct ur__optim_consts {
   float step_size;          /* dense Adam (PyTorch's): lr / (1 - beta1^step) */
   float bias2_sqrt;         /* dense Adam: sqrt(1 - beta2^step) */
   float decay;              /* AdamW: 1 - lr weight_decay */
+  /* A guard's flags (ur_nonfinite_check) or NULL: while gate[0] is set, the update leaves
+   * parameters, rows and state as they are (read where the update runs). */
+  const int32_t *gate;
 } ur__optim_consts;
+
+/* Whether the gate holds this update back. */
+UR_HD int ur__optim_gated(const ur__optim_consts *k) { return k->gate && *k->gate != 0; }
 
 /* The constants of update number `step` (from 1) of c's rule. */
 static inline ur__optim_consts ur__optim_consts_of(const ur_optim_config *c, int64_t step) {
@@ -48,6 +54,7 @@ static inline ur__optim_consts ur__optim_consts_of(const ur_optim_config *c, int
   k.step_size = (float)(c->lr / (1.0 - pow(c->beta1, t)));
   k.bias2_sqrt = (float)sqrt(1.0 - pow(c->beta2, t));
   k.decay = (float)(1.0 - c->lr * c->weight_decay);
+  k.gate = 0;
   return k;
 }
 

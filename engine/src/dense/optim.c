@@ -4,6 +4,7 @@
  * backend's version (the element step is core/optim_plan.h's, the GPU's too). */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include "dense/dense.h"
 
 typedef struct optim_job {
@@ -15,6 +16,10 @@ typedef struct optim_job {
 static void step_range(void *ctx, size_t i0, size_t i1) {
   optim_job *j = ctx;
   const ur__optim_consts *k = j->k;
+  if (ur__optim_gated(k)) { /* held back: the gradient is spent all the same */
+    if (k->zero_grad) memset(j->g + i0, 0, sizeof(float) * (i1 - i0));
+    return;
+  }
   for (size_t i = i0; i < i1; i++) {
     float p = ur__optim_dense_elem(k, j->p[i], j->g[i], j->s1 ? j->s1 + i : NULL,
                                    j->s2 ? j->s2 + i : NULL);
@@ -44,7 +49,7 @@ ur_status ur__cpu_optim_step(void *stream, const ur__optim_consts *k, int32_t n,
 ur_status ur_optim_step(ur_stream *s, const ur_optim_config *cfg, int32_t n,
                         ur_tensor *const *params, ur_tensor *const *grads,
                         ur_tensor *const *state1, ur_tensor *const *state2,
-                        ur_tensor *const *halves) {
+                        ur_tensor *const *halves, const ur_tensor *gate) {
   UR__ARGS(cfg);
   if (n > 0 && !params) return ur__null(__func__, "params");
   if (n > 0 && !grads) return ur__null(__func__, "grads");
@@ -55,6 +60,9 @@ ur_status ur_optim_step(ur_stream *s, const ur_optim_config *cfg, int32_t n,
     return ur__error(UR_STATUS_INVALID, "%s: step %lld; expected >= 1 (the update's number)", op,
                      (long long)cfg->step);
   ur__optim_consts k = ur__optim_consts_of(cfg, cfg->step);
+  if (gate && (gate->dtype != UR_DTYPE_I32 || gate->numel < 1))
+    return ur__error(UR_STATUS_INVALID, "%s: the gate is %s of %lld elements; expected i32 flags "
+                     "(ur_nonfinite_check)", op, ur_dtype_name(gate->dtype), (long long)gate->numel);
   if (n < 0 || (n > 0 && (!params || !grads)))
     return ur__error(UR_STATUS_INVALID, "%s: %d parameters, params or grads missing", op, (int)n);
   int need1 = cfg->kind != UR_OPTIM_KIND_SGD || cfg->momentum > 0;
@@ -95,6 +103,10 @@ ur_status ur_optim_step(ur_stream *s, const ur_optim_config *cfg, int32_t n,
         return ur__error(UR_STATUS_INVALID, "%s: %s is not on parameter 1's side (GPU or host)",
                          op, pn);
       be = bi;
+      if (gate && ur__tensor_backend(gate) != be)
+        return ur__error(UR_STATUS_INVALID, "%s: the gate is in %s memory, which %s does not "
+                         "run on with the parameters", op, ur_place_name(ur_tensor_place(gate)),
+                         be->name);
       if (!pt->numel) continue;
       p[live] = ur_tensor_data(pt);
       g[live] = ur_tensor_data(grads[t]);
@@ -104,6 +116,8 @@ ur_status ur_optim_step(ur_stream *s, const ur_optim_config *cfg, int32_t n,
       num[live] = pt->numel;
       live++;
     }
+    if (live && gate && ((st = ur__tensor_ready(be, gate)))) return st;
+    k.gate = gate ? ur_tensor_data(gate) : NULL;
     if (live && ((st = UR__NEED(be, dense, optim_step)) ||
                  (st = be->dense->optim_step(ur__dense_stream(s), &k, live, p, g, a, b, h, num))))
       return st;

@@ -56,6 +56,7 @@ struct ur_tbe {
   ur_tensor *callbuf;       /* one call's VBE arrays in device memory (home device) */
   ur_tensor *work;          /* the backend's workspace, grown on demand (tbe.c) */
   ur_tensor *flags;         /* i64 [2] at home: first bad value index, ids skipped */
+  const int32_t *gate;      /* a guard's flags (ur_tbe_set_gate), the caller's, or NULL */
   const void **owner;       /* per table: who its rows are redirected to (a cache), or NULL */
   /* per table, NULL until used (counters.c, layout.c): access counters i32 [rows] and the
    * row permutation i64 [rows], at home */

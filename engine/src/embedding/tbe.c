@@ -353,6 +353,21 @@ static void hyper_of(ur_tbe *t, ur__tbe_hyper *h) {
   h->k = ur__optim_consts_of(&c->optim, t->step);
   h->sr = c->stochastic_rounding != 0;
   h->sr_key = c->seed ^ ((uint64_t)t->step * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
+  h->k.gate = t->gate;
+}
+
+ur_status ur_tbe_set_gate(ur_tbe *t, const ur_tensor *gate) {
+  UR__ARGS(t);
+  if (gate && (ur_tensor_dtype(gate) != UR_DTYPE_I32 || ur_tensor_numel(gate) < 1))
+    return ur__error(UR_STATUS_INVALID, "tbe set_gate: the gate is %s of %lld elements; expected "
+                     "i32 flags (ur_nonfinite_check)", ur_dtype_name(ur_tensor_dtype(gate)),
+                     (long long)ur_tensor_numel(gate));
+  if (gate && ur__tensor_backend(gate) != t->be)
+    return ur__error(UR_STATUS_INVALID, "tbe set_gate: the gate is in %s memory, which the "
+                     "collection's backend (%s) does not read", ur_place_name(ur_tensor_place(gate)),
+                     t->be->name);
+  t->gate = gate ? ur_tensor_data(gate) : NULL;
+  return UR_STATUS_OK;
 }
 
 ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,

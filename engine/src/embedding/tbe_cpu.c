@@ -409,6 +409,7 @@ static void cpu_segments(bwd_job *j, cpu_work *w) {
 
 static ur_status cpu_backward(void *stream, const ur__tbe_args *a, const ur__tbe_hyper *h,
                               void *work) {
+  if (ur__optim_gated(&h->k)) return UR_STATUS_OK; /* a guard holds the step back */
   cpu_work w;
   carve(a, 1, work, &w);
   ur__tbe_args in;

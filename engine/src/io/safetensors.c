@@ -754,6 +754,33 @@ static ur_status read_all(const ur_safetensors *f, void *dst, uint64_t n, uint64
   return UR_STATUS_OK;
 }
 
+ur_status ur_safetensors_find_nonfinite(const ur_safetensors *f, int32_t i, int64_t *out) {
+  UR__ARGS(f, out);
+  *out = -1;
+  ur_status s = check_index(f, i, "find_nonfinite");
+  if (s) return s;
+  const ur_safetensors_entry *e = &f->entries[i];
+  ur_dtype d = (ur_dtype)e->dtype;
+  if (d != UR_DTYPE_F32 && d != UR_DTYPE_BF16 && d != UR_DTYPE_F16 && d != UR_DTYPE_F64)
+    return UR_STATUS_OK;
+  const uint64_t chunk = (uint64_t)1 << 20; /* a multiple of every element size */
+  uint64_t n = e->end - e->begin, es = ur_dtype_size(d);
+  char *buf = malloc(n < chunk ? (n ? n : 1) : chunk);
+  if (!buf) return ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+  for (uint64_t off = 0; !s && off < n; off += chunk) {
+    uint64_t len = n - off < chunk ? n - off : chunk;
+    if (!(s = read_all(f, buf, len, e->file_offset + off))) {
+      int64_t k = ur__nonfinite_first(buf, d, (int64_t)(len / es));
+      if (k < (int64_t)(len / es)) {
+        *out = (int64_t)(off / es) + k;
+        break;
+      }
+    }
+  }
+  free(buf);
+  return s;
+}
+
 static ur_status interrupted(const ur_safetensors *f, const char *name, uint64_t done) {
   return ur__error(UR_STATUS_INTERRUPTED,
                    "safetensors: reading tensor '%s' of %s interrupted after %llu bytes", name,

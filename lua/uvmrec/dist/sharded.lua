@@ -580,6 +580,13 @@ end
 
 function Sharded:lr() return self.collections[1] and self.collections[1]:lr() end
 
+-- A guard's flags gate every shard's fused step (uvmrec.train.guard); the dense gradients the
+-- guard checks are all-reduced first, so a NaN on one rank holds every rank's step back.
+function Sharded:set_gate(flags)
+  for _, c in ipairs(self.collections) do c:set_gate(flags) end
+  return self
+end
+
 -- bf16 precision makes the output (and the gradient it takes) bf16, as the unsharded one.
 function Sharded:set_precision(precision)
   if precision ~= "f32" and precision ~= "tf32" and precision ~= "bf16" then

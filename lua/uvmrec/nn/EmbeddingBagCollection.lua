@@ -142,6 +142,7 @@ function EBC:features() return { unpack(self.tbe.features) } end
 function EBC:lr() return self.tbe:lr() end
 function EBC:set_lr(lr) self.tbe:set_lr(lr) return self end
 function EBC:skipped() return self.tbe:skipped() end
+function EBC:set_gate(flags) self.tbe:set_gate(flags) return self end
 -- The pages of the managed tables' rows an input reads (uvmrec.tbe: prefetch_pages, page_runs).
 function EBC:prefetch_pages(input, stream, location) return self.tbe:prefetch_pages(input, stream, location) end
 function EBC:page_runs(input, location) return self.tbe:page_runs(input, location) end

@@ -68,9 +68,21 @@ function Optimizer:step(stream)
   local cfg = self.cfg
   cfg.step = self.step_count + 1
   local st = C.ur_optim_step(streams.handle(stream, 2), cfg, self.n, self._p, self._g, self._s1,
-                             self._s2, self._h)
+                             self._s2, self._h, self._gate)
   if st ~= 0 then error(ffi.string(C.ur_last_error()), 2) end
   self.step_count = self.step_count + 1
+end
+
+-- set_gate(flags or nil): a guard's flags (uvmrec.train.guard): while their element 0 is set
+-- when a step runs, it leaves parameters and state as they are (gradients are zeroed all the
+-- same), decided where it runs.
+function Optimizer:set_gate(flags)
+  if flags ~= nil and not tensor.is_tensor(flags) then
+    error("set_gate: expected a guard's flags (an i32 tensor) or nil, got " .. tostring(flags), 2)
+  end
+  self._gate_t = flags
+  self._gate = flags and flags.p or nil
+  return self
 end
 
 function Optimizer:zero_grad(stream)

@@ -90,6 +90,8 @@ M.schema = map({
     epochs = int { min = 1, max = 2 ^ 31 - 1, default = 1 },
     seed = int { min = 0, default = 1 },
     log_every = int { min = 1, default = 10 },     -- read the loss (the one wait) every N steps
+    nonfinite = enum({ "stop", "skip", "off" }, { default = "stop" }), -- a NaN or Inf in the loss or a
+                                                   -- dense gradient stops the run, or its step is skipped
     pipeline = bool { default = false },           -- the prefetch pipeline (uvmrec.pipeline.Prefetch)
     drain = bool { default = true },               -- the pipeline at the end of the data: train the
                                                    -- batches in flight (true) or drop them

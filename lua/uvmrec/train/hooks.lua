@@ -37,9 +37,13 @@ function M.log(o)
   local h = { every = o.every or 10, logged = nil, loss = nil }
   local function line(run)
     local loss = run.loss:get(0)
-    h.loss, h.logged = loss, run.step
-    o.progress:update(run.step, loss, run.samples)
-    o.line { event = "train", step = run.step, samples = run.samples, loss = loss, seconds = o.progress:elapsed(),
+    h.logged = run.step
+    -- a skipped step's loss (train.nonfinite: skip) may be NaN, which JSON cannot hold
+    local finite = loss == loss and loss ~= math.huge and loss ~= -math.huge
+    if finite then h.loss = loss end
+    o.progress:update(run.step, finite and loss or nil, run.samples)
+    o.line { event = "train", step = run.step, samples = run.samples, loss = finite and loss or nil,
+             loss_nonfinite = not finite or nil, seconds = o.progress:elapsed(),
              samples_per_s = o.progress.rate, lr = o.optimizer:lr() }
   end
   function h.after(_, run)

@@ -33,6 +33,7 @@ local M = {
   hooks = require "uvmrec.train.hooks",
   progress = require "uvmrec.train.progress",
   evaluate = require "uvmrec.train.evaluate",
+  guard = require "uvmrec.train.guard",
 }
 local C = ur.C
 
@@ -206,7 +207,7 @@ end
 -- Config paths a resumed run may change: how long it runs, what it logs, saves and evaluates,
 -- and where the rows live (placements, hint policies, the cache, the prefetch pipeline: none
 -- changes a value).  Everything else must be the checkpoint's.
-M.RESUME_IGNORE = { "train.steps", "train.checkpoint_every", "train.keep", "train.log_every",
+M.RESUME_IGNORE = { "train.steps", "train.checkpoint_every", "train.keep", "train.log_every", "train.nonfinite",
                     "train.print_every", "data.eval", "data.depth", "eval", "embeddings.placement",
                     "embeddings.tables", "embeddings.bounds", "embeddings.hints", "embeddings.cache",
                     "embeddings.sharding", "train.pipeline", "train.drain" }
@@ -247,7 +248,8 @@ M.fill_defaults = function(cfg) return fill_defaults(M.config.schema, cfg) end
 function M.load_checkpoint(ctx, path, ignore)
   local file, err = M.checkpoint_file(path)
   if not file then return nil, err end
-  return ctx.registry:load(file, { config = ctx.cfg, config_ignore = ignore, config_fill = M.fill_defaults })
+  return ctx.registry:load(file, { config = ctx.cfg, config_ignore = ignore, config_fill = M.fill_defaults,
+                                   allow_nonfinite = ctx.allow_nonfinite })
 end
 
 local function device_line(gpu, comm)
@@ -385,7 +387,8 @@ end
 -- alone; by default, while the loop runs, either stops it at the next step boundary, with a
 -- checkpoint when there is a run directory), cpu (true: no GPU), host_memory (bytes or
 -- "100GiB": a run needing more host memory is refused before anything is allocated; default: the
--- cgroup's limit, if any; uvmrec.host_memory).  Returns {steps, samples,
+-- cgroup's limit, if any; uvmrec.host_memory), allow_nonfinite (a --resume checkpoint may hold
+-- NaN or infinity; refused by default).  Returns {steps, samples,
 -- seconds, samples_per_s, loss, eval = {...} or nil, ceiling, checkpoint = the last saved,
 -- resumed = {step, path} or nil, interrupted = {signal, name, step} or nil} or nil, message.
 -- plan (a uvmrec.planner plan, applied to cfg by M.apply_plan; plan_path names it): the run
@@ -479,7 +482,7 @@ function run_plain(cfg, opts)
   if not model then return nil, merr end
   local gpu = ur.gpu() and not opts.cpu
   local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1,
-                comm = comm }
+                comm = comm, allow_nonfinite = opts.allow_nonfinite }
   local trainer = M.hooks.trainer(ctx)
   ctx.registry = registry(ctx, { trainer, unpack(opts.hooks or {}) })
   if opts.setup then opts.setup(ctx) end
@@ -550,7 +553,12 @@ function run_plain(cfg, opts)
   local checkpoints = ckdir and M.hooks.checkpoints {
     every = every, registry = ctx.registry, dir = ckdir, config = cfg, progress = progress, line = log.line,
     keep = cfg.train.keep > 0 and cfg.train.keep or nil }
+  -- train.nonfinite: the guard's flags are read where the loss is, just before the log reads it
+  local guard = cfg.train.nonfinite ~= "off" and M.guard.new(model, ctx.optimizer, cfg.train.nonfinite) or nil
   local hooks = { sched and ur.optim.Schedule(sched, { ctx.optimizer, model.embeddings }) or nil }
+  hooks[#hooks + 1] = guard and guard:hook {
+    every = cfg.train.log_every, line = log.line, say = say,
+    saves = checkpoints and every > 0 and function(step) return step % every == 0 end } or nil
   hooks[#hooks + 1] = logger
   hooks[#hooks + 1] = trainer
   hooks[#hooks + 1] = ctx.hints and M.hooks.hints(ctx.hints, log.line, say) or nil
@@ -565,9 +573,11 @@ function run_plain(cfg, opts)
   local ok, run = pcall(M.loop.run, model, ctx.optimizer, source, hooks, { world = world })
   progress:finish()
   if source.free then source:free() end
+  if guard then guard:detach() end
   if not ok then
     if evaluation then evaluation:free() end
     loader:close()
+    log.line { event = "failed", error = tostring(run) }
     log.close()
     return nil, tostring(run)
   end
@@ -585,7 +595,8 @@ function run_plain(cfg, opts)
   local result = { steps = steps, samples = samples, seconds = seconds, loss = logger.loss,
                    samples_per_s = (samples - samples0) / math.max(seconds, 1e-9),
                    evals = evaluation and evaluation.evals or {},
-                   resumed = resumed, checkpoint = saved and saved.path, interrupted = interrupted }
+                   resumed = resumed, checkpoint = saved and saved.path, interrupted = interrupted,
+                   skipped = guard and run.skipped or nil }
   if resumed and steps < first then
     say(("nothing to train: the checkpoint is at step %d, where train.steps ends"):format(steps))
   elseif resumed then
@@ -594,6 +605,11 @@ function run_plain(cfg, opts)
   else
     say(("trained %d steps, %d samples in %.1f s: %s samples/s"):format(steps, samples, seconds,
       M.progress.count(result.samples_per_s)))
+  end
+  if result.skipped and result.skipped > 0 then
+    say(("train.nonfinite: skip: %d step%s skipped (NaN or infinity in the loss or a dense gradient), "
+         .. "neither tables nor dense parameters updated by them"):format(result.skipped,
+         result.skipped == 1 and "" or "s"))
   end
   if ctx.hints then
     say(ctx.hints:summary())
@@ -642,6 +658,7 @@ function run_plain(cfg, opts)
   end
   log.line { event = "final", steps = steps, samples = samples, seconds = seconds,
              samples_per_s = result.samples_per_s, loss = logger.loss, auc = result.eval and result.eval.auc,
+             skipped = result.skipped,
              ceiling_auc = result.ceiling }
   log.close()
   if out then
@@ -680,7 +697,8 @@ function M.eval(cfg, opts)
   local model, merr = def.build(cfg, { cpu = opts.cpu })
   if not model then return nil, merr end
   local gpu = ur.gpu() and not opts.cpu
-  local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1 }
+  local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1,
+                allow_nonfinite = opts.allow_nonfinite }
   ctx.registry = registry(ctx, { M.hooks.trainer(ctx) })
   if opts.setup then opts.setup(ctx) end
   local loaded

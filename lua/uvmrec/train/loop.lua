@@ -9,12 +9,18 @@ local M = {}
 
 -- One step on a batch; the loss is a one-element tensor where the model runs (reading it waits).
 -- On the model's stream, if it has one (uvmrec.train.graph puts it on one).
+-- With a guard (model.guard: uvmrec.train.guard, train.nonfinite) the loss and the dense
+-- gradients are checked where the model runs, and a step that held a NaN or an infinity is held
+-- back there.
 function M.step(model, optimizer, batch)
-  local crit = model.criterion
+  local crit, guard = model.criterion, model.guard
   local logits = model:forward(batch)
   local loss = crit:forward(logits, batch.labels)
+  if guard then guard:check_loss(loss, model.stream) end
   model:backward(batch, crit:backward(logits, batch.labels))
+  if guard then guard:check_grads(model.stream) end
   optimizer:step(model.stream)
+  if guard then guard:end_step(model.stream) end
   return loss
 end
 
@@ -58,13 +64,15 @@ local function steps(run, source, hooks)
     run.step, run.samples = run.step + 1, run.samples + batch.size * run.world
     call(hooks, "after", run, batch)
   end
+  call(hooks, "done", run)
 end
 
 -- Trains on the source's batches until it ends or a hook stops the run; the source is closed
 -- at the end (batches in flight dropped).  A hook is a table with any of start(run) (before the
 -- first step; a resumed run's sets run.step and run.samples), before(run, batch) (before each
--- step: the learning rates), after(run, batch) (after each step) and finish(run) (after the
--- last, also when the loop failed: run.error); one may take the step over, take_step(run,
+-- step: the learning rates), after(run, batch) (after each step), done(run) (after the last
+-- step, when the loop did not fail: a last look that may still fail it) and finish(run) (after
+-- the last, also when the loop failed: run.error); one may take the step over, take_step(run,
 -- batch) returning the loss as step does (uvmrec.train.graph's runner:hook() replays it as one
 -- CUDA graph).  opts.world: the ranks training data-parallel, each on its slice of the global
 -- batch (run.samples counts the global batches).  Returns the run, or raises the loop's error.

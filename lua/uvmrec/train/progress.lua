@@ -87,7 +87,7 @@ function Progress:update(step, loss, samples)
   self.samples_per_step = samples / math.max(step, 1)
   self.last_t, self.last_samples = t, samples
   -- A moving average: the loss of one batch is noisy.
-  self.loss = self.loss and (0.7 * self.loss + 0.3 * loss) or loss
+  if loss then self.loss = self.loss and (0.7 * self.loss + 0.3 * loss) or loss end
   self.step = step
   if self.mode == "bar" then
     self:draw(step)
