@@ -296,3 +296,5 @@ clean:
 include engine/fuzz/fuzz.mk
 # The synthetic generator must round as the CPU does: no fused multiply-adds.
 $(BUILD)/cuobj/kernels/synth.o: NVFLAGS += -fmad=false
+# Managed collisions' scores (distance_lfu's power) must round as the CPU's do.
+$(BUILD)/cuobj/kernels/mc.o: NVFLAGS += -fmad=false

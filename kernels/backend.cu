@@ -332,6 +332,24 @@ static ur_status ur_cuda_nonfinite_end(void *stream, int32_t *flags, int32_t sti
   return UR_STATUS_OK;
 }
 
+static ur_status ur_cuda_rand_rows(void *stream, void *dst, ur_dtype dtype, size_t row_elems,
+                                   const int64_t *phys, const int64_t *ids, size_t n, double a,
+                                   double b, uint64_t seed) {
+  if (dtype != UR_DTYPE_F32 && dtype != UR_DTYPE_F16 && dtype != UR_DTYPE_BF16)
+    return ur__cuda_core->set_error(UR_STATUS_INVALID, "cuda: rand_rows: dtype %d is not a float",
+                                    (int)dtype);
+  UR_CUDA_CHECK(ur__cuda_rand_rows((cudaStream_t)stream, dst, dtype, row_elems, phys, ids, n, a, b, seed),
+                "rand_rows kernel (%zu rows of %zu elements at %p)", n, row_elems, dst);
+  return UR_STATUS_OK;
+}
+
+static ur_status ur_cuda_zero_rows(void *stream, void *dst, size_t row_bytes, const int64_t *rows,
+                                   size_t n) {
+  UR_CUDA_CHECK(ur__cuda_zero_rows((cudaStream_t)stream, dst, row_bytes, rows, n),
+                "zero_rows kernel (%zu rows of %zu bytes at %p)", n, row_bytes, dst);
+  return UR_STATUS_OK;
+}
+
 /* ---- streams and events ---- */
 
 static ur_status ur_cuda_stream_new(int32_t priority, void **out) {
@@ -961,6 +979,8 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   b->copy = ur_cuda_copy;
   b->fill = ur_cuda_fill;
   b->rand = ur_cuda_rand;
+  b->rand_rows = ur_cuda_rand_rows;
+  b->zero_rows = ur_cuda_zero_rows;
   b->stream_new = ur_cuda_stream_new;
   b->stream_free = ur_cuda_stream_free;
   b->stream_sync = ur_cuda_stream_sync;
@@ -989,6 +1009,7 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   b->kjt = &ur__cuda_kjt_ops;
   b->synth = &ur__cuda_synth_ops;
   b->metrics = &ur__cuda_metrics_ops;
+  b->mc = &ur__cuda_mc_ops;
   b->comm = &ur__cuda_comm_ops;
   *out = b;
   return UR_STATUS_OK;

@@ -20,6 +20,7 @@ extern const struct ur_cache_ops ur__cuda_cache_ops;
 extern const struct ur_kjt_ops ur__cuda_kjt_ops;
 extern const struct ur_synth_ops ur__cuda_synth_ops;
 extern const struct ur_metrics_ops ur__cuda_metrics_ops;
+extern const struct ur_mc_ops ur__cuda_mc_ops;
 extern const struct ur_comm_ops ur__cuda_comm_ops;
 
 /* Reports a failed CUDA call as "cuda: <what> failed: <name> (<message>)": out of memory is

@@ -1,4 +1,5 @@
-/* tensor.cu: whole-tensor kernels (fill, counter-based random numbers, timed read probe)
+/* tensor.cu: whole-tensor kernels (fill, counter-based random numbers, scattered rows drawn
+ * again or zeroed, timed read probe)
  * and their launch wrappers.  Grid-stride loops with 64-bit indices, since one managed
  * table can pass 100 GB. */
 #include <atomic>
@@ -165,6 +166,64 @@ cudaError_t ur__cuda_rand(cudaStream_t stream, void *dst, ur_dtype dtype, size_t
   default: return cudaErrorInvalidValue;
   }
 #undef UR_RAND
+}
+
+/* ---- rows: re-initialising and zeroing scattered rows ---- */
+
+template <typename T>
+__global__ void ur_rand_rows_kernel(T *dst, size_t row_elems, const int64_t *phys,
+                                    const int64_t *ids, size_t n, double a, double b,
+                                    uint64_t seed) {
+  size_t total = n * row_elems, stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+    size_t j = i / row_elems, c = i % row_elems;
+    ur_rand_store(dst + (size_t)phys[j] * row_elems + c,
+                  ur_rand_value((size_t)ids[j] * row_elems + c, seed, 0, a, b));
+  }
+}
+
+template <typename T>
+static cudaError_t ur_rand_rows_launch(cudaStream_t stream, void *dst, size_t row_elems,
+                                       const int64_t *phys, const int64_t *ids, size_t n,
+                                       double a, double b, uint64_t seed) {
+  unsigned blocks = 0;
+  cudaError_t e = ur_grid_size(n * row_elems, &blocks);
+  if (e != cudaSuccess) return e;
+  ur_rand_rows_kernel<T><<<blocks, UR_THREADS, 0, stream>>>((T *)dst, row_elems, phys, ids, n,
+                                                            a, b, seed);
+  return cudaGetLastError();
+}
+
+cudaError_t ur__cuda_rand_rows(cudaStream_t stream, void *dst, ur_dtype dtype, size_t row_elems,
+                               const int64_t *phys, const int64_t *ids, size_t n, double a,
+                               double b, uint64_t seed) {
+  if (n == 0 || row_elems == 0) return cudaSuccess;
+  (void)cudaGetLastError(); /* see ur__cuda_fill */
+  switch (dtype) {
+  case UR_DTYPE_F32: return ur_rand_rows_launch<float>(stream, dst, row_elems, phys, ids, n, a, b, seed);
+  case UR_DTYPE_BF16:
+    return ur_rand_rows_launch<__nv_bfloat16>(stream, dst, row_elems, phys, ids, n, a, b, seed);
+  case UR_DTYPE_F16: return ur_rand_rows_launch<__half>(stream, dst, row_elems, phys, ids, n, a, b, seed);
+  default: return cudaErrorInvalidValue;
+  }
+}
+
+__global__ void ur_zero_rows_kernel(uint32_t *dst, size_t row_words, const int64_t *rows, size_t n) {
+  size_t total = n * row_words, stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride)
+    dst[(size_t)rows[i / row_words] * row_words + i % row_words] = 0;
+}
+
+cudaError_t ur__cuda_zero_rows(cudaStream_t stream, void *dst, size_t row_bytes,
+                               const int64_t *rows, size_t n) {
+  if (n == 0 || row_bytes == 0) return cudaSuccess;
+  if (row_bytes % 4 || (uintptr_t)dst % 4) return cudaErrorMisalignedAddress;
+  (void)cudaGetLastError(); /* see ur__cuda_fill */
+  unsigned blocks = 0;
+  cudaError_t e = ur_grid_size(n * (row_bytes / 4), &blocks);
+  if (e != cudaSuccess) return e;
+  ur_zero_rows_kernel<<<blocks, UR_THREADS, 0, stream>>>((uint32_t *)dst, row_bytes / 4, rows, n);
+  return cudaGetLastError();
 }
 
 /* ---- probe ---- */

@@ -21,6 +21,16 @@ cudaError_t ur__cuda_rand(cudaStream_t stream, void *dst, ur_dtype dtype, size_t
                           uint64_t first, size_t cols, uint64_t pitch, ur_dist dist, double a,
                           double b, uint64_t seed);
 
+/* Row phys[j] of dst (row_elems elements of f32, f16 or bf16) takes the uniform numbers of
+ * elements ids[j] * row_elems + c of a whole-tensor draw from first 0; n rows. */
+cudaError_t ur__cuda_rand_rows(cudaStream_t stream, void *dst, ur_dtype dtype, size_t row_elems,
+                               const int64_t *phys, const int64_t *ids, size_t n, double a,
+                               double b, uint64_t seed);
+
+/* Rows rows[j] of dst (row_bytes each, a multiple of 4) set to zero; n rows. */
+cudaError_t ur__cuda_zero_rows(cudaStream_t stream, void *dst, size_t row_bytes,
+                               const int64_t *rows, size_t n);
+
 /* Loads the probe kernel on the current device, so that a timed probe does not time the
  * module load (lazy loading defers it to the first launch). */
 cudaError_t ur__cuda_probe_prepare(void);

@@ -13,6 +13,7 @@ local nn = {
   MLP = require "uvmrec.nn.MLP", EmbeddingBagCollection = require "uvmrec.nn.EmbeddingBagCollection",
   Interaction = require "uvmrec.nn.Interaction", CrossNet = require "uvmrec.nn.CrossNet",
   BCEWithLogits = require "uvmrec.nn.BCEWithLogits",
+  ManagedCollisionCollection = require "uvmrec.nn.ManagedCollisionCollection",
 }
 
 local DLRM = Module:extend("DLRM")
@@ -60,6 +61,21 @@ function DLRM:__init(cfg, opts)
     self.embeddings = nn.EmbeddingBagCollection(ebc)
   end
 
+  -- Managed collisions: raw ids to rows in front of the tables that have them (the map lives
+  -- where the collection runs; it has no parameters, and is not among self.modules).
+  local managed = tconfig.collisions(cfg)
+  if next(managed) and opts.sharding then
+    -- a round re-draws rows at the table's counters; a shard's are its logical table's
+    error("DLRM: managed collisions (embeddings.collisions) need unsharded tables; this model is sharded "
+          .. "(uvmrec.dist): turn one of them off", 0)
+  end
+  if next(managed) then
+    local per = {}
+    for i, c in pairs(managed) do per["C" .. i] = c end
+    self.collisions = nn.ManagedCollisionCollection { collection = self.embeddings, tables = per,
+                                                      seed = cfg.train.seed }
+  end
+
   local d = m.bottom_mlp[#m.bottom_mlp]
   local width
   local pad
@@ -90,10 +106,12 @@ function DLRM:__init(cfg, opts)
 end
 
 -- The logits [B, 1] of a batch (uvmrec.data.Batch: dense f32 [B, dense], sparse a KJT, and
--- the ticket of its cached rows when the prefetch pipeline brought them in ahead).
+-- the ticket of its cached rows when the prefetch pipeline brought them in ahead).  With
+-- managed collisions the raw ids become rows first (counted when training).
 function DLRM:updateOutput(batch)
   local x = self.bottom:forward(batch.dense)
-  local e = self.embeddings:forward(batch.sparse, batch.ticket)
+  self._sparse = self.collisions and self.collisions:forward(batch.sparse) or batch.sparse
+  local e = self.embeddings:forward(self._sparse, batch.ticket)
   local z
   if self._pair then
     self._pair[1], self._pair[2] = x, e
@@ -135,7 +153,7 @@ function DLRM:backward(batch, gradOutput)
     dense.join(self.stream)
     self.guard:check_grads(self.stream)
   end
-  self.embeddings:backward(batch.sparse, ge, batch.ticket)
+  self.embeddings:backward(self._sparse, ge, batch.ticket)
   dense.join(self.stream)
   self.gradInput = nil
   return nil
@@ -143,9 +161,13 @@ end
 
 DLRM.updateGradInput = DLRM.backward
 
--- Probabilities f32 [B, 1] of a batch (the sigmoid of the logits), for metrics.
+-- Probabilities f32 [B, 1] of a batch (the sigmoid of the logits), for metrics; managed
+-- collisions only look up.
 function DLRM:predict(batch)
+  local training = self.collisions and self.collisions.train
+  if self.collisions then self.collisions.train = false end
   local logits = self:forward(batch)
+  if self.collisions then self.collisions.train = training end
   local rows = Module.rows_cols(logits)
   if Module.dtype_of(logits) ~= "f32" then
     logits = dense.cast(logits, self:buffer("logits_f32", "f32", rows, 1), self.stream)

@@ -39,15 +39,19 @@ if os.execute(("mkdir -p '%s'"):format(out:gsub("'", "'\\''"))) ~= 0 then cmd:fa
 
 local c = spec.cspec
 local H, one_hot, weighted, big = 0, true, false, false
-local hot, rows = {}, {}
+local hot, rows, spaces, wide = {}, {}, {}, false
 for t = 0, c.num_tables - 1 do
   local tb = c.tables[t]
   H = H + tb.hot_max
   one_hot = one_hot and tb.hot_min == 1 and tb.hot_max == 1
   weighted = weighted or tb.weighted ~= 0
-  big = big or tb.rows > 2147483647
+  -- ids come from the id space when the spec has one (raw ids, larger than the table)
+  local space = tb.id_space > 0 and tb.id_space or tb.rows
+  big = big or space > 2147483647
+  wide = wide or space > tb.rows
   hot[t + 1] = tb.hot_min == tb.hot_max and tostring(tb.hot_max) or (tb.hot_min .. "-" .. tb.hot_max)
   rows[t + 1] = tostring(tonumber(tb.rows))
+  spaces[t + 1] = tostring(tonumber(space))
 end
 
 local C = ur.C
@@ -117,7 +121,8 @@ local lay = assert(io.open(out .. "/layout.txt", "w"))
 lay:write("format uvmrec-day 1\n", ("source synthetic %s seed %d\n"):format(name, tonumber(c.seed)),
   ("samples %d\ndays %d\ndense %d\ntables %d\n"):format(samples, days, c.num_dense, c.num_tables),
   "hot ", table.concat(hot, ","), "\n", "rows ", table.concat(rows, ","), "\n",
-  ("one_hot %s\nweights %s\ngroups %d\n"):format(tostring(one_hot), tostring(weighted), tonumber(c.groups)))
+  ("one_hot %s\nweights %s\ngroups %d\n"):format(tostring(one_hot), tostring(weighted), tonumber(c.groups)),
+  wide and ("id_space " .. table.concat(spaces, ",") .. "\n") or "")
 lay:close()
 
 print(("CPU time: generation %.0f samples a CPU-second, converting and writing %.0f MB a CPU-second"):format(

@@ -12,7 +12,8 @@ describe("uvmrec FFI", function()
     for _, name in ipairs { "optim_config", "arena_stats" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
-    for _, name in ipairs { "tbe_table_config", "tbe_config" } do
+    for _, name in ipairs { "tbe_table_config", "tbe_config", "mc_table_config", "mc_config", "mc_stats",
+                            "mc_state" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
     for _, name in ipairs { "npy_info", "criteo_opts", "criteo_stats", "synth_table", "synth_spec",

@@ -5,7 +5,10 @@
 -- batches against a plain reference), the errors of bad input, and training through the
 -- pipeline (and `uvmrec train` with train.pipeline) as the plain loop does, bit for bit.  On
 -- the GPU (#cuda): the runs asked for report prefetched to the GPU, and managed tables trained
--- through the pipeline give the plain loop's and device tables' outputs and weights.
+-- through the pipeline give the plain loop's and device tables' outputs and weights.  Rows drawn
+-- again (tbe:reset_rows, what managed collisions do to a row given to another id): as a fresh
+-- collection draws them, with their state and counters zeroed, through a row layout and a
+-- software cache; on the GPU, the CPU's numbers.
 local ffi = require "ffi"
 local ur = require "uvmrec"
 local h = require "helpers"
@@ -432,6 +435,124 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
       R.bits_equal(m:state(t.name).sum, dev:state(t.name).sum, "state " .. t.name)
     end
   end))
+end)
+
+describe("uvmrec.tbe reset_rows (ur_tbe_reset_rows)", function()
+  local EBC = ur.nn.EmbeddingBagCollection
+  local ROWS = 40
+
+  local function build(o)
+    local t = { { name = "t0", rows = ROWS, dim = 8, dtype = o.dtype, placement = o.placement },
+                { name = "t1", rows = 30, dim = 8, dtype = o.dtype, placement = o.placement } }
+    return EBC{ tables = t, device = o.device or "cpu", seed = 3, optimizer = { o.optimizer, lr = 0.3 },
+                cache = o.placement == "cached" and { slots = 64 } or nil }
+  end
+
+  local function train(e, steps)
+    local r = h.rng(11)
+    for step = 1, steps do
+      local values, lengths = {}, {}
+      for i = 1, 16 do -- every row of t0 in turn
+        values[i] = (step * 16 + i) % ROWS
+        lengths[i] = 1
+      end
+      for i = 17, 32 do
+        values[i] = r(30) - 1
+        lengths[i] = 1
+      end
+      local k = ur.KJT{ keys = { "t0", "t1" }, values = values, lengths = lengths }
+      local out = e:forward(k)
+      e:backward(k, ur.tensor(out:size()):uniform(-1, 1, 5))
+    end
+  end
+
+  local function rows_of(t, dim)
+    local flat, out = t:totable(), {}
+    for r = 0, #flat / dim - 1 do
+      out[r] = { unpack(flat, r * dim + 1, r * dim + dim) }
+    end
+    return out
+  end
+
+  for _, case in ipairs {
+    { dtype = "f32", optimizer = "rowwise_adagrad", placement = "host" },
+    { dtype = "f16", optimizer = "adam", placement = "managed", relayout = true },
+    { dtype = "bf16", optimizer = "adagrad", placement = "managed" },
+    { dtype = "f32", optimizer = "rowwise_adagrad", placement = "cached" },
+  } do
+    local what = ("%s, %s, %s%s"):format(case.dtype, case.optimizer, case.placement,
+                                         case.relayout and ", relaid out" or "")
+    it("draws rows again as at creation and zeroes their state and counters (" .. what .. ")", function()
+      local a, fresh = build(case), build(case)
+      if case.placement ~= "cached" then a.tbe:set_counting(true) end
+      train(a, 6)
+      if case.relayout then assert(a.tbe:relayout("t0", "counts")) end
+      local perm = case.relayout and a.tbe:permutation("t0"):totable() or nil
+      local function phys(r) return perm and perm[r + 1] or r end
+      local before = rows_of(a:table("t0"), 8)
+      local reset = { 3, 17, 39 }
+      assert(a.tbe:reset_rows("t0", reset))
+      local after, init = rows_of(a:table("t0"), 8), rows_of(fresh:table("t0"), 8)
+      local is_reset = {}
+      for _, r in ipairs(reset) do
+        is_reset[phys(r)] = true
+        assert.are.same(init[r], after[phys(r)], "row " .. r .. " as first drawn")
+        assert.are_not.same(before[phys(r)], after[phys(r)], "row " .. r .. " had trained")
+      end
+      for p = 0, ROWS - 1 do
+        if not is_reset[p] then assert.are.same(before[p], after[p], "physical row " .. p .. " untouched") end
+      end
+      for sname, st in pairs(a:state("t0")) do
+        local per = st:numel() / ROWS
+        local v = st:totable()
+        local nonzero = 0
+        for p = 0, ROWS - 1 do
+          for c = 1, per do
+            local x = v[p * per + c]
+            if is_reset[p] then
+              assert.equal(0, x, sname .. " of reset physical row " .. p)
+            elseif x ~= 0 then
+              nonzero = nonzero + 1
+            end
+          end
+        end
+        assert.is_true(nonzero > 0, sname .. ": other rows keep their state")
+      end
+      if case.placement ~= "cached" then
+        local counts = a.tbe:counts("t0"):totable()
+        for _, r in ipairs(reset) do assert.equal(0, counts[r + 1], "counter of row " .. r) end
+        assert.is_true(counts[2] + counts[3] > 0, "other counters kept")
+      else
+        -- the cache must not serve the trained copy: a forward reads the row as first drawn
+        local k = ur.KJT{ keys = { "t0", "t1" }, values = { 17, 0 }, lengths = { 1, 1 } }
+        local got, want = a:forward(k):totable(), fresh:forward(k):totable()
+        assert.are.same({ unpack(want, 1, 8) }, { unpack(got, 1, 8) })
+      end
+    end)
+  end
+
+  it("names the table and the bad id", function()
+    local e = build { dtype = "f32", optimizer = "sgd", placement = "host" }
+    local ok, err = pcall(function() e.tbe:reset_rows("t1", { 2, 30 }) end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("tbe: reset_rows: ids[1] = 30 is outside table 't1' (rows 0..29)", 1, true))
+    ok, err = pcall(function() e.tbe:reset_rows("t9", { 1 }) end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("no table named 't9'", 1, true))
+  end)
+
+  cuda_it("draws the CPU's numbers on the GPU (device and managed tables)", function()
+    for _, placement in ipairs { "device", "managed" } do
+      local case = { dtype = "bf16", optimizer = "rowwise_adagrad", placement = placement, device = 0 }
+      local g, c = build(case), build { dtype = "bf16", optimizer = "rowwise_adagrad", placement = "host" }
+      train(g, 3)
+      assert(g.tbe:reset_rows("t0", { 0, 5, 38 }))
+      local rg, rc = rows_of(assert(g:table("t0"):to("host")), 8), rows_of(c:table("t0"), 8)
+      for _, r in ipairs { 0, 5, 38 } do assert.are.same(rc[r], rg[r], placement .. ": row " .. r) end
+      local sum = assert(g:state("t0").sum:to("host")):totable()
+      for _, r in ipairs { 0, 5, 38 } do assert.equal(0, sum[r + 1], placement .. ": state of row " .. r) end
+    end
+  end)
 end)
 
 describe("uvmrec.tbe tables at build time", function()

@@ -1,7 +1,8 @@
 -- uvmrec.train on the GPU against the CPU backend: the same initial weights and batches give
 -- the same losses (f32 and bf16), the loader's source hands over its batches unchanged (a KJT
--- on the device, its keys checked by the collection),
--- evaluation agrees, and dlrm_tiny trains to the AUC make run asks for.  Pending without a GPU.
+-- on the device, its keys checked by the collection), evaluation agrees, managed collisions
+-- make the CPU's decisions, and dlrm_tiny trains to the AUC make run asks for.  Pending
+-- without a GPU.
 local helpers = require "helpers"
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
@@ -56,6 +57,26 @@ describe("uvmrec.train on the GPU", function()
       end
     end)
   end
+
+  helpers.cuda_it("makes managed collisions' decisions as the CPU does, training dlrm_tiny alike", function()
+    local cfg = tiny { "embeddings.max_rows=60", "embeddings.collisions.policy=distance_lfu",
+                       "embeddings.collisions.evict_every=3", "embeddings.collisions.distance_power=1.5" }
+    local a, ma = run(cfg, true, 12)
+    local b, mb = run(cfg, false, 12)
+    for s = 1, #a do helpers.near(b[s], a[s], 2e-4, ("loss of step %d"):format(s)) end
+    assert.equal("device", mb.collisions.placement)
+    local sa, sb = assert(ma.collisions:stats()), assert(mb.collisions:stats())
+    assert.is_true(sa.evictions > 0, "rounds evicted ids")
+    for name, t in pairs(sa.tables) do
+      for _, k in ipairs { "resident", "candidates", "lookups", "resident_lookups", "fallback_lookups", "rounds",
+                           "fills", "admissions", "evictions" } do
+        assert.equal(t[k], sb.tables[name][k], name .. " " .. k)
+      end
+      local ia = assert(ma.collisions.map:state(name)).ids:totable()
+      local ib = assert(assert(mb.collisions.map:state(name)).ids:to("host")):totable()
+      assert.same(ia, ib, name .. ": the same id on every row")
+    end
+  end)
 
   helpers.cuda_it("copies the loader's batches to the device unchanged", function()
     local function loader()

@@ -179,6 +179,58 @@ describe("uvmrec train checkpoints", function()
     assert.same({ first.checkpoint, 10 }, { resumed_start.resumed_from, resumed_start.step })
   end)
 
+  it("resumes managed collisions exactly: the maps, their counts and the reset rows", function()
+    -- ids from a space 10x the capped tables, drifting: rounds evict, and rows are reset
+    local spec = dir .. "/wide.yaml"
+    cmd.spit(spec, "synthetic: {preset: tiny, id_space_factor: 10, drift: 0.002}\n")
+    local sets = sets_with(SYNTH, { "data.train=synthetic:" .. spec, "embeddings.max_rows=60",
+                                    "embeddings.collisions.policy=lfu", "embeddings.collisions.evict_every=3",
+                                    "data.samples=4096" })
+    local whole = assert(run(sets_with(sets, { "train.steps=16" }), { out = dir .. "/whole" }))
+    assert.is_true(whole.collisions.evictions > 0, "rounds evicted ids")
+    local first = assert(run(sets_with(sets, { "train.steps=7", "train.checkpoint_every=7" }), { out = dir .. "/r" }))
+    local f = assert(ck.open(first.checkpoint))
+    local names = {}
+    for _, n in ipairs(f:names()) do names[n] = true end
+    f:close()
+    assert.truthy(names["collisions.C16.ids"] and names["collisions.C16.cand_ids"], "the maps are saved")
+    local rest = assert(run(sets_with(sets, { "train.steps=16", "train.checkpoint_every=16" }),
+                            { out = dir .. "/r", resume = dir .. "/r" }))
+    same_losses(losses(dir .. "/whole"), losses(dir .. "/r"), 1, 16)
+    assert.equal(whole.eval.auc, rest.eval.auc)
+    for _, k in ipairs { "resident", "candidates", "lookups", "fallback_lookups", "rounds", "admissions",
+                         "evictions" } do
+      assert.equal(whole.collisions[k], rest.collisions[k], k)
+    end
+    local c = last_event(dir .. "/r", "collisions")
+    assert.same({ 16, whole.collisions.evictions }, { c.step, c.evictions })
+    assert.is_number(c.tables.C3.resident_share)
+    -- evaluating the checkpoint only looks up: the trainer's final AUC
+    local ev = assert(train.eval(tiny(sets_with(sets, { "train.steps=16" })),
+                                 { checkpoint = rest.checkpoint, cpu = true, print = function() end }))
+    assert.equal(rest.eval.auc, ev.eval.auc)
+  end)
+
+  it("hands tables with managed collisions raw ids and takes the others' modulo their rows", function()
+    local spec = dir .. "/wide2.yaml"
+    cmd.spit(spec, "synthetic: {preset: tiny, id_space_factor: 10}\n")
+    local cfg = tiny(sets_with(SYNTH, { "data.train=synthetic:" .. spec, "embeddings.max_rows=60", "train.steps=2",
+                                        "embeddings.collisions.policy=lfu",
+                                        "embeddings.tables.C16.collisions.policy=none" }))
+    local rows = train.config.table_rows(cfg)
+    local d = assert(train.data(cfg, rows))
+    assert.same({ 0, rows[16] }, { d.train.rows[15], d.train.rows[16] })
+    assert.same(d.train.rows, d.eval.rows, "the held-out samples as the training ones")
+    local l = assert(ur.data.loader(d.train))
+    local k = assert(l:next()).sparse:to_dict()
+    local raw, modulo = 0, 0
+    for _, v in ipairs(k.C15.values:totable()) do raw = math.max(raw, v) end
+    for _, v in ipairs(k.C16.values:totable()) do modulo = math.max(modulo, v) end
+    assert.is_true(raw >= rows[15], ("C15's raw ids pass its %d rows (largest %d)"):format(rows[15], raw))
+    assert.is_true(modulo < rows[16], ("C16's ids lie within its %d rows (largest %d)"):format(rows[16], modulo))
+    l:close()
+  end)
+
   it("resumes Criteo TSV files mid-window and in the second epoch at the loader's position", function()
     local sets = tsv_sets(dir)
     local whole = assert(run(sets_with(sets, { "train.checkpoint_every=7" }), { out = dir .. "/whole" }))

@@ -9,7 +9,7 @@
  *   3. data        keyed jagged tensors (KJT), .npy arrays, Criteo TSV, synthetic data, the
  *                  loader and its batches
  *   4. embeddings  table-batched collections (tbe), access counters and row layout, page
- *                  prefetch of managed tables
+ *                  prefetch of managed tables, managed collisions (raw ids to rows)
  *   5. cache       the software HBM cache of `cached` tables
  *   6. dense       linear layers, activations, interaction, cross layers, concat, loss,
  *                  the dense optimizers' step, arenas
@@ -524,6 +524,9 @@ typedef struct ur_synth_table {
   int32_t hot_min, hot_max;       /* ids per sample, uniform in [min, max]; equal: fixed */
   int32_t weighted;               /* per-id weights in (0, 1] */
   float signal;                   /* std of this table's per-id effects on the logit */
+  int64_t id_space;               /* ids drawn from [0, id_space), Zipf ranks over all of it
+                                     (raw ids: a consumer takes them modulo rows, or maps them
+                                     with managed collisions); 0: rows */
 } ur_synth_table;
 typedef struct ur_synth_spec {
   int32_t num_tables, num_dense;
@@ -533,8 +536,10 @@ typedef struct ur_synth_spec {
   float bias;                     /* logit offset (sets the click rate) */
   int64_t groups;                 /* > 0: per-sample grouping keys in [0, groups) */
   double drift;                   /* > 0: the hot ids move: sample i's Zipf rank r is read as
-                                     rank r + floor(i * drift) (mod rows), so the ids that were
-                                     hot grow cold and colder ones take their place; 0: none */
+                                     rank r + floor(i * drift) (mod the id space), so every id
+                                     climbs a rank each 1/drift samples, colder ids (never seen
+                                     ones, in a wide id space) rising into the hot set and the
+                                     hottest leaving it for the cold end; 0: none */
 } ur_synth_spec;
 UR_API size_t ur_sizeof_synth_table(void);
 UR_API size_t ur_sizeof_synth_spec(void);
@@ -563,7 +568,8 @@ typedef struct ur_loader_opts {
   const ur_synth_spec *synth;     /* UR_SOURCE_SYNTHETIC */
   int64_t samples;                /* synthetic samples per epoch */
   const char *const *keys;        /* names of the sparse features (NULL: C1, C2, ...) */
-  ur_criteo_opts criteo;          /* TSV options; rows also reduce day files' ids on read */
+  ur_criteo_opts criteo;          /* TSV options; rows also reduce day files' and synthetic
+                                     data's ids on read (the first 26 tables) */
   int64_t batch_size;
   int32_t depth;                  /* batches prepared ahead (>= 1; at least one a thread) */
   int32_t threads;                /* threads making batches; 0: UR_NUM_THREADS, else every core */
@@ -848,6 +854,125 @@ UR_API ur_status ur_tbe_page_runs(ur_tbe *t, const ur_tensor *values, const ur_t
  * *count gets their number (0, with NULL, before any call). */
 UR_API const ur_page_run *ur_tbe_last_page_runs(const ur_tbe *t, int64_t *count /* out */);
 
+/* Re-initialises rows ids[0..n-1] (row ids of table t, i64 in host memory) as the collection
+ * first drew them: uniform in (-1/sqrt(rows), 1/sqrt(rows)) from the configured seed, element
+ * (id, c) taking the number it took at creation, the same on every backend and placement; their
+ * optimizer state and access counters are zeroed.  Rows are found through the permutation in
+ * force (a relaid-out row is reset where it lives).  On a cached table the rows are reset in host
+ * memory: drop them from the cache first (ur_cache_drop), or a cached copy wins.  Ordered on s.
+ * Refused for a shard of a logical table (uvmrec.dist). */
+UR_API ur_status ur_tbe_reset_rows(ur_stream *s, ur_tbe *t, int32_t table, const int64_t *ids,
+                                   int64_t n);
+
+/* ---- managed collisions: raw ids to rows ---- */
+/* A map per table from raw 64-bit ids to the rows of an embedding table (engine/src/embedding/
+ * mc.c), kept where the lookups run (device memory on a GPU).  The first rows - fallback_rows
+ * rows belong to resident ids, one id a row; every other id reads one of the last
+ * fallback_rows rows (a hash of the id picks it) and is counted as a candidate.  Within a batch
+ * the map is read-only.  Residents change only in rounds, run before a batch: an eviction
+ * round every evict_every updating batches, or as soon as the candidates counted up to the
+ * previous batch number max_candidates, ranks residents and candidates by (score, id) (a
+ * higher score is better, then a lower id) and keeps the best; admitted candidates take the
+ * rows freed, in ascending row order, best first, then the free rows; the candidates are then
+ * forgotten, and every count decays.  With fill on, a fill round before any batch admits the
+ * best candidates into free rows while there are any (no eviction, no decay).  Scores: lfu
+ * the count (lookups, decayed at every eviction round); lru the step of the last lookup, ties
+ * going to more lookups since the last eviction round; distance_lfu the count / (1 + steps
+ * since the last lookup)^distance_power.  All counting is
+ * integer and the scores are computed the same way on both backends, so the CPU and the GPU
+ * make the same decisions.  The id -1 is never admitted (it always reads a fallback row). */
+typedef enum ur_mc_policy {
+  UR_MC_LFU = 0, UR_MC_LRU, UR_MC_DISTANCE_LFU, UR_MC_POLICY_COUNT
+} ur_mc_policy;
+typedef struct ur_mc_table_config {
+  const char *name;               /* for messages (copied); NULL: "table <i>" */
+  int64_t rows;                   /* the embedding table's rows, 2 .. 2^32 */
+  int64_t fallback_rows;          /* 1 .. rows - 1: the last rows, shared by other ids */
+  ur_mc_policy policy;
+  int64_t evict_every;            /* updating batches between eviction rounds, >= 1 */
+  int64_t max_candidates;         /* distinct candidates that start an eviction round early, >= 1 */
+  double decay;                   /* counts *= decay at each eviction round, in (0, 1] */
+  double distance_power;          /* distance_lfu's exponent, in (0, 16] */
+  int32_t fill;                   /* 1: fill rounds admit candidates into free rows */
+} ur_mc_table_config;
+typedef struct ur_mc_config {
+  int32_t device;                 /* the GPU the maps live on, or -1: the CPU */
+  uint64_t seed;                  /* of the hashes (the map's index, the fallback rows) */
+} ur_mc_config;
+/* Counts since the map was made (or restored, or its stats reset); per table or in total. */
+typedef struct ur_mc_stats {
+  int64_t capacity;               /* rows for resident ids: rows - fallback_rows */
+  int64_t resident;               /* ids holding a row now */
+  int64_t candidates;             /* distinct ids waiting, as counted after the last batch */
+  int64_t lookups;                /* ids looked up by updating remaps */
+  int64_t resident_lookups;       /* of them, ids found resident */
+  int64_t fallback_lookups;       /* of them, ids sent to the fallback rows */
+  int64_t rounds, fills;          /* eviction rounds and fill rounds */
+  int64_t admissions, evictions;  /* ids given a row; ids that lost theirs */
+  int64_t skipped;                /* updating batches whose candidates did not fit the
+                                     candidates' map (larger than any batch before it) and
+                                     were not counted as candidates, all or none */
+  double seconds;                 /* host time in remaps and rounds (GPU: waits included) */
+  double round_seconds;           /* of which in rounds */
+} ur_mc_stats;
+/* One table's map as host tensors (for checkpoints).  ur_mc_state_get makes new tensors the
+ * caller frees; ur_mc_state_set copies from tensors of any placement (restoring exactly). */
+typedef struct ur_mc_state {
+  ur_tensor *ids;                 /* i64 [capacity]: the id on each row, -1 when free */
+  ur_tensor *counts;              /* i64 [capacity]: decayed counts, in 1/65536ths */
+  ur_tensor *window;              /* i32 [capacity]: lookups since the last eviction round */
+  ur_tensor *last;                /* i64 [capacity]: the step of the last lookup */
+  ur_tensor *cand_ids;            /* i64 [k]: the candidates, ascending */
+  ur_tensor *cand_counts;         /* i32 [k]: their lookups */
+  ur_tensor *cand_last;           /* i64 [k]: the step of their last lookup */
+  int64_t lookups, resident_lookups, fallback_lookups, rounds, fills, admissions, evictions;
+} ur_mc_state;
+struct ur_mc;
+typedef struct ur_mc ur_mc;
+UR_API size_t ur_sizeof_mc_table_config(void);
+UR_API size_t ur_sizeof_mc_config(void);
+UR_API size_t ur_sizeof_mc_stats(void);
+UR_API size_t ur_sizeof_mc_state(void);
+UR_API const char *ur_mc_policy_name(ur_mc_policy p);
+UR_API ur_status ur_mc_policy_parse(const char *s, ur_mc_policy *out);
+/* feature_table[f]: the map table of feature f (the input's keys, in order), or -1 for a
+ * feature whose ids pass through unchanged. */
+UR_API ur_status ur_mc_new(ur_mc **out, const ur_mc_config *config, int32_t num_tables,
+                           const ur_mc_table_config *tables, int32_t num_features,
+                           const int32_t *feature_table);
+UR_API void ur_mc_free(ur_mc *m);
+UR_API int32_t ur_mc_num_tables(const ur_mc *m);
+UR_API int32_t ur_mc_device(const ur_mc *m);
+/* Raw ids to rows for one batch, laid out as ur_tbe_forward takes it: values i64 [n], offsets
+ * i64 [bags + 1], batch_per_feature and inverse (VBE; a distinct bag counts once per sample
+ * that reads it) as there, all where the map runs (device or managed memory for a GPU, host or
+ * pinned for the CPU).  out i64 [n] there: each id's row, or the id itself for features
+ * without a table.  update 1 (training): the rounds due run first, then the batch is counted
+ * (its step is the batches counted before it, plus one); update 0: a read-only lookup. */
+UR_API ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values,
+                             const ur_tensor *offsets,
+                             const int64_t *batch_per_feature /* or NULL */,
+                             const ur_tensor *inverse /* or NULL */, ur_tensor *out /* out */,
+                             int32_t update);
+/* An eviction round of table `table` now (waits for the GPU). */
+UR_API ur_status ur_mc_round(ur_stream *s, ur_mc *m, int32_t table);
+/* The rows of `table` whose id changed in the rounds of the last ur_mc_remap or ur_mc_round
+ * (evicted and given to another id: the embedding rows to re-initialise, ur_tbe_reset_rows),
+ * ascending within each round; lent until the next remap, round or state_set. */
+UR_API const int64_t *ur_mc_reassigned(const ur_mc *m, int32_t table, int64_t *count /* out */);
+/* The rows ids[0..n-1] (host arrays) read in `table`, without counting; resident[i] (may be
+ * NULL) says whether the id holds a row of its own. */
+UR_API ur_status ur_mc_lookup(ur_mc *m, int32_t table, const int64_t *ids, int64_t n,
+                              int64_t *rows /* out */, int32_t *resident /* out, or NULL */);
+/* Updating batches counted so far (the step of the last one); settable to resume. */
+UR_API int64_t ur_mc_step(const ur_mc *m);
+UR_API ur_status ur_mc_set_step(ur_mc *m, int64_t step);
+/* table -1: the sums over tables (capacity and resident summed too).  Waits for the GPU. */
+UR_API ur_status ur_mc_stats_get(ur_mc *m, int32_t table, ur_mc_stats *out);
+UR_API void ur_mc_reset_stats(ur_mc *m);
+UR_API ur_status ur_mc_state_get(ur_mc *m, int32_t table, ur_mc_state *out);
+UR_API ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in);
+
 /* ==== 5. cache: a software HBM cache of rows for `cached` embedding tables ==== */
 /* The tables of a collection given to ur_cache_new keep their rows and optimizer state in
  * host memory (the collection's own storage of the table: host, pinned or managed), and the
@@ -925,6 +1050,11 @@ UR_API ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int3
 UR_API ur_status ur_cache_flush(ur_cache *c);
 /* Flushes and empties the cache (after host memory was changed behind it: a load). */
 UR_API ur_status ur_cache_invalidate(ur_cache *c);
+/* Rows ids[0..n-1] of the cache's table `table` leave the cache without being written back
+ * (their host rows were re-initialised behind it: ur_tbe_reset_rows).  No batch may be in
+ * flight.  *dropped (may be NULL) gets how many were cached. */
+UR_API ur_status ur_cache_drop(ur_cache *c, int32_t table, const int64_t *ids, int64_t n,
+                               int64_t *dropped /* out, or NULL */);
 /* table -1: the total; else the cache's table index (0..num_tables-1). */
 UR_API ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *out);
 UR_API void ur_cache_reset_stats(ur_cache *c);

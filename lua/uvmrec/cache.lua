@@ -311,6 +311,29 @@ function methods:invalidate()
   return true
 end
 
+-- drop(name, ids, n): rows ids (a Lua list, or an int64_t array of n) leave the cache without a
+-- write-back, after their host rows were re-initialised (tbe:reset_rows).  Returns how many
+-- were cached.
+local dropped = ffi.new("int64_t[1]")
+function methods:drop(name, ids, n)
+  local i = self.index[name]
+  if i == nil then
+    error(("cache: no cached table named '%s' (cached: %s)"):format(tostring(name),
+          table.concat(self.names, ", ")), 2)
+  end
+  local ok, err = self:retire_all()
+  if not ok then return nil, err end
+  if type(ids) == "table" then
+    n = #ids
+    local a = ffi.new("int64_t[?]", math.max(n, 1))
+    for k = 1, n do a[k - 1] = ids[k] end
+    ids = a
+  end
+  ok, err = check(C.ur_cache_drop(H(self), i, ids, n, dropped), 2)
+  if not ok then return nil, err end
+  return tonumber(dropped[0])
+end
+
 local st = ffi.new("ur_cache_stats")
 local FIELDS = { "batches", "lookups", "unique", "hits", "misses", "conflicts", "evictions",
                  "writebacks", "waits", "bytes_in", "bytes_out", "bytes_ids" }

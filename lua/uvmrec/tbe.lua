@@ -529,6 +529,30 @@ function methods:load(name, src, stream)
   return self
 end
 
+-- reset_rows(name, ids[, n][, stream]): rows ids (a Lua list of row ids, or an int64_t array
+-- of n) drawn again as the collection first drew them, their optimizer state and access
+-- counters zeroed (through the row layout in force; a cached table's copies are dropped
+-- from the cache first).  Managed collisions reset the rows they give to new ids this way.
+function methods:reset_rows(name, ids, n, stream)
+  local i = table_index(self, name, 2)
+  if type(ids) == "table" then
+    stream = n
+    n = #ids
+    local a = ffi.new("int64_t[?]", math.max(n, 1))
+    for k = 1, n do a[k - 1] = ids[k] end
+    ids = a
+  elseif type(n) ~= "number" then
+    error("embedding collection: reset_rows takes a list of ids, or an int64_t array and its length", 2)
+  end
+  if self.cache and self.cached[name] then
+    local ok, err = self.cache:drop(name, ids, n)
+    if not ok then return nil, err end
+  end
+  local ok, err = check(C.ur_tbe_reset_rows(S(stream), H(self), i, ids, n), 2)
+  if not ok then return nil, err end
+  return self
+end
+
 function methods:set_lr(lr) must(C.ur_tbe_set_lr(H(self), lr)) return self end
 function methods:set_output_dtype(dtype)
   must(C.ur_tbe_set_out_dtype(H(self), pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, dtype,

@@ -229,6 +229,24 @@ describe("uvmrec.data loader", function()
     assert.is_not_nil(b.groups)
     assert.is_not_nil(b.sparse:weights())
     l:close()
+    -- an id space beyond the rows: raw ids written (and said so), taken modulo rows on read
+    cmd.spit(dir .. "/wide.lua", [[return { num_dense = 2, seed = 3, tables = {
+      { name = "a", rows = 100, id_space = 100000 }, { name = "b", rows = 40 } } }]])
+    line = ("%s scripts/datagen.lua %s/wide.lua --out %s/wide --samples 500 > %s/log 2>&1"):format(
+      cmd.quote(bin), dir, dir, dir)
+    assert.equal(0, os.execute(line), cmd.slurp(dir .. "/log"))
+    assert.matches("id_space 100000,40", cmd.slurp(dir .. "/wide/layout.txt"))
+    local raw = rows_of(assert(data.open("criteo-bin:" .. dir .. "/wide", { batch_size = 500 })))
+    local rows = { 100, 40 }
+    for i = 3, 26 do rows[i] = 0 end
+    local cut = rows_of(assert(data.open("criteo-bin:" .. dir .. "/wide", { batch_size = 500, rows = rows })))
+    local past = 0
+    for i = 1, 500 do
+      local a, a_cut = raw[i].ids:match("^([%d-]+)|"), cut[i].ids:match("^([%d-]+)|")
+      if tonumber(a) >= 100 then past = past + 1 end
+      assert.equal(tonumber(a) % 100, tonumber(a_cut), "row " .. i)
+    end
+    assert.is_true(past > 400, "raw ids past the table's rows")
     cmd.rmdir(dir)
   end)
 
@@ -453,6 +471,43 @@ describe("uvmrec.data loader", function()
     local pooled = ebc:forward(vbe):totable()
     assert.equal(512 * 26 * 8, #full)
     for i = 1, #full do assert.is_true(math.abs(full[i] - pooled[i]) < 1e-5, "element " .. i) end
+    l:close()
+  end)
+
+  it("takes synthetic ids from an id space larger than the table modulo rows where given", function()
+    local spec = data.synthetic_spec { seed = 2, num_dense = 2,
+                                       tables = { { name = "a", rows = 10, id_space = 500 },
+                                                  { name = "b", rows = 7, id_space = 70 } } }
+    local g = assert(data.generate(spec, 0, 64))
+    local raw = g.ids:totable()
+    local rows = { 10 }
+    for i = 2, 26 do rows[i] = 0 end -- b: raw ids
+    local l = assert(data.loader { data = { kind = "synthetic", spec = spec }, samples = 64, batch_size = 64,
+                                   rows = rows })
+    local d = l:next().sparse:to_dict()
+    local a, b = d.a.values:totable(), d.b.values:totable()
+    local over = 0
+    for i = 1, 64 do
+      assert.equal(raw[2 * i - 1] % 10, a[i], "a: id mod rows, sample " .. i)
+      assert.equal(raw[2 * i], b[i], "b: the raw id, sample " .. i)
+      if raw[2 * i - 1] >= 10 then over = over + 1 end
+    end
+    assert.is_true(over > 32, "most raw ids lie past the table")
+    l:close()
+  end)
+
+  it("refuses rows that would reduce the ids the generator draws where they are used", function()
+    local spec = data.synthetic_spec { seed = 2, num_dense = 2, tables = { { name = "a", rows = 10, id_space = 500 } } }
+    assert.has_error(function()
+      data.loader { data = { kind = "synthetic", spec = spec }, samples = 64, batch_size = 64, rows = 10,
+                    placement = "managed" }
+    end, "loader: the generator (placement 'managed') keeps the ids it draws; table 1 draws from an id space of 500 "
+      .. "and rows = 10 would take them modulo: use placement 'pinned' (the threaded loader reduces them)")
+    -- rows 0 (raw ids) or rows the space fits in leave the ids as drawn
+    local l = assert(data.loader { data = { kind = "synthetic", spec = spec }, samples = 64, batch_size = 64,
+                                   rows = 0, placement = "managed" })
+    local raw = assert(data.generate(spec, 0, 64)).ids:totable()
+    assert.same(raw, l:next().sparse:values():totable())
     l:close()
   end)
 

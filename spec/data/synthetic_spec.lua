@@ -202,6 +202,38 @@ describe("uvmrec.data synthetic", function()
     assert.same({ 3, hsum }, g.ids:size())
   end)
 
+  -- The ids of one column over samples first .. first + n - 1, most frequent first.
+  local function ranked(spec, first, n)
+    local g = assert(data.generate(spec, first, n))
+    local count, ids = {}, {}
+    for _, id in ipairs(g.ids:totable()) do
+      if not count[id] then ids[#ids + 1] = id end
+      count[id] = (count[id] or 0) + 1
+    end
+    table.sort(ids, function(a, b) return count[a] > count[b] or (count[a] == count[b] and a < b) end)
+    return ids, count
+  end
+
+  it("draws ids from an id space larger than the table (id_space, id_space_factor)", function()
+    local base = { seed = 3, num_dense = 1, tables = { { rows = 100, zipf = 1.05 } } }
+    local wide = { seed = 3, num_dense = 1, tables = { { rows = 100, zipf = 1.05, id_space = 1000 } } }
+    local ids, count = ranked(data.synthetic_spec(wide), 0, 20000)
+    local top_outside, largest = 0, 0
+    for k = 1, 100 do if ids[k] >= 100 then top_outside = top_outside + 1 end end
+    for id in pairs(count) do largest = math.max(largest, id) end
+    assert.is_true(largest < 1000 and largest >= 900, "ids span the space (largest " .. largest .. ")")
+    assert.is_true(top_outside > 70, "the hot ids lie all over the space, not within rows")
+    -- the factor gives the same spec; the table's rows as its space, the plain draw
+    local f = data.synthetic_spec({ seed = 3, num_dense = 1, id_space_factor = 10,
+                                    tables = { { rows = 100, zipf = 1.05 } } })
+    assert.equal(1000, tonumber(f.cspec.tables[0].id_space))
+    local same = { seed = 3, num_dense = 1, tables = { { rows = 100, zipf = 1.05, id_space = 100 } } }
+    assert.same(assert(data.generate(base, 5, 500)).ids:totable(),
+                assert(data.generate(same, 5, 500)).ids:totable())
+    assert.has_error(function() data.synthetic_spec { tables = { { rows = 5, id_space = -2 } } } end,
+      "synthetic: table 1 has an id space of -2; expected 1..2^40, or 0 (its rows)")
+  end)
+
   it("moves the hot ids with drift: rank r of sample i is the undrifted rank r + floor(i drift)", function()
     local function spec(drift)
       return data.synthetic_spec { num_dense = 1, seed = 3, drift = drift,
@@ -230,16 +262,34 @@ describe("uvmrec.data synthetic", function()
       "synthetic: drift -1; expected 0 (none) to 1e6 ranks a sample")
   end)
 
+  it("drifts over the whole id space: ids from past the rows rise, the hottest leave for the cold end", function()
+    local function spec(drift)
+      return data.synthetic_spec { num_dense = 1, seed = 4, drift = drift,
+                                   tables = { { rows = 50, zipf = 2.0, id_space = 500 } } }
+    end
+    local plain = ranked(spec(0), 0, 20000)
+    -- drift 1e-4: samples 20000 .. 29999 read every rank two further on
+    local later, count = ranked(spec(1e-4), 20000, 10000)
+    assert.same({ plain[3], plain[4] }, { later[1], later[2] })
+    -- the two hottest ids are now the two coldest of 500 ranks
+    assert.is_true((count[plain[1]] or 0) + (count[plain[2]] or 0) <= 1, "the hottest ids left the hot set")
+    local beyond = 0
+    for k = 1, 20 do if later[k] >= 50 then beyond = beyond + 1 end end
+    assert.is_true(beyond > 10, "the hot ids lie past the table's rows")
+  end)
+
   h.cuda_it("gives the same samples on the GPU as on the CPU", function()
     local drifting = data.synthetic_spec("tiny", { drift = 0.37 })
     local dc = assert(data.generate(drifting, 123456, 2000))
     local dg = assert(data.generate(drifting, 123456, 2000, { placement = "device" }))
     assert.same(dc.ids:totable(), dg.ids:totable(), "drifting ids")
-    local spec = data.synthetic_spec("tiny", { groups = 10 })
-    local c = assert(data.generate(spec, 777, 3000, { probs = true }))
-    local g = assert(data.generate(spec, 777, 3000, { probs = true, placement = "device" }))
-    for _, k in ipairs { "dense", "labels", "ids", "lengths", "groups", "probs" } do
-      assert.same(c[k]:totable(), g[k]:totable(), k)
+    for _, over in ipairs { { groups = 10 }, { groups = 10, id_space_factor = 7, drift = 0.003 } } do
+      local spec = data.synthetic_spec("tiny", over)
+      local c = assert(data.generate(spec, 777, 3000, { probs = true }))
+      local g = assert(data.generate(spec, 777, 3000, { probs = true, placement = "device" }))
+      for _, k in ipairs { "dense", "labels", "ids", "lengths", "groups", "probs" } do
+        assert.same(c[k]:totable(), g[k]:totable(), k)
+      end
     end
   end)
 end)

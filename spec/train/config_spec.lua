@@ -187,6 +187,40 @@ describe("uvmrec.train.config", function()
       world_err({ "embeddings.tables.C2.placement=managed" }, 2))
   end)
 
+  it("turns managed collisions on by a policy, as a default or per table, settings inheriting", function()
+    local none = assert(parse(base))
+    assert.same({}, tconfig.collisions(none))
+    local cfg = assert(parse(base, { "embeddings.collisions.policy=lru", "embeddings.collisions.evict_every=50",
+                                     "embeddings.tables.C2.collisions.policy=distance_lfu",
+                                     "embeddings.tables.C2.collisions.fallback_rows=3",
+                                     "embeddings.tables.C3.collisions.policy=none" }))
+    local c = tconfig.collisions(cfg)
+    assert.same({ "lru", 50 }, { c[1].policy, c[1].evict_every })
+    assert.same({ "distance_lfu", 50, 3 }, { c[2].policy, c[2].evict_every, c[2].fallback_rows })
+    assert.is_nil(c[3])
+    local one = assert(parse(base, { "embeddings.tables.C3.collisions.policy=lfu" }))
+    assert.same({ 3 }, (function()
+      local k = {}
+      for i in pairs(tconfig.collisions(one)) do k[#k + 1] = i end
+      return k
+    end)())
+    local checks = {
+      { { "embeddings.collisions.policy=lfu", "embeddings.collisions.fallback_rows=10" },
+        "--set embeddings.collisions.fallback_rows=10: embeddings.collisions.fallback_rows: 10 fallback rows leave "
+        .. "table C1 (10 rows) none for resident ids" },
+      { { "embeddings.collisions.policy=lfu", "embeddings.max_rows=1" },
+        "embeddings.collisions.policy: table C1 has 1 row; managed collisions need 2 or more" },
+      { { "embeddings.collisions.policy=lfu", "train.pipeline=true" },
+        "--set train.pipeline=true: train.pipeline: managed collisions run in the plain loop for now" },
+      { { "embeddings.collisions.policy=mru" }, "--set embeddings.collisions.policy=mru: 'mru' is not one of" },
+    }
+    for _, k in ipairs(checks) do
+      local bad, err = parse(base, k[1])
+      assert.is_nil(bad, k[2])
+      assert.truthy(err:find(k[2], 1, true), err)
+    end
+  end)
+
   it("reports a missing file", function()
     local cfg, err = tconfig.load("/nonexistent/x.yaml")
     assert.is_nil(cfg)

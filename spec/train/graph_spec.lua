@@ -49,6 +49,13 @@ describe("uvmrec.train.graph", function()
     model.embeddings.tbe:free()
   end)
 
+  cuda_it("refuses a model with managed collisions", function()
+    local model, opt = tiny { "embeddings.max_rows=60", "embeddings.collisions.policy=lfu" }
+    assert.same({ false, "managed collisions decide eviction rounds and reset rows on the host between steps" },
+                { graph.usable(model, opt) })
+    model.embeddings.tbe:free()
+  end)
+
   cuda_it("replays a captured fill on its stream", function()
     local s = assert(ur.stream())
     local t = assert(ur.tensor({ 1000 }, { placement = "device" })):fill(0)

@@ -124,4 +124,36 @@ describe("uvmrec.train.hooks", function()
     assert.equal(0, C.ur_interrupt_get(), "the handlers restored, the flag down")
     cmd.rmdir(dir)
   end)
+
+  it("logs managed collisions' statistics every N steps and at the last, and registers their maps", function()
+    local ebc = ur.nn.EmbeddingBagCollection { tables = { { name = "t", rows = 20, dim = 4 } }, device = "cpu" }
+    local mcc = ur.nn.ManagedCollisionCollection { collection = ebc, evict_every = 2, fallback_rows = 2 }
+    for step = 1, 4 do
+      local ids = {}
+      for i = 1, 16 do ids[i] = (step * 7 + i * i) % 50 end
+      mcc:forward(ur.KJT { keys = { "t" }, values = ids, lengths = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 } })
+    end
+    local progress, lines, line = quiet()
+    local h = hooks.collisions { collisions = mcc, every = 2 }
+    h:attach { progress = progress, line = line }
+    local reg = ck.registry()
+    h:register(reg)
+    assert.same({ "collisions" }, reg:components())
+    run(5, { h })
+    local steps = {}
+    for _, l in ipairs(lines) do
+      assert.equal("collisions", l.event)
+      steps[#steps + 1] = l.step
+    end
+    assert.same({ 2, 4, 5 }, steps)
+    local s = assert(mcc:stats())
+    assert.same({ 64, s.resident, s.evictions }, { lines[3].lookups, lines[3].resident, lines[3].evictions })
+    assert.equal(s.tables.t.admissions, lines[3].tables.t.admissions)
+    assert.equal(s.resident_lookups + s.fallback_lookups, s.lookups)
+    assert.equal(("collisions %.0f%% full, %.1f%% resident"):format(100 * s.occupancy, 100 * s.resident_share),
+                 progress.note)
+    assert.equal(mcc:summary(), h:summary())
+    assert.equal(lines[3], h.last)
+    ebc.tbe:free()
+  end)
 end)

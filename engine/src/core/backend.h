@@ -7,7 +7,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 6
+#define UR_BACKEND_ABI 7
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {
@@ -28,6 +28,7 @@ struct ur_cache_ops;    /* embedding/cache.h */
 struct ur_kjt_ops;      /* data/kjt.h */
 struct ur_synth_ops;    /* data/synth.h */
 struct ur_metrics_ops;  /* metrics/metrics.h */
+struct ur_mc_ops;       /* embedding/mc.h */
 struct ur_comm_ops;     /* dist/comm.h */
 
 /* Streams and events are the backend's own handles (cudaStream_t, cudaEvent_t). */
@@ -55,6 +56,16 @@ typedef struct ur_backend {
    * gives the same numbers. */
   ur_status (*rand)(void *stream, void *dst, ur_dtype dtype, size_t n, uint64_t first,
                     size_t cols, uint64_t pitch, ur_dist dist, double a, double b, uint64_t seed);
+  /* The same draw for scattered rows (re-initialising embedding rows): row phys[j] of dst
+   * (row_elems elements of a float dtype) takes the uniform numbers on [a, b) that rand with
+   * first 0 gives elements ids[j] * row_elems .. + row_elems - 1; n rows, phys and ids in
+   * memory the backend reads. */
+  ur_status (*rand_rows)(void *stream, void *dst, ur_dtype dtype, size_t row_elems,
+                         const int64_t *phys, const int64_t *ids, size_t n, double a, double b,
+                         uint64_t seed);
+  /* Rows rows[j] of dst (row_bytes each, a multiple of 4) set to zero; n rows. */
+  ur_status (*zero_rows)(void *stream, void *dst, size_t row_bytes, const int64_t *rows,
+                         size_t n);
 
   ur_status (*stream_new)(int32_t priority, void **out);
   void (*stream_free)(void *s);
@@ -101,6 +112,7 @@ typedef struct ur_backend {
   const struct ur_kjt_ops *kjt;
   const struct ur_synth_ops *synth;
   const struct ur_metrics_ops *metrics;
+  const struct ur_mc_ops *mc;
   const struct ur_comm_ops *comm;
 } ur_backend;
 

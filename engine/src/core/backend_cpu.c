@@ -12,6 +12,7 @@
 #include "dist/comm.h"
 #include "dense/dense.h"
 #include "embedding/cache.h"
+#include "embedding/mc.h"
 #include "embedding/tbe.h"
 #include "metrics/metrics.h"
 
@@ -134,6 +135,40 @@ static ur_status cpu_rand(void *stream, void *dst, ur_dtype dtype, size_t n, uin
   return UR_STATUS_OK;
 }
 
+typedef struct rows_job {
+  void *dst;
+  ur_dtype dtype;
+  size_t row;                     /* elements (rand_rows) or bytes (zero_rows) a row */
+  const int64_t *phys, *ids;
+  double a, b;
+  uint64_t seed;
+} rows_job;
+
+static void rand_rows_range(void *ctx, size_t j0, size_t j1) {
+  const rows_job *j = ctx;
+  for (size_t k = j0; k < j1; k++) {
+    size_t at = (size_t)j->phys[k] * j->row, from = (size_t)j->ids[k] * j->row;
+    for (size_t c = 0; c < j->row; c++)
+      ur__store(j->dst, j->dtype, at + c, ur_philox_value(from + c, j->seed, 0, j->a, j->b));
+  }
+}
+
+static ur_status cpu_rand_rows(void *stream, void *dst, ur_dtype dtype, size_t row_elems,
+                               const int64_t *phys, const int64_t *ids, size_t n, double a,
+                               double b, uint64_t seed) {
+  (void)stream;
+  rows_job j = {dst, dtype, row_elems, phys, ids, a, b, seed};
+  ur__parallel_for(n, 256, rand_rows_range, &j);
+  return UR_STATUS_OK;
+}
+
+static ur_status cpu_zero_rows(void *stream, void *dst, size_t row_bytes, const int64_t *rows,
+                               size_t n) {
+  (void)stream;
+  for (size_t k = 0; k < n; k++) memset((char *)dst + (size_t)rows[k] * row_bytes, 0, row_bytes);
+  return UR_STATUS_OK;
+}
+
 static ur_status cpu_stream_new(int32_t priority, void **out) {
   (void)priority;
   *out = NULL;
@@ -168,6 +203,8 @@ const ur_backend *ur__cpu(void) {
       .copy = cpu_copy,
       .fill = cpu_fill,
       .rand = cpu_rand,
+      .rand_rows = cpu_rand_rows,
+      .zero_rows = cpu_zero_rows,
       .stream_new = cpu_stream_new,
       .stream_free = cpu_stream_free,
       .stream_sync = cpu_stream_sync,
@@ -181,6 +218,7 @@ const ur_backend *ur__cpu(void) {
       .kjt = &ur__cpu_kjt_ops,
       .synth = &ur__cpu_synth_ops,
       .metrics = &ur__cpu_metrics_ops,
+      .mc = &ur__cpu_mc_ops,
       .comm = &ur__cpu_comm_ops,
       /* Events, hints, probes and the monitor have no CPU form: the core handles NULL. */
   };

@@ -81,7 +81,7 @@ struct ur_loader {
   int64_t H, B;
   int32_t hot_max[UR_SYNTH_MAX_TABLES];
   int64_t col0[UR_SYNTH_MAX_TABLES + 1];
-  int64_t rows_mod[UR_SYNTH_MAX_TABLES]; /* day files: ids of table t mod rows_mod[t] (> 0) */
+  int64_t rows_mod[UR_SYNTH_MAX_TABLES]; /* day files, synthetic: ids of table t mod rows_mod[t] (> 0) */
   int weighted, grouped, one_hot; /* one_hot: every table one id a sample */
   /* the rows of this rank per epoch: [lo, hi) of the source (hi -1: unknown, TSV) */
   int64_t total, lo, hi;
@@ -680,9 +680,17 @@ static void bin_row(const ur_loader *l, int64_t g, int64_t i, out_rows *o, int *
 /* Synthetic sample g as sample i. */
 static void synth_row(const ur_loader *l, int64_t g, int64_t i, out_rows *o) {
   int64_t s = i % BLOCK;
-  ur__synth_row(l->sx, g, o->dense + i * l->D, o->labels + i, o->bids + s * l->H,
+  int64_t *ids = o->bids + s * l->H;
+  ur__synth_row(l->sx, g, o->dense + i * l->D, o->labels + i, ids,
                 l->weighted ? o->bw + s * l->H : NULL, o->blen + s * l->T,
                 l->grouped ? o->groups + i : NULL, NULL);
+  /* rows reduce synthetic ids too (an id space larger than the table), as day files' */
+  for (int t = 0; t < l->T; t++) {
+    int64_t rows = l->rows_mod[t];
+    if (rows <= 0) continue;
+    for (int64_t c = l->col0[t]; c < l->col0[t + 1]; c++)
+      if (ids[c] >= rows) ids[c] %= rows;
+  }
 }
 
 /* Row r of TSV window x as sample i (the reader reduced the ids already). */
@@ -956,6 +964,7 @@ static ur_status open_source(ur_loader *l, const ur_loader_opts *o) {
     l->col0[l->T] = l->H;
     l->grouped = l->synth.groups > 0;
     l->total = o->samples;
+    for (int t = 0; t < l->T; t++) l->rows_mod[t] = t < 26 && o->criteo.rows[t] > 0 ? o->criteo.rows[t] : 0;
     return UR_STATUS_OK;
   }
   if (o->source == UR_SOURCE_CRITEO_BIN) {

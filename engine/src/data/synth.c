@@ -32,6 +32,10 @@ ur_status ur_synth_check(const ur_synth_spec *s) {
                        "synthetic: table %d has ids per sample %d..%d; expected 0 <= min <= max, "
                        "1 <= max <= 4096",
                        t + 1, (int)tb->hot_min, (int)tb->hot_max);
+    if (tb->id_space < 0 || tb->id_space > (1ll << 40))
+      return ur__error(UR_STATUS_INVALID,
+                       "synthetic: table %d has an id space of %lld; expected 1..2^40, or 0 (its "
+                       "rows)", t + 1, (long long)tb->id_space);
     if (!(tb->signal >= 0 && tb->signal < 100))
       return ur__error(UR_STATUS_INVALID, "synthetic: table %d has signal %g; expected 0..100",
                        t + 1, (double)tb->signal);
@@ -73,7 +77,7 @@ ur_status ur__synth_expand(const ur_synth_spec *s, ur__synth *x) {
   for (int t = 0; t < s->num_tables; t++) {
     const ur_synth_table *in = &s->tables[t];
     ur__synth_tab *o = &x->t[t];
-    o->rows = in->rows;
+    o->rows = in->id_space > 0 ? in->id_space : in->rows; /* the range ids are drawn from */
     o->col0 = x->H;
     o->hot_min = in->hot_min;
     o->hot_max = in->hot_max;

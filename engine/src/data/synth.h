@@ -14,7 +14,7 @@
 
 /* A table of the spec, expanded: Zipf constants, the id scatter, the column of its ids. */
 typedef struct ur__synth_tab {
-  int64_t rows, col0;
+  int64_t rows, col0;             /* rows: the id space (the spec's id_space, else its rows) */
   double s, hx1, hn, sv;          /* rejection-inversion Zipf (Hoermann & Derflinger) */
   uint64_t pa, pb;                /* id = (rank * pa + pb) mod rows: hot ids scattered */
   int32_t hot_min, hot_max, weighted, zipf;

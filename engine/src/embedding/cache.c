@@ -1040,6 +1040,49 @@ ur_status ur_cache_invalidate(ur_cache *c) {
   return st;
 }
 
+ur_status ur_cache_drop(ur_cache *c, int32_t table, const int64_t *ids, int64_t n,
+                       int64_t *dropped) {
+  UR__ARGS(c, ids);
+  if (dropped) *dropped = 0;
+  ur_status st = check_alive(c);
+  if (st) return st;
+  if (table < 0 || table >= c->nt)
+    return ur__error(UR_STATUS_INVALID, "cache: drop: table %d; expected 0..%d", (int)table,
+                     (int)c->nt - 1);
+  if (ur_cache_in_flight(c))
+    return ur__error(UR_STATUS_INVALID, "cache: %d batches are in flight; retire them before "
+                                        "dropping rows", (int)ur_cache_in_flight(c));
+  for (int64_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= c->rows[table])
+      return ur__error(UR_STATUS_INVALID, "cache: drop: ids[%lld] = %lld is outside the table's "
+                       "%lld rows", (long long)i, (long long)ids[i], (long long)c->rows[table]);
+  double t0 = now_s();
+  if ((st = pull_state(c, 1))) return st;
+  const ur_backend *g = c->be;
+  int64_t k = 0;
+  for (int64_t i = 0; i < n && !st; i++) {
+    uint64_t key = (uint64_t)(c->kbase[table] + ids[i]);
+    int64_t base = set_of(c, key, table) * UR_CACHE_WAYS;
+    for (int w = 0; w < UR_CACHE_WAYS; w++)
+      if (c->tag[base + w] == key) {
+        c->tag[base + w] = EMPTY;
+        c->dirty[base + w] = 0;
+        k++;
+        break;
+      }
+    /* the row's LFU count belongs to the id that leaves */
+    if (c->dev.freq) st = g->fill(NULL, c->dev.freq + key, 1, 4, 0);
+  }
+  if (!st && k && c->tag != c->dev.tag) {
+    st = g->copy(NULL, c->dev.tag, c->tag, (size_t)c->S * 8);
+    if (!st) st = g->copy(NULL, c->dev.dirty, c->dirty, (size_t)c->S);
+  }
+  if (!st) st = g->stream_sync(NULL);
+  if (!st && dropped) *dropped = k;
+  c->seconds += now_s() - t0;
+  return st;
+}
+
 ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *out) {
   UR__ARGS(c, out);
   memset(out, 0, sizeof *out);

@@ -496,6 +496,112 @@ ur_status ur_tbe_init_table(ur_stream *s, ur_tbe *t, int32_t i, double lo, doubl
   return draw(s, t, i, lo, hi, seed);
 }
 
+/* The backend that writes memory of placement p: the collection's GPU for device memory, and
+ * for managed memory when the collection runs on a GPU (its rows may sit in HBM); else the
+ * CPU, after the device is done with it. */
+static const ur_backend *writer_of(const ur_tbe *t, ur_place p) {
+  if (p == UR_PLACE_DEVICE || (p == UR_PLACE_MANAGED && t->home == UR_PLACE_DEVICE)) return t->be;
+  return ur__cpu();
+}
+
+/* One array a reset writes: its rows indexed by physical row (weights, state) or by id
+ * (access counters). */
+typedef struct reset_part {
+  void *base;
+  ur_place place;
+  size_t row_bytes;
+  int by_id, is_weights;
+} reset_part;
+
+ur_status ur_tbe_reset_rows(ur_stream *s, ur_tbe *t, int32_t i, const int64_t *ids, int64_t n) {
+  UR__ARGS(t, ids);
+  ur_status st = check_index(t, i);
+  if (st) return st;
+  const ur_tbe_table_config *c = &t->tc[i];
+  if (n < 0) return ur__error(UR_STATUS_INVALID, "tbe: reset_rows of %lld rows", (long long)n);
+  /* a shard's rows are drawn at its logical table's counters, which rand_rows does not take */
+  if (c->logical_rows != 0)
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: reset_rows: table '%s' is a shard of logical table %d; rows of sharded "
+                     "tables cannot be reset (managed collisions need unsharded tables)",
+                     c->name, (int)c->logical);
+  for (int64_t k = 0; k < n; k++)
+    if (ids[k] < 0 || ids[k] >= c->rows)
+      return ur__error(UR_STATUS_INVALID,
+                       "tbe: reset_rows: ids[%lld] = %lld is outside table '%s' (rows 0..%lld)",
+                       (long long)k, (long long)ids[k], c->name, (long long)c->rows - 1);
+  if (!n) return UR_STATUS_OK;
+  ur__tbe_table d;
+  int32_t wplace;
+  if ((st = ur__tbe_backing(t, i, &d, &wplace))) return st;
+  void *sh = s ? s->handle : NULL;
+  /* The ids and their physical rows in host memory, and (when the GPU writes) on the device. */
+  int64_t *hphys = malloc(sizeof(int64_t) * (size_t)n);
+  if (!hphys) return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
+  ur_tensor *dev = NULL;
+  int64_t *dids = NULL, *dphys = NULL;
+  ur_tensor *perm = t->perm[i];
+  if (t->home == UR_PLACE_DEVICE) {
+    st = ur__tbe_home_tensor(t, &dev, UR_DTYPE_I64, 2 * n);
+    if (!st) {
+      dids = ur_tensor_data(dev);
+      dphys = dids + n;
+      st = t->be->copy(sh, dids, ids, sizeof(int64_t) * (size_t)n);
+    }
+    if (!st && perm) {
+      if (!(st = UR__NEED(t->be, tbe, gather_rows)))
+        st = t->be->tbe->gather_rows(sh, ur_tensor_data(perm), c->rows, 8, dids, n, dphys);
+      if (!st) st = t->be->copy(sh, hphys, dphys, sizeof(int64_t) * (size_t)n);
+      if (!st) st = t->be->stream_sync(sh);
+    } else if (!st) {
+      memcpy(hphys, ids, sizeof(int64_t) * (size_t)n);
+      st = t->be->copy(sh, dphys, ids, sizeof(int64_t) * (size_t)n);
+    }
+  } else {
+    const int64_t *p = perm ? ur_tensor_data(perm) : NULL;
+    for (int64_t k = 0; k < n; k++) hphys[k] = p ? p[ids[k]] : ids[k];
+  }
+  /* Every array the reset writes, and the rows it is indexed by. */
+  reset_part parts[4];
+  int np = 0;
+  parts[np++] = (reset_part){d.weights, (ur_place)wplace, 0, 0, 1};
+  int rowwise = t->cfg.optim.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD;
+  size_t srow = (size_t)(rowwise ? 1 : c->dim) * 4;
+  if (d.state1) parts[np++] = (reset_part){d.state1, (ur_place)t->splace[i], srow, 0, 0};
+  if (d.state2) parts[np++] = (reset_part){d.state2, (ur_place)t->splace[i], srow, 0, 0};
+  if (t->counts[i]) parts[np++] = (reset_part){ur_tensor_data(t->counts[i]), t->home, 4, 1, 0};
+  double b = 1.0 / sqrt((double)c->rows);
+  uint64_t seed = table_seed(t->cfg.seed, i);
+  int synced = 0;
+  for (int k = 0; k < np && !st; k++) {
+    const ur_backend *w = writer_of(t, parts[k].place);
+    int on_gpu = w != ur__cpu();
+    const int64_t *rows = parts[k].by_id ? (on_gpu ? dids : ids) : (on_gpu ? dphys : hphys);
+    const int64_t *from = on_gpu ? dids : ids;
+    if (!on_gpu && !synced && t->home == UR_PLACE_DEVICE) {
+      st = ur_device_sync();
+      synced = 1;
+      if (st) break;
+    }
+    if (parts[k].is_weights ? !w->rand_rows : !w->zero_rows) {
+      st = ur__missing(w, "core", parts[k].is_weights ? "rand_rows" : "zero_rows");
+    } else if (parts[k].is_weights) {
+      st = w->rand_rows(on_gpu ? sh : NULL, parts[k].base, c->dtype, (size_t)c->dim, rows, from,
+                        (size_t)n, -b, b, seed);
+    } else {
+      st = w->zero_rows(on_gpu ? sh : NULL, parts[k].base, parts[k].row_bytes, rows, (size_t)n);
+    }
+  }
+  /* the device copies of ids and rows must outlive the kernels that read them */
+  if (dev) {
+    ur_status st2 = t->be->stream_sync(sh);
+    if (!st) st = st2;
+  }
+  ur_tensor_free(dev);
+  free(hphys);
+  return st;
+}
+
 /* ---- what the rest of the room reaches (table.h) ---- */
 
 ur_status ur__tbe_home_tensor(const ur_tbe *t, ur_tensor **out, ur_dtype dtype, int64_t n) {

@@ -13,7 +13,9 @@
  *   pages.c      page prefetch of managed tables
  *   tbe.c        the checks of a call; forward, backward, the sparse gradient, the row gather
  *   cache.c      the software cache
- * The five after table.c call table.c and no other.  The collection reaches its kernels only through
+ * The five after table.c call table.c and no other.  Managed collisions (mc.c, mc_cpu.c, mc.h)
+ * map raw ids to rows before any of this and call none of it: the rows they give to other ids
+ * are reset through ur_tbe_reset_rows (table.c) and ur_cache_drop (cache.c) by their caller.  The collection reaches its kernels only through
  * t->be->tbe (tbe_cpu.c or kernels/tbe.cu), a cache through c->be->cache (cache_cpu.c or
  * kernels/cache.cu); a freed collection lets its cache and its page state go through hooks. */
 #ifndef UR_TABLE_H

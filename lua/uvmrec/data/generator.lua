@@ -33,6 +33,16 @@ function M.open(o, spec, level)
   end
   local c = spec.cspec
   local B, T, D = o.batch_size, c.num_tables, c.num_dense
+  -- ids are laid out as drawn: reducing them modulo rows is the threaded loader's work
+  local rows = type(o.rows) == "table" and o.rows or { o.rows }
+  for i = 1, math.min(T, 26) do
+    local r = rows[#rows == 1 and 1 or i]
+    if r and r > 0 and tonumber(c.tables[i - 1].id_space) > r then
+      error(("loader: the generator (placement '%s') keeps the ids it draws; table %d draws from an id space of %d "
+        .. "and rows = %d would take them modulo: use placement 'pinned' (the threaded loader reduces them)")
+        :format(o.placement, i, tonumber(c.tables[i - 1].id_space), r), level)
+    end
+  end
   local hot, fixed, weighted, H = ffi.new("int32_t[?]", math.max(T, 1)), true, false, 0
   for t = 0, T - 1 do
     hot[t] = c.tables[t].hot_max

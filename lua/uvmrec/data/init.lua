@@ -39,7 +39,8 @@ end
 
 -- ---- Criteo TSV ----
 
-local function rows_list(rows, level)
+-- raw: 0 is a size too (the loader keeps that table's ids raw, for managed collisions).
+local function rows_list(rows, level, raw)
   if rows == nil then return nil end
   if type(rows) == "number" then
     local r = {}
@@ -50,16 +51,17 @@ local function rows_list(rows, level)
     error("criteo: rows must be 26 table sizes (one per categorical column) or one number", level + 1)
   end
   for i, r in ipairs(rows) do
-    if type(r) ~= "number" or r < 1 or r > 2 ^ 32 or r ~= math.floor(r) then
-      error(("criteo: rows of C%d is %s; table sizes are whole numbers from 1 to 2^32"):format(i, tostring(r)),
-        level + 1)
+    if type(r) ~= "number" or r < (raw and 0 or 1) or r > 2 ^ 32 or r ~= math.floor(r) then
+      error(("criteo: rows of C%d is %s; table sizes are whole numbers from 1 to 2^32%s"):format(i, tostring(r),
+        raw and ", or 0 (the table's raw ids)" or ""), level + 1)
     end
   end
   return rows
 end
 
--- opts: rows (26 sizes or one), pad_missing_fields, on_bad_line ("fail" or "skip"), chunk_bytes.
-local function criteo_opts(opts, level)
+-- opts: rows (26 sizes or one), pad_missing_fields, on_bad_line ("fail" or "skip"), chunk_bytes;
+-- raw: a size 0 keeps the table's ids raw (the loader's).
+local function criteo_opts(opts, level, raw)
   opts = opts or {}
   local o = ffi.new("ur_criteo_opts")
   o.pad_missing_fields = opts.pad_missing_fields and 1 or 0
@@ -69,7 +71,7 @@ local function criteo_opts(opts, level)
   end
   o.skip_bad_lines = bad == "skip" and 1 or 0
   o.chunk_bytes = opts.chunk_bytes or 0
-  local rows = rows_list(opts.rows, level + 1)
+  local rows = rows_list(opts.rows, level + 1, raw)
   for i = 1, 26 do o.rows[i - 1] = rows and rows[i] or 0 end
   return o
 end

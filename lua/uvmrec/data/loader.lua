@@ -129,19 +129,21 @@ function methods:close() free_loader(self) end
 methods.free = methods.close
 
 -- ur.data.loader{data = spec, batch_size =, samples = (synthetic), rows = (26 sizes or one: ids
--- mod rows), depth = 4, threads = 0 (UR_NUM_THREADS, else every core), drop_last = false,
+-- mod rows, of files and of synthetic data's first 26 tables; 0: raw ids), depth = 4,
+-- threads = 0 (UR_NUM_THREADS, else every core), drop_last = false,
 -- shuffle_window = 0, seed = 0, epochs = 1, rank = 0, world = 1 (each rank reads its share of
 -- the rows), slice_rank = 0, slice_world = 0 (> 1: batch_size is a global batch and each batch
 -- is this rank's slice of it: samples [n * slice_rank / slice_world, n * (slice_rank + 1) /
 -- slice_world) of its n, as data-parallel training reads them), position = {epoch, sample},
--- placement = "pinned" (synthetic data: "device" draws on the GPU, uvmrec.data.generator),
--- stream (that placement's), keys = {...}, on_bad_line = "fail", pad_missing_fields = false}
+-- placement = "pinned" (synthetic data: "device" draws on the GPU, uvmrec.data.generator, which
+-- keeps ids as drawn), stream (that placement's), keys = {...}, on_bad_line = "fail",
+-- pad_missing_fields = false}
 function M.loader(o)
   if type(o) ~= "table" then error("loader: expected a table of options", 2) end
   local src = M.source(o.data, 2)
   local co = ffi.new("ur_loader_opts")
   local keep = {} -- luacheck: ignore 241 (what the C struct points at, alive until open returns)
-  co.criteo = require("uvmrec.data").criteo_opts(o, 2)
+  co.criteo = require("uvmrec.data").criteo_opts(o, 2, true)
   if src.kind == "synthetic" then
     local synthetic = require "uvmrec.data.synthetic"
     local spec = src.spec

@@ -1,10 +1,15 @@
 -- Synthetic data with a learnable signal.  A spec is a preset name or a table:
 --   { num_dense = 13, seed = 1, bias = -1.2, dense_signal = 0.08, signal_total = 2.6,
---     groups = 0, drift = 0 (ranks the hot ids move a sample),
---     tables = { { name = "C1", rows = 1000, zipf = 1.05 (0: uniform),
---                    hot = 1 | {min, max}, weighted = false, signal = nil }, ... } }
+--     groups = 0, drift = 0 (ranks the hot ids move a sample), id_space_factor = nil,
+--     tables = { { name = "C1", rows = 1000, zipf = 1.05 (0: uniform), hot = 1 | {min, max},
+--                  weighted = false, signal = nil, id_space = nil }, ... } }
 -- Labels come from a hidden logistic model: per table, each id has a fixed random effect
 -- (std `signal`, by default signal_total / sqrt(tables)); the dense features add a small part.
+-- id_space: ids are drawn from [0, id_space) rather than [0, rows) (raw ids, for managed
+-- collisions; the loader takes them modulo rows where it is given rows); id_space_factor sets
+-- it to that many times rows for tables without their own.  drift: sample i's Zipf rank r is
+-- the undrifted rank r + floor(i drift), modulo the id space (every id climbs a rank each
+-- 1/drift samples: ids never seen rise into the hot set, the hottest leave it), in every table.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -58,6 +63,7 @@ function M.spec(s, overrides, level)
     end
     ct.weighted = t.weighted and 1 or 0
     ct.signal = t.signal or default_signal
+    ct.id_space = t.id_space or (s.id_space_factor and math.floor(s.id_space_factor * t.rows + 0.5)) or 0
     t.name = t.name or ("C" .. i)
     s.hot_max[i] = ct.hot_max
   end
@@ -103,10 +109,12 @@ function M.schema()
     preset = cfg.enum(presets.names), seed = cfg.int { min = 0 }, num_dense = cfg.int { min = 0, max = 4096 },
     bias = cfg.number {}, dense_signal = cfg.number { min = 0 }, signal_total = cfg.number { min = 0 },
     groups = cfg.int { min = 0 }, samples = cfg.int { min = 0 }, drift = cfg.number { min = 0 },
+    id_space_factor = cfg.number { min = 0 },
     tables = cfg.list(cfg.map({
       name = cfg.string {}, rows = cfg.int { min = 1 }, zipf = cfg.number { min = 0 },
       hot = cfg.int { min = 1 }, hot_min = cfg.int { min = 0 }, hot_max = cfg.int { min = 1 },
       weighted = cfg.bool {}, signal = cfg.number { min = 0 },
+      id_space = cfg.int { min = 1 },
     }, { required = { "rows" } })),
   }
 end
@@ -123,7 +131,7 @@ function M.from_config(sec)
       local hot = t.hot or 1
       if t.hot_min or t.hot_max then hot = { t.hot_min or 1, t.hot_max or t.hot_min or 1 } end
       base.tables[i] = { name = t.name, rows = t.rows, zipf = t.zipf or 1.05, hot = hot,
-                         weighted = t.weighted, signal = t.signal }
+                         weighted = t.weighted, signal = t.signal, id_space = t.id_space }
     end
   end
   return base

@@ -11,6 +11,16 @@ local int, number, bool, string, enum, list, map, dict =
 local PLACEMENTS = { "auto", "device", "managed", "host", "cached" }
 -- How a table is sharded over the ranks of a job (uvmrec.dist.plan); a run of one rank ignores it.
 M.SHARDINGS = { "table_wise", "row_wise", "column_wise", "data_parallel" }
+
+-- Managed collisions (uvmrec.mc): the section as a default for every table, or per table;
+-- a policy turns them on ("none": ids modulo rows), the other keys inherit.
+local function collisions_schema()
+  return map {
+    policy = enum { "lfu", "lru", "distance_lfu", "none" },
+    evict_every = int { min = 1 }, fallback_rows = int { min = 1 }, max_candidates = int { min = 1 },
+    decay = number { min = 0, max = 1 }, distance_power = number { min = 0, max = 16 }, fill = bool {},
+  }
+end
 local TBE_OPTIMS = require("uvmrec.optim").names("tables")
 local DENSE_OPTIMS = require("uvmrec.optim").names("dense")
 M.METRICS = { "auc", "ne", "accuracy", "calibration", "ctr" }
@@ -45,7 +55,10 @@ M.schema = map({
       hints = map { policy = string {},                        -- this table's hint policy
                     allowance = string {} },                   -- its own HBM ('20%' of its bytes, '1GiB')
       cache = map { load_factor = number { min = 0, max = 1 } }, -- its own cache size (placement cached)
+      collisions = collisions_schema(),                        -- this table's managed collisions
     }),
+    collisions = collisions_schema(),                          -- managed collisions (uvmrec.mc): raw
+                                                               -- ids to rows by policy, not modulo
     hints = map {                                              -- managed tables (uvmrec.hints)
       policy = string { default = "hot_prefix" },              -- none, host, hot_prefix, adaptive, or a .lua file
       every = int { min = 1, default = 100 },                  -- steps between the policy's intervals
@@ -197,6 +210,31 @@ function M.check(cfg)
       end
     end
   end
+  local managed = M.collisions(cfg)
+  for i, r in ipairs(M.table_rows(cfg)) do
+    local c = managed[i]
+    if c then
+      local own = (e.tables["C" .. i] or {}).collisions or {}
+      local function at(key)
+        return own[key] ~= nil and ("embeddings.tables.C%d.collisions.%s"):format(i, key)
+               or "embeddings.collisions." .. key
+      end
+      if r < 2 then
+        return fail(at("policy"), ("table C%d has %d row; managed collisions need 2 or more (policy none "
+                                   .. "turns them off for one table)"):format(i, r))
+      end
+      if c.fallback_rows and c.fallback_rows >= r then
+        return fail(at("fallback_rows"), ("%d fallback rows leave table C%d (%d rows) none for resident ids")
+                                         :format(c.fallback_rows, i, r))
+      end
+      if c.decay == 0 then return fail(at("decay"), "decay 0 would forget every count; expected a value in (0, 1]") end
+      if c.distance_power == 0 then return fail(at("distance_power"), "expected a value in (0, 16]") end
+    end
+  end
+  if next(managed) and cfg.train.pipeline then
+    return fail("train.pipeline", "managed collisions run in the plain loop for now: a round resets rows that a "
+                .. "batch in flight in the pipeline would still update")
+  end
   local perr = M.check_policy(e.hints.policy)
   if perr then return fail("embeddings.hints.policy", perr) end
   local ok, aerr = pcall(require("uvmrec.hints").parse_allowance, e.hints.allowance, 1)
@@ -305,6 +343,26 @@ function M.check_world(cfg, world, resume)
     end
   end
   return nil
+end
+
+-- Managed collisions per table: {[i] = settings for uvmrec.mc} for the tables that have them
+-- (the default section's keys under the table's own; a policy turns them on, "none" off).
+function M.collisions(cfg)
+  local e, out = cfg.embeddings, {}
+  local default = e.collisions or {}
+  for i = 1, #e.rows do
+    local own = (e.tables["C" .. i] or {}).collisions or {}
+    local policy = own.policy or default.policy
+    if policy and policy ~= "none" then
+      local c = {}
+      for _, k in ipairs(require("uvmrec.mc").TABLE_SETTINGS) do
+        if own[k] ~= nil then c[k] = own[k] else c[k] = default[k] end
+      end
+      c.policy = policy
+      out[i] = c
+    end
+  end
+  return out
 end
 
 -- The learning-rate factor of the 1-based step (nil for a constant schedule).

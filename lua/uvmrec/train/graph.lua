@@ -30,6 +30,9 @@ function M.usable(model, optimizer)
     return false, "Adam's bias corrections change every step"
   end
   if tbe.cache then return false, "cached tables are prepared on the host every step" end
+  if model.collisions then
+    return false, "managed collisions decide eviction rounds and reset rows on the host between steps"
+  end
   if tbe.bounds == "fatal" then return false, "bounds 'fatal' reads the GPU's flags every forward" end
   if tbe.stochastic_rounding then
     for _, dt in pairs(tbe.dtypes or {}) do

@@ -148,6 +148,55 @@ function M.hints(manager, line, say)
   }
 end
 
+-- A metrics.jsonl line of managed collisions' statistics (mcc: ur.nn.ManagedCollisionCollection):
+-- {"event": "collisions", resident, capacity, occupancy, candidates, lookups, resident_share,
+-- fallback_share, rounds, fills, admissions, evictions, skipped, seconds, tables = {C3 = {...},
+-- ...}} (counts since the start, or the checkpoint resumed from).
+local RECORD = { "resident", "capacity", "occupancy", "candidates", "lookups", "resident_share", "fallback_share",
+                 "rounds", "fills", "admissions", "evictions", "skipped", "seconds" }
+function M.collisions_record(mcc)
+  local s = assert(mcc:stats())
+  local function pick(t)
+    local o = {}
+    for _, k in ipairs(RECORD) do o[k] = t[k] end
+    return o
+  end
+  local rec = pick(s)
+  rec.event, rec.tables = "collisions", {}
+  for name, t in pairs(s.tables) do rec.tables[name] = pick(t) end
+  return rec
+end
+
+-- collisions{collisions = (ur.nn.ManagedCollisionCollection, the model's), every =}: the maps
+-- and counts as the checkpoint component "collisions" (exact resume; eval --checkpoint reads
+-- its maps); every `every` steps their statistics as a "collisions" line and, before the log
+-- hook shows the step, the maps' occupancy and the share of lookups on resident ids beside the
+-- loss; at the end the last step's line (when it was not).  What it shows and writes to is
+-- attached once the run has them (attach{progress =, line =}); self.last: the last record,
+-- self:summary() a line.
+function M.collisions(o)
+  local h = { every = o.every or 10, last = nil }
+  function h.attach(_, a) h.progress, h.line = a.progress, a.line end
+  function h.register(_, reg) reg:register(o.collisions:checkpoint_component("collisions")) end
+  local function note(run)
+    local rec = M.collisions_record(o.collisions) -- waits for the GPU, as the loss's read does
+    rec.step = run.step
+    h.last = rec
+    h.progress.note = ("collisions %.0f%% full, %.1f%% resident"):format(100 * rec.occupancy,
+                                                                           100 * rec.resident_share)
+    h.line(rec)
+  end
+  function h.after(_, run)
+    if run.step % h.every == 0 then note(run) end
+  end
+  function h.finish(_, run)
+    if run.error or not run.loss then return end
+    if not (h.last and h.last.step == run.step) then note(run) end
+  end
+  function h.summary() return o.collisions:summary() end
+  return h
+end
+
 local SIGNALS = { [2] = "SIGINT", [15] = "SIGTERM" }
 
 -- signals(catch): the interrupt flag stops the run at the step boundary after it rises

@@ -101,10 +101,11 @@ function M.optimizer(cfg, model)
 end
 
 -- The loader options of n held-out synthetic samples (data: a spec string or a loader's data
--- table): samples 2^48 .. 2^48 + n - 1, which training never draws.
-function M.held_out(data, n, batch_size)
+-- table): samples 2^48 .. 2^48 + n - 1, which training never draws; rows as the training
+-- data's (ids modulo rows, or raw for managed collisions; nil: as drawn).
+function M.held_out(data, n, batch_size, rows)
   return { data = data, samples = M.HELD_OUT + n, position = { epoch = 0, sample = M.HELD_OUT },
-           batch_size = batch_size, depth = 2 }
+           batch_size = batch_size, depth = 2, rows = rows }
 end
 
 -- Where the data comes from, for the config as resolved (data.train, train.steps set):
@@ -113,6 +114,10 @@ end
 -- what = a line for people}.
 function M.data(cfg, rows)
   local spec, batch = cfg.data.train, cfg.train.batch_size
+  -- What the loader takes ids modulo: each table's rows, but 0 (raw ids) where managed
+  -- collisions map them.
+  local managed, load_rows = M.config.collisions(cfg), {}
+  for i, r in ipairs(rows) do load_rows[i] = managed[i] and 0 or r end
   if spec == "" then return nil, "no training data: give --data SPEC or data.train in the config" end
   local ok, src = pcall(require("uvmrec.data.loader").source, spec)
   if not ok then return nil, (tostring(src):gsub("^[^\n]-:%d+: ", "")) end
@@ -126,7 +131,8 @@ function M.data(cfg, rows)
     if #base.tables ~= #rows then
       return nil, ("--data %s: %d sparse features, but the model has %d tables"):format(spec, #base.tables, #rows)
     end
-    -- Ids the capped tables cannot hold are not drawn: the hidden model lives on the capped rows.
+    -- Ids the capped tables cannot hold are not drawn: the hidden model lives on the capped rows
+    -- (unless the spec draws from an id space of its own: id_space, id_space_factor).
     for i, t in ipairs(base.tables) do t.rows = math.min(t.rows, rows[i]) end
     local s = synthetic.spec(base, nil, 2)
     local n = cfg.data.samples > 0 and cfg.data.samples or (samples and cfg.train.steps == 0 and samples)
@@ -137,10 +143,21 @@ function M.data(cfg, rows)
         or ("train.steps %.0f x train.batch_size %d"):format(cfg.train.steps, batch))
     end
     common.data, common.samples = { kind = "synthetic", spec = s }, n
+    -- Ids beyond a table's rows are taken modulo them by the loader, or kept raw for managed
+    -- collisions.
+    local wide = false
+    for i = 0, s.cspec.num_tables - 1 do
+      wide = wide or tonumber(s.cspec.tables[i].id_space) > tonumber(s.cspec.tables[i].rows)
+    end
+    if wide and #rows ~= 26 then
+      return nil, ("--data %s: an id space larger than the tables needs the loader's 26 tables (this "
+                   .. "model has %d)"):format(spec, #rows)
+    end
+    common.rows = wide and load_rows or nil
     d.train = common
     d.steps = cfg.train.steps > 0 and cfg.train.steps or math.ceil(n / batch) * cfg.train.epochs
     if cfg.data.eval == "" and d.eval_samples > 0 then
-      d.eval = M.held_out(common.data, d.eval_samples, cfg.eval.batch_size)
+      d.eval = M.held_out(common.data, d.eval_samples, cfg.eval.batch_size, common.rows)
       -- The ceiling from at most CEILING_SAMPLES of them: it is computed on the host.
       d.ceiling_samples = math.min(d.eval_samples, M.CEILING_SAMPLES)
       d.ceiling = function() return synthetic.hidden_auc(s, d.ceiling_samples, M.HELD_OUT) end
@@ -148,7 +165,7 @@ function M.data(cfg, rows)
         n, d.eval_samples)
     end
   else
-    common.data, common.rows = spec, rows
+    common.data, common.rows = spec, load_rows
     d.train = common
     d.steps = cfg.train.steps > 0 and cfg.train.steps or nil
   end
@@ -156,7 +173,7 @@ function M.data(cfg, rows)
     if cfg.data.eval:match("^synthetic:") then
       d.eval = M.held_out(cfg.data.eval, d.eval_samples, cfg.eval.batch_size)
     else
-      d.eval = { data = cfg.data.eval, rows = rows, batch_size = cfg.eval.batch_size, depth = 2,
+      d.eval = { data = cfg.data.eval, rows = load_rows, batch_size = cfg.eval.batch_size, depth = 2,
                  on_bad_line = cfg.data.on_bad_line, pad_missing_fields = cfg.data.pad_missing_fields }
     end
     d.what = ("%s; evaluation on %s"):format(spec, cfg.data.eval)
@@ -484,7 +501,11 @@ function run_plain(cfg, opts)
   local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1,
                 comm = comm, allow_nonfinite = opts.allow_nonfinite }
   local trainer = M.hooks.trainer(ctx)
-  ctx.registry = registry(ctx, { trainer, unpack(opts.hooks or {}) })
+  local collisions = model.collisions and M.hooks.collisions { collisions = model.collisions,
+                                                               every = cfg.train.log_every }
+  local own = { trainer, collisions or nil }
+  for _, h in ipairs(opts.hooks or {}) do own[#own + 1] = h end
+  ctx.registry = registry(ctx, own)
   if opts.setup then opts.setup(ctx) end
   local ckdir = out and out .. "/checkpoints"
   local resumed
@@ -532,7 +553,13 @@ function run_plain(cfg, opts)
   for k, v in pairs(data.train) do topts[k] = v end
   topts.position = ctx.position
   -- synthetic data in order is drawn on the GPU where it is used (uvmrec.data.generator)
-  if gpu and type(topts.data) == "table" and (topts.shuffle_window or 0) == 0 then topts.placement = "device" end
+  -- (it draws ids as the spec does: ids from a wide id space that tables take modulo their
+  -- rows come through the loader, which reduces them)
+  local reduced = false
+  for _, r in ipairs(topts.rows or {}) do reduced = reduced or r > 0 end
+  if gpu and type(topts.data) == "table" and (topts.shuffle_window or 0) == 0 and not reduced then
+    topts.placement = "device"
+  end
   local loader, err = ur.data.loader(topts)
   if not loader then return nil, err end
   local last = cfg.train.steps > 0 and cfg.train.steps or nil
@@ -559,6 +586,10 @@ function run_plain(cfg, opts)
   hooks[#hooks + 1] = guard and guard:hook {
     every = cfg.train.log_every, line = log.line, say = say,
     saves = checkpoints and every > 0 and function(step) return step % every == 0 end } or nil
+  if collisions then -- before the log hook, which shows its note with the loss
+    collisions:attach { progress = progress, line = log.line }
+    hooks[#hooks + 1] = collisions
+  end
   hooks[#hooks + 1] = logger
   hooks[#hooks + 1] = trainer
   hooks[#hooks + 1] = ctx.hints and M.hooks.hints(ctx.hints, log.line, say) or nil
@@ -615,6 +646,10 @@ function run_plain(cfg, opts)
     say(ctx.hints:summary())
     result.hints = ctx.hints.last
     ctx.hints:free()
+  end
+  if collisions then
+    say(collisions:summary())
+    result.collisions = collisions.last
   end
   local cs = model.embeddings.cache_stats and model.embeddings:cache_stats()
   if cs then
@@ -699,7 +734,9 @@ function M.eval(cfg, opts)
   local gpu = ur.gpu() and not opts.cpu
   local ctx = { cfg = cfg, model = model, optimizer = M.optimizer(cfg, model), step = 0, samples = 0, first = 1,
                 allow_nonfinite = opts.allow_nonfinite }
-  ctx.registry = registry(ctx, { M.hooks.trainer(ctx) })
+  -- a model with managed collisions looks up through the checkpoint's maps
+  ctx.registry = registry(ctx, { M.hooks.trainer(ctx), model.collisions and M.hooks.collisions {
+    collisions = model.collisions } or nil })
   if opts.setup then opts.setup(ctx) end
   local loaded
   if opts.checkpoint then

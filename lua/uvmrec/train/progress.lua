@@ -67,12 +67,15 @@ end
 
 local function fields(self, step)
   local parts = { self.total and ("step %d/%d"):format(step, self.total) or ("step %d"):format(step) }
-  return parts, {
+  local rest = {
     self.rate and (M.count(self.rate) .. " samples/s") or "- samples/s",
     self.loss and ("loss %.4f"):format(self.loss) or "loss -",
-    "ETA " .. ((self.total and self.rate and self.rate > 0)
-      and M.duration((self.total - step) * self.samples_per_step / self.rate) or "?"),
   }
+  -- a note the trainer sets (managed collisions' share of resident lookups)
+  if self.note then rest[#rest + 1] = self.note end
+  rest[#rest + 1] = "ETA " .. ((self.total and self.rate and self.rate > 0)
+    and M.duration((self.total - step) * self.samples_per_step / self.rate) or "?")
+  return parts, rest
 end
 
 -- After step `step` with `samples` seen in all and the loss just read.  Samples/s is over the

@@ -1,0 +1,187 @@
+-- uvmrec.nn.ManagedCollisionCollection: raw ids to rows, in front of an embedding collection.
+-- The ids that rank best by each table's policy hold rows of their own; every other id reads
+-- one of the table's last fallback_rows rows (uvmrec.mc; docs/collisions.md).  After a round,
+-- the rows given to other ids are drawn again in the collection (weights as the collection
+-- first drew them, optimizer state and access counters zeroed), so a new id never inherits
+-- another's embedding.
+--
+--   local ebc = ur.nn.EmbeddingBagCollection{ tables = { { name = "t", rows = 1000, dim = 16 } } }
+--   local mcc = ur.nn.ManagedCollisionCollection{ collection = ebc, policy = "lfu", evict_every = 100 }
+--   local rows = mcc:forward(kjt)      -- a KJT of rows; training mode counts, evaluate() only looks up
+--   ebc:backward(rows, ebc:forward(rows))
+--
+-- Options: collection (an EmbeddingBagCollection, EmbeddingCollection or uvmrec.tbe: the
+-- features, the rows and the device come from it), tables (a map from table name to its own
+-- settings; default: every table), and the settings as defaults for every table: policy,
+-- evict_every, fallback_rows, max_candidates, decay, distance_power, fill (uvmrec.mc.settings),
+-- seed.  Without a collection: tables is uvmrec.mc.new's list, and nothing is reset.
+local ffi = require "ffi"
+local Module = require "uvmrec.nn.Module"
+local mc = require "uvmrec.mc"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local kjt = require "uvmrec.kjt"
+local C = lib.C
+
+local MCC = Module:extend("ManagedCollisionCollection")
+
+function MCC:__init(opts)
+  Module.__init(self)
+  if type(opts) ~= "table" then error("ManagedCollisionCollection: expected a table of options", 3) end
+  local o = {}
+  for k, v in pairs(opts) do
+    if k ~= "collection" then o[k] = v end
+  end
+  local coll = opts.collection
+  if coll ~= nil then
+    local tbe = type(coll) == "table" and (coll.tbe or (coll.table_names and coll)) or nil
+    if not tbe then
+      error("ManagedCollisionCollection: collection must be an embedding collection (EmbeddingBagCollection, "
+            .. "EmbeddingCollection or uvmrec.tbe)", 3)
+    end
+    local per = opts.tables
+    if per ~= nil and type(per) ~= "table" then
+      error("ManagedCollisionCollection: tables must map table names to their settings", 3)
+    end
+    for name in pairs(per or {}) do
+      if not tbe.table_index[name] then
+        error(("ManagedCollisionCollection: no table named '%s' in the collection (tables: %s)")
+              :format(tostring(name), table.concat(tbe.table_names, ", ")), 3)
+      end
+    end
+    local h = lib.ptr(tbe.h, "embedding collection", 3)
+    local feats = {}
+    for i = 1, #tbe.features do
+      local tname = ffi.string(C.ur_tbe_table_name(h, C.ur_tbe_feature_table(h, i - 1)))
+      feats[tname] = feats[tname] or {}
+      feats[tname][#feats[tname] + 1] = tbe.features[i]
+    end
+    local list = {}
+    for _, name in ipairs(tbe.table_names) do
+      local own = per == nil and {} or per[name]
+      if own then
+        if type(own) ~= "table" then
+          error(("ManagedCollisionCollection: tables.%s must be a table of settings"):format(name), 3)
+        end
+        local t = { name = name, rows = tbe.rows[name], features = feats[name] or {} }
+        for k, v in pairs(own) do t[k] = v end
+        list[#list + 1] = t
+      end
+    end
+    o.tables, o.features = list, { unpack(tbe.features) }
+    o.device = tbe.device >= 0 and tbe.device or "cpu"
+    self.tbe = tbe
+  end
+  self.map = assert(mc.new(o, 3))
+  self.device = self.map.device
+  self.placement = self.map:placement()
+  self.table_names = self.map.table_names
+end
+
+-- A KJT of rows for a KJT of raw ids (a batch's sparse part), valid until the next forward (its
+-- values are the module's buffer).  In training mode the rounds due run first and the batch is
+-- counted, and the rows a round gave to other ids are reset in the collection.
+function MCC:updateOutput(input)
+  if not kjt.is(input) then
+    error("ManagedCollisionCollection: forward takes a KJT (ur.KJT, a batch's sparse part), not a "
+          .. type(input), 2)
+  end
+  local update = self.train ~= false
+  local values = input:values()
+  local n = values:numel()
+  -- rows where the ids are (a KJT keeps one placement): device memory for a map on a GPU, the
+  -- ids' own host, pinned or managed memory for one on the CPU
+  local place = self.device >= 0 and "device" or values:placement()
+  if not self._out or self._out:numel() < n or self._out:placement() ~= place then
+    if self._out then self._out:free() end
+    local o = { dtype = "i64", placement = place }
+    if self.device >= 0 then o.device = self.device end
+    self._out = assert(tensor.tensor({ math.max(n, 1) }, o))
+  end
+  local out = n == self._out:numel() and self._out or self._out:view(0, n)
+  local rows = assert(self.map:remap(input, { update = update, out = out }, self.stream))
+  if out ~= self._out then out:free() end
+  if update and self.tbe then
+    for _, name in ipairs(self.table_names) do
+      local p, k = self.map:reassigned_ptr(name)
+      if k > 0 then assert(self.tbe:reset_rows(name, p, k, self.stream)) end
+    end
+  end
+  self.output = rows
+  return rows
+end
+
+-- Ids have no gradient, and the map has no parameters.
+function MCC:updateGradInput(input, gradOutput) -- luacheck: ignore 212
+  self.gradInput = nil
+  return nil
+end
+
+-- The map lives where the collection runs: to() moves nothing.
+function MCC:to() return self end
+
+function MCC:stats() return self.map:stats() end
+function MCC:reset_stats() self.map:reset_stats() return self end
+
+-- One line for people: occupancy, where lookups landed, rounds.
+function MCC:summary()
+  local s = assert(self.map:stats())
+  return ("collisions: %d tables, %d of %d rows held by ids (%.1f%%); of %d lookups %.1f%% on resident ids, "
+          .. "%.1f%% on fallback rows; %d rounds (%d fills), %d admissions, %d evictions")
+         :format(#self.table_names, s.resident, s.capacity, 100 * s.occupancy, s.lookups,
+                 100 * s.resident_share, 100 * s.fallback_share, s.rounds, s.fills, s.admissions, s.evictions)
+end
+
+-- A checkpoint registry component (uvmrec.checkpoint) holding every table's map and counts:
+-- tensors "<table>.<ids|counts|window|last|cand_ids|cand_counts|cand_last>", meta {step,
+-- counts = {table = {lookups, ...}}, settings = {table = {policy, ...}}}.  Its tensors' sizes
+-- vary with the candidates, so the registry hands load() views of the file's; a load into
+-- tables with other settings (or other tables) is an error naming the first difference.
+function MCC:checkpoint_component(name)
+  local map = self.map
+  return {
+    name = name or "collisions", views = true,
+    state = function()
+      local ts, counts = {}, {}
+      for _, t in ipairs(map.table_names) do
+        local st = assert(map:state(t))
+        counts[t] = {}
+        for _, k in ipairs(mc.STATE_TENSORS) do ts[t .. "." .. k] = st[k] end
+        for _, k in ipairs(mc.STATE_COUNTS) do counts[t][k] = st[k] end
+      end
+      return { tensors = ts, meta = { step = map:step(), counts = counts, settings = map.settings } }
+    end,
+    load = function(tensors, meta)
+      -- the maps hold ids ranked by these settings: other settings would not resume them
+      for _, t in ipairs(map.table_names) do
+        local theirs = (meta.settings or {})[t]
+        if not theirs then
+          error(("collisions: the checkpoint has no managed collisions for table %s"):format(t), 0)
+        end
+        for _, k in ipairs(mc.TABLE_SETTINGS) do
+          if theirs[k] ~= map.settings[t][k] then
+            error(("collisions: table %s's %s differs from the checkpoint's (the checkpoint has %s, this run has %s)")
+                  :format(t, k, tostring(theirs[k]), tostring(map.settings[t][k])), 0)
+          end
+        end
+      end
+      for _, t in ipairs(map.table_names) do
+        local st = {}
+        for _, k in ipairs(mc.STATE_TENSORS) do
+          st[k] = tensors[t .. "." .. k]
+          if not st[k] then error(("collisions: the checkpoint has no tensor %s.%s"):format(t, k), 0) end
+        end
+        for k, v in pairs((meta.counts or {})[t] or {}) do st[k] = v end
+        assert(map:load_state(t, st))
+      end
+      map:set_step(meta.step or 0)
+    end,
+  }
+end
+
+function MCC:extra_repr()
+  local s = self.map.settings[self.table_names[1]]
+  return ("(%d tables, %s, evict_every %d)"):format(#self.table_names, s.policy, s.evict_every)
+end
+
+return MCC

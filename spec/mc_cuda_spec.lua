@@ -1,0 +1,116 @@
+-- uvmrec.mc on the GPU against the CPU reference: the same rows for every id, the same rows
+-- reassigned by every round, the same maps, candidates and counts, batch by batch, for every
+-- policy, on device KJTs with and without a variable batch per feature, through the
+-- candidates' map growing, and twice in a row (the same decisions run to run).  Every test is
+-- #cuda.
+local ur = require "uvmrec"
+local mc = require "uvmrec.mc"
+local h = require "helpers"
+
+local cuda_it = h.cuda_it
+
+local function same_list(a, b, what)
+  assert.equal(#b, #a, what .. ": length")
+  for i = 1, #a do
+    if a[i] ~= b[i] then
+      error(("%s: element %d is %s on the GPU, %s on the CPU"):format(what, i, tostring(a[i]), tostring(b[i])), 2)
+    end
+  end
+end
+
+local function host_list(t)
+  if t:numel() == 0 then return {} end
+  if t:placement() == "device" then t = assert(t:to("host")) end
+  return t:totable()
+end
+
+local function config(policy, device)
+  return { device = device, seed = 5, policy = policy, evict_every = 3, max_candidates = 60,
+           distance_power = policy == "distance_lfu" and 1.5 or 1,
+           tables = { { name = "a", rows = 50, fallback_rows = 3, features = { "f1", "f2" } },
+                      { name = "b", rows = 9, fallback_rows = 1, features = { "f3" } } },
+           features = { "f1", "f2", "p", "f3" } }
+end
+
+local function batch(r, step, B)
+  local values, lengths = {}, {}
+  for f = 1, 4 do
+    local space = f == 4 and 40 or 400
+    for _ = 1, B do
+      local n = r(3) - 1
+      lengths[#lengths + 1] = n
+      for _ = 1, n do values[#values + 1] = (math.floor(space * (r(1000) / 1000) ^ 3) + step * 7) % space end
+    end
+  end
+  return ur.KJT{ keys = { "f1", "f2", "p", "f3" }, values = values, lengths = lengths }
+end
+
+local function compare(g, c, what)
+  for _, name in ipairs(c.table_names) do
+    same_list(g:reassigned(name), c:reassigned(name), what .. " reassigned " .. name)
+    local sg, sc = assert(g:state(name)), assert(c:state(name))
+    for _, k in ipairs(mc.STATE_TENSORS) do
+      same_list(host_list(sg[k]), host_list(sc[k]), what .. " " .. name .. "." .. k)
+    end
+    local tg, tc = assert(g:stats()).tables[name], assert(c:stats()).tables[name]
+    for _, k in ipairs { "resident", "candidates", "lookups", "resident_lookups", "fallback_lookups", "rounds",
+                         "fills", "admissions", "evictions", "skipped" } do
+      assert.equal(tc[k], tg[k], what .. " " .. name .. " " .. k)
+    end
+  end
+end
+
+describe("uvmrec.mc on the GPU", function()
+  for _, policy in ipairs { "lfu", "lru", "distance_lfu" } do
+    cuda_it("makes the CPU's decisions batch by batch (" .. policy .. ", device KJTs, VBE)", function()
+      local g, c = assert(mc.new(config(policy, 0))), assert(mc.new(config(policy, "cpu")))
+      local r = h.rng(3)
+      for step = 1, 30 do
+        local k = batch(r, step, 24)
+        local input = step % 3 == 0 and k:dedup() or k
+        local rg = assert(g:remap(assert(input:to("device"))))
+        local rc = assert(c:remap(input))
+        same_list(host_list(rg:values()), rc:values():totable(), "step " .. step .. " rows")
+        compare(g, c, "step " .. step)
+        if step % 4 == 0 then
+          local ro = assert(g:remap(assert(k:to("device")), { update = false }))
+          same_list(host_list(ro:values()), assert(c:remap(k, { update = false })):values():totable(),
+                    "step " .. step .. " read-only")
+        end
+      end
+      assert.is_true(assert(c:stats()).evictions > 0, "rounds evicted ids")
+    end)
+  end
+
+  cuda_it("grows the candidates' map as the CPU does, skipping the same batch", function()
+    local cfg = { device = 0, fill = false, evict_every = 100,
+                  tables = { { name = "t", rows = 8, fallback_rows = 1 } } }
+    local g = assert(mc.new(cfg))
+    cfg.device = "cpu"
+    local c = assert(mc.new(cfg))
+    for i, n in ipairs { 10, 5000, 5000, 20 } do
+      local ids, l = {}, {}
+      for j = 1, n do ids[j], l[j] = i * 100000 + j, 1 end
+      local k = ur.KJT{ keys = { "t" }, values = ids, lengths = l }
+      g:remap(assert(k:to("device")))
+      c:remap(k)
+      compare(g, c, "batch " .. i)
+    end
+    assert.equal(1, assert(g:stats()).skipped)
+  end)
+
+  cuda_it("makes the same decisions run to run", function()
+    local runs = {}
+    for run = 1, 2 do
+      local g = assert(mc.new(config("lfu", 0)))
+      local r = h.rng(9)
+      local rows = {}
+      for step = 1, 20 do
+        local out = assert(g:remap(assert(batch(r, step, 64):to("device"))))
+        for _, v in ipairs(host_list(out:values())) do rows[#rows + 1] = v end
+      end
+      runs[run] = rows
+    end
+    same_list(runs[2], runs[1], "second run")
+  end)
+end)

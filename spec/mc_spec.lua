@@ -1,0 +1,391 @@
+-- uvmrec.mc, managed collisions, on the CPU: the engine's map against the plain reference
+-- (spec/support/mc_ref.lua) on random streams, batch by batch, for every policy; the
+-- properties the design promises (one id a row, a frequent id keeps its row, empty and full
+-- maps, batches of only new ids, VBE counted as its full batch, the candidates' map growing
+-- without counting a batch half); the state round trip; every documented error.
+local ur = require "uvmrec"
+local mc = require "uvmrec.mc"
+local h = require "helpers"
+local R = require "mc_ref"
+
+local function same_list(a, b, what)
+  assert.equal(#b, #a, what .. ": length")
+  for i = 1, #a do
+    if a[i] ~= b[i] then
+      error(("%s: element %d is %s, the reference has %s"):format(what, i, tostring(a[i]), tostring(b[i])), 2)
+    end
+  end
+end
+
+local function totable_n(t) return t:numel() > 0 and t:totable() or {} end
+
+local function i64(list)
+  local t = ur.tensor({ #list }, { dtype = "i64" })
+  for i, v in ipairs(list) do t:set(i - 1, v) end
+  return t
+end
+
+local function ones(n)
+  local l = {}
+  for i = 1, n do l[i] = 1 end
+  return l
+end
+
+-- A random configuration: 1 to 3 tables, their features (one may pass through), settings.
+local function random_config(r, policy)
+  local cfg = { tables = {}, seed = r(1000), device = "cpu", features = {} }
+  local nt = r(3)
+  for i = 1, nt do
+    local rows = 2 + r(40)
+    local t = { name = "t" .. i, rows = rows, features = {},
+                policy = policy, evict_every = r(6), fallback_rows = r(math.min(4, rows - 1)),
+                max_candidates = r(3) == 1 and r(12) or 1000, decay = ({ 0.5, 0.75, 1 })[r(3)],
+                distance_power = ({ 1, 1.5, 2 })[r(3)], fill = r(4) ~= 1 }
+    for j = 1, r(2) do
+      local f = ("f%d_%d"):format(i, j)
+      t.features[j] = f
+      cfg.features[#cfg.features + 1] = f
+    end
+    cfg.tables[i] = t
+  end
+  if r(2) == 1 then table.insert(cfg.features, r(#cfg.features + 1), "plain") end
+  return cfg
+end
+
+-- A batch of B samples: Zipf-like ids over a space a few times the table, multi-hot bags,
+-- now and then an id of -1, a negative id or one past 2^40.
+local function random_batch(r, ref, B, shift)
+  local batch = {}
+  for f = 1, #ref.features do
+    local tb = ref.table_of[f]
+    local space = tb and 4 * tb.rows or 50
+    batch[f] = {}
+    for b = 1, B do
+      local bag = {}
+      for _ = 1, r(4) - 1 do
+        local u = r(1000000) / 1000000
+        local id = (math.floor(space * u ^ 3) + shift) % space
+        local odd = r(40)
+        if odd == 1 then id = -1 elseif odd == 2 then id = -7 - r(5) elseif odd == 3 then id = 2 ^ 40 + r(9) end
+        bag[#bag + 1] = id
+      end
+      batch[f][b] = bag
+    end
+  end
+  return batch
+end
+
+local function compare_state(m, ref, name, what)
+  local st = assert(m:state(name))
+  local want = ref:state(name)
+  for _, k in ipairs(mc.STATE_TENSORS) do same_list(totable_n(st[k]), want[k], what .. " " .. name .. "." .. k) end
+  local s, ws = assert(m:stats()).tables[name], ref:stats(name)
+  for k, v in pairs(ws) do assert.equal(v, s[k], what .. " " .. name .. " stats." .. k) end
+end
+
+describe("uvmrec.mc", function()
+  for _, policy in ipairs { "lfu", "lru", "distance_lfu" } do
+    it("makes the reference's decisions batch by batch on random streams (" .. policy .. ")", function()
+      local evicted = 0
+      for seed = 1, 6 do
+        local r = h.rng(seed * 7919 + #policy)
+        local cfg = random_config(r, policy)
+        local m = assert(mc.new(cfg))
+        local ref = R.new(cfg)
+        for step = 1, 40 do
+          local batch = random_batch(r, ref, 1 + r(12), math.floor(step / 10) * 17)
+          local want = ref:remap(batch, true)
+          local got = assert(m:remap(ur.KJT(R.kjt_fields(cfg.features, batch))))
+          local what = ("seed %d step %d"):format(seed, step)
+          same_list(got:values():totable(), want, what .. " rows")
+          for _, tb in ipairs(ref.tables) do
+            same_list(m:reassigned(tb.name), tb.reassigned, what .. " reassigned " .. tb.name)
+            evicted = evicted + #tb.reassigned
+          end
+          if step % 7 == 0 then
+            for _, tb in ipairs(ref.tables) do compare_state(m, ref, tb.name, what) end
+          end
+          -- a read-only pass changes nothing
+          if step % 5 == 0 then
+            local ro = assert(m:remap(ur.KJT(R.kjt_fields(cfg.features, batch)), { update = false }))
+            same_list(ro:values():totable(), ref:remap(batch, false), what .. " read-only rows")
+          end
+        end
+        for _, tb in ipairs(ref.tables) do compare_state(m, ref, tb.name, "seed " .. seed .. " end") end
+        assert.equal(40, m:step())
+        m:free()
+      end
+      assert.is_true(evicted > 20, "rounds evicted ids (" .. evicted .. ")")
+    end)
+  end
+
+  it("never gives two resident ids one row, and sends the others to the fallback rows", function()
+    local r = h.rng(42)
+    local m = assert(mc.new{ tables = { { name = "t", rows = 30, fallback_rows = 3 } }, evict_every = 2,
+                             device = "cpu" })
+    for step = 1, 30 do
+      local ids = {}
+      for i = 1, 50 do ids[i] = math.floor(200 * (r(1000) / 1000) ^ 2) + step end
+      local k = ur.KJT{ keys = { "t" }, values = ids, lengths = ones(50) }
+      local rows = assert(m:remap(k)):values():totable()
+      local st = assert(m:state("t"))
+      local held, seen = {}, {}
+      for row, id in ipairs(st.ids:totable()) do
+        if id ~= -1 then
+          assert.is_nil(held[id], ("step %d: id %d holds rows %s and %d"):format(step, id, tostring(held[id]), row - 1))
+          held[id] = row - 1
+        end
+      end
+      for i, id in ipairs(ids) do
+        if held[id] then
+          assert.equal(held[id], rows[i], ("step %d: resident id %d reads its row"):format(step, id))
+        else
+          assert.is_true(rows[i] >= 27 and rows[i] < 30, ("step %d: id %d reads a fallback row"):format(step, id))
+        end
+        if seen[rows[i]] and rows[i] < 27 then
+          assert.equal(seen[rows[i]], id, ("step %d: row %d read by two ids"):format(step, rows[i]))
+        end
+        seen[rows[i]] = id
+      end
+    end
+  end)
+
+  it("keeps the row of an id that stays frequent across rounds", function()
+    for _, policy in ipairs { "lfu", "lru", "distance_lfu" } do
+      local m = assert(mc.new{ tables = { { name = "t", rows = 8, fallback_rows = 1 } }, policy = policy,
+                               evict_every = 1, device = "cpu" })
+      local first
+      for step = 1, 40 do
+        -- id 5 in every batch, many times; the rest churn through a space far larger than the map
+        local ids = { 5, 5, 5, 5 }
+        for i = 1, 12 do ids[#ids + 1] = 100 + step * 12 + i end
+        local rows = assert(m:remap(ur.KJT{ keys = { "t" }, values = ids, lengths = ones(#ids) })):values():totable()
+        if step >= 2 then
+          first = first or rows[1]
+          assert.equal(first, rows[1], policy .. ": step " .. step .. ": id 5 keeps its row")
+          assert.is_true(first < 7, policy .. ": id 5 is resident")
+        end
+      end
+      local s = assert(m:stats())
+      assert.is_true(s.evictions > 50, policy .. ": the others were evicted round after round")
+    end
+  end)
+
+  it("sends everything to the fallback rows while the map is empty, and fills it before the next batch", function()
+    local m = assert(mc.new{ tables = { { name = "t", rows = 10, fallback_rows = 2 } }, device = "cpu" })
+    local k = ur.KJT{ keys = { "t" }, values = { 3, 4, 4, 9 }, lengths = { 1, 2, 1 } }
+    local rows = assert(m:remap(k)):values():totable()
+    for i, row in ipairs(rows) do assert.is_true(row >= 8, "id " .. i .. " on a fallback row") end
+    local s = assert(m:stats())
+    assert.are.same({ 0, 3, 4, 0, 4 }, { s.resident, s.candidates, s.lookups, s.resident_lookups, s.fallback_lookups })
+    rows = assert(m:remap(k)):values():totable()
+    assert.are.same({ 1, 0, 0, 2 }, rows) -- 4 (twice) first, then 3 and 9 by id
+    s = assert(m:stats())
+    assert.are.same({ 3, 0, 1, 3, 0 }, { s.resident, s.candidates, s.fills, s.admissions, s.evictions })
+    -- fill off: nothing is admitted before the first eviction round
+    local m2 = assert(mc.new{ tables = { { name = "t", rows = 10, fallback_rows = 2 } }, fill = false,
+                              evict_every = 3, device = "cpu" })
+    for _ = 1, 3 do rows = assert(m2:remap(k)):values():totable() end
+    assert.is_true(rows[1] >= 8, "still on a fallback row before the round")
+    rows = assert(m2:remap(k)):values():totable()
+    assert.are.same({ 1, 0, 0, 2 }, rows)
+  end)
+
+  it("evicts from a full map only ids that rank below a candidate", function()
+    local m = assert(mc.new{ tables = { { name = "t", rows = 4, fallback_rows = 1 } }, evict_every = 2,
+                             decay = 1, device = "cpu" })
+    local function run(ids)
+      return assert(m:remap(ur.KJT{ keys = { "t" }, values = ids, lengths = ones(#ids) })):values():totable()
+    end
+    run { 1, 1, 1, 2, 2, 3 }           -- step 1: candidates
+    run { 1, 2, 3 }                   -- step 2: filled (1, 2, 3 on rows 0, 1, 2): full
+    local s = assert(m:stats())
+    assert.are.same({ 3, 3 }, { s.resident, s.capacity })
+    run { 7 }                          -- step 3: round before it (step 2 even): 7 is no candidate yet
+    run { 8, 8, 8, 8, 8, 8, 8, 8 }     -- step 4: 7 (1 lookup) and 8 (8) wait
+    local rows = run { 8, 3 }          -- round: 8 (8 lookups) beats 3 (2), 7 (1) loses to 2 (3)
+    assert.equal(2, rows[1], "8 took row 2, which was 3's")
+    assert.is_true(rows[2] == 3, "3 went to the fallback row")
+    assert.are.same({ 2 }, m:reassigned("t"))
+    s = assert(m:stats())
+    assert.are.same({ 1, 1 }, { s.evictions, s.rounds - 1 })
+    local _, res = m:lookup("t", { 1, 2, 3, 7, 8 })
+    assert.are.same({ true, true, false, false, true }, res)
+  end)
+
+  it("admits from a batch of only new ids, best first, and forgets the rest at the next round", function()
+    local m = assert(mc.new{ tables = { { name = "t", rows = 6, fallback_rows = 1 } }, evict_every = 2,
+                             device = "cpu" })
+    local ids = { 50, 51, 51, 52, 52, 52, 53, 54, 55, 56 }
+    m:remap(ur.KJT{ keys = { "t" }, values = ids, lengths = ones(#ids) })
+    local rows = assert(m:remap(ur.KJT{ keys = { "t" }, values = { 52, 51, 50, 56 }, lengths = { 1, 1, 1, 1 } }))
+    assert.are.same({ 0, 1, 2, 5 }, rows:values():totable())
+    assert.equal(2, assert(m:stats()).candidates, "55 and 56 wait (the map took 5)")
+    -- the round: 56 (2 lookups) takes the row of 54 (1); 55 (1) ties with 53 (1) and loses, the
+    -- lower id winning; the candidates are forgotten, and 60 waits
+    m:remap(ur.KJT{ keys = { "t" }, values = { 60 }, lengths = { 1 } })
+    assert.are.same({ 4 }, m:reassigned("t"))
+    local _, res = m:lookup("t", { 53, 54, 55, 56 })
+    assert.are.same({ true, false, false, true }, res)
+    assert.equal(1, assert(m:stats()).candidates)
+  end)
+
+  it("counts a VBE batch as its full batch", function()
+    local cfg = { tables = { { name = "t", rows = 12, fallback_rows = 2, features = { "a", "b" } } },
+                  evict_every = 2, device = "cpu" }
+    local full, vbe = assert(mc.new(cfg)), assert(mc.new(cfg))
+    local r = h.rng(5)
+    for step = 1, 12 do
+      local values, lengths = {}, {}
+      for _ = 1, 2 do
+        for _ = 1, 16 do
+          local n = r(4) == 1 and 2 or 1
+          lengths[#lengths + 1] = n
+          for _ = 1, n do values[#values + 1] = math.floor(20 * (r(100) / 100) ^ 2) + step end
+        end
+      end
+      local k = ur.KJT{ keys = { "a", "b" }, values = values, lengths = lengths }
+      local d = k:dedup()
+      assert.is_true(d:values():numel() < k:values():numel(), "the batch has repeated bags")
+      local a = assert(full:remap(k))
+      local b = assert(vbe:remap(d))
+      same_list(b:expand():values():totable(), a:values():totable(), "step " .. step .. " rows")
+      same_list(vbe:reassigned("t"), full:reassigned("t"), "step " .. step .. " reassigned")
+    end
+    local sa, sb = assert(full:state("t")), assert(vbe:state("t"))
+    for _, key in ipairs(mc.STATE_TENSORS) do
+      same_list(totable_n(sb[key]), totable_n(sa[key]), "state " .. key)
+    end
+    assert.equal(assert(full:stats()).lookups, assert(vbe:stats()).lookups)
+  end)
+
+  it("grows the candidates' map, and counts a batch too big for it not at all rather than in part", function()
+    local m = assert(mc.new{ tables = { { name = "t", rows = 8, fallback_rows = 1 } }, fill = false,
+                             evict_every = 100, device = "cpu" })
+    local function run(first, n)
+      local ids = {}
+      for i = 1, n do ids[i] = first + i end
+      assert(m:remap(ur.KJT{ keys = { "t" }, values = ids, lengths = ones(n) }))
+    end
+    run(0, 10)
+    assert.equal(10, assert(m:stats()).candidates)
+    run(1000, 5000) -- 5000 new ids: more than the map sized for 10-id batches holds at half load
+    assert.equal(10, assert(m:stats()).candidates, "the big batch's candidates were not counted")
+    assert.equal(1, assert(m:stats()).skipped)
+    run(10000, 5000) -- the map grew for batches of 5000
+    assert.equal(5010, assert(m:stats()).candidates)
+    assert.equal(10010, assert(m:stats()).lookups, "every lookup was counted")
+  end)
+
+  it("restores a table's map exactly from its state", function()
+    local r = h.rng(77)
+    local cfg = random_config(r, "distance_lfu")
+    local a = assert(mc.new(cfg))
+    local ref = R.new(cfg)
+    for step = 1, 15 do
+      local batch = random_batch(r, ref, 8, step)
+      ref:remap(batch, true)
+      a:remap(ur.KJT(R.kjt_fields(cfg.features, batch)))
+    end
+    local b = assert(mc.new(cfg))
+    for _, name in ipairs(a.table_names) do assert(b:load_state(name, assert(a:state(name)))) end
+    b:set_step(a:step())
+    for step = 16, 30 do
+      local batch = random_batch(r, ref, 8, step)
+      local k = R.kjt_fields(cfg.features, batch)
+      local ra = assert(a:remap(ur.KJT(k))):values():totable()
+      same_list(assert(b:remap(ur.KJT(k))):values():totable(), ra, "step " .. step)
+    end
+    for _, name in ipairs(a.table_names) do
+      local sa, sb = assert(a:state(name)), assert(b:state(name))
+      for _, key in ipairs(mc.STATE_TENSORS) do
+        same_list(totable_n(sb[key]), totable_n(sa[key]), name .. "." .. key)
+      end
+      for _, key in ipairs(mc.STATE_COUNTS) do assert.equal(sa[key], sb[key], name .. " " .. key) end
+    end
+  end)
+
+  it("computes distance_lfu's power with the engine's exp and log", function()
+    for _, x in ipairs { 1, 2, 3.5, 17, 1000, 123456 } do
+      h.near(R.exp(1.5 * R.log(x)), x ^ 1.5, 1e-14, "x^1.5 at " .. x)
+    end
+  end)
+
+  describe("errors", function()
+    local function msg(f)
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      return tostring(err)
+    end
+
+    it("names the table and the value of a bad setting", function()
+      assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 1 } }, device = "cpu" } end)
+        :find("managed collisions: table 't' rows is 1; expected a whole number >= 2", 1, true))
+      assert.truthy(msg(function()
+        mc.new{ tables = { { name = "t", rows = 5, fallback_rows = 5 } }, device = "cpu" }
+      end)
+        :find("mc: table 't' has 5 fallback rows; expected 1 .. 4 (rows - 1)", 1, true))
+      assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 5, policy = "mru" } }, device = "cpu" } end)
+        :find("managed collisions: table 't' policy 'mru' is not lfu, lru or distance_lfu", 1, true))
+      assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 5 } }, decay = 0, device = "cpu" } end)
+        :find("mc: table 't' decay 0; expected a value in (0, 1]", 1, true))
+      assert.truthy(msg(function()
+        mc.new{ tables = { { name = "t", rows = 5 } }, distance_power = 20, device = "cpu" }
+      end)
+        :find("mc: table 't' distance_power 20; expected a value in (0, 16]", 1, true))
+      assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 5 } }, evict_every = 0, device = "cpu" } end)
+        :find("managed collisions: table 't' evict_every is 0; expected a whole number >= 1", 1, true))
+      assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 5, colour = 1 } }, device = "cpu" } end)
+        :find("managed collisions: unknown table option 'colour'", 1, true))
+      assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 5, features = { "a" } } },
+                                           features = { "b" }, device = "cpu" } end)
+        :find("managed collisions: feature 'a' of table 't' is not in features", 1, true))
+    end)
+
+    it("names what is wrong with an input", function()
+      local m = assert(mc.new{ tables = { { name = "t", rows = 5, features = { "a", "b" } } }, device = "cpu" })
+      assert.truthy(msg(function() m:remap(ur.KJT{ keys = { "b", "a" }, values = { 1 }, lengths = { 1, 0 } }) end)
+        :find("managed collisions: the input's keys {b, a} are not the map's features {a, b}", 1, true))
+      local v = i64 { 1, 2, 3 }
+      assert.truthy(msg(function() m:remap{ values = v, offsets = i64 { 0, 0, 0 } } end)
+        :find("mc: offsets run from 0 to 0; expected 0 to 3 (the values)", 1, true))
+      assert.truthy(msg(function() m:remap{ values = v, offsets = i64 { 0, 2, 1, 3 } } end)
+        :find("mc: 3 bags for 2 features; expected a multiple (or batch_per_feature)", 1, true))
+      assert.truthy(msg(function() m:remap{ values = v, offsets = i64 { 0, 2, 1, 1, 3 } } end)
+        :find("mc: offsets[2] = 1 is below offsets[1] = 2; offsets must not decrease", 1, true))
+      assert.truthy(msg(function() m:remap{ values = v, offsets = i64 { 0, 2, 3 }, batch_per_feature = { 1, 2 } } end)
+        :find("mc: batch_per_feature sums to 3, but offsets hold 2 bags", 1, true))
+      assert.truthy(msg(function() m:remap({ values = v, offsets = i64 { 0, 2, 3 } },
+                                           { out = ur.tensor({ 2 }, { dtype = "i64" }) }) end)
+        :find("mc: out has 2 entries for 3 values", 1, true))
+      assert.truthy(msg(function() m:remap{ values = ur.tensor({ 3 }), offsets = i64 { 0, 2, 3 } } end)
+        :find("mc: values is f32 with 1 dimensions; expected i64 [n]", 1, true))
+      local k = ur.KJT{ keys = { "a", "b" }, values = { 1, 2 }, lengths = { 1, 1, 0, 0 } }:dedup()
+      local inv = k:inverse_indices()
+      inv:set(0, 5)
+      local per = k:stride_per_key_per_rank()
+      assert.truthy(msg(function() m:remap{ values = k:values(), offsets = k:offsets(),
+        batch_per_feature = { per[1][1], per[2][1] }, inverse = inv } end)
+        :find("mc: inverse[0] = 5 for feature 0, which has", 1, true))
+      assert.truthy(msg(function() m:lookup("u", { 1 }) end)
+        :find("managed collisions: no table named 'u' (tables: t)", 1, true))
+    end)
+
+    it("refuses a state that is not a map", function()
+      local m = assert(mc.new{ tables = { { name = "t", rows = 5, fallback_rows = 1 } }, device = "cpu" })
+      local st = assert(m:state("t"))
+      st.ids = ur.tensor({ 4 }, { dtype = "i64" }):fill(-1)
+      st.ids:set(2, 9)
+      assert.truthy(msg(function() m:load_state("t", st) end)
+        :find("mc: state of table 't': row 0 is free but row 2 holds id 9; resident rows come first", 1, true))
+      st.ids:set(0, 9)
+      st.ids:set(1, 9)
+      st.ids:set(2, -1)
+      assert.truthy(msg(function() m:load_state("t", st) end)
+        :find("mc: state of table 't': id 9 appears twice among the residents and candidates", 1, true))
+      st.ids = ur.tensor({ 3 }, { dtype = "i64" }):fill(-1)
+      assert.truthy(msg(function() m:load_state("t", st) end)
+        :find("mc: state of table 't': ids is i64 [3]; expected i64 [4]", 1, true))
+    end)
+  end)
+end)

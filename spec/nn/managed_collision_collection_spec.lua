@@ -1,0 +1,138 @@
+-- ur.nn.ManagedCollisionCollection: raw ids through uvmrec.mc in front of an embedding
+-- collection.  The rows a round gives to other ids are drawn again in the collection (as a
+-- fresh collection draws them, optimizer state zeroed) before the batch reads them; evaluate()
+-- only looks up; features, rows and per-table settings come from the collection; the maps go
+-- through the checkpoint registry and come back exactly.
+local ur = require "uvmrec"
+local ck = require "uvmrec.checkpoint"
+local h = require "helpers"
+
+local EBC, MCC = ur.nn.EmbeddingBagCollection, ur.nn.ManagedCollisionCollection
+
+local function collection()
+  return EBC{ tables = { { name = "u", rows = 12, dim = 4, features = { "u1", "u2" } },
+                         { name = "v", rows = 7, dim = 4 } },
+              device = "cpu", seed = 4, optimizer = { "rowwise_adagrad", lr = 0.2 } }
+end
+
+-- Ids that drift: each step brings ids the map has not seen, and old ones fade.
+local function batch(r, step)
+  local values, lengths = {}, {}
+  for f = 1, 3 do
+    for _ = 1, 8 do
+      lengths[#lengths + 1] = 1
+      values[#values + 1] = step * 3 + math.floor(30 * (r(100) / 100) ^ 2) + (f == 3 and 1000 or 0)
+    end
+  end
+  return ur.KJT{ keys = { "u1", "u2", "v" }, values = values, lengths = lengths }
+end
+
+local function row(t, r, dim) return { unpack(t:totable(), r * dim + 1, r * dim + dim) } end
+
+describe("ur.nn.ManagedCollisionCollection", function()
+  it("resets the rows a round gives to other ids before the batch reads them", function()
+    local ebc, fresh = collection(), collection()
+    local mcc = MCC{ collection = ebc, policy = "lfu", evict_every = 2, fallback_rows = 1 }
+    local r = h.rng(8)
+    local reset = 0
+    for step = 1, 24 do
+      local rows = mcc:forward(batch(r, step))
+      for _, name in ipairs { "u", "v" } do
+        local w, init, sum = ebc:table(name), fresh:table(name), ebc:state(name).sum
+        for _, x in ipairs(mcc.map:reassigned(name)) do
+          assert.are.same(row(init, x, 4), row(w, x, 4), ("step %d: %s row %d as first drawn"):format(step, name, x))
+          assert.equal(0, sum:get(x), ("step %d: %s row %d's state"):format(step, name, x))
+          reset = reset + 1
+        end
+      end
+      ebc:backward(rows, ebc:forward(rows))
+    end
+    assert.is_true(reset > 10, "rows were reset (" .. reset .. ")")
+    local s = mcc:stats()
+    assert.equal(reset, s.evictions)
+    assert.truthy(mcc:summary():find("collisions: 2 tables, 17 of 17 rows held by ids", 1, true))
+  end)
+
+  it("only looks up in evaluate mode", function()
+    local mcc = MCC{ collection = collection(), evict_every = 1 }
+    local r = h.rng(2)
+    for step = 1, 3 do mcc:forward(batch(r, step)) end
+    local before = mcc:stats()
+    mcc:evaluate()
+    local k = batch(r, 9)
+    local rows = mcc:forward(k):values():totable()
+    local after = mcc:stats()
+    assert.equal(3, mcc.map:step())
+    assert.are.same({ before.lookups, before.candidates, before.rounds },
+                    { after.lookups, after.candidates, after.rounds })
+    local ids = k:values():totable()
+    local want = mcc.map:lookup("u", { unpack(ids, 1, 16) })
+    assert.are.same(want, { unpack(rows, 1, 16) })
+    mcc:training()
+    mcc:forward(k)
+    assert.equal(4, mcc.map:step())
+  end)
+
+  it("takes features, rows and the device from the collection, and settings per table", function()
+    local ebc = collection()
+    local mcc = MCC{ collection = ebc, policy = "lru", tables = { v = { policy = "distance_lfu", fallback_rows = 2 } } }
+    assert.are.same({ "v" }, mcc.table_names)
+    assert.are.same({ "u1", "u2", "v" }, mcc.map.features)
+    assert.equal("distance_lfu", mcc.map.settings.v.policy)
+    assert.equal(2, mcc.map.settings.v.fallback_rows)
+    -- u passes through: its ids come out as they went in
+    local k = ur.KJT{ keys = { "u1", "u2", "v" }, values = { 3, 11, 500 }, lengths = { 1, 1, 1 } }
+    local out = mcc:forward(k):values():totable()
+    assert.are.same({ 3, 11 }, { out[1], out[2] })
+    assert.is_true(out[3] >= 5, "v's new id reads a fallback row")
+    assert.equal("host", mcc.placement)
+    local ok, err = pcall(MCC, { collection = ebc, tables = { w = {} } })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("ManagedCollisionCollection: no table named 'w' in the collection (tables: u, v)",
+                                     1, true))
+    ok, err = pcall(MCC, { collection = 5 })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("collection must be an embedding collection", 1, true))
+    -- a batch's sparse part is a KJT: plain tables of values and offsets are refused
+    ok, err = pcall(mcc.forward, mcc, { values = ur.tensor({ 1 }, { dtype = "i64" }) })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("ManagedCollisionCollection: forward takes a KJT (ur.KJT, a batch's sparse "
+                                     .. "part), not a table", 1, true))
+  end)
+
+  it("saves its maps through the checkpoint registry and resumes them exactly", function()
+    local a = MCC{ collection = collection(), evict_every = 3, policy = "distance_lfu", distance_power = 2 }
+    local r = h.rng(6)
+    local list = {}
+    for step = 1, 20 do list[step] = batch(r, step) end
+    for step = 1, 10 do a:forward(list[step]) end
+    local reg = ck.registry()
+    reg:register(a:checkpoint_component())
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(reg:save_step(dir, { step = 10 }))
+    local b = MCC{ collection = collection(), evict_every = 3, policy = "distance_lfu", distance_power = 2 }
+    local reg2 = ck.registry()
+    reg2:register(b:checkpoint_component())
+    assert(reg2:load(ck.latest(dir)))
+    assert.equal(10, b.map:step())
+    for step = 11, 20 do
+      local ra = a:forward(list[step]):values():totable()
+      assert.are.same(ra, b:forward(list[step]):values():totable(), "step " .. step)
+      for _, name in ipairs { "u", "v" } do assert.are.same(a.map:reassigned(name), b.map:reassigned(name)) end
+    end
+    local sa, sb = a:stats(), b:stats()
+    for _, k in ipairs { "resident", "candidates", "lookups", "fallback_lookups", "rounds", "admissions",
+                         "evictions" } do
+      assert.equal(sa[k], sb[k], k)
+    end
+    local c = MCC{ collection = collection(), evict_every = 4, policy = "distance_lfu", distance_power = 2 }
+    local reg3 = ck.registry()
+    reg3:register(c:checkpoint_component())
+    local ok, err = pcall(reg3.load, reg3, ck.latest(dir))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("collisions: table u's evict_every differs from the checkpoint's (the "
+                                     .. "checkpoint has 3, this run has 4)", 1, true))
+    os.execute("rm -rf " .. dir)
+  end)
+end)
