@@ -1,9 +1,20 @@
 /* comm.cu: the CUDA backend's collectives: device memory through NCCL (opened at run time by
  * the core, dist/nccl.c), on the communicator's own stream of the device's highest priority,
- * ordered after the caller's stream by an event and joined back to it by wait. */
+ * ordered after the caller's stream by an event and joined back to it by wait.
+ *
+ * Faults: with NCCL 2.14 or later the communicator is non-blocking (its calls may return
+ * ncclInProgress, settled here by polling ncclCommGetAsyncError), and a watchdog thread follows
+ * the work each wait posted: if it has not completed UVMREC_COMM_TIMEOUT seconds (300 by
+ * default; 0: no limit) after it was posted, or NCCL reports an asynchronous error (a peer gone),
+ * the watchdog aborts the communicator (ncclCommAbort), which ends its kernels, and every later
+ * call fails naming the cause, so the rank's error exit ends the job instead of a hang. */
 #include <cuda_runtime.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common.cuh"
 #include "dist/comm.h"
@@ -16,18 +27,110 @@ struct ur_nccl_net {
   int32_t rank, world, device;
   int *one;                 /* a device int the barrier reduces */
   int grouped;
+  /* the watchdog's: the last wait's work and when it was posted, the limit, the abort */
+  int nonblocking;
+  double timeout, posted_at;
+  int pending, watching;
+  volatile int stop, aborted;
+  char why[512];
+  pthread_t watchdog;
+  pthread_mutex_t mu;
 };
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 static ur_status nccl_fail(const ur_nccl_net *n, int rc, const char *what) {
   return ur__cuda_core->set_error(UR_STATUS_DEVICE, "comm: NCCL %s failed on rank %d: %s", what,
                                   (int)n->rank, n->api->get_error_string(rc));
 }
 
-#define NCCL_TRY(n, call, what)                                  \
-  do {                                                           \
-    int rc_ = (call);                                            \
-    if (rc_ != UR__NCCL_SUCCESS) return nccl_fail((n), rc_, what); \
+static ur_status aborted_error(ur_nccl_net *n) {
+  pthread_mutex_lock(&n->mu);
+  ur_status st = ur__cuda_core->set_error(UR_STATUS_DEVICE, "comm: rank %d's NCCL communicator was "
+                                          "aborted: %s", (int)n->rank, n->why);
+  pthread_mutex_unlock(&n->mu);
+  return st;
+}
+
+/* A call's result: ncclInProgress (a non-blocking communicator) is polled until it settles, the
+ * limit passes or the watchdog aborts. */
+static ur_status nccl_settle(ur_nccl_net *n, int rc, const char *what) {
+  double start = now_s();
+  while (rc == UR__NCCL_IN_PROGRESS && n->comm && n->api->comm_get_async_error) {
+    if (n->aborted) return aborted_error(n);
+    if (n->timeout > 0 && now_s() - start > n->timeout)
+      return ur__cuda_core->set_error(UR_STATUS_DEVICE, "comm: NCCL %s on rank %d did not complete "
+                                      "within %.0f s (UVMREC_COMM_TIMEOUT)", what, (int)n->rank,
+                                      n->timeout);
+    sched_yield();
+    int r = UR__NCCL_SUCCESS;
+    int q = n->api->comm_get_async_error(n->comm, &r);
+    rc = q != UR__NCCL_SUCCESS ? q : r;
+  }
+  if (rc != UR__NCCL_SUCCESS) return nccl_fail(n, rc, what);
+  return UR_STATUS_OK;
+}
+
+#define NCCL_TRY(n, call, what)                              \
+  do {                                                       \
+    if ((n)->aborted) return aborted_error(n);               \
+    ur_status st_ = nccl_settle((n), (call), what);          \
+    if (st_) return st_;                                     \
   } while (0)
+
+static void watchdog_abort(ur_nccl_net *n, const char *why) {
+  pthread_mutex_lock(&n->mu);
+  snprintf(n->why, sizeof n->why, "%s", why);
+  pthread_mutex_unlock(&n->mu);
+  n->aborted = 1;
+  n->api->comm_abort(n->comm);
+}
+
+/* Every 50 ms: has the last wait's work completed, is it past the limit, has NCCL an error? */
+static void *watch(void *arg) {
+  ur_nccl_net *n = (ur_nccl_net *)arg;
+  cudaSetDevice(n->device);
+  while (!n->stop && !n->aborted) {
+    struct timespec t = {0, 50 * 1000 * 1000};
+    nanosleep(&t, NULL);
+    pthread_mutex_lock(&n->mu);
+    int pending = n->pending;
+    double posted = n->posted_at;
+    pthread_mutex_unlock(&n->mu);
+    if (n->nonblocking && n->api->comm_get_async_error) {
+      int r = UR__NCCL_SUCCESS;
+      if (n->api->comm_get_async_error(n->comm, &r) == UR__NCCL_SUCCESS && r != UR__NCCL_SUCCESS &&
+          r != UR__NCCL_IN_PROGRESS) {
+        char why[400];
+        snprintf(why, sizeof why, "NCCL reported an asynchronous error (%s): another rank failed "
+                 "or its connection broke", n->api->get_error_string(r));
+        watchdog_abort(n, why);
+        break;
+      }
+    }
+    if (!pending) continue;
+    cudaError_t q = cudaEventQuery(n->after);
+    if (q == cudaSuccess) {
+      pthread_mutex_lock(&n->mu);
+      if (n->posted_at == posted) n->pending = 0;
+      pthread_mutex_unlock(&n->mu);
+    } else if (q == cudaErrorNotReady && n->timeout > 0 && now_s() - posted > n->timeout) {
+      char why[400];
+      snprintf(why, sizeof why, "its collectives did not complete within %.0f s "
+               "(UVMREC_COMM_TIMEOUT): another rank stopped, failed or made other calls",
+               n->timeout);
+      watchdog_abort(n, why);
+      break;
+    } else if (q != cudaErrorNotReady && q != cudaSuccess) {
+      cudaGetLastError();
+    }
+  }
+  return NULL;
+}
 
 static int nccl_type(ur_dtype dt) {
   switch (dt) {
@@ -58,7 +161,12 @@ static size_t elem(ur_dtype dt) {
 static void nccl_close(void *net) {
   ur_nccl_net *n = (ur_nccl_net *)net;
   if (!n) return;
-  if (n->comm) n->api->comm_destroy(n->comm);
+  if (n->watching) {
+    n->stop = 1;
+    pthread_join(n->watchdog, NULL);
+  }
+  pthread_mutex_destroy(&n->mu);
+  if (n->comm && !n->aborted) n->api->comm_destroy(n->comm);
   if (n->stream) ur__cuda_drop(cudaStreamDestroy(n->stream));
   if (n->before) ur__cuda_drop(cudaEventDestroy(n->before));
   if (n->after) ur__cuda_drop(cudaEventDestroy(n->after));
@@ -81,7 +189,30 @@ static ur_status nccl_setup(const ur__comm_boot *boot, ur_nccl_net *n) {
   if (boot->rank == 0) NCCL_TRY(n, n->api->get_unique_id(&id), "ncclGetUniqueId");
   ur_status st = boot->share(boot->share_ctx, &id, sizeof id);
   if (st) return st;
-  NCCL_TRY(n, n->api->comm_init_rank(&n->comm, boot->world, id, boot->rank), "ncclCommInitRank");
+  const char *limit = getenv("UVMREC_COMM_TIMEOUT");
+  char *end = NULL;
+  n->timeout = limit && *limit ? strtod(limit, &end) : UR__COMM_TIMEOUT_DEFAULT;
+  if (limit && *limit && (*end || n->timeout < 0))
+    return ur__cuda_core->set_error(UR_STATUS_INVALID, "comm: UVMREC_COMM_TIMEOUT is '%s'; expected "
+                                    "seconds >= 0 (0: no limit)", limit);
+  if (n->api->comm_init_rank_config && n->api->comm_get_async_error) {
+    ur__nccl_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.size = sizeof cfg;
+    cfg.magic = UR__NCCL_CONFIG_MAGIC;
+    cfg.version = UR__NCCL_CONFIG_VERSION;
+    cfg.blocking = 0;
+    cfg.cga_cluster_size = cfg.min_ctas = cfg.max_ctas = INT_MIN; /* NCCL_CONFIG_UNDEF_INT */
+    cfg.net_name = NULL;
+    n->nonblocking = 1;
+    NCCL_TRY(n, n->api->comm_init_rank_config(&n->comm, boot->world, id, boot->rank, &cfg),
+             "ncclCommInitRankConfig (non-blocking)");
+  } else {
+    NCCL_TRY(n, n->api->comm_init_rank(&n->comm, boot->world, id, boot->rank), "ncclCommInitRank");
+  }
+  if (pthread_create(&n->watchdog, NULL, watch, n))
+    return ur__cuda_core->set_error(UR_STATUS_INVALID, "comm: cannot start the NCCL watchdog thread");
+  n->watching = 1;
   return UR_STATUS_OK;
 }
 
@@ -91,6 +222,7 @@ static ur_status nccl_open(ur__comm_boot *boot, void **out) {
   ur_nccl_net *n = (ur_nccl_net *)calloc(1, sizeof *n);
   if (!n) return ur__cuda_core->set_error(UR_STATUS_OOM, "comm: out of host memory");
   n->api = boot->nccl;
+  pthread_mutex_init(&n->mu, NULL);
   n->rank = boot->rank;
   n->world = boot->world;
   n->device = boot->device;
@@ -105,6 +237,7 @@ static ur_status nccl_open(ur__comm_boot *boot, void **out) {
 
 /* The collectives' stream waits for the caller's work so far. */
 static ur_status after_caller(ur_nccl_net *n, void *stream) {
+  if (n->aborted) return aborted_error(n);
   UR_CUDA_CHECK(cudaEventRecord(n->before, (cudaStream_t)stream), "cudaEventRecord");
   UR_CUDA_CHECK(cudaStreamWaitEvent(n->stream, n->before, 0), "cudaStreamWaitEvent");
   return UR_STATUS_OK;
@@ -203,7 +336,20 @@ static ur_status nccl_barrier(void *stream, void *net) {
   NCCL_TRY(n, n->api->all_reduce(n->one, n->one, 1, UR__NCCL_INT32, UR__NCCL_SUM, n->comm,
                                  n->stream),
            "ncclAllReduce (barrier)");
-  UR_CUDA_CHECK(cudaStreamSynchronize(n->stream), "cudaStreamSynchronize (barrier)");
+  /* polled, not cudaStreamSynchronize: the watchdog's abort (or the limit) ends a hung barrier */
+  UR_CUDA_CHECK(cudaEventRecord(n->before, n->stream), "cudaEventRecord (barrier)");
+  double start = now_s();
+  for (;;) {
+    cudaError_t q = cudaEventQuery(n->before);
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady) UR_CUDA_CHECK(q, "cudaEventQuery (barrier)");
+    if (n->aborted) return aborted_error(n);
+    if (n->timeout > 0 && now_s() - start > n->timeout) {
+      watchdog_abort(n, "a barrier did not complete within UVMREC_COMM_TIMEOUT");
+      return aborted_error(n);
+    }
+    sched_yield();
+  }
   return UR_STATUS_OK;
 }
 
@@ -224,7 +370,13 @@ static ur_status nccl_group_end(void *stream, void *net) {
 
 static ur_status nccl_wait(void *stream, void *net) {
   ur_nccl_net *n = (ur_nccl_net *)net;
-  UR_CUDA_CHECK(cudaEventRecord(n->after, n->stream), "cudaEventRecord");
+  if (n->aborted) return aborted_error(n);
+  pthread_mutex_lock(&n->mu);
+  cudaError_t rec = cudaEventRecord(n->after, n->stream);
+  n->pending = rec == cudaSuccess;
+  n->posted_at = now_s();
+  pthread_mutex_unlock(&n->mu);
+  UR_CUDA_CHECK(rec, "cudaEventRecord");
   UR_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, n->after, 0), "cudaStreamWaitEvent");
   return UR_STATUS_OK;
 }

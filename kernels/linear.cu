@@ -359,6 +359,26 @@ static cublasComputeType_t ur_compute(ur_dtype d, uint32_t flags) {
                                                       : CUBLAS_COMPUTE_32F;
 }
 
+/* The key of D (m x n, packed: ldd = m) = op(A) op(B) over k, A and B of dtype (ta, tb: each
+ * transposed), D of cd. */
+static ur_mm_key ur_mm_key_of(int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t lda,
+                              int64_t ldb, ur_dtype dtype, cudaDataType_t cd, uint32_t flags) {
+  ur_mm_key key;
+  memset(&key, 0, sizeof key);
+  key.ta = ta;
+  key.tb = tb;
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.lda = lda;
+  key.ldb = ldb;
+  key.ldd = m;
+  key.ab = ur_cuda_type(dtype);
+  key.cd = cd;
+  key.compute = ur_compute(dtype, flags);
+  return key;
+}
+
 /* ---- side streams for the weight gradients ---- */
 
 #define UR_SIDES 64
@@ -606,18 +626,7 @@ ur_status ur__cuda_linear_forward(void *stream, const void *x, const void *w, co
                   (long long)in);
     return UR_STATUS_OK;
   }
-  ur_mm_key k;
-  memset(&k, 0, sizeof k);
-  k.ta = 1;
-  k.tb = 0;
-  k.m = out;
-  k.n = rows;
-  k.k = in;
-  k.lda = in;
-  k.ldb = in;
-  k.ldd = out;
-  k.ab = k.cd = ur_cuda_type(dtype);
-  k.compute = ur_compute(dtype, flags);
+  ur_mm_key k = ur_mm_key_of(1, 0, out, rows, in, in, in, dtype, ur_cuda_type(dtype), flags);
   ur_mm_epi e = {CUBLASLT_EPILOGUE_DEFAULT, b, NULL, 0, 0};
   if (relu && mask) {
     e.epi = b ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_RELU_AUX;
@@ -685,15 +694,7 @@ ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, c
       /* gx^T (in x rows) = w^T (as stored: in x out) g^T (out x rows); with the layer below's
        * mask, DRELU_BGRAD masks it and sums the layer below's bias gradient over the rows into
        * an f32 vector after the workspace's cuBLASLt part */
-      memset(&k, 0, sizeof k);
-      k.m = in;
-      k.n = rows;
-      k.k = out;
-      k.lda = in;
-      k.ldb = out;
-      k.ldd = in;
-      k.ab = k.cd = ur_cuda_type(dtype);
-      k.compute = ur_compute(dtype, flags);
+      k = ur_mm_key_of(0, 0, in, rows, out, in, out, dtype, ur_cuda_type(dtype), flags);
       ur_mm_epi e = {CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, 0};
       float *tmp = NULL;
       if (x_mask) {
@@ -727,17 +728,7 @@ ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, c
     if (gw && in > 0 && out > 0) {
       /* gw^T (in x out) += x^T (in x rows) op(g^T (out x rows)) with op a transpose; the bias
        * gradient of an unmasked layer is the sum of B over k (BGRADB), into an f32 vector */
-      memset(&k, 0, sizeof k);
-      k.tb = 1;
-      k.m = in;
-      k.n = out;
-      k.k = rows;
-      k.lda = in;
-      k.ldb = out;
-      k.ldd = in;
-      k.ab = ur_cuda_type(dtype);
-      k.cd = CUDA_R_32F;
-      k.compute = ur_compute(dtype, flags);
+      k = ur_mm_key_of(0, 1, in, out, rows, in, out, dtype, CUDA_R_32F, flags);
       ur_mm_epi e = {CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, 0};
       float *tmp = NULL;
       if (gb && !gb_done) {

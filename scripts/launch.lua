@@ -6,8 +6,9 @@
 -- (a bootstrap, not a transport: NCCL carries every collective).  The environment passes on
 -- unchanged, with NCCL_NVLS_ENABLE=0 (NVLink multicast off) added.  Rank 0 prints progress and
 -- writes the run directory; the other ranks' lines carry "[rank R] ".  Exits with the first
--- failing rank's code (the others are stopped), else 0.  Across hosts, run mpirun yourself
--- (docs/distributed.md).
+-- failing rank's code (the others are stopped), naming that rank and its error (through the
+-- job's folder, UVMREC_JOB), else 0; Ctrl-C on launch reaches every rank once, as SIGINT.
+-- Across hosts, run mpirun yourself (docs/distributed.md).
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local C = lib.C
@@ -82,6 +83,11 @@ if mpirun then
   -- mpirun passes our environment to the ranks of this host; -x names what other hosts need.
   argv[#argv + 1], argv[#argv + 2] = "-x", "NCCL_NVLS_ENABLE"
 end
+-- The ranks (or mpirun) in a session of their own, where setsid(1) is: Ctrl-C at the terminal
+-- reaches launch alone, which hands it on to every rank once (mpirun would end the job at once,
+-- and a rank that got it twice would stop without its checkpoint).
+local setsid = on_path("setsid")
+if setsid then table.insert(argv, 1, setsid) end
 argv[#argv + 1] = host.binary
 argv[#argv + 1] = o.command
 for _, a in ipairs(rest) do argv[#argv + 1] = a end
@@ -101,45 +107,129 @@ local function spawn(list)
 end
 
 local status, which = ffi.new("int32_t[1]"), ffi.new("int32_t[1]")
+pcall(ffi.cdef, "int kill(int pid, int sig); int usleep(unsigned int usec);")
 
-if mpirun then
-  local pid = spawn(argv)
-  assert(lib.check(C.ur_proc_wait(pid, 0, status, nil)))
-  os.exit(status[0])
-end
-
--- Without MPI: the ranks are our children, and meet through a folder of their own.
+-- The job's folder (UVMREC_JOB): each rank notes its process id there when it starts and its
+-- exit code and last error when it ends (the uvmrec command does, engine/host/main.c); launch
+-- reads it to forward Ctrl-C and to name the rank that failed.  Without MPI it is also the
+-- rendezvous through which rank 0 hands NCCL's unique id to the others.
 local dir = ffi.new("char[?]", 256)
 ffi.copy(dir, (os.getenv("TMPDIR") or "/tmp") .. "/uvmrec-launch-XXXXXX")
 assert(lib.check(C.ur_dir_temp(dir)))
-local rendezvous = ffi.string(dir)
-setenv("UVMREC_WORLD", tostring(n))
-setenv("UVMREC_LOCAL_WORLD", tostring(n))
-setenv("UVMREC_RENDEZVOUS", rendezvous)
-local rank_of, alive = {}, n
-for r = 0, n - 1 do
-  setenv("UVMREC_RANK", tostring(r))
-  setenv("UVMREC_LOCAL_RANK", tostring(r))
-  rank_of[spawn(argv)] = r
+local jobdir = ffi.string(dir)
+setenv("UVMREC_JOB", jobdir)
+
+local function slurp(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local t = f:read("*a")
+  f:close()
+  return t
+end
+local function note(r, kind)
+  local t = slurp(("%s/rank-%d.%s"):format(jobdir, r, kind))
+  if not t then return nil end
+  local code, text = t:match("^(%-?%d+)\t(.-)\n?$")
+  return tonumber(code), text
+end
+local function say(fmt, ...) io.stderr:write(("uvmrec launch: " .. fmt .. "\n"):format(...)) end
+
+-- Ctrl-C (SIGINT) and SIGTERM on launch reach every rank as SIGINT: each stops at its next step
+-- boundary (the ranks agree on which: uvmrec.dist.interrupted), saves and exits; a second one
+-- ends them at once.
+assert(lib.check(C.ur_signals_catch(1)))
+local forwarded = 0
+local function forward()
+  if C.ur_interrupt_get() == 0 then return end
+  assert(lib.check(C.ur_signals_catch(1))) -- clears the flag and catches the next one again
+  forwarded = forwarded + 1
+  local sig = forwarded == 1 and 2 or 9
+  if forwarded == 1 then say("stopping every rank at its next step boundary (again: at once)") end
+  for r = 0, n - 1 do
+    local pid = note(r, "pid")
+    if pid and pid > 0 then ffi.C.kill(pid, sig) end
+  end
 end
 
--- The first rank to fail stops the others (SIGTERM); SIGINT reaches every rank from the terminal.
-local code = 0
-while alive > 0 do
-  assert(lib.check(C.ur_proc_wait(-1, 0, status, which)))
-  local r = rank_of[which[0]]
-  if r then
-    rank_of[which[0]], alive = nil, alive - 1
-    if status[0] ~= 0 and code == 0 then
-      code = status[0]
-      io.stderr:write(("uvmrec launch: rank %d exited with %d; stopping the other ranks\n"):format(r, code))
-      for pid in pairs(rank_of) do C.ur_proc_kill(pid, 15) end
+-- A rank that is gone without noting its exit died without a word: killed by a signal or by the
+-- kernel out of memory.  The first such rank, or the first failing one, is the job's cause.
+local cause
+local watch_once
+local function watch()
+  watch_once()
+  if cause and not cause.said then
+    cause.said = true
+    say("rank %d %s; stopping the other ranks", cause.rank, cause.text)
+  end
+end
+function watch_once()
+  if cause then return end
+  for r = 0, n - 1 do
+    local pid = note(r, "pid")
+    local code, text = note(r, "exit")
+    -- after Ctrl-C, ranks end with 130 (SIGINT's code) once their checkpoint is saved
+    if code and code ~= 0 and not (forwarded > 0 and code == 130) then
+      cause = { rank = r, text = ("exited with %d: %s"):format(code, text:match("^[^\n]*")) }
+      return
+    end
+    if pid and not code and ffi.C.kill(pid, 0) ~= 0 and not note(r, "exit") then
+      cause = { rank = r, text = ("(process %d) died without a message: killed by a signal, or by the kernel "
+        .. "out of memory"):format(pid) }
+      return
     end
   end
 end
-local buf, needed = ffi.new("char[4096]"), ffi.new("uint64_t[1]")
-if C.ur_dir_list(rendezvous, "", "", buf, 4096, needed) == 0 then
-  for name in ffi.string(buf):gmatch("[^\n]+") do os.remove(rendezvous .. "/" .. name) end
+
+local rank_of, alive = {}
+if mpirun then
+  spawn(argv)
+  alive = 1
+else
+  -- Without MPI: the ranks are our children, and meet through the job's folder.
+  setenv("UVMREC_WORLD", tostring(n))
+  setenv("UVMREC_LOCAL_WORLD", tostring(n))
+  setenv("UVMREC_RENDEZVOUS", jobdir)
+  for r = 0, n - 1 do
+    setenv("UVMREC_RANK", tostring(r))
+    setenv("UVMREC_LOCAL_RANK", tostring(r))
+    rank_of[spawn(argv)] = r
+  end
+  alive = n
 end
-os.remove(rendezvous)
+
+-- The first failure stops the others: mpirun does so itself (MPI_Abort, or a rank gone); the
+-- ranks launch started get SIGTERM, and SIGKILL if still there 30 s later.
+local code, stopped_at = 0, nil
+while alive > 0 do
+  forward()
+  assert(lib.check(C.ur_proc_wait(-1, 1, status, which)))
+  if which[0] > 0 then
+    alive = alive - 1
+    local r = rank_of[which[0]]
+    if r then
+      rank_of[which[0]] = nil
+      if status[0] ~= 0 and not note(r, "exit") and not cause and not (forwarded > 0 and status[0] == 130) then
+        cause = { rank = r, text = status[0] > 128 and ("was killed by signal %d"):format(status[0] - 128)
+                  or ("exited with %d"):format(status[0]) }
+      end
+      watch()
+    end
+    if status[0] ~= 0 and code == 0 then code = status[0] end
+  else
+    watch()
+    if cause and not stopped_at and not mpirun then
+      stopped_at = os.time()
+      for pid in pairs(rank_of) do C.ur_proc_kill(pid, 15) end
+    end
+    if stopped_at and os.time() - stopped_at > 30 then
+      for pid in pairs(rank_of) do C.ur_proc_kill(pid, 9) end
+    end
+    ffi.C.usleep(20000)
+  end
+end
+C.ur_signals_catch(0)
+watch()
+if code ~= 0 and not cause and forwarded == 0 then say("the job failed with %d", code) end
+for _, name in ipairs(lib.dir_list(jobdir, "", "") or {}) do os.remove(jobdir .. "/" .. name) end
+os.remove(jobdir)
 os.exit(code)

@@ -17,13 +17,7 @@ local cmd = require "command"
 
 local root = lfs.currentdir() -- `make test` and `uvmrec test` run the specs from the tree's root
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = cmd.slurp -- a file's text, or nil
 
 -- The Markdown files: README.md, then docs/*.md by name (or the files DOCS lists).
 local function markdown_files()

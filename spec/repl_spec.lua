@@ -1,66 +1,60 @@
 local cmd = require "command"
 
-local function session()
+-- A terminal session at its first prompt; each turn { input, pattern... } sends the input and
+-- waits for each pattern in turn.
+local function session(turns)
   local s = cmd.pty()
   finally(function() s:remove() end)
   s:expect("Ctrl%-D exits%.")
   s:expect("ur> ")
+  for _, turn in ipairs(turns or {}) do
+    s:send(turn[1])
+    for i = 2, #turn do s:expect(turn[i]) end
+  end
   return s
+end
+
+-- Ctrl-D at the prompt (not while a result is still being written): the REPL exits 0.
+local function quit(s)
+  s:expect("ur> ")
+  s:send("\4")
+  assert.equal(0, s:close())
 end
 
 describe("uvmrec REPL on a terminal", function()
   it("prints values, tables nested to a depth, tensors, and keeps the first result in _", function()
-    local s = session()
-    s:send("1+1\n")
-    s:expect("\n2\n")
-    s:send("{1, 'a', k = {x = {y = {z = 1}}}}\n")
-    s:expect('{1, "a", k = {x = {y = {...}}}}\n')
-    s:send("_[2]\n")
-    s:expect("\na\n")
-    s:send("ur.tensor({3}):fill(1.5)\n")
-    s:expect("tensor f32 %[3%] host 12 B {1.5, 1.5, 1.5}")
-    s:send("=2^10\n")
-    s:expect("\n1024\n")
-    s:expect("ur> ") -- Ctrl-D at the prompt, not while the result is still being written
-    s:send("\4")
-    assert.equal(0, s:close())
+    local s = session {
+      { "1+1\n", "\n2\n" },
+      { "{1, 'a', k = {x = {y = {z = 1}}}}\n", '{1, "a", k = {x = {y = {...}}}}\n' },
+      { "_[2]\n", "\na\n" },
+      { "ur.tensor({3}):fill(1.5)\n", "tensor f32 %[3%] host 12 B {1.5, 1.5, 1.5}" },
+      { "=2^10\n", "\n1024\n" },
+    }
+    quit(s)
   end)
 
   it("continues an incomplete chunk on the next lines", function()
-    local s = session()
-    s:send("for i = 1, 3 do\n")
-    s:expect("%.%.> ")
-    s:send("io.write(i * 10, ' ')\n")
-    s:expect("%.%.> ")
-    s:send("end\n")
-    s:expect("10 20 30")
-    s:send("function f(x)\nreturn x * 2\nend\n")
-    s:expect("ur> ")
-    s:send("f(21)\n")
-    s:expect("\n42\n")
-    s:expect("ur> ") -- Ctrl-D at the prompt, not while the result is still being written
-    s:send("\4")
-    assert.equal(0, s:close())
+    local s = session {
+      { "for i = 1, 3 do\n", "%.%.> " },
+      { "io.write(i * 10, ' ')\n", "%.%.> " },
+      { "end\n", "10 20 30" },
+      { "function f(x)\nreturn x * 2\nend\n", "ur> " },
+      { "f(21)\n", "\n42\n" },
+    }
+    quit(s)
   end)
 
   it("completes globals, module fields and tensor methods with Tab", function()
-    local s = session()
-    s:send("t = ur.tens\t")
-    s:expect("t = ur%.tensor%(")
-    s:send("{4})\n")
-    s:expect("ur> ")
-    s:send("t:unif\t")
-    s:expect("t:uniform%(")
-    s:send("0, 1, 5)\n")
-    s:expect("tensor f32 %[4%] host 16 B {")
-    -- Several candidates: listed, and the line comes back as it was.
-    s:send("t:s\t")
-    s:expect("set%(%s+shape%(%s+size%(")
-    s:send("ize()\n")
-    s:expect("{4}")
-    s:expect("ur> ") -- Ctrl-D at the prompt, not while the result is still being written
-    s:send("\4")
-    assert.equal(0, s:close())
+    local s = session {
+      { "t = ur.tens\t", "t = ur%.tensor%(" },
+      { "{4})\n", "ur> " },
+      { "t:unif\t", "t:uniform%(" },
+      { "0, 1, 5)\n", "tensor f32 %[4%] host 16 B {" },
+      -- Several candidates: listed, and the line comes back as it was.
+      { "t:s\t", "set%(%s+shape%(%s+size%(" },
+      { "ize()\n", "{4}" },
+    }
+    quit(s)
   end)
 
   it("completes and prints ur.nn, whose classes load on first use", function()
@@ -80,28 +74,21 @@ describe("uvmrec REPL on a terminal", function()
   end)
 
   it("reports an error with a traceback and goes on", function()
-    local s = session()
-    s:send("local function boom() error('no such row') end boom()\n")
-    s:expect("stdin:1: no such row\nstack traceback:")
-    s:expect("in function 'boom'")
-    s:send("x = = 1\n")
-    s:expect("stdin:1: unexpected symbol near '='")
-    s:send("6 * 7\n")
-    s:expect("\n42\n")
-    s:expect("ur> ") -- Ctrl-D at the prompt, not while the result is still being written
-    s:send("\4")
-    assert.equal(0, s:close())
+    local s = session {
+      { "local function boom() error('no such row') end boom()\n",
+        "stdin:1: no such row\nstack traceback:", "in function 'boom'" },
+      { "x = = 1\n", "stdin:1: unexpected symbol near '='" },
+      { "6 * 7\n", "\n42\n" },
+    }
+    quit(s)
   end)
 
   it("writes what was typed to ~/.uvmrec_history", function()
-    local s = session()
-    s:send("answer = 42\n")
-    s:expect("ur> ")
-    s:send("answer + 1\n")
-    s:expect("43")
-    s:expect("ur> ") -- Ctrl-D at the prompt, not while the result is still being written
-    s:send("\4")
-    assert.equal(0, s:close())
+    local s = session {
+      { "answer = 42\n", "ur> " },
+      { "answer + 1\n", "43" },
+    }
+    quit(s)
     local hist = cmd.slurp(s.dir .. "/.uvmrec_history")
     assert.truthy(hist, "history file written")
     -- editline stores lines vis(3)-encoded: spaces as \040.
@@ -125,18 +112,15 @@ describe("uvmrec REPL on a terminal", function()
     assert.is_true(cmd.now() - t0 < 5, "back at the prompt within 5 s")
     s:send("t:free()\n1+2\n")
     s:expect("\n3\n")
-    s:expect("ur> ") -- Ctrl-D at the prompt, not while the result is still being written
-    s:send("\4")
-    assert.equal(0, s:close())
+    quit(s)
   end)
 
   it("discards a line on Ctrl-C and exits on a second one at an empty prompt", function()
-    local s = session()
-    s:send("this is not lua\3")
-    s:expect("ur> ")
-    s:send("\3")
-    s:expect("Ctrl%-C again to exit")
-    s:send("\3")
+    local s = session {
+      { "this is not lua\3", "ur> " },
+      { "\3", "Ctrl%-C again to exit" },
+      { "\3" },
+    }
     local code, text = s:close()
     assert.equal(0, code)
     assert.not_matches("unexpected symbol", text)

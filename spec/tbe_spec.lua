@@ -306,22 +306,9 @@ local function make(device, placement)
 end
 
 local function batches(n, placement)
-  math.randomseed(8)
-  local list = {}
-  for k = 1, n do
-    local values, offsets = {}, { 0 }
-    for _, t in ipairs(TABLES) do
-      for _ = 1, 16 do
-        for _ = 1, math.random(1, 3) do
-          values[#values + 1] = (k * 37 + math.floor(t.rows * math.random() ^ 2)) % t.rows
-        end
-        offsets[#offsets + 1] = #values
-      end
-    end
-    local g = R.tensor(R.randoms(16 * 24), "f32", placement):view_as(0, { 16, 24 })
-    list[k] = { sparse = R.kjt({ values = values, offsets = offsets }, { "a", "b" }, placement), grad = g }
-  end
-  return list
+  return R.train_batches(n, TABLES, placement, function(k, t)
+    return (k * 37 + math.floor(t.rows * math.random() ^ 2)) % t.rows
+  end)
 end
 
 describe("uvmrec.pipeline.Prefetch over managed tables", function()

@@ -80,16 +80,25 @@ local function check_counts(m, ref, what)
   end
 end
 
+-- A CPU collection counting every table after n forwards of batches of `size` (seeds seed + 1 ..
+-- seed + n), and the reference counts of what it read; after(m, ref), when given, runs after
+-- each forward.
+local function counted(n, size, seed, after)
+  local m = make("cpu", "host")
+  assert(m.tbe:set_counting(true))
+  local ref = {}
+  for s = 1, n do
+    local b = batch(m, size, seed + s)
+    m:forward(R.input(b))
+    reference(m, b, ref)
+    if after then after(m, ref) end
+  end
+  return m, ref
+end
+
 describe("uvmrec.tbe access counters", function()
   it("count one access per value that reads a row, over features sharing a table, skipping bad ids", function()
-    local m = make("cpu", "host")
-    assert(m.tbe:set_counting(true))
-    local ref = {}
-    for s = 1, 3 do
-      local b = batch(m, 64, s)
-      m:forward(R.input(b))
-      reference(m, b, ref)
-    end
+    local m, ref = counted(3, 64, 0)
     check_counts(m, ref, "after 3 forwards")
     assert.is_true(m.tbe:counting("a"))
   end)
@@ -120,18 +129,12 @@ describe("uvmrec.tbe access counters", function()
   end)
 
   it("decay as floor(count * factor), and 0 clears", function()
-    local m = make("cpu", "host")
-    assert(m.tbe:set_counting(true))
-    local ref = {}
-    for s = 1, 4 do
-      local b = batch(m, 64, 20 + s)
-      m:forward(R.input(b))
-      reference(m, b, ref)
+    local m, ref = counted(4, 64, 20, function(m, ref)
       assert(m.tbe:decay_counts(0.7))
       for _, c in pairs(ref) do
         for id, v in pairs(c) do c[id] = math.floor(v * 0.7) end
       end
-    end
+    end)
     check_counts(m, ref, "after decay")
     assert(m.tbe:decay_counts(0, "a"))
     for _, v in ipairs(counts_of(m, "a")) do assert.equal(0, v) end
@@ -139,14 +142,7 @@ describe("uvmrec.tbe access counters", function()
   end)
 
   it("rank rows: topk, coverage and histogram match a sort of the counts", function()
-    local m = make("cpu", "host")
-    assert(m.tbe:set_counting(true))
-    local ref = {}
-    for s = 1, 5 do
-      local b = batch(m, 128, 40 + s)
-      m:forward(R.input(b))
-      reference(m, b, ref)
-    end
+    local m, ref = counted(5, 128, 40)
     local rows = 2000
     local list, total = {}, 0
     for id = 0, rows - 1 do
@@ -247,27 +243,35 @@ end
 
 local rows_of = R.rows_of
 
--- Table `name` of m read by id (through its permutation), as a flat list.
-local function logical(m, name)
-  local w = m:table(name):totable()
+-- A flat list of `per` elements a row of table `name`'s storage, read by id (through its
+-- permutation).
+local function by_id(m, name, flat, per)
   local p = m.tbe:permutation(name)
-  if not p then return w end
-  local perm, dim, out = p:totable(), m.tbe.dims[name], {}
+  if not p then return flat end
+  local perm, out = p:totable(), {}
   for id = 0, #perm - 1 do
-    for c = 1, dim do out[id * dim + c] = w[perm[id + 1] * dim + c] end
+    for c = 1, per do out[id * per + c] = flat[perm[id + 1] * per + c] end
   end
   return out
 end
 
+-- Table `name` of m read by id, and its optimizer state `which`.
+local function logical(m, name) return by_id(m, name, m:table(name):totable(), m.tbe.dims[name]) end
+
 local function logical_state(m, name, which)
   local s = m:state(name)[which]:totable()
-  local p = m.tbe:permutation(name)
-  if not p then return s end
-  local perm, per, out = p:totable(), #s / m.tbe.rows[name], {}
-  for id = 0, #perm - 1 do
-    for c = 1, per do out[id * per + c] = s[perm[id + 1] * per + c] end
+  return by_id(m, name, s, #s / m.tbe.rows[name])
+end
+
+-- Every permuted table and its state read by id: the same in a and b.
+local function same_logical(a, b)
+  for _, t in ipairs(PERM_TABLES) do
+    assert.same(logical(a, t.name), logical(b, t.name), "table " .. t.name)
+    for _, sname in ipairs(a.tbe.state_names) do
+      assert.same(logical_state(a, t.name, sname), logical_state(b, t.name, sname),
+                  "state " .. sname .. " of " .. t.name)
+    end
   end
-  return out
 end
 
 -- Steps of forward and backward on random batches: the outputs of each, then the tables.
@@ -297,13 +301,7 @@ describe("uvmrec.tbe row permutations", function()
         assert.is_true(r.rows_moved > t.rows * 0.9)
       end
       assert.same(train(plain, 6, 1), train(perm, 6, 1))
-      for _, t in ipairs(PERM_TABLES) do
-        assert.same(logical(plain, t.name), logical(perm, t.name), "table " .. t.name)
-        for _, sname in ipairs(plain.tbe.state_names) do
-          assert.same(logical_state(plain, t.name, sname), logical_state(perm, t.name, sname),
-                      "state " .. sname .. " of " .. t.name)
-        end
-      end
+      same_logical(plain, perm)
     end)
   end
 
@@ -344,13 +342,7 @@ describe("uvmrec.tbe row permutations", function()
       end
       assert(swapped.tbe:swap_rows("a", random_pairs(300, 7, 99))) -- swaps over swaps
       assert.same(train(plain, 4, 12), train(swapped, 4, 12))
-      for _, t in ipairs(PERM_TABLES) do
-        assert.same(logical(plain, t.name), logical(swapped, t.name), "table " .. t.name)
-        for _, sname in ipairs(plain.tbe.state_names) do
-          assert.same(logical_state(plain, t.name, sname), logical_state(swapped, t.name, sname),
-                      "state " .. sname .. " of " .. t.name)
-        end
-      end
+      same_logical(plain, swapped)
     end)
   end
 

@@ -46,7 +46,10 @@ static void usage(FILE *f) {
   if (f != stdout || !print_command_summaries()) fprintf(f, "The commands here: %s\n", known);
 }
 
+static char last_message[2048]; /* the last error printed: a failing rank's report to launch */
+
 static void message(const char *msg) {
+  snprintf(last_message, sizeof last_message, "%s", msg ? msg : "");
   fflush(stdout);
   fprintf(stderr, PROG ": %s\n", msg);
   fflush(stderr);
@@ -299,9 +302,27 @@ static int run_script(lua_State *L, char **argv, int argc, int script, const cha
   return report(ur_lua_pcall(L, nargs, 0));
 }
 
+/* Under `uvmrec launch` (UVMREC_JOB, a folder of the job's): each rank notes its process id when
+ * it starts (rank-R.pid) and its exit code with its last error when it ends (rank-R.exit), so
+ * launch can forward Ctrl-C to every rank and name a rank that failed, or one that died
+ * without a word (killed by a signal, or by the kernel when out of memory). */
+static void job_note(const char *kind, int code, const char *text) {
+  const char *dir = getenv("UVMREC_JOB");
+  int rank = env_number("OMPI_COMM_WORLD_RANK", "PMI_RANK", "UVMREC_RANK");
+  if (!dir || !*dir || rank < 0) return;
+  char path[PATH_MAX], tmp[PATH_MAX + 8];
+  snprintf(path, sizeof path, "%s/rank-%d.%s", dir, rank, kind);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) return;
+  fprintf(f, "%d\t%s\n", code, text);
+  if (fclose(f) == 0) rename(tmp, path);
+}
+
 static int finish(int status) {
   /* A failing rank of a job under MPI aborts the job rather than leave the others waiting;
    * its message goes out first. */
+  job_note("exit", status, status ? last_message : "");
   prefix_drain();
   ur_comm_exit(status);
   return status;
@@ -310,6 +331,7 @@ static int finish(int status) {
 int main(int argc, char **argv) {
   setlocale(LC_CTYPE, "");
   rank_prefix();
+  job_note("pid", (int)getpid(), "");
   int flags = 0;
   int script = collect_args(argv, &flags);
   if (script < 0) {

@@ -267,12 +267,7 @@ function methods:to(placement, a, b)
   if device ~= nil then
     device = lib.location(device, 2)
   elseif place == C.UR_PLACE_DEVICE or place == C.UR_PLACE_MANAGED then
-    device = 0 -- the current GPU when there is one
-    if C.ur_device_count() > 0 then
-      local d = ffi.new("int32_t[1]")
-      C.ur_device_get(d)
-      device = d[0]
-    end
+    device = lib.current_device(0)
   else
     device = -1
   end

@@ -49,6 +49,22 @@ function M.location(v, level)
   return loc_out[0]
 end
 
+-- The current GPU where there is one, else `none` (-1, the CPU, for an object's own default;
+-- 0 for a placement on a device, whose calls then say that there is no GPU).
+local dev_out = ffi.new("int32_t[1]")
+function M.current_device(none)
+  if C.ur_device_count() == 0 then return none end
+  C.ur_device_get(dev_out)
+  return dev_out[0]
+end
+
+-- An object's `device` option: a location, or nil for the current GPU (the CPU without one).
+function M.device_option(device, level)
+  if device == nil then return M.current_device(-1) end
+  local loc = M.location(device, (level or 2) + 1) -- not a tail call: the level counts this frame
+  return loc
+end
+
 function M.location_name(loc)
   if C.ur_location_format(loc, loc_buf, 32) ~= 0 then return tostring(loc) end
   return ffi.string(loc_buf)

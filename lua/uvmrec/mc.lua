@@ -86,20 +86,7 @@ function M.new(opts, level)
   end
   local tables = opts.tables
   if type(tables) ~= "table" or #tables == 0 then fail("tables must be a non-empty list", level) end
-  local device = opts.device
-  if device == nil then
-    if C.ur_device_count() > 0 then
-      local d = ffi.new("int32_t[1]")
-      C.ur_device_get(d)
-      device = d[0]
-    else
-      device = -1
-    end
-  elseif device == "cpu" then
-    device = -1
-  else
-    device = lib.location(device, level)
-  end
+  local device = lib.device_option(opts.device, level)
   local n = #tables
   local tc = ffi.new("ur_mc_table_config[?]", n)
   local self = { table_index = {}, table_names = {}, features = {}, settings = {}, rows = {},

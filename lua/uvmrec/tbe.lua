@@ -109,21 +109,7 @@ function M.new(opts, level)
   if type(tables) ~= "table" or #tables == 0 then
     error("embedding collection: tables must be a non-empty list", level)
   end
-  local gpu = C.ur_device_count() > 0
-  local device = opts.device
-  if device == nil then
-    if gpu then
-      local d = ffi.new("int32_t[1]")
-      C.ur_device_get(d)
-      device = d[0]
-    else
-      device = -1
-    end
-  elseif device == "cpu" then
-    device = -1
-  else
-    device = lib.location(device, level)
-  end
+  local device = lib.device_option(opts.device, level)
   local default_place = opts.placement or (device >= 0 and "device" or "host")
   local cached, cache_opts = {}, nil
   for _, t in ipairs(type(opts.tables) == "table" and opts.tables or {}) do

@@ -57,14 +57,7 @@ local function device_for(place, device)
     local loc = lib.location(device, 3)
     return loc
   end
-  if place == C.UR_PLACE_DEVICE or place == C.UR_PLACE_MANAGED then
-    if C.ur_device_count() > 0 then
-      local d = ffi.new("int32_t[1]")
-      C.ur_device_get(d)
-      return d[0]
-    end
-    return 0
-  end
+  if place == C.UR_PLACE_DEVICE or place == C.UR_PLACE_MANAGED then return lib.current_device(0) end
   return -1
 end
 

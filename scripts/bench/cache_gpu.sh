@@ -16,18 +16,7 @@ out=${1:-.}
 mkdir -p "$out"
 LUAJIT=${LUAJIT:-luajit}
 SAN=${SAN:-compute-sanitizer}
-summary=""
-fail=0
-step() {
-  name=$1
-  shift
-  echo "== $name: $*"
-  "$@"
-  rc=$?
-  summary="$summary
-$name: rc=$rc"
-  [ $rc -eq 0 ] || fail=1
-}
+. "$(dirname "$0")/steps.sh"
 step specs "$LUAJIT" spec/run.lua --tags=cuda spec/cache_cuda_spec.lua spec/pipeline/prefetch_spec.lua \
   spec/cache_spec.lua spec/tbe_spec.lua
 step decide "$LUAJIT" scripts/bench/cache_decide.lua --out "$out/cache_decide.jsonl"
@@ -40,5 +29,4 @@ step memcheck-cache "$SAN" --tool memcheck --error-exitcode 1 "$LUAJIT" spec/run
 step racecheck-cache "$SAN" --tool racecheck --error-exitcode 1 "$LUAJIT" spec/run.lua --tags=cuda \
   spec/cache_cuda_spec.lua
 step bench "$LUAJIT" scripts/bench/cache.lua --gpu --steps 40 --out "$out/cache_gpu.jsonl"
-echo "== summary$summary"
-exit $fail
+steps_end

@@ -23,18 +23,7 @@ mkdir -p "$out"
 gpus=$("$UVMREC" -e 'io.write(require("uvmrec").devices())' 2>/dev/null || echo 0)
 n=${2:-$gpus}
 export NCCL_NVLS_ENABLE=0
-summary=""
-fail=0
-step() {
-  name=$1
-  shift
-  echo "== $name: $*"
-  "$@"
-  rc=$?
-  summary="$summary
-$name: rc=$rc"
-  [ $rc -eq 0 ] || fail=1
-}
+. "$(dirname "$0")/steps.sh"
 if [ "$gpus" -gt 0 ]; then
   dev="GPU=1"
   steps=40
@@ -76,5 +65,4 @@ for w in 2 4; do
       --out "$out/dist_gpu.jsonl"
   done
 done
-echo "== summary$summary"
-exit $fail
+steps_end

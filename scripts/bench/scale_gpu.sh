@@ -25,20 +25,7 @@ HBM=${HBM:-16GiB}
 HOST_MEMORY=${HOST_MEMORY:-120GiB}
 ONLY=${ONLY:-datagen b8 build b5}
 mkdir -p "$out"
-summary=""
-fail=0
-step() {
-  name=$1
-  shift
-  case " $ONLY " in *" $name "*) ;; *) return 0 ;; esac
-  echo "== $name: $*"
-  start=$(date +%s)
-  "$@"
-  rc=$?
-  summary="$summary
-$name: rc=$rc, $(($(date +%s) - start)) s"
-  [ $rc -eq 0 ] || fail=1
-}
+. "$(dirname "$0")/steps.sh"
 nproc_=$(nproc)
 threads="1,2,4,8"
 [ "$nproc_" -ge 16 ] && threads="1,2,4,8,16"
@@ -54,5 +41,4 @@ step b5 "$UVMREC" scripts/bench/scale.lua --dir "$out/days" --steps "$STEPS" --h
   --host-memory "$HOST_MEMORY" --check "${CHECK:-4}" --out "$out/scale.jsonl"
 echo "== table"
 "$UVMREC" scripts/bench/scale.lua --table "$out/scale.jsonl"
-echo "== summary$summary"
-exit $fail
+steps_end

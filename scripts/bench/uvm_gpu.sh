@@ -16,18 +16,7 @@ mkdir -p "$out"
 LUAJIT=${LUAJIT:-luajit}
 SAN=${SAN:-compute-sanitizer}
 CUDA_SPECS="spec/tbe_stats_spec.lua spec/hints_cuda_spec.lua"
-summary=""
-fail=0
-step() {
-  name=$1
-  shift
-  echo "== $name: $*"
-  "$@"
-  rc=$?
-  summary="$summary
-$name: rc=$rc"
-  [ $rc -eq 0 ] || fail=1
-}
+. "$(dirname "$0")/steps.sh"
 step specs env UVMREC_REQUIRE_GPU=1 "$LUAJIT" spec/run.lua $CUDA_SPECS spec/hints_spec.lua spec/hints \
   spec/tbe_cuda_spec.lua
 step memcheck env UVMREC_REQUIRE_GPU=1 UVMREC_SANITIZER=1 "$SAN" --tool memcheck --error-exitcode 3 \
@@ -35,5 +24,4 @@ step memcheck env UVMREC_REQUIRE_GPU=1 UVMREC_SANITIZER=1 "$SAN" --tool memcheck
 step racecheck env UVMREC_REQUIRE_GPU=1 UVMREC_SANITIZER=1 "$SAN" --tool racecheck --error-exitcode 3 \
   "$LUAJIT" spec/run.lua --tags=cuda spec/tbe_stats_spec.lua
 step bench "$LUAJIT" scripts/bench/uvm.lua --out "$out/uvm_gpu.jsonl"
-echo "== summary$summary"
-exit $fail
+steps_end

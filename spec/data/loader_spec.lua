@@ -7,6 +7,20 @@ local data = ur.data
 local SAMPLE1, SAMPLE2 = h.fixture("criteo_raw_sample.tsv"), h.fixture("criteo_raw_sample2.tsv")
 
 -- One row per sample: label, dense and ids as strings (and the epoch), in batch order.
+-- scripts/datagen.lua on dir/SPEC.lua (its text written there) into dir/OUT with ARGS; returns
+-- its log, having checked that it succeeded.
+local function datagen(dir, spec, text, out, args)
+  local bin = cmd.bin()
+  if os.execute("test -x " .. cmd.quote(bin)) ~= 0 then bin = "luajit" end
+  cmd.spit(("%s/%s.lua"):format(dir, spec), text)
+  local line = ("%s scripts/datagen.lua %s/%s.lua --out %s/%s %s > %s/log 2>&1"):format(
+    cmd.quote(bin), dir, spec, dir, out, args, dir)
+  local ok = os.execute(line)
+  local log = cmd.slurp(dir .. "/log")
+  assert.equal(0, ok, log)
+  return log
+end
+
 local function rows_of_batch(b, out)
   out = out or {}
   local dense, labels = b.dense:totable(), b.labels:totable()
@@ -206,17 +220,11 @@ describe("uvmrec.data loader", function()
   end)
 
   it("reads back what datagen wrote (multi-hot with padding, weights, groups) as the generator's batches", function()
-    local bin = cmd.bin()
-    if os.execute("test -x " .. cmd.quote(bin)) ~= 0 then bin = "luajit" end
     local dir = cmd.tmpdir()
     local spec = [[return { num_dense = 5, seed = 21, groups = 9, tables = {
       { name = "a", rows = 100, zipf = 1.2 }, { name = "b", rows = 40, hot = { 0, 3 }, weighted = true },
       { name = "c", rows = 3000000000, hot = 2 } } }]]
-    cmd.spit(dir .. "/spec.lua", spec)
-    local line = ("%s scripts/datagen.lua %s/spec.lua --out %s/days --samples 2500 --days 2 > %s/log 2>&1"):format(
-      cmd.quote(bin), dir, dir, dir)
-    assert.equal(0, os.execute(line), cmd.slurp(dir .. "/log"))
-    assert.matches("hidden model AUC", cmd.slurp(dir .. "/log"))
+    assert.matches("hidden model AUC", datagen(dir, "spec", spec, "days", "--samples 2500 --days 2"))
     assert.matches("hot 1,0%-3,2", cmd.slurp(dir .. "/days/layout.txt"))
     local from_files = rows_of(assert(data.open("criteo-bin:" .. dir .. "/days", { batch_size = 700 })))
     local synth = assert(loadstring(spec))()
@@ -230,11 +238,8 @@ describe("uvmrec.data loader", function()
     assert.is_not_nil(b.sparse:weights())
     l:close()
     -- an id space beyond the rows: raw ids written (and said so), taken modulo rows on read
-    cmd.spit(dir .. "/wide.lua", [[return { num_dense = 2, seed = 3, tables = {
-      { name = "a", rows = 100, id_space = 100000 }, { name = "b", rows = 40 } } }]])
-    line = ("%s scripts/datagen.lua %s/wide.lua --out %s/wide --samples 500 > %s/log 2>&1"):format(
-      cmd.quote(bin), dir, dir, dir)
-    assert.equal(0, os.execute(line), cmd.slurp(dir .. "/log"))
+    datagen(dir, "wide", [[return { num_dense = 2, seed = 3, tables = {
+      { name = "a", rows = 100, id_space = 100000 }, { name = "b", rows = 40 } } }]], "wide", "--samples 500")
     assert.matches("id_space 100000,40", cmd.slurp(dir .. "/wide/layout.txt"))
     local raw = rows_of(assert(data.open("criteo-bin:" .. dir .. "/wide", { batch_size = 500 })))
     local rows = { 100, 40 }
@@ -316,17 +321,12 @@ describe("uvmrec.data loader", function()
   end)
 
   it("gives the plain loader's batches from day files too, windows crossing days, ids reduced by rows", function()
-    local bin = cmd.bin()
-    if os.execute("test -x " .. cmd.quote(bin)) ~= 0 then bin = "luajit" end
     local dir = cmd.tmpdir()
     local text = [[return { num_dense = 4, seed = 33, groups = 6, tables = {
       { name = "C1", rows = 500, zipf = 1.05 }, { name = "C2", rows = 60, hot = { 0, 4 }, weighted = true },
       { name = "C3", rows = 9, hot = 3 } } }]]
-    cmd.spit(dir .. "/spec.lua", text)
     local total = 2500
-    local line = ("%s scripts/datagen.lua %s/spec.lua --out %s/days --samples %d --days 3 > %s/log 2>&1"):format(
-      cmd.quote(bin), dir, dir, total, dir)
-    assert.equal(0, os.execute(line), cmd.slurp(dir .. "/log"))
+    datagen(dir, "spec", text, "days", ("--samples %d --days 3"):format(total))
     local spec = data.synthetic_spec(assert(loadstring(text))())
     local keys, modded = sample_keys(spec, total), sample_keys(spec, total, { 77, 13, 5 })
     local cases = {

@@ -22,24 +22,11 @@ end
 
 -- Batches in host memory: sparse = a KJT, grad = the output's gradient.  Ids are
 -- drawn from a small hot range that moves, so consecutive batches share rows.
+-- Ids near a hot spot that moves every 4 batches: rows leave and come back.
 local function batches(n, placement)
-  math.randomseed(8)
-  local list = {}
-  for k = 1, n do
-    local values, offsets = {}, { 0 }
-    local hot = math.floor(k / 4) * 7
-    for _, t in ipairs(TABLES) do
-      for _ = 1, 16 do
-        for _ = 1, math.random(1, 3) do
-          values[#values + 1] = (hot + math.floor(40 * math.random() ^ 2)) % t.rows
-        end
-        offsets[#offsets + 1] = #values
-      end
-    end
-    local g = R.tensor(R.randoms(16 * 16), "f32", placement):view_as(0, { 16, 16 })
-    list[k] = { sparse = R.kjt({ values = values, offsets = offsets }, { "a", "b" }, placement), grad = g }
-  end
-  return list
+  return R.train_batches(n, TABLES, placement, function(k, t)
+    return (math.floor(k / 4) * 7 + math.floor(40 * math.random() ^ 2)) % t.rows
+  end)
 end
 
 describe("uvmrec.pipeline.Prefetch", function()

@@ -112,21 +112,32 @@ function M.rows_of(c)
   return r
 end
 
+-- Where each feature's bags start in a flat VBE output (b.strides: bags per feature), and where
+-- bag g's row of the output starts: in the flat VBE output, or at its column of sample g.s.
+local function flat_bases(b, layout)
+  local base, acc = {}, 0
+  for f = 1, #layout do
+    base[f] = acc
+    acc = acc + (b.strides and b.strides[f] or 0) * layout[f].dim
+  end
+  return base
+end
+
+local function bag_base(b, flat_base, g, L, out_dim)
+  return b.strides and (flat_base[g.f] + g.s * L.dim) or (g.s * out_dim + L.col)
+end
+
 -- Pooled forward in float64: a list of rows, flat as the output's elements (out_dim per row),
 -- with per element the sum of |terms| for tolerances.  Flat VBE when b.strides without inverse_indices.
 function M.forward(b, layout, tables, out_dim)
   local out, mag = {}, {}
   local nf = #layout
-  local flat_base, acc = {}, 0
-  for f = 1, nf do
-    flat_base[f] = acc
-    acc = acc + (b.strides and b.strides[f] or 0) * layout[f].dim
-  end
+  local flat_base = flat_bases(b, layout)
   for _, g in ipairs(bags(b, nf)) do
     local L = layout[g.f]
     local tv = tables[L.table]
     local len = g.last - g.first + 1
-    local base = b.strides and (flat_base[g.f] + g.s * L.dim) or (g.s * out_dim + L.col)
+    local base = bag_base(b, flat_base, g, L, out_dim)
     for k = 0, L.dim - 1 do
       local sum, abs = 0, 0
       for i = g.first, g.last do
@@ -147,11 +158,7 @@ end
 -- The full batch from VBE bags: sample s of feature f reads bag inverse_indices[(f-1)*B + s + 1].
 function M.expand(flat, b, layout, out_dim, full)
   local out = {}
-  local flat_base, acc = {}, 0
-  for f = 1, #layout do
-    flat_base[f] = acc
-    acc = acc + b.strides[f] * layout[f].dim
-  end
+  local flat_base = flat_bases(b, layout)
   for f, L in ipairs(layout) do
     for s = 0, full - 1 do
       local j = b.inverse_indices[(f - 1) * full + s + 1]
@@ -166,16 +173,12 @@ end
 function M.row_grads(b, layout, grad, out_dim)
   local g = {}
   local nf = #layout
-  local flat_base, acc = {}, 0
-  for f = 1, nf do
-    flat_base[f] = acc
-    acc = acc + (b.strides and b.strides[f] or 0) * layout[f].dim
-  end
+  local flat_base = flat_bases(b, layout)
   for _, bg in ipairs(bags(b, nf)) do
     local L = layout[bg.f]
     g[L.table] = g[L.table] or {}
     local len = bg.last - bg.first + 1
-    local base = b.strides and (flat_base[bg.f] + bg.s * L.dim) or (bg.s * out_dim + L.col)
+    local base = bag_base(b, flat_base, bg, L, out_dim)
     for i = bg.first, bg.last do
       local id = b.values[i]
       if id >= 0 and id < L.rows then
@@ -230,6 +233,28 @@ function M.randoms(n)
   local t = {}
   for i = 1, n do t[i] = math.random() * 2 - 1 end
   return t
+end
+
+-- n training batches (math.randomseed(8) first) of 16 samples over `tables`, one feature a table
+-- named as it: 1 to 3 ids a bag, each id(k, t) for batch k and table t, and a random gradient of
+-- the pooled output ({sparse = KJT, grad = [16, sum of dims] f32}).
+function M.train_batches(n, tables, placement, id)
+  math.randomseed(8)
+  local keys, width = {}, 0
+  for i, t in ipairs(tables) do keys[i], width = t.name, width + t.dim end
+  local list = {}
+  for k = 1, n do
+    local values, offsets = {}, { 0 }
+    for _, t in ipairs(tables) do
+      for _ = 1, 16 do
+        for _ = 1, math.random(1, 3) do values[#values + 1] = id(k, t) end
+        offsets[#offsets + 1] = #values
+      end
+    end
+    local g = M.tensor(M.randoms(16 * width), "f32", placement):view_as(0, { 16, width })
+    list[k] = { sparse = M.kjt({ values = values, offsets = offsets }, keys, placement), grad = g }
+  end
+  return list
 end
 
 -- Asserts |a[i] - b[i]| <= rel * scale[i] + abs for every i (scale defaults to |b[i]|).

@@ -8,6 +8,10 @@
 
 #include "core/core.h"
 
+/* Seconds a rank waits for its collectives before failing (UVMREC_COMM_TIMEOUT overrides; 0: no
+ * limit): a rank that hangs or skipped a collective stops the job rather than leave it waiting. */
+#define UR__COMM_TIMEOUT_DEFAULT 300.0
+
 /* ---- NCCL, opened with dlopen (nccl.c).  The few types it needs, as nccl.h gives them. ---- */
 typedef struct ur__nccl_comm *ur__nccl_comm_t;
 typedef struct { char internal[128]; } ur__nccl_id;
@@ -17,6 +21,17 @@ enum {
   UR__NCCL_FLOAT16 = 6, UR__NCCL_FLOAT32 = 7, UR__NCCL_FLOAT64 = 8, UR__NCCL_BFLOAT16 = 9
 };
 enum { UR__NCCL_SUM = 0, UR__NCCL_MAX = 2, UR__NCCL_MIN = 3 };
+/* ncclConfig_t as NCCL 2.14 lays it out (NCCL reads the fields of the version it is given):
+ * blocking = 0 makes a non-blocking communicator, whose calls may return ncclInProgress and
+ * which ncclCommAbort can stop while its work hangs. */
+typedef struct {
+  size_t size;
+  unsigned int magic, version;
+  int blocking, cga_cluster_size, min_ctas, max_ctas;
+  const char *net_name;
+} ur__nccl_config;
+#define UR__NCCL_CONFIG_MAGIC 0xcafebeefu
+#define UR__NCCL_CONFIG_VERSION 21400 /* NCCL_VERSION(2, 14, 0) */
 typedef struct ur__nccl_api {
   int version;
   char path[1024];
@@ -39,6 +54,10 @@ typedef struct ur__nccl_api {
   int (*recv)(void *recv, size_t count, int dtype, int peer, ur__nccl_comm_t comm, void *stream);
   int (*group_start)(void);
   int (*group_end)(void);
+  /* NCCL 2.14 and later (NULL before): non-blocking communicators and their state */
+  int (*comm_init_rank_config)(ur__nccl_comm_t *comm, int nranks, ur__nccl_id id, int rank,
+                               ur__nccl_config *config);
+  int (*comm_get_async_error)(ur__nccl_comm_t comm, int *result);
 } ur__nccl_api;
 /* NCCL opened once per process (UVMREC_NCCL, the CUDA toolkit's, the system's, PyTorch's), or
  * an error naming every file tried. */

@@ -4,6 +4,7 @@
  * one process needs MPI; it reaches the core only through the ur_core_api it is handed. */
 #include <limits.h>
 #include <mpi.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,14 +142,48 @@ static ur_status mpi_open(void **out, int32_t *rank, int32_t *world, int32_t *lo
   return UR_STATUS_OK;
 }
 
+/* How long a wait may take, in seconds (UVMREC_COMM_TIMEOUT; 0: no limit).  A rank that died is
+ * noticed by mpirun, which stops the job; one that hangs or skipped a collective is noticed
+ * here: the wait fails naming the timeout, and the failing exit aborts the job. */
+static double timeout_s(void) {
+  const char *v = getenv("UVMREC_COMM_TIMEOUT");
+  if (!v || !*v) return UR__COMM_TIMEOUT_DEFAULT;
+  char *end;
+  double t = strtod(v, &end);
+  return (*end || t < 0) ? -1 : t;
+}
+
 static ur_status mpi_wait(void *net) {
   mpi_net *n = net;
   ur_status st = UR_STATUS_OK;
-  for (int i = 0; i < n->np; i++) {
-    int rc = MPI_Wait(&n->p[i].req, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS && !st) st = fail(rc, "MPI_Wait");
-    free(n->p[i].ints);
+  double limit = timeout_s();
+  if (limit < 0)
+    st = core->set_error(UR_STATUS_INVALID, "comm: UVMREC_COMM_TIMEOUT is '%s'; expected seconds >= 0 "
+                                            "(0: no limit)", getenv("UVMREC_COMM_TIMEOUT"));
+  double start = MPI_Wtime();
+  for (int i = 0; i < n->np && !st; i++) {
+    /* Tests until the request completes or the limit passes; yields between tests so that ranks
+     * sharing cores make progress. */
+    for (unsigned k = 0;; k++) {
+      int done = 0;
+      int rc = MPI_Test(&n->p[i].req, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        st = fail(rc, "MPI_Test");
+        break;
+      }
+      if (done) break;
+      if (limit > 0 && (k & 255) == 255 && MPI_Wtime() - start > limit) {
+        st = core->set_error(UR_STATUS_DEVICE,
+                             "comm: rank %d of %d waited %.0f s for its collectives "
+                             "(UVMREC_COMM_TIMEOUT): another rank stopped, failed or made "
+                             "other calls",
+                             n->rank, n->world, MPI_Wtime() - start);
+        break;
+      }
+      sched_yield();
+    }
   }
+  for (int i = 0; i < n->np; i++) free(n->p[i].ints);
   n->np = 0;
   return st;
 }
@@ -233,9 +268,11 @@ static ur_status mpi_broadcast(void *net, ur_dtype dt, void *buf, int64_t count,
 static ur_status mpi_barrier(void *net) {
   mpi_net *n = net;
   ur_status st = mpi_wait(n);
+  pending *p = NULL;
+  if (!st) st = push(n, 0, &p);
   if (st) return st;
-  MPI_TRY(MPI_Barrier(n->comm), "MPI_Barrier");
-  return UR_STATUS_OK;
+  MPI_TRY(MPI_Ibarrier(n->comm, &p->req), "MPI_Ibarrier");
+  return mpi_wait(n);
 }
 
 static void mpi_exit(int32_t code) {

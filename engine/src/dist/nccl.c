@@ -94,6 +94,10 @@ static void load(void) {
                syms[i].name);
       return;
     }
+  /* optional: without them (NCCL before 2.14) communicators block, and a hang is not aborted */
+  nccl.comm_init_rank_config = (int (*)(ur__nccl_comm_t *, int, ur__nccl_id, int,
+                                        ur__nccl_config *))dlsym(h, "ncclCommInitRankConfig");
+  nccl.comm_get_async_error = (int (*)(ur__nccl_comm_t, int *))dlsym(h, "ncclCommGetAsyncError");
   if (nccl.get_version(&nccl.version) != UR__NCCL_SUCCESS) {
     snprintf(why, sizeof why, "comm: ncclGetVersion of %s failed", nccl.path);
     return;

@@ -44,6 +44,17 @@ end
 
 function Batch.is(v) return getmetatable(v) == Batch end
 
+-- for batch in Batch.each(source) do ... end: a source's batches (source:next() returns a batch,
+-- nil at the end, or nil, message), a reading error raised at the loop.  The loader's and the
+-- generator's batches().
+function Batch.each(source)
+  return function()
+    local b, err = source:next()
+    if err then error(err, 2) end
+    return b
+  end
+end
+
 -- Where the data stands after this batch ({epoch, sample}), to resume exactly after it; nil for
 -- a batch that does not know where it came from.
 function Batch:position()

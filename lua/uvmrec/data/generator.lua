@@ -165,13 +165,7 @@ function G:next()
 end
 
 -- for batch in loader:batches() do ... end
-function G:batches()
-  return function()
-    local b, err = self:next()
-    if err then error(err, 2) end
-    return b
-  end
-end
+function G:batches() return Batch.each(self) end
 
 function G:stats()
   local o = {}

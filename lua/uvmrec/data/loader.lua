@@ -100,13 +100,7 @@ function methods:next()
 end
 
 -- for batch in loader:batches() do ... end (a reading error is raised).
-function methods:batches()
-  return function()
-    local b, err = self:next()
-    if err then error(err, 2) end
-    return b
-  end
-end
+function methods:batches() return Batch.each(self) end
 
 local st = ffi.new("ur_loader_stats")
 function methods:stats()

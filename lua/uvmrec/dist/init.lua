@@ -164,7 +164,17 @@ function M.init(opts)
     local exit = os.exit
     os.exit = function(code, close) -- luacheck: ignore 122
       local n = code == nil and 0 or (code == true and 0) or (code == false and 1) or code
-      C.ur_comm_exit(n)
+      -- under `uvmrec launch`, the exit code for its report (as the command's own exit notes it)
+      local dir = os.getenv("UVMREC_JOB")
+      if dir and dir ~= "" then
+        local f = io.open(("%s/rank-%d.exit"):format(dir, c.rank), "w")
+        if f then
+          f:write(("%d\t%s\n"):format(n, n ~= 0 and ("os.exit(%d)"):format(n) or ""))
+          f:close()
+        end
+      end
+      -- every rank agreed to stop on a signal (dist.interrupted): an orderly end, not an abort
+      C.ur_comm_exit((M.stopped_by_signal and (n == 130 or n == 143)) and 0 or n)
       return exit(code, close)
     end
   end
@@ -172,6 +182,7 @@ function M.init(opts)
 end
 
 function M.is_initialized() return job ~= nil end
+
 
 local function need(what)
   if not job then error("dist." .. what .. ": call dist.init() first", 3) end
@@ -182,6 +193,25 @@ function M.rank() return need("rank").rank end
 function M.world() return need("world").world end
 function M.local_rank() return need("local_rank").local_rank end
 function M.job() return need("job") end
+
+-- The interrupt over the job's ranks (a collective, every rank calls it once a step): sig is
+-- this rank's (the signal caught, 0 for the interrupt flag alone, nil for none); the result is
+-- the largest over the ranks, or nil when no rank was interrupted.  So every rank stops at the
+-- same step boundary, whichever rank the signal reached first (a signal between two ranks'
+-- checks would otherwise stop one a step before the others, which would wait for it).
+local flag_t
+function M.interrupted(sig)
+  local comm = need("interrupted")
+  if comm.world == 1 then return sig end
+  flag_t = flag_t or assert(tensor.tensor({ 1 }, { dtype = "i32" }))
+  flag_t:set(0, sig or -1)
+  assert(comm:all_reduce(flag_t, "max"))
+  assert(comm:wait())
+  local v = flag_t:get(0)
+  if v < 0 then return nil end
+  M.stopped_by_signal = true
+  return v
+end
 
 -- NCCL's version and file, or nil, why (opening it needs no GPU).
 function M.nccl()
@@ -217,9 +247,15 @@ function M.environment()
   return { rank = 0, world = 1, local_rank = 0 }
 end
 
--- Sharding (uvmrec.dist.sharded, uvmrec.dist.plan) and data-parallel dense modules
--- (uvmrec.dist.ddp), loaded on first use.
+-- Sharding (uvmrec.dist.sharded, uvmrec.dist.plan), data-parallel dense modules
+-- (uvmrec.dist.ddp) and checkpoints of sharded collections (dist.checkpoint: uvmrec.dist.checkpoint),
+-- loaded on first use.
 setmetatable(M, { __index = function(t, k)
+  if k == "checkpoint" then
+    local v = require "uvmrec.dist.checkpoint"
+    rawset(t, k, v)
+    return v
+  end
   local where = ({ shard = "uvmrec.dist.sharded", shard_modules = "uvmrec.dist.sharded",
                    plan = "uvmrec.dist.plan", data_parallel = "uvmrec.dist.ddp" })[k]
   if where then

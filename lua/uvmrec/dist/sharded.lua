@@ -240,7 +240,9 @@ function Sharded:__init(opts, spec, comm)
   self.by_src = by_src
   self.a2a_dims = {}
   for s = 0, W - 1 do self.a2a_dims[s + 1] = a2a[s].dim end
-  self._counts = { {}, {}, {}, {} }
+  self._counts = { {}, {}, {}, {}, {}, {} }
+  -- VBE (opts.vbe, or set_vbe): each rank sends each feature's distinct bags only
+  self.vbe = opts.vbe and true or false
 end
 
 -- ---- the input exchange ----
@@ -277,77 +279,125 @@ function Sharded:_exchange(input)
     end
     self._order = order
   end
-  local send = assert(kin:permute(self._order))
+  -- VBE: per key, this rank's distinct bags only, and every sample's bag (inverse indices)
+  local dedup = self.vbe and assert(kin:dedup()) or nil
+  local send = assert((dedup or kin):permute(self._order))
+  if dedup then dedup:free() end
   if kin ~= input then kin:free() end
 
-  -- splits first: per destination and key, the counts of lengths and values
+  -- splits first: per destination and key, the samples, the bags (the samples without VBE)
+  -- and the values
   local n = #self._order
-  local sp = ffi.new("int64_t[?]", 2 * n)
+  local sp = ffi.new("int64_t[?]", 3 * n)
   local send_len, send_val, at = self._counts[1], self._counts[2], 0
+  local send_inv = self._counts[5]
   for d = 0, W - 1 do
-    local nk, nv = #self.send_keys[d], 0
+    local nk, nv, nb = #self.send_keys[d], 0, 0
     for k = 1, nk do
       local span = send:key_span(at + k)
-      local v = span.values[2] - span.values[1]
-      sp[2 * (at + k - 1)], sp[2 * (at + k - 1) + 1] = B, v
-      nv = nv + v
+      local v, bags = span.values[2] - span.values[1], span.bags[2] - span.bags[1]
+      local i = 3 * (at + k - 1)
+      sp[i], sp[i + 1], sp[i + 2] = B, bags, v
+      nv, nb = nv + v, nb + bags
     end
-    send_len[d + 1], send_val[d + 1] = nk * B, nv
+    send_len[d + 1], send_val[d + 1], send_inv[d + 1] = nb, nv, nk * B
     at = at + nk
   end
-  local host_splits = tensor.tensor({ 2 * n }, { dtype = "i64" })
-  lib.must(lib.C.ur_tensor_write(host_splits.p, 0, 2 * n, sp))
+  local host_splits = tensor.tensor({ 3 * n }, { dtype = "i64" })
+  lib.must(lib.C.ur_tensor_write(host_splits.p, 0, 3 * n, sp))
   local splits = host_splits
   if send:placement() == "device" then splits = assert(host_splits:to("device", send:device(), stream)) end
   local K = self.nrecv
-  local rsplits = new_like(send, "i64", 2 * K * W)
-  local sc, rc = {}, fill({}, W, 2 * K)
-  for d = 0, W - 1 do sc[d + 1] = 2 * #self.send_keys[d] end
+  local rsplits = new_like(send, "i64", 3 * K * W)
+  local sc, rc = {}, fill({}, W, 3 * K)
+  for d = 0, W - 1 do sc[d + 1] = 3 * #self.send_keys[d] end
   assert(comm:all_to_all(splits, rsplits, sc, rc, stream))
   assert(comm:wait(stream))
   local r = rsplits:totable()
   local recv_len, recv_val = self._counts[3], self._counts[4]
+  local recv_inv = self._counts[6]
   local total_len, total_val = 0, 0
+  local bags = {} -- bags[s * K + k + 1]: source s's bags of key k
   for s = 0, W - 1 do
     local l, v = 0, 0
     for k = 0, K - 1 do
-      local b = r[2 * (s * K + k) + 1]
+      local i = 3 * (s * K + k)
+      local b = r[i + 1]
       if b ~= B then
         error(("dist: rank %d has a batch of %d samples and rank %d of %d; the ranks take equal shares "
           .. "of a global batch"):format(me, B, s, b), 4)
       end
-      l, v = l + b, v + r[2 * (s * K + k) + 2]
+      bags[s * K + k + 1] = r[i + 2]
+      l, v = l + r[i + 2], v + r[i + 3]
     end
-    recv_len[s + 1], recv_val[s + 1] = l, v
+    recv_len[s + 1], recv_val[s + 1], recv_inv[s + 1] = l, v, K * B
     total_len, total_val = total_len + l, total_val + v
   end
 
-  -- then lengths, values and weights in one grouped exchange
+  -- then lengths, values, weights (and VBE's inverse indices) in one grouped exchange
   local lengths, values, weights = send:lengths(), send:values(), send:weights()
+  local inverse = dedup and send:inverse_indices() or nil
   local rl, rv = new_like(send, "i32", total_len), new_like(send, "i64", total_val)
   local rwt = weights and new_like(send, "f32", total_val) or nil
+  local rinv = inverse and new_like(send, "i64", W * K * B) or nil
   assert(comm:group_start())
   assert(comm:all_to_all(lengths, rl, send_len, recv_len, stream))
   assert(comm:all_to_all(values, rv, send_val, recv_val, stream))
   if weights then assert(comm:all_to_all(weights, rwt, send_val, recv_val, stream)) end
+  if inverse then assert(comm:all_to_all(inverse, rinv, send_inv, recv_inv, stream)) end
   assert(comm:group_end(stream))
   assert(comm:wait(stream))
   lengths:free()
   values:free()
   if weights then weights:free() end
+  if inverse then inverse:free() end
   send:free()
   host_splits:free()
   if splits ~= host_splits then splits:free() end
   rsplits:free()
 
-  -- rank-major (source, key, sample) to key-major (key, source, sample): the global batch
-  local rk = kjt.new({ keys = self.rank_major_keys, values = rv, lengths = rl, weights = rwt, stride = B,
-                       check = false }, 3)
+  -- rank-major (source, key, bag) to key-major (key, source, bag): the global batch
+  local rk_opts = { keys = self.rank_major_keys, values = rv, lengths = rl, weights = rwt, stride = B, check = false }
+  if rinv then
+    local per = {}
+    for i = 1, W * K do per[i] = { bags[i] } end
+    rk_opts.stride, rk_opts.stride_per_key_per_rank, rk_opts.inverse_indices = nil, per, rinv
+  end
+  local rk = kjt.new(rk_opts, 3)
   local km = assert(rk:permute(self.key_major_order))
   local kv, kl, kw = km:values(), km:lengths(), km:weights()
-  local glob = kjt.new({ keys = self.recv_keys, values = kv, lengths = kl, weights = kw, stride = W * B,
-                         check = false }, 3)
-  for _, t in ipairs { rv, rl, rwt, kv, kl, kw } do t:free() end
+  local g_opts = { keys = self.recv_keys, values = kv, lengths = kl, weights = kw, stride = W * B, check = false }
+  local ginv
+  if rinv then
+    -- key k's bags are every source's in turn: sample (s, b) reads bag offset(s, k) + its own
+    local kinv = km:inverse_indices()
+    local host = kinv:placement() == "host" and kinv or assert(kinv:to("host"))
+    ginv = host == kinv and assert(tensor.tensor({ W * K * B }, { dtype = "i64" })) or host
+    local src = ffi.cast("int64_t *", lib.C.ur_tensor_data(host.p))
+    local dst = ffi.cast("int64_t *", lib.C.ur_tensor_data(ginv.p))
+    local per = {}
+    for k = 0, K - 1 do
+      local off = 0
+      for s = 0, W - 1 do
+        local base = (k * W + s) * B
+        for b = 0, B - 1 do dst[base + b] = src[base + b] + off end
+        off = off + bags[s * K + k + 1]
+      end
+      per[k + 1] = { off }
+    end
+    if kinv:placement() ~= "host" then
+      local dev = assert(ginv:to(kinv:placement(), kinv:device(), stream))
+      ginv:free()
+      ginv = dev
+    end
+    kinv:free()
+    g_opts.stride, g_opts.stride_per_key_per_rank, g_opts.inverse_indices = nil, per, ginv
+  end
+  local glob = kjt.new(g_opts, 3)
+  local done = { rv, rl, rwt, kv, kl, kw, rinv, ginv }
+  for i = 1, 8 do
+    if done[i] then done[i]:free() end
+  end
   rk:free()
   km:free()
   return glob, B
@@ -500,14 +550,52 @@ end
 
 -- ---- tables ----
 
--- This rank's shards as parameters (fused: no gradient): "C3/r1" is rank 1's rows of C3.
+-- This rank's pieces of the logical tables: {name = the logical table, shard = its table in
+-- `collection` (a uvmrec.tbe), kind, row0, rows, col0, cols (the block of the logical table it
+-- holds), table_rows, table_dim, replica = true for data-parallel tables (every rank holds
+-- them whole)}, in the collection's table order.  Row-wise blocks past a table's end (more
+-- ranks than rows) hold no row and are left out.
+function Sharded:blocks()
+  local out, me = {}, self.rank
+  for _, name in ipairs(self.plan.order) do
+    local p = self.plan.tables[name]
+    local function add(shard, coll, row0, rows, col0, cols)
+      out[#out + 1] = { name = name, shard = shard, collection = coll, kind = p.kind, row0 = row0, rows = rows,
+                        col0 = col0, cols = cols, table_rows = p.rows, table_dim = p.dim,
+                        replica = p.kind == "data_parallel" or nil }
+    end
+    if p.kind == "table_wise" then
+      if p.shards[1].rank == me then add(name, self.tbe_a2a, 0, p.rows, 0, p.dim) end
+    elseif p.kind == "column_wise" then
+      for s, sh in ipairs(p.shards) do
+        if sh.rank == me then add(("%s/c%d"):format(name, s - 1), self.tbe_a2a, 0, p.rows, sh.col0, sh.dim) end
+      end
+    elseif p.kind == "row_wise" then
+      local sh = p.shards[me + 1]
+      if sh.rows > 0 then add(("%s/r%d"):format(name, me), self.tbe_rw, sh.row0, sh.rows, 0, p.dim) end
+    else
+      add(name, self.tbe_dp, 0, p.rows, 0, p.dim)
+    end
+  end
+  return out
+end
+
+-- The name of a block of logical table `name` as parameters() and checkpoints give it: the
+-- table's own name for the whole table, else "C3[250:500,0:16]" (rows, then columns).
+local function block_name(b)
+  if b.row0 == 0 and b.rows == b.table_rows and b.col0 == 0 and b.cols == b.table_dim then return b.name end
+  return ("%s[%d:%d,%d:%d]"):format(b.name, b.row0, b.row0 + b.rows, b.col0, b.col0 + b.cols)
+end
+
+-- This rank's shards as parameters (fused: no gradient), named as views of the logical tables:
+-- "C3" where this rank holds the whole table, "C3[250:500,0:16]" for a block of it; each has
+-- `block` (Sharded:blocks()'s entry) and `shard` (its table's name in its collection).
 function Sharded:parameters(prefix, out)
   out = out or {}
   prefix = prefix or ""
-  for _, c in ipairs(self.collections) do
-    for _, t in ipairs(c:tables()) do
-      out[#out + 1] = { name = prefix .. t.name, tensor = t.tensor, module = self, fused = true }
-    end
+  for _, b in ipairs(self:blocks()) do
+    out[#out + 1] = { name = prefix .. block_name(b), tensor = b.collection:table(b.shard), module = self,
+                      fused = true, block = b, shard = b.shard }
   end
   return out
 end
@@ -601,6 +689,14 @@ function Sharded:set_precision(precision)
   return self
 end
 
+-- VBE over ranks on or off: with it each rank sends, per feature, only its distinct bags (same
+-- ids and weights) and every sample's bag (inverse indices); the receiving shards pool the
+-- distinct bags and expand the pooled rows to every sample, so the outputs are the same.
+function Sharded:set_vbe(on)
+  self.vbe = on and true or false
+  return self
+end
+
 function Sharded:features() return { unpack(self.features) } end
 function Sharded:to() return self end
 function Sharded:zero_grad() return self end
@@ -626,7 +722,7 @@ function Sharded:extra_repr()
     self.rank, self.world, #self.features, self.out_dim)
 end
 
-local M = { Sharded = Sharded }
+local M = { Sharded = Sharded, block_name = block_name }
 
 -- dist.shard(collection, plan[, comm]): a sharded collection over the job's ranks with the
 -- collection's forward and backward.  collection: an EmbeddingBagCollection (its options are

@@ -262,12 +262,7 @@ function Module:to(placement, device)
   if placement == "host" or placement == "pinned" then
     dev = -1
   elseif dev == nil then
-    dev = 0
-    if lib.C.ur_device_count() > 0 then
-      local d = require("ffi").new("int32_t[1]")
-      lib.C.ur_device_get(d)
-      dev = d[0]
-    end
+    dev = lib.current_device(0)
   else
     dev = lib.location(dev)
   end

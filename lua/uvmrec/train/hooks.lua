@@ -209,8 +209,11 @@ function M.signals(catch)
       if catch then assert(require("uvmrec.lib").check(C.ur_signals_catch(1))) end
     end,
     after = function(_, run)
-      if C.ur_interrupt_get() == 0 then return end
-      local sig = catch and C.ur_signals_caught() or 0
+      local sig = C.ur_interrupt_get() ~= 0 and (catch and C.ur_signals_caught() or 0) or nil
+      -- over several ranks, the boundary they all stop at (uvmrec.dist.interrupted)
+      local dist = package.loaded["uvmrec.dist"]
+      if dist and dist.is_initialized() and dist.world() > 1 then sig = dist.interrupted(sig) end
+      if sig == nil then return end
       run.interrupted = { signal = sig, name = SIGNALS[sig] or "the interrupt flag", step = run.step }
       run:stop()
     end,

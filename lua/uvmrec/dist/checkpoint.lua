@@ -1,0 +1,365 @@
+-- uvmrec.dist.checkpoint: checkpoints of sharded embedding collections.  Each rank writes its
+-- own blocks of the logical tables, with their optimizer state, to one safetensors file of a
+-- checkpoint folder (atomically: uvmrec.checkpoint.save); rank 0 then writes the manifest
+-- naming every logical table, its sharding, its blocks (file, tensor, rows, columns) and the
+-- world size.  Loading reassembles each block the loading process holds from the saved blocks
+-- that overlap it, so a checkpoint of W ranks loads on W ranks exactly, on W' ranks, under
+-- another plan, or into one process's unsharded collection, every row bit for bit.
+--
+--   local dck = require "uvmrec.dist.checkpoint"
+--   assert(dck.save("runs/a/ckpt-000000000100.shards", ebc))   -- every rank (a collective)
+--   assert(dck.load("runs/a/ckpt-000000000100.shards", ebc2))  -- a Sharded or an EmbeddingBagCollection
+--
+-- The folder: rank-<r>-of-<W>.safetensors per rank and manifest.json, written last, after every
+-- rank's file is complete: a folder without the manifest is an unfinished save.  Tensors are
+-- named as parameters() names them: "C3" for a whole table, "C3[250:500,0:16]" for rows
+-- [250, 500) and columns [0, 16) of it, and "<block>.<state>" for its optimizer state ("sum",
+-- "exp_avg", "exp_avg_sq").  Data-parallel tables are written by rank 0 alone (every replica is
+-- the same).  Several hosts need the folder on a file system they share.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
+local json = require "uvmrec.json"
+local ck = require "uvmrec.checkpoint"
+local C, check = lib.C, lib.check
+
+local M = { FORMAT = 1, MANIFEST = "manifest.json" }
+
+local function block_name(b)
+  if b.row0 == 0 and b.rows == b.table_rows and b.col0 == 0 and b.cols == b.table_dim then return b.name end
+  return ("%s[%d:%d,%d:%d]"):format(b.name, b.row0, b.row0 + b.rows, b.col0, b.col0 + b.cols)
+end
+M.block_name = block_name
+
+local function is_sharded(ebc) return type(ebc) == "table" and type(ebc.blocks) == "function" and ebc.plan end
+
+-- The blocks a process holds, its communicator and its collections: a Sharded collection's
+-- (uvmrec.dist.sharded), or every whole table of an EmbeddingBagCollection (or of a uvmrec.tbe
+-- collection).
+local function holdings(ebc, level)
+  if is_sharded(ebc) then
+    local shapes = {}
+    for name, p in pairs(ebc.plan.tables) do shapes[name] = { rows = p.rows, dim = p.dim, kind = p.kind } end
+    return ebc:blocks(), ebc.comm, ebc.collections, ebc.plan.order, shapes
+  end
+  local t = type(ebc) == "table" and (ebc.tbe or (ebc.table_names and ebc)) or nil
+  if not t or type(t.table_names) ~= "table" then
+    error("dist.checkpoint: expected a sharded collection (dist.shard), an EmbeddingBagCollection or a "
+      .. "uvmrec.tbe collection, got " .. tostring(ebc), level + 1)
+  end
+  local blocks, shapes = {}, {}
+  for _, name in ipairs(t.table_names) do
+    local v = t:table(name)
+    local rows, dim = v:size(1), v:size(2)
+    blocks[#blocks + 1] = { name = name, shard = name, collection = t, kind = "whole", row0 = 0, rows = rows,
+                            col0 = 0, cols = dim, table_rows = rows, table_dim = dim }
+    shapes[name] = { rows = rows, dim = dim, kind = "whole" }
+    v:free()
+  end
+  return blocks, nil, { t }, t.table_names, shapes
+end
+
+local function step_of(collections, level)
+  local step
+  for _, c in ipairs(collections) do
+    local s = c:step()
+    if step and s ~= step then
+      error(("dist.checkpoint: this process's collections are at steps %d and %d; expected one step"):format(step, s),
+        level + 1)
+    end
+    step = s
+  end
+  return step or 0
+end
+
+local function file_name(rank, world) return ("rank-%05d-of-%05d.safetensors"):format(rank, world) end
+
+local function write_text(path, text)
+  local tmp = path .. ".tmp"
+  local f, err = io.open(tmp, "wb")
+  if not f then return nil, "dist.checkpoint: " .. err end
+  local ok, werr = f:write(text)
+  local cok, cerr = f:close()
+  if not ok or not cok then
+    os.remove(tmp)
+    return nil, "dist.checkpoint: writing " .. tmp .. ": " .. tostring(werr or cerr)
+  end
+  local rok, rerr = os.rename(tmp, path)
+  if not rok then return nil, "dist.checkpoint: " .. tostring(rerr) end
+  return true
+end
+
+-- Every rank's verdict: true where all succeeded, else nil and the first failing rank's message
+-- (a collective).
+local function agree(comm, ok, err)
+  if not comm or comm.world == 1 then
+    if ok then return true end
+    return nil, err
+  end
+  local flag = tensor.tensor({ comm.world }, { dtype = "i32" })
+  flag:fill(0)
+  if not ok then flag:set(comm.rank, 1) end
+  assert(comm:all_reduce(flag))
+  assert(comm:wait())
+  local bad = flag:totable()
+  flag:free()
+  for r = 1, #bad do
+    if bad[r] ~= 0 then
+      if r - 1 == comm.rank then return nil, err end
+      return nil, ("dist.checkpoint: rank %d failed to save its blocks (its own message is on its output)")
+        :format(r - 1)
+    end
+  end
+  return true
+end
+
+-- Saves `ebc` into the folder dir (made if missing): a collective, every rank calls it.
+-- opts: meta (a table of strings and numbers, kept in the manifest), staging, stream.
+-- Returns the manifest (a table) on every rank, or nil, message on every rank.
+function M.save(dir, ebc, opts)
+  opts = opts or {}
+  if type(dir) ~= "string" or dir == "" then error("dist.checkpoint save: dir must be a folder's path", 2) end
+  local blocks, comm, collections, order, tables = holdings(ebc, 2)
+  local W, me = comm and comm.world or 1, comm and comm.rank or 0
+  local step = step_of(collections, 2)
+  local ok, err = check(C.ur_dir_create(dir))
+  if ok and me == 0 then
+    -- a manifest left by an earlier save must not name files this save is replacing
+    local old = dir .. "/" .. M.MANIFEST
+    if C.ur_path_kind(old) ~= 0 then ok, err = os.remove(old) end
+  end
+  ok, err = agree(comm, ok, err)
+  if not ok then return nil, err end
+  local tensors, views, described = {}, {}, {}
+  for _, b in ipairs(blocks) do
+    if not b.replica or me == 0 then
+      local c = b.collection
+      local name = block_name(b)
+      local v = c:table(b.shard)
+      tensors[name], views[#views + 1] = v, v
+      local d = { name = b.name, tensor = name, row0 = b.row0, rows = b.rows, col0 = b.col0, cols = b.cols,
+                  rank = me, dtype = v:dtype(), state = {} }
+      for sname, st in pairs(c:state(b.shard)) do
+        tensors[name .. "." .. sname], views[#views + 1] = st, st
+        d.state[sname] = name .. "." .. sname
+      end
+      described[#described + 1] = d
+    end
+  end
+  local c1 = collections[1]
+  local meta = { ["uvmrec.dist.blocks"] = json.encode(described), ["uvmrec.dist.rank"] = me,
+                 ["uvmrec.dist.world"] = W, ["uvmrec.step"] = step }
+  local path = dir .. "/" .. file_name(me, W)
+  ok, err = ck.save(path, { tensors = tensors, meta = meta }, { staging = opts.staging, stream = opts.stream })
+  for _, v in ipairs(views) do v:free() end
+  ok, err = agree(comm, ok, err)
+  if not ok then return nil, err end
+  -- rank 0: the manifest, from every rank's file (each names its blocks)
+  local manifest
+  if me == 0 then
+    manifest = { format = M.FORMAT, world = W, step = step, order = order, tables = {}, files = {},
+                 optimizer = c1 and c1.optimizer, state = c1 and c1.state_names, meta = opts.meta }
+    for r = 0, W - 1 do
+      local fname = file_name(r, W)
+      local f, ferr = ck.open(dir .. "/" .. fname)
+      if not f then ok, err = nil, ferr break end
+      manifest.files[r + 1] = fname
+      for _, d in ipairs(json.decode(f:meta("uvmrec.dist.blocks"))) do
+        local t = manifest.tables[d.name]
+        if not t then
+          local shape = tables[d.name] or {}
+          t = { rows = shape.rows, dim = shape.dim, dtype = d.dtype, kind = shape.kind, blocks = {} }
+          manifest.tables[d.name] = t
+        end
+        d.file = fname
+        t.blocks[#t.blocks + 1] = d
+      end
+      f:close()
+    end
+    for _, name in ipairs(order) do
+      local t = manifest.tables[name]
+      local area = 0
+      for _, d in ipairs(t and t.blocks or {}) do area = area + d.rows * d.cols end
+      if ok and (not t or area ~= t.rows * t.dim) then
+        ok, err = nil, ("dist.checkpoint: the saved blocks of table '%s' cover %d of its %d x %d elements")
+          :format(name, area, t and t.rows or 0, t and t.dim or 0)
+      end
+    end
+    if ok then ok, err = write_text(dir .. "/" .. M.MANIFEST, json.encode(manifest) .. "\n") end
+    if ok then
+      -- files of an earlier save into this folder by another world size
+      for _, n in ipairs(lib.dir_list(dir, "rank-", ".safetensors") or {}) do
+        local w = tonumber(n:match("^rank%-%d+%-of%-(%d+)%.safetensors$"))
+        if w and w ~= W then os.remove(dir .. "/" .. n) end
+      end
+    end
+  end
+  ok, err = agree(comm, ok, err)
+  if not ok then return nil, err end
+  return manifest or true
+end
+
+-- The manifest of a checkpoint folder, or nil, message.
+function M.manifest(dir)
+  if type(dir) ~= "string" then error("dist.checkpoint: dir must be a folder's path", 2) end
+  local f = io.open(dir .. "/" .. M.MANIFEST, "rb")
+  if not f then
+    if C.ur_path_kind(dir) ~= 2 then return nil, "dist.checkpoint: " .. dir .. " is not a folder" end
+    return nil, ("dist.checkpoint: %s has no %s (an unfinished save, or not a sharded checkpoint)"):format(dir,
+      M.MANIFEST)
+  end
+  local text = f:read("*a")
+  f:close()
+  local ok, m = pcall(json.decode, text)
+  if not ok or type(m) ~= "table" or type(m.tables) ~= "table" then
+    return nil, ("dist.checkpoint: %s/%s is not a manifest: %s"):format(dir, M.MANIFEST, tostring(m))
+  end
+  if m.format ~= M.FORMAT then
+    return nil, ("dist.checkpoint: %s/%s has format %s; this build reads format %d"):format(dir, M.MANIFEST,
+      tostring(m.format), M.FORMAT)
+  end
+  return m
+end
+
+-- Copies the intersection of a saved block's rows and columns into a destination block.
+-- dst: bytes of [rows, width] for the block {row0, rows, col0, cols}; src likewise; width is
+-- cols for elementwise data and 1 (with equal columns) for a row's state.  Returns the
+-- elements copied.
+local function copy_overlap(dst, db, dw, src, sb, sw, es, rowwise)
+  local r0, r1 = math.max(db.row0, sb.row0), math.min(db.row0 + db.rows, sb.row0 + sb.rows)
+  if r1 <= r0 then return 0 end
+  local n, dc, sc
+  if rowwise then
+    n, dc, sc = dw, 0, 0
+  else
+    local c0, c1 = math.max(db.col0, sb.col0), math.min(db.col0 + db.cols, sb.col0 + sb.cols)
+    if c1 <= c0 then return 0 end
+    n, dc, sc = c1 - c0, c0 - db.col0, c0 - sb.col0
+  end
+  if n == dw and n == sw then -- whole rows on both sides: one copy
+    ffi.copy(dst + (r0 - db.row0) * dw * es, src + (r0 - sb.row0) * sw * es, (r1 - r0) * n * es)
+  else
+    for r = r0, r1 - 1 do
+      ffi.copy(dst + ((r - db.row0) * dw + dc) * es, src + ((r - sb.row0) * sw + sc) * es, n * es)
+    end
+  end
+  return (r1 - r0) * n
+end
+
+local function bytes(t) return ffi.cast("uint8_t *", C.ur_tensor_data(lib.ptr(t, "tensor", 3))) end
+
+-- Loads a checkpoint folder into `ebc` (a Sharded collection, an EmbeddingBagCollection or a
+-- uvmrec.tbe collection): every block it holds is reassembled from the saved blocks that
+-- overlap it, with its optimizer state, and the collections' step is the checkpoint's.  Not a
+-- collective: each process reads the files it needs.  Every table's shape, dtype and the
+-- optimizer's state are checked against the manifest before anything is written.
+-- Returns the manifest, or nil, message.
+function M.load(dir, ebc, opts)
+  opts = opts or {}
+  local m, err = M.manifest(dir)
+  if not m then return nil, err end
+  local blocks, _, collections = holdings(ebc, 2)
+  local where = ("dist.checkpoint: %s"):format(dir)
+  -- checks first
+  local held = {}
+  for _, b in ipairs(blocks) do
+    local t = m.tables[b.name]
+    if not t then return nil, ("%s has no table '%s'"):format(where, b.name) end
+    if t.rows ~= b.table_rows or t.dim ~= b.table_dim then
+      return nil, ("%s: table '%s' is %d x %d there and %d x %d here"):format(where, b.name, t.rows, t.dim,
+        b.table_rows, b.table_dim)
+    end
+    local v = b.collection:table(b.shard)
+    local dtype = v:dtype()
+    v:free()
+    if t.dtype ~= dtype then
+      return nil, ("%s: table '%s' is %s there and %s here"):format(where, b.name, t.dtype, dtype)
+    end
+    held[b.name] = true
+  end
+  if not is_sharded(ebc) and not opts.partial then -- a sharded collection's rank holds some tables
+    for name in pairs(m.tables) do
+      if not held[name] then return nil, ("%s holds table '%s', which this collection lacks"):format(where, name) end
+    end
+  end
+  local c1 = collections[1]
+  local mine = table.concat(c1 and c1.state_names or {}, ", ")
+  local theirs = table.concat(m.state or {}, ", ")
+  if mine ~= theirs then
+    return nil, ("%s: the optimizer state there is {%s} (%s) and here {%s} (%s)"):format(where, theirs,
+      tostring(m.optimizer), mine, tostring(c1 and c1.optimizer))
+  end
+  -- then the copies
+  local files = {}
+  local function view(d, tname)
+    local f = files[d.file]
+    if not f then
+      local ferr
+      f, ferr = ck.open(dir .. "/" .. d.file)
+      if not f then error(ferr, 0) end
+      files[d.file] = f
+    end
+    local v, verr = f:view(tname)
+    if not v then error(verr, 0) end
+    return v
+  end
+  local ok, perr = pcall(function()
+    for _, b in ipairs(blocks) do
+      local c = b.collection
+      local t = m.tables[b.name]
+      -- the rows
+      local host = assert(tensor.tensor({ b.rows, b.cols }, { dtype = t.dtype }))
+      local es = host:nbytes() / (b.rows * b.cols)
+      local got = 0
+      for _, d in ipairs(t.blocks) do
+        local v = view(d, d.tensor)
+        got = got + copy_overlap(bytes(host), b, b.cols, bytes(v), d, d.cols, es, false)
+        v:free()
+      end
+      if got ~= b.rows * b.cols then
+        error(("%s: the blocks of table '%s' give %d of the %d elements of rows [%d, %d), columns [%d, %d)")
+          :format(where, b.name, got, b.rows * b.cols, b.row0, b.row0 + b.rows, b.col0, b.col0 + b.cols), 0)
+      end
+      assert(c:load(b.shard, host, opts.stream))
+      host:free()
+      -- the optimizer state: per element ([rows, cols]) or per row ([rows], kept per column block)
+      for sname, dst in pairs(c:state(b.shard)) do
+        local dw = dst:numel() / b.rows
+        local sh = assert(tensor.tensor({ dst:numel() }, { dtype = dst:dtype() }))
+        local ses = sh:nbytes() / dst:numel()
+        local sgot = 0
+        for _, d in ipairs(t.blocks) do
+          local v = view(d, d.state[sname])
+          local sw = v:numel() / d.rows
+          local rowwise = dw ~= b.cols or sw ~= d.cols
+          local overlaps = d.row0 < b.row0 + b.rows and b.row0 < d.row0 + d.rows
+            and d.col0 < b.col0 + b.cols and b.col0 < d.col0 + d.cols
+          if rowwise and overlaps and (dw ~= sw or d.col0 ~= b.col0 or d.cols ~= b.cols) then
+            error(("%s: table '%s' keeps its optimizer state '%s' per row of each column block, and the "
+              .. "checkpoint's block of columns [%d, %d) does not give this one's [%d, %d): a row's state "
+              .. "is not resharded across columns (load it under column blocks of the same columns)")
+              :format(where, b.name, sname, d.col0, d.col0 + d.cols, b.col0, b.col0 + b.cols), 0)
+          end
+          if overlaps then sgot = sgot + copy_overlap(bytes(sh), b, dw, bytes(v), d, sw, ses, rowwise) end
+          v:free()
+        end
+        if sgot ~= dst:numel() then
+          error(("%s: the blocks of table '%s' give %d of the %d values of its state '%s'"):format(where, b.name,
+            sgot, dst:numel(), sname), 0)
+        end
+        assert(dst:copy(sh, opts.stream))
+        sh:free()
+        dst:free()
+      end
+    end
+  end)
+  for _, f in pairs(files) do f:close() end
+  if not ok then return nil, perr end
+  for _, c in ipairs(collections) do
+    c:set_step(m.step)
+    if c.cache then assert(c.cache:invalidate()) end
+  end
+  return m
+end
+
+return M

@@ -1,0 +1,223 @@
+-- Checkpoints of sharded collections (uvmrec.dist.checkpoint): a checkpoint written by 4 ranks
+-- loads on 2 ranks under another plan, in one process and back on 4 ranks, every row and every
+-- optimizer state value bit for bit (the 4-rank files written again equal the first ones byte
+-- for byte); a resumed 4-rank run gives the uninterrupted run's outputs and tables bit for bit;
+-- a checkpoint loads into one process's unsharded collection; every refusal is named.  Ranks
+-- are processes on the CPU (spec/support/dist_checkpoint.lua under `uvmrec launch`).
+local ur = require "uvmrec"
+local dist = require "uvmrec.dist"
+local dck = require "uvmrec.dist.checkpoint"
+local ck = require "uvmrec.checkpoint"
+local command = require "command"
+local h = require "helpers"
+
+local function have_mpi() return dist.mpi() ~= nil and command.have("mpirun") end
+
+local SCRIPT = "spec/support/dist_checkpoint.lua"
+
+-- Runs the script on n ranks (n = 1: one process, no launcher): its output.
+local function job(n, env)
+  local parts = {}
+  for k, v in pairs(env) do parts[#parts + 1] = k .. "=" .. command.quote(v) end
+  table.sort(parts)
+  local launch = n > 1 and (" launch -n " .. n) or ""
+  local out, err, code = command.sh(("env %s %s%s %s"):format(table.concat(parts, " "), command.bin(), launch, SCRIPT))
+  assert.equal(0, code, out .. err)
+  for r = 0, n - 1 do assert.matches("rank " .. r .. ": ok", out) end
+  return out
+end
+
+-- Every tensor of a file, as bytes, by name.
+local function contents(path)
+  local st = assert(ck.load(path))
+  local out = {}
+  for name, t in pairs(st.tensors) do
+    local n = t:nbytes()
+    out[name] = require("ffi").string(require("uvmrec.lib").C.ur_tensor_data(t.p), n)
+  end
+  return out
+end
+
+local function same_files(a, b, world)
+  for r = 0, world - 1 do
+    local name = ("/rank-%05d-of-%05d.safetensors"):format(r, world)
+    local x, y = contents(a .. name), contents(b .. name)
+    for k, v in pairs(x) do assert.is_true(v == y[k], ("rank %d's %s differs"):format(r, k)) end
+    for k in pairs(y) do assert.is_truthy(x[k], ("rank %d's %s is new"):format(r, k)) end
+  end
+end
+
+-- The step lines of a run's output, rank by rank, in order.
+local function steps(out)
+  local lines = {}
+  for l in out:gmatch("[^\n]+") do
+    if l:match("step %d+ out ") then lines[#lines + 1] = l end
+  end
+  table.sort(lines)
+  return table.concat(lines, "\n")
+end
+
+local function opts(optimizer)
+  return { tables = { { name = "a", rows = 103, dim = 16, features = { "f", "g" } },
+                      { name = "b", rows = 7, dim = 8, dtype = "f16" },
+                      { name = "c", rows = 30, dim = 12 },
+                      { name = "d", rows = 3, dim = 8 } },
+           optimizer = { optimizer or "adam", lr = 0.05 }, device = "cpu", seed = 5 }
+end
+
+describe("uvmrec.dist.checkpoint", function()
+  local dir = command.tmpdir()
+  teardown(function() command.rmdir(dir) end)
+
+  it("loads a 4-rank checkpoint on 2 ranks, in one process and on 4 ranks again, bit for bit", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local A, B, C, D = dir .. "/A", dir .. "/B", dir .. "/C", dir .. "/D"
+    job(4, { PLAN = "mixed4", STEPS = "2", OUT = A })
+    local m = assert(dck.manifest(A))
+    assert.equal(4, m.world)
+    assert.equal(2, m.step)
+    assert.same({ "a", "b", "c", "d" }, m.order)
+    assert.same({ "row_wise", "data_parallel", "column_wise", "row_wise" },
+                { m.tables.a.kind, m.tables.b.kind, m.tables.c.kind, m.tables.d.kind })
+    assert.equal(4, #m.tables.a.blocks)
+    assert.equal(3, #m.tables.d.blocks, "a row-wise block past the table's end holds nothing")
+    assert.equal("a[26:52,0:16]", m.tables.a.blocks[2].tensor)
+    -- on 2 ranks under another plan, then in one process, then on 4 ranks: the same files
+    assert.matches("loaded .*A: 4 ranks' checkpoint at step 2",
+                   job(2, { PLAN = "mixed2", IN = A, STEPS = "2", OUT = B }))
+    job(1, { PLAN = "row_wise", IN = B, STEPS = "2", OUT = C })
+    assert.equal(1, assert(dck.manifest(C)).world)
+    job(4, { PLAN = "mixed4", IN = C, STEPS = "2", OUT = D })
+    same_files(A, D, 4)
+    -- and into one process's unsharded collection, every table and state as the 2-rank one's
+    local plain = ur.nn.EmbeddingBagCollection(opts())
+    local other = ur.nn.EmbeddingBagCollection(opts())
+    assert(dck.load(A, plain))
+    assert(dck.load(B, other))
+    for _, t in ipairs { "a", "b", "c", "d" } do
+      assert.same(plain:table(t):totable(), other:table(t):totable(), t)
+      for k, v in pairs(plain:state(t)) do assert.same(v:totable(), other:state(t)[k]:totable(), t .. "." .. k) end
+    end
+    assert.equal(2, plain.tbe:step())
+    plain.tbe:free()
+    other.tbe:free()
+  end)
+
+  it("resumes a 4-rank run with the uninterrupted run's outputs and tables, bit for bit", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local A, U, R = dir .. "/r2", dir .. "/U", dir .. "/R"
+    job(4, { PLAN = "mixed4", STEPS = "2", OUT = A })
+    local whole = job(4, { PLAN = "mixed4", STEPS = "4", OUT = U })
+    local resumed = job(4, { PLAN = "mixed4", IN = A, STEPS = "4", OUT = R })
+    local s = steps(resumed)
+    assert.matches("step 3 out", s)
+    assert.equal(steps(whole):gsub("[^\n]*step [12] out[^\n]*\n?", ""), s)
+    same_files(U, R, 4)
+  end)
+
+  it("reshards rowwise Adagrad's per-row state (column-wise tables refuse that optimizer when sharded)", function()
+    if not have_mpi() then pending("no MPI here") return end
+    job(2, { PLAN = "row_wise", OPT = "rowwise_adagrad", STEPS = "1", OUT = dir .. "/A_rw" })
+    job(1, { PLAN = "table_wise", OPT = "rowwise_adagrad", IN = dir .. "/A_rw", STEPS = "1" })
+  end)
+
+  it("saves and loads in one process: an unsharded collection or a world of one", function()
+    local comm = assert(dist.comm())
+    local plain = ur.nn.EmbeddingBagCollection(opts())
+    local kjt = ur.KJT { keys = { "f", "g", "b", "c", "d" }, values = { 1, 2, 3, 4, 2 }, lengths = { 1, 1, 1, 1, 1 },
+                         stride = 1 }
+    plain:backward(kjt, ur.tensor(plain:forward(kjt):size()):uniform(-1, 1, 3))
+    local P = dir .. "/plain"
+    local m = assert(dck.save(P, plain))
+    assert.equal(1, m.world)
+    assert.equal("whole", m.tables.a.kind)
+    assert.same({ "rank-00000-of-00001.safetensors" }, require("uvmrec.lib").dir_list(P, "rank-", ""))
+    -- tensors named as the unsharded component names them
+    local f = assert(ck.open(P .. "/rank-00000-of-00001.safetensors"))
+    assert.same({ 103, 16 }, f:info("a").shape)
+    assert.truthy(f:info("a.exp_avg"))
+    f:close()
+    local sharded = dist.shard(opts(), { a = "row_wise", b = "table_wise", c = { "column_wise", ranks = { 0, 0, 0 } },
+                                         d = "data_parallel" }, comm)
+    assert(dck.load(P, sharded))
+    for _, t in ipairs { "a", "b", "c", "d" } do
+      assert.same(plain:table(t):totable(), sharded:full_table(t):totable(), t)
+    end
+    local names = {}
+    for _, p in ipairs(sharded:parameters("embeddings.")) do names[#names + 1] = p.name end
+    assert.same({ "embeddings.a", "embeddings.b", "embeddings.c[0:30,0:4]", "embeddings.c[0:30,4:8]",
+                  "embeddings.c[0:30,8:12]", "embeddings.d" }, names)
+    assert.equal(1, sharded.collections[1]:step())
+    -- saved by the sharded one, loaded by the plain one
+    local S = dir .. "/sharded"
+    assert(dck.save(S, sharded))
+    local again = ur.nn.EmbeddingBagCollection(opts())
+    assert(dck.load(S, again))
+    for _, t in ipairs { "a", "b", "c", "d" } do
+      assert.same(plain:table(t):totable(), again:table(t):totable(), t)
+      for k, v in pairs(plain:state(t)) do assert.same(v:totable(), again:state(t)[k]:totable(), t .. "." .. k) end
+    end
+    sharded:free()
+    again.tbe:free()
+    plain.tbe:free()
+  end)
+
+  h.cuda_it("saves shards of device tables and loads them into host collections, bit for bit", function()
+    local comm = assert(dist.comm())
+    local o = opts()
+    o.device = nil -- the GPU
+    local gpu = dist.shard(o, { a = "row_wise", b = "table_wise", c = { "column_wise", ranks = { 0, 0 } },
+                                d = "data_parallel" }, comm)
+    local kjt = ur.KJT { keys = { "f", "g", "b", "c", "d" }, values = { 1, 2, 3, 4, 2 }, lengths = { 1, 1, 1, 1, 1 },
+                         stride = 1 }:to("device")
+    gpu:forward(kjt)
+    gpu:backward(kjt, ur.tensor({ 1, gpu.out_dim }, { placement = "device" }):uniform(-1, 1, 3))
+    local G = dir .. "/gpu"
+    assert(dck.save(G, gpu))
+    local host = ur.nn.EmbeddingBagCollection(opts())
+    assert(dck.load(G, host))
+    for _, t in ipairs { "a", "b", "c", "d" } do
+      assert.same(gpu:full_table(t):totable(), host:table(t):totable(), t)
+    end
+    -- and back into device shards under another plan
+    local again = dist.shard(o, "table_wise", comm)
+    assert(dck.load(G, again))
+    for _, t in ipairs { "a", "b", "c", "d" } do
+      assert.same(host:table(t):totable(), again:full_table(t):totable(), t)
+    end
+    gpu:free()
+    again:free()
+    host.tbe:free()
+  end)
+
+  it("names what does not fit before writing anything", function()
+    local P = dir .. "/plain"
+    local _, err = dck.load(dir .. "/none", ur.nn.EmbeddingBagCollection(opts()))
+    assert.matches("dist.checkpoint: .*/none is not a folder", err)
+    command.sh("mkdir -p " .. dir .. "/empty")
+    _, err = dck.load(dir .. "/empty", ur.nn.EmbeddingBagCollection(opts()))
+    assert.matches("/empty has no manifest.json %(an unfinished save, or not a sharded checkpoint%)", err)
+    local o = opts()
+    o.tables[3].rows = 31
+    _, err = dck.load(P, ur.nn.EmbeddingBagCollection(o))
+    assert.matches("table 'c' is 30 x 12 there and 31 x 12 here", err)
+    o = opts()
+    o.tables[2].dtype = nil
+    _, err = dck.load(P, ur.nn.EmbeddingBagCollection(o))
+    assert.matches("table 'b' is f16 there and f32 here", err)
+    _, err = dck.load(P, ur.nn.EmbeddingBagCollection(opts("adagrad")))
+    assert.matches("the optimizer state there is {exp_avg, exp_avg_sq} %(adam%) and here {sum} %(adagrad%)", err)
+    o = opts()
+    table.remove(o.tables, 4)
+    _, err = dck.load(P, ur.nn.EmbeddingBagCollection(o))
+    assert.matches("holds table 'd', which this collection lacks", err)
+    o = opts()
+    o.tables[5] = { name = "e", rows = 4, dim = 4 }
+    _, err = dck.load(P, ur.nn.EmbeddingBagCollection(o))
+    assert.matches("has no table 'e'", err)
+    local ok, e = pcall(dck.save, P, {})
+    assert.is_false(ok)
+    assert.matches("dist.checkpoint: expected a sharded collection %(dist.shard%), an EmbeddingBagCollection or a "
+      .. "uvmrec.tbe collection, got table: ", e)
+  end)
+end)

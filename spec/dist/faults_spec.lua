@@ -1,0 +1,107 @@
+-- Faults over ranks as processes on the CPU (spec/support/dist_fault.lua under `uvmrec launch`):
+-- a rank killed, failing or out of memory in the middle of a step ends the job non-zero within
+-- 60 s, launch naming the rank and its error; a rank that hangs makes the others' collectives
+-- time out (UVMREC_COMM_TIMEOUT); SIGINT on launch stops every rank at one step boundary with a
+-- checkpoint from which the run resumes with the uninterrupted run's losses, bit for bit.
+local dist = require "uvmrec.dist"
+local command = require "command"
+
+local function have_mpi() return dist.mpi() ~= nil and command.have("mpirun") end
+
+local SCRIPT = "spec/support/dist_fault.lua"
+
+local function env(vars)
+  local parts = {}
+  for k, v in pairs(vars) do parts[#parts + 1] = k .. "=" .. command.quote(v) end
+  table.sort(parts)
+  return "env " .. table.concat(parts, " ")
+end
+
+-- A job of n ranks: output (stdout and stderr), exit code, seconds.
+local function job(n, vars)
+  local t0 = command.now()
+  local out, err, code = command.sh(("%s timeout 120 %s launch -n %d %s"):format(env(vars), command.bin(), n, SCRIPT))
+  return out .. err, code, command.now() - t0
+end
+
+local function losses(out)
+  local l = {}
+  for s, x in out:gmatch("\nstep (%d+) loss (%S+)") do l[tonumber(s)] = x end
+  return l
+end
+
+describe("faults over ranks", function()
+  local dir = command.tmpdir()
+  teardown(function() command.rmdir(dir) end)
+
+  local cases = {
+    { "kill", "rank 1 %(process %d+%) died without a message: killed by a signal, or by the kernel out of memory" },
+    { "error", "rank 1 exited with 1: .*an injected failure in step 3" },
+    { "oom", "rank 1 exited with 1: .*tensor: host allocation of 4398046511104 bytes failed" },
+  }
+  for _, c in ipairs(cases) do
+    it(("ends the job within 60 s when a rank fails mid-step (%s), naming the rank and its error"):format(c[1]),
+      function()
+        if not have_mpi() then pending("no MPI here") return end
+        local out, code, s = job(3, { FAULT = c[1], FAULT_RANK = "1", FAULT_STEP = "3", STEPS = "8" })
+        assert.is_true(code ~= 0, out)
+        assert.is_true(s < 60, ("%.1f s"):format(s))
+        assert.matches("uvmrec launch: " .. c[2] .. "; stopping the other ranks", out)
+        assert.matches("\nstep 2 loss", "\n" .. out)
+        assert.is_nil(out:match("step 3 loss"), out)
+        assert.is_nil(out:match("rank %d: ok"), out)
+      end)
+  end
+
+  it("times out the others' collectives when a rank hangs (UVMREC_COMM_TIMEOUT)", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local out, code, s = job(3, { FAULT = "hang", FAULT_RANK = "2", FAULT_STEP = "2", STEPS = "8",
+                                  UVMREC_COMM_TIMEOUT = "4" })
+    assert.is_true(code ~= 0, out)
+    assert.is_true(s < 60, ("%.1f s"):format(s))
+    assert.matches("comm: rank [01] of 3 waited [4-9] s for its collectives %(UVMREC_COMM_TIMEOUT%): another rank "
+      .. "stopped, failed or made other calls", out)
+    assert.matches("uvmrec launch: rank [01] exited with 1: .*waited", out)
+    local _, err = command.sh(env { UVMREC_COMM_TIMEOUT = "soon" } .. " " .. command.bin() .. " launch -n 2 "
+      .. "spec/support/dist_collectives.lua")
+    assert.matches("comm: UVMREC_COMM_TIMEOUT is 'soon'; expected seconds >= 0 %(0: no limit%)", err)
+  end)
+
+  it("stops every rank at one step boundary on SIGINT to launch, saving a checkpoint that resumes exactly",
+    function()
+      if not have_mpi() then pending("no MPI here") return end
+      local ck, log = dir .. "/int", dir .. "/int.log"
+      -- launch in the background, SIGINT to it alone once a few steps are done; a shell's `&`
+      -- makes SIGINT ignored in what it starts, which `env --default-signal` (coreutils 8.31) undoes
+      local _, _, has = command.sh("env --default-signal=INT true")
+      if has ~= 0 then
+        pending("env --default-signal (coreutils 8.31) is needed to start launch in the background")
+        return
+      end
+      command.sh(("(%s env --default-signal=INT %s launch -n 3 %s > %s 2>&1; echo \"exit=$?\" >> %s) </dev/null "
+        .. ">/dev/null 2>&1 & echo $! > %s/pid"):format(env { STEPS = "60", SLOW = "0.2", OUT = ck }, command.bin(),
+        SCRIPT, log, log, dir))
+      local t0 = command.now()
+      while not (command.slurp(log) or ""):match("step 4 loss") and command.now() - t0 < 60 do command.sleep(0.2) end
+      local shell = command.slurp(dir .. "/pid"):match("%d+")
+      local launcher = command.sh("pgrep -P " .. shell):match("%d+")
+      command.sh("kill -INT " .. launcher)
+      while not (command.slurp(log) or ""):match("exit=%d+") and command.now() - t0 < 90 do command.sleep(0.2) end
+      assert.matches("exit=130", command.slurp(log))
+      local out = command.slurp(log)
+      assert.matches("uvmrec launch: stopping every rank at its next step boundary", out)
+      local at = tonumber(out:match("\nstopped at step (%d+) by SIGINT"))
+      assert.is_truthy(at, out)
+      assert.is_true(at < 60)
+      for r = 1, 2 do assert.matches(("%%[rank %d%%] stopped at step %d by SIGINT"):format(r, at), out) end
+      assert.is_nil(out:match("uvmrec launch: rank"), "no rank is named as failing")
+      -- resumed to 3 steps later: the uninterrupted run's losses, bit for bit
+      local resumed, code = job(3, { STEPS = tostring(at + 3), IN = ck })
+      assert.equal(0, code, resumed)
+      local whole, wcode = job(3, { STEPS = tostring(at + 3) })
+      assert.equal(0, wcode, whole)
+      local r, w = losses("\n" .. resumed), losses("\n" .. whole)
+      assert.is_nil(r[at])
+      for s = at + 1, at + 3 do assert.equal(w[s], r[s], "step " .. s) end
+    end)
+end)
