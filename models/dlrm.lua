@@ -32,10 +32,11 @@ function DLRM:__init(cfg, opts)
   self.num_dense, self.num_tables, self.dim = m.dense_features, #e.rows, e.dim
   self.bottom = nn.MLP({ m.dense_features, unpack(m.bottom_mlp) }, { input_grad = false })
 
-  local rows, tables = tconfig.table_rows(cfg), {}
+  local rows, tables, own_lf = tconfig.table_rows(cfg), {}, {}
   for i, r in ipairs(rows) do
     local name = "C" .. i
     local own = e.tables[name] or {}
+    if own.cache and own.cache.load_factor then own_lf[name] = { load_factor = own.cache.load_factor } end
     local place = own.placement or e.placement
     tables[i] = { name = name, rows = r, dim = e.dim, dtype = own.dtype or e.dtype,
                   -- managed and cached tables run on the CPU too (host memory, hints recorded)
@@ -48,7 +49,7 @@ function DLRM:__init(cfg, opts)
     cache = e.cache and { load_factor = e.cache.load_factor, slots = e.cache.slots, bytes = e.cache.bytes,
                           shared = e.cache.shared, policy = e.cache.policy, decay_batches = e.cache.decay_batches,
                           staging_rows = e.cache.staging_rows, backing = e.cache.backing,
-                          min_slots = e.cache.min_slots },
+                          min_slots = e.cache.min_slots, tables = next(own_lf) and own_lf or nil },
     device = not gpu and "cpu" or opts.device,
     optimizer = { o.name or "sgd", lr = o.lr or cfg.optimizer.lr, eps = o.eps,
                   weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2,

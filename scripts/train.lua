@@ -29,6 +29,9 @@ local cmd = require("uvmrec.cli").command {
     .. "run goes and what it logs, saves and evaluates (--steps sets where it ends)" },
   { "--progress M", "auto (a bar on a terminal, lines elsewhere), bar, lines or none",
     choices = { "auto", "bar", "lines", "none" } },
+  { "--plan FILE", "apply a plan of uvmrec plan (--out FILE): each table's placement, cache load factor, hint "
+    .. "allowance and sharding; refused when it was made for another model, batch or budget; on a GPU the run "
+    .. "goes under the plan's HBM budget" },
   { "--allow-nonfinite", "with --resume: take a checkpoint whose tensors hold NaN or infinity (refused by "
     .. "default, naming the tensor and its first bad element)" },
   { "--cpu", "train on the CPU even where a GPU is" },
@@ -52,6 +55,12 @@ if not file then cmd:fail(ferr) end
 local cfg, err = train.config.load(file, sets)
 if not cfg then cmd:fail(err) end
 opts.config_path = file
+if o.plan then
+  -- the ranks of this run (uvmrec launch's)
+  local plan, perr = train.apply_plan(cfg, o.plan, { world = require("uvmrec.dist").environment().world })
+  if not plan then cmd:fail(perr) end
+  opts.plan, opts.plan_path = plan, o.plan
+end
 -- A run directory resumed goes on being written unless --out names another.
 if opts.resume and not opts.out and require("uvmrec").C.ur_path_kind(opts.resume) == 2 then
   opts.out = opts.resume

@@ -118,6 +118,45 @@ describe("uvmrec.cache", function()
                      "cache: min_slots -1; expected a whole number >= 0")
   end)
 
+  it("gives a table a load factor of its own (tables = {[name] = {load_factor}}), the others the rest", function()
+    local tables = { { name = "a", rows = 200000, dim = 4 }, { name = "b", rows = 100000, dim = 4 },
+                     { name = "c", rows = 50000, dim = 4 } }
+    -- a at 0.05, c cached whole at 1.0 (its 2-slots-a-row floor: 50000 rows <= min_slots / 2),
+    -- b the global 0.3
+    local m = pair(tables, { load_factor = 0.3, tables = { a = { load_factor = 0.05 }, c = { load_factor = 1 } } })
+    local c = m.tbe.cache
+    assert.same({ a = 10000, b = 30000, c = 100000 }, c.table_slots)
+    local sets = function(n) return math.ceil(n / 32) * 32 end
+    assert.equal(sets(10000) + sets(30000) + sets(100000), c:slots())
+    -- without a floor (min_slots 0) c takes exactly its share
+    local m2 = pair(tables, { slots = 4000, min_slots = 0, tables = { c = { load_factor = 0.5 } } })
+    assert.same({ a = 2667, b = 1334, c = 25000 }, m2.tbe.cache.table_slots)
+    -- behaviour: c, cached whole, stops missing after its rows were read once; a, at 5%, keeps missing
+    local ids_a, ids_c = {}, {}
+    for k = 1, 2000 do ids_a[k], ids_c[k] = (k * 7919) % 200000, (k * 37) % 50000 end
+    for _ = 1, 3 do
+      local x = input({ ids_a, { 1 }, ids_c })
+      m:backward(x, grad_like(m:forward(x)))
+    end
+    c:reset_stats()
+    for k = 1, 2000 do ids_a[k] = (k * 104729 + 11) % 200000 end
+    local x = input({ ids_a, { 1 }, ids_c })
+    m:backward(x, grad_like(m:forward(x)))
+    local s = c:stats().tables
+    assert.equal(0, s.c.misses)
+    assert.is_true(s.a.misses > 1000, "a misses " .. s.a.misses)
+    -- checked at the call: a name not cached, a factor out of range, a shared pool
+    assert.has_error(function() pair(tables, { tables = { z = { load_factor = 0.1 } } }) end,
+                     "cache: tables.z: no cached table of that name (cached: a, b, c)")
+    assert.has_error(function() pair(tables, { tables = { a = { load_factor = 0 } } }) end,
+                     "cache: tables.a.load_factor 0; expected a number in (0, 1]")
+    assert.has_error(function() pair(tables, { tables = { a = { slots = 5 } } }) end,
+                     "cache: tables.a: unknown option 'slots' (a table sets its own load_factor)")
+    assert.has_error(function() pair(tables, { shared = true, tables = { a = { load_factor = 0.1 } } }) end,
+                     "cache: tables: per-table load factors need sets per table; shared = true puts every table in "
+                     .. "one pool")
+  end)
+
   it("evicts the least recently used row of a full set, and writes it back when dirty", function()
     -- one set of 32 ways: 40 distinct rows in batches of 8
     local m, shadow = pair({ { name = "a", rows = 100, dim = 4 } }, { slots = 32, min_slots = 0 })

@@ -112,6 +112,19 @@ describe("uvmrec.hints in training", function()
     assert.is_true(last.tables.C3.hot_rows > 0)
   end)
 
+  it("takes an allowance per table (embeddings.tables.<T>.hints.allowance), the others splitting the rest", function()
+    -- no HBM for the managed tables but C3's own: only C3 keeps rows on the GPU
+    local _, _, events = run { "train.steps=3", "embeddings.placement=managed", "embeddings.hints.policy=hot_prefix",
+                               "embeddings.hints.allowance=0", "embeddings.tables.C3.hints.allowance=100%" }
+    local last
+    for _, e in ipairs(events) do
+      if e.event == "hints" then last = e end
+    end
+    assert.equal(0, last.tables.C1.hot_rows)
+    assert.equal(0, last.tables.C2.hot_rows)
+    assert.is_true(last.tables.C3.hot_rows > 0)
+  end)
+
   it("resumes after a relayout to the uninterrupted run's losses", function()
     local sets = { "train.steps=12", "embeddings.placement=managed", "embeddings.hints.policy=adaptive",
                    "embeddings.hints.decay=0.5", "train.checkpoint_every=5" }

@@ -56,6 +56,10 @@ describe("uvmrec memory and the HBM budget (ur.memory, ur.bytes, ur.set_hbm_budg
     t:free()
     assert.equal(used0, ur.memory().hbm_used)
     assert.equal(0, ur.memory().managed_on_gpu)
+    -- the peak counts from a reset (the HBM in use then): a plan's run measures its own
+    assert.is_true(ur.memory().hbm_peak >= used0 + MiB)
+    ur.reset_hbm_peak()
+    assert.equal(used0, ur.memory().hbm_peak)
   end)
 
   it("lets accessed_by and read_mostly through: they place nothing", function()

@@ -145,6 +145,7 @@ UR_API ur_status ur_device_sync(void);
 UR_API ur_status ur_hbm_budget_set(uint64_t bytes);
 UR_API uint64_t ur_hbm_budget_get(void);
 UR_API ur_status ur_memory_get(ur_memory_stats *out);
+UR_API void ur_memory_peak_reset(void);    /* hbm_peak from now: the HBM in use now */
 
 /* Streams and events.  Without a GPU they exist and order nothing (work is synchronous). */
 UR_API ur_status ur_stream_new(ur_stream **out, int32_t priority);

@@ -18,7 +18,11 @@
 -- table, a table of at most min_slots / 2 rows gets 2 slots a row, so it is cached whole with
 -- room for its rows' hashing into 32-way sets (else every batch would have conflict misses
 -- there, and a conflict row the next batch needs makes it wait for this one's backward); the
--- larger tables share the rest of the total in proportion to their rows.
+-- larger tables share the rest of the total in proportion to their rows.  tables = { [name] =
+-- { load_factor = c } } gives a table a load factor of its own (the planner's per-table cache
+-- sizes, a training config's embeddings.tables.<T>.cache.load_factor): ceil(c * rows) slots (or
+-- its 2-slots-a-row floor, as above), and the load_factor, slots or bytes of the options go to the
+-- other cached tables; not with shared = true (one pool has no per-table sizes).
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -31,7 +35,7 @@ local mt = { __index = methods }
 
 local POLICIES = { lru = C.UR_CACHE_LRU, lfu = C.UR_CACHE_LFU }
 local OPTS = { load_factor = true, slots = true, bytes = true, shared = true, policy = true,
-               decay_batches = true, staging_rows = true, backing = true, min_slots = true }
+               decay_batches = true, staging_rows = true, backing = true, min_slots = true, tables = true }
 M.OPTS = OPTS
 
 local wrap_cache, free_cache = lib.handle_type("ur_cache", C.ur_cache_free, {})
@@ -85,6 +89,30 @@ function M.options(o, level)
       fail(("%s %s; expected a whole number >= 0"):format(k, tostring(v)), level)
     end
   end
+  local own = {}
+  if o.tables ~= nil then
+    if type(o.tables) ~= "table" then fail("tables must be a table {[name] = {load_factor = c}}", level) end
+    for name, t in pairs(o.tables) do
+      if type(name) ~= "string" or type(t) ~= "table" then
+        fail(("tables: expected {[name] = {load_factor = c}}, got [%s] = %s"):format(tostring(name), tostring(t)),
+             level)
+      end
+      for k in pairs(t) do
+        if k ~= "load_factor" then
+          fail(("tables.%s: unknown option '%s' (a table sets its own load_factor)"):format(name, tostring(k)), level)
+        end
+      end
+      local c = t.load_factor
+      if type(c) ~= "number" or not (c > 0 and c <= 1) then
+        fail(("tables.%s.load_factor %s; expected a number in (0, 1]"):format(name, tostring(c)), level)
+      end
+      own[name] = { load_factor = c }
+    end
+    if next(own) and r.shared then
+      fail("tables: per-table load factors need sets per table; shared = true puts every table in one pool", level)
+    end
+  end
+  r.tables = own
   r.load_factor = o.load_factor or (not o.slots and not o.bytes) and 0.2 or nil
   r.slots = o.slots
   r.bytes = o.bytes and bytes_of(o.bytes, level)
@@ -106,17 +134,28 @@ function M.new(t, names, o, level)
   local idx = ffi.new("int32_t[?]", n)
   local per = ffi.new("int64_t[?]", n)
   local total_rows, dim, dtype = 0, nil, nil
+  local cached = {}
   for i, name in ipairs(names) do
     idx[i - 1] = t.table_index[name]
-    total_rows = total_rows + t.rows[name]
+    cached[name] = true
+    if not o.tables[name] then total_rows = total_rows + t.rows[name] end
     dim, dtype = t.dims[name], t.dtypes[name]
+  end
+  for name in pairs(o.tables) do
+    if not cached[name] then
+      local list = { unpack(names) }
+      table.sort(list)
+      fail(("tables.%s: no cached table of that name (cached: %s)"):format(name, table.concat(list, ", ")), level)
+    end
   end
   local cfg = ffi.new("ur_cache_config")
   cfg.policy = POLICIES[o.policy]
   cfg.decay_batches = o.decay_batches
   cfg.staging_rows = o.staging_rows
   local total_slots
-  if o.load_factor then
+  if total_rows == 0 then
+    total_slots = 0 -- every cached table has a load factor of its own
+  elseif o.load_factor then
     total_slots = math.ceil(o.load_factor * total_rows)
   elseif o.slots then
     total_slots = o.slots
@@ -126,13 +165,17 @@ function M.new(t, names, o, level)
   if o.shared then
     cfg.slots = total_slots
   else
-    -- small tables first (their floor where it beats their share), then the others' shares
-    -- of what is left, in proportion to their rows
+    -- tables with a load factor of their own take ceil(c * rows) (or their floor); then small
+    -- tables (their floor where it beats their share), then the others' shares of what is
+    -- left, in proportion to their rows
     local floor, left, rest_rows = {}, total_slots, 0
     for _, name in ipairs(names) do
-      local rows = t.rows[name]
+      local rows, c = t.rows[name], o.tables[name] and o.tables[name].load_factor
       local f = 2 * rows
-      if f <= o.min_slots and f > total_slots * rows / total_rows then
+      if c then
+        local share = math.ceil(c * rows)
+        floor[name] = (f <= o.min_slots and f > share) and f or share
+      elseif f <= o.min_slots and f > total_slots * rows / total_rows then
         floor[name] = f
         left = left - f
       else
@@ -152,6 +195,11 @@ function M.new(t, names, o, level)
                               options = o, tbe = t, _order = {},
                               _pool = {}, _next_ticket = 1 }, mt)
   for i, name in ipairs(names) do self.index[name] = i - 1 end
+  if not o.shared then
+    -- each table's slots as asked (the engine rounds each up to whole sets of 32)
+    self.table_slots = {}
+    for i, name in ipairs(names) do self.table_slots[name] = tonumber(per[i - 1]) end
+  end
   return self
 end
 

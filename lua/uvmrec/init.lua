@@ -75,6 +75,9 @@ end
 
 function ur.hbm_budget() return tonumber(C.ur_hbm_budget_get()) end
 
+-- hbm_peak counts from now (from the HBM in use now).
+function ur.reset_hbm_peak() C.ur_memory_peak_reset() end
+
 function ur.memory()
   local m = ffi.new("ur_memory_stats")
   C.ur_memory_get(m)

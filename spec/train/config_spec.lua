@@ -126,6 +126,36 @@ describe("uvmrec.train.config", function()
     end
   end)
 
+  it("takes a cache load factor and a hint allowance per table, each on a table of its placement", function()
+    local cfg = assert(parse(base, { "embeddings.placement=cached", "embeddings.tables.C2.cache.load_factor=0.05",
+                                     "embeddings.tables.C3.placement=managed",
+                                     "embeddings.tables.C3.hints.allowance=20%" }))
+    assert.same({ C2 = { cache = { load_factor = 0.05 } },
+                  C3 = { placement = "managed", hints = { allowance = "20%" } } },
+                cfg.embeddings.tables)
+    local cases3 = {
+      { { "embeddings.tables.C1.cache.load_factor=0.5" }, "--set embeddings.tables.C1.cache.load_factor=0.5: "
+        .. "embeddings.tables.C1.cache.load_factor: table C1 is placed auto (embeddings.placement): a load factor "
+        .. "sizes the cache of a cached table" },
+      { { "embeddings.placement=cached", "embeddings.tables.C1.cache.load_factor=0" },
+        "--set embeddings.tables.C1.cache.load_factor=0: embeddings.tables.C1.cache.load_factor: 0; expected a "
+        .. "number in (0, 1]" },
+      { { "embeddings.placement=cached", "embeddings.cache.shared=true", "embeddings.tables.C1.cache.load_factor=0.5" },
+        "--set embeddings.tables.C1.cache.load_factor=0.5: embeddings.tables.C1.cache.load_factor: a load factor "
+        .. "per table needs sets per table, and embeddings.cache.shared puts every cached table in one pool" },
+      { { "embeddings.tables.C2.placement=host", "embeddings.tables.C2.hints.allowance=1GiB" },
+        "--set embeddings.tables.C2.hints.allowance=1GiB: embeddings.tables.C2.hints.allowance: table C2 is "
+        .. "placed host: an allowance is the HBM of a managed table's hot rows" },
+      { { "embeddings.placement=managed", "embeddings.tables.C2.hints.allowance=lots" },
+        "--set embeddings.tables.C2.hints.allowance=lots: embeddings.tables.C2.hints.allowance: " },
+    }
+    for _, c in ipairs(cases3) do
+      local got, err = parse(base, c[1])
+      assert.is_nil(got, c[2])
+      assert.equal(c[2], err:sub(1, #c[2]))
+    end
+  end)
+
   it("gives the tables' sharding as uvmrec.dist.plan reads it, a default and per table", function()
     local cfg = assert(parse(base, { "embeddings.tables.C2.sharding=row_wise" }))
     assert.same({ default = "table_wise", C2 = "row_wise" }, tconfig.sharding(cfg))

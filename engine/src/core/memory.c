@@ -68,3 +68,9 @@ ur_status ur_memory_get(ur_memory_stats *out) {
   pthread_mutex_unlock(&ur__lock);
   return UR_STATUS_OK;
 }
+
+void ur_memory_peak_reset(void) {
+  pthread_mutex_lock(&ur__lock);
+  mem.hbm_peak = mem.hbm_used;
+  pthread_mutex_unlock(&ur__lock);
+}

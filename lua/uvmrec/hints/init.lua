@@ -196,7 +196,9 @@ M.parse_allowance = parse_allowance
 -- (.tbe).  opts: policy (name, file or object; default "hot_prefix"), options (the policy's),
 -- every (steps between intervals, 100), allowance (HBM for the managed tables: bytes, '8GiB',
 -- '20%' or 0.2 of their bytes; default all of it), decay (counts *= decay after each
--- interval, 1: none), tables ({name = {policy =, options =}} per table), location ("gpu"),
+-- interval, 1: none), tables ({name = {policy =, options =, allowance =}} per table: a table's own
+-- allowance, bytes or a fraction of its own bytes, is its share; the others split `allowance`),
+-- location ("gpu"),
 -- monitor (true: read the CUPTI monitor each interval when it runs), stream.
 function M.manager(collection, opts)
   opts = opts or {}
@@ -222,11 +224,27 @@ function M.manager(collection, opts)
         local es = t:nbytes() / t:numel()
         layout[#layout + 1] = { off = tonumber(C.ur_tensor_offset(t.p)) * es, rb = t:nbytes() / tbe.rows[name] }
       end
+      local own
+      if per and per.allowance ~= nil then
+        local ok, a = pcall(parse_allowance, per.allowance, row_bytes * tbe.rows[name])
+        if not ok then error(("hints: table %s: %s"):format(name, tostring(a):gsub("^[^\n]-:%d+: hints: ", "")), 2) end
+        own = a
+      end
       self.tables[#self.tables + 1] = { name = name, tensors = ts, rows = tbe.rows[name], layout = layout,
-                                        row_bytes = row_bytes, policy = pol, on_gpu = 0, k = 0 }
-      total = total + row_bytes * tbe.rows[name]
+                                        row_bytes = row_bytes, policy = pol, on_gpu = 0, k = 0, allowance = own }
+      if not own then total = total + row_bytes * tbe.rows[name] end
     else
       w:free()
+    end
+  end
+  if opts.tables then
+    for name, per in pairs(opts.tables) do
+      local found = false
+      for _, t in ipairs(self.tables) do found = found or t.name == name end
+      if not found and per.allowance ~= nil then
+        error(("hints: table %s has an allowance of its own but is not a managed table of the collection"):format(
+          tostring(name)), 2)
+      end
     end
   end
   self.total_bytes = total
@@ -239,7 +257,23 @@ end
 
 -- Each table's share of the allowance: the hottest rows over all tables (by count, per byte)
 -- until the allowance is spent; by bytes while nothing is counted.
-function Manager:_split(stats)
+function Manager:_split(all)
+  -- tables with an allowance of their own take it (whole pages of it); the others split the rest
+  local stats, idx, shares_all = {}, {}, {}
+  for i, s in ipairs(all) do
+    local own = self.tables[i].allowance
+    if own then
+      shares_all[i] = math.min(own, s:placed_bytes(s.rows))
+    else
+      stats[#stats + 1], idx[#stats + 1] = s, i
+    end
+  end
+  local sh = self:_split_shared(stats)
+  for j, i in ipairs(idx) do shares_all[i] = sh[j] end
+  return shares_all
+end
+
+function Manager:_split_shared(stats)
   local A, shares = self.allowance, {}
   local counted = 0
   for i, s in ipairs(stats) do
@@ -536,10 +570,12 @@ function Manager:summary()
   for n in pairs(names) do pol[#pol + 1] = n end
   table.sort(pol)
   local m = r.migration
+  local allowed = self.allowance
+  for _, t in ipairs(self.tables) do allowed = allowed + (t.allowance or 0) end
   return ("hints %s: %d tables, hot %.1f%% of rows, coverage %s, on GPU %s of %s allowed; "
     .. "migrated %s in / %s out, %s faults; hint calls %.3f s, relayout %.2f s (%s)"):format(
     table.concat(pol, "+"), #self.tables, 100 * r.hot_fraction,
-    r.coverage and ("%.1f%%"):format(100 * r.coverage) or "-", gb(r.bytes_on_gpu), gb(self.allowance),
+    r.coverage and ("%.1f%%"):format(100 * r.coverage) or "-", gb(r.bytes_on_gpu), gb(allowed),
     m and gb(m.bytes_htod) or "-", m and gb(m.bytes_dtoh) or "-", m and tostring(m.gpu_page_faults) or "-",
     r.hint_seconds, self.relayout_seconds, gb(self.relayout_bytes))
 end

@@ -87,7 +87,9 @@ local function setup(tables, profiles, budget, opts)
     return nil, "planner: world (gpus) must be a whole number >= 1"
   end
   local ok, ctx = pcall(cost.context, { calib = cal, batch = opts.batch or 65536, world = world,
-    policy = opts.policy, pipeline = opts.pipeline, page_bytes = opts.page_bytes, fractions = opts.fractions,
+    policy = opts.policy, pipeline = opts.pipeline, fractions = opts.fractions,
+    -- the hint pages: the GPU's 2 MiB, the CPU backend's system pages (4 KiB)
+    page_bytes = opts.page_bytes or (cal.backend == "cpu" and 4096 or nil),
     output_bytes = opts.output_bytes })
   if not ok then return nil, "planner: " .. tostring(ctx):gsub("^[^\n]-:%d+: ", "") end
   local cts = {}
@@ -237,7 +239,8 @@ end
 -- (a name, path, table or calib), dense (cost.dense_model's description), host_memory, policy
 -- ("lru" | "lfu"), pipeline, threshold (greedy's early stop, 10; false: none), search ("auto":
 -- exhaustive when the instance is small, else greedy; "greedy"; "exhaustive"), reserve (bytes,
--- or a fraction of the budget: 0.05), page_bytes (hint pages: 2 MiB), fractions, depth.
+-- or a fraction of the budget: 0.05), page_bytes (hint pages: 2 MiB; 4 KiB with a CPU
+-- calibration), fractions, depth.
 function M.plan(tables, profiles, budget, opts)
   opts = opts or {}
   local clock = require("uvmrec.lib").C.ur_clock_seconds
@@ -265,10 +268,11 @@ end
 
 local function round(x, d) local m = 10 ^ (d or 6) return math.floor(x * m + 0.5) / m end
 
--- The config keys a table's choice maps onto (train config, per table).
+-- The config keys a table's choice maps onto (train config, per table; the cache's policy is
+-- the cache's, one for all cached tables: embeddings.cache.policy, from the plan's policy).
 local function config_keys(name, o, hbm_gpu)
   local k = { placement = o.placement, sharding = o.sharding }
-  if o.placement == "cached" then k.cache = { load_factor = o.load_factor, policy = o.policy } end
+  if o.placement == "cached" then k.cache = { load_factor = o.load_factor } end
   if o.placement == "managed" then
     k.hints = { policy = "hot_prefix", allowance = ("%d"):format(hbm_gpu) }
   end
@@ -276,7 +280,6 @@ local function config_keys(name, o, hbm_gpu)
   local flat = { [prefix .. ".placement"] = o.placement, [prefix .. ".sharding"] = o.sharding }
   if k.cache then
     flat[prefix .. ".cache.load_factor"] = o.load_factor
-    flat[prefix .. ".cache.policy"] = o.policy
   end
   if k.hints then
     flat[prefix .. ".hints.policy"] = "hot_prefix"
@@ -562,6 +565,254 @@ function M.load(path)
   local text = f:read("*a")
   f:close()
   return M.decode(text, path)
+end
+
+-- ---- the planning problem of a training config ----
+
+-- The tables, access profiles and dense part of training config cfg (uvmrec.train.config), as
+-- uvmrec plan and the benchmarks give them to M.plan.  o: world (ranks, 1), batch (per rank;
+-- default train.batch_size / world, the global batch's slice),
+-- counts (a checkpoint whose access counts profile the tables), profile_steps (profile them from
+-- that many batches of the config's data); by default the Zipf exponents of the config's
+-- synthetic preset.  A table's placement and cache load factor set in the config are kept
+-- (fixed).  Returns {tables, profiles, dense, batch, how, seconds}, or nil, message (, 2 when
+-- the command line is to blame).
+function M.from_config(cfg, o)
+  o = o or {}
+  local ur = require "uvmrec"
+  local train = require "uvmrec.train"
+  local synthetic = require "uvmrec.data.synthetic"
+  local profile = M.profile
+  local e = cfg.embeddings
+  local rows = train.config.table_rows(cfg)
+  -- train.batch_size is the global batch: each of the world's ranks takes an equal slice
+  local world = o.world or 1
+  if not o.batch and cfg.train.batch_size % world ~= 0 then
+    return nil, ("train.batch_size %d is not a multiple of the %d ranks (each takes an equal slice); give --batch "
+      .. "(per rank)"):format(cfg.train.batch_size, world), 2
+  end
+  local batch = o.batch or cfg.train.batch_size / world
+
+  -- the synthetic preset behind the config's data, when it has one: Zipf exponents, ids a sample
+  local synth
+  if cfg.data.train:match("^synthetic:") then
+    synth = synthetic.resolve(cfg.data.train:match("^synthetic:(.+)$"))
+  end
+
+  local tables = {}
+  for i, r in ipairs(rows) do
+    local name = "C" .. i
+    local per = e.tables[name] or {}
+    local fixed = {}
+    if per.placement and per.placement ~= "auto" then fixed.placement = per.placement end
+    if per.cache and per.cache.load_factor then fixed.load_factor = per.cache.load_factor end
+    local hot = 1
+    local st = synth and synth.tables[i]
+    if st then
+      local h = st.hot or 1
+      hot = type(h) == "table" and ((h[1] or h.min) + (h[2] or h.max)) / 2 or h
+    end
+    tables[i] = { name = name, rows = r, dim = e.dim, dtype = per.dtype or e.dtype, optimizer = e.optimizer.name,
+                  hot = hot, fixed = next(fixed) and fixed or nil }
+  end
+
+  -- profiles
+  local clock = ur.C.ur_clock_seconds
+  local t0 = clock()
+  local profiles, how = {}, nil -- luacheck: ignore 311
+  if o.counts then
+    local ck = require "uvmrec.checkpoint"
+    local file, err = ck.open(train.checkpoint_file and train.checkpoint_file(o.counts) or o.counts)
+    if not file then return nil, "--counts: " .. tostring(err) end
+    local have = {}
+    for _, n in ipairs(file:names()) do have[n] = true end
+    for i, t in ipairs(tables) do
+      local key = have["layout." .. t.name .. ".counts"] and "layout." .. t.name .. ".counts"
+                  or have[t.name .. ".counts"] and t.name .. ".counts"
+      if not key then
+        file:close()
+        return nil, (("--counts %s: no access counts for table %s (layout.%s.counts); train with counting on "
+             .. "(hints or set_counting) to save them"):format(o.counts, t.name, t.name))
+      end
+      local v = file:view(key)
+      if v:numel() ~= t.rows then
+        file:close()
+        return nil, ("--counts %s: table %s has %d counts for %d rows"):format(o.counts, t.name, v:numel(), t.rows)
+      end
+      profiles[t.name] = profile.from_counts(v, { name = t.name, hot = tables[i].hot,
+        source = ("counts of %s"):format(o.counts) })
+    end
+    file:close()
+    how = ("access counts of %s"):format(o.counts)
+  elseif o.profile_steps then
+    local d, derr = train.data(cfg, rows)
+    if not d then return nil, derr end
+    local lo = {}
+    for k, v in pairs(d.train) do lo[k] = v end
+    lo.batch_size = batch
+    local loader, lerr = ur.data.loader(lo)
+    if not loader then return nil, lerr end
+    local out, info = profile.from_loader(loader, o.profile_steps, tables)
+    loader:close()
+    for _, t in ipairs(tables) do
+      profiles[t.name] = out[t.name]
+      t.hot = out[t.name].hot
+    end
+    how = ("a pass over %d batches of %s (%d samples)"):format(info.batches, cfg.data.train, info.samples)
+  elseif synth then
+    for i, t in ipairs(tables) do
+      local st = synth.tables[i]
+      profiles[t.name] = profile.zipf { rows = t.rows, s = st and (st.zipf or 0) or 0, hot = t.hot, name = t.name }
+    end
+    how = ("the Zipf exponents of %s"):format(cfg.data.train)
+  else
+    return nil, ("the config's data (%s) is not synthetic: give --profile-steps N or --counts CKPT"):format(
+      cfg.data.train ~= "" and cfg.data.train or "none"), 2
+  end
+  local profile_seconds = clock() - t0
+
+  local m = cfg.model
+  local dense = { dense_features = m.dense_features, bottom = m.bottom_mlp, top = m.top_mlp,
+                  interaction = m.interaction,
+                  self_interaction = m.self_interaction, cross_layers = m.cross_layers, cross_rank = m.cross_rank,
+                  tables = #tables, dim = e.dim, precision = m.precision, optimizer = cfg.optimizer.name,
+                  momentum = cfg.optimizer.momentum }
+  return { tables = tables, profiles = profiles, dense = dense, batch = batch, how = how, seconds = profile_seconds }
+end
+
+-- ---- a plan applied to a training config (uvmrec train --plan) ----
+
+-- Whether the plan fits its own budget on every rank: nil, or why not (an edited plan, or one
+-- written by hand, may not).
+function Plan:over_budget()
+  local p = self.data
+  for _, R in ipairs(p.ranks) do
+    if type(R.hbm) ~= "number" or R.hbm > p.budget then
+      return ("rank %d needs %s of HBM (%s), over the plan's budget of %s per rank"):format(R.rank or 0,
+        fmt_bytes(R.hbm or 0), type(R.hbm) == "number" and ("%d bytes"):format(R.hbm) or "no figure",
+        fmt_bytes(p.budget))
+    end
+  end
+end
+
+-- Sets training config cfg (uvmrec.train.config, loaded and checked) to the plan: each table's
+-- placement, cache load factor, hint policy and allowance, and with several ranks its sharding
+-- (the plan's config_keys), and the cache policy; the config's own per-table settings must
+-- agree with the plan's. `where` names the plan in messages (its file).  Refuses a plan made for
+-- another model (tables, rows, dims, dtypes), batch, pipeline or number of ranks (opts.world,
+-- default 1), and one over its own HBM budget.  Returns cfg, or nil, message.
+function Plan:apply(cfg, where, opts)
+  opts = opts or {}
+  local tconfig = require "uvmrec.train.config"
+  local config = require "uvmrec.config"
+  local p = self.data
+  where = "--plan " .. tostring(where or "plan")
+  local function bad(fmt, ...) return nil, where .. ": " .. fmt:format(...) end
+  local e = cfg.embeddings
+  local rows = tconfig.table_rows(cfg)
+  if #p.tables ~= #rows then
+    return bad("the plan has %d tables and the model %d (embeddings.rows): plan this config with uvmrec plan",
+      #p.tables, #rows)
+  end
+  for i, t in ipairs(p.tables) do
+    local name = "C" .. i
+    local own = e.tables[name] or {}
+    local dtype = own.dtype or e.dtype
+    if t.name ~= name then
+      return bad("table %d is named %s in the plan; the model's is %s", i, tostring(t.name), name)
+    end
+    if t.rows ~= rows[i] then
+      return bad("table %s has %s rows in the plan and %d in the model (embeddings.rows, max_rows)", name,
+        tostring(t.rows), rows[i])
+    end
+    if t.dim ~= e.dim then return bad("table %s has dim %s in the plan and %d in the model (embeddings.dim)", name,
+      tostring(t.dim), e.dim) end
+    if t.dtype ~= dtype then
+      return bad("table %s is %s in the plan and %s in the model", name, tostring(t.dtype), dtype)
+    end
+    if t.optimizer ~= e.optimizer.name then
+      return bad("table %s was planned with the %s optimizer (its state's bytes) and the model's is %s", name,
+        tostring(t.optimizer), e.optimizer.name)
+    end
+  end
+  local world = opts.world or 1
+  if p.world ~= world then
+    return bad("the plan is for %d rank%s and this run has %d", p.world, p.world == 1 and "" or "s", world)
+  end
+  if p.batch * world ~= cfg.train.batch_size then
+    return bad("the plan is for a batch of %d per rank and train.batch_size is %d over %d rank%s: its cache scratch "
+      .. "and step times are for its batch; set train.batch_size=%d or plan again with --batch", p.batch,
+      cfg.train.batch_size, world, world == 1 and "" or "s", p.batch * world)
+  end
+  if (p.pipeline and true or false) ~= cfg.train.pipeline then
+    return bad("the plan was made %s the prefetch pipeline and train.pipeline is %s", p.pipeline and "with" or
+      "without", tostring(cfg.train.pipeline))
+  end
+  local over = self:over_budget()
+  if over then return bad("%s", over) end
+  local sets, any_cached = {}, false
+  for _, t in ipairs(p.tables) do
+    local keys = {}
+    for k, v in pairs(t.config_keys or {}) do
+      if not (world == 1 and k:match("%.sharding$") and v == "table_wise") then keys[#keys + 1] = k end
+    end
+    if #keys == 0 then return bad("table %s has no config_keys", t.name) end
+    table.sort(keys)
+    for _, k in ipairs(keys) do
+      local v = t.config_keys[k]
+      sets[#sets + 1] = { k, type(v) == "number" and ("%.17g"):format(v) or tostring(v), v }
+    end
+    if world > 1 and t.sharding == "table_wise" then
+      sets[#sets + 1] = { "embeddings.tables." .. t.name .. ".rank", ("%d"):format(t.ranks[1]), t.ranks[1] }
+    end
+    any_cached = any_cached or t.placement == "cached"
+  end
+  if any_cached then
+    sets[#sets + 1] = { "embeddings.cache.policy", p.policy, p.policy }
+  end
+  -- the config's own values must be the plan's (the planner kept them, flagged as fixed)
+  local function get(path)
+    local v = cfg
+    for key in path:gmatch("[^.]+") do
+      if type(v) ~= "table" then return nil end
+      v = v[key]
+    end
+    return v
+  end
+  for _, s in ipairs(sets) do
+    local have = get(s[1])
+    local per_table = s[1]:match("^embeddings%.tables%.")
+    if have ~= nil and have ~= s[3] and (per_table or config.given(cfg, s[1])) then
+      return bad("%s is %s in the config and %s in the plan: plan this config again (its own settings are kept)",
+        s[1], tostring(have), tostring(s[3]))
+    end
+    local ok, err = config.set(cfg, tconfig.schema, s[1] .. "=" .. s[2])
+    if not ok then
+      if s[1]:match("%.sharding$") then
+        return bad("table sharding %s: the training config has no per-table sharding key (%s)", s[2],
+          tostring(err):gsub("^%-%-set ", ""))
+      end
+      return nil, (tostring(err):gsub("^%-%-set ", where .. ": "))
+    end
+  end
+  local err = tconfig.check(cfg)
+  if err then return nil, (err:gsub("%-%-set ", where .. ": ")) end
+  if world > 1 then
+    -- the ranks the run will use (uvmrec.dist.plan's, from the kinds) must be the plan's
+    local dtabs = {}
+    for i, t in ipairs(p.tables) do dtabs[i] = { name = t.name, rows = t.rows, dim = t.dim } end
+    local ok, dp = pcall(require("uvmrec.dist.plan").plan, dtabs, tconfig.sharding(cfg), world)
+    if not ok then return bad("%s", tostring(dp)) end
+    for _, t in ipairs(p.tables) do
+      local got = {}
+      for j, sh in ipairs(dp.tables[t.name].shards) do got[j] = sh.rank end
+      if table.concat(got, ",") ~= table.concat(t.ranks, ",") then
+        return bad("table %s is %s on rank%s %s in the plan, and the run would place it on %s (uvmrec.dist.plan)",
+          t.name, t.sharding, #t.ranks > 1 and "s" or "", table.concat(t.ranks, ","), table.concat(got, ","))
+      end
+    end
+  end
+  return cfg
 end
 
 return M

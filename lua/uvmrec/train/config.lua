@@ -51,7 +51,10 @@ M.schema = map({
     tables = dict(map {                                        -- per table (C1, C2, ...)
       placement = enum(PLACEMENTS), dtype = enum { "f32", "f16", "bf16" },
       sharding = enum(M.SHARDINGS),                            -- this table's (default: embeddings.sharding)
-      hints = map { policy = string {} },                      -- this table's hint policy
+      rank = int { min = 0 },                                  -- table_wise: its rank (default: the least loaded)
+      hints = map { policy = string {},                        -- this table's hint policy
+                    allowance = string {} },                   -- its own HBM ('20%' of its bytes, '1GiB')
+      cache = map { load_factor = number { min = 0, max = 1 } }, -- its own cache size (placement cached)
       collisions = collisions_schema(),                        -- this table's managed collisions
     }),
     collisions = collisions_schema(),                          -- managed collisions (uvmrec.mc): raw
@@ -175,8 +178,37 @@ function M.check(cfg)
     if not i or i < 1 or i > #e.rows then
       return fail("embeddings.tables." .. name, ("no table '%s'; tables are C1 to C%d"):format(name, #e.rows))
     end
+    local at = "embeddings.tables." .. name
+    if t.rank and (t.sharding or e.sharding) ~= "table_wise" then
+      return fail(at .. ".rank", ("table %s is sharded %s: a rank places a table_wise table"):format(name,
+        t.sharding or e.sharding))
+    end
     local perr = t.hints and t.hints.policy and M.check_policy(t.hints.policy)
-    if perr then return fail("embeddings.tables." .. name .. ".hints.policy", perr) end
+    if perr then return fail(at .. ".hints.policy", perr) end
+    local place = t.placement or e.placement
+    local lf = t.cache and t.cache.load_factor
+    if lf ~= nil then
+      if place ~= "cached" then
+        return fail(at .. ".cache.load_factor", ("table %s is placed %s (embeddings.%splacement): a load factor "
+          .. "sizes the cache of a cached table"):format(name, place, t.placement and ("tables." .. name .. ".") or ""))
+      end
+      if lf <= 0 then return fail(at .. ".cache.load_factor", ("%s; expected a number in (0, 1]"):format(lf)) end
+      if e.cache.shared then
+        return fail(at .. ".cache.load_factor", "a load factor per table needs sets per table, and "
+          .. "embeddings.cache.shared puts every cached table in one pool")
+      end
+    end
+    local al = t.hints and t.hints.allowance
+    if al ~= nil then
+      if place ~= "managed" then
+        return fail(at .. ".hints.allowance", ("table %s is placed %s: an allowance is the HBM of a managed "
+          .. "table's hot rows"):format(name, place))
+      end
+      local ok, aerr = pcall(require("uvmrec.hints").parse_allowance, al, 1)
+      if not ok then
+        return fail(at .. ".hints.allowance", (tostring(aerr):gsub("^hints: ", ""):gsub("^[^\n]-:%d+: ", "")))
+      end
+    end
   end
   local managed = M.collisions(cfg)
   for i, r in ipairs(M.table_rows(cfg)) do
@@ -264,7 +296,11 @@ function M.sharding(cfg)
   local e = cfg.embeddings
   local spec = { default = e.sharding }
   for name, t in pairs(e.tables) do
-    if t.sharding then spec[name] = t.sharding end
+    if t.rank then
+      spec[name] = { t.sharding or e.sharding, rank = t.rank }
+    elseif t.sharding then
+      spec[name] = t.sharding
+    end
   end
   return spec
 end

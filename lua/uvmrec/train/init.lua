@@ -328,7 +328,9 @@ function M.hints(cfg, model)
   if not M.any_managed(cfg) then return nil end
   local per = {}
   for name, t in pairs(e.tables) do
-    if t.hints and t.hints.policy then per[name] = { policy = t.hints.policy } end
+    if t.hints and (t.hints.policy or t.hints.allowance) then
+      per[name] = { policy = t.hints.policy, allowance = t.hints.allowance }
+    end
   end
   return hints.manager(model.embeddings, { policy = e.hints.policy, every = e.hints.every,
                                            allowance = e.hints.allowance, decay = e.hints.decay, tables = per })
@@ -406,8 +408,64 @@ end
 -- NaN or infinity; refused by default).  Returns {steps, samples,
 -- seconds, samples_per_s, loss, eval = {...} or nil, ceiling, checkpoint = the last saved,
 -- resumed = {step, path} or nil, interrupted = {signal, name, step} or nil} or nil, message.
+-- plan (a uvmrec.planner plan, applied to cfg by M.apply_plan; plan_path names it): the run
+-- goes under the engine's HBM budget of the plan, on top of the HBM the process holds already
+-- (an allocation past it fails, naming it; on the CPU the engine counts there only the managed
+-- rows hinted to the GPU), restored after; a budget already set that leaves less refuses the run.
+local run_plain
 function M.run(cfg, opts)
   opts = opts or {}
+  if not opts.plan then return run_plain(cfg, opts) end
+  local planner = require "uvmrec.planner"
+  -- the plan's HBM is this run's: on top of what the process holds already
+  local budget, before, used0 = opts.plan.data.budget, ur.hbm_budget(), ur.memory().hbm_used
+  if before > 0 and before - used0 < budget then
+    return nil, ("--plan %s: the plan's HBM budget is %s and the engine's leaves %s (ur.set_hbm_budget)"):format(
+      opts.plan_path or "given", planner.fmt_bytes(budget), planner.fmt_bytes(math.max(0, before - used0)))
+  end
+  ur.set_hbm_budget(used0 + budget)
+  ur.reset_hbm_peak()
+  local r = { pcall(run_plain, cfg, opts) }
+  local peak = ur.memory().hbm_peak - used0
+  ur.set_hbm_budget(before > 0 and before or nil)
+  if not r[1] then error(r[2], 0) end
+  local result = r[2]
+  if result then
+    local rank = require("uvmrec.dist").environment().rank or 0
+    local R = opts.plan.data.ranks[rank + 1] or opts.plan.data.ranks[1]
+    local predicted = R.hbm
+    result.plan = { hbm_peak = peak, hbm_predicted = predicted, step_seconds = opts.plan.data.step_seconds }
+    local say = opts.print or function(l) io.stdout:write(l, "\n") io.stdout:flush() end
+    say(("plan: HBM peak %s (ur.memory: device and managed rows on the GPU), predicted %s%s"):format(
+      planner.fmt_bytes(peak), planner.fmt_bytes(predicted),
+      (ur.gpu() and not opts.cpu) and "" or "; on the CPU only the managed rows count there"))
+  end
+  return unpack(r, 2, 4)
+end
+
+-- The placements of a plan's tables, counted: "3 cached, 23 device".
+function M.plan_summary(p)
+  local n, order = {}, {}
+  for _, t in ipairs(p.tables) do
+    if not n[t.placement] then order[#order + 1] = t.placement end
+    n[t.placement] = (n[t.placement] or 0) + 1
+  end
+  local parts = {}
+  for i, k in ipairs(order) do parts[i] = ("%d %s"):format(n[k], k) end
+  return table.concat(parts, ", ")
+end
+
+-- A plan file (uvmrec plan --out) applied to training config cfg (Plan:apply): returns the
+-- plan, or nil, message.
+function M.apply_plan(cfg, path, opts)
+  local plan, err = require("uvmrec.planner").load(path)
+  if not plan then return nil, "--plan " .. err end
+  local ok, aerr = plan:apply(cfg, path, opts)
+  if not ok then return nil, aerr end
+  return plan
+end
+
+function run_plain(cfg, opts)
   local say = opts.print or function(s) io.stdout:write(s, "\n") io.stdout:flush() end
   local def, where = M.model_def(cfg, opts.config_path)
   if not def then return nil, where end
@@ -473,6 +531,15 @@ function M.run(cfg, opts)
   say("model: " .. tostring(model) .. (comm and " (the rows and bytes of rank 0's shards)" or ""))
   if comm then say("sharding: " .. model.embeddings:extra_repr():gsub("^%((.*)%)$", "%1")) end
   say("data: " .. data.what)
+  if opts.plan then
+    local planner, p = require "uvmrec.planner", opts.plan.data
+    say(("plan: %s, %d tables (%s), predicted %s a step (%.0f samples/s), HBM %s of %s (%s)"):format(
+      opts.plan_path or "given", #p.tables, M.plan_summary(p), planner.fmt_time(p.step_seconds),
+      p.samples_per_second, planner.fmt_bytes(p.ranks[1].hbm), planner.fmt_bytes(p.budget),
+      gpu and "the engine's HBM budget" or "the engine's HBM budget: on the CPU managed rows on the GPU only"))
+    log.line { event = "plan", path = opts.plan_path, step_seconds = p.step_seconds, hbm = p.ranks[1].hbm,
+               budget = p.budget, samples_per_second = p.samples_per_second }
+  end
   if resumed then
     say(("resumed from %s at step %d (%d samples trained; loaded in %.1f s)"):format(resumed.path, resumed.step,
       ctx.samples, resumed.seconds))

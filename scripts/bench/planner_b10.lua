@@ -1,0 +1,209 @@
+-- B10 (BENCH.md): the planner's predicted step against the measured one, and its plan against
+-- hand-made ones, on this machine (the CPU backend, or the GPU).  For a training config, each
+-- case is a plan file applied by `uvmrec train --plan`'s path (train.apply_plan, train.run under
+-- the plan's HBM budget): the hand-made ones (every table device, cached at --fraction, managed
+-- with a --fraction hot prefix, host) re-predicted by planner.evaluate, and `planned`, the
+-- planner's own plan in the HBM the hand-made cached case needs (or --hbm).  Each case trains
+-- --warmup steps, then --steps timed ones (the device synchronized at both ends); the hint
+-- policies lay rows out every --warmup steps (embeddings.hints.every), so the hot prefix is in
+-- place before the timing.  Prints predicted and measured (wall) ms a step, their ratio, the
+-- process's CPU ms a step (all threads: on a loaded machine the wall time is not the work's),
+-- samples/s and the HBM peak (ur.memory, from the run's start) against the prediction; --out
+-- writes JSON lines.
+--   uvmrec scripts/bench/planner_b10.lua dlrm_tiny --cpu --calibration cpu
+--   uvmrec scripts/bench/planner_b10.lua dlrm_mlperf_v1_2m --calibration FILE   (B4 with a plan, GPU)
+--   uvmrec scripts/bench/planner_b10.lua --time                    (the planner's own time)
+local ur = require "uvmrec"
+local planner = require "uvmrec.planner"
+local train = require "uvmrec.train"
+local json = require "uvmrec.json"
+local clock = ur.C.ur_clock_seconds
+
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/planner_b10.lua",
+  summary = "B10: the planner's predicted steps against measured ones, its plan against hand-made ones",
+  { "[CONFIG]", "a config or preset (dlrm_tiny, dlrm_kaggle, dlrm_mlperf_v1_2m); not with --time" },
+  { "--calibration C", "h200, cpu or a calibration file (uvmrec calibrate --out FILE)" },
+  { "--cases LIST", "comma-separated: device, cached, managed, host, planned",
+    default = "device,cached,managed,planned" },
+  { "--fraction F", "the hand-made cases' load factor and hot prefix", type = "number", default = 0.2,
+    check = function(f) return f > 0 and f <= 1 and f or nil, "must be in (0, 1]" end },
+  { "--hbm SIZE", "the planned case's HBM budget (default: what the hand-made cached case needs)" },
+  { "--steps N", "timed steps a case", type = "whole", default = 20 },
+  { "--warmup N", "steps before the timing (and between hint intervals)", type = "whole", default = 5 },
+  { "--set K=V", "a config value for every case (as uvmrec train)", many = true, key = "sets" },
+  { "--cpu", "train on the CPU even where a GPU is" },
+  { "--out FILE", "append a JSON line a case (or a timing)" },
+  { "--time", "time the planner itself: 26, 100 and 1000 tables on 1 and 8 ranks (the H200 calibration)" },
+}
+local o = cmd:parse(arg)
+local out = o.out and assert(io.open(o.out, "a"))
+local function record(t)
+  if out then out:write(json.encode(t), "\n") out:flush() end
+end
+local function commit()
+  local p = io.popen("git rev-parse --short HEAD 2>/dev/null")
+  local c = p and p:read("*l")
+  if p then p:close() end
+  return c or "unknown"
+end
+local function load_avg()
+  local f = io.open("/proc/loadavg")
+  local l = f and f:read("*l"):match("^%S+") or "?"
+  if f then f:close() end
+  return l
+end
+
+if o.time then
+  -- synthetic tables as search_spec's: rows 1e2..1e7, dims 16..128, Zipf 0.8..1.3, rowwise Adagrad
+  print(("planner time (CPU seconds of this process; wall; load average %s), commit %s, %s"):format(load_avg(),
+    commit(), os.date("!%Y-%m-%d")))
+  print(("%7s %6s %10s %10s %10s %10s %12s"):format("tables", "ranks", "budget", "cpu s", "wall s", "proposals",
+    "step ms"))
+  local cal = assert(planner.calib.find("h200"))
+  for _, n in ipairs { 26, 100, 1000 } do
+    math.randomseed(7)
+    local tables, profiles = {}, {}
+    for i = 1, n do
+      local rows = math.floor(10 ^ (2 + 5 * math.random()))
+      local dim = ({ 16, 32, 64, 128 })[math.random(4)]
+      tables[i] = { name = "T" .. i, rows = rows, dim = dim, optimizer = "rowwise_adagrad" }
+      profiles["T" .. i] = planner.profile.zipf { rows = rows, s = 0.8 + 0.5 * math.random(), hot = 1 }
+    end
+    for _, W in ipairs { 1, 8 } do
+      -- a budget a rank a third of the way from the smallest plan's need to the all-in-HBM one's
+      local popts = { world = W, batch = 4096, calibration = cal }
+      local all = assert(planner.plan(tables, profiles, 2 ^ 50, { world = W, batch = 4096, calibration = cal,
+                                                                  reserve = 0 }))
+      local hi = 0
+      for _, r in ipairs(all.data.ranks) do hi = math.max(hi, r.hbm) end
+      local _, _, info = planner.plan(tables, profiles, 1, popts)
+      local budget = math.floor((info.min_budget + (hi - info.min_budget) / 3) / 0.95)
+      local best = nil
+      for _ = 1, 3 do
+        local c0, w0 = os.clock(), clock()
+        local p = assert(planner.plan(tables, profiles, budget, popts))
+        local r = { cpu = os.clock() - c0, wall = clock() - w0, proposals = p.data.search.proposals or 0,
+                    step = p.data.step_seconds, method = p.data.search.method }
+        if not best or r.cpu < best.cpu then best = r end
+      end
+      print(("%7d %6d %10s %10.3f %10.3f %10s %12.4f"):format(n, W, planner.fmt_bytes(budget), best.cpu, best.wall,
+        tostring(best.proposals), best.step * 1e3))
+      record { bench = "B10", what = "planner_time", tables = n, ranks = W, budget = budget, cpu_seconds = best.cpu,
+               wall_seconds = best.wall, proposals = best.proposals, method = best.method, commit = commit(),
+               date = os.date("!%Y-%m-%d"), load = load_avg() }
+    end
+  end
+  if out then out:close() end
+  return
+end
+
+if not o.config then cmd:misuse("give a CONFIG (or --time)") end
+local path, ferr = train.find_config(o.config)
+if not path then cmd:misuse(ferr) end
+local gpu = ur.gpu() and not o.cpu
+local cal_name = o.calibration or (gpu and "h200" or "cpu")
+local cal = planner.calib.find(cal_name)
+if not cal then cmd:misuse("--calibration " .. cal_name .. ": not found") end
+local total = o.warmup + o.steps
+local sets = { unpack(o.sets) }
+for _, s in ipairs { "train.steps=" .. total, "eval.samples=0", "eval.min_auc=0", "train.log_every=" .. total,
+                     "embeddings.hints.every=" .. math.max(1, o.warmup), "train.checkpoint_every=0" } do
+  sets[#sets + 1] = s
+end
+local function config()
+  local cfg, err = train.config.load(path, sets)
+  if not cfg then cmd:fail(err) end
+  return cfg
+end
+local base = config()
+local prob, perr = planner.from_config(base)
+if not prob then cmd:fail(perr) end
+local popts = { world = 1, batch = prob.batch, calibration = cal, dense = prob.dense, pipeline = base.train.pipeline,
+                policy = base.embeddings.cache.policy or "lru", depth = base.data.depth }
+
+-- a hand-made plan: every table the same choice, in the HBM it needs (plus the 5% reserve)
+local function hand(choice)
+  local choices = {}
+  for i = 1, #prob.tables do choices[i] = choice end
+  local o0 = {}
+  for k, v in pairs(popts) do o0[k] = v end
+  o0.reserve = 0
+  local p0, err = planner.evaluate(prob.tables, prob.profiles, 2 ^ 50, o0, choices)
+  if not p0 then cmd:fail(err) end
+  local budget = math.ceil(p0.data.ranks[1].hbm / 0.95) + 1
+  local p, err2 = planner.evaluate(prob.tables, prob.profiles, budget, popts, choices)
+  if not p then cmd:fail(err2) end
+  return p
+end
+
+local F = o.fraction
+local plans, order = {}, {}
+for c in o.cases:gmatch("[^,]+") do order[#order + 1] = c end
+local function make(c)
+  if plans[c] then return plans[c] end
+  local p
+  if c == "device" then p = hand { placement = "device" }
+  elseif c == "cached" then p = hand { placement = "cached", load_factor = F }
+  elseif c == "managed" then p = hand { placement = "managed", prefix_fraction = F }
+  elseif c == "host" then p = hand { placement = "host" }
+  elseif c == "planned" then
+    local budget = o.hbm or make("cached").data.budget
+    local err
+    p, err = planner.plan(prob.tables, prob.profiles, budget, popts)
+    if not p then cmd:fail(err) end
+  else
+    cmd:misuse(("--cases: '%s' is not device, cached, managed, host or planned"):format(c))
+  end
+  plans[c] = p
+  return p
+end
+
+local dir = os.tmpname()
+os.remove(dir)
+assert(ur.C.ur_dir_create(dir) == 0)
+print(("B10 %s on %s: batch %d, %d warm-up + %d timed steps, calibration %s; commit %s, %s, load average %s"):format(
+  base.name or o.config, gpu and ("the GPU (" .. ur.device_props(0).name .. ")") or "the CPU", prob.batch, o.warmup,
+  o.steps, cal.where, commit(), os.date("!%Y-%m-%d"), load_avg()))
+print(("%-9s %-28s %12s %12s %7s %9s %12s %11s %11s"):format("case", "placements", "predicted ms", "measured ms",
+  "ratio", "CPU ms", "samples/s", "HBM pred", "HBM peak"))
+for _, c in ipairs(order) do
+  local plan = make(c)
+  local file = ("%s/%s.json"):format(dir, c)
+  assert(plan:save(file))
+  local cfg = config()
+  local applied, aerr = train.apply_plan(cfg, file)
+  if not applied then cmd:fail(aerr) end
+  local t0, t1, c0, c1
+  local timer = { after = function(_, run)
+    if run.step == o.warmup or run.step == total then
+      if gpu then ur.C.ur_device_sync() end
+      if run.step == o.warmup then
+        t0, c0 = clock(), os.clock()
+      else
+        t1, c1 = clock(), os.clock()
+      end
+    end
+  end }
+  local r, rerr = train.run(cfg, { cpu = o.cpu, progress = "none", print = function() end, hooks = { timer },
+                                   plan = applied, plan_path = file, signals = false })
+  if not r then cmd:fail(c .. ": " .. tostring(rerr)) end
+  local measured, cpu = (t1 - t0) / o.steps, (c1 - c0) / o.steps
+  local p = plan.data
+  print(("%-9s %-28s %12.3f %12.3f %7.2f %9.3f %12.0f %11s %11s"):format(c, train.plan_summary(p),
+    p.step_seconds * 1e3, measured * 1e3, p.step_seconds / measured, cpu * 1e3, prob.batch / measured,
+    planner.fmt_bytes(p.ranks[1].hbm), planner.fmt_bytes(r.plan.hbm_peak)))
+  record { bench = "B10", config = base.name or o.config, case = c, placements = train.plan_summary(p),
+           batch = prob.batch, predicted_seconds = p.step_seconds, measured_seconds = measured,
+           ratio = p.step_seconds / measured, cpu_seconds = cpu, hbm_predicted = p.ranks[1].hbm,
+           hbm_peak = r.plan.hbm_peak,
+           budget = p.budget, gpu = gpu, calibration = cal.where, steps = o.steps, warmup = o.warmup,
+           commit = commit(), date = os.date("!%Y-%m-%d"), load = load_avg() }
+  os.remove(file)
+  -- the case's model goes before the next one's (its managed rows on the GPU count in HBM)
+  r, applied, cfg = nil, nil, nil -- luacheck: ignore 311 (still on the stack at the collection)
+  collectgarbage()
+  collectgarbage()
+end
+os.remove(dir)
+if out then out:close() end

@@ -1,0 +1,191 @@
+-- A plan trained (uvmrec train --plan): the plan's per-table settings reach the config, the
+-- cache and the hint manager; its HBM prediction is what the engine allocates (on the CPU, the
+-- engine's own byte counts of the categories it has there; on a GPU, ur.memory's peak under the
+-- plan's budget); plans made for another model, batch, pipeline or budget are refused.
+local ur = require "uvmrec"
+local train = require "uvmrec.train"
+local planner = require "uvmrec.planner"
+local cmd = require "command"
+local h = require "helpers"
+
+-- dlrm_kaggle's 26 tables capped at 200 k rows, batch 1024, rowwise Adagrad (state a row), C3
+-- cached at 0.1 by the config: in 40 MiB the CPU calibration gives device, cached and managed
+-- tables (each category of the prediction has something in it).
+local SETS = { "embeddings.max_rows=200000", "train.batch_size=1024", "embeddings.optimizer.name=rowwise_adagrad",
+               "embeddings.tables.C3.placement=cached", "embeddings.tables.C3.cache.load_factor=0.1" }
+local TOL = 0.05 -- the issue's: measured at most the prediction + 5% (and here at least - 5%)
+
+local function set_args()
+  local a = {}
+  for i, s in ipairs(SETS) do a[i] = "--set " .. s end
+  return table.concat(a, " ")
+end
+
+local function config(extra)
+  local sets = { unpack(SETS) }
+  for _, s in ipairs(extra or {}) do sets[#sets + 1] = s end
+  return assert(train.config.load(assert(train.find_config("dlrm_kaggle")), sets))
+end
+
+local function near(want, got, what)
+  assert.is_true(got <= want * (1 + TOL) and got >= want * (1 - TOL),
+    ("%s: measured %d bytes, predicted %d (tolerance %.0f%%)"):format(what, got, want, 100 * TOL))
+end
+
+describe("uvmrec train --plan", function()
+  local dir, path
+  setup(function()
+    dir = cmd.tmpdir()
+    path = dir .. "/plan.json"
+    local so, se, rc = cmd.sh(("%s plan dlrm_kaggle --calibration cpu --hbm 40MiB %s --out %s"):format(cmd.bin(),
+      set_args(), path))
+    assert.equal(0, rc, se)
+    assert.matches("wrote " .. path, so, 1, true)
+  end)
+  teardown(function() cmd.rmdir(dir) end)
+
+  it("trains the plan: its allocations are its HBM prediction, category by category (CPU)", function()
+    local cfg = config { "train.steps=5", "eval.samples=0", "eval.min_auc=0" }
+    local plan = assert(train.apply_plan(cfg, path))
+    local p = plan.data
+    local place = {}
+    for _, t in ipairs(p.tables) do place[t.placement] = (place[t.placement] or 0) + 1 end
+    assert.truthy(place.device and place.cached and place.managed,
+      "the plan should hold every placement; it has " .. train.plan_summary(p))
+    -- the config now says what the plan says, table by table
+    local e = cfg.embeddings
+    for _, t in ipairs(p.tables) do
+      local own = e.tables[t.name]
+      assert.equal(t.placement, own.placement, t.name)
+      if t.placement == "cached" then assert.equal(t.load_factor, own.cache.load_factor, t.name) end
+      if t.placement == "managed" then assert.equal("hot_prefix", own.hints.policy, t.name) end
+    end
+    assert.equal(p.policy, e.cache.policy)
+    local model, lines = nil, {}
+    ur.set_hbm_budget(nil)
+    local r = assert(train.run(cfg, { cpu = true, progress = "none", print = function(l) lines[#lines + 1] = l end,
+                                      setup = function(ctx) model = ctx.model end, plan = plan, plan_path = path }))
+    assert.equal(5, r.steps)
+    assert.matches("plan: " .. path .. ", 26 tables (", table.concat(lines, "\n"), 1, true)
+    assert.equal(0, ur.hbm_budget(), "the run's budget is the plan's while it runs, removed after")
+    -- the engine's bytes of what the plan puts in HBM
+    local tbe = model.embeddings.tbe
+    local weights, state = 0, 0
+    for _, t in ipairs(p.tables) do
+      if t.placement == "device" then
+        local w = tbe:table(t.name)
+        weights = weights + w:nbytes()
+        w:free()
+        for _, k in ipairs(tbe.state_names) do state = state + tbe:state(t.name)[k]:nbytes() end
+      end
+    end
+    local R = p.ranks[1]
+    near(R.device.weights, weights, "device tables' weights")
+    near(R.device.optimizer, state, "their optimizer state")
+    near(R.device.cache_slots, tbe.cache:bytes(), "cache slots (rows, state, staging)")
+    local mem = ur.memory()
+    near(R.managed_on_gpu, mem.managed_on_gpu, "managed rows hinted to the GPU")
+    -- on the CPU the engine's HBM count holds the managed prefix only; its peak stays within it
+    near(R.managed_on_gpu, r.plan.hbm_peak, "the run's HBM peak (ur.memory)")
+    assert.equal(R.hbm, r.plan.hbm_predicted)
+    local total = R.device.weights + R.device.optimizer + R.device.cache_slots + R.managed_on_gpu
+    near(total, weights + state + tbe.cache:bytes() + mem.managed_on_gpu, "all four")
+    -- the cache got the plan's load factor per table
+    for _, t in ipairs(p.tables) do
+      if t.placement == "cached" then assert.equal(math.ceil(t.load_factor * t.rows), tbe.cache.table_slots[t.name]) end
+    end
+  end)
+
+  it("refuses a plan made for another model, batch or pipeline, or over its budget", function()
+    local cases = {
+      { { "embeddings.max_rows=100000" }, "--plan " .. path .. ": table C3 has 200000 rows in the plan and 100000 in "
+        .. "the model (embeddings.rows, max_rows)" },
+      { { "embeddings.dim=32", "model.bottom_mlp=512,256,64,32" }, "--plan " .. path .. ": table C1 has dim 16 in the "
+        .. "plan and 32 in the model (embeddings.dim)" },
+      { { "train.batch_size=512" }, "--plan " .. path .. ": the plan is for a batch of 1024 per rank and "
+        .. "train.batch_size is 512" },
+      { { "train.pipeline=true" }, "--plan " .. path .. ": the plan was made without the prefetch pipeline and "
+        .. "train.pipeline is true" },
+      { { "embeddings.tables.C3.cache.load_factor=0.3" }, "--plan " .. path
+        .. ": embeddings.tables.C3.cache.load_factor "
+        .. "is 0.3 in the config and 0.1 in the plan: plan this config again" },
+    }
+    for _, c in ipairs(cases) do
+      local got, err = train.apply_plan(config(c[1]), path)
+      assert.is_nil(got, c[2])
+      assert.equal(c[2], err:sub(1, #c[2]))
+    end
+    local _, err = train.apply_plan(config(), path, { world = 2 })
+    assert.equal("--plan " .. path .. ": the plan is for 1 rank and this run has 2", err)
+    -- a plan edited past its own budget
+    local p = assert(planner.load(path))
+    p.data.budget = p.data.ranks[1].hbm - 1
+    local bad = dir .. "/over.json"
+    assert(p:save(bad))
+    _, err = train.apply_plan(config(), bad)
+    assert.matches("^%-%-plan " .. bad:gsub("%p", "%%%0") .. ": rank 0 needs [%d.]+ MiB of HBM %(%d+ bytes%), over the "
+      .. "plan's budget of [%d.]+ MiB per rank$", err)
+    -- the engine's budget below the plan's
+    local cfg = config { "train.steps=1", "eval.samples=0", "eval.min_auc=0" }
+    local plan = assert(train.apply_plan(cfg, path))
+    collectgarbage()
+    ur.set_hbm_budget(ur.memory().hbm_used + 1024 ^ 2)
+    local ok, rerr = train.run(cfg, { cpu = true, progress = "none", print = function() end, plan = plan,
+                                      plan_path = path })
+    ur.set_hbm_budget(nil)
+    assert.is_nil(ok)
+    assert.equal("--plan " .. path .. ": the plan's HBM budget is 40.0 MiB and the engine's leaves 1.0 MiB "
+      .. "(ur.set_hbm_budget)", rerr)
+    -- and from the command
+    local so, se, rc = cmd.sh(("%s train dlrm_kaggle --cpu --plan %s %s --set train.batch_size=256 --steps 1"):format(
+      cmd.bin(), path, set_args()))
+    assert.equal(1, rc, so)
+    assert.matches("uvmrec train: --plan " .. path .. ": the plan is for a batch of 1024", se, 1, true)
+  end)
+
+  it("sets each table's sharding and rank from a plan of several ranks, as uvmrec.dist.plan places them", function()
+    local p2 = dir .. "/w2.json"
+    local so, se, rc = cmd.sh(("%s plan dlrm_tiny --gpus 2 --hbm 64MiB --out %s"):format(cmd.bin(), p2))
+    assert.equal(0, rc, se .. so)
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), {}))
+    local plan = assert(train.apply_plan(cfg, p2, { world = 2 }))
+    assert.is_nil(train.config.check_world(cfg, 2))
+    local tabs = {}
+    for i, t in ipairs(plan.data.tables) do tabs[i] = { name = t.name, rows = t.rows, dim = t.dim } end
+    local dp = require("uvmrec.dist.plan").plan(tabs, train.config.sharding(cfg), 2)
+    local kinds = {}
+    for _, t in ipairs(plan.data.tables) do
+      assert.equal(t.sharding, dp.tables[t.name].kind, t.name)
+      local got = {}
+      for j, s in ipairs(dp.tables[t.name].shards) do got[j] = s.rank end
+      assert.same(t.ranks, got, t.name)
+      kinds[t.sharding] = true
+    end
+    assert.truthy(kinds.table_wise, "the plan has table_wise tables (their ranks are the check)")
+    -- a rank on a table that is not table_wise is refused where it is set
+    local _, err = train.config.load(assert(train.find_config("dlrm_tiny")), { "embeddings.tables.C3.sharding=row_wise",
+      "embeddings.tables.C3.rank=1" })
+    assert.equal("--set embeddings.tables.C3.rank=1: embeddings.tables.C3.rank: table C3 is sharded row_wise: a rank "
+      .. "places a table_wise table", err)
+  end)
+
+  h.cuda_it("on the GPU: 5 steps under the plan's HBM budget peak at most the prediction + 5%", function()
+    local so, se, rc = cmd.sh(("%s plan dlrm_kaggle --calibration h200 --hbm 40MiB %s --out %s"):format(cmd.bin(),
+      set_args(), dir .. "/gpu.json"))
+    assert.equal(0, rc, se .. so)
+    local cfg = config { "train.steps=5", "eval.samples=0", "eval.min_auc=0" }
+    local plan = assert(train.apply_plan(cfg, dir .. "/gpu.json"))
+    ur.set_hbm_budget(nil)
+    local r = assert(train.run(cfg, { progress = "none", print = function() end, plan = plan }))
+    assert.equal(5, r.steps)
+    local peak, want = r.plan.hbm_peak, plan.data.ranks[1].hbm -- peak: from the run's start (ur.reset_hbm_peak)
+    assert.equal(want, r.plan.hbm_predicted)
+    assert.is_true(peak <= want * (1 + TOL), ("peak %d bytes, predicted %d"):format(peak, want))
+    -- the same plan in a budget the engine's allocations do not fit is refused by the engine
+    plan.data.budget = math.floor(peak / 2)
+    for _, R in ipairs(plan.data.ranks) do R.hbm = math.floor(peak / 4) end
+    local ok, err = train.run(cfg, { progress = "none", print = function() end, plan = plan })
+    assert.is_nil(ok)
+    assert.matches("hbm budget", err, 1, true)
+  end)
+end)
