@@ -127,6 +127,25 @@ describe("sharded training over ranks", function()
       .. "--set embeddings.tables.C16.sharding=data_parallel --set embeddings.tables.C21.sharding=row_wise", 20, 10)
   end)
 
+  it("trains with embeddings.vbe = true as without, losses within 1e-5 relative", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local base = "train dlrm_tiny --cpu --steps 20 --out RUN --progress none --set train.log_every=1 "
+      .. "--set embeddings.sharding=row_wise --set eval.min_auc=0 --set embeddings.vbe="
+    local off, on = command.tmpdir(), command.tmpdir()
+    local out, err, code = command.run("launch -n 2 " .. (base .. "false"):gsub("RUN", off .. "/run"))
+    assert.equal(0, code, out .. err)
+    assert.not_matches("VBE", out)
+    out, err, code = command.run("launch -n 2 " .. (base .. "true"):gsub("RUN", on .. "/run"))
+    assert.equal(0, code, out .. err)
+    assert.matches("sharding: .*; VBE: each rank sends each feature's distinct bags", out)
+    -- gradients of repeated bags are summed before the step: tables within rounding, not bit for bit
+    local worst, a = runs.compare(off .. "/run", on .. "/run")
+    assert.is_truthy(worst, a)
+    assert.equal(20, #a)
+    command.rmdir(off)
+    command.rmdir(on)
+  end)
+
   it("refuses what a run over ranks cannot do, naming the value and why", function()
     if not have_mpi() then pending("no MPI here") return end
     local out, err, code = command.run("launch -n 2 train dlrm_tiny --cpu --steps 2 "

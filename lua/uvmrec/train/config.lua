@@ -48,6 +48,7 @@ M.schema = map({
     placement = enum(PLACEMENTS, { default = "auto" }),        -- auto: device with a GPU, else host
     bounds = enum({ "fatal", "warn", "off" }, { default = "fatal" }),
     sharding = enum(M.SHARDINGS, { default = "table_wise" }),  -- over the ranks (uvmrec launch -n N)
+    vbe = bool { default = false },                            -- over ranks: distinct bags exchanged
     tables = dict(map {                                        -- per table (C1, C2, ...)
       placement = enum(PLACEMENTS), dtype = enum { "f32", "f16", "bf16" },
       sharding = enum(M.SHARDINGS),                            -- this table's (default: embeddings.sharding)

@@ -249,11 +249,11 @@ end
 M.RESUME_IGNORE = { "train.steps", "train.checkpoint_every", "train.keep", "train.log_every", "train.nonfinite",
                     "train.print_every", "data.eval", "data.depth", "eval", "embeddings.placement",
                     "embeddings.tables", "embeddings.bounds", "embeddings.hints", "embeddings.cache",
-                    "embeddings.sharding", "train.pipeline", "train.drain" }
+                    "embeddings.sharding", "embeddings.vbe", "train.pipeline", "train.drain" }
 -- Evaluating a checkpoint needs only the model's shape to match.
 M.EVAL_IGNORE = { "name", "train", "data", "eval", "schedule", "optimizer", "embeddings.optimizer",
                   "embeddings.placement", "embeddings.tables", "embeddings.bounds", "embeddings.hints",
-                  "embeddings.cache", "embeddings.sharding" }
+                  "embeddings.cache", "embeddings.sharding", "embeddings.vbe" }
 
 -- The checkpoint file of --resume / --checkpoint: a file itself; a run directory's newest in
 -- its checkpoints/ folder; a folder of ckpt-<step>.safetensors files, its newest.
@@ -527,7 +527,10 @@ function M.run(cfg, opts)
   if log.config then log.config(cfg) end
   say(("uvmrec train: %s %s"):format(cfg.name or "model", device_line(gpu, comm)))
   say("model: " .. tostring(model) .. (comm and " (the rows and bytes of rank 0's shards)" or ""))
-  if comm then say("sharding: " .. model.embeddings:extra_repr():gsub("^%((.*)%)$", "%1")) end
+  if comm then
+    say("sharding: " .. model.embeddings:extra_repr():gsub("^%((.*)%)$", "%1")
+        .. (model.embeddings.vbe and "; VBE: each rank sends each feature's distinct bags" or ""))
+  end
   say("data: " .. data.what)
   if resumed then
     say(("resumed from %s at step %d (%d samples trained; loaded in %.1f s)"):format(resumed.path, resumed.step,
