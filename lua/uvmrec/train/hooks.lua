@@ -113,7 +113,7 @@ function M.checkpoints(o)
   local function save(step, why)
     o.progress:pause()
     local t0 = C.ur_clock_seconds()
-    local path, err, shards, sbytes = ck.path_for(o.dir, step), nil, nil, 0
+    local path, shards, sbytes = ck.path_for(o.dir, step), nil, 0
     if o.shards then
       shards = ck.shards_path(path)
       local m, serr = require("uvmrec.dist.checkpoint").save(shards, o.shards.collection)
@@ -121,8 +121,9 @@ function M.checkpoints(o)
       for _, f in ipairs(type(m) == "table" and m.files or {}) do sbytes = sbytes + file_bytes(shards .. "/" .. f) end
     end
     if not o.shards or o.shards.comm.rank == 0 then
-      path, err = o.registry:save_step(o.dir, { step = step, config = o.config, keep = o.keep })
-      if not path then error(err, 0) end
+      local saved, err = o.registry:save_step(o.dir, { step = step, config = o.config, keep = o.keep })
+      if not saved then error(err, 0) end
+      path = saved
     end
     local secs, bytes = C.ur_clock_seconds() - t0, file_bytes(path) + sbytes
     o.progress:message(("checkpoint at step %d: %s%s (%s, %.1f s)"):format(step, path,
