@@ -56,6 +56,7 @@ function DLRM:__init(cfg, opts)
                   deterministic = o.deterministic },
   }
   if opts.sharding then
+    ebc.vbe = e.vbe -- embeddings.vbe: each rank sends each feature's distinct bags (uvmrec.dist.shard)
     self.embeddings = require("uvmrec.dist").shard(ebc, opts.sharding)
   else
     self.embeddings = nn.EmbeddingBagCollection(ebc)

@@ -510,8 +510,25 @@ function M.latest(path)
   return all[#all].path
 end
 
--- --keep K: removes all but the newest keep checkpoints, and the temporary files of saves
--- that were killed (call it between saves, never during one).  Returns the removed paths.
+-- The folder of a checkpoint's sharded tables (a run over ranks, uvmrec.dist.checkpoint):
+-- ckpt-<step>.shards beside ckpt-<step>.safetensors, which is written after it.
+function M.shards_path(path) return (path:gsub("%.safetensors$", "")) .. ".shards" end
+
+-- Removes a folder of files (a checkpoint's .shards): its files, then itself.
+local function remove_folder(dir)
+  for _, name in ipairs(lib.dir_list(dir, "", "") or {}) do
+    local ok, err = os.remove(dir .. "/" .. name)
+    if not ok then return nil, "checkpoint rotate: " .. err end
+  end
+  local ok, err = os.remove(dir)
+  if not ok then return nil, "checkpoint rotate: " .. err end
+  return true
+end
+
+-- --keep K: removes all but the newest keep checkpoints (with their .shards folders), the
+-- temporary files of saves that were killed, and the .shards folders older than the newest
+-- checkpoint that no checkpoint file published (call it between saves, never during one).
+-- Returns the removed paths.
 function M.rotate(rundir, keep)
   if type(keep) ~= "number" or keep < 1 or keep ~= math.floor(keep) then
     error("checkpoint rotate: keep must be an integer >= 1, got " .. tostring(keep), 2)
@@ -524,11 +541,18 @@ function M.rotate(rundir, keep)
     if not ok then return nil, "checkpoint rotate: " .. rerr end
     removed[#removed + 1] = all[i].path
   end
+  local kept, newest = {}, all[#all] and all[#all].step or -1
+  for i = math.max(1, #all - keep + 1), #all do kept[all[i].step] = true end
   local stale = lib.dir_list(rundir, "ckpt-", "") or {}
   for _, name in ipairs(stale) do
+    local p = rundir .. "/" .. name
+    local step = tonumber(name:match("^ckpt%-(%d+)%.shards$"))
     if name:match("^ckpt%-%d+%.safetensors%.tmp%-") then
-      local p = rundir .. "/" .. name
       if os.remove(p) then removed[#removed + 1] = p end
+    elseif step and not kept[step] and step <= newest and C.ur_path_kind(p) == 2 then
+      local ok, rerr = remove_folder(p)
+      if not ok then return nil, rerr end
+      removed[#removed + 1] = p
     end
   end
   return removed

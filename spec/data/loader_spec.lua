@@ -554,9 +554,8 @@ describe("uvmrec.data loader", function()
     -- the check runs natively with LeakSanitizer on instead.
     local asan = (os.getenv("LD_PRELOAD") or ""):match("libasan") ~= nil
     if not asan and os.execute("command -v valgrind >/dev/null 2>&1") ~= 0 then pending("no valgrind") return end
-    local so = package.searchpath("libuvmrec", package.cpath)
-    local libdir = so:match("^(.*)/[^/]*$")
-    local root = libdir:match("^(.*)/[^/]*/lib$") or "."
+    local libdir, root = h.engine_lib()
+    if not libdir then return pending(root) end
     local dir = cmd.tmpdir()
     local bad = dir .. "/bad.tsv"
     local f = assert(io.open(bad, "w"))

@@ -211,4 +211,13 @@ end
 
 M.dtypes = { "f32", "bf16", "f16", "i8", "u8", "i32", "i64" }
 
+-- libuvmrec's folder and the tree's root, for specs that build C programs against the library;
+-- nil, why where the tree has no libuvmrec.so (a dist tree links the engine into bin/uvmrec).
+function M.engine_lib()
+  local so = package.searchpath("libuvmrec", package.cpath)
+  if not so then return nil, "no libuvmrec.so in this tree (a dist tree links the engine into bin/uvmrec)" end
+  local libdir = so:match("^(.*)/[^/]*$")
+  return libdir, libdir:match("^(.*)/[^/]*/lib$") or "."
+end
+
 return M

@@ -48,6 +48,7 @@ M.schema = map({
     placement = enum(PLACEMENTS, { default = "auto" }),        -- auto: device with a GPU, else host
     bounds = enum({ "fatal", "warn", "off" }, { default = "fatal" }),
     sharding = enum(M.SHARDINGS, { default = "table_wise" }),  -- over the ranks (uvmrec launch -n N)
+    vbe = bool { default = false },                            -- over ranks: distinct bags exchanged
     tables = dict(map {                                        -- per table (C1, C2, ...)
       placement = enum(PLACEMENTS), dtype = enum { "f32", "f16", "bf16" },
       sharding = enum(M.SHARDINGS),                            -- this table's (default: embeddings.sharding)
@@ -306,10 +307,10 @@ function M.sharding(cfg)
 end
 
 -- What a run over `world` ranks needs of the config: nil, or the message at the value to
--- change.  The batches are global batches cut into equal slices, one a rank; a rank holds only
--- its shards, so it writes no checkpoint of them nor resumes from one (issue #20), and the
--- hint policies and the prefetch pipeline drive whole collections.
-function M.check_world(cfg, world, resume)
+-- change.  The batches are global batches cut into equal slices, one a rank; the hint policies
+-- and the prefetch pipeline drive whole collections.  (Checkpoints and --resume work over ranks:
+-- the tables' shards go through uvmrec.dist.checkpoint, which reshards.)
+function M.check_world(cfg, world)
   if world <= 1 then return nil end
   local function fail(path, msg) return config.message(cfg, path, msg) end
   for _, key in ipairs { "train.batch_size", "eval.batch_size", "eval.samples" } do
@@ -319,14 +320,6 @@ function M.check_world(cfg, world, resume)
       return fail(key, ("%d is not a multiple of the %d ranks: each rank takes an equal slice of every global batch")
         :format(v, world))
     end
-  end
-  if cfg.train.checkpoint_every > 0 then
-    return fail("train.checkpoint_every", ("%d: a run over %d ranks writes no checkpoints yet (each rank holds only "
-      .. "its shards of the tables); set it to 0"):format(cfg.train.checkpoint_every, world))
-  end
-  if resume then
-    return ("--resume %s: a run over %d ranks cannot resume from a checkpoint yet (each rank holds only its shards "
-      .. "of the tables)"):format(resume, world)
   end
   if cfg.train.pipeline then
     return fail("train.pipeline", ("the prefetch pipeline feeds one collection, not the shards of %d ranks; set it "

@@ -102,17 +102,34 @@ end
 -- saved into dir every `every` steps ("every"), at the end when every > 0 ("end"), and when a
 -- signal stopped the run ("signal"); never twice at one step, and not at a resumed run's
 -- first step before it trained; shown and logged as a "checkpoint" line.  self.saved: {step,
--- path} of the last.
+-- path} of the last.  Over ranks (shards = {collection =, comm =}: a sharded collection), every
+-- rank calls it at the same steps: the ranks write the tables' shards into ckpt-<step>.shards
+-- (uvmrec.dist.checkpoint, a collective that ends once every rank's file and the manifest are
+-- written), then rank 0 alone writes the registry's ckpt-<step>.safetensors (the dense part,
+-- optimizer, trainer), which publishes the checkpoint, and applies keep.
 function M.checkpoints(o)
   local h = { saved = nil }
+  local ck = require "uvmrec.checkpoint"
   local function save(step, why)
     o.progress:pause()
     local t0 = C.ur_clock_seconds()
-    local path, err = o.registry:save_step(o.dir, { step = step, config = o.config, keep = o.keep })
-    if not path then error(err, 0) end
-    local secs, bytes = C.ur_clock_seconds() - t0, file_bytes(path)
-    o.progress:message(("checkpoint at step %d: %s (%s, %.1f s)"):format(step, path, progress.bytes(bytes), secs))
-    o.line { event = "checkpoint", step = step, path = path, bytes = bytes, seconds = secs, reason = why }
+    local path, shards, sbytes = ck.path_for(o.dir, step), nil, 0
+    if o.shards then
+      shards = ck.shards_path(path)
+      local m, serr = require("uvmrec.dist.checkpoint").save(shards, o.shards.collection)
+      if not m then error(serr, 0) end
+      for _, f in ipairs(type(m) == "table" and m.files or {}) do sbytes = sbytes + file_bytes(shards .. "/" .. f) end
+    end
+    if not o.shards or o.shards.comm.rank == 0 then
+      local saved, err = o.registry:save_step(o.dir, { step = step, config = o.config, keep = o.keep })
+      if not saved then error(err, 0) end
+      path = saved
+    end
+    local secs, bytes = C.ur_clock_seconds() - t0, file_bytes(path) + sbytes
+    o.progress:message(("checkpoint at step %d: %s%s (%s, %.1f s)"):format(step, path,
+      shards and (" + " .. shards:match("[^/]*$")) or "", progress.bytes(bytes), secs))
+    o.line { event = "checkpoint", step = step, path = path, shards = shards, bytes = bytes, seconds = secs,
+             reason = why }
     o.progress:resume()
     h.saved = { step = step, path = path }
   end

@@ -200,8 +200,13 @@ local function registry(ctx, hooks)
     load = function()
       for _, c in ipairs { model.bottom, model.interaction, model.top } do c:sync_halves() end
     end }
-  -- A sharded collection's rows are shards; a run over ranks saves no checkpoint (check_world).
-  if model.embeddings.component then reg:register(model.embeddings:component("embeddings")) end
+  -- A sharded collection's rows are shards: they go to the checkpoint's .shards folder
+  -- (uvmrec.dist.checkpoint, by the checkpoints hook); the file names the world that wrote them.
+  if model.embeddings.component then
+    reg:register(model.embeddings:component("embeddings"))
+  else
+    reg:register(M.shards_component(ctx))
+  end
   reg:register { name = "optimizer",
     state = function()
       local ts = {}
@@ -221,17 +226,34 @@ local function registry(ctx, hooks)
   return reg
 end
 
+-- The checkpoint component "shards" of a run whose tables are sharded (or of one process
+-- loading such a checkpoint): no tensors, its meta the world that saved; loading it loads the
+-- checkpoint's .shards folder (ctx.loading: the file being loaded) into ctx.model.embeddings,
+-- whatever its world, plan or kind (uvmrec.dist.checkpoint reshards).
+function M.shards_component(ctx)
+  return { name = "shards",
+    state = function()
+      local comm = ctx.model.embeddings.comm
+      return { meta = { world = comm and comm.world or 1, folder = "ckpt-<step>.shards" } }
+    end,
+    load = function()
+      local dir = ck.shards_path(ctx.loading)
+      local ok, err = require("uvmrec.dist.checkpoint").load(dir, ctx.model.embeddings)
+      if not ok then error(err, 0) end
+    end }
+end
+
 -- Config paths a resumed run may change: how long it runs, what it logs, saves and evaluates,
 -- and where the rows live (placements, hint policies, the cache, the prefetch pipeline: none
 -- changes a value).  Everything else must be the checkpoint's.
 M.RESUME_IGNORE = { "train.steps", "train.checkpoint_every", "train.keep", "train.log_every", "train.nonfinite",
                     "train.print_every", "data.eval", "data.depth", "eval", "embeddings.placement",
                     "embeddings.tables", "embeddings.bounds", "embeddings.hints", "embeddings.cache",
-                    "embeddings.sharding", "train.pipeline", "train.drain" }
+                    "embeddings.sharding", "embeddings.vbe", "train.pipeline", "train.drain" }
 -- Evaluating a checkpoint needs only the model's shape to match.
 M.EVAL_IGNORE = { "name", "train", "data", "eval", "schedule", "optimizer", "embeddings.optimizer",
                   "embeddings.placement", "embeddings.tables", "embeddings.bounds", "embeddings.hints",
-                  "embeddings.cache", "embeddings.sharding" }
+                  "embeddings.cache", "embeddings.sharding", "embeddings.vbe" }
 
 -- The checkpoint file of --resume / --checkpoint: a file itself; a run directory's newest in
 -- its checkpoints/ folder; a folder of ckpt-<step>.safetensors files, its newest.
@@ -262,11 +284,43 @@ M.fill_defaults = function(cfg) return fill_defaults(M.config.schema, cfg) end
 
 -- Loads a checkpoint (a file or a run directory) into ctx.registry, checking the config
 -- against ctx.cfg but for the ignored paths.  Returns the registry's load result, or nil, message.
+-- A checkpoint of a run over ranks (component "shards": its tables in ckpt-<step>.shards) loads
+-- into one process's whole tables, and one of any world into any other: the sharding and the
+-- world size are not part of the config a resume must match.  One process's checkpoint (whole
+-- tables, component "embeddings") does not load into a run over ranks.
 function M.load_checkpoint(ctx, path, ignore)
   local file, err = M.checkpoint_file(path)
   if not file then return nil, err end
-  return ctx.registry:load(file, { config = ctx.cfg, config_ignore = ignore, config_fill = M.fill_defaults,
-                                   allow_nonfinite = ctx.allow_nonfinite })
+  local f, ferr = ck.open(file)
+  if not f then return nil, ferr end
+  local names = json.decode(f:meta("uvmrec.components") or "[]") or {}
+  f:close()
+  local has = {}
+  for _, n in ipairs(names) do has[n] = true end
+  local reg = ctx.registry
+  local whole = reg.by_name.embeddings
+  local swap = has.shards and whole and not reg.by_name.shards
+  if reg.by_name.shards and has.embeddings and not has.shards then
+    return nil, ("%s was saved by one process (its tables whole, component 'embeddings'): a run over %d ranks "
+      .. "resumes from checkpoints of runs over ranks (ckpt-<step>.shards); resume it in one process")
+      :format(file, ctx.comm and ctx.comm.world or 1)
+  end
+  if swap then
+    -- the tables come from the .shards folder, not from the file's (absent) component
+    whole.optional = true
+    reg:register(M.shards_component(ctx))
+  end
+  ctx.loading = file
+  local ok, r, lerr = pcall(reg.load, reg, file, { config = ctx.cfg, config_ignore = ignore,
+                                                    config_fill = M.fill_defaults,
+                                                    allow_nonfinite = ctx.allow_nonfinite })
+  ctx.loading = nil
+  if swap then
+    reg:unregister("shards")
+    whole.optional = nil
+  end
+  if not ok then return nil, ("checkpoint %s: %s"):format(file, tostring(r)) end
+  return r, lerr
 end
 
 local function device_line(gpu, comm)
@@ -472,7 +526,7 @@ function run_plain(cfg, opts)
   -- Several ranks: the tables sharded as the config says, the dense part data-parallel, each
   -- rank on its slice of every global batch; rank 0 alone speaks and writes the run directory.
   local wanted = require("uvmrec.dist").environment().world
-  local werr = M.config.check_world(cfg, wanted, opts.resume)
+  local werr = M.config.check_world(cfg, wanted)
   if werr then return nil, werr end
   local comm, cerr = M.job(opts)
   if wanted > 1 and not comm then return nil, cerr end
@@ -507,7 +561,9 @@ function run_plain(cfg, opts)
   for _, h in ipairs(opts.hooks or {}) do own[#own + 1] = h end
   ctx.registry = registry(ctx, own)
   if opts.setup then opts.setup(ctx) end
-  local ckdir = out and out .. "/checkpoints"
+  -- over ranks every rank saves its shards into the run directory's checkpoints/ (a folder
+  -- every rank sees: one host, or a shared file system), rank 0 alone the rest
+  local ckdir = (comm and opts.out or out) and (comm and opts.out or out) .. "/checkpoints"
   local resumed
   if opts.resume then
     local t0 = C.ur_clock_seconds()
@@ -529,7 +585,10 @@ function run_plain(cfg, opts)
   if log.config then log.config(cfg) end
   say(("uvmrec train: %s %s"):format(cfg.name or "model", device_line(gpu, comm)))
   say("model: " .. tostring(model) .. (comm and " (the rows and bytes of rank 0's shards)" or ""))
-  if comm then say("sharding: " .. model.embeddings:extra_repr():gsub("^%((.*)%)$", "%1")) end
+  if comm then
+    say("sharding: " .. model.embeddings:extra_repr():gsub("^%((.*)%)$", "%1")
+        .. (model.embeddings.vbe and "; VBE: each rank sends each feature's distinct bags" or ""))
+  end
   say("data: " .. data.what)
   if opts.plan then
     local planner, p = require "uvmrec.planner", opts.plan.data
@@ -579,7 +638,8 @@ function run_plain(cfg, opts)
     batch_size = cfg.eval.batch_size, progress = progress, line = log.line, comm = comm }
   local checkpoints = ckdir and M.hooks.checkpoints {
     every = every, registry = ctx.registry, dir = ckdir, config = cfg, progress = progress, line = log.line,
-    keep = cfg.train.keep > 0 and cfg.train.keep or nil }
+    keep = cfg.train.keep > 0 and cfg.train.keep or nil,
+    shards = comm and { collection = model.embeddings, comm = comm } or nil }
   -- train.nonfinite: the guard's flags are read where the loss is, just before the log reads it
   local guard = cfg.train.nonfinite ~= "off" and M.guard.new(model, ctx.optimizer, cfg.train.nonfinite) or nil
   local hooks = { sched and ur.optim.Schedule(sched, { ctx.optimizer, model.embeddings }) or nil }
@@ -596,9 +656,9 @@ function run_plain(cfg, opts)
   hooks[#hooks + 1] = evaluation or nil
   hooks[#hooks + 1] = checkpoints or nil
   for _, h in ipairs(opts.hooks or {}) do hooks[#hooks + 1] = h end
-  -- Ranks caught by a signal would stop at different steps, each waiting on the others: a
-  -- signal ends a run over ranks at once (mpirun passes it to every rank).
-  hooks[#hooks + 1] = M.hooks.signals(opts.signals ~= false and not comm)
+  -- Over ranks the signals hook stops every rank at the same step boundary (the ranks agree on
+  -- it: uvmrec.dist.interrupted), where the checkpoints hook saves one consistent checkpoint.
+  hooks[#hooks + 1] = M.hooks.signals(opts.signals ~= false)
 
   local first, samples0 = ctx.first, ctx.samples
   local ok, run = pcall(M.loop.run, model, ctx.optimizer, source, hooks, { world = world })
@@ -666,7 +726,7 @@ function run_plain(cfg, opts)
   if interrupted then
     local what
     if saved and saved.step == steps then
-      what = "checkpoint " .. saved.path .. "; go on with --resume " .. out
+      what = "checkpoint " .. saved.path .. "; go on with --resume " .. opts.out
     elseif steps < first then
       what = "no step was trained, so nothing was saved"
     else

@@ -1,0 +1,114 @@
+-- Checkpoints of `uvmrec train` over ranks (ranks as processes on the CPU, OpenMPI): every rank
+-- writes its shards into RUN/checkpoints/ckpt-<step>.shards (uvmrec.dist.checkpoint), then rank 0
+-- publishes ckpt-<step>.safetensors (dense part, optimizer, trainer); train.keep removes both.
+-- --resume on the same world size gives the uninterrupted run's losses bit for bit; on another
+-- world size, another sharding or in one process (resharding) within docs/distributed.md's 1e-5
+-- relative (the dense gradients' all-reduce sums in another order).  SIGINT on launch stops every
+-- rank at one step and saves one checkpoint that resumes bit for bit.
+local dist = require "uvmrec.dist"
+local command = require "command"
+local json = require "uvmrec.json"
+
+local function have_mpi() return dist.mpi() ~= nil and command.have("mpirun") end
+
+local COMMON = "--cpu --progress none --set train.log_every=1 --set eval.samples=0 --set embeddings.sharding=row_wise"
+
+local function train(prefix, args)
+  local out, err, code = command.sh(("%s %s train dlrm_tiny %s %s"):format(command.bin(), prefix, COMMON, args))
+  assert.equal(0, code, out .. err)
+  return out
+end
+
+local function losses(dir)
+  local t = {}
+  for line in io.lines(dir .. "/metrics.jsonl") do
+    local e = json.decode(line)
+    if e.event == "train" then t[e.step] = e.loss end
+  end
+  return t
+end
+
+local function listing(dir)
+  local _, names = pcall(function()
+    local l = {}
+    for n in command.sh("ls " .. command.quote(dir)):gmatch("[^\n]+") do l[#l + 1] = n end
+    return l
+  end)
+  return names
+end
+
+describe("uvmrec train over ranks: checkpoints and --resume", function()
+  local dir
+  before_each(function() dir = command.tmpdir() end)
+  after_each(function() command.rmdir(dir) end)
+
+  it("saves each step's shards and state, keeps train.keep, resumes bit for bit on 2 ranks and resharded on 1 and 4",
+     function()
+    if not have_mpi() then pending("no MPI here") return end
+    train("launch -n 2", "--steps 20 --out " .. dir .. "/whole")
+    train("launch -n 2", "--steps 10 --out " .. dir .. "/a --set train.checkpoint_every=4 --set train.keep=2")
+    local ckd = dir .. "/a/checkpoints"
+    assert.same({ "ckpt-000000000008.safetensors", "ckpt-000000000008.shards", "ckpt-000000000010.safetensors",
+                  "ckpt-000000000010.shards" }, listing(ckd))
+    assert.same({ "manifest.json", "rank-00000-of-00002.safetensors", "rank-00001-of-00002.safetensors" },
+                listing(ckd .. "/ckpt-000000000010.shards"))
+    local m = json.decode(command.slurp(ckd .. "/ckpt-000000000010.shards/manifest.json"))
+    assert.equal(2, m.world)
+    assert.equal(10, m.step)
+    for _, d in ipairs { "b", "one", "four" } do command.sh(("cp -r %s/a %s/%s"):format(dir, dir, d)) end
+    local whole = losses(dir .. "/whole")
+    -- the same world size: bit for bit
+    train("launch -n 2", "--steps 20 --out " .. dir .. "/b --resume " .. dir .. "/b")
+    local b = losses(dir .. "/b")
+    for s = 11, 20 do assert.equal(whole[s], b[s], "step " .. s) end
+    -- one process, and 4 ranks under another sharding: the rows reassembled, losses within 1e-5
+    local out = train("", "--steps 20 --out " .. dir .. "/one --resume " .. dir .. "/one")
+    assert.matches("resumed from .*ckpt%-000000000010%.safetensors at step 10", out)
+    train("launch -n 4", "--steps 20 --out " .. dir .. "/four --resume " .. dir .. "/four "
+      .. "--set embeddings.sharding=table_wise")
+    for _, d in ipairs { "one", "four" } do
+      local l = losses(dir .. "/" .. d)
+      for s = 11, 20 do
+        local rel = math.abs(l[s] - whole[s]) / whole[s]
+        assert.is_true(rel <= 1e-5, ("%s step %d: %.9g against %.9g"):format(d, s, l[s], whole[s]))
+      end
+    end
+    -- the one-process run's own checkpoint: whole tables, not loadable over ranks
+    local _, err, code = command.sh(("%s launch -n 2 train dlrm_tiny %s --steps 30 --resume %s/one"):format(
+      command.bin(), COMMON, dir))
+    assert.is_true(code ~= 0)
+    assert.matches("ckpt%-000000000020%.safetensors was saved by one process %(its tables whole, component "
+      .. "'embeddings'%): a run over 2 ranks resumes from checkpoints of runs over ranks", err)
+  end)
+
+  it("stops every rank at one step on SIGINT to launch with one checkpoint that resumes bit for bit", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local _, _, has = command.sh("env --default-signal=INT true")
+    if has ~= 0 then
+      pending("env --default-signal (coreutils 8.31) is needed to start launch in the background")
+      return
+    end
+    local log, fixed = dir .. "/int.log", " --set data.samples=10240000"
+    -- a shell's `&` makes SIGINT ignored in what it starts: env --default-signal undoes it
+    command.sh(("(env --default-signal=INT %s launch -n 2 train dlrm_tiny %s --steps 10000 --out %s/int%s > %s 2>&1; "
+      .. "echo \"exit=$?\" >> %s) </dev/null >/dev/null 2>&1 & echo $! > %s/pid"):format(command.bin(), COMMON, dir,
+      fixed, log, log, dir))
+    local t0 = command.now()
+    while not (command.slurp(dir .. "/int/metrics.jsonl") or ""):match('"step":3,') and command.now() - t0 < 60 do
+      command.sleep(0.2)
+    end
+    local launcher = command.sh("pgrep -P " .. command.slurp(dir .. "/pid"):match("%d+")):match("%d+")
+    command.sh("kill -INT " .. launcher)
+    while not (command.slurp(log) or ""):match("exit=%d+") and command.now() - t0 < 90 do command.sleep(0.2) end
+    local out = command.slurp(log)
+    assert.matches("exit=130", out)
+    local at = tonumber(out:match("stopped by SIGINT at step (%d+): checkpoint "))
+    assert.is_truthy(at, out)
+    local ckd = dir .. "/int/checkpoints"
+    assert.same({ ("ckpt-%012d.safetensors"):format(at), ("ckpt-%012d.shards"):format(at) }, listing(ckd))
+    train("launch -n 2", ("--steps %d --out %s/int --resume %s/int%s"):format(at + 3, dir, dir, fixed))
+    train("launch -n 2", ("--steps %d --out %s/whole%s"):format(at + 3, dir, fixed))
+    local r, w = losses(dir .. "/int"), losses(dir .. "/whole")
+    for s = at + 1, at + 3 do assert.equal(w[s], r[s], "step " .. s) end
+  end)
+end)
