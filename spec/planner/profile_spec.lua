@@ -132,8 +132,10 @@ describe("planner.profile", function()
   end)
 
   it("profiles Kaggle-sized tables in seconds: 26 tables, 33.8 M rows, from counts", function()
+    -- the process's CPU time is what is checked: the wall time of a loaded CI machine is not
+    -- the profile's cost (70 s of wall for 19 s of CPU once, with other builds running)
     local clock = ur.C.ur_clock_seconds
-    local t0 = clock()
+    local t0, c0 = clock(), os.clock()
     local classes = 0
     for i, r in ipairs(presets.kaggle_rows) do
       local t = assert(ur.tensor({ r }, { dtype = "i32" }))
@@ -143,9 +145,10 @@ describe("planner.profile", function()
       classes = classes + #P.n
       t:free()
     end
-    local secs = clock() - t0
-    print(("\n    26 Kaggle tables (33.8 M rows) from counts: %.2f s, %d classes"):format(secs, classes))
-    assert.is_true(secs < helpers.seconds(20), ("%.1f s"):format(secs))
+    local secs, cpu = clock() - t0, os.clock() - c0
+    print(("\n    26 Kaggle tables (33.8 M rows) from counts: %.2f s of CPU (%.2f s of wall), %d classes")
+      :format(cpu, secs, classes))
+    assert.is_true(cpu < helpers.seconds(20), ("%.1f s of CPU"):format(cpu))
   end)
 
   it("rejects what is not a profile", function()
