@@ -161,6 +161,18 @@ function Sharded:__init(opts, spec, comm)
   if common.device == nil and comm.device and comm.device >= 0 then common.device = comm.device end
   local function build(group, what)
     if #group.tables == 0 then return nil end
+    -- a rank's cached shards of a kind share one cache, whose rows have one width
+    local first
+    for _, t in ipairs(group.tables) do
+      if (t.placement or common.placement) == "cached" then
+        first = first or t
+        if t.dim ~= first.dim then
+          error(("dist.shard: rank %d's cached %s shards '%s' (%d columns) and '%s' (%d) would share its cache, "
+            .. "whose rows have one width: shard table '%s' another way, or place it device or managed")
+            :format(me, what, first.name, first.dim, t.name, t.dim, (t.dim < first.dim and t or first).name:match("^[^/]+")), 5)
+        end
+      end
+    end
     local o = copy_table(common)
     o.tables = group.tables
     local c, err = tbe.new(o, 5)
