@@ -155,9 +155,11 @@ describe("cached and managed shards through the prefetch pipeline", function()
         steps)
       local out, err, code = sh(("%s %s --set train.pipeline=true --out %s/one"):format(command.bin(), args, d))
       assert.equal(0, code, out .. err)
-      out, err, code = sh(("%s launch -n %d %s --set train.pipeline=false --out %s/off"):format(command.bin(), n, args, d))
+      out, err, code = sh(("%s launch -n %d %s --set train.pipeline=false --out %s/off"):format(command.bin(), n, args,
+        d))
       assert.equal(0, code, out .. err)
-      out, err, code = sh(("%s launch -n %d %s --set train.pipeline=true --out %s/on"):format(command.bin(), n, args, d))
+      out, err, code = sh(("%s launch -n %d %s --set train.pipeline=true --out %s/on"):format(command.bin(), n, args,
+        d))
       assert.equal(0, code, out .. err)
       assert.matches("cache: [%d.]+%% of [%d.k]+ distinct rows hit", out)
       local off, coff = events(d .. "/off")
@@ -182,17 +184,19 @@ describe("cached and managed shards through the prefetch pipeline", function()
       .. "--set embeddings.tables.C3.sharding=data_parallel --set embeddings.hints.every=5 "
       .. "--set train.checkpoint_every=12 "
     -- hot_prefix lays every shard out hottest first (rows moved) and places its prefix
-    local out, err, code = sh(("%s launch -n 2 %s --set train.pipeline=true --out %s/hot"):format(command.bin(), args, d))
+    local out, err, code = sh(("%s launch -n 2 %s --set train.pipeline=true --out %s/hot"):format(command.bin(), args,
+      d))
     assert.equal(0, code, out .. err)
     -- rank 0's 25 row-wise shards and its data-parallel table, each counted and placed
     local moved -- the summary at the end (the first is said at the start)
-    for kb in out:gmatch("hints hot_prefix: 26 tables, hot [%d.]+%% of rows[^\n]-relayout [%d.]+ s %(([%d.]+) kB%)\n") do
+    local summary = "hints hot_prefix: 26 tables, hot [%d.]+%% of rows[^\n]-relayout [%d.]+ s %(([%d.]+) kB%)\n"
+    for kb in out:gmatch(summary) do
       moved = kb
     end
     assert.is_truthy(moved, out)
     assert.is_true(tonumber(moved) > 0)
-    out, err, code = sh(("%s launch -n 2 %s --set embeddings.hints.policy=none --set train.pipeline=false --out %s/none")
-      :format(command.bin(), args, d))
+    out, err, code = sh(("%s launch -n 2 %s --set embeddings.hints.policy=none --set train.pipeline=false "
+      .. "--out %s/none"):format(command.bin(), args, d))
     assert.equal(0, code, out .. err)
     assert.same(events(d .. "/none"), events(d .. "/hot"))
     -- the shards' files: every tensor bit for bit, whatever the layout the policy chose

@@ -67,7 +67,9 @@ local function check_cached(t, step)
           for v = span.values[1] + 1, span.values[2] do ids[#ids + 1] = values[v] end
           local slots = c.cache:contains(tab.name, ids)
           for j, s in ipairs(slots) do
-            if not s then fail("step %d: shard %s's row %d (feature %s) is not in the cache", step, tab.name, ids[j], f) end
+            if not s then
+              fail("step %d: shard %s's row %d (feature %s) is not in the cache", step, tab.name, ids[j], f)
+            end
           end
           checked = checked + #ids
         end

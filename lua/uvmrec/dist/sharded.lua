@@ -169,7 +169,8 @@ function Sharded:__init(opts, spec, comm)
         if t.dim ~= first.dim then
           error(("dist.shard: rank %d's cached %s shards '%s' (%d columns) and '%s' (%d) would share its cache, "
             .. "whose rows have one width: shard table '%s' another way, or place it device or managed")
-            :format(me, what, first.name, first.dim, t.name, t.dim, (t.dim < first.dim and t or first).name:match("^[^/]+")), 5)
+            :format(me, what, first.name, first.dim, t.name, t.dim,
+                    (t.dim < first.dim and t or first).name:match("^[^/]+")), 5)
         end
       end
     end

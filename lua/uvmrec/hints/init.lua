@@ -194,7 +194,8 @@ M.parse_allowance = parse_allowance
 
 -- hints.manager(collection, opts): collection is a uvmrec.tbe object, a module holding one
 -- (.tbe) or a sharded collection (uvmrec.dist.shard: this rank's managed shards, each counted
--- and placed as a table, "C3/r1" taking table C3's settings; the allowance is this rank's).  opts: policy (name, file or object; default "hot_prefix"), options (the policy's),
+-- and placed as a table, "C3/r1" taking table C3's settings; the allowance is this rank's).
+-- opts: policy (name, file or object; default "hot_prefix"), options (the policy's),
 -- every (steps between intervals, 100), allowance (HBM for the managed tables: bytes, '8GiB',
 -- '20%' or 0.2 of their bytes; default all of it), decay (counts *= decay after each
 -- interval, 1: none), tables ({name = {policy =, options =, allowance =}} per table: a table's own
@@ -240,7 +241,9 @@ function M.manager(collection, opts)
         local own
         if per and per.allowance ~= nil then
           local ok, a = pcall(parse_allowance, per.allowance, row_bytes * tbe.rows[name])
-          if not ok then error(("hints: table %s: %s"):format(name, tostring(a):gsub("^[^\n]-:%d+: hints: ", "")), 2) end
+          if not ok then
+            error(("hints: table %s: %s"):format(name, tostring(a):gsub("^[^\n]-:%d+: hints: ", "")), 2)
+          end
           own = a
         end
         self.tables[#self.tables + 1] = { name = name, tensors = ts, rows = tbe.rows[name], layout = layout,

@@ -57,7 +57,8 @@ function Prefetch.new(o)
   end
   local tbe = o.collection and (o.collection.tbe or o.collection)
   if tbe ~= nil and type(tbe.prepare) ~= "function" then
-    fail("collection must be an EmbeddingBagCollection, a uvmrec.tbe collection or a sharded one (uvmrec.dist.shard)", 2)
+    fail("collection must be an EmbeddingBagCollection, a uvmrec.tbe collection or a sharded one "
+      .. "(uvmrec.dist.shard)", 2)
   end
   local managed = tbe ~= nil and tbe.managed ~= nil and #tbe.managed > 0
   if o.pages ~= nil and type(o.pages) ~= "boolean" then
