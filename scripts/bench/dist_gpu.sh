@@ -8,7 +8,9 @@
 #      (EXACT=0: cuBLAS may sum a row of a smaller batch otherwise), 40 steps' losses within 1e-5,
 #      the AUC over the ranks within 1e-3
 #   2. `uvmrec train` over 2 ranks (row-wise tables) against one process: spec/support/dist_runs.lua
-#      compares the run directories (the same steps, losses within 1e-5, the final AUC within 1e-3)
+#      compares the run directories (the same steps, losses within 1e-5, the final AUC within 1e-3);
+#      and the same over 2 ranks with the tables `cached` and train.pipeline on (#20: the input
+#      exchange and the cache fill of batch i+1 on the prefetch stream) against the one process
 #   3. B9: scripts/bench/dist.lua, dlrm_mlperf_v1_2m at 65,536 samples a GPU: one GPU, then 2 (and
 #      4 where there are 4) for table- and row-wise sharding; samples/s, the step time, and each
 #      step's collectives (calls, bytes each way, host time); JSON lines to OUTDIR/dist_gpu.jsonl
@@ -50,6 +52,11 @@ step train-1 "$UVMREC" $targs --out "$out/train-1"
 # shellcheck disable=SC2086
 step train-2 "$UVMREC" launch -n 2 $targs --out "$out/train-2"
 step train-compare "$UVMREC" spec/support/dist_runs.lua "$out/train-1" "$out/train-2"
+rm -rf "$out/train-2-pipeline"
+# shellcheck disable=SC2086
+step train-2-pipeline "$UVMREC" launch -n 2 $targs --set embeddings.placement=cached --set train.pipeline=true \
+  --out "$out/train-2-pipeline"
+step train-compare-pipeline "$UVMREC" spec/support/dist_runs.lua "$out/train-1" "$out/train-2-pipeline"
 if [ "$gpus" -gt 0 ]; then
   b9="--config dlrm_mlperf_v1_2m --per-rank 65536 --steps 20"
 else

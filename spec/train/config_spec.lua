@@ -178,10 +178,9 @@ describe("uvmrec.train.config", function()
     assert.matches("eval.samples: 1001 is not a multiple of the 2 ranks", world_err({ "eval.samples=1001" }, 2))
     -- checkpoints and --resume work over ranks (the shards through uvmrec.dist.checkpoint)
     assert.is_nil(world_err({ "train.checkpoint_every=5" }, 2))
-    assert.matches("train.pipeline: the prefetch pipeline feeds one collection",
-      world_err({ "train.pipeline=true" }, 2))
-    assert.matches("embeddings.tables.C2.placement: table C2 is managed, and the hint policies drive whole tables",
-      world_err({ "embeddings.tables.C2.placement=managed" }, 2))
+    -- so do the prefetch pipeline and managed and cached tables (spec/dist/pipeline_spec.lua)
+    assert.is_nil(world_err({ "train.pipeline=true", "embeddings.tables.C2.placement=managed",
+                              "embeddings.tables.C3.placement=cached" }, 2))
   end)
 
   it("turns managed collisions on by a policy, as a default or per table, settings inheriting", function()

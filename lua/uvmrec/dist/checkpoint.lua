@@ -116,6 +116,24 @@ end
 -- Saves `ebc` into the folder dir (made if missing): a collective, every rank calls it.
 -- opts: meta (a table of strings and numbers, kept in the manifest), staging, stream.
 -- Returns the manifest (a table) on every rank, or nil, message on every rank.
+-- A shard its hint policy laid out hottest first (uvmrec.tbe's relayout: logical row id at
+-- physical row perm[id]) is saved in logical row order, as every block is: t's rows gathered
+-- through perm into a host copy (t freed).  Tensors not of one entry per row stay as they are.
+local function logical_order(perm, t)
+  local rows = perm:numel()
+  if t:size(1) ~= rows or rows == 0 then return t end
+  local h = assert(t:to("host"))
+  local out = assert(tensor.tensor(t:size(), { dtype = t:dtype() }))
+  if h ~= t then t:free() end
+  local rb = out:nbytes() / rows
+  local p = ffi.cast("const int64_t *", C.ur_tensor_data(perm.p))
+  local src = ffi.cast("const uint8_t *", C.ur_tensor_data(h.p))
+  local dst = ffi.cast("uint8_t *", C.ur_tensor_data(out.p))
+  for id = 0, rows - 1 do ffi.copy(dst + id * rb, src + tonumber(p[id]) * rb, rb) end
+  if h ~= out then h:free() end
+  return out
+end
+
 function M.save(dir, ebc, opts)
   opts = opts or {}
   if type(dir) ~= "string" or dir == "" then error("dist.checkpoint save: dir must be a folder's path", 2) end
@@ -136,13 +154,19 @@ function M.save(dir, ebc, opts)
       local c = b.collection
       local name = block_name(b)
       local v = c:table(b.shard)
+      local perm = c.permutation and c:permutation(b.shard)
+      local hperm = perm and assert(perm:to("host"))
+      if perm and hperm ~= perm then perm:free() end
+      if hperm then v = logical_order(hperm, v) end
       tensors[name], views[#views + 1] = v, v
       local d = { name = b.name, tensor = name, row0 = b.row0, rows = b.rows, col0 = b.col0, cols = b.cols,
                   rank = me, dtype = v:dtype(), state = {} }
       for sname, st in pairs(c:state(b.shard)) do
+        if hperm then st = logical_order(hperm, st) end
         tensors[name .. "." .. sname], views[#views + 1] = st, st
         d.state[sname] = name .. "." .. sname
       end
+      if hperm then hperm:free() end
       described[#described + 1] = d
     end
   end
@@ -358,6 +382,15 @@ function M.load(dir, ebc, opts)
   for _, c in ipairs(collections) do
     c:set_step(m.step)
     if c.cache then assert(c.cache:invalidate()) end
+  end
+  -- the rows came in logical order: a shard laid out by a hint policy is laid out as they are
+  for _, b in ipairs(blocks) do
+    local c = b.collection
+    local perm = c.permutation and c:permutation(b.shard)
+    if perm then
+      perm:free()
+      assert(c:set_permutation(b.shard, nil))
+    end
   end
   return m
 end

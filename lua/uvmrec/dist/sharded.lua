@@ -161,6 +161,19 @@ function Sharded:__init(opts, spec, comm)
   if common.device == nil and comm.device and comm.device >= 0 then common.device = comm.device end
   local function build(group, what)
     if #group.tables == 0 then return nil end
+    -- a rank's cached shards of a kind share one cache, whose rows have one width
+    local first
+    for _, t in ipairs(group.tables) do
+      if (t.placement or common.placement) == "cached" then
+        first = first or t
+        if t.dim ~= first.dim then
+          error(("dist.shard: rank %d's cached %s shards '%s' (%d columns) and '%s' (%d) would share its cache, "
+            .. "whose rows have one width: shard table '%s' another way, or place it device or managed")
+            :format(me, what, first.name, first.dim, t.name, t.dim,
+                    (t.dim < first.dim and t or first).name:match("^[^/]+")), 5)
+        end
+      end
+    end
     local o = copy_table(common)
     o.tables = group.tables
     local c, err = tbe.new(o, 5)
@@ -173,6 +186,15 @@ function Sharded:__init(opts, spec, comm)
   self.collections = {}
   for _, key in ipairs { "tbe_a2a", "tbe_rw", "tbe_dp" } do
     if self[key] then self.collections[#self.collections + 1] = self[key] end
+  end
+  -- the prefetch pipeline prepares every batch (its prepare is the input exchange); the
+  -- managed shards are those whose pages it prefetches
+  self.prepare_always = true
+  for _, c in ipairs(self.collections) do
+    for _, name in ipairs(c.managed or {}) do
+      self.managed = self.managed or {}
+      self.managed[#self.managed + 1] = name
+    end
   end
   local any = self.collections[1]
   self.device = any and any.device or -1
@@ -260,8 +282,9 @@ local function new_like(kj, dtype, n)
 end
 
 -- The global batch of this rank's shards' features, as one KJT (key-major, stride W * B).
-function Sharded:_exchange(input)
-  local comm, W, me, stream = self.comm, self.world, self.rank, self.stream
+function Sharded:_exchange(input, stream)
+  local comm, W, me = self.comm, self.world, self.rank
+  stream = stream or self.stream
   local B = input:stride()
   local kin = input
   if self.rw_blocks then kin = assert(input:bucketize(W, self.rw_blocks)) end
@@ -403,6 +426,147 @@ function Sharded:_exchange(input)
   return glob, B
 end
 
+-- ---- batches exchanged ahead (the prefetch pipeline) ----
+
+-- A batch's exchanged input: {glob (the global batch of this rank's shards' features), parts
+-- (glob split per kind of exchange), B, mine (the data-parallel features of the rank's own
+-- batch), tickets (per shard collection: a2a, rw, dp_mine, dp; those of cached tables)}; a
+-- ticket of prepare is one with ticket = true.
+local function free_batch(b)
+  if b.freed then return end
+  b.freed = true
+  for _, p in ipairs(b.parts) do p:free() end
+  b.glob:free()
+  if b.mine then b.mine:free() end
+end
+
+-- The shard collections a ticket's tickets belong to, in the order they are prepared.
+local TICKETS = { { "a2a", "tbe_a2a" }, { "rw", "tbe_rw" }, { "dp_mine", "tbe_dp" }, { "dp", "tbe_dp" } }
+
+local function exchanged(self, input, stream)
+  local glob, B = self:_exchange(input, stream)
+  local b = { glob = glob, parts = assert(glob:split(self.groups)), B = B, tickets = {} }
+  if self.tbe_dp then b.mine = assert(input:permute(self.dp_keys)) end
+  return b
+end
+
+-- prepare(input[, stream]): the batch's input exchange run now, ahead of its forward (the
+-- prefetch pipeline does, on its own stream, while the batch before computes), and the rows
+-- of its ids brought into the caches of this rank's cached shards.  A collective: every rank
+-- prepares its batches in the same order, and forwards them in that order.  Returns the
+-- batch's ticket, which goes with the batch to forward and backward (they exchange nothing
+-- then); nil, message when a cache failed (memory, the HBM budget).
+function Sharded:prepare(input, stream)
+  self:_check_input(input)
+  local t = exchanged(self, input, stream or self.stream)
+  t.ticket, t.sharded, t.input, t.retired = true, self, input, false
+  local src = { a2a = t.parts[1], rw = t.parts[2], dp_mine = t.mine, dp = t.parts[3] }
+  for _, k in ipairs(TICKETS) do
+    local c = self[k[2]]
+    if c and c.cache then
+      local tk, err = c:prepare(src[k[1]], stream or self.stream)
+      if not tk then
+        self:retire(t, false, stream)
+        return nil, err
+      end
+      t.tickets[k[1]] = tk
+    end
+  end
+  return t
+end
+
+-- retire(ticket[, trained][, stream]): a batch's ticket done with (a batch dropped unread, or
+-- read by a forward without backward: its shards' tickets are retired, only read; backward
+-- retires its own, trained).  A ticket retired already is left alone.
+function Sharded:retire(ticket, trained, stream)
+  if ticket == nil then
+    for _, c in ipairs(self.collections) do assert(c:retire(nil, false, stream or self.stream)) end
+    return true
+  end
+  if ticket.retired then return true end
+  ticket.retired = true
+  for _, k in ipairs(TICKETS) do
+    local tk = ticket.tickets[k[1]]
+    if tk and not tk.retired then
+      local ok, err = self[k[2]]:retire(tk, trained, stream or self.stream)
+      if not ok then return nil, err end
+    end
+  end
+  -- the batch's forward may still read them on a GPU: its ids go with the next forward
+  if self._cur ~= ticket then free_batch(ticket) end
+  return true
+end
+
+-- The batch a forward pools: the ticket's, or the input exchanged now.  The batch before is
+-- let go (a ticket never trained is retired, only read).
+function Sharded:_take(input, ticket)
+  local prev = self._cur
+  if ticket then
+    if type(ticket) ~= "table" or ticket.sharded ~= self then
+      error(self:type_name() .. ": the ticket is not one of this collection's prepare", 4)
+    end
+    if ticket.retired then
+      error(self:type_name() .. ": the batch's ticket was retired already (trained or dropped)", 4)
+    end
+    if ticket.input ~= input then
+      error(self:type_name() .. ": the ticket was prepared for another input than the forward's", 4)
+    end
+  end
+  if prev and prev ~= ticket then
+    if prev.ticket and not prev.retired then assert(self:retire(prev, false)) end
+    free_batch(prev)
+  end
+  local cur = ticket or exchanged(self, input)
+  cur.done = false
+  self._cur = cur
+  return cur
+end
+
+-- prefetch_pages(ticket[, stream][, location]): the pages of the managed shards' rows that a
+-- prepared batch reads (its exchanged ids: the rank's own batch does not say which rows of its
+-- shards the ranks read) prefetched to the GPU, as uvmrec.tbe's prefetch_pages; returns its
+-- statistics summed over this rank's shard collections.
+local PAGE_SUMS = { "ids", "skipped_ids", "rows", "pages", "runs", "runs_skipped", "bytes", "bytes_skipped" }
+function Sharded:prefetch_pages(ticket, stream, location)
+  if type(ticket) ~= "table" or ticket.sharded ~= self then
+    error(self:type_name() .. ": prefetch_pages takes a batch's ticket of prepare (its exchanged ids)", 2)
+  end
+  local sum = { location = location, issued = false }
+  for _, k in ipairs(PAGE_SUMS) do sum[k] = 0 end
+  local src = { tbe_a2a = ticket.parts[1], tbe_rw = ticket.parts[2], tbe_dp = ticket.parts[3] }
+  for _, key in ipairs { "tbe_a2a", "tbe_rw", "tbe_dp" } do
+    local c = self[key]
+    if c and c.managed then
+      local ps, err = c:prefetch_pages(src[key], stream or self.stream, location)
+      if not ps then return nil, err end
+      for _, k in ipairs(PAGE_SUMS) do sum[k] = sum[k] + ps[k] end
+      sum.location, sum.issued = ps.location, sum.issued or ps.issued
+    end
+  end
+  return sum
+end
+
+-- This rank's shards' cache counters (uvmrec.cache's stats summed over its shard collections,
+-- .tables per shard), or nil without cached shards.
+function Sharded:cache_stats()
+  local r
+  for _, c in ipairs(self.collections) do
+    if c.cache then
+      local s = c.cache:stats()
+      if not r then
+        r = s
+      else
+        for k, v in pairs(s) do
+          if type(v) == "number" then r[k] = r[k] + v end
+        end
+        for name, t in pairs(s.tables) do r.tables[name] = t end
+      end
+    end
+  end
+  if r then r.hit_rate = r.unique > 0 and r.hits / r.unique or 0 end
+  return r
+end
+
 -- ---- forward ----
 
 local function buf(self, key, rows, cols) return self:buffer(key, self.output_dtype, rows, cols) end
@@ -413,15 +577,17 @@ function Sharded:_check_input(input)
   end
 end
 
-function Sharded:updateOutput(input)
+-- forward(input[, ticket]): a ticket of prepare brings the batch's exchanged ids (and its rows
+-- in the shards' caches); without one the exchange runs now.  In evaluation (no backward
+-- follows) the ticket is retired after the forward.
+function Sharded:forward(input, ticket) return self:updateOutput(input, ticket) end
+
+function Sharded:updateOutput(input, ticket)
   self:_check_input(input)
   local comm, W, stream = self.comm, self.world, self.stream
-  if self._parts then for _, p in ipairs(self._parts) do p:free() end end
-  if self._glob then self._glob:free() end
-  local glob, B = self:_exchange(input)
-  self._glob, self._B = glob, B
-  local parts = assert(glob:split(self.groups))
-  self._parts = parts
+  local cur = self:_take(input, ticket)
+  local parts, B = cur.parts, cur.B
+  self._B = B
   local srcs = {}
   -- table- and column-wise: pool the global batch, send each rank its rows back
   local D = self.a2a[self.rank].dim
@@ -431,7 +597,7 @@ function Sharded:updateOutput(input)
     local recv = buf(self, "a2a_recv", 1, B * total)
     if self.tbe_a2a then
       local out = buf(self, "a2a_out", W * B, D)
-      assert(self.tbe_a2a:forward(parts[1], out, stream))
+      assert(self.tbe_a2a:forward(parts[1], out, stream, cur.tickets.a2a))
       self._send = out
     else
       self._send = self:_empty()
@@ -451,17 +617,15 @@ function Sharded:updateOutput(input)
   -- row-wise: partial sums over the global batch, reduced and scattered
   if self.tbe_rw then
     local out = buf(self, "rw_out", W * B, self.rw.dim)
-    assert(self.tbe_rw:forward(parts[2], out, stream))
+    assert(self.tbe_rw:forward(parts[2], out, stream, cur.tickets.rw))
     srcs[W + 1] = buf(self, "rw_local", B, self.rw.dim)
     assert(comm:reduce_scatter(out, srcs[W + 1], "sum", stream))
   end
   assert(comm:wait(stream))
   -- data-parallel: this rank's own batch
   if self.tbe_dp then
-    local mine = assert(input:permute(self.dp_keys))
     srcs[W + 2] = buf(self, "dp_out", B, self.dp.dim)
-    assert(self.tbe_dp:forward(mine, srcs[W + 2], stream))
-    mine:free()
+    assert(self.tbe_dp:forward(cur.mine, srcs[W + 2], stream, cur.tickets.dp_mine))
   end
   -- the pieces side by side in the collection's order
   local pieces = self._piece_bufs or {}
@@ -477,6 +641,7 @@ function Sharded:updateOutput(input)
   for s = 1, W do
     if srcs[s] then srcs[s]:free() end
   end
+  if ticket and not self.train then assert(self:retire(ticket, false, stream)) end
   return self.output
 end
 
@@ -486,10 +651,21 @@ function Sharded:updateGradInput(input, gradOutput) -- luacheck: ignore 212
   return nil
 end
 
+-- backward(input, gradOutput[, ticket]): the ticket the forward took (retired, trained).
+function Sharded:backward(input, gradOutput, ticket)
+  self:updateGradInput(input, gradOutput)
+  self:accGradParameters(input, gradOutput, ticket)
+  return self.gradInput
+end
+
 -- The fused optimizer step of every shard, from the gradient of this rank's output.
-function Sharded:accGradParameters(input, gradOutput) -- luacheck: ignore 212 (the input came through forward)
+function Sharded:accGradParameters(input, gradOutput, ticket) -- luacheck: ignore 212 (the input came through forward)
   local comm, W, stream, B = self.comm, self.world, self.stream, self._B
-  if not self._parts then error(self:type_name() .. ": backward before forward", 3) end
+  local cur = self._cur
+  if not cur or cur.done then error(self:type_name() .. ": backward before forward", 3) end
+  if ticket and ticket ~= cur then
+    error(self:type_name() .. ": backward's ticket is not the one its forward took", 3)
+  end
   local pieces = self._piece_bufs
   for i, p in ipairs(self.pieces) do pieces[i] = buf(self, "gpiece" .. i, B, p.width) end
   dense.split(gradOutput, pieces, stream)
@@ -532,9 +708,17 @@ function Sharded:accGradParameters(input, gradOutput) -- luacheck: ignore 212 (t
   for s = 1, W do
     if grads[s] then grads[s]:free() end
   end
-  if self.tbe_a2a then assert(self.tbe_a2a:backward(self._parts[1], ga2a, stream)) end
-  if self.tbe_rw then assert(self.tbe_rw:backward(self._parts[2], grw, stream)) end
-  if self.tbe_dp then assert(self.tbe_dp:backward(self._parts[3], gdp, stream)) end
+  local parts, tk = cur.parts, cur.tickets
+  if self.tbe_a2a then assert(self.tbe_a2a:backward(parts[1], ga2a, stream, tk.a2a)) end
+  if self.tbe_rw then assert(self.tbe_rw:backward(parts[2], grw, stream, tk.rw)) end
+  if self.tbe_dp then assert(self.tbe_dp:backward(parts[3], gdp, stream, tk.dp)) end
+  -- a ticket's shard tickets are retired (trained) by the shards' backward; its exchanged ids
+  -- are freed with the next batch's forward, as those of a batch exchanged in its forward
+  if cur.ticket then
+    if tk.dp_mine then assert(self.tbe_dp:retire(tk.dp_mine, false, stream)) end
+    cur.retired = true
+  end
+  cur.done = true
 end
 
 -- A tensor of no elements where the collections run: what a rank without table- or
@@ -702,9 +886,8 @@ function Sharded:to() return self end
 function Sharded:zero_grad() return self end
 
 function Sharded:free()
-  if self._parts then for _, p in ipairs(self._parts) do p:free() end end
-  if self._glob then self._glob:free() end
-  self._parts, self._glob = nil, nil
+  if self._cur then free_batch(self._cur) end
+  self._cur = nil
   for _, c in ipairs(self.collections) do c:free() end
 end
 

@@ -192,18 +192,28 @@ local function parse_allowance(v, total)
 end
 M.parse_allowance = parse_allowance
 
--- hints.manager(collection, opts): collection is a uvmrec.tbe object or a module holding one
--- (.tbe).  opts: policy (name, file or object; default "hot_prefix"), options (the policy's),
+-- hints.manager(collection, opts): collection is a uvmrec.tbe object, a module holding one
+-- (.tbe) or a sharded collection (uvmrec.dist.shard: this rank's managed shards, each counted
+-- and placed as a table, "C3/r1" taking table C3's settings; the allowance is this rank's).
+-- opts: policy (name, file or object; default "hot_prefix"), options (the policy's),
 -- every (steps between intervals, 100), allowance (HBM for the managed tables: bytes, '8GiB',
 -- '20%' or 0.2 of their bytes; default all of it), decay (counts *= decay after each
 -- interval, 1: none), tables ({name = {policy =, options =, allowance =}} per table: a table's own
 -- allowance, bytes or a fraction of its own bytes, is its share; the others split `allowance`),
 -- location ("gpu"),
 -- monitor (true: read the CUPTI monitor each interval when it runs), stream.
+-- The uvmrec.tbe collections of a collection: itself, a module's (.tbe), or a sharded
+-- collection's shard collections (uvmrec.dist.shard: .collections, this rank's shards).
+local function tbes_of(collection)
+  if collection.tbe then return { collection.tbe } end
+  if collection.prepare_always and collection.collections then return collection.collections end
+  return { collection }
+end
+
 function M.manager(collection, opts)
   opts = opts or {}
-  local tbe = collection.tbe or collection
-  local self = setmetatable({ tbe = tbe, every = opts.every or 100, decay = opts.decay or 1,
+  local tbes = tbes_of(collection)
+  local self = setmetatable({ tbe = tbes[1], tbes = {}, every = opts.every or 100, decay = opts.decay or 1,
                               location = opts.location or "gpu", stream = opts.stream,
                               intervals = {}, tables = {}, policies = {}, hint_seconds = 0,
                               relayout_seconds = 0, relayout_bytes = 0, calls = 0 }, Manager)
@@ -211,36 +221,45 @@ function M.manager(collection, opts)
   if not (self.decay >= 0 and self.decay <= 1) then error("hints: decay must be in [0, 1]", 2) end
   local default = M.new(opts.policy or "hot_prefix", opts.options)
   local total = 0
-  for _, name in ipairs(tbe.table_names) do
-    local w = tbe:table(name)
-    if w:placement() == "managed" then
-      local ts, row_bytes = { w }, 0
-      for _, k in ipairs(tbe.state_names) do ts[#ts + 1] = tbe:state(name)[k] end
-      for _, t in ipairs(ts) do row_bytes = row_bytes + t:nbytes() / tbe.rows[name] end
-      local per = opts.tables and opts.tables[name]
-      local pol = per and per.policy and M.new(per.policy, per.options) or default
-      local layout = {}
-      for _, t in ipairs(ts) do
-        local es = t:nbytes() / t:numel()
-        layout[#layout + 1] = { off = tonumber(C.ur_tensor_offset(t.p)) * es, rb = t:nbytes() / tbe.rows[name] }
+  for _, tbe in ipairs(tbes) do
+    local counting = false
+    for _, name in ipairs(tbe.table_names) do
+      local w = tbe:table(name)
+      if w:placement() == "managed" then
+        counting = true
+        local ts, row_bytes = { w }, 0
+        for _, k in ipairs(tbe.state_names) do ts[#ts + 1] = tbe:state(name)[k] end
+        for _, t in ipairs(ts) do row_bytes = row_bytes + t:nbytes() / tbe.rows[name] end
+        -- a shard ("C3/r1", "C3/c0") takes its logical table's settings
+        local per = opts.tables and (opts.tables[name] or opts.tables[name:match("^(.-)/[rc]%d+$") or name])
+        local pol = per and per.policy and M.new(per.policy, per.options) or default
+        local layout = {}
+        for _, t in ipairs(ts) do
+          local es = t:nbytes() / t:numel()
+          layout[#layout + 1] = { off = tonumber(C.ur_tensor_offset(t.p)) * es, rb = t:nbytes() / tbe.rows[name] }
+        end
+        local own
+        if per and per.allowance ~= nil then
+          local ok, a = pcall(parse_allowance, per.allowance, row_bytes * tbe.rows[name])
+          if not ok then
+            error(("hints: table %s: %s"):format(name, tostring(a):gsub("^[^\n]-:%d+: hints: ", "")), 2)
+          end
+          own = a
+        end
+        self.tables[#self.tables + 1] = { name = name, tensors = ts, rows = tbe.rows[name], layout = layout,
+                                          row_bytes = row_bytes, policy = pol, on_gpu = 0, k = 0, allowance = own,
+                                          tbe = tbe }
+        if not own then total = total + row_bytes * tbe.rows[name] end
+      else
+        w:free()
       end
-      local own
-      if per and per.allowance ~= nil then
-        local ok, a = pcall(parse_allowance, per.allowance, row_bytes * tbe.rows[name])
-        if not ok then error(("hints: table %s: %s"):format(name, tostring(a):gsub("^[^\n]-:%d+: hints: ", "")), 2) end
-        own = a
-      end
-      self.tables[#self.tables + 1] = { name = name, tensors = ts, rows = tbe.rows[name], layout = layout,
-                                        row_bytes = row_bytes, policy = pol, on_gpu = 0, k = 0, allowance = own }
-      if not own then total = total + row_bytes * tbe.rows[name] end
-    else
-      w:free()
     end
+    if counting then self.tbes[#self.tbes + 1] = tbe end
   end
   if opts.tables then
     for name, per in pairs(opts.tables) do
       local found = false
-      for _, t in ipairs(self.tables) do found = found or t.name == name end
+      for _, t in ipairs(self.tables) do found = found or t.name == name or t.name:match("^(.-)/[rc]%d+$") == name end
       if not found and per.allowance ~= nil then
         error(("hints: table %s has an allowance of its own but is not a managed table of the collection"):format(
           tostring(name)), 2)
@@ -249,7 +268,7 @@ function M.manager(collection, opts)
   end
   self.total_bytes = total
   self.allowance = parse_allowance(opts.allowance, total)
-  if #self.tables > 0 then assert(tbe:set_counting(true)) end
+  for _, tbe in ipairs(self.tbes) do assert(tbe:set_counting(true)) end
   for _, t in ipairs(self.tables) do self.rerank = self.rerank or t.policy.rerank end
   if opts.monitor ~= false and ur.gpu() then self.monitor = ur.monitor.read(true) ~= nil end
   return self
@@ -351,11 +370,11 @@ function Manager:_apply(t, s, actions, rec)
     if a.kind == "relayout" then
       local r, err
       if a.how == "counts" then
-        r, err = self.tbe:relayout(t.name, "counts", { stream = self.stream })
+        r, err = t.tbe:relayout(t.name, "counts", { stream = self.stream })
       elseif type(a.how) == "table" and a.how.swap then
         -- rows that crossed trade places where they are, on the stream (a kernel on a GPU)
         local A, B, n = self:_swap_pairs(t, s, a.how.swap, a.how.band or 0)
-        if n > 0 then r, err = self.tbe:swap_rows(t.name, A, B, n, { stream = self.stream }) end
+        if n > 0 then r, err = t.tbe:swap_rows(t.name, A, B, n, { stream = self.stream }) end
       else
         return nil, ("hints: policy %s: relayout %s is not \"counts\" nor {swap = k}"):format(
           t.policy.name or "?", tostring(a.how))
@@ -435,8 +454,8 @@ function Manager:interval(step)
   local stats = {}
   for i, t in ipairs(self.tables) do
     stats[i] = setmetatable({ name = t.name, rows = t.rows, row_bytes = t.row_bytes, step = step,
-                              tensors = #t.tensors, layout = t.layout, _tbe = self.tbe }, Stats)
-    local p = self.tbe:permutation(t.name)
+                              tensors = #t.tensors, layout = t.layout, _tbe = t.tbe }, Stats)
+    local p = t.tbe:permutation(t.name)
     if p then
       local h = assert(p:to("host"))
       p:free()
@@ -461,7 +480,7 @@ function Manager:interval(step)
     t.k = actions.hot_rows or t.k -- the policy's view: the leading rows it keeps on the GPU
     if rec.rows_moved ~= moved or rawget(s, "perm") == nil then
       -- the layout changed (or appeared): coverage is measured under the new one
-      local p = self.tbe:permutation(t.name)
+      local p = t.tbe:permutation(t.name)
       if rawget(s, "perm") then s.perm:free() end
       rawset(s, "perm", nil)
       rawset(s, "_perm_p", nil)
@@ -487,7 +506,9 @@ function Manager:interval(step)
     if rawget(s, "perm") then s.perm:free() end
   end
   if not ok then return nil, err end
-  if self.decay < 1 then assert(self.tbe:decay_counts(self.decay, nil, self.stream)) end
+  if self.decay < 1 then
+    for _, tbe in ipairs(self.tbes) do assert(tbe:decay_counts(self.decay, nil, self.stream)) end
+  end
   local mem = ur.memory()
   rec.bytes_on_gpu = mem.managed_on_gpu
   rec.hbm_used, rec.hbm_budget = mem.hbm_used, mem.hbm_budget
@@ -518,8 +539,8 @@ end
 function Manager:measure()
   local covered, total, per = 0, 0, {}
   for _, t in ipairs(self.tables) do
-    local s = setmetatable({ name = t.name, rows = t.rows, _tbe = self.tbe }, Stats)
-    local p = self.tbe:permutation(t.name)
+    local s = setmetatable({ name = t.name, rows = t.rows, _tbe = t.tbe }, Stats)
+    local p = t.tbe:permutation(t.name)
     local h
     if p then
       h = assert(p:to("host"))

@@ -10,6 +10,11 @@
 -- buffer waits until the batch that last used it is done; the cache makes its own copies wait
 -- for the retire (backward and staged write-backs) of earlier batches wherever they touch the
 -- same rows, and locks the rows of batches in flight, so no interleaving reads a stale row.
+-- A sharded collection (uvmrec.dist.shard) takes a ticket for every batch: its prepare runs the
+-- input exchange of batch i+1 (ids to the ranks that own their rows) while batch i computes,
+-- then brings those ids' rows into its cached shards' caches, and its managed shards' pages
+-- are prefetched from the exchanged ids; every rank prepares its batches in the same order, so
+-- the ranks' collectives pair up.
 --
 --   local P = require "uvmrec.pipeline.Prefetch"
 --   local p = P.new{ collection = model.embeddings,  -- an EmbeddingBagCollection or uvmrec.tbe
@@ -52,7 +57,8 @@ function Prefetch.new(o)
   end
   local tbe = o.collection and (o.collection.tbe or o.collection)
   if tbe ~= nil and type(tbe.prepare) ~= "function" then
-    fail("collection must be an EmbeddingBagCollection or a uvmrec.tbe collection", 2)
+    fail("collection must be an EmbeddingBagCollection, a uvmrec.tbe collection or a sharded one "
+      .. "(uvmrec.dist.shard)", 2)
   end
   local managed = tbe ~= nil and tbe.managed ~= nil and #tbe.managed > 0
   if o.pages ~= nil and type(o.pages) ~= "boolean" then
@@ -62,7 +68,9 @@ function Prefetch.new(o)
     fail("pages = true needs a collection with managed tables", 2)
   end
   local self = setmetatable({
-    tbe = tbe, cached = tbe ~= nil and tbe.cached ~= nil, source = o.source, steps = o.steps,
+    -- a sharded collection's prepare is its input exchange: every batch takes a ticket
+    tbe = tbe, cached = tbe ~= nil and (tbe.cached ~= nil or tbe.prepare_always == true), source = o.source,
+    exchanges = tbe ~= nil and tbe.prepare_always == true, steps = o.steps,
     drain = o.drain ~= false, compute = o.stream,
     device = tbe and tbe.device or (C.ur_device_count() > 0 and 0 or -1),
     pages = managed and o.pages == true, slots = {}, have = {}, i = nil, ended = false, err = nil,
@@ -122,7 +130,9 @@ function Prefetch:_prefetch(s)
     s.dev.ticket = assert(self.tbe:prepare(s.dev.sparse, self.prefetch_stream))
   end
   if self.pages then
-    local ps = assert(self.tbe:prefetch_pages(s.host.sparse, self.prefetch_stream))
+    -- a sharded collection's shards read the ids the exchange brought (in the ticket)
+    local ids = self.exchanges and s.dev.ticket or s.host.sparse
+    local ps = assert(self.tbe:prefetch_pages(ids, self.prefetch_stream))
     local c = self.counts
     c.pages = c.pages + ps.pages
     c.page_bytes = c.page_bytes + ps.bytes

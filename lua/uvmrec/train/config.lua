@@ -307,9 +307,10 @@ function M.sharding(cfg)
 end
 
 -- What a run over `world` ranks needs of the config: nil, or the message at the value to
--- change.  The batches are global batches cut into equal slices, one a rank; the hint policies
--- and the prefetch pipeline drive whole collections.  (Checkpoints and --resume work over ranks:
--- the tables' shards go through uvmrec.dist.checkpoint, which reshards.)
+-- change.  The batches are global batches cut into equal slices, one a rank.  (Checkpoints and
+-- --resume work over ranks: the tables' shards go through uvmrec.dist.checkpoint, which
+-- reshards; the prefetch pipeline exchanges each rank's next batch ahead; managed and cached
+-- tables keep their placement in every shard, the hint policies driving each rank's shards.)
 function M.check_world(cfg, world)
   if world <= 1 then return nil end
   local function fail(path, msg) return config.message(cfg, path, msg) end
@@ -319,20 +320,6 @@ function M.check_world(cfg, world)
     if v % world ~= 0 then
       return fail(key, ("%d is not a multiple of the %d ranks: each rank takes an equal slice of every global batch")
         :format(v, world))
-    end
-  end
-  if cfg.train.pipeline then
-    return fail("train.pipeline", ("the prefetch pipeline feeds one collection, not the shards of %d ranks; set it "
-      .. "to false"):format(world))
-  end
-  local e = cfg.embeddings
-  for i = 1, #e.rows do
-    local name = "C" .. i
-    local own = e.tables[name] or {}
-    if (own.placement or e.placement) == "managed" then
-      return fail(own.placement and ("embeddings.tables.%s.placement"):format(name) or "embeddings.placement",
-        ("table %s is managed, and the hint policies drive whole tables, not the shards of %d ranks: place it "
-          .. "device, cached or host"):format(name, world))
     end
   end
   return nil
