@@ -34,58 +34,11 @@ static pthread_once_t mpi_once = PTHREAD_ONCE_INIT;
 static const ur__mpi_api *mpi_api;
 static char mpi_why[4096], mpi_path[1024];
 
-static ur_status plugin_error(ur_status status, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static ur_status plugin_error(ur_status status, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  ur__errorv(status, fmt, ap);
-  va_end(ap);
-  return status;
-}
-
-static const ur_core_api plugin_core = {UR_BACKEND_ABI, plugin_error, ur_interrupt_get};
-
-/* UVMREC_MPI_LIB, then beside the binary holding this code (and ../lib), then the loader's
- * path, as the CUDA backend is found. */
-static void *open_plugin(char *tried, size_t len) {
-  const char *env = getenv("UVMREC_MPI_LIB");
-  void *h;
-  tried[0] = 0;
-  if (env && *env) {
-    snprintf(tried, len, "%s", env);
-    snprintf(mpi_path, sizeof mpi_path, "%s", env);
-    return dlopen(env, RTLD_NOW | RTLD_GLOBAL);
-  }
-  Dl_info info;
-  char exe[1024];
-  if (dladdr((void *)open_plugin, &info) && info.dli_fname) {
-    const char *fname = info.dli_fname;
-    ssize_t n;
-    if (!strchr(fname, '/') && (n = readlink("/proc/self/exe", exe, sizeof exe - 1)) > 0) {
-      exe[n] = 0;
-      fname = exe;
-    }
-    const char *slash = strrchr(fname, '/');
-    int dirlen = slash ? (int)(slash - fname) : 1;
-    const char *dir = slash ? fname : ".";
-    const char *rel[] = {"/libuvmrec_mpi.so", "/../lib/libuvmrec_mpi.so"};
-    for (int i = 0; i < 2; i++) {
-      snprintf(mpi_path, sizeof mpi_path, "%.*s%s", dirlen, dir, rel[i]);
-      /* RTLD_GLOBAL: OpenMPI's own components find libmpi's symbols. */
-      if ((h = dlopen(mpi_path, RTLD_NOW | RTLD_GLOBAL))) return h;
-      snprintf(tried + strlen(tried), len - strlen(tried), "%s%s: %s", i ? "; " : "", mpi_path,
-               dlerror());
-    }
-  }
-  snprintf(mpi_path, sizeof mpi_path, "libuvmrec_mpi.so");
-  snprintf(tried + strlen(tried), len - strlen(tried), "; libuvmrec_mpi.so");
-  return dlopen("libuvmrec_mpi.so", RTLD_NOW | RTLD_GLOBAL);
-}
-
 static void load_mpi(void) {
   char tried[3072];
-  void *h = open_plugin(tried, sizeof tried);
+  /* RTLD_GLOBAL: OpenMPI's own components find libmpi's symbols. */
+  void *h = ur__dlopen_beside("libuvmrec_mpi.so", "UVMREC_MPI_LIB", RTLD_NOW | RTLD_GLOBAL,
+                              mpi_path, sizeof mpi_path, tried, sizeof tried);
   if (!h) {
     snprintf(mpi_why, sizeof mpi_why,
              "comm: the MPI plugin libuvmrec_mpi.so did not load (tried %s): %s; it is built "
@@ -95,7 +48,7 @@ static void load_mpi(void) {
   }
   ur__mpi_init_fn init = (ur__mpi_init_fn)dlsym(h, UR_MPI_PLUGIN_INIT);
   const ur__mpi_api *api = NULL;
-  if (!init || init(&plugin_core, &api) || !api) {
+  if (!init || init(&ur__core_api, &api) || !api) {
     snprintf(mpi_why, sizeof mpi_why, "comm: %s has no working %s", mpi_path, UR_MPI_PLUGIN_INIT);
     return;
   }
