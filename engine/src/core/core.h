@@ -39,6 +39,12 @@ UR__HIDDEN ur_status ur__sync_dir(const char *path, const char *what);
  * `who` opens the message. */
 UR__HIDDEN ur_status ur__optim_check(const char *who, const ur_optim_config *c, int tables);
 
+/* A hint's location (hints.c): -1 (cpu), a GPU this machine has (any GPU number on a machine
+ * without one: the CPU backend records hints), or UR_LOC_CURRENT_GPU: gpu when >= 0, else the
+ * current GPU (0 without one).  `what` opens the message; `current` names -2 in it. */
+UR__HIDDEN ur_status ur__hint_location(int32_t loc, int32_t gpu, const char *what,
+                                       const char *current, int32_t *out);
+
 /* What the core lends a backend or plugin: its error setter and the interrupt flag. */
 UR__HIDDEN extern const ur_core_api ur__core_api;
 /* Opens the shared library `name` as the CUDA backend and the MPI plugin are found: the file
