@@ -28,28 +28,8 @@ local OPTS = { tables = true, features = true, bounds = true, device = true, out
 local TABLE_OPTS = { name = true, rows = true, dim = true, format = true, pooling = true,
                      placement = true, modulo = true, features = true }
 
-local function keys_of(t)
-  local k = {}
-  for name in pairs(t) do k[#k + 1] = name end
-  table.sort(k)
-  return table.concat(k, ", ")
-end
-
-local function pick(map, v, what, level)
-  local r = map[v]
-  if r == nil then
-    error(("quantized collection: %s '%s' is not one of %s"):format(what, tostring(v), keys_of(map)), level + 1)
-  end
-  return r
-end
-
-local function whole(v, what, level, lo)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < (lo or 0) then
-    error(("quantized collection: %s is %s; expected a whole number >= %d"):format(what, tostring(v), lo or 0),
-          level + 1)
-  end
-  return v
-end
+local O = require("uvmrec.table_options").checks("quantized collection")
+local pick, whole = O.pick, O.whole
 
 -- The format's enum, from its name ("f16" is fp16 too).
 function M.format_of(name, level)
@@ -106,28 +86,8 @@ local wrap_qtbe, free_qtbe = lib.handle_type("ur_qtbe", C.ur_qtbe_free, {})
 -- Rows start as zeros: load() them.  Environmental failures return nil, message.
 function M.new(opts, level)
   level = (level or 1) + 1
-  if type(opts) ~= "table" then error("quantized collection: expected a table of options", level) end
-  for k in pairs(opts) do
-    if not OPTS[k] then error(("quantized collection: unknown option '%s'"):format(tostring(k)), level) end
-  end
-  local tables = opts.tables
-  if type(tables) ~= "table" or #tables == 0 then
-    error("quantized collection: tables must be a non-empty list", level)
-  end
-  local device = opts.device
-  if device == nil then
-    if C.ur_device_count() > 0 then
-      local d = ffi.new("int32_t[1]")
-      C.ur_device_get(d)
-      device = d[0]
-    else
-      device = -1
-    end
-  elseif device == "cpu" then
-    device = -1
-  else
-    device = lib.location(device, level)
-  end
+  local tables = O.open(opts, OPTS, "", level)
+  local device = lib.device_option(opts.device, level)
   local default_place = opts.placement or (device >= 0 and "device" or "host")
   local cfg = ffi.new("ur_qtbe_config")
   cfg.device = device
@@ -140,19 +100,7 @@ function M.new(opts, level)
                  rows = {}, formats = {}, feature_dims = {} }
   local features_of = {}
   for i, t in ipairs(tables) do
-    if type(t) ~= "table" then error(("quantized collection: table %d is not a table"):format(i), level) end
-    for k in pairs(t) do
-      if not TABLE_OPTS[k] then
-      error(("quantized collection: unknown table option '%s'"):format(tostring(k)), level)
-    end
-    end
-    local name = t.name
-    if type(name) ~= "string" or name == "" then
-      error(("quantized collection: table %d needs a name"):format(i), level)
-    end
-    if self.table_index[name] then
-      error(("quantized collection: two tables are named '%s'"):format(name), level)
-    end
+    local name = O.named(i, t, TABLE_OPTS, self.table_index, level)
     self.table_index[name], self.table_names[i] = i - 1, name
     local c = tc[i - 1]
     c.name = name
@@ -164,33 +112,9 @@ function M.new(opts, level)
     c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", level)
     c.modulo = whole(t.modulo or 0, "table '" .. name .. "' modulo", level)
     self.dims[name], self.rows[name], self.formats[name] = t.dim, t.rows, format
-    local fs = t.features or { name }
-    if type(fs) ~= "table" then
-      error(("quantized collection: table '%s' features must be a list"):format(name), level)
-    end
-    for _, f in ipairs(fs) do
-      if type(f) ~= "string" then
-        error(("quantized collection: table '%s' has a feature that is not a string"):format(name), level)
-      end
-      if features_of[f] then
-        error(("quantized collection: feature '%s' is on tables '%s' and '%s'"):format(f, features_of[f], name), level)
-      end
-      features_of[f] = name
-      self.features[#self.features + 1] = f
-    end
+    O.features(name, t, features_of, self.features, level)
   end
-  if opts.features then
-    if type(opts.features) ~= "table" or #opts.features ~= #self.features then
-      error(("quantized collection: features lists %s names; the tables have %d features")
-            :format(type(opts.features) == "table" and #opts.features or "no", #self.features), level)
-    end
-    for _, f in ipairs(opts.features) do
-      if not features_of[f] then
-        error(("quantized collection: feature '%s' is on no table"):format(tostring(f)), level)
-      end
-    end
-    self.features = { unpack(opts.features) }
-  end
+  self.features = O.key_order(opts.features, features_of, self.features, level)
   local nf = #self.features
   local ft, fnames = ffi.new("int32_t[?]", nf), ffi.new("const char *[?]", nf)
   for i, f in ipairs(self.features) do

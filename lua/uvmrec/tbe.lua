@@ -31,36 +31,8 @@ local OPTS = { tables = true, features = true, optimizer = true, bounds = true, 
 local TABLE_OPTS = { name = true, rows = true, dim = true, dtype = true, pooling = true,
                      placement = true, state_placement = true, features = true, shard = true }
 
-local function keys_of(t)
-  local k = {}
-  for name in pairs(t) do k[#k + 1] = name end
-  table.sort(k)
-  return table.concat(k, ", ")
-end
-
-local function pick(map, v, what, level)
-  local r = map[v]
-  if r == nil then
-    error(("embedding collection: %s '%s' is not one of %s"):format(what, tostring(v), keys_of(map)), level + 1)
-  end
-  return r
-end
-
-local function check_keys(t, allowed, what, level)
-  for k in pairs(t) do
-    if not allowed[k] then
-      error(("embedding collection: unknown %s option '%s'"):format(what, tostring(k)), level + 1)
-    end
-  end
-end
-
-local function whole(v, what, level, lo)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < (lo or 0) then
-    error(("embedding collection: %s is %s; expected a whole number >= %d"):format(what, tostring(v), lo or 0),
-          level + 1)
-  end
-  return v
-end
+local O = require("uvmrec.table_options").checks("embedding collection")
+local pick, whole = O.pick, O.whole
 
 -- optimizer = "sgd" | { "adam", lr = ..., ... } | { name = "adam", ... }: uvmrec.optim's
 -- settings and defaults for tables, and the collection's own deterministic (default true).
@@ -103,12 +75,7 @@ local wrap_tbe, free_tbe = lib.handle_type("ur_tbe", C.ur_tbe_free, {})
 -- Environmental failures (memory, budget, no GPU) return nil, message.
 function M.new(opts, level)
   level = (level or 1) + 1
-  if type(opts) ~= "table" then error("embedding collection: expected a table of options", level) end
-  check_keys(opts, OPTS, "collection", level)
-  local tables = opts.tables
-  if type(tables) ~= "table" or #tables == 0 then
-    error("embedding collection: tables must be a non-empty list", level)
-  end
+  local tables = O.open(opts, OPTS, "collection ", level)
   local device = lib.device_option(opts.device, level)
   local default_place = opts.placement or (device >= 0 and "device" or "host")
   local cached, cache_opts = {}, nil
@@ -136,15 +103,7 @@ function M.new(opts, level)
                  _keep = {} }
   local features_of = {}
   for i, t in ipairs(tables) do
-    if type(t) ~= "table" then error(("embedding collection: table %d is not a table"):format(i), level) end
-    check_keys(t, TABLE_OPTS, "table", level)
-    local name = t.name
-    if type(name) ~= "string" or name == "" then
-      error(("embedding collection: table %d needs a name"):format(i), level)
-    end
-    if self.table_index[name] then
-      error(("embedding collection: two tables are named '%s'"):format(name), level)
-    end
+    local name = O.named(i, t, TABLE_OPTS, self.table_index, level)
     self.table_index[name] = i - 1
     self.table_names[i] = name
     self._keep[#self._keep + 1] = name
@@ -184,33 +143,9 @@ function M.new(opts, level)
     end
     self.dtypes = self.dtypes or {}
     self.dtypes[name] = t.dtype or opts.dtype or "f32"
-    local fs = t.features or { name }
-    if type(fs) ~= "table" then
-      error(("embedding collection: table '%s' features must be a list"):format(name), level)
-    end
-    for _, f in ipairs(fs) do
-      if type(f) ~= "string" then
-        error(("embedding collection: table '%s' has a feature that is not a string"):format(name), level)
-      end
-      if features_of[f] then
-        error(("embedding collection: feature '%s' is on tables '%s' and '%s'"):format(f, features_of[f], name), level)
-      end
-      features_of[f] = name
-      self.features[#self.features + 1] = f
-    end
+    O.features(name, t, features_of, self.features, level)
   end
-  if opts.features then
-    if type(opts.features) ~= "table" or #opts.features ~= #self.features then
-      error(("embedding collection: features lists %s names; the tables have %d features")
-            :format(type(opts.features) == "table" and #opts.features or "no", #self.features), level)
-    end
-    for _, f in ipairs(opts.features) do
-      if not features_of[f] then
-        error(("embedding collection: feature '%s' is on no table"):format(tostring(f)), level)
-      end
-    end
-    self.features = { unpack(opts.features) }
-  end
+  self.features = O.key_order(opts.features, features_of, self.features, level)
   local nf = #self.features
   local ft = ffi.new("int32_t[?]", nf)
   local fnames = ffi.new("const char *[?]", nf)

@@ -1,0 +1,105 @@
+-- The option checks that collections of named tables share (embedding collections uvmrec.tbe,
+-- quantized ones uvmrec.qtbe, managed collisions uvmrec.mc): a table of known options with a
+-- non-empty list of tables, each a table of known options and a name of its own, whole numbers,
+-- names from a map, and the features each table reads.  Every message opens with the
+-- collection's name and points at the caller's line (`level` counts as error()'s does, from
+-- the function calling these).
+--
+--   local O = require("uvmrec.table_options").checks("embedding collection")
+--   local tables = O.open(opts, OPTS, "collection ", level)
+
+local function keys_of(t)
+  local k = {}
+  for name in pairs(t) do k[#k + 1] = name end
+  table.sort(k)
+  return table.concat(k, ", ")
+end
+
+local M = {}
+
+-- The checks for the collection named who.
+function M.checks(who)
+  local O = {}
+
+  function O.fail(msg, level) error(who .. ": " .. msg, level + 1) end
+
+  -- map[v], else "<who>: <what> 'v' is not one of <map's names>".
+  function O.pick(map, v, what, level)
+    local r = map[v]
+    if r == nil then
+      O.fail(("%s '%s' is not one of %s"):format(what, tostring(v), keys_of(map)), level + 1)
+    end
+    return r
+  end
+
+  -- v, a whole number >= lo (default 0).
+  function O.whole(v, what, level, lo)
+    if type(v) ~= "number" or v ~= math.floor(v) or v < (lo or 0) then
+      O.fail(("%s is %s; expected a whole number >= %d"):format(what, tostring(v), lo or 0), level + 1)
+    end
+    return v
+  end
+
+  -- Every key of t in allowed; what names the kind ("unknown <what>option").
+  function O.check_keys(t, allowed, what, level)
+    for k in pairs(t) do
+      if not allowed[k] then O.fail(("unknown %soption '%s'"):format(what, tostring(k)), level + 1) end
+    end
+  end
+
+  -- opts: a table whose keys are all in allowed (an unknown one is an "unknown <what>option"),
+  -- with a non-empty list `tables`, which it returns.
+  function O.open(opts, allowed, what, level)
+    if type(opts) ~= "table" then O.fail("expected a table of options", level + 1) end
+    O.check_keys(opts, allowed, what, level + 1)
+    local tables = opts.tables
+    if type(tables) ~= "table" or #tables == 0 then O.fail("tables must be a non-empty list", level + 1) end
+    return tables
+  end
+
+  -- Table i of the list: a table of allowed keys whose name is a non-empty string that no earlier
+  -- table (a key of `index`) has.  Returns the name.
+  function O.named(i, t, allowed, index, level)
+    if type(t) ~= "table" then O.fail(("table %d is not a table"):format(i), level + 1) end
+    O.check_keys(t, allowed, "table ", level + 1)
+    local name = t.name
+    if type(name) ~= "string" or name == "" then O.fail(("table %d needs a name"):format(i), level + 1) end
+    if index[name] then O.fail(("two tables are named '%s'"):format(name), level + 1) end
+    return name
+  end
+
+  -- Table t's features (default {name}), each on no other table: recorded in on_table (feature ->
+  -- table name) and appended to list.
+  function O.features(name, t, on_table, list, level)
+    local fs = t.features or { name }
+    if type(fs) ~= "table" then O.fail(("table '%s' features must be a list"):format(name), level + 1) end
+    for _, f in ipairs(fs) do
+      if type(f) ~= "string" then
+        O.fail(("table '%s' has a feature that is not a string"):format(name), level + 1)
+      end
+      if on_table[f] then
+        O.fail(("feature '%s' is on tables '%s' and '%s'"):format(f, on_table[f], name), level + 1)
+      end
+      on_table[f] = name
+      list[#list + 1] = f
+    end
+  end
+
+  -- The input's key order: `order` (the collection's features option), which must name each of
+  -- the tables' features once, or when nil the tables' features in table order (list).
+  function O.key_order(order, on_table, list, level)
+    if not order then return list end
+    if type(order) ~= "table" or #order ~= #list then
+      O.fail(("features lists %s names; the tables have %d features")
+             :format(type(order) == "table" and #order or "no", #list), level + 1)
+    end
+    for _, f in ipairs(order) do
+      if not on_table[f] then O.fail(("feature '%s' is on no table"):format(tostring(f)), level + 1) end
+    end
+    return { unpack(order) }
+  end
+
+  return O
+end
+
+return M

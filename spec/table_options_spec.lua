@@ -1,0 +1,69 @@
+-- uvmrec.table_options: the option checks tbe, qtbe and mc share.
+local table_options = require "uvmrec.table_options"
+
+local O = table_options.checks("test collection")
+
+local function message(f, ...)
+  local ok, err = pcall(f, ...)
+  assert.is_false(ok)
+  return (tostring(err):gsub("^[^:]*:%d+: ", ""))
+end
+
+describe("uvmrec.table_options", function()
+  it("opens the options: a table of known keys with a non-empty list of tables", function()
+    local t = { { name = "a" } }
+    assert.equal(t, O.open({ tables = t }, { tables = true }, "", 1))
+    assert.equal("test collection: expected a table of options", message(O.open, 3, {}, "", 1))
+    assert.equal("test collection: unknown collection option 'x'",
+                 message(O.open, { tables = t, x = 1 }, { tables = true }, "collection ", 1))
+    assert.equal("test collection: tables must be a non-empty list",
+                 message(O.open, { tables = {} }, { tables = true }, "", 1))
+  end)
+
+  it("names each table once", function()
+    local index = { a = 0 }
+    assert.equal("b", O.named(2, { name = "b" }, { name = true }, index, 1))
+    assert.equal("test collection: table 2 is not a table", message(O.named, 2, 7, { name = true }, index, 1))
+    assert.equal("test collection: unknown table option 'rows'",
+                 message(O.named, 2, { name = "b", rows = 1 }, { name = true }, index, 1))
+    assert.equal("test collection: table 2 needs a name", message(O.named, 2, { name = "" }, { name = true }, index, 1))
+    assert.equal("test collection: two tables are named 'a'",
+                 message(O.named, 2, { name = "a" }, { name = true }, index, 1))
+  end)
+
+  it("gathers the tables' features and the input's key order", function()
+    local on, list = {}, {}
+    O.features("a", { features = { "x", "y" } }, on, list, 1)
+    O.features("b", {}, on, list, 1)
+    assert.same({ "x", "y", "b" }, list)
+    assert.same({ x = "a", y = "a", b = "b" }, on)
+    assert.equal(list, O.key_order(nil, on, list, 1))
+    assert.same({ "b", "y", "x" }, O.key_order({ "b", "y", "x" }, on, list, 1))
+    assert.equal("test collection: feature 'x' is on tables 'a' and 'c'",
+                 message(O.features, "c", { features = { "x" } }, on, {}, 1))
+    assert.equal("test collection: table 'c' has a feature that is not a string",
+                 message(O.features, "c", { features = { 1 } }, on, {}, 1))
+    assert.equal("test collection: features lists 2 names; the tables have 3 features",
+                 message(O.key_order, { "x", "y" }, on, list, 1))
+    assert.equal("test collection: feature 'z' is on no table", message(O.key_order, { "x", "y", "z" }, on, list, 1))
+  end)
+
+  it("checks whole numbers and names from a map", function()
+    assert.equal(3, O.whole(3, "rows", 1, 1))
+    assert.equal("test collection: rows is 0; expected a whole number >= 1", message(O.whole, 0, "rows", 1, 1))
+    assert.equal("test collection: seed is 1.5; expected a whole number >= 0", message(O.whole, 1.5, "seed", 1))
+    assert.equal(2, O.pick({ sum = 1, mean = 2 }, "mean", "pooling", 1))
+    assert.equal("test collection: pooling 'max' is not one of mean, sum",
+                 message(O.pick, { sum = 1, mean = 2 }, "max", "pooling", 1))
+  end)
+
+  it("points its errors at the caller's line", function()
+    local line
+    local ok, err = pcall(function()
+      line = debug.getinfo(1, "l").currentline + 1
+      O.whole(-1, "rows", 1)
+    end)
+    assert.is_false(ok)
+    assert.matches("table_options_spec.lua:" .. line .. ": ", err, 1, true)
+  end)
+end)
