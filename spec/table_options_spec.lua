@@ -1,4 +1,5 @@
--- uvmrec.table_options: the option checks tbe, qtbe and mc share.
+-- uvmrec.table_options: the option checks tbe, qtbe and mc share, and the options the nn
+-- collection modules pass on.
 local table_options = require "uvmrec.table_options"
 
 local O = table_options.checks("test collection")
@@ -65,5 +66,19 @@ describe("uvmrec.table_options", function()
     end)
     assert.is_false(ok)
     assert.matches("table_options_spec.lua:" .. line .. ": ", err, 1, true)
+  end)
+
+  it("gives a module's options: pooling fixed on a copy, or checked to be sum or mean", function()
+    local opts = { tables = { { name = "a" } }, pooling = "mean" }
+    assert.equal(opts, table_options.module_options("M", opts, nil, 1))
+    local o = table_options.module_options("M", opts, "none", 1)
+    assert.are_not.equal(opts, o)
+    assert.same({ "none", "mean" }, { o.pooling, opts.pooling })
+    assert.equal("M: expected a table of options", message(table_options.module_options, "M", 1, nil, 1))
+    assert.equal("M: pooling none; this module takes pooling sum or mean",
+                 message(table_options.module_options, "M", { tables = {}, pooling = "none" }, nil, 1))
+    assert.equal("M: table 'a' pools by sum; this module takes pooling none",
+                 message(table_options.module_options, "M", { tables = { { name = "a", pooling = "sum" } } },
+                         "none", 1))
   end)
 end)

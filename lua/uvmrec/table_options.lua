@@ -102,4 +102,30 @@ function M.checks(who)
   return O
 end
 
+-- The options an nn module over a collection passes on (EmbeddingBagCollection and
+-- EmbeddingCollection over uvmrec.tbe, their Quant twins over uvmrec.qtbe): a copy of opts
+-- with pooling set when the module fixes it ("none": an EmbeddingCollection), else opts, whose
+-- pooling, and every table's, must be one the module takes (sum or mean).  who: the module.
+function M.module_options(who, opts, pooling, level)
+  if type(opts) ~= "table" then error(who .. ": expected a table of options", level + 1) end
+  local allowed = pooling and { [pooling] = true } or { sum = true, mean = true }
+  local takes = pooling or "sum or mean"
+  for _, t in ipairs(type(opts.tables) == "table" and opts.tables or {}) do
+    if type(t) == "table" and t.pooling and not allowed[t.pooling] then
+      error(("%s: table '%s' pools by %s; this module takes pooling %s")
+            :format(who, tostring(t.name), tostring(t.pooling), takes), level + 1)
+    end
+  end
+  if not pooling then
+    if opts.pooling and not allowed[opts.pooling] then
+      error(("%s: pooling %s; this module takes pooling %s"):format(who, tostring(opts.pooling), takes), level + 1)
+    end
+    return opts
+  end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.pooling = pooling
+  return o
+end
+
 return M
