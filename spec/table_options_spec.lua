@@ -49,6 +49,12 @@ describe("uvmrec.table_options", function()
     assert.equal("test collection: feature 'z' is on no table", message(O.key_order, { "x", "y", "z" }, on, list, 1))
   end)
 
+  it("finds a table by name, or lists the tables", function()
+    local self = { table_index = { a = 0, b = 1 }, table_names = { "a", "b" } }
+    assert.equal(1, O.table_index(self, "b", 1))
+    assert.equal("test collection: no table named 'c' (tables: a, b)", message(O.table_index, self, "c", 1))
+  end)
+
   it("checks whole numbers and names from a map", function()
     assert.equal(3, O.whole(3, "rows", 1, 1))
     assert.equal("test collection: rows is 0; expected a whole number >= 1", message(O.whole, 0, "rows", 1, 1))
@@ -56,6 +62,25 @@ describe("uvmrec.table_options", function()
     assert.equal(2, O.pick({ sum = 1, mean = 2 }, "mean", "pooling", 1))
     assert.equal("test collection: pooling 'max' is not one of mean, sum",
                  message(O.pick, { sum = 1, mean = 2 }, "max", "pooling", 1))
+  end)
+
+  it("fills what tbe's and qtbe's configs share, and the engine's feature arguments", function()
+    local ffi = require "ffi"
+    local cfg = ffi.new("ur_qtbe_config")
+    local device, place = O.engine_config({ device = "cpu", bounds = "warn" }, cfg, 1)
+    assert.same({ -1, "host" }, { device, place })
+    assert.same({ -1, table_options.BOUNDS.warn, table_options.OUTPUT_DTYPES.f32 },
+                { cfg.device, cfg.bounds, cfg.out_dtype })
+    assert.equal("managed", select(2, O.engine_config({ device = "cpu", placement = "managed" }, cfg, 1)))
+    assert.equal("test collection: output dtype 'f16' is not one of bf16, f32",
+                 message(O.engine_config, { device = "cpu", output_dtype = "f16" }, cfg, 1))
+    local self = { features = { "y", "x" }, feature_index = {}, table_index = { a = 0, b = 1 },
+                   dims = { a = 4, b = 8 } }
+    local nf, ft, fnames = O.feature_arrays(self, { x = "a", y = "b" })
+    assert.equal(2, nf)
+    assert.same({ 1, 0, "y", "x" }, { ft[0], ft[1], ffi.string(fnames[0]), ffi.string(fnames[1]) })
+    assert.same({ y = 0, x = 1 }, self.feature_index)
+    assert.same({ 8, 4 }, self.feature_dims)
   end)
 
   it("points its errors at the caller's line", function()

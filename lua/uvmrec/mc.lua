@@ -139,14 +139,7 @@ local function T(t, what, level) return lib.ptr(t, what, (level or 2) + 1) end
 
 function methods:free() free_mc(self.h) end
 
-local function table_index(self, name, level)
-  local i = self.table_index[name]
-  if i == nil then
-    fail(("no table named '%s' (tables: %s)"):format(tostring(name), table.concat(self.table_names, ", ")),
-         level + 1)
-  end
-  return i
-end
+local table_index = O.table_index
 
 function methods:placement() return self.device >= 0 and "device" or "host" end
 

@@ -20,15 +20,15 @@ local mt = { __index = methods }
 
 M.FORMATS = { "f32", "fp16", "int8", "int4", "int2" }
 
-local BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
-local POOLINGS = { sum = C.UR_POOLING_SUM, mean = C.UR_POOLING_MEAN, none = C.UR_POOLING_NONE }
 local PLACES = { device = C.UR_PLACE_DEVICE, managed = C.UR_PLACE_MANAGED, host = C.UR_PLACE_HOST }
 local OPTS = { tables = true, features = true, bounds = true, device = true, output_dtype = true,
                pooling = true, placement = true, format = true }
 local TABLE_OPTS = { name = true, rows = true, dim = true, format = true, pooling = true,
                      placement = true, modulo = true, features = true }
 
-local O = require("uvmrec.table_options").checks("quantized collection")
+local table_options = require "uvmrec.table_options"
+local O = table_options.checks("quantized collection")
+local POOLINGS = table_options.POOLINGS
 local pick, whole = O.pick, O.whole
 
 -- The format's enum, from its name ("f16" is fp16 too).
@@ -87,17 +87,12 @@ local wrap_qtbe, free_qtbe = lib.handle_type("ur_qtbe", C.ur_qtbe_free, {})
 function M.new(opts, level)
   level = (level or 1) + 1
   local tables = O.open(opts, OPTS, "", level)
-  local device = lib.device_option(opts.device, level)
-  local default_place = opts.placement or (device >= 0 and "device" or "host")
   local cfg = ffi.new("ur_qtbe_config")
-  cfg.device = device
-  cfg.bounds = pick(BOUNDS, opts.bounds or "fatal", "bounds check", level)
-  cfg.out_dtype = pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, opts.output_dtype or "f32",
-                       "output dtype", level)
+  local device, default_place = O.engine_config(opts, cfg, level)
   local n = #tables
   local tc = ffi.new("ur_qtbe_table_config[?]", n)
   local self = { table_index = {}, table_names = {}, features = {}, feature_index = {}, dims = {},
-                 rows = {}, formats = {}, feature_dims = {} }
+                 rows = {}, formats = {} }
   local features_of = {}
   for i, t in ipairs(tables) do
     local name = O.named(i, t, TABLE_OPTS, self.table_index, level)
@@ -115,14 +110,7 @@ function M.new(opts, level)
     O.features(name, t, features_of, self.features, level)
   end
   self.features = O.key_order(opts.features, features_of, self.features, level)
-  local nf = #self.features
-  local ft, fnames = ffi.new("int32_t[?]", nf), ffi.new("const char *[?]", nf)
-  for i, f in ipairs(self.features) do
-    self.feature_index[f] = i - 1
-    ft[i - 1] = self.table_index[features_of[f]]
-    fnames[i - 1] = f
-    self.feature_dims[i] = self.dims[features_of[f]]
-  end
+  local nf, ft, fnames = O.feature_arrays(self, features_of)
   local out = ffi.new("ur_qtbe *[1]")
   local ok, err = check(C.ur_qtbe_new(out, cfg, n, tc, nf, ft, fnames), level)
   if not ok then return nil, err end
@@ -140,14 +128,7 @@ local function T(t, what, level) return lib.ptr(t, what, (level or 2) + 1) end
 
 function methods:free() free_qtbe(self.h) end
 
-local function table_index(self, name, level)
-  local i = self.table_index[name]
-  if i == nil then
-    error(("quantized collection: no table named '%s' (tables: %s)")
-          :format(tostring(name), table.concat(self.table_names, ", ")), level + 1)
-  end
-  return i
-end
+local table_index = O.table_index
 
 local out_tensor = ffi.new("ur_tensor *[1]")
 

@@ -7,6 +7,9 @@
 --
 --   local O = require("uvmrec.table_options").checks("embedding collection")
 --   local tables = O.open(opts, OPTS, "collection ", level)
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local C = lib.C
 
 local function keys_of(t)
   local k = {}
@@ -16,6 +19,11 @@ local function keys_of(t)
 end
 
 local M = {}
+
+-- The engine's names for what embedding collections and quantized ones both take.
+M.BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
+M.POOLINGS = { sum = C.UR_POOLING_SUM, mean = C.UR_POOLING_MEAN, none = C.UR_POOLING_NONE }
+M.OUTPUT_DTYPES = { f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }
 
 -- The checks for the collection named who.
 function M.checks(who)
@@ -85,6 +93,28 @@ function M.checks(who)
     end
   end
 
+  -- The 0-based index of the collection's table `name` (self.table_index), else an error
+  -- listing the tables (self.table_names).
+  function O.table_index(self, name, level)
+    local i = self.table_index[name]
+    if i == nil then
+      O.fail(("no table named '%s' (tables: %s)"):format(tostring(name), table.concat(self.table_names, ", ")),
+             level + 1)
+    end
+    return i
+  end
+
+  -- What tbe's and qtbe's configs (cfg) share: the device (lib.device_option), the bounds
+  -- check (default fatal) and the output dtype (default f32).  Returns the device and the
+  -- tables' default placement (opts.placement, else device on a GPU and host on the CPU).
+  function O.engine_config(opts, cfg, level)
+    local device = lib.device_option(opts.device, level + 1)
+    cfg.device = device
+    cfg.bounds = O.pick(M.BOUNDS, opts.bounds or "fatal", "bounds check", level + 1)
+    cfg.out_dtype = O.pick(M.OUTPUT_DTYPES, opts.output_dtype or "f32", "output dtype", level + 1)
+    return device, opts.placement or (device >= 0 and "device" or "host")
+  end
+
   -- The input's key order: `order` (the collection's features option), which must name each of
   -- the tables' features once, or when nil the tables' features in table order (list).
   function O.key_order(order, on_table, list, level)
@@ -97,6 +127,22 @@ function M.checks(who)
       if not on_table[f] then O.fail(("feature '%s' is on no table"):format(tostring(f)), level + 1) end
     end
     return { unpack(order) }
+  end
+
+  -- The engine's feature arguments for the key order self.features: their count, each one's
+  -- table index (int32_t[]) and name (const char *[], pointing into self.features' strings);
+  -- fills self.feature_index (0-based) and self.feature_dims.
+  function O.feature_arrays(self, on_table)
+    local nf = #self.features
+    local ft, fnames = ffi.new("int32_t[?]", nf), ffi.new("const char *[?]", nf)
+    self.feature_dims = {}
+    for i, f in ipairs(self.features) do
+      self.feature_index[f] = i - 1
+      ft[i - 1] = self.table_index[on_table[f]]
+      fnames[i - 1] = f
+      self.feature_dims[i] = self.dims[on_table[f]]
+    end
+    return nf, ft, fnames
   end
 
   return O

@@ -19,8 +19,6 @@ local M = {}
 local methods = {}
 local mt = { __index = methods }
 
-local BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
-local POOLINGS = { sum = C.UR_POOLING_SUM, mean = C.UR_POOLING_MEAN, none = C.UR_POOLING_NONE }
 local PLACES = { device = C.UR_PLACE_DEVICE, managed = C.UR_PLACE_MANAGED, host = C.UR_PLACE_HOST,
                  pinned = C.UR_PLACE_PINNED }
 local DTYPES = { f32 = C.UR_DTYPE_F32, f16 = C.UR_DTYPE_F16, bf16 = C.UR_DTYPE_BF16 }
@@ -31,7 +29,9 @@ local OPTS = { tables = true, features = true, optimizer = true, bounds = true, 
 local TABLE_OPTS = { name = true, rows = true, dim = true, dtype = true, pooling = true,
                      placement = true, state_placement = true, features = true, shard = true }
 
-local O = require("uvmrec.table_options").checks("embedding collection")
+local table_options = require "uvmrec.table_options"
+local O = table_options.checks("embedding collection")
+local POOLINGS = table_options.POOLINGS
 local pick, whole = O.pick, O.whole
 
 -- optimizer = "sgd" | { "adam", lr = ..., ... } | { name = "adam", ... }: uvmrec.optim's
@@ -76,8 +76,8 @@ local wrap_tbe, free_tbe = lib.handle_type("ur_tbe", C.ur_tbe_free, {})
 function M.new(opts, level)
   level = (level or 1) + 1
   local tables = O.open(opts, OPTS, "collection ", level)
-  local device = lib.device_option(opts.device, level)
-  local default_place = opts.placement or (device >= 0 and "device" or "host")
+  local cfg = ffi.new("ur_tbe_config")
+  local device, default_place = O.engine_config(opts, cfg, level)
   local cached, cache_opts = {}, nil
   for _, t in ipairs(type(opts.tables) == "table" and opts.tables or {}) do
     if type(t) == "table" and (t.placement or default_place) == "cached" then
@@ -85,15 +85,10 @@ function M.new(opts, level)
     end
   end
   local optim_name, optim_cfg, deterministic = optimizer_of(opts.optimizer, level)
-  local cfg = ffi.new("ur_tbe_config")
-  cfg.device = device
   cfg.optim = optim_cfg
-  cfg.bounds = pick(BOUNDS, opts.bounds or "fatal", "bounds check", level)
   cfg.stochastic_rounding = opts.stochastic_rounding == false and 0 or 1
   cfg.nondeterministic = deterministic and 0 or 1
   cfg.seed = whole(opts.seed or 0, "seed", level)
-  cfg.out_dtype = pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, opts.output_dtype or "f32",
-                       "output dtype", level)
 
   local n = #tables
   local tc = ffi.new("ur_tbe_table_config[?]", n)
@@ -146,16 +141,7 @@ function M.new(opts, level)
     O.features(name, t, features_of, self.features, level)
   end
   self.features = O.key_order(opts.features, features_of, self.features, level)
-  local nf = #self.features
-  local ft = ffi.new("int32_t[?]", nf)
-  local fnames = ffi.new("const char *[?]", nf)
-  self.feature_dims = {}
-  for i, f in ipairs(self.features) do
-    self.feature_index[f] = i - 1
-    ft[i - 1] = self.table_index[features_of[f]]
-    fnames[i - 1] = f
-    self.feature_dims[i] = self.dims[features_of[f]]
-  end
+  local nf, ft, fnames = O.feature_arrays(self, features_of)
   local out = ffi.new("ur_tbe *[1]")
   local ok, err = check(C.ur_tbe_new(out, cfg, n, tc, nf, ft, fnames), level)
   if not ok then return nil, err end
@@ -397,14 +383,7 @@ end
 
 -- ---- tables and state ----
 
-local function table_index(self, name, level)
-  local i = self.table_index[name]
-  if i == nil then
-    error(("embedding collection: no table named '%s' (tables: %s)")
-          :format(tostring(name), table.concat(self.table_names, ", ")), level + 1)
-  end
-  return i
-end
+local table_index = O.table_index
 
 local out_tensor = ffi.new("ur_tensor *[1]")
 
@@ -477,7 +456,7 @@ end
 
 function methods:set_lr(lr) must(C.ur_tbe_set_lr(H(self), lr)) return self end
 function methods:set_output_dtype(dtype)
-  must(C.ur_tbe_set_out_dtype(H(self), pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, dtype,
+  must(C.ur_tbe_set_out_dtype(H(self), pick(table_options.OUTPUT_DTYPES, dtype,
                                             "output dtype", 2)))
   self.output_dtype = dtype
   return self
