@@ -1,25 +1,16 @@
 /* loss.cu: binary cross-entropy on logits (engine/src/dense/loss.c) on the GPU.  Per-sample
- * terms in double, as on the CPU; a reduction runs in one block in a fixed order (strided per
+ * terms in double, dense/bce.h's as on the CPU; a reduction runs in one block in a fixed order (strided per
  * thread, then ur_block_sum's fixed tree), so the result is the same on every run. */
 #include "common.cuh"
 #include "dense.cuh"
-
-__device__ __forceinline__ double ur_bce_term(double x, double y) {
-  return (x > 0.0 ? x : 0.0) - x * y + log1p(exp(-fabs(x)));
-}
-
-__device__ __forceinline__ double ur_dsigmoid(double x) {
-  if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
-  double e = exp(x);
-  return e / (1.0 + e);
-}
+#include "dense/bce.h"
 
 template <typename T>
 __global__ void ur_bce_sum_kernel(const T *x, const float *t, const float *w, float *loss,
                                   int64_t n, double scale) {
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    double l = ur_bce_term(ur_ld(x, i), t[i]);
+    double l = ur__bce_term(ur_ld(x, i), t[i]);
     s += w ? l * w[i] : l;
   }
   s = ur_block_sum(s);
@@ -31,7 +22,7 @@ __global__ void ur_bce_each_kernel(const T *x, const float *t, const float *w, f
                                    int64_t n) {
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    double l = ur_bce_term(ur_ld(x, i), t[i]);
+    double l = ur__bce_term(ur_ld(x, i), t[i]);
     loss[i] = (float)(w ? l * w[i] : l);
   }
 }
@@ -41,7 +32,7 @@ __global__ void ur_bce_grad_kernel(const T *x, const float *t, const float *w, T
                                    double k) {
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    double v = k * (ur_dsigmoid(ur_ld(x, i)) - t[i]);
+    double v = k * (ur__bce_sigmoid(ur_ld(x, i)) - t[i]);
     if (w) v *= w[i];
     ur_st(g, i, (float)v);
   }

@@ -7,26 +7,13 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "bags.cuh"
 #include "common.cuh"
 #include "embedding/qtbe.h"
 
 #define UR_QTBE_THREADS 256
 
 namespace {
-
-__device__ __forceinline__ void note_bad(int64_t *flags, int64_t i) {
-  atomicMin(reinterpret_cast<unsigned long long *>(flags), (unsigned long long)i);
-  atomicAdd(reinterpret_cast<unsigned long long *>(flags + 1), 1ull);
-}
-
-/* The bag's values, clamped to [0, n]: offsets are trusted on the GPU, never followed outside. */
-__device__ __forceinline__ void span(const ur__qtbe_args &a, int64_t bag, int64_t &s, int64_t &e) {
-  int64_t x = a.offsets[bag], y = a.offsets[bag + 1];
-  x = x < 0 ? 0 : x > a.n ? a.n : x;
-  y = y < x ? x : y > a.n ? a.n : y;
-  s = x;
-  e = y;
-}
 
 __device__ __forceinline__ void store4(const ur__qtbe_args &a, int64_t at, const float v[4]) {
   if (a.out_dtype == UR_DTYPE_F32) {
@@ -44,7 +31,7 @@ __device__ __forceinline__ const uint8_t *row_of(const ur__qtbe_args &a, const u
                                                  int64_t i, int lane) {
   int64_t r = ur__qtbe_map(&tb, a.values[i]);
   if (r < 0) {
-    if (lane == 0 && a.bounds != UR_TBE_BOUNDS_OFF) note_bad(a.flags, i);
+    if (lane == 0 && a.bounds != UR_TBE_BOUNDS_OFF) ur_note_bad(a.flags, i);
     return NULL;
   }
   return tb.rows + r * tb.row_bytes;
@@ -65,7 +52,7 @@ __global__ void __launch_bounds__(UR_QTBE_THREADS) pooled_kernel(const ur__qtbe_
     for (int k = 0; k < NC; k++)
       for (int j = 0; j < 4; j++) acc[k][j] = 0.0f;
     int64_t s, e;
-    span(a, bag, s, e);
+    ur_bag_span(a.offsets, a.n, bag, s, e);
     for (int64_t i = s; i < e; i++) {
       const uint8_t *row = row_of(a, tb, i, lane);
       if (!row) continue;
@@ -104,7 +91,7 @@ __global__ void __launch_bounds__(UR_QTBE_THREADS) rows_kernel(const ur__qtbe_ar
     const ur__qtbe_table tb = a.tables[a.features[bag / a.batch].table];
     const int32_t d4 = tb.dim / 4;
     int64_t s, e;
-    span(a, bag, s, e);
+    ur_bag_span(a.offsets, a.n, bag, s, e);
     for (int64_t i = s; i < e; i++) {
       const uint8_t *row = row_of(a, tb, i, lane);
       const float w = a.weights ? a.weights[i] : 1.0f;

@@ -28,6 +28,7 @@
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 
+#include "bags.cuh"
 #include "common.cuh"
 #include "embedding/tbe.h"
 
@@ -58,25 +59,12 @@ __device__ __forceinline__ int64_t first_bag(const ur__tbe_args &a, int32_t f) {
   return a.bag_start ? a.bag_start[f] : (int64_t)f * a.batch;
 }
 
-__device__ __forceinline__ void span(const ur__tbe_args &a, int64_t bag, int64_t &s, int64_t &e) {
-  int64_t x = a.offsets[bag], y = a.offsets[bag + 1];
-  x = x < 0 ? 0 : x > a.n ? a.n : x;
-  y = y < x ? x : y > a.n ? a.n : y;
-  s = x;
-  e = y;
-}
-
 __device__ __forceinline__ int64_t out_at(const int64_t *base, int64_t stride, int32_t f,
                                           const ur__tbe_feature &ft, int64_t sample) {
   return base ? base[f] + sample * ft.dim : sample * stride + ft.col;
 }
 
 __device__ __forceinline__ int esize(int32_t dtype) { return dtype == UR_DTYPE_F32 ? 4 : 2; }
-
-__device__ __forceinline__ void note_bad(int64_t *flags, int64_t i) {
-  atomicMin(reinterpret_cast<unsigned long long *>(flags), (unsigned long long)i);
-  atomicAdd(reinterpret_cast<unsigned long long *>(flags + 1), 1ull);
-}
 
 __device__ __forceinline__ const void *shfl_ptr(const void *p, int src) {
   return (const void *)__shfl_sync(kFull, (long long)p, src);
@@ -169,7 +157,7 @@ struct Group {
 __device__ __forceinline__ Group group_of(const ur__tbe_args &a, int64_t bag0, int lane) {
   Group g;
   int64_t bag = bag0 + lane, s = 0, e = 0;
-  if (bag < a.bags) span(a, bag, s, e);
+  if (bag < a.bags) ur_bag_span(a.offsets, a.n, bag, s, e);
   g.s = s;
   g.len = e - s;
   int64_t incl = g.len;
@@ -303,7 +291,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
       int64_t id = a.values[i];
       if (a.bounds == UR_TBE_BOUNDS_OFF || (id >= 0 && id < rows))
         row = tw + (pm ? __ldg(pm + id) : id) * rb;
-      else note_bad(a.flags, i);
+      else ur_note_bad(a.flags, i);
       if (a.weights) w = a.weights[i];
     }
     int cnt = g.T - base < 32 ? (int)(g.T - base) : 32;
@@ -512,7 +500,7 @@ __device__ __forceinline__ void resolve(const ur__tbe_args &a, const Sorted &s, 
   *at = out_at(a.out_base, a.out_stride, f, ft, bag - first_bag(a, f));
   if (a.tables[ft.table].pooling == UR_POOLING_MEAN) {
     int64_t b, e;
-    span(a, bag, b, e);
+    ur_bag_span(a.offsets, a.n, bag, b, e);
     w = UR_FMUL(w, UR_FDIV(1.0f, (float)(e - b)));
   }
   *c = w;
@@ -1014,7 +1002,7 @@ __global__ void access_count_kernel(const ur__tbe_args a) {
   if (bag < a.bags) {
     const ur__tbe_table &tb = a.tables[a.features[feature_of(a, bag)].table];
     cnt = tb.counts;
-    if (cnt) span(a, bag, s, e);
+    if (cnt) ur_bag_span(a.offsets, a.n, bag, s, e);
     rows = tb.rows;
     kb = tb.key_base;
   }

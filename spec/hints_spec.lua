@@ -74,6 +74,15 @@ local function run(sets, opts)
   return r.losses, r.lines, r.events, r.result
 end
 
+-- A run's hint intervals (its "hints" events), in order.
+local function intervals(events)
+  local out = {}
+  for _, e in ipairs(events) do
+    if e.event == "hints" then out[#out + 1] = e end
+  end
+  return out
+end
+
 describe("uvmrec.hints in training", function()
   it("gives the host tables' losses bit for bit with managed tables under every policy", function()
     local want = run { "train.steps=10", "embeddings.placement=host" }
@@ -81,11 +90,7 @@ describe("uvmrec.hints in training", function()
       local got, lines, events = run { "train.steps=10", "embeddings.placement=managed",
                                        "embeddings.hints.policy=" .. p, "embeddings.hints.decay=0.5" }
       assert.same(want, got, "policy " .. p)
-      local n = 0
-      for _, e in ipairs(events) do
-        if e.event == "hints" then n = n + 1 end
-      end
-      assert.equal(4, n, p .. ": intervals at steps 0, 3, 6, 9")
+      assert.equal(4, #intervals(events), p .. ": intervals at steps 0, 3, 6, 9")
       local summary
       for _, l in ipairs(lines) do summary = l:match("^hints " .. p:gsub("_", "%%_") .. ": .*") or summary end
       assert.truthy(summary, p .. ": no summary line in " .. table.concat(lines, "\n"))
@@ -95,19 +100,15 @@ describe("uvmrec.hints in training", function()
   it("relays out managed tables (hot_prefix) and reports it in the interval", function()
     local _, _, events = run { "train.steps=4", "embeddings.placement=managed", "embeddings.hints.policy=hot_prefix" }
     local moved = 0
-    for _, e in ipairs(events) do
-      if e.event == "hints" then moved = moved + e.rows_moved end
-    end
+    for _, e in ipairs(intervals(events)) do moved = moved + e.rows_moved end
     assert.is_true(moved > 0)
   end)
 
   it("takes a policy per table", function()
     local _, _, events = run { "train.steps=3", "embeddings.placement=managed", "embeddings.hints.policy=host",
                                "embeddings.tables.C3.hints.policy=hot_prefix", "embeddings.hints.allowance=100%" }
-    local last
-    for _, e in ipairs(events) do
-      if e.event == "hints" then last = e end
-    end
+    local all = intervals(events)
+    local last = all[#all]
     assert.equal(0, last.tables.C1.hot_rows)
     assert.is_true(last.tables.C3.hot_rows > 0)
   end)
@@ -116,10 +117,8 @@ describe("uvmrec.hints in training", function()
     -- no HBM for the managed tables but C3's own: only C3 keeps rows on the GPU
     local _, _, events = run { "train.steps=3", "embeddings.placement=managed", "embeddings.hints.policy=hot_prefix",
                                "embeddings.hints.allowance=0", "embeddings.tables.C3.hints.allowance=100%" }
-    local last
-    for _, e in ipairs(events) do
-      if e.event == "hints" then last = e end
-    end
+    local all = intervals(events)
+    local last = all[#all]
     assert.equal(0, last.tables.C1.hot_rows)
     assert.equal(0, last.tables.C2.hot_rows)
     assert.is_true(last.tables.C3.hot_rows > 0)

@@ -43,16 +43,7 @@ local function f16_toward(x, up)
 end
 
 -- Rows of a tensor as Lua lists of numbers (any dtype).
-local function rows_of(t)
-  local flat, n, c = t:totable(), t:size(1), t:size(2)
-  local out = {}
-  for r = 1, n do
-    local row = {}
-    for j = 1, c do row[j] = flat[(r - 1) * c + j] end
-    out[r] = row
-  end
-  return out
-end
+local rows_of = require("helpers").rows
 
 -- A stored row in a format, decoded from its bytes by the layout uvmrec.h states.
 local function decode(bytes, format, dim)

@@ -16,10 +16,12 @@ local TABLES = {
   { name = "c", rows = 2000, dim = 16, dtype = "f16" },
 }
 
-local function make(dev, place, opts)
+-- A collection of copies of tables (default TABLES) on dev and place; opts over seed 5 and
+-- bounds "warn".
+local function make(dev, place, opts, tables)
   local o = { tables = {}, device = dev, placement = place, seed = 5, bounds = "warn" }
   for k, v in pairs(opts or {}) do o[k] = v end
-  for i, t in ipairs(TABLES) do
+  for i, t in ipairs(tables or TABLES) do
     local c = {}
     for k, v in pairs(t) do c[k] = v end
     o.tables[i] = c
@@ -220,13 +222,7 @@ local PERM_TABLES = {
 }
 
 local function make_permuted(dev, place, optim)
-  local o = { tables = {}, device = dev, placement = place, seed = 3, optimizer = optim }
-  for i, t in ipairs(PERM_TABLES) do
-    local c = {}
-    for k, v in pairs(t) do c[k] = v end
-    o.tables[i] = c
-  end
-  return EBC(o)
+  return make(dev, place, { seed = 3, bounds = "fatal", optimizer = optim }, PERM_TABLES)
 end
 
 -- A random permutation of 0..n-1 as a host i64 tensor.

@@ -32,14 +32,8 @@ for _, k in ipairs(M.TABLE_SETTINGS) do
   TABLE_OPTS[k] = true
 end
 
-local function fail(msg, level) error("managed collisions: " .. msg, level + 1) end
-
-local function whole(v, what, level, lo)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < lo then
-    fail(("%s is %s; expected a whole number >= %d"):format(what, tostring(v), lo), level + 1)
-  end
-  return v
-end
+local O = require("uvmrec.table_options").checks("managed collisions")
+local fail, whole = O.fail, O.whole
 
 -- A table's settings with the defaults filled in: its own, else the collection's, else these.
 --   policy lfu; evict_every 1000; fallback_rows max(1, rows / 100); max_candidates
@@ -80,12 +74,7 @@ local wrap_mc, free_mc = lib.handle_type("ur_mc", C.ur_mc_free, {})
 -- Environmental failures (memory, budget, no GPU) return nil, message.
 function M.new(opts, level)
   level = (level or 1) + 1
-  if type(opts) ~= "table" then fail("expected a table of options", level) end
-  for k in pairs(opts) do
-    if not OPTS[k] then fail(("unknown option '%s'"):format(tostring(k)), level) end
-  end
-  local tables = opts.tables
-  if type(tables) ~= "table" or #tables == 0 then fail("tables must be a non-empty list", level) end
+  local tables = O.open(opts, OPTS, "", level)
   local device = lib.device_option(opts.device, level)
   local n = #tables
   local tc = ffi.new("ur_mc_table_config[?]", n)
@@ -93,13 +82,7 @@ function M.new(opts, level)
                  device = device, _keep = {} }
   local on_table = {}
   for i, t in ipairs(tables) do
-    if type(t) ~= "table" then fail(("table %d is not a table"):format(i), level) end
-    for k in pairs(t) do
-      if not TABLE_OPTS[k] then fail(("unknown table option '%s'"):format(tostring(k)), level) end
-    end
-    local name = t.name
-    if type(name) ~= "string" or name == "" then fail(("table %d needs a name"):format(i), level) end
-    if self.table_index[name] then fail(("two tables are named '%s'"):format(name), level) end
+    local name = O.named(i, t, TABLE_OPTS, self.table_index, level)
     local rows = whole(t.rows, "table '" .. name .. "' rows", level, 2)
     local s = M.settings(t, opts, rows, level)
     self.table_index[name] = i - 1
@@ -118,14 +101,7 @@ function M.new(opts, level)
       fail(("table '%s' distance_power must be a number"):format(name), level)
     end
     c.decay, c.distance_power, c.fill = s.decay, s.distance_power, s.fill and 1 or 0
-    local fs = t.features or { name }
-    if type(fs) ~= "table" then fail(("table '%s' features must be a list"):format(name), level) end
-    for _, f in ipairs(fs) do
-      if type(f) ~= "string" then fail(("table '%s' has a feature that is not a string"):format(name), level) end
-      if on_table[f] then fail(("feature '%s' is on tables '%s' and '%s'"):format(f, on_table[f], name), level) end
-      on_table[f] = name
-      self.features[#self.features + 1] = f
-    end
+    O.features(name, t, on_table, self.features, level)
   end
   if opts.features then
     if type(opts.features) ~= "table" then fail("features must be a list of names", level) end
@@ -163,14 +139,7 @@ local function T(t, what, level) return lib.ptr(t, what, (level or 2) + 1) end
 
 function methods:free() free_mc(self.h) end
 
-local function table_index(self, name, level)
-  local i = self.table_index[name]
-  if i == nil then
-    fail(("no table named '%s' (tables: %s)"):format(tostring(name), table.concat(self.table_names, ", ")),
-         level + 1)
-  end
-  return i
-end
+local table_index = O.table_index
 
 function methods:placement() return self.device >= 0 and "device" or "host" end
 

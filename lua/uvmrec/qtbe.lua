@@ -20,36 +20,16 @@ local mt = { __index = methods }
 
 M.FORMATS = { "f32", "fp16", "int8", "int4", "int2" }
 
-local BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
-local POOLINGS = { sum = C.UR_POOLING_SUM, mean = C.UR_POOLING_MEAN, none = C.UR_POOLING_NONE }
 local PLACES = { device = C.UR_PLACE_DEVICE, managed = C.UR_PLACE_MANAGED, host = C.UR_PLACE_HOST }
 local OPTS = { tables = true, features = true, bounds = true, device = true, output_dtype = true,
                pooling = true, placement = true, format = true }
 local TABLE_OPTS = { name = true, rows = true, dim = true, format = true, pooling = true,
                      placement = true, modulo = true, features = true }
 
-local function keys_of(t)
-  local k = {}
-  for name in pairs(t) do k[#k + 1] = name end
-  table.sort(k)
-  return table.concat(k, ", ")
-end
-
-local function pick(map, v, what, level)
-  local r = map[v]
-  if r == nil then
-    error(("quantized collection: %s '%s' is not one of %s"):format(what, tostring(v), keys_of(map)), level + 1)
-  end
-  return r
-end
-
-local function whole(v, what, level, lo)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < (lo or 0) then
-    error(("quantized collection: %s is %s; expected a whole number >= %d"):format(what, tostring(v), lo or 0),
-          level + 1)
-  end
-  return v
-end
+local table_options = require "uvmrec.table_options"
+local O = table_options.checks("quantized collection")
+local POOLINGS = table_options.POOLINGS
+local pick, whole = O.pick, O.whole
 
 -- The format's enum, from its name ("f16" is fp16 too).
 function M.format_of(name, level)
@@ -106,53 +86,16 @@ local wrap_qtbe, free_qtbe = lib.handle_type("ur_qtbe", C.ur_qtbe_free, {})
 -- Rows start as zeros: load() them.  Environmental failures return nil, message.
 function M.new(opts, level)
   level = (level or 1) + 1
-  if type(opts) ~= "table" then error("quantized collection: expected a table of options", level) end
-  for k in pairs(opts) do
-    if not OPTS[k] then error(("quantized collection: unknown option '%s'"):format(tostring(k)), level) end
-  end
-  local tables = opts.tables
-  if type(tables) ~= "table" or #tables == 0 then
-    error("quantized collection: tables must be a non-empty list", level)
-  end
-  local device = opts.device
-  if device == nil then
-    if C.ur_device_count() > 0 then
-      local d = ffi.new("int32_t[1]")
-      C.ur_device_get(d)
-      device = d[0]
-    else
-      device = -1
-    end
-  elseif device == "cpu" then
-    device = -1
-  else
-    device = lib.location(device, level)
-  end
-  local default_place = opts.placement or (device >= 0 and "device" or "host")
+  local tables = O.open(opts, OPTS, "", level)
   local cfg = ffi.new("ur_qtbe_config")
-  cfg.device = device
-  cfg.bounds = pick(BOUNDS, opts.bounds or "fatal", "bounds check", level)
-  cfg.out_dtype = pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, opts.output_dtype or "f32",
-                       "output dtype", level)
+  local device, default_place = O.engine_config(opts, cfg, level)
   local n = #tables
   local tc = ffi.new("ur_qtbe_table_config[?]", n)
   local self = { table_index = {}, table_names = {}, features = {}, feature_index = {}, dims = {},
-                 rows = {}, formats = {}, feature_dims = {} }
+                 rows = {}, formats = {} }
   local features_of = {}
   for i, t in ipairs(tables) do
-    if type(t) ~= "table" then error(("quantized collection: table %d is not a table"):format(i), level) end
-    for k in pairs(t) do
-      if not TABLE_OPTS[k] then
-      error(("quantized collection: unknown table option '%s'"):format(tostring(k)), level)
-    end
-    end
-    local name = t.name
-    if type(name) ~= "string" or name == "" then
-      error(("quantized collection: table %d needs a name"):format(i), level)
-    end
-    if self.table_index[name] then
-      error(("quantized collection: two tables are named '%s'"):format(name), level)
-    end
+    local name = O.named(i, t, TABLE_OPTS, self.table_index, level)
     self.table_index[name], self.table_names[i] = i - 1, name
     local c = tc[i - 1]
     c.name = name
@@ -164,41 +107,10 @@ function M.new(opts, level)
     c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", level)
     c.modulo = whole(t.modulo or 0, "table '" .. name .. "' modulo", level)
     self.dims[name], self.rows[name], self.formats[name] = t.dim, t.rows, format
-    local fs = t.features or { name }
-    if type(fs) ~= "table" then
-      error(("quantized collection: table '%s' features must be a list"):format(name), level)
-    end
-    for _, f in ipairs(fs) do
-      if type(f) ~= "string" then
-        error(("quantized collection: table '%s' has a feature that is not a string"):format(name), level)
-      end
-      if features_of[f] then
-        error(("quantized collection: feature '%s' is on tables '%s' and '%s'"):format(f, features_of[f], name), level)
-      end
-      features_of[f] = name
-      self.features[#self.features + 1] = f
-    end
+    O.features(name, t, features_of, self.features, level)
   end
-  if opts.features then
-    if type(opts.features) ~= "table" or #opts.features ~= #self.features then
-      error(("quantized collection: features lists %s names; the tables have %d features")
-            :format(type(opts.features) == "table" and #opts.features or "no", #self.features), level)
-    end
-    for _, f in ipairs(opts.features) do
-      if not features_of[f] then
-        error(("quantized collection: feature '%s' is on no table"):format(tostring(f)), level)
-      end
-    end
-    self.features = { unpack(opts.features) }
-  end
-  local nf = #self.features
-  local ft, fnames = ffi.new("int32_t[?]", nf), ffi.new("const char *[?]", nf)
-  for i, f in ipairs(self.features) do
-    self.feature_index[f] = i - 1
-    ft[i - 1] = self.table_index[features_of[f]]
-    fnames[i - 1] = f
-    self.feature_dims[i] = self.dims[features_of[f]]
-  end
+  self.features = O.key_order(opts.features, features_of, self.features, level)
+  local nf, ft, fnames = O.feature_arrays(self, features_of)
   local out = ffi.new("ur_qtbe *[1]")
   local ok, err = check(C.ur_qtbe_new(out, cfg, n, tc, nf, ft, fnames), level)
   if not ok then return nil, err end
@@ -216,14 +128,7 @@ local function T(t, what, level) return lib.ptr(t, what, (level or 2) + 1) end
 
 function methods:free() free_qtbe(self.h) end
 
-local function table_index(self, name, level)
-  local i = self.table_index[name]
-  if i == nil then
-    error(("quantized collection: no table named '%s' (tables: %s)")
-          :format(tostring(name), table.concat(self.table_names, ", ")), level + 1)
-  end
-  return i
-end
+local table_index = O.table_index
 
 local out_tensor = ffi.new("ur_tensor *[1]")
 

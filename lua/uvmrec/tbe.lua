@@ -19,8 +19,6 @@ local M = {}
 local methods = {}
 local mt = { __index = methods }
 
-local BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
-local POOLINGS = { sum = C.UR_POOLING_SUM, mean = C.UR_POOLING_MEAN, none = C.UR_POOLING_NONE }
 local PLACES = { device = C.UR_PLACE_DEVICE, managed = C.UR_PLACE_MANAGED, host = C.UR_PLACE_HOST,
                  pinned = C.UR_PLACE_PINNED }
 local DTYPES = { f32 = C.UR_DTYPE_F32, f16 = C.UR_DTYPE_F16, bf16 = C.UR_DTYPE_BF16 }
@@ -31,36 +29,10 @@ local OPTS = { tables = true, features = true, optimizer = true, bounds = true, 
 local TABLE_OPTS = { name = true, rows = true, dim = true, dtype = true, pooling = true,
                      placement = true, state_placement = true, features = true, shard = true }
 
-local function keys_of(t)
-  local k = {}
-  for name in pairs(t) do k[#k + 1] = name end
-  table.sort(k)
-  return table.concat(k, ", ")
-end
-
-local function pick(map, v, what, level)
-  local r = map[v]
-  if r == nil then
-    error(("embedding collection: %s '%s' is not one of %s"):format(what, tostring(v), keys_of(map)), level + 1)
-  end
-  return r
-end
-
-local function check_keys(t, allowed, what, level)
-  for k in pairs(t) do
-    if not allowed[k] then
-      error(("embedding collection: unknown %s option '%s'"):format(what, tostring(k)), level + 1)
-    end
-  end
-end
-
-local function whole(v, what, level, lo)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < (lo or 0) then
-    error(("embedding collection: %s is %s; expected a whole number >= %d"):format(what, tostring(v), lo or 0),
-          level + 1)
-  end
-  return v
-end
+local table_options = require "uvmrec.table_options"
+local O = table_options.checks("embedding collection")
+local POOLINGS = table_options.POOLINGS
+local pick, whole = O.pick, O.whole
 
 -- optimizer = "sgd" | { "adam", lr = ..., ... } | { name = "adam", ... }: uvmrec.optim's
 -- settings and defaults for tables, and the collection's own deterministic (default true).
@@ -103,14 +75,9 @@ local wrap_tbe, free_tbe = lib.handle_type("ur_tbe", C.ur_tbe_free, {})
 -- Environmental failures (memory, budget, no GPU) return nil, message.
 function M.new(opts, level)
   level = (level or 1) + 1
-  if type(opts) ~= "table" then error("embedding collection: expected a table of options", level) end
-  check_keys(opts, OPTS, "collection", level)
-  local tables = opts.tables
-  if type(tables) ~= "table" or #tables == 0 then
-    error("embedding collection: tables must be a non-empty list", level)
-  end
-  local device = lib.device_option(opts.device, level)
-  local default_place = opts.placement or (device >= 0 and "device" or "host")
+  local tables = O.open(opts, OPTS, "collection ", level)
+  local cfg = ffi.new("ur_tbe_config")
+  local device, default_place = O.engine_config(opts, cfg, level)
   local cached, cache_opts = {}, nil
   for _, t in ipairs(type(opts.tables) == "table" and opts.tables or {}) do
     if type(t) == "table" and (t.placement or default_place) == "cached" then
@@ -118,15 +85,10 @@ function M.new(opts, level)
     end
   end
   local optim_name, optim_cfg, deterministic = optimizer_of(opts.optimizer, level)
-  local cfg = ffi.new("ur_tbe_config")
-  cfg.device = device
   cfg.optim = optim_cfg
-  cfg.bounds = pick(BOUNDS, opts.bounds or "fatal", "bounds check", level)
   cfg.stochastic_rounding = opts.stochastic_rounding == false and 0 or 1
   cfg.nondeterministic = deterministic and 0 or 1
   cfg.seed = whole(opts.seed or 0, "seed", level)
-  cfg.out_dtype = pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, opts.output_dtype or "f32",
-                       "output dtype", level)
 
   local n = #tables
   local tc = ffi.new("ur_tbe_table_config[?]", n)
@@ -136,15 +98,7 @@ function M.new(opts, level)
                  _keep = {} }
   local features_of = {}
   for i, t in ipairs(tables) do
-    if type(t) ~= "table" then error(("embedding collection: table %d is not a table"):format(i), level) end
-    check_keys(t, TABLE_OPTS, "table", level)
-    local name = t.name
-    if type(name) ~= "string" or name == "" then
-      error(("embedding collection: table %d needs a name"):format(i), level)
-    end
-    if self.table_index[name] then
-      error(("embedding collection: two tables are named '%s'"):format(name), level)
-    end
+    local name = O.named(i, t, TABLE_OPTS, self.table_index, level)
     self.table_index[name] = i - 1
     self.table_names[i] = name
     self._keep[#self._keep + 1] = name
@@ -184,43 +138,10 @@ function M.new(opts, level)
     end
     self.dtypes = self.dtypes or {}
     self.dtypes[name] = t.dtype or opts.dtype or "f32"
-    local fs = t.features or { name }
-    if type(fs) ~= "table" then
-      error(("embedding collection: table '%s' features must be a list"):format(name), level)
-    end
-    for _, f in ipairs(fs) do
-      if type(f) ~= "string" then
-        error(("embedding collection: table '%s' has a feature that is not a string"):format(name), level)
-      end
-      if features_of[f] then
-        error(("embedding collection: feature '%s' is on tables '%s' and '%s'"):format(f, features_of[f], name), level)
-      end
-      features_of[f] = name
-      self.features[#self.features + 1] = f
-    end
+    O.features(name, t, features_of, self.features, level)
   end
-  if opts.features then
-    if type(opts.features) ~= "table" or #opts.features ~= #self.features then
-      error(("embedding collection: features lists %s names; the tables have %d features")
-            :format(type(opts.features) == "table" and #opts.features or "no", #self.features), level)
-    end
-    for _, f in ipairs(opts.features) do
-      if not features_of[f] then
-        error(("embedding collection: feature '%s' is on no table"):format(tostring(f)), level)
-      end
-    end
-    self.features = { unpack(opts.features) }
-  end
-  local nf = #self.features
-  local ft = ffi.new("int32_t[?]", nf)
-  local fnames = ffi.new("const char *[?]", nf)
-  self.feature_dims = {}
-  for i, f in ipairs(self.features) do
-    self.feature_index[f] = i - 1
-    ft[i - 1] = self.table_index[features_of[f]]
-    fnames[i - 1] = f
-    self.feature_dims[i] = self.dims[features_of[f]]
-  end
+  self.features = O.key_order(opts.features, features_of, self.features, level)
+  local nf, ft, fnames = O.feature_arrays(self, features_of)
   local out = ffi.new("ur_tbe *[1]")
   local ok, err = check(C.ur_tbe_new(out, cfg, n, tc, nf, ft, fnames), level)
   if not ok then return nil, err end
@@ -462,14 +383,7 @@ end
 
 -- ---- tables and state ----
 
-local function table_index(self, name, level)
-  local i = self.table_index[name]
-  if i == nil then
-    error(("embedding collection: no table named '%s' (tables: %s)")
-          :format(tostring(name), table.concat(self.table_names, ", ")), level + 1)
-  end
-  return i
-end
+local table_index = O.table_index
 
 local out_tensor = ffi.new("ur_tensor *[1]")
 
@@ -542,7 +456,7 @@ end
 
 function methods:set_lr(lr) must(C.ur_tbe_set_lr(H(self), lr)) return self end
 function methods:set_output_dtype(dtype)
-  must(C.ur_tbe_set_out_dtype(H(self), pick({ f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }, dtype,
+  must(C.ur_tbe_set_out_dtype(H(self), pick(table_options.OUTPUT_DTYPES, dtype,
                                             "output dtype", 2)))
   self.output_dtype = dtype
   return self

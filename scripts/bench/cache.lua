@@ -61,6 +61,7 @@ end
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local zipf_stream = dofile(here .. "/zipf_stream.lua")
+local cache_run = dofile(here .. "/cache_run.lua")
 
 local function hit_rates()
   local T, N, B, K = o.tables, o.rows, o.batch, o.batches
@@ -77,29 +78,11 @@ local function hit_rates()
   for _, frac in ipairs(fractions) do
     for _, policy in ipairs({ "lru", "lfu" }) do
       for _, prefetch in ipairs({ false, true }) do
-        local tables = {}
-        for t = 1, T do tables[t] = { name = "t" .. t, rows = N, dim = 4, placement = "cached" } end
-        local c = assert(require("uvmrec.tbe").new { tables = tables, device = "cpu", optimizer = "sgd",
-          cache = { load_factor = frac, policy = policy, decay_batches = policy == "lfu" and 16 or 0 } })
+        local c, s = cache_run { inputs = inputs, tables = T, rows = N, fraction = frac, policy = policy,
+                                 decay = 16, warm = math.floor(K / 2),
+                                 prefetch_stream = prefetch and prefetch_stream or nil,
+                                 fail = function(msg) cmd:fail(msg) end }
         local cache = c.cache
-        local function run(k0, k1)
-          local prev
-          for k = k0, k1 do
-            -- the pipeline's order: k-1's retire is enqueued (compute stream), then batch k is
-            -- prepared on the prefetch stream while k-1 may still run, its rows locked
-            if prev then assert(c:retire(prev, true)) end
-            prev = assert(c:prepare(inputs[k], prefetch and prefetch_stream or nil))
-          end
-          if prev then assert(c:retire(prev, true)) end
-        end
-        run(1, math.floor(K / 2))
-        cache:reset_stats()
-        run(math.floor(K / 2) + 1, K)
-        local s = cache:stats()
-        if s.hits + s.misses + s.conflicts ~= s.unique then
-          cmd:fail(("check: %d hits + %d misses + %d conflicts != %d distinct rows"):format(s.hits, s.misses,
-              s.conflicts, s.unique))
-        end
         local key = policy .. tostring(prefetch)
         if last[key] and s.hits / s.unique < last[key] - 0.005 then
           cmd:fail(("check: %s hit rate %.4f at %g of the rows, below %.4f at a smaller cache"):format(key,

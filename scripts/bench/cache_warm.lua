@@ -56,6 +56,7 @@ end
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local zipf_stream = dofile(here .. "/zipf_stream.lua")
+local cache_run = dofile(here .. "/cache_run.lua")
 
 local T, N, B, K, W = o.tables, o.rows, o.batch, o.batches, o.warm
 if W >= K then die("--warm must be below --batches") end
@@ -90,27 +91,10 @@ print(("%-5s %-4s %-8s %9s %9s %9s | %9s %9s %9s %9s"):format("cache", "pol", "p
 for _, frac in ipairs(o.fractions) do
   for _, policy in ipairs(o.policies) do
     for _, prefetch in ipairs(o.prefetch and { false, true } or { false }) do
-      local tables = {}
-      for t = 1, T do tables[t] = { name = "t" .. t, rows = N, dim = 4, placement = "cached" } end
-      local c = assert(require("uvmrec.tbe").new { tables = tables, device = "cpu", optimizer = "sgd",
-        cache = { load_factor = frac, policy = policy, decay_batches = policy == "lfu" and o.decay or 0 } })
+      local c, s = cache_run { inputs = inputs, tables = T, rows = N, fraction = frac, policy = policy,
+                               decay = o.decay, warm = W, prefetch_stream = prefetch and prefetch_stream or nil,
+                               fail = die }
       local cache = c.cache
-      local function run(k0, k1)
-        local prev
-        for k = k0, k1 do
-          if prev then assert(c:retire(prev, true)) end
-          prev = assert(c:prepare(inputs[k], prefetch and prefetch_stream or nil))
-        end
-        if prev then assert(c:retire(prev, true)) end
-      end
-      run(1, W)
-      cache:reset_stats()
-      run(W + 1, K)
-      local s = cache:stats()
-      if s.hits + s.misses + s.conflicts ~= s.unique then
-        die(("check: %d hits + %d misses + %d conflicts != %d distinct rows"):format(s.hits, s.misses,
-            s.conflicts, s.unique))
-      end
       local new = 0
       for k = W + 1, K do new = new + first[k] end
       local slots = cache:slots() / T

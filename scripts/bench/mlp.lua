@@ -14,6 +14,7 @@
 -- 790 TFLOP/s.  --torch reads scripts/bench/torch_mlp.py's JSON lines for the ratio.
 local ur = require "uvmrec"
 local json = require "uvmrec.json"
+local compare = require "uvmrec.compare"
 local nn = ur.nn
 
 local cmd = require("uvmrec.cli").command {
@@ -69,28 +70,10 @@ local function step(bottom, top, d)
   bottom:backward(d.xb, d.gb)
 end
 
--- Outputs are compared element by element (|a - b| / max(1, |b|)).  Gradients are compared
--- as whole tensors (||a - b|| / ||b||): where a pre-activation lies within rounding of zero,
--- the two backends' ReLU masks may differ and that one element by a whole gradient value.
-local function maxrel(a, b)
-  local m = 0
-  for i = 1, #a do
-    local r = math.abs(a[i] - b[i]) / math.max(1, math.abs(b[i]))
-    if r ~= r then return math.huge end
-    if r > m then m = r end
-  end
-  return m
-end
-
-local function normrel(a, b)
-  local d, n = 0, 0
-  for i = 1, #a do
-    d = d + (a[i] - b[i]) ^ 2
-    n = n + b[i] ^ 2
-  end
-  if d ~= d then return math.huge end
-  return math.sqrt(d) / math.max(math.sqrt(n), 1e-30)
-end
+-- Outputs are compared element by element (maxrel); gradients as whole tensors (normrel):
+-- where a pre-activation lies within rounding of zero, the two backends' ReLU masks may differ
+-- and that one element by a whole gradient value.
+local maxrel, normrel = compare.maxrel, compare.normrel
 
 -- The check: outputs, the top MLP's input gradient and every weight gradient, here against
 -- the CPU backend, on 512 rows.

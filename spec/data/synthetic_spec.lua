@@ -68,15 +68,6 @@ local function fit_logistic(x, y, d)
   return w
 end
 
-local function rows_of(t, n, d)
-  local flat, out = t:totable(), {}
-  for i = 1, n do
-    local r = {}
-    for j = 1, d do r[j] = flat[(i - 1) * d + j] end
-    out[i] = r
-  end
-  return out
-end
 
 describe("uvmrec.data synthetic", function()
   it("computes an exact AUC, ties counting one half", function()
@@ -102,8 +93,8 @@ describe("uvmrec.data synthetic", function()
     local train = assert(data.generate(spec, 0, n))
     local test = assert(data.generate(spec, n, n, { probs = true }))
     local d = spec.num_dense
-    local w = fit_logistic(rows_of(train.dense, n, d), train.labels:totable(), d)
-    local xt, scores = rows_of(test.dense, n, d), {}
+    local w = fit_logistic(h.rows(train.dense), train.labels:totable(), d)
+    local xt, scores = h.rows(test.dense), {}
     for i = 1, n do
       local z = w[d + 1]
       for j = 1, d do z = z + w[j] * xt[i][j] end

@@ -51,6 +51,6 @@ describe("nn.QuantEmbeddingBagCollection", function()
     assert.same({}, q:parameters())
     assert.has_error(function()
       ur.nn.QuantEmbeddingBagCollection { tables = { { name = "t", rows = 4, dim = 8 } }, pooling = "none" }
-    end, "QuantEmbeddingBagCollection: pooling none; this module pools by sum or mean")
+    end, "QuantEmbeddingBagCollection: pooling none; this module takes pooling sum or mean")
   end)
 end)

@@ -2,6 +2,7 @@
 -- Matrices are Lua lists, row-major and 1-based: m[(r - 1) * cols + c].
 local ffi = require "ffi"
 local ur = require "uvmrec"
+local compare = require "uvmrec.compare"
 
 local M = {}
 
@@ -36,30 +37,8 @@ function M.zeros(shape, opts)
   return assert(ur.tensor(shape, { dtype = opts.dtype or "f32", placement = opts.placement })):fill(0)
 end
 
--- Largest |a - b| / max(1, |b|) over two lists.
-function M.maxrel(a, b)
-  assert(#a == #b, ("lengths differ: %d and %d"):format(#a, #b))
-  local m = 0
-  for i = 1, #a do
-    local d = math.abs(a[i] - b[i]) / math.max(1, math.abs(b[i]))
-    if d ~= d then return math.huge end
-    if d > m then m = d end
-  end
-  return m
-end
-
--- ||a - b|| / ||b||: for gradients through ReLUs, whose masks two backends may set apart where
--- a pre-activation is within rounding of zero.
-function M.normrel(a, b)
-  assert(#a == #b, ("lengths differ: %d and %d"):format(#a, #b))
-  local d, n = 0, 0
-  for i = 1, #a do
-    d = d + (a[i] - b[i]) ^ 2
-    n = n + b[i] ^ 2
-  end
-  if d ~= d then return math.huge end
-  return math.sqrt(d) / math.max(math.sqrt(n), 1e-30)
-end
+-- Largest |a - b| / max(1, |b|), and ||a - b|| / ||b||, over two lists (uvmrec.compare).
+M.maxrel, M.normrel = compare.maxrel, compare.normrel
 
 function M.close_norm(a, b, tol, what)
   local m = M.normrel(a, b)

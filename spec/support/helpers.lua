@@ -75,6 +75,18 @@ function M.central_difference(f, vals, i, h)
   return (a - b) / (2 * h)
 end
 
+-- A 2-D tensor's rows as Lua lists: rows(t)[r][c] is element [r - 1, c - 1].
+function M.rows(t)
+  local flat, n, c = t:totable(), t:size(1), t:size(2)
+  local out = {}
+  for r = 1, n do
+    local row = {}
+    for j = 1, c do row[j] = flat[(r - 1) * c + j] end
+    out[r] = row
+  end
+  return out
+end
+
 -- A small LCG for random inputs that stay the same across LuaJIT versions (math.random's
 -- stream may not): rng(n) draws an integer in 1..n.
 function M.rng(seed)

@@ -23,22 +23,21 @@ static ur_status core_set_error(ur_status status, const char *fmt, ...) {
   return status;
 }
 
-static const ur_core_api core_api = {UR_BACKEND_ABI, core_set_error, ur_interrupt_get};
+const ur_core_api ur__core_api = {UR_BACKEND_ABI, core_set_error, ur_interrupt_get};
 
-/* Tries UVMREC_CUDA_LIB, then the folder of the binary holding this code (and ../lib beside
- * it, for a static link into the command), then the loader's own search path. */
-static void *open_cuda(char *tried, size_t len) {
-  const char *env = getenv("UVMREC_CUDA_LIB");
-  char path[4096];
+void *ur__dlopen_beside(const char *name, const char *env_var, int flags, char *path,
+                        size_t path_len, char *tried, size_t tried_len) {
+  const char *env = getenv(env_var);
   void *h;
   tried[0] = 0;
   if (env && *env) {
-    snprintf(tried, len, "%s", env);
-    return dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    snprintf(tried, tried_len, "%s", env);
+    snprintf(path, path_len, "%s", env);
+    return dlopen(env, flags);
   }
   Dl_info info;
   char exe[4096];
-  if (dladdr((void *)open_cuda, &info) && info.dli_fname) {
+  if (dladdr((void *)ur__dlopen_beside, &info) && info.dli_fname) {
     /* A program found through PATH is named without its folder (argv[0]): ask the kernel. */
     const char *fname = info.dli_fname;
     ssize_t n;
@@ -49,25 +48,30 @@ static void *open_cuda(char *tried, size_t len) {
     const char *slash = strrchr(fname, '/');
     int dirlen = slash ? (int)(slash - fname) : 1;
     const char *dir = slash ? fname : ".";
-    const char *rel[] = {"/libuvmrec_cuda.so", "/../lib/libuvmrec_cuda.so"};
+    const char *rel[] = {"/", "/../lib/"};
     for (int i = 0; i < 2; i++) {
-      snprintf(path, sizeof path, "%.*s%s", dirlen, dir, rel[i]);
-      if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL))) return h;
-      snprintf(tried + strlen(tried), len - strlen(tried), "%s%s", i ? ", " : "", path);
+      snprintf(path, path_len, "%.*s%s%s", dirlen, dir, rel[i], name);
+      if ((h = dlopen(path, flags))) return h;
+      size_t used = strlen(tried);
+      snprintf(tried + used, tried_len - used, "%s%s: %s", i ? "; " : "", path, dlerror());
     }
   }
-  snprintf(tried + strlen(tried), len - strlen(tried), ", libuvmrec_cuda.so");
-  return dlopen("libuvmrec_cuda.so", RTLD_NOW | RTLD_LOCAL);
+  snprintf(path, path_len, "%s", name);
+  size_t used = strlen(tried);
+  snprintf(tried + used, tried_len - used, "%s%s", used ? "; " : "", name);
+  return dlopen(name, flags);
 }
 
 static void load(void) {
-  char tried[2048];
+  char tried[3072];
   const char *off = getenv("UVMREC_NO_GPU");
   if (off && *off && strcmp(off, "0")) {
     snprintf(cuda_why, sizeof cuda_why, "UVMREC_NO_GPU is set");
     return;
   }
-  void *h = open_cuda(tried, sizeof tried);
+  char path[4096];
+  void *h = ur__dlopen_beside("libuvmrec_cuda.so", "UVMREC_CUDA_LIB", RTLD_NOW | RTLD_LOCAL, path,
+                              sizeof path, tried, sizeof tried);
   if (!h) {
     snprintf(cuda_why, sizeof cuda_why, "libuvmrec_cuda.so not loaded (tried %s): %s", tried,
              dlerror());
@@ -82,7 +86,7 @@ static void load(void) {
   ur_backend_archs_fn archs = (ur_backend_archs_fn)dlsym(h, UR_CUDA_BACKEND_ARCHS);
   if (archs) snprintf(cuda_archs, sizeof cuda_archs, "%s", archs());
   const ur_backend *b = NULL;
-  if (init(&core_api, &b) != UR_STATUS_OK || !b) {
+  if (init(&ur__core_api, &b) != UR_STATUS_OK || !b) {
     /* Without a driver at all the CUDA runtime speaks of an "insufficient" one: say which. */
     void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (driver) {

@@ -39,6 +39,22 @@ UR__HIDDEN ur_status ur__sync_dir(const char *path, const char *what);
  * `who` opens the message. */
 UR__HIDDEN ur_status ur__optim_check(const char *who, const ur_optim_config *c, int tables);
 
+/* A hint's location (hints.c): -1 (cpu), a GPU this machine has (any GPU number on a machine
+ * without one: the CPU backend records hints), or UR_LOC_CURRENT_GPU: gpu when >= 0, else the
+ * current GPU (0 without one).  `what` opens the message; `current` names -2 in it. */
+UR__HIDDEN ur_status ur__hint_location(int32_t loc, int32_t gpu, const char *what,
+                                       const char *current, int32_t *out);
+
+/* What the core lends a backend or plugin: its error setter and the interrupt flag. */
+UR__HIDDEN extern const ur_core_api ur__core_api;
+/* Opens the shared library `name` as the CUDA backend and the MPI plugin are found: the file
+ * the environment variable env_var names (when set, nothing else), else beside the binary
+ * holding this code and in ../lib beside it, else through the loader's search path.  path gets
+ * the file last tried (the one opened, on success); tried lists every file tried, each with the
+ * loader's reason, for the caller's message.  dlopen's flags (RTLD_NOW | RTLD_LOCAL ...). */
+UR__HIDDEN void *ur__dlopen_beside(const char *name, const char *env_var, int flags, char *path,
+                                   size_t path_len, char *tried, size_t tried_len);
+
 /* Backends: the CPU one always; the CUDA one when it loaded and sees a GPU (else NULL). */
 UR__HIDDEN const ur_backend *ur__cpu(void);
 UR__HIDDEN const ur_backend *ur__gpu(void);

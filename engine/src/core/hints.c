@@ -122,9 +122,14 @@ static ur_status hint_range(const ur_tensor *t, int64_t offset, int64_t numel, c
   return UR_STATUS_OK;
 }
 
-static ur_status resolve_location(int32_t loc, const char *what, int32_t *out) {
+ur_status ur__hint_location(int32_t loc, int32_t gpu, const char *what, const char *current,
+                            int32_t *out) {
   int n = ur_device_count();
   if (loc == UR_LOC_CURRENT_GPU) {
+    if (gpu >= 0) {
+      *out = gpu;
+      return UR_STATUS_OK;
+    }
     if (!n) {
       *out = 0; /* without a GPU, "gpu" is recorded as the first one */
       return UR_STATUS_OK;
@@ -139,9 +144,8 @@ static ur_status resolve_location(int32_t loc, const char *what, int32_t *out) {
     return ur__error(UR_STATUS_INVALID, "%s: location cuda:%d does not exist; this machine has %d GPU%s",
                      what, (int)loc, n, n == 1 ? "" : "s");
   return ur__error(UR_STATUS_INVALID,
-                   "%s: location %d is not a location; expected -1 (cpu), -2 (current gpu) or a "
-                   "GPU number",
-                   what, (int)loc);
+                   "%s: location %d is not a location; expected -1 (cpu), -2 (%s) or a GPU number",
+                   what, (int)loc, current);
 }
 
 static void log_add(const ur_tensor *t, int advice, int32_t loc, int applied, const ur_range *r) {
@@ -205,7 +209,7 @@ ur_status ur_tensor_advise(ur_tensor *t, int64_t offset, int64_t numel, ur_range
   if ((unsigned)advice >= UR_ADVICE_COUNT)
     return ur__error(UR_STATUS_INVALID, "advise: advice %d is not a memory advice", (int)advice);
   ur_status s = hint_range(t, offset, numel, "advise", &r);
-  if (!s) s = resolve_location(location, "advise", &loc);
+  if (!s) s = ur__hint_location(location, -1, "advise", "current gpu", &loc);
   if (!s) s = apply_hint(NULL, t, (int)advice, loc, &r, ur_advice_name(advice));
   if (!s && out) *out = r;
   return s;
@@ -217,7 +221,7 @@ ur_status ur_tensor_prefetch(ur_stream *str, ur_tensor *t, int64_t offset, int64
   ur_range r;
   int32_t loc;
   ur_status s = hint_range(t, offset, numel, "prefetch", &r);
-  if (!s) s = resolve_location(location, "prefetch", &loc);
+  if (!s) s = ur__hint_location(location, -1, "prefetch", "current gpu", &loc);
   if (!s) s = apply_hint(str, t, -1, loc, &r, "prefetch");
   if (!s && out) *out = r;
   return s;

@@ -370,34 +370,34 @@ static ur_status check_span(const ur_tensor *t, int64_t index, int64_t count, co
   return UR_STATUS_OK;
 }
 
-ur_status ur_tensor_read(const ur_tensor *t, int64_t index, int64_t count, void *out) {
-  UR__ARGS(t);
-  if (count && !out) return ur__null(__func__, "out");
-  ur_status st = check_span(t, index, count, "tensor read");
+/* count elements from index copied between t and host memory: out of t into out (read), or
+ * from src into t (write, out NULL), done when this returns. */
+static ur_status copy_span(const ur_tensor *t, int64_t index, int64_t count, void *out,
+                           const void *src, const char *what) {
+  ur_status st = check_span(t, index, count, what);
   if (st || !count) return st;
   size_t bytes = (size_t)count * ur_dtype_size(t->dtype);
+  void *to = out ? out : elem_ptr(t, index);
+  const void *from = out ? elem_ptr(t, index) : src;
   if (storage_on_gpu(t->st)) {
-    if ((st = ur__gpu()->copy(NULL, out, elem_ptr(t, index), bytes))) return st;
+    if ((st = ur__gpu()->copy(NULL, to, from, bytes))) return st;
     return ur__gpu()->stream_sync(NULL);
   }
   if ((st = host_access(t->st))) return st;
-  memcpy(out, elem_ptr(t, index), bytes);
+  memcpy(to, from, bytes);
   return UR_STATUS_OK;
+}
+
+ur_status ur_tensor_read(const ur_tensor *t, int64_t index, int64_t count, void *out) {
+  UR__ARGS(t);
+  if (count && !out) return ur__null(__func__, "out");
+  return copy_span(t, index, count, out, NULL, "tensor read");
 }
 
 ur_status ur_tensor_write(ur_tensor *t, int64_t index, int64_t count, const void *src) {
   UR__ARGS(t);
   if (count && !src) return ur__null(__func__, "src");
-  ur_status st = check_span(t, index, count, "tensor write");
-  if (st || !count) return st;
-  size_t bytes = (size_t)count * ur_dtype_size(t->dtype);
-  if (storage_on_gpu(t->st)) {
-    if ((st = ur__gpu()->copy(NULL, elem_ptr(t, index), src, bytes))) return st;
-    return ur__gpu()->stream_sync(NULL);
-  }
-  if ((st = host_access(t->st))) return st;
-  memcpy(elem_ptr(t, index), src, bytes);
-  return UR_STATUS_OK;
+  return copy_span(t, index, count, NULL, src, "tensor write");
 }
 
 ur_status ur_tensor_read_f64(const ur_tensor *t, int64_t index, int64_t count, double *out) {

@@ -1,18 +1,9 @@
 /* loss.c: binary cross-entropy on logits (DLRM's loss): public entry points and the CPU
- * backend's versions.  Each sample's loss is w (max(x, 0) - x y + log1p(e^-|x|)), which never
- * overflows and loses nothing at large |x|; values and sums are in double, in row order. */
+ * backend's versions.  Each sample's loss is w times dense/bce.h's term; values and sums are in
+ * double, in row order. */
 #include <math.h>
+#include "dense/bce.h"
 #include "dense/dense.h"
-
-static inline double bce_term(double x, double y) {
-  return (x > 0 ? x : 0) - x * y + log1p(exp(-fabs(x)));
-}
-
-static inline double sigmoid(double x) {
-  if (x >= 0) return 1.0 / (1.0 + exp(-x));
-  double e = exp(x);
-  return e / (1.0 + e);
-}
 
 ur_status ur__cpu_bce_forward(void *stream, const void *logits, const float *targets,
                               const float *weights, float *loss, int64_t n, ur_dtype dtype,
@@ -20,7 +11,7 @@ ur_status ur__cpu_bce_forward(void *stream, const void *logits, const float *tar
   (void)stream;
   double sum = 0;
   for (int64_t i = 0; i < n; i++) {
-    double l = bce_term(ur__dense_ld(logits, dtype, (size_t)i), targets[i]);
+    double l = ur__bce_term(ur__dense_ld(logits, dtype, (size_t)i), targets[i]);
     if (weights) l *= weights[i];
     if (reduction == UR_REDUCTION_NONE) loss[i] = (float)l;
     else sum += l;
@@ -36,7 +27,7 @@ ur_status ur__cpu_bce_backward(void *stream, const void *logits, const float *ta
   (void)stream;
   double k = reduction == UR_REDUCTION_MEAN ? scale / (double)n : scale;
   for (int64_t i = 0; i < n; i++) {
-    double g = k * (sigmoid(ur__dense_ld(logits, dtype, (size_t)i)) - targets[i]);
+    double g = k * (ur__bce_sigmoid(ur__dense_ld(logits, dtype, (size_t)i)) - targets[i]);
     if (weights) g *= weights[i];
     ur__dense_st(glogits, dtype, (size_t)i, (float)g);
   }

@@ -34,58 +34,11 @@ static pthread_once_t mpi_once = PTHREAD_ONCE_INIT;
 static const ur__mpi_api *mpi_api;
 static char mpi_why[4096], mpi_path[1024];
 
-static ur_status plugin_error(ur_status status, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static ur_status plugin_error(ur_status status, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  ur__errorv(status, fmt, ap);
-  va_end(ap);
-  return status;
-}
-
-static const ur_core_api plugin_core = {UR_BACKEND_ABI, plugin_error, ur_interrupt_get};
-
-/* UVMREC_MPI_LIB, then beside the binary holding this code (and ../lib), then the loader's
- * path, as the CUDA backend is found. */
-static void *open_plugin(char *tried, size_t len) {
-  const char *env = getenv("UVMREC_MPI_LIB");
-  void *h;
-  tried[0] = 0;
-  if (env && *env) {
-    snprintf(tried, len, "%s", env);
-    snprintf(mpi_path, sizeof mpi_path, "%s", env);
-    return dlopen(env, RTLD_NOW | RTLD_GLOBAL);
-  }
-  Dl_info info;
-  char exe[1024];
-  if (dladdr((void *)open_plugin, &info) && info.dli_fname) {
-    const char *fname = info.dli_fname;
-    ssize_t n;
-    if (!strchr(fname, '/') && (n = readlink("/proc/self/exe", exe, sizeof exe - 1)) > 0) {
-      exe[n] = 0;
-      fname = exe;
-    }
-    const char *slash = strrchr(fname, '/');
-    int dirlen = slash ? (int)(slash - fname) : 1;
-    const char *dir = slash ? fname : ".";
-    const char *rel[] = {"/libuvmrec_mpi.so", "/../lib/libuvmrec_mpi.so"};
-    for (int i = 0; i < 2; i++) {
-      snprintf(mpi_path, sizeof mpi_path, "%.*s%s", dirlen, dir, rel[i]);
-      /* RTLD_GLOBAL: OpenMPI's own components find libmpi's symbols. */
-      if ((h = dlopen(mpi_path, RTLD_NOW | RTLD_GLOBAL))) return h;
-      snprintf(tried + strlen(tried), len - strlen(tried), "%s%s: %s", i ? "; " : "", mpi_path,
-               dlerror());
-    }
-  }
-  snprintf(mpi_path, sizeof mpi_path, "libuvmrec_mpi.so");
-  snprintf(tried + strlen(tried), len - strlen(tried), "; libuvmrec_mpi.so");
-  return dlopen("libuvmrec_mpi.so", RTLD_NOW | RTLD_GLOBAL);
-}
-
 static void load_mpi(void) {
   char tried[3072];
-  void *h = open_plugin(tried, sizeof tried);
+  /* RTLD_GLOBAL: OpenMPI's own components find libmpi's symbols. */
+  void *h = ur__dlopen_beside("libuvmrec_mpi.so", "UVMREC_MPI_LIB", RTLD_NOW | RTLD_GLOBAL,
+                              mpi_path, sizeof mpi_path, tried, sizeof tried);
   if (!h) {
     snprintf(mpi_why, sizeof mpi_why,
              "comm: the MPI plugin libuvmrec_mpi.so did not load (tried %s): %s; it is built "
@@ -95,7 +48,7 @@ static void load_mpi(void) {
   }
   ur__mpi_init_fn init = (ur__mpi_init_fn)dlsym(h, UR_MPI_PLUGIN_INIT);
   const ur__mpi_api *api = NULL;
-  if (!init || init(&plugin_core, &api) || !api) {
+  if (!init || init(&ur__core_api, &api) || !api) {
     snprintf(mpi_why, sizeof mpi_why, "comm: %s has no working %s", mpi_path, UR_MPI_PLUGIN_INIT);
     return;
   }
@@ -468,41 +421,84 @@ static void account(ur_comm *c, double t0, uint64_t sent, uint64_t received) {
   c->stats.seconds += ur_clock_seconds() - t0;
 }
 
+/* The checks every collective opens with: the route of in and out (out NULL: one tensor, in
+ * place), one dtype, and for a reduction (op not NULL) a dtype its engine reduces and a known
+ * reduction. */
+static ur_status prologue(ur_comm *c, const char *name, const ur_tensor *in, const ur_tensor *out,
+                          const ur_reduce_op *op, route *r) {
+  ur_status st = route_of(c, name, in, out, r);
+  if (!st && out) st = same_dtype(name, in, out);
+  if (!st && op) st = reducible(name, r, in->dtype);
+  if (!st && op) st = check_op(name, *op);
+  return st;
+}
+
+static ur_status separate(ur_comm *c, const char *name, const ur_tensor *in, const ur_tensor *out) {
+  if (c->world > 1 && overlap(in, out))
+    return ur__error(UR_STATUS_INVALID, "comm %s: the input and the output overlap; expected "
+                                        "separate memory", name);
+  return UR_STATUS_OK;
+}
+
+/* One collective's call into its engine's table, whichever buffers it is given. */
+enum { ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, ALL_TO_ALL };
+typedef struct call {
+  int kind;
+  ur_dtype dtype;
+  ur_reduce_op op;
+  int64_t n;                       /* all_reduce, broadcast: the elements; reduce_scatter: each
+                                    * rank's */
+  int32_t root;
+  const int64_t *counts, *recv;    /* all_gather's counts; all_to_all's send and receive ones */
+} call;
+
+static ur_status issue(const route *r, ur_stream *s, const call *k, void *in, void *out) {
+  const ur_comm_ops *o = r->b->comm;
+  void *q = stream_of(s);
+  switch (k->kind) {
+    case ALL_REDUCE: return o->all_reduce(q, r->net, k->dtype, k->op, in, out, k->n);
+    case REDUCE_SCATTER: return o->reduce_scatter(q, r->net, k->dtype, k->op, in, out, k->n);
+    case ALL_GATHER: return o->all_gather(q, r->net, k->dtype, in, out, k->counts);
+    case BROADCAST: return o->broadcast(q, r->net, k->dtype, in, k->n, k->root);
+    default: return o->all_to_all(q, r->net, k->dtype, in, k->counts, out, k->recv);
+  }
+}
+
+/* Runs k on its route: the world of one copies in to out (a broadcast's one tensor stays);
+ * host memory without MPI is staged through the GPU (all_reduce and broadcast in place there);
+ * else the engine runs it on the route's device. */
+static ur_status run(ur_comm *c, ur_stream *s, const route *r, const call *k, const ur_tensor *in,
+                     ur_tensor *out) {
+  if (r->engine == ENGINE_SELF) return self_copy(s, in, out);
+  int32_t prev;
+  ur_status st = ur__device_enter(r->b, r->device, &prev);
+  if (r->engine == ENGINE_STAGED) {
+    int in_place = k->kind == ALL_REDUCE || k->kind == BROADCAST;
+    staged g = {NULL, NULL};
+    if (!st) st = stage_in(c, s, in, in_place ? NULL : out, &g);
+    if (!st) st = issue(r, s, k, data(g.in), data(in_place ? g.in : g.out));
+    st = stage_out(c, s, out, &g, st);
+  } else if (!st) {
+    st = issue(r, s, k, data(in), data(out));
+  }
+  return ur__device_leave(r->b, r->device, prev, st);
+}
+
 /* ---- the collectives ---- */
 
 ur_status ur_comm_all_reduce(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_tensor *out,
                              ur_reduce_op op) {
   UR__ARGS(c, in, out);
-  const char *name = "all_reduce";
   route r;
   double t0 = ur_clock_seconds();
-  ur_status st = route_of(c, name, in, out, &r);
-  if (!st) st = same_dtype(name, in, out);
-  if (!st) st = reducible(name, &r, in->dtype);
-  if (!st) st = check_op(name, op);
+  ur_status st = prologue(c, "all_reduce", in, out, &op, &r);
   if (!st && ur_tensor_numel(in) != ur_tensor_numel(out))
     st = ur__error(UR_STATUS_INVALID, "comm all_reduce: the input has %lld elements and the "
                                       "output %lld; expected as many",
                    (long long)ur_tensor_numel(in), (long long)ur_tensor_numel(out));
   if (st) return st;
-  int64_t n = ur_tensor_numel(in);
-  if (r.engine == ENGINE_SELF) {
-    st = self_copy(s, in, out);
-  } else if (r.engine == ENGINE_STAGED) {
-    int32_t prev;
-    st = ur__device_enter(r.b, r.device, &prev);
-    staged g = {NULL, NULL};
-    if (!st) st = stage_in(c, s, in, NULL, &g);
-    if (!st) st = r.b->comm->all_reduce(stream_of(s), r.net, in->dtype, op, data(g.in),
-                                        data(g.in), n);
-    st = stage_out(c, s, out, &g, st);
-    st = ur__device_leave(r.b, r.device, prev, st);
-  } else {
-    int32_t prev;
-    st = ur__device_enter(r.b, r.device, &prev);
-    if (!st) st = r.b->comm->all_reduce(stream_of(s), r.net, in->dtype, op, data(in), data(out), n);
-    st = ur__device_leave(r.b, r.device, prev, st);
-  }
+  call k = {ALL_REDUCE, in->dtype, op, ur_tensor_numel(in), 0, NULL, NULL};
+  st = run(c, s, &r, &k, in, out);
   uint64_t others = bytes_of(in) * (uint64_t)(c->world - 1);
   if (!st) account(c, t0, others, others);
   return st;
@@ -514,37 +510,16 @@ ur_status ur_comm_reduce_scatter(ur_stream *s, ur_comm *c, const ur_tensor *in, 
   const char *name = "reduce_scatter";
   route r;
   double t0 = ur_clock_seconds();
-  ur_status st = route_of(c, name, in, out, &r);
-  if (!st) st = same_dtype(name, in, out);
-  if (!st) st = reducible(name, &r, in->dtype);
-  if (!st) st = check_op(name, op);
-  int64_t n = out ? ur_tensor_numel(out) : 0;
+  ur_status st = prologue(c, name, in, out, &op, &r);
+  int64_t n = ur_tensor_numel(out);
   if (!st && ur_tensor_numel(in) != n * c->world)
     st = ur__error(UR_STATUS_INVALID, "comm reduce_scatter: the input has %lld elements; "
                                       "expected %d blocks of the output's %lld",
                    (long long)ur_tensor_numel(in), (int)c->world, (long long)n);
-  if (!st && c->world > 1 && overlap(in, out))
-    st = ur__error(UR_STATUS_INVALID, "comm reduce_scatter: the input and the output overlap; "
-                                      "expected separate memory");
+  if (!st) st = separate(c, name, in, out);
   if (st) return st;
-  if (r.engine == ENGINE_SELF) {
-    st = self_copy(s, in, out);
-  } else if (r.engine == ENGINE_STAGED) {
-    int32_t prev;
-    st = ur__device_enter(r.b, r.device, &prev);
-    staged g = {NULL, NULL};
-    if (!st) st = stage_in(c, s, in, out, &g);
-    if (!st) st = r.b->comm->reduce_scatter(stream_of(s), r.net, in->dtype, op, data(g.in),
-                                            data(g.out), n);
-    st = stage_out(c, s, out, &g, st);
-    st = ur__device_leave(r.b, r.device, prev, st);
-  } else {
-    int32_t prev;
-    st = ur__device_enter(r.b, r.device, &prev);
-    if (!st) st = r.b->comm->reduce_scatter(stream_of(s), r.net, in->dtype, op, data(in),
-                                            data(out), n);
-    st = ur__device_leave(r.b, r.device, prev, st);
-  }
+  call k = {REDUCE_SCATTER, in->dtype, op, n, 0, NULL, NULL};
+  st = run(c, s, &r, &k, in, out);
   if (!st) account(c, t0, bytes_of(in) - bytes_of(out), bytes_of(out) * (uint64_t)(c->world - 1));
   return st;
 }
@@ -571,8 +546,7 @@ ur_status ur_comm_all_gather(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_t
   const char *name = "all_gather";
   route r;
   double t0 = ur_clock_seconds();
-  ur_status st = route_of(c, name, in, out, &r);
-  if (!st) st = same_dtype(name, in, out);
+  ur_status st = prologue(c, name, in, out, NULL, &r);
   if (st) return st;
   int64_t *own = NULL;
   if (!counts) {
@@ -587,28 +561,10 @@ ur_status ur_comm_all_gather(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_t
                                       "has %lld elements",
                    (int)c->rank, (long long)counts[c->rank], (int)c->rank,
                    (long long)ur_tensor_numel(in));
-  if (!st && c->world > 1 && overlap(in, out))
-    st = ur__error(UR_STATUS_INVALID, "comm all_gather: the input and the output overlap; "
-                                      "expected separate memory");
+  if (!st) st = separate(c, name, in, out);
   if (!st) {
-    if (r.engine == ENGINE_SELF) {
-      st = self_copy(s, in, out);
-    } else if (r.engine == ENGINE_STAGED) {
-      int32_t prev;
-      st = ur__device_enter(r.b, r.device, &prev);
-      staged g = {NULL, NULL};
-      if (!st) st = stage_in(c, s, in, out, &g);
-      if (!st) st = r.b->comm->all_gather(stream_of(s), r.net, in->dtype, data(g.in),
-                                          data(g.out), counts);
-      st = stage_out(c, s, out, &g, st);
-      st = ur__device_leave(r.b, r.device, prev, st);
-    } else {
-      int32_t prev;
-      st = ur__device_enter(r.b, r.device, &prev);
-      if (!st) st = r.b->comm->all_gather(stream_of(s), r.net, in->dtype, data(in), data(out),
-                                          counts);
-      st = ur__device_leave(r.b, r.device, prev, st);
-    }
+    call k = {ALL_GATHER, in->dtype, UR_REDUCE_SUM, 0, 0, counts, NULL};
+    st = run(c, s, &r, &k, in, out);
   }
   if (!st)
     account(c, t0, bytes_of(in) * (uint64_t)(c->world - 1), bytes_of(out) - bytes_of(in));
@@ -618,33 +574,15 @@ ur_status ur_comm_all_gather(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_t
 
 ur_status ur_comm_broadcast(ur_stream *s, ur_comm *c, ur_tensor *t, int32_t root) {
   UR__ARGS(c, t);
-  const char *name = "broadcast";
   route r;
   double t0 = ur_clock_seconds();
-  ur_status st = route_of(c, name, t, NULL, &r);
+  ur_status st = prologue(c, "broadcast", t, NULL, NULL, &r);
   if (!st && (root < 0 || root >= c->world))
     st = ur__error(UR_STATUS_INVALID, "comm broadcast: root %d; expected a rank 0..%d", (int)root,
                    (int)c->world - 1);
   if (st) return st;
-  int64_t n = ur_tensor_numel(t);
-  if (r.engine == ENGINE_SELF) {
-    account(c, t0, 0, 0);
-    return UR_STATUS_OK;
-  }
-  if (r.engine == ENGINE_STAGED) {
-    int32_t prev;
-    st = ur__device_enter(r.b, r.device, &prev);
-    staged g = {NULL, NULL};
-    if (!st) st = stage_in(c, s, t, NULL, &g);
-    if (!st) st = r.b->comm->broadcast(stream_of(s), r.net, t->dtype, data(g.in), n, root);
-    st = stage_out(c, s, t, &g, st);
-    st = ur__device_leave(r.b, r.device, prev, st);
-  } else {
-    int32_t prev;
-    st = ur__device_enter(r.b, r.device, &prev);
-    if (!st) st = r.b->comm->broadcast(stream_of(s), r.net, t->dtype, data(t), n, root);
-    st = ur__device_leave(r.b, r.device, prev, st);
-  }
+  call k = {BROADCAST, t->dtype, UR_REDUCE_SUM, ur_tensor_numel(t), root, NULL, NULL};
+  st = run(c, s, &r, &k, t, t);
   uint64_t b = bytes_of(t);
   if (!st) account(c, t0, c->rank == root ? b * (uint64_t)(c->world - 1) : 0, c->rank == root ? 0 : b);
   return st;
@@ -656,41 +594,19 @@ ur_status ur_comm_all_to_all(ur_stream *s, ur_comm *c, const ur_tensor *in, ur_t
   const char *name = "all_to_all";
   route r;
   double t0 = ur_clock_seconds();
-  ur_status st = route_of(c, name, in, out, &r);
-  if (!st) st = same_dtype(name, in, out);
-  if (!st && (!send_counts || !recv_counts))
-    st = ur__error(UR_STATUS_INVALID, "comm all_to_all: send and receive counts are needed, one "
-                                      "per rank");
+  ur_status st = prologue(c, name, in, out, NULL, &r);
   if (!st) st = counts_check(c, name, "send_counts", send_counts, ur_tensor_numel(in), "the input");
   if (!st)
     st = counts_check(c, name, "recv_counts", recv_counts, ur_tensor_numel(out), "the output");
-  if (!st && c->world > 1 && overlap(in, out))
-    st = ur__error(UR_STATUS_INVALID, "comm all_to_all: the input and the output overlap; "
-                                      "expected separate memory");
+  if (!st) st = separate(c, name, in, out);
   if (!st && send_counts[c->rank] != recv_counts[c->rank])
     st = ur__error(UR_STATUS_INVALID, "comm all_to_all: rank %d sends itself %lld elements and "
                                       "receives %lld from itself",
                    (int)c->rank, (long long)send_counts[c->rank],
                    (long long)recv_counts[c->rank]);
   if (st) return st;
-  if (r.engine == ENGINE_SELF) {
-    st = self_copy(s, in, out);
-  } else if (r.engine == ENGINE_STAGED) {
-    int32_t prev;
-    st = ur__device_enter(r.b, r.device, &prev);
-    staged g = {NULL, NULL};
-    if (!st) st = stage_in(c, s, in, out, &g);
-    if (!st) st = r.b->comm->all_to_all(stream_of(s), r.net, in->dtype, data(g.in), send_counts,
-                                        data(g.out), recv_counts);
-    st = stage_out(c, s, out, &g, st);
-    st = ur__device_leave(r.b, r.device, prev, st);
-  } else {
-    int32_t prev;
-    st = ur__device_enter(r.b, r.device, &prev);
-    if (!st) st = r.b->comm->all_to_all(stream_of(s), r.net, in->dtype, data(in), send_counts,
-                                        data(out), recv_counts);
-    st = ur__device_leave(r.b, r.device, prev, st);
-  }
+  call k = {ALL_TO_ALL, in->dtype, UR_REDUCE_SUM, 0, 0, send_counts, recv_counts};
+  st = run(c, s, &r, &k, in, out);
   if (!st) {
     size_t es = ur_dtype_size(in->dtype);
     uint64_t own = (uint64_t)send_counts[c->rank] * es;

@@ -321,32 +321,6 @@ static void mark_skipped(const ur__segmap *m, ur_page_run *r, size_t n, int32_t 
   }
 }
 
-static ur_status resolve_location(const ur_tbe *t, int32_t loc, int32_t *out) {
-  int n = ur_device_count();
-  if (loc == UR_LOC_CURRENT_GPU) {
-    if (ur_tbe_device(t) >= 0) {
-      *out = ur_tbe_device(t);
-      return UR_STATUS_OK;
-    }
-    if (!n) {
-      *out = 0; /* without a GPU, "gpu" is the first one, as hints.c records it */
-      return UR_STATUS_OK;
-    }
-    return ur_device_get(out);
-  }
-  if (loc == UR_LOC_CPU || (loc >= 0 && loc <= UR_MAX_GPUS && (!n || loc < n))) {
-    *out = loc;
-    return UR_STATUS_OK;
-  }
-  if (loc >= 0 && loc <= UR_MAX_GPUS)
-    return ur__error(UR_STATUS_INVALID,
-                     "tbe: prefetch_pages: location cuda:%d does not exist; this machine has %d "
-                     "GPU%s", (int)loc, n, n == 1 ? "" : "s");
-  return ur__error(UR_STATUS_INVALID,
-                   "tbe: prefetch_pages: location %d is not a location; expected -1 (cpu), -2 "
-                   "(the collection's gpu) or a GPU number", (int)loc);
-}
-
 static ur_status check_ids_tensor(const ur_tensor *x, const char *what) {
   if (!x) return ur__error(UR_STATUS_INVALID, "tbe: prefetch_pages: %s is required", what);
   if (ur_tensor_dtype(x) != UR_DTYPE_I64 || ur_tensor_ndim(x) != 1)
@@ -380,7 +354,8 @@ static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *of
   ur_status st;
   int32_t loc;
   if ((st = check_ids_tensor(values, "values")) || (st = check_ids_tensor(offsets, "offsets")) ||
-      (st = resolve_location(t, location, &loc)))
+      (st = ur__hint_location(location, ur_tbe_device(t), "tbe: prefetch_pages",
+                                  "the collection's gpu", &loc)))
     return st;
   out->location = loc;
   struct ur__pages *p = NULL;

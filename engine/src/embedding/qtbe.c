@@ -89,6 +89,33 @@ static ur_status check_rows(const char *op, const ur_tensor *t, const char *what
   return UR_STATUS_OK;
 }
 
+/* A conversion's format and its two tensors' common checks. */
+static ur_status check_pair(const char *op, const ur_tensor *src, const ur_tensor *dst,
+                            ur_qformat f) {
+  ur_status st;
+  if ((unsigned)f >= UR_QFORMAT_COUNT)
+    return ur__error(UR_STATUS_INVALID, "%s: format %d is not f32, fp16, int8, int4 or int2", op,
+                     (int)f);
+  if ((st = check_rows(op, src, "src", 1)) || (st = check_rows(op, dst, "dst", 1))) return st;
+  return UR_STATUS_OK;
+}
+
+/* t (the conversion's `what` side) holds rows of dim elements in format f (rb bytes a row):
+ * format_dtype(f) [rows, dim] for f32 and fp16, u8 [rows, rb] for the others.  `verb` joins
+ * the message ("need" for a destination, "are" for a source). */
+static ur_status check_stored(const char *op, const ur_tensor *t, const char *what,
+                              const char *verb, ur_qformat f, int64_t rows, int64_t dim,
+                              int64_t rb) {
+  int64_t cols = f == UR_QFORMAT_F32 || f == UR_QFORMAT_F16 ? dim : rb;
+  if (ur_tensor_dtype(t) != format_dtype(f) || ur_tensor_dim(t, 0) != rows ||
+      ur_tensor_dim(t, 1) != cols)
+    return ur__error(UR_STATUS_INVALID, "%s: %s is %s [%lld, %lld]; %s rows of %lld %s %s [%lld, %lld]",
+                     op, what, ur_dtype_name(ur_tensor_dtype(t)), (long long)ur_tensor_dim(t, 0),
+                     (long long)ur_tensor_dim(t, 1), format_names[f], (long long)dim, verb,
+                     ur_dtype_name(format_dtype(f)), (long long)rows, (long long)cols);
+  return UR_STATUS_OK;
+}
+
 typedef struct quant_job {
   const ur_tensor *src;
   uint8_t *dst;
@@ -183,10 +210,7 @@ ur_status ur_rows_quantize(const ur_tensor *src, ur_tensor *dst, ur_qerror *err,
   UR__ARGS(src, dst);
   const char *op = "rows quantize";
   ur_status st;
-  if ((unsigned)f >= UR_QFORMAT_COUNT)
-    return ur__error(UR_STATUS_INVALID, "%s: format %d is not f32, fp16, int8, int4 or int2", op,
-                     (int)f);
-  if ((st = check_rows(op, src, "src", 1)) || (st = check_rows(op, dst, "dst", 1))) return st;
+  if ((st = check_pair(op, src, dst, f))) return st;
   ur_dtype sd = ur_tensor_dtype(src);
   if (sd != UR_DTYPE_F32 && sd != UR_DTYPE_F16 && sd != UR_DTYPE_BF16)
     return ur__error(UR_STATUS_INVALID, "%s: src is %s; expected f32, f16 or bf16", op,
@@ -197,13 +221,7 @@ ur_status ur_rows_quantize(const ur_tensor *src, ur_tensor *dst, ur_qerror *err,
     return ur__error(UR_STATUS_INVALID,
                      "%s: rows of %lld elements; expected a multiple of 4 from 4 to %d", op,
                      (long long)dim, UR_TBE_MAX_DIM);
-  int64_t cols = f == UR_QFORMAT_F32 || f == UR_QFORMAT_F16 ? dim : rb;
-  if (ur_tensor_dtype(dst) != format_dtype(f) || ur_tensor_dim(dst, 0) != rows ||
-      ur_tensor_dim(dst, 1) != cols)
-    return ur__error(UR_STATUS_INVALID, "%s: dst is %s [%lld, %lld]; %s rows of %lld need %s [%lld, %lld]",
-                     op, ur_dtype_name(ur_tensor_dtype(dst)), (long long)ur_tensor_dim(dst, 0),
-                     (long long)ur_tensor_dim(dst, 1), format_names[f], (long long)dim,
-                     ur_dtype_name(format_dtype(f)), (long long)rows, (long long)cols);
+  if ((st = check_stored(op, dst, "dst", "need", f, rows, dim, rb))) return st;
   if ((st = ur_device_sync())) return st;
   int nt = ur__threads();
   size_t per = ((size_t)rows + (size_t)nt - 1) / (size_t)nt;
@@ -254,10 +272,7 @@ ur_status ur_rows_dequantize(const ur_tensor *src, ur_tensor *dst, ur_qformat f)
   UR__ARGS(src, dst);
   const char *op = "rows dequantize";
   ur_status st;
-  if ((unsigned)f >= UR_QFORMAT_COUNT)
-    return ur__error(UR_STATUS_INVALID, "%s: format %d is not f32, fp16, int8, int4 or int2", op,
-                     (int)f);
-  if ((st = check_rows(op, src, "src", 1)) || (st = check_rows(op, dst, "dst", 1))) return st;
+  if ((st = check_pair(op, src, dst, f))) return st;
   int64_t rows = ur_tensor_dim(dst, 0), dim = ur_tensor_dim(dst, 1);
   int64_t rb = ur__qtbe_row_bytes(f, (int32_t)(dim > UR_TBE_MAX_DIM ? 0 : dim));
   if (ur_tensor_dtype(dst) != UR_DTYPE_F32 || rb < 0)
@@ -265,13 +280,7 @@ ur_status ur_rows_dequantize(const ur_tensor *src, ur_tensor *dst, ur_qformat f)
                      "%s: dst is %s [%lld, %lld]; expected f32 rows of a multiple of 4 from 4 to %d",
                      op, ur_dtype_name(ur_tensor_dtype(dst)), (long long)rows, (long long)dim,
                      UR_TBE_MAX_DIM);
-  int64_t cols = f == UR_QFORMAT_F32 || f == UR_QFORMAT_F16 ? dim : rb;
-  if (ur_tensor_dtype(src) != format_dtype(f) || ur_tensor_dim(src, 0) != rows ||
-      ur_tensor_dim(src, 1) != cols)
-    return ur__error(UR_STATUS_INVALID, "%s: src is %s [%lld, %lld]; %s rows of %lld are %s [%lld, %lld]",
-                     op, ur_dtype_name(ur_tensor_dtype(src)), (long long)ur_tensor_dim(src, 0),
-                     (long long)ur_tensor_dim(src, 1), format_names[f], (long long)dim,
-                     ur_dtype_name(format_dtype(f)), (long long)rows, (long long)cols);
+  if ((st = check_stored(op, src, "src", "are", f, rows, dim, rb))) return st;
   if ((st = ur_device_sync())) return st;
   dequant_job j = {ur_tensor_data(src), ur_tensor_data(dst), f, (int32_t)dim, rb};
   ur__parallel_for((size_t)rows, 1024, dequant_range, &j);

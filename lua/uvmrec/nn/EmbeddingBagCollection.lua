@@ -16,6 +16,7 @@
 -- checkpoints and hint policies only.
 local Module = require "uvmrec.nn.Module"
 local tbe = require "uvmrec.tbe"
+local table_options = require "uvmrec.table_options"
 
 local EBC = Module:extend("EmbeddingBagCollection")
 
@@ -24,22 +25,7 @@ local EBC = Module:extend("EmbeddingBagCollection")
 function EBC:__init(opts, pooling)
   Module.__init(self)
   local level = pooling and 4 or 3
-  if type(opts) ~= "table" then error(self:type_name() .. ": expected a table of options", level) end
-  local allowed = pooling and { [pooling] = true } or { sum = true, mean = true }
-  for _, t in ipairs(opts.tables or {}) do
-    if type(t) == "table" and t.pooling and not allowed[t.pooling] then
-      error(("%s: table '%s' pools by %s; this module takes pooling %s")
-            :format(self:type_name(), tostring(t.name), t.pooling, pooling or "sum or mean"), level)
-    end
-  end
-  if pooling then
-    local o = {}
-    for k, v in pairs(opts) do o[k] = v end
-    o.pooling = pooling
-    opts = o
-  elseif opts.pooling and not allowed[opts.pooling] then
-    error(("EmbeddingBagCollection: pooling %s; this module takes pooling sum or mean"):format(opts.pooling), level)
-  end
+  opts = table_options.module_options(self:type_name(), opts, pooling, level)
   self.options = opts -- what it was built from: uvmrec.dist.shard builds shards from them
   self.tbe = assert(tbe.new(opts, level))
   self.placement = self.tbe:placement()

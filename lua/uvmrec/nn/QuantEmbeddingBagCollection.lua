@@ -10,6 +10,7 @@
 -- It has no gradient: backward is an error.
 local Module = require "uvmrec.nn.Module"
 local qtbe = require "uvmrec.qtbe"
+local table_options = require "uvmrec.table_options"
 
 local QEBC = Module:extend("QuantEmbeddingBagCollection")
 
@@ -17,17 +18,10 @@ local QEBC = Module:extend("QuantEmbeddingBagCollection")
 function QEBC:__init(opts, pooling)
   Module.__init(self)
   local level = pooling and 4 or 3
-  if type(opts) ~= "table" then error(self:type_name() .. ": expected a table of options", level) end
-  if opts.qtbe then
+  if type(opts) == "table" and opts.qtbe then
     self.qtbe = opts.qtbe
   else
-    local o = {}
-    for k, v in pairs(opts) do o[k] = v end
-    if pooling then o.pooling = pooling end
-    if not pooling and o.pooling == "none" then
-      error("QuantEmbeddingBagCollection: pooling none; this module pools by sum or mean", level)
-    end
-    self.qtbe = assert(qtbe.new(o, level))
+    self.qtbe = assert(qtbe.new(table_options.module_options(self:type_name(), opts, pooling, level), level))
   end
   if (pooling == "none") == self.qtbe.pooled then
     error(("%s: the collection %s"):format(self:type_name(), self.qtbe.pooled and "pools" or "does not pool"), level)

@@ -255,10 +255,9 @@ function M.check(cfg)
   return nil
 end
 
--- A config from a YAML file with --set overrides ("a.b=v", applied in order) and the checks.
--- Returns cfg, or nil, message (file:line:column: path: what).
-function M.load(path, sets)
-  local cfg, err = config.load(path, M.schema)
+-- A config read (cfg, err from uvmrec.config's load or parse), with --set overrides ("a.b=v",
+-- applied in order) and the checks: cfg, or nil, message.
+local function finish(cfg, err, sets)
   if not cfg then return nil, err end
   own_tables(cfg)
   for _, a in ipairs(sets or {}) do
@@ -270,18 +269,17 @@ function M.load(path, sets)
   return cfg
 end
 
+-- A config from a YAML file with --set overrides and the checks.
+-- Returns cfg, or nil, message (file:line:column: path: what).
+function M.load(path, sets)
+  local cfg, err = config.load(path, M.schema)
+  return finish(cfg, err, sets)
+end
+
 -- The same from YAML text (specs, and configs made by programs).
 function M.parse(text, name, sets)
   local cfg, err = config.parse(text, M.schema, name)
-  if not cfg then return nil, err end
-  own_tables(cfg)
-  for _, a in ipairs(sets or {}) do
-    local ok, serr = config.set(cfg, M.schema, a)
-    if not ok then return nil, serr end
-  end
-  err = M.check(cfg)
-  if err then return nil, err end
-  return cfg
+  return finish(cfg, err, sets)
 end
 
 -- Table sizes after the rows cap.

@@ -1,0 +1,177 @@
+-- The option checks that collections of named tables share (embedding collections uvmrec.tbe,
+-- quantized ones uvmrec.qtbe, managed collisions uvmrec.mc): a table of known options with a
+-- non-empty list of tables, each a table of known options and a name of its own, whole numbers,
+-- names from a map, and the features each table reads.  Every message opens with the
+-- collection's name and points at the caller's line (`level` counts as error()'s does, from
+-- the function calling these).
+--
+--   local O = require("uvmrec.table_options").checks("embedding collection")
+--   local tables = O.open(opts, OPTS, "collection ", level)
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+local C = lib.C
+
+local function keys_of(t)
+  local k = {}
+  for name in pairs(t) do k[#k + 1] = name end
+  table.sort(k)
+  return table.concat(k, ", ")
+end
+
+local M = {}
+
+-- The engine's names for what embedding collections and quantized ones both take.
+M.BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
+M.POOLINGS = { sum = C.UR_POOLING_SUM, mean = C.UR_POOLING_MEAN, none = C.UR_POOLING_NONE }
+M.OUTPUT_DTYPES = { f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }
+
+-- The checks for the collection named who.
+function M.checks(who)
+  local O = {}
+
+  function O.fail(msg, level) error(who .. ": " .. msg, level + 1) end
+
+  -- map[v], else "<who>: <what> 'v' is not one of <map's names>".
+  function O.pick(map, v, what, level)
+    local r = map[v]
+    if r == nil then
+      O.fail(("%s '%s' is not one of %s"):format(what, tostring(v), keys_of(map)), level + 1)
+    end
+    return r
+  end
+
+  -- v, a whole number >= lo (default 0).
+  function O.whole(v, what, level, lo)
+    if type(v) ~= "number" or v ~= math.floor(v) or v < (lo or 0) then
+      O.fail(("%s is %s; expected a whole number >= %d"):format(what, tostring(v), lo or 0), level + 1)
+    end
+    return v
+  end
+
+  -- Every key of t in allowed; what names the kind ("unknown <what>option").
+  function O.check_keys(t, allowed, what, level)
+    for k in pairs(t) do
+      if not allowed[k] then O.fail(("unknown %soption '%s'"):format(what, tostring(k)), level + 1) end
+    end
+  end
+
+  -- opts: a table whose keys are all in allowed (an unknown one is an "unknown <what>option"),
+  -- with a non-empty list `tables`, which it returns.
+  function O.open(opts, allowed, what, level)
+    if type(opts) ~= "table" then O.fail("expected a table of options", level + 1) end
+    O.check_keys(opts, allowed, what, level + 1)
+    local tables = opts.tables
+    if type(tables) ~= "table" or #tables == 0 then O.fail("tables must be a non-empty list", level + 1) end
+    return tables
+  end
+
+  -- Table i of the list: a table of allowed keys whose name is a non-empty string that no earlier
+  -- table (a key of `index`) has.  Returns the name.
+  function O.named(i, t, allowed, index, level)
+    if type(t) ~= "table" then O.fail(("table %d is not a table"):format(i), level + 1) end
+    O.check_keys(t, allowed, "table ", level + 1)
+    local name = t.name
+    if type(name) ~= "string" or name == "" then O.fail(("table %d needs a name"):format(i), level + 1) end
+    if index[name] then O.fail(("two tables are named '%s'"):format(name), level + 1) end
+    return name
+  end
+
+  -- Table t's features (default {name}), each on no other table: recorded in on_table (feature ->
+  -- table name) and appended to list.
+  function O.features(name, t, on_table, list, level)
+    local fs = t.features or { name }
+    if type(fs) ~= "table" then O.fail(("table '%s' features must be a list"):format(name), level + 1) end
+    for _, f in ipairs(fs) do
+      if type(f) ~= "string" then
+        O.fail(("table '%s' has a feature that is not a string"):format(name), level + 1)
+      end
+      if on_table[f] then
+        O.fail(("feature '%s' is on tables '%s' and '%s'"):format(f, on_table[f], name), level + 1)
+      end
+      on_table[f] = name
+      list[#list + 1] = f
+    end
+  end
+
+  -- The 0-based index of the collection's table `name` (self.table_index), else an error
+  -- listing the tables (self.table_names).
+  function O.table_index(self, name, level)
+    local i = self.table_index[name]
+    if i == nil then
+      O.fail(("no table named '%s' (tables: %s)"):format(tostring(name), table.concat(self.table_names, ", ")),
+             level + 1)
+    end
+    return i
+  end
+
+  -- What tbe's and qtbe's configs (cfg) share: the device (lib.device_option), the bounds
+  -- check (default fatal) and the output dtype (default f32).  Returns the device and the
+  -- tables' default placement (opts.placement, else device on a GPU and host on the CPU).
+  function O.engine_config(opts, cfg, level)
+    local device = lib.device_option(opts.device, level + 1)
+    cfg.device = device
+    cfg.bounds = O.pick(M.BOUNDS, opts.bounds or "fatal", "bounds check", level + 1)
+    cfg.out_dtype = O.pick(M.OUTPUT_DTYPES, opts.output_dtype or "f32", "output dtype", level + 1)
+    return device, opts.placement or (device >= 0 and "device" or "host")
+  end
+
+  -- The input's key order: `order` (the collection's features option), which must name each of
+  -- the tables' features once, or when nil the tables' features in table order (list).
+  function O.key_order(order, on_table, list, level)
+    if not order then return list end
+    if type(order) ~= "table" or #order ~= #list then
+      O.fail(("features lists %s names; the tables have %d features")
+             :format(type(order) == "table" and #order or "no", #list), level + 1)
+    end
+    for _, f in ipairs(order) do
+      if not on_table[f] then O.fail(("feature '%s' is on no table"):format(tostring(f)), level + 1) end
+    end
+    return { unpack(order) }
+  end
+
+  -- The engine's feature arguments for the key order self.features: their count, each one's
+  -- table index (int32_t[]) and name (const char *[], pointing into self.features' strings);
+  -- fills self.feature_index (0-based) and self.feature_dims.
+  function O.feature_arrays(self, on_table)
+    local nf = #self.features
+    local ft, fnames = ffi.new("int32_t[?]", nf), ffi.new("const char *[?]", nf)
+    self.feature_dims = {}
+    for i, f in ipairs(self.features) do
+      self.feature_index[f] = i - 1
+      ft[i - 1] = self.table_index[on_table[f]]
+      fnames[i - 1] = f
+      self.feature_dims[i] = self.dims[on_table[f]]
+    end
+    return nf, ft, fnames
+  end
+
+  return O
+end
+
+-- The options an nn module over a collection passes on (EmbeddingBagCollection and
+-- EmbeddingCollection over uvmrec.tbe, their Quant twins over uvmrec.qtbe): a copy of opts
+-- with pooling set when the module fixes it ("none": an EmbeddingCollection), else opts, whose
+-- pooling, and every table's, must be one the module takes (sum or mean).  who: the module.
+function M.module_options(who, opts, pooling, level)
+  if type(opts) ~= "table" then error(who .. ": expected a table of options", level + 1) end
+  local allowed = pooling and { [pooling] = true } or { sum = true, mean = true }
+  local takes = pooling or "sum or mean"
+  for _, t in ipairs(type(opts.tables) == "table" and opts.tables or {}) do
+    if type(t) == "table" and t.pooling and not allowed[t.pooling] then
+      error(("%s: table '%s' pools by %s; this module takes pooling %s")
+            :format(who, tostring(t.name), tostring(t.pooling), takes), level + 1)
+    end
+  end
+  if not pooling then
+    if opts.pooling and not allowed[opts.pooling] then
+      error(("%s: pooling %s; this module takes pooling %s"):format(who, tostring(opts.pooling), takes), level + 1)
+    end
+    return opts
+  end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.pooling = pooling
+  return o
+end
+
+return M

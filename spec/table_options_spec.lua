@@ -1,0 +1,109 @@
+-- uvmrec.table_options: the option checks tbe, qtbe and mc share, and the options the nn
+-- collection modules pass on.
+local table_options = require "uvmrec.table_options"
+
+local O = table_options.checks("test collection")
+
+local function message(f, ...)
+  local ok, err = pcall(f, ...)
+  assert.is_false(ok)
+  return (tostring(err):gsub("^[^:]*:%d+: ", ""))
+end
+
+describe("uvmrec.table_options", function()
+  it("opens the options: a table of known keys with a non-empty list of tables", function()
+    local t = { { name = "a" } }
+    assert.equal(t, O.open({ tables = t }, { tables = true }, "", 1))
+    assert.equal("test collection: expected a table of options", message(O.open, 3, {}, "", 1))
+    assert.equal("test collection: unknown collection option 'x'",
+                 message(O.open, { tables = t, x = 1 }, { tables = true }, "collection ", 1))
+    assert.equal("test collection: tables must be a non-empty list",
+                 message(O.open, { tables = {} }, { tables = true }, "", 1))
+  end)
+
+  it("names each table once", function()
+    local index = { a = 0 }
+    assert.equal("b", O.named(2, { name = "b" }, { name = true }, index, 1))
+    assert.equal("test collection: table 2 is not a table", message(O.named, 2, 7, { name = true }, index, 1))
+    assert.equal("test collection: unknown table option 'rows'",
+                 message(O.named, 2, { name = "b", rows = 1 }, { name = true }, index, 1))
+    assert.equal("test collection: table 2 needs a name", message(O.named, 2, { name = "" }, { name = true }, index, 1))
+    assert.equal("test collection: two tables are named 'a'",
+                 message(O.named, 2, { name = "a" }, { name = true }, index, 1))
+  end)
+
+  it("gathers the tables' features and the input's key order", function()
+    local on, list = {}, {}
+    O.features("a", { features = { "x", "y" } }, on, list, 1)
+    O.features("b", {}, on, list, 1)
+    assert.same({ "x", "y", "b" }, list)
+    assert.same({ x = "a", y = "a", b = "b" }, on)
+    assert.equal(list, O.key_order(nil, on, list, 1))
+    assert.same({ "b", "y", "x" }, O.key_order({ "b", "y", "x" }, on, list, 1))
+    assert.equal("test collection: feature 'x' is on tables 'a' and 'c'",
+                 message(O.features, "c", { features = { "x" } }, on, {}, 1))
+    assert.equal("test collection: table 'c' has a feature that is not a string",
+                 message(O.features, "c", { features = { 1 } }, on, {}, 1))
+    assert.equal("test collection: features lists 2 names; the tables have 3 features",
+                 message(O.key_order, { "x", "y" }, on, list, 1))
+    assert.equal("test collection: feature 'z' is on no table", message(O.key_order, { "x", "y", "z" }, on, list, 1))
+  end)
+
+  it("finds a table by name, or lists the tables", function()
+    local self = { table_index = { a = 0, b = 1 }, table_names = { "a", "b" } }
+    assert.equal(1, O.table_index(self, "b", 1))
+    assert.equal("test collection: no table named 'c' (tables: a, b)", message(O.table_index, self, "c", 1))
+  end)
+
+  it("checks whole numbers and names from a map", function()
+    assert.equal(3, O.whole(3, "rows", 1, 1))
+    assert.equal("test collection: rows is 0; expected a whole number >= 1", message(O.whole, 0, "rows", 1, 1))
+    assert.equal("test collection: seed is 1.5; expected a whole number >= 0", message(O.whole, 1.5, "seed", 1))
+    assert.equal(2, O.pick({ sum = 1, mean = 2 }, "mean", "pooling", 1))
+    assert.equal("test collection: pooling 'max' is not one of mean, sum",
+                 message(O.pick, { sum = 1, mean = 2 }, "max", "pooling", 1))
+  end)
+
+  it("fills what tbe's and qtbe's configs share, and the engine's feature arguments", function()
+    local ffi = require "ffi"
+    local cfg = ffi.new("ur_qtbe_config")
+    local device, place = O.engine_config({ device = "cpu", bounds = "warn" }, cfg, 1)
+    assert.same({ -1, "host" }, { device, place })
+    assert.same({ -1, table_options.BOUNDS.warn, table_options.OUTPUT_DTYPES.f32 },
+                { cfg.device, cfg.bounds, cfg.out_dtype })
+    assert.equal("managed", select(2, O.engine_config({ device = "cpu", placement = "managed" }, cfg, 1)))
+    assert.equal("test collection: output dtype 'f16' is not one of bf16, f32",
+                 message(O.engine_config, { device = "cpu", output_dtype = "f16" }, cfg, 1))
+    local self = { features = { "y", "x" }, feature_index = {}, table_index = { a = 0, b = 1 },
+                   dims = { a = 4, b = 8 } }
+    local nf, ft, fnames = O.feature_arrays(self, { x = "a", y = "b" })
+    assert.equal(2, nf)
+    assert.same({ 1, 0, "y", "x" }, { ft[0], ft[1], ffi.string(fnames[0]), ffi.string(fnames[1]) })
+    assert.same({ y = 0, x = 1 }, self.feature_index)
+    assert.same({ 8, 4 }, self.feature_dims)
+  end)
+
+  it("points its errors at the caller's line", function()
+    local line
+    local ok, err = pcall(function()
+      line = debug.getinfo(1, "l").currentline + 1
+      O.whole(-1, "rows", 1)
+    end)
+    assert.is_false(ok)
+    assert.matches("table_options_spec.lua:" .. line .. ": ", err, 1, true)
+  end)
+
+  it("gives a module's options: pooling fixed on a copy, or checked to be sum or mean", function()
+    local opts = { tables = { { name = "a" } }, pooling = "mean" }
+    assert.equal(opts, table_options.module_options("M", opts, nil, 1))
+    local o = table_options.module_options("M", opts, "none", 1)
+    assert.are_not.equal(opts, o)
+    assert.same({ "none", "mean" }, { o.pooling, opts.pooling })
+    assert.equal("M: expected a table of options", message(table_options.module_options, "M", 1, nil, 1))
+    assert.equal("M: pooling none; this module takes pooling sum or mean",
+                 message(table_options.module_options, "M", { tables = {}, pooling = "none" }, nil, 1))
+    assert.equal("M: table 'a' pools by sum; this module takes pooling none",
+                 message(table_options.module_options, "M", { tables = { { name = "a", pooling = "sum" } } },
+                         "none", 1))
+  end)
+end)
