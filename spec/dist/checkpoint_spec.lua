@@ -115,7 +115,7 @@ describe("uvmrec.dist.checkpoint", function()
     same_files(U, R, 4)
   end)
 
-  it("reshards rowwise Adagrad's per-row state (column-wise tables refuse that optimizer when sharded)", function()
+  it("reshards rowwise Adagrad's per-row state of row-wise blocks", function()
     if not have_mpi() then pending("no MPI here") return end
     job(2, { PLAN = "row_wise", OPT = "rowwise_adagrad", STEPS = "1", OUT = dir .. "/A_rw" })
     job(1, { PLAN = "table_wise", OPT = "rowwise_adagrad", IN = dir .. "/A_rw", STEPS = "1" })

@@ -261,7 +261,7 @@ function Sharded:_row_sums_init()
   local dev = self.device >= 0 and self.device or (self.comm.device or -1)
   local o = { dtype = "f32", placement = dev >= 0 and "device" or "host", device = dev >= 0 and dev or nil }
   rs.buf = assert(tensor.tensor({ rs.total }, o))
-  rs.extra, rs.held = {}, false
+  rs.extra, rs.held, rs.seconds, rs.calls = {}, false, 0, 0
   for _, t in ipairs(rs.tables) do
     t.view = rs.buf:view_as(t.at, { t.rows })
     for j, shard in ipairs(t.shards) do
@@ -295,8 +295,11 @@ end
 -- writes its rows' partial sums of squared gradients over its columns, the ranks' sums are
 -- added (one all-reduce of rows x 4 bytes per table, every rank taking part, zeros where it
 -- holds no shard), and each shard's step then takes the whole row's sum.
+-- rs.seconds / rs.calls: the host time in here (on the CPU the whole of it; on a GPU what the
+-- host waits for).
 function Sharded:_sum_rows(grad, stream)
   local rs, comm = self.row_sums, self.comm
+  local t0 = lib.C.ur_clock_seconds()
   assert(rs.buf:fill(0, stream))
   if rs.held then
     assert(self.tbe_a2a:row_sums(self._parts[1], grad, stream))
@@ -305,6 +308,7 @@ function Sharded:_sum_rows(grad, stream)
   assert(comm:all_reduce(rs.buf, "sum", stream))
   assert(comm:wait(stream))
   for _, x in ipairs(rs.extra) do assert(x.buf:copy(x.seg, stream)) end
+  rs.seconds, rs.calls = rs.seconds + lib.C.ur_clock_seconds() - t0, rs.calls + 1
 end
 
 -- ---- the input exchange ----
