@@ -261,7 +261,7 @@ function Sharded:_row_sums_init()
   local dev = self.device >= 0 and self.device or (self.comm.device or -1)
   local o = { dtype = "f32", placement = dev >= 0 and "device" or "host", device = dev >= 0 and dev or nil }
   rs.buf = assert(tensor.tensor({ rs.total }, o))
-  rs.extra, rs.held, rs.seconds, rs.calls = {}, false, 0, 0
+  rs.extra, rs.held, rs.seconds, rs.calls, rs.reduce_seconds = {}, false, 0, 0, 0
   for _, t in ipairs(rs.tables) do
     t.view = rs.buf:view_as(t.at, { t.rows })
     for j, shard in ipairs(t.shards) do
@@ -296,7 +296,7 @@ end
 -- added (one all-reduce of rows x 4 bytes per table, every rank taking part, zeros where it
 -- holds no shard), and each shard's step then takes the whole row's sum.
 -- rs.seconds / rs.calls: the host time in here (on the CPU the whole of it; on a GPU what the
--- host waits for).
+-- host waits for); rs.reduce_seconds: the part in the all-reduce.
 function Sharded:_sum_rows(grad, stream)
   local rs, comm = self.row_sums, self.comm
   local t0 = lib.C.ur_clock_seconds()
@@ -305,10 +305,13 @@ function Sharded:_sum_rows(grad, stream)
     assert(self.tbe_a2a:row_sums(self._parts[1], grad, stream))
     for _, x in ipairs(rs.extra) do add_into(x.seg, x.buf) end
   end
+  local t1 = lib.C.ur_clock_seconds()
   assert(comm:all_reduce(rs.buf, "sum", stream))
   assert(comm:wait(stream))
+  local t2 = lib.C.ur_clock_seconds()
   for _, x in ipairs(rs.extra) do assert(x.buf:copy(x.seg, stream)) end
   rs.seconds, rs.calls = rs.seconds + lib.C.ur_clock_seconds() - t0, rs.calls + 1
+  rs.reduce_seconds = rs.reduce_seconds + t2 - t1
 end
 
 -- ---- the input exchange ----
