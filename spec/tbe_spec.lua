@@ -633,7 +633,8 @@ describe("uvmrec.tbe row sums (rowwise Adagrad over column shards)", function()
         for k = 1, #l do v[#v + 1], w[#w + 1] = l[k], ws[i][k] end
         for b = 2, #offs[i] do o[#o + 1] = o[#o] + offs[i][b] - offs[i][b - 1] end
       end
-      return R.input({ values = v, offsets = o, weights = w }, placement), { values = v, offsets = o, weights = w, batch = B }
+      local raw = { values = v, offsets = o, weights = w, batch = B }
+      return R.input(raw, placement), raw
     end
     local wi, wb = join({ f, g }, { fo, go }, { fw, gw })
     local si, sb = join({ f, f, g }, { fo, fo, go }, { fw, fw, gw })
@@ -677,7 +678,7 @@ describe("uvmrec.tbe row sums (rowwise Adagrad over column shards)", function()
       end
       assert(fused:backward(input, grad))
       assert(split:backward(input, grad))
-      for name, t in pairs(R.snapshot(fused)) do R.bits_equal(fused:table(name), split:table(name), name) end
+      for name in pairs(R.snapshot(fused)) do R.bits_equal(fused:table(name), split:table(name), name) end
       for _, name in ipairs { "x", "y" } do
         R.bits_equal(fused:state(name).sum, split:state(name).sum, name .. " sum")
       end

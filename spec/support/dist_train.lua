@@ -78,7 +78,9 @@ for step = 1, steps do
     worst = math.max(worst, math.abs(ld - lr) / math.abs(lr))
     print(("step %d loss %.7f %.7f"):format(step, ld, lr))
   end
-  if step == 1 then rows_equal(step, tonumber(os.getenv("ROWS_TOL") or "") or (os.getenv("EXACT") == "0" and 1e-4 or 0)) end
+  if step == 1 then
+    rows_equal(step, tonumber(os.getenv("ROWS_TOL") or "") or (os.getenv("EXACT") == "0" and 1e-4 or 0))
+  end
 end
 
 -- AUC on the 4 global batches after the training samples, over the ranks
