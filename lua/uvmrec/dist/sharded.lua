@@ -20,7 +20,8 @@
 --     by side in the collection's feature order;
 --   backward: the gradient the reverse way (all-to-all; all-gather for row-wise and data-
 --     parallel tables, whose replicas all step on the global batch's gradient), into each
---     shard's fused optimizer step.
+--     shard's fused optimizer step; tables in several column shards under rowwise Adagrad first
+--     add their shards' per-row sums of squared gradients over the ranks (_sum_rows).
 -- Every shard thus sees its rows' gradients in the unsharded order, so its rows step as the
 -- unsharded table's would (bit for bit where pooling adds the same numbers in the same order:
 -- all but row-wise tables of multi-id bags, whose partial sums are added over the ranks).
