@@ -114,7 +114,7 @@ examples: $(BUILD)/bin/uvm_migration $(BUILD)/bin/serve $(BUILD)/bin/serve_bench
 # bin/uvmrec does), so make dist's bin/serve and bin/serve_bench run on a host without them.
 $(BUILD)/bin/%: engine/examples/%.c $(BUILD)/lib/libuvmrec.a
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -pthread -Iengine/include $< $(BUILD)/lib/libuvmrec.a $(engine_static) $(filter -ldl -lpthread -lm -lrt,$(ENGINE_LIBS)) -o $@
+	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -pthread -Iengine/include $< $(BUILD)/lib/libuvmrec.a $(engine_static) $(SYS_LIBS) -o $@
 
 # The C API called with NULL pointers (spec/capi_null_spec.lua): a program made from the header's
 # prototypes by spec/support/capi.lua, so a new function is called too.
@@ -145,9 +145,12 @@ CFLAGS_HOST := $(CFLAGS_ENGINE) -I$(LUAJIT_INC) -DUR_HOST_CUDA_ARCHS='"$(if $(fi
 # so it runs on hosts that have none of them: LuaJIT, libedit and what it needs, and the engine's
 # libraries but glibc's.
 ENGINE_STATIC := $(patsubst -l%,%,$(filter-out -ldl -lpthread -lm -lrt,$(ENGINE_LIBS)))
-HOST_STATIC := luajit-5.1 edit tinfo bsd md $(ENGINE_STATIC)
-engine_static = $$(for l in $(ENGINE_STATIC); do a=$(SYSLIB)/lib$$l.a; if [ -f $$a ]; then printf '%s ' $$a; else printf -- '-l%s ' $$l; fi; done)
-host_static  = $$(for l in $(HOST_STATIC); do a=$(SYSLIB)/lib$$l.a; if [ -f $$a ]; then printf '%s ' $$a; else printf -- '-l%s ' $$l; fi; done)
+LUA_STATIC    := luajit-5.1 edit tinfo bsd md
+SYS_LIBS      := $(filter -ldl -lpthread -lm -lrt,$(ENGINE_LIBS))
+# $(call static,LIBS): each library's archive where the system has it, else -lLIB.
+static = $$(for l in $(1); do a=$(SYSLIB)/lib$$l.a; if [ -f $$a ]; then printf '%s ' $$a; else printf -- '-l%s ' $$l; fi; done)
+engine_static = $(call static,$(ENGINE_STATIC))
+host_static   = $(call static,$(LUA_STATIC) $(ENGINE_STATIC))
 VERSION      = $(shell sed -n 's/^\#define UR_VERSION "\(.*\)"/\1/p' engine/include/uvmrec.h)
 
 $(BUILD)/obj-host/%.o: engine/host/%.c engine/host/host.h engine/include/uvmrec_lua.h engine/include/uvmrec.h | $(DEPS_STAMP)
@@ -167,7 +170,7 @@ $(BUILD)/bin/uvmrec: $(BUILD)/obj-host/main.o $(HOST_OBJ) $(BUILD)/lib/libuvmrec
 	@mkdir -p $(dir $@)
 	$(CC) $(SANFLAGS) -pthread -o $@ $(BUILD)/obj-host/main.o $(HOST_OBJ) \
 	  -Wl,--whole-archive $(BUILD)/lib/libuvmrec.a -Wl,--no-whole-archive \
-	  -Wl,--dynamic-list=engine/host/uvmrec.syms $(host_static) $(filter -ldl -lpthread -lm -lrt,$(ENGINE_LIBS))
+	  -Wl,--dynamic-list=engine/host/uvmrec.syms $(host_static) $(SYS_LIBS)
 
 define UVMREC_PC
 prefix=$(PREFIX)
@@ -221,11 +224,30 @@ uninstall:
 DIST_LUA   := argparse.lua busted busted.lua luassert say pl cliargs cliargs.lua mediator.lua dkjson.lua term system
 DIST_CMODS := lfs.so term/core.so system/core.so
 DIST_MAX_MIB := 48
-# The engine travels inside bin/uvmrec only: a GPU host has no plain luajit to load libuvmrec.so.
-dist: all examples
+# The tree's programs (bin/uvmrec, bin/serve, bin/serve_bench) share one engine, lib/libuvmrec.so,
+# so OpenBLAS (its kernels for every CPU are most of the tree) is there once. The engine holds
+# libyaml and OpenBLAS linked in and hidden; Debian's libjansson.a and libz.a are not
+# position-independent, so a copy of libjansson travels beside it and libz.so.1 (on every glibc
+# system) is the host's. The programs find the engine through their run path.
+DIST_ENGINE := $(BUILD)/dist/libuvmrec.so
+DIST_BINS   := $(BUILD)/dist/uvmrec $(BUILD)/dist/serve $(BUILD)/dist/serve_bench
+DIST_SHARED := jansson z
+DIST_COPIED := libjansson.so.4
+DIST_LINK   := -L$(BUILD)/dist -luvmrec -Wl,-rpath,'$$ORIGIN/../lib'
+$(DIST_ENGINE): $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(SANFLAGS) -pthread -Wl,-soname,libuvmrec.so -Wl,--exclude-libs,ALL -Wl,-rpath,'$$ORIGIN' -o $@ $^ \
+	  $(call static,$(filter-out $(DIST_SHARED),$(ENGINE_STATIC))) $(addprefix -l,$(DIST_SHARED)) $(SYS_LIBS)
+$(BUILD)/dist/uvmrec: $(BUILD)/obj-host/main.o $(HOST_OBJ) $(DIST_ENGINE) engine/host/uvmrec.syms
+	$(CC) $(SANFLAGS) -pthread -o $@ $(BUILD)/obj-host/main.o $(HOST_OBJ) $(DIST_LINK) \
+	  -Wl,--dynamic-list=engine/host/uvmrec.syms $(call static,$(LUA_STATIC)) $(SYS_LIBS)
+$(BUILD)/dist/%: engine/examples/%.c $(DIST_ENGINE)
+	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -pthread -Iengine/include $< $(DIST_LINK) $(SYS_LIBS) -o $@
+
+dist: all $(DIST_BINS)
 	rm -rf dist && mkdir -p dist/bin dist/lib/lua/term dist/lib/lua/system dist/lua
-	cp $(BUILD)/bin/uvmrec dist/bin/ && strip --strip-debug dist/bin/uvmrec
-	cp $(BUILD)/bin/serve $(BUILD)/bin/serve_bench dist/bin/ && strip --strip-debug dist/bin/serve dist/bin/serve_bench
+	cp $(DIST_BINS) dist/bin/ && cp $(DIST_ENGINE) $(addprefix $(SYSLIB)/,$(DIST_COPIED)) dist/lib/
+	strip --strip-debug $(addprefix dist/bin/,$(notdir $(DIST_BINS))) dist/lib/libuvmrec.so
 	$(if $(filter %cuda.so,$(LIBS)),cp $(filter %cuda.so,$(LIBS)) dist/lib/)
 	$(if $(filter %mpi.so,$(LIBS)),cp $(filter %mpi.so,$(LIBS)) dist/lib/)
 	cp -R lua/uvmrec dist/lua/

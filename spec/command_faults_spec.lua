@@ -41,8 +41,15 @@ describe("the uvmrec command, on mistakes and a bare machine", function()
   end)
 
   it("names UVMREC_ROOT when a copy of the program outside a tree is asked for a command", function()
-    local copy = dir .. "/uvmrec"
-    assert.equal(0, select(3, cmd.sh("cp " .. cmd.quote(cmd.bin()) .. " " .. cmd.quote(copy))))
+    local copy = dir .. "/bin/uvmrec"
+    assert.equal(0, select(3, cmd.sh(("mkdir -p %s/bin %s/lib && cp %s %s"):format(dir, dir, cmd.quote(cmd.bin()),
+      cmd.quote(copy)))))
+    -- a dist tree's program takes the engine from ../lib (its run path): the libraries go along,
+    -- not the tree's Lua modules
+    local lib = cmd.bin():match("^(.*)/bin/[^/]*$") .. "/lib"
+    if cmd.exists(lib .. "/libuvmrec.so") then
+      assert.equal(0, select(3, cmd.sh(("cp %s/*.so* %s/lib/"):format(cmd.quote(lib), dir))))
+    end
     local out, err, code = cmd.sh("cd / && env -u UVMREC_ROOT " .. cmd.quote(copy) .. " train dlrm_tiny")
     assert.equal(1, code, out)
     assert.equal("uvmrec: 'train' is a command of a uvmrec tree, and no tree was found beside this program ("

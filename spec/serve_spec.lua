@@ -19,8 +19,7 @@ local C = ur.C
 local function build_c(rel, dir, name)
   local libdir, root = h.engine_lib()
   if not libdir then return nil, root end
-  local src = root .. "/../" .. rel
-  if not cmd.exists(src) then src = rel end
+  local src = root .. "/" .. rel
   local exe = dir .. "/" .. name
   local line = ("cc -std=c11 -O2 -Iengine/include %s -L%s -luvmrec -lpthread -lm -Wl,-rpath,%s -o %s 2>&1")
                :format(src, libdir, libdir, exe)

@@ -566,8 +566,7 @@ describe("uvmrec.data loader", function()
       if n == 120 then break end
     end
     f:close()
-    local src = root .. "/../engine/tests/loader_check.c"
-    if not cmd.exists(src) then src = "engine/tests/loader_check.c" end
+    local src = root .. "/engine/tests/loader_check.c"
     local exe = dir .. "/loader_check"
     local cc = ("cc -std=c11 -g -Iengine/include %s -L%s -luvmrec -Wl,-rpath,%s -o %s"):format(src, libdir, libdir, exe)
     assert.equal(0, os.execute(cc))

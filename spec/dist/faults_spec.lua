@@ -84,8 +84,7 @@ describe("faults over ranks", function()
       local t0 = command.now()
       while not (command.slurp(log) or ""):match("step 4 loss") and command.now() - t0 < 60 do command.sleep(0.2) end
       local shell = command.slurp(dir .. "/pid"):match("%d+")
-      -- pgrep without the sanitizers' runtime that make SAN=1 preloads (under it pgrep can hang)
-      local launcher = command.sh("env -u LD_PRELOAD pgrep -P " .. shell):match("%d+")
+      local launcher = command.child(shell)
       assert.is_truthy(launcher, "no launch process under the shell " .. tostring(shell))
       command.sh("kill -INT " .. launcher)
       while not (command.slurp(log) or ""):match("exit=%d+") and command.now() - t0 < 90 do command.sleep(0.2) end

@@ -97,7 +97,9 @@ describe("uvmrec train over ranks: checkpoints and --resume", function()
     while not (command.slurp(dir .. "/int/metrics.jsonl") or ""):match('"step":3,') and command.now() - t0 < 60 do
       command.sleep(0.2)
     end
-    local launcher = command.sh("pgrep -P " .. command.slurp(dir .. "/pid"):match("%d+")):match("%d+")
+    local shell = command.slurp(dir .. "/pid")
+    local launcher = command.child(shell)
+    assert.is_truthy(launcher, "no launch process under the shell " .. tostring(shell))
     command.sh("kill -INT " .. launcher)
     while not (command.slurp(log) or ""):match("exit=%d+") and command.now() - t0 < 90 do command.sleep(0.2) end
     local out = command.slurp(log)

@@ -108,6 +108,14 @@ function M.now() return tonumber(slurp("/proc/uptime"):match("^(%S+)")) end
 
 function M.sleep(s) os.execute("sleep " .. s) end
 
+-- The process id of a child of process pid (a number or its text), or nil.  pgrep runs without
+-- the sanitizers' runtime that make SAN=1 preloads: under it pgrep hangs in a futex.
+function M.child(pid)
+  local out = M.sh("env -u LD_PRELOAD pgrep -P " .. assert(tostring(pid):match("^%s*(%d+)%s*$"),
+    "command.child: not a process id: " .. tostring(pid)))
+  return tonumber(out:match("%d+"))
+end
+
 -- What a terminal shows, roughly: carriage returns, escape sequences and bells removed.
 local function plain(s)
   return (s:gsub("\27%[[%d;?]*[%a@]", ""):gsub("\27[%(%)][%w]", ""):gsub("[\r\7]", ""))

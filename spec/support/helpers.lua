@@ -211,13 +211,16 @@ end
 
 M.dtypes = { "f32", "bf16", "f16", "i8", "u8", "i32", "i64" }
 
--- libuvmrec's folder and the tree's root, for specs that build C programs against the library;
--- nil, why where the tree has no libuvmrec.so (a dist tree links the engine into bin/uvmrec).
+-- libuvmrec's folder and the folder of the C sources (the tree's root, where the specs run), for
+-- specs that build C programs against the library; nil, why in a tree without both (a dist tree
+-- ships the engine, lib/libuvmrec.so, but not its sources).
 function M.engine_lib()
   local so = package.searchpath("libuvmrec", package.cpath)
-  if not so then return nil, "no libuvmrec.so in this tree (a dist tree links the engine into bin/uvmrec)" end
-  local libdir = so:match("^(.*)/[^/]*$")
-  return libdir, libdir:match("^(.*)/[^/]*/lib$") or "."
+  if not so then return nil, "no libuvmrec.so in this tree" end
+  if not command.exists("engine/include/uvmrec.h") then
+    return nil, "no C sources in this tree (engine/include/uvmrec.h): a dist tree ships the engine, not its sources"
+  end
+  return so:match("^(.*)/[^/]*$"), "."
 end
 
 return M
