@@ -559,7 +559,8 @@ struct SparseOut {
   const int64_t *ustart, *gbase; /* per table, device */
 };
 
-/* The optimizer step of one row (or the sparse write), by one warp, from its summed gradient,
+/* The optimizer step of one row (or the sparse write, or with h.sums_only the row's sum of
+ * squared gradients into its table's row sums), by one warp, from its summed gradient,
  * which each lane left in acc[(v * 32 + lane) * E + e] (shared memory).  Not inlined: it is
  * called from several places of the loops and is large; inlining it made the kernels spill. */
 template <int NV, int E>
@@ -584,7 +585,8 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
    * by id (so a relayout changes no number) */
   int64_t prow = tb.perm ? tb.perm[row] : row;
   int64_t base = prow * dim;
-  int64_t lbase = (tb.sr_row0 + (tb.row_ids ? tb.row_ids[row] : row)) * tb.sr_pitch + tb.sr_col0;
+  int64_t sid = tb.row_ids ? tb.row_ids[row] : row;
+  int64_t lbase = (tb.sr_row0 + sid) * tb.sr_pitch + tb.sr_col0;
   float w[NV][E], gg[NV][E];
   float sq = 0.0f;
 #pragma unroll
@@ -603,7 +605,11 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
   if (h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) sq = UR_FADD(sq, __shfl_xor_sync(kFull, sq, o));
-    rs = UR_FADD(tb.state1[prow], UR_FDIV(sq, (float)dim));
+    if (h.sums_only) { /* ur_tbe_row_sums: the row's partial sum, no step */
+      if (lane == 0) tb.row_sums[sid] = sq;
+      return;
+    }
+    rs = ur__tbe_rowwise_state(&tb, sid, tb.state1[prow], sq);
     __syncwarp();
     if (lane == 0) tb.state1[prow] = rs;
   }
@@ -698,6 +704,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV * E <= 8 ? 4 : 2)
     uint64_t key = key_at(s, j0);
     int32_t t = table_of_key(a, key);
     const ur__tbe_table &tb = a.tables[t];
+    if (h.sums_only && !tb.row_sums) continue; /* ur_tbe_row_sums: other tables sit out */
     int64_t row = (int64_t)key - tb.key_base;
     if (!sp.rows) prefetch_step(h, tb, row, lane);
     float acc[NV][E];
@@ -782,6 +789,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     uint64_t key = key_at(s, j0);
     int32_t t = table_of_key(a, key);
     const ur__tbe_table &tb = a.tables[t];
+    if (h.sums_only && !tb.row_sums) continue;
     int64_t row = (int64_t)key - tb.key_base;
     int dim = tb.dim;
     if (!sp.rows) prefetch_step(h, tb, row, lane);

@@ -592,3 +592,193 @@ describe("uvmrec.tbe tables at build time", function()
     assert.equal(cpu, digest("", "device", true))
   end)
 end)
+
+-- Rowwise Adagrad split around the row sums (ur_tbe_set_row_sums, ur_tbe_row_sums), what
+-- uvmrec.dist.sharded does for tables in several column shards.
+describe("uvmrec.tbe row sums (rowwise Adagrad over column shards)", function()
+  local hp = { lr = 0.05, eps = 1e-3, weight_decay = 0.01, max_grad = 0.7 }
+  local function optimizer(kind)
+    return { kind or "rowwise_adagrad", lr = hp.lr, eps = hp.eps, weight_decay = hp.weight_decay,
+             max_grad = hp.max_grad }
+  end
+  -- x: 40 x 12 whole (features f), or as columns [0, 8) and [8, 12) (features f0, f1, each
+  -- reading f's ids); y: 9 x 8 bf16 with stochastic rounding, whole either way (feature g)
+  local function whole(device)
+    return assert(tbe.new { device = device or "cpu", seed = 6, optimizer = optimizer(), stochastic_rounding = true,
+                            tables = { { name = "x", rows = 40, dim = 12, features = { "f" } },
+                                       { name = "y", rows = 9, dim = 8, dtype = "bf16", features = { "g" } } } })
+  end
+  local function shards(device)
+    local function part(col0, dim, f)
+      return { name = "x/" .. f, rows = 40, dim = dim, features = { f },
+               shard = { logical = 0, rows = 40, dim = 12, col0 = col0 } }
+    end
+    return assert(tbe.new { device = device or "cpu", seed = 6, optimizer = optimizer(), stochastic_rounding = true,
+                            tables = { part(0, 8, "f0"), part(8, 4, "f1"),
+                                       { name = "y", rows = 9, dim = 8, dtype = "bf16", features = { "g" },
+                                         shard = { logical = 1, rows = 9, dim = 8 } } } })
+  end
+  -- A batch of B samples: ids of f (repeated as f0, f1 for the shards) and g, weighted.
+  local function inputs(B, placement)
+    local f, g, fo, go, fw, gw = {}, {}, { 0 }, { 0 }, {}, {}
+    for _ = 1, B do
+      for _ = 1, math.random(0, 3) do f[#f + 1], fw[#fw + 1] = math.random(0, 29), math.random() end
+      fo[#fo + 1] = #f
+      for _ = 1, math.random(0, 2) do g[#g + 1], gw[#gw + 1] = math.random(0, 8), math.random() end
+      go[#go + 1] = #g
+    end
+    local function join(lists, offs, ws)
+      local v, o, w = {}, { 0 }, {}
+      for i, l in ipairs(lists) do
+        for k = 1, #l do v[#v + 1], w[#w + 1] = l[k], ws[i][k] end
+        for b = 2, #offs[i] do o[#o + 1] = o[#o] + offs[i][b] - offs[i][b - 1] end
+      end
+      local raw = { values = v, offsets = o, weights = w, batch = B }
+      return R.input(raw, placement), raw
+    end
+    local wi, wb = join({ f, g }, { fo, go }, { fw, gw })
+    local si, sb = join({ f, f, g }, { fo, fo, go }, { fw, fw, gw })
+    return wi, si, wb, sb
+  end
+  local function sums(c, name, placement)
+    local t = assert(ur.tensor({ c.rows[name] }, { placement = placement or "host" }))
+    c:set_row_sums(name, t)
+    return t
+  end
+
+  it("gives each row read its squared gradient's sum; a table lent its own steps as the fused step, bit for bit",
+     function()
+    math.randomseed(21)
+    local fused, split = whole(), whole()
+    local sx, sy = sums(split, "x"), sums(split, "y")
+    for step = 1, 3 do
+      local input, _, b = inputs(13)
+      local out = fused:forward(input)
+      assert.same(out:totable(), split:forward(input):totable())
+      local grad = R.tensor(R.randoms(out:numel()), "f32"):view_as(0, out:size())
+      local before = R.snapshot(split)
+      assert(split:row_sums(input, grad))
+      -- nothing stepped
+      assert.same(before, R.snapshot(split))
+      assert.equal(step - 1, split:step())
+      -- the sums against float64: each read row's, 0 elsewhere
+      local rg = R.row_grads(b, R.layout(split), grad:totable(), 20)
+      for name, s in pairs { x = sx, y = sy } do
+        local dim = split.dims[name]
+        local want = R.row_sq(rg[name] or {}, hp, function(r)
+          local row = {}
+          for k = 1, dim do row[k] = before[name][r * dim + k] end
+          return row
+        end)
+        local got = s:totable()
+        for r = 0, #got - 1 do
+          if want[r] then R.close({ got[r + 1] }, { want[r] }, 1e-5, 1e-7, name .. " row " .. r)
+          else assert.equal(0, got[r + 1], name .. " row " .. r .. " (not read)") end
+        end
+      end
+      assert(fused:backward(input, grad))
+      assert(split:backward(input, grad))
+      for name in pairs(R.snapshot(fused)) do R.bits_equal(fused:table(name), split:table(name), name) end
+      for _, name in ipairs { "x", "y" } do
+        R.bits_equal(fused:state(name).sum, split:state(name).sum, name .. " sum")
+      end
+    end
+  end)
+
+  it("steps column shards as the whole table when their sums are added: rows and state within rounding", function()
+    math.randomseed(22)
+    local w, s, alone = whole(), shards(), shards()
+    local s0, s1 = sums(s, "x/f0"), sums(s, "x/f1")
+    for step = 1, 4 do
+      local wi, si = inputs(17)
+      local out = w:forward(wi)
+      -- after a step the rows agree within rounding, so the outputs too
+      R.close(s:forward(si):totable(), out:totable(), step == 1 and 0 or 1e-5, step == 1 and 0 or 1e-7, "out")
+      alone:forward(si)
+      local grad = R.tensor(R.randoms(out:numel()), "f32"):view_as(0, out:size())
+      assert(s:row_sums(si, grad))
+      -- the all-reduce's part, here in one process: both shards take the sum of the two
+      local a, b = s0:totable(), s1:totable()
+      for i = 1, #a do a[i] = a[i] + b[i] end
+      local total = R.tensor(a, "f32")
+      assert(s0:copy(total))
+      assert(s1:copy(total))
+      assert(w:backward(wi, grad))
+      assert(s:backward(si, grad))
+      assert(alone:backward(si, grad))
+      local wx, p0, p1 = w:table("x"):totable(), s:table("x/f0"):totable(), s:table("x/f1"):totable()
+      local joined = {}
+      for r = 0, 39 do
+        for k = 1, 8 do joined[r * 12 + k] = p0[r * 8 + k] end
+        for k = 1, 4 do joined[r * 12 + 8 + k] = p1[r * 4 + k] end
+      end
+      R.close(joined, wx, 1e-5, 1e-7, "x after step " .. step)
+      local ws = w:state("x").sum:totable()
+      R.close(s:state("x/f0").sum:totable(), ws, 1e-5, 1e-9, "x/f0 sum after step " .. step)
+      R.bits_equal(s:state("x/f0").sum, s:state("x/f1").sum, "the shards' sums")
+      -- y has no row sums: its fused step, bit for bit
+      R.bits_equal(w:table("y"), s:table("y"), "y after step " .. step)
+      -- shards stepping alone take their own columns' mean: not the whole row's
+      local own = alone:state("x/f1").sum:totable()
+      local off = 0
+      for i = 1, #ws do off = math.max(off, math.abs(own[i] - ws[i]) / math.max(ws[i], 1e-6)) end
+      assert.is_true(off > 1e-2, "shards alone agree with the whole table; the spec could not fail")
+    end
+  end)
+
+  it("names the table, the value and the expectation for bad input", function()
+    local c = whole()
+    assert.has_error(function() c:set_row_sums("q", ur.tensor { 40 }) end,
+      "embedding collection: no table named 'q' (tables: x, y)")
+    assert.has_error(function() c:set_row_sums("x", ur.tensor { 39 }) end,
+      "tbe set_row_sums: table 'x': the sums are f32 of 39 elements; expected f32 of 40 (one per row)")
+    assert.has_error(function() c:set_row_sums("x", ur.tensor({ 40 }, { dtype = "i32" })) end,
+      "tbe set_row_sums: table 'x': the sums are i32 of 40 elements; expected f32 of 40 (one per row)")
+    local t = ur.tensor { 40 }
+    c:set_row_sums("x", t)
+    assert.has_error(function() c:set_row_sums("y", t:view_as(0, { 9 })) end,
+      "tbe set_row_sums: table 'y': the sums overlap table 'x''s; each table needs its own")
+    c:set_row_sums("x", nil)
+    local input = inputs(2)
+    assert.has_error(function() c:row_sums(input, ur.tensor { 2, 20 }) end,
+      "tbe row_sums: no table of the collection has row sums (ur_tbe_set_row_sums)")
+    local ada = assert(tbe.new { device = "cpu", optimizer = optimizer("adagrad"),
+                                 tables = { { name = "x", rows = 40, dim = 12 } } })
+    assert.has_error(function() ada:set_row_sums("x", ur.tensor { 40 }) end,
+      "tbe set_row_sums: table 'x': row sums are rowwise Adagrad's, and the collection's optimizer is adagrad")
+    c:free()
+    ada:free()
+  end)
+
+  cuda_it("gives the CPU's sums and steps on the GPU, within the warp's rounding", function()
+    math.randomseed(23)
+    local cpu, gpu = shards(), shards(0)
+    local c0, c1 = sums(cpu, "x/f0"), sums(cpu, "x/f1")
+    local g0, g1 = sums(gpu, "x/f0", "device"), sums(gpu, "x/f1", "device")
+    for step = 1, 3 do
+      local _, si, _, sb = inputs(33)
+      local sg = R.input(sb, "device")
+      local out = cpu:forward(si)
+      assert.same(out:totable(), gpu:forward(sg):totable(), "forward " .. step)
+      local grad = R.tensor(R.randoms(out:numel()), "f32"):view_as(0, out:size())
+      local gg = assert(grad:to("device"))
+      assert(cpu:row_sums(si, grad))
+      assert(gpu:row_sums(sg, gg))
+      R.close(g0:totable(), c0:totable(), 1e-6, 1e-9, "x/f0 sums " .. step)
+      R.close(g1:totable(), c1:totable(), 1e-6, 1e-9, "x/f1 sums " .. step)
+      for _, pair in ipairs { { c0, c1 }, { g0, g1 } } do
+        local a, b = pair[1]:totable(), pair[2]:totable()
+        for i = 1, #a do a[i] = a[i] + b[i] end
+        local total = R.tensor(a, "f32", pair[1]:placement())
+        assert(pair[1]:copy(total))
+        assert(pair[2]:copy(total))
+      end
+      assert(cpu:backward(si, grad))
+      assert(gpu:backward(sg, gg))
+      for _, name in ipairs { "x/f0", "x/f1" } do
+        R.close(gpu:table(name):totable(), cpu:table(name):totable(), 1e-5, 1e-7, name .. " step " .. step)
+        R.close(gpu:state(name).sum:totable(), cpu:state(name).sum:totable(), 1e-5, 1e-9, name .. " sum " .. step)
+      end
+    end
+  end)
+end)

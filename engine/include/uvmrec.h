@@ -719,6 +719,25 @@ UR_API ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_
  * runs, without a wait; the collection's own step count still advances).  The flags stay the
  * caller's and must outlive the collection or be unset first; i32, on the collection's side. */
 UR_API ur_status ur_tbe_set_gate(ur_tbe *t, const ur_tensor *gate /* or NULL */);
+/* Rowwise Adagrad over column shards: a table split by columns over several collections steps
+ * each row by the mean squared gradient of the whole row, which no shard holds alone.  Split
+ * into halves around the caller's all-reduce:
+ *   ur_tbe_set_row_sums(t, table, sums): sums f32 [the table's rows], on the collection's side
+ *     (the caller's; it must outlive the collection or be unset first; NULL unsets), one per
+ *     table; rowwise Adagrad only;
+ *   ur_tbe_row_sums(s, t, ...): the first half, a backward's arguments: each table with sums
+ *     gets there, for every row the input reads, the sum over its own columns of the squared
+ *     gradient its step would take (clipped, with weight decay), and 0 for every other row;
+ *     rows, state and the step count are left alone;
+ *   the caller sums the sums of the table's shards (an all-reduce);
+ *   ur_tbe_backward(s, t, ...) with the same arguments: the step, each such table's row state
+ *     growing by sums[row] / the whole row's columns (the logical table's dim for a shard). */
+UR_API ur_status ur_tbe_set_row_sums(ur_tbe *t, int32_t table, ur_tensor *sums /* or NULL */);
+UR_API ur_status ur_tbe_row_sums(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
+                                 const ur_tensor *values, const ur_tensor *offsets,
+                                 const ur_tensor *weights /* or NULL */,
+                                 const int64_t *stride_per_key_per_rank /* or NULL */,
+                                 const ur_tensor *inverse_indices /* or NULL */);
 /* The deduplicated gradient instead of an update: rows i64 [U] (row ids within their tables,
  * ascending per table, tables in order), grads f32 [sum_t U_t * dim_t] (table t's block is
  * [U_t, dim_t]), and counts[t] = U_t (host array of num_tables).  Synchronous. */

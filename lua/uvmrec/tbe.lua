@@ -354,6 +354,36 @@ function methods:backward(input, grad, stream, ticket)
   return true
 end
 
+-- Rowwise Adagrad over column shards (uvmrec.dist.sharded): a table split by columns steps
+-- each row by the mean squared gradient of the whole row.  set_row_sums(name, sums or nil):
+-- sums f32 [the table's rows] at the collection's side, kept alive while set (one per table).
+-- row_sums(input, grad_out[, stream][, ticket]): backward's first half: for every row the input
+-- reads, the sum over the table's own columns of its squared gradient, into its sums (0 for
+-- the other rows); nothing steps.  The caller sums the shards' sums (an all-reduce), then
+-- backward(input, grad_out) steps every row by its sums over the whole row's columns.
+function methods:set_row_sums(name, sums)
+  local i = self.table_index[name]
+  if i == nil then
+    error(("embedding collection: no table named '%s' (tables: %s)")
+          :format(tostring(name), table.concat(self.table_names, ", ")), 2)
+  end
+  local ok, err = check(C.ur_tbe_set_row_sums(H(self), i, sums and T(sums, "sums", 2) or nil), 2)
+  if not ok then error(err, 2) end
+  self._row_sums = self._row_sums or {}
+  self._row_sums[name] = sums
+  return self
+end
+
+function methods:row_sums(input, grad, stream, ticket)
+  local v, o, w, spk, inv = self:_input(input, 2)
+  if self.cache then
+    local t, err = self:_ticket(input, v, o, spk, stream, ticket, 2)
+    if not t then return nil, err end
+    v = T(t.ids, "cache ids", 2)
+  end
+  return check(C.ur_tbe_row_sums(S(stream), H(self), T(grad, "grad_out", 2), v, o, w, spk, inv), 2)
+end
+
 -- sparse_grad(input, grad_out[, stream]): the deduplicated gradient, without a step:
 -- { [table name] = { rows = i64 [U], grad = f32 [U, dim] } } for tables the input touched.
 function methods:sparse_grad(input, grad, stream)

@@ -61,6 +61,9 @@ say(("B9: %s on %d rank%s (%s), %d samples a rank and step (global batch %d), sh
 
 local clock = ur.C.ur_clock_seconds
 for i = 1, o.warmup do train.loop.step(model, optimizer, held[(i - 1) % #held + 1]) end
+-- column-wise tables under rowwise Adagrad: the host time of the row sums' half-step and all-reduce
+local rsums = world > 1 and model.embeddings.row_sums or nil
+local rs0, rr0 = rsums and rsums.seconds or 0, rsums and rsums.reduce_seconds or 0
 if gpu then assert(ur.sync()) end
 comm:barrier()
 local stats0 = comm:stats()
@@ -91,11 +94,18 @@ local r = {
   comm_bytes_received_per_step = (st.bytes_received - stats0.bytes_received) / o.steps,
   comm_ms_per_step = (st.seconds - stats0.seconds) * 1e3 / o.steps,
   engines = comm:engines(),
+  row_sums_ms_per_step = rsums and (rsums.seconds - rs0) * 1e3 / o.steps or nil,
+  row_sums_reduce_ms_per_step = rsums and (rsums.reduce_seconds - rr0) * 1e3 / o.steps or nil,
 }
 say(("B9: %.0f samples/s (median step %.2f ms); per step and rank %.1f collectives, %s sent, %s received, "
   .. "%.2f ms in them (host)"):format(r.samples_per_s, r.step_ms_median, r.comm_calls_per_step,
   train.progress.bytes(r.comm_bytes_sent_per_step), train.progress.bytes(r.comm_bytes_received_per_step),
   r.comm_ms_per_step))
+if rsums then
+  say(("B9: the row sums of %d column-sharded tables (rowwise Adagrad): %.2f ms a step (host), %.2f ms of it in "
+    .. "one all-reduce of %s"):format(#rsums.tables, r.row_sums_ms_per_step, r.row_sums_reduce_ms_per_step,
+    train.progress.bytes(rsums.total * 4)))
+end
 if rank == 0 and o.out then
   local f = assert(io.open(o.out, "a"))
   f:write(json.encode(r), "\n")

@@ -115,10 +115,43 @@ describe("uvmrec.dist.checkpoint", function()
     same_files(U, R, 4)
   end)
 
-  it("reshards rowwise Adagrad's per-row state (column-wise tables refuse that optimizer when sharded)", function()
+  it("reshards rowwise Adagrad's per-row state of row-wise blocks", function()
     if not have_mpi() then pending("no MPI here") return end
     job(2, { PLAN = "row_wise", OPT = "rowwise_adagrad", STEPS = "1", OUT = dir .. "/A_rw" })
     job(1, { PLAN = "table_wise", OPT = "rowwise_adagrad", IN = dir .. "/A_rw", STEPS = "1" })
+  end)
+
+  it("reshards the per-row state of column-wise tables under rowwise Adagrad: every column block's is the row's",
+     function()
+    if not have_mpi() then pending("no MPI here") return end
+    local A, B, Cd = dir .. "/A_cw", dir .. "/B_cw", dir .. "/C_cw"
+    job(4, { PLAN = "column_wise", OPT = "rowwise_adagrad", STEPS = "2", OUT = A })
+    job(1, { PLAN = "table_wise", OPT = "rowwise_adagrad", IN = A, STEPS = "2", OUT = B }) -- no step: loads, saves
+    job(2, { PLAN = "mixed2", OPT = "rowwise_adagrad", IN = B, STEPS = "2", OUT = Cd })
+    -- each saved block's "sum" of a table, as bytes
+    local function sums(folder, name)
+      local m = assert(dck.manifest(folder))
+      local out = {}
+      for _, d in ipairs(m.tables[name].blocks) do
+        local f = assert(ck.open(folder .. "/" .. d.file))
+        local v = assert(f:view(d.state.sum))
+        out[#out + 1] = { cols = d.cols, bytes = require("ffi").string(require("uvmrec.lib").C.ur_tensor_data(v.p),
+                                                                       v:nbytes()) }
+        v:free()
+        f:close()
+      end
+      return out
+    end
+    for _, name in ipairs { "a", "c" } do
+      local whole = sums(B, name)
+      assert.equal(1, #whole)
+      local blocks = sums(A, name)
+      assert.is_true(#blocks > 1, name)
+      for i, b in ipairs(blocks) do assert.equal(whole[1].bytes, b.bytes, name .. " block " .. i .. " of 4 ranks") end
+    end
+    local again = sums(Cd, "a") -- column_wise over 2 ranks: 2 blocks of 8 columns
+    assert.equal(2, #again)
+    for i, b in ipairs(again) do assert.equal(sums(B, "a")[1].bytes, b.bytes, "a block " .. i .. " of 2 ranks") end
   end)
 
   it("saves and loads in one process: an unsharded collection or a world of one", function()

@@ -1,5 +1,6 @@
 -- uvmrec.dist.shard and shard_modules in a world of one (the collectives copy): every kind of
--- sharding gives the unsharded collection's outputs and steps bit for bit, shards start as the
+-- sharding gives the unsharded collection's outputs and steps bit for bit (column shards under
+-- rowwise Adagrad within rounding: their row sums), shards start as the
 -- unsharded table's rows (uvmrec.tbe's shard option), and a sharded, data-parallel DLRM trains
 -- as the plain one.  Over several ranks: spec/dist/train_spec.lua.
 local ur = require "uvmrec"
@@ -7,6 +8,7 @@ local dist = require "uvmrec.dist"
 local tbe = require "uvmrec.tbe"
 local train = require "uvmrec.train"
 local h = require "helpers"
+local R = require "tbe_ref"
 
 local comm = assert(dist.comm())
 
@@ -99,15 +101,35 @@ describe("uvmrec.dist.shard", function()
     assert.has_error(function() dist.shard(bad, "row_wise", comm) end, "dist.shard: feature 'q' is on no table")
   end)
 
-  it("refuses column shards under rowwise Adagrad, whose row mean no shard holds, naming the table", function()
-    assert.has_error(function() dist.shard(opts { "rowwise_adagrad", lr = 0.1 }, { default = "table_wise",
-      b = { "column_wise", ranks = { 0, 0 } } }, comm) end, "dist.shard: table 'b' is column_wise in 2 shards and "
-      .. "the tables' optimizer is rowwise_adagrad, whose step takes the mean squared gradient of the whole row, "
-      .. "which no column shard holds: shard it table_wise, row_wise or data_parallel, or use an elementwise "
-      .. "optimizer (adagrad, sgd, adam)")
-    -- one column shard is the whole row: exact
-    local s = dist.shard(opts { name = "rowwise_adagrad", lr = 0.1 }, "column_wise", comm)
-    s:free()
+  it("steps column shards under rowwise Adagrad by the whole row's mean (row sums added over the shards)", function()
+    -- a in 3 shards on this rank (two of them lent their own sums, added into the first's), c in
+    -- 2: rows and state within rounding of the unsharded collection's (the shards' partial sums
+    -- are added in another order than one row's); b, one column shard, bit for bit
+    local o = opts { "rowwise_adagrad", lr = 0.1, weight_decay = 0.01 }
+    local plain = ur.nn.EmbeddingBagCollection(o)
+    local sharded = dist.shard(o, { default = "column_wise", a = { "column_wise", ranks = { 0, 0, 0 } },
+                                    c = { "column_wise", ranks = { 0, 0 } } }, comm)
+    assert.equal(130, sharded.row_sums.total) -- a's 100 rows and c's 30 in one all-reduce
+    local rng = h.rng(12)
+    for step = 1, 4 do
+      local kjt = batch(rng, 9)
+      local a = plain:forward(kjt)
+      R.close(sharded:forward(kjt):totable(), a:totable(), 1e-5, 1e-7, "forward " .. step)
+      local g = ur.tensor(a:size()):uniform(-1, 1, step)
+      plain:backward(kjt, g)
+      sharded:backward(kjt, g)
+      for _, t in ipairs { "a", "c" } do
+        R.close(sharded:full_table(t):totable(), plain:table(t):totable(), 1e-5, 1e-7, t .. " after step " .. step)
+      end
+      assert.same(plain:table("b"):totable(), sharded:full_table("b"):totable())
+      local want = plain:state("a").sum:totable()
+      for _, b in ipairs(sharded:blocks()) do
+        if b.name == "a" then
+          R.close(b.collection:state(b.shard).sum:totable(), want, 1e-5, 1e-9, b.shard .. " sum " .. step)
+        end
+      end
+    end
+    sharded:free()
   end)
 
   it("trains a sharded, data-parallel DLRM as the plain one (a world of one)", function()

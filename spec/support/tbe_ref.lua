@@ -195,6 +195,8 @@ end
 
 -- One optimizer step on a row, float64: w, g, state lists; returns the new w and state.
 -- hp: lr, eps, weight_decay, max_grad, beta1, beta2, step; kind as the collection names it.
+-- Rowwise Adagrad of a column shard: hp.row_sum, the whole row's sum of squared gradients, and
+-- hp.row_dim, its columns, replace the shard's own.
 function M.step(kind, hp, w, g, s1, s2)
   local dim = #w
   local gg = {}
@@ -209,7 +211,8 @@ function M.step(kind, hp, w, g, s1, s2)
   elseif kind == "rowwise_adagrad" then
     local sq = 0
     for k = 1, dim do sq = sq + gg[k] * gg[k] end
-    n1[1] = s1[1] + sq / dim
+    if hp.row_sum then sq = hp.row_sum end
+    n1[1] = s1[1] + sq / (hp.row_dim or dim)
     for k = 1, dim do nw[k] = w[k] - hp.lr * gg[k] / (math.sqrt(n1[1]) + hp.eps) end
   elseif kind == "adagrad" then
     for k = 1, dim do
@@ -226,6 +229,23 @@ function M.step(kind, hp, w, g, s1, s2)
     end
   end
   return nw, n1, n2
+end
+
+-- Per row id of a table: the float64 sum of the squared gradient rowwise Adagrad's step takes
+-- (clipped to hp.max_grad, plus hp.weight_decay times the row w(r) gives).
+function M.row_sq(rows, hp, w)
+  local out = {}
+  for r, g in pairs(rows) do
+    local row, sq = w(r), 0
+    for k = 1, #g do
+      local x = g[k]
+      if (hp.max_grad or 0) > 0 then x = math.max(-hp.max_grad, math.min(hp.max_grad, x)) end
+      x = x + (hp.weight_decay or 0) * row[k]
+      sq = sq + x * x
+    end
+    out[r] = sq
+  end
+  return out
 end
 
 -- A flat list of n random numbers in [-1, 1).

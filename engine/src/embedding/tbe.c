@@ -370,11 +370,12 @@ ur_status ur_tbe_set_gate(ur_tbe *t, const ur_tensor *gate) {
   return UR_STATUS_OK;
 }
 
-ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
-                          const ur_tensor *values, const ur_tensor *offsets,
-                          const ur_tensor *weights, const int64_t *stride_per_key_per_rank,
-                          const ur_tensor *inverse_indices) {
-  UR__ARGS(t, grad_out, values, offsets);
+/* The fused backward (sums_only 0: a step) or its first half (1: the row sums' partial sums,
+ * ur_tbe_row_sums): one call of the backend's backward either way. */
+static ur_status backward_call(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
+                               const ur_tensor *values, const ur_tensor *offsets,
+                               const ur_tensor *weights, const int64_t *stride_per_key_per_rank,
+                               const ur_tensor *inverse_indices, int32_t sums_only) {
   call c;
   ur_status st = prepare(t, &c, values, offsets, weights, stride_per_key_per_rank, inverse_indices,
                          grad_out, "grad_out");
@@ -388,17 +389,81 @@ ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
   /* the atomic step adds each value's -lr g: exact in distribution only for plain SGD on f32
    * rows (weight decay and clipping act on a row's whole gradient, halves round per row) */
   const ur_tbe_config *cf = &t->cfg;
-  c.a.atomic = cf->nondeterministic && cf->optim.kind == UR_OPTIM_KIND_SGD &&
+  c.a.atomic = !sums_only && cf->nondeterministic && cf->optim.kind == UR_OPTIM_KIND_SGD &&
                cf->optim.weight_decay == 0 && cf->optim.max_grad <= 0 && !c.a.halves;
-  t->step++;
+  void *sh = s ? s->handle : NULL;
+  /* rows the call does not read keep 0 in the row sums */
+  for (int32_t i = 0; i < t->T && sums_only && !st; i++)
+    if (t->tables[i].row_sums)
+      st = t->be->fill(sh, t->tables[i].row_sums, (size_t)t->tc[i].rows, 4, 0);
+  if (!sums_only) t->step++;
   ur__tbe_hyper h;
   hyper_of(t, &h);
+  h.sums_only = sums_only;
   void *work = NULL;
-  if (!(st = call_setup(t, s, &c, 1, &work)))
-    st = t->be->tbe->backward(s ? s->handle : NULL, &c.a, &h, work);
-  if (st) t->step--;
+  if (!st && !(st = call_setup(t, s, &c, 1, &work)))
+    st = t->be->tbe->backward(sh, &c.a, &h, work);
+  if (st && !sums_only) t->step--;
   release(&c);
   return st;
+}
+
+ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
+                          const ur_tensor *values, const ur_tensor *offsets,
+                          const ur_tensor *weights, const int64_t *stride_per_key_per_rank,
+                          const ur_tensor *inverse_indices) {
+  UR__ARGS(t, grad_out, values, offsets);
+  return backward_call(s, t, grad_out, values, offsets, weights, stride_per_key_per_rank,
+                       inverse_indices, 0);
+}
+
+ur_status ur_tbe_set_row_sums(ur_tbe *t, int32_t table, ur_tensor *sums) {
+  UR__ARGS(t);
+  if (table < 0 || table >= t->T)
+    return ur__error(UR_STATUS_INVALID, "tbe set_row_sums: table %d does not exist; expected 0..%d",
+                     (int)table, (int)t->T - 1);
+  const ur_tbe_table_config *tc = &t->tc[table];
+  if (sums) {
+    static const char *const kinds[] = {"sgd", "adagrad", "adam", "adamw", "rowwise_adagrad"};
+    int32_t k = t->cfg.optim.kind;
+    if (k != UR_OPTIM_KIND_ROWWISE_ADAGRAD)
+      return ur__error(UR_STATUS_INVALID, "tbe set_row_sums: table '%s': row sums are rowwise "
+                       "Adagrad's, and the collection's optimizer is %s", tc->name,
+                       k >= 0 && k < UR_OPTIM_KIND_COUNT ? kinds[k] : "?");
+    if (ur_tensor_dtype(sums) != UR_DTYPE_F32 || ur_tensor_numel(sums) != tc->rows)
+      return ur__error(UR_STATUS_INVALID, "tbe set_row_sums: table '%s': the sums are %s of %lld "
+                       "elements; expected f32 of %lld (one per row)", tc->name,
+                       ur_dtype_name(ur_tensor_dtype(sums)), (long long)ur_tensor_numel(sums),
+                       (long long)tc->rows);
+    if (ur__tensor_backend(sums) != t->be)
+      return ur__error(UR_STATUS_INVALID, "tbe set_row_sums: table '%s': the sums are in %s "
+                       "memory, which the collection's backend (%s) does not read", tc->name,
+                       ur_place_name(ur_tensor_place(sums)), t->be->name);
+    const char *lo = ur_tensor_data(sums), *hi = lo + 4 * (size_t)tc->rows;
+    for (int32_t i = 0; i < t->T; i++) {
+      const char *o = (const char *)t->tables[i].row_sums;
+      if (i != table && o && o < hi && lo < o + 4 * (size_t)t->tc[i].rows)
+        return ur__error(UR_STATUS_INVALID, "tbe set_row_sums: table '%s': the sums overlap table "
+                         "'%s''s; each table needs its own", tc->name, t->tc[i].name);
+    }
+  }
+  t->tables[table].row_sums = sums ? ur_tensor_data(sums) : NULL;
+  t->tables[table].row_dim = tc->logical_rows ? tc->logical_dim : tc->dim;
+  return ur__tbe_sync_desc(t);
+}
+
+ur_status ur_tbe_row_sums(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
+                          const ur_tensor *values, const ur_tensor *offsets,
+                          const ur_tensor *weights, const int64_t *stride_per_key_per_rank,
+                          const ur_tensor *inverse_indices) {
+  UR__ARGS(t, grad_out, values, offsets);
+  int32_t any = 0;
+  for (int32_t i = 0; i < t->T; i++) any |= t->tables[i].row_sums != NULL;
+  if (!any)
+    return ur__error(UR_STATUS_INVALID, "tbe row_sums: no table of the collection has row sums "
+                     "(ur_tbe_set_row_sums)");
+  return backward_call(s, t, grad_out, values, offsets, weights, stride_per_key_per_rank,
+                       inverse_indices, 1);
 }
 
 /* The sparse gradient's outputs at the collection's home: rows [U], grads [sum of U_t dim_t]. */

@@ -210,7 +210,8 @@ static int32_t table_of_key(const ur__tbe_args *a, uint64_t key) {
 }
 
 /* The optimizer step of row id, given its summed gradient.  It lives at its physical row;
- * stochastic rounding draws by id, so a relayout leaves the numbers unchanged. */
+ * stochastic rounding draws by id, so a relayout leaves the numbers unchanged.  With
+ * h->sums_only the row's sum of squared gradients goes to its table's row sums instead. */
 static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_t id,
                          const float *acc) {
   float w[UR_TBE_MAX_DIM], g[UR_TBE_MAX_DIM];
@@ -228,7 +229,11 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
   if (h->k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
     float sq = 0;
     for (int32_t c = 0; c < dim; c++) sq = UR_FADD(sq, UR_FMUL(g[c], g[c]));
-    rs = UR_FADD(tb->state1[row], UR_FDIV(sq, (float)dim));
+    if (h->sums_only) {
+      tb->row_sums[sid] = sq;
+      return;
+    }
+    rs = ur__tbe_rowwise_state(tb, sid, tb->state1[row], sq);
     tb->state1[row] = rs;
   }
   uint64_t key = ur__tbe_sr_key(h->sr_key, tb->index);
@@ -271,6 +276,7 @@ static void cpu_reduce_range(void *ctx, size_t s0, size_t s1) {
     uint64_t key = j->keys[j->seg[s]];
     int32_t t = table_of_key(a, key);
     const ur__tbe_table *tb = &a->tables[t];
+    if (j->h && j->h->sums_only && !tb->row_sums) continue;
     int32_t dim = tb->dim;
     memset(acc, 0, sizeof(float) * (size_t)dim);
     for (int64_t k = j->seg[s]; k < j->seg[s + 1]; k++) {

@@ -51,6 +51,11 @@ typedef struct ur__tbe_table {
   /* A cached table (cache.c): the row id each slot storage row holds, which
    * stochastic rounding draws by (so cached rows round as the table's own would); or NULL. */
   const int64_t *row_ids;
+  /* Rowwise Adagrad over column shards (ur_tbe_set_row_sums): the whole row's sum of squared
+   * gradients, f32 by row id (as stochastic rounding counts them), which the step reads instead
+   * of its own columns' sum and divides by row_dim, the whole row's columns; or NULL. */
+  float *row_sums;
+  int32_t row_dim;
 } ur__tbe_table;
 
 typedef struct ur__tbe_feature {
@@ -64,6 +69,10 @@ typedef struct ur__tbe_hyper {
   ur__optim_consts k;
   int32_t sr;              /* 1: stochastic rounding of f16/bf16 rows */
   uint64_t sr_key;         /* the step's Philox key; each table mixes in its index */
+  /* 1: no step (ur_tbe_row_sums): each table with row sums writes there, for every row the
+   * call reads, the sum over its columns of the squared gradient its step would take (clipped,
+   * with weight decay); rows, state and the other tables are left alone. */
+  int32_t sums_only;
 } ur__tbe_hyper;
 
 /* One call.  Pointers are in memory the running backend can read (device or host). */
@@ -228,6 +237,19 @@ UR_HD float ur__tbe_grad_adjust(const ur__tbe_hyper *h, float g, float w) {
   if (k->max_grad > 0) g = g > k->max_grad ? k->max_grad : g < -k->max_grad ? -k->max_grad : g;
   if (k->weight_decay != 0) g = UR_FADD(g, UR_FMUL(k->weight_decay, w));
   return g;
+}
+
+/* Rowwise Adagrad's new row state from the old one and sq, the sum of the squared gradient
+ * over the table's own columns; for a table with row sums (a column shard) the whole row's sum
+ * there (row sid) replaces sq and the mean is over the whole row.  Both backends step a row
+ * through here, and ur_tbe_row_sums writes the sq it would take. */
+UR_HD float ur__tbe_rowwise_state(const ur__tbe_table *tb, int64_t sid, float state, float sq) {
+  float n = (float)tb->dim;
+  if (tb->row_sums) {
+    sq = tb->row_sums[sid];
+    n = (float)tb->row_dim;
+  }
+  return UR_FADD(state, UR_FDIV(sq, n));
 }
 
 /* One element's step.  s1 / s2 point at its state (rowwise Adagrad: s1 is the row's sum,

@@ -20,7 +20,8 @@
 --     by side in the collection's feature order;
 --   backward: the gradient the reverse way (all-to-all; all-gather for row-wise and data-
 --     parallel tables, whose replicas all step on the global batch's gradient), into each
---     shard's fused optimizer step.
+--     shard's fused optimizer step; tables in several column shards under rowwise Adagrad first
+--     add their shards' per-row sums of squared gradients over the ranks (_sum_rows).
 -- Every shard thus sees its rows' gradients in the unsharded order, so its rows step as the
 -- unsharded table's would (bit for bit where pooling adds the same numbers in the same order:
 -- all but row-wise tables of multi-id bags, whose partial sums are added over the ranks).
@@ -60,20 +61,25 @@ function Sharded:__init(opts, spec, comm)
   if not ok then error(plan, 4) end
   self.plan = plan
   self.output_dtype = opts.output_dtype or "f32"
-  -- Rowwise Adagrad steps a row by the mean of its squared gradient over the whole row; a
-  -- column shard sees only its columns, so its sum would differ from the unsharded table's.
+  -- Rowwise Adagrad steps a row by the mean of its squared gradient over the whole row, which a
+  -- column shard holds a part of: per table in several column shards, every shard's per-row
+  -- sums over its columns are added up over the ranks (_sum_rows) before the step.
   local optim = opts.optimizer
   local oname = type(optim) == "table" and (optim.name or optim[1]) or optim
   if oname == "rowwise_adagrad" then
+    local list, at = {}, 0
     for _, t in ipairs(tables) do
       local p = plan.tables[t.name]
       if p.kind == "column_wise" and #p.shards > 1 then
-        error(("dist.shard: table '%s' is column_wise in %d shards and the tables' optimizer is rowwise_adagrad, "
-          .. "whose step takes the mean squared gradient of the whole row, which no column shard holds: "
-          .. "shard it table_wise, row_wise or data_parallel, or use an elementwise optimizer (adagrad, sgd, adam)")
-          :format(t.name, #p.shards), 4)
+        local mine = {}
+        for s, sh in ipairs(p.shards) do
+          if sh.rank == me then mine[#mine + 1] = ("%s/c%d"):format(t.name, s - 1) end
+        end
+        list[#list + 1] = { name = t.name, at = at, rows = t.rows, shards = mine }
+        at = at + t.rows
       end
     end
+    if #list > 0 then self.row_sums = { tables = list, total = at } end
   end
 
   local features, table_opts = {}, {}
@@ -199,6 +205,7 @@ function Sharded:__init(opts, spec, comm)
   local any = self.collections[1]
   self.device = any and any.device or -1
   self.placement = self.device >= 0 and "device" or "host"
+  if self.row_sums then self:_row_sums_init() end
 
   -- What every rank sends each rank (keys of the bucketized input), and what it receives.
   self.send_keys = {}
@@ -265,6 +272,69 @@ function Sharded:__init(opts, spec, comm)
   self._counts = { {}, {}, {}, {}, {}, {} }
   -- VBE (opts.vbe, or set_vbe): each rank sends each feature's distinct bags only
   self.vbe = opts.vbe and true or false
+end
+
+-- The row sums of the tables in several column shards under rowwise Adagrad: one f32 buffer of
+-- every such table's rows on every rank (rank-independent layout), the segment of each table
+-- lent to this rank's first shard of it; a further shard of it on this rank (a plan with
+-- `ranks` naming a rank twice) gets its own buffer, added into the segment before the
+-- all-reduce and given the total after it.
+function Sharded:_row_sums_init()
+  local rs = self.row_sums
+  local dev = self.device >= 0 and self.device or (self.comm.device or -1)
+  local o = { dtype = "f32", placement = dev >= 0 and "device" or "host", device = dev >= 0 and dev or nil }
+  rs.buf = assert(tensor.tensor({ rs.total }, o))
+  rs.extra, rs.held, rs.seconds, rs.calls, rs.reduce_seconds = {}, false, 0, 0, 0
+  for _, t in ipairs(rs.tables) do
+    t.view = rs.buf:view_as(t.at, { t.rows })
+    for j, shard in ipairs(t.shards) do
+      local b = t.view
+      if j > 1 then
+        b = assert(tensor.tensor({ t.rows }, o))
+        rs.extra[#rs.extra + 1] = { seg = t.view, buf = b }
+      end
+      self.tbe_a2a:set_row_sums(shard, b)
+      rs.held = true
+    end
+  end
+end
+
+-- seg += buf, elementwise (rows floats; host memory, or through it from a GPU).
+local function add_into(seg, buf)
+  local hs, hb = seg, buf
+  if seg:placement() ~= "host" then hs, hb = assert(seg:to("host")), assert(buf:to("host")) end
+  local n = seg:numel()
+  local d = ffi.cast("float *", lib.C.ur_tensor_data(hs.p))
+  local e = ffi.cast("float *", lib.C.ur_tensor_data(hb.p))
+  for i = 0, n - 1 do d[i] = d[i] + e[i] end
+  if hs ~= seg then
+    assert(seg:copy(hs))
+    hs:free()
+    hb:free()
+  end
+end
+
+-- Backward's first half for the tables in several column shards: each of this rank's shards
+-- writes its rows' partial sums of squared gradients over its columns, the ranks' sums are
+-- added (one all-reduce of rows x 4 bytes per table, every rank taking part, zeros where it
+-- holds no shard), and each shard's step then takes the whole row's sum.
+-- rs.seconds / rs.calls: the host time in here (on the CPU the whole of it; on a GPU what the
+-- host waits for); rs.reduce_seconds: the part in the all-reduce.
+function Sharded:_sum_rows(parts, grad, stream) -- parts: the batch's exchanged ids per collection
+  local rs, comm = self.row_sums, self.comm
+  local t0 = lib.C.ur_clock_seconds()
+  assert(rs.buf:fill(0, stream))
+  if rs.held then
+    assert(self.tbe_a2a:row_sums(parts[1], grad, stream))
+    for _, x in ipairs(rs.extra) do add_into(x.seg, x.buf) end
+  end
+  local t1 = lib.C.ur_clock_seconds()
+  assert(comm:all_reduce(rs.buf, "sum", stream))
+  assert(comm:wait(stream))
+  local t2 = lib.C.ur_clock_seconds()
+  for _, x in ipairs(rs.extra) do assert(x.buf:copy(x.seg, stream)) end
+  rs.seconds, rs.calls = rs.seconds + lib.C.ur_clock_seconds() - t0, rs.calls + 1
+  rs.reduce_seconds = rs.reduce_seconds + t2 - t1
 end
 
 -- ---- the input exchange ----
@@ -709,6 +779,7 @@ function Sharded:accGradParameters(input, gradOutput, ticket) -- luacheck: ignor
     if grads[s] then grads[s]:free() end
   end
   local parts, tk = cur.parts, cur.tickets
+  if self.row_sums then self:_sum_rows(parts, ga2a, stream) end
   if self.tbe_a2a then assert(self.tbe_a2a:backward(parts[1], ga2a, stream, tk.a2a)) end
   if self.tbe_rw then assert(self.tbe_rw:backward(parts[2], grw, stream, tk.rw)) end
   if self.tbe_dp then assert(self.tbe_dp:backward(parts[3], gdp, stream, tk.dp)) end
@@ -889,6 +960,13 @@ function Sharded:free()
   if self._cur then free_batch(self._cur) end
   self._cur = nil
   for _, c in ipairs(self.collections) do c:free() end
+  local rs = self.row_sums
+  if rs and rs.buf then
+    for _, x in ipairs(rs.extra) do x.buf:free() end
+    for _, t in ipairs(rs.tables) do t.view:free() end
+    rs.buf:free()
+    rs.buf = nil
+  end
 end
 
 function Sharded:extra_repr()

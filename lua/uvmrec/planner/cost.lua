@@ -213,6 +213,11 @@ function M.option(t, ctx, opt)
     local ob = ctx.output_bytes
     if sharding == "table_wise" or sharding == "column_wise" then
       comm = ((W - 1) * B * hh * 8 + (W - 1) * B * 4) / r.a2a + 2 * (W - 1) * B * g.dim * ob / r.a2a
+      if sharding == "column_wise" and g.count > 1 and t.optimizer == "rowwise_adagrad" then
+        -- the whole row's sums of squares: one more pass over the ids, an all-reduce of rows x 4 bytes
+        compute = compute + Ls * r.kb
+        comm = comm + 2 * (W - 1) / W * Rs * 4 / r.ar
+      end
     elseif sharding == "row_wise" then
       comm = ((W - 1) * B * hh * 8 / W + (W - 1) * B * 4) / r.a2a + 2 * (W - 1) * B * g.dim * ob / r.rs
     elseif sharding == "data_parallel" then
