@@ -688,8 +688,8 @@ function M.greedy(items, env, opts)
           local sp = spread_load - (A.SP[ca] and A.ST[ca] or 0) + (A.SP[u] and A.ST[u] or 0)
                      - (B.SP[cb] and B.ST[cb] or 0) + (B.SP[v] and B.ST[v] or 0)
           local one = max(longest(ia, ib), A.SP[u] and 0 or A.ST[u], B.SP[v] and 0 or B.ST[v])
-          local agg = agg0 - A.H[ca] + A.H[u] - B.H[cb] + B.H[v]
-          local bound = max(s2 / W, sp + one) + lam * max(agg - total_avail, 0)
+          local agg2 = agg0 - A.H[ca] + A.H[u] - B.H[cb] + B.H[v]
+          local bound = max(s2 / W, sp + one) + lam * max(agg2 - total_avail, 0)
           cands[#cands + 1] = { ua, db, bound, s2, #cands, est = huge }
         end
       end
@@ -715,8 +715,8 @@ function M.greedy(items, env, opts)
         cd.est = max_load(filled)
       else
         local ia, ib = cd[1][1], cd[2][1]
-        local agg = agg0 - items[ia].H[C[ia]] + items[ia].H[cd[1][2]] - items[ib].H[C[ib]] + items[ib].H[cd[2][2]]
-        cd.est = max_load(M.partition(items, ch, unbounded, false)) + lam * max(err.need, agg - total_avail)
+        local agg2 = agg0 - items[ia].H[C[ia]] + items[ia].H[cd[1][2]] - items[ib].H[C[ib]] + items[ib].H[cd[2][2]]
+        cd.est = max_load(M.partition(items, ch, unbounded, false)) + lam * max(err.need, agg2 - total_avail)
       end
     end
     table.sort(cands, by("est"))
