@@ -38,9 +38,7 @@ local load_start = loadavg()
 -- The fastest of n runs of fn (after one warm-up), in seconds.  Not the median: on a shared
 -- machine (this project's build machine: 2 cores, often at load 5 to 12) other processes only
 -- ever add time, so the fastest run is the closest to the work's own cost, which is what the
--- planner predicts; a median measures the machine's load at calibration time instead (the
--- calibration of 2026-12-01, medians at load 3.6 to 4.2, put dlrm_kaggle's MLPs at 2x and
--- dlrm_tiny's interaction at 2.1x their fastest runs).
+-- planner predicts; a median measures more of the machine's load at calibration time.
 local function time(n, fn)
   fn()
   if gpu then ur.sync() end
