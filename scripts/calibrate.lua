@@ -35,7 +35,10 @@ local function loadavg()
 end
 local load_start = loadavg()
 
--- median seconds of fn over n runs (after one warm-up)
+-- The fastest of n runs of fn (after one warm-up), in seconds.  Not the median: on a shared
+-- machine (this project's build machine: 2 cores, often at load 5 to 12) other processes only
+-- ever add time, so the fastest run is the closest to the work's own cost, which is what the
+-- planner predicts; a median measures more of the machine's load at calibration time.
 local function time(n, fn)
   fn()
   if gpu then ur.sync() end
@@ -47,7 +50,7 @@ local function time(n, fn)
     s[k] = C.ur_clock_seconds() - t0
   end
   table.sort(s)
-  return s[math.floor((n + 1) / 2)]
+  return s[1]
 end
 
 local function i64(list_or_n, fill)
@@ -221,7 +224,7 @@ do
     table.sort(times)
     local s = cache:stats()
     c:free()
-    return times[math.floor((#times + 1) / 2)], s, #batches - 1
+    return times[1], s, #batches - 1
   end
   local same = cache_batch(function(k) return uniform[k % L] % crow end)
   local hits_batches = {}
@@ -280,7 +283,7 @@ do
     local gd = prec == "bf16" and "bf16" or "f32"
     local g1 = assert(ur.tensor({ B, 16 }, { placement = place_fast, dtype = gd })); g1:uniform(-1, 1, 3)
     local g2 = assert(ur.tensor({ B, 1 }, { placement = place_fast, dtype = gd })); g2:uniform(-1, 1, 4)
-    local t = time(Q and 1 or 3, function()
+    local t = time(Q and 1 or 5, function()
       m1:forward(x1); m1:backward(x1, g1)
       m2:forward(x2); m2:backward(x2, g2)
     end)
@@ -289,11 +292,12 @@ do
     x1:free(); x2:free(); g1:free(); g2:free()
   end
   local d, F = 16, 27
-  local it = nn.Interaction()
+  -- padded as models/dlrm.lua's (zero columns up to a multiple of 8)
+  local it = nn.Interaction { pad = true }
   if gpu then it:to("device") end
   local dn = assert(ur.tensor({ B, d }, { placement = place_fast })); dn:uniform(-1, 1, 5)
   local em = assert(ur.tensor({ B, (F - 1) * d }, { placement = place_fast })); em:uniform(-1, 1, 6)
-  local gy = assert(ur.tensor({ B, d + F * (F - 1) / 2 }, { placement = place_fast })); gy:uniform(-1, 1, 7)
+  local gy = assert(ur.tensor(it:forward({ dn, em }):shape(), { placement = place_fast })); gy:uniform(-1, 1, 7)
   local t = time(reps, function()
     it:forward({ dn, em })
     it:backward({ dn, em }, gy)

@@ -6,7 +6,9 @@
 -- planner's own plan in the HBM the hand-made cached case needs (or --hbm).  Each case trains
 -- --warmup steps, then --steps timed ones (the device synchronized at both ends); the hint
 -- policies lay rows out every --warmup steps (embeddings.hints.every), so the hot prefix is in
--- place before the timing.  Prints predicted and measured (wall) ms a step, their ratio, the
+-- place before the timing.  Prints predicted and measured (wall) ms a step (the mean, the median
+-- and the fastest of the timed steps: on a loaded machine the fastest is the closest to the
+-- work's own time, which the prediction is of), their ratios, the
 -- process's CPU ms a step (all threads: on a loaded machine the wall time is not the work's),
 -- samples/s and the HBM peak (ur.memory, from the run's start) against the prediction; --out
 -- writes JSON lines.
@@ -165,8 +167,8 @@ assert(ur.C.ur_dir_create(dir) == 0)
 print(("B10 %s on %s: batch %d, %d warm-up + %d timed steps, calibration %s; commit %s, %s, load average %s"):format(
   base.name or o.config, gpu and ("the GPU (" .. ur.device_props(0).name .. ")") or "the CPU", prob.batch, o.warmup,
   o.steps, cal.where, commit(), os.date("!%Y-%m-%d"), load_avg()))
-print(("%-9s %-28s %12s %12s %7s %9s %12s %11s %11s"):format("case", "placements", "predicted ms", "measured ms",
-  "ratio", "CPU ms", "samples/s", "HBM pred", "HBM peak"))
+print(("%-9s %-28s %12s %12s %7s %10s %7s %10s %7s %9s %12s %11s %11s"):format("case", "placements", "predicted ms",
+  "mean ms", "ratio", "median ms", "ratio", "fastest", "ratio", "CPU ms", "samples/s", "HBM pred", "HBM peak"))
 for _, c in ipairs(order) do
   local plan = make(c)
   local file = ("%s/%s.json"):format(dir, c)
@@ -174,14 +176,18 @@ for _, c in ipairs(order) do
   local cfg = config()
   local applied, aerr = train.apply_plan(cfg, file)
   if not applied then cmd:fail(aerr) end
-  local t0, t1, c0, c1
+  local t0, t1, c0, c1, last
+  local each = {} -- each timed step's wall seconds, from the end of the one before
   local timer = { after = function(_, run)
-    if run.step == o.warmup or run.step == total then
+    if run.step >= o.warmup then
       if gpu then ur.C.ur_device_sync() end
+      local now = clock()
+      if run.step > o.warmup then each[#each + 1] = now - last end
+      last = now
       if run.step == o.warmup then
-        t0, c0 = clock(), os.clock()
-      else
-        t1, c1 = clock(), os.clock()
+        t0, c0 = now, os.clock()
+      elseif run.step == total then
+        t1, c1 = now, os.clock()
       end
     end
   end }
@@ -189,12 +195,16 @@ for _, c in ipairs(order) do
                                    plan = applied, plan_path = file, signals = false })
   if not r then cmd:fail(c .. ": " .. tostring(rerr)) end
   local measured, cpu = (t1 - t0) / o.steps, (c1 - c0) / o.steps
+  table.sort(each)
+  local fastest, median = each[1], each[math.floor((#each + 1) / 2)]
   local p = plan.data
-  print(("%-9s %-28s %12.3f %12.3f %7.2f %9.3f %12.0f %11s %11s"):format(c, train.plan_summary(p),
-    p.step_seconds * 1e3, measured * 1e3, p.step_seconds / measured, cpu * 1e3, prob.batch / measured,
+  print(("%-9s %-28s %12.3f %12.3f %7.2f %10.3f %7.2f %10.3f %7.2f %9.3f %12.0f %11s %11s"):format(c,
+    train.plan_summary(p), p.step_seconds * 1e3, measured * 1e3, p.step_seconds / measured, median * 1e3,
+    p.step_seconds / median, fastest * 1e3, p.step_seconds / fastest, cpu * 1e3, prob.batch / measured,
     planner.fmt_bytes(p.ranks[1].hbm), planner.fmt_bytes(r.plan.hbm_peak)))
   record { bench = "B10", config = base.name or o.config, case = c, placements = train.plan_summary(p),
            batch = prob.batch, predicted_seconds = p.step_seconds, measured_seconds = measured,
+           median_seconds = median, fastest_seconds = fastest,
            ratio = p.step_seconds / measured, cpu_seconds = cpu, hbm_predicted = p.ranks[1].hbm,
            hbm_peak = r.plan.hbm_peak,
            budget = p.budget, gpu = gpu, calibration = cal.where, steps = o.steps, warmup = o.warmup,

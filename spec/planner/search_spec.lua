@@ -66,27 +66,22 @@ describe("planner.search", function()
     assert.is_true(gaps[1].gap <= 0.05, ("seed %d: %.1f%% over"):format(gaps[1].seed, 100 * gaps[1].gap))
   end)
 
-  -- Two ranks: the step is the slower rank's (a makespan under a memory bound per rank), and
-  -- the greedy's neighbourhood is one table's change (with repairs); on 5 of these 200 seeds
-  -- the optimum differs from its plan in 3 to 5 tables at once (choice and rank), each change
-  -- alone no better: local optima it cannot leave (docs/planner.md, "Search").  The instances
-  -- are seeded and the search deterministic: the count is exact, not a margin for noise.
-  it("plans within 5% of the exhaustive optimum on 195 of 200 seeded two-rank instances",
-     function()
+  -- Two ranks: the step is the slower rank's (a makespan under a memory bound per rank).  Before
+  -- the greedy tried pairs of changes, 5 of these seeds (21, 25, 66, 76, 193) ended 9 to 21%
+  -- over the optimum, each in a plan that one table's change could not leave
+  -- (docs/planner.md, "Search"); they are checked by name below as well.
+  it("plans within 5% of the exhaustive optimum on 200 seeded two-rank instances", function()
     local gaps = compare({ 1, 200 }, 2)
-    local over = {}
-    for _, g in ipairs(gaps) do if g.gap > 0.05 then over[#over + 1] = g.seed end end
-    table.sort(over)
-    print(("\n    2 ranks: %d of 200 over 5%% (seeds %s), worst %.2f%% (seed %d), median %.3f%%"):format(#over,
-      table.concat(over, ", "), 100 * gaps[1].gap, gaps[1].seed, 100 * gaps[100].gap))
-    assert.is_true(#over <= 5, #over .. " instances over 5%: " .. table.concat(over, ", "))
-    assert.is_true(gaps[1].gap <= 0.21, ("worst %.1f%%"):format(100 * gaps[1].gap))
-    -- the default search (auto) takes those of up to 5 tables exhaustively (at most 2e5
-    -- combinations: seeds 21, 25, 76); those of 6 tables (66, 193) get the greedy's plan
-    for _, seed in ipairs(over) do
-      local tables, profiles, opts, budget = instance(seed, 2)
-      local a = assert(planner.plan(tables, profiles, budget, opts)) -- search = auto
-      assert.equal(#tables <= 5 and "exhaustive" or "greedy", a.data.search.method, "seed " .. seed)
+    local over, by_seed = {}, {}
+    for _, g in ipairs(gaps) do
+      by_seed[g.seed] = g.gap
+      if g.gap > 0.05 then over[#over + 1] = ("%d (%.1f%%)"):format(g.seed, 100 * g.gap) end
+    end
+    print(("\n    2 ranks: worst gap %.2f%% (seed %d), median %.3f%%"):format(100 * gaps[1].gap, gaps[1].seed,
+      100 * gaps[100].gap))
+    assert.equal(0, #over, #over .. " instances over 5%: " .. table.concat(over, ", "))
+    for _, seed in ipairs({ 21, 25, 66, 76, 193 }) do
+      assert.is_true(by_seed[seed] <= 0.05, ("seed %d: %.1f%% over"):format(seed, 100 * by_seed[seed]))
     end
   end)
 

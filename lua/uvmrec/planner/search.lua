@@ -13,11 +13,14 @@
 --                              fit; each proposal after that goes one downgrade further and
 --                              fills the room left with the upgrades that save the most time
 --                              per byte; stops after opts.threshold proposals in a row that do
---                              not beat the best (default 10; false: never)
+--                              not beat the best (default 10; false: never); with several
+--                              ranks, then pairs of changes (pair_phase)
 --   exhaustive(items, env)     every option of every table on every rank (branch and bound):
 --                              the optimum for small instances
 local M = {}
 local max, min, huge = math.max, math.min, math.huge
+-- the pair phase's bounds (see greedy's pair_phase)
+local PAIRS, PAIR_WORK, PAIR_TRIES = 24, 20000, 64
 
 -- ---- options ----
 
@@ -501,106 +504,256 @@ function M.greedy(items, env, opts)
   -- becomes it and the changes are listed again.  Order: upgrades (most time saved first) and
   -- downgrades (least time lost first) alternately; with several ranks a second run takes the
   -- tables on the slowest rank first (only they make that rank faster), and the better run wins.
-  local start = best
-  local function run(mode)
+  -- Then, with several ranks, pairs of changes (see pair_phase below).
+  local W = env.world
+
+  -- The plan of cur.choice with `changes` ({i, u}, ...) applied and locked, the rest repaired
+  -- two ways (least time per byte freed; or, once one move can free all that is still needed,
+  -- the cheapest such move), each filled: the faster, or nil when neither can be repaired.
+  local function propose(cur, changes)
+    stats.proposals = stats.proposals + 1
+    local lock = {}
+    for _, cd in ipairs(changes) do lock[cd[1]] = true end
+    local c2, p2, cost
+    for _, finish in ipairs({ false, true }) do
+      local ch = copy(cur.choice)
+      for _, cd in ipairs(changes) do ch[cd[1]] = cd[2] end
+      local part, moves = repair(items, ch, env, lock, total_avail, finish)
+      if part then
+        local c3, p3 = fill_best(items, ch, part, env, lock)
+        local k = max_load(p3)
+        if not cost or k < cost then c2, p2, cost = c3, p3, k end
+      end
+      if moves == 0 then break end -- nothing to repair: both ways are the same
+    end
+    if not cost then return nil end
+    stats.rated = stats.rated + 1
+    return { choice = c2, part = p2, cost = cost, at = stats.proposals }
+  end
+
+  -- Every single change from cur: upgrades (faster options) and downgrades, each {i, u, key},
+  -- in the order of `mode`: "gain" (time saved, time lost), "hot" (the slowest rank's tables
+  -- first), "hot_est" (as hot, each net of its bytes at the cheapest byte to free or the most
+  -- useful byte to take).
+  local function changes_of(cur, mode)
     local slowest_first, estimate = mode == "hot" or mode == "hot_est", mode == "hot_est"
-    local cur, nonimp, stopped = start, 0, false
-    while true do
-      local hot = {}
-      if slowest_first then
-        local top = 1
-        for r = 2, env.world do if cur.part.load[r] > cur.part.load[top] then top = r end end
-        for i = 1, n do
-          for _, r in ipairs(cur.part.ranks[i]) do if r == top then hot[i] = true end end
-        end
+    local hot = {}
+    if slowest_first then
+      local top = 1
+      for r = 2, W do if cur.part.load[r] > cur.part.load[top] then top = r end end
+      for i = 1, n do
+        for _, r in ipairs(cur.part.ranks[i]) do if r == top then hot[i] = true end end
       end
-      local ups, downs = {}, {}
-      local lambda, mu = huge, 0 -- the cheapest byte to free, the most useful byte to take
-      if estimate then
-        for i, it in ipairs(items) do
-          local o = it.options[cur.choice[i]]
-          for u = 1, #it.options do
-            local ou = it.options[u]
-            local dh = ou.hbm - o.hbm
-            if dh > 0 and ou.time < o.time then mu = max(mu, (o.time - ou.time) / dh)
-            elseif dh < 0 and ou.time > o.time then lambda = min(lambda, (ou.time - o.time) / -dh) end
-          end
-        end
-        if lambda == huge then lambda = 0 end
-      end
+    end
+    local ups, downs = {}, {}
+    local lambda, mu = huge, 0 -- the cheapest byte to free, the most useful byte to take
+    if estimate then
       for i, it in ipairs(items) do
         local o = it.options[cur.choice[i]]
         for u = 1, #it.options do
           local ou = it.options[u]
           local dh = ou.hbm - o.hbm
-          if ou.time < o.time then
-            ups[#ups + 1] = { i, u, o.time - ou.time - (estimate and lambda * max(dh, 0) or 0) }
-          elseif u ~= cur.choice[i] then
-            downs[#downs + 1] = { i, u, ou.time - o.time - (estimate and mu * max(-dh, 0) or 0) }
-          end
+          if dh > 0 and ou.time < o.time then mu = max(mu, (o.time - ou.time) / dh)
+          elseif dh < 0 and ou.time > o.time then lambda = min(lambda, (ou.time - o.time) / -dh) end
         end
       end
-      local function order(a, b, up)
-        local ha, hb = hot[a[1]] and 1 or 0, hot[b[1]] and 1 or 0
-        if ha ~= hb then return ha > hb end
-        if a[3] ~= b[3] then
-          if up then return a[3] > b[3] end
-          return a[3] < b[3]
+      if lambda == huge then lambda = 0 end
+    end
+    for i, it in ipairs(items) do
+      local o = it.options[cur.choice[i]]
+      for u = 1, #it.options do
+        local ou = it.options[u]
+        local dh = ou.hbm - o.hbm
+        if ou.time < o.time then
+          ups[#ups + 1] = { i, u, o.time - ou.time - (estimate and lambda * max(dh, 0) or 0) }
+        elseif u ~= cur.choice[i] then
+          downs[#downs + 1] = { i, u, ou.time - o.time - (estimate and mu * max(-dh, 0) or 0) }
         end
-        if a[1] ~= b[1] then return a[1] < b[1] end
-        return a[2] < b[2]
       end
-      table.sort(ups, function(a, b) return order(a, b, true) end)
-      table.sort(downs, function(a, b) return order(a, b, false) end)
-      local cands = {}
-      for k = 1, max(#ups, #downs) do
-        cands[#cands + 1] = ups[k]
-        cands[#cands + 1] = downs[k]
+    end
+    local function order(a, b, up)
+      local ha, hb = hot[a[1]] and 1 or 0, hot[b[1]] and 1 or 0
+      if ha ~= hb then return ha > hb end
+      if a[3] ~= b[3] then
+        if up then return a[3] > b[3] end
+        return a[3] < b[3]
       end
+      if a[1] ~= b[1] then return a[1] < b[1] end
+      return a[2] < b[2]
+    end
+    table.sort(ups, function(a, b) return order(a, b, true) end)
+    table.sort(downs, function(a, b) return order(a, b, false) end)
+    return ups, downs
+  end
+
+  -- Single changes until none of them (or none of `threshold` in a row) beats cur.
+  local function singles(cur, mode)
+    local nonimp = 0
+    while true do
+      local ups, downs = changes_of(cur, mode)
       local improved = false
-      for _, cd in ipairs(cands) do
-        stats.proposals = stats.proposals + 1
-        local lock = { [cd[1]] = true }
-        -- repaired two ways (least time per byte freed; or, once one move can free all that is
-        -- still needed, the cheapest such move), each filled: the faster counts
-        local c2, p2, cost
-        for _, finish in ipairs({ false, true }) do
-          local ch = copy(cur.choice)
-          ch[cd[1]] = cd[2]
-          local part, moves = repair(items, ch, env, lock, total_avail, finish)
-          if part then
-            local c3, p3 = fill_best(items, ch, part, env, lock)
-            local k = max_load(p3)
-            if not cost or k < cost then c2, p2, cost = c3, p3, k end
-          end
-          if moves == 0 then break end -- nothing to repair: both ways are the same
-        end
-        if cost then
-          stats.rated = stats.rated + 1
-          if cost < cur.cost * (1 - tol) then
-            cur = { choice = c2, part = p2, cost = cost, at = stats.proposals }
-            nonimp = 0
-            improved = true
+      for k = 1, 2 * max(#ups, #downs) do
+        local cd = (k % 2 == 1 and ups or downs)[math.floor((k + 1) / 2)]
+        local c = cd and propose(cur, { cd })
+        if c then
+          if c.cost < cur.cost * (1 - tol) then
+            cur, nonimp, improved = c, 0, true
             break
           end
           -- only proposals that fit count: one that cannot be repaired says nothing of the best
           nonimp = nonimp + 1
-          if threshold and threshold > 0 and nonimp >= threshold then
-            stopped = true
-            break
-          end
+          if threshold and threshold > 0 and nonimp >= threshold then return cur, true end
         end
       end
-      if not improved or stopped then return cur, stopped end
+      if not improved then return cur, false end
     end
   end
-  local modes = { "gain", "hot", "hot_est" }
-  local a, sa = run(modes[1])
-  best, stats.stopped_early = a, sa
-  if env.world > 1 then
-    for k = 2, #modes do
-      local b, sb = run(modes[k])
-      if b.cost < best.cost * (1 - 1e-9) then best = b end
+
+  -- Pairs: an upgrade paid for by another table's downgrade, both locked, the rest repaired and
+  -- filled.  A rank's balance often needs two changes at once that neither makes alone (one
+  -- table spread over the ranks and another put on one; a table on the lighter rank made
+  -- smaller so that one of the slowest rank's fits there): the single changes stop at such
+  -- plans.  The first PAIRS upgrades and downgrades (slowest rank's tables first) make up to
+  -- PAIRS^2 pairs, each rated in O(1) by a bound on the step a partition of its choice can
+  -- reach: the larger of the ranks' mean load and the spread shards' load plus the longest
+  -- single-rank shard, plus the HBM it lacks over all ranks at the cheapest byte's time.  The
+  -- best by that bound are rated again by the partitioner itself (longest first, without
+  -- repair: as many as cost about as much as PAIR_WORK tables partitioned), and tried in that
+  -- order, at most PAIR_TRIES of them; the threshold counts afresh here.  Returns the first
+  -- pair's plan that beats cur, or nil.
+  local function pair_phase(cur)
+    local ups, downs = changes_of(cur, "hot")
+    local C = cur.choice
+    -- the downgrades that pay: the other ranks' tables first, least time lost per byte freed
+    local top_rank = 1
+    for r = 2, W do if cur.part.load[r] > cur.part.load[top_rank] then top_rank = r end end
+    local hot = {}
+    for i = 1, n do
+      for _, r in ipairs(cur.part.ranks[i]) do if r == top_rank then hot[i] = true end end
+    end
+    for _, d in ipairs(downs) do
+      local it = items[d[1]]
+      local freed = it.H[C[d[1]]] - it.H[d[2]]
+      d.per_byte = freed > 0 and (it.T[d[2]] - it.T[C[d[1]]]) / freed or huge
+    end
+    table.sort(downs, function(a, b)
+      local ha, hb = hot[a[1]] and 1 or 0, hot[b[1]] and 1 or 0
+      if ha ~= hb then return ha < hb end
+      if a.per_byte ~= b.per_byte then return a.per_byte < b.per_byte end
+      if a[1] ~= b[1] then return a[1] < b[1] end
+      return a[2] < b[2]
+    end)
+    local lam = huge -- the cheapest byte to free now: what a repair is likely to add per byte
+    for i, it in ipairs(items) do
+      local c = C[i]
+      local H, T = it.H, it.T
+      for v = 1, #H do
+        if H[v] < H[c] then lam = min(lam, max(T[v] - T[c], 0) / (H[c] - H[v])) end
+      end
+    end
+    if lam == huge then lam = 0 end
+    local function count(it, c) return it.SP[c] and W or it.SK[c] end
+    local sum, spread_load, agg0 = 0, 0, 0
+    local top = { { 0 }, { 0 }, { 0 } } -- the three longest single-rank shards {time, item}
+    for i, it in ipairs(items) do
+      local c = C[i]
+      sum, agg0 = sum + count(it, c) * it.ST[c], agg0 + it.H[c]
+      if it.SP[c] then
+        spread_load = spread_load + it.ST[c]
+      elseif it.ST[c] > top[3][1] then
+        top[3] = { it.ST[c], i }
+        table.sort(top, function(x, y) return x[1] > y[1] end)
+      end
+    end
+    local function longest(ia, ib)
+      for k = 1, 3 do
+        local j = top[k][2]
+        if j ~= ia and j ~= ib then return top[k][1] end
+      end
+      return 0
+    end
+    local list = {}
+    for k = 1, min(#ups, PAIRS) do list[#list + 1] = ups[k] end
+    for k = 1, min(#downs, PAIRS) do list[#list + 1] = downs[k] end
+    local cands = {}
+    for a = 1, #list do
+      for b = a + 1, #list do
+        local ua, db = list[a], list[b]
+        local ia, ib = ua[1], db[1]
+        if ia ~= ib then
+          local A, B = items[ia], items[ib]
+          local ca, cb, u, v = C[ia], C[ib], ua[2], db[2]
+          local s2 = sum - count(A, ca) * A.ST[ca] + count(A, u) * A.ST[u] - count(B, cb) * B.ST[cb]
+                     + count(B, v) * B.ST[v]
+          local sp = spread_load - (A.SP[ca] and A.ST[ca] or 0) + (A.SP[u] and A.ST[u] or 0)
+                     - (B.SP[cb] and B.ST[cb] or 0) + (B.SP[v] and B.ST[v] or 0)
+          local one = max(longest(ia, ib), A.SP[u] and 0 or A.ST[u], B.SP[v] and 0 or B.ST[v])
+          local agg2 = agg0 - A.H[ca] + A.H[u] - B.H[cb] + B.H[v]
+          local bound = max(s2 / W, sp + one) + lam * max(agg2 - total_avail, 0)
+          cands[#cands + 1] = { ua, db, bound, s2, #cands, est = huge }
+        end
+      end
+    end
+    local function by(key)
+      return function(x, y)
+        if x[key] ~= y[key] then return x[key] < y[key] end
+        if x[3] ~= y[3] then return x[3] < y[3] end
+        if x[4] ~= y[4] then return x[4] < y[4] end
+        return x[5] < y[5]
+      end
+    end
+    table.sort(cands, by(3))
+    local unbounded = { world = W, avail = {} }
+    for r = 1, W do unbounded.avail[r] = huge end
+    for k = 1, min(#cands, max(8, math.floor(PAIR_WORK / n))) do
+      local cd = cands[k]
+      local ch = copy(C)
+      ch[cd[1][1]], ch[cd[2][1]] = cd[1][2], cd[2][2]
+      local part, err = M.partition(items, ch, env, false)
+      if part then
+        local _, filled = fill(items, ch, part, env, { [cd[1][1]] = true, [cd[2][1]] = true }, false)
+        cd.est = max_load(filled)
+      else
+        local ia, ib = cd[1][1], cd[2][1]
+        local agg2 = agg0 - items[ia].H[C[ia]] + items[ia].H[cd[1][2]] - items[ib].H[C[ib]] + items[ib].H[cd[2][2]]
+        cd.est = max_load(M.partition(items, ch, unbounded, false)) + lam * max(err.need, agg2 - total_avail)
+      end
+    end
+    table.sort(cands, by("est"))
+    local nonimp = 0
+    local total = 0
+    for r = 1, W do total = total + cur.part.load[r] end
+    -- failing a faster plan, the tried plan no slower whose ranks together work least, if it
+    -- cuts their total by the tolerance: its room lets the single changes balance the ranks
+    -- (no cycle: such a step cuts the total, and no step makes the slowest rank slower)
+    local side, side_total = nil, total * (1 - tol)
+    for k = 1, min(#cands, PAIR_TRIES) do
+      local c = propose(cur, { cands[k][1], cands[k][2] })
+      if c then
+        if c.cost < cur.cost * (1 - tol) then return c, false end
+        local t2 = 0
+        for r = 1, W do t2 = t2 + c.part.load[r] end
+        if c.cost <= cur.cost and t2 < side_total then side, side_total = c, t2 end
+        nonimp = nonimp + 1
+        if threshold and threshold > 0 and nonimp >= threshold then return side, true end
+      end
+    end
+    return side, false
+  end
+
+  local modes = W > 1 and { "gain", "hot", "hot_est" } or { "gain" }
+  local start = best
+  for k, mode in ipairs(modes) do
+    local b, sb = singles(start, mode)
+    if k == 1 or b.cost < best.cost * (1 - 1e-9) then best = b end
+    stats.stopped_early = stats.stopped_early or sb
+  end
+  if W > 1 then
+    while true do
+      local b, sb = pair_phase(best)
+      stats.stopped_early = stats.stopped_early or sb
+      if not b then break end
+      best, sb = singles(b, "hot")
       stats.stopped_early = stats.stopped_early or sb
     end
   end
