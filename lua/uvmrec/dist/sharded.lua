@@ -320,12 +320,14 @@ end
 -- holds no shard), and each shard's step then takes the whole row's sum.
 -- rs.seconds / rs.calls: the host time in here (on the CPU the whole of it; on a GPU what the
 -- host waits for); rs.reduce_seconds: the part in the all-reduce.
-function Sharded:_sum_rows(parts, grad, stream) -- parts: the batch's exchanged ids per collection
+-- parts, ticket: the batch's exchanged ids per collection and its table-wise collection's cache
+-- ticket (nil without the pipeline).
+function Sharded:_sum_rows(parts, ticket, grad, stream)
   local rs, comm = self.row_sums, self.comm
   local t0 = lib.C.ur_clock_seconds()
   assert(rs.buf:fill(0, stream))
   if rs.held then
-    assert(self.tbe_a2a:row_sums(parts[1], grad, stream))
+    assert(self.tbe_a2a:row_sums(parts[1], grad, stream, ticket))
     for _, x in ipairs(rs.extra) do add_into(x.seg, x.buf) end
   end
   local t1 = lib.C.ur_clock_seconds()
@@ -779,7 +781,7 @@ function Sharded:accGradParameters(input, gradOutput, ticket) -- luacheck: ignor
     if grads[s] then grads[s]:free() end
   end
   local parts, tk = cur.parts, cur.tickets
-  if self.row_sums then self:_sum_rows(parts, ga2a, stream) end
+  if self.row_sums then self:_sum_rows(parts, tk.a2a, ga2a, stream) end
   if self.tbe_a2a then assert(self.tbe_a2a:backward(parts[1], ga2a, stream, tk.a2a)) end
   if self.tbe_rw then assert(self.tbe_rw:backward(parts[2], grw, stream, tk.rw)) end
   if self.tbe_dp then assert(self.tbe_dp:backward(parts[3], gdp, stream, tk.dp)) end
