@@ -692,7 +692,9 @@ __device__ __forceinline__ void prefetch_step(const ur__tbe_hyper &h, const ur__
 template <int NV, int E, int U>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV * E <= 8 ? 4 : 2)
     seg_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
-  if (!sp.rows && ur__optim_gated(&h.k)) return; /* a guard holds the step back */
+  /* a guard holds the step back; the row sums (ur_tbe_row_sums) are written all the same, for the
+   * other ranks' column shards add them */
+  if (!sp.rows && !h.sums_only && ur__optim_gated(&h.k)) return;
   __shared__ float slots[UR_TBE_WARPS][NV * 32 * E];
   int lane = threadIdx.x & 31;
   float *slot = slots[threadIdx.x / 32];
@@ -777,7 +779,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
 template <int NV, int E, int U>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     long_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
-  if (!sp.rows && ur__optim_gated(&h.k)) return;
+  if (!sp.rows && !h.sums_only && ur__optim_gated(&h.k)) return;
   __shared__ float slots[UR_TBE_WARPS][NV * 32 * E];
   int lane = threadIdx.x & 31;
   float *slot = slots[threadIdx.x / 32];

@@ -685,6 +685,32 @@ describe("uvmrec.tbe row sums (rowwise Adagrad over column shards)", function()
     end
   end)
 
+  it("writes the row sums under a raised guard gate, which holds back only the step", function()
+    math.randomseed(23)
+    local open, gated = whole(), whole()
+    local so, sg = sums(open, "x"), sums(gated, "x")
+    local flags = assert(ur.tensor({ 4 }, { dtype = "i32" }))
+    assert(flags:fill(0))
+    gated:set_gate(flags)
+    local input = inputs(11)
+    local out = open:forward(input)
+    gated:forward(input)
+    local grad = R.tensor(R.randoms(out:numel()), "f32"):view_as(0, out:size())
+    assert(flags:fill(1)) -- the guard saw a non-finite value this step
+    assert(open:row_sums(input, grad))
+    assert(gated:row_sums(input, grad))
+    -- another rank's column shards add these sums, gated or not
+    assert.same(so:totable(), sg:totable())
+    local nonzero = 0
+    for _, v in ipairs(sg:totable()) do if v ~= 0 then nonzero = nonzero + 1 end end
+    assert.is_true(nonzero > 0, "no row read")
+    local before = R.snapshot(gated)
+    assert(gated:backward(input, grad))
+    assert.same(before, R.snapshot(gated)) -- the step itself held back
+    gated:set_gate(nil)
+    flags:free()
+  end)
+
   it("steps column shards as the whole table when their sums are added: rows and state within rounding", function()
     math.randomseed(22)
     local w, s, alone = whole(), shards(), shards()

@@ -362,11 +362,7 @@ end
 -- the other rows); nothing steps.  The caller sums the shards' sums (an all-reduce), then
 -- backward(input, grad_out) steps every row by its sums over the whole row's columns.
 function methods:set_row_sums(name, sums)
-  local i = self.table_index[name]
-  if i == nil then
-    error(("embedding collection: no table named '%s' (tables: %s)")
-          :format(tostring(name), table.concat(self.table_names, ", ")), 2)
-  end
+  local i = O.table_index(self, name, 2)
   local ok, err = check(C.ur_tbe_set_row_sums(H(self), i, sums and T(sums, "sums", 2) or nil), 2)
   if not ok then error(err, 2) end
   self._row_sums = self._row_sums or {}

@@ -415,7 +415,9 @@ static void cpu_segments(bwd_job *j, cpu_work *w) {
 
 static ur_status cpu_backward(void *stream, const ur__tbe_args *a, const ur__tbe_hyper *h,
                               void *work) {
-  if (ur__optim_gated(&h->k)) return UR_STATUS_OK; /* a guard holds the step back */
+  /* a guard holds the step back; the row sums (ur_tbe_row_sums) are written all the same, for
+   * the other ranks' column shards add them */
+  if (!h->sums_only && ur__optim_gated(&h->k)) return UR_STATUS_OK;
   cpu_work w;
   carve(a, 1, work, &w);
   ur__tbe_args in;

@@ -619,7 +619,10 @@ function Sharded:prefetch_pages(ticket, stream, location)
 end
 
 -- This rank's shards' cache counters (uvmrec.cache's stats summed over its shard collections,
--- .tables per shard), or nil without cached shards.
+-- .tables per shard; batches: the most any collection's cache saw), or nil without cached
+-- shards.  A data-parallel collection's cache is asked twice a batch (the rank's own samples
+-- for the forward, the global batch for the backward), so its lookups count twice, the second
+-- mostly hits.
 function Sharded:cache_stats()
   local r
   for _, c in ipairs(self.collections) do
@@ -629,7 +632,8 @@ function Sharded:cache_stats()
         r = s
       else
         for k, v in pairs(s) do
-          if type(v) == "number" then r[k] = r[k] + v end
+          if k == "batches" then r[k] = math.max(r[k], v)
+          elseif type(v) == "number" then r[k] = r[k] + v end
         end
         for name, t in pairs(s.tables) do r.tables[name] = t end
       end

@@ -126,7 +126,12 @@ end
 function Prefetch:_prefetch(s)
   if not self.cached and not self.pages then return end
   if self.cached then
-    if self.gpu then wait(self.prefetch_stream, s.copied) end
+    if self.gpu then
+      wait(self.prefetch_stream, s.copied)
+      -- a sharded collection's input exchange runs KJT operations that take no stream (the
+      -- legacy one, which does not wait for the copy stream): the batch must be there first
+      if self.exchanges then assert(s.copied:sync()) end
+    end
     s.dev.ticket = assert(self.tbe:prepare(s.dev.sparse, self.prefetch_stream))
   end
   if self.pages then

@@ -609,7 +609,8 @@ function M.greedy(items, env, opts)
     end
   end
 
-  -- Pairs: an upgrade paid for by another table's downgrade, both locked, the rest repaired and
+  -- Pairs: two tables' changes at once (any two of the listed upgrades and downgrades: an
+  -- upgrade paid for by a downgrade, or two of a kind), both locked, the rest repaired and
   -- filled.  A rank's balance often needs two changes at once that neither makes alone (one
   -- table spread over the ranks and another put on one; a table on the lighter rank made
   -- smaller so that one of the slowest rank's fits there): the single changes stop at such
