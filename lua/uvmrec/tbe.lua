@@ -316,14 +316,22 @@ function methods:_ticket(input, v, o, spk, stream, ticket, level)
   return t
 end
 
+-- A batch's arguments for the C calls (values, offsets, weights, per-key offsets, inverse:
+-- _input's), its values as cache slots through its ticket (returned last) where the tables are
+-- cached; nil, message when there is no ticket to be had.
+function methods:_args(input, stream, ticket, level)
+  level = level + 1
+  local v, o, w, spk, inv = self:_input(input, level)
+  if not self.cache then return v, o, w, spk, inv end
+  local t, err = self:_ticket(input, v, o, spk, stream, ticket, level)
+  if not t then return nil, err end
+  return T(t.ids, "cache ids", level), o, w, spk, inv, t
+end
+
 -- forward(input[, out][, stream][, ticket]): the pooled embeddings (into out when given).
 function methods:forward(input, out, stream, ticket)
-  local v, o, w, spk, inv = self:_input(input, 2)
-  if self.cache then
-    local t, err = self:_ticket(input, v, o, spk, stream, ticket, 2)
-    if not t then return nil, err end
-    v = T(t.ids, "cache ids", 2)
-  end
+  local v, o, w, spk, inv = self:_args(input, stream, ticket, 2)
+  if not v then return nil, o end
   if out == nil then
     local err
     out, err = self:new_output(input)
@@ -337,14 +345,8 @@ end
 -- backward(input, grad_out[, stream][, ticket]): steps the optimizer on every row the input
 -- read; the batch's ticket is retired (trained).
 function methods:backward(input, grad, stream, ticket)
-  local v, o, w, spk, inv = self:_input(input, 2)
-  local t
-  if self.cache then
-    local err
-    t, err = self:_ticket(input, v, o, spk, stream, ticket, 2)
-    if not t then return nil, err end
-    v = T(t.ids, "cache ids", 2)
-  end
+  local v, o, w, spk, inv, t = self:_args(input, stream, ticket, 2)
+  if not v then return nil, o end
   local ok, err = check(C.ur_tbe_backward(S(stream), H(self), T(grad, "grad_out", 2), v, o, w, spk, inv), 2)
   if not ok then return nil, err end
   if t then
@@ -371,12 +373,8 @@ function methods:set_row_sums(name, sums)
 end
 
 function methods:row_sums(input, grad, stream, ticket)
-  local v, o, w, spk, inv = self:_input(input, 2)
-  if self.cache then
-    local t, err = self:_ticket(input, v, o, spk, stream, ticket, 2)
-    if not t then return nil, err end
-    v = T(t.ids, "cache ids", 2)
-  end
+  local v, o, w, spk, inv = self:_args(input, stream, ticket, 2)
+  if not v then return nil, o end
   return check(C.ur_tbe_row_sums(S(stream), H(self), T(grad, "grad_out", 2), v, o, w, spk, inv), 2)
 end
 
