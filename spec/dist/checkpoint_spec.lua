@@ -11,7 +11,7 @@ local ck = require "uvmrec.checkpoint"
 local command = require "command"
 local h = require "helpers"
 
-local function have_mpi() return dist.mpi() ~= nil and command.have("mpirun") end
+local have_mpi = h.have_mpi
 
 local SCRIPT = "spec/support/dist_checkpoint.lua"
 

@@ -9,7 +9,7 @@ local function launch(args)
   return command.sh(command.bin() .. " launch " .. args)
 end
 
-local function have_mpi() return dist.mpi() ~= nil and command.have("mpirun") end
+local have_mpi = require("helpers").have_mpi
 
 describe("uvmrec.dist communicators", function()
   it("runs every collective in a world of one: copies, with statistics", function()

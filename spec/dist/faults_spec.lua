@@ -3,10 +3,9 @@
 -- 60 s, launch naming the rank and its error; a rank that hangs makes the others' collectives
 -- time out (UVMREC_COMM_TIMEOUT); SIGINT on launch stops every rank at one step boundary with a
 -- checkpoint from which the run resumes with the uninterrupted run's losses, bit for bit.
-local dist = require "uvmrec.dist"
 local command = require "command"
 
-local function have_mpi() return dist.mpi() ~= nil and command.have("mpirun") end
+local have_mpi = require("helpers").have_mpi
 
 local SCRIPT = "spec/support/dist_fault.lua"
 

@@ -16,7 +16,7 @@ local h = require "helpers"
 local Prefetch = require "uvmrec.pipeline.Prefetch"
 local Batch = require "uvmrec.data.batch"
 
-local function have_mpi() return dist.mpi() ~= nil and command.have("mpirun") end
+local have_mpi = h.have_mpi
 
 local function sh(cmd)
   local t0 = os.time()

@@ -5,11 +5,10 @@
 -- world size, another sharding or in one process (resharding) within docs/distributed.md's 1e-5
 -- relative (the dense gradients' all-reduce sums in another order).  SIGINT on launch stops every
 -- rank at one step and saves one checkpoint that resumes bit for bit.
-local dist = require "uvmrec.dist"
 local command = require "command"
 local json = require "uvmrec.json"
 
-local function have_mpi() return dist.mpi() ~= nil and command.have("mpirun") end
+local have_mpi = require("helpers").have_mpi
 
 local COMMON = "--cpu --progress none --set train.log_every=1 --set eval.samples=0 --set embeddings.sharding=row_wise"
 

@@ -7,10 +7,9 @@
 -- OpenBLAS's Haswell kernels (as spec/train/loop_spec.lua's runs): the rows of a block of 64 come
 -- out of them the same whatever the batch's row count, which the bit-for-bit rows need; the
 -- kernel OpenBLAS picks in CI's hidden environment rounds some rows otherwise (losses 1e-7 apart).
-local dist = require "uvmrec.dist"
 local command = require "command"
 
-local function have_mpi() return dist.mpi() ~= nil and command.have("mpirun") end
+local have_mpi = require("helpers").have_mpi
 
 local function job(n, env)
   local parts = {}

@@ -9,7 +9,7 @@ local dist = require "uvmrec.dist"
 local command = require "command"
 local h = require "helpers"
 
-local function have_mpi() return dist.mpi() ~= nil and command.have("mpirun") end
+local have_mpi = h.have_mpi
 
 local function opts()
   return { tables = { { name = "a", rows = 100, dim = 16, features = { "f", "g" } },

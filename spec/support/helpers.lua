@@ -214,6 +214,9 @@ function M.tiny_loader(samples, batch_size)
   return assert(ur.data.loader { data = "synthetic:tiny", samples = samples, batch_size = batch_size or 256 })
 end
 
+-- Whether jobs of several ranks can run here: the engine's MPI plugin loads and mpirun is there.
+function M.have_mpi() return require("uvmrec.dist").mpi() ~= nil and command.have("mpirun") end
+
 -- Placements this machine can hold.
 function M.placements()
   local p = { "host", "pinned", "managed" }
