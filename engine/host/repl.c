@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <lauxlib.h>
@@ -21,6 +22,8 @@ typedef struct repl {
   char history_path[PATH_MAX];
   char prompt[128];
   int ctrl_c;             /* set by the Ctrl-C key while editing */
+  int tty_saved;          /* tty holds the terminal's settings before the editor */
+  struct termios tty;
 } repl;
 
 static void push_fn(repl *r, const char *name) {
@@ -135,15 +138,19 @@ static void edit_open(repl *r) {
       history(r->hist, &ev, H_LOAD, r->history_path);
     }
   }
+  r->tty_saved = tcgetattr(STDIN_FILENO, &r->tty) == 0;
   r->el = el_init("uvmrec", stdin, stdout, stderr);
   if (!r->el) return;
   el_set(r->el, EL_CLIENTDATA, r);
   el_set(r->el, EL_EDITOR, "emacs");
   el_set(r->el, EL_PROMPT, prompt_fn);
   if (r->hist) el_set(r->el, EL_HIST, history, r->hist);
-  /* Ctrl-C at the prompt is a key (interrupt_key), so no signal races the editor; running code
-   * gets the terminal back with ISIG on, and Ctrl-C there is SIGINT (ur_lua_pcall). */
+  /* Ctrl-C is a key (interrupt_key) at the prompt and between prompts too (-x: the mode the
+   * editor leaves the terminal in), so a Ctrl-C typed ahead waits for the next prompt instead of
+   * ending the process; only running code has ISIG on (code_signals), where Ctrl-C is SIGINT
+   * (ur_lua_pcall). */
   el_set(r->el, EL_SETTY, "-d", "-isig", NULL);
+  el_set(r->el, EL_SETTY, "-x", "-isig", NULL);
   el_set(r->el, EL_ADDFN, "ur-complete", "complete the name before the cursor", complete_key);
   el_set(r->el, EL_ADDFN, "ur-interrupt", "discard the input; twice at an empty prompt: exit",
          interrupt_key);
@@ -152,8 +159,18 @@ static void edit_open(repl *r) {
   el_source(r->el, NULL);
 }
 
+/* While a chunk runs (on), Ctrl-C on the terminal is SIGINT, which stops the code; else a key. */
+static void code_signals(repl *r, int on) {
+  struct termios t;
+  if (!r->el || tcgetattr(STDIN_FILENO, &t)) return;
+  if (on) t.c_lflag |= ISIG;
+  else t.c_lflag &= ~(tcflag_t)ISIG;
+  tcsetattr(STDIN_FILENO, TCSANOW, &t);
+}
+
 static void edit_close(repl *r) {
   if (r->el) el_end(r->el);
+  if (r->tty_saved) tcsetattr(STDIN_FILENO, TCSADRAIN, &r->tty);
   if (r->hist) history_end(r->hist);
 }
 
@@ -290,7 +307,9 @@ static ur_status loop(repl *r) {
       continue;
     }
     lua_pop(L, 1);
+    code_signals(r, 1);
     if (!run_chunk(r)) failed++;
+    code_signals(r, 0);
   }
   if (chunk.len) { /* input ended inside a chunk */
     ur__lua_error(UR_STATUS_INVALID, "stdin: input ended inside an unfinished chunk");
