@@ -34,6 +34,12 @@ local function loadavg()
   return l and tonumber(l:match("^(%S+)"))
 end
 local load_start = loadavg()
+local function ncores()
+  local g = io.popen("nproc 2>/dev/null")
+  local n = g and tonumber(g:read("*l")) or 1
+  if g then g:close() end
+  return n
+end
 
 -- The fastest of n runs of fn (after one warm-up), in seconds.  Not the median: on a shared
 -- machine (this project's build machine: 2 cores, often at load 5 to 12) other processes only
@@ -266,32 +272,99 @@ rates.pipeline_overlap = { value = 0, unit = "fraction", measured = false, comma
            or "the CPU backend runs streams synchronously: nothing overlaps" }
 print(("  %-22s %14s  %s"):format("pipeline_overlap", "0", rates.pipeline_overlap.source))
 
--- ---- dense: the Kaggle DLRM's MLPs and dot interaction ----
+-- ---- dense: MLPs of several shapes, and the dot interaction ----
+-- Least squares on relative errors: x minimising sum_i (sum_j A[i][j] x[j] / y[i] - 1)^2, with
+-- x >= 0 (a term fitted below 0 is dropped and the rest fitted again).
+local function fit(A, y)
+  local n = #A[1]
+  local on = {}
+  for j = 1, n do on[j] = true end
+  while true do
+    local idx = {}
+    for j = 1, n do if on[j] then idx[#idx + 1] = j end end
+    local m = #idx
+    local M, v = {}, {}
+    for a = 1, m do
+      M[a], v[a] = {}, 0
+      for b = 1, m do M[a][b] = 0 end
+    end
+    for i = 1, #A do
+      for a = 1, m do
+        local ra = A[i][idx[a]] / y[i]
+        v[a] = v[a] + ra
+        for b = 1, m do M[a][b] = M[a][b] + ra * A[i][idx[b]] / y[i] end
+      end
+    end
+    for a = 1, m do -- Gaussian elimination with partial pivoting
+      local piv = a
+      for r = a + 1, m do if math.abs(M[r][a]) > math.abs(M[piv][a]) then piv = r end end
+      M[a], M[piv], v[a], v[piv] = M[piv], M[a], v[piv], v[a]
+      for r = a + 1, m do
+        local f = M[r][a] / M[a][a]
+        for b = a, m do M[r][b] = M[r][b] - f * M[a][b] end
+        v[r] = v[r] - f * v[a]
+      end
+    end
+    local x = {}
+    for a = m, 1, -1 do
+      local sum = v[a]
+      for b = a + 1, m do sum = sum - M[a][b] * x[b] end
+      x[a] = sum / M[a][a]
+    end
+    local worst
+    for a = 1, m do if x[a] < 0 and (not worst or x[a] < x[worst]) then worst = a end end
+    if not worst then
+      local out = {}
+      for j = 1, n do out[j] = 0 end
+      for a = 1, m do out[idx[a]] = x[a] end
+      return out
+    end
+    on[idx[worst]] = false
+  end
+end
+
 do
   local nn = require "uvmrec.nn"
-  local B = Q and 512 or 2048
-  local bottom, top = { 13, 512, 256, 64, 16 }, { 367, 512, 256, 1 }
-  local macs = 0
-  for _, s in ipairs({ bottom, top }) do for k = 1, #s - 1 do macs = macs + s[k] * s[k + 1] end end
+  -- dlrm_tiny's and dlrm_kaggle's stacks and a narrow deep one, at two batches: a layer's
+  -- forward + backward costs 6·B·in·out FLOPs at the matrix products' rate, a time per output
+  -- value (bias, activation and their gradients) and a time per layer (its calls); the three
+  -- are fitted to all runs (small products run far below the large ones' rate)
+  local shapes = { { 13, 64, 16 }, { 367, 64, 1 }, { 13, 512, 256, 64, 16 }, { 367, 512, 256, 1 },
+                   { 64, 64, 64, 64, 64 } }
+  local batches = Q and { 256, 512 } or { 1024, 4096 }
   for _, prec in ipairs({ "f32", "tf32", "bf16" }) do
-    local m1 = nn.MLP(bottom, { input_grad = false })
-    local m2 = nn.MLP(top, { last = "none" })
-    if gpu then m1:to("device"); m2:to("device") end
-    m1:set_precision(prec); m2:set_precision(prec)
-    local x1 = assert(ur.tensor({ B, 13 }, { placement = place_fast })); x1:uniform(0, 1, 1)
-    local x2 = assert(ur.tensor({ B, 367 }, { placement = place_fast })); x2:uniform(-1, 1, 2)
-    local gd = prec == "bf16" and "bf16" or "f32"
-    local g1 = assert(ur.tensor({ B, 16 }, { placement = place_fast, dtype = gd })); g1:uniform(-1, 1, 3)
-    local g2 = assert(ur.tensor({ B, 1 }, { placement = place_fast, dtype = gd })); g2:uniform(-1, 1, 4)
-    local t = time(Q and 1 or 5, function()
-      m1:forward(x1); m1:backward(x1, g1)
-      m2:forward(x2); m2:backward(x2, g2)
-    end)
-    rate("mlp_" .. prec, 6 * B * macs / t, "FLOP/s", ("MLPs 13-512-256-64-16 and 367-512-256-1 (dlrm_kaggle), forward "
-         .. "+ backward at batch %d, %s: %.2f ms; 6 x batch x sum of in x out"):format(B, prec, t * 1e3))
-    x1:free(); x2:free(); g1:free(); g2:free()
+    local A, y, worst = {}, {}, 0
+    local total = 0
+    for _, B in ipairs(batches) do
+      for _, w in ipairs(shapes) do
+        local m = nn.MLP(w, { input_grad = false, last = w[#w] == 1 and "none" or nil })
+        if gpu then m:to("device") end
+        m:set_precision(prec)
+        local gd = prec == "bf16" and "bf16" or "f32"
+        local x = assert(ur.tensor({ B, w[1] }, { placement = place_fast })); x:uniform(0, 1, 1)
+        local g = assert(ur.tensor({ B, w[#w] }, { placement = place_fast, dtype = gd })); g:uniform(-1, 1, 3)
+        local t = time(Q and 1 or 5, function() m:forward(x); m:backward(x, g) end)
+        local macs, outs = 0, 0
+        for k = 1, #w - 1 do macs, outs = macs + w[k] * w[k + 1], outs + w[k + 1] end
+        A[#A + 1], y[#y + 1] = { 6 * B * macs, B * outs, #w - 1 }, t
+        total = total + t
+        x:free(); g:free()
+      end
+    end
+    local c = fit(A, y)
+    if c[1] <= 0 then error(("calibrate: the MLP runs (%s) gave no positive FLOP rate"):format(prec)) end
+    for i = 1, #A do
+      local pred = A[i][1] * c[1] + A[i][2] * c[2] + A[i][3] * c[3]
+      worst = math.max(worst, math.abs(pred / y[i] - 1))
+    end
+    local how = ("%d MLP stacks (dlrm_tiny's, dlrm_kaggle's, 64-64-64-64-64) at batch %s, %s, forward + backward: "
+                 .. "%.2f ms in all; fitted with the per-value and per-layer terms (worst run %.0f%% off)"):format(
+                 #shapes, table.concat(batches, " and "), prec, total * 1e3, worst * 100)
+    rate("mlp_" .. prec, 1 / c[1], "FLOP/s", how .. "; 6 x batch x sum of in x out")
+    rate("mlp_act_" .. prec, c[2], "s", "the same fit: per output value of a layer")
+    rate("mlp_layer_" .. prec, c[3], "s", "the same fit: per layer")
   end
-  local d, F = 16, 27
+  local B, d, F = Q and 512 or 2048, 16, 27
   -- padded as models/dlrm.lua's (zero columns up to a multiple of 8)
   local it = nn.Interaction { pad = true }
   if gpu then it:to("device") end
@@ -324,6 +397,25 @@ do
   local t = time(Q and 5 or 21, function() train.loop.step(model, opt, b):get(0) end)
   rate("step_overhead", t, "s", ("a whole training step of dlrm_tiny at batch 8 (26 tables, MLPs 13-64-16 and "
        .. "367-64-1): %.3f ms, its work negligible"):format(t * 1e3))
+
+  -- the synthetic loader: dlrm_tiny's data in batches of 1024 (the values a sample has as the
+  -- planner counts them: ids, dense features, label).  Its threads make batches ahead, so the
+  -- wall time of a next() is not its cost: the process's CPU time over a run of batches is,
+  -- spread over the cores it has.
+  local LB = Q and 256 or 1024
+  local lcfg = assert(train.config.load(path, { "train.batch_size=" .. LB }))
+  local values = assert(require("uvmrec.planner").from_config(lcfg)).loader.values
+  local n = Q and 8 or 40
+  lo.batch_size, lo.samples = LB, LB * (n + 2)
+  local ld = assert(ur.data.loader(lo))
+  assert(ld:next())
+  local c0 = os.clock()
+  for _ = 1, n do assert(ld:next()):to(gpu and "pinned" or "host") end
+  local cpu = (os.clock() - c0) / n
+  ld:close()
+  local cores = tonumber(os.getenv("UR_NUM_THREADS") or "") or ncores()
+  rate("loader_per_value", cpu / cores / (LB * values), "s", ("dlrm_tiny's synthetic batches of %d samples, %d "
+       .. "values each: %.3f CPU ms a batch over %d cores"):format(LB, values, cpu * 1e3, cores))
 end
 
 in_u.values:free(); in_u.offsets:free(); in_r.values:free(); in_r.offsets:free()
@@ -336,10 +428,7 @@ if not machine then
     local f = io.open("/proc/cpuinfo")
     local cpu = f and f:read("*a"):match("model name%s*:%s*([^\n]+)") or "unknown CPU"
     if f then f:close() end
-    local n = 0
-    local g = io.popen("nproc 2>/dev/null")
-    if g then n = tonumber(g:read("*l")) or 0 g:close() end
-    machine = ("%s, %d cores (CPU backend)"):format(cpu, n)
+    machine = ("%s, %d cores (CPU backend)"):format(cpu, ncores())
   end
 end
 local commit

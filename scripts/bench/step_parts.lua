@@ -88,7 +88,8 @@ local function stat(s)
   for _, v in ipairs(c) do sum = sum + v end
   return c[1] or 0, c[math.floor((#c + 1) / 2)] or 0, #c > 0 and sum / #c or 0
 end
--- the planner's terms for this config as it is (every table where the config puts it)
+-- the planner's terms for this config as it is (every table where the config puts it); no
+-- loader term: the batches here are made before the timing
 local prob = assert(planner.from_config(cfg))
 local p = assert(planner.evaluate(prob.tables, prob.profiles, 2 ^ 50, { world = 1, batch = prob.batch,
   calibration = cal, dense = prob.dense, pipeline = cfg.train.pipeline, depth = cfg.data.depth }, {}))

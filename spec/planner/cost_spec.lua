@@ -157,6 +157,40 @@ describe("planner.cost", function()
     near(bf.mlp, 6 * B * dm.macs / R.mlp_bf16, "bf16 mlp")
   end)
 
+  it("prices an MLP layer's output values and calls where the calibration has them", function()
+    local R2 = {}
+    for k, v in pairs(R) do R2[k] = v end
+    R2.mlp_act_f32, R2.mlp_layer_f32, R2.mlp_act_bf16 = 2e-9, 5e-5, 7e-9
+    local c2 = ctx { calib = planner.calib.synthetic(R2) }
+    local shape = { dense_features = 3, bottom = { 4 }, top = { 2, 1 }, tables = 1, dim = 4 }
+    local dm = cost.dense_model(shape)
+    -- three layers, whose outputs are 4 + 2 + 1 values a sample
+    assert.equal(3, dm.layers)
+    assert.equal(4 + 2 + 1, dm.outputs)
+    near(cost.dense(dm, c2).mlp, 6 * B * dm.macs / R.mlp_f32 + B * 7 * 2e-9 + 3 * 5e-5, "mlp with its terms")
+    -- bf16 has no per-layer term here: that part is left out (0), not borrowed from f32
+    shape.precision = "bf16"
+    near(cost.dense(cost.dense_model(shape), c2).mlp, 6 * B * dm.macs / R.mlp_bf16 + B * 7 * 7e-9, "bf16")
+    -- DCNv2's cross layers are layers too: three of 8 x 8 (the bottom's 4 and one table of 4)
+    local dc = cost.dense_model { dense_features = 3, bottom = { 4 }, top = { 1 }, tables = 1, dim = 4,
+                                  interaction = "dcnv2", cross_layers = 3 }
+    assert.equal(1 + 3 + 1, dc.layers)
+    assert.equal(4 + 3 * 8 + 1, dc.outputs)
+  end)
+
+  it("adds the loader's time to a CPU step and takes the longest of work, calls and loader on a GPU", function()
+    local R2 = {}
+    for k, v in pairs(R) do R2[k] = v end
+    R2.loader_per_value = 3e-9
+    local c2 = ctx { calib = planner.calib.synthetic(R2) }
+    near(cost.loader(c2, 40), B * 40 * 3e-9, "loader")
+    near(cost.loader(ctx(), 40), 0, "a calibration without the loader's rate leaves it out")
+    near(cost.step(5e-3, 1e-3, "cpu", 2e-3), 8e-3, "cpu: in turn")
+    near(cost.step(5e-3, 1e-3, "cuda", 2e-3), 5e-3, "gpu: the work")
+    near(cost.step(5e-3, 1e-3, "cuda", 7e-3), 7e-3, "gpu: the loader")
+    near(cost.step(5e-3, 6e-3, "cuda"), 6e-3, "gpu: the calls")
+  end)
+
   it("lists the choices a table may take, narrowed by its fixed settings", function()
     local c = ctx { world = 2 }
     local all = cost.options(tab(), c)

@@ -135,6 +135,25 @@ describe("planner plans", function()
     assert.matches("no cost model attached", lerr, 1, true)
   end)
 
+  it("counts the synthetic loader's values a sample, and prices its batches with the calibration's rate", function()
+    local train = require "uvmrec.train"
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "train.batch_size=512" }))
+    local prob = assert(planner.from_config(cfg))
+    -- 26 tables of one id a sample, 13 dense features, the label
+    assert.same({ values = 26 + 13 + 1 }, prob.loader)
+    local cpu = assert(planner.calib.find("cpu"))
+    local o = { batch = 512, calibration = cpu, dense = prob.dense, loader = prob.loader }
+    local p = assert(planner.plan(prob.tables, prob.profiles, "64MiB", o)).data
+    assert.near(512 * 40 * cpu:term("loader_per_value"), p.loader_seconds, 1e-15)
+    assert.is_true(p.loader_seconds > 0, "the shipped CPU calibration has the loader's rate")
+    -- the CPU backend does the work, the calls and the loader's batches on the same cores
+    assert.near(p.embedding_seconds + p.dense.seconds + p.dense.fixed + p.loader_seconds, p.step_seconds, 1e-12)
+    o.loader = { values = 0 }
+    local none, err = planner.plan(prob.tables, prob.profiles, "64MiB", o)
+    assert.is_nil(none)
+    assert.equal("planner: loader.values is 0; expected the values a sample has (> 0)", err)
+  end)
+
   it("plans from the command: uvmrec plan CONFIG ... --out FILE", function()
     local out = os.tmpname()
     local so, se, rc = cmd.sh(("%s plan dlrm_tiny --hbm 64MiB --calibration cpu --set train.batch_size=512 "
@@ -143,6 +162,7 @@ describe("planner plans", function()
     assert.matches("profiles from the Zipf exponents of synthetic:tiny", so, 1, true)
     assert.matches("\nC16*", so, 1, true)
     assert.matches("batch 512 per rank", so, 1, true)
+    assert.matches("fixed cost [%d.]+ [mu]?s, loader [%d.]+ [mu]?s, added%)", so)
     local p = assert(planner.load(out))
     assert.equal(26, #p.data.tables)
     assert.equal("host", p.data.tables[16].placement)

@@ -10,7 +10,10 @@ local h = require "helpers"
 
 -- dlrm_kaggle's 26 tables capped at 200 k rows, batch 1024, rowwise Adagrad (state a row), C3
 -- cached at 0.1 by the config: in 40 MiB the CPU calibration gives device, cached and managed
--- tables (each category of the prediction has something in it).
+-- tables (each category of the prediction has something in it).  On the CPU backend device,
+-- managed and pinned rows are the same host memory, so the shipped calibration's in-place rates
+-- differ only by its runs' noise; the plan here reads them at fixed fractions of the device
+-- ones, as on a GPU, so that it holds every placement whatever the last calibration measured.
 local SETS = { "embeddings.max_rows=200000", "train.batch_size=1024", "embeddings.optimizer.name=rowwise_adagrad",
                "embeddings.tables.C3.placement=cached", "embeddings.tables.C3.cache.load_factor=0.1" }
 local TOL = 0.05 -- the issue's: measured at most the prediction + 5% (and here at least - 5%)
@@ -37,8 +40,18 @@ describe("uvmrec train --plan", function()
   setup(function()
     dir = cmd.tmpdir()
     path = dir .. "/plan.json"
-    local so, se, rc = cmd.sh(("%s plan dlrm_kaggle --calibration cpu --hbm 40MiB %s --out %s"):format(cmd.bin(),
-      set_args(), path))
+    local cpu = assert(planner.calib.find("cpu")).data
+    local r = cpu.rates
+    for _, k in ipairs({ "gather", "update" }) do
+      r["zero_copy_" .. k].value = r["hbm_" .. k].value / 4
+      r["managed_" .. k].value = r["hbm_" .. k].value / 3
+    end
+    local calib_path = dir .. "/calib.json"
+    local f = assert(io.open(calib_path, "w"))
+    f:write(planner.calib.encode(cpu))
+    f:close()
+    local so, se, rc = cmd.sh(("%s plan dlrm_kaggle --calibration %s --hbm 40MiB %s --out %s"):format(cmd.bin(),
+      calib_path, set_args(), path))
     assert.equal(0, rc, se)
     assert.matches("wrote " .. path, so, 1, true)
   end)

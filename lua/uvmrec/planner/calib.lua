@@ -8,8 +8,10 @@
 -- Every rate says where it comes from; "measured": false marks a figure that is not a
 -- measurement of this project (a data-sheet value), which the planner names when it uses it.
 -- The rates (M.RATES below) are all required, except the collectives, which only plans over
--- several ranks need.  Shipped: calib/h200.json (from the project's H200 figures) and
--- calib/cpu.json (`uvmrec calibrate` on the 2-core development machine).
+-- several ranks need, and the terms a calibration may lack (its cost is then left out: 0): the
+-- MLPs' costs per value and per layer, the step's fixed cost and the loader's.  Shipped:
+-- calib/h200.json (from the project's H200 figures) and calib/cpu.json (`uvmrec calibrate` on
+-- the 2-core development machine).
 local json = require "uvmrec.json"
 
 local M = {}
@@ -36,8 +38,17 @@ M.RATES = {
   mlp_f32 = { "FLOP/s", "MLP forward + backward, f32 (6 x batch x sum of in x out)" },
   mlp_tf32 = { "FLOP/s", "MLP forward + backward, TF32" },
   mlp_bf16 = { "FLOP/s", "MLP forward + backward, bf16" },
+  mlp_act_f32 = { "s", "MLP forward + backward, f32: per output value of a layer (bias, activation, their "
+                  .. "gradients)", true },
+  mlp_act_tf32 = { "s", "the same, TF32", true },
+  mlp_act_bf16 = { "s", "the same, bf16", true },
+  mlp_layer_f32 = { "s", "MLP forward + backward, f32: per layer (its calls)", true },
+  mlp_layer_tf32 = { "s", "the same, TF32", true },
+  mlp_layer_bf16 = { "s", "the same, bf16", true },
   interaction_dot = { "FLOP/s", "dot interaction forward + backward (6 x batch x F(F-1)/2 x dim)" },
   step_overhead = { "s", "a training step's fixed cost (launches, calls) apart from its work", true },
+  loader_per_value = { "s", "the synthetic loader making batches on all host cores: wall time per value (ids, "
+                       .. "dense features, label)", true },
   alltoall = { "B/s", "all-to-all, bytes each rank sends", true },
   allreduce = { "B/s", "all-reduce bus rate (ring: 2 (W-1)/W x bytes per rank)", true },
   reduce_scatter = { "B/s", "reduce-scatter bus rate ((W-1)/W x bytes per rank)", true },
@@ -124,6 +135,13 @@ function Calib:rate(name)
 end
 
 function Calib:has(name) return self.data.rates[name] ~= nil end
+
+-- An optional term's value, or 0 where this calibration lacks it (its cost left out).
+function Calib:term(name)
+  assert(M.RATES[name] and M.RATES[name][3] and M.RATES[name][1] == "s", name)
+  local r = self.data.rates[name]
+  return r and r.value or 0
+end
 
 -- Rates used that are not measurements: {name = source}.
 function Calib:unmeasured(names)

@@ -296,9 +296,9 @@ end
 -- cross_rank, precision ("f32" | "tf32" | "bf16"), optimizer ("sgd" ...; its state per
 -- parameter: sgd 0 (momentum 1), adagrad 1, adam/adamw 2).
 function M.dense_model(d)
-  local macs, params, widths = 0, 0, 0
+  local macs, params, widths, layers = 0, 0, 0, 0
   local function layer(i, o)
-    macs, params, widths = macs + i * o, params + i * o + o, widths + o
+    macs, params, widths, layers = macs + i * o, params + i * o + o, widths + o, layers + 1
   end
   local w = d.dense_features or 13
   for _, o in ipairs(d.bottom) do
@@ -331,7 +331,8 @@ function M.dense_model(d)
   -- uvmrec.optim's state of a row of one element, and SGD's momentum buffer
   local rule = require("uvmrec.optim").RULES[d.optimizer or "sgd"]
   local nstate = (rule and rule.state(1) or 0) + ((d.optimizer or "sgd") == "sgd" and (d.momentum or 0) > 0 and 1 or 0)
-  return { macs = macs, params = params, inter_flops = inter_flops, interaction = d.interaction or "dot",
+  return { macs = macs, params = params, layers = layers, outputs = widths, inter_flops = inter_flops,
+           interaction = d.interaction or "dot",
            act_floats = widths + width + F * d.dim, precision = d.precision or "f32", nstate = nstate,
            description = d }
 end
@@ -340,8 +341,11 @@ end
 -- fixed cost, which M.step combines with the work.
 function M.dense(dm, ctx)
   local c, B = ctx.calib, ctx.batch
-  local rate = c:rate("mlp_" .. dm.precision)
-  local t_mlp = 6 * B * dm.macs / rate
+  local p = dm.precision
+  -- the products by FLOPs; bias, activation and their gradients by the layers' output values;
+  -- and the calls of each layer
+  local t_mlp = 6 * B * dm.macs / c:rate("mlp_" .. p) + B * dm.outputs * c:term("mlp_act_" .. p)
+                + dm.layers * c:term("mlp_layer_" .. p)
   local t_int = dm.inter_flops > 0 and B * dm.inter_flops / c:rate("interaction_dot") or 0
   local t_opt = dm.params * 4 * (3 + 2 * dm.nstate) / c:rate("hbm_copy")
   local t_fixed = c:has("step_overhead") and c:rate("step_overhead") or 0
@@ -354,11 +358,20 @@ function M.dense(dm, ctx)
            fixed = t_fixed, comm = comm, mem = mem, hbm = mem.params + mem.activations }
 end
 
--- A step from its work and its fixed cost: on a GPU the host's launches run ahead of the
--- device, so the step is the longer of the two; the CPU backend does both in turn.
-function M.step(work, fixed, backend)
-  if backend == "cpu" then return work + fixed end
-  return max(work, fixed)
+-- The synthetic loader's wall time for a batch of ctx.batch samples of `values` values each
+-- (ids, dense features, label), on all host cores; 0 where the calibration lacks it.
+function M.loader(ctx, values)
+  return ctx.batch * values * ctx.calib:term("loader_per_value")
+end
+
+-- A step from its work, its fixed cost and the loader's time: on a GPU the host's launches run
+-- ahead of the device and the loader's threads beside both, so the step is the longest of the
+-- three; the CPU backend does the work and the calls in turn, and the loader's threads take
+-- the same cores.
+function M.step(work, fixed, backend, loader)
+  loader = loader or 0
+  if backend == "cpu" then return work + fixed + loader end
+  return max(work, fixed, loader)
 end
 
 -- The pipeline's buffers on one rank: the batch on the GPU (two in flight), `depth` pinned

@@ -4,7 +4,7 @@
 --
 --   local planner = require "uvmrec.planner"
 --   local plan = assert(planner.plan(tables, profiles, "16GiB", {
---     world = 1, batch = 65536, calibration = "h200", dense = {...} }))
+--     world = 1, batch = 65536, calibration = "h200", dense = {...}, loader = {values = 40} }))
 --   print(plan:table())                       -- one row per table, totals per rank, step time
 --   assert(plan:save("plan.json"))            -- JSON; planner.load(path) reads it back
 --   local p2 = plan:with("C3", { placement = "device" })   -- an edited plan, re-predicted
@@ -109,6 +109,16 @@ local function setup(tables, profiles, budget, opts)
     local dm = cost.dense_model(opts.dense)
     dense = cost.dense(dm, ctx)
   end
+  -- the synthetic loader's batches (opts.loader = {values = a sample's}); a file reader's cost is
+  -- not modelled
+  local loader = 0
+  if opts.loader then
+    local v = opts.loader.values
+    if type(v) ~= "number" or v <= 0 then
+      return nil, ("planner: loader.values is %s; expected the values a sample has (> 0)"):format(tostring(v))
+    end
+    loader = cost.loader(ctx, v)
+  end
   local pipe = cost.pipeline(ctx, ids, #tables, opts.dense and opts.dense.dense_features, opts.depth)
   local reserve = opts.reserve or 0.05
   if reserve < 1 then reserve = math.floor(reserve * B) end
@@ -132,6 +142,7 @@ local function setup(tables, profiles, budget, opts)
   local avail = {}
   for r = 1, world do avail[r] = B - fixed_total end
   return { ctx = ctx, calib = cal, budget = B, world = world, tables = cts, items = items, dense = dense,
+           loader = loader,
            pipe = pipe, fixed = fixed, fixed_total = fixed_total, avail = avail, host_limit = host_limit,
            opts = opts, input_tables = tables, profiles = profiles }
 end
@@ -301,7 +312,7 @@ function M.build(S, best, stats)
   end
   local slowest = 0
   for r = 1, W do slowest = math.max(slowest, best.part.load[r]) end
-  local step = cost.step(slowest + S.dense.time, S.dense.fixed or 0, S.calib.backend)
+  local step = cost.step(slowest + S.dense.time, S.dense.fixed or 0, S.calib.backend, S.loader)
   local out = {}
   for i, it in ipairs(S.items) do
     local o = it.options[best.choice[i]]
@@ -335,12 +346,13 @@ function M.build(S, best, stats)
     for _, v in pairs(R.device) do d = d + v end
     R.device_total, R.hbm = d, d + R.managed_on_gpu
     R.host = R.pinned + R.managed
-    R.step = cost.step(R.load + S.dense.time, S.dense.fixed or 0, S.calib.backend)
+    R.step = cost.step(R.load + S.dense.time, S.dense.fixed or 0, S.calib.backend, S.loader)
   end
   local cal = S.calib
   local used = { "hbm_gather", "hbm_gather_repeat", "hbm_copy", "zero_copy_gather", "managed_gather",
                  "tbe_backward_per_id", "cache_per_id", "cache_row_fixed", "cache_move", "pipeline_overlap",
-                 "mlp_" .. (S.opts.dense and S.opts.dense.precision or "f32"), "interaction_dot", "step_overhead" }
+                 "mlp_" .. (S.opts.dense and S.opts.dense.precision or "f32"), "interaction_dot", "step_overhead",
+                 "loader_per_value" }
   if W > 1 then for _, n in ipairs({ "alltoall", "allreduce", "reduce_scatter" }) do used[#used + 1] = n end end
   local p = {
     format = M.FORMAT, version = M.VERSION, world = W, batch = ctx.batch, budget = S.budget,
@@ -350,6 +362,7 @@ function M.build(S, best, stats)
     tables = out, ranks = ranks,
     dense = { seconds = S.dense.time, mlp = S.dense.mlp, interaction = S.dense.interaction,
               optimizer = S.dense.optimizer, fixed = S.dense.fixed or 0, comm = S.dense.comm, hbm = S.dense.hbm },
+    loader_seconds = S.loader,
     step_seconds = step, embedding_seconds = slowest, samples_per_second = W * ctx.batch / step,
     search = stats,
   }
@@ -409,10 +422,11 @@ function Plan:table()
       fmt_bytes(d.reserve), fmt_bytes(R.managed_on_gpu), fmt_bytes(R.pinned), fmt_bytes(R.managed), fmt_time(R.load))
   end
   L[#L + 1] = ("step: %s predicted (embeddings %s on the slowest rank + dense %s: MLPs %s, interaction %s, "
-    .. "optimizer %s, all-reduce %s; fixed cost %s%s); %s samples/s"):format(fmt_time(p.step_seconds),
+    .. "optimizer %s, all-reduce %s; fixed cost %s, loader %s%s); %s samples/s"):format(fmt_time(p.step_seconds),
     fmt_time(p.embedding_seconds), fmt_time(p.dense.seconds), fmt_time(p.dense.mlp), fmt_time(p.dense.interaction),
     fmt_time(p.dense.optimizer), fmt_time(p.dense.comm), fmt_time(p.dense.fixed or 0),
-    p.calibration.backend == "cpu" and ", added" or ", the longer of it and the work", fmt_count(p.samples_per_second))
+    fmt_time(p.loader_seconds or 0),
+    p.calibration.backend == "cpu" and ", added" or ", the longest of them and the work", fmt_count(p.samples_per_second))
   local s = p.search
   if s.method == "greedy" then
     L[#L + 1] = ("search: greedy, %d proposals (first fit at %s, best at %s)%s, %.3f s"):format(s.proposals,
@@ -575,8 +589,8 @@ end
 -- counts (a checkpoint whose access counts profile the tables), profile_steps (profile them from
 -- that many batches of the config's data); by default the Zipf exponents of the config's
 -- synthetic preset.  A table's placement and cache load factor set in the config are kept
--- (fixed).  Returns {tables, profiles, dense, batch, how, seconds}, or nil, message (, 2 when
--- the command line is to blame).
+-- (fixed).  Returns {tables, profiles, dense, loader (synthetic data: {values = a sample's}),
+-- batch, how, seconds}, or nil, message (, 2 when the command line is to blame).
 function M.from_config(cfg, o)
   o = o or {}
   local ur = require "uvmrec"
@@ -677,7 +691,15 @@ function M.from_config(cfg, o)
                   self_interaction = m.self_interaction, cross_layers = m.cross_layers, cross_rank = m.cross_rank,
                   tables = #tables, dim = e.dim, precision = m.precision, optimizer = cfg.optimizer.name,
                   momentum = cfg.optimizer.momentum }
-  return { tables = tables, profiles = profiles, dense = dense, batch = batch, how = how, seconds = profile_seconds }
+  -- the synthetic loader's values a sample (ids, dense features, label): its cost is in the step
+  local loader
+  if synth then
+    local ids = 0
+    for _, t in ipairs(tables) do ids = ids + t.hot end
+    loader = { values = ids + (m.dense_features or 13) + 1 }
+  end
+  return { tables = tables, profiles = profiles, dense = dense, loader = loader, batch = batch, how = how,
+           seconds = profile_seconds }
 end
 
 -- ---- a plan applied to a training config (uvmrec train --plan) ----
