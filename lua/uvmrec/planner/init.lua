@@ -424,9 +424,9 @@ function Plan:table()
   L[#L + 1] = ("step: %s predicted (embeddings %s on the slowest rank + dense %s: MLPs %s, interaction %s, "
     .. "optimizer %s, all-reduce %s; fixed cost %s, loader %s%s); %s samples/s"):format(fmt_time(p.step_seconds),
     fmt_time(p.embedding_seconds), fmt_time(p.dense.seconds), fmt_time(p.dense.mlp), fmt_time(p.dense.interaction),
-    fmt_time(p.dense.optimizer), fmt_time(p.dense.comm), fmt_time(p.dense.fixed or 0),
-    fmt_time(p.loader_seconds or 0),
-    p.calibration.backend == "cpu" and ", added" or ", the longest of them and the work", fmt_count(p.samples_per_second))
+    fmt_time(p.dense.optimizer), fmt_time(p.dense.comm), fmt_time(p.dense.fixed or 0), fmt_time(p.loader_seconds or 0),
+    p.calibration.backend == "cpu" and ", added" or ", the longest of them and the work",
+    fmt_count(p.samples_per_second))
   local s = p.search
   if s.method == "greedy" then
     L[#L + 1] = ("search: greedy, %d proposals (first fit at %s, best at %s)%s, %.3f s"):format(s.proposals,
