@@ -64,7 +64,7 @@ if not budget then die("--hbm SIZE is needed: the calibration does not say the d
 local plan, err = planner.plan(tables, profiles, budget, {
   world = o.gpus or 1, batch = batch, calibration = cal, dense = dense, host_memory = o.host_memory,
   policy = o.policy or e.cache.policy or "lru", pipeline = cfg.train.pipeline, threshold = o.threshold,
-  search = o.search, depth = cfg.data.depth, loader = prob.loader })
+  search = o.search, depth = cfg.data.depth, loader = prob.loader, hints_every = prob.hints_every })
 if not plan then die(err) end
 print(("uvmrec plan: %s, %d tables, profiles from %s (%.2f s)"):format(cfg.name or path, #tables, how,
   profile_seconds))

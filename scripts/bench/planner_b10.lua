@@ -122,7 +122,7 @@ local base = config()
 local prob, perr = planner.from_config(base)
 if not prob then cmd:fail(perr) end
 local popts = { world = 1, batch = prob.batch, calibration = cal, dense = prob.dense, loader = prob.loader,
-                pipeline = base.train.pipeline,
+                hints_every = prob.hints_every, pipeline = base.train.pipeline,
                 policy = base.embeddings.cache.policy or "lru", depth = base.data.depth }
 
 -- a hand-made plan: every table the same choice, in the HBM it needs (plus the 5% reserve)

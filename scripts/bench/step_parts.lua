@@ -92,7 +92,8 @@ end
 -- loader term: the batches here are made before the timing
 local prob = assert(planner.from_config(cfg))
 local p = assert(planner.evaluate(prob.tables, prob.profiles, 2 ^ 50, { world = 1, batch = prob.batch,
-  calibration = cal, dense = prob.dense, pipeline = cfg.train.pipeline, depth = cfg.data.depth }, {}))
+  calibration = cal, dense = prob.dense, pipeline = cfg.train.pipeline, depth = cfg.data.depth,
+  hints_every = prob.hints_every }, {}))
 local pd = p.data
 local d = pd.dense or {}
 local f = io.open("/proc/loadavg")

@@ -14,8 +14,9 @@ end
 describe("planner.calib", function()
   it("ships an H200 and a CPU calibration, every rate with its source, command and date", function()
     -- the H200's figures give the collectives (data sheet) but not the MLPs' terms per value and
-    -- per layer nor the loader's, which only `uvmrec calibrate` measures; the CPU has no collectives
-    local lacks = { h200 = { "^mlp_act_", "^mlp_layer_", "^loader_per_value$" },
+    -- per layer, the loader's or the hint interval's, which only `uvmrec calibrate` measures; the
+    -- CPU has no collectives
+    local lacks = { h200 = { "^mlp_act_", "^mlp_layer_", "^loader_per_value$", "^hints_per_row$" },
                     cpu = { "^alltoall$", "^allreduce$", "^reduce_scatter$" } }
     for _, name in ipairs({ "h200", "cpu" }) do
       local c = assert(calib.find(name))
@@ -99,6 +100,7 @@ describe("planner.calib", function()
       assert.matches("worst run %d+%% off", c.data.rates["mlp_" .. p].source)
     end
     assert.is_true(c:term("loader_per_value") > 0)
+    assert.is_true(c:term("hints_per_row") > 0)
     os.remove(out)
     local _, se2, rc2 = cmd.sh(("%s calibrate --bogus"):format(cmd.bin()))
     assert.equal(2, rc2)

@@ -178,6 +178,24 @@ describe("planner.cost", function()
     assert.equal(4 + 3 * 8 + 1, dc.outputs)
   end)
 
+  it("prices a managed table's hint intervals, once every hints_every steps", function()
+    local R2 = {}
+    for k, v in pairs(R) do R2[k] = v end
+    R2.hints_per_row = 4e-9
+    local c2 = planner.calib.synthetic(R2)
+    local managed = { placement = "managed", prefix_fraction = 0.2 }
+    local with = cost.option(tab(), ctx { calib = c2, hints_every = 10 }, managed)
+    local without = cost.option(tab(), ctx(), managed)
+    near(with.hints_seconds, ROWS * 4e-9 / 10, "hints")
+    near(without.hints_seconds, 0, "a calibration without the rate leaves it out")
+    near(with.time - without.time, ROWS * 4e-9 / 10, "in the table's time")
+    near(cost.option(tab(), ctx { calib = c2 }, managed).hints_seconds,
+         ROWS * 4e-9 / 100, "every 100 steps by default")
+    assert.is_nil(cost.option(tab(), ctx { calib = c2 }, { placement = "device" }).hints_seconds)
+    assert.has_error(function() ctx { hints_every = 0 } end,
+      "cost.context: hints_every is 0; expected the steps between hint intervals (>= 1)")
+  end)
+
   it("adds the loader's time to a CPU step and takes the longest of work, calls and loader on a GPU", function()
     local R2 = {}
     for k, v in pairs(R) do R2[k] = v end

@@ -54,14 +54,19 @@ function M.context(o)
     page_bytes = o.page_bytes or 2097152, output_bytes = o.output_bytes or 4,
     min_slots = o.min_slots or M.CACHE.min_slots, staging_rows = o.staging_rows or M.CACHE.staging_rows,
     fractions = o.fractions or M.FRACTIONS, decay_batches = o.decay_batches,
+    hints_every = o.hints_every or 100,
   }
+  if type(ctx.hints_every) ~= "number" or ctx.hints_every < 1 then
+    error(("cost.context: hints_every is %s; expected the steps between hint intervals (>= 1)"):format(
+      tostring(ctx.hints_every)), 2)
+  end
   local c = o.calib
   ctx.r = {
     G = c:rate("hbm_gather"), Gr = c:rate("hbm_gather_repeat"), Gc = c:rate("hbm_copy"), Gu = c:rate("hbm_update"),
     Gz = c:rate("zero_copy_gather"), Gm = c:rate("managed_gather"), Gzu = c:rate("zero_copy_update"),
     Gmu = c:rate("managed_update"), kb = c:rate("tbe_backward_per_id"),
     kc = c:rate("cache_per_id"), kr = c:rate("cache_row_fixed"), Gmv = c:rate("cache_move"),
-    overlap = c:rate("pipeline_overlap"),
+    overlap = c:rate("pipeline_overlap"), hint_row = c:term("hints_per_row"),
   }
   if ctx.world > 1 then
     ctx.r.a2a, ctx.r.ar, ctx.r.rs = c:rate("alltoall"), c:rate("allreduce"), c:rate("reduce_scatter")
@@ -167,6 +172,8 @@ function M.option(t, ctx, opt)
     mem.managed_on_gpu = (h > 0 and pages(h * rbs, ctx.page_bytes) or 0)
                          + (h > 0 and sbs > 0 and pages(h * sbs, ctx.page_bytes) or 0)
     mem.managed = Rs * (rbs + sbs)
+    -- the hint policy's interval over the shard's rows, once every hints_every steps
+    o.hints_seconds = Rs * r.hint_row / ctx.hints_every
   elseif place == "cached" then
     local c = opt.load_factor
     if type(c) ~= "number" or c <= 0 or c > 1 then
@@ -201,7 +208,7 @@ function M.option(t, ctx, opt)
   -- written; backward: per id, each distinct row stepped with its state, the outputs' gradient
   local fwd = U_hbm * rbs / r.G + U_link * rbs / Glink + max(0, Ls - Us) * rbs / r.Gr + out / r.Gc
   local bwd = Ls * r.kb + U_hbm * (rbs + sbs) / r.Gu + U_link * (rbs + sbs) / Glink_u + out / r.Gc
-  local compute = fwd + bwd + cache_time
+  local compute = fwd + bwd + cache_time + (o.hints_seconds or 0)
   if sharding == "data_parallel" and ctx.world > 1 then
     -- the all-reduced gradient steps every row
     compute = compute + 2 * Rs * (rbs + sbs) / r.Gc

@@ -4,7 +4,8 @@
 --
 --   local planner = require "uvmrec.planner"
 --   local plan = assert(planner.plan(tables, profiles, "16GiB", {
---     world = 1, batch = 65536, calibration = "h200", dense = {...}, loader = {values = 40} }))
+--     world = 1, batch = 65536, calibration = "h200", dense = {...}, loader = {values = 40},
+--     hints_every = 100 }))
 --   print(plan:table())                       -- one row per table, totals per rank, step time
 --   assert(plan:save("plan.json"))            -- JSON; planner.load(path) reads it back
 --   local p2 = plan:with("C3", { placement = "device" })   -- an edited plan, re-predicted
@@ -87,7 +88,7 @@ local function setup(tables, profiles, budget, opts)
     return nil, "planner: world (gpus) must be a whole number >= 1"
   end
   local ok, ctx = pcall(cost.context, { calib = cal, batch = opts.batch or 65536, world = world,
-    policy = opts.policy, pipeline = opts.pipeline, fractions = opts.fractions,
+    policy = opts.policy, pipeline = opts.pipeline, fractions = opts.fractions, hints_every = opts.hints_every,
     -- the hint pages: the GPU's 2 MiB, the CPU backend's system pages (4 KiB)
     page_bytes = opts.page_bytes or (cal.backend == "cpu" and 4096 or nil),
     output_bytes = opts.output_bytes })
@@ -251,7 +252,8 @@ end
 -- ("lru" | "lfu"), pipeline, threshold (greedy's early stop, 10; false: none), search ("auto":
 -- exhaustive when the instance is small, else greedy; "greedy"; "exhaustive"), reserve (bytes,
 -- or a fraction of the budget: 0.05), page_bytes (hint pages: 2 MiB; 4 KiB with a CPU
--- calibration), fractions, depth.
+-- calibration), fractions, depth, loader ({values = a sample's}: the synthetic loader's batches
+-- in the step), hints_every (steps between the managed tables' hint intervals: 100).
 function M.plan(tables, profiles, budget, opts)
   opts = opts or {}
   local clock = require("uvmrec.lib").C.ur_clock_seconds
@@ -351,6 +353,7 @@ function M.build(S, best, stats)
   local cal = S.calib
   local used = { "hbm_gather", "hbm_gather_repeat", "hbm_copy", "zero_copy_gather", "managed_gather",
                  "tbe_backward_per_id", "cache_per_id", "cache_row_fixed", "cache_move", "pipeline_overlap",
+                 "hints_per_row",
                  "mlp_" .. (S.opts.dense and S.opts.dense.precision or "f32"), "interaction_dot", "step_overhead",
                  "loader_per_value" }
   if W > 1 then for _, n in ipairs({ "alltoall", "allreduce", "reduce_scatter" }) do used[#used + 1] = n end end
@@ -590,7 +593,8 @@ end
 -- that many batches of the config's data); by default the Zipf exponents of the config's
 -- synthetic preset.  A table's placement and cache load factor set in the config are kept
 -- (fixed).  Returns {tables, profiles, dense, loader (synthetic data: {values = a sample's}),
--- batch, how, seconds}, or nil, message (, 2 when the command line is to blame).
+-- hints_every (embeddings.hints.every), batch, how, seconds}, or nil, message (, 2 when the
+-- command line is to blame).
 function M.from_config(cfg, o)
   o = o or {}
   local ur = require "uvmrec"
@@ -698,8 +702,8 @@ function M.from_config(cfg, o)
     for _, t in ipairs(tables) do ids = ids + t.hot end
     loader = { values = ids + (m.dense_features or 13) + 1 }
   end
-  return { tables = tables, profiles = profiles, dense = dense, loader = loader, batch = batch, how = how,
-           seconds = profile_seconds }
+  return { tables = tables, profiles = profiles, dense = dense, loader = loader, hints_every = e.hints.every,
+           batch = batch, how = how, seconds = profile_seconds }
 end
 
 -- ---- a plan applied to a training config (uvmrec train --plan) ----
