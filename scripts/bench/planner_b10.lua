@@ -109,10 +109,15 @@ local cal = planner.calib.find(cal_name)
 if not cal then cmd:misuse("--calibration " .. cal_name .. ": not found") end
 local total = o.warmup + o.steps
 local sets = { unpack(o.sets) }
+-- the hint policy's first interval (its relayout, once) at the end of the warm-up, unless
+-- --set gives embeddings.hints.every; the timed steps' intervals are in the prediction
+local every = true
+for _, s in ipairs(o.sets) do if s:match("^embeddings%.hints%.every=") then every = false end end
 for _, s in ipairs { "train.steps=" .. total, "eval.samples=0", "eval.min_auc=0", "train.log_every=" .. total,
-                     "embeddings.hints.every=" .. math.max(1, o.warmup), "train.checkpoint_every=0" } do
+                     "train.checkpoint_every=0" } do
   sets[#sets + 1] = s
 end
+if every then sets[#sets + 1] = "embeddings.hints.every=" .. math.max(1, o.warmup) end
 local function config()
   local cfg, err = train.config.load(path, sets)
   if not cfg then cmd:fail(err) end
