@@ -304,56 +304,6 @@ rates.pipeline_overlap = { value = 0, unit = "fraction", measured = false, comma
 print(("  %-22s %14s  %s"):format("pipeline_overlap", "0", rates.pipeline_overlap.source))
 
 -- ---- dense: MLPs of several shapes, and the dot interaction ----
--- Least squares on relative errors: x minimising sum_i (sum_j A[i][j] x[j] / y[i] - 1)^2, with
--- x >= 0 (a term fitted below 0 is dropped and the rest fitted again).
-local function fit(A, y)
-  local n = #A[1]
-  local on = {}
-  for j = 1, n do on[j] = true end
-  while true do
-    local idx = {}
-    for j = 1, n do if on[j] then idx[#idx + 1] = j end end
-    local m = #idx
-    local M, v = {}, {}
-    for a = 1, m do
-      M[a], v[a] = {}, 0
-      for b = 1, m do M[a][b] = 0 end
-    end
-    for i = 1, #A do
-      for a = 1, m do
-        local ra = A[i][idx[a]] / y[i]
-        v[a] = v[a] + ra
-        for b = 1, m do M[a][b] = M[a][b] + ra * A[i][idx[b]] / y[i] end
-      end
-    end
-    for a = 1, m do -- Gaussian elimination with partial pivoting
-      local piv = a
-      for r = a + 1, m do if math.abs(M[r][a]) > math.abs(M[piv][a]) then piv = r end end
-      M[a], M[piv], v[a], v[piv] = M[piv], M[a], v[piv], v[a]
-      for r = a + 1, m do
-        local f = M[r][a] / M[a][a]
-        for b = a, m do M[r][b] = M[r][b] - f * M[a][b] end
-        v[r] = v[r] - f * v[a]
-      end
-    end
-    local x = {}
-    for a = m, 1, -1 do
-      local sum = v[a]
-      for b = a + 1, m do sum = sum - M[a][b] * x[b] end
-      x[a] = sum / M[a][a]
-    end
-    local worst
-    for a = 1, m do if x[a] < 0 and (not worst or x[a] < x[worst]) then worst = a end end
-    if not worst then
-      local out = {}
-      for j = 1, n do out[j] = 0 end
-      for a = 1, m do out[idx[a]] = x[a] end
-      return out
-    end
-    on[idx[worst]] = false
-  end
-end
-
 do
   local nn = require "uvmrec.nn"
   -- dlrm_tiny's and dlrm_kaggle's stacks and a narrow deep one, at two batches: a layer's
@@ -382,7 +332,7 @@ do
         x:free(); g:free()
       end
     end
-    local c = fit(A, y)
+    local c = calib.fit(A, y, true)
     if c[1] <= 0 then error(("calibrate: the MLP runs (%s) gave no positive FLOP rate"):format(prec)) end
     for i = 1, #A do
       local pred = A[i][1] * c[1] + A[i][2] * c[2] + A[i][3] * c[3]

@@ -70,15 +70,11 @@ local cases = {
   { L = L, U = Uz, fb = 1.34e-3 - 0.380e-3 },
   { L = 20 * L, U = T * profile.zipf { rows = ROWS, s = 0 }:distinct(20 * B), fb = 20.4e-3 - 4.55e-3 },
 }
--- normal equations for fb - OUT/GC = kb L + v (U RB), v = 1 / Gu
-local s11, s12, s22, s1y, s2y = 0, 0, 0, 0, 0
-for _, c in ipairs(cases) do
-  local x1, x2, yy = c.L, c.U * RB, c.fb - OUT / GC
-  s11, s12, s22 = s11 + x1 * x1, s12 + x1 * x2, s22 + x2 * x2
-  s1y, s2y = s1y + x1 * yy, s2y + x2 * yy
-end
-local dn = s11 * s22 - s12 * s12
-local kb, v = (s1y * s22 - s2y * s12) / dn, (s11 * s2y - s12 * s1y) / dn
+-- fb - OUT/GC = kb L + v (U RB), v = 1 / Gu
+local A, yb = {}, {}
+for i, c in ipairs(cases) do A[i], yb[i] = { c.L, c.U * RB }, c.fb - OUT / GC end
+local fitted = calib.fit(A, yb)
+local kb, v = fitted[1], fitted[2]
 local Gu = 1 / v
 local fits = {}
 for i, c in ipairs(cases) do

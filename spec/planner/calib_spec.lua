@@ -84,6 +84,28 @@ describe("planner.calib", function()
     assert.matches("^calibration: ", err)
   end)
 
+  it("fits rates by least squares, absolute or relative, with no coefficient below 0", function()
+    -- y = 2 a + 3 b exactly: both ways recover it
+    local A, y = { { 1, 0 }, { 0, 1 }, { 1, 1 }, { 2, 5 } }, {}
+    for i, r in ipairs(A) do y[i] = 2 * r[1] + 3 * r[2] end
+    for _, rel in ipairs({ false, true }) do
+      local x = calib.fit(A, y, rel)
+      assert.near(2, x[1], 1e-12)
+      assert.near(3, x[2], 1e-12)
+    end
+    -- y = a x through (1, 1) and (10, 20): absolute errors, the long run decides (sum xy / sum x^2);
+    -- relative ones weigh both alike (sum (x/y) / sum (x/y)^2, x/y = 1 and 0.5)
+    local A2, y2 = { { 1 }, { 10 } }, { 1, 20 }
+    assert.near((1 + 200) / 101, calib.fit(A2, y2)[1], 1e-12)
+    assert.near(1.5 / 1.25, calib.fit(A2, y2, true)[1], 1e-12)
+    -- a term that would come out below 0 is dropped and the rest fitted again
+    local x = calib.fit({ { 1, 1 }, { 2, 1 }, { 3, 1 } }, { 3, 5, 7.2 })
+    assert.is_true(x[1] > 0 and x[2] > 0)
+    x = calib.fit({ { 1, 1 }, { 2, 1 }, { 3, 1 } }, { 1, 2.5, 4 })
+    assert.equal(0, x[2])
+    assert.near((1 + 5 + 12) / 14, x[1], 1e-12)
+  end)
+
   it("measures this machine with uvmrec calibrate --quick", function()
     local out = os.tmpname()
     local so, se, rc = cmd.sh(("%s calibrate --quick --out %s"):format(cmd.bin(), out))

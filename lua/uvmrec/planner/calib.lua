@@ -172,6 +172,60 @@ function M.encode(t)
   return h:sub(1, -2) .. ',\n  "rates": {\n' .. table.concat(lines, ",\n") .. "\n  }\n}\n"
 end
 
+-- Least squares with every coefficient >= 0: x minimising sum_i (sum_j A[i][j] x[j] - y[i])^2,
+-- or with `relative`, sum_i (sum_j A[i][j] x[j] / y[i] - 1)^2 (each run's error in its own
+-- scale).  A coefficient fitted below 0 is dropped (0) and the rest fitted again.  A: rows of
+-- the terms' amounts, y: the measured times.
+function M.fit(A, y, relative)
+  local n = #A[1]
+  local on = {}
+  for j = 1, n do on[j] = true end
+  while true do
+    local idx = {}
+    for j = 1, n do if on[j] then idx[#idx + 1] = j end end
+    local m = #idx
+    if m == 0 then error("calib.fit: no term can be fitted with a coefficient >= 0", 2) end
+    local N, v = {}, {}
+    for a = 1, m do
+      N[a], v[a] = {}, 0
+      for b = 1, m do N[a][b] = 0 end
+    end
+    for i = 1, #A do
+      local w = relative and 1 / y[i] or 1
+      for a = 1, m do
+        local ra = A[i][idx[a]] * w
+        v[a] = v[a] + ra * y[i] * w
+        for b = 1, m do N[a][b] = N[a][b] + ra * A[i][idx[b]] * w end
+      end
+    end
+    for a = 1, m do -- Gaussian elimination with partial pivoting
+      local piv = a
+      for r = a + 1, m do if math.abs(N[r][a]) > math.abs(N[piv][a]) then piv = r end end
+      N[a], N[piv], v[a], v[piv] = N[piv], N[a], v[piv], v[a]
+      for r = a + 1, m do
+        local f = N[r][a] / N[a][a]
+        for b = a, m do N[r][b] = N[r][b] - f * N[a][b] end
+        v[r] = v[r] - f * v[a]
+      end
+    end
+    local x = {}
+    for a = m, 1, -1 do
+      local sum = v[a]
+      for b = a + 1, m do sum = sum - N[a][b] * x[b] end
+      x[a] = sum / N[a][a]
+    end
+    local worst
+    for a = 1, m do if x[a] < 0 and (not worst or x[a] < x[worst]) then worst = a end end
+    if not worst then
+      local out = {}
+      for j = 1, n do out[j] = 0 end
+      for a = 1, m do out[idx[a]] = x[a] end
+      return out
+    end
+    on[idx[worst]] = false
+  end
+end
+
 -- A calibration for specs and experiments: every rate at `value` unless given.
 function M.synthetic(rates)
   local t = { format = M.FORMAT, version = M.VERSION, machine = "synthetic", backend = "none", rates = {} }
