@@ -121,7 +121,11 @@ describe("planner.calib", function()
       assert.is_true(c:term("mlp_act_" .. p) >= 0 and c:term("mlp_layer_" .. p) >= 0, p)
       assert.matches("worst run %d+%% off", c.data.rates["mlp_" .. p].source)
     end
-    assert.is_true(c:term("loader_per_value") > 0)
+    -- the loader's: what it adds to a CPU step (a difference of two medians, 0 where it is lost
+    -- in the noise, as it can be in the quick run's few steps)
+    assert.is_true(c:term("loader_per_value") >= 0)
+    assert.matches("dlrm_tiny's step [%d.]+ ms fed by it, [%d.]+ ms from batches made before",
+                   c.data.rates.loader_per_value.source)
     assert.is_true(c:term("hints_per_row") > 0)
     os.remove(out)
     local _, se2, rc2 = cmd.sh(("%s calibrate --bogus"):format(cmd.bin()))
