@@ -49,8 +49,8 @@ M.RATES = {
   mlp_layer_bf16 = { "s", "the same, bf16", true },
   interaction_dot = { "FLOP/s", "dot interaction forward + backward (6 x batch x F(F-1)/2 x dim)" },
   step_overhead = { "s", "a training step's fixed cost (launches, calls) apart from its work", true },
-  loader_per_value = { "s", "the synthetic loader making batches on all host cores: wall time per value (ids, "
-                       .. "dense features, label)", true },
+  loader_per_value = { "s", "the synthetic loader: the wall time its batches add to a CPU step (on a GPU, its own "
+                       .. "time a batch), per value (ids, dense features, label)", true },
   alltoall = { "B/s", "all-to-all, bytes each rank sends", true },
   allreduce = { "B/s", "all-reduce bus rate (ring: 2 (W-1)/W x bytes per rank)", true },
   reduce_scatter = { "B/s", "reduce-scatter bus rate ((W-1)/W x bytes per rank)", true },

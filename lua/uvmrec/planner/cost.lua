@@ -365,8 +365,9 @@ function M.dense(dm, ctx)
            fixed = t_fixed, comm = comm, mem = mem, hbm = mem.params + mem.activations }
 end
 
--- The synthetic loader's wall time for a batch of ctx.batch samples of `values` values each
--- (ids, dense features, label), on all host cores; 0 where the calibration lacks it.
+-- The synthetic loader's time for a batch of ctx.batch samples of `values` values each (ids,
+-- dense features, label): on the CPU backend what it adds to a step, on a GPU its own; 0 where
+-- the calibration lacks it.
 function M.loader(ctx, values)
   return ctx.batch * values * ctx.calib:term("loader_per_value")
 end
