@@ -232,7 +232,7 @@ static ur_status state_new(ur_cache *c) {
   }
   meta[c->nt] = (int64_t)c->total_keys;
   int32_t *fct = (int32_t *)(meta + 3 * c->nt + 1);
-  for (int32_t f = 0; f < c->F; f++) fct[f] = c->ct_of[c->tbe->features[f].table];
+  for (int32_t f = 0; f < c->F; f++) fct[f] = c->ct_of[c->tbe->names.features[f].table];
   /* info where the decisions run, and where the host reads it (with room for bag_start after
    * it): pinned memory for the GPU, the same host memory for the CPU */
   int64_t words = (int64_t)info_words(c) + c->F + 1;
@@ -298,7 +298,7 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   *out = NULL;
   ur_status st = check_config(config);
   if (st) return st;
-  int32_t T = t->T;
+  int32_t T = t->names.T;
   if (num_tables < 1 || num_tables > T)
     return ur__error(UR_STATUS_INVALID, "cache: %d tables; expected 1..%d (the collection's)",
                      (int)num_tables, (int)T);
@@ -315,7 +315,7 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   c->cfg = *config;
   c->nt = num_tables;
   c->T = T;
-  c->F = t->F;
+  c->F = t->names.F;
   const ur_tbe_config *tc = &t->cfg;
   c->device = tc->device;
   c->bounds = tc->bounds;
@@ -605,7 +605,7 @@ static ur_status grow_staging(ur_cache *c, int64_t need) {
 
 static ur_status bad_value(ur_cache *c, int64_t v, int64_t id, int32_t f, const int64_t *offs,
                            const int64_t *bag_start, int64_t batch) {
-  int32_t ti = c->tbe->features[f].table;
+  int32_t ti = c->tbe->names.features[f].table;
   int64_t b0 = bag_start ? bag_start[f] : (int64_t)f * batch;
   int64_t b1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch, lo = b0;
   while (b1 - lo > 1) { /* the last bag of f starting at or before v */
@@ -616,14 +616,14 @@ static ur_status bad_value(ur_cache *c, int64_t v, int64_t id, int32_t f, const 
   return ur__error(UR_STATUS_INVALID,
                    "cache: table '%s' (feature '%s', sample %lld, value %lld) has no row %lld; "
                    "ids run 0..%lld",
-                   c->tbe->tc[ti].name, c->tbe->fnames[f], (long long)(lo - b0), (long long)v,
+                   c->tbe->tc[ti].name, c->tbe->names.fnames[f], (long long)(lo - b0), (long long)v,
                    (long long)id, (long long)c->rows[c->ct_of[ti]] - 1);
 }
 
 /* The first feature of a cached table whose values hold value v (for messages). */
 static int32_t feature_at(const ur_cache *c, int64_t v, const int64_t *offs,
                           const int64_t *bag_start, int64_t batch) {
-  const ur__tbe_feature *feats = c->tbe->features;
+  const ur__tbe_feature *feats = c->tbe->names.features;
   for (int32_t f = 0; f < c->F; f++) {
     int64_t fb0 = bag_start ? bag_start[f] : (int64_t)f * batch;
     int64_t fb1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch;
@@ -652,11 +652,11 @@ static ur_status lookup_error(ur_cache *c, ur_stream *s, const ur_tensor *values
     int64_t fb1 = bag_start ? bag_start[bad_f + 1] : (int64_t)(bad_f + 1) * batch;
     return ur__error(UR_STATUS_INVALID, "cache: feature '%s' spans values %lld..%lld of %lld; "
                                         "offsets must not decrease",
-                     c->tbe->fnames[bad_f], (long long)offs[fb0], (long long)offs[fb1],
+                     c->tbe->names.fnames[bad_f], (long long)offs[fb0], (long long)offs[fb1],
                      (long long)n);
   }
   for (int32_t f = 0; f < c->F; f++) {
-    int32_t ct = c->ct_of[c->tbe->features[f].table];
+    int32_t ct = c->ct_of[c->tbe->names.features[f].table];
     if (ct < 0) continue;
     int64_t fb0 = bag_start ? bag_start[f] : (int64_t)f * batch;
     int64_t fb1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch;
@@ -894,7 +894,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
       if (spk[f] < 0) {
         free(bag_start);
         return ur__error(UR_STATUS_INVALID, "cache: feature '%s' has batch %lld; expected >= 0",
-                         c->tbe->fnames[f], (long long)spk[f]);
+                         c->tbe->names.fnames[f], (long long)spk[f]);
       }
       bag_start[f + 1] = bag_start[f] + spk[f];
     }
