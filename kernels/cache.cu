@@ -212,7 +212,7 @@ __global__ void init_info(ur__cache_job j) {
 __global__ void feature_bounds(ur__cache_dev d, ur__cache_job j, Layout L) {
   int32_t f = blockIdx.x * blockDim.x + threadIdx.x;
   if (f > d.F) return;
-  int64_t b0 = j.bag_start ? L.bag[f] : (int64_t)f * j.batch;
+  int64_t b0 = ur__tbe_bag_of(j.bag_start ? L.bag : NULL, j.batch, f);
   int64_t v0 = j.offs[b0];
   L.fvb[f] = v0;
   if (f == d.F) {
@@ -221,7 +221,7 @@ __global__ void feature_bounds(ur__cache_dev d, ur__cache_job j, Layout L) {
   }
   int32_t ct = d.feat_ct[f];
   if (ct < 0) return;
-  int64_t b1 = j.bag_start ? L.bag[f + 1] : (int64_t)(f + 1) * j.batch;
+  int64_t b1 = ur__tbe_bag_of(j.bag_start ? L.bag : NULL, j.batch, f + 1);
   int64_t v1 = j.offs[b1];
   if (v0 < 0 || v1 < v0 || v1 > j.n) {
     atomicMin((long long *)&j.info[UR__CI_BAD_F], (long long)f);

@@ -606,8 +606,8 @@ static ur_status grow_staging(ur_cache *c, int64_t need) {
 static ur_status bad_value(ur_cache *c, int64_t v, int64_t id, int32_t f, const int64_t *offs,
                            const int64_t *bag_start, int64_t batch) {
   int32_t ti = c->tbe->names.features[f].table;
-  int64_t b0 = bag_start ? bag_start[f] : (int64_t)f * batch;
-  int64_t b1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch, lo = b0;
+  int64_t b0 = ur__tbe_bag_of(bag_start, batch, f);
+  int64_t b1 = ur__tbe_bag_of(bag_start, batch, f + 1), lo = b0;
   while (b1 - lo > 1) { /* the last bag of f starting at or before v */
     int64_t mid = lo + (b1 - lo) / 2;
     if (offs[mid] <= v) lo = mid;
@@ -625,8 +625,8 @@ static int32_t feature_at(const ur_cache *c, int64_t v, const int64_t *offs,
                           const int64_t *bag_start, int64_t batch) {
   const ur__tbe_feature *feats = c->tbe->names.features;
   for (int32_t f = 0; f < c->F; f++) {
-    int64_t fb0 = bag_start ? bag_start[f] : (int64_t)f * batch;
-    int64_t fb1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch;
+    int64_t fb0 = ur__tbe_bag_of(bag_start, batch, f);
+    int64_t fb1 = ur__tbe_bag_of(bag_start, batch, f + 1);
     if (c->ct_of[feats[f].table] >= 0 && offs[fb0] <= v && v < offs[fb1]) return f;
   }
   return 0;
@@ -648,8 +648,8 @@ static ur_status lookup_error(ur_cache *c, ur_stream *s, const ur_tensor *values
                                         "(the values)", (long long)offs[0], (long long)offs[bags],
                      (long long)n);
   if (bad_f >= 0) {
-    int64_t fb0 = bag_start ? bag_start[bad_f] : (int64_t)bad_f * batch;
-    int64_t fb1 = bag_start ? bag_start[bad_f + 1] : (int64_t)(bad_f + 1) * batch;
+    int64_t fb0 = ur__tbe_bag_of(bag_start, batch, (int32_t)bad_f);
+    int64_t fb1 = ur__tbe_bag_of(bag_start, batch, (int32_t)bad_f + 1);
     return ur__error(UR_STATUS_INVALID, "cache: feature '%s' spans values %lld..%lld of %lld; "
                                         "offsets must not decrease",
                      c->tbe->names.fnames[bad_f], (long long)offs[fb0], (long long)offs[fb1],
@@ -658,8 +658,8 @@ static ur_status lookup_error(ur_cache *c, ur_stream *s, const ur_tensor *values
   for (int32_t f = 0; f < c->F; f++) {
     int32_t ct = c->ct_of[c->tbe->names.features[f].table];
     if (ct < 0) continue;
-    int64_t fb0 = bag_start ? bag_start[f] : (int64_t)f * batch;
-    int64_t fb1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch;
+    int64_t fb0 = ur__tbe_bag_of(bag_start, batch, f);
+    int64_t fb1 = ur__tbe_bag_of(bag_start, batch, f + 1);
     for (int64_t v = offs[fb0]; v < offs[fb1]; v++)
       if (vals[v] < 0 || vals[v] >= c->rows[ct]) return bad_value(c, v, vals[v], f, offs, bag_start, batch);
   }

@@ -245,8 +245,8 @@ static ur_status cpu_lookup(void *stream, const ur__cache_dev *d, const ur__cach
   for (int32_t f = 0; f < d->F; f++) {
     int32_t ct = d->feat_ct[f];
     if (ct < 0) continue;
-    int64_t fb0 = j->bag_start ? j->bag_start[f] : (int64_t)f * j->batch;
-    int64_t fb1 = j->bag_start ? j->bag_start[f + 1] : (int64_t)(f + 1) * j->batch;
+    int64_t fb0 = ur__tbe_bag_of(j->bag_start, j->batch, f);
+    int64_t fb1 = ur__tbe_bag_of(j->bag_start, j->batch, f + 1);
     int64_t v0 = offs[fb0], v1 = offs[fb1];
     if (v0 < 0 || v1 < v0 || v1 > n) {
       info[UR__CI_BAD_F] = f;
