@@ -39,14 +39,7 @@ end
 function EBC:forward(input, ticket) return self:updateOutput(input, ticket) end
 
 function EBC:updateOutput(input, ticket)
-  local shape = self.tbe:output_shape(input)
-  local key = table.concat(shape, "x")
-  if self._out_shape ~= key or not self.output then
-    if self.output then self.output:free() end
-    self.output = assert(self.tbe:new_output(input))
-    self._out_shape = key
-  end
-  assert(self.tbe:forward(input, self.output, self.stream, ticket))
+  assert(self.tbe:forward(input, table_options.module_output(self, self.tbe, input), self.stream, ticket))
   if not self.train then assert(self.tbe:retire(ticket, false, self.stream)) end
   return self.output
 end
