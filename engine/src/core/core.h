@@ -165,6 +165,13 @@ typedef void (*ur__range_fn)(void *ctx, size_t begin, size_t end);
 UR__HIDDEN void ur__parallel_for(size_t n, size_t grain, ur__range_fn fn, void *ctx);
 UR__HIDDEN int ur__threads(void);
 
+/* Sorts n keys by their low `bits` bits, each with its value when v is not NULL (LSD radix
+ * sort, stable: equal keys keep their order), with *tk and *tv as scratch of n entries; after,
+ * *k and *v point at whichever arrays hold the result, *tk and *tv at the others
+ * (engine/src/core/sort.c). */
+UR__HIDDEN void ur__radix_sort(uint64_t **k, int64_t **v, uint64_t **tk, int64_t **tv, int64_t n,
+                               int bits);
+
 /* Numbers (engine/src/core/convert.c). */
 UR__HIDDEN double ur__load(const void *base, ur_dtype d, size_t i);
 UR__HIDDEN void ur__store(void *base, ur_dtype d, size_t i, double v);

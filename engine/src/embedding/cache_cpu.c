@@ -83,34 +83,6 @@ static void copy_info(const ur__cache_dev *d, const ur__cache_job *j) {
   if (j->info_host != j->info) memcpy(j->info_host, j->info, info_words(d) * 8);
 }
 
-/* LSD radix sort of (key, value index) by key; stable.  Results in *k, *v. */
-static void radix_sort(uint64_t **k, int64_t **v, uint64_t **tk, int64_t **tv, int64_t n,
-                       int bits) {
-  enum { RB = 11, RN = 1 << RB };
-  size_t cnt[RN];
-  for (int shift = 0; shift < bits; shift += RB) {
-    memset(cnt, 0, sizeof cnt);
-    uint64_t *ks = *k, *kd = *tk;
-    int64_t *vs = *v, *vd = *tv;
-    for (int64_t i = 0; i < n; i++) cnt[(ks[i] >> shift) & (RN - 1)]++;
-    size_t sum = 0;
-    for (int d = 0; d < RN; d++) {
-      size_t x = cnt[d];
-      cnt[d] = sum;
-      sum += x;
-    }
-    for (int64_t i = 0; i < n; i++) {
-      size_t p = cnt[(ks[i] >> shift) & (RN - 1)]++;
-      kd[p] = ks[i];
-      vd[p] = vs[i];
-    }
-    *tk = ks;
-    *tv = vs;
-    *k = kd;
-    *v = vd;
-  }
-}
-
 /* ---- lookup ---- */
 
 /* What each parallel range of one call reads: the cache's arrays, the call, its scratch. */
@@ -149,7 +121,7 @@ static void sort_range(void *ctx, size_t t0, size_t t1) {
     while (bits < 63 && ((uint64_t)1 << bits) <= rows) bits++;
     uint64_t *k = s->keys + b, *tk = s->tkeys + b;
     int64_t *v = s->vidx + b, *tv = s->tvidx + b;
-    radix_sort(&k, &v, &tk, &tv, n, bits);
+    ur__radix_sort(&k, &v, &tk, &tv, n, bits);
     if (k != s->keys + b) {
       memcpy(s->keys + b, k, sizeof(uint64_t) * (size_t)n);
       memcpy(s->vidx + b, v, sizeof(int64_t) * (size_t)n);
@@ -209,7 +181,7 @@ static void setsort_range(void *ctx, size_t t0, size_t t1) {
   }
   int bits = 1;
   while (bits < 63 && ((int64_t)1 << bits) < span) bits++;
-  radix_sort(&sk, &sv, &stk, &stv, u1 - u0, bits);
+  ur__radix_sort(&sk, &sv, &stk, &stv, u1 - u0, bits);
   if (sv != s->order + u0) memcpy(s->order + u0, sv, sizeof(int64_t) * (size_t)(u1 - u0));
 }
 
