@@ -288,48 +288,15 @@ ur_status ur_rows_dequantize(const ur_tensor *src, ur_tensor *dst, ur_qformat f)
 
 /* ---- the collection ---- */
 
-static ur_status check_config(const ur_qtbe_config *c) {
-  if (c->device >= 0 && c->device >= ur_device_count())
-    return ur__error(ur_device_count() ? UR_STATUS_INVALID : UR_STATUS_UNSUPPORTED,
-                     "qtbe: device %d asked, but %d GPUs are in use%s%s", (int)c->device,
-                     ur_device_count(), ur_device_count() ? "" : ": ", ur_cuda_error());
-  if (c->device < -1)
-    return ur__error(UR_STATUS_INVALID, "qtbe: device %d; expected -1 (the CPU) or a GPU",
-                     (int)c->device);
-  if ((unsigned)c->bounds >= UR_TBE_BOUNDS_COUNT)
-    return ur__error(UR_STATUS_INVALID, "qtbe: bounds check %d is not fatal, warn or off",
-                     (int)c->bounds);
-  if (c->out_dtype != UR_DTYPE_F32 && c->out_dtype != UR_DTYPE_BF16)
-    return ur__error(UR_STATUS_INVALID, "qtbe: output dtype '%s'; expected f32 or bf16",
-                     (unsigned)c->out_dtype < UR_DTYPE_COUNT ? ur_dtype_name(c->out_dtype) : "?");
-  return UR_STATUS_OK;
-}
-
 static ur_status check_table(const ur_qtbe_config *c, const ur_qtbe_table_config *tc,
                              const char *name) {
-  if (tc->rows < 1)
-    return ur__error(UR_STATUS_INVALID, "qtbe: table '%s' has %lld rows; expected 1 or more",
-                     name, (long long)tc->rows);
+  ur_status st = ur__tbe_check_table("qtbe", name, tc->rows, tc->dim, tc->pooling);
+  if (st) return st;
   if ((unsigned)tc->format >= UR_QFORMAT_COUNT)
     return ur__error(UR_STATUS_INVALID,
                      "qtbe: table '%s' format %d is not f32, fp16, int8, int4 or int2", name,
                      (int)tc->format);
-  if (ur__qtbe_row_bytes(tc->format, tc->dim) < 0)
-    return ur__error(UR_STATUS_INVALID,
-                     "qtbe: table '%s' has dim %d; expected a multiple of 4 from 4 to %d", name,
-                     (int)tc->dim, UR_TBE_MAX_DIM);
-  if ((unsigned)tc->pooling >= UR_POOLING_COUNT)
-    return ur__error(UR_STATUS_INVALID, "qtbe: table '%s' pooling %d is not sum, mean or none",
-                     name, (int)tc->pooling);
-  if (tc->place != UR_PLACE_DEVICE && tc->place != UR_PLACE_MANAGED &&
-      tc->place != UR_PLACE_HOST && tc->place != UR_PLACE_PINNED)
-    return ur__error(UR_STATUS_INVALID, "qtbe: table '%s' placement %d is not device, managed or host",
-                     name, (int)tc->place);
-  if (tc->place == UR_PLACE_DEVICE && c->device < 0)
-    return ur__error(UR_STATUS_INVALID,
-                     "qtbe: table '%s' placement 'device' needs the collection on a GPU, and it "
-                     "runs on the CPU (device -1)",
-                     name);
+  if ((st = ur__tbe_check_place("qtbe", name, "placement", tc->place, c->device))) return st;
   if (tc->modulo < 0)
     return ur__error(UR_STATUS_INVALID, "qtbe: table '%s' modulo %lld; expected 0 (none) or more",
                      name, (long long)tc->modulo);
@@ -402,7 +369,8 @@ ur_status ur_qtbe_new(ur_qtbe **out, const ur_qtbe_config *config, int32_t num_t
   ur_status st;
   if (!config || !tables || !feature_table)
     return ur__error(UR_STATUS_INVALID, "qtbe: config, tables and feature_table are required");
-  if ((st = check_config(config))) return st;
+  if ((st = ur__tbe_check_engine("qtbe", config->device, config->bounds, config->out_dtype)))
+    return st;
   if (num_tables < 1 || num_features < 1)
     return ur__error(UR_STATUS_INVALID, "qtbe: %d tables and %d features; expected at least one each",
                      (int)num_tables, (int)num_features);

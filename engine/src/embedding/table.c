@@ -139,54 +139,70 @@ static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
 /* ---- construction ---- */
 
-static ur_status check_config(const ur_tbe_config *c) {
-  if (c->device >= 0 && c->device >= ur_device_count())
+ur_status ur__tbe_check_engine(const char *who, int32_t device, int32_t bounds,
+                               ur_dtype out_dtype) {
+  if (device >= 0 && device >= ur_device_count())
     return ur__error(ur_device_count() ? UR_STATUS_INVALID : UR_STATUS_UNSUPPORTED,
-                     "tbe: device %d asked, but %d GPUs are in use%s%s", (int)c->device,
+                     "%s: device %d asked, but %d GPUs are in use%s%s", who, (int)device,
                      ur_device_count(), ur_device_count() ? "" : ": ", ur_cuda_error());
-  if (c->device < -1)
-    return ur__error(UR_STATUS_INVALID, "tbe: device %d; expected -1 (the CPU) or a GPU",
-                     (int)c->device);
-  if ((unsigned)c->bounds >= UR_TBE_BOUNDS_COUNT)
-    return ur__error(UR_STATUS_INVALID, "tbe: bounds check %d is not fatal, warn or off",
-                     (int)c->bounds);
-  ur_status st = ur__optim_check("tbe", &c->optim, 1);
-  if (st) return st;
-  if (c->out_dtype != UR_DTYPE_F32 && c->out_dtype != UR_DTYPE_BF16)
-    return ur__error(UR_STATUS_INVALID, "tbe: output dtype '%s'; expected f32 or bf16",
-                     (unsigned)c->out_dtype < UR_DTYPE_COUNT ? ur_dtype_name(c->out_dtype) : "?");
+  if (device < -1)
+    return ur__error(UR_STATUS_INVALID, "%s: device %d; expected -1 (the CPU) or a GPU", who,
+                     (int)device);
+  if ((unsigned)bounds >= UR_TBE_BOUNDS_COUNT)
+    return ur__error(UR_STATUS_INVALID, "%s: bounds check %d is not fatal, warn or off", who,
+                     (int)bounds);
+  if (out_dtype != UR_DTYPE_F32 && out_dtype != UR_DTYPE_BF16)
+    return ur__error(UR_STATUS_INVALID, "%s: output dtype '%s'; expected f32 or bf16", who,
+                     (unsigned)out_dtype < UR_DTYPE_COUNT ? ur_dtype_name(out_dtype) : "?");
   return UR_STATUS_OK;
+}
+
+ur_status ur__tbe_check_table(const char *who, const char *name, int64_t rows, int32_t dim,
+                              int32_t pooling) {
+  if (rows < 1)
+    return ur__error(UR_STATUS_INVALID, "%s: table '%s' has %lld rows; expected 1 or more", who,
+                     name, (long long)rows);
+  if (dim < 4 || dim > UR_TBE_MAX_DIM || dim % 4)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: table '%s' has dim %d; expected a multiple of 4 from 4 to %d", who, name,
+                     (int)dim, UR_TBE_MAX_DIM);
+  if ((unsigned)pooling >= UR_POOLING_COUNT)
+    return ur__error(UR_STATUS_INVALID, "%s: table '%s' pooling %d is not sum, mean or none", who,
+                     name, (int)pooling);
+  return UR_STATUS_OK;
+}
+
+ur_status ur__tbe_check_place(const char *who, const char *name, const char *what, int32_t place,
+                              int32_t device) {
+  if (place != UR_PLACE_DEVICE && place != UR_PLACE_MANAGED && place != UR_PLACE_HOST &&
+      place != UR_PLACE_PINNED)
+    return ur__error(UR_STATUS_INVALID, "%s: table '%s' %s %d is not device, managed or host", who,
+                     name, what, (int)place);
+  if (place == UR_PLACE_DEVICE && device < 0)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: table '%s' %s 'device' needs the collection on a GPU, and it runs on "
+                     "the CPU (device -1)",
+                     who, name, what);
+  return UR_STATUS_OK;
+}
+
+static ur_status check_config(const ur_tbe_config *c) {
+  ur_status st = ur__tbe_check_engine("tbe", c->device, c->bounds, c->out_dtype);
+  return st ? st : ur__optim_check("tbe", &c->optim, 1);
 }
 
 static ur_status check_table(const ur_tbe_config *c, const ur_tbe_table_config *tc,
                              const char *name) {
-  if (tc->rows < 1)
-    return ur__error(UR_STATUS_INVALID, "tbe: table '%s' has %lld rows; expected 1 or more",
-                     name, (long long)tc->rows);
-  if (tc->dim < 4 || tc->dim > UR_TBE_MAX_DIM || tc->dim % 4)
-    return ur__error(UR_STATUS_INVALID,
-                     "tbe: table '%s' has dim %d; expected a multiple of 4 from 4 to %d", name,
-                     (int)tc->dim, UR_TBE_MAX_DIM);
+  ur_status st = ur__tbe_check_table("tbe", name, tc->rows, tc->dim, tc->pooling);
+  if (st) return st;
   if (tc->dtype != UR_DTYPE_F32 && tc->dtype != UR_DTYPE_F16 && tc->dtype != UR_DTYPE_BF16)
     return ur__error(UR_STATUS_INVALID, "tbe: table '%s' stores '%s'; expected f32, f16 or bf16",
                      name, (unsigned)tc->dtype < UR_DTYPE_COUNT ? ur_dtype_name(tc->dtype) : "?");
-  if ((unsigned)tc->pooling >= UR_POOLING_COUNT)
-    return ur__error(UR_STATUS_INVALID, "tbe: table '%s' pooling %d is not sum, mean or none",
-                     name, (int)tc->pooling);
-  int32_t places[2] = {tc->place, tc->state_place < 0 ? (int32_t)tc->place : tc->state_place};
-  for (int k = 0; k < 2; k++) {
-    const char *what = k ? "its optimizer state" : "placement";
-    if (places[k] != UR_PLACE_DEVICE && places[k] != UR_PLACE_MANAGED &&
-        places[k] != UR_PLACE_HOST && places[k] != UR_PLACE_PINNED)
-      return ur__error(UR_STATUS_INVALID,
-                       "tbe: table '%s' %s %d is not device, managed or host", name, what,
-                       (int)places[k]);
-    if (places[k] == UR_PLACE_DEVICE && c->device < 0)
-      return ur__error(UR_STATUS_INVALID,
-                       "tbe: table '%s' %s 'device' needs the collection on a GPU, and it runs "
-                       "on the CPU (device -1)",
-                       name, what);
-  }
+  if ((st = ur__tbe_check_place("tbe", name, "placement", tc->place, c->device)) ||
+      (st = ur__tbe_check_place("tbe", name, "its optimizer state",
+                                tc->state_place < 0 ? (int32_t)tc->place : tc->state_place,
+                                c->device)))
+    return st;
   if ((uint64_t)tc->rows > ((uint64_t)1 << 50) / (uint64_t)tc->dim)
     return ur__error(UR_STATUS_INVALID, "tbe: table '%s' of %lld rows x %d is too large", name,
                      (long long)tc->rows, (int)tc->dim);

@@ -67,6 +67,16 @@ UR__HIDDEN ur_status ur__tbe_names_check(ur__tbe_names *n, int32_t i, int32_t di
 UR__HIDDEN ur_status ur__tbe_names_features(ur__tbe_names *n, const int32_t *feature_table,
                                             const char *const *feature_names, const char *prefix);
 UR__HIDDEN void ur__tbe_names_free(ur__tbe_names *n);
+
+/* The checks both kinds of collection make of their options (who starts the messages): the
+ * engine's (device, bounds, output dtype), a table's rows, dim and pooling, and a placement of
+ * it (what: "placement", "its optimizer state") on a collection of that device. */
+UR__HIDDEN ur_status ur__tbe_check_engine(const char *who, int32_t device, int32_t bounds,
+                                          ur_dtype out_dtype);
+UR__HIDDEN ur_status ur__tbe_check_table(const char *who, const char *name, int64_t rows,
+                                         int32_t dim, int32_t pooling);
+UR__HIDDEN ur_status ur__tbe_check_place(const char *who, const char *name, const char *what,
+                                         int32_t place, int32_t device);
 /* "<who>: table i does not exist" unless 0 <= i < T. */
 UR__HIDDEN ur_status ur__tbe_names_index(const ur__tbe_names *n, int32_t i);
 /* The public accessors' answers: NULL or -1 out of range. */
