@@ -159,6 +159,11 @@ UR__HIDDEN ur_status ur__tensor_wrap(ur_tensor **out, ur_dtype dtype, int32_t nd
 UR__HIDDEN ur_status ur__segmap_init(ur__segmap *m, uint64_t bytes);
 UR__HIDDEN void ur__segmap_free(ur__segmap *m);
 
+/* A tensor shape's checks (a dtype, 1 to UR_MAX_DIMS dimensions, none negative, at most 2^50
+ * bytes; who starts the messages) and its element and byte counts (engine/src/core/tensor.c). */
+UR__HIDDEN ur_status ur__shape_bytes(const char *who, ur_dtype dtype, int32_t ndim,
+                                     const int64_t *shape, uint64_t *numel, uint64_t *bytes);
+
 /* A parallel loop: fn(ctx, begin, end) over [0, n) in chunks of at least grain
  * (engine/src/core/parallel.c). */
 typedef void (*ur__range_fn)(void *ctx, size_t begin, size_t end);
