@@ -635,11 +635,9 @@ function Sharded:_check_input(input)
   end
 end
 
--- forward(input[, ticket]): a ticket of prepare brings the batch's exchanged ids (and its rows
--- in the shards' caches); without one the exchange runs now.  In evaluation (no backward
--- follows) the ticket is retired after the forward.
-function Sharded:forward(input, ticket) return self:updateOutput(input, ticket) end
-
+-- forward(input[, ticket]) (Module's): a ticket of prepare brings the batch's exchanged ids (and
+-- its rows in the shards' caches); without one the exchange runs now.  In evaluation (no
+-- backward follows) the ticket is retired after the forward.
 function Sharded:updateOutput(input, ticket)
   self:_check_input(input)
   local comm, W, stream = self.comm, self.world, self.stream
@@ -709,13 +707,8 @@ function Sharded:updateGradInput(input, gradOutput) -- luacheck: ignore 212
   return nil
 end
 
--- backward(input, gradOutput[, ticket]): the ticket the forward took (retired, trained).
-function Sharded:backward(input, gradOutput, ticket)
-  self:updateGradInput(input, gradOutput)
-  self:accGradParameters(input, gradOutput, ticket)
-  return self.gradInput
-end
-
+-- backward(input, gradOutput[, ticket]) (Module's): the ticket the forward took (retired,
+-- trained).
 -- The fused optimizer step of every shard, from the gradient of this rank's output.
 function Sharded:accGradParameters(input, gradOutput, ticket) -- luacheck: ignore 212 (the input came through forward)
   local comm, W, stream, B = self.comm, self.world, self.stream, self._B
