@@ -159,6 +159,14 @@ UR__HIDDEN ur_status ur__tensor_wrap(ur_tensor **out, ur_dtype dtype, int32_t nd
 UR__HIDDEN ur_status ur__segmap_init(ur__segmap *m, uint64_t bytes);
 UR__HIDDEN void ur__segmap_free(ur__segmap *m);
 
+/* The CPU backends' workspaces: the next piece of one carved from base (NULL: only measuring),
+ * its bytes rounded up to 64; *at counts the bytes carved so far. */
+static inline void *ur__carve(char *base, size_t *at, size_t bytes) {
+  void *p = base ? base + *at : NULL;
+  *at += (bytes + 63) / 64 * 64;
+  return p;
+}
+
 /* A tensor shape's checks (a dtype, 1 to UR_MAX_DIMS dimensions, none negative, at most 2^50
  * bytes; who starts the messages) and its element and byte counts (engine/src/core/tensor.c). */
 UR__HIDDEN ur_status ur__shape_bytes(const char *who, ur_dtype dtype, int32_t ndim,

@@ -38,28 +38,22 @@ typedef struct scratch {
 
 static void carve(const ur__cache_dev *d, int64_t n, char *base, scratch *s) {
   size_t at = 0, m = (size_t)n + 1, t = (size_t)d->nt + 1, f = (size_t)d->F;
-#define TAKE(p, count)                                       \
-  do {                                                       \
-    p = base ? (void *)(base + at) : NULL;                   \
-    at += ((count) * 8 + 63) / 64 * 64;                      \
-  } while (0)
-  TAKE(s->keys, m);
-  TAKE(s->tkeys, m);
-  TAKE(s->vidx, m);
-  TAKE(s->tvidx, m);
-  TAKE(s->uniq_of, m);
-  TAKE(s->ukeys, m);
-  TAKE(s->order, m);
-  TAKE(s->res, m);
-  TAKE(s->evict, m);
-  TAKE(s->grp, m + 1);
-  TAKE(s->bstart, t);
-  TAKE(s->bvalid, t);
-  TAKE(s->bunique, t);
-  TAKE(s->fpos, f);
-  TAKE(s->fv0, f);
-  TAKE(s->fv1, f);
-#undef TAKE
+  s->keys = ur__carve(base, &at, 8 * m);
+  s->tkeys = ur__carve(base, &at, 8 * m);
+  s->vidx = ur__carve(base, &at, 8 * m);
+  s->tvidx = ur__carve(base, &at, 8 * m);
+  s->uniq_of = ur__carve(base, &at, 8 * m);
+  s->ukeys = ur__carve(base, &at, 8 * m);
+  s->order = ur__carve(base, &at, 8 * m);
+  s->res = ur__carve(base, &at, 8 * m);
+  s->evict = ur__carve(base, &at, 8 * m);
+  s->grp = ur__carve(base, &at, 8 * (m + 1));
+  s->bstart = ur__carve(base, &at, 8 * t);
+  s->bvalid = ur__carve(base, &at, 8 * t);
+  s->bunique = ur__carve(base, &at, 8 * t);
+  s->fpos = ur__carve(base, &at, 8 * f);
+  s->fv0 = ur__carve(base, &at, 8 * f);
+  s->fv1 = ur__carve(base, &at, 8 * f);
   s->total = at;
 }
 

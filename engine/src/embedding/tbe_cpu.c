@@ -296,22 +296,16 @@ typedef struct cpu_work {
 static void carve(const ur__tbe_args *a, int backward, char *base, cpu_work *w) {
   size_t at = 0, n = (size_t)a->n;
   memset(w, 0, sizeof *w);
-#define TAKE(p, type, count)                                 \
-  do {                                                       \
-    p = base ? (type *)(base + at) : NULL;                   \
-    at += ((count) * sizeof(type) + 63) / 64 * 64;           \
-  } while (0)
-  if (backward) TAKE(w->head, sort_head, 1);
-  if (a->inverse) TAKE(w->flat, float, (size_t)a->flat_numel);
+  if (backward) w->head = ur__carve(base, &at, sizeof(sort_head));
+  if (a->inverse) w->flat = ur__carve(base, &at, sizeof(float) * (size_t)a->flat_numel);
   if (backward) {
-    TAKE(w->k, uint64_t, n);
-    TAKE(w->tk, uint64_t, n);
-    TAKE(w->v, int64_t, n);
-    TAKE(w->tv, int64_t, n);
-    TAKE(w->bag_of, int64_t, n);
-    TAKE(w->seg, int64_t, n + 1);
+    w->k = ur__carve(base, &at, sizeof(uint64_t) * n);
+    w->tk = ur__carve(base, &at, sizeof(uint64_t) * n);
+    w->v = ur__carve(base, &at, sizeof(int64_t) * n);
+    w->tv = ur__carve(base, &at, sizeof(int64_t) * n);
+    w->bag_of = ur__carve(base, &at, sizeof(int64_t) * n);
+    w->seg = ur__carve(base, &at, sizeof(int64_t) * (n + 1));
   }
-#undef TAKE
   w->total = at;
 }
 
