@@ -137,33 +137,26 @@ struct Layout {
   size_t cub_bytes, total;
 };
 
-size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
-
 cudaError_t carve(const ur__cache_dev &d, int64_t n, char *base, Layout *L) {
-  size_t at = 0;
+  ur_carver cv{base, 0};
   int64_t m = n > 0 ? n : 1;
-  auto take = [&](size_t bytes) -> void * {
-    void *p = base ? base + at : nullptr;
-    at += align_up(bytes);
-    return p;
-  };
-  L->ka = (uint64_t *)take((size_t)m * 8);
-  L->kb = (uint64_t *)take((size_t)m * 8);
-  L->va = (int64_t *)take((size_t)m * 8);
-  L->vb = (int64_t *)take((size_t)m * 8);
-  L->uid = (int64_t *)take((size_t)m * 8);
-  L->ukeys = (uint64_t *)take((size_t)m * 8);
-  L->sa = (uint32_t *)take((size_t)m * 4);
-  L->sb = (uint32_t *)take((size_t)m * 4);
-  L->oa = (int64_t *)take((size_t)m * 8);
-  L->ob = (int64_t *)take((size_t)m * 8);
-  L->grp = (int64_t *)take((size_t)(m + 1) * 8);
-  L->res = (int64_t *)take((size_t)m * 8);
-  L->evict = (int64_t *)take((size_t)m * 8);
-  L->flags = (Tri *)take((size_t)(m + 1) * sizeof(Tri));
-  L->pre = (Tri *)take((size_t)(m + 1) * sizeof(Tri));
-  L->fvb = (int64_t *)take((size_t)(d.F + 1) * 8);
-  L->bag = (int64_t *)take((size_t)(d.F + 1) * 8);
+  L->ka = (uint64_t *)cv.take((size_t)m * 8);
+  L->kb = (uint64_t *)cv.take((size_t)m * 8);
+  L->va = (int64_t *)cv.take((size_t)m * 8);
+  L->vb = (int64_t *)cv.take((size_t)m * 8);
+  L->uid = (int64_t *)cv.take((size_t)m * 8);
+  L->ukeys = (uint64_t *)cv.take((size_t)m * 8);
+  L->sa = (uint32_t *)cv.take((size_t)m * 4);
+  L->sb = (uint32_t *)cv.take((size_t)m * 4);
+  L->oa = (int64_t *)cv.take((size_t)m * 8);
+  L->ob = (int64_t *)cv.take((size_t)m * 8);
+  L->grp = (int64_t *)cv.take((size_t)(m + 1) * 8);
+  L->res = (int64_t *)cv.take((size_t)m * 8);
+  L->evict = (int64_t *)cv.take((size_t)m * 8);
+  L->flags = (Tri *)cv.take((size_t)(m + 1) * sizeof(Tri));
+  L->pre = (Tri *)cv.take((size_t)(m + 1) * sizeof(Tri));
+  L->fvb = (int64_t *)cv.take((size_t)(d.F + 1) * 8);
+  L->bag = (int64_t *)cv.take((size_t)(d.F + 1) * 8);
   size_t c = 0, best = 0;
   cudaError_t e;
   {
@@ -194,8 +187,8 @@ cudaError_t carve(const ur__cache_dev &d, int64_t n, char *base, Layout *L) {
     return e;
   best = c > best ? c : best;
   L->cub_bytes = best;
-  L->cub = take(best);
-  L->total = at;
+  L->cub = cv.take(best);
+  L->total = cv.at;
   return cudaSuccess;
 }
 
