@@ -137,33 +137,26 @@ struct Layout {
   size_t cub_bytes, total;
 };
 
-size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
-
 cudaError_t carve(const ur__cache_dev &d, int64_t n, char *base, Layout *L) {
-  size_t at = 0;
+  ur_carver cv{base, 0};
   int64_t m = n > 0 ? n : 1;
-  auto take = [&](size_t bytes) -> void * {
-    void *p = base ? base + at : nullptr;
-    at += align_up(bytes);
-    return p;
-  };
-  L->ka = (uint64_t *)take((size_t)m * 8);
-  L->kb = (uint64_t *)take((size_t)m * 8);
-  L->va = (int64_t *)take((size_t)m * 8);
-  L->vb = (int64_t *)take((size_t)m * 8);
-  L->uid = (int64_t *)take((size_t)m * 8);
-  L->ukeys = (uint64_t *)take((size_t)m * 8);
-  L->sa = (uint32_t *)take((size_t)m * 4);
-  L->sb = (uint32_t *)take((size_t)m * 4);
-  L->oa = (int64_t *)take((size_t)m * 8);
-  L->ob = (int64_t *)take((size_t)m * 8);
-  L->grp = (int64_t *)take((size_t)(m + 1) * 8);
-  L->res = (int64_t *)take((size_t)m * 8);
-  L->evict = (int64_t *)take((size_t)m * 8);
-  L->flags = (Tri *)take((size_t)(m + 1) * sizeof(Tri));
-  L->pre = (Tri *)take((size_t)(m + 1) * sizeof(Tri));
-  L->fvb = (int64_t *)take((size_t)(d.F + 1) * 8);
-  L->bag = (int64_t *)take((size_t)(d.F + 1) * 8);
+  L->ka = (uint64_t *)cv.take((size_t)m * 8);
+  L->kb = (uint64_t *)cv.take((size_t)m * 8);
+  L->va = (int64_t *)cv.take((size_t)m * 8);
+  L->vb = (int64_t *)cv.take((size_t)m * 8);
+  L->uid = (int64_t *)cv.take((size_t)m * 8);
+  L->ukeys = (uint64_t *)cv.take((size_t)m * 8);
+  L->sa = (uint32_t *)cv.take((size_t)m * 4);
+  L->sb = (uint32_t *)cv.take((size_t)m * 4);
+  L->oa = (int64_t *)cv.take((size_t)m * 8);
+  L->ob = (int64_t *)cv.take((size_t)m * 8);
+  L->grp = (int64_t *)cv.take((size_t)(m + 1) * 8);
+  L->res = (int64_t *)cv.take((size_t)m * 8);
+  L->evict = (int64_t *)cv.take((size_t)m * 8);
+  L->flags = (Tri *)cv.take((size_t)(m + 1) * sizeof(Tri));
+  L->pre = (Tri *)cv.take((size_t)(m + 1) * sizeof(Tri));
+  L->fvb = (int64_t *)cv.take((size_t)(d.F + 1) * 8);
+  L->bag = (int64_t *)cv.take((size_t)(d.F + 1) * 8);
   size_t c = 0, best = 0;
   cudaError_t e;
   {
@@ -194,8 +187,8 @@ cudaError_t carve(const ur__cache_dev &d, int64_t n, char *base, Layout *L) {
     return e;
   best = c > best ? c : best;
   L->cub_bytes = best;
-  L->cub = take(best);
-  L->total = at;
+  L->cub = cv.take(best);
+  L->total = cv.at;
   return cudaSuccess;
 }
 
@@ -212,7 +205,7 @@ __global__ void init_info(ur__cache_job j) {
 __global__ void feature_bounds(ur__cache_dev d, ur__cache_job j, Layout L) {
   int32_t f = blockIdx.x * blockDim.x + threadIdx.x;
   if (f > d.F) return;
-  int64_t b0 = j.bag_start ? L.bag[f] : (int64_t)f * j.batch;
+  int64_t b0 = ur__tbe_bag_of(j.bag_start ? L.bag : NULL, j.batch, f);
   int64_t v0 = j.offs[b0];
   L.fvb[f] = v0;
   if (f == d.F) {
@@ -221,7 +214,7 @@ __global__ void feature_bounds(ur__cache_dev d, ur__cache_job j, Layout L) {
   }
   int32_t ct = d.feat_ct[f];
   if (ct < 0) return;
-  int64_t b1 = j.bag_start ? L.bag[f + 1] : (int64_t)(f + 1) * j.batch;
+  int64_t b1 = ur__tbe_bag_of(j.bag_start ? L.bag : NULL, j.batch, f + 1);
   int64_t v1 = j.offs[b1];
   if (v0 < 0 || v1 < v0 || v1 > j.n) {
     atomicMin((long long *)&j.info[UR__CI_BAD_F], (long long)f);

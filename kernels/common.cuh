@@ -54,4 +54,16 @@ static inline void ur__cuda_drop(cudaError_t err) {
   if (err != cudaSuccess) (void)cudaGetLastError();
 }
 
+/* A workspace carved into 256-byte aligned pieces: take(bytes) is the next one, or nullptr when
+ * base is (only measuring); at counts the bytes carved so far. */
+struct ur_carver {
+  char *base;
+  size_t at;
+  void *take(size_t bytes) {
+    void *p = base ? base + at : nullptr;
+    at += (bytes + 255) & ~(size_t)255;
+    return p;
+  }
+};
+
 #endif

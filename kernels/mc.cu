@@ -295,27 +295,20 @@ struct Layout {
   size_t cub_bytes, total;
 };
 
-size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
-
 cudaError_t carve(const ur__mc_table &t, char *base, Layout *L) {
   int64_t q = t.qmask + 1, mm = q > t.cap ? q : t.cap;
-  size_t at = 0;
-  auto take = [&](size_t bytes) -> void * {
-    void *p = base ? base + at : nullptr;
-    at += align_up(bytes);
-    return p;
-  };
-  L->cslot = (int64_t *)take((size_t)q * 8);
-  L->ka = (uint64_t *)take((size_t)mm * 8);
-  L->kb = (uint64_t *)take((size_t)mm * 8);
-  L->va = (int64_t *)take((size_t)mm * 8);
-  L->vb = (int64_t *)take((size_t)mm * 8);
-  L->freed = (int64_t *)take((size_t)mm * 8);
-  L->kid = (int64_t *)take((size_t)q * 8);
-  L->klast = (int64_t *)take((size_t)q * 8);
-  L->kcnt = (int32_t *)take((size_t)q * 4);
-  L->flags = (int32_t *)take((size_t)mm * 4);
-  L->small = (int64_t *)take(4 * 8);
+  ur_carver cv{base, 0};
+  L->cslot = (int64_t *)cv.take((size_t)q * 8);
+  L->ka = (uint64_t *)cv.take((size_t)mm * 8);
+  L->kb = (uint64_t *)cv.take((size_t)mm * 8);
+  L->va = (int64_t *)cv.take((size_t)mm * 8);
+  L->vb = (int64_t *)cv.take((size_t)mm * 8);
+  L->freed = (int64_t *)cv.take((size_t)mm * 8);
+  L->kid = (int64_t *)cv.take((size_t)q * 8);
+  L->klast = (int64_t *)cv.take((size_t)q * 8);
+  L->kcnt = (int32_t *)cv.take((size_t)q * 4);
+  L->flags = (int32_t *)cv.take((size_t)mm * 4);
+  L->small = (int64_t *)cv.take(4 * 8);
   size_t c = 0, best = 0;
   int n = (int)mm;
   {
@@ -338,8 +331,8 @@ cudaError_t carve(const ur__mc_table &t, char *base, Layout *L) {
                              (cudaStream_t)0));
   best = c > best ? c : best;
   L->cub_bytes = best;
-  L->cub = take(best);
-  L->total = at;
+  L->cub = cv.take(best);
+  L->total = cv.at;
   return cudaSuccess;
 }
 

@@ -410,7 +410,24 @@ describe("uvmrec.qtbe collection", function()
     assert.has_error(function()
       qtbe.new { tables = { { name = "a", rows = 4, dim = 8 }, { name = "b", rows = 4, dim = 8, pooling = "none" } },
                  device = "cpu" }
-    end, "qtbe: table 'b' pools by none but table 0 by sum or mean; all tables pool, or none does")
+    end, "qtbe: table 'b' pools by none but table 'a' by sum; a collection pools all its tables (sum or mean) or none")
+    -- the C checks behind the Lua ones, shared with the plain collection (table.c's names)
+    local function c_new(tnames, fnames, ftable)
+      local cfg = ffi.new("ur_qtbe_config", { device = -1, out_dtype = C.UR_DTYPE_F32 })
+      local tc = ffi.new("ur_qtbe_table_config[?]", #tnames)
+      for i, n in ipairs(tnames) do
+        tc[i - 1] = { name = n, rows = 4, dim = 8, format = C.UR_QFORMAT_F32, place = C.UR_PLACE_HOST }
+      end
+      local names = ffi.new("const char *[?]", #fnames, fnames)
+      local out = ffi.new("ur_qtbe *[1]")
+      local st = C.ur_qtbe_new(out, cfg, #tnames, tc, #fnames, ffi.new("int32_t[?]", #ftable, ftable), names)
+      if out[0] ~= nil then C.ur_qtbe_free(out[0]) end
+      return st == 0 and "ok" or ffi.string(C.ur_last_error())
+    end
+    assert.equal("ok", c_new({ "a", "b" }, { "x", "y" }, { 0, 1 }))
+    assert.equal("qtbe: tables 0 and 1 are both named 'a'", c_new({ "a", "a" }, { "x", "y" }, { 0, 1 }))
+    assert.equal("qtbe: features 0 and 1 are both named 'x'", c_new({ "a", "b" }, { "x", "x" }, { 0, 1 }))
+    assert.equal("qtbe: feature 1 ('y') maps to table 2; expected 0..1", c_new({ "a", "b" }, { "x", "y" }, { 0, 2 }))
     assert.has_error(function()
       qtbe.new { tables = { { name = "a", rows = 4, dim = 8, placement = "device" } }, device = "cpu" }
     end, "qtbe: table 'a' placement 'device' needs the collection on a GPU, and it runs on the CPU (device -1)")

@@ -70,7 +70,7 @@ describe("uvmrec REPL on a terminal", function()
       assert.is_true(table.concat(list, " "):find(cls, 1, true) ~= nil, cls .. " in " .. table.concat(list, " "))
     end
     assert.same({ "Linear(" }, lin)
-    assert.matches("^{BCEWithLogits, CrossNet, .*Linear, .*Sequential.*} %(loaded on first use%)$", shown)
+    assert.matches("^{Activation, BCEWithLogits, CrossNet, .*Linear, .*Sequential.*} %(loaded on first use%)$", shown)
   end)
 
   it("reports an error with a traceback and goes on", function()

@@ -106,4 +106,25 @@ describe("uvmrec.table_options", function()
                  message(table_options.module_options, "M", { tables = { { name = "a", pooling = "sum" } } },
                          "none", 1))
   end)
+
+  it("keeps a module's output while the shape holds and makes a new one (freeing the old) when not", function()
+    local made, freed = 0, 0
+    local shape = { 4, 8 }
+    local coll = {
+      output_shape = function(_, input) return input or shape end,
+      new_output = function()
+        made = made + 1
+        return { n = made, free = function() freed = freed + 1 end }
+      end,
+    }
+    local m = {}
+    local a = table_options.module_output(m, coll)
+    assert.equal(a, table_options.module_output(m, coll))
+    assert.same({ 1, 0 }, { made, freed })
+    local b = table_options.module_output(m, coll, { 2, 8 })
+    assert.are_not.equal(a, b)
+    assert.same({ 2, 1 }, { made, freed })
+    m.output = nil -- a module that dropped its output (a new precision) gets a new one
+    assert.equal(3, table_options.module_output(m, coll, { 2, 8 }).n)
+  end)
 end)

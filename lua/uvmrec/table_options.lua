@@ -174,4 +174,16 @@ function M.module_options(who, opts, pooling, level)
   return o
 end
 
+-- Such a module's output for input, from its collection coll: the one of the last call while
+-- the shape holds (the module's output and _out_shape), else a new one (the old one freed).
+function M.module_output(module, coll, input)
+  local key = table.concat(coll:output_shape(input), "x")
+  if module._out_shape ~= key or not module.output then
+    if module.output then module.output:free() end
+    module.output = assert(coll:new_output(input))
+    module._out_shape = key
+  end
+  return module.output
+end
+
 return M

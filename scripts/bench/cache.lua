@@ -78,7 +78,7 @@ local function hit_rates()
   for _, frac in ipairs(fractions) do
     for _, policy in ipairs({ "lru", "lfu" }) do
       for _, prefetch in ipairs({ false, true }) do
-        local c, s = cache_run { inputs = inputs, tables = T, rows = N, fraction = frac, policy = policy,
+        local c, s = cache_run.run { inputs = inputs, tables = T, rows = N, fraction = frac, policy = policy,
                                  decay = 16, warm = math.floor(K / 2),
                                  prefetch_stream = prefetch and prefetch_stream or nil,
                                  fail = function(msg) cmd:fail(msg) end }
@@ -111,11 +111,7 @@ local function hit_rates()
   if o.out and o.plot then
     out_file:close()
     out_file = nil
-    -- the first python3 on PATH may lack matplotlib where the system's has it
-    local plot = ("python3 scripts/bench/cache_plot.py %q --out %q 2>/dev/null || "
-                  .. "/usr/bin/python3 scripts/bench/cache_plot.py %q --out %q"):format(o.out, o.plot, o.out, o.plot)
-    local ok = os.execute(plot)
-    if ok == 0 or ok == true then print("plot: " .. o.plot) else print("plot: not made (" .. plot .. " failed)") end
+    cache_run.plot(o.out, o.plot)
   end
 end
 

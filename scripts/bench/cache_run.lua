@@ -1,15 +1,23 @@
--- cache_run.lua: one cache size and policy over zipf_stream.lua's batches, as the cache benches
--- measure hit rates (cache.lua's, cache_warm.lua's): T cached tables of N rows (dim 4, on the
--- CPU, SGD) whose cache holds `fraction` of the rows; batches 1..warm warm it, the cache's
--- counters are reset, and the rest are counted.  With a prefetch stream each batch is prepared
--- on it before the previous one retires (the pipeline's order: k-1's retire is enqueued on the
--- compute stream, then batch k prepared while k-1 may still run, its rows locked).  Checks
--- hits + misses + conflicts = distinct rows (else fail(message)); returns the collection (to
--- free) and the cache's stats.
---   local run = dofile(here .. "/cache_run.lua")
---   local c, s = run { inputs =, tables = T, rows = N, fraction =, policy =, decay = 0, warm = W,
---                      prefetch_stream = nil, fail = cmd.fail }
-return function(o)
+-- cache_run.lua: what the cache benches that measure hit rates (cache.lua's, cache_warm.lua's)
+-- share.
+--   local cache_run = dofile(here .. "/cache_run.lua")
+--
+-- cache_run.run: one cache size and policy over zipf_stream.lua's batches: T cached tables of N
+-- rows (dim 4, on the CPU, SGD) whose cache holds `fraction` of the rows; batches 1..warm warm
+-- it, the cache's counters are reset, and the rest are counted.  With a prefetch stream each
+-- batch is prepared on it before the previous one retires (the pipeline's order: k-1's retire is
+-- enqueued on the compute stream, then batch k prepared while k-1 may still run, its rows
+-- locked).  Checks hits + misses + conflicts = distinct rows (else fail(message)); returns the
+-- collection (to free) and the cache's stats.
+--   local c, s = cache_run.run { inputs =, tables = T, rows = N, fraction =, policy =, decay = 0,
+--                                warm = W, prefetch_stream = nil, fail = cmd.fail }
+--
+-- cache_run.plot(out, png): cache_plot.py's PNG of the JSON lines in out; says which it made.
+local M = {}
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+
+function M.run(o)
   local tables = {}
   for t = 1, o.tables do tables[t] = { name = "t" .. t, rows = o.rows, dim = 4, placement = "cached" } end
   local c = assert(require("uvmrec.tbe").new { tables = tables, device = "cpu", optimizer = "sgd",
@@ -32,3 +40,13 @@ return function(o)
   end
   return c, s
 end
+
+function M.plot(out, png)
+  -- the first python3 on PATH may lack matplotlib where the system's has it
+  local cmd = ("python3 %s/cache_plot.py %q --out %q 2>/dev/null || /usr/bin/python3 %s/cache_plot.py %q --out %q")
+              :format(here, out, png, here, out, png)
+  local ok = os.execute(cmd)
+  if ok == 0 or ok == true then print("plot: " .. png) else print("plot: not made (" .. cmd .. " failed)") end
+end
+
+return M

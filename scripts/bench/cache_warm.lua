@@ -91,7 +91,7 @@ print(("%-5s %-4s %-8s %9s %9s %9s | %9s %9s %9s %9s"):format("cache", "pol", "p
 for _, frac in ipairs(o.fractions) do
   for _, policy in ipairs(o.policies) do
     for _, prefetch in ipairs(o.prefetch and { false, true } or { false }) do
-      local c, s = cache_run { inputs = inputs, tables = T, rows = N, fraction = frac, policy = policy,
+      local c, s = cache_run.run { inputs = inputs, tables = T, rows = N, fraction = frac, policy = policy,
                                decay = o.decay, warm = W, prefetch_stream = prefetch and prefetch_stream or nil,
                                fail = die }
       local cache = c.cache
@@ -121,10 +121,4 @@ for _, x in ipairs(inputs) do
   x.offsets:free()
 end
 if out_file then out_file:close() end
-if o.out and o.plot then
-  -- the first python3 on PATH may lack matplotlib where the system's has it
-  local cmd = ("python3 %s/cache_plot.py %q --out %q 2>/dev/null || /usr/bin/python3 %s/cache_plot.py %q --out %q")
-              :format(here, o.out, o.plot, here, o.out, o.plot)
-  local ok = os.execute(cmd)
-  if ok == 0 or ok == true then print("plot: " .. o.plot) else print("plot: not made (" .. cmd .. " failed)") end
-end
+if o.out and o.plot then cache_run.plot(o.out, o.plot) end

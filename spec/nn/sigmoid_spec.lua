@@ -1,5 +1,5 @@
--- uvmrec.nn.Sigmoid (lua/uvmrec/nn/Sigmoid.lua) on the CPU, against a float64 reference and its
--- central finite differences.
+-- uvmrec.nn.Sigmoid (lua/uvmrec/nn/Sigmoid.lua) and its base uvmrec.nn.Activation on the CPU,
+-- against a float64 reference and its central finite differences.
 local R = require "dense_ref"
 local nn = require("uvmrec").nn
 
@@ -11,5 +11,17 @@ describe("uvmrec.nn.Sigmoid", function()
       for i, v in ipairs(xv[1]) do y[i] = R.sigmoid(v) end
       return y
     end, 1e-4)
+  end)
+end)
+
+describe("uvmrec.nn.Activation", function()
+  it("is the base of ReLU and Sigmoid, and not a module on its own", function()
+    assert.is_true(nn.Module.is(nn.Sigmoid(), nn.Activation))
+    assert.is_true(nn.Module.is(nn.ReLU(), nn.Activation))
+    local line = debug.getinfo(1, "l").currentline + 1
+    local ok, err = pcall(function() local m = nn.Activation() return m end)
+    assert.is_false(ok)
+    assert.equal("sigmoid_spec.lua:" .. line .. ": Activation: the base of activations; a subclass names its "
+                 .. "function in act", err:match("[^/]*$"))
   end)
 end)

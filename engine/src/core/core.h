@@ -159,11 +159,31 @@ UR__HIDDEN ur_status ur__tensor_wrap(ur_tensor **out, ur_dtype dtype, int32_t nd
 UR__HIDDEN ur_status ur__segmap_init(ur__segmap *m, uint64_t bytes);
 UR__HIDDEN void ur__segmap_free(ur__segmap *m);
 
+/* The CPU backends' workspaces: the next piece of one carved from base (NULL: only measuring),
+ * its bytes rounded up to 64; *at counts the bytes carved so far. */
+static inline void *ur__carve(char *base, size_t *at, size_t bytes) {
+  void *p = base ? base + *at : NULL;
+  *at += (bytes + 63) / 64 * 64;
+  return p;
+}
+
+/* A tensor shape's checks (a dtype, 1 to UR_MAX_DIMS dimensions, none negative, at most 2^50
+ * bytes; who starts the messages) and its element and byte counts (engine/src/core/tensor.c). */
+UR__HIDDEN ur_status ur__shape_bytes(const char *who, ur_dtype dtype, int32_t ndim,
+                                     const int64_t *shape, uint64_t *numel, uint64_t *bytes);
+
 /* A parallel loop: fn(ctx, begin, end) over [0, n) in chunks of at least grain
  * (engine/src/core/parallel.c). */
 typedef void (*ur__range_fn)(void *ctx, size_t begin, size_t end);
 UR__HIDDEN void ur__parallel_for(size_t n, size_t grain, ur__range_fn fn, void *ctx);
 UR__HIDDEN int ur__threads(void);
+
+/* Sorts n keys by their low `bits` bits, each with its value when v is not NULL (LSD radix
+ * sort, stable: equal keys keep their order), with *tk and *tv as scratch of n entries; after,
+ * *k and *v point at whichever arrays hold the result, *tk and *tv at the others
+ * (engine/src/core/sort.c). */
+UR__HIDDEN void ur__radix_sort(uint64_t **k, int64_t **v, uint64_t **tk, int64_t **tv, int64_t n,
+                               int bits);
 
 /* Numbers (engine/src/core/convert.c). */
 UR__HIDDEN double ur__load(const void *base, ur_dtype d, size_t i);

@@ -121,29 +121,37 @@ static void storage_release(ur__storage *st) {
   free(st);
 }
 
+ur_status ur__shape_bytes(const char *who, ur_dtype dtype, int32_t ndim, const int64_t *shape,
+                          uint64_t *numel, uint64_t *bytes) {
+  if ((unsigned)dtype >= UR_DTYPE_COUNT)
+    return ur__error(UR_STATUS_INVALID, "%s: dtype %d is not a dtype", who, (int)dtype);
+  if (ndim < 1 || ndim > UR_MAX_DIMS)
+    return ur__error(UR_STATUS_INVALID, "%s: %d dimensions asked; expected 1 to %d", who,
+                     (int)ndim, UR_MAX_DIMS);
+  *numel = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0)
+      return ur__error(UR_STATUS_INVALID, "%s: dimension %d is %lld; expected >= 0", who, i + 1,
+                       (long long)shape[i]);
+    if (__builtin_mul_overflow(*numel, (uint64_t)shape[i], numel))
+      return ur__error(UR_STATUS_INVALID, "%s: the shape's element count overflows", who);
+  }
+  if (__builtin_mul_overflow(*numel, (uint64_t)ur_dtype_size(dtype), bytes) ||
+      *bytes > (1ull << 50))
+    return ur__error(UR_STATUS_INVALID, "%s: %llu elements of %s are more bytes than supported",
+                     who, (unsigned long long)*numel, ur_dtype_name(dtype));
+  return UR_STATUS_OK;
+}
+
 ur_status ur_tensor_new(ur_tensor **out, ur_dtype dtype, int32_t ndim, const int64_t *shape,
                         ur_place place, int32_t device) {
   UR__ARGS(out, shape);
   *out = NULL;
-  if ((unsigned)dtype >= UR_DTYPE_COUNT)
-    return ur__error(UR_STATUS_INVALID, "tensor: dtype %d is not a dtype", (int)dtype);
   if ((unsigned)place >= UR_PLACE_COUNT)
     return ur__error(UR_STATUS_INVALID, "tensor: placement %d is not a placement", (int)place);
-  if (ndim < 1 || ndim > UR_MAX_DIMS)
-    return ur__error(UR_STATUS_INVALID, "tensor: %d dimensions asked; expected 1 to %d",
-                     (int)ndim, UR_MAX_DIMS);
-  uint64_t numel = 1, bytes;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] < 0)
-      return ur__error(UR_STATUS_INVALID, "tensor: dimension %d is %lld; expected >= 0", i + 1,
-                       (long long)shape[i]);
-    if (__builtin_mul_overflow(numel, (uint64_t)shape[i], &numel))
-      return ur__error(UR_STATUS_INVALID, "tensor: the shape's element count overflows");
-  }
-  if (__builtin_mul_overflow(numel, (uint64_t)ur_dtype_size(dtype), &bytes) || bytes > (1ull << 50))
-    return ur__error(UR_STATUS_INVALID, "tensor: %llu elements of %s are more bytes than supported",
-                     (unsigned long long)numel, ur_dtype_name(dtype));
-  ur_status s = check_device(place, device);
+  uint64_t numel, bytes;
+  ur_status s = ur__shape_bytes("tensor", dtype, ndim, shape, &numel, &bytes);
+  if (!s) s = check_device(place, device);
   if (s) return s;
   ur_tensor *t = calloc(1, sizeof *t);
   if (!t) return ur__error(UR_STATUS_OOM, "tensor: out of host memory");

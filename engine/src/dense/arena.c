@@ -56,22 +56,9 @@ ur_status ur_arena_tensor(ur_arena *a, ur_tensor **out, ur_dtype dtype, int32_t 
                           const int64_t *shape) {
   UR__ARGS(a, out, shape);
   *out = NULL;
-  if ((unsigned)dtype >= UR_DTYPE_COUNT)
-    return ur__error(UR_STATUS_INVALID, "arena: dtype %d is not a dtype", (int)dtype);
-  if (ndim < 1 || ndim > UR_MAX_DIMS)
-    return ur__error(UR_STATUS_INVALID, "arena: %d dimensions asked; expected 1 to %d",
-                     (int)ndim, UR_MAX_DIMS);
-  uint64_t numel = 1, bytes;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] < 0)
-      return ur__error(UR_STATUS_INVALID, "arena: dimension %d is %lld; expected >= 0", i + 1,
-                       (long long)shape[i]);
-    if (__builtin_mul_overflow(numel, (uint64_t)shape[i], &numel))
-      return ur__error(UR_STATUS_INVALID, "arena: the shape's element count overflows");
-  }
-  if (__builtin_mul_overflow(numel, (uint64_t)ur_dtype_size(dtype), &bytes) || bytes > (1ull << 50))
-    return ur__error(UR_STATUS_INVALID, "arena: %llu elements of %s are more bytes than supported",
-                     (unsigned long long)numel, ur_dtype_name(dtype));
+  uint64_t numel, bytes;
+  ur_status st = ur__shape_bytes("arena", dtype, ndim, shape, &numel, &bytes);
+  if (st) return st;
   uint64_t need = (bytes + UR__ARENA_ALIGN - 1) / UR__ARENA_ALIGN * UR__ARENA_ALIGN;
   if (!need) need = UR__ARENA_ALIGN;
   ur_tensor *t = malloc(sizeof *t);
@@ -80,7 +67,7 @@ ur_status ur_arena_tensor(ur_arena *a, ur_tensor **out, ur_dtype dtype, int32_t 
     uint64_t size = need > a->block_bytes ? need : a->block_bytes;
     int64_t dims[1] = {(int64_t)size};
     ur_tensor *blk;
-    ur_status st = ur_tensor_new(&blk, UR_DTYPE_U8, 1, dims, a->place, a->device);
+    st = ur_tensor_new(&blk, UR_DTYPE_U8, 1, dims, a->place, a->device);
     if (st) {
       free(t);
       return st;

@@ -89,6 +89,15 @@ static ur_status push(mpi_net *n, int nints, pending **out) {
   return UR_STATUS_OK;
 }
 
+/* A reduction's checks (its dtype, its count of elements in one call) and its pending entry. */
+static ur_status start_reduction(mpi_net *n, ur_dtype dt, int64_t count, const char *what,
+                                 pending **out) {
+  ur_status st = reducible(dt, what);
+  if (!st) st = fits(count, what);
+  if (!st) st = push(n, 0, out);
+  return st;
+}
+
 /* counts[r] into ints[0..W) and their running sums into ints[W..2W). */
 static ur_status layout(const int64_t *counts, int world, int *ints, const char *what) {
   int64_t at = 0;
@@ -218,9 +227,7 @@ static ur_status mpi_all_reduce(void *net, ur_dtype dt, ur_reduce_op op, const v
                                 void *recv, int64_t count) {
   mpi_net *n = net;
   pending *p = NULL;
-  ur_status st = reducible(dt, "all_reduce");
-  if (!st) st = fits(count, "all_reduce");
-  if (!st) st = push(n, 0, &p);
+  ur_status st = start_reduction(n, dt, count, "all_reduce", &p);
   if (st) return st;
   MPI_TRY(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, datatype(dt),
                          reduce_op(op), n->comm, &p->req),
@@ -232,9 +239,7 @@ static ur_status mpi_reduce_scatter(void *net, ur_dtype dt, ur_reduce_op op, con
                                     void *recv, int64_t count) {
   mpi_net *n = net;
   pending *p = NULL;
-  ur_status st = reducible(dt, "reduce_scatter");
-  if (!st) st = fits(count * n->world, "reduce_scatter");
-  if (!st) st = push(n, 0, &p);
+  ur_status st = start_reduction(n, dt, count * n->world, "reduce_scatter", &p);
   if (st) return st;
   MPI_TRY(MPI_Ireduce_scatter_block(send, recv, (int)count, datatype(dt), reduce_op(op), n->comm,
                                     &p->req),

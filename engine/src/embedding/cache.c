@@ -232,7 +232,7 @@ static ur_status state_new(ur_cache *c) {
   }
   meta[c->nt] = (int64_t)c->total_keys;
   int32_t *fct = (int32_t *)(meta + 3 * c->nt + 1);
-  for (int32_t f = 0; f < c->F; f++) fct[f] = c->ct_of[c->tbe->features[f].table];
+  for (int32_t f = 0; f < c->F; f++) fct[f] = c->ct_of[c->tbe->names.features[f].table];
   /* info where the decisions run, and where the host reads it (with room for bag_start after
    * it): pinned memory for the GPU, the same host memory for the CPU */
   int64_t words = (int64_t)info_words(c) + c->F + 1;
@@ -298,7 +298,7 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   *out = NULL;
   ur_status st = check_config(config);
   if (st) return st;
-  int32_t T = t->T;
+  int32_t T = t->names.T;
   if (num_tables < 1 || num_tables > T)
     return ur__error(UR_STATUS_INVALID, "cache: %d tables; expected 1..%d (the collection's)",
                      (int)num_tables, (int)T);
@@ -315,7 +315,7 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   c->cfg = *config;
   c->nt = num_tables;
   c->T = T;
-  c->F = t->F;
+  c->F = t->names.F;
   const ur_tbe_config *tc = &t->cfg;
   c->device = tc->device;
   c->bounds = tc->bounds;
@@ -605,9 +605,9 @@ static ur_status grow_staging(ur_cache *c, int64_t need) {
 
 static ur_status bad_value(ur_cache *c, int64_t v, int64_t id, int32_t f, const int64_t *offs,
                            const int64_t *bag_start, int64_t batch) {
-  int32_t ti = c->tbe->features[f].table;
-  int64_t b0 = bag_start ? bag_start[f] : (int64_t)f * batch;
-  int64_t b1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch, lo = b0;
+  int32_t ti = c->tbe->names.features[f].table;
+  int64_t b0 = ur__tbe_bag_of(bag_start, batch, f);
+  int64_t b1 = ur__tbe_bag_of(bag_start, batch, f + 1), lo = b0;
   while (b1 - lo > 1) { /* the last bag of f starting at or before v */
     int64_t mid = lo + (b1 - lo) / 2;
     if (offs[mid] <= v) lo = mid;
@@ -616,50 +616,60 @@ static ur_status bad_value(ur_cache *c, int64_t v, int64_t id, int32_t f, const 
   return ur__error(UR_STATUS_INVALID,
                    "cache: table '%s' (feature '%s', sample %lld, value %lld) has no row %lld; "
                    "ids run 0..%lld",
-                   c->tbe->tc[ti].name, c->tbe->fnames[f], (long long)(lo - b0), (long long)v,
+                   c->tbe->tc[ti].name, c->tbe->names.fnames[f], (long long)(lo - b0), (long long)v,
                    (long long)id, (long long)c->rows[c->ct_of[ti]] - 1);
 }
 
 /* The first feature of a cached table whose values hold value v (for messages). */
 static int32_t feature_at(const ur_cache *c, int64_t v, const int64_t *offs,
                           const int64_t *bag_start, int64_t batch) {
-  const ur__tbe_feature *feats = c->tbe->features;
+  const ur__tbe_feature *feats = c->tbe->names.features;
   for (int32_t f = 0; f < c->F; f++) {
-    int64_t fb0 = bag_start ? bag_start[f] : (int64_t)f * batch;
-    int64_t fb1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch;
+    int64_t fb0 = ur__tbe_bag_of(bag_start, batch, f);
+    int64_t fb1 = ur__tbe_bag_of(bag_start, batch, f + 1);
     if (c->ct_of[feats[f].table] >= 0 && offs[fb0] <= v && v < offs[fb1]) return f;
   }
   return 0;
 }
 
+/* One batch's ids as ur_cache_prepare takes them: the values, the offsets of its bags and where
+ * each feature's bags start (bag_start under a variable batch, else f * batch); out gets each
+ * value's slot id. */
+typedef struct batch_ids {
+  const ur_tensor *values, *offsets;
+  int64_t bags, batch;
+  const int64_t *bag_start;
+  ur_tensor *out;
+} batch_ids;
+
 /* The message of what lookup found wrong, from host copies of the ids.  A bad id is named as
  * the host reference finds it: the first in feature order (features are key-major, so value
  * order); the backend's own bad value when that finds none. */
-static ur_status lookup_error(ur_cache *c, ur_stream *s, const ur_tensor *values,
-                              const ur_tensor *offsets, int64_t bags, const int64_t *bag_start,
-                              int64_t batch, int64_t bad_v, int64_t bad_f) {
-  const int64_t *vals = NULL, *offs = NULL;
-  ur_status st = host_ids(c, s, values, &c->hvals, &c->cap_hv, &vals);
-  if (!st) st = host_ids(c, s, offsets, &c->hoffs, &c->cap_ho, &offs);
+static ur_status lookup_error(ur_cache *c, ur_stream *s, const batch_ids *x, int64_t bad_v,
+                              int64_t bad_f) {
+  const int64_t *vals = NULL, *offs = NULL, *bag_start = x->bag_start;
+  int64_t bags = x->bags, batch = x->batch;
+  ur_status st = host_ids(c, s, x->values, &c->hvals, &c->cap_hv, &vals);
+  if (!st) st = host_ids(c, s, x->offsets, &c->hoffs, &c->cap_ho, &offs);
   if (st) return st;
-  int64_t n = ur_tensor_numel(values);
+  int64_t n = ur_tensor_numel(x->values);
   if (bad_f == c->F || (bad_f < 0 && bad_v < 0))
     return ur__error(UR_STATUS_INVALID, "cache: offsets run from %lld to %lld; expected 0 to %lld "
                                         "(the values)", (long long)offs[0], (long long)offs[bags],
                      (long long)n);
   if (bad_f >= 0) {
-    int64_t fb0 = bag_start ? bag_start[bad_f] : (int64_t)bad_f * batch;
-    int64_t fb1 = bag_start ? bag_start[bad_f + 1] : (int64_t)(bad_f + 1) * batch;
+    int64_t fb0 = ur__tbe_bag_of(bag_start, batch, (int32_t)bad_f);
+    int64_t fb1 = ur__tbe_bag_of(bag_start, batch, (int32_t)bad_f + 1);
     return ur__error(UR_STATUS_INVALID, "cache: feature '%s' spans values %lld..%lld of %lld; "
                                         "offsets must not decrease",
-                     c->tbe->fnames[bad_f], (long long)offs[fb0], (long long)offs[fb1],
+                     c->tbe->names.fnames[bad_f], (long long)offs[fb0], (long long)offs[fb1],
                      (long long)n);
   }
   for (int32_t f = 0; f < c->F; f++) {
-    int32_t ct = c->ct_of[c->tbe->features[f].table];
+    int32_t ct = c->ct_of[c->tbe->names.features[f].table];
     if (ct < 0) continue;
-    int64_t fb0 = bag_start ? bag_start[f] : (int64_t)f * batch;
-    int64_t fb1 = bag_start ? bag_start[f + 1] : (int64_t)(f + 1) * batch;
+    int64_t fb0 = ur__tbe_bag_of(bag_start, batch, f);
+    int64_t fb1 = ur__tbe_bag_of(bag_start, batch, f + 1);
     for (int64_t v = offs[fb0]; v < offs[fb1]; v++)
       if (vals[v] < 0 || vals[v] >= c->rows[ct]) return bad_value(c, v, vals[v], f, offs, bag_start, batch);
   }
@@ -669,24 +679,22 @@ static ur_status lookup_error(ur_cache *c, ur_stream *s, const ur_tensor *values
 
 /* Batch tk (ring entry B) decided by the backend: lookup, settle the flights, decide, make room
  * for staged rows, place, move.  The host waits twice for s (after lookup and decide). */
-static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
-                        const ur_tensor *values, const ur_tensor *offsets, int64_t bags,
-                        const int64_t *bag_start, int64_t batch, ur_tensor *out) {
+static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const batch_ids *x) {
   const ur_backend *g = c->be;
   void *sh = s ? s->handle : NULL;
-  int64_t n = ur_tensor_numel(values);
+  int64_t n = ur_tensor_numel(x->values);
   ur_status st = UR_STATUS_OK;
   int64_t *info = ur_tensor_data(c->info_host);
   ur__cache_job j;
   memset(&j, 0, sizeof j);
-  j.vals = ur_tensor_data(values);
-  j.offs = ur_tensor_data(offsets);
+  j.vals = ur_tensor_data(x->values);
+  j.offs = ur_tensor_data(x->offsets);
   j.n = n;
-  j.bags = bags;
-  j.batch = batch;
-  if (bag_start) {
+  j.bags = x->bags;
+  j.batch = x->batch;
+  if (x->bag_start) {
     int64_t *hb = info + info_words(c);
-    memcpy(hb, bag_start, sizeof(int64_t) * ((size_t)c->F + 1));
+    memcpy(hb, x->bag_start, sizeof(int64_t) * ((size_t)c->F + 1));
     j.bag_start = hb;
   }
   j.bounds_fatal = c->bounds == UR_TBE_BOUNDS_FATAL;
@@ -708,10 +716,9 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
   if ((st = span_mark(c, B, 0, sh)) || (st = g->cache->lookup(sh, &c->dev, &j)) ||
       (st = span_mark(c, B, 1, sh)) || (st = g->stream_sync(sh)))
     return st;
-  c->stats[c->nt].bytes_ids += link + (link && bag_start ? 8 * ((uint64_t)c->F + 1) : 0);
+  c->stats[c->nt].bytes_ids += link + (link && x->bag_start ? 8 * ((uint64_t)c->F + 1) : 0);
   if (info[UR__CI_BAD_F] >= 0 || (info[UR__CI_BAD_V] >= 0 && j.bounds_fatal))
-    return lookup_error(c, s, values, offsets, bags, bag_start, batch, info[UR__CI_BAD_V],
-                        info[UR__CI_BAD_F]);
+    return lookup_error(c, s, x, info[UR__CI_BAD_V], info[UR__CI_BAD_F]);
   j.U = info[UR__CI_U];
   j.ng = info[UR__CI_NG];
   j.nvalid = info[UR__CI_NVALID];
@@ -759,7 +766,7 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
   j.lists = ur_tensor_data(B->dev);
   j.row_ids = ur_tensor_data(c->srow);
   j.sbase = c->S + (tk & 1) * c->M;
-  j.out = ur_tensor_data(out);
+  j.out = ur_tensor_data(x->out);
   if ((st = span_mark(c, B, 4, sh)) || (st = g->cache->place(sh, &c->dev, &j))) return st;
   if ((st = move(c, sh, j.lists, j.nwb, 1))) return st;
   if ((st = move(c, sh, j.lists + 2 * j.nwb, j.nfill + j.nconf, 0))) return st;
@@ -783,11 +790,10 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
  * memory get device copies for this batch when the decisions run on the GPU (whose kernels
  * also take fewer than 2^31 values). */
 static ur_status prepare_batch(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
-                               const ur_tensor *values, const ur_tensor *offsets, int64_t bags,
-                               const int64_t *bag_start, int64_t batch, ur_tensor *out) {
+                               const batch_ids *x) {
   const ur_backend *g = c->be;
   void *sh = s ? s->handle : NULL;
-  int64_t n = ur_tensor_numel(values);
+  int64_t n = ur_tensor_numel(x->values);
   int dev = c->home == UR_PLACE_DEVICE;
   if (dev && n >= INT32_MAX)
     return ur__error(UR_STATUS_INVALID, "cache: a batch of %lld values; the GPU's cache takes "
@@ -804,14 +810,16 @@ static ur_status prepare_batch(ur_cache *c, ur_stream *s, flight *B, int64_t tk,
     c->scratch_bytes = (size_t)want;
   }
   ur_tensor *tmp[2] = {NULL, NULL};
-  const ur_tensor *in[2] = {values, offsets};
+  batch_ids there = *x; /* the ids where the backend reads them */
+  const ur_tensor **in[2] = {&there.values, &there.offsets};
   for (int k = 0; k < 2 && !st && dev; k++)
-    if (ur_tensor_place(in[k]) == UR_PLACE_HOST) {
-      st = home_tensor(c, &tmp[k], UR_DTYPE_I64, ur_tensor_numel(in[k]), 0);
-      if (!st) st = g->copy(sh, ur_tensor_data(tmp[k]), ur_tensor_data(in[k]), (size_t)ur_tensor_numel(in[k]) * 8);
-      if (!st) in[k] = tmp[k];
+    if (ur_tensor_place(*in[k]) == UR_PLACE_HOST) {
+      int64_t m = ur_tensor_numel(*in[k]);
+      st = home_tensor(c, &tmp[k], UR_DTYPE_I64, m, 0);
+      if (!st) st = g->copy(sh, ur_tensor_data(tmp[k]), ur_tensor_data(*in[k]), (size_t)m * 8);
+      if (!st) *in[k] = tmp[k];
     }
-  if (!st) st = decide(c, s, B, tk, in[0], in[1], bags, bag_start, batch, out);
+  if (!st) st = decide(c, s, B, tk, &there);
   if (tmp[0] || tmp[1]) {
     ur_status st2 = g->stream_sync(sh);
     if (!st) st = st2;
@@ -894,7 +902,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
       if (spk[f] < 0) {
         free(bag_start);
         return ur__error(UR_STATUS_INVALID, "cache: feature '%s' has batch %lld; expected >= 0",
-                         c->tbe->fnames[f], (long long)spk[f]);
+                         c->tbe->names.fnames[f], (long long)spk[f]);
       }
       bag_start[f + 1] = bag_start[f] + spk[f];
     }
@@ -933,7 +941,8 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   if (!st && c->last_ready && c->be->stream_wait)
     st = c->be->stream_wait(s ? s->handle : NULL, c->last_ready);
   int64_t tk = c->next_ticket;
-  if (!st) st = prepare_batch(c, s, B, tk, values, offsets, bags, bag_start, batch, out);
+  batch_ids x = {values, offsets, bags, batch, bag_start, out};
+  if (!st) st = prepare_batch(c, s, B, tk, &x);
   free(bag_start);
   c->seconds += now_s() - t0;
   if (st) return st;

@@ -38,28 +38,22 @@ typedef struct scratch {
 
 static void carve(const ur__cache_dev *d, int64_t n, char *base, scratch *s) {
   size_t at = 0, m = (size_t)n + 1, t = (size_t)d->nt + 1, f = (size_t)d->F;
-#define TAKE(p, count)                                       \
-  do {                                                       \
-    p = base ? (void *)(base + at) : NULL;                   \
-    at += ((count) * 8 + 63) / 64 * 64;                      \
-  } while (0)
-  TAKE(s->keys, m);
-  TAKE(s->tkeys, m);
-  TAKE(s->vidx, m);
-  TAKE(s->tvidx, m);
-  TAKE(s->uniq_of, m);
-  TAKE(s->ukeys, m);
-  TAKE(s->order, m);
-  TAKE(s->res, m);
-  TAKE(s->evict, m);
-  TAKE(s->grp, m + 1);
-  TAKE(s->bstart, t);
-  TAKE(s->bvalid, t);
-  TAKE(s->bunique, t);
-  TAKE(s->fpos, f);
-  TAKE(s->fv0, f);
-  TAKE(s->fv1, f);
-#undef TAKE
+  s->keys = ur__carve(base, &at, 8 * m);
+  s->tkeys = ur__carve(base, &at, 8 * m);
+  s->vidx = ur__carve(base, &at, 8 * m);
+  s->tvidx = ur__carve(base, &at, 8 * m);
+  s->uniq_of = ur__carve(base, &at, 8 * m);
+  s->ukeys = ur__carve(base, &at, 8 * m);
+  s->order = ur__carve(base, &at, 8 * m);
+  s->res = ur__carve(base, &at, 8 * m);
+  s->evict = ur__carve(base, &at, 8 * m);
+  s->grp = ur__carve(base, &at, 8 * (m + 1));
+  s->bstart = ur__carve(base, &at, 8 * t);
+  s->bvalid = ur__carve(base, &at, 8 * t);
+  s->bunique = ur__carve(base, &at, 8 * t);
+  s->fpos = ur__carve(base, &at, 8 * f);
+  s->fv0 = ur__carve(base, &at, 8 * f);
+  s->fv1 = ur__carve(base, &at, 8 * f);
   s->total = at;
 }
 
@@ -83,77 +77,45 @@ static void copy_info(const ur__cache_dev *d, const ur__cache_job *j) {
   if (j->info_host != j->info) memcpy(j->info_host, j->info, info_words(d) * 8);
 }
 
-/* LSD radix sort of (key, value index) by key; stable.  Results in *k, *v. */
-static void radix_sort(uint64_t **k, int64_t **v, uint64_t **tk, int64_t **tv, int64_t n,
-                       int bits) {
-  enum { RB = 11, RN = 1 << RB };
-  size_t cnt[RN];
-  for (int shift = 0; shift < bits; shift += RB) {
-    memset(cnt, 0, sizeof cnt);
-    uint64_t *ks = *k, *kd = *tk;
-    int64_t *vs = *v, *vd = *tv;
-    for (int64_t i = 0; i < n; i++) cnt[(ks[i] >> shift) & (RN - 1)]++;
-    size_t sum = 0;
-    for (int d = 0; d < RN; d++) {
-      size_t x = cnt[d];
-      cnt[d] = sum;
-      sum += x;
-    }
-    for (int64_t i = 0; i < n; i++) {
-      size_t p = cnt[(ks[i] >> shift) & (RN - 1)]++;
-      kd[p] = ks[i];
-      vd[p] = vs[i];
-    }
-    *tk = ks;
-    *tv = vs;
-    *k = kd;
-    *v = vd;
-  }
-}
-
 /* ---- lookup ---- */
 
-typedef struct gather_job {
+/* What each parallel range of one call reads: the cache's arrays, the call, its scratch. */
+typedef struct pass {
   const ur__cache_dev *d;
-  const int64_t *vals;
+  const ur__cache_job *j;
   const scratch *s;
-} gather_job;
+} pass;
 
 /* A feature's values into its place in its table's block: the row, or the table's row count
  * for an id out of range (it sorts last in the block and is dropped). */
 static void gather_range(void *ctx, size_t f0, size_t f1) {
-  const gather_job *j = ctx;
-  const scratch *s = j->s;
+  const pass *p = ctx;
+  const scratch *s = p->s;
   for (size_t f = f0; f < f1; f++) {
-    int32_t ct = j->d->feat_ct[f];
+    int32_t ct = p->d->feat_ct[f];
     if (ct < 0) continue;
-    int64_t rows = j->d->kbase[ct + 1] - j->d->kbase[ct], at = s->fpos[f];
+    int64_t rows = p->d->kbase[ct + 1] - p->d->kbase[ct], at = s->fpos[f];
     for (int64_t v = s->fv0[f]; v < s->fv1[f]; v++, at++) {
-      int64_t id = j->vals[v];
+      int64_t id = p->j->vals[v];
       s->keys[at] = id < 0 || id >= rows ? (uint64_t)rows : (uint64_t)id;
       s->vidx[at] = v;
     }
   }
 }
 
-typedef struct sort_job {
-  const ur__cache_dev *d;
-  const scratch *s;
-} sort_job;
-
 /* Sorts each table's block by row (stable: value order within a row), back into keys/vidx;
  * counts its valid entries and its distinct rows. */
 static void sort_range(void *ctx, size_t t0, size_t t1) {
-  const sort_job *j = ctx;
-  const scratch *s = j->s;
+  const pass *p = ctx;
+  const scratch *s = p->s;
   for (size_t ct = t0; ct < t1; ct++) {
     int64_t b = s->bstart[ct], n = s->bstart[ct + 1] - b;
-    uint64_t rows = (uint64_t)(j->d->kbase[ct + 1] - j->d->kbase[ct]);
+    uint64_t rows = (uint64_t)(p->d->kbase[ct + 1] - p->d->kbase[ct]);
     int bits = 1;
     while (bits < 63 && ((uint64_t)1 << bits) <= rows) bits++;
     uint64_t *k = s->keys + b, *tk = s->tkeys + b;
     int64_t *v = s->vidx + b, *tv = s->tvidx + b;
-    radix_sort(&k, &v, &tk, &tv, n, bits);
+    ur__radix_sort(&k, &v, &tk, &tv, n, bits);
     if (k != s->keys + b) {
       memcpy(s->keys + b, k, sizeof(uint64_t) * (size_t)n);
       memcpy(s->vidx + b, v, sizeof(int64_t) * (size_t)n);
@@ -171,12 +133,12 @@ static void sort_range(void *ctx, size_t t0, size_t t1) {
 
 /* The distinct keys of each block at its table's first distinct key; each entry's index. */
 static void unique_range(void *ctx, size_t t0, size_t t1) {
-  const sort_job *j = ctx;
-  const scratch *s = j->s;
+  const pass *p = ctx;
+  const scratch *s = p->s;
   for (size_t ct = t0; ct < t1; ct++) {
     int64_t b = s->bstart[ct], u = s->bunique[ct] - 1;
     const uint64_t *k = s->keys + b;
-    uint64_t base = (uint64_t)j->d->kbase[ct];
+    uint64_t base = (uint64_t)p->d->kbase[ct];
     for (int64_t i = 0; i < s->bvalid[ct]; i++) {
       if (i == 0 || k[i] != k[i - 1]) s->ukeys[++u] = base + k[i];
       s->uniq_of[b + i] = u;
@@ -185,8 +147,7 @@ static void unique_range(void *ctx, size_t t0, size_t t1) {
 }
 
 typedef struct setsort_job {
-  const ur__cache_dev *d;
-  const scratch *s;
+  pass p;
   int64_t U;
   int64_t *setv;
   int per_table;
@@ -196,8 +157,8 @@ typedef struct setsort_job {
  * tkeys and tvidx are free by now, each of at least U entries. */
 static void setsort_range(void *ctx, size_t t0, size_t t1) {
   const setsort_job *j = ctx;
-  const ur__cache_dev *d = j->d;
-  const scratch *s = j->s;
+  const ur__cache_dev *d = j->p.d;
+  const scratch *s = j->p.s;
   if (t0 >= t1) return;
   int64_t u0 = j->per_table ? s->bunique[t0] : 0;
   int64_t u1 = j->per_table && (int32_t)t1 < d->nt ? s->bunique[t1] : j->U;
@@ -214,7 +175,7 @@ static void setsort_range(void *ctx, size_t t0, size_t t1) {
   }
   int bits = 1;
   while (bits < 63 && ((int64_t)1 << bits) < span) bits++;
-  radix_sort(&sk, &sv, &stk, &stv, u1 - u0, bits);
+  ur__radix_sort(&sk, &sv, &stk, &stv, u1 - u0, bits);
   if (sv != s->order + u0) memcpy(s->order + u0, sv, sizeof(int64_t) * (size_t)(u1 - u0));
 }
 
@@ -250,8 +211,8 @@ static ur_status cpu_lookup(void *stream, const ur__cache_dev *d, const ur__cach
   for (int32_t f = 0; f < d->F; f++) {
     int32_t ct = d->feat_ct[f];
     if (ct < 0) continue;
-    int64_t fb0 = j->bag_start ? j->bag_start[f] : (int64_t)f * j->batch;
-    int64_t fb1 = j->bag_start ? j->bag_start[f + 1] : (int64_t)(f + 1) * j->batch;
+    int64_t fb0 = ur__tbe_bag_of(j->bag_start, j->batch, f);
+    int64_t fb1 = ur__tbe_bag_of(j->bag_start, j->batch, f + 1);
     int64_t v0 = offs[fb0], v1 = offs[fb1];
     if (v0 < 0 || v1 < v0 || v1 > n) {
       info[UR__CI_BAD_F] = f;
@@ -267,8 +228,8 @@ static ur_status cpu_lookup(void *stream, const ur__cache_dev *d, const ur__cach
   for (int32_t ct = 0; ct < d->nt; ct++) s.bstart[ct + 1] += s.bstart[ct];
   for (int32_t f = 0; f < d->F; f++)
     if (d->feat_ct[f] >= 0) s.fpos[f] += s.bstart[d->feat_ct[f]];
-  gather_job gj = {d, j->vals, &s};
-  ur__parallel_for((size_t)d->F, 1, gather_range, &gj);
+  pass p = {d, j, &s};
+  ur__parallel_for((size_t)d->F, 1, gather_range, &p);
   if (j->bounds_fatal)
     for (int32_t f = 0; f < d->F; f++) {
       int32_t ct = d->feat_ct[f];
@@ -281,8 +242,7 @@ static ur_status cpu_lookup(void *stream, const ur__cache_dev *d, const ur__cach
           return UR_STATUS_OK;
         }
     }
-  sort_job sj = {d, &s};
-  ur__parallel_for((size_t)d->nt, 1, sort_range, &sj);
+  ur__parallel_for((size_t)d->nt, 1, sort_range, &p);
   int64_t m = 0, U = 0;
   for (int32_t ct = 0; ct < d->nt; ct++) {
     m += s.bvalid[ct];
@@ -290,7 +250,7 @@ static ur_status cpu_lookup(void *stream, const ur__cache_dev *d, const ur__cach
     s.bunique[ct] = U; /* now the table's first distinct key */
     U += u;
   }
-  ur__parallel_for((size_t)d->nt, 1, unique_range, &sj);
+  ur__parallel_for((size_t)d->nt, 1, unique_range, &p);
   for (int r = 0; r < UR__CACHE_RING; r++)
     if (j->staged[r]) info[UR__CI_MEET + r] = staged_meet(d, s.ukeys, U, j->staged[r], j->nstaged[r]);
   /* (set, key) order: a stable radix sort on the set (the keys are ascending).  Tables with
@@ -298,8 +258,8 @@ static ur_status cpu_lookup(void *stream, const ur__cache_dev *d, const ur__cach
    * parallel; a shared pool of sets as one range. */
   int per_table = d->nt > 1 && d->set_base[d->nt - 1] != 0;
   int64_t *setv = s.evict; /* scratch: the set of each distinct key, until the decisions */
-  setsort_job sj2 = {d, &s, U, setv, per_table};
-  ur__parallel_for(per_table ? (size_t)d->nt : 1, 1, setsort_range, &sj2);
+  setsort_job sj = {p, U, setv, per_table};
+  ur__parallel_for(per_table ? (size_t)d->nt : 1, 1, setsort_range, &sj);
   int64_t ng = 0;
   for (int64_t q = 0; q < U; q++)
     if (q == 0 || setv[s.order[q]] != setv[s.order[q - 1]]) s.grp[ng++] = q;
@@ -313,18 +273,12 @@ static ur_status cpu_lookup(void *stream, const ur__cache_dev *d, const ur__cach
 
 /* ---- decide ---- */
 
-typedef struct decide_job {
-  const ur__cache_dev *d;
-  const ur__cache_job *j;
-  const scratch *s;
-  const uint32_t *freq;         /* LFU: the counts; NULL for LRU */
-} decide_job;
-
 static void decide_range(void *ctx, size_t g0, size_t g1) {
-  const decide_job *dj = ctx;
-  const ur__cache_dev *d = dj->d;
-  const ur__cache_job *j = dj->j;
-  const scratch *s = dj->s;
+  const pass *p = ctx;
+  const ur__cache_dev *d = p->d;
+  const ur__cache_job *j = p->j;
+  const scratch *s = p->s;
+  const uint32_t *freq = j->lfu ? d->freq : NULL; /* LFU: the counts; NULL for LRU */
   for (size_t g = g0; g < g1; g++) {
     int64_t b = s->grp[g], e = s->grp[g + 1];
     uint64_t k0 = s->ukeys[s->order[b]];
@@ -360,9 +314,9 @@ static void decide_range(void *ctx, size_t g0, size_t g1) {
           continue;
         }
         int64_t sb = base + best;
-        if (dj->freq) {
-          uint32_t fs = ur__cache_freq_now(dj->freq[d->tag[sl]], j->epoch);
-          uint32_t fb = ur__cache_freq_now(dj->freq[d->tag[sb]], j->epoch);
+        if (freq) {
+          uint32_t fs = ur__cache_freq_now(freq[d->tag[sl]], j->epoch);
+          uint32_t fb = ur__cache_freq_now(freq[d->tag[sb]], j->epoch);
           if (fs < fb || (fs == fb && d->stamp[sl] < d->stamp[sb])) best = w;
         } else if (d->stamp[sl] < d->stamp[sb]) {
           best = w;
@@ -392,8 +346,8 @@ static ur_status cpu_decide(void *stream, const ur__cache_dev *d, const ur__cach
       uint32_t x = ur__cache_freq_now(*f, j->epoch) + 1;
       *f = (j->epoch << 16) | (x > 0xffffu ? 0xffffu : x);
     }
-  decide_job dj = {d, j, &s, j->lfu ? d->freq : NULL};
-  ur__parallel_for((size_t)j->ng, 64, decide_range, &dj);
+  pass p = {d, j, &s};
+  ur__parallel_for((size_t)j->ng, 64, decide_range, &p);
   int64_t nwb = 0, nfill = 0, nconf = 0;
   for (int32_t ct = 0; ct < d->nt; ct++) {
     int64_t *t = table_info(j, ct);
@@ -431,17 +385,12 @@ static ur_status cpu_decide(void *stream, const ur__cache_dev *d, const ur__cach
 
 /* ---- place ---- */
 
-typedef struct map_job {
-  const scratch *s;
-  int64_t *out;
-} map_job;
-
 static void map_range(void *ctx, size_t t0, size_t t1) {
-  const map_job *j = ctx;
-  const scratch *s = j->s;
+  const pass *p = ctx;
+  const scratch *s = p->s;
   for (size_t ct = t0; ct < t1; ct++)
     for (int64_t i = s->bstart[ct]; i < s->bstart[ct] + s->bvalid[ct]; i++)
-      j->out[s->vidx[i]] = s->res[s->uniq_of[i]];
+      p->j->out[s->vidx[i]] = s->res[s->uniq_of[i]];
 }
 
 static ur_status cpu_place(void *stream, const ur__cache_dev *d, const ur__cache_job *j) {
@@ -481,8 +430,8 @@ static ur_status cpu_place(void *stream, const ur__cache_dev *d, const ur__cache
   for (int32_t f = 0; f < d->F; f++)
     if (d->feat_ct[f] >= 0)
       for (int64_t v = s.fv0[f]; v < s.fv1[f]; v++) j->out[v] = -1; /* bad ids stay -1 */
-  map_job mj = {&s, j->out};
-  ur__parallel_for((size_t)d->nt, 1, map_range, &mj);
+  pass p = {d, j, &s};
+  ur__parallel_for((size_t)d->nt, 1, map_range, &p);
   return UR_STATUS_OK;
 }
 

@@ -4,9 +4,9 @@
 #include "embedding/table.h"
 
 static ur_status check_index(const ur_tbe *t, int32_t i, int all_ok, const char *what) {
-  if ((all_ok && i == -1) || (i >= 0 && i < t->T)) return UR_STATUS_OK;
+  if ((all_ok && i == -1) || (i >= 0 && i < t->names.T)) return UR_STATUS_OK;
   return ur__error(UR_STATUS_INVALID, "tbe: %s: table %d does not exist; expected 0..%d%s", what,
-                   (int)i, (int)t->T - 1, all_ok ? " or -1 (every table)" : "");
+                   (int)i, (int)t->names.T - 1, all_ok ? " or -1 (every table)" : "");
 }
 
 static ur_status set_counting_one(ur_tbe *t, int32_t i, int32_t on) {
@@ -29,7 +29,7 @@ ur_status ur_tbe_set_counting(ur_tbe *t, int32_t table, int32_t on) {
   UR__ARGS(t);
   ur_status st = check_index(t, table, 1, "set_counting");
   if (st) return st;
-  int32_t lo = table < 0 ? 0 : table, hi = table < 0 ? t->T : table + 1;
+  int32_t lo = table < 0 ? 0 : table, hi = table < 0 ? t->names.T : table + 1;
   for (int32_t i = lo; i < hi && !st; i++) st = set_counting_one(t, i, on != 0);
   ur_status sync = ur__tbe_sync_desc(t);
   return st ? st : sync;
@@ -60,7 +60,7 @@ ur_status ur_tbe_decay_counts(ur_stream *s, ur_tbe *t, int32_t table, double fac
   if (st) return st;
   if (!(factor >= 0 && factor <= 1))
     return ur__error(UR_STATUS_INVALID, "tbe: decay factor %g; expected a value in [0, 1]", factor);
-  int32_t lo = table < 0 ? 0 : table, hi = table < 0 ? t->T : table + 1;
+  int32_t lo = table < 0 ? 0 : table, hi = table < 0 ? t->names.T : table + 1;
   for (int32_t i = lo; i < hi && !st; i++) {
     ur_tensor *c = t->counts[i];
     if (!c) continue;

@@ -13,9 +13,9 @@
 size_t ur_sizeof_tbe_relayout_stats(void) { return sizeof(ur_tbe_relayout_stats); }
 
 static ur_status check_index(const ur_tbe *t, int32_t i, const char *what) {
-  if (i >= 0 && i < t->T) return UR_STATUS_OK;
+  if (i >= 0 && i < t->names.T) return UR_STATUS_OK;
   return ur__error(UR_STATUS_INVALID, "tbe: %s: table %d does not exist; expected 0..%d", what,
-                   (int)i, (int)t->T - 1);
+                   (int)i, (int)t->names.T - 1);
 }
 
 /* ---- ranking ---- */

@@ -169,6 +169,21 @@ static ur_status new_cand_map(ur_mc *m, int64_t q, ur_tensor **keys, ur_tensor *
   return st;
 }
 
+/* Table t's candidates now live in the map *keys, *cnt, *last (taken: the caller's pointers
+ * become NULL); the old map is freed. */
+static void take_cand_map(ur_mc *m, int32_t t, ur_tensor **keys, ur_tensor **cnt,
+                          ur_tensor **last) {
+  mc_tab *b = &m->tb[t];
+  ur_tensor_free(b->ckeys);
+  ur_tensor_free(b->ccount);
+  ur_tensor_free(b->clast);
+  b->ckeys = *keys;
+  b->ccount = *cnt;
+  b->clast = *last;
+  *keys = *cnt = *last = NULL;
+  set_desc(m, t);
+}
+
 static ur_status alloc_table(ur_mc *m, int32_t t) {
   mc_tab *b = &m->tb[t];
   int64_t cap = m->tc[t].rows - m->tc[t].fallback_rows;
@@ -399,7 +414,6 @@ static ur_status run_round(ur_mc *m, ur_stream *s, int32_t t, int evict) {
 
 /* The candidates' map of table t with room for need candidates at half load. */
 static ur_status size_cand_map(ur_mc *m, ur_stream *s, int32_t t, int64_t need) {
-  mc_tab *b = &m->tb[t];
   if ((m->desc[t].qmask + 1) / 2 >= need) return UR_STATUS_OK;
   int64_t q = pow2_at_least(2 * need);
   ur_tensor *k = NULL, *n = NULL, *l = NULL;
@@ -414,20 +428,11 @@ static ur_status size_cand_map(ur_mc *m, ur_stream *s, int32_t t, int64_t need) 
     st = m->be->mc->rehash(s ? s->handle : NULL, &m->desc[t], &to);
     if (!st) st = m->be->stream_sync(s ? s->handle : NULL);
   }
-  if (st) {
-    ur_tensor_free(k);
-    ur_tensor_free(n);
-    ur_tensor_free(l);
-    return st;
-  }
-  ur_tensor_free(b->ckeys);
-  ur_tensor_free(b->ccount);
-  ur_tensor_free(b->clast);
-  b->ckeys = k;
-  b->ccount = n;
-  b->clast = l;
-  set_desc(m, t);
-  return UR_STATUS_OK;
+  if (!st) take_cand_map(m, t, &k, &n, &l);
+  ur_tensor_free(k);
+  ur_tensor_free(n);
+  ur_tensor_free(l);
+  return st;
 }
 
 ur_status ur_mc_round(ur_stream *s, ur_mc *m, int32_t table) {
@@ -909,14 +914,7 @@ ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
     if (!st) st = ur_tensor_write(nl, 0, q, hl);
   }
   if (!st) {
-    ur_tensor_free(b->ckeys);
-    ur_tensor_free(b->ccount);
-    ur_tensor_free(b->clast);
-    b->ckeys = nk;
-    b->ccount = nc;
-    b->clast = nl;
-    nk = nc = nl = NULL;
-    set_desc(m, table);
+    take_cand_map(m, table, &nk, &nc, &nl);
     b->occupied = occ;
     b->nre = 0;
     b->rounds = in->rounds;

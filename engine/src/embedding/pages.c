@@ -229,23 +229,8 @@ static void sort_keys(uint64_t *k, uint64_t *tmp, int64_t n, int bits) {
     qsort(k, (size_t)n, sizeof *k, cmp_u64);
     return;
   }
-  enum { RB = 11, RN = 1 << RB };
-  size_t cnt[RN];
   uint64_t *src = k, *dst = tmp;
-  for (int shift = 0; shift < bits; shift += RB) {
-    memset(cnt, 0, sizeof cnt);
-    for (int64_t i = 0; i < n; i++) cnt[(src[i] >> shift) & (RN - 1)]++;
-    size_t sum = 0;
-    for (int d = 0; d < RN; d++) {
-      size_t c = cnt[d];
-      cnt[d] = sum;
-      sum += c;
-    }
-    for (int64_t i = 0; i < n; i++) dst[cnt[(src[i] >> shift) & (RN - 1)]++] = src[i];
-    uint64_t *x = src;
-    src = dst;
-    dst = x;
-  }
+  ur__radix_sort(&src, NULL, &dst, NULL, n, bits);
   if (src != k) memcpy(k, src, sizeof *k * (size_t)n);
 }
 

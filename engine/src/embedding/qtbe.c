@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "embedding/qtbe.h"
+#include "embedding/table.h"
 
 #define MAX_FLAG_SLOTS 256
 
@@ -16,12 +17,10 @@ struct ur_qtbe {
   ur_qtbe_config cfg;
   ur_place home;            /* device memory of its GPU, or host memory */
   const ur_backend *be;
-  int32_t T, F, pooled, dim, max_dim;
-  int64_t out_dim;
-  ur_qtbe_table_config *tc; /* names owned */
-  char **fnames;
+  ur__tbe_names names;      /* T, F, the names and the features (table.c) */
+  int32_t max_dim;
+  ur_qtbe_table_config *tc; /* each name is names.tnames' */
   ur__qtbe_table *tables;   /* host descriptors */
-  ur__qtbe_feature *features;
   ur_tensor **rows;         /* per table, in its placement */
   ur_tensor **perm;         /* per table, at home, or NULL */
   ur_tensor *desc;          /* descriptors and features in device memory (GPU home) */
@@ -289,60 +288,15 @@ ur_status ur_rows_dequantize(const ur_tensor *src, ur_tensor *dst, ur_qformat f)
 
 /* ---- the collection ---- */
 
-static char *dup_name(const char *s, const char *prefix, int i) {
-  char buf[32];
-  if (!s) {
-    snprintf(buf, sizeof buf, "%s%d", prefix, i);
-    s = buf;
-  }
-  size_t n = strlen(s) + 1;
-  char *d = malloc(n);
-  if (d) memcpy(d, s, n);
-  return d;
-}
-
-static ur_status check_config(const ur_qtbe_config *c) {
-  if (c->device >= 0 && c->device >= ur_device_count())
-    return ur__error(ur_device_count() ? UR_STATUS_INVALID : UR_STATUS_UNSUPPORTED,
-                     "qtbe: device %d asked, but %d GPUs are in use%s%s", (int)c->device,
-                     ur_device_count(), ur_device_count() ? "" : ": ", ur_cuda_error());
-  if (c->device < -1)
-    return ur__error(UR_STATUS_INVALID, "qtbe: device %d; expected -1 (the CPU) or a GPU",
-                     (int)c->device);
-  if ((unsigned)c->bounds >= UR_TBE_BOUNDS_COUNT)
-    return ur__error(UR_STATUS_INVALID, "qtbe: bounds check %d is not fatal, warn or off",
-                     (int)c->bounds);
-  if (c->out_dtype != UR_DTYPE_F32 && c->out_dtype != UR_DTYPE_BF16)
-    return ur__error(UR_STATUS_INVALID, "qtbe: output dtype '%s'; expected f32 or bf16",
-                     (unsigned)c->out_dtype < UR_DTYPE_COUNT ? ur_dtype_name(c->out_dtype) : "?");
-  return UR_STATUS_OK;
-}
-
 static ur_status check_table(const ur_qtbe_config *c, const ur_qtbe_table_config *tc,
                              const char *name) {
-  if (tc->rows < 1)
-    return ur__error(UR_STATUS_INVALID, "qtbe: table '%s' has %lld rows; expected 1 or more",
-                     name, (long long)tc->rows);
+  ur_status st = ur__tbe_check_table("qtbe", name, tc->rows, tc->dim, tc->pooling);
+  if (st) return st;
   if ((unsigned)tc->format >= UR_QFORMAT_COUNT)
     return ur__error(UR_STATUS_INVALID,
                      "qtbe: table '%s' format %d is not f32, fp16, int8, int4 or int2", name,
                      (int)tc->format);
-  if (ur__qtbe_row_bytes(tc->format, tc->dim) < 0)
-    return ur__error(UR_STATUS_INVALID,
-                     "qtbe: table '%s' has dim %d; expected a multiple of 4 from 4 to %d", name,
-                     (int)tc->dim, UR_TBE_MAX_DIM);
-  if ((unsigned)tc->pooling >= UR_POOLING_COUNT)
-    return ur__error(UR_STATUS_INVALID, "qtbe: table '%s' pooling %d is not sum, mean or none",
-                     name, (int)tc->pooling);
-  if (tc->place != UR_PLACE_DEVICE && tc->place != UR_PLACE_MANAGED &&
-      tc->place != UR_PLACE_HOST && tc->place != UR_PLACE_PINNED)
-    return ur__error(UR_STATUS_INVALID, "qtbe: table '%s' placement %d is not device, managed or host",
-                     name, (int)tc->place);
-  if (tc->place == UR_PLACE_DEVICE && c->device < 0)
-    return ur__error(UR_STATUS_INVALID,
-                     "qtbe: table '%s' placement 'device' needs the collection on a GPU, and it "
-                     "runs on the CPU (device -1)",
-                     name);
+  if ((st = ur__tbe_check_place("qtbe", name, "placement", tc->place, c->device))) return st;
   if (tc->modulo < 0)
     return ur__error(UR_STATUS_INVALID, "qtbe: table '%s' modulo %lld; expected 0 (none) or more",
                      name, (long long)tc->modulo);
@@ -386,8 +340,8 @@ static ur_status alloc_rows(ur_qtbe *q, int32_t i) {
 }
 
 static size_t desc_bytes(const ur_qtbe *q, size_t *features_at) {
-  *features_at = (sizeof(ur__qtbe_table) * (size_t)q->T + 15) / 16 * 16;
-  return *features_at + sizeof(ur__qtbe_feature) * (size_t)q->F;
+  *features_at = (sizeof(ur__qtbe_table) * (size_t)q->names.T + 15) / 16 * 16;
+  return *features_at + sizeof(ur__qtbe_feature) * (size_t)q->names.F;
 }
 
 /* The descriptors where the GPU reads them (nothing on a host home). */
@@ -397,10 +351,12 @@ static ur_status upload_desc(ur_qtbe *q) {
   ur_status st = UR_STATUS_OK;
   if (!q->desc) st = home_tensor(q, &q->desc, UR_DTYPE_U8, (int64_t)n);
   if (!st) st = ur_device_sync();
-  if (!st) st = q->be->copy(NULL, ur_tensor_data(q->desc), q->tables, sizeof(ur__qtbe_table) * (size_t)q->T);
   if (!st)
-    st = q->be->copy(NULL, (char *)ur_tensor_data(q->desc) + fat, q->features,
-                     sizeof(ur__qtbe_feature) * (size_t)q->F);
+    st = q->be->copy(NULL, ur_tensor_data(q->desc), q->tables,
+                     sizeof(ur__qtbe_table) * (size_t)q->names.T);
+  if (!st)
+    st = q->be->copy(NULL, (char *)ur_tensor_data(q->desc) + fat, q->names.features,
+                     sizeof(ur__qtbe_feature) * (size_t)q->names.F);
   if (!st) st = q->be->stream_sync(NULL);
   return st;
 }
@@ -413,66 +369,37 @@ ur_status ur_qtbe_new(ur_qtbe **out, const ur_qtbe_config *config, int32_t num_t
   ur_status st;
   if (!config || !tables || !feature_table)
     return ur__error(UR_STATUS_INVALID, "qtbe: config, tables and feature_table are required");
-  if ((st = check_config(config))) return st;
+  if ((st = ur__tbe_check_engine("qtbe", config->device, config->bounds, config->out_dtype)))
+    return st;
   if (num_tables < 1 || num_features < 1)
     return ur__error(UR_STATUS_INVALID, "qtbe: %d tables and %d features; expected at least one each",
                      (int)num_tables, (int)num_features);
-  for (int32_t i = 0; i < num_tables; i++) {
-    char fallback[32];
-    snprintf(fallback, sizeof fallback, "t%d", (int)i);
-    const char *name = tables[i].name ? tables[i].name : fallback;
-    if ((st = check_table(config, &tables[i], name))) return st;
-    if ((tables[i].pooling == UR_POOLING_NONE) != (tables[0].pooling == UR_POOLING_NONE))
-      return ur__error(UR_STATUS_INVALID,
-                       "qtbe: table '%s' pools by %s but table 0 by %s; all tables pool, or none does",
-                       name, tables[i].pooling == UR_POOLING_NONE ? "none" : "sum or mean",
-                       tables[0].pooling == UR_POOLING_NONE ? "none" : "sum or mean");
-    if (tables[0].pooling == UR_POOLING_NONE && tables[i].dim != tables[0].dim)
-      return ur__error(UR_STATUS_INVALID,
-                       "qtbe: table '%s' has dim %d and table 0 dim %d; pooling none needs one dim",
-                       name, (int)tables[i].dim, (int)tables[0].dim);
-  }
-  for (int32_t f = 0; f < num_features; f++)
-    if (feature_table[f] < 0 || feature_table[f] >= num_tables)
-      return ur__error(UR_STATUS_INVALID, "qtbe: feature %d is on table %d; tables run 0..%d",
-                       (int)f, (int)feature_table[f], (int)num_tables - 1);
   ur_qtbe *q = calloc(1, sizeof *q);
   if (!q) return ur__error(UR_STATUS_OOM, "qtbe: out of host memory");
   pthread_mutex_init(&q->lock, NULL);
   q->cfg = *config;
   q->home = config->device >= 0 ? UR_PLACE_DEVICE : UR_PLACE_HOST;
   q->be = ur__backend_for(q->home);
-  q->T = num_tables;
-  q->F = num_features;
-  q->pooled = tables[0].pooling != UR_POOLING_NONE;
-  q->dim = tables[0].dim;
+  ur__tbe_names *n = &q->names;
+  st = ur__tbe_names_init(n, "qtbe", num_tables, num_features);
   q->tc = calloc((size_t)num_tables, sizeof *q->tc);
-  q->fnames = calloc((size_t)num_features, sizeof *q->fnames);
   q->tables = calloc((size_t)num_tables, sizeof *q->tables);
-  q->features = calloc((size_t)num_features, sizeof *q->features);
   q->rows = calloc((size_t)num_tables, sizeof *q->rows);
   q->perm = calloc((size_t)num_tables, sizeof *q->perm);
-  if (!q->tc || !q->fnames || !q->tables || !q->features || !q->rows || !q->perm) {
+  if (st || !q->tc || !q->tables || !q->rows || !q->perm) {
     ur_qtbe_free(q);
     return ur__error(UR_STATUS_OOM, "qtbe: out of host memory");
   }
-  st = UR_STATUS_OK;
-  for (int32_t i = 0; i < num_tables && !st; i++) {
-    q->tc[i] = tables[i];
-    q->tc[i].name = dup_name(tables[i].name, "t", i);
-    if (!q->tc[i].name) st = ur__error(UR_STATUS_OOM, "qtbe: out of host memory");
-    if (tables[i].dim > q->max_dim) q->max_dim = tables[i].dim;
-  }
-  for (int32_t f = 0; f < num_features && !st; f++) {
-    q->fnames[f] = dup_name(feature_names ? feature_names[f] : NULL, "f", f);
-    if (!q->fnames[f]) st = ur__error(UR_STATUS_OOM, "qtbe: out of host memory");
-    ur__qtbe_feature *ft = &q->features[f];
-    ft->table = feature_table[f];
-    ft->dim = tables[ft->table].dim;
-    ft->col = q->pooled ? q->out_dim : 0;
-    if (q->pooled) q->out_dim += ft->dim;
-  }
-  if (!q->pooled) q->out_dim = q->dim;
+  for (int32_t i = 0; i < num_tables && !st; i++)
+    if (!(st = ur__tbe_names_table(n, i, tables[i].name, "t"))) {
+      q->tc[i] = tables[i];
+      q->tc[i].name = n->tnames[i];
+      if (tables[i].dim > q->max_dim) q->max_dim = tables[i].dim;
+    }
+  for (int32_t i = 0; i < num_tables && !st; i++)
+    if (!(st = check_table(config, &tables[i], n->tnames[i])))
+      st = ur__tbe_names_check(n, i, tables[i].dim, tables[i].pooling);
+  if (!st) st = ur__tbe_names_features(n, feature_table, feature_names, "f");
   for (int32_t i = 0; i < num_tables && !st; i++) st = alloc_rows(q, i);
   if (!st) st = upload_desc(q);
   if (st) {
@@ -485,70 +412,61 @@ ur_status ur_qtbe_new(ur_qtbe **out, const ur_qtbe_config *config, int32_t num_t
 
 void ur_qtbe_free(ur_qtbe *q) {
   if (!q) return;
-  for (int32_t i = 0; i < q->T; i++) {
-    if (q->tc) free((char *)q->tc[i].name);
+  for (int32_t i = 0; i < q->names.T; i++) {
     if (q->rows) ur_tensor_free(q->rows[i]);
     if (q->perm) ur_tensor_free(q->perm[i]);
   }
-  for (int32_t f = 0; f < q->F && q->fnames; f++) free(q->fnames[f]);
   for (int32_t k = 0; k < q->nfree; k++) ur_tensor_free(q->free_flags[k]);
   ur_tensor_free(q->desc);
   pthread_mutex_destroy(&q->lock);
+  ur__tbe_names_free(&q->names);
   free(q->tc);
-  free(q->fnames);
   free(q->tables);
-  free(q->features);
   free(q->rows);
   free(q->perm);
   free(q);
 }
 
-int32_t ur_qtbe_num_tables(const ur_qtbe *q) { return q->T; }
-int32_t ur_qtbe_num_features(const ur_qtbe *q) { return q->F; }
+int32_t ur_qtbe_num_tables(const ur_qtbe *q) { return q->names.T; }
+int32_t ur_qtbe_num_features(const ur_qtbe *q) { return q->names.F; }
 int32_t ur_qtbe_device(const ur_qtbe *q) { return q->cfg.device; }
-int64_t ur_qtbe_out_dim(const ur_qtbe *q) { return q->out_dim; }
+int64_t ur_qtbe_out_dim(const ur_qtbe *q) { return q->names.out_dim; }
 int64_t ur_qtbe_skipped(const ur_qtbe *q) {
   return __atomic_load_n(&q->skipped, __ATOMIC_RELAXED);
 }
 
 int64_t ur_qtbe_feature_col(const ur_qtbe *q, int32_t f) {
-  return f >= 0 && f < q->F ? q->features[f].col : -1;
+  return ur__tbe_names_fcol(&q->names, f);
 }
 
 const char *ur_qtbe_table_name(const ur_qtbe *q, int32_t i) {
-  return i >= 0 && i < q->T ? q->tc[i].name : NULL;
+  return ur__tbe_names_tname(&q->names, i);
 }
 
 const char *ur_qtbe_feature_name(const ur_qtbe *q, int32_t f) {
-  return f >= 0 && f < q->F ? q->fnames[f] : NULL;
+  return ur__tbe_names_fname(&q->names, f);
 }
 
 int32_t ur_qtbe_feature_table(const ur_qtbe *q, int32_t f) {
-  return f >= 0 && f < q->F ? q->features[f].table : -1;
+  return ur__tbe_names_ftable(&q->names, f);
 }
 
 uint64_t ur_qtbe_bytes(const ur_qtbe *q) {
   uint64_t n = 0;
-  for (int32_t i = 0; i < q->T; i++) n += ur_tensor_nbytes(q->rows[i]);
+  for (int32_t i = 0; i < q->names.T; i++) n += ur_tensor_nbytes(q->rows[i]);
   return n;
-}
-
-static ur_status check_index(const ur_qtbe *q, int32_t i) {
-  if (i < 0 || i >= q->T)
-    return ur__error(UR_STATUS_INVALID, "qtbe: table %d; tables run 0..%d", (int)i, (int)q->T - 1);
-  return UR_STATUS_OK;
 }
 
 ur_status ur_qtbe_table(const ur_qtbe *q, int32_t i, ur_tensor **out) {
   UR__ARGS(q, out);
   *out = NULL;
-  ur_status st = check_index(q, i);
+  ur_status st = ur__tbe_names_index(&q->names, i);
   return st ? st : ur_tensor_view(q->rows[i], out, 0, q->tc[i].rows);
 }
 
 ur_status ur_qtbe_set_permutation(ur_qtbe *q, int32_t i, const ur_tensor *perm) {
   UR__ARGS(q);
-  ur_status st = check_index(q, i);
+  ur_status st = ur__tbe_names_index(&q->names, i);
   if (st) return st;
   const ur_qtbe_table_config *c = &q->tc[i];
   if (!perm) {
@@ -625,7 +543,7 @@ static ur_status check_offsets(const ur_qtbe *q, const ur__qtbe_args *a) {
                        "qtbe: offsets[%lld] = %lld is below offsets[%lld] = %lld (feature '%s', "
                        "sample %lld); offsets must not decrease",
                        (long long)(b + 1), (long long)o[b + 1], (long long)b, (long long)o[b],
-                       q->fnames[b / a->batch], (long long)(b % a->batch));
+                       q->names.fnames[b / a->batch], (long long)(b % a->batch));
   if (o[a->bags] != a->n)
     return ur__error(UR_STATUS_INVALID, "qtbe: offsets end at %lld but there are %lld values",
                      (long long)o[a->bags], (long long)a->n);
@@ -665,7 +583,7 @@ static ur_status bad_id(const ur_qtbe *q, const ur__qtbe_args *a, const ur_tenso
   if (!st) st = ur_tensor_read(values, i, 1, &id);
   if (st) return st;
   int32_t f = (int32_t)(lo / a->batch);
-  const ur_qtbe_table_config *tc = &q->tc[q->features[f].table];
+  const ur_qtbe_table_config *tc = &q->tc[q->names.features[f].table];
   char mapped[96] = "";
   if (tc->modulo > 0 && id >= 0)
     snprintf(mapped, sizeof mapped, " (%lld after modulo %lld)", (long long)(id % tc->modulo),
@@ -673,8 +591,8 @@ static ur_status bad_id(const ur_qtbe *q, const ur__qtbe_args *a, const ur_tenso
   return ur__error(UR_STATUS_INVALID,
                    "qtbe: table '%s' (feature '%s', sample %lld, value %lld) has no row for id "
                    "%lld%s; ids run 0..%lld",
-                   tc->name, q->fnames[f], (long long)(lo - (int64_t)f * a->batch), (long long)i,
-                   (long long)id, mapped, (long long)tc->rows - 1);
+                   tc->name, q->names.fnames[f], (long long)(lo - (int64_t)f * a->batch),
+                   (long long)i, (long long)id, mapped, (long long)tc->rows - 1);
 }
 
 ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
@@ -690,11 +608,11 @@ ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
   memset(&a, 0, sizeof a);
   a.n = ur_tensor_numel(values);
   a.bags = ur_tensor_numel(offsets) - 1;
-  if (a.bags < 0 || a.bags % q->F)
+  if (a.bags < 0 || a.bags % q->names.F)
     return ur__error(UR_STATUS_INVALID,
                      "qtbe: %lld offsets hold %lld bags, which do not split evenly over %d "
                      "features",
-                     (long long)ur_tensor_numel(offsets), (long long)a.bags, (int)q->F);
+                     (long long)ur_tensor_numel(offsets), (long long)a.bags, (int)q->names.F);
   if (weights && ur_tensor_numel(weights) != a.n)
     return ur__error(UR_STATUS_INVALID, "qtbe: %lld weights for %lld values; expected one each",
                      (long long)ur_tensor_numel(weights), (long long)a.n);
@@ -702,18 +620,18 @@ ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
     return ur__error(UR_STATUS_INVALID,
                      "qtbe: %lld values in %lld bags; the GPU path takes fewer than 2^31 of each",
                      (long long)a.n, (long long)a.bags);
-  a.batch = a.bags / q->F;
-  int64_t rows = q->pooled ? a.batch : a.n, cols = q->out_dim;
+  a.batch = a.bags / q->names.F;
+  int64_t rows = q->names.pooled ? a.batch : a.n, cols = q->names.out_dim;
   if (ur_tensor_ndim(out) != 2 || ur_tensor_dim(out, 0) != rows || ur_tensor_dim(out, 1) != cols)
     return ur__error(UR_STATUS_INVALID, "qtbe: out has shape [%lld%s%lld]; expected [%lld, %lld]",
                      (long long)ur_tensor_dim(out, 0), ur_tensor_ndim(out) > 1 ? ", " : " ",
                      (long long)(ur_tensor_ndim(out) > 1 ? ur_tensor_dim(out, 1) : 0),
                      (long long)rows, (long long)cols);
   if ((st = UR__NEED(q->be, qtbe, forward))) return st;
-  a.num_tables = q->T;
-  a.num_features = q->F;
+  a.num_tables = q->names.T;
+  a.num_features = q->names.F;
   a.bounds = q->cfg.bounds;
-  a.pooled = q->pooled;
+  a.pooled = q->names.pooled;
   a.out_dtype = q->cfg.out_dtype;
   a.max_dim = q->max_dim;
   a.values = ur_tensor_data(values);
@@ -728,7 +646,7 @@ ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
     a.features = (const ur__qtbe_feature *)((const char *)ur_tensor_data(q->desc) + fat);
   } else {
     a.tables = q->tables;
-    a.features = q->features;
+    a.features = q->names.features;
     /* The CPU reads these in place: after any GPU work on them. */
     if ((st = ur_device_sync()) || (st = check_offsets(q, &a))) return st;
   }

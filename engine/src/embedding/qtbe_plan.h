@@ -20,10 +20,9 @@ typedef struct ur__qtbe_table {
   int32_t dim, format, pooling, index;
 } ur__qtbe_table;
 
-typedef struct ur__qtbe_feature {
-  int32_t table, dim;
-  int64_t col;             /* first output column, pooled collections */
-} ur__qtbe_feature;
+/* A feature as the kernels see it: the plain collection's (both lay features out alike, through
+ * table.c's ur__tbe_names). */
+typedef ur__tbe_feature ur__qtbe_feature;
 
 /* One call, in memory the running backend reads. */
 typedef struct ur__qtbe_args {

@@ -1,4 +1,5 @@
-/* table.c: the embedding collection's tables (table.h): construction and its checks, the
+/* table.c: the embedding collection's tables (table.h): the names and features both kinds of
+ * collection lay out alike (ur__tbe_names, which qtbe.c uses too), construction and its checks, the
  * batched storage with its per-table views, the descriptors the kernels read and their copy on
  * the device, redirects to a cache's slots, and the hooks run when the collection is freed.
  *
@@ -25,10 +26,12 @@ static const char *pooling_name(int32_t p) {
   return p == UR_POOLING_SUM ? "sum" : p == UR_POOLING_MEAN ? "mean" : "none";
 }
 
-static char *dup(const char *s, const char *fallback, int i) {
+/* ---- names and features (ur__tbe_names, both kinds of collection) ---- */
+
+static char *dup(const char *s, const char *prefix, int32_t i) {
   char buf[32];
   if (!s) {
-    snprintf(buf, sizeof buf, "%s%d", fallback, i);
+    snprintf(buf, sizeof buf, "%s%d", prefix, (int)i);
     s = buf;
   }
   size_t n = strlen(s) + 1;
@@ -37,58 +40,169 @@ static char *dup(const char *s, const char *fallback, int i) {
   return d;
 }
 
+ur_status ur__tbe_names_init(ur__tbe_names *n, const char *who, int32_t T, int32_t F) {
+  *n = (ur__tbe_names){.who = who, .T = T, .F = F};
+  n->tnames = calloc((size_t)T, sizeof *n->tnames);
+  n->fnames = calloc((size_t)F, sizeof *n->fnames);
+  n->tdims = calloc((size_t)T, sizeof *n->tdims);
+  n->features = calloc((size_t)F, sizeof *n->features);
+  if (!n->tnames || !n->fnames || !n->tdims || !n->features)
+    return ur__error(UR_STATUS_OOM, "%s: out of host memory", who);
+  return UR_STATUS_OK;
+}
+
+ur_status ur__tbe_names_table(ur__tbe_names *n, int32_t i, const char *name, const char *prefix) {
+  if (!(n->tnames[i] = dup(name, prefix, i)))
+    return ur__error(UR_STATUS_OOM, "%s: out of host memory", n->who);
+  return UR_STATUS_OK;
+}
+
+ur_status ur__tbe_names_check(ur__tbe_names *n, int32_t i, int32_t dim, int32_t pooling) {
+  char *const *tn = n->tnames;
+  for (int32_t j = 0; j < i; j++)
+    if (!strcmp(tn[i], tn[j]))
+      return ur__error(UR_STATUS_INVALID, "%s: tables %d and %d are both named '%s'", n->who,
+                       (int)j, (int)i, tn[i]);
+  n->tdims[i] = dim;
+  if (i == 0) {
+    n->pooling0 = pooling;
+    n->pooled = pooling != UR_POOLING_NONE;
+    n->dim = dim;
+  }
+  if ((pooling == UR_POOLING_NONE) != (n->pooling0 == UR_POOLING_NONE))
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: table '%s' pools by %s but table '%s' by %s; a collection pools "
+                     "all its tables (sum or mean) or none",
+                     n->who, tn[i], pooling_name(pooling), tn[0], pooling_name(n->pooling0));
+  if (!n->pooled && dim != n->dim)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: pooling none needs one dim for all tables; '%s' has %d but '%s' has %d",
+                     n->who, tn[i], (int)dim, tn[0], (int)n->dim);
+  return UR_STATUS_OK;
+}
+
+ur_status ur__tbe_names_features(ur__tbe_names *n, const int32_t *feature_table,
+                                 const char *const *feature_names, const char *prefix) {
+  for (int32_t f = 0; f < n->F; f++) {
+    if (!(n->fnames[f] = dup(feature_names ? feature_names[f] : NULL, prefix, f)))
+      return ur__error(UR_STATUS_OOM, "%s: out of host memory", n->who);
+    if (feature_table[f] < 0 || feature_table[f] >= n->T)
+      return ur__error(UR_STATUS_INVALID, "%s: feature %d ('%s') maps to table %d; expected 0..%d",
+                       n->who, (int)f, n->fnames[f], (int)feature_table[f], (int)n->T - 1);
+    for (int32_t g = 0; g < f; g++)
+      if (!strcmp(n->fnames[f], n->fnames[g]))
+        return ur__error(UR_STATUS_INVALID, "%s: features %d and %d are both named '%s'", n->who,
+                         (int)g, (int)f, n->fnames[f]);
+  }
+  n->out_dim = 0;
+  for (int32_t f = 0; f < n->F; f++) {
+    n->features[f].table = feature_table[f];
+    n->features[f].dim = n->tdims[feature_table[f]];
+    n->features[f].col = n->pooled ? n->out_dim : 0;
+    if (n->pooled) n->out_dim += n->features[f].dim;
+  }
+  if (!n->pooled) n->out_dim = n->dim;
+  return UR_STATUS_OK;
+}
+
+void ur__tbe_names_free(ur__tbe_names *n) {
+  for (int32_t i = 0; n->tnames && i < n->T; i++) free(n->tnames[i]);
+  for (int32_t f = 0; n->fnames && f < n->F; f++) free(n->fnames[f]);
+  free(n->tnames);
+  free(n->fnames);
+  free(n->tdims);
+  free(n->features);
+  *n = (ur__tbe_names){0};
+}
+
+ur_status ur__tbe_names_index(const ur__tbe_names *n, int32_t i) {
+  if (i < 0 || i >= n->T)
+    return ur__error(UR_STATUS_INVALID, "%s: table %d does not exist; expected 0..%d", n->who,
+                     (int)i, (int)n->T - 1);
+  return UR_STATUS_OK;
+}
+
+const char *ur__tbe_names_tname(const ur__tbe_names *n, int32_t i) {
+  return i >= 0 && i < n->T ? n->tnames[i] : NULL;
+}
+const char *ur__tbe_names_fname(const ur__tbe_names *n, int32_t f) {
+  return f >= 0 && f < n->F ? n->fnames[f] : NULL;
+}
+int32_t ur__tbe_names_ftable(const ur__tbe_names *n, int32_t f) {
+  return f >= 0 && f < n->F ? n->features[f].table : -1;
+}
+int64_t ur__tbe_names_fcol(const ur__tbe_names *n, int32_t f) {
+  return f >= 0 && f < n->F ? n->features[f].col : -1;
+}
+
 static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
 /* ---- construction ---- */
 
-static ur_status check_config(const ur_tbe_config *c) {
-  if (c->device >= 0 && c->device >= ur_device_count())
+ur_status ur__tbe_check_engine(const char *who, int32_t device, int32_t bounds,
+                               ur_dtype out_dtype) {
+  if (device >= 0 && device >= ur_device_count())
     return ur__error(ur_device_count() ? UR_STATUS_INVALID : UR_STATUS_UNSUPPORTED,
-                     "tbe: device %d asked, but %d GPUs are in use%s%s", (int)c->device,
+                     "%s: device %d asked, but %d GPUs are in use%s%s", who, (int)device,
                      ur_device_count(), ur_device_count() ? "" : ": ", ur_cuda_error());
-  if (c->device < -1)
-    return ur__error(UR_STATUS_INVALID, "tbe: device %d; expected -1 (the CPU) or a GPU",
-                     (int)c->device);
-  if ((unsigned)c->bounds >= UR_TBE_BOUNDS_COUNT)
-    return ur__error(UR_STATUS_INVALID, "tbe: bounds check %d is not fatal, warn or off",
-                     (int)c->bounds);
-  ur_status st = ur__optim_check("tbe", &c->optim, 1);
-  if (st) return st;
-  if (c->out_dtype != UR_DTYPE_F32 && c->out_dtype != UR_DTYPE_BF16)
-    return ur__error(UR_STATUS_INVALID, "tbe: output dtype '%s'; expected f32 or bf16",
-                     (unsigned)c->out_dtype < UR_DTYPE_COUNT ? ur_dtype_name(c->out_dtype) : "?");
+  if (device < -1)
+    return ur__error(UR_STATUS_INVALID, "%s: device %d; expected -1 (the CPU) or a GPU", who,
+                     (int)device);
+  if ((unsigned)bounds >= UR_TBE_BOUNDS_COUNT)
+    return ur__error(UR_STATUS_INVALID, "%s: bounds check %d is not fatal, warn or off", who,
+                     (int)bounds);
+  if (out_dtype != UR_DTYPE_F32 && out_dtype != UR_DTYPE_BF16)
+    return ur__error(UR_STATUS_INVALID, "%s: output dtype '%s'; expected f32 or bf16", who,
+                     (unsigned)out_dtype < UR_DTYPE_COUNT ? ur_dtype_name(out_dtype) : "?");
   return UR_STATUS_OK;
+}
+
+ur_status ur__tbe_check_table(const char *who, const char *name, int64_t rows, int32_t dim,
+                              int32_t pooling) {
+  if (rows < 1)
+    return ur__error(UR_STATUS_INVALID, "%s: table '%s' has %lld rows; expected 1 or more", who,
+                     name, (long long)rows);
+  if (dim < 4 || dim > UR_TBE_MAX_DIM || dim % 4)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: table '%s' has dim %d; expected a multiple of 4 from 4 to %d", who, name,
+                     (int)dim, UR_TBE_MAX_DIM);
+  if ((unsigned)pooling >= UR_POOLING_COUNT)
+    return ur__error(UR_STATUS_INVALID, "%s: table '%s' pooling %d is not sum, mean or none", who,
+                     name, (int)pooling);
+  return UR_STATUS_OK;
+}
+
+ur_status ur__tbe_check_place(const char *who, const char *name, const char *what, int32_t place,
+                              int32_t device) {
+  if (place != UR_PLACE_DEVICE && place != UR_PLACE_MANAGED && place != UR_PLACE_HOST &&
+      place != UR_PLACE_PINNED)
+    return ur__error(UR_STATUS_INVALID, "%s: table '%s' %s %d is not device, managed or host", who,
+                     name, what, (int)place);
+  if (place == UR_PLACE_DEVICE && device < 0)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: table '%s' %s 'device' needs the collection on a GPU, and it runs on "
+                     "the CPU (device -1)",
+                     who, name, what);
+  return UR_STATUS_OK;
+}
+
+static ur_status check_config(const ur_tbe_config *c) {
+  ur_status st = ur__tbe_check_engine("tbe", c->device, c->bounds, c->out_dtype);
+  return st ? st : ur__optim_check("tbe", &c->optim, 1);
 }
 
 static ur_status check_table(const ur_tbe_config *c, const ur_tbe_table_config *tc,
                              const char *name) {
-  if (tc->rows < 1)
-    return ur__error(UR_STATUS_INVALID, "tbe: table '%s' has %lld rows; expected 1 or more",
-                     name, (long long)tc->rows);
-  if (tc->dim < 4 || tc->dim > UR_TBE_MAX_DIM || tc->dim % 4)
-    return ur__error(UR_STATUS_INVALID,
-                     "tbe: table '%s' has dim %d; expected a multiple of 4 from 4 to %d", name,
-                     (int)tc->dim, UR_TBE_MAX_DIM);
+  ur_status st = ur__tbe_check_table("tbe", name, tc->rows, tc->dim, tc->pooling);
+  if (st) return st;
   if (tc->dtype != UR_DTYPE_F32 && tc->dtype != UR_DTYPE_F16 && tc->dtype != UR_DTYPE_BF16)
     return ur__error(UR_STATUS_INVALID, "tbe: table '%s' stores '%s'; expected f32, f16 or bf16",
                      name, (unsigned)tc->dtype < UR_DTYPE_COUNT ? ur_dtype_name(tc->dtype) : "?");
-  if ((unsigned)tc->pooling >= UR_POOLING_COUNT)
-    return ur__error(UR_STATUS_INVALID, "tbe: table '%s' pooling %d is not sum, mean or none",
-                     name, (int)tc->pooling);
-  int32_t places[2] = {tc->place, tc->state_place < 0 ? (int32_t)tc->place : tc->state_place};
-  for (int k = 0; k < 2; k++) {
-    const char *what = k ? "its optimizer state" : "placement";
-    if (places[k] != UR_PLACE_DEVICE && places[k] != UR_PLACE_MANAGED &&
-        places[k] != UR_PLACE_HOST && places[k] != UR_PLACE_PINNED)
-      return ur__error(UR_STATUS_INVALID,
-                       "tbe: table '%s' %s %d is not device, managed or host", name, what,
-                       (int)places[k]);
-    if (places[k] == UR_PLACE_DEVICE && c->device < 0)
-      return ur__error(UR_STATUS_INVALID,
-                       "tbe: table '%s' %s 'device' needs the collection on a GPU, and it runs "
-                       "on the CPU (device -1)",
-                       name, what);
-  }
+  if ((st = ur__tbe_check_place("tbe", name, "placement", tc->place, c->device)) ||
+      (st = ur__tbe_check_place("tbe", name, "its optimizer state",
+                                tc->state_place < 0 ? (int32_t)tc->place : tc->state_place,
+                                c->device)))
+    return st;
   if ((uint64_t)tc->rows > ((uint64_t)1 << 50) / (uint64_t)tc->dim)
     return ur__error(UR_STATUS_INVALID, "tbe: table '%s' of %lld rows x %d is too large", name,
                      (long long)tc->rows, (int)tc->dim);
@@ -126,7 +240,7 @@ static int64_t state_elems(const ur_tbe *t, int32_t i) {
 /* The key space: each table's rows follow the previous table's. */
 static void rekey(ur_tbe *t) {
   int64_t key = 0;
-  for (int32_t k = 0; k < t->T; k++) {
+  for (int32_t k = 0; k < t->names.T; k++) {
     t->tables[k].key_base = key;
     key += t->tables[k].rows;
   }
@@ -138,7 +252,7 @@ static void rekey(ur_tbe *t) {
 static ur_status alloc_storages(ur_tbe *t) {
   int64_t wsize[UR_PLACE_COUNT][UR__TBE_NDT] = {{0}}, ssize[UR_PLACE_COUNT] = {0};
   int32_t mult = t->cfg.optim.kind == UR_OPTIM_KIND_ADAM ? 2 : 1;
-  for (int32_t i = 0; i < t->T; i++) {
+  for (int32_t i = 0; i < t->names.T; i++) {
     const ur_tbe_table_config *c = &t->tc[i];
     ur_place wp = storage_place(t, c->place);
     ur_place sp = storage_place(t, c->state_place < 0 ? (int32_t)c->place : c->state_place);
@@ -165,7 +279,7 @@ static ur_status alloc_storages(ur_tbe *t) {
         return st;
     }
   }
-  for (int32_t i = 0; i < t->T; i++) {
+  for (int32_t i = 0; i < t->names.T; i++) {
     const ur_tbe_table_config *c = &t->tc[i];
     ur__tbe_table *d = &t->tables[i];
     int32_t place;
@@ -252,21 +366,23 @@ static ur_status draw(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi, 
 static ur_status upload_desc(ur_tbe *t) {
   if (!t->desc) return UR_STATUS_OK;
   ur_status st = t->be->copy(NULL, ur_tensor_data(t->desc), t->tables,
-                             sizeof(ur__tbe_table) * (size_t)t->T);
+                             sizeof(ur__tbe_table) * (size_t)t->names.T);
   return st ? st : t->be->stream_sync(NULL);
 }
 
 /* The descriptors (and features) in device memory, and room for one call's VBE arrays. */
 static ur_status prepare_device(ur_tbe *t) {
-  size_t tb = sizeof(ur__tbe_table) * (size_t)t->T, fb = sizeof(ur__tbe_feature) * (size_t)t->F;
-  int64_t db = align_up((int64_t)tb, 16) + (int64_t)fb, cb = 3 * (int64_t)sizeof(int64_t) * (t->F + 1);
+  size_t tb = sizeof(ur__tbe_table) * (size_t)t->names.T;
+  size_t fb = sizeof(ur__tbe_feature) * (size_t)t->names.F;
+  int64_t db = align_up((int64_t)tb, 16) + (int64_t)fb;
+  int64_t cb = 3 * (int64_t)sizeof(int64_t) * (t->names.F + 1);
   ur_status st;
   if ((st = ur__tbe_home_tensor(t, &t->desc, UR_DTYPE_U8, db)) ||
       (st = ur__tbe_home_tensor(t, &t->callbuf, UR_DTYPE_U8, cb)))
     return st;
   if ((st = t->be->copy(NULL, ur_tensor_data(t->desc), t->tables, tb))) return st;
   st = t->be->copy(NULL, (char *)ur_tensor_data(t->desc) + align_up((int64_t)tb, 16),
-                   t->features, fb);
+                   t->names.features, fb);
   if (!st) st = t->be->stream_sync(NULL);
   return st;
 }
@@ -284,17 +400,15 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
   ur_tbe *t = calloc(1, sizeof *t);
   if (!t) return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
   t->cfg = *config;
-  t->T = num_tables;
-  t->F = num_features;
   t->home = config->device >= 0 ? UR_PLACE_DEVICE : UR_PLACE_HOST;
   t->be = ur__backend_for(t->home);
   t->nstate = config->optim.kind == UR_OPTIM_KIND_SGD    ? 0
               : config->optim.kind == UR_OPTIM_KIND_ADAM ? 2
                                                           : 1;
+  ur__tbe_names *n = &t->names;
+  st = ur__tbe_names_init(n, "tbe", num_tables, num_features);
   t->tc = calloc((size_t)num_tables, sizeof *t->tc);
-  t->fnames = calloc((size_t)num_features, sizeof *t->fnames);
   t->tables = calloc((size_t)num_tables, sizeof *t->tables);
-  t->features = calloc((size_t)num_features, sizeof *t->features);
   t->woff = calloc((size_t)num_tables, sizeof *t->woff);
   t->soff = calloc((size_t)num_tables, sizeof *t->soff);
   t->splace = calloc((size_t)num_tables, sizeof *t->splace);
@@ -302,59 +416,24 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
   t->counts = calloc((size_t)num_tables, sizeof *t->counts);
   t->perm = calloc((size_t)num_tables, sizeof *t->perm);
   t->perm_gen = calloc((size_t)num_tables, sizeof *t->perm_gen);
-  if (!t->tc || !t->fnames || !t->tables || !t->features || !t->woff || !t->soff || !t->splace ||
-      !t->owner || !t->counts || !t->perm || !t->perm_gen) {
+  if (st || !t->tc || !t->tables || !t->woff || !t->soff || !t->splace || !t->owner ||
+      !t->counts || !t->perm || !t->perm_gen) {
     ur_tbe_free(t);
     return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
   }
-  for (int32_t i = 0; i < num_tables; i++) {
-    t->tc[i] = tables[i];
-    if (!(t->tc[i].name = dup(tables[i].name, "table", i))) {
-      ur_tbe_free(t);
-      return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
+  for (int32_t i = 0; i < num_tables && !st; i++)
+    if (!(st = ur__tbe_names_table(n, i, tables[i].name, "table"))) {
+      t->tc[i] = tables[i];
+      t->tc[i].name = n->tnames[i];
     }
-  }
-  for (int32_t i = 0; i < num_tables && !st; i++) {
-    st = check_table(config, &tables[i], t->tc[i].name);
-    for (int32_t j = 0; j < i && !st; j++)
-      if (!strcmp(t->tc[i].name, t->tc[j].name))
-        st = ur__error(UR_STATUS_INVALID, "tbe: tables %d and %d are both named '%s'", (int)j,
-                       (int)i, t->tc[i].name);
-    if (!st && (tables[i].pooling == UR_POOLING_NONE) != (tables[0].pooling == UR_POOLING_NONE))
-      st = ur__error(UR_STATUS_INVALID,
-                     "tbe: table '%s' pools by %s but table '%s' by %s; a collection pools "
-                     "all its tables (sum or mean) or none",
-                     t->tc[i].name, pooling_name(tables[i].pooling), t->tc[0].name,
-                     pooling_name(tables[0].pooling));
-    if (!st && tables[0].pooling == UR_POOLING_NONE && tables[i].dim != tables[0].dim)
-      st = ur__error(UR_STATUS_INVALID,
-                     "tbe: pooling none needs one dim for all tables; '%s' has %d but '%s' has %d",
-                     t->tc[i].name, (int)tables[i].dim, t->tc[0].name, (int)tables[0].dim);
-  }
-  for (int32_t f = 0; f < num_features && !st; f++) {
-    if (!(t->fnames[f] = dup(feature_names ? feature_names[f] : NULL, "feature", f)))
-      st = ur__error(UR_STATUS_OOM, "tbe: out of host memory");
-    else if (feature_table[f] < 0 || feature_table[f] >= num_tables)
-      st = ur__error(UR_STATUS_INVALID, "tbe: feature %d ('%s') maps to table %d; expected 0..%d",
-                     (int)f, t->fnames[f], (int)feature_table[f], (int)num_tables - 1);
-    for (int32_t g = 0; g < f && !st; g++)
-      if (!strcmp(t->fnames[f], t->fnames[g]))
-        st = ur__error(UR_STATUS_INVALID, "tbe: features %d and %d are both named '%s'", (int)g,
-                       (int)f, t->fnames[f]);
-  }
+  for (int32_t i = 0; i < num_tables && !st; i++)
+    if (!(st = check_table(config, &tables[i], n->tnames[i])))
+      st = ur__tbe_names_check(n, i, tables[i].dim, tables[i].pooling);
+  if (!st) st = ur__tbe_names_features(n, feature_table, feature_names, "feature");
   if (st) {
     ur_tbe_free(t);
     return st;
   }
-  t->pooled = tables[0].pooling != UR_POOLING_NONE;
-  t->dim = tables[0].dim;
-  for (int32_t f = 0; f < num_features; f++) {
-    t->features[f].table = feature_table[f];
-    t->features[f].dim = tables[feature_table[f]].dim;
-    t->features[f].col = t->out_dim;
-    t->out_dim += t->pooled ? tables[feature_table[f]].dim : 0;
-  }
-  if (!t->pooled) t->out_dim = t->dim;
   if ((st = alloc_storages(t)) || (st = ur__tbe_home_tensor(t, &t->flags, UR_DTYPE_I64, 2)) ||
       (st = t->be->fill(NULL, ur_tensor_data(t->flags), 1, 8, (uint64_t)UR_TBE_NO_BAD)) ||
       (st = t->be->fill(NULL, (int64_t *)ur_tensor_data(t->flags) + 1, 1, 8, 0))) {
@@ -389,17 +468,14 @@ void ur_tbe_free(ur_tbe *t) {
   ur_tensor_free(t->work);
   ur_tensor_free(t->swapbuf);
   ur_tensor_free(t->flags);
-  for (int32_t i = 0; t->counts && i < t->T; i++) ur_tensor_free(t->counts[i]);
-  for (int32_t i = 0; t->perm && i < t->T; i++) ur_tensor_free(t->perm[i]);
+  for (int32_t i = 0; t->counts && i < t->names.T; i++) ur_tensor_free(t->counts[i]);
+  for (int32_t i = 0; t->perm && i < t->names.T; i++) ur_tensor_free(t->perm[i]);
   free(t->counts);
   free(t->perm);
   free(t->perm_gen);
-  for (int32_t i = 0; t->tc && i < t->T; i++) free((char *)t->tc[i].name);
-  for (int32_t f = 0; t->fnames && f < t->F; f++) free(t->fnames[f]);
+  ur__tbe_names_free(&t->names);
   free(t->tc);
-  free(t->fnames);
   free(t->tables);
-  free(t->features);
   free(t->woff);
   free(t->soff);
   free(t->splace);
@@ -429,38 +505,29 @@ void ur__tbe_hook_remove(ur_tbe *t, ur__tbe_hook_fn fn, void *ctx) {
 
 /* ---- accessors ---- */
 
-int32_t ur_tbe_num_tables(const ur_tbe *t) { return t->T; }
-int32_t ur_tbe_num_features(const ur_tbe *t) { return t->F; }
+int32_t ur_tbe_num_tables(const ur_tbe *t) { return t->names.T; }
+int32_t ur_tbe_num_features(const ur_tbe *t) { return t->names.F; }
 int32_t ur_tbe_device(const ur_tbe *t) { return t->cfg.device; }
-int64_t ur_tbe_out_dim(const ur_tbe *t) { return t->out_dim; }
-int64_t ur_tbe_feature_col(const ur_tbe *t, int32_t f) {
-  return f >= 0 && f < t->F ? t->features[f].col : -1;
-}
+int64_t ur_tbe_out_dim(const ur_tbe *t) { return t->names.out_dim; }
+int64_t ur_tbe_feature_col(const ur_tbe *t, int32_t f) { return ur__tbe_names_fcol(&t->names, f); }
 const char *ur_tbe_table_name(const ur_tbe *t, int32_t i) {
-  return i >= 0 && i < t->T ? t->tc[i].name : NULL;
+  return ur__tbe_names_tname(&t->names, i);
 }
 const char *ur_tbe_feature_name(const ur_tbe *t, int32_t f) {
-  return f >= 0 && f < t->F ? t->fnames[f] : NULL;
+  return ur__tbe_names_fname(&t->names, f);
 }
 int32_t ur_tbe_feature_table(const ur_tbe *t, int32_t f) {
-  return f >= 0 && f < t->F ? t->features[f].table : -1;
+  return ur__tbe_names_ftable(&t->names, f);
 }
 int32_t ur_tbe_state_count(const ur_tbe *t) { return t->nstate; }
 const char *ur_tbe_state_name(const ur_tbe *t, int32_t which) {
   return which >= 0 && which < t->nstate ? state_names[t->cfg.optim.kind][which] : NULL;
 }
 
-static ur_status check_index(const ur_tbe *t, int32_t i) {
-  if (i < 0 || i >= t->T)
-    return ur__error(UR_STATUS_INVALID, "tbe: table %d does not exist; expected 0..%d", (int)i,
-                     (int)t->T - 1);
-  return UR_STATUS_OK;
-}
-
 ur_status ur_tbe_table(const ur_tbe *t, int32_t i, ur_tensor **out) {
   UR__ARGS(t, out);
   *out = NULL;
-  ur_status st = check_index(t, i);
+  ur_status st = ur__tbe_names_index(&t->names, i);
   if (st) return st;
   const ur_tbe_table_config *c = &t->tc[i];
   int64_t shape[2] = {c->rows, c->dim};
@@ -471,7 +538,7 @@ ur_status ur_tbe_table(const ur_tbe *t, int32_t i, ur_tensor **out) {
 ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **out) {
   UR__ARGS(t, out);
   *out = NULL;
-  ur_status st = check_index(t, i);
+  ur_status st = ur__tbe_names_index(&t->names, i);
   if (st) return st;
   if (which < 0 || which >= t->nstate)
     return ur__error(UR_STATUS_INVALID, "tbe: optimizer state %d does not exist; this "
@@ -488,7 +555,7 @@ ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **ou
 ur_status ur_tbe_init_table(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi,
                             uint64_t seed) {
   UR__ARGS(t);
-  ur_status st = check_index(t, i);
+  ur_status st = ur__tbe_names_index(&t->names, i);
   if (st) return st;
   if (!isfinite(lo) || !isfinite(hi) || lo > hi)
     return ur__error(UR_STATUS_INVALID,
@@ -515,7 +582,7 @@ typedef struct reset_part {
 
 ur_status ur_tbe_reset_rows(ur_stream *s, ur_tbe *t, int32_t i, const int64_t *ids, int64_t n) {
   UR__ARGS(t, ids);
-  ur_status st = check_index(t, i);
+  ur_status st = ur__tbe_names_index(&t->names, i);
   if (st) return st;
   const ur_tbe_table_config *c = &t->tc[i];
   if (n < 0) return ur__error(UR_STATUS_INVALID, "tbe: reset_rows of %lld rows", (long long)n);
@@ -619,7 +686,7 @@ ur_status ur__tbe_sync_desc(ur_tbe *t) {
 }
 
 ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out, int32_t *place) {
-  ur_status st = check_index(t, i);
+  ur_status st = ur__tbe_names_index(&t->names, i);
   if (st) return st;
   const ur_tbe_table_config *c = &t->tc[i];
   ur_tensor *w = t->wstore[storage_place(t, c->place)][c->dtype];
@@ -637,7 +704,7 @@ ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out, int32_
 
 ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weights,
                            float *state1, float *state2, const int64_t *row_ids, int64_t rows) {
-  ur_status st = check_index(t, i);
+  ur_status st = ur__tbe_names_index(&t->names, i);
   if (st) return st;
   if (owner && t->owner[i] && t->owner[i] != owner)
     return ur__error(UR_STATUS_INVALID, "cache: table '%s' is already cached by another cache",

@@ -17,9 +17,10 @@
  * map raw ids to rows before any of this and call none of it: the rows they give to other ids
  * are reset through ur_tbe_reset_rows (table.c) and ur_cache_drop (cache.c) by their caller.  The
  * quantized collection (qtbe_cpu.c, its CPU reference, then qtbe.c) is a family of its own beside
- * them: it calls none of these files.  The collection reaches its kernels only through
- * t->be->tbe (tbe_cpu.c or kernels/tbe.cu), a cache through c->be->cache (cache_cpu.c or
- * kernels/cache.cu); a freed collection lets its cache and its page state go through hooks. */
+ * them: of these files it calls only table.c's names and features (ur__tbe_names).  The
+ * collection reaches its kernels only through t->be->tbe (tbe_cpu.c or kernels/tbe.cu), a cache
+ * through c->be->cache (cache_cpu.c or kernels/cache.cu); a freed collection lets its cache and
+ * its page state go through hooks. */
 #ifndef UR_TABLE_H
 #define UR_TABLE_H
 
@@ -36,6 +37,54 @@ typedef struct ur__tbe_hook {
   void *ctx;
 } ur__tbe_hook;
 
+/* A collection's tables and features by name, as both kinds of collection hold them (ur_tbe;
+ * ur_qtbe in qtbe.c): the names (given, or a prefix and the index), each feature's table, dim
+ * and first output column, and whether the tables pool (all of them, sum or mean) or none does
+ * (then every table has one dim).  Filled in three steps: ur__tbe_names_init, then for each table
+ * ur__tbe_names_table (after which the collection checks the rest of the table under that name)
+ * and ur__tbe_names_check, then ur__tbe_names_features. */
+typedef struct ur__tbe_names {
+  const char *who;          /* the start of messages: "tbe", "qtbe" */
+  int32_t T, F;
+  char **tnames, **fnames;  /* owned */
+  int32_t *tdims, pooling0; /* each table's dim; table 0's pooling */
+  ur__tbe_feature *features;
+  int32_t pooled, dim;      /* dim: table 0's, the one dim of pooling none */
+  int64_t out_dim;          /* pooled: the features' dims added up; none: dim */
+} ur__tbe_names;
+
+/* Room for T tables and F features; "<who>: out of host memory" when there is none. */
+UR__HIDDEN ur_status ur__tbe_names_init(ur__tbe_names *n, const char *who, int32_t T, int32_t F);
+/* Names table i: name, or prefix and i when NULL. */
+UR__HIDDEN ur_status ur__tbe_names_table(ur__tbe_names *n, int32_t i, const char *name,
+                                         const char *prefix);
+/* Table i of that dim and pooling (a valid one): its name is no earlier table's, and it pools
+ * as table 0 does, with table 0's dim under pooling none. */
+UR__HIDDEN ur_status ur__tbe_names_check(ur__tbe_names *n, int32_t i, int32_t dim,
+                                         int32_t pooling);
+/* Names the features (feature_names NULL: prefix and the index), checks that each is on a table
+ * and that no two share a name, and lays them out. */
+UR__HIDDEN ur_status ur__tbe_names_features(ur__tbe_names *n, const int32_t *feature_table,
+                                            const char *const *feature_names, const char *prefix);
+UR__HIDDEN void ur__tbe_names_free(ur__tbe_names *n);
+
+/* The checks both kinds of collection make of their options (who starts the messages): the
+ * engine's (device, bounds, output dtype), a table's rows, dim and pooling, and a placement of
+ * it (what: "placement", "its optimizer state") on a collection of that device. */
+UR__HIDDEN ur_status ur__tbe_check_engine(const char *who, int32_t device, int32_t bounds,
+                                          ur_dtype out_dtype);
+UR__HIDDEN ur_status ur__tbe_check_table(const char *who, const char *name, int64_t rows,
+                                         int32_t dim, int32_t pooling);
+UR__HIDDEN ur_status ur__tbe_check_place(const char *who, const char *name, const char *what,
+                                         int32_t place, int32_t device);
+/* "<who>: table i does not exist" unless 0 <= i < T. */
+UR__HIDDEN ur_status ur__tbe_names_index(const ur__tbe_names *n, int32_t i);
+/* The public accessors' answers: NULL or -1 out of range. */
+UR__HIDDEN const char *ur__tbe_names_tname(const ur__tbe_names *n, int32_t i);
+UR__HIDDEN const char *ur__tbe_names_fname(const ur__tbe_names *n, int32_t f);
+UR__HIDDEN int32_t ur__tbe_names_ftable(const ur__tbe_names *n, int32_t f);
+UR__HIDDEN int64_t ur__tbe_names_fcol(const ur__tbe_names *n, int32_t f);
+
 struct ur_tbe {
   ur_tbe_config cfg;
   /* Where the collection's own arrays (descriptors, counters, permutations, workspaces, a
@@ -43,18 +92,16 @@ struct ur_tbe {
    * that memory, taken once here. */
   ur_place home;
   const ur_backend *be;
-  int32_t T, F;
-  ur_tbe_table_config *tc;  /* names owned */
-  char **fnames;
+  ur__tbe_names names;      /* T, F, the names and the features */
+  ur_tbe_table_config *tc;  /* each name is names.tnames' */
   ur__tbe_table *tables;    /* with pointers into the storages (or a cache's slots) */
-  ur__tbe_feature *features;
   ur_tensor *wstore[UR_PLACE_COUNT][UR__TBE_NDT];
   ur_tensor *sstore[UR_PLACE_COUNT];
   int64_t *woff, *soff;     /* element offsets of each table and of its state */
   int32_t *splace;
   int32_t nstate;           /* state tensors per table */
-  int64_t out_dim, total_keys;
-  int32_t pooled, dim, key_bits;
+  int64_t total_keys;
+  int32_t key_bits;
   int64_t step;
   ur_tensor *desc;          /* the descriptors and features in device memory (home device) */
   ur_tensor *callbuf;       /* one call's VBE arrays in device memory (home device) */

@@ -124,11 +124,11 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
                      (long long)a->n, (long long)a->bags);
   c->values = values;
   c->offsets = offsets;
-  a->num_tables = t->T;
-  a->num_features = t->F;
+  a->num_tables = t->names.T;
+  a->num_features = t->names.F;
   a->bounds = t->cfg.bounds;
-  a->pooled = t->pooled;
-  a->dim = t->dim;
+  a->pooled = t->names.pooled;
+  a->dim = t->names.dim;
   a->out_dtype = t->cfg.out_dtype;
   a->total_keys = t->total_keys;
   a->key_bits = t->key_bits;
@@ -136,54 +136,54 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
   a->offsets = ur_tensor_data(offsets);
   a->weights = weights ? ur_tensor_data(weights) : NULL;
   a->flags = ur_tensor_data(t->flags);
-  a->out_stride = t->out_dim;
+  a->out_stride = t->names.out_dim;
   if (inverse && !spk)
     return ur__error(UR_STATUS_INVALID,
                      "tbe: inverse_indices given without stride_per_key_per_rank (VBE needs both)");
-  if (inverse && !t->pooled)
+  if (inverse && !t->names.pooled)
     return ur__error(UR_STATUS_INVALID, "tbe: pooling none takes no inverse indices");
   if (spk) {
-    c->vbe = malloc(sizeof(int64_t) * (3 * (size_t)t->F + 1));
+    c->vbe = malloc(sizeof(int64_t) * (3 * (size_t)t->names.F + 1));
     if (!c->vbe) return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
-    int64_t *bs = c->vbe, *ob = c->vbe + t->F + 1;
+    int64_t *bs = c->vbe, *ob = c->vbe + t->names.F + 1;
     bs[0] = 0;
-    for (int32_t f = 0; f < t->F; f++) {
+    for (int32_t f = 0; f < t->names.F; f++) {
       if (spk[f] < 0)
         return ur__error(UR_STATUS_INVALID, "tbe: feature '%s' has batch %lld; expected >= 0",
-                         t->fnames[f], (long long)spk[f]);
+                         t->names.fnames[f], (long long)spk[f]);
       bs[f + 1] = bs[f] + spk[f];
       ob[f] = c->vbe_rows;
-      c->vbe_rows += spk[f] * t->features[f].dim;
+      c->vbe_rows += spk[f] * t->names.features[f].dim;
     }
-    if (bs[t->F] != a->bags)
+    if (bs[t->names.F] != a->bags)
       return ur__error(UR_STATUS_INVALID,
                        "tbe: stride_per_key_per_rank sums to %lld bags but offsets hold %lld",
-                       (long long)bs[t->F], (long long)a->bags);
-    memcpy(ob + t->F, ob, sizeof(int64_t) * (size_t)t->F);
+                       (long long)bs[t->names.F], (long long)a->bags);
+    memcpy(ob + t->names.F, ob, sizeof(int64_t) * (size_t)t->names.F);
     a->bag_start = bs;
   } else {
-    if (a->bags % t->F)
+    if (a->bags % t->names.F)
       return ur__error(UR_STATUS_INVALID,
                        "tbe: %lld bags do not split evenly over %d features; pass "
                        "stride_per_key_per_rank for a variable batch",
-                       (long long)a->bags, (int)t->F);
-    a->batch = a->bags / t->F;
+                       (long long)a->bags, (int)t->names.F);
+    a->batch = a->bags / t->names.F;
   }
-  if (!t->pooled) return check_shape2(o, oname, a->n, t->dim);
+  if (!t->names.pooled) return check_shape2(o, oname, a->n, t->names.dim);
   if (inverse) {
     int64_t m = ur_tensor_numel(inverse);
-    if (m % t->F)
+    if (m % t->names.F)
       return ur__error(UR_STATUS_INVALID,
                        "tbe: %lld inverse indices do not split evenly over %d features",
-                       (long long)m, (int)t->F);
-    a->full_batch = m / t->F;
+                       (long long)m, (int)t->names.F);
+    a->full_batch = m / t->names.F;
     a->inverse = ur_tensor_data(inverse);
-    a->flat_base = c->vbe + 2 * t->F + 1;
+    a->flat_base = c->vbe + 2 * t->names.F + 1;
     a->flat_numel = c->vbe_rows;
-    return check_shape2(o, oname, a->full_batch, t->out_dim);
+    return check_shape2(o, oname, a->full_batch, t->names.out_dim);
   }
   if (spk) {
-    a->out_base = c->vbe + t->F + 1;
+    a->out_base = c->vbe + t->names.F + 1;
     if (ur_tensor_ndim(o) != 1 || ur_tensor_numel(o) != c->vbe_rows)
       return ur__error(UR_STATUS_INVALID,
                        "tbe: %s holds %lld elements in %d dimensions; a VBE batch without "
@@ -192,7 +192,7 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
                        (long long)c->vbe_rows);
     return UR_STATUS_OK;
   }
-  return check_shape2(o, oname, a->batch, t->out_dim);
+  return check_shape2(o, oname, a->batch, t->names.out_dim);
 }
 
 static void release(call *c) { free(c->vbe); }
@@ -209,13 +209,13 @@ static ur_status check_offsets(const ur_tbe *t, const call *c) {
                        "tbe: offsets[%lld] = %lld is below offsets[%lld] = %lld (feature '%s', "
                        "sample %lld); offsets must not decrease",
                        (long long)(b + 1), (long long)o[b + 1], (long long)b, (long long)o[b],
-                       t->fnames[f], (long long)(b - ur__tbe_first_bag(&c->a, f)));
+                       t->names.fnames[f], (long long)(b - ur__tbe_first_bag(&c->a, f)));
     }
   if (o[c->a.bags] != c->a.n)
     return ur__error(UR_STATUS_INVALID, "tbe: offsets end at %lld but there are %lld values",
                      (long long)o[c->a.bags], (long long)c->a.n);
   if (c->a.inverse)
-    for (int32_t f = 0; f < t->F; f++) {
+    for (int32_t f = 0; f < t->names.F; f++) {
       int64_t nb = c->a.bag_start[f + 1] - c->a.bag_start[f];
       for (int64_t b = 0; b < c->a.full_batch; b++) {
         int64_t j = c->a.inverse[(int64_t)f * c->a.full_batch + b];
@@ -223,7 +223,7 @@ static ur_status check_offsets(const ur_tbe *t, const call *c) {
           return ur__error(UR_STATUS_INVALID,
                            "tbe: feature '%s' sample %lld has inverse index %lld; expected "
                            "0..%lld",
-                           t->fnames[f], (long long)b, (long long)j, (long long)nb - 1);
+                           t->names.fnames[f], (long long)b, (long long)j, (long long)nb - 1);
       }
     }
   return UR_STATUS_OK;
@@ -247,25 +247,25 @@ static ur_status bad_id(const ur_tbe *t, const call *c, int64_t i) {
   int32_t f = 0;
   int64_t first = 0;
   if (c->vbe) {
-    while (f + 1 < t->F && c->vbe[f + 1] <= lo) f++;
+    while (f + 1 < t->names.F && c->vbe[f + 1] <= lo) f++;
     first = c->vbe[f];
   } else {
     f = (int32_t)(lo / c->a.batch);
     first = (int64_t)f * c->a.batch;
   }
-  const ur_tbe_table_config *tc = &t->tc[t->features[f].table];
+  const ur_tbe_table_config *tc = &t->tc[t->names.features[f].table];
   return ur__error(UR_STATUS_INVALID,
                    "tbe: table '%s' (feature '%s', sample %lld, value %lld) has no row %lld; "
                    "ids run 0..%lld",
-                   tc->name, t->fnames[f], (long long)(lo - first), (long long)i, (long long)id,
-                   (long long)tc->rows - 1);
+                   tc->name, t->names.fnames[f], (long long)(lo - first), (long long)i,
+                   (long long)id, (long long)tc->rows - 1);
 }
 
 /* ---- calls ---- */
 
 static void fill_host_info(const ur_tbe *t, ur__tbe_args *a) {
   a->host_tables = t->tables;
-  for (int32_t i = 0; i < t->T; i++) {
+  for (int32_t i = 0; i < t->names.T; i++) {
     if (t->tables[i].dim > a->max_dim) a->max_dim = t->tables[i].dim;
     if (t->tables[i].dtype != UR_DTYPE_F32) a->halves = 1;
   }
@@ -277,20 +277,21 @@ static ur_status call_args(ur_tbe *t, ur_stream *s, call *c) {
   ur__tbe_args *a = &c->a;
   if (!t->desc) {
     a->tables = t->tables;
-    a->features = t->features;
+    a->features = t->names.features;
     return UR_STATUS_OK;
   }
   char *d = ur_tensor_data(t->desc);
   a->tables = (const ur__tbe_table *)d;
-  a->features = (const ur__tbe_feature *)(d + align_up((int64_t)(sizeof(ur__tbe_table) * (size_t)t->T), 16));
+  a->features = (const ur__tbe_feature *)(d + align_up((int64_t)(sizeof(ur__tbe_table) *
+                                                                 (size_t)t->names.T), 16));
   if (!c->vbe) return UR_STATUS_OK;
   int64_t *dv = ur_tensor_data(t->callbuf);
   ur_status st = t->be->copy(s ? s->handle : NULL, dv, c->vbe,
-                             sizeof(int64_t) * (3 * (size_t)t->F + 1));
+                             sizeof(int64_t) * (3 * (size_t)t->names.F + 1));
   if (st) return st;
   if (a->bag_start) a->bag_start = dv;
-  if (a->out_base) a->out_base = dv + t->F + 1;
-  if (a->flat_base) a->flat_base = dv + 2 * t->F + 1;
+  if (a->out_base) a->out_base = dv + t->names.F + 1;
+  if (a->flat_base) a->flat_base = dv + 2 * t->names.F + 1;
   return UR_STATUS_OK;
 }
 
@@ -393,7 +394,7 @@ static ur_status backward_call(ur_stream *s, ur_tbe *t, const ur_tensor *grad_ou
                cf->optim.weight_decay == 0 && cf->optim.max_grad <= 0 && !c.a.halves;
   void *sh = s ? s->handle : NULL;
   /* rows the call does not read keep 0 in the row sums */
-  for (int32_t i = 0; i < t->T && sums_only && !st; i++)
+  for (int32_t i = 0; i < t->names.T && sums_only && !st; i++)
     if (t->tables[i].row_sums)
       st = t->be->fill(sh, t->tables[i].row_sums, (size_t)t->tc[i].rows, 4, 0);
   if (!sums_only) t->step++;
@@ -419,9 +420,9 @@ ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
 
 ur_status ur_tbe_set_row_sums(ur_tbe *t, int32_t table, ur_tensor *sums) {
   UR__ARGS(t);
-  if (table < 0 || table >= t->T)
+  if (table < 0 || table >= t->names.T)
     return ur__error(UR_STATUS_INVALID, "tbe set_row_sums: table %d does not exist; expected 0..%d",
-                     (int)table, (int)t->T - 1);
+                     (int)table, (int)t->names.T - 1);
   const ur_tbe_table_config *tc = &t->tc[table];
   if (sums) {
     static const char *const kinds[] = {"sgd", "adagrad", "adam", "adamw", "rowwise_adagrad"};
@@ -440,7 +441,7 @@ ur_status ur_tbe_set_row_sums(ur_tbe *t, int32_t table, ur_tensor *sums) {
                        "memory, which the collection's backend (%s) does not read", tc->name,
                        ur_place_name(ur_tensor_place(sums)), t->be->name);
     const char *lo = ur_tensor_data(sums), *hi = lo + 4 * (size_t)tc->rows;
-    for (int32_t i = 0; i < t->T; i++) {
+    for (int32_t i = 0; i < t->names.T; i++) {
       const char *o = (const char *)t->tables[i].row_sums;
       if (i != table && o && o < hi && lo < o + 4 * (size_t)t->tc[i].rows)
         return ur__error(UR_STATUS_INVALID, "tbe set_row_sums: table '%s': the sums overlap table "
@@ -458,7 +459,7 @@ ur_status ur_tbe_row_sums(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
                           const ur_tensor *inverse_indices) {
   UR__ARGS(t, grad_out, values, offsets);
   int32_t any = 0;
-  for (int32_t i = 0; i < t->T; i++) any |= t->tables[i].row_sums != NULL;
+  for (int32_t i = 0; i < t->names.T; i++) any |= t->tables[i].row_sums != NULL;
   if (!any)
     return ur__error(UR_STATUS_INVALID, "tbe row_sums: no table of the collection has row sums "
                      "(ur_tbe_set_row_sums)");
@@ -470,7 +471,7 @@ ur_status ur_tbe_row_sums(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
 static ur_status sparse_outputs(ur_tbe *t, const int64_t *counts, ur_tensor **rows,
                                 ur_tensor **grads) {
   int64_t u = 0, g = 0;
-  for (int32_t i = 0; i < t->T; i++) {
+  for (int32_t i = 0; i < t->names.T; i++) {
     u += counts[i];
     g += counts[i] * t->tc[i].dim;
   }

@@ -142,35 +142,6 @@ static void cpu_collapse_range(void *ctx, size_t f0, size_t f1) {
   }
 }
 
-/* Sorts (key, value index) pairs by key, keeping value order within a key (LSD radix sort,
- * stable); returns the arrays that hold the result (the inputs or the scratch). */
-static void radix_sort(uint64_t **k, int64_t **v, uint64_t **tk, int64_t **tv, int64_t n,
-                       int bits) {
-  enum { RB = 11, RN = 1 << RB };
-  size_t cnt[RN];
-  for (int shift = 0; shift < bits; shift += RB) {
-    memset(cnt, 0, sizeof(size_t) * RN);
-    uint64_t *ks = *k, *kd = *tk;
-    int64_t *vs = *v, *vd = *tv;
-    for (int64_t i = 0; i < n; i++) cnt[(ks[i] >> shift) & (RN - 1)]++;
-    size_t sum = 0;
-    for (int d = 0; d < RN; d++) {
-      size_t c = cnt[d];
-      cnt[d] = sum;
-      sum += c;
-    }
-    for (int64_t i = 0; i < n; i++) {
-      size_t p = cnt[(ks[i] >> shift) & (RN - 1)]++;
-      kd[p] = ks[i];
-      vd[p] = vs[i];
-    }
-    *tk = ks;
-    *tv = vs;
-    *k = kd;
-    *v = vd;
-  }
-}
-
 typedef struct bwd_job {
   const ur__tbe_args *a;
   const ur__tbe_hyper *h;
@@ -325,22 +296,16 @@ typedef struct cpu_work {
 static void carve(const ur__tbe_args *a, int backward, char *base, cpu_work *w) {
   size_t at = 0, n = (size_t)a->n;
   memset(w, 0, sizeof *w);
-#define TAKE(p, type, count)                                 \
-  do {                                                       \
-    p = base ? (type *)(base + at) : NULL;                   \
-    at += ((count) * sizeof(type) + 63) / 64 * 64;           \
-  } while (0)
-  if (backward) TAKE(w->head, sort_head, 1);
-  if (a->inverse) TAKE(w->flat, float, (size_t)a->flat_numel);
+  if (backward) w->head = ur__carve(base, &at, sizeof(sort_head));
+  if (a->inverse) w->flat = ur__carve(base, &at, sizeof(float) * (size_t)a->flat_numel);
   if (backward) {
-    TAKE(w->k, uint64_t, n);
-    TAKE(w->tk, uint64_t, n);
-    TAKE(w->v, int64_t, n);
-    TAKE(w->tv, int64_t, n);
-    TAKE(w->bag_of, int64_t, n);
-    TAKE(w->seg, int64_t, n + 1);
+    w->k = ur__carve(base, &at, sizeof(uint64_t) * n);
+    w->tk = ur__carve(base, &at, sizeof(uint64_t) * n);
+    w->v = ur__carve(base, &at, sizeof(int64_t) * n);
+    w->tv = ur__carve(base, &at, sizeof(int64_t) * n);
+    w->bag_of = ur__carve(base, &at, sizeof(int64_t) * n);
+    w->seg = ur__carve(base, &at, sizeof(int64_t) * (n + 1));
   }
-#undef TAKE
   w->total = at;
 }
 
@@ -399,7 +364,7 @@ static void cpu_segments(bwd_job *j, cpu_work *w) {
   j->keys = k;
   j->idx = v;
   ur__parallel_for((size_t)a->bags, 256, cpu_keys_range, j);
-  radix_sort(&k, &v, &tk, &tv, a->n, a->key_bits);
+  ur__radix_sort(&k, &v, &tk, &tv, a->n, a->key_bits);
   j->keys = k;
   j->idx = v;
   int64_t ns = 0;

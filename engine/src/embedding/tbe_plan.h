@@ -122,8 +122,14 @@ UR_HD int32_t ur__tbe_feature_of(const ur__tbe_args *a, int64_t bag) {
   return lo;
 }
 
+/* Feature f's first bag (f = F: the end of the last): bag_start[f] when the batch varies per
+ * feature (VBE), else f * batch.  The cache's lookup counts the same way. */
+UR_HD int64_t ur__tbe_bag_of(const int64_t *bag_start, int64_t batch, int32_t f) {
+  return bag_start ? bag_start[f] : (int64_t)f * batch;
+}
+
 UR_HD int64_t ur__tbe_first_bag(const ur__tbe_args *a, int32_t f) {
-  return a->bag_start ? a->bag_start[f] : (int64_t)f * a->batch;
+  return ur__tbe_bag_of(a->bag_start, a->batch, f);
 }
 
 /* The element of the output (or of its gradient) where bag's pooled row begins. */

@@ -104,34 +104,29 @@ function Sharded:__init(opts, spec, comm)
                 shard = { logical = i - 1, rows = t.rows, dim = t.dim } }
     return o
   end
+  -- Table o in group g, reading features fs (each named with suffix after it, when given):
+  -- each feature's columns follow the group's so far.
+  local function place(g, o, fs, suffix, shard)
+    o.features = {}
+    for _, f in ipairs(fs) do
+      local name = suffix and f .. suffix or f
+      o.features[#o.features + 1] = name
+      g.feats[#g.feats + 1] = { src = f, name = name, dim = o.dim, col = g.dim, shard = shard }
+      g.dim = g.dim + o.dim
+    end
+    g.tables[#g.tables + 1] = o
+  end
   for i, t in ipairs(tables) do
     local p = plan.tables[t.name]
     local fs = t.features or { t.name }
     if p.kind == "table_wise" then
-      local r = p.shards[1].rank
-      local g = a2a[r]
-      local o = base_of(t, t.name, i)
-      o.features = {}
-      for _, f in ipairs(fs) do
-        o.features[#o.features + 1] = f
-        g.feats[#g.feats + 1] = { src = f, name = f, dim = t.dim, col = g.dim }
-        g.dim = g.dim + t.dim
-      end
-      g.tables[#g.tables + 1] = o
+      place(a2a[p.shards[1].rank], base_of(t, t.name, i), fs)
     elseif p.kind == "column_wise" then
       for s, sh in ipairs(p.shards) do
-        local g = a2a[sh.rank]
         local o = base_of(t, ("%s/c%d"):format(t.name, s - 1), i)
         o.dim = sh.dim
         o.shard.col0 = sh.col0
-        o.features = {}
-        for _, f in ipairs(fs) do
-          local name = ("%s/c%d"):format(f, s - 1)
-          o.features[#o.features + 1] = name
-          g.feats[#g.feats + 1] = { src = f, name = name, dim = sh.dim, col = g.dim, shard = s }
-          g.dim = g.dim + sh.dim
-        end
-        g.tables[#g.tables + 1] = o
+        place(a2a[sh.rank], o, fs, ("/c%d"):format(s - 1), s)
       end
     elseif p.kind == "row_wise" then
       local sh = p.shards[me + 1]
@@ -139,24 +134,11 @@ function Sharded:__init(opts, spec, comm)
       local o = base_of(t, ("%s/r%d"):format(t.name, me), i)
       o.rows = math.max(sh.rows, 1)
       o.shard.row0 = sh.rows > 0 and sh.row0 or t.rows - 1
-      o.features = {}
+      place(rw, o, fs)
       self.rw_blocks = self.rw_blocks or {}
-      for _, f in ipairs(fs) do
-        o.features[#o.features + 1] = f
-        rw.feats[#rw.feats + 1] = { src = f, name = f, dim = t.dim, col = rw.dim }
-        rw.dim = rw.dim + t.dim
-        self.rw_blocks[f] = { block = p.block, rows = t.rows }
-      end
-      rw.tables[#rw.tables + 1] = o
+      for _, f in ipairs(fs) do self.rw_blocks[f] = { block = p.block, rows = t.rows } end
     else
-      local o = base_of(t, t.name, i)
-      o.features = {}
-      for _, f in ipairs(fs) do
-        o.features[#o.features + 1] = f
-        dp.feats[#dp.feats + 1] = { src = f, name = f, dim = t.dim, col = dp.dim }
-        dp.dim = dp.dim + t.dim
-      end
-      dp.tables[#dp.tables + 1] = o
+      place(dp, base_of(t, t.name, i), fs)
     end
   end
   self.a2a, self.rw, self.dp = a2a, rw, dp
@@ -653,11 +635,9 @@ function Sharded:_check_input(input)
   end
 end
 
--- forward(input[, ticket]): a ticket of prepare brings the batch's exchanged ids (and its rows
--- in the shards' caches); without one the exchange runs now.  In evaluation (no backward
--- follows) the ticket is retired after the forward.
-function Sharded:forward(input, ticket) return self:updateOutput(input, ticket) end
-
+-- forward(input[, ticket]) (Module's): a ticket of prepare brings the batch's exchanged ids (and
+-- its rows in the shards' caches); without one the exchange runs now.  In evaluation (no
+-- backward follows) the ticket is retired after the forward.
 function Sharded:updateOutput(input, ticket)
   self:_check_input(input)
   local comm, W, stream = self.comm, self.world, self.stream
@@ -727,13 +707,8 @@ function Sharded:updateGradInput(input, gradOutput) -- luacheck: ignore 212
   return nil
 end
 
--- backward(input, gradOutput[, ticket]): the ticket the forward took (retired, trained).
-function Sharded:backward(input, gradOutput, ticket)
-  self:updateGradInput(input, gradOutput)
-  self:accGradParameters(input, gradOutput, ticket)
-  return self.gradInput
-end
-
+-- backward(input, gradOutput[, ticket]) (Module's): the ticket the forward took (retired,
+-- trained).
 -- The fused optimizer step of every shard, from the gradient of this rank's output.
 function Sharded:accGradParameters(input, gradOutput, ticket) -- luacheck: ignore 212 (the input came through forward)
   local comm, W, stream, B = self.comm, self.world, self.stream, self._B

@@ -34,29 +34,15 @@ function EBC:__init(opts, pooling)
   self._out_shape = nil
 end
 
--- forward(input[, ticket]); in evaluation (no backward follows) the batch's rows are done
--- with at once.
-function EBC:forward(input, ticket) return self:updateOutput(input, ticket) end
-
+-- forward(input[, ticket]) (Module's); in evaluation (no backward follows) the batch's rows are
+-- done with at once.
 function EBC:updateOutput(input, ticket)
-  local shape = self.tbe:output_shape(input)
-  local key = table.concat(shape, "x")
-  if self._out_shape ~= key or not self.output then
-    if self.output then self.output:free() end
-    self.output = assert(self.tbe:new_output(input))
-    self._out_shape = key
-  end
-  assert(self.tbe:forward(input, self.output, self.stream, ticket))
+  assert(self.tbe:forward(input, table_options.module_output(self, self.tbe, input), self.stream, ticket))
   if not self.train then assert(self.tbe:retire(ticket, false, self.stream)) end
   return self.output
 end
 
--- backward(input, gradOutput[, ticket]).
-function EBC:backward(input, gradOutput, ticket)
-  self:updateGradInput(input, gradOutput)
-  self:accGradParameters(input, gradOutput, ticket)
-  return self.gradInput
-end
+-- backward(input, gradOutput[, ticket]) is Module's.
 
 -- Ids have no gradient.
 function EBC:updateGradInput(input, gradOutput) -- luacheck: ignore 212

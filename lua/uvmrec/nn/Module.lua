@@ -128,13 +128,15 @@ end
 
 function Module:accGradParameters(input, gradOutput) end -- luacheck: ignore 212
 
-function Module:forward(input)
-  return self:updateOutput(input)
+-- Arguments after the input (and gradOutput) go on to the update functions: a module may take
+-- more (the embedding collections' batch ticket).
+function Module:forward(input, ...)
+  return self:updateOutput(input, ...)
 end
 
-function Module:backward(input, gradOutput)
-  self:updateGradInput(input, gradOutput)
-  self:accGradParameters(input, gradOutput)
+function Module:backward(input, gradOutput, ...)
+  self:updateGradInput(input, gradOutput, ...)
+  self:accGradParameters(input, gradOutput, ...)
   return self.gradInput
 end
 

@@ -42,14 +42,7 @@ function QEBC.quantize(ebc, opts)
 end
 
 function QEBC:updateOutput(input)
-  local shape = self.qtbe:output_shape(input)
-  local key = table.concat(shape, "x")
-  if self._out_shape ~= key or not self.output then
-    if self.output then self.output:free() end
-    self.output = assert(self.qtbe:new_output(input))
-    self._out_shape = key
-  end
-  assert(self.qtbe:forward(input, self.output, self.stream))
+  assert(self.qtbe:forward(input, table_options.module_output(self, self.qtbe, input), self.stream))
   return self.output
 end
 

@@ -1,13 +1,13 @@
 -- uvmrec.nn.ReLU: y = max(x, 0).  Sequential fuses a ReLU that follows a Linear into the
 -- Linear's epilogue; the ReLU then passes values and gradients through untouched.
-local Module = require "uvmrec.nn.Module"
-local dense = require "uvmrec.dense"
+local Activation = require "uvmrec.nn.Activation"
 
-local ReLU = Module:extend("ReLU")
+local ReLU = Activation:extend("ReLU")
+ReLU.act = "relu"
 ReLU.is_relu = true -- Sequential fuses it into a Linear before it
 
 function ReLU:__init()
-  Module.__init(self)
+  Activation.__init(self)
   self.fused = false
 end
 
@@ -16,22 +16,15 @@ function ReLU:updateOutput(input)
     self.output = input
     return input
   end
-  self:follow(input)
-  local rows, cols = Module.rows_cols(input)
-  self.output = self:buffer("output", Module.dtype_of(input), rows, cols)
-  dense.act_forward(input, self.output, "relu", self.stream)
-  return self.output
+  return Activation.updateOutput(self, input)
 end
 
-function ReLU:updateGradInput(input, gradOutput) -- luacheck: ignore 212
+function ReLU:updateGradInput(input, gradOutput)
   if self.fused then
     self.gradInput = gradOutput
     return gradOutput
   end
-  local rows, cols = Module.rows_cols(gradOutput)
-  self.gradInput = self:buffer("gradInput", Module.dtype_of(gradOutput), rows, cols)
-  dense.act_backward(self.output, gradOutput, self.gradInput, "relu", self.stream)
-  return self.gradInput
+  return Activation.updateGradInput(self, input, gradOutput)
 end
 
 function ReLU:extra_repr()
