@@ -44,26 +44,8 @@ local function fit_logistic(x, y, d)
       end
     end
     for a = 1, d + 1 do for b = 1, a - 1 do hs[a][b] = hs[b][a] end end
-    -- Solve hs * step = g by Gaussian elimination.
-    local n = d + 1
-    for c = 1, n do
-      local piv = c
-      for r = c + 1, n do if math.abs(hs[r][c]) > math.abs(hs[piv][c]) then piv = r end end
-      hs[c], hs[piv] = hs[piv], hs[c]
-      g[c], g[piv] = g[piv], g[c]
-      for r = c + 1, n do
-        local f = hs[r][c] / hs[c][c]
-        for k = c, n do hs[r][k] = hs[r][k] - f * hs[c][k] end
-        g[r] = g[r] - f * g[c]
-      end
-    end
-    local step = {}
-    for r = n, 1, -1 do
-      local s = g[r]
-      for k = r + 1, n do s = s - hs[r][k] * step[k] end
-      step[r] = s / hs[r][r]
-    end
-    for j = 1, n do w[j] = w[j] - step[j] end
+    local step = require("uvmrec.planner.calib").solve(hs, g)
+    for j = 1, d + 1 do w[j] = w[j] - step[j] end
   end
   return w
 end

@@ -93,6 +93,9 @@ describe("planner.calib", function()
       assert.near(2, x[1], 1e-12)
       assert.near(3, x[2], 1e-12)
     end
+    -- the linear solve under it (pivoting: the first row's leading zero)
+    local x3 = calib.solve({ { 0, 2, 1 }, { 1, 1, 0 }, { 2, 0, 3 } }, { 7, 3, 11 })
+    for i, want in ipairs({ 1, 2, 3 }) do assert.near(want, x3[i], 1e-12) end
     -- y = a x through (1, 1) and (10, 20): absolute errors, the long run decides (sum xy / sum x^2);
     -- relative ones weigh both alike (sum (x/y) / sum (x/y)^2, x/y = 1 and 0.5)
     local A2, y2 = { { 1 }, { 10 } }, { 1, 20 }

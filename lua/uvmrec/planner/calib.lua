@@ -172,6 +172,29 @@ function M.encode(t)
   return h:sub(1, -2) .. ',\n  "rates": {\n' .. table.concat(lines, ",\n") .. "\n  }\n}\n"
 end
 
+-- x with N x = v, N square (rows of numbers), by Gaussian elimination with partial pivoting;
+-- N and v are overwritten.
+function M.solve(N, v)
+  local m = #v
+  for a = 1, m do
+    local piv = a
+    for r = a + 1, m do if math.abs(N[r][a]) > math.abs(N[piv][a]) then piv = r end end
+    N[a], N[piv], v[a], v[piv] = N[piv], N[a], v[piv], v[a]
+    for r = a + 1, m do
+      local f = N[r][a] / N[a][a]
+      for b = a, m do N[r][b] = N[r][b] - f * N[a][b] end
+      v[r] = v[r] - f * v[a]
+    end
+  end
+  local x = {}
+  for a = m, 1, -1 do
+    local sum = v[a]
+    for b = a + 1, m do sum = sum - N[a][b] * x[b] end
+    x[a] = sum / N[a][a]
+  end
+  return x
+end
+
 -- Least squares with every coefficient >= 0: x minimising sum_i (sum_j A[i][j] x[j] - y[i])^2,
 -- or with `relative`, sum_i (sum_j A[i][j] x[j] / y[i] - 1)^2 (each run's error in its own
 -- scale).  A coefficient fitted below 0 is dropped (0) and the rest fitted again.  A: rows of
@@ -198,22 +221,7 @@ function M.fit(A, y, relative)
         for b = 1, m do N[a][b] = N[a][b] + ra * A[i][idx[b]] * w end
       end
     end
-    for a = 1, m do -- Gaussian elimination with partial pivoting
-      local piv = a
-      for r = a + 1, m do if math.abs(N[r][a]) > math.abs(N[piv][a]) then piv = r end end
-      N[a], N[piv], v[a], v[piv] = N[piv], N[a], v[piv], v[a]
-      for r = a + 1, m do
-        local f = N[r][a] / N[a][a]
-        for b = a, m do N[r][b] = N[r][b] - f * N[a][b] end
-        v[r] = v[r] - f * v[a]
-      end
-    end
-    local x = {}
-    for a = m, 1, -1 do
-      local sum = v[a]
-      for b = a + 1, m do sum = sum - N[a][b] * x[b] end
-      x[a] = sum / N[a][a]
-    end
+    local x = M.solve(N, v)
     local worst
     for a = 1, m do if x[a] < 0 and (not worst or x[a] < x[worst]) then worst = a end end
     if not worst then
