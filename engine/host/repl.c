@@ -239,11 +239,20 @@ static void report(void) {
   fflush(stderr);
 }
 
+/* Runs code: ur_lua_pcall with the terminal's Ctrl-C as SIGINT for just that long (the call
+ * catches it and stops the code; outside it SIGINT would end the REPL). */
+static ur_status pcall_code(repl *r, int nargs, int nresults) {
+  code_signals(r, 1);
+  ur_status s = ur_lua_pcall(r->L, nargs, nresults);
+  code_signals(r, 0);
+  return s;
+}
+
 /* Runs the compiled chunk on top of the stack and prints its results; 0 when it failed. */
 static int run_chunk(repl *r) {
   lua_State *L = r->L;
   int base = lua_gettop(L);
-  if (ur_lua_pcall(L, 0, LUA_MULTRET)) {
+  if (pcall_code(r, 0, LUA_MULTRET)) {
     report();
     return 0;
   }
@@ -252,7 +261,7 @@ static int run_chunk(repl *r) {
   lua_insert(L, base);
   lua_pushinteger(L, n);
   lua_insert(L, base + 1);
-  int ok = ur_lua_pcall(L, n + 1, 0) == UR_STATUS_OK;
+  int ok = pcall_code(r, n + 1, 0) == UR_STATUS_OK;
   if (!ok) report();
   fflush(stdout);
   return ok;
@@ -307,9 +316,7 @@ static ur_status loop(repl *r) {
       continue;
     }
     lua_pop(L, 1);
-    code_signals(r, 1);
     if (!run_chunk(r)) failed++;
-    code_signals(r, 0);
   }
   if (chunk.len) { /* input ended inside a chunk */
     ur__lua_error(UR_STATUS_INVALID, "stdin: input ended inside an unfinished chunk");

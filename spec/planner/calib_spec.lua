@@ -107,6 +107,13 @@ describe("planner.calib", function()
     x = calib.fit({ { 1, 1 }, { 2, 1 }, { 3, 1 } }, { 1, 2.5, 4 })
     assert.equal(0, x[2])
     assert.near((1 + 5 + 12) / 14, x[1], 1e-12)
+    -- what cannot be fitted is an error, not NaN rates
+    assert.has_error(function() calib.solve({ { 1, 2 }, { 2, 4 } }, { 1, 2 }) end,
+      "calib.solve: the system is singular (column 2 has no pivot)")
+    assert.has_error(function() calib.fit({ { 1 }, { 2 } }, { 1, 0 }, true) end,
+      "calib.fit: run 2 measured 0; expected a time > 0")
+    assert.has_error(function() calib.synthetic():term("hbm_gather") end,
+      "calibration: hbm_gather is not an optional term in seconds")
   end)
 
   it("measures this machine with uvmrec calibrate --quick", function()

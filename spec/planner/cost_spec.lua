@@ -147,14 +147,16 @@ describe("planner.cost", function()
     -- dot over 2 vectors: 1 pair; top input 4 + 1
     assert.equal(3 * 4 + 5 * 2 + 2 * 1, dm.macs)
     assert.equal(3 * 4 + 4 + 5 * 2 + 2 + 2 * 1 + 1, dm.params)
+    -- the bottom's first layer (3 -> 4) is fed data: 4 of its 6 products (no input gradient)
+    assert.equal(dm.macs - 3 * 4 / 3, dm.product_macs)
     local d = cost.dense(dm, ctx())
-    near(d.mlp, 6 * B * dm.macs / R.mlp_f32, "mlp")
+    near(d.mlp, 6 * B * dm.product_macs / R.mlp_f32, "mlp")
     near(d.interaction, B * 6 * 1 * 4 / R.interaction_dot, "interaction")
     near(d.optimizer, dm.params * 4 * 3 / R.hbm_copy, "optimizer (sgd)")
     near(d.time, d.mlp + d.interaction + d.optimizer, "dense time")
     local bf = cost.dense(cost.dense_model { dense_features = 3, bottom = { 4 }, top = { 2, 1 }, tables = 1, dim = 4,
                                              precision = "bf16" }, ctx())
-    near(bf.mlp, 6 * B * dm.macs / R.mlp_bf16, "bf16 mlp")
+    near(bf.mlp, 6 * B * dm.product_macs / R.mlp_bf16, "bf16 mlp")
   end)
 
   it("prices an MLP layer's output values and calls where the calibration has them", function()
@@ -167,10 +169,10 @@ describe("planner.cost", function()
     -- three layers, whose outputs are 4 + 2 + 1 values a sample
     assert.equal(3, dm.layers)
     assert.equal(4 + 2 + 1, dm.outputs)
-    near(cost.dense(dm, c2).mlp, 6 * B * dm.macs / R.mlp_f32 + B * 7 * 2e-9 + 3 * 5e-5, "mlp with its terms")
+    near(cost.dense(dm, c2).mlp, 6 * B * dm.product_macs / R.mlp_f32 + B * 7 * 2e-9 + 3 * 5e-5, "mlp with its terms")
     -- bf16 has no per-layer term here: that part is left out (0), not borrowed from f32
     shape.precision = "bf16"
-    near(cost.dense(cost.dense_model(shape), c2).mlp, 6 * B * dm.macs / R.mlp_bf16 + B * 7 * 7e-9, "bf16")
+    near(cost.dense(cost.dense_model(shape), c2).mlp, 6 * B * dm.product_macs / R.mlp_bf16 + B * 7 * 7e-9, "bf16")
     -- DCNv2's cross layers are layers too: three of 8 x 8 (the bottom's 4 and one table of 4)
     local dc = cost.dense_model { dense_features = 3, bottom = { 4 }, top = { 1 }, tables = 1, dim = 4,
                                   interaction = "dcnv2", cross_layers = 3 }

@@ -56,6 +56,8 @@ M.RATES = {
   reduce_scatter = { "B/s", "reduce-scatter bus rate ((W-1)/W x bytes per rank)", true },
 }
 
+M.COLLECTIVES = { alltoall = true, allreduce = true, reduce_scatter = true }
+
 local Calib = {}
 Calib.__index = Calib
 M.Calib = Calib
@@ -128,8 +130,8 @@ function Calib:rate(name)
   local r = self.data.rates[name]
   if r == nil then
     if M.RATES[name] and M.RATES[name][3] then
-      error(("calibration %s has no %s rate (%s): plans over several ranks need the collectives' rates")
-            :format(self.where, name, M.RATES[name][2]), 2)
+      error(("calibration %s has no %s rate (%s)%s"):format(self.where, name, M.RATES[name][2],
+            M.COLLECTIVES[name] and ": plans over several ranks need the collectives' rates" or ""), 2)
     end
     error("calibration: no rate " .. tostring(name), 2)
   end
@@ -140,7 +142,10 @@ function Calib:has(name) return self.data.rates[name] ~= nil end
 
 -- An optional term's value, or 0 where this calibration lacks it (its cost left out).
 function Calib:term(name)
-  assert(M.RATES[name] and M.RATES[name][3] and M.RATES[name][1] == "s", name)
+  local spec = M.RATES[name]
+  if not (spec and spec[3] and spec[1] == "s") then
+    error(("calibration: %s is not an optional term in seconds"):format(tostring(name)), 2)
+  end
   local r = self.data.rates[name]
   return r and r.value or 0
 end
@@ -173,12 +178,16 @@ function M.encode(t)
 end
 
 -- x with N x = v, N square (rows of numbers), by Gaussian elimination with partial pivoting;
--- N and v are overwritten.
+-- N and v are overwritten.  A singular N is an error naming the column.
 function M.solve(N, v)
   local m = #v
   for a = 1, m do
     local piv = a
     for r = a + 1, m do if math.abs(N[r][a]) > math.abs(N[piv][a]) then piv = r end end
+    local pv = math.abs(N[piv][a])
+    if pv == 0 or pv ~= pv then
+      error(("calib.solve: the system is singular (column %d has no pivot)"):format(a), 2)
+    end
     N[a], N[piv], v[a], v[piv] = N[piv], N[a], v[piv], v[a]
     for r = a + 1, m do
       local f = N[r][a] / N[a][a]
@@ -195,12 +204,20 @@ function M.solve(N, v)
   return x
 end
 
--- Least squares with every coefficient >= 0: x minimising sum_i (sum_j A[i][j] x[j] - y[i])^2,
--- or with `relative`, sum_i (sum_j A[i][j] x[j] / y[i] - 1)^2 (each run's error in its own
--- scale).  A coefficient fitted below 0 is dropped (0) and the rest fitted again.  A: rows of
--- the terms' amounts, y: the measured times.
+-- Least squares, x minimising sum_i (sum_j A[i][j] x[j] - y[i])^2, or with `relative`,
+-- sum_i (sum_j A[i][j] x[j] / y[i] - 1)^2 (each run's error in its own scale).  A coefficient
+-- fitted below 0 is dropped (0) and the rest fitted again, until none is: no coefficient comes
+-- out below 0 (a simple active set, not a full non-negative least squares: a dropped term is
+-- not tried again).  A: rows of the terms' amounts, y: the measured times (> 0 when relative).
 function M.fit(A, y, relative)
   local n = #A[1]
+  if relative then
+    for i = 1, #y do
+      if y[i] ~= y[i] or y[i] <= 0 then
+        error(("calib.fit: run %d measured %s; expected a time > 0"):format(i, tostring(y[i])), 2)
+      end
+    end
+  end
   local on = {}
   for j = 1, n do on[j] = true end
   while true do

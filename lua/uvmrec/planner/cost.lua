@@ -308,6 +308,8 @@ function M.dense_model(d)
     macs, params, widths, layers = macs + i * o, params + i * o + o, widths + o, layers + 1
   end
   local w = d.dense_features or 13
+  -- the bottom's first layer is fed data: no input gradient, 4 of its 6 products (models/dlrm.lua)
+  local skipped = #d.bottom > 0 and w * d.bottom[1] / 3 or 0
   for _, o in ipairs(d.bottom) do
     layer(w, o)
     w = o
@@ -338,7 +340,8 @@ function M.dense_model(d)
   -- uvmrec.optim's state of a row of one element, and SGD's momentum buffer
   local rule = require("uvmrec.optim").RULES[d.optimizer or "sgd"]
   local nstate = (rule and rule.state(1) or 0) + ((d.optimizer or "sgd") == "sgd" and (d.momentum or 0) > 0 and 1 or 0)
-  return { macs = macs, params = params, layers = layers, outputs = widths, inter_flops = inter_flops,
+  return { macs = macs, product_macs = macs - skipped, params = params, layers = layers, outputs = widths,
+           inter_flops = inter_flops,
            interaction = d.interaction or "dot",
            act_floats = widths + width + F * d.dim, precision = d.precision or "f32", nstate = nstate,
            description = d }
@@ -351,11 +354,11 @@ function M.dense(dm, ctx)
   local p = dm.precision
   -- the products by FLOPs; bias, activation and their gradients by the layers' output values;
   -- and the calls of each layer
-  local t_mlp = 6 * B * dm.macs / c:rate("mlp_" .. p) + B * dm.outputs * c:term("mlp_act_" .. p)
+  local t_mlp = 6 * B * dm.product_macs / c:rate("mlp_" .. p) + B * dm.outputs * c:term("mlp_act_" .. p)
                 + dm.layers * c:term("mlp_layer_" .. p)
   local t_int = dm.inter_flops > 0 and B * dm.inter_flops / c:rate("interaction_dot") or 0
   local t_opt = dm.params * 4 * (3 + 2 * dm.nstate) / c:rate("hbm_copy")
-  local t_fixed = c:has("step_overhead") and c:rate("step_overhead") or 0
+  local t_fixed = c:term("step_overhead")
   local comm = 0
   if ctx.world > 1 then comm = 2 * (ctx.world - 1) / ctx.world * dm.params * 4 / c:rate("allreduce") end
   local act_bytes = dm.precision == "bf16" and 2 or 4

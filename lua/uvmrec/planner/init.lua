@@ -354,8 +354,9 @@ function M.build(S, best, stats)
   local used = { "hbm_gather", "hbm_gather_repeat", "hbm_copy", "zero_copy_gather", "managed_gather",
                  "tbe_backward_per_id", "cache_per_id", "cache_row_fixed", "cache_move", "pipeline_overlap",
                  "hints_per_row",
-                 "mlp_" .. (S.opts.dense and S.opts.dense.precision or "f32"), "interaction_dot", "step_overhead",
-                 "loader_per_value" }
+                 "interaction_dot", "step_overhead", "loader_per_value" }
+  local prec = S.opts.dense and S.opts.dense.precision or "f32"
+  for _, n in ipairs({ "mlp_", "mlp_act_", "mlp_layer_" }) do used[#used + 1] = n .. prec end
   if W > 1 then for _, n in ipairs({ "alltoall", "allreduce", "reduce_scatter" }) do used[#used + 1] = n end end
   local p = {
     format = M.FORMAT, version = M.VERSION, world = W, batch = ctx.batch, budget = S.budget,
