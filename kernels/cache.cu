@@ -138,7 +138,7 @@ struct Layout {
 };
 
 cudaError_t carve(const ur__cache_dev &d, int64_t n, char *base, Layout *L) {
-  ur_carver cv{base, 0};
+  ur__carver cv{base, 0};
   int64_t m = n > 0 ? n : 1;
   L->ka = (uint64_t *)cv.take((size_t)m * 8);
   L->kb = (uint64_t *)cv.take((size_t)m * 8);

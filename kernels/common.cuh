@@ -56,7 +56,7 @@ static inline void ur__cuda_drop(cudaError_t err) {
 
 /* A workspace carved into 256-byte aligned pieces: take(bytes) is the next one, or nullptr when
  * base is (only measuring); at counts the bytes carved so far. */
-struct ur_carver {
+struct ur__carver {
   char *base;
   size_t at;
   void *take(size_t bytes) {

@@ -297,7 +297,7 @@ struct Layout {
 
 cudaError_t carve(const ur__mc_table &t, char *base, Layout *L) {
   int64_t q = t.qmask + 1, mm = q > t.cap ? q : t.cap;
-  ur_carver cv{base, 0};
+  ur__carver cv{base, 0};
   L->cslot = (int64_t *)cv.take((size_t)q * 8);
   L->ka = (uint64_t *)cv.take((size_t)mm * 8);
   L->kb = (uint64_t *)cv.take((size_t)mm * 8);
