@@ -4,8 +4,10 @@
 --   copies (within memory, host to device and back: on the CPU both are memcpy), the embedding
 --   forward's gather of scattered rows (once each, and again within a batch), the same rows read
 --   in place from pinned and managed memory, the fused backward's cost per id, the software
---   cache's cost per id and per row moved (through the real cache), the MLP's matrix products
---   (f32, TF32, bf16) and the dot interaction (uvmrec.nn modules).  Collectives need ranks: not
+--   cache's cost per id and per row moved (through the real cache), the hot_prefix policy's
+--   interval per row, the dot interaction, the MLPs (f32, TF32, bf16: a FLOP rate, a cost per
+--   output value and one per layer, fitted to five stacks at two batches), a training step's
+--   fixed cost and what the synthetic loader adds to a step.  Collectives need ranks: not
 --   measured here (plans over several ranks need a calibration that has them).
 -- Runs in well under a minute on two cores.  Also `luajit scripts/calibrate.lua ...`.
 local ffi = require "ffi"
@@ -300,8 +302,8 @@ print(("  %-22s %14s  %s"):format("pipeline_overlap", "0", rates.pipeline_overla
 -- ---- dense: MLPs of several shapes, and the dot interaction ----
 do
   local nn = require "uvmrec.nn"
-  -- the interaction first: right after the MLPs' products, OpenBLAS's threads still spin for
-  -- work and take the cores from it (measured: 5.3 GFLOP/s there against 7.3 to 8.8 alone)
+  -- the interaction first: right after the MLPs' products OpenBLAS's threads may still spin for
+  -- work and take the cores from it (one run there measured 5.3 GFLOP/s; first, 4.7 to 9.1)
   do
     local B, d, F = Q and 512 or 2048, 16, 27
     -- padded as models/dlrm.lua's (zero columns up to a multiple of 8)
@@ -321,8 +323,9 @@ do
 
   -- dlrm_tiny's and dlrm_kaggle's stacks and a narrow deep one, at two batches: a layer's
   -- forward + backward costs 6·B·in·out FLOPs at the matrix products' rate, a time per output
-  -- value (bias, activation and their gradients) and a time per layer (its calls); the three
-  -- are fitted to all runs (small products run far below the large ones' rate)
+  -- value (bias, activation and their gradients) and a time per layer (OpenBLAS's threading of
+  -- its products at these sizes); the three are fitted to all runs (small products run far below
+  -- the large ones' rate)
   local shapes = { { 13, 64, 16 }, { 367, 64, 1 }, { 13, 512, 256, 64, 16 }, { 367, 512, 256, 1 },
                    { 64, 64, 64, 64, 64 } }
   local batches = Q and { 256, 512 } or { 1024, 4096 }

@@ -353,7 +353,7 @@ function M.dense(dm, ctx)
   local c, B = ctx.calib, ctx.batch
   local p = dm.precision
   -- the products by FLOPs; bias, activation and their gradients by the layers' output values;
-  -- and the calls of each layer
+  -- and a cost per layer
   local t_mlp = 6 * B * dm.product_macs / c:rate("mlp_" .. p) + B * dm.outputs * c:term("mlp_act_" .. p)
                 + dm.layers * c:term("mlp_layer_" .. p)
   local t_int = dm.inter_flops > 0 and B * dm.inter_flops / c:rate("interaction_dot") or 0
