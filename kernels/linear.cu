@@ -20,6 +20,7 @@
 
 #include "common.cuh"
 #include "dense.cuh"
+#include "dense/act.h"
 #include "dense/dense.h"
 
 #define UR_LT_WORKSPACE (32u << 20) /* cuBLASLt's workspace per stream, as NVIDIA advises */
@@ -33,7 +34,7 @@ __global__ void ur_bias_act_kernel(T *y, const T *b, int64_t rows, int64_t cols,
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     float v = ur_ld(y, i);
     if (b) v += ur_ld(b, i % cols);
-    if (act == UR_ACT_RELU) v = v > 0.0f ? v : 0.0f;
+    if (act == UR_ACT_RELU) v = ur__relu(v);
     ur_st(y, i, v);
   }
 }
@@ -490,7 +491,7 @@ __global__ void ur_gemv_fwd_kernel(const T *x, const T *w, const T *b, T *y, uin
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (b) s += ur_ld(b, 0);
-    if (act == UR_ACT_RELU) s = s > 0.0f ? s : 0.0f;
+    if (act == UR_ACT_RELU) s = ur__relu(s);
     if (lane == 0) ur_st(y, r, s);
     if (mask && lane < 16) {
       float stored = lane == 0 ? ur_ld(y, r) : 0.0f;
@@ -766,17 +767,11 @@ ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, c
 
 /* ---- activations ---- */
 
-__device__ __forceinline__ float ur_sigmoid(float v) {
-  if (v >= 0.0f) return 1.0f / (1.0f + expf(-v));
-  float e = expf(v);
-  return e / (1.0f + e);
-}
-
 template <typename T>
 __global__ void ur_act_fwd_kernel(const T *x, T *y, int64_t n, int act) {
   UR_GRID_STRIDE(i, n) {
     float v = ur_ld(x, i);
-    ur_st(y, i, act == UR_ACT_RELU ? (v > 0.0f ? v : 0.0f) : ur_sigmoid(v));
+    ur_st(y, i, act == UR_ACT_RELU ? ur__relu(v) : ur__sigmoid(v));
   }
 }
 

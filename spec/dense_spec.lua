@@ -177,6 +177,26 @@ describe("uvmrec.dense activations", function()
     end
   end)
 
+  it("passes NaN on through relu, alone and in a linear layer's epilogue, its mask bit clear", function()
+    local y = R.zeros({ 3 })
+    dense.act_forward(R.tensor({ 3 }, { 0 / 0, -1, 2 }), y, "relu")
+    local v = y:totable()
+    assert.is_true(v[1] ~= v[1], "relu(NaN) is NaN")
+    assert.same({ 0, 2 }, { v[2], v[3] })
+    for _, dt in ipairs { "f32", "bf16" } do
+      local x = R.rand({ 4, 5 }, 61, { dtype = dt })
+      x:set(2 * 5 + 1, 0 / 0) -- row 2
+      local out = R.zeros({ 4, 6 }, { dtype = dt })
+      local mask = R.zeros({ 4, dense.mask_cols(6) }, { dtype = "u8" })
+      dense.linear_forward(x, R.rand({ 6, 5 }, 62, { dtype = dt }), R.rand({ 6 }, 63, { dtype = dt }), out, "relu",
+                           { flags = 0, mask = mask })
+      local o, m = out:totable(), mask:totable()
+      for j = 1, 6 do assert.is_true(o[2 * 6 + j] ~= o[2 * 6 + j], dt .. ": row 2 is NaN") end
+      assert.equal(0, m[2 * dense.mask_cols(6) + 1], dt .. ": row 2's mask bits are clear")
+      for i = 1, 2 * 6 do assert.is_true(o[i] >= 0, dt .. ": the other rows pass relu") end
+    end
+  end)
+
   it("keeps sigmoid exact at extreme inputs", function()
     local x = R.tensor({ 4 }, { -100, 100, -1e30, 1e30 })
     local y = R.zeros({ 4 })

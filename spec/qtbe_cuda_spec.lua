@@ -27,7 +27,8 @@ local function pair(format, placement, opts)
     assert(gpu:load(t.name, rows))
     if opts.perm then
       local p = {}
-      for r = 0, t.rows - 1 do p[r + 1] = (r * 7 + 1) % t.rows end
+      -- r -> 13 r + 1 is one-to-one modulo 3000 and 77 (13 shares no factor with either)
+      for r = 0, t.rows - 1 do p[r + 1] = (r * 13 + 1) % t.rows end
       assert(cpu:set_permutation(t.name, R.tensor(p, "i64")))
       assert(gpu:set_permutation(t.name, R.tensor(p, "i64")))
     end
@@ -65,11 +66,11 @@ describe("uvmrec.qtbe on the GPU", function()
   cuda_it("fails a bad id with the CPU's message, and counts skipped ids under warn", function()
     local _, gpu = pair("int8", "device")
     local batch = { values = { 1, 2, 77, 3 }, offsets = { 0, 1, 2, 3, 4, 4, 4 } }
-    assert.has_error(function() run(gpu, batch) end,
+    assert.has_error(function() run(gpu, batch, "device") end,
                      "qtbe: table 'b' (feature 'f2', sample 0, value 2) has no row for id 77; ids run 0..76")
     local w = assert(qtbe.new { tables = { { name = "a", rows = 10, dim = 8, format = "int4" } }, device = 0,
                                 bounds = "warn" })
-    run(w, { values = { 1, 10, -1 }, offsets = { 0, 3 } })
+    run(w, { values = { 1, 10, -1 }, offsets = { 0, 3 } }, "device")
     assert.equal(2, w:skipped())
   end)
 
@@ -87,12 +88,17 @@ describe("uvmrec.qtbe on the GPU", function()
       local gpu = assert(serve.open(dir .. "/m.safetensors",
                                     { device = 0, placement = placement, hot_fraction = 0.25 }))
       if placement == "managed" then
-        -- the hot_prefix split on each of the 26 tables: its leading quarter preferred on the GPU
-        local preferred = 0
+        -- the hot_prefix split on each table: its leading quarter (floor(rows / 4) rows, none
+        -- for a table of 3) preferred on the GPU
+        local preferred, want = 0, 0
         for _, r in ipairs(ur.hint_log(seen)) do
           if r.advice == "preferred_location" and r.location ~= "cpu" then preferred = preferred + 1 end
         end
-        assert.equal(26, preferred)
+        for _, rows in ipairs(train.config.table_rows(cfg)) do
+          if math.floor(0.25 * rows) > 0 then want = want + 1 end
+        end
+        assert.equal(25, want) -- dlrm_tiny: 26 tables, one of 3 rows
+        assert.equal(want, preferred)
       end
       local loader = assert(ur.data.loader(data))
       local batch = loader:next()

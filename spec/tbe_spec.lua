@@ -435,7 +435,9 @@ describe("uvmrec.tbe reset_rows (ur_tbe_reset_rows)", function()
                 cache = o.placement == "cached" and { slots = 64 } or nil }
   end
 
-  local function train(e, steps)
+  -- steps of training on every row of t0 in turn and random rows of t1; place: where the
+  -- inputs go ("device" for a collection on the GPU)
+  local function train(e, steps, place)
     local r = h.rng(11)
     for step = 1, steps do
       local values, lengths = {}, {}
@@ -448,8 +450,10 @@ describe("uvmrec.tbe reset_rows (ur_tbe_reset_rows)", function()
         lengths[i] = 1
       end
       local k = ur.KJT{ keys = { "t0", "t1" }, values = values, lengths = lengths }
+      if place then k = assert(k:to(place)) end
       local out = e:forward(k)
-      e:backward(k, ur.tensor(out:size()):uniform(-1, 1, 5))
+      local grad = ur.tensor(out:size()):uniform(-1, 1, 5)
+      e:backward(k, place and assert(grad:to(place)) or grad)
     end
   end
 
@@ -532,7 +536,7 @@ describe("uvmrec.tbe reset_rows (ur_tbe_reset_rows)", function()
     for _, placement in ipairs { "device", "managed" } do
       local case = { dtype = "bf16", optimizer = "rowwise_adagrad", placement = placement, device = 0 }
       local g, c = build(case), build { dtype = "bf16", optimizer = "rowwise_adagrad", placement = "host" }
-      train(g, 3)
+      train(g, 3, "device")
       assert(g.tbe:reset_rows("t0", { 0, 5, 38 }))
       local rg, rc = rows_of(assert(g:table("t0"):to("host")), 8), rows_of(c:table("t0"), 8)
       for _, r in ipairs { 0, 5, 38 } do assert.are.same(rc[r], rg[r], placement .. ": row " .. r) end
@@ -785,7 +789,12 @@ describe("uvmrec.tbe row sums (rowwise Adagrad over column shards)", function()
       local _, si, _, sb = inputs(33)
       local sg = R.input(sb, "device")
       local out = cpu:forward(si)
-      assert.same(out:totable(), gpu:forward(sg):totable(), "forward " .. step)
+      -- the same tables give the same bits; after a step they differ by the steps' rounding
+      if step == 1 then
+        assert.same(out:totable(), gpu:forward(sg):totable(), "forward 1")
+      else
+        R.close(gpu:forward(sg):totable(), out:totable(), 1e-5, 1e-7, "forward " .. step)
+      end
       local grad = R.tensor(R.randoms(out:numel()), "f32"):view_as(0, out:size())
       local gg = assert(grad:to("device"))
       assert(cpu:row_sums(si, grad))

@@ -26,7 +26,11 @@ local function run(cfg, on_cpu, steps)
 end
 
 describe("uvmrec.train on the GPU", function()
-  for _, c in ipairs { { "f32", 2e-4 }, { "bf16", 3e-2 }, { "tf32", 5e-3 } } do
+  -- Loss tolerances: f32 the products' order; bf16 with a CPU that rounds as the GPU does;
+  -- tf32 against the CPU's exact f32, so TF32's own effect: on the H200 (scripts/bench/
+  -- tf32_check.lua, 2026-12-02) the GPU's TF32 losses differed from its own f32 ones by 0.692%
+  -- at step 5, exactly as much as from the CPU's, the f32 ones agreeing to 1e-6.
+  for _, c in ipairs { { "f32", 2e-4 }, { "bf16", 3e-2 }, { "tf32", 1e-2 } } do
     helpers.cuda_it("trains dlrm_tiny as the CPU does, " .. c[1], function()
       local cfg = tiny { "model.precision=" .. c[1] }
       local a, ma = run(cfg, true, 8)

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "dense/act.h"
 #include "dense/dense.h"
 
 /* ---- CPU helpers ---- */
@@ -122,14 +123,7 @@ static ur_status cpu_oom(const char *op, size_t n) {
 }
 
 static inline float act_apply(float v, ur_act act) {
-  if (act == UR_ACT_RELU) return v > 0.0f ? v : 0.0f;
-  if (act == UR_ACT_SIGMOID) {
-    /* exp of a negative number only, so that large |v| neither overflows nor loses 1. */
-    if (v >= 0.0f) return 1.0f / (1.0f + expf(-v));
-    float e = expf(v);
-    return e / (1.0f + e);
-  }
-  return v;
+  return act == UR_ACT_RELU ? ur__relu(v) : act == UR_ACT_SIGMOID ? ur__sigmoid(v) : v;
 }
 
 /* ---- linear, CPU ---- */

@@ -1,0 +1,19 @@
+/* act.h: the activations' arithmetic, compiled for the CPU backend (dense/linear.c) and the
+ * GPU's (kernels/linear.cu), so every path computes one function.  ReLU passes NaN on, as
+ * cuBLASLt's ReLU epilogues and PyTorch's relu do: a non-finite input reaches the loss, where a
+ * guard sees it, instead of turning into a zero that hides it.  The sigmoid takes exp of a
+ * non-positive number only, so that large |v| neither overflows nor loses 1. */
+#ifndef UR_ACT_H
+#define UR_ACT_H
+
+#include "core/philox.h" /* UR_HD */
+
+UR_HD float ur__relu(float v) { return v > 0.0f || v != v ? v : 0.0f; }
+
+UR_HD float ur__sigmoid(float v) {
+  if (v >= 0.0f) return 1.0f / (1.0f + expf(-v));
+  float e = expf(v);
+  return e / (1.0f + e);
+}
+
+#endif
