@@ -147,6 +147,17 @@ function Sharded:__init(opts, spec, comm)
   local common = {}
   for _, k in ipairs(COMMON) do common[k] = opts[k] end
   if common.device == nil and comm.device and comm.device >= 0 then common.device = comm.device end
+  -- Shards on a GPU exchange device tensors, which only a communicator made for that GPU
+  -- carries (NCCL, or in a world of one its copy): refused here, before anything is built, not
+  -- in the first forward's all-to-all.
+  local gpu, cdev = lib.device_option(common.device, 4), comm.device or -1
+  if gpu >= 0 and gpu ~= cdev then
+    error(("dist.shard: rank %d's shards are on GPU %d, and its communicator %s: make it with "
+      .. "dist.comm{device = %d} (dist.init() takes the rank's GPU), or keep the shards on the host "
+      .. "(device = \"cpu\")"):format(me, gpu, cdev < 0
+        and "was made for host memory only (device -1), so it cannot exchange their tensors"
+        or ("runs its device collectives on GPU %d"):format(cdev), gpu), 4)
+  end
   local function build(group, what)
     if #group.tables == 0 then return nil end
     -- a rank's cached shards of a kind share one cache, whose rows have one width
@@ -970,7 +981,9 @@ local M = { Sharded = Sharded, block_name = block_name }
 -- collection's forward and backward.  collection: an EmbeddingBagCollection (its options are
 -- rebuilt as shards; free the original when done with it) or the options themselves (then no
 -- rank ever holds a whole table it does not own).  plan: a kind for every table or
--- {default =, [table] = kind}, as uvmrec.dist.plan reads it.
+-- {default =, [table] = kind}, as uvmrec.dist.plan reads it.  comm (default: the job's, from
+-- dist.init): shards on a GPU need one made for that GPU, where they go when the options name
+-- no device.
 function M.shard(collection, spec, comm)
   comm = comm or require("uvmrec.dist").job()
   local opts = collection
