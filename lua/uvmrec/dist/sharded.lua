@@ -346,6 +346,14 @@ local function new_like(kj, dtype, n)
   return assert(tensor.tensor({ n }, o))
 end
 
+-- The exchange's results are read on the host (the splits) and by KJT operations, which take
+-- no stream (the legacy one, which a side stream's work is not ordered before: the prefetch
+-- pipeline's on a GPU); comm:wait orders only `stream`, so the host waits for that too.
+local function settle(comm, stream)
+  assert(comm:wait(stream))
+  if stream ~= nil then assert(stream:sync()) end
+end
+
 -- The global batch of this rank's shards' features, as one KJT (key-major, stride W * B).
 function Sharded:_exchange(input, stream)
   local comm, W, me = self.comm, self.world, self.rank
@@ -400,7 +408,7 @@ function Sharded:_exchange(input, stream)
   local sc, rc = {}, fill({}, W, 3 * K)
   for d = 0, W - 1 do sc[d + 1] = 3 * #self.send_keys[d] end
   assert(comm:all_to_all(splits, rsplits, sc, rc, stream))
-  assert(comm:wait(stream))
+  settle(comm, stream)
   local r = rsplits:totable()
   local recv_len, recv_val = self._counts[3], self._counts[4]
   local recv_inv = self._counts[6]
@@ -434,7 +442,7 @@ function Sharded:_exchange(input, stream)
   if weights then assert(comm:all_to_all(weights, rwt, send_val, recv_val, stream)) end
   if inverse then assert(comm:all_to_all(inverse, rinv, send_inv, recv_inv, stream)) end
   assert(comm:group_end(stream))
-  assert(comm:wait(stream))
+  settle(comm, stream)
   lengths:free()
   values:free()
   if weights then weights:free() end
