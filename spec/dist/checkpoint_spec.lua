@@ -196,9 +196,11 @@ describe("uvmrec.dist.checkpoint", function()
   end)
 
   h.cuda_it("saves shards of device tables and loads them into host collections, bit for bit", function()
-    local comm = assert(dist.comm())
+    -- device shards exchange device tensors: the communicator is made for the GPU (in a world
+    -- of one its device collectives copy), and the shards go where it is
+    local comm = assert(dist.comm { device = 0 })
     local o = opts()
-    o.device = nil -- the GPU
+    o.device = nil
     local gpu = dist.shard(o, { a = "row_wise", b = "table_wise", c = { "column_wise", ranks = { 0, 0 } },
                                 d = "data_parallel" }, comm)
     local kjt = ur.KJT { keys = { "f", "g", "b", "c", "d" }, values = { 1, 2, 3, 4, 2 }, lengths = { 1, 1, 1, 1, 1 },

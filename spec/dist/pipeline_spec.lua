@@ -71,7 +71,8 @@ end
 
 -- steps through Prefetch (`ahead`) and without (`plain`), outputs and tables compared each step
 local function against(ahead, plain, list, n, device, plans)
-  local comm = assert(dist.comm())
+  -- on the GPU the communicator is made for it (shards on a GPU exchange device tensors)
+  local comm = assert(dist.comm(device and { device = 0 } or nil))
   local A, P = dist.shard(ahead, plans, comm), dist.shard(plain, plans, comm)
   local k = 0
   local source = { next = function()

@@ -97,8 +97,26 @@ describe("uvmrec.dist.shard", function()
     local names = {}
     for _, p in ipairs(s:parameters()) do names[#names + 1] = p.name end
     assert.same({ "a", "b", "c" }, names) -- views of the logical tables: rank 0 of 1 holds them whole
-    local bad = { tables = opts().tables, features = { "f", "g", "b", "q" } }
+    local bad = { tables = opts().tables, features = { "f", "g", "b", "q" }, device = "cpu" }
     assert.has_error(function() dist.shard(bad, "row_wise", comm) end, "dist.shard: feature 'q' is on no table")
+  end)
+
+  it("refuses shards on a GPU whose communicator cannot exchange their tensors, saying how to make one", function()
+    -- checked before anything is built, so a machine without a GPU provokes it too
+    local o = opts()
+    o.device = 0
+    assert.is_equal(-1, comm.device)
+    local ok, err = pcall(dist.shard, o, "row_wise", comm)
+    assert.is_false(ok)
+    assert.matches("dist.shard: rank 0's shards are on GPU 0, and its communicator was made for host memory only "
+      .. "(device -1), so it cannot exchange their tensors: make it with dist.comm{device = 0} (dist.init() takes "
+      .. "the rank's GPU), or keep the shards on the host (device = \"cpu\")", err, 1, true)
+    -- a communicator of another GPU
+    local other = setmetatable({ device = 1 }, { __index = comm })
+    ok, err = pcall(dist.shard, o, "row_wise", other)
+    assert.is_false(ok)
+    assert.matches("and its communicator runs its device collectives on GPU 1: make it with dist.comm{device = 0}",
+      err, 1, true)
   end)
 
   it("steps column shards under rowwise Adagrad by the whole row's mean (row sums added over the shards)", function()

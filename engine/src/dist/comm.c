@@ -309,9 +309,12 @@ static ur_status route_of(ur_comm *c, const char *op, const ur_tensor *a, const 
     r->device = c->device;
     if (c->dev == ENGINE_NONE)
       return ur__error(UR_STATUS_INVALID,
-                       "comm %s: the tensor is in %s memory, and rank %d's communicator has no "
-                       "device engine (it was made for host memory only, device -1)",
-                       op, ur_place_name(a->st->place), (int)c->rank);
+                       "comm %s: the tensor is in %s memory on GPU %d, and rank %d's "
+                       "communicator has no device engine (it was made for host memory only, "
+                       "device -1); make it with that GPU (ur_comm_new's device %d; in Lua "
+                       "dist.comm{device = %d}, or dist.init(), which takes the rank's GPU)",
+                       op, ur_place_name(a->st->place), (int)a->st->device, (int)c->rank,
+                       (int)a->st->device, (int)a->st->device);
     if (a->st->device != c->device)
       return ur__error(UR_STATUS_INVALID,
                        "comm %s: the tensor is on GPU %d; rank %d's communicator uses GPU %d", op,

@@ -147,6 +147,17 @@ function Sharded:__init(opts, spec, comm)
   local common = {}
   for _, k in ipairs(COMMON) do common[k] = opts[k] end
   if common.device == nil and comm.device and comm.device >= 0 then common.device = comm.device end
+  -- Shards on a GPU exchange device tensors, which only a communicator made for that GPU
+  -- carries (NCCL, or in a world of one its copy): refused here, before anything is built, not
+  -- in the first forward's all-to-all.
+  local gpu, cdev = lib.device_option(common.device, 4), comm.device or -1
+  if gpu >= 0 and gpu ~= cdev then
+    error(("dist.shard: rank %d's shards are on GPU %d, and its communicator %s: make it with "
+      .. "dist.comm{device = %d} (dist.init() takes the rank's GPU), or keep the shards on the host "
+      .. "(device = \"cpu\")"):format(me, gpu, cdev < 0
+        and "was made for host memory only (device -1), so it cannot exchange their tensors"
+        or ("runs its device collectives on GPU %d"):format(cdev), gpu), 4)
+  end
   local function build(group, what)
     if #group.tables == 0 then return nil end
     -- a rank's cached shards of a kind share one cache, whose rows have one width
@@ -335,6 +346,14 @@ local function new_like(kj, dtype, n)
   return assert(tensor.tensor({ n }, o))
 end
 
+-- The exchange's results are read on the host (the splits) and by KJT operations, which take
+-- no stream (the legacy one, which a side stream's work is not ordered before: the prefetch
+-- pipeline's on a GPU); comm:wait orders only `stream`, so the host waits for that too.
+local function settle(comm, stream)
+  assert(comm:wait(stream))
+  if stream ~= nil then assert(stream:sync()) end
+end
+
 -- The global batch of this rank's shards' features, as one KJT (key-major, stride W * B).
 function Sharded:_exchange(input, stream)
   local comm, W, me = self.comm, self.world, self.rank
@@ -389,7 +408,7 @@ function Sharded:_exchange(input, stream)
   local sc, rc = {}, fill({}, W, 3 * K)
   for d = 0, W - 1 do sc[d + 1] = 3 * #self.send_keys[d] end
   assert(comm:all_to_all(splits, rsplits, sc, rc, stream))
-  assert(comm:wait(stream))
+  settle(comm, stream)
   local r = rsplits:totable()
   local recv_len, recv_val = self._counts[3], self._counts[4]
   local recv_inv = self._counts[6]
@@ -423,7 +442,7 @@ function Sharded:_exchange(input, stream)
   if weights then assert(comm:all_to_all(weights, rwt, send_val, recv_val, stream)) end
   if inverse then assert(comm:all_to_all(inverse, rinv, send_inv, recv_inv, stream)) end
   assert(comm:group_end(stream))
-  assert(comm:wait(stream))
+  settle(comm, stream)
   lengths:free()
   values:free()
   if weights then weights:free() end
@@ -970,7 +989,9 @@ local M = { Sharded = Sharded, block_name = block_name }
 -- collection's forward and backward.  collection: an EmbeddingBagCollection (its options are
 -- rebuilt as shards; free the original when done with it) or the options themselves (then no
 -- rank ever holds a whole table it does not own).  plan: a kind for every table or
--- {default =, [table] = kind}, as uvmrec.dist.plan reads it.
+-- {default =, [table] = kind}, as uvmrec.dist.plan reads it.  comm (default: the job's, from
+-- dist.init): shards on a GPU need one made for that GPU, where they go when the options name
+-- no device.
 function M.shard(collection, spec, comm)
   comm = comm or require("uvmrec.dist").job()
   local opts = collection
