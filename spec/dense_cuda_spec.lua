@@ -61,6 +61,13 @@ describe("uvmrec.dense on CUDA", function()
       end
       R.close(g, c, tol, what)
     end
+    -- the NaN rows' mask bits are clear on both
+    local function clear_rows(mask_c, mask_g, cols, what)
+      local mc, mg = mask_c:totable(), mask_g:totable()
+      for _, r in ipairs { 2, 5 } do
+        for k = 1, cols do assert.same({ 0, 0 }, { mc[r * cols + k], mg[r * cols + k] }, what .. " mask row " .. r) end
+      end
+    end
     for i, s in ipairs { { 37, 13, 512 }, { 129, 1024, 1 }, { 64, 3, 5 }, { 300, 479, 1024 } } do
       local rows, n, out = s[1], s[2], s[3]
       for _, dt in ipairs { "f32", "bf16" } do
@@ -76,21 +83,15 @@ describe("uvmrec.dense on CUDA", function()
               local fc, fg = flags, flags
               if masked then
                 fc = { flags = flags, mask = R.zeros({ rows, dense.mask_cols(out) }, { dtype = "u8" }) }
-                fg = { flags = flags, mask = R.zeros({ rows, dense.mask_cols(out) }, { dtype = "u8", placement = "device" }) }
+                fg = { flags = flags,
+                       mask = R.zeros({ rows, dense.mask_cols(out) }, { dtype = "u8", placement = "device" }) }
               end
               dense.linear_forward(x, w, bias or nil, yc, "relu", fc)
               dense.linear_forward(dev(x), dev(w), bias and dev(b) or nil, yg, "relu", fg)
               local what = ("%s %dx%dx%d bias %s flags %d mask %s"):format(dt, rows, n, out, tostring(bias and true),
                                                                          flags, tostring(masked))
               check(yg, yc, dt == "bf16" and 1e-2 or (flags ~= 0 and 2e-2 or 1e-4), what)
-              if masked then -- the NaN rows' bits are clear on both
-                local mc, mg, cols = fc.mask:totable(), fg.mask:totable(), dense.mask_cols(out)
-                for _, r in ipairs { 2, 5 } do
-                  for k = 1, cols do
-                    assert.same({ 0, 0 }, { mc[r * cols + k], mg[r * cols + k] }, what .. " mask row " .. r)
-                  end
-                end
-              end
+              if masked then clear_rows(fc.mask, fg.mask, dense.mask_cols(out), what) end
             end
           end
         end

@@ -10,20 +10,7 @@ local train = require "uvmrec.train"
 local BASE = { "train.batch_size=512", "train.steps=20", "eval.samples=8192", "eval.batch_size=4096" }
 local function tiny(sets) return helpers.tiny(BASE, sets) end
 
--- The losses of `steps` steps, and the model, on the CPU or the GPU.
-local function run(cfg, on_cpu, steps)
-  local def = assert(train.model_def(cfg))
-  local model = assert(def.build(cfg, { cpu = on_cpu }))
-  local opt = train.optimizer(cfg, model)
-  local data = assert(train.data(cfg, train.config.table_rows(cfg)))
-  local loader = assert(ur.data.loader(data.train))
-  local source = train.source.loader(loader, { placement = not on_cpu and "device" or nil })
-  local out = {}
-  for s = 1, steps do out[s] = train.loop.step(model, opt, assert(source:next())):get(0) end
-  source:free()
-  loader:close()
-  return out, model, data
-end
+local run = helpers.step_losses
 
 describe("uvmrec.train on the GPU", function()
   -- Loss tolerances: f32 the products' order; bf16 with a CPU that rounds as the GPU does;

@@ -15,7 +15,6 @@ local ur = require "uvmrec"
 local dense = ur.dense
 local R = require "dense_ref"
 local helpers = require "helpers"
-local train = require "uvmrec.train"
 local compare = require "uvmrec.compare"
 
 if not ur.gpu() then
@@ -113,18 +112,7 @@ end
 do
   local BASE = { "train.batch_size=512", "train.steps=20", "eval.samples=8192", "eval.batch_size=4096" }
   local function run(prec, on_cpu)
-    local cfg = helpers.tiny(BASE, { "model.precision=" .. prec })
-    local def = assert(train.model_def(cfg))
-    local model = assert(def.build(cfg, { cpu = on_cpu }))
-    local opt = train.optimizer(cfg, model)
-    local data = assert(train.data(cfg, train.config.table_rows(cfg)))
-    local loader = assert(ur.data.loader(data.train))
-    local source = train.source.loader(loader, { placement = not on_cpu and "device" or nil })
-    local out = {}
-    for s = 1, 8 do out[s] = train.loop.step(model, opt, assert(source:next())):get(0) end
-    source:free()
-    loader:close()
-    return out
+    return (helpers.step_losses(helpers.tiny(BASE, { "model.precision=" .. prec }), on_cpu, 8))
   end
   local cpu = { f32 = run("f32", true), tf32 = run("tf32", true), bf16 = run("bf16", true) }
   local gpu = { f32 = run("f32", false), tf32 = run("tf32", false), bf16 = run("bf16", false) }

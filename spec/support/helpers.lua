@@ -122,6 +122,23 @@ function M.tiny(...)
   return assert(train.config.load(assert(train.find_config("dlrm_tiny")), all))
 end
 
+-- The losses of `steps` training steps of cfg's model on the CPU (on_cpu) or the GPU, its
+-- batches from cfg's data through the loader (on the device for the GPU), and the model and data.
+function M.step_losses(cfg, on_cpu, steps)
+  local train = require "uvmrec.train"
+  local def = assert(train.model_def(cfg))
+  local model = assert(def.build(cfg, { cpu = on_cpu }))
+  local opt = train.optimizer(cfg, model)
+  local data = assert(train.data(cfg, train.config.table_rows(cfg)))
+  local loader = assert(ur.data.loader(data.train))
+  local source = train.source.loader(loader, { placement = not on_cpu and "device" or nil })
+  local out = {}
+  for s = 1, steps do out[s] = train.loop.step(model, opt, assert(source:next())):get(0) end
+  source:free()
+  loader:close()
+  return out, model, data
+end
+
 -- {step = loss} of a run directory's train lines, and how many steps.  A step logged twice (a
 -- killed run's steps after its last checkpoint, done again by the resumed run) must have the
 -- same loss both times.
