@@ -91,6 +91,8 @@ local function setup(tables, profiles, budget, opts)
     policy = opts.policy, pipeline = opts.pipeline, fractions = opts.fractions, hints_every = opts.hints_every,
     -- the hint pages: the GPU's 2 MiB, the CPU backend's system pages (4 KiB)
     page_bytes = opts.page_bytes or (cal.backend == "cpu" and 4096 or nil),
+    -- the dense part's arena: device blocks on a GPU, host blocks on the CPU backend (nn.arena)
+    arena_block = opts.arena_block or require("uvmrec.nn.arena").BLOCK[cal.backend == "cpu" and "host" or "device"],
     output_bytes = opts.output_bytes })
   if not ok then return nil, "planner: " .. tostring(ctx):gsub("^[^\n]-:%d+: ", "") end
   local cts = {}
@@ -155,7 +157,7 @@ local function min_budget(S, W)
   if W ~= S.world then
     local ok, c = pcall(cost.context, { calib = S.calib, batch = ctx.batch, world = W, policy = ctx.policy,
       pipeline = ctx.pipeline, page_bytes = ctx.page_bytes, fractions = ctx.fractions,
-      output_bytes = ctx.output_bytes })
+      output_bytes = ctx.output_bytes, arena_block = ctx.arena_block })
     if not ok then return nil end
     ctx = c
   end
