@@ -223,8 +223,19 @@ describe("uvmrec train --plan", function()
     local plan = assert(train.apply_plan(cfg, dir .. "/gpu.json"))
     assert.equal(dense, plan.data.ranks[1].device.dense)
     ur.set_hbm_budget(nil)
-    local r = assert(train.run(cfg, { progress = "none", print = function() end, plan = plan }))
+    local model, opt
+    local r = assert(train.run(cfg, { progress = "none", print = function() end, plan = plan,
+                                      setup = function(ctx) model, opt = ctx.model, ctx.optimizer end }))
     assert.equal(5, r.steps)
+    -- the dense part on the GPU: its parameters, gradients and state, and the arena's blocks
+    local held = model:arena():stats().reserved
+    for _, p in ipairs(model:parameters()) do
+      if p.grad then held = held + p.tensor:nbytes() + p.grad:nbytes() + (p.half and p.half:nbytes() or 0) end
+    end
+    for _, st in ipairs { opt.state1, opt.state2 } do
+      for _, t in pairs(st) do held = held + t:nbytes() end
+    end
+    assert.equal(dense, held, "the dense part's HBM")
     local peak, want = r.plan.hbm_peak, plan.data.ranks[1].hbm -- peak: from the run's start (ur.reset_hbm_peak)
     assert.equal(want, r.plan.hbm_predicted)
     assert.is_true(peak <= want * (1 + TOL), ("peak %d bytes, predicted %d"):format(peak, want))
