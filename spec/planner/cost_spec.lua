@@ -180,6 +180,55 @@ describe("planner.cost", function()
     assert.equal(4 + 3 * 8 + 1, dc.outputs)
   end)
 
+  it("holds the dense part as the engine does: its parameters, and the arena's blocks of a step's tensors", function()
+    -- Models trained on the CPU, their arena given host blocks and then the GPU's device blocks
+    -- (the same engine/src/dense/arena.c carves both): the planner's bytes are the engine's.
+    local train = require "uvmrec.train"
+    local arena = require "uvmrec.nn.arena"
+    local cases = {
+      { "dlrm_kaggle", { "train.batch_size=1024" } },              -- the dot interaction, f32
+      { "dlrm_kaggle", { "train.batch_size=1000", "model.precision=bf16", "optimizer.name=adam" } },
+      { "dlrm_tiny", {} },                                          -- adagrad
+      { "dlrm_dcnv2", { "train.batch_size=512" } },                 -- low-rank cross layers, bf16
+      { "dlrm_dcnv2", { "train.batch_size=300", "model.cross_rank=0", "model.cross_layers=2",
+                        "model.precision=f32" } },
+    }
+    for _, c in ipairs(cases) do
+      for _, where in ipairs { "host", "device" } do
+        local sets = { "embeddings.max_rows=1000", "train.steps=2", "eval.samples=0", "eval.min_auc=0" }
+        for _, x in ipairs(c[2]) do sets[#sets + 1] = x end
+        local cfg = assert(train.config.load(assert(train.find_config(c[1])), sets))
+        local what = c[1] .. " " .. table.concat(c[2], " ") .. ", " .. where .. " blocks"
+        local model, opt
+        assert(train.run(cfg, { cpu = true, progress = "none", print = function() end, setup = function(run)
+          model, opt = run.model, run.optimizer
+          local a = arena.new("host", -1, arena.BLOCK[where])
+          model:apply(function(m) m._arena, m._bufs = a, {} end)
+        end }))
+        local params = 0
+        for _, p in ipairs(model:parameters()) do
+          if p.grad then params = params + p.tensor:nbytes() + p.grad:nbytes() + (p.half and p.half:nbytes() or 0) end
+        end
+        for _, st in ipairs { opt.state1, opt.state2 } do
+          for _, t in pairs(st) do params = params + t:nbytes() end
+        end
+        local prob = assert(planner.from_config(cfg))
+        local d = cost.dense(cost.dense_model(prob.dense), ctx { batch = prob.batch, arena_block = arena.BLOCK[where] })
+        local got = model:arena():stats()
+        assert.equal(got.used, d.mem.activations_used, what .. ": arena bytes used")
+        assert.equal(got.reserved, d.mem.activations, what .. ": arena bytes reserved")
+        assert.equal(got.blocks, d.mem.arena_blocks, what .. ": arena blocks")
+        assert.equal(params, d.mem.params, what .. ": parameters, gradients, bf16 copies and state")
+        assert.equal(params + got.reserved, d.hbm, what)
+      end
+    end
+    -- a GPU's arena is one 64 MiB block for dlrm_kaggle at a batch of 1024, most of it unused
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_kaggle")), { "train.batch_size=1024" }))
+    local d = cost.dense(cost.dense_model(assert(planner.from_config(cfg)).dense), ctx { batch = 1024 })
+    assert.equal(64 * 2 ^ 20, d.mem.activations)
+    assert.equal(18243840, d.mem.activations_used)
+  end)
+
   it("prices a managed table's hint intervals, once every hints_every steps", function()
     local R2 = {}
     for k, v in pairs(R) do R2[k] = v end

@@ -30,6 +30,14 @@ local function config(extra)
   return assert(train.config.load(assert(train.find_config("dlrm_kaggle")), sets))
 end
 
+-- The dense part's HBM the planner predicts on a GPU for cfg at its batch per rank (world ranks):
+-- parameters with their gradients and state, and the model's arena in device blocks (nn.arena).
+local function gpu_dense(cfg, world)
+  local prob = assert(planner.from_config(cfg, { world = world }))
+  local ctx = planner.cost.context { calib = assert(planner.calib.find("h200")), batch = prob.batch, world = world }
+  return planner.cost.dense(planner.cost.dense_model(prob.dense), ctx).hbm
+end
+
 local function near(want, got, what)
   assert.is_true(got <= want * (1 + TOL) and got >= want * (1 - TOL),
     ("%s: measured %d bytes, predicted %d (tolerance %.0f%%)"):format(what, got, want, 100 * TOL))
@@ -156,11 +164,33 @@ describe("uvmrec train --plan", function()
     assert.matches("uvmrec train: --plan " .. path .. ": the plan is for a batch of 1024", se, 1, true)
   end)
 
+  it("refuses a GPU budget that does not hold the dense part's arena, naming the budget that does", function()
+    -- on a GPU the model's arena is one device block of 64 MiB at this batch (its 17.4 MiB of
+    -- activations fit one): with the parameters, more than 40 MiB
+    local cmdline = ("%s plan dlrm_kaggle --calibration h200 %s --hbm "):format(cmd.bin(), set_args())
+    local so, se, rc = cmd.sh(cmdline .. "40MiB")
+    assert.equal(1, rc, so)
+    local dense = planner.fmt_bytes(gpu_dense(config(), 1))
+    assert.matches(("dense %s: parameters, gradients and optimizer state "):format(dense), se, 1, true)
+    assert.matches("the model's arena 64.0 MiB in 1 block of 64.0 MiB (nn.arena) for 17.4 MiB of activations at a "
+      .. "batch of 1024", se, 1, true)
+    local least = tonumber(se:match("a budget of at least [%d.]+ MiB %((%d+) bytes%) would"))
+    assert.truthy(least, se)
+    -- the budget it names fits (every table at its smallest choice); 1 KiB less does not
+    so, se, rc = cmd.sh(cmdline .. least)
+    assert.equal(0, rc, se .. so)
+    so, se, rc = cmd.sh(cmdline .. (least - 1024))
+    assert.equal(1, rc, so)
+    assert.matches("cannot fit", se, 1, true)
+  end)
+
   it("sets each table's sharding and rank from a plan of several ranks, as uvmrec.dist.plan places them", function()
     local p2 = dir .. "/w2.json"
-    local so, se, rc = cmd.sh(("%s plan dlrm_tiny --gpus 2 --hbm 64MiB --out %s"):format(cmd.bin(), p2))
-    assert.equal(0, rc, se .. so)
     local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), {}))
+    -- 64 MiB a rank for the tables, the pipeline and the reserve; the dense part's arena on top
+    local budget = 64 * 2 ^ 20 + gpu_dense(cfg, 2)
+    local so, se, rc = cmd.sh(("%s plan dlrm_tiny --gpus 2 --hbm %d --out %s"):format(cmd.bin(), budget, p2))
+    assert.equal(0, rc, se .. so)
     local plan = assert(train.apply_plan(cfg, p2, { world = 2 }))
     assert.is_nil(train.config.check_world(cfg, 2))
     local tabs = {}
@@ -183,14 +213,29 @@ describe("uvmrec train --plan", function()
   end)
 
   h.cuda_it("on the GPU: 5 steps under the plan's HBM budget peak at most the prediction + 5%", function()
-    local so, se, rc = cmd.sh(("%s plan dlrm_kaggle --calibration h200 --hbm 40MiB %s --out %s"):format(cmd.bin(),
-      set_args(), dir .. "/gpu.json"))
-    assert.equal(0, rc, se .. so)
+    -- the setup's 40 MiB for the tables, the pipeline and the reserve, and the dense part on top:
+    -- on a GPU its arena is a 64 MiB device block, which 40 MiB alone does not hold (refused above)
     local cfg = config { "train.steps=5", "eval.samples=0", "eval.min_auc=0" }
+    local dense = gpu_dense(cfg, 1)
+    local so, se, rc = cmd.sh(("%s plan dlrm_kaggle --calibration h200 --hbm %d %s --out %s"):format(cmd.bin(),
+      40 * 2 ^ 20 + dense, set_args(), dir .. "/gpu.json"))
+    assert.equal(0, rc, se .. so)
     local plan = assert(train.apply_plan(cfg, dir .. "/gpu.json"))
+    assert.equal(dense, plan.data.ranks[1].device.dense)
     ur.set_hbm_budget(nil)
-    local r = assert(train.run(cfg, { progress = "none", print = function() end, plan = plan }))
+    local model, opt
+    local r = assert(train.run(cfg, { progress = "none", print = function() end, plan = plan,
+                                      setup = function(ctx) model, opt = ctx.model, ctx.optimizer end }))
     assert.equal(5, r.steps)
+    -- the dense part on the GPU: its parameters, gradients and state, and the arena's blocks
+    local held = model:arena():stats().reserved
+    for _, p in ipairs(model:parameters()) do
+      if p.grad then held = held + p.tensor:nbytes() + p.grad:nbytes() + (p.half and p.half:nbytes() or 0) end
+    end
+    for _, st in ipairs { opt.state1, opt.state2 } do
+      for _, t in pairs(st) do held = held + t:nbytes() end
+    end
+    assert.equal(dense, held, "the dense part's HBM")
     local peak, want = r.plan.hbm_peak, plan.data.ranks[1].hbm -- peak: from the run's start (ur.reset_hbm_peak)
     assert.equal(want, r.plan.hbm_predicted)
     assert.is_true(peak <= want * (1 + TOL), ("peak %d bytes, predicted %d"):format(peak, want))

@@ -11,7 +11,9 @@ local methods = {}
 
 -- Blocks are this large unless one tensor needs more: few enough to be cheap, small enough
 -- that the unused tail of the last block does not matter.
+-- (The planner reads them: a model's arena on a GPU is at least one device block.)
 local BLOCK = { host = 4 * 2 ^ 20, pinned = 4 * 2 ^ 20, device = 64 * 2 ^ 20, managed = 64 * 2 ^ 20 }
+M.BLOCK = BLOCK
 
 local wrap, free = lib.handle_type("ur_arena", C.ur_arena_free, {
   __index = methods,

@@ -55,6 +55,8 @@ function M.context(o)
     min_slots = o.min_slots or M.CACHE.min_slots, staging_rows = o.staging_rows or M.CACHE.staging_rows,
     fractions = o.fractions or M.FRACTIONS, decay_batches = o.decay_batches,
     hints_every = o.hints_every or 100,
+    -- the model's arena blocks (nn.arena): a GPU's device blocks unless told
+    arena_block = o.arena_block or require("uvmrec.nn.arena").BLOCK.device,
   }
   if type(ctx.hints_every) ~= "number" or ctx.hints_every < 1 then
     error(("cost.context: hints_every is %s; expected the steps between hint intervals (>= 1)"):format(
@@ -298,14 +300,101 @@ end
 
 -- ---- the dense part ----
 
+-- The tensors a training step takes from the model's arena (nn.arena, through Module:buffer), in
+-- the order the modules ask for them, as {cols, elem}, each [batch, cols] of elem bytes (rows 1
+-- where given): models/dlrm.lua's forward and backward through nn.MLP's Linears (an output each;
+-- the ReLU mask of one a Linear reads; backward, the input's gradient past the bottom's first
+-- layer and the ReLU's work where no mask folds it in), the dot Interaction (output padded to 8
+-- columns; the dense and pooled gradients) or the concatenation and nn.CrossNet, and
+-- BCEWithLogits.  The pooled outputs are the collection's own (cost.option's outputs), not here.
+-- spec/planner/cost_spec.lua checks the list against the arena of a model trained on the CPU.
+local function arena_buffers(d, bottom_out, width, top_in, T)
+  local dense = require "uvmrec.dense"
+  local dt = d.precision == "bf16" and 2 or 4
+  local fwd = {}
+  local function add(list, cols, elem, rows) list[#list + 1] = { cols = cols, elem = elem or dt, rows = rows } end
+  -- a Sequential of Linears with fused ReLUs (nn.MLP); its backward's buffers go to `back` in
+  -- the order they are taken there (last layer first)
+  local function mlp(sizes, last_relu, input_grad, in_width, back)
+    local n = #sizes - 1
+    local layer = {}
+    for i = 1, n do
+      local relu = i < n or last_relu
+      layer[i] = { relu = relu, mask = relu and i < n, cols = sizes[i + 1],
+                   in_width = i == 1 and in_width or sizes[i], gx = i > 1 or input_grad }
+      add(fwd, layer[i].cols)
+      if layer[i].mask then add(fwd, dense.mask_cols(layer[i].cols), 1) end
+    end
+    for i = n, 1, -1 do
+      local l = layer[i]
+      if l.gx then add(back, l.in_width) end
+      -- a mask folds the ReLU into the gradient the layer above passes down
+      if l.relu and not l.mask then add(back, l.cols) end
+    end
+  end
+  -- bf16: the f32 batch is cast into the bottom's first layer's input
+  if dt == 2 then add(fwd, d.dense_features or 13) end
+  local bottom_back, top_back = {}, {}
+  mlp({ d.dense_features or 13, unpack(d.bottom) }, true, false, d.dense_features or 13, bottom_back)
+  local dim = d.dim
+  local inter_back = {}
+  if (d.interaction or "dot") == "dot" then
+    add(fwd, top_in)
+    add(inter_back, bottom_out)
+    add(inter_back, T * dim)
+  else
+    add(fwd, width) -- the concatenation, then the cross layers' z, t (low rank) and x
+    local r, L = (d.cross_rank or 0) > 0 and d.cross_rank or nil, d.cross_layers or 3
+    for _ = 1, L do
+      add(fwd, width)
+      if r then add(fwd, r) end
+      add(fwd, width)
+    end
+    add(inter_back, width) -- gx0, gz, the ping-pong gradients of x_l and low rank's gt
+    add(inter_back, width)
+    for l = L, 2, -1 do
+      if l >= L - 1 then add(inter_back, width) end
+      if r and l == L then add(inter_back, r) end
+    end
+    if r and L == 1 then add(inter_back, r) end
+    add(inter_back, width - T * dim) -- the concatenation's gradient, split
+    add(inter_back, T * dim)
+  end
+  mlp({ width, unpack(d.top) }, false, true, top_in, top_back)
+  add(fwd, 1, 4, 1) -- the loss
+  add(fwd, 1)       -- its gradient
+  for _, part in ipairs { top_back, inter_back, bottom_back } do
+    for _, b in ipairs(part) do fwd[#fwd + 1] = b end
+  end
+  return fwd
+end
+
+-- The arena's bytes for `buffers` (arena_buffers) at `batch` rows in blocks of `block` bytes
+-- (engine/src/dense/arena.c): each tensor 256-byte aligned; a tensor that does not fit in the
+-- rest of the block starts a new one, of `block` bytes or its own size if larger, and the old
+-- block's tail is left unused.  Returns used, reserved, blocks.
+function M.arena(buffers, batch, block)
+  local used, reserved, blocks, left = 0, 0, 0, 0
+  for _, b in ipairs(buffers) do
+    local need = max(256, ceil((b.rows or batch) * b.cols * b.elem / 256) * 256)
+    if need > left then
+      local size = max(need, block)
+      reserved, blocks, left = reserved + size, blocks + 1, size
+    end
+    left = left - need
+    used = used + need
+  end
+  return used, reserved, blocks
+end
+
 -- A DLRM's dense side from its shape: dense_features, bottom (widths), top (widths),
 -- interaction ("dot" | "dcnv2"), tables (count), dim, self_interaction, cross_layers,
 -- cross_rank, precision ("f32" | "tf32" | "bf16"), optimizer ("sgd" ...; its state per
 -- parameter: sgd 0 (momentum 1), adagrad 1, adam/adamw 2).
 function M.dense_model(d)
   local macs, params, widths, layers = 0, 0, 0, 0
-  local function layer(i, o)
-    macs, params, widths, layers = macs + i * o, params + i * o + o, widths + o, layers + 1
+  local function layer(i, o, no_bias)
+    macs, params, widths, layers = macs + i * o, params + i * o + (no_bias and 0 or o), widths + o, layers + 1
   end
   local w = d.dense_features or 13
   -- the bottom's first layer is fed data: no input gradient, 4 of its 6 products (models/dlrm.lua)
@@ -314,18 +403,22 @@ function M.dense_model(d)
     layer(w, o)
     w = o
   end
+  local bottom_out = w
   local F = d.tables + 1
   local inter_flops, width
+  -- the top's first layer reads the dot interaction padded to 8 columns (zero weights held too)
+  local top_width
   if (d.interaction or "dot") == "dot" then
     local pairs_ = d.self_interaction and F * (F + 1) / 2 or F * (F - 1) / 2
     width = w + pairs_
     inter_flops = 6 * pairs_ * d.dim
+    top_width = require("uvmrec.dense").interaction_width(d.tables, w, d.self_interaction, true)
   else
     width = w + d.tables * d.dim
     inter_flops = 0
     for _ = 1, d.cross_layers or 3 do
       if (d.cross_rank or 0) > 0 then
-        layer(width, d.cross_rank)
+        layer(width, d.cross_rank, true) -- V_l has no bias (nn.CrossNet)
         layer(d.cross_rank, width)
       else
         layer(width, width)
@@ -341,14 +434,19 @@ function M.dense_model(d)
   local rule = require("uvmrec.optim").RULES[d.optimizer or "sgd"]
   local nstate = (rule and rule.state(1) or 0) + ((d.optimizer or "sgd") == "sgd" and (d.momentum or 0) > 0 and 1 or 0)
   return { macs = macs, product_macs = macs - skipped, params = params, layers = layers, outputs = widths,
+           -- the tensors' elements: the padded columns' weights are held too
+           param_elems = params + (top_width and #d.top > 0 and (top_width - width) * d.top[1] or 0),
            inter_flops = inter_flops,
            interaction = d.interaction or "dot",
-           act_floats = widths + width + F * d.dim, precision = d.precision or "f32", nstate = nstate,
+           buffers = arena_buffers(d, bottom_out, width, top_width or width, d.tables),
+           precision = d.precision or "f32", nstate = nstate,
            description = d }
 end
 
 -- Seconds and HBM of the dense part on one rank of ctx (batch per rank); `fixed` is the step's
--- fixed cost, which M.step combines with the work.
+-- fixed cost, which M.step combines with the work.  Its HBM: the parameters, their gradients,
+-- optimizer state and bf16 copies, and the arena's blocks (ctx.arena_block bytes each: on a GPU
+-- one block of 64 MiB holds the activations of batches up to a few thousand, most of it unused).
 function M.dense(dm, ctx)
   local c, B = ctx.calib, ctx.batch
   local p = dm.precision
@@ -361,9 +459,11 @@ function M.dense(dm, ctx)
   local t_fixed = c:term("step_overhead")
   local comm = 0
   if ctx.world > 1 then comm = 2 * (ctx.world - 1) / ctx.world * dm.params * 4 / c:rate("allreduce") end
-  local act_bytes = dm.precision == "bf16" and 2 or 4
-  local mem = { params = dm.params * 4 * (2 + dm.nstate) + (dm.precision == "bf16" and dm.params * 2 or 0),
-                activations = 2 * B * dm.act_floats * act_bytes }
+  local pe = dm.param_elems
+  local used, reserved, blocks = M.arena(dm.buffers, B, ctx.arena_block)
+  local mem = { params = pe * 4 * (2 + dm.nstate) + (dm.precision == "bf16" and pe * 2 or 0),
+                activations = reserved, activations_used = used, arena_blocks = blocks,
+                arena_block = ctx.arena_block }
   return { time = t_mlp + t_int + t_opt + comm, mlp = t_mlp, interaction = t_int, optimizer = t_opt,
            fixed = t_fixed, comm = comm, mem = mem, hbm = mem.params + mem.activations }
 end

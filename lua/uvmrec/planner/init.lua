@@ -91,6 +91,8 @@ local function setup(tables, profiles, budget, opts)
     policy = opts.policy, pipeline = opts.pipeline, fractions = opts.fractions, hints_every = opts.hints_every,
     -- the hint pages: the GPU's 2 MiB, the CPU backend's system pages (4 KiB)
     page_bytes = opts.page_bytes or (cal.backend == "cpu" and 4096 or nil),
+    -- the dense part's arena: device blocks on a GPU, host blocks on the CPU backend (nn.arena)
+    arena_block = opts.arena_block or require("uvmrec.nn.arena").BLOCK[cal.backend == "cpu" and "host" or "device"],
     output_bytes = opts.output_bytes })
   if not ok then return nil, "planner: " .. tostring(ctx):gsub("^[^\n]-:%d+: ", "") end
   local cts = {}
@@ -122,8 +124,9 @@ local function setup(tables, profiles, budget, opts)
   end
   local pipe = cost.pipeline(ctx, ids, #tables, opts.dense and opts.dense.dense_features, opts.depth)
   local reserve = opts.reserve or 0.05
+  local reserve_fraction = reserve < 1 and reserve or nil
   if reserve < 1 then reserve = math.floor(reserve * B) end
-  local fixed = { dense = dense.hbm, pipeline = pipe.device, reserve = reserve }
+  local fixed = { dense = dense.hbm, pipeline = pipe.device, reserve = reserve, reserve_fraction = reserve_fraction }
   local fixed_total = dense.hbm + pipe.device + reserve
   local host_limit
   if opts.host_memory then
@@ -155,7 +158,7 @@ local function min_budget(S, W)
   if W ~= S.world then
     local ok, c = pcall(cost.context, { calib = S.calib, batch = ctx.batch, world = W, policy = ctx.policy,
       pipeline = ctx.pipeline, page_bytes = ctx.page_bytes, fractions = ctx.fractions,
-      output_bytes = ctx.output_bytes })
+      output_bytes = ctx.output_bytes, arena_block = ctx.arena_block })
     if not ok then return nil end
     ctx = c
   end
@@ -179,16 +182,36 @@ local function min_budget(S, W)
   return m + fixed, fixed
 end
 
+-- The least budget a plan of every table at its smallest choice fits: min_budget's need holds the
+-- reserve of S.budget, and a reserve given as a share of the budget grows with it.
+local function least_budget(S, need)
+  local f = S.fixed.reserve_fraction
+  if not f then return need end
+  return math.ceil((need - S.fixed.reserve) / (1 - f))
+end
+
+-- The dense part's bytes, by what holds them (cost.dense's mem).
+local function dense_parts(S)
+  local m = S.dense.mem
+  if not m.arena_blocks then return fmt_bytes(S.fixed.dense) end
+  return ("%s: parameters, gradients and optimizer state %s, the model's arena %s in %d block%s of %s "
+    .. "(nn.arena) for %s of activations at a batch of %d"):format(fmt_bytes(S.fixed.dense), fmt_bytes(m.params),
+    fmt_bytes(m.activations), m.arena_blocks, m.arena_blocks == 1 and "" or "s", fmt_bytes(m.arena_block),
+    fmt_bytes(m.activations_used), S.ctx.batch)
+end
+
 local function infeasible(S, info)
   local need, fixed = min_budget(S, S.world)
   local lines = {}
   if S.fixed_total >= S.budget then
+    local least = least_budget(S, need)
     lines[#lines + 1] = ("planner: the model cannot fit: the dense part, the pipeline's buffers and the reserve "
-      .. "alone take %s of each rank's %s HBM budget (dense %s, pipeline %s, reserve %s), and every rank holds "
-      .. "them: more GPUs do not help; a budget of at least %s would"):format(fmt_bytes(S.fixed_total),
-      fmt_bytes(S.budget), fmt_bytes(S.fixed.dense), fmt_bytes(S.fixed.pipeline), fmt_bytes(S.fixed.reserve),
-      fmt_bytes(need))
-    return nil, table.concat(lines, "\n"), { shortfall = need - S.budget, min_budget = need }
+      .. "alone take %s of each rank's %s HBM budget (dense %s; pipeline %s; reserve %s), and every rank holds "
+      .. "them: more GPUs do not help; a budget of at least %s (%d bytes) would"):format(fmt_bytes(S.fixed_total),
+      fmt_bytes(S.budget), dense_parts(S), fmt_bytes(S.fixed.pipeline), fmt_bytes(S.fixed.reserve),
+      fmt_bytes(least), least)
+    return nil, table.concat(lines, "\n"), { shortfall = need - S.budget, min_budget = need, least_budget = least,
+                                             dense = S.fixed.dense }
   end
   if need > S.budget then
     local gpus
