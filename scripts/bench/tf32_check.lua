@@ -10,6 +10,11 @@
 --   3. train_cuda_spec's dlrm_tiny run, 8 steps: the losses of GPU f32 / TF32 / bf16 against the
 --      CPU's, and GPU TF32 against GPU f32.
 --   uvmrec scripts/bench/tf32_check.lua      (needs a GPU; spec/support on the package path)
+require("uvmrec.cli").command {
+  name = "scripts/bench/tf32_check.lua",
+  summary = "where TF32 on the GPU parts from the CPU's exact f32: the products' input rounding, the ReLU units "
+    .. "set otherwise, the gradients with either backend's masks, dlrm_tiny's losses (needs a GPU)",
+}:parse(arg)
 package.path = "spec/support/?.lua;" .. package.path
 local ur = require "uvmrec"
 local dense = ur.dense
