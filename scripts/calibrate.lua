@@ -239,7 +239,9 @@ do
   local function run(dim, lf, batches)
     local tabs = {}
     for t = 1, T do tabs[t] = { name = "t" .. t, rows = crow, dim = dim, placement = "cached" } end
-    local c = assert(tbe.new { tables = tabs, optimizer = "sgd", bounds = "off", device = gpu and nil or "cpu",
+    -- on the default device, as every collection here: the GPU when there is one (where the
+    -- batches' ids are, and where the planner prices the cache), else the CPU
+    local c = assert(tbe.new { tables = tabs, optimizer = "sgd", bounds = "off",
                                cache = { load_factor = lf, policy = "lru" } })
     local cache = c.cache
     local function step(x)
