@@ -257,20 +257,20 @@ do
       times[#times + 1] = C.ur_clock_seconds() - t0
     end
     table.sort(times)
-    local s = cache:stats()
+    local s, where = cache:stats(), c:placement()
     c:free()
-    return times[1], s, #batches - 1
+    return times[1], s, #batches - 1, where
   end
   local same = cache_batch(function(k) return uniform[k % L] % crow end)
   local hits_batches = {}
   for k = 1, (Q and 8 or 12) do hits_batches[k] = same end
-  local th, sh = run(4, 1.0, hits_batches)
+  local th, sh, _, where = run(4, 1.0, hits_batches)
   local kc = th / CL
   if sh.misses + sh.conflicts > 0 then
     print(("  (note: %d misses in the all-hit runs)"):format(sh.misses + sh.conflicts))
   end
-  rate("cache_per_id", kc, "s", ("the cache's prepare and retire of a batch whose rows are all cached: %d ids, "
-       .. "%.3f ms"):format(CL, th * 1e3))
+  rate("cache_per_id", kc, "s", ("the cache's prepare and retire (slots in %s memory) of a batch whose rows are "
+       .. "all cached: %d ids, %.3f ms"):format(where, CL, th * 1e3))
   -- misses: fresh uniform ids each batch into a 1% cache, rows of 16 and 512 bytes
   local fresh = {}
   for k = 1, (Q and 8 or 12) do
