@@ -76,7 +76,7 @@ __global__ void ur_relu_bgrad_kernel(const T *gy, const T *y, T *g, float *parti
       int64_t i = r * cols + col;
       T v = gy[i];
       if (y) {
-        if (!(ur_ld(y, i) > 0.0f)) v = T(0.0f);
+        if (!ur__relu_passes(ur_ld(y, i))) v = T(0.0f);
         g[i] = v;
       }
       s += (float)v;
@@ -129,7 +129,7 @@ __global__ void ur_mask_kernel(const T *y, uint8_t *mask, int64_t rows, int64_t 
     int64_t r = i / mcols, c0 = (i - r * mcols) * 8;
     unsigned bits = 0;
     for (int k = 0; k < 8; k++)
-      if (c0 + k < cols && ur_ld(y, r * cols + c0 + k) > 0.0f) bits |= 1u << k;
+      if (c0 + k < cols && ur__relu_passes(ur_ld(y, r * cols + c0 + k))) bits |= 1u << k;
     mask[i] = (uint8_t)bits;
   }
 }
@@ -495,7 +495,7 @@ __global__ void ur_gemv_fwd_kernel(const T *x, const T *w, const T *b, T *y, uin
     if (lane == 0) ur_st(y, r, s);
     if (mask && lane < 16) {
       float stored = lane == 0 ? ur_ld(y, r) : 0.0f;
-      mask[r * 16 + lane] = (uint8_t)(lane == 0 && stored > 0.0f);
+      mask[r * 16 + lane] = (uint8_t)(lane == 0 && ur__relu_passes(stored));
     }
   }
 }
@@ -514,10 +514,10 @@ ur_gemv_bwd_kernel(const T *x, const T *w, const T *y, const T *gy, T *gx, T *wo
     float wc = ur_ld(w, c), sgw = 0.0f, sgbx = 0.0f;
     for (int64_t r = r0; r < r1; r++) {
       float g = ur_ld(gy, r);
-      if (relu && !(ur_ld(y, r) > 0.0f)) g = 0.0f;
+      if (relu && !ur__relu_passes(ur_ld(y, r))) g = 0.0f;
       float xv = ur_ld(x, r * in + c);
       if (gx) {
-        float v = (mask_x && !(xv > 0.0f)) ? 0.0f : g * wc;
+        float v = (mask_x && !ur__relu_passes(xv)) ? 0.0f : g * wc;
         if (acc) v += ur_ld(gx, r * in + c);
         ur_st(gx, r * in + c, v);
         if (part_gbx) sgbx += ur_ld(gx, r * in + c);
@@ -532,7 +532,7 @@ ur_gemv_bwd_kernel(const T *x, const T *w, const T *y, const T *gy, T *gx, T *wo
     float s = 0.0f;
     for (int64_t r = r0; r < r1; r++) {
       T g = gy[r];
-      if (relu && !(ur_ld(y, r) > 0.0f)) g = T(0.0f);
+      if (relu && !ur__relu_passes(ur_ld(y, r))) g = T(0.0f);
       if (work) work[r] = g;
       s += (float)g;
     }
@@ -779,7 +779,7 @@ template <typename T>
 __global__ void ur_act_bwd_kernel(const T *y, const T *gy, T *gx, int64_t n, int act) {
   UR_GRID_STRIDE(i, n) {
     float v = ur_ld(y, i), g = ur_ld(gy, i);
-    ur_st(gx, i, act == UR_ACT_RELU ? (v > 0.0f ? g : 0.0f) : g * v * (1.0f - v));
+    ur_st(gx, i, act == UR_ACT_RELU ? (ur__relu_passes(v) ? g : 0.0f) : g * v * (1.0f - v));
   }
 }
 

@@ -15,7 +15,7 @@ local function pair(format, placement, opts)
   local tables = { { name = "a", rows = 3000, dim = opts.dim or 64, features = { "f1", "f3" }, format = format,
                      modulo = opts.modulo and 3000 or nil, pooling = opts.pooling },
                    { name = "b", rows = 77, dim = opts.dim or 64, features = { "f2" }, format = format,
-                     pooling = opts.pooling or "mean" } }
+                     modulo = opts.modulo and 77 or nil, pooling = opts.pooling or "mean" } }
   local cpu = assert(qtbe.new { tables = tables, features = { "f1", "f2", "f3" }, device = "cpu",
                                 output_dtype = opts.output_dtype })
   local gpu = assert(qtbe.new { tables = tables, features = { "f1", "f2", "f3" }, device = 0,
@@ -52,7 +52,7 @@ describe("uvmrec.qtbe on the GPU", function()
                              { dim = 1024 }, { dim = 4 }, { output_dtype = "bf16" } } do
           local cpu, gpu = pair(format, placement, o)
           local batch = R.batch({ 3000, 77, 3000 }, { batch = 257, weighted = o.weighted, big = 300 })
-          if o.modulo then
+          if o.modulo then -- ids past both tables' rows, each table taking them modulo its rows
             for i = 1, #batch.values do batch.values[i] = batch.values[i] + 3000 * 77 * math.random(0, 99) end
           end
           assert.same(run(cpu, batch), run(gpu, batch, "device"))

@@ -13,8 +13,8 @@
 --   * steady: --steps steps back to back after a warm-up, timed with CUDA events (the clock on
 --     the CPU), the learning rates following the config's schedule as uvmrec.train does; with
 --     --graph each step is a replayed CUDA graph (uvmrec.train.graph, a graph per batch), the
---     model on a stream of its own and the schedule taken from its plateau (after the warm-up
---     steps), where the learning rates stay put and a graph replays as captured;
+--     model on a stream of its own and the learning rates held at the schedule's first step's
+--     (a graph replays them as captured);
 --   * phases: each phase of the step (parity_lib.lua's cut of models/dlrm.lua: bottom MLP,
 --     embeddings, interaction, top MLP forward; loss; top, interaction, bottom backward; the
 --     tables' backward with their fused optimizer; the dense optimizer) repeated alone, back to
@@ -50,7 +50,7 @@ local cmd = require("uvmrec.cli").command {
   { "--no-torch", "leave PyTorch out" },
   { "--out FILE", "append JSON lines" },
   { "--cpu", "on the CPU even where a GPU is" },
-  { "--graph", "each steady step a replayed CUDA graph (the schedule from its plateau)" },
+  { "--graph", "each steady step a replayed CUDA graph (the learning rates held at the schedule's first step's)" },
 }
 local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
@@ -241,10 +241,15 @@ for _, precision in ipairs(o.precisions) do
   -- the step's phases over the batches in turn, the learning rates as uvmrec.train sets them
   local sched = train.config.schedule(cfg)
   local lrs = sched and ur.optim.Schedule(sched, { opt, model.embeddings })
-  local n = runner and cfg.schedule.warmup_steps or 0
+  local n = 0
+  -- A graph replays its learning rates as captured: they stay at the schedule's first step's,
+  -- where a model trained from scratch stays finite (at the plateau's, 24 for MLPerf's config,
+  -- this untrained one reached NaN within 46 steps on the H200).  The rate's value does not
+  -- change the step's time.
+  if runner and lrs then lrs:set(1) end
   local function step()
     n = n + 1
-    if lrs then lrs:set(n) end
+    if lrs and not runner then lrs:set(n) end
     local i = (n - 1) % #batches + 1
     if runner then
       runner:step(batches[i])

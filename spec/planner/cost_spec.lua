@@ -76,7 +76,15 @@ describe("planner.cost", function()
     local staging = 2 * 256
     assert.equal((S + staging) * (RB + SB), m.cache_slots)
     assert.equal(S * 17 + (S + staging) * 8, m.cache_meta)
-    near(m.cache_scratch, L * (144 * 1.25 + 8 * 1.25 * 2) + 4 * 8 * (1.5 * (4 * misses + U) + 1024), "scratch")
+    -- over ranks the table's share of the per-batch scratch (on one rank the plan's term), and
+    -- the move lists
+    local lists = 4 * 8 * (1.5 * (4 * misses + U) + 1024)
+    near(m.cache_scratch, lists, "scratch on one rank")
+    near(cost.cache_batch_scratch(L), L * (144 * 1.25 + 8 * 1.25 * 2), "the batch's scratch")
+    local two = assert(cost.option(tab(), ctx { min_slots = 0, world = 2 },
+                                   { placement = "cached", load_factor = 0.2 }))
+    near(two.shards[1].mem.device.cache_scratch, cost.cache_batch_scratch(two.lookups)
+      + 4 * 8 * (1.5 * (4 * two.misses + two.distinct) + 1024), "scratch over two ranks")
     assert.equal(ROWS * (RB + SB), o.shards[1].mem.pinned)
     -- LFU keeps 4 bytes a row of counts; the prefetch pipeline hides its share of the cache's time
     local lfu = assert(cost.option(tab(), c, { placement = "cached", load_factor = 0.2, policy = "lfu" }))

@@ -25,6 +25,9 @@ local function instance(seed, world)
   for _, r in ipairs(all.data.ranks) do hi = math.max(hi, r.hbm) end
   local none, _, info = planner.plan(tables, profiles, 1, opts)
   assert.is_nil(none)
+  -- (the 1 TiB plan may cache nothing, so its ranks hold less than the room every table keeps
+  -- for a cache's scratch where one may be cached: then the budget is the least)
+  hi = math.max(hi, info.min_budget)
   return tables, profiles, opts, math.floor(info.min_budget + u * (hi - info.min_budget))
 end
 

@@ -10,6 +10,11 @@
 
 UR_HD float ur__relu(float v) { return v > 0.0f || v != v ? v : 0.0f; }
 
+/* Whether a ReLU output (or input) lets its gradient through: its mask bit.  NaN passes, as
+ * cuBLASLt's RELU_AUX epilogues set its bit (seen on the H200: 255 for a row of NaN), so that
+ * every backend's mask and masked gradient agree. */
+UR_HD int ur__relu_passes(float v) { return !(v <= 0.0f); }
+
 UR_HD float ur__sigmoid(float v) {
   if (v >= 0.0f) return 1.0f / (1.0f + expf(-v));
   float e = expf(v);

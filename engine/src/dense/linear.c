@@ -159,7 +159,7 @@ static void bias_range(void *ctx, size_t r0, size_t r1) {
       if (j->b) v += ur__dense_ld(j->b, j->d, (size_t)c);
       ur__dense_st(j->y, j->d, i, act_apply(v, j->act));
       /* the mask says what the backward of y's reader sees: y as stored */
-      if (m && ur__dense_ld(j->y, j->d, i) > 0.0f) m[c >> 3] |= (uint8_t)(1u << (c & 7));
+      if (m && ur__relu_passes(ur__dense_ld(j->y, j->d, i))) m[c >> 3] |= (uint8_t)(1u << (c & 7));
     }
   }
 }
@@ -212,11 +212,11 @@ static void mask_range(void *ctx, size_t i0, size_t i1) {
   if (j->d == UR_DTYPE_F32) {
     const float *gy = j->gy, *y = j->y;
     float *g = j->g;
-    for (size_t i = i0; i < i1; i++) g[i] = y[i] > 0.0f ? gy[i] : 0.0f;
+    for (size_t i = i0; i < i1; i++) g[i] = ur__relu_passes(y[i]) ? gy[i] : 0.0f;
   } else {
     const uint16_t *gy = j->gy, *y = j->y;
     uint16_t *g = j->g;
-    for (size_t i = i0; i < i1; i++) g[i] = ur__bf16_to_f32(y[i]) > 0.0f ? gy[i] : 0;
+    for (size_t i = i0; i < i1; i++) g[i] = ur__relu_passes(ur__bf16_to_f32(y[i])) ? gy[i] : 0;
   }
 }
 
@@ -379,7 +379,7 @@ static void act_bwd_range(void *ctx, size_t i0, size_t i1) {
   act_job *j = ctx;
   for (size_t i = i0; i < i1; i++) {
     float y = ur__dense_ld(j->x, j->d, i), g = ur__dense_ld(j->gy, j->d, i);
-    float v = j->act == UR_ACT_RELU ? (y > 0.0f ? g : 0.0f) : g * y * (1.0f - y);
+    float v = j->act == UR_ACT_RELU ? (ur__relu_passes(y) ? g : 0.0f) : g * y * (1.0f - y);
     ur__dense_st(j->y, j->d, i, v);
   }
 }

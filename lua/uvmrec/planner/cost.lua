@@ -194,7 +194,11 @@ function M.option(t, ctx, opt)
     mem.device.cache_slots = (S + M2) * (rbs + sbs)
     mem.device.cache_meta = S * M.CACHE.slot_meta + (S + M2) * M.CACHE.slot_row_id
                             + (policy == "lfu" and M.CACHE.lfu_per_row * Rs or 0)
-    mem.device.cache_scratch = Ls * (M.CACHE.scratch_per_value + M.CACHE.ids_per_value)
+    -- the decisions' scratch runs over every value of the batch the cache is given, its other
+    -- tables' too: on one rank that is the whole batch, a term of the plan's (planner.setup:
+    -- cache_batch); over ranks this table's share only (a rank's other tables of its kind are
+    -- not counted: docs/planner.md)
+    mem.device.cache_scratch = (ctx.world > 1 and M.cache_batch_scratch(Ls) or 0)
                                + M.CACHE.ring * 8 * (1.5 * (4 * misses + Us) + 1024)
     mem.pinned = Rs * (rbs + sbs)
     cache_time = Ls * r.kc + 2 * misses * (r.kr + (rbs + sbs) / r.Gmv)
@@ -487,6 +491,12 @@ end
 
 -- The pipeline's buffers on one rank: the batch on the GPU (two in flight), `depth` pinned
 -- batches on the host.  ids = ids per sample over all tables.
+-- HBM of a cache's per-batch scratch over `values` values: the decisions' scratch and the
+-- slot-id buffers.  A collection hands its cache the whole batch, every table's values.
+function M.cache_batch_scratch(values)
+  return values * (M.CACHE.scratch_per_value + M.CACHE.ids_per_value)
+end
+
 function M.pipeline(ctx, ids, tables, dense_features, depth)
   local B = ctx.batch
   local batch = B * ids * 8 + (tables * B + 1) * 8 + tables * B * 4 + B * (dense_features or 13) * 4 + B * 4

@@ -143,6 +143,18 @@ local function setup(tables, profiles, budget, opts)
     end
     items[i] = { name = t.name, options = search.frontier(options), table = t }
   end
+  -- On one rank a cache scratches over the whole batch's values, whichever tables it holds: room
+  -- for that wherever a table may be cached, counted in the plan where one is (M.build)
+  if world == 1 then
+    for _, it in ipairs(items) do
+      for _, o in ipairs(it.options) do
+        if o.placement == "cached" and not fixed.cache_batch then
+          fixed.cache_batch = cost.cache_batch_scratch(ctx.batch * ids)
+          fixed_total = fixed_total + fixed.cache_batch
+        end
+      end
+    end
+  end
   local avail = {}
   for r = 1, world do avail[r] = B - fixed_total end
   return { ctx = ctx, calib = cal, budget = B, world = world, tables = cts, items = items, dense = dense,
@@ -365,6 +377,14 @@ function M.build(S, best, stats)
       fixed = fixed and t.fixed or nil, config = keys, config_keys = flat,
       profile = t.profile:summary(),
     }
+  end
+  if S.fixed.cache_batch then
+    for i, it in ipairs(S.items) do
+      if it.options[best.choice[i]].placement == "cached" then
+        ranks[1].device.cache_scratch = ranks[1].device.cache_scratch + S.fixed.cache_batch
+        break
+      end
+    end
   end
   for _, R in ipairs(ranks) do
     local d = 0
