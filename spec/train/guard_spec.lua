@@ -430,7 +430,10 @@ describe("ur_nonfinite_check #cuda", function()
       loop.step(model, opt, assert(bs[3]:to("device")))
       assert.same(before, state_of(model, opt))
       local r = g:read()
-      assert.same({ 3, 1, "loss" }, { r.steps, r.bad, r.first.name })
+      assert.same({ 3, 1 }, { r.steps, r.bad })
+      -- the loss where the bottom MLP's ReLUs pass NaN on (the CPU; cuBLASLt's epilogues in some
+      -- kernels); else the first Linear's weight gradient (x^T gy with x's NaN row)
+      assert.is_truthy(r.first.name == "loss" or r.first.name == "bottom.1.weight gradient", r.first.name)
       g:detach()
     end
   end)

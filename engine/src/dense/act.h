@@ -1,7 +1,8 @@
 /* act.h: the activations' arithmetic, compiled for the CPU backend (dense/linear.c) and the
- * GPU's (kernels/linear.cu), so every path computes one function.  ReLU passes NaN on, as
- * cuBLASLt's ReLU epilogues and PyTorch's relu do: a non-finite input reaches the loss, where a
- * guard sees it, instead of turning into a zero that hides it.  The sigmoid takes exp of a
+ * GPU's own kernels (kernels/linear.cu), so that they compute one function.  ReLU passes NaN on,
+ * as PyTorch's relu does: a non-finite input reaches the loss, where a guard sees it, instead of
+ * turning into a zero that hides it.  (cuBLASLt's ReLU epilogues, which the GPU's products use,
+ * pass it on in some of their kernels and give 0 in others: spec/dense_cuda_spec.lua.)  The sigmoid takes exp of a
  * non-positive number only, so that large |v| neither overflows nor loses 1. */
 #ifndef UR_ACT_H
 #define UR_ACT_H
