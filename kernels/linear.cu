@@ -100,7 +100,7 @@ __global__ void ur_bgrad_sum_kernel(const float *partial, float *gb, int64_t chu
   gb[col] += s;
 }
 
-/* g = gy masked by y > 0 (when y is not NULL; g then must be given) and gb[cols] += column sums
+/* g = gy masked by ur__relu_passes(y) (when y is not NULL; g then must be given) and gb[cols] += column sums
  * of g (when gb is not NULL), deterministically: fixed chunks of rows summed into partial
  * (chunks * cols floats), then the chunks in order. */
 static cudaError_t ur_relu_bgrad_launch(cudaStream_t stream, const void *gy, const void *y,
@@ -477,7 +477,7 @@ ur_status ur__cuda_dense_join(void *stream) {
 #define UR_GEMV_THREADS 256
 
 /* y[r] = act(x[r] . w + b), a warp a row (lanes over the columns, then a fixed shuffle tree),
- * and, with a mask, its row of mcols bytes (bit 0 of byte 0: y > 0, the rest zero). */
+ * and, with a mask, its row of mcols bytes (bit 0 of byte 0: ur__relu_passes(y), the rest zero). */
 template <typename T>
 __global__ void ur_gemv_fwd_kernel(const T *x, const T *w, const T *b, T *y, uint8_t *mask,
                                    int64_t rows, int64_t in, int act) {
@@ -500,7 +500,7 @@ __global__ void ur_gemv_fwd_kernel(const T *x, const T *w, const T *b, T *y, uin
   }
 }
 
-/* The backward of a layer of one output over a chunk of rows per block: g = gy (masked by y > 0
+/* The backward of a layer of one output over a chunk of rows per block: g = gy (masked by ur__relu_passes(y)
  * under relu), gx = g w (masked by x > 0 when the layer below's mask is asked for: x is that
  * layer's ReLU output, which says the same), and the block's sums of g x (gw), of gx as stored
  * (gb_x) and of g (gb) into partials, each thread owning columns, summing its rows in order. */
@@ -665,7 +665,7 @@ ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, c
   const void *g = gy;
   int gb_done = 0;
   if (relu && out > 0) {
-    /* g = gy masked by y > 0, and gb's partial sums in the same pass; they sit after
+    /* g = gy masked by ur__relu_passes(y), and gb's partial sums in the same pass; they sit after
      * cuBLASLt's part of the stream's workspace */
     int64_t chunks = ur_bgrad_chunks(rows, out, dv->sms);
     void *ws = NULL;

@@ -456,11 +456,7 @@ if not machine then
     machine = ("%s, %d cores (CPU backend)"):format(cpu, n)
   end
 end
-local commit
-do
-  local g = io.popen("git rev-parse --short HEAD 2>/dev/null")
-  if g then commit = g:read("*l") g:close() end
-end
+local commit = ur.commit()
 local t = { format = calib.FORMAT, version = calib.VERSION, machine = machine, backend = gpu and "cuda" or "cpu",
             date = date, command = command, commit = commit, rates = rates,
             seconds = math.floor((C.ur_clock_seconds() - t_start) * 10 + 0.5) / 10,

@@ -1121,12 +1121,14 @@ UR_API size_t ur_sizeof_arena_stats(void);
 
 /* y[rows, out] = act(x[rows, in] w[out, in]^T + b[out]), one dtype for all four; b may be
  * NULL; act NONE or RELU (fused into the product's epilogue on the GPU); flags: TF32, PAD.
- * With RELU, mask (u8 [rows, ur_linear_mask_cols(out)], or NULL) receives y > 0 as bits
- * (element j of a row: bit j % 8 of byte j / 8), for the backward of the layer reading y. */
+ * With RELU, mask (u8 [rows, ur_linear_mask_cols(out)], or NULL) receives "y > 0 or y is NaN"
+ * as bits (element j of a row: bit j % 8 of byte j / 8), for the backward of the layer reading
+ * y.  ReLU passes NaN on on the CPU and in the engine's own GPU kernels; cuBLASLt's epilogues,
+ * which the GPU's products use, give NaN or 0 for it, by kernel. */
 UR_API ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
                                    const ur_tensor *b /* or NULL */, ur_tensor *y /* out */,
                                    ur_tensor *mask /* out, or NULL */, ur_act act, uint32_t flags);
-/* From gy = dL/dy, with g = gy masked by y > 0 (RELU; then y and work [rows, out] of x's dtype
+/* From gy = dL/dy, with g = gy masked by "y > 0 or y is NaN" (RELU; then y and work [rows, out] of x's dtype
  * are needed, and work receives g) or g = gy (NONE, or GY_MASKED):
  * gx = g w (+= with ACCUMULATE), gw += g^T x, gb += column sums of g.  With x_mask (the mask
  * the forward of the layer below wrote: x is its ReLU output), gx is masked by it and gb_x +=

@@ -43,19 +43,7 @@ local out = o.out and assert(io.open(o.out, "a"))
 local function record(t)
   if out then out:write(json.encode(t), "\n") out:flush() end
 end
--- The commit measured: a `make dist` tree's (its DIST file names it; a copy of the tree may sit
--- in another checkout, whose HEAD is not what was built), else the checkout's HEAD.
-local function commit()
-  local f = io.open("DIST", "rb")
-  local d = f and f:read("*l")
-  if f then f:close() end
-  local built = d and d:match("made by make dist %((%x+),")
-  if built then return built end
-  local p = io.popen("git rev-parse --short HEAD 2>/dev/null")
-  local c = p and p:read("*l")
-  if p then p:close() end
-  return c or "unknown"
-end
+local function commit() return ur.commit() or "unknown" end
 local function load_avg()
   local f = io.open("/proc/loadavg")
   local l = f and f:read("*l"):match("^%S+") or "?"

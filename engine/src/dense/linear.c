@@ -206,7 +206,7 @@ typedef struct mask_job {
   ur_dtype d;
 } mask_job;
 
-/* g = gy where y > 0, else 0; bf16 elements are copied bit for bit. */
+/* g = gy where ur__relu_passes(y) (y > 0 or NaN), else 0; bf16 elements are copied bit for bit. */
 static void mask_range(void *ctx, size_t i0, size_t i1) {
   mask_job *j = ctx;
   if (j->d == UR_DTYPE_F32) {

@@ -996,7 +996,9 @@ function M.shard(collection, spec, comm)
   comm = comm or require("uvmrec.dist").job()
   local opts = collection
   if type(collection) == "table" and collection.options then opts = collection.options end
-  return Sharded(opts, spec, comm)
+  -- not a tail call: Sharded's errors name the caller's line (their levels count this frame)
+  local sharded = Sharded(opts, spec, comm)
+  return sharded
 end
 
 -- dist.shard_modules(model, plan[, opts]): every EmbeddingBagCollection of the model replaced

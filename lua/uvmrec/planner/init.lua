@@ -217,10 +217,18 @@ local function infeasible(S, info)
   local lines = {}
   if S.fixed_total >= S.budget then
     local least = least_budget(S, need)
-    lines[#lines + 1] = ("planner: the model cannot fit: the dense part, the pipeline's buffers and the reserve "
-      .. "alone take %s of each rank's %s HBM budget (dense %s; pipeline %s; reserve %s), and every rank holds "
-      .. "them: more GPUs do not help; a budget of at least %s (%d bytes) would"):format(fmt_bytes(S.fixed_total),
-      fmt_bytes(S.budget), dense_parts(S), fmt_bytes(S.fixed.pipeline), fmt_bytes(S.fixed.reserve),
+    -- on one rank, room for a cache's scratch over the whole batch where a table may be cached
+    -- (over ranks each cached table counts its own values instead)
+    local cache = S.fixed.cache_batch
+    lines[#lines + 1] = ("planner: the model cannot fit: the dense part, the pipeline's buffers%s and the reserve "
+      .. "alone take %s of each rank's %s HBM budget (dense %s; pipeline %s;%s reserve %s), and every rank holds "
+      .. "%s; a budget of at least %s (%d bytes) would"):format(
+      cache and ", a cache's scratch" or "", fmt_bytes(S.fixed_total), fmt_bytes(S.budget), dense_parts(S),
+      fmt_bytes(S.fixed.pipeline),
+      cache and (" a cache's scratch over the batch's values %s (kept while a table may be cached);"):format(
+        fmt_bytes(cache)) or "",
+      fmt_bytes(S.fixed.reserve),
+      cache and "all but the cache's scratch: more GPUs do not help with the rest" or "them: more GPUs do not help",
       fmt_bytes(least), least)
     return nil, table.concat(lines, "\n"), { shortfall = need - S.budget, min_budget = need, least_budget = least,
                                              dense = S.fixed.dense }
