@@ -489,13 +489,14 @@ function M.step(work, fixed, backend, loader)
   return max(work, fixed, loader)
 end
 
--- The pipeline's buffers on one rank: the batch on the GPU (two in flight), `depth` pinned
--- batches on the host.  ids = ids per sample over all tables.
 -- HBM of a cache's per-batch scratch over `values` values: the decisions' scratch and the
 -- slot-id buffers.  A collection hands its cache the whole batch, every table's values.
 function M.cache_batch_scratch(values)
   return values * (M.CACHE.scratch_per_value + M.CACHE.ids_per_value)
 end
+
+-- The pipeline's buffers on one rank: the batch on the GPU (two in flight), `depth` pinned
+-- batches on the host.  ids = ids per sample over all tables.
 
 function M.pipeline(ctx, ids, tables, dense_features, depth)
   local B = ctx.batch
