@@ -497,7 +497,6 @@ end
 
 -- The pipeline's buffers on one rank: the batch on the GPU (two in flight), `depth` pinned
 -- batches on the host.  ids = ids per sample over all tables.
-
 function M.pipeline(ctx, ids, tables, dense_features, depth)
   local B = ctx.batch
   local batch = B * ids * 8 + (tables * B + 1) * 8 + tables * B * 4 + B * (dense_features or 13) * 4 + B * 4
