@@ -231,10 +231,66 @@ describe("planner.cost", function()
       end
     end
     -- a GPU's arena is one 64 MiB block for dlrm_kaggle at a batch of 1024, most of it unused
-    local cfg = assert(train.config.load(assert(train.find_config("dlrm_kaggle")), { "train.batch_size=1024" }))
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_kaggle")), { "train.batch_size=1024",
+                                                                                    "eval.samples=0" }))
     local d = cost.dense(cost.dense_model(assert(planner.from_config(cfg)).dense), ctx { batch = 1024 })
     assert.equal(64 * 2 ^ 20, d.mem.activations)
     assert.equal(18243840, d.mem.activations_used)
+  end)
+
+  it("holds the arena of a run that evaluates: the evaluation's forward at its batch on top of the step's", function()
+    -- As above, with evaluations (every step, then at the end: the first takes its tensors, the
+    -- later ones and the steps between take views of them): larger batches than training's (the
+    -- forward's tensors taken again, masks included), smaller ones (only the probabilities, and
+    -- the logits cast to f32 under bf16), and fewer held-out samples than eval.batch_size (one
+    -- batch of them); the planner's figure is the arena's after the run.
+    local train = require "uvmrec.train"
+    local arena = require "uvmrec.nn.arena"
+    local cases = {
+      { "dlrm_kaggle", { "train.batch_size=1024", "eval.samples=16384" }, 16384 },  -- the default eval batch
+      { "dlrm_kaggle", { "train.batch_size=1000", "model.precision=bf16", "eval.samples=5000",
+                         "eval.batch_size=3000" }, 3000 },                           -- a partial last batch
+      { "dlrm_tiny", { "eval.samples=700", "eval.batch_size=100" }, 100 },           -- smaller than training's
+      { "dlrm_dcnv2", { "train.batch_size=512", "eval.samples=4096", "eval.batch_size=4096" }, 4096 },
+      { "dlrm_dcnv2", { "train.batch_size=300", "model.cross_rank=0", "model.cross_layers=2", "model.precision=f32",
+                        "eval.samples=2000" }, 2000 },                               -- eval.samples < eval.batch_size
+    }
+    for _, c in ipairs(cases) do
+      for _, where in ipairs { "host", "device" } do
+        local sets = { "embeddings.max_rows=1000", "train.steps=2", "eval.every=1", "eval.min_auc=0" }
+        for _, x in ipairs(c[2]) do sets[#sets + 1] = x end
+        local cfg = assert(train.config.load(assert(train.find_config(c[1])), sets))
+        local what = c[1] .. " " .. table.concat(c[2], " ") .. ", " .. where .. " blocks"
+        local model
+        local r = assert(train.run(cfg, { cpu = true, progress = "none", print = function() end, setup = function(run)
+          model = run.model
+          local a = arena.new("host", -1, arena.BLOCK[where])
+          model:apply(function(m) m._arena, m._bufs = a, {} end)
+        end }))
+        assert.equal(2, r.eval and #r.evals or 0, what .. ": evaluations")
+        local prob = assert(planner.from_config(cfg))
+        assert.equal(c[3], prob.dense.eval_batch, what .. ": the evaluation's batch")
+        local dm = cost.dense_model(prob.dense)
+        local d = cost.dense(dm, ctx { batch = prob.batch, arena_block = arena.BLOCK[where] })
+        local got = model:arena():stats()
+        assert.equal(got.used, d.mem.activations_used, what .. ": arena bytes used")
+        assert.equal(got.reserved, d.mem.activations, what .. ": arena bytes reserved")
+        assert.equal(got.blocks, d.mem.arena_blocks, what .. ": arena blocks")
+        dm.eval_batch = 0
+        local step = cost.dense(dm, ctx { batch = prob.batch, arena_block = arena.BLOCK[where] })
+        assert.equal(d.mem.activations - step.mem.activations, d.mem.eval_activations,
+                     what .. ": the evaluation's part")
+      end
+    end
+    -- on a GPU dlrm_kaggle's default evaluation (batches of 16384) takes two more 64 MiB blocks
+    -- beside the step's one: 192 MiB
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_kaggle")), { "train.batch_size=1024" }))
+    local d = cost.dense(cost.dense_model(assert(planner.from_config(cfg)).dense), ctx { batch = 1024 })
+    assert.equal(192 * 2 ^ 20, d.mem.activations)
+    assert.equal(3, d.mem.arena_blocks)
+    assert.equal(128 * 2 ^ 20, d.mem.eval_activations)
+    -- over two ranks each evaluates its slice of the global batch
+    assert.equal(8192, assert(planner.from_config(cfg, { world = 2 })).dense.eval_batch)
   end)
 
   it("prices a managed table's hint intervals, once every hints_every steps", function()

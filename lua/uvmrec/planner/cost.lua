@@ -311,7 +311,10 @@ end
 -- layer and the ReLU's work where no mask folds it in), the dot Interaction (output padded to 8
 -- columns; the dense and pooled gradients) or the concatenation and nn.CrossNet, and
 -- BCEWithLogits.  The pooled outputs are the collection's own (cost.option's outputs), not here.
--- spec/planner/cost_spec.lua checks the list against the arena of a model trained on the CPU.
+-- Also the tensors an evaluation's forward takes (models/dlrm.lua's predict: the same forward,
+-- masks included, no loss and no backward; then the logits cast to f32 under bf16 and the
+-- probabilities, keys of their own, marked new).
+-- spec/planner/cost_spec.lua checks the lists against the arena of a model trained on the CPU.
 local function arena_buffers(d, bottom_out, width, top_in, T)
   local dense = require "uvmrec.dense"
   local dt = d.precision == "bf16" and 2 or 4
@@ -365,36 +368,51 @@ local function arena_buffers(d, bottom_out, width, top_in, T)
     add(inter_back, T * dim)
   end
   mlp({ width, unpack(d.top) }, false, true, top_in, top_back)
+  local eval = {}
+  for i, b in ipairs(fwd) do eval[i] = b end
+  if dt == 2 then eval[#eval + 1] = { cols = 1, elem = 4, new = true } end -- logits_f32
+  eval[#eval + 1] = { cols = 1, elem = 4, new = true }                    -- probs
   add(fwd, 1, 4, 1) -- the loss
   add(fwd, 1)       -- its gradient
   for _, part in ipairs { top_back, inter_back, bottom_back } do
     for _, b in ipairs(part) do fwd[#fwd + 1] = b end
   end
-  return fwd
+  return fwd, eval
 end
 
 -- The arena's bytes for `buffers` (arena_buffers) at `batch` rows in blocks of `block` bytes
 -- (engine/src/dense/arena.c): each tensor 256-byte aligned; a tensor that does not fit in the
 -- rest of the block starts a new one, of `block` bytes or its own size if larger, and the old
--- block's tail is left unused.  Returns used, reserved, blocks.
-function M.arena(buffers, batch, block)
-  local used, reserved, blocks, left = 0, 0, 0, 0
+-- block's tail is left unused.  Returns used, reserved, blocks, and the arena's state, which
+-- `from` continues: then `buffers` are taken again at `batch` after the batch `from.batch`
+-- (Module:buffer: a key is taken anew only when its rows grow, or it is new; the tensors it
+-- held before stay in their block, which the step's other tensors keep alive).
+function M.arena(buffers, batch, block, from)
+  local s = from or { used = 0, reserved = 0, blocks = 0, left = 0 }
+  local prior = from and from.batch
   for _, b in ipairs(buffers) do
-    local need = max(256, ceil((b.rows or batch) * b.cols * b.elem / 256) * 256)
-    if need > left then
-      local size = max(need, block)
-      reserved, blocks, left = reserved + size, blocks + 1, size
+    local rows = b.rows or batch
+    local had = prior and not b.new and (b.rows or prior)
+    if not had or rows > had then
+      local need = max(256, ceil(rows * b.cols * b.elem / 256) * 256)
+      if need > s.left then
+        local size = max(need, block)
+        s.reserved, s.blocks, s.left = s.reserved + size, s.blocks + 1, size
+      end
+      s.left = s.left - need
+      s.used = s.used + need
     end
-    left = left - need
-    used = used + need
   end
-  return used, reserved, blocks
+  local out = { used = s.used, reserved = s.reserved, blocks = s.blocks, left = s.left,
+                batch = prior and max(prior, batch) or batch }
+  return out.used, out.reserved, out.blocks, out
 end
 
 -- A DLRM's dense side from its shape: dense_features, bottom (widths), top (widths),
 -- interaction ("dot" | "dcnv2"), tables (count), dim, self_interaction, cross_layers,
 -- cross_rank, precision ("f32" | "tf32" | "bf16"), optimizer ("sgd" ...; its state per
--- parameter: sgd 0 (momentum 1), adagrad 1, adam/adamw 2).
+-- parameter: sgd 0 (momentum 1), adagrad 1, adam/adamw 2), eval_batch (the rows of a rank's
+-- evaluation batches; 0 or nil: the run does not evaluate).
 function M.dense_model(d)
   local macs, params, widths, layers = 0, 0, 0, 0
   local function layer(i, o, no_bias)
@@ -434,6 +452,7 @@ function M.dense_model(d)
     layer(top_in, o)
     top_in = o
   end
+  local buffers, eval_buffers = arena_buffers(d, bottom_out, width, top_width or width, d.tables)
   -- uvmrec.optim's state of a row of one element, and SGD's momentum buffer
   local rule = require("uvmrec.optim").RULES[d.optimizer or "sgd"]
   local nstate = (rule and rule.state(1) or 0) + ((d.optimizer or "sgd") == "sgd" and (d.momentum or 0) > 0 and 1 or 0)
@@ -442,7 +461,7 @@ function M.dense_model(d)
            param_elems = params + (top_width and #d.top > 0 and (top_width - width) * d.top[1] or 0),
            inter_flops = inter_flops,
            interaction = d.interaction or "dot",
-           buffers = arena_buffers(d, bottom_out, width, top_width or width, d.tables),
+           buffers = buffers, eval_buffers = eval_buffers, eval_batch = d.eval_batch or 0,
            precision = d.precision or "f32", nstate = nstate,
            description = d }
 end
@@ -450,7 +469,10 @@ end
 -- Seconds and HBM of the dense part on one rank of ctx (batch per rank); `fixed` is the step's
 -- fixed cost, which M.step combines with the work.  Its HBM: the parameters, their gradients,
 -- optimizer state and bf16 copies, and the arena's blocks (ctx.arena_block bytes each: on a GPU
--- one block of 64 MiB holds the activations of batches up to a few thousand, most of it unused).
+-- one block of 64 MiB holds the activations of batches up to a few thousand, most of it unused)
+-- at their peak: after the first training step and then the first evaluation (dm.eval_batch),
+-- whose forward adds its tensors when its batch is larger (the arena frees nothing; after it
+-- the steps take views of them), and after which nothing more is taken.
 function M.dense(dm, ctx)
   local c, B = ctx.calib, ctx.batch
   local p = dm.precision
@@ -464,10 +486,13 @@ function M.dense(dm, ctx)
   local comm = 0
   if ctx.world > 1 then comm = 2 * (ctx.world - 1) / ctx.world * dm.params * 4 / c:rate("allreduce") end
   local pe = dm.param_elems
-  local used, reserved, blocks = M.arena(dm.buffers, B, ctx.arena_block)
+  local used, reserved, blocks, st = M.arena(dm.buffers, B, ctx.arena_block)
+  local step_reserved = reserved
+  if dm.eval_batch > 0 then used, reserved, blocks = M.arena(dm.eval_buffers, dm.eval_batch, ctx.arena_block, st) end
   local mem = { params = pe * 4 * (2 + dm.nstate) + (dm.precision == "bf16" and pe * 2 or 0),
                 activations = reserved, activations_used = used, arena_blocks = blocks,
-                arena_block = ctx.arena_block }
+                arena_block = ctx.arena_block, eval_batch = dm.eval_batch,
+                eval_activations = reserved - step_reserved }
   return { time = t_mlp + t_int + t_opt + comm, mlp = t_mlp, interaction = t_int, optimizer = t_opt,
            fixed = t_fixed, comm = comm, mem = mem, hbm = mem.params + mem.activations }
 end

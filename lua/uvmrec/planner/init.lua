@@ -207,9 +207,10 @@ local function dense_parts(S)
   local m = S.dense.mem
   if not m.arena_blocks then return fmt_bytes(S.fixed.dense) end
   return ("%s: parameters, gradients and optimizer state %s, the model's arena %s in %d block%s of %s "
-    .. "(nn.arena) for %s of activations at a batch of %d"):format(fmt_bytes(S.fixed.dense), fmt_bytes(m.params),
+    .. "(nn.arena) for %s of activations at a batch of %d%s"):format(fmt_bytes(S.fixed.dense), fmt_bytes(m.params),
     fmt_bytes(m.activations), m.arena_blocks, m.arena_blocks == 1 and "" or "s", fmt_bytes(m.arena_block),
-    fmt_bytes(m.activations_used), S.ctx.batch)
+    fmt_bytes(m.activations_used), S.ctx.batch, (m.eval_batch or 0) > 0
+    and (" and evaluation batches of %d (%s of it)"):format(m.eval_batch, fmt_bytes(m.eval_activations)) or "")
 end
 
 local function infeasible(S, info)
@@ -411,6 +412,7 @@ function M.build(S, best, stats)
   if W > 1 then for _, n in ipairs({ "alltoall", "allreduce", "reduce_scatter" }) do used[#used + 1] = n end end
   local p = {
     format = M.FORMAT, version = M.VERSION, world = W, batch = ctx.batch, budget = S.budget,
+    eval_batch = S.opts.dense and S.opts.dense.eval_batch or 0,
     host_memory = S.opts.host_memory and M.bytes(S.opts.host_memory) or nil, policy = ctx.policy,
     pipeline = ctx.pipeline, calibration = { where = cal.where, machine = cal.machine, backend = cal.backend,
       not_measured = cal:unmeasured(used) },
@@ -638,6 +640,19 @@ end
 
 -- ---- the planning problem of a training config ----
 
+-- The rows of a rank's evaluation batches in a training run of cfg over `world` ranks, as
+-- uvmrec.train runs it (train.data, train.evaluate): 0 when it does not evaluate (no data.eval
+-- and synthetic data with eval.samples 0); else eval.batch_size (the global batch) sliced over
+-- the ranks (the largest slice), and no more than eval.samples held-out synthetic samples.
+function M.eval_batch(cfg, world)
+  world = world or 1
+  local file = cfg.data.eval ~= "" and not cfg.data.eval:match("^synthetic:")
+  if cfg.data.eval == "" and not (cfg.data.train:match("^synthetic:") and cfg.eval.samples > 0) then return 0 end
+  local rows = cfg.eval.batch_size
+  if not file and cfg.eval.samples > 0 then rows = math.min(rows, cfg.eval.samples) end
+  return math.ceil(rows / world)
+end
+
 -- The tables, access profiles and dense part of training config cfg (uvmrec.train.config), as
 -- uvmrec plan and the benchmarks give them to M.plan.  o: world (ranks, 1), batch (per rank;
 -- default train.batch_size / world, the global batch's slice),
@@ -746,7 +761,7 @@ function M.from_config(cfg, o)
                   interaction = m.interaction,
                   self_interaction = m.self_interaction, cross_layers = m.cross_layers, cross_rank = m.cross_rank,
                   tables = #tables, dim = e.dim, precision = m.precision, optimizer = cfg.optimizer.name,
-                  momentum = cfg.optimizer.momentum }
+                  momentum = cfg.optimizer.momentum, eval_batch = M.eval_batch(cfg, world) }
   -- the synthetic loader's values a sample (ids, dense features, label): its cost is in the step
   local loader
   if synth then
@@ -821,6 +836,15 @@ function Plan:apply(cfg, where, opts)
     return bad("the plan is for a batch of %d per rank and train.batch_size is %d over %d rank%s: its cache scratch "
       .. "and step times are for its batch; set train.batch_size=%d or plan again with --batch", p.batch,
       cfg.train.batch_size, world, world == 1 and "" or "s", p.batch * world)
+  end
+  -- an evaluation's forward adds its batch's tensors to the model's arena (cost.dense): a plan
+  -- covers the evaluations it was made for, or none
+  local ev = M.eval_batch(cfg, world)
+  if ev > 0 and ev ~= (p.eval_batch or 0) then
+    return bad("the plan is for %s and this run evaluates in batches of %d per rank (eval.batch_size %d, "
+      .. "eval.samples %d), whose activations it does not hold: plan this config again, or set eval.samples=0 "
+      .. "(no evaluation)", (p.eval_batch or 0) > 0 and ("evaluation batches of %d per rank"):format(p.eval_batch)
+      or "no evaluation", ev, cfg.eval.batch_size, cfg.eval.samples)
   end
   if (p.pipeline and true or false) ~= cfg.train.pipeline then
     return bad("the plan was made %s the prefetch pipeline and train.pipeline is %s", p.pipeline and "with" or
