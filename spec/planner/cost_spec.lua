@@ -188,6 +188,24 @@ describe("planner.cost", function()
     assert.equal(4 + 3 * 8 + 1, dc.outputs)
   end)
 
+  -- A model of config c[1] with sets c[2] (and `base`) trained 2 steps on the CPU, its arena given
+  -- `where`'s blocks (the same engine/src/dense/arena.c carves host and device ones): the
+  -- config, the run's result, its model and optimizer, and a label for messages.
+  local function trained(c, where, base)
+    local train = require "uvmrec.train"
+    local arena = require "uvmrec.nn.arena"
+    local sets = { "embeddings.max_rows=1000", "train.steps=2", "eval.min_auc=0", base }
+    for _, x in ipairs(c[2]) do sets[#sets + 1] = x end
+    local cfg = assert(train.config.load(assert(train.find_config(c[1])), sets))
+    local model, opt
+    local r = assert(train.run(cfg, { cpu = true, progress = "none", print = function() end, setup = function(run)
+      model, opt = run.model, run.optimizer
+      local a = arena.new("host", -1, arena.BLOCK[where])
+      model:apply(function(m) m._arena, m._bufs = a, {} end)
+    end }))
+    return cfg, r, model, opt, c[1] .. " " .. table.concat(c[2], " ") .. ", " .. where .. " blocks"
+  end
+
   it("holds the dense part as the engine does: its parameters, and the arena's blocks of a step's tensors", function()
     -- Models trained on the CPU, their arena given host blocks and then the GPU's device blocks
     -- (the same engine/src/dense/arena.c carves both): the planner's bytes are the engine's.
@@ -203,16 +221,7 @@ describe("planner.cost", function()
     }
     for _, c in ipairs(cases) do
       for _, where in ipairs { "host", "device" } do
-        local sets = { "embeddings.max_rows=1000", "train.steps=2", "eval.samples=0", "eval.min_auc=0" }
-        for _, x in ipairs(c[2]) do sets[#sets + 1] = x end
-        local cfg = assert(train.config.load(assert(train.find_config(c[1])), sets))
-        local what = c[1] .. " " .. table.concat(c[2], " ") .. ", " .. where .. " blocks"
-        local model, opt
-        assert(train.run(cfg, { cpu = true, progress = "none", print = function() end, setup = function(run)
-          model, opt = run.model, run.optimizer
-          local a = arena.new("host", -1, arena.BLOCK[where])
-          model:apply(function(m) m._arena, m._bufs = a, {} end)
-        end }))
+        local cfg, _, model, opt, what = trained(c, where, "eval.samples=0")
         local params = 0
         for _, p in ipairs(model:parameters()) do
           if p.grad then params = params + p.tensor:nbytes() + p.grad:nbytes() + (p.half and p.half:nbytes() or 0) end
@@ -257,16 +266,7 @@ describe("planner.cost", function()
     }
     for _, c in ipairs(cases) do
       for _, where in ipairs { "host", "device" } do
-        local sets = { "embeddings.max_rows=1000", "train.steps=2", "eval.every=1", "eval.min_auc=0" }
-        for _, x in ipairs(c[2]) do sets[#sets + 1] = x end
-        local cfg = assert(train.config.load(assert(train.find_config(c[1])), sets))
-        local what = c[1] .. " " .. table.concat(c[2], " ") .. ", " .. where .. " blocks"
-        local model
-        local r = assert(train.run(cfg, { cpu = true, progress = "none", print = function() end, setup = function(run)
-          model = run.model
-          local a = arena.new("host", -1, arena.BLOCK[where])
-          model:apply(function(m) m._arena, m._bufs = a, {} end)
-        end }))
+        local cfg, r, model, _, what = trained(c, where, "eval.every=1")
         assert.equal(2, r.eval and #r.evals or 0, what .. ": evaluations")
         local prob = assert(planner.from_config(cfg))
         assert.equal(c[3], prob.dense.eval_batch, what .. ": the evaluation's batch")
