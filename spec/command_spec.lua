@@ -17,6 +17,24 @@ describe("uvmrec command", function()
     if ur.cuda_built() then assert.matches("CUDA: built, libuvmrec_cuda.so loads %(%S", out) end
   end)
 
+  it("names the commit its tree was made from: a dist tree's DIST, else the checkout's HEAD", function()
+    local dist = io.open("DIST", "rb")
+    local want
+    if dist then -- a `make dist` tree (dist-test): what its DIST says, even inside another checkout
+      want = dist:read("*l"):match("made by make dist %(([^,)]+),")
+      dist:close()
+    else
+      local p = io.popen("git rev-parse --short HEAD 2>/dev/null")
+      want = p:read("*l")
+      p:close()
+      if not want then pending("neither a dist tree nor a git checkout") return end
+    end
+    local got = ur.commit()
+    assert.is_truthy(got, "a commit")
+    if not dist then got = got:gsub("%-dirty$", "") end -- a checkout with changes
+    assert.equal(want, got)
+  end)
+
   it("prints its usage and each command of its tree with its summary for --help", function()
     local out, err, code = cmd.run("--help")
     assert.equal(0, code, err)

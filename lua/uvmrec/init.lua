@@ -32,19 +32,21 @@ function ur.version() return ffi.string(C.ur_version()) end
 
 -- The commit this tree was made from, for the records benchmarks write: a `make dist` tree's,
 -- as its DIST file names it (`git describe`: "-dirty" kept), else the source checkout's HEAD
--- (`git rev-parse --short`, with "-dirty" when the checkout has changes), else nil.  A copy
--- of a dist tree inside another checkout names what was built, not that checkout's HEAD.
+-- (`git rev-parse --short`, with "-dirty" when the checkout has changes), else nil (an
+-- installed tree, or no git).  A copy of a dist tree inside another checkout names what was
+-- built, not that checkout's HEAD.
 function ur.commit()
   local init = package.searchpath("uvmrec", package.path)
   local root = init and init:match("^(.*)/lua/uvmrec/init%.lua$")
-  local f = root and io.open(root .. "/DIST", "rb")
+  if not root then return nil end
+  local f = io.open(root .. "/DIST", "rb")
   if f then
     local d = f:read("*l") or ""
     f:close()
     return d:match("made by make dist %(([^,)]+),")
   end
   local function run(cmd)
-    local p = io.popen(("git -C '%s' %s 2>/dev/null"):format(root or ".", cmd))
+    local p = io.popen(("git -C '%s' %s 2>/dev/null"):format(root, cmd))
     local out = p and p:read("*a") or ""
     if p then p:close() end
     return out
