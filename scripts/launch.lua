@@ -136,18 +136,24 @@ local function say(fmt, ...) io.stderr:write(("uvmrec launch: " .. fmt .. "\n"):
 
 -- Ctrl-C (SIGINT) and SIGTERM on launch reach every rank as SIGINT: each stops at its next step
 -- boundary (the ranks agree on which: uvmrec.dist.interrupted), saves and exits; a second one
--- ends them at once.
+-- ends them at once.  A rank that has not noted its process id yet when the signal comes gets it
+-- as soon as it does, so a Ctrl-C while the ranks start is not lost.
 assert(lib.check(C.ur_signals_catch(1)))
-local forwarded = 0
+local forwarded, sent = 0, {}
 local function forward()
-  if C.ur_interrupt_get() == 0 then return end
-  assert(lib.check(C.ur_signals_catch(1))) -- clears the flag and catches the next one again
-  forwarded = forwarded + 1
-  local sig = forwarded == 1 and 2 or 9
-  if forwarded == 1 then say("stopping every rank at its next step boundary (again: at once)") end
+  if C.ur_interrupt_get() ~= 0 then
+    assert(lib.check(C.ur_signals_catch(1))) -- clears the flag and catches the next one again
+    forwarded = forwarded + 1
+    if forwarded == 1 then say("stopping every rank at its next step boundary (again: at once)") end
+  end
   for r = 0, n - 1 do
-    local pid = note(r, "pid")
-    if pid and pid > 0 then ffi.C.kill(pid, sig) end
+    if (sent[r] or 0) < forwarded then
+      local pid = note(r, "pid")
+      if pid and pid > 0 then
+        ffi.C.kill(pid, forwarded == 1 and 2 or 9)
+        sent[r] = forwarded
+      end
+    end
   end
 end
 
@@ -167,12 +173,13 @@ function watch_once()
   for r = 0, n - 1 do
     local pid = note(r, "pid")
     local code, text = note(r, "exit")
-    -- after Ctrl-C, ranks end with 130 (SIGINT's code) once their checkpoint is saved
+    -- after Ctrl-C, ranks end with 130 (SIGINT's code) once their checkpoint is saved, or die of
+    -- the signal itself when it came before they could catch it
     if code and code ~= 0 and not (forwarded > 0 and code == 130) then
       cause = { rank = r, text = ("exited with %d: %s"):format(code, text:match("^[^\n]*")) }
       return
     end
-    if pid and not code and ffi.C.kill(pid, 0) ~= 0 and not note(r, "exit") then
+    if pid and not code and not sent[r] and ffi.C.kill(pid, 0) ~= 0 and not note(r, "exit") then
       cause = { rank = r, text = ("(process %d) died without a message: killed by a signal, or by the kernel "
         .. "out of memory"):format(pid) }
       return

@@ -20,7 +20,9 @@
 #define UR_HOST_CUDA_ARCHS ""
 #endif
 
-enum { EXIT_USAGE = 2 };
+/* 2: bad command line; 130 (128 + SIGINT, as a shell reports it): Ctrl-C stopped the script
+ * where it stood (ur_lua_pcall's handler), so launch tells an interrupted rank from a failed one. */
+enum { EXIT_USAGE = 2, EXIT_INTERRUPTED = 130 };
 
 static void list_commands(const ur__lua_paths *p, char *out, size_t len);
 static int print_command_summaries(void);
@@ -253,7 +255,7 @@ static int collect_args(char **argv, int *flags) {
 
 static int report(ur_status s) {
   if (s) message(ur_lua_last_error());
-  return s != UR_STATUS_OK;
+  return s == UR_STATUS_OK ? 0 : s == UR_STATUS_INTERRUPTED ? EXIT_INTERRUPTED : 1;
 }
 
 static int run_options(lua_State *L, char **argv, int n) {
@@ -262,11 +264,13 @@ static int run_options(lua_State *L, char **argv, int n) {
     if (a[0] != '-' || (a[1] != 'e' && a[1] != 'l')) continue;
     const char *v = a[2] ? a + 2 : argv[++i];
     if (a[1] == 'e') {
-      if (report(ur_lua_dostring(L, v, "=(command line)", 0))) return 1;
+      int code = report(ur_lua_dostring(L, v, "=(command line)", 0));
+      if (code) return code;
     } else {
       lua_getglobal(L, "require");
       lua_pushstring(L, v);
-      if (report(ur_lua_pcall(L, 1, 0))) return 1;
+      int code = report(ur_lua_pcall(L, 1, 0));
+      if (code) return code;
     }
   }
   return 0;

@@ -82,30 +82,25 @@ describe("uvmrec train over ranks: checkpoints and --resume", function()
 
   it("stops every rank at one step on SIGINT to launch with one checkpoint that resumes bit for bit", function()
     if not have_mpi() then pending("no MPI here") return end
-    local _, _, has = command.sh("env --default-signal=INT true")
-    if has ~= 0 then
+    if not command.can_background() then
       pending("env --default-signal (coreutils 8.31) is needed to start launch in the background")
       return
     end
-    local log, fixed = dir .. "/int.log", " --set data.samples=10240000"
-    -- a shell's `&` makes SIGINT ignored in what it starts: env --default-signal undoes it
-    command.sh(("(env --default-signal=INT %s launch -n 2 train dlrm_tiny %s --steps 10000 --out %s/int%s > %s 2>&1; "
-      .. "echo \"exit=$?\" >> %s) </dev/null >/dev/null 2>&1 & echo $! > %s/pid"):format(command.bin(), COMMON, dir,
-      fixed, log, log, dir))
-    local t0 = command.now()
-    while not (command.slurp(dir .. "/int/metrics.jsonl") or ""):match('"step":3,') and command.now() - t0 < 60 do
-      command.sleep(0.2)
+    local fixed = " --set data.samples=10240000"
+    local job = command.background(("%s launch -n 2 train dlrm_tiny %s --steps 10000 --out %s/int%s"):format(
+      command.bin(), COMMON, dir, fixed), dir .. "/int.log")
+    local t0, seen = command.now(), nil
+    while not seen and command.now() - t0 < 120 do
+      seen = (command.slurp(dir .. "/int/metrics.jsonl") or ""):match('"step":3[,}]')
+      if not seen then command.sleep(0.2) end
     end
-    local shell = command.slurp(dir .. "/pid")
-    local launcher = command.child(shell)
-    assert.is_truthy(launcher, "no launch process under the shell " .. tostring(shell))
-    command.sh("kill -INT " .. launcher)
+    assert.is_truthy(seen, ("no step 3 in metrics.jsonl %.0f s after launch: %s"):format(command.now() - t0,
+      command.slurp(job.log) or ""))
+    command.sh("kill -INT " .. job.pid)
     -- the ranks stop at their next step boundary and save: on a loaded machine that can take a
     -- while, so the wait (which ends as soon as launch does) is long
-    local t1 = command.now()
-    while not (command.slurp(log) or ""):match("exit=%d+") and command.now() - t1 < 300 do command.sleep(0.2) end
-    local out = command.slurp(log)
-    assert.matches("exit=130", out)
+    local out, code = job:wait(300)
+    assert.equal(130, code, out)
     local at = tonumber(out:match("stopped by SIGINT at step (%d+): checkpoint "))
     assert.is_truthy(at, out)
     local ckd = dir .. "/int/checkpoints"
@@ -114,5 +109,29 @@ describe("uvmrec train over ranks: checkpoints and --resume", function()
     train("launch -n 2", ("--steps %d --out %s/whole%s"):format(at + 3, dir, fixed))
     local r, w = losses(dir .. "/int"), losses(dir .. "/whole")
     for s = at + 1, at + 3 do assert.equal(w[s], r[s], "step " .. s) end
+  end)
+
+  it("stops the job on a SIGINT that comes while the ranks start, before any of them could catch it", function()
+    if not have_mpi() then pending("no MPI here") return end
+    if not command.can_background() then
+      pending("env --default-signal (coreutils 8.31) is needed to start launch in the background")
+      return
+    end
+    -- as soon as launch made its job folder (in a TMPDIR of this test's): the ranks are not
+    -- started yet, or have not reached their loop; each gets the signal when it notes its process
+    -- id, and the job ends (130, or killed by it) long before its 10000 steps (100 s here), with
+    -- no rank named as failing.  (A SIGINT before launch catches it stops launch itself: 130 too.)
+    local tmp = dir .. "/tmp"
+    command.sh("mkdir " .. tmp)
+    local job = command.background(("env TMPDIR=%s %s launch -n 2 train dlrm_tiny %s --steps 10000 --out %s/early "
+      .. "--set data.samples=10240000"):format(tmp, command.bin(), COMMON, dir), dir .. "/early.log")
+    local t0 = command.now()
+    while command.sh("ls " .. tmp) == "" and command.now() - t0 < 30 do command.sleep(0.02) end
+    command.sh("kill -INT " .. job.pid)
+    local out, code = job:wait(120)
+    assert.is_truthy(code, "launch still running 120 s after SIGINT: " .. out)
+    assert.is_true(code ~= 0, out)
+    assert.is_nil(out:match("trained 10000 steps"), out)
+    assert.is_nil(out:match("uvmrec launch: rank %d+ exited"), out)
   end)
 end)

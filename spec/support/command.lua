@@ -108,12 +108,41 @@ function M.now() return tonumber(slurp("/proc/uptime"):match("^(%S+)")) end
 
 function M.sleep(s) os.execute("sleep " .. s) end
 
--- The process id of a child of process pid (a number or its text), or nil.  pgrep runs without
--- the sanitizers' runtime that make SAN=1 preloads: under it pgrep hangs in a futex.
-function M.child(pid)
-  local out = M.sh("env -u LD_PRELOAD pgrep -P " .. assert(tostring(pid):match("^%s*(%d+)%s*$"),
-    "command.child: not a process id: " .. tostring(pid)))
-  return tonumber(out:match("%d+"))
+-- Whether background() can give its command SIGINT: a shell's `&` makes SIGINT ignored in what
+-- it starts, which `env --default-signal` (coreutils 8.31) undoes.
+function M.can_background()
+  local _, _, code = M.sh("env --default-signal=INT true")
+  return code == 0
+end
+
+-- Starts a shell command line in the background, SIGINT at its default as in a terminal, its
+-- stdout and stderr into log.  Returns the job: job.pid is the command's own process (a script
+-- notes its id and execs the command, so no process listing is needed), job:wait(limit) the
+-- output and exit code once it ended, or the output and nil after limit seconds.
+function M.background(cmdline, log)
+  local script, pidf = log .. ".sh", log .. ".pid"
+  M.spit(script, ("echo $$ > %s\nexec %s\n"):format(M.quote(pidf), cmdline))
+  M.sh(("(env --default-signal=INT sh %s > %s 2>&1; echo \"exit=$?\" >> %s) </dev/null >/dev/null 2>&1 &"):format(
+    M.quote(script), M.quote(log), M.quote(log)))
+  local t0 = M.now()
+  local pid = tonumber((slurp(pidf) or ""):match("^(%d+)\n"))
+  while not pid and M.now() - t0 < 30 do
+    M.sleep(0.05)
+    pid = tonumber((slurp(pidf) or ""):match("^(%d+)\n"))
+  end
+  assert(pid, "command.background: no process id in " .. pidf .. " after 30 s")
+  local job = { pid = pid, log = log }
+  function job.wait(_, limit)
+    local t1 = M.now()
+    while true do
+      local out = slurp(log) or ""
+      local code = out:match("exit=(%d+)\n$")
+      if code then return out, tonumber(code) end
+      if M.now() - t1 > limit then return out, nil end
+      M.sleep(0.2)
+    end
+  end
+  return job
 end
 
 -- What a terminal shows, roughly: carriage returns, escape sequences and bells removed.
