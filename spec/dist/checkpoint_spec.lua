@@ -57,13 +57,8 @@ local function steps(out)
   return table.concat(lines, "\n")
 end
 
-local function opts(optimizer)
-  return { tables = { { name = "a", rows = 103, dim = 16, features = { "f", "g" } },
-                      { name = "b", rows = 7, dim = 8, dtype = "f16" },
-                      { name = "c", rows = 30, dim = 12 },
-                      { name = "d", rows = 3, dim = 8 } },
-           optimizer = { optimizer or "adam", lr = 0.05 }, device = "cpu", seed = 5 }
-end
+-- The ranks' collection (the script's own options).
+local opts = require("dist_checkpoint").opts
 
 describe("uvmrec.dist.checkpoint", function()
   local dir = command.tmpdir()

@@ -97,6 +97,25 @@ function M.rng(seed)
   end
 end
 
+-- A KJT of n weighted bags for each of keys, drawn from rng (M.rng): a bag holds 0 to most - 1
+-- ids below ids[key] (ids: a table by key, or one count for every key), each weighted k / den
+-- for k in 1..den.
+function M.weighted_kjt(rng, keys, n, ids, most, den)
+  local values, lengths, weights = {}, {}, {}
+  for _, key in ipairs(keys) do
+    local rows = type(ids) == "table" and ids[key] or ids
+    for _ = 1, n do
+      local len = rng(most) - 1
+      lengths[#lengths + 1] = len
+      for _ = 1, len do
+        values[#values + 1] = rng(rows) - 1
+        weights[#weights + 1] = rng(den) / den
+      end
+    end
+  end
+  return ur.KJT { keys = keys, values = values, lengths = lengths, weights = weights }
+end
+
 -- A fixture of spec/fixtures/ by name (real Criteo rows: spec/fixtures/README.md), for specs run
 -- from the tree's root, as make test and `uvmrec test` run them.
 function M.fixture(name)
