@@ -64,6 +64,17 @@ function M.near(a, b, tol, what, floor)
   end
 end
 
+-- Lists a and b equal element by element (a against the expected b): else an error naming
+-- the first element that differs.
+function M.same_list(a, b, what)
+  if #a ~= #b then error(("%s: %d elements, expected %d"):format(what, #a, #b), 2) end
+  for i = 1, #a do
+    if a[i] ~= b[i] then
+      error(("%s: element %d is %s, expected %s"):format(what, i, tostring(a[i]), tostring(b[i])), 2)
+    end
+  end
+end
+
 -- d f / d vals[i] by central differences with step h: f() reads vals and returns a number.
 function M.central_difference(f, vals, i, h)
   local v = vals[i]
