@@ -1,9 +1,10 @@
 -- The option checks that collections of named tables share (embedding collections uvmrec.tbe,
 -- quantized ones uvmrec.qtbe, managed collisions uvmrec.mc): a table of known options with a
 -- non-empty list of tables, each a table of known options and a name of its own, whole numbers,
--- names from a map, and the features each table reads.  Every message opens with the
--- collection's name and points at the caller's line (`level` counts as error()'s does, from
--- the function calling these).
+-- names from a map, the features each table reads and an input's keys.  Every message opens
+-- with the collection's name and points at the caller's line (`level` counts as error()'s does,
+-- from the function calling these).  Also the methods the collections share (placement,
+-- new_output) and what the nn modules over them share (module_options, module_output).
 --
 --   local O = require("uvmrec.table_options").checks("embedding collection")
 --   local tables = O.open(opts, OPTS, "collection ", level)
