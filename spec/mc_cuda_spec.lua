@@ -9,14 +9,7 @@ local h = require "helpers"
 
 local cuda_it = h.cuda_it
 
-local function same_list(a, b, what)
-  assert.equal(#b, #a, what .. ": length")
-  for i = 1, #a do
-    if a[i] ~= b[i] then
-      error(("%s: element %d is %s on the GPU, %s on the CPU"):format(what, i, tostring(a[i]), tostring(b[i])), 2)
-    end
-  end
-end
+local same_list = h.same_list
 
 local function host_list(t)
   if t:numel() == 0 then return {} end

@@ -8,14 +8,7 @@ local mc = require "uvmrec.mc"
 local h = require "helpers"
 local R = require "mc_ref"
 
-local function same_list(a, b, what)
-  assert.equal(#b, #a, what .. ": length")
-  for i = 1, #a do
-    if a[i] ~= b[i] then
-      error(("%s: element %d is %s, the reference has %s"):format(what, i, tostring(a[i]), tostring(b[i])), 2)
-    end
-  end
-end
+local same_list = h.same_list
 
 local function totable_n(t) return t:numel() > 0 and t:totable() or {} end
 

@@ -21,15 +21,25 @@ describe("uvmrec.table_options", function()
                  message(O.open, { tables = {} }, { tables = true }, "", 1))
   end)
 
-  it("names each table once", function()
-    local index = { a = 0 }
-    assert.equal("b", O.named(2, { name = "b" }, { name = true }, index, 1))
-    assert.equal("test collection: table 2 is not a table", message(O.named, 2, 7, { name = true }, index, 1))
+  it("names each table once and records it", function()
+    local self = { table_index = { a = 0 }, table_names = { "a" } }
+    assert.equal("b", O.named(2, { name = "b" }, { name = true }, self, 1))
+    assert.same({ { a = 0, b = 1 }, { "a", "b" } }, { self.table_index, self.table_names })
+    assert.equal("test collection: table 3 is not a table", message(O.named, 3, 7, { name = true }, self, 1))
     assert.equal("test collection: unknown table option 'rows'",
-                 message(O.named, 2, { name = "b", rows = 1 }, { name = true }, index, 1))
-    assert.equal("test collection: table 2 needs a name", message(O.named, 2, { name = "" }, { name = true }, index, 1))
-    assert.equal("test collection: two tables are named 'a'",
-                 message(O.named, 2, { name = "a" }, { name = true }, index, 1))
+                 message(O.named, 3, { name = "c", rows = 1 }, { name = true }, self, 1))
+    assert.equal("test collection: table 3 needs a name", message(O.named, 3, { name = "" }, { name = true }, self, 1))
+    assert.equal("test collection: two tables are named 'b'",
+                 message(O.named, 3, { name = "b" }, { name = true }, self, 1))
+    assert.same({ "a", "b" }, self.table_names)
+  end)
+
+  it("checks an input's keys against the collection's key order", function()
+    O.same_keys({ "x", "y" }, { "x", "y" }, 1)
+    assert.equal("test collection: the input's keys {y, x} are not the collection's features {x, y}",
+                 message(O.same_keys, { "y", "x" }, { "x", "y" }, 1))
+    assert.equal("test collection: the input's keys {x} are not the map's features {x, y}",
+                 message(O.same_keys, { "x" }, { "x", "y" }, 1, "map's"))
   end)
 
   it("gathers the tables' features and the input's key order", function()
@@ -67,6 +77,15 @@ describe("uvmrec.table_options", function()
   it("fills what tbe's and qtbe's configs share, and the engine's feature arguments", function()
     local ffi = require "ffi"
     local cfg = ffi.new("ur_qtbe_config")
+    local tc = ffi.new("ur_qtbe_table_config")
+    assert.equal("mean", O.table_config(tc, "a", { rows = 10, dim = 4 }, { pooling = "mean" }, 1))
+    assert.same({ "a", 10, 4, table_options.POOLINGS.mean },
+                { ffi.string(tc.name), tonumber(tc.rows), tonumber(tc.dim), tonumber(tc.pooling) })
+    assert.equal("none", O.table_config(tc, "a", { rows = 10, dim = 4, pooling = "none" }, { pooling = "mean" }, 1))
+    assert.equal("test collection: table 'a' dim is 0; expected a whole number >= 1",
+                 message(O.table_config, tc, "a", { rows = 10, dim = 0 }, {}, 1))
+    assert.equal("test collection: table 'a' pooling 'max' is not one of mean, none, sum",
+                 message(O.table_config, tc, "a", { rows = 10, dim = 4, pooling = "max" }, {}, 1))
     local device, place = O.engine_config({ device = "cpu", bounds = "warn" }, cfg, 1)
     assert.same({ -1, "host" }, { device, place })
     assert.same({ -1, table_options.BOUNDS.warn, table_options.OUTPUT_DTYPES.f32 },
@@ -105,6 +124,16 @@ describe("uvmrec.table_options", function()
     assert.equal("M: table 'a' pools by sum; this module takes pooling none",
                  message(table_options.module_options, "M", { tables = { { name = "a", pooling = "sum" } } },
                          "none", 1))
+  end)
+
+  it("gives a collection's placement and a new output of its shape and dtype where it runs", function()
+    local coll = { device = -1, output_dtype = "bf16", placement = table_options.placement,
+                   output_shape = function(_, input) return input end }
+    assert.equal("host", coll:placement())
+    local out = assert(table_options.new_output(coll, { 3, 5 }))
+    assert.same({ { 3, 5 }, "bf16", "host" }, { { out:size(1), out:size(2) }, out:dtype(), out:placement() })
+    out:free()
+    assert.equal("device", table_options.placement({ device = 0 }))
   end)
 
   it("keeps a module's output while the shape holds and makes a new one (freeing the old) when not", function()

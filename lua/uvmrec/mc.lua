@@ -32,7 +32,8 @@ for _, k in ipairs(M.TABLE_SETTINGS) do
   TABLE_OPTS[k] = true
 end
 
-local O = require("uvmrec.table_options").checks("managed collisions")
+local table_options = require "uvmrec.table_options"
+local O = table_options.checks("managed collisions")
 local fail, whole = O.fail, O.whole
 
 -- A table's settings with the defaults filled in: its own, else the collection's, else these.
@@ -82,11 +83,9 @@ function M.new(opts, level)
                  device = device, _keep = {} }
   local on_table = {}
   for i, t in ipairs(tables) do
-    local name = O.named(i, t, TABLE_OPTS, self.table_index, level)
+    local name = O.named(i, t, TABLE_OPTS, self, level)
     local rows = whole(t.rows, "table '" .. name .. "' rows", level, 2)
     local s = M.settings(t, opts, rows, level)
-    self.table_index[name] = i - 1
-    self.table_names[i] = name
     self.settings[name], self.rows[name] = s, rows
     self._keep[#self._keep + 1] = name
     local c = tc[i - 1]
@@ -141,7 +140,7 @@ function methods:free() free_mc(self.h) end
 
 local table_index = O.table_index
 
-function methods:placement() return self.device >= 0 and "device" or "host" end
+methods.placement = table_options.placement
 
 -- The pieces of an input: a KJT (keys in the map's feature order) or a table {values=,
 -- offsets=, batch_per_feature=, inverse=}.
@@ -152,13 +151,7 @@ function methods:_input(input, level)
   end
   local values, offsets, bpf, inverse
   if type(input.values) == "function" then
-    local keys = input:keys()
-    local same = #keys == #self.features
-    for i = 1, #keys do same = same and keys[i] == self.features[i] end
-    if not same then
-      fail(("the input's keys {%s} are not the map's features {%s}"):format(table.concat(keys, ", "),
-           table.concat(self.features, ", ")), level)
-    end
+    O.same_keys(input:keys(), self.features, level, "map's")
     values, offsets = input:values(), input:offsets()
     if input:variable_stride() then
       bpf, inverse = {}, input:inverse_indices()

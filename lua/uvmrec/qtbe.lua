@@ -28,7 +28,6 @@ local TABLE_OPTS = { name = true, rows = true, dim = true, format = true, poolin
 
 local table_options = require "uvmrec.table_options"
 local O = table_options.checks("quantized collection")
-local POOLINGS = table_options.POOLINGS
 local pick, whole = O.pick, O.whole
 
 -- The format's enum, from its name ("f16" is fp16 too).
@@ -95,15 +94,11 @@ function M.new(opts, level)
                  rows = {}, formats = {} }
   local features_of = {}
   for i, t in ipairs(tables) do
-    local name = O.named(i, t, TABLE_OPTS, self.table_index, level)
-    self.table_index[name], self.table_names[i] = i - 1, name
+    local name = O.named(i, t, TABLE_OPTS, self, level)
     local c = tc[i - 1]
-    c.name = name
-    c.rows = whole(t.rows, "table '" .. name .. "' rows", level, 1)
-    c.dim = whole(t.dim, "table '" .. name .. "' dim", level, 1)
+    O.table_config(c, name, t, opts, level)
     local format = t.format or opts.format or "f32"
     c.format = M.format_of(format, level)
-    c.pooling = pick(POOLINGS, t.pooling or opts.pooling or "sum", "table '" .. name .. "' pooling", level)
     c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", level)
     c.modulo = whole(t.modulo or 0, "table '" .. name .. "' modulo", level)
     self.dims[name], self.rows[name], self.formats[name] = t.dim, t.rows, format
@@ -157,7 +152,6 @@ end
 
 function methods:skipped() return tonumber(C.ur_qtbe_skipped(H(self))) end
 function methods:bytes() return tonumber(C.ur_qtbe_bytes(H(self))) end
-function methods:placement() return self.device >= 0 and "device" or "host" end
 
 -- values, offsets, weights of a KJT (keys in the collection's order) or {values=, offsets=}.
 function methods:_input(input, level)
@@ -167,13 +161,7 @@ function methods:_input(input, level)
   end
   local values, offsets, weights
   if type(input.values) == "function" then
-    local keys = input:keys()
-    local same = #keys == #self.features
-    for i = 1, #keys do same = same and keys[i] == self.features[i] end
-    if not same then
-      error(("quantized collection: the input's keys {%s} are not the collection's features {%s}")
-            :format(table.concat(keys, ", "), table.concat(self.features, ", ")), level)
-    end
+    O.same_keys(input:keys(), self.features, level)
     if input:variable_stride() then
       error("quantized collection: a variable batch per feature is not served; expand() it first", level)
     end
@@ -191,11 +179,7 @@ function methods:output_shape(input)
   return { math.floor((offsets:numel() - 1) / #self.features), self.out_dim }
 end
 
-function methods:new_output(input)
-  local opts = { dtype = self.output_dtype, placement = self:placement() }
-  if self.device >= 0 then opts.device = self.device end
-  return tensor.tensor(self:output_shape(input), opts)
-end
+methods.placement, methods.new_output = table_options.placement, table_options.new_output
 
 -- forward(input[, out][, stream]): pooled embeddings [batch, out_dim], or one row per value.
 function methods:forward(input, out, stream)

@@ -1,14 +1,16 @@
 -- The option checks that collections of named tables share (embedding collections uvmrec.tbe,
 -- quantized ones uvmrec.qtbe, managed collisions uvmrec.mc): a table of known options with a
 -- non-empty list of tables, each a table of known options and a name of its own, whole numbers,
--- names from a map, and the features each table reads.  Every message opens with the
--- collection's name and points at the caller's line (`level` counts as error()'s does, from
--- the function calling these).
+-- names from a map, the features each table reads and an input's keys.  Every message opens
+-- with the collection's name and points at the caller's line (`level` counts as error()'s does,
+-- from the function calling these).  Also the methods the collections share (placement,
+-- new_output) and what the nn modules over them share (module_options, module_output).
 --
 --   local O = require("uvmrec.table_options").checks("embedding collection")
 --   local tables = O.open(opts, OPTS, "collection ", level)
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
 local C = lib.C
 
 local function keys_of(t)
@@ -66,14 +68,27 @@ function M.checks(who)
   end
 
   -- Table i of the list: a table of allowed keys whose name is a non-empty string that no earlier
-  -- table (a key of `index`) has.  Returns the name.
-  function O.named(i, t, allowed, index, level)
+  -- table has.  Records it in the collection's self.table_index (0-based) and self.table_names
+  -- and returns the name.
+  function O.named(i, t, allowed, self, level)
     if type(t) ~= "table" then O.fail(("table %d is not a table"):format(i), level + 1) end
     O.check_keys(t, allowed, "table ", level + 1)
     local name = t.name
     if type(name) ~= "string" or name == "" then O.fail(("table %d needs a name"):format(i), level + 1) end
-    if index[name] then O.fail(("two tables are named '%s'"):format(name), level + 1) end
+    if self.table_index[name] then O.fail(("two tables are named '%s'"):format(name), level + 1) end
+    self.table_index[name], self.table_names[i] = i - 1, name
     return name
+  end
+
+  -- What tbe's and qtbe's table configs (c) share: table t's name, rows, dim and pooling (its
+  -- own, else opts.pooling, else sum), checked.  Returns the pooling's name.
+  function O.table_config(c, name, t, opts, level)
+    c.name = name
+    c.rows = O.whole(t.rows, "table '" .. name .. "' rows", level + 1, 1)
+    c.dim = O.whole(t.dim, "table '" .. name .. "' dim", level + 1, 1)
+    local pooling = t.pooling or opts.pooling or "sum"
+    c.pooling = O.pick(M.POOLINGS, pooling, "table '" .. name .. "' pooling", level + 1)
+    return pooling
   end
 
   -- Table t's features (default {name}), each on no other table: recorded in on_table (feature ->
@@ -90,6 +105,17 @@ function M.checks(who)
       end
       on_table[f] = name
       list[#list + 1] = f
+    end
+  end
+
+  -- An input's keys equal the collection's key order (features), else an error naming both;
+  -- whose: the owner of the features in the message (default "collection's").
+  function O.same_keys(keys, features, level, whose)
+    local same = #keys == #features
+    for i = 1, #keys do same = same and keys[i] == features[i] end
+    if not same then
+      O.fail(("the input's keys {%s} are not the %s features {%s}"):format(table.concat(keys, ", "),
+             whose or "collection's", table.concat(features, ", ")), level + 1)
     end
   end
 
@@ -172,6 +198,17 @@ function M.module_options(who, opts, pooling, level)
   for k, v in pairs(opts) do o[k] = v end
   o.pooling = pooling
   return o
+end
+
+-- The methods collections share.  Where the collection runs (self.device: a GPU ordinal, or
+-- -1 for the CPU): "device" or "host".
+function M.placement(self) return self.device >= 0 and "device" or "host" end
+
+-- A new output tensor for this input (self:output_shape), where the collection runs.
+function M.new_output(self, input)
+  local opts = { dtype = self.output_dtype, placement = self:placement() }
+  if self.device >= 0 then opts.device = self.device end
+  return tensor.tensor(self:output_shape(input), opts)
 end
 
 -- Such a module's output for input, from its collection coll: the one of the last call while

@@ -31,7 +31,6 @@ local TABLE_OPTS = { name = true, rows = true, dim = true, dtype = true, pooling
 
 local table_options = require "uvmrec.table_options"
 local O = table_options.checks("embedding collection")
-local POOLINGS = table_options.POOLINGS
 local pick, whole = O.pick, O.whole
 
 -- optimizer = "sgd" | { "adam", lr = ..., ... } | { name = "adam", ... }: uvmrec.optim's
@@ -98,16 +97,11 @@ function M.new(opts, level)
                  _keep = {} }
   local features_of = {}
   for i, t in ipairs(tables) do
-    local name = O.named(i, t, TABLE_OPTS, self.table_index, level)
-    self.table_index[name] = i - 1
-    self.table_names[i] = name
+    local name = O.named(i, t, TABLE_OPTS, self, level)
     self._keep[#self._keep + 1] = name
     local c = tc[i - 1]
-    c.name = name
-    c.rows = whole(t.rows, "table '" .. name .. "' rows", level, 1)
-    c.dim = whole(t.dim, "table '" .. name .. "' dim", level, 1)
+    local pooling = O.table_config(c, name, t, opts, level)
     c.dtype = pick(DTYPES, t.dtype or opts.dtype or "f32", "table '" .. name .. "' dtype", level)
-    c.pooling = pick(POOLINGS, t.pooling or opts.pooling or "sum", "table '" .. name .. "' pooling", level)
     if (t.placement or default_place) == "cached" then
       cached[#cached + 1] = name
       c.place = cache_opts.backing == "managed" and C.UR_PLACE_MANAGED or C.UR_PLACE_HOST
@@ -130,7 +124,7 @@ function M.new(opts, level)
     c.state_place = sp and sp ~= "table" and pick(PLACES, sp, "table '" .. name .. "' state placement", level)
                     or -1
     self.dims[name], self.rows[name] = t.dim, t.rows
-    self.poolings[name] = t.pooling or opts.pooling or "sum"
+    self.poolings[name] = pooling
     -- managed tables not behind a cache: the ones whose pages the prefetch pipeline moves
     if (t.placement or default_place) == "managed" then
       self.managed = self.managed or {}
@@ -202,13 +196,7 @@ function methods:_input(input, level)
   if kjt.is(input) then
     local p = lib.ptr(input, "kjt", level)
     if not self._keys_ok[input] then
-      local keys = input:keys()
-      local ok = #keys == nf
-      for i = 1, #keys do ok = ok and keys[i] == self.features[i] end
-      if not ok then
-        error(("embedding collection: the input's keys {%s} are not the collection's features {%s}")
-              :format(table.concat(keys, ", "), table.concat(self.features, ", ")), level)
-      end
+      O.same_keys(input:keys(), self.features, level)
       self._keys_ok[input] = true
     end
     v, o, w = C.ur_kjt_values(p), C.ur_kjt_offsets(p), C.ur_kjt_weights(p)
@@ -259,14 +247,7 @@ function methods:output_shape(input)
   return { math.floor((tonumber(C.ur_tensor_numel(o)) - 1) / nf), self.out_dim }
 end
 
-function methods:placement() return self.device >= 0 and "device" or "host" end
-
--- A new output tensor for this input, where the collection runs.
-function methods:new_output(input)
-  local opts = { dtype = self.output_dtype, placement = self:placement() }
-  if self.device >= 0 then opts.device = self.device end
-  return tensor.tensor(self:output_shape(input), opts)
-end
+methods.placement, methods.new_output = table_options.placement, table_options.new_output
 
 -- ---- batches through the cache ----
 

@@ -57,12 +57,15 @@ local function steps(out)
   return table.concat(lines, "\n")
 end
 
-local function opts(optimizer)
-  return { tables = { { name = "a", rows = 103, dim = 16, features = { "f", "g" } },
-                      { name = "b", rows = 7, dim = 8, dtype = "f16" },
-                      { name = "c", rows = 30, dim = 12 },
-                      { name = "d", rows = 3, dim = 8 } },
-           optimizer = { optimizer or "adam", lr = 0.05 }, device = "cpu", seed = 5 }
+-- The ranks' collection (the script's own options).
+local opts = require("dist_checkpoint").opts
+
+-- Every table and optimizer state of two unsharded collections of opts(), element for element.
+local function same_tables(x, y)
+  for _, t in ipairs { "a", "b", "c", "d" } do
+    assert.same(x:table(t):totable(), y:table(t):totable(), t)
+    for k, v in pairs(x:state(t)) do assert.same(v:totable(), y:state(t)[k]:totable(), t .. "." .. k) end
+  end
 end
 
 describe("uvmrec.dist.checkpoint", function()
@@ -94,10 +97,7 @@ describe("uvmrec.dist.checkpoint", function()
     local other = ur.nn.EmbeddingBagCollection(opts())
     assert(dck.load(A, plain))
     assert(dck.load(B, other))
-    for _, t in ipairs { "a", "b", "c", "d" } do
-      assert.same(plain:table(t):totable(), other:table(t):totable(), t)
-      for k, v in pairs(plain:state(t)) do assert.same(v:totable(), other:state(t)[k]:totable(), t .. "." .. k) end
-    end
+    same_tables(plain, other)
     assert.equal(2, plain.tbe:step())
     plain.tbe:free()
     other.tbe:free()
@@ -186,10 +186,7 @@ describe("uvmrec.dist.checkpoint", function()
     assert(dck.save(S, sharded))
     local again = ur.nn.EmbeddingBagCollection(opts())
     assert(dck.load(S, again))
-    for _, t in ipairs { "a", "b", "c", "d" } do
-      assert.same(plain:table(t):totable(), again:table(t):totable(), t)
-      for k, v in pairs(plain:state(t)) do assert.same(v:totable(), again:state(t)[k]:totable(), t .. "." .. k) end
-    end
+    same_tables(plain, again)
     sharded:free()
     again.tbe:free()
     plain.tbe:free()

@@ -18,20 +18,9 @@ local function opts(optimizer)
            optimizer = optimizer or { "adagrad", lr = 0.1 }, device = "cpu", seed = 5 }
 end
 
+-- Bags of 0 to 3 ids over every row of the features' tables.
 local function batch(rng, n)
-  local values, lengths, weights = {}, {}, {}
-  local rows = { f = 100, g = 100, b = 7, c = 30 }
-  for _, key in ipairs { "f", "g", "b", "c" } do
-    for _ = 1, n do
-      local len = rng(4) - 1
-      lengths[#lengths + 1] = len
-      for _ = 1, len do
-        values[#values + 1] = rng(rows[key]) - 1
-        weights[#weights + 1] = rng(8) / 8
-      end
-    end
-  end
-  return ur.KJT { keys = { "f", "g", "b", "c" }, values = values, lengths = lengths, weights = weights }
+  return h.weighted_kjt(rng, { "f", "g", "b", "c" }, n, { f = 100, g = 100, b = 7, c = 30 }, 4, 8)
 end
 
 describe("uvmrec.dist.shard", function()

@@ -18,20 +18,7 @@ local function opts()
 end
 
 -- Bags drawn from few ids, so many repeat.
-local function batch(rng, n)
-  local values, lengths, weights = {}, {}, {}
-  for _ = 1, 4 do
-    for _ = 1, n do
-      local len = rng(3) - 1
-      lengths[#lengths + 1] = len
-      for _ = 1, len do
-        values[#values + 1] = rng(3) - 1
-        weights[#weights + 1] = rng(2) / 2
-      end
-    end
-  end
-  return ur.KJT { keys = { "f", "g", "b", "c" }, values = values, lengths = lengths, weights = weights }
-end
+local function batch(rng, n) return h.weighted_kjt(rng, { "f", "g", "b", "c" }, n, 3, 3, 2) end
 
 describe("VBE over ranks", function()
   for _, plan in ipairs { "table_wise", "row_wise", "column_wise", "data_parallel" } do

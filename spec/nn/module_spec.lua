@@ -100,5 +100,11 @@ describe("uvmrec.nn.Module", function()
     assert.equal("weight", s:parameters()[1].name)
     assert.error_matches(function() s:forward(1) end, "Scale has no updateOutput")
     assert.error_matches(function() s:register_parameter("a.b", { 1 }) end, "without dots")
+    assert.error_matches(function() s:backward(1, 1) end, "Scale has no updateGradInput")
+    -- a module over ids takes no_grad_input: backward leaves no gradInput
+    Scale.updateGradInput = nn.Module.no_grad_input
+    s.gradInput = 1
+    assert.is_nil(s:backward(1, 1))
+    assert.is_nil(s.gradInput)
   end)
 end)

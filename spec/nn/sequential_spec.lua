@@ -24,6 +24,21 @@ describe("uvmrec.nn.Sequential", function()
       "Sequential: %(2%) Linear: Linear%(13 %-> 4%): input is %[2, 9%]; expected %[rows, 13%]")
     assert.error_matches(function() nn.Linear(0, 3) end, "Linear: in must be a whole number >= 1, got 0")
     assert.error_matches(function() nn.Sequential():add({}) end, "Sequential:add: expected a module")
+    -- the location shown is the line that called the container, forward and backward
+    local lines, errs = {}, {}
+    local x = R.rand({ 2, 13 }, 2)
+    local calls = { function() m:forward(R.rand({ 2, 9 }, 1)) end, function() m:forward(x) end,
+                    function() m:backward(x, R.zeros({ 2, 5 })) end,
+                    function() m:updateGradInput(x, R.zeros({ 2, 5 })) end }
+    for k, f in ipairs(calls) do
+      lines[k] = debug.getinfo(f, "S").linedefined
+      errs[k] = select(2, pcall(f))
+    end
+    assert.is_nil(errs[2])
+    for k = 3, 4 do assert.matches("Sequential: (2) Linear: ", errs[k], 1, true) end
+    for _, k in ipairs { 1, 3, 4 } do
+      assert.matches("^[^:]*sequential_spec%.lua:" .. lines[k] .. ": Sequential: ", errs[k])
+    end
     assert.error_matches(function() nn.Interaction():forward(R.zeros({ 2, 2 })) end,
       "Interaction: input must be {dense %[rows, d%], emb %[rows, T%*d%]}")
   end)

@@ -7,13 +7,11 @@
 -- checkpoint folder to load first: training goes on from its step), STEPS (train up to this
 -- step), OUT (a folder to save into at the end).  Each step prints "step S out X" with the
 -- exact sum of this rank's output (%a) on every rank; each rank ends with "rank R: ok".
+-- Required as a module (require "dist_checkpoint"), it runs nothing and returns the
+-- collection's options and the plans, which the spec builds its one-process collections from.
 local ur = require "uvmrec"
 local dist = require "uvmrec.dist"
 local dck = require "uvmrec.dist.checkpoint"
-
-assert(dist.init { cpu = true })
-local comm = dist.job()
-local W, me = comm.world, comm.rank
 
 local M = {}
 M.opts = function(optimizer)
@@ -28,15 +26,16 @@ M.plans = {
   mixed2 = { a = "column_wise", b = "row_wise", c = "table_wise", d = "data_parallel" },
   table_wise = "table_wise", row_wise = "row_wise", column_wise = "column_wise",
 }
+if (...) == "dist_checkpoint" then return M end
+
+assert(dist.init { cpu = true })
+local comm = dist.job()
+local W, me = comm.world, comm.rank
 local GB = 24
 
-local function rng(seed)
-  local s = seed
-  return function(n)
-    s = (s * 1103515245 + 12345) % 2147483648
-    return math.floor(s / 65536) % n + 1
-  end
-end
+-- helpers.lua beside this file (spec/run.lua puts this folder on the path; a rank does it here).
+package.path = debug.getinfo(1, "S").source:match("^@(.-)[^/]*$") .. "?.lua;" .. package.path
+local rng = require("helpers").rng
 
 -- The global batch of a step, this rank's samples of it.
 local function batch(step)

@@ -64,6 +64,17 @@ function M.near(a, b, tol, what, floor)
   end
 end
 
+-- Lists a and b equal element by element (a against the expected b): else an error naming
+-- the first element that differs.
+function M.same_list(a, b, what)
+  if #a ~= #b then error(("%s: %d elements, expected %d"):format(what, #a, #b), 2) end
+  for i = 1, #a do
+    if a[i] ~= b[i] then
+      error(("%s: element %d is %s, expected %s"):format(what, i, tostring(a[i]), tostring(b[i])), 2)
+    end
+  end
+end
+
 -- d f / d vals[i] by central differences with step h: f() reads vals and returns a number.
 function M.central_difference(f, vals, i, h)
   local v = vals[i]
@@ -95,6 +106,25 @@ function M.rng(seed)
     s = (s * 1103515245 + 12345) % 2147483648
     return math.floor(s / 65536) % n + 1
   end
+end
+
+-- A KJT of n weighted bags for each of keys, drawn from rng (M.rng): a bag holds 0 to most - 1
+-- ids below ids[key] (ids: a table by key, or one count for every key), each weighted k / den
+-- for k in 1..den.
+function M.weighted_kjt(rng, keys, n, ids, most, den)
+  local values, lengths, weights = {}, {}, {}
+  for _, key in ipairs(keys) do
+    local rows = type(ids) == "table" and ids[key] or ids
+    for _ = 1, n do
+      local len = rng(most) - 1
+      lengths[#lengths + 1] = len
+      for _ = 1, len do
+        values[#values + 1] = rng(rows) - 1
+        weights[#weights + 1] = rng(den) / den
+      end
+    end
+  end
+  return ur.KJT { keys = keys, values = values, lengths = lengths, weights = weights }
 end
 
 -- A fixture of spec/fixtures/ by name (real Criteo rows: spec/fixtures/README.md), for specs run

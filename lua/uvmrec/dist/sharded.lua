@@ -721,10 +721,7 @@ function Sharded:updateOutput(input, ticket)
 end
 
 -- Ids have no gradient.
-function Sharded:updateGradInput(input, gradOutput) -- luacheck: ignore 212
-  self.gradInput = nil
-  return nil
-end
+Sharded.updateGradInput = Module.no_grad_input
 
 -- backward(input, gradOutput[, ticket]) (Module's): the ticket the forward took (retired,
 -- trained).

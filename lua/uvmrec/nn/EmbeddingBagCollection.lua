@@ -45,10 +45,7 @@ end
 -- backward(input, gradOutput[, ticket]) is Module's.
 
 -- Ids have no gradient.
-function EBC:updateGradInput(input, gradOutput) -- luacheck: ignore 212
-  self.gradInput = nil
-  return nil
-end
+EBC.updateGradInput = Module.no_grad_input
 
 -- The optimizer step, fused: every row the input read is updated in place.
 function EBC:accGradParameters(input, gradOutput, ticket)

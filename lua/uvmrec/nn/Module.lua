@@ -128,6 +128,13 @@ end
 
 function Module:accGradParameters(input, gradOutput) end -- luacheck: ignore 212
 
+-- updateGradInput for a module whose input has no gradient (ids: the embedding collections and
+-- the managed-collision map): gradInput is nil.
+function Module:no_grad_input(input, gradOutput) -- luacheck: ignore 212
+  self.gradInput = nil
+  return nil
+end
+
 -- Arguments after the input (and gradOutput) go on to the update functions: a module may take
 -- more (the embedding collections' batch ticket).
 function Module:forward(input, ...)

@@ -33,21 +33,22 @@ end
 function Sequential:get(i) return self.modules[i] end
 function Sequential:size() return #self.modules end
 
--- Strips the "file:line: " that error() put in front, so one location is shown: the caller's.
-local function child_error(i, m, err)
-  local msg = tostring(err):gsub("^[^\n]-:%d+: ", "")
-  error(("Sequential: (%d) %s: %s"):format(i, m:type_name(), msg), 4)
+-- m[fn](m, ...) for child i; its error is raised again with the child's index and type in
+-- front, stripped of the "file:line: " that error() put there, so one location is shown: the
+-- caller's.
+local function child_call(i, m, fn, ...)
+  local ok, out = pcall(m[fn], m, ...)
+  if not ok then
+    local msg = tostring(out):gsub("^[^\n]-:%d+: ", "")
+    error(("Sequential: (%d) %s: %s"):format(i, m:type_name(), msg), 3)
+  end
+  return out
 end
 
 function Sequential:updateOutput(input)
   local x = input
   local mods = self.modules
-  for i = 1, #mods do
-    local m = mods[i]
-    local ok, out = pcall(m.forward, m, x)
-    if not ok then child_error(i, m, out) end
-    x = out
-  end
+  for i = 1, #mods do x = child_call(i, mods[i], "forward", x) end
   self.output = x
   return x
 end
@@ -56,11 +57,8 @@ function Sequential:_backward(input, gradOutput, fn)
   local mods = self.modules
   local g = gradOutput
   for i = #mods, 1, -1 do
-    local m = mods[i]
     local x = i > 1 and mods[i - 1].output or input
-    local ok, out = pcall(m[fn], m, x, g)
-    if not ok then child_error(i, m, out) end
-    g = out
+    g = child_call(i, mods[i], fn, x, g)
   end
   self.gradInput = g
   return g

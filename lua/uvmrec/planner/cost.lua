@@ -249,6 +249,10 @@ function M.option(t, ctx, opt)
   return o
 end
 
+-- The setting a placement draws from ctx.fractions: the HBM prefix of a managed table, the
+-- cache of a cached one.
+local FRACTION_OF = { managed = "prefix_fraction", cached = "load_factor" }
+
 -- The choices the search considers for table t: every sharding the world allows, every
 -- placement, the prefix fractions and load factors of ctx.fractions.  A table's fixed settings
 -- (t.fixed: placement, sharding, load_factor, prefix_fraction) narrow the list.
@@ -277,18 +281,12 @@ function M.options(t, ctx)
           local allowed = sh ~= "column_wise" or place == "device" or place == "cached"
           if allowed and (not fx.placement or fx.placement == place) then
             local base = { sharding = sh, shards = sh == "column_wise" and k or nil, placement = place }
-            if place == "managed" then
-              for _, f in ipairs(fx.prefix_fraction and { fx.prefix_fraction } or ctx.fractions) do
+            local knob = FRACTION_OF[place]
+            if knob then
+              for _, f in ipairs(fx[knob] and { fx[knob] } or ctx.fractions) do
                 local o = {}
                 for kk, v in pairs(base) do o[kk] = v end
-                o.prefix_fraction = f
-                add(M.option(t, ctx, o))
-              end
-            elseif place == "cached" then
-              for _, c in ipairs(fx.load_factor and { fx.load_factor } or ctx.fractions) do
-                local o = {}
-                for kk, v in pairs(base) do o[kk] = v end
-                o.load_factor = c
+                o[knob] = f
                 add(M.option(t, ctx, o))
               end
             else
