@@ -21,7 +21,7 @@ __device__ __forceinline__ void store4(const ur__qtbe_args &a, int64_t at, const
     for (int k = 0; k < 4; k++) o[k] = v[k];
   } else {
     uint16_t *o = (uint16_t *)a.out + at;
-    for (int k = 0; k < 4; k++) o[k] = ur__tbe_f32_bf16(v[k]);
+    for (int k = 0; k < 4; k++) o[k] = ur__f32_to_bf16(v[k]);
   }
 }
 

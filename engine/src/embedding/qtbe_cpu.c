@@ -20,7 +20,7 @@ static void store(const ur__qtbe_args *a, int64_t at, const float *v, int32_t di
     return;
   }
   uint16_t *o = (uint16_t *)a->out + at;
-  for (int32_t c = 0; c < dim; c++) o[c] = ur__tbe_f32_bf16(v[c]);
+  for (int32_t c = 0; c < dim; c++) o[c] = ur__f32_to_bf16(v[c]);
 }
 
 static void span(const ur__qtbe_args *a, int64_t bag, int64_t *b, int64_t *e) {

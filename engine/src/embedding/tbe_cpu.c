@@ -25,9 +25,9 @@ static const float *load_row(const ur__tbe_table *tb, int64_t row, float *buf) {
   if (tb->dtype == UR_DTYPE_F32) return (const float *)tb->weights + base;
   const uint16_t *h = (const uint16_t *)tb->weights + base;
   if (tb->dtype == UR_DTYPE_BF16)
-    for (int32_t c = 0; c < tb->dim; c++) buf[c] = ur__tbe_bf16_f32(h[c]);
+    for (int32_t c = 0; c < tb->dim; c++) buf[c] = ur__bf16_to_f32(h[c]);
   else
-    for (int32_t c = 0; c < tb->dim; c++) buf[c] = ur__tbe_f16_f32(h[c]);
+    for (int32_t c = 0; c < tb->dim; c++) buf[c] = ur__f16_to_f32(h[c]);
   return buf;
 }
 
@@ -37,13 +37,13 @@ static void store_out(void *out, int32_t dtype, int64_t at, const float *v, int3
     return;
   }
   uint16_t *o = (uint16_t *)out + at;
-  for (int32_t c = 0; c < dim; c++) o[c] = ur__tbe_f32_bf16(v[c]);
+  for (int32_t c = 0; c < dim; c++) o[c] = ur__f32_to_bf16(v[c]);
 }
 
 static const float *load_out(const void *g, int32_t dtype, int64_t at, float *buf, int32_t dim) {
   if (dtype == UR_DTYPE_F32) return (const float *)g + at;
   const uint16_t *h = (const uint16_t *)g + at;
-  for (int32_t c = 0; c < dim; c++) buf[c] = ur__tbe_bf16_f32(h[c]);
+  for (int32_t c = 0; c < dim; c++) buf[c] = ur__bf16_to_f32(h[c]);
   return buf;
 }
 
@@ -223,7 +223,7 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
       if ((c & 3) == 0) r = ur_philox((lbase + (size_t)c) >> 2, key);
       *hp = ur__tbe_round_sr(nw, tb->dtype, r.v[c & 3]);
     } else {
-      *hp = tb->dtype == UR_DTYPE_BF16 ? ur__tbe_f32_bf16(nw) : ur__tbe_f32_f16(nw);
+      *hp = tb->dtype == UR_DTYPE_BF16 ? ur__f32_to_bf16(nw) : ur__f32_to_f16(nw);
     }
   }
 }
