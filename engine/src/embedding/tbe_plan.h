@@ -11,6 +11,7 @@
 #define UR_TBE_PLAN_H
 
 #include <stdint.h>
+#include <string.h>
 #include "core/half.h"
 #include "core/optim_plan.h"
 #include "core/philox.h"
@@ -139,14 +140,43 @@ UR_HD int64_t ur__tbe_out_at(const int64_t *base, int64_t stride, int32_t f,
   return base ? base[f] + sample * feat->dim : sample * stride + feat->col;
 }
 
-/* The bag's values, clamped to [0, n] so that bad offsets cannot make a kernel read outside
- * values (offsets are validated on the CPU, trusted on the GPU). */
-UR_HD void ur__tbe_bag_span(const ur__tbe_args *a, int64_t bag, int64_t *b, int64_t *e) {
-  int64_t s = a->offsets[bag], t = a->offsets[bag + 1];
-  s = s < 0 ? 0 : s > a->n ? a->n : s;
-  t = t < s ? s : t > a->n ? a->n : t;
+/* Bag `bag`'s values [*b, *e) from offsets, clamped to [0, n] so that bad offsets cannot make
+ * a kernel read outside the values (offsets are validated on the CPU, trusted on the GPU).
+ * Both collections (tbe, qtbe) read their bags through it, on both backends. */
+UR_HD void ur__tbe_bag_span(const int64_t *offsets, int64_t n, int64_t bag, int64_t *b,
+                            int64_t *e) {
+  int64_t s = offsets[bag], t = offsets[bag + 1];
+  s = s < 0 ? 0 : s > n ? n : s;
+  t = t < s ? s : t > n ? n : t;
   *b = s;
   *e = t;
+}
+
+/* An id out of its table's range at value i (both collections, both backends): flags[0] keeps
+ * the first such value (it starts at UR_TBE_NO_BAD), flags[1] counts them; the bounds check
+ * reads them back after the call. */
+UR_HD void ur__tbe_note_bad(int64_t *flags, int64_t i) {
+#ifdef __CUDA_ARCH__
+  atomicMin((unsigned long long *)flags, (unsigned long long)i);
+  atomicAdd((unsigned long long *)(flags + 1), 1ull);
+#else
+  int64_t cur = __atomic_load_n(&flags[0], __ATOMIC_RELAXED);
+  while (i < cur &&
+         !__atomic_compare_exchange_n(&flags[0], &cur, i, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  __atomic_add_fetch(&flags[1], 1, __ATOMIC_RELAXED);
+#endif
+}
+
+/* Floats v[0, dim) into an output of dtype (f32 or bf16) from element at: the CPU references'
+ * store of a pooled or gathered row (the kernels store E elements at a time). */
+UR_HD void ur__tbe_store_out(void *out, int32_t dtype, int64_t at, const float *v, int32_t dim) {
+  if (dtype == UR_DTYPE_F32) {
+    memcpy((float *)out + at, v, sizeof(float) * (size_t)dim);
+    return;
+  }
+  uint16_t *o = (uint16_t *)out + at;
+  for (int32_t c = 0; c < dim; c++) o[c] = ur__f32_to_bf16(v[c]);
 }
 
 /* The physical row of row id (ids are checked by the caller). */
