@@ -353,14 +353,6 @@ static int ur_inter_use_mma(const ur_dense_dev *dv, int backward, int tables, in
   return need <= dv->smem_optin;
 }
 
-/* Blocks for a grid-stride loop over rows: at most 16 (scalar) or 8 (tensor cores) per
- * multiprocessor, as shared memory allows several of either. */
-static unsigned ur_inter_blocks(int64_t rows, int per_block, int per_sm, int sms) {
-  int64_t want = (rows + per_block - 1) / per_block;
-  int64_t cap = (int64_t)(sms > 0 ? sms : 1) * per_sm;
-  return (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
-}
-
 /* Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KiB. */
 template <typename Kern>
 static cudaError_t ur_inter_allow(Kern k, size_t bytes) {
@@ -368,6 +360,8 @@ static cudaError_t ur_inter_allow(Kern k, size_t bytes) {
   return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
+/* A grid-stride loop over rows takes at most 16 blocks (scalar) or 8 (tensor cores) per
+ * multiprocessor, as shared memory allows several of either. */
 static cudaError_t ur_inter_fwd_launch(cudaStream_t stream, const void *dense, const void *emb,
                                        void *out, int64_t rows, int64_t ocols, int tables,
                                        int dim, int self, ur_dtype dd, ur_dtype ed, ur_dtype od,
@@ -376,7 +370,7 @@ static cudaError_t ur_inter_fwd_launch(cudaStream_t stream, const void *dense, c
   cudaError_t e = cudaSuccess;
   if (mma) {
     size_t smem = UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), 0);
-    unsigned blocks = ur_inter_blocks(rows, UR_MMA_WARPS, 8, sms);
+    unsigned blocks = ur_grid_blocks(rows, UR_MMA_WARPS, 8, sms);
     UR_DENSE_DISPATCH(dd, TI, UR_DENSE_DISPATCH(od, TO,
       e = ur_inter_allow(ur_inter_mma_fwd_kernel<TI, TO>, smem);
       if (e == cudaSuccess)
@@ -388,7 +382,7 @@ static cudaError_t ur_inter_fwd_launch(cudaStream_t stream, const void *dense, c
   UR_INTER_DISPATCH(dd, ed, od,
     e = ur_inter_allow(ur_inter_fwd_kernel<TD, TE, TO>, smem);
     if (e == cudaSuccess)
-      ur_inter_fwd_kernel<TD, TE, TO><<<ur_inter_blocks(rows, 1, 16, sms), UR_INTER_THREADS, smem,
+      ur_inter_fwd_kernel<TD, TE, TO><<<ur_grid_blocks(rows, 1, 16, sms), UR_INTER_THREADS, smem,
                                         stream>>>((const TD *)dense, (const TE *)emb, (TO *)out,
                                                   rows, T1, dim, self, ocols, pairs));
   return e != cudaSuccess ? e : cudaGetLastError();
@@ -402,7 +396,7 @@ static cudaError_t ur_inter_bwd_launch(cudaStream_t stream, const void *dense, c
   cudaError_t e = cudaSuccess;
   if (mma) {
     size_t smem = UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), 1);
-    unsigned blocks = ur_inter_blocks(rows, UR_MMA_WARPS, 8, sms);
+    unsigned blocks = ur_grid_blocks(rows, UR_MMA_WARPS, 8, sms);
     UR_DENSE_DISPATCH(dd, TI, UR_DENSE_DISPATCH(od, TO,
       e = ur_inter_allow(ur_inter_mma_bwd_kernel<TI, TO>, smem);
       if (e == cudaSuccess)
@@ -415,7 +409,7 @@ static cudaError_t ur_inter_bwd_launch(cudaStream_t stream, const void *dense, c
   UR_INTER_DISPATCH(dd, ed, od,
     e = ur_inter_allow(ur_inter_bwd_kernel<TD, TE, TO>, smem);
     if (e == cudaSuccess)
-      ur_inter_bwd_kernel<TD, TE, TO><<<ur_inter_blocks(rows, 1, 16, sms), UR_INTER_THREADS, smem,
+      ur_inter_bwd_kernel<TD, TE, TO><<<ur_grid_blocks(rows, 1, 16, sms), UR_INTER_THREADS, smem,
                                         stream>>>((const TD *)dense, (const TE *)emb,
                                                   (const TO *)gout, (TD *)gdense, (TE *)gemb, rows,
                                                   T1, dim, self, ocols, pairs));

@@ -122,9 +122,8 @@ cudaError_t launch(cudaStream_t st, const ur__qtbe_args &a, int sms) {
 /* A lane per 4 elements of the widest table, up to a warp; a warp's lanes then take NC chunks
  * each (1, 2, 4 or 8: dims up to 1024). */
 cudaError_t forward_launch(cudaStream_t st, const ur__qtbe_args &a) {
-  int dev = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  int sms = 0;
+  cudaError_t e = ur__cuda_sms(&sms);
   if (e != cudaSuccess) return e;
   int d4 = a.max_dim / 4, g = 1;
   while (g < d4 && g < 32) g *= 2;

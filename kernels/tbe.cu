@@ -1154,10 +1154,8 @@ Shape shape_of(const ur__tbe_args *a) {
 }
 
 int sm_count(void) {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 132;
+  int sms = 0;
+  if (ur__cuda_sms(&sms) != cudaSuccess) return 132;
   return sms > 0 ? sms : 1;
 }
 
