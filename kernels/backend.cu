@@ -2,6 +2,7 @@
  * It is built into libuvmrec_cuda.so, which the core loads at run time and which exports
  * only ur_cuda_backend_init; CUPTI, needed by the migration monitor alone, is opened with
  * dlopen when the monitor starts, so the library loads on hosts without it. */
+#include <atomic>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -123,6 +124,20 @@ static ur_status ur_cuda_device_props(int32_t device, ur_device_props *out) {
 static ur_status ur_cuda_device_sync(void) {
   UR_CUDA_CHECK(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   return UR_STATUS_OK;
+}
+
+cudaError_t ur__cuda_sms(int *sms) {
+  static std::atomic<int> cache[UR_MAX_GPUS + 1];
+  int dev = 0;
+  *sms = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  int cached = dev >= 0 && dev <= UR_MAX_GPUS;
+  if (cached) *sms = cache[dev].load(std::memory_order_relaxed);
+  if (*sms > 0) return cudaSuccess;
+  e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess && cached) cache[dev].store(*sms, std::memory_order_relaxed);
+  return e;
 }
 
 /* ---- memory ---- */

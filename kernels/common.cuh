@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "core/backend.h"
@@ -52,6 +53,18 @@ static inline ur_status ur__cuda_fail(cudaError_t err, const char *fmt, ...) {
  * error the caller is about to report, so it is dropped, and cleared from the runtime. */
 static inline void ur__cuda_drop(cudaError_t err) {
   if (err != cudaSuccess) (void)cudaGetLastError();
+}
+
+/* The multiprocessors of the current device (kernels/backend.cu), cached per device: the
+ * attribute query is a driver call, and launchers size their grids by it on every launch. */
+cudaError_t ur__cuda_sms(int *sms);
+
+/* Blocks of per_block items each for `work` items, at most per_sm per multiprocessor (the
+ * kernels' grid-stride loops do the rest), at least one. */
+static inline unsigned ur_grid_blocks(int64_t work, int64_t per_block, int per_sm, int sms) {
+  int64_t want = (work + per_block - 1) / per_block;
+  int64_t cap = (int64_t)(sms > 0 ? sms : 1) * per_sm;
+  return (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
 }
 
 /* A workspace carved into 256-byte aligned pieces: take(bytes) is the next one, or nullptr when

@@ -27,7 +27,7 @@ __global__ void ur_cross_bwd_kernel(const T *x0, const T *z, const T *gy, T *gz,
 static cudaError_t ur_cross_fwd_launch(cudaStream_t stream, const void *x0, const void *z,
                                        const void *xl, void *y, int64_t n, ur_dtype dtype) {
   int sms = 0;
-  cudaError_t e = ur__cuda_dense_sms(&sms);
+  cudaError_t e = ur__cuda_sms(&sms);
   if (e != cudaSuccess) return e;
   UR_DENSE_DISPATCH(dtype, T,
     ur_cross_fwd_kernel<T><<<ur_dense_blocks(n, 256, sms), 256, 0, stream>>>(
@@ -39,7 +39,7 @@ static cudaError_t ur_cross_bwd_launch(cudaStream_t stream, const void *x0, cons
                                        const void *gy, void *gz, void *gx0, void *gxl, int64_t n,
                                        ur_dtype dtype, int accumulate) {
   int sms = 0;
-  cudaError_t e = ur__cuda_dense_sms(&sms);
+  cudaError_t e = ur__cuda_sms(&sms);
   if (e != cudaSuccess) return e;
   UR_DENSE_DISPATCH(dtype, T,
     ur_cross_bwd_kernel<T><<<ur_dense_blocks(n, 256, sms), 256, 0, stream>>>(

@@ -16,12 +16,6 @@
 
 #define UR_WORKSPACES 64
 
-cudaError_t ur__cuda_dense_sms(int *sms) {
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  return e == cudaSuccess ? cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev) : e;
-}
-
 /* ---- cuBLAS and cuBLASLt, opened on first use ---- */
 
 ur_blas_api ur__cuda_blas;
@@ -89,7 +83,7 @@ ur_status ur__cuda_dense_device(ur_dense_dev **out, int *device) {
   pthread_mutex_lock(&g_lock);
   if (!d->ready) {
     int sms = 0, optin = 0;
-    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaError_t e = ur__cuda_sms(&sms);
     if (e == cudaSuccess)
       e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e != cudaSuccess) {
@@ -168,7 +162,7 @@ __global__ void ur_cast_kernel(const S *src, D *dst, int64_t n) {
 static cudaError_t ur_cast_launch(cudaStream_t stream, const void *src, ur_dtype sd, void *dst,
                                   ur_dtype dd, int64_t n) {
   int sms = 0;
-  cudaError_t e = ur__cuda_dense_sms(&sms);
+  cudaError_t e = ur__cuda_sms(&sms);
   if (e != cudaSuccess) return e;
   unsigned blocks = ur_dense_blocks(n, 256, sms);
   UR_DENSE_DISPATCH(sd, S,

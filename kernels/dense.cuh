@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common.cuh"
 #include "core/optim_plan.h"
 #include "uvmrec.h"
 
@@ -34,13 +35,9 @@ __device__ __forceinline__ void ur_st(ur_bf16 *p, int64_t i, float v) {
 /* Element bytes of a dense dtype (this library links nothing of the core's). */
 static inline size_t ur_dense_esize(ur_dtype d) { return d == UR_DTYPE_BF16 ? 2 : 4; }
 
-/* Blocks of `threads` for `work` items, at most 8 per multiprocessor (grid-stride loops do
- * the rest), at least one. */
+/* Blocks of `threads` for `work` items, at most 8 per multiprocessor. */
 static inline unsigned ur_dense_blocks(int64_t work, int threads, int sms) {
-  int64_t want = (work + threads - 1) / threads;
-  int64_t cap = (int64_t)(sms > 0 ? sms : 1) * 8;
-  if (want > cap) want = cap;
-  return (unsigned)(want < 1 ? 1 : want);
+  return ur_grid_blocks(work, threads, 8, sms);
 }
 
 /* A grid-stride loop over 64-bit indices. */
@@ -79,10 +76,6 @@ __device__ __forceinline__ double ur_block_sum(double v) {
   }
   return v;
 }
-
-/* The multiprocessors of the current device, asked of the driver each time (the launchers
- * that need no cuBLAS use it; the per-device state below keeps its own count). */
-cudaError_t ur__cuda_dense_sms(int *sms);
 
 /* ---- cuBLAS and cuBLASLt, opened with dlopen on the first use of the per-device state ---- */
 

@@ -353,21 +353,22 @@ static int ur_inter_use_mma(const ur_dense_dev *dv, int backward, int tables, in
   return need <= dv->smem_optin;
 }
 
-/* Blocks for a grid-stride loop over rows: at most 16 (scalar) or 8 (tensor cores) per
+/* Launches kernel k, first raising its dynamic shared-memory limit when it needs more than the
+ * default 48 KiB. */
+template <typename... P, typename... A>
+static cudaError_t ur_inter_launch(void (*k)(P...), unsigned blocks, unsigned threads,
+                                   size_t smem, cudaStream_t stream, A... args) {
+  if (smem > 48u << 10) {
+    cudaError_t e =
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  k<<<blocks, threads, smem, stream>>>(args...);
+  return cudaGetLastError();
+}
+
+/* A grid-stride loop over rows takes at most 16 blocks (scalar) or 8 (tensor cores) per
  * multiprocessor, as shared memory allows several of either. */
-static unsigned ur_inter_blocks(int64_t rows, int per_block, int per_sm, int sms) {
-  int64_t want = (rows + per_block - 1) / per_block;
-  int64_t cap = (int64_t)(sms > 0 ? sms : 1) * per_sm;
-  return (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
-}
-
-/* Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KiB. */
-template <typename Kern>
-static cudaError_t ur_inter_allow(Kern k, size_t bytes) {
-  if (bytes <= 48u << 10) return cudaSuccess;
-  return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-}
-
 static cudaError_t ur_inter_fwd_launch(cudaStream_t stream, const void *dense, const void *emb,
                                        void *out, int64_t rows, int64_t ocols, int tables,
                                        int dim, int self, ur_dtype dd, ur_dtype ed, ur_dtype od,
@@ -376,22 +377,20 @@ static cudaError_t ur_inter_fwd_launch(cudaStream_t stream, const void *dense, c
   cudaError_t e = cudaSuccess;
   if (mma) {
     size_t smem = UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), 0);
-    unsigned blocks = ur_inter_blocks(rows, UR_MMA_WARPS, 8, sms);
+    unsigned blocks = ur_grid_blocks(rows, UR_MMA_WARPS, 8, sms);
     UR_DENSE_DISPATCH(dd, TI, UR_DENSE_DISPATCH(od, TO,
-      e = ur_inter_allow(ur_inter_mma_fwd_kernel<TI, TO>, smem);
-      if (e == cudaSuccess)
-        ur_inter_mma_fwd_kernel<TI, TO><<<blocks, UR_MMA_WARPS * 32, smem, stream>>>(
-            (const TI *)dense, (const TI *)emb, (TO *)out, rows, T1, dim, self, ocols, pairs)));
-    return e != cudaSuccess ? e : cudaGetLastError();
+      e = ur_inter_launch(ur_inter_mma_fwd_kernel<TI, TO>, blocks, UR_MMA_WARPS * 32, smem, stream,
+                          (const TI *)dense, (const TI *)emb, (TO *)out, rows, T1, dim, self,
+                          ocols, pairs)));
+    return e;
   }
   size_t smem = ur_inter_smem(tables, dim, 0);
+  unsigned blocks = ur_grid_blocks(rows, 1, 16, sms);
   UR_INTER_DISPATCH(dd, ed, od,
-    e = ur_inter_allow(ur_inter_fwd_kernel<TD, TE, TO>, smem);
-    if (e == cudaSuccess)
-      ur_inter_fwd_kernel<TD, TE, TO><<<ur_inter_blocks(rows, 1, 16, sms), UR_INTER_THREADS, smem,
-                                        stream>>>((const TD *)dense, (const TE *)emb, (TO *)out,
-                                                  rows, T1, dim, self, ocols, pairs));
-  return e != cudaSuccess ? e : cudaGetLastError();
+    e = ur_inter_launch(ur_inter_fwd_kernel<TD, TE, TO>, blocks, UR_INTER_THREADS, smem, stream,
+                        (const TD *)dense, (const TE *)emb, (TO *)out, rows, T1, dim, self, ocols,
+                        pairs));
+  return e;
 }
 
 static cudaError_t ur_inter_bwd_launch(cudaStream_t stream, const void *dense, const void *emb,
@@ -402,24 +401,20 @@ static cudaError_t ur_inter_bwd_launch(cudaStream_t stream, const void *dense, c
   cudaError_t e = cudaSuccess;
   if (mma) {
     size_t smem = UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), 1);
-    unsigned blocks = ur_inter_blocks(rows, UR_MMA_WARPS, 8, sms);
+    unsigned blocks = ur_grid_blocks(rows, UR_MMA_WARPS, 8, sms);
     UR_DENSE_DISPATCH(dd, TI, UR_DENSE_DISPATCH(od, TO,
-      e = ur_inter_allow(ur_inter_mma_bwd_kernel<TI, TO>, smem);
-      if (e == cudaSuccess)
-        ur_inter_mma_bwd_kernel<TI, TO><<<blocks, UR_MMA_WARPS * 32, smem, stream>>>(
-            (const TI *)dense, (const TI *)emb, (const TO *)gout, (TI *)gdense, (TI *)gemb, rows,
-            T1, dim, self, ocols, pairs)));
-    return e != cudaSuccess ? e : cudaGetLastError();
+      e = ur_inter_launch(ur_inter_mma_bwd_kernel<TI, TO>, blocks, UR_MMA_WARPS * 32, smem, stream,
+                          (const TI *)dense, (const TI *)emb, (const TO *)gout, (TI *)gdense,
+                          (TI *)gemb, rows, T1, dim, self, ocols, pairs)));
+    return e;
   }
   size_t smem = ur_inter_smem(tables, dim, 1);
+  unsigned blocks = ur_grid_blocks(rows, 1, 16, sms);
   UR_INTER_DISPATCH(dd, ed, od,
-    e = ur_inter_allow(ur_inter_bwd_kernel<TD, TE, TO>, smem);
-    if (e == cudaSuccess)
-      ur_inter_bwd_kernel<TD, TE, TO><<<ur_inter_blocks(rows, 1, 16, sms), UR_INTER_THREADS, smem,
-                                        stream>>>((const TD *)dense, (const TE *)emb,
-                                                  (const TO *)gout, (TD *)gdense, (TE *)gemb, rows,
-                                                  T1, dim, self, ocols, pairs));
-  return e != cudaSuccess ? e : cudaGetLastError();
+    e = ur_inter_launch(ur_inter_bwd_kernel<TD, TE, TO>, blocks, UR_INTER_THREADS, smem, stream,
+                        (const TD *)dense, (const TE *)emb, (const TO *)gout, (TD *)gdense,
+                        (TE *)gemb, rows, T1, dim, self, ocols, pairs));
+  return e;
 }
 
 /* The scalar kernels keep one row in a block's shared memory: check it fits. */

@@ -43,7 +43,7 @@ __global__ void ur_bias_act_kernel(T *y, const T *b, int64_t rows, int64_t cols,
 static cudaError_t ur_bias_act_launch(cudaStream_t stream, void *y, const void *b, int64_t rows,
                                       int64_t cols, ur_dtype dtype, int act) {
   int sms = 0;
-  cudaError_t e = ur__cuda_dense_sms(&sms);
+  cudaError_t e = ur__cuda_sms(&sms);
   if (e != cudaSuccess) return e;
   UR_DENSE_DISPATCH(dtype, T,
     ur_bias_act_kernel<T><<<ur_dense_blocks(rows * cols, 256, sms), 256, 0, stream>>>(
@@ -786,7 +786,7 @@ __global__ void ur_act_bwd_kernel(const T *y, const T *gy, T *gx, int64_t n, int
 static cudaError_t ur_act_fwd_launch(cudaStream_t stream, const void *x, void *y, int64_t n,
                                      ur_dtype dtype, int act) {
   int sms = 0;
-  cudaError_t e = ur__cuda_dense_sms(&sms);
+  cudaError_t e = ur__cuda_sms(&sms);
   if (e != cudaSuccess) return e;
   UR_DENSE_DISPATCH(dtype, T,
     ur_act_fwd_kernel<T><<<ur_dense_blocks(n, 256, sms), 256, 0, stream>>>((const T *)x, (T *)y,
@@ -797,7 +797,7 @@ static cudaError_t ur_act_fwd_launch(cudaStream_t stream, const void *x, void *y
 static cudaError_t ur_act_bwd_launch(cudaStream_t stream, const void *y, const void *gy,
                                      void *gx, int64_t n, ur_dtype dtype, int act) {
   int sms = 0;
-  cudaError_t e = ur__cuda_dense_sms(&sms);
+  cudaError_t e = ur__cuda_sms(&sms);
   if (e != cudaSuccess) return e;
   UR_DENSE_DISPATCH(dtype, T,
     ur_act_bwd_kernel<T><<<ur_dense_blocks(n, 256, sms), 256, 0, stream>>>(

@@ -43,7 +43,7 @@ static cudaError_t ur_bce_fwd_launch(cudaStream_t stream, const void *logits,
                                      int64_t n, ur_dtype dtype, int reduction) {
   if (reduction == UR_REDUCTION_NONE) {
     int sms = 0;
-    cudaError_t e = ur__cuda_dense_sms(&sms);
+    cudaError_t e = ur__cuda_sms(&sms);
     if (e != cudaSuccess) return e;
     if (n == 0) return cudaSuccess;
     UR_DENSE_DISPATCH(dtype, T,
@@ -62,7 +62,7 @@ static cudaError_t ur_bce_bwd_launch(cudaStream_t stream, const void *logits,
                                      const float *targets, const float *weights, void *glogits,
                                      int64_t n, ur_dtype dtype, double k) {
   int sms = 0;
-  cudaError_t e = ur__cuda_dense_sms(&sms);
+  cudaError_t e = ur__cuda_sms(&sms);
   if (e != cudaSuccess) return e;
   UR_DENSE_DISPATCH(dtype, T,
     ur_bce_grad_kernel<T><<<ur_dense_blocks(n, 256, sms), 256, 0, stream>>>(

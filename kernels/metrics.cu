@@ -4,7 +4,6 @@
  * which gives the Mann-Whitney AUC with ties counted half, per group or for all; the
  * lifetime AUC is one block per task scanning its histogram.  64-bit sample indices where
  * batches are read; the window's sorts index with 32 bits (it holds under 2^31 samples). */
-#include <atomic>
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -19,18 +18,11 @@
 #define UR_M_ALIGN 256
 
 /* Blocks for `work` items, capped at UR_M_BLOCKS_PER_SM per SM of the current device shared
- * among `ways` grid rows.  SM counts are cached: the attribute query is a driver call. */
+ * among `ways` grid rows. */
 static cudaError_t ur_m_blocks(int64_t work, int ways, unsigned *out) {
-  static std::atomic<int> cache[UR_MAX_GPUS + 1];
-  int dev = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&dev);
+  int sms = 0;
+  cudaError_t e = ur__cuda_sms(&sms);
   if (e != cudaSuccess) return e;
-  if (dev >= 0 && dev <= UR_MAX_GPUS) sms = cache[dev].load(std::memory_order_relaxed);
-  if (sms <= 0) {
-    if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
-      return e;
-    if (dev >= 0 && dev <= UR_MAX_GPUS) cache[dev].store(sms, std::memory_order_relaxed);
-  }
   int64_t cap = (int64_t)sms * UR_M_BLOCKS_PER_SM / (ways > 0 ? ways : 1);
   int64_t want = (work + UR_M_THREADS - 1) / UR_M_THREADS;
   if (cap < 1) cap = 1;

@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "bags.cuh"
 #include "common.cuh"
 #include "embedding/qtbe.h"
 
@@ -21,7 +20,7 @@ __device__ __forceinline__ void store4(const ur__qtbe_args &a, int64_t at, const
     for (int k = 0; k < 4; k++) o[k] = v[k];
   } else {
     uint16_t *o = (uint16_t *)a.out + at;
-    for (int k = 0; k < 4; k++) o[k] = ur__tbe_f32_bf16(v[k]);
+    for (int k = 0; k < 4; k++) o[k] = ur__f32_to_bf16(v[k]);
   }
 }
 
@@ -31,7 +30,7 @@ __device__ __forceinline__ const uint8_t *row_of(const ur__qtbe_args &a, const u
                                                  int64_t i, int lane) {
   int64_t r = ur__qtbe_map(&tb, a.values[i]);
   if (r < 0) {
-    if (lane == 0 && a.bounds != UR_TBE_BOUNDS_OFF) ur_note_bad(a.flags, i);
+    if (lane == 0 && a.bounds != UR_TBE_BOUNDS_OFF) ur__tbe_note_bad(a.flags, i);
     return NULL;
   }
   return tb.rows + r * tb.row_bytes;
@@ -52,7 +51,7 @@ __global__ void __launch_bounds__(UR_QTBE_THREADS) pooled_kernel(const ur__qtbe_
     for (int k = 0; k < NC; k++)
       for (int j = 0; j < 4; j++) acc[k][j] = 0.0f;
     int64_t s, e;
-    ur_bag_span(a.offsets, a.n, bag, s, e);
+    ur__tbe_bag_span(a.offsets, a.n, bag, &s, &e);
     for (int64_t i = s; i < e; i++) {
       const uint8_t *row = row_of(a, tb, i, lane);
       if (!row) continue;
@@ -91,7 +90,7 @@ __global__ void __launch_bounds__(UR_QTBE_THREADS) rows_kernel(const ur__qtbe_ar
     const ur__qtbe_table tb = a.tables[a.features[bag / a.batch].table];
     const int32_t d4 = tb.dim / 4;
     int64_t s, e;
-    ur_bag_span(a.offsets, a.n, bag, s, e);
+    ur__tbe_bag_span(a.offsets, a.n, bag, &s, &e);
     for (int64_t i = s; i < e; i++) {
       const uint8_t *row = row_of(a, tb, i, lane);
       const float w = a.weights ? a.weights[i] : 1.0f;
@@ -123,9 +122,8 @@ cudaError_t launch(cudaStream_t st, const ur__qtbe_args &a, int sms) {
 /* A lane per 4 elements of the widest table, up to a warp; a warp's lanes then take NC chunks
  * each (1, 2, 4 or 8: dims up to 1024). */
 cudaError_t forward_launch(cudaStream_t st, const ur__qtbe_args &a) {
-  int dev = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  int sms = 0;
+  cudaError_t e = ur__cuda_sms(&sms);
   if (e != cudaSuccess) return e;
   int d4 = a.max_dim / 4, g = 1;
   while (g < d4 && g < 32) g *= 2;

@@ -25,9 +25,8 @@ static cudaError_t ur__cuda_synth(cudaStream_t stream, const ur__synth *x, int64
                            void *dense, void *labels, void *ids, void *weights, void *lengths,
                            void *groups, void *probs) {
   if (n <= 0) return cudaSuccess;
-  int dev = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  int sms = 0;
+  cudaError_t e = ur__cuda_sms(&sms);
   if (e != cudaSuccess) return e;
   int64_t want = (n + UR_SYNTH_THREADS - 1) / UR_SYNTH_THREADS, cap = (int64_t)sms * 16;
   unsigned blocks = (unsigned)(want < cap ? want : cap);

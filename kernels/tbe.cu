@@ -28,7 +28,6 @@
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 
-#include "bags.cuh"
 #include "common.cuh"
 #include "embedding/tbe.h"
 
@@ -53,15 +52,6 @@ __device__ __forceinline__ int32_t feature_of(const ur__tbe_args &a, int64_t bag
     else hi = mid;
   }
   return lo;
-}
-
-__device__ __forceinline__ int64_t first_bag(const ur__tbe_args &a, int32_t f) {
-  return a.bag_start ? a.bag_start[f] : (int64_t)f * a.batch;
-}
-
-__device__ __forceinline__ int64_t out_at(const int64_t *base, int64_t stride, int32_t f,
-                                          const ur__tbe_feature &ft, int64_t sample) {
-  return base ? base[f] + sample * ft.dim : sample * stride + ft.col;
 }
 
 __device__ __forceinline__ int esize(int32_t dtype) { return dtype == UR_DTYPE_F32 ? 4 : 2; }
@@ -157,7 +147,7 @@ struct Group {
 __device__ __forceinline__ Group group_of(const ur__tbe_args &a, int64_t bag0, int lane) {
   Group g;
   int64_t bag = bag0 + lane, s = 0, e = 0;
-  if (bag < a.bags) ur_bag_span(a.offsets, a.n, bag, s, e);
+  if (bag < a.bags) ur__tbe_bag_span(a.offsets, a.n, bag, &s, &e);
   g.s = s;
   g.len = e - s;
   int64_t incl = g.len;
@@ -208,7 +198,7 @@ __device__ __forceinline__ BagInfo bag_info(const ur__tbe_args &a, int64_t bag, 
   b.dim = tb.dim;
   b.dtype = tb.dtype;
   b.row_bytes = tb.dim * esize(tb.dtype);
-  b.out = out_at(a.out_base, a.out_stride, f, ft, bag - first_bag(a, f));
+  b.out = ur__tbe_out_at(a.out_base, a.out_stride, f, &ft, bag - ur__tbe_first_bag(&a, f));
   if (tb.pooling == UR_POOLING_MEAN && len > 0) b.scale = UR_FDIV(1.0f, (float)len);
   return b;
 }
@@ -291,7 +281,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
       int64_t id = a.values[i];
       if (a.bounds == UR_TBE_BOUNDS_OFF || (id >= 0 && id < rows))
         row = tw + (pm ? __ldg(pm + id) : id) * rb;
-      else ur_note_bad(a.flags, i);
+      else ur__tbe_note_bad(a.flags, i);
       if (a.weights) w = a.weights[i];
     }
     int cnt = g.T - base < 32 ? (int)(g.T - base) : 32;
@@ -497,10 +487,10 @@ __device__ __forceinline__ void resolve(const ur__tbe_args &a, const Sorted &s, 
   float w = a.weights ? a.weights[p] : 1.0f;
   int32_t f = feature_of(a, bag);
   const ur__tbe_feature ft = a.features[f];
-  *at = out_at(a.out_base, a.out_stride, f, ft, bag - first_bag(a, f));
+  *at = ur__tbe_out_at(a.out_base, a.out_stride, f, &ft, bag - ur__tbe_first_bag(&a, f));
   if (a.tables[ft.table].pooling == UR_POOLING_MEAN) {
     int64_t b, e;
-    ur_bag_span(a.offsets, a.n, bag, b, e);
+    ur__tbe_bag_span(a.offsets, a.n, bag, &b, &e);
     w = UR_FMUL(w, UR_FDIV(1.0f, (float)(e - b)));
   }
   *c = w;
@@ -858,7 +848,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     perm = tb.perm;
     dim = tb.dim;
     if (a.pooled) {
-      at = out_at(a.out_base, a.out_stride, f, ft, bag - first_bag(a, f));
+      at = ur__tbe_out_at(a.out_base, a.out_stride, f, &ft, bag - ur__tbe_first_bag(&a, f));
       if (tb.pooling == UR_POOLING_MEAN && g.len > 0) scale = UR_FDIV(1.0f, (float)g.len);
     }
   }
@@ -1012,7 +1002,7 @@ __global__ void access_count_kernel(const ur__tbe_args a) {
   if (bag < a.bags) {
     const ur__tbe_table &tb = a.tables[a.features[feature_of(a, bag)].table];
     cnt = tb.counts;
-    if (cnt) ur_bag_span(a.offsets, a.n, bag, s, e);
+    if (cnt) ur__tbe_bag_span(a.offsets, a.n, bag, &s, &e);
     rows = tb.rows;
     kb = tb.key_base;
   }
@@ -1164,10 +1154,8 @@ Shape shape_of(const ur__tbe_args *a) {
 }
 
 int sm_count(void) {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 132;
+  int sms = 0;
+  if (ur__cuda_sms(&sms) != cudaSuccess) return 132;
   return sms > 0 ? sms : 1;
 }
 

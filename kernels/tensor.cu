@@ -2,12 +2,12 @@
  * again or zeroed, timed read probe)
  * and their launch wrappers.  Grid-stride loops with 64-bit indices, since one managed
  * table can pass 100 GB. */
-#include <atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "common.cuh"
 #include "tensor.cuh"
 #include "core/philox.h"
 #include "core/backend.h"
@@ -23,23 +23,12 @@
 __device__ unsigned long long ur__probe_sink;
 
 /* Blocks for `work` items of one thread each, capped at UR_BLOCKS_PER_SM per SM of the
- * current device.  SM counts are cached because the attribute query costs a driver call
- * per launch otherwise. */
+ * current device. */
 static cudaError_t ur_grid_size(size_t work, unsigned *blocks) {
-  static std::atomic<int> sm_cache[UR_MAX_GPUS + 1];
-  int dev = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&dev);
+  int sms = 0;
+  cudaError_t e = ur__cuda_sms(&sms);
   if (e != cudaSuccess) return e;
-  if (dev >= 0 && dev <= UR_MAX_GPUS) sms = sm_cache[dev].load(std::memory_order_relaxed);
-  if (sms <= 0) {
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-    if (dev >= 0 && dev <= UR_MAX_GPUS) sm_cache[dev].store(sms, std::memory_order_relaxed);
-  }
-  size_t want = (work + UR_THREADS - 1) / UR_THREADS;
-  size_t cap = (size_t)(sms > 0 ? sms : 1) * UR_BLOCKS_PER_SM;
-  if (want == 0) want = 1;
-  *blocks = (unsigned)(want < cap ? want : cap);
+  *blocks = ur_grid_blocks((int64_t)work, UR_THREADS, UR_BLOCKS_PER_SM, sms);
   return cudaSuccess;
 }
 

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include "core/backend.h"
+#include "core/half.h" /* f32 to and from f16 and bf16 */
 #include "uvmrec.h"
 
 #define UR__HIDDEN __attribute__((visibility("hidden")))
@@ -189,9 +190,5 @@ UR__HIDDEN void ur__radix_sort(uint64_t **k, int64_t **v, uint64_t **tk, int64_t
 UR__HIDDEN double ur__load(const void *base, ur_dtype d, size_t i);
 UR__HIDDEN void ur__store(void *base, ur_dtype d, size_t i, double v);
 UR__HIDDEN uint64_t ur__bits_of(ur_dtype d, double v);
-UR__HIDDEN uint16_t ur__f32_to_f16(float f);
-UR__HIDDEN float ur__f16_to_f32(uint16_t h);
-UR__HIDDEN uint16_t ur__f32_to_bf16(float f);
-UR__HIDDEN float ur__bf16_to_f32(uint16_t h);
 
 #endif

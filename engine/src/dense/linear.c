@@ -178,26 +178,20 @@ ur_status ur__cpu_linear_forward(void *stream, const void *x, const void *w, con
   const float *xf = as_f32(x, dtype, (size_t)rows * (size_t)in, &xo);
   const float *wf = as_f32(w, dtype, (size_t)out * (size_t)in, &wo);
   float *acc = dtype == UR_DTYPE_F32 ? y : (yo = malloc((ny ? ny : 1) * sizeof(float)));
-  if (!xf || !wf || !acc) {
-    free(xo);
-    free(wo);
-    free(yo);
-    return cpu_oom(op, ny);
-  }
-  if (k == 0) memset(acc, 0, ny * sizeof(float));
+  ur_status st = UR_STATUS_OK;
+  if (!xf || !wf || !acc) st = cpu_oom(op, ny);
+  else if (k == 0) memset(acc, 0, ny * sizeof(float));
   else if (gemm_rows(0, 1, 1, row_phase(flags), rows, out, k, xf, (int)in, wf, (int)in, 0.0f, acc,
-                     (int)out)) {
-    free(xo);
-    free(wo);
-    free(yo);
-    return cpu_oom(op, ny);
+                     (int)out))
+    st = cpu_oom(op, ny);
+  if (!st) {
+    bias_job j = {acc, b, y, act == UR_ACT_RELU ? mask : NULL, dtype, out, act};
+    ur__parallel_for((size_t)rows, 256, bias_range, &j);
   }
-  bias_job j = {acc, b, y, act == UR_ACT_RELU ? mask : NULL, dtype, out, act};
-  ur__parallel_for((size_t)rows, 256, bias_range, &j);
   free(xo);
   free(wo);
   free(yo);
-  return UR_STATUS_OK;
+  return st;
 }
 
 typedef struct mask_job {

@@ -61,8 +61,8 @@ int64_t ur_qformat_row_bytes(ur_qformat f, int32_t dim) { return ur__qtbe_row_by
 
 /* The f16 nearest to x that is not above it (below: -1 flips the sign, up). */
 static uint16_t f16_toward(float x, int up) {
-  uint16_t h = ur__tbe_f32_f16(x);
-  float v = ur__tbe_f16_f32(h);
+  uint16_t h = ur__f32_to_f16(x);
+  float v = ur__f16_to_f32(h);
   if (up ? v >= x : v <= x) return h;
   /* one step: away from zero when moving out from the value's sign, toward it otherwise */
   int neg = (h & 0x8000u) != 0, mag = h & 0x7fff;
@@ -146,17 +146,17 @@ static int quantize_row(const float *x, int32_t dim, ur_qformat f, uint8_t *dst,
     if (amax > 65504.0f) return 0;
     uint16_t *h = (uint16_t *)dst;
     for (int32_t c = 0; c < dim; c++) {
-      h[c] = ur__tbe_f32_f16(x[c]);
-      deq[c] = ur__tbe_f16_f32(h[c]);
+      h[c] = ur__f32_to_f16(x[c]);
+      deq[c] = ur__f16_to_f32(h[c]);
     }
     bound = fmax((double)amax * 0x1p-11, 0x1p-25);
   } else {
     if (amax > 32768.0f) return 0; /* the bias and a scale of the range must be f16 */
     int32_t levels = (1 << ur__qtbe_bits(f)) - 1;
     uint16_t hb = f16_toward(lo, 0);
-    float bias = ur__tbe_f16_f32(hb);
+    float bias = ur__f16_to_f32(hb);
     uint16_t hs = f16_toward((hi - bias) / (float)levels, 1);
-    float scale = ur__tbe_f16_f32(hs);
+    float scale = ur__f16_to_f32(hs);
     int64_t rb = ur__qtbe_row_bytes(f, dim);
     if (rb > 0) memset(dst, 0, (size_t)rb);
     memcpy(dst, &hs, 2);
@@ -192,8 +192,8 @@ static void quant_range(void *ctx, size_t r0, size_t r1) {
     for (int32_t c = 0; c < j->dim; c++) {
       size_t i = r * (size_t)j->dim + (size_t)c;
       x[c] = d == UR_DTYPE_F32 ? ((const float *)base)[i]
-             : d == UR_DTYPE_F16 ? ur__tbe_f16_f32(((const uint16_t *)base)[i])
-                                 : ur__tbe_bf16_f32(((const uint16_t *)base)[i]);
+             : d == UR_DTYPE_F16 ? ur__f16_to_f32(((const uint16_t *)base)[i])
+                                 : ur__bf16_to_f32(((const uint16_t *)base)[i]);
     }
     if (!quantize_row(x, j->dim, j->f, j->dst + r * (size_t)j->row_bytes, &j->max_abs[slot],
                       &j->sum_sq[slot], &j->ref_sq[slot], &j->ratio[slot])) {

@@ -6,36 +6,11 @@
 #include <string.h>
 #include "embedding/qtbe.h"
 
-static void note_bad(int64_t *flags, int64_t i) {
-  int64_t cur = __atomic_load_n(&flags[0], __ATOMIC_RELAXED);
-  while (i < cur &&
-         !__atomic_compare_exchange_n(&flags[0], &cur, i, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-  }
-  __atomic_add_fetch(&flags[1], 1, __ATOMIC_RELAXED);
-}
-
-static void store(const ur__qtbe_args *a, int64_t at, const float *v, int32_t dim) {
-  if (a->out_dtype == UR_DTYPE_F32) {
-    memcpy((float *)a->out + at, v, sizeof(float) * (size_t)dim);
-    return;
-  }
-  uint16_t *o = (uint16_t *)a->out + at;
-  for (int32_t c = 0; c < dim; c++) o[c] = ur__tbe_f32_bf16(v[c]);
-}
-
-static void span(const ur__qtbe_args *a, int64_t bag, int64_t *b, int64_t *e) {
-  int64_t s = a->offsets[bag], t = a->offsets[bag + 1];
-  s = s < 0 ? 0 : s > a->n ? a->n : s;
-  t = t < s ? s : t > a->n ? a->n : t;
-  *b = s;
-  *e = t;
-}
-
 /* The stored row of value i, or NULL after noting it when it maps outside its table. */
 static const uint8_t *row_of(const ur__qtbe_args *a, const ur__qtbe_table *tb, int64_t i) {
   int64_t r = ur__qtbe_map(tb, a->values[i]);
   if (r < 0) {
-    if (a->bounds != UR_TBE_BOUNDS_OFF) note_bad(a->flags, i);
+    if (a->bounds != UR_TBE_BOUNDS_OFF) ur__tbe_note_bad(a->flags, i);
     return NULL;
   }
   return tb->rows + r * tb->row_bytes;
@@ -64,7 +39,7 @@ static void pooled_range(void *ctx, size_t b0, size_t b1) {
     const ur__qtbe_table *tb = &a->tables[ft->table];
     int32_t dim = tb->dim;
     int64_t s, e;
-    span(a, bag, &s, &e);
+    ur__tbe_bag_span(a->offsets, a->n, bag, &s, &e);
     memset(acc, 0, sizeof(float) * (size_t)dim);
     for (int64_t i = s; i < e; i++) {
       prefetch(a, tb, i + PREFETCH_AHEAD);
@@ -83,7 +58,8 @@ static void pooled_range(void *ctx, size_t b0, size_t b1) {
       float inv = UR_FDIV(1.0f, (float)(e - s));
       for (int32_t c = 0; c < dim; c++) acc[c] = UR_FMUL(acc[c], inv);
     }
-    store(a, (bag - (int64_t)f * a->batch) * a->out_stride + ft->col, acc, dim);
+    ur__tbe_store_out(a->out, a->out_dtype,
+                      (bag - (int64_t)f * a->batch) * a->out_stride + ft->col, acc, dim);
   }
 }
 
@@ -94,7 +70,7 @@ static void rows_range(void *ctx, size_t b0, size_t b1) {
   for (int64_t bag = (int64_t)b0; bag < (int64_t)b1; bag++) {
     const ur__qtbe_table *tb = &a->tables[a->features[bag / a->batch].table];
     int64_t s, e;
-    span(a, bag, &s, &e);
+    ur__tbe_bag_span(a->offsets, a->n, bag, &s, &e);
     for (int64_t i = s; i < e; i++) {
       prefetch(a, tb, i + PREFETCH_AHEAD);
       const uint8_t *row = row_of(a, tb, i);
@@ -105,7 +81,7 @@ static void rows_range(void *ctx, size_t b0, size_t b1) {
       } else {
         memset(out, 0, sizeof(float) * (size_t)tb->dim);
       }
-      store(a, i * a->out_stride, out, tb->dim);
+      ur__tbe_store_out(a->out, a->out_dtype, i * a->out_stride, out, tb->dim);
     }
   }
 }

@@ -74,11 +74,11 @@ UR_HD void ur__qtbe_load4(const uint8_t *row, int32_t format, int32_t c4, float 
   }
   if (format == UR_QFORMAT_F16) {
     const uint16_t *p = (const uint16_t *)row + 4 * c4;
-    for (int k = 0; k < 4; k++) v[k] = ur__tbe_f16_f32(p[k]);
+    for (int k = 0; k < 4; k++) v[k] = ur__f16_to_f32(p[k]);
     return;
   }
   const uint16_t *h = (const uint16_t *)row;
-  float scale = ur__tbe_f16_f32(h[0]), bias = ur__tbe_f16_f32(h[1]);
+  float scale = ur__f16_to_f32(h[0]), bias = ur__f16_to_f32(h[1]);
   const uint8_t *codes = row + UR_QTBE_HEADER;
   uint32_t q[4];
   if (format == UR_QFORMAT_INT8) {
@@ -106,11 +106,11 @@ UR_HD void ur__qtbe_load_row(const uint8_t *row, int32_t format, int32_t dim, fl
   }
   if (format == UR_QFORMAT_F16) {
     const uint16_t *p = (const uint16_t *)row;
-    for (int32_t c = 0; c < dim; c++) out[c] = ur__tbe_f16_f32(p[c]);
+    for (int32_t c = 0; c < dim; c++) out[c] = ur__f16_to_f32(p[c]);
     return;
   }
   const uint16_t *h = (const uint16_t *)row;
-  float scale = ur__tbe_f16_f32(h[0]), bias = ur__tbe_f16_f32(h[1]);
+  float scale = ur__f16_to_f32(h[0]), bias = ur__f16_to_f32(h[1]);
   const uint8_t *codes = row + UR_QTBE_HEADER;
   if (format == UR_QFORMAT_INT8) {
     for (int32_t c = 0; c < dim; c++) out[c] = UR_FADD(UR_FMUL((float)codes[c], scale), bias);

@@ -11,39 +11,22 @@
 #include "embedding/tbe.h"
 #include "core/core.h"
 
-static void note_bad(int64_t *flags, int64_t i) {
-  int64_t cur = __atomic_load_n(&flags[0], __ATOMIC_RELAXED);
-  while (i < cur &&
-         !__atomic_compare_exchange_n(&flags[0], &cur, i, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-  }
-  __atomic_add_fetch(&flags[1], 1, __ATOMIC_RELAXED);
-}
-
 /* Row `row` of a table as floats: the f32 storage itself, or converted into buf. */
 static const float *load_row(const ur__tbe_table *tb, int64_t row, float *buf) {
   size_t base = (size_t)row * (size_t)tb->dim;
   if (tb->dtype == UR_DTYPE_F32) return (const float *)tb->weights + base;
   const uint16_t *h = (const uint16_t *)tb->weights + base;
   if (tb->dtype == UR_DTYPE_BF16)
-    for (int32_t c = 0; c < tb->dim; c++) buf[c] = ur__tbe_bf16_f32(h[c]);
+    for (int32_t c = 0; c < tb->dim; c++) buf[c] = ur__bf16_to_f32(h[c]);
   else
-    for (int32_t c = 0; c < tb->dim; c++) buf[c] = ur__tbe_f16_f32(h[c]);
+    for (int32_t c = 0; c < tb->dim; c++) buf[c] = ur__f16_to_f32(h[c]);
   return buf;
-}
-
-static void store_out(void *out, int32_t dtype, int64_t at, const float *v, int32_t dim) {
-  if (dtype == UR_DTYPE_F32) {
-    memcpy((float *)out + at, v, sizeof(float) * (size_t)dim);
-    return;
-  }
-  uint16_t *o = (uint16_t *)out + at;
-  for (int32_t c = 0; c < dim; c++) o[c] = ur__tbe_f32_bf16(v[c]);
 }
 
 static const float *load_out(const void *g, int32_t dtype, int64_t at, float *buf, int32_t dim) {
   if (dtype == UR_DTYPE_F32) return (const float *)g + at;
   const uint16_t *h = (const uint16_t *)g + at;
-  for (int32_t c = 0; c < dim; c++) buf[c] = ur__tbe_bf16_f32(h[c]);
+  for (int32_t c = 0; c < dim; c++) buf[c] = ur__bf16_to_f32(h[c]);
   return buf;
 }
 
@@ -73,7 +56,7 @@ static void cpu_forward_range(void *ctx, size_t b0, size_t b1) {
     const ur__tbe_table *tb = &a->tables[ft->table];
     int32_t dim = tb->dim;
     int64_t s, e;
-    ur__tbe_bag_span(a, bag, &s, &e);
+    ur__tbe_bag_span(a->offsets, a->n, bag, &s, &e);
     if (a->pooled) memset(acc, 0, sizeof(float) * (size_t)dim);
     for (int64_t i = s; i < e; i++) {
       if (i + PREFETCH_AHEAD < a->n) prefetch_row(tb, a->values[i + PREFETCH_AHEAD]);
@@ -81,10 +64,10 @@ static void cpu_forward_range(void *ctx, size_t b0, size_t b1) {
       float w = a->weights ? a->weights[i] : 1.0f;
       /* Checked even when off: a bad id would crash the process rather than one kernel. */
       if (id < 0 || id >= tb->rows) {
-        if (a->bounds != UR_TBE_BOUNDS_OFF) note_bad(a->flags, i);
+        if (a->bounds != UR_TBE_BOUNDS_OFF) ur__tbe_note_bad(a->flags, i);
         if (!a->pooled) {
           memset(tmp, 0, sizeof(float) * (size_t)dim);
-          store_out(a->out, a->out_dtype, i * dim, tmp, dim);
+          ur__tbe_store_out(a->out, a->out_dtype, i * dim, tmp, dim);
         }
         continue;
       }
@@ -94,7 +77,7 @@ static void cpu_forward_range(void *ctx, size_t b0, size_t b1) {
         for (int32_t c = 0; c < dim; c++) acc[c] = UR_FADD(acc[c], UR_FMUL(w, r[c]));
       } else {
         for (int32_t c = 0; c < dim; c++) tmp[c] = UR_FMUL(w, r[c]);
-        store_out(a->out, a->out_dtype, i * dim, tmp, dim);
+        ur__tbe_store_out(a->out, a->out_dtype, i * dim, tmp, dim);
       }
     }
     if (!a->pooled) continue;
@@ -103,7 +86,7 @@ static void cpu_forward_range(void *ctx, size_t b0, size_t b1) {
       for (int32_t c = 0; c < dim; c++) acc[c] = UR_FMUL(acc[c], inv);
     }
     int64_t at = ur__tbe_out_at(a->out_base, a->out_stride, f, ft, bag - ur__tbe_first_bag(a, f));
-    store_out(a->out, a->out_dtype, at, acc, dim);
+    ur__tbe_store_out(a->out, a->out_dtype, at, acc, dim);
   }
 }
 
@@ -122,7 +105,7 @@ static void cpu_expand_range(void *ctx, size_t f0, size_t f1) {
     const ur__tbe_feature *ft = &a->features[f];
     for (int64_t b = 0; b < a->full_batch; b++) {
       int64_t src = a->flat_base[f] + a->inverse[(int64_t)f * a->full_batch + b] * ft->dim;
-      store_out(a->out, a->out_dtype, b * a->out_stride + ft->col, j->flat + src, ft->dim);
+      ur__tbe_store_out(a->out, a->out_dtype, b * a->out_stride + ft->col, j->flat + src, ft->dim);
     }
   }
 }
@@ -160,7 +143,7 @@ static void cpu_keys_range(void *ctx, size_t b0, size_t b1) {
   for (int64_t bag = (int64_t)b0; bag < (int64_t)b1; bag++) {
     const ur__tbe_table *tb = &a->tables[a->features[ur__tbe_feature_of(a, bag)].table];
     int64_t s, e;
-    ur__tbe_bag_span(a, bag, &s, &e);
+    ur__tbe_bag_span(a->offsets, a->n, bag, &s, &e);
     for (int64_t i = s; i < e; i++) {
       int64_t id = a->values[i];
       j->keys[i] = id < 0 || id >= tb->rows ? (uint64_t)a->total_keys : (uint64_t)(tb->key_base + id);
@@ -223,7 +206,7 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
       if ((c & 3) == 0) r = ur_philox((lbase + (size_t)c) >> 2, key);
       *hp = ur__tbe_round_sr(nw, tb->dtype, r.v[c & 3]);
     } else {
-      *hp = tb->dtype == UR_DTYPE_BF16 ? ur__tbe_f32_bf16(nw) : ur__tbe_f32_f16(nw);
+      *hp = tb->dtype == UR_DTYPE_BF16 ? ur__f32_to_bf16(nw) : ur__f32_to_f16(nw);
     }
   }
 }
@@ -260,7 +243,7 @@ static void cpu_reduce_range(void *ctx, size_t s0, size_t s1) {
       float c = a->weights ? a->weights[i] : 1.0f;
       if (a->pooled && tb->pooling == UR_POOLING_MEAN) {
         int64_t b, e;
-        ur__tbe_bag_span(a, bag, &b, &e);
+        ur__tbe_bag_span(a->offsets, a->n, bag, &b, &e);
         c = UR_FMUL(c, UR_FDIV(1.0f, (float)(e - b)));
       }
       const float *g = load_out(a->grad, a->out_dtype, grad_at(a, i, bag, dim), buf, dim);

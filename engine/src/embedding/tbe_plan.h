@@ -11,6 +11,8 @@
 #define UR_TBE_PLAN_H
 
 #include <stdint.h>
+#include <string.h>
+#include "core/half.h"
 #include "core/optim_plan.h"
 #include "core/philox.h"
 #include "uvmrec.h"
@@ -138,14 +140,43 @@ UR_HD int64_t ur__tbe_out_at(const int64_t *base, int64_t stride, int32_t f,
   return base ? base[f] + sample * feat->dim : sample * stride + feat->col;
 }
 
-/* The bag's values, clamped to [0, n] so that bad offsets cannot make a kernel read outside
- * values (offsets are validated on the CPU, trusted on the GPU). */
-UR_HD void ur__tbe_bag_span(const ur__tbe_args *a, int64_t bag, int64_t *b, int64_t *e) {
-  int64_t s = a->offsets[bag], t = a->offsets[bag + 1];
-  s = s < 0 ? 0 : s > a->n ? a->n : s;
-  t = t < s ? s : t > a->n ? a->n : t;
+/* Bag `bag`'s values [*b, *e) from offsets, clamped to [0, n] so that bad offsets cannot make
+ * a kernel read outside the values (offsets are validated on the CPU, trusted on the GPU).
+ * Both collections (tbe, qtbe) read their bags through it, on both backends. */
+UR_HD void ur__tbe_bag_span(const int64_t *offsets, int64_t n, int64_t bag, int64_t *b,
+                            int64_t *e) {
+  int64_t s = offsets[bag], t = offsets[bag + 1];
+  s = s < 0 ? 0 : s > n ? n : s;
+  t = t < s ? s : t > n ? n : t;
   *b = s;
   *e = t;
+}
+
+/* An id out of its table's range at value i (both collections, both backends): flags[0] keeps
+ * the first such value (it starts at UR_TBE_NO_BAD), flags[1] counts them; the bounds check
+ * reads them back after the call. */
+UR_HD void ur__tbe_note_bad(int64_t *flags, int64_t i) {
+#ifdef __CUDA_ARCH__
+  atomicMin((unsigned long long *)flags, (unsigned long long)i);
+  atomicAdd((unsigned long long *)(flags + 1), 1ull);
+#else
+  int64_t cur = __atomic_load_n(&flags[0], __ATOMIC_RELAXED);
+  while (i < cur &&
+         !__atomic_compare_exchange_n(&flags[0], &cur, i, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  __atomic_add_fetch(&flags[1], 1, __ATOMIC_RELAXED);
+#endif
+}
+
+/* Floats v[0, dim) into an output of dtype (f32 or bf16) from element at: the CPU references'
+ * store of a pooled or gathered row (the kernels store E elements at a time). */
+UR_HD void ur__tbe_store_out(void *out, int32_t dtype, int64_t at, const float *v, int32_t dim) {
+  if (dtype == UR_DTYPE_F32) {
+    memcpy((float *)out + at, v, sizeof(float) * (size_t)dim);
+    return;
+  }
+  uint16_t *o = (uint16_t *)out + at;
+  for (int32_t c = 0; c < dim; c++) o[c] = ur__f32_to_bf16(v[c]);
 }
 
 /* The physical row of row id (ids are checked by the caller). */
@@ -155,70 +186,17 @@ UR_HD int64_t ur__tbe_phys(const ur__tbe_table *tb, int64_t id) {
 
 #define UR_TBE_COUNT_MAX 0x40000000 /* counters stop growing here (decay keeps them below) */
 
-/* ---- numbers ---- */
-
-UR_HD float ur__tbe_bits_f32(uint32_t x) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(x);
-#else
-  union { uint32_t u; float f; } v;
-  v.u = x;
-  return v.f;
-#endif
-}
-
-UR_HD uint32_t ur__tbe_f32_bits(float f) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(f);
-#else
-  union { uint32_t u; float f; } v;
-  v.f = f;
-  return v.u;
-#endif
-}
-
-UR_HD float ur__tbe_bf16_f32(uint16_t h) { return ur__tbe_bits_f32((uint32_t)h << 16); }
-
-UR_HD float ur__tbe_f16_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0) {
-    float f = (float)m * (1.0f / 16777216.0f);
-    return sign ? -f : f;
-  }
-  if (e == 31) return ur__tbe_bits_f32(sign | 0x7f800000u | (m << 13));
-  return ur__tbe_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
-}
-
-/* Round to nearest even, as convert.c and the GPU's conversions do. */
-UR_HD uint16_t ur__tbe_f32_bf16(float f) {
-  uint32_t x = ur__tbe_f32_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return (uint16_t)(x >> 16);
-}
-
-UR_HD uint16_t ur__tbe_f32_f16(float f) {
-  uint32_t x = ur__tbe_f32_bits(f);
-  uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
-  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-  if (ax < 0x38800000u) {
-    /* subnormal in f16: 2^24 scales its unit to 1, and rintf rounds half to even */
-    return (uint16_t)(sign | (uint32_t)rintf(ur__tbe_bits_f32(ax) * 16777216.0f));
-  }
-  uint32_t m = ax + 0xc8000fffu + ((ax >> 13) & 1u);
-  return (uint16_t)(sign | (m >> 13));
-}
+/* ---- numbers (the conversions themselves are core/half.h's) ---- */
 
 UR_HD float ur__tbe_half_f32(uint16_t h, int32_t dtype) {
-  return dtype == UR_DTYPE_BF16 ? ur__tbe_bf16_f32(h) : ur__tbe_f16_f32(h);
+  return dtype == UR_DTYPE_BF16 ? ur__bf16_to_f32(h) : ur__f16_to_f32(h);
 }
 
 /* Stochastic rounding of x to f16 or bf16 with the random word r: rounds away from zero with
  * probability (|x| - lo) / (hi - lo), where lo and hi are the neighbours around |x|, so the
  * stored value is x in expectation.  NaN and exactly representable values round as usual. */
 UR_HD uint16_t ur__tbe_round_sr(float x, int32_t dtype, uint32_t r) {
-  uint16_t q = dtype == UR_DTYPE_BF16 ? ur__tbe_f32_bf16(x) : ur__tbe_f32_f16(x);
+  uint16_t q = dtype == UR_DTYPE_BF16 ? ur__f32_to_bf16(x) : ur__f32_to_f16(x);
   float ax = x < 0 ? -x : x;
   if (!(ax == ax)) return q;
   uint16_t sign = (uint16_t)(q & 0x8000u), m = (uint16_t)(q & 0x7fffu);
