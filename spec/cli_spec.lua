@@ -175,6 +175,50 @@ describe("uvmrec.cli", function()
       "cli: mutex: '%-%-b' is not an option of uvmrec t")
   end)
 
+  it("shares the options several commands mean alike (cli.options), each in its place and unchanged", function()
+    local opt = cli.options
+    local function bench(out)
+      return cli.command {
+        name = "b", summary = "s",
+        opt.config, opt.set, { "--steps N", "own", type = "whole", default = 20 }, opt.batch_size, opt.precision,
+        opt.cpu, opt.zipf, opt.python, opt.no_torch, out,
+      }
+    end
+    local before = {}
+    for name, e in pairs(opt) do before[name] = { unpack(e) } end
+    local c = bench(opt.out)
+    local o = assert(c:check { "--config", "dlrm_kaggle", "--set", "a=1", "--set", "b=2", "--batch", "512",
+                               "--precision", "bf16", "--cpu", "--zipf", "1.2", "--python", "py", "--no-torch",
+                               "--out", "r.jsonl" })
+    assert.same({ "dlrm_kaggle", { "a=1", "b=2" }, 20, 512, "bf16", true, 1.2, "py", true, "r.jsonl" },
+      { o.config, o.set, o.steps, o.batch, o.precision, o.cpu, o.zipf, o.python, o.no_torch, o.out })
+    o = assert(c:check {})
+    assert.same({ {}, false, 1.05, os.getenv("PYTHON") or "python3", false },
+      { o.set, o.cpu, o.zipf, o.python, o.no_torch })
+    assert.is_nil(o.config)
+    local _, err = c:check { "--batch", "0" }
+    assert.equal("--batch: needs at least 1", err)
+    _, err = c:check { "--precision", "f16" }
+    assert.equal("--precision: 'f16' is not f32, tf32 or bf16", err)
+    -- in the help where the declaration puts them, the default config named from BENCH_CONFIG
+    local help = c:help()
+    local at = 0
+    for _, line in ipairs { "--config C", "--set K=V", "--steps N", "--batch B", "--precision P", "--cpu" } do
+      local here = help:find("\n   " .. line .. " ", 1, true)
+      assert.truthy(here and here > at, line)
+      at = here
+    end
+    assert.truthy(help:gsub("%s+", " "):find("a config or preset (default: dlrm_mlperf_v1_2m on a GPU, dlrm_tiny on "
+      .. "the CPU)", 1, true))
+    assert.matches("\n   %-%-out FILE +write JSON lines$", help)
+    assert.matches("\n   %-%-out FILE +append JSON lines$", bench(opt.out_append):help())
+    for name, e in pairs(opt) do assert.same(before[name], { unpack(e) }, name) end
+    -- the default configs are presets there are
+    local train = require "uvmrec.train"
+    assert.truthy(train.find_config(cli.BENCH_CONFIG.gpu))
+    assert.truthy(train.find_config(cli.BENCH_CONFIG.cpu))
+  end)
+
   it("reads a script's declaration without running the rest of it", function()
     local dir = command.tmpdir()
     command.spit(dir .. "/good.lua", [[

@@ -26,6 +26,20 @@
 -- makes an option one that must be given.  On the declaration, mutex = {{"--a", "--b"}, ...}
 -- names options that exclude each other.
 --
+-- Options that mean the same in several commands are declared once, in M.options, and stand in
+-- a declaration as any entry does (the help lists them where they stand):
+--
+--   local cli = require "uvmrec.cli"
+--   local cmd = cli.command {
+--     name = "scripts/bench/x.lua", summary = "...",
+--     cli.options.config, cli.options.set,        -- the benchmarks' --config, --set K=V
+--     { "--steps N", "timed steps", type = "whole", default = 20 },  -- this command's own
+--     cli.options.cpu, cli.options.out,
+--   }
+--
+-- An option that means something else in one command (another default, a narrower sense, a value
+-- appended rather than written) is that command's own entry.
+--
 -- Declare first, before any work: `uvmrec --help` runs each script up to cli.command to read its
 -- summary (M.describe), and stops it there.
 local argparse = require "argparse"
@@ -301,6 +315,26 @@ function Command:parse(args)
   end
   self:misuse(err)
 end
+
+-- The benchmarks' default config where none is given: the largest preset that fits where they run.
+M.BENCH_CONFIG = { gpu = "dlrm_mlperf_v1_2m", cpu = "dlrm_tiny" }
+
+local function at_least_1(n) return n >= 1 and n or nil, "needs at least 1" end
+
+-- The options several commands share, each with one meaning wherever it stands (see the top).
+M.options = {
+  config = { "--config C", ("a config or preset (default: %s on a GPU, %s on the CPU)"):format(
+    M.BENCH_CONFIG.gpu, M.BENCH_CONFIG.cpu) },
+  set = { "--set K=V", "any config value", many = true },
+  batch_size = { "--batch B", "the batch size (sets train.batch_size)", type = "whole", check = at_least_1 },
+  precision = { "--precision P", "the MLPs' precision (sets model.precision)", choices = { "f32", "tf32", "bf16" } },
+  cpu = { "--cpu", "on the CPU even where a GPU is" },
+  zipf = { "--zipf S", "the ids' Zipf exponent", type = "number", default = 1.05 },
+  python = { "--python PY", "the Python with torch", default = os.getenv("PYTHON") or "python3" },
+  no_torch = { "--no-torch", "leave PyTorch out" },
+  out = { "--out FILE", "write JSON lines" },                -- the file made anew each run
+  out_append = { "--out FILE", "append JSON lines" },        -- runs accumulate in the file
+}
 
 -- The command a script declares, without running the script past its declaration; nil,
 -- message when it declares none.

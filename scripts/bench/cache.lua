@@ -26,8 +26,9 @@
 local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local C = ur.C
+local cli = require "uvmrec.cli"
 
-local cmd = require("uvmrec.cli").command {
+local cmd = cli.command {
   name = "scripts/bench/cache.lua",
   summary = "software cache benchmark (BENCH.md B4, B6): hit rates on the CPU; --gpu: training through the cache",
   { "--rows N", "rows of each table (hit rates)", type = "whole", default = 1000000 },
@@ -35,7 +36,7 @@ local cmd = require("uvmrec.cli").command {
   { "--batch B", "samples a batch (hit rates)", type = "whole", default = 8192 },
   { "--batches K", "batches, the first half warming the cache (hit rates)", type = "whole", default = 200 },
   { "--zipf S", "the ids' Zipf exponent (hit rates)", type = "number", default = 1.05 },
-  { "--out FILE", "write JSON lines" },
+  cli.options.out,
   { "--plot FILE", "a PNG of the hit rates (with --out; scripts/bench/cache_plot.py)" },
   { "--gpu", "the training modes: all in HBM, cached, managed" },
   { "--steps N", "timed steps a mode (--gpu)", type = "whole", default = 40 },
@@ -104,10 +105,7 @@ local function hit_rates()
       end
     end
   end
-  for _, x in ipairs(inputs) do
-    x.values:free()
-    x.offsets:free()
-  end
+  cache_run.free(inputs)
   if o.out and o.plot then
     out_file:close()
     out_file = nil

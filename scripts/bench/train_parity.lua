@@ -23,19 +23,20 @@ local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
+local cli = require "uvmrec.cli"
 
-local cmd = require("uvmrec.cli").command {
+local cmd = cli.command {
   name = "scripts/bench/train_parity.lua",
   summary = "training parity with PyTorch: the same DLRM trained by both, final AUCs within --tol",
   { "--config C", "the config or preset (its data.train names the synthetic preset)", default = "dlrm_kaggle" },
-  { "--set K=V", "any config value", many = true },
+  cli.options.set,
   { "--samples N", "samples written by datagen", type = "whole", default = 700000, check = function(n)
     return n >= 2 and n or nil, "needs at least 2" end },
   { "--days D", "day files (the last is held out)", type = "whole", default = 7, check = function(n)
     return n >= 2 and n or nil, "needs at least 2" end },
   { "--steps S", "steps to train (0: the training days once)", type = "whole", default = 0 },
   { "--work DIR", "where the data, runs and summary go", default = "build/train_parity" },
-  { "--python PY", "the Python with torch", default = os.getenv("PYTHON") or "python3" },
+  cli.options.python,
   { "--torch-device D", "PyTorch's device (default: cuda where uvmrec uses a GPU)", choices = { "cpu", "cuda" } },
   { "--threads T", "CPU threads of both", type = "whole", check = function(n)
     return n >= 1 and n or nil, "needs at least 1" end },
