@@ -63,6 +63,7 @@ end
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local zipf_stream = dofile(here .. "/zipf_stream.lua")
 local cache_run = dofile(here .. "/cache_run.lua")
+local P = dofile(here .. "/parity_lib.lua")
 
 local function hit_rates()
   local T, N, B, K = o.tables, o.rows, o.batch, o.batches
@@ -130,13 +131,10 @@ local function gpu_modes()
   -- The timed steps run without the schedule: MLPerf's SGD lr of 24 without its warm-up
   -- makes the losses NaN within a few steps (as in uvm.lua), so the lr is 1.
   local function load(sets)
-    local path = assert(train.find_config(o.config or "dlrm_mlperf_v1_2m"))
     local all = { "optimizer.lr=1.0" }
     for _, v in ipairs(sets) do all[#all + 1] = v end
-    local cfg, err = train.config.load(path, all)
-    if not cfg then cmd:fail(err) end
-    local def, derr = train.model_def(cfg, path)
-    if not def then cmd:fail(derr) end
+    local cfg, def = P.config(o.config or "dlrm_mlperf_v1_2m", all)
+    if not cfg then cmd:fail(def) end
     return cfg, def
   end
   -- distinct batches in pinned host memory, the same for every mode

@@ -39,12 +39,11 @@ o.steps = o.steps or (gpu and 200 or 50)
 local WARM, NBATCH = gpu and 10 or 3, gpu and 8 or 4
 
 local C = ur.C
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local P = dofile(here .. "/parity_lib.lua")
 local function load(name, sets)
-  local path = assert(train.find_config(name))
-  local cfg, err = train.config.load(path, sets)
-  if not cfg then cmd:fail(err) end
-  local def, derr = train.model_def(cfg, path)
-  if not def then cmd:fail(derr) end
+  local cfg, def = P.config(name, sets)
+  if not cfg then cmd:fail(def) end
   return cfg, def
 end
 
