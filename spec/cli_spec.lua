@@ -82,7 +82,8 @@ describe("uvmrec.cli", function()
       end },
       { "--out DIR", "where", required = true },
       { "--config C", "a config" },
-      { "--rows-list R,...", "rows", type = "numbers" },
+      { "--rows-list R,...", "rows", type = "numbers", min = 1 },
+      { "--tol X", "how close", type = "number", min = 0 },
       mutex = { { "--config", "--rows-list" } },
     }
     assert.equal(8, assert(c:check { "--out", "x" }).rows)
@@ -99,6 +100,15 @@ describe("uvmrec.cli", function()
     o, err = c:check { "8", "16", "--out", "x" }
     assert.is_nil(o)
     assert.equal("too many arguments", err)
+    -- min: the least value, of each item of a list too
+    assert.same({ 1, 2 }, assert(c:check { "--out", "x", "--rows-list", "1,2" }).rows_list)
+    assert.equal(0, assert(c:check { "--out", "x", "--tol", "0" }).tol)
+    o, err = c:check { "--out", "x", "--rows-list", "2,0.5" }
+    assert.is_nil(o)
+    assert.equal("--rows-list: '0.5' is less than 1", err)
+    o, err = c:check { "--out", "x", "--tol", "-1e-9" }
+    assert.is_nil(o)
+    assert.equal("--tol: '-1e-9' is less than 0", err)
   end)
 
   it("hands on what is not its own with rest, in order, and everything after --", function()
@@ -166,6 +176,10 @@ describe("uvmrec.cli", function()
       "cli: entry 1 %(%-%-x N%): unknown field 'colour'")
     refuses({ name = "t", summary = "s", { "--x N", "x", type = "date" } }, "cli: %-%-x N: unknown type 'date'")
     refuses({ name = "t", summary = "s", { "--x", "x", default = 1 } }, "cli: %-%-x: a flag takes no type")
+    refuses({ name = "t", summary = "s", { "--x N", "x", min = 1 } },
+      "cli: %-%-x N: min = 1: a number, for type number, integer, whole or numbers")
+    refuses({ name = "t", summary = "s", { "--x N", "x", type = "whole", min = "1" } },
+      "cli: %-%-x N: min = 1: a number")
     refuses({ name = "t", summary = "s", { "lower", "x" } }, "cli: entry 1: 'lower' is neither")
     refuses({ name = "t", summary = "s", { "[A", "x" } }, "cli: entry 1: '%[A' is neither")
     refuses({ name = "t", summary = "s", { "A", "x", rest = true } }, "cli: A: rest = true needs %[NAME%.%.%.%]")
@@ -197,7 +211,7 @@ describe("uvmrec.cli", function()
       { o.set, o.cpu, o.zipf, o.python, o.no_torch })
     assert.is_nil(o.config)
     local _, err = c:check { "--batch", "0" }
-    assert.equal("--batch: needs at least 1", err)
+    assert.equal("--batch: '0' is less than 1", err)
     _, err = c:check { "--precision", "f16" }
     assert.equal("--precision: 'f16' is not f32, tf32 or bf16", err)
     -- in the help where the declaration puts them, the default config named from BENCH_CONFIG

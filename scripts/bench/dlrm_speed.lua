@@ -42,8 +42,7 @@ local cmd = cli.command {
   cli.options.batch_size,
   { "--precisions P,...", "the precisions to time", type = "list", choices = { "f32", "tf32", "bf16" },
     default = { "f32", "tf32", "bf16" } },
-  { "--steps N", "timed steps (default: 30 on a GPU, 5 on the CPU)", type = "whole", check = function(n)
-    return n >= 1 and n or nil, "needs at least 1" end },
+  { "--steps N", "timed steps (default: 30 on a GPU, 5 on the CPU)", type = "whole", min = 1 },
   { "--data DIR", "day files to train on (default: written by uvmrec datagen into --work)" },
   { "--work DIR", "where the data and PyTorch's results go", default = "build/dlrm_speed" },
   cli.options.python,

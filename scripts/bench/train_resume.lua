@@ -19,8 +19,7 @@ local cmd = cli.command {
   name = "scripts/bench/train_resume.lua",
   summary = "exact resume at a real size: 2N steps straight against N, a checkpoint, and N resumed",
   cli.options.config,
-  { "--steps N", "N (default: 5 on a GPU, 10 on the CPU)", type = "whole", check = function(n)
-    return n >= 1 and n or nil, "needs at least 1" end },
+  { "--steps N", "N (default: 5 on a GPU, 10 on the CPU)", type = "whole", min = 1 },
   cli.options.set,
   { "--dir DIR", "the run directories (removed at the end)", default = "/tmp/uvmrec-train-resume" },
   { "--tol T", "the relative loss difference allowed", type = "number", default = 0 },
