@@ -30,12 +30,13 @@
 -- Options that mean the same in several commands are declared once, in M.options, and stand in
 -- a declaration as any entry does (the help lists them where they stand):
 --
---   local cli = require "uvmrec.cli"
---   local cmd = cli.command {
+--   local options = require("uvmrec.cli").options
+--   local cmd = require("uvmrec.cli").command {
 --     name = "scripts/bench/x.lua", summary = "...",
---     cli.options.config, cli.options.set,        -- the benchmarks' --config, --set K=V
+--     options.config,                            -- the benchmarks' --config
 --     { "--steps N", "timed steps", type = "whole", default = 20 },  -- this command's own
---     cli.options.cpu, cli.options.out,
+--     options.cpu,
+--     options.out,
 --   }
 --
 -- An option that means something else in one command (another default, a narrower sense, a value

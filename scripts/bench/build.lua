@@ -10,16 +10,16 @@ local ffi = require "ffi"
 local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local C = ur.C
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/build.lua",
   summary = "build time of large embedding tables per GiB and thread, checked against Philox",
   { "--gib G", "GiB of tables", type = "number", default = 1 },
   { "--threads LIST", "thread counts, comma-separated (one process each)", default = "1,2" },
   { "--gpu", "a GPU collection: tables pinned on the host (streamed draw) and managed" },
   { "--one PLACEMENT", "(internal) build once in this process and print a JSON line" },
-  cli.options.out_append,
+  options.out_append,
 }
 local o = cmd:parse(arg)
 

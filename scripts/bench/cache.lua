@@ -26,9 +26,9 @@
 local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local C = ur.C
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/cache.lua",
   summary = "software cache benchmark (BENCH.md B4, B6): hit rates on the CPU; --gpu: training through the cache",
   { "--rows N", "rows of each table (hit rates)", type = "whole", default = 1000000 },
@@ -36,7 +36,7 @@ local cmd = cli.command {
   { "--batch B", "samples a batch (hit rates)", type = "whole", default = 8192 },
   { "--batches K", "batches, the first half warming the cache (hit rates)", type = "whole", default = 200 },
   { "--zipf S", "the ids' Zipf exponent (hit rates)", type = "number", default = 1.05 },
-  cli.options.out,
+  options.out,
   { "--plot FILE", "a PNG of the hit rates (with --out; scripts/bench/cache_plot.py)" },
   { "--gpu", "the training modes: all in HBM, cached, managed" },
   { "--steps N", "timed steps a mode (--gpu)", type = "whole", default = 40 },

@@ -14,17 +14,17 @@ local ffi = require "ffi"
 local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local C = ur.C
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/cache_decide.lua",
   summary = "the software cache's decisions on the GPU against the host reference, at the B4 shape",
   { "--tables T", "tables", type = "whole", default = 26 },
   { "--rows N", "rows of each table", type = "whole", default = 1000000 },
   { "--batch B", "samples a batch (one id per table)", type = "whole", default = 65536 },
   { "--batches K", "batches", type = "whole", default = 12 },
-  cli.options.zipf,
-  cli.options.out,
+  options.zipf,
+  options.out,
 }
 local o = cmd:parse(arg)
 if not ur.gpu() then cmd:fail("needs a GPU: " .. ur.cuda_error()) end

@@ -22,9 +22,9 @@ local ur = require "uvmrec"
 local C = ur.C
 local profile = require "uvmrec.planner.profile"
 local hitrate = require "uvmrec.planner.hitrate"
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/cache_warm.lua",
   summary = "the cache's warm and first-touch hit rates against its size, beside the planner's model",
   { "--rows N", "rows per table", type = "whole", default = 1000000 },
@@ -32,13 +32,13 @@ local cmd = cli.command {
   { "--batch N", "ids per table and batch", type = "whole", default = 8192 },
   { "--batches N", "measured batches", type = "whole", default = 200 },
   { "--warm N", "warm-up batches before them", type = "whole", default = 100 },
-  cli.options.zipf,
+  options.zipf,
   { "--fractions F", "cache sizes as fractions of the rows", type = "numbers",
     default = { 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0 } },
   { "--policies P", "cache policies", type = "list", choices = { "lru", "lfu" }, default = { "lru", "lfu" } },
   { "--decay N", "LFU: counts halve every N batches (0: never)", type = "whole", default = 0 },
   { "--prefetch", "prepare each batch before the previous one retires (the pipeline's order)" },
-  cli.options.out,
+  options.out,
   { "--plot FILE", "a PNG of the curves (matplotlib)" },
 }
 local o = cmd:parse(arg)

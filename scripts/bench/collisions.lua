@@ -35,9 +35,9 @@ local train = require "uvmrec.train"
 local mc = require "uvmrec.mc"
 local json = require "uvmrec.json"
 local C = ur.C
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/collisions.lua",
   summary = "managed collisions against ids modulo rows: next-traffic AUC, shared rows, and the remap's cost",
   { "--cost", "measure the remap's cost at dlrm_kaggle's table sizes instead" },
@@ -52,7 +52,7 @@ local cmd = cli.command {
   { "--evict-every N", "managed collisions' evict_every", type = "whole", default = 25 },
   { "--batches B", "--cost: batch sizes (default 128,2048,16384; --gpu 2048,16384,65536)", type = "numbers" },
   { "--cost-steps N", "--cost: timed steps per phase", type = "whole", default = 40 },
-  cli.options.out,
+  options.out,
 }
 local o = cmd:parse(arg)
 

@@ -17,24 +17,24 @@
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local json = require "uvmrec.json"
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/dlrm.lua",
   summary = "DLRM training benchmark (BENCH.md B3, B7): samples/s of whole training steps",
   { "--steps N", "steps to time (default: 200 on a GPU, 50 on the CPU)", type = "whole" },
-  cli.options.batch_size,
-  cli.options.config,
-  cli.options.set,
-  cli.options.precision,
-  cli.options.cpu,
+  options.batch_size,
+  options.config,
+  options.set,
+  options.precision,
+  options.cpu,
   { "--nonfinite M", "the guard against NaN and infinity in the step (sets train.nonfinite; default: stop, as "
     .. "in training)", choices = { "stop", "skip", "off" } },
-  cli.options.out_append,
+  options.out_append,
 }
 local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
-o.config = o.config or cli.BENCH_CONFIG[gpu and "gpu" or "cpu"]
+o.config = o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]
 o.steps = o.steps or (gpu and 200 or 50)
 local WARM, NBATCH = gpu and 10 or 3, gpu and 8 or 4
 

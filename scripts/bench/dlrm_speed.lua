@@ -32,28 +32,28 @@ local json = require "uvmrec.json"
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
 local C = ur.C
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/dlrm_speed.lua",
   summary = "uvmrec against the PyTorch DLRM in the same run (BENCH.md B3): samples/s per precision, and phases",
-  cli.options.config,
-  cli.options.set,
-  cli.options.batch_size,
+  options.config,
+  options.set,
+  options.batch_size,
   { "--precisions P,...", "the precisions to time", type = "list", choices = { "f32", "tf32", "bf16" },
     default = { "f32", "tf32", "bf16" } },
   { "--steps N", "timed steps (default: 30 on a GPU, 5 on the CPU)", type = "whole", min = 1 },
   { "--data DIR", "day files to train on (default: written by uvmrec datagen into --work)" },
   { "--work DIR", "where the data and PyTorch's results go", default = "build/dlrm_speed" },
-  cli.options.python,
-  cli.options.no_torch,
-  cli.options.out_append,
-  cli.options.cpu,
+  options.python,
+  options.no_torch,
+  options.out_append,
+  options.cpu,
   { "--graph", "each steady step a replayed CUDA graph (the learning rates held at the schedule's first step's)" },
 }
 local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
-o.config = o.config or cli.BENCH_CONFIG[gpu and "gpu" or "cpu"]
+o.config = o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]
 o.steps = o.steps or (gpu and 30 or 5)
 local WARM, NBATCH, REPEAT = gpu and 5 or 1, gpu and 8 or 2, gpu and 10 or 2
 

@@ -12,9 +12,9 @@ local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local hints = require "uvmrec.hints"
 local C = ur.C
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local o = cli.command {
+local o = require("uvmrec.cli").command {
   name = "scripts/bench/drift.lua",
   summary = "hot_prefix and adaptive under a drifting hot set: coverage per interval",
   { "--steps N", "training steps", type = "whole", default = 240 },
@@ -25,7 +25,7 @@ local o = cli.command {
   { "--allowance A", "HBM allowance of the managed tables' bytes", default = "10%" },
   { "--every K", "steps an interval", type = "whole", default = 20 },
   { "--decay F", "counts times F after each interval", type = "number", default = 0.5 },
-  cli.options.out_append,
+  options.out_append,
 }:parse(arg)
 
 local allowance = tonumber((o.allowance:gsub("%%$", ""))) / 100

@@ -12,9 +12,9 @@ local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local data = ur.data
 local C = ur.C
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local o = cli.command {
+local o = require("uvmrec.cli").command {
   name = "scripts/bench/loader.lua",
   summary = "B8: loader samples/s from day files, shuffled, per thread count, checked first",
   { "--dir DIR", "day files (made there with `uvmrec datagen mlperf_v1` when missing)", required = true },
@@ -24,7 +24,7 @@ local o = cli.command {
   { "--threads LIST", "thread counts, comma-separated", default = "1,2" },
   { "--batches K", "batches timed a run", type = "whole", default = 40 },
   { "--repeat R", "runs a thread count (median and spread)", type = "whole", default = 3 },
-  cli.options.out_append,
+  options.out_append,
 }:parse(arg)
 
 local function now() return C.ur_clock_seconds() end

@@ -16,16 +16,16 @@ local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local compare = require "uvmrec.compare"
 local nn = ur.nn
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/mlp.lua",
   summary = "MLP benchmark: the MLPerf v1 DLRM's MLP stack, forward + backward, per precision",
   { "--gpu", "on the GPU (the default where a GPU is in use)" },
   { "--cpu", "on the CPU" },
   { "--batch N", "rows a batch (default: 65536 on the GPU, 2048 on the CPU)", type = "whole" },
   { "--runs N", "timed steps (default: 30 on the GPU, 3 on the CPU)", type = "whole" },
-  cli.options.out,
+  options.out,
   { "--torch FILE", "scripts/bench/torch_mlp.py's JSON lines, for the ratio to PyTorch" },
   mutex = { { "--gpu", "--cpu" } },
 }

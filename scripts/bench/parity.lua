@@ -22,20 +22,20 @@ local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/parity.lua",
   summary = "uvmrec's side of the parity with PyTorch: one training step's outputs, loss and gradients",
   { "--data DIR", "binary day files (uvmrec datagen / convert)", required = true },
   { "--ckpt FILE", "where the initial weights go", required = true },
   { "--dump FILE", "where the step's outputs, loss, gradients and batch go", required = true },
   { "--config C", "a config or preset", default = "dlrm_tiny" },
-  cli.options.set,
-  cli.options.precision,
-  cli.options.batch_size,
+  options.set,
+  options.precision,
+  options.batch_size,
   { "--first N", "the batch's first sample", type = "whole", default = 0 },
-  cli.options.cpu,
+  options.cpu,
 }
 local o = cmd:parse(arg)
 if o.precision then o.set[#o.set + 1] = "model.precision=" .. o.precision end

@@ -20,9 +20,9 @@ local planner = require "uvmrec.planner"
 local train = require "uvmrec.train"
 local json = require "uvmrec.json"
 local clock = ur.C.ur_clock_seconds
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/planner_b10.lua",
   summary = "B10: the planner's predicted steps against measured ones, its plan against hand-made ones",
   { "[CONFIG]", "a config or preset (dlrm_tiny, dlrm_kaggle, dlrm_mlperf_v1_2m); not with --time" },
@@ -35,7 +35,7 @@ local cmd = cli.command {
   { "--steps N", "timed steps a case", type = "whole", default = 20 },
   { "--warmup N", "steps before the timing (and between hint intervals)", type = "whole", default = 5 },
   { "--set K=V", "a config value for every case (as uvmrec train)", many = true, key = "sets" },
-  cli.options.cpu,
+  options.cpu,
   { "--out FILE", "append a JSON line a case (or a timing)" },
   { "--time", "time the planner itself: 26, 100 and 1000 tables on 1 and 8 ranks (the H200 calibration)" },
 }

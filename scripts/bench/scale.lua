@@ -15,9 +15,9 @@ local json = require "uvmrec.json"
 local train = require "uvmrec.train"
 local planner = require "uvmrec.planner"
 local C = ur.C
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/scale.lua",
   summary = "B5: dlrm_mlperf_v1 cached in a capped HBM, fed from day files; or --table of the scale run's results",
   { "--dir DIR", "day files (uvmrec datagen mlperf_v1 --out DIR)" },
@@ -29,7 +29,7 @@ local cmd = cli.command {
   { "--host-memory SIZE", "refuse the run when it needs more host memory than this" },
   { "--cache-share F", "the share of --hbm given to the cache's rows; the rest holds its metadata, the " ..
     "pipeline's staged rows and scratch", type = "number", default = 0.7 },
-  cli.options.out_append,
+  options.out_append,
   { "--table", "print one table of the JSON lines in the files given (the scale run's results)" },
   { "[FILES...]", "JSON line files (--table)" },
 }

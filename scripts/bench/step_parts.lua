@@ -9,17 +9,17 @@ local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local planner = require "uvmrec.planner"
 local clock = ur.C.ur_clock_seconds
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/step_parts.lua",
   summary = "a DLRM step's parts measured against the planner's predicted terms",
   { "CONFIG", "a config or preset (dlrm_tiny, dlrm_kaggle)" },
   { "--calibration C", "h200, cpu or a calibration file (default: cpu under --cpu, else h200)" },
   { "--steps N", "timed steps", type = "whole", default = 20 },
   { "--warmup N", "steps before the timing", type = "whole", default = 3 },
-  cli.options.set,
-  cli.options.cpu,
+  options.set,
+  options.cpu,
 }
 local o = cmd:parse(arg)
 local path, ferr = train.find_config(o.config)

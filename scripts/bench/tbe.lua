@@ -17,15 +17,15 @@ local ffi = require "ffi"
 local ur = require "uvmrec"
 local tbe = require "uvmrec.tbe"
 local json = require "uvmrec.json"
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/tbe.lua",
   summary = "embedding collection benchmark (BENCH.md B1, B2): pooled forward, and forward + backward",
   { "--gpu", "the GPU shapes (the default where a GPU is in use)" },
   { "--cpu", "the CPU shapes" },
   { "--quick", "fewer timed runs a case" },
-  cli.options.out,
+  options.out,
   { "--torch FILE", "scripts/bench/torch_embeddingbag.py's JSON lines, for the ratio to PyTorch" },
   { "--only TEXT", "only the cases whose name holds TEXT" },
   mutex = { { "--gpu", "--cpu" } },

@@ -23,18 +23,18 @@ local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/train_parity.lua",
   summary = "training parity with PyTorch: the same DLRM trained by both, final AUCs within --tol",
   { "--config C", "the config or preset (its data.train names the synthetic preset)", default = "dlrm_kaggle" },
-  cli.options.set,
+  options.set,
   { "--samples N", "samples written by datagen", type = "whole", default = 700000, min = 2 },
   { "--days D", "day files (the last is held out)", type = "whole", default = 7, min = 2 },
   { "--steps S", "steps to train (0: the training days once)", type = "whole", default = 0 },
   { "--work DIR", "where the data, runs and summary go", default = "build/train_parity" },
-  cli.options.python,
+  options.python,
   { "--torch-device D", "PyTorch's device (default: cuda where uvmrec uses a GPU)", choices = { "cpu", "cuda" } },
   { "--threads T", "CPU threads of both", type = "whole", min = 1 },
   { "--cpu", "uvmrec on the CPU even where a GPU is" },

@@ -13,22 +13,22 @@
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local json = require "uvmrec.json"
-local cli = require "uvmrec.cli"
+local options = require("uvmrec.cli").options
 
-local cmd = cli.command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/train_resume.lua",
   summary = "exact resume at a real size: 2N steps straight against N, a checkpoint, and N resumed",
-  cli.options.config,
+  options.config,
   { "--steps N", "N (default: 5 on a GPU, 10 on the CPU)", type = "whole", min = 1 },
-  cli.options.set,
+  options.set,
   { "--dir DIR", "the run directories (removed at the end)", default = "/tmp/uvmrec-train-resume" },
   { "--tol T", "the relative loss difference allowed", type = "number", default = 0 },
-  cli.options.cpu,
-  cli.options.out_append,
+  options.cpu,
+  options.out_append,
 }
 local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
-o.config = o.config or cli.BENCH_CONFIG[gpu and "gpu" or "cpu"]
+o.config = o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]
 local n = o.steps or (gpu and 5 or 10)
 
 local path = train.find_config(o.config) or cmd:fail(o.config .. ": no such config or preset")
