@@ -82,7 +82,8 @@ describe("uvmrec.cli", function()
       end },
       { "--out DIR", "where", required = true },
       { "--config C", "a config" },
-      { "--rows-list R,...", "rows", type = "numbers" },
+      { "--rows-list R,...", "rows", type = "numbers", min = 1 },
+      { "--tol X", "how close", type = "number", min = 0 },
       mutex = { { "--config", "--rows-list" } },
     }
     assert.equal(8, assert(c:check { "--out", "x" }).rows)
@@ -99,6 +100,15 @@ describe("uvmrec.cli", function()
     o, err = c:check { "8", "16", "--out", "x" }
     assert.is_nil(o)
     assert.equal("too many arguments", err)
+    -- min: the least value, of each item of a list too
+    assert.same({ 1, 2 }, assert(c:check { "--out", "x", "--rows-list", "1,2" }).rows_list)
+    assert.equal(0, assert(c:check { "--out", "x", "--tol", "0" }).tol)
+    o, err = c:check { "--out", "x", "--rows-list", "2,0.5" }
+    assert.is_nil(o)
+    assert.equal("--rows-list: '0.5' is less than 1", err)
+    o, err = c:check { "--out", "x", "--tol", "-1e-9" }
+    assert.is_nil(o)
+    assert.equal("--tol: '-1e-9' is less than 0", err)
   end)
 
   it("hands on what is not its own with rest, in order, and everything after --", function()
@@ -166,6 +176,10 @@ describe("uvmrec.cli", function()
       "cli: entry 1 %(%-%-x N%): unknown field 'colour'")
     refuses({ name = "t", summary = "s", { "--x N", "x", type = "date" } }, "cli: %-%-x N: unknown type 'date'")
     refuses({ name = "t", summary = "s", { "--x", "x", default = 1 } }, "cli: %-%-x: a flag takes no type")
+    refuses({ name = "t", summary = "s", { "--x N", "x", min = 1 } },
+      "cli: %-%-x N: min = 1: a number, for type number, integer, whole or numbers")
+    refuses({ name = "t", summary = "s", { "--x N", "x", type = "whole", min = "1" } },
+      "cli: %-%-x N: min = 1: a number")
     refuses({ name = "t", summary = "s", { "lower", "x" } }, "cli: entry 1: 'lower' is neither")
     refuses({ name = "t", summary = "s", { "[A", "x" } }, "cli: entry 1: '%[A' is neither")
     refuses({ name = "t", summary = "s", { "A", "x", rest = true } }, "cli: A: rest = true needs %[NAME%.%.%.%]")
@@ -173,6 +187,50 @@ describe("uvmrec.cli", function()
       "cli%.command t: %-%-a%-b and %-%-c both land in opts%.a_b")
     refuses({ name = "t", summary = "s", { "--a N", "x" }, mutex = { { "--a", "--b" } } },
       "cli: mutex: '%-%-b' is not an option of uvmrec t")
+  end)
+
+  it("shares the options several commands mean alike (cli.options), each in its place and unchanged", function()
+    local opt = cli.options
+    local function bench(out)
+      return cli.command {
+        name = "b", summary = "s",
+        opt.config, opt.set, { "--steps N", "own", type = "whole", default = 20 }, opt.batch_size, opt.precision,
+        opt.cpu, opt.zipf, opt.python, opt.no_torch, out,
+      }
+    end
+    local before = {}
+    for name, e in pairs(opt) do before[name] = { unpack(e) } end
+    local c = bench(opt.out)
+    local o = assert(c:check { "--config", "dlrm_kaggle", "--set", "a=1", "--set", "b=2", "--batch", "512",
+                               "--precision", "bf16", "--cpu", "--zipf", "1.2", "--python", "py", "--no-torch",
+                               "--out", "r.jsonl" })
+    assert.same({ "dlrm_kaggle", { "a=1", "b=2" }, 20, 512, "bf16", true, 1.2, "py", true, "r.jsonl" },
+      { o.config, o.set, o.steps, o.batch, o.precision, o.cpu, o.zipf, o.python, o.no_torch, o.out })
+    o = assert(c:check {})
+    assert.same({ {}, false, 1.05, os.getenv("PYTHON") or "python3", false },
+      { o.set, o.cpu, o.zipf, o.python, o.no_torch })
+    assert.is_nil(o.config)
+    local _, err = c:check { "--batch", "0" }
+    assert.equal("--batch: '0' is less than 1", err)
+    _, err = c:check { "--precision", "f16" }
+    assert.equal("--precision: 'f16' is not f32, tf32 or bf16", err)
+    -- in the help where the declaration puts them, the default config named from BENCH_CONFIG
+    local help = c:help()
+    local at = 0
+    for _, line in ipairs { "--config C", "--set K=V", "--steps N", "--batch B", "--precision P", "--cpu" } do
+      local here = help:find("\n   " .. line .. " ", 1, true)
+      assert.truthy(here and here > at, line)
+      at = here
+    end
+    assert.truthy(help:gsub("%s+", " "):find("a config or preset (default: dlrm_mlperf_v1_2m on a GPU, dlrm_tiny on "
+      .. "the CPU)", 1, true))
+    assert.matches("\n   %-%-out FILE +write JSON lines$", help)
+    assert.matches("\n   %-%-out FILE +append JSON lines$", bench(opt.out_append):help())
+    for name, e in pairs(opt) do assert.same(before[name], { unpack(e) }, name) end
+    -- the default configs are presets there are
+    local train = require "uvmrec.train"
+    assert.truthy(train.find_config(cli.BENCH_CONFIG.gpu))
+    assert.truthy(train.find_config(cli.BENCH_CONFIG.cpu))
   end)
 
   it("reads a script's declaration without running the rest of it", function()

@@ -20,11 +20,27 @@
 -- busted).  An entry's value lands in opts under its name in lower case with - as _, or under
 -- key = "...".  type: "string" (the default), "number", "integer", "whole" (an integer >= 0),
 -- "list" (comma-separated strings), "numbers" (comma-separated numbers); choices = {...}
--- restricts a string or each item of a list; check = function(value) -> value or nil, message
+-- restricts a string or each item of a list; min = N refuses a number (or an item) below N;
+-- check = function(value) -> value or nil, message
 -- refines a value (the message is shown after the option's name).  default is the value when
 -- the option is not given (flags: false, many: {}); it is shown in the help; required = true
 -- makes an option one that must be given.  On the declaration, mutex = {{"--a", "--b"}, ...}
 -- names options that exclude each other.
+--
+-- Options that mean the same in several commands are declared once, in M.options, and stand in
+-- a declaration as any entry does (the help lists them where they stand):
+--
+--   local options = require("uvmrec.cli").options
+--   local cmd = require("uvmrec.cli").command {
+--     name = "scripts/bench/x.lua", summary = "...",
+--     options.config,                            -- the benchmarks' --config
+--     { "--steps N", "timed steps", type = "whole", default = 20 },  -- this command's own
+--     options.cpu,
+--     options.out,
+--   }
+--
+-- An option that means something else in one command (another default, a narrower sense, a value
+-- appended rather than written) is that command's own entry.
 --
 -- Declare first, before any work: `uvmrec --help` runs each script up to cli.command to read its
 -- summary (M.describe), and stops it there.
@@ -33,7 +49,8 @@ local argparse = require "argparse"
 local M = {}
 
 local TYPES = { string = true, number = true, integer = true, whole = true, list = true, numbers = true }
-local ENTRY_KEYS = { [1] = true, [2] = true, type = true, choices = true, check = true, default = true,
+local NUMERIC = { number = true, integer = true, whole = true, numbers = true }
+local ENTRY_KEYS = { [1] = true, [2] = true, type = true, choices = true, min = true, check = true, default = true,
                      many = true, key = true, rest = true, required = true }
 
 -- Set while M.describe runs a script: cli.command then stops it with its declaration.
@@ -51,16 +68,17 @@ local function words(list)
   return table.concat(list, ", ", 1, #list - 1) .. " or " .. list[#list]
 end
 
-local function one(v, kind, choices)
-  if kind == "number" or kind == "numbers" then
+local function one(v, kind, choices, min)
+  if NUMERIC[kind] then
     local n = tonumber(v)
-    if not n then return nil, "is not a number" end
-    return n
-  elseif kind == "integer" or kind == "whole" then
-    local n = tonumber(v)
-    local whole = n and n == math.floor(n) and math.abs(n) ~= math.huge
-    if kind == "whole" and not (whole and n >= 0) then return nil, "is not a whole number (0, 1, 2, ...)" end
-    if not whole then return nil, "is not an integer" end
+    if kind == "number" or kind == "numbers" then
+      if not n then return nil, "is not a number" end
+    else
+      local whole = n and n == math.floor(n) and math.abs(n) ~= math.huge
+      if kind == "whole" and not (whole and n >= 0) then return nil, "is not a whole number (0, 1, 2, ...)" end
+      if not whole then return nil, "is not an integer" end
+    end
+    if min and n < min then return nil, "is less than " .. min end
     return n
   end
   if choices then
@@ -79,13 +97,13 @@ local function converter(e)
     if e.type == "list" or e.type == "numbers" then
       v = {}
       for item in text:gmatch("[^,]+") do
-        local x, xerr = one(item, e.type, e.choices)
+        local x, xerr = one(item, e.type, e.choices, e.min)
         if x == nil then return nil, ("%s: '%s' %s"):format(e.name, item, xerr) end
         v[#v + 1] = x
       end
       if #v == 0 then return nil, ("%s: '%s' holds no items"):format(e.name, text) end
     else
-      v, err = one(text, e.type, e.choices)
+      v, err = one(text, e.type, e.choices, e.min)
       if v == nil then return nil, ("%s: '%s' %s"):format(e.name, text, err) end
     end
     if e.check then
@@ -110,17 +128,20 @@ local function entry(raw, i)
   for k in pairs(raw) do
     if not ENTRY_KEYS[k] then misuse(("entry %d (%s): unknown field '%s'"):format(i, raw[1], tostring(k))) end
   end
-  local e = { help = raw[2], type = raw.type or "string", choices = raw.choices, check = raw.check,
+  local e = { help = raw[2], type = raw.type or "string", choices = raw.choices, min = raw.min, check = raw.check,
               default = raw.default, many = raw.many, rest = raw.rest, required = raw.required }
   if not TYPES[e.type] then misuse(("%s: unknown type '%s'"):format(raw[1], tostring(e.type))) end
+  if e.min ~= nil and (type(e.min) ~= "number" or not NUMERIC[e.type]) then
+    misuse(("%s: min = %s: a number, for type number, integer, whole or numbers"):format(raw[1], tostring(e.min)))
+  end
   local name, value = raw[1]:match("^(%-%-?[%w][%w%-]*)%s*(%S*)$")
   if name then
     e.kind = value == "" and "flag" or "option"
     e.name, e.value = name, value
     e.key = raw.key or name:gsub("^%-+", ""):gsub("%-", "_")
-    local typed = raw.type or raw.choices or raw.check or raw.default ~= nil or raw.many or raw.required
+    local typed = raw.type or raw.choices or raw.min or raw.check or raw.default ~= nil or raw.many or raw.required
     if e.kind == "flag" and typed then
-      misuse(raw[1] .. ": a flag takes no type, choices, check, default, many or required")
+      misuse(raw[1] .. ": a flag takes no type, choices, min, check, default, many or required")
     end
   else
     local open, word, dots, close = raw[1]:match("^(%[?)([%u][%u%d_]*)(%.?%.?%.?)(%]?)$")
@@ -301,6 +322,24 @@ function Command:parse(args)
   end
   self:misuse(err)
 end
+
+-- The benchmarks' default config where none is given: the largest preset that fits where they run.
+M.BENCH_CONFIG = { gpu = "dlrm_mlperf_v1_2m", cpu = "dlrm_tiny" }
+
+-- The options several commands share, each with one meaning wherever it stands (see the top).
+M.options = {
+  config = { "--config C", ("a config or preset (default: %s on a GPU, %s on the CPU)"):format(
+    M.BENCH_CONFIG.gpu, M.BENCH_CONFIG.cpu) },
+  set = { "--set K=V", "any config value", many = true },
+  batch_size = { "--batch B", "the batch size (sets train.batch_size)", type = "whole", min = 1 },
+  precision = { "--precision P", "the MLPs' precision (sets model.precision)", choices = { "f32", "tf32", "bf16" } },
+  cpu = { "--cpu", "on the CPU even where a GPU is" },
+  zipf = { "--zipf S", "the ids' Zipf exponent", type = "number", default = 1.05 },
+  python = { "--python PY", "the Python with torch", default = os.getenv("PYTHON") or "python3" },
+  no_torch = { "--no-torch", "leave PyTorch out" },
+  out = { "--out FILE", "write JSON lines" },                -- the file made anew each run
+  out_append = { "--out FILE", "append JSON lines" },        -- runs accumulate in the file
+}
 
 -- The command a script declares, without running the script past its declaration; nil,
 -- message when it declares none.

@@ -10,16 +10,18 @@ local ffi = require "ffi"
 local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local C = ur.C
+local options = require("uvmrec.cli").options
 
-local o = require("uvmrec.cli").command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/build.lua",
   summary = "build time of large embedding tables per GiB and thread, checked against Philox",
   { "--gib G", "GiB of tables", type = "number", default = 1 },
   { "--threads LIST", "thread counts, comma-separated (one process each)", default = "1,2" },
   { "--gpu", "a GPU collection: tables pinned on the host (streamed draw) and managed" },
   { "--one PLACEMENT", "(internal) build once in this process and print a JSON line" },
-  { "--out FILE", "JSON lines go here too" },
-}:parse(arg)
+  options.out_append,
+}
+local o = cmd:parse(arg)
 
 local presets = require "uvmrec.data.presets"
 local DIM, SEED = 128, 7
@@ -35,10 +37,7 @@ local function tables(gib, placement)
   return out
 end
 
-if o.gpu and not ur.gpu() then
-  io.stderr:write("scripts/bench/build.lua: --gpu: no GPU in use: ", ur.cuda_error(), "\n")
-  os.exit(2)
-end
+if o.gpu and not ur.gpu() then cmd:fail("--gpu: no GPU in use: " .. ur.cuda_error(), 2) end
 
 -- Build once here: {seconds, cpu_seconds, bytes, digest} as a JSON line on stdout.
 if o.one then
@@ -91,9 +90,9 @@ print(("%-9s %-8s %10s %12s %12s %14s %8s"):format("placement", "threads", "GiB"
 for _, place in ipairs(places) do
   local digest
   for t in o.threads:gmatch("%d+") do
-    local cmd = ("UR_NUM_THREADS=%s %s scripts/bench/build.lua --gib %s --one %s%s"):format(t, bin, o.gib, place,
+    local child = ("UR_NUM_THREADS=%s %s scripts/bench/build.lua --gib %s --one %s%s"):format(t, bin, o.gib, place,
       o.gpu and " --gpu" or "")
-    local p = io.popen(cmd)
+    local p = io.popen(child)
     local line = p:read("*a")
     p:close()
     local r = json.decode(line:match("{.*}") or error("build.lua --one: " .. line))

@@ -26,6 +26,7 @@
 local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local C = ur.C
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/cache.lua",
@@ -35,7 +36,7 @@ local cmd = require("uvmrec.cli").command {
   { "--batch B", "samples a batch (hit rates)", type = "whole", default = 8192 },
   { "--batches K", "batches, the first half warming the cache (hit rates)", type = "whole", default = 200 },
   { "--zipf S", "the ids' Zipf exponent (hit rates)", type = "number", default = 1.05 },
-  { "--out FILE", "write JSON lines" },
+  options.out,
   { "--plot FILE", "a PNG of the hit rates (with --out; scripts/bench/cache_plot.py)" },
   { "--gpu", "the training modes: all in HBM, cached, managed" },
   { "--steps N", "timed steps a mode (--gpu)", type = "whole", default = 40 },
@@ -62,6 +63,7 @@ end
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local zipf_stream = dofile(here .. "/zipf_stream.lua")
 local cache_run = dofile(here .. "/cache_run.lua")
+local P = dofile(here .. "/parity_lib.lua")
 
 local function hit_rates()
   local T, N, B, K = o.tables, o.rows, o.batch, o.batches
@@ -104,10 +106,7 @@ local function hit_rates()
       end
     end
   end
-  for _, x in ipairs(inputs) do
-    x.values:free()
-    x.offsets:free()
-  end
+  cache_run.free(inputs)
   if o.out and o.plot then
     out_file:close()
     out_file = nil
@@ -132,13 +131,10 @@ local function gpu_modes()
   -- The timed steps run without the schedule: MLPerf's SGD lr of 24 without its warm-up
   -- makes the losses NaN within a few steps (as in uvm.lua), so the lr is 1.
   local function load(sets)
-    local path = assert(train.find_config(o.config or "dlrm_mlperf_v1_2m"))
     local all = { "optimizer.lr=1.0" }
     for _, v in ipairs(sets) do all[#all + 1] = v end
-    local cfg, err = train.config.load(path, all)
-    if not cfg then cmd:fail(err) end
-    local def, derr = train.model_def(cfg, path)
-    if not def then cmd:fail(derr) end
+    local cfg, def = P.config(o.config or "dlrm_mlperf_v1_2m", all)
+    if not cfg then cmd:fail(def) end
     return cfg, def
   end
   -- distinct batches in pinned host memory, the same for every mode

@@ -14,6 +14,7 @@ local ffi = require "ffi"
 local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local C = ur.C
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/cache_decide.lua",
@@ -22,8 +23,8 @@ local cmd = require("uvmrec.cli").command {
   { "--rows N", "rows of each table", type = "whole", default = 1000000 },
   { "--batch B", "samples a batch (one id per table)", type = "whole", default = 65536 },
   { "--batches K", "batches", type = "whole", default = 12 },
-  { "--zipf S", "the ids' Zipf exponent", type = "number", default = 1.05 },
-  { "--out FILE", "write JSON lines" },
+  options.zipf,
+  options.out,
 }
 local o = cmd:parse(arg)
 if not ur.gpu() then cmd:fail("needs a GPU: " .. ur.cuda_error()) end

@@ -12,6 +12,8 @@
 --   local c, s = cache_run.run { inputs =, tables = T, rows = N, fraction =, policy =, decay = 0,
 --                                warm = W, prefetch_stream = nil, fail = cmd.fail }
 --
+-- cache_run.free(inputs): frees zipf_stream.lua's batches.
+--
 -- cache_run.plot(out, png): cache_plot.py's PNG of the JSON lines in out; says which it made.
 local M = {}
 
@@ -39,6 +41,13 @@ function M.run(o)
            s.conflicts, s.unique))
   end
   return c, s
+end
+
+function M.free(inputs)
+  for _, x in ipairs(inputs) do
+    x.values:free()
+    x.offsets:free()
+  end
 end
 
 function M.plot(out, png)

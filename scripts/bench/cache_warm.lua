@@ -22,8 +22,9 @@ local ur = require "uvmrec"
 local C = ur.C
 local profile = require "uvmrec.planner.profile"
 local hitrate = require "uvmrec.planner.hitrate"
+local options = require("uvmrec.cli").options
 
-local o = require("uvmrec.cli").command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/cache_warm.lua",
   summary = "the cache's warm and first-touch hit rates against its size, beside the planner's model",
   { "--rows N", "rows per table", type = "whole", default = 1000000 },
@@ -31,20 +32,16 @@ local o = require("uvmrec.cli").command {
   { "--batch N", "ids per table and batch", type = "whole", default = 8192 },
   { "--batches N", "measured batches", type = "whole", default = 200 },
   { "--warm N", "warm-up batches before them", type = "whole", default = 100 },
-  { "--zipf S", "the ids' Zipf exponent", type = "number", default = 1.05 },
+  options.zipf,
   { "--fractions F", "cache sizes as fractions of the rows", type = "numbers",
     default = { 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0 } },
   { "--policies P", "cache policies", type = "list", choices = { "lru", "lfu" }, default = { "lru", "lfu" } },
   { "--decay N", "LFU: counts halve every N batches (0: never)", type = "whole", default = 0 },
   { "--prefetch", "prepare each batch before the previous one retires (the pipeline's order)" },
-  { "--out FILE", "JSON lines of the results" },
+  options.out,
   { "--plot FILE", "a PNG of the curves (matplotlib)" },
-}:parse(arg)
-
-local function die(msg)
-  io.stderr:write("cache_warm: ", msg, "\n")
-  os.exit(1)
-end
+}
+local o = cmd:parse(arg)
 
 local out_file
 local function emit(rec)
@@ -59,7 +56,7 @@ local zipf_stream = dofile(here .. "/zipf_stream.lua")
 local cache_run = dofile(here .. "/cache_run.lua")
 
 local T, N, B, K, W = o.tables, o.rows, o.batch, o.batches, o.warm
-if W >= K then die("--warm must be below --batches") end
+if W >= K then cmd:misuse(("--warm %d must be below --batches %d"):format(W, K)) end
 print(("cache_warm: %d tables x %d rows, batches of %d samples (one id per table), Zipf(%.2f) "
        .. "(zipf_stream.lua), %d batches, the first %d warm the cache"):format(T, N, B, o.zipf, K, W))
 math.randomseed(7)
@@ -93,7 +90,7 @@ for _, frac in ipairs(o.fractions) do
     for _, prefetch in ipairs(o.prefetch and { false, true } or { false }) do
       local c, s = cache_run.run { inputs = inputs, tables = T, rows = N, fraction = frac, policy = policy,
                                decay = o.decay, warm = W, prefetch_stream = prefetch and prefetch_stream or nil,
-                               fail = die }
+                               fail = function(msg) cmd:fail(msg) end }
       local cache = c.cache
       local new = 0
       for k = W + 1, K do new = new + first[k] end
@@ -116,9 +113,6 @@ for _, frac in ipairs(o.fractions) do
     end
   end
 end
-for _, x in ipairs(inputs) do
-  x.values:free()
-  x.offsets:free()
-end
+cache_run.free(inputs)
 if out_file then out_file:close() end
 if o.out and o.plot then cache_run.plot(o.out, o.plot) end

@@ -35,8 +35,9 @@ local train = require "uvmrec.train"
 local mc = require "uvmrec.mc"
 local json = require "uvmrec.json"
 local C = ur.C
+local options = require("uvmrec.cli").options
 
-local o = require("uvmrec.cli").command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/collisions.lua",
   summary = "managed collisions against ids modulo rows: next-traffic AUC, shared rows, and the remap's cost",
   { "--cost", "measure the remap's cost at dlrm_kaggle's table sizes instead" },
@@ -51,13 +52,11 @@ local o = require("uvmrec.cli").command {
   { "--evict-every N", "managed collisions' evict_every", type = "whole", default = 25 },
   { "--batches B", "--cost: batch sizes (default 128,2048,16384; --gpu 2048,16384,65536)", type = "numbers" },
   { "--cost-steps N", "--cost: timed steps per phase", type = "whole", default = 40 },
-  { "--out FILE", "JSON lines of the results" },
-}:parse(arg)
+  options.out,
+}
+local o = cmd:parse(arg)
 
-if o.gpu and not ur.gpu() then
-  io.stderr:write("scripts/bench/collisions.lua: --gpu: no GPU in use: ", tostring(ur.cuda_error()), "\n")
-  os.exit(2)
-end
+if o.gpu and not ur.gpu() then cmd:fail("--gpu: no GPU in use: " .. tostring(ur.cuda_error()), 2) end
 local WHERE = o.gpu and ("the GPU (%s)"):format(ur.device_props(0).name) or "the CPU"
 local EVAL = 65536
 

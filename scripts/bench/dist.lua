@@ -13,12 +13,13 @@ local ur = require "uvmrec"
 local dist = require "uvmrec.dist"
 local train = require "uvmrec.train"
 local json = require "uvmrec.json"
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/dist.lua",
   summary = "B9: samples/s of sharded DLRM training steps over the ranks, with the collectives' bytes and time",
-  { "--config C", "a config or preset (default: dlrm_mlperf_v1_2m on a GPU, dlrm_tiny on the CPU)" },
-  { "--set K=V", "any config value", many = true },
+  options.config,
+  options.set,
   { "--per-rank B", "samples per rank and step (the global batch is B x ranks; default: the config's batch "
     .. "on the GPU, 1024 on the CPU)", type = "whole", key = "per_rank" },
   { "--sharding S", "the plan: table_wise, row_wise, column_wise, data_parallel or mixed (the four in turn)",
@@ -27,14 +28,14 @@ local cmd = require("uvmrec.cli").command {
   { "--warmup N", "steps before the timed ones", type = "whole", default = 3 },
   { "--batches N", "distinct batches the steps rotate over", type = "whole", default = 4 },
   { "--out FILE", "append the summary as a JSON line (rank 0)" },
-  { "--cpu", "on the CPU even where a GPU is" },
+  options.cpu,
 }
 local o = cmd:parse(arg)
 local comm = assert(dist.init { cpu = o.cpu })
 local rank, world = dist.rank(), dist.world()
 local gpu = ur.gpu() and not o.cpu
 local sets = { unpack(o.set) }
-local file = assert(train.find_config(o.config or (gpu and "dlrm_mlperf_v1_2m" or "dlrm_tiny")))
+local file = assert(train.find_config(o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]))
 local probe = assert(train.config.load(file, sets))
 local per = o.per_rank or (gpu and probe.train.batch_size or 1024)
 sets[#sets + 1] = "train.batch_size=" .. per * world

@@ -17,33 +17,33 @@
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local json = require "uvmrec.json"
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/dlrm.lua",
   summary = "DLRM training benchmark (BENCH.md B3, B7): samples/s of whole training steps",
   { "--steps N", "steps to time (default: 200 on a GPU, 50 on the CPU)", type = "whole" },
-  { "--batch B", "the batch size (sets train.batch_size)", type = "whole" },
-  { "--config C", "a config or preset (default: dlrm_mlperf_v1_2m on a GPU, dlrm_tiny on the CPU)" },
-  { "--set K=V", "any config value", many = true },
-  { "--precision P", "the MLPs' precision (sets model.precision)", choices = { "f32", "tf32", "bf16" } },
-  { "--cpu", "on the CPU even where a GPU is" },
+  options.batch_size,
+  options.config,
+  options.set,
+  options.precision,
+  options.cpu,
   { "--nonfinite M", "the guard against NaN and infinity in the step (sets train.nonfinite; default: stop, as "
     .. "in training)", choices = { "stop", "skip", "off" } },
-  { "--out FILE", "append the result as a JSON line" },
+  options.out_append,
 }
 local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
-o.config = o.config or (gpu and "dlrm_mlperf_v1_2m" or "dlrm_tiny")
+o.config = o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]
 o.steps = o.steps or (gpu and 200 or 50)
 local WARM, NBATCH = gpu and 10 or 3, gpu and 8 or 4
 
 local C = ur.C
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local P = dofile(here .. "/parity_lib.lua")
 local function load(name, sets)
-  local path = assert(train.find_config(name))
-  local cfg, err = train.config.load(path, sets)
-  if not cfg then cmd:fail(err) end
-  local def, derr = train.model_def(cfg, path)
-  if not def then cmd:fail(derr) end
+  local cfg, def = P.config(name, sets)
+  if not cfg then cmd:fail(def) end
   return cfg, def
 end
 

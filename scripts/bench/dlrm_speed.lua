@@ -32,29 +32,28 @@ local json = require "uvmrec.json"
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
 local C = ur.C
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/dlrm_speed.lua",
   summary = "uvmrec against the PyTorch DLRM in the same run (BENCH.md B3): samples/s per precision, and phases",
-  { "--config C", "a config or preset (default: dlrm_mlperf_v1_2m on a GPU, dlrm_tiny on the CPU)" },
-  { "--set K=V", "any config value", many = true },
-  { "--batch B", "the batch size (sets train.batch_size)", type = "whole", check = function(n)
-    return n >= 1 and n or nil, "needs at least 1" end },
+  options.config,
+  options.set,
+  options.batch_size,
   { "--precisions P,...", "the precisions to time", type = "list", choices = { "f32", "tf32", "bf16" },
     default = { "f32", "tf32", "bf16" } },
-  { "--steps N", "timed steps (default: 30 on a GPU, 5 on the CPU)", type = "whole", check = function(n)
-    return n >= 1 and n or nil, "needs at least 1" end },
+  { "--steps N", "timed steps (default: 30 on a GPU, 5 on the CPU)", type = "whole", min = 1 },
   { "--data DIR", "day files to train on (default: written by uvmrec datagen into --work)" },
   { "--work DIR", "where the data and PyTorch's results go", default = "build/dlrm_speed" },
-  { "--python PY", "the Python with torch", default = os.getenv("PYTHON") or "python3" },
-  { "--no-torch", "leave PyTorch out" },
-  { "--out FILE", "append JSON lines" },
-  { "--cpu", "on the CPU even where a GPU is" },
+  options.python,
+  options.no_torch,
+  options.out_append,
+  options.cpu,
   { "--graph", "each steady step a replayed CUDA graph (the learning rates held at the schedule's first step's)" },
 }
 local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
-o.config = o.config or (gpu and "dlrm_mlperf_v1_2m" or "dlrm_tiny")
+o.config = o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]
 o.steps = o.steps or (gpu and 30 or 5)
 local WARM, NBATCH, REPEAT = gpu and 5 or 1, gpu and 8 or 2, gpu and 10 or 2
 

@@ -12,6 +12,7 @@ local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local hints = require "uvmrec.hints"
 local C = ur.C
+local options = require("uvmrec.cli").options
 
 local o = require("uvmrec.cli").command {
   name = "scripts/bench/drift.lua",
@@ -24,7 +25,7 @@ local o = require("uvmrec.cli").command {
   { "--allowance A", "HBM allowance of the managed tables' bytes", default = "10%" },
   { "--every K", "steps an interval", type = "whole", default = 20 },
   { "--decay F", "counts times F after each interval", type = "number", default = 0.5 },
-  { "--out FILE", "JSON lines go here too" },
+  options.out_append,
 }:parse(arg)
 
 local allowance = tonumber((o.allowance:gsub("%%$", ""))) / 100

@@ -12,6 +12,7 @@ local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local data = ur.data
 local C = ur.C
+local options = require("uvmrec.cli").options
 
 local o = require("uvmrec.cli").command {
   name = "scripts/bench/loader.lua",
@@ -23,7 +24,7 @@ local o = require("uvmrec.cli").command {
   { "--threads LIST", "thread counts, comma-separated", default = "1,2" },
   { "--batches K", "batches timed a run", type = "whole", default = 40 },
   { "--repeat R", "runs a thread count (median and spread)", type = "whole", default = 3 },
-  { "--out FILE", "JSON lines go here too" },
+  options.out_append,
 }:parse(arg)
 
 local function now() return C.ur_clock_seconds() end

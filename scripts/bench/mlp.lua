@@ -16,6 +16,7 @@ local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local compare = require "uvmrec.compare"
 local nn = ur.nn
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/mlp.lua",
@@ -24,7 +25,7 @@ local cmd = require("uvmrec.cli").command {
   { "--cpu", "on the CPU" },
   { "--batch N", "rows a batch (default: 65536 on the GPU, 2048 on the CPU)", type = "whole" },
   { "--runs N", "timed steps (default: 30 on the GPU, 3 on the CPU)", type = "whole" },
-  { "--out FILE", "write JSON lines" },
+  options.out,
   { "--torch FILE", "scripts/bench/torch_mlp.py's JSON lines, for the ratio to PyTorch" },
   mutex = { { "--gpu", "--cpu" } },
 }

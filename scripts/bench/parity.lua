@@ -22,6 +22,7 @@ local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/parity.lua",
@@ -30,11 +31,11 @@ local cmd = require("uvmrec.cli").command {
   { "--ckpt FILE", "where the initial weights go", required = true },
   { "--dump FILE", "where the step's outputs, loss, gradients and batch go", required = true },
   { "--config C", "a config or preset", default = "dlrm_tiny" },
-  { "--set K=V", "any config value", many = true },
-  { "--precision P", "sets model.precision", choices = { "f32", "tf32", "bf16" } },
-  { "--batch B", "sets train.batch_size", type = "whole" },
+  options.set,
+  options.precision,
+  options.batch_size,
   { "--first N", "the batch's first sample", type = "whole", default = 0 },
-  { "--cpu", "on the CPU even where a GPU is" },
+  options.cpu,
 }
 local o = cmd:parse(arg)
 if o.precision then o.set[#o.set + 1] = "model.precision=" .. o.precision end

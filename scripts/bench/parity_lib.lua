@@ -3,7 +3,8 @@
 -- (every hyperparameter resolved here, so no default is written twice), the checkpoint of a
 -- model's weights under the trainer's names, DLRM's training step cut into its phases, with
 -- the tables' gradient taken without their fused optimizer step when asked, and running the
--- other programs (datagen, torch_dlrm.py).
+-- other programs (datagen, torch_dlrm.py).  Its config loader (M.config) is dlrm.lua's and
+-- cache.lua's too.
 --   local P = dofile(dir .. "/parity_lib.lua")
 local ur = require "uvmrec"
 local train = require "uvmrec.train"

@@ -20,6 +20,7 @@ local planner = require "uvmrec.planner"
 local train = require "uvmrec.train"
 local json = require "uvmrec.json"
 local clock = ur.C.ur_clock_seconds
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/planner_b10.lua",
@@ -34,7 +35,7 @@ local cmd = require("uvmrec.cli").command {
   { "--steps N", "timed steps a case", type = "whole", default = 20 },
   { "--warmup N", "steps before the timing (and between hint intervals)", type = "whole", default = 5 },
   { "--set K=V", "a config value for every case (as uvmrec train)", many = true, key = "sets" },
-  { "--cpu", "train on the CPU even where a GPU is" },
+  options.cpu,
   { "--out FILE", "append a JSON line a case (or a timing)" },
   { "--time", "time the planner itself: 26, 100 and 1000 tables on 1 and 8 ranks (the H200 calibration)" },
 }

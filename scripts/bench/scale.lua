@@ -15,6 +15,7 @@ local json = require "uvmrec.json"
 local train = require "uvmrec.train"
 local planner = require "uvmrec.planner"
 local C = ur.C
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/scale.lua",
@@ -28,7 +29,7 @@ local cmd = require("uvmrec.cli").command {
   { "--host-memory SIZE", "refuse the run when it needs more host memory than this" },
   { "--cache-share F", "the share of --hbm given to the cache's rows; the rest holds its metadata, the " ..
     "pipeline's staged rows and scratch", type = "number", default = 0.7 },
-    { "--out FILE", "JSON lines go here too" },
+  options.out_append,
   { "--table", "print one table of the JSON lines in the files given (the scale run's results)" },
   { "[FILES...]", "JSON line files (--table)" },
 }

@@ -18,6 +18,7 @@ local serve = require "uvmrec.serve"
 local export = require "uvmrec.serve.export"
 local ck = require "uvmrec.checkpoint"
 local tensor = require "uvmrec.tensor"
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/serve.lua",
@@ -34,14 +35,14 @@ local cmd = require("uvmrec.cli").command {
   { "--requests N", "held-out samples the clients rotate through", type = "whole", default = 65536 },
   { "--dir DIR", "where the model files and requests go (default: a folder in /tmp)" },
   { "--python PY", "the Python with PyTorch (default: build/venv's, else python3)" },
-  { "--no-torch", "leave PyTorch out" },
+  options.no_torch,
   { "--no-speed", "only the accuracy table" },
   { "--gpu", "serve on the GPU (the tables where --placement says; PyTorch on cuda)" },
   { "--placement P", "where the tables live when serving", choices = { "device", "managed", "host" } },
   { "--hot-fraction F", "managed tables: the share of each table's leading rows preferred on the GPU", type = "number",
     default = 0.2 },
   { "--hbm-budget BYTES", "the engine's HBM budget while serving (a model larger than the HBM it is given)" },
-  { "--out FILE", "append the results as JSON lines" },
+  options.out_append,
 }
 local o = cmd:parse(arg)
 if o.gpu and not ur.gpu() then cmd:fail("--gpu: no GPU in use: " .. ur.cuda_error()) end

@@ -9,6 +9,7 @@ local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local planner = require "uvmrec.planner"
 local clock = ur.C.ur_clock_seconds
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/step_parts.lua",
@@ -17,14 +18,14 @@ local cmd = require("uvmrec.cli").command {
   { "--calibration C", "h200, cpu or a calibration file (default: cpu under --cpu, else h200)" },
   { "--steps N", "timed steps", type = "whole", default = 20 },
   { "--warmup N", "steps before the timing", type = "whole", default = 3 },
-  { "--set K=V", "a config value (as uvmrec train)", many = true, key = "sets" },
-  { "--cpu", "train on the CPU even where a GPU is" },
+  options.set,
+  options.cpu,
 }
 local o = cmd:parse(arg)
 local path, ferr = train.find_config(o.config)
 if not path then cmd:misuse(ferr) end
 local gpu = ur.gpu() and not o.cpu
-local cfg, cerr = train.config.load(path, o.sets)
+local cfg, cerr = train.config.load(path, o.set)
 if not cfg then cmd:fail(cerr) end
 local cal = planner.calib.find(o.calibration or (gpu and "h200" or "cpu"))
 if not cal then cmd:misuse("--calibration: not found") end

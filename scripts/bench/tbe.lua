@@ -17,6 +17,7 @@ local ffi = require "ffi"
 local ur = require "uvmrec"
 local tbe = require "uvmrec.tbe"
 local json = require "uvmrec.json"
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/tbe.lua",
@@ -24,7 +25,7 @@ local cmd = require("uvmrec.cli").command {
   { "--gpu", "the GPU shapes (the default where a GPU is in use)" },
   { "--cpu", "the CPU shapes" },
   { "--quick", "fewer timed runs a case" },
-  { "--out FILE", "write JSON lines" },
+  options.out,
   { "--torch FILE", "scripts/bench/torch_embeddingbag.py's JSON lines, for the ratio to PyTorch" },
   { "--only TEXT", "only the cases whose name holds TEXT" },
   mutex = { { "--gpu", "--cpu" } },
@@ -148,10 +149,7 @@ end
 
 -- ---- checks ----
 
-local function fail(msg)
-  io.stderr:write("tbe bench: CHECK FAILED: ", msg, "\n")
-  os.exit(2)
-end
+local function fail(msg) cmd:fail("CHECK FAILED: " .. msg, 2) end
 
 -- A slice of the forward against float64 sums of the same rows.
 local function check_forward(c, b, out)

@@ -10,11 +10,12 @@
 --   3. train_cuda_spec's dlrm_tiny run, 8 steps: the losses of GPU f32 / TF32 / bf16 against the
 --      CPU's, and GPU TF32 against GPU f32.
 --   uvmrec scripts/bench/tf32_check.lua      (needs a GPU; spec/support on the package path)
-require("uvmrec.cli").command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/tf32_check.lua",
   summary = "where TF32 on the GPU parts from the CPU's exact f32: the products' input rounding, the ReLU units "
     .. "set otherwise, the gradients with either backend's masks, dlrm_tiny's losses (needs a GPU)",
-}:parse(arg)
+}
+cmd:parse(arg)
 package.path = "spec/support/?.lua;" .. package.path
 local ur = require "uvmrec"
 local dense = ur.dense
@@ -22,10 +23,7 @@ local R = require "dense_ref"
 local helpers = require "helpers"
 local compare = require "uvmrec.compare"
 
-if not ur.gpu() then
-  io.stderr:write("tf32_check: no GPU\n")
-  os.exit(2)
-end
+if not ur.gpu() then cmd:fail("needs a GPU: " .. ur.cuda_error(), 2) end
 local rows_out = {}
 local function row(what, value) rows_out[#rows_out + 1] = { what, value } end
 

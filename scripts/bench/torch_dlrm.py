@@ -177,6 +177,26 @@ class DayFiles:
         return dense, labels, sparse
 
 
+def dot_pairs(tables, self_interaction, device):
+    """The (i, j) index pairs DLRM's dot interaction keeps of the pairwise dot products of the
+    bottom output and the tables' pooled rows: the lower triangle, i-major, the diagonal too
+    with self_interaction."""
+    n = tables + 1
+    extra = 1 if self_interaction else 0
+    li = torch.tensor([i for i in range(n) for j in range(i + extra)], device=device)
+    lj = torch.tensor([j for i in range(n) for j in range(i + extra)], device=device)
+    return li, lj
+
+
+def dot_interaction(x, e, li, lj):
+    """DLRM's dot interaction of the bottom output x [B, D] and the pooled rows e [B, T * D]:
+    x beside the dot products at dot_pairs' (li, lj)."""
+    B = x.shape[0]
+    T = torch.cat([x, e], 1).view(B, -1, x.shape[1])
+    Z = torch.bmm(T, T.transpose(1, 2))
+    return torch.cat([x, Z[:, li, lj]], 1)
+
+
 def to_device(batch, device):
     dense, labels, sparse = batch
     return (torch.from_numpy(dense).to(device), torch.from_numpy(labels).to(device),
@@ -231,10 +251,7 @@ class DLRM(torch.nn.Module):
                     self.cross.append(p)
                     self.names[f"interaction.{kind}_{layer}"] = p
         elif d["interaction"] == "dot":
-            n = len(d["rows"]) + 1
-            extra = 1 if d["self_interaction"] else 0
-            self.li = torch.tensor([i for i in range(n) for j in range(i + extra)], device=device)
-            self.lj = torch.tensor([j for i in range(n) for j in range(i + extra)], device=device)
+            self.li, self.lj = dot_pairs(len(d["rows"]), d["self_interaction"], device)
         else:
             fail(f"interaction {d['interaction']}: expected dot or dcnv2")
         self.dense_names = list(self.names)
@@ -271,11 +288,8 @@ class DLRM(torch.nn.Module):
         x = self._mlp(self.bottom, dense.to(a), True)
         pooled = torch.cat([e(v, o) for e, (v, o) in zip(self.emb, sparse)], 1)
         e = pooled.to(a)
-        B = x.shape[0]
         if self.d["interaction"] == "dot":
-            T = torch.cat([x, e], 1).view(B, -1, x.shape[1])
-            Z = torch.bmm(T, T.transpose(1, 2))
-            z = torch.cat([x, Z[:, self.li, self.lj]], 1)
+            z = dot_interaction(x, e, self.li, self.lj)
         else:
             x0 = torch.cat([x, e], 1)
             xl = x0
@@ -1301,6 +1315,8 @@ def ceilings(device):
 
 
 def time_it(fn, runs):
+    """The median milliseconds of runs calls of fn, each between two CUDA events (also
+    torch_mlp.py's timing)."""
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(runs):

@@ -10,9 +10,13 @@ mlp.lua --torch reads for the ratio.
 """
 import argparse
 import json
-import statistics
+import os
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_dlrm import time_it  # noqa: E402
 
 BOTTOM = [13, 512, 256, 128]
 TOP = [479, 1024, 1024, 512, 256, 1]
@@ -55,15 +59,7 @@ def run(precision, batch, runs, warm=5):
     for _ in range(warm):
         step()
     torch.cuda.synchronize()
-    times = []
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(runs):
-        e0.record()
-        step()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    return statistics.median(times)
+    return time_it(step, runs)
 
 
 def main():

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_dlrm import fail, read_safetensors  # noqa: E402
+from torch_dlrm import dot_interaction, dot_pairs, fail, read_safetensors  # noqa: E402
 
 
 def as_numpy(t):
@@ -75,10 +75,7 @@ class ServeDLRM(torch.nn.Module):
                 w = torch.from_numpy(np.ascontiguousarray(np.concatenate([codes, qp], 1)))
             perm = tensors[t["permutation"]].to(device) if t.get("permutation") else None
             self.tables.append((fmt, w, t["modulo"], perm, t["pooling"]))
-        n = len(d["tables"]) + 1
-        extra = 1 if d.get("self_interaction") else 0
-        self.li = torch.tensor([i for i in range(n) for j in range(i + extra)], device=device)
-        self.lj = torch.tensor([j for i in range(n) for j in range(i + extra)], device=device)
+        self.li, self.lj = dot_pairs(len(d["tables"]), d.get("self_interaction"), device)
         if d["interaction"] == "dot":
             # A training run's top MLP reads the interaction padded with zero columns to a
             # multiple of 8 (models/dlrm.lua); the file keeps those zero weights, dropped here.
@@ -117,9 +114,7 @@ class ServeDLRM(torch.nn.Module):
             pooled.append(e)
         e = torch.cat(pooled, 1)
         if self.d["interaction"] == "dot":
-            T = torch.cat([x, e], 1).view(B, -1, x.shape[1])
-            Z = torch.bmm(T, T.transpose(1, 2))
-            z = torch.cat([x, Z[:, self.li, self.lj]], 1)
+            z = dot_interaction(x, e, self.li, self.lj)
         else:
             x0 = torch.cat([x, e], 1)
             z = x0

@@ -23,25 +23,22 @@ local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/train_parity.lua",
   summary = "training parity with PyTorch: the same DLRM trained by both, final AUCs within --tol",
   { "--config C", "the config or preset (its data.train names the synthetic preset)", default = "dlrm_kaggle" },
-  { "--set K=V", "any config value", many = true },
-  { "--samples N", "samples written by datagen", type = "whole", default = 700000, check = function(n)
-    return n >= 2 and n or nil, "needs at least 2" end },
-  { "--days D", "day files (the last is held out)", type = "whole", default = 7, check = function(n)
-    return n >= 2 and n or nil, "needs at least 2" end },
+  options.set,
+  { "--samples N", "samples written by datagen", type = "whole", default = 700000, min = 2 },
+  { "--days D", "day files (the last is held out)", type = "whole", default = 7, min = 2 },
   { "--steps S", "steps to train (0: the training days once)", type = "whole", default = 0 },
   { "--work DIR", "where the data, runs and summary go", default = "build/train_parity" },
-  { "--python PY", "the Python with torch", default = os.getenv("PYTHON") or "python3" },
+  options.python,
   { "--torch-device D", "PyTorch's device (default: cuda where uvmrec uses a GPU)", choices = { "cpu", "cuda" } },
-  { "--threads T", "CPU threads of both", type = "whole", check = function(n)
-    return n >= 1 and n or nil, "needs at least 1" end },
+  { "--threads T", "CPU threads of both", type = "whole", min = 1 },
   { "--cpu", "uvmrec on the CPU even where a GPU is" },
-  { "--tol X", "the largest AUC difference that passes", type = "number", default = 0.005, check = function(x)
-    return x >= 0 and x or nil, "needs a number >= 0" end },
+  { "--tol X", "the largest AUC difference that passes", type = "number", default = 0.005, min = 0 },
 }
 local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu

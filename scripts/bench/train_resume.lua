@@ -13,22 +13,22 @@
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local json = require "uvmrec.json"
+local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/train_resume.lua",
   summary = "exact resume at a real size: 2N steps straight against N, a checkpoint, and N resumed",
-  { "--config C", "a config or preset (default: dlrm_mlperf_v1_2m on a GPU, dlrm_tiny on the CPU)" },
-  { "--steps N", "N (default: 5 on a GPU, 10 on the CPU)", type = "whole", check = function(n)
-    return n >= 1 and n or nil, "needs at least 1" end },
-  { "--set K=V", "any config value", many = true },
+  options.config,
+  { "--steps N", "N (default: 5 on a GPU, 10 on the CPU)", type = "whole", min = 1 },
+  options.set,
   { "--dir DIR", "the run directories (removed at the end)", default = "/tmp/uvmrec-train-resume" },
   { "--tol T", "the relative loss difference allowed", type = "number", default = 0 },
-  { "--cpu", "on the CPU even where a GPU is" },
-  { "--out FILE", "append the result as a JSON line" },
+  options.cpu,
+  options.out_append,
 }
 local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
-o.config = o.config or (gpu and "dlrm_mlperf_v1_2m" or "dlrm_tiny")
+o.config = o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]
 local n = o.steps or (gpu and 5 or 10)
 
 local path = train.find_config(o.config) or cmd:fail(o.config .. ": no such config or preset")

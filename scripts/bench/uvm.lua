@@ -28,13 +28,14 @@ local hints = require "uvmrec.hints"
 local json = require "uvmrec.json"
 
 local C = ur.C
+local options = require("uvmrec.cli").options
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/uvm.lua",
   summary = "UVM offload benchmark (BENCH.md B4): managed tables steered by hint policies against all in HBM",
   { "--cpu", "dlrm_tiny on the CPU backend: a smoke test of the whole flow, no migration measured" },
-  { "--config C", "a config or preset (default: dlrm_mlperf_v1_2m on a GPU, dlrm_tiny on the CPU)" },
-  { "--set K=V", "any config value", many = true },
-  { "--batch B", "the batch size (sets train.batch_size)", type = "whole" },
+  options.config,
+  options.set,
+  options.batch_size,
   { "--fractions F,...", "HBM allowances, in percent of the tables' bytes", type = "numbers",
     default = { 5, 10, 20, 50, 100 } },
   { "--policies P,...", "the hint policies (host, hot_prefix, adaptive, or a policy's .lua file)", type = "list",
@@ -44,11 +45,11 @@ local cmd = require("uvmrec.cli").command {
   { "--count C", "counting steps before a policy places rows (default: 16 on a GPU, 4 on the CPU)",
     type = "whole" },
   { "--none-steps N", "steps of the run without hints (default: 200 on a GPU, 8 on the CPU)", type = "whole" },
-  { "--out FILE", "write JSON lines" },
+  options.out_append,
 }
 local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
-o.config = o.config or (gpu and "dlrm_mlperf_v1_2m" or "dlrm_tiny")
+o.config = o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]
 o.steps = o.steps or (gpu and 40 or 6)
 o.warmup = o.warmup or (gpu and 4 or 2)
 o.count = o.count or (gpu and 16 or 4)
