@@ -41,11 +41,7 @@ local per = o.per_rank or (gpu and probe.train.batch_size or 1024)
 sets[#sets + 1] = "train.batch_size=" .. per * world
 local cfg = assert(train.config.load(file, sets))
 local plan = o.sharding
-if plan == "mixed" then
-  local kinds = { "table_wise", "row_wise", "column_wise", "data_parallel" }
-  plan = {}
-  for i = 1, #cfg.embeddings.rows do plan["C" .. i] = kinds[(i - 1) % 4 + 1] end
-end
+if plan == "mixed" then plan = require("uvmrec.dist.plan").in_turn(#cfg.embeddings.rows) end
 local def = assert(train.model_def(cfg, file))
 local model = assert(def.build(cfg, { cpu = o.cpu, sharding = world > 1 and plan or nil }))
 local optimizer = train.optimizer(cfg, model)

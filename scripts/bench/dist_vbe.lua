@@ -26,11 +26,7 @@ local rank, world = comm.rank, comm.world
 local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")),
   { "train.batch_size=" .. o.batch, "embeddings.optimizer.name=adagrad" }))
 local plan = o.plan
-if plan == "mixed" then
-  local kinds = { "table_wise", "row_wise", "column_wise", "data_parallel" }
-  plan = {}
-  for i = 1, #cfg.embeddings.rows do plan["C" .. i] = kinds[(i - 1) % 4 + 1] end
-end
+if plan == "mixed" then plan = require("uvmrec.dist.plan").in_turn(#cfg.embeddings.rows) end
 local def = assert(train.model_def(cfg))
 local m1 = assert(def.build(cfg, { cpu = true, sharding = plan }))
 local m2 = assert(def.build(cfg, { cpu = true, sharding = plan }))

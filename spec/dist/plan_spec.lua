@@ -53,6 +53,17 @@ describe("uvmrec.dist.plan", function()
       .. "c column_wise: rank 0 cols 0..7, rank 1 cols 8..11\nd data_parallel", describe_plan(p))
   end)
 
+  it("gives the tables C1..Cn the kinds in turn (the benches' and specs' mixed plan)", function()
+    local in_turn = require("uvmrec.dist.plan").in_turn
+    assert.same({ C1 = "table_wise", C2 = "row_wise", C3 = "column_wise", C4 = "data_parallel", C5 = "table_wise" },
+      in_turn(5))
+    assert.same({ C1 = "row_wise", C2 = "data_parallel", C3 = "row_wise" }, in_turn(3, { "row_wise", "data_parallel" }))
+    assert.has_error(function() in_turn(0) end, "dist plan: in_turn: 0 tables; expected a count >= 1")
+    assert.has_error(function() in_turn(2, { "row_wise", "diagonal" }) end,
+      "dist plan: in_turn: sharding 'diagonal' is not table_wise, row_wise, column_wise or data_parallel")
+    assert.has_error(function() in_turn(2, {}) end, "dist plan: in_turn: kinds is not a list of sharding kinds")
+  end)
+
   it("names what a spec gets wrong", function()
     assert.has_error(function() plan(tables, "diagonal", 2) end,
       "dist plan: table 'a': sharding 'diagonal' is not table_wise, row_wise, column_wise or data_parallel")

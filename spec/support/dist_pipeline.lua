@@ -24,9 +24,7 @@ local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), set
 local plan = os.getenv("PLAN") or "row_wise"
 if plan == "mixed" then
   -- column shards of other widths than the tables' cannot share their rank's cache (refused)
-  local kinds = { "table_wise", "row_wise", "data_parallel" }
-  plan = {}
-  for i = 1, #cfg.embeddings.rows do plan["C" .. i] = kinds[(i - 1) % 3 + 1] end
+  plan = require("uvmrec.dist.plan").in_turn(#cfg.embeddings.rows, { "table_wise", "row_wise", "data_parallel" })
 end
 local def = assert(train.model_def(cfg))
 local A = assert(def.build(cfg, { cpu = true, sharding = plan }))

@@ -26,11 +26,7 @@ local steps = tonumber(os.getenv("STEPS") or "3")
 local LOSS_TOL = tonumber(os.getenv("TOL") or "1e-5")
 local worst = 0
 local plan = os.getenv("PLAN") or "table_wise"
-if plan == "mixed" then
-  local kinds = { "table_wise", "row_wise", "column_wise", "data_parallel" }
-  plan = {}
-  for i = 1, #cfg.embeddings.rows do plan["C" .. i] = kinds[(i - 1) % 4 + 1] end
-end
+if plan == "mixed" then plan = require("uvmrec.dist.plan").in_turn(#cfg.embeddings.rows) end
 local B = cfg.train.batch_size
 local def = assert(train.model_def(cfg))
 local model = assert(def.build(cfg, { cpu = not gpu, sharding = plan }))

@@ -17,10 +17,16 @@
 --                  group of 4 wider where the dim does not divide), shard i on rank (t + i) % W
 --                  for table index t;
 --   data_parallel  a replica on every rank.
+--
+-- M.in_turn(n[, kinds]) is the spec giving the config's tables C1..Cn the kinds in turn
+-- ({C1 = kinds[1], C2 = kinds[2], ...}; kinds: the four, in the order above): the benchmarks'
+-- and the specs' "mixed" plan, with every kind on some table.
 local M = {}
 
 M.KINDS = { table_wise = true, row_wise = true, column_wise = true, data_parallel = true }
 local KIND_LIST = "table_wise, row_wise, column_wise or data_parallel"
+
+local IN_TURN = { "table_wise", "row_wise", "column_wise", "data_parallel" }
 
 local function bad(msg, level) error("dist plan: " .. msg, level + 1) end
 
@@ -37,6 +43,19 @@ local function kind_of(spec, name, level)
     bad(("table '%s': sharding '%s' is not %s"):format(name, tostring(k), KIND_LIST), level + 1)
   end
   return k, opts
+end
+
+function M.in_turn(n, kinds)
+  kinds = kinds or IN_TURN
+  if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then bad(("in_turn: %s tables; expected a count >= 1"):format(
+    tostring(n)), 2) end
+  if type(kinds) ~= "table" or #kinds == 0 then bad("in_turn: kinds is not a list of sharding kinds", 2) end
+  for _, k in ipairs(kinds) do
+    if not M.KINDS[k] then bad(("in_turn: sharding '%s' is not %s"):format(tostring(k), KIND_LIST), 2) end
+  end
+  local spec = {}
+  for i = 1, n do spec["C" .. i] = kinds[(i - 1) % #kinds + 1] end
+  return spec
 end
 
 -- tables: the collection's tables ({name, rows, dim, pooling, features, ...}, as
