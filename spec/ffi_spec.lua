@@ -88,4 +88,25 @@ describe("uvmrec FFI", function()
       assert.matches("is not a location; expected cpu, gpu, cuda:N", ffi.string(C.ur_last_error()))
     end
   end)
+
+  it("reads a whole file and quotes a shell word (uvmrec.lib)", function()
+    local lib = require "uvmrec.lib"
+    local path = os.tmpname()
+    local bytes = "a\0b'c\r\n" .. ("x"):rep(70000) .. "\n"
+    local f = assert(io.open(path, "wb"))
+    f:write(bytes)
+    f:close()
+    assert.equal(bytes, lib.read_file(path))
+    os.remove(path)
+    local text, err = lib.read_file(path)
+    assert.is_nil(text)
+    assert.equal(path .. ": No such file or directory", err)
+    for _, word in ipairs { "plain", "it's", "''", "", "a b\t$HOME `id` \"q\" \\ *", "line\nbreak" } do
+      local p = io.popen("printf '%s|' " .. lib.shell_quote(word))
+      local out = p:read("*a")
+      p:close()
+      assert.equal(word .. "|", out, word)
+    end
+    assert.equal("'12'", lib.shell_quote(12))
+  end)
 end)
