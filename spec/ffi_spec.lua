@@ -28,10 +28,8 @@ describe("uvmrec FFI", function()
   it("has cdef.lua equal to the marked blocks of uvmrec.h and uvmrec_lua.h", function()
     local blocks = {}
     for _, path in ipairs { "engine/include/uvmrec.h", "engine/include/uvmrec_lua.h" } do
-      local h = io.open(path)
-      if not h then pending("not in a source tree") return end
-      local text = h:read("*a")
-      h:close()
+      local text = require("uvmrec.lib").read_file(path)
+      if not text then pending("not in a source tree") return end
       local block = text:match("\n/%* UR_CDEF_BEGIN %*/\n(.-)/%* UR_CDEF_END %*/\n")
       assert.truthy(block, path .. ": marked block found")
       blocks[#blocks + 1] = block:gsub("\nUR_API ", "\n"):gsub("^UR_API ", "")
