@@ -447,9 +447,8 @@ if not machine then
   if gpu then
     machine = ur.device_props(0).name
   else
-    local f = io.open("/proc/cpuinfo")
-    local cpu = f and f:read("*a"):match("model name%s*:%s*([^\n]+)") or "unknown CPU"
-    if f then f:close() end
+    local cpuinfo = require("uvmrec.lib").read_file("/proc/cpuinfo") or ""
+    local cpu = cpuinfo:match("model name%s*:%s*([^\n]+)") or "unknown CPU"
     local n = 0
     local g = io.popen("nproc 2>/dev/null")
     if g then n = tonumber(g:read("*l")) or 0 g:close() end

@@ -35,7 +35,7 @@ local samples = o.samples or cfg_samples
 if not samples then cmd:misuse("needs --samples N: " .. name .. " gives no synthetic.samples") end
 local ok, spec = pcall(synthetic.spec, base, { seed = o.seed or base.seed, groups = o.groups or base.groups })
 if not ok then cmd:fail(spec) end
-if os.execute(("mkdir -p '%s'"):format(out:gsub("'", "'\\''"))) ~= 0 then cmd:fail("cannot create " .. out) end
+if os.execute("mkdir -p " .. require("uvmrec.lib").shell_quote(out)) ~= 0 then cmd:fail("cannot create " .. out) end
 
 local c = spec.cspec
 local H, one_hot, weighted, big = 0, true, false, false
@@ -128,12 +128,10 @@ lay:close()
 print(("CPU time: generation %.0f samples a CPU-second, converting and writing %.0f MB a CPU-second"):format(
   samples / math.max(gen_cpu, 1e-9), bytes / 1e6 / math.max(write_cpu, 1e-9)))
 if o.report then
-  local f = assert(io.open(o.report, "a"))
-  f:write(require("uvmrec.json").encode { bench = "datagen", config = name, samples = samples, bytes = bytes,
+  require("uvmrec.json").append_lines(o.report, { bench = "datagen", config = name, samples = samples, bytes = bytes,
     seconds = secs, mb_per_s = bytes / 1e6 / math.max(secs, 1e-9), gpu = gpu,
     generation_cpu_samples_per_s = samples / math.max(gen_cpu, 1e-9),
-    write_cpu_mb_per_s = bytes / 1e6 / math.max(write_cpu, 1e-9) }, "\n")
-  f:close()
+    write_cpu_mb_per_s = bytes / 1e6 / math.max(write_cpu, 1e-9) })
 end
 local ceiling = synthetic.hidden_auc(spec, math.min(samples, 100000), 0)
 print(("wrote %d samples of '%s' (%d tables, %d dense) into %d day file(s) in %s"):format(samples, name,

@@ -42,9 +42,7 @@ if serve.is_model_file(o.config) then
   if o.out then
     local line = { event = "eval", model = o.config }
     for k, v in pairs(r) do line[k] = v end
-    local f = assert(io.open(o.out .. "/metrics.jsonl", "a"))
-    f:write(require("uvmrec.json").encode(line), "\n")
-    f:close()
+    require("uvmrec.json").append_lines(o.out .. "/metrics.jsonl", line)
   end
   m:close()
   return

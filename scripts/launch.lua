@@ -119,15 +119,8 @@ assert(lib.check(C.ur_dir_temp(dir)))
 local jobdir = ffi.string(dir)
 setenv("UVMREC_JOB", jobdir)
 
-local function slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local t = f:read("*a")
-  f:close()
-  return t
-end
 local function note(r, kind)
-  local t = slurp(("%s/rank-%d.%s"):format(jobdir, r, kind))
+  local t = lib.read_file(("%s/rank-%d.%s"):format(jobdir, r, kind))
   if not t then return nil end
   local code, text = t:match("^(%-?%d+)\t(.-)\n?$")
   return tonumber(code), text

@@ -19,7 +19,7 @@ if not host.spec then
     .. "(dist/bin/uvmrec test)"):format(host.layout, host.root or "?"))
 end
 
-local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local quote = require("uvmrec.lib").shell_quote
 
 local env, args = { "UVMREC_BIN=" .. quote(host.binary) }, {}
 if o.gpu then

@@ -158,12 +158,7 @@ describe("uvmrec.checkpoint files", function()
     local out, rc = child(([[
       local ur = require "uvmrec"
       local ck = require "uvmrec.checkpoint"
-      local function hwm()
-        for l in io.lines("/proc/self/status") do
-          local kb = l:match("^VmHWM:%%s+(%%d+)")
-          if kb then return tonumber(kb) / 1024 end
-        end
-      end
+      local function hwm() return assert(require("uvmrec.host_memory").peak()) / 2 ^ 20 end
       local t = ur.uvm_tensor({ 16 * 1024 * 1024 }):uniform(-1, 1, 5)
       local u = ur.uvm_tensor({ 16 * 1024 * 1024 }):fill(0)
       local base = hwm()

@@ -1,12 +1,6 @@
 -- The engine's shape (issue #16, docs/ and README's layout): rooms without circles, one CUDA
 -- error mapping, and every op family's table filled by both backends.  Reads the source tree.
-local function read(path)
-  local f = io.open(path)
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local function read(path) return (require("uvmrec.lib").read_file(path)) end
 
 local function files(pattern)
   local out = {}

@@ -28,10 +28,8 @@ describe("uvmrec FFI", function()
   it("has cdef.lua equal to the marked blocks of uvmrec.h and uvmrec_lua.h", function()
     local blocks = {}
     for _, path in ipairs { "engine/include/uvmrec.h", "engine/include/uvmrec_lua.h" } do
-      local h = io.open(path)
-      if not h then pending("not in a source tree") return end
-      local text = h:read("*a")
-      h:close()
+      local text = require("uvmrec.lib").read_file(path)
+      if not text then pending("not in a source tree") return end
       local block = text:match("\n/%* UR_CDEF_BEGIN %*/\n(.-)/%* UR_CDEF_END %*/\n")
       assert.truthy(block, path .. ": marked block found")
       blocks[#blocks + 1] = block:gsub("\nUR_API ", "\n"):gsub("^UR_API ", "")
@@ -87,5 +85,29 @@ describe("uvmrec FFI", function()
       assert.equal(C.UR_STATUS_INVALID, C.ur_location_parse(bad, l), bad)
       assert.matches("is not a location; expected cpu, gpu, cuda:N", ffi.string(C.ur_last_error()))
     end
+  end)
+
+  it("reads a whole file and quotes a shell word (uvmrec.lib)", function()
+    local lib = require "uvmrec.lib"
+    local path = os.tmpname()
+    local bytes = "a\0b'c\r\n" .. ("x"):rep(70000) .. "\n"
+    local f = assert(io.open(path, "wb"))
+    f:write(bytes)
+    f:close()
+    assert.equal(bytes, lib.read_file(path))
+    os.remove(path)
+    local text, err = lib.read_file(path)
+    assert.is_nil(text)
+    assert.equal(path .. ": No such file or directory", err)
+    text, err = lib.read_file("spec")
+    assert.is_nil(text)
+    assert.equal("spec: Is a directory", err)
+    for _, word in ipairs { "plain", "it's", "''", "", "a b\t$HOME `id` \"q\" \\ *", "line\nbreak" } do
+      local p = io.popen("printf '%s|' " .. lib.shell_quote(word))
+      local out = p:read("*a")
+      p:close()
+      assert.equal(word .. "|", out, word)
+    end
+    assert.equal("'12'", lib.shell_quote(12))
   end)
 end)

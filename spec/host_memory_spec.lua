@@ -57,4 +57,15 @@ describe("uvmrec.host_memory", function()
                    true)
     assert.is_true(host_memory.check({ total = 2 ^ 30, items = {} }, "1GiB"))
   end)
+
+  it("reads this process's peak resident memory in bytes, which holds what it touches", function()
+    local before = assert(host_memory.peak())
+    local rss = tonumber(cmd.slurp("/proc/self/status"):match("\nVmRSS:%s*(%d+) kB")) * 1024
+    assert.is_true(before >= rss, ("peak %d below the resident %d"):format(before, rss))
+    local big = ("x"):rep(before - rss + 64 * 2 ^ 20) -- past the old peak by 64 MiB
+    local after = assert(host_memory.peak())
+    assert.is_true(after >= rss + #big, ("peak %d after touching %d bytes over %d resident"):format(after, #big, rss))
+    big = nil -- luacheck: ignore 311
+    collectgarbage()
+  end)
 end)

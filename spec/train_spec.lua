@@ -572,9 +572,7 @@ describe("uvmrec.train", function()
     assert.matches("^uvmrec train: dlrm_tiny on the CPU$", said[1])
 
     -- the run directory: the config as resolved, then one JSON object a line
-    local f = assert(io.open(dir .. "/run/config.json"))
-    local saved = assert(json.decode(f:read("*a")))
-    f:close()
+    local saved = assert(json.decode(assert(cmd.slurp(dir .. "/run/config.json"))))
     assert.equal(160, saved.train.steps)
     assert.equal(512, saved.train.batch_size)
     assert.same(cfg.embeddings.rows, saved.embeddings.rows)

@@ -344,10 +344,8 @@ M.options = {
 -- The command a script declares, without running the script past its declaration; nil,
 -- message when it declares none.
 function M.describe(path)
-  local f, ferr = io.open(path)
-  if not f then return nil, ferr end
-  local text = f:read("*a")
-  f:close()
+  local text, ferr = require("uvmrec.lib").read_file(path)
+  if not text then return nil, ferr end
   -- A script that does not use this module would run whole: leave it alone.
   if not text:find("uvmrec.cli", 1, true) then return nil, path .. " declares no command (uvmrec.cli)" end
   local chunk, err = loadstring(text, "@" .. path)
@@ -370,7 +368,7 @@ function M.commands(dir)
   local host = package.loaded["uvmrec.host"]
   dir = dir or host and host.scripts
   if not dir then return nil, "cli: no scripts folder (run under the uvmrec command, or name one)" end
-  local p = io.popen("ls '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
+  local p = io.popen("ls " .. require("uvmrec.lib").shell_quote(dir) .. " 2>/dev/null")
   local out = {}
   for f in p:lines() do
     local name = f:match("^([%w][%w_%-]*)%.lua$")

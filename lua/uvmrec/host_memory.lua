@@ -7,6 +7,7 @@
 -- (read at random, they must stay in memory or the loader waits for the disk).
 --   local need = host_memory.count(cfg, loader_opts, gpu)  -- {items = {{what, bytes}}, total}
 --   assert(host_memory.check(need, "100GiB"))             -- nil, message with the numbers
+--   host_memory.peak()                                    -- this process's peak resident bytes
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local C = lib.C
@@ -102,6 +103,16 @@ function M.limit(given)
     end
   end
   return nil
+end
+
+-- This process's peak resident memory (VmHWM of /proc/self/status) in bytes; nil, message
+-- where /proc gives none.
+function M.peak()
+  local status, err = lib.read_file("/proc/self/status")
+  if not status then return nil, "host memory: " .. err end
+  local kb = status:match("\nVmHWM:%s*(%d+) kB")
+  if not kb then return nil, "host memory: /proc/self/status has no VmHWM line" end
+  return tonumber(kb) * 1024
 end
 
 -- One line: "tables on the host 89.50 GiB, ..., in all 112.40 GiB".

@@ -10,6 +10,9 @@
 -- are not UTF-8.
 -- decode(text) gives Lua values (null is nil: absent from objects, a hole in arrays; integers
 -- beyond 2^53 are int64_t cdata, exact), or nil, message naming the byte where the text fails.
+-- read_lines(path) gives the values of a JSON-lines file; append_lines(path, v, ...) adds each
+-- value as one line to the end of one (a benchmark's --out), raising io.open's message when
+-- the file cannot be opened.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local C = lib.C
@@ -185,6 +188,22 @@ function M.read_lines(path)
   end
   f:close()
   return out
+end
+
+-- Appends each of the values to the JSON-lines file at path (made when missing), one line
+-- each, encoded before the file is opened; raises io.open's message ("out/x.jsonl: No such
+-- file or directory") when it cannot be opened, and encode's for a value JSON cannot hold.
+function M.append_lines(path, ...)
+  local lines = {}
+  for i = 1, select("#", ...) do
+    local ok, line = pcall(M.encode, (select(i, ...)))
+    if not ok then error(line, 2) end -- at the caller's line, as encode's own errors are
+    lines[i] = line .. "\n"
+  end
+  local f, err = io.open(path, "a")
+  if not f then error(err, 0) end
+  f:write(table.concat(lines))
+  f:close()
 end
 
 return M

@@ -1,5 +1,9 @@
 -- The engine's shared library, loaded once: the namespace every module uses, and the one
--- helper that turns a ur_status into Lua's error conventions.
+-- helper that turns a ur_status into Lua's error conventions.  Also the small host helpers
+-- every module, script and spec shares:
+--   lib.read_file(path)    -- a whole file's bytes; nil, the system's message when it cannot be read
+--   lib.shell_quote(s)     -- s (tostring'd) as one single-quoted word for sh: 'it'\''s'
+--   lib.dir_list(dir, prefix, suffix) -- the names in a folder, sorted
 local ffi = require "ffi"
 
 ffi.cdef(require "uvmrec.cdef")
@@ -117,6 +121,20 @@ function M.dir_list(dir, prefix, suffix)
     size = tonumber(needed[0])
   end
 end
+
+-- The bytes of the file at path, whole; nil, the system's message naming the path ("path: No
+-- such file or directory", "path: Is a directory") when it cannot be read.
+function M.read_file(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local text, rerr = f:read("*a")
+  f:close()
+  if not text then return nil, path .. ": " .. tostring(rerr) end
+  return text
+end
+
+-- s as one word for the shell: single-quoted, each ' written '\''.
+function M.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 -- The engine pointer of a handle, or an error naming the object when it was freed.
 function M.ptr(h, what, level)

@@ -18,12 +18,7 @@ local gib, place, staging, dir = o.gib, o.placement, math.floor(o.staging_mib * 
 local dim = 128
 local rows = math.floor(gib * 2 ^ 30 / (dim * 4))
 
-local function hwm_mib()
-  for l in io.lines("/proc/self/status") do
-    local kb = l:match("^VmHWM:%s+(%d+)")
-    if kb then return tonumber(kb) / 1024 end
-  end
-end
+local function hwm_mib() return assert(require("uvmrec.host_memory").peak()) / 2 ^ 20 end
 
 -- Wall-clock seconds (LuaJIT has none built in; the save and load take seconds, so a process
 -- per reading costs nothing that matters).

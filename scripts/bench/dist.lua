@@ -103,8 +103,4 @@ if rsums then
     .. "one all-reduce of %s"):format(#rsums.tables, r.row_sums_ms_per_step, r.row_sums_reduce_ms_per_step,
     train.progress.bytes(rsums.total * 4)))
 end
-if rank == 0 and o.out then
-  local f = assert(io.open(o.out, "a"))
-  f:write(json.encode(r), "\n")
-  f:close()
-end
+if rank == 0 and o.out then json.append_lines(o.out, r) end

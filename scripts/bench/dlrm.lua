@@ -198,10 +198,8 @@ print(("fed by the loader: %d steps, %s samples/s (the loader waited on for %.2f
   train.progress.count(fed_rate), ls.wait_seconds, fed_seconds))
 
 if o.out then
-  local f = assert(io.open(o.out, "a"))
-  f:write(json.encode { bench = "dlrm", config = cfg.name, device = where, batch = B,
+  json.append_lines(o.out, { bench = "dlrm", config = cfg.name, device = where, batch = B,
     precision = cfg.model.precision, steps = o.steps, seconds = seconds, samples_per_s = rate,
     ms_per_step = seconds / o.steps * 1e3, fed_samples_per_s = fed_rate, loss_first = loss0, loss_last = loss1,
-    check_f32 = check.f32, check_bf16 = check.bf16, nonfinite = cfg.train.nonfinite, guard_ms = guard_ms }, "\n")
-  f:close()
+    check_f32 = check.f32, check_bf16 = check.bf16, nonfinite = cfg.train.nonfinite, guard_ms = guard_ms })
 end

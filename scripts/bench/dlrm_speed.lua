@@ -358,15 +358,15 @@ for _, r in ipairs(results) do
   end
 end
 if o.out then
-  local f = assert(io.open(o.out, "a"))
+  local lines = {}
   for _, r in ipairs(results) do
     local t = torch[r.precision]
-    f:write(json.encode { bench = "dlrm_speed", config = cfg0.name, device = where, batch = B,
+    lines[#lines + 1] = { bench = "dlrm_speed", config = cfg0.name, device = where, batch = B,
       precision = r.precision, ms = r.ms, samples_per_s = r.samples_per_s, phases = r.phases, gaps_ms = r.gaps,
       floor_ms = r.floor_ms, unique_rows = r.unique, ids = r.ids, loss = r.loss, graph = r.graph,
       sets = #o.set > 0 and o.set or nil,
       torch_ms = t and t.ms, torch_samples_per_s = t and t.samples_per_s, ratio = t and t.ms / r.ms,
-      ceilings = next(ceil) and ceil or nil }, "\n")
+      ceilings = next(ceil) and ceil or nil }
   end
-  f:close()
+  json.append_lines(o.out, unpack(lines))
 end

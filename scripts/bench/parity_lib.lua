@@ -176,7 +176,7 @@ function M.host_f32(t)
 end
 
 -- A word quoted for the shell.
-function M.sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+M.sh = require("uvmrec.lib").shell_quote
 
 -- Runs a shell command line, echoed first; true when it exits 0.
 function M.run(line)

@@ -14,6 +14,7 @@ local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local train = require "uvmrec.train"
 local planner = require "uvmrec.planner"
+local host_memory = require "uvmrec.host_memory"
 local C = ur.C
 local options = require("uvmrec.cli").options
 
@@ -38,11 +39,7 @@ local gpu = ur.gpu()
 
 local function emit(rec)
   rec.bench = rec.bench or "B5"
-  if o.out then
-    local f = assert(io.open(o.out, "a"))
-    f:write(json.encode(rec), "\n")
-    f:close()
-  end
+  if o.out then json.append_lines(o.out, rec) end
 end
 
 local function fmt_rate(x) return x and ("%.2f M"):format(x / 1e6) or "-" end
@@ -79,15 +76,6 @@ end
 if not o.dir then cmd:misuse("needs --dir DAYS (or --table FILE...)") end
 local config = o.config or (gpu and "dlrm_mlperf_v1" or "dlrm_tiny")
 local hbm = ur.bytes(o.hbm)
-
--- The host's peak resident memory (VmHWM) in bytes.
-local function host_peak()
-  local f = io.open("/proc/self/status")
-  if not f then return 0 end
-  local s = f:read("*a")
-  f:close()
-  return (tonumber(s:match("VmHWM:%s*(%d+)")) or 0) * 1024
-end
 
 -- One run of `uvmrec train`: the config with sets, steps, a run directory for the losses;
 -- returns the result, the losses logged, the build seconds, the cache's statistics (or nil) and
@@ -183,7 +171,7 @@ local s = cstats or { hits = 0, unique = 1, bytes_in = 0, bytes_out = 0, bytes_i
 local rec = { mode = "timed", config = config, steps = o.steps, batch = B, samples_per_s = rate,
               hit_rate = s.hits / math.max(s.unique, 1),
               link_bytes_per_step = (s.bytes_in + s.bytes_out + s.bytes_ids) / o.steps,
-              epoch_minutes = 4.37e9 / rate / 60, build_seconds = built, host_peak_bytes = host_peak(),
+              epoch_minutes = 4.37e9 / rate / 60, build_seconds = built, host_peak_bytes = host_memory.peak() or 0,
               hbm_embeddings = hbm, hbm_peak = ur.memory().hbm_peak, hbm_rest = rest, cache_share = o.cache_share,
               loss = r.loss }
 emit(rec)

@@ -135,13 +135,12 @@ print(("%-8s %10.4f %12s %10.4f %14.0f"):format("uvmrec", uf.auc, "", uf.loss, u
 print(("%-8s %10.4f %12.4f %10.4f %14.0f"):format("torch", tf.auc, tf.logloss, tf.loss, tf.samples_per_s))
 print(("|AUC difference| %.4f (allowed %.4f): %s; mean |loss difference| over %d logged steps %.4f")
   :format(diff, o.tol, ok and "ok" or "FAIL", n, n > 0 and sum / n or 0))
-local sf = assert(io.open(work .. "/summary.jsonl", "a"))
-sf:write(json.encode { bench = "train_parity", model = cfg.name, steps = steps, batch = cfg.train.batch_size,
+json.append_lines(work .. "/summary.jsonl", {
+  bench = "train_parity", model = cfg.name, steps = steps, batch = cfg.train.batch_size,
   train_samples = train_samples, eval_samples = eval_samples, uvmrec_device = gpu and "cuda" or "cpu",
   torch_device = o.torch_device, uvmrec_auc = uf.auc, torch_auc = tf.auc, auc_diff = diff, tol = o.tol, ok = ok,
   mean_loss_diff = n > 0 and sum / n or 0, uvmrec_samples_per_s = uf.samples_per_s,
-  torch_samples_per_s = tf.samples_per_s, sets = o.set }, "\n")
-sf:close()
+  torch_samples_per_s = tf.samples_per_s, sets = o.set })
 local plot = ("%s %s %s %s --out %s --title %s"):format(sh(o.python), sh(here .. "/train_parity_plot.py"),
   sh(work .. "/uvmrec/metrics.jsonl"), sh(tjson), sh(work .. "/loss.png"),
   sh(("%s, %d steps: AUC uvmrec %.4f, PyTorch %.4f"):format(cfg.name, steps, uf.auc, tf.auc)))

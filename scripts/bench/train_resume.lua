@@ -59,7 +59,7 @@ local function losses(dir)
   return out
 end
 
-os.execute("rm -rf '" .. o.dir .. "'")
+os.execute("rm -rf " .. require("uvmrec.lib").shell_quote(o.dir))
 local a_dir, b_dir = o.dir .. "/whole", o.dir .. "/resumed"
 io.write(("%s %s: %d steps uninterrupted, then %d + %d resumed\n"):format(o.config,
   gpu and "on the GPU" or "on the CPU", 2 * n, n, n))
@@ -90,12 +90,8 @@ io.write(("checkpoint at step %d: %.2f GB; saved in %.2f s (%.2f GB/s, fsync inc
 io.write(("losses of steps 1..%d (resumed after %d): %s (largest relative difference %.3g); last loss %.6f\n")
   :format(2 * n, n, exact and "bit for bit the uninterrupted run's" or "NOT bit-identical", worst, want[2 * n]))
 io.write(json.encode(result), "\n")
-if o.out then
-  local f = assert(io.open(o.out, "a"))
-  f:write(json.encode(result), "\n")
-  f:close()
-end
-os.execute("rm -rf '" .. o.dir .. "'")
+if o.out then json.append_lines(o.out, result) end
+os.execute("rm -rf " .. require("uvmrec.lib").shell_quote(o.dir))
 if worst > o.tol then
   cmd:fail(("the resumed losses differ from the uninterrupted run's by %.3g (relative), over --tol %g"):format(
     worst, o.tol))

@@ -277,11 +277,7 @@ end
 local results = {}
 local function emit(rec)
   results[#results + 1] = rec
-  if o.out then
-    local f = assert(io.open(o.out, "a"))
-    f:write(json.encode(rec), "\n")
-    f:close()
-  end
+  if o.out then json.append_lines(o.out, rec) end
   print(("  %-10s %5s  %8.2f ms/step  %10.0f samples/s%s"):format(rec.policy,
     rec.fraction and (rec.fraction .. "%") or "",
     rec.ms_per_step or 0, rec.samples_per_s or 0, rec.coverage and ("  coverage %.3f"):format(rec.coverage) or ""))
@@ -306,11 +302,7 @@ local function failed(what, err)
   failures[#failures + 1] = what .. ": " .. tostring(err)
   io.stderr:write("uvm bench: ", failures[#failures], "\n")
   if gpu then ur.set_hbm_budget(0) end
-  if o.out then
-    local f = assert(io.open(o.out, "a"))
-    f:write(json.encode { bench = "uvm", failed = what, error = tostring(err) }, "\n")
-    f:close()
-  end
+  if o.out then json.append_lines(o.out, { bench = "uvm", failed = what, error = tostring(err) }) end
 end
 for _, pol in ipairs(o.policies) do
   local fr = pol == "host" and { 0 } or o.fractions

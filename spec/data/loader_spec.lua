@@ -575,7 +575,7 @@ describe("uvmrec.data loader", function()
       ("valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite "
        .. "--show-leak-kinds=definite %s %s > %s 2>&1")
     local rc = os.execute(run:format(exe, bad, out))
-    local text = assert(io.open(out)):read("*a")
+    local text = assert(cmd.slurp(out))
     cmd.rmdir(dir)
     assert.equal(0, rc, text)
     assert.matches("error after 6 batches: criteo%-tsv: [^\n]*:90: label is '2'", text)

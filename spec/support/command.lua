@@ -13,19 +13,14 @@ function M.bin()
   return "build/bin/uvmrec"
 end
 
-function M.quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+M.quote = require("uvmrec.lib").shell_quote
 
 local function ok(r) return r == 0 or r == true end
 
 function M.have(program) return ok(os.execute("command -v " .. program .. " >/dev/null 2>&1")) end
 
-local function slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+-- A file's bytes, or nil when it cannot be read (uvmrec.lib's read_file, without the message).
+local function slurp(path) return (require("uvmrec.lib").read_file(path)) end
 M.slurp = slurp
 
 -- Writes text to path; returns path.

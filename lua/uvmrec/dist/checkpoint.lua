@@ -226,14 +226,12 @@ end
 -- The manifest of a checkpoint folder, or nil, message.
 function M.manifest(dir)
   if type(dir) ~= "string" then error("dist.checkpoint: dir must be a folder's path", 2) end
-  local f = io.open(dir .. "/" .. M.MANIFEST, "rb")
-  if not f then
+  local text = lib.read_file(dir .. "/" .. M.MANIFEST)
+  if not text then
     if C.ur_path_kind(dir) ~= 2 then return nil, "dist.checkpoint: " .. dir .. " is not a folder" end
     return nil, ("dist.checkpoint: %s has no %s (an unfinished save, or not a sharded checkpoint)"):format(dir,
       M.MANIFEST)
   end
-  local text = f:read("*a")
-  f:close()
   local ok, m = pcall(json.decode, text)
   if not ok or type(m) ~= "table" or type(m.tables) ~= "table" then
     return nil, ("dist.checkpoint: %s/%s is not a manifest: %s"):format(dir, M.MANIFEST, tostring(m))

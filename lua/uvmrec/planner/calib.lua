@@ -106,10 +106,8 @@ function M.from_table(t, where)
 end
 
 function M.load(path)
-  local f, err = io.open(path, "r")
-  if not f then return nil, "calibration: " .. tostring(err) end
-  local text = f:read("*a")
-  f:close()
+  local text, err = require("uvmrec.lib").read_file(path)
+  if not text then return nil, "calibration: " .. tostring(err) end
   local t, jerr = json.decode(text)
   if t == nil then return nil, ("calibration %s: %s"):format(path, tostring(jerr)) end
   return M.from_table(t, path)

@@ -631,10 +631,8 @@ function M.decode(text, where)
 end
 
 function M.load(path)
-  local f, err = io.open(path, "r")
-  if not f then return nil, "plan: " .. tostring(err) end
-  local text = f:read("*a")
-  f:close()
+  local text, err = require("uvmrec.lib").read_file(path)
+  if not text then return nil, "plan: " .. tostring(err) end
   return M.decode(text, path)
 end
 
