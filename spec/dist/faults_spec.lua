@@ -68,13 +68,9 @@ describe("faults over ranks", function()
 
   it("stops every rank at one step boundary on SIGINT to launch, saving a checkpoint that resumes exactly",
     function()
-      if not have_mpi() then pending("no MPI here") return end
+      if not require("helpers").can_signal_launch() then return end
       local ck, log = dir .. "/int", dir .. "/int.log"
       -- launch in the background, SIGINT to it alone once a few steps are done
-      if not command.can_background() then
-        pending("env --default-signal (coreutils 8.31) is needed to start launch in the background")
-        return
-      end
       local bg = command.background(("%s %s launch -n 3 %s"):format(env { STEPS = "60", SLOW = "0.2", OUT = ck },
         command.bin(), SCRIPT), log)
       local t0 = command.now()

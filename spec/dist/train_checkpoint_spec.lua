@@ -8,7 +8,8 @@
 local command = require "command"
 local json = require "uvmrec.json"
 
-local have_mpi = require("helpers").have_mpi
+local helpers = require "helpers"
+local have_mpi = helpers.have_mpi
 
 local COMMON = "--cpu --progress none --set train.log_every=1 --set eval.samples=0 --set embeddings.sharding=row_wise"
 
@@ -81,11 +82,7 @@ describe("uvmrec train over ranks: checkpoints and --resume", function()
   end)
 
   it("stops every rank at one step on SIGINT to launch with one checkpoint that resumes bit for bit", function()
-    if not have_mpi() then pending("no MPI here") return end
-    if not command.can_background() then
-      pending("env --default-signal (coreutils 8.31) is needed to start launch in the background")
-      return
-    end
+    if not helpers.can_signal_launch() then return end
     local fixed = " --set data.samples=10240000"
     local job = command.background(("%s launch -n 2 train dlrm_tiny %s --steps 10000 --out %s/int%s"):format(
       command.bin(), COMMON, dir, fixed), dir .. "/int.log")
@@ -112,11 +109,7 @@ describe("uvmrec train over ranks: checkpoints and --resume", function()
   end)
 
   it("stops the job on a SIGINT that comes while the ranks start, before any of them could catch it", function()
-    if not have_mpi() then pending("no MPI here") return end
-    if not command.can_background() then
-      pending("env --default-signal (coreutils 8.31) is needed to start launch in the background")
-      return
-    end
+    if not helpers.can_signal_launch() then return end
     -- as soon as launch made its job folder (in a TMPDIR of this test's): the ranks are not
     -- started yet, or have not reached their loop; each gets the signal when it notes its process
     -- id, and the job ends (130, or killed by it) long before its 10000 steps (100 s here), with

@@ -264,6 +264,21 @@ end
 -- Whether jobs of several ranks can run here: the engine's MPI plugin loads and mpirun is there.
 function M.have_mpi() return require("uvmrec.dist").mpi() ~= nil and command.have("mpirun") end
 
+-- Whether a spec can start `uvmrec launch` in the background and send it SIGINT (MPI, and
+-- command.background's env --default-signal); marks the spec pending with the reason when not.
+function M.can_signal_launch()
+  local pending = getfenv(2).pending -- the calling spec's (busted gives each file its own)
+  if not M.have_mpi() then
+    pending("no MPI here")
+    return false
+  end
+  if not command.can_background() then
+    pending("env --default-signal (coreutils 8.31) is needed to start launch in the background")
+    return false
+  end
+  return true
+end
+
 -- Placements this machine can hold.
 function M.placements()
   local p = { "host", "pinned", "managed" }
