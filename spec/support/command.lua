@@ -119,11 +119,11 @@ function M.background(cmdline, log)
   M.spit(script, ("echo $$ > %s\nexec %s\n"):format(M.quote(pidf), cmdline))
   M.sh(("(env --default-signal=INT sh %s > %s 2>&1; echo \"exit=$?\" >> %s) </dev/null >/dev/null 2>&1 &"):format(
     M.quote(script), M.quote(log), M.quote(log)))
-  local t0 = M.now()
-  local pid = tonumber((slurp(pidf) or ""):match("^(%d+)\n"))
+  local function noted() return tonumber((slurp(pidf) or ""):match("^(%d+)\n")) end
+  local t0, pid = M.now(), noted()
   while not pid and M.now() - t0 < 30 do
     M.sleep(0.05)
-    pid = tonumber((slurp(pidf) or ""):match("^(%d+)\n"))
+    pid = noted()
   end
   assert(pid, "command.background: no process id in " .. pidf .. " after 30 s")
   local job = { pid = pid, log = log }
