@@ -113,9 +113,22 @@ describe("uvmrec on CUDA", function()
       pending("timings mean nothing under compute-sanitizer") -- its instrumented reads crawl
       return
     end
-    assert.is_false(slow.fast, ("host range read at %.1f GB/s"):format(slow.gbps))
-    assert.is_true(fast.fast, ("prefetched range read at %.1f GB/s"):format(fast.gbps))
+    local refs = ("(device %.1f, pinned host %.1f GB/s)"):format(fast.device_gbps, fast.host_gbps)
+    assert.is_false(slow.fast, ("host range read at %.1f GB/s %s"):format(slow.gbps, refs))
+    assert.is_true(fast.fast, ("prefetched range read at %.1f GB/s %s"):format(fast.gbps, refs))
     assert.is_true(fast.gbps > 4 * slow.gbps)
+    assert.is_true(fast.device_gbps > 4 * fast.host_gbps, refs) -- 64 MiB reads tell them apart
+  end)
+
+  cuda_it("residency names its reference read when the HBM budget has no room for it", function()
+    local t = ur.uvm_tensor({ MiB }, 0)
+    local used = ur.memory().hbm_used
+    ur.set_hbm_budget(used + MiB)
+    local r, err = t:residency()
+    assert.is_nil(r)
+    local want = "^residency: the device reference read of 4194304 bytes %(and %d+ to evict them from L2%): "
+    assert.matches(want .. "hbm budget: ", err)
+    assert.equal(used, ur.memory().hbm_used)
   end)
 
   cuda_it("measures prefetched bytes with the migration monitor", function()

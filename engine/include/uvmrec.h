@@ -323,6 +323,7 @@ typedef struct ur_migration_stats {
 /* A timed-read probe of a range on the GPU. */
 typedef struct ur_residency {
   double seconds, gbps;
+  double device_gbps, host_gbps;  /* the same size read from device and pinned host memory */
   int32_t fast;                   /* 1: read at HBM-like speed; 0: host-link speed */
   ur_range range;
 } ur_residency;

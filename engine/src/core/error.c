@@ -18,6 +18,26 @@ ur_status ur__error(ur_status status, const char *fmt, ...) {
   return status;
 }
 
+/* "what: the error before it": context put in front of the message a failed call left (cut
+ * at the buffer's end). */
+ur_status ur__error_cause(ur_status status, const char *fmt, ...) {
+  char cause[sizeof last_error];
+  memcpy(cause, last_error, sizeof cause);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  size_t at = strlen(last_error);
+  if (at + 2 < sizeof last_error) {
+    memcpy(last_error + at, ": ", 2);
+    at += 2;
+    size_t m = strnlen(cause, sizeof last_error - 1 - at);
+    memcpy(last_error + at, cause, m);
+    last_error[at + m] = 0;
+  }
+  return status;
+}
+
 const char *ur_last_error(void) { return last_error; }
 
 ur_status ur__null(const char *fn, const char *arg) {

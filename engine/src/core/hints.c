@@ -2,6 +2,7 @@
  * rounding reported; every advise and prefetch is recorded (a per-storage map of the advice in
  * force, and a log), so hint policies run and are tested without a GPU, and HBM accounting
  * knows which managed bytes were placed on a GPU. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,10 +289,29 @@ static void recorded_advice(const ur_tensor *t, const ur_range *rp, ur_advised *
   out->from_driver = 0;
 }
 
-/* Times a read of the range, and of device memory of the same size (up to 64 MiB) to calibrate:
- * the range counts as fast when it reads at a quarter of that speed or better.  Reading pages
- * that sit on the host and are not accessed-by the GPU migrates them: the probe can move what
- * it measures. */
+/* GB/s of a probe read of `bytes` from a fresh tensor at `place`, filled first.  A device tensor
+ * gets `evict` more bytes, filled after the ones read, so those are read from HBM (as the range's
+ * are) rather than from the L2 that the fill left them in. */
+static ur_status reference_gbps(const ur_backend *g, ur_stream *s, ur_place place, int32_t dev,
+                                size_t bytes, size_t evict, double *out) {
+  int64_t shape[1] = {(int64_t)(bytes + evict)};
+  ur_tensor *t = NULL;
+  ur_status st = ur_tensor_new(&t, UR_DTYPE_U8, 1, shape, place, dev);
+  if (st) return st;
+  double sec = 0;
+  if (!(st = ur_tensor_fill(s, t, 0)) && !(st = ur_stream_sync(s)) &&
+      !(st = g->probe_read(s ? s->handle : NULL, ur_tensor_data(t), bytes, &sec)))
+    *out = sec > 0 ? bytes / sec / 1e9 : 0;
+  ur_tensor_free(t);
+  return st;
+}
+
+/* Times a read of the range, then reads of the same size (up to 64 MiB) from device memory and
+ * from pinned host memory.  The range counts as fast when it reads at the lower of the two
+ * speeds' geometric mean (nearer the device than the host link) and a quarter of the device's
+ * speed (small reads are all launch latency and read alike from both: then they count as fast).  Reading
+ * pages that sit on the host and are not accessed-by the GPU migrates them: the probe can move
+ * what it measures. */
 ur_status ur_tensor_residency(ur_stream *s, const ur_tensor *t, int64_t offset, int64_t numel,
                               ur_residency *out) {
   UR__ARGS(t, out);
@@ -311,19 +331,18 @@ ur_status ur_tensor_residency(ur_stream *s, const ur_tensor *t, int64_t offset, 
   out->range = r;
   if ((st = g->probe_read(s ? s->handle : NULL, p, bytes, &out->seconds))) return st;
   out->gbps = out->seconds > 0 ? bytes / out->seconds / 1e9 : 0;
-  double ref_gbps = 300.0;
-  size_t cal = bytes < ((size_t)64 << 20) ? bytes : ((size_t)64 << 20);
-  int64_t shape[1] = {(int64_t)cal};
   int32_t dev = t->st->device >= 0 ? t->st->device : 0;
-  ur_tensor *scratch = NULL;
-  if (!ur_tensor_new(&scratch, UR_DTYPE_U8, 1, shape, UR_PLACE_DEVICE, dev)) {
-    double sec = 0;
-    if (!ur_tensor_fill(s, scratch, 0) &&
-        !g->probe_read(s ? s->handle : NULL, ur_tensor_data(scratch), cal, &sec) && sec > 0)
-      ref_gbps = cal / sec / 1e9;
-    ur_tensor_free(scratch);
-  }
-  out->fast = out->gbps >= 0.25 * ref_gbps;
+  ur_device_props props;
+  if ((st = ur_device_props_get(dev, &props))) return st;
+  size_t cal = bytes < ((size_t)64 << 20) ? bytes : ((size_t)64 << 20);
+  if ((st = reference_gbps(g, s, UR_PLACE_DEVICE, dev, cal, 2 * (size_t)props.l2_bytes,
+                           &out->device_gbps)))
+    return ur__error_cause(st, "residency: the device reference read of %zu bytes (and %llu to "
+                           "evict them from L2)", cal, (unsigned long long)(2 * props.l2_bytes));
+  if ((st = reference_gbps(g, s, UR_PLACE_PINNED, dev, cal, 0, &out->host_gbps)))
+    return ur__error_cause(st, "residency: the pinned host reference read of %zu bytes", cal);
+  double mid = sqrt(out->device_gbps * out->host_gbps), quarter = 0.25 * out->device_gbps;
+  out->fast = out->gbps >= (mid < quarter ? mid : quarter);
   return UR_STATUS_OK;
 }
 

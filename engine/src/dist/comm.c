@@ -196,8 +196,8 @@ ur_status ur_comm_new(ur_comm **out, int32_t device) {
     /* Started by mpirun: MPI says who is who. */
     st = ur__mpi_open(&c->mpi);
     if (st)
-      st = ur__error(st, "comm: this process was started by an MPI launcher (%s is set), and %s",
-                     mark, ur_last_error());
+      st = ur__error_cause(st, "comm: this process was started by an MPI launcher (%s is set)",
+                           mark);
     if (!st) {
       boot.mpi = c->mpi;
       st = ur__cpu_comm_ops.open(&boot, &c->host_net);
