@@ -339,7 +339,7 @@ ur_status ur_tensor_residency(ur_stream *s, const ur_tensor *t, int64_t offset, 
                            &out->device_gbps)))
     return ur__error_cause(st, "residency: the device reference read of %zu bytes (and %llu to "
                            "evict them from L2)", cal, (unsigned long long)(2 * props.l2_bytes));
-  if ((st = reference_gbps(g, s, UR_PLACE_PINNED, dev, cal, 0, &out->host_gbps)))
+  if ((st = reference_gbps(g, s, UR_PLACE_PINNED, -1, cal, 0, &out->host_gbps)))
     return ur__error_cause(st, "residency: the pinned host reference read of %zu bytes", cal);
   double mid = sqrt(out->device_gbps * out->host_gbps), quarter = 0.25 * out->device_gbps;
   out->fast = out->gbps >= (mid < quarter ? mid : quarter);
