@@ -391,7 +391,8 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
         asked = asked + 1
         assert.equal("cuda:0", adv.last_prefetch_location, ("run %s %d+%d"):format(r.table, r.first, r.bytes))
         local where = assert(x:residency(off, n))
-        assert.is_true(where.fast, ("run %s %d+%d resident"):format(r.table, r.first, r.bytes))
+        assert.is_true(where.fast, ("run %s %d+%d resident: read at %.2f GB/s (device %.2f, pinned host %.2f)")
+          :format(r.table, r.first, r.bytes, where.gbps, where.device_gbps, where.host_gbps))
       end
       x:free()
     end
