@@ -363,6 +363,9 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
 
   cuda_it("prefetch_pages leaves the runs asked for prefetched to the GPU, skipping the hot prefix",
           with_pages(function()
+    -- CUPTI's counters (not under compute-sanitizer) count managed memory allocated after start:
+    -- what moved is measured; a probe's timing cannot tell 4 KiB pages apart (residency)
+    local monitored = ur.monitor.start()
     local c = assert(tbe.new { device = 0, optimizer = "sgd", tables = {
       { name = "a", rows = 4096, dim = 16, dtype = "f32", placement = "managed" },
       { name = "b", rows = 4096, dim = 24, dtype = "bf16", placement = "managed" } } })
@@ -373,11 +376,13 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
     assert(a:advise(0, 4096 * 16, "accessed_by", "gpu"))
     local input = batch(c, { a = { 3, 700, 2000, 2001, 4095 }, b = { 5, 4000 } })
     local s = assert(ur.stream())
+    if monitored then ur.monitor.read(true) end
     local st = assert(c:prefetch_pages(input, s))
     assert(s:sync())
     assert.is_true(st.issued)
+    local moved = monitored and assert(ur.monitor.read(true)).bytes_htod
     local runs = c:page_runs(input)
-    local asked = 0
+    local asked, asked_bytes = 0, 0
     for _, r in ipairs(runs) do
       local x = c:table(r.table)
       local es = x:nbytes() / x:numel()
@@ -388,16 +393,16 @@ describe("uvmrec.pipeline.Prefetch over managed tables", function()
         assert.equal(r.table, "a")
         assert.equal("cuda:0", adv.preferred_location)
       else
-        asked = asked + 1
+        asked, asked_bytes = asked + 1, asked_bytes + r.bytes
         assert.equal("cuda:0", adv.last_prefetch_location, ("run %s %d+%d"):format(r.table, r.first, r.bytes))
-        local where = assert(x:residency(off, n))
-        assert.is_true(where.fast, ("run %s %d+%d resident: read at %.2f GB/s (device %.2f, pinned host %.2f)")
-          :format(r.table, r.first, r.bytes, where.gbps, where.device_gbps, where.host_gbps))
       end
       x:free()
     end
     assert.equal(st.runs - st.runs_skipped, asked)
     assert.is_true(st.runs_skipped >= 1 and asked >= 3)
+    if moved then -- the runs' pages started on the host, where the tables were drawn
+      assert.is_true(moved >= asked_bytes, ("moved %d bytes to the GPU for runs of %d"):format(moved, asked_bytes))
+    end
     a:free()
     s:free()
     c:free()

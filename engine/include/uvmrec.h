@@ -324,7 +324,8 @@ typedef struct ur_migration_stats {
 typedef struct ur_residency {
   double seconds, gbps;
   double device_gbps, host_gbps;  /* the same size read from device and pinned host memory */
-  int32_t fast;                   /* 1: read at HBM-like speed; 0: host-link speed */
+  int32_t fast;                   /* 1: HBM-like speed; 0: host-link speed; -1: too small a
+                                     read to tell (the two references within 4x) */
   ur_range range;
 } ur_residency;
 

@@ -246,15 +246,17 @@ end
 local res = ffi.new("ur_residency")
 -- Measured: a timed read of the range on the GPU (which can itself migrate pages that are not
 -- mapped for the GPU), against reads of the same size from device memory and pinned host memory
--- (device_gbps, host_gbps).  Needs a GPU: returns nil, message otherwise.
+-- (device_gbps, host_gbps): fast is true or false, or nil (where = "unknown") for a read too
+-- small to tell.  Needs a GPU: returns nil, message otherwise.
 function methods:residency(offset, numel, stream)
   offset = offset or 0
   numel = numel or (self:numel() - offset)
   local ok, err = check(C.ur_tensor_residency(S(stream), T(self), offset, numel, res))
   if not ok then return nil, err end
-  return { fast = res.fast ~= 0, gbps = res.gbps, seconds = res.seconds,
+  local known = res.fast >= 0
+  return { fast = known and res.fast == 1 or nil, gbps = res.gbps, seconds = res.seconds,
            device_gbps = res.device_gbps, host_gbps = res.host_gbps,
-           where = res.fast ~= 0 and "gpu" or "host", range = range_table(res.range) }
+           where = not known and "unknown" or res.fast == 1 and "gpu" or "host", range = range_table(res.range) }
 end
 
 

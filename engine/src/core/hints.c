@@ -289,6 +289,9 @@ static void recorded_advice(const ur_tensor *t, const ur_range *rp, ur_advised *
   out->from_driver = 0;
 }
 
+/* The device must read this many times as fast as pinned host memory for a verdict. */
+#define UR_RESIDENCY_APART 4.0
+
 /* GB/s of a probe read of `bytes` from a fresh tensor at `place`, filled first.  A device tensor
  * gets `evict` more bytes, filled after the ones read, so those are read from HBM (as the range's
  * are) rather than from the L2 that the fill left them in. */
@@ -307,11 +310,11 @@ static ur_status reference_gbps(const ur_backend *g, ur_stream *s, ur_place plac
 }
 
 /* Times a read of the range, then reads of the same size (up to 64 MiB) from device memory and
- * from pinned host memory.  The range counts as fast when it reads at the lower of the two
- * speeds' geometric mean (nearer the device than the host link) and a quarter of the device's
- * speed (small reads are all launch latency and read alike from both: then they count as fast).  Reading
- * pages that sit on the host and are not accessed-by the GPU migrates them: the probe can move
- * what it measures. */
+ * from pinned host memory.  The range counts as fast when it reads at the two speeds' geometric
+ * mean or better (nearer the device than the host link).  When the device reads under 4 times
+ * as fast as the host (small reads, which are all launch latency: under about 1 MiB on an
+ * H200), no speed tells the two apart and the verdict is -1.  Reading pages that sit on the
+ * host and are not accessed-by the GPU migrates them: the probe can move what it measures. */
 ur_status ur_tensor_residency(ur_stream *s, const ur_tensor *t, int64_t offset, int64_t numel,
                               ur_residency *out) {
   UR__ARGS(t, out);
@@ -341,8 +344,10 @@ ur_status ur_tensor_residency(ur_stream *s, const ur_tensor *t, int64_t offset, 
                            "evict them from L2)", cal, (unsigned long long)(2 * props.l2_bytes));
   if ((st = reference_gbps(g, s, UR_PLACE_PINNED, -1, cal, 0, &out->host_gbps)))
     return ur__error_cause(st, "residency: the pinned host reference read of %zu bytes", cal);
-  double mid = sqrt(out->device_gbps * out->host_gbps), quarter = 0.25 * out->device_gbps;
-  out->fast = out->gbps >= (mid < quarter ? mid : quarter);
+  if (out->device_gbps < UR_RESIDENCY_APART * out->host_gbps)
+    out->fast = -1;
+  else
+    out->fast = out->gbps >= sqrt(out->device_gbps * out->host_gbps);
   return UR_STATUS_OK;
 }
 
