@@ -253,10 +253,11 @@ function methods:residency(offset, numel, stream)
   numel = numel or (self:numel() - offset)
   local ok, err = check(C.ur_tensor_residency(S(stream), T(self), offset, numel, res))
   if not ok then return nil, err end
-  local known = res.fast >= 0
-  return { fast = known and res.fast == 1 or nil, gbps = res.gbps, seconds = res.seconds,
-           device_gbps = res.device_gbps, host_gbps = res.host_gbps,
-           where = not known and "unknown" or res.fast == 1 and "gpu" or "host", range = range_table(res.range) }
+  local fast -- nil: too small a read to tell
+  if res.fast >= 0 then fast = res.fast == 1 end
+  return { fast = fast, gbps = res.gbps, seconds = res.seconds, device_gbps = res.device_gbps,
+           host_gbps = res.host_gbps, where = fast == nil and "unknown" or fast and "gpu" or "host",
+           range = range_table(res.range) }
 end
 
 

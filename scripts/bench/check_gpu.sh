@@ -9,7 +9,8 @@
 #   sh scripts/bench/check_gpu.sh [OUT]   (env: UVMREC, SAN, LIMIT, DEADLINE, MEMCHECK, RACECHECK)
 # DEADLINE: seconds after the start past which no file is started (listed as not run), so that
 # the call ends inside the device's 10 minutes.
-# MEMCHECK and RACECHECK name the spec files (defaults below); ONLY="suite memcheck racecheck".
+# MEMCHECK and RACECHECK name the spec files (defaults below; "none" for none); ONLY="suite memcheck
+# racecheck".  Under the sanitizer UVMREC_SANITIZER=1 tells specs to leave out their timings.
 out=${1:-check-out}
 UVMREC=${UVMREC:-bin/uvmrec}
 SAN=${SAN:-compute-sanitizer}
@@ -49,7 +50,7 @@ san() {
   [ "$left" -lt "$LIMIT" ] && LIMIT_NOW=$left || LIMIT_NOW=$LIMIT
   log="$out/$tool-$(echo "$file" | tr '/' '_').log"
   start=$(date +%s)
-  UVMREC_REQUIRE_GPU=1 timeout "$LIMIT_NOW" "$SAN" --tool "$tool" --error-exitcode 99 \
+  UVMREC_REQUIRE_GPU=1 UVMREC_SANITIZER=1 timeout "$LIMIT_NOW" "$SAN" --tool "$tool" --error-exitcode 99 \
     "$UVMREC" -e 'jit.off()' spec/run.lua --tags=cuda "$file" > "$log" 2>&1
   rc=$?
   secs=$(($(date +%s) - start))
@@ -64,6 +65,8 @@ san() {
   esac
   printf '%-10s %-34s %s (%d s)\n' "$tool" "$file" "$what" "$secs" >> "$table"
 }
+[ "$MEMCHECK" = none ] && MEMCHECK=
+[ "$RACECHECK" = none ] && RACECHECK=
 case " $ONLY " in *" memcheck "*) for f in $MEMCHECK; do san memcheck "$f"; done ;; esac
 case " $ONLY " in *" racecheck "*) for f in $RACECHECK; do san racecheck "$f"; done ;; esac
 echo "== table"
