@@ -3,15 +3,17 @@
 -- bytes probed after a prefetch to the CPU (read in place over the host link) and after a
 -- prefetch to the GPU, REPEAT times each; the table gives the range's GB/s beside the probe's two
 -- references (device memory evicted from L2, pinned host memory) and its verdict.
---   uvmrec scripts/bench/residency.lua [--repeat N]
+--   uvmrec scripts/bench/residency.lua [--repeat N] [--out FILE]
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/residency.lua",
   summary = "residency's verdict and its reads (range, device and pinned host references) by size, for a "
     .. "managed range on the host and in HBM (needs a GPU)",
   { "--repeat N", "probes of each size and place", type = "whole", default = 3, min = 1 },
+  require("uvmrec.cli").options.out_append,
 }
 local opt = cmd:parse(arg)
 local ur = require "uvmrec"
+local json = require "uvmrec.json"
 if not ur.gpu() then cmd:fail("needs a GPU: " .. ur.cuda_error(), 2) end
 
 local MiB = 1024 * 1024
@@ -34,6 +36,10 @@ for _, bytes in ipairs { 4096, 65536, MiB, 16 * MiB, 64 * MiB } do
         wrong = wrong + 1
       end
       print(("%-10d %-5s %10.2f %12.2f %12.2f %8s"):format(bytes, at, r.gbps, r.device_gbps, r.host_gbps, r.where))
+      if opt.out then
+        json.append_lines(opt.out, { bench = "residency", bytes = bytes, prefetched_to = at, gbps = r.gbps,
+                                     device_gbps = r.device_gbps, host_gbps = r.host_gbps, where = r.where })
+      end
     end
   end
 end
