@@ -11,7 +11,6 @@
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
-local streams = require "uvmrec.stream"
 local kjt = require "uvmrec.kjt"
 local C, check, must = lib.C, lib.check, lib.must
 
@@ -173,9 +172,7 @@ function M.new(opts, level)
   return self
 end
 
-local function H(self, level) return lib.ptr(self.h, "embedding collection", (level or 2) + 1) end
-local function S(s, level) return streams.handle(s, (level or 2) + 1) end
-local function T(t, what, level) return lib.ptr(t, what, (level or 2) + 1) end
+local H, S, T = lib.method_ptrs("embedding collection")
 
 function methods:free()
   if self.cache then self.cache:free() end
