@@ -109,10 +109,7 @@ function M.new(opts, level)
   local ok, err = check(C.ur_qtbe_new(out, cfg, n, tc, nf, ft, fnames), level)
   if not ok then return nil, err end
   self.h = wrap_qtbe(out[0])
-  self.device = device
-  self.pooled = (tables[1].pooling or opts.pooling or "sum") ~= "none"
-  self.out_dim = tonumber(C.ur_qtbe_out_dim(out[0]))
-  self.output_dtype = opts.output_dtype or "f32"
+  table_options.set_output(self, device, tonumber(C.ur_qtbe_out_dim(out[0])), tables, opts)
   return setmetatable(self, mt)
 end
 

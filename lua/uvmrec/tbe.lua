@@ -140,10 +140,7 @@ function M.new(opts, level)
   if not ok then return nil, err end
   self._keep = nil
   self.h = wrap_tbe(out[0])
-  self.device = device
-  self.pooled = tables[1] and (tables[1].pooling or opts.pooling or "sum") ~= "none"
-  self.out_dim = tonumber(C.ur_tbe_out_dim(out[0]))
-  self.output_dtype = opts.output_dtype or "f32"
+  table_options.set_output(self, device, tonumber(C.ur_tbe_out_dim(out[0])), tables, opts)
   self.state_names = {}
   for k = 0, C.ur_tbe_state_count(out[0]) - 1 do
     self.state_names[k + 1] = ffi.string(C.ur_tbe_state_name(out[0], k))
