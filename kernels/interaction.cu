@@ -18,6 +18,7 @@
 
 #include "common.cuh"
 #include "dense.cuh"
+#include "dense/dense.h"
 
 #define UR_INTER_THREADS 128
 #define UR_MMA_WARPS 4 /* warps per block of the tensor-core kernels, a row each at a time */
@@ -367,27 +368,44 @@ static cudaError_t ur_inter_launch(void (*k)(P...), unsigned blocks, unsigned th
   return cudaGetLastError();
 }
 
-/* A grid-stride loop over rows takes at most 16 blocks (scalar) or 8 (tensor cores) per
- * multiprocessor, as shared memory allows several of either. */
+/* A pass's launch (backward 0 or 1): a grid-stride loop over rows takes at most 16 blocks
+ * (scalar) or 8 (tensor cores) per multiprocessor, as shared memory allows several of either. */
+struct ur_inter_geom {
+  unsigned blocks, threads;
+  size_t smem;
+};
+
+static ur_inter_geom ur_inter_geometry(int64_t rows, int tables, int dim, ur_dtype dd,
+                                       int backward, int mma, int sms) {
+  ur_inter_geom g;
+  if (mma) {
+    g.smem = UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), backward);
+    g.blocks = ur_grid_blocks(rows, UR_MMA_WARPS, 8, sms);
+    g.threads = UR_MMA_WARPS * 32;
+  } else {
+    g.smem = ur_inter_smem(tables, dim, backward);
+    g.blocks = ur_grid_blocks(rows, 1, 16, sms);
+    g.threads = UR_INTER_THREADS;
+  }
+  return g;
+}
+
 static cudaError_t ur_inter_fwd_launch(cudaStream_t stream, const void *dense, const void *emb,
                                        void *out, int64_t rows, int64_t ocols, int tables,
                                        int dim, int self, ur_dtype dd, ur_dtype ed, ur_dtype od,
                                        int mma, int sms) {
-  int T1 = tables + 1, pairs = T1 * (T1 - 1) / 2 + (self ? T1 : 0);
+  int T1 = tables + 1, pairs = (int)ur__inter_pairs(T1, self);
+  ur_inter_geom g = ur_inter_geometry(rows, tables, dim, dd, 0, mma, sms);
   cudaError_t e = cudaSuccess;
   if (mma) {
-    size_t smem = UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), 0);
-    unsigned blocks = ur_grid_blocks(rows, UR_MMA_WARPS, 8, sms);
     UR_DENSE_DISPATCH(dd, TI, UR_DENSE_DISPATCH(od, TO,
-      e = ur_inter_launch(ur_inter_mma_fwd_kernel<TI, TO>, blocks, UR_MMA_WARPS * 32, smem, stream,
+      e = ur_inter_launch(ur_inter_mma_fwd_kernel<TI, TO>, g.blocks, g.threads, g.smem, stream,
                           (const TI *)dense, (const TI *)emb, (TO *)out, rows, T1, dim, self,
                           ocols, pairs)));
     return e;
   }
-  size_t smem = ur_inter_smem(tables, dim, 0);
-  unsigned blocks = ur_grid_blocks(rows, 1, 16, sms);
   UR_INTER_DISPATCH(dd, ed, od,
-    e = ur_inter_launch(ur_inter_fwd_kernel<TD, TE, TO>, blocks, UR_INTER_THREADS, smem, stream,
+    e = ur_inter_launch(ur_inter_fwd_kernel<TD, TE, TO>, g.blocks, g.threads, g.smem, stream,
                         (const TD *)dense, (const TE *)emb, (TO *)out, rows, T1, dim, self, ocols,
                         pairs));
   return e;
@@ -397,21 +415,18 @@ static cudaError_t ur_inter_bwd_launch(cudaStream_t stream, const void *dense, c
                                        const void *gout, void *gdense, void *gemb, int64_t rows,
                                        int64_t ocols, int tables, int dim, int self, ur_dtype dd,
                                        ur_dtype ed, ur_dtype od, int mma, int sms) {
-  int T1 = tables + 1, pairs = T1 * (T1 - 1) / 2 + (self ? T1 : 0);
+  int T1 = tables + 1, pairs = (int)ur__inter_pairs(T1, self);
+  ur_inter_geom g = ur_inter_geometry(rows, tables, dim, dd, 1, mma, sms);
   cudaError_t e = cudaSuccess;
   if (mma) {
-    size_t smem = UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), 1);
-    unsigned blocks = ur_grid_blocks(rows, UR_MMA_WARPS, 8, sms);
     UR_DENSE_DISPATCH(dd, TI, UR_DENSE_DISPATCH(od, TO,
-      e = ur_inter_launch(ur_inter_mma_bwd_kernel<TI, TO>, blocks, UR_MMA_WARPS * 32, smem, stream,
+      e = ur_inter_launch(ur_inter_mma_bwd_kernel<TI, TO>, g.blocks, g.threads, g.smem, stream,
                           (const TI *)dense, (const TI *)emb, (const TO *)gout, (TI *)gdense,
                           (TI *)gemb, rows, T1, dim, self, ocols, pairs)));
     return e;
   }
-  size_t smem = ur_inter_smem(tables, dim, 1);
-  unsigned blocks = ur_grid_blocks(rows, 1, 16, sms);
   UR_INTER_DISPATCH(dd, ed, od,
-    e = ur_inter_launch(ur_inter_bwd_kernel<TD, TE, TO>, blocks, UR_INTER_THREADS, smem, stream,
+    e = ur_inter_launch(ur_inter_bwd_kernel<TD, TE, TO>, g.blocks, g.threads, g.smem, stream,
                         (const TD *)dense, (const TE *)emb, (const TO *)gout, (TD *)gdense,
                         (TE *)gemb, rows, T1, dim, self, ocols, pairs));
   return e;

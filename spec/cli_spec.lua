@@ -163,6 +163,32 @@ describe("uvmrec.cli", function()
     command.rmdir(dir)
   end)
 
+  it("runs a benchmark where --gpu or --cpu says, else on a GPU in use, and fails --gpu without one", function()
+    local dir = command.tmpdir()
+    command.spit(dir .. "/bench.lua", [[
+      local cmd = require("uvmrec.cli").command {
+        name = "bench", summary = "a benchmark", { "--gpu", "on the GPU" }, { "--cpu", "on the CPU" },
+        mutex = { { "--gpu", "--cpu" } },
+      }
+      print(cmd:mode(cmd:parse(arg)))]])
+    local gpu = require("uvmrec").gpu()
+    local out, err, code = command.run(command.quote(dir .. "/bench.lua") .. " --cpu")
+    assert.equal(0, code, err)
+    assert.equal("cpu\n", out)
+    out, err, code = command.run(command.quote(dir .. "/bench.lua"))
+    assert.equal(0, code, err)
+    assert.equal(gpu and "gpu\n" or "cpu\n", out)
+    out, err, code = command.run(command.quote(dir .. "/bench.lua") .. " --gpu")
+    if gpu then
+      assert.equal(0, code, err)
+      assert.equal("gpu\n", out)
+    else
+      assert.equal(1, code)
+      assert.matches("^uvmrec bench: %-%-gpu asked but no GPU is in use: ", err)
+    end
+    command.rmdir(dir)
+  end)
+
   it("refuses a declaration it cannot read, at the caller's line", function()
     local function refuses(d, msg)
       local ok, err = pcall(cli.command, d)

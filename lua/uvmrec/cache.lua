@@ -26,7 +26,6 @@
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
-local streams = require "uvmrec.stream"
 local C, check, must = lib.C, lib.check, lib.must
 
 local M = {}
@@ -203,8 +202,7 @@ function M.new(t, names, o, level)
   return self
 end
 
-local function H(self, level) return lib.ptr(self.h, "cache", (level or 2) + 1) end
-local function S(s, level) return streams.handle(s, (level or 2) + 1) end
+local H, S = lib.method_ptrs("cache")
 
 function methods:free()
   free_cache(self.h)

@@ -326,6 +326,16 @@ end
 -- The benchmarks' default config where none is given: the largest preset that fits where they run.
 M.BENCH_CONFIG = { gpu = "dlrm_mlperf_v1_2m", cpu = "dlrm_tiny" }
 
+-- Where a benchmark with the flags --gpu and --cpu (declared with mutex = {{"--gpu", "--cpu"}})
+-- runs: "gpu" or "cpu" as asked, else "gpu" where a GPU is in use; --gpu without one fails
+-- (exit 1) with the reason.
+function Command:mode(args)
+  local ur = require "uvmrec"
+  local mode = args.gpu and "gpu" or args.cpu and "cpu" or (ur.gpu() and "gpu" or "cpu")
+  if mode == "gpu" and not ur.gpu() then self:fail("--gpu asked but no GPU is in use: " .. ur.cuda_error()) end
+  return mode
+end
+
 -- The options several commands share, each with one meaning wherever it stands (see the top).
 M.options = {
   config = { "--config C", ("a config or preset (default: %s on a GPU, %s on the CPU)"):format(

@@ -143,4 +143,17 @@ function M.ptr(h, what, level)
   return p
 end
 
+-- The shorthands of an object over an engine handle (self.h) for its methods, each pointing
+-- its error at the line that called the method (level 2 from the method, as error() counts):
+-- H(self) the handle's pointer (`what` names the object once it was freed), S(stream) an
+-- optional stream's (nil: the default stream), T(t, name) a tensor's.
+--   local H, S, T = lib.method_ptrs("embedding collection")
+function M.method_ptrs(what)
+  local streams = require "uvmrec.stream"
+  local function H(self, level) return M.ptr(self.h, what, (level or 2) + 1) end
+  local function S(s, level) return streams.handle(s, (level or 2) + 1) end
+  local function T(t, name, level) return M.ptr(t, name, (level or 2) + 1) end
+  return H, S, T
+end
+
 return M

@@ -13,7 +13,6 @@
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
-local streams = require "uvmrec.stream"
 local C, check, must = lib.C, lib.check, lib.must
 
 local M = {}
@@ -132,9 +131,7 @@ function M.new(opts, level)
   return setmetatable(self, mt)
 end
 
-local function H(self, level) return lib.ptr(self.h, "managed collisions", (level or 2) + 1) end
-local function S(s, level) return streams.handle(s, (level or 2) + 1) end
-local function T(t, what, level) return lib.ptr(t, what, (level or 2) + 1) end
+local H, S, T = lib.method_ptrs("managed collisions")
 
 function methods:free() free_mc(self.h) end
 

@@ -11,7 +11,6 @@
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
-local streams = require "uvmrec.stream"
 local C, check, must = lib.C, lib.check, lib.must
 
 local M = {}
@@ -110,16 +109,11 @@ function M.new(opts, level)
   local ok, err = check(C.ur_qtbe_new(out, cfg, n, tc, nf, ft, fnames), level)
   if not ok then return nil, err end
   self.h = wrap_qtbe(out[0])
-  self.device = device
-  self.pooled = (tables[1].pooling or opts.pooling or "sum") ~= "none"
-  self.out_dim = tonumber(C.ur_qtbe_out_dim(out[0]))
-  self.output_dtype = opts.output_dtype or "f32"
+  table_options.set_output(self, device, tonumber(C.ur_qtbe_out_dim(out[0])), tables, opts)
   return setmetatable(self, mt)
 end
 
-local function H(self, level) return lib.ptr(self.h, "quantized collection", (level or 2) + 1) end
-local function S(s, level) return streams.handle(s, (level or 2) + 1) end
-local function T(t, what, level) return lib.ptr(t, what, (level or 2) + 1) end
+local H, S, T = lib.method_ptrs("quantized collection")
 
 function methods:free() free_qtbe(self.h) end
 

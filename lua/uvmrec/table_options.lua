@@ -3,8 +3,9 @@
 -- non-empty list of tables, each a table of known options and a name of its own, whole numbers,
 -- names from a map, the features each table reads and an input's keys.  Every message opens
 -- with the collection's name and points at the caller's line (`level` counts as error()'s does,
--- from the function calling these).  Also the methods the collections share (placement,
--- new_output) and what the nn modules over them share (module_options, module_output).
+-- from the function calling these).  Also the output fields (set_output) and the methods the
+-- collections share (placement, new_output), and what the nn modules over them share
+-- (module_options, module_output).
 --
 --   local O = require("uvmrec.table_options").checks("embedding collection")
 --   local tables = O.open(opts, OPTS, "collection ", level)
@@ -198,6 +199,17 @@ function M.module_options(who, opts, pooling, level)
   for k, v in pairs(opts) do o[k] = v end
   o.pooling = pooling
   return o
+end
+
+-- What the methods below and the collections' output_shape read, set once the engine has made
+-- the collection: where it runs (device), whether it pools (pooled: its first table says for
+-- all, as the engine takes tables that all pool or none), its output's width (the engine's
+-- out_dim) and dtype.
+function M.set_output(self, device, out_dim, tables, opts)
+  self.device = device
+  self.pooled = (tables[1].pooling or opts.pooling or "sum") ~= "none"
+  self.out_dim = out_dim
+  self.output_dtype = opts.output_dtype or "f32"
 end
 
 -- The methods collections share.  Where the collection runs (self.device: a GPU ordinal, or

@@ -11,7 +11,6 @@
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
-local streams = require "uvmrec.stream"
 local kjt = require "uvmrec.kjt"
 local C, check, must = lib.C, lib.check, lib.must
 
@@ -141,10 +140,7 @@ function M.new(opts, level)
   if not ok then return nil, err end
   self._keep = nil
   self.h = wrap_tbe(out[0])
-  self.device = device
-  self.pooled = tables[1] and (tables[1].pooling or opts.pooling or "sum") ~= "none"
-  self.out_dim = tonumber(C.ur_tbe_out_dim(out[0]))
-  self.output_dtype = opts.output_dtype or "f32"
+  table_options.set_output(self, device, tonumber(C.ur_tbe_out_dim(out[0])), tables, opts)
   self.state_names = {}
   for k = 0, C.ur_tbe_state_count(out[0]) - 1 do
     self.state_names[k + 1] = ffi.string(C.ur_tbe_state_name(out[0], k))
@@ -173,9 +169,7 @@ function M.new(opts, level)
   return self
 end
 
-local function H(self, level) return lib.ptr(self.h, "embedding collection", (level or 2) + 1) end
-local function S(s, level) return streams.handle(s, (level or 2) + 1) end
-local function T(t, what, level) return lib.ptr(t, what, (level or 2) + 1) end
+local H, S, T = lib.method_ptrs("embedding collection")
 
 function methods:free()
   if self.cache then self.cache:free() end

@@ -30,8 +30,7 @@ local cmd = require("uvmrec.cli").command {
   mutex = { { "--gpu", "--cpu" } },
 }
 local args = cmd:parse(arg)
-args.mode = args.gpu and "gpu" or args.cpu and "cpu" or (ur.gpu() and "gpu" or "cpu")
-if args.mode == "gpu" and not ur.gpu() then cmd:fail("--gpu asked but no GPU is in use: " .. ur.cuda_error()) end
+args.mode = cmd:mode(args)
 
 local GPU = args.mode == "gpu"
 local BATCH = args.batch or (GPU and 65536 or 2048)

@@ -43,6 +43,11 @@ static inline void ur__dense_st(void *p, ur_dtype d, size_t i, float v) {
  * the mask is cuBLASLt's bit mask with a leading dimension of 128-bit multiples. */
 static inline int64_t ur__mask_cols(int64_t n) { return n <= 0 ? 0 : (n + 127) / 128 * 16; }
 
+/* The dot interaction's pairs of T1 vectors (the dense one and the tables'): each two once,
+ * and each with itself too under self-interaction.  The CPU reference and the GPU's
+ * launchers (kernels/interaction.cu) count them here. */
+static inline int64_t ur__inter_pairs(int64_t T1, int self) { return T1 * (T1 - 1) / 2 + (self ? T1 : 0); }
+
 /* Parameters per optimizer call of a backend (for the GPU, one launch). */
 #define UR__OPTIM_GROUP 48
 

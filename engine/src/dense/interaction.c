@@ -90,8 +90,6 @@ static void inter_bwd_range(void *ctx, size_t r0, size_t r1) {
   free(z);
 }
 
-static int64_t pairs(int64_t T1, int self) { return T1 * (T1 - 1) / 2 + (self ? T1 : 0); }
-
 static ur_status cpu_inter(int fwd, const void *dense, const void *emb, const void *gout,
                            void *out, void *gdense, void *gemb, int64_t rows, int64_t ocols,
                            int32_t tables, int32_t dim, int32_t self, ur_dtype dd, ur_dtype ed,
@@ -151,7 +149,7 @@ static ur_status inter_shapes(const char *op, const ur_tensor *dense, const ur_t
     return ur__error(UR_STATUS_INVALID, "%s: flags 0x%x include bits other than TF32 (0x%x)", op,
                      (unsigned)flags, (unsigned)UR_DENSE_TF32);
   *tables = (int32_t)T;
-  int64_t w = d + pairs(T + 1, self), wp = (w + 7) / 8 * 8;
+  int64_t w = d + ur__inter_pairs(T + 1, self), wp = (w + 7) / 8 * 8;
   if (out && out->ndim == 2 && out->shape[1] == wp) return ur__dense_check(op, out_name, out, 1, rows, wp);
   st = ur__dense_check(op, out_name, out, 1, rows, w);
   if (!st || w == wp) return st;
@@ -163,7 +161,7 @@ static ur_status inter_shapes(const char *op, const ur_tensor *dense, const ur_t
 int64_t ur_interaction_cols(int32_t tables, int32_t dim, int32_t self_interaction,
                             int32_t padded) {
   if (tables < 1 || dim < 1) return 0;
-  int64_t w = dim + pairs((int64_t)tables + 1, self_interaction != 0);
+  int64_t w = dim + ur__inter_pairs((int64_t)tables + 1, self_interaction != 0);
   return padded ? (w + 7) / 8 * 8 : w;
 }
 

@@ -13,7 +13,6 @@
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
-local streams = require "uvmrec.stream"
 local C, check, must = lib.C, lib.check, lib.must
 
 local M = {}
@@ -24,8 +23,7 @@ local Comm = {}
 Comm.__index = Comm
 local wrap_comm, free_comm = lib.handle_type("ur_comm", C.ur_comm_free, {})
 
-local function P(self, level) return lib.ptr(self.h, "communicator", (level or 2) + 1) end
-local function S(s, level) return streams.handle(s, (level or 2) + 1) end
+local P, S = lib.method_ptrs("communicator")
 local function T(t, what, level)
   if not tensor.is_tensor(t) then
     error(("comm: %s must be a tensor, got %s"):format(what, type(t)), (level or 2) + 1)
