@@ -15,7 +15,10 @@
 -- named as parameters() names them: "C3" for a whole table, "C3[250:500,0:16]" for rows
 -- [250, 500) and columns [0, 16) of it, and "<block>.<state>" for its optimizer state ("sum",
 -- "exp_avg", "exp_avg_sq").  Data-parallel tables are written by rank 0 alone (every replica is
--- the same).  Several hosts need the folder on a file system they share.
+-- the same).  Shards that count their accesses (uvmrec.hints) save their counters too,
+-- "<block>.counts" ("C3.counts.r<rank>" for each data-parallel replica, whose counts differ),
+-- merged per logical row on load (counted_rows).  Several hosts need the folder on a file system
+-- they share.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
