@@ -2,7 +2,9 @@
 -- loads on 2 ranks under another plan, in one process and back on 4 ranks, every row and every
 -- optimizer state value bit for bit (the 4-rank files written again equal the first ones byte
 -- for byte); a resumed 4-rank run gives the uninterrupted run's outputs and tables bit for bit;
--- a checkpoint loads into one process's unsharded collection; every refusal is named.  Ranks
+-- a checkpoint loads into one process's unsharded collection; the shards' access counters are
+-- saved merged as one process's unsharded tables count them (resharded on load, whatever the
+-- plan, world or layout: every value held to such a reference); every refusal is named.  Ranks
 -- are processes on the CPU (spec/support/dist_checkpoint.lua under `uvmrec launch`).
 local ur = require "uvmrec"
 local dist = require "uvmrec.dist"
@@ -57,8 +59,46 @@ local function steps(out)
   return table.concat(lines, "\n")
 end
 
--- The ranks' collection (the script's own options).
+-- The ranks' collection (the script's own options) and their batches.
 local opts = require("dist_checkpoint").opts
+local batch = require("dist_checkpoint").batch
+
+local TABLES = { "a", "b", "c", "d" }
+
+-- Every table's access counts (lists by row id) of a uvmrec.tbe collection.
+local function counts_of(tbe)
+  local out = {}
+  for _, t in ipairs(TABLES) do
+    local c = tbe:counts(t)
+    out[t] = c:totable()
+    c:free()
+  end
+  return out
+end
+
+-- What one process's unsharded tables count over the global batches of steps [s0, s1]: the
+-- reference every merged count is held to.
+local function reference(s0, s1)
+  local plain = ur.nn.EmbeddingBagCollection(opts())
+  assert(plain.tbe:set_counting(true))
+  for step = s0, s1 do
+    local kjt = batch(step, 0, 1)
+    plain:forward(kjt)
+    kjt:free()
+  end
+  local out = counts_of(plain.tbe)
+  plain.tbe:free()
+  return out
+end
+
+-- A checkpoint folder's counts, merged: loaded into one process's unsharded collection.
+local function merged(folder)
+  local plain = ur.nn.EmbeddingBagCollection(opts())
+  assert(dck.load(folder, plain))
+  local out = counts_of(plain.tbe)
+  plain.tbe:free()
+  return out
+end
 
 -- Every table and optimizer state of two unsharded collections of opts(), element for element.
 local function same_tables(x, y)
@@ -106,13 +146,47 @@ describe("uvmrec.dist.checkpoint", function()
   it("resumes a 4-rank run with the uninterrupted run's outputs and tables, bit for bit", function()
     if not have_mpi() then pending("no MPI here") return end
     local A, U, R = dir .. "/r2", dir .. "/U", dir .. "/R"
-    job(4, { PLAN = "mixed4", STEPS = "2", OUT = A })
-    local whole = job(4, { PLAN = "mixed4", STEPS = "4", OUT = U })
-    local resumed = job(4, { PLAN = "mixed4", IN = A, STEPS = "4", OUT = R })
+    -- the shards count their accesses too: the resumed counters go on from the saved ones
+    job(4, { PLAN = "mixed4", COUNT = "1", STEPS = "2", OUT = A })
+    local whole = job(4, { PLAN = "mixed4", COUNT = "1", STEPS = "4", OUT = U })
+    local resumed = job(4, { PLAN = "mixed4", COUNT = "1", IN = A, STEPS = "4", OUT = R })
     local s = steps(resumed)
     assert.matches("step 3 out", s)
     assert.equal(steps(whole):gsub("[^\n]*step [12] out[^\n]*\n?", ""), s)
     same_files(U, R, 4)
+    assert.truthy(contents(R .. "/rank-00001-of-00004.safetensors")["b.counts.r1"], "a replica's counts")
+  end)
+
+  it("saves every shard's access counts merged as the unsharded table counts them, and reshards them", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local A, A2, B, Cc, D = dir .. "/nA", dir .. "/nA2", dir .. "/nB", dir .. "/nC", dir .. "/nD"
+    -- every shard laid out hottest first before the save: the counts are by row id all the same
+    job(4, { PLAN = "mixed4", COUNT = "1", RELAYOUT = "1", STEPS = "2", OUT = A })
+    local m = assert(dck.manifest(A))
+    assert.equal(4, #m.tables.a.counts, "row-wise: every rank's rows")
+    assert.equal(3, #m.tables.d.counts, "row-wise: no block past the table's end")
+    assert.equal(1, #m.tables.c.counts, "column-wise: one column block's (each counts every lookup)")
+    assert.equal(4, #m.tables.b.counts, "data-parallel: every replica's own")
+    for r, d in ipairs(m.tables.b.counts) do
+      assert.is_true(d.replica)
+      assert.equal(r - 1, d.rank)
+      assert.equal(("b.counts.r%d"):format(r - 1), d.tensor)
+    end
+    local want = reference(1, 2)
+    assert.same(want, merged(A))
+    -- the same world: every shard's counters as saved (the replicas' each its own)
+    job(4, { PLAN = "mixed4", IN = A, STEPS = "2", OUT = A2 })
+    same_files(A, A2, 4)
+    -- 2 ranks under another plan (b row-wise, d data-parallel: two replicas share the sum) go
+    -- on counting; their checkpoint loads in one process, whose loads on 4 ranks
+    job(2, { PLAN = "mixed2", COUNT = "1", IN = A, STEPS = "4", OUT = B })
+    want = reference(1, 4)
+    assert.same(want, merged(B))
+    assert.equal(2, #assert(dck.manifest(B)).tables.d.counts)
+    job(1, { PLAN = "row_wise", IN = B, STEPS = "4", OUT = Cc })
+    assert.same(want, merged(Cc))
+    job(4, { PLAN = "mixed4", COUNT = "1", IN = Cc, STEPS = "4", OUT = D })
+    assert.same(want, merged(D))
   end)
 
   it("reshards rowwise Adagrad's per-row state of row-wise blocks", function()
@@ -190,6 +264,97 @@ describe("uvmrec.dist.checkpoint", function()
     sharded:free()
     again.tbe:free()
     plain.tbe:free()
+  end)
+
+  it("carries the access counters of one process through a world of one's shards and back", function()
+    local comm = assert(dist.comm())
+    local plain = ur.nn.EmbeddingBagCollection(opts())
+    assert(plain.tbe:set_counting(true))
+    for step = 1, 3 do
+      local kjt = batch(step, 0, 1)
+      plain:forward(kjt)
+      kjt:free()
+    end
+    assert(plain.tbe:relayout("a", "counts"))
+    local want = counts_of(plain.tbe)
+    assert.is_true(want.a[1] + want.a[2] + want.a[3] > 0)
+    local P = dir .. "/counted"
+    assert(dck.save(P, plain))
+    local sharded = dist.shard(opts(), { a = "row_wise", b = "table_wise", c = { "column_wise", ranks = { 0, 0, 0 } },
+                                         d = "data_parallel" }, comm)
+    assert(dck.load(P, sharded))
+    local function shard_counts(name, shard)
+      for _, b in ipairs(sharded:blocks()) do
+        if b.shard == shard then
+          assert.is_true(b.collection:counting(shard), shard)
+          local c = b.collection:counts(shard)
+          assert.same(want[name], c:totable(), shard)
+          c:free()
+          return
+        end
+      end
+      error("no shard " .. shard)
+    end
+    shard_counts("a", "a/r0")
+    shard_counts("b", "b")
+    for s = 0, 2 do shard_counts("c", "c/c" .. s) end -- every column block counts every lookup
+    shard_counts("d", "d")
+    local S = dir .. "/counted_sharded"
+    local m = assert(dck.save(S, sharded))
+    assert.equal(1, #m.tables.c.counts)
+    assert.same(want, merged(S))
+    sharded:free()
+    plain.tbe:free()
+  end)
+
+  it("loads a checkpoint without counts (counters as a fresh run's) and names counts that do not fit", function()
+    local P, Old = dir .. "/counted", dir .. "/old"
+    -- an older save: its manifest has no counts
+    command.sh(("cp -r %s %s"):format(P, Old))
+    local m = assert(dck.manifest(Old))
+    for _, t in pairs(m.tables) do t.counts = nil end
+    local f = assert(io.open(Old .. "/manifest.json", "wb"))
+    f:write(require("uvmrec.json").encode(m) .. "\n")
+    f:close()
+    local plain = ur.nn.EmbeddingBagCollection(opts())
+    assert(dck.load(Old, plain))
+    assert.is_false(plain.tbe:counting("a"))
+    assert.is_false((pcall(plain.tbe.counts, plain.tbe, "a")), "no counters made")
+    assert(plain.tbe:set_counting(true))
+    for _, t in ipairs(TABLES) do
+      local c = plain.tbe:counts(t)
+      for _, x in ipairs(c:totable()) do assert.equal(0, x, t) end
+      c:free()
+    end
+    local full = ur.nn.EmbeddingBagCollection(opts())
+    assert(dck.load(P, full))
+    same_tables(plain, full)
+    -- counts of another dtype or length: named, and nothing written
+    local file = "/rank-00000-of-00001.safetensors"
+    local function tampered(name, t)
+      local Bad = dir .. "/bad_" .. name
+      command.sh(("rm -rf %s && cp -r %s %s"):format(Bad, P, Bad))
+      local st = assert(ck.load(P .. file, { placement = "host" }))
+      st.tensors["a.counts"]:free()
+      st.tensors["a.counts"] = t
+      assert(ck.save(Bad .. file, st))
+      for _, x in pairs(st.tensors) do x:free() end
+      local fresh = ur.nn.EmbeddingBagCollection(opts())
+      local before = fresh:table("a"):totable()
+      local _, err = dck.load(Bad, fresh)
+      assert.same(before, fresh:table("a"):totable())
+      assert.is_false(fresh.tbe:counting("a"))
+      fresh.tbe:free()
+      return err
+    end
+    local err = tampered("dtype", ur.tensor({ 103 }):fill(1))
+    assert.matches("dist.checkpoint: .*/bad_dtype: table 'a' has access counts 'a.counts' of rows %[0, 103%) as f32 "
+      .. "%[103%] in rank%-00000%-of%-00001%.safetensors; expected i32 %[103%]", err)
+    err = tampered("rows", ur.tensor({ 102 }, { dtype = "i32" }):fill(1))
+    assert.matches("table 'a' has access counts 'a.counts' of rows %[0, 103%) as i32 %[102%] in "
+      .. "rank%-00000%-of%-00001%.safetensors; expected i32 %[103%]", err)
+    plain.tbe:free()
+    full.tbe:free()
   end)
 
   h.cuda_it("saves shards of device tables and loads them into host collections, bit for bit", function()

@@ -4,9 +4,12 @@
 -- --resume on the same world size gives the uninterrupted run's losses bit for bit; on another
 -- world size, another sharding or in one process (resharding) within docs/distributed.md's 1e-5
 -- relative (the dense gradients' all-reduce sums in another order).  SIGINT on launch stops every
--- rank at one step and saves one checkpoint that resumes bit for bit.
+-- rank at one step and saves one checkpoint that resumes bit for bit.  Managed shards' access
+-- counters resume as the uninterrupted run's on the same world, and merged in one process.
 local command = require "command"
 local json = require "uvmrec.json"
+local ck = require "uvmrec.checkpoint"
+local dck = require "uvmrec.dist.checkpoint"
 
 local helpers = require "helpers"
 local have_mpi = helpers.have_mpi
@@ -35,6 +38,44 @@ local function listing(dir)
     return l
   end)
   return names
+end
+
+-- The access counts of a sharded checkpoint folder's files: {tensor name = list} per rank file.
+local function shard_counts(folder, world)
+  local out = {}
+  for r = 0, world - 1 do
+    local f = assert(ck.open(("%s/rank-%05d-of-%05d.safetensors"):format(folder, r, world)))
+    for _, name in ipairs(f:names()) do
+      if name:match("%.counts") then
+        local v = assert(f:view(name))
+        out[("%d:%s"):format(r, name)] = v:totable()
+        v:free()
+      end
+    end
+    f:close()
+  end
+  return out
+end
+
+-- A sharded checkpoint folder's counts per logical table, merged as docs/distributed.md says:
+-- a row's count is the sum of the saved counters of it (row blocks, one column block, every
+-- data-parallel replica).
+local function merged_counts(folder)
+  local m = assert(dck.manifest(folder))
+  local out = {}
+  for name, t in pairs(m.tables) do
+    local c = {}
+    for i = 1, t.rows do c[i] = 0 end
+    for _, d in ipairs(t.counts or {}) do
+      local f = assert(ck.open(folder .. "/" .. d.file))
+      local v = assert(f:view(d.tensor))
+      for i, x in ipairs(v:totable()) do c[d.row0 + i] = c[d.row0 + i] + x end
+      v:free()
+      f:close()
+    end
+    out[name] = t.counts and c or nil
+  end
+  return out
 end
 
 describe("uvmrec train over ranks: checkpoints and --resume", function()
@@ -79,6 +120,38 @@ describe("uvmrec train over ranks: checkpoints and --resume", function()
     assert.is_true(code ~= 0)
     assert.matches("ckpt%-000000000020%.safetensors was saved by one process %(its tables whole, component "
       .. "'embeddings'%): a run over 2 ranks resumes from checkpoints of runs over ranks", err)
+  end)
+
+  it("resumes managed shards' access counters: on 2 ranks as the uninterrupted run's, in one process merged", function()
+    if not have_mpi() then pending("no MPI here") return end
+    -- hot_prefix on every managed shard (row-wise, C3 data-parallel, C4 in column blocks), laid
+    -- out hottest first at its intervals
+    local hints = " --set embeddings.placement=managed --set embeddings.hints.every=3 --set train.checkpoint_every=4"
+      .. " --set embeddings.tables.C3.sharding=data_parallel --set embeddings.tables.C4.sharding=column_wise"
+    train("launch -n 2", "--steps 8 --out " .. dir .. "/whole" .. hints)
+    train("launch -n 2", "--steps 4 --out " .. dir .. "/a" .. hints)
+    command.sh(("cp -r %s/a %s/one"):format(dir, dir))
+    train("launch -n 2", "--steps 8 --out " .. dir .. "/a --resume " .. dir .. "/a" .. hints)
+    -- the same world: every shard's counters (each replica's own) as the uninterrupted run's
+    local at8 = "/checkpoints/ckpt-000000000008.shards"
+    local whole = shard_counts(dir .. "/whole" .. at8, 2)
+    assert.truthy(whole["1:C3.counts.r1"], "rank 1's replica of C3")
+    assert.truthy(whole["0:C1.counts"] or whole["0:C1[0:2,0:16].counts"], "rank 0's block of C1")
+    local resumed = shard_counts(dir .. "/a" .. at8, 2)
+    for name, c in pairs(whole) do assert.same(c, resumed[name], name) end
+    for name in pairs(resumed) do assert.truthy(whole[name], name) end
+    -- one process: its layout component counts every table as the shards' merged counts
+    train("", "--steps 8 --out " .. dir .. "/one --resume " .. dir .. "/one" .. hints)
+    local want = merged_counts(dir .. "/whole" .. at8)
+    local f = assert(ck.open(dir .. "/one/checkpoints/ckpt-000000000008.safetensors"))
+    for k = 1, 26 do
+      local name = "C" .. k
+      assert.truthy(want[name], name)
+      local v = assert(f:view("layout." .. name .. ".counts"))
+      assert.same(want[name], v:totable(), name)
+      v:free()
+    end
+    f:close()
   end)
 
   it("stops every rank at one step on SIGINT to launch with one checkpoint that resumes bit for bit", function()

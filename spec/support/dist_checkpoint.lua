@@ -4,11 +4,14 @@
 -- step (rank r takes samples [r * 24 / W, (r + 1) * 24 / W)), loading and saving sharded
 -- checkpoints (uvmrec.dist.checkpoint).
 -- Environment: PLAN (a name below), OPT (the tables' optimizer, adam by default), IN (a
--- checkpoint folder to load first: training goes on from its step), STEPS (train up to this
--- step), OUT (a folder to save into at the end).  Each step prints "step S out X" with the
--- exact sum of this rank's output (%a) on every rank; each rank ends with "rank R: ok".
+-- checkpoint folder to load first: training goes on from its step), COUNT=1 (every shard
+-- counts its accesses, hints' counters), RELAYOUT=1 (every shard laid out hottest first by its
+-- counts before the save), STEPS (train up to this step), OUT (a folder to save into at the
+-- end).  Each step prints "step S out X" with the exact sum of this rank's output (%a) on every
+-- rank; each rank ends with "rank R: ok".
 -- Required as a module (require "dist_checkpoint"), it runs nothing and returns the
--- collection's options and the plans, which the spec builds its one-process collections from.
+-- collection's options, the plans and batch(step, rank, world), which the spec builds its
+-- one-process collections and references from.
 local ur = require "uvmrec"
 local dist = require "uvmrec.dist"
 local dck = require "uvmrec.dist.checkpoint"
@@ -26,19 +29,14 @@ M.plans = {
   mixed2 = { a = "column_wise", b = "row_wise", c = "table_wise", d = "data_parallel" },
   table_wise = "table_wise", row_wise = "row_wise", column_wise = "column_wise",
 }
-if (...) == "dist_checkpoint" then return M end
-
-assert(dist.init { cpu = true })
-local comm = dist.job()
-local W, me = comm.world, comm.rank
 local GB = 24
 
 -- helpers.lua beside this file (spec/run.lua puts this folder on the path; a rank does it here).
 package.path = debug.getinfo(1, "S").source:match("^@(.-)[^/]*$") .. "?.lua;" .. package.path
 local rng = require("helpers").rng
 
--- The global batch of a step, this rank's samples of it.
-local function batch(step)
+-- The global batch of a step, rank me's samples of it in a world of W.
+function M.batch(step, me, W)
   local r = rng(step * 7919)
   local rows = { f = 103, g = 103, b = 7, c = 30, d = 3 }
   local lo, hi = me * GB / W, (me + 1) * GB / W
@@ -58,6 +56,11 @@ local function batch(step)
   end
   return ur.KJT { keys = { "f", "g", "b", "c", "d" }, values = values, lengths = lengths, weights = weights }
 end
+if (...) == "dist_checkpoint" then return M end
+
+assert(dist.init { cpu = true })
+local comm = dist.job()
+local W, me = comm.world, comm.rank
 
 local plan = M.plans[os.getenv("PLAN") or "mixed4"]
 assert(plan, "PLAN: no plan named " .. tostring(os.getenv("PLAN")))
@@ -68,8 +71,11 @@ if os.getenv("IN") and os.getenv("IN") ~= "" then
   start = m.step
   print(("loaded %s: %d ranks' checkpoint at step %d"):format(os.getenv("IN"), m.world, m.step))
 end
+if os.getenv("COUNT") == "1" then
+  for _, c in ipairs(ebc.collections) do assert(c:set_counting(true)) end
+end
 for step = start + 1, tonumber(os.getenv("STEPS") or "2") do
-  local kjt = batch(step)
+  local kjt = M.batch(step, me, W)
   local out = ebc:forward(kjt)
   local sum = 0
   for _, x in ipairs(out:totable()) do sum = sum + x end
@@ -79,6 +85,9 @@ for step = start + 1, tonumber(os.getenv("STEPS") or "2") do
   assert(mine:copy(g:view(me * GB / W, GB / W)))
   ebc:backward(kjt, mine)
   kjt:free()
+end
+if os.getenv("RELAYOUT") == "1" then
+  for _, b in ipairs(ebc:blocks()) do assert(b.collection:relayout(b.shard, "counts")) end
 end
 if os.getenv("OUT") and os.getenv("OUT") ~= "" then
   local m = assert(dck.save(os.getenv("OUT"), ebc))

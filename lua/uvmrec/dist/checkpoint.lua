@@ -15,12 +15,16 @@
 -- named as parameters() names them: "C3" for a whole table, "C3[250:500,0:16]" for rows
 -- [250, 500) and columns [0, 16) of it, and "<block>.<state>" for its optimizer state ("sum",
 -- "exp_avg", "exp_avg_sq").  Data-parallel tables are written by rank 0 alone (every replica is
--- the same).  Several hosts need the folder on a file system they share.
+-- the same).  Shards that count their accesses (uvmrec.hints) save their counters too,
+-- "<block>.counts" ("C3.counts.r<rank>" for each data-parallel replica, whose counts differ),
+-- merged per logical row on load (counted_rows).  Several hosts need the folder on a file system
+-- they share.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
 local json = require "uvmrec.json"
 local ck = require "uvmrec.checkpoint"
+local hints = require "uvmrec.hints"
 local C, check = lib.C, lib.check
 
 local M = { FORMAT = 1, MANIFEST = "manifest.json" }
@@ -148,11 +152,22 @@ function M.save(dir, ebc, opts)
   end
   ok, err = agree(comm, ok, err)
   if not ok then return nil, err end
-  local tensors, views, described = {}, {}, {}
+  local tensors, views, described, counted = {}, {}, {}, {}
   for _, b in ipairs(blocks) do
+    local c = b.collection
+    local name = block_name(b)
+    -- the access counters (indexed by row id, so already in logical row order), by the rule of
+    -- counted_rows: every replica its own, one column block of a table (each counts every lookup)
+    local cok, cv = pcall(c.counts, c, b.shard)
+    if cok and (b.replica or b.col0 == 0) then
+      local cname = b.replica and ("%s.counts.r%d"):format(name, me) or name .. ".counts"
+      tensors[cname], views[#views + 1] = cv, cv
+      counted[#counted + 1] = { name = b.name, tensor = cname, row0 = b.row0, rows = b.rows, rank = me,
+                                replica = b.replica, counting = c:counting(b.shard) }
+    elseif cok then
+      cv:free()
+    end
     if not b.replica or me == 0 then
-      local c = b.collection
-      local name = block_name(b)
       local v = c:table(b.shard)
       local perm = c.permutation and c:permutation(b.shard)
       local hperm = perm and assert(perm:to("host"))
@@ -171,7 +186,8 @@ function M.save(dir, ebc, opts)
     end
   end
   local c1 = collections[1]
-  local meta = { ["uvmrec.dist.blocks"] = json.encode(described), ["uvmrec.dist.rank"] = me,
+  local meta = { ["uvmrec.dist.blocks"] = json.encode(described), ["uvmrec.dist.counts"] = json.encode(counted),
+                 ["uvmrec.dist.rank"] = me,
                  ["uvmrec.dist.world"] = W, ["uvmrec.step"] = step }
   local path = dir .. "/" .. file_name(me, W)
   ok, err = ck.save(path, { tensors = tensors, meta = meta }, { staging = opts.staging, stream = opts.stream })
@@ -197,6 +213,12 @@ function M.save(dir, ebc, opts)
         end
         d.file = fname
         t.blocks[#t.blocks + 1] = d
+      end
+      for _, d in ipairs(json.decode(f:meta("uvmrec.dist.counts") or "[]")) do
+        local t = manifest.tables[d.name] -- a file's counts follow its blocks (a replica's: rank 0's)
+        d.file = fname
+        t.counts = t.counts or {}
+        t.counts[#t.counts + 1] = d
       end
       f:close()
     end
@@ -270,6 +292,70 @@ end
 
 local function bytes(t) return ffi.cast("uint8_t *", C.ur_tensor_data(lib.ptr(t, "tensor", 3))) end
 
+-- The ceiling of an access counter (uvmrec.tbe: counters stop growing at 2^30); merged counts
+-- are held to it too.
+local COUNT_MAX = 2 ^ 30
+
+-- The access counters of block b (logical rows [b.row0, b.row0 + b.rows)) from the saved ones
+-- of its table (t.counts: {file, tensor, row0, rows, rank, replica, counting}): a host i32 [b.rows]
+-- and whether they were counting, or nil where the checkpoint holds none (saved before counts
+-- were, or from tables that never counted).  The merge rule (docs/distributed.md): a row's
+-- count is the sum of the saved counters of it.  Table- and row-wise shards count disjoint rows
+-- and column-wise tables save one column block's (every column block counts every lookup of its
+-- rows), so there a row has one saved counter; data-parallel replicas count only their own rank's
+-- lookups, so a row's count is the replicas' sum: in every case what one process's unsharded
+-- table counts over the same global batches.  A replica in a loading world of W data-parallel
+-- ranks takes its rank's saved counters where the checkpoint's world had W replicas too, else
+-- an even share of the sum (floor(n / W), one more on n mod W of the ranks, in turns by row),
+-- so that the replicas' sum, which the next save merges, is the count again.
+-- view(d, d.tensor) gives saved counter d's tensor; W and me are the loading world and rank.
+local function counted_rows(where, m, b, view, W, me)
+  local saved = m.tables[b.name].counts
+  if not saved or #saved == 0 then return nil end
+  local replicas = 0
+  for _, d in ipairs(saved) do
+    if d.replica then replicas = replicas + 1 end
+  end
+  if replicas > 0 and (replicas ~= m.world or replicas ~= #saved) then
+    error(("%s: table '%s' has the access counts of %d data-parallel replicas and %d other blocks; expected one "
+      .. "replica's per rank, %d"):format(where, b.name, replicas, #saved - replicas, m.world), 0)
+  end
+  -- a replica of a world as large as the saving one: its rank's own counters
+  local exact = b.replica and replicas > 0 and W == m.world
+  local sum = ffi.new("double[?]", b.rows)
+  local got, counting = 0, false
+  for _, d in ipairs(saved) do
+    local r0, r1 = math.max(b.row0, d.row0), math.min(b.row0 + b.rows, d.row0 + d.rows)
+    if r1 > r0 and (not exact or d.rank == me) then
+      local v = view(d, d.tensor)
+      if v:dtype() ~= "i32" or v:numel() ~= d.rows then
+        local dtype, shape = v:dtype(), table.concat(v:size(), " x ")
+        v:free()
+        error(("%s: table '%s' has access counts '%s' of rows [%d, %d) as %s [%s] in %s; expected i32 [%d]")
+          :format(where, b.name, d.tensor, d.row0, d.row0 + d.rows, dtype, shape, d.file, d.rows), 0)
+      end
+      local c = ffi.cast("const int32_t *", C.ur_tensor_data(v.p))
+      for r = r0, r1 - 1 do sum[r - b.row0] = sum[r - b.row0] + c[r - d.row0] end
+      v:free()
+      if not d.replica then got = got + (r1 - r0) end
+      counting = counting or d.counting
+    end
+  end
+  if replicas == 0 and got ~= b.rows then
+    error(("%s: the access counts of table '%s' give %d of the %d rows [%d, %d)"):format(where, b.name, got, b.rows,
+      b.row0, b.row0 + b.rows), 0)
+  end
+  local share = b.replica and not exact and W or 1
+  local out = assert(tensor.tensor({ b.rows }, { dtype = "i32" }))
+  local o = ffi.cast("int32_t *", C.ur_tensor_data(out.p))
+  for i = 0, b.rows - 1 do
+    local n = math.min(sum[i], COUNT_MAX)
+    local q = math.floor(n / share)
+    o[i] = q + (((i + me) % share) < n - q * share and 1 or 0)
+  end
+  return out, counting
+end
+
 -- Loads a checkpoint folder into `ebc` (a Sharded collection, an EmbeddingBagCollection or a
 -- uvmrec.tbe collection): every block it holds is reassembled from the saved blocks that
 -- overlap it, with its optimizer state, and the collections' step is the checkpoint's.  Not a
@@ -280,7 +366,7 @@ function M.load(dir, ebc, opts)
   opts = opts or {}
   local m, err = M.manifest(dir)
   if not m then return nil, err end
-  local blocks, _, collections = holdings(ebc, 2)
+  local blocks, comm, collections = holdings(ebc, 2)
   local where = ("dist.checkpoint: %s"):format(dir)
   -- checks first
   local held = {}
@@ -311,7 +397,6 @@ function M.load(dir, ebc, opts)
     return nil, ("%s: the optimizer state there is {%s} (%s) and here {%s} (%s)"):format(where, theirs,
       tostring(m.optimizer), mine, tostring(c1 and c1.optimizer))
   end
-  -- then the copies
   local files = {}
   local function view(d, tname)
     local f = files[d.file]
@@ -325,7 +410,17 @@ function M.load(dir, ebc, opts)
     if not v then error(verr, 0) end
     return v
   end
+  -- the access counters of every block, checked (and merged) before anything is written
+  local counts = {}
   local ok, perr = pcall(function()
+    local W, me = comm and comm.world or 1, comm and comm.rank or 0
+    for i, b in ipairs(blocks) do
+      local c, counting = counted_rows(where, m, b, view, W, me)
+      if c then counts[i] = { tensor = c, counting = counting } end
+    end
+  end)
+  -- then the copies
+  if ok then ok, perr = pcall(function()
     for _, b in ipairs(blocks) do
       local c = b.collection
       local t = m.tables[b.name]
@@ -375,8 +470,16 @@ function M.load(dir, ebc, opts)
         dst:free()
       end
     end
-  end)
+  end) end
   for _, f in pairs(files) do f:close() end
+  if ok then
+    for i, c in pairs(counts) do
+      local b = blocks[i]
+      ok, perr = hints.set_counts(b.collection, b.shard, c.tensor, c.counting)
+      if not ok then perr = ("%s: %s"):format(where, perr) break end
+    end
+  end
+  for _, c in pairs(counts) do c.tensor:free() end
   if not ok then return nil, perr end
   for _, c in ipairs(collections) do
     c:set_step(m.step)

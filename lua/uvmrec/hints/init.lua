@@ -610,6 +610,22 @@ end
 
 -- ---- checkpoints ----
 
+-- Installs `counts` (i32 [rows], any placement) as table `name`'s access counters in tbe (a
+-- uvmrec.tbe collection), making them if it never counted: checkpoints restore counters
+-- through it (the layout component below, uvmrec.dist.checkpoint).  Counting stays on where it
+-- was on (a manager already counts); elsewhere it ends as `counting` (the saved state).
+-- Returns true, or nil, message (a shape or dtype that does not fit).
+function M.set_counts(tbe, name, counts, counting)
+  local was = tbe:counting(name)
+  assert(tbe:set_counting(true, name))
+  local mine = tbe:counts(name)
+  local ok, err = mine:copy(counts)
+  mine:free()
+  if not was and not counting then assert(tbe:set_counting(false, name)) end
+  if not ok then return nil, ("counts of table '%s': %s"):format(name, tostring(err)) end
+  return true
+end
+
 -- Registers the collection's row layout and access counters in a checkpoint registry, as
 -- component `layout` (optional: checkpoints without it still load).  Tensors are
 -- <table>.perm (i64 [rows], tables laid out by a permutation) and <table>.counts (i32 [rows],
@@ -637,12 +653,8 @@ function M.register(registry, collection, name)
         if not ok then error("checkpoint: layout: " .. err, 0) end
         local c = tensors[t .. ".counts"]
         if c then
-          assert(tbe:set_counting(true, t))
-          local mine = tbe:counts(t)
-          local cok, cerr = mine:copy(c)
-          mine:free()
-          if not cok then error("checkpoint: layout: counts of table '" .. t .. "': " .. cerr, 0) end
-          if not (meta.counting and meta.counting[t]) then assert(tbe:set_counting(false, t)) end
+          local cok, cerr = M.set_counts(tbe, t, c, meta.counting and meta.counting[t])
+          if not cok then error("checkpoint: layout: " .. cerr, 0) end
         end
       end
     end }
