@@ -7,6 +7,7 @@
 -- OpenBLAS's Haswell kernels (as spec/train/loop_spec.lua's runs): the rows of a block of 64 come
 -- out of them the same whatever the batch's row count, which the bit-for-bit rows need; the
 -- kernel OpenBLAS picks in CI's hidden environment rounds some rows otherwise (losses 1e-7 apart).
+local lfs = require "lfs"
 local command = require "command"
 
 local have_mpi = require("helpers").have_mpi
@@ -70,10 +71,15 @@ describe("sharded training over ranks", function()
     if not doc then pending("not in a source tree") return end
     local code = {}
     for body in doc:gmatch("```lua\n(.-)```") do code[#code + 1] = body end
-    local script = command.spit(os.tmpname() .. ".lua", table.concat(code, "\n"))
-    local one, err1, c1 = command.sh(command.bin() .. " " .. script)
-    local two, err2, c2 = command.sh(command.bin() .. " launch -n 2 " .. script)
-    os.remove(script)
+    -- in a folder of their own: the examples write files (a checkpoint in runs/shards)
+    local dir = command.tmpdir()
+    local script = command.spit(dir .. "/examples.lua", table.concat(code, "\n"))
+    local bin = command.bin()
+    if not bin:match("^/") then bin = lfs.currentdir() .. "/" .. bin end
+    local cd = "cd " .. command.quote(dir) .. " && " .. command.quote(bin)
+    local one, err1, c1 = command.sh(cd .. " " .. script)
+    local two, err2, c2 = command.sh(cd .. " launch -n 2 " .. script)
+    command.rmdir(dir)
     assert.equal(0, c1, one .. err1)
     assert.equal(0, c2, two .. err2)
     local function losses(out)
