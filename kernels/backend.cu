@@ -378,7 +378,9 @@ static ur_status ur_cuda_stream_new(int32_t priority, void **out) {
 }
 
 static void ur_cuda_stream_free(void *s) {
-  if (s) ur__cuda_drop(cudaStreamDestroy((cudaStream_t)s));
+  if (!s) return;
+  ur__cuda_dense_stream_gone((cudaStream_t)s);
+  ur__cuda_drop(cudaStreamDestroy((cudaStream_t)s));
 }
 
 static ur_status ur_cuda_stream_sync(void *s) {

@@ -170,7 +170,10 @@ static void nccl_close(void *net) {
   if (n->stream) ur__cuda_drop(cudaStreamDestroy(n->stream));
   if (n->before) ur__cuda_drop(cudaEventDestroy(n->before));
   if (n->after) ur__cuda_drop(cudaEventDestroy(n->after));
-  if (n->one) ur__cuda_drop(cudaFree(n->one));
+  if (n->one) {
+    ur__cuda_drop(cudaFree(n->one));
+    ur__cuda_core->workspace_give(sizeof(int));
+  }
   free(n);
 }
 
@@ -183,11 +186,19 @@ static ur_status nccl_setup(const ur__comm_boot *boot, ur_nccl_net *n) {
                 "cudaStreamCreateWithPriority(%d) for the collectives", greatest);
   UR_CUDA_CHECK(cudaEventCreateWithFlags(&n->before, cudaEventDisableTiming), "cudaEventCreate");
   UR_CUDA_CHECK(cudaEventCreateWithFlags(&n->after, cudaEventDisableTiming), "cudaEventCreate");
-  UR_CUDA_CHECK(cudaMalloc((void **)&n->one, sizeof(int)), "cudaMalloc of the barrier's int");
+  /* the barrier's word is the engine's own device memory: it counts against the HBM budget */
+  ur_status st = ur__cuda_core->workspace_take(sizeof(int), "a communicator's barrier word");
+  if (st) return st;
+  cudaError_t e = cudaMalloc((void **)&n->one, sizeof(int));
+  if (e != cudaSuccess) {
+    n->one = NULL;
+    ur__cuda_core->workspace_give(sizeof(int));
+    return ur__cuda_fail(e, "cudaMalloc of the barrier's int");
+  }
   ur__nccl_id id;
   memset(&id, 0, sizeof id);
   if (boot->rank == 0) NCCL_TRY(n, n->api->get_unique_id(&id), "ncclGetUniqueId");
-  ur_status st = boot->share(boot->share_ctx, &id, sizeof id);
+  st = boot->share(boot->share_ctx, &id, sizeof id);
   if (st) return st;
   const char *limit = getenv("UVMREC_COMM_TIMEOUT");
   char *end = NULL;

@@ -59,6 +59,10 @@ static inline void ur__cuda_drop(cudaError_t err) {
  * attribute query is a driver call, and launchers size their grids by it on every launch. */
 cudaError_t ur__cuda_sms(int *sms);
 
+/* kernels/dense.cu: before a stream is destroyed, the dense ops' workspaces kept for it (and
+ * for its weight gradients' side stream) are freed and given back to the HBM budget. */
+void ur__cuda_dense_stream_gone(cudaStream_t stream);
+
 /* Blocks of per_block items each for `work` items, at most per_sm per multiprocessor (the
  * kernels' grid-stride loops do the rest), at least one. */
 static inline unsigned ur_grid_blocks(int64_t work, int64_t per_block, int per_sm, int sms) {

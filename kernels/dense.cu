@@ -2,7 +2,7 @@
  * opened with dlopen on first use, so libuvmrec_cuda.so loads (and runs everything else)
  * without them; each device's state (SM count, shared-memory opt-in, cuBLAS handles) is made
  * once; each (device, stream) has its own workspace, grown when a larger one is needed and
- * kept.  The two ops that belong to no layer live here, as in engine/src/dense/dense.c: the
+ * kept until its stream is freed, and counted against the HBM budget.  The two ops that belong to no layer live here, as in engine/src/dense/dense.c: the
  * f32 <-> bf16 cast and the mean.  The table takes each file's entries (kernels/dense.cuh). */
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -109,6 +109,8 @@ ur_status ur__cuda_dense_device(ur_dense_dev **out, int *device) {
 
 /* ---- workspaces, one per (device, stream) ---- */
 
+/* Each workspace's bytes count against the HBM budget (ur_core_api's workspace_take and
+ * workspace_give, in ur_memory_stats' workspace): the budget stands for the whole GPU. */
 typedef struct ur_dense_ws {
   int dev = 0;
   cudaStream_t stream;
@@ -119,7 +121,9 @@ typedef struct ur_dense_ws {
 static ur_dense_ws g_ws[UR_WORKSPACES];
 static int g_nws;
 
-/* Growing waits for the stream's earlier work, which may still be reading the old one. */
+/* Growing takes the added bytes from the budget first, so a workspace the budget does not hold
+ * fails with its error and the old one stays as it was; then it waits for the stream's earlier
+ * work, which may still be reading the old one, and replaces it. */
 ur_status ur__cuda_dense_workspace(int dev, cudaStream_t stream, size_t bytes, void **out) {
   pthread_mutex_lock(&g_lock);
   ur_dense_ws *w = NULL;
@@ -139,17 +143,65 @@ ur_status ur__cuda_dense_workspace(int dev, cudaStream_t stream, size_t bytes, v
                                   "workspace",
                                   UR_WORKSPACES);
   } else if (w->bytes < bytes) {
-    cudaError_t e = w->p ? cudaStreamSynchronize(stream) : cudaSuccess;
-    if (e == cudaSuccess && w->p) e = cudaFree(w->p);
-    w->p = NULL;
-    w->bytes = 0;
-    if (e == cudaSuccess) e = cudaMalloc(&w->p, bytes);
-    if (e != cudaSuccess) st = ur__cuda_fail(e, "cudaMalloc of a %zu-byte dense workspace", bytes);
-    else w->bytes = bytes;
+    size_t old = w->bytes;
+    char what[160];
+    snprintf(what, sizeof what,
+             "the dense ops' workspace of stream %p on GPU %d (growing from %zu to %zu bytes)",
+             (void *)stream, dev, old, bytes);
+    st = ur__cuda_core->workspace_take(bytes - old, what);
+    if (!st) {
+      void *p = NULL;
+      cudaError_t e = w->p ? cudaStreamSynchronize(stream) : cudaSuccess;
+      if (e == cudaSuccess && w->p) e = cudaFree(w->p);
+      if (e == cudaSuccess) w->p = NULL;
+      if (e == cudaSuccess) e = cudaMalloc(&p, bytes);
+      if (e == cudaSuccess) {
+        w->p = p;
+        w->bytes = bytes;
+      } else {
+        /* The wait or the free failed (a device error, which the runtime keeps), or the
+         * allocation: the old workspace is dropped too, and both parts' bytes given back. */
+        if (w->p) ur__cuda_drop(cudaFree(w->p));
+        w->p = NULL;
+        ur__cuda_core->workspace_give(bytes);
+        w->bytes = 0;
+        st = ur__cuda_fail(e, "replacing a %zu-byte dense workspace by one of %zu bytes on GPU %d",
+                           old, bytes, dev);
+      }
+    }
   }
   if (!st) *out = w->p;
   pthread_mutex_unlock(&g_lock);
   return st;
+}
+
+void ur__cuda_dense_workspace_free(cudaStream_t stream) {
+  pthread_mutex_lock(&g_lock);
+  for (int i = 0; i < g_nws;) {
+    ur_dense_ws *w = &g_ws[i];
+    if (w->stream != stream) {
+      i++;
+      continue;
+    }
+    if (w->p) {
+      int prev = 0;
+      int back = cudaGetDevice(&prev) == cudaSuccess && prev != w->dev;
+      if (back) ur__cuda_drop(cudaSetDevice(w->dev));
+      ur__cuda_drop(cudaStreamSynchronize(stream));
+      ur__cuda_drop(cudaFree(w->p));
+      if (back) ur__cuda_drop(cudaSetDevice(prev));
+      ur__cuda_core->workspace_give(w->bytes);
+    }
+    *w = g_ws[--g_nws];
+  }
+  pthread_mutex_unlock(&g_lock);
+}
+
+/* The entries of the freed stream (and of its side stream) go, so the tables never fill with
+ * streams that are gone. */
+void ur__cuda_dense_stream_gone(cudaStream_t stream) {
+  ur__cuda_linear_stream_gone(stream);
+  ur__cuda_dense_workspace_free(stream);
 }
 
 /* ---- cast ---- */

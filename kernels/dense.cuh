@@ -101,6 +101,7 @@ typedef cublasStatus_t (*ur_gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cubla
   X(cublasLt, cublasLtMatmul, UR_FN(cublasLtMatmul))                                               \
   X(cublas, cublasCreate_v2, UR_FN(cublasCreate_v2))                                               \
   X(cublas, cublasSetStream_v2, UR_FN(cublasSetStream_v2))                                         \
+  X(cublas, cublasSetWorkspace_v2, UR_FN(cublasSetWorkspace_v2))                                   \
   X(cublas, cublasGemmEx, ur_gemm_ex_fn)                                                           \
   X(cublas, cublasGetStatusName, UR_FN(cublasGetStatusName))                                       \
   X(cublas, cublasGetStatusString, UR_FN(cublasGetStatusString))
@@ -134,8 +135,15 @@ ur_status ur__cuda_dense_device(ur_dense_dev **out, int *device);
 
 /* A workspace of at least `bytes` for work on `stream` of device dev, kept and grown (never
  * shrunk), so a steady training step allocates nothing.  Work on one stream is ordered, so a
- * workspace is never used twice at once. */
+ * workspace is never used twice at once.  Its bytes count against the HBM budget: one that
+ * does not fit fails with the budget's error and leaves the stream's old one as it was; the
+ * stream's freeing gives them back (ur__cuda_dense_stream_gone, common.cuh). */
 ur_status ur__cuda_dense_workspace(int dev, cudaStream_t stream, size_t bytes, void **out);
+/* Frees the workspaces of stream (on any device) after its work, and gives their bytes back. */
+void ur__cuda_dense_workspace_free(cudaStream_t stream);
+
+/* linear.cu: the side stream of a freed main stream goes, with its workspace. */
+void ur__cuda_linear_stream_gone(cudaStream_t stream);
 
 /* ---- the entries of the dense table, by file ---- */
 

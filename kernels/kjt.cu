@@ -3,8 +3,8 @@
  * dedup's hashing and runs (grid-stride loops; first bad positions from 64-bit atomicMin),
  * sequenced with cub's scans (offsets, dedup's counts, run starts) and radix sort (dedup).
  * Each call's scratch comes from the stream-ordered pool (cudaMallocAsync, freed on the same
- * stream, so nothing waits for it); only the entries that hand sizes back to the host wait for
- * the stream. */
+ * stream, so nothing waits for it), and counts against the HBM budget while the call holds it;
+ * only the entries that hand sizes back to the host wait for the stream. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
@@ -420,7 +420,22 @@ static cudaError_t ur__cuda_kjt_gather_rows(cudaStream_t s, const void *src, siz
   } while (0)
 
 
-/* One allocation per call, carved into aligned parts; freed in stream order. */
+/* Set when a scratch was refused by the HBM budget, whose message then stands (UR_KJT_CHECK). */
+static thread_local int t_kjt_refused;
+
+/* An entry's failure: the budget's refusal as it is, any other as a CUDA failure. */
+#define UR_KJT_CHECK(e, op, what)                                        \
+  do {                                                                   \
+    cudaError_t e2_ = (e);                                               \
+    if (e2_ != cudaSuccess && t_kjt_refused) {                           \
+      t_kjt_refused = 0;                                                 \
+      return UR_STATUS_OOM;                                              \
+    }                                                                    \
+    UR_CUDA_CHECK(e2_, "kjt %s (%s)", op, what);                         \
+  } while (0)
+
+/* One allocation per call, carved into aligned parts; freed in stream order, its bytes taken
+ * from the HBM budget for the call (ur_core_api's workspace_take) and given back with it. */
 struct ur_kjt_scratch {
   cudaStream_t s;
   char *base;
@@ -428,11 +443,19 @@ struct ur_kjt_scratch {
   explicit ur_kjt_scratch(cudaStream_t st) : s(st), base(nullptr), used(0), cap(0) {}
   ~ur_kjt_scratch() {
     if (base && cudaFreeAsync(base, s) != cudaSuccess) (void)cudaGetLastError();
+    if (cap) ur__cuda_core->workspace_give(cap);
   }
   static size_t up(size_t b) { return (b + 255) & ~(size_t)255; }
   cudaError_t alloc(size_t bytes) {
-    cap = bytes ? bytes : 256;
-    return cudaMallocAsync((void **)&base, cap, s);
+    size_t want = bytes ? bytes : 256;
+    if (ur__cuda_core->workspace_take(want, "a keyed jagged tensor op's scratch")) {
+      t_kjt_refused = 1;
+      return cudaErrorMemoryAllocation;
+    }
+    cap = want;
+    cudaError_t e = cudaMallocAsync((void **)&base, cap, s);
+    if (e != cudaSuccess) base = nullptr;
+    return e;
   }
   template <typename T> T *take(size_t n) {
     T *p = (T *)(base + used);
@@ -477,7 +500,7 @@ static ur_status ur_cuda_kjt_offsets(void *stream, const int32_t *len, int64_t n
   const char *what = "";
   cudaError_t e = ur_kjt_offsets_run((cudaStream_t)stream, len, nb, off, bag0, nkeys, nv, val0,
                                      bad, &what);
-  UR_CUDA_CHECK(e, "kjt %s (%s)", "offsets", what);
+  UR_KJT_CHECK(e, "offsets", what);
   return UR_STATUS_OK;
 }
 
@@ -523,7 +546,7 @@ static ur_status ur_cuda_kjt_validate(void *stream, const int32_t *len, const in
   const char *what = "";
   cudaError_t e = ur_kjt_validate_run((cudaStream_t)stream, len, off, val, inv, nv, nkeys, stride,
                                       bag0, spk, rows, bad, &what);
-  UR_CUDA_CHECK(e, "kjt %s (%s)", "validate", what);
+  UR_KJT_CHECK(e, "validate", what);
   return UR_STATUS_OK;
 }
 
@@ -567,7 +590,7 @@ static ur_status ur_cuda_kjt_segments(void *stream, void *dst, size_t elem_bytes
                                       const ur__kjt_seg *segs, int64_t nseg) {
   const char *what = "";
   cudaError_t e = ur_kjt_segments_run((cudaStream_t)stream, dst, elem_bytes, segs, nseg, &what);
-  UR_CUDA_CHECK(e, "kjt %s (%s)", "segment copy", what);
+  UR_KJT_CHECK(e, "segment copy", what);
   return UR_STATUS_OK;
 }
 
@@ -590,7 +613,7 @@ static ur_status ur_cuda_kjt_expand_map(void *stream, const int64_t *inv, const 
                                         int32_t nkeys, int64_t stride, int64_t *map) {
   const char *what = "";
   cudaError_t e = ur_kjt_expand_map_run((cudaStream_t)stream, inv, bag0, nkeys, stride, map, &what);
-  UR_CUDA_CHECK(e, "kjt %s (%s)", "expand", what);
+  UR_KJT_CHECK(e, "expand", what);
   return UR_STATUS_OK;
 }
 
@@ -623,7 +646,7 @@ static ur_status ur_cuda_kjt_bag_lengths(void *stream, const int32_t *len, const
   const char *what = "";
   cudaError_t e = ur_kjt_bag_lengths_run((cudaStream_t)stream, len, map, n, len_out, off_out, step,
                                          nat, at_out, &what);
-  UR_CUDA_CHECK(e, "kjt %s (%s)", "bag lengths", what);
+  UR_KJT_CHECK(e, "bag lengths", what);
   return UR_STATUS_OK;
 }
 
@@ -632,7 +655,7 @@ static ur_status ur_cuda_kjt_bag_copy(void *stream, const int64_t *off, const in
                                       const int64_t *off_out, int64_t *val_out, float *w_out) {
   cudaError_t e =
       ur__cuda_kjt_bag_copy((cudaStream_t)stream, off, val, w, map, n, off_out, val_out, w_out);
-  UR_CUDA_CHECK(e, "kjt %s (%s)", "bag copy", "copy");
+  UR_KJT_CHECK(e, "bag copy", "copy");
   return UR_STATUS_OK;
 }
 
@@ -657,7 +680,7 @@ static ur_status ur_cuda_kjt_expand_rows(void *stream, const void *src, size_t r
   const char *what = "";
   cudaError_t e = ur_kjt_expand_rows_run((cudaStream_t)stream, src, row_bytes, inv, bag0, nkeys,
                                          stride, dst, &what);
-  UR_CUDA_CHECK(e, "kjt %s (%s)", "expand rows", what);
+  UR_KJT_CHECK(e, "expand rows", what);
   return UR_STATUS_OK;
 }
 
@@ -744,7 +767,7 @@ static ur_status ur_cuda_kjt_dedup(void *stream, const int64_t *off, const int64
   const char *what = "";
   cudaError_t e = ur_kjt_dedup_run((cudaStream_t)stream, off, val, w, len, nkeys, stride, map, inv,
                                    spk, val0, &what);
-  UR_CUDA_CHECK(e, "kjt %s (%s)", "dedup", what);
+  UR_KJT_CHECK(e, "dedup", what);
   return UR_STATUS_OK;
 }
 
@@ -854,7 +877,7 @@ static ur_status ur_cuda_kjt_from_rows(void *stream, const int64_t *ids, const f
   const char *what = "";
   cudaError_t e = ur_kjt_from_rows_run((cudaStream_t)stream, ids, w, len, n, nkeys, H, col0, hot,
                                        len_out, off_out, val_out, w_out, val0, bad, &what);
-  UR_CUDA_CHECK(e, "kjt %s (%s)", "from rows", what);
+  UR_KJT_CHECK(e, "from rows", what);
   return UR_STATUS_OK;
 }
 
@@ -902,7 +925,7 @@ static ur_status ur_cuda_kjt_bucket_count(void *stream, const int64_t *off, cons
   const char *what = "";
   cudaError_t e = ur_kjt_bucket_count_run((cudaStream_t)stream, off, val, nb, block, rows, buckets,
                                           cnt, bad, &what);
-  UR_CUDA_CHECK(e, "kjt %s (%s)", "bucket count", what);
+  UR_KJT_CHECK(e, "bucket count", what);
   return UR_STATUS_OK;
 }
 

@@ -341,7 +341,10 @@ static ur_status ur_matmul(ur_dense_dev *dv, int dev, cudaStream_t stream, ur_mm
     }
   }
   if (fallback) {
+    /* cuBLAS works in the stream's workspace too (setting the stream resets it to cuBLAS's
+     * own pool, which the HBM budget would not see) */
     cublasStatus_t s = ur__cuda_blas.cublasSetStream_v2(dv->blas, stream);
+    if (!s) s = ur__cuda_blas.cublasSetWorkspace_v2(dv->blas, ws, UR_LT_WORKSPACE);
     if (!s)
       s = ur__cuda_blas.cublasGemmEx(dv->blas, k->ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                      k->tb ? CUBLAS_OP_T : CUBLAS_OP_N, (int)k->m, (int)k->n,
@@ -470,6 +473,23 @@ ur_status ur__cuda_dense_join(void *stream) {
   pthread_mutex_unlock(&g_side_lock);
   UR_CUDA_CHECK(e, "joining the weight gradients' side stream");
   return UR_STATUS_OK;
+}
+
+void ur__cuda_linear_stream_gone(cudaStream_t stream) {
+  pthread_mutex_lock(&g_side_lock);
+  for (int i = 0; i < g_nsides;) {
+    ur_side *sd = &g_sides[i];
+    if (sd->main != stream) {
+      i++;
+      continue;
+    }
+    ur__cuda_dense_workspace_free(sd->side); /* after the side's work */
+    ur__cuda_drop(cudaEventDestroy(sd->fork));
+    ur__cuda_drop(cudaEventDestroy(sd->done));
+    ur__cuda_drop(cudaStreamDestroy(sd->side));
+    *sd = g_sides[--g_nsides];
+  }
+  pthread_mutex_unlock(&g_side_lock);
 }
 
 /* ---- a layer of one output ---- */

@@ -78,6 +78,24 @@ describe("uvmrec on CUDA", function()
     assert.equal(used, ur.memory().hbm_used)
   end)
 
+  cuda_it("counts a keyed jagged tensor op's device scratch against the HBM budget while it runs", function()
+    local k = assert(assert(ur.KJT { keys = { "a", "b" }, stride = 2, lengths = { 1, 2, 0, 3 },
+                                     values = { 5, 6, 7, 8, 9, 10 } }):to("device"))
+    local m0 = ur.memory()
+    assert.is_true(k:validate())
+    assert.same({ m0.hbm_used, m0.workspace }, { ur.memory().hbm_used, ur.memory().workspace },
+                "given back after the call")
+    ur.set_hbm_budget(m0.hbm_used + 16)
+    local ok, err = k:validate()
+    assert.is_nil(ok)
+    -- validate's scratch (kernels/kjt.cu): three arrays of a key span each and three flags,
+    -- each part 256-byte aligned
+    assert.matches("^hbm budget: a keyed jagged tensor op's scratch asks for 1.0 KiB %(1024 bytes%) on the GPU", err)
+    assert.same({ m0.hbm_used, m0.workspace }, { ur.memory().hbm_used, ur.memory().workspace })
+    ur.set_hbm_budget(nil)
+    assert.is_true(k:validate()) -- nothing was lost
+  end)
+
   cuda_it("passes hints to the driver and reads them back from it", function()
     local t = ur.uvm_tensor({ 16 * MiB / 4 }, 0)
     local n = t:numel()

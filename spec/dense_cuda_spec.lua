@@ -402,4 +402,83 @@ describe("uvmrec.dense on CUDA", function()
       end
     end
   end)
+
+  -- The workspaces of kernels/dense.cu: one per stream that runs a matrix product, cuBLASLt's
+  -- 32 MiB and the parts a backward asks after them, counted in ur.memory's workspace and
+  -- against the HBM budget; a fresh stream's start at zero.
+  local LT = 32 * 2 ^ 20
+
+  cuda_it("counts a stream's dense workspace in hbm_used and gives it back when the stream is freed", function()
+    local s = assert(ur.stream())
+    local x, w = dev(R.rand({ 64, 32 }, 1)), dev(R.rand({ 48, 32 }, 2))
+    local y = R.zeros({ 64, 48 }, { placement = "device" })
+    local m0 = ur.memory()
+    dense.linear_forward(x, w, nil, y, "none", 0, s)
+    assert(s:sync())
+    local m1 = ur.memory()
+    assert.same({ LT, LT }, { m1.workspace - m0.workspace, m1.hbm_used - m0.hbm_used })
+    dense.linear_forward(x, w, nil, y, "none", 0, s) -- kept: the next product takes nothing more
+    assert.equal(m1.hbm_used, ur.memory().hbm_used)
+    s:free()
+    local m2 = ur.memory()
+    assert.same({ m0.workspace, m0.hbm_used }, { m2.workspace, m2.hbm_used })
+  end)
+
+  cuda_it("refuses a dense op whose workspace the HBM budget does not hold, with the budget's error, "
+    .. "keeping what it had", function()
+    local s = assert(ur.stream())
+    local rows, n = 300, 48
+    local x, w = dev(R.rand({ rows, n }, 3)), dev(R.rand({ 1, n }, 4))
+    local wide = dev(R.rand({ 8, n }, 5))
+    local y, y8 = R.zeros({ rows, 1 }, { placement = "device" }), R.zeros({ rows, 8 }, { placement = "device" })
+    local gy, gx = dev(R.rand({ rows, 1 }, 6)), R.zeros({ rows, n }, { placement = "device" })
+    local gw, gb = R.zeros({ 1, n }, { placement = "device" }), R.zeros({ 1 }, { placement = "device" })
+    local m0 = ur.memory()
+    ur.set_hbm_budget(m0.hbm_used + 2 ^ 20)
+    local ok, err = pcall(dense.linear_forward, x, wide, nil, y8, "none", 0, s)
+    assert.is_false(ok)
+    assert.matches("hbm budget: the dense ops' workspace of stream 0x%x+ on GPU %d+ %(growing from 0 to "
+      .. LT .. " bytes%) asks for 32.0 MiB %(" .. LT .. " bytes%) on the GPU, [%d.]+ %a+ are in use, and the "
+      .. "budget is [%d.]+ %a+ %(" .. (m0.hbm_used + 2 ^ 20) .. " bytes%)", err)
+    assert.same({ m0.hbm_used, m0.workspace }, { ur.memory().hbm_used, ur.memory().workspace })
+    -- with room for cuBLASLt's part alone: the forward runs, and a one-output layer's backward,
+    -- whose partial sums need more, is refused and leaves the workspace as it was
+    ur.set_hbm_budget(m0.hbm_used + LT)
+    dense.linear_forward(x, wide, nil, y8, "none", 0, s)
+    ok, err = pcall(dense.linear_backward, x, w, nil, gy, gx, gw, gb, nil, "none", 0, s)
+    assert.is_false(ok)
+    assert.matches("hbm budget: the dense ops' workspace of stream 0x%x+ on GPU %d+ %(growing from " .. LT
+      .. " to %d+ bytes%) asks for", err)
+    assert.same({ m0.hbm_used + LT, m0.workspace + LT }, { ur.memory().hbm_used, ur.memory().workspace })
+    dense.linear_forward(x, w, nil, y, "none", 0, s) -- what it kept still serves
+    dense.linear_forward(x, wide, nil, y8, "none", 0, s)
+    assert(s:sync())
+    ur.set_hbm_budget(nil)
+    s:free()
+    assert.same({ m0.hbm_used, m0.workspace }, { ur.memory().hbm_used, ur.memory().workspace })
+  end)
+
+  cuda_it("holds the workspaces the planner prices for an MLP's step (uvmrec.planner.cost)", function()
+    local cost = require("uvmrec.planner").cost
+    ur.nn.Module.manual_seed(7)
+    local m = ur.nn.MLP({ 61, 96, 48, 1 }, { last = "none", pad_to = 8 })
+    assert(m:to("device"))
+    for _, l in ipairs(m.modules) do
+      if l.fuses_relu then l.async_wgrad = true end
+    end
+    local s = assert(ur.stream())
+    m:set_stream(s)
+    local x = dev(R.rand({ 300, 64 }, 23))
+    local gy = dev(R.rand({ 300, 1 }, 24))
+    local w0 = ur.memory().workspace
+    m:forward(x)
+    m:backward(x, gy)
+    dense.join(s)
+    assert(s:sync())
+    local sms = assert(ur.device_props(0)).sm_count
+    local want = cost.dense_workspaces({ linears = cost.mlp_linears({ 64, 96, 48, 1 }, false, true) }, 300, sms, true)
+    assert.equal(want, ur.memory().workspace - w0)
+    s:free() -- its side stream's workspace goes with it
+    assert.equal(w0, ur.memory().workspace)
+  end)
 end)

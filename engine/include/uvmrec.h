@@ -108,9 +108,11 @@ typedef struct ur_device_props {
 typedef struct ur_memory_stats {
   uint64_t bytes[4];              /* indexed by ur_place */
   uint64_t managed_on_gpu;        /* managed bytes advised preferred-on or prefetched to a GPU */
-  uint64_t hbm_used;              /* device bytes + managed_on_gpu */
+  uint64_t hbm_used;              /* device bytes + managed_on_gpu + workspace */
   uint64_t hbm_budget;            /* 0: no budget */
   uint64_t hbm_peak;
+  uint64_t workspace;             /* the GPU backend's own working memory: the dense ops'
+                                     workspace of each stream that ran a matrix product */
 } ur_memory_stats;
 
 UR_API size_t ur_sizeof_device_props(void);

@@ -112,6 +112,7 @@ function ur.memory()
     device = tonumber(m.bytes[C.UR_PLACE_DEVICE]), managed = tonumber(m.bytes[C.UR_PLACE_MANAGED]),
     managed_on_gpu = tonumber(m.managed_on_gpu), hbm_used = tonumber(m.hbm_used),
     hbm_budget = tonumber(m.hbm_budget), hbm_peak = tonumber(m.hbm_peak),
+    workspace = tonumber(m.workspace),
   }
 end
 

@@ -230,13 +230,20 @@ describe("planner.cost", function()
           for _, t in pairs(st) do params = params + t:nbytes() end
         end
         local prob = assert(planner.from_config(cfg))
-        local d = cost.dense(cost.dense_model(prob.dense), ctx { batch = prob.batch, arena_block = arena.BLOCK[where] })
+        -- trained on the CPU, which keeps no workspaces: priced without them
+        local dm = cost.dense_model(prob.dense)
+        local d = cost.dense(dm, ctx { batch = prob.batch, arena_block = arena.BLOCK[where], workspaces = false })
         local got = model:arena():stats()
         assert.equal(got.used, d.mem.activations_used, what .. ": arena bytes used")
         assert.equal(got.reserved, d.mem.activations, what .. ": arena bytes reserved")
         assert.equal(got.blocks, d.mem.arena_blocks, what .. ": arena blocks")
         assert.equal(params, d.mem.params, what .. ": parameters, gradients, bf16 copies and state")
+        assert.equal(0, d.mem.workspaces, what .. ": no workspaces")
         assert.equal(params + got.reserved, d.hbm, what)
+        -- on a GPU the dense ops' workspaces come on top (their arithmetic: the test below)
+        local g = cost.dense(dm, ctx { batch = prob.batch, arena_block = arena.BLOCK[where] })
+        assert.equal(cost.dense_workspaces(dm, prob.batch, cost.WORKSPACE.sms, true), g.mem.workspaces, what)
+        assert.equal(params + got.reserved + g.mem.workspaces, g.hbm, what .. " on a GPU")
       end
     end
     -- a GPU's arena is one 64 MiB block for dlrm_kaggle at a batch of 1024, most of it unused
@@ -245,6 +252,42 @@ describe("planner.cost", function()
     local d = cost.dense(cost.dense_model(assert(planner.from_config(cfg)).dense), ctx { batch = 1024 })
     assert.equal(64 * 2 ^ 20, d.mem.activations)
     assert.equal(18243840, d.mem.activations_used)
+  end)
+
+  it("holds the GPU's dense workspaces: cuBLASLt's 32 MiB a stream and the largest part a backward asks", function()
+    local LT, SMS = 32 * 2 ^ 20, 132
+    assert.same({ LT, SMS }, { cost.WORKSPACE.lt, cost.WORKSPACE.sms })
+    -- bottom {4} (3 -> 4, its ReLU's gradient and bias sums in chunks of rows: min(4 SMs a
+    -- 32-column tile, ceil(100 / 8)) = 13 chunks of 4 floats), top {2, 1} over the dot
+    -- interaction padded to 8 columns (8 -> 2 masked by the layer above; 2 -> 1 one output:
+    -- blocks of ceil(100 / 32) = 4, each 2 x 2 + 1 floats); the MLPs' weight gradients on a
+    -- side stream, which holds cuBLASLt's part alone
+    local dm = cost.dense_model { dense_features = 3, bottom = { 4 }, top = { 2, 1 }, tables = 1, dim = 4 }
+    local main, side = LT + math.max(13 * 4 * 4, (4 * 2 * 2 + 4) * 4), LT
+    assert.same({ main + side, main, side }, { cost.dense_workspaces(dm, 100, SMS, true) })
+    local d = cost.dense(dm, ctx())
+    assert.same({ main + side, 2 }, { d.mem.workspaces, d.mem.workspace_streams })
+    assert.equal(d.mem.params + d.mem.activations + main + side, d.hbm)
+    -- over ranks uvmrec.dist.ddp keeps the weight gradients on the model's stream: one workspace
+    local d2 = cost.dense(dm, ctx { world = 2 })
+    assert.same({ main, 1 }, { d2.mem.workspaces, d2.mem.workspace_streams })
+    -- the CPU backend keeps none
+    assert.equal(0, cost.dense(dm, ctx { workspaces = false }).mem.workspaces)
+    -- a full-rank cross layer (8 -> 8) sums its bias gradient in its weight gradient's product
+    -- into 8 floats on the model's stream, more than the rest at a batch of 8
+    local dc = cost.dense_model { dense_features = 3, bottom = { 4 }, top = { 2, 1 }, tables = 1, dim = 4,
+                                  interaction = "dcnv2", cross_layers = 1 }
+    assert.same({ 2 * LT + 8 * 4, LT + 8 * 4, LT }, { cost.dense_workspaces(dc, 8, SMS, true) })
+    -- a one-output layer over 256 columns at 65536 rows: 4 x 132 blocks at most, of
+    -- ceil(65536 / 528) = 125 rows, so 525 blocks of 256 x 2 + 1 floats
+    local one = { linears = cost.mlp_linears({ 256, 1 }, false, true) }
+    assert.equal(LT + (525 * 256 * 2 + 525) * 4, cost.dense_workspaces(one, 65536, SMS, true))
+    -- in an MLP {64, 96, 48, 8} the layer below a masked one takes the mask into its input's
+    -- gradient and sums its bias gradient into its input's width in floats (96, and 48 in the
+    -- last layer), on the model's stream; the last layer, unmasked and without a ReLU, sums its
+    -- own bias gradient in its weight gradient's product, into 8 floats on the side stream
+    local mlp = { linears = cost.mlp_linears({ 64, 96, 48, 8 }, false, true) }
+    assert.same({ 2 * LT + 96 * 4 + 8 * 4, LT + 96 * 4, LT + 8 * 4 }, { cost.dense_workspaces(mlp, 8, SMS, true) })
   end)
 
   it("holds the arena of a run that evaluates: the evaluation's forward at its batch on top of the step's", function()

@@ -37,11 +37,15 @@ local function config(extra)
 end
 
 -- The dense part's HBM the planner predicts on a GPU for cfg at its batch per rank (world ranks):
--- parameters with their gradients and state, and the model's arena in device blocks (nn.arena).
-local function gpu_dense(cfg, world)
+-- parameters with their gradients and state, the model's arena in device blocks (nn.arena) and
+-- the dense ops' workspaces (cost.dense_workspaces, for sms multiprocessors: an H200's unless
+-- given); and cost.dense's whole answer.
+local function gpu_dense(cfg, world, sms)
   local prob = assert(planner.from_config(cfg, { world = world }))
-  local ctx = planner.cost.context { calib = assert(planner.calib.find("h200")), batch = prob.batch, world = world }
-  return planner.cost.dense(planner.cost.dense_model(prob.dense), ctx).hbm
+  local ctx = planner.cost.context { calib = assert(planner.calib.find("h200")), batch = prob.batch, world = world,
+                                     sms = sms }
+  local d = planner.cost.dense(planner.cost.dense_model(prob.dense), ctx)
+  return d.hbm, d
 end
 
 local function near(want, got, what)
@@ -224,7 +228,9 @@ describe("uvmrec train --plan", function()
 
   h.cuda_it("on the GPU: 5 steps under the plan's HBM budget peak at most the prediction + 5%", function()
     -- the setup's budget for the tables, the pipeline and the reserve, and the dense part on top:
-    -- on a GPU its arena is a 64 MiB device block, which 40 MiB alone does not hold (refused above).
+    -- on a GPU its arena is a 64 MiB device block, which 40 MiB alone does not hold (refused above),
+    -- and the dense ops' workspaces of the model's stream and of its weight gradients' side stream
+    -- (32 MiB each and the backward's parts), which the engine counts against the plan's budget.
     -- Still without evaluation: the planner holds an evaluation's arena (cost.dense; cost_spec),
     -- but not yet what else grows with its batch of 16384: the collection's pooled outputs
     -- (26 x 16384 x 16 x 4 bytes, 27 MB against the step's 3.4 MB planned), C3's cache
@@ -239,6 +245,7 @@ describe("uvmrec train --plan", function()
     assert.equal(dense, plan.data.ranks[1].device.dense)
     ur.set_hbm_budget(nil)
     local model, opt
+    local ws0 = ur.memory().workspace
     local r = assert(train.run(cfg, { progress = "none", print = function() end, plan = plan,
                                       setup = function(ctx) model, opt = ctx.model, ctx.optimizer end }))
     assert.equal(5, r.steps)
@@ -250,7 +257,16 @@ describe("uvmrec train --plan", function()
     for _, st in ipairs { opt.state1, opt.state2 } do
       for _, t in pairs(st) do held = held + t:nbytes() end
     end
-    assert.equal(dense, held, "the dense part's HBM")
+    local _, d = gpu_dense(cfg, 1)
+    assert.equal(dense - d.mem.workspaces, held, "the dense part's HBM but its workspaces")
+    -- and the workspaces, priced for this GPU: the model's stream and its side stream hold at
+    -- least them (earlier specs on the default stream may have grown its workspace more), and
+    -- the run grew them by at most them
+    local _, dd = gpu_dense(cfg, 1, assert(ur.device_props(0)).sm_count)
+    local ws = ur.memory().workspace
+    assert.is_true(ws >= dd.mem.workspaces, ("workspaces %d bytes, predicted %d"):format(ws, dd.mem.workspaces))
+    assert.is_true(ws - ws0 <= dd.mem.workspaces, ("workspaces grew by %d bytes, predicted %d"):format(ws - ws0,
+                                                                                                  dd.mem.workspaces))
     local peak, want = r.plan.hbm_peak, plan.data.ranks[1].hbm -- peak: from the run's start (ur.reset_hbm_peak)
     assert.equal(want, r.plan.hbm_predicted)
     assert.is_true(peak <= want * (1 + TOL), ("peak %d bytes, predicted %d"):format(peak, want))

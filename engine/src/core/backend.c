@@ -23,7 +23,8 @@ static ur_status core_set_error(ur_status status, const char *fmt, ...) {
   return status;
 }
 
-const ur_core_api ur__core_api = {UR_BACKEND_ABI, core_set_error, ur_interrupt_get};
+const ur_core_api ur__core_api = {UR_BACKEND_ABI, core_set_error, ur_interrupt_get,
+                                   ur__workspace_take, ur__workspace_give};
 
 void *ur__dlopen_beside(const char *name, const char *env_var, int flags, char *path,
                         size_t path_len, char *tried, size_t tried_len) {

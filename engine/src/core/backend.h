@@ -7,7 +7,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 7
+#define UR_BACKEND_ABI 8
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {
@@ -16,6 +16,11 @@ typedef struct ur_core_api {
   ur_status (*set_error)(ur_status status, const char *fmt, ...)
       __attribute__((format(printf, 2, 3)));
   int (*interrupted)(void);
+  /* The backend's own working memory on a GPU (workspaces it keeps), counted in ur_memory_stats'
+   * workspace and against the HBM budget as device tensors are: take before allocating (fails
+   * with the budget's error, naming what, and changes nothing), give back after freeing. */
+  ur_status (*workspace_take)(uint64_t bytes, const char *what);
+  void (*workspace_give)(uint64_t bytes);
 } ur_core_api;
 
 /* The op families' tables, each declared in its family's header and filled by the family's

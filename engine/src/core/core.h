@@ -100,6 +100,10 @@ UR__HIDDEN extern pthread_mutex_t ur__lock;
 /* Accounting of placed bytes (call with ur__lock held). */
 UR__HIDDEN ur_status ur__hbm_reserve(uint64_t bytes, const char *what);
 UR__HIDDEN void ur__hbm_release(uint64_t bytes);
+/* The same for a backend's working memory (ur_core_api's workspace_take / _give): they take
+ * ur__lock themselves, and count the bytes in ur_memory_stats' workspace too. */
+UR__HIDDEN ur_status ur__workspace_take(uint64_t bytes, const char *what);
+UR__HIDDEN void ur__workspace_give(uint64_t bytes);
 UR__HIDDEN void ur__place_add(ur_place place, uint64_t bytes);
 UR__HIDDEN void ur__place_sub(ur_place place, uint64_t bytes);
 UR__HIDDEN void ur__managed_gpu_add(int64_t delta);

@@ -1,6 +1,7 @@
 /* memory.c: bytes held per placement, the HBM budget, and the page size by which managed
  * storage is allocated and hinted.  Every byte the engine places on a
- * GPU counts: device tensors, and managed bytes advised preferred-on or prefetched to a GPU.
+ * GPU counts: device tensors, managed bytes advised preferred-on or prefetched to a GPU, and
+ * the GPU backend's own workspaces (ur__workspace_take).
  * The budget is how a smaller GPU is emulated on a large one. */
 #include <string.h>
 #include <unistd.h>
@@ -41,6 +42,22 @@ ur_status ur__hbm_reserve(uint64_t bytes, const char *what) {
 }
 
 void ur__hbm_release(uint64_t bytes) { mem.hbm_used -= bytes < mem.hbm_used ? bytes : mem.hbm_used; }
+
+ur_status ur__workspace_take(uint64_t bytes, const char *what) {
+  pthread_mutex_lock(&ur__lock);
+  ur_status s = ur__hbm_reserve(bytes, what);
+  if (!s) mem.workspace += bytes;
+  pthread_mutex_unlock(&ur__lock);
+  return s;
+}
+
+void ur__workspace_give(uint64_t bytes) {
+  pthread_mutex_lock(&ur__lock);
+  if (bytes > mem.workspace) bytes = mem.workspace;
+  mem.workspace -= bytes;
+  ur__hbm_release(bytes);
+  pthread_mutex_unlock(&ur__lock);
+}
 
 void ur__place_add(ur_place place, uint64_t bytes) { mem.bytes[place] += bytes; }
 void ur__place_sub(ur_place place, uint64_t bytes) { mem.bytes[place] -= bytes; }

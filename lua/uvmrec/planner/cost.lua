@@ -57,6 +57,9 @@ function M.context(o)
     hints_every = o.hints_every or 100,
     -- the model's arena blocks (nn.arena): a GPU's device blocks unless told
     arena_block = o.arena_block or require("uvmrec.nn.arena").BLOCK.device,
+    -- the GPU's dense workspaces (M.dense_workspaces): a GPU's unless told (the CPU has none),
+    -- sized for sms multiprocessors
+    workspaces = o.workspaces == nil or o.workspaces, sms = o.sms or M.WORKSPACE.sms,
   }
   if type(ctx.hints_every) ~= "number" or ctx.hints_every < 1 then
     error(("cost.context: hints_every is %s; expected the steps between hint intervals (>= 1)"):format(
@@ -406,6 +409,93 @@ function M.arena(buffers, batch, block, from)
   return out.used, out.reserved, out.blocks, out
 end
 
+-- The dense ops' workspaces on a GPU (kernels/dense.cu, kernels/linear.cu): every stream that
+-- runs a matrix product keeps one, of cuBLASLt's (and cuBLAS's) `lt` bytes and after them the
+-- largest part a linear backward on that stream asks, kept until the stream is freed and counted
+-- in ur.memory's workspace and against the HBM budget.  sms: the multiprocessors the backward's
+-- partial sums are sized by (an H200's unless the context says).
+M.WORKSPACE = { lt = 32 * 2 ^ 20, sms = 132 }
+
+-- kernels/linear.cu's ur_bgrad_chunks and ur_gemv_blocks, which size those parts.
+local function bgrad_chunks(rows, cols, sms)
+  local tiles = ceil(cols / 32)
+  local want = math.floor((sms * 4 + tiles - 1) / tiles)
+  want = min(want, ceil(rows / 8), 65535)
+  return max(want, 1)
+end
+local function gemv_blocks(rows, sms)
+  local blocks = max(1, min(ceil(rows / 32), sms * 4))
+  return ceil(rows / ceil(rows / blocks))
+end
+
+-- The Linears of an nn.MLP of `sizes` (a fused ReLU after each but the last, and after the last
+-- with last_relu; input_grad: the first takes its input's gradient; in_width: its input's
+-- columns, padding included) as their backward calls see them, in the order they are made:
+-- {inw, out, bias, relu (the ReLU's gradient taken in the call: a fused ReLU whose mask no layer
+-- above folds in), masked (GY_MASKED: the layer above did), gx, x_mask (the layer below's mask
+-- folded into gx), async (WGRAD_ASYNC: models/dlrm.lua sets it on the MLPs' Linears)},
+-- appended to calls.
+function M.mlp_linears(sizes, last_relu, input_grad, in_width, calls)
+  calls = calls or {}
+  local n = #sizes - 1
+  for i = 1, n do
+    local relu = i < n or last_relu
+    calls[#calls + 1] = { inw = i == 1 and (in_width or sizes[1]) or sizes[i], out = sizes[i + 1], bias = true,
+                          relu = relu and i == n, masked = relu and i < n, gx = i > 1 or input_grad,
+                          x_mask = i > 1, async = true }
+  end
+  return calls
+end
+
+-- A DLRM's Linears (M.mlp_linears): the bottom MLP's, nn.CrossNet's (their own calls: no ReLU,
+-- the bias gradient in the weight gradient's product, on the model's stream) and the top's.
+local function linear_calls(d, width, top_width)
+  local f = d.dense_features or 13
+  local calls = M.mlp_linears({ f, unpack(d.bottom) }, true, false, f)
+  if (d.interaction or "dot") ~= "dot" then
+    local r = (d.cross_rank or 0) > 0 and d.cross_rank or nil
+    for _ = 1, d.cross_layers or 3 do
+      if r then
+        calls[#calls + 1] = { inw = r, out = width, bias = true, gx = true }
+        calls[#calls + 1] = { inw = width, out = r, bias = false, gx = true }
+      else
+        calls[#calls + 1] = { inw = width, out = width, bias = true, gx = true }
+      end
+    end
+  end
+  return M.mlp_linears({ width, unpack(d.top) }, false, true, top_width, calls)
+end
+
+-- The dense ops' workspaces of a training step at `rows` rows a rank: the model's stream's, and
+-- the weight gradients' side stream's (async: one rank; uvmrec.dist.ddp keeps them on the
+-- model's stream); each lt and the largest part a backward on it asks (kernels/linear.cu:
+-- ur__cuda_linear_backward and ur_gemv_backward; the parts of cuBLAS's fallback, used only
+-- where cuBLASLt has no algorithm for a shape, are not counted).  dm: cost.dense_model's, or
+-- any {linears = M.mlp_linears(...)}.  Returns total, main, side.
+function M.dense_workspaces(dm, rows, sms, async)
+  local main, side, sided = 0, 0, false
+  for _, c in ipairs(dm.linears) do
+    if c.out == 1 and c.inw > 0 then
+      local b = gemv_blocks(rows, sms)
+      main = max(main, (b * c.inw * 2 + b) * 4)
+    else
+      local gb = c.bias and not c.masked
+      if c.relu and gb then main = max(main, bgrad_chunks(rows, c.out, sms) * c.out * 4) end
+      if c.gx and c.x_mask then main = max(main, c.inw * 4) end
+      local part = gb and not c.relu and c.out * 4 or 0
+      if c.async and async then
+        sided, side = true, max(side, part)
+      else
+        main = max(main, part)
+      end
+    end
+  end
+  local lt = M.WORKSPACE.lt
+  main = lt + main
+  side = sided and lt + side or 0
+  return main + side, main, side
+end
+
 -- A DLRM's dense side from its shape: dense_features, bottom (widths), top (widths),
 -- interaction ("dot" | "dcnv2"), tables (count), dim, self_interaction, cross_layers,
 -- cross_rank, precision ("f32" | "tf32" | "bf16"), optimizer ("sgd" ...; its state per
@@ -460,6 +550,7 @@ function M.dense_model(d)
            inter_flops = inter_flops,
            interaction = d.interaction or "dot",
            buffers = buffers, eval_buffers = eval_buffers, eval_batch = d.eval_batch or 0,
+           linears = linear_calls(d, width, top_width or width),
            precision = d.precision or "f32", nstate = nstate,
            description = d }
 end
@@ -470,7 +561,9 @@ end
 -- one block of 64 MiB holds the activations of batches up to a few thousand, most of it unused)
 -- at their peak: after the first training step and then the first evaluation (dm.eval_batch),
 -- whose forward adds its tensors when its batch is larger (the arena frees nothing; after it
--- the steps take views of them), and after which nothing more is taken.
+-- the steps take views of them), and after which nothing more is taken; and on a GPU
+-- (ctx.workspaces) the dense ops' workspaces (M.dense_workspaces), which an evaluation's
+-- forward does not grow.
 function M.dense(dm, ctx)
   local c, B = ctx.calib, ctx.batch
   local p = dm.precision
@@ -490,9 +583,13 @@ function M.dense(dm, ctx)
   local mem = { params = pe * 4 * (2 + dm.nstate) + (dm.precision == "bf16" and pe * 2 or 0),
                 activations = reserved, activations_used = used, arena_blocks = blocks,
                 arena_block = ctx.arena_block, eval_batch = dm.eval_batch,
-                eval_activations = reserved - step_reserved }
+                eval_activations = reserved - step_reserved, workspaces = 0, workspace_streams = 0 }
+  if ctx.workspaces then
+    local _, main, side = M.dense_workspaces(dm, B, ctx.sms, ctx.world == 1)
+    mem.workspaces, mem.workspace_streams = main + side, side > 0 and 2 or 1
+  end
   return { time = t_mlp + t_int + t_opt + comm, mlp = t_mlp, interaction = t_int, optimizer = t_opt,
-           fixed = t_fixed, comm = comm, mem = mem, hbm = mem.params + mem.activations }
+           fixed = t_fixed, comm = comm, mem = mem, hbm = mem.params + mem.activations + mem.workspaces }
 end
 
 -- The synthetic loader's time for a batch of ctx.batch samples of `values` values each (ids,

@@ -93,6 +93,8 @@ local function setup(tables, profiles, budget, opts)
     page_bytes = opts.page_bytes or (cal.backend == "cpu" and 4096 or nil),
     -- the dense part's arena: device blocks on a GPU, host blocks on the CPU backend (nn.arena)
     arena_block = opts.arena_block or require("uvmrec.nn.arena").BLOCK[cal.backend == "cpu" and "host" or "device"],
+    -- the dense ops' workspaces: a GPU's (the CPU backend has none)
+    workspaces = cal.backend ~= "cpu", sms = opts.sms,
     output_bytes = opts.output_bytes })
   if not ok then return nil, "planner: " .. tostring(ctx):gsub("^[^\n]-:%d+: ", "") end
   local cts = {}
@@ -211,6 +213,8 @@ local function dense_parts(S)
     fmt_bytes(m.activations), m.arena_blocks, m.arena_blocks == 1 and "" or "s", fmt_bytes(m.arena_block),
     fmt_bytes(m.activations_used), S.ctx.batch, (m.eval_batch or 0) > 0
     and (" and evaluation batches of %d (%s of it)"):format(m.eval_batch, fmt_bytes(m.eval_activations)) or "")
+    .. ((m.workspaces or 0) > 0 and (", the dense ops' workspaces %s on %d stream%s"):format(fmt_bytes(m.workspaces),
+      m.workspace_streams, m.workspace_streams == 1 and "" or "s") or "")
 end
 
 local function infeasible(S, info)
@@ -297,7 +301,8 @@ end
 -- exhaustive when the instance is small, else greedy; "greedy"; "exhaustive"), reserve (bytes,
 -- or a fraction of the budget: 0.05), page_bytes (hint pages: 2 MiB; 4 KiB with a CPU
 -- calibration), fractions, depth, loader ({values = a sample's}: the synthetic loader's batches
--- in the step), hints_every (steps between the managed tables' hint intervals: 100).
+-- in the step), hints_every (steps between the managed tables' hint intervals: 100), sms (the
+-- GPU's multiprocessors, which size the dense ops' workspaces: an H200's 132).
 function M.plan(tables, profiles, budget, opts)
   opts = opts or {}
   local clock = require("uvmrec.lib").C.ur_clock_seconds
