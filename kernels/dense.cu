@@ -1,9 +1,9 @@
 /* dense.cu: what the dense family's files share, and its table.  cuBLAS and cuBLASLt are
  * opened with dlopen on first use, so libuvmrec_cuda.so loads (and runs everything else)
  * without them; each device's state (SM count, shared-memory opt-in, cuBLAS handles) is made
- * once; each (device, stream) has its own workspace, grown when a larger one is needed and
- * kept until its stream is freed, and counted against the HBM budget.  The two ops that belong to no layer live here, as in engine/src/dense/dense.c: the
- * f32 <-> bf16 cast and the mean.  The table takes each file's entries (kernels/dense.cuh). */
+ * once; each (device, stream) has its own workspace, grown when a larger one is needed, kept
+ * until its stream is freed, and counted against the HBM budget.  The two ops that belong to no
+ * layer live here, as in engine/src/dense/dense.c: the f32 <-> bf16 cast and the mean.  The table takes each file's entries (kernels/dense.cuh). */
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <pthread.h>
