@@ -490,7 +490,8 @@ function M.run(cfg, opts)
     local predicted = R.hbm
     result.plan = { hbm_peak = peak, hbm_predicted = predicted, step_seconds = opts.plan.data.step_seconds }
     local say = opts.print or function(l) io.stdout:write(l, "\n") io.stdout:flush() end
-    say(("plan: HBM peak %s (ur.memory: device and managed rows on the GPU), predicted %s%s"):format(
+    say(("plan: HBM peak %s (ur.memory: device tensors, managed rows on the GPU, dense workspaces), "
+      .. "predicted %s%s"):format(
       planner.fmt_bytes(peak), planner.fmt_bytes(predicted),
       (ur.gpu() and not opts.cpu) and "" or "; on the CPU only the managed rows count there"))
   end
