@@ -14,7 +14,7 @@
 -- fused optimizer step and leaving the dense optimizer out.  It then checks that walk against
 -- the model's own backward (the dense gradients must be the same bits), and writes --dump:
 -- logits, loss, grad.<parameter>, sparse.<table>.rows / .grad, the pooled embeddings, the
--- interaction's output and the batch itself.
+-- interaction's output, their gradients (pooled.grad, inter.grad) and the batch itself.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local ck = require "uvmrec.checkpoint"
@@ -70,13 +70,16 @@ model:zero_grad()
 local list, s = P.phases(model, opt, batch, { sparse_grad = true })
 P.run_phases(list)
 -- The interaction's output without its padding columns (models/dlrm.lua pads a dot model's).
-local inter = s.z
+local inter, ginter = s.z, s.gz
 if model.top.modules[1].in_width ~= model.interaction_width then
-  inter = P.unpadded({ module = model.top.modules[1], name = "weight" }, s.z)
+  local first = { module = model.top.modules[1], name = "weight" }
+  inter, ginter = P.unpadded(first, s.z), P.unpadded(first, s.gz)
 end
 local out = {
   logits = P.host_f32(s.logits), loss = assert(s.loss:to("host")), pooled = P.host_f32(s.e),
   inter = P.host_f32(inter),
+  -- the per-sample gradients the tables' rows sum: where a table's error comes from
+  ["pooled.grad"] = P.host_f32(s.ge), ["inter.grad"] = P.host_f32(ginter),
   ["batch.dense"] = assert(batch.dense:to("host")), ["batch.labels"] = assert(batch.labels:to("host")),
   ["batch.values"] = assert(batch.sparse:values():to("host")),
   ["batch.offsets"] = assert(batch.sparse:offsets():to("host")),

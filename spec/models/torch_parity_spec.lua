@@ -68,8 +68,10 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
       if r.kind == "batch" then assert.equal(0, r.rel, r.quantity) end
       if r.kind == "sparse" then tables = tables + 1 end
     end
-    -- the batch (4), pooled, interaction, logits, loss, 8 or 16 dense gradients, 26 tables
+    -- the batch (4), pooled, interaction, logits, loss, 8 or 16 dense gradients, the gradients
+    -- of the interaction's output and of the pooled embeddings (act), 26 tables
     assert.equal(4, kinds.batch)
+    assert.equal(2, kinds.act)
     assert.equal(1, kinds.logits)
     assert.equal(1, kinds.loss)
     assert.equal(c.name == "dot" and 8 or 16, kinds.dense)
