@@ -273,19 +273,29 @@ class DLRM(torch.nn.Module):
                     fail(f"{path}: embeddings.{name} is {list(t.shape)}; the table is {list(e.weight.shape)}")
                 e.weight.copy_(t.float())
 
-    def _mlp(self, layers, x, last_relu):
+    def _mlp(self, layers, x, last_relu, keep=None):
+        """keep (float64 only): keep["margin"] [B] receives each sample's nearest approach to a
+        ReLU's kink, |pre-activation| over the sum of its terms' magnitudes, the least over
+        these layers and any recorded before."""
         a = self.act
         for i, lin in enumerate(layers):
-            x = F.linear(x, lin.weight.to(a), lin.bias.to(a))
+            w, b = lin.weight.to(a), lin.bias.to(a)
+            y = F.linear(x, w, b)
             if i < len(layers) - 1 or last_relu:
-                x = torch.relu(x)
+                if keep is not None and a == torch.float64:
+                    with torch.no_grad():
+                        terms = F.linear(x.detach().abs(), w.detach().abs(), b.detach().abs())
+                        m = (y.detach().abs() / terms.clamp_min(1e-300)).min(1).values
+                        keep["margin"] = m if "margin" not in keep else torch.minimum(keep["margin"], m)
+                y = torch.relu(y)
+            x = y
         return x
 
     def forward(self, dense, sparse, keep=None):
         """Logits [B, 1] in the activation dtype; keep: a dict that receives the pooled
         embeddings and the interaction's output."""
         a = self.act
-        x = self._mlp(self.bottom, dense.to(a), True)
+        x = self._mlp(self.bottom, dense.to(a), True, keep)
         pooled = torch.cat([e(v, o) for e, (v, o) in zip(self.emb, sparse)], 1)
         e = pooled.to(a)
         if self.d["interaction"] == "dot":
@@ -309,7 +319,7 @@ class DLRM(torch.nn.Module):
             z = xl
         if keep is not None:
             keep["pooled"], keep["inter"] = e, z
-        return self._mlp(self.top, z, False)
+        return self._mlp(self.top, z, False, keep)
 
 
 def loss_of(logits, labels):
@@ -999,9 +1009,10 @@ def check_expert(d, device, batch_np, compile_mode):
 # within 2.5e-3 on the CPU), so a few roundings' worth is allowed.  The batch and the tables' row
 # sets must be equal.  A quantity outside its tolerance still passes when uvmrec is as close to
 # the exact answer as PyTorch is: its error against the same model in float64 (PyTorch, from the
-# same f32 weights) at most ARBITER times PyTorch's own.  Deep backward passes cancel: at the
-# MLPerf shapes PyTorch's f32 gradients of the tables are 1e-3 away from float64's, so two f32
-# engines cannot agree to 1e-4 there, and the float64 answer says which is right.
+# same f32 weights) at most ARBITER times PyTorch's own.  At the MLPerf shapes both f32 engines'
+# gradients of the tables are 1e-3 from each other and from float64's: not the sums' roundings
+# (4e-7 once the kinks are set aside) but a few ReLU units that rounding turns off in one and on
+# in another (KINK), so two f32 engines cannot agree to 1e-4 there.
 # "act": the per-sample gradients of the interaction's output and of the pooled embeddings,
 # which the dense gradients and each table row's sum are made of, held as the dense gradients are.
 TOLERANCES = {
@@ -1013,6 +1024,16 @@ TOLERANCES = {
              "act": 2e-2, "sparse": 2e-2},
 }
 ARBITER = 2.0
+# A sample is at a ReLU's kink where, in float64, some unit's pre-activation is within KINK of
+# the sum of its terms' magnitudes.  At the MLPerf shape in f32 on the CPU the per-sample
+# gradients are as exact (4e-7) with the band at 1e-7, 1e-6 or 1e-5 (22, 237 and 1872 of 8192
+# samples set aside): the units that flipped lay within 1e-7, and 1e-6 leaves 10x.  A flip
+# outside the band fails the check (it cannot pass one); a wider band checks fewer samples, and
+# past KINK_MOST of the batch the check would mostly weigh each engine against itself, so the
+# run fails instead.  f32 only: in TF32 and bf16 the band would take most samples, and their
+# tolerances hold without it.  The dense gradients still carry the flips (within tolerance).
+KINK = {"f32": 1e-6}
+KINK_MOST = 0.1
 
 
 def set_precision(precision, device):
@@ -1027,8 +1048,8 @@ def plain_step_grads(m, dense, labels, sparse):
     keep = {}
     logits = m(dense, sparse, keep)
     loss = loss_of(logits, labels)
-    for t in keep.values():
-        t.retain_grad()
+    for k in ("pooled", "inter"):
+        keep[k].retain_grad()
     loss.backward()
     sp = {}
     for name, e in zip(m.d["tables"], m.emb):
@@ -1036,7 +1057,7 @@ def plain_step_grads(m, dense, labels, sparse):
         sp[name] = (g.indices()[0], g.values())
     return {"logits": logits.detach(), "loss": loss.detach().view(-1), "pooled": keep["pooled"].detach(),
             "inter": keep["inter"].detach(), "dense": {n: p.grad for n, p in m.names.items()}, "sparse": sp,
-            "pooled.grad": keep["pooled"].grad, "inter.grad": keep["inter"].grad}
+            "pooled.grad": keep["pooled"].grad, "inter.grad": keep["inter"].grad, "margin": keep.get("margin")}
 
 
 def expert_step_grads(d, tensors, path, batch_np, device, compile_mode):
@@ -1110,7 +1131,9 @@ def parity(a):
     def rel_err(x, y):
         return float((x - y).norm() / max(float(y.norm()), 1e-30))
 
-    def record(what, kind, got, ref, ref64=None, note=""):
+    def record(what, kind, got, ref, ref64=None, note="", ref64_torch=None):
+        """ref64: float64's answer, uvmrec's and PyTorch's errors are taken against (ref64_torch:
+        another one for PyTorch's)."""
         got, ref = got.double().cpu(), ref.double().cpu()
         r = {"quantity": what, "kind": kind, "shape": list(got.shape), "tol": tols[kind], "max_abs": float("nan"),
              "rel": float("nan"), "e_uvmrec": None, "e_torch": None, "ok": False, "by": "", "note": note}
@@ -1123,11 +1146,31 @@ def parity(a):
         r["rel"] = rel_err(got, ref)
         if ref64 is not None:
             ref64 = ref64.double().cpu()
-            r["e_uvmrec"], r["e_torch"] = rel_err(got, ref64), rel_err(ref, ref64)
+            ref64_torch = ref64 if ref64_torch is None else ref64_torch.double().cpu()
+            r["e_uvmrec"], r["e_torch"] = rel_err(got, ref64), rel_err(ref, ref64_torch)
         if r["rel"] <= r["tol"]:
             r["ok"], r["by"] = True, "tol"
         elif r["e_uvmrec"] is not None and r["e_uvmrec"] <= ARBITER * r["e_torch"]:
             r["ok"], r["by"] = True, "f64"
+
+    def kink_rows(t, name, own, rows_ref):
+        """Table t's float64 gradient with an engine's own per-sample gradients (own, [B, ...])
+        standing for float64's in the samples at a kink; rows in rows_ref's order."""
+        D = d["dim"]
+        g64s = got64["pooled.grad"].reshape(B, -1)[:, t * D:(t + 1) * D].double().cpu()
+        owns = own.reshape(B, -1)[:, t * D:(t + 1) * D].double().cpu()
+        per = torch.where(amb.view(-1, 1), owns, g64s)
+        v, o = sparse_np[t]
+        v, o = torch.from_numpy(v).long(), torch.from_numpy(o).long()  # o: each bag's start
+        lens = torch.diff(o, append=torch.tensor([v.numel()]))
+        bag = torch.repeat_interleave(torch.arange(B), lens)
+        src = per.index_select(0, bag)
+        if d["pooling"] == "mean":
+            src = src / lens.index_select(0, bag).clamp_min(1).double().view(-1, 1)
+        rows, inv = torch.unique(v, return_inverse=True)
+        if not torch.equal(rows, rows_ref.cpu()):
+            fail(f"parity: table {name}: the batch's rows are not the gradient's")
+        return torch.zeros(rows.numel(), D, dtype=torch.float64).index_add_(0, inv, src)
 
     # The batch: the day files as read here against the batch uvmrec trained on.
     offs, vals, base = [], [], 0
@@ -1145,12 +1188,26 @@ def parity(a):
     record("inter", "inter", dump["inter"], got["inter"], got64["inter"])
     record("logits", "logits", dump["logits"], got["logits"], got64["logits"])
     record("loss", "loss", dump["loss"].view(-1), got["loss"], got64["loss"])
+    # Samples at a ReLU's kink (KINK): a rounding can turn such a unit off in one engine and on
+    # in float64, and its sample's gradients then differ by the whole of that unit's share, in
+    # either engine by chance; one such unit in 23 M made 3e-4 of the interaction gradient's
+    # error at the MLPerf shape in f32 on the CPU (scripts/bench/top_bwd_error.py shows it).  Their per-sample
+    # gradients are left out of the act rows, and each engine's own stand for float64's in the
+    # tables' float64 answer, so that the arbiter weighs arithmetic, not coin flips.
+    kink = KINK.get(d["precision"])
+    amb = (got64["margin"] < kink).cpu() if kink is not None and got64.get("margin") is not None \
+        else torch.zeros(B, dtype=torch.bool)
+    keep = ~amb
+    if float(amb.double().mean()) > KINK_MOST:
+        fail(f"parity: {int(amb.sum())} of {B} samples at a ReLU's kink (margin < {kink:g}), over {KINK_MOST:g} "
+             f"of the batch: the check would weigh the engines against themselves")
     # The per-sample gradients each table row sums (dumps of before 2026-12-02 lack them), as
     # [B, columns]: where a table gradient's distance to float64 comes from.
     for what in ("inter.grad", "pooled.grad"):
         if what in dump and got[what] is not None:
-            record(what, "act", dump[what].reshape(B, -1), got[what].reshape(B, -1),
-                   got64[what].reshape(B, -1))
+            record(what, "act", dump[what].reshape(B, -1)[keep], got[what].reshape(B, -1).cpu()[keep],
+                   got64[what].reshape(B, -1).cpu()[keep],
+                   note=f"({int(amb.sum())} samples at a kink left out)" if amb.any() else "")
     for name in got["dense"]:
         g = dump.get("grad." + name)
         if g is None:
@@ -1168,7 +1225,13 @@ def parity(a):
                          "max_abs": float("nan"), "rel": float("nan"), "e_uvmrec": None, "e_torch": None,
                          "ok": False, "by": "", "note": f"{r_got.numel()} rows vs {r_ref.numel()}"})
             continue
-        record(f"sparse.{name}", "sparse", g_got, g, g64)
+        if amb.any() and "pooled.grad" in dump:
+            t = d["tables"].index(name)
+            ref_u = kink_rows(t, name, dump["pooled.grad"], r_ref)
+            ref_t = kink_rows(t, name, got["pooled.grad"], r_ref)
+            record(f"sparse.{name}", "sparse", g_got, g, ref_u, ref64_torch=ref_t)
+        else:
+            record(f"sparse.{name}", "sparse", g_got, g, g64)
 
     dev = dmeta.get("parity.device", "?")
     print(f"parity: {d['name']} {d['interaction']} {d['precision']}, batch {B}: uvmrec on {dev} against PyTorch "
@@ -1190,6 +1253,9 @@ def parity(a):
               f"{('ok' + (' (f64)' if r['by'] == 'f64' else '')) if r['ok'] else 'FAIL'} {r['note']}")
     print(f"({len(sp)} tables' gradients: rows equal in {len(sp)}; the furthest shown; "
           f"{sum(r['shape'][0] for r in sp)} distinct rows)")
+    if kink is not None:
+        print(f"({int(amb.sum())} of {B} samples at a ReLU's kink in float64 (margin < {kink:g}): left out of the "
+              f"act rows, each engine's own gradients in the tables' float64 answer)")
     if a.out:
         with open(a.out, "a") as f:
             for r in rows:
