@@ -22,11 +22,9 @@
 #include "dense.cuh"
 #include "dense/act.h"
 #include "dense/dense.h"
+#include "dense/linear_plan.h" /* the workspace's parts, the bias gradient's chunks */
 
-#define UR_LT_WORKSPACE (32u << 20) /* cuBLASLt's workspace per stream, as NVIDIA advises */
 #define UR_PLANS 512
-#define UR_BGRAD_COLS 32 /* columns per block: one warp across them */
-#define UR_BGRAD_ROWS 8  /* warps per block, each on every 8th row of the chunk */
 
 template <typename T>
 __global__ void ur_bias_act_kernel(T *y, const T *b, int64_t rows, int64_t cols, int act) {
@@ -49,17 +47,6 @@ static cudaError_t ur_bias_act_launch(cudaStream_t stream, void *y, const void *
     ur_bias_act_kernel<T><<<ur_dense_blocks(rows * cols, 256, sms), 256, 0, stream>>>(
         (T *)y, (const T *)b, rows, cols, act));
   return cudaGetLastError();
-}
-
-/* Rows a chunk of the bias-gradient reduction covers, and how many chunks there are: the
- * backward sizes its workspace (chunks * cols floats) with these. */
-static int64_t ur_bgrad_chunks(int64_t rows, int64_t cols, int sms) {
-  int64_t tiles = (cols + UR_BGRAD_COLS - 1) / UR_BGRAD_COLS;
-  int64_t want = ((int64_t)(sms > 0 ? sms : 1) * 4 + tiles - 1) / tiles;
-  int64_t most = (rows + UR_BGRAD_ROWS - 1) / UR_BGRAD_ROWS;
-  if (want > most) want = most;
-  if (want > 65535) want = 65535;
-  return want < 1 ? 1 : want;
 }
 
 /* Block (32, 8): x walks columns (coalesced), y rows; blockIdx.y is the chunk of rows. */
@@ -106,7 +93,7 @@ __global__ void ur_bgrad_sum_kernel(const float *partial, float *gb, int64_t chu
 static cudaError_t ur_relu_bgrad_launch(cudaStream_t stream, const void *gy, const void *y,
                                         void *g, float *gb, float *partial, int64_t rows,
                                         int64_t cols, ur_dtype dtype, int sms) {
-  int64_t chunks = ur_bgrad_chunks(rows, cols, sms);
+  int64_t chunks = ur__bgrad_chunks(rows, cols, sms);
   int64_t per = (rows + chunks - 1) / chunks;
   dim3 grid((unsigned)((cols + UR_BGRAD_COLS - 1) / UR_BGRAD_COLS), (unsigned)chunks);
   dim3 block(UR_BGRAD_COLS, UR_BGRAD_ROWS);
@@ -582,21 +569,14 @@ __global__ void ur_gemv_sum_kernel(const float *part_gw, const float *part_gbx,
   }
 }
 
-/* Blocks of the one-output backward: enough to fill the GPU, each over at least 32 rows. */
-static int64_t ur_gemv_blocks(int64_t rows, int sms) {
-  int64_t want = (rows + 31) / 32, cap = (int64_t)(sms > 0 ? sms : 1) * 4;
-  return want < 1 ? 1 : want < cap ? want : cap;
-}
-
 static ur_status ur_gemv_backward(ur_dense_dev *dv, int dev, cudaStream_t s, const void *x,
                                   const void *w, const void *y, const void *gy, void *gx,
                                   void *work, float *gw, float *gb, float *gb_x, int64_t rows,
                                   int64_t in, ur_dtype dtype, int relu, int mask_x, int acc) {
-  int64_t blocks = ur_gemv_blocks(rows, dv->sms), per = (rows + blocks - 1) / blocks;
-  blocks = (rows + per - 1) / per;
-  size_t need = (size_t)(blocks * in * 2 + blocks) * sizeof(float);
+  int64_t per, blocks = ur__gemv_blocks(rows, dv->sms, &per);
   void *ws = NULL;
-  ur_status st = ur__cuda_dense_workspace(dev, s, UR_LT_WORKSPACE + need, &ws);
+  ur_status st =
+      ur__cuda_dense_workspace(dev, s, UR_LT_WORKSPACE + ur__gemv_part(rows, in, dv->sms), &ws);
   if (st) return st;
   float *part_gw = (float *)((char *)ws + UR_LT_WORKSPACE), *part_gbx = part_gw + blocks * in;
   float *part_gb = part_gbx + blocks * in;
@@ -687,9 +667,8 @@ ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, c
   if (relu && out > 0) {
     /* g = gy masked by ur__relu_passes(y), and gb's partial sums in the same pass; they sit after
      * cuBLASLt's part of the stream's workspace */
-    int64_t chunks = ur_bgrad_chunks(rows, out, dv->sms);
     void *ws = NULL;
-    size_t part = gb ? (size_t)(chunks * out) * sizeof(float) : 0;
+    size_t part = gb ? ur__bgrad_part(rows, out, dv->sms) : 0;
     if ((st = ur__cuda_dense_workspace(dev, s, UR_LT_WORKSPACE + part, &ws))) return st;
     float *partial = (float *)((char *)ws + UR_LT_WORKSPACE);
     UR_CUDA_CHECK(ur_relu_bgrad_launch(s, gy, y, work, gb, partial, rows, out, dtype, dv->sms),
@@ -733,9 +712,8 @@ ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, c
       if ((st = ur_matmul(dv, dev, s, &k, w, g, gx, &e, acc ? 1.0f : 0.0f, &plain))) return st;
       if (x_mask && plain) {
         /* cuBLAS ran it bare: x > 0 is the layer below's mask (x is its ReLU output) */
-        int64_t chunks = ur_bgrad_chunks(rows, in, dv->sms);
         void *ws = NULL;
-        size_t part = gb_x ? (size_t)(chunks * in) * sizeof(float) : 0;
+        size_t part = gb_x ? ur__bgrad_part(rows, in, dv->sms) : 0;
         if ((st = ur__cuda_dense_workspace(dev, s, UR_LT_WORKSPACE + part, &ws))) return st;
         UR_CUDA_CHECK(ur_relu_bgrad_launch(s, gx, x, gx, gb_x, (float *)((char *)ws + UR_LT_WORKSPACE),
                                            rows, in, dtype, dv->sms),
@@ -769,10 +747,9 @@ ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, c
       }
     }
     if (gb && !gb_done && out > 0) {
-      int64_t chunks = ur_bgrad_chunks(rows, out, dv->sms);
       void *ws = NULL;
       if ((st = ur__cuda_dense_workspace(dev, ws_stream,
-                                         UR_LT_WORKSPACE + (size_t)(chunks * out) * sizeof(float),
+                                         UR_LT_WORKSPACE + ur__bgrad_part(rows, out, dv->sms),
                                          &ws)))
         return st;
       UR_CUDA_CHECK(ur_relu_bgrad_launch(ws_stream, g, NULL, NULL, gb,

@@ -460,6 +460,43 @@ describe("uvmrec.dense on CUDA", function()
     assert.same({ m0.hbm_used, m0.workspace }, { ur.memory().hbm_used, ur.memory().workspace })
   end)
 
+  cuda_it("holds the workspaces ur_linear_backward_workspace gives, call by call, on each stream", function()
+    local sms = assert(ur.device_props(0)).sm_count
+    local rows = 300
+    local function D(shape, seed) return dev((R.rand(shape, seed))) end
+    local function Z(shape, dtype) return R.zeros(shape, { placement = "device", dtype = dtype }) end
+    local cases = {
+      -- a ReLU layer: its bias gradient's partials on s, the weight gradient on the side stream
+      { "relu", 64, 96, { gx = true, gw = true, gb = true }, dense.WGRAD_ASYNC },
+      -- the layer below's mask folded into gx (its bias gradient: in floats), an unmasked
+      -- layer's bias gradient in the weight gradient's product (out floats), all on s
+      { "none", 96, 48, { gx = true, gw = true, gb = true, x_mask = true }, 0 },
+      { "none", 96, 48, { gx = true, gw = true, gb = true, x_mask = true }, dense.WGRAD_ASYNC },
+      -- a bias gradient alone, by chunks of rows, on the side stream
+      { "none", 64, 40, { gb = true }, dense.WGRAD_ASYNC },
+      -- one output: the blocks' partials on s
+      { "relu", 64, 1, { gx = true, gw = true, gb = true }, dense.WGRAD_ASYNC },
+    }
+    for i, c in ipairs(cases) do
+      local act, n, out, given, flags = c[1], c[2], c[3], c[4], c[5]
+      local what = ("case %d (%s, %d -> %d, flags %d)"):format(i, act, n, out, flags)
+      local s = assert(ur.stream())
+      local w0 = ur.memory().workspace
+      local x, w, gy = D({ rows, n }, 10 * i + 1), D({ out, n }, 10 * i + 2), D({ rows, out }, 10 * i + 3)
+      local y, work = act == "relu" and D({ rows, out }, 10 * i + 4) or nil, act == "relu" and Z({ rows, out }) or nil
+      local opts = { flags = flags }
+      if given.x_mask then opts.x_mask, opts.gb_x = Z({ rows, dense.mask_cols(n) }, "u8"), Z({ n }) end
+      dense.linear_backward(x, w, y, gy, given.gx and Z({ rows, n }) or nil, given.gw and Z({ out, n }) or nil,
+                            given.gb and Z({ out }) or nil, work, act, opts, s)
+      dense.join(s)
+      assert(s:sync())
+      local main, side = dense.linear_backward_workspace(rows, n, out, given, act, flags, sms)
+      assert.equal(main + side, ur.memory().workspace - w0, what)
+      s:free()
+      assert.equal(w0, ur.memory().workspace, what .. ": freed with its stream")
+    end
+  end)
+
   cuda_it("holds the workspaces the planner prices for an MLP's step (uvmrec.planner.cost)", function()
     local cost = require("uvmrec.planner").cost
     ur.nn.Module.manual_seed(7)

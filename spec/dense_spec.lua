@@ -156,6 +156,67 @@ describe("uvmrec.dense linear", function()
     assert.error_matches(function() dense.linear_forward(big:view(0, 4), R.zeros({ 5, 5 }), nil, big:view(2, 4)) end,
       "y and x overlap in storage")
   end)
+
+  -- ur_linear_backward_workspace: the GPU's bytes by kernels/linear.cu's rules, worked by hand
+  -- here (cuBLASLt's 32 MiB, then the largest part; spec/dense_cuda_spec.lua holds a GPU to them).
+  it("sizes a backward's GPU workspace: cuBLASLt's part and the largest partial sums it asks", function()
+    local LT, SMS = 32 * 2 ^ 20, 132
+    local ws = dense.linear_backward_workspace
+    local all = { gx = true, gw = true, gb = true }
+    -- a ReLU layer's bias gradient in chunks of rows: 4 SMs a 32-column tile (4 x 132 / 4 tiles
+    -- = 132 chunks of 128 floats), at most a chunk per 8 rows; the weight gradient on the side
+    -- stream holds cuBLASLt's part alone
+    assert.same({ LT + 132 * 128 * 4, LT }, { ws(65536, 256, 128, all, "relu", dense.WGRAD_ASYNC, SMS) })
+    assert.same({ LT + 17 * 1024 * 4, LT }, { ws(65536, 1024, 1024, all, "relu", dense.WGRAD_ASYNC, SMS) })
+    assert.same({ LT + 1 * 64 * 4, LT }, { ws(3, 8, 64, all, "relu", dense.WGRAD_ASYNC, SMS) })
+    assert.same({ LT + 13 * 4 * 4, 0 }, { ws(100, 3, 4, all, "relu", 0, SMS) })
+    -- at most 65535 chunks, a grid's height: 4 x 20000 SMs would want 80000 of 2^20 / 8 rows
+    assert.same({ LT + 65535 * 32 * 4, LT }, { ws(2 ^ 20, 16, 32, all, "relu", dense.WGRAD_ASYNC, 20000) })
+    -- without gb the ReLU's pass keeps no partials
+    assert.same({ LT, LT }, { ws(100, 3, 4, { gx = true, gw = true }, "relu", dense.WGRAD_ASYNC, SMS) })
+    -- the layer below's mask folded into gx: its bias gradient's `in` floats; an unmasked layer's
+    -- bias gradient in its weight gradient's product: `out` floats, on the side stream or on s
+    local xm = { gx = true, gw = true, gb = true, x_mask = true }
+    assert.same({ LT + 96 * 4, LT + 8 * 4 }, { ws(8, 96, 8, xm, "none", dense.WGRAD_ASYNC, SMS) })
+    assert.same({ LT + 96 * 4, 0 }, { ws(8, 96, 8, xm, "none", 0, SMS) })
+    assert.same({ LT + 200 * 4, 0 }, { ws(8, 96, 200, xm, "none", 0, SMS) })
+    -- GY_MASKED: the layer above took the ReLU and the bias gradient; relu is then ignored
+    assert.same({ LT + 64 * 4, LT }, { ws(8, 64, 32, { gx = true, gw = true, x_mask = true }, "relu",
+                                         dense.GY_MASKED + dense.WGRAD_ASYNC, SMS) })
+    -- a bias gradient without a weight gradient: chunks of rows, where the weight gradient goes
+    assert.same({ 0, LT + 13 * 4 * 4 }, { ws(100, 3, 4, { gb = true }, "none", dense.WGRAD_ASYNC, SMS) })
+    assert.same({ 0, LT + 13 * 4 * 4 }, { ws(100, 0, 4, { gb = true, gw = true }, "none", dense.WGRAD_ASYNC, SMS) })
+    -- one output: at most 4 x 132 blocks of 32 rows or more, then as many as ceil(65536 / 528)
+    -- = 125 rows a block leave (525), each 2 x 256 + 1 floats; all on s, whatever the flags
+    assert.same({ LT + (525 * 256 * 2 + 525) * 4, 0 },
+                { ws(65536, 256, 1, all, "none", dense.WGRAD_ASYNC, SMS) })
+    assert.same({ LT + (32 * 7 * 2 + 32) * 4, 0 }, { ws(1000, 7, 1, { gw = true }, "relu", 0, SMS) })
+    assert.same({ LT + (1 * 5 * 2 + 1) * 4, 0 }, { ws(1, 5, 1, all, "none", 0, SMS) })
+    -- nothing to run: no rows; no columns and no bias gradient
+    assert.same({ 0, 0 }, { ws(0, 256, 1, all, "relu", dense.WGRAD_ASYNC, SMS) })
+    assert.same({ 0, 0 }, { ws(8, 0, 0, all, "none", dense.WGRAD_ASYNC, SMS) })
+  end)
+
+  it("names the value and the expectation when a backward's workspace is asked wrongly", function()
+    local ws, all = dense.linear_backward_workspace, { gx = true, gw = true, gb = true }
+    assert.error_matches(function() ws(-1, 4, 4, all, "none", 0, 132) end,
+      "linear backward workspace: rows %-1, in 4, out 4; expected sizes of 0 or more")
+    assert.error_matches(function() ws(8, 4, 4, all, "none", 0, 0) end,
+      "sms is 0; expected the GPU's multiprocessors, 1 or more")
+    assert.error_matches(function() ws(8, 4, 4, all, "sigmoid", 0, 132) end,
+      "activation 2 is not none %(0%) or relu %(1%)")
+    assert.error_matches(function() ws(8, 4, 4, { gw = true, x_mask = true }, "none", 0, 132) end,
+      "x_mask and gb_x act on gx, which is NULL")
+    assert.error_matches(function() ws(8, 4, 4, all, "none", dense.GY_MASKED, 132) end,
+      "under GY_MASKED the layer above took the bias gradient: gb must be NULL")
+    assert.error_matches(function() ws(8, 4, 4, all, "none", 64, 132) end, "flags 0x40 include bits other than")
+    assert.error_matches(function() ws(8, 4, 4, all, "none", dense.pad(5), 132) end,
+      "5 padding columns but the input has 4")
+    local ffi, C = require "ffi", require("uvmrec.lib").C
+    local out = ffi.new("uint64_t[2]")
+    assert.equal(C.UR_STATUS_INVALID, C.ur_linear_backward_workspace(8, 4, 4, 2, 1, 1, 0, out, out + 1, 0, 0, 132))
+    assert.equal("linear backward workspace: gx is 2; expected 1 (given) or 0 (NULL)", ffi.string(C.ur_last_error()))
+  end)
 end)
 
 describe("uvmrec.dense activations", function()

@@ -1148,6 +1148,20 @@ UR_API ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_t
                                     ur_tensor *gb /* out, or NULL */,
                                     ur_tensor *gb_x /* out, or NULL */,
                                     ur_tensor *work /* or NULL */, ur_act act, uint32_t flags);
+/* The GPU workspace a ur_linear_backward call needs, for x [rows, in] and gy [rows, out], the
+ * optional outputs and x_mask given or not (gx, gw, gb, x_mask: 1 or 0; gb_x makes no
+ * difference), act and flags as the call takes them, on a GPU of sms multiprocessors: in
+ * *main_bytes for s and in *side_bytes for its weight gradients' side stream (WGRAD_ASYNC), 0
+ * where the call runs nothing.  Each is cuBLASLt's 32 MiB and after it the largest part the
+ * call asks there (the bias gradients' and a one-output layer's partial sums, which depend on
+ * sms).  A stream's workspace grows to the most a call on it needs, and stays
+ * (ur_memory_stats.workspace).  Where cuBLASLt has no algorithm for a product, cuBLAS runs it
+ * and a pass after it asks more, which these do not count.  Computed on any machine. */
+UR_API ur_status ur_linear_backward_workspace(int64_t rows, int64_t in, int64_t out, int32_t gx,
+                                              int32_t gw, int32_t gb, int32_t x_mask,
+                                              uint64_t *main_bytes /* out */,
+                                              uint64_t *side_bytes /* out */, ur_act act,
+                                              uint32_t flags, int32_t sms);
 /* Bytes a row of a ReLU mask takes for out columns: whole 16-byte words. */
 UR_API int64_t ur_linear_mask_cols(int64_t out);
 /* Work enqueued on s after this waits for the weight gradients that linear backward calls with

@@ -55,6 +55,19 @@ end
 
 function M.mask_cols(out) return tonumber(C.ur_linear_mask_cols(out)) end
 
+-- The GPU workspace bytes a linear_backward call needs (uvmrec.h, ur_linear_backward_workspace)
+-- on its stream and on its weight gradients' side stream (0 where it runs nothing), for x [rows,
+-- inw] and gy [rows, out], given = {gx =, gw =, gb =, x_mask =} (true where the call passes
+-- one), act and flags as linear_backward takes them, on a GPU of sms multiprocessors.
+local ws_out = ffi.new("uint64_t[2]")
+function M.linear_backward_workspace(rows, inw, out, given, act, flags, sms)
+  local function bit(v) return v and 1 or 0 end
+  run(C.ur_linear_backward_workspace(rows, inw, out, bit(given.gx), bit(given.gw), bit(given.gb),
+                                     bit(given.x_mask), ws_out, ws_out + 1, act_of(act),
+                                     flags or 0, sms))
+  return tonumber(ws_out[0]), tonumber(ws_out[1])
+end
+
 -- Work on stream after this waits for the weight gradients of dense.WGRAD_ASYNC backward calls.
 function M.join(stream)
   run(C.ur_dense_join(S(stream)))

@@ -256,7 +256,7 @@ describe("planner.cost", function()
 
   it("holds the GPU's dense workspaces: cuBLASLt's 32 MiB a stream and the largest part a backward asks", function()
     local LT, SMS = 32 * 2 ^ 20, 132
-    assert.same({ LT, SMS }, { cost.WORKSPACE.lt, cost.WORKSPACE.sms })
+    assert.equal(SMS, cost.WORKSPACE.sms)
     -- bottom {4} (3 -> 4, its ReLU's gradient and bias sums in chunks of rows: min(4 SMs a
     -- 32-column tile, ceil(100 / 8)) = 13 chunks of 4 floats), top {2, 1} over the dot
     -- interaction padded to 8 columns (8 -> 2 masked by the layer above; 2 -> 1 one output:
@@ -288,6 +288,21 @@ describe("planner.cost", function()
     -- own bias gradient in its weight gradient's product, into 8 floats on the side stream
     local mlp = { linears = cost.mlp_linears({ 64, 96, 48, 8 }, false, true) }
     assert.same({ 2 * LT + 96 * 4 + 8 * 4, LT + 96 * 4, LT + 8 * 4 }, { cost.dense_workspaces(mlp, 8, SMS, true) })
+    -- dlrm_mlperf_v1 at 65536 rows: bottom 13-512-256-128 (its last ReLU's bias gradient in
+    -- 4 x 132 / 4 tiles = 132 chunks of 128 floats; the layers below it folded into the input
+    -- gradients: 512 and 256 floats), top 480-1024-1024-512-256-1 (479 interaction columns
+    -- padded to 8; masks folded in: 1024 floats at most; the one-output layer's 525 blocks of
+    -- 2 x 256 + 1 floats, the largest), the weight gradients on the side stream (no bias
+    -- gradient left to them: every bias is summed below or in a ReLU's pass)
+    local mlperf = cost.dense_model { dense_features = 13, bottom = { 512, 256, 128 },
+                                      top = { 1024, 1024, 512, 256, 1 }, tables = 26, dim = 128 }
+    local gemv = (525 * 256 * 2 + 525) * 4
+    assert.is_true(gemv > 132 * 128 * 4)
+    assert.same({ 2 * LT + gemv, LT + gemv, LT }, { cost.dense_workspaces(mlperf, 65536, SMS, true) })
+    assert.same({ LT + gemv, LT + gemv, 0 }, { cost.dense_workspaces(mlperf, 65536, SMS, false) })
+    -- at 32 rows the folded masks' 1024 floats are the largest: the one-output layer has one
+    -- block of 2 x 256 + 1 floats, the ReLU's pass 4 chunks (a chunk per 8 rows) of 128
+    assert.same({ 2 * LT + 1024 * 4, LT + 1024 * 4, LT }, { cost.dense_workspaces(mlperf, 32, SMS, true) })
   end)
 
   it("holds the arena of a run that evaluates: the evaluation's forward at its batch on top of the step's", function()

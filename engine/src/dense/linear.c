@@ -13,6 +13,7 @@
 #include <string.h>
 #include "dense/act.h"
 #include "dense/dense.h"
+#include "dense/linear_plan.h"
 
 /* ---- CPU helpers ---- */
 
@@ -497,31 +498,13 @@ ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w
                                    act, flags);
 }
 
-ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
-                             const ur_tensor *y, const ur_tensor *gy, const ur_tensor *x_mask,
-                             ur_tensor *gx, ur_tensor *gw, ur_tensor *gb, ur_tensor *gb_x,
-                             ur_tensor *work, ur_act act, uint32_t flags) {
-  UR__ARGS(x, w, gy);
-  const char *op = "linear backward";
-  ur_status st = ur__dense_check(op, "x", x, 1, -1, -1);
-  if (st) return st;
-  int64_t rows = x->shape[0], in = x->shape[1];
-  if ((st = ur__dense_check(op, "w", w, 1, -1, in))) return st;
-  int64_t out = w->shape[0];
-  if ((st = ur__dense_check(op, "gy", gy, 1, rows, out))) return st;
+/* What a backward call must satisfy beyond its tensors' shapes and dtypes: the activation,
+ * the optional arguments that go together (given or not), the flags and the sizes. */
+static ur_status check_backward(const char *op, int64_t rows, int64_t in, int64_t out, int gx,
+                                int gb, int x_mask, int gb_x, ur_act act, uint32_t flags) {
   if (act != UR_ACT_NONE && act != UR_ACT_RELU)
     return ur__error(UR_STATUS_INVALID, "%s: activation %d is not none (0) or relu (1)", op,
                      (int)act);
-  int masking = act == UR_ACT_RELU && !(flags & UR_DENSE_GY_MASKED);
-  if (masking && ((st = ur__dense_check(op, "y (relu needs it)", y, 1, rows, out)) ||
-                  (st = ur__dense_check(op, "work (relu needs it)", work, 1, rows, out))))
-    return st;
-  if ((gx && (st = ur__dense_check(op, "gx", gx, 1, rows, in))) ||
-      (gw && (st = ur__dense_check(op, "gw", gw, 0, out, in))) ||
-      (gb && (st = ur__dense_check_numel(op, "gb", gb, 0, out))) ||
-      (gb_x && (st = ur__dense_check_numel(op, "gb_x", gb_x, 0, in))) ||
-      (x_mask && (st = check_mask(op, "x_mask", x_mask, rows, in))))
-    return st;
   if ((x_mask || gb_x) && !gx)
     return ur__error(UR_STATUS_INVALID, "%s: x_mask and gb_x act on gx, which is NULL", op);
   if (gb_x && !x_mask)
@@ -533,17 +516,48 @@ ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *
     return ur__error(UR_STATUS_INVALID,
                      "%s: under GY_MASKED the layer above took the bias gradient: gb must be "
                      "NULL", op);
+  uint32_t allowed = UR_DENSE_TF32 | UR_DENSE_ACCUMULATE | UR_DENSE_GY_MASKED |
+                     UR_DENSE_WGRAD_ASYNC | (255u << UR_DENSE_ROW0_SHIFT) |
+                     (0xffu << UR_DENSE_PAD_SHIFT);
+  ur_status st;
+  if ((st = check_flags(op, flags, allowed)) || (st = check_pad(op, flags, in)) ||
+      (st = check_dims(op, rows, in, out)))
+    return st;
+  return UR_STATUS_OK;
+}
+
+ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
+                             const ur_tensor *y, const ur_tensor *gy, const ur_tensor *x_mask,
+                             ur_tensor *gx, ur_tensor *gw, ur_tensor *gb, ur_tensor *gb_x,
+                             ur_tensor *work, ur_act act, uint32_t flags) {
+  UR__ARGS(x, w, gy);
+  const char *op = "linear backward";
+  ur_status st = ur__dense_check(op, "x", x, 1, -1, -1);
+  if (st) return st;
+  int64_t rows = x->shape[0], in = x->shape[1];
+  if ((st = ur__dense_check(op, "w", w, 1, -1, in))) return st;
+  int64_t out = w->shape[0];
+  if ((st = ur__dense_check(op, "gy", gy, 1, rows, out)) ||
+      (st = check_backward(op, rows, in, out, gx != NULL, gb != NULL, x_mask != NULL,
+                           gb_x != NULL, act, flags)))
+    return st;
+  int masking = act == UR_ACT_RELU && !(flags & UR_DENSE_GY_MASKED);
+  if (masking && ((st = ur__dense_check(op, "y (relu needs it)", y, 1, rows, out)) ||
+                  (st = ur__dense_check(op, "work (relu needs it)", work, 1, rows, out))))
+    return st;
+  if ((gx && (st = ur__dense_check(op, "gx", gx, 1, rows, in))) ||
+      (gw && (st = ur__dense_check(op, "gw", gw, 0, out, in))) ||
+      (gb && (st = ur__dense_check_numel(op, "gb", gb, 0, out))) ||
+      (gb_x && (st = ur__dense_check_numel(op, "gb_x", gb_x, 0, in))) ||
+      (x_mask && (st = check_mask(op, "x_mask", x_mask, rows, in))))
+    return st;
   const char *group = "x, w, y, gy, gx and work";
   if ((st = same_dtype(op, "w", w, x, group)) || (st = same_dtype(op, "gy", gy, x, group)) ||
       (masking && ((st = same_dtype(op, "y", y, x, group)) ||
                    (st = same_dtype(op, "work", work, x, group)))) ||
       (st = same_dtype(op, "gx", gx, x, group)))
     return st;
-  uint32_t allowed = UR_DENSE_TF32 | UR_DENSE_ACCUMULATE | UR_DENSE_GY_MASKED |
-                     UR_DENSE_WGRAD_ASYNC | (255u << UR_DENSE_ROW0_SHIFT) |
-                     (0xffu << UR_DENSE_PAD_SHIFT);
-  if ((st = check_flags(op, flags, allowed)) || (st = check_pad(op, flags, in)) ||
-      (st = check_dims(op, rows, in, out)) || (st = no_overlap(op, "gx", gx, "gy", gy)) ||
+  if ((st = no_overlap(op, "gx", gx, "gy", gy)) ||
       (st = no_overlap(op, "gx", gx, "w", w)) || (st = no_overlap(op, "gw", gw, "x", x)) ||
       (st = no_overlap(op, "gw", gw, "gy", gy)) || (st = no_overlap(op, "gx", gx, "x", x)))
     return st;
@@ -568,6 +582,67 @@ ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *
                                     gb_x ? ur_tensor_data(gb_x) : NULL,
                                     work ? ur_tensor_data(work) : NULL, rows, in, out, x->dtype,
                                     act, flags);
+}
+
+/* What kernels/linear.cu's ur__cuda_linear_backward asks of its streams' workspaces, when
+ * cuBLASLt runs its products: the parts by linear_plan.h's rules, on the stream of the part's
+ * step (the weight gradient's may be the side stream).  spec/dense_cuda_spec.lua holds the two
+ * to the same bytes on a GPU. */
+ur_status ur_linear_backward_workspace(int64_t rows, int64_t in, int64_t out, int32_t gx,
+                                       int32_t gw, int32_t gb, int32_t x_mask,
+                                       uint64_t *main_bytes, uint64_t *side_bytes, ur_act act,
+                                       uint32_t flags, int32_t sms) {
+  UR__ARGS(main_bytes, side_bytes);
+  const char *op = "linear backward workspace";
+  if (rows < 0 || in < 0 || out < 0)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: rows %lld, in %lld, out %lld; expected sizes of 0 or more", op,
+                     (long long)rows, (long long)in, (long long)out);
+  const int32_t given[] = {gx, gw, gb, x_mask};
+  const char *names[] = {"gx", "gw", "gb", "x_mask"};
+  for (int i = 0; i < 4; i++)
+    if (given[i] != 0 && given[i] != 1)
+      return ur__error(UR_STATUS_INVALID, "%s: %s is %d; expected 1 (given) or 0 (NULL)", op,
+                       names[i], (int)given[i]);
+  if (sms < 1)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: sms is %d; expected the GPU's multiprocessors, 1 or more", op,
+                     (int)sms);
+  ur_status st = check_backward(op, rows, in, out, gx, gb, x_mask, 0, act, flags);
+  if (st) return st;
+  *main_bytes = *side_bytes = 0;
+  if (!rows) return UR_STATUS_OK; /* ur_linear_backward does nothing */
+  if (out == 1 && in > 0) {
+    *main_bytes = UR_LT_WORKSPACE + ur__gemv_part(rows, in, sms);
+    return UR_STATUS_OK;
+  }
+  int relu = act == UR_ACT_RELU && !(flags & UR_DENSE_GY_MASKED) && out > 0;
+  int on_main = 0;
+  size_t part = 0;
+  if (relu) { /* the ReLU's gradient, with the bias gradient's partials */
+    on_main = 1;
+    if (gb) part = ur__bgrad_part(rows, out, sms);
+  }
+  if (gx && in > 0 && out > 0) { /* the input gradient's product, x_mask's sum after it */
+    on_main = 1;
+    size_t gbx = x_mask ? (size_t)in * sizeof(float) : 0;
+    if (gbx > part) part = gbx;
+  }
+  /* the weight gradient's product with an unmasked layer's bias gradient in its epilogue, or
+   * that bias gradient alone by chunks of rows */
+  int wgrad = gw && in > 0 && out > 0, gb_left = gb && !relu && out > 0;
+  if (wgrad || gb_left) {
+    size_t wpart = !gb_left ? 0 : wgrad ? (size_t)out * sizeof(float)
+                                         : ur__bgrad_part(rows, out, sms);
+    if (flags & UR_DENSE_WGRAD_ASYNC) {
+      *side_bytes = UR_LT_WORKSPACE + wpart;
+    } else {
+      on_main = 1;
+      if (wpart > part) part = wpart;
+    }
+  }
+  if (on_main) *main_bytes = UR_LT_WORKSPACE + part;
+  return UR_STATUS_OK;
 }
 
 ur_status ur_dense_join(ur_stream *s) {

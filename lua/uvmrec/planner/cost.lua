@@ -410,23 +410,11 @@ function M.arena(buffers, batch, block, from)
 end
 
 -- The dense ops' workspaces on a GPU (kernels/dense.cu, kernels/linear.cu): every stream that
--- runs a matrix product keeps one, of cuBLASLt's (and cuBLAS's) `lt` bytes and after them the
--- largest part a linear backward on that stream asks, kept until the stream is freed and counted
--- in ur.memory's workspace and against the HBM budget.  sms: the multiprocessors the backward's
+-- runs a matrix product keeps one, of cuBLASLt's (and cuBLAS's) bytes and after them the largest
+-- part a linear backward on that stream asks, kept until the stream is freed and counted in
+-- ur.memory's workspace and against the HBM budget.  sms: the multiprocessors the backward's
 -- partial sums are sized by (an H200's unless the context says).
-M.WORKSPACE = { lt = 32 * 2 ^ 20, sms = 132 }
-
--- kernels/linear.cu's ur_bgrad_chunks and ur_gemv_blocks, which size those parts.
-local function bgrad_chunks(rows, cols, sms)
-  local tiles = ceil(cols / 32)
-  local want = math.floor((sms * 4 + tiles - 1) / tiles)
-  want = min(want, ceil(rows / 8), 65535)
-  return max(want, 1)
-end
-local function gemv_blocks(rows, sms)
-  local blocks = max(1, min(ceil(rows / 32), sms * 4))
-  return ceil(rows / ceil(rows / blocks))
-end
+M.WORKSPACE = { sms = 132 }
 
 -- The Linears of an nn.MLP of `sizes` (a fused ReLU after each but the last, and after the last
 -- with last_relu; input_grad: the first takes its input's gradient; in_width: its input's
@@ -468,31 +456,20 @@ end
 
 -- The dense ops' workspaces of a training step at `rows` rows a rank: the model's stream's, and
 -- the weight gradients' side stream's (async: one rank; uvmrec.dist.ddp keeps them on the
--- model's stream); each lt and the largest part a backward on it asks (kernels/linear.cu:
--- ur__cuda_linear_backward and ur_gemv_backward; the parts of cuBLAS's fallback, used only
--- where cuBLASLt has no algorithm for a shape, are not counted).  dm: cost.dense_model's, or
--- any {linears = M.mlp_linears(...)}.  Returns total, main, side.
+-- model's stream), each the most a backward on it needs (the engine's rule:
+-- ur_linear_backward_workspace, which leaves out the parts of cuBLAS's fallback, used only
+-- where cuBLASLt has no algorithm for a shape).  dm: cost.dense_model's, or any
+-- {linears = M.mlp_linears(...)}.  Returns total, main, side.
 function M.dense_workspaces(dm, rows, sms, async)
-  local main, side, sided = 0, 0, false
+  local dense = require "uvmrec.dense"
+  local main, side = 0, 0
   for _, c in ipairs(dm.linears) do
-    if c.out == 1 and c.inw > 0 then
-      local b = gemv_blocks(rows, sms)
-      main = max(main, (b * c.inw * 2 + b) * 4)
-    else
-      local gb = c.bias and not c.masked
-      if c.relu and gb then main = max(main, bgrad_chunks(rows, c.out, sms) * c.out * 4) end
-      if c.gx and c.x_mask then main = max(main, c.inw * 4) end
-      local part = gb and not c.relu and c.out * 4 or 0
-      if c.async and async then
-        sided, side = true, max(side, part)
-      else
-        main = max(main, part)
-      end
-    end
+    local flags = (c.masked and dense.GY_MASKED or 0) + (c.async and async and dense.WGRAD_ASYNC or 0)
+    local m, s = dense.linear_backward_workspace(rows, c.inw, c.out,
+      { gx = c.gx, gw = true, gb = c.bias and not c.masked, x_mask = c.x_mask }, c.relu and "relu" or "none",
+      flags, sms)
+    main, side = max(main, m), max(side, s)
   end
-  local lt = M.WORKSPACE.lt
-  main = lt + main
-  side = sided and lt + side or 0
   return main + side, main, side
 end
 
