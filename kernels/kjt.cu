@@ -409,18 +409,9 @@ static cudaError_t ur__cuda_kjt_gather_rows(cudaStream_t s, const void *src, siz
 
 /* ---- the backend's kjt table ---- */
 
-/* An entry's failed CUDA call, through common.cuh's one mapping, named by the entry (op) and
- * its step: "cuda: kjt <op> (<step>) failed: ...". */
-static ur_status ur_kjt_fail(cudaError_t e, const char *op, const char *step) {
-  return ur__cuda_fail(e, "kjt %s (%s)", op, step);
-}
-
-/* Returns a failed CUDA call's status from a function whose `op` names its entry. */
-#define UR_KJT_TRY(call, step)                                 \
-  do {                                                         \
-    cudaError_t e_ = (call);                                   \
-    if (e_ != cudaSuccess) return ur_kjt_fail(e_, op, (step)); \
-  } while (0)
+/* Returns a failed CUDA call's status (common.cuh's mapping) from a function whose `op` names
+ * its entry: "cuda: kjt <op> (<step>) failed: ...". */
+#define UR_KJT_TRY(call, step) UR_CUDA_CHECK((call), "kjt %s (%s)", op, (step))
 
 /* One allocation per call, carved into aligned parts; freed in stream order, its bytes taken
  * from the HBM budget for the call (ur_core_api's workspace_take) and given back with it. */
@@ -442,9 +433,9 @@ struct ur_kjt_scratch {
     if (st) return st;
     cap = want;
     cudaError_t e = cudaMallocAsync((void **)&base, cap, s);
-    if (e == cudaSuccess) return UR_STATUS_OK;
-    base = nullptr;
-    return ur_kjt_fail(e, op, "scratch");
+    if (e != cudaSuccess) base = nullptr;
+    UR_KJT_TRY(e, "scratch");
+    return UR_STATUS_OK;
   }
   template <typename T> T *take(size_t n) {
     T *p = (T *)(base + used);
@@ -537,7 +528,7 @@ static ur_status ur_cuda_kjt_segments(void *stream, void *dst, size_t elem_bytes
   const char *op = "segment copy";
   if (nseg <= 0) return UR_STATUS_OK;
   int64_t *block0 = (int64_t *)malloc(sizeof(int64_t) * (size_t)(nseg + 1));
-  if (!block0) return ur_kjt_fail(cudaErrorMemoryAllocation, op, "host memory");
+  if (!block0) UR_KJT_TRY(cudaErrorMemoryAllocation, "host memory");
   block0[0] = 0;
   for (int64_t i = 0; i < nseg; i++)
     block0[i + 1] = block0[i] + (segs[i].n + UR__KJT_CHUNK - 1) / UR__KJT_CHUNK;
@@ -545,20 +536,19 @@ static ur_status ur_cuda_kjt_segments(void *stream, void *dst, size_t elem_bytes
   ur_kjt_scratch w(s);
   ur_status st = w.alloc(w.up((size_t)nseg * sizeof(ur__kjt_seg)) + w.up((size_t)(nseg + 1) * 8),
                          op);
-  ur__kjt_seg *d_segs = nullptr;
-  int64_t *d_block0 = nullptr;
-  if (!st) {
-    d_segs = w.take<ur__kjt_seg>((size_t)nseg);
-    d_block0 = w.take<int64_t>((size_t)nseg + 1);
-    /* From pageable memory the copies are staged before they return, so the arrays can go. */
-    cudaError_t e = cudaMemcpyAsync(d_segs, segs, (size_t)nseg * sizeof(ur__kjt_seg),
-                                    cudaMemcpyHostToDevice, s);
-    if (e == cudaSuccess)
-      e = cudaMemcpyAsync(d_block0, block0, (size_t)(nseg + 1) * 8, cudaMemcpyHostToDevice, s);
-    if (e != cudaSuccess) st = ur_kjt_fail(e, op, "segments up");
+  if (st) {
+    free(block0);
+    return st;
   }
+  ur__kjt_seg *d_segs = w.take<ur__kjt_seg>((size_t)nseg);
+  int64_t *d_block0 = w.take<int64_t>((size_t)nseg + 1);
+  /* From pageable memory the copies are staged before they return, so the arrays can go. */
+  cudaError_t e = cudaMemcpyAsync(d_segs, segs, (size_t)nseg * sizeof(ur__kjt_seg),
+                                  cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(d_block0, block0, (size_t)(nseg + 1) * 8, cudaMemcpyHostToDevice, s);
   free(block0);
-  if (st) return st;
+  UR_KJT_TRY(e, "segments up");
   UR_KJT_TRY(ur__cuda_kjt_segments(s, dst, elem_bytes, d_segs, d_block0, nseg, nblocks), "copy");
   return UR_STATUS_OK;
 }
@@ -697,7 +687,7 @@ static ur_status ur_cuda_kjt_dedup(void *stream, const int64_t *off, const int64
   UR_KJT_TRY(ur__cuda_kjt_gather_i64(s, a, nullptr, stride, (int64_t)n1, at), "key counts");
   UR_KJT_TRY(ur__cuda_kjt_gather_i64(s, c, nullptr, stride, (int64_t)n1, at + n1), "key values");
   int64_t *h = (int64_t *)malloc(2 * n1 * 8);
-  if (!h) return ur_kjt_fail(cudaErrorMemoryAllocation, op, "host memory");
+  if (!h) UR_KJT_TRY(cudaErrorMemoryAllocation, "host memory");
   cudaError_t e = cudaMemcpyAsync(h, at, 2 * n1 * 8, cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
   if (e == cudaSuccess) {
@@ -780,7 +770,7 @@ static ur_status ur_cuda_kjt_from_rows(void *stream, const int64_t *ids, const f
   }
   if (len) {
     int64_t *bag0 = (int64_t *)malloc(n1 * 8), neg[2];
-    if (!bag0) return ur_kjt_fail(cudaErrorMemoryAllocation, op, "host memory");
+    if (!bag0) UR_KJT_TRY(cudaErrorMemoryAllocation, "host memory");
     for (size_t k = 0; k < n1; k++) bag0[k] = (int64_t)k * n;
     st = ur_kjt_offsets_run(s, len_out, nb, off_out, bag0, nkeys, INT64_MAX, val0, neg, op);
     free(bag0);
