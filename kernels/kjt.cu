@@ -409,30 +409,9 @@ static cudaError_t ur__cuda_kjt_gather_rows(cudaStream_t s, const void *src, siz
 
 /* ---- the backend's kjt table ---- */
 
-/* The step that failed, for the message. */
-#define UR_KJT_TRY(call, step)          \
-  do {                                  \
-    cudaError_t e_ = (call);            \
-    if (e_ != cudaSuccess) {            \
-      *what = (step);                   \
-      return e_;                        \
-    }                                   \
-  } while (0)
-
-
-/* Set when a scratch was refused by the HBM budget, whose message then stands (UR_KJT_CHECK). */
-static thread_local int t_kjt_refused;
-
-/* An entry's failure: the budget's refusal as it is, any other as a CUDA failure. */
-#define UR_KJT_CHECK(e, op, what)                                        \
-  do {                                                                   \
-    cudaError_t e2_ = (e);                                               \
-    if (e2_ != cudaSuccess && t_kjt_refused) {                           \
-      t_kjt_refused = 0;                                                 \
-      return UR_STATUS_OOM;                                              \
-    }                                                                    \
-    UR_CUDA_CHECK(e2_, "kjt %s (%s)", op, what);                         \
-  } while (0)
+/* Returns a failed CUDA call's status (common.cuh's mapping) from a function whose `op` names
+ * its entry: "cuda: kjt <op> (<step>) failed: ...". */
+#define UR_KJT_TRY(call, step) UR_CUDA_CHECK((call), "kjt %s (%s)", op, (step))
 
 /* One allocation per call, carved into aligned parts; freed in stream order, its bytes taken
  * from the HBM budget for the call (ur_core_api's workspace_take) and given back with it. */
@@ -446,16 +425,17 @@ struct ur_kjt_scratch {
     if (cap) ur__cuda_core->workspace_give(cap);
   }
   static size_t up(size_t b) { return (b + 255) & ~(size_t)255; }
-  cudaError_t alloc(size_t bytes) {
+  /* The budget's refusal as it is (its message names the bytes and the budget); a failed
+   * allocation as the op's CUDA failure. */
+  ur_status alloc(size_t bytes, const char *op) {
     size_t want = bytes ? bytes : 256;
-    if (ur__cuda_core->workspace_take(want, "a keyed jagged tensor op's scratch")) {
-      t_kjt_refused = 1;
-      return cudaErrorMemoryAllocation;
-    }
+    ur_status st = ur__cuda_core->workspace_take(want, "a keyed jagged tensor op's scratch");
+    if (st) return st;
     cap = want;
     cudaError_t e = cudaMallocAsync((void **)&base, cap, s);
     if (e != cudaSuccess) base = nullptr;
-    return e;
+    UR_KJT_TRY(e, "scratch");
+    return UR_STATUS_OK;
   }
   template <typename T> T *take(size_t n) {
     T *p = (T *)(base + used);
@@ -466,15 +446,17 @@ struct ur_kjt_scratch {
 
 /* ---- offsets ---- */
 
-static cudaError_t ur_kjt_offsets_run(cudaStream_t s, const int32_t *len, int64_t nb, int64_t *off,
-                                      const int64_t *bag0, int32_t nkeys, int64_t nv,
-                                      int64_t *val0, int64_t *bad, const char **what) {
+/* op names the entry in CUDA failures: offsets, or from rows, which scans its lengths here. */
+static ur_status ur_kjt_offsets_run(cudaStream_t s, const int32_t *len, int64_t nb, int64_t *off,
+                                    const int64_t *bag0, int32_t nkeys, int64_t nv,
+                                    int64_t *val0, int64_t *bad, const char *op) {
   size_t cub_bytes = 0;
   UR_KJT_TRY(cub::DeviceScan::InclusiveSum(nullptr, cub_bytes, off + 1, off + 1, nb, s),
              "scan size");
   ur_kjt_scratch w(s);
   size_t n1 = (size_t)nkeys + 1;
-  UR_KJT_TRY(w.alloc(w.up(cub_bytes) + 2 * w.up(n1 * 8) + w.up(2 * 8)), "scratch");
+  ur_status st = w.alloc(w.up(cub_bytes) + 2 * w.up(n1 * 8) + w.up(2 * 8), op);
+  if (st) return st;
   void *tmp = w.take<char>(cub_bytes);
   int64_t *d_bag0 = w.take<int64_t>(n1), *d_val0 = w.take<int64_t>(n1);
   unsigned long long *d_bad = w.take<unsigned long long>(2);
@@ -482,7 +464,7 @@ static cudaError_t ur_kjt_offsets_run(cudaStream_t s, const int32_t *len, int64_
   UR_KJT_TRY(ur__cuda_kjt_widen(s, len, nb, off, val0 ? d_bad : nullptr), "lengths");
   if (nb > 0)
     UR_KJT_TRY(cub::DeviceScan::InclusiveSum(tmp, cub_bytes, off + 1, off + 1, nb, s), "scan");
-  if (!val0) return cudaSuccess;
+  if (!val0) return UR_STATUS_OK;
   UR_KJT_TRY(ur__cuda_kjt_over(s, off, nb, nv, d_bad + 1), "sum check");
   UR_KJT_TRY(cudaMemcpyAsync(d_bag0, bag0, n1 * 8, cudaMemcpyHostToDevice, s), "key spans up");
   UR_KJT_TRY(ur__cuda_kjt_gather_i64(s, off, d_bag0, 0, (int64_t)n1, d_val0), "key spans");
@@ -491,30 +473,29 @@ static cudaError_t ur_kjt_offsets_run(cudaStream_t s, const int32_t *len, int64_
   UR_KJT_TRY(cudaMemcpyAsync(hb, d_bad, sizeof hb, cudaMemcpyDeviceToHost, s), "checks down");
   UR_KJT_TRY(cudaStreamSynchronize(s), "wait");
   for (int i = 0; i < 2; i++) bad[i] = hb[i] == ~0ull ? -1 : (int64_t)hb[i];
-  return cudaSuccess;
+  return UR_STATUS_OK;
 }
 
 static ur_status ur_cuda_kjt_offsets(void *stream, const int32_t *len, int64_t nb, int64_t *off,
                                      const int64_t *bag0, int32_t nkeys, int64_t nv,
                                      int64_t *val0, int64_t *bad) {
-  const char *what = "";
-  cudaError_t e = ur_kjt_offsets_run((cudaStream_t)stream, len, nb, off, bag0, nkeys, nv, val0,
-                                     bad, &what);
-  UR_KJT_CHECK(e, "offsets", what);
-  return UR_STATUS_OK;
+  return ur_kjt_offsets_run((cudaStream_t)stream, len, nb, off, bag0, nkeys, nv, val0, bad,
+                            "offsets");
 }
 
 /* ---- validate ---- */
 
-static cudaError_t ur_kjt_validate_run(cudaStream_t s, const int32_t *len, const int64_t *off,
-                                       const int64_t *val, const int64_t *inv, int64_t nv,
-                                       int32_t nkeys, int64_t stride, const int64_t *bag0,
-                                       const int64_t *spk, const int64_t *rows, int64_t *bad,
-                                       const char **what) {
+static ur_status ur_cuda_kjt_validate(void *stream, const int32_t *len, const int64_t *off,
+                                      const int64_t *val, const int64_t *inv, int64_t nv,
+                                      int32_t nkeys, int64_t stride, const int64_t *bag0,
+                                      const int64_t *spk, const int64_t *rows, int64_t *bad) {
+  cudaStream_t s = (cudaStream_t)stream;
+  const char *op = "validate";
   size_t n1 = (size_t)nkeys + 1;
   int64_t nb = bag0[nkeys];
   ur_kjt_scratch w(s);
-  UR_KJT_TRY(w.alloc(3 * w.up(n1 * 8) + w.up(3 * 8)), "scratch");
+  ur_status st = w.alloc(3 * w.up(n1 * 8) + w.up(3 * 8), op);
+  if (st) return st;
   int64_t *d_bag0 = w.take<int64_t>(n1), *d_spk = w.take<int64_t>(n1),
           *d_rows = w.take<int64_t>(n1);
   unsigned long long *d_bad = w.take<unsigned long long>(3);
@@ -536,151 +517,109 @@ static cudaError_t ur_kjt_validate_run(cudaStream_t s, const int32_t *len, const
   UR_KJT_TRY(cudaMemcpyAsync(hb, d_bad, sizeof hb, cudaMemcpyDeviceToHost, s), "checks down");
   UR_KJT_TRY(cudaStreamSynchronize(s), "wait");
   for (int i = 0; i < 3; i++) bad[i] = hb[i] == ~0ull ? -1 : (int64_t)hb[i];
-  return cudaSuccess;
-}
-
-static ur_status ur_cuda_kjt_validate(void *stream, const int32_t *len, const int64_t *off,
-                                      const int64_t *val, const int64_t *inv, int64_t nv,
-                                      int32_t nkeys, int64_t stride, const int64_t *bag0,
-                                      const int64_t *spk, const int64_t *rows, int64_t *bad) {
-  const char *what = "";
-  cudaError_t e = ur_kjt_validate_run((cudaStream_t)stream, len, off, val, inv, nv, nkeys, stride,
-                                      bag0, spk, rows, bad, &what);
-  UR_KJT_CHECK(e, "validate", what);
   return UR_STATUS_OK;
 }
 
 /* ---- segment copies ---- */
 
-static cudaError_t ur_kjt_segments_run(cudaStream_t s, void *dst, size_t elem_bytes,
-                                       const ur__kjt_seg *segs, int64_t nseg, const char **what) {
-  if (nseg <= 0) return cudaSuccess;
+static ur_status ur_cuda_kjt_segments(void *stream, void *dst, size_t elem_bytes,
+                                      const ur__kjt_seg *segs, int64_t nseg) {
+  cudaStream_t s = (cudaStream_t)stream;
+  const char *op = "segment copy";
+  if (nseg <= 0) return UR_STATUS_OK;
   int64_t *block0 = (int64_t *)malloc(sizeof(int64_t) * (size_t)(nseg + 1));
-  if (!block0) {
-    *what = "host memory";
-    return cudaErrorMemoryAllocation;
-  }
+  if (!block0) UR_KJT_TRY(cudaErrorMemoryAllocation, "host memory");
   block0[0] = 0;
   for (int64_t i = 0; i < nseg; i++)
     block0[i + 1] = block0[i] + (segs[i].n + UR__KJT_CHUNK - 1) / UR__KJT_CHUNK;
   int64_t nblocks = block0[nseg];
   ur_kjt_scratch w(s);
-  cudaError_t e = w.alloc(w.up((size_t)nseg * sizeof(ur__kjt_seg)) + w.up((size_t)(nseg + 1) * 8));
-  ur__kjt_seg *d_segs = nullptr;
-  int64_t *d_block0 = nullptr;
-  if (e == cudaSuccess) {
-    d_segs = w.take<ur__kjt_seg>((size_t)nseg);
-    d_block0 = w.take<int64_t>((size_t)nseg + 1);
-    /* From pageable memory the copies are staged before they return, so the arrays can go. */
-    e = cudaMemcpyAsync(d_segs, segs, (size_t)nseg * sizeof(ur__kjt_seg), cudaMemcpyHostToDevice,
-                        s);
-    if (e == cudaSuccess)
-      e = cudaMemcpyAsync(d_block0, block0, (size_t)(nseg + 1) * 8, cudaMemcpyHostToDevice, s);
-    if (e != cudaSuccess) *what = "segments up";
-  } else {
-    *what = "scratch";
+  ur_status st = w.alloc(w.up((size_t)nseg * sizeof(ur__kjt_seg)) + w.up((size_t)(nseg + 1) * 8),
+                         op);
+  if (st) {
+    free(block0);
+    return st;
   }
+  ur__kjt_seg *d_segs = w.take<ur__kjt_seg>((size_t)nseg);
+  int64_t *d_block0 = w.take<int64_t>((size_t)nseg + 1);
+  /* From pageable memory the copies are staged before they return, so the arrays can go. */
+  cudaError_t e = cudaMemcpyAsync(d_segs, segs, (size_t)nseg * sizeof(ur__kjt_seg),
+                                  cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(d_block0, block0, (size_t)(nseg + 1) * 8, cudaMemcpyHostToDevice, s);
   free(block0);
-  UR_KJT_TRY(e, *what);
+  UR_KJT_TRY(e, "segments up");
   UR_KJT_TRY(ur__cuda_kjt_segments(s, dst, elem_bytes, d_segs, d_block0, nseg, nblocks), "copy");
-  return cudaSuccess;
-}
-
-static ur_status ur_cuda_kjt_segments(void *stream, void *dst, size_t elem_bytes,
-                                      const ur__kjt_seg *segs, int64_t nseg) {
-  const char *what = "";
-  cudaError_t e = ur_kjt_segments_run((cudaStream_t)stream, dst, elem_bytes, segs, nseg, &what);
-  UR_KJT_CHECK(e, "segment copy", what);
   return UR_STATUS_OK;
 }
 
 /* ---- bag gathers: expand, dedup's compaction ---- */
 
-static cudaError_t ur_kjt_expand_map_run(cudaStream_t s, const int64_t *inv, const int64_t *bag0,
-                                         int32_t nkeys, int64_t stride, int64_t *map,
-                                         const char **what) {
-  if ((int64_t)nkeys * stride <= 0) return cudaSuccess;
+static ur_status ur_cuda_kjt_expand_map(void *stream, const int64_t *inv, const int64_t *bag0,
+                                        int32_t nkeys, int64_t stride, int64_t *map) {
+  cudaStream_t s = (cudaStream_t)stream;
+  const char *op = "expand";
+  if ((int64_t)nkeys * stride <= 0) return UR_STATUS_OK;
   ur_kjt_scratch w(s);
   size_t n1 = (size_t)nkeys + 1;
-  UR_KJT_TRY(w.alloc(w.up(n1 * 8)), "scratch");
+  ur_status st = w.alloc(w.up(n1 * 8), op);
+  if (st) return st;
   int64_t *d_bag0 = w.take<int64_t>(n1);
   UR_KJT_TRY(cudaMemcpyAsync(d_bag0, bag0, n1 * 8, cudaMemcpyHostToDevice, s), "key spans up");
   UR_KJT_TRY(ur__cuda_kjt_expand_map(s, inv, d_bag0, nkeys, stride, map), "map");
-  return cudaSuccess;
-}
-
-static ur_status ur_cuda_kjt_expand_map(void *stream, const int64_t *inv, const int64_t *bag0,
-                                        int32_t nkeys, int64_t stride, int64_t *map) {
-  const char *what = "";
-  cudaError_t e = ur_kjt_expand_map_run((cudaStream_t)stream, inv, bag0, nkeys, stride, map, &what);
-  UR_KJT_CHECK(e, "expand", what);
   return UR_STATUS_OK;
 }
 
-static cudaError_t ur_kjt_bag_lengths_run(cudaStream_t s, const int32_t *len, const int64_t *map,
-                                          int64_t n, int32_t *len_out, int64_t *off_out,
-                                          int64_t step, int32_t nat, int64_t *at_out,
-                                          const char **what) {
+static ur_status ur_cuda_kjt_bag_lengths(void *stream, const int32_t *len, const int64_t *map,
+                                         int64_t n, int32_t *len_out, int64_t *off_out,
+                                         int64_t step, int32_t nat, int64_t *at_out) {
+  cudaStream_t s = (cudaStream_t)stream;
+  const char *op = "bag lengths";
   size_t cub_bytes = 0;
   UR_KJT_TRY(cub::DeviceScan::InclusiveSum(nullptr, cub_bytes, off_out + 1, off_out + 1, n, s),
              "scan size");
   ur_kjt_scratch w(s);
-  UR_KJT_TRY(w.alloc(w.up(cub_bytes) + w.up((size_t)(nat > 0 ? nat : 1) * 8)), "scratch");
+  ur_status st = w.alloc(w.up(cub_bytes) + w.up((size_t)(nat > 0 ? nat : 1) * 8), op);
+  if (st) return st;
   void *tmp = w.take<char>(cub_bytes);
   int64_t *d_at = w.take<int64_t>((size_t)(nat > 0 ? nat : 1));
   UR_KJT_TRY(ur__cuda_kjt_bag_lengths(s, len, map, n, len_out, off_out), "lengths");
   if (n > 0)
     UR_KJT_TRY(cub::DeviceScan::InclusiveSum(tmp, cub_bytes, off_out + 1, off_out + 1, n, s),
                "scan");
-  if (nat <= 0) return cudaSuccess;
+  if (nat <= 0) return UR_STATUS_OK;
   UR_KJT_TRY(ur__cuda_kjt_gather_i64(s, off_out, nullptr, step, nat, d_at), "key spans");
   UR_KJT_TRY(cudaMemcpyAsync(at_out, d_at, (size_t)nat * 8, cudaMemcpyDeviceToHost, s),
              "key spans down");
   UR_KJT_TRY(cudaStreamSynchronize(s), "wait");
-  return cudaSuccess;
-}
-
-static ur_status ur_cuda_kjt_bag_lengths(void *stream, const int32_t *len, const int64_t *map,
-                                         int64_t n, int32_t *len_out, int64_t *off_out,
-                                         int64_t step, int32_t nat, int64_t *at_out) {
-  const char *what = "";
-  cudaError_t e = ur_kjt_bag_lengths_run((cudaStream_t)stream, len, map, n, len_out, off_out, step,
-                                         nat, at_out, &what);
-  UR_KJT_CHECK(e, "bag lengths", what);
   return UR_STATUS_OK;
 }
 
 static ur_status ur_cuda_kjt_bag_copy(void *stream, const int64_t *off, const int64_t *val,
                                       const float *w, const int64_t *map, int64_t n,
                                       const int64_t *off_out, int64_t *val_out, float *w_out) {
-  cudaError_t e =
-      ur__cuda_kjt_bag_copy((cudaStream_t)stream, off, val, w, map, n, off_out, val_out, w_out);
-  UR_KJT_CHECK(e, "bag copy", "copy");
+  const char *op = "bag copy";
+  UR_KJT_TRY(
+      ur__cuda_kjt_bag_copy((cudaStream_t)stream, off, val, w, map, n, off_out, val_out, w_out),
+      "copy");
   return UR_STATUS_OK;
-}
-
-static cudaError_t ur_kjt_expand_rows_run(cudaStream_t s, const void *src, size_t row_bytes,
-                                          const int64_t *inv, const int64_t *bag0, int32_t nkeys,
-                                          int64_t stride, void *dst, const char **what) {
-  int64_t n = (int64_t)nkeys * stride;
-  if (n <= 0 || row_bytes == 0) return cudaSuccess;
-  ur_kjt_scratch w(s);
-  size_t n1 = (size_t)nkeys + 1;
-  UR_KJT_TRY(w.alloc(w.up(n1 * 8) + w.up((size_t)n * 8)), "scratch");
-  int64_t *d_bag0 = w.take<int64_t>(n1), *map = w.take<int64_t>((size_t)n);
-  UR_KJT_TRY(cudaMemcpyAsync(d_bag0, bag0, n1 * 8, cudaMemcpyHostToDevice, s), "key spans up");
-  UR_KJT_TRY(ur__cuda_kjt_expand_map(s, inv, d_bag0, nkeys, stride, map), "map");
-  UR_KJT_TRY(ur__cuda_kjt_gather_rows(s, src, row_bytes, map, n, dst), "gather");
-  return cudaSuccess;
 }
 
 static ur_status ur_cuda_kjt_expand_rows(void *stream, const void *src, size_t row_bytes,
                                          const int64_t *inv, const int64_t *bag0, int32_t nkeys,
                                          int64_t stride, void *dst) {
-  const char *what = "";
-  cudaError_t e = ur_kjt_expand_rows_run((cudaStream_t)stream, src, row_bytes, inv, bag0, nkeys,
-                                         stride, dst, &what);
-  UR_KJT_CHECK(e, "expand rows", what);
+  cudaStream_t s = (cudaStream_t)stream;
+  const char *op = "expand rows";
+  int64_t n = (int64_t)nkeys * stride;
+  if (n <= 0 || row_bytes == 0) return UR_STATUS_OK;
+  ur_kjt_scratch w(s);
+  size_t n1 = (size_t)nkeys + 1;
+  ur_status st = w.alloc(w.up(n1 * 8) + w.up((size_t)n * 8), op);
+  if (st) return st;
+  int64_t *d_bag0 = w.take<int64_t>(n1), *map = w.take<int64_t>((size_t)n);
+  UR_KJT_TRY(cudaMemcpyAsync(d_bag0, bag0, n1 * 8, cudaMemcpyHostToDevice, s), "key spans up");
+  UR_KJT_TRY(ur__cuda_kjt_expand_map(s, inv, d_bag0, nkeys, stride, map), "map");
+  UR_KJT_TRY(ur__cuda_kjt_gather_rows(s, src, row_bytes, map, n, dst), "gather");
   return UR_STATUS_OK;
 }
 
@@ -690,16 +629,18 @@ struct ur_kjt_max {
   __host__ __device__ int64_t operator()(int64_t a, int64_t b) const { return a > b ? a : b; }
 };
 
-static cudaError_t ur_kjt_dedup_run(cudaStream_t s, const int64_t *off, const int64_t *val,
-                                    const float *wt, const int32_t *len, int32_t nkeys,
-                                    int64_t stride, int64_t *map, int64_t *inv, int64_t *spk,
-                                    int64_t *val0, const char **what) {
+static ur_status ur_cuda_kjt_dedup(void *stream, const int64_t *off, const int64_t *val,
+                                   const float *wt, const int32_t *len, int32_t nkeys,
+                                   int64_t stride, int64_t *map, int64_t *inv, int64_t *spk,
+                                   int64_t *val0) {
+  cudaStream_t s = (cudaStream_t)stream;
+  const char *op = "dedup";
   int64_t nb = (int64_t)nkeys * stride;
   size_t n1 = (size_t)nkeys + 1;
   if (nb <= 0) {
     memset(spk, 0, (size_t)nkeys * 8);
     memset(val0, 0, n1 * 8);
-    return cudaSuccess;
+    return UR_STATUS_OK;
   }
   int kbits = 0;
   while (kbits < 31 && ((int64_t)1 << kbits) < nkeys) kbits++;
@@ -718,9 +659,10 @@ static cudaError_t ur_kjt_dedup_run(cudaStream_t s, const int64_t *off, const in
   if (sum_bytes > cub_bytes) cub_bytes = sum_bytes;
   size_t nbz = (size_t)nb;
   ur_kjt_scratch w(s);
-  UR_KJT_TRY(w.alloc(w.up(cub_bytes) + 6 * w.up(nbz * 8) + 2 * w.up((nbz + 1) * 8) +
-                     w.up(2 * n1 * 8)),
-             "scratch");
+  ur_status st = w.alloc(w.up(cub_bytes) + 6 * w.up(nbz * 8) + 2 * w.up((nbz + 1) * 8) +
+                             w.up(2 * n1 * 8),
+                         op);
+  if (st) return st;
   void *tmp = w.take<char>(cub_bytes);
   uint64_t *k0 = w.take<uint64_t>(nbz), *k1 = w.take<uint64_t>(nbz);
   int64_t *i0 = w.take<int64_t>(nbz), *i1 = w.take<int64_t>(nbz);
@@ -745,10 +687,7 @@ static cudaError_t ur_kjt_dedup_run(cudaStream_t s, const int64_t *off, const in
   UR_KJT_TRY(ur__cuda_kjt_gather_i64(s, a, nullptr, stride, (int64_t)n1, at), "key counts");
   UR_KJT_TRY(ur__cuda_kjt_gather_i64(s, c, nullptr, stride, (int64_t)n1, at + n1), "key values");
   int64_t *h = (int64_t *)malloc(2 * n1 * 8);
-  if (!h) {
-    *what = "host memory";
-    return cudaErrorMemoryAllocation;
-  }
+  if (!h) UR_KJT_TRY(cudaErrorMemoryAllocation, "host memory");
   cudaError_t e = cudaMemcpyAsync(h, at, 2 * n1 * 8, cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
   if (e == cudaSuccess) {
@@ -757,17 +696,6 @@ static cudaError_t ur_kjt_dedup_run(cudaStream_t s, const int64_t *off, const in
   }
   free(h);
   UR_KJT_TRY(e, "counts down");
-  return cudaSuccess;
-}
-
-static ur_status ur_cuda_kjt_dedup(void *stream, const int64_t *off, const int64_t *val,
-                                   const float *w, const int32_t *len, int32_t nkeys,
-                                   int64_t stride, int64_t *map, int64_t *inv, int64_t *spk,
-                                   int64_t *val0) {
-  const char *what = "";
-  cudaError_t e = ur_kjt_dedup_run((cudaStream_t)stream, off, val, w, len, nkeys, stride, map, inv,
-                                   spk, val0, &what);
-  UR_KJT_CHECK(e, "dedup", what);
   return UR_STATUS_OK;
 }
 
@@ -814,15 +742,18 @@ __global__ void ur_kjt_rows_copy_kernel(const int64_t *ids, const float *w, int6
   }
 }
 
-static cudaError_t ur_kjt_from_rows_run(cudaStream_t s, const int64_t *ids, const float *w,
-                                        const int32_t *len, int64_t n, int32_t nkeys, int64_t H,
-                                        const int64_t *col0, const int32_t *hot, int32_t *len_out,
-                                        int64_t *off_out, int64_t *val_out, float *w_out,
-                                        int64_t *val0, int64_t *bad, const char **what) {
+static ur_status ur_cuda_kjt_from_rows(void *stream, const int64_t *ids, const float *w,
+                                       const int32_t *len, int64_t n, int32_t nkeys, int64_t H,
+                                       const int64_t *col0, const int32_t *hot, int32_t *len_out,
+                                       int64_t *off_out, int64_t *val_out, float *w_out,
+                                       int64_t *val0, int64_t *bad) {
+  cudaStream_t s = (cudaStream_t)stream;
+  const char *op = "from rows";
   int64_t nb = (int64_t)nkeys * n;
   size_t n1 = (size_t)nkeys + 1;
   ur_kjt_scratch sc(s);
-  UR_KJT_TRY(sc.alloc(sc.up(n1 * 8) + sc.up(n1 * 4) + sc.up(8)), "scratch");
+  ur_status st = sc.alloc(sc.up(n1 * 8) + sc.up(n1 * 4) + sc.up(8), op);
+  if (st) return st;
   int64_t *d_col0 = sc.take<int64_t>(n1);
   int32_t *d_hot = sc.take<int32_t>(n1);
   unsigned long long *d_bad = sc.take<unsigned long long>(1);
@@ -839,15 +770,11 @@ static cudaError_t ur_kjt_from_rows_run(cudaStream_t s, const int64_t *ids, cons
   }
   if (len) {
     int64_t *bag0 = (int64_t *)malloc(n1 * 8), neg[2];
-    if (!bag0) {
-      *what = "host memory";
-      return cudaErrorMemoryAllocation;
-    }
+    if (!bag0) UR_KJT_TRY(cudaErrorMemoryAllocation, "host memory");
     for (size_t k = 0; k < n1; k++) bag0[k] = (int64_t)k * n;
-    cudaError_t e = ur_kjt_offsets_run(s, len_out, nb, off_out, bag0, nkeys, INT64_MAX, val0, neg,
-                                       what);
+    st = ur_kjt_offsets_run(s, len_out, nb, off_out, bag0, nkeys, INT64_MAX, val0, neg, op);
     free(bag0);
-    if (e != cudaSuccess) return e;
+    if (st) return st;
   } else {
     if (nb > 0) {
       ur_kjt_rows_full_off_kernel<<<grid, UR_KJT_THREADS, 0, s>>>(n, nkeys, d_col0, d_hot, off_out);
@@ -861,23 +788,11 @@ static cudaError_t ur_kjt_from_rows_run(cudaStream_t s, const int64_t *ids, cons
                                                            off_out, val_out, w_out);
     UR_KJT_TRY(cudaGetLastError(), "copy");
   }
-  if (!len) return cudaSuccess;
+  if (!len) return UR_STATUS_OK;
   unsigned long long hb = ~0ull;
   UR_KJT_TRY(cudaMemcpyAsync(&hb, d_bad, 8, cudaMemcpyDeviceToHost, s), "check down");
   UR_KJT_TRY(cudaStreamSynchronize(s), "wait");
   *bad = hb == ~0ull ? -1 : (int64_t)hb;
-  return cudaSuccess;
-}
-
-static ur_status ur_cuda_kjt_from_rows(void *stream, const int64_t *ids, const float *w,
-                                       const int32_t *len, int64_t n, int32_t nkeys, int64_t H,
-                                       const int64_t *col0, const int32_t *hot, int32_t *len_out,
-                                       int64_t *off_out, int64_t *val_out, float *w_out,
-                                       int64_t *val0, int64_t *bad) {
-  const char *what = "";
-  cudaError_t e = ur_kjt_from_rows_run((cudaStream_t)stream, ids, w, len, n, nkeys, H, col0, hot,
-                                       len_out, off_out, val_out, w_out, val0, bad, &what);
-  UR_KJT_CHECK(e, "from rows", what);
   return UR_STATUS_OK;
 }
 
@@ -900,12 +815,14 @@ __global__ void ur_kjt_bucket_count_kernel(const int64_t *off, const int64_t *va
   }
 }
 
-static cudaError_t ur_kjt_bucket_count_run(cudaStream_t s, const int64_t *off, const int64_t *val,
-                                           int64_t nb, int64_t block, int64_t rows,
-                                           int32_t buckets, int32_t *cnt, int64_t *bad,
-                                           const char **what) {
+static ur_status ur_cuda_kjt_bucket_count(void *stream, const int64_t *off, const int64_t *val,
+                                          int64_t nb, int64_t block, int64_t rows,
+                                          int32_t buckets, int32_t *cnt, int64_t *bad) {
+  cudaStream_t s = (cudaStream_t)stream;
+  const char *op = "bucket count";
   ur_kjt_scratch w(s);
-  UR_KJT_TRY(w.alloc(w.up(8)), "scratch");
+  ur_status st = w.alloc(w.up(8), op);
+  if (st) return st;
   unsigned long long *d_bad = w.take<unsigned long long>(1), h_bad = 0;
   UR_KJT_TRY(cudaMemsetAsync(d_bad, 0xff, 8, s), "flag");
   if (nb > 0) {
@@ -916,16 +833,6 @@ static cudaError_t ur_kjt_bucket_count_run(cudaStream_t s, const int64_t *off, c
   UR_KJT_TRY(cudaMemcpyAsync(&h_bad, d_bad, 8, cudaMemcpyDeviceToHost, s), "flag down");
   UR_KJT_TRY(cudaStreamSynchronize(s), "wait");
   *bad = h_bad == ~0ull ? -1 : (int64_t)h_bad;
-  return cudaSuccess;
-}
-
-static ur_status ur_cuda_kjt_bucket_count(void *stream, const int64_t *off, const int64_t *val,
-                                          int64_t nb, int64_t block, int64_t rows,
-                                          int32_t buckets, int32_t *cnt, int64_t *bad) {
-  const char *what = "";
-  cudaError_t e = ur_kjt_bucket_count_run((cudaStream_t)stream, off, val, nb, block, rows, buckets,
-                                          cnt, bad, &what);
-  UR_KJT_CHECK(e, "bucket count", what);
   return UR_STATUS_OK;
 }
 
@@ -951,11 +858,12 @@ static ur_status ur_cuda_kjt_bucket_fill(void *stream, const int64_t *off, const
                                          const float *w, int64_t nb, int64_t block,
                                          int32_t buckets, const int64_t *off_out,
                                          int64_t *val_out, float *w_out) {
+  const char *op = "bucket fill";
   if (nb > 0)
     ur_kjt_bucket_fill_kernel<<<ur_kjt_blocks(nb, UR_KJT_THREADS), UR_KJT_THREADS, 0,
                                 (cudaStream_t)stream>>>(off, val, w, nb, block, buckets, off_out,
                                                         val_out, w_out);
-  UR_CUDA_CHECK(cudaGetLastError(), "kjt %s (%s)", "bucket fill", "fill");
+  UR_KJT_TRY(cudaGetLastError(), "fill");
   return UR_STATUS_OK;
 }
 

@@ -96,6 +96,70 @@ describe("uvmrec on CUDA", function()
     assert.is_true(k:validate()) -- nothing was lost
   end)
 
+  -- Every entry of kernels/kjt.cu that takes a scratch, under a budget that holds the op's
+  -- outputs (allocated before it, named below in bytes) but not its scratch (256-byte parts, at
+  -- least one): the budget's own message, not a CUDA failure written over it; nothing kept;
+  -- and the op whole once the budget is lifted.
+  cuda_it("refuses each keyed jagged tensor op's scratch with the budget's own message", function()
+    local k = assert(assert(ur.KJT { keys = { "a", "b" }, stride = 2, lengths = { 1, 2, 0, 3 },
+                                     values = { 5, 6, 7, 8, 9, 10 } }):to("device"))
+    local v = assert(k:dedup()) -- every bag distinct: 4 bags, a VBE batch
+    local rows = assert(ur.tensor({ 4, 1 }):to("device"))
+    local function on_device(dtype, shape, list)
+      local t = ur.tensor(shape, { dtype = dtype })
+      for i, x in ipairs(list) do t[i - 1] = x end
+      return assert(t:to("device"))
+    end
+    -- two samples, keys taking 1 and 2 ids: from_rows' outputs are 6 values, 4 lengths and 5
+    -- offsets (104 bytes)
+    local ids = on_device("i64", { 2, 3 }, { 1, 2, 3, 4, 5, 6 })
+    local lens = on_device("i32", { 2, 2 }, { 1, 2, 0, 1 })
+    local cases = {
+      -- offsets (40 bytes), then the scan's scratch
+      { "offsets", 200,
+        function() return ur.KJT { keys = { "a", "b" }, values = k:values(), lengths = k:lengths() } end },
+      { "validate", 200, function() return k:validate() end },
+      -- 6 values and 4 lengths (64 bytes), then the segment copies' scratch
+      { "segment copy", 200, function() return k:permute { 2, 1 } end },
+      -- map and inverse (64 bytes)
+      { "dedup", 200, function() return k:dedup() end },
+      -- the map (32 bytes)
+      { "expand", 200, function() return v:expand() end },
+      -- the map's scratch (256 bytes beside the map's 32) fits and is given back; then the map,
+      -- 4 lengths and 5 offsets (88 bytes) leave 255 for the bag lengths' scratch
+      { "bag lengths", 88 + 255, function() return v:expand() end },
+      -- the output rows (16 bytes)
+      { "expand rows", 200, function() return v:expand(rows) end },
+      -- 6 lengths, 7 offsets, 6 values (128 bytes)
+      { "bucket count", 200, function() return k:bucketize(2, { a = { block = 5, rows = 10 } }) end },
+      { "from rows", 200,
+        function() return ur.KJT.from_rows { keys = { "p", "q" }, hot = { 1, 2 }, ids = ids } end },
+      -- from_rows' own scratch (768 bytes) fits; the scan of its lengths (its offsets' scratch,
+      -- at least 768 more) does not
+      { "from rows' offsets", 104 + 768 + 767,
+        function() return ur.KJT.from_rows { keys = { "p", "q" }, hot = { 1, 2 }, ids = ids, lengths = lens } end },
+    }
+    local pattern = "^hbm budget: a keyed jagged tensor op's scratch asks for %S+ %S+ %((%d+) bytes%) on the GPU, "
+      .. "%S+ %S+ are in use, and the budget is %S+ %S+ %((%d+) bytes%)$"
+    for _, c in ipairs(cases) do
+      local name, room, run = c[1], c[2], c[3]
+      collectgarbage()
+      collectgarbage()
+      local m0 = ur.memory()
+      ur.set_hbm_budget(m0.hbm_used + room)
+      local got, err = run()
+      ur.set_hbm_budget(nil)
+      assert.is_nil(got, name)
+      local ask, budget = tostring(err):match(pattern)
+      assert.is_truthy(ask, name .. ": " .. tostring(err))
+      assert.equal(m0.hbm_used + room, tonumber(budget), name)
+      assert.is_true(tonumber(ask) >= 256 and tonumber(ask) % 256 == 0, name .. ": " .. err)
+      assert.same({ m0.hbm_used, m0.workspace }, { ur.memory().hbm_used, ur.memory().workspace }, name)
+      got = assert(run(), name)
+      if got ~= true then got:free() end
+    end
+  end)
+
   cuda_it("passes hints to the driver and reads them back from it", function()
     local t = ur.uvm_tensor({ 16 * MiB / 4 }, 0)
     local n = t:numel()
