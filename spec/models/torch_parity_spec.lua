@@ -133,6 +133,25 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
     end
   end)
 
+  it("top_bwd_error.py: f32 with float64's ReLU masks is within roundings of float64", function()
+    local py = python(false)
+    if not py then pending("PyTorch is not importable (make pydeps-torch)") return end
+    local c = CASES[1]
+    local _, _, _, w = parity(c, "f32", py, { tag = "_top" })
+    local g = ("%s/g_%s_f32_top.safetensors"):format(dir, c.name)
+    local out, err, code = command.sh(("%s scripts/bench/top_bwd_error.py --ckpt %s --dump %s --device cpu")
+      :format(py, q(w), q(g)))
+    assert.equal(0, code, out .. err)
+    local n = 0
+    for e in out:gmatch("float64's masks, split%-K +%d+ +(%S+)") do
+      n = n + 1
+      assert.is_true(tonumber(e) < 1e-5, out)
+    end
+    assert.equal(5, n, out)
+    assert.matches("uvmrec %(the dump%) +%d", out)
+    assert.matches("ReLU masks f32 vs float64: %d+ of %d+ differ", out)
+  end)
+
   it("names the file and the fault in a checkpoint it cannot read", function()
     local py = python(false)
     if not py then pending("PyTorch is not importable (make pydeps-torch)") return end
