@@ -114,19 +114,13 @@ end
 local rates = {}
 local date = os.date("!%Y-%m-%d")
 local command = "uvmrec calibrate" .. (o.shapes and " --shapes " .. o.shapes or "") .. (o.quick and " --quick" or "")
--- What a measured rate may be: a rate above these (or a term of seconds not below one second)
--- is no machine's, only a fit's that left its term nearly nothing of the time measured.
-local CEILING = { ["B/s"] = 1e14, ["FLOP/s"] = 1e16, s = 1 }
--- the terms that may come out 0 (a fit that drops them, a cost lost in the noise)
-local MAY_BE_ZERO = { tbe_backward_per_id = true, cache_row_fixed = true, loader_per_value = true,
-                      mlp_act_f32 = true, mlp_act_tf32 = true, mlp_act_bf16 = true,
-                      mlp_layer_f32 = true, mlp_layer_tf32 = true, mlp_layer_bf16 = true }
 local function rate(name, value, unit, source)
-  local lo = MAY_BE_ZERO[name] and value >= 0 or value > 0
-  if value ~= value or not lo or value >= CEILING[unit] then
-    error(("calibrate: %s came out %s %s; expected %s and below %g %s (a larger one is no machine's: its term "
-           .. "was fitted to almost nothing of the time measured).  Measured: %s"):format(name, tostring(value), unit,
-           MAY_BE_ZERO[name] and ">= 0" or "> 0", CEILING[unit], unit, source), 0)
+  -- a rate out of calib's range (non-positive, not finite, or beyond any machine's: a term fitted
+  -- to almost nothing of the time measured) is an error here, not a file that misleads the planner
+  local bad = calib.check_value(name, value)
+  if bad then
+    error(("calibrate: %s: %s (its term was fitted to nothing, or to almost nothing, of the time measured).  "
+           .. "Measured: %s"):format(name, bad, source), 0)
   end
   rates[name] = { value = value, unit = unit, source = source, command = command, date = date, measured = true }
   local shown = unit == "B/s" and ("%.2f GB/s"):format(value / 1e9) or unit == "FLOP/s"
