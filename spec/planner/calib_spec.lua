@@ -178,7 +178,7 @@ describe("planner.calib", function()
     assert.equal("uvmrec calibrate --shapes gpu --quick", c.data.command)
     for _, p in ipairs({ "f32", "tf32", "bf16" }) do
       local src = c.data.rates["mlp_" .. p].source
-      assert.matches("3 MLP stacks (dlrm_mlperf_v1's bottom and top, 128-128-128-128-128) at batch 32 and 128, " .. p,
+      assert.matches("3 MLP stacks (dlrm_mlperf_v1's bottom and top, 128-128-128-128-128) at batch 256 and 1024, " .. p,
                      src, 1, true)
       assert.is_true(c:rate("mlp_" .. p) > 1e8, p)
       assert.is_true(c:term("mlp_act_" .. p) >= 0 and c:term("mlp_layer_" .. p) >= 0, p)
