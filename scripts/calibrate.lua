@@ -60,7 +60,8 @@ local SHAPES = {
           mlps = { { 13, 512, 256, 128 }, { 480, 1024, 1024, 512, 256, 1 }, { 128, 128, 128, 128, 128 } },
           mlp_names = "dlrm_mlperf_v1's bottom and top, 128-128-128-128-128" },
   gpu_quick = { copy_mib = 16, rows = 65536, batch = 4096, hot = 256, crow = 65536, cbatch = 4096,
-                inter = { batch = 256, dim = 128, precision = "bf16" }, mlp_batches = { 256, 1024 }, loader_batch = 256 },
+                inter = { batch = 256, dim = 128, precision = "bf16" }, mlp_batches = { 256, 1024 },
+                loader_batch = 256 },
 }
 if not SHAPES[KIND] or KIND:find("_") then
   io.stderr:write(("calibrate: --shapes %s; expected cpu or gpu\n"):format(tostring(KIND)))
