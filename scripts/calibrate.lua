@@ -6,7 +6,7 @@
 --   in place from pinned and managed memory, the fused backward's cost per id, the software
 --   cache's cost per id and per row moved (through the real cache), the hot_prefix policy's
 --   interval per row, the dot interaction, the MLPs (f32, TF32, bf16: a FLOP rate, a cost per
---   output value and one per layer, fitted to five stacks at two batches), a training step's
+--   output value and one per layer, fitted to five stacks at two batches: three with --shapes gpu), a training step's
 --   fixed cost and what the synthetic loader adds to a step.  Collectives need ranks: not
 --   measured here (plans over several ranks need a calibration that has them).
 -- The sizes (--shapes): "cpu" (the CPU backend's default) as described; "gpu" (the default with a

@@ -44,8 +44,8 @@ M.RATES = {
                   .. "gradients)", true },
   mlp_act_tf32 = { "s", "the same, TF32", true },
   mlp_act_bf16 = { "s", "the same, bf16", true },
-  mlp_layer_f32 = { "s", "MLP forward + backward, f32: per layer (the products' threading at batches of 1024 "
-                    .. "and more)", true },
+  mlp_layer_f32 = { "s", "MLP forward + backward, f32: per layer (on the CPU the products' threading at batches "
+                    .. "of 1024 and more; on a GPU the kernels' launches)", true },
   mlp_layer_tf32 = { "s", "the same, TF32", true },
   mlp_layer_bf16 = { "s", "the same, bf16", true },
   interaction_dot = { "FLOP/s", "dot interaction forward + backward (6 x batch x F(F-1)/2 x dim)" },
