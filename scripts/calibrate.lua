@@ -6,9 +6,10 @@
 --   in place from pinned and managed memory, the fused backward's cost per id, the software
 --   cache's cost per id and per row moved (through the real cache), the hot_prefix policy's
 --   interval per row, the dot interaction, the MLPs (f32, TF32, bf16: a FLOP rate, a cost per
---   output value and one per layer, fitted to five stacks at two batches: three with --shapes gpu), a training step's
---   fixed cost and what the synthetic loader adds to a step.  Collectives need ranks: not
---   measured here (plans over several ranks need a calibration that has them).
+--   output value and one per layer, fitted to five stacks at two batches: three with --shapes
+--   gpu), a training step's fixed cost and what the synthetic loader adds to a step.
+--   Collectives need ranks: not measured here (plans over several ranks need a calibration that
+--   has them).
 -- The sizes (--shapes): "cpu" (the CPU backend's default) as described; "gpu" (the default with a
 -- GPU) the sizes a GPU step runs at, so that no term is fitted to launch-bound runs: copies of
 -- 512 MiB, 65536 ids a table over 2^20 rows (embeddings and cache), MLPerf's MLP stacks
@@ -241,7 +242,7 @@ do
 end
 
 -- rows read and updated in place: pinned and managed tables.  The managed ones under the `host`
--- hint policy (every row preferred on the host, accessed by the GPU, prefetched there): read in
+-- hint policy (every row preferred on the host, accessed by the GPU, prefetched to the host): read in
 -- place over the link as the planner prices a managed table's rows beyond its prefix; without
 -- it a GPU's first touch migrates the pages into HBM and the runs measure HBM.
 for _, pl in ipairs({ { "pinned", "zero_copy" }, { "managed", "managed" } }) do
