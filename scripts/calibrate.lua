@@ -15,9 +15,10 @@
 -- 512 MiB, 65536 ids a table over 2^20 rows (embeddings and cache), MLPerf's MLP stacks
 -- (13-512-256-128, 480-1024-1024-512-256-1) and a narrow one at batches 16384 and 65536, the dot
 -- interaction of 27 vectors of 128 at batch 65536 as the bf16 model runs it, the loader at 16384.
--- With --quick the GPU's shapes run at the CPU quick run's sizes and small batches (a spec runs
--- that path on the CPU).  Managed tables are read in place on the host (the `host` hint policy:
--- preferred on the host, accessed by the GPU), as the planner prices them.  A rate that comes
+-- With --quick on the CPU backend the GPU's shapes run at the CPU quick run's sizes and small
+-- batches (a spec runs that path on the CPU); on a GPU --quick keeps the sizes.  Managed tables
+-- are read in place on the host (the `host` hint policy: preferred on the host, accessed by the
+-- GPU), as the planner prices them.  A rate that comes
 -- out non-positive, not finite or beyond any machine's (a term fitted to nearly nothing) is an
 -- error naming it and its measurements, never written.
 -- Runs in well under a minute on two cores.  Also `luajit scripts/calibrate.lua ...`.
@@ -33,7 +34,7 @@ local o = require("uvmrec.cli").command {
   { "--out FILE", "where to write the calibration (default: print it)" },
   { "--machine NAME", "the machine's name in the file (default: the CPU's or the GPU's)" },
   { "--shapes KIND", "the sizes measured: cpu or gpu (default: gpu with a GPU, else cpu)" },
-  { "--quick", "smaller sizes and fewer repetitions (for specs)" },
+  { "--quick", "fewer repetitions, and on the CPU backend smaller sizes (for specs)" },
 }:parse(arg)
 
 local gpu = ur.gpu()
@@ -69,7 +70,9 @@ if not SHAPES[KIND] or KIND:find("_") then
   os.exit(2)
 end
 local S = SHAPES[KIND]
-if Q then
+-- --quick on the CPU backend: the quick sizes.  On a GPU the sizes stay (its small runs would be
+-- launch-bound, the fits absurd; the full ones take milliseconds there): fewer repetitions only.
+if Q and not gpu then
   local q = {}
   for k, v in pairs(S) do q[k] = v end
   for k, v in pairs(SHAPES[KIND .. "_quick"]) do q[k] = v end
