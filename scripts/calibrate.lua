@@ -1,4 +1,4 @@
--- uvmrec calibrate [--out calib.json] [--machine NAME] [--quick]
+-- uvmrec calibrate [--out calib.json] [--machine NAME] [--shapes cpu|gpu] [--quick]
 -- Measures on this machine the rates the planner's cost model divides by (uvmrec.planner.calib,
 -- docs/planner.md) through the engine itself, and writes them as a calibration file:
 --   copies (within memory, host to device and back: on the CPU both are memcpy), the embedding
@@ -6,9 +6,21 @@
 --   in place from pinned and managed memory, the fused backward's cost per id, the software
 --   cache's cost per id and per row moved (through the real cache), the hot_prefix policy's
 --   interval per row, the dot interaction, the MLPs (f32, TF32, bf16: a FLOP rate, a cost per
---   output value and one per layer, fitted to five stacks at two batches), a training step's
---   fixed cost and what the synthetic loader adds to a step.  Collectives need ranks: not
---   measured here (plans over several ranks need a calibration that has them).
+--   output value and one per layer, fitted to five stacks at two batches: three with --shapes
+--   gpu), a training step's fixed cost and what the synthetic loader adds to a step.
+--   Collectives need ranks: not measured here (plans over several ranks need a calibration that
+--   has them).
+-- The sizes (--shapes): "cpu" (the CPU backend's default) as described; "gpu" (the default with a
+-- GPU) the sizes a GPU step runs at, so that no term is fitted to launch-bound runs: copies of
+-- 512 MiB, 65536 ids a table over 2^20 rows (embeddings and cache), MLPerf's MLP stacks
+-- (13-512-256-128, 480-1024-1024-512-256-1) and a narrow one at batches 16384 and 65536, the dot
+-- interaction of 27 vectors of 128 at batch 65536 as the bf16 model runs it, the loader at 16384.
+-- With --quick on the CPU backend the GPU's shapes run at the CPU quick run's sizes and small
+-- batches (a spec runs that path on the CPU); on a GPU --quick keeps the sizes.  Managed tables
+-- are read in place on the host (the `host` hint policy: preferred on the host, accessed by the
+-- GPU), as the planner prices them.  A rate that comes
+-- out non-positive, not finite or beyond any machine's (a term fitted to nearly nothing) is an
+-- error naming it and its measurements, never written.
 -- Runs in well under a minute on two cores.  Also `luajit scripts/calibrate.lua ...`.
 local ffi = require "ffi"
 local ur = require "uvmrec"
@@ -21,12 +33,51 @@ local o = require("uvmrec.cli").command {
   summary = "measure the rates the planner's cost model uses, on this machine",
   { "--out FILE", "where to write the calibration (default: print it)" },
   { "--machine NAME", "the machine's name in the file (default: the CPU's or the GPU's)" },
-  { "--quick", "smaller sizes and fewer repetitions (for specs)" },
+  { "--shapes KIND", "the sizes measured: cpu or gpu (default: gpu with a GPU, else cpu)" },
+  { "--quick", "fewer repetitions, and on the CPU backend smaller sizes (for specs)" },
 }:parse(arg)
 
 local gpu = ur.gpu()
 local place_fast = gpu and "device" or "host"
 local Q = o.quick
+local KIND = o.shapes or (gpu and "gpu" or "cpu")
+-- The sizes of each measurement, by --shapes and --quick (see the header).
+local SHAPES = {
+  -- hot: the rows a table of the "repeat" batch draws its ids from
+  cpu = { copy_mib = 64, rows = 131072, batch = 8192, hot = 64, crow = 131072, cbatch = 8192,
+          inter = { batch = 2048, dim = 16, precision = "f32" }, mlp_batches = { 1024, 4096 }, loader_batch = 1024,
+          -- dlrm_tiny's and dlrm_kaggle's stacks and a narrow deep one
+          mlps = { { 13, 64, 16 }, { 367, 64, 1 }, { 13, 512, 256, 64, 16 }, { 367, 512, 256, 1 },
+                   { 64, 64, 64, 64, 64 } },
+          mlp_names = "dlrm_tiny's, dlrm_kaggle's, 64-64-64-64-64" },
+  cpu_quick = { copy_mib = 16, rows = 65536, batch = 4096, hot = 64, crow = 65536, cbatch = 4096,
+                inter = { batch = 512, dim = 16, precision = "f32" }, mlp_batches = { 256, 512 }, loader_batch = 256 },
+  -- (on a GPU 64 rows a table would make the backward's reduction into each row, 1024 ids, the
+  -- repeat batch's cost: 4096 rows, 16 ids each, in L2 as the forward's repeats are)
+  gpu = { copy_mib = 512, rows = 2 ^ 20, batch = 65536, hot = 4096, crow = 2 ^ 20, cbatch = 65536,
+          inter = { batch = 65536, dim = 128, precision = "bf16" }, mlp_batches = { 16384, 65536 },
+          loader_batch = 16384,
+          -- dlrm_mlperf_v1's stacks (the top's input padded as the model's: 128 + 351 -> 480) and
+          -- a narrow deep one, where the per-value and per-layer terms weigh most
+          mlps = { { 13, 512, 256, 128 }, { 480, 1024, 1024, 512, 256, 1 }, { 128, 128, 128, 128, 128 } },
+          mlp_names = "dlrm_mlperf_v1's bottom and top, 128-128-128-128-128" },
+  gpu_quick = { copy_mib = 16, rows = 65536, batch = 4096, hot = 256, crow = 65536, cbatch = 4096,
+                inter = { batch = 256, dim = 128, precision = "bf16" }, mlp_batches = { 256, 1024 },
+                loader_batch = 256 },
+}
+if not SHAPES[KIND] or KIND:find("_") then
+  io.stderr:write(("calibrate: --shapes %s; expected cpu or gpu\n"):format(tostring(KIND)))
+  os.exit(2)
+end
+local S = SHAPES[KIND]
+-- --quick on the CPU backend: the quick sizes.  On a GPU the sizes stay (its small runs would be
+-- launch-bound, the fits absurd; the full ones take milliseconds there): fewer repetitions only.
+if Q and not gpu then
+  local q = {}
+  for k, v in pairs(S) do q[k] = v end
+  for k, v in pairs(SHAPES[KIND .. "_quick"]) do q[k] = v end
+  S = q
+end
 local t_start = C.ur_clock_seconds()
 local function loadavg()
   local f = io.open("/proc/loadavg")
@@ -70,8 +121,15 @@ end
 
 local rates = {}
 local date = os.date("!%Y-%m-%d")
-local command = "uvmrec calibrate" .. (o.quick and " --quick" or "")
+local command = "uvmrec calibrate" .. (o.shapes and " --shapes " .. o.shapes or "") .. (o.quick and " --quick" or "")
 local function rate(name, value, unit, source)
+  -- a rate out of calib's range (non-positive, not finite, or beyond any machine's: a term fitted
+  -- to almost nothing of the time measured) is an error here, not a file that misleads the planner
+  local bad = calib.check_value(name, value)
+  if bad then
+    error(("calibrate: %s: %s (its term was fitted to nothing, or to almost nothing, of the time measured).  "
+           .. "Measured: %s"):format(name, bad, source), 0)
+  end
   rates[name] = { value = value, unit = unit, source = source, command = command, date = date, measured = true }
   local shown = unit == "B/s" and ("%.2f GB/s"):format(value / 1e9) or unit == "FLOP/s"
                 and ("%.2f GFLOP/s"):format(value / 1e9) or unit == "s" and ("%.3f ns"):format(value * 1e9)
@@ -79,11 +137,21 @@ local function rate(name, value, unit, source)
   print(("  %-22s %14s  %s"):format(name, shown, source))
 end
 
-print(("uvmrec calibrate: %s, %s"):format(gpu and "GPU" or "CPU backend", Q and "quick" or "full"))
+print(("uvmrec calibrate: %s, %s shapes, %s"):format(gpu and "GPU" or "CPU backend", KIND, Q and "quick" or "full"))
+
+-- What is left of a measured time t after the parts the other rates account for; an error when
+-- nearly nothing is (under 5% of t): a rate fitted to that would be absurd.
+local function rest_of(name, t, rest, what)
+  if rest ~= rest or rest < 0.05 * t then
+    error(("calibrate: %s cannot be fitted: of %.4f ms measured, %.4f ms is left after %s; expected at least 5%% "
+           .. "of it (the term must weigh in the run that measures it)"):format(name, t * 1e3, rest * 1e3, what), 0)
+  end
+  return rest
+end
 
 -- ---- copies ----
 do
-  local n = (Q and 16 or 64) * 2 ^ 20 / 4
+  local n = S.copy_mib * 2 ^ 20 / 4
   local a = assert(ur.tensor({ n }, { placement = place_fast }))
   local b = assert(ur.tensor({ n }, { placement = place_fast }))
   local h = assert(ur.tensor({ n }, { placement = "pinned" }))
@@ -100,14 +168,14 @@ do
 end
 
 -- ---- the embedding forward and backward ----
-local T, ROWS, DIM = 4, Q and 65536 or 131072, 128
-local BATCH = Q and 4096 or 8192
+local T, ROWS, DIM = 4, S.rows, 128
+local BATCH = S.batch
 local RB = DIM * 4
 local L = T * BATCH
 math.randomseed(11)
 local uniform = {}
 for k = 0, L - 1 do uniform[k] = math.random(0, ROWS - 1) end
-local HOT = 64 -- rows of the "repeat" batch: every id is one of 64 rows of its table
+local HOT = S.hot -- rows of the "repeat" batch: every id is one of HOT rows of its table
 local function distinct(ids)
   local seen, u = {}, 0
   for k = 0, L - 1 do
@@ -176,21 +244,37 @@ do
   c:free()
 end
 
--- rows read and updated in place: pinned and managed tables
+-- rows read and updated in place: pinned and managed tables.  The managed ones under the `host`
+-- hint policy (every row preferred on the host, accessed by the GPU, prefetched to the host): read in
+-- place over the link as the planner prices a managed table's rows beyond its prefix; without
+-- it a GPU's first touch migrates the pages into HBM and the runs measure HBM.
 for _, pl in ipairs({ { "pinned", "zero_copy" }, { "managed", "managed" } }) do
   local c = collection(pl[1])
   local out = assert(c:new_output(in_u))
+  local hm
+  if pl[1] == "managed" then
+    -- the advice once; then neither the access counters the manager turns on nor its migration
+    -- monitor (CUPTI) run in the timed steps
+    hm = require("uvmrec.hints").manager(c, { policy = "host", monitor = false })
+    assert(hm:interval(1))
+    assert(c:set_counting(false))
+    if gpu then ur.sync() end
+  end
   local f = time(reps, function() assert(c:forward(in_u, out)) end)
-  local rest = f - OUT / GC - (L - Uu) * RB / Gr
-  rate(pl[2] .. "_gather", Uu * RB / math.max(rest, 1e-9), "B/s", ("embedding forward of %s tables, %d uniform ids: "
-       .. "%.3f ms; the distinct rows' bytes over what is left after the outputs and repeats"):format(pl[1], L,
-       f * 1e3))
+  local rest = rest_of(pl[2] .. "_gather", f, f - OUT / GC - (L - Uu) * RB / Gr,
+                       "the outputs' writes at hbm_copy and the repeated rows' reads at hbm_gather_repeat")
+  rate(pl[2] .. "_gather", Uu * RB / rest, "B/s", ("embedding forward of %s tables%s, %d uniform ids: "
+       .. "%.3f ms; the distinct rows' bytes over what is left after the outputs and repeats"):format(pl[1],
+       hm and " (host policy)" or "", L, f * 1e3))
   local grad = assert(c:new_output(in_u))
   grad:fill(1e-3)
   local b = time(reps, function() assert(c:backward(in_u, grad)) end)
-  local restb = b - OUT / GC - L * rates._kb
-  rate(pl[2] .. "_update", Uu * RB / math.max(restb, 1e-9), "B/s", ("fused backward (SGD) of the same, %.3f ms; the "
+  local restb = rest_of(pl[2] .. "_update", b, b - OUT / GC - L * rates._kb,
+                        ("the gradient's read at hbm_copy and %d ids at tbe_backward_per_id %.3f ns"):format(L,
+                        rates._kb * 1e9))
+  rate(pl[2] .. "_update", Uu * RB / restb, "B/s", ("fused backward (SGD) of the same, %.3f ms; the "
        .. "distinct rows' bytes over what is left after the per-id cost and the gradient's read"):format(b * 1e3))
+  if hm then hm:free() end
   out:free(); grad:free()
   c:free()
 end
@@ -229,8 +313,8 @@ end
 
 -- ---- the software cache (LRU) ----
 do
-  local crow = Q and 65536 or 131072
-  local cb = Q and 4096 or 8192
+  local crow = S.crow
+  local cb = S.cbatch
   local CL = T * cb
   local function cache_batch(ids_fn)
     return { values = i64(CL, ids_fn), offsets = i64(CL + 1, function(k) return k end) }
@@ -307,30 +391,35 @@ do
   -- the interaction first: right after the MLPs' products OpenBLAS's threads may still spin for
   -- work and take the cores from it (one run there measured 5.3 GFLOP/s; first, 4.7 to 9.1)
   do
-    local B, d, F = Q and 512 or 2048, 16, 27
-    -- padded as models/dlrm.lua's (zero columns up to a multiple of 8)
+    local B, d, F, ip = S.inter.batch, S.inter.dim, 27, S.inter.precision
+    -- padded as models/dlrm.lua's (zero columns up to a multiple of 8); under bf16 as the bf16
+    -- model runs it: the bottom MLP's output and the gradient in bf16, the pooled rows f32
     local it = nn.Interaction { pad = true }
     if gpu then it:to("device") end
-    local dn = assert(ur.tensor({ B, d }, { placement = place_fast })); dn:uniform(-1, 1, 5)
+    it:set_precision(ip)
+    local ad = ip == "bf16" and "bf16" or "f32"
+    local dn = assert(ur.tensor({ B, d }, { placement = place_fast, dtype = ad })); dn:uniform(-1, 1, 5)
     local em = assert(ur.tensor({ B, (F - 1) * d }, { placement = place_fast })); em:uniform(-1, 1, 6)
-    local gy = assert(ur.tensor(it:forward({ dn, em }):shape(), { placement = place_fast })); gy:uniform(-1, 1, 7)
+    local gy = assert(ur.tensor(it:forward({ dn, em }):shape(), { placement = place_fast, dtype = ad }))
+    gy:uniform(-1, 1, 7)
     local t = time(reps, function()
       it:forward({ dn, em })
       it:backward({ dn, em }, gy)
     end)
-    rate("interaction_dot", 6 * B * (F * (F - 1) / 2) * d / t, "FLOP/s", ("dot interaction of %d vectors of %d, "
-         .. "forward + backward at batch %d: %.2f ms; 6 x batch x F(F-1)/2 x dim"):format(F, d, B, t * 1e3))
+    rate("interaction_dot", 6 * B * (F * (F - 1) / 2) * d / t, "FLOP/s", ("dot interaction of %d vectors of %d (%s), "
+         .. "forward + backward at batch %d: %.2f ms; 6 x batch x F(F-1)/2 x dim"):format(F, d, ip, B, t * 1e3))
     dn:free(); em:free(); gy:free()
+    it = nil -- luacheck: ignore 311
+    collectgarbage()
   end
 
-  -- dlrm_tiny's and dlrm_kaggle's stacks and a narrow deep one, at two batches: a layer's
-  -- forward + backward costs 6·B·in·out FLOPs at the matrix products' rate, a time per output
-  -- value (bias, activation and their gradients) and a time per layer (OpenBLAS's threading of
-  -- its products at these sizes); the three are fitted to all runs (small products run far below
-  -- the large ones' rate)
-  local shapes = { { 13, 64, 16 }, { 367, 64, 1 }, { 13, 512, 256, 64, 16 }, { 367, 512, 256, 1 },
-                   { 64, 64, 64, 64, 64 } }
-  local batches = Q and { 256, 512 } or { 1024, 4096 }
+  -- the stacks of S.mlps at two batches: a layer's forward + backward costs 6·B·in·out FLOPs at
+  -- the matrix products' rate, a time per output value (bias, activation and their gradients)
+  -- and a time per layer (on the CPU OpenBLAS's threading of its products at these sizes; on a
+  -- GPU its kernels' launches); the three are fitted to all runs (small products run far below
+  -- the large ones' rate) in the form uvmrec.planner.cost's dense() prices them
+  local shapes = S.mlps
+  local batches = S.mlp_batches
   for _, prec in ipairs({ "f32", "tf32", "bf16" }) do
     local A, y, worst = {}, {}, 0
     local total = 0
@@ -353,22 +442,36 @@ do
         A[#A + 1], y[#y + 1] = { flops, B * outs, #w - 1 }, t
         total = total + t
         x:free(); g:free()
+        -- the stack's parameters and arena (on a GPU up to a few GiB at the largest batch) go
+        -- before the next one is built
+        m = nil -- luacheck: ignore 311
+        collectgarbage()
       end
     end
     local c = calib.fit(A, y, true)
-    if c[1] <= 0 then error(("calibrate: the MLP runs (%s) gave no positive FLOP rate"):format(prec)) end
+    if c[1] <= 0 then
+      local runs = {}
+      for i = 1, #A do
+        runs[i] = ("%.3g FLOP, %d values, %d layers: %.3f ms"):format(A[i][1], A[i][2], A[i][3], y[i] * 1e3)
+      end
+      error(("calibrate: the MLP runs (%s) gave no positive FLOP rate (the fit left the products' FLOPs "
+             .. "%.3g s each: the runs are bound by their launches or values, not their products; expected "
+             .. "stacks and batches where the products weigh most).  Runs: %s"):format(prec, c[1],
+             table.concat(runs, "; ")), 0)
+    end
     for i = 1, #A do
       local pred = A[i][1] * c[1] + A[i][2] * c[2] + A[i][3] * c[3]
       worst = math.max(worst, math.abs(pred / y[i] - 1))
     end
-    local how = ("%d MLP stacks (dlrm_tiny's, dlrm_kaggle's, 64-64-64-64-64) at batch %s, %s, forward + backward: "
+    local how = ("%d MLP stacks (%s) at batch %s, %s, forward + backward: "
                  .. "%.2f ms in all; fitted with the per-value and per-layer terms (worst run %.0f%% off)"):format(
-                 #shapes, table.concat(batches, " and "), prec, total * 1e3, worst * 100)
+                 #shapes, SHAPES[KIND].mlp_names, table.concat(batches, " and "), prec, total * 1e3, worst * 100)
     rate("mlp_" .. prec, 1 / c[1], "FLOP/s", how .. "; 6 x batch x sum of in x out, less the bottom's input "
          .. "gradient")
     rate("mlp_act_" .. prec, c[2], "s", "the same fit: per output value of a layer")
-    rate("mlp_layer_" .. prec, c[3], "s", ("the same fit: per layer, at batches %s (the products' threading "
-         .. "at these sizes, not a call's cost)"):format(table.concat(batches, " to ")))
+    rate("mlp_layer_" .. prec, c[3], "s", ("the same fit: per layer, at batches %s (%s)"):format(
+         table.concat(batches, " to "), gpu and "its kernels' launches"
+         or "the products' threading at these sizes, not a call's cost"))
   end
 end
 
@@ -396,7 +499,7 @@ do
   -- cores the step runs on: what it costs is what it adds to a step, dlrm_tiny's steps fed by it
   -- against the same steps of batches made before, with no loader running (medians).  On a GPU
   -- its threads run beside the device: its cost is its own rate, batches one after another.
-  local LB = Q and 256 or 1024
+  local LB = S.loader_batch
   local lcfg = assert(train.config.load(path, { "train.batch_size=" .. LB }))
   local values = assert(require("uvmrec.planner").from_config(lcfg)).loader.values
   local n = Q and 6 or 24

@@ -5,7 +5,8 @@ local function base()
   local t = { format = "uvmrec-calibration", version = 1, machine = "m", backend = "cpu", rates = {} }
   for name, spec in pairs(calib.RATES) do
     if not spec[3] then
-      t.rates[name] = { value = spec[1] == "fraction" and 0.5 or 1, unit = spec[1], source = "s" }
+      t.rates[name] = { value = spec[1] == "fraction" and 0.5 or spec[1] == "s" and 1e-6 or 1, unit = spec[1],
+                        source = "s" }
     end
   end
   return t
@@ -67,9 +68,19 @@ describe("planner.calib", function()
     bad(function(x) x.rates.hbm_gather.unit = "GB/s" end,
         "calibration f.json: rates.hbm_gather.unit is GB/s; expected B/s")
     bad(function(x) x.rates.hbm_gather.value = -1 end,
-        "calibration f.json: rates.hbm_gather.value -1 is out of range for B/s")
+        "calibration f.json: rates.hbm_gather.value -1 is out of range for B/s: expected > 0 and below 1e+14")
     bad(function(x) x.rates.pipeline_overlap.value = 1 end,
-        "calibration f.json: rates.pipeline_overlap.value 1 is out of range for fraction")
+        "calibration f.json: rates.pipeline_overlap.value 1 is out of range for fraction: expected >= 0 and below 1")
+    -- beyond any machine's: a term fitted to almost nothing (managed_update once came out 16 PB/s)
+    bad(function(x) x.rates.managed_update.value = 1.6e16 end,
+        "calibration f.json: rates.managed_update.value 1.6e+16 is out of range for B/s: expected > 0 and below 1e+14")
+    bad(function(x) x.rates.mlp_bf16.value = 2e16 end,
+        "calibration f.json: rates.mlp_bf16.value 2e+16 is out of range for FLOP/s: expected > 0 and below 1e+16")
+    bad(function(x) x.rates.cache_per_id.value = 2 end,
+        "calibration f.json: rates.cache_per_id.value 2 is out of range for s: expected >= 0 and below 1")
+    assert.matches("^value %-?nan is not a number$", calib.check_value("hbm_copy", 0 / 0))
+    assert.is_nil(calib.check_value("managed_update", 9.9e13))
+    assert.is_nil(calib.check_value("tbe_backward_per_id", 0))
     bad(function(x) x.rates.warp_speed = { value = 1, unit = "B/s", source = "s" } end,
         "calibration f.json: rates.warp_speed: unknown rate")
     bad(function(x) x.rates.cache_move.source = nil end, "calibration f.json: rates.cache_move has no source")
@@ -143,9 +154,42 @@ describe("planner.calib", function()
                    or "dlrm_tiny's step [%d.]+ ms fed by it, [%d.]+ ms from batches made before",
                    c.data.rates.loader_per_value.source)
     assert.is_true(c:term("hints_per_row") > 0)
+    -- the shapes of this machine's kind (a GPU's: `--shapes gpu` below)
+    assert.matches(gpu and "dlrm_mlperf_v1's bottom and top" or "dlrm_tiny's, dlrm_kaggle's",
+                   c.data.rates.mlp_f32.source, 1, true)
     os.remove(out)
     local _, se2, rc2 = cmd.sh(("%s calibrate --bogus"):format(cmd.bin()))
     assert.equal(2, rc2)
     assert.matches("unknown option '--bogus'", se2, 1, true)
+    local _, se3, rc3 = cmd.sh(("%s calibrate --shapes tpu --quick"):format(cmd.bin()))
+    assert.equal(2, rc3)
+    assert.matches("calibrate: --shapes tpu; expected cpu or gpu", se3, 1, true)
+  end)
+
+  -- The path a GPU takes by default, run here at the quick run's sizes: MLPerf's stacks (the
+  -- top's input padded to 480), the interaction of 27 vectors of 128 as the bf16 model runs it,
+  -- the managed tables read in place under the host hint policy; every rate within calib's range.
+  it("measures at a GPU's shapes with --shapes gpu (on the CPU backend at --quick's sizes)", function()
+    local out = os.tmpname()
+    local so, se, rc = cmd.sh(("%s calibrate --shapes gpu --quick --out %s"):format(cmd.bin(), out))
+    assert.equal(0, rc, se)
+    assert.matches("gpu shapes, quick", so, 1, true)
+    local c = assert(calib.load(out))
+    assert.equal("uvmrec calibrate --shapes gpu --quick", c.data.command)
+    -- on a GPU --quick keeps the GPU's sizes (small runs are launch-bound there)
+    local gpu = require("uvmrec").gpu()
+    for _, p in ipairs({ "f32", "tf32", "bf16" }) do
+      local src = c.data.rates["mlp_" .. p].source
+      assert.matches(("3 MLP stacks (dlrm_mlperf_v1's bottom and top, 128-128-128-128-128) at batch %s, %s"):format(
+                     gpu and "16384 and 65536" or "256 and 1024", p), src, 1, true)
+      assert.is_true(c:rate("mlp_" .. p) > 1e8, p)
+      assert.is_true(c:term("mlp_act_" .. p) >= 0 and c:term("mlp_layer_" .. p) >= 0, p)
+    end
+    assert.matches(("dot interaction of 27 vectors of 128 (bf16), forward + backward at batch %d"):format(
+                   gpu and 65536 or 256), c.data.rates.interaction_dot.source, 1, true)
+    assert.matches(("embedding forward of managed tables (host policy), %d uniform ids"):format(
+                   gpu and 262144 or 16384), c.data.rates.managed_gather.source, 1, true)
+    for name, r in pairs(c.data.rates) do assert.is_nil(calib.check_value(name, r.value), name) end
+    os.remove(out)
   end)
 end)
