@@ -393,13 +393,14 @@ do
   do
     local B, d, F, ip = S.inter.batch, S.inter.dim, 27, S.inter.precision
     -- padded as models/dlrm.lua's (zero columns up to a multiple of 8); under bf16 as the bf16
-    -- model runs it: the bottom MLP's output and the gradient in bf16, the pooled rows f32
+    -- model runs it: the bottom MLP's output, the pooled rows (nn.EmbeddingBagCollection's
+    -- set_precision makes them bf16) and the gradient in bf16
     local it = nn.Interaction { pad = true }
     if gpu then it:to("device") end
     it:set_precision(ip)
     local ad = ip == "bf16" and "bf16" or "f32"
     local dn = assert(ur.tensor({ B, d }, { placement = place_fast, dtype = ad })); dn:uniform(-1, 1, 5)
-    local em = assert(ur.tensor({ B, (F - 1) * d }, { placement = place_fast })); em:uniform(-1, 1, 6)
+    local em = assert(ur.tensor({ B, (F - 1) * d }, { placement = place_fast, dtype = ad })); em:uniform(-1, 1, 6)
     local gy = assert(ur.tensor(it:forward({ dn, em }):shape(), { placement = place_fast, dtype = ad }))
     gy:uniform(-1, 1, 7)
     local t = time(reps, function()
@@ -498,7 +499,8 @@ do
   -- planner counts them: ids, dense features, label).  On the CPU backend its threads take the
   -- cores the step runs on: what it costs is what it adds to a step, dlrm_tiny's steps fed by it
   -- against the same steps of batches made before, with no loader running (medians).  On a GPU
-  -- its threads run beside the device: its cost is its own rate, batches one after another.
+  -- in-order synthetic data is drawn on the device (uvmrec.data.generator, as uvmrec.train's run
+  -- draws it there), beside the step: its cost is its own rate, batches one after another.
   local LB = S.loader_batch
   local lcfg = assert(train.config.load(path, { "train.batch_size=" .. LB }))
   local values = assert(require("uvmrec.planner").from_config(lcfg)).loader.values
@@ -506,13 +508,16 @@ do
   lo.batch_size, lo.samples = LB, LB * (n + 4)
   local per, how
   if gpu then
+    lo.placement = "device"
     local ld = assert(ur.data.loader(lo))
     assert(ld:next())
+    ur.sync()
     local t0 = C.ur_clock_seconds()
-    for _ = 1, n do assert(ld:next()):to("pinned") end
+    for _ = 1, n do assert(ld:next()) end
+    ur.sync()
     per = (C.ur_clock_seconds() - t0) / n
     ld:close()
-    how = ("%.3f ms a batch, one after another"):format(per * 1e3)
+    how = ("drawn on the GPU (uvmrec.data.generator), %.3f ms a batch, one after another"):format(per * 1e3)
   else
     local lmodel = def.build(lcfg, { cpu = true })
     local lopt = train.optimizer(lcfg, lmodel)
