@@ -67,6 +67,8 @@ local function load(place)
   -- data's length is 2^32 samples (about dlrm_mlperf_v1's epoch), cycled
   local sets = { "eval.samples=0", "eval.min_auc=0", "train.epochs=1000", "train.steps=0", "data.samples=4294967296",
                  "train.log_every=1000000000", "train.checkpoint_every=0" }
+  -- MLPerf's SGD lr of 24 turns the synthetic data's losses NaN (as scale.lua says); --set may say otherwise
+  if config:match("mlperf") then sets[#sets + 1] = "optimizer.lr=1.0" end
   for _, s in ipairs(o.set or {}) do sets[#sets + 1] = s end
   local cfg = assert(train.config.load(path, sets))
   place(cfg)
@@ -139,21 +141,16 @@ local function free_all(ts)
   for _, t in ipairs(ts) do t:free() end
 end
 
--- The ids to check in table i: half from the batch, half uniform over the table.
-local function sample(batch, i, rows)
+-- The ids to check in table i: half from the batch (q: its ids, on the host), half uniform
+-- over the table.
+local function sample(batch, q, i, rows)
   local ids, seen = {}, {}
   local function add(id)
     if not seen[id] then seen[id], ids[#ids + 1] = true, id end
   end
   local span = batch.sparse:key_span(i).values
   local n = span[2] - span[1]
-  if n > 0 then
-    local vals = batch.sparse:values()
-    local hv = assert(vals:to("host"))
-    local q = ffi.cast("int64_t *", C.ur_tensor_data(hv.p))
-    for _ = 1, math.ceil(o.rows / 2) do add(tonumber(q[span[1] + math.random(0, n - 1)])) end
-    hv:free()
-  end
+  for _ = 1, n > 0 and math.ceil(o.rows / 2) or 0 do add(tonumber(q[span[1] + math.random(0, n - 1)])) end
   while #ids < o.rows and #ids < rows do add(math.random(0, rows - 1)) end
   return ids
 end
@@ -181,8 +178,12 @@ local stats = { checks = 0, rows = 0, moved = 0, resident = 0, mismatches = 0, l
 local function check_rows(step, batch)
   local bad = 0
   local soak_tbe, shadow_tbe = soak.embeddings.tbe, shadow.embeddings.tbe
+  local vals = batch.sparse:values()
+  local hv = assert(vals:to("host"))
+  vals:free()
+  local q = ffi.cast("int64_t *", C.ur_tensor_data(hv.p))
   for i, name in ipairs(names) do
-    local ids = sample(batch, i, table_rows[i])
+    local ids = sample(batch, q, i, table_rows[i])
     if cached[name] then
       for _, slot in ipairs(soak_tbe.cache:contains(name, ids)) do
         if slot then stats.resident = stats.resident + 1 end
@@ -213,6 +214,7 @@ local function check_rows(step, batch)
     free_all(a)
     free_all(b)
   end
+  hv:free()
   return bad
 end
 
@@ -235,7 +237,7 @@ function hook.before(_, run)
 end
 function hook.after(_, run, batch)
   -- the shadow steps on the batch's device copy, without the soak's ticket
-  local plain = { dense = batch.dense, sparse = batch.sparse, labels = batch.labels, size = batch.size }
+  local plain = setmetatable({}, { __index = function(_, k) if k ~= "ticket" then return batch[k] end end })
   local sl = train.loop.step(shadow, shadow_opt, plain)
   local a, b = run.loss:get(0), sl:get(0)
   if not (a == b or (a ~= a and b ~= b)) then
@@ -246,7 +248,9 @@ function hook.after(_, run, batch)
   end
   local step = run.step
   if not t0 then t0, step0 = C.ur_clock_seconds(), step end
-  if step == o.warm or (step > o.warm and (step - o.warm) % o.every == 0) then
+  -- the run ends here (--steps, --minutes): a last check, if this step has none
+  local ending = (o.steps and step >= o.steps) or (not o.steps and C.ur_clock_seconds() - t0 >= o.minutes * 60)
+  if step == o.warm or (step > o.warm and ((step - o.warm) % o.every == 0 or ending)) then
     local bad = check_rows(step, batch)
     stats.checks, stats.mismatches = stats.checks + 1, stats.mismatches + bad
     local m = memory()
@@ -273,9 +277,7 @@ function hook.after(_, run, batch)
            loss_mismatches = stats.loss_mismatches, memory = m, loss = a == a and a or nil }
     if bad > 0 or stats.loss_mismatches > 0 or #grew > 0 then run:stop() end
   end
-  if (o.steps and step >= o.steps) or (not o.steps and C.ur_clock_seconds() - t0 >= o.minutes * 60) then
-    run:stop()
-  end
+  if ending then run:stop() end
 end
 
 print(("soak: %s, %d tables (%d cached at load factor %g, %d managed under adaptive, allowance %s), "
