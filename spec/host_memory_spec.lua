@@ -68,4 +68,14 @@ describe("uvmrec.host_memory", function()
     big = nil -- luacheck: ignore 311
     collectgarbage()
   end)
+
+  it("reads this process's resident memory now, which grows by what it touches", function()
+    local rss = assert(host_memory.resident())
+    assert.is_true(rss <= assert(host_memory.peak()), "resident above the peak")
+    local big = ("y"):rep(64 * 2 ^ 20)
+    local now = assert(host_memory.resident())
+    assert.is_true(now >= rss + #big / 2, ("resident %d after touching %d bytes over %d"):format(now, #big, rss))
+    big = nil -- luacheck: ignore 311
+    collectgarbage()
+  end)
 end)

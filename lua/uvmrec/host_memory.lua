@@ -8,6 +8,7 @@
 --   local need = host_memory.count(cfg, loader_opts, gpu)  -- {items = {{what, bytes}}, total}
 --   assert(host_memory.check(need, "100GiB"))             -- nil, message with the numbers
 --   host_memory.peak()                                    -- this process's peak resident bytes
+--   host_memory.resident()                                -- and its resident bytes now
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local C = lib.C
@@ -105,15 +106,21 @@ function M.limit(given)
   return nil
 end
 
--- This process's peak resident memory (VmHWM of /proc/self/status) in bytes; nil, message
--- where /proc gives none.
-function M.peak()
+-- A line of /proc/self/status in bytes ("VmHWM", "VmRSS"); nil, message where /proc gives none.
+local function status_bytes(field)
   local status, err = lib.read_file("/proc/self/status")
   if not status then return nil, "host memory: " .. err end
-  local kb = status:match("\nVmHWM:%s*(%d+) kB")
-  if not kb then return nil, "host memory: /proc/self/status has no VmHWM line" end
+  local kb = status:match("\n" .. field .. ":%s*(%d+) kB")
+  if not kb then return nil, "host memory: /proc/self/status has no " .. field .. " line" end
   return tonumber(kb) * 1024
 end
+
+-- This process's peak resident memory (VmHWM of /proc/self/status) in bytes; nil, message
+-- where /proc gives none.
+function M.peak() return status_bytes("VmHWM") end
+
+-- This process's resident memory now (VmRSS) in bytes; nil, message where /proc gives none.
+function M.resident() return status_bytes("VmRSS") end
 
 -- One line: "tables on the host 89.50 GiB, ..., in all 112.40 GiB".
 function M.describe(need)
