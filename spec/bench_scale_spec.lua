@@ -71,6 +71,22 @@ describe("scripts/bench/scale.lua", function()
     assert.matches("B5 first losses vs all in HBM +equal", (scale("--table " .. q(out))))
   end)
 
+  it("goes on past a failed run, a line each, and fails at the end naming them", function()
+    local out = dir .. "/f.jsonl"
+    local so, se, rc = scale(("--config dlrm_tiny --steps 2 --warm 2 --check 2 --hbm 1MiB,2MiB --host-memory 1KiB "
+      .. "--out %s"):format(q(out)))
+    assert.equal(1, rc, so)
+    assert.matches("failed: all in HBM, 1MiB, 2MiB", se, 1, true)
+    local recs = assert(json.read_lines(out))
+    assert.equal(3, #recs)
+    for k, want in ipairs({ { "hbm" }, { "cached", 2 ^ 20 }, { "cached", 2 ^ 21 } }) do
+      assert.same({ "scale", "error", want[1], want[2] }, { recs[k].bench, recs[k].mode, recs[k].placement,
+                                                            recs[k].hbm_embeddings })
+      assert.matches("but 1.0 KiB are allowed (--host-memory)", recs[k].error, 1, true)
+    end
+    assert.matches("dlrm_tiny cached 2.0 MiB +FAILED +host memory: the run needs", (scale("--table " .. q(out))))
+  end)
+
   it("refuses what it cannot run, naming it", function()
     local function refused(args, msg)
       local so, se, rc = scale(args)
@@ -81,7 +97,8 @@ describe("scripts/bench/scale.lua", function()
       "train: criteo-bin:/nowhere"))
     refused("--config " .. q(dir .. "/files.yaml"), "needs --dir DAYS: " .. dir .. "/files.yaml's data.train is "
       .. "'criteo-bin:/nowhere', not synthetic:NAME")
-    refused("--config dlrm_tiny --check 5 --warm 4", "--check 5: the checked steps are read in the warm-up of 4 (--warm)")
+    refused("--config dlrm_tiny --check 5 --warm 4",
+            "--check 5: the checked steps are read in the warm-up of 4 (--warm)")
     refused("--config dlrm_tiny --dir " .. q(dir) .. " --hbm 1GiB,2GiB", "--hbm 1GiB,2GiB: one size with --dir")
   end)
 end)

@@ -78,12 +78,16 @@ if o.table then
     elseif r.bench == "B5" and r.mode == "check" then
       what, got, note = "B5 first losses vs all in HBM", r.equal and "equal" or "DIFFER", ("%d steps"):format(r.steps)
     elseif r.bench == "scale" and r.mode == "timed" then
-      local where = r.placement == "cached" and ("cached %s"):format(planner.fmt_bytes(r.hbm_embeddings)) or "all in HBM"
+      local where = r.placement == "cached" and "cached " .. planner.fmt_bytes(r.hbm_embeddings) or "all in HBM"
       what, got = ("%s %s"):format(r.config, where), fmt_rate(r.samples_per_s) .. " samples/s"
       note = ("%s%d steps, HBM peak %s, built %.0f s, host peak %.1f GiB"):format(
         r.placement == "cached" and ("hit %.1f%%, link %.0f MB/step, "):format(100 * r.hit_rate,
           r.link_bytes_per_step / 1e6) or "", r.steps, planner.fmt_bytes(r.hbm_peak), r.build_seconds,
         r.host_peak_bytes / 2 ^ 30)
+    elseif r.bench == "scale" and r.mode == "error" then
+      what = ("%s %s"):format(r.config, r.placement == "cached" and "cached " .. planner.fmt_bytes(r.hbm_embeddings)
+        or "all in HBM")
+      got, note = "FAILED", r.error
     elseif r.bench == "scale" and r.mode == "check" then
       what = ("%s first losses, %s vs all in HBM"):format(r.config, planner.fmt_bytes(r.hbm_embeddings))
       got, note = r.equal and "equal" or "DIFFER", ("%d steps"):format(r.steps)
@@ -126,7 +130,7 @@ local function run(sets, steps, log_every, hooks)
   local dir = os.tmpname()
   os.remove(dir)
   local t0, built, cache, model = C.ur_clock_seconds(), nil, nil, nil
-  local r, err = train.run(cfg, {
+  local ok, r, err = pcall(train.run, cfg, {
     config_path = config_path, out = dir, progress = "none", print = function() end, host_memory = o.host_memory,
     setup = function(ctx)
       built = C.ur_clock_seconds() - t0
@@ -135,10 +139,17 @@ local function run(sets, steps, log_every, hooks)
     end,
     hooks = hooks,
   })
+  if not ok then r, err = nil, tostring(r) end
   if not r then
     local m = ur.memory()
-    cmd:fail(("%s (HBM in use %s, peak %s, budget %s)"):format(err, planner.fmt_bytes(m.hbm_used),
-      planner.fmt_bytes(m.hbm_peak), planner.fmt_bytes(m.hbm_budget)))
+    local msg = ("%s (HBM in use %s, peak %s, budget %s)"):format(err, planner.fmt_bytes(m.hbm_used),
+      planner.fmt_bytes(m.hbm_peak), planner.fmt_bytes(m.hbm_budget))
+    -- B5 stops; the synthetic runs go on to the next size (one GPU call runs them all)
+    if not synthetic then cmd:fail(msg) end
+    os.execute("rm -rf '" .. dir .. "'")
+    if model then pcall(model.embeddings.tbe.free, model.embeddings.tbe) end
+    collectgarbage()
+    return nil, msg
   end
   local losses = {}
   for _, l in ipairs(assert(json.read_lines(dir .. "/metrics.jsonl"))) do
@@ -154,7 +165,8 @@ end
 
 -- A timed run: warm-up, then the timed steps (the clock read at their first and last); the
 -- losses of steps 1..--check read into `first` (a table) when given.  Returns its record (mode
--- "timed") and the tables' bytes.
+-- "timed") and the tables' bytes; nil and the failure's message when the run failed (the
+-- synthetic runs).
 local B = base_cfg.train.batch_size
 local function timed(sets, first)
   local t_warm, t_end
@@ -170,7 +182,8 @@ local function timed(sets, first)
       t_end = C.ur_clock_seconds()
     end
   end } }
-  local r, _, built, cstats, table_bytes = run(sets, o.warm + o.steps, o.warm + o.steps, hooks)
+  local r, failed, built, cstats, table_bytes = run(sets, o.warm + o.steps, o.warm + o.steps, hooks)
+  if not r then return nil, failed end
   local rate = o.steps * B / (t_end - t_warm)
   local s = cstats or { hits = 0, unique = 1, bytes_in = 0, bytes_out = 0, bytes_ids = 0 }
   return { mode = "timed", config = config, steps = o.steps, batch = B, samples_per_s = rate,
@@ -198,39 +211,54 @@ if synthetic then
       planner.fmt_bytes(rec.hbm_peak), rec.placement == "cached" and ("  hit %.1f%%  host link %.1f MB/step")
       :format(100 * rec.hit_rate, rec.link_bytes_per_step / 1e6) or ""))
   end
+  -- A failed run is a line of its own (mode "error") and fails the command at the end, after the
+  -- other runs.
+  local failed = {}
+  local function failure(placement, size, msg)
+    print(("%s: failed: %s"):format(placement == "hbm" and "all in HBM" or "cached " .. size.text, msg))
+    emit { bench = "scale", mode = "error", config = config, placement = placement,
+           hbm_embeddings = size and size.bytes, error = msg }
+    failed[#failed + 1] = placement == "hbm" and "all in HBM" or size.text
+  end
   ur.set_hbm_budget(0)
   ur.reset_hbm_peak()
   local base = {}
   local ref, table_bytes = timed({ in_hbm }, base)
-  local rest = math.max(0, ref.hbm_peak - table_bytes)
-  ref.bench, ref.placement, ref.data, ref.hit_rate, ref.link_bytes_per_step, ref.epoch_minutes =
-    "scale", "hbm", base_cfg.data.train, nil, nil, nil
-  ref.hbm_rest, ref.table_bytes = rest, table_bytes
-  emit(ref)
-  show("all in HBM", ref)
-  local differ = {}
+  local rest -- without the reference the cached runs have no budget but their cache's size
+  if ref then
+    rest = math.max(0, ref.hbm_peak - table_bytes)
+    ref.bench, ref.placement, ref.data, ref.hit_rate, ref.link_bytes_per_step, ref.epoch_minutes =
+      "scale", "hbm", base_cfg.data.train, nil, nil, nil
+    ref.hbm_rest, ref.table_bytes = rest, table_bytes
+    emit(ref)
+    show("all in HBM", ref)
+  else
+    failure("hbm", nil, table_bytes)
+  end
   for _, size in ipairs(sizes) do
-    if gpu then ur.set_hbm_budget(rest + size.bytes) end
+    if gpu and rest then ur.set_hbm_budget(rest + size.bytes) end
     ur.reset_hbm_peak()
     local first = {}
-    local rec = timed(cache_sets(size.bytes, {}), first)
-    rec.bench, rec.placement, rec.data, rec.epoch_minutes = "scale", "cached", base_cfg.data.train, nil
-    rec.hbm_embeddings, rec.hbm_rest, rec.cache_share = size.bytes, rest, o.cache_share
-    emit(rec)
-    show("cached " .. size.text, rec)
-    if o.check > 0 then
-      local equal = true
-      for s = 1, o.check do equal = equal and first[s] == base[s] end
-      print(("cached %s: first %d losses %s all-in-HBM's"):format(size.text, o.check, equal and "equal" or "DIFFER from"))
-      emit { bench = "scale", mode = "check", config = config, hbm_embeddings = size.bytes, steps = o.check,
-             equal = equal, losses = first, base = base }
-      if not equal then differ[#differ + 1] = size.text end
+    local rec, err = timed(cache_sets(size.bytes, {}), first)
+    if not rec then
+      failure("cached", size, err)
+    else
+      rec.bench, rec.placement, rec.data, rec.epoch_minutes = "scale", "cached", base_cfg.data.train, nil
+      rec.hbm_embeddings, rec.hbm_rest, rec.cache_share = size.bytes, rest, o.cache_share
+      emit(rec)
+      show("cached " .. size.text, rec)
+      if o.check > 0 and ref then
+        local equal = true
+        for s = 1, o.check do equal = equal and first[s] == base[s] end
+        print(("cached %s: first %d losses %s all-in-HBM's"):format(size.text, o.check,
+          equal and "equal" or "DIFFER from"))
+        emit { bench = "scale", mode = "check", config = config, hbm_embeddings = size.bytes, steps = o.check,
+               equal = equal, losses = first, base = base }
+        if not equal then failed[#failed + 1] = size.text .. " (first losses differ from all-in-HBM's)" end
+      end
     end
   end
-  if #differ > 0 then
-    cmd:fail(("check: the cached runs' first losses differ from all-in-HBM's at --hbm %s"):format(
-      table.concat(differ, ",")))
-  end
+  if #failed > 0 then cmd:fail("failed: " .. table.concat(failed, ", ")) end
   os.exit(0)
 end
 
