@@ -8,7 +8,14 @@
 -- the projected time of one Criteo 1TB epoch (4.37 G samples).  Checked: the first --check
 -- steps' losses equal those of the same model with its tables in HBM (on the CPU: host tables),
 -- bit for bit.  Without a GPU it runs the same flow on the config given (dlrm_tiny).
+-- Without --dir the config's own synthetic data (data.train = "synthetic:...") feeds it, drawn on
+-- the GPU where it is used (uvmrec.data.generator; in order, no shuffle window): first a timed
+-- run with every table in HBM (on the CPU: host tables), the reference, then one timed run
+-- cached for each size of --hbm (a list); each reports samples/s and its HBM peak, the cached
+-- ones the hit rate and host-link bytes a step, and each cached run's first --check losses (read
+-- in its warm-up) must equal the reference's, bit for bit.  Each run builds the tables anew.
 --   uvmrec scripts/bench/scale.lua --dir DAYS [--steps 2000] [--hbm 16GiB] [--out FILE]
+--   uvmrec scripts/bench/scale.lua --config dlrm_dcnv2 --steps 500 --hbm 16GiB,32GiB [--out FILE]
 --   uvmrec scripts/bench/scale.lua --table FILE...   (one table of every JSON line given)
 local ur = require "uvmrec"
 local json = require "uvmrec.json"
@@ -20,16 +27,19 @@ local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/scale.lua",
-  summary = "B5: dlrm_mlperf_v1 cached in a capped HBM, fed from day files; or --table of the scale run's results",
-  { "--dir DIR", "day files (uvmrec datagen mlperf_v1 --out DIR)" },
+  summary = "B5: dlrm_mlperf_v1 cached in a capped HBM, fed from day files (or a config's synthetic data, " ..
+    "against all in HBM); or --table of the scale run's results",
+  { "--dir DIR", "day files (uvmrec datagen mlperf_v1 --out DIR); without it the config's synthetic data" },
   { "--config C", "the model (default: dlrm_mlperf_v1 on a GPU, dlrm_tiny without)" },
   { "--steps N", "timed steps", type = "whole", default = 2000 },
   { "--warm W", "steps before the timed ones", type = "whole", default = 50 },
   { "--check K", "first steps whose losses must equal all-in-HBM's (0: no check)", type = "whole", default = 4 },
-  { "--hbm SIZE", "HBM for the embeddings (tables, cache, state, metadata, scratch)", default = "16GiB" },
+  { "--hbm SIZE", "HBM for the embeddings (tables, cache, state, metadata, scratch); without --dir a list " ..
+    "(16GiB,32GiB), one cached run each", default = "16GiB" },
   { "--host-memory SIZE", "refuse the run when it needs more host memory than this" },
   { "--cache-share F", "the share of --hbm given to the cache's rows; the rest holds its metadata, the " ..
     "pipeline's staged rows and scratch", type = "number", default = 0.7 },
+  options.set,
   options.out_append,
   { "--table", "print one table of the JSON lines in the files given (the scale run's results)" },
   { "[FILES...]", "JSON line files (--table)" },
@@ -67,34 +77,61 @@ if o.table then
         100 * r.hit_rate, r.link_bytes_per_step / 1e6, r.epoch_minutes, r.build_seconds, r.host_peak_bytes / 2 ^ 30)
     elseif r.bench == "B5" and r.mode == "check" then
       what, got, note = "B5 first losses vs all in HBM", r.equal and "equal" or "DIFFER", ("%d steps"):format(r.steps)
+    elseif r.bench == "scale" and r.mode == "timed" then
+      local where = r.placement == "cached" and "cached " .. planner.fmt_bytes(r.hbm_embeddings) or "all in HBM"
+      what, got = ("%s %s"):format(r.config, where), fmt_rate(r.samples_per_s) .. " samples/s"
+      note = ("%s%d steps, HBM peak %s, built %.0f s, host peak %.1f GiB"):format(
+        r.placement == "cached" and ("hit %.1f%%, link %.0f MB/step, "):format(100 * r.hit_rate,
+          r.link_bytes_per_step / 1e6) or "", r.steps, planner.fmt_bytes(r.hbm_peak), r.build_seconds,
+        r.host_peak_bytes / 2 ^ 30)
+    elseif r.bench == "scale" and r.mode == "error" then
+      what = ("%s %s"):format(r.config, r.placement == "cached" and "cached " .. planner.fmt_bytes(r.hbm_embeddings)
+        or "all in HBM")
+      got, note = "FAILED", r.error
+    elseif r.bench == "scale" and r.mode == "check" then
+      what = ("%s first losses, %s vs all in HBM"):format(r.config, planner.fmt_bytes(r.hbm_embeddings))
+      got, note = r.equal and "equal" or "DIFFER", ("%d steps"):format(r.steps)
     end
     if what then print(("%-34s %-26s %s"):format(what, got, note)) end
   end
   os.exit(0)
 end
 
-if not o.dir then cmd:misuse("needs --dir DAYS (or --table FILE...)") end
 local config = o.config or (gpu and "dlrm_mlperf_v1" or "dlrm_tiny")
-local hbm = ur.bytes(o.hbm)
+local config_path = assert(train.find_config(config))
+local base_cfg = assert(train.config.load(config_path, o.set or {}))
+local synthetic = not o.dir
+if synthetic and not base_cfg.data.train:match("^synthetic:") then
+  cmd:misuse(("needs --dir DAYS: %s's data.train is '%s', not synthetic:NAME"):format(config, base_cfg.data.train))
+end
+local sizes = {}
+for size in o.hbm:gmatch("[^,]+") do sizes[#sizes + 1] = { text = size, bytes = ur.bytes(size) } end
+if #sizes == 0 or (o.dir and #sizes > 1) then
+  cmd:misuse(("--hbm %s: %s"):format(o.hbm, o.dir and "one size with --dir" or "one size or more"))
+end
+if synthetic and o.check > o.warm then
+  cmd:misuse(("--check %d: the checked steps are read in the warm-up of %d (--warm)"):format(o.check, o.warm))
+end
+local hbm = sizes[1].bytes
 
 -- One run of `uvmrec train`: the config with sets, steps, a run directory for the losses;
 -- returns the result, the losses logged, the build seconds, the cache's statistics (or nil) and
 -- the tables' bytes.  The tables (and the cache) are freed before it returns: the next run
 -- builds 89.5 GiB again.
 local function run(sets, steps, log_every, hooks)
-  local path = assert(train.find_config(config))
   -- MLPerf's SGD lr of 24 without its warm-up schedule makes the losses NaN in a few steps
   local all = { "eval.samples=0", "eval.min_auc=0", "train.log_every=" .. log_every, "train.steps=" .. steps,
                 "train.epochs=1000", "data.depth=4" } -- epochs: the steps end the run, the data cycles
   if config:match("mlperf") then all[#all + 1] = "optimizer.lr=1.0" end
+  for _, s in ipairs(o.set or {}) do all[#all + 1] = s end
   for _, s in ipairs(sets) do all[#all + 1] = s end
-  local cfg = assert(train.config.load(path, all))
-  cfg.data.train = "criteo-bin:" .. o.dir
+  local cfg = assert(train.config.load(config_path, all))
+  if o.dir then cfg.data.train = "criteo-bin:" .. o.dir end
   local dir = os.tmpname()
   os.remove(dir)
   local t0, built, cache, model = C.ur_clock_seconds(), nil, nil, nil
-  local r, err = train.run(cfg, {
-    config_path = path, out = dir, progress = "none", print = function() end, host_memory = o.host_memory,
+  local ok, r, err = pcall(train.run, cfg, {
+    config_path = config_path, out = dir, progress = "none", print = function() end, host_memory = o.host_memory,
     setup = function(ctx)
       built = C.ur_clock_seconds() - t0
       model = ctx.model
@@ -102,10 +139,17 @@ local function run(sets, steps, log_every, hooks)
     end,
     hooks = hooks,
   })
+  if not ok then r, err = nil, tostring(r) end
   if not r then
     local m = ur.memory()
-    cmd:fail(("%s (HBM in use %s, peak %s, budget %s)"):format(err, planner.fmt_bytes(m.hbm_used),
-      planner.fmt_bytes(m.hbm_peak), planner.fmt_bytes(m.hbm_budget)))
+    local msg = ("%s (HBM in use %s, peak %s, budget %s)"):format(err, planner.fmt_bytes(m.hbm_used),
+      planner.fmt_bytes(m.hbm_peak), planner.fmt_bytes(m.hbm_budget))
+    -- B5 stops; the synthetic runs go on to the next size (one GPU call runs them all)
+    if not synthetic then cmd:fail(msg) end
+    os.execute("rm -rf '" .. dir .. "'")
+    if model then pcall(model.embeddings.tbe.free, model.embeddings.tbe) end
+    collectgarbage()
+    return nil, msg
   end
   local losses = {}
   for _, l in ipairs(assert(json.read_lines(dir .. "/metrics.jsonl"))) do
@@ -119,16 +163,113 @@ local function run(sets, steps, log_every, hooks)
   return r, losses, built, cstats, table_bytes
 end
 
+-- A timed run: warm-up, then the timed steps (the clock read at their first and last); the
+-- losses of steps 1..--check read into `first` (a table) when given.  Returns its record (mode
+-- "timed") and the tables' bytes; nil and the failure's message when the run failed (the
+-- synthetic runs).
+local B = base_cfg.train.batch_size
+local function timed(sets, first)
+  local t_warm, t_end
+  local hooks = { { after = function(_, at)
+    if first and at.step <= o.check then first[at.step] = at.loss:get(0) end
+    if at.step == o.warm then
+      if gpu then C.ur_device_sync() end
+      t_warm = C.ur_clock_seconds()
+      local cache = at.model.embeddings.tbe.cache
+      if cache then cache:reset_stats() end
+    elseif at.step == o.warm + o.steps then
+      if gpu then C.ur_device_sync() end
+      t_end = C.ur_clock_seconds()
+    end
+  end } }
+  local r, failed, built, cstats, table_bytes = run(sets, o.warm + o.steps, o.warm + o.steps, hooks)
+  if not r then return nil, failed end
+  local rate = o.steps * B / (t_end - t_warm)
+  local s = cstats or { hits = 0, unique = 1, bytes_in = 0, bytes_out = 0, bytes_ids = 0 }
+  return { mode = "timed", config = config, steps = o.steps, batch = B, samples_per_s = rate,
+           hit_rate = s.hits / math.max(s.unique, 1),
+           link_bytes_per_step = (s.bytes_in + s.bytes_out + s.bytes_ids) / o.steps,
+           epoch_minutes = 4.37e9 / rate / 60, build_seconds = built, host_peak_bytes = host_memory.peak() or 0,
+           hbm_peak = ur.memory().hbm_peak, loss = r.loss }, table_bytes
+end
+
+local cache_sets = function(bytes, extra)
+  local sets = { "embeddings.placement=cached", ("embeddings.cache.bytes=%d"):format(math.floor(bytes * o.cache_share)),
+                 "train.pipeline=true" }
+  for _, s in ipairs(extra) do sets[#sets + 1] = s end
+  return sets
+end
+local in_hbm = "embeddings.placement=" .. (gpu and "device" or "host")
+
+if synthetic then
+  -- The reference, every table in HBM: its samples/s, its first losses, and what the model needs
+  -- in HBM besides its tables (the cached runs' budget is that plus --hbm).
+  print(("%s fed from %s (drawn %s), %d timed steps after %d: all in HBM, then cached in %s"):format(config,
+    base_cfg.data.train, gpu and "on the GPU" or "on the CPU", o.steps, o.warm, o.hbm))
+  local function show(what, rec)
+    print(("%-16s %12.0f samples/s  built %6.1f s  HBM peak %s%s"):format(what, rec.samples_per_s, rec.build_seconds,
+      planner.fmt_bytes(rec.hbm_peak), rec.placement == "cached" and ("  hit %.1f%%  host link %.1f MB/step")
+      :format(100 * rec.hit_rate, rec.link_bytes_per_step / 1e6) or ""))
+  end
+  -- A failed run is a line of its own (mode "error") and fails the command at the end, after the
+  -- other runs.
+  local failed = {}
+  local function failure(placement, size, msg)
+    print(("%s: failed: %s"):format(placement == "hbm" and "all in HBM" or "cached " .. size.text, msg))
+    emit { bench = "scale", mode = "error", config = config, placement = placement,
+           hbm_embeddings = size and size.bytes, error = msg }
+    failed[#failed + 1] = placement == "hbm" and "all in HBM" or size.text
+  end
+  ur.set_hbm_budget(0)
+  ur.reset_hbm_peak()
+  local base = {}
+  local ref, table_bytes = timed({ in_hbm }, base)
+  local rest -- without the reference the cached runs have no budget but their cache's size
+  if ref then
+    rest = math.max(0, ref.hbm_peak - table_bytes)
+    ref.bench, ref.placement, ref.data, ref.hit_rate, ref.link_bytes_per_step, ref.epoch_minutes =
+      "scale", "hbm", base_cfg.data.train, nil, nil, nil
+    ref.hbm_rest, ref.table_bytes = rest, table_bytes
+    emit(ref)
+    show("all in HBM", ref)
+  else
+    failure("hbm", nil, table_bytes)
+  end
+  for _, size in ipairs(sizes) do
+    if gpu and rest then ur.set_hbm_budget(rest + size.bytes) end
+    ur.reset_hbm_peak()
+    local first = {}
+    local rec, err = timed(cache_sets(size.bytes, {}), first)
+    if not rec then
+      failure("cached", size, err)
+    else
+      rec.bench, rec.placement, rec.data, rec.epoch_minutes = "scale", "cached", base_cfg.data.train, nil
+      rec.hbm_embeddings, rec.hbm_rest, rec.cache_share = size.bytes, rest, o.cache_share
+      emit(rec)
+      show("cached " .. size.text, rec)
+      if o.check > 0 and ref then
+        local equal = true
+        for s = 1, o.check do equal = equal and first[s] == base[s] end
+        print(("cached %s: first %d losses %s all-in-HBM's"):format(size.text, o.check,
+          equal and "equal" or "DIFFER from"))
+        emit { bench = "scale", mode = "check", config = config, hbm_embeddings = size.bytes, steps = o.check,
+               equal = equal, losses = first, base = base }
+        if not equal then failed[#failed + 1] = size.text .. " (first losses differ from all-in-HBM's)" end
+      end
+    end
+  end
+  if #failed > 0 then cmd:fail("failed: " .. table.concat(failed, ", ")) end
+  os.exit(0)
+end
+
 print(("B5: %s, every table cached with %s of HBM for the embeddings, fed from %s"):format(config, o.hbm, o.dir))
-local B = assert(train.config.load(assert(train.find_config(config)))).train.batch_size
 
 -- What the model needs in HBM besides its tables: measured with them in HBM (the check run).
 local base_losses, rest
 local shuffle = "data.shuffle_window=" .. 4 * B
 if o.check > 0 then
   ur.set_hbm_budget(0)
-  local _, losses, built, _, table_bytes = run({ "embeddings.placement=" .. (gpu and "device" or "host"), shuffle },
-                                                o.check, 1)
+  local _, losses, built, _, table_bytes = run({ in_hbm, shuffle }, o.check, 1)
   base_losses = losses
   rest = math.max(0, ur.memory().hbm_peak - table_bytes)
   print(("all in HBM: built in %.1f s, %d check steps; HBM besides the tables %s"):format(built, o.check,
@@ -136,12 +277,9 @@ if o.check > 0 then
 end
 rest = rest or 8 * 2 ^ 30
 if gpu then ur.set_hbm_budget(rest + hbm) end
-local cache_sets = { "embeddings.placement=cached",
-                     ("embeddings.cache.bytes=%d"):format(math.floor(hbm * o.cache_share)),
-                     "train.pipeline=true", shuffle }
 
 if o.check > 0 then
-  local _, losses, built = run(cache_sets, o.check, 1)
+  local _, losses, built = run(cache_sets(hbm, { shuffle }), o.check, 1)
   local equal = true
   for s = 1, o.check do equal = equal and losses[s] == base_losses[s] end
   print(("cached: built in %.1f s; first %d losses %s all-in-HBM's"):format(built, o.check,
@@ -150,32 +288,11 @@ if o.check > 0 then
   if not equal then cmd:fail("check: the cached run's first losses differ from all-in-HBM's") end
 end
 
--- The timed run: warm-up, then the timed steps (the clock read at their first and last).
-local t_warm, cache_ref
-local t_end
-local hooks = { { after = function(_, at)
-  if at.step == o.warm then
-    if gpu then C.ur_device_sync() end
-    t_warm = C.ur_clock_seconds()
-    cache_ref = at.model.embeddings.tbe.cache
-    if cache_ref then cache_ref:reset_stats() end
-  elseif at.step == o.warm + o.steps then
-    if gpu then C.ur_device_sync() end
-    t_end = C.ur_clock_seconds()
-  end
-end } }
-local r, _, built, cstats = run(cache_sets, o.warm + o.steps, o.warm + o.steps, hooks)
-local secs = t_end - t_warm
-local rate = o.steps * B / secs
-local s = cstats or { hits = 0, unique = 1, bytes_in = 0, bytes_out = 0, bytes_ids = 0 }
-local rec = { mode = "timed", config = config, steps = o.steps, batch = B, samples_per_s = rate,
-              hit_rate = s.hits / math.max(s.unique, 1),
-              link_bytes_per_step = (s.bytes_in + s.bytes_out + s.bytes_ids) / o.steps,
-              epoch_minutes = 4.37e9 / rate / 60, build_seconds = built, host_peak_bytes = host_memory.peak() or 0,
-              hbm_embeddings = hbm, hbm_peak = ur.memory().hbm_peak, hbm_rest = rest, cache_share = o.cache_share,
-              loss = r.loss }
+local rec = timed(cache_sets(hbm, { shuffle }))
+rec.hbm_embeddings, rec.hbm_rest, rec.cache_share = hbm, rest, o.cache_share
 emit(rec)
 print(("%-12s %14s %10s %16s %14s %12s %14s"):format("steps", "samples/s", "hit rate", "host link/step",
   "1TB epoch", "built", "host peak"))
-print(("%-12d %14.0f %9.1f%% %13.1f MB %11.1f min %10.1f s %11.1f GiB"):format(o.steps, rate, 100 * rec.hit_rate,
-  rec.link_bytes_per_step / 1e6, rec.epoch_minutes, built, rec.host_peak_bytes / 2 ^ 30))
+print(("%-12d %14.0f %9.1f%% %13.1f MB %11.1f min %10.1f s %11.1f GiB"):format(o.steps, rec.samples_per_s,
+  100 * rec.hit_rate, rec.link_bytes_per_step / 1e6, rec.epoch_minutes, rec.build_seconds,
+  rec.host_peak_bytes / 2 ^ 30))
