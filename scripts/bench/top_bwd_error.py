@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_dlrm import read_safetensors  # noqa: E402
+from torch_dlrm import fail, read_safetensors  # noqa: E402
 
 
 def layers(w):
@@ -79,7 +79,15 @@ def main():
     dev = torch.device(a.device)
     w, _ = read_safetensors(a.ckpt)
     d, _ = read_safetensors(a.dump)
+    if "dense.top.1.weight" not in w:
+        fail(f"{a.ckpt}: no dense.top.1.weight: not the weights parity.lua --ckpt writes")
+    for k in ("inter", "batch.labels"):
+        if k not in d:
+            fail(f"{a.dump}: no tensor {k}: not a dump of parity.lua --dump")
     ls = [(x.to(dev), y.to(dev)) for x, y in layers(w)]
+    if ls[0][0].shape[1] != d["inter"].shape[1]:
+        fail(f"{a.dump}: the interaction's output has {d['inter'].shape[1]} columns, the top MLP's first layer "
+             f"{ls[0][0].shape[1]}: not the same model")
     z, labels = d["inter"].to(dev), d["batch.labels"].to(dev)
     xs64, m64, lg64 = forward(ls, z, torch.float64)
     g64 = backward(ls, lg64, labels, m64, torch.float64, 1)

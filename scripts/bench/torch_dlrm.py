@@ -1028,7 +1028,9 @@ ARBITER = 2.0
 # the sum of its terms' magnitudes.  At the MLPerf shape in f32 on the CPU the per-sample
 # gradients are as exact (4e-7) with the band at 1e-7, 1e-6 or 1e-5 (22, 237 and 1872 of 8192
 # samples set aside): the units that flipped lay within 1e-7, and 1e-6 leaves 10x.  A flip
-# outside the band fails the check (it cannot pass one); a wider band checks fewer samples, and
+# outside the band fails the check (it cannot pass one); the samples inside it are not held to
+# float64 themselves (a fault confined to them would pass: a float64 backward that follows each
+# engine's own masks would close that); a wider band checks fewer samples, and
 # past KINK_MOST of the batch the check would mostly weigh each engine against itself, so the
 # run fails instead.  f32 only: in TF32 and bf16 the band would take most samples, and their
 # tolerances hold without it.  The dense gradients still carry the flips (within tolerance).
