@@ -236,15 +236,20 @@ end
 
 local function bound(k, x) return math.max(k == "rss" and grow_host or grow, 0.01 * x) end
 
+-- The batch the shadow steps on: the step's batch (its device copy) without the soak's ticket,
+-- one proxy for the whole run pointed at each step's batch in turn.
+local current
+local plain = setmetatable({}, { __index = function(_, k) if k ~= "ticket" then return current[k] end end })
+
 local mem0, mem1, t0, step0
 local hook = {}
 function hook.before(_, run)
   if shadow_sched then shadow_sched:before(run) end
 end
 function hook.after(_, run, batch)
-  -- the shadow steps on the batch's device copy, without the soak's ticket
-  local plain = setmetatable({}, { __index = function(_, k) if k ~= "ticket" then return batch[k] end end })
+  current = batch
   local sl = train.loop.step(shadow, shadow_opt, plain)
+  current = nil
   local a, b = run.loss:get(0), sl:get(0)
   if not (a == b or (a ~= a and b ~= b)) then
     stats.loss_mismatches = stats.loss_mismatches + 1
