@@ -23,9 +23,10 @@ local train = require "uvmrec.train"
 local planner = require "uvmrec.planner"
 local host_memory = require "uvmrec.host_memory"
 local C = ur.C
-local options = require("uvmrec.cli").options
+local cli = require "uvmrec.cli"
+local options = cli.options
 
-local cmd = require("uvmrec.cli").command {
+local cmd = cli.command {
   name = "scripts/bench/scale.lua",
   summary = "B5: dlrm_mlperf_v1 cached in a capped HBM, fed from day files (or a config's synthetic data, " ..
     "against all in HBM); or --table of the scale run's results",
@@ -119,10 +120,9 @@ local hbm = sizes[1].bytes
 -- the tables' bytes.  The tables (and the cache) are freed before it returns: the next run
 -- builds 89.5 GiB again.
 local function run(sets, steps, log_every, hooks)
-  -- MLPerf's SGD lr of 24 without its warm-up schedule makes the losses NaN in a few steps
   local all = { "eval.samples=0", "eval.min_auc=0", "train.log_every=" .. log_every, "train.steps=" .. steps,
                 "train.epochs=1000", "data.depth=4" } -- epochs: the steps end the run, the data cycles
-  if config:match("mlperf") then all[#all + 1] = "optimizer.lr=1.0" end
+  for _, s in ipairs(cli.bench_sets(config)) do all[#all + 1] = s end
   for _, s in ipairs(o.set or {}) do all[#all + 1] = s end
   for _, s in ipairs(sets) do all[#all + 1] = s end
   local cfg = assert(train.config.load(config_path, all))

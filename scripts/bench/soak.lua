@@ -73,8 +73,7 @@ local function load(place)
   -- data's length is 2^32 samples (about dlrm_mlperf_v1's epoch), cycled
   local sets = { "eval.samples=0", "eval.min_auc=0", "train.epochs=1000", "train.steps=0", "data.samples=4294967296",
                  "train.log_every=1000000000", "train.checkpoint_every=0" }
-  -- MLPerf's SGD lr of 24 turns the synthetic data's losses NaN (as scale.lua says); --set may say otherwise
-  if config:match("mlperf") then sets[#sets + 1] = "optimizer.lr=1.0" end
+  for _, s in ipairs(cli.bench_sets(config)) do sets[#sets + 1] = s end
   for _, s in ipairs(o.set or {}) do sets[#sets + 1] = s end
   local cfg = assert(train.config.load(path, sets))
   place(cfg)
