@@ -33,7 +33,7 @@ local o = require("uvmrec.cli").command {
   summary = "measure the rates the planner's cost model uses, on this machine",
   { "--out FILE", "where to write the calibration (default: print it)" },
   { "--machine NAME", "the machine's name in the file (default: the CPU's or the GPU's)" },
-  { "--shapes KIND", "the sizes measured: cpu or gpu (default: gpu with a GPU, else cpu)" },
+  { "--shapes KIND", "the sizes measured: cpu or gpu (default: gpu with a GPU, else cpu)", choices = { "cpu", "gpu" } },
   { "--quick", "fewer repetitions, and on the CPU backend smaller sizes (for specs)" },
 }:parse(arg)
 
@@ -65,10 +65,6 @@ local SHAPES = {
                 inter = { batch = 256, dim = 128, precision = "bf16" }, mlp_batches = { 256, 1024 },
                 loader_batch = 256 },
 }
-if not SHAPES[KIND] or KIND:find("_") then
-  io.stderr:write(("calibrate: --shapes %s; expected cpu or gpu\n"):format(tostring(KIND)))
-  os.exit(2)
-end
 local S = SHAPES[KIND]
 -- --quick on the CPU backend: the quick sizes.  On a GPU the sizes stay (its small runs would be
 -- launch-bound, the fits absurd; the full ones take milliseconds there): fewer repetitions only.
