@@ -128,7 +128,6 @@ local function release(model, before)
   local ok, err = true, nil
   if model then ok, err = pcall(model.embeddings.tbe.free, model.embeddings.tbe) end
   collectgarbage()
-  collectgarbage()
   local m = ur.memory()
   local left = m.hbm_used - before.hbm_used - math.max(m.workspace - before.workspace, 0)
   local msgs = {}
