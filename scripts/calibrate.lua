@@ -33,7 +33,7 @@ local o = require("uvmrec.cli").command {
   summary = "measure the rates the planner's cost model uses, on this machine",
   { "--out FILE", "where to write the calibration (default: print it)" },
   { "--machine NAME", "the machine's name in the file (default: the CPU's or the GPU's)" },
-  { "--shapes KIND", "the sizes measured: cpu or gpu (default: gpu with a GPU, else cpu)" },
+  { "--shapes KIND", "the sizes measured: cpu or gpu (default: gpu with a GPU, else cpu)", choices = { "cpu", "gpu" } },
   { "--quick", "fewer repetitions, and on the CPU backend smaller sizes (for specs)" },
 }:parse(arg)
 
@@ -65,10 +65,6 @@ local SHAPES = {
                 inter = { batch = 256, dim = 128, precision = "bf16" }, mlp_batches = { 256, 1024 },
                 loader_batch = 256 },
 }
-if not SHAPES[KIND] or KIND:find("_") then
-  io.stderr:write(("calibrate: --shapes %s; expected cpu or gpu\n"):format(tostring(KIND)))
-  os.exit(2)
-end
 local S = SHAPES[KIND]
 -- --quick on the CPU backend: the quick sizes.  On a GPU the sizes stay (its small runs would be
 -- launch-bound, the fits absurd; the full ones take milliseconds there): fewer repetitions only.
@@ -122,13 +118,16 @@ end
 local rates = {}
 local date = os.date("!%Y-%m-%d")
 local command = "uvmrec calibrate" .. (o.shapes and " --shapes " .. o.shapes or "") .. (o.quick and " --quick" or "")
-local function rate(name, value, unit, source)
-  -- a rate out of calib's range (non-positive, not finite, or beyond any machine's: a term fitted
-  -- to almost nothing of the time measured) is an error here, not a file that misleads the planner
+-- direct: the rate is one timed operation's (a copy, a policy's interval, a whole step), not a
+-- term fitted to runs or a difference of timings.
+local function rate(name, value, unit, source, direct)
+  -- a rate out of calib's range (non-positive, not finite, or beyond any machine's: for a fitted
+  -- rate, a term fitted to almost nothing of the time measured) is an error here, not a file that
+  -- misleads the planner
   local bad = calib.check_value(name, value)
   if bad then
-    error(("calibrate: %s: %s (its term was fitted to nothing, or to almost nothing, of the time measured).  "
-           .. "Measured: %s"):format(name, bad, source), 0)
+    error(("calibrate: %s: %s%s.  Measured: %s"):format(name, bad, direct and ""
+      or " (its term was fitted to nothing, or to almost nothing, of the time measured)", source), 0)
   end
   rates[name] = { value = value, unit = unit, source = source, command = command, date = date, measured = true }
   local shown = unit == "B/s" and ("%.2f GB/s"):format(value / 1e9) or unit == "FLOP/s"
@@ -159,11 +158,13 @@ do
   local reps = Q and 3 or 7
   local tc = time(reps, function() assert(b:copy(a)) end)
   rate("hbm_copy", 2 * n * 4 / tc, "B/s", ("copy of %d MiB within %s memory, bytes read + written"):format(
-       n * 4 / 2 ^ 20, place_fast))
+       n * 4 / 2 ^ 20, place_fast), true)
   local th = time(reps, function() assert(a:copy(h)) end)
-  rate("host_to_device", n * 4 / th, "B/s", ("copy of %d MiB pinned -> %s"):format(n * 4 / 2 ^ 20, place_fast))
+  rate("host_to_device", n * 4 / th, "B/s", ("copy of %d MiB pinned -> %s"):format(n * 4 / 2 ^ 20, place_fast),
+       true)
   local td = time(reps, function() assert(h:copy(a)) end)
-  rate("device_to_host", n * 4 / td, "B/s", ("copy of %d MiB %s -> pinned"):format(n * 4 / 2 ^ 20, place_fast))
+  rate("device_to_host", n * 4 / td, "B/s", ("copy of %d MiB %s -> pinned"):format(n * 4 / 2 ^ 20, place_fast),
+       true)
   a:free(); b:free(); h:free()
 end
 
@@ -308,7 +309,7 @@ do
   c:free()
   rate("hints_per_row", th / (T * HR), "s", ("the hot_prefix policy's interval over %d managed tables of %d rows "
        .. "after its relayout: %.3f ms (the first interval, with the relayout: %.1f ms, once)"):format(T, HR,
-       th * 1e3, first * 1e3))
+       th * 1e3, first * 1e3), true)
 end
 
 -- ---- the software cache (LRU) ----
@@ -354,7 +355,7 @@ do
     print(("  (note: %d misses in the all-hit runs)"):format(sh.misses + sh.conflicts))
   end
   rate("cache_per_id", kc, "s", ("the cache's prepare and retire (slots in %s memory) of a batch whose rows are "
-       .. "all cached: %d ids, %.3f ms"):format(where, CL, th * 1e3))
+       .. "all cached: %d ids, %.3f ms"):format(where, CL, th * 1e3), true)
   -- misses: fresh uniform ids each batch into a 1% cache, rows of 16 and 512 bytes
   local fresh = {}
   for k = 1, (Q and 8 or 12) do
@@ -408,7 +409,8 @@ do
       it:backward({ dn, em }, gy)
     end)
     rate("interaction_dot", 6 * B * (F * (F - 1) / 2) * d / t, "FLOP/s", ("dot interaction of %d vectors of %d (%s), "
-         .. "forward + backward at batch %d: %.2f ms; 6 x batch x F(F-1)/2 x dim"):format(F, d, ip, B, t * 1e3))
+         .. "forward + backward at batch %d: %.2f ms; 6 x batch x F(F-1)/2 x dim"):format(F, d, ip, B, t * 1e3),
+         true)
     dn:free(); em:free(); gy:free()
     it = nil -- luacheck: ignore 311
     collectgarbage()
@@ -493,7 +495,7 @@ do
   loader:close()
   local t = time(Q and 5 or 21, function() train.loop.step(model, opt, b):get(0) end)
   rate("step_overhead", t, "s", ("a whole training step of dlrm_tiny at batch 8 (26 tables, MLPs 13-64-16 and "
-       .. "367-64-1): %.3f ms, its work negligible"):format(t * 1e3))
+       .. "367-64-1): %.3f ms, its work negligible"):format(t * 1e3), true)
 
   -- the synthetic loader: dlrm_tiny's data in batches of 1024 (the values a sample has as the
   -- planner counts them: ids, dense features, label).  On the CPU backend its threads take the

@@ -23,9 +23,10 @@ local train = require "uvmrec.train"
 local planner = require "uvmrec.planner"
 local host_memory = require "uvmrec.host_memory"
 local C = ur.C
-local options = require("uvmrec.cli").options
+local cli = require "uvmrec.cli"
+local options = cli.options
 
-local cmd = require("uvmrec.cli").command {
+local cmd = cli.command {
   name = "scripts/bench/scale.lua",
   summary = "B5: dlrm_mlperf_v1 cached in a capped HBM, fed from day files (or a config's synthetic data, " ..
     "against all in HBM); or --table of the scale run's results",
@@ -114,23 +115,50 @@ if synthetic and o.check > o.warm then
 end
 local hbm = sizes[1].bytes
 
+-- HBM a run may leave in use once its model is freed: the growth of the GPU backend's
+-- workspaces (each stream's, kept for the process's later matrix products: ur_memory_stats) and
+-- 1 MiB for small buffers of its own; any table, cache or dense tensor these runs build is larger.
+local LEFT = 2 ^ 20
+
+-- Frees a run's model (nil when the run failed before building it): its tables and cache
+-- explicitly (tbe:free); the dense parameters and optimizer state have no free of their own, so a
+-- full collection ends them here, not at the collector's later timing.  Returns nil, or the
+-- message naming the HBM bytes still in use past `before` (ur.memory() taken before the run).
+local function release(model, before)
+  local ok, err = true, nil
+  if model then ok, err = pcall(model.embeddings.tbe.free, model.embeddings.tbe) end
+  collectgarbage()
+  local m = ur.memory()
+  local left = m.hbm_used - before.hbm_used - math.max(m.workspace - before.workspace, 0)
+  local msgs = {}
+  if not ok then msgs[1] = "freeing the tables failed: " .. tostring(err) end
+  if left > LEFT then
+    msgs[#msgs + 1] = ("%d bytes of HBM (%s) still in use after the run's model was freed, past the %s allowed "
+      .. "(HBM in use %s before the run, %s after; workspaces %s, %s)"):format(left, planner.fmt_bytes(left),
+      planner.fmt_bytes(LEFT), planner.fmt_bytes(before.hbm_used), planner.fmt_bytes(m.hbm_used),
+      planner.fmt_bytes(before.workspace), planner.fmt_bytes(m.workspace))
+  end
+  return #msgs > 0 and table.concat(msgs, "; ") or nil
+end
+
 -- One run of `uvmrec train`: the config with sets, steps, a run directory for the losses;
 -- returns the result, the losses logged, the build seconds, the cache's statistics (or nil) and
--- the tables' bytes.  The tables (and the cache) are freed before it returns: the next run
--- builds 89.5 GiB again.
+-- the tables' bytes.  The model is freed before it returns (release: the next run builds 89.5
+-- GiB again), and HBM in use must be back where it was before the run; a failed run returns nil
+-- and its message (with the traceback of an error raised).
 local function run(sets, steps, log_every, hooks)
-  -- MLPerf's SGD lr of 24 without its warm-up schedule makes the losses NaN in a few steps
   local all = { "eval.samples=0", "eval.min_auc=0", "train.log_every=" .. log_every, "train.steps=" .. steps,
                 "train.epochs=1000", "data.depth=4" } -- epochs: the steps end the run, the data cycles
-  if config:match("mlperf") then all[#all + 1] = "optimizer.lr=1.0" end
+  for _, s in ipairs(cli.bench_sets(config)) do all[#all + 1] = s end
   for _, s in ipairs(o.set or {}) do all[#all + 1] = s end
   for _, s in ipairs(sets) do all[#all + 1] = s end
   local cfg = assert(train.config.load(config_path, all))
   if o.dir then cfg.data.train = "criteo-bin:" .. o.dir end
   local dir = os.tmpname()
   os.remove(dir)
+  local before = ur.memory()
   local t0, built, cache, model = C.ur_clock_seconds(), nil, nil, nil
-  local ok, r, err = pcall(train.run, cfg, {
+  local ok, r, err = xpcall(train.run, debug.traceback, cfg, {
     config_path = config_path, out = dir, progress = "none", print = function() end, host_memory = o.host_memory,
     setup = function(ctx)
       built = C.ur_clock_seconds() - t0
@@ -140,26 +168,26 @@ local function run(sets, steps, log_every, hooks)
     hooks = hooks,
   })
   if not ok then r, err = nil, tostring(r) end
-  if not r then
-    local m = ur.memory()
-    local msg = ("%s (HBM in use %s, peak %s, budget %s)"):format(err, planner.fmt_bytes(m.hbm_used),
-      planner.fmt_bytes(m.hbm_peak), planner.fmt_bytes(m.hbm_budget))
-    -- B5 stops; the synthetic runs go on to the next size (one GPU call runs them all)
-    if not synthetic then cmd:fail(msg) end
-    os.execute("rm -rf '" .. dir .. "'")
-    if model then pcall(model.embeddings.tbe.free, model.embeddings.tbe) end
-    collectgarbage()
-    return nil, msg
-  end
-  local losses = {}
-  for _, l in ipairs(assert(json.read_lines(dir .. "/metrics.jsonl"))) do
-    if l.event == "train" then losses[l.step] = l.loss end
+  local losses, cstats, table_bytes = {}, nil, nil
+  if r then
+    for _, l in ipairs(assert(json.read_lines(dir .. "/metrics.jsonl"))) do
+      if l.event == "train" then losses[l.step] = l.loss end
+    end
+    cstats = cache and cache:stats()
+    table_bytes = model:stats().table_bytes
   end
   os.execute("rm -rf '" .. dir .. "'")
-  local cstats = cache and cache:stats()
-  local table_bytes = model:stats().table_bytes
-  model.embeddings.tbe:free()
-  collectgarbage()
+  local m = ur.memory() -- the failed run's HBM, before its model is freed
+  local left = release(model, before)
+  if r and left then r, err, m = nil, left, ur.memory() end
+  if not r then
+    local msg = ("%s (HBM in use %s, peak %s, budget %s)"):format(err, planner.fmt_bytes(m.hbm_used),
+      planner.fmt_bytes(m.hbm_peak), planner.fmt_bytes(m.hbm_budget))
+    if left and err ~= left then msg = msg .. "; then " .. left end
+    -- B5 stops; the synthetic runs go on to the next size (one GPU call runs them all)
+    if not synthetic then cmd:fail(msg) end
+    return nil, msg
+  end
   return r, losses, built, cstats, table_bytes
 end
 

@@ -9,7 +9,7 @@
 -- Checked:
 --   * every step, the two losses are equal, bit for bit (the same kernels in the same order:
 --     the cache gathers a batch's rows into slots and the kernels sum them as they sum HBM rows,
---     B5's claim; adaptive moves rows, never values);
+--     B5's claim; adaptive moves rows, never values), and finite: a NaN loss in either fails the run;
 --   * every --every steps, --rows ids a table (half from the step's batch, half uniform) read
 --     from the soak model (a cached table through tbe:table, which writes the cache's dirty
 --     lines back first, so the row read is the one the model uses; a managed table at the row
@@ -73,8 +73,7 @@ local function load(place)
   -- data's length is 2^32 samples (about dlrm_mlperf_v1's epoch), cycled
   local sets = { "eval.samples=0", "eval.min_auc=0", "train.epochs=1000", "train.steps=0", "data.samples=4294967296",
                  "train.log_every=1000000000", "train.checkpoint_every=0" }
-  -- MLPerf's SGD lr of 24 turns the synthetic data's losses NaN (as scale.lua says); --set may say otherwise
-  if config:match("mlperf") then sets[#sets + 1] = "optimizer.lr=1.0" end
+  for _, s in ipairs(cli.bench_sets(config)) do sets[#sets + 1] = s end
   for _, s in ipairs(o.set or {}) do sets[#sets + 1] = s end
   local cfg = assert(train.config.load(path, sets))
   place(cfg)
@@ -177,8 +176,8 @@ end
 
 -- rows: ids checked; moved: of them, managed rows adaptive had moved; resident: cached rows
 -- read from the cache (resident at the check)
-local stats = { checks = 0, rows = 0, moved = 0, resident = 0, mismatches = 0, loss_mismatches = 0, growth = 0,
-                relayout = 0, first = {} }
+local stats = { checks = 0, rows = 0, moved = 0, resident = 0, mismatches = 0, loss_mismatches = 0, nan_losses = 0,
+                growth = 0, relayout = 0, first = {} }
 
 -- Compares the sampled rows of every table; returns the mismatches, each noted.
 local function check_rows(step, batch)
@@ -236,17 +235,31 @@ end
 
 local function bound(k, x) return math.max(k == "rss" and grow_host or grow, 0.01 * x) end
 
+-- The batch the shadow steps on: the step's batch (its device copy) without the soak's ticket,
+-- one proxy for the whole run pointed at each step's batch in turn.
+local current
+local plain = setmetatable({}, { __index = function(_, k) if k ~= "ticket" then return current[k] end end })
+
 local mem0, mem1, t0, step0
 local hook = {}
 function hook.before(_, run)
   if shadow_sched then shadow_sched:before(run) end
 end
 function hook.after(_, run, batch)
-  -- the shadow steps on the batch's device copy, without the soak's ticket
-  local plain = setmetatable({}, { __index = function(_, k) if k ~= "ticket" then return batch[k] end end })
+  current = batch
   local sl = train.loop.step(shadow, shadow_opt, plain)
+  current = nil
   local a, b = run.loss:get(0), sl:get(0)
-  if not (a == b or (a ~= a and b ~= b)) then
+  -- a NaN loss fails the run at once: NaN never equals NaN, and NaN rows would compare equal
+  -- byte for byte, so nothing after it is evidence
+  if a ~= a or b ~= b then
+    stats.nan_losses = stats.nan_losses + 1
+    stats.first[#stats.first + 1] = ("step %d: %s NaN"):format(run.step, a ~= a and b ~= b and
+      "the soak's and the shadow's losses are" or a ~= a and "the soak's loss is" or "the shadow's loss is")
+    run:stop()
+    return
+  end
+  if a ~= b then
     stats.loss_mismatches = stats.loss_mismatches + 1
     if #stats.first < 5 then
       stats.first[#stats.first + 1] = ("step %d: loss %.9g, the shadow's %.9g"):format(run.step, a, b)
@@ -280,7 +293,7 @@ function hook.after(_, run, batch)
               fmt(m.rss), fmt(m.hbm_used), a))
     emit { mode = "check", step = step, rows_checked = stats.rows, rows_resident = stats.resident,
            rows_moved = stats.moved, relayout_bytes = moved_bytes, mismatches = bad,
-           loss_mismatches = stats.loss_mismatches, memory = m, loss = a == a and a or nil }
+           loss_mismatches = stats.loss_mismatches, memory = m, loss = a }
     if bad > 0 or stats.loss_mismatches > 0 or #grew > 0 then run:stop() end
   end
   if ending then run:stop() end
@@ -310,9 +323,10 @@ if not r then cmd:fail(err) end
 local steps = r.steps
 local rate = t0 and steps > step0 and (steps - step0) * soak_cfg.train.batch_size / (C.ur_clock_seconds() - t0)
 local cstats = soak.embeddings.tbe.cache and soak.embeddings.tbe.cache:stats()
-local failed = stats.mismatches > 0 or stats.loss_mismatches > 0 or stats.growth > 0 or stats.checks == 0
+local failed = stats.mismatches > 0 or stats.loss_mismatches > 0 or stats.nan_losses > 0 or stats.growth > 0
+  or stats.checks == 0
 for _, l in ipairs(stats.first) do print("  " .. l) end
-if stats.checks == 0 then
+if stats.checks == 0 and stats.nan_losses == 0 then
   print(("  no check ran: the run ended at step %d, before --warm %d"):format(steps, o.warm))
 end
 print(("cache hit rate %s; adaptive moved %s of rows and state"):format(
@@ -320,11 +334,12 @@ print(("cache hit rate %s; adaptive moved %s of rows and state"):format(
 emit { mode = "summary", config = config, steps = steps, samples_per_s = rate, checks = stats.checks,
        rows_checked = stats.rows, rows_resident = stats.resident, rows_moved = stats.moved,
        cache_hit_rate = cstats and cstats.hit_rate, relayout_bytes = stats.relayout, mismatches = stats.mismatches,
-       loss_mismatches = stats.loss_mismatches,
+       loss_mismatches = stats.loss_mismatches, nan_losses = stats.nan_losses,
        memory_start = mem0, memory_end = mem1, pass = not failed }
 print(("soak: %s: %d steps, %s samples/s (soak and shadow), %d checks, %d rows checked, %d mismatches, "
-  .. "%d loss mismatches; host RSS %s -> %s, HBM used %s -> %s"):format(failed and "FAIL" or "PASS", steps,
-  rate and ("%.3g"):format(rate) or "-", stats.checks, stats.rows, stats.mismatches, stats.loss_mismatches,
+  .. "%d loss mismatches, %d NaN losses; host RSS %s -> %s, HBM used %s -> %s"):format(failed and "FAIL" or "PASS",
+  steps, rate and ("%.3g"):format(rate) or "-", stats.checks, stats.rows, stats.mismatches, stats.loss_mismatches,
+  stats.nan_losses,
   mem0 and fmt(mem0.rss) or "-", mem1 and fmt(mem1.rss) or "-", mem0 and fmt(mem0.hbm_used) or "-",
   mem1 and fmt(mem1.hbm_used) or "-"))
 os.exit(failed and 1 or 0)

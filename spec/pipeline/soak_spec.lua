@@ -1,7 +1,8 @@
 -- scripts/bench/soak.lua on the CPU at dlrm_tiny's scale: cached tables and managed ones under
 -- adaptive (its intervals every 2 steps, so rows move), through the prefetch pipeline, against
 -- the shadow in host memory: every checked row and loss equal, memory flat; and a shadow row
--- changed on purpose (--perturb-shadow, a test option) fails the run, naming the row.
+-- changed on purpose (--perturb-shadow, a test option) fails the run, naming the row, and so does
+-- a NaN loss.
 local cmd = require "command"
 local json = require "uvmrec.json"
 
@@ -40,5 +41,14 @@ describe("scripts/bench/soak.lua", function()
     assert.matches("step 6: table C1 %(cached%) id %d+ %(row %d+%) row differs from the shadow's", so)
     assert.matches("\nsoak: FAIL: 6 steps, %S+ samples/s %(soak and shadow%), 2 checks, %d+ rows checked, 1 mismatches",
                    so)
+  end)
+
+  it("fails on a NaN loss, never counting two NaNs as equal", function()
+    -- an lr of 1e30 turns both models' losses NaN by step 2; skip keeps the run's own guard from
+    -- stopping it first, so the soak's check is what fails
+    local so, se, rc = soak("--set optimizer.lr=1e30 --set train.nonfinite=skip")
+    assert.equal(1, rc, so .. se)
+    assert.matches("\n  step %d+: the soak's and the shadow's losses are NaN\n", so)
+    assert.matches("\nsoak: FAIL: %d+ steps, .*, 0 loss mismatches, 1 NaN losses;", so)
   end)
 end)

@@ -163,7 +163,7 @@ describe("planner.calib", function()
     assert.matches("unknown option '--bogus'", se2, 1, true)
     local _, se3, rc3 = cmd.sh(("%s calibrate --shapes tpu --quick"):format(cmd.bin()))
     assert.equal(2, rc3)
-    assert.matches("calibrate: --shapes tpu; expected cpu or gpu", se3, 1, true)
+    assert.matches("calibrate: --shapes: 'tpu' is not cpu or gpu\nusage: uvmrec calibrate ", se3, 1, true)
   end)
 
   -- The path a GPU takes by default, run here at the quick run's sizes: MLPerf's stacks (the
