@@ -39,7 +39,8 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
   setup(function() dir = command.tmpdir() end)
   teardown(function() command.rmdir(dir) end)
 
-  -- Runs both sides; returns torch_dlrm.py's output, exit code and JSON lines.
+  -- Runs both sides; returns torch_dlrm.py's output, exit code and JSON lines, and the weights'
+  -- and the dump's paths.
   local function parity(c, precision, py, opts)
     opts = opts or {}
     local tag = ("%s_%s%s"):format(c.name, precision, opts.tag or "")
@@ -54,7 +55,7 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
     out, err, code = command.sh(("%s scripts/bench/torch_dlrm.py parity --ckpt %s --dump %s --data %s --device %s "
       .. "--out %s"):format(py, q(ckpt), q(g), q(data(c.data)), opts.gpu and "cuda" or "cpu", q(jl)))
     local lines = json.read_lines(jl) or {}
-    return out .. err, code, lines, w
+    return out .. err, code, lines, w, g
   end
 
   local function check(c, precision, out, code, lines)
@@ -111,9 +112,8 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
     local py = python(false)
     if not py then pending("PyTorch is not importable (make pydeps-torch)") return end
     local c = CASES[1]
-    local _, _, _, w = parity(c, "f32", py, { tag = "_scaled" })
+    local _, _, _, w, g = parity(c, "f32", py, { tag = "_scaled" })
     -- the dump again, its C2 gradient times 1.001 (loaded as copies: views would be the file's)
-    local g = ("%s/g_%s_f32_scaled.safetensors"):format(dir, c.name)
     local d = assert(ck.load(g, { placement = "host" }))
     local t = d.tensors["sparse.C2.grad"]
     for i = 0, t:numel() - 1 do t:set(i, t:get(i) * 1.001) end
@@ -145,8 +145,7 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
     local py = python(false)
     if not py then pending("PyTorch is not importable (make pydeps-torch)") return end
     local c = CASES[1]
-    local _, _, _, w = parity(c, "f32", py, { tag = "_top" })
-    local g = ("%s/g_%s_f32_top.safetensors"):format(dir, c.name)
+    local _, _, _, w, g = parity(c, "f32", py, { tag = "_top" })
     local out, err, code = command.sh(("%s scripts/bench/top_bwd_error.py --ckpt %s --dump %s --device cpu")
       :format(py, q(w), q(g)))
     assert.equal(0, code, out .. err)
