@@ -189,7 +189,7 @@ local function run(sets, steps, log_every, hooks)
   local m = ur.memory() -- the failed run's HBM, before its model is freed
   -- nothing of the run is held past here but its tables' handle (setup's upvalues included)
   local tbe = model and model.embeddings.tbe
-  model, cache = nil, nil
+  model, cache = nil, nil -- luacheck: ignore 311 (setup's upvalues: the model is let go)
   local tbe_ok, left, freed = release(tbe, before)
   if r and not tbe_ok then r, err, m = nil, freed, ur.memory() end
   -- Memory still held after a run is said, not failed: on the H200 (01846b7) 2.2 GiB of HBM, the
