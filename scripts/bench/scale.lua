@@ -153,8 +153,9 @@ end
 -- One run of `uvmrec train`: the config with sets, steps, a run directory for the losses;
 -- returns the result, the losses logged, the build seconds, the cache's statistics (or nil) and
 -- the tables' bytes.  The model is freed before it returns (release: the next run builds 89.5
--- GiB again), and HBM in use must be back where it was before the run; a failed run returns nil
--- and its message (with the traceback of an error raised).
+-- GiB again), and what the engine still holds past its level before the run is printed and kept
+-- in the result (held_after); a failed run returns nil and its message (with the traceback of an
+-- error raised).
 local function run(sets, steps, log_every, hooks)
   local all = { "eval.samples=0", "eval.min_auc=0", "train.log_every=" .. log_every, "train.steps=" .. steps,
                 "train.epochs=1000", "data.depth=4" } -- epochs: the steps end the run, the data cycles
