@@ -36,7 +36,7 @@ local cmd = cli.command {
   { "--warm W", "steps before the timed ones", type = "whole", default = 50 },
   { "--check K", "first steps whose losses must equal all-in-HBM's (0: no check)", type = "whole", default = 4 },
   { "--hbm SIZE", "HBM for the embeddings (tables, cache, state, metadata, scratch); without --dir a list " ..
-    "(16GiB,32GiB), one cached run each", default = "16GiB" },
+    "(16GiB,32GiB), one cached run each", type = "list", default = { "16GiB" } },
   { "--host-memory SIZE", "refuse the run when it needs more host memory than this" },
   { "--cache-share F", "the share of --hbm given to the cache's rows; the rest holds its metadata, the " ..
     "pipeline's staged rows and scratch", type = "number", default = 0.7 },
@@ -106,9 +106,10 @@ if synthetic and not base_cfg.data.train:match("^synthetic:") then
   cmd:misuse(("needs --dir DAYS: %s's data.train is '%s', not synthetic:NAME"):format(config, base_cfg.data.train))
 end
 local sizes = {}
-for size in o.hbm:gmatch("[^,]+") do sizes[#sizes + 1] = { text = size, bytes = ur.bytes(size) } end
-if #sizes == 0 or (o.dir and #sizes > 1) then
-  cmd:misuse(("--hbm %s: %s"):format(o.hbm, o.dir and "one size with --dir" or "one size or more"))
+for _, size in ipairs(o.hbm) do sizes[#sizes + 1] = { text = size, bytes = ur.bytes(size) } end
+local hbm_text = table.concat(o.hbm, ",")
+if o.dir and #sizes > 1 then
+  cmd:misuse(("--hbm %s: one size with --dir"):format(hbm_text))
 end
 if synthetic and o.check > o.warm then
   cmd:misuse(("--check %d: the checked steps are read in the warm-up of %d (--warm)"):format(o.check, o.warm))
@@ -253,7 +254,7 @@ if synthetic then
   -- The reference, every table in HBM: its samples/s, its first losses, and what the model needs
   -- in HBM besides its tables (the cached runs' budget is that plus --hbm).
   print(("%s fed from %s (drawn %s), %d timed steps after %d: all in HBM, then cached in %s"):format(config,
-    base_cfg.data.train, gpu and "on the GPU" or "on the CPU", o.steps, o.warm, o.hbm))
+    base_cfg.data.train, gpu and "on the GPU" or "on the CPU", o.steps, o.warm, hbm_text))
   local function show(what, rec)
     print(("%-16s %12.0f samples/s  built %6.1f s  HBM peak %s%s"):format(what, rec.samples_per_s, rec.build_seconds,
       planner.fmt_bytes(rec.hbm_peak), rec.placement == "cached" and ("  hit %.1f%%  host link %.1f MB/step")
@@ -310,7 +311,7 @@ if synthetic then
   os.exit(0)
 end
 
-print(("B5: %s, every table cached with %s of HBM for the embeddings, fed from %s"):format(config, o.hbm, o.dir))
+print(("B5: %s, every table cached with %s of HBM for the embeddings, fed from %s"):format(config, hbm_text, o.dir))
 
 -- What the model needs in HBM besides its tables: measured with them in HBM (the check run).
 local base_losses, rest
