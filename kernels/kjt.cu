@@ -7,6 +7,7 @@
  * only the entries that hand sizes back to the host wait for the stream. */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -413,6 +414,11 @@ static cudaError_t ur__cuda_kjt_gather_rows(cudaStream_t s, const void *src, siz
  * its entry: "cuda: kjt <op> (<step>) failed: ...". */
 #define UR_KJT_TRY(call, step) UR_CUDA_CHECK((call), "kjt %s (%s)", op, (step))
 
+/* A host allocation of the entry `op` failed: out of memory, worded as kjt.c words its own. */
+static ur_status ur_kjt_host_oom(const char *op) {
+  return ur__cuda_core->set_error(UR_STATUS_OOM, "kjt %s: out of host memory", op);
+}
+
 /* One allocation per call, carved into aligned parts; freed in stream order, its bytes taken
  * from the HBM budget for the call (ur_core_api's workspace_take) and given back with it. */
 struct ur_kjt_scratch {
@@ -425,11 +431,13 @@ struct ur_kjt_scratch {
     if (cap) ur__cuda_core->workspace_give(cap);
   }
   static size_t up(size_t b) { return (b + 255) & ~(size_t)255; }
-  /* The budget's refusal as it is (its message names the bytes and the budget); a failed
-   * allocation as the op's CUDA failure. */
+  /* The budget's refusal as it is (its message names the bytes and the budget), the op named
+   * in it as other consumers name themselves; a failed allocation as the op's CUDA failure. */
   ur_status alloc(size_t bytes, const char *op) {
     size_t want = bytes ? bytes : 256;
-    ur_status st = ur__cuda_core->workspace_take(want, "a keyed jagged tensor op's scratch");
+    char what[64];
+    snprintf(what, sizeof what, "the scratch of kjt %s", op);
+    ur_status st = ur__cuda_core->workspace_take(want, what);
     if (st) return st;
     cap = want;
     cudaError_t e = cudaMallocAsync((void **)&base, cap, s);
@@ -528,7 +536,7 @@ static ur_status ur_cuda_kjt_segments(void *stream, void *dst, size_t elem_bytes
   const char *op = "segment copy";
   if (nseg <= 0) return UR_STATUS_OK;
   int64_t *block0 = (int64_t *)malloc(sizeof(int64_t) * (size_t)(nseg + 1));
-  if (!block0) UR_KJT_TRY(cudaErrorMemoryAllocation, "host memory");
+  if (!block0) return ur_kjt_host_oom(op);
   block0[0] = 0;
   for (int64_t i = 0; i < nseg; i++)
     block0[i + 1] = block0[i] + (segs[i].n + UR__KJT_CHUNK - 1) / UR__KJT_CHUNK;
@@ -687,7 +695,7 @@ static ur_status ur_cuda_kjt_dedup(void *stream, const int64_t *off, const int64
   UR_KJT_TRY(ur__cuda_kjt_gather_i64(s, a, nullptr, stride, (int64_t)n1, at), "key counts");
   UR_KJT_TRY(ur__cuda_kjt_gather_i64(s, c, nullptr, stride, (int64_t)n1, at + n1), "key values");
   int64_t *h = (int64_t *)malloc(2 * n1 * 8);
-  if (!h) UR_KJT_TRY(cudaErrorMemoryAllocation, "host memory");
+  if (!h) return ur_kjt_host_oom(op);
   cudaError_t e = cudaMemcpyAsync(h, at, 2 * n1 * 8, cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
   if (e == cudaSuccess) {
@@ -770,7 +778,7 @@ static ur_status ur_cuda_kjt_from_rows(void *stream, const int64_t *ids, const f
   }
   if (len) {
     int64_t *bag0 = (int64_t *)malloc(n1 * 8), neg[2];
-    if (!bag0) UR_KJT_TRY(cudaErrorMemoryAllocation, "host memory");
+    if (!bag0) return ur_kjt_host_oom(op);
     for (size_t k = 0; k < n1; k++) bag0[k] = (int64_t)k * n;
     st = ur_kjt_offsets_run(s, len_out, nb, off_out, bag0, nkeys, INT64_MAX, val0, neg, op);
     free(bag0);

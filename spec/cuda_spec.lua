@@ -90,7 +90,7 @@ describe("uvmrec on CUDA", function()
     assert.is_nil(ok)
     -- validate's scratch (kernels/kjt.cu): three arrays of a key span each and three flags,
     -- each part 256-byte aligned
-    assert.matches("^hbm budget: a keyed jagged tensor op's scratch asks for 1.0 KiB %(1024 bytes%) on the GPU", err)
+    assert.matches("^hbm budget: the scratch of kjt validate asks for 1.0 KiB %(1024 bytes%) on the GPU", err)
     assert.same({ m0.hbm_used, m0.workspace }, { ur.memory().hbm_used, ur.memory().workspace })
     ur.set_hbm_budget(nil)
     assert.is_true(k:validate()) -- nothing was lost
@@ -98,8 +98,9 @@ describe("uvmrec on CUDA", function()
 
   -- Every entry of kernels/kjt.cu that takes a scratch, under a budget that holds the op's
   -- outputs (allocated before it, named below in bytes) but not its scratch (256-byte parts, at
-  -- least one): the budget's own message, not a CUDA failure written over it; nothing kept;
-  -- and the op whole once the budget is lifted.
+  -- least one): the budget's own message naming the entry (the case's name unless `entry`
+  -- says), not a CUDA failure written over it; nothing kept; and the op whole once the budget
+  -- is lifted.
   cuda_it("refuses each keyed jagged tensor op's scratch with the budget's own message", function()
     local k = assert(assert(ur.KJT { keys = { "a", "b" }, stride = 2, lengths = { 1, 2, 0, 3 },
                                      values = { 5, 6, 7, 8, 9, 10 } }):to("device"))
@@ -136,10 +137,10 @@ describe("uvmrec on CUDA", function()
         function() return ur.KJT.from_rows { keys = { "p", "q" }, hot = { 1, 2 }, ids = ids } end },
       -- from_rows' own scratch (768 bytes) fits; the scan of its lengths (its offsets' scratch,
       -- at least 768 more) does not
-      { "from rows' offsets", 104 + 768 + 767,
+      { "from rows' offsets", 104 + 768 + 767, entry = "from rows",
         function() return ur.KJT.from_rows { keys = { "p", "q" }, hot = { 1, 2 }, ids = ids, lengths = lens } end },
     }
-    local pattern = "^hbm budget: a keyed jagged tensor op's scratch asks for %S+ %S+ %((%d+) bytes%) on the GPU, "
+    local pattern = "^hbm budget: the scratch of kjt (.-) asks for %S+ %S+ %((%d+) bytes%) on the GPU, "
       .. "%S+ %S+ are in use, and the budget is %S+ %S+ %((%d+) bytes%)$"
     for _, c in ipairs(cases) do
       local name, room, run = c[1], c[2], c[3]
@@ -150,8 +151,9 @@ describe("uvmrec on CUDA", function()
       local got, err = run()
       ur.set_hbm_budget(nil)
       assert.is_nil(got, name)
-      local ask, budget = tostring(err):match(pattern)
+      local entry, ask, budget = tostring(err):match(pattern)
       assert.is_truthy(ask, name .. ": " .. tostring(err))
+      assert.equal(c.entry or name, entry, name)
       assert.equal(m0.hbm_used + room, tonumber(budget), name)
       assert.is_true(tonumber(ask) >= 256 and tonumber(ask) % 256 == 0, name .. ": " .. err)
       assert.same({ m0.hbm_used, m0.workspace }, { ur.memory().hbm_used, ur.memory().workspace }, name)
