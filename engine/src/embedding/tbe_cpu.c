@@ -361,17 +361,25 @@ static void cpu_segments(bwd_job *j, cpu_work *w) {
   w->head->second = k != w->k;
 }
 
+/* The first half of a backward, the step's and the sparse gradient's: the workspace carved,
+ * the gradient collapsed to flat bags, the keys sorted into segments.  j reads in. */
+static void cpu_sort(const ur__tbe_args *a, const ur__tbe_hyper *h, void *work, cpu_work *w,
+                     ur__tbe_args *in, bwd_job *j) {
+  carve(a, 1, work, w);
+  flat_args(a, w, 1, in);
+  *j = (bwd_job){.a = in, .h = h};
+  cpu_segments(j, w);
+}
+
 static ur_status cpu_backward(void *stream, const ur__tbe_args *a, const ur__tbe_hyper *h,
                               void *work) {
   /* a guard holds the step back; the row sums (ur_tbe_row_sums) are written all the same, for
    * the other ranks' column shards add them */
   if (!h->sums_only && ur__optim_gated(&h->k)) return UR_STATUS_OK;
   cpu_work w;
-  carve(a, 1, work, &w);
   ur__tbe_args in;
-  flat_args(a, &w, 1, &in);
-  bwd_job j = {&in, h, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL};
-  cpu_segments(&j, &w);
+  bwd_job j;
+  cpu_sort(a, h, work, &w, &in, &j);
   ur__parallel_for((size_t)j.nseg, 64, cpu_reduce_range, &j);
   return UR_STATUS_OK;
 }
@@ -379,11 +387,9 @@ static ur_status cpu_backward(void *stream, const ur__tbe_args *a, const ur__tbe
 static ur_status cpu_sparse_count(void *stream, const ur__tbe_args *a, void *work,
                                   int64_t *counts) {
   cpu_work w;
-  carve(a, 1, work, &w);
   ur__tbe_args in;
-  flat_args(a, &w, 1, &in);
-  bwd_job j = {&in, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL};
-  cpu_segments(&j, &w);
+  bwd_job j;
+  cpu_sort(a, NULL, work, &w, &in, &j);
   memset(counts, 0, sizeof(int64_t) * (size_t)a->num_tables);
   for (int64_t k = 0; k < j.nseg; k++) counts[table_of_key(&in, j.keys[j.seg[k]])]++;
   return UR_STATUS_OK;
