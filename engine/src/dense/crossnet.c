@@ -69,10 +69,8 @@ ur_status ur_cross_forward(ur_stream *s, const ur_tensor *x0, const ur_tensor *z
   const char *op = "cross forward";
   const ur_tensor *ts[] = {x0, z, xl, y};
   const char *names[] = {"x0", "z", "xl", "y"};
-  ur_status st = UR_STATUS_OK;
-  for (int i = 1; i < 4 && !st; i++)
-    if (!ts[i]) st = ur__error(UR_STATUS_INVALID, "%s: %s is missing (NULL)", op, names[i]);
-  if (st || (st = check_like(op, 4, ts, names))) return st;
+  ur_status st = check_like(op, 4, ts, names);
+  if (st) return st;
   const ur_backend *b;
   if ((st = ur__dense_backend(op, 4, ts, names, &b)) || (st = UR__NEED(b, dense, cross_forward)) ||
       !x0->numel)
@@ -88,13 +86,11 @@ ur_status ur_cross_backward(ur_stream *s, const ur_tensor *x0, const ur_tensor *
   const char *op = "cross backward";
   const ur_tensor *ts[] = {x0, z, gy, gz, gx0, gxl};
   const char *names[] = {"x0", "z", "gy", "gz", "gx0", "gxl"};
-  ur_status st = UR_STATUS_OK;
-  for (int i = 1; i < 5 && !st; i++)
-    if (!ts[i]) st = ur__error(UR_STATUS_INVALID, "%s: %s is missing (NULL)", op, names[i]);
-  if (!st && (flags & ~(uint32_t)UR_DENSE_ACCUMULATE))
-    st = ur__error(UR_STATUS_INVALID, "%s: flags 0x%x include bits other than ACCUMULATE (0x%x)",
-                   op, (unsigned)flags, (unsigned)UR_DENSE_ACCUMULATE);
-  if (st || (st = check_like(op, 6, ts, names))) return st;
+  if (flags & ~(uint32_t)UR_DENSE_ACCUMULATE)
+    return ur__error(UR_STATUS_INVALID, "%s: flags 0x%x include bits other than ACCUMULATE (0x%x)",
+                     op, (unsigned)flags, (unsigned)UR_DENSE_ACCUMULATE);
+  ur_status st = check_like(op, 6, ts, names);
+  if (st) return st;
   const ur_backend *b;
   if ((st = ur__dense_backend(op, 6, ts, names, &b)) || (st = UR__NEED(b, dense, cross_backward)) ||
       !x0->numel)
