@@ -90,12 +90,21 @@ static ur_status check_shape2(const ur_tensor *x, const char *what, int64_t r, i
   return UR_STATUS_OK;
 }
 
-/* The checks forward and backward share; `o` is the output or its gradient. */
+static void fill_host_info(const ur_tbe *t, ur__tbe_args *a) {
+  a->host_tables = t->tables;
+  for (int32_t i = 0; i < t->names.T; i++) {
+    if (t->tables[i].dim > a->max_dim) a->max_dim = t->tables[i].dim;
+    if (t->tables[i].dtype != UR_DTYPE_F32) a->halves = 1;
+  }
+}
+
+/* The checks and arguments forward and backward share; `o` is the output or its gradient. */
 static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_tensor *offsets,
                          const ur_tensor *weights, const int64_t *spk, const ur_tensor *inverse,
                          const ur_tensor *o, const char *oname) {
   memset(c, 0, sizeof *c);
   ur__tbe_args *a = &c->a;
+  fill_host_info(t, a);
   ur_status st;
   if (!values || !offsets || !o)
     return ur__error(UR_STATUS_INVALID, "tbe: values, offsets and %s are required", oname);
@@ -263,14 +272,6 @@ static ur_status bad_id(const ur_tbe *t, const call *c, int64_t i) {
 
 /* ---- calls ---- */
 
-static void fill_host_info(const ur_tbe *t, ur__tbe_args *a) {
-  a->host_tables = t->tables;
-  for (int32_t i = 0; i < t->names.T; i++) {
-    if (t->tables[i].dim > a->max_dim) a->max_dim = t->tables[i].dim;
-    if (t->tables[i].dtype != UR_DTYPE_F32) a->halves = 1;
-  }
-}
-
 /* Points the call at the descriptors and VBE arrays where the backend reads them: their device
  * copies when the collection's home is the GPU's memory, else the host arrays themselves. */
 static ur_status call_args(ur_tbe *t, ur_stream *s, call *c) {
@@ -335,7 +336,6 @@ ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
     release(&c);
     return st;
   }
-  fill_host_info(t, &c.a);
   c.a.out = ur_tensor_data(out);
   void *work = NULL;
   if (!(st = call_setup(t, s, &c, 0, &work)))
@@ -385,7 +385,6 @@ static ur_status backward_call(ur_stream *s, ur_tbe *t, const ur_tensor *grad_ou
     release(&c);
     return st;
   }
-  fill_host_info(t, &c.a);
   c.a.grad = ur_tensor_data(grad_out);
   /* the atomic step adds each value's -lr g: exact in distribution only for plain SGD on f32
    * rows (weight decay and clipping act on a row's whole gradient, halves round per row) */
@@ -495,7 +494,6 @@ ur_status ur_tbe_sparse_grad(ur_stream *s, ur_tbe *t, const ur_tensor *grad_out,
     release(&c);
     return st;
   }
-  fill_host_info(t, &c.a);
   c.a.grad = ur_tensor_data(grad_out);
   void *work = NULL, *sh = s ? s->handle : NULL;
   if (!(st = call_setup(t, s, &c, 1, &work)) &&
