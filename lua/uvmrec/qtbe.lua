@@ -127,14 +127,9 @@ function methods:table(name)
   return tensor.wrap(out_tensor[0])
 end
 
--- Copies rows in the table's format (as quantize() gives them) into table `name`.
-function methods:load(name, src, stream)
-  local dst = self:table(name)
-  local ok, err = dst:copy(src, stream)
-  dst:free()
-  if not ok then return nil, err end
-  return self
-end
+-- load(name, src[, stream]): copies rows in the table's format (as quantize() gives them) into
+-- table `name`.
+methods.load = table_options.load
 
 -- Row id r of table `name` is stored at row perm[r] (i64 [rows]); nil: the identity.
 function methods:set_permutation(name, perm)

@@ -4,7 +4,7 @@
 -- names from a map, the features each table reads and an input's keys.  Every message opens
 -- with the collection's name and points at the caller's line (`level` counts as error()'s does,
 -- from the function calling these).  Also the output fields (set_output) and the methods the
--- collections share (placement, new_output), and what the nn modules over them share
+-- collections share (placement, new_output, load), and what the nn modules over them share
 -- (module_options, module_output).
 --
 --   local O = require("uvmrec.table_options").checks("embedding collection")
@@ -221,6 +221,16 @@ function M.new_output(self, input)
   local opts = { dtype = self.output_dtype, placement = self:placement() }
   if self.device >= 0 then opts.device = self.device end
   return tensor.tensor(self:output_shape(input), opts)
+end
+
+-- Copies src (rows as the table stores them: its dtype, or its format's bytes) into table
+-- `name` through its view (self:table); self, or nil and the copy's error.
+function M.load(self, name, src, stream)
+  local dst = self:table(name)
+  local ok, err = dst:copy(src, stream)
+  dst:free()
+  if not ok then return nil, err end
+  return self
 end
 
 -- Such a module's output for input, from its collection coll: the one of the last call while

@@ -422,11 +422,7 @@ end
 -- Copies a tensor of the table's dtype and shape into table `name`.
 function methods:load(name, src, stream)
   if self.cache and self.cached[name] then assert(self.cache:invalidate()) end
-  local dst = self:table(name)
-  local ok, err = dst:copy(src, stream)
-  dst:free()
-  if not ok then return nil, err end
-  return self
+  return table_options.load(self, name, src, stream)
 end
 
 -- reset_rows(name, ids[, n][, stream]): rows ids (a Lua list of row ids, or an int64_t array

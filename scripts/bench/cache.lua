@@ -128,12 +128,14 @@ local function gpu_modes()
   local WARM, CHECK = 24, 4
   local steps = o.steps
   local NB = WARM + steps
-  -- The timed steps run without the schedule: MLPerf's SGD lr of 24 without its warm-up
-  -- makes the losses NaN within a few steps (as in uvm.lua), so the lr is 1.
+  -- The timed steps run without the schedule: an MLPerf config trains at the benchmarks' lr
+  -- (cli.bench_sets says why).
   local function load(sets)
-    local all = { "optimizer.lr=1.0" }
+    local config = o.config or "dlrm_mlperf_v1_2m"
+    local all = {}
+    for _, v in ipairs(require("uvmrec.cli").bench_sets(config)) do all[#all + 1] = v end
     for _, v in ipairs(sets) do all[#all + 1] = v end
-    local cfg, def = P.config(o.config or "dlrm_mlperf_v1_2m", all)
+    local cfg, def = P.config(config, all)
     if not cfg then cmd:fail(def) end
     return cfg, def
   end

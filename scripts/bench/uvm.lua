@@ -67,8 +67,10 @@ end
 
 -- The bench trains a few hundred steps without the schedule: MLPerf's SGD lr of 24 (reached
 -- after 2750 warm-up steps) makes the losses NaN by step 4 from fresh weights (seen on the
--- H200), so on the GPU the dense lr is 1 unless --set says otherwise.
-local sets = { gpu and "optimizer.lr=1.0" or nil }
+-- H200), so an MLPerf config trains at the benchmarks' lr (cli.bench_sets) unless --set says
+-- otherwise.
+local sets = {}
+for _, s in ipairs(require("uvmrec.cli").bench_sets(o.config)) do sets[#sets + 1] = s end
 for _, s in ipairs(o.set) do sets[#sets + 1] = s end
 if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
 local path = train.find_config(o.config) or cmd:fail("no config " .. o.config)

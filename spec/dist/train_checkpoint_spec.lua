@@ -22,14 +22,7 @@ local function train(prefix, args)
   return out
 end
 
-local function losses(dir)
-  local t = {}
-  for line in io.lines(dir .. "/metrics.jsonl") do
-    local e = json.decode(line)
-    if e.event == "train" then t[e.step] = e.loss end
-  end
-  return t
-end
+local losses = helpers.losses
 
 local function listing(dir)
   local _, names = pcall(function()

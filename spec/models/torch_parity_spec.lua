@@ -11,8 +11,14 @@ local command = require "command"
 
 local q = command.quote
 
+-- A Python with PyTorch (on CUDA when cuda), or nil with the running spec marked pending.
 local function python(cuda)
-  return h.python(cuda and "import torch, numpy; assert torch.cuda.is_available()" or "import torch, numpy")
+  local py = h.python(cuda and "import torch, numpy; assert torch.cuda.is_available()" or "import torch, numpy")
+  if not py then
+    pending(cuda and "PyTorch with CUDA is not importable (set UVMREC_PYTHON)"
+            or "PyTorch is not importable (make pydeps-torch)")
+  end
+  return py
 end
 
 -- dlrm_tiny as it is (dot), and dlrm_dcnv2 cut down (dim 16, narrow MLPs, two cross layers of
@@ -83,13 +89,13 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
     for _, precision in ipairs { "f32", "bf16" } do
       it(("agrees on a %s step in %s on the CPU"):format(c.name, precision), function()
         local py = python(false)
-        if not py then pending("PyTorch is not importable (make pydeps-torch)") return end
+        if not py then return end
         check(c, precision, parity(c, precision, py))
       end)
 
       h.cuda_it(("agrees on a %s step in %s on the GPU, PyTorch on the GPU"):format(c.name, precision), function()
         local py = python(true)
-        if not py then pending("PyTorch with CUDA is not importable (set UVMREC_PYTHON)") return end
+        if not py then return end
         check(c, precision, parity(c, precision, py, { gpu = true }))
       end)
     end
@@ -97,7 +103,7 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
 
   it("fails when the weights differ: a checkpoint of another seed against the dump", function()
     local py = python(false)
-    if not py then pending("PyTorch is not importable (make pydeps-torch)") return end
+    if not py then return end
     local _, _, _, other = parity(CASES[1], "f32", py, { extra = " --set train.seed=7", tag = "_seed7" })
     local out, code, lines = parity(CASES[1], "f32", py, { ckpt = other })
     assert.equal(1, code, out)
@@ -110,7 +116,7 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
 
   it("fails on one table's gradient 0.1% off, the samples at a ReLU's kink set aside", function()
     local py = python(false)
-    if not py then pending("PyTorch is not importable (make pydeps-torch)") return end
+    if not py then return end
     local c = CASES[1]
     local _, _, _, w, g = parity(c, "f32", py, { tag = "_scaled" })
     -- the dump again, its C2 gradient times 1.001 (loaded as copies: views would be the file's)
@@ -143,7 +149,7 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
 
   it("top_bwd_error.py: f32 with float64's ReLU masks is within roundings of float64", function()
     local py = python(false)
-    if not py then pending("PyTorch is not importable (make pydeps-torch)") return end
+    if not py then return end
     local c = CASES[1]
     local _, _, _, w, g = parity(c, "f32", py, { tag = "_top" })
     local out, err, code = command.sh(("%s scripts/bench/top_bwd_error.py --ckpt %s --dump %s --device cpu")
@@ -161,7 +167,7 @@ describe("uvmrec against PyTorch (torch_dlrm.py parity)", function()
 
   it("names the file and the fault in a checkpoint it cannot read", function()
     local py = python(false)
-    if not py then pending("PyTorch is not importable (make pydeps-torch)") return end
+    if not py then return end
     local bad = dir .. "/short.safetensors"
     command.spit(bad, "\100\0\0\0\0\0\0\0{}")
     local out, err, code = command.sh(("%s scripts/bench/torch_dlrm.py train --ckpt %s --data %s --device cpu")

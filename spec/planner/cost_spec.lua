@@ -1,6 +1,7 @@
 local planner = require "uvmrec.planner"
 local cost = planner.cost
 local profile = planner.profile
+local helpers = require "helpers"
 
 -- Round rates, so that every expected figure below is a formula written out here.
 local R = { hbm_gather = 1e9, hbm_gather_repeat = 2e9, hbm_copy = 4e9, hbm_update = 0.5e9, zero_copy_gather = 1e8,
@@ -222,13 +223,7 @@ describe("planner.cost", function()
     for _, c in ipairs(cases) do
       for _, where in ipairs { "host", "device" } do
         local cfg, _, model, opt, what = trained(c, where, "eval.samples=0")
-        local params = 0
-        for _, p in ipairs(model:parameters()) do
-          if p.grad then params = params + p.tensor:nbytes() + p.grad:nbytes() + (p.half and p.half:nbytes() or 0) end
-        end
-        for _, st in ipairs { opt.state1, opt.state2 } do
-          for _, t in pairs(st) do params = params + t:nbytes() end
-        end
+        local params = helpers.dense_bytes(model, opt)
         local prob = assert(planner.from_config(cfg))
         -- trained on the CPU, which keeps no workspaces: priced without them
         local dm = cost.dense_model(prob.dense)

@@ -250,13 +250,7 @@ describe("uvmrec train --plan", function()
                                       setup = function(ctx) model, opt = ctx.model, ctx.optimizer end }))
     assert.equal(5, r.steps)
     -- the dense part on the GPU: its parameters, gradients and state, and the arena's blocks
-    local held = model:arena():stats().reserved
-    for _, p in ipairs(model:parameters()) do
-      if p.grad then held = held + p.tensor:nbytes() + p.grad:nbytes() + (p.half and p.half:nbytes() or 0) end
-    end
-    for _, st in ipairs { opt.state1, opt.state2 } do
-      for _, t in pairs(st) do held = held + t:nbytes() end
-    end
+    local held = model:arena():stats().reserved + h.dense_bytes(model, opt)
     local _, d = gpu_dense(cfg, 1)
     assert.equal(dense - d.mem.workspaces, held, "the dense part's HBM but its workspaces")
     -- and the workspaces, priced for this GPU: the model's stream and its side stream hold at

@@ -169,6 +169,19 @@ function M.step_losses(cfg, on_cpu, steps)
   return out, model, data
 end
 
+-- The bytes a model's dense part holds outside its arena: each trained parameter, its gradient
+-- and its bf16 copy, and the optimizer's state.
+function M.dense_bytes(model, opt)
+  local n = 0
+  for _, p in ipairs(model:parameters()) do
+    if p.grad then n = n + p.tensor:nbytes() + p.grad:nbytes() + (p.half and p.half:nbytes() or 0) end
+  end
+  for _, st in ipairs { opt.state1, opt.state2 } do
+    for _, t in pairs(st) do n = n + t:nbytes() end
+  end
+  return n
+end
+
 -- {step = loss} of a run directory's train lines, and how many steps.  A step logged twice (a
 -- killed run's steps after its last checkpoint, done again by the resumed run) must have the
 -- same loss both times.
