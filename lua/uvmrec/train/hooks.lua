@@ -218,7 +218,9 @@ end
 -- attached once the run has them (attach{progress =, line =}); self.last: the last record,
 -- self:summary() a line.
 local Collisions = class()
-function M.collisions(o) return setmetatable({ collisions = o.collisions, every = o.every or 10, last = nil }, Collisions) end
+function M.collisions(o)
+  return setmetatable({ collisions = o.collisions, every = o.every or 10, last = nil }, Collisions)
+end
 
 function Collisions:attach(a) self.progress, self.line = a.progress, a.line end
 function Collisions:register(reg) reg:register(self.collisions:checkpoint_component("collisions")) end
