@@ -117,9 +117,9 @@ end
 local hbm = sizes[1].bytes
 
 -- What ur.memory() counts per category, each of which must be back to its level before a run
--- once the run's model is freed; HBM in use must too, but for the growth of the GPU backend's
--- dense workspaces (the default stream's is kept for the process's later matrix products:
--- docs/tensors.md), the one thing the engine keeps past a run by design.
+-- (or below) once the run's model is freed; HBM in use must too, but for the growth of the GPU
+-- backend's dense workspaces (the default stream's is kept for the process's later matrix
+-- products: docs/tensors.md), the one thing the engine keeps past a run by design.
 local HELD = { "host", "pinned", "device", "managed", "managed_on_gpu" }
 
 -- Frees a run's tables (tbe: nil when the run failed before building them) explicitly
@@ -140,10 +140,10 @@ local function release(tbe, before)
   local msgs = {}
   for _, k in ipairs(HELD) do
     local d = m[k] - before[k]
-    if d ~= 0 then msgs[#msgs + 1] = ("%s %+d bytes (%s before the run)"):format(k, d, planner.fmt_bytes(before[k])) end
+    if d > 0 then msgs[#msgs + 1] = ("%s %+d bytes (%s before the run)"):format(k, d, planner.fmt_bytes(before[k])) end
   end
   local past = m.hbm_used - before.hbm_used - math.max(ws, 0)
-  if past ~= 0 then
+  if past > 0 then
     msgs[#msgs + 1] = ("HBM in use %+d bytes past the workspaces' growth (%s before the run, %s after; workspaces "
       .. "%s, %s)"):format(past, planner.fmt_bytes(before.hbm_used), planner.fmt_bytes(m.hbm_used),
       planner.fmt_bytes(before.workspace), planner.fmt_bytes(m.workspace))
