@@ -116,19 +116,19 @@ if synthetic and o.check > o.warm then
 end
 local hbm = sizes[1].bytes
 
--- HBM a run may leave in use once its model is freed: the growth of the GPU backend's
--- workspaces (each stream's, kept for the process's later matrix products: ur_memory_stats) and
--- 1 MiB for small buffers of its own; any table, cache or dense tensor these runs build is larger.
-local LEFT = 2 ^ 20
+-- What ur.memory() counts per category, each of which must be back to its level before a run
+-- (or below) once the run's model is freed; HBM in use must too, but for the growth of the GPU
+-- backend's dense workspaces (the default stream's is kept for the process's later matrix
+-- products: docs/tensors.md), the one thing the engine keeps past a run by design.
+local HELD = { "host", "pinned", "device", "managed", "managed_on_gpu" }
 
 -- Frees a run's tables (tbe: nil when the run failed before building them) explicitly
 -- (tbe:free); the dense parameters and optimizer state have no free of their own, so full
 -- collections end them here, not at the collector's later timing (the caller holds no
--- reference to the model by then: two cycles, as objects kept alive by a finalized one go in
--- the next).  Returns whether the tables were freed, the message naming the bytes the engine
--- still holds past `before` (ur.memory() taken before the run; nil where none), in HBM and in
--- all its allocations (host, pinned, device, managed: on the CPU backend the model's host
--- tensors), and the free's failure (or nil).
+-- reference to the model by then, and nothing else may: two cycles, as objects kept alive by a
+-- finalized one go in the next).  Returns whether the tables were freed, the message naming the
+-- bytes the engine still holds past `before` (ur.memory() taken before the run), by category
+-- and in HBM past the workspaces' growth (nil where none), and the free's failure (or nil).
 local function release(tbe, before)
   local ok, err = true, nil
   if tbe then ok, err = pcall(tbe.free, tbe) end
@@ -136,26 +136,28 @@ local function release(tbe, before)
   collectgarbage()
   collectgarbage()
   local m = ur.memory()
-  local ws = math.max(m.workspace - before.workspace, 0)
-  local function held(x) return x.host + x.pinned + x.device + x.managed end
+  local ws = m.workspace - before.workspace
   local msgs = {}
-  for _, c in ipairs { { "HBM", m.hbm_used - before.hbm_used - ws, before.hbm_used, m.hbm_used },
-                       { "the engine's allocations", held(m) - held(before) - ws, held(before), held(m) } } do
-    if c[2] > LEFT then
-      msgs[#msgs + 1] = ("%d bytes of %s (%s) still held after the run's model was freed, past the %s allowed "
-        .. "(%s before the run, %s after; workspaces %s, %s)"):format(c[2], c[1], planner.fmt_bytes(c[2]),
-        planner.fmt_bytes(LEFT), planner.fmt_bytes(c[3]), planner.fmt_bytes(c[4]),
-        planner.fmt_bytes(before.workspace), planner.fmt_bytes(m.workspace))
-    end
+  for _, k in ipairs(HELD) do
+    local d = m[k] - before[k]
+    if d > 0 then msgs[#msgs + 1] = ("%s %+d bytes (%s before the run)"):format(k, d, planner.fmt_bytes(before[k])) end
   end
-  return ok, #msgs > 0 and table.concat(msgs, "; ") or nil, freed
+  local past = m.hbm_used - before.hbm_used - math.max(ws, 0)
+  if past > 0 then
+    msgs[#msgs + 1] = ("HBM in use %+d bytes past the workspaces' growth (%s before the run, %s after; workspaces "
+      .. "%s, %s)"):format(past, planner.fmt_bytes(before.hbm_used), planner.fmt_bytes(m.hbm_used),
+      planner.fmt_bytes(before.workspace), planner.fmt_bytes(m.workspace))
+  end
+  if #msgs == 0 then return ok, nil, freed end
+  return ok, "the engine still holds memory after the run's model was freed and collected: "
+    .. table.concat(msgs, ", "), freed
 end
 
 -- One run of `uvmrec train`: the config with sets, steps, a run directory for the losses;
 -- returns the result, the losses logged, the build seconds, the cache's statistics (or nil) and
 -- the tables' bytes.  The model is freed before it returns (release: the next run builds 89.5
--- GiB again), and what the engine still holds past its level before the run is printed and kept
--- in the result (held_after); a failed run returns nil and its message (with the traceback of an
+-- GiB again), and a run after which the engine still holds memory past its level before the run
+-- fails, naming the bytes; a failed run returns nil and its message (with the traceback of an
 -- error raised).
 local function run(sets, steps, log_every, hooks)
   local all = { "eval.samples=0", "eval.min_auc=0", "train.log_every=" .. log_every, "train.steps=" .. steps,
@@ -194,13 +196,10 @@ local function run(sets, steps, log_every, hooks)
   model, cache = nil, nil -- luacheck: ignore 311 (setup's upvalues: the model is let go)
   local tbe_ok, left, freed = release(tbe, before)
   if r and not tbe_ok then r, err, m = nil, freed, ur.memory() end
-  -- Memory still held after a run is said, not failed: on the H200 (01846b7) 2.2 GiB of HBM, the
-  -- dense side, stayed after B5's reference run, and on the CPU 5.4 MiB a run for two runs; who
-  -- holds them is not found yet (docs/results.md, the seventh session), and B5 passed with them.
-  if r and left then
-    print("note: " .. left)
-    r.held_after = left
-  end
+  -- On the H200 (01846b7) 2.2 GiB of HBM, the dense side, stayed after B5's reference run: LuaJIT's
+  -- traces kept the run's hook closures and with them the model (docs/results.md, the eighth
+  -- session); a run that leaves anything held fails.
+  if r and left then r, err, m, left = nil, left, ur.memory(), nil end
   if not r then
     local msg = ("%s (HBM in use %s, peak %s, budget %s)"):format(err, planner.fmt_bytes(m.hbm_used),
       planner.fmt_bytes(m.hbm_peak), planner.fmt_bytes(m.hbm_budget))
@@ -239,7 +238,7 @@ local function timed(sets, first)
            hit_rate = s.hits / math.max(s.unique, 1),
            link_bytes_per_step = (s.bytes_in + s.bytes_out + s.bytes_ids) / o.steps,
            epoch_minutes = 4.37e9 / rate / 60, build_seconds = built, host_peak_bytes = host_memory.peak() or 0,
-           hbm_peak = ur.memory().hbm_peak, loss = r.loss, held_after = r.held_after }, table_bytes
+           hbm_peak = ur.memory().hbm_peak, loss = r.loss }, table_bytes
 end
 
 local cache_sets = function(bytes, extra)

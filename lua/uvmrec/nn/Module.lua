@@ -112,8 +112,9 @@ function Module:follow(input)
 end
 
 -- Every module of the tree runs its work on `stream` (nil: the default stream).
+local function set_stream(m, stream) m.stream = stream end
 function Module:set_stream(stream)
-  return self:apply(function(m) m.stream = stream end)
+  return self:apply(set_stream, stream)
 end
 
 -- ---- the protocol ----
@@ -152,19 +153,25 @@ end
 -- Containers keep their children in self.modules, as torch7's do.
 function Module:children() return self.modules or {} end
 
--- Calls fn(module) on this module and every module below it, parents first.
-function Module:apply(fn)
-  fn(self)
-  for _, m in ipairs(self:children()) do m:apply(fn) end
+-- Calls fn(module, ...) on this module and every module below it, parents first.  The calls
+-- here give fn what it needs as arguments, with fn made once in this file, not as a closure
+-- made per call: LuaJIT compiles a function called on a hot path into a trace as a constant, so
+-- the trace (which lives on, until it is flushed) would keep a closure's upvalues alive, an
+-- arena or the model with them, after the model is gone (docs/results.md: the memory held
+-- after a run).
+function Module:apply(fn, ...)
+  fn(self, ...)
+  for _, m in ipairs(self:children()) do m:apply(fn, ...) end
   return self
 end
 
+local function set_train(m, on) m.train = on end
 function Module:training()
-  return self:apply(function(m) m.train = true end)
+  return self:apply(set_train, true)
 end
 
 function Module:evaluate()
-  return self:apply(function(m) m.train = false end)
+  return self:apply(set_train, false)
 end
 
 -- ---- parameters ----
@@ -241,26 +248,36 @@ end
 -- Moves every parameter, gradient and bf16 copy of the tree to `placement` ("host", "device",
 -- "managed", "pinned"; device: a GPU ordinal, default the current one) and gives the tree a
 -- fresh arena there.  Environmental failures (no GPU, HBM budget) return nil, message.
+-- to()'s copies of m's parameters, gradients and bf16 copies (st: placement, device, moved =
+-- {{module, field, copy}, ...}, ok, err).
+local function copy_params(m, st)
+  if not st.ok then return end
+  for _, p in ipairs(m._params) do
+    for _, f in ipairs { p.field, p.grad_field, p.half_field } do
+      local t = m[f]
+      if t then
+        local nt, e = t:to(st.placement, st.device)
+        if not nt then st.ok, st.err = false, e return end
+        st.moved[#st.moved + 1] = { m, f, nt }
+      end
+    end
+  end
+end
+
+local function place_at(m, placement, dev, arena)
+  m.placement, m.device = placement, dev
+  drop_buffers(m)
+  m._arena = arena
+end
+
 function Module:to(placement, device)
   if not PLACEMENTS[placement] then
     error("to: placement '" .. tostring(placement) .. "' is not host, pinned, device or managed", 2)
   end
-  local moved = {}
-  local ok, err = true, nil
-  self:apply(function(m)
-    if not ok then return end
-    for _, p in ipairs(m._params) do
-      for _, f in ipairs { p.field, p.grad_field, p.half_field } do
-        local t = m[f]
-        if t then
-          local nt, e = t:to(placement, device)
-          if not nt then ok, err = false, e return end
-          moved[#moved + 1] = { m, f, nt }
-        end
-      end
-    end
-  end)
-  if not ok then return nil, err end
+  local st = { placement = placement, device = device, moved = {}, ok = true, err = nil }
+  self:apply(copy_params, st)
+  if not st.ok then return nil, st.err end
+  local moved = st.moved
   for _, mv in ipairs(moved) do
     local old = mv[1][mv[2]]
     mv[1][mv[2]] = mv[3]
@@ -275,13 +292,27 @@ function Module:to(placement, device)
   else
     dev = lib.location(dev)
   end
-  local arena = require("uvmrec.nn.arena").new(placement, dev)
-  self:apply(function(m)
-    m.placement, m.device = placement, dev
-    drop_buffers(m)
-    m._arena = arena
-  end)
+  self:apply(place_at, placement, dev, require("uvmrec.nn.arena").new(placement, dev))
   return self
+end
+
+-- set_precision's work on m (st: precision, arena, ok, err).
+local function set_precision(m, st)
+  m.precision = st.precision
+  drop_buffers(m)
+  m._arena = st.arena
+  for _, p in ipairs(m._params) do
+    local old = m[p.half_field]
+    m[p.half_field] = nil
+    if old then old:free() end
+    if st.precision == "bf16" and st.ok then
+      local opts = place_opts(m)
+      opts.dtype = "bf16"
+      local h, e = ur_tensor.tensor(m[p.field]:size(), opts)
+      if not h then st.ok, st.err = false, e return end
+      m[p.half_field] = h
+    end
+  end
 end
 
 -- "f32" (exact f32 math), "tf32" (f32 tensors, TF32 matrix math on the GPU) or "bf16"
@@ -290,26 +321,9 @@ function Module:set_precision(precision, stream)
   if not PRECISIONS[precision] then
     error("set_precision: '" .. tostring(precision) .. "' is not f32, tf32 or bf16", 2)
   end
-  local ok, err = true, nil
-  local arena = self._arena
-  self:apply(function(m)
-    m.precision = precision
-    drop_buffers(m)
-    m._arena = arena
-    for _, p in ipairs(m._params) do
-      local old = m[p.half_field]
-      m[p.half_field] = nil
-      if old then old:free() end
-      if precision == "bf16" and ok then
-        local opts = place_opts(m)
-        opts.dtype = "bf16"
-        local h, e = ur_tensor.tensor(m[p.field]:size(), opts)
-        if not h then ok, err = false, e return end
-        m[p.half_field] = h
-      end
-    end
-  end)
-  if not ok then return nil, err end
+  local st = { precision = precision, arena = self._arena, ok = true, err = nil }
+  self:apply(set_precision, st)
+  if not st.ok then return nil, st.err end
   if precision == "bf16" then self:sync_halves(stream) end
   return self
 end
@@ -331,14 +345,14 @@ function Module:arena()
 end
 
 -- Makes this module (and the modules below it) take buffers from `from`'s arena.
+local function share_arena(m, a)
+  if m._arena ~= a then
+    m._bufs = {}
+    m._arena = a
+  end
+end
 function Module:share_arena(from)
-  local a = from:arena()
-  return self:apply(function(m)
-    if m._arena ~= a then
-      m._bufs = {}
-      m._arena = a
-    end
-  end)
+  return self:apply(share_arena, from:arena())
 end
 
 -- A [rows, cols] tensor of `dtype` named `key` in this module, from the arena: allocated once

@@ -131,11 +131,13 @@ function Runner:sync() return self.stream:sync() end
 
 -- The runner as a hook of uvmrec.train.loop.run, which takes the loop's steps over; the loop's
 -- end waits for its stream.
-function Runner:hook()
-  local runner = self
-  return { take_step = function(_, _, batch) return runner:step(batch) end,
-           finish = function() assert(runner:sync()) end }
-end
+-- (A table with methods, not closures over the runner: see uvmrec.train.hooks.)
+local Hook = {}
+Hook.__index = Hook
+function Hook:take_step(_, batch) return self.runner:step(batch) end
+function Hook:finish() assert(self.runner:sync()) end
+
+function Runner:hook() return setmetatable({ runner = self }, Hook) end
 
 function Runner:free()
   for _, g in pairs(self.graphs) do g.graph:free() end

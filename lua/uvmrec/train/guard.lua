@@ -143,31 +143,36 @@ end
 -- logged), before each checkpoint (so that none is saved from a stopped run) and after the
 -- last step; logs a "nonfinite" line for steps skipped since the last read.  run.skipped holds
 -- the count.
+-- (A table with methods, not closures over the guard: see uvmrec.train.hooks.)
+local Hook = {}
+Hook.__index = Hook
+
 function Guard:hook(o)
   o = o or {}
-  local every, saves = o.every or 10, o.saves
-  local g = self
-  local function poll(run)
-    local r = g:poll(run.step)
-    if not r then return end
-    run.skipped = r.skipped
-    if o.line then
-      o.line { event = "nonfinite", step = run.step, skipped = r.skipped, new = r.new,
-               first_step = r.first and r.first.step, tensor = r.first and r.first.tensor }
-    end
-    if o.say then
-      o.say(("train.nonfinite: skip: %d step%s skipped by step %d (%d in all; the first at step %d: %s)"):format(
-        r.new, r.new == 1 and "" or "s", run.step, r.skipped, r.first and r.first.step or 0,
-        r.first and r.first.tensor or "?"))
-    end
-  end
-  return {
-    start = function(_, run) g.base, run.skipped = run.step, 0 end,
-    after = function(_, run)
-      if run.step % every == 0 or (saves and saves(run.step)) then poll(run) end
-    end,
-    done = function(_, run) poll(run) end,
-  }
+  return setmetatable({ guard = self, every = o.every or 10, saves = o.saves, line = o.line, say = o.say }, Hook)
 end
+
+function Hook:poll(run)
+  local r = self.guard:poll(run.step)
+  if not r then return end
+  run.skipped = r.skipped
+  if self.line then
+    self.line { event = "nonfinite", step = run.step, skipped = r.skipped, new = r.new,
+                first_step = r.first and r.first.step, tensor = r.first and r.first.tensor }
+  end
+  if self.say then
+    self.say(("train.nonfinite: skip: %d step%s skipped by step %d (%d in all; the first at step %d: %s)"):format(
+      r.new, r.new == 1 and "" or "s", run.step, r.skipped, r.first and r.first.step or 0,
+      r.first and r.first.tensor or "?"))
+  end
+end
+
+function Hook:start(run) self.guard.base, run.skipped = run.step, 0 end
+
+function Hook:after(run)
+  if run.step % self.every == 0 or (self.saves and self.saves(run.step)) then self:poll(run) end
+end
+
+function Hook:done(run) self:poll(run) end
 
 return M

@@ -2,57 +2,75 @@
 -- protocol (start, before, after, finish; each gets the run).  A hook with state of its own to
 -- save registers it (register(registry): a uvmrec.checkpoint component), before a resume loads.
 -- The learning rates' hook is uvmrec.optim.Schedule.
+-- Each hook is a table of its own state with methods made once, here, not closures made per
+-- run: LuaJIT compiles a function called on a step's path into its traces as a constant, and a
+-- trace (which outlives the run, until it is flushed) would keep what a closure's upvalues
+-- reach alive, a finished run's model and optimizer state among it (docs/results.md: the
+-- memory held after a run).
 local ur = require "uvmrec"
 local progress = require "uvmrec.train.progress"
 local C = ur.C
 
 local M = {}
 
+local function class()
+  local c = {}
+  c.__index = c
+  return c
+end
+
 -- trainer(ctx): where the run stands, the checkpoint component "trainer": the last step, the
 -- samples trained on and the data's position after the last batch trained (a pipeline reads
 -- ahead: the loader's own position is not it).  A resumed run starts at the saved step; ctx
 -- (uvmrec.train.run's) holds step, first, samples, position.
-function M.trainer(ctx)
-  return {
-    register = function(_, reg)
-      reg:register { name = "trainer",
-        state = function() return { meta = { step = ctx.step, samples = ctx.samples, position = ctx.position } } end,
-        load = function(_, meta)
-          ctx.step, ctx.first, ctx.samples, ctx.position = meta.step, meta.step + 1, meta.samples, meta.position
-        end }
-    end,
-    start = function(_, run) run.step, run.samples = ctx.step, ctx.samples end,
-    after = function(_, run, batch)
-      ctx.step, ctx.samples = run.step, run.samples
-      ctx.position = batch:position() or ctx.position
-    end,
-  }
+local Trainer = class()
+function M.trainer(ctx) return setmetatable({ ctx = ctx }, Trainer) end
+
+function Trainer:register(reg)
+  local ctx = self.ctx
+  reg:register { name = "trainer",
+    state = function() return { meta = { step = ctx.step, samples = ctx.samples, position = ctx.position } } end,
+    load = function(_, meta)
+      ctx.step, ctx.first, ctx.samples, ctx.position = meta.step, meta.step + 1, meta.samples, meta.position
+    end }
+end
+
+function Trainer:start(run) run.step, run.samples = self.ctx.step, self.ctx.samples end
+
+function Trainer:after(run, batch)
+  local ctx = self.ctx
+  ctx.step, ctx.samples = run.step, run.samples
+  ctx.position = batch:position() or ctx.position
 end
 
 -- log{progress =, line =, every =, optimizer =}: every `every` steps the loss is read (the one
 -- wait for the GPU), shown by progress (uvmrec.train.progress) and written as a "train" line
 -- (line(t): the run directory's); at the end, the last step's when it was not.  self.loss: the
 -- last loss read.
+local Log = class()
 function M.log(o)
-  local h = { every = o.every or 10, logged = nil, loss = nil }
-  local function line(run)
-    local loss = run.loss:get(0)
-    h.logged = run.step
-    -- a skipped step's loss (train.nonfinite: skip) may be NaN, which JSON cannot hold
-    local finite = loss == loss and loss ~= math.huge and loss ~= -math.huge
-    if finite then h.loss = loss end
-    o.progress:update(run.step, finite and loss or nil, run.samples)
-    o.line { event = "train", step = run.step, samples = run.samples, loss = finite and loss or nil,
-             loss_nonfinite = not finite or nil, seconds = o.progress:elapsed(),
-             samples_per_s = o.progress.rate, lr = o.optimizer:lr() }
-  end
-  function h.after(_, run)
-    if run.step % h.every == 0 then line(run) end
-  end
-  function h.finish(_, run)
-    if not run.error and run.loss and h.logged ~= run.step then line(run) end
-  end
-  return h
+  return setmetatable({ every = o.every or 10, logged = nil, loss = nil, progress = o.progress, line = o.line,
+                        optimizer = o.optimizer }, Log)
+end
+
+local function log_line(h, run)
+  local loss = run.loss:get(0)
+  h.logged = run.step
+  -- a skipped step's loss (train.nonfinite: skip) may be NaN, which JSON cannot hold
+  local finite = loss == loss and loss ~= math.huge and loss ~= -math.huge
+  if finite then h.loss = loss end
+  h.progress:update(run.step, finite and loss or nil, run.samples)
+  h.line { event = "train", step = run.step, samples = run.samples, loss = finite and loss or nil,
+           loss_nonfinite = not finite or nil, seconds = h.progress:elapsed(),
+           samples_per_s = h.progress.rate, lr = h.optimizer:lr() }
+end
+
+function Log:after(run)
+  if run.step % self.every == 0 then log_line(self, run) end
+end
+
+function Log:finish(run)
+  if not run.error and run.loss and self.logged ~= run.step then log_line(self, run) end
 end
 
 -- evaluation{every =, last =, model =, data = (the held-out loader's options), source = (a
@@ -61,34 +79,37 @@ end
 -- over all)}: the model's held-out metrics every `every` steps (0:
 -- never) but at step `last`, which the run evaluates at its end (evaluate(step)); shown,
 -- logged as an "eval" line and kept in self.evals.
-function M.evaluation(o)
+local Evaluation = class()
+function M.evaluation(o) return setmetatable({ o = o, evals = {} }, Evaluation) end
+
+function Evaluation:evaluate(step)
   local evaluate = require "uvmrec.train.evaluate"
-  local h = { evals = {} }
-  function h.evaluate(_, step)
-    o.progress:pause()
-    local l = assert(ur.data.loader(o.data))
-    o.source:attach(l)
-    local r, e = evaluate.run(o.model, o.source, { metrics = o.metrics, samples = o.samples,
-                                                   batch_size = o.batch_size, comm = o.comm })
-    o.source:drain()
-    l:close()
-    if not r then error(e, 0) end
-    r.step = step
-    h.evals[#h.evals + 1] = r
-    o.progress:message(("eval at step %d: %s  (%d samples, %.1f s)"):format(step, evaluate.format(r, o.metrics),
-                                                                          r.samples, r.seconds))
-    local line = { event = "eval", step = step }
-    for k, v in pairs(r) do line[k] = v end
-    o.line(line)
-    o.progress:resume()
-    return r
-  end
-  function h.after(_, run)
-    if o.every > 0 and run.step % o.every == 0 and run.step ~= o.last then h:evaluate(run.step) end
-  end
-  function h.free() o.source:free() end
-  return h
+  local o = self.o
+  o.progress:pause()
+  local l = assert(ur.data.loader(o.data))
+  o.source:attach(l)
+  local r, e = evaluate.run(o.model, o.source, { metrics = o.metrics, samples = o.samples,
+                                                 batch_size = o.batch_size, comm = o.comm })
+  o.source:drain()
+  l:close()
+  if not r then error(e, 0) end
+  r.step = step
+  self.evals[#self.evals + 1] = r
+  o.progress:message(("eval at step %d: %s  (%d samples, %.1f s)"):format(step, evaluate.format(r, o.metrics),
+                                                                        r.samples, r.seconds))
+  local line = { event = "eval", step = step }
+  for k, v in pairs(r) do line[k] = v end
+  o.line(line)
+  o.progress:resume()
+  return r
 end
+
+function Evaluation:after(run)
+  local o = self.o
+  if o.every > 0 and run.step % o.every == 0 and run.step ~= o.last then self:evaluate(run.step) end
+end
+
+function Evaluation:free() self.o.source:free() end
 
 local function file_bytes(path)
   local f = io.open(path, "rb")
@@ -107,62 +128,67 @@ end
 -- (uvmrec.dist.checkpoint, a collective that ends once every rank's file and the manifest are
 -- written), then rank 0 alone writes the registry's ckpt-<step>.safetensors (the dense part,
 -- optimizer, trainer), which publishes the checkpoint, and applies keep.
-function M.checkpoints(o)
-  local h = { saved = nil }
+local Checkpoints = class()
+function M.checkpoints(o) return setmetatable({ o = o, saved = nil }, Checkpoints) end
+
+function Checkpoints:save(step, why)
   local ck = require "uvmrec.checkpoint"
-  local function save(step, why)
-    o.progress:pause()
-    local t0 = C.ur_clock_seconds()
-    local path, shards, sbytes = ck.path_for(o.dir, step), nil, 0
-    if o.shards then
-      shards = ck.shards_path(path)
-      local m, serr = require("uvmrec.dist.checkpoint").save(shards, o.shards.collection)
-      if not m then error(serr, 0) end
-      for _, f in ipairs(type(m) == "table" and m.files or {}) do sbytes = sbytes + file_bytes(shards .. "/" .. f) end
-    end
-    if not o.shards or o.shards.comm.rank == 0 then
-      local saved, err = o.registry:save_step(o.dir, { step = step, config = o.config, keep = o.keep })
-      if not saved then error(err, 0) end
-      path = saved
-    end
-    local secs, bytes = C.ur_clock_seconds() - t0, file_bytes(path) + sbytes
-    o.progress:message(("checkpoint at step %d: %s%s (%s, %.1f s)"):format(step, path,
-      shards and (" + " .. shards:match("[^/]*$")) or "", progress.bytes(bytes), secs))
-    o.line { event = "checkpoint", step = step, path = path, shards = shards, bytes = bytes, seconds = secs,
-             reason = why }
-    o.progress:resume()
-    h.saved = { step = step, path = path }
+  local o = self.o
+  o.progress:pause()
+  local t0 = C.ur_clock_seconds()
+  local path, shards, sbytes = ck.path_for(o.dir, step), nil, 0
+  if o.shards then
+    shards = ck.shards_path(path)
+    local m, serr = require("uvmrec.dist.checkpoint").save(shards, o.shards.collection)
+    if not m then error(serr, 0) end
+    for _, f in ipairs(type(m) == "table" and m.files or {}) do sbytes = sbytes + file_bytes(shards .. "/" .. f) end
   end
-  function h.start(_, run) h.first = run.step + 1 end
-  function h.after(_, run)
-    if o.every > 0 and run.step % o.every == 0 then save(run.step, "every") end
+  if not o.shards or o.shards.comm.rank == 0 then
+    local saved, err = o.registry:save_step(o.dir, { step = step, config = o.config, keep = o.keep })
+    if not saved then error(err, 0) end
+    path = saved
   end
-  function h.finish(_, run)
-    if run.error or run.step < h.first or (h.saved and h.saved.step == run.step) then return end
-    if run.interrupted then save(run.step, "signal")
-    elseif o.every > 0 then save(run.step, "end") end
-  end
-  return h
+  local secs, bytes = C.ur_clock_seconds() - t0, file_bytes(path) + sbytes
+  o.progress:message(("checkpoint at step %d: %s%s (%s, %.1f s)"):format(step, path,
+    shards and (" + " .. shards:match("[^/]*$")) or "", progress.bytes(bytes), secs))
+  o.line { event = "checkpoint", step = step, path = path, shards = shards, bytes = bytes, seconds = secs,
+           reason = why }
+  o.progress:resume()
+  self.saved = { step = step, path = path }
+end
+
+function Checkpoints:start(run) self.first = run.step + 1 end
+
+function Checkpoints:after(run)
+  local every = self.o.every
+  if every > 0 and run.step % every == 0 then self:save(run.step, "every") end
+end
+
+function Checkpoints:finish(run)
+  if run.error or run.step < self.first or (self.saved and self.saved.step == run.step) then return end
+  if run.interrupted then self:save(run.step, "signal")
+  elseif self.o.every > 0 then self:save(run.step, "end") end
 end
 
 -- hints(manager, line, say): a hint policy manager (uvmrec.hints) stepped after each step; each
 -- interval's record (and the first) logged as a "hints" line, its summary said at the start.
-function M.hints(manager, line, say)
-  local function note(rec)
-    local l = { event = "hints" }
-    for k, v in pairs(rec) do l[k] = v end
-    line(l)
-  end
-  return {
-    start = function(_, run)
-      note(manager:start(run.step))
-      say(manager:summary())
-    end,
-    after = function(_, run)
-      local rec = manager:step(run.step)
-      if rec then note(rec) end
-    end,
-  }
+local Hints = class()
+function M.hints(manager, line, say) return setmetatable({ manager = manager, line = line, say = say }, Hints) end
+
+local function hints_note(h, rec)
+  local l = { event = "hints" }
+  for k, v in pairs(rec) do l[k] = v end
+  h.line(l)
+end
+
+function Hints:start(run)
+  hints_note(self, self.manager:start(run.step))
+  self.say(self.manager:summary())
+end
+
+function Hints:after(run)
+  local rec = self.manager:step(run.step)
+  if rec then hints_note(self, rec) end
 end
 
 -- A metrics.jsonl line of managed collisions' statistics (mcc: ur.nn.ManagedCollisionCollection):
@@ -191,28 +217,32 @@ end
 -- loss; at the end the last step's line (when it was not).  What it shows and writes to is
 -- attached once the run has them (attach{progress =, line =}); self.last: the last record,
 -- self:summary() a line.
+local Collisions = class()
 function M.collisions(o)
-  local h = { every = o.every or 10, last = nil }
-  function h.attach(_, a) h.progress, h.line = a.progress, a.line end
-  function h.register(_, reg) reg:register(o.collisions:checkpoint_component("collisions")) end
-  local function note(run)
-    local rec = M.collisions_record(o.collisions) -- waits for the GPU, as the loss's read does
-    rec.step = run.step
-    h.last = rec
-    h.progress.note = ("collisions %.0f%% full, %.1f%% resident"):format(100 * rec.occupancy,
-                                                                           100 * rec.resident_share)
-    h.line(rec)
-  end
-  function h.after(_, run)
-    if run.step % h.every == 0 then note(run) end
-  end
-  function h.finish(_, run)
-    if run.error or not run.loss then return end
-    if not (h.last and h.last.step == run.step) then note(run) end
-  end
-  function h.summary() return o.collisions:summary() end
-  return h
+  return setmetatable({ collisions = o.collisions, every = o.every or 10, last = nil }, Collisions)
 end
+
+function Collisions:attach(a) self.progress, self.line = a.progress, a.line end
+function Collisions:register(reg) reg:register(self.collisions:checkpoint_component("collisions")) end
+
+local function collisions_note(h, run)
+  local rec = M.collisions_record(h.collisions) -- waits for the GPU, as the loss's read does
+  rec.step = run.step
+  h.last = rec
+  h.progress.note = ("collisions %.0f%% full, %.1f%% resident"):format(100 * rec.occupancy, 100 * rec.resident_share)
+  h.line(rec)
+end
+
+function Collisions:after(run)
+  if run.step % self.every == 0 then collisions_note(self, run) end
+end
+
+function Collisions:finish(run)
+  if run.error or not run.loss then return end
+  if not (self.last and self.last.step == run.step) then collisions_note(self, run) end
+end
+
+function Collisions:summary() return self.collisions:summary() end
 
 local SIGNALS = { [2] = "SIGINT", [15] = "SIGTERM" }
 
@@ -220,24 +250,25 @@ local SIGNALS = { [2] = "SIGINT", [15] = "SIGTERM" }
 -- (run.interrupted = {signal, name, step}); with catch, SIGINT and SIGTERM only raise it while
 -- the loop runs (one call a step, no system call).  Last in a run's hooks: the others' after
 -- has run when it stops, and the handlers come back after their finish (a checkpoint's save).
-function M.signals(catch)
-  return {
-    start = function()
-      if catch then assert(require("uvmrec.lib").check(C.ur_signals_catch(1))) end
-    end,
-    after = function(_, run)
-      local sig = C.ur_interrupt_get() ~= 0 and (catch and C.ur_signals_caught() or 0) or nil
-      -- over several ranks, the boundary they all stop at (uvmrec.dist.interrupted)
-      local dist = package.loaded["uvmrec.dist"]
-      if dist and dist.is_initialized() and dist.world() > 1 then sig = dist.interrupted(sig) end
-      if sig == nil then return end
-      run.interrupted = { signal = sig, name = SIGNALS[sig] or "the interrupt flag", step = run.step }
-      run:stop()
-    end,
-    finish = function()
-      if catch then C.ur_signals_catch(0) end
-    end,
-  }
+local Signals = class()
+function M.signals(catch) return setmetatable({ catch = catch }, Signals) end
+
+function Signals:start()
+  if self.catch then assert(require("uvmrec.lib").check(C.ur_signals_catch(1))) end
+end
+
+function Signals:after(run)
+  local sig = C.ur_interrupt_get() ~= 0 and (self.catch and C.ur_signals_caught() or 0) or nil
+  -- over several ranks, the boundary they all stop at (uvmrec.dist.interrupted)
+  local dist = package.loaded["uvmrec.dist"]
+  if dist and dist.is_initialized() and dist.world() > 1 then sig = dist.interrupted(sig) end
+  if sig == nil then return end
+  run.interrupted = { signal = sig, name = SIGNALS[sig] or "the interrupt flag", step = run.step }
+  run:stop()
+end
+
+function Signals:finish()
+  if self.catch then C.ur_signals_catch(0) end
 end
 
 return M
