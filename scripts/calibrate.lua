@@ -4,10 +4,12 @@
 --   copies (within memory, host to device and back: on the CPU both are memcpy), the embedding
 --   forward's gather of scattered rows (once each, and again within a batch), the same rows read
 --   in place from pinned and managed memory, the fused backward's cost per id, the software
---   cache's cost per id and per row moved (through the real cache), the hot_prefix policy's
---   interval per row, the dot interaction, the MLPs (f32, TF32, bf16: a FLOP rate, a cost per
---   output value and one per layer, fitted to five stacks at two batches: three with --shapes
---   gpu), a training step's fixed cost and what the synthetic loader adds to a step.
+--   cache's cost per id, per distinct row (all-hit batches of uniform ids and of the synthetic
+--   generator's Zipf ids, as a model's) and per row moved (through the real cache), the
+--   hot_prefix policy's interval per row (counted on Zipf ids), the dot interaction, the MLPs
+--   (f32, TF32, bf16: a FLOP rate, a cost per output value and one per layer, fitted to five
+--   stacks at two batches: three with --shapes gpu), a training step's fixed cost and what the
+--   synthetic loader adds to a step.
 --   Collectives need ranks: not measured here (plans over several ranks need a calibration that
 --   has them).
 -- The sizes (--shapes): "cpu" (the CPU backend's default) as described; "gpu" (the default with a
