@@ -4,10 +4,12 @@
 --   copies (within memory, host to device and back: on the CPU both are memcpy), the embedding
 --   forward's gather of scattered rows (once each, and again within a batch), the same rows read
 --   in place from pinned and managed memory, the fused backward's cost per id, the software
---   cache's cost per id and per row moved (through the real cache), the hot_prefix policy's
---   interval per row, the dot interaction, the MLPs (f32, TF32, bf16: a FLOP rate, a cost per
---   output value and one per layer, fitted to five stacks at two batches: three with --shapes
---   gpu), a training step's fixed cost and what the synthetic loader adds to a step.
+--   cache's cost per id, per distinct row (all-hit batches of uniform ids and of the synthetic
+--   generator's Zipf ids, as a model's) and per row moved (through the real cache), the
+--   hot_prefix policy's interval per row (counted on Zipf ids), the dot interaction, the MLPs
+--   (f32, TF32, bf16: a FLOP rate, a cost per output value and one per layer, fitted to five
+--   stacks at two batches: three with --shapes gpu), a training step's fixed cost and what the
+--   synthetic loader adds to a step.
 --   Collectives need ranks: not measured here (plans over several ranks need a calibration that
 --   has them).
 -- The sizes (--shapes): "cpu" (the CPU backend's default) as described; "gpu" (the default with a
@@ -177,10 +179,12 @@ math.randomseed(11)
 local uniform = {}
 for k = 0, L - 1 do uniform[k] = math.random(0, ROWS - 1) end
 local HOT = S.hot -- rows of the "repeat" batch: every id is one of HOT rows of its table
-local function distinct(ids)
+-- distinct (table, row) pairs of a batch of T tables x `per` ids over `rows` rows each
+local function distinct(ids, per, rows)
+  per, rows = per or BATCH, rows or ROWS
   local seen, u = {}, 0
-  for k = 0, L - 1 do
-    local key = math.floor(k / BATCH) * ROWS + ids[k]
+  for k = 0, T * per - 1 do
+    local key = math.floor(k / per) * rows + ids[k]
     if not seen[key] then seen[key] = true u = u + 1 end
   end
   return u
@@ -189,6 +193,22 @@ local Uu = distinct(uniform)
 local repeat_ids = {}
 for k = 0, L - 1 do repeat_ids[k] = math.random(0, HOT - 1) * 997 % ROWS end
 local Ur = distinct(repeat_ids)
+-- Zipf batches as the model's synthetic data draws them (the engine's generator: its Zipf and
+-- its scatter of ranks over the rows), at the presets' exponent, T tables of `rows` rows,
+-- table-major as a collection reads them
+local ZIPF = require("uvmrec.data.presets").mlperf_v1_2m.tables[1].zipf
+local function zipf_batch(rows, n, first)
+  local tabs = {}
+  for t = 1, T do tabs[t] = { name = "z" .. t, rows = rows, zipf = ZIPF } end
+  local g = assert(require("uvmrec.data.synthetic").generate({ seed = 29, tables = tabs }, first or 0, n))
+  local q = ffi.cast("int64_t *", C.ur_tensor_data(g.ids.p))
+  local ids = {}
+  for i = 0, n - 1 do
+    for t = 0, T - 1 do ids[t * n + i] = tonumber(q[i * T + t]) end
+  end
+  for _, x in pairs(g) do x:free() end
+  return ids
+end
 local function input_of(ids)
   return { values = i64(L, function(k) return ids[k] end), offsets = i64(L + 1, function(k) return k end) }
 end
@@ -290,9 +310,8 @@ do
   local tabs = {}
   for t = 1, T do tabs[t] = { name = "t" .. t, rows = HR, dim = 16, placement = "managed" } end
   local c = assert(tbe.new { tables = tabs, optimizer = { "sgd", lr = 1e-6 }, bounds = "off" })
-  local ids = {}
-  for k = 0, L - 1 do ids[k] = math.random(0, HR - 1) end
-  local input = input_of(ids)
+  -- the model's Zipf ids: the counts the interval ranks and sums are a model's
+  local input = input_of(zipf_batch(HR, BATCH))
   local out = assert(c:new_output(input))
   local m = require("uvmrec.hints").manager(c, { policy = "hot_prefix", allowance = "20%" })
   assert(c:forward(input, out))
@@ -308,11 +327,18 @@ do
   m:free(); out:free(); input.values:free(); input.offsets:free()
   c:free()
   rate("hints_per_row", th / (T * HR), "s", ("the hot_prefix policy's interval over %d managed tables of %d rows "
-       .. "after its relayout: %.3f ms (the first interval, with the relayout: %.1f ms, once)"):format(T, HR,
-       th * 1e3, first * 1e3), true)
+       .. "counted on a batch of Zipf(%g) ids, after its relayout: %.3f ms (the first interval, with the "
+       .. "relayout: %.1f ms, once)"):format(T, HR, ZIPF, th * 1e3, first * 1e3), true)
 end
 
 -- ---- the software cache (LRU) ----
+-- Its lookup sorts every id; its decisions, placement and slot reads go per distinct row; a
+-- miss moves its row in and, dirty, back.  So: all-hit batches (the tables cached whole, the
+-- same batch prepared again) of uniform ids (nearly every id a distinct row) and of the
+-- model's Zipf ids (a few distinct rows an id) give a cost per id and one per distinct row;
+-- then fresh uniform ids into caches with room (a quarter of the rows: a batch's misses take a
+-- few ways a set, as a model's cache at its load factor does, not the conflicts of a cache
+-- too small for a batch), rows of 16 and 512 bytes, give a moved row's cost and its bytes'.
 do
   local crow = S.crow
   local cb = S.cbatch
@@ -320,7 +346,6 @@ do
   local function cache_batch(ids_fn)
     return { values = i64(CL, ids_fn), offsets = i64(CL + 1, function(k) return k end) }
   end
-  -- hits: the whole table cached, the same batch prepared again
   local function run(dim, lf, batches)
     local tabs = {}
     for t = 1, T do tabs[t] = { name = "t" .. t, rows = crow, dim = dim, placement = "cached" } end
@@ -346,26 +371,48 @@ do
     c:free()
     return times[1], s, #batches - 1, where
   end
-  local same = cache_batch(function(k) return uniform[k % L] % crow end)
-  local hits_batches = {}
-  for k = 1, (Q and 8 or 12) do hits_batches[k] = same end
-  local th, sh, _, where = run(4, 1.0, hits_batches)
-  local kc = th / CL
-  if sh.misses + sh.conflicts > 0 then
-    print(("  (note: %d misses in the all-hit runs)"):format(sh.misses + sh.conflicts))
+  local nrep = Q and 8 or 12
+  local function all_hit(ids)
+    local b = cache_batch(function(k) return ids[k] end)
+    local list = {}
+    for k = 1, nrep do list[k] = b end
+    local t, s, _, where = run(4, 1.0, list)
+    if s.misses + s.conflicts > 0 then
+      print(("  (note: %d misses in the all-hit runs)"):format(s.misses + s.conflicts))
+    end
+    b.values:free(); b.offsets:free()
+    return t, where
   end
-  rate("cache_per_id", kc, "s", ("the cache's prepare and retire (slots in %s memory) of a batch whose rows are "
-       .. "all cached: %d ids, %.3f ms"):format(where, CL, th * 1e3), true)
-  -- misses: fresh uniform ids each batch into a 1% cache, rows of 16 and 512 bytes
+  local uni = {}
+  for k = 0, CL - 1 do uni[k] = uniform[k % L] % crow end
+  local zf = zipf_batch(crow, cb, 4096)
+  local Ucu, Ucz = distinct(uni, cb, crow), distinct(zf, cb, crow)
+  local tu, where = all_hit(uni)
+  local tz = all_hit(zf)
+  -- t = CL kc + U ku for both batches
+  local ku = (tu - tz) / (Ucu - Ucz)
+  local kc = (tz - Ucz * ku) / CL
+  local how = ""
+  if not (ku >= 0 and kc >= 0) then
+    -- the two cannot be told apart here: the Zipf batch's whole cost per id (the model's regime)
+    kc, ku = tz / CL, 0
+    how = "; the two could not be told apart (a term came out below 0): the Zipf batch's cost per id, none a row"
+  end
+  local ids_how = ("%d ids a batch (slots in %s memory), all cached: uniform ids (%d distinct rows) %.3f ms, "
+                   .. "Zipf(%g) ids (%d distinct) %.3f ms"):format(CL, where, Ucu, tu * 1e3, ZIPF, Ucz, tz * 1e3)
+  rate("cache_per_id", kc, "s", ("the cache's prepare and retire of two batches: %s; per id, fitted with "
+       .. "cache_per_row to both%s"):format(ids_how, how))
+  rate("cache_per_row", ku, "s", "the same two batches: per distinct row")
   local fresh = {}
-  for k = 1, (Q and 8 or 12) do
+  for k = 1, nrep do
     fresh[k] = cache_batch(function() return math.random(0, crow - 1) end)
   end
   local moves = {}
   for _, dim in ipairs({ 4, 128 }) do
-    local tm, s, nb = run(dim, 0.01, fresh)
+    local tm, s, nb = run(dim, 0.25, fresh)
     local m = (s.misses + s.conflicts + s.writebacks) / nb
-    moves[dim] = { per_row = (tm - CL * kc) / math.max(m, 1), rows = m, ms = tm * 1e3 }
+    moves[dim] = { per_row = (tm - CL * kc - s.unique / nb * ku) / math.max(m, 1), rows = m, ms = tm * 1e3,
+                   conflicts = s.conflicts / nb }
   end
   local b4, b128 = 4 * 4, 128 * 4
   local slope = (moves[128].per_row - moves[4].per_row) / (b128 - b4)
@@ -374,12 +421,12 @@ do
     -- too noisy to split: the 512-byte rows' whole cost as bytes (at least 1 ns a row)
     slope, fixed = math.max(moves[128].per_row, 1e-9) / b128, 0
   end
-  rate("cache_row_fixed", math.max(fixed, 0), "s", ("the cache with 1%% of the rows, fresh uniform ids: %.0f rows "
-       .. "moved (in and back) a batch, %.3f ms with rows of 16 bytes, %.3f ms with 512 (less the per-id cost): per "
-       .. "row"):format(moves[128].rows, moves[4].ms, moves[128].ms))
+  rate("cache_row_fixed", math.max(fixed, 0), "s", ("the cache with a quarter of the rows, fresh uniform ids: "
+       .. "%.0f rows moved (in and back) a batch (%.0f conflicts), %.3f ms with rows of 16 bytes, %.3f ms with 512 "
+       .. "(less the per-id and per-row costs): per row"):format(moves[128].rows, moves[128].conflicts,
+       moves[4].ms, moves[128].ms))
   rate("cache_move", 1 / slope, "B/s", "the same runs: the bytes a moved row adds")
   for _, b in ipairs(fresh) do b.values:free(); b.offsets:free() end
-  same.values:free(); same.offsets:free()
 end
 rates.pipeline_overlap = { value = 0, unit = "fraction", measured = false, command = command, date = date,
   source = gpu and "not measured by calibrate yet (the prefetch pipeline's overlap needs a training run)"

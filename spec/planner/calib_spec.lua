@@ -17,8 +17,10 @@ describe("planner.calib", function()
     -- the H200's figures give the collectives (data sheet) but not the MLPs' terms per value and
     -- per layer, the loader's or the hint interval's, which only `uvmrec calibrate` measures; the
     -- CPU has no collectives
-    local lacks = { h200 = { "^mlp_act_", "^mlp_layer_", "^loader_per_value$", "^hints_per_row$" },
-                    cpu = { "^alltoall$", "^allreduce$", "^reduce_scatter$" } }
+    -- neither has the cache's cost per distinct row: their cache_per_id carries it (h200's was
+    -- measured on Zipf ids, the CPU's on uniform ones)
+    local lacks = { h200 = { "^mlp_act_", "^mlp_layer_", "^loader_per_value$", "^hints_per_row$", "^cache_per_row$" },
+                    cpu = { "^alltoall$", "^allreduce$", "^reduce_scatter$", "^cache_per_row$" } }
     for _, name in ipairs({ "h200", "cpu" }) do
       local c = assert(calib.find(name))
       for rate in pairs(calib.RATES) do
@@ -154,6 +156,19 @@ describe("planner.calib", function()
                    or "dlrm_tiny's step [%d.]+ ms fed by it, [%d.]+ ms from batches made before",
                    c.data.rates.loader_per_value.source)
     assert.is_true(c:term("hints_per_row") > 0)
+    assert.matches("counted on a batch of Zipf(1.05) ids", c.data.rates.hints_per_row.source, 1, true)
+    -- the cache per id and per distinct row, from all-hit batches of uniform ids and of the
+    -- model's Zipf ids (fewer distinct rows than ids); its moves in a cache with room
+    assert.is_true(c:term("cache_per_row") >= 0)
+    assert.matches("uniform ids %(%d+ distinct rows%) [%d.]+ ms, Zipf%(1.05%) ids %(%d+ distinct%)",
+                   c.data.rates.cache_per_id.source)
+    local du, dz = c.data.rates.cache_per_id.source:match(
+      "uniform ids %((%d+) distinct rows%).-Zipf%(1.05%) ids %((%d+)")
+    assert.is_true(tonumber(dz) < 0.6 * tonumber(du), c.data.rates.cache_per_id.source)
+    local moved, conflicts = c.data.rates.cache_row_fixed.source:match(
+      "a quarter of the rows, fresh uniform ids: (%d+) rows moved %(in and back%) a batch %((%d+) conflicts%)")
+    assert.is_truthy(moved, c.data.rates.cache_row_fixed.source)
+    assert.is_true(tonumber(conflicts) < 0.01 * tonumber(moved), "a cache with room: (almost) no conflicts")
     -- the shapes of this machine's kind (a GPU's: `--shapes gpu` below)
     assert.matches(gpu and "dlrm_mlperf_v1's bottom and top" or "dlrm_tiny's, dlrm_kaggle's",
                    c.data.rates.mlp_f32.source, 1, true)

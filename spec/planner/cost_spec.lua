@@ -97,6 +97,38 @@ describe("planner.cost", function()
     assert.equal(2016, assert(cost.option(tab(), ctx(), { placement = "cached", load_factor = 0.2 })).slots)
   end)
 
+  it("prices the cache's decisions per distinct row of the table's own ids, and each miss moved", function()
+    -- a calibration with the per-row term: the lookup per id, the decisions per distinct row
+    local R2 = {}
+    for k, v in pairs(R) do R2[k] = v end
+    R2.cache_per_row = 5e-9
+    local c2 = ctx { calib = planner.calib.synthetic(R2), min_slots = 0 }
+    local function cached(s)
+      local P = profile.zipf { rows = ROWS, s = s }
+      local t = cost.table { name = "t", rows = ROWS, dim = DIM, optimizer = "rowwise_adagrad", hot = H, profile = P }
+      return assert(cost.option(t, c2, { placement = "cached", load_factor = 0.2 })), P
+    end
+    for _, s in ipairs({ 0, 0.8, 1.05, 1.3 }) do
+      local o, P = cached(s)
+      -- the distinct rows and misses are the profile's (the model's Zipf: far fewer rows than ids)
+      near(o.distinct, P:distinct(L), "distinct rows, zipf " .. s)
+      local hr = require("uvmrec.planner.hitrate").lru(P, L, o.slots)
+      near(o.misses, hr.misses, "misses, zipf " .. s)
+      local cache = L * R.cache_per_id + P:distinct(L) * 5e-9 + 2 * hr.misses * (R.cache_row_fixed
+                    + (RB + SB) / R.cache_move)
+      near(o.cache_seconds, cache, "the cache's time, zipf " .. s)
+    end
+    -- the same ids a batch, the hotter table's fewer distinct rows cost less
+    local flat, hot = cached(0), cached(1.3)
+    assert.is_true(hot.distinct < 0.5 * flat.distinct)
+    assert.is_true(hot.cache_seconds < flat.cache_seconds)
+    -- without the term (h200.json's cache_per_id carries it, measured on Zipf ids) the cache is
+    -- priced per id and per miss only
+    local o = assert(cost.option(tab(), ctx { min_slots = 0 }, { placement = "cached", load_factor = 0.2 }))
+    near(o.cache_seconds, L * R.cache_per_id + 2 * o.misses * (R.cache_row_fixed + (RB + SB) / R.cache_move),
+         "without cache_per_row")
+  end)
+
   it("prices a host table: every distinct row read and stepped in place", function()
     local o = assert(cost.option(tab(), ctx(), { placement = "host" }))
     local fwd = U * RB / R.zero_copy_gather + (L - U) * RB / R.hbm_gather_repeat + OUT / R.hbm_copy

@@ -154,6 +154,27 @@ describe("planner plans", function()
     assert.equal("planner: loader.values is 0; expected the values a sample has (> 0)", err)
   end)
 
+  it("gives the step with its share of the hint intervals, and a step between intervals without it", function()
+    local cpu = assert(planner.calib.find("cpu"))
+    assert.is_true(cpu:term("hints_per_row") > 0)
+    local o = { batch = 4096, calibration = cpu, dense = DENSE, hints_every = 10, reserve = 0 }
+    local choices = {}
+    for i = 1, #tables do choices[i] = { placement = "managed", prefix_fraction = 0.2 } end
+    local p = assert(planner.evaluate(tables, profiles, 2 ^ 50, o, choices)).data
+    -- every managed table's pass over its rows, a tenth of it a step
+    local rows = 0
+    for _, t in ipairs(tables) do rows = rows + t.rows end
+    assert.near(rows * cpu:term("hints_per_row") / 10, p.hints_seconds, 1e-12)
+    assert.near(p.step_seconds - p.hints_seconds, p.step_seconds_between_hints, 1e-15)
+    assert.equal(10, p.hints_every)
+    assert.matches("of which the managed tables' hint intervals", planner.decode(planner.encode(p)):table(), 1, true)
+    -- no managed table, no intervals
+    for i = 1, #tables do choices[i] = { placement = "device" } end
+    local d = assert(planner.evaluate(tables, profiles, 2 ^ 50, o, choices)).data
+    assert.equal(0, d.hints_seconds)
+    assert.equal(d.step_seconds, d.step_seconds_between_hints)
+  end)
+
   it("plans from the command: uvmrec plan CONFIG ... --out FILE", function()
     local out = os.tmpname()
     local so, se, rc = cmd.sh(("%s plan dlrm_tiny --hbm 64MiB --calibration cpu --set train.batch_size=512 "

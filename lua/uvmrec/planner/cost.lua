@@ -70,7 +70,8 @@ function M.context(o)
     G = c:rate("hbm_gather"), Gr = c:rate("hbm_gather_repeat"), Gc = c:rate("hbm_copy"), Gu = c:rate("hbm_update"),
     Gz = c:rate("zero_copy_gather"), Gm = c:rate("managed_gather"), Gzu = c:rate("zero_copy_update"),
     Gmu = c:rate("managed_update"), kb = c:rate("tbe_backward_per_id"),
-    kc = c:rate("cache_per_id"), kr = c:rate("cache_row_fixed"), Gmv = c:rate("cache_move"),
+    kc = c:rate("cache_per_id"), ku = c:term("cache_per_row"), kr = c:rate("cache_row_fixed"),
+    Gmv = c:rate("cache_move"),
     overlap = c:rate("pipeline_overlap"), hint_row = c:term("hints_per_row"),
   }
   if ctx.world > 1 then
@@ -204,7 +205,10 @@ function M.option(t, ctx, opt)
     mem.device.cache_scratch = (ctx.world > 1 and M.cache_batch_scratch(Ls) or 0)
                                + M.CACHE.ring * 8 * (1.5 * (4 * misses + Us) + 1024)
     mem.pinned = Rs * (rbs + sbs)
-    cache_time = Ls * r.kc + 2 * misses * (r.kr + (rbs + sbs) / r.Gmv)
+    -- the lookup sorts every id; the decisions and placement go per distinct row (a Zipf
+    -- table's batch has far fewer than ids: its profile's); each miss moves its row in and,
+    -- dirty, back
+    cache_time = Ls * r.kc + Us * r.ku + 2 * misses * (r.kr + (rbs + sbs) / r.Gmv)
     o.cache_seconds = cache_time
     if ctx.pipeline then cache_time = cache_time * (1 - r.overlap) end
   elseif place == "host" then

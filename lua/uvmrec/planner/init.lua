@@ -359,7 +359,7 @@ function M.build(S, best, stats)
                  device = { weights = 0, optimizer = 0, cache_slots = 0, cache_meta = 0, cache_scratch = 0,
                             outputs = 0, dense = S.fixed.dense, pipeline = S.fixed.pipeline,
                             reserve = S.fixed.reserve },
-                 managed_on_gpu = 0, pinned = S.pipe.pinned, managed = 0 }
+                 managed_on_gpu = 0, pinned = S.pipe.pinned, managed = 0, hints = 0 }
   end
   local slowest = 0
   for r = 1, W do slowest = math.max(slowest, best.part.load[r]) end
@@ -374,6 +374,7 @@ function M.build(S, best, stats)
       for k, v in pairs(sh.mem.device) do R.device[k] = R.device[k] + v end
       R.managed_on_gpu = R.managed_on_gpu + sh.mem.managed_on_gpu
       R.pinned, R.managed = R.pinned + sh.mem.pinned, R.managed + sh.mem.managed
+      R.hints = R.hints + (o.hints_seconds or 0)
     end
     local t = it.table
     local fixed = t.fixed and next(t.fixed) ~= nil
@@ -407,9 +408,15 @@ function M.build(S, best, stats)
     R.host = R.pinned + R.managed
     R.step = cost.step(R.load + S.dense.time, S.dense.fixed or 0, S.calib.backend, S.loader)
   end
+  -- the hint intervals come every `every` steps: the step is priced with their share, and the
+  -- steps between them (most steps: a run's median) without it
+  local quiet = 0
+  for _, R in ipairs(ranks) do quiet = math.max(quiet, best.part.load[R.rank + 1] - R.hints) end
+  local step_quiet = cost.step(quiet + S.dense.time, S.dense.fixed or 0, S.calib.backend, S.loader)
   local cal = S.calib
   local used = { "hbm_gather", "hbm_gather_repeat", "hbm_copy", "zero_copy_gather", "managed_gather",
-                 "tbe_backward_per_id", "cache_per_id", "cache_row_fixed", "cache_move", "pipeline_overlap",
+                 "tbe_backward_per_id", "cache_per_id", "cache_per_row", "cache_row_fixed", "cache_move",
+                 "pipeline_overlap",
                  "hints_per_row",
                  "interaction_dot", "step_overhead", "loader_per_value" }
   local prec = S.opts.dense and S.opts.dense.precision or "f32"
@@ -426,6 +433,7 @@ function M.build(S, best, stats)
               optimizer = S.dense.optimizer, fixed = S.dense.fixed or 0, comm = S.dense.comm, hbm = S.dense.hbm },
     loader_seconds = S.loader,
     step_seconds = step, embedding_seconds = slowest, samples_per_second = W * ctx.batch / step,
+    hints_seconds = step - step_quiet, step_seconds_between_hints = step_quiet, hints_every = ctx.hints_every,
     search = stats,
   }
   p.search.seconds = p.search.seconds and round(p.search.seconds, 6)
@@ -489,6 +497,11 @@ function Plan:table()
     fmt_time(p.dense.optimizer), fmt_time(p.dense.comm), fmt_time(p.dense.fixed or 0), fmt_time(p.loader_seconds or 0),
     p.calibration.backend == "cpu" and ", added" or ", the longest of them and the work",
     fmt_count(p.samples_per_second))
+  if (p.hints_seconds or 0) > 0 then
+    L[#L + 1] = ("  of which the managed tables' hint intervals %s a step (one interval every %s steps): a step "
+      .. "between intervals %s"):format(fmt_time(p.hints_seconds), tostring(p.hints_every or "?"),
+      fmt_time(p.step_seconds_between_hints))
+  end
   local s = p.search
   if s.method == "greedy" then
     L[#L + 1] = ("search: greedy, %d proposals (first fit at %s, best at %s)%s, %.3f s"):format(s.proposals,
