@@ -250,3 +250,110 @@ describe("uvmrec.cache decisions on CUDA", function()
     c:free()
   end)
 end)
+
+-- Growing staging when the new slot storage does not fit beside the old under the HBM budget
+-- (cache.c, regrow_via_host): the kept slots wait in host memory while the old storage is
+-- freed, and the rows, the optimizer state and the outputs are those of a cache that grew
+-- beside; when not even that fits, the error names the cache, the rows and the bytes, and the
+-- slot storage is as it was.
+describe("uvmrec.cache staging growth under the HBM budget", function()
+  local ROWS, DIM = 20000, 128
+  local CACHE = { slots = 2048, shared = true, staging_rows = 4, min_slots = 0, policy = "lru" }
+
+  local function model()
+    return EBC({ device = 0, seed = 4, optimizer = { "adam", lr = 0.01 }, cache = CACHE,
+                 tables = { { name = "a", rows = ROWS, dim = DIM, placement = "cached" } } })
+  end
+
+  -- 1: 100 rows (no set overflows: no growth); 2: 2600 distinct rows over 2048 slots, so
+  -- hundreds of conflict misses and staging grows; 3: more of both.
+  local function batches()
+    math.randomseed(17)
+    local list = {}
+    for step, n in ipairs({ 100, 2600, 2600 }) do
+      local values, offsets, seen = {}, { 0 }, {}
+      while #values < n do
+        local r = step == 1 and #values or math.random(0, ROWS - 1)
+        if not seen[r] then
+          seen[r] = true
+          values[#values + 1] = r
+          if #values % 50 == 0 then offsets[#offsets + 1] = #values end
+        end
+      end
+      list[step] = R.input({ values = values, offsets = offsets }, "device")
+    end
+    return list
+  end
+
+  local function step(m, x)
+    local out = m:forward(x)
+    m:backward(x, R.tensor(R.randoms(out:numel()), "f32", "device"):view_as(0, { out:size(1), out:size(2) }))
+    return host_copy(out)
+  end
+
+  after_each(function()
+    ur.set_hbm_budget(nil)
+    collectgarbage("restart")
+  end)
+
+  cuda_it("grows through host memory, to the rows and outputs of a cache that grew beside", function()
+    local xs = batches()
+    math.randomseed(3)
+    local beside, outs = model(), {}
+    for i, x in ipairs(xs) do outs[i] = step(beside, x) end
+    local cb = beside.tbe.cache
+    local M, S = cb:staging_rows(), cb:slots()
+    assert.is_true(M > 4, "staging grew")
+    local R1 = S + 2 * M
+    local new = cb:bytes() + 8 * R1 -- the slot storage of R1 rows, with the row ids
+    collectgarbage()
+    collectgarbage()
+    collectgarbage("stop")
+    math.randomseed(3)
+    local m = model()
+    R.bits_equal(step(m, xs[1]), outs[1], "step 1")
+    -- room for the new storage in place of the old, not beside it
+    ur.set_hbm_budget(ur.memory().hbm_used + new - 1)
+    R.bits_equal(step(m, xs[2]), outs[2], "step 2")
+    R.bits_equal(step(m, xs[3]), outs[3], "step 3")
+    ur.set_hbm_budget(nil)
+    local s, sb = m.tbe.cache:stats(), cb:stats()
+    assert.same({ 1, 1 }, { s.staging_grows, s.staging_grows_via_host })
+    assert.same({ 1, 0 }, { sb.staging_grows, sb.staging_grows_via_host })
+    assert.equal(M, m.tbe.cache:staging_rows())
+    R.bits_equal(m:table("a"), beside:table("a"), "rows after flush")
+    R.bits_equal(m:state("a").exp_avg, beside:state("a").exp_avg, "exp_avg")
+    R.bits_equal(m:state("a").exp_avg_sq, beside:state("a").exp_avg_sq, "exp_avg_sq")
+  end)
+
+  cuda_it("names the cache, the rows and the bytes when not even that fits, and keeps the slots", function()
+    local xs = batches()
+    math.randomseed(3)
+    local beside = model()
+    for _, x in ipairs(xs) do step(beside, x) end
+    local cb = beside.tbe.cache
+    local M, S = cb:staging_rows(), cb:slots()
+    local per = cb:bytes() / (S + 2 * M) + 8
+    collectgarbage()
+    collectgarbage()
+    collectgarbage("stop")
+    math.randomseed(3)
+    local m = model()
+    local c = m.tbe.cache
+    step(m, xs[1])
+    local bytes = c:bytes()
+    ur.set_hbm_budget(ur.memory().hbm_used + 2 * (M - 4) * per - 1)
+    local ok, err = pcall(step, m, xs[2])
+    ur.set_hbm_budget(nil)
+    assert.is_false(ok)
+    err = tostring(err)
+    for _, want in ipairs({
+      ("cache of table 'a': growing staging from 4 to %d rows a half asks for slot storage of %d rows ("):format(M, S + 2 * M),
+      (", %d bytes), which fits neither beside the slots"):format((S + 2 * M) * per),
+      "the cache is as it was, with 4 staging rows a half" }) do
+      assert.is_truthy(err:find(want, 1, true), err)
+    end
+    assert.same({ 4, bytes }, { c:staging_rows(), c:bytes() })
+    assert.same({ 0, 0 }, { c:stats().staging_grows, c:stats().staging_grows_via_host })
+  end)
+end)
