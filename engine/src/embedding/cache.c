@@ -925,8 +925,9 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
     cs->bytes_out += (uint64_t)t[UR__CT_WRITEBACKS] * row_moves(c);
     B->tconf[ct] = t[UR__CT_CONFLICTS];
   }
-  /* Growing was checked possible before the decisions; failing now (memory, the device)
-   * leaves the cache unusable, as any failed device step would. */
+  /* Growing was checked possible before the decisions (settle).  Failing now for memory
+   * leaves the slot storage as it was (grow_staging), but this batch's decisions are taken:
+   * the cache is then unusable, as after any failed device step. */
   if (j.nconf > c->M && (st = grow_staging(c, j.nconf))) return st;
   /* 3. place and move */
   int64_t words = 2 * (j.nwb + j.nfill + j.nconf) + (j.U - j.nconf);
