@@ -296,16 +296,23 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
     collectgarbage("restart")
   end)
 
+  -- The cache that grows beside (no budget): its outputs, and its staging rows, slots and bytes
+  -- a slot row (with the row id) after the growing batch.
+  local function reference(xs)
+    math.randomseed(3)
+    local m, outs, M = model(), {}, nil
+    for i, x in ipairs(xs) do
+      outs[i] = step(m, x)
+      if i == 2 then M = m.tbe.cache:staging_rows() end
+    end
+    local c = m.tbe.cache
+    assert.is_true(M > 4, "staging grew")
+    return m, outs, M, c:slots(), c:bytes() / (c:slots() + 2 * c:staging_rows()) + 8
+  end
+
   cuda_it("grows through host memory, to the rows and outputs of a cache that grew beside", function()
     local xs = batches()
-    math.randomseed(3)
-    local beside, outs = model(), {}
-    for i, x in ipairs(xs) do outs[i] = step(beside, x) end
-    local cb = beside.tbe.cache
-    local M, S = cb:staging_rows(), cb:slots()
-    assert.is_true(M > 4, "staging grew")
-    local R1 = S + 2 * M
-    local new = cb:bytes() + 8 * R1 -- the slot storage of R1 rows, with the row ids
+    local beside, outs, M, S, per = reference(xs)
     collectgarbage()
     collectgarbage()
     collectgarbage("stop")
@@ -313,14 +320,14 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
     local m = model()
     R.bits_equal(step(m, xs[1]), outs[1], "step 1")
     -- room for the new storage in place of the old, not beside it
-    ur.set_hbm_budget(ur.memory().hbm_used + new - 1)
+    ur.set_hbm_budget(ur.memory().hbm_used + (S + 2 * M) * per - 1)
     R.bits_equal(step(m, xs[2]), outs[2], "step 2")
-    R.bits_equal(step(m, xs[3]), outs[3], "step 3")
     ur.set_hbm_budget(nil)
-    local s, sb = m.tbe.cache:stats(), cb:stats()
-    assert.same({ 1, 1 }, { s.staging_grows, s.staging_grows_via_host })
-    assert.same({ 1, 0 }, { sb.staging_grows, sb.staging_grows_via_host })
-    assert.equal(M, m.tbe.cache:staging_rows())
+    assert.same({ 1, 1, M }, { m.tbe.cache:stats().staging_grows, m.tbe.cache:stats().staging_grows_via_host,
+                               m.tbe.cache:staging_rows() })
+    R.bits_equal(step(m, xs[3]), outs[3], "step 3")
+    local s, sb = m.tbe.cache:stats(), beside.tbe.cache:stats()
+    assert.same({ sb.staging_grows, 0 }, { s.staging_grows, sb.staging_grows_via_host })
     R.bits_equal(m:table("a"), beside:table("a"), "rows after flush")
     R.bits_equal(m:state("a").exp_avg, beside:state("a").exp_avg, "exp_avg")
     R.bits_equal(m:state("a").exp_avg_sq, beside:state("a").exp_avg_sq, "exp_avg_sq")
@@ -328,12 +335,7 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
 
   cuda_it("names the cache, the rows and the bytes when not even that fits, and keeps the slots", function()
     local xs = batches()
-    math.randomseed(3)
-    local beside = model()
-    for _, x in ipairs(xs) do step(beside, x) end
-    local cb = beside.tbe.cache
-    local M, S = cb:staging_rows(), cb:slots()
-    local per = cb:bytes() / (S + 2 * M) + 8
+    local _, _, M, S, per = reference(xs)
     collectgarbage()
     collectgarbage()
     collectgarbage("stop")
@@ -348,7 +350,8 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
     assert.is_false(ok)
     err = tostring(err)
     for _, want in ipairs({
-      ("cache of table 'a': growing staging from 4 to %d rows a half asks for slot storage of %d rows ("):format(M, S + 2 * M),
+      ("cache of table 'a': growing staging from 4 to %d rows a half asks for slot storage of %d rows ("):format(
+        M, S + 2 * M),
       (", %d bytes), which fits neither beside the slots"):format((S + 2 * M) * per),
       "the cache is as it was, with 4 staging rows a half" }) do
       assert.is_truthy(err:find(want, 1, true), err)

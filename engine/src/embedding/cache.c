@@ -662,10 +662,12 @@ static void cache_name(const ur_cache *c, char *buf, size_t len) {
 /* Slot storage of R rows keeping the first keep rows, freeing the old storage before the new
  * is allocated: the kept rows wait in host memory meanwhile (pinned when it can be had, else
  * pageable).  When the new storage cannot be had either, storage of the old size is allocated
- * again and the kept rows put back, so the cache is as it was; *restored says so.  Should even
+ * again and the kept rows put back, so the cache is as it was: UR_STATUS_OOM with *restored
+ * set, and why (at most 400 bytes) says what refused the new storage.  Should even
  * that fail, the cache has lost its rows: its tables read their own storage again and every
  * later call on the cache fails (c->lost). */
-static ur_status regrow_via_host(ur_cache *c, int64_t R, int64_t keep, int *restored) {
+static ur_status regrow_via_host(ur_cache *c, int64_t R, int64_t keep, int *restored,
+                                 char why[400]) {
   *restored = 0;
   size_t per[4];
   part_bytes(c, per);
@@ -695,6 +697,7 @@ static ur_status regrow_via_host(ur_cache *c, int64_t R, int64_t keep, int *rest
   c->sw = c->ss1 = c->ss2 = c->srow = NULL;
   st = slots_new(c, R, &n);
   if (st == UR_STATUS_OOM) {
+    snprintf(why, 400, "%s", ur_last_error());
     *restored = 1;
     R = R0;
     st = slots_new(c, R, &n);
@@ -713,7 +716,8 @@ static ur_status regrow_via_host(ur_cache *c, int64_t R, int64_t keep, int *rest
     c->bound = 0;
     return st;
   }
-  return slots_install(c, &n, R);
+  st = slots_install(c, &n, R);
+  return !st && *restored ? UR_STATUS_OOM : st;
 }
 
 /* Makes room for staging rows: waits for the device, releases retired batches, and grows the
@@ -733,23 +737,23 @@ static ur_status grow_staging(ur_cache *c, int64_t need) {
   int64_t M = c->M;
   while (M < need) M *= 2;
   int64_t R = c->S + 2 * M, keep = c->filled ? c->S : 0;
-  char beside[400] = "";
+  char beside[400] = "", cause[400];
   int restored = 0;
   if (keep > 0) {
     st = alloc_slots(c, R, keep);
     if (st != UR_STATUS_OOM) goto done;
     snprintf(beside, sizeof beside, "%s", ur_last_error());
   }
-  st = regrow_via_host(c, R, keep, &restored);
-  if (!st && !restored && keep > 0) c->stats[c->nt].staging_grows_via_host++;
+  st = regrow_via_host(c, R, keep, &restored, cause);
+  if (!st && keep > 0) c->stats[c->nt].staging_grows_via_host++;
 done:
-  if (!st && !restored) {
+  if (!st) {
     c->M = M;
     c->stats[c->nt].staging_grows++;
     return UR_STATUS_OK;
   }
-  char name[160], need_b[32], keep_b[32], cause[400];
-  snprintf(cause, sizeof cause, "%s", ur_last_error());
+  char name[160], need_b[32], keep_b[32];
+  if (!restored) snprintf(cause, sizeof cause, "%s", ur_last_error());
   cache_name(c, name, sizeof name);
   ur__format_bytes(slots_bytes(c, R), need_b, sizeof need_b);
   ur__format_bytes(slots_bytes(c, keep), keep_b, sizeof keep_b);
