@@ -250,3 +250,113 @@ describe("uvmrec.cache decisions on CUDA", function()
     c:free()
   end)
 end)
+
+-- Growing staging when the new slot storage does not fit beside the old under the HBM budget
+-- (cache.c, regrow_via_host): the kept slots wait in host memory while the old storage is
+-- freed, and the rows, the optimizer state and the outputs are those of a cache that grew
+-- beside; when not even that fits, the error names the cache, the rows and the bytes, and the
+-- slot storage is as it was.
+describe("uvmrec.cache staging growth under the HBM budget", function()
+  local ROWS, DIM = 20000, 128
+  local CACHE = { slots = 2048, shared = true, staging_rows = 4, min_slots = 0, policy = "lru" }
+
+  local function model()
+    return EBC({ device = 0, seed = 4, optimizer = { "adam", lr = 0.01 }, cache = CACHE,
+                 tables = { { name = "a", rows = ROWS, dim = DIM, placement = "cached" } } })
+  end
+
+  -- 1: 100 rows (no set overflows: no growth); 2: 2600 distinct rows over 2048 slots, so
+  -- hundreds of conflict misses and staging grows; 3: more of both.
+  local function batches()
+    math.randomseed(17)
+    local list = {}
+    for step, n in ipairs({ 100, 2600, 2600 }) do
+      local values, offsets, seen = {}, { 0 }, {}
+      while #values < n do
+        local r = step == 1 and #values or math.random(0, ROWS - 1)
+        if not seen[r] then
+          seen[r] = true
+          values[#values + 1] = r
+          if #values % 50 == 0 then offsets[#offsets + 1] = #values end
+        end
+      end
+      list[step] = R.input({ values = values, offsets = offsets }, "device")
+    end
+    return list
+  end
+
+  local function step(m, x)
+    local out = m:forward(x)
+    m:backward(x, R.tensor(R.randoms(out:numel()), "f32", "device"):view_as(0, { out:size(1), out:size(2) }))
+    return host_copy(out)
+  end
+
+  after_each(function()
+    ur.set_hbm_budget(nil)
+    collectgarbage("restart")
+  end)
+
+  -- The cache that grows beside (no budget): its outputs, and its staging rows, slots and bytes
+  -- a slot row (with the row id) after the growing batch.
+  local function reference(xs)
+    math.randomseed(3)
+    local m, outs, M = model(), {}, nil
+    for i, x in ipairs(xs) do
+      outs[i] = step(m, x)
+      if i == 2 then M = m.tbe.cache:staging_rows() end
+    end
+    local c = m.tbe.cache
+    assert.is_true(M > 4, "staging grew")
+    return m, outs, M, c:slots(), c:bytes() / (c:slots() + 2 * c:staging_rows()) + 8
+  end
+
+  cuda_it("grows through host memory, to the rows and outputs of a cache that grew beside", function()
+    local xs = batches()
+    local beside, outs, M, S, per = reference(xs)
+    collectgarbage()
+    collectgarbage()
+    collectgarbage("stop")
+    math.randomseed(3)
+    local m = model()
+    R.bits_equal(step(m, xs[1]), outs[1], "step 1")
+    -- room for the new storage in place of the old, not beside it
+    ur.set_hbm_budget(ur.memory().hbm_used + (S + 2 * M) * per - 1)
+    R.bits_equal(step(m, xs[2]), outs[2], "step 2")
+    ur.set_hbm_budget(nil)
+    assert.same({ 1, 1, M }, { m.tbe.cache:stats().staging_grows, m.tbe.cache:stats().staging_grows_via_host,
+                               m.tbe.cache:staging_rows() })
+    R.bits_equal(step(m, xs[3]), outs[3], "step 3")
+    local s, sb = m.tbe.cache:stats(), beside.tbe.cache:stats()
+    assert.same({ sb.staging_grows, 0 }, { s.staging_grows, sb.staging_grows_via_host })
+    R.bits_equal(m:table("a"), beside:table("a"), "rows after flush")
+    R.bits_equal(m:state("a").exp_avg, beside:state("a").exp_avg, "exp_avg")
+    R.bits_equal(m:state("a").exp_avg_sq, beside:state("a").exp_avg_sq, "exp_avg_sq")
+  end)
+
+  cuda_it("names the cache, the rows and the bytes when not even that fits, and keeps the slots", function()
+    local xs = batches()
+    local _, _, M, S, per = reference(xs)
+    collectgarbage()
+    collectgarbage()
+    collectgarbage("stop")
+    math.randomseed(3)
+    local m = model()
+    local c = m.tbe.cache
+    step(m, xs[1])
+    local bytes = c:bytes()
+    ur.set_hbm_budget(ur.memory().hbm_used + 2 * (M - 4) * per - 1)
+    local ok, err = pcall(step, m, xs[2])
+    ur.set_hbm_budget(nil)
+    assert.is_false(ok)
+    err = tostring(err)
+    for _, want in ipairs({
+      ("cache of table 'a': growing staging from 4 to %d rows a half asks for slot storage of %d rows ("):format(
+        M, S + 2 * M),
+      (", %d bytes), which fits neither beside the slots"):format((S + 2 * M) * per),
+      "the cache is as it was, with 4 staging rows a half" }) do
+      assert.is_truthy(err:find(want, 1, true), err)
+    end
+    assert.same({ 4, bytes }, { c:staging_rows(), c:bytes() })
+    assert.same({ 0, 0 }, { c:stats().staging_grows, c:stats().staging_grows_via_host })
+  end)
+end)

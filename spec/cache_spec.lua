@@ -228,9 +228,43 @@ describe("uvmrec.cache", function()
     local s = m.tbe.cache:stats()
     assert.is_true(s.conflicts >= 3 * 18)
     assert.is_true(m.tbe.cache:staging_rows() >= 18) -- grew from 4
+    assert.same({ 1, 0 }, { s.staging_grows, s.staging_grows_via_host })
     R.bits_equal(m:table("a"), shadow:table("a"), "table a")
     R.bits_equal(m:state("a").exp_avg, shadow:state("a").exp_avg, "exp_avg")
     R.bits_equal(m:state("a").exp_avg_sq, shadow:state("a").exp_avg_sq, "exp_avg_sq")
+  end)
+
+  it("grows staging before the first batch's rows and after, to the rows of a cache sized up front", function()
+    -- 32 slots in one set: a batch of 50 distinct rows has 18 conflict misses.  Staging grows
+    -- in the first batch (no slot holds a row yet: the old storage goes first) or in the third
+    -- (the slots are kept); staging_rows = 32 sizes it up front, so it never grows.
+    for _, at in ipairs({ 1, 3 }) do
+      local function run(staging)
+        math.randomseed(8)
+        local m = pair({ { name = "a", rows = 300, dim = 8 } },
+                       { slots = 32, staging_rows = staging, min_slots = 0 }, { "adam", lr = 0.01 })
+        local outs = {}
+        for step = 1, 5 do
+          local ids = {}
+          for k = 1, step < at and 20 or 50 do ids[k] = (k * 11 + step * 37) % 300 end
+          local x = input({ ids })
+          outs[step] = m:forward(x):totable()
+          m:backward(x, grad_like(m.output))
+        end
+        return m, outs
+      end
+      local grown, go = run(4)
+      local sized, so = run(32)
+      local what = "growth in batch " .. at
+      assert.same(so, go, what .. ": outputs")
+      local sg, ss = grown.tbe.cache:stats(), sized.tbe.cache:stats()
+      assert.same({ 1, 0, 32 }, { sg.staging_grows, sg.staging_grows_via_host, grown.tbe.cache:staging_rows() }, what)
+      assert.same({ 0, 0, 32 }, { ss.staging_grows, ss.staging_grows_via_host, sized.tbe.cache:staging_rows() }, what)
+      assert.equal(ss.conflicts, sg.conflicts)
+      R.bits_equal(grown:table("a"), sized:table("a"), what .. ": rows")
+      R.bits_equal(grown:state("a").exp_avg, sized:state("a").exp_avg, what .. ": exp_avg")
+      R.bits_equal(grown:state("a").exp_avg_sq, sized:state("a").exp_avg_sq, what .. ": exp_avg_sq")
+    end
   end)
 
   it("makes the same decisions for the same calls (the reference is deterministic)", function()

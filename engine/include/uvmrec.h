@@ -1032,6 +1032,9 @@ typedef struct ur_cache_stats {
   int64_t conflicts;              /* rows served from staging: their set had no free way */
   int64_t evictions, writebacks;  /* writebacks: dirty rows written to host memory */
   int64_t waits;                  /* prepares that waited for the previous batch's retire */
+  int64_t staging_grows;          /* the cache's (any table): staging rows grown for a batch */
+  int64_t staging_grows_via_host; /* of those, grown with the kept slots waiting in host
+                                   * memory: no room beside the slots for the new storage */
   uint64_t bytes_in, bytes_out;   /* rows (with optimizer state) host to cache, cache to host */
   uint64_t bytes_ids;             /* ids and lists over the host link (GPU: the decisions' info) */
   double seconds;                 /* time in the cache's calls on the host, its waits included */

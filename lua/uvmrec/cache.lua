@@ -334,7 +334,8 @@ end
 
 local st = ffi.new("ur_cache_stats")
 local FIELDS = { "batches", "lookups", "unique", "hits", "misses", "conflicts", "evictions",
-                 "writebacks", "waits", "bytes_in", "bytes_out", "bytes_ids" }
+                 "writebacks", "waits", "staging_grows", "staging_grows_via_host", "bytes_in",
+                 "bytes_out", "bytes_ids" }
 
 local function stats_of(h, i)
   must(C.ur_cache_stats_get(h, i, st), 3)

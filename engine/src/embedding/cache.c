@@ -39,6 +39,7 @@ typedef struct flight {
 
 typedef struct counters {
   int64_t batches, lookups, unique, hits, misses, conflicts, evictions, writebacks, waits;
+  int64_t staging_grows, staging_grows_via_host; /* the total's only: the cache's */
   uint64_t bytes_in, bytes_out, bytes_ids;
 } counters;
 
@@ -67,6 +68,8 @@ struct ur_cache {
   ur__cache_io io;              /* as the backend reads it */
   flight ring[RING];
   int64_t next_ticket;
+  int filled;                   /* a row has been moved into a slot (growth keeps the slots) */
+  int lost;                     /* growing staging lost the slot storage (regrow_via_host) */
   void *last_ready;             /* the last prepare's event, after its copies (or NULL) */
   counters *stats;              /* [nt + 1]: per table, then the total */
   double seconds, gpu_seconds;
@@ -127,50 +130,107 @@ static ur_status home_tensor(ur_cache *c, ur_tensor **out, ur_dtype d, int64_t r
 
 /* ---- slot storage ---- */
 
-/* Slot storage of R rows; the first keep rows of the old storage are kept. */
-static ur_status alloc_slots(ur_cache *c, int64_t R, int64_t keep) {
-  ur_tensor *w = NULL, *s1 = NULL, *s2 = NULL, *ids = NULL;
-  ur_status st = home_tensor(c, &w, (ur_dtype)c->dtype, R, c->dim);
-  if (!st) st = home_tensor(c, &ids, UR_DTYPE_I64, R, 1);
-  if (!st) st = ur_tensor_fill(NULL, ids, 0);
-  if (!st && c->nstate > 0) st = home_tensor(c, &s1, UR_DTYPE_F32, R, c->state_per_row);
-  if (!st && c->nstate > 1) st = home_tensor(c, &s2, UR_DTYPE_F32, R, c->state_per_row);
-  if (!st && s1) st = ur_tensor_fill(NULL, s1, 0);
-  if (!st && s2) st = ur_tensor_fill(NULL, s2, 0);
-  const ur_backend *b = c->be;
+/* Slot storage: rows, optimizer state (s1, s2: NULL without) and the row id each holds. */
+typedef struct slot_store {
+  ur_tensor *w, *s1, *s2, *ids;
+} slot_store;
+
+static void slots_free(slot_store *n) {
+  ur_tensor_free(n->w);
+  ur_tensor_free(n->s1);
+  ur_tensor_free(n->s2);
+  ur_tensor_free(n->ids);
+  memset(n, 0, sizeof *n);
+}
+
+/* The bytes a slot takes in each part of the storage (rows, s1, s2, ids). */
+static void part_bytes(const ur_cache *c, size_t per[4]) {
   size_t sb = (size_t)c->state_per_row * 4;
-  if (!st && keep > 0 && c->sw) {
-    st = b->copy(NULL, ur_tensor_data(w), ur_tensor_data(c->sw), (size_t)keep * c->row_bytes);
-    if (!st && s1) st = b->copy(NULL, ur_tensor_data(s1), ur_tensor_data(c->ss1), (size_t)keep * sb);
-    if (!st && s2) st = b->copy(NULL, ur_tensor_data(s2), ur_tensor_data(c->ss2), (size_t)keep * sb);
-    if (!st) st = b->copy(NULL, ur_tensor_data(ids), ur_tensor_data(c->srow), (size_t)keep * 8);
-    if (!st) st = b->stream_sync(NULL);
-  }
-  if (st) {
-    ur_tensor_free(w);
-    ur_tensor_free(s1);
-    ur_tensor_free(s2);
-    ur_tensor_free(ids);
-    return st;
-  }
-  ur_tensor_free(c->sw);
-  ur_tensor_free(c->ss1);
-  ur_tensor_free(c->ss2);
-  ur_tensor_free(c->srow);
-  c->sw = w;
-  c->ss1 = s1;
-  c->ss2 = s2;
-  c->srow = ids;
+  per[0] = c->row_bytes;
+  per[1] = c->nstate > 0 ? sb : 0;
+  per[2] = c->nstate > 1 ? sb : 0;
+  per[3] = 8;
+}
+
+/* Slot storage in bytes of R rows. */
+static uint64_t slots_bytes(const ur_cache *c, int64_t R) {
+  size_t per[4];
+  part_bytes(c, per);
+  return (uint64_t)R * (per[0] + per[1] + per[2] + per[3]);
+}
+
+/* Zeroed slot storage of R rows where the backend runs. */
+static ur_status slots_new(ur_cache *c, int64_t R, slot_store *n) {
+  memset(n, 0, sizeof *n);
+  ur_status st = home_tensor(c, &n->w, (ur_dtype)c->dtype, R, c->dim);
+  if (!st) st = home_tensor(c, &n->ids, UR_DTYPE_I64, R, 1);
+  if (!st) st = ur_tensor_fill(NULL, n->ids, 0);
+  if (!st && c->nstate > 0) st = home_tensor(c, &n->s1, UR_DTYPE_F32, R, c->state_per_row);
+  if (!st && c->nstate > 1) st = home_tensor(c, &n->s2, UR_DTYPE_F32, R, c->state_per_row);
+  if (!st && n->s1) st = ur_tensor_fill(NULL, n->s1, 0);
+  if (!st && n->s2) st = ur_tensor_fill(NULL, n->s2, 0);
+  if (st) slots_free(n);
+  return st;
+}
+
+static void slots_parts(const slot_store *n, void *p[4]) {
+  p[0] = ur_tensor_data(n->w);
+  p[1] = n->s1 ? ur_tensor_data(n->s1) : NULL;
+  p[2] = n->s2 ? ur_tensor_data(n->s2) : NULL;
+  p[3] = ur_tensor_data(n->ids);
+}
+
+/* Copies the first rows slots of each part from src to dst, and waits for the copies. */
+static ur_status copy_parts(const ur_cache *c, void *const dst[4], void *const src[4],
+                            int64_t rows) {
+  size_t per[4];
+  part_bytes(c, per);
+  ur_status st = UR_STATUS_OK;
+  for (int k = 0; k < 4 && !st && rows > 0; k++)
+    if (per[k]) st = c->be->copy(NULL, dst[k], src[k], (size_t)rows * per[k]);
+  if (!st && rows > 0) st = c->be->stream_sync(NULL);
+  return st;
+}
+
+/* Makes n the cache's slot storage of R rows (the old one is freed) and points the tables at
+ * it. */
+static ur_status slots_install(ur_cache *c, slot_store *n, int64_t R) {
+  slot_store old = {c->sw, c->ss1, c->ss2, c->srow};
+  slots_free(&old);
+  c->sw = n->w;
+  c->ss1 = n->s1;
+  c->ss2 = n->s2;
+  c->srow = n->ids;
+  memset(n, 0, sizeof *n);
   c->R = R;
-  c->io.slot_w = ur_tensor_data(w);
-  c->io.slot_s1 = s1 ? ur_tensor_data(s1) : NULL;
-  c->io.slot_s2 = s2 ? ur_tensor_data(s2) : NULL;
+  c->io.slot_w = ur_tensor_data(c->sw);
+  c->io.slot_s1 = c->ss1 ? ur_tensor_data(c->ss1) : NULL;
+  c->io.slot_s2 = c->ss2 ? ur_tensor_data(c->ss2) : NULL;
+  ur_status st = UR_STATUS_OK;
   for (int32_t i = 0; i < c->nt && !st; i++) {
     st = ur__tbe_redirect(c->tbe, c->tidx[i], c, c->io.slot_w, c->io.slot_s1, c->io.slot_s2,
                           ur_tensor_data(c->srow), R);
     if (!st && c->bound <= i) c->bound = i + 1;
   }
   return st;
+}
+
+/* Slot storage of R rows; the first keep rows of the old storage are kept.  The new storage
+ * is allocated beside the old, and the kept rows copied over (the fast way). */
+static ur_status alloc_slots(ur_cache *c, int64_t R, int64_t keep) {
+  slot_store n, old = {c->sw, c->ss1, c->ss2, c->srow};
+  ur_status st = slots_new(c, R, &n);
+  if (!st && keep > 0 && c->sw) {
+    void *dst[4], *src[4];
+    slots_parts(&n, dst);
+    slots_parts(&old, src);
+    st = copy_parts(c, dst, src, keep);
+  }
+  if (st) {
+    slots_free(&n);
+    return st;
+  }
+  return slots_install(c, &n, R);
 }
 
 /* ---- moving rows ---- */
@@ -503,6 +563,9 @@ int32_t ur_cache_in_flight(const ur_cache *c) {
 static ur_status check_alive(const ur_cache *c) {
   if (!c->tbe)
     return ur__error(UR_STATUS_INVALID, "cache: its embedding collection was freed");
+  if (c->lost)
+    return ur__error(UR_STATUS_INVALID, "cache: its rows in HBM were lost when growing its "
+                                        "staging failed; make the collection's cache again");
   return UR_STATUS_OK;
 }
 
@@ -585,8 +648,83 @@ static ur_status check_ids_tensor(const ur_cache *c, const ur_tensor *x, const c
   return UR_STATUS_OK;
 }
 
+/* The cache's name in messages: its tables. */
+static void cache_name(const ur_cache *c, char *buf, size_t len) {
+  const ur_tbe_table_config *tc = c->tbe->tc;
+  if (c->nt == 1) snprintf(buf, len, "cache of table '%s'", tc[c->tidx[0]].name);
+  else if (c->nt == 2)
+    snprintf(buf, len, "cache of tables '%s' and '%s'", tc[c->tidx[0]].name, tc[c->tidx[1]].name);
+  else
+    snprintf(buf, len, "cache of tables '%s', '%s' and %d more", tc[c->tidx[0]].name,
+             tc[c->tidx[1]].name, (int)c->nt - 2);
+}
+
+/* Slot storage of R rows keeping the first keep rows, freeing the old storage before the new
+ * is allocated: the kept rows wait in host memory meanwhile (pinned when it can be had, else
+ * pageable).  When the new storage cannot be had either, storage of the old size is allocated
+ * again and the kept rows put back, so the cache is as it was: UR_STATUS_OOM with *restored
+ * set, and why (at most 400 bytes) says what refused the new storage.  Should even
+ * that fail, the cache has lost its rows: its tables read their own storage again and every
+ * later call on the cache fails (c->lost). */
+static ur_status regrow_via_host(ur_cache *c, int64_t R, int64_t keep, int *restored,
+                                 char why[400]) {
+  *restored = 0;
+  size_t per[4];
+  part_bytes(c, per);
+  int64_t hb = (int64_t)slots_bytes(c, keep);
+  ur_tensor *h = NULL;
+  ur_status st = UR_STATUS_OK;
+  void *hp[4] = {NULL, NULL, NULL, NULL}, *p[4];
+  if (keep > 0) {
+    if (ur_tensor_new(&h, UR_DTYPE_U8, 1, &hb, UR_PLACE_PINNED, UR_LOC_CPU) &&
+        (st = ur_tensor_new(&h, UR_DTYPE_U8, 1, &hb, UR_PLACE_HOST, UR_LOC_CPU)))
+      return st;
+    char *at = ur_tensor_data(h);
+    for (int k = 0; k < 4; k++) {
+      hp[k] = per[k] ? at : NULL;
+      at += (size_t)keep * per[k];
+    }
+    slot_store p_old = {c->sw, c->ss1, c->ss2, c->srow};
+    slots_parts(&p_old, p);
+    if ((st = copy_parts(c, hp, p, keep))) {
+      ur_tensor_free(h);
+      return st;
+    }
+  }
+  int64_t R0 = c->R;
+  slot_store old = {c->sw, c->ss1, c->ss2, c->srow}, n;
+  slots_free(&old);
+  c->sw = c->ss1 = c->ss2 = c->srow = NULL;
+  st = slots_new(c, R, &n);
+  if (st == UR_STATUS_OOM) {
+    snprintf(why, 400, "%s", ur_last_error());
+    *restored = 1;
+    R = R0;
+    st = slots_new(c, R, &n);
+  }
+  if (!st) {
+    slots_parts(&n, p);
+    st = copy_parts(c, p, hp, keep);
+    if (st) slots_free(&n);
+  }
+  ur_tensor_free(h);
+  if (st) {
+    *restored = 0;
+    c->lost = 1;
+    for (int32_t i = 0; i < c->bound; i++)
+      ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, NULL, 0);
+    c->bound = 0;
+    return st;
+  }
+  st = slots_install(c, &n, R);
+  return !st && *restored ? UR_STATUS_OOM : st;
+}
+
 /* Makes room for staging rows: waits for the device, releases retired batches, and grows the
- * slot storage (the slots are kept; staged rows of no batch are live then). */
+ * slot storage (the slots are kept; staged rows of no batch are live then).  The new storage
+ * is allocated beside the old when memory allows (the fast way), else through host memory
+ * (regrow_via_host); before any row has been moved into a slot nothing is kept, and the old
+ * storage is freed first. */
 static ur_status grow_staging(ur_cache *c, int64_t need) {
   for (int r = 0; r < RING; r++)
     if (c->ring[r].ticket && !c->ring[r].retired && c->ring[r].nstaged)
@@ -598,9 +736,47 @@ static ur_status grow_staging(ur_cache *c, int64_t need) {
   if (st) return st;
   int64_t M = c->M;
   while (M < need) M *= 2;
-  if ((st = alloc_slots(c, c->S + 2 * M, c->S))) return st;
-  c->M = M;
-  return UR_STATUS_OK;
+  int64_t R = c->S + 2 * M, keep = c->filled ? c->S : 0;
+  char beside[400] = "", cause[400];
+  int restored = 0;
+  if (keep > 0) {
+    st = alloc_slots(c, R, keep);
+    if (st != UR_STATUS_OOM) goto done;
+    snprintf(beside, sizeof beside, "%s", ur_last_error());
+  }
+  st = regrow_via_host(c, R, keep, &restored, cause);
+  if (!st && keep > 0) c->stats[c->nt].staging_grows_via_host++;
+done:
+  if (!st) {
+    c->M = M;
+    c->stats[c->nt].staging_grows++;
+    return UR_STATUS_OK;
+  }
+  char name[160], need_b[32], keep_b[32];
+  if (!restored) snprintf(cause, sizeof cause, "%s", ur_last_error());
+  cache_name(c, name, sizeof name);
+  ur__format_bytes(slots_bytes(c, R), need_b, sizeof need_b);
+  ur__format_bytes(slots_bytes(c, keep), keep_b, sizeof keep_b);
+  if (restored)
+    return ur__error(st, "%s: growing staging from %lld to %lld rows a half asks for slot storage "
+                     "of %lld rows (%s, %llu bytes), which fits neither beside the slots (%s "
+                     "kept: %s) nor in their place with the kept rows waiting in host memory "
+                     "(%s); the cache is as it was, with %lld staging rows a half",
+                     name, (long long)c->M, (long long)M, (long long)R, need_b,
+                     (unsigned long long)slots_bytes(c, R), keep_b,
+                     keep > 0 ? beside : "not tried, no slot holds a row yet", cause,
+                     (long long)c->M);
+  if (c->lost)
+    return ur__error(st, "%s: growing staging from %lld to %lld rows a half (slot storage of %lld "
+                     "rows, %s, %llu bytes) failed after the old storage was freed, and storage "
+                     "of the old size could not be had again (%s): the cache's rows in HBM are "
+                     "lost, and its tables read their own storage again",
+                     name, (long long)c->M, (long long)M, (long long)R, need_b,
+                     (unsigned long long)slots_bytes(c, R), cause);
+  return ur__error(st, "%s: growing staging from %lld to %lld rows a half (slot storage of %lld "
+                   "rows, %s, %llu bytes; %s kept) failed, and the cache is as it was: %s",
+                   name, (long long)c->M, (long long)M, (long long)R, need_b,
+                   (unsigned long long)slots_bytes(c, R), keep_b, cause);
 }
 
 static ur_status bad_value(ur_cache *c, int64_t v, int64_t id, int32_t f, const int64_t *offs,
@@ -753,8 +929,9 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
     cs->bytes_out += (uint64_t)t[UR__CT_WRITEBACKS] * row_moves(c);
     B->tconf[ct] = t[UR__CT_CONFLICTS];
   }
-  /* Growing was checked possible before the decisions; failing now (memory, the device)
-   * leaves the cache unusable, as any failed device step would. */
+  /* Growing was checked possible before the decisions (settle).  Failing now for memory
+   * leaves the slot storage as it was (grow_staging), but this batch's decisions are taken:
+   * the cache is then unusable, as after any failed device step. */
   if (j.nconf > c->M && (st = grow_staging(c, j.nconf))) return st;
   /* 3. place and move */
   int64_t words = 2 * (j.nwb + j.nfill + j.nconf) + (j.U - j.nconf);
@@ -769,6 +946,7 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
   j.out = ur_tensor_data(x->out);
   if ((st = span_mark(c, B, 4, sh)) || (st = g->cache->place(sh, &c->dev, &j))) return st;
   if ((st = move(c, sh, j.lists, j.nwb, 1))) return st;
+  c->filled = 1;
   if ((st = move(c, sh, j.lists + 2 * j.nwb, j.nfill + j.nconf, 0))) return st;
   if ((st = span_mark(c, B, 5, sh))) return st;
   B->timed_p = 1;
@@ -1114,6 +1292,8 @@ ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *o
   const counters *t = &c->stats[c->nt];
   out->batches = table < 0 ? t->batches : c->stats[table].batches;
   out->waits = t->waits;
+  out->staging_grows = t->staging_grows;
+  out->staging_grows_via_host = t->staging_grows_via_host;
   out->bytes_ids = t->bytes_ids;
   out->seconds = c->seconds;
   for (int r = 0; r < RING; r++) account_gpu((ur_cache *)c, (flight *)&c->ring[r]);
