@@ -331,9 +331,10 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
     R.bits_equal(m:table("a"), beside:table("a"), "rows after flush")
     R.bits_equal(m:state("a").exp_avg, beside:state("a").exp_avg, "exp_avg")
     R.bits_equal(m:state("a").exp_avg_sq, beside:state("a").exp_avg_sq, "exp_avg_sq")
+    collectgarbage("restart")
   end)
 
-  cuda_it("names the cache, the rows and the bytes when not even that fits, and keeps the slots", function()
+  cuda_it("names the cache, the rows and the bytes when not even that fits, keeps the slots, and refuses to go on", function()
     local xs = batches()
     local _, _, M, S, per = reference(xs)
     collectgarbage()
@@ -353,10 +354,15 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
       ("cache of table 'a': growing staging from 4 to %d rows a half asks for slot storage of %d rows ("):format(
         M, S + 2 * M),
       (", %d bytes), which fits neither beside the slots"):format((S + 2 * M) * per),
-      "the cache is as it was, with 4 staging rows a half" }) do
+      "the slot storage is as it was, with 4 staging rows a half, but this batch's placement was decided" }) do
       assert.is_truthy(err:find(want, 1, true), err)
     end
     assert.same({ 4, bytes }, { c:staging_rows(), c:bytes() })
     assert.same({ 0, 0 }, { c:stats().staging_grows, c:stats().staging_grows_via_host })
+    -- its tags moved with the batch's decisions: the cache serves nothing more
+    local ok2, err2 = pcall(step, m, xs[1])
+    assert.is_false(ok2)
+    assert.is_truthy(tostring(err2):find("a growth of its staging failed", 1, true), tostring(err2))
+    collectgarbage("restart")
   end)
 end)

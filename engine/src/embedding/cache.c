@@ -564,8 +564,9 @@ static ur_status check_alive(const ur_cache *c) {
   if (!c->tbe)
     return ur__error(UR_STATUS_INVALID, "cache: its embedding collection was freed");
   if (c->lost)
-    return ur__error(UR_STATUS_INVALID, "cache: its rows in HBM were lost when growing its "
-                                        "staging failed; make the collection's cache again");
+    return ur__error(UR_STATUS_INVALID, "cache: a growth of its staging failed, and its rows in "
+                                        "HBM are no longer where its tags say; make the "
+                                        "collection's cache again");
   return UR_STATUS_OK;
 }
 
@@ -662,7 +663,7 @@ static void cache_name(const ur_cache *c, char *buf, size_t len) {
 /* Slot storage of R rows keeping the first keep rows, freeing the old storage before the new
  * is allocated: the kept rows wait in host memory meanwhile (pinned when it can be had, else
  * pageable).  When the new storage cannot be had either, storage of the old size is allocated
- * again and the kept rows put back, so the cache is as it was: UR_STATUS_OOM with *restored
+ * again and the kept rows put back, so the slot storage is as it was: UR_STATUS_OOM with *restored
  * set, and why (at most 400 bytes) says what refused the new storage.  Should even
  * that fail, the cache has lost its rows: its tables read their own storage again and every
  * later call on the cache fails (c->lost). */
@@ -761,7 +762,8 @@ done:
     return ur__error(st, "%s: growing staging from %lld to %lld rows a half asks for slot storage "
                      "of %lld rows (%s, %llu bytes), which fits neither beside the slots (%s "
                      "kept: %s) nor in their place with the kept rows waiting in host memory "
-                     "(%s); the cache is as it was, with %lld staging rows a half",
+                     "(%s); the slot storage is as it was, with %lld staging rows a half, but this batch's "
+                     "placement was decided: the cache cannot be used again; make it anew",
                      name, (long long)c->M, (long long)M, (long long)R, need_b,
                      (unsigned long long)slots_bytes(c, R), keep_b,
                      keep > 0 ? beside : "not tried, no slot holds a row yet", cause,
@@ -774,7 +776,8 @@ done:
                      name, (long long)c->M, (long long)M, (long long)R, need_b,
                      (unsigned long long)slots_bytes(c, R), cause);
   return ur__error(st, "%s: growing staging from %lld to %lld rows a half (slot storage of %lld "
-                   "rows, %s, %llu bytes; %s kept) failed, and the cache is as it was: %s",
+                   "rows, %s, %llu bytes; %s kept) failed (%s); the slot storage is as it was, but this "
+                   "batch's placement was decided: the cache cannot be used again; make it anew",
                    name, (long long)c->M, (long long)M, (long long)R, need_b,
                    (unsigned long long)slots_bytes(c, R), keep_b, cause);
 }
@@ -930,9 +933,13 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
     B->tconf[ct] = t[UR__CT_CONFLICTS];
   }
   /* Growing was checked possible before the decisions (settle).  Failing now for memory
-   * leaves the slot storage as it was (grow_staging), but this batch's decisions are taken:
-   * the cache is then unusable, as after any failed device step. */
-  if (j.nconf > c->M && (st = grow_staging(c, j.nconf))) return st;
+   * leaves the slot storage as it was (grow_staging), but this batch's decisions are taken
+   * (tags moved, dirty rows evicted without their write-back): the cache is unusable, and
+   * every later call says so (c->lost). */
+  if (j.nconf > c->M && (st = grow_staging(c, j.nconf))) {
+    c->lost = 1;
+    return st;
+  }
   /* 3. place and move */
   int64_t words = 2 * (j.nwb + j.nfill + j.nconf) + (j.U - j.nconf);
   if (!B->dev || ur_tensor_numel(B->dev) < words) {
