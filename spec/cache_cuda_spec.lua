@@ -334,7 +334,8 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
     collectgarbage("restart")
   end)
 
-  cuda_it("names the cache, the rows and the bytes when not even that fits, keeps the slots, and refuses to go on", function()
+  cuda_it("names the cache, the rows and the bytes when not even that fits, keeps the slots, refuses to go on",
+          function()
     local xs = batches()
     local _, _, M, S, per = reference(xs)
     collectgarbage()
