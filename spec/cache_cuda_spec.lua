@@ -310,14 +310,21 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
     return m, outs, M, c:slots(), c:bytes() / (c:slots() + 2 * c:staging_rows()) + 8
   end
 
-  cuda_it("grows through host memory, to the rows and outputs of a cache that grew beside", function()
+  -- The batches, a fresh model and the reference's figures, with the collector stopped until
+  -- the test ends (the budget is set to within bytes of what is in use).
+  local function fresh()
     local xs = batches()
     local beside, outs, M, S, per = reference(xs)
     collectgarbage()
     collectgarbage()
     collectgarbage("stop")
+    finally(function() collectgarbage("restart") end)
     math.randomseed(3)
-    local m = model()
+    return xs, model(), beside, outs, M, S, per
+  end
+
+  cuda_it("grows through host memory, to the rows and outputs of a cache that grew beside", function()
+    local xs, m, beside, outs, M, S, per = fresh()
     R.bits_equal(step(m, xs[1]), outs[1], "step 1")
     -- room for the new storage in place of the old, not beside it
     ur.set_hbm_budget(ur.memory().hbm_used + (S + 2 * M) * per - 1)
@@ -331,18 +338,11 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
     R.bits_equal(m:table("a"), beside:table("a"), "rows after flush")
     R.bits_equal(m:state("a").exp_avg, beside:state("a").exp_avg, "exp_avg")
     R.bits_equal(m:state("a").exp_avg_sq, beside:state("a").exp_avg_sq, "exp_avg_sq")
-    collectgarbage("restart")
   end)
 
   cuda_it("names the cache, the rows and the bytes when not even that fits, keeps the slots, refuses to go on",
           function()
-    local xs = batches()
-    local _, _, M, S, per = reference(xs)
-    collectgarbage()
-    collectgarbage()
-    collectgarbage("stop")
-    math.randomseed(3)
-    local m = model()
+    local xs, m, _, _, M, S, per = fresh()
     local c = m.tbe.cache
     step(m, xs[1])
     local bytes = c:bytes()
@@ -364,6 +364,5 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
     local ok2, err2 = pcall(step, m, xs[1])
     assert.is_false(ok2)
     assert.is_truthy(tostring(err2):find("a growth of its staging failed", 1, true), tostring(err2))
-    collectgarbage("restart")
   end)
 end)
