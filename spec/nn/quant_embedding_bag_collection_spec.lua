@@ -46,8 +46,10 @@ describe("nn.QuantEmbeddingBagCollection", function()
       local want = 0.5 * rows.t[3 * 24 + c] - rows.t[17 * 24 + c]
       assert.is_true(math.abs(out[c] - want) <= 1e-6)
     end
-    assert.has_error(function() q:backward(kjt(), ur.tensor({ 2, 56 })) end,
-                     "QuantEmbeddingBagCollection: quantized tables are for inference; they have no gradient")
+    for _, method in ipairs { "backward", "updateGradInput", "accGradParameters" } do
+      assert.has_error(function() q[method](q, kjt(), ur.tensor({ 2, 56 })) end,
+                       "QuantEmbeddingBagCollection: quantized tables are for inference; they have no gradient")
+    end
     assert.same({}, q:parameters())
     assert.has_error(function()
       ur.nn.QuantEmbeddingBagCollection { tables = { { name = "t", rows = 4, dim = 8 } }, pooling = "none" }

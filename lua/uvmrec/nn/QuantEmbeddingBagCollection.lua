@@ -46,17 +46,11 @@ function QEBC:updateOutput(input)
   return self.output
 end
 
-function QEBC:updateGradInput()
+-- backward, updateGradInput, accGradParameters: an error, at the caller's line.
+local function no_gradient(self)
   error(self:type_name() .. ": quantized tables are for inference; they have no gradient", 2)
 end
-
-function QEBC:accGradParameters()
-  error(self:type_name() .. ": quantized tables are for inference; they have no gradient", 2)
-end
-
-function QEBC:backward()
-  error(self:type_name() .. ": quantized tables are for inference; they have no gradient", 2)
-end
+QEBC.updateGradInput, QEBC.accGradParameters, QEBC.backward = no_gradient, no_gradient, no_gradient
 
 -- Tables are not parameters here: nothing trains them.
 function QEBC.parameters(_, _, out) return out or {} end
