@@ -4,7 +4,9 @@
  *
  * One batch, in three calls on one stream:
  *   lookup  each value of a cached table becomes a key (the table's first key plus the row);
- *           the keys are sorted and deduplicated, each distinct key is given its set (a hash
+ *           when some features' tables are not cached (d.partial), the cached features'
+ *           values are gathered first, so that only they are sorted (the host waits for their
+ *           count, once); the keys are sorted and deduplicated, each distinct key is given its set (a hash
  *           of (table, row)), and the distinct keys are put in (set, key) order by a stable
  *           sort on the set; the runs of one set are the groups.
  *   decide  a warp per set, a lane per way: the set's hits first (a ballot on the tags), then
@@ -96,7 +98,8 @@ __device__ int64_t lower_bound(const T *a, int64_t n, T x) {
   return lo;
 }
 
-/* The feature of value v: the last f whose first value is at or before v. */
+/* The feature of value v: the last f whose first value is at or before v (a[0] <= v; with
+ * the cached values' places as a, the feature of the v-th of them). */
 __device__ int32_t feature_of(const int64_t *fvb, int32_t F, int64_t v) {
   int32_t lo = 0, hi = F;
   while (hi - lo > 1) {
@@ -133,6 +136,9 @@ struct Layout {
   int64_t *res, *evict;         /* per distinct key: slot (hits: | kHit) or -1; evicted key */
   Tri *flags, *pre;             /* [n + 1] */
   int64_t *fvb, *bag;           /* [F + 1] each feature's first value; bag starts */
+  int64_t *clen, *cpos;         /* [F + 1] partial: each feature's cached values (0 for other
+                                 * tables'), and their exclusive sum: its first place among the
+                                 * cached values, then their count */
   void *cub;
   size_t cub_bytes, total;
 };
@@ -157,6 +163,8 @@ cudaError_t carve(const ur__cache_dev &d, int64_t n, char *base, Layout *L) {
   L->pre = (Tri *)cv.take((size_t)(m + 1) * sizeof(Tri));
   L->fvb = (int64_t *)cv.take((size_t)(d.F + 1) * 8);
   L->bag = (int64_t *)cv.take((size_t)(d.F + 1) * 8);
+  L->clen = (int64_t *)cv.take((size_t)(d.F + 1) * 8);
+  L->cpos = (int64_t *)cv.take((size_t)(d.F + 1) * 8);
   size_t c = 0, best = 0;
   cudaError_t e;
   {
@@ -174,6 +182,10 @@ cudaError_t carve(const ur__cache_dev &d, int64_t n, char *base, Layout *L) {
     best = c > best ? c : best;
   }
   if ((e = cub::DeviceScan::InclusiveSum(nullptr, c, (const int64_t *)nullptr, (int64_t *)nullptr, (int)m,
+                                         (cudaStream_t)0)))
+    return e;
+  best = c > best ? c : best;
+  if ((e = cub::DeviceScan::ExclusiveSum(nullptr, c, (const int64_t *)nullptr, (int64_t *)nullptr, d.F + 1,
                                          (cudaStream_t)0)))
     return e;
   best = c > best ? c : best;
@@ -201,13 +213,15 @@ __global__ void init_info(ur__cache_job j) {
   j.info[UR__CI_BAD_F] = INT64_MAX;
 }
 
-/* Each feature's first value; features of cached tables checked and counted. */
+/* Each feature's first value; features of cached tables checked, counted and (partial) their
+ * values' count kept for the gather. */
 __global__ void feature_bounds(ur__cache_dev d, ur__cache_job j, Layout L) {
   int32_t f = blockIdx.x * blockDim.x + threadIdx.x;
   if (f > d.F) return;
   int64_t b0 = ur__tbe_bag_of(j.bag_start ? L.bag : NULL, j.batch, f);
   int64_t v0 = j.offs[b0];
   L.fvb[f] = v0;
+  L.clen[f] = 0;
   if (f == d.F) {
     if (j.offs[0] != 0 || v0 != j.n) atomicMin((long long *)&j.info[UR__CI_BAD_F], (long long)d.F);
     return;
@@ -220,22 +234,32 @@ __global__ void feature_bounds(ur__cache_dev d, ur__cache_job j, Layout L) {
     atomicMin((long long *)&j.info[UR__CI_BAD_F], (long long)f);
     return;
   }
+  L.clen[f] = v1 - v0;
   atomicAdd((unsigned long long *)&table_info(j, ct)[UR__CT_LOOKUPS], (unsigned long long)(v1 - v0));
 }
 
-/* Each value's key (the sentinel, total keys, for other tables' values and bad ids). */
-__global__ void make_keys(ur__cache_dev d, ur__cache_job j, Layout L) {
-  int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (v >= j.n) return;
+/* The key of the i-th of the m values sorted (the sentinel, total keys, for other tables'
+ * values and bad ids): value i itself, or (partial) the i-th value of the cached features. */
+__global__ void make_keys(ur__cache_dev d, ur__cache_job j, Layout L, int64_t m) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= m) return;
+  int64_t v = i;
+  int32_t f;
+  if (d.partial) {
+    f = feature_of(L.cpos, d.F, i);
+    v = L.fvb[f] + (i - L.cpos[f]);
+  } else {
+    f = feature_of(L.fvb, d.F, v);
+  }
   uint64_t sent = (uint64_t)d.kbase[d.nt], key = sent;
-  int32_t ct = d.feat_ct[feature_of(L.fvb, d.F, v)];
+  int32_t ct = d.feat_ct[f];
   if (ct >= 0) {
     int64_t id = j.vals[v], rows = d.kbase[ct + 1] - d.kbase[ct];
     if (id >= 0 && id < rows) key = (uint64_t)d.kbase[ct] + (uint64_t)id;
     else if (j.bounds_fatal) atomicMin((long long *)&j.info[UR__CI_BAD_V], (long long)v);
   }
-  L.ka[v] = key;
-  L.va[v] = v;
+  L.ka[i] = key;
+  L.va[i] = v;
 }
 
 /* Heads of runs of equal valid keys (into res, scratch here); the count of valid keys. */
@@ -493,36 +517,50 @@ static cudaError_t ur__cuda_cache_lookup(cudaStream_t s, const ur__cache_dev *d,
   Layout L;
   TRY(layout_of(d, j, &L));
   size_t words = UR__CI_TABLES + (size_t)d->nt * UR__CT_COUNT;
-  int64_t n = j->n, m = n > 0 ? n : 1;
+  int64_t n = j->n;
   TRY(cudaMemsetAsync(j->info, 0, words * 8, s));
   init_info<<<1, 1, 0, s>>>(*j);
   if (j->bag_start) TRY(cudaMemcpyAsync(L.bag, j->bag_start, (size_t)(d->F + 1) * 8, cudaMemcpyHostToDevice, s));
   feature_bounds<<<blocks_for(d->F + 1), kThreads, 0, s>>>(*d, *j, L);
-  if (n > 0) {
-    make_keys<<<blocks_for(n), kThreads, 0, s>>>(*d, *j, L);
+  /* the values sorted: all n, or (partial) the m of cached tables' features, counted on the
+   * GPU and read here (none when the offsets are bad: the caller reports them) */
+  int64_t m = n;
+  if (d->partial && n > 0) {
+    size_t tb = L.cub_bytes;
+    TRY(cub::DeviceScan::ExclusiveSum(L.cub, tb, (const int64_t *)L.clen, L.cpos, d->F + 1, s));
+    TRY(cudaMemcpyAsync(j->info + UR__CI_CACHED, L.cpos + d->F, 8, cudaMemcpyDeviceToDevice, s));
+    TRY(copy_info(s, d, j));
+    TRY(cudaStreamSynchronize(s));
+    m = j->info_host[UR__CI_BAD_F] != INT64_MAX ? 0 : j->info_host[UR__CI_CACHED];
+    if (m < 0 || m > n) return cudaErrorInvalidValue;
+  }
+  ur__cache_job jm = *j; /* the sorting kernels' job: its n values are the m sorted */
+  jm.n = m;
+  if (m > 0) {
+    make_keys<<<blocks_for(m), kThreads, 0, s>>>(*d, *j, L, m);
     cub::DoubleBuffer<uint64_t> k(L.ka, L.kb);
     cub::DoubleBuffer<int64_t> v(L.va, L.vb);
     size_t tb = L.cub_bytes;
-    TRY(cub::DeviceRadixSort::SortPairs(L.cub, tb, k, v, (int)n, 0, d->key_bits, s));
-    if (k.Current() != L.ka) TRY(cudaMemcpyAsync(L.ka, k.Current(), (size_t)n * 8, cudaMemcpyDeviceToDevice, s));
-    if (v.Current() != L.va) TRY(cudaMemcpyAsync(L.va, v.Current(), (size_t)n * 8, cudaMemcpyDeviceToDevice, s));
-    mark_heads<<<blocks_for(n), kThreads, 0, s>>>(*d, *j, L);
+    TRY(cub::DeviceRadixSort::SortPairs(L.cub, tb, k, v, (int)m, 0, d->key_bits, s));
+    if (k.Current() != L.ka) TRY(cudaMemcpyAsync(L.ka, k.Current(), (size_t)m * 8, cudaMemcpyDeviceToDevice, s));
+    if (v.Current() != L.va) TRY(cudaMemcpyAsync(L.va, v.Current(), (size_t)m * 8, cudaMemcpyDeviceToDevice, s));
+    mark_heads<<<blocks_for(m), kThreads, 0, s>>>(*d, jm, L);
     tb = L.cub_bytes;
-    TRY(cub::DeviceScan::InclusiveSum(L.cub, tb, (const int64_t *)L.res, L.uid, (int)n, s));
-    distinct_keys<<<blocks_for(n), kThreads, 0, s>>>(*d, *j, L);
+    TRY(cub::DeviceScan::InclusiveSum(L.cub, tb, (const int64_t *)L.res, L.uid, (int)m, s));
+    distinct_keys<<<blocks_for(m), kThreads, 0, s>>>(*d, jm, L);
     cub::DoubleBuffer<uint32_t> sk(L.sa, L.sb);
     cub::DoubleBuffer<int64_t> so(L.oa, L.ob);
     tb = L.cub_bytes;
-    TRY(cub::DeviceRadixSort::SortPairs(L.cub, tb, sk, so, (int)n, 0, d->set_bits, s));
-    if (sk.Current() != L.sa) TRY(cudaMemcpyAsync(L.sa, sk.Current(), (size_t)n * 4, cudaMemcpyDeviceToDevice, s));
-    if (so.Current() != L.oa) TRY(cudaMemcpyAsync(L.oa, so.Current(), (size_t)n * 8, cudaMemcpyDeviceToDevice, s));
-    mark_sets<<<blocks_for(n), kThreads, 0, s>>>(*j, L);
+    TRY(cub::DeviceRadixSort::SortPairs(L.cub, tb, sk, so, (int)m, 0, d->set_bits, s));
+    if (sk.Current() != L.sa) TRY(cudaMemcpyAsync(L.sa, sk.Current(), (size_t)m * 4, cudaMemcpyDeviceToDevice, s));
+    if (so.Current() != L.oa) TRY(cudaMemcpyAsync(L.oa, so.Current(), (size_t)m * 8, cudaMemcpyDeviceToDevice, s));
+    mark_sets<<<blocks_for(m), kThreads, 0, s>>>(jm, L);
     tb = L.cub_bytes;
     TRY(cub::DeviceSelect::Flagged(L.cub, tb, thrust::counting_iterator<int64_t>(0), (const int64_t *)L.res,
-                                   L.grp, j->info + UR__CI_NG, (int)n, s));
-    finish_lookup<<<blocks_for(m), kThreads, 0, s>>>(*d, *j, L);
+                                   L.grp, j->info + UR__CI_NG, (int)m, s));
+    finish_lookup<<<blocks_for(m), kThreads, 0, s>>>(*d, jm, L);
   } else {
-    finish_lookup<<<1, kThreads, 0, s>>>(*d, *j, L);
+    finish_lookup<<<1, kThreads, 0, s>>>(*d, jm, L);
   }
   TRY(cudaGetLastError());
   return copy_info(s, d, j);

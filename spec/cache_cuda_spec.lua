@@ -12,12 +12,23 @@ local EBC = ur.nn.EmbeddingBagCollection
 local TABLES = { { name = "t0", rows = 700, dim = 16 }, { name = "t1", rows = 300, dim = 16 },
                  { name = "t2", rows = 2000, dim = 16 } }
 
+-- placement: one for every table, or a list of one a table
 local function make(device, placement, optimizer, cache, dtype)
   local o = { tables = {}, device = device, seed = 9, optimizer = optimizer, cache = cache }
   for i, t in ipairs(TABLES) do
-    o.tables[i] = { name = t.name, rows = t.rows, dim = t.dim, placement = placement, dtype = dtype }
+    o.tables[i] = { name = t.name, rows = t.rows, dim = t.dim, dtype = dtype,
+                    placement = type(placement) == "table" and placement[i] or placement }
   end
   return EBC(o)
+end
+
+-- The tables a placement caches.
+local function cached(placement)
+  local r = {}
+  for i, t in ipairs(TABLES) do
+    if type(placement) ~= "table" or placement[i] == "cached" then r[#r + 1] = t end
+  end
+  return r
 end
 
 local function batch(step)
@@ -49,13 +60,16 @@ describe("uvmrec.cache on CUDA", function()
     { "rowwise adagrad", { "rowwise_adagrad", lr = 0.1 },
       { load_factor = 0.05, policy = "lfu", decay_batches = 4, min_slots = 0 } },
     { "adam", { "adam", lr = 0.01 }, { slots = 32, shared = true, staging_rows = 8 } },
+    -- a collection whose middle table is on the device: the GPU sorts only the cached values
+    { "sgd, t1 on the device", { "sgd", lr = 0.3 }, { slots = 64, shared = true, policy = "lru" },
+      { "cached", "device", "cached" } },
   }) do
-    local name, optimizer, cache = case[1], case[2], case[3]
+    local name, optimizer, cache, placement = case[1], case[2], case[3], case[4] or "cached"
     cuda_it("makes the CPU's decisions and keeps device tables' rows (" .. name .. ")", function()
       math.randomseed(21)
-      local gc = make(0, "cached", optimizer, cache)
+      local gc = make(0, placement, optimizer, cache)
       local gd = make(0, "device", optimizer)
-      local cc = make("cpu", "cached", optimizer, cache)
+      local cc = make("cpu", placement, optimizer, cache)
       for step = 1, 24 do
         local b = batch(step)
         local xg, xc = R.input(b, "device"), R.input(b, "host")
@@ -74,11 +88,13 @@ describe("uvmrec.cache on CUDA", function()
         assert.equal(sc[f], sg[f], f)
       end
       assert.is_true(sg.evictions > 0 and sg.writebacks > 0)
-      for _, t in ipairs(TABLES) do
+      for _, t in ipairs(cached(placement)) do
         local probe = {}
         for r = 0, t.rows - 1 do probe[#probe + 1] = r end
         assert.same(cc.tbe.cache:contains(t.name, probe), gc.tbe.cache:contains(t.name, probe))
-        if name == "sgd" then
+      end
+      for _, t in ipairs(TABLES) do
+        if optimizer[1] == "sgd" then
           R.bits_equal(gc:table(t.name), gd:table(t.name), t.name .. " after flush, cached vs device")
         else
           close(gc:table(t.name), gd:table(t.name), 1e-5, t.name .. " after flush, cached vs device")
@@ -148,10 +164,10 @@ describe("uvmrec.cache decisions on CUDA", function()
     return { values = values, offsets = offsets, strides = strides }
   end
 
-  local function same_stats(cc, cg, what)
+  local function same_stats(cc, cg, what, tables)
     local sc, sg = cc:stats(), cg:stats()
     for _, f in ipairs(FIELDS) do assert.equal(sc[f], sg[f], what .. ": " .. f) end
-    for _, t in ipairs(TABLES) do
+    for _, t in ipairs(tables or TABLES) do
       for _, f in ipairs(FIELDS) do
         assert.equal(sc.tables[t.name][f], sg.tables[t.name][f], what .. ": " .. t.name .. " " .. f)
       end
@@ -164,14 +180,21 @@ describe("uvmrec.cache decisions on CUDA", function()
     { "lfu with decay, sets per table", { load_factor = 0.04, policy = "lfu", decay_batches = 3, min_slots = 0 } },
     { "lru, variable batch per feature", { load_factor = 0.1, policy = "lru", min_slots = 0 }, { 17, 40, 5 } },
     { "lfu, a shared pool, skew 6", { slots = 160, shared = true, policy = "lfu", decay_batches = 0 }, nil, 6 },
+    -- other tables' values among the cached ones' (the GPU gathers the cached values first)
+    { "lru, t1 on the device, variable batch per feature", { load_factor = 0.1, policy = "lru", min_slots = 0 },
+      { 17, 40, 5 }, nil, nil, { "cached", "device", "cached" } },
+    { "lfu, t0 and t2 on the device, a shared pool", { slots = 48, shared = true, policy = "lfu", staging_rows = 4 },
+      nil, nil, nil, { "device", "cached", "device" } },
   }) do
     local name, cache, strides, hot, conflicts = case[1], case[2], case[3], case[4] or 3, case[5]
+    local placement = case[6] or "cached"
+    local tables = cached(placement)
     for _, pipelined in ipairs({ false, true }) do
       cuda_it(("gives the CPU's slot ids and counts batch by batch (%s%s)"):format(name,
               pipelined and ", pipelined" or ""), function()
         math.randomseed(33)
-        local g = make(0, "cached", { "sgd", lr = 0.2 }, cache).tbe
-        local c = make("cpu", "cached", { "sgd", lr = 0.2 }, cache).tbe
+        local g = make(0, placement, { "sgd", lr = 0.2 }, cache).tbe
+        local c = make("cpu", placement, { "sgd", lr = 0.2 }, cache).tbe
         local sg = { assert(streams.stream {}), assert(streams.stream {}) }
         local sc = { assert(streams.stream {}), assert(streams.stream {}) }
         local pending = {}
@@ -198,7 +221,7 @@ describe("uvmrec.cache decisions on CUDA", function()
                     b.values[i], got[i], want[i]))
             end
           end
-          same_stats(c.cache, g.cache, "step " .. step)
+          same_stats(c.cache, g.cache, "step " .. step, tables)
           staged = staged + c.cache:stats().conflicts
           pending[#pending + 1] = { tg = rg, tc = rc, k = k }
           if not pipelined then
@@ -214,9 +237,15 @@ describe("uvmrec.cache decisions on CUDA", function()
         if conflicts then assert.is_true(staged > 0, "the case makes conflict misses") end
         assert.is_true(g.cache:stats().evictions > 0, "the case evicts")
         -- the GPU's kernel time is counted there, and nowhere else
-        assert.is_true(g.cache:stats().gpu_seconds > 0)
+        local gs = g.cache:stats()
+        assert.is_true(gs.gpu_seconds > 0)
         assert.equal(0, c.cache:stats().gpu_seconds)
-        for _, t in ipairs(TABLES) do
+        -- split by phase, each timed, adding up to the whole
+        local ph = gs.gpu_phases
+        assert.is_true(ph.lookup > 0 and ph.decide > 0 and ph.place > 0 and ph.retire > 0)
+        assert.near(gs.gpu_seconds, ph.lookup + ph.decide + ph.place + ph.retire, 1e-9 * gs.gpu_seconds + 1e-12)
+        assert.same({ lookup = 0, decide = 0, place = 0, retire = 0 }, c.cache:stats().gpu_phases)
+        for _, t in ipairs(tables) do
           local probe = {}
           for r = 0, t.rows - 1 do probe[#probe + 1] = r end
           assert.same(c.cache:contains(t.name, probe), g.cache:contains(t.name, probe), t.name)
@@ -224,7 +253,7 @@ describe("uvmrec.cache decisions on CUDA", function()
         -- both flush the same rows (the writebacks count them)
         assert(g.cache:flush())
         assert(c.cache:flush())
-        same_stats(c.cache, g.cache, "after flush")
+        same_stats(c.cache, g.cache, "after flush", tables)
         g:free()
         c:free()
       end)

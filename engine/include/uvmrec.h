@@ -1041,6 +1041,8 @@ typedef struct ur_cache_stats {
   double gpu_seconds;             /* GPU time of the cache's kernels: each prepare's lookup,
                                    * decisions, placement and row moves, each retire's marks
                                    * and write-backs (0 on the CPU); waits for the GPU */
+  double gpu_phase_seconds[4];    /* gpu_seconds by phase: lookup, decisions, placement and
+                                   * row moves, retire */
 } ur_cache_stats;
 struct ur_cache;
 typedef struct ur_cache ur_cache;

@@ -342,6 +342,8 @@ local function stats_of(h, i)
   local r = {}
   for _, f in ipairs(FIELDS) do r[f] = tonumber(st[f]) end
   r.seconds, r.gpu_seconds = st.seconds, st.gpu_seconds
+  local ph = st.gpu_phase_seconds
+  r.gpu_phases = { lookup = ph[0], decide = ph[1], place = ph[2], retire = ph[3] }
   r.hit_rate = r.unique > 0 and r.hits / r.unique or 0
   return r
 end
@@ -375,6 +377,23 @@ function methods:contains(name, ids)
     r[k] = s >= 0 and s or false
   end
   return r
+end
+
+-- A run's cache figures a step, from stats (methods:stats()) over `steps` steps: hit_rate, the
+-- bytes over the host link, the GPU seconds of the cache's work and of its phases.
+function M.per_step(s, steps)
+  local ph = s.gpu_phases
+  return { hit_rate = s.hit_rate, link_bytes = (s.bytes_in + s.bytes_out + s.bytes_ids) / steps,
+           gpu_seconds = s.gpu_seconds / steps, lookup_seconds = ph.lookup / steps,
+           decide_seconds = ph.decide / steps, place_seconds = ph.place / steps, retire_seconds = ph.retire / steps }
+end
+
+-- M.per_step's figures in a line.
+function M.step_line(p)
+  return ("%.1f%% of distinct rows hit, %.1f MB a step over the host link, GPU %.3f ms a step (lookup %.3f, "
+          .. "decisions %.3f, placement and moves %.3f, retire %.3f)"):format(100 * p.hit_rate, p.link_bytes / 1e6,
+    p.gpu_seconds * 1e3, p.lookup_seconds * 1e3, p.decide_seconds * 1e3, p.place_seconds * 1e3,
+    p.retire_seconds * 1e3)
 end
 
 return M

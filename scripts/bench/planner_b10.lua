@@ -12,8 +12,9 @@
 -- interval, and neither counts it; on a loaded machine the fastest is the closest to the work's
 -- own time, which the prediction is of), their ratios, the
 -- process's CPU ms a step (all threads: on a loaded machine the wall time is not the work's),
--- samples/s and the HBM peak (ur.memory, from the run's start) against the prediction; --out
--- writes JSON lines.
+-- samples/s and the HBM peak (ur.memory, from the run's start) against the prediction; for a
+-- case with cached tables, a line under it: the timed steps' hit rate, bytes over the host link
+-- and the cache's GPU time a step by phase (uvmrec.cache.per_step); --out writes JSON lines.
 --   uvmrec scripts/bench/planner_b10.lua dlrm_tiny --cpu --calibration cpu
 --   uvmrec scripts/bench/planner_b10.lua dlrm_mlperf_v1_2m --calibration FILE   (B4 with a plan, GPU)
 --   uvmrec scripts/bench/planner_b10.lua --time                    (the planner's own time)
@@ -21,6 +22,7 @@ local ur = require "uvmrec"
 local planner = require "uvmrec.planner"
 local train = require "uvmrec.train"
 local json = require "uvmrec.json"
+local caches = require "uvmrec.cache"
 local clock = ur.C.ur_clock_seconds
 local options = require("uvmrec.cli").options
 
@@ -191,6 +193,8 @@ for _, c in ipairs(order) do
       last = now
       if run.step == o.warmup then
         t0, c0 = now, os.clock()
+        local cache = run.model.embeddings.tbe and run.model.embeddings.tbe.cache
+        if cache then cache:reset_stats() end -- the timed steps' counts only
       elseif run.step == total then
         t1, c1 = now, os.clock()
       end
@@ -211,6 +215,8 @@ for _, c in ipairs(order) do
     train.plan_summary(p), p.step_seconds * 1e3, measured * 1e3, p.step_seconds / measured, between * 1e3,
     median * 1e3, between / median, fastest * 1e3, between / fastest, cpu * 1e3, prob.batch / measured,
     planner.fmt_bytes(p.ranks[1].hbm), planner.fmt_bytes(r.plan.hbm_peak)))
+  local cache = r.cache and caches.per_step(r.cache, o.steps)
+  if cache then print(("%-9s cache: %s"):format("", caches.step_line(cache))) end
   record { bench = "B10", config = base.name or o.config, case = c, placements = train.plan_summary(p),
            batch = prob.batch, predicted_seconds = p.step_seconds, measured_seconds = measured,
            predicted_between_hints_seconds = between, hints_seconds = p.hints_seconds,
@@ -218,7 +224,7 @@ for _, c in ipairs(order) do
            ratio = p.step_seconds / measured, ratio_median = between / median, cpu_seconds = cpu,
            hbm_predicted = p.ranks[1].hbm,
            hbm_peak = r.plan.hbm_peak,
-           budget = p.budget, gpu = gpu, calibration = cal.where, steps = o.steps, warmup = o.warmup,
+           budget = p.budget, cache = cache, gpu = gpu, calibration = cal.where, steps = o.steps, warmup = o.warmup,
            commit = commit(), date = os.date("!%Y-%m-%d"), load = load_avg() }
   os.remove(file)
   -- the case's model goes before the next one's (its managed rows on the GPU count in HBM)

@@ -19,6 +19,7 @@
 --   uvmrec scripts/bench/scale.lua --table FILE...   (one table of every JSON line given)
 local ur = require "uvmrec"
 local json = require "uvmrec.json"
+local caches = require "uvmrec.cache"
 local train = require "uvmrec.train"
 local planner = require "uvmrec.planner"
 local host_memory = require "uvmrec.host_memory"
@@ -233,10 +234,9 @@ local function timed(sets, first)
   local r, failed, built, cstats, table_bytes = run(sets, o.warm + o.steps, o.warm + o.steps, hooks)
   if not r then return nil, failed end
   local rate = o.steps * B / (t_end - t_warm)
-  local s = cstats or { hits = 0, unique = 1, bytes_in = 0, bytes_out = 0, bytes_ids = 0 }
+  local cs = cstats and caches.per_step(cstats, o.steps)
   return { mode = "timed", config = config, steps = o.steps, batch = B, samples_per_s = rate,
-           hit_rate = s.hits / math.max(s.unique, 1),
-           link_bytes_per_step = (s.bytes_in + s.bytes_out + s.bytes_ids) / o.steps,
+           hit_rate = cs and cs.hit_rate or 0, link_bytes_per_step = cs and cs.link_bytes or 0, cache = cs,
            epoch_minutes = 4.37e9 / rate / 60, build_seconds = built, host_peak_bytes = host_memory.peak() or 0,
            hbm_peak = ur.memory().hbm_peak, loss = r.loss }, table_bytes
 end
@@ -258,6 +258,7 @@ if synthetic then
     print(("%-16s %12.0f samples/s  built %6.1f s  HBM peak %s%s"):format(what, rec.samples_per_s, rec.build_seconds,
       planner.fmt_bytes(rec.hbm_peak), rec.placement == "cached" and ("  hit %.1f%%  host link %.1f MB/step")
       :format(100 * rec.hit_rate, rec.link_bytes_per_step / 1e6) or ""))
+    if rec.cache then print(("%-16s cache: %s"):format("", caches.step_line(rec.cache))) end
   end
   -- A failed run is a line of its own (mode "error") and fails the command at the end, after the
   -- other runs.

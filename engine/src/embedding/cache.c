@@ -72,7 +72,7 @@ struct ur_cache {
   int lost;                     /* growing staging lost the slot storage (regrow_via_host) */
   void *last_ready;             /* the last prepare's event, after its copies (or NULL) */
   counters *stats;              /* [nt + 1]: per table, then the total */
-  double seconds, gpu_seconds;
+  double seconds, gpu_seconds, gpu_phase[4]; /* gpu_phase: ur_cache_stats.gpu_phase_seconds */
   /* The state and geometry where the backend runs, and the decisions' scratch and info. */
   ur__cache_dev dev;
   ur_tensor *dmeta, *dtag, *dstamp, *ddirty, *dfreq;
@@ -291,8 +291,11 @@ static ur_status state_new(ur_cache *c) {
     meta[2 * c->nt + 1 + i] = c->set_count[i];
   }
   meta[c->nt] = (int64_t)c->total_keys;
-  int32_t *fct = (int32_t *)(meta + 3 * c->nt + 1);
-  for (int32_t f = 0; f < c->F; f++) fct[f] = c->ct_of[c->tbe->names.features[f].table];
+  int32_t *fct = (int32_t *)(meta + 3 * c->nt + 1), partial = 0;
+  for (int32_t f = 0; f < c->F; f++) {
+    fct[f] = c->ct_of[c->tbe->names.features[f].table];
+    partial |= fct[f] < 0;
+  }
   /* info where the decisions run, and where the host reads it (with room for bag_start after
    * it): pinned memory for the GPU, the same host memory for the CPU */
   int64_t words = (int64_t)info_words(c) + c->F + 1;
@@ -327,6 +330,7 @@ static ur_status state_new(ur_cache *c) {
   d->freq = c->dfreq ? ur_tensor_data(c->dfreq) : NULL;
   d->nt = c->nt;
   d->F = c->F;
+  d->partial = partial;
   d->key_bits = c->key_bits;
   d->S = c->S;
   d->nsets = c->nsets;
@@ -587,7 +591,8 @@ static ur_status span_mark(ur_cache *c, flight *b, int k, void *stream) {
   return st ? st : g->event_record(b->span[k], stream);
 }
 
-/* Adds batch b's recorded spans to gpu_seconds (waiting for them to finish). */
+/* Adds batch b's recorded spans to gpu_seconds and their phases (waiting for them to finish):
+ * span pair k / 2 is phase k / 2 (lookup, decisions, placement and moves, retire). */
 static void account_gpu(ur_cache *c, flight *b) {
   const ur_backend *g = c->be;
   double ms = 0;
@@ -598,7 +603,10 @@ static void account_gpu(ur_cache *c, flight *b) {
     int k0 = part ? 6 : 0, k1 = part ? 8 : 6;
     if (!b->span[k1 - 1] || g->event_sync(b->span[k1 - 1])) continue;
     for (int k = k0; k < k1; k += 2)
-      if (!g->event_elapsed(b->span[k], b->span[k + 1], &ms)) c->gpu_seconds += 1e-3 * ms;
+      if (!g->event_elapsed(b->span[k], b->span[k + 1], &ms)) {
+        c->gpu_seconds += 1e-3 * ms;
+        c->gpu_phase[k / 2] += 1e-3 * ms;
+      }
   }
 }
 
@@ -1305,6 +1313,7 @@ ur_status ur_cache_stats_get(const ur_cache *c, int32_t table, ur_cache_stats *o
   out->seconds = c->seconds;
   for (int r = 0; r < RING; r++) account_gpu((ur_cache *)c, (flight *)&c->ring[r]);
   out->gpu_seconds = c->gpu_seconds;
+  memcpy(out->gpu_phase_seconds, c->gpu_phase, sizeof c->gpu_phase);
   return UR_STATUS_OK;
 }
 
@@ -1312,6 +1321,7 @@ void ur_cache_reset_stats(ur_cache *c) {
   if (!c) return;
   memset(c->stats, 0, sizeof *c->stats * ((size_t)c->nt + 1));
   c->seconds = c->gpu_seconds = 0;
+  memset(c->gpu_phase, 0, sizeof c->gpu_phase);
   for (int r = 0; r < RING; r++) c->ring[r].timed_p = c->ring[r].timed_r = 0;
 }
 

@@ -42,6 +42,8 @@ typedef struct ur__cache_dev {
   uint8_t *dirty;               /* [S] */
   uint32_t *freq;               /* LFU: [total keys] count (low 16 bits), epoch (high 16); or NULL */
   int32_t nt, F, key_bits, set_bits;
+  int32_t partial;              /* some feature's table is not cached: the GPU's lookup
+                                 * gathers the cached tables' values before it sorts */
   int64_t S, nsets;
 } ur__cache_dev;
 
@@ -56,6 +58,7 @@ enum {
   UR__CI_NWB,                   /* decide: dirty evictions (write-backs) */
   UR__CI_NFILL,                 /* decide: misses given a slot */
   UR__CI_NCONF,                 /* decide: conflict misses (staged) */
+  UR__CI_CACHED,                /* lookup (GPU, partial): values of cached tables' features */
   UR__CI_MEET,                  /* lookup: [UR__CACHE_RING] 1 where a flight's staged rows meet */
   UR__CI_TABLES = UR__CI_MEET + UR__CACHE_RING, /* [nt][UR__CT_COUNT] per cache table */
 };
