@@ -12,12 +12,14 @@ local EBC = ur.nn.EmbeddingBagCollection
 local TABLES = { { name = "t0", rows = 700, dim = 16 }, { name = "t1", rows = 300, dim = 16 },
                  { name = "t2", rows = 2000, dim = 16 } }
 
--- placement: one for every table, or a list of one a table
+-- placement: one for every table, or a list of one a table (a "device" table of the CPU's
+-- reference collection is a host one)
 local function make(device, placement, optimizer, cache, dtype)
   local o = { tables = {}, device = device, seed = 9, optimizer = optimizer, cache = cache }
   for i, t in ipairs(TABLES) do
+    local p = type(placement) == "table" and placement[i] or placement
     o.tables[i] = { name = t.name, rows = t.rows, dim = t.dim, dtype = dtype,
-                    placement = type(placement) == "table" and placement[i] or placement }
+                    placement = device == "cpu" and p == "device" and "host" or p }
   end
   return EBC(o)
 end

@@ -4,9 +4,11 @@
 -- the plan's HBM budget): the hand-made ones (every table device, cached at --fraction, managed
 -- with a --fraction hot prefix, host) re-predicted by planner.evaluate, and `planned`, the
 -- planner's own plan in the HBM the hand-made cached case needs (or --hbm).  Each case trains
--- --warmup steps, then --steps timed ones (the device synchronized at both ends); the hint
+-- --warmup steps, then --steps timed ones (the device synchronized at both ends only; on a GPU
+-- each step is timed by events on the compute stream, so the host queues ahead and the prefetch
+-- pipeline, train.pipeline, overlaps as in training); the hint
 -- policies lay rows out every --warmup steps (embeddings.hints.every), so the hot prefix is in
--- place before the timing.  Prints predicted and measured (wall) ms a step: the predicted step
+-- place before the timing.  Prints predicted and measured ms a step: the predicted step
 -- with its share of the hint intervals against the mean of the timed steps, and the predicted
 -- step between intervals against their median and the fastest (one step in `every` runs an
 -- interval, and neither counts it; on a loaded machine the fastest is the closest to the work's
@@ -23,6 +25,7 @@ local planner = require "uvmrec.planner"
 local train = require "uvmrec.train"
 local json = require "uvmrec.json"
 local caches = require "uvmrec.cache"
+local streams = require "uvmrec.stream"
 local clock = ur.C.ur_clock_seconds
 local options = require("uvmrec.cli").options
 
@@ -184,19 +187,29 @@ for _, c in ipairs(order) do
   local applied, aerr = train.apply_plan(cfg, file)
   if not applied then cmd:fail(aerr) end
   local t0, t1, c0, c1, last
-  local each = {} -- each timed step's wall seconds, from the end of the one before
+  local each = {} -- each timed step's seconds, from the end of the one before
+  -- On a GPU, an event after each step on the compute stream: the host does not wait between
+  -- steps (the prefetch pipeline overlaps as in training, and the host queues ahead), and each
+  -- step is the time between two events.  On the CPU, the wall clock.
+  local marks = {}
+  for k = 1, gpu and o.steps + 1 or 0 do marks[k] = assert(streams.event()) end
   local timer = { after = function(_, run)
-    if run.step >= o.warmup then
-      if gpu then ur.C.ur_device_sync() end
+    if run.step < o.warmup then return end
+    if gpu then
+      assert(marks[run.step - o.warmup + 1]:record(run.model.stream))
+    else
       local now = clock()
       if run.step > o.warmup then each[#each + 1] = now - last end
       last = now
+    end
+    if run.step == o.warmup or run.step == total then
+      if gpu then ur.C.ur_device_sync() end
       if run.step == o.warmup then
-        t0, c0 = now, os.clock()
+        t0, c0 = clock(), os.clock()
         local cache = run.model.embeddings.tbe and run.model.embeddings.tbe.cache
         if cache then cache:reset_stats() end -- the timed steps' counts only
-      elseif run.step == total then
-        t1, c1 = now, os.clock()
+      else
+        t1, c1 = clock(), os.clock()
       end
     end
   end }
@@ -204,6 +217,8 @@ for _, c in ipairs(order) do
                                    plan = applied, plan_path = file, signals = false })
   if not r then cmd:fail(c .. ": " .. tostring(rerr)) end
   local measured, cpu = (t1 - t0) / o.steps, (c1 - c0) / o.steps
+  for k = 2, #marks do each[#each + 1] = assert(marks[k - 1]:elapsed(marks[k])) * 1e-3 end
+  for _, m in ipairs(marks) do m:free() end
   table.sort(each)
   local fastest, median = each[1], each[math.floor((#each + 1) / 2)]
   local p = plan.data
