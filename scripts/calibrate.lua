@@ -484,7 +484,9 @@ do
         local gd = prec == "bf16" and "bf16" or "f32"
         local x = assert(ur.tensor({ B, w[1] }, { placement = place_fast })); x:uniform(0, 1, 1)
         local g = assert(ur.tensor({ B, w[#w] }, { placement = place_fast, dtype = gd })); g:uniform(-1, 1, 3)
-        local t = time(Q and 1 or 5, function() m:forward(x); m:backward(x, g) end)
+        -- three runs even when quick: one run on a loaded machine can be preempted (CI saw every
+        -- quick run a multiple of the 4 ms scheduler tick, and the fit then found no FLOP rate)
+        local t = time(Q and 3 or 5, function() m:forward(x); m:backward(x, g) end)
         local macs, outs = 0, 0
         for k = 1, #w - 1 do macs, outs = macs + w[k] * w[k + 1], outs + w[k + 1] end
         -- a layer's products: 2 forward, 2 for the weights' gradient, 2 for the input's
