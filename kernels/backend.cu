@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -142,39 +143,110 @@ cudaError_t ur__cuda_sms(int *sms) {
 
 /* ---- memory ---- */
 
-/* Live managed allocations, since free() is not told sizes and the oversubscription check
- * must count what is already allocated. */
+/* Live allocations with their sizes, since free() is not told sizes: managed ones (the
+ * oversubscription check counts what is already allocated) and registered pinned ones (their
+ * mapping's length).  Callers hold the list's lock. */
 typedef struct ur_cuda_block {
   void *p;
   size_t bytes;
 } ur_cuda_block;
 
-static pthread_mutex_t g_managed_lock = PTHREAD_MUTEX_INITIALIZER;
-static ur_cuda_block *g_managed;
-static size_t g_managed_n, g_managed_cap;
-static uint64_t g_managed_bytes; /* includes reservations of allocations in progress */
+typedef struct ur_cuda_blocks {
+  ur_cuda_block *b;
+  size_t n, cap;
+} ur_cuda_blocks;
 
-static int ur_cuda_managed_track(void *p, size_t bytes) {
-  if (g_managed_n == g_managed_cap) {
-    size_t cap = g_managed_cap ? 2 * g_managed_cap : 64;
-    ur_cuda_block *b = (ur_cuda_block *)realloc(g_managed, cap * sizeof *b);
+static int ur_cuda_blocks_add(ur_cuda_blocks *l, void *p, size_t bytes) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    ur_cuda_block *b = (ur_cuda_block *)realloc(l->b, cap * sizeof *b);
     if (!b) return -1;
-    g_managed = b;
-    g_managed_cap = cap;
+    l->b = b;
+    l->cap = cap;
   }
-  g_managed[g_managed_n].p = p;
-  g_managed[g_managed_n].bytes = bytes;
-  g_managed_n++;
+  l->b[l->n].p = p;
+  l->b[l->n].bytes = bytes;
+  l->n++;
   return 0;
 }
 
-static void ur_cuda_managed_untrack(void *p) {
-  for (size_t i = 0; i < g_managed_n; i++) {
-    if (g_managed[i].p != p) continue;
-    g_managed_bytes -= g_managed[i].bytes;
-    g_managed[i] = g_managed[--g_managed_n];
-    return;
+/* Removes p; its bytes, or 0 when p is not in the list. */
+static size_t ur_cuda_blocks_take(ur_cuda_blocks *l, void *p) {
+  for (size_t i = 0; i < l->n; i++) {
+    if (l->b[i].p != p) continue;
+    size_t bytes = l->b[i].bytes;
+    l->b[i] = l->b[--l->n];
+    return bytes;
   }
+  return 0;
+}
+
+static pthread_mutex_t g_managed_lock = PTHREAD_MUTEX_INITIALIZER;
+static ur_cuda_blocks g_managed;
+static uint64_t g_managed_bytes; /* includes reservations of allocations in progress */
+
+static int ur_cuda_managed_track(void *p, size_t bytes) { return ur_cuda_blocks_add(&g_managed, p, bytes); }
+
+static void ur_cuda_managed_untrack(void *p) { g_managed_bytes -= ur_cuda_blocks_take(&g_managed, p); }
+
+/* Pinned host memory of at least UR_CUDA_PINNED_HUGE_MIN bytes is an anonymous mapping aligned
+ * to 2 MiB, asked to be backed by transparent huge pages (madvise; the host's setting decides)
+ * before it is touched, and registered (cudaHostRegister, mapped and portable): a GPU that
+ * reads it in place (zero-copy tables, the cache's row moves) has 512 times fewer host pages to
+ * translate across a large table.  Smaller requests, and any whose mapping or registration
+ * fails, come from cudaHostAlloc as before. */
+#define UR_CUDA_PINNED_HUGE_MIN (64ull << 20)
+#define UR_CUDA_HUGE_PAGE (2ull << 20)
+
+static pthread_mutex_t g_pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+static ur_cuda_blocks g_pinned; /* the registered mappings: start, length */
+
+/* Whether every GPU reads registered host memory at its host address (as cudaHostAlloc's
+ * mapped memory is read: the engine passes host pointers to kernels). */
+static int ur_cuda_host_pointers_registered(void) {
+  static std::atomic<int> known(-1);
+  int k = known.load();
+  if (k >= 0) return k;
+  k = g_device_count > 0;
+  for (int d = 0; d < g_device_count && k; d++) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrCanUseHostPointerForRegisteredMem, d) != cudaSuccess) {
+      (void)cudaGetLastError();
+      v = 0;
+    }
+    k = v != 0;
+  }
+  known.store(k);
+  return k;
+}
+
+/* A registered mapping of at least bytes, or NULL (nothing to clean up) when one cannot be had. */
+static void *ur_cuda_pinned_map(size_t bytes) {
+  if (!ur_cuda_host_pointers_registered()) return NULL;
+  size_t len = (bytes + UR_CUDA_HUGE_PAGE - 1) & ~(UR_CUDA_HUGE_PAGE - 1);
+  size_t span = len + UR_CUDA_HUGE_PAGE;
+  char *raw = (char *)mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == (char *)MAP_FAILED) return NULL;
+  char *p = (char *)(((uintptr_t)raw + UR_CUDA_HUGE_PAGE - 1) & ~(uintptr_t)(UR_CUDA_HUGE_PAGE - 1));
+  if (p > raw) munmap(raw, (size_t)(p - raw));
+  if (raw + span > p + len) munmap(p + len, (size_t)(raw + span - (p + len)));
+#ifdef MADV_HUGEPAGE
+  (void)madvise(p, len, MADV_HUGEPAGE); /* advice: without huge pages the mapping is still right */
+#endif
+  if (cudaHostRegister(p, len, cudaHostRegisterMapped | cudaHostRegisterPortable) != cudaSuccess) {
+    (void)cudaGetLastError(); /* not sticky: the fallback's cudaHostAlloc reports its own */
+    munmap(p, len);
+    return NULL;
+  }
+  pthread_mutex_lock(&g_pinned_lock);
+  int lost = ur_cuda_blocks_add(&g_pinned, p, len);
+  pthread_mutex_unlock(&g_pinned_lock);
+  if (lost) {
+    ur__cuda_drop(cudaHostUnregister(p));
+    munmap(p, len);
+    return NULL;
+  }
+  return p;
 }
 
 /* Pages of managed memory are counted whether or not they are resident on the GPU yet (free
@@ -235,6 +307,7 @@ static ur_status ur_cuda_alloc(ur_place place, int32_t device, size_t bytes, voi
   if (bytes == 0) return UR_STATUS_OK;
   switch (place) {
   case UR_PLACE_PINNED:
+    if (bytes >= UR_CUDA_PINNED_HUGE_MIN && (*out = ur_cuda_pinned_map(bytes)) != NULL) return UR_STATUS_OK;
     /* Portable: usable from every device's context; mapped: readable in place by kernels. */
     UR_CUDA_CHECK(cudaHostAlloc(out, bytes, cudaHostAllocMapped | cudaHostAllocPortable),
                   "cudaHostAlloc of %zu bytes", bytes);
@@ -267,9 +340,18 @@ static ur_status ur_cuda_alloc(ur_place place, int32_t device, size_t bytes, voi
 static void ur_cuda_free(ur_place place, void *p) {
   if (!p) return;
   switch (place) {
-  case UR_PLACE_PINNED:
-    ur__cuda_drop(cudaFreeHost(p));
+  case UR_PLACE_PINNED: {
+    pthread_mutex_lock(&g_pinned_lock);
+    size_t len = ur_cuda_blocks_take(&g_pinned, p);
+    pthread_mutex_unlock(&g_pinned_lock);
+    if (len) {
+      ur__cuda_drop(cudaHostUnregister(p));
+      munmap(p, len);
+    } else {
+      ur__cuda_drop(cudaFreeHost(p));
+    }
     break;
+  }
   case UR_PLACE_MANAGED:
     pthread_mutex_lock(&g_managed_lock);
     ur_cuda_managed_untrack(p);

@@ -218,6 +218,32 @@ describe("embedding collections on CUDA", function()
     end
   end)
 
+  -- 131075 rows of 128 f32 are 64 MiB and 2 KiB: past the backend's threshold for pinned memory
+  -- of a mapping of its own, asked for huge pages and registered (kernels/backend.cu,
+  -- ur_cuda_pinned_map), which the kernels read and step in place
+  cuda_it("reads and steps pinned tables of 64 MiB and more (registered mappings) as device ones, bit for bit",
+          function()
+    math.randomseed(12)
+    local function make(place)
+      return EBC { tables = { { name = "a", rows = 131075, dim = 128 }, { name = "b", rows = 40, dim = 16 } },
+                   device = 0, placement = place, seed = 17, optimizer = { "sgd", lr = 0.3 } }
+    end
+    local pinned, device = make("host"), make("device")
+    assert.equal("pinned", pinned:table("a"):placement())
+    R.bits_equal(pinned:table("a"), device:table("a"), "table a as made")
+    for step = 1, 3 do
+      local x = R.input(R.batch(rows_of(device), { batch = 256 }), "device")
+      local op, od = pinned:forward(x), device:forward(x)
+      R.bits_equal(op, od, "step " .. step .. " forward")
+      local g = assert(ur.tensor(od:size(), { dtype = od:dtype() }):uniform(-1, 1, step):to("device"))
+      pinned:backward(x, g)
+      device:backward(x, g)
+    end
+    for _, name in ipairs { "a", "b" } do R.bits_equal(pinned:table(name), device:table(name), "table " .. name) end
+    pinned.tbe:free()
+    device.tbe:free()
+  end)
+
   cuda_it("gives one row per value under pooling none, like the CPU", function()
     math.randomseed(10)
     local function make(dev, place)
