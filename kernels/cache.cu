@@ -15,7 +15,10 @@
  *           conflict miss).  Then an exclusive scan counts write-backs, fills and conflicts
  *           in key order, and a tally gives each table its counts.
  *   place   the move lists in key order (write-backs, fills, staged loads), the batch's slot
- *           list, and the slot id of every value.
+ *           list, and the slot id of every value; then the write-backs sorted by the row they
+ *           write (they come in the order of the keys that evict them): a warp reading or
+ *           writing host rows in ascending order moves them 3.5 times as fast as in random
+ *           order (H200, 24 GiB of pinned rows: 51.7 against 14.6 GB/s).
  * The row mover: a warp per entry copies one row (and its optimizer state) between host
  * memory (pinned or managed, read and written in place over the host link) and the slot
  * storage in HBM, in 16-byte words where both ends allow it. */
@@ -124,6 +127,13 @@ struct TriSum {
   }
 };
 
+/* The bits of a (cache table, row) pair (UR__CACHE_ROW_BITS of row, the table's above). */
+int pair_bits(const ur__cache_dev &d) {
+  int b = UR__CACHE_ROW_BITS;
+  while (b < 64 && ((int64_t)1 << (b - UR__CACHE_ROW_BITS)) <= d.nt) b++;
+  return b;
+}
+
 /* The scratch of one batch of n values (the same carving for each of the three calls). */
 struct Layout {
   uint64_t *ka, *kb;            /* keys, sorted into ka */
@@ -173,6 +183,10 @@ cudaError_t carve(const ur__cache_dev &d, int64_t n, char *base, Layout *L) {
     if ((e = cub::DeviceRadixSort::SortPairs(nullptr, c, k, v, (int)m, 0, d.key_bits, (cudaStream_t)0)))
       return e;
     best = c;
+    /* the write-backs' sort, on (table, row) pairs */
+    if ((e = cub::DeviceRadixSort::SortPairs(nullptr, c, k, v, (int)m, 0, pair_bits(d), (cudaStream_t)0)))
+      return e;
+    best = c > best ? c : best;
   }
   {
     cub::DoubleBuffer<uint32_t> k(nullptr, nullptr);
@@ -474,6 +488,21 @@ __global__ void place_ids(ur__cache_job j, Layout L) {
   j.out[L.va[i]] = r < 0 ? j.sbase + L.pre[u].conf : r & ~kHit;
 }
 
+/* The write-backs' (pair, slot) entries apart for their sort, and back in pair order. */
+__global__ void split_writebacks(ur__cache_job j, uint64_t *pairs, int64_t *slots) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= j.nwb) return;
+  pairs[i] = (uint64_t)j.lists[2 * i];
+  slots[i] = j.lists[2 * i + 1];
+}
+
+__global__ void join_writebacks(ur__cache_job j, const uint64_t *pairs, const int64_t *slots) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= j.nwb) return;
+  j.lists[2 * i] = (int64_t)pairs[i];
+  j.lists[2 * i + 1] = slots[i];
+}
+
 __global__ void mark_dirty(uint8_t *dirty, const int64_t *slots, int64_t n) {
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) dirty[slots[i]] = 1;
@@ -589,6 +618,14 @@ static cudaError_t ur__cuda_cache_place(cudaStream_t s, const ur__cache_dev *d, 
   if (j->U > 0) place_lists<<<blocks_for(j->U), kThreads, 0, s>>>(*d, *j, L);
   if (j->n > 0) place_other<<<blocks_for(j->n), kThreads, 0, s>>>(*d, *j, L);
   if (j->nvalid > 0) place_ids<<<blocks_for(j->nvalid), kThreads, 0, s>>>(*j, L);
+  if (j->nwb > 1) { /* the keys' buffers are free once place_ids has run (nwb <= U <= n) */
+    split_writebacks<<<blocks_for(j->nwb), kThreads, 0, s>>>(*j, L.kb, L.vb);
+    cub::DoubleBuffer<uint64_t> k(L.kb, L.ka);
+    cub::DoubleBuffer<int64_t> v(L.vb, L.va);
+    size_t tb = L.cub_bytes;
+    TRY(cub::DeviceRadixSort::SortPairs(L.cub, tb, k, v, (int)j->nwb, 0, pair_bits(*d), s));
+    join_writebacks<<<blocks_for(j->nwb), kThreads, 0, s>>>(*j, k.Current(), v.Current());
+  }
   return cudaGetLastError();
 }
 
