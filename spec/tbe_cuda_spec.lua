@@ -218,7 +218,7 @@ describe("embedding collections on CUDA", function()
     end
   end)
 
-  -- 131075 rows of 128 f32 are 64 MiB and 2 KiB: past the backend's threshold for pinned memory
+  -- 131075 rows of 128 f32 are 64 MiB and 1.5 KiB: past the backend's threshold for pinned memory
   -- of a mapping of its own, asked for huge pages and registered (kernels/backend.cu,
   -- ur_cuda_pinned_map), which the kernels read and step in place
   cuda_it("reads and steps pinned tables of 64 MiB and more (registered mappings) as device ones, bit for bit",

@@ -255,9 +255,8 @@ if synthetic then
   print(("%s fed from %s (drawn %s), %d timed steps after %d: all in HBM, then cached in %s"):format(config,
     base_cfg.data.train, gpu and "on the GPU" or "on the CPU", o.steps, o.warm, hbm_text))
   local function show(what, rec)
-    print(("%-16s %12.0f samples/s  built %6.1f s  HBM peak %s%s"):format(what, rec.samples_per_s, rec.build_seconds,
-      planner.fmt_bytes(rec.hbm_peak), rec.placement == "cached" and ("  hit %.1f%%  host link %.1f MB/step")
-      :format(100 * rec.hit_rate, rec.link_bytes_per_step / 1e6) or ""))
+    print(("%-16s %12.0f samples/s  built %6.1f s  HBM peak %s"):format(what, rec.samples_per_s, rec.build_seconds,
+      planner.fmt_bytes(rec.hbm_peak)))
     if rec.cache then print(("%-16s cache: %s"):format("", caches.step_line(rec.cache))) end
   end
   -- A failed run is a line of its own (mode "error") and fails the command at the end, after the

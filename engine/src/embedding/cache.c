@@ -903,7 +903,9 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
   if ((st = span_mark(c, B, 0, sh)) || (st = g->cache->lookup(sh, &c->dev, &j)) ||
       (st = span_mark(c, B, 1, sh)) || (st = g->stream_sync(sh)))
     return st;
-  c->stats[c->nt].bytes_ids += link + (link && x->bag_start ? 8 * ((uint64_t)c->F + 1) : 0);
+  /* the info once more when the GPU's lookup waited for the count of the cached values */
+  c->stats[c->nt].bytes_ids += link * (c->dev.partial && n > 0 ? 2 : 1)
+                               + (link && x->bag_start ? 8 * ((uint64_t)c->F + 1) : 0);
   if (info[UR__CI_BAD_F] >= 0 || (info[UR__CI_BAD_V] >= 0 && j.bounds_fatal))
     return lookup_error(c, s, x, info[UR__CI_BAD_V], info[UR__CI_BAD_F]);
   j.U = info[UR__CI_U];

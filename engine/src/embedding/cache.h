@@ -82,7 +82,9 @@ typedef struct ur__cache_job {
   int32_t lfu;
   int64_t nwb, nfill, nconf;    /* place: from decide's info */
   int64_t sbase;                /* place: the first staging row of this batch */
-  int64_t *lists;               /* place: [2 nwb | 2 nfill | 2 nconf | U - nconf slots] */
+  int64_t *lists;               /* place: [2 nwb | 2 nfill | 2 nconf | U - nconf slots]; the
+                                 * write-backs in key order of the keys that evict them (the
+                                 * CPU) or sorted by the row they write (the GPU, for its moves) */
   int64_t *row_ids;             /* place: [slot storage rows] the row each holds (set for loads) */
   int64_t *out;                 /* place: [n] slot ids, or the ids of other tables' features */
   void *scratch;                /* of scratch_bytes (the backend's scratch entry), kept from
