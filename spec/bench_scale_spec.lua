@@ -39,6 +39,9 @@ describe("scripts/bench/scale.lua", function()
       -- tables past the cache: misses, rows over the host link
       assert.is_true(t.hit_rate > 0 and t.hit_rate < 1, tostring(t.hit_rate))
       assert.is_true(t.link_bytes_per_step > 0)
+      -- the cache's figures a step (uvmrec.cache.per_step), its GPU phases none on the CPU
+      assert.same({ t.hit_rate, t.link_bytes_per_step, 0 },
+                  { t.cache.hit_rate, t.cache.link_bytes, t.cache.gpu_seconds })
       hits[k] = t.hit_rate
       assert.same({ "scale", "check", true, 3, size * 2 ^ 20 }, { c.bench, c.mode, c.equal, c.steps, c.hbm_embeddings })
       assert.equal(3, #c.losses)

@@ -68,6 +68,13 @@ describe("uvmrec.cache", function()
     m:backward(y, grad_like(m.output))
     s = c:stats()
     assert.same({ 2, 5 }, { s.hits, s.misses })
+    -- the CPU times no GPU phase; a run's figures a step (uvmrec.cache.per_step) from the counts
+    assert.same({ lookup = 0, decide = 0, place = 0, retire = 0 }, s.gpu_phases)
+    local p = require("uvmrec.cache").per_step(s, 2)
+    assert.same({ s.hit_rate, (s.bytes_in + s.bytes_out + s.bytes_ids) / 2, 0 },
+                { p.hit_rate, p.link_bytes, p.gpu_seconds })
+    assert.is_true(s.bytes_in > 0)
+    assert.matches("^28.6%% of distinct rows hit, ", require("uvmrec.cache").step_line(p))
     assert.is_number(c:contains("a", { 1, 2, 3, 4, 5 })[1])
     assert.is_false(c:contains("a", { 5 })[1])
     assert.is_false(c:contains("a", { 999 })[1])

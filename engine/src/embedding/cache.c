@@ -135,6 +135,12 @@ typedef struct slot_store {
   ur_tensor *w, *s1, *s2, *ids;
 } slot_store;
 
+/* The cache's slot storage now. */
+static slot_store slots_of(const ur_cache *c) {
+  slot_store n = {c->sw, c->ss1, c->ss2, c->srow};
+  return n;
+}
+
 static void slots_free(slot_store *n) {
   ur_tensor_free(n->w);
   ur_tensor_free(n->s1);
@@ -195,7 +201,7 @@ static ur_status copy_parts(const ur_cache *c, void *const dst[4], void *const s
 /* Makes n the cache's slot storage of R rows (the old one is freed) and points the tables at
  * it. */
 static ur_status slots_install(ur_cache *c, slot_store *n, int64_t R) {
-  slot_store old = {c->sw, c->ss1, c->ss2, c->srow};
+  slot_store old = slots_of(c);
   slots_free(&old);
   c->sw = n->w;
   c->ss1 = n->s1;
@@ -218,7 +224,7 @@ static ur_status slots_install(ur_cache *c, slot_store *n, int64_t R) {
 /* Slot storage of R rows; the first keep rows of the old storage are kept.  The new storage
  * is allocated beside the old, and the kept rows copied over (the fast way). */
 static ur_status alloc_slots(ur_cache *c, int64_t R, int64_t keep) {
-  slot_store n, old = {c->sw, c->ss1, c->ss2, c->srow};
+  slot_store n, old = slots_of(c);
   ur_status st = slots_new(c, R, &n);
   if (!st && keep > 0 && c->sw) {
     void *dst[4], *src[4];
@@ -684,6 +690,7 @@ static ur_status regrow_via_host(ur_cache *c, int64_t R, int64_t keep, int *rest
   ur_tensor *h = NULL;
   ur_status st = UR_STATUS_OK;
   void *hp[4] = {NULL, NULL, NULL, NULL}, *p[4];
+  slot_store old = slots_of(c), n;
   if (keep > 0) {
     if (ur_tensor_new(&h, UR_DTYPE_U8, 1, &hb, UR_PLACE_PINNED, UR_LOC_CPU) &&
         (st = ur_tensor_new(&h, UR_DTYPE_U8, 1, &hb, UR_PLACE_HOST, UR_LOC_CPU)))
@@ -693,15 +700,13 @@ static ur_status regrow_via_host(ur_cache *c, int64_t R, int64_t keep, int *rest
       hp[k] = per[k] ? at : NULL;
       at += (size_t)keep * per[k];
     }
-    slot_store p_old = {c->sw, c->ss1, c->ss2, c->srow};
-    slots_parts(&p_old, p);
+    slots_parts(&old, p);
     if ((st = copy_parts(c, hp, p, keep))) {
       ur_tensor_free(h);
       return st;
     }
   }
   int64_t R0 = c->R;
-  slot_store old = {c->sw, c->ss1, c->ss2, c->srow}, n;
   slots_free(&old);
   c->sw = c->ss1 = c->ss2 = c->srow = NULL;
   st = slots_new(c, R, &n);
