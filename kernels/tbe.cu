@@ -7,8 +7,9 @@
  * pointing back into the output's gradient (the bag, or the value when weights or pooling
  * none need it), never gradient rows, sorted by cub's radix sort (stable: a row's values stay
  * in value order).  The sorted keys' runs are the segments (a run starts where the key
- * changes).  A warp per short segment sums its gradient rows in that order and steps the
- * optimizer once, the same sum as the CPU reference's (tbe_plan.h's arithmetic, unfused);
+ * changes).  A warp takes 32 short segments, a few at a time (a window, whose gradient rows are
+ * in flight together), sums each one's gradient rows in that order and steps the optimizer
+ * once a row, the same sum as the CPU reference's (tbe_plan.h's arithmetic, unfused);
  * segments of more than UR_TBE_HOT entries are cut into chunks of UR_TBE_CHUNK, a CTA each,
  * whose partial sums a warp per segment adds in chunk order.  No atomics touch floats, so a
  * run is bit-identical to the next.  The one exception, asked for (nondeterministic, SGD on f32
@@ -496,35 +497,44 @@ __device__ __forceinline__ void resolve(const ur__tbe_args &a, const Sorted &s, 
   *c = w;
 }
 
-/* Adds U gradient rows, all loaded before the first is added, into acc in order; entries past
- * cnt are left out.  ck and ak come from the lanes that resolved them. */
-template <int NV, int E, int U>
-__device__ __forceinline__ void add_rows(const ur__tbe_args &a, float c, int64_t at, int u, int cnt,
-                                         int dim, float (&acc)[NV][E], int lane) {
+/* Adds the U gradient rows of entries u .. u + U - 1 of the lanes' 32, all loaded before the
+ * first is added, each into the sum of its segment (acc[k], k the window's segment it belongs
+ * to; k < 0: left out), in order; entries past cnt are left out.  Lane l resolved entry l: its
+ * factor c, its gradient row's start at, its segment k and that segment's width dim. */
+template <int NV, int E, int U, int W>
+__device__ __forceinline__ void add_rows(const ur__tbe_args &a, float c, int64_t at, int k, int dim,
+                                         int u, int cnt, float (&acc)[W][NV][E], int lane) {
   float ck[U], gk[U][NV][E];
   int64_t ak[U];
+  int kk[U], dd[U];
 #pragma unroll
-  for (int k = 0; k < U; k++) {
-    ck[k] = __shfl_sync(kFull, c, (u + k) & 31);
-    ak[k] = __shfl_sync(kFull, at, (u + k) & 31);
+  for (int q = 0; q < U; q++) {
+    int src = (u + q) & 31;
+    ck[q] = __shfl_sync(kFull, c, src);
+    ak[q] = __shfl_sync(kFull, at, src);
+    kk[q] = __shfl_sync(kFull, k, src);
+    dd[q] = __shfl_sync(kFull, dim, src);
+    if (u + q >= cnt) kk[q] = -1;
   }
 #pragma unroll
-  for (int k = 0; k < U; k++)
+  for (int q = 0; q < U; q++)
 #pragma unroll
     for (int v = 0; v < NV; v++) {
       int col = (v * 32 + lane) * E;
-      if (u + k < cnt && col < dim) load_out<E>(a.grad, a.out_dtype, ak[k] + col, gk[k][v]);
+      if (kk[q] >= 0 && col < dd[q]) load_out<E>(a.grad, a.out_dtype, ak[q] + col, gk[q][v]);
     }
 #pragma unroll
-  for (int k = 0; k < U; k++) {
-    if (u + k >= cnt) break;
+  for (int q = 0; q < U; q++)
 #pragma unroll
-    for (int v = 0; v < NV; v++) {
-      if ((v * 32 + lane) * E >= dim) continue;
+    for (int w = 0; w < W; w++) {
+      if (kk[q] != w) continue;
 #pragma unroll
-      for (int e = 0; e < E; e++) acc[v][e] = UR_FADD(acc[v][e], UR_FMUL(ck[k], gk[k][v][e]));
+      for (int v = 0; v < NV; v++) {
+        if ((v * 32 + lane) * E >= dd[q]) continue;
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[w][v][e] = UR_FADD(acc[w][v][e], UR_FMUL(ck[q], gk[q][v][e]));
+      }
     }
-  }
 }
 
 /* Adds entries [j0, j1) of one segment into acc, in order: the lanes resolve 32 payloads at a
@@ -532,13 +542,14 @@ __device__ __forceinline__ void add_rows(const ur__tbe_args &a, float c, int64_t
 template <int NV, int E, int U>
 __device__ __forceinline__ void sum_entries(const ur__tbe_args &a, const Sorted &s, int dim,
                                             int64_t j0, int64_t j1, float (&acc)[NV][E], int lane) {
+  float(&one)[1][NV][E] = reinterpret_cast<float(&)[1][NV][E]>(acc);
   for (int64_t base = j0; base < j1; base += 32) {
     int64_t j = base + lane;
     float c = 0.0f;
     int64_t at = 0;
     if (j < j1) resolve(a, s, s.pay[j], dim, &at, &c);
     int cnt = j1 - base < 32 ? (int)(j1 - base) : 32;
-    for (int u = 0; u < cnt; u += U) add_rows<NV, E, U>(a, c, at, u, cnt, dim, acc, lane);
+    for (int u = 0; u < cnt; u += U) add_rows<NV, E, U, 1>(a, c, at, 0, dim, u, cnt, one, lane);
   }
 }
 
@@ -655,57 +666,135 @@ __device__ __forceinline__ void finish(const ur__tbe_args &a, const ur__tbe_hype
 }
 
 
-/* Pulls a row's lines into L2, a line a lane. */
-__device__ __forceinline__ void prefetch_row(const void *p, int bytes, int lane) {
-  for (int o = lane * 128; o < bytes; o += 32 * 128)
+/* Pulls a row's lines into L2: line `first`, then every `step`-th (a line a lane: lane, 32; a
+ * whole row by one lane: 0, 1). */
+__device__ __forceinline__ void prefetch_row(const void *p, int bytes, int first, int step) {
+  for (int o = first * 128; o < bytes; o += step * 128)
     asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
 }
 
-/* The segment's row (and its state) on their way to L2 while its gradient is summed. */
+/* The segment's row (and its state) on their way to L2 while its gradient is summed; its lines
+ * shared as prefetch_row's. */
 __device__ __forceinline__ void prefetch_step(const ur__tbe_hyper &h, const ur__tbe_table &tb,
-                                              int64_t row, int lane) {
+                                              int64_t row, int first, int step) {
   int es = esize(tb.dtype);
   int64_t pr = tb.perm ? tb.perm[row] : row;
-  prefetch_row((const char *)tb.weights + pr * tb.dim * es, tb.dim * es, lane);
+  prefetch_row((const char *)tb.weights + pr * tb.dim * es, tb.dim * es, first, step);
   if (h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
-    if (lane == 0) prefetch_row(tb.state1 + pr, 4, 0);
+    if (first == 0) prefetch_row(tb.state1 + pr, 4, 0, 1);
   } else if (tb.state1) {
-    prefetch_row(tb.state1 + pr * tb.dim, tb.dim * 4, lane);
+    prefetch_row(tb.state1 + pr * tb.dim, tb.dim * 4, first, step);
   }
-  if (tb.state2) prefetch_row(tb.state2 + pr * tb.dim, tb.dim * 4, lane);
+  if (tb.state2) prefetch_row(tb.state2 + pr * tb.dim, tb.dim * 4, first, step);
 }
 
-/* A warp per short segment (UR_TBE_HOT entries or fewer): its entries summed in order, U
- * gradient rows in flight at a time, then its row stepped once (or written out, sparse).  The
- * same sum, in the same order and rounding, as the CPU reference's.  Segments are numbered on
- * the device, hence the grid-stride loop; long ones are left to chunk_kernel and long_kernel. */
-template <int NV, int E, int U>
-__global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV * E <= 8 ? 4 : 2)
+/* One segment as the lane that reads it sees it.  mode: 0 none (past the last segment, or its
+ * table sits out ur_tbe_row_sums), 1 short (seg_kernel steps it), 2 long (long_kernel does). */
+struct SegOf {
+  int64_t row;
+  int32_t j0, j1, t, dim, mode; /* entries: fewer than 2^31 (tbe.c checks) */
+};
+
+__device__ __forceinline__ SegOf seg_of(const ur__tbe_args &a, const ur__tbe_hyper &h,
+                                        const Sorted &s, int64_t seg, int ns, int nv) {
+  SegOf g = {0, nv, nv, 0, 0, 0}; /* past the end: empty, where the entries end */
+  if (seg >= ns) return g;
+  g.j0 = s.starts[seg];
+  g.j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
+  if (g.j1 - g.j0 > UR_TBE_HOT) {
+    g.mode = 2;
+    return g;
+  }
+  uint64_t key = key_at(s, g.j0);
+  g.t = table_of_key(a, key);
+  const ur__tbe_table &tb = a.tables[g.t];
+  g.row = (int64_t)key - tb.key_base;
+  g.dim = tb.dim;
+  g.mode = h.sums_only && !tb.row_sums ? 0 : 1;
+  return g;
+}
+
+/* Short segments (UR_TBE_HOT entries or fewer), 32 consecutive ones a warp: each lane reads one
+ * segment's bounds, key and table at once, then the warp takes them W at a time, a window.  A
+ * window's entries lie together in sorted order, so the lanes resolve 32 of them at a time and
+ * U gradient rows are in flight at once whichever segment they belong to; each is added into
+ * its own segment's sum, in order: the same sum, in the same order and rounding, as the CPU
+ * reference's.  Then each row is stepped once (or written out, sparse); the rows of the window
+ * after next are on their way to L2 meanwhile.  Entries of long segments (chunk_kernel's and
+ * long_kernel's) are passed over.  Segments are numbered on the device, hence the grid-stride
+ * loop. */
+template <int NV, int E, int U, int W>
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : NV * E <= 8 ? 4 : 2)
     seg_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
   /* a guard holds the step back; the row sums (ur_tbe_row_sums) are written all the same, for the
    * other ranks' column shards add them */
   if (!sp.rows && !h.sums_only && ur__optim_gated(&h.k)) return;
-  __shared__ float slots[UR_TBE_WARPS][NV * 32 * E];
+  __shared__ float slots[UR_TBE_WARPS][W][NV * 32 * E]; /* the window's sums, a segment each */
   int lane = threadIdx.x & 31;
-  float *slot = slots[threadIdx.x / 32];
+  float(*slot)[NV * 32 * E] = slots[threadIdx.x / 32];
   int ns = s.scal[0], nv = s.scal[2];
   int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
-  for (int64_t seg = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; seg < ns; seg += warps) {
-    int64_t j0 = s.starts[seg], j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
-    if (j1 - j0 > UR_TBE_HOT) continue;
-    uint64_t key = key_at(s, j0);
-    int32_t t = table_of_key(a, key);
-    const ur__tbe_table &tb = a.tables[t];
-    if (h.sums_only && !tb.row_sums) continue; /* ur_tbe_row_sums: other tables sit out */
-    int64_t row = (int64_t)key - tb.key_base;
-    if (!sp.rows) prefetch_step(h, tb, row, lane);
-    float acc[NV][E];
+  for (int64_t g0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * 32; g0 < ns;
+       g0 += warps * 32) {
+    const SegOf me = seg_of(a, h, s, g0 + lane, ns, nv);
+    const bool pf = me.mode == 1 && !sp.rows;
+    if (pf && lane < 2 * W) prefetch_step(h, a.tables[me.t], me.row, 0, 1);
+    for (int w0 = 0; w0 < 32; w0 += W) {
+      if (pf && lane >= w0 + 2 * W && lane < w0 + 3 * W) prefetch_step(h, a.tables[me.t], me.row, 0, 1);
+      int m[W], sd[W];
+      int32_t sj0[W];
+      bool any = false;
 #pragma unroll
-    for (int v = 0; v < NV; v++)
+      for (int k = 0; k < W; k++) {
+        m[k] = __shfl_sync(kFull, me.mode, w0 + k);
+        sd[k] = __shfl_sync(kFull, me.dim, w0 + k);
+        sj0[k] = __shfl_sync(kFull, me.j0, w0 + k);
+        any |= m[k] == 1;
+      }
+      int32_t J1 = __shfl_sync(kFull, me.j1, w0 + W - 1);
+      if (!any) continue;
+      float acc[W][NV][E];
 #pragma unroll
-      for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
-    sum_entries<NV, E, U>(a, s, tb.dim, j0, j1, acc, lane);
-    finish<NV, E>(a, h, sp, slot, t, seg, row, acc, lane);
+      for (int k = 0; k < W; k++)
+#pragma unroll
+        for (int v = 0; v < NV; v++)
+#pragma unroll
+          for (int e = 0; e < E; e++) acc[k][v][e] = 0.0f;
+      for (int32_t base = sj0[0]; base < J1;) {
+        int32_t j = base + lane;
+        int mk = m[0], dk = sd[0], sk = 0;
+#pragma unroll
+        for (int k = 1; k < W; k++)
+          if (j >= sj0[k]) mk = m[k], dk = sd[k], sk = k;
+        float c = 0.0f;
+        int64_t at = 0;
+        if (j < J1 && mk == 1) resolve(a, s, s.pay[j], dk, &at, &c);
+        else sk = -1;
+        int cnt = J1 - base < 32 ? J1 - base : 32;
+        for (int u = 0; u < cnt; u += U) add_rows<NV, E, U, W>(a, c, at, sk, dk, u, cnt, acc, lane);
+        /* over a long segment's entries (chunk_kernel's) at one step */
+        base += 32;
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+          int32_t end = k + 1 < W ? sj0[k + 1] : J1;
+          if (m[k] == 2 && base >= sj0[k] && base < end) base = end;
+        }
+      }
+      /* the sums set down before the first step: nothing of them lives across step_row's calls */
+#pragma unroll
+      for (int k = 0; k < W; k++)
+#pragma unroll
+        for (int v = 0; v < NV; v++)
+#pragma unroll
+          for (int e = 0; e < E; e++) slot[k][(v * 32 + lane) * E + e] = acc[k][v][e];
+#pragma unroll 1
+      for (int k = 0; k < W; k++) { /* one call site: step_row is large */
+        int32_t t = __shfl_sync(kFull, me.t, w0 + k);
+        int64_t row = __shfl_sync(kFull, me.row, w0 + k);
+        if (__shfl_sync(kFull, me.mode, w0 + k) == 1)
+          step_row<NV, E>(h, sp, a.tables + t, t, g0 + w0 + k, row, slot[k], lane);
+      }
+    }
   }
 }
 
@@ -784,7 +873,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     if (h.sums_only && !tb.row_sums) continue;
     int64_t row = (int64_t)key - tb.key_base;
     int dim = tb.dim;
-    if (!sp.rows) prefetch_step(h, tb, row, lane);
+    if (!sp.rows) prefetch_step(h, tb, row, lane, 32);
     int q1 = s.cend[k], q0 = q1 - chunks_of(j1 - j0);
     float acc[NV][E];
 #pragma unroll
@@ -1196,9 +1285,11 @@ cudaError_t launch_reduce(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_
   /* Gradient rows a lane has in flight: registers decide how many warps fit. */
   const int U = NV * E >= 16 ? 2 : 16 / (NV * E);
   int sms = sm_count();
-  int64_t want = blocks_for((a.n + 1) / 2); /* a segment has two entries or so */
+  /* Segments a window: as many as gradient rows in flight, for rows of up to 8 values a lane. */
+  const int W = NV * E <= 8 ? U : 1;
+  int64_t want = blocks_for((a.n + 31) / 32); /* 32 segments a warp, at most a.n segments */
   unsigned blocks = (unsigned)(want < (int64_t)sms * 32 ? want : (int64_t)sms * 32);
-  seg_kernel<NV, E, U><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);
+  seg_kernel<NV, E, U, W><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   int64_t chunks = (int64_t)max_chunks((size_t)a.n);

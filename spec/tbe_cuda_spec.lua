@@ -138,6 +138,31 @@ describe("embedding collections on CUDA", function()
     end
   end)
 
+  cuda_it("steps the rows beside a long segment bit for bit: a warp's windows pass over its entries", function()
+    -- row 3 read 700 times is summed in chunks (within rounding); every other row, read a few
+    -- times, shares its warp's 32 segments with it and must come out as the CPU's, bit for bit
+    for _, weighted in ipairs { false, true } do
+      math.randomseed(weighted and 41 or 42)
+      local cpu, gpu = pair("narrow", { optimizer = { "sgd", lr = 0.5 } })
+      local b = R.batch(rows_of(cpu), { batch = 300, weighted = weighted, hot = { 3, 700 } })
+      local ci, gi = R.input(b), R.input(b, "device")
+      local co = cpu:forward(ci)
+      gpu:forward(gi)
+      local g = ur.tensor(co:size()):uniform(-1, 1, 43)
+      cpu:backward(ci, g)
+      gpu:backward(gi, assert(g:to("device")))
+      local sc, sg = R.snapshot(cpu.tbe), R.snapshot(gpu.tbe)
+      local dim = cpu.tbe.dims.a
+      local rc, rg = {}, {} -- row 3 of table a, taken out of both
+      for i = 1, dim do
+        rc[i], rg[i] = sc.a[3 * dim + i], sg.a[3 * dim + i]
+        sc.a[3 * dim + i], sg.a[3 * dim + i] = 0, 0
+      end
+      R.close(rg, rc, 1e-5, 1e-6, "the long segment's row")
+      assert.same(sc, sg, "weighted " .. tostring(weighted))
+    end
+  end)
+
   cuda_it("steps SGD by atomics without sorting when not deterministic, within rounding of the CPU", function()
     for _, shape in ipairs { "narrow", "mixed" } do
       math.randomseed(#shape + 50)
