@@ -7,8 +7,9 @@
  * pointing back into the output's gradient (the bag, or the value when weights or pooling
  * none need it), never gradient rows, sorted by cub's radix sort (stable: a row's values stay
  * in value order).  The sorted keys' runs are the segments (a run starts where the key
- * changes).  A warp takes 32 short segments, a few at a time (a window, whose gradient rows are
- * in flight together), sums each one's gradient rows in that order and steps the optimizer
+ * changes).  A warp takes 32 short segments (UR_TBE_SHORT entries or fewer), a few at a time (a
+ * window, whose gradient rows are in flight together), or one middling segment (a list of them:
+ * up to UR_TBE_HOT entries), sums each one's gradient rows in that order and steps the optimizer
  * once a row, the same sum as the CPU reference's (tbe_plan.h's arithmetic, unfused);
  * segments of more than UR_TBE_HOT entries are cut into chunks of UR_TBE_CHUNK, a CTA each,
  * whose partial sums a warp per segment adds in chunk order.  No atomics touch floats, so a
@@ -33,6 +34,7 @@
 #include "embedding/tbe.h"
 
 #define UR_TBE_WARPS 8      /* warps per block */
+#define UR_TBE_SHORT 8      /* rows read this often or less: summed a window at a time, 32 a warp */
 #define UR_TBE_HOT 256      /* a row read more often than this is summed in chunks */
 #define UR_TBE_CHUNK 256    /* entries a CTA sums into one partial (a multiple of UR_TBE_WARPS) */
 #define UR_TBE_ALIGN 256
@@ -436,12 +438,24 @@ struct IsHot {
   }
 };
 
+/* A middling segment: more than UR_TBE_SHORT entries, UR_TBE_HOT or fewer (a warp each). */
+struct IsMid {
+  const int32_t *starts, *scal;
+  __device__ bool operator()(int s) const {
+    int ns = scal[0];
+    if (s >= ns) return false;
+    int len = (s + 1 < ns ? starts[s + 1] : scal[2]) - starts[s];
+    return len > UR_TBE_SHORT && len <= UR_TBE_HOT;
+  }
+};
+
 /* The sorted pairs and their segments.  scal: [0] segments, [1] long segments, [2] valid
- * entries; hot: the long segments; cend: after each long segment, the chunks so far. */
+ * entries, [3] middling segments; hot: the long segments; cend: after each long segment, the
+ * chunks so far; mid: the middling segments. */
 struct Sorted {
   const uint32_t *k32;
   const uint64_t *k64; /* one of the two, by key_bits */
-  const int32_t *pay, *vbag, *starts, *scal, *hot, *cend;
+  const int32_t *pay, *vbag, *starts, *scal, *hot, *cend, *mid;
   float *part;         /* chunk partial sums, max_dim floats apart */
 };
 
@@ -666,30 +680,29 @@ __device__ __forceinline__ void finish(const ur__tbe_args &a, const ur__tbe_hype
 }
 
 
-/* Pulls a row's lines into L2: line `first`, then every `step`-th (a line a lane: lane, 32; a
- * whole row by one lane: 0, 1). */
-__device__ __forceinline__ void prefetch_row(const void *p, int bytes, int first, int step) {
-  for (int o = first * 128; o < bytes; o += step * 128)
+/* Pulls a row's lines into L2, a line a lane. */
+__device__ __forceinline__ void prefetch_row(const void *p, int bytes, int lane) {
+  for (int o = lane * 128; o < bytes; o += 32 * 128)
     asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
 }
 
-/* The segment's row (and its state) on their way to L2 while its gradient is summed; its lines
- * shared as prefetch_row's. */
+/* The segment's row (and its state) on their way to L2 while its gradient is summed. */
 __device__ __forceinline__ void prefetch_step(const ur__tbe_hyper &h, const ur__tbe_table &tb,
-                                              int64_t row, int first, int step) {
+                                              int64_t row, int lane) {
   int es = esize(tb.dtype);
   int64_t pr = tb.perm ? tb.perm[row] : row;
-  prefetch_row((const char *)tb.weights + pr * tb.dim * es, tb.dim * es, first, step);
+  prefetch_row((const char *)tb.weights + pr * tb.dim * es, tb.dim * es, lane);
   if (h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
-    if (first == 0) prefetch_row(tb.state1 + pr, 4, 0, 1);
+    if (lane == 0) prefetch_row(tb.state1 + pr, 4, 0);
   } else if (tb.state1) {
-    prefetch_row(tb.state1 + pr * tb.dim, tb.dim * 4, first, step);
+    prefetch_row(tb.state1 + pr * tb.dim, tb.dim * 4, lane);
   }
-  if (tb.state2) prefetch_row(tb.state2 + pr * tb.dim, tb.dim * 4, first, step);
+  if (tb.state2) prefetch_row(tb.state2 + pr * tb.dim, tb.dim * 4, lane);
 }
 
 /* One segment as the lane that reads it sees it.  mode: 0 none (past the last segment, or its
- * table sits out ur_tbe_row_sums), 1 short (seg_kernel steps it), 2 long (long_kernel does). */
+ * table sits out ur_tbe_row_sums), 1 short (seg_kernel steps it), 2 longer (mid_kernel or
+ * long_kernel does). */
 struct SegOf {
   int64_t row;
   int32_t j0, j1, t, dim, mode; /* entries: fewer than 2^31 (tbe.c checks) */
@@ -701,7 +714,7 @@ __device__ __forceinline__ SegOf seg_of(const ur__tbe_args &a, const ur__tbe_hyp
   if (seg >= ns) return g;
   g.j0 = s.starts[seg];
   g.j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
-  if (g.j1 - g.j0 > UR_TBE_HOT) {
+  if (g.j1 - g.j0 > UR_TBE_SHORT) {
     g.mode = 2;
     return g;
   }
@@ -714,15 +727,16 @@ __device__ __forceinline__ SegOf seg_of(const ur__tbe_args &a, const ur__tbe_hyp
   return g;
 }
 
-/* Short segments (UR_TBE_HOT entries or fewer), 32 consecutive ones a warp: each lane reads one
+/* Short segments (UR_TBE_SHORT entries or fewer), 32 consecutive ones a warp: each lane reads one
  * segment's bounds, key and table at once, then the warp takes them W at a time, a window.  A
  * window's entries lie together in sorted order, so the lanes resolve 32 of them at a time and
  * U gradient rows are in flight at once whichever segment they belong to; each is added into
  * its own segment's sum, in order: the same sum, in the same order and rounding, as the CPU
- * reference's.  Then each row is stepped once (or written out, sparse); the rows of the window
- * after next are on their way to L2 meanwhile.  Entries of long segments (chunk_kernel's and
- * long_kernel's) are passed over.  Segments are numbered on the device, hence the grid-stride
- * loop. */
+ * reference's.  Then each row is stepped once (or written out, sparse): an L2 prefetch of the
+ * rows of the window after next measured 2% slower on the H200.  Entries of longer segments (mid_kernel's,
+ * chunk_kernel's and long_kernel's) are passed over: 32 of them would keep one warp long after
+ * the others are done (rows read hundreds of times lie together in small tables).  Segments are
+ * numbered on the device, hence the grid-stride loop. */
 template <int NV, int E, int U, int W>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : NV * E <= 8 ? 4 : 2)
     seg_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
@@ -737,10 +751,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : NV * E <= 8 ? 4
   for (int64_t g0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * 32; g0 < ns;
        g0 += warps * 32) {
     const SegOf me = seg_of(a, h, s, g0 + lane, ns, nv);
-    const bool pf = me.mode == 1 && !sp.rows;
-    if (pf && lane < 2 * W) prefetch_step(h, a.tables[me.t], me.row, 0, 1);
     for (int w0 = 0; w0 < 32; w0 += W) {
-      if (pf && lane >= w0 + 2 * W && lane < w0 + 3 * W) prefetch_step(h, a.tables[me.t], me.row, 0, 1);
       int m[W], sd[W];
       int32_t sj0[W];
       bool any = false;
@@ -772,7 +783,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : NV * E <= 8 ? 4
         else sk = -1;
         int cnt = J1 - base < 32 ? J1 - base : 32;
         for (int u = 0; u < cnt; u += U) add_rows<NV, E, U, W>(a, c, at, sk, dk, u, cnt, acc, lane);
-        /* over a long segment's entries (chunk_kernel's) at one step */
+        /* over a longer segment's entries at one step */
         base += 32;
 #pragma unroll
         for (int k = 0; k < W; k++) {
@@ -795,6 +806,36 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : NV * E <= 8 ? 4
           step_row<NV, E>(h, sp, a.tables + t, t, g0 + w0 + k, row, slot[k], lane);
       }
     }
+  }
+}
+
+/* A warp per middling segment (mid lists them): its entries summed in order, U gradient rows in
+ * flight at a time, then its row stepped once (or written out, sparse). */
+template <int NV, int E, int U>
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV * E <= 8 ? 4 : 2)
+    mid_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
+  if (!sp.rows && !h.sums_only && ur__optim_gated(&h.k)) return;
+  __shared__ float slots[UR_TBE_WARPS][NV * 32 * E];
+  int lane = threadIdx.x & 31;
+  float *slot = slots[threadIdx.x / 32];
+  int nm = s.scal[3], ns = s.scal[0], nv = s.scal[2];
+  int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
+  for (int64_t k = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; k < nm; k += warps) {
+    int64_t seg = s.mid[k];
+    int64_t j0 = s.starts[seg], j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
+    uint64_t key = key_at(s, j0);
+    int32_t t = table_of_key(a, key);
+    const ur__tbe_table &tb = a.tables[t];
+    if (h.sums_only && !tb.row_sums) continue; /* ur_tbe_row_sums: other tables sit out */
+    int64_t row = (int64_t)key - tb.key_base;
+    if (!sp.rows) prefetch_step(h, tb, row, lane);
+    float acc[NV][E];
+#pragma unroll
+    for (int v = 0; v < NV; v++)
+#pragma unroll
+      for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
+    sum_entries<NV, E, U>(a, s, tb.dim, j0, j1, acc, lane);
+    finish<NV, E>(a, h, sp, slot, t, seg, row, acc, lane);
   }
 }
 
@@ -873,7 +914,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     if (h.sums_only && !tb.row_sums) continue;
     int64_t row = (int64_t)key - tb.key_base;
     int dim = tb.dim;
-    if (!sp.rows) prefetch_step(h, tb, row, lane, 32);
+    if (!sp.rows) prefetch_step(h, tb, row, lane);
     int q1 = s.cend[k], q0 = q1 - chunks_of(j1 - j0);
     float acc[NV][E];
 #pragma unroll
@@ -1125,7 +1166,7 @@ __global__ void decay_kernel(int32_t *c, int64_t n, double factor) {
 /* ---- launch plumbing ---- */
 
 struct Layout {
-  size_t keys0, keys1, pay0, pay1, vbag, starts, hot, cend, part, scal, tabs, cub, flat;
+  size_t keys0, keys1, pay0, pay1, vbag, starts, hot, cend, mid, part, scal, tabs, cub, flat;
   size_t vkeys0, vkeys1, vpos0, vpos1, vstarts, vscal, total, cub_bytes;
 };
 
@@ -1137,6 +1178,8 @@ bool keys32(const ur__tbe_args *a) { return a->key_bits <= 32; }
 /* Long segments a backward can have at most, and their chunks. */
 size_t max_long(size_t n) { return n / (UR_TBE_HOT + 1) + 1; }
 size_t max_chunks(size_t n) { return n / UR_TBE_CHUNK + max_long(n); }
+/* Middling segments a backward can have at most. */
+size_t max_mid(size_t n) { return n / (UR_TBE_SHORT + 1) + 1; }
 
 /* cub's scratch for one sort of keys of type K with the selections that follow it. */
 template <typename K>
@@ -1155,6 +1198,10 @@ cudaError_t sort_scratch(const ur__tbe_args *a, size_t n, size_t *best) {
   *best = c > *best ? c : *best;
   e = cub::DeviceSelect::If(nullptr, c, thrust::counting_iterator<int>(0), (int32_t *)nullptr,
                             (int32_t *)nullptr, items, IsHot{nullptr, nullptr}, (cudaStream_t)0);
+  if (e != cudaSuccess) return e;
+  *best = c > *best ? c : *best;
+  e = cub::DeviceSelect::If(nullptr, c, thrust::counting_iterator<int>(0), (int32_t *)nullptr,
+                            (int32_t *)nullptr, items, IsMid{nullptr, nullptr}, (cudaStream_t)0);
   if (e != cudaSuccess) return e;
   *best = c > *best ? c : *best;
   auto chunks = thrust::make_transform_iterator(thrust::counting_iterator<int>(0),
@@ -1213,6 +1260,7 @@ cudaError_t layout_of(const ur__tbe_args *a, int backward, Layout *L) {
     L->starts = take(n * 4);
     L->hot = take(max_long(n) * 4);
     L->cend = take(max_long(n) * 4);
+    L->mid = take(max_mid(n) * 4);
     L->part = take(max_chunks(n) * (size_t)a->max_dim * sizeof(float));
     e = keys32(a) ? sort_scratch<uint32_t>(a, n, &best) : sort_scratch<uint64_t>(a, n, &best);
     if (e != cudaSuccess) return e;
@@ -1292,6 +1340,10 @@ cudaError_t launch_reduce(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_
   seg_kernel<NV, E, U, W><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
+  int64_t mids = blocks_for((int64_t)max_mid((size_t)a.n));
+  unsigned mb = (unsigned)(mids < (int64_t)sms * 32 ? mids : (int64_t)sms * 32);
+  mid_kernel<NV, E, U><<<mb, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
   int64_t chunks = (int64_t)max_chunks((size_t)a.n);
   unsigned cb = (unsigned)(chunks < (int64_t)sms * 16 ? chunks : (int64_t)sms * 16);
   chunk_kernel<NV, E, U><<<cb, UR_TBE_WARPS * 32, 0, st>>>(a, s);
@@ -1386,12 +1438,13 @@ cudaError_t sort_segments(cudaStream_t st, const ur__tbe_args &a, char *work, co
   int32_t *p0 = (int32_t *)(work + L.pay0), *p1 = (int32_t *)(work + L.pay1);
   int32_t *vbag = a.pooled && a.weights ? (int32_t *)(work + L.vbag) : nullptr;
   int32_t *starts = (int32_t *)(work + L.starts), *hot = (int32_t *)(work + L.hot);
-  int32_t *cend = (int32_t *)(work + L.cend);
+  int32_t *cend = (int32_t *)(work + L.cend), *mid = (int32_t *)(work + L.mid);
   *s = Sorted();
   s->starts = starts;
   s->scal = scal;
   s->hot = hot;
   s->cend = cend;
+  s->mid = mid;
   s->part = (float *)(work + L.part);
   s->vbag = vbag;
   s->pay = p0;
@@ -1418,6 +1471,9 @@ cudaError_t sort_segments(cudaStream_t st, const ur__tbe_args &a, char *work, co
   cb = L.cub_bytes;
   UR_TRY(cub::DeviceSelect::If(work + L.cub, cb, thrust::counting_iterator<int>(0), hot, scal + 1,
                                (int)a.n, IsHot{starts, scal}, st));
+  cb = L.cub_bytes;
+  UR_TRY(cub::DeviceSelect::If(work + L.cub, cb, thrust::counting_iterator<int>(0), mid, scal + 3,
+                               (int)a.n, IsMid{starts, scal}, st));
   cb = L.cub_bytes;
   auto chunks = thrust::make_transform_iterator(thrust::counting_iterator<int>(0),
                                                 ChunksOf{starts, scal, hot});
