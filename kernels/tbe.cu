@@ -705,7 +705,7 @@ __device__ __forceinline__ void prefetch_step(const ur__tbe_hyper &h, const ur__
  * long_kernel does). */
 struct SegOf {
   int64_t row;
-  int32_t j0, j1, t, dim, mode; /* entries: fewer than 2^31 (tbe.c checks) */
+  int32_t j0, j1, t, dim, mode; /* entries: at most 2^31 - 65 (tbe.c checks) */
 };
 
 __device__ __forceinline__ SegOf seg_of(const ur__tbe_args &a, const ur__tbe_hyper &h,
@@ -732,14 +732,15 @@ __device__ __forceinline__ SegOf seg_of(const ur__tbe_args &a, const ur__tbe_hyp
  * window's entries lie together in sorted order, so the lanes resolve 32 of them at a time and
  * U gradient rows are in flight at once whichever segment they belong to; each is added into
  * its own segment's sum, in order: the same sum, in the same order and rounding, as the CPU
- * reference's.  Then each row is stepped once (or written out, sparse): an L2 prefetch of the
- * rows of the window after next measured 2% slower on the H200.  Entries of longer segments (mid_kernel's,
- * chunk_kernel's and long_kernel's) are passed over: 32 of them would keep one warp long after
- * the others are done (rows read hundreds of times lie together in small tables).  Segments are
- * numbered on the device, hence the grid-stride loop. */
+ * reference's.  Then each row is stepped once (or written out, sparse).  Entries of longer
+ * segments (mid_kernel's, chunk_kernel's and long_kernel's) are passed over: 32 of them would
+ * keep one warp long after the others are done (rows read hundreds of times lie together in
+ * small tables).  Segments are numbered on the device, hence the grid-stride loop.  Entries are
+ * int32: tbe.c takes at most 2^31 - 65 values on the GPU, so base + 32 does not overflow. */
 template <int NV, int E, int U, int W>
-__global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : NV * E <= 8 ? 4 : 2)
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : 2)
     seg_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
+  static_assert(32 % W == 0, "a warp's 32 segments split into whole windows");
   /* a guard holds the step back; the row sums (ur_tbe_row_sums) are written all the same, for the
    * other ranks' column shards add them */
   if (!sp.rows && !h.sums_only && ur__optim_gated(&h.k)) return;

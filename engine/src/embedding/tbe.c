@@ -127,9 +127,11 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
   if (weights && ur_tensor_numel(weights) != a->n)
     return ur__error(UR_STATUS_INVALID, "tbe: %lld weights for %lld values; expected one each",
                      (long long)ur_tensor_numel(weights), (long long)a->n);
-  if (t->home == UR_PLACE_DEVICE && (a->n >= INT32_MAX || a->bags >= INT32_MAX))
+  /* the backward's windows step 32 values at a time in int32 (kernels/tbe.cu's seg_kernel) */
+  if (t->home == UR_PLACE_DEVICE && (a->n > INT32_MAX - 64 || a->bags >= INT32_MAX))
     return ur__error(UR_STATUS_INVALID,
-                     "tbe: %lld values in %lld bags; the GPU path takes fewer than 2^31 of each",
+                     "tbe: %lld values in %lld bags; the GPU path takes at most 2^31 - 65 values "
+                     "and fewer than 2^31 bags",
                      (long long)a->n, (long long)a->bags);
   c->values = values;
   c->offsets = offsets;
