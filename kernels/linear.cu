@@ -6,12 +6,16 @@
  * (BGRADB).  Where cuBLASLt offers no algorithm for a shape and epilogue, cuBLAS runs the
  * product and kernels here do the epilogue.  Plans (descriptors and the chosen algorithm) are
  * made once per shape and kept.  The weight gradient may go to a side stream of the caller's
- * (WGRAD_ASYNC), forked and joined by events.  A layer of one output (DLRM's last) skips the
- * matrix products: a warp a row forward, and one pass backward that writes the input gradient
- * and sums the weight and bias gradients into per-block partials, added in block order.  The
- * ReLU mask and bias gradient kernels sum fixed chunks of rows into partials and then the
- * partials in order, so every sum is the same on every run.  Activations (ReLU, sigmoid) and
- * their gradients from the output are grid-stride loops with math in f32, as on the CPU. */
+ * (WGRAD_ASYNC), forked and joined by events.  A forward whose input is narrow and unaligned
+ * (DLRM's first layer: 13 features) skips cuBLASLt, whose kernels for it ran 5x slower than
+ * its output's bytes allow: rows staged in shared memory, a thread holds 4 outputs' weights,
+ * in f32 (TF32 or not).  A layer
+ * of one output (DLRM's last) skips the matrix products: a warp a row forward, and one pass
+ * backward that writes the input gradient and sums the weight and bias gradients into
+ * per-block partials.  The ReLU mask and bias gradient kernel (16 bytes of a row a lane) sums
+ * fixed chunks of rows into partials; one column-sum kernel adds any partials in a fixed order,
+ * so every sum is the same on every run.  Activations (ReLU, sigmoid) and their gradients from
+ * the output are grid-stride loops with math in f32, as on the CPU. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -49,62 +53,129 @@ static cudaError_t ur_bias_act_launch(cudaStream_t stream, void *y, const void *
   return cudaGetLastError();
 }
 
-/* Block (32, 8): x walks columns (coalesced), y rows; blockIdx.y is the chunk of rows. */
-template <typename T>
-__global__ void ur_relu_bgrad_kernel(const T *gy, const T *y, T *g, float *partial, int64_t rows,
-                                     int64_t cols, int64_t per_chunk) {
-  __shared__ float acc[UR_BGRAD_ROWS][UR_BGRAD_COLS + 1];
-  int64_t col = (int64_t)blockIdx.x * UR_BGRAD_COLS + threadIdx.x;
+/* V elements of a row loaded or stored as one (16 bytes where the launcher chose V so). */
+template <typename T, int V>
+struct alignas(sizeof(T) * V) ur_pack {
+  T v[V];
+};
+
+#define UR_BGRAD_UNROLL 4 /* rows a lane has loaded before it uses the first */
+
+/* Block (32, UR_BGRAD_ROWS): a lane takes V consecutive columns, warp y the chunk's rows y,
+ * y + UR_BGRAD_ROWS, ..., UR_BGRAD_UNROLL of them loaded before any is used; each column sums
+ * its rows in that order, then the warps' sums in warp order into the chunk's partial.  g may
+ * be gy (the mask applied in place): a lane reads an element before it writes it. */
+template <typename T, int V>
+__global__ void __launch_bounds__(32 * UR_BGRAD_ROWS)
+ur_relu_bgrad_kernel(const T *gy, const T *y, T *g, float *partial, int64_t rows, int64_t cols,
+                     int64_t per_chunk) {
+  typedef ur_pack<T, V> P;
+  __shared__ float acc[UR_BGRAD_ROWS][V][33];
+  int64_t c0 = ((int64_t)blockIdx.x * 32 + threadIdx.x) * V; /* cols is a multiple of V */
   int64_t r0 = (int64_t)blockIdx.y * per_chunk;
   int64_t r1 = r0 + per_chunk < rows ? r0 + per_chunk : rows;
-  float s = 0.0f;
-  if (col < cols) {
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += UR_BGRAD_ROWS) {
-      int64_t i = r * cols + col;
-      T v = gy[i];
-      if (y) {
-        if (!ur__relu_passes(ur_ld(y, i))) v = T(0.0f);
-        g[i] = v;
+  float s[V];
+#pragma unroll
+  for (int e = 0; e < V; e++) s[e] = 0.0f;
+  if (c0 < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += UR_BGRAD_UNROLL * UR_BGRAD_ROWS) {
+      P v[UR_BGRAD_UNROLL], m[UR_BGRAD_UNROLL];
+#pragma unroll
+      for (int u = 0; u < UR_BGRAD_UNROLL; u++) {
+        int64_t ru = r + u * UR_BGRAD_ROWS;
+        if (ru < r1) {
+          v[u] = *reinterpret_cast<const P *>(gy + ru * cols + c0);
+          if (y) m[u] = *reinterpret_cast<const P *>(y + ru * cols + c0);
+        }
       }
-      s += (float)v;
+#pragma unroll
+      for (int u = 0; u < UR_BGRAD_UNROLL; u++) {
+        int64_t ru = r + u * UR_BGRAD_ROWS;
+        if (ru >= r1) break;
+        if (y) {
+#pragma unroll
+          for (int e = 0; e < V; e++)
+            if (!ur__relu_passes((float)m[u].v[e])) v[u].v[e] = T(0.0f);
+          *reinterpret_cast<P *>(g + ru * cols + c0) = v[u];
+        }
+#pragma unroll
+        for (int e = 0; e < V; e++) s[e] += (float)v[u].v[e];
+      }
     }
   }
-  acc[threadIdx.y][threadIdx.x] = s;
+#pragma unroll
+  for (int e = 0; e < V; e++) acc[threadIdx.y][e][threadIdx.x] = s[e];
   __syncthreads();
-  if (partial && threadIdx.y == 0 && col < cols) {
-    float t = 0.0f;
-    for (int k = 0; k < UR_BGRAD_ROWS; k++) t += acc[k][threadIdx.x];
-    partial[(int64_t)blockIdx.y * cols + col] = t;
+  int t = threadIdx.y * 32 + threadIdx.x; /* the block's column t: lane t / V's element t % V */
+  int64_t col = (int64_t)blockIdx.x * 32 * V + t;
+  if (partial && t < 32 * V && col < cols) {
+    float sum = 0.0f;
+    for (int k = 0; k < UR_BGRAD_ROWS; k++) sum += acc[k][t % V][t / V];
+    partial[(int64_t)blockIdx.y * cols + col] = sum;
   }
 }
 
-__global__ void ur_bgrad_sum_kernel(const float *partial, float *gb, int64_t chunks,
-                                    int64_t cols) {
-  int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (col >= cols) return;
+#define UR_COLSUM_WAYS 32 /* threads summing one column's partials, each every 32nd */
+
+/* out[c] += sum over k < n of part[k * cols + c], for c < cols: block (32, UR_COLSUM_WAYS), a
+ * column a lane, thread y summing k = y, y + UR_COLSUM_WAYS, ... in order, then the ways in
+ * order, so every sum is the same on every run. */
+__global__ void __launch_bounds__(32 * UR_COLSUM_WAYS)
+ur_colsum_kernel(const float *part, float *out, int64_t n, int64_t cols) {
+  __shared__ float acc[UR_COLSUM_WAYS][33];
+  int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
-  for (int64_t c = 0; c < chunks; c++) s += partial[c * cols + col];
-  gb[col] += s;
+  if (c < cols)
+    for (int64_t k = threadIdx.y; k < n; k += UR_COLSUM_WAYS) s += part[k * cols + c];
+  acc[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float t = 0.0f;
+    for (int k = 0; k < UR_COLSUM_WAYS; k++) t += acc[k][threadIdx.x];
+    out[c] += t;
+  }
 }
 
-/* g = gy masked by ur__relu_passes(y) (when y is not NULL; g then must be given) and gb[cols] += column sums
- * of g (when gb is not NULL), deterministically: fixed chunks of rows summed into partial
- * (chunks * cols floats), then the chunks in order. */
+/* out[cols] += the column sums of part [n, cols] (f32), in a fixed order (ur_colsum_kernel). */
+static cudaError_t ur_colsum(cudaStream_t stream, const float *part, float *out, int64_t n,
+                             int64_t cols) {
+  dim3 block(32, UR_COLSUM_WAYS);
+  ur_colsum_kernel<<<(unsigned)((cols + 31) / 32), block, 0, stream>>>(part, out, n, cols);
+  return cudaGetLastError();
+}
+
+template <typename T, int V>
+static void ur_relu_bgrad_run(cudaStream_t stream, const T *gy, const T *y, T *g,
+                              float *partial, int64_t rows, int64_t cols, int64_t chunks) {
+  int64_t per = (rows + chunks - 1) / chunks;
+  dim3 grid((unsigned)((cols + 32 * V - 1) / (32 * V)), (unsigned)chunks);
+  dim3 block(32, UR_BGRAD_ROWS);
+  ur_relu_bgrad_kernel<T, V><<<grid, block, 0, stream>>>(gy, y, g, partial, rows, cols, per);
+}
+
+/* g = gy masked by ur__relu_passes(y) (when y is not NULL; g then must be given) and gb[cols] +=
+ * column sums of g (when gb is not NULL), deterministically: fixed chunks of rows summed into
+ * partial (chunks * cols floats), then the chunks in order.  A lane moves 16 bytes of a row at a
+ * time where every row starts 16-byte aligned, else one element. */
 static cudaError_t ur_relu_bgrad_launch(cudaStream_t stream, const void *gy, const void *y,
                                         void *g, float *gb, float *partial, int64_t rows,
                                         int64_t cols, ur_dtype dtype, int sms) {
   int64_t chunks = ur__bgrad_chunks(rows, cols, sms);
-  int64_t per = (rows + chunks - 1) / chunks;
-  dim3 grid((unsigned)((cols + UR_BGRAD_COLS - 1) / UR_BGRAD_COLS), (unsigned)chunks);
-  dim3 block(UR_BGRAD_COLS, UR_BGRAD_ROWS);
-  UR_DENSE_DISPATCH(dtype, T,
-    ur_relu_bgrad_kernel<T><<<grid, block, 0, stream>>>((const T *)gy, (const T *)y, (T *)g,
-                                                        gb ? partial : NULL, rows, cols, per));
+  float *part = gb ? partial : NULL;
+  const int64_t vec = 16 / (int64_t)ur_dense_esize(dtype);
+  int wide = cols % vec == 0 && (uintptr_t)gy % 16 == 0 && (uintptr_t)y % 16 == 0 &&
+             (uintptr_t)g % 16 == 0;
+  UR_DENSE_DISPATCH(dtype, T, {
+    if (wide)
+      ur_relu_bgrad_run<T, 16 / sizeof(T)>(stream, (const T *)gy, (const T *)y, (T *)g, part,
+                                           rows, cols, chunks);
+    else
+      ur_relu_bgrad_run<T, 1>(stream, (const T *)gy, (const T *)y, (T *)g, part, rows, cols,
+                              chunks);
+  });
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || !gb) return e;
-  ur_bgrad_sum_kernel<<<(unsigned)((cols + 255) / 256), 256, 0, stream>>>(partial, gb, chunks,
-                                                                          cols);
-  return cudaGetLastError();
+  return ur_colsum(stream, partial, gb, chunks, cols);
 }
 
 /* The ReLU mask of y [rows, cols] as bits (uvmrec.h: bit j % 8 of byte j / 8 of a row of
@@ -526,8 +597,9 @@ ur_gemv_bwd_kernel(const T *x, const T *w, const T *y, const T *gy, T *gx, T *wo
       if (gx) {
         float v = (mask_x && !ur__relu_passes(xv)) ? 0.0f : g * wc;
         if (acc) v += ur_ld(gx, r * in + c);
-        ur_st(gx, r * in + c, v);
-        if (part_gbx) sgbx += ur_ld(gx, r * in + c);
+        T stored = T(v); /* as ur_st rounds it */
+        gx[r * in + c] = stored;
+        sgbx += (float)stored;
       }
       if (part_gw) sgw = fmaf(g, xv, sgw);
     }
@@ -544,28 +616,6 @@ ur_gemv_bwd_kernel(const T *x, const T *w, const T *y, const T *gy, T *gx, T *wo
       s += (float)g;
     }
     if (part_gb) part_gb[blockIdx.x] = s;
-  }
-}
-
-/* Adds the blocks' partials in block order: gw[c] += sum part_gw[.][c], likewise gb_x, and
- * gb[0] += sum part_gb. */
-__global__ void ur_gemv_sum_kernel(const float *part_gw, const float *part_gbx,
-                                   const float *part_gb, float *gw, float *gbx, float *gb,
-                                   int64_t blocks, int64_t in) {
-  int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (c < in) {
-    float s = 0.0f, t = 0.0f;
-    for (int64_t k = 0; k < blocks; k++) {
-      if (part_gw) s += part_gw[k * in + c];
-      if (part_gbx) t += part_gbx[k * in + c];
-    }
-    if (gw) gw[c] += s;
-    if (gbx) gbx[c] += t;
-  }
-  if (c == 0 && gb) {
-    float s = 0.0f;
-    for (int64_t k = 0; k < blocks; k++) s += part_gb[k];
-    gb[0] += s;
   }
 }
 
@@ -587,14 +637,103 @@ static ur_status ur_gemv_backward(ur_dense_dev *dv, int dev, cudaStream_t s, con
         gb_x ? part_gbx : NULL, gb ? part_gb : NULL, rows, in, per, relu, mask_x, acc));
   UR_CUDA_CHECK(cudaGetLastError(), "one-output linear gradient kernel (%lld x %lld)",
                 (long long)rows, (long long)in);
-  if (gw || gb || gb_x) {
-    ur_gemv_sum_kernel<<<(unsigned)((in + 255) / 256), 256, 0, s>>>(
-        gw ? part_gw : NULL, gb_x ? part_gbx : NULL, gb ? part_gb : NULL, gw, gb_x, gb, blocks,
-        in);
-    UR_CUDA_CHECK(cudaGetLastError(), "one-output linear gradient sums (%lld columns)",
+  /* the blocks' partials added in a fixed order (ur_colsum) */
+  if (gw)
+    UR_CUDA_CHECK(ur_colsum(s, part_gw, gw, blocks, in), "one-output linear weight gradient sums (%lld)",
                   (long long)in);
-  }
+  if (gb_x)
+    UR_CUDA_CHECK(ur_colsum(s, part_gbx, gb_x, blocks, in),
+                  "one-output linear input bias gradient sums (%lld)", (long long)in);
+  if (gb)
+    UR_CUDA_CHECK(ur_colsum(s, part_gb, gb, blocks, 1), "one-output linear bias gradient sum");
   return UR_STATUS_OK;
+}
+
+/* ---- a narrow input ---- */
+
+#define UR_NARROW_IN 16       /* inputs this narrow whose rows are not 16-byte aligned: below */
+#define UR_NARROW_THREADS 256
+#define UR_NARROW_ROWS 64     /* rows of x a block brings into shared memory at a time */
+
+/* y[rows, out] = act(x[rows, in] w[out, in]^T + b) for in <= UR_NARROW_IN, where cuBLASLt
+ * would take unaligned rows with a slow kernel and a separate epilogue pass (DLRM's first
+ * bottom layer: 13 features).  A block brings UR_NARROW_ROWS rows of x into shared memory at
+ * once (one wait on memory for them all); a thread keeps 4 outputs' weights and biases in
+ * registers and walks those rows: in products in input order (f32), then the bias and the
+ * ReLU; the even thread of a pair writes their 8 columns' mask byte (a row's last byte also
+ * zeroes the row's padding bytes).  span (even) threads cover a row's out / 4 column groups,
+ * rpb rows at a time; grid.y tiles the groups when a block holds fewer than a row's. */
+template <typename T>
+__global__ void __launch_bounds__(UR_NARROW_THREADS)
+ur_narrow_fwd_kernel(const T *x, const T *w, const T *b, T *y, uint8_t *mask, int64_t rows,
+                     int in, int64_t out, int64_t mcols, int relu, int span, int rpb) {
+  __shared__ float xs[UR_NARROW_ROWS][UR_NARROW_IN];
+  int t = threadIdx.x, rsub = t / span;
+  int64_t g = (int64_t)blockIdx.y * span + t % span, j0 = 4 * g;
+  float wr[4][UR_NARROW_IN], br[4];
+#pragma unroll
+  for (int c = 0; c < 4; c++) {
+    int64_t j = j0 + c;
+#pragma unroll
+    for (int k = 0; k < UR_NARROW_IN; k++) wr[c][k] = j < out && k < in ? ur_ld(w, j * in + k) : 0.0f;
+    br[c] = b && j < out ? ur_ld(b, j) : 0.0f;
+  }
+  int64_t nbytes = (out + 7) / 8;
+  for (int64_t r0 = (int64_t)blockIdx.x * UR_NARROW_ROWS; r0 < rows;
+       r0 += (int64_t)gridDim.x * UR_NARROW_ROWS) {
+    int nr = rows - r0 < UR_NARROW_ROWS ? (int)(rows - r0) : UR_NARROW_ROWS;
+    __syncthreads(); /* the last rows' reads are done */
+    for (int e = t; e < nr * in; e += UR_NARROW_THREADS) xs[e / in][e % in] = ur_ld(x, r0 * in + e);
+    __syncthreads();
+    for (int rb = 0; rb < nr; rb += rpb) { /* the same trip count in every lane: the shuffle */
+      int rr = rb + rsub;
+      bool live = rsub < rpb && rr < nr && j0 < out;
+      unsigned nib = 0;
+      if (live) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int k = 0; k < UR_NARROW_IN; k++) {
+          if (k >= in) break;
+#pragma unroll
+          for (int c = 0; c < 4; c++) acc[c] = fmaf(xs[rr][k], wr[c][k], acc[c]);
+        }
+        int64_t r = r0 + rr;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          if (j0 + c >= out) break;
+          float v = acc[c] + br[c];
+          T stored = T(relu ? ur__relu(v) : v); /* as ur_st rounds it; the mask bit is its */
+          y[r * out + j0 + c] = stored;
+          if (ur__relu_passes((float)stored)) nib |= 1u << c;
+        }
+      }
+      unsigned hi = __shfl_down_sync(0xffffffffu, nib, 1); /* span is even: pairs share a warp */
+      if (mask && live && g % 2 == 0) {
+        uint8_t *mr = mask + (r0 + rr) * mcols;
+        mr[g / 2] = (uint8_t)(nib | hi << 4);
+        if (g / 2 == nbytes - 1)
+          for (int64_t q = nbytes; q < mcols; q++) mr[q] = 0;
+      }
+    }
+  }
+}
+
+static cudaError_t ur_narrow_fwd_launch(cudaStream_t stream, const void *x, const void *w,
+                                        const void *b, void *y, uint8_t *mask, int64_t rows,
+                                        int64_t in, int64_t out, ur_dtype dtype, int relu,
+                                        int sms) {
+  if (rows == 0) return cudaSuccess;
+  int64_t groups = (out + 3) / 4 + ((out + 3) / 4) % 2; /* even: a mask byte's pair together */
+  int span = groups < UR_NARROW_THREADS ? (int)groups : UR_NARROW_THREADS;
+  int rpb = UR_NARROW_THREADS / span;
+  int64_t tiles = (groups + span - 1) / span;
+  int64_t want = (rows + UR_NARROW_ROWS - 1) / UR_NARROW_ROWS, cap = (int64_t)sms * 8;
+  dim3 grid((unsigned)(want < cap ? want : cap), (unsigned)tiles);
+  UR_DENSE_DISPATCH(dtype, T,
+    ur_narrow_fwd_kernel<T><<<grid, UR_NARROW_THREADS, 0, stream>>>(
+        (const T *)x, (const T *)w, (const T *)b, (T *)y, mask, rows, (int)in, out,
+        mask ? ur__mask_cols(out) : 0, relu, span, rpb));
+  return cudaGetLastError();
 }
 
 /* ---- the layer ---- */
@@ -625,6 +764,13 @@ ur_status ur__cuda_linear_forward(void *stream, const void *x, const void *w, co
                                                        (T *)y, mask, rows, in, act));
     UR_CUDA_CHECK(cudaGetLastError(), "one-output linear kernel (%lld x %lld)", (long long)rows,
                   (long long)in);
+    return UR_STATUS_OK;
+  }
+  if (in <= UR_NARROW_IN && (in * (int64_t)ur_dense_esize(dtype)) % 16) {
+    UR_CUDA_CHECK(ur_narrow_fwd_launch(s, x, w, b, y, relu ? mask : NULL, rows, in, out, dtype,
+                                       relu, dv->sms),
+                  "narrow-input linear kernel (%lld x %lld x %lld)", (long long)rows,
+                  (long long)in, (long long)out);
     return UR_STATUS_OK;
   }
   ur_mm_key k = ur_mm_key_of(1, 0, out, rows, in, in, in, dtype, ur_cuda_type(dtype), flags);

@@ -163,11 +163,11 @@ describe("uvmrec.dense linear", function()
     local LT, SMS = 32 * 2 ^ 20, 132
     local ws = dense.linear_backward_workspace
     local all = { gx = true, gw = true, gb = true }
-    -- a ReLU layer's bias gradient in chunks of rows: 4 SMs a 32-column tile (4 x 132 / 4 tiles
-    -- = 132 chunks of 128 floats), at most a chunk per 8 rows; the weight gradient on the side
-    -- stream holds cuBLASLt's part alone
-    assert.same({ LT + 132 * 128 * 4, LT }, { ws(65536, 256, 128, all, "relu", dense.WGRAD_ASYNC, SMS) })
-    assert.same({ LT + 17 * 1024 * 4, LT }, { ws(65536, 1024, 1024, all, "relu", dense.WGRAD_ASYNC, SMS) })
+    -- a ReLU layer's bias gradient in chunks of rows: 4 SMs a 256-column tile (4 x 132 / 1 tile
+    -- = 528 chunks of 128 floats; 4 x 132 / 4 tiles = 132 chunks of 1024), at most a chunk per 8
+    -- rows; the weight gradient on the side stream holds cuBLASLt's part alone
+    assert.same({ LT + 528 * 128 * 4, LT }, { ws(65536, 256, 128, all, "relu", dense.WGRAD_ASYNC, SMS) })
+    assert.same({ LT + 132 * 1024 * 4, LT }, { ws(65536, 1024, 1024, all, "relu", dense.WGRAD_ASYNC, SMS) })
     assert.same({ LT + 1 * 64 * 4, LT }, { ws(3, 8, 64, all, "relu", dense.WGRAD_ASYNC, SMS) })
     assert.same({ LT + 13 * 4 * 4, 0 }, { ws(100, 3, 4, all, "relu", 0, SMS) })
     -- at most 65535 chunks, a grid's height: 4 x 20000 SMs would want 80000 of 2^20 / 8 rows

@@ -11,8 +11,8 @@
 #include <stdint.h>
 
 #define UR_LT_WORKSPACE (32u << 20) /* cuBLASLt's workspace per stream, as NVIDIA advises */
-#define UR_BGRAD_COLS 32 /* columns per block: one warp across them */
-#define UR_BGRAD_ROWS 8  /* warps per block, each on every 8th row of the chunk */
+#define UR_BGRAD_COLS 256 /* columns per block of bf16 rows: 32 lanes of 16 bytes (f32: 128) */
+#define UR_BGRAD_ROWS 8   /* warps per block, each on every 8th row of the chunk */
 
 /* Chunks of rows the bias-gradient reduction sums into partials (a block per chunk and
  * UR_BGRAD_COLS columns): enough to fill the GPU's sms multiprocessors four times over, each
