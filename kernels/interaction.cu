@@ -8,7 +8,10 @@
  *    32 x 32 product is never written to memory.  Backward: the symmetric matrix G of the
  *    pairs' gradients (a diagonal pair counts twice) built in shared memory, then G X as one
  *    product, 16 columns at a time, the results written over the columns of X they no longer
- *    need and stored as whole rows.  f32 accumulation, sums in the tensor cores' order.
+ *    need and stored as whole rows.  f32 accumulation, sums in the tensor cores' order.  The
+ *    bf16 backward is mma.sync on fragments from ldmatrix (ur_inter_mma16_bwd_kernel: rows in
+ *    by cp.async, G filled through a table of the pairs' places, no f32 scratch, so more warps
+ *    fit); TF32 keeps wmma.
  *  - a scalar kernel for everything else (f32 exact, dtype mixes, more than 31 tables): a block
  *    per row, the vectors in shared memory as floats (rows padded by one word), each thread
  *    computing pairs (forward) or elements of the vectors' gradients (backward), sums in f32.
@@ -335,9 +338,146 @@ ur_inter_mma_bwd_kernel(const E *dense, const E *emb, const TO *gout, E *gdense,
   }
 }
 
+/* ---- the bf16 backward: mma.sync on registers ---- */
+
+/* Shared-memory addresses and the instructions the bf16 backward is made of (PTX ISA: cp.async,
+ * ldmatrix, mma.sync m16n8k16 with its fragment layouts). */
+__device__ __forceinline__ unsigned ur_smem(const void *p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void ur_cp16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ur_smem(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void ur_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+/* Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8. */
+__device__ __forceinline__ void ur_ldsm4(unsigned (&r)[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(ur_smem(p)) : "memory");
+}
+__device__ __forceinline__ void ur_ldsm4_t(unsigned (&r)[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(ur_smem(p)) : "memory");
+}
+/* c (16x8 f32) += a (16x16 bf16, row-major) b (16x8 bf16): lane l holds c at rows l / 4 and
+ * l / 4 + 8, columns 2 (l % 4) and the next. */
+__device__ __forceinline__ void ur_mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                            unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+#define UR_GLD (UR_MMA_VECS + 8) /* bf16 per row of G: 80 bytes, so ldmatrix's rows miss no bank */
+
+/* Bytes of the bf16 backward's shared memory: the block's pair table (two G offsets a pair),
+ * then per warp X (32 rows of d + 8), G (32 rows of UR_GLD) and gout's dense part (d floats). */
+__host__ __device__ static size_t ur_mma16_table_bytes(int pairs) {
+  return ((size_t)pairs * 4 + 127) / 128 * 128;
+}
+__host__ __device__ static size_t ur_mma16_warp_bytes(int dim) {
+  return UR_MMA_VECS * ((size_t)dim + 8) * 2 + UR_MMA_VECS * UR_GLD * 2 + (size_t)dim * 4;
+}
+
+/* The bf16 backward, a warp a row: X's rows come in by cp.async (no registers held), the pairs'
+ * gradients go into G through a table of their two places (made once a block), G's fragments
+ * are loaded once a row, and G X runs 16 columns at a time as mma.sync on fragments from
+ * ldmatrix; each result leaves its accumulator as bf16 pairs into X's columns that no later
+ * product reads (row 0 plus gout's dense part), and the rows go out 16 bytes a lane.  f32 sums
+ * of bf16 products in the tensor cores' order, as the wmma kernel's. */
+__global__ void __launch_bounds__(UR_MMA_WARPS * 32)
+ur_inter_mma16_bwd_kernel(const ur_bf16 *dense, const ur_bf16 *emb, const ur_bf16 *gout,
+                          ur_bf16 *gdense, ur_bf16 *gemb, int64_t rows, int T1, int d, int self,
+                          int64_t ocols, int pairs) {
+  extern __shared__ __align__(128) unsigned char ur_mma_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ld = d + 8;
+  uint32_t *tab = reinterpret_cast<uint32_t *>(ur_mma_smem);
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    int i, j;
+    ur_pair(p, self, &i, &j);
+    tab[p] = (uint32_t)(i * UR_GLD + j) | (uint32_t)(j * UR_GLD + i) << 16;
+  }
+  unsigned char *mine = ur_mma_smem + ur_mma16_table_bytes(pairs) + warp * ur_mma16_warp_bytes(d);
+  ur_bf16 *X = reinterpret_cast<ur_bf16 *>(mine);
+  ur_bf16 *G = X + UR_MMA_VECS * ld;
+  float *gd = reinterpret_cast<float *>(G + UR_MMA_VECS * UR_GLD);
+  ur_mma_zero(X + T1 * ld, (UR_MMA_VECS - T1) * ld, lane);
+  ur_mma_zero(G, UR_MMA_VECS * UR_GLD, lane);
+  __syncthreads(); /* the table and the zeros land before any lane reads them (racecheck) */
+  const int per = d / 8, n = T1 * per; /* 16-byte pieces of a vector, of a row */
+  const int g = lane >> 2, t = lane & 3;
+  for (int64_t r = (int64_t)blockIdx.x * UR_MMA_WARPS + warp; r < rows;
+       r += (int64_t)gridDim.x * UR_MMA_WARPS) {
+    const ur_bf16 *dr = dense + r * d, *er = emb + r * (int64_t)(T1 - 1) * d;
+    for (int c = lane, i = lane / per, q = lane % per; c < n; c += 32) {
+      ur_cp16(X + i * ld + q * 8, i == 0 ? dr + q * 8 : er + (int64_t)(i - 1) * d + q * 8);
+      for (q += 32; q >= per; q -= per) i++;
+    }
+    const ur_bf16 *go = gout + r * ocols;
+    for (int k = lane; k < d; k += 32) gd[k] = __bfloat162float(go[k]);
+    for (int p = lane; p < pairs; p += 32) {
+      uint32_t at = tab[p];
+      ur_bf16 v = go[d + p];
+      if ((at & 0xffff) == at >> 16) v = __float2bfloat16_rn(2.0f * __bfloat162float(v));
+      G[at & 0xffff] = v;
+      G[at >> 16] = v;
+    }
+    ur_cp_wait();
+    __syncwarp();
+    unsigned a[2][2][4]; /* G's fragments: [rows 16 m..][columns 16 k..] */
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+      for (int k = 0; k < 2; k++)
+        ur_ldsm4(a[m][k], G + (16 * m + (lane & 15)) * UR_GLD + 16 * k + (lane >> 4) * 8);
+    for (int n0 = 0; n0 < d; n0 += 16) {
+      float c[2][2][4] = {}; /* [rows 16 m..][columns n0 + 8 h..] */
+#pragma unroll
+      for (int k = 0; k < 2; k++) {
+        unsigned b[4]; /* X's rows 16 k.. at columns n0.. (b[0], b[1]) and n0 + 8.. (b[2], b[3]) */
+        ur_ldsm4_t(b, X + (16 * k + (lane & 15)) * ld + n0 + (lane >> 4) * 8);
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+          ur_mma16816(c[m][0], a[m][k], b[0], b[1]);
+          ur_mma16816(c[m][1], a[m][k], b[2], b[3]);
+        }
+      }
+      __syncwarp(); /* every lane's reads of columns n0.. are done: the results go there */
+#pragma unroll
+      for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+          for (int half = 0; half < 2; half++) {
+            int row = 16 * m + g + 8 * half, col = n0 + 8 * h + 2 * t;
+            if (row >= T1) continue;
+            float lo = c[m][h][2 * half], hi = c[m][h][2 * half + 1];
+            if (row == 0) lo = gd[col] + lo, hi = gd[col + 1] + hi;
+            *reinterpret_cast<__nv_bfloat162 *>(X + row * ld + col) = __floats2bfloat162_rn(lo, hi);
+          }
+    }
+    __syncwarp();
+    ur_bf16 *gdr = gdense + r * d, *ger = gemb + r * (int64_t)(T1 - 1) * d;
+    for (int c = lane, i = lane / per, q = lane % per; c < n; c += 32) {
+      uint4 v = *reinterpret_cast<const uint4 *>(X + i * ld + q * 8);
+      *reinterpret_cast<uint4 *>(i == 0 ? gdr + q * 8 : ger + (int64_t)(i - 1) * d + q * 8) = v;
+      for (q += 32; q >= per; q -= per) i++;
+    }
+    __syncwarp(); /* X, G and gd are the next row's */
+  }
+}
+
 /* Calls BODY with TD, TE, TO bound to the element types of dd, ed, od. */
 #define UR_INTER_DISPATCH(dd, ed, od, ...)                                         \
   UR_DENSE_DISPATCH(dd, TD, UR_DENSE_DISPATCH(ed, TE, UR_DENSE_DISPATCH(od, TO, __VA_ARGS__)))
+
+/* Shared memory of a block of the tensor-core kernels (the table sized for self-interaction). */
+static size_t ur_mma_block_bytes(int tables, int dim, ur_dtype dd, int backward) {
+  if (backward && dd == UR_DTYPE_BF16)
+    return ur_mma16_table_bytes((int)ur__inter_pairs(tables + 1, 1)) +
+           UR_MMA_WARPS * ur_mma16_warp_bytes(dim);
+  return UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), backward);
+}
 
 /* Which path runs: the tensor cores (1) when the inputs share a dtype that has them (bf16, or
  * f32 under TF32; a bf16 backward also needs a bf16 gout, which G keeps exactly), the vectors
@@ -350,8 +490,7 @@ static int ur_inter_use_mma(const ur_dense_dev *dv, int backward, int tables, in
   if (dd == UR_DTYPE_F32 ? !(flags & UR_DENSE_TF32) : backward && od != UR_DTYPE_BF16) return 0;
   for (int i = 0; i < nptrs; i++)
     if ((uintptr_t)ptrs[i] % 16) return 0;
-  size_t need = UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), backward);
-  return need <= dv->smem_optin;
+  return ur_mma_block_bytes(tables, dim, dd, backward) <= dv->smem_optin;
 }
 
 /* Launches kernel k, first raising its dynamic shared-memory limit when it needs more than the
@@ -379,7 +518,7 @@ static ur_inter_geom ur_inter_geometry(int64_t rows, int tables, int dim, ur_dty
                                        int backward, int mma, int sms) {
   ur_inter_geom g;
   if (mma) {
-    g.smem = UR_MMA_WARPS * ur_mma_warp_bytes(dim, ur_dense_esize(dd), backward);
+    g.smem = ur_mma_block_bytes(tables, dim, dd, backward);
     g.blocks = ur_grid_blocks(rows, UR_MMA_WARPS, 8, sms);
     g.threads = UR_MMA_WARPS * 32;
   } else {
@@ -418,11 +557,15 @@ static cudaError_t ur_inter_bwd_launch(cudaStream_t stream, const void *dense, c
   int T1 = tables + 1, pairs = (int)ur__inter_pairs(T1, self);
   ur_inter_geom g = ur_inter_geometry(rows, tables, dim, dd, 1, mma, sms);
   cudaError_t e = cudaSuccess;
-  if (mma) {
-    UR_DENSE_DISPATCH(dd, TI, UR_DENSE_DISPATCH(od, TO,
-      e = ur_inter_launch(ur_inter_mma_bwd_kernel<TI, TO>, g.blocks, g.threads, g.smem, stream,
-                          (const TI *)dense, (const TI *)emb, (const TO *)gout, (TI *)gdense,
-                          (TI *)gemb, rows, T1, dim, self, ocols, pairs)));
+  if (mma && dd == UR_DTYPE_BF16) /* gout is bf16 too (ur_inter_use_mma) */
+    return ur_inter_launch(ur_inter_mma16_bwd_kernel, g.blocks, g.threads, g.smem, stream,
+                           (const ur_bf16 *)dense, (const ur_bf16 *)emb, (const ur_bf16 *)gout,
+                           (ur_bf16 *)gdense, (ur_bf16 *)gemb, rows, T1, dim, self, ocols, pairs);
+  if (mma) { /* TF32 */
+    UR_DENSE_DISPATCH(od, TO,
+      e = ur_inter_launch(ur_inter_mma_bwd_kernel<float, TO>, g.blocks, g.threads, g.smem, stream,
+                          (const float *)dense, (const float *)emb, (const TO *)gout,
+                          (float *)gdense, (float *)gemb, rows, T1, dim, self, ocols, pairs));
     return e;
   }
   UR_INTER_DISPATCH(dd, ed, od,
