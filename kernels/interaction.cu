@@ -9,9 +9,9 @@
  *    pairs' gradients (a diagonal pair counts twice) built in shared memory, then G X as one
  *    product, 16 columns at a time, the results written over the columns of X they no longer
  *    need and stored as whole rows.  f32 accumulation, sums in the tensor cores' order.  The
- *    bf16 backward is mma.sync on fragments from ldmatrix (ur_inter_mma16_bwd_kernel: rows in
- *    by cp.async, G filled through a table of the pairs' places, no f32 scratch, so more warps
- *    fit); TF32 keeps wmma.
+ *    bf16 kernels are mma.sync on fragments from ldmatrix (ur_inter_mma16_fwd_kernel,
+ *    ur_inter_mma16_bwd_kernel: rows in by cp.async, no f32 scratch, so more warps fit; G
+ *    filled through a table of the pairs' places); TF32 keeps wmma.
  *  - a scalar kernel for everything else (f32 exact, dtype mixes, more than 31 tables): a block
  *    per row, the vectors in shared memory as floats (rows padded by one word), each thread
  *    computing pairs (forward) or elements of the vectors' gradients (backward), sums in f32.
@@ -471,8 +471,81 @@ ur_inter_mma16_bwd_kernel(const ur_bf16 *dense, const ur_bf16 *emb, const ur_bf1
 #define UR_INTER_DISPATCH(dd, ed, od, ...)                                         \
   UR_DENSE_DISPATCH(dd, TD, UR_DENSE_DISPATCH(ed, TE, UR_DENSE_DISPATCH(od, TO, __VA_ARGS__)))
 
+/* Bytes a warp of the bf16 forward takes: X (32 rows of d + 8) and its output row (ocols of
+ * TO, whole 16-byte words). */
+__host__ __device__ static size_t ur_mma16_fwd_warp_bytes(int dim, int64_t ocols, size_t osize) {
+  return UR_MMA_VECS * ((size_t)dim + 8) * 2 + ((size_t)ocols * osize + 15) / 16 * 16;
+}
+
+/* The bf16 forward, a warp a row: X's rows come in by cp.async, the three 16 x 16 tiles of the
+ * lower triangle of X X^T run d / 16 steps of mma.sync on fragments from ldmatrix (X is both
+ * operands: rows as A, rows as B's columns), each pair's sum leaves its accumulator for its
+ * place in the output row in shared memory (dense part, pairs, zero padding written once), and
+ * the row goes out 16 bytes a lane where its rows are aligned. */
+template <typename TO>
+__global__ void __launch_bounds__(UR_MMA_WARPS * 32)
+ur_inter_mma16_fwd_kernel(const ur_bf16 *dense, const ur_bf16 *emb, TO *out, int64_t rows, int T1,
+                          int d, int self, int64_t ocols, int pairs) {
+  extern __shared__ __align__(128) unsigned char ur_mma_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ld = d + 8;
+  unsigned char *mine = ur_mma_smem + warp * ur_mma16_fwd_warp_bytes(d, ocols, sizeof(TO));
+  ur_bf16 *X = reinterpret_cast<ur_bf16 *>(mine);
+  TO *O = reinterpret_cast<TO *>(X + UR_MMA_VECS * ld);
+  ur_mma_zero(X + T1 * ld, (UR_MMA_VECS - T1) * ld, lane);
+  for (int64_t k = d + pairs + lane; k < ocols; k += 32) ur_st(O, k, 0.0f);
+  const int per = d / 8, n = T1 * per, g = lane >> 2, t = lane & 3;
+  const bool wide = ocols * (int64_t)sizeof(TO) % 16 == 0 && (uintptr_t)out % 16 == 0;
+  const int ochunks = (int)(ocols * (int64_t)sizeof(TO) / 16);
+  for (int64_t r = (int64_t)blockIdx.x * UR_MMA_WARPS + warp; r < rows;
+       r += (int64_t)gridDim.x * UR_MMA_WARPS) {
+    const ur_bf16 *dr = dense + r * d, *er = emb + r * (int64_t)(T1 - 1) * d;
+    for (int c = lane, i = lane / per, q = lane % per; c < n; c += 32) {
+      ur_cp16(X + i * ld + q * 8, i == 0 ? dr + q * 8 : er + (int64_t)(i - 1) * d + q * 8);
+      for (q += 32; q >= per; q -= per) i++;
+    }
+    ur_cp_wait();
+    __syncwarp();
+    float c[3][2][4] = {}; /* tiles (rows 0.., cols 0..), (16.., 0..), (16.., 16..); 8 columns h */
+    for (int k0 = 0; k0 < d; k0 += 16) {
+      unsigned a[2][4], b[2][4]; /* X's rows 16 m.. at columns k0.. as A, as B's columns */
+#pragma unroll
+      for (int m = 0; m < 2; m++) {
+        ur_ldsm4(a[m], X + (16 * m + (lane & 15)) * ld + k0 + (lane >> 4) * 8);
+        ur_ldsm4(b[m], X + (16 * m + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        ur_mma16816(c[0][h], a[0], b[0][2 * h], b[0][2 * h + 1]);
+        ur_mma16816(c[1][h], a[1], b[0][2 * h], b[0][2 * h + 1]);
+        ur_mma16816(c[2][h], a[1], b[1][2 * h], b[1][2 * h + 1]);
+      }
+    }
+#pragma unroll
+    for (int tile = 0; tile < 3; tile++)
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          int i = 16 * (tile > 0) + g + 8 * (e >> 1), j = 16 * (tile == 2) + 8 * h + 2 * t + (e & 1);
+          if (i < T1 && (self ? j <= i : j < i)) ur_st(O, d + ur_pair_base(i, self) + j, c[tile][h][e]);
+        }
+    for (int k = lane; k < d; k += 32) ur_st(O, k, ur_ld(X, k));
+    __syncwarp();
+    TO *o = out + r * ocols;
+    if (wide)
+      for (int c16 = lane; c16 < ochunks; c16 += 32)
+        reinterpret_cast<uint4 *>(o)[c16] = reinterpret_cast<const uint4 *>(O)[c16];
+    else
+      for (int64_t k = lane; k < ocols; k += 32) o[k] = O[k];
+    __syncwarp(); /* X and O are the next row's */
+  }
+}
+
 /* Shared memory of a block of the tensor-core kernels (the table sized for self-interaction). */
-static size_t ur_mma_block_bytes(int tables, int dim, ur_dtype dd, int backward) {
+static size_t ur_mma_block_bytes(int tables, int dim, ur_dtype dd, ur_dtype od, int64_t ocols,
+                                 int backward) {
+  if (!backward && dd == UR_DTYPE_BF16)
+    return UR_MMA_WARPS * ur_mma16_fwd_warp_bytes(dim, ocols, ur_dense_esize(od));
   if (backward && dd == UR_DTYPE_BF16)
     return ur_mma16_table_bytes((int)ur__inter_pairs(tables + 1, 1)) +
            UR_MMA_WARPS * ur_mma16_warp_bytes(dim);
@@ -484,13 +557,13 @@ static size_t ur_mma_block_bytes(int tables, int dim, ur_dtype dd, int backward)
  * fit 32, d is a multiple of 16, every row is 16-byte aligned and a warp's shared memory fits;
  * else the scalar kernels (0). */
 static int ur_inter_use_mma(const ur_dense_dev *dv, int backward, int tables, int dim,
-                            ur_dtype dd, ur_dtype ed, ur_dtype od, uint32_t flags,
+                            int64_t ocols, ur_dtype dd, ur_dtype ed, ur_dtype od, uint32_t flags,
                             const void *const *ptrs, int nptrs) {
   if (dd != ed || tables + 1 > UR_MMA_VECS || dim % 16) return 0;
   if (dd == UR_DTYPE_F32 ? !(flags & UR_DENSE_TF32) : backward && od != UR_DTYPE_BF16) return 0;
   for (int i = 0; i < nptrs; i++)
     if ((uintptr_t)ptrs[i] % 16) return 0;
-  return ur_mma_block_bytes(tables, dim, dd, backward) <= dv->smem_optin;
+  return ur_mma_block_bytes(tables, dim, dd, od, ocols, backward) <= dv->smem_optin;
 }
 
 /* Launches kernel k, first raising its dynamic shared-memory limit when it needs more than the
@@ -514,11 +587,11 @@ struct ur_inter_geom {
   size_t smem;
 };
 
-static ur_inter_geom ur_inter_geometry(int64_t rows, int tables, int dim, ur_dtype dd,
-                                       int backward, int mma, int sms) {
+static ur_inter_geom ur_inter_geometry(int64_t rows, int64_t ocols, int tables, int dim,
+                                       ur_dtype dd, ur_dtype od, int backward, int mma, int sms) {
   ur_inter_geom g;
   if (mma) {
-    g.smem = ur_mma_block_bytes(tables, dim, dd, backward);
+    g.smem = ur_mma_block_bytes(tables, dim, dd, od, ocols, backward);
     g.blocks = ur_grid_blocks(rows, UR_MMA_WARPS, 8, sms);
     g.threads = UR_MMA_WARPS * 32;
   } else {
@@ -534,13 +607,20 @@ static cudaError_t ur_inter_fwd_launch(cudaStream_t stream, const void *dense, c
                                        int dim, int self, ur_dtype dd, ur_dtype ed, ur_dtype od,
                                        int mma, int sms) {
   int T1 = tables + 1, pairs = (int)ur__inter_pairs(T1, self);
-  ur_inter_geom g = ur_inter_geometry(rows, tables, dim, dd, 0, mma, sms);
+  ur_inter_geom g = ur_inter_geometry(rows, ocols, tables, dim, dd, od, 0, mma, sms);
   cudaError_t e = cudaSuccess;
-  if (mma) {
-    UR_DENSE_DISPATCH(dd, TI, UR_DENSE_DISPATCH(od, TO,
-      e = ur_inter_launch(ur_inter_mma_fwd_kernel<TI, TO>, g.blocks, g.threads, g.smem, stream,
-                          (const TI *)dense, (const TI *)emb, (TO *)out, rows, T1, dim, self,
-                          ocols, pairs)));
+  if (mma && dd == UR_DTYPE_BF16) {
+    UR_DENSE_DISPATCH(od, TO,
+      e = ur_inter_launch(ur_inter_mma16_fwd_kernel<TO>, g.blocks, g.threads, g.smem, stream,
+                          (const ur_bf16 *)dense, (const ur_bf16 *)emb, (TO *)out, rows, T1, dim,
+                          self, ocols, pairs));
+    return e;
+  }
+  if (mma) { /* TF32 */
+    UR_DENSE_DISPATCH(od, TO,
+      e = ur_inter_launch(ur_inter_mma_fwd_kernel<float, TO>, g.blocks, g.threads, g.smem, stream,
+                          (const float *)dense, (const float *)emb, (TO *)out, rows, T1, dim,
+                          self, ocols, pairs));
     return e;
   }
   UR_INTER_DISPATCH(dd, ed, od,
@@ -555,7 +635,7 @@ static cudaError_t ur_inter_bwd_launch(cudaStream_t stream, const void *dense, c
                                        int64_t ocols, int tables, int dim, int self, ur_dtype dd,
                                        ur_dtype ed, ur_dtype od, int mma, int sms) {
   int T1 = tables + 1, pairs = (int)ur__inter_pairs(T1, self);
-  ur_inter_geom g = ur_inter_geometry(rows, tables, dim, dd, 1, mma, sms);
+  ur_inter_geom g = ur_inter_geometry(rows, ocols, tables, dim, dd, od, 1, mma, sms);
   cudaError_t e = cudaSuccess;
   if (mma && dd == UR_DTYPE_BF16) /* gout is bf16 too (ur_inter_use_mma) */
     return ur_inter_launch(ur_inter_mma16_bwd_kernel, g.blocks, g.threads, g.smem, stream,
@@ -594,7 +674,7 @@ ur_status ur__cuda_interaction_forward(void *stream, const void *dense, const vo
   ur_status st = ur__cuda_dense_device(&dv, &dev);
   if (st) return st;
   const void *ptrs[2] = {dense, emb};
-  int mma = ur_inter_use_mma(dv, 0, tables, dim, dd, ed, od, flags, ptrs, 2);
+  int mma = ur_inter_use_mma(dv, 0, tables, dim, ocols, dd, ed, od, flags, ptrs, 2);
   if (!mma && (st = ur_inter_fits(dv, tables, dim))) return st;
   UR_CUDA_CHECK(ur_inter_fwd_launch((cudaStream_t)stream, dense, emb, out, rows, ocols, tables,
                                     dim, self, dd, ed, od, mma, dv->sms),
@@ -612,7 +692,7 @@ ur_status ur__cuda_interaction_backward(void *stream, const void *dense, const v
   ur_status st = ur__cuda_dense_device(&dv, &dev);
   if (st) return st;
   const void *ptrs[4] = {dense, emb, gdense, gemb};
-  int mma = ur_inter_use_mma(dv, 1, tables, dim, dd, ed, od, flags, ptrs, 4);
+  int mma = ur_inter_use_mma(dv, 1, tables, dim, ocols, dd, ed, od, flags, ptrs, 4);
   if (!mma && (st = ur_inter_fits(dv, tables, dim))) return st;
   UR_CUDA_CHECK(ur_inter_bwd_launch((cudaStream_t)stream, dense, emb, gout, gdense, gemb, rows,
                                     ocols, tables, dim, self, dd, ed, od, mma, dv->sms),

@@ -578,44 +578,66 @@ __global__ void ur_gemv_fwd_kernel(const T *x, const T *w, const T *b, T *y, uin
   }
 }
 
-/* The backward of a layer of one output over a chunk of rows per block: g = gy (masked by ur__relu_passes(y)
- * under relu), gx = g w (masked by x > 0 when the layer below's mask is asked for: x is that
- * layer's ReLU output, which says the same), and the block's sums of g x (gw), of gx as stored
- * (gb_x) and of g (gb) into partials, each thread owning columns, summing its rows in order. */
+#define UR_GEMV_UNROLL 8 /* rows a thread has loaded before it uses the first */
+
+/* The backward of a layer of one output over a chunk of rows per block: g = gy (masked by
+ * ur__relu_passes(y) under relu), gx = g w (masked by x > 0 when the layer below's mask is asked
+ * for: x is that layer's ReLU output, which says the same), and the block's sums of g x (gw) and
+ * of gx as stored (gb_x) into partials, each thread owning columns and summing its rows in order
+ * (UR_GEMV_UNROLL rows loaded at a time), and of g (gb): the threads over the rows, then a fixed
+ * tree, writing the masked gradient itself (work) on the way. */
 template <typename T>
 __global__ void __launch_bounds__(UR_GEMV_THREADS)
 ur_gemv_bwd_kernel(const T *x, const T *w, const T *y, const T *gy, T *gx, T *work,
                    float *part_gw, float *part_gbx, float *part_gb, int64_t rows, int64_t in,
                    int64_t per, int relu, int mask_x, int acc) {
+  __shared__ float gsum[UR_GEMV_THREADS];
   int64_t r0 = (int64_t)blockIdx.x * per, r1 = r0 + per < rows ? r0 + per : rows;
   for (int64_t c = threadIdx.x; c < in; c += blockDim.x) {
     float wc = ur_ld(w, c), sgw = 0.0f, sgbx = 0.0f;
-    for (int64_t r = r0; r < r1; r++) {
-      float g = ur_ld(gy, r);
-      if (relu && !ur__relu_passes(ur_ld(y, r))) g = 0.0f;
-      float xv = ur_ld(x, r * in + c);
-      if (gx) {
-        float v = (mask_x && !ur__relu_passes(xv)) ? 0.0f : g * wc;
-        if (acc) v += ur_ld(gx, r * in + c);
-        T stored = T(v); /* as ur_st rounds it */
-        gx[r * in + c] = stored;
-        sgbx += (float)stored;
+    for (int64_t r = r0; r < r1; r += UR_GEMV_UNROLL) {
+      float g[UR_GEMV_UNROLL], xv[UR_GEMV_UNROLL], old[UR_GEMV_UNROLL];
+#pragma unroll
+      for (int u = 0; u < UR_GEMV_UNROLL; u++) {
+        int64_t ru = r + u;
+        if (ru >= r1) break;
+        g[u] = ur_ld(gy, ru);
+        if (relu && !ur__relu_passes(ur_ld(y, ru))) g[u] = 0.0f;
+        xv[u] = ur_ld(x, ru * in + c);
+        old[u] = gx && acc ? ur_ld(gx, ru * in + c) : 0.0f;
       }
-      if (part_gw) sgw = fmaf(g, xv, sgw);
+#pragma unroll
+      for (int u = 0; u < UR_GEMV_UNROLL; u++) {
+        int64_t ru = r + u;
+        if (ru >= r1) break;
+        if (gx) {
+          float v = (mask_x && !ur__relu_passes(xv[u])) ? 0.0f : g[u] * wc;
+          if (acc) v += old[u];
+          T stored = T(v); /* as ur_st rounds it */
+          gx[ru * in + c] = stored;
+          sgbx += (float)stored;
+        }
+        if (part_gw) sgw = fmaf(g[u], xv[u], sgw);
+      }
     }
     if (part_gw) part_gw[(int64_t)blockIdx.x * in + c] = sgw;
     if (part_gbx) part_gbx[(int64_t)blockIdx.x * in + c] = sgbx;
   }
-  if ((part_gb || work) && threadIdx.x == 0) {
-    /* the masked gradient itself (work, as the other kernels leave it) and its sum */
+  if (part_gb || work) { /* the same for every thread: the barriers below are safe */
     float s = 0.0f;
-    for (int64_t r = r0; r < r1; r++) {
-      T g = gy[r];
-      if (relu && !ur__relu_passes(ur_ld(y, r))) g = T(0.0f);
-      if (work) work[r] = g;
-      s += (float)g;
+    for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+      T gv = gy[r];
+      if (relu && !ur__relu_passes(ur_ld(y, r))) gv = T(0.0f);
+      if (work) work[r] = gv;
+      s += (float)gv;
     }
-    if (part_gb) part_gb[blockIdx.x] = s;
+    gsum[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = UR_GEMV_THREADS / 2; o > 0; o >>= 1) {
+      if (threadIdx.x < o) gsum[threadIdx.x] += gsum[threadIdx.x + o];
+      __syncthreads();
+    }
+    if (part_gb && threadIdx.x == 0) part_gb[blockIdx.x] = gsum[0];
   }
 }
 
