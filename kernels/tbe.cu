@@ -1278,8 +1278,12 @@ struct Shape {
   int e, nv;
 };
 
-Shape shape_of(const ur__tbe_args *a) {
-  bool all_half8 = true;
+/* E = 8 (16-byte slices of half rows) where every table is half and takes them whole, when
+ * halves8; else E = 4.  The backward passes halves8 = false: at E = 8 a dim-128 half row keeps
+ * half of a warp idle while the other half does twice the optimizer's work a lane (stochastic
+ * rounding included), with half as many gradient rows in flight. */
+Shape shape_of(const ur__tbe_args *a, bool halves8 = true) {
+  bool all_half8 = halves8;
   for (int32_t t = 0; t < a->num_tables; t++) {
     const ur__tbe_table &tb = a->host_tables[t];
     if (tb.dtype == UR_DTYPE_F32 || tb.dim % 8) all_half8 = false;
@@ -1553,11 +1557,10 @@ static cudaError_t backward_common(cudaStream_t st, const ur__tbe_args *a, const
     return cudaStreamSynchronize(st);
   }
   if (a->n == 0) return cudaSuccess;
-  Shape sh = shape_of(a);
   ur__tbe_hyper hh;
   if (h) hh = *h;
   else memset(&hh, 0, sizeof hh);
-  return sh.e == 8 ? reduce_e<8>(st, in, hh, s, sp, sh.nv) : reduce_e<4>(st, in, hh, s, sp, sh.nv);
+  return reduce_e<4>(st, in, hh, s, sp, shape_of(a, false).nv);
 }
 
 static cudaError_t ur__cuda_tbe_backward(cudaStream_t st, const ur__tbe_args *a, const ur__tbe_hyper *h,

@@ -14,20 +14,6 @@ local cmd = require "command"
 
 local C = ur.C
 
--- A C file of the tree built against libuvmrec into dir; the executable's path (nil, why in a
--- tree without libuvmrec.so).
-local function build_c(rel, dir, name)
-  local libdir, root = h.engine_lib()
-  if not libdir then return nil, root end
-  local src = root .. "/" .. rel
-  local exe = dir .. "/" .. name
-  local line = ("cc -std=c11 -O2 -Iengine/include %s -L%s -luvmrec -lpthread -lm -Wl,-rpath,%s -o %s 2>&1")
-               :format(src, libdir, libdir, exe)
-  local out, _, code = cmd.sh(line)
-  assert.equal(0, code, out)
-  return exe
-end
-
 -- The first batch of the model's held-out samples, and what the model gives it.
 local function held_batch(m, n)
   local loader = assert(ur.data.loader(assert(serve.data(m, nil, { batch_size = n }))))
@@ -79,7 +65,7 @@ describe("uvmrec.serve", function()
 
   it("gives 8 concurrent C callers the single caller's bits; bad requests fail alone", function()
     local dir = cmd.tmpdir()
-    local exe, why = build_c("engine/tests/model_threads.c", dir, "model_threads")
+    local exe, why = h.build_c("engine/tests/model_threads.c", dir, "model_threads")
     if not exe then return pending(why) end
     for _, c in ipairs { { "tiny", "8", "0" }, { "tiny", "8", "3" }, { "criteo", "8", "0" } } do
       local path = h.exported(c[1], { tables = "int4" })
@@ -266,7 +252,7 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     local lua = assert(cmd.slurp(dir .. "/lua.txt"))
     local n = select(2, lua:gsub("\n", ""))
     assert.equal(1000, n)
-    local exe, nobuild = build_c("engine/examples/serve.c", dir, "serve")
+    local exe, nobuild = h.build_c("engine/examples/serve.c", dir, "serve")
     if not exe then return pending(nobuild) end
     local c
     c, err, code = cmd.sh(("%s --threads 3 %s < %s"):format(exe, path, sample))

@@ -313,4 +313,20 @@ function M.engine_lib()
   return so:match("^(.*)/[^/]*$"), "."
 end
 
+-- The C file rel of the tree built with cc into dir/name, linked against libuvmrec (header_only:
+-- against nothing, with engine/src's internal headers in reach); the executable's path, or nil,
+-- why in a tree without the C sources.
+function M.build_c(rel, dir, name, header_only)
+  local libdir, root = M.engine_lib()
+  if not libdir then return nil, root end
+  local exe, src = dir .. "/" .. name, root .. "/" .. rel
+  local line = header_only
+      and ("cc -std=c11 -O2 -Iengine/include -Iengine/src %s -lm -o %s 2>&1"):format(src, exe)
+      or ("cc -std=c11 -O2 -Iengine/include %s -L%s -luvmrec -lpthread -lm -Wl,-rpath,%s -o %s 2>&1")
+          :format(src, libdir, libdir, exe)
+  local out, _, code = command.sh(line)
+  if code ~= 0 then error(("%s: cc exited with %s:\n%s"):format(rel, tostring(code), out), 2) end
+  return exe
+end
+
 return M

@@ -192,10 +192,8 @@ UR_HD float ur__tbe_half_f32(uint16_t h, int32_t dtype) {
   return dtype == UR_DTYPE_BF16 ? ur__bf16_to_f32(h) : ur__f16_to_f32(h);
 }
 
-/* Stochastic rounding of x to f16 or bf16 with the random word r: rounds away from zero with
- * probability (|x| - lo) / (hi - lo), where lo and hi are the neighbours around |x|, so the
- * stored value is x in expectation.  NaN and exactly representable values round as usual. */
-UR_HD uint16_t ur__tbe_round_sr(float x, int32_t dtype, uint32_t r) {
+/* The float path of ur__tbe_round_sr (below): every x, through the neighbours' values. */
+UR_HD uint16_t ur__tbe_round_sr_float(float x, int32_t dtype, uint32_t r) {
   uint16_t q = dtype == UR_DTYPE_BF16 ? ur__f32_to_bf16(x) : ur__f32_to_f16(x);
   float ax = x < 0 ? -x : x;
   if (!(ax == ax)) return q;
@@ -207,6 +205,24 @@ UR_HD uint16_t ur__tbe_round_sr(float x, int32_t dtype, uint32_t r) {
   float p = UR_FDIV(UR_FSUB(ax, flo), UR_FSUB(fhi, flo)); /* inf - flo gives p = 0 */
   float u = (float)(r >> 8) * (1.0f / 16777216.0f);
   return (uint16_t)(sign | (u < p ? hi : lo));
+}
+
+/* Stochastic rounding of x to f16 or bf16 with the random word r: rounds away from zero with
+ * probability (|x| - lo) / (hi - lo), where lo and hi are the neighbours around |x|, so the
+ * stored value is x in expectation.  NaN and exactly representable values round as usual.
+ * Normal x whose neighbours are both finite take integer steps: lo is x's bits truncated, hi the
+ * next, and p is exactly the dropped bits over their range, so u < p (u = (r >> 8) / 2^24) is
+ * (r >> 19) < k for f16's 13 dropped bits k, (r >> 16) < k for bf16's 16: the float path's bits
+ * (spec/tbe_spec.lua compares the two), without its conversions and division. */
+UR_HD uint16_t ur__tbe_round_sr(float x, int32_t dtype, uint32_t r) {
+  uint32_t bits = ur__f32_bits(x), ax = bits & 0x7fffffffu, sgn = (bits >> 16) & 0x8000u;
+  if (dtype == UR_DTYPE_BF16) {
+    if (ax >= 0x00800000u && ax < 0x7f7f0000u)
+      return (uint16_t)(sgn | ((ax >> 16) + ((r >> 16) < (ax & 0xffffu))));
+  } else if (ax >= 0x38800000u && ax < 0x477fe000u) {
+    return (uint16_t)(sgn | (((ax - 0x38000000u) >> 13) + ((r >> 19) < (ax & 0x1fffu))));
+  }
+  return ur__tbe_round_sr_float(x, dtype, r);
 }
 
 UR_HD uint64_t ur__tbe_sr_key(uint64_t step_key, int32_t table) {
