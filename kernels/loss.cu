@@ -1,18 +1,34 @@
 /* loss.cu: binary cross-entropy on logits (engine/src/dense/loss.c) on the GPU.  Per-sample
- * terms in double, dense/bce.h's as on the CPU; a reduction runs in one block in a fixed order (strided per
- * thread, then ur_block_sum's fixed tree), so the result is the same on every run. */
+ * terms in double, dense/bce.h's as on the CPU.  A reduction sums fixed ranges of samples, a
+ * block each, into partials in double (strided per thread, then ur_block_sum's fixed tree), and
+ * one block adds the partials the same way, so the result is the same on every run; the
+ * partials borrow the stream's dense workspace (cuBLASLt's part, idle between products). */
 #include "common.cuh"
 #include "dense.cuh"
 #include "dense/bce.h"
+#include "dense/linear_plan.h" /* UR_LT_WORKSPACE */
+
+#define UR_BCE_PER_BLOCK 2048 /* samples a block sums, at least */
+#define UR_BCE_THREADS 256
 
 template <typename T>
-__global__ void ur_bce_sum_kernel(const T *x, const float *t, const float *w, float *loss,
-                                  int64_t n, double scale) {
+__global__ void __launch_bounds__(UR_BCE_THREADS)
+ur_bce_part_kernel(const T *x, const float *t, const float *w, double *part, int64_t n,
+                   int64_t per) {
+  int64_t i0 = (int64_t)blockIdx.x * per, i1 = i0 + per < n ? i0 + per : n;
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
     double l = ur__bce_term(ur_ld(x, i), t[i]);
     s += w ? l * w[i] : l;
   }
+  s = ur_block_sum(s);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+__global__ void __launch_bounds__(UR_SUM_THREADS)
+ur_bce_total_kernel(const double *part, int64_t blocks, float *loss, double scale) {
+  double s = 0.0;
+  for (int64_t k = threadIdx.x; k < blocks; k += blockDim.x) s += part[k];
   s = ur_block_sum(s);
   if (threadIdx.x == 0) loss[0] = (float)(s * scale);
 }
@@ -40,7 +56,7 @@ __global__ void ur_bce_grad_kernel(const T *x, const float *t, const float *w, T
 
 static cudaError_t ur_bce_fwd_launch(cudaStream_t stream, const void *logits,
                                      const float *targets, const float *weights, float *loss,
-                                     int64_t n, ur_dtype dtype, int reduction) {
+                                     double *part, int64_t n, ur_dtype dtype, int reduction) {
   if (reduction == UR_REDUCTION_NONE) {
     int sms = 0;
     cudaError_t e = ur__cuda_sms(&sms);
@@ -50,10 +66,17 @@ static cudaError_t ur_bce_fwd_launch(cudaStream_t stream, const void *logits,
       ur_bce_each_kernel<T><<<ur_dense_blocks(n, 256, sms), 256, 0, stream>>>(
           (const T *)logits, targets, weights, loss, n));
   } else {
+    int sms = 0;
+    cudaError_t e = ur__cuda_sms(&sms);
+    if (e != cudaSuccess) return e;
     double scale = reduction == UR_REDUCTION_MEAN ? 1.0 / (double)n : 1.0;
+    int64_t want = (n + UR_BCE_PER_BLOCK - 1) / UR_BCE_PER_BLOCK, cap = (int64_t)sms * 2;
+    int64_t blocks = want < 1 ? 1 : want < cap ? want : cap, per = (n + blocks - 1) / blocks;
     UR_DENSE_DISPATCH(dtype, T,
-      ur_bce_sum_kernel<T><<<1, UR_SUM_THREADS, 0, stream>>>((const T *)logits, targets, weights,
-                                                             loss, n, scale));
+      ur_bce_part_kernel<T><<<(unsigned)blocks, UR_BCE_THREADS, 0, stream>>>(
+          (const T *)logits, targets, weights, part, n, per));
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    ur_bce_total_kernel<<<1, UR_SUM_THREADS, 0, stream>>>(part, blocks, loss, scale);
   }
   return cudaGetLastError();
 }
@@ -73,8 +96,16 @@ static cudaError_t ur_bce_bwd_launch(cudaStream_t stream, const void *logits,
 ur_status ur__cuda_bce_forward(void *stream, const void *logits, const float *targets,
                                const float *weights, float *loss, int64_t n, ur_dtype dtype,
                                ur_reduction reduction) {
-  UR_CUDA_CHECK(ur_bce_fwd_launch((cudaStream_t)stream, logits, targets, weights, loss, n, dtype,
-                                  reduction),
+  void *ws = NULL;
+  if (reduction != UR_REDUCTION_NONE) { /* the partials: at most 2 a multiprocessor, 8 bytes each */
+    ur_dense_dev *dv = NULL;
+    int dev = 0;
+    ur_status st = ur__cuda_dense_device(&dv, &dev);
+    if (!st) st = ur__cuda_dense_workspace(dev, (cudaStream_t)stream, UR_LT_WORKSPACE, &ws);
+    if (st) return st;
+  }
+  UR_CUDA_CHECK(ur_bce_fwd_launch((cudaStream_t)stream, logits, targets, weights, loss,
+                                  (double *)ws, n, dtype, reduction),
                 "bce kernel (%lld samples)", (long long)n);
   return UR_STATUS_OK;
 }

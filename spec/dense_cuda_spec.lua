@@ -396,7 +396,8 @@ describe("uvmrec.dense on CUDA", function()
     end
   end)
 
-  cuda_it("computes BCE and the mean like the CPU, identically run to run, exact at +-100", function()
+  cuda_it("computes BCE (its sums over blocks of samples) and the mean like the CPU, identically run to run, "
+    .. "exact at +-100", function()
     local n = 70001
     for _, dt in ipairs { "f32", "bf16" } do
       local x = R.rand({ n, 1 }, 1, { dtype = dt, lo = -20, hi = 20 })
@@ -408,6 +409,9 @@ describe("uvmrec.dense on CUDA", function()
         dense.bce_forward(x, t, w, lc, red)
         dense.bce_forward(dev(x), dev(t), dev(w), lg, red)
         same(lg, lc, 1e-6, dt .. " " .. red)
+        local lg2 = R.zeros({ len }, { placement = "device" })
+        dense.bce_forward(dev(x), dev(t), dev(w), lg2, red)
+        assert.same(lg:totable(), lg2:totable(), dt .. " " .. red .. ": the same bits twice")
         local gc, gg = R.zeros({ n, 1 }, { dtype = dt }), R.zeros({ n, 1 }, { dtype = dt, placement = "device" })
         dense.bce_backward(x, t, w, gc, red, 2)
         dense.bce_backward(dev(x), dev(t), dev(w), gg, red, 2)
