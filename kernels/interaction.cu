@@ -195,15 +195,16 @@ __device__ __forceinline__ void ur_mma_load(E *X, int ld, const E *dr, const E *
   }
 }
 
-/* X's rows 0..T1-1 out: row 0 to dr, the others to er, 16 bytes a lane. */
+/* X's rows 0..T1-1 out: row 0 to dr, the others to er, 16 bytes a lane (piece c of the row is
+ * vector i's q-th, walked by steps of 32 pieces without a division). */
 template <typename E>
 __device__ __forceinline__ void ur_mma_store(const E *X, int ld, E *dr, E *er, int T1, int d,
                                              int lane) {
   const int V = 16 / (int)sizeof(E), per = d / V, n = T1 * per;
-  for (int c = lane; c < n; c += 32) {
-    int i = c / per, q = c - i * per;
+  for (int c = lane, i = lane / per, q = lane % per; c < n; c += 32) {
     E *dst = i == 0 ? dr + q * V : er + (int64_t)(i - 1) * d + q * V;
     *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(X + i * ld + q * V);
+    for (q += 32; q >= per; q -= per) i++;
   }
 }
 
@@ -349,6 +350,16 @@ __device__ __forceinline__ void ur_cp16(void *dst, const void *src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ur_smem(dst)), "l"(src) : "memory");
 }
 __device__ __forceinline__ void ur_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+/* Row r's T+1 bf16 vectors into X (row i at X + i * ld) by cp.async, 16 bytes a lane, nothing
+ * held in registers; the lane waits (ur_cp_wait) and the warp syncs before X is read. */
+__device__ __forceinline__ void ur_mma16_fetch(ur_bf16 *X, int ld, const ur_bf16 *dr,
+                                               const ur_bf16 *er, int T1, int d, int lane) {
+  const int per = d / 8, n = T1 * per;
+  for (int c = lane, i = lane / per, q = lane % per; c < n; c += 32) {
+    ur_cp16(X + i * ld + q * 8, i == 0 ? dr + q * 8 : er + (int64_t)(i - 1) * d + q * 8);
+    for (q += 32; q >= per; q -= per) i++;
+  }
+}
 /* Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8. */
 __device__ __forceinline__ void ur_ldsm4(unsigned (&r)[4], const void *p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -404,15 +415,10 @@ ur_inter_mma16_bwd_kernel(const ur_bf16 *dense, const ur_bf16 *emb, const ur_bf1
   ur_mma_zero(X + T1 * ld, (UR_MMA_VECS - T1) * ld, lane);
   ur_mma_zero(G, UR_MMA_VECS * UR_GLD, lane);
   __syncthreads(); /* the table and the zeros land before any lane reads them (racecheck) */
-  const int per = d / 8, n = T1 * per; /* 16-byte pieces of a vector, of a row */
   const int g = lane >> 2, t = lane & 3;
   for (int64_t r = (int64_t)blockIdx.x * UR_MMA_WARPS + warp; r < rows;
        r += (int64_t)gridDim.x * UR_MMA_WARPS) {
-    const ur_bf16 *dr = dense + r * d, *er = emb + r * (int64_t)(T1 - 1) * d;
-    for (int c = lane, i = lane / per, q = lane % per; c < n; c += 32) {
-      ur_cp16(X + i * ld + q * 8, i == 0 ? dr + q * 8 : er + (int64_t)(i - 1) * d + q * 8);
-      for (q += 32; q >= per; q -= per) i++;
-    }
+    ur_mma16_fetch(X, ld, dense + r * d, emb + r * (int64_t)(T1 - 1) * d, T1, d, lane);
     const ur_bf16 *go = gout + r * ocols;
     for (int k = lane; k < d; k += 32) gd[k] = __bfloat162float(go[k]);
     for (int p = lane; p < pairs; p += 32) {
@@ -457,12 +463,7 @@ ur_inter_mma16_bwd_kernel(const ur_bf16 *dense, const ur_bf16 *emb, const ur_bf1
           }
     }
     __syncwarp();
-    ur_bf16 *gdr = gdense + r * d, *ger = gemb + r * (int64_t)(T1 - 1) * d;
-    for (int c = lane, i = lane / per, q = lane % per; c < n; c += 32) {
-      uint4 v = *reinterpret_cast<const uint4 *>(X + i * ld + q * 8);
-      *reinterpret_cast<uint4 *>(i == 0 ? gdr + q * 8 : ger + (int64_t)(i - 1) * d + q * 8) = v;
-      for (q += 32; q >= per; q -= per) i++;
-    }
+    ur_mma_store(X, ld, gdense + r * d, gemb + r * (int64_t)(T1 - 1) * d, T1, d, lane);
     __syncwarp(); /* X, G and gd are the next row's */
   }
 }
@@ -493,16 +494,12 @@ ur_inter_mma16_fwd_kernel(const ur_bf16 *dense, const ur_bf16 *emb, TO *out, int
   TO *O = reinterpret_cast<TO *>(X + UR_MMA_VECS * ld);
   ur_mma_zero(X + T1 * ld, (UR_MMA_VECS - T1) * ld, lane);
   for (int64_t k = d + pairs + lane; k < ocols; k += 32) ur_st(O, k, 0.0f);
-  const int per = d / 8, n = T1 * per, g = lane >> 2, t = lane & 3;
+  const int g = lane >> 2, t = lane & 3;
   const bool wide = ocols * (int64_t)sizeof(TO) % 16 == 0 && (uintptr_t)out % 16 == 0;
   const int ochunks = (int)(ocols * (int64_t)sizeof(TO) / 16);
   for (int64_t r = (int64_t)blockIdx.x * UR_MMA_WARPS + warp; r < rows;
        r += (int64_t)gridDim.x * UR_MMA_WARPS) {
-    const ur_bf16 *dr = dense + r * d, *er = emb + r * (int64_t)(T1 - 1) * d;
-    for (int c = lane, i = lane / per, q = lane % per; c < n; c += 32) {
-      ur_cp16(X + i * ld + q * 8, i == 0 ? dr + q * 8 : er + (int64_t)(i - 1) * d + q * 8);
-      for (q += 32; q >= per; q -= per) i++;
-    }
+    ur_mma16_fetch(X, ld, dense + r * d, emb + r * (int64_t)(T1 - 1) * d, T1, d, lane);
     ur_cp_wait();
     __syncwarp();
     float c[3][2][4] = {}; /* tiles (rows 0.., cols 0..), (16.., 0..), (16.., 16..); 8 columns h */
