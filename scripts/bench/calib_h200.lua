@@ -115,10 +115,10 @@ rate("mlp_tf32", 156.1e12, "FLOP/s", MLP .. ": TF32 5.95 ms", "luajit scripts/be
      "not recorded in README.md")
 rate("mlp_bf16", 230.7e12, "FLOP/s", MLP .. ": bf16 4.03 ms (8192^3 bf16 product: about 790 TFLOP/s, BENCH.md)",
      "luajit scripts/bench/mlp.lua --gpu (make bench-gpu)", "not recorded in README.md")
-rate("interaction_dot", 6 * B * (27 * 26 / 2) * 128 / (1.09e-3 + 2.18e-3), "FLOP/s", "README.md 'Against PyTorch': "
-     .. "the bf16 B3 step's dot interaction alone, forward 1.09 ms + backward 2.18 ms at batch 65536 over 27 "
-     .. "vectors of 128: 6 x batch x 351 x 128 FLOPs over 3.27 ms", "OUT=dir UVMREC=dist/bin/uvmrec bash "
-     .. "scripts/bench/torch_compare.sh", DAY)
+rate("interaction_dot", 6 * B * (27 * 26 / 2) * 128 / (0.156e-3 + 0.417e-3), "FLOP/s", "docs/results.md, the "
+     .. "eleventh session's call 8 (a5e1592): the bf16 B3 step's dot interaction alone on mma.sync, forward 0.156 ms "
+     .. "+ backward 0.417 ms at batch 65536 over 27 vectors of 128: 6 x batch x 351 x 128 FLOPs over 0.573 ms",
+     "uvmrec scripts/bench/dlrm_speed.lua --precisions bf16 --no-torch --steps 30", "2026-12-03")
 
 -- ---- a step's fixed cost: dlrm_kaggle at batch 128 is bound by launches ----
 rate("step_overhead", 128 / 101.6e3, "s", "README.md 'Against PyTorch', training parity on the GPU: dlrm_kaggle at "
@@ -144,4 +144,4 @@ f:close()
 print(("wrote %s: hbm_gather %.0f GB/s, repeat %.0f GB/s, update %.0f GB/s, zero-copy/managed %.1f GB/s, "
        .. "backward %.3f ns/id, cache %.3f ns/id, cache move %.1f GB/s, overlap %.3f, interaction %.2f TFLOP/s"):format(
        out, G / 1e9, Gr / 1e9, Gu / 1e9, Gz / 1e9, kb * 1e9, 1.23e-3 / L * 1e9, 119.6e6 / (3.02e-3 - 1.23e-3) / 1e9,
-       1 - (12.37 - 10.49) / (12.60 - 10.49), 6 * B * 351 * 128 / 3.27e-3 / 1e12))
+       1 - (12.37 - 10.49) / (12.60 - 10.49), rates.interaction_dot.value / 1e12))
