@@ -4,7 +4,8 @@
  *    vectors fit 32 and d is a multiple of 16: a warp per row at a time, its vectors in shared
  *    memory as a 32 x d matrix X (rows past T padded with zeros, each row padded by 16 bytes so
  *    fragment loads miss no bank).  Forward: X X^T by 16x16 MMA tiles, only the three tiles of
- *    the lower triangle, straight into the output row (dense part, pairs, zero padding); the
+ *    the lower triangle, the pairs leaving the accumulators for the output row (dense part,
+ *    pairs, zero padding; staged in shared memory); the
  *    32 x 32 product is never written to memory.  Backward: the symmetric matrix G of the
  *    pairs' gradients (a diagonal pair counts twice) built in shared memory, then G X as one
  *    product, 16 columns at a time, the results written over the columns of X they no longer
@@ -339,9 +340,9 @@ ur_inter_mma_bwd_kernel(const E *dense, const E *emb, const TO *gout, E *gdense,
   }
 }
 
-/* ---- the bf16 backward: mma.sync on registers ---- */
+/* ---- the bf16 kernels: mma.sync on registers ---- */
 
-/* Shared-memory addresses and the instructions the bf16 backward is made of (PTX ISA: cp.async,
+/* Shared-memory addresses and the instructions the bf16 kernels are made of (PTX ISA: cp.async,
  * ldmatrix, mma.sync m16n8k16 with its fragment layouts). */
 __device__ __forceinline__ unsigned ur_smem(const void *p) {
   return (unsigned)__cvta_generic_to_shared(p);

@@ -155,7 +155,7 @@ static void ur_relu_bgrad_run(cudaStream_t stream, const T *gy, const T *y, T *g
 
 /* g = gy masked by ur__relu_passes(y) (when y is not NULL; g then must be given) and gb[cols] +=
  * column sums of g (when gb is not NULL), deterministically: fixed chunks of rows summed into
- * partial (chunks * cols floats), then the chunks in order.  A lane moves 16 bytes of a row at a
+ * partial (chunks * cols floats), then the chunks in a fixed order (ur_colsum).  A lane moves 16 bytes of a row at a
  * time where every row starts 16-byte aligned, else one element. */
 static cudaError_t ur_relu_bgrad_launch(cudaStream_t stream, const void *gy, const void *y,
                                         void *g, float *gb, float *partial, int64_t rows,
@@ -661,11 +661,13 @@ static ur_status ur_gemv_backward(ur_dense_dev *dv, int dev, cudaStream_t s, con
                 (long long)rows, (long long)in);
   /* the blocks' partials added in a fixed order (ur_colsum) */
   if (gw)
-    UR_CUDA_CHECK(ur_colsum(s, part_gw, gw, blocks, in), "one-output linear weight gradient sums (%lld)",
-                  (long long)in);
+    UR_CUDA_CHECK(ur_colsum(s, part_gw, gw, blocks, in),
+                  "one-output linear weight gradient sums (%lld blocks x %lld columns)",
+                  (long long)blocks, (long long)in);
   if (gb_x)
     UR_CUDA_CHECK(ur_colsum(s, part_gbx, gb_x, blocks, in),
-                  "one-output linear input bias gradient sums (%lld)", (long long)in);
+                  "one-output linear input bias gradient sums (%lld blocks x %lld columns)",
+                  (long long)blocks, (long long)in);
   if (gb)
     UR_CUDA_CHECK(ur_colsum(s, part_gb, gb, blocks, 1), "one-output linear bias gradient sum");
   return UR_STATUS_OK;
@@ -724,7 +726,7 @@ ur_narrow_fwd_kernel(const T *x, const T *w, const T *b, T *y, uint8_t *mask, in
         for (int c = 0; c < 4; c++) {
           if (j0 + c >= out) break;
           float v = acc[c] + br[c];
-          T stored = T(relu ? ur__relu(v) : v); /* as ur_st rounds it; the mask bit is its */
+          T stored = T(relu ? ur__relu(v) : v); /* as ur_st rounds it: the mask bit is the stored value's */
           y[r * out + j0 + c] = stored;
           if (ur__relu_passes((float)stored)) nib |= 1u << c;
         }

@@ -1272,8 +1272,9 @@ cudaError_t layout_of(const ur__tbe_args *a, int backward, Layout *L) {
   return cudaSuccess;
 }
 
-/* Launch shape: E elements per lane and slot (8 when every table is a half with dims that are
- * multiples of 8: 16-byte loads; else 4: 16 bytes of f32, 8 of a half), NV slots per lane. */
+/* Launch shape: E elements per lane and slot (the forward's: 8 when every table is a half with
+ * dims that are multiples of 8, 16-byte loads; else, and always in the backward, 4: 16 bytes of
+ * f32, 8 of a half), NV slots per lane. */
 struct Shape {
   int e, nv;
 };

@@ -3,8 +3,8 @@
  * every exponent's truncations at the edges of the dropped bits with random words at and around
  * the threshold (r >> 19 = k for f16, r >> 16 = k for bf16), the ranges' edges, and random
  * values over every bit pattern.  Prints "round_sr_check: ok, N compared" or the first
- * mismatch.  Built and run by spec/tbe_spec.lua:
- *   cc -std=c11 -O2 -Iengine/include -Iengine/src engine/tests/round_sr_check.c -lm */
+ * mismatch.  Built (header-only, the engine's float flags) and run by spec/tbe_spec.lua
+ * through the specs' h.build_c. */
 #include <stdio.h>
 #include <stdlib.h>
 

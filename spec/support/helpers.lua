@@ -314,14 +314,16 @@ function M.engine_lib()
 end
 
 -- The C file rel of the tree built with cc into dir/name, linked against libuvmrec (header_only:
--- against nothing, with engine/src's internal headers in reach); the executable's path, or nil,
--- why in a tree without the C sources.
+-- against nothing, with engine/src's internal headers in reach and the engine's float flags, no
+-- fused multiply-adds); the executable's path, or nil, why in a tree without the C sources (or,
+-- linked, without libuvmrec.so).
 function M.build_c(rel, dir, name, header_only)
   local libdir, root = M.engine_lib()
+  if header_only and command.exists("engine/include/uvmrec.h") then libdir, root = ".", "." end
   if not libdir then return nil, root end
   local exe, src = dir .. "/" .. name, root .. "/" .. rel
   local line = header_only
-      and ("cc -std=c11 -O2 -Iengine/include -Iengine/src %s -lm -o %s 2>&1"):format(src, exe)
+      and ("cc -std=c11 -O2 -ffp-contract=off -Iengine/include -Iengine/src %s -lm -o %s 2>&1"):format(src, exe)
       or ("cc -std=c11 -O2 -Iengine/include %s -L%s -luvmrec -lpthread -lm -Wl,-rpath,%s -o %s 2>&1")
           :format(src, libdir, libdir, exe)
   local out, _, code = command.sh(line)

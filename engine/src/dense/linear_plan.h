@@ -3,7 +3,8 @@
  * prices a step's dense workspaces with (uvmrec.planner.cost): one copy of the rules, plain C
  * for gcc and nvcc alike.  Each stream that runs a matrix product keeps one workspace
  * (kernels/dense.cu): cuBLASLt's UR_LT_WORKSPACE bytes and after them the partial sums of a
- * call, the parts below. */
+ * call, the parts below (the loss's few partials, kernels/loss.cu, borrow the workspace's start
+ * between products). */
 #ifndef UR_LINEAR_PLAN_H
 #define UR_LINEAR_PLAN_H
 
@@ -11,7 +12,10 @@
 #include <stdint.h>
 
 #define UR_LT_WORKSPACE (32u << 20) /* cuBLASLt's workspace per stream, as NVIDIA advises */
-#define UR_BGRAD_COLS 256 /* columns per block of bf16 rows: 32 lanes of 16 bytes (f32: 128) */
+/* Columns per block the chunk count assumes (bf16: 32 lanes of 16 bytes); f32 rows (128) and
+ * unaligned rows (32) run 2x and 8x the blocks over the same chunks, so the partials' size stays
+ * one formula. */
+#define UR_BGRAD_COLS 256
 #define UR_BGRAD_ROWS 8   /* warps per block, each on every 8th row of the chunk */
 
 /* Chunks of rows the bias-gradient reduction sums into partials (a block per chunk and

@@ -216,6 +216,9 @@ UR_HD uint16_t ur__tbe_round_sr_float(float x, int32_t dtype, uint32_t r) {
  * (spec/tbe_spec.lua compares the two), without its conversions and division. */
 UR_HD uint16_t ur__tbe_round_sr(float x, int32_t dtype, uint32_t r) {
   uint32_t bits = ur__f32_bits(x), ax = bits & 0x7fffffffu, sgn = (bits >> 16) & 0x8000u;
+  /* bf16: f32's least normal up to bf16's largest finite (0x7f7f << 16), whose next is inf;
+   * f16: 2^-14 (its least normal) up to 65504 (its largest finite), and 0x38000000 is the
+   * exponents' bias difference, (127 - 15) << 23 */
   if (dtype == UR_DTYPE_BF16) {
     if (ax >= 0x00800000u && ax < 0x7f7f0000u)
       return (uint16_t)(sgn | ((ax >> 16) + ((r >> 16) < (ax & 0xffffu))));
