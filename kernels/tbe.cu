@@ -1360,14 +1360,14 @@ cudaError_t launch_reduce(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_
   return cudaGetLastError();
 }
 
-template <int E>
-cudaError_t reduce_e(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_hyper &h, const Sorted &s,
-                     const SparseOut &sp, int nv) {
+/* The backward's kernels, 4 elements a lane whatever the dtype (shape_of(a, false)), nv slots. */
+cudaError_t reduce_rows(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_hyper &h,
+                        const Sorted &s, const SparseOut &sp, int nv) {
   switch (nv) {
-  case 1: return launch_reduce<1, E>(st, a, h, s, sp);
-  case 2: return launch_reduce<2, E>(st, a, h, s, sp);
-  case 4: return launch_reduce<4, E>(st, a, h, s, sp);
-  default: return launch_reduce<E == 8 ? 4 : 8, E>(st, a, h, s, sp);
+  case 1: return launch_reduce<1, 4>(st, a, h, s, sp);
+  case 2: return launch_reduce<2, 4>(st, a, h, s, sp);
+  case 4: return launch_reduce<4, 4>(st, a, h, s, sp);
+  default: return launch_reduce<8, 4>(st, a, h, s, sp);
   }
 }
 
@@ -1561,7 +1561,7 @@ static cudaError_t backward_common(cudaStream_t st, const ur__tbe_args *a, const
   ur__tbe_hyper hh;
   if (h) hh = *h;
   else memset(&hh, 0, sizeof hh);
-  return reduce_e<4>(st, in, hh, s, sp, shape_of(a, false).nv);
+  return reduce_rows(st, in, hh, s, sp, shape_of(a, false).nv);
 }
 
 static cudaError_t ur__cuda_tbe_backward(cudaStream_t st, const ur__tbe_args *a, const ur__tbe_hyper *h,
