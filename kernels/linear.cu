@@ -2,8 +2,9 @@
  * Matrix products go through cuBLASLt with their elementwise work in the epilogue: forward the
  * bias and the ReLU (RELU_AUX_BIAS also writes the ReLU mask, a bit per output); backward the
  * input gradient masked by the layer below's ReLU mask with that layer's bias gradient
- * (DRELU_BGRAD), and the bias gradient of an unmasked layer in its weight-gradient product
- * (BGRADB).  Where cuBLASLt offers no algorithm for a shape and epilogue, cuBLAS runs the
+ * (DRELU_BGRAD, where a caller passes the mask's bits; X_RELU masks by x in a pass after the
+ * bare product, which ran faster on an H200), and the bias gradient of an unmasked layer in
+ * its weight-gradient product (BGRADB).  Where cuBLASLt offers no algorithm for a shape and epilogue, cuBLAS runs the
  * product and kernels here do the epilogue.  Plans (descriptors and the chosen algorithm) are
  * made once per shape and kept.  The weight gradient may go to a side stream of the caller's
  * (WGRAD_ASYNC), forked and joined by events.  A forward whose input is narrow and unaligned
@@ -829,9 +830,10 @@ ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, c
   cudaStream_t s = (cudaStream_t)stream;
   int relu = act == UR_ACT_RELU; /* the core passes NONE under GY_MASKED */
   int acc = (flags & UR_DENSE_ACCUMULATE) != 0;
-  if (out == 1 && in > 0)
+  int x_relu = (flags & UR_DENSE_X_RELU) != 0;
+  if (out == 1 && in > 0) /* its pass reads x: the mask is x > 0 either way */
     return ur_gemv_backward(dv, dev, s, x, w, y, gy, gx, relu ? work : NULL, gw, gb, gb_x, rows,
-                            in, dtype, relu, x_mask != NULL, acc);
+                            in, dtype, relu, x_mask != NULL || x_relu, acc);
   const void *g = gy;
   int gb_done = 0;
   if (relu && out > 0) {
@@ -863,7 +865,9 @@ ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, c
     } else {
       /* gx^T (in x rows) = w^T (as stored: in x out) g^T (out x rows); with the layer below's
        * mask, DRELU_BGRAD masks it and sums the layer below's bias gradient over the rows into
-       * an f32 vector after the workspace's cuBLASLt part */
+       * an f32 vector after the workspace's cuBLASLt part; under X_RELU the product runs bare
+       * and the mask pass after it does both (on the H200 cuBLASLt's DRELU kernels took 3x
+       * the bare product's time, and it takes no f32 bias gradient under bf16) */
       k = ur_mm_key_of(0, 0, in, rows, out, in, out, dtype, ur_cuda_type(dtype), flags);
       ur_mm_epi e = {CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, 0};
       float *tmp = NULL;
@@ -880,8 +884,9 @@ ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, c
         e.bias_f32 = gb_x && dtype != UR_DTYPE_F32;
       }
       if ((st = ur_matmul(dv, dev, s, &k, w, g, gx, &e, acc ? 1.0f : 0.0f, &plain))) return st;
-      if (x_mask && plain) {
-        /* cuBLAS ran it bare: x > 0 is the layer below's mask (x is its ReLU output) */
+      if ((x_mask && plain) || x_relu) {
+        /* the product ran bare (X_RELU, or no cuBLASLt algorithm for DRELU): x > 0 is the layer
+         * below's mask (x is its ReLU output) */
         void *ws = NULL;
         size_t part = gb_x ? ur__bgrad_part(rows, in, dv->sms) : 0;
         if ((st = ur__cuda_dense_workspace(dev, s, UR_LT_WORKSPACE + part, &ws))) return st;

@@ -4,7 +4,8 @@
 -- terms in another order), elementwise f32 1e-6, bf16 outputs 1e-2 (one rounding apart), TF32
 -- products 2e-2 (10-bit mantissas); through a chain of ReLUs, whose masks two backends may set
 -- apart within rounding of zero, in norm: f32 1e-4, TF32 and bf16 3e-2 forward, and backward
--- with the GPU's masks on both f32 1e-4, TF32 3e-3, bf16 3e-2.
+-- with the GPU's ReLU outputs on both f32 1e-4, TF32 3e-3, bf16 3e-2.
+local band = require("bit").band
 local ur = require "uvmrec"
 local h = require "helpers"
 local R = require "dense_ref"
@@ -205,6 +206,41 @@ describe("uvmrec.dense on CUDA", function()
     end
   end)
 
+  cuda_it("masks gx by its input under X_RELU like the CPU, in the pass after the product: units the ReLU "
+    .. "cut exactly zero, gb_x too", function()
+    -- x as a ReLU layer's output (same x on both backends); 4099 rows: the pass's chunks, a
+    -- partial last one; 520 columns: a partial 256-column tile; 1 output: the one-output kernel
+    for i, s in ipairs { { 4099, 520, 96 }, { 300, 1024, 512 }, { 129, 96, 1 } } do
+      local rows, n, out = s[1], s[2], s[3]
+      for _, dt in ipairs { "f32", "bf16" } do
+        local x = R.zeros({ rows, n }, { dtype = dt })
+        dense.linear_forward(R.rand({ rows, 16 }, 40 * i + 1, { dtype = dt }),
+                             R.rand({ n, 16 }, 40 * i + 2, { dtype = dt }), nil, x, "relu")
+        local w, gy = R.rand({ out, n }, 40 * i + 3, { dtype = dt }), R.rand({ rows, out }, 40 * i + 4, { dtype = dt })
+        local c = { gx = R.zeros({ rows, n }, { dtype = dt }), gw = R.zeros({ out, n }), gb_x = R.zeros({ n }) }
+        local g = { gx = select(2, both({ rows, n }, dt)), gw = select(2, both({ out, n }, "f32")),
+                    gb_x = select(2, both({ n }, "f32")) }
+        local flags = dense.GY_MASKED + dense.X_RELU
+        dense.linear_backward(x, w, nil, gy, c.gx, c.gw, nil, nil, "none", { flags = flags, gb_x = c.gb_x })
+        dense.linear_backward(dev(x), dev(w), nil, dev(gy), g.gx, g.gw, nil, nil, "none",
+                              { flags = flags + dense.WGRAD_ASYNC, gb_x = g.gb_x })
+        dense.join()
+        local what = ("%s %dx%dx%d"):format(dt, rows, n, out)
+        same(g.gx, c.gx, dt == "bf16" and 1e-2 or 1e-4, what .. " gx")
+        same(g.gw, c.gw, 1e-4, what .. " gw")
+        same(g.gb_x, c.gb_x, dt == "bf16" and 1e-2 or 1e-4, what .. " gb_x")
+        local xv, gv, cut = x:totable(), g.gx:totable(), 0
+        for k = 1, #xv do
+          if xv[k] == 0 then
+            cut = cut + 1
+            if gv[k] ~= 0 then error(("%s: element %d: x is 0 (cut) but the GPU's gx is %g"):format(what, k, gv[k])) end
+          end
+        end
+        assert.is_true(cut > #xv / 4 and cut < #xv * 3 / 4, what .. ": the ReLU cut about half")
+      end
+    end
+  end)
+
   cuda_it("accepts managed memory wherever device memory goes, and refuses a mix with host memory", function()
     local x, w = R.rand({ 33, 17 }, 1), R.rand({ 9, 17 }, 2)
     local yc = R.zeros({ 33, 9 })
@@ -322,7 +358,7 @@ describe("uvmrec.dense on CUDA", function()
     end
   end)
 
-  cuda_it("runs an MLP's fused chain like the CPU: padded input, ReLU masks, a one-output layer, "
+  cuda_it("runs an MLP's fused chain like the CPU: padded input, ReLUs folded by the layer above, a one-output layer, "
     .. "weight gradients on a side stream", function()
     for _, prec in ipairs { "f32", "tf32", "bf16" } do
       local function build(place)
@@ -342,33 +378,29 @@ describe("uvmrec.dense on CUDA", function()
       local yc, yg = mc:forward(x), mg:forward(dev(x))
       local tol = prec == "f32" and 1e-4 or 3e-2
       R.close_norm(yg:totable(), yc:totable(), tol, prec .. " output")
-      -- the ReLU masks of both Linears with one (modules 1 and 3): the CPU's bits wherever an
-      -- output is clearly off zero on either backend, or zero on both
+      -- which units passed the ReLUs of both Linears with one (modules 1 and 3; the layers above
+      -- mask by these outputs, X_RELU): the same wherever an output is clearly off zero on either
+      -- backend, or zero on both
       for i, width in pairs { [1] = 96, [3] = 48 } do
-        local mcb, mgb = mc.modules[i]._mask:totable(), mg.modules[i]._mask:totable()
-        local oc, og, mcols = mc.modules[i].output:totable(), mg.modules[i].output:totable(), dense.mask_cols(width)
+        local oc, og = mc.modules[i].output:totable(), mg.modules[i].output:totable()
         for r = 0, 299 do
           for j = 0, width - 1 do
             local a, b = oc[r * width + j + 1], og[r * width + j + 1]
-            if math.max(a, b) > 1e-2 or a == 0 and b == 0 then
-              local byte = r * mcols + math.floor(j / 8) + 1
-              local bc, bg = math.floor(mcb[byte] / 2 ^ (j % 8)) % 2, math.floor(mgb[byte] / 2 ^ (j % 8)) % 2
-              if bc ~= bg then
-                error(("%s module %d mask row %d column %d: GPU %d, CPU %d"):format(prec, i, r, j, bg, bc))
-              end
+            if (math.max(a, b) > 1e-2 or a == 0 and b == 0) and (a > 0) ~= (b > 0) then
+              error(("%s module %d row %d column %d: GPU %g, CPU %g"):format(prec, i, r, j, b, a))
             end
           end
         end
       end
-      -- Both backwards then run with the GPU's masks (the Linears with a fused ReLU are modules
-      -- 1 and 3): a unit whose pre-activation lies within the products' rounding of zero may
-      -- pass on one backend and not the other, and each such unit moves its row's gradient by a
-      -- whole unit's share.  On the H200 (scripts/bench/tf32_check.lua, 2026-12-02) TF32 set 5
+      -- Both backwards then run with the GPU's ReLU outputs (modules 1 and 3, which the layers
+      -- above read as their inputs): a unit whose pre-activation lies within the products'
+      -- rounding of zero may pass on one backend and not the other, and each such unit moves its
+      -- row's gradient by a whole unit's share.  On the H200 (scripts/bench/tf32_check.lua, 2026-12-02) TF32 set 5
       -- of 43,200 units otherwise than the CPU's exact f32 (|output| <= 2.1e-4), which moved the
       -- input gradient by 0.0374 in norm; with the GPU's masks it differs by 4.2e-4.  TF32 rounds
       -- each operand to nearest at 2^-11, a product by at most 2^-10 (9.8e-4), three layers of
       -- backward by about 3e-3: the tolerance with shared masks.
-      for i = 1, 3, 2 do assert(mc.modules[i]._mask:copy(mg.modules[i]._mask)) end
+      for i = 1, 3, 2 do assert(mc.modules[i].output:copy(mg.modules[i].output)) end
       tol = prec == "f32" and 1e-4 or prec == "tf32" and 3e-3 or 3e-2
       mc:zero_grad()
       mg:zero_grad()
@@ -531,6 +563,9 @@ describe("uvmrec.dense on CUDA", function()
       -- layer's bias gradient in the weight gradient's product (out floats), all on s
       { "none", 96, 48, { gx = true, gw = true, gb = true, x_mask = true }, 0 },
       { "none", 96, 48, { gx = true, gw = true, gb = true, x_mask = true }, dense.WGRAD_ASYNC },
+      -- X_RELU: the product bare, then the mask pass sums the bias gradient by chunks of rows
+      { "none", 96, 48, { gx = true, gw = true, gb = true }, dense.X_RELU },
+      { "none", 1024, 512, { gx = true, gw = true, gb = true }, dense.X_RELU + dense.WGRAD_ASYNC },
       -- a bias gradient alone, by chunks of rows, on the side stream
       { "none", 64, 40, { gb = true }, dense.WGRAD_ASYNC },
       -- one output: the blocks' partials on s
@@ -544,7 +579,8 @@ describe("uvmrec.dense on CUDA", function()
       local x, w, gy = D({ rows, n }, 10 * i + 1), D({ out, n }, 10 * i + 2), D({ rows, out }, 10 * i + 3)
       local y, work = act == "relu" and D({ rows, out }, 10 * i + 4) or nil, act == "relu" and Z({ rows, out }) or nil
       local opts = { flags = flags }
-      if given.x_mask then opts.x_mask, opts.gb_x = Z({ rows, dense.mask_cols(n) }, "u8"), Z({ n }) end
+      if given.x_mask then opts.x_mask = Z({ rows, dense.mask_cols(n) }, "u8") end
+      if given.x_mask or band(flags, dense.X_RELU) ~= 0 then opts.gb_x = Z({ n }) end
       dense.linear_backward(x, w, y, gy, given.gx and Z({ rows, n }) or nil, given.gw and Z({ out, n }) or nil,
                             given.gb and Z({ out }) or nil, work, act, opts, s)
       dense.join(s)

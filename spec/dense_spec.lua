@@ -82,6 +82,43 @@ describe("uvmrec.dense linear", function()
     end)
   end
 
+  -- X_RELU: x is the layer below's ReLU output, which says itself which units passed; its
+  -- forward's mask bits say the same, so the two backwards give the same bits.
+  for _, dt in ipairs { "f32", "bf16" } do
+    it("masks gx by its input under X_RELU as by the forward's mask, its gb_x too (" .. dt .. ")", function()
+      local rows, n0, n, out = 9, 6, 21, 7 -- 21 columns: a partial byte of mask bits a row
+      local x0 = R.rand({ rows, n0 }, 71, { dtype = dt })
+      x0:set(3 * n0 + 2, 0 / 0) -- row 3 comes out NaN: it passes, as its mask bits say
+      local x = R.zeros({ rows, n }, { dtype = dt })
+      local mask = R.zeros({ rows, dense.mask_cols(n) }, { dtype = "u8" })
+      dense.linear_forward(x0, R.rand({ n, n0 }, 72, { dtype = dt }), R.rand({ n }, 73, { dtype = dt }), x, "relu",
+                           { flags = 0, mask = mask })
+      local xv, zeros = x:totable(), 0
+      for i = 1, #xv do if xv[i] == 0 then zeros = zeros + 1 end end
+      assert.is_true(zeros > rows * n / 4 and zeros < rows * n * 3 / 4, dt .. ": the ReLU cut about half")
+      local w, gy = R.rand({ out, n }, 74, { dtype = dt }), R.rand({ rows, out }, 75, { dtype = dt })
+      local function back(opts) -- (gw, untouched by masks, has row 3's NaN)
+        local gx, gb_x = R.zeros({ rows, n }, { dtype = dt }), R.zeros({ n })
+        opts.gb_x = gb_x
+        dense.linear_backward(x, w, nil, gy, gx, nil, nil, nil, "none", opts)
+        return gx:totable(), gb_x:totable()
+      end
+      local mx, mb = back { flags = dense.GY_MASKED, x_mask = mask }
+      local rx, rb = back { flags = dense.GY_MASKED + dense.X_RELU }
+      assert.same(mx, rx, dt .. ": gx")
+      assert.same(mb, rb, dt .. ": gb_x")
+      for r = 0, rows - 1 do
+        for c = 1, n do
+          local i = r * n + c
+          if xv[i] == 0 then assert.equal(0, rx[i], dt .. ": a unit the ReLU cut passes no gradient") end
+        end
+      end
+      for c = 1, n do
+        assert.is_true(rx[3 * n + c] == rx[3 * n + c] and rx[3 * n + c] ~= 0, dt .. ": the NaN row passes")
+      end
+    end)
+  end
+
   it("adds into gx with ACCUMULATE and leaves out what is nil", function()
     local rows, n, out = 4, 5, 3
     local x, xv = R.rand({ rows, n }, 31)
@@ -151,7 +188,19 @@ describe("uvmrec.dense linear", function()
     assert.error_matches(function()
       dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), R.zeros({ 4, 5 }), nil, nil, nil, "none",
                             { gb_x = R.zeros({ 5 }) })
-    end, "gb_x is the masked gradient's sum: it needs x_mask")
+    end, "gb_x is the masked gradient's sum: it needs x_mask or X_RELU")
+    assert.error_matches(function()
+      dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), R.zeros({ 4, 5 }), nil, nil, nil, "none",
+                            { flags = dense.X_RELU, x_mask = R.zeros({ 4, 16 }, { dtype = "u8" }) })
+    end, "x_mask and X_RELU both mask gx %(from the mask's bits, from x%): give one")
+    assert.error_matches(function()
+      dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), R.zeros({ 4, 5 }), nil, nil, nil, "none",
+                            dense.X_RELU + dense.ACCUMULATE)
+    end, "X_RELU cannot mask an accumulated gx")
+    assert.error_matches(function()
+      dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), nil, R.zeros({ 3, 5 }), nil, nil, "none",
+                            dense.X_RELU)
+    end, "X_RELU and gb_x act on gx, which is NULL")
     local big = R.zeros({ 8, 5 })
     assert.error_matches(function() dense.linear_forward(big:view(0, 4), R.zeros({ 5, 5 }), nil, big:view(2, 4)) end,
       "y and x overlap in storage")
@@ -180,6 +229,13 @@ describe("uvmrec.dense linear", function()
     assert.same({ LT + 96 * 4, LT + 8 * 4 }, { ws(8, 96, 8, xm, "none", dense.WGRAD_ASYNC, SMS) })
     assert.same({ LT + 96 * 4, 0 }, { ws(8, 96, 8, xm, "none", 0, SMS) })
     assert.same({ LT + 200 * 4, 0 }, { ws(8, 96, 200, xm, "none", 0, SMS) })
+    -- X_RELU: the layer below's ReLU folded into gx by the mask pass after the product, its bias
+    -- gradient by chunks of rows of `in` floats (1 chunk at 8 rows; 132 of 1024 at 65536)
+    local xr = { gx = true, gw = true, gb = true }
+    assert.same({ LT + 96 * 4, LT + 8 * 4 }, { ws(8, 96, 8, xr, "none", dense.X_RELU + dense.WGRAD_ASYNC, SMS) })
+    assert.same({ LT + 132 * 1024 * 4, LT + 512 * 4 },
+                { ws(65536, 1024, 512, xr, "none", dense.X_RELU + dense.WGRAD_ASYNC, SMS) })
+    assert.same({ LT + 200 * 4, 0 }, { ws(8, 96, 200, xr, "none", dense.X_RELU, SMS) })
     -- GY_MASKED: the layer above took the ReLU and the bias gradient; relu is then ignored
     assert.same({ LT + 64 * 4, LT }, { ws(8, 64, 32, { gx = true, gw = true, x_mask = true }, "relu",
                                          dense.GY_MASKED + dense.WGRAD_ASYNC, SMS) })
@@ -207,6 +263,8 @@ describe("uvmrec.dense linear", function()
       "activation 2 is not none %(0%) or relu %(1%)")
     assert.error_matches(function() ws(8, 4, 4, { gw = true, x_mask = true }, "none", 0, 132) end,
       "x_mask and gb_x act on gx, which is NULL")
+    assert.error_matches(function() ws(8, 4, 4, { gx = true, x_mask = true }, "none", dense.X_RELU, 132) end,
+      "x_mask and X_RELU both mask gx")
     assert.error_matches(function() ws(8, 4, 4, all, "none", dense.GY_MASKED, 132) end,
       "under GY_MASKED the layer above took the bias gradient: gb must be NULL")
     assert.error_matches(function() ws(8, 4, 4, all, "none", 64, 132) end, "flags 0x40 include bits other than")

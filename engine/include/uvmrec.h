@@ -1104,9 +1104,12 @@ enum {
   UR_DENSE_TF32 = 1,        /* f32 matrix products may use TF32 tensor cores (GPU) */
   UR_DENSE_ACCUMULATE = 2,  /* add into the input gradient rather than overwrite it */
   UR_DENSE_GY_MASKED = 4,   /* linear backward: gy is already the gradient at the ReLU's input,
-                               and the bias gradient was taken (by the layer above: x_mask) */
+                               and the bias gradient was taken (by the layer above: X_RELU or
+                               x_mask) */
   UR_DENSE_WGRAD_ASYNC = 8, /* linear backward (GPU): gw and gb on a side stream of s, which
                                ur_dense_join brings back; the inputs must stay until then */
+  UR_DENSE_X_RELU = 16,     /* linear backward: x is the stored output of a ReLU (the layer
+                               below's): gx is masked by "x > 0 or x is NaN", as x_mask would */
   /* Bits 8..15: the first row's index in a larger batch, mod 256 (a data-parallel rank's
    * first sample in the global batch): the CPU then computes each row of a linear layer bit
    * for bit as it computes that row of the whole batch. */
@@ -1139,12 +1142,15 @@ UR_API ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_te
                                    ur_tensor *mask /* out, or NULL */, ur_act act, uint32_t flags);
 /* From gy = dL/dy, with g = gy masked by "y > 0 or y is NaN" (RELU; then y and work [rows, out] of x's dtype
  * are needed, and work receives g) or g = gy (NONE, or GY_MASKED):
- * gx = g w (+= with ACCUMULATE), gw += g^T x, gb += column sums of g.  With x_mask (the mask
- * the forward of the layer below wrote: x is its ReLU output), gx is masked by it and gb_x +=
- * the column sums of that masked gx: the layer below's gradient at its ReLU's input and its
- * bias gradient, so its backward takes GY_MASKED and no gb (on the GPU the mask and the sum are
- * the product's epilogue).  gx, gw, gb, x_mask and gb_x may each be NULL; gw, gb and gb_x are
- * f32.  flags: TF32, ACCUMULATE (not with x_mask), GY_MASKED, WGRAD_ASYNC, PAD. */
+ * gx = g w (+= with ACCUMULATE), gw += g^T x, gb += column sums of g.  With X_RELU (x is the
+ * layer below's ReLU output), gx is masked by "x > 0 or x is NaN" and gb_x += the column sums
+ * of that masked gx: the layer below's gradient at its ReLU's input and its bias gradient, so
+ * its backward takes GY_MASKED and no gb (on the GPU one pass after the product masks gx and
+ * sums it).  x_mask (the mask the layer below's forward wrote) does the same from its bits:
+ * on the GPU through cuBLASLt's DRELU epilogues, where it has them (on an H200 they ran 3x
+ * slower than the product and that pass: docs/dense.md).  gx, gw, gb, x_mask and gb_x may each
+ * be NULL; gw, gb and gb_x are f32.  flags: TF32, ACCUMULATE (not with x_mask or X_RELU),
+ * GY_MASKED, WGRAD_ASYNC, X_RELU (not with x_mask), PAD. */
 UR_API ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
                                     const ur_tensor *y /* or NULL */, const ur_tensor *gy,
                                     const ur_tensor *x_mask /* or NULL */,
@@ -1154,8 +1160,8 @@ UR_API ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_t
                                     ur_tensor *gb_x /* out, or NULL */,
                                     ur_tensor *work /* or NULL */, ur_act act, uint32_t flags);
 /* The GPU workspace a ur_linear_backward call needs, for x [rows, in] and gy [rows, out], the
- * optional outputs and x_mask given or not (gx, gw, gb, x_mask: 1 or 0; gb_x makes no
- * difference), act and flags as the call takes them, on a GPU of sms multiprocessors: in
+ * optional outputs and x_mask given or not (gx, gw, gb, x_mask: 1 or 0; gb_x is counted as
+ * given), act and flags as the call takes them, on a GPU of sms multiprocessors: in
  * *main_bytes for s and in *side_bytes for its weight gradients' side stream (WGRAD_ASYNC), 0
  * where the call runs nothing.  Each is cuBLASLt's 32 MiB and after it the largest part the
  * call asks there (the bias gradients' and a one-output layer's partial sums, which depend on

@@ -12,7 +12,10 @@ local M = {}
 
 M.ACT = { none = 0, relu = 1, sigmoid = 2 }
 M.REDUCTION = { mean = 0, sum = 1, none = 2 }
-M.TF32, M.ACCUMULATE, M.GY_MASKED, M.WGRAD_ASYNC = 1, 2, 4, 8
+M.TF32, M.ACCUMULATE, M.GY_MASKED, M.WGRAD_ASYNC = C.UR_DENSE_TF32, C.UR_DENSE_ACCUMULATE,
+  C.UR_DENSE_GY_MASKED, C.UR_DENSE_WGRAD_ASYNC
+-- linear_backward: x is the layer below's ReLU output; gx is masked by it (x > 0 or NaN)
+M.X_RELU = C.UR_DENSE_X_RELU
 -- flags + M.pad(n): the last n (< 256) columns of x and w are zero padding.
 function M.pad(n) return n * 2 ^ 16 end
 -- flags + row0 % 256 * M.ROW0: the rows' first one is row row0 of a larger batch (data-parallel
@@ -44,7 +47,8 @@ end
 -- gx = g w (+= with dense.ACCUMULATE), gw += g^T x, gb += sum(g); g = gy masked by y > 0 under
 -- relu (work receives it), or gy itself with dense.GY_MASKED.  gx, gw, gb may be nil.  flags
 -- may be a table {flags = n, x_mask =, gb_x =}: gx is then masked by x_mask (the layer below's
--- forward mask) and gb_x += its column sums (uvmrec.h, ur_linear_backward).
+-- forward mask), or by x itself with dense.X_RELU in flags (no mask), and gb_x += its column
+-- sums (uvmrec.h, ur_linear_backward).
 function M.linear_backward(x, w, y, gy, gx, gw, gb, work, act, flags, stream)
   local x_mask, gb_x
   if type(flags) == "table" then flags, x_mask, gb_x = flags.flags, flags.x_mask, flags.gb_x end

@@ -2,10 +2,10 @@
 -- GPU.  Three measurements, printed as one table:
 --   1. how the GPU's TF32 products round their inputs: a product whose inputs need rounding to
 --      TF32's 10-bit mantissa, read back (truncated, rounded to nearest, or exact);
---   2. dense_cuda_spec's MLP chain (61-96-48-1 at 300 rows, padded, ReLU masks): the ReLU units
---      whose mask the GPU sets otherwise than the CPU, per layer, with the largest |output| among
---      them; the input gradient's difference in norm with the CPU's masks (what the spec checks)
---      and with the GPU's masks copied into the CPU's backward; and the GPU's own TF32 against its
+--   2. dense_cuda_spec's MLP chain (61-96-48-1 at 300 rows, padded, ReLUs): the ReLU units the
+--      GPU passes otherwise than the CPU, per layer, with the largest |output| among them; the
+--      input gradient's difference in norm with the CPU's outputs (what the spec checks) and
+--      with the GPU's ReLU outputs copied into the CPU's backward; and the GPU's own TF32 against its
 --      own f32 (what TF32 alone does);
 --   3. train_cuda_spec's dlrm_tiny run, 8 steps: the losses of GPU f32 / TF32 / bf16 against the
 --      CPU's, and GPU TF32 against GPU f32.
@@ -13,7 +13,7 @@
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/tf32_check.lua",
   summary = "where TF32 on the GPU parts from the CPU's exact f32: the products' input rounding, the ReLU units "
-    .. "set otherwise, the gradients with either backend's masks, dlrm_tiny's losses (needs a GPU)",
+    .. "set otherwise, the gradients with either backend's ReLU outputs, dlrm_tiny's losses (needs a GPU)",
 }
 cmd:parse(arg)
 package.path = "spec/support/?.lua;" .. package.path
@@ -56,16 +56,6 @@ local function build(place, prec)
   return m
 end
 
-local function bits(mask, rows, width)
-  local t, cols, out = mask:totable(), dense.mask_cols(width), {}
-  for r = 0, rows - 1 do
-    for j = 0, width - 1 do
-      out[r * width + j + 1] = math.floor(t[r * cols + math.floor(j / 8) + 1] / 2 ^ (j % 8)) % 2
-    end
-  end
-  return out
-end
-
 do
   local x = R.zeros({ 300, 64 })
   dense.concat({ (R.rand({ 300, 61 }, 21)), R.zeros({ 300, 3 }) }, x)
@@ -84,25 +74,25 @@ do
   -- the Linears with a fused ReLU are modules 1 and 3 (a fused ReLU module follows each)
   for i, width in ipairs { 96, 48 } do
     local lc, lg = mc.modules[2 * i - 1], mg.modules[2 * i - 1]
-    local bc, bg = bits(lc._mask, 300, width), bits(lg._mask, 300, width)
+    -- a unit passed where its output is above zero (the layer above masks by it: X_RELU)
     local yc, yg = lc.output:totable(), lg.output:totable()
     local flips, largest = 0, 0
-    for k = 1, #bc do
-      if bc[k] ~= bg[k] then
+    for k = 1, 300 * width do
+      if (yc[k] > 0) ~= (yg[k] > 0) then
         flips = flips + 1
         largest = math.max(largest, math.abs(yc[k]), math.abs(yg[k]))
       end
     end
-    row(("layer %d ReLU units set otherwise (of %d)"):format(i, #bc),
+    row(("layer %d ReLU units set otherwise (of %d)"):format(i, 300 * width),
         ("%d, largest |output| among them %.3g"):format(flips, largest))
   end
   local gc = grads(mc)
   local gg = grads(mg, "device")
   row("input gradient, GPU TF32 vs CPU, CPU's masks", ("%.4g"):format(compare.normrel(gg, gc)))
-  -- the CPU's backward with the GPU's masks: copy them in after the CPU's forward
+  -- the CPU's backward with the GPU's ReLU outputs: copy them in after the CPU's forward
   mc:forward(x)
   mg:forward(assert(x:to("device")))
-  for i = 1, 3, 2 do assert(mc.modules[i]._mask:copy(mg.modules[i]._mask)) end
+  for i = 1, 3, 2 do assert(mc.modules[i].output:copy(mg.modules[i].output)) end
   mc:zero_grad()
   local gcm = mc:backward(x, gy):totable()
   row("input gradient, GPU TF32 vs CPU, GPU's masks (spec: <= 3e-3)", ("%.4g"):format(compare.normrel(gg, gcm)))

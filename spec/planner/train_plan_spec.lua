@@ -179,14 +179,14 @@ describe("uvmrec train --plan", function()
   end)
 
   it("refuses a GPU budget that does not hold the dense part's arena, naming the budget that does", function()
-    -- on a GPU the model's arena is one device block of 64 MiB at this batch (its 17.4 MiB of
+    -- on a GPU the model's arena is one device block of 64 MiB at this batch (its 17.2 MiB of
     -- activations fit one): with the parameters, more than 40 MiB
     local cmdline = ("%s plan dlrm_kaggle --calibration h200 %s --hbm "):format(cmd.bin(), set_args())
     local so, se, rc = cmd.sh(cmdline .. "40MiB")
     assert.equal(1, rc, so)
     local dense = planner.fmt_bytes(gpu_dense(config(), 1))
     assert.matches(("dense %s: parameters, gradients and optimizer state "):format(dense), se, 1, true)
-    assert.matches("the model's arena 64.0 MiB in 1 block of 64.0 MiB (nn.arena) for 17.4 MiB of activations at a "
+    assert.matches("the model's arena 64.0 MiB in 1 block of 64.0 MiB (nn.arena) for 17.2 MiB of activations at a "
       .. "batch of 1024", se, 1, true)
     local least = tonumber(se:match("a budget of at least [%d.]+ MiB %((%d+) bytes%) would"))
     assert.truthy(least, se)

@@ -272,10 +272,13 @@ static void narrow_range(void *ctx, size_t i0, size_t i1) {
   for (size_t i = i0; i < i1; i++) ur__dense_st(j->dst, j->d, i, j->src[i]);
 }
 
-/* gx's padding columns zeroed, and gx masked by x_mask: rows of an f32 [rows, in]. */
+/* gx's padding columns zeroed, and gx masked by x_mask, or by x itself (X_RELU: x is a ReLU's
+ * stored output, whose forward wrote the same bits as a mask): rows of an f32 [rows, in]. */
 typedef struct gx_job {
   float *gx;
   const uint8_t *mask;
+  const void *x; /* X_RELU, else NULL */
+  ur_dtype d;
   int64_t in, k;
 } gx_job;
 
@@ -288,6 +291,9 @@ static void gx_range(void *ctx, size_t r0, size_t r1) {
     if (j->mask)
       for (int64_t c = 0; c < j->k; c++)
         if (!mask_bit(j->mask, mcols, r, c)) row[c] = 0.0f;
+    if (j->x)
+      for (int64_t c = 0; c < j->k; c++)
+        if (!ur__relu_passes(ur__dense_ld(j->x, j->d, r * (size_t)j->in + (size_t)c))) row[c] = 0.0f;
   }
 }
 
@@ -333,10 +339,12 @@ ur_status ur__cpu_linear_backward(void *stream, const void *x, const void *w, co
       st = cpu_oom(op, nx);
       goto done;
     }
-    /* the padding's gradient is zero (left as it was when accumulating; x_mask excludes
-     * that); the mask as the layer below's backward would have applied it: zeros, exactly */
-    if ((k < in && !acc) || x_mask) {
-      gx_job xj = {dst, x_mask, in, k};
+    /* the padding's gradient is zero (left as it was when accumulating; x_mask and X_RELU
+     * exclude that); the mask as the layer below's backward would have applied it: zeros,
+     * exactly */
+    int x_relu = (flags & UR_DENSE_X_RELU) != 0;
+    if ((k < in && !acc) || x_mask || x_relu) {
+      gx_job xj = {dst, x_mask, x_relu ? x : NULL, dtype, in, k};
       ur__parallel_for((size_t)rows, 256, gx_range, &xj);
     }
     if (dtype != UR_DTYPE_F32) {
@@ -530,19 +538,25 @@ static ur_status check_backward(const char *op, int64_t rows, int64_t in, int64_
   if (act != UR_ACT_NONE && act != UR_ACT_RELU)
     return ur__error(UR_STATUS_INVALID, "%s: activation %d is not none (0) or relu (1)", op,
                      (int)act);
-  if ((x_mask || gb_x) && !gx)
-    return ur__error(UR_STATUS_INVALID, "%s: x_mask and gb_x act on gx, which is NULL", op);
-  if (gb_x && !x_mask)
-    return ur__error(UR_STATUS_INVALID, "%s: gb_x is the masked gradient's sum: it needs x_mask",
-                     op);
-  if (x_mask && (flags & UR_DENSE_ACCUMULATE))
-    return ur__error(UR_STATUS_INVALID, "%s: x_mask cannot mask an accumulated gx", op);
+  int x_relu = (flags & UR_DENSE_X_RELU) != 0;
+  const char *masker = x_relu ? "X_RELU" : "x_mask";
+  if (x_relu && x_mask)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: x_mask and X_RELU both mask gx (from the mask's bits, from x): give "
+                     "one", op);
+  if ((x_mask || x_relu || gb_x) && !gx)
+    return ur__error(UR_STATUS_INVALID, "%s: %s and gb_x act on gx, which is NULL", op, masker);
+  if (gb_x && !x_mask && !x_relu)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: gb_x is the masked gradient's sum: it needs x_mask or X_RELU", op);
+  if ((x_mask || x_relu) && (flags & UR_DENSE_ACCUMULATE))
+    return ur__error(UR_STATUS_INVALID, "%s: %s cannot mask an accumulated gx", op, masker);
   if (gb && (flags & UR_DENSE_GY_MASKED))
     return ur__error(UR_STATUS_INVALID,
                      "%s: under GY_MASKED the layer above took the bias gradient: gb must be "
                      "NULL", op);
   uint32_t allowed = UR_DENSE_TF32 | UR_DENSE_ACCUMULATE | UR_DENSE_GY_MASKED |
-                     UR_DENSE_WGRAD_ASYNC | (255u << UR_DENSE_ROW0_SHIFT) |
+                     UR_DENSE_WGRAD_ASYNC | UR_DENSE_X_RELU | (255u << UR_DENSE_ROW0_SHIFT) |
                      (0xffu << UR_DENSE_PAD_SHIFT);
   ur_status st;
   if ((st = check_flags(op, flags, allowed)) || (st = check_pad(op, flags, in)) ||
@@ -648,9 +662,12 @@ ur_status ur_linear_backward_workspace(int64_t rows, int64_t in, int64_t out, in
     on_main = 1;
     if (gb) part = ur__bgrad_part(rows, out, sms);
   }
-  if (gx && in > 0 && out > 0) { /* the input gradient's product, x_mask's sum after it */
+  if (gx && in > 0 && out > 0) { /* the input gradient's product, then gb_x's sum: x_mask's
+                                   in the epilogue, X_RELU's by chunks of rows in the mask pass */
     on_main = 1;
-    size_t gbx = x_mask ? (size_t)in * sizeof(float) : 0;
+    size_t gbx = (flags & UR_DENSE_X_RELU) ? ur__bgrad_part(rows, in, sms)
+                 : x_mask                  ? (size_t)in * sizeof(float)
+                                           : 0;
     if (gbx > part) part = gbx;
   }
   /* the weight gradient's product with an unmasked layer's bias gradient in its epilogue, or

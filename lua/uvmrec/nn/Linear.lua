@@ -64,23 +64,16 @@ function Linear:updateOutput(input)
   local x = self:as_act(input, "input")
   self._x = x
   self.output = self:buffer("output", self:act_dtype(), rows, self.out_features)
-  local flags = self:flags()
-  if self.mask_out and self.act == "relu" then
-    -- which outputs passed the ReLU, for the backward of the Linear that reads them
-    self._mask = self:buffer("mask", "u8", rows, dense.mask_cols(self.out_features))
-    self._fopts = self._fopts or {}
-    self._fopts.flags, self._fopts.mask = flags, self._mask
-    flags = self._fopts
-  end
-  dense.linear_forward(x, self:param("weight"), self:param("bias"), self.output, self.act, flags,
-                       self.stream)
+  dense.linear_forward(x, self:param("weight"), self:param("bias"), self.output, self.act,
+                       self:flags(), self.stream)
   return self.output
 end
 
 -- The one backward call; want_input / want_params select what it computes.  In a full
 -- backward (both), a Linear reading a fused Linear + ReLU (self.below, linked by Sequential)
--- masks its input's gradient with that layer's ReLU mask and adds that layer's bias gradient
--- in the same product; that layer then takes the gradient as already masked (GY_MASKED).
+-- masks its input's gradient by its input, that ReLU's output (X_RELU), and adds that layer's
+-- bias gradient in the same pass; that layer then takes the gradient as already masked
+-- (GY_MASKED).  No mask's bits are kept: the input says which units passed.
 -- With async_wgrad (set by the model), the weight gradient goes to a side stream on the GPU,
 -- which the model joins (dense.join) before the optimizer reads it.
 function Linear:_backward(input, gradOutput, want_input, want_params)
@@ -100,9 +93,9 @@ function Linear:_backward(input, gradOutput, want_input, want_params)
   end
   if want_params and self.async_wgrad then flags = flags + dense.WGRAD_ASYNC end
   local below = self.below
-  if below and gx and want_params and below._mask then
+  if below and gx and want_params and below.act == "relu" then
     self._bopts = self._bopts or {}
-    self._bopts.flags, self._bopts.x_mask, self._bopts.gb_x = flags, below._mask, below.grad_bias
+    self._bopts.flags, self._bopts.gb_x = flags + dense.X_RELU, below.grad_bias
     flags = self._bopts
     below._gy_masked = true
   end

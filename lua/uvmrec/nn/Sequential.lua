@@ -1,7 +1,7 @@
 -- uvmrec.nn.Sequential: children applied one after another.  A ReLU added right after a Linear
 -- is fused into it (the Linear applies it in its epilogue; the ReLU passes through), and a
--- Linear reading such a pair masks the gradient it passes down with that ReLU's mask in its own
--- product's epilogue (nn.Linear: below).  An error in a child is raised with the child's index
+-- Linear reading such a pair masks the gradient it passes down by that ReLU's output, the
+-- Linear's input (nn.Linear: below).  An error in a child is raised with the child's index
 -- and type in front.
 local Module = require "uvmrec.nn.Module"
 
@@ -21,8 +21,7 @@ function Sequential:add(m)
     m.fused = true
   end
   if m.fuses_relu and prev and prev.is_relu and prev.fused then
-    local below = self.modules[#self.modules - 1]
-    m.below, below.mask_out = below, true
+    m.below = self.modules[#self.modules - 1]
   end
   self.modules[#self.modules + 1] = m
   -- One arena per model; a child placed elsewhere keeps its own until the model's to().

@@ -312,16 +312,15 @@ end
 -- The tensors a training step takes from the model's arena (nn.arena, through Module:buffer), in
 -- the order the modules ask for them, as {cols, elem}, each [batch, cols] of elem bytes (rows 1
 -- where given): models/dlrm.lua's forward and backward through nn.MLP's Linears (an output each;
--- the ReLU mask of one a Linear reads; backward, the input's gradient past the bottom's first
--- layer and the ReLU's work where no mask folds it in), the dot Interaction (output padded to 8
+-- backward, the input's gradient past the bottom's first layer and the ReLU's work where no
+-- layer above folds it in), the dot Interaction (output padded to 8
 -- columns; the dense and pooled gradients) or the concatenation and nn.CrossNet, and
 -- BCEWithLogits.  The pooled outputs are the collection's own (cost.option's outputs), not here.
 -- Also the tensors an evaluation's forward takes (models/dlrm.lua's predict: the same forward,
--- masks included, no loss and no backward; then the logits cast to f32 under bf16 and the
+-- no loss and no backward; then the logits cast to f32 under bf16 and the
 -- probabilities, keys of their own, marked new).
 -- spec/planner/cost_spec.lua checks the lists against the arena of a model trained on the CPU.
 local function arena_buffers(d, bottom_out, width, top_in, T)
-  local dense = require "uvmrec.dense"
   local dt = d.precision == "bf16" and 2 or 4
   local fwd = {}
   local function add(list, cols, elem, rows) list[#list + 1] = { cols = cols, elem = elem or dt, rows = rows } end
@@ -332,16 +331,15 @@ local function arena_buffers(d, bottom_out, width, top_in, T)
     local layer = {}
     for i = 1, n do
       local relu = i < n or last_relu
-      layer[i] = { relu = relu, mask = relu and i < n, cols = sizes[i + 1],
+      layer[i] = { relu = relu, folded = relu and i < n, cols = sizes[i + 1],
                    in_width = i == 1 and in_width or sizes[i], gx = i > 1 or input_grad }
       add(fwd, layer[i].cols)
-      if layer[i].mask then add(fwd, dense.mask_cols(layer[i].cols), 1) end
     end
     for i = n, 1, -1 do
       local l = layer[i]
       if l.gx then add(back, l.in_width) end
-      -- a mask folds the ReLU into the gradient the layer above passes down
-      if l.relu and not l.mask then add(back, l.cols) end
+      -- the layer above folds the ReLU into the gradient it passes down (X_RELU)
+      if l.relu and not l.folded then add(back, l.cols) end
     end
   end
   -- bf16: the f32 batch is cast into the bottom's first layer's input
@@ -423,8 +421,8 @@ M.WORKSPACE = { sms = 132 }
 -- The Linears of an nn.MLP of `sizes` (a fused ReLU after each but the last, and after the last
 -- with last_relu; input_grad: the first takes its input's gradient; in_width: its input's
 -- columns, padding included) as their backward calls see them, in the order they are made:
--- {inw, out, bias, relu (the ReLU's gradient taken in the call: a fused ReLU whose mask no layer
--- above folds in), masked (GY_MASKED: the layer above did), gx, x_mask (the layer below's mask
+-- {inw, out, bias, relu (the ReLU's gradient taken in the call: a fused ReLU no layer above
+-- folds in), masked (GY_MASKED: the layer above did), gx, x_relu (X_RELU: the layer below's ReLU
 -- folded into gx), async (WGRAD_ASYNC: models/dlrm.lua sets it on the MLPs' Linears)},
 -- appended to calls.
 function M.mlp_linears(sizes, last_relu, input_grad, in_width, calls)
@@ -434,7 +432,7 @@ function M.mlp_linears(sizes, last_relu, input_grad, in_width, calls)
     local relu = i < n or last_relu
     calls[#calls + 1] = { inw = i == 1 and (in_width or sizes[1]) or sizes[i], out = sizes[i + 1], bias = true,
                           relu = relu and i == n, masked = relu and i < n, gx = i > 1 or input_grad,
-                          x_mask = i > 1, async = true }
+                          x_relu = i > 1, async = true }
   end
   return calls
 end
@@ -462,16 +460,16 @@ end
 -- the weight gradients' side stream's (async: one rank; uvmrec.dist.ddp keeps them on the
 -- model's stream), each the most a backward on it needs (the engine's rule:
 -- ur_linear_backward_workspace, which leaves out the parts of cuBLAS's fallback, used only
--- where cuBLASLt has no algorithm for a shape).  dm: cost.dense_model's, or any
+-- where cuBLASLt has no algorithm for a shape; X_RELU's mask pass is counted).  dm: cost.dense_model's, or any
 -- {linears = M.mlp_linears(...)}.  Returns total, main, side.
 function M.dense_workspaces(dm, rows, sms, async)
   local dense = require "uvmrec.dense"
   local main, side = 0, 0
   for _, c in ipairs(dm.linears) do
     local flags = (c.masked and dense.GY_MASKED or 0) + (c.async and async and dense.WGRAD_ASYNC or 0)
+      + (c.x_relu and dense.X_RELU or 0)
     local m, s = dense.linear_backward_workspace(rows, c.inw, c.out,
-      { gx = c.gx, gw = true, gb = c.bias and not c.masked, x_mask = c.x_mask }, c.relu and "relu" or "none",
-      flags, sms)
+      { gx = c.gx, gw = true, gb = c.bias and not c.masked }, c.relu and "relu" or "none", flags, sms)
     main, side = max(main, m), max(side, s)
   end
   return main + side, main, side
