@@ -21,8 +21,7 @@ local SCRIPT = "spec/support/dist_checkpoint.lua"
 local function job(n, env)
   local launch = n > 1 and (" launch -n " .. n) or ""
   local out, err, code = command.sh(("env %s %s%s %s"):format(command.assignments(env), command.bin(), launch, SCRIPT))
-  assert.equal(0, code, out .. err)
-  for r = 0, n - 1 do assert.matches("rank " .. r .. ": ok", out) end
+  h.ranks_ok(n, out, err, code)
   return out
 end
 
