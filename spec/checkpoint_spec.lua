@@ -66,6 +66,19 @@ local function random_tensor(shape, dtype, placement, seed)
   return assert(t:to(placement))
 end
 
+-- A random host tensor saved alone, as "t", to path: the tensor and the file's bytes.
+local function saved(path, shape, dtype, seed)
+  local t = random_tensor(shape, dtype, "host", seed)
+  assert(ck.save(path, { tensors = { t = t } }))
+  return t, read_file(path)
+end
+
+-- path still holds what saved() wrote there: the same bytes, loading as t.
+local function unchanged(path, t, bytes)
+  assert.equal(bytes, read_file(path))
+  assert.same(t:totable(), assert(ck.load(path)).tensors.t:totable())
+end
+
 teardown(function() command.rmdir(root) end)
 
 describe("uvmrec.checkpoint files", function()
@@ -178,9 +191,7 @@ describe("uvmrec.checkpoint files", function()
 
   it("hands out views that share the file's pages, outlive close(), and never write the file", function()
     local path = scratch("views.safetensors")
-    local t = random_tensor({ 4, 3 }, "f32", "host", 5)
-    assert(ck.save(path, { tensors = { t = t } }))
-    local bytes = read_file(path)
+    local t, bytes = saved(path, { 4, 3 }, "f32", 5)
     local f = assert(ck.open(path))
     local v1, v2 = f:view("t"), f:view("t")
     f:close()
@@ -198,9 +209,7 @@ describe("uvmrec.checkpoint files", function()
 
   it("replaces the previous file only when the new one is complete, and cleans up after a failure", function()
     local path = scratch("atomic.safetensors")
-    local old = random_tensor({ 10 }, "f32", "host", 1)
-    assert(ck.save(path, { tensors = { t = old } }))
-    local before = read_file(path)
+    local old, before = saved(path, { 10 }, "f32", 1)
     -- A full disk, emulated by a 64 KiB file-size limit (SIGXFSZ ignored, so write fails).
     local out, rc = child(([[
       local ur = require "uvmrec"
@@ -211,20 +220,17 @@ describe("uvmrec.checkpoint files", function()
     assert.equal(0, rc, out)
     assert.matches("safetensors: writing " .. path:gsub("%p", "%%%0") ..
       "%.tmp%-%w+ failed after 65536 of 400%d+ bytes: File too large; .* is unchanged", out)
-    assert.equal(before, read_file(path))
+    unchanged(path, old, before)
     local names = {}
     for n in io.popen("ls " .. root .. " | grep atomic"):lines() do names[#names + 1] = n end
     assert.same({ path:match("[^/]+$") }, names) -- no temporary file left
-    assert.same(old:totable(), assert(ck.load(path)).tensors.t:totable())
   end)
 
   it("leaves the previous file loadable when the saving process is killed mid-write", function()
     local dir = scratch("killed")
     assert(C.ur_dir_create(dir) == 0)
     local path = ck.path_for(dir, 5)
-    local old = random_tensor({ 10 }, "i32", "host", 2)
-    assert(ck.save(path, { tensors = { t = old } }))
-    local before = read_file(path)
+    local old, before = saved(path, { 10 }, "i32", 2)
     -- The file-size limit's signal kills the child in the middle of its write, as a crash would.
     local out, rc = child(([[
       local ur = require "uvmrec"
@@ -234,8 +240,7 @@ describe("uvmrec.checkpoint files", function()
     ]]):format(path), "ulimit -f 64")
     assert.equal(128 + 25, rc, out) -- SIGXFSZ
     assert.not_matches("not reached", out)
-    assert.equal(before, read_file(path))
-    assert.same(old:totable(), assert(ck.load(path)).tensors.t:totable())
+    unchanged(path, old, before)
     -- The killed save's temporary file stays until rotation clears it.
     local tmp = io.popen("ls " .. dir):read("*a")
     assert.matches("ckpt%-000000000005%.safetensors%.tmp%-", tmp)

@@ -6,6 +6,17 @@ local cuda_it = h.cuda_it
 
 local MiB = 2 ^ 20
 
+-- A managed f32 tensor of `mib` MiB filled with v, its pages preferring the host and accessed
+-- by the GPU (advised so), and its element count.
+local function host_preferred(mib, v)
+  local t = ur.uvm_tensor({ mib * MiB / 4 }, 0)
+  local n = t:numel()
+  t:fill(v)
+  t:advise(0, n, "preferred_location", "cpu")
+  t:advise(0, n, "accessed_by", "gpu")
+  return t, n
+end
+
 describe("uvmrec on CUDA", function()
   after_each(function() ur.set_hbm_budget(nil) end)
 
@@ -163,11 +174,7 @@ describe("uvmrec on CUDA", function()
   end)
 
   cuda_it("passes hints to the driver and reads them back from it", function()
-    local t = ur.uvm_tensor({ 16 * MiB / 4 }, 0)
-    local n = t:numel()
-    t:fill(1)
-    t:advise(0, n, "preferred_location", "cpu")
-    t:advise(0, n, "accessed_by", "gpu")
+    local t, n = host_preferred(16, 1)
     local a = t:advised()
     assert.is_true(a.from_driver)
     assert.same({ "cpu", { "cuda:0" } }, { a.preferred_location, a.accessed_by })
@@ -182,11 +189,7 @@ describe("uvmrec on CUDA", function()
   end)
 
   cuda_it("measures a prefetched range as fast and a host range read in place as slow", function()
-    local t = ur.uvm_tensor({ 64 * MiB / 4 }, 0)
-    local n = t:numel()
-    t:fill(2)
-    t:advise(0, n, "preferred_location", "cpu")
-    t:advise(0, n, "accessed_by", "gpu")
+    local t, n = host_preferred(64, 2)
     t:prefetch(0, n, "cpu")
     ur.sync()
     local slow = assert(t:residency())

@@ -334,6 +334,17 @@ describe("uvmrec.dense activations", function()
   end)
 end)
 
+-- The interaction's input gradients for the output gradient go against the float64 reference's:
+-- dense dn and embeddings em (rows by T tables of d) with their values dv and ev, and gov the
+-- gradient's values for the unpadded output.
+local function check_interaction_backward(dn, dv, em, ev, go, gov, rows, T, d, self)
+  local gd, ge = R.zeros({ rows, d }), R.zeros({ rows, T * d })
+  dense.interaction_backward(dn, em, go, gd, ge, self)
+  local rgd, rge = R.interaction_back(dv, ev, gov, rows, T, d, self)
+  R.close(gd:totable(), rgd, 1e-5, "gdense")
+  R.close(ge:totable(), rge, 1e-5, "gemb")
+end
+
 describe("uvmrec.dense interaction", function()
   for _, self in ipairs { false, true } do
     it("computes dense and the lower triangle of dot products (self " .. tostring(self) .. ")", function()
@@ -346,11 +357,7 @@ describe("uvmrec.dense interaction", function()
       dense.interaction_forward(dn, em, out, self)
       R.close(out:totable(), ref, 1e-5, "out")
       local go, gov = R.rand({ rows, w }, 63)
-      local gd, ge = R.zeros({ rows, d }), R.zeros({ rows, T * d })
-      dense.interaction_backward(dn, em, go, gd, ge, self)
-      local rgd, rge = R.interaction_back(dv, ev, gov, rows, T, d, self)
-      R.close(gd:totable(), rgd, 1e-5, "gdense")
-      R.close(ge:totable(), rge, 1e-5, "gemb")
+      check_interaction_backward(dn, dv, em, ev, go, gov, rows, T, d, self)
     end)
   end
 
@@ -376,11 +383,7 @@ describe("uvmrec.dense interaction", function()
     for r = 0, rows - 1 do
       for k = 1, w do gou[r * w + k] = gov[r * wp + k] end
     end
-    local gd, ge = R.zeros({ rows, d }), R.zeros({ rows, T * d })
-    dense.interaction_backward(dn, em, go, gd, ge, false)
-    local rgd, rge = R.interaction_back(dv, ev, gou, rows, T, d, false)
-    R.close(gd:totable(), rgd, 1e-5, "gdense")
-    R.close(ge:totable(), rge, 1e-5, "gemb")
+    check_interaction_backward(dn, dv, em, ev, go, gou, rows, T, d, false)
   end)
 
   it("mixes dtypes: bf16 dense, f32 embeddings, bf16 output", function()

@@ -83,6 +83,13 @@ local function intervals(events)
   return out
 end
 
+-- The last hint interval of a run with these --set values.
+local function last_interval(sets)
+  local _, _, events = run(sets)
+  local all = intervals(events)
+  return all[#all]
+end
+
 describe("uvmrec.hints in training", function()
   it("gives the host tables' losses bit for bit with managed tables under every policy", function()
     local want = run { "train.steps=10", "embeddings.placement=host" }
@@ -105,20 +112,16 @@ describe("uvmrec.hints in training", function()
   end)
 
   it("takes a policy per table", function()
-    local _, _, events = run { "train.steps=3", "embeddings.placement=managed", "embeddings.hints.policy=host",
-                               "embeddings.tables.C3.hints.policy=hot_prefix", "embeddings.hints.allowance=100%" }
-    local all = intervals(events)
-    local last = all[#all]
+    local last = last_interval { "train.steps=3", "embeddings.placement=managed", "embeddings.hints.policy=host",
+                                 "embeddings.tables.C3.hints.policy=hot_prefix", "embeddings.hints.allowance=100%" }
     assert.equal(0, last.tables.C1.hot_rows)
     assert.is_true(last.tables.C3.hot_rows > 0)
   end)
 
   it("takes an allowance per table (embeddings.tables.<T>.hints.allowance), the others splitting the rest", function()
     -- no HBM for the managed tables but C3's own: only C3 keeps rows on the GPU
-    local _, _, events = run { "train.steps=3", "embeddings.placement=managed", "embeddings.hints.policy=hot_prefix",
-                               "embeddings.hints.allowance=0", "embeddings.tables.C3.hints.allowance=100%" }
-    local all = intervals(events)
-    local last = all[#all]
+    local last = last_interval { "train.steps=3", "embeddings.placement=managed", "embeddings.hints.policy=hot_prefix",
+                                 "embeddings.hints.allowance=0", "embeddings.tables.C3.hints.allowance=100%" }
     assert.equal(0, last.tables.C1.hot_rows)
     assert.equal(0, last.tables.C2.hot_rows)
     assert.is_true(last.tables.C3.hot_rows > 0)

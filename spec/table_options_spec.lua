@@ -102,6 +102,36 @@ describe("uvmrec.table_options", function()
     assert.same({ 8, 4 }, self.feature_dims)
   end)
 
+  it("runs the tables' loop: each one's own fields between the shared ones and its features, then the key order",
+     function()
+    local ffi = require "ffi"
+    local tc = ffi.new("ur_qtbe_table_config[2]")
+    local self = { table_index = {}, table_names = {}, features = {}, feature_index = {}, dims = {} }
+    local seen = {}
+    local tables = { { name = "a", rows = 10, dim = 4, features = { "x", "y" } }, { name = "b", rows = 3, dim = 8 } }
+    local nf, ft, fnames = O.tables(tables, tc, { name = true, rows = true, dim = true, features = true }, self,
+                                    { pooling = "mean", features = { "b", "y", "x" } }, function(c, name, t, pooling)
+      seen[#seen + 1] = { name, tonumber(c.rows), pooling, #self.features }
+      self.dims[name] = t.dim
+    end, 1)
+    assert.same({ { "a", 10, "mean", 0 }, { "b", 3, "mean", 2 } }, seen)
+    assert.same({ "a", "b" }, self.table_names)
+    assert.same({ "b", "y", "x" }, self.features)
+    assert.same({ 3, 1, 0, 0, "b", "y", "x" }, { nf, ft[0], ft[1], ft[2], ffi.string(fnames[0]),
+                                                 ffi.string(fnames[1]), ffi.string(fnames[2]) })
+    assert.same({ 8, 4, 4 }, self.feature_dims)
+    -- each's errors, with the level it is given, point at the line that called tables
+    local line
+    local ok, err = pcall(function()
+      line = debug.getinfo(1, "l").currentline + 1
+      O.tables({ { name = "c", rows = 1, dim = 1 } }, tc, { name = true, rows = true, dim = true },
+               { table_index = {}, table_names = {}, features = {}, feature_index = {}, dims = {} }, {},
+               function(_, name, _, _, level) O.fail("table '" .. name .. "' refused", level) end, 1)
+    end)
+    assert.is_false(ok)
+    assert.matches("table_options_spec.lua:" .. line .. ": test collection: table 'c' refused", err, 1, true)
+  end)
+
   it("points its errors at the caller's line", function()
     local line
     local ok, err = pcall(function()

@@ -91,20 +91,13 @@ function M.new(opts, level)
   local tc = ffi.new("ur_qtbe_table_config[?]", n)
   local self = { table_index = {}, table_names = {}, features = {}, feature_index = {}, dims = {},
                  rows = {}, formats = {} }
-  local features_of = {}
-  for i, t in ipairs(tables) do
-    local name = O.named(i, t, TABLE_OPTS, self, level)
-    local c = tc[i - 1]
-    O.table_config(c, name, t, opts, level)
+  local nf, ft, fnames = O.tables(tables, tc, TABLE_OPTS, self, opts, function(c, name, t, _, lvl)
     local format = t.format or opts.format or "f32"
-    c.format = M.format_of(format, level)
-    c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", level)
-    c.modulo = whole(t.modulo or 0, "table '" .. name .. "' modulo", level)
+    c.format = M.format_of(format, lvl)
+    c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", lvl)
+    c.modulo = whole(t.modulo or 0, "table '" .. name .. "' modulo", lvl)
     self.dims[name], self.rows[name], self.formats[name] = t.dim, t.rows, format
-    O.features(name, t, features_of, self.features, level)
-  end
-  self.features = O.key_order(opts.features, features_of, self.features, level)
-  local nf, ft, fnames = O.feature_arrays(self, features_of)
+  end, level)
   local out = ffi.new("ur_qtbe *[1]")
   local ok, err = check(C.ur_qtbe_new(out, cfg, n, tc, nf, ft, fnames), level)
   if not ok then return nil, err end

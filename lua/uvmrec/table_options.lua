@@ -1,11 +1,12 @@
 -- The option checks that collections of named tables share (embedding collections uvmrec.tbe,
 -- quantized ones uvmrec.qtbe, managed collisions uvmrec.mc): a table of known options with a
 -- non-empty list of tables, each a table of known options and a name of its own, whole numbers,
--- names from a map, the features each table reads and an input's keys.  Every message opens
--- with the collection's name and points at the caller's line (`level` counts as error()'s does,
--- from the function calling these).  Also the output fields (set_output) and the methods the
--- collections share (placement, new_output, load), and what the nn modules over them share
--- (module_options, module_output).
+-- names from a map, the features each table reads and an input's keys, and the loop over the
+-- tables that tbe and qtbe both run (tables).  Every message opens with the collection's name
+-- and points at the caller's line (`level` counts as error()'s does, from the function calling
+-- these).  Also the output fields (set_output) and the methods the collections share
+-- (placement, new_output, load), and what the nn modules over them share (module_options,
+-- module_output).
 --
 --   local O = require("uvmrec.table_options").checks("embedding collection")
 --   local tables = O.open(opts, OPTS, "collection ", level)
@@ -170,6 +171,24 @@ function M.checks(who)
       self.feature_dims[i] = self.dims[on_table[f]]
     end
     return nf, ft, fnames
+  end
+
+  -- The list of tables as tbe.new and qtbe.new both take it, around what each collection adds:
+  -- table i named and recorded (O.named), its shared fields in tc[i - 1] (O.table_config), then
+  -- each(c, name, t, pooling, level) for the collection's own (level counted from each), then its
+  -- features (O.features); then the input's key order in self.features (O.key_order of
+  -- opts.features).  Returns the engine's feature arguments (O.feature_arrays): nf, ft, fnames.
+  function O.tables(tables, tc, allowed, self, opts, each, level)
+    local on_table = {}
+    for i, t in ipairs(tables) do
+      local name = O.named(i, t, allowed, self, level + 1)
+      local c = tc[i - 1]
+      local pooling = O.table_config(c, name, t, opts, level + 1)
+      each(c, name, t, pooling, level + 2)
+      O.features(name, t, on_table, self.features, level + 1)
+    end
+    self.features = O.key_order(opts.features, on_table, self.features, level + 1)
+    return O.feature_arrays(self, on_table)
   end
 
   return O

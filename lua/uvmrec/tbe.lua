@@ -94,33 +94,29 @@ function M.new(opts, level)
                  dims = {}, rows = {}, poolings = {}, optimizer = optim_name, deterministic = deterministic,
                  bounds = opts.bounds or "fatal", stochastic_rounding = opts.stochastic_rounding ~= false,
                  _keep = {} }
-  local features_of = {}
-  for i, t in ipairs(tables) do
-    local name = O.named(i, t, TABLE_OPTS, self, level)
+  local nf, ft, fnames = O.tables(tables, tc, TABLE_OPTS, self, opts, function(c, name, t, pooling, lvl)
     self._keep[#self._keep + 1] = name
-    local c = tc[i - 1]
-    local pooling = O.table_config(c, name, t, opts, level)
-    c.dtype = pick(DTYPES, t.dtype or opts.dtype or "f32", "table '" .. name .. "' dtype", level)
+    c.dtype = pick(DTYPES, t.dtype or opts.dtype or "f32", "table '" .. name .. "' dtype", lvl)
     if (t.placement or default_place) == "cached" then
       cached[#cached + 1] = name
       c.place = cache_opts.backing == "managed" and C.UR_PLACE_MANAGED or C.UR_PLACE_HOST
     else
-      c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", level)
+      c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", lvl)
     end
     if t.shard ~= nil then
       local sh = t.shard
       if type(sh) ~= "table" then
         error(("embedding collection: table '%s' shard must be a table {logical=, rows=, dim=, row0=, col0=}")
-              :format(name), level)
+              :format(name), lvl)
       end
-      c.logical = whole(sh.logical, "table '" .. name .. "' shard.logical", level)
-      c.logical_rows = whole(sh.rows, "table '" .. name .. "' shard.rows", level, 1)
-      c.logical_dim = whole(sh.dim, "table '" .. name .. "' shard.dim", level, 1)
-      c.row0 = whole(sh.row0 or 0, "table '" .. name .. "' shard.row0", level)
-      c.col0 = whole(sh.col0 or 0, "table '" .. name .. "' shard.col0", level)
+      c.logical = whole(sh.logical, "table '" .. name .. "' shard.logical", lvl)
+      c.logical_rows = whole(sh.rows, "table '" .. name .. "' shard.rows", lvl, 1)
+      c.logical_dim = whole(sh.dim, "table '" .. name .. "' shard.dim", lvl, 1)
+      c.row0 = whole(sh.row0 or 0, "table '" .. name .. "' shard.row0", lvl)
+      c.col0 = whole(sh.col0 or 0, "table '" .. name .. "' shard.col0", lvl)
     end
     local sp = t.state_placement or opts.state_placement
-    c.state_place = sp and sp ~= "table" and pick(PLACES, sp, "table '" .. name .. "' state placement", level)
+    c.state_place = sp and sp ~= "table" and pick(PLACES, sp, "table '" .. name .. "' state placement", lvl)
                     or -1
     self.dims[name], self.rows[name] = t.dim, t.rows
     self.poolings[name] = pooling
@@ -131,10 +127,7 @@ function M.new(opts, level)
     end
     self.dtypes = self.dtypes or {}
     self.dtypes[name] = t.dtype or opts.dtype or "f32"
-    O.features(name, t, features_of, self.features, level)
-  end
-  self.features = O.key_order(opts.features, features_of, self.features, level)
-  local nf, ft, fnames = O.feature_arrays(self, features_of)
+  end, level)
   local out = ffi.new("ur_tbe *[1]")
   local ok, err = check(C.ur_tbe_new(out, cfg, n, tc, nf, ft, fnames), level)
   if not ok then return nil, err end

@@ -19,13 +19,9 @@ local SCRIPT = "spec/support/dist_checkpoint.lua"
 
 -- Runs the script on n ranks (n = 1: one process, no launcher): its output.
 local function job(n, env)
-  local parts = {}
-  for k, v in pairs(env) do parts[#parts + 1] = k .. "=" .. command.quote(v) end
-  table.sort(parts)
   local launch = n > 1 and (" launch -n " .. n) or ""
-  local out, err, code = command.sh(("env %s %s%s %s"):format(table.concat(parts, " "), command.bin(), launch, SCRIPT))
-  assert.equal(0, code, out .. err)
-  for r = 0, n - 1 do assert.matches("rank " .. r .. ": ok", out) end
+  local out, err, code = command.sh(("env %s %s%s %s"):format(command.assignments(env), command.bin(), launch, SCRIPT))
+  h.ranks_ok(n, out, err, code)
   return out
 end
 

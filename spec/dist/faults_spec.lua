@@ -9,12 +9,7 @@ local have_mpi = require("helpers").have_mpi
 
 local SCRIPT = "spec/support/dist_fault.lua"
 
-local function env(vars)
-  local parts = {}
-  for k, v in pairs(vars) do parts[#parts + 1] = k .. "=" .. command.quote(v) end
-  table.sort(parts)
-  return "env " .. table.concat(parts, " ")
-end
+local function env(vars) return "env " .. command.assignments(vars) end
 
 -- A job of n ranks: output (stdout and stderr), exit code, seconds.
 local function job(n, vars)

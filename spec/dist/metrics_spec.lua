@@ -5,14 +5,14 @@
 local dist = require "uvmrec.dist"
 local metrics = require "uvmrec.metrics"
 local command = require "command"
+local h = require "helpers"
 
 describe("uvmrec.metrics over ranks", function()
   for _, w in ipairs { 2, 3 } do
     it(("equals one process's metrics over %d ranks"):format(w), function()
-      if not (dist.mpi() and command.have("mpirun")) then pending("no MPI here") return end
+      if not h.have_mpi() then pending("no MPI here") return end
       local out, err, code = command.sh(("%s launch -n %d spec/support/dist_metrics.lua"):format(command.bin(), w))
-      assert.equal(0, code, out .. err)
-      for r = 0, w - 1 do assert.matches("rank " .. r .. ": ok", out) end
+      h.ranks_ok(w, out, err, code)
       assert.matches("\nauc 0%.[89]%d+ gauc 0%.[89]%d+ ne ", "\n" .. out)
     end)
   end

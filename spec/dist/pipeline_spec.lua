@@ -136,8 +136,7 @@ describe("cached and managed shards through the prefetch pipeline", function()
       if not have_mpi() then pending("no MPI here") return end
       local out, err, code = sh(("env PLAN=%s PLACEMENT=%s STEPS=4 PAGES=%s %s launch -n %d "
         .. "spec/support/dist_pipeline.lua"):format(plan, place, pages or "", command.bin(), n))
-      assert.equal(0, code, out .. err)
-      for r = 0, n - 1 do assert.matches("rank " .. r .. ": ok", out) end
+      h.ranks_ok(n, out, err, code)
       assert.matches("losses [%d.]+ [%d.]+ [%d.]+ [%d.]+", out)
       if place == "cached" then assert.matches("cache: %d+ ids checked in the cache before their forward", out) end
       if pages then assert.matches("pages: [1-9]%d* pages, [1-9]%d* runs prefetched", out) end

@@ -10,18 +10,16 @@
 local lfs = require "lfs"
 local command = require "command"
 
-local have_mpi = require("helpers").have_mpi
+local helpers = require "helpers"
+local have_mpi = helpers.have_mpi
 
 local function job(n, env)
-  local parts = {}
-  for k, v in pairs(env) do parts[#parts + 1] = k .. "=" .. command.quote(v) end
-  table.sort(parts)
+  local vars = command.assignments(env)
   local t0 = os.time()
   local out, err, code = command.sh(("env OPENBLAS_CORETYPE=Haswell %s %s launch -n %d spec/support/dist_train.lua")
-    :format(table.concat(parts, " "), command.bin(), n))
-  io.stderr:write(("  [dist] -n %d %s: %d s\n"):format(n, table.concat(parts, " "), os.time() - t0))
-  assert.equal(0, code, out .. err)
-  for r = 0, n - 1 do assert.matches("rank " .. r .. ": ok", out) end
+    :format(vars, command.bin(), n))
+  io.stderr:write(("  [dist] -n %d %s: %d s\n"):format(n, vars, os.time() - t0))
+  helpers.ranks_ok(n, out, err, code)
   return out
 end
 

@@ -15,6 +15,15 @@ end
 
 M.quote = require("uvmrec.lib").shell_quote
 
+-- vars ({NAME = value}) as the shell's assignments `NAME='value' ...` for `env` to put before a
+-- command, sorted by name (the same table, the same line).
+function M.assignments(vars)
+  local parts = {}
+  for k, v in pairs(vars) do parts[#parts + 1] = k .. "=" .. M.quote(v) end
+  table.sort(parts)
+  return table.concat(parts, " ")
+end
+
 local function ok(r) return r == 0 or r == true end
 
 function M.have(program) return ok(os.execute("command -v " .. program .. " >/dev/null 2>&1")) end

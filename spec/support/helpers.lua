@@ -277,6 +277,17 @@ end
 -- Whether jobs of several ranks can run here: the engine's MPI plugin loads and mpirun is there.
 function M.have_mpi() return require("uvmrec.dist").mpi() ~= nil and command.have("mpirun") end
 
+-- A job of n ranks (command.sh's out, err and code) ended well: exit code 0 and a line
+-- "rank <r>: ok" from every rank; else an error with the job's output.
+function M.ranks_ok(n, out, err, code)
+  if code ~= 0 then error(("a job of %d ranks exited with %s:\n%s%s"):format(n, tostring(code), out, err), 2) end
+  for r = 0, n - 1 do
+    if not out:find("rank " .. r .. ": ok", 1, true) then
+      error(("rank %d of %d did not say 'rank %d: ok':\n%s%s"):format(r, n, r, out, err), 2)
+    end
+  end
+end
+
 -- Whether a spec can start `uvmrec launch` in the background and send it SIGINT (MPI, and
 -- command.background's env --default-signal); marks the spec pending with the reason when not.
 function M.can_signal_launch()
