@@ -192,6 +192,9 @@ UR__HIDDEN int ur__threads(void);
  * (engine/src/core/sort.c). */
 UR__HIDDEN void ur__radix_sort(uint64_t **k, int64_t **v, uint64_t **tk, int64_t **tv, int64_t n,
                                int bits);
+/* The bits that hold every key from 0 to max (1 to 63): what a radix sort of such keys is
+ * given, here or by cub on the GPU (engine/src/core/sort.c). */
+UR__HIDDEN int ur__key_bits(uint64_t max);
 
 /* Numbers (engine/src/core/convert.c). */
 UR__HIDDEN double ur__load(const void *base, ur_dtype d, size_t i);

@@ -245,8 +245,7 @@ static void rekey(ur_tbe *t) {
     key += t->tables[k].rows;
   }
   t->total_keys = key;
-  t->key_bits = 1;
-  while (t->key_bits < 63 && ((uint64_t)1 << t->key_bits) <= (uint64_t)key) t->key_bits++;
+  t->key_bits = ur__key_bits((uint64_t)key);
 }
 
 static ur_status alloc_storages(ur_tbe *t) {
