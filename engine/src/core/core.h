@@ -34,6 +34,10 @@ UR__HIDDEN ur_status ur__null_args(const char *fn, const char *names, const void
       return UR_STATUS_INVALID;                                                        \
   } while (0)
 
+/* The index of s among names[0..n), or -1: the parse half of a name table
+ * (engine/src/core/names.c). */
+UR__HIDDEN int ur__name_index(const char *const *names, int n, const char *s);
+
 /* Files written atomically (a temporary name renamed over the final one) need the folder
  * synced for the rename to last: fsyncs the folder holding path.  what prefixes the error
  * ("safetensors", "npy"); io/os.c. */

@@ -42,13 +42,10 @@ const char *ur_qformat_name(ur_qformat f) {
 
 ur_status ur_qformat_parse(const char *s, ur_qformat *out) {
   UR__ARGS(s, out);
-  for (int f = 0; f < UR_QFORMAT_COUNT; f++)
-    if (s && !strcmp(s, format_names[f])) {
-      *out = (ur_qformat)f;
-      return UR_STATUS_OK;
-    }
-  if (s && !strcmp(s, "f16")) {
-    *out = UR_QFORMAT_F16;
+  int f = ur__name_index(format_names, UR_QFORMAT_COUNT, s);
+  if (f < 0 && !strcmp(s, "f16")) f = UR_QFORMAT_F16; /* the dtype's name for fp16 */
+  if (f >= 0) {
+    *out = (ur_qformat)f;
     return UR_STATUS_OK;
   }
   return ur__error(UR_STATUS_INVALID, "table format '%s'; expected f32, fp16, int8, int4 or int2",
