@@ -34,6 +34,10 @@ UR__HIDDEN ur_status ur__null_args(const char *fn, const char *names, const void
       return UR_STATUS_INVALID;                                                        \
   } while (0)
 
+/* The index of s among names[0..n), or -1: the parse half of a name table
+ * (engine/src/core/names.c). */
+UR__HIDDEN int ur__name_index(const char *const *names, int n, const char *s);
+
 /* Files written atomically (a temporary name renamed over the final one) need the folder
  * synced for the rename to last: fsyncs the folder holding path.  what prefixes the error
  * ("safetensors", "npy"); io/os.c. */
@@ -192,6 +196,9 @@ UR__HIDDEN int ur__threads(void);
  * (engine/src/core/sort.c). */
 UR__HIDDEN void ur__radix_sort(uint64_t **k, int64_t **v, uint64_t **tk, int64_t **tv, int64_t n,
                                int bits);
+/* The bits that hold every key from 0 to max (1 to 63): what a radix sort of such keys is
+ * given, here or by cub on the GPU (engine/src/core/sort.c). */
+UR__HIDDEN int ur__key_bits(uint64_t max);
 
 /* Numbers (engine/src/core/convert.c). */
 UR__HIDDEN double ur__load(const void *base, ur_dtype d, size_t i);

@@ -17,6 +17,12 @@ static const char *advice_cuda_names[UR_ADVICE_COUNT] = {
     "cudaMemAdviseSetAccessedBy",        "cudaMemAdviseUnsetAccessedBy",
     "cudaMemAdviseSetReadMostly",        "cudaMemAdviseUnsetReadMostly"};
 
+int ur__name_index(const char *const *names, int n, const char *s) {
+  for (int i = 0; s && i < n; i++)
+    if (!strcmp(s, names[i])) return i;
+  return -1;
+}
+
 const char *ur_dtype_name(ur_dtype d) {
   return (unsigned)d < UR_DTYPE_COUNT ? dtype_names[d] : "?";
 }
@@ -25,8 +31,8 @@ size_t ur_dtype_size(ur_dtype d) { return (unsigned)d < UR_DTYPE_COUNT ? dtype_s
 
 ur_status ur_dtype_parse(const char *s, ur_dtype *out) {
   UR__ARGS(s, out);
-  for (int i = 0; i < UR_DTYPE_COUNT; i++)
-    if (!strcmp(s, dtype_names[i])) { *out = (ur_dtype)i; return UR_STATUS_OK; }
+  int i = ur__name_index(dtype_names, UR_DTYPE_COUNT, s);
+  if (i >= 0) { *out = (ur_dtype)i; return UR_STATUS_OK; }
   return ur__error(UR_STATUS_INVALID,
                    "dtype: '%s' is not a dtype; expected f32, bf16, f16, i8, u8, i32, i64 or f64",
                    s ? s : "(null)");
@@ -38,8 +44,8 @@ const char *ur_place_name(ur_place p) {
 
 ur_status ur_place_parse(const char *s, ur_place *out) {
   UR__ARGS(s, out);
-  for (int i = 0; i < UR_PLACE_COUNT; i++)
-    if (!strcmp(s, place_names[i])) { *out = (ur_place)i; return UR_STATUS_OK; }
+  int i = ur__name_index(place_names, UR_PLACE_COUNT, s);
+  if (i >= 0) { *out = (ur_place)i; return UR_STATUS_OK; }
   return ur__error(UR_STATUS_INVALID,
                    "placement: '%s' is not a placement; expected host, pinned, device or managed",
                    s);
@@ -51,11 +57,9 @@ const char *ur_advice_name(ur_advice a) {
 
 ur_status ur_advice_parse(const char *s, ur_advice *out) {
   UR__ARGS(s, out);
-  for (int i = 0; i < UR_ADVICE_COUNT; i++)
-    if (!strcmp(s, advice_names[i]) || !strcmp(s, advice_cuda_names[i])) {
-      *out = (ur_advice)i;
-      return UR_STATUS_OK;
-    }
+  int i = ur__name_index(advice_names, UR_ADVICE_COUNT, s);
+  if (i < 0) i = ur__name_index(advice_cuda_names, UR_ADVICE_COUNT, s);
+  if (i >= 0) { *out = (ur_advice)i; return UR_STATUS_OK; }
   return ur__error(UR_STATUS_INVALID,
                    "advice: '%s' is not a memory advice; expected preferred_location, "
                    "unset_preferred_location, accessed_by, unset_accessed_by, read_mostly or "

@@ -1,7 +1,14 @@
 /* sort.c: the CPU backend's radix sort (the tbe's and the cache's sorts of row keys, the page
- * prefetch's sort of rows): LSD, 11 bits a pass, stable. */
+ * prefetch's sort of rows): LSD, 11 bits a pass, stable; and the bits such keys need, which
+ * the GPU's sorts are given too. */
 #include <string.h>
 #include "core/core.h"
+
+int ur__key_bits(uint64_t max) {
+  int bits = 1;
+  while (bits < 63 && ((uint64_t)1 << bits) <= max) bits++;
+  return bits;
+}
 
 void ur__radix_sort(uint64_t **k, int64_t **v, uint64_t **tk, int64_t **tv, int64_t n, int bits) {
   enum { RB = 11, RN = 1 << RB };

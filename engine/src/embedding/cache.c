@@ -340,8 +340,7 @@ static ur_status state_new(ur_cache *c) {
   d->key_bits = c->key_bits;
   d->S = c->S;
   d->nsets = c->nsets;
-  d->set_bits = 1;
-  while (((int64_t)1 << d->set_bits) <= c->nsets) d->set_bits++;
+  d->set_bits = ur__key_bits((uint64_t)c->nsets);
   if (ur_tensor_place(c->dtag) == UR_PLACE_HOST) {
     c->tag = d->tag;
     c->dirty = d->dirty;
@@ -447,8 +446,7 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
     return st;
   }
   c->total_keys = key;
-  c->key_bits = 1;
-  while (c->key_bits < 63 && ((uint64_t)1 << c->key_bits) <= key) c->key_bits++;
+  c->key_bits = ur__key_bits(key);
   c->row_bytes = (size_t)c->dim * ur_dtype_size((ur_dtype)c->dtype);
   c->state_per_row = c->nstate == 0 ? 0 : tc->optim.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD ? 1 : c->dim;
   c->nsets = 0;

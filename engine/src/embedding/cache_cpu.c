@@ -111,11 +111,9 @@ static void sort_range(void *ctx, size_t t0, size_t t1) {
   for (size_t ct = t0; ct < t1; ct++) {
     int64_t b = s->bstart[ct], n = s->bstart[ct + 1] - b;
     uint64_t rows = (uint64_t)(p->d->kbase[ct + 1] - p->d->kbase[ct]);
-    int bits = 1;
-    while (bits < 63 && ((uint64_t)1 << bits) <= rows) bits++;
     uint64_t *k = s->keys + b, *tk = s->tkeys + b;
     int64_t *v = s->vidx + b, *tv = s->tvidx + b;
-    ur__radix_sort(&k, &v, &tk, &tv, n, bits);
+    ur__radix_sort(&k, &v, &tk, &tv, n, ur__key_bits(rows)); /* rows: an id out of range */
     if (k != s->keys + b) {
       memcpy(s->keys + b, k, sizeof(uint64_t) * (size_t)n);
       memcpy(s->vidx + b, v, sizeof(int64_t) * (size_t)n);
@@ -173,9 +171,8 @@ static void setsort_range(void *ctx, size_t t0, size_t t1) {
     sk[u - u0] = (uint64_t)(j->setv[u] - base);
     sv[u - u0] = u;
   }
-  int bits = 1;
-  while (bits < 63 && ((int64_t)1 << bits) < span) bits++;
-  ur__radix_sort(&sk, &sv, &stk, &stv, u1 - u0, bits);
+  /* the keys are sets less base, 0 to span - 1 (every table has a set: span >= 1) */
+  ur__radix_sort(&sk, &sv, &stk, &stv, u1 - u0, ur__key_bits((uint64_t)span - 1));
   if (sv != s->order + u0) memcpy(s->order + u0, sv, sizeof(int64_t) * (size_t)(u1 - u0));
 }
 

@@ -65,11 +65,11 @@ const char *ur_mc_policy_name(ur_mc_policy p) {
 
 ur_status ur_mc_policy_parse(const char *s, ur_mc_policy *out) {
   UR__ARGS(s, out);
-  for (int i = 0; s && i < UR_MC_POLICY_COUNT; i++)
-    if (!strcmp(s, policy_names[i])) {
-      *out = (ur_mc_policy)i;
-      return UR_STATUS_OK;
-    }
+  int i = ur__name_index(policy_names, UR_MC_POLICY_COUNT, s);
+  if (i >= 0) {
+    *out = (ur_mc_policy)i;
+    return UR_STATUS_OK;
+  }
   return ur__error(UR_STATUS_INVALID, "mc: policy '%s'; expected lfu, lru or distance_lfu",
                    s ? s : "(null)");
 }

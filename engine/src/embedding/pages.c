@@ -256,9 +256,7 @@ static void table_range(void *ctx, size_t i0, size_t i1) {
     pt->oom = 0;
     if (!pt->managed || !pt->count) continue;
     uint64_t *k = j->p->keys + pt->first;
-    int bits = 1;
-    while (bits < 63 && ((uint64_t)1 << bits) <= (uint64_t)pt->rows) bits++;
-    sort_keys(k, j->p->tmp + pt->first, pt->count, bits);
+    sort_keys(k, j->p->tmp + pt->first, pt->count, ur__key_bits((uint64_t)pt->rows));
     int64_t u = 0;
     for (int64_t a = 0; a < pt->count && k[a] < (uint64_t)pt->rows; a++)
       if (!u || k[a] != k[u - 1]) k[u++] = k[a];

@@ -42,13 +42,10 @@ const char *ur_qformat_name(ur_qformat f) {
 
 ur_status ur_qformat_parse(const char *s, ur_qformat *out) {
   UR__ARGS(s, out);
-  for (int f = 0; f < UR_QFORMAT_COUNT; f++)
-    if (s && !strcmp(s, format_names[f])) {
-      *out = (ur_qformat)f;
-      return UR_STATUS_OK;
-    }
-  if (s && !strcmp(s, "f16")) {
-    *out = UR_QFORMAT_F16;
+  int f = ur__name_index(format_names, UR_QFORMAT_COUNT, s);
+  if (f < 0 && !strcmp(s, "f16")) f = UR_QFORMAT_F16; /* the dtype's name for fp16 */
+  if (f >= 0) {
+    *out = (ur_qformat)f;
     return UR_STATUS_OK;
   }
   return ur__error(UR_STATUS_INVALID, "table format '%s'; expected f32, fp16, int8, int4 or int2",
@@ -533,23 +530,6 @@ static ur_status check_tensor(const ur_qtbe *q, const ur_tensor *x, const char *
   return UR_STATUS_OK;
 }
 
-static ur_status check_offsets(const ur_qtbe *q, const ur__qtbe_args *a) {
-  const int64_t *o = a->offsets;
-  if (o[0] != 0)
-    return ur__error(UR_STATUS_INVALID, "qtbe: offsets[0] is %lld; expected 0", (long long)o[0]);
-  for (int64_t b = 0; b < a->bags; b++)
-    if (o[b + 1] < o[b])
-      return ur__error(UR_STATUS_INVALID,
-                       "qtbe: offsets[%lld] = %lld is below offsets[%lld] = %lld (feature '%s', "
-                       "sample %lld); offsets must not decrease",
-                       (long long)(b + 1), (long long)o[b + 1], (long long)b, (long long)o[b],
-                       q->names.fnames[b / a->batch], (long long)(b % a->batch));
-  if (o[a->bags] != a->n)
-    return ur__error(UR_STATUS_INVALID, "qtbe: offsets end at %lld but there are %lld values",
-                     (long long)o[a->bags], (long long)a->n);
-  return UR_STATUS_OK;
-}
-
 /* A flags buffer at home, from the pool or new. */
 static ur_status take_flags(ur_qtbe *q, ur_tensor **out) {
   pthread_mutex_lock(&q->lock);
@@ -648,7 +628,9 @@ ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
     a.tables = q->tables;
     a.features = q->names.features;
     /* The CPU reads these in place: after any GPU work on them. */
-    if ((st = ur_device_sync()) || (st = check_offsets(q, &a))) return st;
+    if ((st = ur_device_sync()) ||
+        (st = ur__tbe_check_offsets(&q->names, a.offsets, a.bags, a.n, NULL, a.batch)))
+      return st;
   }
   if (a.bags == 0) return UR_STATUS_OK;
   ur_tensor *flags = NULL;

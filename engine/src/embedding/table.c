@@ -115,6 +115,27 @@ void ur__tbe_names_free(ur__tbe_names *n) {
   *n = (ur__tbe_names){0};
 }
 
+ur_status ur__tbe_check_offsets(const ur__tbe_names *n, const int64_t *o, int64_t bags,
+                                int64_t values, const int64_t *bag_start, int64_t batch) {
+  if (o[0] != 0)
+    return ur__error(UR_STATUS_INVALID, "%s: offsets[0] is %lld; expected 0", n->who,
+                     (long long)o[0]);
+  for (int64_t b = 0; b < bags; b++)
+    if (o[b + 1] < o[b]) {
+      int32_t f = ur__tbe_feature_at(bag_start, batch, n->F, b);
+      return ur__error(UR_STATUS_INVALID,
+                       "%s: offsets[%lld] = %lld is below offsets[%lld] = %lld (feature '%s', "
+                       "sample %lld); offsets must not decrease",
+                       n->who, (long long)(b + 1), (long long)o[b + 1], (long long)b,
+                       (long long)o[b], n->fnames[f],
+                       (long long)(b - ur__tbe_bag_of(bag_start, batch, f)));
+    }
+  if (o[bags] != values)
+    return ur__error(UR_STATUS_INVALID, "%s: offsets end at %lld but there are %lld values",
+                     n->who, (long long)o[bags], (long long)values);
+  return UR_STATUS_OK;
+}
+
 ur_status ur__tbe_names_index(const ur__tbe_names *n, int32_t i) {
   if (i < 0 || i >= n->T)
     return ur__error(UR_STATUS_INVALID, "%s: table %d does not exist; expected 0..%d", n->who,
@@ -245,8 +266,7 @@ static void rekey(ur_tbe *t) {
     key += t->tables[k].rows;
   }
   t->total_keys = key;
-  t->key_bits = 1;
-  while (t->key_bits < 63 && ((uint64_t)1 << t->key_bits) <= (uint64_t)key) t->key_bits++;
+  t->key_bits = ur__key_bits((uint64_t)key);
 }
 
 static ur_status alloc_storages(ur_tbe *t) {

@@ -77,6 +77,12 @@ UR__HIDDEN ur_status ur__tbe_check_table(const char *who, const char *name, int6
                                          int32_t dim, int32_t pooling);
 UR__HIDDEN ur_status ur__tbe_check_place(const char *who, const char *name, const char *what,
                                          int32_t place, int32_t device);
+/* Offsets o[0..bags] of a call's values start at 0, never decrease and end at values; the
+ * first break is named by its feature and sample, the bags laid out as ur__tbe_bag_of counts
+ * (bag_start NULL: batch bags a feature).  Where the CPU can read them. */
+UR__HIDDEN ur_status ur__tbe_check_offsets(const ur__tbe_names *n, const int64_t *o, int64_t bags,
+                                           int64_t values, const int64_t *bag_start,
+                                           int64_t batch);
 /* "<who>: table i does not exist" unless 0 <= i < T. */
 UR__HIDDEN ur_status ur__tbe_names_index(const ur__tbe_names *n, int32_t i);
 /* The public accessors' answers: NULL or -1 out of range. */

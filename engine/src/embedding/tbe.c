@@ -208,23 +208,12 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
 
 static void release(call *c) { free(c->vbe); }
 
-/* Offsets must start at 0, never decrease and end at n; checked where the CPU can read them. */
+/* The offsets (table.c checks them for both kinds of collection), then VBE's inverse indices;
+ * where the CPU can read them. */
 static ur_status check_offsets(const ur_tbe *t, const call *c) {
-  const int64_t *o = c->a.offsets;
-  if (o[0] != 0)
-    return ur__error(UR_STATUS_INVALID, "tbe: offsets[0] is %lld; expected 0", (long long)o[0]);
-  for (int64_t b = 0; b < c->a.bags; b++)
-    if (o[b + 1] < o[b]) {
-      int32_t f = ur__tbe_feature_of(&c->a, b);
-      return ur__error(UR_STATUS_INVALID,
-                       "tbe: offsets[%lld] = %lld is below offsets[%lld] = %lld (feature '%s', "
-                       "sample %lld); offsets must not decrease",
-                       (long long)(b + 1), (long long)o[b + 1], (long long)b, (long long)o[b],
-                       t->names.fnames[f], (long long)(b - ur__tbe_first_bag(&c->a, f)));
-    }
-  if (o[c->a.bags] != c->a.n)
-    return ur__error(UR_STATUS_INVALID, "tbe: offsets end at %lld but there are %lld values",
-                     (long long)o[c->a.bags], (long long)c->a.n);
+  ur_status st = ur__tbe_check_offsets(&t->names, c->a.offsets, c->a.bags, c->a.n,
+                                       c->a.bag_start, c->a.batch);
+  if (st) return st;
   if (c->a.inverse)
     for (int32_t f = 0; f < t->names.F; f++) {
       int64_t nb = c->a.bag_start[f + 1] - c->a.bag_start[f];

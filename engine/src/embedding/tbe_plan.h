@@ -112,16 +112,21 @@ typedef struct ur__tbe_args {
 
 /* ---- layout ---- */
 
-/* The feature that bag belongs to. */
-UR_HD int32_t ur__tbe_feature_of(const ur__tbe_args *a, int64_t bag) {
-  if (!a->bag_start) return (int32_t)(bag / a->batch);
-  int32_t lo = 0, hi = a->num_features; /* bag_start[lo] <= bag < bag_start[hi] */
+/* The feature that bag belongs to, of num_features laid out as ur__tbe_bag_of counts. */
+UR_HD int32_t ur__tbe_feature_at(const int64_t *bag_start, int64_t batch, int32_t num_features,
+                                 int64_t bag) {
+  if (!bag_start) return (int32_t)(bag / batch);
+  int32_t lo = 0, hi = num_features; /* bag_start[lo] <= bag < bag_start[hi] */
   while (hi - lo > 1) {
     int32_t mid = (lo + hi) / 2;
-    if (a->bag_start[mid] <= bag) lo = mid;
+    if (bag_start[mid] <= bag) lo = mid;
     else hi = mid;
   }
   return lo;
+}
+
+UR_HD int32_t ur__tbe_feature_of(const ur__tbe_args *a, int64_t bag) {
+  return ur__tbe_feature_at(a->bag_start, a->batch, a->num_features, bag);
 }
 
 /* Feature f's first bag (f = F: the end of the last): bag_start[f] when the batch varies per
