@@ -244,9 +244,16 @@ $(BUILD)/dist/uvmrec: $(BUILD)/obj-host/main.o $(HOST_OBJ) $(DIST_ENGINE) engine
 $(BUILD)/dist/%: engine/examples/%.c $(DIST_ENGINE)
 	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -pthread -Iengine/include $< $(DIST_LINK) $(SYS_LIBS) -o $@
 
-dist: all $(DIST_BINS)
+# Where CUDA is built, the tree also carries bin/lt_epilogues: which cuBLASLt epilogues the GPU's
+# cuBLASLt offers for DLRM's MLP products, and their cost (docs/dense.md).
+DIST_CUDA_BINS := $(if $(filter %cuda.so,$(LIBS)),$(BUILD)/dist/lt_epilogues)
+$(BUILD)/dist/lt_epilogues: scripts/bench/lt_epilogues.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 $(CUDA_ARCH) -Werror all-warnings -o $@ $< -lcublasLt
+
+dist: all $(DIST_BINS) $(DIST_CUDA_BINS)
 	rm -rf dist && mkdir -p dist/bin dist/lib/lua/term dist/lib/lua/system dist/lua
-	cp $(DIST_BINS) dist/bin/ && cp $(DIST_ENGINE) $(addprefix $(SYSLIB)/,$(DIST_COPIED)) dist/lib/
+	cp $(DIST_BINS) $(DIST_CUDA_BINS) dist/bin/ && cp $(DIST_ENGINE) $(addprefix $(SYSLIB)/,$(DIST_COPIED)) dist/lib/
 	strip --strip-debug $(addprefix dist/bin/,$(notdir $(DIST_BINS))) dist/lib/libuvmrec.so
 	$(if $(filter %cuda.so,$(LIBS)),cp $(filter %cuda.so,$(LIBS)) dist/lib/)
 	$(if $(filter %mpi.so,$(LIBS)),cp $(filter %mpi.so,$(LIBS)) dist/lib/)

@@ -1,13 +1,15 @@
 /* lt_epilogues.cu: which cuBLASLt epilogues this GPU's cuBLASLt offers for the products of
- * DLRM's MLPs (bf16, and f32 under TF32; batch 65536), laid out as kernels/linear.cu lays them out, and what each
- * costs against the bare product.  The engine falls back to cuBLAS plus its own kernels where
+ * DLRM's MLPs (bf16, and f32 under TF32; batch 65536), laid out as kernels/linear.cu lays them
+ * out, and what each costs against the bare product.  The engine falls back to cuBLAS plus its own kernels where
  * cuBLASLt finds no algorithm (ur_matmul's `plain`): this shows where, and what fusing would
  * save.  For every usable epilogue it checks the result against the bare product (masked
  * elements exactly, bias gradients within 1e-2 relative of a double column sum) and runs it
  * twice to see whether its bias gradient is the same bits.
  *
+ *   make dist (dist/bin/lt_epilogues where CUDA is built), or
  *   nvcc -O2 -arch=sm_90 -o lt_epilogues scripts/bench/lt_epilogues.cu -lcublasLt
- *   ./lt_epilogues [rows]           (rows: 65536 by default) */
+ *   ./lt_epilogues [rows [in out]]  (rows: 65536 by default; in out: one layer's shape instead
+ *                                    of DLRM's, e.g. for compute-sanitizer on one product) */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -105,8 +107,10 @@ static Result run(const Case &c, const void *A, const void *B, void *D, void *bi
   if (!s) s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
   if (!s) s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &c.epi, sizeof c.epi);
   if (!s && c.bias_type) {
+    /* the type set only where it is not D's, as kernels/linear.cu sets it (bias_f32) */
     int32_t bt = c.bias_type;
-    s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+    if (c.bias_type != c.cd)
+      s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
     if (!s) s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
   }
   if (!s && (c.epi & 128)) {
@@ -167,10 +171,16 @@ static float val(const std::vector<uint8_t> &d, size_t i) {
   return f;
 }
 
-static void probe(int64_t rows);
+static void probe(int64_t rows, int64_t in, int64_t out);
 
 int main(int argc, char **argv) {
   int64_t rows = argc > 1 ? atoll(argv[1]) : 65536;
+  int64_t in = argc > 3 ? atoll(argv[2]) : 0, out = argc > 3 ? atoll(argv[3]) : 0;
+  if (rows < 1 || (argc > 3 && (in < 1 || out < 1 || in > 1024 || out > 1024))) {
+    fprintf(stderr, "lt_epilogues: rows %lld, in %lld, out %lld; expected rows >= 1 and a layer "
+            "of 1 to 1024 columns each way\n", (long long)rows, (long long)in, (long long)out);
+    return 2;
+  }
   if (cublasLtCreate(&lt)) {
     fprintf(stderr, "cublasLtCreate failed\n");
     return 1;
@@ -181,12 +191,12 @@ int main(int argc, char **argv) {
     g_ab = pass ? CUDA_R_32F : CUDA_R_16BF;
     g_compute = pass ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     printf("\n%s\n", pass ? "f32 under TF32" : "bf16");
-    probe(rows);
+    probe(rows, in, out);
   }
   return 0;
 }
 
-static void probe(int64_t rows) {
+static void probe(int64_t rows, int64_t one_in, int64_t one_out) {
   const int64_t W = 1024;
   const size_t es = g_ab == CUDA_R_16BF ? 2 : 4;
   void *A, *B, *D, *D0, *bias, *bias2, *aux;
@@ -213,8 +223,8 @@ static void probe(int64_t rows) {
   const int nbt = g_ab == CUDA_R_32F ? 1 : 2;
   printf("%-14s %5s %5s %-14s %-5s %6s %5s %9s %9s %s\n", "product", "in", "out", "epilogue",
          "bias", "status", "algos", "ms", "bare ms", "check");
-  for (auto &sh : shapes) {
-    int64_t in = sh[0], out = sh[1];
+  for (int si = 0; si < (one_in ? 1 : 5); si++) {
+    int64_t in = one_in ? one_in : shapes[si][0], out = one_in ? one_out : shapes[si][1];
     int64_t mask_ld = (in + 127) / 128 * 128;         /* bits, as ur__mask_cols * 8 */
     int64_t mask_ld_out = (out + 127) / 128 * 128;
     /* backward input gradient: gx^T (in x rows) = w (in x out, col-major) g^T (out x rows) */

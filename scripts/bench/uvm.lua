@@ -44,7 +44,8 @@ local cmd = require("uvmrec.cli").command {
   { "--warmup W", "warm-up steps (default: 4 on a GPU, 2 on the CPU)", type = "whole" },
   { "--count C", "counting steps before a policy places rows (default: 16 on a GPU, 4 on the CPU)",
     type = "whole" },
-  { "--none-steps N", "steps of the run without hints (default: 200 on a GPU, 8 on the CPU)", type = "whole" },
+  { "--none-steps N", "steps of the run without hints, 0 for none (default: 200 on a GPU, 8 on the CPU)",
+    type = "whole" },
   options.out_append,
 }
 local o = cmd:parse(arg)
@@ -320,14 +321,15 @@ for _, pol in ipairs(o.policies) do
     end
   end
 end
-local ok_none, none = pcall(run_none)
+local ok_none, none = true, nil
+if o.none_steps > 0 then ok_none, none = pcall(run_none) end
 if not ok_none then
   failed("none", none)
   none = nil
-elseif not (none.loss == none.loss and math.abs(none.loss) < math.huge) then
+elseif none and not (none.loss == none.loss and math.abs(none.loss) < math.huge) then
   failed("none", "the loss is " .. none.loss)
   none = nil
-else
+elseif none then
   emit(none)
 end
 
