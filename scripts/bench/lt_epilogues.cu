@@ -54,35 +54,22 @@ static const char *epi_name(cublasLtEpilogue_t e) {
   }
 }
 
-__global__ void fill_bf16(__nv_bfloat16 *p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 0.25f);
-  }
+/* A hash of element i: the inputs are the same on every run. */
+__device__ uint32_t mix(int64_t i, uint32_t seed) {
+  uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  return h ^ (h >> 13);
 }
 
-__global__ void fill_f32(float *p, int64_t n, uint32_t seed) {
+/* Values in [-0.125, 0.125) (bf16 or f32), or bytes (the ReLU masks' bits). */
+template <typename T>
+__global__ void fill(T *p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = ((h & 0xffff) / 65536.0f - 0.5f) * 0.25f;
-  }
-}
-
-__global__ void fill_bytes(uint8_t *p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 16;
-    h *= 2246822519u;
-    p[i] = (uint8_t)(h >> 7);
+    uint32_t h = mix(i, seed);
+    if (sizeof(T) == 1) p[i] = (T)(h >> 7);
+    else p[i] = (T)(((h & 0xffff) / 65536.0f - 0.5f) * 0.25f);
   }
 }
 
@@ -208,13 +195,13 @@ static void probe(int64_t rows, int64_t one_in, int64_t one_out) {
   CK(cudaMalloc(&bias2, W * 4));
   CK(cudaMalloc(&aux, rows * W / 8));
   if (es == 2) {
-    fill_bf16<<<1024, 256>>>((__nv_bfloat16 *)A, W * W, 1);
-    fill_bf16<<<1024, 256>>>((__nv_bfloat16 *)B, rows * W, 2);
+    fill<<<1024, 256>>>((__nv_bfloat16 *)A, W * W, 1);
+    fill<<<1024, 256>>>((__nv_bfloat16 *)B, rows * W, 2);
   } else {
-    fill_f32<<<1024, 256>>>((float *)A, W * W, 1);
-    fill_f32<<<1024, 256>>>((float *)B, rows * W, 2);
+    fill<<<1024, 256>>>((float *)A, W * W, 1);
+    fill<<<1024, 256>>>((float *)B, rows * W, 2);
   }
-  fill_bytes<<<1024, 256>>>((uint8_t *)aux, rows * W / 8, 3);
+  fill<<<1024, 256>>>((uint8_t *)aux, rows * W / 8, 3);
   CK(cudaDeviceSynchronize());
   /* (in, out) of the ReLU layers: top 479(480)->1024->1024->512->256, bottom 512->256->128 */
   const int64_t shapes[][2] = {{480, 1024}, {1024, 1024}, {1024, 512}, {512, 256}, {256, 128}};
