@@ -71,6 +71,21 @@ static inline unsigned ur_grid_blocks(int64_t work, int64_t per_block, int per_s
   return (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
 }
 
+/* Copies from global into shared memory without registers (PTX ISA: cp.async): ur_cp16 (16
+ * bytes, past L1) and ur_cp8 (8 bytes, through L1: 4 bf16 elements, a lane's slice of a half
+ * row); a lane's copies are done after ur_cp_wait, the warp's after a __syncwarp that follows
+ * it. */
+__device__ __forceinline__ unsigned ur_smem(const void *p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void ur_cp16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ur_smem(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void ur_cp8(void *dst, const void *src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(ur_smem(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void ur_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 /* A workspace carved into 256-byte aligned pieces: take(bytes) is the next one, or nullptr when
  * base is (only measuring); at counts the bytes carved so far. */
 struct ur__carver {

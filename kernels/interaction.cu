@@ -342,15 +342,8 @@ ur_inter_mma_bwd_kernel(const E *dense, const E *emb, const TO *gout, E *gdense,
 
 /* ---- the bf16 kernels: mma.sync on registers ---- */
 
-/* Shared-memory addresses and the instructions the bf16 kernels are made of (PTX ISA: cp.async,
- * ldmatrix, mma.sync m16n8k16 with its fragment layouts). */
-__device__ __forceinline__ unsigned ur_smem(const void *p) {
-  return (unsigned)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void ur_cp16(void *dst, const void *src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ur_smem(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void ur_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+/* The instructions the bf16 kernels are made of (PTX ISA: cp.async from common.cuh, ldmatrix,
+ * mma.sync m16n8k16 with its fragment layouts). */
 /* Row r's T+1 bf16 vectors into X (row i at X + i * ld) by cp.async, 16 bytes a lane, nothing
  * held in registers; the lane waits (ur_cp_wait) and the warp syncs before X is read. */
 __device__ __forceinline__ void ur_mma16_fetch(ur_bf16 *X, int ld, const ur_bf16 *dr,

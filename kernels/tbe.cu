@@ -38,6 +38,7 @@
 #define UR_TBE_HOT 256      /* a row read more often than this is summed in chunks */
 #define UR_TBE_CHUNK 256    /* entries a CTA sums into one partial (a multiple of UR_TBE_WARPS) */
 #define UR_TBE_ALIGN 256
+#define UR_TBE_STAGE 8192   /* bytes of gradient rows a warp of mid_kernel or chunk_kernel stages */
 
 namespace {
 
@@ -552,19 +553,70 @@ __device__ __forceinline__ void add_rows(const ur__tbe_args &a, float c, int64_t
 }
 
 /* Adds entries [j0, j1) of one segment into acc, in order: the lanes resolve 32 payloads at a
- * time, then U gradient rows are in flight at once. */
+ * time.  Then, with a stage (bf16 gradients: staged()), the warp copies as many of their
+ * gradient rows as the stage holds (UR_TBE_STAGE bytes of shared memory: 32 bf16 rows of dim
+ * 128) by cp.async, all in flight at once and no registers held for them, and adds them from
+ * there in order, add_rows' arithmetic, the same bits; without one (f32 gradients), U rows at
+ * a time in registers.  On the H200 the stage took 85 us off a bf16 DLRM step's 0.805 ms
+ * backward, and made f32 1-hot Zipf's 4% slower (docs/results.md, twelfth session). */
 template <int NV, int E, int U>
 __device__ __forceinline__ void sum_entries(const ur__tbe_args &a, const Sorted &s, int dim,
-                                            int64_t j0, int64_t j1, float (&acc)[NV][E], int lane) {
+                                            int64_t j0, int64_t j1, float (&acc)[NV][E],
+                                            char *stage, int lane) {
+  static_assert(E == 4, "the backward takes 4 elements a lane (shape_of(a, false))");
   float(&one)[1][NV][E] = reinterpret_cast<float(&)[1][NV][E]>(acc);
+  const int piece = E * 2, slot = 32 * piece; /* a lane's E bf16 elements; a warp's */
+  const int rows = UR_TBE_STAGE / (NV * slot); /* 4 or more: NV <= 8 */
   for (int64_t base = j0; base < j1; base += 32) {
     int64_t j = base + lane;
     float c = 0.0f;
     int64_t at = 0;
     if (j < j1) resolve(a, s, s.pay[j], dim, &at, &c);
     int cnt = j1 - base < 32 ? (int)(j1 - base) : 32;
-    for (int u = 0; u < cnt; u += U) add_rows<NV, E, U, 1>(a, c, at, 0, dim, u, cnt, one, lane);
+    if (!stage) {
+      for (int u = 0; u < cnt; u += U) add_rows<NV, E, U, 1>(a, c, at, 0, dim, u, cnt, one, lane);
+      continue;
+    }
+    for (int u = 0; u < cnt; u += rows) {
+      int n = cnt - u < rows ? cnt - u : rows;
+      for (int q = 0; q < n; q++) {
+        int64_t aq = __shfl_sync(kFull, at, u + q);
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+          int col = (v * 32 + lane) * E;
+          if (col >= dim) continue;
+          ur_cp8(stage + (q * NV + v) * slot + lane * piece, (const uint16_t *)a.grad + aq + col);
+        }
+      }
+      ur_cp_wait();
+      __syncwarp();
+      for (int q = 0; q < n; q++) {
+        float ck = __shfl_sync(kFull, c, u + q);
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+          int col = (v * 32 + lane) * E;
+          if (col >= dim) continue;
+          uint2 h = *reinterpret_cast<const uint2 *>(stage + (q * NV + v) * slot + lane * piece);
+          float g[E];
+          unpack<E>(make_uint4(h.x, h.y, 0, 0), UR_DTYPE_BF16, g);
+#pragma unroll
+          for (int e = 0; e < E; e++) acc[v][e] = UR_FADD(acc[v][e], UR_FMUL(ck, g[e]));
+        }
+      }
+      __syncwarp(); /* the stage is read before the next rows land */
+    }
   }
+}
+
+/* Whether mid_kernel and chunk_kernel stage gradient rows in shared memory (sum_entries). */
+__host__ __device__ __forceinline__ bool staged(const ur__tbe_args &a) {
+  return a.out_dtype != UR_DTYPE_F32;
+}
+
+/* A warp's stage in the kernel's dynamic shared memory (UR_TBE_STAGE bytes a warp), or none. */
+__device__ __forceinline__ char *warp_stage(const ur__tbe_args &a) {
+  extern __shared__ __align__(16) char ur_tbe_stage[];
+  return staged(a) ? ur_tbe_stage + (threadIdx.x / 32) * UR_TBE_STAGE : nullptr;
 }
 
 /* Sparse output: the segment's row id and its summed gradient. */
@@ -810,8 +862,8 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : 2)
   }
 }
 
-/* A warp per middling segment (mid lists them): its entries summed in order, U gradient rows in
- * flight at a time, then its row stepped once (or written out, sparse). */
+/* A warp per middling segment (mid lists them): its entries summed in order, a stage of
+ * gradient rows (or U) in flight at a time, then its row stepped once (or written out, sparse). */
 template <int NV, int E, int U>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV * E <= 8 ? 4 : 2)
     mid_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
@@ -835,7 +887,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV * E <= 8 ? 4 : 2)
     for (int v = 0; v < NV; v++)
 #pragma unroll
       for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
-    sum_entries<NV, E, U>(a, s, tb.dim, j0, j1, acc, lane);
+    sum_entries<NV, E, U>(a, s, tb.dim, j0, j1, acc, warp_stage(a), lane);
     finish<NV, E>(a, h, sp, slot, t, seg, row, acc, lane);
   }
 }
@@ -871,7 +923,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     for (int v = 0; v < NV; v++)
 #pragma unroll
       for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
-    if (w0 < w1) sum_entries<NV, E, U>(a, s, dim, w0, w1, acc, lane);
+    if (w0 < w1) sum_entries<NV, E, U>(a, s, dim, w0, w1, acc, warp_stage(a), lane);
 #pragma unroll
     for (int v = 0; v < NV; v++)
 #pragma unroll
@@ -1346,13 +1398,22 @@ cudaError_t launch_reduce(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_
   seg_kernel<NV, E, U, W><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
+  /* mid_kernel's and chunk_kernel's stages (bf16 gradients): over the 48 KiB a block gets
+   * unasked */
+  const int stage = staged(a) ? UR_TBE_WARPS * UR_TBE_STAGE : 0;
   int64_t mids = blocks_for((int64_t)max_mid((size_t)a.n));
   unsigned mb = (unsigned)(mids < (int64_t)sms * 32 ? mids : (int64_t)sms * 32);
-  mid_kernel<NV, E, U><<<mb, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);
+  if ((e = cudaFuncSetAttribute(mid_kernel<NV, E, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                stage)) != cudaSuccess)
+    return e;
+  mid_kernel<NV, E, U><<<mb, UR_TBE_WARPS * 32, stage, st>>>(a, h, s, sp);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   int64_t chunks = (int64_t)max_chunks((size_t)a.n);
   unsigned cb = (unsigned)(chunks < (int64_t)sms * 16 ? chunks : (int64_t)sms * 16);
-  chunk_kernel<NV, E, U><<<cb, UR_TBE_WARPS * 32, 0, st>>>(a, s);
+  if ((e = cudaFuncSetAttribute(chunk_kernel<NV, E, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                stage)) != cudaSuccess)
+    return e;
+  chunk_kernel<NV, E, U><<<cb, UR_TBE_WARPS * 32, stage, st>>>(a, s);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   int64_t longs = blocks_for((int64_t)max_long((size_t)a.n));
   unsigned lb = (unsigned)(longs < (int64_t)sms * 4 ? longs : (int64_t)sms * 4);
