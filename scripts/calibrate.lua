@@ -14,7 +14,8 @@
 --   has them).
 -- The sizes (--shapes): "cpu" (the CPU backend's default) as described; "gpu" (the default with a
 -- GPU) the sizes a GPU step runs at, so that no term is fitted to launch-bound runs: copies of
--- 512 MiB, 65536 ids a table over 2^20 rows (embeddings and cache), MLPerf's MLP stacks
+-- 512 MiB, 2^19 ids a table over 2^20 rows for the embeddings (2.1 M ids in all, a DLRM step's
+-- 26 x 65536 = 1.7 M), 65536 for the cache, MLPerf's MLP stacks
 -- (13-512-256-128, 480-1024-1024-512-256-1) and a narrow one at batches 16384 and 65536, the dot
 -- interaction of 27 vectors of 128 at batch 65536 as the bf16 model runs it, the loader at 16384.
 -- With --quick on the CPU backend the GPU's shapes run at the CPU quick run's sizes and small
@@ -56,7 +57,10 @@ local SHAPES = {
                 inter = { batch = 512, dim = 16, precision = "f32" }, mlp_batches = { 256, 512 }, loader_batch = 256 },
   -- (on a GPU 64 rows a table would make the backward's reduction into each row, 1024 ids, the
   -- repeat batch's cost: 4096 rows, 16 ids each, in L2 as the forward's repeats are)
-  gpu = { copy_mib = 512, rows = 2 ^ 20, batch = 65536, hot = 4096, crow = 2 ^ 20, cbatch = 65536,
+  -- (at 4 x 65536 ids the embeddings' launches and the sort's fixed work were a third of the
+  -- time: the planner priced dlrm_mlperf_v1_2m's embeddings at 2.1 ms against 1.0 measured,
+  -- docs/results.md, twelfth session)
+  gpu = { copy_mib = 512, rows = 2 ^ 20, batch = 2 ^ 19, hot = 4096, crow = 2 ^ 20, cbatch = 65536,
           inter = { batch = 65536, dim = 128, precision = "bf16" }, mlp_batches = { 16384, 65536 },
           loader_batch = 16384,
           -- dlrm_mlperf_v1's stacks (the top's input padded as the model's: 128 + 351 -> 480) and
