@@ -105,6 +105,16 @@ describe("uvmrec command", function()
       assert.equal(("true\t%s/s.lua\t2\ta\tb c\ta\tb c\n"):format(dir), out)
     end)
 
+    it("names itself to the script as the program to run another script with, -e or not (cli.interpreter)",
+      function()
+      cmd.spit(dir .. "/i.lua", "print(require('uvmrec.cli').interpreter())\n")
+      for _, pre in ipairs { "", "-e 'y = 1' " } do
+        local out, err, code = cmd.run(pre .. q(dir .. "/i.lua"))
+        assert.equal(0, code, err)
+        assert.equal(cmd.bin() .. "\n", out, pre)
+      end
+    end)
+
     it("reports a runtime error at the script's line, and a file that is not there", function()
       cmd.spit(dir .. "/bad.lua", "local x = 1\nlocal y = x + nil\n")
       local _, err, code = cmd.run(q(dir .. "/bad.lua"))

@@ -334,6 +334,16 @@ function M.bench_sets(config)
   return {}
 end
 
+-- The program running this script, to run another script the same way: the lowest of the
+-- negative arg indices (`uvmrec -e CODE script.lua` puts the code at arg[-1] and the program
+-- at arg[-3]); "luajit" where the host gives none.
+function M.interpreter()
+  local i = -1
+  if arg == nil or arg[i] == nil then return "luajit" end
+  while arg[i - 1] ~= nil do i = i - 1 end
+  return arg[i]
+end
+
 -- Where a benchmark with the flags --gpu and --cpu (declared with mutex = {{"--gpu", "--cpu"}})
 -- runs: "gpu" or "cpu" as asked, else "gpu" where a GPU is in use; --gpu without one fails
 -- (exit 1) with the reason.

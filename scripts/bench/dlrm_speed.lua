@@ -32,9 +32,10 @@ local json = require "uvmrec.json"
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
 local C = ur.C
-local options = require("uvmrec.cli").options
+local cli = require "uvmrec.cli"
+local options = cli.options
 
-local cmd = require("uvmrec.cli").command {
+local cmd = cli.command {
   name = "scripts/bench/dlrm_speed.lua",
   summary = "uvmrec against the PyTorch DLRM in the same run (BENCH.md B3): samples/s per precision, and phases",
   options.config,
@@ -53,7 +54,7 @@ local cmd = require("uvmrec.cli").command {
 }
 local o = cmd:parse(arg)
 local gpu = ur.gpu() and not o.cpu
-o.config = o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]
+o.config = o.config or cli.BENCH_CONFIG[gpu and "gpu" or "cpu"]
 o.steps = o.steps or (gpu and 30 or 5)
 local WARM, NBATCH, REPEAT = gpu and 5 or 1, gpu and 8 or 2, gpu and 10 or 2
 
@@ -75,7 +76,7 @@ if not o.data then
   local preset = cfg0.data.train:match("^synthetic:(.+)$")
   if not preset then cmd:fail(o.config .. ": give --data DIR (its data.train is not a synthetic preset)") end
   o.data = o.work .. "/days"
-  if not run(("%s %s %s --out %s --samples %d"):format(sh(arg[-1] or "luajit"), sh(here .. "/../datagen.lua"),
+  if not run(("%s %s %s --out %s --samples %d"):format(sh(cli.interpreter()), sh(here .. "/../datagen.lua"),
     sh(preset), sh(o.data), NBATCH * B)) then
     cmd:fail("datagen failed")
   end

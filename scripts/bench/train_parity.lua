@@ -23,9 +23,10 @@ local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
-local options = require("uvmrec.cli").options
+local cli = require "uvmrec.cli"
+local options = cli.options
 
-local cmd = require("uvmrec.cli").command {
+local cmd = cli.command {
   name = "scripts/bench/train_parity.lua",
   summary = "training parity with PyTorch: the same DLRM trained by both, final AUCs within --tol",
   { "--config C", "the config or preset (its data.train names the synthetic preset)", default = "dlrm_kaggle" },
@@ -57,7 +58,7 @@ local work = o.work
 if not run("mkdir -p " .. sh(work .. "/train") .. " " .. sh(work .. "/eval")) then
   cmd:fail("cannot create " .. work)
 end
-local interp = arg[-1] or "luajit"
+local interp = cli.interpreter()
 local datagen = here .. "/../datagen.lua"
 if not run(("%s %s %s --out %s --samples %d --days %d"):format(sh(interp), sh(datagen), sh(preset), sh(work .. "/days"),
   o.samples, o.days)) then
