@@ -74,7 +74,7 @@ static inline unsigned ur_grid_blocks(int64_t work, int64_t per_block, int per_s
 /* Copies from global into shared memory without registers (PTX ISA: cp.async): ur_cp16 (16
  * bytes, past L1) and ur_cp8 (8 bytes, through L1: 4 bf16 elements, a lane's slice of a half
  * row); a lane's copies are done after ur_cp_wait, the warp's after a __syncwarp that follows
- * it. */
+ * it (where lanes read what other lanes copied). */
 __device__ __forceinline__ unsigned ur_smem(const void *p) {
   return (unsigned)__cvta_generic_to_shared(p);
 }
@@ -85,6 +85,20 @@ __device__ __forceinline__ void ur_cp8(void *dst, const void *src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(ur_smem(dst)), "l"(src) : "memory");
 }
 __device__ __forceinline__ void ur_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* Launches kernel k with smem bytes of dynamic shared memory, first raising its limit when it
+ * needs more than the default 48 KiB. */
+template <typename... P, typename... A>
+static cudaError_t ur_launch_smem(void (*k)(P...), unsigned blocks, unsigned threads, size_t smem,
+                                  cudaStream_t stream, A... args) {
+  if (smem > 48u << 10) {
+    cudaError_t e =
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  k<<<blocks, threads, smem, stream>>>(args...);
+  return cudaGetLastError();
+}
 
 /* A workspace carved into 256-byte aligned pieces: take(bytes) is the next one, or nullptr when
  * base is (only measuring); at counts the bytes carved so far. */

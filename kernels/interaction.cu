@@ -557,20 +557,6 @@ static int ur_inter_use_mma(const ur_dense_dev *dv, int backward, int tables, in
   return ur_mma_block_bytes(tables, dim, dd, od, ocols, backward) <= dv->smem_optin;
 }
 
-/* Launches kernel k, first raising its dynamic shared-memory limit when it needs more than the
- * default 48 KiB. */
-template <typename... P, typename... A>
-static cudaError_t ur_inter_launch(void (*k)(P...), unsigned blocks, unsigned threads,
-                                   size_t smem, cudaStream_t stream, A... args) {
-  if (smem > 48u << 10) {
-    cudaError_t e =
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-  }
-  k<<<blocks, threads, smem, stream>>>(args...);
-  return cudaGetLastError();
-}
-
 /* A pass's launch (backward 0 or 1): a grid-stride loop over rows takes at most 16 blocks
  * (scalar) or 8 (tensor cores) per multiprocessor, as shared memory allows several of either. */
 struct ur_inter_geom {
@@ -602,20 +588,20 @@ static cudaError_t ur_inter_fwd_launch(cudaStream_t stream, const void *dense, c
   cudaError_t e = cudaSuccess;
   if (mma && dd == UR_DTYPE_BF16) {
     UR_DENSE_DISPATCH(od, TO,
-      e = ur_inter_launch(ur_inter_mma16_fwd_kernel<TO>, g.blocks, g.threads, g.smem, stream,
+      e = ur_launch_smem(ur_inter_mma16_fwd_kernel<TO>, g.blocks, g.threads, g.smem, stream,
                           (const ur_bf16 *)dense, (const ur_bf16 *)emb, (TO *)out, rows, T1, dim,
                           self, ocols, pairs));
     return e;
   }
   if (mma) { /* TF32 */
     UR_DENSE_DISPATCH(od, TO,
-      e = ur_inter_launch(ur_inter_mma_fwd_kernel<float, TO>, g.blocks, g.threads, g.smem, stream,
+      e = ur_launch_smem(ur_inter_mma_fwd_kernel<float, TO>, g.blocks, g.threads, g.smem, stream,
                           (const float *)dense, (const float *)emb, (TO *)out, rows, T1, dim,
                           self, ocols, pairs));
     return e;
   }
   UR_INTER_DISPATCH(dd, ed, od,
-    e = ur_inter_launch(ur_inter_fwd_kernel<TD, TE, TO>, g.blocks, g.threads, g.smem, stream,
+    e = ur_launch_smem(ur_inter_fwd_kernel<TD, TE, TO>, g.blocks, g.threads, g.smem, stream,
                         (const TD *)dense, (const TE *)emb, (TO *)out, rows, T1, dim, self, ocols,
                         pairs));
   return e;
@@ -629,18 +615,18 @@ static cudaError_t ur_inter_bwd_launch(cudaStream_t stream, const void *dense, c
   ur_inter_geom g = ur_inter_geometry(rows, ocols, tables, dim, dd, od, 1, mma, sms);
   cudaError_t e = cudaSuccess;
   if (mma && dd == UR_DTYPE_BF16) /* gout is bf16 too (ur_inter_use_mma) */
-    return ur_inter_launch(ur_inter_mma16_bwd_kernel, g.blocks, g.threads, g.smem, stream,
+    return ur_launch_smem(ur_inter_mma16_bwd_kernel, g.blocks, g.threads, g.smem, stream,
                            (const ur_bf16 *)dense, (const ur_bf16 *)emb, (const ur_bf16 *)gout,
                            (ur_bf16 *)gdense, (ur_bf16 *)gemb, rows, T1, dim, self, ocols, pairs);
   if (mma) { /* TF32 */
     UR_DENSE_DISPATCH(od, TO,
-      e = ur_inter_launch(ur_inter_mma_bwd_kernel<float, TO>, g.blocks, g.threads, g.smem, stream,
+      e = ur_launch_smem(ur_inter_mma_bwd_kernel<float, TO>, g.blocks, g.threads, g.smem, stream,
                           (const float *)dense, (const float *)emb, (const TO *)gout,
                           (float *)gdense, (float *)gemb, rows, T1, dim, self, ocols, pairs));
     return e;
   }
   UR_INTER_DISPATCH(dd, ed, od,
-    e = ur_inter_launch(ur_inter_bwd_kernel<TD, TE, TO>, g.blocks, g.threads, g.smem, stream,
+    e = ur_launch_smem(ur_inter_bwd_kernel<TD, TE, TO>, g.blocks, g.threads, g.smem, stream,
                         (const TD *)dense, (const TE *)emb, (const TO *)gout, (TD *)gdense,
                         (TE *)gemb, rows, T1, dim, self, ocols, pairs));
   return e;

@@ -555,10 +555,12 @@ __device__ __forceinline__ void add_rows(const ur__tbe_args &a, float c, int64_t
 /* Adds entries [j0, j1) of one segment into acc, in order: the lanes resolve 32 payloads at a
  * time.  Then, with a stage (bf16 gradients: staged()), the warp copies as many of their
  * gradient rows as the stage holds (UR_TBE_STAGE bytes of shared memory: 32 bf16 rows of dim
- * 128) by cp.async, all in flight at once and no registers held for them, and adds them from
- * there in order, add_rows' arithmetic, the same bits; without one (f32 gradients), U rows at
- * a time in registers.  On the H200 the stage took 85 us off a bf16 DLRM step's 0.805 ms
- * backward, and made f32 1-hot Zipf's 4% slower (docs/results.md, twelfth session). */
+ * 128, 4 of 1024) by cp.async, all in flight at once and no registers held for them, and adds
+ * them from there in order, add_rows' arithmetic, the same bits; without one (f32 gradients), U
+ * rows at a time in registers.  On the H200 the stage took 85-118 us off a bf16 DLRM step's
+ * 0.805 ms backward; staging f32 rows too (16 a stage) made f32 1-hot Zipf 3-4% slower, so f32
+ * stays in registers (docs/results.md, twelfth session).  Each lane reads back only the slices
+ * it copied, so its wait is the fence; the warp's syncs keep its lanes together. */
 template <int NV, int E, int U>
 __device__ __forceinline__ void sum_entries(const ur__tbe_args &a, const Sorted &s, int dim,
                                             int64_t j0, int64_t j1, float (&acc)[NV][E],
@@ -603,7 +605,7 @@ __device__ __forceinline__ void sum_entries(const ur__tbe_args &a, const Sorted 
           for (int e = 0; e < E; e++) acc[v][e] = UR_FADD(acc[v][e], UR_FMUL(ck, g[e]));
         }
       }
-      __syncwarp(); /* the stage is read before the next rows land */
+      __syncwarp();
     }
   }
 }
@@ -1398,23 +1400,16 @@ cudaError_t launch_reduce(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_
   seg_kernel<NV, E, U, W><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  /* mid_kernel's and chunk_kernel's stages (bf16 gradients): over the 48 KiB a block gets
-   * unasked */
-  const int stage = staged(a) ? UR_TBE_WARPS * UR_TBE_STAGE : 0;
+  /* mid_kernel's and chunk_kernel's stages (bf16 gradients) */
+  const size_t stage = staged(a) ? UR_TBE_WARPS * UR_TBE_STAGE : 0;
   int64_t mids = blocks_for((int64_t)max_mid((size_t)a.n));
   unsigned mb = (unsigned)(mids < (int64_t)sms * 32 ? mids : (int64_t)sms * 32);
-  if ((e = cudaFuncSetAttribute(mid_kernel<NV, E, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                stage)) != cudaSuccess)
+  if ((e = ur_launch_smem(mid_kernel<NV, E, U>, mb, UR_TBE_WARPS * 32, stage, st, a, h, s, sp)))
     return e;
-  mid_kernel<NV, E, U><<<mb, UR_TBE_WARPS * 32, stage, st>>>(a, h, s, sp);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
   int64_t chunks = (int64_t)max_chunks((size_t)a.n);
   unsigned cb = (unsigned)(chunks < (int64_t)sms * 16 ? chunks : (int64_t)sms * 16);
-  if ((e = cudaFuncSetAttribute(chunk_kernel<NV, E, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                stage)) != cudaSuccess)
+  if ((e = ur_launch_smem(chunk_kernel<NV, E, U>, cb, UR_TBE_WARPS * 32, stage, st, a, s)))
     return e;
-  chunk_kernel<NV, E, U><<<cb, UR_TBE_WARPS * 32, stage, st>>>(a, s);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
   int64_t longs = blocks_for((int64_t)max_long((size_t)a.n));
   unsigned lb = (unsigned)(longs < (int64_t)sms * 4 ? longs : (int64_t)sms * 4);
   long_kernel<NV, E, U><<<lb, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);

@@ -55,8 +55,8 @@ local SHAPES = {
           mlp_names = "dlrm_tiny's, dlrm_kaggle's, 64-64-64-64-64" },
   cpu_quick = { copy_mib = 16, rows = 65536, batch = 4096, hot = 64, crow = 65536, cbatch = 4096,
                 inter = { batch = 512, dim = 16, precision = "f32" }, mlp_batches = { 256, 512 }, loader_batch = 256 },
-  -- (on a GPU 64 rows a table would make the backward's reduction into each row, 1024 ids, the
-  -- repeat batch's cost: 4096 rows, 16 ids each, in L2 as the forward's repeats are)
+  -- (on a GPU 64 rows a table would make the backward's reduction into each row, 8192 ids, the
+  -- repeat batch's cost: 4096 rows, 128 ids each, in L2 as the forward's repeats are)
   -- (at 4 x 65536 ids the embeddings' launches and the sort's fixed work were a third of the
   -- time: the planner priced dlrm_mlperf_v1_2m's embeddings at 2.1 ms against 1.0 measured,
   -- docs/results.md, twelfth session)

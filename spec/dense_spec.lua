@@ -200,7 +200,11 @@ describe("uvmrec.dense linear", function()
     assert.error_matches(function()
       dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), nil, R.zeros({ 3, 5 }), nil, nil, "none",
                             dense.X_RELU)
-    end, "X_RELU and gb_x act on gx, which is NULL")
+    end, "linear backward: X_RELU acts on gx, which is NULL")
+    assert.error_matches(function()
+      dense.linear_backward(x, R.zeros({ 3, 5 }), nil, R.zeros({ 4, 3 }), nil, R.zeros({ 3, 5 }), nil, nil, "none",
+                            { flags = dense.X_RELU, gb_x = R.zeros({ 5 }) })
+    end, "linear backward: X_RELU and gb_x act on gx, which is NULL")
     local big = R.zeros({ 8, 5 })
     assert.error_matches(function() dense.linear_forward(big:view(0, 4), R.zeros({ 5, 5 }), nil, big:view(2, 4)) end,
       "y and x overlap in storage")
@@ -262,7 +266,7 @@ describe("uvmrec.dense linear", function()
     assert.error_matches(function() ws(8, 4, 4, all, "sigmoid", 0, 132) end,
       "activation 2 is not none %(0%) or relu %(1%)")
     assert.error_matches(function() ws(8, 4, 4, { gw = true, x_mask = true }, "none", 0, 132) end,
-      "x_mask and gb_x act on gx, which is NULL")
+      "workspace: x_mask acts on gx, which is NULL")
     assert.error_matches(function() ws(8, 4, 4, { gx = true, x_mask = true }, "none", dense.X_RELU, 132) end,
       "x_mask and X_RELU both mask gx")
     assert.error_matches(function() ws(8, 4, 4, all, "none", dense.GY_MASKED, 132) end,

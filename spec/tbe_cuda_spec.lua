@@ -28,6 +28,11 @@ local SHAPES = {
     { name = "a", rows = 5000, dim = 4 },
     { name = "b", rows = 64, dim = 64, pooling = "mean" },
   },
+  -- rows read 9 to 256 times at the widest dims (a bf16 gradient's stage holds 4 rows of 1024)
+  wide = {
+    { name = "a", rows = 6, dim = 1024 },
+    { name = "b", rows = 30, dim = 260 },
+  },
 }
 
 local function pair(shape, opts)
@@ -106,19 +111,39 @@ describe("embedding collections on CUDA", function()
     end)
   end
 
-  cuda_it("sums rows read thousands of times in chunks over many CTAs, deterministically", function()
-    local runs = {}
-    for run = 1, 2 do
-      math.randomseed(5)
-      local cpu, gpu = pair("narrow", { optimizer = { "adagrad", lr = 0.1 } })
-      local b = R.batch(rows_of(cpu), { batch = 400, hot = { 7, 5000 } })
-      train(cpu, gpu, b, 2, 70)
-      -- 5000 gradients summed in 20 chunks of 8 runs round differently from one running sum: the step
-      -- (lr 0.1) agrees to about 1e-4 of itself
-      same_tables(cpu, gpu, 1e-5, "hot rows", 2e-5)
-      runs[run] = R.snapshot(gpu.tbe)
+  cuda_it("sums rows read thousands of times in chunks over many CTAs, deterministically (f32 and bf16 "
+    .. "gradients)", function()
+    for _, out in ipairs { "f32", "bf16" } do
+      local runs = {}
+      for run = 1, 2 do
+        math.randomseed(5)
+        local cpu, gpu = pair("narrow", { optimizer = { "adagrad", lr = 0.1 }, output_dtype = out })
+        local b = R.batch(rows_of(cpu), { batch = 400, hot = { 7, 5000 } })
+        train(cpu, gpu, b, 2, 70)
+        -- 5000 gradients summed in 20 chunks of 8 runs round differently from one running sum: the
+        -- step (lr 0.1) agrees to about 1e-4 of itself
+        same_tables(cpu, gpu, 1e-5, "hot rows " .. out, 2e-5)
+        runs[run] = R.snapshot(gpu.tbe)
+      end
+      assert.same(runs[1], runs[2], out)
     end
-    assert.same(runs[1], runs[2])
+  end)
+
+  cuda_it("sums bf16 gradient rows read 9 to 256 times from shared memory as the CPU does, bit for bit, "
+    .. "at every width (32 to 4 rows a stage)", function()
+    for _, shape in ipairs { "narrow", "wide" } do
+      math.randomseed(44)
+      local cpu, gpu = pair(shape, { optimizer = { "sgd", lr = 0.5, weight_decay = 0.01 }, output_dtype = "bf16" })
+      -- row 3 of the first table 77 times in one bag: a stage's rows not a multiple of 77
+      local b = R.batch(rows_of(cpu), { batch = 60, weighted = true, hot = { 3, 77 } })
+      local ci, gi = R.input(b), R.input(b, "device")
+      local co, go = cpu:forward(ci), gpu:forward(gi)
+      assert.same(co:totable(), go:totable(), shape .. " forward")
+      local g = ur.tensor(co:size(), { dtype = "bf16" }):uniform(-1, 1, 45)
+      cpu:backward(ci, g)
+      gpu:backward(gi, assert(g:to("device")))
+      assert.same(R.snapshot(cpu.tbe), R.snapshot(gpu.tbe), shape)
+    end
   end)
 
   cuda_it("sums rows read up to 256 times as the CPU does, bit for bit: payloads by bag and by value", function()

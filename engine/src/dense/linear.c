@@ -545,7 +545,9 @@ static ur_status check_backward(const char *op, int64_t rows, int64_t in, int64_
                      "%s: x_mask and X_RELU both mask gx (from the mask's bits, from x): give "
                      "one", op);
   if ((x_mask || x_relu || gb_x) && !gx)
-    return ur__error(UR_STATUS_INVALID, "%s: %s and gb_x act on gx, which is NULL", op, masker);
+    return ur__error(UR_STATUS_INVALID, "%s: %s%s%s act%s on gx, which is NULL", op,
+                     x_mask || x_relu ? masker : "", (x_mask || x_relu) && gb_x ? " and " : "",
+                     gb_x ? "gb_x" : "", (x_mask || x_relu) && gb_x ? "" : "s");
   if (gb_x && !x_mask && !x_relu)
     return ur__error(UR_STATUS_INVALID,
                      "%s: gb_x is the masked gradient's sum: it needs x_mask or X_RELU", op);
