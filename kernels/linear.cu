@@ -4,8 +4,8 @@
  * input gradient masked by the layer below's ReLU mask with that layer's bias gradient
  * (DRELU_BGRAD, where a caller passes the mask's bits; X_RELU masks by x in a pass after the
  * bare product, which ran faster on an H200), and the bias gradient of an unmasked layer in
- * its weight-gradient product (BGRADB).  Where cuBLASLt offers no algorithm for a shape and epilogue, cuBLAS runs the
- * product and kernels here do the epilogue.  Plans (descriptors and the chosen algorithm) are
+ * its weight-gradient product (BGRADB).  Where cuBLASLt offers no algorithm for a shape and
+ * epilogue, cuBLAS runs the product and kernels here do the epilogue.  Plans (descriptors and the chosen algorithm) are
  * made once per shape and kept.  The weight gradient may go to a side stream of the caller's
  * (WGRAD_ASYNC), forked and joined by events.  A forward whose input is narrow and unaligned
  * (DLRM's first layer: 13 features) skips cuBLASLt, whose kernels for it ran 5x slower than
@@ -156,8 +156,8 @@ static void ur_relu_bgrad_run(cudaStream_t stream, const T *gy, const T *y, T *g
 
 /* g = gy masked by ur__relu_passes(y) (when y is not NULL; g then must be given) and gb[cols] +=
  * column sums of g (when gb is not NULL), deterministically: fixed chunks of rows summed into
- * partial (chunks * cols floats), then the chunks in a fixed order (ur_colsum).  A lane moves 16 bytes of a row at a
- * time where every row starts 16-byte aligned, else one element. */
+ * partial (chunks * cols floats), then the chunks in a fixed order (ur_colsum).  A lane moves
+ * 16 bytes of a row at a time where every row starts 16-byte aligned, else one element. */
 static cudaError_t ur_relu_bgrad_launch(cudaStream_t stream, const void *gy, const void *y,
                                         void *g, float *gb, float *partial, int64_t rows,
                                         int64_t cols, ur_dtype dtype, int sms) {
@@ -727,7 +727,8 @@ ur_narrow_fwd_kernel(const T *x, const T *w, const T *b, T *y, uint8_t *mask, in
         for (int c = 0; c < 4; c++) {
           if (j0 + c >= out) break;
           float v = acc[c] + br[c];
-          T stored = T(relu ? ur__relu(v) : v); /* as ur_st rounds it: the mask bit is the stored value's */
+          /* as ur_st rounds it: the mask bit is the stored value's */
+          T stored = T(relu ? ur__relu(v) : v);
           y[r * out + j0 + c] = stored;
           if (ur__relu_passes((float)stored)) nib |= 1u << c;
         }
@@ -866,7 +867,7 @@ ur_status ur__cuda_linear_backward(void *stream, const void *x, const void *w, c
       /* gx^T (in x rows) = w^T (as stored: in x out) g^T (out x rows); with the layer below's
        * mask, DRELU_BGRAD masks it and sums the layer below's bias gradient over the rows into
        * an f32 vector after the workspace's cuBLASLt part; under X_RELU the product runs bare
-       * and the mask pass after it does both (on the H200 cuBLASLt's DRELU kernels took 3x
+       * and the mask pass after it does both (on the H200 cuBLASLt's DRELU kernels took 2-4x
        * the bare product's time, and it takes no f32 bias gradient under bf16) */
       k = ur_mm_key_of(0, 0, in, rows, out, in, out, dtype, ur_cuda_type(dtype), flags);
       ur_mm_epi e = {CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, 0};

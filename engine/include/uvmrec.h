@@ -1148,9 +1148,9 @@ UR_API ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_te
  * its backward takes GY_MASKED and no gb (on the GPU one pass after the product masks gx and
  * sums it).  x_mask (the mask the layer below's forward wrote) does the same from its bits:
  * on the GPU through cuBLASLt's DRELU epilogues, where it has them (on an H200 they took 2-4x
- * the bare product: docs/dense.md); the library's own Linears use X_RELU.  gx, gw, gb, x_mask and gb_x may each
- * be NULL; gw, gb and gb_x are f32.  flags: TF32, ACCUMULATE (not with x_mask or X_RELU),
- * GY_MASKED, WGRAD_ASYNC, X_RELU (not with x_mask), PAD. */
+ * the bare product: docs/dense.md); the library's own Linears use X_RELU.  gx, gw, gb, x_mask
+ * and gb_x may each be NULL; gw, gb and gb_x are f32.  flags: TF32, ACCUMULATE (not with x_mask
+ * or X_RELU), GY_MASKED, WGRAD_ASYNC, X_RELU (not with x_mask), PAD. */
 UR_API ur_status ur_linear_backward(ur_stream *s, const ur_tensor *x, const ur_tensor *w,
                                     const ur_tensor *y /* or NULL */, const ur_tensor *gy,
                                     const ur_tensor *x_mask /* or NULL */,

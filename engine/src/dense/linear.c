@@ -293,7 +293,8 @@ static void gx_range(void *ctx, size_t r0, size_t r1) {
         if (!mask_bit(j->mask, mcols, r, c)) row[c] = 0.0f;
     if (j->x)
       for (int64_t c = 0; c < j->k; c++)
-        if (!ur__relu_passes(ur__dense_ld(j->x, j->d, r * (size_t)j->in + (size_t)c))) row[c] = 0.0f;
+        if (!ur__relu_passes(ur__dense_ld(j->x, j->d, r * (size_t)j->in + (size_t)c)))
+          row[c] = 0.0f;
   }
 }
 

@@ -460,8 +460,8 @@ end
 -- the weight gradients' side stream's (async: one rank; uvmrec.dist.ddp keeps them on the
 -- model's stream), each the most a backward on it needs (the engine's rule:
 -- ur_linear_backward_workspace, which leaves out the parts of cuBLAS's fallback, used only
--- where cuBLASLt has no algorithm for a shape; X_RELU's mask pass is counted).  dm: cost.dense_model's, or any
--- {linears = M.mlp_linears(...)}.  Returns total, main, side.
+-- where cuBLASLt has no algorithm for a shape; X_RELU's mask pass is counted).  dm:
+-- cost.dense_model's, or any {linears = M.mlp_linears(...)}.  Returns total, main, side.
 function M.dense_workspaces(dm, rows, sms, async)
   local dense = require "uvmrec.dense"
   local main, side = 0, 0
