@@ -19,8 +19,9 @@ describe("planner.calib", function()
     -- CPU has no collectives
     -- neither has the cache's cost per distinct row: their cache_per_id carries it (h200's was
     -- measured on Zipf ids, the CPU's on uniform ones)
-    local lacks = { h200 = { "^mlp_act_", "^mlp_layer_", "^loader_per_value$", "^hints_per_row$", "^cache_per_row$" },
-                    cpu = { "^alltoall$", "^allreduce$", "^reduce_scatter$", "^cache_per_row$" } }
+    local lacks = { h200 = { "^mlp_act_", "^mlp_layer_", "^loader_per_value$", "^hints_per_row$", "^cache_per_row$",
+                             "^cache_per_batch$" },
+                    cpu = { "^alltoall$", "^allreduce$", "^reduce_scatter$", "^cache_per_row$", "^cache_per_batch$" } }
     for _, name in ipairs({ "h200", "cpu" }) do
       local c = assert(calib.find(name))
       for rate in pairs(calib.RATES) do
@@ -148,7 +149,6 @@ describe("planner.calib", function()
     -- other step's collection runs and its batches' ids are (a cache run on the CPU there fails
     -- at its first prepare, on ids in device memory)
     local gpu = require("uvmrec").gpu()
-    assert.matches(("slots in %s memory"):format(gpu and "device" or "host"), c.data.rates.cache_per_id.source, 1, true)
     -- the loader's: what it adds to a CPU step (a difference of two medians, 0 where it is lost
     -- in the noise, as it can be in the quick run's few steps); on a GPU its own rate
     assert.is_true(c:term("loader_per_value") >= 0)
@@ -157,17 +157,22 @@ describe("planner.calib", function()
                    c.data.rates.loader_per_value.source)
     assert.is_true(c:term("hints_per_row") > 0)
     assert.matches("counted on a batch of Zipf(1.05) ids", c.data.rates.hints_per_row.source, 1, true)
-    -- the cache per id and per distinct row, from all-hit batches of uniform ids and of the
-    -- model's Zipf ids (fewer distinct rows than ids); its moves in a cache with room
-    assert.is_true(c:term("cache_per_row") >= 0)
-    assert.matches("uniform ids %(%d+ distinct rows%) [%d.]+ ms, Zipf%(1.05%) ids %(%d+ distinct%)",
-                   c.data.rates.cache_per_id.source)
-    local du, dz = c.data.rates.cache_per_id.source:match(
-      "uniform ids %((%d+) distinct rows%).-Zipf%(1.05%) ids %((%d+)")
-    assert.is_true(tonumber(dz) < 0.6 * tonumber(du), c.data.rates.cache_per_id.source)
-    local moved, conflicts = c.data.rates.cache_row_fixed.source:match(
-      "a quarter of the rows, fresh uniform ids: (%d+) rows moved %(in and back%) a batch %((%d+) conflicts%)")
+    -- the cache per batch, per id and per distinct row, from all-hit batches of uniform ids and
+    -- of the model's Zipf ids (fewer distinct rows than ids) at two sizes; its moves: sparse rows
+    -- of large tables, each miss evicting a dirty row
+    assert.is_true(c:term("cache_per_batch") >= 0 and c:term("cache_per_row") >= 0)
+    local fit = c.data.rates.cache_per_batch.source
+    local n1, du, n2, dz, n3 = fit:match("(%d+) uniform ids %((%d+) distinct rows%) [%d.]+ ms, (%d+) Zipf%(1.05%) ids "
+                                         .. "%((%d+) distinct%) [%d.]+ ms, (%d+) Zipf ids")
+    assert.is_truthy(n1, fit)
+    assert.is_true(tonumber(dz) < 0.6 * tonumber(du), fit)
+    assert.is_true(tonumber(n1) == tonumber(n2) and tonumber(n3) == 8 * tonumber(n2), fit)
+    assert.matches(("slots in %s memory"):format(gpu and "device" or "host"), fit, 1, true)
+    local every, moved, wb, conflicts = c.data.rates.cache_row_fixed.source:match(
+      "one row in (%d+)%): (%d+) rows moved a batch %((%d+) of them write%-backs, (%d+) conflicts%)")
     assert.is_truthy(moved, c.data.rates.cache_row_fixed.source)
+    assert.is_true(tonumber(every) >= 200, "sparse rows, as a large table's misses")
+    assert.is_true(tonumber(wb) > 0.3 * tonumber(moved), "the misses evict dirty rows: their write-backs are timed")
     assert.is_true(tonumber(conflicts) < 0.01 * tonumber(moved), "a cache with room: (almost) no conflicts")
     -- the shapes of this machine's kind (a GPU's: `--shapes gpu` below)
     assert.matches(gpu and "dlrm_mlperf_v1's bottom and top" or "dlrm_tiny's, dlrm_kaggle's",

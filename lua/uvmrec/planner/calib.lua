@@ -10,7 +10,7 @@
 -- The rates (M.RATES below) are all required, except the collectives, which only plans over
 -- several ranks need, and the terms a calibration may lack (its cost is then left out: 0): the
 -- MLPs' costs per value and per layer, the step's fixed cost, the loader's, the hint
--- interval's and the cache's per distinct row.  Shipped:
+-- interval's and the cache's per batch and per distinct row.  Shipped:
 -- calib/h200.json (from the project's H200 figures) and calib/cpu.json (`uvmrec calibrate` on
 -- the 2-core development machine).
 local json = require "uvmrec.json"
@@ -33,6 +33,8 @@ M.RATES = {
   managed_update = { "B/s", "bytes of scattered rows updated in place in managed memory on the host" },
   tbe_backward_per_id = { "s", "fused backward: per id (sort, reduction, the step's work per value)" },
   hints_per_row = { "s", "a managed table's hint interval (hot_prefix, after its relayout): per row", true },
+  cache_per_batch = { "s", "software cache: per batch a rank's cache prepares, whatever its size (launches, the "
+                      .. "host's waits; absent: cache_per_id carries it)", true },
   cache_per_id = { "s", "software cache: per id looked up (the lookup's sorts; with cache_per_row, the decisions "
                    .. "per distinct row apart)" },
   cache_per_row = { "s", "software cache: per distinct row of a batch (decisions, placement; absent: cache_per_id "

@@ -70,7 +70,8 @@ function M.context(o)
     G = c:rate("hbm_gather"), Gr = c:rate("hbm_gather_repeat"), Gc = c:rate("hbm_copy"), Gu = c:rate("hbm_update"),
     Gz = c:rate("zero_copy_gather"), Gm = c:rate("managed_gather"), Gzu = c:rate("zero_copy_update"),
     Gmu = c:rate("managed_update"), kb = c:rate("tbe_backward_per_id"),
-    kc = c:rate("cache_per_id"), ku = c:term("cache_per_row"), kr = c:rate("cache_row_fixed"),
+    kf = c:term("cache_per_batch"), kc = c:rate("cache_per_id"), ku = c:term("cache_per_row"),
+    kr = c:rate("cache_row_fixed"),
     Gmv = c:rate("cache_move"),
     overlap = c:rate("pipeline_overlap"), hint_row = c:term("hints_per_row"),
   }
@@ -207,7 +208,7 @@ function M.option(t, ctx, opt)
     mem.pinned = Rs * (rbs + sbs)
     -- the lookup sorts every id; the decisions and placement go per distinct row (a Zipf
     -- table's batch has far fewer than ids: its profile's); each miss moves its row in and,
-    -- dirty, back
+    -- dirty, back.  The cache's cost per batch is the rank's, once (M.cache_batch_seconds).
     cache_time = Ls * r.kc + Us * r.ku + 2 * misses * (r.kr + (rbs + sbs) / r.Gmv)
     o.cache_seconds = cache_time
     if ctx.pipeline then cache_time = cache_time * (1 - r.overlap) end
@@ -582,6 +583,14 @@ end
 -- ahead of the device and the loader's threads beside both, so the step is the longest of the
 -- three; the CPU backend does the work and the calls in turn, and the loader's threads take
 -- the same cores.
+-- What a rank's cache costs a step besides its tables' ids, rows and moves (cache_time in
+-- M.option): its batch's launches and the host's waits, once for all the rank's cached tables
+-- (planner.build adds it to each rank that caches one; the pipeline hides its share).
+function M.cache_batch_seconds(ctx)
+  local r = ctx.r
+  return r.kf * (ctx.pipeline and (1 - r.overlap) or 1)
+end
+
 function M.step(work, fixed, backend, loader)
   loader = loader or 0
   if backend == "cpu" then return work + fixed + loader end

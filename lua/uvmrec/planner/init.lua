@@ -143,7 +143,7 @@ local function setup(tables, profiles, budget, opts)
       return nil, ("planner: table %s: no choice satisfies its fixed settings (%s)"):format(t.name,
         json.encode(t.fixed or {}))
     end
-    items[i] = { name = t.name, options = search.frontier(options), table = t }
+    items[i] = { name = t.name, options = search.frontier(options), table = t, all = options }
   end
   -- On one rank a cache scratches over the whole batch's values, whichever tables it holds: room
   -- for that wherever a table may be cached, counted in the plan where one is (M.build)
@@ -295,6 +295,8 @@ local function size_of(S)
   return n
 end
 
+local function round(x, d) local m = 10 ^ (d or 6) return math.floor(x * m + 0.5) / m end
+
 -- The plan: see the top of this file.  opts: world (gpus), batch (per rank), calibration
 -- (a name, path, table or calib), dense (cost.dense_model's description), host_memory, policy
 -- ("lru" | "lfu"), pipeline, threshold (greedy's early stop, 10; false: none), search ("auto":
@@ -309,26 +311,61 @@ function M.plan(tables, profiles, budget, opts)
   local t0 = clock()
   local S, err = setup(tables, profiles, budget, opts)
   if not S then return nil, err end
-  local env = { world = S.world, avail = S.avail, host = S.host_limit }
   if S.fixed_total >= S.budget then return infeasible(S) end
   local how = opts.search or "auto"
-  local best, info, stats
-  if how == "exhaustive" or how == "auto" and size_of(S) <= 2e5 then
-    best, info = search.exhaustive(S.items, env)
-    stats = { method = "exhaustive", visited = info and info.visited }
-  else
-    best, info, stats = search.greedy(S.items, env, { threshold = opts.threshold })
-    stats.method = "greedy"
-    stats.threshold = opts.threshold == nil and 10 or opts.threshold
+  local function run(items, avail)
+    local env = { world = S.world, avail = avail, host = S.host_limit }
+    local best, info, stats
+    if how == "exhaustive" or how == "auto" and size_of(S) <= 2e5 then
+      best, info = search.exhaustive(items, env)
+      stats = { method = "exhaustive", visited = info and info.visited }
+    else
+      best, info, stats = search.greedy(items, env, { threshold = opts.threshold })
+      stats.method = "greedy"
+      stats.threshold = opts.threshold == nil and 10 or opts.threshold
+    end
+    return best, info, stats
   end
+  local best, info, stats = run(S.items, S.avail)
   if not best then return infeasible(S, info) end
+  local plan = M.build(S, best, stats)
+  -- The searches weigh each table on its own; a rank's cache costs its per-batch share once,
+  -- whichever tables it holds (cost.cache_batch_seconds).  When the plan caches tables, the
+  -- plan without a cache (in the HBM its scratch would have taken) is searched too, and the
+  -- faster one kept.
+  local cached = false
+  for _, R in ipairs(plan.data.ranks) do cached = cached or R.cache_batch > 0 end
+  if cached then
+    local items, ok = {}, true
+    for i, it in ipairs(S.items) do
+      local keep = {}
+      for _, o in ipairs(it.all) do if o.placement ~= "cached" then keep[#keep + 1] = o end end
+      ok = ok and #keep > 0
+      items[i] = { name = it.name, options = search.frontier(keep), table = it.table, all = keep }
+    end
+    if ok then
+      local avail = {}
+      for r, a in ipairs(S.avail) do avail[r] = a + (S.fixed.cache_batch or 0) end
+      local best2, _, stats2 = run(items, avail)
+      local U = best2 and setmetatable({}, { __index = S })
+      if U then U.items = items end
+      local plan2 = U and M.build(U, best2, stats2)
+      stats.uncached_step = plan2 and plan2.data.step_seconds or false
+      if plan2 and plan2.data.step_seconds < plan.data.step_seconds then
+        stats2.cached_step = plan.data.step_seconds
+        plan = plan2
+        stats = stats2
+      end
+    end
+  end
   stats.seconds = clock() - t0
-  return M.build(S, best, stats)
+  plan.data.search = stats
+  plan.data.search.seconds = round(stats.seconds, 6)
+  return plan
 end
 
 -- ---- the plan object ----
 
-local function round(x, d) local m = 10 ^ (d or 6) return math.floor(x * m + 0.5) / m end
 
 -- The config keys a table's choice maps onto (train config, per table; the cache's policy is
 -- the cache's, one for all cached tables: embeddings.cache.policy, from the plan's policy).
@@ -355,14 +392,26 @@ function M.build(S, best, stats)
   local W = S.world
   local ranks = {}
   for r = 1, W do
-    ranks[r] = { rank = r - 1, load = best.part.load[r], tables_hbm = best.part.hbm[r],
+    ranks[r] = { rank = r - 1, tables_hbm = best.part.hbm[r],
                  device = { weights = 0, optimizer = 0, cache_slots = 0, cache_meta = 0, cache_scratch = 0,
                             outputs = 0, dense = S.fixed.dense, pipeline = S.fixed.pipeline,
                             reserve = S.fixed.reserve },
                  managed_on_gpu = 0, pinned = S.pipe.pinned, managed = 0, hints = 0 }
   end
+  -- a rank that caches a table pays its cache's per-batch cost once (cost.cache_batch_seconds)
+  local kf, cache_batch = cost.cache_batch_seconds(ctx), {}
+  for r = 1, W do cache_batch[r] = 0 end
+  for i, it in ipairs(S.items) do
+    if it.options[best.choice[i]].placement == "cached" then
+      for _, r in ipairs(best.part.ranks[i]) do cache_batch[r] = kf end
+    end
+  end
+  local load = {}
   local slowest = 0
-  for r = 1, W do slowest = math.max(slowest, best.part.load[r]) end
+  for r = 1, W do
+    load[r] = best.part.load[r] + cache_batch[r]
+    slowest = math.max(slowest, load[r])
+  end
   local step = cost.step(slowest + S.dense.time, S.dense.fixed or 0, S.calib.backend, S.loader)
   local out = {}
   for i, it in ipairs(S.items) do
@@ -401,7 +450,8 @@ function M.build(S, best, stats)
       end
     end
   end
-  for _, R in ipairs(ranks) do
+  for r, R in ipairs(ranks) do
+    R.load, R.cache_batch = load[r], cache_batch[r]
     local d = 0
     for _, v in pairs(R.device) do d = d + v end
     R.device_total, R.hbm = d, d + R.managed_on_gpu
@@ -411,11 +461,11 @@ function M.build(S, best, stats)
   -- the hint intervals come every `every` steps: the step is priced with their share, and the
   -- steps between them (most steps: a run's median) without it
   local quiet = 0
-  for _, R in ipairs(ranks) do quiet = math.max(quiet, best.part.load[R.rank + 1] - R.hints) end
+  for _, R in ipairs(ranks) do quiet = math.max(quiet, R.load - R.hints) end
   local step_quiet = cost.step(quiet + S.dense.time, S.dense.fixed or 0, S.calib.backend, S.loader)
   local cal = S.calib
   local used = { "hbm_gather", "hbm_gather_repeat", "hbm_copy", "zero_copy_gather", "managed_gather",
-                 "tbe_backward_per_id", "cache_per_id", "cache_per_row", "cache_row_fixed", "cache_move",
+                 "tbe_backward_per_id", "cache_per_batch", "cache_per_id", "cache_per_row", "cache_row_fixed", "cache_move",
                  "pipeline_overlap",
                  "hints_per_row",
                  "interaction_dot", "step_overhead", "loader_per_value" }
@@ -490,6 +540,7 @@ function Plan:table()
       fmt_bytes(d.weights), fmt_bytes(d.optimizer), fmt_bytes(d.cache_slots), fmt_bytes(d.cache_meta),
       fmt_bytes(d.cache_scratch), fmt_bytes(d.outputs), fmt_bytes(d.dense), fmt_bytes(d.pipeline),
       fmt_bytes(d.reserve), fmt_bytes(R.managed_on_gpu), fmt_bytes(R.pinned), fmt_bytes(R.managed), fmt_time(R.load))
+      .. ((R.cache_batch or 0) > 0 and (" (the cache's per-batch cost %s of it)"):format(fmt_time(R.cache_batch)) or "")
   end
   L[#L + 1] = ("step: %s predicted (embeddings %s on the slowest rank + dense %s: MLPs %s, interaction %s, "
     .. "optimizer %s, all-reduce %s; fixed cost %s, loader %s%s); %s samples/s"):format(fmt_time(p.step_seconds),
