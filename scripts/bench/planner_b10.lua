@@ -7,8 +7,9 @@
 -- --warmup steps, then --steps timed ones (the device synchronized at both ends only; on a GPU
 -- each step is timed by events on the compute stream, so the host queues ahead and the prefetch
 -- pipeline, train.pipeline, overlaps as in training); the hint
--- policies lay rows out every --warmup steps (embeddings.hints.every), so the hot prefix is in
--- place before the timing.  Prints predicted and measured ms a step: the predicted step
+-- policies run an interval every --warmup / 2 steps (embeddings.hints.every), so the two that
+-- come once (the first, which lays the rows out, and the second, which ranks every table's
+-- counts for the split) are in the warm-up and the hot prefix is in place before the timing.  Prints predicted and measured ms a step: the predicted step
 -- with its share of the hint intervals against the mean of the timed steps, and the predicted
 -- step between intervals against their median and the fastest (one step in `every` runs an
 -- interval, and neither counts it; on a loaded machine the fastest is the closest to the work's
@@ -40,7 +41,7 @@ local cmd = require("uvmrec.cli").command {
     check = function(f) return f > 0 and f <= 1 and f or nil, "must be in (0, 1]" end },
   { "--hbm SIZE", "the planned case's HBM budget (default: what the hand-made cached case needs)" },
   { "--steps N", "timed steps a case", type = "whole", default = 20 },
-  { "--warmup N", "steps before the timing (and between hint intervals)", type = "whole", default = 5 },
+  { "--warmup N", "steps before the timing (a hint interval every --warmup / 2 steps)", type = "whole", default = 5 },
   { "--set K=V", "a config value for every case (as uvmrec train)", many = true, key = "sets" },
   options.cpu,
   { "--out FILE", "append a JSON line a case (or a timing)" },
@@ -112,15 +113,16 @@ local cal = planner.calib.find(cal_name)
 if not cal then cmd:misuse("--calibration " .. cal_name .. ": not found") end
 local total = o.warmup + o.steps
 local sets = { unpack(o.sets) }
--- the hint policy's first interval (its relayout, once) at the end of the warm-up, unless
--- --set gives embeddings.hints.every; the timed steps' intervals are in the prediction
+-- the hint policy's first two intervals (its relayout, and the split's ranking of the counts:
+-- once each) in the warm-up, unless --set gives embeddings.hints.every; the timed steps'
+-- intervals are in the prediction
 local every = true
 for _, s in ipairs(o.sets) do if s:match("^embeddings%.hints%.every=") then every = false end end
 for _, s in ipairs { "train.steps=" .. total, "eval.samples=0", "eval.min_auc=0", "train.log_every=" .. total,
                      "train.checkpoint_every=0" } do
   sets[#sets + 1] = s
 end
-if every then sets[#sets + 1] = "embeddings.hints.every=" .. math.max(1, o.warmup) end
+if every then sets[#sets + 1] = "embeddings.hints.every=" .. math.max(1, math.floor(o.warmup / 2)) end
 local function config()
   local cfg, err = train.config.load(path, sets)
   if not cfg then cmd:fail(err) end

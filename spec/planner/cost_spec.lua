@@ -398,7 +398,8 @@ describe("planner.cost", function()
       "cost.context: hints_every is 0; expected the steps between hint intervals (>= 1)")
   end)
 
-  it("adds the loader's time to a CPU step and takes the longest of work, calls and loader on a GPU", function()
+  it("adds the loader's time to a CPU step and to a GPU's work (drawn on the model's stream), against the calls",
+     function()
     local R2 = {}
     for k, v in pairs(R) do R2[k] = v end
     R2.loader_per_value = 3e-9
@@ -406,9 +407,9 @@ describe("planner.cost", function()
     near(cost.loader(c2, 40), B * 40 * 3e-9, "loader")
     near(cost.loader(ctx(), 40), 0, "a calibration without the loader's rate leaves it out")
     near(cost.step(5e-3, 1e-3, "cpu", 2e-3), 8e-3, "cpu: in turn")
-    near(cost.step(5e-3, 1e-3, "cuda", 2e-3), 5e-3, "gpu: the work")
-    near(cost.step(5e-3, 1e-3, "cuda", 7e-3), 7e-3, "gpu: the loader")
-    near(cost.step(5e-3, 6e-3, "cuda"), 6e-3, "gpu: the calls")
+    near(cost.step(5e-3, 1e-3, "cuda", 2e-3), 7e-3, "gpu: the work and the loader in turn")
+    near(cost.step(5e-3, 1e-3, "cuda"), 5e-3, "gpu: the work")
+    near(cost.step(5e-3, 8e-3, "cuda", 2e-3), 8e-3, "gpu: the calls, which the host runs ahead")
   end)
 
   it("lists the choices a table may take, narrowed by its fixed settings", function()

@@ -56,6 +56,45 @@ describe("planner plans", function()
     end
   end)
 
+  it("prices a rank's cache once a batch, and keeps the plan without a cache where that is faster", function()
+    -- the H200's calibration with the cache's per-batch cost set (or left out)
+    local function with(kf)
+      local t = cal.data
+      local u, rates = {}, {}
+      for k, v in pairs(t) do u[k] = v end
+      for k, v in pairs(t.rates) do rates[k] = k ~= "cache_per_batch" and v or nil end
+      if kf then rates.cache_per_batch = { value = kf, unit = "s", source = "spec", command = "none", date = "none" } end
+      u.rates = rates
+      return assert(planner.calib.from_table(u, "h200, cache_per_batch " .. tostring(kf)))
+    end
+    local function cached(p)
+      local n = 0
+      for _, t in ipairs(p.data.tables) do n = n + (t.placement == "cached" and 1 or 0) end
+      return n
+    end
+    local o = { batch = 65536, dense = DENSE, calibration = with(nil) }
+    local base = assert(planner.plan(tables, profiles, "12GiB", o))
+    assert.is_true(cached(base) > 0)
+    assert.equal(0, base.data.ranks[1].cache_batch)
+    -- a small one: the same tables cached, the rank's load and the step that much more
+    o.calibration = with(2.28e-4)
+    local p = assert(planner.plan(tables, profiles, "12GiB", o))
+    for i, t in ipairs(p.data.tables) do assert.equal(base.data.tables[i].placement, t.placement, t.name) end
+    assert.equal(2.28e-4, p.data.ranks[1].cache_batch)
+    assert.near(base.data.ranks[1].load + 2.28e-4, p.data.ranks[1].load, 1e-15)
+    assert.near(base.data.step_seconds + 2.28e-4, p.data.step_seconds, 1e-12)
+    assert.is_true(p.data.search.uncached_step > p.data.step_seconds)
+    assert.matches("(the cache's per-batch cost 228.0 us of it)", p:table(), 1, true)
+    -- a large one: the plan without a cache, the cached one's step recorded
+    o.calibration = with(1e-2)
+    local q = assert(planner.plan(tables, profiles, "12GiB", o))
+    assert.equal(0, cached(q))
+    assert.equal(0, q.data.ranks[1].cache_batch)
+    assert.near(base.data.step_seconds + 1e-2, q.data.search.cached_step, 1e-12)
+    assert.is_true(q.data.step_seconds < q.data.search.cached_step)
+    for _, r in ipairs(q.data.ranks) do assert.is_true(r.hbm <= q.data.budget) end
+  end)
+
   it("round-trips through a plan file exactly", function()
     local path = os.tmpname()
     assert(plan:save(path))
