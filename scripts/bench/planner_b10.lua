@@ -9,8 +9,8 @@
 -- pipeline, train.pipeline, overlaps as in training); the hint
 -- policies run an interval every --warmup / 2 steps (embeddings.hints.every), so the two that
 -- come once (the first, which lays the rows out, and the second, which ranks every table's
--- counts for the split) are in the warm-up and the hot prefix is in place before the timing.  Prints predicted and measured ms a step: the predicted step
--- with its share of the hint intervals against the mean of the timed steps, and the predicted
+-- counts for the split) are in the warm-up and the hot prefix is in place before the timing.
+-- Prints predicted and measured ms a step: the predicted step with its share of the hint intervals against the mean of the timed steps, and the predicted
 -- step between intervals against their median and the fastest (one step in `every` runs an
 -- interval, and neither counts it; on a loaded machine the fastest is the closest to the work's
 -- own time, which the prediction is of), their ratios, the

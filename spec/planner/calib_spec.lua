@@ -48,26 +48,27 @@ describe("planner.calib", function()
     local m, rates = {}, {}
     for k, v in pairs(h) do m[k] = v end
     for k, v in pairs(h.rates) do if not calib.COLLECTIVES[k] then rates[k] = v end end
-    rates.pipeline_overlap = { value = 0, unit = "fraction", measured = false, command = "uvmrec calibrate --shapes gpu",
-      date = h.date, source = "not measured by calibrate yet (the prefetch pipeline's overlap needs a training run)" }
+    rates.pipeline_overlap = { value = 0, unit = "fraction", measured = false,
+      command = "uvmrec calibrate --shapes gpu", date = h.date, source = "not measured by calibrate yet (the prefetch pipeline's overlap needs a training run)" }
     m.rates, m.machine, m.command, m.hbm_bytes, m.note = rates, "NVIDIA H200", "uvmrec calibrate --shapes gpu", nil, nil
     local measured, out = os.tmpname(), os.tmpname()
     local f = assert(io.open(measured, "w"))
     f:write(calib.encode(m))
     f:close()
-    local _, se, rc = cmd.sh(("%s scripts/bench/calib_h200.lua --measured %s --out %s"):format(cmd.bin(), measured, out))
+    local build = "%s scripts/bench/calib_h200.lua --measured %s --out %s"
+    local _, se, rc = cmd.sh(build:format(cmd.bin(), measured, out))
     assert.equal(0, rc, se)
     assert.equal(cmd.slurp(calib.dir() .. "/h200.json"), cmd.slurp(out))
     -- not an H200's, or not calibrate's own measurements: refused, the file named
-    local so, se2, rc2 = cmd.sh(("%s scripts/bench/calib_h200.lua --measured %s --out %s"):format(cmd.bin(),
-      calib.dir() .. "/cpu.json", out))
+    local so, se2, rc2 = cmd.sh(build:format(cmd.bin(), calib.dir() .. "/cpu.json", out))
     assert.equal(1, rc2, so)
     assert.matches("cpu.json: machine .* backend cpu; expected a calibration measured on an NVIDIA H200", se2)
-    rates.hbm_copy = { value = 1e12, unit = "B/s", measured = false, source = "a guess", command = "none", date = "none" }
+    rates.hbm_copy = { value = 1e12, unit = "B/s", measured = false, source = "a guess", command = "none",
+                       date = "none" }
     f = assert(io.open(measured, "w"))
     f:write(calib.encode(m))
     f:close()
-    _, se2, rc2 = cmd.sh(("%s scripts/bench/calib_h200.lua --measured %s --out %s"):format(cmd.bin(), measured, out))
+    _, se2, rc2 = cmd.sh(build:format(cmd.bin(), measured, out))
     assert.equal(1, rc2)
     assert.matches("rates.hbm_copy is not measured (a guess)", se2, 1, true)
     _, se2, rc2 = cmd.sh(("%s scripts/bench/calib_h200.lua --out %s"):format(cmd.bin(), out))

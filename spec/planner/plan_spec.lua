@@ -63,7 +63,9 @@ describe("planner plans", function()
       local u, rates = {}, {}
       for k, v in pairs(t) do u[k] = v end
       for k, v in pairs(t.rates) do rates[k] = k ~= "cache_per_batch" and v or nil end
-      if kf then rates.cache_per_batch = { value = kf, unit = "s", source = "spec", command = "none", date = "none" } end
+      if kf then
+        rates.cache_per_batch = { value = kf, unit = "s", source = "spec", command = "none", date = "none" }
+      end
       u.rates = rates
       return assert(planner.calib.from_table(u, "h200, cache_per_batch " .. tostring(kf)))
     end

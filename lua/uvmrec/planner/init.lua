@@ -465,7 +465,8 @@ function M.build(S, best, stats)
   local step_quiet = cost.step(quiet + S.dense.time, S.dense.fixed or 0, S.calib.backend, S.loader)
   local cal = S.calib
   local used = { "hbm_gather", "hbm_gather_repeat", "hbm_copy", "zero_copy_gather", "managed_gather",
-                 "tbe_backward_per_id", "cache_per_batch", "cache_per_id", "cache_per_row", "cache_row_fixed", "cache_move",
+                 "tbe_backward_per_id", "cache_per_batch", "cache_per_id", "cache_per_row", "cache_row_fixed",
+                 "cache_move",
                  "pipeline_overlap",
                  "hints_per_row",
                  "interaction_dot", "step_overhead", "loader_per_value" }
