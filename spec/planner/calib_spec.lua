@@ -49,7 +49,8 @@ describe("planner.calib", function()
     for k, v in pairs(h) do m[k] = v end
     for k, v in pairs(h.rates) do if not calib.COLLECTIVES[k] then rates[k] = v end end
     rates.pipeline_overlap = { value = 0, unit = "fraction", measured = false,
-      command = "uvmrec calibrate --shapes gpu", date = h.date, source = "not measured by calibrate yet (the prefetch pipeline's overlap needs a training run)" }
+      command = "uvmrec calibrate --shapes gpu", date = h.date,
+      source = "not measured by calibrate yet (the prefetch pipeline's overlap needs a training run)" }
     m.rates, m.machine, m.command, m.hbm_bytes, m.note = rates, "NVIDIA H200", "uvmrec calibrate --shapes gpu", nil, nil
     local measured, out = os.tmpname(), os.tmpname()
     local f = assert(io.open(measured, "w"))

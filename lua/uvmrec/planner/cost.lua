@@ -196,6 +196,10 @@ function M.option(t, ctx, opt)
     end
     local misses = g.frac * hr.misses
     o.load_factor, o.slots, o.hit_rate, o.misses, o.policy = c, S, hr.hit_rate, misses, policy
+    -- the staging rows are the cache's, one set for all a rank's cached tables (of one row
+    -- size): each table's choice counts them (the search's view: never short), the plan once
+    -- a rank (planner.build)
+    o.staging = { cache_slots = M2 * (rbs + sbs), cache_meta = M2 * M.CACHE.slot_row_id }
     mem.device.cache_slots = (S + M2) * (rbs + sbs)
     mem.device.cache_meta = S * M.CACHE.slot_meta + (S + M2) * M.CACHE.slot_row_id
                             + (policy == "lfu" and M.CACHE.lfu_per_row * Rs or 0)

@@ -414,6 +414,7 @@ function M.build(S, best, stats)
   end
   local step = cost.step(slowest + S.dense.time, S.dense.fixed or 0, S.calib.backend, S.loader)
   local out = {}
+  local staged = {} -- ranks whose cache's staging rows are counted
   for i, it in ipairs(S.items) do
     local o = it.options[best.choice[i]]
     local rs = best.part.ranks[i]
@@ -421,6 +422,12 @@ function M.build(S, best, stats)
     for _, r in ipairs(rs) do
       local R = ranks[r]
       for k, v in pairs(sh.mem.device) do R.device[k] = R.device[k] + v end
+      if o.staging then
+        if staged[r] then
+          for k, v in pairs(o.staging) do R.device[k] = R.device[k] - v end
+        end
+        staged[r] = true
+      end
       R.managed_on_gpu = R.managed_on_gpu + sh.mem.managed_on_gpu
       R.pinned, R.managed = R.pinned + sh.mem.pinned, R.managed + sh.mem.managed
       R.hints = R.hints + (o.hints_seconds or 0)
