@@ -6,15 +6,15 @@
 -- planner's own plan in the HBM the hand-made cached case needs (or --hbm).  Each case trains
 -- --warmup steps, then --steps timed ones (the device synchronized at both ends only; on a GPU
 -- each step is timed by events on the compute stream, so the host queues ahead and the prefetch
--- pipeline, train.pipeline, overlaps as in training); the hint
--- policies run an interval every --warmup / 2 steps (embeddings.hints.every), so the two that
--- come once (the first, which lays the rows out, and the second, which ranks every table's
--- counts for the split) are in the warm-up and the hot prefix is in place before the timing.
--- Prints predicted and measured ms a step: the predicted step with its share of the hint
--- intervals against the mean of the timed steps, and the predicted step between intervals
--- against their median and the fastest (one step in `every` runs an interval, and neither counts it; on a loaded machine the fastest is the closest to the work's
--- own time, which the prediction is of), their ratios, the
--- process's CPU ms a step (all threads: on a loaded machine the wall time is not the work's),
+-- pipeline, train.pipeline, overlaps as in training); the hint policies run an interval every
+-- --warmup / 2 steps (embeddings.hints.every), so the two that come once (the first, which lays
+-- the rows out, and the second, which ranks every table's counts for the split) are in the
+-- warm-up and the hot prefix is in place before the timing.  Prints predicted and measured ms a
+-- step: the predicted step with its share of the hint intervals against the mean of the timed
+-- steps, and the predicted step between intervals against their median and the fastest (one
+-- step in `every` runs an interval, and neither counts it; on a loaded machine the fastest is
+-- the closest to the work's own time, which the prediction is of), their ratios, the process's
+-- CPU ms a step (all threads: on a loaded machine the wall time is not the work's),
 -- samples/s and the HBM peak (ur.memory, from the run's start) against the prediction; for a
 -- case with cached tables, a line under it: the timed steps' hit rate, bytes over the host link
 -- and the cache's GPU time a step by phase (uvmrec.cache.per_step); --out writes JSON lines.
