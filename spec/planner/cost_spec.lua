@@ -74,9 +74,12 @@ describe("planner.cost", function()
     local cache = L * R.cache_per_id + 2 * misses * (R.cache_row_fixed + (RB + SB) / R.cache_move)
     near(o.time, fwd + bwd + cache, "time")
     local m = o.shards[1].mem.device
+    -- the staging rows are the cache's, once: on one rank the plan's (cost.cache_staging), over
+    -- ranks each cached table's
     local staging = 2 * 256
-    assert.equal((S + staging) * (RB + SB), m.cache_slots)
-    assert.equal(S * 17 + (S + staging) * 8, m.cache_meta)
+    assert.equal(S * (RB + SB), m.cache_slots)
+    assert.equal(S * 17 + S * 8, m.cache_meta)
+    assert.same({ cache_slots = staging * (RB + SB), cache_meta = staging * 8 }, cost.cache_staging(c, RB + SB))
     -- over ranks the table's share of the per-batch scratch (on one rank the plan's term), and
     -- the move lists
     local lists = 4 * 8 * (1.5 * (4 * misses + U) + 1024)
@@ -86,6 +89,7 @@ describe("planner.cost", function()
                                    { placement = "cached", load_factor = 0.2 }))
     near(two.shards[1].mem.device.cache_scratch, cost.cache_batch_scratch(two.lookups)
       + 4 * 8 * (1.5 * (4 * two.misses + two.distinct) + 1024), "scratch over two ranks")
+    assert.equal((S + staging) * (RB + SB), two.shards[1].mem.device.cache_slots)
     assert.equal(ROWS * (RB + SB), o.shards[1].mem.pinned)
     -- LFU keeps 4 bytes a row of counts; the prefetch pipeline hides its share of the cache's time
     local lfu = assert(cost.option(tab(), c, { placement = "cached", load_factor = 0.2, policy = "lfu" }))

@@ -187,7 +187,10 @@ function M.option(t, ctx, opt)
       return nil, ("load_factor %s; expected a number in (0, 1]"):format(tostring(c))
     end
     local S = M.cache_slots(Rs, c, ctx)
-    local M2 = 2 * ctx.staging_rows
+    -- the staging rows are the cache's, one set whatever its tables: on one rank the plan holds
+    -- them once where a table may be cached (M.cache_staging, planner.setup); over ranks each
+    -- cached table counts them (a rank's others are not counted: docs/planner.md)
+    local M2 = ctx.world > 1 and 2 * ctx.staging_rows or 0
     local policy = opt.policy or ctx.policy
     local hr = memo_get(t, policy, g.L_pop, S / g.frac)
     if not hr then
@@ -196,10 +199,7 @@ function M.option(t, ctx, opt)
     end
     local misses = g.frac * hr.misses
     o.load_factor, o.slots, o.hit_rate, o.misses, o.policy = c, S, hr.hit_rate, misses, policy
-    -- the staging rows are the cache's, one set for all a rank's cached tables (of one row
-    -- size): each table's choice counts them (the search's view: never short), the plan once
-    -- a rank (planner.build)
-    o.staging = { cache_slots = M2 * (rbs + sbs), cache_meta = M2 * M.CACHE.slot_row_id }
+    o.row_bytes = rbs + sbs
     mem.device.cache_slots = (S + M2) * (rbs + sbs)
     mem.device.cache_meta = S * M.CACHE.slot_meta + (S + M2) * M.CACHE.slot_row_id
                             + (policy == "lfu" and M.CACHE.lfu_per_row * Rs or 0)
@@ -601,6 +601,13 @@ function M.step(work, fixed, backend, loader)
   loader = loader or 0
   if backend == "cpu" then return work + fixed + loader end
   return max(work + loader, fixed)
+end
+
+-- HBM of a cache's staging rows (two halves of staging_rows, rows of row_bytes with their
+-- state): their slot storage and their row ids, by device category.
+function M.cache_staging(ctx, row_bytes)
+  local M2 = 2 * ctx.staging_rows
+  return { cache_slots = M2 * row_bytes, cache_meta = M2 * M.CACHE.slot_row_id }
 end
 
 -- HBM of a cache's per-batch scratch over `values` values: the decisions' scratch and the

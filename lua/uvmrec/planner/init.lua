@@ -145,16 +145,20 @@ local function setup(tables, profiles, budget, opts)
     end
     items[i] = { name = t.name, options = search.frontier(options), table = t, all = options }
   end
-  -- On one rank a cache scratches over the whole batch's values, whichever tables it holds: room
-  -- for that wherever a table may be cached, counted in the plan where one is (M.build)
+  -- On one rank a cache scratches over the whole batch's values, whichever tables it holds, and
+  -- has one set of staging rows (of the widest cached row): room for both wherever a table may
+  -- be cached, counted in the plan where one is (M.build)
   if world == 1 then
+    local rb = 0
     for _, it in ipairs(items) do
       for _, o in ipairs(it.options) do
-        if o.placement == "cached" and not fixed.cache_batch then
-          fixed.cache_batch = cost.cache_batch_scratch(ctx.batch * ids)
-          fixed_total = fixed_total + fixed.cache_batch
-        end
+        if o.placement == "cached" then rb = math.max(rb, o.row_bytes) end
       end
+    end
+    if rb > 0 then
+      fixed.cache_batch, fixed.cache_staging = cost.cache_batch_scratch(ctx.batch * ids), cost.cache_staging(ctx, rb)
+      fixed.cache_room = fixed.cache_batch + fixed.cache_staging.cache_slots + fixed.cache_staging.cache_meta
+      fixed_total = fixed_total + fixed.cache_room
     end
   end
   local avail = {}
@@ -222,18 +226,18 @@ local function infeasible(S, info)
   local lines = {}
   if S.fixed_total >= S.budget then
     local least = least_budget(S, need)
-    -- on one rank, room for a cache's scratch over the whole batch where a table may be cached
-    -- (over ranks each cached table counts its own values instead)
-    local cache = S.fixed.cache_batch
+    -- on one rank, room for a cache's scratch over the whole batch and its staging rows where a
+    -- table may be cached (over ranks each cached table counts its own values and staging instead)
+    local cache = S.fixed.cache_room
     lines[#lines + 1] = ("planner: the model cannot fit: the dense part, the pipeline's buffers%s and the reserve "
       .. "alone take %s of each rank's %s HBM budget (dense %s; pipeline %s;%s reserve %s), and every rank holds "
       .. "%s; a budget of at least %s (%d bytes) would"):format(
-      cache and ", a cache's scratch" or "", fmt_bytes(S.fixed_total), fmt_bytes(S.budget), dense_parts(S),
+      cache and ", a cache's scratch and staging rows" or "", fmt_bytes(S.fixed_total), fmt_bytes(S.budget), dense_parts(S),
       fmt_bytes(S.fixed.pipeline),
-      cache and (" a cache's scratch over the batch's values %s (kept while a table may be cached);"):format(
-        fmt_bytes(cache)) or "",
+      cache and (" a cache's scratch over the batch's values and staging rows %s (kept while a table may be "
+        .. "cached);"):format(fmt_bytes(cache)) or "",
       fmt_bytes(S.fixed.reserve),
-      cache and "all but the cache's scratch: more GPUs do not help with the rest" or "them: more GPUs do not help",
+      cache and "all but the cache's room: more GPUs do not help with the rest" or "them: more GPUs do not help",
       fmt_bytes(least), least)
     return nil, table.concat(lines, "\n"), { shortfall = need - S.budget, min_budget = need, least_budget = least,
                                              dense = S.fixed.dense }
@@ -345,7 +349,7 @@ function M.plan(tables, profiles, budget, opts)
     end
     if ok then
       local avail = {}
-      for r, a in ipairs(S.avail) do avail[r] = a + (S.fixed.cache_batch or 0) end
+      for r, a in ipairs(S.avail) do avail[r] = a + (S.fixed.cache_room or 0) end
       local best2, _, stats2 = run(items, avail)
       local U = best2 and setmetatable({}, { __index = S })
       if U then U.items = items end
@@ -414,7 +418,6 @@ function M.build(S, best, stats)
   end
   local step = cost.step(slowest + S.dense.time, S.dense.fixed or 0, S.calib.backend, S.loader)
   local out = {}
-  local staged = {} -- ranks whose cache's staging rows are counted
   for i, it in ipairs(S.items) do
     local o = it.options[best.choice[i]]
     local rs = best.part.ranks[i]
@@ -422,12 +425,6 @@ function M.build(S, best, stats)
     for _, r in ipairs(rs) do
       local R = ranks[r]
       for k, v in pairs(sh.mem.device) do R.device[k] = R.device[k] + v end
-      if o.staging then
-        if staged[r] then
-          for k, v in pairs(o.staging) do R.device[k] = R.device[k] - v end
-        end
-        staged[r] = true
-      end
       R.managed_on_gpu = R.managed_on_gpu + sh.mem.managed_on_gpu
       R.pinned, R.managed = R.pinned + sh.mem.pinned, R.managed + sh.mem.managed
       R.hints = R.hints + (o.hints_seconds or 0)
@@ -452,7 +449,10 @@ function M.build(S, best, stats)
   if S.fixed.cache_batch then
     for i, it in ipairs(S.items) do
       if it.options[best.choice[i]].placement == "cached" then
-        ranks[1].device.cache_scratch = ranks[1].device.cache_scratch + S.fixed.cache_batch
+        local d = ranks[1].device
+        d.cache_scratch = d.cache_scratch + S.fixed.cache_batch
+        d.cache_slots = d.cache_slots + S.fixed.cache_staging.cache_slots
+        d.cache_meta = d.cache_meta + S.fixed.cache_staging.cache_meta
         break
       end
     end
