@@ -7,9 +7,9 @@
 -- --warmup steps, then --steps timed ones (the device synchronized at both ends only; on a GPU
 -- each step is timed by events on the compute stream, so the host queues ahead and the prefetch
 -- pipeline, train.pipeline, overlaps as in training); the hint policies run an interval every
--- --warmup / 2 steps (embeddings.hints.every), so the two that come once (the first, which lays
--- the rows out, and the second, which ranks every table's counts for the split) are in the
--- warm-up and the hot prefix is in place before the timing.  Prints predicted and measured ms a
+-- --warmup steps (embeddings.hints.every), and the timing starts after two of them: the two that
+-- come once (the first, which lays the rows out, and the second, which ranks every table's
+-- counts for the split) are not timed, and the hot prefix is in place.  Prints predicted and measured ms a
 -- step: the predicted step with its share of the hint intervals against the mean of the timed
 -- steps, and the predicted step between intervals against their median and the fastest (one
 -- step in `every` runs an interval, and neither counts it; on a loaded machine the fastest is
@@ -41,7 +41,8 @@ local cmd = require("uvmrec.cli").command {
     check = function(f) return f > 0 and f <= 1 and f or nil, "must be in (0, 1]" end },
   { "--hbm SIZE", "the planned case's HBM budget (default: what the hand-made cached case needs)" },
   { "--steps N", "timed steps a case", type = "whole", default = 20 },
-  { "--warmup N", "steps before the timing (a hint interval every --warmup / 2 steps)", type = "whole", default = 5 },
+  { "--warmup N", "steps between hint intervals; the timing starts after two (2 x N steps)", type = "whole",
+    default = 5 },
   { "--set K=V", "a config value for every case (as uvmrec train)", many = true, key = "sets" },
   options.cpu,
   { "--out FILE", "append a JSON line a case (or a timing)" },
@@ -111,18 +112,19 @@ local gpu = ur.gpu() and not o.cpu
 local cal_name = o.calibration or (gpu and "h200" or "cpu")
 local cal = planner.calib.find(cal_name)
 if not cal then cmd:misuse("--calibration " .. cal_name .. ": not found") end
-local total = o.warmup + o.steps
 local sets = { unpack(o.sets) }
--- the hint policy's first two intervals (its relayout, and the split's ranking of the counts:
--- once each) in the warm-up, unless --set gives embeddings.hints.every; the timed steps'
--- intervals are in the prediction
+-- a hint interval every --warmup steps, and the timing after two of them (the policy's relayout
+-- and the split's ranking of the counts, once each), unless --set gives embeddings.hints.every;
+-- the timed steps' intervals are in the prediction
 local every = true
 for _, s in ipairs(o.sets) do if s:match("^embeddings%.hints%.every=") then every = false end end
+local lead = every and 2 * o.warmup or o.warmup -- steps before the timing
+local total = lead + o.steps
 for _, s in ipairs { "train.steps=" .. total, "eval.samples=0", "eval.min_auc=0", "train.log_every=" .. total,
                      "train.checkpoint_every=0" } do
   sets[#sets + 1] = s
 end
-if every then sets[#sets + 1] = "embeddings.hints.every=" .. math.max(1, math.floor(o.warmup / 2)) end
+if every then sets[#sets + 1] = "embeddings.hints.every=" .. math.max(1, o.warmup) end
 local function config()
   local cfg, err = train.config.load(path, sets)
   if not cfg then cmd:fail(err) end
@@ -176,7 +178,7 @@ local dir = os.tmpname()
 os.remove(dir)
 assert(ur.C.ur_dir_create(dir) == 0)
 print(("B10 %s on %s: batch %d, %d warm-up + %d timed steps, calibration %s; commit %s, %s, load average %s"):format(
-  base.name or o.config, gpu and ("the GPU (" .. ur.device_props(0).name .. ")") or "the CPU", prob.batch, o.warmup,
+  base.name or o.config, gpu and ("the GPU (" .. ur.device_props(0).name .. ")") or "the CPU", prob.batch, lead,
   o.steps, cal.where, commit(), os.date("!%Y-%m-%d"), load_avg()))
 print(("%-9s %-28s %12s %12s %7s %10s %10s %7s %10s %7s %9s %12s %11s %11s"):format("case", "placements",
   "predicted ms", "mean ms", "ratio", "between ms", "median ms", "ratio", "fastest", "ratio", "CPU ms", "samples/s",
@@ -196,17 +198,17 @@ for _, c in ipairs(order) do
   local marks = {}
   for k = 1, gpu and o.steps + 1 or 0 do marks[k] = assert(streams.event()) end
   local timer = { after = function(_, run)
-    if run.step < o.warmup then return end
+    if run.step < lead then return end
     if gpu then
-      assert(marks[run.step - o.warmup + 1]:record(run.model.stream))
+      assert(marks[run.step - lead + 1]:record(run.model.stream))
     else
       local now = clock()
-      if run.step > o.warmup then each[#each + 1] = now - last end
+      if run.step > lead then each[#each + 1] = now - last end
       last = now
     end
-    if run.step == o.warmup or run.step == total then
+    if run.step == lead or run.step == total then
       if gpu then ur.C.ur_device_sync() end
-      if run.step == o.warmup then
+      if run.step == lead then
         t0, c0 = clock(), os.clock()
         local cache = run.model.embeddings.tbe and run.model.embeddings.tbe.cache
         if cache then cache:reset_stats() end -- the timed steps' counts only
@@ -241,7 +243,7 @@ for _, c in ipairs(order) do
            ratio = p.step_seconds / measured, ratio_median = between / median, cpu_seconds = cpu,
            hbm_predicted = p.ranks[1].hbm,
            hbm_peak = r.plan.hbm_peak,
-           budget = p.budget, cache = cache, gpu = gpu, calibration = cal.where, steps = o.steps, warmup = o.warmup,
+           budget = p.budget, cache = cache, gpu = gpu, calibration = cal.where, steps = o.steps, warmup = lead,
            commit = commit(), date = os.date("!%Y-%m-%d"), load = load_avg() }
   os.remove(file)
   -- the case's model goes before the next one's (its managed rows on the GPU count in HBM)
