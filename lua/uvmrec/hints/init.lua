@@ -118,6 +118,18 @@ Stats.__index = function(s, k)
     rawset(s, "access", a)
     return a
   end
+  if (k == "perm" or k == "_perm_p") and not rawget(s, "_perm_read") then
+    -- read back on first use: 8 bytes a row over the host link (on the H200 about 25 ms an
+    -- interval for dlrm_mlperf_v1_2m's 26 tables when every interval read them)
+    rawset(s, "_perm_read", true)
+    local p = s._tbe:permutation(s.name)
+    if not p then return nil end
+    local h = assert(p:to("host"))
+    p:free()
+    rawset(s, "perm", h)
+    rawset(s, "_perm_p", ffi.cast("int64_t *", C.ur_tensor_data(h.p)))
+    return rawget(s, k)
+  end
   if k == "total" then return s.access.total end
   return Stats[k]
 end
@@ -147,7 +159,7 @@ end
 function Stats:prefix_accesses(k)
   if k <= 0 then return 0 end
   local c, sum = self:_counts(), 0
-  local p = rawget(self, "_perm_p")
+  local p = self._perm_p
   if not p then
     for id = 0, math.min(k, self.rows) - 1 do sum = sum + c[id] end
     return sum
@@ -172,6 +184,9 @@ end
 function Stats:free()
   if rawget(self, "access") then self.access:free() end
   if rawget(self, "_host_counts") then self._host_counts:free() end
+  if rawget(self, "perm") then rawget(self, "perm"):free() end
+  rawset(self, "perm", nil)
+  rawset(self, "_perm_p", nil)
 end
 
 -- ---- the manager ----
@@ -413,7 +428,7 @@ end
 function Manager._swap_pairs(_, t, s, k, band)
   local rows, acc = t.rows, s.access
   if k <= 0 or k >= rows then return nil, nil, 0 end
-  local base, moved = rawget(s, "_perm_p"), {} -- the layout the counts were ranked under
+  local base, moved = s._perm_p, {} -- the layout the counts were ranked under
   local function phys(id)
     local m = moved[id]
     if m then return m end
@@ -455,13 +470,6 @@ function Manager:interval(step)
   for i, t in ipairs(self.tables) do
     stats[i] = setmetatable({ name = t.name, rows = t.rows, row_bytes = t.row_bytes, step = step,
                               tensors = #t.tensors, layout = t.layout, _tbe = t.tbe }, Stats)
-    local p = t.tbe:permutation(t.name)
-    if p then
-      local h = assert(p:to("host"))
-      p:free()
-      rawset(stats[i], "perm", h)
-      rawset(stats[i], "_perm_p", ffi.cast("int64_t *", C.ur_tensor_data(h.p)))
-    end
   end
   -- The split ranks every table's counters: it is redone only while counts are young (until
   -- the first interval after step 1 that saw counts) or when a policy re-ranks anyway.
@@ -478,18 +486,12 @@ function Manager:interval(step)
     ok, err = self:_apply(t, s, actions, rec)
     if not ok then break end
     t.k = actions.hot_rows or t.k -- the policy's view: the leading rows it keeps on the GPU
-    if rec.rows_moved ~= moved or rawget(s, "perm") == nil then
-      -- the layout changed (or appeared): coverage is measured under the new one
-      local p = t.tbe:permutation(t.name)
+    if rec.rows_moved ~= moved then
+      -- the layout changed (or appeared): coverage is measured under the new one, read again
       if rawget(s, "perm") then s.perm:free() end
       rawset(s, "perm", nil)
       rawset(s, "_perm_p", nil)
-      if p then
-        local hp = assert(p:to("host"))
-        p:free()
-        rawset(s, "perm", hp)
-        rawset(s, "_perm_p", ffi.cast("int64_t *", C.ur_tensor_data(hp.p)))
-      end
+      rawset(s, "_perm_read", nil)
     end
     local view = { rows = t.rows, share = shares[i], hot_rows = t.k,
                    hot_fraction = t.k / t.rows }
@@ -501,10 +503,7 @@ function Manager:interval(step)
     view.coverage = t.total and t.total > 0 and t.covered / t.total or nil
     rec.tables[t.name] = view
   end
-  for _, s in ipairs(stats) do
-    s:free()
-    if rawget(s, "perm") then s.perm:free() end
-  end
+  for _, s in ipairs(stats) do s:free() end
   if not ok then return nil, err end
   if self.decay < 1 then
     for _, tbe in ipairs(self.tbes) do assert(tbe:decay_counts(self.decay, nil, self.stream)) end
@@ -540,20 +539,12 @@ function Manager:measure()
   local covered, total, per = 0, 0, {}
   for _, t in ipairs(self.tables) do
     local s = setmetatable({ name = t.name, rows = t.rows, _tbe = t.tbe }, Stats)
-    local p = t.tbe:permutation(t.name)
-    local h
-    if p then
-      h = assert(p:to("host"))
-      p:free()
-      rawset(s, "_perm_p", ffi.cast("int64_t *", C.ur_tensor_data(h.p)))
-    end
     local c, n = s:prefix_accesses(t.k), 0
     local cp = s:_counts()
     for id = 0, t.rows - 1 do n = n + cp[id] end
     per[t.name] = n > 0 and c / n or nil
     covered, total = covered + c, total + n
     s:free()
-    if h then h:free() end
   end
   return total > 0 and covered / total or nil, per
 end
