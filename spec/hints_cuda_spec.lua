@@ -154,4 +154,31 @@ describe("uvmrec.hints on the GPU", function()
       assert.same(want, losses("managed", p), "policy " .. p)
     end
   end)
+  -- The monitor's read is a forced flush of CUPTI's buffers (16 ms on the H200): by default a
+  -- manager reads it at its summaries only, an interval's record has none; "interval" reads it
+  -- each interval too.
+  cuda_it("reads the migration monitor at its summaries, and each interval only when asked", function()
+    if not monitor() then return end
+    local m = tables()
+    for _, mode in ipairs { "end", "interval" } do
+      local mgr = hints.manager(m, { policy = "hot_prefix", allowance = 32 * MiB, every = 2, monitor = mode })
+      assert.equal(mode, mgr.monitor)
+      assert(mgr:start(0))
+      steps(m, 2, 7)
+      local rec = assert(mgr:interval(2))
+      steps(m, 2, 9)
+      local again = assert(mgr:interval(4))
+      if mode == "end" then
+        assert.is_nil(rec.migration)
+        assert.is_nil(again.migration)
+      else
+        assert.is_table(rec.migration)
+        assert.is_true(rec.migration.bytes_htod > 0, "the relayout's interval moved the prefixes in")
+        assert.is_table(again.migration)
+      end
+      assert.matches("migrated [%d.]+ %a+ in / [%d.]+ %a+ out, %d+ faults", mgr:summary())
+      mgr:free()
+    end
+    m.tbe:free()
+  end)
 end)

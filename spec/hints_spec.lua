@@ -43,6 +43,8 @@ return P
       "hints: policy 'adaptive' has no option 'margni'")
     assert.has_error(function() hints.manager(m, { allowance = "lots" }) end)
     assert.has_error(function() hints.manager(m, { every = 0 }) end, "hints: every must be >= 1 step")
+    assert.has_error(function() hints.manager(m, { monitor = "always" }) end,
+      'hints: monitor always is not "end", "interval" or "off" (true, false)')
   end)
 
   it("keep what they place within the HBM budget, or fail naming it", function()

@@ -216,7 +216,10 @@ M.parse_allowance = parse_allowance
 -- interval, 1: none), tables ({name = {policy =, options =, allowance =}} per table: a table's own
 -- allowance, bytes or a fraction of its own bytes, is its share; the others split `allowance`),
 -- location ("gpu"),
--- monitor (true: read the CUPTI monitor each interval when it runs), stream.
+-- monitor (on a GPU, what the CUPTI monitor measured migrating: "end", the default (true), reads
+-- it at each summary, the migration since the last one; "interval" also reads it each interval
+-- into the interval's record, a forced flush of CUPTI's buffers that cost 16 ms an interval on
+-- the H200; false, "off": never), stream.
 -- The uvmrec.tbe collections of a collection: itself, a module's (.tbe), or a sharded
 -- collection's shard collections (uvmrec.dist.shard: .collections, this rank's shards).
 local function tbes_of(collection)
@@ -285,7 +288,12 @@ function M.manager(collection, opts)
   self.allowance = parse_allowance(opts.allowance, total)
   for _, tbe in ipairs(self.tbes) do assert(tbe:set_counting(true)) end
   for _, t in ipairs(self.tables) do self.rerank = self.rerank or t.policy.rerank end
-  if opts.monitor ~= false and ur.gpu() then self.monitor = ur.monitor.read(true) ~= nil end
+  local mon = opts.monitor
+  if mon == nil or mon == true then mon = "end" elseif mon == false then mon = "off" end
+  if mon ~= "end" and mon ~= "interval" and mon ~= "off" then
+    error(("hints: monitor %s is not \"end\", \"interval\" or \"off\" (true, false)"):format(tostring(opts.monitor)), 2)
+  end
+  if mon ~= "off" and ur.gpu() and ur.monitor.read(true) ~= nil then self.monitor = mon end
   return self
 end
 
@@ -521,7 +529,7 @@ function Manager:interval(step)
     hot, rows = hot + t.k, rows + t.rows
   end
   rec.hot_fraction = rows > 0 and hot / rows or 0
-  if self.monitor then
+  if self.monitor == "interval" then
     local m = ur.monitor.read(true)
     if m then rec.migration = m end
   end
@@ -572,7 +580,9 @@ local function gb(b)
   return ("%.1f kB"):format(b / 1e3)
 end
 
--- One line: the last interval's view and the totals.
+-- One line: the last interval's view and the totals; the migration the monitor measured (on a
+-- GPU): with monitor "end", since the last summary (read now); with "interval", the last
+-- interval's.
 function Manager:summary()
   local r = self.last
   if not r then return "hints: no interval yet" end
@@ -582,6 +592,7 @@ function Manager:summary()
   for n in pairs(names) do pol[#pol + 1] = n end
   table.sort(pol)
   local m = r.migration
+  if self.monitor == "end" then m = ur.monitor.read(true) end
   local allowed = self.allowance
   for _, t in ipairs(self.tables) do allowed = allowed + (t.allowance or 0) end
   return ("hints %s: %d tables, hot %.1f%% of rows, coverage %s, on GPU %s of %s allowed; "

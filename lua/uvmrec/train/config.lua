@@ -65,6 +65,9 @@ M.schema = map({
       every = int { min = 1, default = 100 },                  -- steps between the policy's intervals
       allowance = string { default = "100%" },                 -- HBM for managed tables: '20%' or '8GiB'
       decay = number { min = 0, max = 1, default = 1 },        -- counts *= decay after each interval
+      monitor = enum({ "end", "interval", "off" }, { default = "end" }), -- the GPU's migration read at each
+                                                               -- summary, each interval too (16 ms on
+                                                               -- the H200), or never
     },
     cache = map {                                              -- cached tables (uvmrec.cache)
       load_factor = number { min = 0, max = 1 },               -- of each table's rows (default 0.2)

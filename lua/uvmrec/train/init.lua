@@ -387,7 +387,8 @@ function M.hints(cfg, model)
     end
   end
   return hints.manager(model.embeddings, { policy = e.hints.policy, every = e.hints.every,
-                                           allowance = e.hints.allowance, decay = e.hints.decay, tables = per })
+                                           allowance = e.hints.allowance, decay = e.hints.decay, tables = per,
+                                           monitor = e.hints.monitor })
 end
 
 -- A resumed run saves as the run it resumes did (train.checkpoint_every, train.keep), unless this
