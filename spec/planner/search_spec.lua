@@ -1,17 +1,12 @@
 local planner = require "uvmrec.planner"
 
--- The searches against the exhaustive optimum of the tables' own costs: the H200's calibration
--- without the cache's per-batch cost, a rank's term that no search weighs (planner.plan
--- searches the plan without a cache as well instead: plan_spec)
-local cal = (function()
-  local t = assert(planner.calib.find("h200")).data
-  local rates = {}
-  for k, v in pairs(t.rates) do rates[k] = k ~= "cache_per_batch" and v or nil end
-  local u = {}
-  for k, v in pairs(t) do u[k] = v end
-  u.rates = rates
-  return assert(planner.calib.from_table(u, "h200 without cache_per_batch"))
-end)()
+-- The searches against the exhaustive optimum on a fixed cost landscape: the H200 calibration
+-- built from the project's figures of 2026-11-29 (spec/fixtures/calib_h200_figures.json, the
+-- shipped h200.json until the thirteenth session), so that a recalibration does not move these
+-- instances; it has no cache_per_batch, a rank's term no search weighs (planner.plan searches
+-- the plan without a cache as well instead: plan_spec).  With the measured rates the same
+-- instances are reported in docs/planner.md ("Search").
+local cal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))
 
 -- A random instance: 3 to 6 tables (rows 1e3..2e7, dims 16..128, Zipf 0.6..1.3 or uniform,
 -- 1 to 5 ids a sample, three optimizers), a batch, and a budget between the smallest plan's
@@ -114,10 +109,7 @@ describe("planner.search", function()
     for _, r in ipairs(p.data.ranks) do assert.is_true(r.hbm <= p.data.budget, "rank over budget") end
   end)
 
-  -- (with the figures-built H200 calibration both ended at the same step; with the measured one,
-  -- the 100-table case stops 0.9% over the full descent, the search's early stop costing that
-  -- much there: docs/planner.md, "Search")
-  it("stops early with at least 3x fewer proposals, within 2% of the full descent's predicted step", function()
+  it("stops early with at least 3x fewer proposals, at an equal or better predicted step", function()
     for _, case in ipairs({ { 100, 4, "512MiB", 7 }, { 200, 1, "2GiB", 7 } }) do
       local tables, profiles = tables_of(case[1], case[4])
       local opts = { world = case[2], batch = 4096, calibration = cal, search = "greedy" }
@@ -130,7 +122,7 @@ describe("planner.search", function()
           full.data.step_seconds * 1e3))
       assert.is_true(se.stopped_early)
       assert.is_true(3 * se.proposals <= sf.proposals)
-      assert.is_true(early.data.step_seconds <= full.data.step_seconds * 1.02)
+      assert.is_true(early.data.step_seconds <= full.data.step_seconds * (1 + 1e-12))
     end
   end)
 
