@@ -99,6 +99,30 @@ describe("planner plans", function()
     for _, r in ipairs(q.data.ranks) do assert.is_true(r.hbm <= q.data.budget) end
   end)
 
+  it("plans without a cache in a budget that only the cache's room would overflow", function()
+    -- one rank holds a cache's batch scratch and staging rows wherever a table may be cached;
+    -- a budget that fits the tables without a cache, and not with that room, still plans
+    -- (the figures-built calibration, where a cache is among the table's choices: with the
+    -- measured one, reading the rows in place beats every load factor for this table)
+    local tabs = { { name = "a", rows = 1000000, dim = 64 } }
+    local profs = { a = planner.profile.zipf { rows = 1000000, s = 1.05 } }
+    local o = { batch = 65536, calibration = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json")),
+                reserve = 0 }
+    local host = assert(planner.evaluate(tabs, profs, 2 ^ 50, o, { { placement = "host" } }))
+    local need = host.data.ranks[1].hbm
+    local p = assert(planner.plan(tabs, profs, need + 2 ^ 20, o))
+    assert.are_not.equal("cached", p.data.tables[1].placement)
+    assert.is_true(p.data.ranks[1].hbm <= p.data.budget)
+    -- what a cache would have held there does not fit that budget
+    local room = planner.cost.cache_batch_scratch(65536) + 2 * 256 * (64 * 4 + 8)
+    assert.is_true(room > 2 ^ 20)
+    -- below it, the smallest budget the error names is one that plans (not counting the room)
+    local none, _, info = planner.plan(tabs, profs, need - 2 ^ 20, o)
+    assert.is_nil(none)
+    assert.equal(need, info.min_budget)
+    assert(planner.plan(tabs, profs, info.min_budget, o))
+  end)
+
   it("round-trips through a plan file exactly", function()
     local path = os.tmpname()
     assert(plan:save(path))

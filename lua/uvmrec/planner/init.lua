@@ -193,6 +193,11 @@ local function min_budget(S, W)
   local m = 0
   for r = 1, W do m = math.max(m, p.hbm[r]) end
   local fixed = S.fixed_total
+  -- the cache's room only where a table's smallest choice is a cache (planner.plan searches the
+  -- plan without one when the room does not fit)
+  local room = false
+  for _, it in ipairs(items) do room = room or it.options[1].placement == "cached" end
+  if not room then fixed = fixed - (S.fixed.cache_room or 0) end
   if W ~= S.world then
     local dense = S.opts.dense and cost.dense(cost.dense_model(S.opts.dense), ctx).hbm or 0
     fixed = dense + S.fixed.pipeline + S.fixed.reserve
@@ -290,10 +295,10 @@ local function infeasible(S, info)
     lack = info }
 end
 
-local function size_of(S)
+local function size_of(items, W)
   local n = 1
-  for _, it in ipairs(S.items) do
-    n = n * #it.options * (S.world > 1 and S.world or 1)
+  for _, it in ipairs(items) do
+    n = n * #it.options * (W > 1 and W or 1)
     if n > 1e12 then return n end
   end
   return n
@@ -315,12 +320,11 @@ function M.plan(tables, profiles, budget, opts)
   local t0 = clock()
   local S, err = setup(tables, profiles, budget, opts)
   if not S then return nil, err end
-  if S.fixed_total >= S.budget then return infeasible(S) end
   local how = opts.search or "auto"
   local function run(items, avail)
     local env = { world = S.world, avail = avail, host = S.host_limit }
     local best, info, stats
-    if how == "exhaustive" or how == "auto" and size_of(S) <= 2e5 then
+    if how == "exhaustive" or how == "auto" and size_of(items, S.world) <= 2e5 then
       best, info = search.exhaustive(items, env)
       stats = { method = "exhaustive", visited = info and info.visited }
     else
@@ -330,35 +334,54 @@ function M.plan(tables, profiles, budget, opts)
     end
     return best, info, stats
   end
-  local best, info, stats = run(S.items, S.avail)
-  if not best then return infeasible(S, info) end
-  local plan = M.build(S, best, stats)
-  -- The searches weigh each table on its own; a rank's cache costs its per-batch share once,
-  -- whichever tables it holds (cost.cache_batch_seconds).  When the plan caches tables, the
-  -- plan without a cache (in the HBM its scratch would have taken) is searched too, and the
-  -- faster one kept.
-  local cached = false
-  for _, R in ipairs(plan.data.ranks) do cached = cached or R.cache_batch > 0 end
-  if cached then
-    local items, ok = {}, true
+  -- The plan without a cache: the tables' other choices, in the HBM the cache's room (its
+  -- batch scratch and staging rows on one rank) would have taken; nil where a table has no
+  -- choice but a cache.
+  local function uncached()
+    local items = {}
     for i, it in ipairs(S.items) do
       local keep = {}
       for _, o in ipairs(it.all) do if o.placement ~= "cached" then keep[#keep + 1] = o end end
-      ok = ok and #keep > 0
+      if #keep == 0 then return nil end
       items[i] = { name = it.name, options = search.frontier(keep), table = it.table, all = keep }
     end
-    if ok then
-      local avail = {}
-      for r, a in ipairs(S.avail) do avail[r] = a + (S.fixed.cache_room or 0) end
-      local best2, _, stats2 = run(items, avail)
-      local U = best2 and setmetatable({}, { __index = S })
-      if U then U.items = items end
-      local plan2 = U and M.build(U, best2, stats2)
+    local avail = {}
+    for r, a in ipairs(S.avail) do avail[r] = a + (S.fixed.cache_room or 0) end
+    local best, _, stats = run(items, avail)
+    if not best then return nil end
+    local U = setmetatable({ items = items }, { __index = S })
+    return M.build(U, best, stats), stats
+  end
+  local plan, stats
+  if S.fixed_total < S.budget then
+    local best, info
+    best, info, stats = run(S.items, S.avail)
+    if best then
+      plan = M.build(S, best, stats)
+    elseif not S.fixed.cache_room then
+      return infeasible(S, info)
+    end
+    S.info = info
+  end
+  -- The searches weigh each table on its own; a rank's cache costs its per-batch share once,
+  -- whichever tables it holds (cost.cache_batch_seconds), and on one rank the cache's room is
+  -- held wherever a table may be cached, used or not.  So the plan without a cache is searched
+  -- too where that room was held, or where the plan caches a table and the cache has a cost per
+  -- batch, and the faster one kept.
+  local cached = not plan or S.fixed.cache_room ~= nil
+  if plan and cost.cache_batch_seconds(S.ctx) > 0 then
+    for _, t in ipairs(plan.data.tables) do cached = cached or t.placement == "cached" end
+  end
+  if cached then
+    local plan2, stats2 = uncached()
+    if not plan then
+      if not plan2 then return infeasible(S, S.info) end
+      plan, stats = plan2, stats2
+    else
       stats.uncached_step = plan2 and plan2.data.step_seconds or false
       if plan2 and plan2.data.step_seconds < plan.data.step_seconds then
         stats2.cached_step = plan.data.step_seconds
-        plan = plan2
-        stats = stats2
+        plan, stats = plan2, stats2
       end
     end
   end
