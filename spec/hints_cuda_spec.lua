@@ -176,6 +176,12 @@ describe("uvmrec.hints on the GPU", function()
         assert.is_true(rec.migration.bytes_htod > 0, "the relayout's interval moved the prefixes in")
         assert.is_table(again.migration)
       end
+      if mode == "end" then
+        assert.is_table(mgr:read_monitor())
+        assert.is_table(again.migration) -- the last record carries it
+      else
+        assert.is_nil(mgr:read_monitor())
+      end
       assert.matches("migrated [%d.]+ %a+ in / [%d.]+ %a+ out, %d+ faults", mgr:summary())
       mgr:free()
       m.tbe:free()

@@ -44,7 +44,7 @@ return P
     assert.has_error(function() hints.manager(m, { allowance = "lots" }) end)
     assert.has_error(function() hints.manager(m, { every = 0 }) end, "hints: every must be >= 1 step")
     assert.has_error(function() hints.manager(m, { monitor = "always" }) end,
-      'hints: monitor always is not "end", "interval" or "off" (true, false)')
+      'hints: monitor \'always\'; expected "end", "interval" or "off" (or true, false)')
   end)
 
   it("keep what they place within the HBM budget, or fail naming it", function()

@@ -126,7 +126,7 @@ describe("planner.cost", function()
     local flat, hot = cached(0), cached(1.3)
     assert.is_true(hot.distinct < 0.5 * flat.distinct)
     assert.is_true(hot.cache_seconds < flat.cache_seconds)
-    -- without the term (h200.json's cache_per_id carries it, measured on Zipf ids) the cache is
+    -- without the term (a calibration lacking it: its cache_per_id carries it) the cache is
     -- priced per id and per miss only
     local o = assert(cost.option(tab(), ctx { min_slots = 0 }, { placement = "cached", load_factor = 0.2 }))
     near(o.cache_seconds, L * R.cache_per_id + 2 * o.misses * (R.cache_row_fixed + (RB + SB) / R.cache_move),

@@ -79,12 +79,12 @@ describe("planner plans", function()
     local o = { batch = 65536, dense = DENSE, calibration = with(nil) }
     local base = assert(planner.plan(tables, profiles, "12GiB", o))
     assert.is_true(cached(base) > 0)
-    assert.equal(0, base.data.ranks[1].cache_batch)
+    assert.equal(0, base.data.ranks[1].cache_batch_seconds)
     -- a small one: the same tables cached, the rank's load and the step that much more
     o.calibration = with(1e-5)
     local p = assert(planner.plan(tables, profiles, "12GiB", o))
     for i, t in ipairs(p.data.tables) do assert.equal(base.data.tables[i].placement, t.placement, t.name) end
-    assert.equal(1e-5, p.data.ranks[1].cache_batch)
+    assert.equal(1e-5, p.data.ranks[1].cache_batch_seconds)
     assert.near(base.data.ranks[1].load + 1e-5, p.data.ranks[1].load, 1e-15)
     assert.near(base.data.step_seconds + 1e-5, p.data.step_seconds, 1e-12)
     assert.is_true(p.data.search.uncached_step > p.data.step_seconds)
@@ -93,7 +93,7 @@ describe("planner plans", function()
     o.calibration = with(1e-2)
     local q = assert(planner.plan(tables, profiles, "12GiB", o))
     assert.equal(0, cached(q))
-    assert.equal(0, q.data.ranks[1].cache_batch)
+    assert.equal(0, q.data.ranks[1].cache_batch_seconds)
     assert.near(base.data.step_seconds + 1e-2, q.data.search.cached_step, 1e-12)
     assert.is_true(q.data.step_seconds < q.data.search.cached_step)
     for _, r in ipairs(q.data.ranks) do assert.is_true(r.hbm <= q.data.budget) end

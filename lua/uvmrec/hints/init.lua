@@ -17,7 +17,8 @@
 --   hints.relayout{swap = k, band = 0.1}           -- trade only rows that crossed rank k
 -- The manager applies them to the table's weights and optimizer state (the engine rounds to
 -- pages, checks the HBM budget and logs every hint: ur.hint_log()), and records per interval
--- the policy's view, the migration the monitor measured and the time spent.
+-- the policy's view and the time spent; what the CUPTI monitor measured migrating goes in the
+-- record at the summaries (or each interval: the manager's `monitor` option).
 --
 --   local hints = require "uvmrec.hints"
 --   local m = hints.manager(ebc, { policy = "hot_prefix", every = 100, allowance = "20%" })
@@ -119,8 +120,8 @@ Stats.__index = function(s, k)
     return a
   end
   if (k == "perm" or k == "_perm_p") and not rawget(s, "_perm_read") then
-    -- read back on first use: 8 bytes a row over the host link (on the H200 about 25 ms an
-    -- interval for dlrm_mlperf_v1_2m's 26 tables when every interval read them)
+    -- read back on first use: 8 bytes a row over the host link, not worth an interval that
+    -- does not look at the layout
     rawset(s, "_perm_read", true)
     local p = s._tbe:permutation(s.name)
     if not p then return nil end
@@ -291,7 +292,8 @@ function M.manager(collection, opts)
   local mon = opts.monitor
   if mon == nil or mon == true then mon = "end" elseif mon == false then mon = "off" end
   if mon ~= "end" and mon ~= "interval" and mon ~= "off" then
-    error(("hints: monitor %s is not \"end\", \"interval\" or \"off\" (true, false)"):format(tostring(opts.monitor)), 2)
+    error(("hints: monitor '%s'; expected \"end\", \"interval\" or \"off\" (or true, false)"):format(
+      tostring(opts.monitor)), 2)
   end
   if mon ~= "off" and ur.gpu() and ur.monitor.read(true) ~= nil then self.monitor = mon end
   return self
@@ -580,9 +582,16 @@ local function gb(b)
   return ("%.1f kB"):format(b / 1e3)
 end
 
--- One line: the last interval's view and the totals; the migration the monitor measured (on a
--- GPU): with monitor "end", since the last summary (read now); with "interval", the last
--- interval's.
+-- With monitor "end" (on a GPU): what the CUPTI monitor measured migrating since its last read,
+-- put in the last interval's record (where the run's log and result take it from); nil else.
+function Manager:read_monitor()
+  if self.monitor ~= "end" or not self.last then return nil end
+  local m = ur.monitor.read(true)
+  if m then self.last.migration = m end
+  return m
+end
+
+-- One line: the last interval's view and the totals, with the migration in its record.
 function Manager:summary()
   local r = self.last
   if not r then return "hints: no interval yet" end
@@ -592,7 +601,6 @@ function Manager:summary()
   for n in pairs(names) do pol[#pol + 1] = n end
   table.sort(pol)
   local m = r.migration
-  if self.monitor == "end" then m = ur.monitor.read(true) end
   local allowed = self.allowance
   for _, t in ipairs(self.tables) do allowed = allowed + (t.allowance or 0) end
   return ("hints %s: %d tables, hot %.1f%% of rows, coverage %s, on GPU %s of %s allowed; "

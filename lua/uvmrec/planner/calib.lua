@@ -11,8 +11,9 @@
 -- several ranks need, and the terms a calibration may lack (its cost is then left out: 0): the
 -- MLPs' costs per value and per layer, the step's fixed cost, the loader's, the hint
 -- interval's and the cache's per batch and per distinct row.  Shipped:
--- calib/h200.json (from the project's H200 figures) and calib/cpu.json (`uvmrec calibrate` on
--- the 2-core development machine).
+-- calib/h200.json (`uvmrec calibrate` on one H200 with the data sheet's collectives:
+-- scripts/bench/calib_h200.lua) and calib/cpu.json (`uvmrec calibrate` on the 2-core
+-- development machine).
 local json = require "uvmrec.json"
 
 local M = {}

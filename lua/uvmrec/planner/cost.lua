@@ -190,7 +190,7 @@ function M.option(t, ctx, opt)
     -- the staging rows are the cache's, one set whatever its tables: on one rank the plan holds
     -- them once where a table may be cached (M.cache_staging, planner.setup); over ranks each
     -- cached table counts them (a rank's others are not counted: docs/planner.md)
-    local M2 = ctx.world > 1 and 2 * ctx.staging_rows or 0
+    local staging = ctx.world > 1 and M.cache_staging(ctx, rbs + sbs) or { cache_slots = 0, cache_meta = 0 }
     local policy = opt.policy or ctx.policy
     local hr = memo_get(t, policy, g.L_pop, S / g.frac)
     if not hr then
@@ -200,8 +200,8 @@ function M.option(t, ctx, opt)
     local misses = g.frac * hr.misses
     o.load_factor, o.slots, o.hit_rate, o.misses, o.policy = c, S, hr.hit_rate, misses, policy
     o.row_bytes = rbs + sbs
-    mem.device.cache_slots = (S + M2) * (rbs + sbs)
-    mem.device.cache_meta = S * M.CACHE.slot_meta + (S + M2) * M.CACHE.slot_row_id
+    mem.device.cache_slots = S * (rbs + sbs) + staging.cache_slots
+    mem.device.cache_meta = S * (M.CACHE.slot_meta + M.CACHE.slot_row_id) + staging.cache_meta
                             + (policy == "lfu" and M.CACHE.lfu_per_row * Rs or 0)
     -- the decisions' scratch runs over every value of the batch the cache is given, its other
     -- tables' too: on one rank that is the whole batch, a term of the plan's (planner.setup:
@@ -594,9 +594,8 @@ end
 -- A step from its work, its fixed cost and the loader's time: on a GPU the host's launches run
 -- ahead of the device, so the step is the longer of the two, and the synthetic loader draws
 -- each batch on the model's stream (uvmrec.data.generator), in turn with the work: its time
--- adds to the work's (B10 on the H200, thirteenth session: 0.45 ms of a 4.0 ms step that the
--- longest of the three had left out); the CPU backend does the work and the calls in turn, and
--- the loader's threads take the same cores.
+-- adds to the work's; the CPU backend does the work and the calls in turn, and the loader's
+-- threads take the same cores.
 function M.step(work, fixed, backend, loader)
   loader = loader or 0
   if backend == "cpu" then return work + fixed + loader end

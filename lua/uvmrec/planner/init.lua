@@ -481,7 +481,7 @@ function M.build(S, best, stats)
     end
   end
   for r, R in ipairs(ranks) do
-    R.load, R.cache_batch = load[r], cache_batch[r]
+    R.load, R.cache_batch_seconds = load[r], cache_batch[r]
     local d = 0
     for _, v in pairs(R.device) do d = d + v end
     R.device_total, R.hbm = d, d + R.managed_on_gpu
@@ -571,13 +571,14 @@ function Plan:table()
       fmt_bytes(d.weights), fmt_bytes(d.optimizer), fmt_bytes(d.cache_slots), fmt_bytes(d.cache_meta),
       fmt_bytes(d.cache_scratch), fmt_bytes(d.outputs), fmt_bytes(d.dense), fmt_bytes(d.pipeline),
       fmt_bytes(d.reserve), fmt_bytes(R.managed_on_gpu), fmt_bytes(R.pinned), fmt_bytes(R.managed), fmt_time(R.load))
-      .. ((R.cache_batch or 0) > 0 and (" (the cache's per-batch cost %s of it)"):format(fmt_time(R.cache_batch)) or "")
+      .. ((R.cache_batch_seconds or 0) > 0 and (" (the cache's per-batch cost %s of it)"):format(
+        fmt_time(R.cache_batch_seconds)) or "")
   end
   L[#L + 1] = ("step: %s predicted (embeddings %s on the slowest rank + dense %s: MLPs %s, interaction %s, "
     .. "optimizer %s, all-reduce %s; fixed cost %s, loader %s%s); %s samples/s"):format(fmt_time(p.step_seconds),
     fmt_time(p.embedding_seconds), fmt_time(p.dense.seconds), fmt_time(p.dense.mlp), fmt_time(p.dense.interaction),
     fmt_time(p.dense.optimizer), fmt_time(p.dense.comm), fmt_time(p.dense.fixed or 0), fmt_time(p.loader_seconds or 0),
-    p.calibration.backend == "cpu" and ", added" or ", the longest of them and the work",
+    p.calibration.backend == "cpu" and ", added" or ", the work and the loader in turn, against the calls",
     fmt_count(p.samples_per_second))
   if (p.hints_seconds or 0) > 0 then
     L[#L + 1] = ("  of which the managed tables' hint intervals %s a step (one interval every %s steps): a step "

@@ -182,7 +182,9 @@ local function hints_note(h, rec)
 end
 
 function Hints:start(run)
-  hints_note(self, self.manager:start(run.step))
+  local rec = self.manager:start(run.step)
+  self.manager:read_monitor()
+  hints_note(self, rec)
   self.say(self.manager:summary())
 end
 

@@ -705,6 +705,7 @@ function run_plain(cfg, opts)
          result.skipped == 1 and "" or "s"))
   end
   if ctx.hints then
+    ctx.hints:read_monitor()
     say(ctx.hints:summary())
     result.hints = ctx.hints.last
     ctx.hints:free()
