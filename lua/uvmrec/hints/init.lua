@@ -182,12 +182,18 @@ function Stats:_counts()
   return self._c
 end
 
-function Stats:free()
-  if rawget(self, "access") then self.access:free() end
-  if rawget(self, "_host_counts") then self._host_counts:free() end
+-- Drops the layout read back, if any: the next use reads it again.
+function Stats:_forget_perm()
   if rawget(self, "perm") then rawget(self, "perm"):free() end
   rawset(self, "perm", nil)
   rawset(self, "_perm_p", nil)
+  rawset(self, "_perm_read", nil)
+end
+
+function Stats:free()
+  if rawget(self, "access") then self.access:free() end
+  if rawget(self, "_host_counts") then self._host_counts:free() end
+  self:_forget_perm()
 end
 
 -- ---- the manager ----
@@ -498,10 +504,7 @@ function Manager:interval(step)
     t.k = actions.hot_rows or t.k -- the policy's view: the leading rows it keeps on the GPU
     if rec.rows_moved ~= moved then
       -- the layout changed (or appeared): coverage is measured under the new one, read again
-      if rawget(s, "perm") then s.perm:free() end
-      rawset(s, "perm", nil)
-      rawset(s, "_perm_p", nil)
-      rawset(s, "_perm_read", nil)
+      s:_forget_perm()
     end
     local view = { rows = t.rows, share = shares[i], hot_rows = t.k,
                    hot_fraction = t.k / t.rows }

@@ -352,16 +352,15 @@ function M.plan(tables, profiles, budget, opts)
     local U = setmetatable({ items = items }, { __index = S })
     return M.build(U, best, stats), stats
   end
-  local plan, stats
+  local plan, stats, info
   if S.fixed_total < S.budget then
-    local best, info
+    local best
     best, info, stats = run(S.items, S.avail)
     if best then
       plan = M.build(S, best, stats)
     elseif not S.fixed.cache_room then
       return infeasible(S, info)
     end
-    S.info = info
   end
   -- The searches weigh each table on its own; a rank's cache costs its per-batch share once,
   -- whichever tables it holds (cost.cache_batch_seconds), and on one rank the cache's room is
@@ -375,7 +374,7 @@ function M.plan(tables, profiles, budget, opts)
   if cached then
     local plan2, stats2 = uncached()
     if not plan then
-      if not plan2 then return infeasible(S, S.info) end
+      if not plan2 then return infeasible(S, info) end
       plan, stats = plan2, stats2
     else
       stats.uncached_step = plan2 and plan2.data.step_seconds or false
@@ -385,9 +384,8 @@ function M.plan(tables, profiles, budget, opts)
       end
     end
   end
-  stats.seconds = clock() - t0
+  stats.seconds = round(clock() - t0, 6)
   plan.data.search = stats
-  plan.data.search.seconds = round(stats.seconds, 6)
   return plan
 end
 
@@ -426,13 +424,13 @@ function M.build(S, best, stats)
                  managed_on_gpu = 0, pinned = S.pipe.pinned, managed = 0, hints = 0 }
   end
   -- a rank that caches a table pays its cache's per-batch cost once (cost.cache_batch_seconds)
-  local kf, cache_batch = cost.cache_batch_seconds(ctx), {}
-  for r = 1, W do cache_batch[r] = 0 end
+  local kf, caches, cache_batch = cost.cache_batch_seconds(ctx), {}, {}
   for i, it in ipairs(S.items) do
     if it.options[best.choice[i]].placement == "cached" then
-      for _, r in ipairs(best.part.ranks[i]) do cache_batch[r] = kf end
+      for _, r in ipairs(best.part.ranks[i]) do caches[r] = true end
     end
   end
+  for r = 1, W do cache_batch[r] = caches[r] and kf or 0 end
   local load = {}
   local slowest = 0
   for r = 1, W do
@@ -469,16 +467,11 @@ function M.build(S, best, stats)
       profile = t.profile:summary(),
     }
   end
-  if S.fixed.cache_batch then
-    for i, it in ipairs(S.items) do
-      if it.options[best.choice[i]].placement == "cached" then
-        local d = ranks[1].device
-        d.cache_scratch = d.cache_scratch + S.fixed.cache_batch
-        d.cache_slots = d.cache_slots + S.fixed.cache_staging.cache_slots
-        d.cache_meta = d.cache_meta + S.fixed.cache_staging.cache_meta
-        break
-      end
-    end
+  if S.fixed.cache_batch and caches[1] then
+    local d = ranks[1].device
+    d.cache_scratch = d.cache_scratch + S.fixed.cache_batch
+    d.cache_slots = d.cache_slots + S.fixed.cache_staging.cache_slots
+    d.cache_meta = d.cache_meta + S.fixed.cache_staging.cache_meta
   end
   for r, R in ipairs(ranks) do
     R.load, R.cache_batch_seconds = load[r], cache_batch[r]
