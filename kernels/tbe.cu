@@ -15,6 +15,11 @@
  * whose partial sums a warp per segment adds in chunk order.  No atomics touch floats, so a
  * run is bit-identical to the next.  The one exception, asked for (nondeterministic, SGD on f32
  * rows): no sort, every value adds its update to its row with a vector atomic.
+ * Far rows (tbe_plan.h's ur__tbe_far: rows of managed or host tables outside the GPU's part,
+ * read over the host link): a forward that fills the copies writes each far row it reads, the
+ * first lookup of it, into HBM beside a map from its key; the backward's step reads a far row
+ * from its copy (and prefetches the copy, not the row), so the link carries each far row once a
+ * step in each direction instead of twice in.
  * Indices are 64-bit where they address tables (100 GB tables have more than 2^31 elements);
  * values and bags are fewer than 2^31 (tbe.c checks). */
 #include <cuda_bf16.h>
@@ -83,6 +88,51 @@ __device__ __forceinline__ uint4 load_raw_rw(const void *p, int32_t dtype) {
   if (dtype == UR_DTYPE_F32 || E == 8) return *reinterpret_cast<const uint4 *>(p);
   uint2 h = *reinterpret_cast<const uint2 *>(p);
   return make_uint4(h.x, h.y, 0, 0);
+}
+
+/* E raw elements to p, as load_raw read them. */
+template <int E>
+__device__ __forceinline__ void store_raw(void *p, int32_t dtype, uint4 r) {
+  if (dtype == UR_DTYPE_F32 || E == 8) *reinterpret_cast<uint4 *>(p) = r;
+  else *reinterpret_cast<uint2 *>(p) = make_uint2(r.x, r.y);
+}
+
+/* ---- far rows' copies (ur__tbe_far) ---- */
+
+/* The forward's claim on the copy of far row `key`: where in f.rows to write it, or -1 (an
+ * earlier lookup of the row claimed it, or no slot or copy had room: the row stays uncopied). */
+__device__ __forceinline__ int32_t far_claim(const ur__tbe_far &f, uint64_t key) {
+  unsigned long long k = key + 1;
+  uint64_t s = ur__tbe_far_slot(&f, key);
+  for (int p = 0; p < UR_TBE_FAR_PROBES; p++, s = (s + 1) & (uint64_t)f.mask) {
+    unsigned long long old = atomicCAS(f.keys + s, 0ull, k);
+    if (old == k) return -1;
+    if (old == 0ull) {
+      int32_t at = atomicAdd(f.taken, 1);
+      at = at < f.cap ? at : -1;
+      f.at[s] = at;
+      return at;
+    }
+  }
+  return -1;
+}
+
+/* The backward's copy of row id of table t, or nullptr (not far, not copied, or no copies). */
+__device__ __forceinline__ const char *far_row(const ur__tbe_args &a, int32_t t, int64_t id) {
+  if (!a.far.use) return nullptr;
+  const ur__tbe_table &tb = a.tables[t];
+  if ((tb.perm ? tb.perm[id] : id) < tb.far_from) return nullptr;
+  unsigned long long k = (unsigned long long)(tb.key_base + id) + 1;
+  uint64_t s = ur__tbe_far_slot(&a.far, k - 1);
+  for (int p = 0; p < UR_TBE_FAR_PROBES; p++, s = (s + 1) & (uint64_t)a.far.mask) {
+    unsigned long long v = a.far.keys[s];
+    if (v == k) {
+      int32_t at = a.far.at[s];
+      return at >= 0 ? a.far.rows + (int64_t)at * a.far.row_bytes : nullptr;
+    }
+    if (v == 0ull) return nullptr;
+  }
+  return nullptr;
 }
 
 template <int E>
@@ -188,10 +238,11 @@ struct BagInfo {
   int32_t row_bytes, dim, dtype;
   float scale;       /* 1 / length under mean, else 1 */
   const int64_t *perm; /* id -> physical row, or NULL */
+  int64_t far_from, key_base; /* read only where the forward copies far rows */
 };
 
 __device__ __forceinline__ BagInfo bag_info(const ur__tbe_args &a, int64_t bag, int64_t len) {
-  BagInfo b = {nullptr, 0, 0, 0, 0, UR_DTYPE_F32, 1.0f, nullptr};
+  BagInfo b = {nullptr, 0, 0, 0, 0, UR_DTYPE_F32, 1.0f, nullptr, 0, 0};
   if (bag >= a.bags) return b;
   int32_t f = feature_of(a, bag);
   const ur__tbe_feature ft = a.features[f];
@@ -202,6 +253,8 @@ __device__ __forceinline__ BagInfo bag_info(const ur__tbe_args &a, int64_t bag, 
   b.dim = tb.dim;
   b.dtype = tb.dtype;
   b.row_bytes = tb.dim * esize(tb.dtype);
+  b.far_from = tb.far_from;
+  b.key_base = tb.key_base;
   b.out = ur__tbe_out_at(a.out_base, a.out_stride, f, &ft, bag - ur__tbe_first_bag(&a, f));
   if (tb.pooling == UR_POOLING_MEAN && len > 0) b.scale = UR_FDIV(1.0f, (float)len);
   return b;
@@ -255,7 +308,7 @@ __device__ __forceinline__ void flush(const ur__tbe_args &a, const BagInfo &mine
   }
 }
 
-template <int NV, int E, int U, bool POOLED>
+template <int NV, int E, int U, bool POOLED, bool FAR>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     fwd_kernel(const ur__tbe_args a) {
   int lane = threadIdx.x & 31;
@@ -279,13 +332,18 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     const int64_t *pm = (const int64_t *)shfl_ptr(mine.perm, j);
     int64_t rows = __shfl_sync(kFull, mine.rows, j);
     int rb = __shfl_sync(kFull, mine.row_bytes, j);
+    int64_t ff = FAR ? __shfl_sync(kFull, mine.far_from, j) : 0;
+    int64_t kb = FAR ? __shfl_sync(kFull, mine.key_base, j) : 0;
     const char *row = nullptr;
     float w = 1.0f;
+    int32_t copy = -1; /* where this lane's far row is copied to, or -1 */
     if (p < g.T) {
       int64_t id = a.values[i];
-      if (a.bounds == UR_TBE_BOUNDS_OFF || (id >= 0 && id < rows))
-        row = tw + (pm ? __ldg(pm + id) : id) * rb;
-      else ur__tbe_note_bad(a.flags, i);
+      if (a.bounds == UR_TBE_BOUNDS_OFF || (id >= 0 && id < rows)) {
+        int64_t pr = pm ? __ldg(pm + id) : id;
+        row = tw + pr * rb;
+        if (FAR && pr >= ff) copy = far_claim(a.far, (uint64_t)(kb + id));
+      } else ur__tbe_note_bad(a.flags, i);
       if (a.weights) w = a.weights[i];
     }
     int cnt = g.T - base < 32 ? (int)(g.T - base) : 32;
@@ -294,6 +352,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
       float wk[U];
       int jk[U];
       int64_t ik[U];
+      int32_t ck[U];
       uint4 raw[U][NV];
 #pragma unroll
       for (int k = 0; k < U; k++) {
@@ -302,7 +361,8 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
         wk[k] = __shfl_sync(kFull, w, src);
         jk[k] = __shfl_sync(kFull, j, src);
         ik[k] = __shfl_sync(kFull, i, src);
-        if (u + k >= cnt) rp[k] = nullptr;
+        ck[k] = FAR ? __shfl_sync(kFull, copy, src) : -1;
+        if (u + k >= cnt) rp[k] = nullptr, ck[k] = -1;
       }
 #pragma unroll
       for (int k = 0; k < U; k++) {
@@ -314,6 +374,19 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
           raw[k][v] = rp[k] && col < dim ? load_raw<E>(rp[k] + col * esize(dt), dt) : make_uint4(0, 0, 0, 0);
         }
       }
+      if (FAR) /* the far rows' copies (ck[k] is the warp's: every lane takes its slices) */
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+          int dim = dim_of(cm, mine, jk[k]);
+          int dt = dtype_of(cm, mine, jk[k]);
+          if (ck[k] < 0) continue;
+          char *to = a.far.rows + (int64_t)ck[k] * a.far.row_bytes;
+#pragma unroll
+          for (int v = 0; v < NV; v++) {
+            int col = (v * 32 + lane) * E;
+            if (col < dim) store_raw<E>(to + col * esize(dt), dt, raw[k][v]);
+          }
+        }
 #pragma unroll
       for (int k = 0; k < U; k++) {
         if (u + k >= cnt) break;
@@ -635,7 +708,7 @@ struct SparseOut {
 template <int NV, int E>
 __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
                                       const ur__tbe_table *tbp, int32_t t, int64_t seg,
-                                      int64_t row, const float *acc, int lane) {
+                                      int64_t row, const float *acc, const char *copy, int lane) {
   const ur__tbe_table tb = *tbp;
   int dim = tb.dim;
   if (sp.rows) {
@@ -650,10 +723,12 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
     }
     return;
   }
-  /* row is the id: the rows and state are read at its physical row, stochastic rounding draws
-   * by id (so a relayout changes no number) */
+  /* row is the id: the rows and state are read at its physical row (a far row from its copy,
+   * when the forward made one), stochastic rounding draws by id (so a relayout changes no
+   * number) */
   int64_t prow = tb.perm ? tb.perm[row] : row;
   int64_t base = prow * dim;
+  const char *from = copy ? copy : (const char *)tb.weights + base * esize(tb.dtype);
   int64_t sid = tb.row_ids ? tb.row_ids[row] : row;
   int64_t lbase = (tb.sr_row0 + sid) * tb.sr_pitch + tb.sr_col0;
   float w[NV][E], gg[NV][E];
@@ -662,8 +737,7 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
   for (int v = 0; v < NV; v++) {
     int col = (v * 32 + lane) * E;
     if (col >= dim) continue;
-    unpack<E>(load_raw_rw<E>((const char *)tb.weights + (base + col) * esize(tb.dtype), tb.dtype),
-              tb.dtype, w[v]);
+    unpack<E>(load_raw_rw<E>(from + col * esize(tb.dtype), tb.dtype), tb.dtype, w[v]);
 #pragma unroll
     for (int e = 0; e < E; e++) {
       gg[v][e] = ur__tbe_grad_adjust(&h, acc[col + e], w[v][e]);
@@ -725,12 +799,13 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
 template <int NV, int E>
 __device__ __forceinline__ void finish(const ur__tbe_args &a, const ur__tbe_hyper &h,
                                        const SparseOut &sp, float *slot, int32_t t, int64_t seg,
-                                       int64_t row, const float (&acc)[NV][E], int lane) {
+                                       int64_t row, const float (&acc)[NV][E], const char *copy,
+                                       int lane) {
 #pragma unroll
   for (int v = 0; v < NV; v++)
 #pragma unroll
     for (int e = 0; e < E; e++) slot[(v * 32 + lane) * E + e] = acc[v][e];
-  step_row<NV, E>(h, sp, a.tables + t, t, seg, row, slot, lane);
+  step_row<NV, E>(h, sp, a.tables + t, t, seg, row, slot, copy, lane);
 }
 
 
@@ -740,12 +815,13 @@ __device__ __forceinline__ void prefetch_row(const void *p, int bytes, int lane)
     asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
 }
 
-/* The segment's row (and its state) on their way to L2 while its gradient is summed. */
+/* The segment's row (its copy, when it has one) and its state on their way to L2 while its
+ * gradient is summed. */
 __device__ __forceinline__ void prefetch_step(const ur__tbe_hyper &h, const ur__tbe_table &tb,
-                                              int64_t row, int lane) {
+                                              int64_t row, const char *copy, int lane) {
   int es = esize(tb.dtype);
   int64_t pr = tb.perm ? tb.perm[row] : row;
-  prefetch_row((const char *)tb.weights + pr * tb.dim * es, tb.dim * es, lane);
+  prefetch_row(copy ? copy : (const char *)tb.weights + pr * tb.dim * es, tb.dim * es, lane);
   if (h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
     if (lane == 0) prefetch_row(tb.state1 + pr, 4, 0);
   } else if (tb.state1) {
@@ -858,7 +934,8 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : 2)
         int32_t t = __shfl_sync(kFull, me.t, w0 + k);
         int64_t row = __shfl_sync(kFull, me.row, w0 + k);
         if (__shfl_sync(kFull, me.mode, w0 + k) == 1)
-          step_row<NV, E>(h, sp, a.tables + t, t, g0 + w0 + k, row, slot[k], lane);
+          step_row<NV, E>(h, sp, a.tables + t, t, g0 + w0 + k, row, slot[k],
+                          sp.rows ? nullptr : far_row(a, t, row), lane);
       }
     }
   }
@@ -883,14 +960,15 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV * E <= 8 ? 4 : 2)
     const ur__tbe_table &tb = a.tables[t];
     if (h.sums_only && !tb.row_sums) continue; /* ur_tbe_row_sums: other tables sit out */
     int64_t row = (int64_t)key - tb.key_base;
-    if (!sp.rows) prefetch_step(h, tb, row, lane);
+    const char *copy = sp.rows ? nullptr : far_row(a, t, row);
+    if (!sp.rows) prefetch_step(h, tb, row, copy, lane);
     float acc[NV][E];
 #pragma unroll
     for (int v = 0; v < NV; v++)
 #pragma unroll
       for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
     sum_entries<NV, E, U>(a, s, tb.dim, j0, j1, acc, warp_stage(a), lane);
-    finish<NV, E>(a, h, sp, slot, t, seg, row, acc, lane);
+    finish<NV, E>(a, h, sp, slot, t, seg, row, acc, copy, lane);
   }
 }
 
@@ -969,7 +1047,8 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     if (h.sums_only && !tb.row_sums) continue;
     int64_t row = (int64_t)key - tb.key_base;
     int dim = tb.dim;
-    if (!sp.rows) prefetch_step(h, tb, row, lane);
+    const char *copy = sp.rows ? nullptr : far_row(a, t, row);
+    if (!sp.rows) prefetch_step(h, tb, row, copy, lane);
     int q1 = s.cend[k], q0 = q1 - chunks_of(j1 - j0);
     float acc[NV][E];
 #pragma unroll
@@ -996,7 +1075,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
           for (int e = 0; e < E; e++) acc[v][e] = UR_FADD(acc[v][e], x[u][v][e]);
       }
     }
-    finish<NV, E>(a, h, sp, slot, t, seg, row, acc, lane);
+    finish<NV, E>(a, h, sp, slot, t, seg, row, acc, copy, lane);
   }
 }
 
@@ -1365,8 +1444,11 @@ template <int NV, int E>
 cudaError_t launch_fwd(cudaStream_t st, const ur__tbe_args &a) {
   const int U = NV >= 8 ? 1 : 8 / NV;
   unsigned blocks = blocks_for((a.bags + 31) / 32);
-  if (a.pooled) fwd_kernel<NV, E, U, true><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a);
-  else fwd_kernel<NV, E, U, false><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a);
+  if (a.far.fill) {
+    if (a.pooled) fwd_kernel<NV, E, U, true, true><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a);
+    else fwd_kernel<NV, E, U, false, true><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a);
+  } else if (a.pooled) fwd_kernel<NV, E, U, true, false><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a);
+  else fwd_kernel<NV, E, U, false, false><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a);
   return cudaGetLastError();
 }
 

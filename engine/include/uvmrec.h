@@ -776,6 +776,33 @@ UR_API ur_status ur_tbe_set_step(ur_tbe *t, int64_t step);
 /* Ids skipped under UR_TBE_BOUNDS_WARN since the collection was made (waits for the GPU). */
 UR_API ur_status ur_tbe_skipped(ur_tbe *t, int64_t *out);
 
+/* ---- far rows' copies ---- */
+/* Far rows are the rows a GPU collection reads over the host link: a managed table's rows past
+ * the leading run its hints keep on the GPU, every row of a host table.  With room for `rows`
+ * copies (0: none, the default), each forward copies the far rows it reads (once each, up to
+ * `rows` of them) into HBM, and the next backward steps those rows from their copies: the link
+ * carries a far row once a step each way instead of twice in.  The results are the same bits
+ * with or without copies; a row past the room is read over the link as before.  The copies
+ * hold the rows as the forward read them: the collection's own calls that write rows between a
+ * forward and its backward drop them, but a write through a view (ur_tbe_table) in between is
+ * not seen; write rows between steps.  The room is HBM of the collection's GPU (counted in the
+ * budget: rows times the widest row, plus 24 bytes a row for the map); a CPU collection has no
+ * far rows (the setting is kept and does nothing). */
+UR_API ur_status ur_tbe_set_far_rows(ur_tbe *t, int64_t rows);
+UR_API int64_t ur_tbe_far_rows(const ur_tbe *t);
+/* Forgets the copies and reads where each table's far rows begin again from its hints
+ * (set_far_rows does both): after a hint policy moves rows between GPU and host, or after rows
+ * were written through a view (a load), uploading what changed. */
+UR_API ur_status ur_tbe_far_refresh(ur_tbe *t);
+/* The first far physical row of table t (rows when none is far; on a CPU collection a managed
+ * table's as its recorded hints say, though nothing is copied there). */
+UR_API ur_status ur_tbe_far_from(const ur_tbe *t, int32_t table, int64_t *out);
+/* The distinct far rows the last forward read (waits for it on s), counted as far as the
+ * copies' map holds them (its slots: the power of two at least twice far_rows, 64 at least):
+ * min(this, far_rows) were copied; 0 when it made no copies.  (A backward or a write since
+ * does not change it.) */
+UR_API ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out);
+
 /* ---- access counters and row layout ---- */
 /* Access counters: per table an i32 counter per row id, kept where the collection runs (device
  * memory on a GPU), added to by every forward while counting is on: one per value that reads

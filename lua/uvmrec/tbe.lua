@@ -415,7 +415,10 @@ end
 -- Copies a tensor of the table's dtype and shape into table `name`.
 function methods:load(name, src, stream)
   if self.cache and self.cached[name] then assert(self.cache:invalidate()) end
-  return table_options.load(self, name, src, stream)
+  local r, err = table_options.load(self, name, src, stream)
+  if r == nil then return nil, err end
+  must(C.ur_tbe_far_refresh(H(self))) -- the copies of far rows are older than the load
+  return r
 end
 
 -- reset_rows(name, ids[, n][, stream]): rows ids (a Lua list of row ids, or an int64_t array
@@ -453,7 +456,31 @@ function methods:lr() return C.ur_tbe_lr(H(self)) end
 function methods:step() return tonumber(C.ur_tbe_step(H(self))) end
 function methods:set_step(n) must(C.ur_tbe_set_step(H(self), n)) return self end
 
-local skipped = ffi.new("int64_t[1]")
+-- Far rows' copies (uvmrec.h, ur_tbe_set_far_rows; docs/uvm.md): room for n copies of the far
+-- rows (read over the host link) a forward reads, which the next backward steps from; 0: none.
+function methods:set_far_rows(n)
+  if type(n) ~= "number" or n < 0 or n % 1 ~= 0 then
+    error("embedding collection: far_rows must be a whole number of copies >= 0, got " .. tostring(n), 2)
+  end
+  must(C.ur_tbe_set_far_rows(H(self), n))
+  return self
+end
+function methods:far_rows() return tonumber(C.ur_tbe_far_rows(H(self))) end
+-- After rows moved between GPU and host (a hint policy's interval does it).
+function methods:far_refresh() must(C.ur_tbe_far_refresh(H(self))) return self end
+
+local i64 = ffi.new("int64_t[1]")
+-- Table `name`'s first far physical row (its rows when none is far).
+function methods:far_from(name)
+  must(C.ur_tbe_far_from(H(self), table_index(self, name, 2), i64))
+  return tonumber(i64[0])
+end
+-- The distinct far rows the last forward read (min of it and far_rows() were copied).
+function methods:far_taken(stream)
+  must(C.ur_tbe_far_taken(S(stream), H(self), i64))
+  return tonumber(i64[0])
+end
+
 -- Ids skipped by the "warn" bounds check so far.
 -- set_gate(flags or nil): a guard's flags (uvmrec.train.guard, i32 at the collection's side):
 -- while their element 0 is set when a backward runs, the backward leaves rows and state as
@@ -466,9 +493,9 @@ function methods:set_gate(flags)
 end
 
 function methods:skipped()
-  local ok, err = check(C.ur_tbe_skipped(H(self), skipped))
+  local ok, err = check(C.ur_tbe_skipped(H(self), i64))
   if not ok then return nil, err end
-  return tonumber(skipped[0])
+  return tonumber(i64[0])
 end
 
 -- The first output column of feature `name` (0-based), pooled collections.

@@ -24,7 +24,7 @@ MEMCHECK=${MEMCHECK:-$(grep -l -e '#cuda' -e 'cuda_it' spec/*_spec.lua spec/*/*_
 # generator, adaptive swaps (hints), metrics, quantized lookups and collisions where present
 RACECHECK=${RACECHECK:-$(ls spec/dense_cuda_spec.lua spec/tbe_cuda_spec.lua spec/cache_cuda_spec.lua \
   spec/kjt_cuda_spec.lua spec/data/generator_spec.lua spec/hints_cuda_spec.lua spec/metrics_spec.lua \
-  spec/qtbe_cuda_spec.lua spec/mc_spec.lua spec/nan_spec.lua 2>/dev/null)}
+  spec/qtbe_cuda_spec.lua spec/mc_spec.lua spec/nan_spec.lua spec/tbe_far_spec.lua 2>/dev/null)}
 mkdir -p "$out"
 table="$out/table.txt"
 : > "$table"

@@ -46,6 +46,8 @@ local cmd = require("uvmrec.cli").command {
     type = "whole" },
   { "--none-steps N", "steps of the run without hints, 0 for none (default: 200 on a GPU, 8 on the CPU)",
     type = "whole" },
+  { "--far-rows N,...", "room for copies of the far rows a forward reads (embeddings.far_rows): each managed "
+    .. "run once per value", type = "numbers", default = { 0 } },
   options.out_append,
 }
 local o = cmd:parse(arg)
@@ -154,6 +156,8 @@ local function run(r)
   local mgr
   migration() -- reset the monitor's interval
   local t_setup = C.ur_clock_seconds()
+  if r.far and r.far > 0 then tbe:set_far_rows(r.far) end -- its room is in the budget's hbm_used below
+  rec.far_rows = r.far
   if r.placement == "managed" and r.policy ~= "none" then
     local allowance = math.floor(emb_bytes * (r.fraction or 0) / 100)
     local perm_bytes = 0
@@ -201,6 +205,7 @@ local function run(r)
     return s, last.loss:get(0), migration()
   end
   local seconds, loss, mig = timed(o.steps, o.warmup)
+  rec.far_taken = r.far and r.far > 0 and tbe:far_taken() or nil -- the last forward's far rows
   rec.steps, rec.seconds = o.steps, seconds
   rec.samples_per_s = o.steps * B / seconds
   rec.ms_per_step = seconds / o.steps * 1e3
@@ -213,13 +218,15 @@ local function run(r)
     -- the share of all lookups counted so far (counting, warm-up, timed) that the prefix in HBM took
     rec.coverage = mgr:measure()
     rec.hbm_used = ur.memory().hbm_used
-    -- bytes read in place over the host link a step, estimated: lookups outside the prefix, each
-    -- a row read in forward and read and written in the backward's update
+    -- bytes moved in place over the host link a step, estimated: lookups outside the prefix, each
+    -- a row read in forward and read and written in the backward's update (not read again where
+    -- the forward copied it: the share of far rows the room held)
     if rec.coverage then
       local rows = 0
       for _, name in ipairs(tbe.table_names) do rows = rows + tbe.rows[name] end
       local row_bytes = emb_bytes / rows
-      rec.host_bytes_per_step_est = (1 - rec.coverage) * lookups * row_bytes * 3
+      local copied = rec.far_taken and rec.far_taken > 0 and math.min(1, rec.far_rows / rec.far_taken) or 0
+      rec.host_bytes_per_step_est = (1 - rec.coverage) * lookups * row_bytes * (3 - copied)
     end
     mgr:free()
   end
@@ -310,14 +317,16 @@ end
 for _, pol in ipairs(o.policies) do
   local fr = pol == "host" and { 0 } or o.fractions
   for _, f in ipairs(fr) do
-    local what = pol .. " " .. f .. "%"
-    local ok, rec = pcall(run, { placement = "managed", policy = pol, fraction = f })
-    local bad = ok and same_losses(rec)
-    if not ok then failed(what, rec)
-    elseif bad then failed(what, bad)
-    else
-      rec.of_device = rec.samples_per_s / ref.samples_per_s
-      emit(rec)
+    for _, far in ipairs(o.far_rows) do
+      local what = pol .. " " .. f .. "%" .. (far > 0 and (", far rows " .. far) or "")
+      local ok, rec = pcall(run, { placement = "managed", policy = pol, fraction = f, far = far })
+      local bad = ok and same_losses(rec)
+      if not ok then failed(what, rec)
+      elseif bad then failed(what, bad)
+      else
+        rec.of_device = rec.samples_per_s / ref.samples_per_s
+        emit(rec)
+      end
     end
   end
 end
@@ -341,13 +350,14 @@ print(("uvm bench: %s, %s of tables (%s), batch %d, Zipf ids; every managed run'
   :format(base_cfg.name, gbs(ref.table_bytes) .. " GB", gpu and ref.device or "CPU", B))
 print(("access counters: %.3f ms a step off, %.3f on (%+.1f%%)"):format(ref.count_off_ms, ref.count_on_ms,
   100 * ref.count_overhead))
-print("| policy | HBM allowance | samples/s | of device | ms/step | on GPU (GB) | coverage | migrated/step (MB) "
-  .. "| est. host reads/step (MB) | relayout (s, GB) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| policy | HBM allowance | far rows: room / read | samples/s | of device | ms/step | on GPU (GB) | coverage "
+  .. "| migrated/step (MB) | est. host reads/step (MB) | relayout (s, GB) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for _, r in ipairs(results) do
   if r.policy ~= "none" then
-    print(("| %s | %s | %.3g M | %s | %.2f | %s | %s | %s | %s | %s |"):format(r.policy,
+    print(("| %s | %s | %s | %.3g M | %s | %.2f | %s | %s | %s | %s | %s |"):format(r.policy,
       r.fraction and (r.fraction .. "%") or (r.policy == "device" and "100% (all)" or "-"),
+      r.far_taken and ("%d / %d"):format(r.far_rows, r.far_taken) or "-",
       r.samples_per_s / 1e6, r.of_device and ("%.2f"):format(r.of_device) or "1", r.ms_per_step,
       r.policy == "device" and gbs(r.table_bytes) or gbs(r.bytes_on_gpu),
       r.coverage and ("%.3f"):format(r.coverage) or "-",

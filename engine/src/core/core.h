@@ -170,6 +170,10 @@ UR__HIDDEN ur_status ur__tensor_wrap(ur_tensor **out, ur_dtype dtype, int32_t nd
  * hints.c. */
 UR__HIDDEN ur_status ur__segmap_init(ur__segmap *m, uint64_t bytes);
 UR__HIDDEN void ur__segmap_free(ur__segmap *m);
+/* Bytes of t's elements [first, first + numel) that a GPU holds or is asked to hold (preferred
+ * there or prefetched there, as the record says), counted from the first without a break: the
+ * leading run a managed table's hints keep on the GPU.  0 for memory that is not managed. */
+UR__HIDDEN uint64_t ur__hint_gpu_run(const ur_tensor *t, int64_t first, int64_t numel);
 
 /* The CPU backends' workspaces: the next piece of one carved from base (NULL: only measuring),
  * its bytes rounded up to 64; *at counts the bytes carved so far. */

@@ -95,6 +95,22 @@ static uint64_t seg_on_gpu(const ur__segmap *m) {
   return b;
 }
 
+uint64_t ur__hint_gpu_run(const ur_tensor *t, int64_t first, int64_t numel) {
+  const ur__storage *st = t->st;
+  if (st->place != UR_PLACE_MANAGED || numel <= 0) return 0;
+  uint64_t es = ur_dtype_size(t->dtype);
+  uint64_t begin = (uint64_t)(t->offset + first) * es, end = begin + (uint64_t)numel * es, at = begin;
+  pthread_mutex_lock(&ur__lock);
+  const ur__segmap *m = &st->hints;
+  for (size_t i = m->n ? seg_find(m, begin) : 0; i < m->n && at < end; i++) {
+    const ur__seg *g = &m->v[i];
+    if (g->begin > at || (g->preferred < 0 && g->prefetched < 0)) break;
+    at = g->end;
+  }
+  pthread_mutex_unlock(&ur__lock);
+  return (at < end ? at : end) - begin;
+}
+
 /* ---- ranges ---- */
 
 static ur_status hint_range(const ur_tensor *t, int64_t offset, int64_t numel, const char *what,

@@ -18,6 +18,16 @@
 
 typedef struct ur_philox4 { uint32_t v[4]; } ur_philox4;
 
+/* splitmix64's finaliser: a 64-bit key spread over every bit, for the open-addressed maps of
+ * managed collisions (mc.h) and the collection's far rows (tbe_plan.h). */
+UR_HD uint64_t ur__mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 UR_HD uint32_t ur_mulhilo(uint32_t a, uint32_t b, uint32_t *hi) {
   uint64_t p = (uint64_t)a * b;
   *hi = (uint32_t)(p >> 32);

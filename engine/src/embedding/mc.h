@@ -94,21 +94,13 @@ UR__HIDDEN extern const ur_mc_ops ur__cpu_mc_ops;
 
 /* ---- the arithmetic both backends share ---- */
 
-UR_HD uint64_t ur__mc_mix(uint64_t x) { /* splitmix64's finaliser */
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 UR_HD uint64_t ur__mc_hash(const ur__mc_table *t, int64_t id) {
-  return ur__mc_mix((uint64_t)id ^ t->seed);
+  return ur__mix64((uint64_t)id ^ t->seed);
 }
 
 /* The fallback row of a non-resident id: one of the last `fallback` rows. */
 UR_HD int64_t ur__mc_fallback_row(const ur__mc_table *t, int64_t id) {
-  uint64_t h = ur__mc_mix((uint64_t)id ^ t->seed ^ 0x5851F42D4C957F2Dull);
+  uint64_t h = ur__mix64((uint64_t)id ^ t->seed ^ 0x5851F42D4C957F2Dull);
   return t->cap + (int64_t)(h % (uint64_t)t->fallback);
 }
 

@@ -312,6 +312,7 @@ static ur_status alloc_storages(ur_tbe *t) {
     d->sr_row0 = shard ? c->row0 : 0;
     d->sr_col0 = shard ? c->col0 : 0;
     d->sr_pitch = shard ? c->logical_dim : c->dim;
+    d->far_from = ur__tbe_far_from(t, i);
   }
   rekey(t);
   return UR_STATUS_OK;
@@ -486,6 +487,7 @@ void ur_tbe_free(ur_tbe *t) {
   ur_tensor_free(t->desc);
   ur_tensor_free(t->callbuf);
   ur_tensor_free(t->work);
+  ur_tensor_free(t->far);
   ur_tensor_free(t->swapbuf);
   ur_tensor_free(t->flags);
   for (int32_t i = 0; t->counts && i < t->names.T; i++) ur_tensor_free(t->counts[i]);
@@ -580,6 +582,7 @@ ur_status ur_tbe_init_table(ur_stream *s, ur_tbe *t, int32_t i, double lo, doubl
   if (!isfinite(lo) || !isfinite(hi) || lo > hi)
     return ur__error(UR_STATUS_INVALID,
                      "tbe: init bounds [%g, %g) are not finite with low <= high", lo, hi);
+  ur__tbe_far_drop(t);
   return draw(s, t, i, lo, hi, seed);
 }
 
@@ -606,6 +609,7 @@ ur_status ur_tbe_reset_rows(ur_stream *s, ur_tbe *t, int32_t i, const int64_t *i
   if (st) return st;
   const ur_tbe_table_config *c = &t->tc[i];
   if (n < 0) return ur__error(UR_STATUS_INVALID, "tbe: reset_rows of %lld rows", (long long)n);
+  ur__tbe_far_drop(t);
   /* a shard's rows are drawn at its logical table's counters, which rand_rows does not take */
   if (c->logical_rows != 0)
     return ur__error(UR_STATUS_INVALID,
@@ -722,6 +726,25 @@ ur_status ur__tbe_backing(const ur_tbe *t, int32_t i, ur__tbe_table *out, int32_
   return UR_STATUS_OK;
 }
 
+/* A CPU collection's managed tables answer as their recorded hints say (the CPU emulates
+ * managed memory so); its host tables have no link to be far across. */
+int64_t ur__tbe_far_from(const ur_tbe *t, int32_t i) {
+  int64_t rows = t->tables[i].rows;
+  if (t->owner[i]) return rows; /* a cache's slots are in HBM */
+  ur__tbe_table b;
+  int32_t place = 0;
+  if (ur__tbe_backing(t, i, &b, &place)) return rows;
+  if (place == UR_PLACE_PINNED) return 0;
+  if (place != UR_PLACE_MANAGED) return rows;
+  const ur_tbe_table_config *c = &t->tc[i];
+  ur_tensor *w = t->wstore[place][c->dtype];
+  int64_t per = (int64_t)c->dim;
+  uint64_t run = ur__hint_gpu_run(w, t->woff[i], c->rows * per);
+  return (int64_t)(run / ((uint64_t)per * ur_dtype_size(c->dtype)));
+}
+
+void ur__tbe_far_drop(ur_tbe *t) { t->far_ready = 0; }
+
 ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weights,
                            float *state1, float *state2, const int64_t *row_ids, int64_t rows) {
   ur_status st = ur__tbe_names_index(&t->names, i);
@@ -752,6 +775,8 @@ ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weight
   t->tables[i].state2 = state2;
   t->tables[i].row_ids = row_ids;
   t->tables[i].rows = rows;
+  t->tables[i].far_from = ur__tbe_far_from(t, i);
+  ur__tbe_far_drop(t);
   rekey(t);
   return upload_desc(t);
 }

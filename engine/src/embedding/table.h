@@ -122,6 +122,11 @@ struct ur_tbe {
   ur_tensor *swapbuf;       /* i64 at home: the ids of the last row swaps (layout.c), kept so
                                that nothing is freed (and waited for) while the swaps run */
   struct ur__pages *pages;  /* page prefetch state (pages.c, freed by its hook), or NULL */
+  /* far rows' copies (far.c): room for far_rows of them at home (GPU), their memory, whether
+   * the last forward made copies, and whether no write has overtaken them since */
+  int64_t far_rows;
+  ur_tensor *far;
+  int32_t far_made, far_ready;
   ur__tbe_hook *hooks;
   int32_t nhooks, cap_hooks;
 };
@@ -144,6 +149,15 @@ UR__HIDDEN ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, v
 UR__HIDDEN void ur__tbe_perm_changed(ur_tbe *t, int32_t i);
 /* Waits for the device, then copies the descriptors there (nothing when they live on the host). */
 UR__HIDDEN ur_status ur__tbe_sync_desc(ur_tbe *t);
+
+/* Far rows (table.c): table i's first far physical row, from where its rows live now; far_drop
+ * forgets the copies of far rows (every call that writes rows, and the backward after its
+ * step).  The copies (far.c): far_forward points a forward at them when it should make some;
+ * far_backward points the backward at them when the last forward made them. */
+UR__HIDDEN int64_t ur__tbe_far_from(const ur_tbe *t, int32_t i);
+UR__HIDDEN void ur__tbe_far_drop(ur_tbe *t);
+UR__HIDDEN ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a);
+UR__HIDDEN void ur__tbe_far_backward(const ur_tbe *t, ur__tbe_args *a);
 
 /* fn(ctx) runs when t is freed; unhook removes it (the owner went first). */
 UR__HIDDEN ur_status ur__tbe_hook_add(ur_tbe *t, ur__tbe_hook_fn fn, void *ctx);

@@ -329,8 +329,9 @@ ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
   }
   c.a.out = ur_tensor_data(out);
   void *work = NULL;
-  if (!(st = call_setup(t, s, &c, 0, &work)))
+  if (!(st = call_setup(t, s, &c, 0, &work)) && !(st = ur__tbe_far_forward(t, s, &c.a)))
     st = t->be->tbe->forward(s ? s->handle : NULL, &c.a, work);
+  t->far_made = t->far_ready = !st && c.a.far.fill;
   if (!st && t->cfg.bounds == UR_TBE_BOUNDS_FATAL) {
     int64_t bad = UR_TBE_NO_BAD;
     if (!(st = ur_tensor_read(t->flags, 0, 1, &bad)) && bad != UR_TBE_NO_BAD) st = bad_id(t, &c, bad);
@@ -392,8 +393,10 @@ static ur_status backward_call(ur_stream *s, ur_tbe *t, const ur_tensor *grad_ou
   hyper_of(t, &h);
   h.sums_only = sums_only;
   void *work = NULL;
+  ur__tbe_far_backward(t, &c.a); /* the last forward's far rows, as it read them */
   if (!st && !(st = call_setup(t, s, &c, 1, &work)))
     st = t->be->tbe->backward(sh, &c.a, &h, work);
+  if (!sums_only) ur__tbe_far_drop(t); /* the step wrote the rows */
   if (st && !sums_only) t->step--;
   release(&c);
   return st;

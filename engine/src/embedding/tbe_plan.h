@@ -58,7 +58,35 @@ typedef struct ur__tbe_table {
    * of its own columns' sum and divides by row_dim, the whole row's columns; or NULL. */
   float *row_sums;
   int32_t row_dim;
+  /* Physical rows at or past it are far: a managed table's rows outside the leading run its
+   * hints keep on the GPU, every row of a host table (0), none of an HBM table's (rows).  Only
+   * the far rows' copies (ur__tbe_far) look at it; it never changes a result. */
+  int64_t far_from;
 } ur__tbe_table;
+
+/* The far rows' copies (ur_tbe_set_far_rows, far.c): a forward that fills them copies each far
+ * row it reads, the first time, into rows (up to cap of them, row_bytes apart), keyed by the
+ * row's key (key_base + id) in an open-addressed map of mask + 1 slots; the backward that uses
+ * them steps a far row from its copy instead of reading it over the host link again.  The
+ * copies are the rows as that forward read them, and nothing writes a row between it and the
+ * backward (far.c drops them otherwise), so a step from a copy is the step from the row: the
+ * same bits. */
+typedef struct ur__tbe_far {
+  unsigned long long *keys; /* [mask + 1]: a copied row's key + 1, 0 where free */
+  int32_t *at;              /* [mask + 1]: where its copy is in rows, -1 when none had room */
+  char *rows;               /* [cap] copies */
+  int32_t *taken;           /* [1] copies asked for by the forward (past cap: not made) */
+  int64_t mask;
+  int32_t cap, row_bytes;
+  int32_t fill, use;        /* 1: the forward fills them; the backward reads them */
+} ur__tbe_far;
+
+#define UR_TBE_FAR_PROBES 32 /* slots a key is looked for in before it goes uncopied */
+
+/* The map's first slot for a key. */
+UR_HD uint64_t ur__tbe_far_slot(const ur__tbe_far *f, uint64_t key) {
+  return ur__mix64(key) & (uint64_t)f->mask;
+}
 
 typedef struct ur__tbe_feature {
   int32_t table, dim;
@@ -108,6 +136,7 @@ typedef struct ur__tbe_args {
   int64_t total_keys;      /* keys of valid rows are below it; it marks a skipped id */
   int32_t key_bits;        /* bits that hold total_keys */
   int32_t atomic;          /* backward: SGD by atomic adds, no sort (tbe.c says when it may) */
+  ur__tbe_far far;         /* the far rows' copies (GPU only; fill and use 0: none) */
 } ur__tbe_args;
 
 /* ---- layout ---- */

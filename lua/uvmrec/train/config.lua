@@ -49,6 +49,9 @@ M.schema = map({
     bounds = enum({ "fatal", "warn", "off" }, { default = "fatal" }),
     sharding = enum(M.SHARDINGS, { default = "table_wise" }),  -- over the ranks (uvmrec launch -n N)
     vbe = bool { default = false },                            -- over ranks: distinct bags exchanged
+    far_rows = int { min = 0, default = 0 },                   -- GPU: HBM copies of the far rows (read
+                                                               -- over the host link) a forward reads,
+                                                               -- stepped from by the backward (uvm.md)
     tables = dict(map {                                        -- per table (C1, C2, ...)
       placement = enum(PLACEMENTS), dtype = enum { "f32", "f16", "bf16" },
       sharding = enum(M.SHARDINGS),                            -- this table's (default: embeddings.sharding)

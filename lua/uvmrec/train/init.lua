@@ -249,11 +249,12 @@ end
 M.RESUME_IGNORE = { "train.steps", "train.checkpoint_every", "train.keep", "train.log_every", "train.nonfinite",
                     "train.print_every", "data.eval", "data.depth", "eval", "embeddings.placement",
                     "embeddings.tables", "embeddings.bounds", "embeddings.hints", "embeddings.cache",
-                    "embeddings.sharding", "embeddings.vbe", "train.pipeline", "train.drain" }
+                    "embeddings.sharding", "embeddings.vbe", "embeddings.far_rows", "train.pipeline",
+                    "train.drain" }
 -- Evaluating a checkpoint needs only the model's shape to match.
 M.EVAL_IGNORE = { "name", "train", "data", "eval", "schedule", "optimizer", "embeddings.optimizer",
                   "embeddings.placement", "embeddings.tables", "embeddings.bounds", "embeddings.hints",
-                  "embeddings.cache", "embeddings.sharding", "embeddings.vbe" }
+                  "embeddings.cache", "embeddings.sharding", "embeddings.vbe", "embeddings.far_rows" }
 
 -- The checkpoint file of --resume / --checkpoint: a file itself; a run directory's newest in
 -- its checkpoints/ folder; a folder of ckpt-<step>.safetensors files, its newest.
@@ -389,6 +390,18 @@ function M.hints(cfg, model)
   return hints.manager(model.embeddings, { policy = e.hints.policy, every = e.hints.every,
                                            allowance = e.hints.allowance, decay = e.hints.decay, tables = per,
                                            monitor = e.hints.monitor })
+end
+
+-- embeddings.far_rows: room in HBM for copies of the far rows each forward reads (every
+-- collection of the model; docs/uvm.md).  Returns the line the run prints, or nil.
+function M.far_rows(cfg, model)
+  local n = cfg.embeddings.far_rows
+  if n == 0 or not model.embeddings then return nil end
+  for _, tbe in ipairs(hints.tbes_of(model.embeddings)) do tbe:set_far_rows(n) end
+  if not ur.gpu() or model.placement ~= "device" then
+    return ("far rows: room for %d copies set; a model on the CPU reads no row over a link, so none is made"):format(n)
+  end
+  return ("far rows: room in HBM for %d copies a forward of the rows read over the host link"):format(n)
 end
 
 -- A resumed run saves as the run it resumes did (train.checkpoint_every, train.keep), unless this
@@ -581,6 +594,7 @@ function run_plain(cfg, opts)
     return nil, ("train.checkpoint_every is %d: checkpoints need a run directory (--out RUNDIR)"):format(every)
   end
   ctx.hints = M.hints(cfg, model)
+  local far = M.far_rows(cfg, model)
 
   local log, lerr = run_dir(out)
   if not log then return nil, lerr end
@@ -592,6 +606,7 @@ function run_plain(cfg, opts)
         .. (model.embeddings.vbe and "; VBE: each rank sends each feature's distinct bags" or ""))
   end
   say("data: " .. data.what)
+  if far then say(far) end
   if opts.plan then
     local planner, p = require "uvmrec.planner", opts.plan.data
     say(("plan: %s, %d tables (%s), predicted %s a step (%.0f samples/s), HBM %s of %s (%s)"):format(

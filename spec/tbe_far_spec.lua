@@ -1,0 +1,206 @@
+-- Far rows' copies (uvmrec.h ur_tbe_set_far_rows; uvmrec.tbe set_far_rows; docs/uvm.md): the
+-- setting and where each table's far rows begin, on the CPU (managed tables' recorded hints);
+-- on a GPU (#cuda), the copies the forward makes (one a distinct far row, up to the room) and
+-- the backward's steps from them, the same bits as steps without them.
+local ur = require "uvmrec"
+local h = require "helpers"
+local R = require "tbe_ref"
+local hints = require "uvmrec.hints"
+
+local cuda_it = h.cuda_it
+local EBC, EC = ur.nn.EmbeddingBagCollection, ur.nn.EmbeddingCollection
+
+local TABLES = {
+  { name = "a", rows = 3000, dim = 128, features = { "a1", "a2" } },
+  { name = "b", rows = 77, dim = 12, dtype = "f16", pooling = "mean" },
+  { name = "c", rows = 500, dim = 1024, dtype = "bf16" },
+  { name = "d", rows = 1000, dim = 260 },
+}
+
+-- A collection of TABLES (dims 16 under pooling none) on `device`, its tables at `placement`.
+local function collection(device, placement, opts)
+  local o = { tables = {}, device = device, placement = placement, seed = 23 }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  for i, t in ipairs(TABLES) do
+    local c = {}
+    for k, v in pairs(t) do c[k] = v end
+    if o.pooling then c.pooling, c.dim = nil, 16 end
+    o.tables[i] = c
+  end
+  return (o.pooling == "none" and EC or EBC)(o)
+end
+
+-- The distinct (table, id) pairs of a batch: every row a collection of far tables reads.
+local function distinct(c, b)
+  local L, seen, n = R.layout(c.tbe), {}, 0
+  local bag = 0
+  for f = 1, #L do
+    for _ = 1, b.batch do
+      bag = bag + 1
+      for v = b.offsets[bag] + 1, b.offsets[bag + 1] do
+        local k = L[f].table .. ":" .. b.values[v]
+        if not seen[k] then seen[k], n = true, n + 1 end
+      end
+    end
+  end
+  return n
+end
+
+-- Trains `far` (copies on) and `plain` (none) on the same batches; every forward's output and,
+-- after, every table and optimizer state must be the same bits.  check(b, far) after each
+-- forward; between(far, plain) between each forward and its backward.
+local function same_steps(far, plain, steps, seed, check, between)
+  for s = 1, steps do
+    math.randomseed(seed + s)
+    local b = R.batch(R.rows_of(plain), { batch = 40, weighted = s % 2 == 0, hot = s == 2 and { 3, 300 } or nil })
+    local inp = R.input(b, "device")
+    local fo, po = far:forward(inp), plain:forward(inp)
+    R.bits_equal(fo, po, "forward, step " .. s)
+    if check then check(b, far) end
+    if between then between(far, plain, s) end
+    local g = assert(ur.tensor(po:size(), { dtype = po:dtype(), placement = "device" }))
+    g:uniform(-1, 1, seed + s)
+    far:backward(inp, g)
+    plain:backward(inp, g)
+  end
+  for _, name in ipairs(plain.tbe.table_names) do
+    R.bits_equal(far:table(name), plain:table(name), "table " .. name)
+    for k, st in pairs(plain.tbe:state(name)) do
+      R.bits_equal(far.tbe:state(name)[k], st, "table " .. name .. " state " .. k)
+    end
+  end
+end
+
+describe("far rows' copies", function()
+  it("takes a whole number of copies >= 0, naming a bad one; a CPU collection keeps it and makes none", function()
+    local c = collection("cpu", "host")
+    assert.equal(0, c.tbe:far_rows())
+    for _, bad in ipairs { -1, 1.5, "8" } do
+      assert.has_error(function() c.tbe:set_far_rows(bad) end,
+                       "embedding collection: far_rows must be a whole number of copies >= 0, got " .. tostring(bad))
+    end
+    local ok, err = pcall(c.tbe.set_far_rows, c.tbe, 2 ^ 31)
+    assert.is_false(ok)
+    assert.matches("tbe set_far_rows: 2147483648 copies; expected 0 %(none%) to 1073741823", err)
+    c.tbe:set_far_rows(64)
+    assert.equal(64, c.tbe:far_rows())
+    local b = R.batch(R.rows_of(c), { batch = 8 })
+    c:forward(R.input(b))
+    assert.equal(0, c.tbe:far_taken())
+    for _, t in ipairs(TABLES) do assert.equal(t.rows, c.tbe:far_from(t.name), t.name) end
+    assert.has_error(function() c.tbe:far_from("z") end)
+  end)
+
+  it("begins a managed table's far rows past the leading run its hints keep on the GPU", function()
+    local c = EBC { tables = { { name = "a", rows = 100000, dim = 16 }, { name = "b", rows = 50000, dim = 16 },
+                               { name = "c", rows = 1000, dim = 16, placement = "host" } },
+                    placement = "managed", seed = 3 }
+    c.tbe:set_far_rows(1000)
+    -- nothing advised yet: no row is kept on the GPU
+    assert.same({ 0, 0, 1000 }, { c.tbe:far_from("a"), c.tbe:far_from("b"), c.tbe:far_from("c") })
+    local m = hints.manager(c, { policy = "hot_prefix", every = 1, allowance = "20%" })
+    assert(m:interval(1))
+    -- the interval refreshed them: each prefix the policy keeps (whole pages of rows)
+    local ka, kb = m.tables[1].k, m.tables[2].k
+    assert.is_true(ka > 19000 and ka <= 20000 and kb > 9000 and kb <= 10000, ka .. " " .. kb)
+    assert.same({ ka, kb, 1000 }, { c.tbe:far_from("a"), c.tbe:far_from("b"), c.tbe:far_from("c") })
+    m:free()
+    local hm = hints.manager(c, { policy = "host", every = 1 })
+    assert(hm:interval(1))
+    assert.same({ 0, 0 }, { c.tbe:far_from("a"), c.tbe:far_from("b") })
+    hm:free()
+  end)
+
+  it("is set on every collection of a trained model by embeddings.far_rows, which must be >= 0", function()
+    local run = h.train_tiny({ "train.steps=2", "train.batch_size=64", "eval.samples=0", "eval.min_auc=0",
+                               "embeddings.far_rows=512" })
+    local line
+    for _, l in ipairs(run.lines) do
+      if l:match("^far rows") then line = l end
+    end
+    assert.equal("far rows: room for 512 copies set; a model on the CPU reads no row over a link, so none is made",
+                 line)
+    assert.has_error(function() h.train_tiny({ "embeddings.far_rows=-1" }) end)
+  end)
+
+  for _, kind in ipairs { "sgd", "rowwise_adagrad", "adam" } do
+    cuda_it("host tables: the forward copies each distinct row it reads once, and " .. kind
+      .. " steps from the copies give the same bits as without them (pooled, weighted, mean, read 300 times)",
+      function()
+        local opt = { kind, lr = 0.05, weight_decay = 0.01, max_grad = 0.8 }
+        local far = collection(0, "host", { optimizer = opt })
+        local plain = collection(0, "host", { optimizer = opt })
+        far.tbe:set_far_rows(100000)
+        assert.equal(0, far.tbe:far_from("a"))
+        same_steps(far, plain, 3, 10, function(b, c) assert.equal(distinct(c, b), c.tbe:far_taken()) end)
+      end)
+  end
+
+  cuda_it("pooling none and bf16 outputs: the same bits with copies", function()
+    for _, o in ipairs { { pooling = "none" }, { output_dtype = "bf16" } } do
+      local far, plain = collection(0, "host", o), collection(0, "host", o)
+      far.tbe:set_far_rows(100000)
+      same_steps(far, plain, 2, 30)
+    end
+  end)
+
+  cuda_it("with less room than far rows, the rest are read over the link: the same bits", function()
+    local far, plain = collection(0, "host"), collection(0, "host")
+    far.tbe:set_far_rows(5)
+    same_steps(far, plain, 3, 50, function(b, c)
+      -- the map (64 slots, the least) counts the first 64 distinct rows; 5 of them were copied
+      assert.is_true(distinct(c, b) > 64)
+      assert.equal(64, c.tbe:far_taken())
+    end)
+  end)
+
+  cuda_it("a load, init_table or reset_rows between a forward and its backward drops the copies", function()
+    local far, plain = collection(0, "host"), collection(0, "host")
+    far.tbe:set_far_rows(100000)
+    local src = assert(ur.tensor({ 3000, 128 }, { placement = "device" })):uniform(-0.5, 0.5, 7)
+    same_steps(far, plain, 3, 70, nil, function(f, p, s)
+      for _, c in ipairs { f, p } do
+        if s == 1 then assert(c.tbe:load("a", src))
+        elseif s == 2 then assert(c.tbe:init_table("d", -0.1, 0.1, 5))
+        else assert(c.tbe:reset_rows("a", { 0, 1, 2, 3, 4, 5 })) end
+      end
+    end)
+  end)
+
+  cuda_it("managed tables under hot_prefix: only rows past the prefix are copied; the same bits", function()
+    local function make()
+      local c = collection(0, "managed")
+      local m = hints.manager(c, { policy = "hot_prefix", every = 1, allowance = "30%" })
+      return c, m
+    end
+    local far, mf = make()
+    local plain, mp = make()
+    far.tbe:set_far_rows(100000)
+    math.randomseed(90)
+    local b = R.batch(R.rows_of(plain), { batch = 200 })
+    local inp = R.input(b, "device")
+    far:forward(inp)
+    plain:forward(inp)
+    assert(mf:interval(1))
+    assert(mp:interval(1))
+    assert.is_true(far.tbe:far_from("a") > 0 and far.tbe:far_from("a") < 3000)
+    same_steps(far, plain, 3, 90, function(bb, c)
+      local n = c.tbe:far_taken()
+      assert.is_true(n > 0 and n < distinct(c, bb), n)
+    end)
+    mf:free()
+    mp:free()
+  end)
+
+  cuda_it("training with embeddings.far_rows gives the device tables' losses bit for bit", function()
+    local function losses(sets)
+      local all = { "train.steps=12", "train.batch_size=512", "eval.samples=0", "eval.min_auc=0", "train.log_every=1",
+                    "embeddings.hints.every=4", "embeddings.hints.allowance=20%" }
+      for _, s in ipairs(sets) do all[#all + 1] = s end
+      return h.train_tiny(all, nil, { cpu = false }).losses
+    end
+    local want = losses { "embeddings.placement=device" }
+    assert.same(want, losses { "embeddings.placement=managed", "embeddings.far_rows=20000" })
+    assert.same(want, losses { "embeddings.placement=host", "embeddings.far_rows=20000" })
+  end)
+end)
