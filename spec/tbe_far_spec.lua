@@ -120,6 +120,7 @@ describe("far rows' copies", function()
     end
     assert.equal("far rows: room for 512 copies set; a model on the CPU reads no row over a link, so none is made",
                  line)
+    assert.same({ room = 512, read = 0, copied = 0 }, run.result.far_rows)
     assert.has_error(function() h.train_tiny({ "embeddings.far_rows=-1" }) end)
   end)
 
@@ -192,15 +193,23 @@ describe("far rows' copies", function()
     mp:free()
   end)
 
-  cuda_it("training with embeddings.far_rows gives the device tables' losses bit for bit", function()
-    local function losses(sets)
-      local all = { "train.steps=12", "train.batch_size=512", "eval.samples=0", "eval.min_auc=0", "train.log_every=1",
-                    "embeddings.hints.every=4", "embeddings.hints.allowance=20%" }
-      for _, s in ipairs(sets) do all[#all + 1] = s end
-      return h.train_tiny(all, nil, { cpu = false }).losses
-    end
-    local want = losses { "embeddings.placement=device" }
-    assert.same(want, losses { "embeddings.placement=managed", "embeddings.far_rows=20000" })
-    assert.same(want, losses { "embeddings.placement=host", "embeddings.far_rows=20000" })
-  end)
+  cuda_it("training with embeddings.far_rows gives the device tables' losses bit for bit, and says what it copied",
+    function()
+      local function run(sets)
+        local all = { "train.steps=12", "train.batch_size=512", "eval.samples=0", "eval.min_auc=0",
+                      "train.log_every=1", "embeddings.hints.every=4", "embeddings.hints.allowance=20%" }
+        for _, s in ipairs(sets) do all[#all + 1] = s end
+        return h.train_tiny(all, nil, { cpu = false })
+      end
+      local want = run({ "embeddings.placement=device" }).losses
+      for _, place in ipairs { "managed", "host" } do
+        local r = run { "embeddings.placement=" .. place, "embeddings.far_rows=2000" }
+        assert.same(want, r.losses, place)
+        local f = r.result.far_rows
+        assert.is_true(f.read > 0 and f.copied == math.min(f.read, 2000), place)
+        local said
+        for _, l in ipairs(r.lines) do said = said or l:match("^far rows: the last forward read") end
+        assert.truthy(said, place)
+      end
+    end)
 end)

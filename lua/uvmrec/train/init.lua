@@ -725,6 +725,19 @@ function run_plain(cfg, opts)
     result.hints = ctx.hints.last
     ctx.hints:free()
   end
+  if far then
+    -- the room against what the last forward read: how to size embeddings.far_rows
+    local room, read, copied = cfg.embeddings.far_rows, 0, 0
+    for _, tbe in ipairs(hints.tbes_of(model.embeddings)) do
+      local n = tbe:far_taken()
+      read, copied = read + n, copied + math.min(n, room)
+    end
+    result.far_rows = { room = room, read = read, copied = copied }
+    if read > 0 then
+      say(("far rows: the last forward read %d distinct far rows, copied %d (room %d a collection)"):format(
+        read, copied, room))
+    end
+  end
   if collisions then
     say(collisions:summary())
     result.collisions = collisions.last
