@@ -121,7 +121,7 @@ __device__ __forceinline__ int32_t far_claim(const ur__tbe_far &f, uint64_t key)
 __device__ __forceinline__ const char *far_row(const ur__tbe_args &a, int32_t t, int64_t id) {
   if (!a.far.use) return nullptr;
   const ur__tbe_table &tb = a.tables[t];
-  if ((tb.perm ? tb.perm[id] : id) < tb.far_from) return nullptr;
+  if (tb.far_from >= tb.rows || (tb.perm ? tb.perm[id] : id) < tb.far_from) return nullptr;
   unsigned long long k = (unsigned long long)(tb.key_base + id) + 1;
   uint64_t s = ur__tbe_far_slot(&a.far, k - 1);
   for (int p = 0; p < UR_TBE_FAR_PROBES; p++, s = (s + 1) & (uint64_t)a.far.mask) {
@@ -339,10 +339,12 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     int32_t copy = -1; /* where this lane's far row is copied to, or -1 */
     if (p < g.T) {
       int64_t id = a.values[i];
-      if (a.bounds == UR_TBE_BOUNDS_OFF || (id >= 0 && id < rows)) {
+      bool valid = id >= 0 && id < rows;
+      if (a.bounds == UR_TBE_BOUNDS_OFF || valid) {
         int64_t pr = pm ? __ldg(pm + id) : id;
         row = tw + pr * rb;
-        if (FAR && pr >= ff) copy = far_claim(a.far, (uint64_t)(kb + id));
+        /* an id out of bounds (bounds off) has no key of its own: it is never copied */
+        if (FAR && valid && pr >= ff) copy = far_claim(a.far, (uint64_t)(kb + id));
       } else ur__tbe_note_bad(a.flags, i);
       if (a.weights) w = a.weights[i];
     }

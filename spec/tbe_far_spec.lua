@@ -88,13 +88,14 @@ describe("far rows' copies", function()
     c:forward(R.input(b))
     assert.equal(0, c.tbe:far_taken())
     for _, t in ipairs(TABLES) do assert.equal(t.rows, c.tbe:far_from(t.name), t.name) end
-    assert.has_error(function() c.tbe:far_from("z") end)
+    assert.has_error(function() c.tbe:far_from("z") end,
+                     "embedding collection: no table named 'z' (tables: a, b, c, d)")
   end)
 
   it("begins a managed table's far rows past the leading run its hints keep on the GPU", function()
     local c = EBC { tables = { { name = "a", rows = 100000, dim = 16 }, { name = "b", rows = 50000, dim = 16 },
                                { name = "c", rows = 1000, dim = 16, placement = "host" } },
-                    placement = "managed", seed = 3 }
+                    device = "cpu", placement = "managed", seed = 3 }
     c.tbe:set_far_rows(1000)
     -- nothing advised yet: no row is kept on the GPU
     assert.same({ 0, 0, 1000 }, { c.tbe:far_from("a"), c.tbe:far_from("b"), c.tbe:far_from("c") })
@@ -121,7 +122,9 @@ describe("far rows' copies", function()
     assert.equal("far rows: room for 512 copies set; a model on the CPU reads no row over a link, so none is made",
                  line)
     assert.same({ room = 512, read = 0, copied = 0 }, run.result.far_rows)
-    assert.has_error(function() h.train_tiny({ "embeddings.far_rows=-1" }) end)
+    local ok, err = pcall(h.train_tiny, { "embeddings.far_rows=-1" })
+    assert.is_false(ok)
+    assert.matches("embeddings.far_rows=-1: '-1' is not an integer >= 0", err, 1, true)
   end)
 
   for _, kind in ipairs { "sgd", "rowwise_adagrad", "adam" } do

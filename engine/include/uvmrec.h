@@ -8,8 +8,8 @@
  *   2. hints       advice and prefetch on managed tensors, what is advised, what moved
  *   3. data        keyed jagged tensors (KJT), .npy arrays, Criteo TSV, synthetic data, the
  *                  loader and its batches
- *   4. embeddings  table-batched collections (tbe), access counters and row layout, page
- *                  prefetch of managed tables, managed collisions (raw ids to rows)
+ *   4. embeddings  table-batched collections (tbe), far rows' copies, access counters and row
+ *                  layout, page prefetch of managed tables, managed collisions (raw ids to rows)
  *   5. cache       the software HBM cache of `cached` tables
  *   6. dense       linear layers, activations, interaction, cross layers, concat, loss,
  *                  the dense optimizers' step, arenas
@@ -778,16 +778,19 @@ UR_API ur_status ur_tbe_skipped(ur_tbe *t, int64_t *out);
 
 /* ---- far rows' copies ---- */
 /* Far rows are the rows a GPU collection reads over the host link: a managed table's rows past
- * the leading run its hints keep on the GPU, every row of a host table.  With room for `rows`
- * copies (0: none, the default), each forward copies the far rows it reads (once each, up to
- * `rows` of them) into HBM, and the next backward steps those rows from their copies: the link
- * carries a far row once a step each way instead of twice in.  The results are the same bits
- * with or without copies; a row past the room is read over the link as before.  The copies
- * hold the rows as the forward read them: the collection's own calls that write rows between a
- * forward and its backward drop them, but a write through a view (ur_tbe_table) in between is
- * not seen; write rows between steps.  The room is HBM of the collection's GPU (counted in the
- * budget: rows times the widest row, plus 24 bytes a row for the map); a CPU collection has no
- * far rows (the setting is kept and does nothing). */
+ * the leading run its hints keep on the GPU (preferred or prefetched there), every row of a
+ * host table.  With room for `rows` copies (0: none, the default), each forward copies the
+ * distinct far rows it reads, the first `rows` it claims (which ones varies run to run), into
+ * HBM, and the next backward steps those rows from their copies: the link carries a copied row
+ * once a step each way instead of twice in.  The results are the same bits with or without
+ * copies; a row past the room is read over the link as before.  The copies hold the rows as
+ * the forward read them: the collection's own calls that write rows or change a layout between
+ * a forward and its backward drop them (init_table, reset_rows, set_permutation, relayout,
+ * swaps, a cache's redirect); a write through a view (ur_tbe_table) in between is not seen:
+ * write rows between steps, or call ur_tbe_far_refresh after.  The room is HBM of the
+ * collection's GPU, counted in the budget: `rows` times the collection's widest row (rounded to
+ * 16 bytes), plus a map of 12 bytes a slot (the power of two at least 2 * rows, 64 at least).
+ * On a CPU collection nothing is copied (the setting is kept). */
 UR_API ur_status ur_tbe_set_far_rows(ur_tbe *t, int64_t rows);
 UR_API int64_t ur_tbe_far_rows(const ur_tbe *t);
 /* Forgets the copies and reads where each table's far rows begin again from its hints

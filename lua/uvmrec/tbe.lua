@@ -417,7 +417,8 @@ function methods:load(name, src, stream)
   if self.cache and self.cached[name] then assert(self.cache:invalidate()) end
   local r, err = table_options.load(self, name, src, stream)
   if r == nil then return nil, err end
-  must(C.ur_tbe_far_refresh(H(self))) -- the copies of far rows are older than the load
+  local ok, ferr = check(C.ur_tbe_far_refresh(H(self)), 2) -- the far rows' copies are older
+  if not ok then return nil, ferr end
   return r
 end
 
@@ -462,12 +463,18 @@ function methods:set_far_rows(n)
   if type(n) ~= "number" or n < 0 or n % 1 ~= 0 then
     error("embedding collection: far_rows must be a whole number of copies >= 0, got " .. tostring(n), 2)
   end
-  must(C.ur_tbe_set_far_rows(H(self), n))
+  local ok, err = check(C.ur_tbe_set_far_rows(H(self), n), 2)
+  if not ok then return nil, err end
   return self
 end
 function methods:far_rows() return tonumber(C.ur_tbe_far_rows(H(self))) end
--- After rows moved between GPU and host (a hint policy's interval does it).
-function methods:far_refresh() must(C.ur_tbe_far_refresh(H(self))) return self end
+-- After rows moved between GPU and host (a hint policy's interval does it), or were written
+-- through a view: the copies are forgotten and where far rows begin is read again.
+function methods:far_refresh()
+  local ok, err = check(C.ur_tbe_far_refresh(H(self)), 2)
+  if not ok then return nil, err end
+  return self
+end
 
 local i64 = ffi.new("int64_t[1]")
 -- Table `name`'s first far physical row (its rows when none is far).
@@ -477,7 +484,8 @@ function methods:far_from(name)
 end
 -- The distinct far rows the last forward read (min of it and far_rows() were copied).
 function methods:far_taken(stream)
-  must(C.ur_tbe_far_taken(S(stream), H(self), i64))
+  local ok, err = check(C.ur_tbe_far_taken(S(stream), H(self), i64), 2)
+  if not ok then return nil, err end
   return tonumber(i64[0])
 end
 

@@ -21,7 +21,8 @@ ONLY=${ONLY:-suite memcheck racecheck}
 MEMCHECK=${MEMCHECK:-$(grep -l -e '#cuda' -e 'cuda_it' spec/*_spec.lua spec/*/*_spec.lua | sort)}
 # kernels with shared memory or atomics: interaction and the MLP chain (dense), the tables'
 # backward and atomic SGD (tbe), the cache, KJT sorts and dedup, the loader on the GPU and the
-# generator, adaptive swaps (hints), metrics, quantized lookups and collisions where present
+# generator, adaptive swaps (hints), metrics, quantized lookups and collisions where present,
+# the far rows' copies (the forward's map, claimed by atomics)
 RACECHECK=${RACECHECK:-$(ls spec/dense_cuda_spec.lua spec/tbe_cuda_spec.lua spec/cache_cuda_spec.lua \
   spec/kjt_cuda_spec.lua spec/data/generator_spec.lua spec/hints_cuda_spec.lua spec/metrics_spec.lua \
   spec/qtbe_cuda_spec.lua spec/mc_spec.lua spec/nan_spec.lua spec/tbe_far_spec.lua 2>/dev/null)}

@@ -156,7 +156,7 @@ local function run(r)
   local mgr
   migration() -- reset the monitor's interval
   local t_setup = C.ur_clock_seconds()
-  if r.far and r.far > 0 then tbe:set_far_rows(r.far) end -- its room is in the budget's hbm_used below
+  if r.far and r.far > 0 then assert(tbe:set_far_rows(r.far)) end -- its room is in the budget's hbm_used below
   rec.far_rows = r.far
   if r.placement == "managed" and r.policy ~= "none" then
     local allowance = math.floor(emb_bytes * (r.fraction or 0) / 100)
@@ -205,7 +205,7 @@ local function run(r)
     return s, last.loss:get(0), migration()
   end
   local seconds, loss, mig = timed(o.steps, o.warmup)
-  rec.far_taken = r.far and r.far > 0 and tbe:far_taken() or nil -- the last forward's far rows
+  rec.far_taken = r.far and r.far > 0 and assert(tbe:far_taken()) or nil -- the last forward's far rows
   rec.steps, rec.seconds = o.steps, seconds
   rec.samples_per_s = o.steps * B / seconds
   rec.ms_per_step = seconds / o.steps * 1e3

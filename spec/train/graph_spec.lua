@@ -99,6 +99,34 @@ describe("uvmrec.train.graph", function()
     replayed.embeddings.tbe:free()
   end)
 
+  cuda_it("replays steps with far rows' copies bit for bit, and captures again when the room changes", function()
+    local bs = batches(4)
+    local sets = { "optimizer.name=sgd", "embeddings.optimizer.name=sgd", "embeddings.placement=host" }
+    local eager, eopt = tiny(sets)
+    local replayed, ropt = tiny(sets)
+    assert(eager.embeddings.tbe:set_far_rows(4096))
+    assert(replayed.embeddings.tbe:set_far_rows(4096))
+    local runner = assert(graph.new(replayed, ropt, { warmup = 2 }))
+    local el, rl = {}, {}
+    for step = 1, 8 do
+      local b = bs[(step - 1) % #bs + 1]
+      el[step] = train.loop.step(eager, eopt, b):get(0)
+      rl[step] = runner:step(b):get(0)
+      assert(runner:sync())
+      assert.is_true(replayed.embeddings.tbe:far_taken() > 0, "step " .. step)
+      if step == 5 then -- a new room is new memory: a new capture
+        assert(eager.embeddings.tbe:set_far_rows(2048))
+        assert(replayed.embeddings.tbe:set_far_rows(2048))
+      end
+    end
+    assert.same(el, rl)
+    assert.same(state(eager), state(replayed))
+    assert.same({ 2, 4 }, { runner.captures, runner.replays })
+    runner:free()
+    eager.embeddings.tbe:free()
+    replayed.embeddings.tbe:free()
+  end)
+
   cuda_it("refuses steps a replay cannot repeat, saying why", function()
     local cases = {
       { { "optimizer.name=adam" }, "Adam's bias corrections change every step" },

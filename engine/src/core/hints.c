@@ -87,11 +87,13 @@ static void seg_apply(ur__segmap *m, uint64_t begin, uint64_t end, int advice, i
   seg_merge(m);
 }
 
-/* Bytes a GPU holds or is asked to hold: preferred there, or prefetched there. */
+/* A segment a GPU holds or is asked to hold: preferred there, or prefetched there. */
+static int seg_gpu(const ur__seg *g) { return g->preferred >= 0 || g->prefetched >= 0; }
+
 static uint64_t seg_on_gpu(const ur__segmap *m) {
   uint64_t b = 0;
   for (size_t i = 0; i < m->n; i++)
-    if (m->v[i].preferred >= 0 || m->v[i].prefetched >= 0) b += m->v[i].end - m->v[i].begin;
+    if (seg_gpu(&m->v[i])) b += m->v[i].end - m->v[i].begin;
   return b;
 }
 
@@ -99,12 +101,13 @@ uint64_t ur__hint_gpu_run(const ur_tensor *t, int64_t first, int64_t numel) {
   const ur__storage *st = t->st;
   if (st->place != UR_PLACE_MANAGED || numel <= 0) return 0;
   uint64_t es = ur_dtype_size(t->dtype);
-  uint64_t begin = (uint64_t)(t->offset + first) * es, end = begin + (uint64_t)numel * es, at = begin;
+  uint64_t begin = (uint64_t)(t->offset + first) * es, end = begin + (uint64_t)numel * es;
+  uint64_t at = begin;
   pthread_mutex_lock(&ur__lock);
   const ur__segmap *m = &st->hints;
   for (size_t i = m->n ? seg_find(m, begin) : 0; i < m->n && at < end; i++) {
     const ur__seg *g = &m->v[i];
-    if (g->begin > at || (g->preferred < 0 && g->prefetched < 0)) break;
+    if (g->begin > at || !seg_gpu(g)) break;
     at = g->end;
   }
   pthread_mutex_unlock(&ur__lock);

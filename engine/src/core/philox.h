@@ -1,7 +1,8 @@
 /* philox.h: the counter-based generator (Philox4x32-10, Salmon et al. 2011) shared by the CPU
  * and CUDA backends, so the same seed gives the same numbers on both.  Element i of a draw
  * uses counter (i, 0, 0, 0) and key (seed low, seed high); its first output word makes a
- * uniform, and a normal takes words 0 and 1 through Box-Muller. */
+ * uniform, and a normal takes words 0 and 1 through Box-Muller.  Beside it, ur__mix64, the
+ * 64-bit mixer the engine's hashed maps share. */
 #ifndef UR_PHILOX_H
 #define UR_PHILOX_H
 
@@ -19,7 +20,8 @@
 typedef struct ur_philox4 { uint32_t v[4]; } ur_philox4;
 
 /* splitmix64's finaliser: a 64-bit key spread over every bit, for the open-addressed maps of
- * managed collisions (mc.h) and the collection's far rows (tbe_plan.h). */
+ * managed collisions (mc.h), the cache's sets (cache_sets.h) and the far rows' copies
+ * (tbe_plan.h). */
 UR_HD uint64_t ur__mix64(uint64_t x) {
   x ^= x >> 30;
   x *= 0xBF58476D1CE4E5B9ull;

@@ -6,6 +6,7 @@
 #define UR_CACHE_SETS_H
 
 #include <stdint.h>
+#include "core/philox.h" /* ur__mix64 */
 
 #ifdef __CUDACC__
 #define UR_CS __host__ __device__ __forceinline__
@@ -16,15 +17,6 @@
 /* The move lists' entries pack the cache table above UR__CACHE_ROW_BITS and the row below. */
 #define UR__CACHE_ROW_BITS 48
 #define UR__CACHE_ROW_MASK ((((uint64_t)1) << UR__CACHE_ROW_BITS) - 1)
-
-UR_CS uint64_t ur__cache_mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
 
 /* The cache table of a key: the last one whose first key is at or below it. */
 UR_CS int32_t ur__cache_table_of(const int64_t *kbase, int32_t nt, uint64_t key) {
@@ -42,7 +34,7 @@ UR_CS int32_t ur__cache_table_of(const int64_t *kbase, int32_t nt, uint64_t key)
 UR_CS int64_t ur__cache_set_of(const int64_t *kbase, const int64_t *set_base,
                                const int64_t *set_count, uint64_t key, int32_t ct) {
   uint64_t row = key - (uint64_t)kbase[ct];
-  uint64_t h = ur__cache_mix64(((uint64_t)ct << UR__CACHE_ROW_BITS) ^ row ^ 0x5851F42D4C957F2Dull);
+  uint64_t h = ur__mix64(((uint64_t)ct << UR__CACHE_ROW_BITS) ^ row ^ 0x5851F42D4C957F2Dull);
   return set_base[ct] + (int64_t)(h % (uint64_t)set_count[ct]);
 }
 

@@ -1,7 +1,8 @@
 /* far.c: the far rows' copies of a GPU collection (uvmrec.h, "far rows' copies"; the kernels'
  * half is in kernels/tbe.cu).  The room for the copies at home, keeping each table's far_from
- * (table.c's ur__tbe_far_from) current, and when a forward makes copies and a backward may read
- * them (table.c's ur__tbe_far_drop forgets them).  One piece of memory holds the map (keys, then where each copy is), the count of
+ * current, and when a forward makes copies and a backward may read them.  Where far rows begin
+ * (ur__tbe_far_from) and forgetting the copies (ur__tbe_far_drop) are table.c's: its calls that
+ * write rows drop them, and this file calls table.c, not the other way.  One piece of memory holds the map (keys, then where each copy is), the count of
  * copies asked for and the copies. */
 #include "embedding/table.h"
 
@@ -19,7 +20,9 @@ static int32_t far_row_bytes(const ur_tbe *t) {
   return (int32_t)((b + 15) / 16 * 16);
 }
 
-/* Slots of the map: a power of two, at least twice the copies (linear probing stays short). */
+/* Slots of the map: a power of two, at least twice the copies.  Rows past the room take slots
+ * too (so far_taken counts them), so a forward reading more than twice the room fills the map,
+ * and its last rows find no slot (32 probes) and go uncounted and uncopied. */
 static int64_t far_slots(int64_t rows) {
   int64_t s = 64;
   while (s < 2 * rows) s *= 2;
@@ -65,8 +68,10 @@ ur_status ur_tbe_set_far_rows(ur_tbe *t, int64_t rows) {
     ur_status st = UR_STATUS_OK;
     /* kernels in flight may read the old copies */
     if (t->far && (st = t->be->device_sync())) return st;
-    if (rows > 0 && (st = ur__tbe_home_tensor(t, &mem, UR_DTYPE_U8, layout_of(t, rows).total)))
-      return st;
+    int64_t bytes = rows > 0 ? layout_of(t, rows).total : 0;
+    if (rows > 0 && (st = ur__tbe_home_tensor(t, &mem, UR_DTYPE_U8, bytes)))
+      return ur__error(st, "tbe set_far_rows: room for %lld copies takes %lld bytes of HBM: %s",
+                       (long long)rows, (long long)bytes, ur_last_error());
     ur_tensor_free(t->far);
     t->far = mem;
   }
@@ -117,10 +122,9 @@ static void far_args(const ur_tbe *t, ur__tbe_args *a) {
 ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   memset(&a->far, 0, sizeof a->far);
   t->far_made = t->far_ready = 0;
+  /* with a room a forward always fills it, far rows or none: a captured step (train.graph)
+   * then makes copies whatever the hints do after the capture */
   if (!t->far) return UR_STATUS_OK;
-  int any = 0;
-  for (int32_t i = 0; i < t->names.T && !any; i++) any = t->tables[i].far_from < t->tables[i].rows;
-  if (!any) return UR_STATUS_OK;
   far_args(t, a);
   void *sh = s ? s->handle : NULL;
   ur_status st = t->be->fill(sh, a->far.keys, (size_t)(a->far.mask + 1), 8, 0);

@@ -700,7 +700,12 @@ ur_status ur__tbe_home_tensor(const ur_tbe *t, ur_tensor **out, ur_dtype dtype, 
                        t->home == UR_PLACE_DEVICE ? t->cfg.device : UR_LOC_CPU);
 }
 
-void ur__tbe_perm_changed(ur_tbe *t, int32_t i) { t->perm_gen[i]++; }
+/* A new layout (set_permutation gives ids other rows' values without moving them): the far
+ * rows' copies, keyed by id, go with it. */
+void ur__tbe_perm_changed(ur_tbe *t, int32_t i) {
+  t->perm_gen[i]++;
+  ur__tbe_far_drop(t);
+}
 
 ur_status ur__tbe_sync_desc(ur_tbe *t) {
   if (!t->desc) return UR_STATUS_OK;

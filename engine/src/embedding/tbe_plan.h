@@ -69,8 +69,8 @@ typedef struct ur__tbe_table {
  * row's key (key_base + id) in an open-addressed map of mask + 1 slots; the backward that uses
  * them steps a far row from its copy instead of reading it over the host link again.  The
  * copies are the rows as that forward read them, and nothing writes a row between it and the
- * backward (far.c drops them otherwise), so a step from a copy is the step from the row: the
- * same bits. */
+ * backward (the collection's calls that write rows or change a layout drop them: table.c,
+ * tbe.c), so a step from a copy is the step from the row: the same bits. */
 typedef struct ur__tbe_far {
   unsigned long long *keys; /* [mask + 1]: a copied row's key + 1, 0 where free */
   int32_t *at;              /* [mask + 1]: where its copy is in rows, -1 when none had room */

@@ -229,7 +229,6 @@ M.parse_allowance = parse_allowance
 -- the H200; false, "off": never), stream.
 -- The uvmrec.tbe collections of a collection: itself, a module's (.tbe), or a sharded
 -- collection's shard collections (uvmrec.dist.shard: .collections, this rank's shards).
--- The engine collections (uvmrec.tbe) behind a collection: an nn module's, a sharded one's.
 local function tbes_of(collection)
   if collection.tbe then return { collection.tbe } end
   if collection.prepare_always and collection.collections then return collection.collections end
@@ -240,6 +239,7 @@ M.tbes_of = tbes_of
 function M.manager(collection, opts)
   opts = opts or {}
   local tbes = tbes_of(collection)
+  -- tbes: the collections with counted tables; collections: all of them (far rows' copies)
   local self = setmetatable({ tbe = tbes[1], tbes = {}, collections = tbes, every = opts.every or 100,
                               decay = opts.decay or 1, location = opts.location or "gpu", stream = opts.stream,
                               intervals = {}, tables = {}, policies = {}, hint_seconds = 0,
@@ -525,7 +525,10 @@ function Manager:interval(step)
   end
   -- rows moved between GPU and host: the forwards copy the far ones from where they now begin
   for _, tbe in ipairs(self.collections) do
-    if tbe:far_rows() > 0 then tbe:far_refresh() end
+    if tbe:far_rows() > 0 then
+      local fok, ferr = tbe:far_refresh()
+      if not fok then return nil, ferr end
+    end
   end
   local mem = ur.memory()
   rec.bytes_on_gpu = mem.managed_on_gpu

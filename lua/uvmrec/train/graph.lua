@@ -58,9 +58,11 @@ function M.new(model, optimizer, opts)
                         replays = 0, captures = 0 }, Runner)
 end
 
--- The numbers the host computes for a step that a graph bakes in.
+-- The numbers the host computes for a step that a graph bakes in (and the far rows' room,
+-- whose memory it points at).
 local function scalars(self)
-  return ("%.17g %.17g"):format(self.opt:lr(), self.model.embeddings:lr())
+  local tbe = self.model.embeddings.tbe
+  return ("%.17g %.17g %d"):format(self.opt:lr(), self.model.embeddings:lr(), tbe and tbe:far_rows() or 0)
 end
 
 -- The shape of a batch's tensors, which a replay must find again.

@@ -393,11 +393,15 @@ function M.hints(cfg, model)
 end
 
 -- embeddings.far_rows: room in HBM for copies of the far rows each forward reads (every
--- collection of the model; docs/uvm.md).  Returns the line the run prints, or nil.
+-- collection of the model; docs/uvm.md).  Returns the line the run prints, or nil; nil, message
+-- when a room cannot be had.
 function M.far_rows(cfg, model)
   local n = cfg.embeddings.far_rows
   if n == 0 or not model.embeddings then return nil end
-  for _, tbe in ipairs(hints.tbes_of(model.embeddings)) do tbe:set_far_rows(n) end
+  for _, tbe in ipairs(hints.tbes_of(model.embeddings)) do
+    local ok, err = tbe:set_far_rows(n)
+    if not ok then return nil, "embeddings.far_rows: " .. err end
+  end
   if not ur.gpu() or model.placement ~= "device" then
     return ("far rows: room for %d copies set; a model on the CPU reads no row over a link, so none is made"):format(n)
   end
@@ -594,7 +598,8 @@ function run_plain(cfg, opts)
     return nil, ("train.checkpoint_every is %d: checkpoints need a run directory (--out RUNDIR)"):format(every)
   end
   ctx.hints = M.hints(cfg, model)
-  local far = M.far_rows(cfg, model)
+  local far, ferr = M.far_rows(cfg, model)
+  if ferr then return nil, ferr end
 
   local log, lerr = run_dir(out)
   if not log then return nil, lerr end
@@ -729,7 +734,7 @@ function run_plain(cfg, opts)
     -- the room against what the last forward read: how to size embeddings.far_rows
     local room, read, copied = cfg.embeddings.far_rows, 0, 0
     for _, tbe in ipairs(hints.tbes_of(model.embeddings)) do
-      local n = tbe:far_taken()
+      local n = assert(tbe:far_taken())
       read, copied = read + n, copied + math.min(n, room)
     end
     result.far_rows = { room = room, read = read, copied = copied }
