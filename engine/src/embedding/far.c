@@ -2,8 +2,8 @@
  * half is in kernels/tbe.cu).  The room for the copies at home, keeping each table's far_from
  * current, and when a forward makes copies and a backward may read them.  Where far rows begin
  * (ur__tbe_far_from) and forgetting the copies (ur__tbe_far_drop) are table.c's: its calls that
- * write rows drop them, and this file calls table.c, not the other way.  One piece of memory holds the map (keys, then where each copy is), the count of
- * copies asked for and the copies. */
+ * write rows drop them, and this file calls table.c, not the other way.  One piece of memory
+ * holds the map (keys, then where each copy is), the count of copies asked for and the copies. */
 #include "embedding/table.h"
 
 #define FAR_ALIGN 256
