@@ -246,24 +246,12 @@ static cudaError_t ur__cuda_kjt_bag_copy(cudaStream_t s, const int64_t *off, con
   return cudaGetLastError();
 }
 
-__device__ static uint64_t ur_kjt_mix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  return x ^ (x >> 33);
-}
-
 __global__ void ur_kjt_dedup_hash_kernel(const int64_t *off, const int64_t *val, const float *w,
                                          int64_t nb, int64_t stride, int kbits, uint64_t *keys,
                                          int64_t *idx) {
   UR_KJT_LOOP(b, nb) {
     int64_t o0 = off[b], m = off[b + 1] - o0;
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)m;
-    for (int64_t e = 0; e < m; e++) {
-      h = ur_kjt_mix64(h ^ (uint64_t)val[o0 + e]);
-      if (w) h = ur_kjt_mix64(h ^ (uint64_t)__float_as_uint(w[o0 + e]));
-    }
+    uint64_t h = ur__kjt_bag_hash(val + o0, w ? w + o0 : nullptr, m);
     uint64_t key = (uint64_t)(b / stride);
     keys[b] = kbits ? key << (64 - kbits) | h >> kbits : h;
     idx[b] = b;

@@ -5,7 +5,25 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include "core/core.h"
+#include "core/philox.h" /* UR_HD, ur__mix64 */
+
+/* A bag's hash for dedup, the same on both backends: its length, then each id (and its
+ * weight's bits) mixed in.  Bags of one key with equal hashes are compared before they are
+ * taken as one. */
+UR_HD uint64_t ur__kjt_bag_hash(const int64_t *v, const float *w, int64_t n) {
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+  for (int64_t i = 0; i < n; i++) {
+    h = ur__mix64(h ^ (uint64_t)v[i]);
+    if (w) {
+      uint32_t bits;
+      memcpy(&bits, &w[i], 4);
+      h = ur__mix64(h ^ bits);
+    }
+  }
+  return h;
+}
 
 /* One run of a segment copy: n elements from src (memory the backend reads) to element dst of
  * the output. */

@@ -118,27 +118,6 @@ static ur_status cpu_expand_rows(void *stream, const void *src, size_t row_bytes
 
 /* ---- dedup ---- */
 
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  return x ^ (x >> 33);
-}
-
-static uint64_t bag_hash(const int64_t *v, const float *w, int64_t n) {
-  uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
-  for (int64_t i = 0; i < n; i++) {
-    h = mix64(h ^ (uint64_t)v[i]);
-    if (w) {
-      uint32_t bits;
-      memcpy(&bits, &w[i], 4);
-      h = mix64(h ^ bits);
-    }
-  }
-  return h;
-}
-
 static int bag_equal(const int64_t *off, const int64_t *val, const float *w, int64_t a,
                      int64_t b) {
   int64_t na = off[a + 1] - off[a];
@@ -164,7 +143,8 @@ static ur_status cpu_dedup(void *stream, const int64_t *off, const int64_t *val,
     val0[key] = vo;
     for (int64_t s = 0; s < stride; s++) {
       int64_t bag = key * stride + s;
-      uint64_t hv = bag_hash(val + off[bag], w ? w + off[bag] : NULL, off[bag + 1] - off[bag]);
+      uint64_t hv =
+          ur__kjt_bag_hash(val + off[bag], w ? w + off[bag] : NULL, off[bag + 1] - off[bag]);
       size_t slot = (size_t)hv & (cap - 1);
       int64_t found = -1;
       while (table[slot] >= 0) {
