@@ -308,6 +308,15 @@ __device__ __forceinline__ void flush(const ur__tbe_args &a, const BagInfo &mine
   }
 }
 
+/* A lane's sums of NV * E columns, set to zero. */
+template <int NV, int E>
+__device__ __forceinline__ void zero_acc(float (&acc)[NV][E]) {
+#pragma unroll
+  for (int v = 0; v < NV; v++)
+#pragma unroll
+    for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
+}
+
 template <int NV, int E, int U, bool POOLED, bool FAR>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     fwd_kernel(const ur__tbe_args a) {
@@ -318,10 +327,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
   BagInfo mine = bag_info(a, bag0 + lane, g.len);
   Common cm = common_of(a, bag0, mine, lane);
   float acc[NV][E];
-#pragma unroll
-  for (int v = 0; v < NV; v++)
-#pragma unroll
-    for (int k = 0; k < E; k++) acc[v][k] = 0.0f;
+  zero_acc(acc);
   int cj = 0;
   for (int64_t base = 0; base < g.T; base += 32) {
     /* Each lane resolves one value of the stream: its row's address and weight. */
@@ -396,10 +402,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
         if (POOLED) {
           if (jk[k] != cj) {
             flush<NV, E>(a, mine, cm, cj, jk[k], acc, lane);
-#pragma unroll
-            for (int v = 0; v < NV; v++)
-#pragma unroll
-              for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
+            zero_acc(acc);
             cj = jk[k];
           }
           if (!rp[k]) continue;
@@ -539,6 +542,12 @@ __device__ __forceinline__ uint64_t key_at(const Sorted &s, int64_t j) {
   return s.k64 ? s.k64[j] : (uint64_t)s.k32[j];
 }
 
+/* Where segment seg's entries end: where the next one's start, the last one's where the entries
+ * end (ns segments, nv entries). */
+__device__ __forceinline__ int32_t seg_end(const int32_t *starts, int64_t seg, int ns, int nv) {
+  return seg + 1 < ns ? starts[seg + 1] : nv;
+}
+
 /* Chunks of a long segment of len entries. */
 __device__ __forceinline__ int32_t chunks_of(int64_t len) {
   return (int32_t)((len + UR_TBE_CHUNK - 1) / UR_TBE_CHUNK);
@@ -549,9 +558,8 @@ struct ChunksOf {
   const int32_t *starts, *scal, *hot;
   __device__ int32_t operator()(int h) const {
     if (h >= scal[1]) return 0;
-    int s = hot[h], ns = scal[0];
-    int end = s + 1 < ns ? starts[s + 1] : scal[2];
-    return chunks_of(end - starts[s]);
+    int s = hot[h];
+    return chunks_of(seg_end(starts, s, scal[0], scal[2]) - starts[s]);
   }
 };
 
@@ -845,7 +853,7 @@ __device__ __forceinline__ SegOf seg_of(const ur__tbe_args &a, const ur__tbe_hyp
   SegOf g = {0, nv, nv, 0, 0, 0}; /* past the end: empty, where the entries end */
   if (seg >= ns) return g;
   g.j0 = s.starts[seg];
-  g.j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
+  g.j1 = seg_end(s.starts, seg, ns, nv);
   if (g.j1 - g.j0 > UR_TBE_SHORT) {
     g.mode = 2;
     return g;
@@ -943,6 +951,29 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : 2)
   }
 }
 
+/* A longer segment's row as its warp (mid_kernel's or long_kernel's) steps it: its table, row
+ * and far copy (none for the sparse gradient), the row's step state prefetched.  False where its
+ * table sits out ur_tbe_row_sums. */
+struct SegRow {
+  const ur__tbe_table *tb;
+  int64_t row;
+  const char *copy;
+  int32_t t;
+};
+
+__device__ __forceinline__ bool seg_row(const ur__tbe_args &a, const ur__tbe_hyper &h,
+                                        const Sorted &s, const SparseOut &sp, int64_t j0,
+                                        int lane, SegRow *r) {
+  uint64_t key = key_at(s, j0);
+  r->t = table_of_key(a, key);
+  r->tb = a.tables + r->t;
+  if (h.sums_only && !r->tb->row_sums) return false;
+  r->row = (int64_t)key - r->tb->key_base;
+  r->copy = sp.rows ? nullptr : far_row(a, r->t, r->row);
+  if (!sp.rows) prefetch_step(h, *r->tb, r->row, r->copy, lane);
+  return true;
+}
+
 /* A warp per middling segment (mid lists them): its entries summed in order, a stage of
  * gradient rows (or U) in flight at a time, then its row stepped once (or written out, sparse). */
 template <int NV, int E, int U>
@@ -956,21 +987,13 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV * E <= 8 ? 4 : 2)
   int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
   for (int64_t k = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; k < nm; k += warps) {
     int64_t seg = s.mid[k];
-    int64_t j0 = s.starts[seg], j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
-    uint64_t key = key_at(s, j0);
-    int32_t t = table_of_key(a, key);
-    const ur__tbe_table &tb = a.tables[t];
-    if (h.sums_only && !tb.row_sums) continue; /* ur_tbe_row_sums: other tables sit out */
-    int64_t row = (int64_t)key - tb.key_base;
-    const char *copy = sp.rows ? nullptr : far_row(a, t, row);
-    if (!sp.rows) prefetch_step(h, tb, row, copy, lane);
+    int64_t j0 = s.starts[seg], j1 = seg_end(s.starts, seg, ns, nv);
+    SegRow r;
+    if (!seg_row(a, h, s, sp, j0, lane, &r)) continue;
     float acc[NV][E];
-#pragma unroll
-    for (int v = 0; v < NV; v++)
-#pragma unroll
-      for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
-    sum_entries<NV, E, U>(a, s, tb.dim, j0, j1, acc, warp_stage(a), lane);
-    finish<NV, E>(a, h, sp, slot, t, seg, row, acc, copy, lane);
+    zero_acc(acc);
+    sum_entries<NV, E, U>(a, s, r.tb->dim, j0, j1, acc, warp_stage(a), lane);
+    finish<NV, E>(a, h, sp, slot, r.t, seg, r.row, acc, r.copy, lane);
   }
 }
 
@@ -994,17 +1017,14 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
       else lo = mid + 1;
     }
     int64_t seg = s.hot[lo];
-    int64_t j0 = s.starts[seg], j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
+    int64_t j0 = s.starts[seg], j1 = seg_end(s.starts, seg, ns, nv);
     int c = q - (s.cend[lo] - chunks_of(j1 - j0));
     int64_t c0 = j0 + (int64_t)c * UR_TBE_CHUNK;
     int64_t c1 = c0 + UR_TBE_CHUNK < j1 ? c0 + UR_TBE_CHUNK : j1;
     int dim = a.tables[table_of_key(a, key_at(s, j0))].dim;
     int64_t w0 = c0 + (int64_t)w * sub, w1 = w0 + sub < c1 ? w0 + sub : c1;
     float acc[NV][E];
-#pragma unroll
-    for (int v = 0; v < NV; v++)
-#pragma unroll
-      for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
+    zero_acc(acc);
     if (w0 < w1) sum_entries<NV, E, U>(a, s, dim, w0, w1, acc, warp_stage(a), lane);
 #pragma unroll
     for (int v = 0; v < NV; v++)
@@ -1042,21 +1062,13 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
   int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
   for (int64_t k = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; k < nh; k += warps) {
     int64_t seg = s.hot[k];
-    int64_t j0 = s.starts[seg], j1 = seg + 1 < ns ? s.starts[seg + 1] : nv;
-    uint64_t key = key_at(s, j0);
-    int32_t t = table_of_key(a, key);
-    const ur__tbe_table &tb = a.tables[t];
-    if (h.sums_only && !tb.row_sums) continue;
-    int64_t row = (int64_t)key - tb.key_base;
-    int dim = tb.dim;
-    const char *copy = sp.rows ? nullptr : far_row(a, t, row);
-    if (!sp.rows) prefetch_step(h, tb, row, copy, lane);
+    int64_t j0 = s.starts[seg], j1 = seg_end(s.starts, seg, ns, nv);
+    SegRow r;
+    if (!seg_row(a, h, s, sp, j0, lane, &r)) continue;
+    int dim = r.tb->dim;
     int q1 = s.cend[k], q0 = q1 - chunks_of(j1 - j0);
     float acc[NV][E];
-#pragma unroll
-    for (int v = 0; v < NV; v++)
-#pragma unroll
-      for (int e = 0; e < E; e++) acc[v][e] = 0.0f;
+    zero_acc(acc);
     for (int q = q0; q < q1; q += U) {
       float x[U][NV][E];
 #pragma unroll
@@ -1077,7 +1089,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
           for (int e = 0; e < E; e++) acc[v][e] = UR_FADD(acc[v][e], x[u][v][e]);
       }
     }
-    finish<NV, E>(a, h, sp, slot, t, seg, row, acc, copy, lane);
+    finish<NV, E>(a, h, sp, slot, r.t, seg, r.row, acc, r.copy, lane);
   }
 }
 
@@ -1207,7 +1219,7 @@ __global__ void collapse_kernel(const ur__tbe_args a, const uint32_t *keys, cons
   int ns = scal[0], nv = scal[2];
   int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
   for (int64_t seg = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; seg < ns; seg += warps) {
-    int64_t j0 = starts[seg], j1 = seg + 1 < ns ? starts[seg + 1] : nv;
+    int64_t j0 = starts[seg], j1 = seg_end(starts, seg, ns, nv);
     int64_t bag = keys[j0];
     int32_t f = feature_of(a, bag);
     const ur__tbe_feature ft = a.features[f];
