@@ -96,25 +96,13 @@ static int row_phase(uint32_t flags) {
   return (int)((flags >> UR_DENSE_ROW0_SHIFT) & 255) % ROW_BLOCK;
 }
 
-typedef struct widen_job {
-  const void *src;
-  ur_dtype d;
-  float *dst;
-} widen_job;
-
-static void widen_range(void *ctx, size_t i0, size_t i1) {
-  widen_job *j = ctx;
-  for (size_t i = i0; i < i1; i++) j->dst[i] = ur__dense_ld(j->src, j->d, i);
-}
-
 /* f32 of p's n elements: p itself when it is f32, else a new buffer (*owned, for free()). */
 static const float *as_f32(const void *p, ur_dtype d, size_t n, float **owned) {
   *owned = NULL;
   if (d == UR_DTYPE_F32) return p;
   float *buf = malloc((n ? n : 1) * sizeof(float));
   if (!buf) return NULL;
-  widen_job j = {p, d, buf};
-  ur__parallel_for(n, (size_t)1 << 16, widen_range, &j);
+  ur__cpu_cast(NULL, p, d, buf, UR_DTYPE_F32, (int64_t)n);
   *owned = buf;
   return buf;
 }
@@ -261,17 +249,6 @@ static void colsum_range(void *ctx, size_t c0, size_t c1) {
   }
 }
 
-typedef struct narrow_job {
-  const float *src;
-  void *dst;
-  ur_dtype d;
-} narrow_job;
-
-static void narrow_range(void *ctx, size_t i0, size_t i1) {
-  narrow_job *j = ctx;
-  for (size_t i = i0; i < i1; i++) ur__dense_st(j->dst, j->d, i, j->src[i]);
-}
-
 /* gx's padding columns zeroed, and gx masked by x_mask, or by x itself (X_RELU: x is a ReLU's
  * stored output, whose forward wrote the same bits as a mask): rows of an f32 [rows, in]. */
 typedef struct gx_job {
@@ -348,10 +325,7 @@ ur_status ur__cpu_linear_backward(void *stream, const void *x, const void *w, co
       gx_job xj = {dst, x_mask, x_relu ? x : NULL, dtype, in, k};
       ur__parallel_for((size_t)rows, 256, gx_range, &xj);
     }
-    if (dtype != UR_DTYPE_F32) {
-      narrow_job nj = {dst, gx, dtype};
-      ur__parallel_for(nx, (size_t)1 << 16, narrow_range, &nj);
-    }
+    if (dtype != UR_DTYPE_F32) ur__cpu_cast(NULL, dst, UR_DTYPE_F32, gx, dtype, (int64_t)nx);
     if (gb_x) {
       /* summed as the layer below sums its masked gradient: the stored values, in double */
       const float *sf = as_f32(gx, dtype, nx, &gxw);
