@@ -193,6 +193,8 @@ UR__HIDDEN ur_status ur__shape_bytes(const char *who, ur_dtype dtype, int32_t nd
 typedef void (*ur__range_fn)(void *ctx, size_t begin, size_t end);
 UR__HIDDEN void ur__parallel_for(size_t n, size_t grain, ur__range_fn fn, void *ctx);
 UR__HIDDEN int ur__threads(void);
+/* *p becomes v if v is less, atomically: how a parallel loop's ranges keep the first bad index. */
+UR__HIDDEN void ur__atomic_min(int64_t *p, int64_t v);
 
 /* Sorts n keys by their low `bits` bits, each with its value when v is not NULL (LSD radix
  * sort, stable: equal keys keep their order), with *tk and *tv as scratch of n entries; after,

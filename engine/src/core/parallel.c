@@ -53,3 +53,10 @@ void ur__parallel_for(size_t n, size_t grain, ur__range_fn fn, void *ctx) {
     else run(&jobs[i]); /* no thread to be had: do its share here */
   }
 }
+
+void ur__atomic_min(int64_t *p, int64_t v) {
+  int64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v < cur &&
+         !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}

@@ -446,10 +446,7 @@ static void narrow_range(void *ctx, size_t i0, size_t i1) {
       v = ((const int64_t *)j->src)[i];
     }
     if (v < lo || v > hi) {
-      int64_t cur = __atomic_load_n(&j->bad, __ATOMIC_RELAXED);
-      while ((int64_t)i < cur &&
-             !__atomic_compare_exchange_n(&j->bad, &cur, (int64_t)i, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-      }
+      ur__atomic_min(&j->bad, (int64_t)i);
       continue;
     }
     d[i] = (uint32_t)v;

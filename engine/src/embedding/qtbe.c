@@ -194,10 +194,7 @@ static void quant_range(void *ctx, size_t r0, size_t r1) {
     }
     if (!quantize_row(x, j->dim, j->f, j->dst + r * (size_t)j->row_bytes, &j->max_abs[slot],
                       &j->sum_sq[slot], &j->ref_sq[slot], &j->ratio[slot])) {
-      int64_t cur = __atomic_load_n(j->bad_row, __ATOMIC_RELAXED);
-      while ((int64_t)r < cur && !__atomic_compare_exchange_n(j->bad_row, &cur, (int64_t)r, 1,
-                                                              __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-      }
+      ur__atomic_min(j->bad_row, (int64_t)r);
     }
   }
 }
