@@ -186,12 +186,8 @@ static void quant_range(void *ctx, size_t r0, size_t r1) {
   const void *base = ur_tensor_data(j->src);
   ur_dtype d = ur_tensor_dtype(j->src);
   for (size_t r = r0; r < r1; r++) {
-    for (int32_t c = 0; c < j->dim; c++) {
-      size_t i = r * (size_t)j->dim + (size_t)c;
-      x[c] = d == UR_DTYPE_F32 ? ((const float *)base)[i]
-             : d == UR_DTYPE_F16 ? ur__f16_to_f32(((const uint16_t *)base)[i])
-                                 : ur__bf16_to_f32(((const uint16_t *)base)[i]);
-    }
+    for (int32_t c = 0; c < j->dim; c++)
+      x[c] = (float)ur__load(base, d, r * (size_t)j->dim + (size_t)c); /* exact: f32 and halves */
     if (!quantize_row(x, j->dim, j->f, j->dst + r * (size_t)j->row_bytes, &j->max_abs[slot],
                       &j->sum_sq[slot], &j->ref_sq[slot], &j->ratio[slot])) {
       ur__atomic_min(j->bad_row, (int64_t)r);
