@@ -48,9 +48,9 @@ ur_status ur__cpu_cross_backward(void *stream, const void *x0, const void *z, co
   return UR_STATUS_OK;
 }
 
-/* Every tensor named is x0's shape and dtype. */
+/* Every tensor named is x0's shape and dtype; *b is the backend that runs them. */
 static ur_status check_like(const char *op, int n, const ur_tensor *const *ts,
-                            const char *const *names) {
+                            const char *const *names, const ur_backend **b) {
   ur_status st = ur__dense_check(op, names[0], ts[0], 1, -1, -1);
   for (int i = 1; !st && i < n; i++) {
     if (!ts[i]) continue;
@@ -60,7 +60,7 @@ static ur_status check_like(const char *op, int n, const ur_tensor *const *ts,
                      names[i], ur_dtype_name(ts[i]->dtype), names[0],
                      ur_dtype_name(ts[0]->dtype));
   }
-  return st;
+  return st ? st : ur__dense_backend(op, n, ts, names, b);
 }
 
 ur_status ur_cross_forward(ur_stream *s, const ur_tensor *x0, const ur_tensor *z,
@@ -69,12 +69,9 @@ ur_status ur_cross_forward(ur_stream *s, const ur_tensor *x0, const ur_tensor *z
   const char *op = "cross forward";
   const ur_tensor *ts[] = {x0, z, xl, y};
   const char *names[] = {"x0", "z", "xl", "y"};
-  ur_status st = check_like(op, 4, ts, names);
-  if (st) return st;
   const ur_backend *b;
-  if ((st = ur__dense_backend(op, 4, ts, names, &b)) || (st = UR__NEED(b, dense, cross_forward)) ||
-      !x0->numel)
-    return st;
+  ur_status st = check_like(op, 4, ts, names, &b);
+  if (st || (st = UR__NEED(b, dense, cross_forward)) || !x0->numel) return st;
   return b->dense->cross_forward(ur__dense_stream(s), ur_tensor_data(x0), ur_tensor_data(z),
                                  ur_tensor_data(xl), ur_tensor_data(y), x0->numel, x0->dtype);
 }
@@ -89,12 +86,9 @@ ur_status ur_cross_backward(ur_stream *s, const ur_tensor *x0, const ur_tensor *
   if (flags & ~(uint32_t)UR_DENSE_ACCUMULATE)
     return ur__error(UR_STATUS_INVALID, "%s: flags 0x%x include bits other than ACCUMULATE (0x%x)",
                      op, (unsigned)flags, (unsigned)UR_DENSE_ACCUMULATE);
-  ur_status st = check_like(op, 6, ts, names);
-  if (st) return st;
   const ur_backend *b;
-  if ((st = ur__dense_backend(op, 6, ts, names, &b)) || (st = UR__NEED(b, dense, cross_backward)) ||
-      !x0->numel)
-    return st;
+  ur_status st = check_like(op, 6, ts, names, &b);
+  if (st || (st = UR__NEED(b, dense, cross_backward)) || !x0->numel) return st;
   return b->dense->cross_backward(ur__dense_stream(s), ur_tensor_data(x0), ur_tensor_data(z),
                                   ur_tensor_data(gy), ur_tensor_data(gz), ur_tensor_data(gx0),
                                   gxl ? ur_tensor_data(gxl) : NULL, x0->numel, x0->dtype, flags);
