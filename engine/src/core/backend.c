@@ -15,15 +15,7 @@ static int cuda_loaded;
 static char cuda_archs[128];
 static char cuda_why[4096];
 
-static ur_status core_set_error(ur_status status, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  ur__errorv(status, fmt, ap);
-  va_end(ap);
-  return status;
-}
-
-const ur_core_api ur__core_api = {UR_BACKEND_ABI, core_set_error, ur_interrupt_get,
+const ur_core_api ur__core_api = {UR_BACKEND_ABI, ur__error, ur_interrupt_get,
                                    ur__workspace_take, ur__workspace_give};
 
 void *ur__dlopen_beside(const char *name, const char *env_var, int flags, char *path,
