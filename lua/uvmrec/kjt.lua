@@ -18,11 +18,7 @@ local function K(k, level) return lib.ptr(k, "kjt", (level or 2) + 1) end
 local out_tensor = ffi.new("ur_tensor *[1]")
 
 -- A Lua handle of its own (a view) on a tensor the KJT lends.
-local function lend(p)
-  if p == nil then return nil end
-  must(C.ur_tensor_view(p, out_tensor, 0, C.ur_tensor_dim(p, 0)), 3)
-  return tensor.wrap(out_tensor[0])
-end
+local lend = tensor.lend
 
 local ctypes = { i64 = "int64_t[?]", i32 = "int32_t[?]", f32 = "float[?]" }
 

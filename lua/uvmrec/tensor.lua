@@ -295,4 +295,13 @@ methods.free = free_tensor
 M.methods = methods
 M.wrap = wrap
 M.is_tensor = is_tensor -- true for a tensor handle
+
+-- A Lua handle of its own (a view) on a tensor an engine object lends (a KJT's, a batch's);
+-- nil for none.  Misuse raises at the line that called the lender's method.
+local lent = ffi.new("ur_tensor *[1]")
+function M.lend(p)
+  if p == nil then return nil end
+  must(C.ur_tensor_view(p, lent, 0, C.ur_tensor_dim(p, 0)), 3)
+  return wrap(lent[0])
+end
 return M

@@ -32,12 +32,7 @@ function M.source(spec, level)
     .. "criteo-bin:DIR"):format(spec), level + 1)
 end
 
-local out_tensor = ffi.new("ur_tensor *[1]")
-local function lend(p)
-  if p == nil then return nil end
-  must(C.ur_tensor_view(p, out_tensor, 0, C.ur_tensor_dim(p, 0)), 3)
-  return tensor.wrap(out_tensor[0])
-end
+local lend = tensor.lend
 
 -- Gives a batch's slot back; its tensors are freed, so a later use is an error, not data
 -- silently overwritten by a later batch.
