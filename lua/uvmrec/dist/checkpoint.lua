@@ -29,10 +29,8 @@ local C, check = lib.C, lib.check
 
 local M = { FORMAT = 1, MANIFEST = "manifest.json" }
 
-local function block_name(b)
-  if b.row0 == 0 and b.rows == b.table_rows and b.col0 == 0 and b.cols == b.table_dim then return b.name end
-  return ("%s[%d:%d,%d:%d]"):format(b.name, b.row0, b.row0 + b.rows, b.col0, b.col0 + b.cols)
-end
+-- Blocks are named as the sharded collection names them in parameters().
+local block_name = require("uvmrec.dist.sharded").block_name
 M.block_name = block_name
 
 local function is_sharded(ebc) return type(ebc) == "table" and type(ebc.blocks) == "function" and ebc.plan end
