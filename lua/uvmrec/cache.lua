@@ -309,16 +309,23 @@ function methods:invalidate()
   return true
 end
 
+-- The index of cached table `name`; an unknown name raises at the method's caller, naming the
+-- cached ones.
+local function cached_index(self, name)
+  local i = self.index[name]
+  if i == nil then
+    error(("cache: no cached table named '%s' (cached: %s)"):format(tostring(name),
+          table.concat(self.names, ", ")), 3)
+  end
+  return i
+end
+
 -- drop(name, ids, n): rows ids (a Lua list, or an int64_t array of n) leave the cache without a
 -- write-back, after their host rows were re-initialised (tbe:reset_rows).  Returns how many
 -- were cached.
 local dropped = ffi.new("int64_t[1]")
 function methods:drop(name, ids, n)
-  local i = self.index[name]
-  if i == nil then
-    error(("cache: no cached table named '%s' (cached: %s)"):format(tostring(name),
-          table.concat(self.names, ", ")), 2)
-  end
+  local i = cached_index(self, name)
   local ok, err = self:retire_all()
   if not ok then return nil, err end
   if type(ids) == "table" then
@@ -361,11 +368,7 @@ function methods:reset_stats() C.ur_cache_reset_stats(H(self)) return self end
 
 -- contains(table, ids): for each id, its slot (0-based) or false.
 function methods:contains(name, ids)
-  local i = self.index[name]
-  if i == nil then
-    error(("cache: no cached table named '%s' (cached: %s)"):format(tostring(name),
-          table.concat(self.names, ", ")), 2)
-  end
+  local i = cached_index(self, name)
   if type(ids) ~= "table" then error("cache: contains takes a list of ids", 2) end
   local n = #ids
   local a, out = ffi.new("int64_t[?]", math.max(n, 1)), ffi.new("int64_t[?]", math.max(n, 1))
