@@ -100,13 +100,7 @@ describe("uvmrec.KJT on the GPU", function()
           same(cpu:permute { nk }, assert(g:permute { nk }), place, "permute last " .. what)
         end
         same(cpu:permute {}, assert(g:permute {}), place, "permute none " .. what)
-        local sizes, left = {}, nk
-        while left > 0 do
-          local s = rng(left + 1) - 1
-          sizes[#sizes + 1] = s
-          left = left - s
-        end
-        sizes[#sizes + 1] = 0
+        local sizes = h.random_sizes(rng, nk)
         local cparts, gparts = cpu:split(sizes), assert(g:split(sizes))
         for i = 1, #sizes do same(cparts[i], gparts[i], place, "split " .. what .. " part " .. i) end
         same(cpu, assert(ur.KJT.concat(gparts)), place, "concat " .. what)

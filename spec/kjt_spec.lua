@@ -114,13 +114,7 @@ describe("uvmrec.KJT", function()
       end
 
       -- split into random segments, and concat them back
-      local sizes, left = {}, #ref.keys
-      while left > 0 do
-        local s = rng(left + 1) - 1
-        sizes[#sizes + 1] = s
-        left = left - s
-      end
-      sizes[#sizes + 1] = left
+      local sizes = h.random_sizes(rng, #ref.keys)
       local parts = k:split(sizes)
       local k0 = 0
       for i, part in ipairs(parts) do

@@ -108,6 +108,19 @@ function M.rng(seed)
   end
 end
 
+-- Sizes drawn from rng (M.rng) that add up to n, zeros among them, and a 0 last: a random
+-- split of n keys into segments (KJT split).
+function M.random_sizes(rng, n)
+  local sizes, left = {}, n
+  while left > 0 do
+    local s = rng(left + 1) - 1
+    sizes[#sizes + 1] = s
+    left = left - s
+  end
+  sizes[#sizes + 1] = 0
+  return sizes
+end
+
 -- A KJT of n weighted bags for each of keys, drawn from rng (M.rng): a bag holds 0 to most - 1
 -- ids below ids[key] (ids: a table by key, or one count for every key), each weighted k / den
 -- for k in 1..den.
