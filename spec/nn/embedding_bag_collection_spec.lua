@@ -1,5 +1,6 @@
 local ur = require "uvmrec"
 local R = require "tbe_ref"
+local h = require "helpers"
 
 local EBC = ur.nn.EmbeddingBagCollection
 
@@ -336,14 +337,8 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     local row = sg.t_a.rows[0]
     for _, k in ipairs { 0, 5, 11 } do
       local at = row * 12 + k
-      local w0 = t[at]
-      local h = 2 ^ -6
-      t[at] = w0 + h
-      local lp = loss()
-      t[at] = w0 - h
-      local lm = loss()
-      t[at] = w0
-      R.close({ (lp - lm) / (2 * h) }, { sg.t_a.grad[k] }, 1e-3, 1e-4, "finite difference at " .. k)
+      R.close({ h.central_difference(loss, t, at, 2 ^ -6) }, { sg.t_a.grad[k] }, 1e-3, 1e-4,
+              "finite difference at " .. k)
     end
   end)
 
