@@ -24,7 +24,6 @@
 -- and zero-copy reads are the driver's and not counted here).  The
 -- first steps' losses of every mode must agree with all-in-HBM's (same weights and batches).
 local ur = require "uvmrec"
-local json = require "uvmrec.json"
 local C = ur.C
 local options = require("uvmrec.cli").options
 
@@ -46,24 +45,22 @@ local cmd = require("uvmrec.cli").command {
 }
 local o = cmd:parse(arg)
 
-local out_file
-local function emit(rec)
-  if not o.out then return end
-  out_file = out_file or assert(io.open(o.out, "w"))
-  local finite = {} -- a rate of nothing (0 / 0) is left out of the line
-  for k, v in pairs(rec) do
-    if type(v) ~= "number" or (v == v and math.abs(v) ~= math.huge) then finite[k] = v end
-  end
-  out_file:write(json.encode(finite), "\n")
-  out_file:flush()
-end
-
--- ---- the CPU mode: hit rates ----
-
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local zipf_stream = dofile(here .. "/zipf_stream.lua")
 local cache_run = dofile(here .. "/cache_run.lua")
 local P = dofile(here .. "/parity_lib.lua")
+
+local out_file = cache_run.lines(o.out)
+local function emit(rec)
+  if not o.out then return end
+  local finite = {} -- a rate of nothing (0 / 0) is left out of the line
+  for k, v in pairs(rec) do
+    if type(v) ~= "number" or (v == v and math.abs(v) ~= math.huge) then finite[k] = v end
+  end
+  out_file:write(finite)
+end
+
+-- ---- the CPU mode: hit rates ----
 
 local function hit_rates()
   local T, N, B, K = o.tables, o.rows, o.batch, o.batches
@@ -109,7 +106,6 @@ local function hit_rates()
   cache_run.free(inputs)
   if o.out and o.plot then
     out_file:close()
-    out_file = nil
     cache_run.plot(o.out, o.plot)
   end
 end
@@ -257,4 +253,4 @@ local function gpu_modes()
 end
 
 if o.gpu then gpu_modes() else hit_rates() end
-if out_file then out_file:close() end
+out_file:close()

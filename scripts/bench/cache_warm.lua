@@ -43,17 +43,10 @@ local cmd = require("uvmrec.cli").command {
 }
 local o = cmd:parse(arg)
 
-local out_file
-local function emit(rec)
-  if not o.out then return end
-  out_file = out_file or assert(io.open(o.out, "w"))
-  out_file:write(require("uvmrec.json").encode(rec), "\n")
-  out_file:flush()
-end
-
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local zipf_stream = dofile(here .. "/zipf_stream.lua")
 local cache_run = dofile(here .. "/cache_run.lua")
+local out_file = cache_run.lines(o.out)
 
 local T, N, B, K, W = o.tables, o.rows, o.batch, o.batches, o.warm
 if W >= K then cmd:misuse(("--warm %d must be below --batches %d"):format(W, K)) end
@@ -105,7 +98,7 @@ for _, frac in ipairs(o.fractions) do
                   slots_per_table = slots, tables = T, rows = N, batch = B, batches = K, warm = W,
                   zipf = o.zipf, decay = policy == "lfu" and o.decay or nil,
                   stream = "zipf_stream.lua (continuous), seed 7" }
-      emit(r)
+      out_file:write(r)
       print(("%4.0f%% %-4s %-8s %8.2f%% %8.2f%% %8.2f%% | %8.2f%% %8.2f%% %8.2f%% %8.2f%%"):format(100 * frac,
         policy, prefetch and "yes" or "no", 100 * r.hit_rate, 100 * r.first_touch, 100 * r.warm_hit_rate,
         100 * m.hit_rate, 100 * m.first_touch, 100 * m.warm_hit_rate, 100 * m.steady))
@@ -114,5 +107,5 @@ for _, frac in ipairs(o.fractions) do
   end
 end
 cache_run.free(inputs)
-if out_file then out_file:close() end
+out_file:close()
 if o.out and o.plot then cache_run.plot(o.out, o.plot) end
