@@ -108,6 +108,15 @@ local function cfg_for(placement)
   return cfg
 end
 
+-- A timed span's start: the clock, and on a GPU two events, the first recorded now;
+-- elapsed(t0, ev0, ev1) gives the seconds since.
+local function start()
+  local ev0, ev1 = gpu and assert(ur.event()), gpu and assert(ur.event())
+  local t0 = C.ur_clock_seconds()
+  if gpu then assert(ev0:record()) end
+  return t0, ev0, ev1
+end
+
 local function elapsed(t0, ev0, ev1)
   if gpu then
     assert(ev1:record())
@@ -190,9 +199,7 @@ local function run(r)
   local function timed(n, first)
     if gpu then assert(ur.sync()) end
     migration()
-    local ev0, ev1 = gpu and assert(ur.event()), gpu and assert(ur.event())
-    local t0 = C.ur_clock_seconds()
-    if gpu then assert(ev0:record()) end
+    local t0, ev0, ev1 = start()
     local half = step + math.floor(n / 2)
     local last = steps(rotation, n, first, mgr and r.policy == "adaptive" and { after = function(_, at)
       if at.step == half then
@@ -255,9 +262,7 @@ local function run_none()
   local rec = { bench = "uvm", config = cfg.name, batch = B, placement = "managed", policy = "none",
                 table_bytes = table_bytes(model), steps = o.none_steps }
   migration()
-  local ev0, ev1 = gpu and assert(ur.event()), gpu and assert(ur.event())
-  local t0 = C.ur_clock_seconds()
-  if gpu then assert(ev0:record()) end
+  local t0, ev0, ev1 = start()
   local marks = {}
   local last = train.loop.run(model, opt, train.source.ring(batches, o.none_steps), { { after = function(_, at)
     local i = at.step
