@@ -121,20 +121,25 @@ local function run(n)
   return first, r.loss:get(0)
 end
 
+-- A timed span from now on stream (nil: the default one): CUDA events on a GPU, the clock on the
+-- CPU; the function returned gives its seconds so far.
+local function span(stream)
+  local t0, e0, e1 = C.ur_clock_seconds(), gpu and assert(ur.event()), gpu and assert(ur.event())
+  if gpu then assert(e0:record(stream)) end
+  return function()
+    if not gpu then return C.ur_clock_seconds() - t0 end
+    assert(e1:record(stream))
+    assert(e1:sync())
+    return e0:elapsed(e1) / 1e3
+  end
+end
+
 run(WARM)
 local probe = batches[step % NBATCH + 1] -- the first timed step's batch: its loss before and after
-local t0, ev0, ev1 = C.ur_clock_seconds(), gpu and assert(ur.event()), gpu and assert(ur.event())
-if gpu then assert(ev0:record()) end
+local timed = span()
 local loss0 = select(2, run(1))
 run(o.steps - 1)
-local seconds
-if gpu then
-  assert(ev1:record())
-  assert(ev1:sync())
-  seconds = ev0:elapsed(ev1) / 1e3
-else
-  seconds = C.ur_clock_seconds() - t0
-end
+local seconds = timed()
 -- run(1) read the loss once inside the timed span: one wait in o.steps steps.
 local loss1 = model.criterion:forward(model:forward(probe), probe.labels):get(0)
 if not (loss1 == loss1 and math.abs(loss1) < math.huge) then
@@ -156,19 +161,12 @@ local guard_ms
 if guard then
   local rounds = gpu and 1000 or 200
   local loss = model.criterion.output
-  local g0, e0, e1 = C.ur_clock_seconds(), gpu and assert(ur.event()), gpu and assert(ur.event())
-  if gpu then assert(e0:record(model.stream)) end
+  local timed_guard = span(model.stream)
   for _ = 1, rounds do
     guard:check_loss(loss, model.stream)
     guard:end_step(model.stream)
   end
-  if gpu then
-    assert(e1:record(model.stream))
-    assert(e1:sync())
-    guard_ms = e0:elapsed(e1) / rounds
-  else
-    guard_ms = (C.ur_clock_seconds() - g0) * 1e3 / rounds
-  end
+  guard_ms = timed_guard() * 1e3 / rounds
   local r = guard:read()
   if r.bad > 0 then cmd:fail(("the guard saw %d steps with NaN or infinity (%s)"):format(r.bad, r.first.name)) end
   print(("guard (train.nonfinite: %s): %.4f ms a step over %d gradients (%s elements) and the loss, %.3f%% of "
