@@ -89,6 +89,13 @@ describe("uvmrec.hints on the GPU", function()
     local cold = assert(w:residency(k * 128 + 128 * 1024, 131072 * 128 - k * 128 - 128 * 1024))
     if not sanitized then -- timings mean nothing under compute-sanitizer
       local refs = (" GB/s (device %.1f, pinned host %.1f)"):format(hot.device_gbps, hot.host_gbps)
+      if not hot.fast then -- say where the prefix's pages were: by eighths (2 MiB or so each: a
+        -- verdict holds from 1 MiB), and what left the GPU while training
+        local part, where = math.floor(k * 128 / 8), {}
+        for i = 0, 7 do where[i + 1] = assert(w:residency(i * part, part)).where end
+        refs = refs .. ("; its eighths read as %s; %d bytes left the GPU while training"):format(
+          table.concat(where, " "), mig.bytes_dtoh)
+      end
       assert.is_true(hot.fast, "the prefix reads at " .. hot.gbps .. refs)
       assert.is_false(cold.fast, "the host rows read at " .. cold.gbps .. refs)
     end
