@@ -86,6 +86,11 @@ describe("uvmrec.dist.shard", function()
     local names = {}
     for _, p in ipairs(s:parameters()) do names[#names + 1] = p.name end
     assert.same({ "a", "b", "c" }, names) -- views of the logical tables: rank 0 of 1 holds them whole
+    local ok, err = pcall(function() s:set_precision("f16") end)
+    assert.is_false(ok)
+    assert.matches("sharded_spec%.lua:%d+: set_precision: 'f16' is not f32, tf32 or bf16$", err)
+    assert(s:set_precision("bf16"))
+    assert.equal("bf16", s.output_dtype)
     local bad = { tables = opts().tables, features = { "f", "g", "b", "q" }, device = "cpu" }
     assert.has_error(function() dist.shard(bad, "row_wise", comm) end, "dist.shard: feature 'q' is on no table")
   end)

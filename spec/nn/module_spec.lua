@@ -39,6 +39,19 @@ describe("uvmrec.nn.Module", function()
     assert.error_matches(function() m:to("gpu") end, "to: placement 'gpu' is not host, pinned, device or managed")
   end)
 
+  it("refuse a precision other than f32, tf32 or bf16 where set_precision was called, as the tables do", function()
+    local ebc = nn.EmbeddingBagCollection { tables = { { name = "t", rows = 4, dim = 4 } }, device = "cpu" }
+    for _, m in ipairs { nn.MLP({ 3, 2 }), ebc } do
+      local ok, err = pcall(function() m:set_precision("f16") end)
+      assert.is_false(ok)
+      assert.matches("module_spec%.lua:%d+: set_precision: 'f16' is not f32, tf32 or bf16$", err)
+      assert.are_not.equal("f16", m.precision) -- nothing changed
+    end
+    assert(ebc:set_precision("bf16"))
+    assert.equal("bf16", ebc:forward(ur.KJT { keys = { "t" }, values = { 1, 2 }, lengths = { 1, 1 } }):dtype())
+    ebc.tbe:free()
+  end)
+
   it("compute in bf16 with f32 master weights and gradients", function()
     local m = nn.MLP({ 16, 32, 8 }, { last = "none" })
     local x = R.rand({ 10, 16 }, 31)

@@ -929,10 +929,7 @@ end
 
 -- bf16 precision makes the output (and the gradient it takes) bf16, as the unsharded one.
 function Sharded:set_precision(precision)
-  if precision ~= "f32" and precision ~= "tf32" and precision ~= "bf16" then
-    error("set_precision: '" .. tostring(precision) .. "' is not f32, tf32 or bf16", 2)
-  end
-  local dtype = precision == "bf16" and "bf16" or "f32"
+  local dtype = Module.check_precision(precision, 2)
   for _, c in ipairs(self.collections) do c:set_output_dtype(dtype) end
   self.output_dtype, self.precision = dtype, precision
   self._bufs = {}

@@ -123,10 +123,7 @@ function EBC:zero_grad() return self end
 
 -- bf16 precision makes the output (and the gradient it takes) bf16.
 function EBC:set_precision(precision)
-  if precision ~= "f32" and precision ~= "tf32" and precision ~= "bf16" then
-    error("set_precision: '" .. tostring(precision) .. "' is not f32, tf32 or bf16", 2)
-  end
-  local dtype = precision == "bf16" and "bf16" or "f32"
+  local dtype = Module.check_precision(precision, 2)
   assert(self.tbe:set_output_dtype(dtype))
   self.precision = precision
   if self.output then self.output:free() end
