@@ -114,6 +114,7 @@ __device__ __forceinline__ int32_t far_claim(const ur__tbe_far &f, uint64_t key)
       return at;
     }
   }
+  atomicAdd(f.taken + 1, 1); /* uncounted: far_taken then says its count is a lower bound */
   return -1;
 }
 

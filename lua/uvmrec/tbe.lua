@@ -482,11 +482,13 @@ function methods:far_from(name)
   must(C.ur_tbe_far_from(H(self), table_index(self, name, 2), i64))
   return tonumber(i64[0])
 end
--- The distinct far rows the last forward read (min of it and far_rows() were copied).
+-- The distinct far rows the last forward read (min of it and far_rows() were copied), and how
+-- many of its lookups found the copies' map full (0: the count is exact; more: a lower bound).
+local unplaced = ffi.new("int64_t[1]")
 function methods:far_taken(stream)
-  local ok, err = check(C.ur_tbe_far_taken(S(stream), H(self), i64), 2)
+  local ok, err = check(C.ur_tbe_far_taken(S(stream), H(self), i64, unplaced), 2)
   if not ok then return nil, err end
-  return tonumber(i64[0])
+  return tonumber(i64[0]), tonumber(unplaced[0])
 end
 
 -- Ids skipped by the "warn" bounds check so far.

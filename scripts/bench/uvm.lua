@@ -212,7 +212,9 @@ local function run(r)
     return s, last.loss:get(0), migration()
   end
   local seconds, loss, mig = timed(o.steps, o.warmup)
-  rec.far_taken = r.far and r.far > 0 and assert(tbe:far_taken()) or nil -- the last forward's far rows
+  if r.far and r.far > 0 then -- the last forward's far rows (a lower bound where its map was full)
+    rec.far_taken, rec.far_unplaced = assert(tbe:far_taken())
+  end
   rec.steps, rec.seconds = o.steps, seconds
   rec.samples_per_s = o.steps * B / seconds
   rec.ms_per_step = seconds / o.steps * 1e3
@@ -362,7 +364,7 @@ for _, r in ipairs(results) do
   if r.policy ~= "none" then
     print(("| %s | %s | %s | %.3g M | %s | %.2f | %s | %s | %s | %s | %s |"):format(r.policy,
       r.fraction and (r.fraction .. "%") or (r.policy == "device" and "100% (all)" or "-"),
-      r.far_taken and ("%d / %d"):format(r.far_rows, r.far_taken) or "-",
+      r.far_taken and ("%d / %s%d"):format(r.far_rows, r.far_unplaced > 0 and ">= " or "", r.far_taken) or "-",
       r.samples_per_s / 1e6, r.of_device and ("%.2f"):format(r.of_device) or "1", r.ms_per_step,
       r.policy == "device" and gbs(r.table_bytes) or gbs(r.bytes_on_gpu),
       r.coverage and ("%.3f"):format(r.coverage) or "-",

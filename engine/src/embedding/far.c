@@ -22,7 +22,8 @@ static int32_t far_row_bytes(const ur_tbe *t) {
 
 /* Slots of the map: a power of two, at least twice the copies.  Rows past the room take slots
  * too (so far_taken counts them), so a forward reading more than twice the room fills the map,
- * and its last rows find no slot (32 probes) and go uncounted and uncopied. */
+ * and its last rows find no slot (32 probes) and go uncounted and uncopied: the lookups that
+ * did are counted beside taken, and far_taken says so. */
 static int64_t far_slots(int64_t rows) {
   int64_t s = 64;
   while (s < 2 * rows) s *= 2;
@@ -94,16 +95,19 @@ ur_status ur_tbe_far_from(const ur_tbe *t, int32_t table, int64_t *out) {
   return st;
 }
 
-ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out) {
+ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out, int64_t *unplaced) {
   UR__ARGS(t, out);
   *out = 0;
+  if (unplaced) *unplaced = 0;
   if (!t->far_made) return UR_STATUS_OK;
-  int32_t n = 0;
+  int32_t n[2] = {0, 0};
   const char *base = ur_tensor_data(t->far);
-  ur_status st = t->be->copy(s ? s->handle : NULL, &n, base + layout_of(t, t->far_rows).taken, 4);
+  ur_status st = t->be->copy(s ? s->handle : NULL, n, base + layout_of(t, t->far_rows).taken, 8);
   if (!st) st = t->be->stream_sync(s ? s->handle : NULL);
-  if (!st) *out = n;
-  return st;
+  if (st) return st;
+  *out = n[0];
+  if (unplaced) *unplaced = n[1];
+  return UR_STATUS_OK;
 }
 
 /* Points a at the copies (neither filling nor reading them yet). */
@@ -128,7 +132,7 @@ ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   far_args(t, a);
   void *sh = s ? s->handle : NULL;
   ur_status st = t->be->fill(sh, a->far.keys, (size_t)(a->far.mask + 1), 8, 0);
-  if (!st) st = t->be->fill(sh, a->far.taken, 1, 4, 0);
+  if (!st) st = t->be->fill(sh, a->far.taken, 2, 4, 0);
   a->far.fill = !st;
   return st;
 }

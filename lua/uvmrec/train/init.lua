@@ -732,15 +732,18 @@ function run_plain(cfg, opts)
   end
   if far then
     -- the room against what the last forward read: how to size embeddings.far_rows
-    local room, read, copied = cfg.embeddings.far_rows, 0, 0
+    local room, read, copied, unplaced = cfg.embeddings.far_rows, 0, 0, 0
     for _, tbe in ipairs(hints.tbes_of(model.embeddings)) do
-      local n = assert(tbe:far_taken())
-      read, copied = read + n, copied + math.min(n, room)
+      local n, u = assert(tbe:far_taken())
+      read, copied, unplaced = read + n, copied + math.min(n, room), unplaced + u
     end
-    result.far_rows = { room = room, read = read, copied = copied }
+    result.far_rows = { room = room, read = read, copied = copied, unplaced = unplaced }
     if read > 0 then
-      say(("far rows: the last forward read %d distinct far rows, copied %d (room %d a collection)"):format(
-        read, copied, room))
+      -- a full map left rows uncounted: the count is then a lower bound, and says so
+      local full = unplaced > 0 and (" (%d lookups found the copies' map full: more rows than counted)"):format(
+        unplaced) or ""
+      say(("far rows: the last forward read %s%d distinct far rows, copied %d (room %d a collection)%s"):format(
+        unplaced > 0 and "at least " or "", read, copied, room, full))
     end
   end
   if collisions then
