@@ -81,13 +81,7 @@ if Q and not gpu then
   S = q
 end
 local t_start = C.ur_clock_seconds()
-local function loadavg()
-  local f = io.open("/proc/loadavg")
-  if not f then return nil end
-  local l = f:read("*l")
-  f:close()
-  return l and tonumber(l:match("^(%S+)"))
-end
+local function loadavg() return tonumber(require("uvmrec.cli").load_average()) end
 local load_start = loadavg()
 
 -- The fastest of n runs of fn (after one warm-up), in seconds.  Not the median: on a shared

@@ -189,6 +189,23 @@ describe("uvmrec.cli", function()
     command.rmdir(dir)
   end)
 
+  it("reads the 1-minute load average as /proc/loadavg writes it, nil without the file", function()
+    local f = io.open("/proc/loadavg")
+    if f then
+      local first = f:read("*l"):match("^%S+")
+      f:close()
+      local got = cli.load_average()
+      assert.matches("^%d+%.%d+$", got)
+      assert.equal(#first, #got) -- the same field (it may have moved in between)
+    end
+    local open = io.open
+    io.open = function() return nil, "no such file" end -- luacheck: ignore 122
+    local ok, got = pcall(cli.load_average)
+    io.open = open -- luacheck: ignore 122
+    assert.truthy(ok, got)
+    assert.is_nil(got)
+  end)
+
   it("refuses a declaration it cannot read, at the caller's line", function()
     local function refuses(d, msg)
       local ok, err = pcall(cli.command, d)

@@ -344,6 +344,16 @@ function M.interpreter()
   return arg[i]
 end
 
+-- The 1-minute load average as /proc/loadavg writes it (the machine may be shared: a benchmark
+-- records it beside its times); nil where there is none.
+function M.load_average()
+  local f = io.open("/proc/loadavg")
+  if not f then return nil end
+  local l = f:read("*l")
+  f:close()
+  return l and l:match("^(%S+)")
+end
+
 -- Where a benchmark with the flags --gpu and --cpu (declared with mutex = {{"--gpu", "--cpu"}})
 -- runs: "gpu" or "cpu" as asked, else "gpu" where a GPU is in use; --gpu without one fails
 -- (exit 1) with the reason.

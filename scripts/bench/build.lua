@@ -73,12 +73,7 @@ if o.one then
   os.exit(0)
 end
 
-local function load()
-  local f = io.open("/proc/loadavg")
-  local l = f and f:read("*l") or ""
-  if f then f:close() end
-  return tonumber(l:match("^(%S+)")) or -1
-end
+local function load() return tonumber(require("uvmrec.cli").load_average()) or -1 end
 
 -- the command running this script (a dist tree's bin/uvmrec), else the build's
 local host = package.loaded["uvmrec.host"]

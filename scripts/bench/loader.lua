@@ -30,10 +30,7 @@ local o = require("uvmrec.cli").command {
 local function now() return C.ur_clock_seconds() end
 
 local function load() -- the 1-minute load average: the machine is shared
-  local f = io.open("/proc/loadavg")
-  local l = f and f:read("*l") or ""
-  if f then f:close() end
-  return tonumber(l:match("^(%S+)")) or -1
+  return tonumber(require("uvmrec.cli").load_average()) or -1
 end
 
 -- Day files: made when missing, then read once so the page cache holds them.

@@ -54,12 +54,7 @@ local function record(t)
   if out then out:write(json.encode(t), "\n") out:flush() end
 end
 local function commit() return ur.commit() or "unknown" end
-local function load_avg()
-  local f = io.open("/proc/loadavg")
-  local l = f and f:read("*l"):match("^%S+") or "?"
-  if f then f:close() end
-  return l
-end
+local function load_avg() return require("uvmrec.cli").load_average() or "?" end
 
 if o.time then
   -- synthetic tables as search_spec's: rows 1e2..1e7, dims 16..128, Zipf 0.8..1.3, rowwise Adagrad

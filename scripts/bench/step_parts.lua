@@ -97,9 +97,7 @@ local p = assert(planner.evaluate(prob.tables, prob.profiles, 2 ^ 50, { world = 
   hints_every = prob.hints_every }, {}))
 local pd = p.data
 local d = pd.dense or {}
-local f = io.open("/proc/loadavg")
-local load = f and f:read("*l"):match("^%S+") or "?"
-if f then f:close() end
+local load = require("uvmrec.cli").load_average() or "?"
 print(("%s, batch %d, %s: %d warm-up + %d timed steps, load average %s, calibration %s"):format(o.config, B,
   gpu and "GPU" or "CPU", o.warmup, o.steps, load, cal.where))
 print(("%-20s %10s %10s %10s"):format("part", "fastest ms", "median ms", "mean ms"))
