@@ -189,6 +189,22 @@ describe("uvmrec.cli", function()
     command.rmdir(dir)
   end)
 
+  it("names the uvmrec program: UVMREC_BIN, else the command running the script, else the build's", function()
+    local getenv, host = os.getenv, package.loaded["uvmrec.host"]
+    local env = {}
+    os.getenv = function(k) return env[k] end -- luacheck: ignore 122
+    finally(function()
+      os.getenv = getenv -- luacheck: ignore 122
+      package.loaded["uvmrec.host"] = host
+    end)
+    package.loaded["uvmrec.host"] = nil
+    assert.equal("build/bin/uvmrec", cli.program())
+    package.loaded["uvmrec.host"] = { binary = "/opt/uvmrec/bin/uvmrec" }
+    assert.equal("/opt/uvmrec/bin/uvmrec", cli.program())
+    env.UVMREC_BIN = "/tmp/b/uvmrec"
+    assert.equal("/tmp/b/uvmrec", cli.program())
+  end)
+
   it("reads the 1-minute load average as /proc/loadavg writes it, nil without the file", function()
     local f = io.open("/proc/loadavg")
     if f then

@@ -344,6 +344,13 @@ function M.interpreter()
   return arg[i]
 end
 
+-- The uvmrec program, to run a subcommand from a script: UVMREC_BIN (make test sets it), else
+-- the command running this script (a dist tree's bin/uvmrec), else the build's.
+function M.program()
+  local host = package.loaded["uvmrec.host"]
+  return os.getenv("UVMREC_BIN") or (type(host) == "table" and host.binary) or "build/bin/uvmrec"
+end
+
 -- The 1-minute load average as /proc/loadavg writes it (the machine may be shared: a benchmark
 -- records it beside its times); nil where there is none.
 function M.load_average()

@@ -75,9 +75,7 @@ end
 
 local function load() return tonumber(require("uvmrec.cli").load_average()) or -1 end
 
--- the command running this script (a dist tree's bin/uvmrec), else the build's
-local host = package.loaded["uvmrec.host"]
-local bin = os.getenv("UVMREC_BIN") or (type(host) == "table" and host.binary) or "build/bin/uvmrec"
+local bin = require("uvmrec.cli").program()
 local places = o.gpu and { "host", "managed" } or { "host" }
 local out = o.out and assert(io.open(o.out, "a"))
 print(("%-9s %-8s %10s %12s %12s %14s %8s"):format("placement", "threads", "GiB", "wall s/GiB", "CPU s/GiB",

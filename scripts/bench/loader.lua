@@ -36,10 +36,7 @@ end
 -- Day files: made when missing, then read once so the page cache holds them.
 local dir = o.dir
 if not io.open(dir .. "/day_0_dense.npy") then
-  -- the command running this script (a dist tree's bin/uvmrec), else the build's
-  local host = package.loaded["uvmrec.host"]
-  local bin = os.getenv("UVMREC_BIN") or (type(host) == "table" and host.binary) or "build/bin/uvmrec"
-  local cmd = ("%s datagen mlperf_v1 --out %s --samples %d"):format(bin, dir, o.samples)
+  local cmd = ("%s datagen mlperf_v1 --out %s --samples %d"):format(require("uvmrec.cli").program(), dir, o.samples)
   print(cmd)
   assert(os.execute(cmd) == 0, "datagen failed")
 end
