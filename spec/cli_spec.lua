@@ -205,6 +205,14 @@ describe("uvmrec.cli", function()
     assert.equal("/tmp/b/uvmrec", cli.program())
   end)
 
+  it("gives a benchmark its place and config: --cpu or no GPU the CPU, --config or BENCH_CONFIG's", function()
+    local gpu = require("uvmrec").gpu()
+    assert.same({ false, cli.BENCH_CONFIG.cpu }, { cli.bench_config { cpu = true } })
+    assert.same({ false, "my.yaml" }, { cli.bench_config { cpu = true, config = "my.yaml" } })
+    assert.same({ gpu, cli.BENCH_CONFIG[gpu and "gpu" or "cpu"] }, { cli.bench_config { cpu = false } })
+    assert.same({ gpu, "my.yaml" }, { cli.bench_config { cpu = false, config = "my.yaml" } })
+  end)
+
   it("reads the 1-minute load average as /proc/loadavg writes it, nil without the file", function()
     local f = io.open("/proc/loadavg")
     if f then

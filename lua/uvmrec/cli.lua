@@ -351,6 +351,13 @@ function M.program()
   return os.getenv("UVMREC_BIN") or (type(host) == "table" and host.binary) or "build/bin/uvmrec"
 end
 
+-- Where a benchmark with options.cpu (and options.config) runs and what it trains: gpu, true where
+-- a GPU is in use and --cpu is not given, and the config, --config or BENCH_CONFIG's for there.
+function M.bench_config(opts)
+  local gpu = require("uvmrec").gpu() and not opts.cpu
+  return gpu, opts.config or M.BENCH_CONFIG[gpu and "gpu" or "cpu"]
+end
+
 -- The 1-minute load average as /proc/loadavg writes it (the machine may be shared: a benchmark
 -- records it beside its times); nil where there is none.
 function M.load_average()

@@ -33,9 +33,9 @@ local cmd = require("uvmrec.cli").command {
 local o = cmd:parse(arg)
 local comm = assert(dist.init { cpu = o.cpu })
 local rank, world = dist.rank(), dist.world()
-local gpu = ur.gpu() and not o.cpu
+local gpu, config = require("uvmrec.cli").bench_config(o)
 local sets = { unpack(o.set) }
-local file = assert(train.find_config(o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]))
+local file = assert(train.find_config(config))
 local probe = assert(train.config.load(file, sets))
 local per = o.per_rank or (gpu and probe.train.batch_size or 1024)
 sets[#sets + 1] = "train.batch_size=" .. per * world

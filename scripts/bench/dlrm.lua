@@ -33,8 +33,8 @@ local cmd = require("uvmrec.cli").command {
   options.out_append,
 }
 local o = cmd:parse(arg)
-local gpu = ur.gpu() and not o.cpu
-o.config = o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]
+local gpu
+gpu, o.config = require("uvmrec.cli").bench_config(o)
 o.steps = o.steps or (gpu and 200 or 50)
 local WARM, NBATCH = gpu and 10 or 3, gpu and 8 or 4
 

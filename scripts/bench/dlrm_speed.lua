@@ -53,8 +53,8 @@ local cmd = cli.command {
   { "--graph", "each steady step a replayed CUDA graph (the learning rates held at the schedule's first step's)" },
 }
 local o = cmd:parse(arg)
-local gpu = ur.gpu() and not o.cpu
-o.config = o.config or cli.BENCH_CONFIG[gpu and "gpu" or "cpu"]
+local gpu
+gpu, o.config = cli.bench_config(o)
 o.steps = o.steps or (gpu and 30 or 5)
 local WARM, NBATCH, REPEAT = gpu and 5 or 1, gpu and 8 or 2, gpu and 10 or 2
 

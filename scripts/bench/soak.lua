@@ -61,8 +61,7 @@ local cmd = cli.command {
   options.out_append,
 }
 local o = cmd:parse(arg)
-local gpu = ur.gpu() and not o.cpu
-local config = o.config or cli.BENCH_CONFIG[gpu and "gpu" or "cpu"]
+local gpu, config = cli.bench_config(o)
 local path = assert(train.find_config(config))
 local grow, grow_host = ur.bytes(o.grow), ur.bytes(o.grow_host)
 local fmt = planner.fmt_bytes

@@ -10,7 +10,6 @@
 -- Defaults: on a GPU dlrm_mlperf_v1_2m (6.3 GiB of tables in HBM, batch 65536, bf16 MLPs),
 -- N = 5; on the CPU dlrm_tiny, N = 10.  DIR (default /tmp/uvmrec-train-resume) holds the run
 -- directories and is removed at the end.  --out appends the result as a line of JSON.
-local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local json = require "uvmrec.json"
 local options = require("uvmrec.cli").options
@@ -27,8 +26,8 @@ local cmd = require("uvmrec.cli").command {
   options.out_append,
 }
 local o = cmd:parse(arg)
-local gpu = ur.gpu() and not o.cpu
-o.config = o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]
+local gpu
+gpu, o.config = require("uvmrec.cli").bench_config(o)
 local n = o.steps or (gpu and 5 or 10)
 
 local path = train.find_config(o.config) or cmd:fail(o.config .. ": no such config or preset")

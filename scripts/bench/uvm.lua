@@ -51,8 +51,8 @@ local cmd = require("uvmrec.cli").command {
   options.out_append,
 }
 local o = cmd:parse(arg)
-local gpu = ur.gpu() and not o.cpu
-o.config = o.config or require("uvmrec.cli").BENCH_CONFIG[gpu and "gpu" or "cpu"]
+local gpu
+gpu, o.config = require("uvmrec.cli").bench_config(o)
 o.steps = o.steps or (gpu and 40 or 6)
 o.warmup = o.warmup or (gpu and 4 or 2)
 o.count = o.count or (gpu and 16 or 4)
