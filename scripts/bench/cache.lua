@@ -137,11 +137,7 @@ local function gpu_modes()
   end
   -- distinct batches in pinned host memory, the same for every mode
   local cfg0 = load({})
-  local data = assert(train.data(cfg0, train.config.table_rows(cfg0)))
-  local dopts = {}
-  for k, v in pairs(data.train) do dopts[k] = v end
-  dopts.samples, dopts.epochs = NB * cfg0.train.batch_size, 1
-  local host = train.source.hold(assert(ur.data.loader(dopts)), NB, "pinned")
+  local host = assert(train.source.hold_data(cfg0, NB, "pinned"))
   local B = cfg0.train.batch_size
 
   local modes = {

@@ -99,12 +99,7 @@ if gpu then
 end
 
 -- Distinct batches of the config's data, held where the model runs.
-local data = assert(train.data(cfg, train.config.table_rows(cfg)))
-local dopts = {}
-for k, v in pairs(data.train) do dopts[k] = v end
-dopts.samples, dopts.epochs = NBATCH * B, 1
-local loader = assert(ur.data.loader(dopts))
-local batches = train.source.hold(loader, NBATCH, gpu and "device" or nil)
+local batches, dopts = assert(train.source.hold_data(cfg, NBATCH, gpu and "device" or nil))
 
 -- n more steps over the batches held, going on from the steps made before (the schedule's
 -- step, the ring's turn); the first step's loss and the last's.
@@ -177,7 +172,7 @@ end
 -- The same steps fed by the loader: generation on the host, copies to the device.
 local fed_steps = math.max(5, math.floor(o.steps / 4))
 dopts.samples = (fed_steps + WARM) * B
-loader = assert(ur.data.loader(dopts))
+local loader = assert(ur.data.loader(dopts))
 local f0
 local fed = train.loop.run(model, opt, train.source.loader(loader, { placement = gpu and "device" or nil,
                                                                      steps = WARM + fed_steps }),

@@ -85,14 +85,9 @@ local B = base_cfg.train.batch_size
 
 -- ---- the batches: NB for the timed rotation, `count` for counting, none_steps fresh ones ----
 
-local data = assert(train.data(base_cfg, train.config.table_rows(base_cfg)))
-local dopts = {}
-for k, v in pairs(data.train) do dopts[k] = v end
 local nbatches = math.max(NB + o.count, o.none_steps)
-dopts.samples, dopts.epochs = nbatches * B, 1
 local t_gen = C.ur_clock_seconds()
-local loader = assert(ur.data.loader(dopts))
-local batches = train.source.hold(loader, nbatches, gpu and "device" or nil)
+local batches = assert(train.source.hold_data(base_cfg, nbatches, gpu and "device" or nil))
 local rotation = { unpack(batches, 1, NB) } -- the timed steps take these in turn
 local lookups = batches[1].sparse:values():numel()
 print(("uvm bench: %s, batch %d, %d batches made in %.1f s (%d lookups a batch)"):format(base_cfg.name, B,

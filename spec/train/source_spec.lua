@@ -3,8 +3,8 @@
 -- embedding collection; the events that order the copies are synchronised only once recorded,
 -- whatever number of batches was taken (one batch, then drain: the case an evaluation of a
 -- single batch hits); a source re-attached to a new loader goes on; a step limit; a ring of
--- batches held in place, taken in turn.  The event logic is the engine's on every backend, so
--- host and managed buffers exercise it without a GPU.
+-- batches held in place, taken in turn; a config's first batches held.  The event logic is the
+-- engine's on every backend, so host and managed buffers exercise it without a GPU.
 local ur = require "uvmrec"
 local source = require "uvmrec.train.source"
 local Batch = require "uvmrec.data.batch"
@@ -92,5 +92,29 @@ describe("uvmrec.train.source", function()
     assert.same({ 0, 256 }, { held[2].epoch, held[2].first })
     for _, b in ipairs(held) do b:release() end
     assert.has_error(function() source.ring({}) end, "source.ring: expected a list of batches")
+  end)
+
+  it("holds n batches of a config's data from its start, and gives the options of a loader of them", function()
+    local train = require "uvmrec.train"
+    local path = assert(train.find_config("dlrm_tiny"))
+    local cfg = assert(train.config.load(path, { "train.batch_size=64", "train.epochs=2" }))
+    local held, opts = assert(source.hold_data(cfg, 3))
+    assert.equal(3, #held)
+    assert.same({ 192, 1, 64 }, { opts.samples, opts.epochs, opts.batch_size })
+    local ref = assert(ur.data.loader(opts))
+    for i = 1, 3 do
+      local x, y = assert(ref:next()), held[i]
+      assert.same({ 64, x.first }, { y.size, y.first })
+      assert.same(x.dense:totable(), y.dense:totable())
+      assert.same(x.labels:totable(), y.labels:totable())
+      assert.same(x.sparse:values():totable(), y.sparse:values():totable())
+    end
+    assert.is_nil(ref:next(), "one epoch of 3 batches")
+    ref:close()
+    for _, b in ipairs(held) do b:release() end
+    cfg.data.train = ""
+    local none, err = source.hold_data(cfg, 3)
+    assert.is_nil(none)
+    assert.equal("no training data: give --data SPEC or data.train in the config", err)
   end)
 end)

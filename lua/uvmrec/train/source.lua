@@ -5,8 +5,9 @@
 --   source.loader(loader, {placement =, steps =})  the loader's batches; with a placement
 --       ("device" on a GPU) each is copied into buffers kept for the run, asynchronously on
 --       the stream given: no allocation and no wait per step
---   source.ring(batches, steps, offset)  batches held where the model runs (source.hold), taken
---       in turn: a benchmark's steps without the data path
+--   source.ring(batches, steps, offset)  batches held where the model runs (source.hold, or
+--       source.hold_data for a config's data), taken in turn: a benchmark's steps without the
+--       data path
 --   uvmrec.pipeline.Prefetch     the prefetch pipeline: batch i+1 copied and its rows brought
 --       near the GPU while batch i trains
 local streams = require "uvmrec.stream"
@@ -94,6 +95,21 @@ function M.hold(loader, n, placement)
   if placement then assert(require("uvmrec").sync()) end -- the copies are done before the buffers go
   loader:close()
   return out
+end
+
+-- n batches of a config's training data (uvmrec.train.data's, cut to one epoch of n batches),
+-- held as hold holds them; and the loader options that made them, for another loader of the
+-- same data.  nil, message when the config has no data that can be read.
+function M.hold_data(cfg, n, placement)
+  local train = require "uvmrec.train"
+  local data, err = train.data(cfg, train.config.table_rows(cfg))
+  if not data then return nil, err end
+  local opts = {}
+  for k, v in pairs(data.train) do opts[k] = v end
+  opts.samples, opts.epochs = n * cfg.train.batch_size, 1
+  local loader, lerr = require("uvmrec").data.loader(opts)
+  if not loader then return nil, lerr end
+  return M.hold(loader, n, placement), opts
 end
 
 local Ring = {}
