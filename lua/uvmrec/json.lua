@@ -12,7 +12,7 @@
 -- beyond 2^53 are int64_t cdata, exact), or nil, message naming the byte where the text fails.
 -- read_lines(path) gives the values of a JSON-lines file; append_lines(path, v, ...) adds each
 -- value as one line to the end of one (a benchmark's --out), raising io.open's message when
--- the file cannot be opened.
+-- the file cannot be opened; lines(path) writes one made anew, a line at a time.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local C = lib.C
@@ -204,6 +204,28 @@ function M.append_lines(path, ...)
   if not f then error(err, 0) end
   f:write(table.concat(lines))
   f:close()
+end
+
+-- A JSON-lines file made anew (a benchmark's --out), opened at its first line: w:write(v)
+-- writes v as a line and flushes, w:close() closes it (a later write makes it anew).  Without a
+-- path both do nothing.  write raises encode's message for a value JSON cannot hold (at the
+-- caller's line, the file left as it was) and io.open's when the file cannot be made.
+function M.lines(path)
+  local f
+  return {
+    write = function(_, v)
+      if not path then return end
+      local ok, line = pcall(M.encode, v)
+      if not ok then error(line, 2) end
+      f = f or assert(io.open(path, "w"))
+      f:write(line, "\n")
+      f:flush()
+    end,
+    close = function()
+      if f then f:close() end
+      f = nil
+    end,
+  }
 end
 
 return M

@@ -50,7 +50,7 @@ local zipf_stream = dofile(here .. "/zipf_stream.lua")
 local cache_run = dofile(here .. "/cache_run.lua")
 local P = dofile(here .. "/parity_lib.lua")
 
-local out_file = cache_run.lines(o.out)
+local out_file = require("uvmrec.json").lines(o.out)
 local function emit(rec)
   if not o.out then return end
   local finite = {} -- a rate of nothing (0 / 0) is left out of the line

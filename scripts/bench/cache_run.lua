@@ -15,10 +15,6 @@
 -- cache_run.free(inputs): frees zipf_stream.lua's batches.
 --
 -- cache_run.plot(out, png): cache_plot.py's PNG of the JSON lines in out; says which it made.
---
--- cache_run.lines(path): the benches' --out (made anew each run), opened at the first line;
--- :write(rec) writes rec as a line of JSON and flushes, :close() closes it (a later write makes
--- it anew).  Without a path both do nothing.
 local M = {}
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
@@ -52,22 +48,6 @@ function M.free(inputs)
     x.values:free()
     x.offsets:free()
   end
-end
-
-function M.lines(path)
-  local f
-  return {
-    write = function(_, rec)
-      if not path then return end
-      f = f or assert(io.open(path, "w"))
-      f:write(require("uvmrec.json").encode(rec), "\n")
-      f:flush()
-    end,
-    close = function()
-      if f then f:close() end
-      f = nil
-    end,
-  }
 end
 
 function M.plot(out, png)

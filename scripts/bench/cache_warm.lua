@@ -46,7 +46,7 @@ local o = cmd:parse(arg)
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local zipf_stream = dofile(here .. "/zipf_stream.lua")
 local cache_run = dofile(here .. "/cache_run.lua")
-local out_file = cache_run.lines(o.out)
+local out_file = require("uvmrec.json").lines(o.out)
 
 local T, N, B, K, W = o.tables, o.rows, o.batch, o.batches, o.warm
 if W >= K then cmd:misuse(("--warm %d must be below --batches %d"):format(W, K)) end

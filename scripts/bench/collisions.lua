@@ -60,13 +60,11 @@ if o.gpu and not ur.gpu() then cmd:fail("--gpu: no GPU in use: " .. tostring(ur.
 local WHERE = o.gpu and ("the GPU (%s)"):format(ur.device_props(0).name) or "the CPU"
 local EVAL = 65536
 
-local out_file
+local out_file = json.lines(o.out)
 local function emit(rec)
   if not o.out then return end
-  out_file = out_file or assert(io.open(o.out, "w"))
   rec.where = o.gpu and "gpu" or "cpu"
-  out_file:write(json.encode(rec), "\n")
-  out_file:flush()
+  out_file:write(rec)
 end
 
 local function mean_sd(xs)
@@ -339,4 +337,4 @@ local function cost()
 end
 
 if o.cost then cost() else quality() end
-if out_file then out_file:close() end
+out_file:close()
