@@ -210,16 +210,19 @@ describe("far rows' copies", function()
         return h.train_tiny(all, nil, { cpu = false })
       end
       local want = run({ "embeddings.placement=device" }).losses
-      for _, place in ipairs { "managed", "host" } do
-        local r = run { "embeddings.placement=" .. place, "embeddings.far_rows=2000" }
+      -- a room of 1 has the least map, 64 slots: a batch's far rows overflow it
+      for _, c in ipairs { { "managed", 2000 }, { "host", 2000 }, { "host", 1 } } do
+        local place, room = c[1], c[2]
+        local r = run { "embeddings.placement=" .. place, "embeddings.far_rows=" .. room }
         assert.same(want, r.losses, place)
         local f = r.result.far_rows
-        assert.is_true(f.read > 0 and f.copied == math.min(f.read, 2000), place)
+        assert.is_true(f.read > 0 and f.copied == math.min(f.read, room), place)
         local said
         for _, l in ipairs(r.lines) do said = said or l:match("^far rows: the last forward read .*") end
         assert.truthy(said, place)
         -- a count the map could not finish is said to be a lower bound, and only then
         assert.equal(f.unplaced > 0, said:match("read at least %d+ distinct far rows") ~= nil, said)
+        if room == 1 then assert.is_true(f.unplaced > 0, said) end
       end
     end)
 end)

@@ -483,7 +483,7 @@ function methods:far_from(name)
   return tonumber(i64[0])
 end
 -- The distinct far rows the last forward read (min of it and far_rows() were copied), and how
--- many of its lookups found the copies' map full (0: the count is exact; more: a lower bound).
+-- many of its lookups found no free slot in the copies' map (0: the count is exact; more: a lower bound).
 local unplaced = ffi.new("int64_t[1]")
 function methods:far_taken(stream)
   local ok, err = check(C.ur_tbe_far_taken(S(stream), H(self), i64, unplaced), 2)

@@ -3,7 +3,8 @@
  * current, and when a forward makes copies and a backward may read them.  Where far rows begin
  * (ur__tbe_far_from) and forgetting the copies (ur__tbe_far_drop) are table.c's: its calls that
  * write rows drop them, and this file calls table.c, not the other way.  One piece of memory
- * holds the map (keys, then where each copy is), the count of copies asked for and the copies. */
+ * holds the map (keys, then where each copy is), the count of copies asked for with the count of
+ * lookups that found no free slot, and the copies. */
 #include "embedding/table.h"
 
 #define FAR_ALIGN 256

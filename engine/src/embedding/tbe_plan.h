@@ -76,7 +76,7 @@ typedef struct ur__tbe_far {
   int32_t *at;              /* [mask + 1]: where its copy is in rows, -1 when none had room */
   char *rows;               /* [cap] copies */
   int32_t *taken;           /* [2] copies asked for by the forward (past cap: not made), then
-                             * its lookups that found no free slot (the map was full) */
+                             * its lookups that found no free slot in UR_TBE_FAR_PROBES */
   int64_t mask;
   int32_t cap, row_bytes;
   int32_t fill, use;        /* 1: the forward fills them; the backward reads them */

@@ -740,8 +740,8 @@ function run_plain(cfg, opts)
     result.far_rows = { room = room, read = read, copied = copied, unplaced = unplaced }
     if read > 0 then
       -- a full map left rows uncounted: the count is then a lower bound, and says so
-      local full = unplaced > 0 and (" (%d lookups found the copies' map full: more rows than counted)"):format(
-        unplaced) or ""
+      local full = unplaced > 0 and (" (%d lookups found the copies' map full where they looked: "
+        .. "more rows than counted)"):format(unplaced) or ""
       say(("far rows: the last forward read %s%d distinct far rows, copied %d (room %d a collection)%s"):format(
         unplaced > 0 and "at least " or "", read, copied, room, full))
     end
