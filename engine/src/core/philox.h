@@ -20,8 +20,8 @@
 typedef struct ur_philox4 { uint32_t v[4]; } ur_philox4;
 
 /* splitmix64's finaliser: a 64-bit key spread over every bit, for the open-addressed maps of
- * managed collisions (mc.h), the cache's sets (cache_sets.h) and the far rows' copies
- * (tbe_plan.h). */
+ * managed collisions (mc.h), the cache's sets (cache_sets.h), the far rows' copies (tbe_plan.h)
+ * and dedup's bag hash (data/kjt.h). */
 UR_HD uint64_t ur__mix64(uint64_t x) {
   x ^= x >> 30;
   x *= 0xBF58476D1CE4E5B9ull;

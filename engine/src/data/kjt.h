@@ -17,8 +17,9 @@ UR_HD uint64_t ur__kjt_bag_hash(const int64_t *v, const float *w, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     h = ur__mix64(h ^ (uint64_t)v[i]);
     if (w) {
+      float f = w[i]; /* one load: a memcpy from memory is byte loads on the GPU */
       uint32_t bits;
-      memcpy(&bits, &w[i], 4);
+      memcpy(&bits, &f, 4);
       h = ur__mix64(h ^ bits);
     }
   }
