@@ -162,6 +162,11 @@ struct ur_event {
 /* A host tensor over memory the engine did not allocate (a file mapping): release(ctx) runs
  * when the last handle sharing it is freed.  Not counted in ur_memory_get's bytes.  On failure the
  * caller keeps its reference (release is not called). */
+/* t (zeroed, its storage attached) takes its dtype and shape (numel elements, checked by
+ * ur__shape_bytes); returns t.  The one place a new tensor is shaped: ur_tensor_new,
+ * ur__tensor_wrap, the dense arena. */
+UR__HIDDEN ur_tensor *ur__tensor_shaped(ur_tensor *t, ur_dtype dtype, int32_t ndim,
+                                        const int64_t *shape, uint64_t numel);
 UR__HIDDEN ur_status ur__tensor_wrap(ur_tensor **out, ur_dtype dtype, int32_t ndim,
                                      const int64_t *shape, void *data,
                                      void (*release)(void *ctx), void *ctx);

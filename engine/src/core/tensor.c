@@ -143,9 +143,8 @@ ur_status ur__shape_bytes(const char *who, ur_dtype dtype, int32_t ndim, const i
   return UR_STATUS_OK;
 }
 
-/* A new tensor (zeroed, storage attached) given its dtype and shape. */
-static ur_tensor *shaped(ur_tensor *t, ur_dtype dtype, int32_t ndim, const int64_t *shape,
-                         uint64_t numel) {
+ur_tensor *ur__tensor_shaped(ur_tensor *t, ur_dtype dtype, int32_t ndim, const int64_t *shape,
+                             uint64_t numel) {
   t->dtype = dtype;
   t->ndim = ndim;
   memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
@@ -169,7 +168,7 @@ ur_status ur_tensor_new(ur_tensor **out, ur_dtype dtype, int32_t ndim, const int
     free(t);
     return s;
   }
-  *out = shaped(t, dtype, ndim, shape, numel);
+  *out = ur__tensor_shaped(t, dtype, ndim, shape, numel);
   return UR_STATUS_OK;
 }
 
@@ -194,7 +193,7 @@ ur_status ur__tensor_wrap(ur_tensor **out, ur_dtype dtype, int32_t ndim, const i
   st->release_ctx = ctx;
   st->id = __atomic_add_fetch(&next_storage_id, 1, __ATOMIC_RELAXED);
   t->st = st;
-  *out = shaped(t, dtype, ndim, shape, numel);
+  *out = ur__tensor_shaped(t, dtype, ndim, shape, numel);
   return UR_STATUS_OK;
 }
 

@@ -81,10 +81,7 @@ ur_status ur_arena_tensor(ur_arena *a, ur_tensor **out, ur_dtype dtype, int32_t 
   memset(t, 0, sizeof *t);
   t->st = a->block->st;
   __atomic_add_fetch(&t->st->refs, 1, __ATOMIC_RELAXED);
-  t->dtype = dtype;
-  t->ndim = ndim;
-  memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
-  t->numel = (int64_t)numel;
+  ur__tensor_shaped(t, dtype, ndim, shape, numel);
   /* Blocks start page-aligned and need is a multiple of 256, so the offset is whole elements. */
   t->offset = (int64_t)(a->next / ur_dtype_size(dtype));
   a->next += need;
