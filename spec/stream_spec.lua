@@ -1,4 +1,6 @@
 local ur = require "uvmrec"
+local streams = require "uvmrec.stream"
+local C = ur.C
 
 describe("uvmrec streams and events", function()
   it("makes streams with a priority, and syncs them", function()
@@ -23,6 +25,19 @@ describe("uvmrec streams and events", function()
     assert.truthy(b:sync())
     local ms = assert(a:elapsed(b))
     assert.is_true(ms >= 0 and ms < 10000)
+  end)
+
+  it("times a span by events or by the clock, each reading ending it anew", function()
+    for _, events in ipairs { true, false } do
+      local timed = streams.span(nil, events)
+      ur.tensor({ 1000000 }):uniform(0, 1, 1)
+      local s1 = timed()
+      local t0 = C.ur_clock_seconds()
+      while C.ur_clock_seconds() - t0 < 0.02 do end -- 20 ms of the host, inside the span
+      local s2 = timed()
+      assert.is_true(s1 >= 0 and s1 < 10, tostring(events))
+      assert.is_true(s2 >= s1 + 0.015, ("%s: %g then %g"):format(tostring(events), s1, s2))
+    end
   end)
 
   it("refuses to time an event never recorded", function()

@@ -55,6 +55,22 @@ function M.event()
   return wrap_event(out[0])
 end
 
+-- A timed span from now on `stream` (nil: the default one), as the benchmarks time: between two
+-- events where `events` (a GPU's work, timed where it runs), else by the host's clock.  The
+-- function returned gives its seconds so far, each call ending it anew (waiting for the work
+-- enqueued before it).
+function M.span(stream, events)
+  local t0 = C.ur_clock_seconds()
+  if not events then return function() return C.ur_clock_seconds() - t0 end end
+  local e0, e1 = assert(M.event()), assert(M.event())
+  assert(e0:record(stream))
+  return function()
+    assert(e1:record(stream))
+    assert(e1:sync())
+    return e0:elapsed(e1) / 1e3
+  end
+end
+
 -- Graphs (uvmrec.h, ur_graph_*): the work of the calls between graph_begin(stream) and
 -- graph_end(stream, g) captured once (g: an earlier graph to update, or nil) and run; g:launch
 -- replays it.  Without a GPU the calls run as they are made and graph_end returns nil.

@@ -16,6 +16,7 @@
 -- Prints a summary and writes one JSON line to --out.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
+local streams = require "uvmrec.stream"
 local json = require "uvmrec.json"
 local options = require("uvmrec.cli").options
 
@@ -116,18 +117,8 @@ local function run(n)
   return first, r.loss:get(0)
 end
 
--- A timed span from now on stream (nil: the default one): CUDA events on a GPU, the clock on the
--- CPU; the function returned gives its seconds so far.
-local function span(stream)
-  local t0, e0, e1 = C.ur_clock_seconds(), gpu and assert(ur.event()), gpu and assert(ur.event())
-  if gpu then assert(e0:record(stream)) end
-  return function()
-    if not gpu then return C.ur_clock_seconds() - t0 end
-    assert(e1:record(stream))
-    assert(e1:sync())
-    return e0:elapsed(e1) / 1e3
-  end
-end
+-- A timed span from now on stream (nil: the default one): events on a GPU, the clock on the CPU.
+local function span(stream) return streams.span(stream, gpu) end
 
 run(WARM)
 local probe = batches[step % NBATCH + 1] -- the first timed step's batch: its loss before and after

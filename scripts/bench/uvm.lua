@@ -24,6 +24,7 @@
 -- a smoke test of the whole flow, no migration measured.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
+local streams = require "uvmrec.stream"
 local hints = require "uvmrec.hints"
 local json = require "uvmrec.json"
 
@@ -103,24 +104,6 @@ local function cfg_for(placement)
   return cfg
 end
 
--- A timed span's start: the clock, and on a GPU two events, the first recorded now;
--- elapsed(t0, ev0, ev1) gives the seconds since.
-local function start()
-  local ev0, ev1 = gpu and assert(ur.event()), gpu and assert(ur.event())
-  local t0 = C.ur_clock_seconds()
-  if gpu then assert(ev0:record()) end
-  return t0, ev0, ev1
-end
-
-local function elapsed(t0, ev0, ev1)
-  if gpu then
-    assert(ev1:record())
-    assert(ev1:sync())
-    return ev0:elapsed(ev1) / 1e3
-  end
-  return C.ur_clock_seconds() - t0
-end
-
 local function table_bytes(model)
   local b = 0
   for _, p in ipairs(model:parameters()) do
@@ -194,7 +177,7 @@ local function run(r)
   local function timed(n, first)
     if gpu then assert(ur.sync()) end
     migration()
-    local t0, ev0, ev1 = start()
+    local span = streams.span(nil, gpu)
     local half = step + math.floor(n / 2)
     local last = steps(rotation, n, first, mgr and r.policy == "adaptive" and { after = function(_, at)
       if at.step == half then
@@ -203,7 +186,7 @@ local function run(r)
         rec.adaptive_seconds = ir.seconds
       end
     end } or nil)
-    local s = elapsed(t0, ev0, ev1)
+    local s = span()
     return s, last.loss:get(0), migration()
   end
   local seconds, loss, mig = timed(o.steps, o.warmup)
@@ -229,6 +212,7 @@ local function run(r)
       local rows = 0
       for _, name in ipairs(tbe.table_names) do rows = rows + tbe.rows[name] end
       local row_bytes = emb_bytes / rows
+      -- (where the map was full, far_taken is a lower bound: this share then too high, the estimate low)
       local copied = rec.far_taken and rec.far_taken > 0 and math.min(1, rec.far_rows / rec.far_taken) or 0
       rec.host_bytes_per_step_est = (1 - rec.coverage) * lookups * row_bytes * (3 - copied)
     end
@@ -259,15 +243,15 @@ local function run_none()
   local rec = { bench = "uvm", config = cfg.name, batch = B, placement = "managed", policy = "none",
                 table_bytes = table_bytes(model), steps = o.none_steps }
   migration()
-  local t0, ev0, ev1 = start()
+  local span = streams.span(nil, gpu)
   local marks = {}
   local last = train.loop.run(model, opt, train.source.ring(batches, o.none_steps), { { after = function(_, at)
     local i = at.step
     if i == 1 or i == 10 or i == 50 or i == o.none_steps then
-      marks[#marks + 1] = { step = i, seconds = elapsed(t0, ev0, ev1), migration = migration() }
+      marks[#marks + 1] = { step = i, seconds = span(), migration = migration() }
     end
   end } })
-  rec.seconds = elapsed(t0, ev0, ev1)
+  rec.seconds = span()
   rec.loss = last.loss:get(0)
   rec.marks = marks
   local bytes, faults = 0, 0
