@@ -99,8 +99,12 @@ __device__ __forceinline__ void store_raw(void *p, int32_t dtype, uint4 r) {
 
 /* ---- far rows' copies (ur__tbe_far) ---- */
 
+#define UR_TBE_FAR_UNPLACED (-2) /* far_claim found no free slot where it looked */
+
 /* The forward's claim on the copy of far row `key`: where in f.rows to write it, or -1 (an
- * earlier lookup of the row claimed it, or no slot or copy had room: the row stays uncopied). */
+ * earlier lookup of the row claimed it, or no copy had room: the row stays uncopied), or
+ * UR_TBE_FAR_UNPLACED (uncopied and uncounted: the forward counts these lookups, a warp's at a
+ * time, for far_taken). */
 __device__ __forceinline__ int32_t far_claim(const ur__tbe_far &f, uint64_t key) {
   unsigned long long k = key + 1;
   uint64_t s = ur__tbe_far_slot(&f, key);
@@ -114,8 +118,7 @@ __device__ __forceinline__ int32_t far_claim(const ur__tbe_far &f, uint64_t key)
       return at;
     }
   }
-  atomicAdd(f.taken + 1, 1); /* uncounted: far_taken then says its count is a lower bound */
-  return -1;
+  return UR_TBE_FAR_UNPLACED;
 }
 
 /* The backward's copy of row id of table t, or nullptr (not far, not copied, or no copies). */
@@ -354,6 +357,11 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
         if (FAR && valid && pr >= ff) copy = far_claim(a.far, (uint64_t)(kb + id));
       } else ur__tbe_note_bad(a.flags, i);
       if (a.weights) w = a.weights[i];
+    }
+    if (FAR) { /* one atomic a warp: a room too small has many such lookups */
+      unsigned lost = __ballot_sync(kFull, copy == UR_TBE_FAR_UNPLACED);
+      if (lost && lane == 0) atomicAdd(a.far.taken + 1, __popc(lost));
+      if (copy == UR_TBE_FAR_UNPLACED) copy = -1;
     }
     int cnt = g.T - base < 32 ? (int)(g.T - base) : 32;
     for (int u = 0; u < cnt; u += U) {
