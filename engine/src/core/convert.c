@@ -18,6 +18,22 @@ double ur__load(const void *base, ur_dtype d, size_t i) {
   }
 }
 
+const float *ur__load_f32(const void *src, ur_dtype d, size_t n, float *buf) {
+  const uint16_t *h = src;
+  switch (d) {
+    case UR_DTYPE_F32: return src;
+    case UR_DTYPE_BF16:
+      for (size_t i = 0; i < n; i++) buf[i] = ur__bf16_to_f32(h[i]);
+      return buf;
+    case UR_DTYPE_F16:
+      for (size_t i = 0; i < n; i++) buf[i] = ur__f16_to_f32(h[i]);
+      return buf;
+    default:
+      for (size_t i = 0; i < n; i++) buf[i] = (float)ur__load(src, d, i);
+      return buf;
+  }
+}
+
 /* Integers take the floor of v, as the random generators do; callers range-check. */
 void ur__store(void *base, ur_dtype d, size_t i, double v) {
   switch (d) {

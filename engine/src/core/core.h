@@ -213,6 +213,9 @@ UR__HIDDEN int ur__key_bits(uint64_t max);
 
 /* Numbers (engine/src/core/convert.c). */
 UR__HIDDEN double ur__load(const void *base, ur_dtype d, size_t i);
+/* n elements of dtype d from src as floats: src itself for f32, else each converted into buf
+ * (n floats; halves exactly, the other dtypes as ur__load gives them, rounded to float). */
+UR__HIDDEN const float *ur__load_f32(const void *src, ur_dtype d, size_t n, float *buf);
 UR__HIDDEN void ur__store(void *base, ur_dtype d, size_t i, double v);
 UR__HIDDEN uint64_t ur__bits_of(ur_dtype d, double v);
 

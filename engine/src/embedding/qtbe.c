@@ -182,12 +182,12 @@ static int quantize_row(const float *x, int32_t dim, ur_qformat f, uint8_t *dst,
 static void quant_range(void *ctx, size_t r0, size_t r1) {
   quant_job *j = ctx;
   size_t slot = r0 / j->per;
-  float x[UR_TBE_MAX_DIM];
-  const void *base = ur_tensor_data(j->src);
+  float buf[UR_TBE_MAX_DIM];
+  const char *base = ur_tensor_data(j->src);
   ur_dtype d = ur_tensor_dtype(j->src);
+  size_t row = (size_t)j->dim * ur_dtype_size(d);
   for (size_t r = r0; r < r1; r++) {
-    for (int32_t c = 0; c < j->dim; c++)
-      x[c] = (float)ur__load(base, d, r * (size_t)j->dim + (size_t)c); /* exact: f32 and halves */
+    const float *x = ur__load_f32(base + r * row, d, (size_t)j->dim, buf); /* f32 or halves */
     if (!quantize_row(x, j->dim, j->f, j->dst + r * (size_t)j->row_bytes, &j->max_abs[slot],
                       &j->sum_sq[slot], &j->ref_sq[slot], &j->ratio[slot])) {
       ur__atomic_min(j->bad_row, (int64_t)r);

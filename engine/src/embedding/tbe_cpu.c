@@ -11,23 +11,18 @@
 #include "embedding/tbe.h"
 #include "core/core.h"
 
-/* Row `row` of a table as floats: the f32 storage itself, or converted into buf. */
+/* Row `row` of a table as floats: the f32 storage itself (inline: the lookups' hot path), or
+ * the halves converted into buf. */
 static const float *load_row(const ur__tbe_table *tb, int64_t row, float *buf) {
   size_t base = (size_t)row * (size_t)tb->dim;
   if (tb->dtype == UR_DTYPE_F32) return (const float *)tb->weights + base;
-  const uint16_t *h = (const uint16_t *)tb->weights + base;
-  if (tb->dtype == UR_DTYPE_BF16)
-    for (int32_t c = 0; c < tb->dim; c++) buf[c] = ur__bf16_to_f32(h[c]);
-  else
-    for (int32_t c = 0; c < tb->dim; c++) buf[c] = ur__f16_to_f32(h[c]);
-  return buf;
+  return ur__load_f32((const uint16_t *)tb->weights + base, tb->dtype, (size_t)tb->dim, buf);
 }
 
+/* dim elements of the output (or its gradient), f32 or bf16, from element at. */
 static const float *load_out(const void *g, int32_t dtype, int64_t at, float *buf, int32_t dim) {
   if (dtype == UR_DTYPE_F32) return (const float *)g + at;
-  const uint16_t *h = (const uint16_t *)g + at;
-  for (int32_t c = 0; c < dim; c++) buf[c] = ur__bf16_to_f32(h[c]);
-  return buf;
+  return ur__load_f32((const uint16_t *)g + at, dtype, (size_t)dim, buf);
 }
 
 /* One more read of a row; counters stop at UR_TBE_COUNT_MAX (a racy check: at worst a few
