@@ -27,11 +27,11 @@
 -- Prints the tables last and appends JSON lines to --out.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
+local streams = require "uvmrec.stream"
 local json = require "uvmrec.json"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
-local C = ur.C
 local cli = require "uvmrec.cli"
 local options = cli.options
 
@@ -202,15 +202,10 @@ local function floors(model, precision, unique)
 end
 
 -- ---- uvmrec ----
-local clock = C.ur_clock_seconds
-local function timer(stream)
-  if gpu then
-    local e0, e1 = assert(ur.event()), assert(ur.event())
-    return { start = function() assert(e0:record(stream)) end,
-             stop = function() assert(e1:record(stream)); assert(e1:sync()); return e0:elapsed(e1) end }
-  end
-  local t0
-  return { start = function() t0 = clock() end, stop = function() return (clock() - t0) * 1e3 end }
+-- A timed span from now on stream: its milliseconds so far (events on a GPU, the clock on the CPU).
+local function span_ms(stream)
+  local timed = streams.span(stream, gpu)
+  return function() return timed() * 1e3 end
 end
 
 local results = {}
@@ -259,10 +254,9 @@ for _, precision in ipairs(o.precisions) do
     return steps[i]
   end
   for _ = 1, math.max(WARM, runner and 2 * #batches or 0) do step() end
-  local tm = timer(stream)
-  tm.start()
+  local timed = span_ms(stream)
   for _ = 1, o.steps do step() end
-  local ms = tm.stop() / o.steps
+  local ms = timed() / o.steps
   -- The loss of the first batch after the timed steps (forward and loss only).
   local loss_last
   do
@@ -289,11 +283,10 @@ for _, precision in ipairs(o.precisions) do
   local list = step()
   local phases, sum = {}, 0
   for _, ph in ipairs(list) do
-    local t = timer(stream)
-    t.start()
+    local phase_ms = span_ms(stream)
     for _ = 1, REPEAT do ph[2]() end
     ur.dense.join(model.stream) -- the phase's weight gradients, on a side stream, count here
-    local pms = t.stop() / REPEAT
+    local pms = phase_ms() / REPEAT
     phases[#phases + 1] = { name = ph[1], ms = pms, floor_ms = fl[ph[1]] and fl[ph[1]].ms,
                             bytes = fl[ph[1]] and fl[ph[1]].bytes, flops = fl[ph[1]] and fl[ph[1]].flops }
     sum = sum + pms
