@@ -804,8 +804,8 @@ UR_API ur_status ur_tbe_far_from(const ur_tbe *t, int32_t table, int64_t *out);
  * copies' map holds them (its slots: the power of two at least twice far_rows, 64 at least):
  * min(this, far_rows) were copied; 0 when it made no copies.  *unplaced (NULL: not asked) is
  * how many of its lookups found no free slot where they looked (32 slots: the map full there):
- * 0, *out counts every distinct far row; more, *out
- * is a lower bound.  (A backward or a write since changes neither.) */
+ * 0, *out counts every distinct far row; more, *out is a lower bound.  (A backward or a write
+ * since changes neither.) */
 UR_API ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out,
                                    int64_t *unplaced /* or NULL */);
 
