@@ -14,9 +14,9 @@ local TABLES = { { name = "t0", rows = 700, dim = 16 }, { name = "t1", rows = 30
 
 -- placement: one for every table, or a list of one a table (a "device" table of the CPU's
 -- reference collection is a host one)
-local function make(device, placement, optimizer, cache, dtype)
+local function make(device, placement, optimizer, cache, dtype, tables)
   local o = { tables = {}, device = device, seed = 9, optimizer = optimizer, cache = cache }
-  for i, t in ipairs(TABLES) do
+  for i, t in ipairs(tables or TABLES) do
     local p = type(placement) == "table" and placement[i] or placement
     o.tables[i] = { name = t.name, rows = t.rows, dim = t.dim, dtype = dtype,
                     placement = device == "cpu" and p == "device" and "host" or p }
@@ -123,6 +123,43 @@ describe("uvmrec.cache on CUDA", function()
       for _, t in ipairs(TABLES) do
         R.bits_equal(gc:table(t.name), gd:table(t.name), dtype .. " " .. t.name .. " after flush")
       end
+    end
+  end)
+
+  -- Rows of 1 KiB with Adam's two states (3 KiB to move a row) and about 400 values a batch,
+  -- nearly all misses that evict dirty rows: a batch's write-backs (hundreds) outgrow what the
+  -- decisions' scratch stages (about 180 bytes a value, tens of rows), so some go home directly
+  -- and the rest through the scratch, beside the fills (kernels/cache.cu's move).
+  cuda_it("moves write-backs home directly and through the scratch beside the fills alike", function()
+    local wide = { { name = "w0", rows = 4000, dim = 256 }, { name = "w1", rows = 3000, dim = 256 } }
+    local cache = { slots = 512, shared = true }
+    local opt = { "adam", lr = 0.01 }
+    local gc, gd = make(0, "cached", opt, cache, nil, wide), make(0, "device", opt, nil, nil, wide)
+    local cc = make("cpu", "cached", opt, cache, nil, wide)
+    math.randomseed(33)
+    for step = 1, 8 do
+      local values, offsets = {}, { 0 }
+      for _, t in ipairs(wide) do
+        for _ = 1, 100 do
+          for _ = 1, 2 do values[#values + 1] = math.random(0, t.rows - 1) end
+          offsets[#offsets + 1] = #values
+        end
+      end
+      local b = { values = values, offsets = offsets }
+      local xg, xc = R.input(b, "device"), R.input(b, "host")
+      local og, od, oc = gc:forward(xg), gd:forward(xg), cc:forward(xc)
+      R.bits_equal(og, od, "step " .. step .. " forward, cached vs device")
+      local g = R.tensor(R.randoms(og:numel()), "f32", "device"):view_as(0, { og:size(1), og:size(2) })
+      gc:backward(xg, g)
+      gd:backward(xg, g)
+      cc:backward(xc, assert(g:to("host")))
+    end
+    local sg, sc = gc.tbe.cache:stats(), cc.tbe.cache:stats()
+    assert.equal(sc.writebacks, sg.writebacks)
+    assert.is_true(sg.writebacks > 1500, sg.writebacks .. " write-backs in 8 batches")
+    for _, t in ipairs(wide) do
+      close(gc:table(t.name), gd:table(t.name), 1e-5, t.name .. " after flush, cached vs device")
+      close(gc:table(t.name), cc:table(t.name), 1e-4, t.name .. " after flush, GPU vs CPU")
     end
   end)
 

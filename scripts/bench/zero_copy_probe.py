@@ -3,8 +3,11 @@
 # from device memory by a warp a row, 1 M rows a pass, ids uniform over the table and the same
 # ids sorted, for three allocations: cudaHostAlloc, and mmap + madvise(MADV_HUGEPAGE or
 # MADV_NOHUGEPAGE) + cudaHostRegister (kernels/backend.cu's path for 64 MiB and more).  Checks
-# the gathered rows, prints GB/s of row bytes (the fastest of 4 passes).  Needs CuPy (the GPU
-# machine has it):  python3 scripts/bench/zero_copy_probe.py [SIZE_GIB]   (default 8)
+# the gathered rows, prints GB/s of row bytes (the fastest of 4 passes).  With --both N (cudaHostAlloc
+# only): N sorted rows read and N other sorted rows written, one direction alone, then both at once
+# (one kernel whose even blocks read and odd blocks write, and two kernels on two streams): does
+# the link carry the cache's fills and write-backs together?  Needs CuPy (the GPU machine has it):
+#   python3 scripts/bench/zero_copy_probe.py [SIZE_GIB] [--both N]   (default 8 GiB)
 import ctypes, sys
 import numpy as np, cupy as cp
 libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -14,7 +17,10 @@ libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 GiB = 1 << 30
-SIZE = int(sys.argv[1]) * GiB if len(sys.argv) > 1 else 8 * GiB
+args = sys.argv[1:]
+BOTH = int(args[args.index("--both") + 1]) if "--both" in args else 0
+if BOTH: del args[args.index("--both"):args.index("--both") + 2]
+SIZE = int(args[0]) * GiB if args else 8 * GiB
 ROW = 512
 ROWS = SIZE // ROW
 N = 1 << 20
@@ -26,15 +32,61 @@ extern "C" __global__ void gather(const uint4* __restrict__ h, uint4* d, const l
 extern "C" __global__ void scatter(uint4* h, const uint4* __restrict__ d, const long long* ids, long long n) {
   long long w = (long long)blockIdx.x * 8 + threadIdx.x / 32; int lane = threadIdx.x % 32;
   if (w < n) h[ids[w] * 32 + lane] = d[w * 32 + lane];
+}
+extern "C" __global__ void both(uint4* h, uint4* d, const long long* rid, const long long* wid, long long n) {
+  long long w = (long long)(blockIdx.x / 2) * 8 + threadIdx.x / 32; int lane = threadIdx.x % 32;
+  if (w >= n) return;
+  if (blockIdx.x % 2 == 0) d[w * 32 + lane] = h[rid[w] * 32 + lane];
+  else h[wid[w] * 32 + lane] = d[(n + w) * 32 + lane];
 }'''
 mod = cp.RawModule(code=src)
-gather, scatter = mod.get_function("gather"), mod.get_function("scatter")
+gather, scatter, both = mod.get_function("gather"), mod.get_function("scatter"), mod.get_function("both")
 def meminfo(key):
     for l in open("/proc/meminfo"):
         if l.startswith(key): return l.split(":")[1].strip()
 print("THP enabled:", open("/sys/kernel/mm/transparent_hugepage/enabled").read().strip(),
       "defrag:", open("/sys/kernel/mm/transparent_hugepage/defrag").read().strip(), "size %d GiB" % (SIZE // GiB))
 rng = np.random.default_rng(1)
+def best_ms(run, passes=8):
+    best = 1e9
+    for _ in range(passes):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record(); run(); e1.record(); e1.synchronize()
+        best = min(best, cp.cuda.get_elapsed_time(e0, e1))
+    return best
+if BOTH:
+    n = BOTH
+    p = cp.cuda.runtime.hostAlloc(SIZE, 2 | 1)
+    libc.memset(p, 1, SIZE)
+    host = np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_int64)), shape=(ROWS, ROW // 8))
+    host[:, 0] = np.arange(ROWS)
+    ids = rng.permutation(ROWS)[:2 * n]
+    rid, wid = cp.asarray(np.sort(ids[:n])), cp.asarray(np.sort(ids[n:]))
+    d = cp.zeros(2 * n * ROW, dtype=cp.uint8)
+    g = ((n + 7) // 8,)
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    def two():
+        ev = cp.cuda.Event(); ev.record()
+        s1.wait_event(ev); s2.wait_event(ev)
+        gather(g, (256,), (np.uint64(p), d, rid, np.int64(n)), stream=s1)
+        scatter(g, (256,), (np.uint64(p), d[n * ROW:], wid, np.int64(n)), stream=s2)
+        for s in (s1, s2):
+            e = cp.cuda.Event(); e.record(s); cp.cuda.get_current_stream().wait_event(e)
+    runs = (("read alone", lambda: gather(g, (256,), (np.uint64(p), d, rid, np.int64(n)))),
+            ("write alone", lambda: scatter(g, (256,), (np.uint64(p), d[n * ROW:], wid, np.int64(n)))),
+            ("read then write", lambda: (gather(g, (256,), (np.uint64(p), d, rid, np.int64(n))),
+                                         scatter(g, (256,), (np.uint64(p), d[n * ROW:], wid, np.int64(n))))),
+            ("both, one kernel", lambda: both((2 * g[0],), (256,), (np.uint64(p), d, rid, wid, np.int64(n)))),
+            ("both, two streams", two))
+    for name, run in runs:
+        ms = best_ms(run)
+        moved = n * ROW * (2 if name.startswith(("read then", "both")) else 1)
+        got = d.view(cp.int64).reshape(2 * n, ROW // 8)[:n, 0].get()
+        assert (got == cp.asnumpy(rid)).all(), name + ": gathered rows differ"
+        print("both %d rows of %d GiB: %-18s %8.3f ms %6.1f GB/s" % (n, SIZE // GiB, name, ms, moved / ms / 1e6),
+              flush=True)
+    cp.cuda.runtime.freeHost(p)
+    sys.exit(0)
 ids_u = rng.integers(0, ROWS, N, dtype=np.int64)
 ids_s = np.sort(ids_u)
 dev = cp.empty(N * ROW, dtype=cp.uint8)

@@ -246,10 +246,15 @@ static uint64_t row_moves(const ur_cache *c) {
   return (uint64_t)c->row_bytes + (uint64_t)c->nstate * (uint64_t)c->state_per_row * 4;
 }
 
-/* entries: pairs where the backend runs. */
-static ur_status move(ur_cache *c, void *stream, const int64_t *e, int64_t n, int to_host) {
-  if (n <= 0) return UR_STATUS_OK;
-  return c->be->cache->move(stream, &c->io, e, n, to_host);
+/* Write-backs (out), then fills (in): pairs where the backend runs.  with_scratch: the
+ * decisions' scratch is free for the backend to stage rows in (a prepare's moves, after its
+ * placement and before the next prepare, which waits for them). */
+static ur_status move(ur_cache *c, void *stream, const int64_t *out, int64_t n_out,
+                      const int64_t *in, int64_t n_in, int with_scratch) {
+  if (n_out <= 0 && n_in <= 0) return UR_STATUS_OK;
+  void *scratch = with_scratch && c->scratch ? ur_tensor_data(c->scratch) : NULL;
+  return c->be->cache->move(stream, &c->io, out, n_out > 0 ? n_out : 0, in, n_in > 0 ? n_in : 0,
+                            scratch, scratch ? c->scratch_bytes : 0);
 }
 
 /* ---- construction ---- */
@@ -965,9 +970,8 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
   j.sbase = c->S + (tk & 1) * c->M;
   j.out = ur_tensor_data(x->out);
   if ((st = span_mark(c, B, 4, sh)) || (st = g->cache->place(sh, &c->dev, &j))) return st;
-  if ((st = move(c, sh, j.lists, j.nwb, 1))) return st;
   c->filled = 1;
-  if ((st = move(c, sh, j.lists + 2 * j.nwb, j.nfill + j.nconf, 0))) return st;
+  if ((st = move(c, sh, j.lists, j.nwb, j.lists + 2 * j.nwb, j.nfill + j.nconf, 1))) return st;
   if ((st = span_mark(c, B, 5, sh))) return st;
   B->timed_p = 1;
   c->last_ready = B->span[5];
@@ -1164,7 +1168,7 @@ ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int32_t tra
     for (int32_t ct = 0; ct < c->nt; ct++) c->stats[ct].bytes_out += (uint64_t)b->tconf[ct] * row_moves(c);
     st = span_mark(c, b, 6, sh);
     if (!st) st = c->be->cache->mark(sh, c->dev.dirty, dev + b->slots_at, b->nslots);
-    if (!st) st = move(c, sh, dev + b->list_at, b->nstaged, 1);
+    if (!st) st = move(c, sh, dev + b->list_at, b->nstaged, NULL, 0, 0);
     if (!st) st = span_mark(c, b, 7, sh);
     if (!st) b->timed_r = 1;
   }
@@ -1215,7 +1219,7 @@ ur_status ur_cache_flush(ur_cache *c) {
     ur_tensor *d = NULL;
     st = home_tensor(c, &d, UR_DTYPE_I64, 2 * nd, 0);
     if (!st) st = g->copy(NULL, ur_tensor_data(d), e, (size_t)(2 * nd) * 8);
-    if (!st) st = move(c, NULL, ur_tensor_data(d), nd, 1);
+    if (!st) st = move(c, NULL, ur_tensor_data(d), nd, NULL, 0, 0);
     if (!st) st = g->device_sync();
     ur_tensor_free(d);
     free(e);

@@ -99,10 +99,14 @@ typedef struct ur__cache_job {
  * (kernels/cache.cu).  Pointers (entries, lists, dirty, slots) are in memory the backend
  * reads. */
 typedef struct ur_cache_ops {
-  /* Rows between host memory and the slot storage, for n entries (pairs); to_host 1: slot
-   * rows to host memory, 0: host rows to slots. */
-  ur_status (*move)(void *stream, const struct ur__cache_io *io, const int64_t *entries,
-                          int64_t n, int32_t to_host);
+  /* Rows between host memory and the slot storage, entries as pairs: the n_out of out go
+   * from their slots to host memory (write-backs), then the n_in of in from host memory to
+   * their slots (fills), as if in that order: a slot in both lists sends its row home before
+   * the new one arrives.  scratch (scratch_bytes, or NULL) is device memory the backend may use
+   * meanwhile: the GPU stages write-backs there to move them beside the fills. */
+  ur_status (*move)(void *stream, const struct ur__cache_io *io, const int64_t *out,
+                    int64_t n_out, const int64_t *in, int64_t n_in, void *scratch,
+                    size_t scratch_bytes);
   /* The decisions: scratch bytes for a batch of n values; then one
    * batch's lookup, decide and place on stream (each copies the job's info to info_host,
    * which the caller reads after a stream sync); mark sets dirty[slots[0..n-1]] = 1. */

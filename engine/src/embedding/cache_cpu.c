@@ -434,8 +434,7 @@ static ur_status cpu_place(void *stream, const ur__cache_dev *d, const ur__cache
 
 /* ---- rows and marks ---- */
 
-static ur_status cpu_move(void *stream, const ur__cache_io *io, const int64_t *e, int64_t n,
-                          int32_t to_host) {
+static void cpu_rows(const ur__cache_io *io, const int64_t *e, int64_t n, int to_host) {
   size_t rb = (size_t)io->row_bytes, sb = (size_t)io->state_per_row * 4;
   for (int64_t i = 0; i < n; i++) {
     uint64_t p = (uint64_t)e[2 * i];
@@ -453,6 +452,13 @@ static ur_status cpu_move(void *stream, const ur__cache_io *io, const int64_t *e
       else memcpy(sl, h, sb);
     }
   }
+}
+
+/* Write-backs, then fills, in place: the spare scratch is not needed. */
+static ur_status cpu_move(void *stream, const ur__cache_io *io, const int64_t *out, int64_t n_out,
+                          const int64_t *in, int64_t n_in, void *spare, size_t spare_bytes) {
+  cpu_rows(io, out, n_out, 1);
+  cpu_rows(io, in, n_in, 0);
   return UR_STATUS_OK;
 }
 
