@@ -6,8 +6,11 @@
 # the gathered rows, prints GB/s of row bytes (the fastest of 4 passes).  With --both N (cudaHostAlloc
 # only): N sorted rows read and N other sorted rows written, one direction alone, then both at once
 # (one kernel whose even blocks read and odd blocks write, and two kernels on two streams): does
-# the link carry the cache's fills and write-backs together?  Needs CuPy (the GPU machine has it):
-#   python3 scripts/bench/zero_copy_probe.py [SIZE_GIB] [--both N]   (default 8 GiB)
+# the link carry the cache's fills and write-backs together?  --tables T (with --both): the table
+# split into T allocations as the cache's tables are (mmap + MADV_HUGEPAGE + cudaHostRegister
+# each), a row found through a device array of their addresses as the cache's mover finds it.
+# Needs CuPy (the GPU machine has it):
+#   python3 scripts/bench/zero_copy_probe.py [SIZE_GIB] [--both N [--tables T]]   (default 8 GiB)
 import ctypes, sys
 import numpy as np, cupy as cp
 libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -20,6 +23,8 @@ GiB = 1 << 30
 args = sys.argv[1:]
 BOTH = int(args[args.index("--both") + 1]) if "--both" in args else 0
 if BOTH: del args[args.index("--both"):args.index("--both") + 2]
+TABLES = int(args[args.index("--tables") + 1]) if "--tables" in args else 0
+if TABLES: del args[args.index("--tables"):args.index("--tables") + 2]
 SIZE = int(args[0]) * GiB if args else 8 * GiB
 ROW = 512
 ROWS = SIZE // ROW
@@ -38,9 +43,26 @@ extern "C" __global__ void both(uint4* h, uint4* d, const long long* rid, const 
   if (w >= n) return;
   if (blockIdx.x % 2 == 0) d[w * 32 + lane] = h[rid[w] * 32 + lane];
   else h[wid[w] * 32 + lane] = d[(n + w) * 32 + lane];
+}
+__device__ uint4* row_t(uint4* const* bases, long long per, long long id) { return bases[id / per] + (id % per) * 32; }
+extern "C" __global__ void gather_t(uint4* const* b, long long per, uint4* d, const long long* ids, long long n) {
+  long long w = (long long)blockIdx.x * 8 + threadIdx.x / 32; int lane = threadIdx.x % 32;
+  if (w < n) d[w * 32 + lane] = row_t(b, per, ids[w])[lane];
+}
+extern "C" __global__ void scatter_t(uint4* const* b, long long per, const uint4* d, const long long* ids, long long n) {
+  long long w = (long long)blockIdx.x * 8 + threadIdx.x / 32; int lane = threadIdx.x % 32;
+  if (w < n) row_t(b, per, ids[w])[lane] = d[w * 32 + lane];
+}
+extern "C" __global__ void both_t(uint4* const* b, long long per, uint4* d, const long long* rid, const long long* wid,
+                                  long long n) {
+  long long w = (long long)(blockIdx.x / 2) * 8 + threadIdx.x / 32; int lane = threadIdx.x % 32;
+  if (w >= n) return;
+  if (blockIdx.x % 2 == 0) d[w * 32 + lane] = row_t(b, per, rid[w])[lane];
+  else row_t(b, per, wid[w])[lane] = d[(n + w) * 32 + lane];
 }'''
 mod = cp.RawModule(code=src)
 gather, scatter, both = mod.get_function("gather"), mod.get_function("scatter"), mod.get_function("both")
+gather_t, scatter_t, both_t = (mod.get_function(k) for k in ("gather_t", "scatter_t", "both_t"))
 def meminfo(key):
     for l in open("/proc/meminfo"):
         if l.startswith(key): return l.split(":")[1].strip()
@@ -54,6 +76,39 @@ def best_ms(run, passes=8):
         e0.record(); run(); e1.record(); e1.synchronize()
         best = min(best, cp.cuda.get_elapsed_time(e0, e1))
     return best
+if BOTH and TABLES:
+    n, per = BOTH, ROWS // TABLES
+    maps, bases = [], []
+    for t in range(TABLES):
+        q = libc.mmap(None, per * ROW, 3, 0x22, -1, 0)
+        libc.madvise(q, per * ROW, 14)
+        libc.memset(q, 1, per * ROW)
+        cp.cuda.runtime.hostRegister(q, per * ROW, 2 | 1)
+        h = np.ctypeslib.as_array(ctypes.cast(q, ctypes.POINTER(ctypes.c_int64)), shape=(per, ROW // 8))
+        h[:, 0] = np.arange(t * per, (t + 1) * per)
+        maps.append(q); bases.append(q)
+    B = cp.asarray(np.array(bases, dtype=np.uint64))
+    ids = rng.permutation(per * TABLES)[:2 * n]
+    rid, wid = cp.asarray(np.sort(ids[:n])), cp.asarray(np.sort(ids[n:]))
+    d = cp.zeros(2 * n * ROW, dtype=cp.uint8)
+    g = ((n + 7) // 8,)
+    P = np.int64(per)
+    runs = (("read alone", lambda: gather_t(g, (256,), (B, P, d, rid, np.int64(n)))),
+            ("write alone", lambda: scatter_t(g, (256,), (B, P, d[n * ROW:], wid, np.int64(n)))),
+            ("read then write", lambda: (gather_t(g, (256,), (B, P, d, rid, np.int64(n))),
+                                         scatter_t(g, (256,), (B, P, d[n * ROW:], wid, np.int64(n))))),
+            ("both, one kernel", lambda: both_t((2 * g[0],), (256,), (B, P, d, rid, wid, np.int64(n)))))
+    for name, run in runs:
+        ms = best_ms(run)
+        moved = n * ROW * (2 if name.startswith(("read then", "both")) else 1)
+        got = d.view(cp.int64).reshape(2 * n, ROW // 8)[:n, 0].get()
+        assert (got == cp.asnumpy(rid)).all(), name + ": gathered rows differ"
+        print("both %d rows of %d GiB in %d tables: %-18s %8.3f ms %6.1f GB/s" % (n, SIZE // GiB, TABLES, name, ms,
+                                                                                 moved / ms / 1e6), flush=True)
+    for q in maps:
+        cp.cuda.runtime.hostUnregister(q)
+        libc.munmap(q, per * ROW)
+    sys.exit(0)
 if BOTH:
     n = BOTH
     p = cp.cuda.runtime.hostAlloc(SIZE, 2 | 1)
