@@ -24,11 +24,13 @@
  * storage in HBM, in 16-byte words where both ends allow it.  A batch's write-backs and fills
  * cross the link in opposite directions, and one kernel moving both carries them together:
  * sorted rows of a 6 GiB pinned table, 1 M each way, 12.1 ms in one kernel against 19.7 ms one
- * after the other (84 against 52 GB/s; 44,000 each way, 1.37 against 1.92 ms: H200,
- * scripts/bench/zero_copy_probe.py --both).  A fill may take the slot of a row being written
- * back, so the write-backs are first copied from their slots into the scratch (HBM to HBM,
- * as many as it holds; the rest go home directly before), then one kernel moves them home
- * from there beside the fills. */
+ * after the other (84 against 52 GB/s: H200, scripts/bench/zero_copy_probe.py --both).  At a
+ * batch's 40-60 k rows each way neither direction fills the link (50 k: 1.50 ms in one kernel,
+ * 1.38 for the two alone added, 2.09 with one direction right behind the other, as the moves
+ * ran before): B4's cached step gained 0.2 ms (docs/results.md, sixteenth session).  A fill
+ * may take the slot of a row being written back, so the write-backs are first copied from
+ * their slots into the scratch (HBM to HBM, as many as it holds; the rest go home directly
+ * before), then one kernel moves them home from there beside the fills. */
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
@@ -102,12 +104,16 @@ __global__ void move_rows(ur__cache_io io, const int64_t *entries, int64_t n, Wa
   if (e < n) move_entry(io, entries, e, w, stage, threadIdx.x % 32);
 }
 
+/* Blocks of kWarpsPerBlock warps for n entries, a warp each. */
+__host__ __device__ unsigned warp_blocks(int64_t n) {
+  return (unsigned)((n + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
 /* The staged write-backs home and the fills in, in one grid: while both lists last, even
  * blocks take write-backs and odd ones fills, so both directions of the link are busy. */
 __global__ void exchange_rows(ur__cache_io io, const int64_t *out, int64_t n_out, const int64_t *in,
                               int64_t n_in, char *stage) {
-  int64_t bo = (n_out + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  int64_t bi = (n_in + kWarpsPerBlock - 1) / kWarpsPerBlock, both = bo < bi ? bo : bi, b = blockIdx.x;
+  int64_t bo = warp_blocks(n_out), bi = warp_blocks(n_in), both = bo < bi ? bo : bi, b = blockIdx.x;
   int fill = b < 2 * both ? (int)(b & 1) : bi > bo;
   int64_t k = b < 2 * both ? b / 2 : b - both;
   int64_t e = k * kWarpsPerBlock + threadIdx.x / 32;
@@ -572,10 +578,6 @@ cudaError_t copy_info(cudaStream_t s, const ur__cache_dev *d, const ur__cache_jo
 }
 
 }  // namespace
-
-static unsigned warp_blocks(int64_t n) {
-  return (unsigned)((n + kWarpsPerBlock - 1) / kWarpsPerBlock);
-}
 
 /* The write-backs the scratch does not hold go home first; the rest are staged, then go home
  * beside the fills. */

@@ -251,10 +251,10 @@ static uint64_t row_moves(const ur_cache *c) {
  * placement and before the next prepare, which waits for them). */
 static ur_status move(ur_cache *c, void *stream, const int64_t *out, int64_t n_out,
                       const int64_t *in, int64_t n_in, int with_scratch) {
-  if (n_out <= 0 && n_in <= 0) return UR_STATUS_OK;
+  if (n_out == 0 && n_in == 0) return UR_STATUS_OK;
   void *scratch = with_scratch && c->scratch ? ur_tensor_data(c->scratch) : NULL;
-  return c->be->cache->move(stream, &c->io, out, n_out > 0 ? n_out : 0, in, n_in > 0 ? n_in : 0,
-                            scratch, scratch ? c->scratch_bytes : 0);
+  return c->be->cache->move(stream, &c->io, out, n_out, in, n_in, scratch,
+                            scratch ? c->scratch_bytes : 0);
 }
 
 /* ---- construction ---- */
