@@ -99,29 +99,42 @@ __device__ void move_entry(const ur__cache_io &io, const int64_t *entries, int64
   }
 }
 
-__global__ void move_rows(ur__cache_io io, const int64_t *entries, int64_t n, Way w, char *stage) {
-  int64_t e = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
-  if (e < n) move_entry(io, entries, e, w, stage, threadIdx.x % 32);
+/* The row mover runs in blocks of a whole SM's worth of warps, so that a capped mover
+ * (io.mover_warps) takes few SMs and leaves the others to the compute stream's kernels, which
+ * it runs beside under the prefetch pipeline.  A warp moves entries warp, warp + W, ... of the
+ * grid's W warps: a warp per entry uncapped, else each warp in turn. */
+constexpr int kMoverWarps = 32;
+constexpr int kMoverThreads = 32 * kMoverWarps;
+
+/* Blocks for n entries: a warp each, or at most cap warps (0: no cap), at least one block. */
+unsigned mover_blocks(int64_t n, int32_t cap) {
+  int64_t warps = cap > 0 && cap < n ? cap : n;
+  int64_t b = (warps + kMoverWarps - 1) / kMoverWarps;
+  return b > 0 ? (unsigned)b : 1u;
 }
 
-/* Blocks of kWarpsPerBlock warps for n entries, a warp each. */
-__host__ __device__ unsigned warp_blocks(int64_t n) {
-  return (unsigned)((n + kWarpsPerBlock - 1) / kWarpsPerBlock);
+__global__ void __launch_bounds__(kMoverThreads)
+move_rows(ur__cache_io io, const int64_t *entries, int64_t n, Way w, char *stage) {
+  int64_t W = (int64_t)gridDim.x * kMoverWarps;
+  for (int64_t e = (int64_t)blockIdx.x * kMoverWarps + threadIdx.x / 32; e < n; e += W)
+    move_entry(io, entries, e, w, stage, threadIdx.x % 32);
 }
 
 /* The staged write-backs home and the fills in, in one grid: while both lists last, even
- * blocks take write-backs and odd ones fills, so both directions of the link are busy. */
-__global__ void exchange_rows(ur__cache_io io, const int64_t *out, int64_t n_out, const int64_t *in,
-                              int64_t n_in, char *stage) {
-  int64_t bo = warp_blocks(n_out), bi = warp_blocks(n_in), both = bo < bi ? bo : bi, b = blockIdx.x;
-  int fill = b < 2 * both ? (int)(b & 1) : bi > bo;
-  int64_t k = b < 2 * both ? b / 2 : b - both;
-  int64_t e = k * kWarpsPerBlock + threadIdx.x / 32;
+ * entries of the walk are write-backs and odd ones fills, so both directions of the link are
+ * busy; then the longer list's rest. */
+__global__ void __launch_bounds__(kMoverThreads)
+exchange_rows(ur__cache_io io, const int64_t *out, int64_t n_out, const int64_t *in, int64_t n_in,
+              char *stage) {
+  int64_t both = n_out < n_in ? n_out : n_in, W = (int64_t)gridDim.x * kMoverWarps;
   int lane = threadIdx.x % 32;
-  if (fill) {
-    if (e < n_in) move_entry(io, in, e, kFill, nullptr, lane);
-  } else if (e < n_out) {
-    move_entry(io, out, e, kStagedHome, stage, lane);
+  for (int64_t t = (int64_t)blockIdx.x * kMoverWarps + threadIdx.x / 32; t < n_out + n_in; t += W) {
+    int fill = t < 2 * both ? (int)(t & 1) : n_in > n_out;
+    int64_t e = t < 2 * both ? t / 2 : t - both;
+    if (fill)
+      move_entry(io, in, e, kFill, nullptr, lane);
+    else
+      move_entry(io, out, e, kStagedHome, stage, lane);
   }
 }
 
@@ -588,13 +601,14 @@ static cudaError_t ur__cuda_cache_move(cudaStream_t s, const ur__cache_io *io, c
   int64_t staged = n_out < room ? n_out : room, direct = n_out - staged;
   char *stage = (char *)scratch;
   const int64_t *later = out + 2 * direct;
+  int32_t cap = io->mover_warps;
   if (direct > 0)
-    move_rows<<<warp_blocks(direct), kThreads, 0, s>>>(*io, out, direct, kWriteBack, nullptr);
+    move_rows<<<mover_blocks(direct, cap), kMoverThreads, 0, s>>>(*io, out, direct, kWriteBack, nullptr);
   if (staged > 0)
-    move_rows<<<warp_blocks(staged), kThreads, 0, s>>>(*io, later, staged, kStage, stage);
+    move_rows<<<mover_blocks(staged, cap), kMoverThreads, 0, s>>>(*io, later, staged, kStage, stage);
   if (staged + n_in > 0)
-    exchange_rows<<<warp_blocks(staged) + warp_blocks(n_in), kThreads, 0, s>>>(*io, later, staged, in,
-                                                                                n_in, stage);
+    exchange_rows<<<mover_blocks(staged + n_in, cap), kMoverThreads, 0, s>>>(*io, later, staged, in, n_in,
+                                                                             stage);
   return cudaGetLastError();
 }
 

@@ -129,13 +129,17 @@ describe("uvmrec.cache on CUDA", function()
   -- Rows of 512 bytes with Adam's two states (1.5 KiB to move a row) and about 400 values a
   -- batch, nearly all misses that evict dirty rows: a batch's write-backs (hundreds) outgrow what
   -- the decisions' scratch stages (about 180 bytes a value, tens of rows), so some go home directly
-  -- and the rest through the scratch, beside the fills (kernels/cache.cu's move).
+  -- and the rest through the scratch, beside the fills (kernels/cache.cu's move); with the mover
+  -- a warp a row, one warp for all, and 40 warps (a block and a part, each warp many rows).
   cuda_it("moves write-backs home directly and through the scratch beside the fills alike", function()
     local wide = { { name = "w0", rows = 4000, dim = 128 }, { name = "w1", rows = 3000, dim = 128 } }
-    local cache = { slots = 512, shared = true }
     local opt = { "adam", lr = 0.01 }
-    local gc, gd = make(0, "cached", opt, cache, nil, wide), make(0, "device", opt, nil, nil, wide)
-    local cc = make("cpu", "cached", opt, cache, nil, wide)
+    local gcs = {}
+    for _, warps in ipairs({ 0, 1, 40 }) do
+      gcs[#gcs + 1] = make(0, "cached", opt, { slots = 512, shared = true, mover_warps = warps }, nil, wide)
+    end
+    local gd = make(0, "device", opt, nil, nil, wide)
+    local cc = make("cpu", "cached", opt, { slots = 512, shared = true }, nil, wide)
     math.randomseed(33)
     for step = 1, 5 do
       local values, offsets = {}, { 0 }
@@ -147,20 +151,26 @@ describe("uvmrec.cache on CUDA", function()
       end
       local b = { values = values, offsets = offsets }
       local xg, xc = R.input(b, "device"), R.input(b, "host")
-      local og, od, oc = gc:forward(xg), gd:forward(xg), cc:forward(xc)
-      R.bits_equal(og, od, "step " .. step .. " forward, cached vs device")
-      close(og, oc, 1e-5, "step " .. step .. " forward, GPU vs CPU")
-      local g = R.tensor(R.randoms(og:numel()), "f32", "device"):view_as(0, { og:size(1), og:size(2) })
-      gc:backward(xg, g)
+      local od, oc = gd:forward(xg), cc:forward(xc)
+      local g = R.tensor(R.randoms(od:numel()), "f32", "device"):view_as(0, { od:size(1), od:size(2) })
+      for k, gc in ipairs(gcs) do
+        local og = gc:forward(xg)
+        R.bits_equal(og, od, ("step %d forward, cached (mover %d) vs device"):format(step, k))
+        close(og, oc, 1e-5, "step " .. step .. " forward, GPU vs CPU")
+        gc:backward(xg, g)
+      end
       gd:backward(xg, g)
       cc:backward(xc, assert(g:to("host")))
     end
-    local sg, sc = gc.tbe.cache:stats(), cc.tbe.cache:stats()
-    assert.equal(sc.writebacks, sg.writebacks)
-    assert.is_true(sg.writebacks > 1000, sg.writebacks .. " write-backs in 5 batches")
-    for _, t in ipairs(wide) do
-      close(gc:table(t.name), gd:table(t.name), 1e-5, t.name .. " after flush, cached vs device")
-      close(gc:table(t.name), cc:table(t.name), 1e-4, t.name .. " after flush, GPU vs CPU")
+    local sc = cc.tbe.cache:stats()
+    assert.is_true(sc.writebacks > 1000, sc.writebacks .. " write-backs in 5 batches")
+    for k, gc in ipairs(gcs) do
+      assert.equal(sc.writebacks, gc.tbe.cache:stats().writebacks)
+      for _, t in ipairs(wide) do
+        close(gc:table(t.name), gd:table(t.name), 1e-5,
+              ("%s after flush, cached (mover %d) vs device"):format(t.name, k))
+        close(gc:table(t.name), cc:table(t.name), 1e-4, t.name .. " after flush, GPU vs CPU")
+      end
     end
   end)
 

@@ -307,6 +307,10 @@ describe("uvmrec.cache", function()
     assert.has_error(function() pair(t, { slots = 10, load_factor = 0.5 }) end,
                      "cache: give one of load_factor, slots and bytes")
     assert.has_error(function() pair(t, { colour = 1 }) end, "cache: unknown option 'colour'")
+    assert.has_error(function() pair(t, { mover_warps = 1.5 }) end,
+                     "cache: mover_warps 1.5; expected a whole number >= 0")
+    assert.has_error(function() pair(t, { mover_warps = 2 ^ 31 }) end,
+                     "cache: mover_warps 2147483648; expected at most 2147483647")
     assert.has_error(function()
       pair({ { name = "a", rows = 100, dim = 8 }, { name = "b", rows = 100, dim = 16 } }, {})
     end, "cache: table 'b' has dim 16 and dtype f32 but 'a' has dim 8 and dtype f32; tables " ..

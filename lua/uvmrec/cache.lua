@@ -32,9 +32,13 @@ local M = {}
 local methods = {}
 local mt = { __index = methods }
 
+-- The GPU's row mover: warps moving rows at once, by default (docs/cache.md, the mover).
+M.MOVER_WARPS = 0
+
 local POLICIES = { lru = C.UR_CACHE_LRU, lfu = C.UR_CACHE_LFU }
 local OPTS = { load_factor = true, slots = true, bytes = true, shared = true, policy = true,
-               decay_batches = true, staging_rows = true, backing = true, min_slots = true, tables = true }
+               decay_batches = true, staging_rows = true, backing = true, min_slots = true, mover_warps = true,
+               tables = true }
 M.OPTS = OPTS
 
 local wrap_cache, free_cache = lib.handle_type("ur_cache", C.ur_cache_free, {})
@@ -65,7 +69,7 @@ function M.options(o, level)
   end
   local r = { policy = o.policy or "lru", shared = o.shared == true, backing = o.backing or "host",
               decay_batches = o.decay_batches or 0, staging_rows = o.staging_rows or 0,
-              min_slots = o.min_slots or 131072 }
+              min_slots = o.min_slots or 131072, mover_warps = o.mover_warps or M.MOVER_WARPS }
   if not POLICIES[r.policy] then
     fail(("policy '%s' is not lru or lfu"):format(tostring(r.policy)), level)
   end
@@ -82,11 +86,14 @@ function M.options(o, level)
   if o.slots ~= nil and (type(o.slots) ~= "number" or o.slots < 1 or o.slots ~= math.floor(o.slots)) then
     fail(("slots %s; expected a whole number >= 1"):format(tostring(o.slots)), level)
   end
-  for _, k in ipairs({ "decay_batches", "staging_rows", "min_slots" }) do
+  for _, k in ipairs({ "decay_batches", "staging_rows", "min_slots", "mover_warps" }) do
     local v = r[k]
     if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
       fail(("%s %s; expected a whole number >= 0"):format(k, tostring(v)), level)
     end
+  end
+  if r.mover_warps > 2147483647 then
+    fail(("mover_warps %s; expected at most 2147483647"):format(tostring(r.mover_warps)), level)
   end
   local own = {}
   if o.tables ~= nil then
@@ -151,6 +158,7 @@ function M.new(t, names, o, level)
   cfg.policy = POLICIES[o.policy]
   cfg.decay_batches = o.decay_batches
   cfg.staging_rows = o.staging_rows
+  cfg.mover_warps = o.mover_warps
   local total_slots
   if total_rows == 0 then
     total_slots = 0 -- every cached table has a load factor of its own

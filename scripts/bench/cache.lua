@@ -42,6 +42,7 @@ local cmd = require("uvmrec.cli").command {
   { "--config C", "another config than dlrm_mlperf_v1_2m (--gpu; without a GPU, a dry run on host tables)" },
   { "--modes M,...", "only these modes besides device (--gpu)", type = "list",
     choices = { "device", "cached+pipeline", "cached", "managed+hot_prefix", "managed+pages" } },
+  options.set, -- every --gpu mode, after its own (e.g. embeddings.cache.mover_warps=256)
 }
 local o = cmd:parse(arg)
 
@@ -131,6 +132,7 @@ local function gpu_modes()
     local all = {}
     for _, v in ipairs(require("uvmrec.cli").bench_sets(config)) do all[#all + 1] = v end
     for _, v in ipairs(sets) do all[#all + 1] = v end
+    for _, v in ipairs(o.set) do all[#all + 1] = v end
     local cfg, def = P.config(config, all)
     if not cfg then cmd:fail(def) end
     return cfg, def

@@ -272,6 +272,9 @@ static ur_status check_config(const ur_cache_config *cfg) {
   if (cfg->staging_rows < 0)
     return ur__error(UR_STATUS_INVALID, "cache: staging_rows %lld; expected >= 0",
                      (long long)cfg->staging_rows);
+  if (cfg->mover_warps < 0)
+    return ur__error(UR_STATUS_INVALID, "cache: mover_warps %d; expected >= 0 (0: a warp a row)",
+                     (int)cfg->mover_warps);
   return UR_STATUS_OK;
 }
 
@@ -479,6 +482,7 @@ ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables, const int3
   c->io.row_bytes = (int64_t)c->row_bytes;
   c->io.state_per_row = c->state_per_row;
   c->io.nstate = c->nstate;
+  c->io.mover_warps = config->mover_warps;
   /* the host pointers, as arrays the backend reads */
   int64_t np = 3 * (int64_t)num_tables;
   void **hp = malloc(sizeof(void *) * (size_t)np);

@@ -25,6 +25,7 @@ typedef struct ur__cache_io {
   int64_t row_bytes;             /* dim * element size */
   int32_t state_per_row;         /* floats of each state per row: dim, 1 (rowwise) or 0 */
   int32_t nstate;
+  int32_t mover_warps;           /* the GPU's mover: warps at most (0: a warp per entry) */
 } ur__cache_io;
 
 /* ---- the decisions (cache_cpu.c, the reference, and kernels/cache.cu) ---- */
