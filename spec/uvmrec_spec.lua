@@ -14,12 +14,17 @@ describe("uvmrec memory and the HBM budget (ur.memory, ur.bytes, ur.set_hbm_budg
     local v = a:view(0, 10)
     local m1 = ur.memory()
     assert.same({ 8000, 1000 }, { m1.host - m0.host, m1.managed - m0.managed })
+    -- a view allocates nothing: one storage each
+    assert.same({ 1, 1, 0, 0 }, { m1.allocs.host - m0.allocs.host, m1.allocs.managed - m0.allocs.managed,
+                                  m1.frees.host - m0.frees.host, m1.frees.managed - m0.frees.managed })
     a:free()
     assert.equal(8000, ur.memory().host - m0.host) -- the view holds the storage
+    assert.equal(m0.frees.host, ur.memory().frees.host)
     v:free()
     b:free()
     local m2 = ur.memory()
     assert.same({ m0.host, m0.managed }, { m2.host, m2.managed })
+    assert.same({ 1, 1 }, { m2.frees.host - m0.frees.host, m2.frees.managed - m0.frees.managed })
   end)
 
   it("parses sizes with units", function()

@@ -113,6 +113,9 @@ typedef struct ur_memory_stats {
   uint64_t hbm_peak;
   uint64_t workspace;             /* the GPU backend's own working memory: the dense ops'
                                      workspace of each stream that ran a matrix product */
+  uint64_t allocs[4], frees[4];   /* tensor storage allocated and freed so far, by ur_place: on
+                                     a GPU each device one a cudaMalloc or a cudaFree, and a
+                                     cudaFree waits for the whole device */
 } ur_memory_stats;
 
 UR_API size_t ur_sizeof_device_props(void);

@@ -107,13 +107,18 @@ function ur.reset_hbm_peak() C.ur_memory_peak_reset() end
 function ur.memory()
   local m = ffi.new("ur_memory_stats")
   C.ur_memory_get(m)
-  return {
+  local r = {
     host = tonumber(m.bytes[C.UR_PLACE_HOST]), pinned = tonumber(m.bytes[C.UR_PLACE_PINNED]),
     device = tonumber(m.bytes[C.UR_PLACE_DEVICE]), managed = tonumber(m.bytes[C.UR_PLACE_MANAGED]),
     managed_on_gpu = tonumber(m.managed_on_gpu), hbm_used = tonumber(m.hbm_used),
     hbm_budget = tonumber(m.hbm_budget), hbm_peak = tonumber(m.hbm_peak),
-    workspace = tonumber(m.workspace),
+    workspace = tonumber(m.workspace), allocs = {}, frees = {},
   }
+  for name, p in pairs({ host = C.UR_PLACE_HOST, pinned = C.UR_PLACE_PINNED, device = C.UR_PLACE_DEVICE,
+                         managed = C.UR_PLACE_MANAGED }) do
+    r.allocs[name], r.frees[name] = tonumber(m.allocs[p]), tonumber(m.frees[p])
+  end
+  return r
 end
 
 function ur.hint_page_bytes() return tonumber(C.ur_hint_page_bytes_get()) end

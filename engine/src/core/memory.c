@@ -59,8 +59,14 @@ void ur__workspace_give(uint64_t bytes) {
   pthread_mutex_unlock(&ur__lock);
 }
 
-void ur__place_add(ur_place place, uint64_t bytes) { mem.bytes[place] += bytes; }
-void ur__place_sub(ur_place place, uint64_t bytes) { mem.bytes[place] -= bytes; }
+void ur__place_add(ur_place place, uint64_t bytes) {
+  mem.bytes[place] += bytes;
+  mem.allocs[place]++;
+}
+void ur__place_sub(ur_place place, uint64_t bytes) {
+  mem.bytes[place] -= bytes;
+  mem.frees[place]++;
+}
 
 void ur__managed_gpu_add(int64_t delta) { mem.managed_on_gpu += (uint64_t)delta; }
 
