@@ -303,6 +303,17 @@ static ur_status call_work(ur_tbe *t, const ur__tbe_args *a, int backward, void 
   return UR_STATUS_OK;
 }
 
+/* Whether a forward reads its bad-id flag back under bounds fatal (a wait for the GPU, which
+ * ends the overlap of the prefetch pipeline's streams): not where every table is cached, since
+ * its values are then ur_cache_prepare's slot ids, and the prepare checked the ids (failing the
+ * batch there, naming table, feature, sample and id). */
+static int reads_bad_ids(const ur_tbe *t) {
+  if (t->cfg.bounds != UR_TBE_BOUNDS_FATAL) return 0;
+  for (int32_t i = 0; i < t->names.T; i++)
+    if (!t->owner[i]) return 1;
+  return 0;
+}
+
 /* What a call does before its backend runs: the host checks offsets where it can read them
  * (host home: after any GPU work on that memory), then the arguments and the workspace. */
 static ur_status call_setup(ur_tbe *t, ur_stream *s, call *c, int backward, void **work) {
@@ -310,7 +321,7 @@ static ur_status call_setup(ur_tbe *t, ur_stream *s, call *c, int backward, void
   if (t->home == UR_PLACE_HOST && ((st = ur_device_sync()) || (st = check_offsets(t, c))))
     return st;
   if ((st = call_args(t, s, c))) return st;
-  if (!backward && t->cfg.bounds == UR_TBE_BOUNDS_FATAL && (st = reset_flags(t, s))) return st;
+  if (!backward && reads_bad_ids(t) && (st = reset_flags(t, s))) return st;
   return call_work(t, &c->a, backward, work);
 }
 
@@ -332,7 +343,7 @@ ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
   if (!(st = call_setup(t, s, &c, 0, &work)) && !(st = ur__tbe_far_forward(t, s, &c.a)))
     st = t->be->tbe->forward(s ? s->handle : NULL, &c.a, work);
   t->far_made = t->far_ready = !st && c.a.far.fill;
-  if (!st && t->cfg.bounds == UR_TBE_BOUNDS_FATAL) {
+  if (!st && reads_bad_ids(t)) {
     int64_t bad = UR_TBE_NO_BAD;
     if (!(st = ur_tensor_read(t->flags, 0, 1, &bad)) && bad != UR_TBE_NO_BAD) st = bad_id(t, &c, bad);
   }
