@@ -49,30 +49,9 @@ constexpr int kWays = 32;
 
 /* ---- the row mover ---- */
 
-__device__ void copy_bytes(char *dst, const char *src, int64_t bytes, int lane) {
-  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) & 15) == 0) {
-    int64_t words = bytes / 16;
-    for (int64_t i = lane; i < words; i += 32)
-      reinterpret_cast<uint4 *>(dst)[i] = reinterpret_cast<const uint4 *>(src)[i];
-    return;
-  }
-  int64_t words = bytes / 4; /* rows are whole 4-byte words: dim is a multiple of 4 */
-  for (int64_t i = lane; i < words; i += 32)
-    reinterpret_cast<uint32_t *>(dst)[i] = reinterpret_cast<const uint32_t *>(src)[i];
-}
-
-/* Which way a warp moves its entry's row: host rows into the slot (a fill), the slot's row
+/* Which way a warp moves an entry's row: host rows into the slot (a fill), the slot's row
  * home (a write-back), the slot's row into its staging place, or from there home. */
 enum Way { kFill, kWriteBack, kStage, kStagedHome };
-
-__device__ void move_part(Way w, char *host, char *slot, char *stage, int64_t bytes, int lane) {
-  switch (w) {
-    case kFill: copy_bytes(slot, host, bytes, lane); break;
-    case kWriteBack: copy_bytes(host, slot, bytes, lane); break;
-    case kStage: copy_bytes(stage, slot, bytes, lane); break;
-    case kStagedHome: copy_bytes(host, stage, bytes, lane); break;
-  }
-}
 
 /* Bytes one staged entry takes: its row, then each optimizer state, each 16-byte aligned. */
 __host__ __device__ int64_t round16(int64_t b) { return (b + 15) / 16 * 16; }
@@ -80,29 +59,84 @@ __host__ __device__ int64_t stage_stride(const ur__cache_io &io) {
   return round16(io.row_bytes) + io.nstate * round16((int64_t)io.state_per_row * 4);
 }
 
-/* Entry e of a list: its row and optimizer state, one way (stage: the staging buffer, whose
- * e-th place the entry has; only for kStage and kStagedHome). */
-__device__ void move_entry(const ur__cache_io &io, const int64_t *entries, int64_t e, Way w,
-                           char *stage, int lane) {
+/* Entries a warp moves at once: their loads are issued before their stores, so a warp pays
+ * the host link's latency (microseconds) once for the group, and a capped mover on few SMs
+ * keeps as many rows in flight as a warp a row on all of them. */
+constexpr int kRowsInFlight = 4;
+
+/* Part `part` (0: the row; 1, 2: the optimizer states) of entry e of a list going way w: where
+ * it is read and written (stage: the staging buffer, whose e-th place the entry has). */
+__device__ void part_ends(const ur__cache_io &io, const int64_t *entries, int64_t e, Way w, char *stage,
+                          int part, const char **src, char **dst) {
   uint64_t p = (uint64_t)entries[2 * e];
   int32_t ct = (int32_t)(p >> UR__CACHE_ROW_BITS);
   int64_t row = (int64_t)(p & UR__CACHE_ROW_MASK), slot = entries[2 * e + 1];
-  char *g = stage ? stage + e * stage_stride(io) : nullptr;
-  move_part(w, (char *)io.host_w[ct] + row * io.row_bytes, (char *)io.slot_w + slot * io.row_bytes, g,
-            io.row_bytes, lane);
-  int64_t sb = (int64_t)io.state_per_row * 4;
-  for (int k = 0; k < io.nstate; k++) {
-    float *hb = k ? io.host_s2[ct] : io.host_s1[ct];
-    float *ss = k ? io.slot_s2 : io.slot_s1;
-    move_part(w, (char *)(hb + row * io.state_per_row), (char *)(ss + slot * io.state_per_row),
-              g ? g + round16(io.row_bytes) + k * round16(sb) : nullptr, sb, lane);
+  char *host, *mine, *g = stage ? stage + e * stage_stride(io) : nullptr;
+  if (part == 0) {
+    host = (char *)io.host_w[ct] + row * io.row_bytes;
+    mine = (char *)io.slot_w + slot * io.row_bytes;
+  } else {
+    int64_t per = io.state_per_row;
+    host = (char *)((part == 2 ? io.host_s2[ct] : io.host_s1[ct]) + row * per);
+    mine = (char *)((part == 2 ? io.slot_s2 : io.slot_s1) + slot * per);
+    if (g) g += round16(io.row_bytes) + (part - 1) * round16(per * 4);
+  }
+  switch (w) {
+    case kFill: *src = host; *dst = mine; break;
+    case kWriteBack: *src = mine; *dst = host; break;
+    case kStage: *src = mine; *dst = g; break;
+    case kStagedHome: *src = g; *dst = host; break;
+  }
+}
+
+/* dst[k] <- src[k] for the group's r entries, bytes each, in words of W: all loads, then all
+ * stores. */
+template <typename W>
+__device__ void copy_group(char *const *dst, const char *const *src, int r, int64_t bytes, int lane) {
+  for (int64_t i = lane; i < bytes / (int64_t)sizeof(W); i += 32) {
+    W v[kRowsInFlight];
+#pragma unroll
+    for (int k = 0; k < kRowsInFlight; k++)
+      if (k < r) v[k] = reinterpret_cast<const W *>(src[k])[i];
+#pragma unroll
+    for (int k = 0; k < kRowsInFlight; k++)
+      if (k < r) reinterpret_cast<W *>(dst[k])[i] = v[k];
+  }
+}
+
+/* One list's entries going one way. */
+struct Moves {
+  const int64_t *entries;
+  Way w;
+};
+
+/* A group of r entries (at most kRowsInFlight) of list a, or of a and b (exchange_rows):
+ * entry k is at[k] of b where bit k of in_b is set, else of a.  Each part in 16-byte words
+ * where every end allows it, else in 4-byte ones (rows are whole 4-byte words: dim is a
+ * multiple of 4). */
+__device__ void move_group(const ur__cache_io &io, Moves a, Moves b, const int64_t *at, unsigned in_b,
+                           char *stage, int r, int lane) {
+  for (int part = 0; part <= io.nstate; part++) {
+    const char *src[kRowsInFlight];
+    char *dst[kRowsInFlight];
+    int64_t bytes = part ? (int64_t)io.state_per_row * 4 : io.row_bytes;
+    uintptr_t any = (uintptr_t)bytes;
+#pragma unroll
+    for (int k = 0; k < kRowsInFlight; k++)
+      if (k < r) {
+        Moves m = (in_b >> k) & 1 ? b : a;
+        part_ends(io, m.entries, at[k], m.w, stage, part, &src[k], &dst[k]);
+        any |= reinterpret_cast<uintptr_t>(src[k]) | reinterpret_cast<uintptr_t>(dst[k]);
+      }
+    if ((any & 15) == 0) copy_group<uint4>(dst, src, r, bytes, lane);
+    else copy_group<uint32_t>(dst, src, r, bytes, lane);
   }
 }
 
 /* The row mover runs in blocks of a whole SM's worth of warps, so that a capped mover
  * (io.mover_warps) takes few SMs and leaves the others to the compute stream's kernels, which
- * it runs beside under the prefetch pipeline.  A warp moves entries warp, warp + W, ... of the
- * grid's W warps: a warp per entry uncapped, else each warp in turn. */
+ * it runs beside under the prefetch pipeline.  Of the grid's G warps, warp g moves entries
+ * g, g + G, g + 2G, ..., kRowsInFlight at a time: uncapped, a warp per entry. */
 constexpr int kMoverWarps = 32;
 constexpr int kMoverThreads = 32 * kMoverWarps;
 
@@ -115,26 +149,35 @@ unsigned mover_blocks(int64_t n, int32_t cap) {
 
 __global__ void __launch_bounds__(kMoverThreads)
 move_rows(ur__cache_io io, const int64_t *entries, int64_t n, Way w, char *stage) {
-  int64_t W = (int64_t)gridDim.x * kMoverWarps;
-  for (int64_t e = (int64_t)blockIdx.x * kMoverWarps + threadIdx.x / 32; e < n; e += W)
-    move_entry(io, entries, e, w, stage, threadIdx.x % 32);
+  int64_t G = (int64_t)gridDim.x * kMoverWarps;
+  int64_t at[kRowsInFlight];
+  Moves m = {entries, w};
+  for (int64_t e = (int64_t)blockIdx.x * kMoverWarps + threadIdx.x / 32; e < n; e += G * kRowsInFlight) {
+    int r = 0;
+    for (; r < kRowsInFlight && e + r * G < n; r++) at[r] = e + r * G;
+    move_group(io, m, m, at, 0, stage, r, threadIdx.x % 32);
+  }
 }
 
 /* The staged write-backs home and the fills in, in one grid: while both lists last, even
- * entries of the walk are write-backs and odd ones fills, so both directions of the link are
+ * places of the walk are write-backs and odd ones fills, so both directions of the link are
  * busy; then the longer list's rest. */
 __global__ void __launch_bounds__(kMoverThreads)
 exchange_rows(ur__cache_io io, const int64_t *out, int64_t n_out, const int64_t *in, int64_t n_in,
               char *stage) {
-  int64_t both = n_out < n_in ? n_out : n_in, W = (int64_t)gridDim.x * kMoverWarps;
-  int lane = threadIdx.x % 32;
-  for (int64_t t = (int64_t)blockIdx.x * kMoverWarps + threadIdx.x / 32; t < n_out + n_in; t += W) {
-    int fill = t < 2 * both ? (int)(t & 1) : n_in > n_out;
-    int64_t e = t < 2 * both ? t / 2 : t - both;
-    if (fill)
-      move_entry(io, in, e, kFill, nullptr, lane);
-    else
-      move_entry(io, out, e, kStagedHome, stage, lane);
+  int64_t both = n_out < n_in ? n_out : n_in, G = (int64_t)gridDim.x * kMoverWarps, n = n_out + n_in;
+  int64_t at[kRowsInFlight];
+  Moves home = {out, kStagedHome}, fills = {in, kFill};
+  for (int64_t t0 = (int64_t)blockIdx.x * kMoverWarps + threadIdx.x / 32; t0 < n; t0 += G * kRowsInFlight) {
+    int r = 0;
+    unsigned in_b = 0;
+    for (; r < kRowsInFlight && t0 + r * G < n; r++) {
+      int64_t t = t0 + r * G;
+      int fill = t < 2 * both ? (int)(t & 1) : n_in > n_out;
+      in_b |= (unsigned)fill << r;
+      at[r] = t < 2 * both ? t / 2 : t - both;
+    }
+    move_group(io, home, fills, at, in_b, stage, r, threadIdx.x % 32);
   }
 }
 
