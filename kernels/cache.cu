@@ -19,9 +19,9 @@
  *           write (they come in the order of the keys that evict them): a warp reading or
  *           writing host rows in ascending order moves them 3.5 times as fast as in random
  *           order (H200, 24 GiB of pinned rows: 51.7 against 14.6 GB/s).
- * The row mover: a warp per entry copies one row (and its optimizer state) between host
- * memory (pinned or managed, read and written in place over the host link) and the slot
- * storage in HBM, in 16-byte words where both ends allow it.  A batch's write-backs and fills
+ * The row mover: warps copy rows (and their optimizer state) between host memory (pinned or
+ * managed, read and written in place over the host link) and the slot storage in HBM, in
+ * 16-byte words where both ends allow it, four rows a warp at once, on few SMs (mover_blocks).  A batch's write-backs and fills
  * cross the link in opposite directions, and one kernel moving both carries them together:
  * sorted rows of a 6 GiB pinned table, 1 M each way, 12.1 ms in one kernel against 19.7 ms one
  * after the other (84 against 52 GB/s: H200, scripts/bench/zero_copy_probe.py --both).  At a
@@ -136,13 +136,25 @@ __device__ void move_group(const ur__cache_io &io, Moves a, Moves b, const int64
 /* The row mover runs in blocks of a whole SM's worth of warps, so that a capped mover
  * (io.mover_warps) takes few SMs and leaves the others to the compute stream's kernels, which
  * it runs beside under the prefetch pipeline.  Of the grid's G warps, warp g moves entries
- * g, g + G, g + 2G, ..., kRowsInFlight at a time: uncapped, a warp per entry. */
+ * g, g + G, g + 2G, ..., kRowsInFlight at a time: uncapped, a warp per entry.  A capped
+ * mover's SMs move about 4 GB/s each of zero-copy rows (H200: 256 warps, 8 SMs, B4's 100 k
+ * rows of 512 bytes in about 1.5 ms), so a batch that moves more than kRowsPerWarp rows a warp
+ * gets a warp per kRowsPerWarp rows, up to every SM: moves that large would outlast the step
+ * they hide behind (DCNv2 cached in 16 GiB, 2.3 M rows a step: 47 ms on 256 warps against 27
+ * on all SMs, at the link's ceiling). */
 constexpr int kMoverWarps = 32;
 constexpr int kMoverThreads = 32 * kMoverWarps;
+constexpr int64_t kRowsPerWarp = 512;
 
-/* Blocks for n entries: a warp each, or at most cap warps (0: no cap), at least one block. */
+/* Blocks for n entries: a warp each (cap 0), else cap warps, or one per kRowsPerWarp entries
+ * when that is more; never more warps than entries, at least one block. */
 unsigned mover_blocks(int64_t n, int32_t cap) {
-  int64_t warps = cap > 0 && cap < n ? cap : n;
+  int64_t warps = n;
+  if (cap > 0) {
+    int64_t need = (n + kRowsPerWarp - 1) / kRowsPerWarp;
+    warps = need > cap ? need : cap;
+    if (warps > n) warps = n;
+  }
   int64_t b = (warps + kMoverWarps - 1) / kMoverWarps;
   return b > 0 ? (unsigned)b : 1u;
 }

@@ -18,7 +18,10 @@
 -- table, a table of at most min_slots / 2 rows gets 2 slots a row, so it is cached whole with
 -- room for its rows' hashing into 32-way sets (else every batch would have conflict misses
 -- there, and a conflict row the next batch needs makes it wait for this one's backward); the
--- larger tables share the rest of the total in proportion to their rows.  tables = { [name] =
+-- larger tables share the rest of the total in proportion to their rows.  mover_warps (default
+-- 256; 0: a warp a row): the GPU's warps that move a batch's rows, on few SMs so that the
+-- prefetch pipeline's moves run beside the step's kernels (a warp per 512 rows when a batch
+-- moves more).  tables = { [name] =
 -- { load_factor = c } } gives a table a load factor of its own (the planner's per-table cache
 -- sizes, a training config's embeddings.tables.<T>.cache.load_factor): ceil(c * rows) slots (or
 -- its 2-slots-a-row floor, as above), and the load_factor, slots or bytes of the options go to the
@@ -32,8 +35,9 @@ local M = {}
 local methods = {}
 local mt = { __index = methods }
 
--- The GPU's row mover: warps moving rows at once, by default (docs/cache.md, the mover).
-M.MOVER_WARPS = 0
+-- The GPU's row mover: the warps that move a batch's rows, by default (docs/cache.md, the row
+-- mover; B4 on the H200: 256 of them, 8 SMs, beside the step's kernels under the pipeline).
+M.MOVER_WARPS = 256
 
 local POLICIES = { lru = C.UR_CACHE_LRU, lfu = C.UR_CACHE_LFU }
 local OPTS = { load_factor = true, slots = true, bytes = true, shared = true, policy = true,

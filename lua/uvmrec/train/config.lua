@@ -79,7 +79,7 @@ M.schema = map({
       policy = enum { "lru", "lfu" }, decay_batches = int { min = 0 },
       staging_rows = int { min = 0 }, backing = enum { "host", "managed" },
       min_slots = int { min = 0 },                             -- tables of <= min_slots/2 rows cached whole
-      mover_warps = int { min = 0 },                           -- GPU: warps moving rows at once (0: a warp a row)
+      mover_warps = int { min = 0 },                           -- GPU: warps moving rows (default 256; 0: a warp a row)
     },
     optimizer = map {
       name = enum(TBE_OPTIMS, { default = "sgd" }),
