@@ -138,23 +138,18 @@ __device__ void move_group(const ur__cache_io &io, Moves a, Moves b, const int64
  * it runs beside under the prefetch pipeline.  Of the grid's G warps, warp g moves entries
  * g, g + G, g + 2G, ..., kRowsInFlight at a time: uncapped, a warp per entry.  A capped
  * mover's SMs move about 4 GB/s each of zero-copy rows (H200: 256 warps, 8 SMs, B4's 100 k
- * rows of 512 bytes in about 1.5 ms), so a batch that moves more than kRowsPerWarp rows a warp
- * gets a warp per kRowsPerWarp rows, up to every SM: moves that large would outlast the step
- * they hide behind (DCNv2 cached in 16 GiB, 2.3 M rows a step: 47 ms on 256 warps against 27
- * on all SMs, at the link's ceiling). */
+ * rows of 512 bytes in about 1.5 ms), so a launch of more than kRowsPerWarp rows a warp is not
+ * capped: moves that large outlast the step they would hide behind, and only every SM keeps
+ * the link busy (DCNv2 cached in 16 GiB, 2.3 M rows a step: 47 ms on 256 warps, 42 on a warp
+ * per 512 rows, 27 on a warp a row, at the link's ceiling). */
 constexpr int kMoverWarps = 32;
 constexpr int kMoverThreads = 32 * kMoverWarps;
 constexpr int64_t kRowsPerWarp = 512;
 
-/* Blocks for n entries: a warp each (cap 0), else cap warps, or one per kRowsPerWarp entries
- * when that is more; never more warps than entries, at least one block. */
+/* Blocks for n entries: cap warps when they have at most kRowsPerWarp entries each, else (and
+ * with cap 0) a warp each; at least one block. */
 unsigned mover_blocks(int64_t n, int32_t cap) {
-  int64_t warps = n;
-  if (cap > 0) {
-    int64_t need = (n + kRowsPerWarp - 1) / kRowsPerWarp;
-    warps = need > cap ? need : cap;
-    if (warps > n) warps = n;
-  }
+  int64_t warps = cap > 0 && n > cap && n <= cap * kRowsPerWarp ? cap : n;
   int64_t b = (warps + kMoverWarps - 1) / kMoverWarps;
   return b > 0 ? (unsigned)b : 1u;
 }

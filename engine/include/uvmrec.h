@@ -1059,8 +1059,9 @@ typedef struct ur_cache_config {
   int32_t decay_batches;          /* LFU: counts halve every this many batches; 0: never */
   int64_t staging_rows;           /* conflict-miss rows per batch to start with (grows) */
   int32_t mover_warps;            /* GPU: warps moving a batch's rows, in blocks of 32 (few SMs,
-                                   * beside the step's kernels), a warp per 512 rows when that
-                                   * is more; 0: a warp a row (uvmrec.cache's default: 256) */
+                                   * beside the step's kernels), while they have at most 512
+                                   * rows each; else, and with 0, a warp a row (every SM);
+                                   * uvmrec.cache's default: 256 */
 } ur_cache_config;
 /* Counts since the cache was made or its stats were reset; per table or in total. */
 typedef struct ur_cache_stats {

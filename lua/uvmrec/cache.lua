@@ -20,8 +20,8 @@
 -- there, and a conflict row the next batch needs makes it wait for this one's backward); the
 -- larger tables share the rest of the total in proportion to their rows.  mover_warps (default
 -- 256; 0: a warp a row): the GPU's warps that move a batch's rows, on few SMs so that the
--- prefetch pipeline's moves run beside the step's kernels (a warp per 512 rows when a batch
--- moves more).  tables = { [name] =
+-- prefetch pipeline's moves run beside the step's kernels (a batch moving more than 512 rows a
+-- warp gets a warp a row, every SM).  tables = { [name] =
 -- { load_factor = c } } gives a table a load factor of its own (the planner's per-table cache
 -- sizes, a training config's embeddings.tables.<T>.cache.load_factor): ceil(c * rows) slots (or
 -- its 2-slots-a-row floor, as above), and the load_factor, slots or bytes of the options go to the

@@ -34,15 +34,17 @@ local rates = t.rates
 
 -- ---- the prefetch pipeline's overlap: B10's cached case with and without it ----
 -- dlrm_mlperf_v1_2m, every table cached at 20%, 40 timed steps (scripts/bench/planner_b10.lua,
--- a718edf, 2026-12-03, this calibration's machine): median step 6.153 ms (train.pipeline=false)
--- and 5.985 ms (true), the cache's GPU time 2.139 ms a step: the pipeline hid 0.168 ms of it.
-local plain, piped, cache_ms = 6.153, 5.985, 2.139
-rates.pipeline_overlap = { value = (plain - piped) / cache_ms, unit = "fraction", measured = true, date = "2026-12-03",
-  command = "uvmrec scripts/bench/planner_b10.lua dlrm_mlperf_v1_2m --cases cached --steps 40 --warmup 10 "
-            .. "--set train.pipeline=false|true",
-  source = ("B10's cached case on the H200 (a718edf): median step %.3f ms without the prefetch pipeline, %.3f ms "
-            .. "with it, the cache's GPU time %.3f ms a step: the share of it the pipeline hid"):format(plain, piped,
-            cache_ms) }
+-- 1fcc5a1, 2026-12-04, this calibration's machine): median step 6.477 ms (train.pipeline=false)
+-- and 4.717 ms (true), the cache's GPU time 2.350 ms a step: the pipeline hid 1.760 ms of it (the
+-- mover on 8 SMs beside the step's kernels, and no wait for the forward's bad-id flag; on
+-- a718edf, 2026-12-03: 6.153, 5.985 and 2.139 ms, 0.079 of it).
+local plain, piped, cache_ms = 6.477, 4.717, 2.350
+rates.pipeline_overlap = { value = (plain - piped) / cache_ms, unit = "fraction", measured = true, date = "2026-12-04",
+  command = "uvmrec scripts/bench/planner_b10.lua dlrm_mlperf_v1_2m --calibration h200 --cases device,cached "
+            .. "--steps 40 --warmup 10 --set train.pipeline=false|true",
+  source = ("B10's cached case on the H200 (1fcc5a1): median step %.3f ms without the prefetch pipeline, %.3f ms "
+            .. "with it, the cache's GPU time %.3f ms a step: the share of it the pipeline hid (the mover on 8 SMs, no "
+            .. "bad-id flag read after a cached forward)"):format(plain, piped, cache_ms) }
 
 -- ---- collectives: one GPU has none ----
 local NV = "not measured by uvmrec: NVIDIA H200 SXM data sheet, NVLink 900 GB/s per GPU (both directions), taken "
