@@ -54,9 +54,7 @@ ur_status ur_event_record(ur_event *e, ur_stream *s) {
   UR__ARGS(e);
   e->recorded = 1;
   if (be()->event_record) return be()->event_record(e->handle, s ? s->handle : NULL);
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  e->cpu_ms = ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+  e->cpu_ms = ur_clock_seconds() * 1e3;
   return UR_STATUS_OK;
 }
 

@@ -199,14 +199,8 @@ struct ur_criteo_reader {
   ur_status failed;
   char err[1024];
   ur_criteo_stats stats;
-  struct timespec t0;
+  double t0;                    /* ur_clock_seconds() when opened */
 };
-
-static double since(const struct timespec *t0) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
-}
 
 void ur_criteo_close(ur_criteo_reader *r) {
   if (!r) return;
@@ -266,7 +260,7 @@ ur_status ur_criteo_open(ur_criteo_reader **out, const char *const *paths, int32
     gzclose(g);
   }
   r->rows_file = -1;
-  clock_gettime(CLOCK_MONOTONIC, &r->t0);
+  r->t0 = ur_clock_seconds();
   *out = r;
   return UR_STATUS_OK;
 }
@@ -503,7 +497,7 @@ ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels, floa
   if (max < 0) return ur__error(UR_STATUS_INVALID, "criteo-tsv: read of %lld rows", (long long)max);
   if (r->rpos == r->nrows && !r->done && !r->failed) {
     ur_status st = refill(r);
-    r->stats.seconds = since(&r->t0);
+    r->stats.seconds = ur_clock_seconds() - r->t0;
     if (st) return st;
     if (r->failed && r->rpos == r->nrows) return ur__error(r->failed, "%s", r->err);
   }
@@ -522,7 +516,7 @@ ur_status ur_criteo_read(ur_criteo_reader *r, int64_t max, int32_t *labels, floa
 ur_status ur_criteo_stats_get(const ur_criteo_reader *r, ur_criteo_stats *out) {
   UR__ARGS(r, out);
   *out = r->stats;
-  out->seconds = since(&r->t0);
+  out->seconds = ur_clock_seconds() - r->t0;
   return UR_STATUS_OK;
 }
 

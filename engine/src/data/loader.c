@@ -117,12 +117,6 @@ struct ur_loader {
   ur_loader_stats stats;
 };
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static double cpu_s(void) { /* this thread's CPU time: what a batch costs, whatever the load */
   struct timespec t;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -836,12 +830,12 @@ static void *run(void *arg) {
     }
     pthread_mutex_unlock(&l->mu);
     ur_status st = j.err;
-    double t0 = now_s();
+    double t0 = ur_clock_seconds();
     if (!stop && !st) {
       batch_views_free(b);
       if ((st = make_batch(l, wk, &j, b))) snprintf(j.msg, sizeof j.msg, "%s", ur_last_error());
     }
-    double busy = now_s() - t0;
+    double busy = ur_clock_seconds() - t0;
     pthread_mutex_lock(&l->dmu);
     release_windows(&j);
     if (st) l->d_done = 1;
@@ -1086,20 +1080,20 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
 ur_status ur_loader_next(ur_loader *l, ur_batch **out) {
   UR__ARGS(l, out);
   *out = NULL;
-  double t0 = now_s();
+  double t0 = ur_clock_seconds();
   pthread_mutex_lock(&l->mu);
   ur_batch *b;
   for (;;) {
     b = &l->slots[l->tail % l->nslots];
     if (b->index == l->tail && (b->state == SLOT_READY || b->state == SLOT_ERROR)) break;
     if (l->njobs >= 0 && l->tail >= l->njobs) { /* the end */
-      l->stats.wait_seconds += now_s() - t0;
+      l->stats.wait_seconds += ur_clock_seconds() - t0;
       pthread_mutex_unlock(&l->mu);
       return UR_STATUS_OK;
     }
     pthread_cond_wait(&l->cv, &l->mu);
   }
-  l->stats.wait_seconds += now_s() - t0;
+  l->stats.wait_seconds += ur_clock_seconds() - t0;
   if (b->state == SLOT_ERROR) { /* raised after the batches before it, and again if asked */
     ur_status st = ur__error(l->err, "%s", l->errmsg);
     pthread_mutex_unlock(&l->mu);

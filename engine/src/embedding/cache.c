@@ -92,12 +92,6 @@ static ur_status settle(ur_cache *c, ur_stream *s, const flight *B, int64_t tk, 
 size_t ur_sizeof_cache_config(void) { return sizeof(ur_cache_config); }
 size_t ur_sizeof_cache_stats(void) { return sizeof(ur_cache_stats); }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The set, table and (table, row) pair of a key (cache_sets.h, shared with the backends). */
 static int64_t set_of(const ur_cache *c, uint64_t key, int32_t ct) {
   return ur__cache_set_of(c->kbase, c->set_base, c->set_count, key, ct);
@@ -1125,7 +1119,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   } else {
     batch = bags / c->F;
   }
-  double t0 = now_s();
+  double t0 = ur_clock_seconds();
   /* a free ring entry */
   flight *B = NULL;
   for (int r = 0; r < RING && !B; r++)
@@ -1150,7 +1144,7 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
   batch_ids x = {values, offsets, bags, batch, bag_start, out};
   if (!st) st = prepare_batch(c, s, B, tk, &x);
   free(bag_start);
-  c->seconds += now_s() - t0;
+  c->seconds += ur_clock_seconds() - t0;
   if (st) return st;
   *ticket = tk;
   return UR_STATUS_OK;
@@ -1164,7 +1158,7 @@ ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int32_t tra
   if (!b || b->retired)
     return ur__error(UR_STATUS_INVALID, "cache: batch %lld is not prepared and in flight%s",
                      (long long)ticket, b ? " (retired already)" : "");
-  double t0 = now_s();
+  double t0 = ur_clock_seconds();
   void *sh = s ? s->handle : NULL;
   if (trained) {
     /* its slots are dirty now, and its staged rows go home */
@@ -1184,7 +1178,7 @@ ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int32_t tra
   b->retired = 1;
   b->trained = trained != 0;
   b->stream = s;
-  c->seconds += now_s() - t0;
+  c->seconds += ur_clock_seconds() - t0;
   return UR_STATUS_OK;
 }
 
@@ -1204,7 +1198,7 @@ ur_status ur_cache_flush(ur_cache *c) {
   UR__ARGS(c);
   ur_status st = check_alive(c);
   if (st) return st;
-  double t0 = now_s();
+  double t0 = ur_clock_seconds();
   if ((st = pull_state(c, 1))) return st;
   int64_t nd = 0;
   for (int64_t i = 0; i < c->S; i++) nd += c->dirty[i] && c->tag[i] != EMPTY;
@@ -1232,7 +1226,7 @@ ur_status ur_cache_flush(ur_cache *c) {
     if (st) return st;
     for (int64_t i = 0; i < c->S; i++) c->dirty[i] = 0;
   }
-  c->seconds += now_s() - t0;
+  c->seconds += ur_clock_seconds() - t0;
   return UR_STATUS_OK;
 }
 
@@ -1271,7 +1265,7 @@ ur_status ur_cache_drop(ur_cache *c, int32_t table, const int64_t *ids, int64_t 
     if (ids[i] < 0 || ids[i] >= c->rows[table])
       return ur__error(UR_STATUS_INVALID, "cache: drop: ids[%lld] = %lld is outside the table's "
                        "%lld rows", (long long)i, (long long)ids[i], (long long)c->rows[table]);
-  double t0 = now_s();
+  double t0 = ur_clock_seconds();
   if ((st = pull_state(c, 1))) return st;
   const ur_backend *g = c->be;
   int64_t k = 0;
@@ -1294,7 +1288,7 @@ ur_status ur_cache_drop(ur_cache *c, int32_t table, const int64_t *ids, int64_t 
   }
   if (!st) st = g->stream_sync(NULL);
   if (!st && dropped) *dropped = k;
-  c->seconds += now_s() - t0;
+  c->seconds += ur_clock_seconds() - t0;
   return st;
 }
 

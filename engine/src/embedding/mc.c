@@ -74,12 +74,6 @@ ur_status ur_mc_policy_parse(const char *s, ur_mc_policy *out) {
                    s ? s : "(null)");
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int64_t pow2_at_least(int64_t n) {
   int64_t p = 1;
   while (p < n) p <<= 1;
@@ -375,7 +369,7 @@ static ur_status grow_re(mc_tab *b, int64_t need) {
 }
 
 static ur_status run_round(ur_mc *m, ur_stream *s, int32_t t, int evict) {
-  double t0 = now_s();
+  double t0 = ur_clock_seconds();
   mc_tab *b = &m->tb[t];
   const ur_mc_table_config *c = &m->tc[t];
   ur__mc_round r;
@@ -408,7 +402,7 @@ static ur_status run_round(ur_mc *m, ur_stream *s, int32_t t, int evict) {
   b->info[UR__MI_CAND] = evict ? 0 : r.candidates - r.admitted;
   if (evict) b->rounds++;
   else b->fills++;
-  b->round_seconds += now_s() - t0;
+  b->round_seconds += ur_clock_seconds() - t0;
   return UR_STATUS_OK;
 }
 
@@ -439,7 +433,7 @@ ur_status ur_mc_round(ur_stream *s, ur_mc *m, int32_t table) {
   UR__ARGS(m);
   ur_status st = check_table_index(m, table, 0, "round");
   if (st) return st;
-  double t0 = now_s();
+  double t0 = ur_clock_seconds();
   int32_t prev = 0;
   if ((st = ur__device_enter(m->be, m->cfg.device, &prev))) return st;
   st = read_info(m);
@@ -448,7 +442,7 @@ ur_status ur_mc_round(ur_stream *s, ur_mc *m, int32_t table) {
     st = run_round(m, s, table, 1);
   }
   st = ur__device_leave(m->be, m->cfg.device, prev, st);
-  m->tb[table].seconds += now_s() - t0;
+  m->tb[table].seconds += ur_clock_seconds() - t0;
   return st;
 }
 
@@ -573,7 +567,7 @@ ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values, const ur_
                       const int64_t *batch_per_feature, const ur_tensor *inverse, ur_tensor *out,
                       int32_t update) {
   UR__ARGS(m, values, offsets, out);
-  double t0 = now_s();
+  double t0 = ur_clock_seconds();
   ur_status st = check_i64(m, values, "values");
   if (!st) st = check_i64(m, offsets, "offsets");
   if (!st) st = check_i64(m, out, "out");
@@ -653,7 +647,7 @@ ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values, const ur_
     }
   }
   st = ur__device_leave(m->be, m->cfg.device, prev, st);
-  double dt = now_s() - t0;
+  double dt = ur_clock_seconds() - t0;
   for (int32_t t = 0; t < m->T; t++) m->tb[t].seconds += dt / m->T;
   return st;
 }
