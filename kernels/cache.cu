@@ -367,6 +367,18 @@ __global__ void feature_bounds(ur__cache_dev d, ur__cache_job j, Layout L) {
   atomicAdd((unsigned long long *)&table_info(j, ct)[UR__CT_LOOKUPS], (unsigned long long)(v1 - v0));
 }
 
+/* Under bounds fatal, the values of the features whose tables are not cached, checked against
+ * their tables' rows (make_keys checks the cached ones), so that the collection's forward,
+ * which takes these ids as they are, need not read its own bad-id flag back. */
+__global__ void check_others(ur__cache_dev d, ur__cache_job j, Layout L) {
+  int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= j.n) return;
+  int32_t f = feature_of(L.fvb, d.F, v);
+  if (d.feat_ct[f] >= 0) return;
+  int64_t id = j.vals[v];
+  if (id < 0 || id >= d.feat_rows[f]) atomicMin((long long *)&j.info[UR__CI_BAD_V], (long long)v);
+}
+
 /* The key of the i-th of the m values sorted (the sentinel, total keys, for other tables'
  * values and bad ids): value i itself, or (partial) the i-th value of the cached features. */
 __global__ void make_keys(ur__cache_dev d, ur__cache_job j, Layout L, int64_t m) {
@@ -678,6 +690,7 @@ static cudaError_t ur__cuda_cache_lookup(cudaStream_t s, const ur__cache_dev *d,
   init_info<<<1, 1, 0, s>>>(*j);
   if (j->bag_start) TRY(cudaMemcpyAsync(L.bag, j->bag_start, (size_t)(d->F + 1) * 8, cudaMemcpyHostToDevice, s));
   feature_bounds<<<blocks_for(d->F + 1), kThreads, 0, s>>>(*d, *j, L);
+  if (j->bounds_fatal && d->partial && n > 0) check_others<<<blocks_for(n), kThreads, 0, s>>>(*d, *j, L);
   /* the values sorted: all n, or (partial) the m of cached tables' features, counted on the
    * GPU and read here (none when the offsets are bad: the caller reports them) */
   int64_t m = n;

@@ -324,6 +324,33 @@ describe("uvmrec.cache", function()
     assert.has_error(function() m:sparse_grad(input({ { 1 } }), R.tensor({ 0, 0, 0, 0, 0, 0, 0, 0 }, "f32")) end)
   end)
 
+  it("checks every feature's ids in its prepare, cached tables' and others', under bounds fatal", function()
+    -- the collection's forward takes the prepare's ids without reading its own bad-id flag back
+    -- (a wait for the GPU a step): the prepare checks the ids of the table not cached too
+    local function mixed(bounds)
+      return EBC { device = "cpu", seed = 5, optimizer = { "sgd", lr = 0.1 }, cache = { slots = 32 }, bounds = bounds,
+                   tables = { { name = "a", rows = 100, dim = 4, placement = "cached" },
+                              { name = "b", rows = 50, dim = 4 } } }
+    end
+    local m = mixed()
+    local b0 = m:table("b"):totable()
+    local ok, err = pcall(function() m:forward(input({ { 1, 2 }, { 3, 50 } })) end)
+    assert.is_false(ok)
+    assert.matches("cache: table 'b' %(feature 'b', sample 1, value 3%) has no row 50; ids run 0..49", err)
+    ok, err = pcall(function() m:forward(input({ { 1, 2 }, { -1, 3 } })) end)
+    assert.is_false(ok)
+    assert.matches("cache: table 'b' %(feature 'b', sample 0, value 2%) has no row %-1; ids run 0..49", err)
+    -- nothing changed, and a good batch trains after them
+    assert.same(b0, m:table("b"):totable())
+    local x = input({ { 1, 2 }, { 3, 49 } })
+    m:backward(x, grad_like(m:forward(x)))
+    assert.are_not.same(b0, m:table("b"):totable())
+    -- under warn the other table's bad ids pass through the prepare, and its forward skips them
+    local w = mixed("warn")
+    w:forward(input({ { 1, 2 }, { 3, 50 } }))
+    assert.equal(1, w:skipped())
+  end)
+
   it("skips and counts bad ids under the warn bounds check", function()
     local m = pair({ { name = "a", rows = 100, dim = 4 } }, { slots = 32 }, nil, { bounds = "warn" })
     local out = m:forward(input({ { 1, 100, -3 } }))

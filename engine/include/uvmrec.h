@@ -1107,7 +1107,8 @@ UR_API uint64_t ur_cache_bytes(const ur_cache *c);
  * slot ids for the cached tables' features, the ids themselves for other features.  The
  * copies are ordered on s; *ticket identifies the batch for ur_cache_retire.  Ids out of
  * range fail under the collection's fatal bounds check (naming table, feature, sample, id),
- * else become -1 (the collection skips and counts them). */
+ * every feature's, cached or not (the collection's forward then reads no bad-id flag back);
+ * else a cached table's become -1 and the others' stay (the collection skips and counts them). */
 UR_API ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
                                   const ur_tensor *offsets,
                                   const int64_t *stride_per_key_per_rank /* or NULL */,

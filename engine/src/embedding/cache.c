@@ -286,11 +286,18 @@ static size_t info_words(const ur_cache *c) {
   return (size_t)UR__CI_TABLES + (size_t)c->nt * UR__CT_COUNT;
 }
 
+/* The rows of collection table ti, the bound of its ids: a cached table's backing rows, or
+ * the table's own. */
+static int64_t rows_of(const ur_cache *c, int32_t ti) {
+  int32_t ct = c->ct_of[ti];
+  return ct >= 0 ? c->rows[ct] : c->tbe->tc[ti].rows;
+}
+
 /* The state (empty), the geometry and the info words where the backend runs, and the host's
  * view of the tags and dirty marks. */
 static ur_status state_new(ur_cache *c) {
   const ur_backend *b = c->be;
-  int64_t nmeta = 3 * (int64_t)c->nt + 1 + (c->F + 1) / 2 + 1;
+  int64_t at_rows = 3 * (int64_t)c->nt + 1 + (c->F + 1) / 2 + 1, nmeta = at_rows + c->F;
   int64_t *meta = calloc((size_t)nmeta, sizeof *meta);
   if (!meta) return ur__error(UR_STATUS_OOM, "cache: out of host memory");
   for (int32_t i = 0; i < c->nt; i++) {
@@ -301,8 +308,10 @@ static ur_status state_new(ur_cache *c) {
   meta[c->nt] = (int64_t)c->total_keys;
   int32_t *fct = (int32_t *)(meta + 3 * c->nt + 1), partial = 0;
   for (int32_t f = 0; f < c->F; f++) {
-    fct[f] = c->ct_of[c->tbe->names.features[f].table];
+    int32_t ti = c->tbe->names.features[f].table;
+    fct[f] = c->ct_of[ti];
     partial |= fct[f] < 0;
+    meta[at_rows + f] = rows_of(c, ti);
   }
   /* info where the decisions run, and where the host reads it (with room for bag_start after
    * it): pinned memory for the GPU, the same host memory for the CPU */
@@ -332,6 +341,7 @@ static ur_status state_new(ur_cache *c) {
   d->set_base = dm + c->nt + 1;
   d->set_count = dm + 2 * c->nt + 1;
   d->feat_ct = (const int32_t *)(dm + 3 * c->nt + 1);
+  d->feat_rows = dm + at_rows;
   d->tag = ur_tensor_data(c->dtag);
   d->stamp = ur_tensor_data(c->dstamp);
   d->dirty = ur_tensor_data(c->ddirty);
@@ -810,17 +820,16 @@ static ur_status bad_value(ur_cache *c, int64_t v, int64_t id, int32_t f, const 
                    "cache: table '%s' (feature '%s', sample %lld, value %lld) has no row %lld; "
                    "ids run 0..%lld",
                    c->tbe->tc[ti].name, c->tbe->names.fnames[f], (long long)(lo - b0), (long long)v,
-                   (long long)id, (long long)c->rows[c->ct_of[ti]] - 1);
+                   (long long)id, (long long)rows_of(c, ti) - 1);
 }
 
-/* The first feature of a cached table whose values hold value v (for messages). */
+/* The first feature whose values hold value v (for messages). */
 static int32_t feature_at(const ur_cache *c, int64_t v, const int64_t *offs,
                           const int64_t *bag_start, int64_t batch) {
-  const ur__tbe_feature *feats = c->tbe->names.features;
   for (int32_t f = 0; f < c->F; f++) {
     int64_t fb0 = ur__tbe_bag_of(bag_start, batch, f);
     int64_t fb1 = ur__tbe_bag_of(bag_start, batch, f + 1);
-    if (c->ct_of[feats[f].table] >= 0 && offs[fb0] <= v && v < offs[fb1]) return f;
+    if (offs[fb0] <= v && v < offs[fb1]) return f;
   }
   return 0;
 }
@@ -859,12 +868,11 @@ static ur_status lookup_error(ur_cache *c, ur_stream *s, const batch_ids *x, int
                      (long long)n);
   }
   for (int32_t f = 0; f < c->F; f++) {
-    int32_t ct = c->ct_of[c->tbe->names.features[f].table];
-    if (ct < 0) continue;
+    int64_t rows = rows_of(c, c->tbe->names.features[f].table);
     int64_t fb0 = ur__tbe_bag_of(bag_start, batch, f);
     int64_t fb1 = ur__tbe_bag_of(bag_start, batch, f + 1);
-    for (int64_t v = offs[fb0]; v < offs[fb1]; v++)
-      if (vals[v] < 0 || vals[v] >= c->rows[ct]) return bad_value(c, v, vals[v], f, offs, bag_start, batch);
+    for (int64_t v = offs[fb0] > 0 ? offs[fb0] : 0; v < offs[fb1] && v < n; v++)
+      if (vals[v] < 0 || vals[v] >= rows) return bad_value(c, v, vals[v], f, offs, bag_start, batch);
   }
   return bad_value(c, bad_v, vals[bad_v], feature_at(c, bad_v, offs, bag_start, batch), offs,
                    bag_start, batch);

@@ -38,6 +38,8 @@ typedef struct ur__cache_dev {
   const int64_t *kbase;         /* [nt + 1]: each cache table's first key, then the total */
   const int64_t *set_base, *set_count;  /* [nt] */
   const int32_t *feat_ct;       /* [F]: the cache table of each feature, or -1 */
+  const int64_t *feat_rows;     /* [F]: the rows of each feature's table: under bounds fatal the
+                                 * lookup checks every feature's ids, cached or not */
   uint64_t *tag;                /* [S]: key, or all ones when empty */
   int64_t *stamp;               /* [S]: ticket of the last batch that used the slot */
   uint8_t *dirty;               /* [S] */

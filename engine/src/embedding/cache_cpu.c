@@ -189,8 +189,25 @@ static int staged_meet(const ur__cache_dev *d, const uint64_t *ukeys, int64_t U,
   return 0;
 }
 
+/* Under bounds fatal, the ids of the features whose tables are not cached: the first bad value
+ * into info (their ids pass through to the collection, whose forward then need not read its
+ * own bad-id flag back).  Nonzero when there is one. */
+static int other_ids_bad(const ur__cache_dev *d, const ur__cache_job *j, int64_t *info) {
+  for (int32_t f = 0; f < d->F; f++) {
+    if (d->feat_ct[f] >= 0) continue;
+    int64_t v0 = j->offs[ur__tbe_bag_of(j->bag_start, j->batch, f)];
+    int64_t v1 = j->offs[ur__tbe_bag_of(j->bag_start, j->batch, f + 1)];
+    for (int64_t v = v0 > 0 ? v0 : 0; v < v1 && v < j->n; v++)
+      if (j->vals[v] < 0 || j->vals[v] >= d->feat_rows[f]) {
+        info[UR__CI_BAD_V] = v;
+        return 1;
+      }
+  }
+  return 0;
+}
+
 /* The offsets are checked first as a whole, then per feature of a cached table (the first bad
- * one is reported); under bounds fatal, any bad id stops the lookup too. */
+ * one is reported); under bounds fatal, any bad id stops the lookup too, cached or not. */
 static ur_status cpu_lookup(void *stream, const ur__cache_dev *d, const ur__cache_job *j) {
   scratch s;
   carve(d, j->n, j->scratch, &s);
@@ -227,6 +244,10 @@ static ur_status cpu_lookup(void *stream, const ur__cache_dev *d, const ur__cach
     if (d->feat_ct[f] >= 0) s.fpos[f] += s.bstart[d->feat_ct[f]];
   pass p = {d, j, &s};
   ur__parallel_for((size_t)d->F, 1, gather_range, &p);
+  if (j->bounds_fatal && other_ids_bad(d, j, info)) {
+    copy_info(d, j);
+    return UR_STATUS_OK;
+  }
   if (j->bounds_fatal)
     for (int32_t f = 0; f < d->F; f++) {
       int32_t ct = d->feat_ct[f];

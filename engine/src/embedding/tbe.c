@@ -304,14 +304,15 @@ static ur_status call_work(ur_tbe *t, const ur__tbe_args *a, int backward, void 
 }
 
 /* Whether a forward reads its bad-id flag back under bounds fatal (a wait for the GPU, which
- * ends the overlap of the prefetch pipeline's streams): not where every table is cached, since
- * its values are then ur_cache_prepare's slot ids, and the prepare checked the ids (failing the
- * batch there, naming table, feature, sample and id). */
+ * ends the overlap of the prefetch pipeline's streams): not where a table is cached, since the
+ * values are then ur_cache_prepare's (slot ids for the cached tables, the ids themselves for the
+ * others), and the prepare checked every feature's ids (failing the batch there, naming table,
+ * feature, sample and id). */
 static int reads_bad_ids(const ur_tbe *t) {
   if (t->cfg.bounds != UR_TBE_BOUNDS_FATAL) return 0;
   for (int32_t i = 0; i < t->names.T; i++)
-    if (!t->owner[i]) return 1;
-  return 0;
+    if (t->owner[i]) return 0;
+  return 1;
 }
 
 /* What a call does before its backend runs: the host checks offsets where it can read them
