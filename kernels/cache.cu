@@ -19,12 +19,14 @@
  *           write (they come in the order of the keys that evict them): a warp reading or
  *           writing host rows in ascending order moves them 3.5 times as fast as in random
  *           order (H200, 24 GiB of pinned rows: 51.7 against 14.6 GB/s).
+ * Under bounds fatal the lookup also checks the ids of features whose tables are not cached
+ * (check_others), so that the collection's forward reads no bad-id flag back.
  * The row mover: warps copy rows (and their optimizer state) between host memory (pinned or
  * managed, read and written in place over the host link) and the slot storage in HBM, in
- * 16-byte words where both ends allow it, four rows a warp at once, on few SMs (mover_blocks).  A batch's write-backs and fills
- * cross the link in opposite directions, and one kernel moving both carries them together:
- * sorted rows of a 6 GiB pinned table, 1 M each way, 12.1 ms in one kernel against 19.7 ms one
- * after the other (84 against 52 GB/s: H200, scripts/bench/zero_copy_probe.py --both).  At a
+ * 16-byte words where both ends allow it, four rows a warp at once, on few SMs (mover_blocks).
+ * A batch's write-backs and fills cross the link in opposite directions, and one kernel
+ * moving both carries them together: sorted rows of a 6 GiB pinned table, 1 M each way,
+ * 12.1 ms in one kernel against 19.7 ms one after the other (84 against 52 GB/s: H200, scripts/bench/zero_copy_probe.py --both).  At a
  * batch's 40-60 k rows each way neither direction fills the link (50 k: 1.50 ms in one kernel,
  * 1.38 for the two alone added, 2.09 with one direction right behind the other, as the moves
  * ran before): B4's cached step gained 0.2 ms (docs/results.md, sixteenth session).  A fill
@@ -136,20 +138,16 @@ __device__ void move_group(const ur__cache_io &io, Moves a, Moves b, const int64
 /* The row mover runs in blocks of a whole SM's worth of warps, so that a capped mover
  * (io.mover_warps) takes few SMs and leaves the others to the compute stream's kernels, which
  * it runs beside under the prefetch pipeline.  Of the grid's G warps, warp g moves entries
- * g, g + G, g + 2G, ..., kRowsInFlight at a time: uncapped, a warp per entry.  A capped
- * mover's SMs move about 4 GB/s each of zero-copy rows (H200: 256 warps, 8 SMs, B4's 100 k
- * rows of 512 bytes in about 1.5 ms), so a launch of more than kRowsPerWarp rows a warp is not
- * capped: moves that large outlast the step they would hide behind, and only every SM keeps
- * the link busy (DCNv2 cached in 16 GiB, 2.3 M rows a step: 47 ms on 256 warps, 42 on a warp
- * per 512 rows, 27 on a warp a row, at the link's ceiling). */
+ * g, g + G, g + 2G, ..., kRowsInFlight at a time: uncapped, a warp per entry.  Capped
+ * (io.mover_warps, rounded up to whole blocks) while the warps have at most io.mover_rows
+ * entries each, the cache's policy (cache.c, MOVER_ROWS). */
 constexpr int kMoverWarps = 32;
 constexpr int kMoverThreads = 32 * kMoverWarps;
-constexpr int64_t kRowsPerWarp = 512;
 
-/* Blocks for n entries: cap warps when they have at most kRowsPerWarp entries each, else (and
- * with cap 0) a warp each; at least one block. */
-unsigned mover_blocks(int64_t n, int32_t cap) {
-  int64_t warps = cap > 0 && n > cap && n <= cap * kRowsPerWarp ? cap : n;
+/* Blocks for n entries of io's mover: its capped warps, or a warp each; at least one block. */
+unsigned mover_blocks(int64_t n, const ur__cache_io &io) {
+  int64_t cap = ((int64_t)io.mover_warps + kMoverWarps - 1) / kMoverWarps * kMoverWarps;
+  int64_t warps = cap > 0 && n > cap && n <= cap * io.mover_rows ? cap : n;
   int64_t b = (warps + kMoverWarps - 1) / kMoverWarps;
   return b > 0 ? (unsigned)b : 1u;
 }
@@ -342,8 +340,9 @@ __global__ void init_info(ur__cache_job j) {
   j.info[UR__CI_BAD_F] = INT64_MAX;
 }
 
-/* Each feature's first value; features of cached tables checked, counted and (partial) their
- * values' count kept for the gather. */
+/* Each feature's first value; every feature's span checked (the bad-id checks read the ids by
+ * it), the cached tables' features counted and (partial) their values' count kept for the
+ * gather. */
 __global__ void feature_bounds(ur__cache_dev d, ur__cache_job j, Layout L) {
   int32_t f = blockIdx.x * blockDim.x + threadIdx.x;
   if (f > d.F) return;
@@ -356,13 +355,13 @@ __global__ void feature_bounds(ur__cache_dev d, ur__cache_job j, Layout L) {
     return;
   }
   int32_t ct = d.feat_ct[f];
-  if (ct < 0) return;
   int64_t b1 = ur__tbe_bag_of(j.bag_start ? L.bag : NULL, j.batch, f + 1);
   int64_t v1 = j.offs[b1];
   if (v0 < 0 || v1 < v0 || v1 > j.n) {
     atomicMin((long long *)&j.info[UR__CI_BAD_F], (long long)f);
     return;
   }
+  if (ct < 0) return;
   L.clen[f] = v1 - v0;
   atomicAdd((unsigned long long *)&table_info(j, ct)[UR__CT_LOOKUPS], (unsigned long long)(v1 - v0));
 }
@@ -663,13 +662,12 @@ static cudaError_t ur__cuda_cache_move(cudaStream_t s, const ur__cache_io *io, c
   int64_t staged = n_out < room ? n_out : room, direct = n_out - staged;
   char *stage = (char *)scratch;
   const int64_t *later = out + 2 * direct;
-  int32_t cap = io->mover_warps;
   if (direct > 0)
-    move_rows<<<mover_blocks(direct, cap), kMoverThreads, 0, s>>>(*io, out, direct, kWriteBack, nullptr);
+    move_rows<<<mover_blocks(direct, *io), kMoverThreads, 0, s>>>(*io, out, direct, kWriteBack, nullptr);
   if (staged > 0)
-    move_rows<<<mover_blocks(staged, cap), kMoverThreads, 0, s>>>(*io, later, staged, kStage, stage);
+    move_rows<<<mover_blocks(staged, *io), kMoverThreads, 0, s>>>(*io, later, staged, kStage, stage);
   if (staged + n_in > 0)
-    exchange_rows<<<mover_blocks(staged + n_in, cap), kMoverThreads, 0, s>>>(*io, later, staged, in, n_in,
+    exchange_rows<<<mover_blocks(staged + n_in, *io), kMoverThreads, 0, s>>>(*io, later, staged, in, n_in,
                                                                              stage);
   return cudaGetLastError();
 }

@@ -130,13 +130,13 @@ describe("uvmrec.cache on CUDA", function()
   -- batch, nearly all misses that evict dirty rows: a batch's write-backs (hundreds) outgrow what
   -- the decisions' scratch stages (about 180 bytes a value, tens of rows), so some go home directly
   -- and the rest through the scratch, beside the fills (kernels/cache.cu's move); with the mover
-  -- a warp a row, one warp for all, and 40 warps (a block and a part, each warp many rows).
+  -- a warp a row, capped at 1 warp (one block of 32) and at 40 (two blocks), each warp many rows.
   cuda_it("moves write-backs home directly and through the scratch beside the fills alike", function()
     local wide = { { name = "w0", rows = 4000, dim = 128 }, { name = "w1", rows = 3000, dim = 128 } }
     local opt = { "adam", lr = 0.01 }
-    local gcs = {}
-    for _, warps in ipairs({ 0, 1, 40 }) do
-      gcs[#gcs + 1] = make(0, "cached", opt, { slots = 512, shared = true, mover_warps = warps }, nil, wide)
+    local gcs, movers = {}, { 0, 1, 40 }
+    for k, warps in ipairs(movers) do
+      gcs[k] = make(0, "cached", opt, { slots = 512, shared = true, mover_warps = warps }, nil, wide)
     end
     local gd = make(0, "device", opt, nil, nil, wide)
     local cc = make("cpu", "cached", opt, { slots = 512, shared = true }, nil, wide)
@@ -155,8 +155,8 @@ describe("uvmrec.cache on CUDA", function()
       local g = R.tensor(R.randoms(od:numel()), "f32", "device"):view_as(0, { od:size(1), od:size(2) })
       for k, gc in ipairs(gcs) do
         local og = gc:forward(xg)
-        R.bits_equal(og, od, ("step %d forward, cached (mover %d) vs device"):format(step, k))
-        close(og, oc, 1e-5, "step " .. step .. " forward, GPU vs CPU")
+        R.bits_equal(og, od, ("step %d forward, cached (mover_warps %d) vs device"):format(step, movers[k]))
+        close(og, oc, 1e-5, ("step %d forward, GPU (mover_warps %d) vs CPU"):format(step, movers[k]))
         gc:backward(xg, g)
       end
       gd:backward(xg, g)
@@ -168,8 +168,9 @@ describe("uvmrec.cache on CUDA", function()
       assert.equal(sc.writebacks, gc.tbe.cache:stats().writebacks)
       for _, t in ipairs(wide) do
         close(gc:table(t.name), gd:table(t.name), 1e-5,
-              ("%s after flush, cached (mover %d) vs device"):format(t.name, k))
-        close(gc:table(t.name), cc:table(t.name), 1e-4, t.name .. " after flush, GPU vs CPU")
+              ("%s after flush, cached (mover_warps %d) vs device"):format(t.name, movers[k]))
+        close(gc:table(t.name), cc:table(t.name), 1e-4,
+              ("%s after flush, GPU (mover_warps %d) vs CPU"):format(t.name, movers[k]))
       end
     end
   end)
@@ -333,6 +334,22 @@ describe("uvmrec.cache decisions on CUDA", function()
       c:free()
     end)
   end
+
+  -- every feature's offsets are checked, a table's not cached too: t0's run past the values
+  cuda_it("reports bad offsets of a feature not cached as the CPU does", function()
+    local placement = { "device", "cached", "cached" }
+    local g = make(0, placement, { "sgd", lr = 0.2 }, { slots = 64, shared = true }).tbe
+    local c = make("cpu", placement, { "sgd", lr = 0.2 }, { slots = 64, shared = true }).tbe
+    local b = { values = { 1, 2, 3, 4, 5 }, offsets = { 0, 9, 3, 5 } }
+    local okg, eg = pcall(g.prepare, g, R.input(b, "device"))
+    local okc, ec = pcall(c.prepare, c, R.input(b, "host"))
+    assert.is_false(okg)
+    assert.is_false(okc)
+    assert.equal(ec:match("cache: .*"), eg:match("cache: .*"))
+    assert.matches("cache: feature 't0' spans values 0..9 of 5; offsets must not decrease", eg, 1, true)
+    g:free()
+    c:free()
+  end)
 end)
 
 -- Growing staging when the new slot storage does not fit beside the old under the HBM budget

@@ -316,6 +316,9 @@ describe("uvmrec.cache", function()
     end, "cache: table 'b' has dim 16 and dtype f32 but 'a' has dim 8 and dtype f32; tables " ..
          "sharing a cache have one dim and dtype")
     local m = pair(t, { slots = 32 })
+    local again, why = pcall(require("uvmrec.cache").new, m.tbe, { "a" }, { slots = 32 })
+    assert.is_false(again)
+    assert.matches("cache: table 'a' of the collection is cached already; a collection takes one cache", why, 1, true)
     local ok, err = pcall(function() m:forward(input({ { 1, 100 } })) end)
     assert.is_false(ok)
     assert.matches("cache: table 'a' %(feature 'a', sample 1, value 1%) has no row 100; ids run 0..99", err)
@@ -349,6 +352,16 @@ describe("uvmrec.cache", function()
     local w = mixed("warn")
     w:forward(input({ { 1, 2 }, { 3, 50 } }))
     assert.equal(1, w:skipped())
+    -- every feature's offsets are checked too (the ids are read by them): here the first
+    -- feature's, whose table is not cached, run past the values
+    local first = EBC { device = "cpu", seed = 5, optimizer = { "sgd", lr = 0.1 }, cache = { slots = 32 },
+                        tables = { { name = "b", rows = 50, dim = 4 },
+                                   { name = "a", rows = 100, dim = 4, placement = "cached" } } }
+    ok, err = pcall(function()
+      first:forward(R.input({ values = { 1, 2, 3, 4 }, offsets = { 0, 1, 5, 3, 4 } }))
+    end)
+    assert.is_false(ok)
+    assert.matches("cache: feature 'b' spans values 0..5 of 4; offsets must not decrease", err, 1, true)
   end)
 
   it("skips and counts bad ids under the warn bounds check", function()

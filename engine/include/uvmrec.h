@@ -114,8 +114,8 @@ typedef struct ur_memory_stats {
   uint64_t workspace;             /* the GPU backend's own working memory: the dense ops'
                                      workspace of each stream that ran a matrix product */
   uint64_t allocs[4], frees[4];   /* tensor storage allocated and freed so far, by ur_place: on
-                                     a GPU each device one a cudaMalloc or a cudaFree, and a
-                                     cudaFree waits for the whole device */
+                                     a GPU a device, pinned or managed free waits for the whole
+                                     device (cudaFree, cudaFreeHost) */
 } ur_memory_stats;
 
 UR_API size_t ur_sizeof_device_props(void);
@@ -645,7 +645,9 @@ typedef enum ur_pooling {
   UR_POOLING_SUM = 0, UR_POOLING_MEAN, UR_POOLING_NONE, UR_POOLING_COUNT
 } ur_pooling;
 typedef enum ur_tbe_bounds {
-  UR_TBE_BOUNDS_FATAL = 0, /* a bad id fails the call, naming table, feature, sample and id */
+  UR_TBE_BOUNDS_FATAL = 0, /* a bad id fails the call, naming table, feature, sample and id;
+                            * with a cache, ur_cache_prepare checks them and the forward, which
+                            * takes the prepare's ids, reads no flag back (none fails there) */
   UR_TBE_BOUNDS_WARN,      /* the id is skipped and counted (ur_tbe_skipped) */
   UR_TBE_BOUNDS_OFF,       /* not checked: the caller guarantees valid ids */
   UR_TBE_BOUNDS_COUNT
@@ -1058,10 +1060,10 @@ typedef struct ur_cache_config {
   ur_cache_policy policy;
   int32_t decay_batches;          /* LFU: counts halve every this many batches; 0: never */
   int64_t staging_rows;           /* conflict-miss rows per batch to start with (grows) */
-  int32_t mover_warps;            /* GPU: warps moving a batch's rows, in blocks of 32 (few SMs,
-                                   * beside the step's kernels), while they have at most 512
-                                   * rows each; else, and with 0, a warp a row (every SM);
-                                   * uvmrec.cache's default: 256 */
+  int32_t mover_warps;            /* GPU: warps moving a batch's rows, rounded up to blocks of
+                                   * 32 (few SMs, beside the step's kernels), while they have at
+                                   * most 512 rows each; else, and with 0, a warp a row (every
+                                   * SM); uvmrec.cache's default: 256 */
 } ur_cache_config;
 /* Counts since the cache was made or its stats were reset; per table or in total. */
 typedef struct ur_cache_stats {

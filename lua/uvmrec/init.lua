@@ -104,19 +104,18 @@ function ur.hbm_budget() return tonumber(C.ur_hbm_budget_get()) end
 -- hbm_peak counts from now (from the HBM in use now).
 function ur.reset_hbm_peak() C.ur_memory_peak_reset() end
 
+-- The bytes per placement (host, pinned, device, managed), and allocs and frees by placement.
 function ur.memory()
   local m = ffi.new("ur_memory_stats")
   C.ur_memory_get(m)
   local r = {
-    host = tonumber(m.bytes[C.UR_PLACE_HOST]), pinned = tonumber(m.bytes[C.UR_PLACE_PINNED]),
-    device = tonumber(m.bytes[C.UR_PLACE_DEVICE]), managed = tonumber(m.bytes[C.UR_PLACE_MANAGED]),
     managed_on_gpu = tonumber(m.managed_on_gpu), hbm_used = tonumber(m.hbm_used),
     hbm_budget = tonumber(m.hbm_budget), hbm_peak = tonumber(m.hbm_peak),
     workspace = tonumber(m.workspace), allocs = {}, frees = {},
   }
   for name, p in pairs({ host = C.UR_PLACE_HOST, pinned = C.UR_PLACE_PINNED, device = C.UR_PLACE_DEVICE,
                          managed = C.UR_PLACE_MANAGED }) do
-    r.allocs[name], r.frees[name] = tonumber(m.allocs[p]), tonumber(m.frees[p])
+    r[name], r.allocs[name], r.frees[name] = tonumber(m.bytes[p]), tonumber(m.allocs[p]), tonumber(m.frees[p])
   end
   return r
 end

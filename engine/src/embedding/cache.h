@@ -25,8 +25,18 @@ typedef struct ur__cache_io {
   int64_t row_bytes;             /* dim * element size */
   int32_t state_per_row;         /* floats of each state per row: dim, 1 (rowwise) or 0 */
   int32_t nstate;
-  int32_t mover_warps;           /* the GPU's mover: warps at most (0: a warp per entry) */
+  int32_t mover_warps;           /* the GPU's mover: warps, rounded up to blocks of 32 (0: a
+                                 * warp per entry) ... */
+  int32_t mover_rows;            /* ... while they have at most this many entries each */
 } ur__cache_io;
+
+/* The first of values v0..v1-1 whose id is outside 0..rows-1, or -1: one feature's ids against
+ * its table (its offsets checked before). */
+static inline int64_t ur__cache_first_bad(const int64_t *vals, int64_t v0, int64_t v1, int64_t rows) {
+  for (int64_t v = v0; v < v1; v++)
+    if (vals[v] < 0 || vals[v] >= rows) return v;
+  return -1;
+}
 
 /* ---- the decisions (cache_cpu.c, the reference, and kernels/cache.cu) ---- */
 

@@ -195,19 +195,18 @@ static int staged_meet(const ur__cache_dev *d, const uint64_t *ukeys, int64_t U,
 static int other_ids_bad(const ur__cache_dev *d, const ur__cache_job *j, int64_t *info) {
   for (int32_t f = 0; f < d->F; f++) {
     if (d->feat_ct[f] >= 0) continue;
-    int64_t v0 = j->offs[ur__tbe_bag_of(j->bag_start, j->batch, f)];
-    int64_t v1 = j->offs[ur__tbe_bag_of(j->bag_start, j->batch, f + 1)];
-    for (int64_t v = v0 > 0 ? v0 : 0; v < v1 && v < j->n; v++)
-      if (j->vals[v] < 0 || j->vals[v] >= d->feat_rows[f]) {
-        info[UR__CI_BAD_V] = v;
-        return 1;
-      }
+    int64_t v = ur__cache_first_bad(j->vals, j->offs[ur__tbe_bag_of(j->bag_start, j->batch, f)],
+                                    j->offs[ur__tbe_bag_of(j->bag_start, j->batch, f + 1)], d->feat_rows[f]);
+    if (v >= 0) {
+      info[UR__CI_BAD_V] = v;
+      return 1;
+    }
   }
   return 0;
 }
 
-/* The offsets are checked first as a whole, then per feature of a cached table (the first bad
- * one is reported); under bounds fatal, any bad id stops the lookup too, cached or not. */
+/* The offsets are checked first as a whole, then per feature (the first bad one is reported);
+ * under bounds fatal, any bad id stops the lookup too, cached or not. */
 static ur_status cpu_lookup(void *stream, const ur__cache_dev *d, const ur__cache_job *j) {
   scratch s;
   carve(d, j->n, j->scratch, &s);
@@ -224,7 +223,6 @@ static ur_status cpu_lookup(void *stream, const ur__cache_dev *d, const ur__cach
   memset(s.bstart, 0, sizeof(int64_t) * ((size_t)d->nt + 1));
   for (int32_t f = 0; f < d->F; f++) {
     int32_t ct = d->feat_ct[f];
-    if (ct < 0) continue;
     int64_t fb0 = ur__tbe_bag_of(j->bag_start, j->batch, f);
     int64_t fb1 = ur__tbe_bag_of(j->bag_start, j->batch, f + 1);
     int64_t v0 = offs[fb0], v1 = offs[fb1];
@@ -233,6 +231,7 @@ static ur_status cpu_lookup(void *stream, const ur__cache_dev *d, const ur__cach
       copy_info(d, j);
       return UR_STATUS_OK;
     }
+    if (ct < 0) continue;
     s.fv0[f] = v0;
     s.fv1[f] = v1;
     s.fpos[f] = s.bstart[ct + 1]; /* within its table's block, for now */
