@@ -779,12 +779,6 @@ static double g_acc_since;
 
 #define UR_CUPTI_BUFFER_BYTES ((size_t)4 << 20)
 
-static double ur_cuda_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static const char *ur_cupti_result(CUptiResult r) {
   const char *s = NULL;
   if (g_cupti.result_string && g_cupti.result_string(r, &s) == CUPTI_SUCCESS && s) return s;
@@ -950,7 +944,7 @@ static ur_status ur_cuda_monitor_start(void) {
     }
     g_monitor_running = 1;
   }
-  ur_cupti_acc_reset(ur_cuda_now());
+  ur_cupti_acc_reset(ur__cuda_core->clock_seconds());
 out:
   pthread_mutex_unlock(&g_monitor_lock);
   return st;
@@ -975,7 +969,7 @@ static ur_status ur_cuda_monitor_read(ur_migration_stats *out, int32_t reset) {
                              "cuda: migration monitor: cuptiActivityFlushAll failed: %s",
                              ur_cupti_result(r));
     } else {
-      double now = ur_cuda_now();
+      double now = ur__cuda_core->clock_seconds();
       pthread_mutex_lock(&g_acc_lock);
       *out = g_acc;
       out->seconds = now - g_acc_since;

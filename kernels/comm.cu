@@ -37,12 +37,6 @@ struct ur_nccl_net {
   pthread_mutex_t mu;
 };
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static ur_status nccl_fail(const ur_nccl_net *n, int rc, const char *what) {
   return ur__cuda_core->set_error(UR_STATUS_DEVICE, "comm: NCCL %s failed on rank %d: %s", what,
                                   (int)n->rank, n->api->get_error_string(rc));
@@ -59,10 +53,10 @@ static ur_status aborted_error(ur_nccl_net *n) {
 /* A call's result: ncclInProgress (a non-blocking communicator) is polled until it settles, the
  * limit passes or the watchdog aborts. */
 static ur_status nccl_settle(ur_nccl_net *n, int rc, const char *what) {
-  double start = now_s();
+  double start = ur__cuda_core->clock_seconds();
   while (rc == UR__NCCL_IN_PROGRESS && n->comm && n->api->comm_get_async_error) {
     if (n->aborted) return aborted_error(n);
-    if (n->timeout > 0 && now_s() - start > n->timeout)
+    if (n->timeout > 0 && ur__cuda_core->clock_seconds() - start > n->timeout)
       return ur__cuda_core->set_error(UR_STATUS_DEVICE, "comm: NCCL %s on rank %d did not complete "
                                       "within %.0f s (UVMREC_COMM_TIMEOUT)", what, (int)n->rank,
                                       n->timeout);
@@ -118,7 +112,7 @@ static void *watch(void *arg) {
       pthread_mutex_lock(&n->mu);
       if (n->posted_at == posted) n->pending = 0;
       pthread_mutex_unlock(&n->mu);
-    } else if (q == cudaErrorNotReady && n->timeout > 0 && now_s() - posted > n->timeout) {
+    } else if (q == cudaErrorNotReady && n->timeout > 0 && ur__cuda_core->clock_seconds() - posted > n->timeout) {
       char why[400];
       snprintf(why, sizeof why, "its collectives did not complete within %.0f s "
                "(UVMREC_COMM_TIMEOUT): another rank stopped, failed or made other calls",
@@ -349,13 +343,13 @@ static ur_status nccl_barrier(void *stream, void *net) {
            "ncclAllReduce (barrier)");
   /* polled, not cudaStreamSynchronize: the watchdog's abort (or the limit) ends a hung barrier */
   UR_CUDA_CHECK(cudaEventRecord(n->before, n->stream), "cudaEventRecord (barrier)");
-  double start = now_s();
+  double start = ur__cuda_core->clock_seconds();
   for (;;) {
     cudaError_t q = cudaEventQuery(n->before);
     if (q == cudaSuccess) break;
     if (q != cudaErrorNotReady) UR_CUDA_CHECK(q, "cudaEventQuery (barrier)");
     if (n->aborted) return aborted_error(n);
-    if (n->timeout > 0 && now_s() - start > n->timeout) {
+    if (n->timeout > 0 && ur__cuda_core->clock_seconds() - start > n->timeout) {
       watchdog_abort(n, "a barrier did not complete within UVMREC_COMM_TIMEOUT");
       return aborted_error(n);
     }
@@ -385,7 +379,7 @@ static ur_status nccl_wait(void *stream, void *net) {
   pthread_mutex_lock(&n->mu);
   cudaError_t rec = cudaEventRecord(n->after, n->stream);
   n->pending = rec == cudaSuccess;
-  n->posted_at = now_s();
+  n->posted_at = ur__cuda_core->clock_seconds();
   pthread_mutex_unlock(&n->mu);
   UR_CUDA_CHECK(rec, "cudaEventRecord");
   UR_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, n->after, 0), "cudaStreamWaitEvent");

@@ -44,13 +44,14 @@ function DLRM:__init(cfg, opts)
                               and place or nil }
   end
   local o = e.optimizer or {}
+  -- embeddings.cache: the collection's cache options (uvmrec.cache's), with the tables' own
+  -- load factors
+  local cache = e.cache and { tables = next(own_lf) and own_lf or nil }
+  for k in pairs(cache and require("uvmrec.cache").OPTS or {}) do
+    if k ~= "tables" then cache[k] = e.cache[k] end
+  end
   local ebc = {
-    tables = tables, pooling = e.pooling, bounds = e.bounds, seed = cfg.train.seed,
-    cache = e.cache and { load_factor = e.cache.load_factor, slots = e.cache.slots, bytes = e.cache.bytes,
-                          shared = e.cache.shared, policy = e.cache.policy, decay_batches = e.cache.decay_batches,
-                          staging_rows = e.cache.staging_rows, backing = e.cache.backing,
-                          min_slots = e.cache.min_slots, mover_warps = e.cache.mover_warps,
-                          tables = next(own_lf) and own_lf or nil },
+    tables = tables, pooling = e.pooling, bounds = e.bounds, seed = cfg.train.seed, cache = cache,
     device = not gpu and "cpu" or opts.device,
     optimizer = { o.name or "sgd", lr = o.lr or cfg.optimizer.lr, eps = o.eps,
                   weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2,

@@ -16,7 +16,7 @@ static char cuda_archs[128];
 static char cuda_why[4096];
 
 const ur_core_api ur__core_api = {UR_BACKEND_ABI, ur__error, ur_interrupt_get,
-                                   ur__workspace_take, ur__workspace_give};
+                                   ur__workspace_take, ur__workspace_give, ur_clock_seconds};
 
 void *ur__dlopen_beside(const char *name, const char *env_var, int flags, char *path,
                         size_t path_len, char *tried, size_t tried_len) {

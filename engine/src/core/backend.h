@@ -7,7 +7,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 8
+#define UR_BACKEND_ABI 9
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {
@@ -21,6 +21,7 @@ typedef struct ur_core_api {
    * with the budget's error, naming what, and changes nothing), give back after freeing. */
   ur_status (*workspace_take)(uint64_t bytes, const char *what);
   void (*workspace_give)(uint64_t bytes);
+  double (*clock_seconds)(void); /* the monotonic clock of timings (ur_clock_seconds) */
 } ur_core_api;
 
 /* The op families' tables, each declared in its family's header and filled by the family's
