@@ -24,15 +24,16 @@
  * The row mover: warps copy rows (and their optimizer state) between host memory (pinned or
  * managed, read and written in place over the host link) and the slot storage in HBM, in
  * 16-byte words where both ends allow it, four rows a warp at once, on few SMs (mover_blocks).
- * A batch's write-backs and fills cross the link in opposite directions, and one kernel
- * moving both carries them together: sorted rows of a 6 GiB pinned table, 1 M each way,
- * 12.1 ms in one kernel against 19.7 ms one after the other (84 against 52 GB/s: H200, scripts/bench/zero_copy_probe.py --both).  At a
- * batch's 40-60 k rows each way neither direction fills the link (50 k: 1.50 ms in one kernel,
- * 1.38 for the two alone added, 2.09 with one direction right behind the other, as the moves
- * ran before): B4's cached step gained 0.2 ms (docs/results.md, sixteenth session).  A fill
- * may take the slot of a row being written back, so the write-backs are first copied from
- * their slots into the scratch (HBM to HBM, as many as it holds; the rest go home directly
- * before), then one kernel moves them home from there beside the fills. */
+ * A batch's write-backs and fills cross the link in opposite directions, and one kernel moving
+ * both carries them together: sorted rows of a 6 GiB pinned table, 1 M each way, 12.1 ms in one
+ * kernel against 19.7 ms one after the other (84 against 52 GB/s: H200,
+ * scripts/bench/zero_copy_probe.py --both).  At a batch's 40-60 k rows each way neither
+ * direction fills the link (50 k: 1.50 ms in one kernel, 1.38 for the two alone added, 2.09
+ * with one direction right behind the other, as the moves ran before): B4's cached step gained
+ * 0.2 ms (docs/results.md, sixteenth session).  A fill may take the slot of a row being written
+ * back, so the write-backs are first copied from their slots into the scratch (HBM to HBM, as
+ * many as it holds; the rest go home directly before), then one kernel moves them home from
+ * there beside the fills. */
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
