@@ -113,7 +113,7 @@ struct Moves {
   Way w;
 };
 
-/* A group of r entries (at most kRowsInFlight) of list a, or of a and b (exchange_rows):
+/* A group of r entries (at most kRowsInFlight) of list a, or of a and b (move_lists):
  * entry k is at[k] of b where bit k of in_b is set, else of a.  Each part in 16-byte words
  * where every end allows it, else in 4-byte ones (rows are whole 4-byte words: dim is a
  * multiple of 4). */
@@ -153,37 +153,22 @@ unsigned mover_blocks(int64_t n, const ur__cache_io &io) {
   return b > 0 ? (unsigned)b : 1u;
 }
 
+/* The entries of list a (na) and of list b (nb) in one grid: while both last, even places of
+ * the walk are a's and odd ones b's (a's staged write-backs home and b's fills: both
+ * directions of the link busy), then the longer list's rest; nb 0 for one list. */
 __global__ void __launch_bounds__(kMoverThreads)
-move_rows(ur__cache_io io, const int64_t *entries, int64_t n, Way w, char *stage) {
-  int64_t G = (int64_t)gridDim.x * kMoverWarps;
+move_lists(ur__cache_io io, Moves a, int64_t na, Moves b, int64_t nb, char *stage) {
+  int64_t both = na < nb ? na : nb, G = (int64_t)gridDim.x * kMoverWarps, n = na + nb;
   int64_t at[kRowsInFlight];
-  Moves m = {entries, w};
-  for (int64_t e = (int64_t)blockIdx.x * kMoverWarps + threadIdx.x / 32; e < n; e += G * kRowsInFlight) {
-    int r = 0;
-    for (; r < kRowsInFlight && e + r * G < n; r++) at[r] = e + r * G;
-    move_group(io, m, m, at, 0, stage, r, threadIdx.x % 32);
-  }
-}
-
-/* The staged write-backs home and the fills in, in one grid: while both lists last, even
- * places of the walk are write-backs and odd ones fills, so both directions of the link are
- * busy; then the longer list's rest. */
-__global__ void __launch_bounds__(kMoverThreads)
-exchange_rows(ur__cache_io io, const int64_t *out, int64_t n_out, const int64_t *in, int64_t n_in,
-              char *stage) {
-  int64_t both = n_out < n_in ? n_out : n_in, G = (int64_t)gridDim.x * kMoverWarps, n = n_out + n_in;
-  int64_t at[kRowsInFlight];
-  Moves home = {out, kStagedHome}, fills = {in, kFill};
   for (int64_t t0 = (int64_t)blockIdx.x * kMoverWarps + threadIdx.x / 32; t0 < n; t0 += G * kRowsInFlight) {
     int r = 0;
     unsigned in_b = 0;
     for (; r < kRowsInFlight && t0 + r * G < n; r++) {
       int64_t t = t0 + r * G;
-      int fill = t < 2 * both ? (int)(t & 1) : n_in > n_out;
-      in_b |= (unsigned)fill << r;
+      in_b |= (unsigned)(t < 2 * both ? (int)(t & 1) : nb > na) << r;
       at[r] = t < 2 * both ? t / 2 : t - both;
     }
-    move_group(io, home, fills, at, in_b, stage, r, threadIdx.x % 32);
+    move_group(io, a, b, at, in_b, stage, r, threadIdx.x % 32);
   }
 }
 
@@ -663,13 +648,15 @@ static cudaError_t ur__cuda_cache_move(cudaStream_t s, const ur__cache_io *io, c
   int64_t staged = n_out < room ? n_out : room, direct = n_out - staged;
   char *stage = (char *)scratch;
   const int64_t *later = out + 2 * direct;
+  Moves none = {nullptr, kFill};
   if (direct > 0)
-    move_rows<<<mover_blocks(direct, *io), kMoverThreads, 0, s>>>(*io, out, direct, kWriteBack, nullptr);
+    move_lists<<<mover_blocks(direct, *io), kMoverThreads, 0, s>>>(*io, {out, kWriteBack}, direct, none, 0,
+                                                                    nullptr);
   if (staged > 0)
-    move_rows<<<mover_blocks(staged, *io), kMoverThreads, 0, s>>>(*io, later, staged, kStage, stage);
+    move_lists<<<mover_blocks(staged, *io), kMoverThreads, 0, s>>>(*io, {later, kStage}, staged, none, 0, stage);
   if (staged + n_in > 0)
-    exchange_rows<<<mover_blocks(staged + n_in, *io), kMoverThreads, 0, s>>>(*io, later, staged, in, n_in,
-                                                                             stage);
+    move_lists<<<mover_blocks(staged + n_in, *io), kMoverThreads, 0, s>>>(*io, {later, kStagedHome}, staged,
+                                                                          {in, kFill}, n_in, stage);
   return cudaGetLastError();
 }
 
