@@ -37,12 +37,15 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
+#include <cooperative_groups.h>
 #include <thrust/iterator/counting_iterator.h>
 
 #include "common.cuh"
 #include "embedding/cache.h"
 
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = 256;
@@ -399,16 +402,11 @@ __global__ void mark_heads(ur__cache_dev d, ur__cache_job j, Layout L) {
   if (valid && (i + 1 == j.n || L.ka[i + 1] >= sent)) j.info[UR__CI_NVALID] = i + 1;
 }
 
-/* The distinct keys, their sets and the identity order; the rest sorts last. */
+/* The distinct keys, their sets and the identity order (sorted by set next, the U of them). */
 __global__ void distinct_keys(ur__cache_dev d, ur__cache_job j, Layout L) {
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= j.n) return;
-  int64_t U = L.uid[j.n - 1];
-  if (i == 0) j.info[UR__CI_U] = U;
-  if (i >= U) {
-    L.sa[i] = (uint32_t)d.nsets;
-    L.oa[i] = i;
-  }
+  if (i == 0) j.info[UR__CI_U] = L.uid[j.n - 1];
   if (L.res[i]) {
     int64_t u = L.uid[i] - 1;
     uint64_t k = L.ka[i];
@@ -418,12 +416,10 @@ __global__ void distinct_keys(ur__cache_dev d, ur__cache_job j, Layout L) {
   }
 }
 
-/* Heads of each set's run in (set, key) order (into res). */
-__global__ void mark_sets(ur__cache_job j, Layout L) {
+/* Heads of each set's run in (set, key) order (into res), over the U distinct keys. */
+__global__ void mark_sets(Layout L, int64_t U) {
   int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (q >= j.n) return;
-  int64_t U = L.uid[j.n - 1];
-  L.res[q] = q < U && (q == 0 || L.sa[q] != L.sa[q - 1]);
+  if (q < U) L.res[q] = q == 0 || L.sa[q] != L.sa[q - 1];
 }
 
 /* The end of the last group, and which flights' staged rows this batch meets. */
@@ -532,9 +528,15 @@ __global__ void classify(ur__cache_dev d, ur__cache_job j, Layout L) {
   bool wb = ev != (int64_t)kEmpty && ((uint64_t)ev >> 63);
   L.flags[u] = Tri{wb ? 1 : 0, r >= 0 && !(r & kHit) ? 1 : 0, r < 0 ? 1 : 0};
   if (ev != (int64_t)kEmpty) {
-    int64_t *t = table_info(j, table_of_key(d, (uint64_t)ev & ~((uint64_t)1 << 63)));
-    atomicAdd((unsigned long long *)&t[UR__CT_EVICTIONS], 1ull);
-    if (wb) atomicAdd((unsigned long long *)&t[UR__CT_WRITEBACKS], 1ull);
+    /* one atomic a table for the warp's evictions (its keys are sorted: most share a table) */
+    int32_t ct = table_of_key(d, (uint64_t)ev & ~((uint64_t)1 << 63));
+    cg::coalesced_group same = cg::labeled_partition(cg::coalesced_threads(), ct);
+    unsigned wbs = __popc(same.ballot(wb));
+    if (same.thread_rank() == 0) {
+      int64_t *t = table_info(j, ct);
+      atomicAdd((unsigned long long *)&t[UR__CT_EVICTIONS], (unsigned long long)same.size());
+      if (wbs) atomicAdd((unsigned long long *)&t[UR__CT_WRITEBACKS], (unsigned long long)wbs);
+    }
   }
 }
 
@@ -703,17 +705,25 @@ static cudaError_t ur__cuda_cache_lookup(cudaStream_t s, const ur__cache_dev *d,
     tb = L.cub_bytes;
     TRY(cub::DeviceScan::InclusiveSum(L.cub, tb, (const int64_t *)L.res, L.uid, (int)m, s));
     distinct_keys<<<blocks_for(m), kThreads, 0, s>>>(*d, jm, L);
-    cub::DoubleBuffer<uint32_t> sk(L.sa, L.sb);
-    cub::DoubleBuffer<int64_t> so(L.oa, L.ob);
-    tb = L.cub_bytes;
-    TRY(cub::DeviceRadixSort::SortPairs(L.cub, tb, sk, so, (int)m, 0, d->set_bits, s));
-    if (sk.Current() != L.sa) TRY(cudaMemcpyAsync(L.sa, sk.Current(), (size_t)m * 4, cudaMemcpyDeviceToDevice, s));
-    if (so.Current() != L.oa) TRY(cudaMemcpyAsync(L.oa, so.Current(), (size_t)m * 8, cudaMemcpyDeviceToDevice, s));
-    mark_sets<<<blocks_for(m), kThreads, 0, s>>>(jm, L);
-    tb = L.cub_bytes;
-    TRY(cub::DeviceSelect::Flagged(L.cub, tb, thrust::counting_iterator<int64_t>(0), (const int64_t *)L.res,
-                                   L.grp, j->info + UR__CI_NG, (int)m, s));
-    finish_lookup<<<blocks_for(m), kThreads, 0, s>>>(*d, jm, L);
+    /* the distinct keys' count read here: the set sort and what follows take the U of them, a
+     * fraction of the m values (a host wait on this stream, not on the step's) */
+    TRY(copy_info(s, d, j));
+    TRY(cudaStreamSynchronize(s));
+    int64_t U = j->info_host[UR__CI_U];
+    if (U < 0 || U > m) return cudaErrorInvalidValue;
+    if (U > 0) {
+      cub::DoubleBuffer<uint32_t> sk(L.sa, L.sb);
+      cub::DoubleBuffer<int64_t> so(L.oa, L.ob);
+      tb = L.cub_bytes;
+      TRY(cub::DeviceRadixSort::SortPairs(L.cub, tb, sk, so, (int)U, 0, d->set_bits, s));
+      if (sk.Current() != L.sa) TRY(cudaMemcpyAsync(L.sa, sk.Current(), (size_t)U * 4, cudaMemcpyDeviceToDevice, s));
+      if (so.Current() != L.oa) TRY(cudaMemcpyAsync(L.oa, so.Current(), (size_t)U * 8, cudaMemcpyDeviceToDevice, s));
+      mark_sets<<<blocks_for(U), kThreads, 0, s>>>(L, U);
+      tb = L.cub_bytes;
+      TRY(cub::DeviceSelect::Flagged(L.cub, tb, thrust::counting_iterator<int64_t>(0), (const int64_t *)L.res,
+                                     L.grp, j->info + UR__CI_NG, (int)U, s));
+    }
+    finish_lookup<<<blocks_for(U), kThreads, 0, s>>>(*d, jm, L);
   } else {
     finish_lookup<<<1, kThreads, 0, s>>>(*d, jm, L);
   }
