@@ -238,8 +238,8 @@ int pair_bits(const ur__cache_dev &d) {
 
 /* The scratch of one batch of n values (the same carving for each of the three calls). */
 struct Layout {
-  uint64_t *ka, *kb;            /* keys, sorted into ka */
-  int64_t *va, *vb;             /* their value indices */
+  uint64_t *ka, *kb;            /* keys (K of them: KeysOf), sorted into ka */
+  int64_t *va, *vb;             /* their value indices (int32: fewer than 2^31 values) */
   int64_t *uid;                 /* per sorted key: distinct keys up to it (inclusive) */
   uint64_t *ukeys;              /* the distinct keys, ascending */
   uint32_t *sa, *sb;            /* per distinct key its set, sorted into sa */
@@ -280,11 +280,16 @@ cudaError_t carve(const ur__cache_dev &d, int64_t n, char *base, Layout *L) {
   size_t c = 0, best = 0;
   cudaError_t e;
   {
+    cub::DoubleBuffer<uint32_t> k32(nullptr, nullptr);
     cub::DoubleBuffer<uint64_t> k(nullptr, nullptr);
+    cub::DoubleBuffer<int32_t> v32(nullptr, nullptr);
     cub::DoubleBuffer<int64_t> v(nullptr, nullptr);
-    if ((e = cub::DeviceRadixSort::SortPairs(nullptr, c, k, v, (int)m, 0, d.key_bits, (cudaStream_t)0)))
+    if ((e = cub::DeviceRadixSort::SortPairs(nullptr, c, k32, v32, (int)m, 0, d.key_bits, (cudaStream_t)0)))
       return e;
     best = c;
+    if ((e = cub::DeviceRadixSort::SortPairs(nullptr, c, k, v32, (int)m, 0, d.key_bits, (cudaStream_t)0)))
+      return e;
+    best = c > best ? c : best;
     /* the write-backs' sort, on (table, row) pairs */
     if ((e = cub::DeviceRadixSort::SortPairs(nullptr, c, k, v, (int)m, 0, pair_bits(d), (cudaStream_t)0)))
       return e;
@@ -369,6 +374,7 @@ __global__ void check_others(ur__cache_dev d, ur__cache_job j, Layout L) {
 
 /* The key of the i-th of the m values sorted (the sentinel, total keys, for other tables'
  * values and bad ids): value i itself, or (partial) the i-th value of the cached features. */
+template <typename K>
 __global__ void make_keys(ur__cache_dev d, ur__cache_job j, Layout L, int64_t m) {
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= m) return;
@@ -387,29 +393,32 @@ __global__ void make_keys(ur__cache_dev d, ur__cache_job j, Layout L, int64_t m)
     if (id >= 0 && id < rows) key = (uint64_t)d.kbase[ct] + (uint64_t)id;
     else if (j.bounds_fatal) atomicMin((long long *)&j.info[UR__CI_BAD_V], (long long)v);
   }
-  L.ka[i] = key;
-  L.va[i] = v;
+  ((K *)L.ka)[i] = (K)key;
+  ((int32_t *)L.va)[i] = (int32_t)v;
 }
 
 /* Heads of runs of equal valid keys (into res, scratch here); the count of valid keys. */
+template <typename K>
 __global__ void mark_heads(ur__cache_dev d, ur__cache_job j, Layout L) {
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= j.n) return;
-  uint64_t sent = (uint64_t)d.kbase[d.nt], k = L.ka[i];
+  const K *ka = (const K *)L.ka;
+  uint64_t sent = (uint64_t)d.kbase[d.nt], k = ka[i];
   bool valid = k < sent;
-  L.res[i] = valid && (i == 0 || L.ka[i - 1] != k);
+  L.res[i] = valid && (i == 0 || ka[i - 1] != k);
   if (i == 0 && !valid) j.info[UR__CI_NVALID] = 0;
-  if (valid && (i + 1 == j.n || L.ka[i + 1] >= sent)) j.info[UR__CI_NVALID] = i + 1;
+  if (valid && (i + 1 == j.n || ka[i + 1] >= sent)) j.info[UR__CI_NVALID] = i + 1;
 }
 
 /* The distinct keys, their sets and the identity order (sorted by set next, the U of them). */
+template <typename K>
 __global__ void distinct_keys(ur__cache_dev d, ur__cache_job j, Layout L) {
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= j.n) return;
   if (i == 0) j.info[UR__CI_U] = L.uid[j.n - 1];
   if (L.res[i]) {
     int64_t u = L.uid[i] - 1;
-    uint64_t k = L.ka[i];
+    uint64_t k = ((const K *)L.ka)[i];
     L.ukeys[u] = k;
     L.sa[u] = set_of(d, k, table_of_key(d, k));
     L.oa[u] = u;
@@ -599,7 +608,7 @@ __global__ void place_ids(ur__cache_job j, Layout L) {
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= j.nvalid) return;
   int64_t u = L.uid[i] - 1, r = L.res[u];
-  j.out[L.va[i]] = r < 0 ? j.sbase + L.pre[u].conf : r & ~kHit;
+  j.out[((const int32_t *)L.va)[i]] = r < 0 ? j.sbase + L.pre[u].conf : r & ~kHit;
 }
 
 /* The write-backs' (pair, slot) entries apart for their sort, and back in pair order. */
@@ -637,6 +646,28 @@ cudaError_t layout_of(const ur__cache_dev *d, const ur__cache_job *j, Layout *L)
 cudaError_t copy_info(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j) {
   size_t words = UR__CI_TABLES + (size_t)d->nt * UR__CT_COUNT;
   return cudaMemcpyAsync(j->info_host, j->info, words * 8, cudaMemcpyDeviceToHost, s);
+}
+
+/* The jm.n values' keys sorted with their places, and the distinct keys: the keys as K, 32
+ * bits while the sentinel fits (half the bytes the sort moves of 64), the places as int32. */
+template <typename K>
+cudaError_t distinct_of(cudaStream_t s, const ur__cache_dev &d, const ur__cache_job &j, const ur__cache_job &jm,
+                        const Layout &L) {
+  int64_t m = jm.n;
+  make_keys<K><<<blocks_for(m), kThreads, 0, s>>>(d, j, L, m);
+  K *ka = (K *)L.ka;
+  int32_t *va = (int32_t *)L.va;
+  cub::DoubleBuffer<K> k(ka, (K *)L.kb);
+  cub::DoubleBuffer<int32_t> v(va, (int32_t *)L.vb);
+  size_t tb = L.cub_bytes;
+  TRY(cub::DeviceRadixSort::SortPairs(L.cub, tb, k, v, (int)m, 0, d.key_bits, s));
+  if (k.Current() != ka) TRY(cudaMemcpyAsync(ka, k.Current(), (size_t)m * sizeof(K), cudaMemcpyDeviceToDevice, s));
+  if (v.Current() != va) TRY(cudaMemcpyAsync(va, v.Current(), (size_t)m * 4, cudaMemcpyDeviceToDevice, s));
+  mark_heads<K><<<blocks_for(m), kThreads, 0, s>>>(d, jm, L);
+  tb = L.cub_bytes;
+  TRY(cub::DeviceScan::InclusiveSum(L.cub, tb, (const int64_t *)L.res, L.uid, (int)m, s));
+  distinct_keys<K><<<blocks_for(m), kThreads, 0, s>>>(d, jm, L);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -694,17 +725,8 @@ static cudaError_t ur__cuda_cache_lookup(cudaStream_t s, const ur__cache_dev *d,
   ur__cache_job jm = *j; /* the sorting kernels' job: its n values are the m sorted */
   jm.n = m;
   if (m > 0) {
-    make_keys<<<blocks_for(m), kThreads, 0, s>>>(*d, *j, L, m);
-    cub::DoubleBuffer<uint64_t> k(L.ka, L.kb);
-    cub::DoubleBuffer<int64_t> v(L.va, L.vb);
-    size_t tb = L.cub_bytes;
-    TRY(cub::DeviceRadixSort::SortPairs(L.cub, tb, k, v, (int)m, 0, d->key_bits, s));
-    if (k.Current() != L.ka) TRY(cudaMemcpyAsync(L.ka, k.Current(), (size_t)m * 8, cudaMemcpyDeviceToDevice, s));
-    if (v.Current() != L.va) TRY(cudaMemcpyAsync(L.va, v.Current(), (size_t)m * 8, cudaMemcpyDeviceToDevice, s));
-    mark_heads<<<blocks_for(m), kThreads, 0, s>>>(*d, jm, L);
-    tb = L.cub_bytes;
-    TRY(cub::DeviceScan::InclusiveSum(L.cub, tb, (const int64_t *)L.res, L.uid, (int)m, s));
-    distinct_keys<<<blocks_for(m), kThreads, 0, s>>>(*d, jm, L);
+    if (d->key_bits <= 32) TRY(distinct_of<uint32_t>(s, *d, *j, jm, L));
+    else TRY(distinct_of<uint64_t>(s, *d, *j, jm, L));
     /* the distinct keys' count read here: the set sort and what follows take the U of them, a
      * fraction of the m values (a host wait on this stream, not on the step's) */
     TRY(copy_info(s, d, j));
@@ -714,7 +736,7 @@ static cudaError_t ur__cuda_cache_lookup(cudaStream_t s, const ur__cache_dev *d,
     if (U > 0) {
       cub::DoubleBuffer<uint32_t> sk(L.sa, L.sb);
       cub::DoubleBuffer<int64_t> so(L.oa, L.ob);
-      tb = L.cub_bytes;
+      size_t tb = L.cub_bytes;
       TRY(cub::DeviceRadixSort::SortPairs(L.cub, tb, sk, so, (int)U, 0, d->set_bits, s));
       if (sk.Current() != L.sa) TRY(cudaMemcpyAsync(L.sa, sk.Current(), (size_t)U * 4, cudaMemcpyDeviceToDevice, s));
       if (so.Current() != L.oa) TRY(cudaMemcpyAsync(L.oa, so.Current(), (size_t)U * 8, cudaMemcpyDeviceToDevice, s));
