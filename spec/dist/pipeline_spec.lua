@@ -20,7 +20,7 @@ local have_mpi = h.have_mpi
 
 local function sh(cmd)
   local t0 = os.time()
-  local out, err, code = command.sh("env OPENBLAS_CORETYPE=Haswell " .. cmd)
+  local out, err, code = command.sh_fixed_blas(cmd)
   io.stderr:write(("  [dist] %s: %d s\n"):format(cmd:gsub("^.-uvmrec ", ""):sub(1, 90), os.time() - t0))
   return out, err, code
 end

@@ -16,7 +16,7 @@ local have_mpi = helpers.have_mpi
 local function job(n, env)
   local vars = command.assignments(env)
   local t0 = os.time()
-  local out, err, code = command.sh(("env OPENBLAS_CORETYPE=Haswell %s %s launch -n %d spec/support/dist_train.lua")
+  local out, err, code = command.sh_fixed_blas(("%s %s launch -n %d spec/support/dist_train.lua")
     :format(vars, command.bin(), n))
   io.stderr:write(("  [dist] -n %d %s: %d s\n"):format(n, vars, os.time() - t0))
   helpers.ranks_ok(n, out, err, code)
@@ -100,11 +100,11 @@ describe("sharded training over ranks", function()
   local runs = dofile("spec/support/dist_runs.lua")
   local function against_one_process(launch, args, steps, log_every)
     local one_dir, many_dir = command.tmpdir(), command.tmpdir()
-    local one, err1, c1 = command.sh(("env OPENBLAS_CORETYPE=Haswell %s %s"):format(command.bin(),
+    local one, err1, c1 = command.sh_fixed_blas(("%s %s"):format(command.bin(),
       (args:gsub("RUN", one_dir .. "/run"))))
     assert.equal(0, c1, one .. err1)
     local t0 = os.time()
-    local many, err2, c2 = command.sh(("env OPENBLAS_CORETYPE=Haswell %s %s %s"):format(command.bin(), launch,
+    local many, err2, c2 = command.sh_fixed_blas(("%s %s %s"):format(command.bin(), launch,
       (args:gsub("RUN", many_dir .. "/run"))))
     io.stderr:write(("  [dist] %s train: %d s\n"):format(launch, os.time() - t0))
     assert.equal(0, c2, many .. err2)

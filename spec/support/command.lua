@@ -65,6 +65,11 @@ function M.sh(cmd, input)
   return out, err, code
 end
 
+-- M.sh under OpenBLAS's Haswell kernels, whose rounding depends neither on the machine's vector
+-- width nor on a batch's row count (docs/distributed.md): for specs that compare losses bit for
+-- bit with recorded ones or with another run's.
+function M.sh_fixed_blas(cmd, input) return M.sh("env OPENBLAS_CORETYPE=Haswell " .. cmd, input) end
+
 -- The command with arguments (a string, already quoted as the shell needs).
 function M.run(args, input) return M.sh(M.quote(M.bin()) .. " " .. args, input) end
 

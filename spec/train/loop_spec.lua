@@ -99,7 +99,7 @@ for _, r in ipairs(runs) do
   print(r.name .. " " .. table.concat(hex, " "))
 end]]
     local script = cmd.spit(dir .. "/runs.lua", table.concat(src, "\n") .. "\n")
-    local out, err, code = cmd.sh("OPENBLAS_CORETYPE=Haswell " .. cmd.quote(cmd.bin()) .. " " .. cmd.quote(script)
+    local out, err, code = cmd.sh_fixed_blas(cmd.quote(cmd.bin()) .. " " .. cmd.quote(script)
                                   .. " " .. cmd.quote(dir))
     cmd.rmdir(dir)
     assert(code == 0, "the runs failed: " .. err)
