@@ -14,8 +14,8 @@ local TABLES = { { name = "t0", rows = 700, dim = 16 }, { name = "t1", rows = 30
 
 -- placement: one for every table, or a list of one a table (a "device" table of the CPU's
 -- reference collection is a host one)
-local function make(device, placement, optimizer, cache, dtype, tables)
-  local o = { tables = {}, device = device, seed = 9, optimizer = optimizer, cache = cache }
+local function make(device, placement, optimizer, cache, dtype, tables, bounds)
+  local o = { tables = {}, device = device, seed = 9, optimizer = optimizer, cache = cache, bounds = bounds }
   for i, t in ipairs(tables or TABLES) do
     local p = type(placement) == "table" and placement[i] or placement
     o.tables[i] = { name = t.name, rows = t.rows, dim = t.dim, dtype = dtype,
@@ -330,6 +330,30 @@ describe("uvmrec.cache decisions on CUDA", function()
       same_stats(c.cache, g.cache, "after the error", cached(placement))
       assert.equal(0, g.cache:stats().unique)
       assert.same({ false, false, false }, g.cache:contains("t0", { 1, 2, 3 }))
+      g:free()
+      c:free()
+    end)
+  end
+
+  -- bounds "warn" skips ids out of range: a batch whose every id is out of range has values
+  -- to sort but no distinct key (the GPU's lookup then leaves out its sort by set), and the
+  -- next batch is decided as before
+  for _, placement in ipairs({ "cached", { "cached", "device", "cached" } }) do
+    local what = type(placement) == "table" and "t1 on the device" or "all cached"
+    cuda_it("skips a batch of ids all out of range as the CPU does, then decides the next (" .. what .. ")", function()
+      local cache = { slots = 64, shared = true }
+      local g = make(0, placement, { "sgd", lr = 0.2 }, cache, nil, nil, "warn").tbe
+      local c = make("cpu", placement, { "sgd", lr = 0.2 }, cache, nil, nil, "warn").tbe
+      for k, b in ipairs({ { values = { 700, 701, 300, 2000, 2999 }, offsets = { 0, 2, 3, 5 } },
+                           { values = { 1, 2, 7, 3, 4 }, offsets = { 0, 2, 3, 5 } } }) do
+        local rg = assert(g:prepare(R.input(b, "device")))
+        local rc = assert(c:prepare(R.input(b, "host")))
+        assert.same(rc.ids:totable(), assert(rg.ids:to("host")):totable(), "batch " .. k)
+        same_stats(c.cache, g.cache, "batch " .. k, cached(placement))
+        assert.equal(k == 1 and 0 or #cached(placement) == 3 and 5 or 4, g.cache:stats().unique, "batch " .. k)
+        assert(g:retire(rg, false))
+        assert(c:retire(rc, false))
+      end
       g:free()
       c:free()
     end)
