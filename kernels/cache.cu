@@ -6,9 +6,10 @@
  *   lookup  each value of a cached table becomes a key (the table's first key plus the row);
  *           when some features' tables are not cached (d.partial), the cached features'
  *           values are gathered first, so that only they are sorted (the host waits for their
- *           count, once); the keys are sorted and deduplicated, each distinct key is given its set (a hash
- *           of (table, row)), and the distinct keys are put in (set, key) order by a stable
- *           sort on the set; the runs of one set are the groups.
+ *           count); the keys are sorted (32-bit while every key fits, else 64-bit) and
+ *           deduplicated, each distinct key is given its set (a hash of (table, row)), the
+ *           host waits for the number of distinct keys U, and those U are put in (set, key)
+ *           order by a stable sort on the set; the runs of one set are the groups.
  *   decide  a warp per set, a lane per way: the set's hits first (a ballot on the tags), then
  *           its misses in key order, each taking the lowest empty way, else the way that is
  *           least (count, stamp, way) among those no batch in flight holds, else nothing (a
@@ -238,8 +239,10 @@ int pair_bits(const ur__cache_dev &d) {
 
 /* The scratch of one batch of n values (the same carving for each of the three calls). */
 struct Layout {
-  uint64_t *ka, *kb;            /* keys (K of them: KeysOf), sorted into ka */
-  int64_t *va, *vb;             /* their value indices (int32: fewer than 2^31 values) */
+  uint64_t *ka, *kb;            /* keys, as distinct_of's K (32 or 64 bits), sorted into ka; the
+                                 * write-backs' sort reuses both as 64-bit pairs */
+  int64_t *va, *vb;             /* their value indices as int32 (a batch holds fewer than 2^31
+                                 * values); the write-backs' sort reuses both as 64-bit slots */
   int64_t *uid;                 /* per sorted key: distinct keys up to it (inclusive) */
   uint64_t *ukeys;              /* the distinct keys, ascending */
   uint32_t *sa, *sb;            /* per distinct key its set, sorted into sa */
@@ -284,6 +287,7 @@ cudaError_t carve(const ur__cache_dev &d, int64_t n, char *base, Layout *L) {
     cub::DoubleBuffer<uint64_t> k(nullptr, nullptr);
     cub::DoubleBuffer<int32_t> v32(nullptr, nullptr);
     cub::DoubleBuffer<int64_t> v(nullptr, nullptr);
+    /* the first sort (distinct_of): 32- or 64-bit keys, int32 places */
     if ((e = cub::DeviceRadixSort::SortPairs(nullptr, c, k32, v32, (int)m, 0, d.key_bits, (cudaStream_t)0)))
       return e;
     best = c;
@@ -537,7 +541,8 @@ __global__ void classify(ur__cache_dev d, ur__cache_job j, Layout L) {
   bool wb = ev != (int64_t)kEmpty && ((uint64_t)ev >> 63);
   L.flags[u] = Tri{wb ? 1 : 0, r >= 0 && !(r & kHit) ? 1 : 0, r < 0 ? 1 : 0};
   if (ev != (int64_t)kEmpty) {
-    /* one atomic a table for the warp's evictions (its keys are sorted: most share a table) */
+    /* one atomic a table for the warp's evictions (its keys are sorted and, with sets per
+     * table, a victim is of its evicting key's table: most share one) */
     int32_t ct = table_of_key(d, (uint64_t)ev & ~((uint64_t)1 << 63));
     cg::coalesced_group same = cg::labeled_partition(cg::coalesced_threads(), ct);
     unsigned wbs = __popc(same.ballot(wb));
@@ -727,12 +732,13 @@ static cudaError_t ur__cuda_cache_lookup(cudaStream_t s, const ur__cache_dev *d,
   if (m > 0) {
     if (d->key_bits <= 32) TRY(distinct_of<uint32_t>(s, *d, *j, jm, L));
     else TRY(distinct_of<uint64_t>(s, *d, *j, jm, L));
-    /* the distinct keys' count read here: the set sort and what follows take the U of them, a
-     * fraction of the m values (a host wait on this stream, not on the step's) */
-    TRY(copy_info(s, d, j));
+    /* the distinct keys' count read here (one word: cache.c counts it over the link), so that
+     * the set sort and what follows take the U of them, a fraction of the m values; under the
+     * prefetch pipeline the host waits on the prefetch stream, not the step's */
+    TRY(cudaMemcpyAsync(j->info_host + UR__CI_U, j->info + UR__CI_U, 8, cudaMemcpyDeviceToHost, s));
     TRY(cudaStreamSynchronize(s));
     int64_t U = j->info_host[UR__CI_U];
-    if (U < 0 || U > m) return cudaErrorInvalidValue;
+    if (U < 0 || U > m) return cudaErrorInvalidValue; /* an internal invariant (U counts sorted keys) */
     if (U > 0) {
       cub::DoubleBuffer<uint32_t> sk(L.sa, L.sb);
       cub::DoubleBuffer<int64_t> so(L.oa, L.ob);

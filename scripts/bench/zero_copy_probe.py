@@ -1,4 +1,4 @@
-# Zero-copy rows on the GPU (the cache's row mover, kernels/cache.cu move_rows, reads and writes
+# Zero-copy rows on the GPU (the cache's row mover, kernels/cache.cu move_lists, reads and writes
 # host rows in place): 512-byte rows of a pinned table of SIZE GiB gathered into and scattered
 # from device memory by a warp a row, 1 M rows a pass, ids uniform over the table and the same
 # ids sorted, for three allocations: cudaHostAlloc, and mmap + madvise(MADV_HUGEPAGE or

@@ -894,7 +894,8 @@ static ur_status lookup_error(ur_cache *c, ur_stream *s, const batch_ids *x, int
 }
 
 /* Batch tk (ring entry B) decided by the backend: lookup, settle the flights, decide, make room
- * for staged rows, place, move.  The host waits twice for s (after lookup and decide). */
+ * for staged rows, place, move.  The host waits for s after the lookup and after the decisions
+ * (the GPU's lookup waits inside too: docs/cache.md). */
 static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const batch_ids *x) {
   const ur_backend *g = c->be;
   void *sh = s ? s->handle : NULL;
@@ -932,8 +933,10 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
   if ((st = span_mark(c, B, 0, sh)) || (st = g->cache->lookup(sh, &c->dev, &j)) ||
       (st = span_mark(c, B, 1, sh)) || (st = g->stream_sync(sh)))
     return st;
-  /* the info once more when the GPU's lookup waited for the count of the cached values */
-  c->stats[c->nt].bytes_ids += link * (c->dev.partial && n > 0 ? 2 : 1)
+  /* the info once more when the GPU's lookup waited for the count of the cached values, and
+   * one word when it read the number of distinct keys (it does when it sorted any value) */
+  int64_t sorted = info[UR__CI_BAD_F] >= 0 ? 0 : c->dev.partial ? info[UR__CI_CACHED] : n;
+  c->stats[c->nt].bytes_ids += link * (c->dev.partial && n > 0 ? 2 : 1) + (link && sorted > 0 ? 8 : 0)
                                + (link && x->bag_start ? 8 * ((uint64_t)c->F + 1) : 0);
   if (info[UR__CI_BAD_F] >= 0 || (info[UR__CI_BAD_V] >= 0 && j.bounds_fatal))
     return lookup_error(c, s, x, info[UR__CI_BAD_V], info[UR__CI_BAD_F]);

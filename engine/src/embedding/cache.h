@@ -122,7 +122,9 @@ typedef struct ur_cache_ops {
                     size_t scratch_bytes);
   /* The decisions: scratch bytes for a batch of n values; then one
    * batch's lookup, decide and place on stream (each copies the job's info to info_host,
-   * which the caller reads after a stream sync); mark sets dirty[slots[0..n-1]] = 1. */
+   * which the caller reads after a stream sync; the GPU's lookup also waits for the stream
+   * inside, for the number of distinct keys and, partial, the cached values' count first);
+   * mark sets dirty[slots[0..n-1]] = 1. */
   ur_status (*scratch)(const struct ur__cache_dev *d, int64_t n, size_t *bytes);
   ur_status (*lookup)(void *stream, const struct ur__cache_dev *d,
                             const struct ur__cache_job *j);
