@@ -1517,11 +1517,12 @@ cudaError_t forward_into(cudaStream_t st, const ur__tbe_args &a) {
 template <int NV, int E>
 cudaError_t launch_reduce(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_hyper &h,
                           const Sorted &s, const SparseOut &sp) {
-  /* Gradient rows a lane has in flight: registers decide how many warps fit. */
-  const int U = NV * E >= 16 ? 2 : 16 / (NV * E);
+  /* Gradient rows a lane has in flight at once: two.  Four for rows of 4 values a lane spilled
+   * seg_kernel at the 80 registers of three blocks an SM (B2's 1-hot backward 8% slower). */
+  const int U = 2;
   int sms = sm_count();
-  /* Segments a window: as many as gradient rows in flight, for rows of up to 8 values a lane. */
-  const int W = NV * E <= 8 ? U : 1;
+  /* Segments a window, for rows of up to 8 values a lane: 16 values a lane in all. */
+  const int W = NV * E <= 8 ? 16 / (NV * E) : 1;
   int64_t want = blocks_for((a.n + 31) / 32); /* 32 segments a warp, at most a.n segments */
   unsigned blocks = (unsigned)(want < (int64_t)sms * 32 ? want : (int64_t)sms * 32);
   seg_kernel<NV, E, U, W><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(a, h, s, sp);
