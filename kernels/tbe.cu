@@ -8,7 +8,8 @@
  * none need it), never gradient rows, sorted by cub's radix sort (stable: a row's values stay
  * in value order).  The sorted keys' runs are the segments (a run starts where the key
  * changes).  A warp takes 32 short segments (UR_TBE_SHORT entries or fewer), a few at a time (a
- * window, whose gradient rows are in flight together), or one middling segment (a list of them:
+ * window: its gradient rows two at a time in flight, its rows prefetched into L2), or one
+ * middling segment (a list of them:
  * up to UR_TBE_HOT entries), sums each one's gradient rows in that order and steps the optimizer
  * once a row, the same sum as the CPU reference's (tbe_plan.h's arithmetic, unfused);
  * segments of more than UR_TBE_HOT entries are cut into chunks of UR_TBE_CHUNK, a CTA each,
@@ -631,7 +632,8 @@ __device__ __forceinline__ void add_rows(const ur__tbe_args &a, float c, int64_t
       if (kk[q] >= 0 && col < dd[q]) load_out<E>(a.grad, a.out_dtype, ak[q] + col, gk[q][v]);
     }
   /* Each window's sum takes the row by a select, never acc[kk[q]]: indexed by a value, acc
-   * went to local memory (B2's 1-hot backward: 15 M local stores, 2 GB written to L2). */
+   * went to local memory (B2's 1-hot backward: 15 M local store requests, 2 GB written to L2).
+   * The select drops the sum of an entry left out (gk not loaded for it). */
 #pragma unroll
   for (int q = 0; q < U; q++)
 #pragma unroll
@@ -821,7 +823,8 @@ __device__ __forceinline__ void step_row_in(const ur__tbe_hyper &h, const Sparse
 }
 
 /* step_row_in, not inlined: it is called from several places of the loops and is large;
- * inlining it made those kernels spill (mid_kernel, and seg_kernel's one-row windows). */
+ * inlined everywhere, ptxas spilled mid_kernel 2.5 times as much and seg_kernel's one-row
+ * windows 10 times. */
 template <int NV, int E>
 __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
                                       const ur__tbe_table *tbp, int32_t t, int64_t seg,
@@ -960,7 +963,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : 2)
           if (m[k] == 2 && base >= sj0[k] && base < end) base = end;
         }
       }
-      /* the sums set down before the first step: nothing of them lives across step_row's calls */
+      /* the sums set down before the first step: nothing of them lives across the steps */
 #pragma unroll
       for (int k = 0; k < W; k++)
 #pragma unroll
@@ -973,10 +976,12 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : 2)
         int64_t row = __shfl_sync(kFull, me.row, w0 + k);
         if (__shfl_sync(kFull, me.mode, w0 + k) != 1) continue;
         const char *copy = sp.rows ? nullptr : far_row(a, t, row);
-        /* inlined for short rows: 13% fewer instructions, and rowwise Adagrad's state read
-         * beside the row (B2's 1-hot rowwise Adagrad 2.18 -> 1.90 ms; 1.79 with the prefetch) */
-        if constexpr (W > 1) step_row_in<NV, E>(h, sp, a.tables + t, t, g0 + w0 + k, row, slot[k], copy, lane);
-        else step_row<NV, E>(h, sp, a.tables + t, t, g0 + w0 + k, row, slot[k], copy, lane);
+        /* inlined for short rows (B2's 1-hot rowwise Adagrad 2.18 -> 1.89 ms; 1.78 with the
+         * prefetch; SGD 1.75 -> 1.66) */
+        if constexpr (W > 1)
+          step_row_in<NV, E>(h, sp, a.tables + t, t, g0 + w0 + k, row, slot[k], copy, lane);
+        else
+          step_row<NV, E>(h, sp, a.tables + t, t, g0 + w0 + k, row, slot[k], copy, lane);
       }
     }
   }
@@ -1517,8 +1522,9 @@ cudaError_t forward_into(cudaStream_t st, const ur__tbe_args &a) {
 template <int NV, int E>
 cudaError_t launch_reduce(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_hyper &h,
                           const Sorted &s, const SparseOut &sp) {
-  /* Gradient rows a lane has in flight at once: two.  Four for rows of 4 values a lane spilled
-   * seg_kernel at the 80 registers of three blocks an SM (B2's 1-hot backward 8% slower). */
+  /* Gradient rows a lane has in flight at once, in every kernel of the backward: two.  Four
+   * (rows of 4 values a lane) spilled seg_kernel at the 80 registers of three blocks an SM:
+   * B2's 1-hot forward + SGD 1.634 ms against 1.503 with two; one, 1.586. */
   const int U = 2;
   int sms = sm_count();
   /* Segments a window, for rows of up to 8 values a lane: 16 values a lane in all. */
