@@ -9,13 +9,13 @@
  * in value order).  The sorted keys' runs are the segments (a run starts where the key
  * changes).  A warp takes 32 short segments (UR_TBE_SHORT entries or fewer), a few at a time (a
  * window: its gradient rows two at a time in flight, its rows prefetched into L2), or one
- * middling segment (a list of them:
- * up to UR_TBE_HOT entries), sums each one's gradient rows in that order and steps the optimizer
- * once a row, the same sum as the CPU reference's (tbe_plan.h's arithmetic, unfused);
- * segments of more than UR_TBE_HOT entries are cut into chunks of UR_TBE_CHUNK, a CTA each,
- * whose partial sums a warp per segment adds in chunk order.  No atomics touch floats, so a
- * run is bit-identical to the next.  The one exception, asked for (nondeterministic, SGD on f32
- * rows): no sort, every value adds its update to its row with a vector atomic.
+ * middling segment (a list of them: up to UR_TBE_HOT entries), sums each one's gradient rows in
+ * that order and steps the optimizer once a row, the same sum as the CPU reference's
+ * (tbe_plan.h's arithmetic, unfused); segments of more than UR_TBE_HOT entries are cut into
+ * chunks of UR_TBE_CHUNK, a CTA each, whose partial sums a warp per segment adds in chunk
+ * order.  No atomics touch floats, so a run is bit-identical to the next.  The one exception,
+ * asked for (nondeterministic, SGD on f32 rows): no sort, every value adds its update to its
+ * row with a vector atomic.
  * Far rows (tbe_plan.h's ur__tbe_far: rows of managed or host tables outside the GPU's part,
  * read over the host link): a forward that fills the copies writes each far row it reads, the
  * first lookup of it, into HBM beside a map from its key; the backward's step reads a far row

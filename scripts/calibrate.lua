@@ -390,7 +390,7 @@ do
   -- every id a distinct row), the model's Zipf ids at 1, 2 and 8 times cb (a few distinct rows an
   -- id); t = F + n kc + U ku fitted to the five (relative errors, least squares): three runs
   -- solved exactly left each term to the noise of one (fresh fits on the H200 moved the terms
-  -- 0.2-2.7x while their sum stayed within 3%: docs/results.md, eighteenth session)
+  -- 0.2-2.7x while the predicted steps stayed within 3%: docs/results.md, eighteenth session)
   local function uniform_ids(per)
     local ids = {}
     for k = 0, T * per - 1 do ids[k] = uniform[k % L] % crow end
@@ -410,11 +410,10 @@ do
     r.t, where = t, where or w
     A[i], y[i] = { 1, r.n, r.U }, t
   end
-  local c = calib.fit(A, y, true)
+  local c, worst = calib.fit(A, y, true)
   local kf, kc, ku = c[1], c[2], c[3]
-  local worst, shown = 0, {}
+  local shown = {}
   for i, r in ipairs(runs) do
-    worst = math.max(worst, math.abs((kf + r.n * kc + r.U * ku) / r.t - 1))
     shown[i] = ("%d %s ids (%d distinct rows) %.3f ms"):format(r.n, r.what, r.U, r.t * 1e3)
   end
   local dropped = {}
@@ -498,7 +497,7 @@ do
   local shapes = S.mlps
   local batches = S.mlp_batches
   for _, prec in ipairs({ "f32", "tf32", "bf16" }) do
-    local A, y, worst = {}, {}, 0
+    local A, y = {}, {}
     local total = 0
     for _, B in ipairs(batches) do
       for _, w in ipairs(shapes) do
@@ -527,7 +526,7 @@ do
         collectgarbage()
       end
     end
-    local c = calib.fit(A, y, true)
+    local c, worst = calib.fit(A, y, true)
     if c[1] <= 0 then
       local runs = {}
       for i = 1, #A do
@@ -537,10 +536,6 @@ do
              .. "%.3g s each: the runs are bound by their launches or values, not their products; expected "
              .. "stacks and batches where the products weigh most).  Runs: %s"):format(prec, c[1],
              table.concat(runs, "; ")), 0)
-    end
-    for i = 1, #A do
-      local pred = A[i][1] * c[1] + A[i][2] * c[2] + A[i][3] * c[3]
-      worst = math.max(worst, math.abs(pred / y[i] - 1))
     end
     local how = ("%d MLP stacks (%s) at batch %s, %s, forward + backward: "
                  .. "%.2f ms in all; fitted with the per-value and per-layer terms (worst run %.0f%% off)"):format(

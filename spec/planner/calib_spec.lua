@@ -118,9 +118,10 @@ describe("planner.calib", function()
     local A, y = { { 1, 0 }, { 0, 1 }, { 1, 1 }, { 2, 5 } }, {}
     for i, r in ipairs(A) do y[i] = 2 * r[1] + 3 * r[2] end
     for _, rel in ipairs({ false, true }) do
-      local x = calib.fit(A, y, rel)
+      local x, off = calib.fit(A, y, rel)
       assert.near(2, x[1], 1e-12)
       assert.near(3, x[2], 1e-12)
+      assert.near(0, off, 1e-12)
     end
     -- the linear solve under it (pivoting: the first row's leading zero)
     local x3 = calib.solve({ { 0, 2, 1 }, { 1, 1, 0 }, { 2, 0, 3 } }, { 7, 3, 11 })
@@ -133,9 +134,12 @@ describe("planner.calib", function()
     -- a term that would come out below 0 is dropped and the rest fitted again
     local x = calib.fit({ { 1, 1 }, { 2, 1 }, { 3, 1 } }, { 3, 5, 7.2 })
     assert.is_true(x[1] > 0 and x[2] > 0)
-    x = calib.fit({ { 1, 1 }, { 2, 1 }, { 3, 1 } }, { 1, 2.5, 4 })
+    local off
+    x, off = calib.fit({ { 1, 1 }, { 2, 1 }, { 3, 1 } }, { 1, 2.5, 4 })
     assert.equal(0, x[2])
     assert.near((1 + 5 + 12) / 14, x[1], 1e-12)
+    -- with it the worst run's relative error: the first, 18/14 against 1
+    assert.near(18 / 14 - 1, off, 1e-12)
     -- what cannot be fitted is an error, not NaN rates
     assert.has_error(function() calib.solve({ { 1, 2 }, { 2, 4 } }, { 1, 2 }) end,
       "calib.solve: the system is singular (column 2 has no pivot)")

@@ -227,6 +227,7 @@ end
 -- fitted below 0 is dropped (0) and the rest fitted again, until none is: no coefficient comes
 -- out below 0 (a simple active set, not a full non-negative least squares: a dropped term is
 -- not tried again).  A: rows of the terms' amounts, y: the measured times (> 0 when relative).
+-- Returns the coefficients and the worst run's relative error, |fitted / measured - 1|.
 function M.fit(A, y, relative)
   local n = #A[1]
   if relative then
@@ -263,7 +264,13 @@ function M.fit(A, y, relative)
       local out = {}
       for j = 1, n do out[j] = 0 end
       for a = 1, m do out[idx[a]] = x[a] end
-      return out
+      local off = 0
+      for i = 1, #A do
+        local fitted = 0
+        for j = 1, n do fitted = fitted + A[i][j] * out[j] end
+        off = math.max(off, math.abs(fitted / y[i] - 1))
+      end
+      return out, off
     end
     on[idx[worst]] = false
   end
