@@ -8,7 +8,8 @@
  * none need it), never gradient rows, sorted by cub's radix sort (stable: a row's values stay
  * in value order).  The sorted keys' runs are the segments (a run starts where the key
  * changes).  A warp takes 32 short segments (UR_TBE_SHORT entries or fewer), a few at a time (a
- * window: its gradient rows two at a time in flight, its rows prefetched into L2), or one
+ * window: its gradient rows two at a time in flight, each added into its segment's sum in shared
+ * memory, its rows prefetched into L2), or one
  * middling segment (a list of them: up to UR_TBE_HOT entries), sums each one's gradient rows in
  * that order and steps the optimizer once a row, the same sum as the CPU reference's
  * (tbe_plan.h's arithmetic, unfused); segments of more than UR_TBE_HOT entries are cut into
@@ -605,54 +606,81 @@ __device__ __forceinline__ void resolve(const ur__tbe_args &a, const Sorted &s, 
   *c = w;
 }
 
-/* Adds the U gradient rows of entries u .. u + U - 1 of the lanes' 32, all loaded before the
- * first is added, each into the sum of its segment (acc[k], k the window's segment it belongs
- * to; k < 0: left out), in order; entries past cnt are left out.  Lane l resolved entry l: its
- * factor c, its gradient row's start at, its segment k and that segment's width dim. */
-template <int NV, int E, int U, int W>
-__device__ __forceinline__ void add_rows(const ur__tbe_args &a, float c, int64_t at, int k, int dim,
-                                         int u, int cnt, float (&acc)[W][NV][E], int lane) {
-  float ck[U], gk[U][NV][E];
+/* U gradient rows of the lanes' 32 resolved entries, u .. u + U - 1, all loaded before any is
+ * added: each with its factor c, its segment k (k < 0: left out, as entries past cnt are) and that
+ * segment's width.  Lane l resolved entry l: its factor c, its gradient row's start at, its
+ * segment k and that segment's width dim. */
+template <int NV, int E, int U>
+struct GradRows {
+  float c[U], g[U][NV][E];
+  int k[U], dim[U];
+};
+
+template <int NV, int E, int U>
+__device__ __forceinline__ void load_rows(const ur__tbe_args &a, float c, int64_t at, int k, int dim,
+                                          int u, int cnt, int lane, GradRows<NV, E, U> &r) {
   int64_t ak[U];
-  int kk[U], dd[U];
 #pragma unroll
   for (int q = 0; q < U; q++) {
     int src = (u + q) & 31;
-    ck[q] = __shfl_sync(kFull, c, src);
+    r.c[q] = __shfl_sync(kFull, c, src);
     ak[q] = __shfl_sync(kFull, at, src);
-    kk[q] = __shfl_sync(kFull, k, src);
-    dd[q] = __shfl_sync(kFull, dim, src);
-    if (u + q >= cnt) kk[q] = -1;
+    r.k[q] = __shfl_sync(kFull, k, src);
+    r.dim[q] = __shfl_sync(kFull, dim, src);
+    if (u + q >= cnt) r.k[q] = -1;
   }
 #pragma unroll
   for (int q = 0; q < U; q++)
 #pragma unroll
     for (int v = 0; v < NV; v++) {
       int col = (v * 32 + lane) * E;
-      if (kk[q] >= 0 && col < dd[q]) load_out<E>(a.grad, a.out_dtype, ak[q] + col, gk[q][v]);
-      else
-#pragma unroll
-        for (int e = 0; e < E; e++) gk[q][v][e] = 0.0f; /* never read unset below */
+      if (r.k[q] >= 0 && col < r.dim[q]) load_out<E>(a.grad, a.out_dtype, ak[q] + col, r.g[q][v]);
     }
-  /* Each window's sum takes the row by a select, never acc[kk[q]]: indexed by a value, acc
-   * went to local memory (B2's 1-hot backward: 15 M local store requests, 2 GB written to L2).
-   * The select drops the sum of an entry left out (its gk zeroed: ptxas then spills nothing in
-   * the 1-hot kernel, 32 bytes before, and B2's time is the same). */
+}
+
+/* Adds the U rows of entries u .. u + U - 1 (load_rows) into one segment's sum acc, in order. */
+template <int NV, int E, int U>
+__device__ __forceinline__ void add_rows(const ur__tbe_args &a, float c, int64_t at, int dim, int u,
+                                         int cnt, float (&acc)[NV][E], int lane) {
+  GradRows<NV, E, U> r;
+  load_rows<NV, E, U>(a, c, at, 0, dim, u, cnt, lane, r);
 #pragma unroll
   for (int q = 0; q < U; q++)
 #pragma unroll
-    for (int w = 0; w < W; w++) {
-      bool mine = kk[q] == w;
+    for (int v = 0; v < NV; v++)
+      if (r.k[q] >= 0 && (v * 32 + lane) * E < r.dim[q])
 #pragma unroll
-      for (int v = 0; v < NV; v++) {
-        bool in = mine && (v * 32 + lane) * E < dd[q];
+        for (int e = 0; e < E; e++) acc[v][e] = UR_FADD(acc[v][e], UR_FMUL(r.c[q], r.g[q][v][e]));
+}
+
+/* The same for a window's segments, each row into its own segment's sum sums[k], in shared
+ * memory: a lane's slice of a sum, indexed by the entry's segment, read, added to and written
+ * back.  (In registers, a window's sums were either indexed by a value, which put them in local
+ * memory, or took each row by a select over the window's W sums, W times the arithmetic:
+ * docs/results.md, nineteenth and twentieth sessions.) */
+template <int NV, int E, int U, int W>
+__device__ __forceinline__ void add_rows_into(const ur__tbe_args &a, float c, int64_t at, int k,
+                                              int dim, int u, int cnt, float (*sums)[NV * 32 * E],
+                                              int lane) {
+  static_assert(E == 4, "a lane's slice of a sum is one float4");
+  GradRows<NV, E, U> r;
+  load_rows<NV, E, U>(a, c, at, k, dim, u, cnt, lane, r);
 #pragma unroll
-        for (int e = 0; e < E; e++) {
-          float sum = UR_FADD(acc[w][v][e], UR_FMUL(ck[q], gk[q][v][e]));
-          acc[w][v][e] = in ? sum : acc[w][v][e];
-        }
-      }
+  for (int q = 0; q < U; q++) {
+    if (r.k[q] < 0) continue;
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      int col = (v * 32 + lane) * E;
+      if (col >= r.dim[q]) continue;
+      float4 *p = reinterpret_cast<float4 *>(sums[r.k[q]] + col);
+      float4 x = *p;
+      x.x = UR_FADD(x.x, UR_FMUL(r.c[q], r.g[q][v][0]));
+      x.y = UR_FADD(x.y, UR_FMUL(r.c[q], r.g[q][v][1]));
+      x.z = UR_FADD(x.z, UR_FMUL(r.c[q], r.g[q][v][2]));
+      x.w = UR_FADD(x.w, UR_FMUL(r.c[q], r.g[q][v][3]));
+      *p = x;
     }
+  }
 }
 
 /* Adds entries [j0, j1) of one segment into acc, in order: the lanes resolve 32 payloads at a
@@ -669,7 +697,6 @@ __device__ __forceinline__ void sum_entries(const ur__tbe_args &a, const Sorted 
                                             int64_t j0, int64_t j1, float (&acc)[NV][E],
                                             char *stage, int lane) {
   static_assert(E == 4, "the backward takes 4 elements a lane (shape_of(a, false))");
-  float(&one)[1][NV][E] = reinterpret_cast<float(&)[1][NV][E]>(acc);
   const int piece = E * 2, slot = 32 * piece; /* a lane's E bf16 elements; a warp's */
   const int rows = UR_TBE_STAGE / (NV * slot); /* 4 or more: NV <= 8 */
   for (int64_t base = j0; base < j1; base += 32) {
@@ -679,7 +706,7 @@ __device__ __forceinline__ void sum_entries(const ur__tbe_args &a, const Sorted 
     if (j < j1) resolve(a, s, s.pay[j], dim, &at, &c);
     int cnt = j1 - base < 32 ? (int)(j1 - base) : 32;
     if (!stage) {
-      for (int u = 0; u < cnt; u += U) add_rows<NV, E, U, 1>(a, c, at, 0, dim, u, cnt, one, lane);
+      for (int u = 0; u < cnt; u += U) add_rows<NV, E, U>(a, c, at, dim, u, cnt, acc, lane);
       continue;
     }
     for (int u = 0; u < cnt; u += rows) {
@@ -908,14 +935,17 @@ __device__ __forceinline__ SegOf seg_of(const ur__tbe_args &a, const ur__tbe_hyp
  * keep one warp long after the others are done (rows read hundreds of times lie together in
  * small tables).  Segments are numbered on the device, hence the grid-stride loop.  Entries are
  * int32: tbe.c takes at most 2^31 - 65 values on the GPU, so base + 32 does not overflow. */
+/* Rows of up to 128 values take 4 blocks an SM (64 registers: 32 warps an SM), the window's sums
+ * being in shared memory; B2's 1-hot f32 backward + SGD 4-8% faster than at 3 blocks (80 registers)
+ * in every case; wider rows' kernels keep 3 (two segments a window) or 2 blocks. */
 template <int NV, int E, int U, int W>
-__global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : 2)
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV == 1 ? 4 : W > 1 ? 3 : 2)
     seg_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
   static_assert(32 % W == 0, "a warp's 32 segments split into whole windows");
   /* a guard holds the step back; the row sums (ur_tbe_row_sums) are written all the same, for the
    * other ranks' column shards add them */
   if (!sp.rows && !h.sums_only && ur__optim_gated(&h.k)) return;
-  __shared__ float slots[UR_TBE_WARPS][W][NV * 32 * E]; /* the window's sums, a segment each */
+  __shared__ __align__(16) float slots[UR_TBE_WARPS][W][NV * 32 * E]; /* the window's sums */
   int lane = threadIdx.x & 31;
   float(*slot)[NV * 32 * E] = slots[threadIdx.x / 32];
   int ns = s.scal[0], nv = s.scal[2];
@@ -940,13 +970,12 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : 2)
        * each by the lane that read its segment */
       if (!sp.rows && me.mode == 1 && lane >= w0 && lane < w0 + W)
         prefetch_step(h, a.tables[me.t], me.row, far_row(a, me.t, me.row), 0, 1);
-      float acc[W][NV][E];
+      /* a lane's slices of the window's sums: only it adds to them and steps from them */
 #pragma unroll
       for (int k = 0; k < W; k++)
 #pragma unroll
         for (int v = 0; v < NV; v++)
-#pragma unroll
-          for (int e = 0; e < E; e++) acc[k][v][e] = 0.0f;
+          *reinterpret_cast<float4 *>(slot[k] + (v * 32 + lane) * E) = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int32_t base = sj0[0]; base < J1;) {
         int32_t j = base + lane;
         int mk = m[0], dk = sd[0], sk = 0;
@@ -958,7 +987,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : 2)
         if (j < J1 && mk == 1) resolve(a, s, s.pay[j], dk, &at, &c);
         else sk = -1;
         int cnt = J1 - base < 32 ? J1 - base : 32;
-        for (int u = 0; u < cnt; u += U) add_rows<NV, E, U, W>(a, c, at, sk, dk, u, cnt, acc, lane);
+        for (int u = 0; u < cnt; u += U) add_rows_into<NV, E, U, W>(a, c, at, sk, dk, u, cnt, slot, lane);
         /* over a longer segment's entries at one step */
         base += 32;
 #pragma unroll
@@ -967,13 +996,6 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, W > 1 ? 3 : 2)
           if (m[k] == 2 && base >= sj0[k] && base < end) base = end;
         }
       }
-      /* the sums set down before the first step: nothing of them lives across the steps */
-#pragma unroll
-      for (int k = 0; k < W; k++)
-#pragma unroll
-        for (int v = 0; v < NV; v++)
-#pragma unroll
-          for (int e = 0; e < E; e++) slot[k][(v * 32 + lane) * E + e] = acc[k][v][e];
 #pragma unroll 1
       for (int k = 0; k < W; k++) { /* one site for the step: it is large */
         int32_t t = __shfl_sync(kFull, me.t, w0 + k);
@@ -1528,7 +1550,8 @@ cudaError_t launch_reduce(cudaStream_t st, const ur__tbe_args &a, const ur__tbe_
                           const Sorted &s, const SparseOut &sp) {
   /* Gradient rows a lane has in flight at once, in every kernel of the backward: two.  Four
    * (rows of 4 values a lane) spilled seg_kernel at the 80 registers of three blocks an SM:
-   * B2's 1-hot forward + SGD 1.634 ms against 1.503 with two; one, 1.586. */
+   * B2's 1-hot forward + SGD 1.634 ms against 1.503 with two; one, 1.586 (nineteenth session);
+   * with the sums in shared memory four gave 1.566 against 1.496 (twentieth). */
   const int U = 2;
   int sms = sm_count();
   /* Segments a window, for rows of up to 8 values a lane: 16 values a lane in all. */
