@@ -8,10 +8,10 @@
  * none need it), never gradient rows, sorted by cub's radix sort (stable: a row's values stay
  * in value order).  The sorted keys' runs are the segments (a run starts where the key
  * changes).  A warp takes 32 short segments (UR_TBE_SHORT entries or fewer), a few at a time (a
- * window: its gradient rows two at a time in flight, each added into its segment's sum in shared
- * memory, its rows prefetched into L2), or one
- * middling segment (a list of them: up to UR_TBE_HOT entries), sums each one's gradient rows in
- * that order and steps the optimizer once a row, the same sum as the CPU reference's
+ * window: its gradient rows two at a time in flight, each added into its segment's sum in
+ * shared memory, its rows prefetched into L2), or one middling segment (a list of them: up to
+ * UR_TBE_HOT entries), sums each one's gradient rows in that order and steps the optimizer once
+ * a row, the same sum as the CPU reference's
  * (tbe_plan.h's arithmetic, unfused); segments of more than UR_TBE_HOT entries are cut into
  * chunks of UR_TBE_CHUNK, a CTA each, whose partial sums a warp per segment adds in chunk
  * order.  No atomics touch floats, so a run is bit-identical to the next.  The one exception,
