@@ -606,8 +606,8 @@ __device__ __forceinline__ void resolve(const ur__tbe_args &a, const Sorted &s, 
   *c = w;
 }
 
-/* U gradient rows of the lanes' 32 resolved entries, u .. u + U - 1, all loaded before any is
- * added: each with its factor c, its segment k (k < 0: left out, as entries past cnt are) and that
+/* The gradient rows of entries u .. u + U - 1 of the lanes' 32, all loaded before any is added,
+ * each with its factor, its segment k (k < 0: left out, as entries past cnt are) and that
  * segment's width.  Lane l resolved entry l: its factor c, its gradient row's start at, its
  * segment k and that segment's width dim. */
 template <int NV, int E, int U>
@@ -658,7 +658,7 @@ __device__ __forceinline__ void add_rows(const ur__tbe_args &a, float c, int64_t
  * back.  (In registers, a window's sums were either indexed by a value, which put them in local
  * memory, or took each row by a select over the window's W sums, W times the arithmetic:
  * docs/results.md, nineteenth and twentieth sessions.) */
-template <int NV, int E, int U, int W>
+template <int NV, int E, int U>
 __device__ __forceinline__ void add_rows_into(const ur__tbe_args &a, float c, int64_t at, int k,
                                               int dim, int u, int cnt, float (*sums)[NV * 32 * E],
                                               int lane) {
@@ -934,10 +934,10 @@ __device__ __forceinline__ SegOf seg_of(const ur__tbe_args &a, const ur__tbe_hyp
  * segments (mid_kernel's, chunk_kernel's and long_kernel's) are passed over: 32 of them would
  * keep one warp long after the others are done (rows read hundreds of times lie together in
  * small tables).  Segments are numbered on the device, hence the grid-stride loop.  Entries are
- * int32: tbe.c takes at most 2^31 - 65 values on the GPU, so base + 32 does not overflow. */
-/* Rows of up to 128 values take 4 blocks an SM (64 registers: 32 warps an SM), the window's sums
- * being in shared memory; B2's 1-hot f32 backward + SGD 4-8% faster than at 3 blocks (80 registers)
- * in every case; wider rows' kernels keep 3 (two segments a window) or 2 blocks. */
+ * int32: tbe.c takes at most 2^31 - 65 values on the GPU, so base + 32 does not overflow.
+ * Rows of up to 128 values take 4 blocks an SM (64 registers, 32 warps), the window's sums being
+ * in shared memory: every B2 case 5-10% faster than at 3 blocks (80 registers); wider rows keep
+ * 3 blocks (two segments a window) or 2 (one). */
 template <int NV, int E, int U, int W>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV == 1 ? 4 : W > 1 ? 3 : 2)
     seg_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
@@ -987,7 +987,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV == 1 ? 4 : W > 1 ? 3 : 2
         if (j < J1 && mk == 1) resolve(a, s, s.pay[j], dk, &at, &c);
         else sk = -1;
         int cnt = J1 - base < 32 ? J1 - base : 32;
-        for (int u = 0; u < cnt; u += U) add_rows_into<NV, E, U, W>(a, c, at, sk, dk, u, cnt, slot, lane);
+        for (int u = 0; u < cnt; u += U) add_rows_into<NV, E, U>(a, c, at, sk, dk, u, cnt, slot, lane);
         /* over a longer segment's entries at one step */
         base += 32;
 #pragma unroll
