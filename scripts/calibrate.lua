@@ -390,7 +390,9 @@ do
   -- every id a distinct row), the model's Zipf ids at 1, 2 and 8 times cb (a few distinct rows an
   -- id); t = F + n kc + U ku fitted to the five (relative errors, least squares): three runs
   -- solved exactly left each term to the noise of one (fresh fits on the H200 moved the terms
-  -- 0.2-2.7x while the predicted steps stayed within 3%: docs/results.md, eighteenth session)
+  -- 0.2-2.7x while the predicted steps stayed within 3%: docs/results.md, eighteenth session).
+  -- On the H200 the per-id and per-row terms still trade against each other between runs
+  -- (0.019 / 0.596 against 0.060 / 0.355 ns), the batches' times within 3-13% (twentieth).
   local function uniform_ids(per)
     local ids = {}
     for k = 0, T * per - 1 do ids[k] = uniform[k % L] % crow end

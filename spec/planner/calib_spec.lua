@@ -140,6 +140,9 @@ describe("planner.calib", function()
     assert.near((1 + 5 + 12) / 14, x[1], 1e-12)
     -- with it the worst run's relative error: the first, 18/14 against 1
     assert.near(18 / 14 - 1, off, 1e-12)
+    -- an absolute fit may hold a run measured at 0: the error is over the others, never NaN
+    local _, off0 = calib.fit({ { 1, 0 }, { 0, 1 }, { 1, 1 } }, { 0, 2, 2.2 })
+    assert.is_true(off0 == off0 and off0 > 0 and off0 < 1, tostring(off0))
     -- what cannot be fitted is an error, not NaN rates
     assert.has_error(function() calib.solve({ { 1, 2 }, { 2, 4 } }, { 1, 2 }) end,
       "calib.solve: the system is singular (column 2 has no pivot)")

@@ -227,7 +227,8 @@ end
 -- fitted below 0 is dropped (0) and the rest fitted again, until none is: no coefficient comes
 -- out below 0 (a simple active set, not a full non-negative least squares: a dropped term is
 -- not tried again).  A: rows of the terms' amounts, y: the measured times (> 0 when relative).
--- Returns the coefficients and the worst run's relative error, |fitted / measured - 1|.
+-- Returns the coefficients and the worst run's relative error, |fitted / measured - 1| (over the
+-- runs not measured at 0, which an absolute fit may hold).
 function M.fit(A, y, relative)
   local n = #A[1]
   if relative then
@@ -268,7 +269,7 @@ function M.fit(A, y, relative)
       for i = 1, #A do
         local fitted = 0
         for j = 1, n do fitted = fitted + A[i][j] * out[j] end
-        off = math.max(off, math.abs(fitted / y[i] - 1))
+        if y[i] ~= 0 then off = math.max(off, math.abs(fitted / y[i] - 1)) end
       end
       return out, off
     end
