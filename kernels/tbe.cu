@@ -802,7 +802,7 @@ __device__ __forceinline__ void step_row_in(const ur__tbe_hyper &h, const Sparse
       sq = UR_FADD(sq, UR_FMUL(gg[v][e], gg[v][e]));
     }
   }
-  float rs = 0.0f;
+  float rs = 0.0f; /* rowwise Adagrad: the row's state, then its multiplier */
   if (h.k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) sq = UR_FADD(sq, __shfl_xor_sync(kFull, sq, o));
@@ -813,6 +813,7 @@ __device__ __forceinline__ void step_row_in(const ur__tbe_hyper &h, const Sparse
     rs = ur__tbe_rowwise_state(&tb, sid, tb.state1[prow], sq);
     __syncwarp();
     if (lane == 0) tb.state1[prow] = rs;
+    rs = ur__tbe_rowwise_mult(&h, rs);
   }
   uint64_t key = ur__tbe_sr_key(h.sr_key, tb.index);
 #pragma unroll

@@ -174,7 +174,7 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
     w[c] = wr[c];
     g[c] = ur__tbe_grad_adjust(h, acc[c], w[c]);
   }
-  float rs = 0;
+  float rs = 0; /* rowwise Adagrad: the row's state, then its multiplier */
   if (h->k.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD) {
     float sq = 0;
     for (int32_t c = 0; c < dim; c++) sq = UR_FADD(sq, UR_FMUL(g[c], g[c]));
@@ -184,6 +184,7 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
     }
     rs = ur__tbe_rowwise_state(tb, sid, tb->state1[row], sq);
     tb->state1[row] = rs;
+    rs = ur__tbe_rowwise_mult(h, rs);
   }
   uint64_t key = ur__tbe_sr_key(h->sr_key, tb->index);
   ur_philox4 r = {{0, 0, 0, 0}};

@@ -290,14 +290,20 @@ UR_HD float ur__tbe_rowwise_state(const ur__tbe_table *tb, int64_t sid, float st
   return UR_FADD(state, UR_FDIV(sq, n));
 }
 
-/* One element's step.  s1 / s2 point at its state (rowwise Adagrad: s1 is the row's sum,
- * already updated, and is not written here). */
+/* Rowwise Adagrad's step multiplier for a row whose (updated) state is rs: lr / (sqrt(rs) + eps),
+ * formed once a row (as FBGEMM's kernels do) rather than a division an element. */
+UR_HD float ur__tbe_rowwise_mult(const ur__tbe_hyper *h, float rs) {
+  return UR_FDIV(h->k.lr, UR_FADD(UR_FSQRT(rs), h->k.eps));
+}
+
+/* One element's step.  s1 / s2 point at its state (rowwise Adagrad: s1 is the row's multiplier
+ * from ur__tbe_rowwise_mult, and is not written here). */
 UR_HD float ur__tbe_step_elem(const ur__tbe_hyper *h, float w, float g, float *s1, float *s2) {
   const ur__optim_consts *k = &h->k;
   switch (k->kind) {
   case UR_OPTIM_KIND_SGD: return UR_FSUB(w, UR_FMUL(k->lr, g));
   case UR_OPTIM_KIND_ROWWISE_ADAGRAD:
-    return UR_FSUB(w, UR_FDIV(UR_FMUL(k->lr, g), UR_FADD(UR_FSQRT(*s1), k->eps)));
+    return UR_FSUB(w, UR_FMUL(*s1, g));
   case UR_OPTIM_KIND_ADAGRAD: {
     float s = UR_FADD(*s1, UR_FMUL(g, g));
     *s1 = s;
