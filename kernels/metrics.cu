@@ -44,7 +44,7 @@ ur_metrics_sums_kernel(ur__metrics_job j, double *sums, int64_t stride, double *
   typedef cub::BlockReduce<double, UR_M_THREADS> Reduce;
   __shared__ typename Reduce::TempStorage tmp;
   const int t = blockIdx.y;
-  double acc[UR__M_COUNT] = {0, 0, 0, 0, 0, 0}, v[UR__M_SUMS];
+  double acc[UR__M_COUNT] = {0}, v[UR__M_SUMS];
   double *hpos = hist ? hist + (size_t)t * 2 * (size_t)j.bins : nullptr;
   const int64_t step = (int64_t)gridDim.x * UR_M_THREADS;
   for (int64_t i = (int64_t)blockIdx.x * UR_M_THREADS + threadIdx.x; i < j.n; i += step) {

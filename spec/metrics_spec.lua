@@ -183,6 +183,49 @@ local function no_nan(t, what)
   end
 end
 
+-- Samples outside the definitions (a label outside [0, 1], a weight below 0, a prediction, label
+-- or weight not finite), one in task b of a batch: compute fails naming the task and the counts,
+-- keeps the state (reset() drops it); finite predictions outside [0, 1] (scores), weights of 0
+-- and labels of exactly 0 and 1 are inside them.  The metric's state in `place`, its inputs in
+-- `input`.
+local function refuses_bad_samples(place, input)
+  local function collection()
+    return metrics.MetricCollection { metrics = { "auc", "gauc", "ne", "accuracy", "calibration", "ctr" },
+                                      tasks = { "a", "b" }, batch_size = 8, window_size = 16,
+                                      placement = place }
+  end
+  local inf, nan = math.huge, 0 / 0
+  local cases = { { "y", 2 }, { "y", -0.5 }, { "y", nan }, { "w", -1 }, { "w", inf }, { "w", nan },
+                  { "p", nan }, { "p", inf }, { "p", -inf } }
+  for _, c in ipairs(cases) do
+    local what = ("%s = %s"):format(c[1], tostring(c[2]))
+    local m = collection()
+    local good, bad = batch(8, 2, { weights = "task", groups = 3 }), batch(8, 2, { weights = "task", groups = 3 })
+    bad[c[1]][2 * 5] = c[2] -- sample 5, task b
+    feed(m, { good, bad }, input)
+    local ok, err = pcall(m.compute, m)
+    assert.is_false(ok, what)
+    assert.matches("metrics compute: task b holds samples with a label outside %[0, 1%], a weight below 0, or a "
+                   .. "prediction, label or weight that is not finite: 1 in the lifetime since reset, 1 in the "
+                   .. "window; expected labels in %[0, 1%], weights of 0 or more and finite predictions %(the state "
+                   .. "is kept; reset%(%) drops it%)", tostring(err), nil, what)
+    assert.equal(16, m:seen(), what)
+    -- two more good batches push it out of the window (16 samples), not out of the lifetime
+    feed(m, { good, good }, input)
+    assert.matches("1 in the lifetime since reset, 0 in the window", tostring(select(2, pcall(m.compute, m))),
+                   nil, what)
+    m:reset()
+    feed(m, { good }, input)
+    no_nan(assert(m:values()), what)
+  end
+  -- the edges inside: labels 0 and 1, weight 0, finite scores outside [0, 1]
+  local m = collection()
+  local b = batch(8, 2, { weights = "task", groups = 3 })
+  b.y[1], b.y[2], b.w[3], b.p[4], b.p[5] = 0, 1, 0, -3.5, 7.25
+  feed(m, { b }, input)
+  no_nan(assert(m:values()), "edges")
+end
+
 describe("uvmrec.metrics", function()
   before_each(function() math.randomseed(7) end)
 
@@ -502,6 +545,10 @@ describe("uvmrec.metrics", function()
       assert(m:update { p, y, nil, g })
       assert.equal(8, m:seen())
     end)
+
+    it("bad samples: compute fails naming the task and the counts, and keeps the state", function()
+      refuses_bad_samples("host", "host")
+    end)
   end)
 
   describe("on CUDA", function()
@@ -601,6 +648,10 @@ describe("uvmrec.metrics", function()
         assert.equal(0.5, a.t.window.auc)
         assert.equal(0.5, a.t.window.grouped_auc)
       end
+    end)
+
+    h.cuda_it("counts bad samples on the device as the CPU does: compute fails naming the task", function()
+      refuses_bad_samples("device", "device")
     end)
 
     h.cuda_it("refuses host-memory inputs for a GPU metric, naming both sides", function()

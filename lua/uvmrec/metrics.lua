@@ -230,6 +230,17 @@ local function free_window(w)
   end
 end
 
+-- check() for ur_metrics_compute, its error naming the task as the metric's tasks do.
+local function check_compute(self, st, level)
+  if st == C.UR_STATUS_INVALID then
+    local msg = ffi.string(C.ur_last_error()):gsub("task (%d+) %(of %d+, from 0%)", function(t)
+      return ("task %s"):format(self.tasks[tonumber(t) + 1])
+    end)
+    error(msg, level + 1)
+  end
+  return check(st, level + 1)
+end
+
 -- Fills the value arrays: waits for the work enqueued so far (the only place that does).
 local function run(self, stream, level)
   local m = H(self, level + 1)
@@ -242,20 +253,20 @@ local function run(self, stream, level)
     local got = self.reduce(s)
     local w = got or s.window
     if w then
-      ok, err = check(C.ur_metrics_compute(sh, m, 1,
+      ok, err = check_compute(self, C.ur_metrics_compute(sh, m, 1,
         tensor_arg(w.predictions, "reduced window predictions", level + 1),
         tensor_arg(w.labels, "reduced window labels", level + 1),
         tensor_arg(w.weights, "reduced window weights", level + 1, true),
         tensor_arg(w.grouping_keys, "reduced window grouping keys", level + 1, true),
         self._window, self._lifetime), level + 1)
     else
-      ok, err = check(C.ur_metrics_compute(sh, m, 1, nil, nil, nil, nil, self._window, self._lifetime), level + 1)
+      ok, err = check_compute(self, C.ur_metrics_compute(sh, m, 1, nil, nil, nil, nil, self._window, self._lifetime), level + 1)
     end
     free_window(s.window)
     if got and got ~= s.window then free_window(got) end
     s.lifetime.tensor:free()
   else
-    ok, err = check(C.ur_metrics_compute(sh, m, 0, nil, nil, nil, nil, self._window, self._lifetime), level + 1)
+    ok, err = check_compute(self, C.ur_metrics_compute(sh, m, 0, nil, nil, nil, nil, self._window, self._lifetime), level + 1)
   end
   if not ok then return nil, err end
   return true

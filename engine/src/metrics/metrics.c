@@ -412,6 +412,17 @@ ur_status ur_metrics_compute(ur_stream *s, ur_metrics *m, int32_t from_snapshot,
   if (!st) st = b->stream_sync(sh);
   if (st) return st;
   for (int32_t t = 0; t < T; t++) {
+    double in_window = host_raw[(size_t)t * UR__M_RAW + UR__M_BAD];
+    double in_lifetime = host_raw[(size_t)(T + t) * UR__M_RAW + UR__M_BAD];
+    if (in_window > 0 || in_lifetime > 0)
+      return ur__error(UR_STATUS_INVALID,
+                       "metrics compute: task %d (of %d, from 0) holds samples with a label outside "
+                       "[0, 1], a weight below 0, or a prediction, label or weight that is not finite: "
+                       "%.0f in the lifetime since reset, %.0f in the window; expected labels in [0, 1], "
+                       "weights of 0 or more and finite predictions (the state is kept; reset() drops it)",
+                       (int)t, (int)T, in_lifetime, in_window);
+  }
+  for (int32_t t = 0; t < T; t++) {
     finish(host_raw + (size_t)t * UR__M_RAW, m->o.eta, m->o.auc && m->o.window, m->o.grouped_auc,
            &window[t]);
     finish(host_raw + (size_t)(T + t) * UR__M_RAW, m->o.eta, m->o.bins > 0, 0, &lifetime[t]);

@@ -4,6 +4,7 @@
 #ifndef UR_METRICS_H
 #define UR_METRICS_H
 
+#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -25,13 +26,14 @@ enum {
   UR__M_WPRED,      /* sum of w * p */
   UR__M_CE,         /* sum of w-weighted cross-entropy, p clamped to [eta, 1 - eta] */
   UR__M_RIGHT,      /* sum of w * (p >= threshold ? y : 1 - y) */
+  UR__M_BAD,        /* samples outside the definitions (ur__metrics_bad): compute fails on any */
   UR__M_COUNT,      /* samples */
-  UR__M_SUMS,       /* = 7 sums */
+  UR__M_SUMS,       /* = 8 sums */
   UR__M_AUC_NUM = UR__M_SUMS, /* sum over runs of equal predictions: pos * (neg below + neg / 2) */
   UR__M_AUC_TIES,   /* histogram: sum over bins of pos * neg */
   UR__M_GAUC_SUM,   /* sum of the AUCs of groups holding both classes */
   UR__M_GAUC_GROUPS,/* how many */
-  UR__M_RAW         /* = 11 */
+  UR__M_RAW         /* = 12 */
 };
 
 typedef struct ur__metrics_job {
@@ -76,10 +78,19 @@ UR__MHD int64_t ur__metrics_bin(double p, int32_t bins) {
   return b < bins ? b : bins - 1;
 }
 
+/* A sample the metrics' definitions do not cover: a label outside [0, 1], a weight below 0,
+ * or a prediction, label or weight that is not finite (NaN or infinite).  Its sums would be
+ * wrong (a negative weight of positives, a NaN ranked above every prediction), so it is
+ * counted, and compute fails on a count above 0 instead of returning them. */
+UR__MHD int ur__metrics_bad(double p, double y, double w) {
+  return !(y >= 0.0 && y <= 1.0 && w >= 0.0 && w <= DBL_MAX && p >= -DBL_MAX && p <= DBL_MAX);
+}
+
 /* The per-sample terms of the sums (all but the count), in double. */
 UR__MHD void ur__metrics_terms(double p, double y, double w, double threshold, double eta,
                                double *v) {
   double pos = w * y, neg = w * (1.0 - y);
+  v[UR__M_BAD] = ur__metrics_bad(p, y, w) ? 1.0 : 0.0;
   double pc = p < eta ? eta : p > 1.0 - eta ? 1.0 - eta : p;
   v[UR__M_WEIGHT] = w;
   v[UR__M_POS] = pos;
