@@ -64,6 +64,27 @@ describe("uvmrec.serve.export", function()
     cmd.rmdir(dir)
   end)
 
+  it("gives a synthetic run's tables the modulo its loader took ids from a wider id space by", function()
+    local dir = cmd.tmpdir()
+    local spec = assert(io.open(dir .. "/wide.lua", "w"))
+    spec:write('local s = require("uvmrec.data.synthetic").resolve("tiny")\ns.id_space_factor = 4\nreturn s\n')
+    spec:close()
+    local train = require "uvmrec.train"
+    local cfg = h.tiny { "train.steps=20", "train.checkpoint_every=20", "eval.samples=2048", "eval.min_auc=0",
+                         "data.train=synthetic:" .. dir .. "/wide.lua" }
+    local run = assert(train.run(cfg, { out = dir .. "/run", progress = "none", cpu = true, print = function() end }))
+    assert(export.run(dir .. "/run", { out = dir .. "/m.safetensors", tables = "f32" }))
+    local d = json.decode(assert(ck.open(dir .. "/m.safetensors")):meta("uvmrec.model"))
+    assert.equal("synthetic", d.input)
+    assert.equal(4, d.tables[1].modulo)
+    assert.equal(10000, d.tables[16].modulo)
+    local m = assert(require("uvmrec.serve").open(dir .. "/m.safetensors", { device = "cpu" }))
+    local r = assert(require("uvmrec.serve").evaluate(m))
+    assert.equal(run.eval.auc, r.auc)
+    m:close()
+    cmd.rmdir(dir)
+  end)
+
   it("is read by Python's safetensors, the description included", function()
     local py = h.python("import safetensors, numpy")
     if not py then pending("no Python with safetensors (make pydeps)") return end

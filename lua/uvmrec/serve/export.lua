@@ -42,8 +42,7 @@ end
 
 -- Where the training run's held-out samples were, for the file's readers:
 -- {data = spec, first = sample, samples = n, batch_size} (synthetic), or {data = spec}.
-local function held_out(cfg)
-  local d = train.data(cfg, train.config.table_rows(cfg))
+local function held_out(cfg, d)
   if not d or not d.eval then return nil end
   if cfg.data.eval ~= "" then
     return { data = cfg.data.eval, samples = cfg.eval.samples, batch_size = cfg.eval.batch_size }
@@ -99,6 +98,15 @@ function M.run(source, opts)
   end
   local names = f:names()
   local rows = train.config.table_rows(cfg)
+  -- What the training run's loader took each table's ids modulo (Criteo files, and synthetic
+  -- ids from an id space wider than the tables; nil: ids were rows already): the model does the
+  -- same to a request's raw ids.  A synthetic spec that no longer resolves cannot say.
+  local synthetic = cfg.data.train:match("^synthetic:") ~= nil
+  local data, derr = train.data(cfg, rows)
+  if not data and synthetic then
+    return nil, ("export: %s: its training data %s: %s"):format(path, cfg.data.train, tostring(derr))
+  end
+  local modulo = data and data.train.rows or not synthetic and rows or {}
   local e = cfg.embeddings
   for name, format in pairs(per) do
     local k = tonumber(name:match("^C(%d+)$"))
@@ -134,8 +142,8 @@ function M.run(source, opts)
     self_interaction = cfg.model.self_interaction, dense_features = cfg.model.dense_features,
     dense_dtype = dense_dtype, dim = e.dim,
     bottom = mlp("dense.bottom.", true), top = mlp("dense.top.", false),
-    input = cfg.data.train:match("^synthetic:") and "synthetic" or "criteo",
-    features = {}, tables = {}, held_out = held_out(cfg),
+    input = synthetic and "synthetic" or "criteo",
+    features = {}, tables = {}, held_out = held_out(cfg, data),
   }
   if #desc.bottom ~= #cfg.model.bottom_mlp or #desc.top ~= #cfg.model.top_mlp then
     return nil, ("export: %s holds %d bottom and %d top layers; its config has %d and %d"):format(
@@ -167,7 +175,7 @@ function M.run(source, opts)
     tensors["embeddings." .. name] = stored
     local t = { name = name, rows = r, dim = e.dim, format = qtbe.FORMATS[tonumber(qtbe.format_of(format)) + 1],
                 pooling = e.pooling, features = { name }, weights = "embeddings." .. name,
-                modulo = desc.input == "criteo" and r or 0 }
+                modulo = modulo[i] or 0 }
     -- The slot for a managed-collision map (uvmrec.h's serving section): "collisions" names its
     -- tensor once managed collisions are trained; absent here, and the engine refuses a table
     -- that has one until it serves them.
