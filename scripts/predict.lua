@@ -12,7 +12,7 @@ local cmd = require("uvmrec.cli").command {
   { "--data SPEC", "synthetic:NAME (the training run's held-out samples), criteo-tsv:PATH[,PATH...] or "
     .. "criteo-bin:DIR; default: the held-out samples of the model's training run" },
   { "--out FILE", "where the probabilities go (default: standard output)" },
-  { "--batch-size N", "samples a call", type = "whole", default = 512 },
+  { "--batch-size N", "samples a call", type = "whole", min = 1, default = 512 },
   { "--samples N", "score at most N samples", type = "whole" },
   { "--placement WHERE", "where the tables live", choices = { "device", "managed", "host" } },
   { "--bounds MODE", "ids outside their table after the mapping", choices = { "fatal", "warn", "off" },
