@@ -277,6 +277,17 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     -- differently, by a unit of the last place
     assert.equal("nan", got[2])
     for _, i in ipairs { 1, 3, 4 } do assert.is_true(math.abs(tonumber(got[i]) - tonumber(want[i])) < 1e-6) end
+    -- a line too long for its buffer is one bad line, not several
+    lines[2] = "1" .. ("\t"):rep(39) .. ("f"):rep(70000)
+    c, err, code = cmd.sh(exe .. " " .. path, table.concat(lines, "\n") .. "\n")
+    assert.equal(1, code)
+    assert.matches("serve: line 2: longer than 65535 bytes", err)
+    assert.is_nil(err:find("line 5", 1, true))
+    got = {}
+    for l in c:gmatch("[^\n]+") do got[#got + 1] = l end
+    assert.equal(4, #got)
+    assert.equal("nan", got[2])
+    for _, i in ipairs { 1, 3, 4 } do assert.is_true(math.abs(tonumber(got[i]) - tonumber(want[i])) < 1e-6) end
     -- a model of synthetic data does not take Criteo lines
     c, err, code = cmd.sh(exe .. " " .. h.exported("tiny", {}), "")
     assert.equal(2, code, c)

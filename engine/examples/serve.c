@@ -95,7 +95,15 @@ static int64_t read_batch(worker *w, int64_t *n, int64_t *first) {
       break;
     }
     sh->line_no++;
-    w->ok[b] = parse(w, sh->line_no, w->line, b);
+    size_t len = strlen(w->line);
+    if (len == MAX_LINE - 1 && w->line[len - 1] != '\n') {
+      /* The rest of the line is still on the input: drop it, so that one line scores once. */
+      int ch;
+      while ((ch = getchar()) != EOF && ch != '\n') continue;
+      w->ok[b] = bad_line(sh, sh->line_no, "longer than 65535 bytes");
+    } else {
+      w->ok[b] = parse(w, sh->line_no, w->line, b);
+    }
     b++;
   }
   if (b) sh->next_batch++;
