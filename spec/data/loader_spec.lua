@@ -547,6 +547,20 @@ describe("uvmrec.data loader", function()
     local l, err = data.loader { data = "criteo-bin:/nonexistent", batch_size = 4 }
     assert.is_nil(l)
     assert.equal("criteo-bin: /nonexistent: cannot open the folder", err)
+    -- day files that disagree: each message says what the file holds
+    local dir = cmd.tmpdir()
+    assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { rows = 1000 }))
+    os.execute(("cp %s/day_0_dense.npy %s/day_1_dense.npy"):format(dir, dir))
+    l, err = data.loader { data = "criteo-bin:" .. dir, batch_size = 4 }
+    assert.is_nil(l)
+    assert.equal(("criteo-bin: %s/day_1_sparse.npy must be integer ids [1000, columns] (the dense file's rows), "
+                  .. "got <i4 [400, 26]"):format(dir), err)
+    assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { rows = 1000 }))
+    os.execute(("cp %s/day_0_labels.npy %s/day_1_labels.npy"):format(dir, dir))
+    l, err = data.loader { data = "criteo-bin:" .. dir, batch_size = 4 }
+    assert.is_nil(l)
+    assert.equal(("criteo-bin: %s/day_1_labels.npy must be [400] or [400, 1], got <i4 [1000]"):format(dir), err)
+    cmd.rmdir(dir)
   end)
 
   it("ends cleanly under valgrind (or ASan): early stop, and an error in the reader thread", function()

@@ -130,6 +130,15 @@ static int day_cmp(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* "<i4 [400, 26]": what a day file holds, for its errors. */
+static const char *npy_what(const ur_npy_info *i, char *buf, size_t n) {
+  int k = snprintf(buf, n, "%s [", i->descr);
+  for (int j = 0; j < i->ndim && k > 0 && (size_t)k < n; j++)
+    k += snprintf(buf + k, n - (size_t)k, "%s%lld", j ? ", " : "", (long long)i->shape[j]);
+  if (k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, "]");
+  return buf;
+}
+
 static ur_status open_day(ur_loader *l, const char *dir, int dn, day *d) {
   char path[4200];
   ur_status st;
@@ -152,16 +161,17 @@ static ur_status open_day(ur_loader *l, const char *dir, int dn, day *d) {
   const ur_npy_info *di = &d->dense.info, *si = &d->sparse.info, *li = &d->labels.info;
   d->rows = di->ndim >= 1 ? di->shape[0] : 0;
   snprintf(path, sizeof path, "%s/day_%d", dir, dn);
+  char got[96];
   if (di->ndim != 2 || strcmp(di->descr, "<f4"))
-    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s_dense.npy must be <f4 [N, dense], got %s with %d dims",
-                     path, di->descr, (int)di->ndim);
+    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s_dense.npy must be <f4 [N, dense], got %s", path,
+                     npy_what(di, got, sizeof got));
   if (si->ndim != 2 || si->shape[0] != d->rows || !strcmp(si->descr, "<f4"))
     return ur__error(UR_STATUS_FORMAT,
-                     "criteo-bin: %s_sparse.npy must be integer ids [%lld, columns], got %s with %d dims",
-                     path, (long long)d->rows, si->descr, (int)si->ndim);
+                     "criteo-bin: %s_sparse.npy must be integer ids [%lld, columns] (the dense file's rows), "
+                     "got %s", path, (long long)d->rows, npy_what(si, got, sizeof got));
   if (!(li->ndim == 1 || (li->ndim == 2 && li->shape[1] == 1)) || li->shape[0] != d->rows)
-    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s_labels.npy must be [%lld] or [%lld, 1]",
-                     path, (long long)d->rows, (long long)d->rows);
+    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s_labels.npy must be [%lld] or [%lld, 1], got %s",
+                     path, (long long)d->rows, (long long)d->rows, npy_what(li, got, sizeof got));
   if (d->have_weights && (d->weights.info.ndim != 2 || d->weights.info.shape[0] != d->rows ||
                           d->weights.info.shape[1] != si->shape[1] || strcmp(d->weights.info.descr, "<f4")))
     return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s_weights.npy must be <f4 like the sparse ids", path);
