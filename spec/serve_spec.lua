@@ -319,6 +319,27 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     assert.matches("/nonexistent.safetensors", err)
   end)
 
+  it("reads Criteo files as the training run did: lines that lost their trailing tabs, when it padded them", function()
+    local sample = h.fixture("criteo_raw_sample2.tsv")
+    if not cmd.exists(sample) then return pending("no " .. sample) end
+    local dir = cmd.tmpdir()
+    local lines = {}
+    for l in io.lines(sample) do lines[#lines + 1] = (l:gsub("\t+$", "")) end
+    cmd.spit(dir .. "/short.tsv", table.concat(lines, "\n") .. "\n")
+    local spec = "criteo-tsv:" .. dir .. "/short.tsv"
+    local train = require "uvmrec.train"
+    local cfg = h.tiny { "train.steps=4", "train.batch_size=100", "train.checkpoint_every=4", "eval.min_auc=0",
+                         "data.train=" .. spec, "data.eval=" .. spec, "data.pad_missing_fields=true" }
+    local run = assert(train.run(cfg, { out = dir .. "/run", progress = "none", cpu = true, print = function() end }))
+    assert(require("uvmrec.serve.export").run(dir .. "/run", { out = dir .. "/m.safetensors", tables = "f32" }))
+    local m = assert(serve.open(dir .. "/m.safetensors", { device = "cpu" }))
+    local r = assert(serve.evaluate(m, spec))
+    assert.equal(400, r.samples)
+    assert.equal(run.eval.auc, r.auc)
+    m:close()
+    cmd.rmdir(dir)
+  end)
+
   it("refuses a batch size of 0 on its command line, as a usage error", function()
     local out, err, code = cmd.run("predict " .. h.exported("tiny", {}) .. " --batch-size 0")
     assert.equal(2, code, out)

@@ -127,7 +127,8 @@ end
 
 -- Loader options for scoring data with model m: spec nil or "held-out" (the training run's
 -- held-out samples, as its final evaluation read them), a synthetic spec (the same samples),
--- or criteo-tsv / criteo-bin files (all of them, raw ids: the model maps them).  opts:
+-- or criteo-tsv / criteo-bin files (all of them, raw ids: the model maps them; TSV lines of 15
+-- to 39 fields padded when the training run padded them, data.pad_missing_fields).  opts:
 -- batch_size, samples (at most).  Returns loader options and a line saying what they are.
 function M.data(m, spec, opts)
   opts = opts or {}
@@ -153,7 +154,7 @@ function M.data(m, spec, opts)
   local ok, src = pcall(require("uvmrec.data.loader").source, spec)
   if not ok then return nil, (tostring(src):gsub("^[^\n]-:%d+: ", "")) end
   return { data = spec, batch_size = bs, depth = 2, epochs = 1, placement = "host",
-           pad_missing_fields = false }, spec
+           pad_missing_fields = cfg.data.pad_missing_fields }, spec
 end
 
 -- Scores loader options' batches: fn(batch, probabilities) for each; opts.samples stops after
