@@ -24,17 +24,27 @@ local m, err = serve.open(o.model, { device = o.cpu and "cpu" or nil, placement 
 if not m then cmd:fail(err) end
 local lopts, what = serve.data(m, o.data, { batch_size = o.batch_size, samples = o.samples })
 if not lopts then cmd:fail(what) end
-local out = io.stdout
-if o.out then
+-- A file is written beside itself and renamed when every sample scored: a run that fails half
+-- way leaves no file that looks like an answer (nor changes one that was there).
+local out, tmp = io.stdout, o.out and o.out .. ".tmp"
+if tmp then
   local ferr
-  out, ferr = io.open(o.out, "w")
+  out, ferr = io.open(tmp, "w")
   if not out then cmd:fail(ferr) end
 end
 local n, serr = serve.score(m, lopts, function(_, p)
   local v = p:totable()
   for i = 1, #v do out:write(("%.9g\n"):format(v[i])) end
 end, { samples = o.samples })
-if out ~= io.stdout then out:close() end
+if tmp then
+  local ok, cerr = out:close()
+  if n and not ok then n, serr = nil, ("%s: %s"):format(tmp, tostring(cerr)) end
+  if n then
+    local renamed, rerr = os.rename(tmp, o.out)
+    if not renamed then n, serr = nil, rerr end
+  end
+  if not n then os.remove(tmp) end
+end
 if not n then cmd:fail(serr) end
 if o.out then print(("predict: %d samples of %s -> %s"):format(n, what, o.out)) end
 m:close()

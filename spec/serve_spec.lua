@@ -340,6 +340,31 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     cmd.rmdir(dir)
   end)
 
+  it("writes --out only when every sample scored: a bad line later leaves no partial file", function()
+    local path = h.exported("criteo", { tables = "int8" })
+    if not path then return pending("no Criteo fixture") end
+    local dir = cmd.tmpdir()
+    local lines = {}
+    for l in io.lines(h.fixture("criteo_raw_sample2.tsv")) do
+      lines[#lines + 1] = l
+      if #lines == 150 then break end
+    end
+    lines[#lines + 1] = "2\toops"
+    cmd.spit(dir .. "/bad.tsv", table.concat(lines, "\n") .. "\n")
+    cmd.spit(dir .. "/p.txt", "before\n")
+    local out, err, code = cmd.run(("predict %s --data criteo-tsv:%s/bad.tsv --batch-size 100 --out %s/p.txt"):format(
+      path, dir, dir))
+    assert.equal(1, code, out)
+    assert.matches("bad.tsv:151: label is '2'", err)
+    assert.equal("before\n", cmd.slurp(dir .. "/p.txt"))
+    out, err, code = cmd.run(("predict %s --data criteo-tsv:%s/bad.tsv --batch-size 100 --out %s/q.txt"):format(
+      path, dir, dir))
+    assert.equal(1, code, out .. err)
+    assert.is_false(cmd.exists(dir .. "/q.txt"))
+    assert.equal("", (cmd.sh("ls " .. dir .. " | grep -v -e bad.tsv -e p.txt")))
+    cmd.rmdir(dir)
+  end)
+
   it("refuses a batch size of 0 on its command line, as a usage error", function()
     local out, err, code = cmd.run("predict " .. h.exported("tiny", {}) .. " --batch-size 0")
     assert.equal(2, code, out)
