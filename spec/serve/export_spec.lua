@@ -130,6 +130,8 @@ with safe_open(sys.argv[1], "np") as f:
     assert.equal("export: --per-table names table 'C99'; tables are C1 to C26", err)
     _, err = export.run(t.run, { out = "/tmp/never.safetensors", per_table = "C3:int4" })
     assert.equal("export: --per-table: 'C3:int4' is not TABLE=FORMAT", err)
+    _, err = export.run(t.run, { out = "/tmp/never.safetensors", per_table = "C3=int4,C5=int2,C3=fp16" })
+    assert.equal("export: --per-table: table 'C3' is given twice (int4, fp16)", err)
     _, err = export.run("/nonexistent", { out = "/tmp/never.safetensors" })
     assert.matches("^export: ", err)
     local out, serr, code = cmd.run("export " .. t.run .. " --out /tmp/never.safetensors --tables int3")

@@ -35,6 +35,9 @@ function M.parse_per_table(s)
   for item in (s or ""):gmatch("[^,]+") do
     local name, format = item:match("^%s*([^=%s]+)%s*=%s*(%S+)%s*$")
     if not name then return nil, ("--per-table: '%s' is not TABLE=FORMAT"):format(item) end
+    if out[name] then
+      return nil, ("--per-table: table '%s' is given twice (%s, %s)"):format(name, out[name], format)
+    end
     out[name] = format
   end
   return out
