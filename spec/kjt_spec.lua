@@ -302,6 +302,18 @@ describe("uvmrec.KJT", function()
       "kjt: 1 weights for 2 values; expected one per value")
     assert.has_error(function() KJT { keys = { "a", 3 }, values = {}, lengths = {} } end,
       "kjt: key 2 is number; expected a string")
+    -- ids and lengths from Lua numbers are whole and fit their dtype; nothing is truncated
+    assert.has_error(function() KJT { keys = { "a" }, values = { 7, 1.5 }, lengths = { 2 } } end,
+      "kjt: values[2] is 1.5; expected a whole number that fits i64")
+    assert.has_error(function() KJT { keys = { "a" }, values = { 0 / 0 }, lengths = { 1 } } end,
+      "kjt: values[1] is nan; expected a whole number that fits i64")
+    assert.has_error(function() KJT { keys = { "a" }, values = { 2 ^ 63 }, lengths = { 1 } } end,
+      "kjt: values[1] is 9.2233720368548e+18; expected a whole number that fits i64")
+    assert.has_error(function() KJT { keys = { "a" }, values = { 1, 2 }, lengths = { 1.5, 0.5 }, stride = 2 } end,
+      "kjt: lengths[1] is 1.5; expected a whole number that fits i32")
+    assert.has_error(function() KJT { keys = { "a" }, values = {}, lengths = { 2 ^ 32 } } end,
+      "kjt: lengths[1] is 4294967296; expected a whole number that fits i32")
+    assert.equal(-2 ^ 63, KJT { keys = { "a" }, values = { -2 ^ 63 }, lengths = { 1 } }:values()[0])
     assert.has_error(function()
       KJT { keys = { "a" }, values = ur.tensor({ 1 }, { dtype = "i32" }), lengths = { 1 } }
     end, "kjt: values must be a 1-d i64 tensor, got i32 with 1 dimensions")
