@@ -32,9 +32,13 @@ if tmp then
   out, ferr = io.open(tmp, "w")
   if not out then cmd:fail(ferr) end
 end
+-- The loader reads files in whole batches: the last may go past --samples.
+local written = 0
 local n, serr = serve.score(m, lopts, function(_, p)
   local v = p:totable()
-  for i = 1, #v do out:write(("%.9g\n"):format(v[i])) end
+  local k = o.samples and math.min(#v, o.samples - written) or #v
+  for i = 1, k do out:write(("%.9g\n"):format(v[i])) end
+  written = written + k
 end, { samples = o.samples })
 if tmp then
   local ok, cerr = out:close()
@@ -46,5 +50,5 @@ if tmp then
   if not n then os.remove(tmp) end
 end
 if not n then cmd:fail(serr) end
-if o.out then print(("predict: %d samples of %s -> %s"):format(n, what, o.out)) end
+if o.out then print(("predict: %d samples of %s -> %s"):format(written, what, o.out)) end
 m:close()

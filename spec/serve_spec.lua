@@ -365,6 +365,29 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     cmd.rmdir(dir)
   end)
 
+  it("writes at most --samples lines from Criteo files too, whatever the batch size", function()
+    local path = h.exported("criteo", { tables = "int8" })
+    if not path then return pending("no Criteo fixture") end
+    local sample = h.fixture("criteo_raw_sample2.tsv")
+    local all, err, code = cmd.run(("predict %s --data criteo-tsv:%s"):format(path, sample))
+    assert.equal(0, code, err)
+    local out
+    out, err, code = cmd.run(("predict %s --data criteo-tsv:%s --samples 5 --batch-size 3"):format(path, sample))
+    assert.equal(0, code, err)
+    local want = {}
+    for l in all:gmatch("[^\n]+") do want[#want + 1] = l if #want == 5 then break end end
+    local got = {}
+    for l in out:gmatch("[^\n]+") do got[#got + 1] = l end
+    assert.equal(5, #got)
+    for i = 1, 5 do assert.is_true(math.abs(tonumber(got[i]) - tonumber(want[i])) < 1e-6) end
+    local dir = cmd.tmpdir()
+    out, err, code = cmd.run(("predict %s --data criteo-tsv:%s --samples 2 --out %s/p.txt"):format(path, sample, dir))
+    assert.equal(0, code, err)
+    assert.matches("predict: 2 samples of criteo%-tsv:", out)
+    assert.equal(2, select(2, cmd.slurp(dir .. "/p.txt"):gsub("\n", "")))
+    cmd.rmdir(dir)
+  end)
+
   it("refuses a batch size of 0 on its command line, as a usage error", function()
     local out, err, code = cmd.run("predict " .. h.exported("tiny", {}) .. " --batch-size 0")
     assert.equal(2, code, out)
