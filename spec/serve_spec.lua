@@ -237,6 +237,12 @@ describe("uvmrec.serve", function()
     local out = ffi.new("ur_model *[1]")
     assert.equal(C.UR_STATUS_INVALID, C.ur_model_open(out, path, o))
     assert.equal("model: hot_fraction 1.5; expected at most 1 (< 0: no hints)", ffi.string(C.ur_last_error()))
+    o.hot_fraction, o.table_place = 0, C.UR_PLACE_PINNED
+    assert.equal(C.UR_STATUS_INVALID, C.ur_model_open(out, path, o))
+    assert.equal("model: table placement pinned (1); expected device, managed, host or -1 (where it runs)",
+                 ffi.string(C.ur_last_error()))
+    assert.has_error(function() serve.open(path, { device = "cpu", placement = "pinned" }) end,
+                     "serve: placement 'pinned' is not one of device, host, managed")
   end)
 end)
 

@@ -563,6 +563,34 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
+  it("fails on a day file's label outside [0, 1], naming the file, the row and the label", function()
+    local dir = cmd.tmpdir()
+    assert(data.convert({ SAMPLE1 }, dir, { rows = 1000 }))
+    local path = dir .. "/day_0_labels.npy"
+    local labels = assert(data.npy_load(path))
+    -- i32 labels (convert's) with a 2 at row 150; then f4 labels: 0.25 is a soft label, -0.5 is not
+    for _, case in ipairs { { "i32", "<i4", 2, "2" }, { "f32", "<f4", -0.5, "-0.5" } } do
+      local t = assert(ur.tensor({ labels:size(1) }, { dtype = case[1] }))
+      for i = 0, labels:size(1) - 1 do t[i] = labels[i] end
+      if case[1] == "f32" then t[3] = 0.25 end
+      t[150] = case[3]
+      assert(data.npy_save(path, t, case[2]))
+      local l = assert(data.open("criteo-bin:" .. dir, { batch_size = 50, depth = 2, shuffle_window = 0 }))
+      local sizes = {}
+      local b, err = l:next()
+      while b do
+        sizes[#sizes + 1] = b.size
+        b, err = l:next()
+      end
+      l:close()
+      assert.same({ 50, 50, 50 }, sizes) -- the batches before the one that holds it
+      assert.equal(("criteo-bin: %s/day_0_labels.npy: row 150 holds label %s; expected 0 or 1 (or, in an <f4 "
+                    .. "file, a value from 0 to 1)"):format(dir, case[4]), err)
+      t:free()
+    end
+    cmd.rmdir(dir)
+  end)
+
   it("ends cleanly under valgrind (or ASan): early stop, and an error in the reader thread", function()
     -- A sanitized engine (make SAN=1, its runtime preloaded) cannot run under valgrind: there
     -- the check runs natively with LeakSanitizer on instead.

@@ -137,6 +137,10 @@ with safe_open(sys.argv[1], "np") as f:
     local out, serr, code = cmd.run("export " .. t.run .. " --out /tmp/never.safetensors --tables int3")
     assert.equal(2, code, out)
     assert.matches("int3", serr)
+    out, serr, code = cmd.run("export " .. t.run .. " --out /tmp/never.safetensors --per-table C3:int4")
+    assert.equal(2, code, out)
+    assert.matches("%-%-per%-table: 'C3:int4' is not TABLE=FORMAT", serr)
+    assert.is_nil(serr:find("--per-table: --per-table", 1, true), serr)
     assert.is_false(cmd.exists("/tmp/never.safetensors"))
     -- a run with managed collisions on two tables: its checkpoint's config says so
     local src = assert(ck.open(assert(require("uvmrec.train").checkpoint_file(t.run))))

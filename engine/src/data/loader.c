@@ -39,6 +39,7 @@ struct ur_batch {
 typedef struct day {
   ur__npy_map_t dense, sparse, labels, weights, groups;
   int have_weights, have_groups;
+  int number;                /* N of day_N_*.npy */
   int64_t rows, first;       /* rows, and the global row of the first */
 } day;
 
@@ -142,6 +143,7 @@ static const char *npy_what(const ur_npy_info *i, char *buf, size_t n) {
 static ur_status open_day(ur_loader *l, const char *dir, int dn, day *d) {
   char path[4200];
   ur_status st;
+  d->number = dn;
   snprintf(path, sizeof path, "%s/day_%d_dense.npy", dir, dn);
   if ((st = ur__npy_map(path, &d->dense))) return st;
   snprintf(path, sizeof path, "%s/day_%d_sparse.npy", dir, dn);
@@ -531,6 +533,8 @@ typedef struct out_rows {
   float *bw;
   int32_t *blen;
   int64_t tot[UR_SYNTH_MAX_TABLES]; /* values per table */
+  int64_t bad_row;           /* day files: the first global row whose label is outside [0, 1], or -1 */
+  float bad_label;
 } out_rows;
 
 /* The slot's big arrays are written once and read by someone else later (the consumer, or a
@@ -638,6 +642,11 @@ static void bin_row(const ur_loader *l, int64_t g, int64_t i, out_rows *o, int *
     memcpy(&v, (const char *)d->labels.data + (size_t)r * 4, 4);
     o->labels[i] = (float)v;
   }
+  /* a label outside [0, 1] (2, -1, NaN) would train and score silently wrong: make_batch fails */
+  if (!(o->labels[i] >= 0 && o->labels[i] <= 1) && o->bad_row < 0) {
+    o->bad_row = g;
+    o->bad_label = o->labels[i];
+  }
   const char *src = (const char *)d->sparse.data + (size_t)r * (size_t)l->H * si->item_bytes;
   const float *wsrc = l->weighted ? (const float *)d->weights.data + r * l->H : NULL;
   int64_t s = i % BLOCK, *ids = o->bids + s * l->H;
@@ -720,6 +729,7 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
   out_rows o;
   memset(&o, 0, sizeof o);
   o.n = n;
+  o.bad_row = -1;
   o.dense = ur_tensor_data(b->dense_buf);
   o.labels = ur_tensor_data(b->labels_buf);
   o.values = ur_tensor_data(b->values_buf);
@@ -753,6 +763,12 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
     if (i % BLOCK == BLOCK - 1 || i == n - 1) flush_block(l, &o, i - i % BLOCK, i % BLOCK + 1);
   }
   put_fence(); /* the streamed stores are done before anything reads them */
+  if (o.bad_row >= 0) {
+    const day *d = day_of(l, o.bad_row, &dc);
+    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s/day_%d_labels.npy: row %lld holds label %g; expected 0 or 1 "
+                     "(or, in an <f4 file, a value from 0 to 1)", l->paths[0], d->number,
+                     (long long)(o.bad_row - d->first), (double)o.bad_label);
+  }
   int64_t val0[UR_SYNTH_MAX_TABLES + 1];
   val0[0] = 0;
   int short_bags = 0;

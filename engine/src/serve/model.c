@@ -519,8 +519,9 @@ ur_status ur_model_open(ur_model **out, const char *path, const ur_model_options
     st = ur__error(UR_STATUS_INVALID, "model: device %d; expected -1 (the CPU) or a GPU", (int)o->device);
   else if (o->table_place != -1 && o->table_place != UR_PLACE_DEVICE &&
            o->table_place != UR_PLACE_MANAGED && o->table_place != UR_PLACE_HOST)
-    st = ur__error(UR_STATUS_INVALID, "model: table placement %d; expected device, managed, host or -1",
-                   (int)o->table_place);
+    st = ur__error(UR_STATUS_INVALID,
+                   "model: table placement %s (%d); expected device, managed, host or -1 (where it runs)",
+                   ur_place_name(o->table_place), (int)o->table_place);
   else if ((unsigned)o->bounds >= UR_TBE_BOUNDS_COUNT)
     st = ur__error(UR_STATUS_INVALID, "model: bounds %d; expected fatal, warn or off", (int)o->bounds);
   else if (o->max_callers < 0)

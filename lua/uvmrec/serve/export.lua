@@ -28,15 +28,16 @@ local function linears(names, prefix)
   return idx
 end
 
--- "C3=int4,C5=fp16" (or a table) to {C3 = "int4", ...}.
+-- "C3=int4,C5=fp16" (or a table) to {C3 = "int4", ...}, or nil and what is wrong (the caller
+-- names the option: the command's --per-table check, export.run).
 function M.parse_per_table(s)
   if type(s) == "table" then return s end
   local out = {}
   for item in (s or ""):gmatch("[^,]+") do
     local name, format = item:match("^%s*([^=%s]+)%s*=%s*(%S+)%s*$")
-    if not name then return nil, ("--per-table: '%s' is not TABLE=FORMAT"):format(item) end
+    if not name then return nil, ("'%s' is not TABLE=FORMAT"):format(item) end
     if out[name] then
-      return nil, ("--per-table: table '%s' is given twice (%s, %s)"):format(name, out[name], format)
+      return nil, ("table '%s' is given twice (%s, %s)"):format(name, out[name], format)
     end
     out[name] = format
   end
@@ -94,7 +95,7 @@ function M.run(source, opts)
   end
   local default = opts.tables or "int8"
   local per, err = M.parse_per_table(opts.per_table)
-  if not per then return nil, "export: " .. err end
+  if not per then return nil, "export: --per-table: " .. err end
   local dense_dtype = opts.dense or "f32"
   if dense_dtype ~= "f32" and dense_dtype ~= "bf16" then
     return nil, ("export: --dense %s; expected f32 or bf16"):format(dense_dtype)
