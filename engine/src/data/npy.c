@@ -189,6 +189,10 @@ ur_status ur__npy_map(const char *path, ur__npy_map_t *m) {
       st = ur__error(UR_STATUS_FORMAT,
                      "npy: %s: truncated: the header's shape needs %llu data bytes but %llu follow",
                      path, (unsigned long long)want, (unsigned long long)have);
+    else if (have > want) /* numpy writes none: a header whose shape is not the data's */
+      st = ur__error(UR_STATUS_FORMAT,
+                     "npy: %s: the header's shape needs %llu data bytes but %llu follow; expected "
+                     "exactly those", path, (unsigned long long)want, (unsigned long long)have);
   }
   if (st) {
     ur__npy_unmap(m);
