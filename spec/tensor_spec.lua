@@ -108,6 +108,13 @@ describe("uvmrec.tensor", function()
       "tensor fill: -3 is not an integer that fits u8 (0..255)")
     assert.has_error(function() ur.tensor({ 2 }, { dtype = "i8" }):fill(1.5) end)
     assert.has_error(function() ur.tensor({ 2 }, { dtype = "i32" })[0] = 2 ^ 31 end)
+    -- 2^63 - 1 is no double: i64's last is 2^63 - 1024, and 2^63 does not fit
+    local i64 = ur.tensor({ 2 }, { dtype = "i64" })
+    i64[0], i64[1] = 2 ^ 63 - 1024, -2 ^ 63
+    assert.same({ 2 ^ 63 - 1024, -2 ^ 63 }, i64:totable())
+    assert.has_error(function() i64[0] = 2 ^ 63 end,
+      "tensor set: 9.2233720368547758e+18 is not an integer that fits i64 (-9223372036854775808..9223372036854775807)")
+    assert.has_error(function() i64:fill(2 ^ 63) end)
   end)
 
   it("rejects bad shapes, dtypes, placements, devices and indices", function()
@@ -123,6 +130,8 @@ describe("uvmrec.tensor", function()
     local t = ur.tensor({ 3 })
     assert.has_error(function() return t[3] end,
       "tensor get: elements 3..3 are outside the tensor's 3 elements (0-based)")
+    assert.has_error(function() return t[0.5] end, "tensor get: element index 0.5 is not a whole number")
+    assert.has_error(function() t[1.5] = 1 end, "tensor set: element index 1.5 is not a whole number")
     assert.has_error(function() t.x = 1 end)
   end)
 

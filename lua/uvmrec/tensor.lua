@@ -153,8 +153,16 @@ end
 
 -- t:get(i), t[i]: level as the helpers' (t[i] is one frame further, in the metamethod).
 local value = ffi.new("double[1]")
+-- An element index is whole (the FFI would truncate 0.5 to element 0).
+local function whole_index(i, what, level)
+  if i ~= math.floor(i) then
+    error(("%s: element index %s is not a whole number"):format(what, tostring(i)), level + 1)
+  end
+end
+
 local function get(t, i, level)
   if type(i) ~= "number" then error("tensor get: expected an element index, got " .. type(i), level + 1) end
+  whole_index(i, "tensor get", level + 1)
   local ok, err = check(C.ur_tensor_get(lib.ptr(t, "tensor", level + 1), i, value), level + 1)
   if not ok then error(err, level + 1) end
   return value[0]
@@ -165,6 +173,7 @@ local function set(t, i, v, level)
   if type(i) ~= "number" or type(v) ~= "number" then
     error(("tensor set: expected an element index and a number, got %s and %s"):format(type(i), type(v)), level + 1)
   end
+  whole_index(i, "tensor set", level + 1)
   local ok, err = check(C.ur_tensor_set(lib.ptr(t, "tensor", level + 1), i, v), level + 1)
   if not ok then error(err, level + 1) end
 end

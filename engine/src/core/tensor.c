@@ -321,12 +321,16 @@ ur_status ur_tensor_to(ur_stream *s, const ur_tensor *src, ur_tensor **out, ur_p
 
 static int is_int(ur_dtype d) { return d >= UR_DTYPE_I8 && d <= UR_DTYPE_I64; }
 
+/* An integer dtype takes whole v in [lo, end): end exclusive, as i64's largest value, 2^63 - 1,
+ * is not a double (it rounds to 2^63, which does not fit). */
 static ur_status check_value(const ur_tensor *t, double v, const char *what) {
   static const double lo[] = {0, 0, 0, -128.0, 0, -2147483648.0, -9223372036854775808.0};
-  static const double hi[] = {0, 0, 0, 127.0, 255.0, 2147483647.0, 9223372036854775807.0};
-  if (is_int(t->dtype) && !(v >= lo[t->dtype] && v <= hi[t->dtype] && v == floor(v)))
-    return ur__error(UR_STATUS_INVALID, "%s: %.17g is not an integer that fits %s (%.0f..%.0f)",
-                     what, v, ur_dtype_name(t->dtype), lo[t->dtype], hi[t->dtype]);
+  static const double end[] = {0, 0, 0, 128.0, 256.0, 2147483648.0, 9223372036854775808.0};
+  static const char *const range[] = {"", "", "", "-128..127", "0..255", "-2147483648..2147483647",
+                                      "-9223372036854775808..9223372036854775807"};
+  if (is_int(t->dtype) && !(v >= lo[t->dtype] && v < end[t->dtype] && v == floor(v)))
+    return ur__error(UR_STATUS_INVALID, "%s: %.17g is not an integer that fits %s (%s)", what, v,
+                     ur_dtype_name(t->dtype), range[t->dtype]);
   return UR_STATUS_OK;
 }
 
