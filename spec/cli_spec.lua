@@ -16,6 +16,7 @@ local function decl(extra)
     { "--set K=V", "a value", many = true },
     { "--cpu", "on the CPU" },
     { "--eval-data SPEC", "held out" },
+    { "-k K", "a short one", type = "integer" },
   }
   for k, v in pairs(extra or {}) do d[k] = v end
   return d
@@ -38,8 +39,8 @@ describe("uvmrec.cli", function()
     assert.equal("synthetic:tiny", o.eval_data)
     assert.equal("fast", o.mode)
     -- a negative number after an option is its value, not an option
-    o = assert(c:check { "a", "--shift", "-2", "--rate", "-.5", "--sizes", "-1,2", "--", "-3" })
-    assert.same({ -2, -0.5, { -1, 2 }, { "a", "-3" } }, { o.shift, o.rate, o.sizes, o.files })
+    o = assert(c:check { "a", "--shift", "-2", "--rate", "-.5", "--sizes", "-1,2", "-k", "-4", "--", "-3" })
+    assert.same({ -2, -0.5, { -1, 2 }, -4, { "a", "-3" } }, { o.shift, o.rate, o.sizes, o.k, o.files })
     o = assert(c:check { "a" })
     assert.equal(10, o.steps)
     assert.is_false(o.cpu)
@@ -53,6 +54,7 @@ describe("uvmrec.cli", function()
     local cases = {
       { { "a", "--steps=-1" }, "--steps: '-1' is not a whole number (0, 1, 2, ...)" },
       { { "a", "--steps", "-5" }, "--steps: '-5' is not a whole number (0, 1, 2, ...)" },
+      { { "a", "-k", "-5.5" }, "-k: '-5.5' is not an integer" },
       { { "a", "--sizes", "-1,x" }, "--sizes: 'x' is not a number" },
       { { "a", "--steps", "1.5" }, "--steps: '1.5' is not a whole number (0, 1, 2, ...)" },
       { { "a", "--shift", "x" }, "--shift: 'x' is not an integer" },

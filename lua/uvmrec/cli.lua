@@ -255,7 +255,8 @@ function Command:check(args)
     if a == "--" then break end
     if a == "-h" or a == "--help" then return nil, "help" end
   end
-  -- argparse takes "-5" after an option for an unknown option: join it to its option.
+  -- argparse takes "-5" after an option for an unknown option: join it to its option (a long
+  -- one by "=", a short one directly: argparse reads "-n=5" as the value "=5").
   local takes_value = {}
   for _, e in ipairs(self.entries) do
     if e.kind == "option" then takes_value[e.name] = true end
@@ -265,7 +266,7 @@ function Command:check(args)
   while i <= #list do
     local a, v = list[i], list[i + 1]
     if takes_value[a] and v and v:match("^%-[%d.]") then
-      joined[#joined + 1] = a .. "=" .. v
+      joined[#joined + 1] = a .. (a:match("^%-%-") and "=" or "") .. v
       i = i + 2
     else
       joined[#joined + 1] = a
