@@ -340,7 +340,8 @@ int main(int argc, char **argv) {
   int script = collect_args(argv, &flags);
   if (script < 0) {
     usage(stderr);
-    return EXIT_USAGE;
+    snprintf(last_message, sizeof last_message, "a bad option or a missing argument (the usage is on stderr)");
+    return finish(EXIT_USAGE);
   }
   if (flags & FLAG_HELP) {
     usage(stdout);
@@ -353,22 +354,25 @@ int main(int argc, char **argv) {
     ur__lua_paths p;
     if (ur__lua_paths_find(&p)) {
       message(ur_lua_last_error());
-      return 1;
+      return finish(1);
     }
+    char text[8192]; /* the command list and a path fit */
     if (!strcmp(p.layout, "none")) {
-      fprintf(stderr,
-              PROG ": '%s' is a command of a uvmrec tree, and no tree was found beside this "
-                   "program (%s); set UVMREC_ROOT to a checkout, a dist tree or an install prefix\n",
-              argv[script], p.binary);
-      return 1;
+      snprintf(text, sizeof text,
+               "'%s' is a command of a uvmrec tree, and no tree was found beside this program "
+               "(%s); set UVMREC_ROOT to a checkout, a dist tree or an install prefix",
+               argv[script], p.binary);
+      message(text);
+      return finish(1);
     }
     snprintf(command_file, sizeof command_file, "%s/%s.lua", p.scripts, argv[script]);
     if (!p.scripts[0] || access(command_file, R_OK) != 0) {
       char known[4096];
       list_commands(&p, known, sizeof known);
-      fprintf(stderr, PROG ": '%s' is not a command; the commands are: %s\n", argv[script],
-              known);
-      return EXIT_USAGE;
+      snprintf(text, sizeof text, "'%s' is not a command; the commands are: %s", argv[script],
+               known);
+      message(text);
+      return finish(EXIT_USAGE);
     }
   }
 
@@ -380,7 +384,7 @@ int main(int argc, char **argv) {
   lua_State *L;
   if (ur_lua_open(&L)) {
     message(ur_lua_last_error());
-    return 1;
+    return finish(1);
   }
   int status = run_options(L, argv, script > 0 ? script : argc);
   if (!status && script > 0)

@@ -293,13 +293,39 @@ function Command:check(args)
   return result
 end
 
+-- Under `uvmrec launch` (UVMREC_JOB, its job folder), this rank's exit code and message for
+-- launch's report, noted as the uvmrec command notes its own exit (engine/host/main.c): a rank
+-- that exits through os.exit never reaches that note, and launch would say it died without a
+-- word.  M.failure is the last failure a command printed (fail, misuse), for uvmrec.dist's
+-- os.exit, which notes the exit again once the job has started.
+function M.note_exit(code, text)
+  local dir = os.getenv("UVMREC_JOB")
+  local rank
+  for _, k in ipairs { "OMPI_COMM_WORLD_RANK", "PMI_RANK", "UVMREC_RANK" } do
+    local v = os.getenv(k)
+    if v and v ~= "" then rank = tonumber(v) break end
+  end
+  if not dir or dir == "" or not rank then return end
+  local path = ("%s/rank-%d.exit"):format(dir, rank)
+  local f = io.open(path .. ".tmp", "w")
+  if not f then return end
+  f:write(("%d\t%s\n"):format(code, code ~= 0 and (text or ("os.exit(%d)"):format(code)) or ""))
+  if f:close() then os.rename(path .. ".tmp", path) end
+end
+
+local function fail_exit(code, msg)
+  M.failure = tostring(msg)
+  M.note_exit(code, M.failure)
+  os.exit(code)
+end
+
 -- A failure once the arguments are read (a file, the data, a check): the message on stderr, then
 -- exit with code (default 1).
 function Command:fail(msg, code)
   io.stdout:flush()
   io.stderr:write(self.prog, ": ", tostring(msg), "\n")
   io.stderr:flush()
-  os.exit(code or 1)
+  fail_exit(code or 1, msg)
 end
 
 -- A wrong argument: the message and the usage on stderr, exit 2.
@@ -308,7 +334,7 @@ function Command:misuse(msg)
   io.stderr:write(self.prog, ": ", tostring(msg), "\n", self:usage(), "\n(`", self.prog,
                   " --help` describes every option)\n")
   io.stderr:flush()
-  os.exit(2)
+  fail_exit(2, msg)
 end
 
 -- opts from the arguments (a script's arg); --help prints the help and exits 0, a wrong

@@ -47,6 +47,25 @@ describe("faults over ranks", function()
       end)
   end
 
+  it("names a rank's own one-line failure, before the job starts and after, not a death without a word",
+    function()
+      if not have_mpi() then pending("no MPI here") return end
+      local failures = {
+        { "nosuchcmd", "rank %d exited with 2: 'nosuchcmd' is not a command; the commands are: " },
+        { "train dlrm_tiny --cpu --frobnicate", "rank %d exited with 2: unknown option '%-%-frobnicate'" },
+        { "train dlrm_tiny --cpu --set train.batch_size=1023", "rank %d exited with 1: %-%-set "
+          .. "train.batch_size=1023: train.batch_size: 1023 is not a multiple of the 2 ranks" },
+        { "train dlrm_tiny --cpu --steps 1 --progress none --set eval.samples=1024 --set eval.min_auc=0.99",
+          "rank %d exited with 1: the final AUC %S+ is below eval.min_auc 0.9900; stopping the other ranks" },
+      }
+      for _, c in ipairs(failures) do
+        local out, err, code = command.sh(("timeout 120 %s launch -n 2 %s"):format(command.bin(), c[1]))
+        assert.is_true(code ~= 0, out .. err)
+        assert.matches("uvmrec launch: " .. c[2], err)
+        assert.is_nil(err:match("died without a message"), err)
+      end
+    end)
+
   it("times out the others' collectives when a rank hangs (UVMREC_COMM_TIMEOUT)", function()
     if not have_mpi() then pending("no MPI here") return end
     local out, code, s = job(3, { FAULT = "hang", FAULT_RANK = "2", FAULT_STEP = "2", STEPS = "8",

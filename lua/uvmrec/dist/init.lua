@@ -162,15 +162,9 @@ function M.init(opts)
     local exit = os.exit
     os.exit = function(code, close) -- luacheck: ignore 122
       local n = code == nil and 0 or (code == true and 0) or (code == false and 1) or code
-      -- under `uvmrec launch`, the exit code for its report (as the command's own exit notes it)
-      local dir = os.getenv("UVMREC_JOB")
-      if dir and dir ~= "" then
-        local f = io.open(("%s/rank-%d.exit"):format(dir, c.rank), "w")
-        if f then
-          f:write(("%d\t%s\n"):format(n, n ~= 0 and ("os.exit(%d)"):format(n) or ""))
-          f:close()
-        end
-      end
+      -- under `uvmrec launch`, the exit code for its report, with the command's failure if it printed one
+      local cli = require "uvmrec.cli"
+      cli.note_exit(n, cli.failure)
       -- every rank agreed to stop on a signal (dist.interrupted): an orderly end, not an abort
       C.ur_comm_exit((M.stopped_by_signal and (n == 130 or n == 143)) and 0 or n)
       return exit(code, close)
