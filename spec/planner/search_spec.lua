@@ -162,6 +162,8 @@ describe("planner.search", function()
                 dim = 128 } })
     assert.matches("alone take", derr, 1, true)
     assert.matches("more GPUs do not help", derr, 1, true)
+    -- the sentence ends: the budget named is the one that fits
+    assert.matches("a budget of at least [%d.]+ [MG]iB %(%d+ bytes%) would fit$", derr)
   end)
 
   it("keeps and flags a table's fixed settings, and holds host memory to the given size", function()

@@ -188,7 +188,7 @@ describe("uvmrec train --plan", function()
     assert.matches(("dense %s: parameters, gradients and optimizer state "):format(dense), se, 1, true)
     assert.matches("the model's arena 64.0 MiB in 1 block of 64.0 MiB (nn.arena) for 17.2 MiB of activations at a "
       .. "batch of 1024", se, 1, true)
-    local least = tonumber(se:match("a budget of at least [%d.]+ MiB %((%d+) bytes%) would"))
+    local least = tonumber(se:match("a budget of at least [%d.]+ MiB %((%d+) bytes%) would fit"))
     assert.truthy(least, se)
     -- the budget it names fits (every table at its smallest choice); 1 KiB less does not
     so, se, rc = cmd.sh(cmdline .. least)

@@ -236,7 +236,7 @@ local function infeasible(S, info)
     local cache = S.fixed.cache_room
     lines[#lines + 1] = ("planner: the model cannot fit: the dense part, the pipeline's buffers%s and the reserve "
       .. "alone take %s of each rank's %s HBM budget (dense %s; pipeline %s;%s reserve %s), and every rank holds "
-      .. "%s; a budget of at least %s (%d bytes) would"):format(
+      .. "%s; a budget of at least %s (%d bytes) would fit"):format(
       cache and ", a cache's scratch and staging rows" or "", fmt_bytes(S.fixed_total), fmt_bytes(S.budget),
       dense_parts(S), fmt_bytes(S.fixed.pipeline),
       cache and (" a cache's scratch over the batch's values and staging rows %s (kept while a table may be "
