@@ -226,6 +226,22 @@ describe("uvmrec train --plan", function()
       .. "places a table_wise table", err)
   end)
 
+  it("trains a plan of 2 ranks under uvmrec launch, rank 0 alone saying the plan's HBM peak", function()
+    if not h.have_mpi() then pending("no MPI here") return end
+    local p2 = dir .. "/w2run.json"
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "eval.samples=0" }))
+    local budget = 64 * 2 ^ 20 + gpu_dense(cfg, 2)
+    local so, se, rc = cmd.sh(("%s plan dlrm_tiny --gpus 2 --hbm %d --set eval.samples=0 --out %s"):format(cmd.bin(),
+      budget, p2))
+    assert.equal(0, rc, se .. so)
+    so, se, rc = cmd.sh(("timeout 300 %s launch -n 2 train dlrm_tiny --cpu --plan %s --steps 2 --progress none "
+      .. "--set eval.samples=0"):format(cmd.bin(), p2))
+    assert.equal(0, rc, se .. so)
+    local _, lines = (so .. se):gsub("plan: HBM peak", "")
+    assert.equal(1, lines, so .. se)
+    assert.is_nil((so .. se):match("%[rank 1%]"), so .. se)
+  end)
+
   h.cuda_it("on the GPU: 5 steps under the plan's HBM budget peak at most the prediction + 5%", function()
     -- the setup's budget for the tables, the pipeline and the reserve, and the dense part on top:
     -- on a GPU its arena is a 64 MiB device block, which 40 MiB alone does not hold (refused above),

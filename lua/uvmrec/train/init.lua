@@ -507,7 +507,8 @@ function M.run(cfg, opts)
     local R = opts.plan.data.ranks[rank + 1] or opts.plan.data.ranks[1]
     local predicted = R.hbm
     result.plan = { hbm_peak = peak, hbm_predicted = predicted, step_seconds = opts.plan.data.step_seconds }
-    local say = opts.print or function(l) io.stdout:write(l, "\n") io.stdout:flush() end
+    -- rank 0 alone speaks (run_plain's rule); every rank's result holds its own peak
+    local say = rank ~= 0 and function() end or opts.print or function(l) io.stdout:write(l, "\n") io.stdout:flush() end
     say(("plan: HBM peak %s (ur.memory: device tensors, managed rows on the GPU, dense workspaces), "
       .. "predicted %s%s"):format(
       planner.fmt_bytes(peak), planner.fmt_bytes(predicted),
