@@ -66,11 +66,12 @@ describe("uvmrec command", function()
   end)
 
   it("rejects a bad option or a missing argument with the usage and exit code 2", function()
-    for _, args in ipairs { "-z", "--frobnicate", "-e" } do
-      local out, err, code = cmd.run(args)
-      assert.equal(2, code, args)
+    for _, c in ipairs { { "-z", "unknown option '%-z'" }, { "--frobnicate", "unknown option '%-%-frobnicate'" },
+                         { "-e", "option '%-e' needs an argument" } } do
+      local out, err, code = cmd.run(c[1])
+      assert.equal(2, code, c[1])
       assert.equal("", out)
-      assert.matches("^usage: uvmrec", err)
+      assert.matches("^uvmrec: " .. c[2] .. "\nusage: uvmrec", err)
     end
   end)
 

@@ -228,8 +228,9 @@ static int print_env(void) {
 #define FLAG_HELP 8
 #define FLAG_LIB 16
 
-/* The index of the script (or command) in argv, 0 when there is none, -1 for a bad option. */
-static int collect_args(char **argv, int *flags) {
+/* The index of the script (or command) in argv, 0 when there is none, -1 for a bad option
+ * (what is wrong with it in bad, of size n). */
+static int collect_args(char **argv, int *flags, char *bad, size_t n) {
   for (int i = 1; argv[i]; i++) {
     const char *a = argv[i];
     if (a[0] != '-') return i;
@@ -245,8 +246,12 @@ static int collect_args(char **argv, int *flags) {
       *flags |= FLAG_INTERACTIVE;
     } else if (a[1] == 'e' || a[1] == 'l') {
       *flags |= a[1] == 'e' ? FLAG_EXEC : FLAG_LIB;
-      if (a[2] == 0 && !argv[++i]) return -1;
+      if (a[2] == 0 && !argv[++i]) {
+        snprintf(bad, n, "option '%s' needs an argument", a);
+        return -1;
+      }
     } else {
+      snprintf(bad, n, "unknown option '%s'", a);
       return -1;
     }
   }
@@ -337,10 +342,11 @@ int main(int argc, char **argv) {
   rank_prefix();
   job_note("pid", (int)getpid(), "");
   int flags = 0;
-  int script = collect_args(argv, &flags);
+  char bad[256];
+  int script = collect_args(argv, &flags, bad, sizeof bad);
   if (script < 0) {
+    message(bad);
     usage(stderr);
-    snprintf(last_message, sizeof last_message, "a bad option or a missing argument (the usage is on stderr)");
     return finish(EXIT_USAGE);
   }
   if (flags & FLAG_HELP) {
