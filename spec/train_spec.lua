@@ -659,4 +659,22 @@ describe("uvmrec.train", function()
     assert.is_nil(none)
     assert.equal("--data synthetic:kaggle: 26 sparse features, but the model has 2 tables", err)
   end)
+
+  it("refuses bad held-out data (data.eval, --eval-data) before any step, and caps a synthetic one's tables", function()
+    for _, c in ipairs {
+      { "data.eval=parquet:/x", "^data.eval: 'parquet:/x' is not a data spec" },
+      { "data.eval=synthetic:nothing", "^data.eval synthetic:nothing: 'nothing' is neither a preset" },
+      { "data.eval=criteo-tsv:/no/such/file.tsv", "^data.eval criteo%-tsv: /no/such/file.tsv: cannot open" },
+    } do
+      local steps = 0
+      local r, err = run(sets_with(SYNTH, { "train.steps=2", c[1] }),
+                         { hooks = { { after = function() steps = steps + 1 end } } })
+      assert.is_nil(r, c[1])
+      assert.matches(c[2], err)
+      assert.equal(0, steps, c[1])
+    end
+    -- the kaggle preset's tables held out for the tiny model: capped at its rows, as training data is
+    local r = assert(run(sets_with(SYNTH, { "train.steps=2", "data.eval=synthetic:kaggle" })))
+    assert.is_true(r.eval.auc > 0 and r.eval.auc < 1)
+  end)
 end)

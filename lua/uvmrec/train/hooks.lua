@@ -86,7 +86,8 @@ function Evaluation:evaluate(step)
   local evaluate = require "uvmrec.train.evaluate"
   local o = self.o
   o.progress:pause()
-  local l = assert(ur.data.loader(o.data))
+  local l, lerr = ur.data.loader(o.data)
+  if not l then error(lerr, 0) end
   o.source:attach(l)
   local r, e = evaluate.run(o.model, o.source, { metrics = o.metrics, samples = o.samples,
                                                  batch_size = o.batch_size, comm = o.comm })

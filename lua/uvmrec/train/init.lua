@@ -108,6 +108,30 @@ function M.held_out(data, n, batch_size, rows)
            batch_size = batch_size, depth = 2, rows = rows }
 end
 
+-- A synthetic preset (spec "synthetic:NAME", given as flag) for a model of these table rows:
+-- {kind = "synthetic", spec} with the preset's tables capped at the rows, so the hidden model
+-- lives on them and every id fits (unless the spec draws from an id space of its own: id_space,
+-- id_space_factor, whose ids the loader takes modulo loader_rows), then loader_rows (nil where
+-- none is wider) and the preset's samples; or nil, message.
+local function synthetic_data(spec, name, rows, load_rows, flag)
+  local base, samples = synthetic.resolve(name)
+  if not base then return nil, flag .. " " .. spec .. ": " .. tostring(samples) end
+  if #base.tables ~= #rows then
+    return nil, ("%s %s: %d sparse features, but the model has %d tables"):format(flag, spec, #base.tables, #rows)
+  end
+  for i, t in ipairs(base.tables) do t.rows = math.min(t.rows, rows[i]) end
+  local s = synthetic.spec(base, nil, 3)
+  local wide = false
+  for i = 0, s.cspec.num_tables - 1 do
+    wide = wide or tonumber(s.cspec.tables[i].id_space) > tonumber(s.cspec.tables[i].rows)
+  end
+  if wide and #rows ~= 26 then
+    return nil, ("%s %s: an id space larger than the tables needs the loader's 26 tables (this "
+                 .. "model has %d)"):format(flag, spec, #rows)
+  end
+  return { kind = "synthetic", spec = s }, wide and load_rows or nil, samples
+end
+
 -- Where the data comes from, for the config as resolved (data.train, train.steps set):
 -- {train = loader options, eval = loader options or nil, eval_samples, ceiling = function()
 -- (synthetic data: the hidden model's AUC on the held-out samples), steps = total or nil,
@@ -126,15 +150,9 @@ function M.data(cfg, rows)
                    seed = cfg.data.seed, epochs = cfg.train.epochs, on_bad_line = cfg.data.on_bad_line,
                    pad_missing_fields = cfg.data.pad_missing_fields }
   if src.kind == "synthetic" then
-    local base, samples = synthetic.resolve(src.name)
-    if not base then return nil, "--data " .. spec .. ": " .. tostring(samples) end
-    if #base.tables ~= #rows then
-      return nil, ("--data %s: %d sparse features, but the model has %d tables"):format(spec, #base.tables, #rows)
-    end
-    -- Ids the capped tables cannot hold are not drawn: the hidden model lives on the capped rows
-    -- (unless the spec draws from an id space of its own: id_space, id_space_factor).
-    for i, t in ipairs(base.tables) do t.rows = math.min(t.rows, rows[i]) end
-    local s = synthetic.spec(base, nil, 2)
+    local sdata, srows, samples = synthetic_data(spec, src.name, rows, load_rows, "--data")
+    if not sdata then return nil, srows end
+    local s = sdata.spec
     local n = cfg.data.samples > 0 and cfg.data.samples or (samples and cfg.train.steps == 0 and samples)
               or cfg.train.steps * batch
     if n >= M.HELD_OUT then
@@ -142,18 +160,9 @@ function M.data(cfg, rows)
         .. "the held-out samples start"):format(spec, n, cfg.data.samples > 0 and "data.samples"
         or ("train.steps %.0f x train.batch_size %d"):format(cfg.train.steps, batch))
     end
-    common.data, common.samples = { kind = "synthetic", spec = s }, n
     -- Ids beyond a table's rows are taken modulo them by the loader, or kept raw for managed
     -- collisions.
-    local wide = false
-    for i = 0, s.cspec.num_tables - 1 do
-      wide = wide or tonumber(s.cspec.tables[i].id_space) > tonumber(s.cspec.tables[i].rows)
-    end
-    if wide and #rows ~= 26 then
-      return nil, ("--data %s: an id space larger than the tables needs the loader's 26 tables (this "
-                   .. "model has %d)"):format(spec, #rows)
-    end
-    common.rows = wide and load_rows or nil
+    common.data, common.samples, common.rows = sdata, n, srows
     d.train = common
     d.steps = cfg.train.steps > 0 and cfg.train.steps or math.ceil(n / batch) * cfg.train.epochs
     if cfg.data.eval == "" and d.eval_samples > 0 then
@@ -170,8 +179,13 @@ function M.data(cfg, rows)
     d.steps = cfg.train.steps > 0 and cfg.train.steps or nil
   end
   if cfg.data.eval ~= "" then
-    if cfg.data.eval:match("^synthetic:") then
-      d.eval = M.held_out(cfg.data.eval, d.eval_samples, cfg.eval.batch_size)
+    -- checked as the training data is, before any step: a bad one would fail the run's first evaluation
+    local eok, esrc = pcall(require("uvmrec.data.loader").source, cfg.data.eval)
+    if not eok then return nil, (tostring(esrc):gsub("^[^\n]-:%d+: ", ""):gsub("^data:", "data.eval:")) end
+    if esrc.kind == "synthetic" then
+      local edata, erows = synthetic_data(cfg.data.eval, esrc.name, rows, load_rows, "data.eval")
+      if not edata then return nil, erows end
+      d.eval = M.held_out(edata, d.eval_samples, cfg.eval.batch_size, erows)
     else
       d.eval = { data = cfg.data.eval, rows = load_rows, batch_size = cfg.eval.batch_size, depth = 2,
                  on_bad_line = cfg.data.on_bad_line, pad_missing_fields = cfg.data.pad_missing_fields }
@@ -644,6 +658,16 @@ function run_plain(cfg, opts)
   end
   local loader, err = ur.data.loader(topts)
   if not loader then return nil, err end
+  -- held-out files open once before any step, as each evaluation opens them: a missing one
+  -- fails the run now, not after its training
+  if data.eval and type(data.eval.data) == "string" then
+    local probe, perr = ur.data.loader(data.eval)
+    if not probe then
+      loader:close()
+      return nil, "data.eval " .. perr
+    end
+    probe:close()
+  end
   local last = cfg.train.steps > 0 and cfg.train.steps or nil
   local source = train_source(cfg, model, loader, gpu, last and last - ctx.step)
   local progress = M.progress.new { total = data.steps, mode = rank ~= 0 and "none" or opts.progress,
