@@ -325,4 +325,20 @@ describe("uvmrec.cli", function()
     assert.matches("^%(.*declares no command", list[3].summary)
     command.rmdir(dir)
   end)
+
+  it("fails in one line, noting the exit for uvmrec launch, and with 130 after a Ctrl-C", function()
+    local dir = command.tmpdir()
+    local fail = [[-e "local ur = require 'uvmrec'; if os.getenv('INT') then ur.C.ur_interrupt_set(1) end; ]]
+      .. [[require('uvmrec.cli').command { name = 'tool', summary = 's' }:fail('no such file')"]]
+    local _, err, code = command.sh(("env UVMREC_JOB=%s UVMREC_RANK=1 %s %s"):format(dir, command.bin(), fail))
+    assert.equal(1, code)
+    assert.equal("uvmrec tool: no such file\n", err)
+    -- launch reads it to name the rank: the code and the message, not a rank that died without a word
+    assert.equal("1\tno such file\n", command.slurp(dir .. "/rank-1.exit"))
+    -- Lua code that caught the interrupt's error fails as a command Ctrl-C stopped
+    _, err, code = command.sh(("env INT=1 UVMREC_JOB=%s UVMREC_RANK=1 %s %s"):format(dir, command.bin(), fail))
+    assert.equal(130, code, err)
+    assert.equal("130\tno such file\n", command.slurp(dir .. "/rank-1.exit"))
+    command.rmdir(dir)
+  end)
 end)

@@ -302,7 +302,7 @@ ur_status ur_lua_open(lua_State **out) {
     char msg[sizeof last_error];
     snprintf(msg, sizeof msg, "%s", last_error);
     lua_close(L);
-    return ur__lua_error(s == UR_STATUS_OOM ? s : UR_STATUS_IO,
+    return ur__lua_error(s == UR_STATUS_OOM || s == UR_STATUS_INTERRUPTED ? s : UR_STATUS_IO,
                          "lua: require \"uvmrec\" failed: %s", msg);
   }
   *out = L;

@@ -388,10 +388,8 @@ int main(int argc, char **argv) {
   }
 
   lua_State *L;
-  if (ur_lua_open(&L)) {
-    message(ur_lua_last_error());
-    return finish(1);
-  }
+  ur_status opened = ur_lua_open(&L);
+  if (opened) return finish(report(opened)); /* 130 when Ctrl-C stopped the loading */
   int status = run_options(L, argv, script > 0 ? script : argc);
   if (!status && script > 0)
     status = run_script(L, argv, argc, script, command_file[0] ? command_file : NULL);

@@ -48,7 +48,8 @@ UR_API ur_status ur_dir_temp(char *templ);         /* mkdtemp: templ ends in XXX
 
 struct lua_State;
 
-/* A new state, or UR_STATUS_IO when the Lua modules are not found, UR_STATUS_OOM without memory. */
+/* A new state, or UR_STATUS_IO when the Lua modules are not found, UR_STATUS_OOM without memory,
+ * UR_STATUS_INTERRUPTED when SIGINT stopped their loading. */
 UR_API ur_status ur_lua_open(struct lua_State **out);
 UR_API void ur_lua_close(struct lua_State *L);
 

@@ -313,7 +313,11 @@ function M.note_exit(code, text)
   if f:close() then os.rename(path .. ".tmp", path) end
 end
 
+-- A failure that follows a Ctrl-C (the engine's interrupt flag, which the uvmrec command raises
+-- on SIGINT: Lua code caught its "interrupted" error) exits 130, as a command stopped by it does.
 local function fail_exit(code, msg)
+  local lib = package.loaded["uvmrec.lib"]
+  if lib and lib.C.ur_interrupt_get() ~= 0 then code = 130 end
   M.failure = tostring(msg)
   M.note_exit(code, M.failure)
   os.exit(code)
