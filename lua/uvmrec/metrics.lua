@@ -260,13 +260,15 @@ local function run(self, stream, level)
         tensor_arg(w.grouping_keys, "reduced window grouping keys", level + 1, true),
         self._window, self._lifetime), level + 1)
     else
-      ok, err = check_compute(self, C.ur_metrics_compute(sh, m, 1, nil, nil, nil, nil, self._window, self._lifetime), level + 1)
+      ok, err = check_compute(self, C.ur_metrics_compute(sh, m, 1, nil, nil, nil, nil, self._window, self._lifetime),
+                              level + 1)
     end
     free_window(s.window)
     if got and got ~= s.window then free_window(got) end
     s.lifetime.tensor:free()
   else
-    ok, err = check_compute(self, C.ur_metrics_compute(sh, m, 0, nil, nil, nil, nil, self._window, self._lifetime), level + 1)
+    ok, err = check_compute(self, C.ur_metrics_compute(sh, m, 0, nil, nil, nil, nil, self._window, self._lifetime),
+                            level + 1)
   end
   if not ok then return nil, err end
   return true

@@ -6,6 +6,17 @@ local data = ur.data
 
 local SAMPLE1, SAMPLE2 = h.fixture("criteo_raw_sample.tsv"), h.fixture("criteo_raw_sample2.tsv")
 
+-- Every batch's size until the loader ends, and the error it ended with (nil at the end).
+local function drain(l)
+  local sizes = {}
+  local b, err = l:next()
+  while b do
+    sizes[#sizes + 1] = b.size
+    b, err = l:next()
+  end
+  return sizes, err
+end
+
 -- One row per sample: label, dense and ids as strings (and the epoch), in batch order.
 -- scripts/datagen.lua on dir/SPEC.lua (its text written there) into dir/OUT with ARGS; returns
 -- its log, having checked that it succeeded.
@@ -413,12 +424,7 @@ describe("uvmrec.data loader", function()
     f:write(table.concat(lines, "\n", 1, 300), "\n")
     f:close()
     local l = assert(data.open("criteo-tsv:" .. dir .. "/bad.tsv", { batch_size = 50, depth = 2 }))
-    local sizes = {}
-    local b, err = l:next()
-    while b do
-      sizes[#sizes + 1] = b.size
-      b, err = l:next()
-    end
+    local sizes, err = drain(l)
     assert.same({ 50, 50, 49 }, sizes) -- the 149 good lines before it
     assert.equal("criteo-tsv: " .. dir .. "/bad.tsv:150: label is '2'; expected 0 or 1", err)
     l:close()
@@ -576,12 +582,7 @@ describe("uvmrec.data loader", function()
       t[150] = case[3]
       assert(data.npy_save(path, t, case[2]))
       local l = assert(data.open("criteo-bin:" .. dir, { batch_size = 50, depth = 2, shuffle_window = 0 }))
-      local sizes = {}
-      local b, err = l:next()
-      while b do
-        sizes[#sizes + 1] = b.size
-        b, err = l:next()
-      end
+      local sizes, err = drain(l)
       l:close()
       assert.same({ 50, 50, 50 }, sizes) -- the batches before the one that holds it
       assert.equal(("criteo-bin: %s/day_0_labels.npy: row 150 holds label %s; expected 0 or 1 (or, in an <f4 "
