@@ -150,6 +150,16 @@ describe("uvmrec train --plan", function()
       assert.is_nil(got, c[2])
       assert.equal(c[2], err:sub(1, #c[2]))
     end
+    -- a plan for evaluations in batches of 16384 holds smaller ones, not larger
+    local pe = assert(planner.load(path))
+    pe.data.eval_batch = 16384
+    local evp = dir .. "/eval.json"
+    assert(pe:save(evp))
+    assert(train.apply_plan(config { "eval.samples=65536", "eval.batch_size=8192" }, evp))
+    local _, eerr = train.apply_plan(config { "eval.samples=65536", "eval.batch_size=32768" }, evp)
+    assert.equal("--plan " .. evp .. ": the plan is for evaluation batches of 16384 per rank and this run evaluates "
+      .. "in batches of 32768 per rank (eval.batch_size 32768, eval.samples 65536), whose activations it does not "
+      .. "hold: plan this config again, or set eval.samples=0 (no evaluation)", eerr)
     local _, err = train.apply_plan(config(), path, { world = 2 })
     assert.equal("--plan " .. path .. ": the plan is for 1 rank and this run has 2", err)
     -- a plan edited past its own budget

@@ -930,9 +930,10 @@ function Plan:apply(cfg, where, opts)
       cfg.train.batch_size, world, world == 1 and "" or "s", p.batch * world)
   end
   -- an evaluation's forward adds its batch's tensors to the model's arena (cost.dense): a plan
-  -- covers the evaluations it was made for, or none
+  -- covers evaluations in batches up to the one it was made for (a smaller one's fit in its
+  -- tensors: the arena only grows), or none
   local ev = M.eval_batch(cfg, world)
-  if ev > 0 and ev ~= (p.eval_batch or 0) then
+  if ev > (p.eval_batch or 0) then
     return bad("the plan is for %s and this run evaluates in batches of %d per rank (eval.batch_size %d, "
       .. "eval.samples %d), whose activations it does not hold: plan this config again, or set eval.samples=0 "
       .. "(no evaluation)", (p.eval_batch or 0) > 0 and ("evaluation batches of %d per rank"):format(p.eval_batch)
