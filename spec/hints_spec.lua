@@ -45,6 +45,34 @@ return P
     assert.has_error(function() hints.manager(m, { every = 0 }) end, "hints: every must be >= 1 step")
     assert.has_error(function() hints.manager(m, { monitor = "always" }) end,
       'hints: monitor \'always\'; expected "end", "interval" or "off" (or true, false)')
+    assert.has_error(function() hints.manager(m, { evry = 5 }) end,
+      "hints: unknown manager option 'evry'")
+    assert.has_error(function() hints.manager(m, { every = 1.5 }) end, "hints: every must be >= 1 step")
+    assert.has_error(function() hints.manager(m, { decay = "half" }) end, "hints: decay must be in [0, 1]")
+  end)
+
+  it("fail naming the policy, the table and the value when a plan returns garbage", function()
+    local function plan_err(plan)
+      local P = hints.policy("junk", {})
+      P.plan = plan
+      local ok, err = pcall(function() hints.manager(tables(), { policy = P, every = 1 }):start() end)
+      assert.is_false(ok)
+      return (tostring(err):gsub("^[^:]*:%d+: ", ""))
+    end
+    assert.equal("hints: policy junk, table 'a': plan returned nil; expected a list of actions",
+                 plan_err(function() return nil end))
+    assert.equal("hints: policy junk, table 'a': action 1 is 5; expected a table from hints.advise, "
+                 .. "hints.prefetch or hints.relayout", plan_err(function() return { 5 } end))
+    assert.equal("hints: policy junk, table 'a': action 1 has kind 'move'; expected advise, prefetch or relayout",
+                 plan_err(function() return { { kind = "move", first = 0, rows = 1 } } end))
+    assert.equal("hints: policy junk, table 'a': action 1 first is 0; expected a whole number",
+                 plan_err(function() return { hints.prefetch("0", 10, "gpu") } end))
+    assert.equal("hints: policy junk, table 'a': action 1 rows is 2.5; expected a whole number",
+                 plan_err(function() return { hints.prefetch(0, 2.5, "gpu") } end))
+    assert.equal("hints: policy junk, table 'a': hot_rows is 9000; expected a whole number from 0 to 8192",
+                 plan_err(function() return { hot_rows = 9000 } end))
+    assert.equal("hints: policy junk, table 'a': hot_rows is x; expected a whole number from 0 to 8192",
+                 plan_err(function() return { hot_rows = "x" } end))
   end)
 
   it("keep what they place within the HBM budget, or fail naming it", function()

@@ -236,16 +236,26 @@ local function tbes_of(collection)
 end
 M.tbes_of = tbes_of
 
+local MANAGER_OPTS = { policy = true, options = true, every = true, allowance = true, decay = true, tables = true,
+                       location = true, monitor = true, stream = true }
+
 function M.manager(collection, opts)
   opts = opts or {}
+  for k in pairs(opts) do
+    if not MANAGER_OPTS[k] then error(("hints: unknown manager option '%s'"):format(tostring(k)), 2) end
+  end
   local tbes = tbes_of(collection)
   -- tbes: the collections with counted tables; collections: all of them (far rows' copies)
   local self = setmetatable({ tbe = tbes[1], tbes = {}, collections = tbes, every = opts.every or 100,
                               decay = opts.decay or 1, location = opts.location or "gpu", stream = opts.stream,
                               intervals = {}, tables = {}, policies = {}, hint_seconds = 0,
                               relayout_seconds = 0, relayout_bytes = 0, calls = 0 }, Manager)
-  if type(self.every) ~= "number" or self.every < 1 then error("hints: every must be >= 1 step", 2) end
-  if not (self.decay >= 0 and self.decay <= 1) then error("hints: decay must be in [0, 1]", 2) end
+  if type(self.every) ~= "number" or self.every < 1 or self.every ~= math.floor(self.every) then
+    error("hints: every must be >= 1 step", 2)
+  end
+  if type(self.decay) ~= "number" or not (self.decay >= 0 and self.decay <= 1) then
+    error("hints: decay must be in [0, 1]", 2)
+  end
   local default = M.new(opts.policy or "hot_prefix", opts.options)
   local total = 0
   for _, tbe in ipairs(tbes) do
@@ -397,8 +407,44 @@ local function record_move(self, rec, r)
   self.relayout_bytes = self.relayout_bytes + r.bytes
 end
 
+local KINDS = { advise = true, prefetch = true, relayout = true }
+
+local function whole(v) return type(v) == "number" and v == math.floor(v) and v > -math.huge and v < math.huge end
+
+-- What a policy's plan returned, checked before anything is applied: nil, or a message naming
+-- the policy, the table and the value.
+local function check_actions(t, actions)
+  local function bad(msg, ...)
+    return ("hints: policy %s, table '%s': " .. msg):format(t.policy.name or "?", t.name, ...)
+  end
+  if type(actions) ~= "table" then
+    return bad("plan returned %s; expected a list of actions", tostring(actions))
+  end
+  for i, a in ipairs(actions) do
+    if type(a) ~= "table" then
+      return bad("action %d is %s; expected a table from hints.advise, hints.prefetch or hints.relayout", i,
+                 tostring(a))
+    end
+    if not KINDS[a.kind] then
+      return bad("action %d has kind '%s'; expected advise, prefetch or relayout", i, tostring(a.kind))
+    end
+    if a.kind ~= "relayout" then
+      for _, k in ipairs { "first", "rows" } do
+        if not whole(a[k]) then return bad("action %d %s is %s; expected a whole number", i, k, tostring(a[k])) end
+      end
+    end
+  end
+  local k = actions.hot_rows
+  if k ~= nil and not (whole(k) and k >= 0 and k <= t.rows) then
+    return bad("hot_rows is %s; expected a whole number from 0 to %d", tostring(k), t.rows)
+  end
+  return nil
+end
+
 -- Applies one table's actions; returns nil, message on the first failure.
 function Manager:_apply(t, s, actions, rec)
+  local bad = check_actions(t, actions)
+  if bad then return nil, bad end
   for _, a in ipairs(actions) do
     if a.kind == "relayout" then
       local r, err
