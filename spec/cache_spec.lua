@@ -307,6 +307,16 @@ describe("uvmrec.cache", function()
     assert.has_error(function() pair(t, { slots = 10, load_factor = 0.5 }) end,
                      "cache: give one of load_factor, slots and bytes")
     assert.has_error(function() pair(t, { colour = 1 }) end, "cache: unknown option 'colour'")
+    -- sizes that are no size (they gave a cache of one set), and no silent false for shared
+    for _, b in ipairs { 0, -5, 0 / 0, 1e30, "0B" } do
+      assert.has_error(function() pair(t, { bytes = b }) end,
+                       ("cache: bytes %s; expected a size from 1 byte to 2^53 bytes"):format(tostring(b)))
+    end
+    assert.has_error(function() pair(t, { bytes = "1.2.3GiB" }) end,
+                     "cache: bytes '1.2.3GiB' is not a number or a size like 512MiB")
+    assert.has_error(function() pair(t, { slots = 1e30 }) end,
+                     "cache: slots 1e+30; expected a whole number from 1 to 2^53")
+    assert.has_error(function() pair(t, { shared = "yes" }) end, "cache: shared yes; expected true or false")
     assert.has_error(function() pair(t, { mover_warps = 1.5 }) end,
                      "cache: mover_warps 1.5; expected a whole number >= 0")
     assert.has_error(function() pair(t, { mover_warps = 2 ^ 31 }) end,
@@ -324,6 +334,10 @@ describe("uvmrec.cache", function()
     assert.matches("cache: table 'a' %(feature 'a', sample 1, value 1%) has no row 100; ids run 0..99", err)
     assert.has_error(function() m.tbe.cache:contains("zz", { 1 }) end,
                      "cache: no cached table named 'zz' (cached: a)")
+    assert.has_error(function() m.tbe.cache:contains("a", { 1, 1.5 }) end,
+                     "cache: contains ids[2] is 1.5; expected a whole number that fits i64")
+    assert.has_error(function() m.tbe.cache:drop("a", { 0.5 }) end,
+                     "cache: drop ids[1] is 0.5; expected a whole number that fits i64")
     assert.has_error(function() m:sparse_grad(input({ { 1 } }), R.tensor({ 0, 0, 0, 0, 0, 0, 0, 0 }, "f32")) end)
   end)
 

@@ -536,6 +536,13 @@ describe("uvmrec.tbe reset_rows (ur_tbe_reset_rows)", function()
     ok, err = pcall(function() e.tbe:reset_rows("t9", { 1 }) end)
     assert.is_false(ok)
     assert.truthy(tostring(err):find("no table named 't9'", 1, true))
+    -- a fractional id, step or seed is refused, not truncated (row 1 reset for 1.5)
+    assert.has_error(function() e.tbe:reset_rows("t1", { 2, 1.5 }) end,
+                     "embedding collection: reset_rows ids[2] is 1.5; expected a whole number that fits i64")
+    assert.has_error(function() e.tbe:set_step(1.5) end,
+                     "embedding collection: step is 1.5; expected a whole number >= 0")
+    assert.has_error(function() e.tbe:init_table("t1", 0, 1, 0.5) end,
+                     "embedding collection: init_table seed is 0.5; expected a whole number >= 0")
   end)
 
   cuda_it("draws the CPU's numbers on the GPU (device and managed tables)", function()

@@ -363,6 +363,8 @@ describe("uvmrec.tbe row permutations", function()
       "tbe: swap_rows of table 'b': id 1 is in two pairs; each id may move once")
     assert.has_error(function() x.tbe:swap_rows("b", { 1 }, { 2, 3 }) end,
       "swap_rows: a and b must be lists of one length")
+    assert.has_error(function() x.tbe:swap_rows("b", { 1.5 }, { 3 }) end,
+      "swap_rows: a[1] is 1.5; expected a whole number that fits i64")
     assert.is_truthy(x.tbe:swap_rows("b", {}, {})) -- nothing to do
   end)
 

@@ -52,14 +52,23 @@ local function fail(msg, level) error("cache: " .. msg, level + 1) end
 local UNITS = { B = 1, KB = 1e3, MB = 1e6, GB = 1e9, KiB = 1024, MiB = 1024 ^ 2, GiB = 1024 ^ 3,
                 TiB = 1024 ^ 4 }
 
+-- Sizes past 2^53 bytes are no size a double holds exactly (and no cache a host has).
+local MAX_SIZE = 2 ^ 53
+
 local function bytes_of(v, level)
-  if type(v) == "number" then return v end
-  if type(v) == "string" then
+  local n
+  if type(v) == "number" then
+    n = v
+  elseif type(v) == "string" then
     local num, unit = v:match("^%s*([%d%.]+)%s*(%a*)%s*$")
     local mult = UNITS[unit ~= "" and unit or "B"]
-    if num and mult then return math.floor(tonumber(num) * mult) end
+    if num and mult and tonumber(num) then n = math.floor(tonumber(num) * mult) end
   end
-  fail(("bytes '%s' is not a number or a size like 512MiB"):format(tostring(v)), level + 1)
+  if n == nil then fail(("bytes '%s' is not a number or a size like 512MiB"):format(tostring(v)), level + 1) end
+  if not (n >= 1 and n <= MAX_SIZE) then
+    fail(("bytes %s; expected a size from 1 byte to 2^53 bytes"):format(tostring(v)), level + 1)
+  end
+  return n
 end
 
 -- Checks the collection's cache options; returns them with defaults (used by uvmrec.tbe
@@ -87,8 +96,12 @@ function M.options(o, level)
       fail(("load_factor %s; expected a number in (0, 1]"):format(tostring(o.load_factor)), level)
     end
   end
-  if o.slots ~= nil and (type(o.slots) ~= "number" or o.slots < 1 or o.slots ~= math.floor(o.slots)) then
-    fail(("slots %s; expected a whole number >= 1"):format(tostring(o.slots)), level)
+  if o.slots ~= nil and (type(o.slots) ~= "number" or o.slots < 1 or o.slots ~= math.floor(o.slots)
+                         or o.slots > MAX_SIZE) then
+    fail(("slots %s; expected a whole number from 1 to 2^53"):format(tostring(o.slots)), level)
+  end
+  if o.shared ~= nil and type(o.shared) ~= "boolean" then
+    fail(("shared %s; expected true or false"):format(tostring(o.shared)), level)
   end
   for _, k in ipairs({ "decay_batches", "staging_rows", "min_slots", "mover_warps" }) do
     local v = r[k]
@@ -340,12 +353,7 @@ function methods:drop(name, ids, n)
   local i = cached_index(self, name)
   local ok, err = self:retire_all()
   if not ok then return nil, err end
-  if type(ids) == "table" then
-    n = #ids
-    local a = ffi.new("int64_t[?]", math.max(n, 1))
-    for k = 1, n do a[k - 1] = ids[k] end
-    ids = a
-  end
+  if type(ids) == "table" then ids, n = lib.id_array(ids, "cache: drop ids", 2) end
   ok, err = check(C.ur_cache_drop(H(self), i, ids, n, dropped), 2)
   if not ok then return nil, err end
   return tonumber(dropped[0])
@@ -382,9 +390,8 @@ function methods:reset_stats() C.ur_cache_reset_stats(H(self)) return self end
 function methods:contains(name, ids)
   local i = cached_index(self, name)
   if type(ids) ~= "table" then error("cache: contains takes a list of ids", 2) end
-  local n = #ids
-  local a, out = ffi.new("int64_t[?]", math.max(n, 1)), ffi.new("int64_t[?]", math.max(n, 1))
-  for k = 1, n do a[k - 1] = ids[k] end
+  local a, n = lib.id_array(ids, "cache: contains ids", 2)
+  local out = ffi.new("int64_t[?]", math.max(n, 1))
   must(C.ur_cache_contains(H(self), i, a, n, out))
   local r = {}
   for k = 1, n do

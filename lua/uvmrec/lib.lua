@@ -136,6 +136,21 @@ end
 -- s as one word for the shell: single-quoted, each ' written '\''.
 function M.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
+-- A Lua list of ids as an int64_t array and its length; an id that is not a whole number an
+-- int64_t holds (the cast would truncate 1.5 to 1) raises "<what>[k] is 1.5; expected ...".
+function M.id_array(list, what, level)
+  local n = #list
+  local a = ffi.new("int64_t[?]", math.max(n, 1))
+  for k = 1, n do
+    local x = list[k]
+    if type(x) ~= "number" or x ~= math.floor(x) or x < -2 ^ 63 or x >= 2 ^ 63 then
+      error(("%s[%d] is %s; expected a whole number that fits i64"):format(what, k, tostring(x)), (level or 1) + 1)
+    end
+    a[k - 1] = x
+  end
+  return a, n
+end
+
 -- The engine pointer of a handle, or an error naming the object when it was freed.
 function M.ptr(h, what, level)
   local p = h.p

@@ -407,7 +407,8 @@ end
 -- Draws table `name` again, uniform in [lo, hi): the same on every backend and placement.
 function methods:init_table(name, lo, hi, seed, stream)
   if self.cache and self.cached[name] then assert(self.cache:invalidate()) end
-  local ok, err = check(C.ur_tbe_init_table(S(stream), H(self), table_index(self, name, 2), lo, hi, seed or 0))
+  local ok, err = check(C.ur_tbe_init_table(S(stream), H(self), table_index(self, name, 2), lo, hi,
+                                            whole(seed or 0, "init_table seed", 2)))
   if not ok then return nil, err end
   return self
 end
@@ -430,10 +431,7 @@ function methods:reset_rows(name, ids, n, stream)
   local i = table_index(self, name, 2)
   if type(ids) == "table" then
     stream = n
-    n = #ids
-    local a = ffi.new("int64_t[?]", math.max(n, 1))
-    for k = 1, n do a[k - 1] = ids[k] end
-    ids = a
+    ids, n = lib.id_array(ids, "embedding collection: reset_rows ids", 2)
   elseif type(n) ~= "number" then
     error("embedding collection: reset_rows takes a list of ids, or an int64_t array and its length", 2)
   end
@@ -455,7 +453,7 @@ function methods:set_output_dtype(dtype)
 end
 function methods:lr() return C.ur_tbe_lr(H(self)) end
 function methods:step() return tonumber(C.ur_tbe_step(H(self))) end
-function methods:set_step(n) must(C.ur_tbe_set_step(H(self), n)) return self end
+function methods:set_step(n) must(C.ur_tbe_set_step(H(self), whole(n, "step", 2))) return self end
 
 -- Far rows' copies (uvmrec.h, ur_tbe_set_far_rows; docs/uvm.md): room for n copies of the far
 -- rows (read over the host link) a forward reads, which the next backward steps from; 0: none.

@@ -180,7 +180,7 @@ function M.install(methods)
     if type(a) == "table" then
       if type(b) ~= "table" or #a ~= #b then error("swap_rows: a and b must be lists of one length", 2) end
       n = #a
-      a, b = ffi.new("int64_t[?]", math.max(n, 1), a), ffi.new("int64_t[?]", math.max(n, 1), b)
+      a, b = lib.id_array(a, "swap_rows: a", 2), lib.id_array(b, "swap_rows: b", 2)
     elseif type(n) ~= "number" then
       error("swap_rows: give lists, or int64_t arrays and their length", 2)
     end
