@@ -186,4 +186,24 @@ describe("uvmrec.table_options", function()
     m.output = nil -- a module that dropped its output (a new precision) gets a new one
     assert.equal(3, table_options.module_output(m, coll, { 2, 8 }).n)
   end)
+
+  it("loads rows of the table's dtype and shape only, naming the table (a copy checks the count alone)", function()
+    local ur = require "uvmrec"
+    local qtbe = require "uvmrec.qtbe"
+    local c = assert(require("uvmrec.tbe").new { device = "cpu", tables = { { name = "t", rows = 10, dim = 4 } } })
+    local src = ur.tensor({ 10, 4 }):uniform(-1, 1, 3)
+    assert.equal(c, c:load("t", src))
+    assert.equal(src[13], c:table("t")[13])
+    for _, shape in ipairs { { 4, 10 }, { 40 } } do
+      assert.equal(("embedding collection: load of table 't': src is f32 [%s]; expected f32 [10, 4], the table's "
+                    .. "dtype and shape"):format(table.concat(shape, ", ")),
+                   message(function() c:load("t", ur.tensor(shape)) end))
+    end
+    assert.equal("embedding collection: load of table 't': src is f16 [10, 4]; expected f32 [10, 4], the table's "
+                 .. "dtype and shape", message(function() c:load("t", ur.tensor({ 10, 4 }, { dtype = "f16" })) end))
+    local q = assert(qtbe.new { device = "cpu", tables = { { name = "t", rows = 10, dim = 8, format = "int8" } } })
+    local rows = qtbe.quantize(ur.tensor({ 10, 8 }):uniform(-1, 1, 3), "int4")
+    assert.equal("quantized collection: load of table 't': src is u8 [10, 8]; expected u8 [10, 12], the table's "
+                 .. "dtype and shape", message(function() q:load("t", rows) end))
+  end)
 end)

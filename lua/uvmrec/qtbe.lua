@@ -122,7 +122,9 @@ end
 
 -- load(name, src[, stream]): copies rows in the table's format (as quantize() gives them) into
 -- table `name`.
-methods.load = table_options.load
+function methods:load(name, src, stream)
+  return table_options.load(self, name, src, stream, "quantized collection", 2)
+end
 
 -- Row id r of table `name` is stored at row perm[r] (i64 [rows]); nil: the identity.
 function methods:set_permutation(name, perm)

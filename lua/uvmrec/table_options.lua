@@ -243,9 +243,20 @@ function M.new_output(self, input)
 end
 
 -- Copies src (rows as the table stores them: its dtype, or its format's bytes) into table
--- `name` through its view (self:table); self, or nil and the copy's error.
-function M.load(self, name, src, stream)
+-- `name` through its view (self:table); self, or nil and the copy's error.  A src of another
+-- dtype or shape raises (who: the collection; level as error()'s, from the caller of this):
+-- a copy checks only the element count, so a [dim, rows] tensor went in as rows.
+function M.load(self, name, src, stream, who, level)
   local dst = self:table(name)
+  if tensor.is_tensor(src) then
+    local ds, ss = dst:size(), src:size()
+    if dst:dtype() ~= src:dtype() or table.concat(ds, ", ") ~= table.concat(ss, ", ") then
+      local msg = ("%s: load of table '%s': src is %s [%s]; expected %s [%s], the table's dtype and shape")
+                  :format(who, name, src:dtype(), table.concat(ss, ", "), dst:dtype(), table.concat(ds, ", "))
+      dst:free()
+      error(msg, level + 1)
+    end
+  end
   local ok, err = dst:copy(src, stream)
   dst:free()
   if not ok then return nil, err end

@@ -416,7 +416,7 @@ end
 -- Copies a tensor of the table's dtype and shape into table `name`.
 function methods:load(name, src, stream)
   if self.cache and self.cached[name] then assert(self.cache:invalidate()) end
-  local r, err = table_options.load(self, name, src, stream)
+  local r, err = table_options.load(self, name, src, stream, "embedding collection", 2)
   if r == nil then return nil, err end
   local ok, ferr = check(C.ur_tbe_far_refresh(H(self)), 2) -- the far rows' copies are older
   if not ok then return nil, ferr end
