@@ -205,5 +205,8 @@ describe("uvmrec.table_options", function()
     local rows = qtbe.quantize(ur.tensor({ 10, 8 }):uniform(-1, 1, 3), "int4")
     assert.equal("quantized collection: load of table 't': src is u8 [10, 8]; expected u8 [10, 12], the table's "
                  .. "dtype and shape", message(function() q:load("t", rows) end))
+    -- quantize's second result (its error) passed on as the stream: named, not "used after free()"
+    assert.equal("stream: expected a handle, got a table",
+                 message(function() q:load("t", qtbe.quantize(ur.tensor({ 10, 8 }), "int8")) end))
   end)
 end)

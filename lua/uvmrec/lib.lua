@@ -151,8 +151,11 @@ function M.id_array(list, what, level)
   return a, n
 end
 
--- The engine pointer of a handle, or an error naming the object when it was freed.
+-- The engine pointer of a handle, or an error naming the object when it was freed or is no
+-- handle at all (a table or number in a handle's place, such as quantize()'s second result
+-- passed on as a stream, was "used after free()").
 function M.ptr(h, what, level)
+  if type(h) ~= "cdata" then error(("%s: expected a handle, got a %s"):format(what, type(h)), (level or 2) + 1) end
   local p = h.p
   if p == nil then error(what .. ": used after free()", (level or 2) + 1) end
   return p
