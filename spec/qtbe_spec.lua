@@ -441,6 +441,9 @@ describe("uvmrec.qtbe collection", function()
     fails({ values = { 1, 2, 3 }, offsets = { 0, 2, 1, 3, 3, 3, 3 } },
           "qtbe: offsets[2] = 1 is below offsets[1] = 2 (feature 'f1', sample 1); offsets must not decrease")
     fails({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3, 3, 3, 4 } }, "qtbe: offsets end at 4 but there are 3 values")
+    -- no offsets at all: the engine's message, not a shape of -1 rows for the output
+    assert.has_error(function() q:forward(inputs({ values = {}, offsets = {} })) end,
+                     "qtbe: offsets is empty; expected bags + 1 entries")
     fails({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3, 3, 3, 3 } },
           "qtbe: out has shape [3, 40]; expected [2, 40]", ur.tensor({ 3, 40 }))
     fails({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3, 3, 3, 3 }, weights = { 1 } },

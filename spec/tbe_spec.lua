@@ -843,3 +843,17 @@ describe("uvmrec.tbe stochastic rounding (tbe_plan.h)", function()
     cmd.rmdir(dir)
   end)
 end)
+
+describe("uvmrec.tbe bad input", function()
+  it("names an input without offsets and a stochastic_rounding that is not true or false", function()
+    local c = assert(tbe.new { device = "cpu", tables = { { name = "t", rows = 8, dim = 4 } } })
+    assert.has_error(function() assert(c:forward { values = R.tensor({}, "i64"), offsets = R.tensor({}, "i64") }) end,
+                     "tbe: offsets is empty; expected bags + 1 entries")
+    for _, v in ipairs { 0, "no" } do
+      assert.has_error(function()
+        tbe.new { device = "cpu", tables = { { name = "t", rows = 8, dim = 4 } }, stochastic_rounding = v }
+      end, ("embedding collection: stochastic_rounding is %s; expected true or false"):format(v))
+    end
+    c:free()
+  end)
+end)

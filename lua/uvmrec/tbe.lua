@@ -84,6 +84,9 @@ function M.new(opts, level)
   end
   local optim_name, optim_cfg, deterministic = optimizer_of(opts.optimizer, level)
   cfg.optim = optim_cfg
+  if opts.stochastic_rounding ~= nil and type(opts.stochastic_rounding) ~= "boolean" then
+    O.fail(("stochastic_rounding is %s; expected true or false"):format(tostring(opts.stochastic_rounding)), level)
+  end
   cfg.stochastic_rounding = opts.stochastic_rounding == false and 0 or 1
   cfg.nondeterministic = deterministic and 0 or 1
   cfg.seed = whole(opts.seed or 0, "seed", level)
@@ -231,7 +234,7 @@ function methods:output_shape(input)
     for i = 1, nf do total = total + tonumber(spk[i - 1]) * self.feature_dims[i] end
     return { total }
   end
-  return { math.floor((tonumber(C.ur_tensor_numel(o)) - 1) / nf), self.out_dim }
+  return { math.max(0, math.floor((tonumber(C.ur_tensor_numel(o)) - 1) / nf)), self.out_dim } -- empty: the engine's
 end
 
 methods.placement, methods.new_output = table_options.placement, table_options.new_output

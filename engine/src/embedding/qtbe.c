@@ -581,7 +581,9 @@ ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
   memset(&a, 0, sizeof a);
   a.n = ur_tensor_numel(values);
   a.bags = ur_tensor_numel(offsets) - 1;
-  if (a.bags < 0 || a.bags % q->names.F)
+  if (a.bags < 0)
+    return ur__error(UR_STATUS_INVALID, "qtbe: offsets is empty; expected bags + 1 entries");
+  if (a.bags % q->names.F)
     return ur__error(UR_STATUS_INVALID,
                      "qtbe: %lld offsets hold %lld bags, which do not split evenly over %d "
                      "features",
