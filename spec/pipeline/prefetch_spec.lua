@@ -78,6 +78,13 @@ describe("uvmrec.pipeline.Prefetch", function()
                      "Prefetch: source must give host batches through next() (a loader)")
     assert.has_error(function() Prefetch.new { source = { next = function() end }, depth = 3 } end,
                      "Prefetch: unknown option 'depth'")
+    -- 1.5 steps ran 2 batches; "10" failed comparing a string in the first take; "no" drained
+    for _, v in ipairs { 1.5, -1, "10" } do
+      assert.has_error(function() Prefetch.new { source = { next = function() end }, steps = v } end,
+                       ("Prefetch: steps is %s; expected a whole number >= 0"):format(v))
+    end
+    assert.has_error(function() Prefetch.new { source = { next = function() end }, drain = "no" } end,
+                     "Prefetch: drain is no; expected true or false")
   end)
 
   cuda_it("trains on the GPU as device tables do, bit for bit, with a tiny cache", function()

@@ -61,8 +61,14 @@ function Prefetch.new(o)
       .. "(uvmrec.dist.shard)", 2)
   end
   local managed = tbe ~= nil and tbe.managed ~= nil and #tbe.managed > 0
-  if o.pages ~= nil and type(o.pages) ~= "boolean" then
-    fail(("pages is %s; expected true or false"):format(tostring(o.pages)), 2)
+  for _, k in ipairs { "pages", "drain" } do
+    if o[k] ~= nil and type(o[k]) ~= "boolean" then
+      fail(("%s is %s; expected true or false"):format(k, tostring(o[k])), 2)
+    end
+  end
+  local n = o.steps
+  if n ~= nil and (type(n) ~= "number" or n < 0 or n ~= math.floor(n)) then
+    fail(("steps is %s; expected a whole number >= 0"):format(tostring(n)), 2)
   end
   if o.pages and not managed then
     fail("pages = true needs a collection with managed tables", 2)
