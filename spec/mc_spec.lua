@@ -204,6 +204,10 @@ describe("uvmrec.mc", function()
     assert.are.same({ 1, 1 }, { s.evictions, s.rounds - 1 })
     local _, res = m:lookup("t", { 1, 2, 3, 7, 8 })
     assert.are.same({ true, true, false, false, true }, res)
+    -- an id or step that is no whole number is refused (the cast read 8.5 as 8)
+    assert.has_error(function() m:lookup("t", { 8.5 }) end,
+                     "mc: lookup ids[1] is 8.5; expected a whole number that fits i64")
+    assert.has_error(function() m:set_step(2.5) end)
   end)
 
   it("admits from a batch of only new ids, best first, and forgets the rest at the next round", function()

@@ -21,9 +21,6 @@ local out_tensor = ffi.new("ur_tensor *[1]")
 local lend = tensor.lend
 
 local ctypes = { i64 = "int64_t[?]", i32 = "int32_t[?]", f32 = "float[?]" }
--- The whole numbers a Lua number may give an integer dtype: [lo, hi) (a cast would truncate
--- 1.5 to 1 and turn NaN or 2^63 into INT64_MIN).
-local whole = { i64 = { -2 ^ 63, 2 ^ 63 }, i32 = { -2 ^ 31, 2 ^ 31 } }
 
 -- A host tensor from a Lua list, or the tensor itself.
 local function as_tensor(v, dtype, what, level)
@@ -33,18 +30,7 @@ local function as_tensor(v, dtype, what, level)
     local t = tensor.tensor({ n }, { dtype = dtype })
     if n > 0 then
       local buf = ffi.new(ctypes[dtype], n)
-      for i = 1, n do
-        local x = v[i]
-        if type(x) ~= "number" then
-          error(("kjt: %s[%d] is %s; expected a number"):format(what, i, type(x)), level + 1)
-        end
-        local w = whole[dtype]
-        if w and not (x == math.floor(x) and x >= w[1] and x < w[2]) then
-          error(("kjt: %s[%d] is %s; expected a whole number that fits %s"):format(what, i, tostring(x), dtype),
-                level + 1)
-        end
-        buf[i - 1] = x
-      end
+      for i = 1, n do buf[i - 1] = lib.element(v[i], dtype, "kjt: " .. what, i, level + 1) end
       must(C.ur_tensor_write(t.p, 0, n, buf), level + 1)
     end
     return t

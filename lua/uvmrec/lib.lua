@@ -136,18 +136,26 @@ end
 -- s as one word for the shell: single-quoted, each ' written '\''.
 function M.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
--- A Lua list of ids as an int64_t array and its length; an id that is not a whole number an
--- int64_t holds (the cast would truncate 1.5 to 1) raises "<what>[k] is 1.5; expected ...".
+-- The whole numbers a Lua number may give an integer dtype: [lo, hi) (a cast would truncate 1.5
+-- to 1 and turn NaN or 2^63 into INT64_MIN).
+local WHOLE = { i64 = { -2 ^ 63, 2 ^ 63 }, i32 = { -2 ^ 31, 2 ^ 31 } }
+
+-- x as element k of list `what` for an array of dtype (i64, i32; any number for others), or an
+-- error "<what>[k] is 1.5; expected a whole number that fits i64" at level.
+function M.element(x, dtype, what, k, level)
+  if type(x) ~= "number" then error(("%s[%d] is %s; expected a number"):format(what, k, type(x)), level + 1) end
+  local w = WHOLE[dtype]
+  if w and not (x == math.floor(x) and x >= w[1] and x < w[2]) then
+    error(("%s[%d] is %s; expected a whole number that fits %s"):format(what, k, tostring(x), dtype), level + 1)
+  end
+  return x
+end
+
+-- A Lua list of ids as an int64_t array and its length, each checked by M.element.
 function M.id_array(list, what, level)
   local n = #list
   local a = ffi.new("int64_t[?]", math.max(n, 1))
-  for k = 1, n do
-    local x = list[k]
-    if type(x) ~= "number" or x ~= math.floor(x) or x < -2 ^ 63 or x >= 2 ^ 63 then
-      error(("%s[%d] is %s; expected a whole number that fits i64"):format(what, k, tostring(x)), (level or 1) + 1)
-    end
-    a[k - 1] = x
-  end
+  for k = 1, n do a[k - 1] = M.element(list[k], "i64", what, k, (level or 1) + 1) end
   return a, n
 end
 

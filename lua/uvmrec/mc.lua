@@ -232,10 +232,8 @@ end
 function methods:lookup(name, ids)
   local i = table_index(self, name, 2)
   if type(ids) ~= "table" then fail("lookup takes a list of ids", 2) end
-  local n = #ids
-  local a, rows = ffi.new("int64_t[?]", math.max(n, 1)), ffi.new("int64_t[?]", math.max(n, 1))
-  local res = ffi.new("int32_t[?]", math.max(n, 1))
-  for k = 1, n do a[k - 1] = ids[k] end
+  local a, n = lib.id_array(ids, "mc: lookup ids", 2)
+  local rows, res = ffi.new("int64_t[?]", math.max(n, 1)), ffi.new("int32_t[?]", math.max(n, 1))
   local ok, err = check(C.ur_mc_lookup(H(self), i, a, n, rows, res), 2)
   if not ok then return nil, err end
   local r, s = {}, {}
@@ -247,7 +245,7 @@ function methods:lookup(name, ids)
 end
 
 function methods:step() return tonumber(C.ur_mc_step(H(self))) end
-function methods:set_step(n) must(C.ur_mc_set_step(H(self), n)) return self end
+function methods:set_step(n) must(C.ur_mc_set_step(H(self), whole(n, "step", 2))) return self end
 
 local st = ffi.new("ur_mc_stats")
 local FIELDS = { "capacity", "resident", "candidates", "lookups", "resident_lookups", "fallback_lookups",
