@@ -31,6 +31,10 @@ describe("uvmrec memory and the HBM budget (ur.memory, ur.bytes, ur.set_hbm_budg
     assert.same({ 512 * MiB, 16e9, 3 }, { ur.bytes("512MiB"), ur.bytes("16 GB"), ur.bytes(3) })
     assert.has_error(function() ur.bytes("lots") end,
       "bytes: 'lots' is not a size; expected a number of bytes or e.g. '16GiB'")
+    -- a fraction of a byte is no size (set_hbm_budget(0.5) read it as 0: no budget); units in any case
+    assert.has_error(function() ur.set_hbm_budget(0.5) end,
+      "bytes: '0.5' is not a size; expected a number of bytes or e.g. '16GiB'")
+    assert.same({ 16 * 2 ^ 30, 1536 }, { ur.bytes("16gib"), ur.bytes("1.5 KiB") })
   end)
 
   it("counts managed bytes preferred on or prefetched to a GPU against the budget", function()

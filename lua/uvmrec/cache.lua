@@ -49,21 +49,11 @@ local wrap_cache, free_cache = lib.handle_type("ur_cache", C.ur_cache_free, {})
 
 local function fail(msg, level) error("cache: " .. msg, level + 1) end
 
-local UNITS = { B = 1, KB = 1e3, MB = 1e6, GB = 1e9, KiB = 1024, MiB = 1024 ^ 2, GiB = 1024 ^ 3,
-                TiB = 1024 ^ 4 }
-
 -- Sizes past 2^53 bytes are no size a double holds exactly (and no cache a host has).
 local MAX_SIZE = 2 ^ 53
 
 local function bytes_of(v, level)
-  local n
-  if type(v) == "number" then
-    n = v
-  elseif type(v) == "string" then
-    local num, unit = v:match("^%s*([%d%.]+)%s*(%a*)%s*$")
-    local mult = UNITS[unit ~= "" and unit or "B"]
-    if num and mult and tonumber(num) then n = math.floor(tonumber(num) * mult) end
-  end
+  local n = type(v) == "number" and v or type(v) == "string" and lib.bytes(v) or nil
   if n == nil then fail(("bytes '%s' is not a number or a size like 512MiB"):format(tostring(v)), level + 1) end
   if not (n >= 1 and n <= MAX_SIZE) then
     fail(("bytes %s; expected a size from 1 byte to 2^53 bytes"):format(tostring(v)), level + 1)

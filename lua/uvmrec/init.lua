@@ -80,18 +80,11 @@ end
 function ur.set_device(dev) return check(C.ur_device_set(dev)) end
 function ur.sync() return check(C.ur_device_sync()) end
 
-local units = { B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12,
-                KIB = 2 ^ 10, MIB = 2 ^ 20, GIB = 2 ^ 30, TIB = 2 ^ 40 }
-
--- Bytes from a number or a string such as "512MiB" or "16 GB".
+-- Bytes from a whole number or a string such as "512MiB" or "16 GB" (lib.bytes).
 function ur.bytes(v)
-  if type(v) == "number" and v >= 0 and v == math.floor(v) then return v end
-  local n, u = tostring(v):match("^%s*([%d%.]+)%s*(%a*)%s*$")
-  local scale = units[(u or ""):upper() ~= "" and (u or ""):upper() or "B"]
-  if not n or not tonumber(n) or not scale then
-    error("bytes: '" .. tostring(v) .. "' is not a size; expected a number of bytes or e.g. '16GiB'", 2)
-  end
-  return math.floor(tonumber(n) * scale)
+  local b, err = lib.bytes(v)
+  if not b then error("bytes: " .. err, 2) end
+  return b
 end
 
 -- Every byte the engine places on a GPU counts against the budget; nil or 0 removes it.

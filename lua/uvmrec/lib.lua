@@ -136,6 +136,22 @@ end
 -- s as one word for the shell: single-quoted, each ' written '\''.
 function M.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
+local UNITS = { B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12, KIB = 2 ^ 10, MIB = 2 ^ 20, GIB = 2 ^ 30,
+                TIB = 2 ^ 40 }
+
+-- Bytes from a whole number >= 0 or a string such as "512MiB" or "16 GB" (B, KB .. TB, KiB ..
+-- TiB, in any case; a fraction of a unit rounds down), or nil and what is wrong.
+function M.bytes(v)
+  if type(v) == "number" then
+    if v >= 0 and v == math.floor(v) and v < math.huge then return v end
+  elseif type(v) == "string" then
+    local n, u = v:match("^%s*([%d%.]+)%s*(%a*)%s*$")
+    local scale = n and UNITS[u ~= "" and u:upper() or "B"]
+    if scale and tonumber(n) then return math.floor(tonumber(n) * scale) end
+  end
+  return nil, ("'%s' is not a size; expected a number of bytes or e.g. '16GiB'"):format(tostring(v))
+end
+
 -- The whole numbers a Lua number may give an integer dtype: [lo, hi) (a cast would truncate 1.5
 -- to 1 and turn NaN or 2^63 into INT64_MIN).
 local WHOLE = { i64 = { -2 ^ 63, 2 ^ 63 }, i32 = { -2 ^ 31, 2 ^ 31 } }
