@@ -130,8 +130,33 @@ describe("uvmrec.optim", function()
     assert.error_matches(function() optim.dense("rowwise_adagrad", { p }) end,
       "optim: 'rowwise_adagrad' is not a dense optimizer %(adagrad, adam, adamw, sgd%)")
     assert.error_matches(function() optim.Adam({ p }, { lr = -1 }) end, "lr must be a finite number >= 0, got %-1")
-    assert.error_matches(function() optim.Adam({ p }, { betas = { 1, 0.9 } }):step() end,
-      "optim step: Adam betas 1, 0.9; expected each in %[0, 1%)")
+    -- settings are checked when the optimizer is made, not at its first step
+    assert.error_matches(function() optim.Adam({ p }, { betas = { 1, 0.9 } }) end,
+      "Adam: beta1 must be a number in %[0, 1%), got 1")
+    assert.error_matches(function() optim.AdamW({ p }, { betas = { 0.9, -0.1 } }) end,
+      "AdamW: beta2 must be a number in %[0, 1%), got %-0.1")
+    assert.error_matches(function() optim.Adam({ p }, { betas = { "0.9", 0.9 } }) end,
+      "Adam: beta1 must be a number in %[0, 1%), got '0.9'")
+    assert.error_matches(function() optim.Adam({ p }, { betas = 0.9 }) end,
+      "Adam: betas must be a list of two numbers {beta1, beta2}, got 0.9")
+    assert.error_matches(function() optim.Adam({ p }, { betas = { 0.9 } }) end,
+      "Adam: betas must be a list of two numbers {beta1, beta2}, got a list of 1")
+    assert.error_matches(function() optim.config("adam", "tables", { beta2 = 0 / 0 }, "t") end,
+      "t: beta2 must be a number in %[0, 1%), got nan")
+    -- a setting the optimizer would ignore is refused, naming what it takes
+    assert.error_matches(function() optim.Adagrad({ p }, { momentum = 0.9 }) end,
+      "Adagrad: adagrad takes no setting 'momentum' %(its settings: eps, initial_accumulator_value, lr, "
+      .. "weight_decay, zero_grad%)")
+    assert.error_matches(function() optim.SGD({ p }, { betas = { 0.9, 0.99 } }) end,
+      "SGD: sgd takes no setting 'betas'")
+    assert.error_matches(function() optim.Adam({ p }, { initial_accumulator_value = 0.1 }) end,
+      "Adam: adam takes no setting 'initial_accumulator_value'")
+    assert.error_matches(function() optim.config("rowwise_adagrad", "tables", { beta1 = 0.9 }, "t") end,
+      "t: rowwise_adagrad takes no setting 'beta1' %(its settings: eps, lr, max_grad, weight_decay%)")
+    assert.error_matches(function() optim.SGD({ p }, { momentum = 0.9, nesterov = "false" }) end,
+      "SGD: nesterov must be true or false, got false")
+    assert.error_matches(function() optim.SGD({ p }, "lr=0.1") end,
+      "SGD: the settings must be a table %({lr = ...}%), got string")
     assert.error_matches(function() optim.SGD({ p }, { lr = 1, nesterov = true }):step() end,
       "optim step: nesterov needs momentum > 0")
     local bad = { name = "b", tensor = R.zeros({ 4 }), grad = R.zeros({ 5 }) }

@@ -73,7 +73,8 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     it("steps " .. kind .. " on exactly the rows the batch read, as its formula says", function()
       math.randomseed(#kind)
       local hp = { lr = 0.05, eps = 1e-3, weight_decay = 0.01, beta1 = 0.8, beta2 = 0.95, max_grad = 0.7 }
-      local opt = { kind, lr = hp.lr, eps = hp.eps, weight_decay = hp.weight_decay, max_grad = hp.max_grad }
+      local opt = { kind, lr = hp.lr, weight_decay = hp.weight_decay, max_grad = hp.max_grad }
+      if kind ~= "sgd" then opt.eps = hp.eps end -- sgd takes none
       if kind == "adam" then opt.beta1, opt.beta2 = hp.beta1, hp.beta2 end
       local opts = { optimizer = opt, pool_a = "mean" }
       local m = make(opts)
@@ -438,7 +439,9 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     bad({ { name = "x", rows = 10, dim = 8 } }, { optimizer = { "sgd", lr = -1 } },
         "embedding collection: lr must be a finite number >= 0, got -1")
     bad({ { name = "x", rows = 10, dim = 8 } }, { optimizer = { "adam", beta1 = 1 } },
-        "tbe: Adam betas 1, 0.999; expected each in [0, 1)")
+        "embedding collection: beta1 must be a number in [0, 1), got 1")
+    bad({ { name = "x", rows = 10, dim = 8 } }, { optimizer = { "sgd", eps = 1e-3 } },
+        "embedding collection: sgd takes no setting 'eps' (its settings: lr, max_grad, weight_decay)")
     bad({ { name = "x", rows = 10, dim = 8 } }, { bounds = "maybe" },
         "embedding collection: bounds check 'maybe' is not one of fatal, off, warn")
     bad({ { name = "x", rows = 10, dim = 8 }, { name = "x", rows = 5, dim = 8 } }, nil,

@@ -96,6 +96,8 @@ describe("uvmrec.train.config", function()
       "t.yaml:8:11: schedule.decay_steps: the dlrm schedule decays over decay_steps >= 1 steps" },
     { "synthetic data of no length", base .. "data: {train: 'synthetic:tiny'}\n",
       "t.yaml:8:15: data.train: synthetic data needs train.steps or data.samples" },
+    { "a setting the optimizer does not take", base:gsub("lr: 0.1", "lr: 0.1, beta1: 0.8"),
+      "t.yaml:7:40: optimizer.beta1: sgd takes no setting 'beta1' (its settings: lr, momentum, weight_decay)" },
     { "an anchor", base .. "train: &t {steps: 3}\n", "t.yaml:8:8: anchors (&name) are not allowed" },
     { "an alias", base .. "name: *n\n", "t.yaml:8:7: aliases (*name) are not allowed" },
     { "a duplicate key", base .. "optimizer: {lr: 1}\n", "t.yaml:8:1: duplicate key 'optimizer' (first at line 7)" },
@@ -118,9 +120,21 @@ describe("uvmrec.train.config", function()
       { "embeddings.tables.C9.placement=host",
         "--set embeddings.tables.C9.placement=host: embeddings.tables.C9: no table 'C9'" },
       { "embeddings.tables.C1.placement=hbm", "--set embeddings.tables.C1.placement=hbm: 'hbm' is not one of auto" },
+      -- an optimizer's settings are checked when the config is, not at the run's first step,
+      -- and one the optimizer would ignore is refused
+      { "optimizer.momentum=0.9", "--set optimizer.momentum=0.9: optimizer.momentum: adagrad takes no setting "
+        .. "'momentum' (its settings: eps, lr, weight_decay)", "optimizer.name=adagrad" },
+      { "optimizer.beta1=0.5", "--set optimizer.beta1=0.5: optimizer.beta1: sgd takes no setting 'beta1'" },
+      { "optimizer.beta2=1", "--set optimizer.beta2=1: optimizer.beta2: 1; expected a value in [0, 1)",
+        "optimizer.name=adam" },
+      { "optimizer.eps=0", "--set optimizer.eps=0: optimizer.eps: 0; expected a value > 0", "optimizer.name=adamw" },
+      { "embeddings.optimizer.eps=1e-3", "--set embeddings.optimizer.eps=1e-3: embeddings.optimizer.eps: sgd takes "
+        .. "no setting 'eps' (its settings: lr, weight_decay)" },
+      { "embeddings.optimizer.beta1=1", "--set embeddings.optimizer.beta1=1: embeddings.optimizer.beta1: 1; expected",
+        "embeddings.optimizer.name=adam" },
     }
     for _, c in ipairs(cases2) do
-      local cfg, err = parse(base, { c[1] })
+      local cfg, err = parse(base, c[3] and { c[3], c[1] } or { c[1] })
       assert.is_nil(cfg, c[1])
       assert.equal(c[2], err:sub(1, #c[2]))
     end

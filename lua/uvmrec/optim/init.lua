@@ -19,22 +19,29 @@ local C = lib.C
 
 local M = {}
 
--- Per optimizer: its engine kind, who takes it, its defaults, its state and its class name.
+-- Per optimizer: its engine kind, who takes it, its defaults, its state, its class name and
+-- the settings of its own (takes; every optimizer takes lr, weight_decay, zero_grad and
+-- max_grad where its side does).
 -- state: f32 values of optimizer state per element (dense) or per row of dim (tables).
+local ADAM_TAKES = { eps = true, betas = true, beta1 = true, beta2 = true }
 M.RULES = {
   sgd = { kind = C.UR_OPTIM_KIND_SGD, dense = true, tables = true, class = "SGD",
-          defaults = { lr = 0.01 }, state = function() return 0 end },
+          defaults = { lr = 0.01 }, state = function() return 0 end,
+          takes = { momentum = true, nesterov = true } },
   adagrad = { kind = C.UR_OPTIM_KIND_ADAGRAD, dense = true, tables = true, class = "Adagrad",
-              defaults = { lr = 0.01, eps = 1e-10 }, state = function(dim) return dim end },
+              defaults = { lr = 0.01, eps = 1e-10 }, state = function(dim) return dim end,
+              takes = { eps = true, initial_accumulator_value = true } },
   adam = { kind = C.UR_OPTIM_KIND_ADAM, dense = true, tables = true, class = "Adam",
            defaults = { lr = 0.001, eps = 1e-8, beta1 = 0.9, beta2 = 0.999 },
-           state = function(dim) return 2 * dim end },
+           state = function(dim) return 2 * dim end, takes = ADAM_TAKES },
   adamw = { kind = C.UR_OPTIM_KIND_ADAMW, dense = true, class = "AdamW",
             defaults = { lr = 0.001, eps = 1e-8, beta1 = 0.9, beta2 = 0.999, weight_decay = 0.01 },
-            state = function(dim) return 2 * dim end },
+            state = function(dim) return 2 * dim end, takes = ADAM_TAKES },
   rowwise_adagrad = { kind = C.UR_OPTIM_KIND_ROWWISE_ADAGRAD, tables = true, class = "RowwiseAdagrad",
-                      defaults = { lr = 0.01, eps = 1e-8 }, state = function() return 1 end },
+                      defaults = { lr = 0.01, eps = 1e-8 }, state = function() return 1 end,
+                      takes = { eps = true } },
 }
+local COMMON = { lr = true, weight_decay = true, zero_grad = true, max_grad = true }
 
 -- The names `side` takes ("dense" or "tables"), sorted.
 function M.names(side)
@@ -72,6 +79,29 @@ local function number(who, opts, key, default, level)
   return v
 end
 
+-- A decay rate of Adam: a number in [0, 1), or the default.
+local function beta(who, key, v, default, level)
+  if v == nil then return default end
+  if type(v) ~= "number" or not (v >= 0 and v < 1) then
+    error(("%s: %s must be a number in [0, 1), got %s"):format(who, key,
+          type(v) == "string" and ("'" .. v .. "'") or tostring(v)), level + 1)
+  end
+  return v
+end
+
+-- nil when optimizer `name` on `side` takes setting `key`, else why not (the settings it takes,
+-- of those in the set `among`, default all of the side's).
+function M.refuses(name, side, key, among)
+  local r = M.RULES[name]
+  if COMMON[key] or r.takes[key] then return nil end
+  local t = {}
+  for k in pairs(among or KEYS[side]) do
+    if COMMON[k] or r.takes[k] then t[#t + 1] = k end
+  end
+  table.sort(t)
+  return ("%s takes no setting '%s' (its settings: %s)"):format(name, key, table.concat(t, ", "))
+end
+
 -- The engine's ur_optim_config for optimizer `name` on `side` ("dense" or "tables") with
 -- settings opts (KEYS[side], defaults from M.RULES); `who` opens error messages.  Returns
 -- the struct and the settings as numbers.
@@ -83,20 +113,34 @@ function M.config(name, side, opts, who, level)
           table.concat(M.names(side), ", ")), level)
   end
   opts = opts or {}
+  if type(opts) ~= "table" then
+    error(("%s: the settings must be a table ({lr = ...}), got %s"):format(who, type(opts)), level)
+  end
   for k in pairs(opts) do
     if not KEYS[side][k] then
       error(("%s: unknown optimizer setting '%s'"):format(who, k), level)
     end
+    local why = M.refuses(name, side, k)
+    if why then error(who .. ": " .. why, level) end
+  end
+  for _, k in ipairs { "nesterov", "zero_grad" } do
+    if opts[k] ~= nil and type(opts[k]) ~= "boolean" then
+      error(("%s: %s must be true or false, got %s"):format(who, k, tostring(opts[k])), level)
+    end
   end
   local d = r.defaults
   local betas = opts.betas or {}
+  if type(betas) ~= "table" or (opts.betas and #betas ~= 2) then
+    local got = type(betas) == "table" and ("a list of %d"):format(#betas) or tostring(betas)
+    error(("%s: betas must be a list of two numbers {beta1, beta2}, got %s"):format(who, got), level)
+  end
   local s = {
     lr = number(who, opts, "lr", d.lr, level),
     eps = number(who, opts, "eps", d.eps or 0, level),
     weight_decay = number(who, opts, "weight_decay", d.weight_decay or 0, level),
     momentum = number(who, opts, "momentum", 0, level),
-    beta1 = opts.beta1 or betas[1] or d.beta1 or 0,
-    beta2 = opts.beta2 or betas[2] or d.beta2 or 0,
+    beta1 = beta(who, "beta1", opts.beta1 or betas[1], d.beta1 or 0, level),
+    beta2 = beta(who, "beta2", opts.beta2 or betas[2], d.beta2 or 0, level),
     max_grad = number(who, opts, "max_grad", 0, level),
     initial_accumulator_value = number(who, opts, "initial_accumulator_value", 0, level),
   }

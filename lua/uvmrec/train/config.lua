@@ -249,6 +249,26 @@ function M.check(cfg)
   if not ok then
     return fail("embeddings.hints.allowance", (tostring(aerr):gsub("^hints: ", ""):gsub("^[^\n]-:%d+: ", "")))
   end
+  local optim = require "uvmrec.optim"
+  local fields = M.schema.fields
+  local sections = { { "optimizer", cfg.optimizer, "dense", fields.optimizer.fields },
+                     { "embeddings.optimizer", e.optimizer, "tables", fields.embeddings.fields.optimizer.fields } }
+  for _, o in ipairs(sections) do
+    local at, sec, side, keys = o[1], o[2] or {}, o[3], o[4]
+    local name = sec.name or "sgd"
+    for _, key in ipairs { "momentum", "eps", "beta1", "beta2", "weight_decay" } do
+      -- the dense momentum's default is 0, which every optimizer takes as none
+      local v = sec[key]
+      if v ~= nil and not (key == "momentum" and v == 0) then
+        local why = optim.refuses(name, side, key, keys)
+        if why then return fail(at .. "." .. key, why) end
+        if (key == "beta1" or key == "beta2") and v >= 1 then
+          return fail(at .. "." .. key, ("%s; expected a value in [0, 1)"):format(v))
+        end
+        if key == "eps" and v <= 0 then return fail(at .. ".eps", ("%s; expected a value > 0"):format(v)) end
+      end
+    end
+  end
   local s = cfg.schedule
   if s.name == "dlrm" and s.decay_steps < 1 then
     return fail("schedule.decay_steps", "the dlrm schedule decays over decay_steps >= 1 steps")
