@@ -83,6 +83,8 @@ describe("uvmrec.json", function()
       { '{"a":1} x', "json: end of file expected near 'x' at byte 9" },
       { "18446744073709551615", "json: too big integer near '18446744073709551615' at byte 20" },
       { '"\255"', "json: unable to decode byte 0xff near '\"' at byte 1" },
+      -- a key given twice is refused, not read as its last value (a plan's table, a config key)
+      { '{"a":1,"b":{"c":2,"c":3}}', "json: duplicate object key near '\"c\"' at byte 21" },
     }
     for _, c in ipairs(cases) do
       local v, err = json.decode(c[1])

@@ -9,7 +9,8 @@
 -- infinities, functions, tables mixing a list and a map, nesting deeper than 64, strings that
 -- are not UTF-8.
 -- decode(text) gives Lua values (null is nil: absent from objects, a hole in arrays; integers
--- beyond 2^53 are int64_t cdata, exact), or nil, message naming the byte where the text fails.
+-- beyond 2^53 are int64_t cdata, exact), or nil, message naming the byte where the text fails
+-- (an object holding a key twice fails too).
 -- read_lines(path) gives the values of a JSON-lines file; append_lines(path, v, ...) adds each
 -- value as one line to the end of one (a benchmark's --out), raising io.open's message when
 -- the file cannot be opened; lines(path) writes one made anew, a line at a time.

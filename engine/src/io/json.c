@@ -20,7 +20,8 @@ ur_status ur_json_parse(ur_json **out, const char *text, size_t len) {
   if (len && !text) return ur__null(__func__, "text");
   *out = NULL;
   json_error_t e;
-  json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
+  /* A key given twice is an error, as in safetensors headers and YAML configs, not its last value. */
+  json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &e);
   if (!v) return ur__error(UR_STATUS_FORMAT, "json: %s at byte %d", e.text, e.position);
   *out = U(v);
   return UR_STATUS_OK;
