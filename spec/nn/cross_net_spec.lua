@@ -29,4 +29,11 @@ describe("uvmrec.nn.CrossNet", function()
     R.gradcheck(nn.CrossNet(5, 3), { (R.rand({ 4, 5 }, 9)) }, cross_ref(5, 3), 1e-4)
     R.gradcheck(nn.CrossNet(6, 2, { rank = 2 }), { (R.rand({ 3, 6 }, 10)) }, cross_ref(6, 2, 2), 1e-4)
   end)
+
+  it("refuses an infinite size and a backward before forward, naming itself", function()
+    local ur = require "uvmrec"
+    assert.has_error(function() nn.CrossNet(4, math.huge) end, "CrossNet: layers must be a whole number >= 1, got inf")
+    assert.has_error(function() nn.CrossNet(4, 2):backward(ur.tensor({ 2, 4 }), ur.tensor({ 2, 4 })) end,
+      "CrossNet(4, 2 layers): backward before forward")
+  end)
 end)

@@ -13,4 +13,17 @@ describe("uvmrec.nn.Linear", function()
       return R.linear(xv[1], pv[1], nil, 4, 6, 3, "relu")
     end, 1e-4)
   end)
+
+  it("refuses bad sizes and inputs, naming the input's own shape; a batch of no rows gives no rows", function()
+    local ur = require "uvmrec"
+    assert.has_error(function() nn.Linear(math.huge, 3) end, "Linear: in must be a whole number >= 1, got inf")
+    local l = nn.Linear(4, 3)
+    assert.has_error(function() l:forward(ur.tensor({ 4 })) end, "Linear(4 -> 3): input is [4]; expected [rows, 4]")
+    assert.has_error(function() l:forward(ur.tensor({ 2, 2, 4 })) end,
+      "Linear(4 -> 3): input is [2, 2, 4]; expected [rows, 4]")
+    assert.same({ 0, 3 }, l:forward(ur.tensor({ 0, 4 })):size())
+    assert.same({ 0, 4 }, l:backward(ur.tensor({ 0, 4 }), ur.tensor({ 0, 3 })):size())
+    assert.has_error(function() nn.Linear(4, 3):backward(ur.tensor({ 2, 4 }), ur.tensor({ 2, 3 })) end,
+      "Linear(4 -> 3): backward before forward")
+  end)
 end)

@@ -13,7 +13,7 @@ function CrossNet:__init(d, layers, opts)
   Module.__init(self)
   opts = opts or {}
   for _, v in ipairs { { d, "d" }, { layers, "layers" }, { opts.rank or 1, "rank" } } do
-    if type(v[1]) ~= "number" or v[1] < 1 or v[1] ~= math.floor(v[1]) then
+    if type(v[1]) ~= "number" or v[1] < 1 or v[1] ~= math.floor(v[1]) or v[1] == math.huge then
       error("CrossNet: " .. v[2] .. " must be a whole number >= 1, got " .. tostring(v[1]), 3)
     end
   end
@@ -63,6 +63,7 @@ end
 -- (through every layer's x0 * z term and the first layer's x_l) accumulates in gx0.
 function CrossNet:_backward(input, gradOutput, want_params)
   local x0 = self._x0
+  if not x0 then error(tostring(self) .. ": backward before forward", 3) end
   local rows = Module.rows_cols(x0)
   local dt, d, st, f, L = self:act_dtype(), self.d, self.stream, flags(self), self.layers
   local gx0 = self:buffer("gx0", dt, rows, d)

@@ -8,7 +8,7 @@ local Linear = Module:extend("Linear")
 Linear.fuses_relu = true -- a ReLU after it runs in its epilogue (Sequential:add)
 
 local function count(v, what)
-  if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
+  if type(v) ~= "number" or v < 1 or v ~= math.floor(v) or v == math.huge then
     error("Linear: " .. what .. " must be a whole number >= 1, got " .. tostring(v), 4)
   end
 end
@@ -58,8 +58,8 @@ end
 function Linear:updateOutput(input)
   local rows, cols = Module.rows_cols(input)
   if cols ~= self.in_width then
-    error(("Linear(%d -> %d): input is [%d, %d]; expected [rows, %d]"):format(
-      self.in_features, self.out_features, rows, cols, self.in_width), 3)
+    error(("Linear(%d -> %d): input is [%s]; expected [rows, %d]"):format(
+      self.in_features, self.out_features, table.concat(input:size(), ", "), self.in_width), 3)
   end
   local x = self:as_act(input, "input")
   self._x = x
@@ -78,6 +78,7 @@ end
 -- which the model joins (dense.join) before the optimizer reads it.
 function Linear:_backward(input, gradOutput, want_input, want_params)
   local x = self._x
+  if not x then error(tostring(self) .. ": backward before forward", 3) end
   local rows = Module.rows_cols(x)
   local dt = self:act_dtype()
   local gx

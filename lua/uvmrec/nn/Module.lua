@@ -81,12 +81,14 @@ function Module.dtype_of(t)
   return DTYPE_NAMES[tonumber(lib.C.ur_tensor_dtype(lib.ptr(t, "tensor", 2)))]
 end
 
--- Rows of a tensor (its first size) and the elements per row.
+-- Rows of a tensor (its first size) and the elements per row (of a tensor of no rows too).
 function Module.rows_cols(t)
   local p = lib.ptr(t, "tensor", 2)
   local rows = tonumber(lib.C.ur_tensor_dim(p, 0))
-  local n = tonumber(lib.C.ur_tensor_numel(p))
-  return rows, rows > 0 and n / rows or 0
+  if rows > 0 then return rows, tonumber(lib.C.ur_tensor_numel(p)) / rows end
+  local cols = 1
+  for i = 1, tonumber(lib.C.ur_tensor_ndim(p)) - 1 do cols = cols * tonumber(lib.C.ur_tensor_dim(p, i)) end
+  return rows, cols
 end
 
 -- input itself when it has the dtype of this module's activations, else a copy converted into
