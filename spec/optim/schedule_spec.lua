@@ -19,7 +19,17 @@ describe("uvmrec.optim.schedule", function()
     local f = S.dlrm { base = 1, warmup = 2, decay_start = 5, decay_steps = 2, min = 0 }
     assert.same({ 0.5, 1, 1, 1, 1, 0.25, 0.25, 0.25 }, { f(1), f(2), f(3), f(4), f(5), f(6), f(7), f(50) })
     assert.error_matches(function() S.step_decay { base = 1, every = 0, gamma = 1 } end,
-      "schedule: every must be a number >= 1, got 0")
+      "schedule: every must be a finite number >= 1, got 0")
+    -- a power below 0 would raise the rate as it decays (to 100x at the end for -2), an
+    -- infinite warmup would hold it at 0: both refused, as a power that is not a number is
+    assert.error_matches(function() S.polynomial { start = 1, steps = 10, power = -2 } end,
+      "schedule: power must be a finite number >= 0, got %-2")
+    assert.error_matches(function() S.dlrm { warmup = 2, decay_start = 5, decay_steps = 2, power = "x" } end,
+      "schedule: power must be a finite number >= 0, got x")
+    assert.error_matches(function() S.dlrm { warmup = 2, decay_start = 5, decay_steps = 2, min = -1 } end,
+      "schedule: min must be a finite number >= 0, got %-1")
+    assert.error_matches(function() S.linear_warmup { warmup = math.huge } end,
+      "schedule: warmup must be a finite number >= 1, got inf")
   end)
 
   it("gives each parameter group its own base rate times the factor, before each step as a hook", function()

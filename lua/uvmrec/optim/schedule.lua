@@ -6,8 +6,8 @@ local M = {}
 local function need(opts, key, min, default)
   local v = opts[key]
   if v == nil then v = default end
-  if type(v) ~= "number" or v ~= v or v < (min or 0) then
-    error(("schedule: %s must be a number >= %g, got %s"):format(key, min or 0, tostring(v)), 3)
+  if type(v) ~= "number" or v ~= v or v < (min or 0) or v == math.huge then
+    error(("schedule: %s must be a finite number >= %g, got %s"):format(key, min or 0, tostring(v)), 3)
   end
   return v
 end
@@ -22,7 +22,7 @@ end
 -- its last value after `steps` steps; base before start.
 function M.polynomial(opts)
   local base, start, steps = need(opts, "base", 0, 1), need(opts, "start"), need(opts, "steps", 1)
-  local power, min = opts.power or 2, opts.min or 0
+  local power, min = need(opts, "power", 0, 2), need(opts, "min", 0, 0)
   local last = math.max(min, base * (1 / steps) ^ power)
   return function(step)
     if step < start then return base end
