@@ -62,8 +62,20 @@ local function device_for(place, device)
 end
 
 -- ur.tensor(shape, {placement = "host", dtype = "f32", device = n}).
+local TENSOR_OPTS = { dtype = true, placement = true, device = true }
+
 function M.tensor(shape, opts)
   opts = opts or {}
+  -- ({2}, "i32") or a misspelt key made an f32 tensor on the host
+  if type(opts) ~= "table" then
+    error(("tensor: options are %s %s; expected a table such as {dtype = \"i32\"}"):format(type(opts),
+          tostring(opts)), 2)
+  end
+  for k in pairs(opts) do
+    if not TENSOR_OPTS[k] then
+      error(("tensor: unknown option '%s'; expected dtype, placement or device"):format(tostring(k)), 2)
+    end
+  end
   local place = place_of(opts.placement or "host")
   local t, err = new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
   return t, err
