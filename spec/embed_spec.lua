@@ -35,12 +35,13 @@ describe("embedding uvmrec in C", function()
     cmd.rmdir(dir)
   end)
 
-  -- Compiles an example with `pkg-config --cflags --libs pc`; returns the program's path.
-  local function build(name, pc, extra)
+  -- Compiles an example (or the C file src) with `pkg-config --cflags --libs pc`; returns the
+  -- program's path.
+  local function build(name, pc, extra, src)
     local exe = dir .. "/" .. name
     local out, err, code = cmd.sh(("cc -std=c11 -Wall -Wextra -Werror %s " ..
       "$(PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags --libs %s) %s -Wl,-rpath,%s/lib -o %s"):format(
-      q("engine/examples/" .. name .. ".c"), q(prefix), pc, extra or "", q(prefix), q(exe)))
+      q(src or "engine/examples/" .. name .. ".c"), q(prefix), pc, extra or "", q(prefix), q(exe)))
     assert.equal(0, code, out .. err)
     return exe
   end
@@ -90,6 +91,40 @@ describe("embedding uvmrec in C", function()
     assert.matches("host bytes: (%d+) seen from Lua, %1 from C %(one engine%)", out)
     assert.matches("error reported: snippet:1: from Lua", out)
     valgrind(exe)
+  end)
+
+  it("refuses NULL to the Lua host's functions with UR_STATUS_INVALID, naming the argument", function()
+    if why then return pending(why) end
+    -- (capi_null_spec calls the headers' UR_CDEF blocks; these take a lua_State and are outside them)
+    local src = cmd.spit(dir .. "/lua_nulls.c", [[
+#include <stdio.h>
+#include <uvmrec_lua.h>
+static void show(const char *what, ur_status s) {
+  printf("%s %s %s\n", what, s == UR_STATUS_INVALID ? "invalid" : "other", ur_lua_last_error());
+}
+int main(void) {
+  show("open", ur_lua_open(NULL));
+  show("pcall", ur_lua_pcall(NULL, 0, 0));
+  show("dofile", ur_lua_dofile(NULL, "x.lua", 0));
+  show("dostring", ur_lua_dostring(NULL, "return 1", NULL, 0));
+  show("repl", ur_lua_repl(NULL));
+  struct lua_State *L;
+  if (ur_lua_open(&L)) return 1;
+  show("code", ur_lua_dostring(L, NULL, NULL, 0));
+  ur_lua_close(L);
+  ur_lua_close(NULL);
+  return 0;
+}
+]])
+    local out, err, code = cmd.sh("cd / && " .. q(build("lua_nulls", "uvmrec-lua", nil, src)))
+    assert.equal(0, code, err .. out)
+    assert.equal(table.concat({
+      "open invalid ur_lua_open: argument 'out' is NULL",
+      "pcall invalid ur_lua_pcall: argument 'L' is NULL",
+      "dofile invalid ur_lua_dofile: argument 'L' is NULL",
+      "dostring invalid ur_lua_dostring: argument 'L' is NULL",
+      "repl invalid ur_lua_repl: argument 'L' is NULL",
+      "code invalid ur_lua_dostring: argument 'code' is NULL", "" }, "\n"), out)
   end)
 
   it("builds serve.c with pkg-config uvmrec; it scores Criteo lines as the tree's build does, clean under valgrind",

@@ -28,4 +28,11 @@ UR__HIDDEN ur_status ur__lua_paths_find(ur__lua_paths *out);
 UR__HIDDEN ur_status ur__lua_error(ur_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* The C API's rule for a NULL argument (docs/reliability.md): UR_STATUS_INVALID, naming the
+ * function and the argument, before anything is read. */
+#define UR__LUA_ARG(p)                                                                            \
+  do {                                                                                            \
+    if (!(p)) return ur__lua_error(UR_STATUS_INVALID, "%s: argument '%s' is NULL", __func__, #p); \
+  } while (0)
+
 #endif

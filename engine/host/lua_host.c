@@ -170,6 +170,7 @@ static int traceback(lua_State *L) {
 }
 
 ur_status ur_lua_pcall(lua_State *L, int nargs, int nresults) {
+  UR__LUA_ARG(L);
   int base = lua_gettop(L) - nargs;
   lua_pushcfunction(L, traceback);
   lua_insert(L, base);
@@ -214,12 +215,15 @@ static ur_status load_failed(lua_State *L, int rc) {
 }
 
 ur_status ur_lua_dofile(lua_State *L, const char *path, int nresults) {
+  UR__LUA_ARG(L);
   int rc = luaL_loadfile(L, path);
   if (rc) return load_failed(L, rc);
   return ur_lua_pcall(L, 0, nresults);
 }
 
 ur_status ur_lua_dostring(lua_State *L, const char *code, const char *chunkname, int nresults) {
+  UR__LUA_ARG(L);
+  UR__LUA_ARG(code);
   int rc = luaL_loadbuffer(L, code, strlen(code), chunkname ? chunkname : code);
   if (rc) return load_failed(L, rc);
   return ur_lua_pcall(L, 0, nresults);
@@ -275,6 +279,7 @@ static int setup(lua_State *L) {
 }
 
 ur_status ur_lua_open(lua_State **out) {
+  UR__LUA_ARG(out);
   *out = NULL;
   ur__lua_paths *p = malloc(sizeof *p);
   if (!p) return ur__lua_error(UR_STATUS_OOM, "lua: out of memory");

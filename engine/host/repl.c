@@ -334,6 +334,7 @@ static ur_status loop(repl *r) {
 }
 
 ur_status ur_lua_repl(lua_State *L) {
+  UR__LUA_ARG(L);
   repl r;
   memset(&r, 0, sizeof r);
   r.L = L;
