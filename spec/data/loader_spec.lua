@@ -569,7 +569,7 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
-  it("fails on a day file's label outside [0, 1], naming the file, the row and the label", function()
+  it("fails on a day file's label outside [0, 1] or id below -1, naming the file, the row and the value", function()
     local dir = cmd.tmpdir()
     assert(data.convert({ SAMPLE1 }, dir, { rows = 1000 }))
     local path = dir .. "/day_0_labels.npy"
@@ -589,6 +589,18 @@ describe("uvmrec.data loader", function()
                     .. "file, a value from 0 to 1)"):format(dir, case[4]), err)
       t:free()
     end
+    -- an id below -1 (-1: no id) was read as an empty bag: 2^31 and more in an <i4 file, say
+    assert(data.convert({ SAMPLE1 }, dir, { rows = 1000 }))
+    path = dir .. "/day_0_sparse.npy"
+    local ids = assert(data.npy_load(path))
+    ids[150 * 26 + 4] = -5
+    assert(data.npy_save(path, ids, "<i4"))
+    local l = assert(data.open("criteo-bin:" .. dir, { batch_size = 50, depth = 2, shuffle_window = 0 }))
+    local sizes, err = drain(l)
+    l:close()
+    assert.same({ 50, 50, 50 }, sizes)
+    assert.equal(("criteo-bin: %s/day_0_sparse.npy: row 150, column 4 holds id -5; expected an id >= 0 or -1 (no "
+                  .. "id; ids of 2^31 and more need a <u4 or <i8 file)"):format(dir), err)
     cmd.rmdir(dir)
   end)
 

@@ -535,6 +535,7 @@ typedef struct out_rows {
   int64_t tot[UR_SYNTH_MAX_TABLES]; /* values per table */
   int64_t bad_row;           /* day files: the first global row whose label is outside [0, 1], or -1 */
   float bad_label;
+  int64_t bad_id_row, bad_id_col, bad_id; /* and the first id below -1 (-1: no id), or row -1 */
 } out_rows;
 
 /* The slot's big arrays are written once and read by someone else later (the consumer, or a
@@ -658,6 +659,7 @@ static void bin_row(const ur_loader *l, int64_t g, int64_t i, out_rows *o, int *
       int32_t x;
       memcpy(&x, src + t * 4, 4);
       int64_t v = is_u ? (int64_t)(uint32_t)x : (int64_t)x, rows = l->rows_mod[t];
+      if (v < -1 && o->bad_id_row < 0) o->bad_id_row = g, o->bad_id_col = t, o->bad_id = v;
       len[t] = v >= 0;
       if (rows > 0 && v >= rows) v %= rows;
       ids[t] = v;
@@ -668,6 +670,7 @@ static void bin_row(const ur_loader *l, int64_t g, int64_t i, out_rows *o, int *
       int32_t k = 0;
       for (int64_t c = c0; c < l->col0[t + 1]; c++) {
         int64_t v = read_id(src, si, c);
+        if (v < -1 && o->bad_id_row < 0) o->bad_id_row = g, o->bad_id_col = c, o->bad_id = v;
         if (v < 0) break; /* -1 pads a multi-hot bag */
         if (rows > 0 && v >= rows) v %= rows;
         ids[c0 + k] = v;
@@ -729,7 +732,7 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
   out_rows o;
   memset(&o, 0, sizeof o);
   o.n = n;
-  o.bad_row = -1;
+  o.bad_row = o.bad_id_row = -1;
   o.dense = ur_tensor_data(b->dense_buf);
   o.labels = ur_tensor_data(b->labels_buf);
   o.values = ur_tensor_data(b->values_buf);
@@ -768,6 +771,13 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
     return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s/day_%d_labels.npy: row %lld holds label %g; expected 0 or 1 "
                      "(or, in an <f4 file, a value from 0 to 1)", l->paths[0], d->number,
                      (long long)(o.bad_row - d->first), (double)o.bad_label);
+  }
+  if (o.bad_id_row >= 0) { /* a negative id read as a bag of none would lose it silently */
+    const day *d = day_of(l, o.bad_id_row, &dc);
+    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s/day_%d_sparse.npy: row %lld, column %lld holds id %lld; "
+                     "expected an id >= 0 or -1 (no id; ids of 2^31 and more need a <u4 or <i8 file)",
+                     l->paths[0], d->number, (long long)(o.bad_id_row - d->first), (long long)o.bad_id_col,
+                     (long long)o.bad_id);
   }
   int64_t val0[UR_SYNTH_MAX_TABLES + 1];
   val0[0] = 0;
