@@ -190,6 +190,8 @@ describe("uvmrec.train.config", function()
       .. "takes an equal slice of every global batch", world_err({ "train.batch_size=1025" }, 2))
     assert.matches("eval.batch_size: 16384 is not a multiple of the 3 ranks", world_err({ "train.batch_size=1026" }, 3))
     assert.matches("eval.samples: 1001 is not a multiple of the 2 ranks", world_err({ "eval.samples=1001" }, 2))
+    -- a run that does not evaluate (synthetic data, eval.samples 0) has no evaluation batches to slice
+    assert.is_nil(world_err({ "eval.samples=0", "eval.batch_size=1023" }, 2))
     -- checkpoints and --resume work over ranks (the shards through uvmrec.dist.checkpoint)
     assert.is_nil(world_err({ "train.checkpoint_every=5" }, 2))
     -- so do the prefetch pipeline and managed and cached tables (spec/dist/pipeline_spec.lua)

@@ -339,7 +339,10 @@ end
 function M.check_world(cfg, world)
   if world <= 1 then return nil end
   local function fail(path, msg) return config.message(cfg, path, msg) end
-  for _, key in ipairs { "train.batch_size", "eval.batch_size", "eval.samples" } do
+  -- without held-out data and with eval.samples 0 a run does not evaluate: no evaluation batches
+  local evaluates = cfg.data.eval ~= "" or cfg.eval.samples > 0
+  local keys = evaluates and { "train.batch_size", "eval.batch_size", "eval.samples" } or { "train.batch_size" }
+  for _, key in ipairs(keys) do
     local sec, name = key:match("^(%w+)%.([%w_]+)$")
     local v = cfg[sec][name]
     if v % world ~= 0 then
