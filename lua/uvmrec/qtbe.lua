@@ -160,7 +160,8 @@ end
 function methods:output_shape(input)
   local values, offsets = self:_input(input, 2)
   if not self.pooled then return { values:numel(), self.out_dim } end
-  return { math.max(0, math.floor((offsets:numel() - 1) / #self.features)), self.out_dim } -- empty: the engine's
+  -- no offsets: 0 rows (the forward then names the empty offsets)
+  return { math.max(0, math.floor((offsets:numel() - 1) / #self.features)), self.out_dim }
 end
 
 methods.placement, methods.new_output = table_options.placement, table_options.new_output

@@ -234,7 +234,8 @@ function methods:output_shape(input)
     for i = 1, nf do total = total + tonumber(spk[i - 1]) * self.feature_dims[i] end
     return { total }
   end
-  return { math.max(0, math.floor((tonumber(C.ur_tensor_numel(o)) - 1) / nf)), self.out_dim } -- empty: the engine's
+  -- no offsets: 0 rows (the forward then names the empty offsets)
+  return { math.max(0, math.floor((tonumber(C.ur_tensor_numel(o)) - 1) / nf)), self.out_dim }
 end
 
 methods.placement, methods.new_output = table_options.placement, table_options.new_output
