@@ -143,6 +143,13 @@ describe("uvmrec.optim", function()
       "Adam: betas must be a list of two numbers {beta1, beta2}, got a list of 1")
     assert.error_matches(function() optim.config("adam", "tables", { beta2 = 0 / 0 }, "t") end,
       "t: beta2 must be a number in %[0, 1%), got nan")
+    -- eps divides: 0 would give 0/0 on a weight whose gradients were all 0 (the training config agrees)
+    assert.error_matches(function() optim.Adagrad({ p }, { eps = 0 }) end,
+      "Adagrad: eps must be a finite number > 0, got 0")
+    assert.error_matches(function() optim.config("rowwise_adagrad", "tables", { eps = 0 }, "t") end,
+      "t: eps must be a finite number > 0, got 0")
+    assert.error_matches(function() optim.Adam({ p }, { eps = 1 / 0 }) end,
+      "Adam: eps must be a finite number > 0, got inf")
     -- a setting the optimizer would ignore is refused, naming what it takes
     assert.error_matches(function() optim.Adagrad({ p }, { momentum = 0.9 }) end,
       "Adagrad: adagrad takes no setting 'momentum' %(its settings: eps, initial_accumulator_value, lr, "

@@ -125,9 +125,10 @@ describe("uvmrec.train.config", function()
       { "optimizer.momentum=0.9", "--set optimizer.momentum=0.9: optimizer.momentum: adagrad takes no setting "
         .. "'momentum' (its settings: eps, lr, weight_decay)", "optimizer.name=adagrad" },
       { "optimizer.beta1=0.5", "--set optimizer.beta1=0.5: optimizer.beta1: sgd takes no setting 'beta1'" },
-      { "optimizer.beta2=1", "--set optimizer.beta2=1: optimizer.beta2: 1; expected a value in [0, 1)",
+      { "optimizer.beta2=1", "--set optimizer.beta2=1: optimizer.beta2: 1; expected a number in [0, 1)",
         "optimizer.name=adam" },
-      { "optimizer.eps=0", "--set optimizer.eps=0: optimizer.eps: 0; expected a value > 0", "optimizer.name=adamw" },
+      { "optimizer.eps=0", "--set optimizer.eps=0: optimizer.eps: 0; expected a finite number > 0",
+        "optimizer.name=adamw" },
       { "embeddings.optimizer.eps=1e-3", "--set embeddings.optimizer.eps=1e-3: embeddings.optimizer.eps: sgd takes "
         .. "no setting 'eps' (its settings: lr, weight_decay)" },
       { "embeddings.optimizer.beta1=1", "--set embeddings.optimizer.beta1=1: embeddings.optimizer.beta1: 1; expected",

@@ -70,20 +70,26 @@ local KEYS = {
              max_grad = true },
 }
 
-local function number(who, opts, key, default, level)
-  local v = opts[key]
-  if v == nil then return default end
-  if type(v) ~= "number" or v ~= v or v < 0 or v == math.huge then
-    error(("%s: %s must be a finite number >= 0, got %s"):format(who, key, tostring(v)), level + 1)
+-- What a value of setting `key` must be: nil when v is one, else the expectation ("a number in
+-- [0, 1)"). One rule for every setting, used here and by the training config (uvmrec.train.config).
+-- eps divides (sqrt(state) + eps): 0 gives 0/0 on a row or weight whose gradients were all 0.
+function M.setting_expects(key, v)
+  local ok, want
+  if key == "beta1" or key == "beta2" then
+    ok, want = type(v) == "number" and v >= 0 and v < 1, "a number in [0, 1)"
+  elseif key == "eps" then
+    ok, want = type(v) == "number" and v > 0 and v < math.huge, "a finite number > 0"
+  else
+    ok, want = type(v) == "number" and v >= 0 and v < math.huge, "a finite number >= 0"
   end
-  return v
+  if not ok then return want end
 end
 
--- A decay rate of Adam: a number in [0, 1), or the default.
-local function beta(who, key, v, default, level)
+local function setting(who, key, v, default, level)
   if v == nil then return default end
-  if type(v) ~= "number" or not (v >= 0 and v < 1) then
-    error(("%s: %s must be a number in [0, 1), got %s"):format(who, key,
+  local want = M.setting_expects(key, v)
+  if want then
+    error(("%s: %s must be %s, got %s"):format(who, key, want,
           type(v) == "string" and ("'" .. v .. "'") or tostring(v)), level + 1)
   end
   return v
@@ -135,14 +141,15 @@ function M.config(name, side, opts, who, level)
     error(("%s: betas must be a list of two numbers {beta1, beta2}, got %s"):format(who, got), level)
   end
   local s = {
-    lr = number(who, opts, "lr", d.lr, level),
-    eps = number(who, opts, "eps", d.eps or 0, level),
-    weight_decay = number(who, opts, "weight_decay", d.weight_decay or 0, level),
-    momentum = number(who, opts, "momentum", 0, level),
-    beta1 = beta(who, "beta1", opts.beta1 or betas[1], d.beta1 or 0, level),
-    beta2 = beta(who, "beta2", opts.beta2 or betas[2], d.beta2 or 0, level),
-    max_grad = number(who, opts, "max_grad", 0, level),
-    initial_accumulator_value = number(who, opts, "initial_accumulator_value", 0, level),
+    lr = setting(who, "lr", opts.lr, d.lr, level),
+    eps = setting(who, "eps", opts.eps, d.eps or 0, level),
+    weight_decay = setting(who, "weight_decay", opts.weight_decay, d.weight_decay or 0, level),
+    momentum = setting(who, "momentum", opts.momentum, 0, level),
+    beta1 = setting(who, "beta1", opts.beta1 or betas[1], d.beta1 or 0, level),
+    beta2 = setting(who, "beta2", opts.beta2 or betas[2], d.beta2 or 0, level),
+    max_grad = setting(who, "max_grad", opts.max_grad, 0, level),
+    initial_accumulator_value = setting(who, "initial_accumulator_value", opts.initial_accumulator_value, 0,
+                                        level),
   }
   local c = ffi.new("ur_optim_config")
   c.kind = r.kind

@@ -262,10 +262,8 @@ function M.check(cfg)
       if v ~= nil and not (key == "momentum" and v == 0) then
         local why = optim.refuses(name, side, key, keys)
         if why then return fail(at .. "." .. key, why) end
-        if (key == "beta1" or key == "beta2") and v >= 1 then
-          return fail(at .. "." .. key, ("%s; expected a value in [0, 1)"):format(v))
-        end
-        if key == "eps" and v <= 0 then return fail(at .. ".eps", ("%s; expected a value > 0"):format(v)) end
+        local want = optim.setting_expects(key, v)
+        if want then return fail(at .. "." .. key, ("%s; expected %s"):format(v, want)) end
       end
     end
   end
