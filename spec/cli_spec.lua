@@ -330,13 +330,15 @@ describe("uvmrec.cli", function()
     local dir = command.tmpdir()
     local fail = [[-e "local ur = require 'uvmrec'; if os.getenv('INT') then ur.C.ur_interrupt_set(1) end; ]]
       .. [[require('uvmrec.cli').command { name = 'tool', summary = 's' }:fail('no such file')"]]
-    local _, err, code = command.sh(("env UVMREC_JOB=%s UVMREC_RANK=1 %s %s"):format(dir, command.bin(), fail))
+    -- as launch starts a rank: its job folder, the world and the rank
+    local env = ("env UVMREC_JOB=%s UVMREC_WORLD=2 UVMREC_RANK=1 "):format(dir)
+    local _, err, code = command.sh(("%s%s %s"):format(env, command.bin(), fail))
     assert.equal(1, code)
-    assert.equal("uvmrec tool: no such file\n", err)
+    assert.equal("[rank 1] uvmrec tool: no such file\n", err)  -- a rank of two names itself
     -- launch reads it to name the rank: the code and the message, not a rank that died without a word
     assert.equal("1\tno such file\n", command.slurp(dir .. "/rank-1.exit"))
     -- Lua code that caught the interrupt's error fails as a command Ctrl-C stopped
-    _, err, code = command.sh(("env INT=1 UVMREC_JOB=%s UVMREC_RANK=1 %s %s"):format(dir, command.bin(), fail))
+    _, err, code = command.sh(("INT=1 %s%s %s"):format(env, command.bin(), fail))
     assert.equal(130, code, err)
     assert.equal("130\tno such file\n", command.slurp(dir .. "/rank-1.exit"))
     command.rmdir(dir)

@@ -300,11 +300,7 @@ end
 -- os.exit, which notes the exit again once the job has started.
 function M.note_exit(code, text)
   local dir = os.getenv("UVMREC_JOB")
-  local rank
-  for _, k in ipairs { "OMPI_COMM_WORLD_RANK", "PMI_RANK", "UVMREC_RANK" } do
-    local v = os.getenv(k)
-    if v and v ~= "" then rank = tonumber(v) break end
-  end
+  local rank = require("uvmrec.dist.environment")().rank
   if not dir or dir == "" or not rank then return end
   local path = ("%s/rank-%d.exit"):format(dir, rank)
   local f = io.open(path .. ".tmp", "w")
