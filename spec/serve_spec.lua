@@ -258,6 +258,22 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     local lua = assert(cmd.slurp(dir .. "/lua.txt"))
     local n = select(2, lua:gsub("\n", ""))
     assert.equal(1000, n)
+    -- day files convert reduced by twice the model's rows score the same; by rows the model's do not
+    -- divide, they are refused (the model would read other rows than for the raw ids)
+    local rows = require("uvmrec.train").config.table_rows(assert(serve.open(path, { device = "cpu" })):config())
+    local twice, other = {}, {}
+    for i, r in ipairs(rows) do twice[i], other[i] = 2 * r, r + 1 end
+    local days_twice, days_other = cmd.tmpdir(), cmd.tmpdir()
+    assert(ur.data.convert({ sample }, days_twice, { rows = twice }))
+    assert(ur.data.convert({ sample }, days_other, { rows = other }))
+    out, err, code = cmd.run(("predict %s --data criteo-bin:%s --out %s/bin.txt"):format(path, days_twice, dir))
+    assert.equal(0, code, err)
+    assert.equal(lua, cmd.slurp(dir .. "/bin.txt"))
+    out, err, code = cmd.run(("predict %s --data criteo-bin:%s"):format(path, days_other))
+    assert.equal(1, code, out)
+    assert.matches(("day_0's ids of C1 were taken mod %d %%(uvmrec convert %%-%%-rows"):format(other[1]), err)
+    cmd.rmdir(days_twice)
+    cmd.rmdir(days_other)
     local exe, nobuild = h.build_c("engine/examples/serve.c", dir, "serve")
     if not exe then return pending(nobuild) end
     local c

@@ -230,6 +230,28 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(raw)
   end)
 
+  it("reads day files convert reduced only with rows that divide convert's, as raw ids mod those rows", function()
+    local dir = cmd.tmpdir()
+    assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { rows = 1000 }))
+    -- 500 divides 1000: (id mod 1000) mod 500 is id mod 500, the row a model given the raw id reads
+    local tsv = rows_of(assert(data.open("criteo-tsv:" .. SAMPLE1 .. "," .. SAMPLE2, { batch_size = 400, rows = 500 })))
+    local bin = rows_of(assert(data.open("criteo-bin:" .. dir, { batch_size = 400, rows = 500 })))
+    assert.equal(1400, #bin)
+    for i = 1, #tsv do assert.equal(key(tsv[i]), key(bin[i]), "row " .. i) end
+    -- 300 does not: ids would be reduced twice, unlike the raw ids a served model maps
+    local l, err = data.open("criteo-bin:" .. dir, { batch_size = 400, rows = 300 })
+    assert.is_nil(l)
+    assert.equal("criteo-bin: " .. dir .. "/day_0's ids of C1 were taken mod 1000 (uvmrec convert --rows; "
+      .. "day_0_sparse_rows.npy) but are read mod 300 rows, which does not divide it: the model would not see "
+      .. "the rows its served raw ids map to; convert again with these rows (--config or --rows) or without --rows",
+      err)
+    -- converted again with raw ids: the record goes with the reduced files
+    assert(data.convert({ SAMPLE1, SAMPLE2 }, dir))
+    assert.is_nil(io.open(dir .. "/day_1_sparse_rows.npy"))
+    assert.equal(1400, #rows_of(assert(data.open("criteo-bin:" .. dir, { batch_size = 400, rows = 300 }))))
+    cmd.rmdir(dir)
+  end)
+
   it("reads back what datagen wrote (multi-hot with padding, weights, groups) as the generator's batches", function()
     local dir = cmd.tmpdir()
     local spec = [[return { num_dense = 5, seed = 21, groups = 9, tables = {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zlib.h>
 #include "data/data.h"
 
@@ -532,14 +533,17 @@ ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_criteo_
   ur_criteo_reader *r;
   ur_status st = ur_criteo_open(&r, paths, npaths, opts);
   if (st) return st;
-  int all_rows = 1;
-  for (int k = 0; k < NCAT; k++)
+  int all_rows = 1, any_rows = 0;
+  for (int k = 0; k < NCAT; k++) {
     if (r->opts.rows[k] <= 0 || r->opts.rows[k] > 2147483648LL) all_rows = 0;
+    if (r->opts.rows[k] > 0) any_rows = 1;
+  }
   const int64_t chunk = 1 << 16;
   int32_t *labels = malloc(sizeof(int32_t) * chunk);
   float *dense = malloc(sizeof(float) * NDENSE * chunk);
   uint32_t *ids = malloc(sizeof(uint32_t) * NCAT * chunk);
-  ur__npy_writer *w = calloc((size_t)npaths * 3, sizeof *w);
+  /* three files a day, then (ids taken mod rows) each day's day_N_sparse_rows.npy */
+  ur__npy_writer *w = calloc((size_t)npaths * 4, sizeof *w);
   int open_file = -1;
   if (!labels || !dense || !ids || !w) st = ur__error(UR_STATUS_OOM, "criteo convert: out of host memory");
   for (;;) {
@@ -570,11 +574,30 @@ ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_criteo_
     if (!st) st = ur__npy_writer_append(&d[1], ids, n, NCAT * sizeof(uint32_t));
     if (!st) st = ur__npy_writer_append(&d[2], labels, n, sizeof(int32_t));
   }
-  for (int i = 0; !st && w && i < 3 * npaths; i++) st = ur__npy_writer_commit(&w[i]);
+  /* The table sizes the ids were taken modulo (0: raw), which the loader checks against its own:
+   * ids reduced twice by sizes that do not divide would not be the raw ids a served model maps. */
+  for (int i = 0; !st && any_rows && i < npaths; i++) {
+    char path[4096];
+    int64_t mod[NCAT], inner[4] = {0};
+    for (int k = 0; k < NCAT; k++) mod[k] = r->opts.rows[k] > 0 ? r->opts.rows[k] : 0;
+    snprintf(path, sizeof path, "%s/day_%d_sparse_rows.npy", out_dir, days ? days[i] : i);
+    st = ur__npy_writer_open(&w[3 * npaths + i], path, "<i8", 1, inner);
+    if (!st) st = ur__npy_writer_append(&w[3 * npaths + i], mod, NCAT, sizeof(int64_t));
+    if (!st) st = ur__npy_writer_close(&w[3 * npaths + i]);
+  }
+  for (int i = 0; !st && w && i < (any_rows ? 4 : 3) * npaths; i++) st = ur__npy_writer_commit(&w[i]);
+  /* raw ids now: an older conversion's record of the same day would be a lie */
+  for (int i = 0; !st && !any_rows && i < npaths; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/day_%d_sparse_rows.npy", out_dir, days ? days[i] : i);
+    if (unlink(path) && errno != ENOENT)
+      st = ur__error(UR_STATUS_IO, "criteo convert: cannot remove %s (an older conversion's): %s", path,
+                     strerror(errno));
+  }
   if (!st && npaths > 0) st = ur__sync_dir(w[0].path, "criteo convert");
   char msg[1024];
   if (st) snprintf(msg, sizeof msg, "%s", ur_last_error());
-  for (int i = 0; w && i < 3 * npaths; i++) ur__npy_writer_abort(&w[i]);
+  for (int i = 0; w && i < 4 * npaths; i++) ur__npy_writer_abort(&w[i]);
   if (out) ur_criteo_stats_get(r, out);
   ur_criteo_close(r);
   free(w);

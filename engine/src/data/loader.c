@@ -38,7 +38,8 @@ struct ur_batch {
 
 typedef struct day {
   ur__npy_map_t dense, sparse, labels, weights, groups;
-  int have_weights, have_groups;
+  ur__npy_map_t mod;         /* day_N_sparse_rows.npy: the sizes convert took ids modulo */
+  int have_weights, have_groups, have_mod;
   int number;                /* N of day_N_*.npy */
   int64_t rows, first;       /* rows, and the global row of the first */
 } day;
@@ -160,6 +161,11 @@ static ur_status open_day(ur_loader *l, const char *dir, int dn, day *d) {
     if ((st = ur__npy_map(path, &d->groups))) return st;
     d->have_groups = 1;
   }
+  snprintf(path, sizeof path, "%s/day_%d_sparse_rows.npy", dir, dn);
+  if (!access(path, R_OK)) {
+    if ((st = ur__npy_map(path, &d->mod))) return st;
+    d->have_mod = 1;
+  }
   const ur_npy_info *di = &d->dense.info, *si = &d->sparse.info, *li = &d->labels.info;
   d->rows = di->ndim >= 1 ? di->shape[0] : 0;
   snprintf(path, sizeof path, "%s/day_%d", dir, dn);
@@ -180,6 +186,33 @@ static ur_status open_day(ur_loader *l, const char *dir, int dn, day *d) {
   if (d->have_groups && (d->groups.info.ndim != 1 || d->groups.info.shape[0] != d->rows))
     return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s_groups.npy must be [%lld]", path,
                      (long long)d->rows);
+  if (d->have_mod && (d->mod.info.ndim != 1 || d->mod.info.shape[0] != si->shape[1] ||
+                      strcmp(d->mod.info.descr, "<i8")))
+    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s_sparse_rows.npy must be <i8 [%lld] (a size a column), got %s",
+                     path, (long long)si->shape[1], npy_what(&d->mod.info, got, sizeof got));
+  return UR_STATUS_OK;
+}
+
+/* Day files whose ids convert took modulo sizes R (day_N_sparse_rows.npy) are read taking them
+ * modulo the loader's rows only where those divide R: (id mod R) mod rows is then id mod rows,
+ * the row a model given the raw id maps it to (serving, TSV files). Other rows would read
+ * other rows than the served model does, so they are refused. */
+static ur_status check_mod(const ur_loader *l, const char *dir) {
+  for (int i = 0; i < l->ndays; i++) {
+    const day *d = &l->days[i];
+    if (!d->have_mod) continue;
+    const int64_t *mod = d->mod.data;
+    for (int t = 0; t < l->T; t++) {
+      int64_t was = mod[l->col0[t]], rows = l->rows_mod[t];
+      if (was > 0 && rows > 0 && was % rows)
+        return ur__error(UR_STATUS_FORMAT,
+                         "criteo-bin: %s/day_%d's ids of C%d were taken mod %lld (uvmrec convert --rows; "
+                         "day_%d_sparse_rows.npy) but are read mod %lld rows, which does not divide it: the "
+                         "model would not see the rows its served raw ids map to; convert again with these "
+                         "rows (--config or --rows) or without --rows",
+                         dir, d->number, t + 1, (long long)was, d->number, (long long)rows);
+    }
+  }
   return UR_STATUS_OK;
 }
 
@@ -928,6 +961,7 @@ void ur_loader_close(ur_loader *l) {
     ur__npy_unmap(&d->labels);
     ur__npy_unmap(&d->weights);
     ur__npy_unmap(&d->groups);
+    ur__npy_unmap(&d->mod);
   }
   free(l->days);
   for (int i = 0; i < l->o.npaths && l->paths; i++) free(l->paths[i]);
@@ -1000,7 +1034,7 @@ static ur_status open_source(ur_loader *l, const ur_loader_opts *o) {
   if (o->source == UR_SOURCE_CRITEO_BIN) {
     if ((st = open_bin(l))) return st;
     for (int t = 0; t < l->T; t++) l->rows_mod[t] = t < 26 && o->criteo.rows[t] > 0 ? o->criteo.rows[t] : 0;
-    return UR_STATUS_OK;
+    return check_mod(l, l->paths[0]);
   }
   l->T = 26;
   l->D = 13;

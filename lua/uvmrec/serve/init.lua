@@ -127,8 +127,10 @@ end
 
 -- Loader options for scoring data with model m: spec nil or "held-out" (the training run's
 -- held-out samples, as its final evaluation read them), a synthetic spec (the same samples),
--- or criteo-tsv / criteo-bin files (all of them, raw ids: the model maps them; TSV lines of 15
--- to 39 fields padded when the training run padded them, data.pad_missing_fields).  opts:
+-- or criteo-tsv / criteo-bin files (all of them; ids taken modulo the tables' rows as the
+-- model maps raw ids, so that day files convert reduced by other rows are refused as training
+-- refuses them; TSV lines of 15 to 39 fields padded when the training run padded them,
+-- data.pad_missing_fields).  opts:
 -- batch_size, samples (at most).  Returns loader options and a line saying what they are.
 function M.data(m, spec, opts)
   opts = opts or {}
@@ -153,7 +155,7 @@ function M.data(m, spec, opts)
   end
   local ok, src = pcall(require("uvmrec.data.loader").source, spec)
   if not ok then return nil, (tostring(src):gsub("^[^\n]-:%d+: ", "")) end
-  return { data = spec, batch_size = bs, depth = 2, epochs = 1, placement = "host",
+  return { data = spec, batch_size = bs, depth = 2, epochs = 1, placement = "host", rows = train.load_rows(cfg, rows),
            pad_missing_fields = cfg.data.pad_missing_fields }, spec
 end
 

@@ -136,12 +136,17 @@ end
 -- {train = loader options, eval = loader options or nil, eval_samples, ceiling = function()
 -- (synthetic data: the hidden model's AUC on the held-out samples), steps = total or nil,
 -- what = a line for people}.
-function M.data(cfg, rows)
-  local spec, batch = cfg.data.train, cfg.train.batch_size
-  -- What the loader takes ids modulo: each table's rows, but 0 (raw ids) where managed
-  -- collisions map them.
+-- What the loader takes a config's ids modulo, given its tables' rows: each table's rows, but 0
+-- (raw ids) where managed collisions map them.
+function M.load_rows(cfg, rows)
   local managed, load_rows = M.config.collisions(cfg), {}
   for i, r in ipairs(rows) do load_rows[i] = managed[i] and 0 or r end
+  return load_rows
+end
+
+function M.data(cfg, rows)
+  local spec, batch = cfg.data.train, cfg.train.batch_size
+  local load_rows = M.load_rows(cfg, rows)
   if spec == "" then return nil, "no training data: give --data SPEC or data.train in the config" end
   local ok, src = pcall(require("uvmrec.data.loader").source, spec)
   if not ok then return nil, (tostring(src):gsub("^[^\n]-:%d+: ", "")) end
