@@ -218,6 +218,28 @@ describe("uvmrec.data convert", function()
     end
   end)
 
+  it("takes days as one distinct whole number per input (two inputs of one day kept the second's rows alone)", function()
+    local cases = {
+      { { 0, 0 }, "criteo convert: days[1] and days[2] are both 0; each input needs a day of its own" },
+      { { 3 }, "criteo convert: days is a list of 1; expected a list of 2 day numbers, one per input" },
+      { { 0, -1 }, "criteo convert: days[2] is -1; expected a whole number from 0" },
+      { { 0, 1.5 }, "criteo convert: days[2] is 1.5; expected a whole number from 0" },
+      { 4, "criteo convert: days is 4; expected a list of 2 day numbers, one per input" },
+    }
+    local dir = cmd.tmpdir()
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(data.convert, { SAMPLE1, SAMPLE2 }, dir, { days = c[1] })
+      assert.is_false(ok)
+      assert.equal(c[2], err)
+    end
+    assert.is_nil(io.open(dir .. "/day_0_labels.npy"))
+    local st = assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { days = { 5, 2 } }))
+    assert.same({ 5, 2 }, st.days)
+    assert.same({ 1000 }, data.npy_load(dir .. "/day_5_labels.npy"):size())
+    assert.same({ 400 }, data.npy_load(dir .. "/day_2_labels.npy"):size())
+    cmd.rmdir(dir)
+  end)
+
   it("writes day files equal to what the TSV reader gives", function()
     local dir = cmd.tmpdir()
     local rows = {}

@@ -160,9 +160,27 @@ function M.convert(paths, out_dir, opts)
   local arr, n, list = path_list(paths, 2)
   local o = criteo_opts(opts, 2)
   local days
-  if opts and opts.days then
+  if opts and opts.days ~= nil then
+    -- Two inputs of one day would write the same files: the second's rows would replace the first's.
+    local given = opts.days
+    if type(given) ~= "table" or #given ~= n then
+      error(("criteo convert: days is %s; expected a list of %d day numbers, one per input"):format(
+        type(given) == "table" and "a list of " .. #given or tostring(given), n), 2)
+    end
     days = ffi.new("int32_t[?]", n)
-    for i = 1, n do days[i - 1] = opts.days[i] end
+    local seen = {}
+    for i = 1, n do
+      local d = given[i]
+      if type(d) ~= "number" or d ~= math.floor(d) or d < 0 or d > 2 ^ 31 - 1 then
+        error(("criteo convert: days[%d] is %s; expected a whole number from 0"):format(i, tostring(d)), 2)
+      end
+      if seen[d] then
+        error(("criteo convert: days[%d] and days[%d] are both %d; each input needs a day of its own"):format(
+          seen[d], i, d), 2)
+      end
+      seen[d] = i
+      days[i - 1] = d
+    end
   else
     days = ffi.new("int32_t[?]", n)
     for i, p in ipairs(list) do
