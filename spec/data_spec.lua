@@ -127,6 +127,25 @@ describe("uvmrec.data criteo-tsv", function()
     cmd.rmdir(dir)
   end)
 
+  it("refuses options it does not take, and a chunk_bytes that is no size, at the caller's line", function()
+    local bad_opts = {
+      { { on_bad_lines = "skip" }, "criteo: unknown option 'on_bad_lines'; expected rows, pad_missing_fields, on_bad_line, chunk_bytes" },
+      { { days = { 0 } }, "criteo: unknown option 'days'; expected rows, pad_missing_fields, on_bad_line, chunk_bytes" },
+      { { chunk_bytes = "1MiB" }, "criteo: chunk_bytes is 1MiB; expected a whole number of bytes (0: the default, 16 MiB)" },
+      { { chunk_bytes = -1 }, "criteo: chunk_bytes is -1; expected a whole number of bytes (0: the default, 16 MiB)" },
+      { "skip", "criteo: options must be a table, got string" },
+    }
+    for _, c in ipairs(bad_opts) do
+      local ok, err = pcall(data.read_tsv, SAMPLE2, c[1])
+      assert.is_false(ok)
+      assert.equal(c[2], err)
+    end
+    local ok, err = pcall(data.convert, SAMPLE2, "/nonexistent", { pad_missing_field = true })
+    assert.is_false(ok)
+    assert.equal("criteo: unknown option 'pad_missing_field'; expected rows, pad_missing_fields, on_bad_line, "
+                 .. "chunk_bytes, days", err)
+  end)
+
   it("reads gzip'd files", function()
     local dir = cmd.tmpdir()
     assert(os.execute(("gzip -c %s > %s/day_3.gz"):format(SAMPLE2, dir)) == 0)

@@ -59,10 +59,29 @@ local function rows_list(rows, level, raw)
   return rows
 end
 
+local TSV_OPTIONS = { "rows", "pad_missing_fields", "on_bad_line", "chunk_bytes" }
+
 -- opts: rows (26 sizes or one), pad_missing_fields, on_bad_line ("fail" or "skip"), chunk_bytes;
--- raw: a size 0 keeps the table's ids raw (the loader's).
-local function criteo_opts(opts, level, raw)
+-- raw: a size 0 keeps the table's ids raw (the loader's, whose options hold its own keys too);
+-- else any other key is refused, but extra (convert's days).
+local function criteo_opts(opts, level, raw, extra)
   opts = opts or {}
+  if type(opts) ~= "table" then error("criteo: options must be a table, got " .. type(opts), level + 1) end
+  if not raw then
+    local known = { unpack(TSV_OPTIONS) }
+    known[#known + 1] = extra
+    for _, k in ipairs(known) do known[k] = true end
+    for k in pairs(opts) do
+      if not known[k] then
+        error(("criteo: unknown option '%s'; expected %s"):format(tostring(k), table.concat(known, ", ")), level + 1)
+      end
+    end
+  end
+  local cb = opts.chunk_bytes or 0
+  if type(cb) ~= "number" or cb ~= math.floor(cb) or cb < 0 or cb > 2 ^ 40 then
+    error(("criteo: chunk_bytes is %s; expected a whole number of bytes (0: the default, 16 MiB)"):format(
+      tostring(cb)), level + 1)
+  end
   local o = ffi.new("ur_criteo_opts")
   o.pad_missing_fields = opts.pad_missing_fields and 1 or 0
   local bad = opts.on_bad_line or "fail"
@@ -70,7 +89,7 @@ local function criteo_opts(opts, level, raw)
     error("criteo: on_bad_line is '" .. tostring(bad) .. "'; expected fail or skip", level + 1)
   end
   o.skip_bad_lines = bad == "skip" and 1 or 0
-  o.chunk_bytes = opts.chunk_bytes or 0
+  o.chunk_bytes = cb
   local rows = rows_list(opts.rows, level + 1, raw)
   for i = 1, 26 do o.rows[i - 1] = rows and rows[i] or 0 end
   return o
@@ -158,7 +177,7 @@ end
 -- TSV files to day files in out_dir (input i is day i unless days says otherwise).
 function M.convert(paths, out_dir, opts)
   local arr, n, list = path_list(paths, 2)
-  local o = criteo_opts(opts, 2)
+  local o = criteo_opts(opts, 2, false, "days")
   local days
   if opts and opts.days ~= nil then
     -- Two inputs of one day would write the same files: the second's rows would replace the first's.
