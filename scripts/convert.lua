@@ -1,6 +1,7 @@
 -- `uvmrec convert`: Criteo raw TSV (plain or .gz) to binary day files in the layout of the
 -- public DLRM references: day_N_dense.npy (<f4 [N,13], already log(x+1) of the clamped
--- integers), day_N_sparse.npy (<i4 ids mod rows when rows are given, else <u4 raw ids),
+-- integers), day_N_sparse.npy (<i4 ids mod rows when every size is at most 2^31, else <u4 ids
+-- mod rows, or raw without rows),
 -- day_N_labels.npy (<i4 [N]).  Input i is day i, or day K when its name holds day_K.  Its options
 -- are declared below (`uvmrec convert --help`).  Also runs as `luajit scripts/convert.lua ...`
 -- with the paths from `make -s env`.
@@ -61,11 +62,19 @@ if not st then
   cmd:fail(data.bad_line_hint(err, { skip = "--on-bad-line skip", pad = "--pad-missing-fields" }))
 end
 
+-- The sparse files' dtype as the engine chose it (<u4 when a size passes 2^31 or none is given).
+local function sparse_descr(day)
+  local f = assert(io.open(("%s/day_%d_sparse.npy"):format(out, day), "rb"))
+  local info = assert(data.npy_header(f:read(4096)))
+  f:close()
+  return info.descr
+end
+
 local readme = assert(io.open(out .. "/README.txt", "a"))
 for k, path in ipairs(inputs) do
   readme:write(("day_%d_*.npy from %s: dense <f4 [N,13] = log(max(x,0)+1) of I1..I13 (empty = 0); "
     .. "sparse %s [N,26] = C1..C26 hex as uint32%s; labels <i4 [N]\n"):format(st.days[k], path,
-    opts.rows and "<i4" or "<u4", opts.rows and " mod rows (" .. (type(opts.rows) == "table"
+    sparse_descr(st.days[k]), opts.rows and " mod rows (" .. (type(opts.rows) == "table"
     and table.concat(opts.rows, ",") or opts.rows) .. ")" or " (raw)"))
 end
 readme:close()

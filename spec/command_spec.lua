@@ -178,6 +178,23 @@ describe("uvmrec command", function()
     assert.matches("table:  tensor f32 %[4096, 128%] managed", out)
   end)
 
+  it("says in convert's README.txt the dtype each sparse file holds (<u4 once a size passes 2^31)", function()
+    local dir = cmd.tmpdir()
+    local sample = q(require("helpers").fixture("criteo_raw_sample2.tsv"))
+    for _, c in ipairs { { "--rows 1000", "<i4", " mod rows (1000)" },
+                         { "--rows 4294967296", "<u4", " mod rows (4294967296)" },
+                         { "", "<u4", " (raw)" } } do
+      local out = dir .. "/days" .. #c[1]
+      local _, err, code = cmd.run(("convert %s --out %s %s"):format(sample, q(out), c[1]))
+      assert.equal(0, code, err)
+      local info = assert(ur.data.npy_header(io.open(out .. "/day_0_sparse.npy", "rb"):read(128)))
+      assert.equal(c[2], info.descr)
+      local readme = io.open(out .. "/README.txt"):read("*a")
+      assert.matches("; sparse " .. c[2] .. " [N,26] = C1..C26 hex as uint32" .. c[3] .. "; labels", readme, 1, true)
+    end
+    cmd.rmdir(dir)
+  end)
+
   it("lists the commands for an unknown one, exit code 2", function()
     local out, err, code = cmd.run("frobnicate --x")
     assert.equal(2, code)
