@@ -313,6 +313,25 @@ describe("uvmrec.KJT", function()
       "kjt: lengths[1] is 1.5; expected a whole number that fits i32")
     assert.has_error(function() KJT { keys = { "a" }, values = {}, lengths = { 2 ^ 32 } } end,
       "kjt: lengths[1] is 4294967296; expected a whole number that fits i32")
+    -- so are the counts and sizes the ops take (1.5 read as 1 gave another KJT than asked for)
+    assert.has_error(function() KJT { keys = { "a" }, values = { 1 }, lengths = { 1 }, stride = 1.5 } end,
+      "kjt: stride is 1.5; expected a whole number that fits i64")
+    assert.has_error(function() KJT { keys = { "a" }, values = { 1 }, lengths = { 1 }, stride = "1" } end,
+      "kjt: stride is string; expected a number")
+    assert.has_error(function()
+      KJT { keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key_per_rank = { { 1.5 } },
+            inverse_indices = { 0 } }
+    end, "kjt: stride_per_key_per_rank[1][1] is 1.5; expected a whole number that fits i64")
+    local two = KJT { keys = { "a", "b" }, values = { 1, 2 }, lengths = { 1, 1 } }
+    assert.has_error(function() two:split { 1.7, 1 } end,
+      "kjt split: sizes[1] is 1.7; expected a whole number that fits i32")
+    assert.has_error(function() two:validate(1.5) end,
+      "kjt validate: rows of key 'a' is 1.5; expected a whole number that fits i64")
+    assert.has_error(function() two:bucketize(2, { b = { block = 1.5, rows = 3 } }) end,
+      "kjt bucketize: key 'b' block is 1.5; expected a whole number that fits i64")
+    assert.has_error(function()
+      KJT.from_rows { keys = { "a", "b" }, hot = { 1.5, 1 }, ids = ur.tensor({ 1, 2 }, { dtype = "i64" }):fill(1) }
+    end, "KJT.from_rows: hot[1] is 1.5; expected a whole number that fits i32")
     assert.equal(-2 ^ 63, KJT { keys = { "a" }, values = { -2 ^ 63 }, lengths = { 1 } }:values()[0])
     assert.has_error(function()
       KJT { keys = { "a" }, values = ur.tensor({ 1 }, { dtype = "i32" }), lengths = { 1 } }

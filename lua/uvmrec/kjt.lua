@@ -60,6 +60,7 @@ local function new_kjt(o, level)
   local weights = as_tensor(o.weights, "f32", "weights", level + 1)
   local inverse = as_tensor(o.inverse_indices, "i64", "inverse_indices", level + 1)
   local stride = o.stride
+  if stride ~= nil then lib.element(stride, "i64", "kjt: stride", nil, level + 1) end
   local spk
   local per = o.stride_per_key_per_rank
   if per then
@@ -73,7 +74,7 @@ local function new_kjt(o, level)
         error(("kjt: stride_per_key_per_rank[%d] must be a list of one stride (one rank), such as {2}")
           :format(i), level + 1)
       end
-      spk[i - 1] = ranks[1]
+      spk[i - 1] = lib.element(ranks[1], "i64", ("kjt: stride_per_key_per_rank[%d]"):format(i), 1, level + 1)
     end
     if not stride then
       stride = (nk > 0 and inverse) and math.floor(tonumber(C.ur_tensor_numel(inverse.p)) / nk) or 0
@@ -155,7 +156,8 @@ function methods:validate(rows)
     r = ffi.new("int64_t[?]", math.max(n, 1))
     for i = 0, n - 1 do
       local key = ffi.string(C.ur_kjt_key(p, i))
-      r[i] = type(rows) == "number" and rows or rows[key] or rows[i + 1] or 0
+      r[i] = lib.element(type(rows) == "number" and rows or rows[key] or rows[i + 1] or 0, "i64",
+                         "kjt validate: rows of key '" .. key .. "'", nil, 2)
     end
   end
   local st = C.ur_kjt_validate(p, r)
@@ -186,7 +188,7 @@ function methods:split(sizes)
   if type(sizes) ~= "table" then error("kjt split: expected a list of segment sizes", 2) end
   local n = #sizes
   local sz = ffi.new("int32_t[?]", math.max(n, 1))
-  for i, s in ipairs(sizes) do sz[i - 1] = s end
+  for i, s in ipairs(sizes) do sz[i - 1] = lib.element(s, "i32", "kjt split: sizes", i, 2) end
   local outs = ffi.new("ur_kjt *[?]", math.max(n, 1))
   local ok, err = check(C.ur_kjt_split(p, sz, n, outs), 2)
   if not ok then return nil, err end
@@ -225,7 +227,11 @@ function methods:bucketize(buckets, blocks)
   local blk, rows = ffi.new("int64_t[?]", math.max(n, 1)), ffi.new("int64_t[?]", math.max(n, 1))
   for i = 0, n - 1 do
     local b = blocks[ffi.string(C.ur_kjt_key(p, i))]
-    if b then blk[i], rows[i] = b.block, b.rows end
+    if b then
+      local what = "kjt bucketize: key '" .. ffi.string(C.ur_kjt_key(p, i)) .. "' "
+      blk[i] = lib.element(b.block, "i64", what .. "block", nil, 2)
+      rows[i] = lib.element(b.rows, "i64", what .. "rows", nil, 2)
+    end
   end
   for key in pairs(blocks) do
     if type(key) ~= "string" or C.ur_kjt_key_index(p, key) < 0 then
@@ -299,7 +305,7 @@ local function from_rows(o, level)
   end
   local hot, H = ffi.new("int32_t[?]", math.max(nk, 1)), 0
   for i, v in ipairs(o.hot) do
-    hot[i - 1] = v
+    hot[i - 1] = lib.element(v, "i32", "KJT.from_rows: hot", i, level + 1)
     H = H + v
   end
   local ids = o.ids

@@ -157,12 +157,14 @@ end
 local WHOLE = { i64 = { -2 ^ 63, 2 ^ 63 }, i32 = { -2 ^ 31, 2 ^ 31 } }
 
 -- x as element k of list `what` for an array of dtype (i64, i32; any number for others), or an
--- error "<what>[k] is 1.5; expected a whole number that fits i64" at level.
+-- error "<what>[k] is 1.5; expected a whole number that fits i64" at level; k nil: x is `what`
+-- itself (a single value bound for such a type).
 function M.element(x, dtype, what, k, level)
-  if type(x) ~= "number" then error(("%s[%d] is %s; expected a number"):format(what, k, type(x)), level + 1) end
+  local name = k and ("%s[%d]"):format(what, k) or what
+  if type(x) ~= "number" then error(("%s is %s; expected a number"):format(name, type(x)), level + 1) end
   local w = WHOLE[dtype]
   if w and not (x == math.floor(x) and x >= w[1] and x < w[2]) then
-    error(("%s[%d] is %s; expected a whole number that fits %s"):format(what, k, tostring(x), dtype), level + 1)
+    error(("%s is %s; expected a whole number that fits %s"):format(name, tostring(x), dtype), level + 1)
   end
   return x
 end
