@@ -33,6 +33,11 @@ describe("uvmrec.data criteo-tsv", function()
     assert.equal(0, r.dense[13])
     assert.same({ 0x68fd1e64, 0xffffffff, 10, 0 }, { r.cats[1], r.cats[2], r.cats[3], r.cats[26] })
     assert.is_false(r.padded)
+    -- leading zeros are no digits of the value: 13 characters of 5 are inside 32 bits
+    local z = assert(data.parse_line(line(0, { "0000000000005", "-00000000000002", "00002147483647" }, {})))
+    assert.is_true(math.abs(z.dense[1] - math.log(6)) < 1e-6)
+    assert.equal(0, z.dense[2])
+    assert.is_true(math.abs(z.dense[3] - math.log(2147483648)) < 1e-5)
   end)
 
   it("reads both real samples with no error, as many rows and clicks as their README says", function()
@@ -68,6 +73,8 @@ describe("uvmrec.data criteo-tsv", function()
     { "non-hex", line(0, {}, { "68fd1e6g" }), "field C1 is '68fd1e6g': not hexadecimal" },
     { "9 hex digits", line(0, {}, { nil, "123456789" }), "field C2 is '123456789': 9 hex digits, more than 32 bits" },
     { "integer overflow", line(0, { 2147483648 }, {}), "field I1 is '2147483648': outside 32-bit integers" },
+    { "a long non-integer", line(0, { "hello_world_x" }, {}), "field I1 is 'hello_world_x': not an integer" },
+    { "a 0x prefix", line(0, {}, { "0x68fd1e64" }), "field C1 is '0x68fd1e64': not hexadecimal" },
     { "a non-integer", line(0, { nil, nil, "1.5" }, {}), "field I3 is '1.5': not an integer" },
     { "label 2", line(2, {}, {}), "label is '2'; expected 0 or 1" },
     { "CRLF endings", GOOD .. "\r", "ends with a carriage return (CRLF line endings; convert with dos2unix)" },

@@ -87,10 +87,11 @@ static int parse(const char *s, size_t len, int pad, int32_t *label, float *dens
         int neg = *d == '-';
         if (neg) d++;
         if (d == q) goto not_int;
-        if (q - d > 10) goto overflow;
+        /* Every character is a digit before the value is judged; past 10^10 it stops growing
+         * (it is out of range then), so leading zeros count for nothing and nothing overflows. */
         for (; d < q; d++) {
           if (*d < '0' || *d > '9') goto not_int;
-          v = v * 10 + (*d - '0');
+          if (v < 10000000000LL) v = v * 10 + (*d - '0');
         }
         if (neg) v = -v;
         if (v > 2147483647 || v < -2147483647 - 1) goto overflow;
@@ -98,14 +99,7 @@ static int parse(const char *s, size_t len, int pad, int32_t *label, float *dens
       dense[f - 1] = dense_of(v);
     } else if (f < NFIELDS) {
       uint32_t v = 0;
-      if (n > 8) {
-        if (msg) {
-          shown(val, sizeof val, p, n);
-          snprintf(msg, cap, "field %s is '%s': %zu hex digits, more than 32 bits", field_name(f, fb),
-                   val, n);
-        }
-        return 1;
-      }
+      /* Every character is a hex digit before the count is judged ('0x1234abcd' is not hex). */
       for (const char *d = p; d < q; d++) {
         unsigned c = (unsigned char)*d, x;
         if (c - '0' < 10) x = c - '0';
@@ -118,6 +112,14 @@ static int parse(const char *s, size_t len, int pad, int32_t *label, float *dens
           return 1;
         }
         v = v << 4 | x;
+      }
+      if (n > 8) {
+        if (msg) {
+          shown(val, sizeof val, p, n);
+          snprintf(msg, cap, "field %s is '%s': %zu hex digits, more than 32 bits", field_name(f, fb),
+                   val, n);
+        }
+        return 1;
       }
       cats[f - NDENSE - 1] = v;
     }
