@@ -133,10 +133,12 @@ if o.report then
     generation_cpu_samples_per_s = samples / math.max(gen_cpu, 1e-9),
     write_cpu_mb_per_s = bytes / 1e6 / math.max(write_cpu, 1e-9) })
 end
-local ceiling = synthetic.hidden_auc(spec, math.min(samples, 100000), 0)
+local ceiling, no_ceiling = synthetic.hidden_auc(spec, math.min(samples, 100000), 0)
 print(("wrote %d samples of '%s' (%d tables, %d dense) into %d day file(s) in %s"):format(samples, name,
   c.num_tables, c.num_dense, days, out))
 print(("%.2f s: %.0f samples/s, %.0f MB/s written (generation on the %s %.0f samples/s; converting and writing "
   .. "%.0f MB/s)"):format(secs, samples / math.max(secs, 1e-9), bytes / 1e6 / math.max(secs, 1e-9),
   gpu and "GPU, copies included," or "CPU", samples / math.max(gen_s, 1e-9), bytes / 1e6 / math.max(write_s, 1e-9)))
-print(("hidden model AUC (the ceiling): %.4f"):format(ceiling or 0))
+-- Too few samples (none, or all of one class) have no AUC: say so rather than print a number.
+print(ceiling and ("hidden model AUC (the ceiling): %.4f"):format(ceiling)
+  or ("hidden model AUC (the ceiling): none on %d samples (%s)"):format(samples, no_ceiling))

@@ -274,6 +274,11 @@ describe("uvmrec.data loader", function()
     datagen(dir, "wide", [[return { num_dense = 2, seed = 3, tables = {
       { name = "a", rows = 100, id_space = 100000 }, { name = "b", rows = 40 } } }]], "wide", "--samples 500")
     assert.matches("id_space 100000,40", cmd.slurp(dir .. "/wide/layout.txt"))
+    -- samples of one class have no AUC: it says so (it printed a ceiling of 0.0000)
+    local one = datagen(dir, "one", [[return { num_dense = 2, seed = 3, tables = { { name = "a", rows = 100 } } }]],
+      "one", "--samples 1")
+    assert.matches("hidden model AUC (the ceiling): none on 1 samples (auc: needs both positive and negative labels)\n",
+      one, 1, true)
     local raw = rows_of(assert(data.open("criteo-bin:" .. dir .. "/wide", { batch_size = 500 })))
     local rows = { 100, 40 }
     for i = 3, 26 do rows[i] = 0 end
