@@ -577,6 +577,20 @@ describe("uvmrec.data loader", function()
       data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, rank = 2, world = 2 }
     end,
       "loader: rank 2 of world 2; expected 0 <= rank < world")
+    -- an option it does not take, or a count that is no whole number, is named (a typo was ignored,
+    -- batch_size 1.5 made batches of 1)
+    assert.has_error(function()
+      data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, shufle_window = 8 }
+    end, "loader: unknown option 'shufle_window'; expected one of data, batch_size, samples, rows, depth, threads, "
+      .. "drop_last, shuffle_window, seed, epochs, rank, world, slice_rank, slice_world, position, placement, stream, "
+      .. "keys, on_bad_line, pad_missing_fields, chunk_bytes, synthetic")
+    assert.has_error(function() data.loader { data = "synthetic:tiny", samples = 10, batch_size = 1.5 } end,
+      "loader: batch_size is 1.5; expected a whole number that fits i64")
+    assert.has_error(function() data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, epochs = "2" } end,
+      "loader: epochs is string; expected a number")
+    assert.has_error(function()
+      data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, position = { epoch = 0, sample = 2.5 } }
+    end, "loader: position.sample is 2.5; expected a whole number that fits i64")
     local l, err = data.loader { data = "criteo-bin:/nonexistent", batch_size = 4 }
     assert.is_nil(l)
     assert.equal("criteo-bin: /nonexistent: cannot open the folder", err)

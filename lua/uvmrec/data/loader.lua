@@ -127,8 +127,31 @@ methods.free = methods.close
 -- placement = "pinned" (synthetic data: "device" draws on the GPU, uvmrec.data.generator, which
 -- keeps ids as drawn), stream (that placement's), keys = {...}, on_bad_line = "fail",
 -- pad_missing_fields = false}
+local OPTIONS = { "data", "batch_size", "samples", "rows", "depth", "threads", "drop_last", "shuffle_window", "seed",
+                  "epochs", "rank", "world", "slice_rank", "slice_world", "position", "placement", "stream", "keys",
+                  "on_bad_line", "pad_missing_fields", "chunk_bytes", "synthetic" }
+local KNOWN = {}
+for _, k in ipairs(OPTIONS) do KNOWN[k] = true end
+-- Counts the engine takes as integers: a cast would read 1.5 as 1 and a string not at all.
+local WHOLE = { "batch_size", "samples", "depth", "threads", "shuffle_window", "seed", "epochs", "rank", "world",
+                "slice_rank", "slice_world" }
+
 function M.loader(o)
   if type(o) ~= "table" then error("loader: expected a table of options", 2) end
+  for k in pairs(o) do
+    if not KNOWN[k] then
+      error(("loader: unknown option '%s'; expected one of %s"):format(tostring(k), table.concat(OPTIONS, ", ")), 2)
+    end
+  end
+  for _, k in ipairs(WHOLE) do
+    if o[k] ~= nil then lib.element(o[k], "i64", "loader: " .. k, nil, 2) end
+  end
+  if o.position ~= nil then
+    if type(o.position) ~= "table" then error("loader: position must be a table {epoch =, sample =}", 2) end
+    for _, k in ipairs { "epoch", "sample" } do
+      if o.position[k] ~= nil then lib.element(o.position[k], "i64", "loader: position." .. k, nil, 2) end
+    end
+  end
   local src = M.source(o.data, 2)
   local co = ffi.new("ur_loader_opts")
   local keep = {} -- luacheck: ignore 241 (what the C struct points at, alive until open returns)
