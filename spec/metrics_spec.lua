@@ -541,6 +541,11 @@ describe("uvmrec.metrics", function()
                      msg(function() m:update { predictions = p, labels = y } end))
       assert.matches("labels must be a tensor, got nil", msg(function() m:update { predictions = p } end))
       assert.matches("expected a table", msg(function() m:update(p) end))
+      -- a misspelt key is named: weight = was ignored, every sample weighing 1
+      assert.matches("metrics update: unknown key 'weight'; expected predictions, labels, weights, grouping_keys, "
+                     .. "stream %(or the first four by position%)",
+                     msg(function() m:update { predictions = p, labels = y, weight = p, grouping_keys = g } end))
+      assert.equal(0, m:seen())
       assert.matches("metrics_spec.lua", msg(function() m:update { predictions = p } end))
       assert(m:update { p, y, nil, g })
       assert.equal(8, m:seen())

@@ -173,12 +173,22 @@ local function tensor_arg(v, what, level, optional)
   return lib.ptr(v, "metrics " .. what, level + 1)
 end
 
+local UPDATE_KEYS = { predictions = true, labels = true, weights = true, grouping_keys = true, stream = true,
+                      true, true, true, true }
+
 -- update{predictions = p, labels = y, weights = w, grouping_keys = g, stream = s}, or
 -- positionally update{p, y, w, g}.  Enqueues the work and returns at once.
 function Metric:update(a)
   local m = H(self, 2)
   if type(a) ~= "table" then
     error("metrics update: expected a table {predictions = ..., labels = ...}", 2)
+  end
+  -- a misspelt key (weight =) would count every sample as weight 1, silently
+  for k in pairs(a) do
+    if not UPDATE_KEYS[k] then
+      error(("metrics update: unknown key '%s'; expected predictions, labels, weights, grouping_keys, stream "
+        .. "(or the first four by position)"):format(tostring(k)), 2)
+    end
   end
   local ok, err = check(C.ur_metrics_update(streams.handle(a.stream, 2), m,
     tensor_arg(a.predictions or a[1], "predictions", 2),
