@@ -158,6 +158,25 @@ describe("uvmrec.data synthetic", function()
       "synthetic: table 2 has ids per sample 3..2; expected 0 <= min <= max, 1 <= max <= 4096")
     assert.has_error(function() data.synthetic_spec "huge" end,
       "synthetic: no preset 'huge'; presets are tiny, kaggle, mlperf_v1, mlperf_v1_2m, dcnv2, tiny_multihot")
+    -- a misspelt key or a fraction is named (zipff fell back to uniform ids, sed to seed 0, rows 1.5 made 1 row)
+    assert.has_error(function() data.synthetic_spec { tables = { { rows = 5, zipff = 1.2 } } } end,
+      "synthetic: table 1: unknown key 'zipff'; expected name, rows, zipf, hot, weighted, signal, id_space")
+    assert.has_error(function() data.synthetic_spec { sed = 3, tables = { { rows = 5 } } } end,
+      "synthetic: unknown key 'sed'; expected name, num_dense, seed, bias, dense_signal, signal_total, groups, "
+      .. "drift, id_space_factor, tables")
+    assert.has_error(function() data.synthetic_spec { tables = { { rows = 1.5 } } } end,
+      "synthetic: table 1 rows is 1.5; expected a whole number that fits i64")
+    assert.has_error(function() data.synthetic_spec { tables = { { rows = 5, hot = { 1, 2.5 } } } } end,
+      "synthetic: table 1 hot[2] is 2.5; expected a whole number that fits i32")
+    assert.has_error(function() data.synthetic_spec { seed = 1.5, tables = { { rows = 5 } } } end,
+      "synthetic: seed is 1.5; expected a whole number that fits i64")
+    assert.has_error(function() data.generate({ tables = { { rows = 5 } } }, 0.5, 4) end,
+      "synthetic: first is 0.5; expected a whole number that fits i64")
+    assert.has_error(function() data.generate({ tables = { { rows = 5 } } }, 0, -1) end,
+      "synthetic: samples is -1; expected a whole number >= 0")
+    -- a checked spec goes through again as it is
+    local checked = data.synthetic_spec("tiny")
+    assert.equal(26, data.synthetic_spec(checked).cspec.num_tables)
   end)
 
   it("has the presets' table sizes", function()

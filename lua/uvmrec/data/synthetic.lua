@@ -25,6 +25,20 @@ local function copy(t)
   return o
 end
 
+local SPEC_KEYS = { "name", "num_dense", "seed", "bias", "dense_signal", "signal_total", "groups", "drift",
+                    "id_space_factor", "tables" }
+local TABLE_KEYS = { "name", "rows", "zipf", "hot", "weighted", "signal", "id_space" }
+
+local function known_keys(t, keys, what, level)
+  local set = { hot_max = keys == SPEC_KEYS, cspec = keys == SPEC_KEYS } -- what a checked spec holds too
+  for _, k in ipairs(keys) do set[k] = true end
+  for k in pairs(t) do
+    if not set[k] then
+      error(("%s: unknown key '%s'; expected %s"):format(what, tostring(k), table.concat(keys, ", ")), level + 1)
+    end
+  end
+end
+
 -- The spec as a Lua table (a preset's copy, with overrides) and as the engine's struct.
 function M.spec(s, overrides, level)
   level = level or 2
@@ -38,8 +52,22 @@ function M.spec(s, overrides, level)
   if type(s) ~= "table" then error("synthetic: expected a preset name or a spec table", level + 1) end
   s = copy(s)
   for k, v in pairs(overrides or {}) do s[k] = v end
+  -- A misspelt key would leave its setting at the default, and a cast would read 1.5 rows as 1.
+  known_keys(s, SPEC_KEYS, "synthetic", level + 1)
+  for _, k in ipairs { "num_dense", "seed", "groups" } do
+    if s[k] ~= nil then lib.element(s[k], "i64", "synthetic: " .. k, nil, level + 1) end
+  end
   local tabs = s.tables or {}
   if #tabs > 64 then error(("synthetic: %d tables; at most 64"):format(#tabs), level + 1) end
+  for i, t in ipairs(tabs) do
+    if type(t) ~= "table" then error(("synthetic: table %d is %s; expected a table"):format(i, type(t)), level + 1) end
+    local what = ("synthetic: table %d"):format(i)
+    known_keys(t, TABLE_KEYS, what, level + 1)
+    if type(t.rows) == "number" then lib.element(t.rows, "i64", what .. " rows", nil, level + 1) end
+    if t.id_space ~= nil then lib.element(t.id_space, "i64", what .. " id_space", nil, level + 1) end
+    local hot = type(t.hot) == "table" and t.hot or { t.hot }
+    for k, v in pairs(hot) do lib.element(v, "i32", ("%s hot[%s]"):format(what, tostring(k)), nil, level + 1) end
+  end
   local c = ffi.new("ur_synth_spec")
   c.num_tables = #tabs
   c.num_dense = s.num_dense or 13
@@ -78,6 +106,10 @@ end
 function M.generate(s, first, n, opts)
   opts = opts or {}
   if not (type(s) == "table" and s.cspec) then s = M.spec(s, nil, 2) end
+  lib.element(first, "i64", "synthetic: first", nil, 2)
+  if lib.element(n, "i64", "synthetic: samples", nil, 2) < 0 then
+    error(("synthetic: samples is %s; expected a whole number >= 0"):format(tostring(n)), 2)
+  end
   local c = s.cspec
   local H = 0
   for i = 0, c.num_tables - 1 do H = H + c.tables[i].hot_max end
