@@ -513,6 +513,13 @@ describe("uvmrec.metrics", function()
       assert.matches("eta 0.7 is outside %(0, 0.5%)", msg(function() metrics.NE { batch_size = 4, eta = 0.7 } end))
       assert.matches("accuracy threshold inf is not finite",
                      msg(function() metrics.Accuracy { batch_size = 4, threshold = math.huge } end))
+      -- a string failed in ffi, and any value but false and nil turned log loss on
+      assert.matches("metrics: threshold is string; expected a number",
+                     msg(function() metrics.Accuracy { batch_size = 4, threshold = "0.5" } end))
+      assert.matches("metrics: eta is string; expected a number",
+                     msg(function() metrics.NE { batch_size = 4, eta = "x" } end))
+      assert.matches("metrics: include_logloss is no; expected true or false",
+                     msg(function() metrics.NE { batch_size = 4, include_logloss = "no" } end))
       assert.matches("%d+ histogram bins; expected 0 %(no lifetime AUC%) to 16777216",
                      msg(function() metrics.AUC { batch_size = 4, lifetime_bins = 2 ^ 25 } end))
       assert.matches("a window of 4294967296 samples; expected 0 to 2147483647",

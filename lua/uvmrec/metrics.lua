@@ -129,6 +129,14 @@ local function new(kinds, opts, level)
   o.grouped_auc = kinds.gauc and 1 or 0
   o.bins = bins
   o.window = window
+  for _, k in ipairs { "threshold", "eta" } do
+    if opts[k] ~= nil and type(opts[k]) ~= "number" then
+      error(("metrics: %s is %s; expected a number"):format(k, type(opts[k])), level)
+    end
+  end
+  if opts.include_logloss ~= nil and type(opts.include_logloss) ~= "boolean" then
+    error(("metrics: include_logloss is %s; expected true or false"):format(tostring(opts.include_logloss)), level)
+  end
   o.threshold = opts.threshold or 0.5
   o.eta = opts.eta or 1e-12
   local out = ffi.new("ur_metrics *[1]")
