@@ -610,7 +610,8 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
-  it("fails on a day file's label outside [0, 1] or id below -1, naming the file, the row and the value", function()
+  it("fails on a day file's label outside [0, 1], id below -1 or dense value not finite, naming the file, the row "
+     .. "and the value", function()
     local dir = cmd.tmpdir()
     assert(data.convert({ SAMPLE1 }, dir, { rows = 1000 }))
     local path = dir .. "/day_0_labels.npy"
@@ -642,6 +643,20 @@ describe("uvmrec.data loader", function()
     assert.same({ 50, 50, 50 }, sizes)
     assert.equal(("criteo-bin: %s/day_0_sparse.npy: row 150, column 4 holds id -5; expected an id >= 0 or -1 (no "
                   .. "id; ids of 2^31 and more need a <u4 or <i8 file)"):format(dir), err)
+    -- a dense value that is not finite went into the batch, and the model trained to NaN
+    for _, bad in ipairs { math.huge, -math.huge, 0 / 0 } do
+      assert(data.convert({ SAMPLE1 }, dir, { rows = 1000 }))
+      path = dir .. "/day_0_dense.npy"
+      local dense = assert(data.npy_load(path))
+      dense[120 * 13 + 7] = bad
+      assert(data.npy_save(path, dense))
+      l = assert(data.open("criteo-bin:" .. dir, { batch_size = 50, depth = 2, shuffle_window = 0 }))
+      sizes, err = drain(l)
+      l:close()
+      assert.same({ 50, 50 }, sizes)
+      assert.matches(("^criteo%%-bin: %s/day_0_dense.npy: row 120, column 7 holds %%-?%s; expected a finite value$")
+        :format((dir:gsub("%p", "%%%0")), bad ~= bad and "nan" or "inf"), err)
+    end
     cmd.rmdir(dir)
   end)
 

@@ -8,6 +8,7 @@
  * batches and a resume position are the same on any number of threads.  Stopping (close) and
  * errors end it cleanly: the threads are joined and every buffer freed. */
 #include <dirent.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -569,6 +570,8 @@ typedef struct out_rows {
   int64_t bad_row;           /* day files: the first global row whose label is outside [0, 1], or -1 */
   float bad_label;
   int64_t bad_id_row, bad_id_col, bad_id; /* and the first id below -1 (-1: no id), or row -1 */
+  int64_t bad_dense_row, bad_dense_col;     /* and the first dense value not finite, or row -1 */
+  float bad_dense;
 } out_rows;
 
 /* The slot's big arrays are written once and read by someone else later (the consumer, or a
@@ -663,6 +666,10 @@ static void bin_row(const ur_loader *l, int64_t g, int64_t i, out_rows *o, int *
   const float *dsrc = (const float *)d->dense.data + r * l->D;
   if (l->D == 13) memcpy(o->dense + i * 13, dsrc, 13 * sizeof(float)); /* inlined: Criteo's */
   else memcpy(o->dense + i * l->D, dsrc, sizeof(float) * (size_t)l->D);
+  /* a NaN or infinite feature would train the model to NaN, far from the row that held it */
+  for (int64_t c = 0; c < l->D; c++)
+    if (!isfinite(dsrc[c]) && o->bad_dense_row < 0)
+      o->bad_dense_row = g, o->bad_dense_col = c, o->bad_dense = dsrc[c];
   if (li->descr[1] == 'f') {
     float v;
     memcpy(&v, (const char *)d->labels.data + (size_t)r * 4, 4);
@@ -765,7 +772,7 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
   out_rows o;
   memset(&o, 0, sizeof o);
   o.n = n;
-  o.bad_row = o.bad_id_row = -1;
+  o.bad_row = o.bad_id_row = o.bad_dense_row = -1;
   o.dense = ur_tensor_data(b->dense_buf);
   o.labels = ur_tensor_data(b->labels_buf);
   o.values = ur_tensor_data(b->values_buf);
@@ -811,6 +818,13 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
                      "expected an id >= 0 or -1 (no id; ids of 2^31 and more need a <u4 or <i8 file)",
                      l->paths[0], d->number, (long long)(o.bad_id_row - d->first), (long long)o.bad_id_col,
                      (long long)o.bad_id);
+  }
+  if (o.bad_dense_row >= 0) {
+    const day *d = day_of(l, o.bad_dense_row, &dc);
+    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s/day_%d_dense.npy: row %lld, column %lld holds %g; "
+                     "expected a finite value", l->paths[0], d->number,
+                     (long long)(o.bad_dense_row - d->first), (long long)o.bad_dense_col,
+                     (double)o.bad_dense);
   }
   int64_t val0[UR_SYNTH_MAX_TABLES + 1];
   val0[0] = 0;
