@@ -159,6 +159,27 @@ describe("uvmrec.data criteo-tsv", function()
     local a = assert(data.read_tsv(dir .. "/day_3.gz"))
     local b = assert(data.read_tsv(SAMPLE2))
     assert.same(b.ids:totable(), a.ids:totable())
+    -- a cut gzip stream is an error, skipping or not, after the rows before it: cut in its size
+    -- trailer every line is there and it read as whole; cut mid-line, skip lost its tail quietly
+    local whole = io.open(dir .. "/day_3.gz", "rb"):read("*a")
+    local trailer = cmd.spit(dir .. "/trailer.gz", whole:sub(1, -5))
+    local _, err = data.read_tsv(trailer)
+    assert.equal("criteo-tsv: " .. trailer .. ": the gzip stream is cut short after line 400 (a truncated file?)", err)
+    local half = cmd.spit(dir .. "/half.gz", whole:sub(1, math.floor(#whole / 2)))
+    for _, skip in ipairs { "fail", "skip" } do
+      local l = assert(data.loader { data = "criteo-tsv:" .. half, batch_size = 50, on_bad_line = skip })
+      local n, e = 0
+      repeat
+        local batch
+        batch, e = l:next()
+        n = n + (batch and batch.size or 0)
+      until not batch
+      l:close()
+      local lines = assert(tonumber(e:match("^criteo%-tsv: [^\n]*half%.gz: the gzip stream is cut short after "
+                                            .. "line (%d+) %(a truncated file%?%)$")), e)
+      assert.is_true(lines > 0 and lines < 400)
+      assert.equal(lines, n)
+    end
     cmd.rmdir(dir)
   end)
 end)

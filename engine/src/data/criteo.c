@@ -355,7 +355,7 @@ static ur_status refill(ur_criteo_reader *r) {
       r->len = 0;
       r->discarding = 0;
     }
-    int eof = 0;
+    int eof = 0, cut = 0;
     while (r->len < r->cap) {
       size_t want = r->cap - r->len;
       if (want > (1u << 30)) want = 1u << 30;
@@ -367,6 +367,11 @@ static ur_status refill(ur_criteo_reader *r) {
                     (long long)r->line_no, code == Z_ERRNO ? strerror(errno) : m);
       }
       if (got == 0) {
+        /* zlib ends a cut gzip stream as a clean end (0) with Z_BUF_ERROR behind it: cut at a
+         * line's end, the file would read as whole with its tail lost. */
+        int code;
+        gzerror(r->gz, &code);
+        cut = code != Z_OK;
         eof = 1;
         break;
       }
@@ -411,7 +416,7 @@ static ur_status refill(ur_criteo_reader *r) {
       continue;
     }
     int tail = 0; /* 1: the rest is a final line without newline; 2: an overlong partial line */
-    if (eof && rest && !r->discarding) tail = 1;
+    if (eof && rest && !r->discarding && !cut) tail = 1;
     else if (!eof && rest > MAX_LINE) tail = 2;
     if (tail == 1) {
       ur_status st = grow(r, n + 1);
@@ -470,6 +475,11 @@ static ur_status refill(ur_criteo_reader *r) {
     r->nrows = kept;
     r->stats.rows += kept;
     r->rows_file = r->cur;
+    if (cut) { /* the rows before it are served first, as for a bad line; skipping cannot help */
+      fail(r, UR_STATUS_IO, "criteo-tsv: %s: the gzip stream is cut short after line %lld (a truncated "
+           "file?)", path, (long long)r->line_no);
+      return UR_STATUS_OK;
+    }
     if (tail == 2) {
       int64_t line = r->line_no + 1;
       snprintf(msg, sizeof msg, "line is over %d bytes long (a Criteo line is under 1 KiB)", MAX_LINE);
