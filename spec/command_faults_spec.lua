@@ -29,6 +29,13 @@ describe("the uvmrec command, on mistakes and a bare machine", function()
     assert.matches("^the GPU specs need a GPU, and none is in use: [^\n]+\n$", err)
   end)
 
+  it("names a spec path of `uvmrec test` that does not exist, ending with the summary line", function()
+    local out, err, code = cmd.run("test spec/no_such_spec.lua")
+    assert.equal(1, code, err)
+    assert.matches("\nERROR: %?\n  at %?\n  Cannot find file or directory: spec/no_such_spec%.lua\n", out)
+    assert.matches("\n0 passed, %d+ failed, 0 skipped\n$", out)
+  end)
+
   it("says there is no NVIDIA driver, not that the driver is insufficient", function()
     if not ur.cuda_built() then pending("no CUDA backend built: " .. ur.cuda_error()) return end
     if ur.gpu() then pending("a GPU is in use") return end

@@ -6,14 +6,15 @@ return function(options)
   local verbose = options.verbose or os.getenv("SPEC_VERBOSE")
 
   local function where(t)
+    -- An error outside any spec (a path given that does not exist) has no place in a file.
     local tr = t.element and t.element.trace
-    return tr and (tr.short_src .. ":" .. tostring(tr.currentline)) or "?"
+    return tr and tr.short_src and (tr.short_src .. ":" .. tostring(tr.currentline)) or "?"
   end
 
   local function describe(kind, t)
     local msg = t.message
     if type(msg) ~= "string" then msg = require("pl.pretty").write(msg) end
-    io.write(("\n%s: %s\n  at %s\n  %s\n"):format(kind, t.name or "?", where(t),
+    io.write(("\n%s: %s\n  at %s\n  %s\n"):format(kind, (t.name or "") ~= "" and t.name or "?", where(t),
       tostring(msg):gsub("\n", "\n  ")))
     if verbose and t.trace and t.trace.traceback then io.write(t.trace.traceback, "\n") end
   end
