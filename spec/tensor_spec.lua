@@ -76,6 +76,17 @@ describe("uvmrec.tensor", function()
     assert.has_error(function() t:view(-1, 1) end)
   end)
 
+  it("rejects a view_as offset past the storage, also one whose sum with the view's own overflows", function()
+    local v = ur.tensor({ 4, 3 }):fill(1):view(1, 2)
+    local huge = ffi.new("int64_t", 2 ^ 62)
+    huge = huge + (huge - 1) -- 2^63 - 1: from the view's element 3 it wraps below the storage
+    assert.has_error(function() v:view_as(huge, { 1 }) end,
+      "tensor view_as: 1 elements at offset 9223372036854775807 from element 3 pass the storage's 12 elements")
+    assert.has_error(function() v:view_as(-4, { 1 }) end,
+      "tensor view_as: 1 elements at offset -4 from element 3 pass the storage's 12 elements")
+    assert.equal(1, v:view_as(-3, { 1 })[0])
+  end)
+
   it("copies between every pair of placements", function()
     local src = ur.tensor({ 64, 3 }, { dtype = "f32" }):uniform(-1, 1, 7)
     local want = src:totable()

@@ -245,8 +245,8 @@ ur_status ur_tensor_view_as(const ur_tensor *t, ur_tensor **out, int64_t offset,
                        "fits 64 bits",
                        i + 1, (long long)shape[i]);
   }
-  int64_t cap = (int64_t)(t->st->bytes / ur_dtype_size(t->dtype));
-  if (offset < -t->offset || t->offset + offset > cap - numel)
+  int64_t cap = (int64_t)(t->st->bytes / ur_dtype_size(t->dtype)), first;
+  if (__builtin_add_overflow(t->offset, offset, &first) || first < 0 || first > cap - numel)
     return ur__error(UR_STATUS_INVALID,
                      "tensor view_as: %lld elements at offset %lld from element %lld pass the "
                      "storage's %lld elements",
@@ -257,7 +257,7 @@ ur_status ur_tensor_view_as(const ur_tensor *t, ur_tensor **out, int64_t offset,
   v->ndim = ndim;
   memset(v->shape, 0, sizeof v->shape);
   memcpy(v->shape, shape, sizeof(int64_t) * (size_t)ndim);
-  v->offset = t->offset + offset;
+  v->offset = first;
   v->numel = numel;
   __atomic_add_fetch(&t->st->refs, 1, __ATOMIC_RELAXED);
   *out = v;
