@@ -203,7 +203,21 @@ static void print_version(void) {
   }
 }
 
-static int print_env(void) {
+/* `uvmrec env` takes no arguments but --help, answered as the scripts' commands answer. */
+static int print_env(char **args) {
+  static const char usage_line[] = "usage: uvmrec env [-h]";
+  if (args[0] && (!strcmp(args[0], "-h") || !strcmp(args[0], "--help"))) {
+    printf("%s\n\nprint `export LUA_PATH=... LUA_CPATH=...` for plain luajit: "
+           "eval \"$(uvmrec env)\"\n\nOptions:\n"
+           "   -h, --help            Show this help and exit.\n",
+           usage_line);
+    return 0;
+  }
+  if (args[0]) {
+    fprintf(stderr, PROG " env: %s '%s'\n%s\n",
+            args[0][0] == '-' ? "unknown option" : "takes no argument, not", args[0], usage_line);
+    return EXIT_USAGE;
+  }
   ur__lua_paths p;
   if (ur__lua_paths_find(&p)) {
     message(ur_lua_last_error());
@@ -356,7 +370,7 @@ int main(int argc, char **argv) {
 
   char command_file[PATH_MAX + 64] = "";
   if (script > 0 && is_command_word(argv[script]) && strcmp(argv[script - 1], "--")) {
-    if (!strcmp(argv[script], "env")) return print_env();
+    if (!strcmp(argv[script], "env")) return print_env(argv + script + 1);
     ur__lua_paths p;
     if (ur__lua_paths_find(&p)) {
       message(ur_lua_last_error());
