@@ -705,15 +705,16 @@ static ur_status check_request(const ur_model *m, const ur_tensor *dense, const 
                                const ur_tensor *scores, int32_t *order, int *reorder) {
   if (!dense || !sparse || !scores)
     return ur__error(UR_STATUS_INVALID, "model: predict needs dense, sparse and scores");
-  int64_t b = ur_tensor_ndim(dense) == 2 ? ur_tensor_dim(dense, 0) : -1;
-  if (ur_tensor_dtype(dense) != UR_DTYPE_F32 || ur_tensor_ndim(dense) != 2 ||
-      ur_tensor_dim(dense, 1) != m->num_dense)
+  int32_t nd = ur_tensor_ndim(dense);
+  int64_t b = nd == 2 ? ur_tensor_dim(dense, 0) : -1;
+  if (ur_tensor_dtype(dense) != UR_DTYPE_F32 || nd != 2 || ur_tensor_dim(dense, 1) != m->num_dense) {
+    char cols[48] = ""; /* columns only where there are rows and columns */
+    if (nd == 2) snprintf(cols, sizeof cols, " (%lld columns)", (long long)ur_tensor_dim(dense, 1));
     return ur__error(UR_STATUS_INVALID,
-                     "model: dense is %s with %d dimensions (%lld columns); expected f32 "
-                     "[batch, %d]",
-                     ur_dtype_name(ur_tensor_dtype(dense)), (int)ur_tensor_ndim(dense),
-                     (long long)(ur_tensor_ndim(dense) == 2 ? ur_tensor_dim(dense, 1) : -1),
+                     "model: dense is %s with %d dimension%s%s; expected f32 [batch, %d]",
+                     ur_dtype_name(ur_tensor_dtype(dense)), (int)nd, nd == 1 ? "" : "s", cols,
                      (int)m->num_dense);
+  }
   int32_t nk = ur_kjt_num_keys(sparse);
   if (nk != m->F)
     return ur__error(UR_STATUS_INVALID,
