@@ -610,6 +610,19 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
+  it("says which allocation failed when its slots do not fit in memory", function()
+    -- The process's address space is capped, so the slots fail the same way on any machine.
+    if (os.getenv("LD_PRELOAD") or ""):match("libasan") then
+      return pending("a sanitizer build: its shadow memory does not fit under ulimit -v")
+    end
+    local out, err, code = cmd.sh("ulimit -v 4000000 && OPENBLAS_NUM_THREADS=1 " .. cmd.quote(cmd.bin()) .. " -e "
+      .. cmd.quote("print(select(2, require('uvmrec').data.loader { data = 'synthetic:tiny', samples = 2^24, "
+        .. "batch_size = 2^24, threads = 1 }))"))
+    assert.equal(0, code, err)
+    assert.matches("^loader: %d+ slots of [%d.]+ GiB %(batch 16777216, %d+ ahead%): tensor: host allocation of "
+      .. "%d+ bytes failed\n$", out)
+  end)
+
   it("fails on a day file's label outside [0, 1], id below -1 or dense value not finite, naming the file, the row "
      .. "and the value", function()
     local dir = cmd.tmpdir()

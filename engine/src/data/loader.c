@@ -1133,8 +1133,8 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
     if (st && st == UR_STATUS_OOM) {
       char have[32];
       ur__format_bytes(slot_bytes(l->B, l->D, l->H, l->T, l->weighted, l->grouped), have, sizeof have);
-      st = ur__error(st, "loader: %d slots of %s (batch %lld, %d ahead): %s", l->nslots, have,
-                     (long long)l->B, (int)l->ahead, ur_last_error());
+      st = ur__error_cause(st, "loader: %d slots of %s (batch %lld, %d ahead)", l->nslots, have,
+                           (long long)l->B, (int)l->ahead);
     }
   }
   if (!st) {

@@ -72,8 +72,8 @@ ur_status ur_tbe_set_far_rows(ur_tbe *t, int64_t rows) {
     if (t->far && (st = t->be->device_sync())) return st;
     int64_t bytes = rows > 0 ? layout_of(t, rows).total : 0;
     if (rows > 0 && (st = ur__tbe_home_tensor(t, &mem, UR_DTYPE_U8, bytes)))
-      return ur__error(st, "tbe set_far_rows: room for %lld copies takes %lld bytes of HBM: %s",
-                       (long long)rows, (long long)bytes, ur_last_error());
+      return ur__error_cause(st, "tbe set_far_rows: room for %lld copies takes %lld bytes of HBM",
+                             (long long)rows, (long long)bytes);
     ur_tensor_free(t->far);
     t->far = mem;
   }
