@@ -116,6 +116,22 @@ describe("uvmrec.json", function()
     assert.matches("^json: nesting deeper than 64 at value%.x%.x", err)
   end)
 
+  it("refuses to put an array or an object inside itself, leaving it as it was (C API)", function()
+    local C = require("uvmrec").C
+    local out = ffi.new("ur_json *[1]")
+    local buf, need = ffi.new("char[16]"), ffi.new("uint64_t[1]")
+    for _, c in ipairs { { C.UR_JSON_OBJECT, "ur_json_set", "{}" }, { C.UR_JSON_ARRAY, "ur_json_append", "[]" } } do
+      assert.equal(0, C.ur_json_new(out, c[1]))
+      local v = out[0]
+      local st = c[1] == C.UR_JSON_OBJECT and C.ur_json_set(v, "k", 1, v) or C.ur_json_append(v, v)
+      assert.equal(C.UR_STATUS_INVALID, st)
+      assert.equal("json: " .. c[2] .. ": a value cannot go inside itself", ffi.string(C.ur_last_error()))
+      assert.equal(0, C.ur_json_dump(v, buf, 16, need))
+      assert.equal(c[3], ffi.string(buf))
+      C.ur_json_free(v)
+    end
+  end)
+
   it("reads a JSON-lines file, naming the line that is not JSON", function()
     local path = os.tmpname()
     local f = assert(io.open(path, "w"))

@@ -1497,7 +1497,8 @@ UR_API ur_status ur_json_new(ur_json **out, ur_json_type type);
 UR_API ur_status ur_json_new_integer(ur_json **out, int64_t value);
 UR_API ur_status ur_json_new_real(ur_json **out, double value);
 UR_API ur_status ur_json_new_string(ur_json **out, const char *s, size_t len);
-/* Both take the value they add, also when they fail; a key set again replaces its value. */
+/* Both take the value they add, also when they fail, except the container itself (refused,
+ * UR_STATUS_INVALID, and left as it was); a key set again replaces its value. */
 UR_API ur_status ur_json_append(ur_json *array, ur_json *item);
 UR_API ur_status ur_json_set(ur_json *object, const char *key, size_t len, ur_json *value);
 /* Canonical text into buf[len], NUL-terminated; *needed is the bytes it takes with the NUL

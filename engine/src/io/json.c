@@ -15,6 +15,12 @@
 
 static ur_status oom(void) { return ur__error(UR_STATUS_OOM, "json: out of host memory"); }
 
+/* Refused before jansson sees it: jansson would drop the value, which here is the container the
+ * caller still holds, and say only that it failed. */
+static ur_status inside_itself(const char *fn) {
+  return ur__error(UR_STATUS_INVALID, "json: %s: a value cannot go inside itself", fn);
+}
+
 ur_status ur_json_parse(ur_json **out, const char *text, size_t len) {
   UR__ARGS(out);
   if (len && !text) return ur__null(__func__, "text");
@@ -123,6 +129,7 @@ ur_status ur_json_append(ur_json *array, ur_json *item) {
     return ur__null(__func__, "array");
   }
   if (!item) return ur__null(__func__, "item");
+  if (item == array) return inside_itself(__func__);
   if (!json_is_array(J(array))) {
     json_decref(J(item));
     return ur__error(UR_STATUS_INVALID, "json: ur_json_append needs an array");
@@ -136,6 +143,7 @@ ur_status ur_json_set(ur_json *object, const char *key, size_t len, ur_json *val
     return ur__null(__func__, object ? "key" : "object");
   }
   if (!value) return ur__null(__func__, "value");
+  if (value == object) return inside_itself(__func__);
   if (!json_is_object(J(object))) {
     json_decref(J(value));
     return ur__error(UR_STATUS_INVALID, "json: ur_json_set needs an object");
