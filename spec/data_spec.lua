@@ -1,4 +1,5 @@
 -- luacheck: ignore 631 (the tables of inputs and their exact messages read best one per line)
+local ffi = require "ffi"
 local ur = require "uvmrec"
 local h = require "helpers"
 local cmd = require "command"
@@ -93,6 +94,9 @@ describe("uvmrec.data criteo-tsv", function()
       assert.equal(path .. ":3: " .. c[3], s.stats.first_skipped)
       local _, e2 = data.parse_line(c[2])
       assert.equal("criteo-tsv: " .. c[3], e2)
+      local C = ur.C -- the status uvmrec.h gives: malformed input
+      assert.equal(C.UR_STATUS_FORMAT, C.ur_criteo_parse_line(c[2], #c[2], 0, ffi.new("int32_t[1]"),
+        ffi.new("float[13]"), ffi.new("uint32_t[26]"), nil))
       cmd.rmdir(dir)
     end)
   end
@@ -315,7 +319,6 @@ describe("uvmrec.data convert", function()
   end)
   it("writes .npy in parts, narrowing ids and labels to 32 bits on every core, naming the first value too big", function()
     local dir = require("command").tmpdir()
-    local ffi = require "ffi"
     local C = ur.C
     local function writer(path, descr, shape)
       local w = ffi.new("ur_npy_writer *[1]")

@@ -500,7 +500,7 @@ UR_API size_t ur_sizeof_criteo_stats(void);
 struct ur_criteo_reader;
 typedef struct ur_criteo_reader ur_criteo_reader;
 /* One line (without its newline); dense[13] already transformed, cats[26] raw.  Returns
- * UR_STATUS_INVALID with a message naming the field; *padded set when fields were added. */
+ * UR_STATUS_FORMAT with a message naming the field; *padded set when fields were added. */
 UR_API ur_status ur_criteo_parse_line(const char *line, size_t len, int32_t pad_missing_fields,
                                       int32_t *label, float *dense, uint32_t *cats,
                                       int32_t *padded /* or NULL */);
