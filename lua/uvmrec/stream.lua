@@ -24,10 +24,24 @@ function M.handle(s, level)
   return ptr(s, "stream", (level or 2) + 1)
 end
 
--- ur.stream{priority = n}: lower numbers run first on CUDA (its convention).
+-- ur.stream{priority = n}: lower numbers run first on CUDA (its convention), which clamps n to
+-- the device's range.
 function M.stream(opts)
+  opts = opts or {}
+  -- the FFI would truncate 1.5, wrap 2^40 and NaN to INT32_MIN, and a misspelt key was ignored
+  if type(opts) ~= "table" then
+    error(("stream: options are %s %s; expected a table such as {priority = -1}"):format(type(opts),
+          tostring(opts)), 2)
+  end
+  for k in pairs(opts) do
+    if k ~= "priority" then error(("stream: unknown option '%s'; expected priority"):format(tostring(k)), 2) end
+  end
+  local p = opts.priority or 0
+  if type(p) ~= "number" or p ~= math.floor(p) or p < -2 ^ 31 or p >= 2 ^ 31 then
+    error(("stream: priority %s; expected a whole number that fits i32"):format(tostring(p)), 2)
+  end
   local out = ffi.new("ur_stream *[1]")
-  local ok, err = check(C.ur_stream_new(out, opts and opts.priority or 0))
+  local ok, err = check(C.ur_stream_new(out, p))
   if not ok then return nil, err end
   return wrap_stream(out[0])
 end
