@@ -235,6 +235,15 @@ describe("uvmrec.serve", function()
                      "qtbe: table 'C1' placement 'device' needs the collection on a GPU, and it runs on the "
                      .. "CPU (device -1)")
     assert.has_error(function() serve.open(path, { oops = 1 }) end, "serve: unknown option 'oops'")
+    for _, c in ipairs {
+      { { device = "cpu", max_callers = 1.5 }, "serve: max_callers 1.5; expected a whole number (0: no limit)" },
+      { { device = "cpu", max_callers = 2 ^ 40 },
+        "serve: max_callers 1099511627776; expected a whole number (0: no limit)" },
+      { { device = "cpu", hot_fraction = "x" }, "serve: hot_fraction x; expected a number (< 0: no hints)" },
+      { "cpu", "serve: options are string cpu; expected a table such as {device = \"cpu\"}" },
+    } do
+      assert.has_error(function() serve.open(path, c[1]) end, c[2])
+    end
     local o = ffi.new("ur_model_options")
     C.ur_model_options_init(o)
     o.device, o.hot_fraction = -1, 1.5

@@ -46,6 +46,10 @@ end
 function M.open(path, opts)
   opts = opts or {}
   if type(path) ~= "string" then error("serve: open needs a path", 2) end
+  if type(opts) ~= "table" then
+    error(("serve: options are %s %s; expected a table such as {device = \"cpu\"}"):format(type(opts),
+          tostring(opts)), 2)
+  end
   for k in pairs(opts) do
     if not OPTS[k] then error(("serve: unknown option '%s'"):format(tostring(k)), 2) end
   end
@@ -55,8 +59,20 @@ function M.open(path, opts)
   elseif opts.device ~= nil then o.device = lib.location(opts.device, 2) end
   if opts.placement ~= nil then o.table_place = choice(PLACES, opts.placement, "placement", 2) end
   if opts.bounds ~= nil then o.bounds = choice(BOUNDS, opts.bounds, "bounds", 2) end
-  if opts.max_callers ~= nil then o.max_callers = opts.max_callers end
-  if opts.hot_fraction ~= nil then o.hot_fraction = opts.hot_fraction end
+  -- the FFI would truncate 1.5 callers, wrap 2^40 to INT32_MIN, and raise its own error for a string
+  local n = opts.max_callers
+  if n ~= nil then
+    if type(n) ~= "number" or n ~= math.floor(n) or n < -2 ^ 31 or n >= 2 ^ 31 then
+      error(("serve: max_callers %s; expected a whole number (0: no limit)"):format(tostring(n)), 2)
+    end
+    o.max_callers = n
+  end
+  if opts.hot_fraction ~= nil then
+    if type(opts.hot_fraction) ~= "number" then
+      error(("serve: hot_fraction %s; expected a number (< 0: no hints)"):format(tostring(opts.hot_fraction)), 2)
+    end
+    o.hot_fraction = opts.hot_fraction
+  end
   local out = ffi.new("ur_model *[1]")
   local ok, err = check(C.ur_model_open(out, path, o), 2)
   if not ok then return nil, err end
