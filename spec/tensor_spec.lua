@@ -141,6 +141,15 @@ describe("uvmrec.tensor", function()
       'tensor: options are string i32; expected a table such as {dtype = "i32"}')
     assert.has_error(function() ur.tensor({ 2 }, { dtyp = "i32" }) end,
       "tensor: unknown option 'dtyp'; expected dtype, placement or device")
+    assert.has_error(function() ur.uvm_tensor({ 2 }, "i32") end,
+      'tensor: options are string i32; expected a table such as {dtype = "i32"}')
+    assert.has_error(function() ur.uvm_tensor({ 2 }, { dtyp = "i32" }) end,
+      "tensor: unknown option 'dtyp'; expected dtype or device (a managed tensor's placement is managed)")
+    assert.has_error(function() ur.uvm_tensor({ 2 }, { placement = "host" }) end,
+      "tensor: unknown option 'placement'; expected dtype or device (a managed tensor's placement is managed)")
+    -- one value, so that the REPL shows the tensor and no nil after it
+    assert.equal(1, select("#", ur.tensor({ 2 })))
+    assert.equal(1, select("#", ur.uvm_tensor({ 2 }, -1)))
     assert.has_error(function() ur.tensor({ 2 }, { device = 0 }) end)
     assert.has_error(function() ur.tensor({ 2 ^ 40, 2 ^ 20 }) end)
     local t = ur.tensor({ 3 })
@@ -177,6 +186,7 @@ describe("uvmrec.tensor", function()
     at(l + 15, function() t[1000] = 1 end)
     at(l + 16, function() local x = t:get(1000) return x end)
     at(l + 17, function() local x = t:view(60, 10) return x end)
+    at(l + 18, function() local x = ur.uvm_tensor({ 2 }, { dtyp = "i32" }) return x end)
   end)
 
   it("reports device placement without a GPU as an environmental failure", function()

@@ -61,33 +61,42 @@ local function device_for(place, device)
   return -1
 end
 
--- ur.tensor(shape, {placement = "host", dtype = "f32", device = n}).
+-- The options of ur.tensor and ur.uvm_tensor, for their caller: ({2}, "i32") or a misspelt key
+-- made an f32 tensor where the defaults put it.
+local function check_opts(opts, known, expected)
+  if type(opts) ~= "table" then
+    error(("tensor: options are %s %s; expected a table such as {dtype = \"i32\"}"):format(type(opts),
+          tostring(opts)), 3)
+  end
+  for k in pairs(opts) do
+    if not known[k] then error(("tensor: unknown option '%s'; expected %s"):format(tostring(k), expected), 3) end
+  end
+end
+
+-- ur.tensor(shape, {placement = "host", dtype = "f32", device = n}): the tensor (one value, so
+-- the REPL shows no nil after it), or nil, message.
 local TENSOR_OPTS = { dtype = true, placement = true, device = true }
 
 function M.tensor(shape, opts)
   opts = opts or {}
-  -- ({2}, "i32") or a misspelt key made an f32 tensor on the host
-  if type(opts) ~= "table" then
-    error(("tensor: options are %s %s; expected a table such as {dtype = \"i32\"}"):format(type(opts),
-          tostring(opts)), 2)
-  end
-  for k in pairs(opts) do
-    if not TENSOR_OPTS[k] then
-      error(("tensor: unknown option '%s'; expected dtype, placement or device"):format(tostring(k)), 2)
-    end
-  end
+  check_opts(opts, TENSOR_OPTS, "dtype, placement or device")
   local place = place_of(opts.placement or "host")
   local t, err = new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
-  return t, err
+  if not t then return nil, err end
+  return t
 end
 
 -- ur.uvm_tensor(shape, {device = 0, dtype = "f32"}) or the seed's ur.uvm_tensor(shape, gpu_id).
+local UVM_OPTS = { dtype = true, device = true }
+
 function M.uvm_tensor(shape, opts)
   if type(opts) == "number" then opts = { device = opts } end
   opts = opts or {}
+  check_opts(opts, UVM_OPTS, "dtype or device (a managed tensor's placement is managed)")
   local place = C.UR_PLACE_MANAGED
   local t, err = new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
-  return t, err
+  if not t then return nil, err end
+  return t
 end
 
 function methods:dtype() return ffi.string(C.ur_dtype_name(C.ur_tensor_dtype(T(self)))) end
