@@ -110,8 +110,9 @@ describe("the uvmrec command, on mistakes and a bare machine", function()
     text, err, code = cmd.run(("convert %s --out %s --rows 1000 --on-bad-line skip"):format(both, cmd.quote(out)))
     assert.equal(0, code, err)
     assert.matches("399 rows, 1 skipped", text)
-    assert.same({ "README.txt", "day_0_dense.npy", "day_0_labels.npy", "day_0_sparse.npy", "day_1_dense.npy",
-                  "day_1_labels.npy", "day_1_sparse.npy" }, assert(require("uvmrec.lib").dir_list(out, "", "")))
+    assert.same({ "README.txt", "day_0_dense.npy", "day_0_labels.npy", "day_0_sparse.npy", "day_0_sparse_rows.npy",
+                  "day_1_dense.npy", "day_1_labels.npy", "day_1_sparse.npy", "day_1_sparse_rows.npy" },
+                assert(require("uvmrec.lib").dir_list(out, "", "")))
   end)
 
   it("converts nothing onto a full disk: the write fails, and no day file or temporary file stays", function()
