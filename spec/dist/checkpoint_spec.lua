@@ -408,6 +408,52 @@ describe("uvmrec.dist.checkpoint", function()
     o.tables[5] = { name = "e", rows = 4, dim = 4 }
     _, err = dck.load(P, ur.nn.EmbeddingBagCollection(o))
     assert.matches("has no table 'e'", err)
+    -- a manifest edited by hand: each field as save writes it, every block inside its table and
+    -- its tensors as the manifest says, before a byte is written
+    local M = P .. "/manifest.json"
+    local good = require("uvmrec.lib").read_file(M)
+    local function edited(text, want)
+      local f = assert(io.open(M, "wb"))
+      f:write(text)
+      f:close()
+      local into = ur.nn.EmbeddingBagCollection(opts())
+      local before = into:table("c"):totable()
+      local _, lerr = dck.load(P, into)
+      assert.matches(want, lerr or ("loaded, expected " .. want))
+      assert.same(before, into:table("c"):totable(), want)
+      into.tbe:free()
+    end
+    local json = require "uvmrec.json"
+    local function with(change)
+      local m = json.decode(good)
+      change(m)
+      return json.encode(m)
+    end
+    edited(with(function(m) m.tables.c.rows = "30" end), 'manifest.json: tables.c.rows is "30"; expected a whole '
+      .. "number >= 0")
+    edited(with(function(m) m.step = nil end), "manifest.json: step is missing; expected a whole number >= 0")
+    edited(with(function(m) m.tables.d.blocks[1].cols = 4.5 end), "manifest.json: tables.d.blocks%[1%].cols is 4.5")
+    edited(with(function(m) m.tables.d.blocks[1].state.exp_avg = nil end),
+      "manifest.json: tables.d.blocks%[1%].state.exp_avg is missing; expected a name")
+    edited(with(function(m) m.tables.d.blocks[1].row0 = 1 end),
+      "manifest.json: tables.d.blocks%[1%] is rows %[1, 4%), columns %[0, 8%); the table is 3 x 8")
+    -- a manifest of another block size than the file's tensor: named, not read past
+    edited(with(function(m)
+      m.tables.c.rows, m.tables.c.blocks[1].rows = 31, 31
+    end), "table 'c' is 31 x 12 there and 30 x 12 here")
+    edited(with(function(m)
+      m.tables.a.blocks[1].tensor, m.tables.d.blocks[1].tensor = "d", "a"
+    end), "tensor 'd' of rank%-00000%-of%-00001.safetensors is f32 %[3 x 8%]; its block in the manifest needs f32 "
+      .. "%[103 x 16%]")
+    edited(good:sub(1, 40), "manifest.json is not a manifest: json: .* at byte")
+    edited(with(function(m) m.tables.c.blocks[1].file = "rank-00003-of-00004.safetensors" end),
+      "rank%-00003%-of%-00004.safetensors")
+    local f = assert(io.open(M, "wb"))
+    f:write(good)
+    f:close()
+    local again = ur.nn.EmbeddingBagCollection(opts())
+    assert(dck.load(P, again))
+    again.tbe:free()
     local ok, e = pcall(dck.save, P, {})
     assert.is_false(ok)
     assert.matches("dist.checkpoint: expected a sharded collection %(dist.shard%), an EmbeddingBagCollection or a "

@@ -243,6 +243,53 @@ function M.save(dir, ebc, opts)
   return manifest or true
 end
 
+-- What is wrong with a decoded manifest's fields (one edited by hand, or by another tool), or
+-- nil: each must be as save writes it, every block inside its table, before load reads a byte.
+local function shown(v) return v == nil and "missing" or json.encode(v) end
+local function whole(v, lo) return type(v) == "number" and v == math.floor(v) and v >= lo and v < 2 ^ 53 end
+local function manifest_error(m)
+  local function bad(what, v, want) return ("%s is %s; expected %s"):format(what, shown(v), want) end
+  if not whole(m.world, 1) then return bad("world", m.world, "a whole number >= 1") end
+  if not whole(m.step, 0) then return bad("step", m.step, "a whole number >= 0") end
+  if m.state ~= nil and type(m.state) ~= "table" then return bad("state", m.state, "a list of names") end
+  for i, s in ipairs(m.state or {}) do
+    if type(s) ~= "string" then return bad(("state[%d]"):format(i), s, "a name") end
+  end
+  for name, t in pairs(m.tables) do
+    local at = "tables." .. tostring(name)
+    if type(t) ~= "table" then return bad(at, t, "a table's entry") end
+    for _, k in ipairs { "rows", "dim" } do
+      if not whole(t[k], 0) then return bad(at .. "." .. k, t[k], "a whole number >= 0") end
+    end
+    if type(t.dtype) ~= "string" then return bad(at .. ".dtype", t.dtype, "a dtype's name") end
+    for _, list in ipairs { "blocks", "counts" } do
+      local l = t[list]
+      if (l ~= nil or list == "blocks") and type(l) ~= "table" then return bad(at .. "." .. list, l, "a list") end
+      for i, d in ipairs(l or {}) do
+        local bat = ("%s.%s[%d]"):format(at, list, i)
+        if type(d) ~= "table" then return bad(bat, d, "a block's entry") end
+        for _, k in ipairs { "file", "tensor" } do
+          if type(d[k]) ~= "string" then return bad(bat .. "." .. k, d[k], "a name") end
+        end
+        for _, k in ipairs(list == "blocks" and { "row0", "rows", "col0", "cols" } or { "row0", "rows", "rank" }) do
+          if not whole(d[k], 0) then return bad(bat .. "." .. k, d[k], "a whole number >= 0") end
+        end
+        if d.row0 + d.rows > t.rows or list == "blocks" and d.col0 + d.cols > t.dim then
+          return ("%s is rows [%d, %d)%s; the table is %d x %d"):format(bat, d.row0, d.row0 + d.rows,
+            list == "blocks" and (", columns [%d, %d)"):format(d.col0, d.col0 + d.cols) or "", t.rows, t.dim)
+        end
+        if list == "blocks" then
+          if type(d.state) ~= "table" then return bad(bat .. ".state", d.state, "a map of state names") end
+          for _, s in ipairs(m.state or {}) do
+            if type(d.state[s]) ~= "string" then return bad(bat .. ".state." .. s, d.state[s], "a name") end
+          end
+        end
+      end
+    end
+  end
+  return nil
+end
+
 -- The manifest of a checkpoint folder, or nil, message.
 function M.manifest(dir)
   if type(dir) ~= "string" then error("dist.checkpoint: dir must be a folder's path", 2) end
@@ -252,14 +299,18 @@ function M.manifest(dir)
     return nil, ("dist.checkpoint: %s has no %s (an unfinished save, or not a sharded checkpoint)"):format(dir,
       M.MANIFEST)
   end
-  local ok, m = pcall(json.decode, text)
-  if not ok or type(m) ~= "table" or type(m.tables) ~= "table" then
-    return nil, ("dist.checkpoint: %s/%s is not a manifest: %s"):format(dir, M.MANIFEST, tostring(m))
+  local ok, m, jerr = pcall(json.decode, text)
+  if not ok then m, jerr = nil, m end
+  if type(m) ~= "table" or type(m.tables) ~= "table" then
+    return nil, ("dist.checkpoint: %s/%s is not a manifest: %s"):format(dir, M.MANIFEST,
+      jerr or "it holds no tables")
   end
   if m.format ~= M.FORMAT then
     return nil, ("dist.checkpoint: %s/%s has format %s; this build reads format %d"):format(dir, M.MANIFEST,
       tostring(m.format), M.FORMAT)
   end
+  local merr = manifest_error(m)
+  if merr then return nil, ("dist.checkpoint: %s/%s: %s"):format(dir, M.MANIFEST, merr) end
   return m
 end
 
@@ -396,7 +447,9 @@ function M.load(dir, ebc, opts)
       tostring(m.optimizer), mine, tostring(c1 and c1.optimizer))
   end
   local files = {}
-  local function view(d, tname)
+  -- saved block d's tensor tname; given a dtype, it must be that dtype and d.rows x w for one of
+  -- the widths, as the manifest says (so that no copy reads past it)
+  local function view(d, tname, dtype, widths)
     local f = files[d.file]
     if not f then
       local ferr
@@ -406,11 +459,32 @@ function M.load(dir, ebc, opts)
     end
     local v, verr = f:view(tname)
     if not v then error(verr, 0) end
+    if not dtype then return v end
+    local sized, want = false, {}
+    for i, w in ipairs(widths) do
+      sized = sized or v:numel() == d.rows * w
+      want[i] = w == 1 and ("[%d]"):format(d.rows) or ("[%d x %d]"):format(d.rows, w)
+    end
+    if v:dtype() ~= dtype or not sized then
+      local got = ("%s [%s]"):format(v:dtype(), table.concat(v:size(), " x "))
+      v:free()
+      error(("%s: tensor '%s' of %s is %s; its block in the manifest needs %s %s"):format(where, tname, d.file,
+        got, dtype, table.concat(want, " or ")), 0)
+    end
     return v
   end
-  -- the access counters of every block, checked (and merged) before anything is written
+  -- every saved block this process reads, and the access counters of every block (merged),
+  -- checked before anything is written
   local counts = {}
   local ok, perr = pcall(function()
+    for _, b in ipairs(blocks) do
+      local t, states = m.tables[b.name], b.collection:state(b.shard)
+      for _, d in ipairs(t.blocks) do
+        view(d, d.tensor, t.dtype, { d.cols }):free()
+        for sname, st in pairs(states) do view(d, d.state[sname], st:dtype(), { d.cols, 1 }):free() end
+      end
+      for _, st in pairs(states) do st:free() end
+    end
     local W, me = comm and comm.world or 1, comm and comm.rank or 0
     for i, b in ipairs(blocks) do
       local c, counting = counted_rows(where, m, b, view, W, me)
@@ -427,7 +501,7 @@ function M.load(dir, ebc, opts)
       local es = host:nbytes() / (b.rows * b.cols)
       local got = 0
       for _, d in ipairs(t.blocks) do
-        local v = view(d, d.tensor)
+        local v = view(d, d.tensor, t.dtype, { d.cols })
         got = got + copy_overlap(bytes(host), b, b.cols, bytes(v), d, d.cols, es, false)
         v:free()
       end
@@ -446,7 +520,7 @@ function M.load(dir, ebc, opts)
         local ses = sh:nbytes() / dst:numel()
         local sgot = 0
         for _, d in ipairs(t.blocks) do
-          local v = view(d, d.state[sname])
+          local v = view(d, d.state[sname], dst:dtype(), { d.cols, 1 })
           local sw = v:numel() / d.rows
           local rowwise = dw ~= b.cols or sw ~= d.cols
           local overlaps = d.row0 < b.row0 + b.rows and b.row0 < d.row0 + d.rows
