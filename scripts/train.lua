@@ -23,7 +23,7 @@ local cmd = require("uvmrec.cli").command {
     .. "RUNDIR/checkpoints" },
   { "--checkpoint-every N", "save a checkpoint every N steps and at the end (sets train.checkpoint_every; "
     .. "needs --out)", type = "whole" },
-  { "--keep K", "keep the newest K checkpoints (sets train.keep; 0: all)", type = "whole" },
+  { "--keep K", "keep the newest K checkpoints (sets train.keep; 0: all; needs --out)", type = "whole" },
   { "--resume R", "go on from a checkpoint: a file, or a run directory (its newest checkpoint; the run goes on "
     .. "writing there unless --out says otherwise).  The config must be the checkpoint's but for how long the "
     .. "run goes and what it logs, saves and evaluates (--steps sets where it ends)" },

@@ -614,8 +614,11 @@ function run_plain(cfg, opts)
     resumed = { step = r.step, path = r.path, seconds = C.ur_clock_seconds() - t0 }
   end
   local every = cfg.train.checkpoint_every
-  if every > 0 and not ckdir then
-    return nil, ("train.checkpoint_every is %d: checkpoints need a run directory (--out RUNDIR)"):format(every)
+  -- train.keep alone is no mistake: it rotates the checkpoints a signal saves, and a resumed run's
+  for _, key in ipairs { "checkpoint_every", "keep" } do
+    if cfg.train[key] > 0 and not ckdir then
+      return nil, ("train.%s is %d: checkpoints need a run directory (--out RUNDIR)"):format(key, cfg.train[key])
+    end
   end
   ctx.hints = M.hints(cfg, model)
   local far, ferr = M.far_rows(cfg, model)
