@@ -563,6 +563,49 @@ describe("uvmrec.checkpoint registry", function()
     assert.matches("cannot open", err)
   end)
 
+  it("names a step, or a component's meta key that must be a whole number, that is not one (a file edited by hand)",
+    function()
+    local m, reg = model(1)
+    reg:unregister("dense")
+    reg:register { name = "dense", whole = { "step", "samples" }, state = function()
+      return { tensors = { w = m.w, bias = m.bias }, meta = { step = 3, samples = 96 } }
+    end, load = function(_, meta) m.step = meta.step end }
+    local path = scratch("meta.safetensors")
+    assert(reg:save(path, { step = 3 }))
+    local good = assert(ck.load(path))
+    local function edited(key, value, want)
+      local meta = {}
+      for k, v in pairs(good.meta) do meta[k] = v end
+      meta[key] = value
+      assert(ck.save(path, { tensors = good.tensors, meta = meta }))
+      local before = m.w:totable()
+      m.step = nil
+      local r, err = reg:load(path)
+      assert.is_nil(r)
+      assert.equal("checkpoint " .. path .. ": " .. want, err)
+      assert.same(before, m.w:totable())
+      assert.is_nil(m.step)
+    end
+    edited("uvmrec.step", "abc", 'uvmrec.step is "abc"; expected a whole number >= 0')
+    edited("uvmrec.step", "-1", 'uvmrec.step is "-1"; expected a whole number >= 0')
+    edited("uvmrec.meta.dense", '{"step":"3","samples":96}',
+      "the meta of component 'dense' has step \"3\"; expected a whole number >= 0")
+    edited("uvmrec.meta.dense", '{"step":3}', "the meta of component 'dense' has no samples; expected a whole "
+      .. "number >= 0")
+    edited("uvmrec.meta.dense", '{"step":3,"samples":1.5}', "the meta of component 'dense' has samples 1.5; "
+      .. "expected a whole number >= 0")
+    -- a file without a step (saved by hand) is at step 0, as save writes one not given
+    local meta = {}
+    for k, v in pairs(good.meta) do meta[k] = v end
+    meta["uvmrec.step"] = nil
+    assert(ck.save(path, { tensors = good.tensors, meta = meta }))
+    assert.equal(0, assert(reg:load(path)).step)
+    assert.equal(3, m.step)
+    local ok, e = pcall(reg.register, reg, { name = "x", whole = "step", state = function() end })
+    assert.is_false(ok)
+    assert.matches("component 'x': whole must be a list of meta keys", e)
+  end)
+
   it("rejects misuse at the caller's line", function()
     local reg = ck.registry()
     assert.has_error(function() reg:register { name = "a.b", state = function() end } end,

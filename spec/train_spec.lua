@@ -339,6 +339,20 @@ describe("uvmrec train checkpoints", function()
     r, err = run(sets_with(SYNTH, { "train.steps=3", "train.keep=2" }))
     assert.is_nil(r)
     assert.equal("train.keep is 2: checkpoints need a run directory (--out RUNDIR)", err)
+    -- the trainer's, the optimizer's and the tables' steps, edited by hand, are named (they failed in
+    -- arithmetic, or at the first step after the resume)
+    local st = assert(ck.load(path))
+    for comp, text in pairs { trainer = '{"samples":768}', optimizer = '{"step":"3"}', embeddings = '{"step":-1}' } do
+      local meta = {}
+      for k, v in pairs(st.meta) do meta[k] = v end
+      meta["uvmrec.meta." .. comp] = text
+      local edited = dir .. "/edited.safetensors"
+      assert(ck.save(edited, { tensors = st.tensors, meta = meta }))
+      r, err = run(sets_with(SYNTH, { "train.steps=6" }), { resume = edited })
+      assert.is_nil(r)
+      assert.matches("^%-%-resume: checkpoint .*/edited.safetensors: the meta of component '" .. comp .. "' has "
+        .. ".*step.*; expected a whole number >= 0$", err)
+    end
   end)
 
   it("stops at the step boundary after the interrupt flag rises, saving a checkpoint there", function()

@@ -241,7 +241,8 @@ function M.registry() return setmetatable({ list = {}, by_name = {} }, Registry)
 -- c = {name = "model", state = function() return {tensors = {...}, meta = {...}} end,
 --      load = function(tensors, meta) end (optional), views = true (optional: load receives
 --      zero-copy views of the file's tensors instead of having state()'s tensors filled),
---      optional = true (a checkpoint without this component still loads)}.
+--      optional = true (a checkpoint without this component still loads), whole = {"step", ...}
+--      (optional: meta keys that must be whole numbers >= 0, checked before anything is loaded)}.
 function Registry:register(c)
   if type(c) ~= "table" then error("checkpoint register: expected a component table", 2) end
   if type(c.name) ~= "string" or not c.name:match("^[%w_%-]+$") then
@@ -251,6 +252,9 @@ function Registry:register(c)
   if type(c.state) ~= "function" then error("checkpoint register: component '" .. c.name .. "' needs state()", 2) end
   if c.load ~= nil and type(c.load) ~= "function" then
     error("checkpoint register: component '" .. c.name .. "': load must be a function", 2)
+  end
+  if c.whole ~= nil and type(c.whole) ~= "table" then
+    error("checkpoint register: component '" .. c.name .. "': whole must be a list of meta keys", 2)
   end
   self.list[#self.list + 1] = c
   self.by_name[c.name] = c
@@ -328,6 +332,8 @@ local function show(v)
   return json.encode(v)
 end
 
+local function whole(v) return type(v) == "number" and v >= 0 and v == math.floor(v) and v < 2 ^ 53 end
+
 -- The differences of two decoded JSON values (keys in order), skipping ignored paths: a list
 -- of {path, a's value, b's value}, added to out.
 local function diff(a, b, path, ignore, out)
@@ -388,6 +394,11 @@ function Registry:load(path, opts)
   if tonumber(format) ~= M.FORMAT then
     return fail(("format %s, but this uvmrec reads format %d"):format(format, M.FORMAT))
   end
+  -- absent: 0, as save writes a step it was not given
+  local step = tonumber(f:meta("uvmrec.step") or 0)
+  if not whole(step) then
+    return fail(("uvmrec.step is %s; expected a whole number >= 0"):format(show(f:meta("uvmrec.step"))))
+  end
   local decoded = {}
   for _, k in ipairs { "components", "rng", "config" } do
     local text = f:meta("uvmrec." .. k)
@@ -425,6 +436,12 @@ function Registry:load(path, opts)
     else
       local cm, jerr = json.decode(f:meta("uvmrec.meta." .. c.name) or "{}")
       if jerr then return fail("the meta of component '" .. c.name .. "' is not valid: " .. jerr) end
+      for _, k in ipairs(c.whole or {}) do
+        if not whole(cm[k]) then
+          return fail(("the meta of component '%s' has %s; expected a whole number >= 0"):format(c.name,
+            cm[k] == nil and "no " .. k or k .. " " .. show(cm[k])))
+        end
+      end
       local tensors = {}
       local file_names = by_comp[c.name] or {}
       if c.views then
@@ -464,7 +481,6 @@ function Registry:load(path, opts)
       plan[#plan + 1] = { c = c, tensors = tensors, meta = cm }
     end
   end
-  local step = tonumber(f:meta("uvmrec.step"))
   local ok, lerr = f:load(map, opts)
   f:close()
   if not ok then return nil, lerr end

@@ -84,7 +84,7 @@ function EBC:state(name) return self.tbe:state(name) end
 -- are stale.
 function EBC:component(name)
   local t = self.tbe
-  return { name = name,
+  return { name = name, whole = { "step" },
     state = function()
       local ts = {}
       for _, tn in ipairs(t.table_names) do

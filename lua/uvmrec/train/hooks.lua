@@ -28,7 +28,7 @@ function M.trainer(ctx) return setmetatable({ ctx = ctx }, Trainer) end
 
 function Trainer:register(reg)
   local ctx = self.ctx
-  reg:register { name = "trainer",
+  reg:register { name = "trainer", whole = { "step", "samples" },
     state = function() return { meta = { step = ctx.step, samples = ctx.samples, position = ctx.position } } end,
     load = function(_, meta)
       ctx.step, ctx.first, ctx.samples, ctx.position = meta.step, meta.step + 1, meta.samples, meta.position

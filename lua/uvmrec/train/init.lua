@@ -226,7 +226,7 @@ local function registry(ctx, hooks)
   else
     reg:register(M.shards_component(ctx))
   end
-  reg:register { name = "optimizer",
+  reg:register { name = "optimizer", whole = { "step" },
     state = function()
       local ts = {}
       for i, p in ipairs(opt.params) do
