@@ -494,6 +494,14 @@ describe("uvmrec.checkpoint registry", function()
       "k7 %(the checkpoint has nothing, this run has 7%), and 2 more$", err)
     other.train.data = "/data/day_1"
     assert(reg:load(path, { config = other, config_ignore = { "model.tables[2]", "train.steps", "train.data" } }))
+    -- "*" stands for any one key; a table on one side only is compared key by key with an empty one
+    local t1 = { e = { tables = { C3 = { placement = "host", dtype = "f16" } }, dim = 4 } }
+    local t2 = { e = { tables = { C5 = { placement = "managed" } }, dim = 4 } }
+    assert.same({ { "e.tables.C3.dtype", "f16" } }, ck.config_diff(t1, t2, { "e.tables.*.placement" }))
+    assert.same({}, ck.config_diff(t1, t2, { "e.tables.*" }))
+    assert.same({ { "e.tables.C3.dtype", "f16" }, { "e.tables.C3.placement", "host" },
+                  { "e.tables.C5.placement", nil, "managed" } },
+                ck.config_diff(t1, t2, { "e.tables.*.dtyp", "e.tables.C" }))
   end)
 
   it("names a missing component, a missing tensor or a shape mismatch, and changes nothing", function()

@@ -339,6 +339,22 @@ describe("uvmrec train checkpoints", function()
     r, err = run(sets_with(SYNTH, { "train.steps=3", "train.keep=2" }))
     assert.is_nil(r)
     assert.equal("train.keep is 2: checkpoints need a run directory (--out RUNDIR)", err)
+    -- a table's own settings are compared but for where its rows live: its managed collisions
+    -- (raw ids through the checkpoint's map) are no setting to drop or add on a resume
+    local mc = { "train.steps=3", "train.checkpoint_every=3", "embeddings.tables.C3.collisions.policy=lru" }
+    assert(run(sets_with(SYNTH, mc), { out = dir .. "/mc" }))
+    r, err = run(sets_with(SYNTH, { "train.steps=4" }), { resume = dir .. "/mc" })
+    assert.is_nil(r)
+    assert.matches("config differs at 1 key: embeddings.tables.C3.collisions.policy %(the checkpoint has \"lru\", "
+      .. "this run has nothing%)$", err)
+    assert(run(sets_with(SYNTH, { "train.steps=4", "embeddings.tables.C3.collisions.policy=lru",
+                                  "embeddings.tables.C3.placement=managed", "embeddings.tables.C5.placement=managed" }),
+               { resume = dir .. "/mc" }))
+    r, err = run(sets_with(SYNTH, { "train.steps=4", "embeddings.tables.C5.collisions.policy=lru" }),
+                 { resume = dir .. "/c" })
+    assert.is_nil(r)
+    assert.matches("config differs at 1 key: embeddings.tables.C5.collisions.policy %(the checkpoint has nothing, "
+      .. "this run has \"lru\"%)$", err)
     -- the trainer's, the optimizer's and the tables' steps, edited by hand, are named (they failed in
     -- arithmetic, or at the first step after the resume)
     local st = assert(ck.load(path))

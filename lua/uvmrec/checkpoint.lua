@@ -320,9 +320,13 @@ function Registry:save(path, info)
   return M.save(path, { tensors = tensors, meta = meta }, info)
 end
 
+-- An ignored path covers what lies under it; a "*" in one stands for any one key
+-- ("embeddings.tables.*.placement": every table's).
 local function ignored(path, ignore)
   for _, p in ipairs(ignore or {}) do
-    if path == p or path:sub(1, #p + 1) == p .. "." or path:sub(1, #p + 1) == p .. "[" then return true end
+    local pat = "^" .. (p:gsub("[%^%$%(%)%%%.%[%]%+%-%?]", "%%%0"):gsub("%*", "[^.%%[]+")) .. "(.*)$"
+    local rest = path:match(pat)
+    if rest == "" or rest and (rest:sub(1, 1) == "." or rest:sub(1, 1) == "[") then return true end
   end
   return false
 end
@@ -338,6 +342,10 @@ local function whole(v) return type(v) == "number" and v >= 0 and v == math.floo
 -- of {path, a's value, b's value}, added to out.
 local function diff(a, b, path, ignore, out)
   if ignored(path, ignore) then return out end
+  -- a table on one side only is compared key by key with an empty one, so that keys ignored in
+  -- it stay ignored (a table's own settings given in one config only)
+  if type(a) == "table" and b == nil then b = {} end
+  if type(b) == "table" and a == nil then a = {} end
   if type(a) == "table" and type(b) == "table" then
     local keys, seen = {}, {}
     for k in pairs(a) do if not seen[k] then seen[k] = true; keys[#keys + 1] = k end end

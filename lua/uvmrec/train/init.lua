@@ -265,15 +265,18 @@ end
 -- Config paths a resumed run may change: how long it runs, what it logs, saves and evaluates,
 -- and where the rows live (placements, hint policies, the cache, the prefetch pipeline: none
 -- changes a value).  Everything else must be the checkpoint's.
+-- A table's own settings are compared but for where its rows live (its dtype and managed
+-- collisions change values).
+local WHERE_ROWS_LIVE = { "embeddings.placement", "embeddings.tables.*.placement", "embeddings.bounds",
+                          "embeddings.hints", "embeddings.tables.*.hints", "embeddings.cache",
+                          "embeddings.tables.*.cache", "embeddings.sharding", "embeddings.tables.*.sharding",
+                          "embeddings.tables.*.rank", "embeddings.vbe", "embeddings.far_rows" }
 M.RESUME_IGNORE = { "train.steps", "train.checkpoint_every", "train.keep", "train.log_every", "train.nonfinite",
-                    "train.print_every", "data.eval", "data.depth", "eval", "embeddings.placement",
-                    "embeddings.tables", "embeddings.bounds", "embeddings.hints", "embeddings.cache",
-                    "embeddings.sharding", "embeddings.vbe", "embeddings.far_rows", "train.pipeline",
-                    "train.drain" }
+                    "train.print_every", "data.eval", "data.depth", "eval", "train.pipeline", "train.drain",
+                    unpack(WHERE_ROWS_LIVE) }
 -- Evaluating a checkpoint needs only the model's shape to match.
 M.EVAL_IGNORE = { "name", "train", "data", "eval", "schedule", "optimizer", "embeddings.optimizer",
-                  "embeddings.placement", "embeddings.tables", "embeddings.bounds", "embeddings.hints",
-                  "embeddings.cache", "embeddings.sharding", "embeddings.vbe", "embeddings.far_rows" }
+                  unpack(WHERE_ROWS_LIVE) }
 
 -- The checkpoint file of --resume / --checkpoint: a file itself; a run directory's newest in
 -- its checkpoints/ folder; a folder of ckpt-<step>.safetensors files, its newest.
