@@ -296,6 +296,22 @@ describe("uvmrec train checkpoints", function()
     end
     assert.same({ "2:every", "4:every", "6:every", "8:every", "9:end" }, saves)
     assert.is_true(last_event(dir .. "/k", "checkpoint").bytes > 1e6)
+    -- a run starting before the folder's newest checkpoint (a fresh one, or one resumed from an
+    -- older file) is refused before it writes: its saves would be removed by --keep as the older
+    -- ones (they were, right after each save), and --resume of the folder would take the others
+    local ckd = dir .. "/k/checkpoints"
+    local lines = #events(dir .. "/k")
+    local _, err = run(sets_with(SYNTH, { "train.steps=9", "train.checkpoint_every=2" }), { out = dir .. "/k" })
+    assert.equal("--out: " .. ckd .. " holds a checkpoint at step 9 (" .. ck.path_for(ckd, 9) .. "), past step 0 "
+      .. "where this run starts: its checkpoints would mix with those (--keep removing its own as the older ones, "
+      .. "--resume taking theirs); give another --out, or resume the newest", err)
+    _, err = run(sets_with(SYNTH, { "train.steps=12" }), { out = dir .. "/k", resume = ck.path_for(ckd, 8) })
+    assert.matches("holds a checkpoint at step 9 .*, past step 8 where this run starts %(resumed from "
+      .. ck.path_for(ckd, 8):gsub("%p", "%%%0") .. "%)", err)
+    assert.same({ 8, 9 }, steps_of(ckd))
+    assert.equal(lines, #events(dir .. "/k"))
+    assert(run(sets_with(SYNTH, { "train.steps=12" }), { out = dir .. "/k", resume = dir .. "/k" }))
+    assert.same({ 10, 12 }, steps_of(ckd))
   end)
 
   it("names every config key that differs from the checkpoint's, and what is missing", function()

@@ -449,6 +449,21 @@ function M.check_resume(ckpt_step, last_step, path)
   end
 end
 
+-- A run saving into ckdir from step `step` (0, or the step it resumes from): nil, or why not,
+-- when ckdir holds a checkpoint past that step (another run's, or the later steps of the one it
+-- resumes): saves would mix with those, --keep would remove this run's own as the older ones,
+-- and a --resume of the folder would take theirs.
+function M.check_out(ckdir, step, resumed)
+  local saved = ck.list(ckdir) or {}
+  local newest = saved[#saved]
+  if newest and newest.step > step then
+    return ("--out: %s holds a checkpoint at step %d (%s), past step %d where this run starts%s: its "
+      .. "checkpoints would mix with those (--keep removing its own as the older ones, --resume taking "
+      .. "theirs); give another --out, or resume the newest"):format(ckdir, newest.step, newest.path, step,
+      resumed and (" (resumed from " .. resumed .. ")") or "")
+  end
+end
+
 -- After the loop: nil, or why the run fails though it was not stopped.  Steps the data could not
 -- give are a failure when train.steps asked for them; with train.steps 0 the data's end
 -- (train.epochs of it) is the run's, but a run that trained no step at all always fails.
@@ -623,6 +638,8 @@ function run_plain(cfg, opts)
       return nil, ("train.%s is %d: checkpoints need a run directory (--out RUNDIR)"):format(key, cfg.train[key])
     end
   end
+  local mixed = ckdir and M.check_out(ckdir, ctx.step, resumed and resumed.path)
+  if mixed then return nil, mixed end
   ctx.hints = M.hints(cfg, model)
   local far, ferr = M.far_rows(cfg, model)
   if ferr then return nil, ferr end
