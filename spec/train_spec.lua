@@ -310,6 +310,12 @@ describe("uvmrec train checkpoints", function()
       .. ck.path_for(ckd, 8):gsub("%p", "%%%0") .. "%)", err)
     assert.same({ 8, 9 }, steps_of(ckd))
     assert.equal(lines, #events(dir .. "/k"))
+    -- a checkpoints folder that cannot be written into fails the run before its first step
+    cmd.sh("mkdir -p " .. dir .. "/f && touch " .. dir .. "/f/checkpoints")
+    _, err = run(sets_with(SYNTH, { "train.steps=9", "train.checkpoint_every=4" }), { out = dir .. "/f" })
+    assert.equal("train.checkpoint_every is 4: checkpoints cannot be saved into " .. dir .. "/f/checkpoints (dir: "
+      .. dir .. "/f/checkpoints exists and is not a directory)", err)
+    assert.is_false(cmd.exists(dir .. "/f/metrics.jsonl"))
     assert(run(sets_with(SYNTH, { "train.steps=12" }), { out = dir .. "/k", resume = dir .. "/k" }))
     assert.same({ 10, 12 }, steps_of(ckd))
   end)

@@ -640,6 +640,17 @@ function run_plain(cfg, opts)
   end
   local mixed = ckdir and M.check_out(ckdir, ctx.step, resumed and resumed.path)
   if mixed then return nil, mixed end
+  if ckdir and every > 0 then
+    -- a folder the saves cannot write into fails the run now, not after `every` steps of training
+    local check = require("uvmrec.lib").check
+    local ok, perr = check(C.ur_dir_create(ckdir))
+    local probe = ffi.new("char[?]", #ckdir + 16, ckdir .. "/.probe-XXXXXX")
+    if ok then ok, perr = check(C.ur_dir_temp(probe)) end
+    if ok then os.remove(ffi.string(probe)) end
+    if not ok then
+      return nil, ("train.checkpoint_every is %d: checkpoints cannot be saved into %s (%s)"):format(every, ckdir, perr)
+    end
+  end
   ctx.hints = M.hints(cfg, model)
   local far, ferr = M.far_rows(cfg, model)
   if ferr then return nil, ferr end
