@@ -249,6 +249,12 @@ describe("uvmrec train checkpoints", function()
       same_losses(want, got, at + 1, 20)
       assert.equal(whole.eval.auc, rest.eval.auc)
     end
+    -- one epoch, then the second added by a resume: train.epochs is how long the run goes
+    local one = dir .. "/one"
+    local first = assert(run(sets_with(sets, { "train.epochs=1", "train.checkpoint_every=10" }), { out = one }))
+    assert.equal(10, first.steps)
+    assert.equal(20, assert(run(sets, { out = one, resume = one })).steps)
+    same_losses(want, losses(one), 1, 20)
     -- Starting the data over instead of at the saved position changes the very next loss.
     local wrong = assert(run(sets, { out = dir .. "/wrong", resume = ck.path_for(cks, 7), setup = function(ctx)
       local trainer = ctx.registry.by_name.trainer

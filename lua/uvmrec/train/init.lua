@@ -271,9 +271,9 @@ local WHERE_ROWS_LIVE = { "embeddings.placement", "embeddings.tables.*.placement
                           "embeddings.hints", "embeddings.tables.*.hints", "embeddings.cache",
                           "embeddings.tables.*.cache", "embeddings.sharding", "embeddings.tables.*.sharding",
                           "embeddings.tables.*.rank", "embeddings.vbe", "embeddings.far_rows" }
-M.RESUME_IGNORE = { "train.steps", "train.checkpoint_every", "train.keep", "train.log_every", "train.nonfinite",
-                    "train.print_every", "data.eval", "data.depth", "eval", "train.pipeline", "train.drain",
-                    unpack(WHERE_ROWS_LIVE) }
+M.RESUME_IGNORE = { "train.steps", "train.epochs", "train.checkpoint_every", "train.keep", "train.log_every",
+                    "train.nonfinite", "train.print_every", "data.eval", "data.depth", "eval", "train.pipeline",
+                    "train.drain", unpack(WHERE_ROWS_LIVE) }
 -- Evaluating a checkpoint needs only the model's shape to match.
 M.EVAL_IGNORE = { "name", "train", "data", "eval", "schedule", "optimizer", "embeddings.optimizer",
                   unpack(WHERE_ROWS_LIVE) }
