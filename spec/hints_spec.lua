@@ -160,14 +160,29 @@ describe("uvmrec.hints in training", function()
   it("resumes after a relayout to the uninterrupted run's losses", function()
     local sets = { "train.steps=12", "embeddings.placement=managed", "embeddings.hints.policy=adaptive",
                    "embeddings.hints.decay=0.5", "train.checkpoint_every=5" }
-    local want = run(sets)
+    local whole = cmd.tmpdir()
+    local want = run(sets, { out = whole })
     local dir = cmd.tmpdir()
     local first = { unpack(sets) }
     first[1] = "train.steps=5"
     run(first, { out = dir })
     local got = run(sets, { out = dir, resume = dir })
     for s = 6, 12 do assert.equal(want[s], got[s], "step " .. s) end
+    -- and the counters the policies plan from: the resumed run's placement at its start does not
+    -- decay them once more (it did, and the counts at step 12 differed from the uninterrupted run's)
+    local ck = require "uvmrec.checkpoint"
+    local a = assert(ck.load(ck.path_for(whole .. "/checkpoints", 12)))
+    local b = assert(ck.load(ck.path_for(dir .. "/checkpoints", 12)))
+    local n = 0
+    for name, t in pairs(a.tensors) do
+      if name:match("^layout%..*%.counts$") then
+        assert.same(t:totable(), b.tensors[name]:totable(), name)
+        n = n + 1
+      end
+    end
+    assert.equal(26, n)
     cmd.rmdir(dir)
+    cmd.rmdir(whole)
   end)
 
   it("names a bad policy or allowance at its place in the config", function()

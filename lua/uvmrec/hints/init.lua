@@ -523,9 +523,9 @@ function Manager._swap_pairs(_, t, s, k, band)
   return A, B, n
 end
 
--- One interval: statistics, the split of the allowance, each policy's plan, applied; decay.
--- Returns the interval's record, or nil, message.
-function Manager:interval(step)
+-- One interval: statistics, the split of the allowance, each policy's plan, applied; decay
+-- (unless keep_counts).  Returns the interval's record, or nil, message.
+function Manager:interval(step, keep_counts)
   local t0 = C.ur_clock_seconds()
   self.hint_seconds = 0
   local rec = { step = step, hints = 0, relayout_seconds = 0, relayout_bytes = 0, rows_moved = 0,
@@ -566,7 +566,7 @@ function Manager:interval(step)
   end
   for _, s in ipairs(stats) do s:free() end
   if not ok then return nil, err end
-  if self.decay < 1 then
+  if self.decay < 1 and not keep_counts then
     for _, tbe in ipairs(self.tbes) do assert(tbe:decay_counts(self.decay, nil, self.stream)) end
   end
   -- rows moved between GPU and host: the forwards copy the far ones from where they now begin
@@ -618,9 +618,11 @@ function Manager:measure()
 end
 
 -- Before training (step 0): the policies place the tables before anything is counted (by
--- their bytes), so no step runs on the driver's defaults unless the policy is `none`.
+-- their bytes), so no step runs on the driver's defaults unless the policy is `none`.  A
+-- resumed run starts at its checkpoint's step with the counts saved there, which this
+-- placement leaves undecayed: the intervals after decay them as the uninterrupted run's did.
 function Manager:start(step)
-  local rec, err = self:interval(step or 0)
+  local rec, err = self:interval(step or 0, true)
   if not rec then error(err, 2) end
   return rec
 end
