@@ -19,7 +19,7 @@ local cmd = require("uvmrec.cli").command {
   description = "Examples: uvmrec launch -n 2 train dlrm_tiny --cpu --steps 40 --set embeddings.sharding=row_wise; "
     .. "uvmrec launch -n 8 train dlrm_mlperf_v1_2m.  Options of launch come before COMMAND; everything "
     .. "after it goes to the command.",
-  { "-n N", "ranks to start (one per GPU on a GPU host)", type = "whole", required = true, key = "n" },
+  { "-n N", "ranks to start (one per GPU on a GPU host)", type = "whole", min = 1, required = true, key = "n" },
   { "--fork", "start the ranks as processes of this command even where mpirun is installed (GPU jobs "
     .. "bootstrap NCCL through a rendezvous folder; jobs on the CPU need MPI)" },
   { "COMMAND", "the command every rank runs (train, eval, or a script)" },
@@ -47,7 +47,6 @@ do
 end
 local o = cmd:parse(own)
 local n = o.n
-if n < 1 then cmd:fail(("-n %d: expected at least 1 rank"):format(n)) end
 
 local host = package.loaded["uvmrec.host"]
 if not host or not host.binary then cmd:fail("scripts/launch.lua runs under the uvmrec command: `uvmrec launch`") end
