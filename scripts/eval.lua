@@ -28,7 +28,7 @@ local opts = { data = o.data, out = o.out, checkpoint = o.checkpoint, cpu = o.cp
 
 local serve = require "uvmrec.serve"
 if serve.is_model_file(o.config) then
-  if o.checkpoint or #o.set > 0 then cmd:fail("a model file takes neither --checkpoint nor --set") end
+  if o.checkpoint or #o.set > 0 then cmd:misuse("a model file takes neither --checkpoint nor --set") end
   local m, err = serve.open(o.config, { device = o.cpu and "cpu" or nil })
   if not m then cmd:fail(err) end
   local info = m:info()

@@ -353,6 +353,9 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     out, err, code = cmd.run("predict /nonexistent.safetensors")
     assert.equal(1, code, out)
     assert.matches("/nonexistent.safetensors", err)
+    out, err, code = cmd.run("eval " .. path .. " --set train.steps=5") -- a wrong argument: exit 2, the usage
+    assert.equal(2, code, out)
+    assert.matches("^uvmrec eval: a model file takes neither %-%-checkpoint nor %-%-set\nusage: uvmrec eval ", err)
   end)
 
   it("reads Criteo files as the training run did: lines that lost their trailing tabs, when it padded them", function()
