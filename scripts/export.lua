@@ -19,4 +19,5 @@ local cmd = require("uvmrec.cli").command {
 local o = cmd:parse(arg)
 local r, err = export.run(o.checkpoint, { out = o.out, tables = o.tables, per_table = o.per_table, dense = o.dense,
                                           print = print })
-if not r then cmd:fail(err) end
+-- the library's messages say "export: ..."; the command's own prefix already says it
+if not r then cmd:fail((tostring(err):gsub("^export: ", "", 1))) end

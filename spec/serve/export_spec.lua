@@ -141,6 +141,9 @@ with safe_open(sys.argv[1], "np") as f:
     assert.equal(2, code, out)
     assert.matches("%-%-per%-table: 'C3:int4' is not TABLE=FORMAT", serr)
     assert.is_nil(serr:find("--per-table: --per-table", 1, true), serr)
+    out, serr, code = cmd.run("export /nonexistent --out /tmp/never.safetensors")
+    assert.equal(1, code, out)
+    assert.equal("uvmrec export: checkpoint: /nonexistent is neither a run directory nor a checkpoint file\n", serr)
     assert.is_false(cmd.exists("/tmp/never.safetensors"))
     -- a run with managed collisions on two tables: its checkpoint's config says so
     local src = assert(ck.open(assert(require("uvmrec.train").checkpoint_file(t.run))))
