@@ -31,14 +31,22 @@ local C = ur.C
 local calib = require "uvmrec.planner.calib"
 local tbe = require "uvmrec.tbe"
 
-local o = require("uvmrec.cli").command {
+local cmd = require("uvmrec.cli").command {
   name = "calibrate",
   summary = "measure the rates the planner's cost model uses, on this machine",
   { "--out FILE", "where to write the calibration (default: print it)" },
   { "--machine NAME", "the machine's name in the file (default: the CPU's or the GPU's)" },
   { "--shapes KIND", "the sizes measured: cpu or gpu (default: gpu with a GPU, else cpu)", choices = { "cpu", "gpu" } },
   { "--quick", "fewer repetitions, and on the CPU backend smaller sizes (for specs)" },
-}:parse(arg)
+}
+local o = cmd:parse(arg)
+-- a folder that is not there is said before the minutes of measuring, not after them
+if o.out then
+  local dir = o.out:match("^(.*)/[^/]*$") or "."
+  if C.ur_path_kind(dir == "" and "/" or dir) ~= 2 then
+    cmd:fail(("--out %s: no folder %s to write it in"):format(o.out, dir))
+  end
+end
 
 local gpu = ur.gpu()
 local place_fast = gpu and "device" or "host"
@@ -646,7 +654,11 @@ local t = { format = calib.FORMAT, version = calib.VERSION, machine = machine, b
 assert(calib.from_table(t, "calibrate"))
 local text = calib.encode(t)
 if o.out then
-  local f = assert(io.open(o.out, "w"))
+  local f, ferr = io.open(o.out, "w")
+  if not f then -- the measurements are not lost: they go to standard output
+    io.write(text)
+    cmd:fail(ferr .. " (the calibration is on standard output)")
+  end
   f:write(text)
   f:close()
   print(("wrote %s in %.1f s"):format(o.out, C.ur_clock_seconds() - t_start))

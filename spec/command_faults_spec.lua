@@ -36,6 +36,13 @@ describe("the uvmrec command, on mistakes and a bare machine", function()
     assert.matches("\n0 passed, %d+ failed, 0 skipped\n$", out)
   end)
 
+  it("says before measuring, in one line, that calibrate's --out has no folder to go in", function()
+    local out, err, code = cmd.run("calibrate --quick --out /nonexistent/calib.json")
+    assert.equal(1, code, out)
+    assert.equal("", out)
+    assert.equal("uvmrec calibrate: --out /nonexistent/calib.json: no folder /nonexistent to write it in\n", err)
+  end)
+
   it("says there is no NVIDIA driver, not that the driver is insufficient", function()
     if not ur.cuda_built() then pending("no CUDA backend built: " .. ur.cuda_error()) return end
     if ur.gpu() then pending("a GPU is in use") return end
