@@ -1,6 +1,6 @@
 -- uvmrec.data.Batch: one batch of samples, the one shape data has from the loader to the model,
 -- on any placement: dense f32 [B, D], sparse a KJT (keys in feature order; a variable batch per
--- key with its stride_per_key_per_rank and inverse_indices), labels f32 [B], groups i32 [B]
+-- key with its stride_per_key_per_rank and inverse_indices), labels f32 [B], groups i64 [B]
 -- (or nil), size B, epoch and first (its first sample within the epoch: where it came from),
 -- and ticket: the record of its rows that an embedding collection's cache brought in ahead
 -- (the prefetch pipeline's), which the model hands to the collection's forward and backward.
