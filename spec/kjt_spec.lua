@@ -286,6 +286,9 @@ describe("uvmrec.KJT", function()
 
   it("names the key and the position in every error", function()
     local KJT = ur.KJT
+    -- two keys of one name: a lookup by name would read one key's bags for both
+    assert.has_error(function() KJT { keys = { "a", "b", "a" }, values = { 1, 2, 3 }, lengths = { 1, 1, 1 } } end,
+      "kjt: keys 0 and 2 are both named 'a'; expected distinct keys")
     assert.has_error(function() KJT { keys = { "a", "b" }, values = { 1, 2 }, lengths = { 1, -1, 1, 1 } } end,
       "kjt: key 'a' sample 1 (lengths[1]) has length -1; lengths must be >= 0")
     assert.has_error(function() KJT { keys = { "a", "C3" }, values = { 1, 2, 3 }, lengths = { 1, 0, 2, 2 } } end,
@@ -332,6 +335,9 @@ describe("uvmrec.KJT", function()
     assert.has_error(function()
       KJT.from_rows { keys = { "a", "b" }, hot = { 1.5, 1 }, ids = ur.tensor({ 1, 2 }, { dtype = "i64" }):fill(1) }
     end, "KJT.from_rows: hot[1] is 1.5; expected a whole number that fits i32")
+    assert.has_error(function()
+      KJT.from_rows { keys = { "a", "a" }, hot = { 1, 1 }, ids = ur.tensor({ 1, 2 }, { dtype = "i64" }):fill(1) }
+    end, "kjt: keys 0 and 1 are both named 'a'; expected distinct keys")
     assert.equal(-2 ^ 63, KJT { keys = { "a" }, values = { -2 ^ 63 }, lengths = { 1 } }:values()[0])
     assert.has_error(function()
       KJT { keys = { "a" }, values = ur.tensor({ 1 }, { dtype = "i32" }), lengths = { 1 } }

@@ -271,13 +271,46 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
   return UR_STATUS_OK;
 }
 
+typedef struct named {
+  const char *name;
+  int32_t i;
+} named;
+
+static int named_cmp(const void *a, const void *b) {
+  const named *x = a, *y = b;
+  int c = strcmp(x->name, y->name);
+  return c ? c : (x->i > y->i) - (x->i < y->i);
+}
+
+/* No two keys of a KJT made from the caller's names share one (a lookup by name would find one
+ * key's bags for both): sorted, so a request of 1000 keys costs about 10k comparisons, not half
+ * a million.  A missing name is left to kjt_make's check, which names it. */
+static ur_status distinct_keys(int32_t n, const char *const *keys) {
+  if (n < 2) return UR_STATUS_OK;
+  named *v = malloc(sizeof *v * (size_t)n);
+  if (!v) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
+  int32_t m = 0;
+  for (int32_t i = 0; i < n; i++)
+    if (keys[i]) v[m++] = (named){keys[i], i};
+  qsort(v, (size_t)m, sizeof *v, named_cmp);
+  ur_status st = UR_STATUS_OK;
+  for (int32_t i = 1; i < m && !st; i++)
+    if (!strcmp(v[i - 1].name, v[i].name))
+      st = ur__error(UR_STATUS_INVALID, "kjt: keys %d and %d are both named '%s'; expected distinct keys",
+                     (int)v[i - 1].i, (int)v[i].i, v[i].name);
+  free(v);
+  return st;
+}
+
 ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, int64_t stride,
                      const int64_t *stride_per_key_per_rank, ur_tensor *values, ur_tensor *lengths,
                      ur_tensor *weights, ur_tensor *inverse_indices, int32_t check) {
   UR__ARGS(out, values, lengths);
   if (num_keys > 0 && !keys) return ur__null(__func__, "keys");
-  ur_status st = kjt_make(num_keys, keys, stride, stride_per_key_per_rank, values, lengths, weights,
-                          inverse_indices, NULL, NULL, check, out);
+  ur_status st = distinct_keys(num_keys, keys);
+  if (st) return st;
+  st = kjt_make(num_keys, keys, stride, stride_per_key_per_rank, values, lengths, weights,
+                inverse_indices, NULL, NULL, check, out);
   if (!st && check && inverse_indices && (st = ur_kjt_validate(*out, NULL))) {
     ur_kjt_free(*out);
     *out = NULL;
@@ -945,6 +978,8 @@ ur_status ur_kjt_from_rows(ur_stream *s, ur_kjt **out, int32_t num_keys, const c
   if (num_keys < 1)
     return ur__error(UR_STATUS_INVALID, "kjt from_rows: %d keys; expected at least one, with "
                      "names and ids per sample", (int)num_keys);
+  ur_status dst = distinct_keys(num_keys, keys);
+  if (dst) return dst;
   int64_t H = 0;
   for (int32_t k = 0; k < num_keys; k++) {
     if (hot[k] < 1)
