@@ -74,6 +74,15 @@ describe("uvmrec.tensor", function()
     assert.has_error(function() t:view(5, 2) end,
       "tensor view: rows 5..6 (2 rows) are outside the tensor's 6 rows")
     assert.has_error(function() t:view(-1, 1) end)
+    -- a span whose end passes 64 bits says where it starts and how long it is (its end wrapped)
+    local big = ffi.new("int64_t", 2) ^ 63 - 1
+    local C, out = ur.C, ffi.new("ur_tensor *[1]")
+    assert.equal(C.UR_STATUS_INVALID, C.ur_tensor_view(t.p, out, 2, big))
+    assert.equal("tensor view: rows 9223372036854775807 of them from 2 (9223372036854775807 rows) are outside the "
+                 .. "tensor's 6 rows", ffi.string(C.ur_last_error()))
+    assert.equal(C.UR_STATUS_INVALID, C.ur_tensor_read(t.p, 2, big, ffi.new("float[1]")))
+    assert.equal("tensor read: elements 9223372036854775807 of them from 2 are outside the tensor's 24 elements "
+                 .. "(0-based)", ffi.string(C.ur_last_error()))
   end)
 
   it("rejects a view_as offset past the storage, also one whose sum with the view's own overflows", function()

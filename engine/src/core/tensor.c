@@ -203,6 +203,17 @@ void ur_tensor_free(ur_tensor *t) {
   free(t);
 }
 
+/* "5..6": the span of count from first, for errors; a span whose end passes 64 bits (or that is
+ * empty) says where it starts and how long it is instead. */
+static const char *span_text(char *buf, size_t n, int64_t first, int64_t count) {
+  int64_t last;
+  if (count >= 1 && !__builtin_add_overflow(first, count - 1, &last))
+    snprintf(buf, n, "%lld..%lld", (long long)first, (long long)last);
+  else
+    snprintf(buf, n, "%lld of them from %lld", (long long)count, (long long)first);
+  return buf;
+}
+
 static int64_t row_elems(const ur_tensor *t) {
   int64_t r = 1;
   for (int i = 1; i < t->ndim; i++) r *= t->shape[i];
@@ -212,11 +223,11 @@ static int64_t row_elems(const ur_tensor *t) {
 ur_status ur_tensor_view(const ur_tensor *t, ur_tensor **out, int64_t row0, int64_t nrows) {
   UR__ARGS(t, out);
   *out = NULL;
+  char span[64];
   if (row0 < 0 || nrows < 0 || row0 > t->shape[0] - nrows)
     return ur__error(UR_STATUS_INVALID,
-                     "tensor view: rows %lld..%lld (%lld rows) are outside the tensor's %lld rows",
-                     (long long)row0, (long long)(row0 + nrows - 1), (long long)nrows,
-                     (long long)t->shape[0]);
+                     "tensor view: rows %s (%lld rows) are outside the tensor's %lld rows",
+                     span_text(span, sizeof span, row0, nrows), (long long)nrows, (long long)t->shape[0]);
   ur_tensor *v = malloc(sizeof *v);
   if (!v) return ur__error(UR_STATUS_OOM, "tensor view: out of host memory");
   *v = *t;
@@ -376,10 +387,10 @@ ur_status ur_tensor_rand(ur_stream *s, ur_tensor *t, ur_dist dist, double a, dou
 }
 
 static ur_status check_span(const ur_tensor *t, int64_t index, int64_t count, const char *what) {
+  char span[64];
   if (index < 0 || count < 0 || index > t->numel - count)
-    return ur__error(UR_STATUS_INVALID,
-                     "%s: elements %lld..%lld are outside the tensor's %lld elements (0-based)",
-                     what, (long long)index, (long long)(index + count - 1), (long long)t->numel);
+    return ur__error(UR_STATUS_INVALID, "%s: elements %s are outside the tensor's %lld elements (0-based)",
+                     what, span_text(span, sizeof span, index, count), (long long)t->numel);
   return UR_STATUS_OK;
 }
 
