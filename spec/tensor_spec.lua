@@ -94,6 +94,11 @@ describe("uvmrec.tensor", function()
     assert.has_error(function() v:view_as(-4, { 1 }) end,
       "tensor view_as: 1 elements at offset -4 from element 3 pass the storage's 12 elements")
     assert.equal(1, v:view_as(-3, { 1 })[0])
+    -- a zero dimension does not excuse the others: their rows would count past 64 bits
+    local big = 2 ^ 62
+    assert.has_error(function() v:view_as(0, { 0, big, 4 }) end, "tensor view_as: the shape's element count overflows")
+    assert.has_error(function() ur.tensor({ 0, big, 4 }) end, "tensor: the shape's element count overflows")
+    assert.equal(0, v:view_as(0, { 0, big, 1 }):numel())
   end)
 
   it("copies between every pair of placements", function()

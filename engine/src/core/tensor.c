@@ -128,14 +128,18 @@ ur_status ur__shape_bytes(const char *who, ur_dtype dtype, int32_t ndim, const i
   if (ndim < 1 || ndim > UR_MAX_DIMS)
     return ur__error(UR_STATUS_INVALID, "%s: %d dimensions asked; expected 1 to %d", who,
                      (int)ndim, UR_MAX_DIMS);
-  *numel = 1;
+  /* The dimensions but zeros multiply within 63 bits too: a row of [0, 2^62, 2^62] would hold
+   * more elements than its views and strides can count. */
+  int64_t nonzero = 1;
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0)
       return ur__error(UR_STATUS_INVALID, "%s: dimension %d is %lld; expected >= 0", who, i + 1,
                        (long long)shape[i]);
-    if (__builtin_mul_overflow(*numel, (uint64_t)shape[i], numel))
+    if (shape[i] && __builtin_mul_overflow(nonzero, shape[i], &nonzero))
       return ur__error(UR_STATUS_INVALID, "%s: the shape's element count overflows", who);
   }
+  *numel = 1;
+  for (int i = 0; i < ndim; i++) *numel *= (uint64_t)shape[i];
   if (__builtin_mul_overflow(*numel, (uint64_t)ur_dtype_size(dtype), bytes) ||
       *bytes > (1ull << 50))
     return ur__error(UR_STATUS_INVALID, "%s: %llu elements of %s are more bytes than supported",
@@ -245,18 +249,10 @@ ur_status ur_tensor_view_as(const ur_tensor *t, ur_tensor **out, int64_t offset,
                             const int64_t *shape) {
   UR__ARGS(t, out, shape);
   *out = NULL;
-  if (ndim < 1 || ndim > UR_MAX_DIMS)
-    return ur__error(UR_STATUS_INVALID, "tensor view_as: %d dimensions asked; expected 1 to %d",
-                     (int)ndim, UR_MAX_DIMS);
-  int64_t numel = 1;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] < 0 || __builtin_mul_overflow(numel, shape[i], &numel))
-      return ur__error(UR_STATUS_INVALID,
-                       "tensor view_as: dimension %d is %lld; expected >= 0 with a count that "
-                       "fits 64 bits",
-                       i + 1, (long long)shape[i]);
-  }
-  int64_t cap = (int64_t)(t->st->bytes / ur_dtype_size(t->dtype)), first;
+  uint64_t count, bytes;
+  ur_status st = ur__shape_bytes("tensor view_as", t->dtype, ndim, shape, &count, &bytes);
+  if (st) return st;
+  int64_t numel = (int64_t)count, cap = (int64_t)(t->st->bytes / ur_dtype_size(t->dtype)), first;
   if (__builtin_add_overflow(t->offset, offset, &first) || first < 0 || first > cap - numel)
     return ur__error(UR_STATUS_INVALID,
                      "tensor view_as: %lld elements at offset %lld from element %lld pass the "
