@@ -87,6 +87,17 @@ describe("uvmrec FFI", function()
     end
   end)
 
+  it("leaves a failed constructor's new handle NULL", function()
+    local junk = ffi.cast("void *", 0x1234)
+    local k = ffi.new("ur_kjt *[1]", ffi.cast("ur_kjt *", junk))
+    local v, l = ur.tensor({ 1 }, { dtype = "i64" }), ur.tensor({ 1 }, { dtype = "i32" })
+    assert.equal(C.UR_STATUS_INVALID, C.ur_kjt_new(k, -1, nil, 1, nil, v.p, l.p, nil, nil, 1))
+    assert.is_true(k[0] == nil)
+    local j = ffi.new("ur_json *[1]", ffi.cast("ur_json *", junk))
+    assert.equal(C.UR_STATUS_INVALID, C.ur_json_new_string(j, nil, 3))
+    assert.is_true(j[0] == nil)
+  end)
+
   it("reads a whole file and quotes a shell word (uvmrec.lib)", function()
     local lib = require "uvmrec.lib"
     local path = os.tmpname()

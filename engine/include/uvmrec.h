@@ -24,6 +24,7 @@
  * Pointer arguments must not be NULL unless the parameter says "or NULL" (a stream may always
  * be: NULL is the default stream): a NULL one is UR_STATUS_INVALID with "<function>: argument
  * '<name>' is NULL", and functions returning nothing (the _free ones, ...) do nothing with NULL.
+ * A constructor that fails past that check leaves its new handle NULL (*out = NULL).
  * Handles are opaque; the few plain structs are those a caller must read, each with a
  * ur_sizeof_X() so bindings can check their layout.  Names are ur_<object>_<verb>.  Argument
  * order (THNN's): the stream first, then the object acted on and the inputs (what selects in

@@ -9,6 +9,7 @@ static const ur_backend *be(void) { return ur__gpu() ? ur__gpu() : ur__cpu(); }
 
 ur_status ur_stream_new(ur_stream **out, int32_t priority) {
   UR__ARGS(out);
+  *out = NULL;
   ur_stream *s = calloc(1, sizeof *s);
   if (!s) return ur__error(UR_STATUS_OOM, "stream: out of host memory");
   ur_status st = be()->stream_new(priority, &s->handle);
@@ -33,6 +34,7 @@ int32_t ur_stream_priority(const ur_stream *s) { return s ? s->priority : 0; }
 
 ur_status ur_event_new(ur_event **out) {
   UR__ARGS(out);
+  *out = NULL;
   ur_event *e = calloc(1, sizeof *e);
   if (!e) return ur__error(UR_STATUS_OOM, "event: out of host memory");
   ur_status st = be()->event_new(&e->handle);

@@ -306,6 +306,7 @@ ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, in
                      const int64_t *stride_per_key_per_rank, ur_tensor *values, ur_tensor *lengths,
                      ur_tensor *weights, ur_tensor *inverse_indices, int32_t check) {
   UR__ARGS(out, values, lengths);
+  *out = NULL;
   if (num_keys > 0 && !keys) return ur__null(__func__, "keys");
   ur_status st = distinct_keys(num_keys, keys);
   if (st) return st;

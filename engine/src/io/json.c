@@ -113,6 +113,7 @@ ur_status ur_json_new_real(ur_json **out, double value) {
 
 ur_status ur_json_new_string(ur_json **out, const char *s, size_t len) {
   UR__ARGS(out);
+  *out = NULL;
   if (len && !s) return ur__null(__func__, "s");
   *out = U(json_stringn(s, len));
   if (*out) return UR_STATUS_OK;
