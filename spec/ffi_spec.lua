@@ -98,6 +98,27 @@ describe("uvmrec FFI", function()
     assert.is_true(j[0] == nil)
   end)
 
+  it("writes a file whole (ur_file_write): the old bytes or the new, never a part", function()
+    local cmd = require "command"
+    local dir = cmd.tmpdir()
+    local path = dir .. "/plan.json"
+    assert.equal(0, C.ur_file_write(path, "old\n", 4))
+    local big = ("x"):rep(100000)
+    -- a write the file-size limit stops (EFBIG) fails, naming it, and leaves the old file alone
+    local code = select(3, cmd.sh(("trap '' XFSZ; ulimit -f 8; %s -e %s"):format(cmd.quote(cmd.bin()), cmd.quote(
+      ("local ur = require 'uvmrec'; local s = ur.C.ur_file_write(%q, ('x'):rep(100000), 100000); "
+       .. "io.write(require('ffi').string(ur.C.ur_last_error())); os.exit(s == 0 and 0 or 3)"):format(path)))))
+    assert.equal(3, code)
+    assert.equal("old\n", cmd.slurp(path))
+    assert.equal(0, C.ur_file_write(path, big, #big))
+    assert.equal(big, cmd.slurp(path))
+    assert.same({ "plan.json" }, assert(require("uvmrec.lib").dir_list(dir, "", "")))
+    assert.equal(C.UR_STATUS_IO, C.ur_file_write(dir .. "/none/plan.json", "x", 1))
+    local where = (dir .. "/none/plan.json"):gsub("%p", "%%%0")
+    assert.matches("^file: cannot create " .. where, ffi.string(C.ur_last_error()))
+    cmd.rmdir(dir)
+  end)
+
   it("reads a whole file and quotes a shell word (uvmrec.lib)", function()
     local lib = require "uvmrec.lib"
     local path = os.tmpname()

@@ -30,6 +30,9 @@ UR_API ur_status ur_dir_list(const char *dir, const char *prefix /* or NULL */,
                              uint64_t *needed);
 UR_API ur_status ur_dir_create(const char *path);  /* with its parents; existing is fine */
 UR_API int32_t ur_path_kind(const char *path);      /* 0 missing, 1 file, 2 directory, 3 other */
+/* A file written whole: data[len] into a temporary file beside path, synced, renamed onto path
+ * and the folder synced, so path holds the old bytes or the new ones, also after a crash. */
+UR_API ur_status ur_file_write(const char *path, const void *data, uint64_t len);
 /* A terminal's width in columns (80 when the terminal does not say), or 0 when fd is not a
  * terminal: a progress bar on a terminal, plain lines on a pipe. */
 UR_API int32_t ur_term_columns(int32_t fd);

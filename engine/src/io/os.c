@@ -109,6 +109,37 @@ ur_status ur__sync_dir(const char *path, const char *what) {
   return s;
 }
 
+ur_status ur_file_write(const char *path, const void *data, uint64_t len) {
+  UR__ARGS(path);
+  if (len && !data) return ur__null(__func__, "data");
+  size_t n = strlen(path);
+  char *tmp = malloc(n + 16);
+  if (!tmp) return ur__error(UR_STATUS_OOM, "file: out of host memory");
+  snprintf(tmp, n + 16, "%s.tmp-XXXXXX", path);
+  int fd = mkostemp(tmp, O_CLOEXEC);
+  ur_status s = UR_STATUS_OK;
+  if (fd < 0) {
+    s = ur__error(UR_STATUS_IO, "file: cannot create %s (a temporary file beside it): %s", path, strerror(errno));
+    free(tmp);
+    return s;
+  }
+  const char *p = data;
+  for (uint64_t done = 0; done < len && !s;) {
+    ssize_t w = write(fd, p + done, len - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) s = ur__error(UR_STATUS_IO, "file: writing %s: %s", tmp, w < 0 ? strerror(errno) : "no progress");
+    else done += (uint64_t)w;
+  }
+  if (!s && (fchmod(fd, 0644) || fsync(fd))) s = ur__error(UR_STATUS_IO, "file: syncing %s: %s", tmp, strerror(errno));
+  if (close(fd) && !s) s = ur__error(UR_STATUS_IO, "file: closing %s: %s", tmp, strerror(errno));
+  if (!s && rename(tmp, path))
+    s = ur__error(UR_STATUS_IO, "file: renaming %s to %s: %s", tmp, path, strerror(errno));
+  if (s) unlink(tmp);
+  else s = ur__sync_dir(path, "file");
+  free(tmp);
+  return s;
+}
+
 int32_t ur_path_kind(const char *path) {
   struct stat sb;
   if (!path || stat(path, &sb)) return 0;

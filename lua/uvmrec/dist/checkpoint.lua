@@ -77,17 +77,8 @@ end
 local function file_name(rank, world) return ("rank-%05d-of-%05d.safetensors"):format(rank, world) end
 
 local function write_text(path, text)
-  local tmp = path .. ".tmp"
-  local f, err = io.open(tmp, "wb")
-  if not f then return nil, "dist.checkpoint: " .. err end
-  local ok, werr = f:write(text)
-  local cok, cerr = f:close()
-  if not ok or not cok then
-    os.remove(tmp)
-    return nil, "dist.checkpoint: writing " .. tmp .. ": " .. tostring(werr or cerr)
-  end
-  local rok, rerr = os.rename(tmp, path)
-  if not rok then return nil, "dist.checkpoint: " .. tostring(rerr) end
+  local ok, err = check(C.ur_file_write(path, text, #text))
+  if not ok then return nil, "dist.checkpoint: " .. err end
   return true
 end
 

@@ -699,12 +699,13 @@ end
 
 function Plan:encode() return M.encode(self.data) end
 
--- Writes the plan file (JSON; a .yaml path gets the same text, which YAML's flow syntax reads).
+-- Writes the plan file whole (JSON; a .yaml path gets the same text, which YAML's flow syntax
+-- reads); true, or nil, message (a full disk included: the file is the old one or the new).
 function Plan:save(path)
-  local f, err = io.open(path, "w")
-  if not f then return nil, "plan: " .. tostring(err) end
-  f:write(self:encode())
-  f:close()
+  local lib = require "uvmrec.lib"
+  local text = self:encode()
+  local ok, err = lib.check(lib.C.ur_file_write(path, text, #text))
+  if not ok then return nil, "plan: " .. err end
   return true
 end
 

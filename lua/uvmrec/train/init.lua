@@ -383,9 +383,8 @@ local function run_dir(out)
     end,
     close = function() f:close() end,
     config = function(cfg)
-      local c = assert(io.open(out .. "/config.json", "w"))
-      c:write(json.encode(cfg), "\n")
-      c:close()
+      local text = json.encode(cfg) .. "\n"
+      assert(require("uvmrec.lib").check(C.ur_file_write(out .. "/config.json", text, #text)))
     end,
   }
 end
