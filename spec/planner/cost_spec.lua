@@ -187,6 +187,19 @@ describe("planner.cost", function()
     end)
   end)
 
+  it("prices a choice over many ranks once: one shard entry, shards_count of them", function()
+    -- a list of a copy a shard made every choice O(ranks): planning 1000 tables that do not fit
+    -- on 8 ranks took 57 s, pricing worlds of up to 65536 ranks for the fewest GPUs that fit
+    local c = ctx { world = 65536 }
+    for _, sh in ipairs { "row_wise", "data_parallel" } do
+      local o = assert(cost.option(tab(), c, { sharding = sh, placement = "device" }))
+      assert.equal(65536, o.shards_count)
+      assert.equal(1, #o.shards)
+      near(o.time, 65536 * o.shards[1].time, sh .. " time")
+      assert.equal(65536 * o.shards[1].hbm, o.hbm)
+    end
+  end)
+
   it("prices the dense part: MLP and interaction FLOPs at the calibrated rates", function()
     local dm = cost.dense_model { dense_features = 3, bottom = { 4 }, top = { 2, 1 }, tables = 1, dim = 4 }
     -- dot over 2 vectors: 1 pair; top input 4 + 1

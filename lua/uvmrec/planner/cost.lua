@@ -138,8 +138,9 @@ end
 
 -- The choice `opt` {sharding, shards (column_wise), placement, prefix (managed: rows of each
 -- shard, or prefix_fraction), load_factor (cached)} for table t.  Returns
--- { shards = { {time, compute, comm, hbm, mem = {device = {...}, managed_on_gpu, pinned, managed}} },
---   time (sum over shards), time_max, hbm, host, hit_rate | coverage, misses, distinct, ... }.
+-- { shards = { {time, compute, comm, hbm, mem = {device = {...}, managed_on_gpu, pinned, managed}} }
+--   (one shard: the shards_count shards are alike), shards_count, time (sum over shards),
+--   time_max, hbm, host, hit_rate | coverage, misses, distinct, ... }.
 function M.option(t, ctx, opt)
   local r = ctx.r
   local sharding, place = opt.sharding or "table_wise", opt.placement
@@ -254,8 +255,9 @@ function M.option(t, ctx, opt)
               + d.outputs
   local shard = { compute = compute, comm = comm, time = compute + comm, hbm = hbm, mem = mem,
                   host = mem.pinned + mem.managed }
-  o.shards = {}
-  for i = 1, g.count do o.shards[i] = shard end
+  -- one entry, not one a shard: a list of W copies made every option of a table O(W) (the
+  -- fewest-GPUs search of an infeasible plan prices worlds of up to 65536 ranks)
+  o.shards = { shard }
   o.time, o.time_max, o.hbm, o.host = g.count * shard.time, shard.time, g.count * hbm, g.count * shard.host
   o.fwd, o.bwd, o.cache_time = fwd, bwd, cache_time
   return o
