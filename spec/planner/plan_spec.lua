@@ -123,6 +123,23 @@ describe("planner plans", function()
     assert(planner.plan(tabs, profs, info.min_budget, o))
   end)
 
+  it("refuses a budget or host memory that is no finite size, by the library's parser", function()
+    local tabs = { { name = "a", rows = 1000, dim = 16 } }
+    local profs = { a = planner.profile.zipf { rows = 1000, s = 1.05 } }
+    -- math.huge planned, and the plan's save then failed in the JSON encoder (inf)
+    for _, b in ipairs { math.huge, 0 / 0, -1, "16 GiBs", "1.2.3GiB" } do
+      local p, err = planner.plan(tabs, profs, b, { batch = 64, calibration = cal })
+      assert.is_nil(p)
+      assert.equal(("planner: budget: '%s' is not a size; expected a number of bytes or e.g. '16GiB'")
+                   :format(tostring(b)), err)
+    end
+    local p, err = planner.plan(tabs, profs, "1GiB", { batch = 64, calibration = cal, host_memory = math.huge })
+    assert.is_nil(p)
+    assert.matches("planner: host memory: 'inf' is not a size", err, 1, true)
+    -- the library's units, in any case
+    assert.equal(2 ^ 30, assert(planner.plan(tabs, profs, "1 gib", { batch = 64, calibration = cal })).data.budget)
+  end)
+
   it("round-trips through a plan file exactly", function()
     local path = os.tmpname()
     assert(plan:save(path))

@@ -29,18 +29,12 @@ local Plan = {}
 Plan.__index = Plan
 M.Plan = Plan
 
-local UNITS = { B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12, KIB = 1024, MIB = 1024 ^ 2,
-                GIB = 1024 ^ 3, TIB = 1024 ^ 4 }
-
--- Bytes from a number or "16GiB"; nil, message otherwise.
+-- Bytes from a finite number >= 0 (the planner's sums of bytes are not whole: a budget it
+-- names may come back) or a size string, read by uvmrec.lib's one parser of sizes; nil,
+-- message otherwise (math.huge made a plan that no file could hold).
 function M.bytes(v)
-  if type(v) == "number" and v >= 0 then return v end
-  if type(v) == "string" then
-    local n, u = v:match("^%s*([%d%.]+)%s*(%a*)%s*$")
-    local scale = UNITS[(u or ""):upper() ~= "" and u:upper() or "B"]
-    if n and tonumber(n) and scale then return math.floor(tonumber(n) * scale) end
-  end
-  return nil, ("'%s' is not a size; expected bytes or e.g. 16GiB"):format(tostring(v))
+  if type(v) == "number" and v >= 0 and v < math.huge then return v end
+  return require("uvmrec.lib").bytes(v)
 end
 
 local function fmt_bytes(b)
