@@ -185,6 +185,11 @@ describe("uvmrec.qtbe rows", function()
     rows[4][2] = 70000
     assert.has_error(function() qtbe.quantize(tensor_of(rows), "fp16") end,
       "rows quantize: row 3 holds a value that is not finite or beyond what fp16 stores (|x| up to 65504)")
+    -- f32 holds any finite value: a bound of 32768 named there was the int formats'
+    assert.equal(70000, qtbe.quantize(tensor_of(rows), "f32"):get(3 * 8 + 1))
+    rows[4][2] = -1 / 0
+    assert.has_error(function() qtbe.quantize(tensor_of(rows), "f32") end,
+      "rows quantize: row 3 holds a value that is not finite")
   end)
 
   it("checks shapes and dtypes of the rows", function()

@@ -231,6 +231,9 @@ ur_status ur_rows_quantize(const ur_tensor *src, ur_tensor *dst, ur_qerror *err,
     e.max_ratio = fmax(e.max_ratio, j.ratio[k]);
   }
   free(acc);
+  if (bad != INT64_MAX && f == UR_QFORMAT_F32) /* it stores any finite value */
+    return ur__error(UR_STATUS_INVALID, "%s: row %lld holds a value that is not finite", op,
+                     (long long)bad);
   if (bad != INT64_MAX)
     return ur__error(UR_STATUS_INVALID,
                      "%s: row %lld holds a value that is not finite or beyond what %s stores "
