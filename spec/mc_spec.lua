@@ -210,6 +210,22 @@ describe("uvmrec.mc", function()
     assert.has_error(function() m:set_step(2.5) end)
   end)
 
+  it("takes ids past 2^53 as 64-bit integers, where no Lua number holds them", function()
+    local ffi = require "ffi"
+    local m = assert(mc.new{ tables = { { name = "t", rows = 4, fallback_rows = 1 } }, device = "cpu" })
+    local big = ffi.new("int64_t", 2 ^ 53) + 1 -- as a Lua number it reads as 2^53
+    for _ = 1, 2 do assert(m:remap(ur.KJT{ keys = { "t" }, values = { big, big, 2 ^ 53 }, lengths = ones(3) })) end
+    -- both resident, each on its own row (2^53 + 1 had been refused in a list: 'is cdata')
+    local rows, res = m:lookup("t", { big, 2 ^ 53, ffi.new("uint64_t", 2 ^ 53) + 1, -big })
+    assert.are.same({ true, true, true, false }, res)
+    assert.are_not.equal(rows[1], rows[2])
+    assert.equal(rows[1], rows[3])
+    assert.has_error(function() m:lookup("t", { ffi.new("uint64_t", 2 ^ 63) }) end,
+                     "mc: lookup ids[1] is 9223372036854775808ULL; expected a whole number that fits i64")
+    assert.has_error(function() ur.KJT{ keys = { "t" }, values = { 1 }, lengths = { ffi.new("int64_t", 2 ^ 31) } } end,
+                     "kjt: lengths[1] is 2147483648LL; expected a whole number that fits i32")
+  end)
+
   it("admits from a batch of only new ids, best first, and forgets the rest at the next round", function()
     local m = assert(mc.new{ tables = { { name = "t", rows = 6, fallback_rows = 1 } }, evict_every = 2,
                              device = "cpu" })
