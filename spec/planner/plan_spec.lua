@@ -140,6 +140,31 @@ describe("planner plans", function()
     assert.equal(2 ^ 30, assert(planner.plan(tabs, profs, "1 gib", { batch = 64, calibration = cal })).data.budget)
   end)
 
+  it("refuses tables and options it would misread, naming the value", function()
+    local function try(tabs, o)
+      local profs = {}
+      for _, t in ipairs(tabs) do profs[t.name] = planner.profile.zipf { rows = 1000, s = 1.05 } end
+      o.calibration, o.batch = cal, o.batch or 64
+      local p, err = planner.plan(tabs, profs, "1GiB", o)
+      assert.is_nil(p)
+      return err
+    end
+    local a = { name = "a", rows = 1000, dim = 16 }
+    -- each of these planned: mru priced as lfu, 'best' ran greedy, 0 stopped at once, a batch
+    -- of 0 and a dim of 6 (no collection builds it), two tables of one name sharing config keys
+    assert.equal("planner: cost.context: policy 'mru'; expected lru or lfu", try({ a }, { policy = "mru" }))
+    assert.equal("planner: search 'best'; expected auto, greedy or exhaustive", try({ a }, { search = "best" }))
+    assert.equal("planner: threshold 0; expected a number >= 1, or false (no early stop)",
+                 try({ a }, { threshold = 0 }))
+    assert.equal("planner: cost.context: batch 0; expected a whole number >= 1", try({ a }, { batch = 0 }))
+    assert.equal("planner: cost.table b: dim 6; expected a multiple of 4 from 4 to 1024",
+                 try({ { name = "b", rows = 1000, dim = 6 } }, {}))
+    assert.equal("planner: tables 1 and 2 are both named a", try({ a, a }, {}))
+    -- an optimizer it cannot price is an error returned, as the others (it was raised from cost.lua)
+    assert.equal("planner: cost: optimizer 'bogus' is not one of adagrad, adam, rowwise_adagrad, sgd",
+                 try({ { name = "c", rows = 1000, dim = 16, optimizer = "bogus" } }, {}))
+  end)
+
   it("round-trips through a plan file exactly", function()
     local path = os.tmpname()
     assert(plan:save(path))

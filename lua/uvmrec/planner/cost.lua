@@ -48,6 +48,14 @@ M.CACHE = {
 
 function M.context(o)
   if not o.calib then error("cost.context: calib is required", 2) end
+  -- a policy other than lru priced the cache as lfu; a batch of 0 or 1.5 was planned
+  if o.policy ~= nil and o.policy ~= "lru" and o.policy ~= "lfu" then
+    error(("cost.context: policy '%s'; expected lru or lfu"):format(tostring(o.policy)), 2)
+  end
+  if o.batch ~= nil and not (type(o.batch) == "number" and o.batch >= 1 and o.batch == math.floor(o.batch)
+                             and o.batch < math.huge) then
+    error(("cost.context: batch %s; expected a whole number >= 1"):format(tostring(o.batch)), 2)
+  end
   local ctx = {
     calib = o.calib, batch = o.batch or error("cost.context: batch is required", 2),
     world = o.world or 1, policy = o.policy or "lru", pipeline = o.pipeline or false,
@@ -85,11 +93,18 @@ end
 -- profile), hot (ids per sample; the profile's by default).
 function M.table(t)
   if type(t.name) ~= "string" then error("cost.table: name is required", 2) end
-  if type(t.rows) ~= "number" or t.rows < 1 then error(("cost.table %s: rows must be >= 1"):format(t.name), 2) end
-  if type(t.dim) ~= "number" or t.dim < 1 then error(("cost.table %s: dim must be >= 1"):format(t.name), 2) end
+  if type(t.rows) ~= "number" or t.rows < 1 or t.rows ~= math.floor(t.rows) or t.rows == math.huge then
+    error(("cost.table %s: rows %s; expected a whole number >= 1"):format(t.name, tostring(t.rows)), 2)
+  end
+  -- the embedding collection's rule (a dim of 6 was planned for a table no collection builds)
+  if type(t.dim) ~= "number" or not (t.dim >= 4 and t.dim <= 1024 and t.dim % 4 == 0) then
+    error(("cost.table %s: dim %s; expected a multiple of 4 from 4 to 1024"):format(t.name, tostring(t.dim)), 2)
+  end
   if not t.profile then error(("cost.table %s: no access profile"):format(t.name), 2) end
   local dtype = t.dtype or "f32"
   if not ELEM[dtype] then error(("cost.table %s: dtype %s is not f32, f16 or bf16"):format(t.name, dtype), 2) end
+  -- here, where the planner catches it (the options' pricing raised it from cost.lua)
+  M.state_bytes(t.optimizer, t.dim)
   return { name = t.name, rows = t.rows, dim = t.dim, dtype = dtype, optimizer = t.optimizer or "sgd",
            profile = t.profile, hot = t.hot or t.profile.hot or 1, fixed = t.fixed, _memo = {} }
 end

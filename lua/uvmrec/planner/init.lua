@@ -91,9 +91,23 @@ local function setup(tables, profiles, budget, opts)
     workspaces = cal.backend ~= "cpu", sms = opts.sms,
     output_bytes = opts.output_bytes })
   if not ok then return nil, "planner: " .. tostring(ctx):gsub("^[^\n]-:%d+: ", "") end
+  -- a search or threshold of another spelling ran the greedy search, its default stop
+  local search_how = opts.search
+  if search_how ~= nil and search_how ~= "auto" and search_how ~= "greedy" and search_how ~= "exhaustive" then
+    return nil, ("planner: search '%s'; expected auto, greedy or exhaustive"):format(tostring(search_how))
+  end
+  local th = opts.threshold
+  if th ~= nil and th ~= false and not (type(th) == "number" and th >= 1 and th < math.huge) then
+    return nil, ("planner: threshold %s; expected a number >= 1, or false (no early stop)"):format(tostring(th))
+  end
   local cts = {}
   local ids = 0
+  local named = {}
   for i, t in ipairs(tables) do
+    -- two tables of one name would share a plan's row and config keys
+    if named[t.name] then return nil, ("planner: tables %d and %d are both named %s"):format(named[t.name], i,
+      tostring(t.name)) end
+    named[t.name] = i
     local p = profiles and profiles[t.name] or t.profile
     if not p then return nil, ("planner: table %s has no access profile"):format(tostring(t.name)) end
     local tok, ct = pcall(cost.table, { name = t.name, rows = t.rows, dim = t.dim, dtype = t.dtype,
