@@ -153,7 +153,11 @@ describe("planner.profile", function()
 
   it("rejects what is not a profile", function()
     assert.has_error(function() profile.zipf { rows = 0, s = 1 } end, "profile.zipf: rows must be a whole number >= 1")
-    assert.has_error(function() profile.zipf { rows = 10, s = -1 } end, "profile.zipf: s must be a number >= 0")
+    for _, s in ipairs { -1, 0 / 0, math.huge } do
+      assert.has_error(function() profile.zipf { rows = 10, s = s } end, "profile.zipf: s must be a finite number >= 0")
+    end
+    assert.has_error(function() profile.zipf { rows = math.huge, s = 1 } end,
+                     "profile.zipf: rows must be a whole number >= 1")
     assert.has_error(function() profile.zipf { rows = 10, s = 1, variant = "x" } end,
       "profile.zipf: variant must be discrete or continuous")
   end)

@@ -99,10 +99,13 @@ M.new = function(rows, n, p, opts) return new(rows, n, p, opts) end
 -- that ends inside a bin by up to ~3e-4).
 function M.zipf(o)
   local rows, s = o.rows, o.s or o.zipf or 0
-  if type(rows) ~= "number" or rows < 1 or rows ~= floor(rows) then
+  if type(rows) ~= "number" or rows < 1 or rows ~= floor(rows) or rows == math.huge then
     error("profile.zipf: rows must be a whole number >= 1", 2)
   end
-  if type(s) ~= "number" or s < 0 then error("profile.zipf: s must be a number >= 0", 2) end
+  -- NaN and math.huge passed, and the planner then failed in its partition, indexing nil
+  if type(s) ~= "number" or not (s >= 0 and s < math.huge) then
+    error("profile.zipf: s must be a finite number >= 0", 2)
+  end
   local variant = o.variant or "discrete"
   if variant ~= "discrete" and variant ~= "continuous" then
     error("profile.zipf: variant must be discrete or continuous", 2)
