@@ -170,6 +170,18 @@ describe("uvmrec train --plan", function()
     _, err = train.apply_plan(config(), bad)
     assert.matches("^%-%-plan " .. bad:gsub("%p", "%%%0") .. ": rank 0 needs [%d.]+ MiB of HBM %(%d+ bytes%), over the "
       .. "plan's budget of [%d.]+ MiB per rank$", err)
+    -- a table's choice edited in the file and not its config_keys (or the other way): the keys
+    -- ran while the plan's figures and summary told the edited choice
+    local pk = assert(planner.load(path))
+    local t1 = pk.data.tables[1]
+    local was = t1.placement
+    t1.placement = was == "host" and "device" or "host"
+    local edited = dir .. "/edited.json"
+    assert(pk:save(edited))
+    _, err = train.apply_plan(config(), edited)
+    assert.equal(("--plan %s: table C1 is placement %s in the plan and its config_keys set "
+      .. "embeddings.tables.C1.placement to %s: the file was edited; change a plan with plan:with (or plan again)")
+      :format(edited, t1.placement, was), err)
     -- the engine's budget below the plan's
     local cfg = config { "train.steps=1", "eval.samples=0", "eval.min_auc=0" }
     local plan = assert(train.apply_plan(cfg, path))

@@ -956,6 +956,22 @@ function Plan:apply(cfg, where, opts)
   if over then return bad("%s", over) end
   local sets, any_cached = {}, false
   for _, t in ipairs(p.tables) do
+    -- the keys are the table's choice (config_keys above): a file edited in one and not the
+    -- other ran the keys while the plan's figures and its summary told the choice
+    local _, want = config_keys(t.name, t, 0)
+    for k, v in pairs(want) do
+      local got = (t.config_keys or {})[k]
+      if not k:match("%.hints%.allowance$") and got ~= v then
+        return bad("table %s is %s %s in the plan and its config_keys set %s to %s: the file was edited; change a "
+          .. "plan with plan:with (or plan again)", t.name, k:match("[^.]+$"), tostring(v), k, tostring(got))
+      end
+    end
+    for k, v in pairs(t.config_keys or {}) do
+      if want[k] == nil then
+        return bad("table %s's config_keys set %s to %s, which its choice (%s) does not: the file was edited; change "
+          .. "a plan with plan:with (or plan again)", t.name, k, tostring(v), tostring(t.placement))
+      end
+    end
     local keys = {}
     for k, v in pairs(t.config_keys or {}) do
       if not (world == 1 and k:match("%.sharding$") and v == "table_wise") then keys[#keys + 1] = k end
