@@ -350,6 +350,13 @@ describe("uvmrec.mc", function()
         :find("managed collisions: table 't' evict_every is 0; expected a whole number >= 1", 1, true))
       assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 5, colour = 1 } }, device = "cpu" } end)
         :find("managed collisions: unknown table option 'colour'", 1, true))
+      -- beyond 2^63 a cast gave the engine -2^63 ('evict_every -9223372036854775808'), and a seed
+      -- of 2^64 hashed as the seed 0
+      assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 5 } }, evict_every = math.huge,
+                                           device = "cpu" } end)
+        :find("managed collisions: table 't' evict_every is inf; expected a whole number below 2^63", 1, true))
+      assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 5 } }, seed = 2 ^ 64, device = "cpu" } end)
+        :find("managed collisions: seed is 1.844674407371e+19; expected a whole number below 2^63", 1, true))
       assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 5, features = { "a" } } },
                                            features = { "b" }, device = "cpu" } end)
         :find("managed collisions: feature 'a' of table 't' is not in features", 1, true))
