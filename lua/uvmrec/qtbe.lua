@@ -184,10 +184,24 @@ end
 -- opts.format (default "int8") for every table, opts.formats = {name = format} per table,
 -- opts.placement, device, bounds, output_dtype as new().  Rows keep the collection's layout
 -- (its permutation comes along).  Returns the collection and {name = error} per table.
+local FROM_OPTS = { format = true, formats = true, placement = true, device = true, bounds = true,
+                    output_dtype = true }
+
 function M.from(c, opts, level)
   level = (level or 1) + 1
   opts = opts or {}
   local src = c.tbe or c
+  -- a misspelt option or table name was ignored: every table took the default format
+  O.check_keys(opts, FROM_OPTS, "", level)
+  if opts.formats ~= nil and type(opts.formats) ~= "table" then
+    O.fail("formats must map table names to formats", level)
+  end
+  for name in pairs(opts.formats or {}) do
+    if src.rows[name] == nil then
+      O.fail(("formats names table '%s', which the collection does not have (tables: %s)"):format(tostring(name),
+        table.concat(src.table_names, ", ")), level)
+    end
+  end
   local tables, errs = {}, {}
   for i, name in ipairs(src.table_names) do
     tables[i] = { name = name, rows = src.rows[name], dim = src.dims[name],
@@ -208,9 +222,11 @@ function M.from(c, opts, level)
       w:free()
       w = host
     end
-    local rows
-    rows, errs[t.name] = M.quantize(w, t.format)
+    local ok, rows, e = pcall(M.quantize, w, t.format)
     w:free()
+    -- the engine names the row: say whose
+    if not ok then O.fail(("table '%s': %s"):format(t.name, tostring(rows):gsub("^[^\n]-:%d+: ", "")), level) end
+    errs[t.name] = e
     assert(q:load(t.name, rows))
     rows:free()
     local perm = src:permutation(t.name)

@@ -29,6 +29,24 @@ describe("nn.QuantEmbeddingBagCollection", function()
     end
   end)
 
+  it("names what it cannot quantize: an option or table it does not know, the table of a bad row", function()
+    local ebc = ur.nn.EmbeddingBagCollection { tables = { { name = "t", rows = 10, dim = 8 },
+                                                          { name = "s", rows = 20, dim = 8 } }, device = "cpu" }
+    local Q = ur.nn.QuantEmbeddingBagCollection
+    -- each was ignored: every table took the default int8
+    assert.has_error(function() Q.quantize(ebc, { fromat = "int4" }) end,
+                     "quantized collection: unknown option 'fromat'")
+    assert.has_error(function() Q.quantize(ebc, { formats = { S = "int4" } }) end,
+                     "quantized collection: formats names table 'S', which the collection does not have (tables: t, s)")
+    local w = ebc.tbe:table("s")
+    w:set(5 * 8 + 3, 0 / 0)
+    w:free()
+    -- the engine's message named row 5 alone
+    assert.has_error(function() Q.quantize(ebc, { format = "int8" }) end,
+                     "quantized collection: table 's': rows quantize: row 5 holds a value that is not finite or "
+                     .. "beyond what int8 stores (|x| up to 32768)")
+  end)
+
   it("pools the rows it is given, built from options", function()
     local q = ur.nn.QuantEmbeddingBagCollection {
       tables = { { name = "t", rows = 100, dim = 24, features = { "u", "w" }, format = "int8" },
