@@ -90,6 +90,12 @@ describe("ur.nn.ManagedCollisionCollection", function()
     assert.is_false(ok)
     assert.truthy(tostring(err):find("ManagedCollisionCollection: no table named 'w' in the collection (tables: u, v)",
                                      1, true))
+    -- the collection's rows stand: rows = 500 over v's 7 rows sent ids to rows beyond it
+    ok, err = pcall(MCC, { collection = ebc, tables = { v = { rows = 500 } } })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("ManagedCollisionCollection: tables.v.rows: a table's settings are policy, "
+      .. "evict_every, fallback_rows, max_candidates, decay, distance_power, fill (the collection gives its name, "
+      .. "rows and features)", 1, true))
     ok, err = pcall(MCC, { collection = 5 })
     assert.is_false(ok)
     assert.truthy(tostring(err):find("collection must be an embedding collection", 1, true))

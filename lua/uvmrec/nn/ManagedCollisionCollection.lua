@@ -25,6 +25,9 @@ local C = lib.C
 
 local MCC = Module:extend("ManagedCollisionCollection")
 
+local settings = {}
+for _, k in ipairs(mc.TABLE_SETTINGS) do settings[k] = true end
+
 function MCC:__init(opts)
   Module.__init(self)
   if type(opts) ~= "table" then error("ManagedCollisionCollection: expected a table of options", 3) end
@@ -64,7 +67,16 @@ function MCC:__init(opts)
           error(("ManagedCollisionCollection: tables.%s must be a table of settings"):format(name), 3)
         end
         local t = { name = name, rows = tbe.rows[name], features = feats[name] or {} }
-        for k, v in pairs(own) do t[k] = v end
+        for k, v in pairs(own) do
+          -- the collection's name, rows and features stand (rows = 500 over a table of 100 sent
+          -- ids to rows the collection does not have)
+          if not settings[k] then
+            error(("ManagedCollisionCollection: tables.%s.%s: a table's settings are %s (the collection gives "
+                   .. "its name, rows and features)"):format(name, tostring(k), table.concat(mc.TABLE_SETTINGS, ", ")),
+                  3)
+          end
+          t[k] = v
+        end
         list[#list + 1] = t
       end
     end
