@@ -165,6 +165,23 @@ describe("planner plans", function()
                  try({ { name = "c", rows = 1000, dim = 16, optimizer = "bogus" } }, {}))
   end)
 
+  it("spreads a table larger than any rank over ranks, where its placement is fixed", function()
+    -- device, fixed: 490 MiB in table_wise's one shard, more than a rank's 400 MiB; the frontier
+    -- by total bytes kept that choice alone and cut column_wise's 245 MiB a shard (no plan, and
+    -- "more GPUs do not bring it down")
+    local tabs = { { name = "big", rows = 1000000, dim = 128, fixed = { placement = "device" } },
+                   { name = "small", rows = 1000, dim = 128 } }
+    local profs = { big = planner.profile.zipf { rows = 1000000, s = 1.05 },
+                    small = planner.profile.zipf { rows = 1000, s = 1.05 } }
+    local p = assert(planner.plan(tabs, profs, "400MiB", { world = 2, batch = 1024, calibration = cal }))
+    assert.equal("device", p.data.tables[1].placement)
+    assert.are_not.equal("table_wise", p.data.tables[1].sharding)
+    for _, r in ipairs(p.data.ranks) do assert.is_true(r.hbm <= p.data.budget) end
+    local none, err = planner.plan(tabs, profs, "400MiB", { world = 1, batch = 1024, calibration = cal })
+    assert.is_nil(none)
+    assert.matches("the smallest budget that fits is 510.5 MiB, or 2 GPUs at this budget$", err)
+  end)
+
   it("round-trips through a plan file exactly", function()
     local path = os.tmpname()
     assert(plan:save(path))

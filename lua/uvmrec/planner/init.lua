@@ -151,7 +151,7 @@ local function setup(tables, profiles, budget, opts)
       return nil, ("planner: table %s: no choice satisfies its fixed settings (%s)"):format(t.name,
         json.encode(t.fixed or {}))
     end
-    items[i] = { name = t.name, options = search.frontier(options), table = t, all = options }
+    items[i] = { name = t.name, options = search.frontier(options, B - fixed_total), table = t, all = options }
   end
   -- On one rank a cache scratches over the whole batch's values, whichever tables it holds, and
   -- has one set of staging rows (of the widest cached row): room for both wherever a table may
@@ -188,9 +188,16 @@ local function min_budget(S, W)
     if not ok then return nil end
     ctx = c
   end
+  local fixed_w
+  if W ~= S.world then
+    local dense = S.opts.dense and cost.dense(cost.dense_model(S.opts.dense), ctx).hbm or 0
+    fixed_w = dense + S.fixed.pipeline + S.fixed.reserve
+  end
   local items = {}
   for i, t in ipairs(S.tables) do
-    local fr = W == S.world and S.items[i].options or search.frontier(cost.options(t, ctx))
+    -- the room a rank of W has, as setup gives the frontier its own (a choice no rank holds
+    -- would say more GPUs do not help where spreading the table does)
+    local fr = W == S.world and S.items[i].options or search.frontier(cost.options(t, ctx), S.budget - fixed_w)
     items[i] = { name = t.name, options = { fr[1] } }
   end
   local choice = {}
@@ -206,10 +213,7 @@ local function min_budget(S, W)
   local room = false
   for _, it in ipairs(items) do room = room or it.options[1].placement == "cached" end
   if not room then fixed = fixed - (S.fixed.cache_room or 0) end
-  if W ~= S.world then
-    local dense = S.opts.dense and cost.dense(cost.dense_model(S.opts.dense), ctx).hbm or 0
-    fixed = dense + S.fixed.pipeline + S.fixed.reserve
-  end
+  if W ~= S.world then fixed = fixed_w end
   return m + fixed, fixed
 end
 
@@ -346,15 +350,15 @@ function M.plan(tables, profiles, budget, opts)
   -- batch scratch and staging rows on one rank) would have taken; nil where a table has no
   -- choice but a cache.
   local function uncached()
+    local avail = {}
+    for r, a in ipairs(S.avail) do avail[r] = a + (S.fixed.cache_room or 0) end
     local items = {}
     for i, it in ipairs(S.items) do
       local keep = {}
       for _, o in ipairs(it.all) do if o.placement ~= "cached" then keep[#keep + 1] = o end end
       if #keep == 0 then return nil end
-      items[i] = { name = it.name, options = search.frontier(keep), table = it.table, all = keep }
+      items[i] = { name = it.name, options = search.frontier(keep, avail[1]), table = it.table, all = keep }
     end
-    local avail = {}
-    for r, a in ipairs(S.avail) do avail[r] = a + (S.fixed.cache_room or 0) end
     local best, _, stats = run(items, avail)
     if not best then return nil end
     local U = setmetatable({ items = items }, { __index = S })
