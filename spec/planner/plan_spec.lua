@@ -259,6 +259,16 @@ describe("planner plans", function()
     assert.matches("^step ", loaded:compare(plan):match("step .*"))
     local _, lerr = loaded:with(big.name, { placement = "host" })
     assert.matches("no cost model attached", lerr, 1, true)
+    -- a table it does not have, a choice that is no table, a misspelt key: each gave the plan
+    -- unchanged
+    local names = {}
+    for i, t in ipairs(plan.data.tables) do names[i] = t.name end
+    assert.has_error(function() plan:with("C99", { placement = "host" }) end,
+                     "plan: no table named 'C99' (tables: " .. table.concat(names, ", ") .. ")")
+    assert.has_error(function() plan:with(big.name, "host") end, "plan: the choice for table " .. big.name
+                     .. " is a string; expected {placement=, sharding=, load_factor=, prefix_fraction=}")
+    assert.has_error(function() plan:with(big.name, { placment = "host" }) end, "plan: the choice for table "
+                     .. big.name .. " has key 'placment'; expected placement, sharding, load_factor or prefix_fraction")
   end)
 
   it("counts the synthetic loader's values a sample, and prices its batches with the calibration's rate", function()

@@ -604,7 +604,28 @@ end
 -- The plan with table `name` set to `choice` ({placement, sharding, load_factor,
 -- prefix_fraction, shards}), every other table as it is, re-predicted.  nil, message when the
 -- choice does not fit (the budget is checked as for a search).
+local CHOICE = { placement = true, sharding = true, load_factor = true, prefix_fraction = true }
+
 function Plan:with(name, choice)
+  -- a table not in the plan, a choice that is no table or a misspelt key gave the plan unchanged
+  local names, found = {}, false
+  for i, t in ipairs(self.data.tables) do
+    names[i] = t.name
+    found = found or t.name == name
+  end
+  if not found then
+    error(("plan: no table named '%s' (tables: %s)"):format(tostring(name), table.concat(names, ", ")), 2)
+  end
+  if type(choice) ~= "table" then
+    error(("plan: the choice for table %s is a %s; expected {placement=, sharding=, load_factor=, "
+           .. "prefix_fraction=}"):format(name, type(choice)), 2)
+  end
+  for k in pairs(choice) do
+    if not CHOICE[k] then
+      error(("plan: the choice for table %s has key '%s'; expected placement, sharding, load_factor or "
+             .. "prefix_fraction"):format(name, tostring(k)), 2)
+    end
+  end
   local S = self._S
   if not S then return nil, "plan: a plan read from a file has no cost model attached; plan again to edit" end
   local fixed = {}
