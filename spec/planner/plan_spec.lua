@@ -182,6 +182,18 @@ describe("planner plans", function()
     assert.matches("the smallest budget that fits is 510.5 MiB, or 2 GPUs at this budget$", err)
   end)
 
+  it("names the host memory a plan lacks at its least HBM", function()
+    -- 1e6 rows x 128 x 4 (488.3 MiB) in 100 MiB of HBM: on the host, against 50 MiB; the message
+    -- gave the least host memory of any choice there, 0 B (the table in HBM, which does not fit)
+    local tabs = { { name = "a", rows = 1000000, dim = 128 } }
+    local profs = { a = planner.profile.zipf { rows = 1000000, s = 1.05 } }
+    local p, err, info = planner.plan(tabs, profs, "100MiB", { batch = 1024, calibration = cal, host_memory = "50MiB" })
+    assert.is_nil(p)
+    assert.matches("^planner: no plan fits both budgets: the tables need [%d.]+ MiB of HBM per rank at least, which "
+      .. "fits, but then 488.3 MiB of host memory against the 49.7 MiB given", err)
+    assert.is_true(info.host_shortfall > 400 * 2 ^ 20, tostring(info.host_shortfall))
+  end)
+
   it("round-trips through a plan file exactly", function()
     local path = os.tmpname()
     assert(plan:save(path))

@@ -293,17 +293,15 @@ local function infeasible(S, info)
     end
     return nil, msg, { shortfall = need - S.budget, min_budget = need, gpus = gpus }
   end
-  -- HBM would do: host memory is what is short
-  local host_min = 0
-  for _, it in ipairs(S.items) do
-    local m = math.huge
-    for _, o in ipairs(it.options) do m = math.min(m, o.host) end
-    host_min = host_min + m
-  end
+  -- HBM would do: host memory is what is short.  "Then" is at each table's smallest choice (the
+  -- HBM above): the least host memory of any choice (0 B with every table in HBM, which does not
+  -- fit) was printed there, and a shortfall below the limit given
+  local host_then = 0
+  for _, it in ipairs(S.items) do host_then = host_then + it.options[1].host end
   return nil, ("planner: no plan fits both budgets: the tables need %s of HBM per rank at least, which fits, but "
     .. "then %s of host memory against the %s given (--host-memory, less the pipeline's pinned batches); "
-    .. "give more host memory or more HBM"):format(fmt_bytes(need), fmt_bytes(host_min),
-    fmt_bytes(S.host_limit or 0)), { host_shortfall = host_min - (S.host_limit or 0), min_budget = need,
+    .. "give more host memory or more HBM"):format(fmt_bytes(need), fmt_bytes(host_then),
+    fmt_bytes(S.host_limit or 0)), { host_shortfall = host_then - (S.host_limit or 0), min_budget = need,
     lack = info }
 end
 
