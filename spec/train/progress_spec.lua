@@ -59,6 +59,22 @@ describe("uvmrec.train.progress", function()
                      "progress: mode 'fancy' is not auto, bar, lines or none")
   end)
 
+  it("writes a line at the first update past each multiple of print_every, whatever the updates' steps", function()
+    local out = sink()
+    local p = progress.new { total = 70, mode = "lines", out = out, print_every = 15 }
+    for s = 10, 70, 10 do p:update(s, 0.5, s * 64) end -- the loss read every 10 steps (train.log_every)
+    local steps = {}
+    for s in out:all():gmatch("step (%d+)/70") do steps[#steps + 1] = tonumber(s) end
+    assert.same({ 20, 30, 50, 60, 70 }, steps)
+  end)
+
+  it("counts samples/s from the samples it starts at (a resumed run's), not from 0", function()
+    local p = progress.new { total = 200, mode = "none", samples = 102400 }
+    p.t0 = p.t0 - 2 -- started 2 s ago: 10240 samples since then give at most 5120 samples/s
+    p:update(110, 0.5, 112640)
+    assert.is_true(p.rate > 0 and p.rate <= 5120, tostring(p.rate))
+  end)
+
   describe("through uvmrec train", function()
     it("prints plain lines on a pipe", function()
       local dir = cmd.tmpdir()

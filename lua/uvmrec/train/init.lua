@@ -709,7 +709,7 @@ function run_plain(cfg, opts)
   local last = cfg.train.steps > 0 and cfg.train.steps or nil
   local source = train_source(cfg, model, loader, gpu, last and last - ctx.step)
   local progress = M.progress.new { total = data.steps, mode = rank ~= 0 and "none" or opts.progress,
-                                    print_every = cfg.train.print_every }
+                                    print_every = cfg.train.print_every, samples = ctx.samples }
 
   -- The run's hooks, in the order they act after a step: the loss read and logged, the
   -- trainer's position, hint policies, evaluations, checkpoints, the caller's, and last the

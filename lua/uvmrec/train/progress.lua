@@ -9,7 +9,8 @@ local Progress = {}
 Progress.__index = Progress
 
 -- opts: total (steps, or nil when unknown), mode ("auto": a bar on a terminal, else lines;
--- "bar", "lines", "none"), out (a file, io.stdout), fd (of out, 1), print_every (steps).
+-- "bar", "lines", "none"), out (a file, io.stdout), fd (of out, 1), print_every (steps), samples
+-- (trained before it starts: a resumed run's, left out of its samples/s).
 function M.new(opts)
   opts = opts or {}
   local mode = opts.mode or "auto"
@@ -22,7 +23,8 @@ function M.new(opts)
   local every = opts.print_every or 0
   if every == 0 then every = total and math.max(1, math.floor(total / 10)) or 100 end
   return setmetatable({ mode = mode, out = opts.out or io.stdout, total = total, cols = cols > 0 and cols or 80,
-                        print_every = every, t0 = ur.C.ur_clock_seconds(), last_t = nil, last_samples = 0,
+                        print_every = every, t0 = ur.C.ur_clock_seconds(), last_t = 0, last_samples = opts.samples or 0,
+                        printed = 0,
                         rate = nil, loss = nil, shown = false }, Progress)
 end
 
@@ -79,14 +81,12 @@ local function fields(self, step)
 end
 
 -- After step `step` with `samples` seen in all and the loss just read.  Samples/s is over the
--- time since the previous update, which waited for the GPU as this one did.
+-- time since the previous update (or the start), which waited for the GPU as this one did.  A
+-- line is written at the first update at or past each multiple of print_every (the loss is read
+-- every train.log_every steps, which print_every need not be a multiple of).
 function Progress:update(step, loss, samples)
   local t = self:elapsed()
-  if self.last_t and t > self.last_t then
-    self.rate = (samples - self.last_samples) / (t - self.last_t)
-  elseif t > 0 then
-    self.rate = samples / t
-  end
+  if t > self.last_t then self.rate = (samples - self.last_samples) / (t - self.last_t) end
   self.samples_per_step = samples / math.max(step, 1)
   self.last_t, self.last_samples = t, samples
   -- A moving average: the loss of one batch is noisy.
@@ -94,7 +94,9 @@ function Progress:update(step, loss, samples)
   self.step = step
   if self.mode == "bar" then
     self:draw(step)
-  elseif self.mode == "lines" and (step % self.print_every == 0 or step == self.total) then
+  elseif self.mode == "lines" and (math.floor(step / self.print_every) > math.floor(self.printed / self.print_every)
+                                   or step == self.total) then
+    self.printed = step
     local head, rest = fields(self, step)
     self.out:write(head[1], "  ", table.concat(rest, "  "), "\n")
     self.out:flush()
