@@ -92,6 +92,8 @@ describe("uvmrec.train.hooks", function()
     assert.same({ 2, 4 }, { e.evals[1].step, e.evals[2].step })
     assert.same({ 256, 256, 256, 256 }, asked)
     assert.equal(0.5, e.evals[1].auc) -- every prediction the same
+    -- the kinds asked for alone: one not computed would read 0
+    assert.same({}, { e.evals[1].ne, e.evals[1].logloss, e.evals[1].accuracy, e.evals[1].calibration, e.evals[1].ctr })
     assert.same({ "eval", "eval" }, { lines[1].event, lines[2].event })
     assert.matches("^eval at step 2: AUC 0.5000", progress.messages[1])
     e:free()

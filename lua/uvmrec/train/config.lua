@@ -274,6 +274,15 @@ function M.check(cfg)
   if (s.name == "warmup" or s.name == "dlrm") and s.warmup_steps < 1 then
     return fail("schedule.warmup_steps", s.name .. " needs warmup_steps >= 1")
   end
+  local ev = cfg.eval
+  if ev.min_auc > 0 then
+    local has = false
+    for _, k in ipairs(ev.metrics) do has = has or k == "auc" end
+    if not has then
+      return fail("eval.metrics", ("eval.min_auc is %g: the AUC it checks needs auc among the metrics "
+        .. "(or eval.min_auc 0)"):format(ev.min_auc))
+    end
+  end
   if cfg.train.steps == 0 and cfg.data.samples == 0 and cfg.data.train:match("^synthetic:") then
     return fail("data.train", "synthetic data needs train.steps or data.samples to know its length")
   end

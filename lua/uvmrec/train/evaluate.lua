@@ -10,7 +10,7 @@ local M = {}
 -- batch_size, comm (a job of several ranks: the source gives this rank's slices of the global
 -- batches, samples and batch_size count the global ones, and the metrics are over every rank's
 -- samples).  Returns {auc =, ne =, logloss =, accuracy =, calibration =, ctr =, samples =,
--- auc_error =, seconds =}.
+-- auc_error =, seconds =}, each metric only when its kind was asked for (logloss with ne).
 function M.run(model, source, opts)
   opts = opts or {}
   local C = require("uvmrec").C
@@ -51,8 +51,10 @@ function M.run(model, source, opts)
   local scope = limit > 0 and v.window or v.lifetime
   m:free()
   local out = { samples = seen * W, seconds = C.ur_clock_seconds() - t0 }
-  for _, k in ipairs { "auc", "ne", "logloss", "accuracy", "calibration", "ctr" } do out[k] = scope[k] end
-  if limit == 0 then out.auc_error = v.lifetime.auc_error end
+  -- the kinds asked for alone: a kind not computed reads 0 (an AUC of 0 is no AUC)
+  for _, k in ipairs(kinds) do out[k] = scope[k] end
+  if out.ne then out.logloss = scope.logloss end
+  if limit == 0 and out.auc then out.auc_error = v.lifetime.auc_error end
   return out
 end
 

@@ -850,8 +850,10 @@ function run_plain(cfg, opts)
     end
     result.eval = r
     if data.ceiling and rank == 0 then result.ceiling = data.ceiling() end
-    say(("final AUC %.4f%s"):format(r.auc, result.ceiling
-      and (" (the synthetic data's hidden-model ceiling: %.4f)"):format(result.ceiling) or ""))
+    if r.auc then -- eval.metrics may leave it out
+      say(("final AUC %.4f%s"):format(r.auc, result.ceiling
+        and (" (the synthetic data's hidden-model ceiling: %.4f)"):format(result.ceiling) or ""))
+    end
   end
   log.line { event = "final", steps = steps, samples = samples, seconds = seconds,
              samples_per_s = result.samples_per_s, loss = logger.loss, auc = result.eval and result.eval.auc,
