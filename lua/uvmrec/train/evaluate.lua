@@ -40,10 +40,13 @@ function M.run(model, source, opts)
       return nil, err
     end
     if not batch then break end
-    local predictions = model:predict(batch)
+    local predictions, labels = model:predict(batch), batch.labels
     m = m or collection(predictions)
-    assert(m:update { predictions = predictions, labels = batch.labels })
-    seen = seen + batch.size
+    -- a batch past the limit counts its first samples alone: the set is the first `samples`
+    local n = limit > 0 and math.min(batch.size, limit - seen) or batch.size
+    if n < batch.size then predictions, labels = predictions:view(0, n), labels:view(0, n) end
+    assert(m:update { predictions = predictions, labels = labels })
+    seen = seen + n
   end
   model:training()
   if not m then return nil, "evaluate: the held-out data gave no batch" end
