@@ -133,6 +133,9 @@ describe("uvmrec.train.config", function()
         .. "no setting 'eps' (its settings: lr, weight_decay)" },
       { "embeddings.optimizer.beta1=1", "--set embeddings.optimizer.beta1=1: embeddings.optimizer.beta1: 1; expected",
         "embeddings.optimizer.name=adam" },
+      -- a schedule's setting without a schedule that takes it
+      { "schedule.warmup_steps=10", "--set schedule.warmup_steps=10: schedule.warmup_steps: the schedule is "
+        .. "constant (schedule.name is not given), which takes no setting; give schedule.name: warmup or dlrm" },
       -- eval.min_auc checks an AUC that the evaluation must compute
       { "eval.metrics=ne,ctr", "--set eval.metrics=ne,ctr: eval.metrics: eval.min_auc is 0.7: the AUC it checks "
         .. "needs auc among the metrics (or eval.min_auc 0)", "eval.min_auc=0.7" },

@@ -268,6 +268,15 @@ function M.check(cfg)
     end
   end
   local s = cfg.schedule
+  -- a schedule's setting without its name would be ignored by the default, constant, schedule
+  if not config.given(cfg, "schedule.name") then
+    for _, key in ipairs { "warmup_steps", "decay_start", "decay_steps", "power", "min_factor" } do
+      if config.given(cfg, "schedule." .. key) then
+        return fail("schedule." .. key, "the schedule is constant (schedule.name is not given), which takes no "
+          .. "setting; give schedule.name: warmup or dlrm")
+      end
+    end
+  end
   if s.name == "dlrm" and s.decay_steps < 1 then
     return fail("schedule.decay_steps", "the dlrm schedule decays over decay_steps >= 1 steps")
   end
