@@ -36,7 +36,8 @@ local cmd = require("uvmrec.cli").command {
     .. "default, naming the tensor and its first bad element)" },
   { "--cpu", "train on the CPU even where a GPU is" },
   { "--host-memory SIZE", "refuse, before allocating anything, a run needing more host memory than SIZE "
-    .. "(e.g. 120GiB: tables on the host, the loader, the day files' page cache; default: the cgroup's limit)" },
+    .. "(e.g. 120GiB: tables on the host, the loader, the day files' page cache; default: the cgroup's limit)",
+    check = require("uvmrec.lib").bytes },
 }
 local o = cmd:parse(arg)
 

@@ -56,6 +56,12 @@ describe("uvmrec.host_memory", function()
     assert.matches("host memory: bytes: 'lots' is not a size; expected a number of bytes or e.g. '16GiB'", lerr, 1,
                    true)
     assert.is_true(host_memory.check({ total = 2 ^ 30, items = {} }, "1GiB"))
+    -- the command's flag: its one line and usage, before any work, not a traceback
+    out, err, code = cmd.run("train dlrm_tiny --host-memory lots --progress none")
+    assert.equal(2, code)
+    assert.matches("^uvmrec train: %-%-host%-memory: 'lots' is not a size; expected a number of bytes or e%.g%. "
+                   .. "'16GiB'\n", err)
+    assert.is_nil((out .. err):find("traceback", 1, true))
   end)
 
   it("reads this process's peak resident memory in bytes, which holds what it touches", function()
