@@ -94,6 +94,10 @@ describe("uvmrec.train.config", function()
       "t.yaml:5:15: model.cross_rank: rank 16 is not below the cross layers' width 16" },
     { "a schedule without its steps", base .. "schedule: {name: dlrm, warmup_steps: 10}\n",
       "t.yaml:8:11: schedule.decay_steps: the dlrm schedule decays over decay_steps >= 1 steps" },
+    { "a dlrm schedule decaying inside its warm-up",
+      base .. "schedule: {name: dlrm, warmup_steps: 10, decay_start: 5, decay_steps: 10}\n",
+      "t.yaml:8:55: schedule.decay_start: the dlrm schedule decays after its warm-up: decay_start 5 is before "
+      .. "warmup_steps 10" },
     { "synthetic data of no length", base .. "data: {train: 'synthetic:tiny'}\n",
       "t.yaml:8:15: data.train: synthetic data needs train.steps or data.samples" },
     { "a setting the optimizer does not take", base:gsub("lr: 0.1", "lr: 0.1, beta1: 0.8"),

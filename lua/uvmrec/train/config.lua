@@ -283,6 +283,11 @@ function M.check(cfg)
   if (s.name == "warmup" or s.name == "dlrm") and s.warmup_steps < 1 then
     return fail("schedule.warmup_steps", s.name .. " needs warmup_steps >= 1")
   end
+  -- as the DLRM reference refuses it: a decay from inside the warm-up cuts the rate mid-ramp
+  if s.name == "dlrm" and s.decay_start < s.warmup_steps then
+    return fail("schedule.decay_start", ("the dlrm schedule decays after its warm-up: decay_start %d is before "
+      .. "warmup_steps %d"):format(s.decay_start, s.warmup_steps))
+  end
   local ev = cfg.eval
   if ev.min_auc > 0 then
     local has = false
