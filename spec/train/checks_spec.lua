@@ -41,6 +41,13 @@ describe("uvmrec.train, against silent wrong results", function()
     assert.equal(r.result.ceiling, e.ceiling)
   end)
 
+  it("says why synthetic data has nothing to evaluate on with eval.samples 0", function()
+    local none, err = train.eval(h.tiny(SMALL, { "eval.samples=0" }), { cpu = true, print = QUIET })
+    assert.is_nil(none)
+    assert.equal("no held-out data to evaluate on: eval.samples is 0 (synthetic data holds out that many samples); "
+                 .. "give eval.samples, or --data files", err)
+  end)
+
   it("refuses a synthetic epoch that would reach the held-out samples, before any work", function()
     for _, steps in ipairs { "100000000000000", "9007199254740991" } do
       local cfg = h.tiny { "train.steps=" .. steps }

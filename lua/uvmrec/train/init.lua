@@ -892,7 +892,12 @@ function M.eval(cfg, opts)
   if not def then return nil, where end
   local data, derr = M.data(cfg, M.config.table_rows(cfg))
   if not data then return nil, derr end
-  if not data.eval then return nil, "no held-out data to evaluate on: give --data SPEC" end
+  if not data.eval then
+    -- synthetic data holds out eval.samples of its own: none when that is 0
+    local none = cfg.data.train:match("^synthetic:") and cfg.eval.samples == 0
+    return nil, "no held-out data to evaluate on: " .. (none and "eval.samples is 0 (synthetic data holds out that "
+      .. "many samples); give eval.samples, or --data files" or "give --data SPEC")
+  end
   local model, merr = def.build(cfg, { cpu = opts.cpu })
   if not model then return nil, merr end
   local gpu = ur.gpu() and not opts.cpu
