@@ -24,6 +24,9 @@ local cmd = require("uvmrec.cli").command {
   { "--cpu", "evaluate on the CPU even where a GPU is" },
 }
 local o = cmd:parse(arg)
+if o.allow_nonfinite and not o.checkpoint then
+  cmd:misuse("--allow-nonfinite takes the checkpoint --checkpoint loads; without --checkpoint nothing is loaded")
+end
 local opts = { data = o.data, out = o.out, checkpoint = o.checkpoint, cpu = o.cpu, allow_nonfinite = o.allow_nonfinite }
 
 local serve = require "uvmrec.serve"

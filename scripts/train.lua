@@ -40,6 +40,9 @@ local cmd = require("uvmrec.cli").command {
     check = require("uvmrec.lib").bytes },
 }
 local o = cmd:parse(arg)
+if o.allow_nonfinite and not o.resume then
+  cmd:misuse("--allow-nonfinite takes the checkpoint --resume loads; without --resume nothing is loaded")
+end
 
 -- The flags that are config values go in as --set ones, after those given.
 local sets = o.set
