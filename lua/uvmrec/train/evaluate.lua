@@ -42,8 +42,10 @@ function M.run(model, source, opts)
     if not batch then break end
     local predictions, labels = model:predict(batch), batch.labels
     m = m or collection(predictions)
-    -- a batch past the limit counts its first samples alone: the set is the first `samples`
-    local n = limit > 0 and math.min(batch.size, limit - seen) or batch.size
+    -- a batch past the limit counts its first samples alone: the set is the first `samples`.
+    -- Over several ranks the global batch is scored whole: this rank's slice is not the batch's
+    -- first samples, and where the set would end in another rank's slice it cannot see.
+    local n = limit > 0 and W == 1 and math.min(batch.size, limit - seen) or batch.size
     if n < batch.size then predictions, labels = predictions:view(0, n), labels:view(0, n) end
     assert(m:update { predictions = predictions, labels = labels })
     seen = seen + n
