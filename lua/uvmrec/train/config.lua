@@ -288,15 +288,6 @@ function M.check(cfg)
     return fail("schedule.decay_start", ("the dlrm schedule decays after its warm-up: decay_start %d is before "
       .. "warmup_steps %d"):format(s.decay_start, s.warmup_steps))
   end
-  local ev = cfg.eval
-  if ev.min_auc > 0 then
-    local has = false
-    for _, k in ipairs(ev.metrics) do has = has or k == "auc" end
-    if not has then
-      return fail("eval.metrics", ("eval.min_auc is %g: the AUC it checks needs auc among the metrics "
-        .. "(or eval.min_auc 0)"):format(ev.min_auc))
-    end
-  end
   if cfg.train.steps == 0 and cfg.data.samples == 0 and cfg.data.train:match("^synthetic:") then
     return fail("data.train", "synthetic data needs train.steps or data.samples to know its length")
   end
@@ -352,14 +343,25 @@ function M.sharding(cfg)
   return spec
 end
 
--- What a run over `world` ranks needs of the config: nil, or the message at the value to
--- change.  The batches are global batches cut into equal slices, one a rank.  (Checkpoints and
+-- What a training run over `world` ranks needs of the config: nil, or the message at the value
+-- to change.  Its final AUC is checked against eval.min_auc, so auc must be among the metrics
+-- (`uvmrec eval` checks no minimum: it takes any metrics).  The batches are global batches cut
+-- into equal slices, one a rank.  (Checkpoints and
 -- --resume work over ranks: the tables' shards go through uvmrec.dist.checkpoint, which
 -- reshards; the prefetch pipeline exchanges each rank's next batch ahead; managed and cached
 -- tables keep their placement in every shard, the hint policies driving each rank's shards.)
 function M.check_world(cfg, world)
-  if world <= 1 then return nil end
   local function fail(path, msg) return config.message(cfg, path, msg) end
+  local ev = cfg.eval
+  if ev.min_auc > 0 then
+    local has = false
+    for _, k in ipairs(ev.metrics) do has = has or k == "auc" end
+    if not has then
+      return fail("eval.metrics", ("eval.min_auc is %g: the AUC a training run checks needs auc among the "
+        .. "metrics (or eval.min_auc 0)"):format(ev.min_auc))
+    end
+  end
+  if world <= 1 then return nil end
   -- without held-out data and with eval.samples 0 a run does not evaluate: no evaluation batches
   local evaluates = cfg.data.eval ~= "" or cfg.eval.samples > 0
   local keys = evaluates and { "train.batch_size", "eval.batch_size", "eval.samples" } or { "train.batch_size" }
