@@ -325,6 +325,8 @@ describe("train.nonfinite", function()
     local events = assert(require("uvmrec.json").read_lines(dir .. "/run/metrics.jsonl"))
     assert.equal("failed", events[#events].event)
     assert.matches("step 6", events[#events].error)
+    -- and where the run got to: the steps done before it and their samples
+    assert.same({ 5, 5 * 256 }, { events[#events].step, events[#events].samples })
     -- the checkpoint of step 3 only: none saved after the bad step
     local saved = ck.list(dir .. "/run/checkpoints")
     assert.equal(1, #saved)

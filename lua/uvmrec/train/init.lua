@@ -753,7 +753,8 @@ function run_plain(cfg, opts)
   if not ok then
     if evaluation then evaluation:free() end
     loader:close()
-    log.line { event = "failed", error = tostring(run) }
+    -- where it got to: the steps done and their samples, as a run that ran out of data says
+    log.line { event = "failed", step = ctx.step, samples = ctx.samples, error = tostring(run) }
     log.close()
     return nil, tostring(run)
   end
