@@ -127,7 +127,7 @@ train:
       ["train.bach=3"] = "--set train.bach=3: 'train.bach' is not a setting",
       ["train=3"] = "--set train=3: 'train' is a section; set one of its keys",
       ["train.lr"] = "--set train.lr: expected key.path=value",
-      ["model.bottom_mlp=1,x"] = "--set model.bottom_mlp=1,x: '1,x' is not a decimal integer",
+      ["model.bottom_mlp=1,x"] = "--set model.bottom_mlp=1,x: 'x' is not a decimal integer",
     } do
       local ok, err = config.set(cfg, schema, set)
       assert.is_nil(ok)

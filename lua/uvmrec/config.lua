@@ -230,12 +230,13 @@ function M.set(cfg, schema, assignment)
     return nil, ("--set %s: '%s' is a section; set one of its keys"):format(assignment, path)
   end
   local v, want
+  local bad = text
   if s.kind == "list" then
-    -- a comma-separated list of scalars: --set model.bottom_mlp=512,256,128
+    -- a comma-separated list of scalars: --set model.bottom_mlp=512,256,128; a bad one is named
     v = {}
     for item in (text .. ","):gmatch("([^,]*),") do
       local x, w = scalar(s.elem, item, false)
-      if x == nil then want = w break end
+      if x == nil then want, bad = w, item break end
       v[#v + 1] = x
     end
     if want then v = nil end
@@ -244,7 +245,7 @@ function M.set(cfg, schema, assignment)
   else
     v, want = scalar(s, text, false)
   end
-  if v == nil then return nil, ("--set %s: '%s' is not %s"):format(assignment, text, want) end
+  if v == nil then return nil, ("--set %s: '%s' is not %s"):format(assignment, bad, want) end
   local pos = positions[cfg]
   if absent then
     local holder, at = cfg, nil
