@@ -190,8 +190,12 @@ describe("planner plans", function()
     local p, err, info = planner.plan(tabs, profs, "100MiB", { batch = 1024, calibration = cal, host_memory = "50MiB" })
     assert.is_nil(p)
     assert.matches("^planner: no plan fits both budgets: the tables need [%d.]+ MiB of HBM per rank at least, which "
-      .. "fits, but then 488.3 MiB of host memory against the 49.7 MiB given", err)
+      .. "fits, but then 488.3 MiB of host memory against the 49.7 MiB left of the 50.0 MiB given %(%-%-host%-memory%) "
+      .. "once the pipeline's pinned batches %(304%.0 KiB%) have theirs", err)
     assert.is_true(info.host_shortfall > 400 * 2 ^ 20, tostring(info.host_shortfall))
+    -- none given: none left, not a negative size
+    local _, err0 = planner.plan(tabs, profs, "100MiB", { batch = 1024, calibration = cal, host_memory = 0 })
+    assert.matches("against the 0 B left of the 0 B given", err0)
   end)
 
   it("round-trips through a plan file exactly", function()

@@ -138,11 +138,11 @@ local function setup(tables, profiles, budget, opts)
   if reserve < 1 then reserve = math.floor(reserve * B) end
   local fixed = { dense = dense.hbm, pipeline = pipe.device, reserve = reserve, reserve_fraction = reserve_fraction }
   local fixed_total = dense.hbm + pipe.device + reserve
-  local host_limit
+  local host_limit, host_given
   if opts.host_memory then
     local h, herr = M.bytes(opts.host_memory)
     if not h then return nil, "planner: host memory: " .. herr end
-    host_limit = h - world * pipe.pinned
+    host_limit, host_given = h - world * pipe.pinned, h
   end
   local items = {}
   for i, t in ipairs(cts) do
@@ -174,6 +174,7 @@ local function setup(tables, profiles, budget, opts)
   return { ctx = ctx, calib = cal, budget = B, world = world, tables = cts, items = items, dense = dense,
            loader = loader,
            pipe = pipe, fixed = fixed, fixed_total = fixed_total, avail = avail, host_limit = host_limit,
+           host_given = host_given,
            opts = opts, input_tables = tables, profiles = profiles }
 end
 
@@ -299,10 +300,11 @@ local function infeasible(S, info)
   local host_then = 0
   for _, it in ipairs(S.items) do host_then = host_then + it.options[1].host end
   return nil, ("planner: no plan fits both budgets: the tables need %s of HBM per rank at least, which fits, but "
-    .. "then %s of host memory against the %s given (--host-memory, less the pipeline's pinned batches); "
-    .. "give more host memory or more HBM"):format(fmt_bytes(need), fmt_bytes(host_then),
-    fmt_bytes(S.host_limit or 0)), { host_shortfall = host_then - (S.host_limit or 0), min_budget = need,
-    lack = info }
+    .. "then %s of host memory against the %s left of the %s given (--host-memory) once the pipeline's pinned "
+    .. "batches (%s) have theirs; give more host memory or more HBM"):format(fmt_bytes(need), fmt_bytes(host_then),
+    fmt_bytes(math.max(S.host_limit or 0, 0)), fmt_bytes(S.host_given or 0),
+    fmt_bytes((S.host_given or 0) - (S.host_limit or 0))),
+    { host_shortfall = host_then - (S.host_limit or 0), min_budget = need, lack = info }
 end
 
 local function size_of(items, W)
