@@ -290,6 +290,10 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     cmd.rmdir(days_other)
     local exe, nobuild = h.build_c("engine/examples/serve.c", dir, "serve")
     if not exe then return pending(nobuild) end
+    -- a count out of range is named with its limits
+    local _, uerr, ucode = cmd.sh(("%s --threads 0 %s < %s"):format(exe, path, sample))
+    assert.equal(2, ucode)
+    assert.matches("^serve: %-%-threads is '0'; expected a whole number from 1 to 256\nusage: serve ", uerr)
     local c
     c, err, code = cmd.sh(("%s --threads 3 %s < %s"):format(exe, path, sample))
     assert.equal(0, code, err)

@@ -12,6 +12,7 @@
  * A line that does not parse scores "nan" (its error goes to standard error) and the others go
  * on; so does a batch the model refuses.  Exit status: 0 every line scored, 1 some failed, 2 a
  * bad command line or a model that cannot be opened or does not take Criteo lines. */
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -172,8 +173,22 @@ static void *work(void *p) {
 
 static int usage(void) {
   fprintf(stderr, "usage: serve [--batch N] [--threads N] [--cpu] [--placement device|managed|host] "
-                  "MODEL < lines\n");
+                  "MODEL < lines\n  --batch: lines scored together, 1 to 1048576 (512); --threads: "
+                  "callers, 1 to 256 (2)\n");
   return 2;
+}
+
+/* A whole number from lo to hi, or the usage after naming the flag and its value. */
+static int count_arg(const char *flag, const char *s, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) {
+    fprintf(stderr, "serve: %s is '%s'; expected a whole number from %ld to %ld\n", flag, s, lo, hi);
+    return usage();
+  }
+  *out = v;
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -182,8 +197,11 @@ int main(int argc, char **argv) {
   ur_model_options opts;
   ur_model_options_init(&opts);
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = strtol(argv[++i], NULL, 10);
-    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = strtol(argv[++i], NULL, 10);
+    if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
+      if (count_arg("--batch", argv[++i], 1, 1 << 20, &batch)) return 2;
+    } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+      if (count_arg("--threads", argv[++i], 1, 256, &threads)) return 2;
+    }
     else if (!strcmp(argv[i], "--cpu")) opts.device = -1;
     else if (!strcmp(argv[i], "--placement") && i + 1 < argc) {
       ur_place p;
@@ -192,7 +210,7 @@ int main(int argc, char **argv) {
     } else if (argv[i][0] == '-' || path) return usage();
     else path = argv[i];
   }
-  if (!path || batch < 1 || batch > (1 << 20) || threads < 1 || threads > 256) return usage();
+  if (!path) return usage();
 
   shared sh;
   memset(&sh, 0, sizeof sh);
