@@ -137,6 +137,9 @@ describe("uvmrec.train.config", function()
         .. "no setting 'eps' (its settings: lr, weight_decay)" },
       { "embeddings.optimizer.beta1=1", "--set embeddings.optimizer.beta1=1: embeddings.optimizer.beta1: 1; expected",
         "embeddings.optimizer.name=adam" },
+      -- a pipeline setting without the pipeline
+      { "train.drain=false", "--set train.drain=false: train.drain: drain is what the prefetch pipeline does at the "
+        .. "data's end, and train.pipeline is off; give train.pipeline: true, or leave drain out" },
       -- a schedule's setting without a schedule that takes it
       { "schedule.warmup_steps=10", "--set schedule.warmup_steps=10: schedule.warmup_steps: the schedule is "
         .. "constant (schedule.name is not given), which takes no setting; give schedule.name: warmup or dlrm" },

@@ -267,6 +267,11 @@ function M.check(cfg)
       end
     end
   end
+  -- train.drain says what the prefetch pipeline does at the data's end: without it, it would be ignored
+  if config.given(cfg, "train.drain") and not cfg.train.pipeline then
+    return fail("train.drain", "drain is what the prefetch pipeline does at the data's end, and train.pipeline "
+      .. "is off; give train.pipeline: true, or leave drain out")
+  end
   local s = cfg.schedule
   -- a schedule's setting without its name would be ignored by the default, constant, schedule
   if not config.given(cfg, "schedule.name") then
