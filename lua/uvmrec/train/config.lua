@@ -267,8 +267,9 @@ function M.check(cfg)
       end
     end
   end
-  -- train.drain says what the prefetch pipeline does at the data's end: without it, it would be ignored
-  if config.given(cfg, "train.drain") and not cfg.train.pipeline then
+  -- train.drain says what the prefetch pipeline does at the data's end: without it, dropping the
+  -- batches in flight would be ignored (true, the default, as a run's config.json holds it, is)
+  if not cfg.train.drain and not cfg.train.pipeline then
     return fail("train.drain", "drain is what the prefetch pipeline does at the data's end, and train.pipeline "
       .. "is off; give train.pipeline: true, or leave drain out")
   end
