@@ -164,6 +164,9 @@ describe("uvmrec.qtbe rows", function()
     local f, ferr = qtbe.quantize(src, "f32")
     assert.same(src:totable(), f:totable())
     assert.equal(0, ferr.max_abs)
+    -- rows are [rows, dim]: a flat tensor is named as such (it read as dim -1)
+    assert.has_error(function() qtbe.quantize(ur.tensor({ 8 }):fill(1), "int8") end,
+      "quantize: src must be rows [rows, dim], got [8]")
   end)
 
   it("quantizes f16 and bf16 rows as their f32 values", function()

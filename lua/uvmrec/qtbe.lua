@@ -56,6 +56,10 @@ local qerr = ffi.new("ur_qerror")
 -- count}.  A value the format cannot hold raises (the row is named).
 function M.quantize(src, format)
   local f = M.format_of(format, 2)
+  lib.ptr(src, "src", 2)
+  if src:dim() ~= 2 then
+    error(("quantize: src must be rows [rows, dim], got [%s]"):format(table.concat(src:size(), ", ")), 2)
+  end
   local shape, dtype = M.shape(format, src:size(1), src:size(2))
   local dst = assert(tensor.tensor(shape, { dtype = dtype }))
   must(C.ur_rows_quantize(lib.ptr(src, "src", 2), lib.ptr(dst, "dst", 2), qerr, f))
