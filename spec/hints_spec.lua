@@ -73,6 +73,21 @@ return P
                  plan_err(function() return { hot_rows = 9000 } end))
     assert.equal("hints: policy junk, table 'a': hot_rows is x; expected a whole number from 0 to 8192",
                  plan_err(function() return { hot_rows = "x" } end))
+    assert.equal("hints: policy junk, table 'a': action 1 relayout swap is -3; expected a whole number from 0 to 8192",
+                 plan_err(function() return { hints.relayout { swap = -3 } } end))
+    assert.equal("hints: policy junk, table 'a': action 1 relayout swap is 10.5; expected a whole number from 0 to "
+                 .. "8192", plan_err(function() return { hints.relayout { swap = 10.5 } } end))
+    assert.equal("hints: policy junk, table 'a': action 1 relayout band is x; expected a number >= 0",
+                 plan_err(function() return { hints.relayout { swap = 10, band = "x" } } end))
+    assert.equal("hints: policy junk, table 'a': action 1 relayout bogus is not \"counts\" nor {swap = k}",
+                 plan_err(function() return { hints.relayout("bogus") } end))
+    -- a plan is checked whole before any of it is applied: no hint of a plan whose last action is bad
+    ur.clear_hint_log()
+    assert.equal("hints: policy junk, table 'a': action 2 rows [8190, 8210) are outside 0..8192",
+                 plan_err(function()
+                   return { hints.prefetch(0, 10, "gpu"), hints.advise(8190, 20, "preferred_location", "gpu") }
+                 end))
+    assert.same({}, ur.hint_log())
   end)
 
   it("keep what they place within the HBM budget, or fail naming it", function()

@@ -432,6 +432,19 @@ local function check_actions(t, actions)
       for _, k in ipairs { "first", "rows" } do
         if not whole(a[k]) then return bad("action %d %s is %s; expected a whole number", i, k, tostring(a[k])) end
       end
+      if a.first < 0 or a.rows < 0 or a.first + a.rows > t.rows then
+        return bad("action %d rows [%d, %d) are outside 0..%d", i, a.first, a.first + a.rows, t.rows)
+      end
+    elseif type(a.how) == "table" and a.how.swap ~= nil then
+      local k, band = a.how.swap, a.how.band
+      if not (whole(k) and k >= 0 and k <= t.rows) then
+        return bad("action %d relayout swap is %s; expected a whole number from 0 to %d", i, tostring(k), t.rows)
+      end
+      if band ~= nil and not (type(band) == "number" and band >= 0 and band < math.huge) then
+        return bad("action %d relayout band is %s; expected a number >= 0", i, tostring(band))
+      end
+    elseif a.how ~= "counts" then
+      return bad("action %d relayout %s is not \"counts\" nor {swap = k}", i, tostring(a.how))
     end
   end
   local k = actions.hot_rows
@@ -450,36 +463,27 @@ function Manager:_apply(t, s, actions, rec)
       local r, err
       if a.how == "counts" then
         r, err = t.tbe:relayout(t.name, "counts", { stream = self.stream })
-      elseif type(a.how) == "table" and a.how.swap then
+      else -- {swap = k}: check_actions let nothing else through
         -- rows that crossed trade places where they are, on the stream (a kernel on a GPU)
         local A, B, n = self:_swap_pairs(t, s, a.how.swap, a.how.band or 0)
         if n > 0 then r, err = t.tbe:swap_rows(t.name, A, B, n, { stream = self.stream }) end
-      else
-        return nil, ("hints: policy %s: relayout %s is not \"counts\" nor {swap = k}"):format(
-          t.policy.name or "?", tostring(a.how))
       end
       if err then return nil, err end
       if r then record_move(self, rec, r) end
-    else
-      if a.first < 0 or a.rows < 0 or a.first + a.rows > t.rows then
-        return nil, ("hints: policy %s: rows [%d, %d) of table '%s' are outside 0..%d"):format(
-          t.policy.name or "?", a.first, a.first + a.rows, t.name, t.rows)
-      end
-      if a.rows > 0 then
-        local loc = a.location == "gpu" and self.location or a.location
-        for _, x in ipairs(t.tensors) do
-          local per = x:numel() / t.rows
-          local r, err
-          if a.kind == "prefetch" then
-            r, err = time_call(self, x.prefetch, x, a.first * per, a.rows * per, loc, self.stream)
-          else
-            r, err = time_call(self, x.advise, x, a.first * per, a.rows * per, a.advice, loc)
-          end
-          if not r then return nil, err end
-          rec.hints = rec.hints + 1
+    elseif a.rows > 0 then
+      local loc = a.location == "gpu" and self.location or a.location
+      for _, x in ipairs(t.tensors) do
+        local per = x:numel() / t.rows
+        local r, err
+        if a.kind == "prefetch" then
+          r, err = time_call(self, x.prefetch, x, a.first * per, a.rows * per, loc, self.stream)
+        else
+          r, err = time_call(self, x.advise, x, a.first * per, a.rows * per, a.advice, loc)
         end
-        if a.kind == "prefetch" and a.location == "gpu" then rec.prefetched_rows = rec.prefetched_rows + a.rows end
+        if not r then return nil, err end
+        rec.hints = rec.hints + 1
       end
+      if a.kind == "prefetch" and a.location == "gpu" then rec.prefetched_rows = rec.prefetched_rows + a.rows end
     end
   end
   return true
