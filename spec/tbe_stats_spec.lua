@@ -177,6 +177,10 @@ describe("uvmrec.tbe access counters", function()
     end
     assert.equal(rows, seen_rows)
     assert.equal(total, seen_acc)
+    -- one bin holds every row and every access (it held the rows never read, 0 accesses)
+    assert.same({ { lo = 0, hi = math.huge, rows = rows, accesses = total } }, a:histogram(1))
+    assert.has_error(function() a:histogram(0) end, "histogram: bins is 0; expected a whole number from 1 to 64")
+    assert.has_error(function() a:histogram(1.5) end, "histogram: bins is 1.5; expected a whole number from 1 to 64")
     a:free()
   end)
 

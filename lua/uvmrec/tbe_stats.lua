@@ -89,13 +89,16 @@ function Access:rows_at_least(v)
 end
 
 -- Rows by count in power-of-two bins: {lo=, hi=, rows=, accesses=} for counts 0, 1, 2..3,
--- 4..7, ... (bins of them, the last open-ended).
+-- 4..7, ... (bins of them, at least 1, the last open-ended: one bin holds every row).
 function Access:histogram(bins)
   bins = bins or 16
+  if type(bins) ~= "number" or bins < 1 or bins ~= math.floor(bins) or bins > 64 then
+    error(("histogram: bins is %s; expected a whole number from 1 to 64"):format(tostring(bins)), 2)
+  end
   local out = {}
   for b = 0, bins - 1 do
     local lo = b == 0 and 0 or 2 ^ (b - 1)
-    local hi = b == 0 and 0 or b == bins - 1 and math.huge or 2 ^ b - 1
+    local hi = b == bins - 1 and math.huge or b == 0 and 0 or 2 ^ b - 1
     -- ranks with count >= lo are [0, n_lo); those of this bin are [n_above, n_lo)
     local n_lo = self:rows_at_least(lo)
     local n_above = hi == math.huge and 0 or self:rows_at_least(hi + 1)
