@@ -49,6 +49,16 @@ return P
       "hints: unknown manager option 'evry'")
     assert.has_error(function() hints.manager(m, { every = 1.5 }) end, "hints: every must be >= 1 step")
     assert.has_error(function() hints.manager(m, { decay = "half" }) end, "hints: decay must be in [0, 1]")
+    -- options with a policy object already made would be dropped (its own rows = 10 planned)
+    local P = hints.policy("top", { rows = 64 })
+    function P.plan() return {} end
+    local msg = "hints: policy 'top' is an object, made with its options; give options with its class "
+                .. "(hints.policy's) or a name, not with an object"
+    assert.has_error(function() hints.manager(m, { policy = P.new { rows = 10 }, options = { rows = 256 } }) end, msg)
+    assert.has_error(function()
+      hints.manager(m, { tables = { a = { policy = P.new { rows = 10 }, options = { rows = 256 } } } })
+    end, msg)
+    assert.equal(256, hints.manager(m, { policy = P, options = { rows = 256 } }).tables[1].policy.opts.rows)
   end)
 
   it("fail naming the policy, the table and the value when a plan returns garbage", function()

@@ -86,6 +86,11 @@ M.BUILTIN = { "none", "host", "hot_prefix", "adaptive" }
 function M.new(spec, opts)
   if type(spec) == "table" and type(spec.plan) == "function" then
     if spec.new and not spec.opts then return spec.new(opts) end
+    if opts ~= nil then
+      -- an object made already has its options: these would be dropped
+      error(("hints: policy '%s' is an object, made with its options; give options with its class "
+             .. "(hints.policy's) or a name, not with an object"):format(tostring(spec.name or "?")), 2)
+    end
     return spec
   end
   if type(spec) ~= "string" then
