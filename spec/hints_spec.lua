@@ -98,6 +98,9 @@ return P
                    return { hints.prefetch(0, 10, "gpu"), hints.advise(8190, 20, "preferred_location", "gpu") }
                  end))
     assert.same({}, ur.hint_log())
+    -- a plan that raises: the policy and the table named, the message kept
+    assert.equal("hints: policy junk, table 'a': plan raised: spec: no plan today",
+                 plan_err(function() error("spec: no plan today", 0) end))
   end)
 
   it("keep what they place within the HBM budget, or fail naming it", function()

@@ -555,8 +555,13 @@ function Manager:interval(step, keep_counts)
   for i, t in ipairs(self.tables) do
     local s = stats[i]
     local moved = rec.rows_moved
-    local actions = t.policy:plan(s, shares[i])
-    ok, err = self:_apply(t, s, actions, rec)
+    local pok, actions = pcall(t.policy.plan, t.policy, s, shares[i])
+    if pok then
+      ok, err = self:_apply(t, s, actions, rec)
+    else
+      ok, err = false, ("hints: policy %s, table '%s': plan raised: %s"):format(t.policy.name or "?", t.name,
+                                                                              tostring(actions))
+    end
     if not ok then break end
     t.k = actions.hot_rows or t.k -- the policy's view: the leading rows it keeps on the GPU
     if rec.rows_moved ~= moved then
