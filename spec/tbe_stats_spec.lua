@@ -141,6 +141,8 @@ describe("uvmrec.tbe access counters", function()
     assert(m.tbe:decay_counts(0, "a"))
     for _, v in ipairs(counts_of(m, "a")) do assert.equal(0, v) end
     assert.has_error(function() m.tbe:decay_counts(1.5) end, "tbe: decay factor 1.5; expected a value in [0, 1]")
+    assert.has_error(function() m.tbe:decay_counts("0.5") end,
+                     "tbe: decay factor 0.5 (a string); expected a number in [0, 1]")
   end)
 
   it("rank rows: topk, coverage and histogram match a sort of the counts", function()

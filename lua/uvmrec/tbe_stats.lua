@@ -134,6 +134,9 @@ function M.install(methods)
 
   -- c = floor(c * factor) for table `name`'s counters (every table's with name nil).
   function methods:decay_counts(factor, name, stream)
+    if type(factor) ~= "number" then
+      error(("tbe: decay factor %s (a %s); expected a number in [0, 1]"):format(tostring(factor), type(factor)), 2)
+    end
     local ok, err = check(C.ur_tbe_decay_counts(streams.handle(stream, 3), self.h.p,
                                                 index_of(self, name, 2), factor), 2)
     if not ok then return nil, err end
