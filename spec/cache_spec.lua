@@ -317,6 +317,11 @@ describe("uvmrec.cache", function()
     assert.has_error(function() pair(t, { slots = 1e30 }) end,
                      "cache: slots 1e+30; expected a whole number from 1 to 2^53")
     assert.has_error(function() pair(t, { shared = "yes" }) end, "cache: shared yes; expected true or false")
+    -- LRU has no counts to age: decay_batches was taken and did nothing
+    assert.has_error(function() pair(t, { decay_batches = 16 }) end,
+                     "cache: decay_batches 16 ages LFU's counts; policy lru keeps none (give policy lfu, or no "
+                     .. "decay_batches)")
+    assert.has_no_error(function() pair(t, { decay_batches = 0 }) end)
     assert.has_error(function() pair(t, { mover_warps = 1.5 }) end,
                      "cache: mover_warps 1.5; expected a whole number >= 0")
     assert.has_error(function() pair(t, { mover_warps = 2 ^ 31 }) end,

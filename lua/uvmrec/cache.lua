@@ -99,6 +99,10 @@ function M.options(o, level)
       fail(("%s %s; expected a whole number >= 0"):format(k, tostring(v)), level)
     end
   end
+  if r.decay_batches > 0 and r.policy ~= "lfu" then
+    fail(("decay_batches %s ages LFU's counts; policy %s keeps none (give policy lfu, or no decay_batches)")
+         :format(tostring(r.decay_batches), r.policy), level)
+  end
   if r.mover_warps > 2147483647 then
     fail(("mover_warps %s; expected at most 2147483647"):format(tostring(r.mover_warps)), level)
   end
