@@ -49,6 +49,11 @@ return P
       "hints: unknown manager option 'evry'")
     assert.has_error(function() hints.manager(m, { every = 1.5 }) end, "hints: every must be >= 1 step")
     assert.has_error(function() hints.manager(m, { decay = "half" }) end, "hints: decay must be in [0, 1]")
+    -- a table's settings with a typo were ignored (the default policy ran), a non-table raised from inside
+    assert.has_error(function() hints.manager(m, { tables = { a = { polcy = "host" } } }) end,
+                     "hints: tables.a: unknown option 'polcy' (a table takes policy, options and allowance)")
+    assert.has_error(function() hints.manager(m, { tables = { a = "host" } }) end,
+                     "hints: tables.a is host; expected {policy =, options =, allowance =}")
     -- options with a policy object already made would be dropped (its own rows = 10 planned)
     local P = hints.policy("top", { rows = 64 })
     function P.plan() return {} end

@@ -244,10 +244,30 @@ M.tbes_of = tbes_of
 local MANAGER_OPTS = { policy = true, options = true, every = true, allowance = true, decay = true, tables = true,
                        location = true, monitor = true, stream = true }
 
+local TABLE_OPTS = { policy = true, options = true, allowance = true }
+
 function M.manager(collection, opts)
   opts = opts or {}
   for k in pairs(opts) do
     if not MANAGER_OPTS[k] then error(("hints: unknown manager option '%s'"):format(tostring(k)), 2) end
+  end
+  if opts.tables ~= nil then
+    if type(opts.tables) ~= "table" then
+      error(("hints: tables is %s; expected {[name] = {policy =, options =, allowance =}}"):format(
+        tostring(opts.tables)), 2)
+    end
+    for name, per in pairs(opts.tables) do
+      if type(per) ~= "table" then
+        error(("hints: tables.%s is %s; expected {policy =, options =, allowance =}"):format(tostring(name),
+              tostring(per)), 2)
+      end
+      for k in pairs(per) do
+        if not TABLE_OPTS[k] then
+          error(("hints: tables.%s: unknown option '%s' (a table takes policy, options and allowance)"):format(
+            tostring(name), tostring(k)), 2)
+        end
+      end
+    end
   end
   local tbes = tbes_of(collection)
   -- tbes: the collections with counted tables; collections: all of them (far rows' copies)
