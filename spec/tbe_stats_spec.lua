@@ -186,6 +186,27 @@ describe("uvmrec.tbe access counters", function()
     a:free()
   end)
 
+  it("count no cached table (its kernels read slots): refused by name, skipped for every table", function()
+    -- a cached table counted its cache's slots as if they were row ids: 'b' of 500 rows had 544
+    -- counters (32 slots and 2 x 256 staging rows), its top "ids" slots
+    local tables = { { name = "a", rows = 50, dim = 4, placement = "host" },
+                     { name = "b", rows = 500, dim = 4, placement = "cached" } }
+    local m = make("cpu", nil, { cache = { slots = 32, shared = true } }, tables)
+    assert.has_error(function() assert(m.tbe:set_counting(true, "b")) end,
+      "tbe: set_counting of table 'b': the table is cached (its kernels read the cache's slots, which are no row "
+      .. "ids); its cache's stats count its lookups")
+    assert(m.tbe:set_counting(true))
+    assert.is_true(m.tbe:counting("a"))
+    assert.is_false(m.tbe:counting("b"))
+    m:forward(R.input({ values = { 3, 3, 7, 400, 401 }, offsets = { 0, 2, 3, 4, 5 } }))
+    local c = m.tbe:counts("a")
+    assert.equal(50, c:numel())
+    assert.same({ 2, 1 }, { c:totable()[4], c:totable()[8] })
+    c:free()
+    assert.has_error(function() m.tbe:counts("b") end)
+    assert(m.tbe:set_counting(false, "b")) -- off is no work
+  end)
+
   it("reject a table that does not exist", function()
     local m = make("cpu", "host")
     assert.has_error(function() m.tbe:set_counting(true, "zz") end,

@@ -822,7 +822,8 @@ UR_API ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out,
  * memory on a GPU), added to by every forward while counting is on: one per value that reads
  * the row, integer adds on either backend, so counts are exact and the same on both.  They
  * stop growing at 2^30; decay scales them, c = floor(c * factor) (factor 0 clears).  Counters
- * are indexed by row id, so they survive a relayout.  table -1: every table. */
+ * are indexed by row id, so they survive a relayout.  table -1: every table.  A cached table
+ * takes none (its kernels read the cache's slots): on by name is refused, -1 skips it. */
 UR_API ur_status ur_tbe_set_counting(ur_tbe *t, int32_t table, int32_t on);
 UR_API int32_t ur_tbe_counting(const ur_tbe *t, int32_t table);
 /* The counters of a table as an i32 [rows] view (an error if it never counted). */

@@ -25,12 +25,21 @@ static ur_status set_counting_one(ur_tbe *t, int32_t i, int32_t on) {
   return UR_STATUS_OK;
 }
 
+/* A cached table's kernels read the cache's slots, so its forward would count slots, not row
+ * ids: it takes no counters (the cache's stats count its lookups).  Turning counting on for it
+ * by name is refused; for every table (-1) it is skipped. */
 ur_status ur_tbe_set_counting(ur_tbe *t, int32_t table, int32_t on) {
   UR__ARGS(t);
   ur_status st = check_index(t, table, 1, "set_counting");
   if (st) return st;
+  if (on && table >= 0 && t->owner[table])
+    return ur__error(UR_STATUS_INVALID,
+                     "tbe: set_counting of table '%s': the table is cached (its kernels read the "
+                     "cache's slots, which are no row ids); its cache's stats count its lookups",
+                     t->tc[table].name);
   int32_t lo = table < 0 ? 0 : table, hi = table < 0 ? t->names.T : table + 1;
-  for (int32_t i = lo; i < hi && !st; i++) st = set_counting_one(t, i, on != 0);
+  for (int32_t i = lo; i < hi && !st; i++)
+    if (!(on && t->owner[i])) st = set_counting_one(t, i, on != 0);
   ur_status sync = ur__tbe_sync_desc(t);
   return st ? st : sync;
 }

@@ -716,10 +716,14 @@ end
 
 -- Installs `counts` (i32 [rows], any placement) as table `name`'s access counters in tbe (a
 -- uvmrec.tbe collection), making them if it never counted: checkpoints restore counters
--- through it (the layout component below, uvmrec.dist.checkpoint).  Counting stays on where it
--- was on (a manager already counts); elsewhere it ends as `counting` (the saved state).
+-- through it (the layout component below, uvmrec.dist.checkpoint); a cached table's are left
+-- out.  Counting stays on where it was on (a manager already counts); elsewhere it ends as
+-- `counting` (the saved state).
 -- Returns true, or nil, message (a shape or dtype that does not fit).
 function M.set_counts(tbe, name, counts, counting)
+  -- a cached table takes no counters: counts saved for one (its slots', before it was refused)
+  -- are no row's
+  if tbe.cached and tbe.cached[name] then return true end
   local was = tbe:counting(name)
   assert(tbe:set_counting(true, name))
   local mine = tbe:counts(name)
