@@ -227,4 +227,21 @@ describe("uvmrec.hints in training", function()
     assert.is_nil(cfg)
     assert.matches("embeddings.hints.allowance: bytes: 'lots' is not a size", err, 1, true)
   end)
+
+  it("says a policy's failure mid-run by its policy and table, not by a place in the trainer", function()
+    -- it said 'uvmrec train: .../lua/uvmrec/train/hooks.lua:193: hints: policy late, ...'
+    local path = os.tmpname() .. ".lua"
+    cmd.spit(path, [[
+local P = require("uvmrec.hints").policy("late", {})
+function P.plan(_, stats) if stats.step > 0 then error("no plan at step " .. stats.step, 0) end return {} end
+return P
+]])
+    local _, err, code = cmd.run("train dlrm_tiny --cpu --steps 4 --set embeddings.placement=managed "
+                                 .. "--set embeddings.hints.every=2 --set eval.samples=0 --set eval.min_auc=0 "
+                                 .. "--set embeddings.hints.policy=" .. cmd.quote(path))
+    os.remove(path)
+    assert.equal(1, code)
+    assert.matches("\nuvmrec train: hints: policy late, table 'C1': plan raised: no plan at step 2\n", "\n" .. err, 1,
+                   true)
+  end)
 end)

@@ -657,7 +657,7 @@ end
 -- placement leaves undecayed: the intervals after decay them as the uninterrupted run's did.
 function Manager:start(step)
   local rec, err = self:interval(step or 0, true)
-  if not rec then error(err, 2) end
+  if not rec then error(err, 0) end -- the message names policy and table; no place of ours
   return rec
 end
 
@@ -665,7 +665,7 @@ end
 function Manager:step(step)
   if step % self.every ~= 0 then return nil end
   local rec, err = self:interval(step)
-  if not rec then error(err, 2) end
+  if not rec then error(err, 0) end
   return rec
 end
 
