@@ -52,6 +52,23 @@ describe("uvmrec.nn.Module", function()
     ebc.tbe:free()
   end)
 
+  it("refuse an option they do not take, or of the wrong type, where the module was built", function()
+    assert.has_error(function() nn.Linear(3, 4, { acts = "relu" }) end,
+      "Linear: unknown option 'acts'; expected act, bias, input_grad, pad_to, seed")
+    assert.has_error(function() nn.MLP({ 3, 4 }, { lst = "none" }) end,
+      "MLP: unknown option 'lst'; expected input_grad, last, pad_to")
+    assert.has_error(function() nn.CrossNet(4, 1, { rnk = 2 }) end,
+      "CrossNet: unknown option 'rnk'; expected rank, seed")
+    assert.has_error(function() nn.Interaction { self = true } end,
+      "Interaction: unknown option 'self'; expected pad, self_interaction")
+    assert.has_error(function() nn.Interaction { self_interaction = "no" } end,
+      "Interaction: self_interaction is no; expected a boolean")
+    assert.has_error(function() nn.Interaction(true) end,
+      "Interaction: options must be a table (of pad, self_interaction), got true")
+    assert.has_error(function() nn.BCEWithLogits { reduce = "sum" } end,
+      "BCEWithLogits: unknown option 'reduce'; expected reduction")
+  end)
+
   it("compute in bf16 with f32 master weights and gradients", function()
     local m = nn.MLP({ 16, 32, 8 }, { last = "none" })
     local x = R.rand({ 10, 16 }, 31)

@@ -11,7 +11,7 @@ local BCE = Module:extend("BCEWithLogits")
 -- BCEWithLogits({reduction = "mean" | "sum"})
 function BCE:__init(opts)
   Module.__init(self)
-  opts = opts or {}
+  opts = Module.options("BCEWithLogits", opts, { reduction = "string" }, 3)
   self.reduction = opts.reduction or "mean"
   if self.reduction ~= "mean" and self.reduction ~= "sum" then
     error("BCEWithLogits: reduction must be mean or sum, got " .. tostring(self.reduction), 3)

@@ -11,7 +11,7 @@ local CrossNet = Module:extend("CrossNet")
 -- CrossNet(d, layers, {rank = r (low rank; default full), seed = n})
 function CrossNet:__init(d, layers, opts)
   Module.__init(self)
-  opts = opts or {}
+  opts = Module.options("CrossNet", opts, { rank = "number", seed = "number" }, 3)
   for _, v in ipairs { { d, "d" }, { layers, "layers" }, { opts.rank or 1, "rank" } } do
     if type(v[1]) ~= "number" or v[1] < 1 or v[1] ~= math.floor(v[1]) or v[1] == math.huge then
       error("CrossNet: " .. v[2] .. " must be a whole number >= 1, got " .. tostring(v[1]), 3)

@@ -14,7 +14,7 @@ local Interaction = Module:extend("Interaction")
 -- Interaction({self_interaction = false, pad = false})
 function Interaction:__init(opts)
   Module.__init(self)
-  opts = opts or {}
+  opts = Module.options("Interaction", opts, { self_interaction = "boolean", pad = "boolean" }, 3)
   self.self_interaction = opts.self_interaction and true or false
   self.pad = opts.pad and true or false
 end

@@ -7,6 +7,8 @@ local dense = require "uvmrec.dense"
 local Linear = Module:extend("Linear")
 Linear.fuses_relu = true -- a ReLU after it runs in its epilogue (Sequential:add)
 
+local OPTS = { bias = "boolean", act = "string", input_grad = "boolean", seed = "number", pad_to = "number" }
+
 local function count(v, what)
   if type(v) ~= "number" or v < 1 or v ~= math.floor(v) or v == math.huge then
     error("Linear: " .. what .. " must be a whole number >= 1, got " .. tostring(v), 4)
@@ -22,7 +24,7 @@ function Linear:__init(inf, outf, opts)
   Module.__init(self)
   count(inf, "in")
   count(outf, "out")
-  opts = opts or {}
+  opts = Module.options("Linear", opts, OPTS, 3)
   if opts.act ~= nil and opts.act ~= "none" and opts.act ~= "relu" then
     error("Linear: act must be none or relu, got " .. tostring(opts.act), 3)
   end

@@ -4,12 +4,13 @@
 -- opts.input_grad = false skips the gradient of the MLP's input (fed by data); opts.pad_to = 8
 -- makes the first layer read an input padded to a multiple of 8 columns (nn.Linear).
 local Linear = require "uvmrec.nn.Linear"
+local Module = require "uvmrec.nn.Module"
 local ReLU = require "uvmrec.nn.ReLU"
 local Sequential = require "uvmrec.nn.Sequential"
 local Sigmoid = require "uvmrec.nn.Sigmoid"
 
 return function(sizes, opts)
-  opts = opts or {}
+  opts = Module.options("MLP", opts, { last = "string", input_grad = "boolean", pad_to = "number" }, 2)
   if type(sizes) ~= "table" or #sizes < 2 then
     error("MLP: sizes must list at least an input and an output width", 2)
   end
