@@ -30,6 +30,14 @@ describe("uvmrec.nn.CrossNet", function()
     R.gradcheck(nn.CrossNet(6, 2, { rank = 2 }), { (R.rand({ 3, 6 }, 10)) }, cross_ref(6, 2, 2), 1e-4)
   end)
 
+  it("refuses an input of another width, naming itself and the input's shape", function()
+    local ur = require "uvmrec"
+    assert.has_error(function() nn.CrossNet(4, 1):forward(ur.tensor({ 2, 5 }):fill(1)) end,
+      "CrossNet(4, 1 layers): input is [2, 5]; expected [rows, 4]")
+    assert.has_error(function() nn.CrossNet(4, 2, { rank = 2 }):forward(ur.tensor({ 4 }):fill(1)) end,
+      "CrossNet(4, 2 layers, rank 2): input is [4]; expected [rows, 4]")
+  end)
+
   it("refuses an infinite size and a backward before forward, naming itself", function()
     local ur = require "uvmrec"
     assert.has_error(function() nn.CrossNet(4, math.huge) end, "CrossNet: layers must be a whole number >= 1, got inf")

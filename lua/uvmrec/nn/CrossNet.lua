@@ -37,6 +37,11 @@ local function flags(self)
 end
 
 function CrossNet:updateOutput(input)
+  local _, cols = Module.rows_cols(input)
+  if cols ~= self.d then
+    error(("%s: input is [%s]; expected [rows, %d]"):format(tostring(self), table.concat(input:size(), ", "),
+                                                           self.d), 3)
+  end
   local x0 = self:as_act(input, "input")
   local rows = Module.rows_cols(x0)
   local dt, d, st, f = self:act_dtype(), self.d, self.stream, flags(self)
