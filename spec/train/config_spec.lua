@@ -65,6 +65,11 @@ describe("uvmrec.train.config", function()
     assert.is_nil(tconfig.schedule(assert(parse(base))))
   end)
 
+  it("takes the other interaction's settings at their defaults, as a run's config.json holds them", function()
+    local cfg = assert(parse((base:gsub("top_mlp: %[6, 1%]", "top_mlp: [6, 1]\n  cross_layers: 3\n  cross_rank: 0"))))
+    assert.same({ "dot", 3, 0 }, { cfg.model.interaction, cfg.model.cross_layers, cfg.model.cross_rank })
+  end)
+
   local cases = {
     { "an unknown key", base .. "trian: {steps: 3}\n",
       "t.yaml:8:1: unknown key 'trian'; expected one of data, embeddings, eval, model, name, optimizer, schedule, "
@@ -92,6 +97,12 @@ describe("uvmrec.train.config", function()
     { "a cross rank too large",
       base:gsub("top_mlp: %[6, 1%]", "top_mlp: [6, 1]\n  interaction: dcnv2\n  cross_rank: 16"),
       "t.yaml:5:15: model.cross_rank: rank 16 is not below the cross layers' width 16" },
+    { "cross layers under the dot interaction", base:gsub("top_mlp: %[6, 1%]", "top_mlp: [6, 1]\n  cross_rank: 2"),
+      "t.yaml:4:15: model.cross_rank: the dot interaction takes no cross_rank (a setting of the dcnv2 interaction)" },
+    { "self-interaction under dcnv2",
+      base:gsub("top_mlp: %[6, 1%]", "top_mlp: [6, 1]\n  interaction: dcnv2\n  self_interaction: true"),
+      "t.yaml:5:21: model.self_interaction: the dcnv2 interaction takes no self_interaction (a setting of the dot "
+      .. "interaction)" },
     { "a schedule without its steps", base .. "schedule: {name: dlrm, warmup_steps: 10}\n",
       "t.yaml:8:11: schedule.decay_steps: the dlrm schedule decays over decay_steps >= 1 steps" },
     { "a dlrm schedule decaying inside its warm-up",

@@ -174,6 +174,16 @@ function M.check(cfg)
     return fail(("model.top_mlp[%d]"):format(#m.top_mlp),
       ("the top MLP gives one logit: its last width must be 1, not %d"):format(m.top_mlp[#m.top_mlp]))
   end
+  -- a setting of the other interaction would be ignored: the dot interaction has no cross
+  -- layers, and dcnv2's layers read the vectors side by side (no pairs, none with itself).  Its
+  -- default passes: a run's config.json, the config resolved, holds every key.
+  local foreign = m.interaction == "dot" and { "cross_layers", "cross_rank" } or { "self_interaction" }
+  for _, key in ipairs(foreign) do
+    if config.given(cfg, "model." .. key) and m[key] ~= M.schema.fields.model.fields[key].default then
+      return fail("model." .. key, ("the %s interaction takes no %s (a setting of the %s interaction)"):format(
+        m.interaction, key, m.interaction == "dot" and "dcnv2" or "dot"))
+    end
+  end
   if m.interaction == "dcnv2" and m.cross_rank > 0 then
     local width = m.bottom_mlp[#m.bottom_mlp] + #e.rows * e.dim
     if m.cross_rank >= width then
