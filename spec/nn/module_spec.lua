@@ -92,6 +92,25 @@ describe("uvmrec.nn.Module", function()
     assert.is_true(R.maxrel(master, half) > 0) -- the copy is rounded, the master is not
   end)
 
+  it("take an f32 gradient into a bf16 module as its bf16 copy, as they take an f32 input", function()
+    for _, m in ipairs { nn.MLP({ 6, 8, 4 }), nn.CrossNet(4, 2, { rank = 2 }) } do
+      assert(m:set_precision("bf16"))
+      local x = R.rand({ 5, m.d or 6 }, 41)
+      local w = m:forward(x):size(2)
+      local g32 = R.rand({ 5, w }, 42)
+      local g16 = R.zeros({ 5, w }, { dtype = "bf16" })
+      ur.dense.cast(g32, g16)
+      local grads = {}
+      for i, g in ipairs { g16, g32 } do
+        m:zero_grad()
+        m:forward(x)
+        grads[i] = { m:backward(x, g):totable() }
+        for _, p in ipairs(m:parameters()) do grads[i][#grads[i] + 1] = p.grad:totable() end
+      end
+      assert.same(grads[1], grads[2])
+    end
+  end)
+
   it("allocate nothing in a training step once the batch size has been seen", function()
     local m = nn.Sequential(nn.MLP({ 8, 16, 4 }), nn.CrossNet(4, 2, { rank = 2 }))
     local crit = nn.BCEWithLogits()

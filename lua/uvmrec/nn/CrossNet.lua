@@ -73,7 +73,7 @@ function CrossNet:_backward(input, gradOutput, want_params)
   local dt, d, st, f, L = self:act_dtype(), self.d, self.stream, flags(self), self.layers
   local gx0 = self:buffer("gx0", dt, rows, d)
   local gz = self:buffer("gz", dt, rows, d)
-  local g = gradOutput
+  local g = self:as_act(gradOutput, "gy")
   for l = L, 1, -1 do
     local xl = l > 1 and self:buffer("x" .. l, dt, rows, d) or x0
     local z = self:buffer("z" .. l, dt, rows, d)

@@ -83,6 +83,7 @@ function Linear:_backward(input, gradOutput, want_input, want_params)
   if not x then error(tostring(self) .. ": backward before forward", 3) end
   local rows = Module.rows_cols(x)
   local dt = self:act_dtype()
+  gradOutput = self:as_act(gradOutput, "gy")
   local gx
   if want_input and self.input_grad then gx = self:buffer("gx", dt, rows, self.in_width) end
   local flags = self:flags()
