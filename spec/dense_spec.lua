@@ -372,6 +372,13 @@ describe("uvmrec.dense interaction", function()
     local ref, w = R.interaction(dv, ev, rows, T, d, false)
     local wp = dense.interaction_width(T, d, false, true)
     assert.same({ 14, 16 }, { w, wp })
+    assert.equal(0, dense.interaction_width(0, d))
+    assert.has_error(function() dense.interaction_width(2.5, d) end,
+      "interaction_width: T is 2.5; expected a whole number from 0 to 2147483647")
+    assert.has_error(function() dense.interaction_width(T, 2 ^ 32 + 8) end,
+      "interaction_width: d is 4294967304; expected a whole number from 0 to 2147483647")
+    assert.has_error(function() dense.interaction_width(nil, d) end,
+      "interaction_width: T is nil; expected a whole number from 0 to 2147483647")
     local out = R.rand({ rows, wp }, 66) -- not zeros: the padding must be written
     dense.interaction_forward(dn, em, out, false)
     local got = out:totable()
