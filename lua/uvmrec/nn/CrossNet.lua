@@ -28,7 +28,9 @@ function CrossNet:__init(d, layers, opts)
     else
       self:register_parameter("weight_" .. l, { d, d }):normal(0, math.sqrt(1 / d), s)
     end
-    self:register_parameter("bias_" .. l, { d }):normal(0, math.sqrt(1 / d), s + 2)
+    -- biases start at 0, as TorchRec's CrossNet and LowRankCrossNet (the DLRMv2 reference's) do:
+    -- a random b_l would add x0 * b_l, noise as large as the input, to every layer's first output
+    self:register_parameter("bias_" .. l, { d }):fill(0)
   end
 end
 
