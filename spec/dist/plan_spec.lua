@@ -73,6 +73,11 @@ describe("uvmrec.dist.plan", function()
       "dist plan: table 'm': row_wise sharding pools partial bags by sum over the ranks, and the table pools by mean")
     assert.has_error(function() plan(tables, { b = { "column_wise", ranks = { 0, 1, 0 } } }, 2) end,
       "dist plan: table 'b': 3 column shards of a dim of 8; expected 1 to 2 (multiples of 4 columns)")
+    -- a dim of 10 gave shards of 8 + 4 columns (12), one of 6 a single shard of 4
+    assert.has_error(function() plan({ { name = "e", rows = 5, dim = 10 } }, "column_wise", 2) end,
+      "dist plan: table 'e': column_wise splits whole groups of 4 columns, and its dim 10 is not a multiple of 4")
+    assert.has_error(function() plan({ { name = "e", rows = 5, dim = 6 } }, "column_wise", 3) end,
+      "dist plan: table 'e': column_wise splits whole groups of 4 columns, and its dim 6 is not a multiple of 4")
     assert.has_error(function() plan(tables, { a = { "table_wise", rank = 2 } }, 2) end,
       "dist plan: table 'a': table_wise on rank 2; expected 0..1")
     assert.has_error(function() plan(tables, "row_wise", 0) end, "dist plan: world 0 is not a number of ranks")

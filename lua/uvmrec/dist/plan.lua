@@ -15,7 +15,7 @@
 --                  table's end has 0 rows); pools by sum;
 --   column_wise    min(W, dim / 4) shards of whole multiples of 4 columns (the first ones one
 --                  group of 4 wider where the dim does not divide), shard i on rank (t + i) % W
---                  for table index t;
+--                  for table index t; a dim that is not a multiple of 4 is refused;
 --   data_parallel  a replica on every rank.
 --
 -- M.in_turn(n[, kinds]) is the spec giving the config's tables C1..Cn the kinds in turn
@@ -99,6 +99,11 @@ function M.plan(tables, spec, world, pooling)
         p.shards[r + 1] = { rank = r, row0 = r0, rows = math.min(t.rows, r0 + block) - r0, col0 = 0, dim = t.dim }
       end
     elseif kind == "column_wise" then
+      -- the shards' widths add up to the dim only in whole groups of 4 (tables take no other dim)
+      if type(t.dim) ~= "number" or t.dim < 4 or t.dim % 4 ~= 0 then
+        bad(("table '%s': column_wise splits whole groups of 4 columns, and its dim %s is not a multiple of 4")
+            :format(t.name, tostring(t.dim)), 2)
+      end
       local units = t.dim / 4
       local ranks = opts.ranks
       local n = ranks and #ranks or math.min(world, units)
