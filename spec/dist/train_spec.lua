@@ -176,6 +176,22 @@ describe("sharded training over ranks", function()
     assert.matches("%[rank 1%] ", err) -- every rank says why, the others with their rank
   end)
 
+  it("writes the final event and says where before every rank fails eval.min_auc", function()
+    -- the other ranks exited with the failure first and their MPI_Abort killed rank 0 before
+    -- metrics.jsonl had its final event or the run directory was named
+    if not have_mpi() then pending("no MPI here") return end
+    local dir = command.tmpdir()
+    local out, err, code = command.run(("launch -n 2 train dlrm_tiny --cpu --steps 2 --out %s/run --progress none "
+      .. "--set eval.min_auc=0.99 --set eval.samples=4096 --set eval.batch_size=2048"):format(dir))
+    assert.equal(1, code, out .. err)
+    assert.is_truthy(out:find("run directory: " .. dir .. "/run (config.json, metrics.jsonl)", 1, true), out)
+    assert.matches("the final AUC 0%.%d+ is below eval.min_auc 0%.9900", err)
+    local final = command.slurp(dir .. "/run/metrics.jsonl"):match('\n({[^\n]*"event":"final"[^\n]*})')
+    assert.is_truthy(final, "no final event in metrics.jsonl")
+    assert.equal(2, json.decode(final).steps)
+    command.rmdir(dir)
+  end)
+
   it("measures B9 over 2 ranks (scripts/bench/dist.lua): samples/s and each step's collectives", function()
     if not have_mpi() then pending("no MPI here") return end
     local dir = command.tmpdir()

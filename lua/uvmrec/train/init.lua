@@ -866,6 +866,9 @@ function run_plain(cfg, opts)
   end
   local low, unchecked = M.check_min_auc(cfg, result.eval)
   if unchecked then say(unchecked) end
+  -- Every rank fails alike here (the AUC is over all of them); the first to exit aborts the job
+  -- (MPI_Abort), so the others wait until rank 0 has written its final event and said where.
+  if low and comm and comm.world > 1 then comm:barrier() end
   if low then return nil, low, result end
   return result
 end
