@@ -78,6 +78,13 @@ describe("uvmrec.dist.plan", function()
       "dist plan: table 'e': column_wise splits whole groups of 4 columns, and its dim 10 is not a multiple of 4")
     assert.has_error(function() plan({ { name = "e", rows = 5, dim = 6 } }, "column_wise", 3) end,
       "dist plan: table 'e': column_wise splits whole groups of 4 columns, and its dim 6 is not a multiple of 4")
+    -- options a kind does not take were ignored: a misspelled rank, a rank for row_wise
+    assert.has_error(function() plan(tables, { a = { "table_wise", rnak = 1 } }, 2) end,
+      "dist plan: table 'a': table_wise sharding takes no option 'rnak' (table_wise takes rank, column_wise ranks)")
+    assert.has_error(function() plan(tables, { a = { "row_wise", rank = 1 } }, 2) end,
+      "dist plan: table 'a': row_wise sharding takes no option 'rank' (table_wise takes rank, column_wise ranks)")
+    assert.has_error(function() plan(tables, { default = { kind = "column_wise", rank = 1 } }, 2) end,
+      "dist plan: table 'a': column_wise sharding takes no option 'rank' (table_wise takes rank, column_wise ranks)")
     assert.has_error(function() plan(tables, { a = { "table_wise", rank = 2 } }, 2) end,
       "dist plan: table 'a': table_wise on rank 2; expected 0..1")
     assert.has_error(function() plan(tables, "row_wise", 0) end, "dist plan: world 0 is not a number of ranks")

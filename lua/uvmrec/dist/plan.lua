@@ -26,6 +26,9 @@ local M = {}
 M.KINDS = { table_wise = true, row_wise = true, column_wise = true, data_parallel = true }
 local KIND_LIST = "table_wise, row_wise, column_wise or data_parallel"
 
+-- the option each kind takes in {kind, ...}
+local OPTION = { rank = "table_wise", ranks = "column_wise" }
+
 local IN_TURN = { "table_wise", "row_wise", "column_wise", "data_parallel" }
 
 local function bad(msg, level) error("dist plan: " .. msg, level + 1) end
@@ -41,6 +44,12 @@ local function kind_of(spec, name, level)
   if k == nil then k = "table_wise" end
   if not M.KINDS[k] then
     bad(("table '%s': sharding '%s' is not %s"):format(name, tostring(k), KIND_LIST), level + 1)
+  end
+  for key in pairs(opts) do
+    if key ~= 1 and key ~= "kind" and OPTION[key] ~= k then
+      bad(("table '%s': %s sharding takes no option '%s' (table_wise takes rank, column_wise ranks)")
+          :format(name, k, tostring(key)), level + 1)
+    end
   end
   return k, opts
 end
