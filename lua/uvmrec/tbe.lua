@@ -27,6 +27,8 @@ local OPTS = { tables = true, features = true, optimizer = true, bounds = true, 
                placement = true, dtype = true, state_placement = true, cache = true }
 local TABLE_OPTS = { name = true, rows = true, dim = true, dtype = true, pooling = true,
                      placement = true, state_placement = true, features = true, shard = true }
+-- the sharded collection (uvmrec.dist.sharded) checks its options against these
+M.OPTS, M.TABLE_OPTS = OPTS, TABLE_OPTS
 
 local table_options = require "uvmrec.table_options"
 local O = table_options.checks("embedding collection")

@@ -93,6 +93,18 @@ describe("uvmrec.dist.shard", function()
     assert.equal("bf16", s.output_dtype)
     local bad = { tables = opts().tables, features = { "f", "g", "b", "q" }, device = "cpu" }
     assert.has_error(function() dist.shard(bad, "row_wise", comm) end, "dist.shard: feature 'q' is on no table")
+    -- options the unsharded collection refuses were ignored: a misspelled optimizer trained with
+    -- the default one
+    local o = opts()
+    o.optimiser = { "sgd", lr = 1 }
+    assert.has_error(function() dist.shard(o, "row_wise", comm) end,
+      "dist.shard: unknown collection option 'optimiser'")
+    o = opts()
+    o.tables[2].bogus = 1
+    assert.has_error(function() dist.shard(o, "row_wise", comm) end, "dist.shard: unknown table option 'bogus'")
+    o = opts()
+    o.tables[1].shard = { logical = 0, rows = 100, dim = 16 } -- the plan sets each shard's
+    assert.has_error(function() dist.shard(o, "row_wise", comm) end, "dist.shard: unknown table option 'shard'")
   end)
 
   it("refuses shards on a GPU whose communicator cannot exchange their tensors, saying how to make one", function()

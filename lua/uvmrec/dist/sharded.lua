@@ -36,6 +36,13 @@ local planner = require "uvmrec.dist.plan"
 
 local Sharded = Module:extend("ShardedEmbeddingBagCollection")
 
+-- The unsharded collection's options (uvmrec.tbe's) and vbe; a table's own but its shard, which
+-- the plan sets.
+local OPTS, TABLE_OPTS = { vbe = true }, {}
+for k in pairs(tbe.OPTS) do OPTS[k] = true end
+for k in pairs(tbe.TABLE_OPTS) do TABLE_OPTS[k] = k ~= "shard" or nil end
+local O = require("uvmrec.table_options").checks("dist.shard")
+
 local COMMON = { "optimizer", "bounds", "seed", "device", "stochastic_rounding", "output_dtype", "pooling",
                  "placement", "dtype", "state_placement", "cache" }
 
@@ -51,6 +58,11 @@ function Sharded:__init(opts, spec, comm)
   Module.__init(self)
   if type(opts) ~= "table" or type(opts.tables) ~= "table" then
     error("dist.shard: expected an embedding bag collection or its options", 4)
+  end
+  O.check_keys(opts, OPTS, "collection ", 4)
+  for i, t in ipairs(opts.tables) do
+    if type(t) ~= "table" then O.fail(("table %d is not a table"):format(i), 4) end
+    O.check_keys(t, TABLE_OPTS, "table ", 4)
   end
   if not comm then error("dist.shard: no communicator (call dist.init() first)", 4) end
   self.comm = comm
