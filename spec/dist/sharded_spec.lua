@@ -107,6 +107,28 @@ describe("uvmrec.dist.shard", function()
     assert.has_error(function() dist.shard(o, "row_wise", comm) end, "dist.shard: unknown table option 'shard'")
   end)
 
+  it("refuses an input whose keys are not the collection's features, as the unsharded one does", function()
+    -- the exchange fixed its key order at the first input: keys {c, b, g, f} first, then the
+    -- features' order, pooled b's ids from c's table; an extra key was ignored
+    local sharded = dist.shard(opts(), "table_wise", comm)
+    local plain = ur.nn.EmbeddingBagCollection(opts())
+    local swapped = ur.KJT { keys = { "c", "b", "g", "f" }, values = { 1, 2, 3, 4 }, lengths = { 1, 1, 1, 1 } }
+    local want = "sharded_spec%.lua:%d+: ShardedEmbeddingBagCollection: the input's keys {c, b, g, f} are not the "
+      .. "collection's features {f, g, b, c}$"
+    local ok, err = pcall(function() local r = sharded:forward(swapped); return r end)
+    assert.is_false(ok)
+    assert.matches(want, err)
+    ok, err = pcall(function() local r = sharded:prepare(swapped); return r end)
+    assert.is_false(ok)
+    assert.matches(want, err)
+    local kjt = ur.KJT { keys = { "f", "g", "b", "c" }, values = { 1, 2, 3, 4 }, lengths = { 1, 1, 1, 1 } }
+    assert.same(plain:forward(kjt):totable(), sharded:forward(kjt):totable())
+    local extra = ur.KJT { keys = { "f", "g", "b", "c", "z" }, values = { 1, 2, 3, 4, 5 }, lengths = { 1, 1, 1, 1, 1 } }
+    assert.has_error(function() sharded:forward(extra) end, "ShardedEmbeddingBagCollection: the input's keys "
+      .. "{f, g, b, c, z} are not the collection's features {f, g, b, c}")
+    sharded:free()
+  end)
+
   it("refuses shards on a GPU whose communicator cannot exchange their tensors, saying how to make one", function()
     -- checked before anything is built, so a machine without a GPU provokes it too
     local o = opts()

@@ -42,6 +42,7 @@ local OPTS, TABLE_OPTS = { vbe = true }, {}
 for k in pairs(tbe.OPTS) do OPTS[k] = true end
 for k in pairs(tbe.TABLE_OPTS) do TABLE_OPTS[k] = k ~= "shard" or nil end
 local O = require("uvmrec.table_options").checks("dist.shard")
+local IN = require("uvmrec.table_options").checks("ShardedEmbeddingBagCollection")
 
 local COMMON = { "optimizer", "bounds", "seed", "device", "stochastic_rounding", "output_dtype", "pooling",
                  "placement", "dtype", "state_placement", "cache" }
@@ -662,8 +663,10 @@ local function buf(self, key, rows, cols) return self:buffer(key, self.output_dt
 
 function Sharded:_check_input(input)
   if type(input) ~= "cdata" or type(input.keys) ~= "function" then
-    error(self:type_name() .. ": the input must be a KJT (its keys in the collection's feature order)", 4)
+    error(self:type_name() .. ": the input must be a KJT (its keys in the collection's feature order)", 3)
   end
+  -- as the unsharded collection checks them: the exchange's key order is fixed at the first input
+  IN.same_keys(input:keys(), self.features, 3)
 end
 
 -- forward(input[, ticket]) (Module's): a ticket of prepare brings the batch's exchanged ids (and
