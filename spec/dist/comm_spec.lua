@@ -93,6 +93,14 @@ describe("uvmrec.dist communicators", function()
         "comm all_to_all: send_counts sum to 5, and the input has 4 elements")
       assert.has_error(function() comm:all_to_all(a, b, { 4, 1 }, { 3 }) end,
         "comm: send_counts must list 1 counts, one per rank")
+      -- a count was cast: 4.5 taken as 4, 'x' a raw FFI error
+      local c = ur.tensor({ 4 }):fill(0)
+      assert.has_error(function() comm:all_to_all(a, c, { 4.5 }, { 4 }) end,
+        "comm: send_counts[0] is 4.5; expected a whole number of elements")
+      assert.has_error(function() comm:all_to_all(a, c, { 4 }, { "x" }) end,
+        "comm: recv_counts[0] is x; expected a whole number of elements")
+      assert.has_error(function() comm:all_gather(a, c, { 4.5 }) end,
+        "comm: counts[0] is 4.5; expected a whole number of elements")
       assert.has_error(function() comm:all_gather(a, b, { 4 }) end,
         "comm all_gather: counts sum to 4, and the output has 3 elements")
       assert.has_error(function() comm:broadcast(a, 1) end, "comm broadcast: root 1; expected a rank 0..0")

@@ -47,7 +47,14 @@ function Comm:_counts(list, k, what, level)
     error(("comm: %s must list %d counts, one per rank"):format(what, w), level + 1)
   end
   local buf = self._counts_buf[k]
-  for r = 1, w do buf[r - 1] = list[r] end
+  for r = 1, w do
+    local v = list[r]
+    -- a cast would truncate 4.5 to 4 and take it; the engine checks the signs and the sums
+    if type(v) ~= "number" or v ~= math.floor(v) then
+      error(("comm: %s[%d] is %s; expected a whole number of elements"):format(what, r - 1, tostring(v)), level + 1)
+    end
+    buf[r - 1] = v
+  end
   return buf
 end
 
