@@ -183,6 +183,12 @@ describe("uvmrec.dist.shard", function()
     local def = assert(train.model_def(cfg))
     local plain = assert(def.build(cfg, { cpu = true }))
     local m = assert(def.build(cfg, { cpu = true }))
+    -- 'lots' raised "attempt to compare string with number"; -5 and NaN were taken
+    local ddp = require "uvmrec.dist.ddp"
+    for _, bad in ipairs { "lots", -5, 0 / 0 } do
+      assert.has_error(function() ddp.data_parallel(plain, { comm = comm, bucket_bytes = bad }) end,
+        ("ddp: bucket_bytes is %s; expected a number of bytes >= 0"):format(tostring(bad)))
+    end
     dist.shard_modules(m, { default = "row_wise", C3 = "table_wise" }, { comm = comm, bucket_bytes = 4096 })
     assert.matches("Sharded", tostring(m.embeddings))
     assert.is_true(m.data_parallel.buckets > 1)

@@ -47,6 +47,9 @@ function M.data_parallel(model, opts)
   opts = opts or {}
   local comm = opts.comm or require("uvmrec.dist").job()
   local limit = opts.bucket_bytes or M.BUCKET_BYTES
+  if type(limit) ~= "number" or limit ~= limit or limit < 0 then
+    error(("ddp: bucket_bytes is %s; expected a number of bytes >= 0"):format(tostring(limit)), 2)
+  end
   local params = {}
   for _, p in ipairs(model:parameters()) do
     if not p.fused and p.grad then params[#params + 1] = p end
