@@ -162,8 +162,9 @@ local function watch()
 end
 function watch_once()
   if cause then return end
+  -- A rank's noted failure first: it notes before its MPI_Abort, which kills the others
+  -- without a note, whichever rank they are.
   for r = 0, n - 1 do
-    local pid = note(r, "pid")
     local code, text = note(r, "exit")
     -- after Ctrl-C, ranks end with 130 (SIGINT's code) once their checkpoint is saved, or die of
     -- the signal itself when it came before they could catch it
@@ -171,6 +172,10 @@ function watch_once()
       cause = { rank = r, text = ("exited with %d: %s"):format(code, text:match("^[^\n]*")) }
       return
     end
+  end
+  for r = 0, n - 1 do
+    local pid = note(r, "pid")
+    local code = note(r, "exit")
     if pid and not code and not sent[r] and ffi.C.kill(pid, 0) ~= 0 and not note(r, "exit") then
       cause = { rank = r, text = ("(process %d) died without a message: killed by a signal, or by the kernel "
         .. "out of memory"):format(pid) }

@@ -415,6 +415,9 @@ int main(int argc, char **argv) {
       status = 1;
     }
   }
+  /* Noted before closing too: the close runs the finalizers, which can wait for, or crash on,
+   * collectives the other ranks never finish once a rank failed. */
+  if (status) job_note("exit", status, last_message);
   ur_lua_close(L);
   return finish(status);
 }

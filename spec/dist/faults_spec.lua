@@ -64,6 +64,26 @@ describe("faults over ranks", function()
         assert.matches("uvmrec launch: " .. c[2], err)
         assert.is_nil(err:match("died without a message"), err)
       end
+      -- every rank of 3 failing alike mid-job, with the column shards' all-to-all posted: the
+      -- first to note its failure aborts the job, and a rank dying in that (killed, or crashing
+      -- as it closes) was named as dead without a message when launch looked at it first (1 to
+      -- 3 runs in 5, measured; not every time, so 6 runs)
+      local script = command.spit(dir .. "/all_fail.lua", [[
+        local ur = require "uvmrec"
+        local dist = require "uvmrec.dist"
+        local comm = assert(dist.init { cpu = true })
+        local o = { tables = { { name = "a", rows = 7, dim = 8 }, { name = "b", rows = 50, dim = 12 } },
+                    device = "cpu", output_dtype = "bf16" }
+        local ebc = dist.shard(o, { a = "row_wise", b = "column_wise" }, comm)
+        ebc:forward(ur.KJT { keys = { "a", "b" }, values = { 1, 2, 3, 4 }, lengths = { 1, 1, 1, 1 } })
+      ]])
+      for _ = 1, 6 do
+        local out, err, code = command.sh(("timeout 120 %s launch -n 3 %s"):format(command.bin(), script))
+        assert.is_true(code ~= 0, out .. err)
+        assert.matches("uvmrec launch: rank %d exited with 1: .*comm reduce_scatter: dtype bf16 cannot be reduced here",
+          err)
+        assert.is_nil(err:match("died without a message"), err)
+      end
     end)
 
   it("times out the others' collectives when a rank hangs (UVMREC_COMM_TIMEOUT)", function()
