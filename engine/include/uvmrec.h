@@ -518,9 +518,10 @@ UR_API ur_status ur_criteo_stats_get(const ur_criteo_reader *r, ur_criteo_stats 
 UR_API int32_t ur_criteo_file_index(const ur_criteo_reader *r);
 /* TSV to binary day files: input i becomes out_dir/day_D_{dense,sparse,labels}.npy with
  * D = days[i] (or i when days is NULL): dense <f4 [N,13] already transformed, sparse <i4
- * [N,26] when every column has rows (ids mod rows), else <u4 raw ids, labels <i4 [N]; with rows,
- * day_D_sparse_rows.npy <i8 [26] records them (0: raw), and the loader reads the day only with
- * rows that divide them (without rows, an older record of day D is removed).  All or nothing:
+ * [N,26] when every column has rows of at most 2^31 (ids mod rows), else <u4 (ids mod rows where
+ * given, raw elsewhere), labels <i4 [N]; with rows, day_D_sparse_rows.npy <i8 [26] records them
+ * (0: raw), and a loader given rows reads the day only with rows that divide them, a table read
+ * raw refused (without rows, an older record of day D is removed).  All or nothing:
  * the files appear when every input converted, and a failure leaves none of them. */
 UR_API ur_status ur_criteo_convert(const char *const *paths, int32_t npaths,
                                    ur_criteo_stats *out /* or NULL */,

@@ -245,6 +245,15 @@ describe("uvmrec.data loader", function()
       .. "day_0_sparse_rows.npy) but are read mod 300 rows, which does not divide it: the model would not see "
       .. "the rows its served raw ids map to; convert again with these rows (--config or --rows) or without --rows",
       err)
+    -- a table read raw beside tables given rows (training keeps a managed-collision table's raw ids)
+    local some = {}
+    for t = 1, 26 do some[t] = t == 3 and 0 or 500 end
+    l, err = data.open("criteo-bin:" .. dir, { batch_size = 400, rows = some })
+    assert.is_nil(l)
+    assert.matches("day_0's ids of C3 were taken mod 1000 %(uvmrec convert %-%-rows; day_0_sparse_rows%.npy%) but "
+      .. "are read raw %(the table keeps its raw ids: managed collisions%)", err)
+    -- no rows at all: the files are only read
+    assert.equal(1400, #rows_of(assert(data.open("criteo-bin:" .. dir, { batch_size = 400 }))))
     -- converted again with raw ids: the record goes with the reduced files
     assert(data.convert({ SAMPLE1, SAMPLE2 }, dir))
     assert.is_nil(io.open(dir .. "/day_1_sparse_rows.npy"))

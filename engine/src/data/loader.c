@@ -197,21 +197,28 @@ static ur_status open_day(ur_loader *l, const char *dir, int dn, day *d) {
 /* Day files whose ids convert took modulo sizes R (day_N_sparse_rows.npy) are read taking them
  * modulo the loader's rows only where those divide R: (id mod R) mod rows is then id mod rows,
  * the row a model given the raw id maps it to (serving, TSV files). Other rows would read
- * other rows than the served model does, so they are refused. */
+ * other rows than the served model does, so they are refused; so is a table read raw (rows 0)
+ * beside tables given rows, as training keeps a managed-collision table's raw ids: it would
+ * learn ids mod R and be served the raw ones.  A loader given no rows at all only reads. */
 static ur_status check_mod(const ur_loader *l, const char *dir) {
-  for (int i = 0; i < l->ndays; i++) {
+  int sized = 0;
+  for (int t = 0; t < l->T; t++) sized |= l->rows_mod[t] > 0;
+  for (int i = 0; sized && i < l->ndays; i++) {
     const day *d = &l->days[i];
     if (!d->have_mod) continue;
     const int64_t *mod = d->mod.data;
     for (int t = 0; t < l->T; t++) {
       int64_t was = mod[l->col0[t]], rows = l->rows_mod[t];
-      if (was > 0 && rows > 0 && was % rows)
+      char how[64];
+      if (rows > 0) snprintf(how, sizeof how, "mod %lld rows, which does not divide it", (long long)rows);
+      else snprintf(how, sizeof how, "raw (the table keeps its raw ids: managed collisions)");
+      if (was > 0 && (rows <= 0 || was % rows))
         return ur__error(UR_STATUS_FORMAT,
                          "criteo-bin: %s/day_%d's ids of C%d were taken mod %lld (uvmrec convert --rows; "
-                         "day_%d_sparse_rows.npy) but are read mod %lld rows, which does not divide it: the "
-                         "model would not see the rows its served raw ids map to; convert again with these "
-                         "rows (--config or --rows) or without --rows",
-                         dir, d->number, t + 1, (long long)was, d->number, (long long)rows);
+                         "day_%d_sparse_rows.npy) but are read %s: the model would not see the rows its "
+                         "served raw ids map to; convert again with these rows (--config or --rows) or "
+                         "without --rows",
+                         dir, d->number, t + 1, (long long)was, d->number, how);
     }
   }
   return UR_STATUS_OK;
