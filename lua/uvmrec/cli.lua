@@ -300,7 +300,8 @@ end
 -- os.exit, which notes the exit again once the job has started.
 function M.note_exit(code, text)
   local dir = os.getenv("UVMREC_JOB")
-  local rank = require("uvmrec.dist.environment")().rank
+  local env = require("uvmrec.dist.environment")()
+  local rank = env.launcher and env.rank -- a launched rank's; none outside a job
   if not dir or dir == "" or not rank then return end
   local path = ("%s/rank-%d.exit"):format(dir, rank)
   local f = io.open(path .. ".tmp", "w")
