@@ -64,6 +64,10 @@ return P
       hints.manager(m, { tables = { a = { policy = P.new { rows = 10 }, options = { rows = 256 } } } })
     end, msg)
     assert.equal(256, hints.manager(m, { policy = P, options = { rows = 256 } }).tables[1].policy.opts.rows)
+    -- a table's options without a policy of its own would be dropped for the default's
+    assert.has_error(function() hints.manager(m, { tables = { a = { options = { rows = 256 } } } }) end,
+      "hints: tables.a: options without a policy of its own (the default policy takes the manager's options); "
+      .. "give tables.a.policy")
   end)
 
   it("fail naming the policy, the table and the value when a plan returns garbage", function()

@@ -267,6 +267,11 @@ function M.manager(collection, opts)
             tostring(name), tostring(k)), 2)
         end
       end
+      -- a table's options go to its own policy: without one the default's would be used, theirs dropped
+      if per.options ~= nil and per.policy == nil then
+        error(("hints: tables.%s: options without a policy of its own (the default policy takes the "
+          .. "manager's options); give tables.%s.policy"):format(tostring(name), tostring(name)), 2)
+      end
     end
   end
   local tbes = tbes_of(collection)
