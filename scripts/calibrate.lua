@@ -654,13 +654,11 @@ local t = { format = calib.FORMAT, version = calib.VERSION, machine = machine, b
 assert(calib.from_table(t, "calibrate"))
 local text = calib.encode(t)
 if o.out then
-  local f, ferr = io.open(o.out, "w")
-  if not f then -- the measurements are not lost: they go to standard output
+  local ok, werr = require("uvmrec.lib").check(C.ur_file_write(o.out, text, #text))
+  if not ok then -- the measurements are not lost: they go to standard output
     io.write(text)
-    cmd:fail(ferr .. " (the calibration is on standard output)")
+    cmd:fail(werr .. " (the calibration is on standard output)")
   end
-  f:write(text)
-  f:close()
   print(("wrote %s in %.1f s"):format(o.out, C.ur_clock_seconds() - t_start))
 else
   io.write(text)
