@@ -130,7 +130,9 @@ ur_status ur_file_write(const char *path, const void *data, uint64_t len) {
     if (w <= 0) s = ur__error(UR_STATUS_IO, "file: writing %s: %s", tmp, w < 0 ? strerror(errno) : "no progress");
     else done += (uint64_t)w;
   }
-  if (!s && (fchmod(fd, 0644) || fsync(fd))) s = ur__error(UR_STATUS_IO, "file: syncing %s: %s", tmp, strerror(errno));
+  /* 0644, as the day files the npy writer makes */
+  if (!s && fchmod(fd, 0644)) s = ur__error(UR_STATUS_IO, "file: setting the mode of %s: %s", tmp, strerror(errno));
+  if (!s && fsync(fd)) s = ur__error(UR_STATUS_IO, "file: syncing %s: %s", tmp, strerror(errno));
   if (close(fd) && !s) s = ur__error(UR_STATUS_IO, "file: closing %s: %s", tmp, strerror(errno));
   if (!s && rename(tmp, path))
     s = ur__error(UR_STATUS_IO, "file: renaming %s to %s: %s", tmp, path, strerror(errno));

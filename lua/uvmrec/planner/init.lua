@@ -602,7 +602,7 @@ function Plan:table()
 end
 
 -- The plan with table `name` set to `choice` ({placement, sharding, load_factor,
--- prefix_fraction, shards}), every other table as it is, re-predicted.  nil, message when the
+-- prefix_fraction}), every other table as it is, re-predicted.  nil, message when the
 -- choice does not fit (the budget is checked as for a search).
 local CHOICE = { placement = true, sharding = true, load_factor = true, prefix_fraction = true }
 
