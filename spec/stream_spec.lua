@@ -19,10 +19,10 @@ describe("uvmrec streams and events", function()
 
   it("refuses stream options it would ignore or mangle, at the caller's line", function()
     for _, c in ipairs {
-      { { priority = 1.5 }, "stream: priority 1.5; expected a whole number that fits i32" },
-      { { priority = 2 ^ 40 }, "stream: priority 1099511627776; expected a whole number that fits i32" },
-      { { priority = 0 / 0 }, "stream: priority " .. tostring(0 / 0) .. "; expected a whole number that fits i32" },
-      { { priority = "-1" }, "stream: priority -1; expected a whole number that fits i32" },
+      { { priority = 1.5 }, "stream: priority is 1.5; expected a whole number that fits i32" },
+      { { priority = 2 ^ 40 }, "stream: priority is 1099511627776; expected a whole number that fits i32" },
+      { { priority = 0 / 0 }, "stream: priority is " .. tostring(0 / 0) .. "; expected a whole number that fits i32" },
+      { { priority = "-1" }, "stream: priority is string; expected a number" },
       { { prio = -1 }, "stream: unknown option 'prio'; expected priority" },
       { -1, "stream: options are number -1; expected a table such as {priority = -1}" },
     } do
@@ -32,7 +32,7 @@ describe("uvmrec streams and events", function()
     end
     local line = debug.getinfo(1, "l").currentline
     local _, err = pcall(function() local s = ur.stream { priority = 0.5 } return s end)
-    assert.matches("stream_spec%.lua:" .. (line + 1) .. ": stream: priority 0%.5", err)
+    assert.matches("stream_spec%.lua:" .. (line + 1) .. ": stream: priority is 0%.5", err)
     assert.equal(-100, assert(ur.stream { priority = -100 }):priority()) -- CUDA clamps it; kept as asked
   end)
 

@@ -178,6 +178,20 @@ function M.element(x, dtype, what, k, level)
   return x
 end
 
+-- Refuses a key of table t that is not in the list keys (nor in the set `also`, keys it holds
+-- besides): "<what>: unknown <noun> 'k'; expected a, b, c" at level (noun: "option" by default).
+-- A misspelt option would otherwise leave its setting at the default, silently.
+function M.known_keys(t, keys, what, level, noun, also)
+  local set = {}
+  for _, k in ipairs(keys) do set[k] = true end
+  for k in pairs(t) do
+    if not set[k] and not (also and also[k]) then
+      error(("%s: unknown %s '%s'; expected %s"):format(what, noun or "option", tostring(k), table.concat(keys, ", ")),
+            level + 1)
+    end
+  end
+end
+
 -- A Lua list of ids as an int64_t array and its length, each checked by M.element.
 function M.id_array(list, what, level)
   local n = #list

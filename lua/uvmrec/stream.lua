@@ -33,13 +33,8 @@ function M.stream(opts)
     error(("stream: options are %s %s; expected a table such as {priority = -1}"):format(type(opts),
           tostring(opts)), 2)
   end
-  for k in pairs(opts) do
-    if k ~= "priority" then error(("stream: unknown option '%s'; expected priority"):format(tostring(k)), 2) end
-  end
-  local p = opts.priority or 0
-  if type(p) ~= "number" or p ~= math.floor(p) or p < -2 ^ 31 or p >= 2 ^ 31 then
-    error(("stream: priority %s; expected a whole number that fits i32"):format(tostring(p)), 2)
-  end
+  lib.known_keys(opts, { "priority" }, "stream", 2)
+  local p = lib.element(opts.priority or 0, "i32", "stream: priority", nil, 2)
   local out = ffi.new("ur_stream *[1]")
   local ok, err = check(C.ur_stream_new(out, p))
   if not ok then return nil, err end

@@ -590,7 +590,7 @@ describe("uvmrec.data loader", function()
     -- batch_size 1.5 made batches of 1)
     assert.has_error(function()
       data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, shufle_window = 8 }
-    end, "loader: unknown option 'shufle_window'; expected one of data, batch_size, samples, rows, depth, threads, "
+    end, "loader: unknown option 'shufle_window'; expected data, batch_size, samples, rows, depth, threads, "
       .. "drop_last, shuffle_window, seed, epochs, rank, world, slice_rank, slice_world, position, placement, stream, "
       .. "keys, on_bad_line, pad_missing_fields, chunk_bytes, synthetic")
     assert.has_error(function() data.loader { data = "synthetic:tiny", samples = 10, batch_size = 1.5 } end,

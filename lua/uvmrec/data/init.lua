@@ -70,12 +70,7 @@ local function criteo_opts(opts, level, raw, extra)
   if not raw then
     local known = { unpack(TSV_OPTIONS) }
     known[#known + 1] = extra
-    for _, k in ipairs(known) do known[k] = true end
-    for k in pairs(opts) do
-      if not known[k] then
-        error(("criteo: unknown option '%s'; expected %s"):format(tostring(k), table.concat(known, ", ")), level + 1)
-      end
-    end
+    lib.known_keys(opts, known, "criteo", level + 1)
   end
   local cb = opts.chunk_bytes or 0
   if type(cb) ~= "number" or cb ~= math.floor(cb) or cb < 0 or cb > 2 ^ 40 then

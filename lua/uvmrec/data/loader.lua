@@ -130,19 +130,13 @@ methods.free = methods.close
 local OPTIONS = { "data", "batch_size", "samples", "rows", "depth", "threads", "drop_last", "shuffle_window", "seed",
                   "epochs", "rank", "world", "slice_rank", "slice_world", "position", "placement", "stream", "keys",
                   "on_bad_line", "pad_missing_fields", "chunk_bytes", "synthetic" }
-local KNOWN = {}
-for _, k in ipairs(OPTIONS) do KNOWN[k] = true end
 -- Counts the engine takes as integers: a cast would read 1.5 as 1 and a string not at all.
 local WHOLE = { "batch_size", "samples", "depth", "threads", "shuffle_window", "seed", "epochs", "rank", "world",
                 "slice_rank", "slice_world" }
 
 function M.loader(o)
   if type(o) ~= "table" then error("loader: expected a table of options", 2) end
-  for k in pairs(o) do
-    if not KNOWN[k] then
-      error(("loader: unknown option '%s'; expected one of %s"):format(tostring(k), table.concat(OPTIONS, ", ")), 2)
-    end
-  end
+  lib.known_keys(o, OPTIONS, "loader", 2)
   for _, k in ipairs(WHOLE) do
     if o[k] ~= nil then lib.element(o[k], "i64", "loader: " .. k, nil, 2) end
   end

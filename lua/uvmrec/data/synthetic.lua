@@ -29,15 +29,8 @@ local SPEC_KEYS = { "name", "num_dense", "seed", "bias", "dense_signal", "signal
                     "id_space_factor", "tables" }
 local TABLE_KEYS = { "name", "rows", "zipf", "hot", "weighted", "signal", "id_space" }
 
-local function known_keys(t, keys, what, level)
-  local set = { hot_max = keys == SPEC_KEYS, cspec = keys == SPEC_KEYS } -- what a checked spec holds too
-  for _, k in ipairs(keys) do set[k] = true end
-  for k in pairs(t) do
-    if not set[k] then
-      error(("%s: unknown key '%s'; expected %s"):format(what, tostring(k), table.concat(keys, ", ")), level + 1)
-    end
-  end
-end
+-- what a checked spec holds too
+local SPEC_ALSO = { hot_max = true, cspec = true }
 
 -- The spec as a Lua table (a preset's copy, with overrides) and as the engine's struct.
 function M.spec(s, overrides, level)
@@ -53,7 +46,7 @@ function M.spec(s, overrides, level)
   s = copy(s)
   for k, v in pairs(overrides or {}) do s[k] = v end
   -- A misspelt key would leave its setting at the default, and a cast would read 1.5 rows as 1.
-  known_keys(s, SPEC_KEYS, "synthetic", level + 1)
+  lib.known_keys(s, SPEC_KEYS, "synthetic", level + 1, "key", SPEC_ALSO)
   for _, k in ipairs { "num_dense", "seed", "groups" } do
     if s[k] ~= nil then lib.element(s[k], "i64", "synthetic: " .. k, nil, level + 1) end
   end
@@ -62,7 +55,7 @@ function M.spec(s, overrides, level)
   for i, t in ipairs(tabs) do
     if type(t) ~= "table" then error(("synthetic: table %d is %s; expected a table"):format(i, type(t)), level + 1) end
     local what = ("synthetic: table %d"):format(i)
-    known_keys(t, TABLE_KEYS, what, level + 1)
+    lib.known_keys(t, TABLE_KEYS, what, level + 1, "key")
     if type(t.rows) == "number" then lib.element(t.rows, "i64", what .. " rows", nil, level + 1) end
     if t.id_space ~= nil then lib.element(t.id_space, "i64", what .. " id_space", nil, level + 1) end
     local hot = type(t.hot) == "table" and t.hot or { t.hot }
