@@ -158,22 +158,26 @@ local WHOLE = { i64 = { -2 ^ 63, 2 ^ 63 }, i32 = { -2 ^ 31, 2 ^ 31 } }
 
 local I64, U64 = ffi.typeof("int64_t"), ffi.typeof("uint64_t")
 
+-- element's error, its name made only then: id_array checks every id of a list through element
+local function element_error(what, k, got, want, level)
+  error(("%s is %s; expected %s"):format(k and ("%s[%d]"):format(what, k) or what, got, want), level + 1)
+end
+
 -- x as element k of list `what` for an array of dtype (i64, i32; any number for others), or an
 -- error "<what>[k] is 1.5; expected a whole number that fits i64" at level; k nil: x is `what`
 -- itself (a single value bound for such a type).  An integer dtype also takes a 64-bit integer
 -- (9007199254740993LL): ids past 2^53, which no Lua number holds.
 function M.element(x, dtype, what, k, level)
-  local name = k and ("%s[%d]"):format(what, k) or what
   local w = WHOLE[dtype]
   if w and type(x) == "cdata" and (ffi.istype(I64, x) or ffi.istype(U64, x)) then
     -- 2^63 compares as a uint64_t exactly (as an int64_t it has no value)
     local v = ffi.istype(I64, x) and x or x < 2 ^ 63 and ffi.cast(I64, x) or nil
     if v and (dtype == "i64" or v >= w[1] and v < w[2]) then return v end
-    error(("%s is %s; expected a whole number that fits %s"):format(name, tostring(x), dtype), level + 1)
+    element_error(what, k, tostring(x), "a whole number that fits " .. dtype, level + 1)
   end
-  if type(x) ~= "number" then error(("%s is %s; expected a number"):format(name, type(x)), level + 1) end
+  if type(x) ~= "number" then element_error(what, k, type(x), "a number", level + 1) end
   if w and not (x == math.floor(x) and x >= w[1] and x < w[2]) then
-    error(("%s is %s; expected a whole number that fits %s"):format(name, tostring(x), dtype), level + 1)
+    element_error(what, k, tostring(x), "a whole number that fits " .. dtype, level + 1)
   end
   return x
 end
