@@ -1732,6 +1732,65 @@ static cudaError_t ur__cuda_tbe_decay_counts(cudaStream_t st, int32_t *c, int64_
   return cudaGetLastError();
 }
 
+/* ---- access counters ranked (layout.c's ur_counts_rank on device counters) ---- */
+
+namespace {
+
+/* keys[i] = UINT32_MAX - max(c[i], 0) (ascending keys: highest count first), ids[i] = i. */
+__global__ void rank_keys_kernel(const int32_t *c, int64_t n, uint32_t *keys, uint32_t *ids) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int32_t v = c[i];
+    keys[i] = UINT32_MAX - (uint32_t)(v < 0 ? 0 : v);
+    ids[i] = (uint32_t)i;
+  }
+}
+
+/* work: two key and two id buffers (cub's double buffer), then cub's own storage. */
+struct RankLayout {
+  size_t key[2], id[2], cub, cub_bytes, total;
+};
+
+cudaError_t rank_layout(int64_t n, RankLayout *L) {
+  size_t b = up((size_t)n * 4), off = 0;
+  for (int k = 0; k < 2; k++) {
+    L->key[k] = off;
+    off += b;
+    L->id[k] = off;
+    off += b;
+  }
+  cub::DoubleBuffer<uint32_t> keys(nullptr, nullptr), ids(nullptr, nullptr);
+  L->cub_bytes = 0;
+  UR_TRY(cub::DeviceRadixSort::SortPairs(nullptr, L->cub_bytes, keys, ids, (int)n, 0, 32,
+                                         (cudaStream_t)0));
+  L->cub = off;
+  L->total = off + up(L->cub_bytes);
+  return cudaSuccess;
+}
+
+} // namespace
+
+static cudaError_t ur__cuda_rank_counts(cudaStream_t st, const int32_t *c, int64_t n, void *work,
+                                        uint32_t *keys_out, uint32_t *ids_out) {
+  (void)cudaGetLastError();
+  if (n == 0) return cudaSuccess;
+  RankLayout L;
+  UR_TRY(rank_layout(n, &L));
+  char *w = (char *)work;
+  cub::DoubleBuffer<uint32_t> keys((uint32_t *)(w + L.key[0]), (uint32_t *)(w + L.key[1]));
+  cub::DoubleBuffer<uint32_t> ids((uint32_t *)(w + L.id[0]), (uint32_t *)(w + L.id[1]));
+  int64_t want = (n + 255) / 256;
+  unsigned blocks = (unsigned)(want < (int64_t)sm_count() * 32 ? want : (int64_t)sm_count() * 32);
+  rank_keys_kernel<<<blocks, 256, 0, st>>>(c, n, keys.Current(), ids.Current());
+  UR_TRY(cudaGetLastError());
+  size_t cb = L.cub_bytes;
+  /* stable: equal counts keep id order, as the CPU's radix sort does */
+  UR_TRY(cub::DeviceRadixSort::SortPairs(w + L.cub, cb, keys, ids, (int)n, 0, 32, st));
+  UR_TRY(cudaMemcpyAsync(keys_out, keys.Current(), (size_t)n * 4, cudaMemcpyDeviceToHost, st));
+  UR_TRY(cudaMemcpyAsync(ids_out, ids.Current(), (size_t)n * 4, cudaMemcpyDeviceToHost, st));
+  return cudaStreamSynchronize(st);
+}
+
 static cudaError_t ur__cuda_tbe_forward(cudaStream_t st, const ur__tbe_args *a, void *work) {
   (void)cudaGetLastError(); /* report this call's errors only (sticky ones come back anyway) */
   UR_TRY(count_accesses(st, a));
@@ -1931,6 +1990,20 @@ static ur_status tbe_decay_counts(void *stream, int32_t *c, int64_t n, double fa
   return UR_STATUS_OK;
 }
 
+static ur_status tbe_rank_work_bytes(int64_t n, size_t *out) {
+  RankLayout L;
+  UR_CUDA_CHECK(rank_layout(n, &L), "tbe counts rank (work size)");
+  *out = L.total;
+  return UR_STATUS_OK;
+}
+
+static ur_status tbe_rank_counts(void *stream, const int32_t *c, int64_t n, void *work,
+                                 uint32_t *keys, uint32_t *ids) {
+  UR_CUDA_CHECK(ur__cuda_rank_counts((cudaStream_t)stream, c, n, work, keys, ids),
+                "tbe counts rank");
+  return UR_STATUS_OK;
+}
+
 const ur_tbe_ops ur__cuda_tbe_ops = {
     .work_bytes = tbe_work_bytes,
     .forward = tbe_forward,
@@ -1940,4 +2013,6 @@ const ur_tbe_ops ur__cuda_tbe_ops = {
     .gather_rows = tbe_gather_rows,
     .decay_counts = tbe_decay_counts,
     .swap_rows = tbe_swap_rows,
+    .rank_work_bytes = tbe_rank_work_bytes,
+    .rank_counts = tbe_rank_counts,
 };

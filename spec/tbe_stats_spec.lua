@@ -213,6 +213,46 @@ describe("uvmrec.tbe access counters", function()
       "embedding collection: no table named 'zz' (tables: a, b, c)")
   end)
 
+  cuda_it("rank device counters on the GPU to the CPU's order and sums (ties by id, below 0 as 0, no HBM room)",
+    function()
+    local ffi = require "ffi"
+    local stats = require "uvmrec.tbe_stats"
+    local function same(n, fill, what)
+      local host = assert(ur.tensor({ n }, { dtype = "i32" }))
+      local p = ffi.cast("int32_t *", require("uvmrec.lib").C.ur_tensor_data(host.p))
+      for i = 0, n - 1 do p[i] = fill(i) end
+      local dev = assert(host:to("device"))
+      local a, b = stats.snapshot(host, "h"), stats.snapshot(dev, "d")
+      assert.equal(a.total, b.total, what)
+      for r = 0, n - 1 do
+        if a._o[r] ~= b._o[r] or a._c[r] ~= b._c[r] then
+          error(("%s: rank %d: the CPU has id %d (sum %d), the GPU id %d (sum %d)"):format(what, r,
+            tonumber(a._o[r]), tonumber(a._c[r]), tonumber(b._o[r]), tonumber(b._c[r])))
+        end
+      end
+      a:free()
+      b:free()
+      host:free()
+      dev:free()
+    end
+    math.randomseed(71)
+    same(1, function() return 5 end, "one row")
+    same(2, function(i) return 3 - i end, "two rows")
+    -- few distinct counts (long runs of ties, ids must stay in order), a few below 0 and huge
+    same(300001, function()
+      local u = math.random()
+      if u < 0.01 then return -math.random(1, 1000) end
+      if u < 0.02 then return 2147483647 - math.random(0, 3) end
+      return math.floor(8 * u * u)
+    end, "ties")
+    same(1 + 2 ^ 20, function() return math.random(0, 2 ^ 31 - 1) end, "wide counts")
+    -- no room in the HBM budget for the sort's 16 bytes a row: the CPU ranks, the same order
+    assert(ur.set_hbm_budget(ur.memory().hbm_used + 4096))
+    local ok, err = pcall(same, 100000, function() return math.random(0, 50) end, "no room")
+    ur.set_hbm_budget(nil)
+    assert(ok, err)
+  end)
+
   cuda_it("count on the GPU exactly as on the CPU, decay included (device and managed tables)", function()
     for _, place in ipairs { "device", "managed" } do
       local cpu, gpu = make("cpu", "host"), make(0, place)

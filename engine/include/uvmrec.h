@@ -832,9 +832,23 @@ UR_API ur_status ur_tbe_counts(const ur_tbe *t, int32_t table, ur_tensor **out);
 UR_API ur_status ur_tbe_decay_counts(ur_stream *s, ur_tbe *t, int32_t table, double factor);
 /* order[r] = the id with the r-th highest count (ties: lower id first); cumsum[r] (optional)
  * = the counts of order[0..r] summed.  counts is i32 [n] in any placement; order and cumsum
- * are i64 [n] in host memory.  Linear time (a radix sort). */
+ * are i64 [n] in host memory.  Linear time (a radix sort; on the GPU for device counters
+ * where the HBM budget has 16 bytes a row for it, else on the CPU: the same order). */
 UR_API ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order /* out */,
                                 ur_tensor *cumsum /* out, or NULL */);
+/* *out = the counts (negative ones as 0) of the ids whose row perm[id] is below k (perm NULL:
+ * the identity, ids 0..k-1).  counts i32 [n], perm i64 [n], in host memory. */
+UR_API ur_status ur_counts_prefix(const ur_tensor *counts, const ur_tensor *perm /* or NULL */,
+                                  int64_t k, int64_t *out);
+/* The ids that trade rows across the prefix [0, k) of a layout (perm, NULL: the identity),
+ * from a ranking (order and cumsum as ur_counts_rank gives them): pair i is a[i], the i-th
+ * hottest id outside, with b[i], the i-th coldest inside, while a[i] was read more than
+ * (1 + band) times as often as b[i] (band >= 0).  a and b are i64 with room for the pairs (min(k,
+ * n - k) is enough; fewer stops early, *n_out says how many were written) in host memory. */
+UR_API ur_status ur_counts_swap_pairs(const ur_tensor *order, const ur_tensor *cumsum,
+                                      const ur_tensor *perm /* or NULL */, int64_t k, double band,
+                                      ur_tensor *a /* out */, ur_tensor *b /* out */,
+                                      int64_t *n_out);
 /* perm[order[r]] = r: the permutation that lays rows out in the given order (which must hold
  * each of 0..n-1 once); perm is i64 [n] in host memory. */
 UR_API ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm /* out */);

@@ -42,3 +42,109 @@ describe("uvmrec.hints.adaptive", function()
     mgr:free()
   end)
 end)
+
+-- The pairs adaptive swaps and the accesses a prefix takes (ur_counts_swap_pairs,
+-- ur_counts_prefix) against a plain reference: two scans of the ranking, the layout tracked as
+-- pairs move, as the manager's Lua did before they went to C.
+describe("uvmrec.hints swap pairs and prefix accesses", function()
+  local ffi = require "ffi"
+  local ur = require "uvmrec"
+  local C = ur.C
+  local stats = require "uvmrec.tbe_stats"
+  local i64 = ffi.typeof("int64_t *")
+  local function ref_pairs(o, cnt, perm, rows, k, band)
+    if k <= 0 or k >= rows then return {}, {} end
+    local moved = {}
+    local function phys(id) return moved[id] or perm[id] end
+    local enter, ec = {}, {}
+    for r = 0, rows - 1 do
+      local c = cnt[r]
+      if c == 0 or #enter >= k then break end
+      if phys(o[r]) >= k then enter[#enter + 1], ec[#enter + 1] = o[r], c end
+    end
+    local A, B, r = {}, {}, rows - 1
+    for i = 1, #enter do
+      while r >= 0 and phys(o[r]) >= k do r = r - 1 end
+      if r < 0 or ec[i] <= (1 + band) * cnt[r] then break end
+      local x, y = enter[i], o[r]
+      moved[x], moved[y] = phys(y), phys(x)
+      A[#A + 1], B[#B + 1] = x, y
+      r = r - 1
+    end
+    return A, B
+  end
+  it("take the pairs and sums the reference takes, over layouts, prefixes, bands, ties and zeros", function()
+    math.randomseed(23)
+    for trial = 1, 40 do
+      local rows = ({ 1, 2, 7, 64, 1000, 5000 })[trial % 6 + 1]
+      local counts = assert(ur.tensor({ rows }, { dtype = "i32" }))
+      local cp = ffi.cast("int32_t *", C.ur_tensor_data(counts.p))
+      local spread = ({ 2, 5, 1000 })[trial % 3 + 1]
+      for i = 0, rows - 1 do cp[i] = math.random() < 0.3 and 0 or math.random(0, spread) end
+      if trial % 7 == 0 then cp[0] = -3 end
+      -- a layout: the identity, or a shuffle
+      local perm = assert(ur.tensor({ rows }, { dtype = "i64" }))
+      local pp = ffi.cast(i64, C.ur_tensor_data(perm.p))
+      for i = 0, rows - 1 do pp[i] = i end
+      local shuffled = trial % 2 == 0
+      if shuffled then
+        for i = rows - 1, 1, -1 do
+          local j = math.random(0, i)
+          pp[i], pp[j] = pp[j], pp[i]
+        end
+      end
+      local a = stats.snapshot(counts, "t")
+      local o, cnt, pl = {}, {}, {}
+      for r = 0, rows - 1 do
+        o[r] = tonumber(a._o[r])
+        cnt[r] = a:count_at(r)
+        pl[r] = tonumber(pp[r])
+      end
+      for _, k in ipairs { 0, 1, math.floor(rows / 3), math.floor(rows / 2), rows - 1, rows } do
+        for _, band in ipairs { 0, 0.1, 1 } do
+          local want_a, want_b = ref_pairs(o, cnt, pl, rows, k, band)
+          local room = math.max(1, math.min(k, rows - k))
+          local A = assert(ur.tensor({ room }, { dtype = "i64" }))
+          local B = assert(ur.tensor({ room }, { dtype = "i64" }))
+          local n = ffi.new("int64_t[1]")
+          assert(C.ur_counts_swap_pairs(a.order.p, a.cumsum.p, shuffled and perm.p or nil, k, band, A.p, B.p, n) == 0)
+          local what = ("trial %d, %d rows, k %d, band %g"):format(trial, rows, k, band)
+          assert.equal(#want_a, tonumber(n[0]), what)
+          local Ap, Bp = ffi.cast(i64, C.ur_tensor_data(A.p)), ffi.cast(i64, C.ur_tensor_data(B.p))
+          for i = 1, #want_a do
+            assert.equal(want_a[i], tonumber(Ap[i - 1]), what)
+            assert.equal(want_b[i], tonumber(Bp[i - 1]), what)
+          end
+          A:free()
+          B:free()
+        end
+        local sum, want = ffi.new("int64_t[1]"), 0
+        for id = 0, rows - 1 do
+          if pl[id] < k then want = want + math.max(0, cp[id]) end
+        end
+        assert(C.ur_counts_prefix(counts.p, shuffled and perm.p or nil, k, sum) == 0)
+        assert.equal(want, tonumber(sum[0]), ("prefix of %d rows, k %d"):format(rows, k))
+      end
+      a:free()
+      counts:free()
+      perm:free()
+    end
+  end)
+
+  it("refuse device counters, a perm of another length and a band below 0, naming them", function()
+    local counts = assert(ur.tensor({ 4 }, { dtype = "i32" }))
+    counts:fill(1)
+    local perm = assert(ur.tensor({ 3 }, { dtype = "i64" }))
+    local sum = ffi.new("int64_t[1]")
+    assert.equal(C.UR_STATUS_INVALID, C.ur_counts_prefix(counts.p, perm.p, 2, sum))
+    assert.matches("counts_prefix: perm: expected an i64 %[4%] tensor in host memory", ffi.string(C.ur_last_error()))
+    local a = stats.snapshot(counts, "t")
+    local n = ffi.new("int64_t[1]")
+    assert.equal(C.UR_STATUS_INVALID, C.ur_counts_swap_pairs(a.order.p, a.cumsum.p, nil, 2, -1, a.order.p,
+                                                             a.cumsum.p, n))
+    assert.matches("counts_swap_pairs: band is %-1; expected a number >= 0", ffi.string(C.ur_last_error()))
+    a:free()
+    counts:free()
+    perm:free()
+  end)
+end)

@@ -7,7 +7,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 9
+#define UR_BACKEND_ABI 10
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {

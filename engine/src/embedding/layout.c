@@ -62,6 +62,43 @@ static ur_status check_host_i64(const ur_tensor *x, int64_t n, const char *what)
   return UR_STATUS_OK;
 }
 
+/* Device counters ranked by their backend (tbe.h's rank_counts: a radix sort there, 16 bytes of
+ * HBM a row for its duration, 8 bytes a row back over the link) into the host arrays o and cs.
+ * UR_STATUS_UNSUPPORTED where it cannot (host counters, no room in the HBM budget, 2^31 rows or
+ * more): the CPU's sort then ranks, to the same order. */
+static ur_status rank_on_device(const ur_tensor *counts, int64_t n, int64_t *o, int64_t *cs) {
+  const ur_backend *b = ur__tensor_backend(counts);
+  if (ur_tensor_place(counts) != UR_PLACE_DEVICE || b == ur__cpu() || !b->tbe ||
+      !b->tbe->rank_counts || n <= 0 || n >= INT32_MAX)
+    return UR_STATUS_UNSUPPORTED;
+  int32_t dev = ur_tensor_device(counts), prev = -1;
+  ur_status st = ur__device_enter(b, dev, &prev);
+  if (st) return st;
+  size_t wb = 0;
+  ur_tensor *work = NULL;
+  uint32_t *keys = malloc(sizeof(uint32_t) * 2 * (size_t)n), *ids = keys ? keys + n : NULL;
+  if (!keys) st = ur__error(UR_STATUS_OOM, "counts_rank: out of host memory for %lld rows", (long long)n);
+  if (!st) st = b->tbe->rank_work_bytes(n, &wb);
+  if (!st) {
+    int64_t nb = (int64_t)(wb ? wb : 1);
+    /* HBM for the sort (16 bytes a row): where the budget has none, the CPU ranks instead */
+    st = ur_tensor_new(&work, UR_DTYPE_U8, 1, &nb, UR_PLACE_DEVICE, dev);
+    if (st == UR_STATUS_OOM) st = UR_STATUS_UNSUPPORTED;
+  }
+  if (!st) st = b->tbe->rank_counts(NULL, ur_tensor_data(counts), n, ur_tensor_data(work), keys, ids);
+  if (!st) {
+    int64_t sum = 0;
+    for (int64_t r = 0; r < n; r++) {
+      o[r] = ids[r];
+      sum += (int64_t)(UINT32_MAX - keys[r]);
+      if (cs) cs[r] = sum;
+    }
+  }
+  ur_tensor_free(work);
+  free(keys);
+  return ur__device_leave(b, dev, prev, st);
+}
+
 ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *cumsum) {
   UR__ARGS(counts, order);
   if (ur_tensor_dtype(counts) != UR_DTYPE_I32 || ur_tensor_ndim(counts) != 1)
@@ -71,6 +108,14 @@ ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *c
   ur_status st = check_host_i64(order, n, "counts_rank: order");
   if (!st && cumsum) st = check_host_i64(cumsum, n, "counts_rank: cumsum");
   if (st) return st;
+  /* the counters' writers, and anything still using pinned or managed outputs, on any stream */
+  if (ur_tensor_place(counts) != UR_PLACE_HOST || ur_tensor_place(order) != UR_PLACE_HOST ||
+      (cumsum && ur_tensor_place(cumsum) != UR_PLACE_HOST))
+    st = ur_device_sync();
+  if (st) return st;
+  int64_t *o = ur_tensor_data(order), *cs = cumsum ? ur_tensor_data(cumsum) : NULL;
+  st = rank_on_device(counts, n, o, cs);
+  if (st != UR_STATUS_UNSUPPORTED) return st;
   int32_t *c = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
   int64_t *tmp = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
   if (!c || !tmp) {
@@ -78,24 +123,96 @@ ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *c
     free(tmp);
     return ur__error(UR_STATUS_OOM, "counts_rank: out of host memory for %lld rows", (long long)n);
   }
-  if (ur_tensor_place(counts) != UR_PLACE_HOST) st = ur_device_sync();
-  if (!st) st = ur_tensor_read(counts, 0, n, c);
+  st = ur_tensor_read(counts, 0, n, c);
   if (!st) {
-    if (ur_tensor_place(order) != UR_PLACE_HOST) st = ur_device_sync();
-    int64_t *o = ur_tensor_data(order);
-    if (!st) rank_ids(c, n, o, tmp);
-    if (!st && cumsum) {
-      int64_t *cs = ur_tensor_data(cumsum), sum = 0;
-      for (int64_t r = 0; r < n; r++) {
-        int32_t v = c[o[r]];
-        sum += v < 0 ? 0 : v;
-        cs[r] = sum;
-      }
+    rank_ids(c, n, o, tmp);
+    int64_t sum = 0;
+    for (int64_t r = 0; r < n && cs; r++) {
+      int32_t v = c[o[r]];
+      sum += v < 0 ? 0 : v;
+      cs[r] = sum;
     }
   }
   free(c);
   free(tmp);
   return st;
+}
+
+/* i64 [n] in host memory (check_host_i64), or NULL when allowed: its data. */
+static ur_status host_i64_or_null(const ur_tensor *x, int64_t n, const char *what,
+                                  const int64_t **out) {
+  *out = NULL;
+  if (!x) return UR_STATUS_OK;
+  ur_status st = check_host_i64(x, n, what);
+  if (!st) *out = ur_tensor_data(x);
+  return st;
+}
+
+ur_status ur_counts_prefix(const ur_tensor *counts, const ur_tensor *perm, int64_t k, int64_t *out) {
+  UR__ARGS(counts, out);
+  *out = 0;
+  int64_t n = ur_tensor_numel(counts);
+  if (ur_tensor_dtype(counts) != UR_DTYPE_I32 || ur_tensor_ndim(counts) != 1 ||
+      ur_tensor_place(counts) == UR_PLACE_DEVICE)
+    return ur__error(UR_STATUS_INVALID, "counts_prefix: counts is %s [%lld] in %s memory; expected "
+                     "i32 [n] in host memory", ur_dtype_name(ur_tensor_dtype(counts)), (long long)n,
+                     ur_place_name(ur_tensor_place(counts)));
+  const int64_t *p;
+  ur_status st = host_i64_or_null(perm, n, "counts_prefix: perm", &p);
+  if (st) return st;
+  const int32_t *c = ur_tensor_data(counts);
+  int64_t sum = 0;
+  if (!p) {
+    for (int64_t id = 0; id < (k < n ? k : n); id++) sum += c[id] < 0 ? 0 : c[id];
+  } else {
+    for (int64_t id = 0; id < n; id++)
+      if (p[id] < k) sum += c[id] < 0 ? 0 : c[id];
+  }
+  *out = sum;
+  return UR_STATUS_OK;
+}
+
+ur_status ur_counts_swap_pairs(const ur_tensor *order, const ur_tensor *cumsum, const ur_tensor *perm,
+                               int64_t k, double band, ur_tensor *a, ur_tensor *b, int64_t *n_out) {
+  UR__ARGS(order, cumsum, a, b, n_out);
+  *n_out = 0;
+  int64_t rows = ur_tensor_numel(order), room = ur_tensor_numel(a);
+  const int64_t *o, *cs, *p;
+  ur_status st = host_i64_or_null(order, rows, "counts_swap_pairs: order", &o);
+  if (!st) st = host_i64_or_null(cumsum, rows, "counts_swap_pairs: cumsum", &cs);
+  if (!st) st = host_i64_or_null(perm, rows, "counts_swap_pairs: perm", &p);
+  if (!st) st = check_host_i64(a, room, "counts_swap_pairs: a");
+  if (!st) st = check_host_i64(b, room, "counts_swap_pairs: b");
+  if (st) return st;
+  if (!(band >= 0))
+    return ur__error(UR_STATUS_INVALID, "counts_swap_pairs: band is %g; expected a number >= 0", band);
+  if (k <= 0 || k >= rows) return UR_STATUS_OK;
+#define COUNT_AT(r) ((r) == 0 ? cs[0] : cs[(r)] - cs[(r) - 1])
+#define PHYS(id) (p ? p[id] : (id))
+  /* The coldest inside first: no id outside read (1 + band) times as often or less enters, so the
+   * scan of the hottest outside stops there.  A pair never looks at an id paired before it (those
+   * inside are colder than every later one taken, those outside hotter), so the layout as ranked
+   * (perm) says which side every id it looks at is on. */
+  int64_t r = rows - 1;
+  while (r >= 0 && PHYS(o[r]) >= k) r--;
+  if (r < 0) return UR_STATUS_OK;
+  int64_t *A = ur_tensor_data(a), *B = ur_tensor_data(b), n = 0;
+  for (int64_t e = 0; e < rows && n < room && n < k; e++) {
+    int64_t c = COUNT_AT(e);
+    if (c == 0) break;
+    int64_t x = o[e];
+    if (PHYS(x) < k) continue;
+    while (r >= 0 && PHYS(o[r]) >= k) r--;
+    if (r < 0 || (double)c <= (1 + band) * (double)COUNT_AT(r)) break;
+    A[n] = x;
+    B[n] = o[r];
+    n++;
+    r--;
+  }
+#undef COUNT_AT
+#undef PHYS
+  *n_out = n;
+  return UR_STATUS_OK;
 }
 
 /* inv[p[i]] = i, checking that p is a permutation of 0..n-1 (errors start with ctx, and call

@@ -49,6 +49,14 @@ typedef struct ur_tbe_ops {
   ur_status (*decay_counts)(void *stream, int32_t *c, int64_t n, double factor);
   /* The swaps of s, on the stream (the GPU: a warp a pair, nothing waits). */
   ur_status (*swap_rows)(void *stream, const ur__tbe_swap *s);
+  /* Counters ranked where they live (layout.c's ur_counts_rank; the CPU has no entry, its
+   * reference is there): c, n of them (0 < n < 2^31), in the backend's memory; writes to host
+   * memory keys[r] = UINT32_MAX - max(c[id], 0) and ids[r] = id for the id of rank r (highest
+   * count first, ties by id, as the CPU's sort) and returns once they are there.  work: the
+   * bytes rank_work_bytes gives, in the backend's memory. */
+  ur_status (*rank_work_bytes)(int64_t n, size_t *out);
+  ur_status (*rank_counts)(void *stream, const int32_t *c, int64_t n, void *work, uint32_t *keys,
+                           uint32_t *ids);
 } ur_tbe_ops;
 
 /* The CPU backend's table (tbe_cpu.c), the reference. */

@@ -26,9 +26,11 @@
 --   print(m:summary())
 local ffi = require "ffi"
 local ur = require "uvmrec"
+local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
 
 local M = {}
-local C = ur.C
+local C, must = ur.C, lib.must
 
 -- ---- actions ----
 
@@ -119,9 +121,11 @@ end
 
 local Stats = {}
 Stats.__index = function(s, k)
-  if k == "access" then -- ranked on first use: it costs a pass over the counters
+  if k == "access" then -- ranked on first use: it costs a sort of the counters (on the GPU for its tables)
+    local t0 = C.ur_clock_seconds()
     local a = s._tbe:access(s.name)
     rawset(s, "access", a)
+    rawset(s, "rank_seconds", C.ur_clock_seconds() - t0)
     return a
   end
   if (k == "perm" or k == "_perm_p") and not rawget(s, "_perm_read") then
@@ -164,16 +168,11 @@ end
 -- Accesses counted for the rows that now sit at physical rows [0, k).
 function Stats:prefix_accesses(k)
   if k <= 0 then return 0 end
-  local c, sum = self:_counts(), 0
-  local p = self._perm_p
-  if not p then
-    for id = 0, math.min(k, self.rows) - 1 do sum = sum + c[id] end
-    return sum
-  end
-  for id = 0, self.rows - 1 do
-    if p[id] < k then sum = sum + c[id] end
-  end
-  return sum
+  self:_counts()
+  local _ = self._perm_p -- the layout, read back on first use
+  local sum = ffi.new("int64_t[1]")
+  must(C.ur_counts_prefix(rawget(self, "_host_counts").p, rawget(self, "perm") and self.perm.p, k, sum))
+  return tonumber(sum[0])
 end
 
 function Stats:_counts()
@@ -496,7 +495,12 @@ function Manager:_apply(t, s, actions, rec)
       else -- {swap = k}: check_actions let nothing else through
         -- rows that crossed trade places where they are, on the stream (a kernel on a GPU)
         local A, B, n = self:_swap_pairs(t, s, a.how.swap, a.how.band or 0)
-        if n > 0 then r, err = t.tbe:swap_rows(t.name, A, B, n, { stream = self.stream }) end
+        if n > 0 then
+          local i64 = ffi.typeof("int64_t *")
+          r, err = t.tbe:swap_rows(t.name, ffi.cast(i64, C.ur_tensor_data(A.p)), ffi.cast(i64, C.ur_tensor_data(B.p)),
+                                   n, { stream = self.stream })
+        end
+        if A then A:free() B:free() end
       end
       if err then return nil, err end
       if r then record_move(self, rec, r) end
@@ -522,39 +526,18 @@ end
 -- The pairs of ids that trade rows across the prefix [0, k): the hottest ids outside it with
 -- the coldest inside it, pair by pair, while the one coming in was read more than (1 + band)
 -- times as often as the one going out (hysteresis: near-ties stay).  Rows that stay on their
--- side keep their place.  Returns int64_t arrays a, b and their length (0: nothing crosses).
+-- side keep their place (ur_counts_swap_pairs).  Returns i64 tensors a, b (the caller frees them)
+-- and how many pairs they hold (0: nothing crosses; nil tensors when k leaves no side).
 function Manager._swap_pairs(_, t, s, k, band)
   local rows, acc = t.rows, s.access
   if k <= 0 or k >= rows then return nil, nil, 0 end
-  local base, moved = s._perm_p, {} -- the layout the counts were ranked under
-  local function phys(id)
-    local m = moved[id]
-    if m then return m end
-    return base and tonumber(base[id]) or id
-  end
-  local o = acc._o
-  local enter, ec = {}, {}
-  for r = 0, rows - 1 do
-    local c = acc:count_at(r)
-    if c == 0 or #enter >= k then break end
-    local id = tonumber(o[r])
-    if phys(id) >= k then
-      enter[#enter + 1], ec[#enter + 1] = id, c
-    end
-  end
-  local A, B = ffi.new("int64_t[?]", math.max(#enter, 1)), ffi.new("int64_t[?]", math.max(#enter, 1))
-  local n, r = 0, rows - 1
-  for i = 1, #enter do
-    -- the coldest row still inside the prefix
-    while r >= 0 and phys(tonumber(o[r])) >= k do r = r - 1 end
-    if r < 0 or ec[i] <= (1 + band) * acc:count_at(r) then break end
-    local x, y = enter[i], tonumber(o[r])
-    moved[x], moved[y] = phys(y), phys(x)
-    A[n], B[n] = x, y
-    n = n + 1
-    r = r - 1
-  end
-  return A, B, n
+  local _ = s._perm_p -- the layout the counts were ranked under, read back on first use
+  local room = math.min(k, rows - k)
+  local A = assert(tensor.tensor({ room }, { dtype = "i64" }))
+  local B = assert(tensor.tensor({ room }, { dtype = "i64" }))
+  local n = ffi.new("int64_t[1]")
+  must(C.ur_counts_swap_pairs(acc.order.p, acc.cumsum.p, rawget(s, "perm") and s.perm.p, k, band, A.p, B.p, n))
+  return A, B, tonumber(n[0])
 end
 
 -- One interval: statistics, the split of the allowance, each policy's plan, applied; decay
@@ -603,7 +586,11 @@ function Manager:interval(step, keep_counts)
     view.coverage = t.total and t.total > 0 and t.covered / t.total or nil
     rec.tables[t.name] = view
   end
-  for _, s in ipairs(stats) do s:free() end
+  rec.rank_seconds = 0
+  for _, s in ipairs(stats) do
+    rec.rank_seconds = rec.rank_seconds + (rawget(s, "rank_seconds") or 0)
+    s:free()
+  end
   if not ok then return nil, err end
   if self.decay < 1 and not keep_counts then
     for _, tbe in ipairs(self.tbes) do assert(tbe:decay_counts(self.decay, nil, self.stream)) end
