@@ -14,7 +14,9 @@
 --   host         managed, all rows preferred on the host, accessed by the GPU (nothing in HBM)
 --   hot_prefix   managed, at each HBM allowance (a fraction of the tables' bytes): C counting
 --   adaptive     steps, the policy's interval (relayout by counts, prefix placed), W warm-up
---                and S timed steps (adaptive re-ranks at S / 2 within them)
+--                and S timed steps (adaptive re-ranks at S / 2, timed apart: its steps' ms/step
+--                leave it out; the interval's seconds and rows swapped are given, and the step
+--                with one interval spread over --every steps)
 -- Every run trains the same steps on the same batches, so every run's losses must equal the
 -- device run's bit for bit (placement and row layout change no number): it fails otherwise.
 -- The HBM budget emulates the smaller GPU: set to what the run holds in HBM plus the
@@ -47,6 +49,8 @@ local cmd = require("uvmrec.cli").command {
     type = "whole" },
   { "--none-steps N", "steps of the run without hints, 0 for none (default: 200 on a GPU, 8 on the CPU)",
     type = "whole" },
+  { "--every N", "steps between adaptive's intervals, to spread the interval's time over (the manager's default)",
+    type = "whole", default = 100 },
   { "--far-rows N,...", "room for copies of the far rows a forward reads (embeddings.far_rows): each managed "
     .. "run once per value", type = "numbers", default = { 0 } },
   options.out_append,
@@ -179,15 +183,23 @@ local function run(r)
     migration()
     local span = streams.span(nil, gpu)
     local half = step + math.floor(n / 2)
+    -- adaptive's interval at the half, timed apart (the GPU drained before and after it): the
+    -- steps' time leaves it out, and it is reported on its own and spread over `every` steps
+    local apart = 0
     local last = steps(rotation, n, first, mgr and r.policy == "adaptive" and { after = function(_, at)
       if at.step == half then
+        if gpu then assert(ur.sync()) end
+        local t0 = C.ur_clock_seconds()
         local ir = assert(mgr:interval(at.step))
+        if gpu then assert(ur.sync()) end
+        apart = C.ur_clock_seconds() - t0
         rec.adaptive_rows_moved = ir.rows_moved
-        rec.adaptive_seconds = ir.seconds
+        rec.adaptive_seconds = apart
+        rec.adaptive_rank_seconds, rec.adaptive_swap_seconds = ir.rank_seconds, ir.relayout_seconds
       end
     end } or nil)
     local s = span()
-    return s, last.loss:get(0), migration()
+    return s - apart, last.loss:get(0), migration()
   end
   local seconds, loss, mig = timed(o.steps, o.warmup)
   if r.far and r.far > 0 then -- the last forward's far rows (a lower bound where its map was full)
@@ -196,6 +208,9 @@ local function run(r)
   rec.steps, rec.seconds = o.steps, seconds
   rec.samples_per_s = o.steps * B / seconds
   rec.ms_per_step = seconds / o.steps * 1e3
+  if rec.adaptive_seconds then -- one interval each `every` steps (the manager's default, 100)
+    rec.ms_per_step_every = rec.ms_per_step + rec.adaptive_seconds / o.every * 1e3
+  end
   rec.losses[#rec.losses + 1] = loss
   if mig then
     rec.migration = mig
@@ -350,6 +365,14 @@ for _, r in ipairs(results) do
       r.migrated_bytes_per_step and ("%.1f"):format(r.migrated_bytes_per_step / 1e6) or "-",
       r.host_bytes_per_step_est and ("%.1f"):format(r.host_bytes_per_step_est / 1e6) or "-",
       r.relayout_seconds and ("%.2f, %s"):format(r.relayout_seconds, gbs(r.relayout_bytes)) or "-"))
+  end
+end
+for _, r in ipairs(results) do
+  if r.adaptive_seconds then
+    print(("adaptive %s%%: an interval %.3f s apart from the steps (ranking the counters %.3f s, %d rows swapped "
+      .. "in %.3f s); with one every %d steps %.2f ms/step, %.2f of device"):format(r.fraction, r.adaptive_seconds,
+      r.adaptive_rank_seconds, r.adaptive_rows_moved, r.adaptive_swap_seconds, o.every, r.ms_per_step_every,
+      ref.ms_per_step / r.ms_per_step_every))
   end
 end
 if none then
