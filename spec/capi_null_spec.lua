@@ -1,8 +1,10 @@
 -- The C API with NULL pointers (issue #26, item 5): every function of uvmrec.h's UR_CDEF block
 -- that returns ur_status refuses a NULL handle or pointer with UR_STATUS_INVALID and a message
--- naming the function and the argument, and the functions returning nothing do nothing with
--- NULL.  The calls are made from C by $(BUILD)/bin/capi_nulls, which make generates from the
--- header (spec/support/capi.lua): a function added to the header is called too.
+-- naming the function and the argument, the functions returning a value (a count, a dim, a
+-- name, a handle) answer NULL, -1, 0 or the enum's _COUNT with that message, and the functions
+-- returning nothing do nothing with NULL.  The calls are made from C by $(BUILD)/bin/capi_nulls,
+-- which make generates from the header (spec/support/capi.lua): a function added to the header
+-- is called too.
 local capi = require "capi"
 local command = require "command"
 
@@ -56,15 +58,19 @@ describe("the C API given NULL pointers", function()
     assert.are.same({ "logits", "targets", "glogits" }, capi.required(by.ur_bce_backward)) -- weights: or NULL
     assert.are.equal("status", capi.kind(by.ur_tensor_fill))
     assert.are.equal("void", capi.kind(by.ur_tensor_free))
-    assert.is_nil(capi.kind(by.ur_tensor_ndim))
+    assert.are.equal("value", capi.kind(by.ur_tensor_ndim))
+    assert.are.equal("-1", capi.none(by.ur_tensor_ndim))
+    assert.are.equal("NULL", capi.none(by.ur_mc_reassigned))
+    assert.are.same({ "m", "count" }, capi.required(by.ur_mc_reassigned)) -- an out pointer too
+    assert.is_nil(capi.kind(by.ur_dtype_name)) -- takes no pointer
   end)
 
   for _, f in ipairs(funcs) do
     local kind = capi.kind(f)
-    if kind == "status" then
+    if kind == "status" or kind == "value" then
       local req = capi.required(f)
-      it(("%s refuses a NULL %s with UR_STATUS_INVALID and a message naming it"):format(f.name,
-        table.concat(req, ", a NULL ")), function()
+      it(("%s refuses a NULL %s with %s and a message naming it"):format(f.name,
+        table.concat(req, ", a NULL "), kind == "status" and "UR_STATUS_INVALID" or capi.none(f)), function()
         if why then pending(why) return end
         local got = results[f.name] or {}
         for _, a in ipairs(req) do

@@ -24,6 +24,12 @@
  * Pointer arguments must not be NULL unless the parameter says "or NULL" (a stream may always
  * be: NULL is the default stream): a NULL one is UR_STATUS_INVALID with "<function>: argument
  * '<name>' is NULL", and functions returning nothing (the _free ones, ...) do nothing with NULL.
+ * Functions returning a value (a count, a dim, a name, a handle) set that same message for a
+ * NULL argument (an out pointer too, as ur_mc_reassigned's count) and answer NULL for a pointer,
+ * -1 for a signed number, 0 for an unsigned one, the enum's _COUNT for ur_dtype and ur_place
+ * and NaN for ur_tbe_lr; ur_json's readers answer as for a value of another type (UR_JSON_NULL,
+ * 0).  Where that answer is also a valid one (-1 from ur_tensor_device is the CPU, NULL from
+ * ur_kjt_weights is unweighted), a caller that may hold NULL checks it first.
  * A constructor that fails past that check leaves its new handle NULL (*out = NULL).
  * Handles are opaque; the few plain structs are those a caller must read, each with a
  * ur_sizeof_X() so bindings can check their layout.  Names are ur_<object>_<verb>.  Argument
@@ -1040,7 +1046,9 @@ UR_API ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values,
 UR_API ur_status ur_mc_round(ur_stream *s, ur_mc *m, int32_t table);
 /* The rows of `table` whose id changed in the rounds of the last ur_mc_remap or ur_mc_round
  * (evicted and given to another id: the embedding rows to re-initialise, ur_tbe_reset_rows),
- * ascending within each round; lent until the next remap, round or state_set. */
+ * ascending within each round; lent until the next remap, round or state_set.  NULL with *count
+ * 0 when there are none or `table` is out of range (the message names it); NULL for a NULL m or
+ * count (the message names the argument). */
 UR_API const int64_t *ur_mc_reassigned(const ur_mc *m, int32_t table, int64_t *count /* out */);
 /* The rows ids[0..n-1] (host arrays) read in `table`, without counting; resident[i] (may be
  * NULL) says whether the id holds a row of its own. */

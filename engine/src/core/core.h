@@ -26,12 +26,18 @@ UR__HIDDEN void ur__format_bytes(uint64_t bytes, char *buf, size_t len);
  * spec/capi_null_spec.lua calls every function of uvmrec.h with NULLs to hold this. */
 UR__HIDDEN ur_status ur__null(const char *fn, const char *arg);
 UR__HIDDEN ur_status ur__null_args(const char *fn, const char *names, const void *const *ptrs, int n);
-#define UR__ARGS(...)                                                                  \
+#define UR__ARGS(...) UR__ARGS_OR(UR_STATUS_INVALID, __VA_ARGS__)
+/* The same for a function returning a value: it sets the message and returns none (NULL, -1,
+ * 0 or an enum's _COUNT: uvmrec.h's opening comment says which). */
+#define UR__ARGS_OR(none, ...)                                                         \
   do {                                                                                 \
     const void *const ur__ptrs_[] = {__VA_ARGS__};                                     \
-    if (ur__null_args(__func__, #__VA_ARGS__, ur__ptrs_,                              \
-                      (int)(sizeof ur__ptrs_ / sizeof *ur__ptrs_)))                    \
-      return UR_STATUS_INVALID;                                                        \
+    enum { ur__n_ = (int)(sizeof ur__ptrs_ / sizeof *ur__ptrs_) };                     \
+    for (int ur__i_ = 0; ur__i_ < ur__n_; ur__i_++) /* inline: accessors are hot */    \
+      if (!ur__ptrs_[ur__i_]) {                                                        \
+        ur__null_args(__func__, #__VA_ARGS__, ur__ptrs_, ur__n_);                      \
+        return none;                                                                   \
+      }                                                                                \
   } while (0)
 
 /* The index of s among names[0..n), or -1: the parse half of a name table

@@ -454,6 +454,7 @@ ur_status ur_tensor_set(ur_tensor *t, int64_t index, double value) {
 }
 
 size_t ur_tensor_describe(const ur_tensor *t, char *buf, size_t len) {
+  UR__ARGS_OR(0, t, buf);
   char shape[128], size[32], where[64], view[96] = "";
   shape_str(t, shape, sizeof shape);
   ur__format_bytes((uint64_t)t->numel * ur_dtype_size(t->dtype), size, sizeof size);
@@ -471,16 +472,47 @@ size_t ur_tensor_describe(const ur_tensor *t, char *buf, size_t len) {
   return n < 0 ? 0 : (size_t)n;
 }
 
-ur_dtype ur_tensor_dtype(const ur_tensor *t) { return t->dtype; }
-ur_place ur_tensor_place(const ur_tensor *t) { return t->st->place; }
-int32_t ur_tensor_device(const ur_tensor *t) { return t->st->device; }
-int32_t ur_tensor_ndim(const ur_tensor *t) { return t->ndim; }
+ur_dtype ur_tensor_dtype(const ur_tensor *t) {
+  UR__ARGS_OR(UR_DTYPE_COUNT, t);
+  return t->dtype;
+}
+ur_place ur_tensor_place(const ur_tensor *t) {
+  UR__ARGS_OR(UR_PLACE_COUNT, t);
+  return t->st->place;
+}
+int32_t ur_tensor_device(const ur_tensor *t) {
+  UR__ARGS_OR(-1, t);
+  return t->st->device;
+}
+int32_t ur_tensor_ndim(const ur_tensor *t) {
+  UR__ARGS_OR(-1, t);
+  return t->ndim;
+}
 int64_t ur_tensor_dim(const ur_tensor *t, int32_t i) {
+  UR__ARGS_OR(-1, t);
   return i >= 0 && i < t->ndim ? t->shape[i] : -1;
 }
-int64_t ur_tensor_numel(const ur_tensor *t) { return t->numel; }
-uint64_t ur_tensor_nbytes(const ur_tensor *t) { return (uint64_t)t->numel * ur_dtype_size(t->dtype); }
-uint64_t ur_tensor_id(const ur_tensor *t) { return t->st->id; }
-int64_t ur_tensor_offset(const ur_tensor *t) { return t->offset; }
-int32_t ur_tensor_refs(const ur_tensor *t) { return __atomic_load_n(&t->st->refs, __ATOMIC_RELAXED); }
-void *ur_tensor_data(const ur_tensor *t) { return elem_ptr(t, 0); }
+int64_t ur_tensor_numel(const ur_tensor *t) {
+  UR__ARGS_OR(-1, t);
+  return t->numel;
+}
+uint64_t ur_tensor_nbytes(const ur_tensor *t) {
+  UR__ARGS_OR(0, t);
+  return (uint64_t)t->numel * ur_dtype_size(t->dtype);
+}
+uint64_t ur_tensor_id(const ur_tensor *t) {
+  UR__ARGS_OR(0, t);
+  return t->st->id;
+}
+int64_t ur_tensor_offset(const ur_tensor *t) {
+  UR__ARGS_OR(-1, t);
+  return t->offset;
+}
+int32_t ur_tensor_refs(const ur_tensor *t) {
+  UR__ARGS_OR(-1, t);
+  return __atomic_load_n(&t->st->refs, __ATOMIC_RELAXED);
+}
+void *ur_tensor_data(const ur_tensor *t) {
+  UR__ARGS_OR(NULL, t);
+  return elem_ptr(t, 0);
+}

@@ -533,7 +533,10 @@ ur_status ur_criteo_stats_get(const ur_criteo_reader *r, ur_criteo_stats *out) {
   return UR_STATUS_OK;
 }
 
-int32_t ur_criteo_file_index(const ur_criteo_reader *r) { return r->rows_file; }
+int32_t ur_criteo_file_index(const ur_criteo_reader *r) {
+  UR__ARGS_OR(-1, r);
+  return r->rows_file;
+}
 
 /* ---- conversion to day files ---- */
 

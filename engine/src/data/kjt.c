@@ -331,25 +331,52 @@ ur_status ur__kjt_new_with_offsets(ur_kjt **out, int32_t num_keys, const char *c
 
 /* ---- accessors ---- */
 
-int32_t ur_kjt_num_keys(const ur_kjt *k) { return k->nkeys; }
+int32_t ur_kjt_num_keys(const ur_kjt *k) {
+  UR__ARGS_OR(-1, k);
+  return k->nkeys;
+}
 const char *ur_kjt_key(const ur_kjt *k, int32_t i) {
+  UR__ARGS_OR(NULL, k);
   return i >= 0 && i < k->nkeys ? k->keys[i] : NULL;
 }
 int32_t ur_kjt_key_index(const ur_kjt *k, const char *key) {
+  UR__ARGS_OR(-1, k, key);
   for (int32_t i = 0; i < k->nkeys; i++)
     if (!strcmp(k->keys[i], key)) return i;
   return -1;
 }
-int64_t ur_kjt_stride(const ur_kjt *k) { return k->stride; }
+int64_t ur_kjt_stride(const ur_kjt *k) {
+  UR__ARGS_OR(-1, k);
+  return k->stride;
+}
 int64_t ur_kjt_stride_of(const ur_kjt *k, int32_t i) {
+  UR__ARGS_OR(-1, k);
   return i >= 0 && i < k->nkeys ? k->spk[i] : -1;
 }
-int32_t ur_kjt_variable_stride(const ur_kjt *k) { return k->variable; }
-const ur_tensor *ur_kjt_values(const ur_kjt *k) { return k->values; }
-const ur_tensor *ur_kjt_lengths(const ur_kjt *k) { return k->lengths; }
-const ur_tensor *ur_kjt_offsets(const ur_kjt *k) { return k->offsets; }
-const ur_tensor *ur_kjt_weights(const ur_kjt *k) { return k->weights; }
-const ur_tensor *ur_kjt_inverse_indices(const ur_kjt *k) { return k->inverse; }
+int32_t ur_kjt_variable_stride(const ur_kjt *k) {
+  UR__ARGS_OR(-1, k);
+  return k->variable;
+}
+const ur_tensor *ur_kjt_values(const ur_kjt *k) {
+  UR__ARGS_OR(NULL, k);
+  return k->values;
+}
+const ur_tensor *ur_kjt_lengths(const ur_kjt *k) {
+  UR__ARGS_OR(NULL, k);
+  return k->lengths;
+}
+const ur_tensor *ur_kjt_offsets(const ur_kjt *k) {
+  UR__ARGS_OR(NULL, k);
+  return k->offsets;
+}
+const ur_tensor *ur_kjt_weights(const ur_kjt *k) {
+  UR__ARGS_OR(NULL, k);
+  return k->weights;
+}
+const ur_tensor *ur_kjt_inverse_indices(const ur_kjt *k) {
+  UR__ARGS_OR(NULL, k);
+  return k->inverse;
+}
 
 ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *bag1,
                           int64_t *value0, int64_t *value1) {

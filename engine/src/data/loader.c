@@ -1222,25 +1222,50 @@ ur_status ur_loader_stats_get(const ur_loader *l, ur_loader_stats *out) {
   return UR_STATUS_OK;
 }
 
-uint64_t ur_loader_host_bytes(const ur_loader_opts *o, int32_t columns, int32_t tables,
+uint64_t ur_loader_host_bytes(const ur_loader_opts *opts, int32_t columns, int32_t tables,
                               int32_t dense) {
-  int threads = o->threads > 0 ? o->threads : ur__threads();
-  int64_t ahead = o->depth > threads ? o->depth : threads;
-  int64_t B = o->batch_size > 0 ? o->batch_size : 1;
-  int64_t W = o->shuffle_window > 0 ? o->shuffle_window : (B > 65536 ? B : 65536);
+  UR__ARGS_OR(0, opts);
+  int threads = opts->threads > 0 ? opts->threads : ur__threads();
+  int64_t ahead = opts->depth > threads ? opts->depth : threads;
+  int64_t B = opts->batch_size > 0 ? opts->batch_size : 1;
+  int64_t W = opts->shuffle_window > 0 ? opts->shuffle_window : (B > 65536 ? B : 65536);
   uint64_t slots = (uint64_t)(ahead + 2) * slot_bytes(B, dense, columns, tables, 1, 1);
   /* the windows batches in the making read: their permutations, and TSV rows */
-  uint64_t per_win = (o->shuffle_window > 0 ? 8 : 0) +
-                     (o->source == UR_SOURCE_CRITEO_TSV ? 4 + 13 * 4 + 26 * 4 : 0);
+  uint64_t per_win = (opts->shuffle_window > 0 ? 8 : 0) +
+                     (opts->source == UR_SOURCE_CRITEO_TSV ? 4 + 13 * 4 + 26 * 4 : 0);
   uint64_t wins = (uint64_t)(ahead + 2) * ((uint64_t)(B / W) + 3) * (uint64_t)W * per_win;
   return slots + wins;
 }
 
-const ur_tensor *ur_batch_dense(const ur_batch *b) { return b->dense; }
-const ur_tensor *ur_batch_labels(const ur_batch *b) { return b->labels; }
-const ur_tensor *ur_batch_groups(const ur_batch *b) { return b->groups; }
-const ur_kjt *ur_batch_sparse(const ur_batch *b) { return b->sparse; }
-int64_t ur_batch_size(const ur_batch *b) { return b->size; }
-int64_t ur_batch_epoch(const ur_batch *b) { return b->epoch; }
-int64_t ur_batch_first_sample(const ur_batch *b) { return b->first; }
-int64_t ur_batch_next_sample(const ur_batch *b) { return b->next; }
+const ur_tensor *ur_batch_dense(const ur_batch *b) {
+  UR__ARGS_OR(NULL, b);
+  return b->dense;
+}
+const ur_tensor *ur_batch_labels(const ur_batch *b) {
+  UR__ARGS_OR(NULL, b);
+  return b->labels;
+}
+const ur_tensor *ur_batch_groups(const ur_batch *b) {
+  UR__ARGS_OR(NULL, b);
+  return b->groups;
+}
+const ur_kjt *ur_batch_sparse(const ur_batch *b) {
+  UR__ARGS_OR(NULL, b);
+  return b->sparse;
+}
+int64_t ur_batch_size(const ur_batch *b) {
+  UR__ARGS_OR(-1, b);
+  return b->size;
+}
+int64_t ur_batch_epoch(const ur_batch *b) {
+  UR__ARGS_OR(-1, b);
+  return b->epoch;
+}
+int64_t ur_batch_first_sample(const ur_batch *b) {
+  UR__ARGS_OR(-1, b);
+  return b->first;
+}
+int64_t ur_batch_next_sample(const ur_batch *b) {
+  UR__ARGS_OR(-1, b);
+  return b->next;
+}

@@ -261,13 +261,34 @@ void ur_comm_free(ur_comm *c) {
   free(c);
 }
 
-int32_t ur_comm_rank(const ur_comm *c) { return c->rank; }
-int32_t ur_comm_world(const ur_comm *c) { return c->world; }
-int32_t ur_comm_local_rank(const ur_comm *c) { return c->local_rank; }
-int32_t ur_comm_local_world(const ur_comm *c) { return c->local_world; }
-int32_t ur_comm_device(const ur_comm *c) { return c->device; }
-const char *ur_comm_host_engine(const ur_comm *c) { return engine_names[c->host]; }
-const char *ur_comm_device_engine(const ur_comm *c) { return engine_names[c->dev]; }
+int32_t ur_comm_rank(const ur_comm *c) {
+  UR__ARGS_OR(-1, c);
+  return c->rank;
+}
+int32_t ur_comm_world(const ur_comm *c) {
+  UR__ARGS_OR(-1, c);
+  return c->world;
+}
+int32_t ur_comm_local_rank(const ur_comm *c) {
+  UR__ARGS_OR(-1, c);
+  return c->local_rank;
+}
+int32_t ur_comm_local_world(const ur_comm *c) {
+  UR__ARGS_OR(-1, c);
+  return c->local_world;
+}
+int32_t ur_comm_device(const ur_comm *c) {
+  UR__ARGS_OR(-1, c);
+  return c->device;
+}
+const char *ur_comm_host_engine(const ur_comm *c) {
+  UR__ARGS_OR(NULL, c);
+  return engine_names[c->host];
+}
+const char *ur_comm_device_engine(const ur_comm *c) {
+  UR__ARGS_OR(NULL, c);
+  return engine_names[c->dev];
+}
 
 ur_status ur_comm_stats_get(const ur_comm *c, ur_comm_stats *out) {
   UR__ARGS(c, out);

@@ -584,14 +584,28 @@ void ur_cache_free(ur_cache *c) {
   free(c);
 }
 
-int64_t ur_cache_slots(const ur_cache *c) { return c->S; }
-int64_t ur_cache_staging_rows(const ur_cache *c) { return c->M; }
-int32_t ur_cache_num_tables(const ur_cache *c) { return c->nt; }
-int32_t ur_cache_table(const ur_cache *c, int32_t i) { return i >= 0 && i < c->nt ? c->tidx[i] : -1; }
+int64_t ur_cache_slots(const ur_cache *c) {
+  UR__ARGS_OR(-1, c);
+  return c->S;
+}
+int64_t ur_cache_staging_rows(const ur_cache *c) {
+  UR__ARGS_OR(-1, c);
+  return c->M;
+}
+int32_t ur_cache_num_tables(const ur_cache *c) {
+  UR__ARGS_OR(-1, c);
+  return c->nt;
+}
+int32_t ur_cache_table(const ur_cache *c, int32_t i) {
+  UR__ARGS_OR(-1, c);
+  return i >= 0 && i < c->nt ? c->tidx[i] : -1;
+}
 uint64_t ur_cache_bytes(const ur_cache *c) {
+  UR__ARGS_OR(0, c);
   return (uint64_t)c->R * row_moves(c);
 }
 int32_t ur_cache_in_flight(const ur_cache *c) {
+  UR__ARGS_OR(-1, c);
   int32_t n = 0;
   for (int r = 0; r < RING; r++) n += c->ring[r].ticket && !c->ring[r].retired;
   return n;

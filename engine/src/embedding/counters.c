@@ -45,6 +45,7 @@ ur_status ur_tbe_set_counting(ur_tbe *t, int32_t table, int32_t on) {
 }
 
 int32_t ur_tbe_counting(const ur_tbe *t, int32_t table) {
+  UR__ARGS_OR(-1, t);
   if (check_index(t, table, 0, "counting")) return 0;
   return t->tables[table].counts != NULL;
 }

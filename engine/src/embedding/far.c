@@ -81,7 +81,10 @@ ur_status ur_tbe_set_far_rows(ur_tbe *t, int64_t rows) {
   return far_update(t);
 }
 
-int64_t ur_tbe_far_rows(const ur_tbe *t) { return t ? t->far_rows : 0; }
+int64_t ur_tbe_far_rows(const ur_tbe *t) {
+  UR__ARGS_OR(-1, t);
+  return t ? t->far_rows : 0;
+}
 
 ur_status ur_tbe_far_refresh(ur_tbe *t) {
   UR__ARGS(t);

@@ -317,9 +317,18 @@ void ur_mc_free(ur_mc *m) {
   free(m);
 }
 
-int32_t ur_mc_num_tables(const ur_mc *m) { return m->T; }
-int32_t ur_mc_device(const ur_mc *m) { return m->cfg.device; }
-int64_t ur_mc_step(const ur_mc *m) { return m->step; }
+int32_t ur_mc_num_tables(const ur_mc *m) {
+  UR__ARGS_OR(-1, m);
+  return m->T;
+}
+int32_t ur_mc_device(const ur_mc *m) {
+  UR__ARGS_OR(-1, m);
+  return m->cfg.device;
+}
+int64_t ur_mc_step(const ur_mc *m) {
+  UR__ARGS_OR(-1, m);
+  return m->step;
+}
 
 ur_status ur_mc_set_step(ur_mc *m, int64_t step) {
   UR__ARGS(m);
@@ -447,6 +456,7 @@ ur_status ur_mc_round(ur_stream *s, ur_mc *m, int32_t table) {
 }
 
 const int64_t *ur_mc_reassigned(const ur_mc *m, int32_t table, int64_t *count) {
+  UR__ARGS_OR(NULL, m, count);
   if (check_table_index(m, table, 0, "reassigned")) {
     *count = 0;
     return NULL;

@@ -491,6 +491,7 @@ ur_status ur_tbe_prefetch_pages(ur_stream *s, ur_tbe *t, const ur_tensor *values
 }
 
 const ur_page_run *ur_tbe_last_page_runs(const ur_tbe *t, int64_t *count) {
+  UR__ARGS_OR(NULL, t, count);
   const struct ur__pages *p = t->pages;
   *count = p ? (int64_t)p->nall : 0;
   return p ? p->all : NULL;

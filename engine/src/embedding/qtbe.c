@@ -420,31 +420,49 @@ void ur_qtbe_free(ur_qtbe *q) {
   free(q);
 }
 
-int32_t ur_qtbe_num_tables(const ur_qtbe *q) { return q->names.T; }
-int32_t ur_qtbe_num_features(const ur_qtbe *q) { return q->names.F; }
-int32_t ur_qtbe_device(const ur_qtbe *q) { return q->cfg.device; }
-int64_t ur_qtbe_out_dim(const ur_qtbe *q) { return q->names.out_dim; }
+int32_t ur_qtbe_num_tables(const ur_qtbe *q) {
+  UR__ARGS_OR(-1, q);
+  return q->names.T;
+}
+int32_t ur_qtbe_num_features(const ur_qtbe *q) {
+  UR__ARGS_OR(-1, q);
+  return q->names.F;
+}
+int32_t ur_qtbe_device(const ur_qtbe *q) {
+  UR__ARGS_OR(-1, q);
+  return q->cfg.device;
+}
+int64_t ur_qtbe_out_dim(const ur_qtbe *q) {
+  UR__ARGS_OR(-1, q);
+  return q->names.out_dim;
+}
 int64_t ur_qtbe_skipped(const ur_qtbe *q) {
+  UR__ARGS_OR(-1, q);
   return __atomic_load_n(&q->skipped, __ATOMIC_RELAXED);
 }
 
 int64_t ur_qtbe_feature_col(const ur_qtbe *q, int32_t f) {
+  UR__ARGS_OR(-1, q);
   return ur__tbe_names_fcol(&q->names, f);
 }
 
 const char *ur_qtbe_table_name(const ur_qtbe *q, int32_t i) {
+  UR__ARGS_OR(NULL, q);
   return ur__tbe_names_tname(&q->names, i);
 }
 
 const char *ur_qtbe_feature_name(const ur_qtbe *q, int32_t f) {
+  UR__ARGS_OR(NULL, q);
   return ur__tbe_names_fname(&q->names, f);
 }
 
 int32_t ur_qtbe_feature_table(const ur_qtbe *q, int32_t f) {
+  UR__ARGS_OR(-1, q);
   return ur__tbe_names_ftable(&q->names, f);
 }
 
 uint64_t ur_qtbe_bytes(const ur_qtbe *q) {
+  UR__ARGS_OR(0, q);
   uint64_t n = 0;
   for (int32_t i = 0; i < q->names.T; i++) n += ur_tensor_nbytes(q->rows[i]);
   return n;

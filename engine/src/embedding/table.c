@@ -527,22 +527,44 @@ void ur__tbe_hook_remove(ur_tbe *t, ur__tbe_hook_fn fn, void *ctx) {
 
 /* ---- accessors ---- */
 
-int32_t ur_tbe_num_tables(const ur_tbe *t) { return t->names.T; }
-int32_t ur_tbe_num_features(const ur_tbe *t) { return t->names.F; }
-int32_t ur_tbe_device(const ur_tbe *t) { return t->cfg.device; }
-int64_t ur_tbe_out_dim(const ur_tbe *t) { return t->names.out_dim; }
-int64_t ur_tbe_feature_col(const ur_tbe *t, int32_t f) { return ur__tbe_names_fcol(&t->names, f); }
+int32_t ur_tbe_num_tables(const ur_tbe *t) {
+  UR__ARGS_OR(-1, t);
+  return t->names.T;
+}
+int32_t ur_tbe_num_features(const ur_tbe *t) {
+  UR__ARGS_OR(-1, t);
+  return t->names.F;
+}
+int32_t ur_tbe_device(const ur_tbe *t) {
+  UR__ARGS_OR(-1, t);
+  return t->cfg.device;
+}
+int64_t ur_tbe_out_dim(const ur_tbe *t) {
+  UR__ARGS_OR(-1, t);
+  return t->names.out_dim;
+}
+int64_t ur_tbe_feature_col(const ur_tbe *t, int32_t f) {
+  UR__ARGS_OR(-1, t);
+  return ur__tbe_names_fcol(&t->names, f);
+}
 const char *ur_tbe_table_name(const ur_tbe *t, int32_t i) {
+  UR__ARGS_OR(NULL, t);
   return ur__tbe_names_tname(&t->names, i);
 }
 const char *ur_tbe_feature_name(const ur_tbe *t, int32_t f) {
+  UR__ARGS_OR(NULL, t);
   return ur__tbe_names_fname(&t->names, f);
 }
 int32_t ur_tbe_feature_table(const ur_tbe *t, int32_t f) {
+  UR__ARGS_OR(-1, t);
   return ur__tbe_names_ftable(&t->names, f);
 }
-int32_t ur_tbe_state_count(const ur_tbe *t) { return t->nstate; }
+int32_t ur_tbe_state_count(const ur_tbe *t) {
+  UR__ARGS_OR(-1, t);
+  return t->nstate;
+}
 const char *ur_tbe_state_name(const ur_tbe *t, int32_t which) {
+  UR__ARGS_OR(NULL, t);
   return which >= 0 && which < t->nstate ? state_names[t->cfg.optim.kind][which] : NULL;
 }
 

@@ -16,8 +16,14 @@ static ur_status reset_flags(ur_tbe *t, ur_stream *s) {
                      (uint64_t)UR_TBE_NO_BAD);
 }
 
-double ur_tbe_lr(const ur_tbe *t) { return t->cfg.optim.lr; }
-int64_t ur_tbe_step(const ur_tbe *t) { return t->step; }
+double ur_tbe_lr(const ur_tbe *t) {
+  UR__ARGS_OR(NAN, t);
+  return t->cfg.optim.lr;
+}
+int64_t ur_tbe_step(const ur_tbe *t) {
+  UR__ARGS_OR(-1, t);
+  return t->step;
+}
 
 ur_status ur_tbe_set_lr(ur_tbe *t, double lr) {
   UR__ARGS(t);

@@ -36,6 +36,7 @@ ur_status ur_json_parse(ur_json **out, const char *text, size_t len) {
 void ur_json_free(ur_json *v) { json_decref(J(v)); }
 
 ur_json_type ur_json_typeof(const ur_json *v) {
+  UR__ARGS_OR(UR_JSON_NULL, v);
   switch (json_typeof(J(v))) {
   case JSON_OBJECT: return UR_JSON_OBJECT;
   case JSON_ARRAY: return UR_JSON_ARRAY;
@@ -48,31 +49,50 @@ ur_json_type ur_json_typeof(const ur_json *v) {
   }
 }
 
-int64_t ur_json_integer(const ur_json *v) { return (int64_t)json_integer_value(J(v)); }
-double ur_json_real(const ur_json *v) { return json_real_value(J(v)); }
+int64_t ur_json_integer(const ur_json *v) {
+  UR__ARGS_OR(0, v);
+  return (int64_t)json_integer_value(J(v));
+}
+double ur_json_real(const ur_json *v) {
+  UR__ARGS_OR(0, v);
+  return json_real_value(J(v));
+}
 
 const char *ur_json_string(const ur_json *v, size_t *len) {
+  UR__ARGS_OR(NULL, v, len);
   if (!json_is_string(J(v))) return NULL;
   *len = json_string_length(J(v));
   return json_string_value(J(v));
 }
 
 size_t ur_json_size(const ur_json *v) {
+  UR__ARGS_OR(0, v);
   if (json_is_array(J(v))) return json_array_size(J(v));
   return json_is_object(J(v)) ? json_object_size(J(v)) : 0;
 }
 
-ur_json *ur_json_item(const ur_json *array, size_t i) { return U(json_array_get(J(array), i)); }
+ur_json *ur_json_item(const ur_json *array, size_t i) {
+  UR__ARGS_OR(NULL, array);
+  return U(json_array_get(J(array), i));
+}
 
-void *ur_json_iter(const ur_json *object) { return json_object_iter(J(object)); }
+void *ur_json_iter(const ur_json *object) {
+  UR__ARGS_OR(NULL, object);
+  return json_object_iter(J(object));
+}
 void *ur_json_iter_next(const ur_json *object, void *it) {
+  UR__ARGS_OR(NULL, object, it);
   return json_object_iter_next(J(object), it);
 }
 const char *ur_json_iter_key(void *it, size_t *len) {
+  UR__ARGS_OR(NULL, it, len);
   *len = json_object_iter_key_len(it);
   return json_object_iter_key(it);
 }
-ur_json *ur_json_iter_value(void *it) { return U(json_object_iter_value(it)); }
+ur_json *ur_json_iter_value(void *it) {
+  UR__ARGS_OR(NULL, it);
+  return U(json_object_iter_value(it));
+}
 
 /* ---- building ---- */
 

@@ -143,6 +143,7 @@ ur_status ur_file_write(const char *path, const void *data, uint64_t len) {
 }
 
 int32_t ur_path_kind(const char *path) {
+  UR__ARGS_OR(-1, path);
   struct stat sb;
   if (!path || stat(path, &sb)) return 0;
   return S_ISREG(sb.st_mode) ? 1 : S_ISDIR(sb.st_mode) ? 2 : 3;

@@ -679,14 +679,30 @@ ur_status ur_safetensors_open(ur_safetensors **out, const char *path) {
   return UR_STATUS_OK;
 }
 
-const char *ur_safetensors_path(const ur_safetensors *f) { return f->path; }
-uint64_t ur_safetensors_bytes(const ur_safetensors *f) { return f->size; }
-uint64_t ur_safetensors_data_start(const ur_safetensors *f) { return f->data_start; }
-int32_t ur_safetensors_count(const ur_safetensors *f) { return f->n; }
-int32_t ur_safetensors_meta_count(const ur_safetensors *f) { return f->nmeta; }
+const char *ur_safetensors_path(const ur_safetensors *f) {
+  UR__ARGS_OR(NULL, f);
+  return f->path;
+}
+uint64_t ur_safetensors_bytes(const ur_safetensors *f) {
+  UR__ARGS_OR(0, f);
+  return f->size;
+}
+uint64_t ur_safetensors_data_start(const ur_safetensors *f) {
+  UR__ARGS_OR(0, f);
+  return f->data_start;
+}
+int32_t ur_safetensors_count(const ur_safetensors *f) {
+  UR__ARGS_OR(-1, f);
+  return f->n;
+}
+int32_t ur_safetensors_meta_count(const ur_safetensors *f) {
+  UR__ARGS_OR(-1, f);
+  return f->nmeta;
+}
 size_t ur_sizeof_safetensors_entry(void) { return sizeof(ur_safetensors_entry); }
 
 int32_t ur_safetensors_find(const ur_safetensors *f, const char *name) {
+  UR__ARGS_OR(-1, f, name);
   int32_t lo = 0, hi = f->n - 1;
   while (name && lo <= hi) {
     int32_t mid = lo + (hi - lo) / 2;
@@ -713,10 +729,12 @@ ur_status ur_safetensors_entry_get(const ur_safetensors *f, int32_t i, ur_safete
 }
 
 const char *ur_safetensors_meta_key(const ur_safetensors *f, int32_t i) {
+  UR__ARGS_OR(NULL, f);
   return i >= 0 && i < f->nmeta ? f->meta_keys[i] : NULL;
 }
 
 const char *ur_safetensors_meta_get(const ur_safetensors *f, const char *key) {
+  UR__ARGS_OR(NULL, f, key);
   for (int32_t i = 0; key && i < f->nmeta; i++)
     if (!strcmp(f->meta_keys[i], key)) return f->meta_values[i];
   return NULL;

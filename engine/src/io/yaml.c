@@ -18,9 +18,18 @@ typedef struct frame {
 } frame;
 
 size_t ur_sizeof_yaml_node(void) { return sizeof(ur_yaml_node); }
-int32_t ur_yaml_count(const ur_yaml_doc *d) { return d->n; }
-const ur_yaml_node *ur_yaml_nodes(const ur_yaml_doc *d) { return d->nodes; }
-const char *ur_yaml_name(const ur_yaml_doc *d) { return d->name; }
+int32_t ur_yaml_count(const ur_yaml_doc *d) {
+  UR__ARGS_OR(-1, d);
+  return d->n;
+}
+const ur_yaml_node *ur_yaml_nodes(const ur_yaml_doc *d) {
+  UR__ARGS_OR(NULL, d);
+  return d->nodes;
+}
+const char *ur_yaml_name(const ur_yaml_doc *d) {
+  UR__ARGS_OR(NULL, d);
+  return d->name;
+}
 
 void ur_yaml_free(ur_yaml_doc *d) {
   if (!d) return;

@@ -330,8 +330,14 @@ ur_status ur_metrics_reset(ur_stream *s, ur_metrics *m) {
   return st;
 }
 
-int64_t ur_metrics_seen(const ur_metrics *m) { return m->seen; }
-int32_t ur_metrics_on_gpu(const ur_metrics *m) { return m->gpu; }
+int64_t ur_metrics_seen(const ur_metrics *m) {
+  UR__ARGS_OR(-1, m);
+  return m->seen;
+}
+int32_t ur_metrics_on_gpu(const ur_metrics *m) {
+  UR__ARGS_OR(-1, m);
+  return m->gpu;
+}
 
 ur_status ur_metrics_snapshot(ur_stream *s, ur_metrics *m, double **state, uint64_t *count) {
   UR__ARGS(m, state, count);

@@ -606,18 +606,24 @@ ur_status ur_model_info(const ur_model *m, ur_model_props *out) {
 }
 
 const char *ur_model_feature_name(const ur_model *m, int32_t f) {
+  UR__ARGS_OR(NULL, m);
   return f >= 0 && f < m->F ? m->features[f] : NULL;
 }
 
 int64_t ur_model_table_modulo(const ur_model *m, int32_t f) {
+  UR__ARGS_OR(-1, m);
   return f >= 0 && f < m->F ? m->modulo[f] : 0;
 }
 
 const char *ur_model_meta(const ur_model *m, const char *key) {
+  UR__ARGS_OR(NULL, m, key);
   return ur_safetensors_meta_get(m->file, key);
 }
 
-ur_qtbe *ur_model_tables(const ur_model *m) { return m->qtbe; }
+ur_qtbe *ur_model_tables(const ur_model *m) {
+  UR__ARGS_OR(NULL, m);
+  return m->qtbe;
+}
 
 /* ---- contexts ---- */
 
