@@ -308,7 +308,7 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     lines[2] = "1\t2\t3"
     c, err, code = cmd.sh(exe .. " " .. path, table.concat(lines, "\n") .. "\n")
     assert.equal(1, code)
-    assert.matches("serve: line 2: 3 fields; expected 40 %(label first%) or 39", err)
+    assert.matches("serve: line 2: 3 fields; expected 40 %(the label first, as line 1; else %-%-labels no%)", err)
     local got = {}
     for l in c:gmatch("[^\n]+") do got[#got + 1] = l end
     local want = {}
@@ -317,6 +317,29 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     -- differently, by a unit of the last place
     assert.equal("nan", got[2])
     for _, i in ipairs { 1, 3, 4 } do assert.is_true(math.abs(tonumber(got[i]) - tonumber(want[i])) < 1e-6) end
+    -- a labeled line whose last field is missing is not read as a line without a label (its
+    -- columns shifted by one): the input's first line said lines carry the label
+    local short = {}
+    for l in io.lines(sample) do short[#short + 1] = l if #short == 4 then break end end
+    short[2] = short[2]:gsub("\t[^\t]*$", "")
+    c, err, code = cmd.sh(exe .. " " .. path, table.concat(short, "\n") .. "\n")
+    assert.equal(1, code, c)
+    assert.matches("serve: line 2: 39 fields; expected 40 %(the label first, as line 1; else %-%-labels no%)", err)
+    got = {}
+    for l in c:gmatch("[^\n]+") do got[#got + 1] = l end
+    assert.same({ "nan" }, { got[2] })
+    -- --labels says it for every line, the first too
+    c, err, code = cmd.sh(exe .. " --labels no " .. path, table.concat(lines, "\n", 3, 4) .. "\n")
+    assert.equal(1, code, c)
+    assert.matches("serve: line 1: 40 fields; expected 39 %(no label, %-%-labels no%)", err)
+    assert.equal("nan\nnan\n", c)
+    c, err, code = cmd.sh(exe .. " --labels yes " .. path, table.concat(short, "\n", 2, 3) .. "\n")
+    assert.equal(1, code, c)
+    assert.matches("serve: line 1: 39 fields; expected 40 %(the label first, %-%-labels yes%)", err)
+    c, err, code = cmd.sh(exe .. " --labels maybe " .. path, "")
+    assert.equal(2, code, c)
+    assert.matches("^serve: %-%-labels is 'maybe'; expected yes %(40 fields, the label first%) or no %(39%)\n"
+      .. "usage:", err)
     -- a line too long for its buffer is one bad line, not several
     lines[2] = "1" .. ("\t"):rep(39) .. ("f"):rep(70000)
     c, err, code = cmd.sh(exe .. " " .. path, table.concat(lines, "\n") .. "\n")

@@ -7,7 +7,14 @@
  *
  *   cc serve.c $(pkg-config --cflags --libs uvmrec) -lpthread -o serve
  *   ./serve model.safetensors < day_23.tsv > scores.txt
- *   ./serve [--batch N] [--threads N] [--cpu] [--placement device|managed|host] MODEL
+ *   ./serve [--batch N] [--threads N] [--cpu] [--placement device|managed|host]
+ *           [--labels yes|no] MODEL
+ *
+ * A line of 39 fields is a line without its label, or a labeled one whose last field is
+ * missing: the line alone cannot tell.  The input decides once: --labels yes (40 fields a line,
+ * the label first), --labels no (39), or by default the first line's count (40 or 39); every
+ * other line must have that count, and a line of the other is refused rather than read shifted
+ * by a column.  Give --labels when the first line may be a short one.
  *
  * A line that does not parse scores "nan" (its error goes to standard error) and the others go
  * on; so does a batch the model refuses.  Exit status: 0 every line scored, 1 some failed, 2 a
@@ -35,6 +42,8 @@ typedef struct shared {
   int64_t line_no;          /* lines read */
   int eof;
   int failed;
+  int labels;               /* 1: 40 fields, the label first; 0: 39; -1: the first line says */
+  int64_t labels_line;      /* the line that said (0: --labels) */
 } shared;
 
 /* One worker's buffers for a batch. */
@@ -52,35 +61,49 @@ static int bad_line(shared *sh, int64_t no, const char *why) {
   return 0;
 }
 
-/* Parses one line into row b of the worker's buffers; 0 when it does not parse. */
+/* Parses one line into row b of the worker's buffers; 0 when it does not parse.  Called under the
+ * lock in line order, so the first line decides the input's form when --labels did not. */
 static int parse(worker *w, int64_t no, char *line, int64_t b) {
   size_t len = strlen(line);
   while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
   int tabs = 0;
   for (size_t i = 0; i < len; i++) tabs += line[i] == '\t';
+  shared *sh = w->sh;
+  if (sh->labels < 0 && (tabs == 38 || tabs == 39)) {
+    sh->labels = tabs == 39;
+    sh->labels_line = no;
+  }
+  if (sh->labels < 0 || tabs != 38 + sh->labels) {
+    /* Named: what said so, and the option that says otherwise. */
+    char why[160], as[64];
+    if (sh->labels_line)
+      snprintf(as, sizeof as, "as line %lld; else --labels %s", (long long)sh->labels_line,
+               sh->labels ? "no" : "yes");
+    else snprintf(as, sizeof as, "--labels %s", sh->labels ? "yes" : "no");
+    if (sh->labels < 0) snprintf(why, sizeof why, "%d fields; expected 40 (label first) or 39 (none)", tabs + 1);
+    else snprintf(why, sizeof why, "%d fields; expected %d (%s, %s)", tabs + 1, 39 + sh->labels,
+                  sh->labels ? "the label first" : "no label", as);
+    return bad_line(sh, no, why);
+  }
   const char *text = line;
   char *with_label = NULL;
-  if (tabs == 38) { /* 39 fields: no label; the parser takes 40 */
+  if (!sh->labels) { /* 39 fields: no label; the parser takes 40 */
     with_label = malloc(len + 3);
     if (!with_label) return bad_line(w->sh, no, "out of memory");
     memcpy(with_label, "0\t", 2);
     memcpy(with_label + 2, line, len + 1);
     text = with_label;
     len += 2;
-  } else if (tabs != 39) {
-    char why[96];
-    snprintf(why, sizeof why, "%d fields; expected 40 (label first) or 39", tabs + 1);
-    return bad_line(w->sh, no, why);
   }
   int32_t label;
   uint32_t cats[SPARSE];
   float *dense = (float *)ur_tensor_data(w->dense) + b * DENSE;
   ur_status st = ur_criteo_parse_line(text, len, 0, &label, dense, cats, NULL);
   free(with_label);
-  if (st) return bad_line(w->sh, no, ur_last_error());
+  if (st) return bad_line(sh, no, ur_last_error());
   /* Key-major: feature k's ids for the whole batch are one run. */
   int64_t *values = ur_tensor_data(w->values);
-  for (int k = 0; k < SPARSE; k++) values[(int64_t)k * w->sh->batch + b] = cats[k];
+  for (int k = 0; k < SPARSE; k++) values[(int64_t)k * sh->batch + b] = cats[k];
   return 1;
 }
 
@@ -173,8 +196,9 @@ static void *work(void *p) {
 
 static int usage(void) {
   fprintf(stderr, "usage: serve [--batch N] [--threads N] [--cpu] [--placement device|managed|host] "
-                  "MODEL < lines\n  --batch: lines scored together, 1 to 1048576 (512); --threads: "
-                  "callers, 1 to 256 (2)\n");
+                  "[--labels yes|no] MODEL < lines\n  --batch: lines scored together, 1 to 1048576 "
+                  "(512); --threads: callers, 1 to 256 (2); --labels: whether lines carry the label "
+                  "first (40 fields) or not (39; default: as the first line)\n");
   return 2;
 }
 
@@ -194,6 +218,7 @@ static int count_arg(const char *flag, const char *s, long lo, long hi, long *ou
 int main(int argc, char **argv) {
   const char *path = NULL;
   long batch = 512, threads = 2;
+  int labels = -1;
   ur_model_options opts;
   ur_model_options_init(&opts);
   for (int i = 1; i < argc; i++) {
@@ -205,8 +230,18 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--cpu")) opts.device = -1;
     else if (!strcmp(argv[i], "--placement") && i + 1 < argc) {
       ur_place p;
-      if (ur_place_parse(argv[++i], &p)) return usage();
+      if (ur_place_parse(argv[++i], &p)) {
+        fprintf(stderr, "serve: --placement is '%s'; expected device, managed or host\n", argv[i]);
+        return usage();
+      }
       opts.table_place = p;
+    } else if (!strcmp(argv[i], "--labels") && i + 1 < argc) {
+      const char *v = argv[++i];
+      if (strcmp(v, "yes") && strcmp(v, "no")) {
+        fprintf(stderr, "serve: --labels is '%s'; expected yes (40 fields, the label first) or no (39)\n", v);
+        return usage();
+      }
+      labels = !strcmp(v, "yes");
     } else if (argv[i][0] == '-' || path) return usage();
     else path = argv[i];
   }
@@ -215,6 +250,7 @@ int main(int argc, char **argv) {
   shared sh;
   memset(&sh, 0, sizeof sh);
   sh.batch = batch;
+  sh.labels = labels;
   if (ur_model_open(&sh.model, path, &opts)) {
     fprintf(stderr, "serve: %s\n", ur_last_error());
     return 2;
