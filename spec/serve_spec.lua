@@ -126,6 +126,47 @@ describe("uvmrec.serve", function()
     m:close()
   end)
 
+  it("takes per-id weights exactly when training's batches carried them, naming the table", function()
+    -- a model trained without weights: weights would scale its rows, not ignored
+    local m = assert(serve.open(h.exported("tiny", { tables = "f32" }), { device = "cpu" }))
+    local batch, loader = held_batch(m, 32)
+    local sp = batch.sparse
+    local nv = sp:values():numel()
+    local weighted = ur.KJT { keys = sp:keys(), values = sp:values(), lengths = sp:lengths(),
+                              weights = ur.tensor({ nv }):fill(0.5) }
+    local _, err = m:predict(batch.dense, weighted)
+    assert.equal("model: the request carries per-id weights, but no table of the model was trained with them "
+      .. "(table 'C1' serves feature 'C1' unweighted): send its KJT without weights", err)
+    assert.same(m:predict(batch):totable(), m:predict(batch.dense, ur.KJT { keys = sp:keys(), values = sp:values(),
+      lengths = sp:lengths() }):totable())
+    loader:close()
+    m:close()
+    -- a model trained on weighted tables (C3, C6, ...): its held-out batches carry weights, 1 for the others
+    local path = h.exported("multihot", { tables = "f32" })
+    local desc = json.decode(assert(require("uvmrec.checkpoint").open(path)):meta("uvmrec.model"))
+    assert.same({ false, false, true }, { desc.tables[1].weighted, desc.tables[2].weighted, desc.tables[3].weighted })
+    m = assert(serve.open(path, { device = "cpu" }))
+    batch, loader = held_batch(m, 32)
+    sp = batch.sparse
+    assert.is_not_nil(sp:weights())
+    local want = m:predict(batch):totable()
+    assert.equal(32, #want)
+    _, err = m:predict(batch.dense, ur.KJT { keys = sp:keys(), values = sp:values(), lengths = sp:lengths() })
+    assert.equal("model: table 'C3' (feature 'C3') was trained with per-id weights; the request carries none "
+      .. "(its KJT's weights are NULL)", err)
+    -- an unweighted table's ids weighted otherwise than 1
+    local w = ur.tensor({ sp:weights():numel() }):copy(sp:weights())
+    local span = sp:key_span("C2").values
+    assert.is_true(span[2] > span[1], "C2 has ids in the batch")
+    w:set(span[1], 0.25) -- 0-based, as the message counts values
+    _, err = m:predict(batch.dense, ur.KJT { keys = sp:keys(), values = sp:values(), lengths = sp:lengths(),
+                                             weights = w })
+    assert.equal(("model: feature 'C2' (table 'C2', trained without per-id weights) has weight 0.25 at value %d; "
+      .. "expected 1, as training gave its ids"):format(span[1]), err)
+    loader:close()
+    m:close()
+  end)
+
   it("refuses truncated, foreign and mismatched files, naming the file and the reason", function()
     local good = h.exported("tiny", { tables = "int8" })
     local dir = cmd.tmpdir()

@@ -1751,7 +1751,10 @@ UR_API const char *ur_model_meta(const ur_model *m, const char *key);
 UR_API ur_qtbe *ur_model_tables(const ur_model *m);
 /* Probabilities of a batch: dense f32 [B, num_dense], sparse a KJT of the model's features (in
  * its order, or in any order by name) with stride B, raw ids (the model maps them), any
- * placement; scores f32 of B elements, any placement, written when the call returns. */
+ * placement; scores f32 of B elements, any placement, written when the call returns.  The KJT
+ * carries per-id weights exactly when some table was trained with them (the description's
+ * tables[i].weighted), 1 for the ids of the others (checked where the KJT is in host memory);
+ * otherwise the call is refused naming a table, as weights scale the rows a bag sums. */
 UR_API ur_status ur_model_predict(ur_model *m, const ur_tensor *dense, const ur_kjt *sparse,
                                   ur_tensor *scores /* out */);
 /* UR_CDEF_END */

@@ -245,6 +245,9 @@ local TRAINED = {
   criteo = { "train.steps=20", "train.batch_size=100", "train.epochs=2", "eval.min_auc=0", "eval.every=0" },
   dcnv2 = { "model.interaction=dcnv2", "model.cross_layers=2", "model.bottom_mlp=32,8", "train.steps=40",
             "train.batch_size=512", "eval.samples=4096", "eval.every=0", "eval.min_auc=0" },
+  -- every third table weighted (the preset's C3, C6, ...): a model taking weighted requests
+  multihot = { "data.train=synthetic:tiny_multihot", "train.steps=30", "train.batch_size=256", "eval.samples=2048",
+               "eval.every=0", "eval.min_auc=0" },
   dcnv2_rank = { "model.interaction=dcnv2", "model.cross_layers=2", "model.cross_rank=16", "train.steps=40",
                  "train.batch_size=512", "eval.samples=4096", "eval.every=0", "eval.min_auc=0" },
 }

@@ -46,6 +46,8 @@ struct ur_model {
   ur_qtbe *qtbe;
   char **features;
   int64_t *modulo;          /* per feature: its table's */
+  uint8_t *weighted;        /* per feature: its table was trained with per-id weights */
+  int32_t nweighted;        /* features so trained */
   pthread_mutex_t lock;
   pthread_cond_t freed;
   ctx *idle;
@@ -275,9 +277,10 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
     return bad(r, "the description's features is not a list of 1 to 4096 names");
   int32_t T = (int32_t)ur_json_size(tl), F = (int32_t)ur_json_size(fl);
   ur_qtbe_table_config *tc = calloc((size_t)T, sizeof *tc);
+  uint8_t *tw = calloc((size_t)T, 1);
   int32_t *ft = malloc(sizeof(int32_t) * (size_t)F);
   const char **fn = calloc((size_t)F, sizeof *fn);
-  ur_status st = !tc || !ft || !fn ? ur__error(UR_STATUS_OOM, "model: out of host memory") : UR_STATUS_OK;
+  ur_status st = !tc || !tw || !ft || !fn ? ur__error(UR_STATUS_OOM, "model: out of host memory") : UR_STATUS_OK;
   for (int32_t f = 0; f < F && !st; f++) {
     fn[f] = str_of(ur_json_item(fl, (size_t)f));
     ft[f] = -1;
@@ -304,6 +307,14 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
       st = bad(r, "the description's %s.pooling is '%s'; expected sum or mean", where, pool);
       break;
     }
+    /* Whether training's batches gave this table's ids weights (absent: no, as in files that
+     * predate the key): a request must carry them exactly when some table was. */
+    const ur_json *wt = member(d, "weighted");
+    if (wt && ur_json_typeof(wt) != UR_JSON_TRUE && ur_json_typeof(wt) != UR_JSON_FALSE) {
+      st = bad(r, "the description's %s.weighted is not true or false", where);
+      break;
+    }
+    tw[t] = wt && ur_json_typeof(wt) == UR_JSON_TRUE;
     const ur_json *coll = member(d, "collisions");
     if (coll && ur_json_typeof(coll) != UR_JSON_NULL) {
       st = bad(r, "table '%s' maps its ids through a managed-collision map, which this engine "
@@ -352,10 +363,13 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
     st = ur_qtbe_new(&m->qtbe, &qc, T, tc, F, ft, fn);
     m->features = calloc((size_t)F, sizeof(char *));
     m->modulo = calloc((size_t)F, sizeof(int64_t));
-    if (!st && (!m->features || !m->modulo)) st = ur__error(UR_STATUS_OOM, "model: out of host memory");
+    m->weighted = calloc((size_t)F, 1);
+    if (!st && (!m->features || !m->modulo || !m->weighted)) st = ur__error(UR_STATUS_OOM, "model: out of host memory");
     for (int32_t f = 0; f < F && !st; f++) {
       m->features[f] = strdup(fn[f]);
       m->modulo[f] = tc[ft[f]].modulo;
+      m->weighted[f] = tw[ft[f]];
+      m->nweighted += tw[ft[f]];
       if (!m->features[f]) st = ur__error(UR_STATUS_OOM, "model: out of host memory");
     }
     for (int32_t t = 0; t < T && !st; t++) {
@@ -378,6 +392,7 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
     }
   }
   free(tc);
+  free(tw);
   free(ft);
   free(fn);
   return st;
@@ -442,6 +457,7 @@ void ur_model_close(ur_model *m) {
   for (int32_t f = 0; f < m->F && m->features; f++) free(m->features[f]);
   free(m->features);
   free(m->modulo);
+  free(m->weighted);
   ur_safetensors_close(m->file);
   pthread_mutex_destroy(&m->lock);
   pthread_cond_destroy(&m->freed);
@@ -707,6 +723,50 @@ static ur_status view2(views *vs, ur_tensor *base, int64_t *at, int64_t rows, in
   return UR_STATUS_OK;
 }
 
+/* Memory the host reads in place. */
+static int host_readable(const ur_tensor *t) {
+  ur_place p = ur_tensor_place(t);
+  return p == UR_PLACE_HOST || p == UR_PLACE_PINNED || p == UR_PLACE_MANAGED;
+}
+
+/* The feature's table, for messages. */
+static const char *table_of(const ur_model *m, int32_t k) {
+  return ur_qtbe_table_name(m->qtbe, ur_qtbe_feature_table(m->qtbe, k));
+}
+
+/* Per-id weights scale the rows a bag sums, so a request carries them exactly when training's
+ * batches did: weighted tables' ids with their weights, the others' with 1, as training gave
+ * them (checked where the request is in host memory; on the GPU it is the caller's to keep).
+ * order[k] is model feature k's key in the request, b its batch. */
+static ur_status check_weights(const ur_model *m, const ur_kjt *sparse, const int32_t *order, int64_t b) {
+  const ur_tensor *w = ur_kjt_weights(sparse), *offsets = ur_kjt_offsets(sparse);
+  if (!w && m->nweighted) {
+    int32_t k = 0;
+    while (!m->weighted[k]) k++;
+    return ur__error(UR_STATUS_INVALID,
+                     "model: table '%s' (feature '%s') was trained with per-id weights; the request "
+                     "carries none (its KJT's weights are NULL)", table_of(m, k), m->features[k]);
+  }
+  if (w && !m->nweighted)
+    return ur__error(UR_STATUS_INVALID,
+                     "model: the request carries per-id weights, but no table of the model was trained "
+                     "with them (table '%s' serves feature '%s' unweighted): send its KJT without weights",
+                     table_of(m, 0), m->features[0]);
+  if (!w || m->nweighted == m->F || !host_readable(w) || !host_readable(offsets)) return UR_STATUS_OK;
+  const float *wv = ur_tensor_data(w);
+  const int64_t *off = ur_tensor_data(offsets);
+  for (int32_t k = 0; k < m->F; k++) {
+    if (m->weighted[k]) continue;
+    for (int64_t i = off[order[k] * b]; i < off[(order[k] + 1) * b]; i++)
+      if (wv[i] != 1.0f)
+        return ur__error(UR_STATUS_INVALID,
+                         "model: feature '%s' (table '%s', trained without per-id weights) has weight %g "
+                         "at value %lld; expected 1, as training gave its ids",
+                         m->features[k], table_of(m, k), (double)wv[i], (long long)i);
+  }
+  return UR_STATUS_OK;
+}
+
 static ur_status check_request(const ur_model *m, const ur_tensor *dense, const ur_kjt *sparse,
                                const ur_tensor *scores, int32_t *order, int *reorder) {
   if (!dense || !sparse || !scores)
@@ -747,7 +807,7 @@ static ur_status check_request(const ur_model *m, const ur_tensor *dense, const 
                        m->features[k], (int)k + 1, key);
     order[k] = f;
   }
-  return UR_STATUS_OK;
+  return check_weights(m, sparse, order, b);
 }
 
 /* Whether the GPU serving the model reads t in place: the collection reads pinned memory too,

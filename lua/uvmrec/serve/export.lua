@@ -111,6 +111,9 @@ function M.run(source, opts)
     return nil, ("export: %s: its training data %s: %s"):format(path, cfg.data.train, tostring(derr))
   end
   local modulo = data and data.train.rows or not synthetic and rows or {}
+  -- Which tables' ids training's batches weighted (synthetic tables marked weighted): the model
+  -- takes weighted requests exactly when some were.  Criteo lines carry no weights.
+  local spec_tables = synthetic and data and data.train.data.spec and data.train.data.spec.tables or {}
   local e = cfg.embeddings
   for name, format in pairs(per) do
     local k = tonumber(name:match("^C(%d+)$"))
@@ -179,7 +182,7 @@ function M.run(source, opts)
     tensors["embeddings." .. name] = stored
     local t = { name = name, rows = r, dim = e.dim, format = qtbe.FORMATS[tonumber(qtbe.format_of(format)) + 1],
                 pooling = e.pooling, features = { name }, weights = "embeddings." .. name,
-                modulo = modulo[i] or 0 }
+                modulo = modulo[i] or 0, weighted = spec_tables[i] ~= nil and spec_tables[i].weighted == true }
     -- The slot for a managed-collision map (uvmrec.h's serving section): "collisions" names its
     -- tensor once managed collisions are trained; absent here, and the engine refuses a table
     -- that has one until it serves them.
