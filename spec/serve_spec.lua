@@ -399,6 +399,45 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     cmd.rmdir(dir)
   end)
 
+  it("serve_bench measures what it was asked, and names an argument it cannot read", function()
+    local path = h.exported("tiny", { tables = "int8" })
+    local dir = cmd.tmpdir()
+    local exe, nobuild = h.build_c("engine/examples/serve_bench.c", dir, "serve_bench")
+    if not exe then return pending(nobuild) end
+    local dense = ur.tensor({ 64, 13 }):fill(0.5)
+    local ids = ur.tensor({ 64, 26 }, { dtype = "i64" }):fill(1) -- every table has a row 1
+    assert.equal(0, C.ur_npy_save(dir .. "/d.npy", dense.p, nil))
+    assert.equal(0, C.ur_npy_save(dir .. "/i.npy", ids.p, nil))
+    assert.equal(0, C.ur_npy_save(dir .. "/di32.npy", ur.tensor({ 64, 13 }, { dtype = "i32" }).p, nil))
+    local base = ("%s %s %s/d.npy %s/i.npy"):format(exe, path, dir, dir)
+    local out, err, code = cmd.sh(base .. " 8x2 0.2 cpu '' 0.2 0")
+    assert.equal(0, code, err)
+    local r = json.decode(out:match("^[^\n]+"))
+    assert.same({ 8, 2 }, { r.batch, r.threads })
+    assert.is_true(r.calls > 0)
+    for _, c in ipairs {
+      { "8x2 0.2 CPU", "serve_bench: 'CPU' is not cpu or gpu" }, -- was: the GPU when there is one
+      { "8x2 0.2s cpu", "serve_bench: SECONDS is '0.2s'; expected a number" },
+      { "8x2 0.2 cpu host x", "serve_bench: HOT_FRACTION is 'x'; expected a number" },
+      { "8x2 0.2 cpu host 0.2 4GB", "serve_bench: HBM_BUDGET_BYTES is '4GB'; expected a whole number" },
+      { "8x2 0.2 cpu pinnned", "serve_bench: placement 'pinnned'; expected device, managed or host" },
+      { "8x2,16 0.2 cpu", "serve_bench: configuration '16' is not BATCHxTHREADS (BATCH 1 or more, THREADS 1 to 256)" },
+    } do
+      out, err, code = cmd.sh(base .. " " .. c[1])
+      assert.equal(2, code, c[1] .. ": " .. out .. err)
+      assert.equal(c[2], err:match("^[^\n]+"), c[1])
+    end
+    if C.ur_device_count() == 0 then
+      out, err, code = cmd.sh(base .. " 8x2 0.2 gpu")
+      assert.equal(2, code, out) -- was: measured on the CPU
+      assert.equal("serve_bench: gpu asked, but this machine has no GPU in use\n", err)
+    end
+    out, err, code = cmd.sh(("%s %s %s/di32.npy %s/i.npy 8x1 0.2 cpu"):format(exe, path, dir, dir))
+    assert.equal(2, code, out)
+    assert.equal("serve_bench: the requests are not dense f32 [N, 13] and ids i64 [N, 26]\n", err)
+    cmd.rmdir(dir)
+  end)
+
   it("predicts the held-out samples of a synthetic run, and uvmrec eval scores them as training did", function()
     local t = h.trained("tiny")
     local path = h.exported("tiny", { tables = "f32" })

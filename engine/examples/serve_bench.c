@@ -9,10 +9,14 @@
  *   serve_bench MODEL DENSE.npy IDS.npy 4096x1,1x1,... SECONDS [cpu|gpu] [device|managed|host]
  *               [HOT_FRACTION] [HBM_BUDGET_BYTES]
  *
- * HOT_FRACTION: of each managed table's rows, preferred on the GPU (the rest read in place);
- * HBM_BUDGET_BYTES: the engine's HBM budget, to serve a model larger than the HBM it is given.
+ * cpu or gpu (default: the current GPU when there is one), then the tables' placement ('' or
+ * absent: where it runs); HOT_FRACTION: of each managed table's rows, preferred on the GPU (the
+ * rest read in place); HBM_BUDGET_BYTES: the engine's HBM budget, to serve a model larger than
+ * the HBM it is given.  An argument that does not read as its kind is named, and gpu on a
+ * machine without one is refused: a measurement of something else than was asked is no answer.
  * Exit status: 0 measured, 1 an engine call failed (its message on standard error), 2 usage. */
 #define _POSIX_C_SOURCE 200809L /* pthread barriers under -std=c11 */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,24 +105,54 @@ static int usage(void) {
   return 2;
 }
 
+/* An argument as a number (whole: *whole set instead of *out), or the usage after naming it. */
+static int number_arg(const char *what, const char *s, double *out, uint64_t *whole) {
+  char *end;
+  errno = 0;
+  if (whole) *whole = strtoull(s, &end, 10);
+  else *out = strtod(s, &end);
+  if (errno || end == s || *end || (whole && s[0] == '-')) {
+    fprintf(stderr, "serve_bench: %s is '%s'; expected %s\n", what, s, whole ? "a whole number" : "a number");
+    return usage();
+  }
+  return 0;
+}
+
 /* One configuration: prints its line; 1 when a client failed. */
 static int measure(ur_model *m, const ur_tensor *dense, const ur_tensor *ids, const char *const *keys,
                    long batch, long threads, double seconds);
 
 int main(int argc, char **argv) {
-  if (argc < 6) return usage();
-  double seconds = strtod(argv[5], NULL);
-  if (!(seconds > 0)) return usage();
+  if (argc < 6 || argc > 10) return usage();
+  double seconds;
+  uint64_t budget = 0;
+  if (number_arg("SECONDS", argv[5], &seconds, NULL)) return 2;
+  if (!(seconds > 0)) {
+    fprintf(stderr, "serve_bench: SECONDS is '%s'; expected more than 0\n", argv[5]);
+    return usage();
+  }
   ur_model_options o;
   ur_model_options_init(&o);
+  if (argc > 6 && strcmp(argv[6], "cpu") && strcmp(argv[6], "gpu")) {
+    fprintf(stderr, "serve_bench: '%s' is not cpu or gpu\n", argv[6]);
+    return usage();
+  }
   if (argc > 6 && !strcmp(argv[6], "cpu")) o.device = -1;
+  if (argc > 6 && !strcmp(argv[6], "gpu") && o.device < 0) {
+    fprintf(stderr, "serve_bench: gpu asked, but this machine has no GPU in use\n");
+    return 2;
+  }
   if (argc > 7 && argv[7][0]) {
     ur_place p;
-    if (ur_place_parse(argv[7], &p)) return usage();
+    if (ur_place_parse(argv[7], &p)) {
+      fprintf(stderr, "serve_bench: placement '%s'; expected device, managed or host\n", argv[7]);
+      return usage();
+    }
     o.table_place = p;
   }
-  if (argc > 8) o.hot_fraction = strtod(argv[8], NULL);
-  if (argc > 9 && ur_hbm_budget_set(strtoull(argv[9], NULL, 10))) {
+  if (argc > 8 && number_arg("HOT_FRACTION", argv[8], &o.hot_fraction, NULL)) return 2;
+  if (argc > 9 && number_arg("HBM_BUDGET_BYTES", argv[9], NULL, &budget)) return 2;
+  if (argc > 9 && ur_hbm_budget_set(budget)) {
     fprintf(stderr, "serve_bench: %s\n", ur_last_error());
     return 1;
   }
@@ -131,7 +165,8 @@ int main(int argc, char **argv) {
   ur_model_props info;
   ur_model_info(m, &info);
   int64_t n = ur_tensor_dim(dense, 0);
-  if (ur_tensor_ndim(dense) != 2 || ur_tensor_dim(dense, 1) != info.num_dense || ur_tensor_ndim(ids) != 2 ||
+  if (ur_tensor_dtype(dense) != UR_DTYPE_F32 || ur_tensor_ndim(dense) != 2 ||
+      ur_tensor_dim(dense, 1) != info.num_dense || ur_tensor_ndim(ids) != 2 ||
       ur_tensor_dim(ids, 0) != n || ur_tensor_dim(ids, 1) != info.num_features ||
       ur_tensor_dtype(ids) != UR_DTYPE_I64) {
     fprintf(stderr, "serve_bench: the requests are not dense f32 [N, %d] and ids i64 [N, %d]\n",
@@ -144,7 +179,11 @@ int main(int argc, char **argv) {
   for (const char *c = argv[4]; *c && !failed;) {
     char *end;
     long batch = strtol(c, &end, 10), threads = *end == 'x' ? strtol(end + 1, &end, 10) : 0;
-    if (batch < 1 || threads < 1 || threads > 256 || (*end && *end != ',')) return usage();
+    if (batch < 1 || threads < 1 || threads > 256 || (*end && *end != ',')) {
+      fprintf(stderr, "serve_bench: configuration '%.*s' is not BATCHxTHREADS (BATCH 1 or more, THREADS 1 to 256)\n",
+              (int)strcspn(c, ","), c);
+      return usage();
+    }
     failed = measure(m, dense, ids, keys, batch, threads, seconds);
     c = *end ? end + 1 : end;
   }
