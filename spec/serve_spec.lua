@@ -377,6 +377,16 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     c, err, code = cmd.sh(exe .. " --labels yes " .. path, table.concat(short, "\n", 2, 3) .. "\n")
     assert.equal(1, code, c)
     assert.matches("serve: line 1: 39 fields; expected 40 %(the label first, %-%-labels yes%)", err)
+    for _, u in ipairs {
+      { "--labels", "serve: --labels needs a value" }, -- was: the bare usage
+      { "--bogus " .. path, "serve: unknown option '--bogus'" },
+      { path .. " " .. path, ("serve: one model file; '%s' and '%s' given"):format(path, path) },
+      { "--cpu", "serve: no model file given" },
+    } do
+      c, err, code = cmd.sh(exe .. " " .. u[1], "")
+      assert.equal(2, code, c)
+      assert.equal(u[2], err:match("^[^\n]*"))
+    end
     c, err, code = cmd.sh(exe .. " --labels maybe " .. path, "")
     assert.equal(2, code, c)
     assert.matches("^serve: %-%-labels is 'maybe'; expected yes %(40 fields, the label first%) or no %(39%)\n"

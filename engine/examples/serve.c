@@ -242,10 +242,21 @@ int main(int argc, char **argv) {
         return usage();
       }
       labels = !strcmp(v, "yes");
-    } else if (argv[i][0] == '-' || path) return usage();
-    else path = argv[i];
+    } else if (argv[i][0] == '-') {
+      int takes = !strcmp(argv[i], "--batch") || !strcmp(argv[i], "--threads") ||
+                  !strcmp(argv[i], "--placement") || !strcmp(argv[i], "--labels");
+      if (takes) fprintf(stderr, "serve: %s needs a value\n", argv[i]);
+      else fprintf(stderr, "serve: unknown option '%s'\n", argv[i]);
+      return usage();
+    } else if (path) {
+      fprintf(stderr, "serve: one model file; '%s' and '%s' given\n", path, argv[i]);
+      return usage();
+    } else path = argv[i];
   }
-  if (!path) return usage();
+  if (!path) {
+    fprintf(stderr, "serve: no model file given\n");
+    return usage();
+  }
 
   shared sh;
   memset(&sh, 0, sizeof sh);

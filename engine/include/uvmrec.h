@@ -1708,7 +1708,8 @@ UR_API int64_t ur_qtbe_skipped(const ur_qtbe *q);
  * its description before anything is placed; any other file, or another architecture, is
  * refused with the file and the reason.  Predicting is safe from many threads at once: each
  * call takes a context (its own stream and buffers) from the model's pool, making one when none
- * is free, up to max_callers; a bad request fails that call only. */
+ * is free, up to max_callers; a bad request fails that call only.  ur_model_info and the other
+ * readers may run beside predictions; ur_model_close may not: close after every call returned. */
 struct ur_model;
 typedef struct ur_model ur_model;
 typedef struct ur_model_options {
