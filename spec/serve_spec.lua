@@ -167,6 +167,24 @@ describe("uvmrec.serve", function()
     m:close()
   end)
 
+  it("takes weighted requests from a model trained on day files with weights (uvmrec datagen)", function()
+    local dir = cmd.tmpdir()
+    local _, err, code = cmd.run(("datagen tiny_multihot --out %s/days --samples 2048 --cpu"):format(dir))
+    assert.equal(0, code, err)
+    local cfg = h.tiny { "data.train=criteo-bin:" .. dir .. "/days", "train.steps=4", "train.batch_size=256",
+                         "eval.samples=0", "eval.min_auc=0" }
+    cfg.train.checkpoint_every = 4
+    assert(require("uvmrec.train").run(cfg, { out = dir .. "/run", progress = "none", cpu = true,
+                                              print = function() end }))
+    local r = assert(require("uvmrec.serve.export").run(dir .. "/run", { out = dir .. "/m.safetensors" }))
+    for i, t in ipairs(r.description.tables) do assert.is_true(t.weighted, "table " .. i) end
+    local m = assert(serve.open(dir .. "/m.safetensors", { device = "cpu" }))
+    local e = assert(serve.evaluate(m, "criteo-bin:" .. dir .. "/days")) -- was: refused, as unweighted
+    assert.equal(2048, e.samples)
+    m:close()
+    cmd.rmdir(dir)
+  end)
+
   it("refuses truncated, foreign and mismatched files, naming the file and the reason", function()
     local good = h.exported("tiny", { tables = "int8" })
     local dir = cmd.tmpdir()

@@ -112,8 +112,24 @@ function M.run(source, opts)
   end
   local modulo = data and data.train.rows or not synthetic and rows or {}
   -- Which tables' ids training's batches weighted (synthetic tables marked weighted): the model
-  -- takes weighted requests exactly when some were.  Criteo lines carry no weights.
+  -- takes weighted requests exactly when some were.  Criteo lines carry no weights; day files
+  -- do when they have weights files (uvmrec datagen of a weighted spec), as the loader reads
+  -- them, without saying which tables: every table is then weighted.
   local spec_tables = synthetic and data and data.train.data.spec and data.train.data.spec.tables or {}
+  local days_weighted = false
+  if cfg.data.train:match("^criteo%-bin:") then
+    local l, lerr = ur.data.loader { data = cfg.data.train, batch_size = 1, depth = 1, epochs = 1,
+                                     placement = "host", rows = train.load_rows(cfg, rows) }
+    local b, berr
+    if l then b, berr = l:next() end
+    if not b then
+      if l then l:close() end
+      return nil, ("export: %s: its training data %s, read to know whether its ids were weighted: %s"):format(
+        path, cfg.data.train, tostring(lerr or berr or "no samples"))
+    end
+    days_weighted = b.sparse:weights() ~= nil
+    l:close()
+  end
   local e = cfg.embeddings
   for name, format in pairs(per) do
     local k = tonumber(name:match("^C(%d+)$"))
@@ -182,7 +198,8 @@ function M.run(source, opts)
     tensors["embeddings." .. name] = stored
     local t = { name = name, rows = r, dim = e.dim, format = qtbe.FORMATS[tonumber(qtbe.format_of(format)) + 1],
                 pooling = e.pooling, features = { name }, weights = "embeddings." .. name,
-                modulo = modulo[i] or 0, weighted = spec_tables[i] ~= nil and spec_tables[i].weighted == true }
+                modulo = modulo[i] or 0,
+                weighted = days_weighted or spec_tables[i] ~= nil and spec_tables[i].weighted == true }
     -- The slot for a managed-collision map (uvmrec.h's serving section): "collisions" names its
     -- tensor once managed collisions are trained; absent here, and the engine refuses a table
     -- that has one until it serves them.
