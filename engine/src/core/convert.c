@@ -34,6 +34,22 @@ const float *ur__load_f32(const void *src, ur_dtype d, size_t n, float *buf) {
   }
 }
 
+void ur__store_f32(void *dst, ur_dtype d, size_t n, const float *src) {
+  uint16_t *h = dst;
+  switch (d) {
+    case UR_DTYPE_F32: memmove(dst, src, n * sizeof *src); break;
+    case UR_DTYPE_BF16:
+      for (size_t i = 0; i < n; i++) h[i] = ur__f32_to_bf16(src[i]);
+      break;
+    case UR_DTYPE_F16:
+      for (size_t i = 0; i < n; i++) h[i] = ur__f32_to_f16(src[i]);
+      break;
+    default:
+      for (size_t i = 0; i < n; i++) ur__store(dst, d, i, src[i]);
+      break;
+  }
+}
+
 /* Integers take the floor of v, as the random generators do; callers range-check. */
 void ur__store(void *base, ur_dtype d, size_t i, double v) {
   switch (d) {

@@ -223,6 +223,8 @@ UR__HIDDEN double ur__load(const void *base, ur_dtype d, size_t i);
  * (n floats; halves exactly, the other dtypes as ur__load gives them, rounded to float). */
 UR__HIDDEN const float *ur__load_f32(const void *src, ur_dtype d, size_t n, float *buf);
 UR__HIDDEN void ur__store(void *base, ur_dtype d, size_t i, double v);
+/* n floats into dst as dtype d (ur__load_f32's inverse; halves rounded to nearest even). */
+UR__HIDDEN void ur__store_f32(void *dst, ur_dtype d, size_t n, const float *src);
 UR__HIDDEN uint64_t ur__bits_of(ur_dtype d, double v);
 
 #endif

@@ -24,6 +24,13 @@ struct ur_comm {
   uint64_t seq;                /* this communicator's number in the process (rendezvous files) */
   int grouped;
   ur_comm_stats stats;
+  /* The host collectives posted since the last wait hold their tensors (1-D views sharing their
+   * storage) until a wait sees them done: a tensor freed meanwhile (a rank failing between a
+   * collective and its wait: its finalizers run as Lua closes, and freeing the communicator
+   * completes what it left posted) would be written by MPI after it was freed. */
+  ur_tensor **held;
+  size_t nheld, cap_held;
+  int host_failed; /* the last wait on host collectives failed: MPI may still write their tensors */
 };
 
 size_t ur_sizeof_comm_stats(void) { return sizeof(ur_comm_stats); }
@@ -254,10 +261,23 @@ ur_status ur_comm_new(ur_comm **out, int32_t device) {
   return UR_STATUS_OK;
 }
 
+static void release_held(ur_comm *c) {
+  for (size_t i = 0; i < c->nheld; i++) ur_tensor_free(c->held[i]);
+  c->nheld = 0;
+}
+
 void ur_comm_free(ur_comm *c) {
   if (!c) return;
   if (c->dev_net) ur__gpu()->comm->close(c->dev_net);
-  if (c->host_net) ur__cpu_comm_ops.close(c->host_net);
+  if (c->host_net) {
+    /* Host collectives left posted complete before their tensors go.  After a failed wait MPI
+     * may still write them whenever it is next called: the communicator and the tensors are
+     * left to the process's end (a failing exit aborts the job). */
+    if (c->host_failed || (c->nheld && ur__cpu_comm_ops.wait(NULL, c->host_net))) return;
+    ur__cpu_comm_ops.close(c->host_net);
+  }
+  release_held(c);
+  free(c->held);
   free(c);
 }
 
@@ -488,6 +508,21 @@ static ur_status issue(const route *r, ur_stream *s, const call *k, void *in, vo
   }
 }
 
+/* A 1-D view of t, kept until the next wait that sees the host collectives done. */
+static ur_status hold(ur_comm *c, const ur_tensor *t) {
+  if (c->nheld == c->cap_held) {
+    size_t cap = c->cap_held ? 2 * c->cap_held : 8;
+    ur_tensor **h = realloc(c->held, cap * sizeof *h);
+    if (!h) return ur__error(UR_STATUS_OOM, "comm: out of host memory");
+    c->held = h;
+    c->cap_held = cap;
+  }
+  int64_t n = ur_tensor_numel(t);
+  ur_status st = ur_tensor_view_as(t, &c->held[c->nheld], 0, 1, &n);
+  if (!st) c->nheld++;
+  return st;
+}
+
 /* Runs k on its route: the world of one copies in to out (a broadcast's one tensor stays);
  * host memory without MPI is staged through the GPU (all_reduce and broadcast in place there);
  * else the engine runs it on the route's device. */
@@ -503,7 +538,11 @@ static ur_status run(ur_comm *c, ur_stream *s, const route *r, const call *k, co
     if (!st) st = issue(r, s, k, data(g.in), data(in_place ? g.in : g.out));
     st = stage_out(c, s, out, &g, st);
   } else if (!st) {
-    st = issue(r, s, k, data(in), data(out));
+    if (r->engine == ENGINE_MPI) {
+      st = hold(c, in);
+      if (!st && out != in) st = hold(c, out);
+    }
+    if (!st) st = issue(r, s, k, data(in), data(out));
   }
   return ur__device_leave(r->b, r->device, prev, st);
 }
@@ -678,7 +717,11 @@ ur_status ur_comm_wait(ur_stream *s, ur_comm *c) {
   ur_status st = UR_STATUS_OK;
   if (c->grouped)
     return ur__error(UR_STATUS_INVALID, "comm wait: inside a group; call group_end first");
-  if (c->host_net) st = ur__cpu_comm_ops.wait(NULL, c->host_net);
+  if (c->host_net) {
+    st = ur__cpu_comm_ops.wait(NULL, c->host_net);
+    c->host_failed = st != UR_STATUS_OK;
+    if (!st) release_held(c);
+  }
   if (!st && c->dev_net) {
     const ur_backend *gpu = ur__gpu();
     int32_t prev;
