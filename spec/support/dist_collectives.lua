@@ -65,6 +65,36 @@ do
   same(out:totable(), want, 1e-6, "reduce_scatter")
 end
 
+-- f16 and bf16 sums (MPI reduces no halves: the comm reduces them as f32 and rounds once, after an
+-- all-to-all posted before them): the sum of every rank's values rounded to the dtype, within its
+-- unit in the last place (the reference adds in another order).
+for _, dtype in ipairs { "bf16", "f16" } do
+  local n = 33
+  local mine = draw(n * world, 50 + rank, dtype)
+  local sum = {}
+  for i = 1, n * world do sum[i] = 0 end
+  for r = 0, world - 1 do
+    for i, x in ipairs(draw(n * world, 50 + r, dtype):totable()) do sum[i] = sum[i] + x end
+  end
+  local rounded = ur.tensor({ n * world }, { dtype = dtype })
+  for i = 1, n * world do rounded[i - 1] = sum[i] end
+  local want, part_want = rounded:totable(), {}
+  for i = 1, n do part_want[i] = want[rank * n + i] end
+  local ulp = dtype == "bf16" and 2 ^ -8 or 2 ^ -11
+  local ones, counts = ur.tensor({ world }):fill(1), {}
+  for r = 1, world do counts[r] = 1 end
+  local got, out, part = ur.tensor({ world }), ur.tensor({ n * world }, { dtype = dtype }), ur.tensor({ n }, { dtype = dtype })
+  assert(comm:all_to_all(ones, got, counts, counts))
+  assert(comm:all_reduce(mine, out))
+  assert(comm:reduce_scatter(mine, part))
+  assert(comm:wait())
+  same(out:totable(), want, ulp, "all_reduce " .. dtype)
+  same(part:totable(), part_want, ulp, "reduce_scatter " .. dtype)
+  assert(comm:all_reduce(mine)) -- in place
+  assert(comm:wait())
+  same(mine:totable(), want, ulp, "all_reduce in place " .. dtype)
+end
+
 -- all_gather with uneven counts (rank r gives r + 2 values), i64 exactly.
 do
   local counts, want = {}, {}
@@ -118,8 +148,8 @@ end
 
 assert(comm:barrier())
 local s = comm:stats()
--- 10 all_reduces, 1 reduce_scatter, 1 all_gather, 1 broadcast, 2 all_to_alls, 1 barrier
-assert(s.calls == 16, "calls: " .. s.calls)
+-- 14 all_reduces, 3 reduce_scatters, 1 all_gather, 1 broadcast, 4 all_to_alls, 1 barrier
+assert(s.calls == 24, "calls: " .. s.calls)
 assert(world == 1 or s.bytes_sent > 0, "bytes sent")
 print(("rank %d: ok (%s; %d calls, %d bytes sent, %d received)"):format(rank, tostring(comm), s.calls,
   s.bytes_sent, s.bytes_received))

@@ -27,8 +27,9 @@ struct ur_comm {
   /* The host collectives posted since the last wait hold their tensors (1-D views sharing their
    * storage) until a wait sees them done: a tensor freed meanwhile (a rank failing between a
    * collective and its wait: its finalizers run as Lua closes, and freeing the communicator
-   * completes what it left posted) would be written by MPI after it was freed. */
-  ur_tensor **held;
+   * completes what it left posted) would be written by MPI after it was freed.  A half reduced
+   * as f32 holds its f32 result with the output it goes to. */
+  struct held { ur_tensor *t, *into; } *held;
   size_t nheld, cap_held;
   int host_failed; /* the last wait on host collectives failed: MPI may still write their tensors */
 };
@@ -261,8 +262,17 @@ ur_status ur_comm_new(ur_comm **out, int32_t device) {
   return UR_STATUS_OK;
 }
 
-static void release_held(ur_comm *c) {
-  for (size_t i = 0; i < c->nheld; i++) ur_tensor_free(c->held[i]);
+/* The host collectives done: the halves reduced as f32 go to their outputs, rounded once, and
+ * every tensor held is let go. */
+static void release_held(ur_comm *c, int done) {
+  for (size_t i = 0; i < c->nheld; i++) {
+    struct held *h = &c->held[i];
+    if (done && h->into)
+      ur__store_f32(ur_tensor_data(h->into), h->into->dtype, (size_t)ur_tensor_numel(h->into),
+                    ur_tensor_data(h->t));
+    ur_tensor_free(h->t);
+    ur_tensor_free(h->into);
+  }
   c->nheld = 0;
 }
 
@@ -276,7 +286,7 @@ void ur_comm_free(ur_comm *c) {
     if (c->host_failed || (c->nheld && ur__cpu_comm_ops.wait(NULL, c->host_net))) return;
     ur__cpu_comm_ops.close(c->host_net);
   }
-  release_held(c);
+  release_held(c, 0);
   free(c->held);
   free(c);
 }
@@ -402,15 +412,13 @@ static ur_status same_dtype(const char *op, const ur_tensor *a, const ur_tensor 
   return UR_STATUS_OK;
 }
 
-static ur_status reducible(const char *op, const route *r, ur_dtype dt) {
-  int ok = dt == UR_DTYPE_F32 || dt == UR_DTYPE_F64 || dt == UR_DTYPE_I32 || dt == UR_DTYPE_I64;
-  if (r->engine == ENGINE_NCCL || r->engine == ENGINE_STAGED || r->engine == ENGINE_SELF)
-    ok |= dt == UR_DTYPE_F16 || dt == UR_DTYPE_BF16;
-  if (!ok)
-    return ur__error(UR_STATUS_INVALID, "comm %s: dtype %s cannot be reduced here; expected f32, "
-                                        "f64, i32 or i64 (f16, bf16 on GPUs)", op,
-                     ur_dtype_name(dt));
-  return UR_STATUS_OK;
+/* Every engine reduces these (MPI halves as f32: issue_widened). */
+static ur_status reducible(const char *op, ur_dtype dt) {
+  if (dt == UR_DTYPE_F32 || dt == UR_DTYPE_F64 || dt == UR_DTYPE_I32 || dt == UR_DTYPE_I64 ||
+      dt == UR_DTYPE_F16 || dt == UR_DTYPE_BF16)
+    return UR_STATUS_OK;
+  return ur__error(UR_STATUS_INVALID, "comm %s: dtype %s cannot be reduced; expected f32, f64, "
+                                      "i32, i64, f16 or bf16", op, ur_dtype_name(dt));
 }
 
 static ur_status check_op(const char *op, ur_reduce_op o) {
@@ -472,7 +480,7 @@ static ur_status prologue(ur_comm *c, const char *name, const ur_tensor *in, con
                           const ur_reduce_op *op, route *r) {
   ur_status st = route_of(c, name, in, out, r);
   if (!st && out) st = same_dtype(name, in, out);
-  if (!st && op) st = reducible(name, r, in->dtype);
+  if (!st && op) st = reducible(name, in->dtype);
   if (!st && op) st = check_op(name, *op);
   return st;
 }
@@ -508,19 +516,66 @@ static ur_status issue(const route *r, ur_stream *s, const call *k, void *in, vo
   }
 }
 
-/* A 1-D view of t, kept until the next wait that sees the host collectives done. */
-static ur_status hold(ur_comm *c, const ur_tensor *t) {
+/* Kept until the next wait that sees the host collectives done: t (owned), and into (owned,
+ * or NULL) where t's f32 elements then go.  Frees both when it cannot keep them. */
+static ur_status keep(ur_comm *c, ur_tensor *t, ur_tensor *into) {
   if (c->nheld == c->cap_held) {
     size_t cap = c->cap_held ? 2 * c->cap_held : 8;
-    ur_tensor **h = realloc(c->held, cap * sizeof *h);
-    if (!h) return ur__error(UR_STATUS_OOM, "comm: out of host memory");
+    struct held *h = realloc(c->held, cap * sizeof *h);
+    if (!h) {
+      ur_tensor_free(t);
+      ur_tensor_free(into);
+      return ur__error(UR_STATUS_OOM, "comm: out of host memory");
+    }
     c->held = h;
     c->cap_held = cap;
   }
+  c->held[c->nheld].t = t;
+  c->held[c->nheld++].into = into;
+  return UR_STATUS_OK;
+}
+
+/* A 1-D view of t's elements (sharing its storage). */
+static ur_status view_of(const ur_tensor *t, ur_tensor **out) {
   int64_t n = ur_tensor_numel(t);
-  ur_status st = ur_tensor_view_as(t, &c->held[c->nheld], 0, 1, &n);
-  if (!st) c->nheld++;
-  return st;
+  return ur_tensor_view_as(t, out, 0, 1, &n);
+}
+
+static ur_status hold(ur_comm *c, const ur_tensor *t) {
+  ur_tensor *v = NULL;
+  ur_status st = view_of(t, &v);
+  return st ? st : keep(c, v, NULL);
+}
+
+static int is_half(ur_dtype dt) { return dt == UR_DTYPE_F16 || dt == UR_DTYPE_BF16; }
+
+/* MPI reduces no halves: an f16 or bf16 reduction runs on f32 copies (the input widened here,
+ * the output kept until wait, which rounds it into out once; NCCL rounds at every step). */
+static ur_status issue_widened(ur_comm *c, const route *r, ur_stream *s, const call *k,
+                               const ur_tensor *in, ur_tensor *out) {
+  int64_t n = ur_tensor_numel(in), m = ur_tensor_numel(out);
+  int in_place = data(in) == data(out);
+  ur_tensor *wi = NULL, *wo = NULL, *into = NULL;
+  ur_status st = ur_tensor_new(&wi, UR_DTYPE_F32, 1, &n, UR_PLACE_HOST, -1);
+  if (!st && !in_place) st = ur_tensor_new(&wo, UR_DTYPE_F32, 1, &m, UR_PLACE_HOST, -1);
+  if (!st) st = view_of(out, &into);
+  if (st) {
+    ur_tensor_free(wi);
+    ur_tensor_free(wo);
+    return st;
+  }
+  ur__load_f32(data(in), in->dtype, (size_t)n, data(wi));
+  if (!in_place) st = keep(c, wi, NULL);
+  if (st) {
+    ur_tensor_free(wo);
+    ur_tensor_free(into);
+    return st;
+  }
+  ur_tensor *result = in_place ? wi : wo;
+  if ((st = keep(c, result, into))) return st;
+  call w = *k;
+  w.dtype = UR_DTYPE_F32;
+  return issue(r, s, &w, data(wi), data(result));
 }
 
 /* Runs k on its route: the world of one copies in to out (a broadcast's one tensor stays);
@@ -538,11 +593,17 @@ static ur_status run(ur_comm *c, ur_stream *s, const route *r, const call *k, co
     if (!st) st = issue(r, s, k, data(g.in), data(in_place ? g.in : g.out));
     st = stage_out(c, s, out, &g, st);
   } else if (!st) {
-    if (r->engine == ENGINE_MPI) {
-      st = hold(c, in);
-      if (!st && out != in) st = hold(c, out);
+    int widen = r->engine == ENGINE_MPI && is_half(k->dtype) &&
+                (k->kind == ALL_REDUCE || k->kind == REDUCE_SCATTER);
+    if (widen) {
+      st = issue_widened(c, r, s, k, in, out);
+    } else {
+      if (r->engine == ENGINE_MPI) {
+        st = hold(c, in);
+        if (!st && out != in) st = hold(c, out);
+      }
+      if (!st) st = issue(r, s, k, data(in), data(out));
     }
-    if (!st) st = issue(r, s, k, data(in), data(out));
   }
   return ur__device_leave(r->b, r->device, prev, st);
 }
@@ -720,7 +781,7 @@ ur_status ur_comm_wait(ur_stream *s, ur_comm *c) {
   if (c->host_net) {
     st = ur__cpu_comm_ops.wait(NULL, c->host_net);
     c->host_failed = st != UR_STATUS_OK;
-    if (!st) release_held(c);
+    if (!st) release_held(c, 1);
   }
   if (!st && c->dev_net) {
     const ur_backend *gpu = ur__gpu();
