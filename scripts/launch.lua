@@ -150,7 +150,12 @@ local function forward()
 end
 
 -- A rank that is gone without noting its exit died without a word: killed by a signal or by the
--- kernel out of memory.  The first such rank, or the first failing one, is the job's cause.
+-- kernel out of memory, or crashed, as MPI does on collectives that disagree in size (which
+-- MPI's error handler may also end with a code of its own).  The first such rank, or the first
+-- failing one, is the job's cause.
+local CHECK = "UVMREC_COMM_CHECK=1 makes the ranks compare each host collective's sizes before MPI takes it, "
+  .. "naming the ranks that disagree"
+local CHECK_HINT = mpirun and ", or crashed (in MPI? " .. CHECK .. ")" or ""
 local cause
 local watch_once
 local function watch()
@@ -178,7 +183,7 @@ function watch_once()
     local code = note(r, "exit")
     if pid and not code and not sent[r] and ffi.C.kill(pid, 0) ~= 0 and not note(r, "exit") then
       cause = { rank = r, text = ("(process %d) died without a message: killed by a signal, or by the kernel "
-        .. "out of memory"):format(pid) }
+        .. "out of memory%s"):format(pid, CHECK_HINT) }
       return
     end
   end
@@ -233,7 +238,9 @@ while alive > 0 do
 end
 C.ur_signals_catch(0)
 watch()
-if code ~= 0 and not cause and forwarded == 0 then say("the job failed with %d", code) end
+if code ~= 0 and not cause and forwarded == 0 then
+  say("the job failed with %d%s", code, mpirun and " (a crash in MPI? " .. CHECK .. ")" or "")
+end
 for _, name in ipairs(lib.dir_list(jobdir, "", "") or {}) do os.remove(jobdir .. "/" .. name) end
 os.remove(jobdir)
 os.exit(code)

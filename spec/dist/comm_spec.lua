@@ -32,6 +32,83 @@ describe("uvmrec.dist communicators", function()
     end)
   end
 
+  it("names the ranks whose collectives disagree under UVMREC_COMM_CHECK=1, and says so when MPI crashes", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local dir = command.tmpdir()
+    -- every rank finds each disagreement (all_gather's and all_to_all's counts disagree for every
+    -- receiving rank), so each is caught and the next tried; nothing reaches MPI
+    local script = command.spit(dir .. "/disagree.lua", [[
+      local ur = require "uvmrec"
+      local dist = require "uvmrec.dist"
+      local comm = assert(dist.init { cpu = true })
+      local r, w = dist.rank(), dist.world()
+      local function try(f)
+        local ok, err = pcall(f)
+        print(ok and "no error" or err)
+      end
+      try(function() assert(comm:all_reduce(ur.tensor({ 10 * (r + 1) }))) end)
+      try(function() assert(comm:all_reduce(ur.tensor({ 4 }, { dtype = r == 0 and "f32" or "f64" }))) end)
+      try(function() assert(comm:all_reduce(ur.tensor({ 4 }), r == 0 and "sum" or "max")) end)
+      try(function() assert(comm:reduce_scatter(ur.tensor({ w * (r + 1) }), ur.tensor({ r + 1 }))) end)
+      try(function() assert(comm:broadcast(ur.tensor({ 3 }), r)) end)
+      try(function()
+        if r == 0 then assert(comm:barrier() and comm:all_reduce(ur.tensor({ 3 })))
+        else assert(comm:barrier() and comm:broadcast(ur.tensor({ 3 }))) end
+      end)
+      local counts = {}
+      for q = 1, w do counts[q] = q - 1 == r and r + 2 or 9 end
+      local total = 0
+      for q = 1, w do total = total + counts[q] end
+      try(function() assert(comm:all_gather(ur.tensor({ r + 2 }), ur.tensor({ total }), counts)) end)
+      local send, recv = {}, {}
+      for q = 1, w do send[q], recv[q] = 1, q - 1 == r and 1 or 2 end
+      try(function() assert(comm:all_to_all(ur.tensor({ w }), ur.tensor({ 2 * w - 1 }), send, recv)) end)
+      -- agreeing again, the communicator works
+      local t = ur.tensor({ 2 }):fill(1)
+      assert(comm:all_reduce(t))
+      assert(comm:wait())
+      print("sum", t[0])
+    ]])
+    local out, err, code = command.sh(("UVMREC_COMM_CHECK=1 %s launch -n 2 %s"):format(command.bin(), script))
+    assert.equal(0, code, out .. err)
+    for _, want in ipairs {
+      "comm all_reduce: rank 0 gives 10 elements and rank 1 20; every rank gives as many",
+      "comm all_reduce: rank 0 gives f32 and rank 1 f64; expected one dtype",
+      "comm all_reduce: rank 0 reduces by sum and rank 1 by max; expected one reduction",
+      "comm reduce_scatter: rank 0 gives 1 elements per rank and rank 1 2; every rank gives as many",
+      "comm broadcast: rank 0 takes root 0 and rank 1 1; expected one root",
+      "comm all_reduce: rank 0 calls all_reduce and rank 1 broadcast; every rank makes the same collectives in "
+        .. "the same order",
+      "comm all_gather: rank 1 gives 3 elements, and rank 0's counts[1] is 9",
+      "[rank 1] comm all_gather: rank 0 gives 2 elements, and rank 1's counts[0] is 9",
+      "comm all_to_all: rank 1 sends rank 0 1 elements, and rank 0's recv_counts[1] is 2",
+    } do
+      assert.is_truthy(out:find(want, 1, true), want .. "\n" .. out)
+    end
+    assert.matches("\nsum\t2", "\n" .. out)
+    assert.matches("%[rank 1%] sum\t2", out)
+    -- without the check, MPI takes the disagreeing sizes and crashes: launch says what finds them
+    local mism = command.spit(dir .. "/mism.lua", [[
+      local ur = require "uvmrec"
+      local dist = require "uvmrec.dist"
+      local comm = assert(dist.init { cpu = true })
+      local t = ur.tensor({ 100000 * (dist.rank() + 1) }):fill(1)
+      assert(comm:all_reduce(t))
+      assert(comm:wait())
+    ]])
+    out, err, code = command.sh(("timeout 120 %s launch -n 2 %s"):format(command.bin(), mism))
+    assert.is_true(code ~= 0, out .. err)
+    assert.matches("UVMREC_COMM_CHECK=1 makes the ranks compare each host collective's sizes before MPI takes it, "
+      .. "naming the ranks that disagree", err)
+    out, err, code = command.sh(("UVMREC_COMM_CHECK=1 timeout 120 %s launch -n 2 %s"):format(command.bin(), mism))
+    assert.equal(1, code, out .. err)
+    assert.matches("uvmrec launch: rank %d exited with 1: .*comm all_reduce: rank 0 gives 100000 elements and rank 1 "
+      .. "200000; every rank gives as many; stopping the other ranks", err)
+    local _, e2 = command.sh(("UVMREC_COMM_CHECK=yes %s launch -n 2 %s"):format(command.bin(), mism))
+    assert.matches("comm: UVMREC_COMM_CHECK is 'yes'; expected 0 or 1", e2)
+    command.rmdir(dir)
+  end)
+
   it("joins a job started by a plain mpirun, ranks from MPI's environment", function()
     if not have_mpi() then pending("no MPI here") return end
     local root = command.sh("id -u") == "0\n" and "--allow-run-as-root " or ""

@@ -42,7 +42,8 @@ describe("sharded training over ranks", function()
     { 3, "table_wise", 40, "train.batch_size=1032" }, { 3, "mixed", 2, "train.batch_size=1032," .. ADAGRAD },
     -- bf16 outputs: row-wise partial sums are reduced as f32 over MPI (which reduces no bf16) and
     -- rounded once, as one process rounds its pooled rows
-    { 2, "row_wise", 5, "model.precision=bf16" }, { 3, "mixed", 3, "train.batch_size=1032,model.precision=bf16," .. ADAGRAD },
+    { 2, "row_wise", 5, "model.precision=bf16" },
+    { 3, "mixed", 3, "train.batch_size=1032,model.precision=bf16," .. ADAGRAD },
   }
   for _, c in ipairs(cases) do
     local n, plan, steps, sets, rows = c[1], c[2], c[3], c[4], c[5]

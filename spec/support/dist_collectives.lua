@@ -83,7 +83,8 @@ for _, dtype in ipairs { "bf16", "f16" } do
   local ulp = dtype == "bf16" and 2 ^ -8 or 2 ^ -11
   local ones, counts = ur.tensor({ world }):fill(1), {}
   for r = 1, world do counts[r] = 1 end
-  local got, out, part = ur.tensor({ world }), ur.tensor({ n * world }, { dtype = dtype }), ur.tensor({ n }, { dtype = dtype })
+  local got, out = ur.tensor({ world }), ur.tensor({ n * world }, { dtype = dtype })
+  local part = ur.tensor({ n }, { dtype = dtype })
   assert(comm:all_to_all(ones, got, counts, counts))
   assert(comm:all_reduce(mine, out))
   assert(comm:reduce_scatter(mine, part))

@@ -32,6 +32,7 @@ struct ur_comm {
   struct held { ur_tensor *t, *into; } *held;
   size_t nheld, cap_held;
   int host_failed; /* the last wait on host collectives failed: MPI may still write their tensors */
+  int check;       /* UVMREC_COMM_CHECK: host collectives compared over the ranks first (agree) */
 };
 
 size_t ur_sizeof_comm_stats(void) { return sizeof(ur_comm_stats); }
@@ -220,6 +221,11 @@ ur_status ur_comm_new(ur_comm **out, int32_t device) {
   } else {
     st = launch_env(c);
   }
+  int got = env_int("UVMREC_COMM_CHECK", &c->check);
+  if (!st && (got < 0 || c->check > 1))
+    st = ur__error(UR_STATUS_INVALID, "comm: UVMREC_COMM_CHECK is '%s'; expected 0 or 1 (1: the "
+                                      "ranks compare each host collective's sizes before it)",
+                   getenv("UVMREC_COMM_CHECK"));
   if (!st && c->world == 1) c->host = ENGINE_SELF;
   if (!st && device >= 0) {
     const ur_backend *gpu = ur__gpu();
@@ -549,6 +555,74 @@ static ur_status hold(ur_comm *c, const ur_tensor *t) {
 
 static int is_half(ur_dtype dt) { return dt == UR_DTYPE_F16 || dt == UR_DTYPE_BF16; }
 
+/* UVMREC_COMM_CHECK=1: the ranks compare a host collective before MPI is given it, which
+ * crashes, or takes the wrong bytes, on calls that disagree in size (one small all-gather of
+ * each rank's call; an all-to-all also hands each rank the counts it will be sent).  Every
+ * rank finds the same disagreement but all_gather's counts and all_to_all's, which the ranks
+ * receiving them find. */
+static const char *const kind_names[] = {"all_reduce", "reduce_scatter", "all_gather",
+                                         "broadcast", "all_to_all"};
+enum { F_KIND, F_DTYPE, F_A, F_B, F_N };
+
+static ur_status disagree(const char *name, const int64_t *f, const int64_t *g, int32_t r) {
+  static const char *const ops[] = {"sum", "max", "min"};
+  const char *kind = kind_names[g[F_KIND]];
+  if (f[F_KIND] != g[F_KIND])
+    return ur__error(UR_STATUS_INVALID, "comm %s: rank 0 calls %s and rank %d %s; every rank makes "
+                                        "the same collectives in the same order",
+                     name, kind_names[f[F_KIND]], (int)r, kind);
+  if (f[F_DTYPE] != g[F_DTYPE])
+    return ur__error(UR_STATUS_INVALID, "comm %s: rank 0 gives %s and rank %d %s; expected one dtype",
+                     name, ur_dtype_name((ur_dtype)f[F_DTYPE]), (int)r,
+                     ur_dtype_name((ur_dtype)g[F_DTYPE]));
+  if (f[F_A] != g[F_A])
+    return ur__error(UR_STATUS_INVALID, "comm %s: rank 0 gives %lld elements%s and rank %d %lld; "
+                                        "every rank gives as many",
+                     name, (long long)f[F_A], g[F_KIND] == REDUCE_SCATTER ? " per rank" : "",
+                     (int)r, (long long)g[F_A]);
+  if (g[F_KIND] == BROADCAST)
+    return ur__error(UR_STATUS_INVALID, "comm broadcast: rank 0 takes root %lld and rank %d %lld; "
+                                        "expected one root", (long long)f[F_B], (int)r,
+                     (long long)g[F_B]);
+  return ur__error(UR_STATUS_INVALID, "comm %s: rank 0 reduces by %s and rank %d by %s; expected "
+                                      "one reduction", name, ops[f[F_B] % 3], (int)r, ops[g[F_B] % 3]);
+}
+
+static ur_status agree(ur_comm *c, const char *name, const call *k, const ur_tensor *in) {
+  /* all_gather: this rank's count (each rank's counts are compared below); all_to_all: none */
+  int64_t mine[F_N] = {k->kind, k->dtype, k->n, k->kind == BROADCAST ? k->root : (int64_t)k->op};
+  if (k->kind == ALL_GATHER || k->kind == ALL_TO_ALL) mine[F_B] = 0;
+  if (k->kind == ALL_GATHER) mine[F_A] = ur_tensor_numel(in);
+  if (k->kind == ALL_TO_ALL) mine[F_A] = 0;
+  size_t w = (size_t)c->world;
+  int64_t *all = malloc(w * F_N * sizeof *all);
+  if (!all) return ur__error(UR_STATUS_OOM, "comm: out of host memory");
+  ur_status st = ur__cpu_comm_gather_check(c->host_net, mine, F_N, all);
+  for (int32_t r = 1; !st && r < c->world; r++) {
+    const int64_t *f = all, *g = all + (size_t)r * F_N;
+    if (f[F_KIND] != g[F_KIND] || f[F_DTYPE] != g[F_DTYPE] ||
+        (k->kind != ALL_GATHER && memcmp(f, g, sizeof mine)))
+      st = disagree(name, f, g, r);
+  }
+  for (int32_t r = 0; !st && k->kind == ALL_GATHER && r < c->world; r++)
+    if (all[(size_t)r * F_N + F_A] != k->counts[r])
+      st = ur__error(UR_STATUS_INVALID, "comm all_gather: rank %d gives %lld elements, and rank "
+                                        "%d's counts[%d] is %lld",
+                     (int)r, (long long)all[(size_t)r * F_N + F_A], (int)c->rank, (int)r,
+                     (long long)k->counts[r]);
+  if (!st && k->kind == ALL_TO_ALL) {
+    st = ur__cpu_comm_swap_check(c->host_net, k->counts, all);
+    for (int32_t r = 0; !st && r < c->world; r++)
+      if (all[r] != k->recv[r])
+        st = ur__error(UR_STATUS_INVALID, "comm all_to_all: rank %d sends rank %d %lld elements, "
+                                          "and rank %d's recv_counts[%d] is %lld",
+                       (int)r, (int)c->rank, (long long)all[r], (int)c->rank, (int)r,
+                       (long long)k->recv[r]);
+  }
+  free(all);
+  return st;
+}
+
 /* MPI reduces no halves: an f16 or bf16 reduction runs on f32 copies (the input widened here,
  * the output kept until wait, which rounds it into out once; NCCL rounds at every step). */
 static ur_status issue_widened(ur_comm *c, const route *r, ur_stream *s, const call *k,
@@ -595,9 +669,10 @@ static ur_status run(ur_comm *c, ur_stream *s, const route *r, const call *k, co
   } else if (!st) {
     int widen = r->engine == ENGINE_MPI && is_half(k->dtype) &&
                 (k->kind == ALL_REDUCE || k->kind == REDUCE_SCATTER);
-    if (widen) {
+    if (r->engine == ENGINE_MPI && c->check) st = agree(c, kind_names[k->kind], k, in);
+    if (!st && widen) {
       st = issue_widened(c, r, s, k, in, out);
-    } else {
+    } else if (!st) {
       if (r->engine == ENGINE_MPI) {
         st = hold(c, in);
         if (!st && out != in) st = hold(c, out);

@@ -64,7 +64,7 @@ typedef struct ur__nccl_api {
 UR__HIDDEN ur_status ur__nccl_open(const ur__nccl_api **out);
 
 /* ---- The MPI plugin (libuvmrec_mpi.so: mpi_plugin.c, built against OpenMPI) ---- */
-#define UR_MPI_ABI 1
+#define UR_MPI_ABI 2
 /* Host-memory collectives over one MPI communicator.  Each is non-blocking: it adds a request
  * to the communicator's list, and wait completes them all (the arrays a request needs are
  * copied into it).  Counts are elements. */
@@ -86,6 +86,10 @@ typedef struct ur__mpi_api {
   ur_status (*broadcast)(void *comm, ur_dtype dt, void *buf, int64_t n, int32_t root);
   ur_status (*barrier)(void *comm);
   ur_status (*wait)(void *comm);
+  /* The checks' small exchanges (UVMREC_COMM_CHECK), blocking, leaving the posted requests be:
+   * every rank's k values (all: k per rank, in rank order); mine[r] to rank r, got[r] from it. */
+  ur_status (*gather_check)(void *comm, const int64_t *mine, int32_t k, int64_t *all);
+  ur_status (*swap_check)(void *comm, const int64_t *mine, int64_t *got);
   /* With a failure code, MPI_Abort of the whole job; with 0, MPI_Finalize (if MPI was started). */
   void (*exit)(int32_t code);
   const char *(*library)(void); /* MPI_Get_library_version's first line */
@@ -130,5 +134,9 @@ typedef struct ur_comm_ops {
 } ur_comm_ops;
 
 UR__HIDDEN extern const ur_comm_ops ur__cpu_comm_ops;
+/* The MPI plugin's check exchanges over the CPU backend's net (ur__mpi_api's). */
+UR__HIDDEN ur_status ur__cpu_comm_gather_check(void *net, const int64_t *mine, int32_t k,
+                                               int64_t *all);
+UR__HIDDEN ur_status ur__cpu_comm_swap_check(void *net, const int64_t *mine, int64_t *got);
 
 #endif

@@ -103,6 +103,16 @@ static ur_status cpu_wait(void *stream, void *net) {
   return n->mpi->wait(n->comm);
 }
 
+ur_status ur__cpu_comm_gather_check(void *net, const int64_t *mine, int32_t k, int64_t *all) {
+  cpu_net *n = net;
+  return n->mpi->gather_check(n->comm, mine, k, all);
+}
+
+ur_status ur__cpu_comm_swap_check(void *net, const int64_t *mine, int64_t *got) {
+  cpu_net *n = net;
+  return n->mpi->swap_check(n->comm, mine, got);
+}
+
 const ur_comm_ops ur__cpu_comm_ops = {
     .open = cpu_open,
     .close = cpu_close,

@@ -162,41 +162,66 @@ static double timeout_s(void) {
   return (*end || t < 0) ? -1 : t;
 }
 
-static ur_status mpi_wait(void *net) {
-  mpi_net *n = net;
-  ur_status st = UR_STATUS_OK;
-  double limit = timeout_s();
-  if (limit < 0)
-    st = core->set_error(UR_STATUS_INVALID, "comm: UVMREC_COMM_TIMEOUT is '%s'; expected seconds >= 0 "
-                                            "(0: no limit)", getenv("UVMREC_COMM_TIMEOUT"));
-  double start = MPI_Wtime();
-  for (int i = 0; i < n->np && !st; i++) {
-    /* Tests until the request completes or the limit passes; yields between tests so that ranks
-     * sharing cores make progress. */
-    for (unsigned k = 0;; k++) {
-      int done = 0;
-      int rc = MPI_Test(&n->p[i].req, &done, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS) {
-        st = fail(rc, "MPI_Test");
-        break;
-      }
-      if (done) break;
-      if (limit > 0 && (k & 255) == 255 && MPI_Wtime() - start > limit) {
-        st = core->set_error(UR_STATUS_DEVICE,
+/* Tests req until it completes or the limit passes (seconds since start; 0: none), yielding
+ * between tests so that ranks sharing cores make progress. */
+static ur_status settle(mpi_net *n, MPI_Request *req, double start, double limit) {
+  for (unsigned k = 0;; k++) {
+    int done = 0;
+    int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return fail(rc, "MPI_Test");
+    if (done) return UR_STATUS_OK;
+    if (limit > 0 && (k & 255) == 255 && MPI_Wtime() - start > limit)
+      return core->set_error(UR_STATUS_DEVICE,
                              "comm: rank %d of %d waited %.0f s for its collectives "
                              "(UVMREC_COMM_TIMEOUT): another rank stopped, failed or made "
                              "other calls",
                              n->rank, n->world, MPI_Wtime() - start);
-        break;
-      }
-      sched_yield();
-    }
+    sched_yield();
   }
+}
+
+static ur_status limit_of(double *limit) {
+  *limit = timeout_s();
+  if (*limit < 0)
+    return core->set_error(UR_STATUS_INVALID, "comm: UVMREC_COMM_TIMEOUT is '%s'; expected seconds >= 0 "
+                                              "(0: no limit)", getenv("UVMREC_COMM_TIMEOUT"));
+  return UR_STATUS_OK;
+}
+
+static ur_status mpi_wait(void *net) {
+  mpi_net *n = net;
+  double limit;
+  ur_status st = limit_of(&limit);
+  double start = MPI_Wtime();
+  for (int i = 0; i < n->np && !st; i++) st = settle(n, &n->p[i].req, start, limit);
   /* A request that did not complete may still read its arrays: kept for the next wait. */
   if (st) return st;
   for (int i = 0; i < n->np; i++) free(n->p[i].ints);
   n->np = 0;
   return st;
+}
+
+/* The checks' exchanges, done before the collective they check is posted (the requests posted
+ * before them go on): every rank's k values side by side (all: k * world), and mine[r] sent to
+ * rank r, got[r] received from it. */
+static ur_status mpi_gather_check(void *net, const int64_t *mine, int32_t k, int64_t *all) {
+  mpi_net *n = net;
+  double limit;
+  ur_status st = limit_of(&limit);
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (!st) MPI_TRY(MPI_Iallgather(mine, k, MPI_INT64_T, all, k, MPI_INT64_T, n->comm, &req),
+                   "MPI_Iallgather");
+  return st ? st : settle(n, &req, MPI_Wtime(), limit);
+}
+
+static ur_status mpi_swap_check(void *net, const int64_t *mine, int64_t *got) {
+  mpi_net *n = net;
+  double limit;
+  ur_status st = limit_of(&limit);
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (!st) MPI_TRY(MPI_Ialltoall(mine, 1, MPI_INT64_T, got, 1, MPI_INT64_T, n->comm, &req),
+                   "MPI_Ialltoall");
+  return st ? st : settle(n, &req, MPI_Wtime(), limit);
 }
 
 static void mpi_close(void *net) {
@@ -319,6 +344,8 @@ static const ur__mpi_api api = {
     .broadcast = mpi_broadcast,
     .barrier = mpi_barrier,
     .wait = mpi_wait,
+    .gather_check = mpi_gather_check,
+    .swap_check = mpi_swap_check,
     .exit = mpi_exit,
     .library = mpi_library,
 };
