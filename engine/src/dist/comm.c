@@ -818,7 +818,12 @@ ur_status ur_comm_barrier(ur_stream *s, ur_comm *c) {
   UR__ARGS(c);
   double t0 = ur_clock_seconds();
   ur_status st = UR_STATUS_OK;
-  if (c->host == ENGINE_MPI) st = ur__cpu_comm_ops.barrier(NULL, c->host_net);
+  if (c->host == ENGINE_MPI) {
+    /* MPI's barrier completes the collectives posted before it, as wait does */
+    st = ur__cpu_comm_ops.barrier(NULL, c->host_net);
+    c->host_failed = st != UR_STATUS_OK;
+    if (!st) release_held(c, 1);
+  }
   else if (c->dev == ENGINE_NCCL) st = ur__gpu()->comm->barrier(stream_of(s), c->dev_net);
   else if (c->host == ENGINE_NONE)
     st = ur__error(UR_STATUS_UNSUPPORTED, "comm barrier: %d ranks without MPI or NCCL",
