@@ -129,6 +129,41 @@ describe("uvmrec.dist.shard", function()
     sharded:free()
   end)
 
+  it("refuses an id outside its table on the rank whose input holds it, at the caller's line", function()
+    -- the rank holding the table's shard found it in the global batch: over 2 ranks, rank 1
+    -- failed for rank 0's input, naming a sample of the global batch ('tbe: table 'c' (feature
+    -- 'c', sample 1, value 1) has no row 9' at sharded.lua's line); row-wise ids at bucketize's
+    for _, plan in ipairs { "table_wise", "row_wise" } do
+      local sharded = dist.shard(opts(), plan, comm)
+      local kjt = ur.KJT { keys = { "f", "g", "b", "c" }, values = { 1, 2, 3, 30 }, lengths = { 1, 1, 1, 1 } }
+      local ok, err = pcall(function() local r = sharded:forward(kjt); return r end)
+      assert.is_false(ok)
+      assert.matches("sharded_spec%.lua:%d+: ShardedEmbeddingBagCollection: rank 0's input: kjt: key 'c' sample 0 "
+        .. "%(values%[3%]%) has id 30, outside the table's 30 rows$", err)
+      ok, err = pcall(function() local r = sharded:prepare(kjt); return r end)
+      assert.is_false(ok)
+      assert.matches("sharded_spec%.lua:%d+: ShardedEmbeddingBagCollection: rank 0's input: kjt: key 'c'", err)
+      sharded:free()
+    end
+    if not require("helpers").have_mpi() then return end
+    local command = require "command"
+    local dir = command.tmpdir()
+    local script = command.spit(dir .. "/bad_id.lua", [[
+      local ur = require "uvmrec"
+      local dist = require "uvmrec.dist"
+      local comm = assert(dist.init { cpu = true })
+      local o = { tables = { { name = "a", rows = 3, dim = 8 }, { name = "c", rows = 5, dim = 4 } }, device = "cpu" }
+      local ebc = dist.shard(o, { a = "table_wise", c = { "table_wise", rank = 1 } }, comm)
+      local id = dist.rank() == 0 and 9 or 1
+      ebc:forward(ur.KJT { keys = { "a", "c" }, values = { 0, 1, 2, id }, lengths = { 1, 1, 1, 1 } })
+    ]])
+    local out, err, code = command.sh(("timeout 120 %s launch -n 2 %s"):format(command.bin(), script))
+    assert.equal(1, code, out .. err)
+    assert.matches("uvmrec launch: rank 0 exited with 1: [^\n]*bad_id%.lua:7: ShardedEmbeddingBagCollection: rank 0's "
+      .. "input: kjt: key 'c' sample 1 %(values%[3%]%) has id 9, outside the table's 5 rows", err)
+    command.rmdir(dir)
+  end)
+
   it("refuses shards on a GPU whose communicator cannot exchange their tensors, saying how to make one", function()
     -- checked before anything is built, so a machine without a GPU provokes it too
     local o = opts()

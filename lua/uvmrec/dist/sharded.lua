@@ -95,11 +95,15 @@ function Sharded:__init(opts, spec, comm)
     if #list > 0 then self.row_sums = { tables = list, total = at } end
   end
 
-  local features, table_opts = {}, {}
+  local features, table_opts, key_rows = {}, {}, {}
   for _, t in ipairs(tables) do
     table_opts[t.name] = t
-    for _, f in ipairs(t.features or { t.name }) do features[#features + 1] = f end
+    for _, f in ipairs(t.features or { t.name }) do
+      features[#features + 1] = f
+      key_rows[f] = t.rows
+    end
   end
+  self.key_rows = key_rows
   self.features = opts.features and { unpack(opts.features) } or features
   self.table_opts = table_opts
   self.default_dtype = opts.dtype or "f32"
@@ -543,7 +547,7 @@ end
 -- batch's ticket, which goes with the batch to forward and backward (they exchange nothing
 -- then); nil, message when a cache failed (memory, the HBM budget).
 function Sharded:prepare(input, stream)
-  self:_check_input(input)
+  self:_check_input(input, true)
   local t = exchanged(self, input, stream or self.stream)
   t.ticket, t.sharded, t.input, t.retired = true, self, input, false
   local src = { a2a = t.parts[1], rw = t.parts[2], dp_mine = t.mine, dp = t.parts[3] }
@@ -661,19 +665,26 @@ end
 
 local function buf(self, key, rows, cols) return self:buffer(key, self.output_dtype, rows, cols) end
 
-function Sharded:_check_input(input)
+function Sharded:_check_input(input, ids)
   if type(input) ~= "cdata" or type(input.keys) ~= "function" then
     error(self:type_name() .. ": the input must be a KJT (its keys in the collection's feature order)", 3)
   end
   -- as the unsharded collection checks them: the exchange's key order is fixed at the first input
   IN.same_keys(input:keys(), self.features, 3)
+  -- An id outside its table is found by the rank holding the shard, in the global batch (another
+  -- rank's error, naming a sample of the global batch): on the host, each rank checks its own
+  -- input first (one pass over the ids; on a GPU that would wait for the device every batch).
+  if ids and input:placement() == "host" then
+    local ok, err = input:validate(self.key_rows)
+    if not ok then error(("%s: rank %d's input: %s"):format(self:type_name(), self.rank, err), 3) end
+  end
 end
 
 -- forward(input[, ticket]) (Module's): a ticket of prepare brings the batch's exchanged ids (and
 -- its rows in the shards' caches); without one the exchange runs now.  In evaluation (no
 -- backward follows) the ticket is retired after the forward.
 function Sharded:updateOutput(input, ticket)
-  self:_check_input(input)
+  self:_check_input(input, ticket == nil) -- a ticket's input was checked by prepare
   local comm, W, stream = self.comm, self.world, self.stream
   local cur = self:_take(input, ticket)
   local parts, B = cur.parts, cur.B
