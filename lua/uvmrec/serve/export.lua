@@ -184,6 +184,20 @@ function M.run(source, opts)
       desc.cross[l] = layer
     end
   end
+  -- A run over ranks saved its tables as shards (component "shards": the checkpoint's .shards
+  -- folder), which are reassembled into one process's collection, as eval and --resume load them.
+  local whole
+  for _, c in ipairs(json.decode(f:meta("uvmrec.components") or "[]") or {}) do
+    if c == "shards" then
+      local def, why = train.model_def(cfg)
+      local model
+      if def then model, why = def.build(cfg, { cpu = true }) end
+      if not model then return nil, ("export: %s: %s"):format(path, tostring(why)) end
+      local ok, lerr = require("uvmrec.dist.checkpoint").load(ck.shards_path(path), model.embeddings)
+      if not ok then return nil, "export: " .. lerr end
+      whole = model.embeddings
+    end
+  end
   local result = { tables = {}, description = desc }
   say(("export: %s (step %s) -> %s"):format(path, tostring(f:meta("uvmrec.step")), opts.out))
   say(("%-5s %-5s %12s %5s %12s %12s %10s  %s"):format("table", "format", "rows", "dim", "max |err|",
@@ -191,7 +205,8 @@ function M.run(source, opts)
   for i, r in ipairs(rows) do
     local name = "C" .. i
     local format = per[name] or default
-    local src, serr = f:view("embeddings." .. name)
+    local src, serr
+    if whole then src = whole:table(name) else src, serr = f:view("embeddings." .. name) end
     if not src then return nil, "export: " .. serr end
     local stored, qerr = qtbe.quantize(src, format)
     src:free()
