@@ -109,6 +109,75 @@ describe("planner.search", function()
     for _, r in ipairs(p.data.ranks) do assert.is_true(r.hbm <= p.data.budget, "rank over budget") end
   end)
 
+  -- spec/fixtures/planner_greedy_200.txt: the plans the greedy search found at 53b3419, before
+  -- the partitioner walked orders sorted once (it sorted the chosen shards at every partition)
+  -- and summed the spread shards once: the same search, so the same plans, proposal for proposal.
+  it("finds the plans it found before the partitioner's orders were sorted once (200 tables)", function()
+    local f = assert(io.open("spec/fixtures/planner_greedy_200.txt"))
+    local cases, cur = {}, nil
+    for line in f:lines() do
+      local n, W, budget, props, step = line:match(
+        "^%-%- (%d+) tables, (%d+) ranks, (%S+): (%d+) proposals, step (%S+)$")
+      if n then
+        cur = { n = tonumber(n), W = tonumber(W), budget = budget, proposals = tonumber(props), step = step, rows = {} }
+        cases[#cases + 1] = cur
+      else
+        cur.rows[#cur.rows + 1] = line
+      end
+    end
+    f:close()
+    assert.equal(2, #cases)
+    for _, c in ipairs(cases) do
+      local tables, profiles = tables_of(c.n, 11)
+      local p = assert(planner.plan(tables, profiles, c.budget, { world = c.W, batch = 4096, calibration = cal,
+                                                                  search = "greedy" }))
+      local rows = {}
+      for _, t in ipairs(p.data.tables) do
+        rows[#rows + 1] = ("%s %s/%d %s %s %s %s"):format(t.name, t.sharding, t.shards, table.concat(t.ranks, ","),
+          t.placement, tostring(t.prefix_fraction), tostring(t.load_factor))
+      end
+      assert.same(c.rows, rows)
+      assert.equal(c.proposals, p.data.search.proposals)
+      assert.equal(c.step, ("%.17g"):format(p.data.step_seconds))
+    end
+  end)
+
+  -- The greedy search partitions the tables thousands of times a plan (its repairs try one after
+  -- each move): a partition sorted the chosen shards (n log n comparisons) and added each spread
+  -- table to every rank (n x ranks) before placing anything: 200 tables on 8 ranks took 25 s.
+  it("partitions without sorting the shards (work per partition)", function()
+    local search = planner.search
+    local items, choice = {}, {}
+    for i = 1, 300 do
+      local opts = {}
+      for v = 1, 3 do
+        local sp = v == 3
+        opts[v] = { sharding = sp and "row_wise" or "table_wise", shards_count = sp and 64 or 1, hbm = v * 10 + i % 7,
+                    time = 1 / (v + i % 5), host = 0, shards = { { hbm = v + i % 7, time = 1 / (v + i % 5) } } }
+      end
+      items[i] = { name = "T" .. i, options = opts }
+      choice[i] = (i % 3) + 1
+    end
+    local avail = {}
+    for r = 1, 64 do avail[r] = math.huge end
+    local env = { world = 64, avail = avail }
+    search.prep(items)
+    local sorts, sort = 0, table.sort
+    table.sort = function(...) sorts = sorts + 1 return sort(...) end -- luacheck: ignore 122
+    local ok, p = pcall(search.partition, items, choice, env, false)
+    table.sort = sort -- luacheck: ignore 122
+    assert.is_true(ok, p)
+    assert.equal(0, sorts)
+    -- the ranks hold every shard once: the spread ones' sum on each, the others on one
+    local spread = 0
+    for i = 1, 300 do if choice[i] == 3 then spread = spread + items[i].options[3].shards[1].time end end
+    local total = 0
+    for r = 1, 64 do total = total + p.load[r] end
+    local single = 0
+    for i = 1, 300 do if choice[i] ~= 3 then single = single + items[i].options[choice[i]].shards[1].time end end
+    assert.near(64 * spread + single, total, 1e-9 * total)
+  end)
+
   it("stops early with at least 3x fewer proposals, at an equal or better predicted step", function()
     for _, case in ipairs({ { 100, 4, "512MiB", 7 }, { 200, 1, "2GiB", 7 } }) do
       local tables, profiles = tables_of(case[1], case[4])
