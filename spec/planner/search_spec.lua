@@ -235,6 +235,30 @@ describe("planner.search", function()
     assert.matches("a budget of at least [%d.]+ [MG]iB %(%d+ bytes%) would fit$", derr)
   end)
 
+  -- The fewest GPUs of an infeasible plan: every choice holds its outputs for the world's batch,
+  -- so where they alone overflow a rank no world fits.  The search priced every table's choices
+  -- at each world it doubled to, up to 65536 ranks (1000 tables on 8 ranks: 10 s for this
+  -- answer); now a bound from the tables' dims says so before pricing any.
+  it("says more GPUs do not help without pricing the tables at other worlds", function()
+    local tables, profiles = tables_of(300, 7)
+    local opts = { world = 8, batch = 4096, calibration = cal }
+    local cost = planner.cost
+    local option, calls = cost.option, 0
+    cost.option = function(...) calls = calls + 1 return option(...) end
+    local okf, fit = pcall(planner.plan, tables, profiles, "1TiB", opts)
+    local priced = calls
+    calls = 0
+    local ok, p, err, info = pcall(planner.plan, tables, profiles, "256MiB", opts)
+    cost.option = option
+    assert.is_true(okf, fit)
+    assert.is_true(ok, p)
+    assert.is_nil(p)
+    assert.is_nil(info.gpus)
+    assert.matches("more GPUs do not bring it down", err, 1, true)
+    -- as many choices as one plan at 8 ranks prices: none at any other world
+    assert.is_true(calls <= priced, ("%d choices priced against %d"):format(calls, priced))
+  end)
+
   it("keeps and flags a table's fixed settings, and holds host memory to the given size", function()
     local tables, profiles = tables_of(12, 3)
     tables[5].fixed = { placement = "host" }

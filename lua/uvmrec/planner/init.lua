@@ -179,8 +179,13 @@ local function setup(tables, profiles, budget, opts)
 end
 
 -- The least HBM per rank the tables need at world size W (every table at its smallest choice,
--- largest first onto the emptiest rank), plus the fixed part; nil when W cannot be evaluated.
-local function min_budget(S, W)
+-- largest first onto the emptiest rank), plus the fixed part; nil when W cannot be evaluated,
+-- or (with cap) when it is over cap by a bound that prices no table: every choice of a table
+-- holds its pooled outputs and their gradients for the world's W·B samples over its shards
+-- (cost.option's outputs), so the fullest rank holds at least 2·B·dim·output bytes of every
+-- table.  Without it the fewest-GPUs search priced every table's choices at each world it
+-- tried, up to 65536 ranks, where more GPUs do not help: 1000 tables on 8 ranks took 10 s.
+local function min_budget(S, W, cap)
   local ctx = S.ctx
   if W ~= S.world then
     local ok, c = pcall(cost.context, { calib = S.calib, batch = ctx.batch, world = W, policy = ctx.policy,
@@ -193,6 +198,11 @@ local function min_budget(S, W)
   if W ~= S.world then
     local dense = S.opts.dense and cost.dense(cost.dense_model(S.opts.dense), ctx).hbm or 0
     fixed_w = dense + S.fixed.pipeline + S.fixed.reserve
+  end
+  if cap then
+    local outputs = 0
+    for _, t in ipairs(S.tables) do outputs = outputs + 2 * ctx.batch * t.dim * ctx.output_bytes end
+    if outputs + (fixed_w or S.fixed_total - (S.fixed.cache_room or 0)) > cap then return nil end
   end
   local items = {}
   for i, t in ipairs(S.tables) do
@@ -268,14 +278,14 @@ local function infeasible(S, info)
       local W = S.world
       while W < 65536 do
         W = W * 2
-        local nb = min_budget(S, W)
+        local nb = min_budget(S, W, S.budget)
         if nb and nb <= S.budget then hi = W break end
         lo = W
       end
       if hi then
         while hi - lo > 1 do
           local mid = math.floor((lo + hi) / 2)
-          local nb = min_budget(S, mid)
+          local nb = min_budget(S, mid, S.budget)
           if nb and nb <= S.budget then hi = mid else lo = mid end
         end
         gpus = hi
