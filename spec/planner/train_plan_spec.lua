@@ -248,6 +248,31 @@ describe("uvmrec train --plan", function()
       .. "places a table_wise table", err)
   end)
 
+  -- A config's per-table sharding was not kept: `uvmrec plan dlrm_tiny --gpus 2 --set
+  -- embeddings.tables.C3.sharding=row_wise` planned C3 table_wise, unflagged, and `train --plan`
+  -- refused it ("row_wise in the config and table_wise in the plan: plan this config again"),
+  -- which planned it table_wise again.
+  it("keeps a table's sharding the config sets, as it keeps its placement", function()
+    local sets = { "embeddings.tables.C3.sharding=row_wise", "embeddings.tables.C5.sharding=data_parallel" }
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), sets))
+    local prob = assert(planner.from_config(cfg, { world = 2 }))
+    local budget = 64 * 2 ^ 20 + gpu_dense(cfg, 2)
+    local plan = assert(planner.plan(prob.tables, prob.profiles, budget, { world = 2, batch = prob.batch,
+      calibration = "h200", dense = prob.dense, loader = prob.loader }))
+    local by = {}
+    for _, t in ipairs(plan.data.tables) do by[t.name] = t end
+    assert.equal("row_wise", by.C3.sharding)
+    assert.same({ sharding = "row_wise" }, by.C3.fixed)
+    assert.equal("data_parallel", by.C5.sharding)
+    assert.matches("C3*", plan:table(), 1, true)
+    -- on one rank every table is table_wise: the config's sharding is for runs over ranks
+    local one = assert(planner.from_config(cfg, { world = 1 }))
+    assert.is_nil(one.tables[3].fixed)
+    local p2 = dir .. "/kept_sharding.json"
+    assert(plan:save(p2))
+    assert(train.apply_plan(cfg, p2, { world = 2 }))
+  end)
+
   it("trains a plan of 2 ranks under uvmrec launch, rank 0 alone saying the plan's HBM peak", function()
     if not h.have_mpi() then pending("no MPI here") return end
     local p2 = dir .. "/w2run.json"

@@ -795,9 +795,9 @@ end
 -- counts (a checkpoint whose access counts profile the tables), profile_steps (profile them from
 -- that many batches of the config's data); by default the Zipf exponents of the config's
 -- synthetic preset.  A table's placement and cache load factor set in the config are kept
--- (fixed).  Returns {tables, profiles, dense, loader (synthetic data: {values = a sample's}),
--- hints_every (embeddings.hints.every), batch, how, seconds}, or nil, message (, 2 when the
--- command line is to blame).
+-- (fixed), and over several ranks its sharding.  Returns {tables, profiles, dense, loader
+-- (synthetic data: {values = a sample's}), hints_every (embeddings.hints.every), batch, how,
+-- seconds}, or nil, message (, 2 when the command line is to blame).
 function M.from_config(cfg, o)
   o = o or {}
   local ur = require "uvmrec"
@@ -827,6 +827,9 @@ function M.from_config(cfg, o)
     local fixed = {}
     if per.placement and per.placement ~= "auto" then fixed.placement = per.placement end
     if per.cache and per.cache.load_factor then fixed.load_factor = per.cache.load_factor end
+    -- over ranks, the table's own sharding too (train --plan refuses a plan that changes it); on
+    -- one rank every table is table_wise
+    if per.sharding and world > 1 then fixed.sharding = per.sharding end
     local hot = 1
     local st = synth and synth.tables[i]
     if st then
