@@ -47,6 +47,12 @@ local cmd = require("uvmrec.cli").command {
   options.cpu,
   { "--out FILE", "append a JSON line a case (or a timing)" },
   { "--time", "time the planner itself: 26, 100 and 1000 tables on 1 and 8 ranks (the H200 calibration)" },
+  { "--tables LIST", "with --time: comma-separated table counts", default = "26,100,1000" },
+  { "--ranks LIST", "with --time: comma-separated rank counts", default = "1,8" },
+  { "--at F", "with --time: the budget's place from the least one's need (0) to all in HBM (1)",
+    type = "number", default = 1 / 3,
+    check = function(f) return f >= 0 and f <= 1 and f or nil, "must be in [0, 1]" end },
+  { "--short", "with --time: time the answer to half the least budget (the error and the fewest GPUs)" },
 }
 local o = cmd:parse(arg)
 local out = o.out and assert(io.open(o.out, "a"))
@@ -63,7 +69,19 @@ if o.time then
   print(("%7s %6s %10s %10s %10s %10s %12s"):format("tables", "ranks", "budget", "cpu s", "wall s", "proposals",
     "step ms"))
   local cal = assert(planner.calib.find("h200"))
-  for _, n in ipairs { 26, 100, 1000 } do
+  local function list(v, what)
+    local t = {}
+    for x in v:gmatch("[^,]+") do
+      local k = tonumber(x)
+      if not k or k < 1 or k ~= math.floor(k) then
+        cmd:misuse(("--%s: '%s' is not a whole number >= 1"):format(what, x))
+      end
+      t[#t + 1] = k
+    end
+    return t
+  end
+  local counts, worlds = list(o.tables, "tables"), list(o.ranks, "ranks")
+  for _, n in ipairs(counts) do
     math.randomseed(7)
     local tables, profiles = {}, {}
     for i = 1, n do
@@ -72,21 +90,34 @@ if o.time then
       tables[i] = { name = "T" .. i, rows = rows, dim = dim, optimizer = "rowwise_adagrad" }
       profiles["T" .. i] = planner.profile.zipf { rows = rows, s = 0.8 + 0.5 * math.random(), hot = 1 }
     end
-    for _, W in ipairs { 1, 8 } do
-      -- a budget a rank a third of the way from the smallest plan's need to the all-in-HBM one's
+    for _, W in ipairs(worlds) do
+      -- a budget a rank --at of the way (a third) from the smallest plan's need to the all-in-HBM
+      -- one's; with --short, half the smallest plan's need
       local popts = { world = W, batch = 4096, calibration = cal }
-      local all = assert(planner.plan(tables, profiles, 2 ^ 50, { world = W, batch = 4096, calibration = cal,
-                                                                  reserve = 0 }))
-      local hi = 0
-      for _, r in ipairs(all.data.ranks) do hi = math.max(hi, r.hbm) end
       local _, _, info = planner.plan(tables, profiles, 1, popts)
-      local budget = math.floor((info.min_budget + (hi - info.min_budget) / 3) / 0.95)
+      local budget
+      if o.short then
+        budget = math.floor(info.min_budget / 2)
+      else
+        local all = assert(planner.plan(tables, profiles, 2 ^ 50, { world = W, batch = 4096, calibration = cal,
+                                                                    reserve = 0 }))
+        local hi = 0
+        for _, r in ipairs(all.data.ranks) do hi = math.max(hi, r.hbm) end
+        budget = math.floor((info.min_budget + (hi - info.min_budget) * o.at) / 0.95)
+      end
       local best = nil
       for _ = 1, 3 do
         local c0, w0 = os.clock(), clock()
-        local p = assert(planner.plan(tables, profiles, budget, popts))
-        local r = { cpu = os.clock() - c0, wall = clock() - w0, proposals = p.data.search.proposals or 0,
-                    step = p.data.step_seconds, method = p.data.search.method }
+        local p, err, pinfo = planner.plan(tables, profiles, budget, popts)
+        local r = { cpu = os.clock() - c0, wall = clock() - w0 }
+        if o.short then
+          if p then error(("%d tables, %d ranks: half the least budget fits"):format(n, W)) end
+          r.proposals, r.step, r.method = ("gpus %s"):format(tostring(pinfo.gpus)), 0, "infeasible"
+          r.error = err
+        else
+          assert(p, err)
+          r.proposals, r.step, r.method = p.data.search.proposals or 0, p.data.step_seconds, p.data.search.method
+        end
         if not best or r.cpu < best.cpu then best = r end
       end
       print(("%7d %6d %10s %10.3f %10.3f %10s %12.4f"):format(n, W, planner.fmt_bytes(budget), best.cpu, best.wall,
