@@ -273,6 +273,20 @@ describe("uvmrec train --plan", function()
     assert(train.apply_plan(cfg, p2, { world = 2 }))
   end)
 
+  -- A plan file whose ranks' figures were cut passed the budget check (it read the ranks it had)
+  it("refuses a plan file without a rank's figures", function()
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), {}))
+    local prob = assert(planner.from_config(cfg))
+    local plan = assert(planner.plan(prob.tables, prob.profiles, "1GiB", { batch = prob.batch, calibration = "cpu",
+      dense = prob.dense, loader = prob.loader }))
+    plan.data.ranks = {}
+    local cut = dir .. "/no_ranks.json"
+    assert(plan:save(cut))
+    local _, err = train.apply_plan(cfg, cut)
+    assert.equal("--plan " .. cut .. ": the plan has the figures of 0 ranks for its 1 rank: the file was edited; "
+      .. "plan again", err)
+  end)
+
   it("trains a plan of 2 ranks under uvmrec launch, rank 0 alone saying the plan's HBM peak", function()
     if not h.have_mpi() then pending("no MPI here") return end
     local p2 = dir .. "/w2run.json"

@@ -918,6 +918,11 @@ end
 -- written by hand, may not).
 function Plan:over_budget()
   local p = self.data
+  -- a file cut to fewer ranks' figures passed: only the ranks it had were checked
+  if #p.ranks ~= p.world then
+    return ("the plan has the figures of %d rank%s for its %s rank%s: the file was edited; plan again"):format(
+      #p.ranks, #p.ranks == 1 and "" or "s", tostring(p.world), p.world == 1 and "" or "s")
+  end
   for _, R in ipairs(p.ranks) do
     if type(R.hbm) ~= "number" or R.hbm > p.budget then
       return ("rank %d needs %s of HBM (%s), over the plan's budget of %s per rank"):format(R.rank or 0,
