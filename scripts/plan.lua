@@ -29,11 +29,11 @@ local cmd = require("uvmrec.cli").command {
     many = true, key = "sets" },
   { "--policy P", "the cache policy to plan cached tables with (default the config's, or lru)",
     choices = { "lru", "lfu" } },
-  { "--threshold N", "the greedy search's early stop: a number (default 10), or none for no early stop",
+  { "--threshold N", "the greedy search's early stop: proposals without improvement (default 10), or none",
     check = function(t)
       if t == "none" then return false end
       local n = tonumber(t)
-      return n and n >= 1 and n or nil, "must be a number >= 1 or none"
+      return n and n >= 1 and n < math.huge and n == math.floor(n) and n or nil, "must be a whole number >= 1 or none"
     end },
   { "--search S", "auto (exhaustive for small instances), greedy or exhaustive", choices = { "auto", "greedy",
     "exhaustive" } },

@@ -154,8 +154,11 @@ describe("planner plans", function()
     -- of 0 and a dim of 6 (no collection builds it), two tables of one name sharing config keys
     assert.equal("planner: cost.context: policy 'mru'; expected lru or lfu", try({ a }, { policy = "mru" }))
     assert.equal("planner: search 'best'; expected auto, greedy or exhaustive", try({ a }, { search = "best" }))
-    assert.equal("planner: threshold 0; expected a number >= 1, or false (no early stop)",
+    assert.equal("planner: threshold 0; expected a whole number >= 1, or false (no early stop)",
                  try({ a }, { threshold = 0 }))
+    -- the threshold counts proposals: 1.5 stopped after 2
+    assert.equal("planner: threshold 1.5; expected a whole number >= 1, or false (no early stop)",
+                 try({ a }, { threshold = 1.5 }))
     assert.equal("planner: cost.context: batch 0; expected a whole number >= 1", try({ a }, { batch = 0 }))
     assert.equal("planner: cost.table b: dim 6; expected a multiple of 4 from 4 to 1024",
                  try({ { name = "b", rows = 1000, dim = 6 } }, {}))

@@ -97,8 +97,10 @@ local function setup(tables, profiles, budget, opts)
     return nil, ("planner: search '%s'; expected auto, greedy or exhaustive"):format(tostring(search_how))
   end
   local th = opts.threshold
-  if th ~= nil and th ~= false and not (type(th) == "number" and th >= 1 and th < math.huge) then
-    return nil, ("planner: threshold %s; expected a number >= 1, or false (no early stop)"):format(tostring(th))
+  -- it counts proposals: 1.5 stopped after 2
+  local whole = type(th) == "number" and th >= 1 and th < math.huge and th == math.floor(th)
+  if th ~= nil and th ~= false and not whole then
+    return nil, ("planner: threshold %s; expected a whole number >= 1, or false (no early stop)"):format(tostring(th))
   end
   local cts = {}
   local ids = 0
