@@ -469,6 +469,13 @@ __global__ void count_lfu(ur__cache_dev d, ur__cache_job j, Layout L) {
   *f = (j.epoch << 16) | (x > 0xffffu ? 0xffffu : x);
 }
 
+/* Every key's count re-based to the batch's epoch (the host asks at least every
+ * UR__CACHE_REBASE_EPOCHS epochs: the counts' epochs have 16 bits). */
+__global__ void rebase_lfu(uint32_t *freq, int64_t n, uint32_t epoch) {
+  for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x)
+    freq[k] = ur__cache_freq_rebase(freq[k], epoch);
+}
+
 /* A warp per set, a lane per way: the set's hits, then its misses in key order. */
 __global__ void decide_sets(ur__cache_dev d, ur__cache_job j, Layout L) {
   int64_t g = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
@@ -762,6 +769,10 @@ static cudaError_t ur__cuda_cache_lookup(cudaStream_t s, const ur__cache_dev *d,
 static cudaError_t ur__cuda_cache_decide(cudaStream_t s, const ur__cache_dev *d, const ur__cache_job *j) {
   Layout L;
   TRY(layout_of(d, j, &L));
+  if (j->lfu && j->rebase && d->keys > 0) {
+    unsigned blocks = blocks_for(d->keys);
+    rebase_lfu<<<blocks < 65536u ? blocks : 65536u, kThreads, 0, s>>>(d->freq, d->keys, j->epoch);
+  }
   if (j->lfu && j->U > 0) count_lfu<<<blocks_for(j->U), kThreads, 0, s>>>(*d, *j, L);
   if (j->ng > 0) {
     int64_t blocks = (j->ng + kWarpsPerBlock - 1) / kWarpsPerBlock;

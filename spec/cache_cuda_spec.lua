@@ -490,4 +490,14 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
     assert.is_false(ok2)
     assert.is_truthy(tostring(err2):find("a growth of its staging failed", 1, true), tostring(err2))
   end)
+
+  cuda_it("ages LFU counts past the 16-bit wrap of their epochs as the CPU does (re-based, not wrapped)", function()
+    local g, c = h.lfu_past_wrap(0), h.lfu_past_wrap("cpu")
+    local probe = {}
+    for r = 0, 999 do probe[#probe + 1] = r end
+    for _, t in ipairs({ "a", "b" }) do assert.same(c:contains(t, probe), g:contains(t, probe), t) end
+    assert.is_false(g:contains("a", { 0 })[1]) -- the oldest way, not a row of the batch before
+    local sg, sc = g:stats(), c:stats()
+    for _, f in ipairs({ "lookups", "unique", "hits", "misses", "evictions" }) do assert.equal(sc[f], sg[f], f) end
+  end)
 end)

@@ -219,6 +219,15 @@ describe("uvmrec.cache", function()
     assert.equal(0, kept_lru)
   end)
 
+  it("ages LFU counts past 65536 decay periods (their 16-bit epochs re-based, not wrapped)", function()
+    -- a's row 0, read once in batch 1, has long lost its count by batch 65537; rows 1..31,
+    -- read in the batch before, are halved to 0 too: the least stamp, row 0's way, is the
+    -- victim of row 32.  With the epoch wrapped, row 0 read as counted now and stayed.
+    local c = h.lfu_past_wrap("cpu")
+    assert.is_false(c:contains("a", { 0 })[1])
+    for k = 1, 32 do assert.is_number(c:contains("a", { k })[1], "row " .. k) end
+  end)
+
   it("serves rows whose set is all locked from staging (conflict misses), still updated", function()
     -- 32 slots, a batch of 50 distinct rows: at least 18 conflict misses
     local m, shadow = pair({ { name = "a", rows = 200, dim = 8 } }, { slots = 32, staging_rows = 4, min_slots = 0 },

@@ -326,6 +326,35 @@ function M.placements()
   return p
 end
 
+-- An LFU cache (decay every batch) of cached tables a and b, a set of 32 ways each, driven
+-- past the 16-bit wrap of its counts' epochs: a's row 0 read in batch 1, b's row 0 alone in
+-- batches 2..65535, a's rows 1..31 in batch 65536 and a's row 32 in batch 65537 (epoch 1
+-- again, row 0's).  device: "cpu" or a GPU.  Returns the cache (cache_spec, cache_cuda_spec).
+function M.lfu_past_wrap(device)
+  local R = require "tbe_ref"
+  local m = ur.nn.EmbeddingBagCollection{ device = device, seed = 5, optimizer = { "sgd", lr = 0.1 },
+    tables = { { name = "a", rows = 1000, dim = 4, placement = "cached" },
+               { name = "b", rows = 1000, dim = 4, placement = "cached" } },
+    cache = { slots = 64, policy = "lfu", decay_batches = 1, min_slots = 0 } }
+  local function batches(a, b, n)
+    local values, offsets = {}, { 0 }
+    for _, ids in ipairs({ a, b }) do -- one bag a table
+      for _, id in ipairs(ids) do values[#values + 1] = id end
+      offsets[#offsets + 1] = #values
+    end
+    local x = R.input({ values = values, offsets = offsets }, device == "cpu" and "host" or "device")
+    for _ = 1, n or 1 do assert(m:retire(assert(m:prepare(x)), false)) end
+  end
+  local rest = {}
+  for k = 1, 31 do rest[k] = k end
+  batches({ 0 }, { 0 })
+  batches({}, { 0 }, 65534)
+  batches(rest, {})
+  batches({ 32 }, {})
+  assert(m.tbe.cache._next_ticket == 65538, "the batches had tickets 1..65537")
+  return m.tbe.cache
+end
+
 M.dtypes = { "f32", "bf16", "f16", "i8", "u8", "i32", "i64" }
 
 -- libuvmrec's folder and the folder of the C sources (the tree's root, where the specs run), for

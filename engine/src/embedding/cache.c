@@ -68,6 +68,8 @@ struct ur_cache {
   ur__cache_io io;              /* as the backend reads it */
   flight ring[RING];
   int64_t next_ticket;
+  int64_t rebased;              /* LFU: the decay period (ticket / decay_batches, whole) of the
+                                 * counts' last re-base (cache_sets.h) */
   int filled;                   /* a row has been moved into a slot (growth keeps the slots) */
   int lost;                     /* growing staging lost the slot storage (regrow_via_host) */
   void *last_ready;             /* the last prepare's event, after its copies (or NULL) */
@@ -360,6 +362,7 @@ static ur_status state_new(ur_cache *c) {
   d->key_bits = c->key_bits;
   d->S = c->S;
   d->nsets = c->nsets;
+  d->keys = (int64_t)c->total_keys;
   d->set_bits = ur__key_bits((uint64_t)c->nsets);
   if (ur_tensor_place(c->dtag) == UR_PLACE_HOST) {
     c->tag = d->tag;
@@ -623,8 +626,12 @@ static ur_status check_alive(const ur_cache *c) {
 
 /* LFU counts are halved once per decay period, lazily when a row is next read (cache_sets.h):
  * the period of a batch. */
+static int64_t decay_period(const ur_cache *c, int64_t ticket) {
+  return c->cfg.decay_batches > 0 ? ticket / c->cfg.decay_batches : 0;
+}
+
 static uint32_t freq_epoch(const ur_cache *c, int64_t ticket) {
-  return c->cfg.decay_batches > 0 ? (uint32_t)(ticket / c->cfg.decay_batches) & 0xffffu : 0;
+  return (uint32_t)decay_period(c, ticket) & 0xffffu;
 }
 
 /* ---- events: a backend without them (the CPU's) works synchronously, so nothing is recorded,
@@ -966,9 +973,12 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
   j.ticket = tk;
   j.epoch = freq_epoch(c, tk);
   j.lfu = c->cfg.policy == UR_CACHE_LFU;
+  /* the counts' epochs have 16 bits: re-based often enough that none read is 65536 old */
+  j.rebase = j.lfu && decay_period(c, tk) - c->rebased >= UR__CACHE_REBASE_EPOCHS;
   if ((st = span_mark(c, B, 2, sh)) || (st = g->cache->decide(sh, &c->dev, &j)) ||
       (st = span_mark(c, B, 3, sh)) || (st = g->stream_sync(sh)))
     return st;
+  if (j.rebase) c->rebased = decay_period(c, tk);
   c->stats[c->nt].bytes_ids += link;
   j.nwb = info[UR__CI_NWB];
   j.nfill = info[UR__CI_NFILL];

@@ -58,6 +58,7 @@ typedef struct ur__cache_dev {
   int32_t partial;              /* some feature's table is not cached: the GPU's lookup
                                  * gathers the cached tables' values before it sorts */
   int64_t S, nsets;
+  int64_t keys;                 /* the tables' rows together: freq's length */
 } ur__cache_dev;
 
 /* What the decisions tell the host (int64 words of info), set by each call. */
@@ -93,6 +94,9 @@ typedef struct ur__cache_job {
   int64_t ticket, floor;        /* slots stamped below floor are evictable */
   uint32_t epoch;               /* LFU: the decay epoch of ticket */
   int32_t lfu;
+  int32_t rebase;               /* LFU: decide re-bases every key's count to epoch first
+                                 * (ur__cache_freq_rebase), as the host asks at least every
+                                 * UR__CACHE_REBASE_EPOCHS epochs */
   int64_t nwb, nfill, nconf;    /* place: from decide's info */
   int64_t sbase;                /* place: the first staging row of this batch */
   int64_t *lists;               /* place: [2 nwb | 2 nfill | 2 nconf | U - nconf slots]; the

@@ -351,19 +351,27 @@ static void decide_range(void *ctx, size_t g0, size_t g1) {
   }
 }
 
-/* LFU counts first (halved once per decay period, lazily, see cache_sets.h), then the sets;
+static void rebase_range(void *ctx, size_t k0, size_t k1) {
+  const pass *p = ctx;
+  uint32_t *freq = p->d->freq, epoch = p->j->epoch;
+  for (size_t k = k0; k < k1; k++) freq[k] = ur__cache_freq_rebase(freq[k], epoch);
+}
+
+/* LFU counts first (halved once per decay period, lazily, see cache_sets.h; every key's
+ * re-based first when the host asks), then the sets;
  * then the counts of the batch, each distinct key's to its table, each eviction's to the
  * evicted row's table. */
 static ur_status cpu_decide(void *stream, const ur__cache_dev *d, const ur__cache_job *j) {
   scratch s;
   carve(d, j->n, j->scratch, &s);
+  pass p = {d, j, &s};
+  if (j->lfu && j->rebase) ur__parallel_for((size_t)d->keys, 1 << 16, rebase_range, &p);
   if (j->lfu)
     for (int64_t u = 0; u < j->U; u++) {
       uint32_t *f = &d->freq[s.ukeys[u]];
       uint32_t x = ur__cache_freq_now(*f, j->epoch) + 1;
       *f = (j->epoch << 16) | (x > 0xffffu ? 0xffffu : x);
     }
-  pass p = {d, j, &s};
   ur__parallel_for((size_t)j->ng, 64, decide_range, &p);
   int64_t nwb = 0, nfill = 0, nconf = 0;
   for (int32_t ct = 0; ct < d->nt; ct++) {

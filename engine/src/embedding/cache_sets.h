@@ -51,4 +51,15 @@ UR_CS uint32_t ur__cache_freq_now(uint32_t f, uint32_t epoch) {
   return d >= 16 ? 0 : (f & 0xffffu) >> d;
 }
 
+/* The epoch has 16 bits, so a count last seen 65536 epochs ago would read as seen now (and
+ * 65537 ago as halved once): the cache re-bases every count at least this often, in epochs, so
+ * that none it reads is older than 65536. */
+#define UR__CACHE_REBASE_EPOCHS 32768
+
+/* An LFU count re-based to epoch `epoch`: its value now, seen now (0 once halved away). */
+UR_CS uint32_t ur__cache_freq_rebase(uint32_t f, uint32_t epoch) {
+  uint32_t x = ur__cache_freq_now(f, epoch);
+  return x ? (epoch << 16) | x : 0;
+}
+
 #endif
