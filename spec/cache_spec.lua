@@ -250,6 +250,32 @@ describe("uvmrec.cache", function()
     R.bits_equal(m:state("a").exp_avg_sq, shadow:state("a").exp_avg_sq, "exp_avg_sq")
   end)
 
+  it("counts staged rows going home after their backward as write-backs, as bytes_out does", function()
+    -- one set of 32 ways, batches of 50 distinct rows: 18 or more conflict misses each.  Every
+    -- trained batch's victims are dirty and its staged rows go home; a batch only read sends
+    -- none home.  Staged rows' trips were in bytes_out but not in writebacks.
+    local m = pair({ { name = "a", rows = 200, dim = 8 } }, { slots = 32, staging_rows = 64, min_slots = 0 })
+    local c = m.tbe.cache
+    for step = 1, 3 do
+      local ids = {}
+      for k = 1, 50 do ids[k] = (k * 7 + step) % 200 end
+      local x = input({ ids })
+      m:backward(x, grad_like(m:forward(x)))
+    end
+    local s = c:stats()
+    assert.is_true(s.conflicts >= 3 * 18 and s.evictions > 0)
+    assert.equal(s.evictions + s.conflicts, s.writebacks)
+    assert.equal(8 * 4 * s.writebacks, s.bytes_out) -- a row of 8 f32, no optimizer state
+    local ids = {}
+    for k = 1, 50 do ids[k] = (k * 3 + 100) % 200 end
+    assert(m:retire(assert(m:prepare(input({ ids }))), false))
+    local r = c:stats()
+    assert.is_true(r.conflicts - s.conflicts >= 18)
+    assert.equal(s.writebacks + (r.evictions - s.evictions), r.writebacks) -- staged rows only read stay
+    assert.same({ r.writebacks, r.bytes_out }, { r.tables.a.writebacks, r.tables.a.bytes_out })
+    assert.equal(8 * 4 * r.writebacks, r.bytes_out)
+  end)
+
   it("grows staging before the first batch's rows and after, to the rows of a cache sized up front", function()
     -- 32 slots in one set: a batch of 50 distinct rows has 18 conflict misses.  Staging grows
     -- in the first batch (no slot holds a row yet: the old storage goes first) or in the third

@@ -1099,7 +1099,8 @@ typedef struct ur_cache_stats {
   int64_t unique;                 /* distinct rows per batch, summed over batches */
   int64_t hits, misses;           /* misses: rows brought into a slot */
   int64_t conflicts;              /* rows served from staging: their set had no free way */
-  int64_t evictions, writebacks;  /* writebacks: dirty rows written to host memory */
+  int64_t evictions, writebacks;  /* writebacks: rows written to host memory: dirty victims,
+                                   * a trained batch's staged rows, dirty rows at a flush */
   int64_t waits;                  /* prepares that waited for the previous batch's retire */
   int64_t staging_grows;          /* the cache's (any table): staging rows grown for a batch */
   int64_t staging_grows_via_host; /* of those, grown with the kept slots waiting in host

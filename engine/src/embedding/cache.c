@@ -1213,7 +1213,10 @@ ur_status ur_cache_retire(ur_stream *s, ur_cache *c, int64_t ticket, int32_t tra
   if (trained) {
     /* its slots are dirty now, and its staged rows go home */
     int64_t *dev = ur_tensor_data(b->dev);
-    for (int32_t ct = 0; ct < c->nt; ct++) c->stats[ct].bytes_out += (uint64_t)b->tconf[ct] * row_moves(c);
+    for (int32_t ct = 0; ct < c->nt; ct++) {
+      c->stats[ct].writebacks += b->tconf[ct];
+      c->stats[ct].bytes_out += (uint64_t)b->tconf[ct] * row_moves(c);
+    }
     st = span_mark(c, b, 6, sh);
     if (!st) st = c->be->cache->mark(sh, c->dev.dirty, dev + b->slots_at, b->nslots);
     if (!st) st = move(c, sh, dev + b->list_at, b->nstaged, NULL, 0, 0);
