@@ -112,6 +112,47 @@ return P
                  plan_err(function() error("spec: no plan today", 0) end))
   end)
 
+  it("refuse a plan that places more in HBM than its allowance, naming policy, table, bytes and allowance", function()
+    -- table a: 8192 rows of 64 bytes and rowwise Adagrad's 4: 136 pages of 4 KiB in all; an
+    -- allowance of 16 pages.  Plans were applied whatever they placed.
+    local function run(plans)
+      local P = hints.policy("greedy", {})
+      function P:plan(stats)
+        if stats.name ~= "a" then return {} end
+        self.n = (self.n or 0) + 1
+        return plans[self.n] or {}
+      end
+      local m = tables()
+      local mgr = hints.manager(m, { every = 1, policy = "none",
+                                     tables = { a = { policy = P, allowance = 16 * 4096 } } })
+      local seq = H.last_seq()
+      local ok, err = pcall(function()
+        mgr:start(0)
+        mgr:step(1)
+      end)
+      mgr:free()
+      m.tbe:free() -- what it placed leaves the GPU's count (the host policy's spec reads it)
+      return ok, tostring(err), H.log_since(seq)
+    end
+    local ok, err, log = run({ { hints.prefetch(0, 8192, "gpu") } })
+    assert.is_false(ok)
+    assert.equal("hints: policy greedy, table 'a': plan places 557056 bytes in HBM (the pages of rows it keeps on "
+                 .. "the GPU, 1 ranges); its allowance is 65536 bytes", err)
+    assert.same({}, log) -- nothing of it applied
+    -- what earlier plans left on the GPU counts: 480 rows (8 pages of rows, 1 of state) and then
+    -- rows 4096.. (16 more pages)
+    ok, err, log = run({ { hints.advise(0, 480, "preferred_location", "gpu") },
+                         { hints.prefetch(4096, 1024, "gpu") } })
+    assert.is_false(ok)
+    assert.matches("plan places %d+ bytes in HBM %(the pages of rows it keeps on the GPU, 2 ranges%); its "
+                   .. "allowance is 65536 bytes", err)
+    assert.equal(2, #log) -- the first plan's advice, on the rows and on their state
+    -- within it, or giving rows back before taking others: applied
+    ok, err = run({ { hints.advise(0, 480, "preferred_location", "gpu") },
+                    { hints.prefetch(0, 480, "cpu"), hints.prefetch(4096, 480, "gpu") } })
+    assert.is_true(ok, err)
+  end)
+
   it("keep what they place within the HBM budget, or fail naming it", function()
     local m = tables()
     assert(ur.set_hbm_budget(16 * 1024))

@@ -314,7 +314,7 @@ function M.manager(collection, opts)
         end
         self.tables[#self.tables + 1] = { name = name, tensors = ts, rows = tbe.rows[name], layout = layout,
                                           row_bytes = row_bytes, policy = pol, on_gpu = 0, k = 0, allowance = own,
-                                          tbe = tbe }
+                                          tbe = tbe, gpu = {}, gpu_bytes = 0 }
         if not own then total = total + row_bytes * tbe.rows[name] end
       else
         w:free()
@@ -483,10 +483,58 @@ local function check_actions(t, actions)
   return nil
 end
 
--- Applies one table's actions; returns nil, message on the first failure.
-function Manager:_apply(t, s, actions, rec)
+-- The rows a plan leaves on the GPU (t.gpu, sorted disjoint ranges {first, end}, after the
+-- plans applied so far; preferred there or prefetched there), and the bytes of the pages they
+-- touch over the table's tensors, each page once: what the table's allowance is checked against.
+local function place_range(ranges, a, b, gpu)
+  local out = {}
+  for _, r in ipairs(ranges) do
+    if r[2] < a or r[1] > b then -- apart (ranges that touch are joined)
+      out[#out + 1] = r
+    elseif gpu then
+      a, b = math.min(a, r[1]), math.max(b, r[2])
+    else
+      if r[1] < a then out[#out + 1] = { r[1], a } end
+      if r[2] > b then out[#out + 1] = { b, r[2] } end
+    end
+  end
+  if gpu then out[#out + 1] = { a, b } end
+  table.sort(out, function(x, y) return x[1] < y[1] end)
+  return out
+end
+
+local function gpu_after(t, actions)
+  local ranges = t.gpu
+  for _, a in ipairs(actions) do
+    if a.kind ~= "relayout" and a.rows > 0 and (a.kind == "prefetch" or a.advice == "preferred_location") then
+      ranges = place_range(ranges, a.first, a.first + a.rows, a.location ~= "cpu")
+    end
+  end
+  local P, bytes = ur.hint_page_bytes(), 0
+  for _, x in ipairs(t.layout) do
+    local seen = -1 -- pages before it are counted
+    for _, r in ipairs(ranges) do
+      local p0, p1 = math.floor((x.off + r[1] * x.rb) / P), math.ceil((x.off + r[2] * x.rb) / P)
+      p0 = math.max(p0, seen)
+      if p1 > p0 then bytes = bytes + (p1 - p0) * P end
+      seen = math.max(seen, p1)
+    end
+  end
+  return ranges, bytes
+end
+
+-- Applies one table's actions within its allowance; returns nil, message on the first failure.
+function Manager:_apply(t, s, actions, rec, allowance)
   local bad = check_actions(t, actions)
   if bad then return nil, bad end
+  -- a plan may not place more than its allowance in HBM (one that adds nothing there, while
+  -- the split moved the allowance below what is placed, may stand: it is the policy's next move)
+  local ranges, bytes = gpu_after(t, actions)
+  if bytes > allowance and bytes > t.gpu_bytes then
+    return nil, ("hints: policy %s, table '%s': plan places %d bytes in HBM (the pages of rows it keeps on the "
+      .. "GPU, %d ranges); its allowance is %d bytes"):format(t.policy.name or "?", t.name, bytes, #ranges,
+      allowance)
+  end
   for _, a in ipairs(actions) do
     if a.kind == "relayout" then
       local r, err
@@ -520,6 +568,7 @@ function Manager:_apply(t, s, actions, rec)
       if a.kind == "prefetch" and a.location == "gpu" then rec.prefetched_rows = rec.prefetched_rows + a.rows end
     end
   end
+  t.gpu, t.gpu_bytes = ranges, bytes
   return true
 end
 
@@ -565,7 +614,7 @@ function Manager:interval(step, keep_counts)
     local moved = rec.rows_moved
     local pok, actions = pcall(t.policy.plan, t.policy, s, shares[i])
     if pok then
-      ok, err = self:_apply(t, s, actions, rec)
+      ok, err = self:_apply(t, s, actions, rec, shares[i])
     else
       ok, err = false, ("hints: policy %s, table '%s': plan raised: %s"):format(t.policy.name or "?", t.name,
                                                                               tostring(actions))
