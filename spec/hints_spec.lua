@@ -70,6 +70,41 @@ return P
       .. "give tables.a.policy")
   end)
 
+  it("read an allowance one way: a percentage, a fraction below 1, or bytes of at least a row's pages", function()
+    local m = tables()
+    local total = (8192 * 68 + 2048 * 132)
+    local function allowance(v) return hints.manager(m, { policy = "none", allowance = v }).allowance end
+    assert.equal(math.floor(0.2 * total), allowance(0.2))
+    -- as a config gives it: a string, once read as 0 bytes (a fraction of a byte rounded down)
+    assert.equal(math.floor(0.2 * total), allowance("0.2"))
+    assert.equal(math.floor(0.25 * total), allowance("25%"))
+    assert.equal(total, allowance("100%"))
+    assert.equal(0, allowance(0))
+    assert.equal(0, allowance("0%"))
+    assert.equal(65536, allowance("64KiB"))
+    assert.equal(8192, allowance(8192))
+    -- 1 is a byte (it was taken as such, silently: nothing placed); it and every count below a
+    -- row's pages are refused, naming the row
+    local small = "less than one row of any table sharing it takes in whole pages (table a: 8192 bytes, rows of "
+                  .. "68 bytes, pages of 4096); 0 places none, '100%' all of it"
+    assert.has_error(function() allowance(1) end, "hints: allowance 1 is 1 byte(s), " .. small)
+    assert.has_error(function() allowance("1") end, "hints: allowance '1' is 1 byte(s), " .. small)
+    assert.has_error(function() allowance("4KiB") end, "hints: allowance '4KiB' is 4096 byte(s), " .. small)
+    assert.has_error(function() allowance("150%") end, "hints: allowance '150%'; expected a percentage from 0% to 100%")
+    for _, v in ipairs({ 1.5, -0.2, math.huge, "2G", "lots" }) do
+      local what = type(v) == "string" and "'" .. v .. "'" or tostring(v)
+      assert.has_error(function() allowance(v) end, "hints: allowance " .. what .. " is not bytes (123, '16GiB'), "
+                       .. "a fraction below 1 (0.2) nor a percentage ('20%')")
+    end
+    -- a table's own, against its own rows (b: 132 bytes a row)
+    assert.has_error(function()
+      hints.manager(m, { tables = { b = { policy = "hot_prefix", allowance = 1000 } } })
+    end, "hints: table b: allowance 1000 is 1000 byte(s), less than one row takes in whole pages (8192 bytes: rows "
+         .. "of 132 bytes, pages of 4096); 0 places none, '100%' all of it")
+    assert.equal(8192, hints.manager(m, { tables = { b = { policy = "hot_prefix", allowance = 8192 } } })
+                         .tables[2].allowance)
+  end)
+
   it("fail naming the policy, the table and the value when a plan returns garbage", function()
     local function plan_err(plan)
       local P = hints.policy("junk", {})
@@ -270,7 +305,8 @@ describe("uvmrec.hints in training", function()
                    .. "path to a .lua file", err, 1, true)
     cfg, err = train.config.load(assert(train.find_config("dlrm_tiny")), { "embeddings.hints.allowance=lots" })
     assert.is_nil(cfg)
-    assert.matches("embeddings.hints.allowance: bytes: 'lots' is not a size", err, 1, true)
+    assert.matches("embeddings.hints.allowance: allowance 'lots' is not bytes (123, '16GiB'), a fraction below 1 (0.2) "
+                   .. "nor a percentage ('20%')", err, 1, true)
   end)
 
   it("says a policy's failure mid-run by its policy and table, not by a place in the trainer", function()

@@ -205,16 +205,27 @@ end
 local Manager = {}
 Manager.__index = Manager
 
+-- An allowance in bytes of `total` (the tables' bytes): nil, all of it; a percentage from 0 to
+-- 100 ('20%'); a number below 1, a fraction (0.2; "0.2" as a config gives it, once 0 bytes); else a
+-- whole number of bytes or a size (lib.bytes: 123, '8GiB').  1 is 1 byte ('100%' is all): the
+-- manager refuses an allowance below one row's pages.  Raises naming the value otherwise.
 local function parse_allowance(v, total)
   if v == nil then return total end
+  local what = type(v) == "string" and ("'%s'"):format(v) or tostring(v)
+  local x = v
   if type(v) == "string" then
-    local pct = v:match("^%s*([%d%.]+)%s*%%%s*$")
-    if pct then return math.floor(tonumber(pct) / 100 * total) end
-    return ur.bytes(v)
+    local pct = tonumber(v:match("^%s*([%d%.]+)%s*%%%s*$"))
+    if pct and pct <= 100 then return math.floor(pct / 100 * total) end
+    if pct then error(("hints: allowance %s; expected a percentage from 0%% to 100%%"):format(what), 3) end
+    x = tonumber(v) or v
   end
-  if type(v) == "number" and v >= 0 and v <= 1 and v ~= math.floor(v) then return math.floor(v * total) end
-  if type(v) == "number" and v >= 0 then return math.floor(v) end
-  error("hints: allowance " .. tostring(v) .. " is not bytes ('16GiB', 123) nor a fraction ('20%', 0.2)", 3)
+  if type(x) == "number" and x >= 0 and x < 1 then return math.floor(x * total) end
+  local b = lib.bytes(x)
+  if not b then
+    error(("hints: allowance %s is not bytes (123, '16GiB'), a fraction below 1 (0.2) nor a percentage ('20%%')")
+      :format(what), 3)
+  end
+  return b
 end
 M.parse_allowance = parse_allowance
 
@@ -222,8 +233,9 @@ M.parse_allowance = parse_allowance
 -- (.tbe) or a sharded collection (uvmrec.dist.shard: this rank's managed shards, each counted
 -- and placed as a table, "C3/r1" taking table C3's settings; the allowance is this rank's).
 -- opts: policy (name, file or object; default "hot_prefix"), options (the policy's),
--- every (steps between intervals, 100), allowance (HBM for the managed tables: bytes, '8GiB',
--- '20%' or 0.2 of their bytes; default all of it), decay (counts *= decay after each
+-- every (steps between intervals, 100), allowance (HBM for the managed tables: '20%', or 0.2 of
+-- their bytes (a number below 1), or bytes, 123 or '8GiB' (1 is a byte; one row's pages at the
+-- least); default all of it), decay (counts *= decay after each
 -- interval, 1: none), tables ({name = {policy =, options =, allowance =}} per table: a table's own
 -- allowance, bytes or a fraction of its own bytes, is its share; the others split `allowance`),
 -- location ("gpu"),
@@ -311,6 +323,13 @@ function M.manager(collection, opts)
             error(("hints: table %s: %s"):format(name, tostring(a):gsub("^[^\n]-:%d+: hints: ", "")), 2)
           end
           own = a
+          local least = Stats.placed_bytes({ layout = layout }, 1)
+          if own > 0 and own < least then
+            error(("hints: table %s: allowance %s is %d byte(s), less than one row takes in whole pages (%d bytes: "
+              .. "rows of %d bytes, pages of %d); 0 places none, '100%%' all of it"):format(name,
+              type(per.allowance) == "string" and ("'%s'"):format(per.allowance) or tostring(per.allowance), own,
+              least, row_bytes, ur.hint_page_bytes()), 2)
+          end
         end
         self.tables[#self.tables + 1] = { name = name, tensors = ts, rows = tbe.rows[name], layout = layout,
                                           row_bytes = row_bytes, policy = pol, on_gpu = 0, k = 0, allowance = own,
@@ -334,6 +353,18 @@ function M.manager(collection, opts)
   end
   self.total_bytes = total
   self.allowance = parse_allowance(opts.allowance, total)
+  -- bytes that no table's first row fits in place nothing: a byte count meant as a fraction (1)
+  local least, by
+  for _, t in ipairs(self.tables) do
+    local b = not t.allowance and Stats.placed_bytes(t, 1)
+    if b and (not least or b < least) then least, by = b, t end
+  end
+  if least and self.allowance > 0 and self.allowance < least then
+    error(("hints: allowance %s is %d byte(s), less than one row of any table sharing it takes in whole pages "
+      .. "(table %s: %d bytes, rows of %d bytes, pages of %d); 0 places none, '100%%' all of it"):format(
+      type(opts.allowance) == "string" and ("'%s'"):format(opts.allowance) or tostring(opts.allowance),
+      self.allowance, by.name, least, by.row_bytes, ur.hint_page_bytes()), 2)
+  end
   for _, tbe in ipairs(self.tbes) do assert(tbe:set_counting(true)) end
   for _, t in ipairs(self.tables) do self.rerank = self.rerank or t.policy.rerank end
   local mon = opts.monitor

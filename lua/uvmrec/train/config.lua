@@ -224,7 +224,7 @@ function M.check(cfg)
       end
       local ok, aerr = pcall(require("uvmrec.hints").parse_allowance, al, 1)
       if not ok then
-        return fail(at .. ".hints.allowance", (tostring(aerr):gsub("^hints: ", ""):gsub("^[^\n]-:%d+: ", "")))
+        return fail(at .. ".hints.allowance", (tostring(aerr):gsub("^[^\n]-:%d+: ", ""):gsub("^hints: ", "")))
       end
     end
   end
@@ -257,7 +257,7 @@ function M.check(cfg)
   if perr then return fail("embeddings.hints.policy", perr) end
   local ok, aerr = pcall(require("uvmrec.hints").parse_allowance, e.hints.allowance, 1)
   if not ok then
-    return fail("embeddings.hints.allowance", (tostring(aerr):gsub("^hints: ", ""):gsub("^[^\n]-:%d+: ", "")))
+    return fail("embeddings.hints.allowance", (tostring(aerr):gsub("^[^\n]-:%d+: ", ""):gsub("^hints: ", "")))
   end
   local optim = require "uvmrec.optim"
   local fields = M.schema.fields
