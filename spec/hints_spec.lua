@@ -64,6 +64,17 @@ return P
       hints.manager(m, { tables = { a = { policy = P.new { rows = 10 }, options = { rows = 256 } } } })
     end, msg)
     assert.equal(256, hints.manager(m, { policy = P, options = { rows = 256 } }).tables[1].policy.opts.rows)
+    -- a misspelt table's or a host table's settings were dropped silently, as was a manager of nothing
+    assert.has_error(function() hints.manager(m, { tables = { c = { policy = "host" } } }) end,
+                     "hints: tables.c: no table of that name (the collection's: a, b)")
+    local mixed = ur.nn.EmbeddingBagCollection { device = "cpu", tables = {
+      { name = "a", rows = 100, dim = 4, placement = "managed" },
+      { name = "h", rows = 100, dim = 4, placement = "host" } } }
+    assert.has_error(function() hints.manager(mixed, { tables = { h = { policy = "host" } } }) end,
+                     "hints: tables.h: table h is placed host; hints are for managed tables")
+    local host = ur.nn.EmbeddingBagCollection { device = "cpu", tables = { { name = "h", rows = 100, dim = 4 } } }
+    assert.has_error(function() hints.manager(host, {}) end,
+                     "hints: the collection has no managed table (h host); hints are for managed tables")
     -- a table's options without a policy of its own would be dropped for the default's
     assert.has_error(function() hints.manager(m, { tables = { a = { options = { rows = 256 } } } }) end,
       "hints: tables.a: options without a policy of its own (the default policy takes the manager's options); "

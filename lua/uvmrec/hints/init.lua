@@ -298,12 +298,13 @@ function M.manager(collection, opts)
     error("hints: decay must be in [0, 1]", 2)
   end
   local default = M.new(opts.policy or "hot_prefix", opts.options)
-  local total = 0
+  local total, placed = 0, {}
   for _, tbe in ipairs(tbes) do
     local counting = false
     for _, name in ipairs(tbe.table_names) do
       local w = tbe:table(name)
-      if w:placement() == "managed" then
+      placed[name] = w:placement()
+      if placed[name] == "managed" then
         counting = true
         local ts, row_bytes = { w }, 0
         for _, k in ipairs(tbe.state_names) do ts[#ts + 1] = tbe:state(name)[k] end
@@ -341,10 +342,31 @@ function M.manager(collection, opts)
     end
     if counting then self.tbes[#self.tbes + 1] = tbe end
   end
+  if #self.tables == 0 and not (collection.plan and collection.plan.tables) then
+    local list = {}
+    for n, p in pairs(placed) do list[#list + 1] = n .. " " .. tostring(p) end
+    table.sort(list)
+    error(("hints: the collection has no managed table (%s); hints are for managed tables"):format(
+      table.concat(list, ", ")), 2)
+  end
   if opts.tables then
+    -- the collection's tables: a sharded one's all (this rank may hold none of a table's shards)
+    local sharded = collection.plan and collection.plan.tables
+    local names = {}
+    for n in pairs(sharded or placed) do names[#names + 1] = n end
+    table.sort(names)
     for name, per in pairs(opts.tables) do
       local found = false
       for _, t in ipairs(self.tables) do found = found or t.name == name or t.name:match("^(.-)/[rc]%d+$") == name end
+      -- a misspelt or unmanaged table's settings would be dropped, its tables run the default
+      if not found and not (sharded or placed)[name] then
+        error(("hints: tables.%s: no table of that name (the collection's: %s)"):format(tostring(name),
+          table.concat(names, ", ")), 2)
+      end
+      if not found and not sharded then
+        error(("hints: tables.%s: table %s is placed %s; hints are for managed tables"):format(name, name,
+          tostring(placed[name])), 2)
+      end
       if not found and per.allowance ~= nil then
         error(("hints: table %s has an allowance of its own but is not a managed table of the collection"):format(
           tostring(name)), 2)
