@@ -361,6 +361,9 @@ describe("uvmrec.cache", function()
                      "cache: mover_warps 1.5; expected a whole number >= 0")
     assert.has_error(function() pair(t, { mover_warps = 2 ^ 31 }) end,
                      "cache: mover_warps 2147483648; expected at most 2147483647")
+    -- the engine's int32: 2^32 + 3 reached it as -2147483648 and was named so
+    assert.has_error(function() pair(t, { policy = "lfu", decay_batches = 2 ^ 32 + 3 }) end,
+                     "cache: decay_batches 4294967299; expected at most 2147483647")
     assert.has_error(function()
       pair({ { name = "a", rows = 100, dim = 8 }, { name = "b", rows = 100, dim = 16 } }, {})
     end, "cache: table 'b' has dim 16 and dtype f32 but 'a' has dim 8 and dtype f32; tables " ..

@@ -103,8 +103,8 @@ function M.options(o, level)
     fail(("decay_batches %s ages LFU's counts; policy %s keeps none (give policy lfu, or no decay_batches)")
          :format(tostring(r.decay_batches), r.policy), level)
   end
-  if r.mover_warps > 2147483647 then
-    fail(("mover_warps %s; expected at most 2147483647"):format(tostring(r.mover_warps)), level)
+  for _, k in ipairs({ "decay_batches", "mover_warps" }) do -- the engine's int32s
+    if r[k] > 2147483647 then fail(("%s %d; expected at most 2147483647"):format(k, r[k]), level) end
   end
   local own = {}
   if o.tables ~= nil then
