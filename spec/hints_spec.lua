@@ -41,6 +41,8 @@ return P
       "hints: no policy 'hottest'; built in: none, host, hot_prefix, adaptive, or a path to a .lua file")
     assert.has_error(function() hints.manager(m, { policy = "adaptive", options = { margni = 1 } }) end,
       "hints: policy 'adaptive' has no option 'margni'")
+    assert.has_error(function() hints.manager(m, { policy = "adaptive", options = { margin = "0.1" } }) end,
+      "hints: policy 'adaptive' option margin is 0.1 (a string); expected a number like its default, 0.02")
     assert.has_error(function() hints.manager(m, { allowance = "lots" }) end)
     assert.has_error(function() hints.manager(m, { every = 0 }) end, "hints: every must be >= 1 step")
     assert.has_error(function() hints.manager(m, { monitor = "always" }) end,

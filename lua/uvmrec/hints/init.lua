@@ -74,6 +74,11 @@ function M.policy(name, defaults)
       if P.defaults[k] == nil then
         error(("hints: policy '%s' has no option '%s'"):format(name, tostring(k)), 3)
       end
+      -- of its default's type: a string "0.1" failed at the first interval's comparison
+      if type(v) ~= type(P.defaults[k]) then
+        error(("hints: policy '%s' option %s is %s (a %s); expected a %s like its default, %s"):format(name,
+          tostring(k), tostring(v), type(v), type(P.defaults[k]), tostring(P.defaults[k])), 3)
+      end
       o[k] = v
     end
     return setmetatable({ opts = o, state = {}, done = {} }, P)
