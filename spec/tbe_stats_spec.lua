@@ -183,6 +183,11 @@ describe("uvmrec.tbe access counters", function()
     assert.same({ { lo = 0, hi = math.huge, rows = rows, accesses = total } }, a:histogram(1))
     assert.has_error(function() a:histogram(0) end, "histogram: bins is 0; expected a whole number from 1 to 64")
     assert.has_error(function() a:histogram(1.5) end, "histogram: bins is 1.5; expected a whole number from 1 to 64")
+    -- a percentage for the fraction read as all rows (coverage 1), silently
+    for _, x in ipairs { 20, -0.1, 0 / 0, "0.2" } do
+      assert.has_error(function() a:coverage(x) end,
+                       ("coverage: x is %s; expected a fraction of the rows from 0 to 1"):format(tostring(x)))
+    end
     a:free()
   end)
 

@@ -74,6 +74,9 @@ end
 
 -- The fraction of accesses taken by the hottest fraction x of rows (0 when nothing counted).
 function Access:coverage(x)
+  if type(x) ~= "number" or not (x >= 0 and x <= 1) then
+    error(("coverage: x is %s; expected a fraction of the rows from 0 to 1"):format(tostring(x)), 2)
+  end
   if self.total == 0 then return 0 end
   return self:accesses(math.floor(x * self.rows + 0.5)) / self.total
 end
