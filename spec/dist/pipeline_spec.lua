@@ -223,6 +223,17 @@ describe("cached and managed shards through the prefetch pipeline", function()
     command.rmdir(d)
   end)
 
+  it("takes a table's own hint allowance on the rank holding it, not on the others", function()
+    if not have_mpi() then pending("no MPI here") return end
+    -- table-wise, C3 lives on one rank: the other refused its allowance ("hints: table C3 has an
+    -- allowance of its own but is not a managed table of the collection") and the launch failed
+    local d = command.tmpdir()
+    local out, err, code = sh(("%s launch -n 2 %s --steps 2 --set embeddings.placement=managed "
+      .. "--set embeddings.tables.C3.hints.allowance=50%% --out %s"):format(command.bin(), TRAIN, d))
+    assert.equal(0, code, out .. err)
+    command.rmdir(d)
+  end)
+
   it("refuses what the pipeline over ranks still cannot do, naming it", function()
     if not have_mpi() then pending("no MPI here") return end
     -- managed collisions: not through the pipeline (nor over ranks), said at the value to change

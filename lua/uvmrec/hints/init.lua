@@ -360,7 +360,7 @@ function M.manager(collection, opts)
     local names = {}
     for n in pairs(sharded or placed) do names[#names + 1] = n end
     table.sort(names)
-    for name, per in pairs(opts.tables) do
+    for name in pairs(opts.tables) do
       local found = false
       for _, t in ipairs(self.tables) do found = found or t.name == name or t.name:match("^(.-)/[rc]%d+$") == name end
       -- a misspelt or unmanaged table's settings would be dropped, its tables run the default
@@ -368,13 +368,10 @@ function M.manager(collection, opts)
         error(("hints: tables.%s: no table of that name (the collection's: %s)"):format(tostring(name),
           table.concat(names, ", ")), 2)
       end
+      -- a sharded collection's rank may hold no managed shard of a table: its settings are other ranks'
       if not found and not sharded then
         error(("hints: tables.%s: table %s is placed %s; hints are for managed tables"):format(name, name,
           tostring(placed[name])), 2)
-      end
-      if not found and per.allowance ~= nil then
-        error(("hints: table %s has an allowance of its own but is not a managed table of the collection"):format(
-          tostring(name)), 2)
       end
     end
   end
