@@ -51,6 +51,9 @@ return P
       "hints: unknown manager option 'evry'")
     assert.has_error(function() hints.manager(m, { every = 1.5 }) end, "hints: every must be >= 1 step")
     assert.has_error(function() hints.manager(m, { decay = "half" }) end, "hints: decay must be in [0, 1]")
+    assert.has_error(function() hints.manager(m, { location = "gpux" }) end,
+      "location: 'gpux' is not a location; expected cpu, gpu, cuda:N or a device number (-1 for the CPU, 0..63 "
+      .. "for a GPU)")
     -- a table's settings with a typo were ignored (the default policy ran), a non-table raised from inside
     assert.has_error(function() hints.manager(m, { tables = { a = { polcy = "host" } } }) end,
                      "hints: tables.a: unknown option 'polcy' (a table takes policy, options and allowance)")

@@ -302,6 +302,7 @@ function M.manager(collection, opts)
   if type(self.decay) ~= "number" or not (self.decay >= 0 and self.decay <= 1) then
     error("hints: decay must be in [0, 1]", 2)
   end
+  lib.location(self.location, 2) -- a bad one failed at the first interval's advice, inside the manager
   local default = M.new(opts.policy or "hot_prefix", opts.options)
   local total, placed = 0, {}
   for _, tbe in ipairs(tbes) do
