@@ -222,11 +222,13 @@ describe("uvmrec.tbe access counters", function()
     function()
     local ffi = require "ffi"
     local stats = require "uvmrec.tbe_stats"
-    local function same(n, fill, what)
+    -- budget: the HBM budget set once the counters are on the device, before they are ranked
+    local function same(n, fill, what, budget)
       local host = assert(ur.tensor({ n }, { dtype = "i32" }))
       local p = ffi.cast("int32_t *", require("uvmrec.lib").C.ur_tensor_data(host.p))
       for i = 0, n - 1 do p[i] = fill(i) end
       local dev = assert(host:to("device"))
+      if budget then assert(ur.set_hbm_budget(ur.memory().hbm_used + budget)) end
       local a, b = stats.snapshot(host, "h"), stats.snapshot(dev, "d")
       assert.equal(a.total, b.total, what)
       for r = 0, n - 1 do
@@ -252,8 +254,7 @@ describe("uvmrec.tbe access counters", function()
     end, "ties")
     same(1 + 2 ^ 20, function() return math.random(0, 2 ^ 31 - 1) end, "wide counts")
     -- no room in the HBM budget for the sort's 16 bytes a row: the CPU ranks, the same order
-    assert(ur.set_hbm_budget(ur.memory().hbm_used + 4096))
-    local ok, err = pcall(same, 100000, function() return math.random(0, 50) end, "no room")
+    local ok, err = pcall(same, 100000, function() return math.random(0, 50) end, "no room", 4096)
     ur.set_hbm_budget(nil)
     assert(ok, err)
   end)
