@@ -182,16 +182,31 @@ function M.element(x, dtype, what, k, level)
   return x
 end
 
--- Refuses a key of table t that is not in the list keys (nor in the set `also`, keys it holds
--- besides): "<what>: unknown <noun> 'k'; expected a, b, c" at level (noun: "option" by default).
--- A misspelt option would otherwise leave its setting at the default, silently.
-function M.known_keys(t, keys, what, level, noun, also)
-  local set = {}
-  for _, k in ipairs(keys) do set[k] = true end
-  for k in pairs(t) do
-    if not set[k] and not (also and also[k]) then
-      error(("%s: unknown %s '%s'; expected %s"):format(what, noun or "option", tostring(k), table.concat(keys, ", ")),
-            level + 1)
+-- Refuses a key of table t that is not in keys (nor in the set `also`, keys it holds besides):
+-- "<what>: unknown <noun> 'k'; expected a, b, c" at level (noun: "option" by default; `note`,
+-- if given, follows in parentheses).  keys is a list of names, in the order the message gives
+-- them, or a table name -> true, or name -> the Lua type its value takes ("boolean"), named in
+-- sorted order; a value of another type is "<what>: k is v; expected a boolean".  A misspelt
+-- option would otherwise leave its setting at the default, silently.
+function M.known_keys(t, keys, what, level, noun, also, note)
+  local set, names = keys, keys
+  if keys[1] ~= nil then
+    set = {}
+    for _, k in ipairs(keys) do set[k] = true end
+  end
+  for k, v in pairs(t) do
+    local want = set[k]
+    if not want and not (also and also[k]) then
+      if names == set then
+        names = {}
+        for n in pairs(set) do names[#names + 1] = n end
+        table.sort(names)
+      end
+      error(("%s: unknown %s '%s'; expected %s%s"):format(what, noun or "option", tostring(k),
+            table.concat(names, ", "), note and (" (" .. note .. ")") or ""), level + 1)
+    end
+    if type(want) == "string" and type(v) ~= want then
+      error(("%s: %s is %s; expected a %s"):format(what, tostring(k), tostring(v), want), level + 1)
     end
   end
 end

@@ -69,21 +69,14 @@ function Module:type_name() return getmetatable(self).__typename end
 -- it takes (an option misspelt, or a string where a boolean goes, was ignored or taken as true).
 function Module.options(who, opts, known, level)
   if opts == nil then return {} end
-  local names = {}
-  for k in pairs(known) do names[#names + 1] = k end
-  table.sort(names)
-  local takes = table.concat(names, ", ")
   if type(opts) ~= "table" then
-    error(("%s: options must be a table (of %s), got %s"):format(who, takes, tostring(opts)), level + 1)
+    local names = {}
+    for k in pairs(known) do names[#names + 1] = k end
+    table.sort(names)
+    error(("%s: options must be a table (of %s), got %s"):format(who, table.concat(names, ", "), tostring(opts)),
+          level + 1)
   end
-  for k, v in pairs(opts) do
-    if not known[k] then
-      error(("%s: unknown option '%s'; expected %s"):format(who, tostring(k), takes), level + 1)
-    end
-    if type(v) ~= known[k] then
-      error(("%s: %s is %s; expected a %s"):format(who, k, tostring(v), known[k]), level + 1)
-    end
-  end
+  lib.known_keys(opts, known, who, level + 1)
   return opts
 end
 
