@@ -158,7 +158,7 @@ describe("uvmrec.cache", function()
     assert.has_error(function() pair(tables, { tables = { a = { load_factor = 0 } } }) end,
                      "cache: tables.a.load_factor 0; expected a number in (0, 1]")
     assert.has_error(function() pair(tables, { tables = { a = { slots = 5 } } }) end,
-                     "cache: tables.a: unknown option 'slots' (a table sets its own load_factor)")
+                     "cache: tables.a: unknown option 'slots'; expected load_factor (a table sets its own load_factor)")
     assert.has_error(function() pair(tables, { shared = true, tables = { a = { load_factor = 0.1 } } }) end,
                      "cache: tables: per-table load factors need sets per table; shared = true puts every table in "
                      .. "one pool")
@@ -341,7 +341,9 @@ describe("uvmrec.cache", function()
                      "cache: load_factor 1.5; expected a number in (0, 1]")
     assert.has_error(function() pair(t, { slots = 10, load_factor = 0.5 }) end,
                      "cache: give one of load_factor, slots and bytes")
-    assert.has_error(function() pair(t, { colour = 1 }) end, "cache: unknown option 'colour'")
+    assert.has_error(function() pair(t, { colour = 1 }) end,
+                     "cache: unknown option 'colour'; expected backing, bytes, decay_batches, load_factor, "
+                     .. "min_slots, mover_warps, policy, shared, slots, staging_rows, tables")
     -- sizes that are no size (they gave a cache of one set), and no silent false for shared
     for _, b in ipairs { 0, -5, 0 / 0, 1e30, "0B" } do
       assert.has_error(function() pair(t, { bytes = b }) end,

@@ -67,9 +67,7 @@ function M.options(o, level)
   level = (level or 1) + 1
   o = o or {}
   if type(o) ~= "table" then fail("options must be a table", level) end
-  for k in pairs(o) do
-    if not OPTS[k] then fail(("unknown option '%s'"):format(tostring(k)), level) end
-  end
+  lib.known_keys(o, OPTS, "cache", level)
   local r = { policy = o.policy or "lru", shared = o.shared == true, backing = o.backing or "host",
               decay_batches = o.decay_batches or 0, staging_rows = o.staging_rows or 0,
               min_slots = o.min_slots or 131072, mover_warps = o.mover_warps or M.MOVER_WARPS }
@@ -114,11 +112,8 @@ function M.options(o, level)
         fail(("tables: expected {[name] = {load_factor = c}}, got [%s] = %s"):format(tostring(name), tostring(t)),
              level)
       end
-      for k in pairs(t) do
-        if k ~= "load_factor" then
-          fail(("tables.%s: unknown option '%s' (a table sets its own load_factor)"):format(name, tostring(k)), level)
-        end
-      end
+      lib.known_keys(t, { "load_factor" }, "cache: tables." .. name, level, nil, nil,
+                     "a table sets its own load_factor")
       local c = t.load_factor
       if type(c) ~= "number" or not (c > 0 and c <= 1) then
         fail(("tables.%s.load_factor %s; expected a number in (0, 1]"):format(name, tostring(c)), level)
