@@ -154,13 +154,13 @@ describe("uvmrec.tensor", function()
     assert.has_error(function() ur.tensor({ 2 }, "i32") end,
       'tensor: options are string i32; expected a table such as {dtype = "i32"}')
     assert.has_error(function() ur.tensor({ 2 }, { dtyp = "i32" }) end,
-      "tensor: unknown option 'dtyp'; expected dtype, placement or device")
+      "tensor: unknown option 'dtyp'; expected dtype, placement, device")
     assert.has_error(function() ur.uvm_tensor({ 2 }, "i32") end,
       'tensor: options are string i32; expected a table such as {dtype = "i32"}')
     assert.has_error(function() ur.uvm_tensor({ 2 }, { dtyp = "i32" }) end,
-      "tensor: unknown option 'dtyp'; expected dtype or device (a managed tensor's placement is managed)")
+      "tensor: unknown option 'dtyp'; expected dtype, device (a managed tensor's placement is managed)")
     assert.has_error(function() ur.uvm_tensor({ 2 }, { placement = "host" }) end,
-      "tensor: unknown option 'placement'; expected dtype or device (a managed tensor's placement is managed)")
+      "tensor: unknown option 'placement'; expected dtype, device (a managed tensor's placement is managed)")
     -- one value, so that the REPL shows the tensor and no nil after it
     assert.equal(1, select("#", ur.tensor({ 2 })))
     assert.equal(1, select("#", ur.uvm_tensor({ 2 }, -1)))

@@ -63,23 +63,21 @@ end
 
 -- The options of ur.tensor and ur.uvm_tensor, for their caller: ({2}, "i32") or a misspelt key
 -- made an f32 tensor where the defaults put it.
-local function check_opts(opts, known, expected)
+local function check_opts(opts, known, note)
   if type(opts) ~= "table" then
     error(("tensor: options are %s %s; expected a table such as {dtype = \"i32\"}"):format(type(opts),
           tostring(opts)), 3)
   end
-  for k in pairs(opts) do
-    if not known[k] then error(("tensor: unknown option '%s'; expected %s"):format(tostring(k), expected), 3) end
-  end
+  lib.known_keys(opts, known, "tensor", 3, nil, nil, note)
 end
 
 -- ur.tensor(shape, {placement = "host", dtype = "f32", device = n}): the tensor (one value, so
 -- the REPL shows no nil after it), or nil, message.
-local TENSOR_OPTS = { dtype = true, placement = true, device = true }
+local TENSOR_OPTS = { "dtype", "placement", "device" }
 
 function M.tensor(shape, opts)
   opts = opts or {}
-  check_opts(opts, TENSOR_OPTS, "dtype, placement or device")
+  check_opts(opts, TENSOR_OPTS)
   local place = place_of(opts.placement or "host")
   local t, err = new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
   if not t then return nil, err end
@@ -87,12 +85,12 @@ function M.tensor(shape, opts)
 end
 
 -- ur.uvm_tensor(shape, {device = 0, dtype = "f32"}) or the seed's ur.uvm_tensor(shape, gpu_id).
-local UVM_OPTS = { dtype = true, device = true }
+local UVM_OPTS = { "dtype", "device" }
 
 function M.uvm_tensor(shape, opts)
   if type(opts) == "number" then opts = { device = opts } end
   opts = opts or {}
-  check_opts(opts, UVM_OPTS, "dtype or device (a managed tensor's placement is managed)")
+  check_opts(opts, UVM_OPTS, "a managed tensor's placement is managed")
   local place = C.UR_PLACE_MANAGED
   local t, err = new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
   if not t then return nil, err end
