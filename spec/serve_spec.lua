@@ -293,7 +293,8 @@ describe("uvmrec.serve", function()
     assert.has_error(function() serve.open(path, { device = "cpu", placement = "device" }) end,
                      "qtbe: table 'C1' placement 'device' needs the collection on a GPU, and it runs on the "
                      .. "CPU (device -1)")
-    assert.has_error(function() serve.open(path, { oops = 1 }) end, "serve: unknown option 'oops'")
+    assert.has_error(function() serve.open(path, { oops = 1 }) end,
+                     "serve: unknown option 'oops'; expected bounds, device, hot_fraction, max_callers, placement")
     for _, c in ipairs {
       { { device = "cpu", max_callers = 1.5 }, "serve: max_callers 1.5; expected a whole number (0: no limit)" },
       { { device = "cpu", max_callers = 2 ^ 40 },

@@ -50,9 +50,7 @@ function M.open(path, opts)
     error(("serve: options are %s %s; expected a table such as {device = \"cpu\"}"):format(type(opts),
           tostring(opts)), 2)
   end
-  for k in pairs(opts) do
-    if not OPTS[k] then error(("serve: unknown option '%s'"):format(tostring(k)), 2) end
-  end
+  lib.known_keys(opts, OPTS, "serve", 2)
   local o = ffi.new("ur_model_options")
   C.ur_model_options_init(o)
   if opts.device == "cpu" then o.device = -1
