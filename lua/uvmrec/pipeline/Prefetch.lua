@@ -49,9 +49,7 @@ local OPTS = { collection = true, source = true, steps = true, drain = true, str
 
 function Prefetch.new(o)
   if type(o) ~= "table" then fail("expected a table of options", 2) end
-  for k in pairs(o) do
-    if not OPTS[k] then fail(("unknown option '%s'"):format(tostring(k)), 2) end
-  end
+  lib.known_keys(o, OPTS, "Prefetch", 2)
   if (type(o.source) ~= "table" and type(o.source) ~= "cdata") or type(o.source.next) ~= "function" then
     fail("source must give host batches through next() (a loader)", 2)
   end
