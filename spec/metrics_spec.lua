@@ -496,7 +496,9 @@ describe("uvmrec.metrics", function()
     local function msg(fn) local ok, e = pcall(fn) assert.is_false(ok) return tostring(e) end
 
     it("bad options", function()
-      assert.matches("unknown option 'windowsize'", msg(function() metrics.AUC { batch_size = 4, windowsize = 3 } end))
+      assert.matches("metrics: unknown option 'windowsize'; expected batch_size, comm, device, eta, "
+                     .. "include_logloss, lifetime_bins, my_rank, placement, rank, reduce, tasks, threshold, "
+                     .. "window_size, world_size$", msg(function() metrics.AUC { batch_size = 4, windowsize = 3 } end))
       assert.matches("batch_size is nil; expected a whole number >= 1", msg(function() metrics.AUC {} end))
       assert.matches("window_size is %-1", msg(function() metrics.AUC { batch_size = 4, window_size = -1 } end))
       assert.matches("tasks must be a non%-empty list", msg(function() metrics.NE { batch_size = 4, tasks = {} } end))

@@ -86,9 +86,7 @@ end
 local function new(kinds, opts, level)
   level = level + 1
   if type(opts) ~= "table" then error("metrics: expected a table of options", level) end
-  for k in pairs(opts) do
-    if not OPTIONS[k] then error("metrics: unknown option '" .. tostring(k) .. "'", level) end
-  end
+  lib.known_keys(opts, OPTIONS, "metrics", level)
   local tasks = parse_tasks(opts.tasks, level)
   local batch = whole(opts.batch_size, 1, "batch_size", level)
   local window = whole(opts.window_size or batch * DEFAULT_WINDOW_BATCHES, 0, "window_size", level)
@@ -181,8 +179,8 @@ local function tensor_arg(v, what, level, optional)
   return lib.ptr(v, "metrics " .. what, level + 1)
 end
 
-local UPDATE_KEYS = { predictions = true, labels = true, weights = true, grouping_keys = true, stream = true,
-                      true, true, true, true }
+local UPDATE_KEYS, BY_POSITION = { "predictions", "labels", "weights", "grouping_keys", "stream" },
+                                  { true, true, true, true }
 
 -- update{predictions = p, labels = y, weights = w, grouping_keys = g, stream = s}, or
 -- positionally update{p, y, w, g}.  Enqueues the work and returns at once.
@@ -192,12 +190,7 @@ function Metric:update(a)
     error("metrics update: expected a table {predictions = ..., labels = ...}", 2)
   end
   -- a misspelt key (weight =) would count every sample as weight 1, silently
-  for k in pairs(a) do
-    if not UPDATE_KEYS[k] then
-      error(("metrics update: unknown key '%s'; expected predictions, labels, weights, grouping_keys, stream "
-        .. "(or the first four by position)"):format(tostring(k)), 2)
-    end
-  end
+  lib.known_keys(a, UPDATE_KEYS, "metrics update", 2, "key", BY_POSITION, "or the first four by position")
   local ok, err = check(C.ur_metrics_update(streams.handle(a.stream, 2), m,
     tensor_arg(a.predictions or a[1], "predictions", 2),
     tensor_arg(a.labels or a[2], "labels", 2),
