@@ -48,7 +48,8 @@ return P
     assert.has_error(function() hints.manager(m, { monitor = "always" }) end,
       'hints: monitor \'always\'; expected "end", "interval" or "off" (or true, false)')
     assert.has_error(function() hints.manager(m, { evry = 5 }) end,
-      "hints: unknown manager option 'evry'")
+      "hints: unknown manager option 'evry'; expected allowance, decay, every, location, monitor, options, "
+      .. "policy, stream, tables")
     assert.has_error(function() hints.manager(m, { every = 1.5 }) end, "hints: every must be >= 1 step")
     assert.has_error(function() hints.manager(m, { decay = "half" }) end, "hints: decay must be in [0, 1]")
     assert.has_error(function() hints.manager(m, { location = "gpux" }) end,
@@ -56,7 +57,7 @@ return P
       .. "for a GPU)")
     -- a table's settings with a typo were ignored (the default policy ran), a non-table raised from inside
     assert.has_error(function() hints.manager(m, { tables = { a = { polcy = "host" } } }) end,
-                     "hints: tables.a: unknown option 'polcy' (a table takes policy, options and allowance)")
+                     "hints: tables.a: unknown option 'polcy'; expected policy, options, allowance")
     assert.has_error(function() hints.manager(m, { tables = { a = "host" } }) end,
                      "hints: tables.a is host; expected {policy =, options =, allowance =}")
     -- options with a policy object already made would be dropped (its own rows = 10 planned)

@@ -260,13 +260,11 @@ M.tbes_of = tbes_of
 local MANAGER_OPTS = { policy = true, options = true, every = true, allowance = true, decay = true, tables = true,
                        location = true, monitor = true, stream = true }
 
-local TABLE_OPTS = { policy = true, options = true, allowance = true }
+local TABLE_OPTS = { "policy", "options", "allowance" }
 
 function M.manager(collection, opts)
   opts = opts or {}
-  for k in pairs(opts) do
-    if not MANAGER_OPTS[k] then error(("hints: unknown manager option '%s'"):format(tostring(k)), 2) end
-  end
+  lib.known_keys(opts, MANAGER_OPTS, "hints", 2, "manager option")
   if opts.tables ~= nil then
     if type(opts.tables) ~= "table" then
       error(("hints: tables is %s; expected {[name] = {policy =, options =, allowance =}}"):format(
@@ -277,12 +275,7 @@ function M.manager(collection, opts)
         error(("hints: tables.%s is %s; expected {policy =, options =, allowance =}"):format(tostring(name),
               tostring(per)), 2)
       end
-      for k in pairs(per) do
-        if not TABLE_OPTS[k] then
-          error(("hints: tables.%s: unknown option '%s' (a table takes policy, options and allowance)"):format(
-            tostring(name), tostring(k)), 2)
-        end
-      end
+      lib.known_keys(per, TABLE_OPTS, "hints: tables." .. tostring(name), 2)
       -- a table's options go to its own policy: without one the default's would be used, theirs dropped
       if per.options ~= nil and per.policy == nil then
         error(("hints: tables.%s: options without a policy of its own (the default policy takes the "
