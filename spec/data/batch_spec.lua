@@ -54,7 +54,9 @@ describe("uvmrec.data.Batch", function()
     assert.has_error(function() Batch.new { sparse = ur.KJT { keys = { "a" }, values = {}, lengths = { 0 } } } end,
       "Batch: size must be the number of samples")
     assert.has_error(function() Batch.new { size = 1, sparse = ur.KJT { keys = { "a" }, values = {}, lengths = { 0 } },
-                                            grad = 1 } end, "Batch: unknown field 'grad'")
+                                            grad = 1 } end,
+      "Batch: unknown field 'grad'; expected dense, epoch, first, groups, labels, next, ready, release, "
+      .. "size, sparse")
     local mine = Batch.new { sparse = ur.KJT { keys = { "a" }, values = { 3 }, lengths = { 1 } }, size = 1 }
     assert.is_nil(mine:position())
     assert.has_error(function() mine:to("host", nil, Batch.buffers("managed")) end,

@@ -29,9 +29,7 @@ local FIELDS = { dense = true, sparse = true, labels = true, groups = true, size
 -- (Batch:to) wait for it.
 function Batch.new(t)
   if type(t) ~= "table" then error("Batch: expected a table {dense =, sparse =, labels =, size =}", 2) end
-  for k in pairs(t) do
-    if not FIELDS[k] then error(("Batch: unknown field '%s'"):format(tostring(k)), 2) end
-  end
+  lib.known_keys(t, FIELDS, "Batch", 2, "field")
   if not require("uvmrec.kjt").is(t.sparse) then
     error("Batch: sparse must be a KJT, got " .. type(t.sparse), 2)
   end
