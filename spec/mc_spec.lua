@@ -349,7 +349,8 @@ describe("uvmrec.mc", function()
       assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 5 } }, evict_every = 0, device = "cpu" } end)
         :find("managed collisions: table 't' evict_every is 0; expected a whole number >= 1", 1, true))
       assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 5, colour = 1 } }, device = "cpu" } end)
-        :find("managed collisions: unknown table option 'colour'", 1, true))
+        :find("managed collisions: unknown table option 'colour'; expected decay, distance_power, evict_every, "
+          .. "fallback_rows, features, fill, max_candidates, name, policy, rows", 1, true))
       -- beyond 2^63 a cast gave the engine -2^63 ('evict_every -9223372036854775808'), and a seed
       -- of 2^64 hashed as the seed 0
       assert.truthy(msg(function() mc.new{ tables = { { name = "t", rows = 5 } }, evict_every = math.huge,

@@ -414,7 +414,8 @@ describe("uvmrec.qtbe collection", function()
     assert.has_error(function() qtbe.new { tables = { { name = "a", rows = 4, dim = 8, format = "int3" } } } end,
                      "table format 'int3'; expected f32, fp16, int8, int4 or int2")
     assert.has_error(function() qtbe.new { tables = { { name = "a", rows = 4, dim = 8, oops = 1 } } } end,
-                     "quantized collection: unknown table option 'oops'")
+                     "quantized collection: unknown table option 'oops'; expected dim, features, format, modulo, "
+                     .. "name, placement, pooling, rows")
     assert.has_error(function()
       qtbe.new { tables = { { name = "a", rows = 4, dim = 8 }, { name = "b", rows = 4, dim = 8, pooling = "none" } },
                  device = "cpu" }

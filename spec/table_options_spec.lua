@@ -15,7 +15,7 @@ describe("uvmrec.table_options", function()
     local t = { { name = "a" } }
     assert.equal(t, O.open({ tables = t }, { tables = true }, "", 1))
     assert.equal("test collection: expected a table of options", message(O.open, 3, {}, "", 1))
-    assert.equal("test collection: unknown collection option 'x'",
+    assert.equal("test collection: unknown collection option 'x'; expected tables",
                  message(O.open, { tables = t, x = 1 }, { tables = true }, "collection ", 1))
     assert.equal("test collection: tables must be a non-empty list",
                  message(O.open, { tables = {} }, { tables = true }, "", 1))
@@ -26,7 +26,7 @@ describe("uvmrec.table_options", function()
     assert.equal("b", O.named(2, { name = "b" }, { name = true }, self, 1))
     assert.same({ { a = 0, b = 1 }, { "a", "b" } }, { self.table_index, self.table_names })
     assert.equal("test collection: table 3 is not a table", message(O.named, 3, 7, { name = true }, self, 1))
-    assert.equal("test collection: unknown table option 'rows'",
+    assert.equal("test collection: unknown table option 'rows'; expected name",
                  message(O.named, 3, { name = "c", rows = 1 }, { name = true }, self, 1))
     assert.equal("test collection: table 3 needs a name", message(O.named, 3, { name = "" }, { name = true }, self, 1))
     assert.equal("test collection: two tables are named 'b'",

@@ -56,11 +56,9 @@ function M.checks(who)
     return v
   end
 
-  -- Every key of t in allowed; what names the kind ("unknown <what>option").
+  -- Every key of t in allowed (lib.known_keys); what names the kind ("unknown <what>option").
   function O.check_keys(t, allowed, what, level)
-    for k in pairs(t) do
-      if not allowed[k] then O.fail(("unknown %soption '%s'"):format(what, tostring(k)), level + 1) end
-    end
+    lib.known_keys(t, allowed, who, level + 1, what .. "option")
   end
 
   -- opts: a table whose keys are all in allowed (an unknown one is an "unknown <what>option"),

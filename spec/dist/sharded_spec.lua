@@ -98,13 +98,17 @@ describe("uvmrec.dist.shard", function()
     local o = opts()
     o.optimiser = { "sgd", lr = 1 }
     assert.has_error(function() dist.shard(o, "row_wise", comm) end,
-      "dist.shard: unknown collection option 'optimiser'")
+      "dist.shard: unknown collection option 'optimiser'; expected bounds, cache, device, dtype, features, "
+      .. "optimizer, output_dtype, placement, pooling, seed, state_placement, stochastic_rounding, tables, vbe")
     o = opts()
     o.tables[2].bogus = 1
-    assert.has_error(function() dist.shard(o, "row_wise", comm) end, "dist.shard: unknown table option 'bogus'")
+    local table_keys = "expected dim, dtype, features, name, placement, pooling, rows, state_placement"
+    assert.has_error(function() dist.shard(o, "row_wise", comm) end,
+      "dist.shard: unknown table option 'bogus'; " .. table_keys)
     o = opts()
     o.tables[1].shard = { logical = 0, rows = 100, dim = 16 } -- the plan sets each shard's
-    assert.has_error(function() dist.shard(o, "row_wise", comm) end, "dist.shard: unknown table option 'shard'")
+    assert.has_error(function() dist.shard(o, "row_wise", comm) end,
+      "dist.shard: unknown table option 'shard'; " .. table_keys)
   end)
 
   it("refuses an input whose keys are not the collection's features, as the unsharded one does", function()

@@ -449,7 +449,8 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     bad({ { name = "x", rows = 10, dim = 8, features = { "f" } },
           { name = "y", rows = 5, dim = 8, features = { "f" } } }, nil,
         "embedding collection: feature 'f' is on tables 'x' and 'y'")
-    bad({ { name = "x", rows = 10, dim = 8, colour = 3 } }, nil, "embedding collection: unknown table option 'colour'")
+    bad({ { name = "x", rows = 10, dim = 8, colour = 3 } }, nil, "embedding collection: unknown table option 'colour'; "
+        .. "expected dim, dtype, features, name, placement, pooling, rows, shard, state_placement")
   end)
 
   it("rejects inputs that do not fit, naming what is wrong", function()

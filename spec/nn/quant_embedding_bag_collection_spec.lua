@@ -35,7 +35,8 @@ describe("nn.QuantEmbeddingBagCollection", function()
     local Q = ur.nn.QuantEmbeddingBagCollection
     -- each was ignored: every table took the default int8
     assert.has_error(function() Q.quantize(ebc, { fromat = "int4" }) end,
-                     "quantized collection: unknown option 'fromat'")
+                     "quantized collection: unknown option 'fromat'; expected bounds, device, format, formats, "
+                     .. "output_dtype, placement")
     assert.has_error(function() Q.quantize(ebc, { formats = { S = "int4" } }) end,
                      "quantized collection: formats names table 'S', which the collection does not have (tables: t, s)")
     local w = ebc.tbe:table("s")
