@@ -122,10 +122,8 @@ function M.config(name, side, opts, who, level)
   if type(opts) ~= "table" then
     error(("%s: the settings must be a table ({lr = ...}), got %s"):format(who, type(opts)), level)
   end
+  lib.known_keys(opts, KEYS[side], who, level, "optimizer setting")
   for k in pairs(opts) do
-    if not KEYS[side][k] then
-      error(("%s: unknown optimizer setting '%s'"):format(who, k), level)
-    end
     local why = M.refuses(name, side, k)
     if why then error(who .. ": " .. why, level) end
   end
