@@ -287,7 +287,8 @@ describe("planner plans", function()
     assert.has_error(function() plan:with(big.name, "host") end, "plan: the choice for table " .. big.name
                      .. " is a string; expected {placement=, sharding=, load_factor=, prefix_fraction=}")
     assert.has_error(function() plan:with(big.name, { placment = "host" }) end, "plan: the choice for table "
-                     .. big.name .. " has key 'placment'; expected placement, sharding, load_factor or prefix_fraction")
+                     .. big.name .. ": unknown key 'placment'; expected placement, sharding, load_factor, "
+                     .. "prefix_fraction")
   end)
 
   it("counts the synthetic loader's values a sample, and prices its batches with the calibration's rate", function()

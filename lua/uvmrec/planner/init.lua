@@ -616,7 +616,7 @@ end
 -- The plan with table `name` set to `choice` ({placement, sharding, load_factor,
 -- prefix_fraction}), every other table as it is, re-predicted.  nil, message when the
 -- choice does not fit (the budget is checked as for a search).
-local CHOICE = { placement = true, sharding = true, load_factor = true, prefix_fraction = true }
+local CHOICE = { "placement", "sharding", "load_factor", "prefix_fraction" }
 
 function Plan:with(name, choice)
   -- a table not in the plan, a choice that is no table or a misspelt key gave the plan unchanged
@@ -632,12 +632,7 @@ function Plan:with(name, choice)
     error(("plan: the choice for table %s is a %s; expected {placement=, sharding=, load_factor=, "
            .. "prefix_fraction=}"):format(name, type(choice)), 2)
   end
-  for k in pairs(choice) do
-    if not CHOICE[k] then
-      error(("plan: the choice for table %s has key '%s'; expected placement, sharding, load_factor or "
-             .. "prefix_fraction"):format(name, tostring(k)), 2)
-    end
-  end
+  require("uvmrec.lib").known_keys(choice, CHOICE, "plan: the choice for table " .. name, 2, "key")
   local S = self._S
   if not S then return nil, "plan: a plan read from a file has no cost model attached; plan again to edit" end
   local fixed = {}
