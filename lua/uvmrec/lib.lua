@@ -182,6 +182,20 @@ function M.element(x, dtype, what, k, level)
   return x
 end
 
+-- v, a whole number >= lo (default 0) and below 2^63, for an option the engine takes as an
+-- integer (a cast made math.huge -2^63 in the engine's messages, and a seed of 2^64 the seed 0);
+-- else "<what> is v; expected a whole number >= lo" (or "below 2^63") at level.
+function M.whole(v, what, level, lo)
+  lo = lo or 0
+  if type(v) ~= "number" or v ~= math.floor(v) or v < lo then
+    error(("%s is %s; expected a whole number >= %d"):format(what, tostring(v), lo), level + 1)
+  end
+  if v >= 2 ^ 63 then
+    error(("%s is %s; expected a whole number below 2^63"):format(what, tostring(v)), level + 1)
+  end
+  return v
+end
+
 -- Refuses a key of table t that is not in keys (nor in the set `also`, keys it holds besides):
 -- "<what>: unknown <noun> 'k'; expected a, b, c" at level (noun: "option" by default; `note`,
 -- if given, follows in parentheses).  keys is a list of names, in the order the message gives

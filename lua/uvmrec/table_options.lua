@@ -44,16 +44,11 @@ function M.checks(who)
     return r
   end
 
-  -- v, a whole number >= lo (default 0) and below 2^63 (the engine's integers: a cast made
-  -- math.huge -2^63 in the engine's messages, and a seed of 2^64 the seed 0).
+  -- v, a whole number >= lo (default 0) and below 2^63 (lib.whole; not a tail call, which would
+  -- take this frame off the count of levels).
   function O.whole(v, what, level, lo)
-    if type(v) ~= "number" or v ~= math.floor(v) or v < (lo or 0) then
-      O.fail(("%s is %s; expected a whole number >= %d"):format(what, tostring(v), lo or 0), level + 1)
-    end
-    if v >= 2 ^ 63 then
-      O.fail(("%s is %s; expected a whole number below 2^63"):format(what, tostring(v)), level + 1)
-    end
-    return v
+    local n = lib.whole(v, who .. ": " .. what, level + 1, lo)
+    return n
   end
 
   -- Every key of t in allowed (lib.known_keys); what names the kind ("unknown <what>option").
