@@ -501,6 +501,11 @@ describe("uvmrec.metrics", function()
                      .. "window_size, world_size$", msg(function() metrics.AUC { batch_size = 4, windowsize = 3 } end))
       assert.matches("batch_size is nil; expected a whole number >= 1", msg(function() metrics.AUC {} end))
       assert.matches("window_size is %-1", msg(function() metrics.AUC { batch_size = 4, window_size = -1 } end))
+      -- past 2^63 a cast made them -2^63: 'a window of -9223372036854775808 samples'
+      assert.matches("metrics: batch_size is inf; expected a whole number below 2^63",
+                     msg(function() metrics.AUC { batch_size = 1 / 0 } end), 1, true)
+      assert.matches("metrics: window_size is 1.844674407371e+19; expected a whole number below 2^63",
+                     msg(function() metrics.AUC { batch_size = 4, window_size = 2 ^ 64 } end), 1, true)
       assert.matches("tasks must be a non%-empty list", msg(function() metrics.NE { batch_size = 4, tasks = {} } end))
       assert.matches("task 'a' is listed twice",
                      msg(function() metrics.NE { batch_size = 4, tasks = { "a", "a" } } end))

@@ -59,13 +59,6 @@ local wrap_handle, free_handle = lib.handle_type("ur_metrics", C.ur_metrics_free
 local Metric = {}
 Metric.__index = Metric
 
-local function whole(v, lo, what, level)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < lo then
-    error(("metrics: %s is %s; expected a whole number >= %d"):format(what, tostring(v), lo), level + 1)
-  end
-  return v
-end
-
 local function parse_tasks(tasks, level)
   tasks = tasks or { "default" }
   if type(tasks) ~= "table" or #tasks < 1 then
@@ -88,19 +81,19 @@ local function new(kinds, opts, level)
   if type(opts) ~= "table" then error("metrics: expected a table of options", level) end
   lib.known_keys(opts, OPTIONS, "metrics", level)
   local tasks = parse_tasks(opts.tasks, level)
-  local batch = whole(opts.batch_size, 1, "batch_size", level)
-  local window = whole(opts.window_size or batch * DEFAULT_WINDOW_BATCHES, 0, "window_size", level)
-  local bins = kinds.auc and whole(opts.lifetime_bins or DEFAULT_BINS, 0, "lifetime_bins", level) or 0
+  local batch = lib.whole(opts.batch_size, "metrics: batch_size", level, 1)
+  local window = lib.whole(opts.window_size or batch * DEFAULT_WINDOW_BATCHES, "metrics: window_size", level, 0)
+  local bins = kinds.auc and lib.whole(opts.lifetime_bins or DEFAULT_BINS, "metrics: lifetime_bins", level, 0) or 0
   if opts.reduce ~= nil and type(opts.reduce) ~= "function" then
     error("metrics: reduce must be a function, got " .. type(opts.reduce), level)
   end
   local reduce = opts.reduce
   local world = opts.world_size or 1
   if world ~= 1 then
-    whole(world, 1, "world_size", level)
+    lib.whole(world, "metrics: world_size", level, 1)
     local rank = opts.rank or opts.my_rank
     if rank == nil then error("metrics: world_size " .. world .. " needs rank (or my_rank)", level) end
-    whole(rank, 0, "rank", level)
+    lib.whole(rank, "metrics: rank", level, 0)
     if reduce then error("metrics: give reduce or world_size, not both", level) end
     local comm = opts.comm or require("uvmrec.dist").job()
     if comm.world ~= world or comm.rank ~= rank then
