@@ -122,7 +122,7 @@ describe("uvmrec.cache", function()
       assert.is_true(math.abs(c:slots() - 10010) <= 64, "slots " .. c:slots())
     end
     assert.has_error(function() pair(tables, { min_slots = -1 }) end,
-                     "cache: min_slots -1; expected a whole number >= 0")
+                     "cache: min_slots is -1; expected a whole number >= 0")
   end)
 
   it("gives a table a load factor of its own (tables = {[name] = {load_factor}}), the others the rest", function()
@@ -360,12 +360,18 @@ describe("uvmrec.cache", function()
                      .. "decay_batches)")
     assert.has_no_error(function() pair(t, { decay_batches = 0 }) end)
     assert.has_error(function() pair(t, { mover_warps = 1.5 }) end,
-                     "cache: mover_warps 1.5; expected a whole number >= 0")
+                     "cache: mover_warps is 1.5; expected a whole number from 0 to 2147483647")
     assert.has_error(function() pair(t, { mover_warps = 2 ^ 31 }) end,
-                     "cache: mover_warps 2147483648; expected at most 2147483647")
+                     "cache: mover_warps is 2147483648; expected a whole number from 0 to 2147483647")
+    -- inf passed as whole and the engine named what the cast made of it: 'staging_rows
+    -- -9223372036854775808', 'decay_batches -2147483648'
+    assert.has_error(function() pair(t, { staging_rows = 1 / 0 }) end,
+                     "cache: staging_rows is inf; expected a whole number below 2^63")
+    assert.has_error(function() pair(t, { policy = "lfu", decay_batches = 2 ^ 40 }) end,
+                     "cache: decay_batches is 1099511627776; expected a whole number from 0 to 2147483647")
     -- the engine's int32: 2^32 + 3 reached it as -2147483648 and was named so
     assert.has_error(function() pair(t, { policy = "lfu", decay_batches = 2 ^ 32 + 3 }) end,
-                     "cache: decay_batches 4294967299; expected at most 2147483647")
+                     "cache: decay_batches is 4294967299; expected a whole number from 0 to 2147483647")
     assert.has_error(function()
       pair({ { name = "a", rows = 100, dim = 8 }, { name = "b", rows = 100, dim = 16 } }, {})
     end, "cache: table 'b' has dim 16 and dtype f32 but 'a' has dim 8 and dtype f32; tables " ..

@@ -91,18 +91,13 @@ function M.options(o, level)
   if o.shared ~= nil and type(o.shared) ~= "boolean" then
     fail(("shared %s; expected true or false"):format(tostring(o.shared)), level)
   end
+  -- decay_batches and mover_warps are the engine's int32_t
   for _, k in ipairs({ "decay_batches", "staging_rows", "min_slots", "mover_warps" }) do
-    local v = r[k]
-    if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
-      fail(("%s %s; expected a whole number >= 0"):format(k, tostring(v)), level)
-    end
+    lib.whole(r[k], "cache: " .. k, level, 0, (k == "decay_batches" or k == "mover_warps") and 2147483647 or nil)
   end
   if r.decay_batches > 0 and r.policy ~= "lfu" then
     fail(("decay_batches %s ages LFU's counts; policy %s keeps none (give policy lfu, or no decay_batches)")
          :format(tostring(r.decay_batches), r.policy), level)
-  end
-  for _, k in ipairs({ "decay_batches", "mover_warps" }) do -- the engine's int32s
-    if r[k] > 2147483647 then fail(("%s %d; expected at most 2147483647"):format(k, r[k]), level) end
   end
   local own = {}
   if o.tables ~= nil then

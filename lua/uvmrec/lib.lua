@@ -184,16 +184,14 @@ end
 
 -- v, a whole number >= lo (default 0) and below 2^63, for an option the engine takes as an
 -- integer (a cast made math.huge -2^63 in the engine's messages, and a seed of 2^64 the seed 0);
--- else "<what> is v; expected a whole number >= lo" (or "below 2^63") at level.
-function M.whole(v, what, level, lo)
+-- else "<what> is v; expected a whole number >= lo" (or "below 2^63") at level.  hi, if given,
+-- bounds it too (an int32_t field): "expected a whole number from lo to hi".
+function M.whole(v, what, level, lo, hi)
   lo = lo or 0
-  if type(v) ~= "number" or v ~= math.floor(v) or v < lo then
-    error(("%s is %s; expected a whole number >= %d"):format(what, tostring(v), lo), level + 1)
-  end
-  if v >= 2 ^ 63 then
-    error(("%s is %s; expected a whole number below 2^63"):format(what, tostring(v)), level + 1)
-  end
-  return v
+  local whole = type(v) == "number" and v == math.floor(v) and v >= lo
+  if whole and v < 2 ^ 63 and (hi == nil or v <= hi) then return v end
+  local want = hi and ("from %d to %d"):format(lo, hi) or whole and "below 2^63" or (">= %d"):format(lo)
+  error(("%s is %s; expected a whole number %s"):format(what, tostring(v), want), level + 1)
 end
 
 -- Refuses a key of table t that is not in keys (nor in the set `also`, keys it holds besides):
