@@ -16,7 +16,10 @@ describe("uvmrec.nn.Linear", function()
 
   it("refuses bad sizes and inputs, naming the input's own shape; a batch of no rows gives no rows", function()
     local ur = require "uvmrec"
-    assert.has_error(function() nn.Linear(math.huge, 3) end, "Linear: in must be a whole number >= 1, got inf")
+    assert.has_error(function() nn.Linear(math.huge, 3) end, "Linear: in is inf; expected a whole number below 2^63")
+    -- a cast made it 'tensor: dimension 2 is -9223372036854775808; expected >= 0', from inside Module
+    assert.has_error(function() nn.Linear(3, 4, { pad_to = 2 ^ 63 }) end,
+      "Linear: pad_to is 9.2233720368548e+18; expected a whole number below 2^63")
     local l = nn.Linear(4, 3)
     assert.has_error(function() l:forward(ur.tensor({ 4 })) end, "Linear(4 -> 3): input is [4]; expected [rows, 4]")
     assert.has_error(function() l:forward(ur.tensor({ 2, 2, 4 })) end,

@@ -22,7 +22,7 @@ describe("uvmrec.nn.Sequential", function()
     local m = nn.Sequential(nn.ReLU(), nn.Linear(13, 4))
     assert.error_matches(function() m:forward(R.rand({ 2, 9 }, 1)) end,
       "Sequential: %(2%) Linear: Linear%(13 %-> 4%): input is %[2, 9%]; expected %[rows, 13%]")
-    assert.error_matches(function() nn.Linear(0, 3) end, "Linear: in must be a whole number >= 1, got 0")
+    assert.error_matches(function() nn.Linear(0, 3) end, "Linear: in is 0; expected a whole number >= 1")
     assert.error_matches(function() nn.Sequential():add({}) end, "Sequential:add: expected a module")
     -- the location shown is the line that called the container, forward and backward
     local lines, errs = {}, {}

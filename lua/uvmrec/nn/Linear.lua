@@ -1,6 +1,7 @@
 -- uvmrec.nn.Linear: y = x W^T + b, optionally followed by a ReLU fused into the matrix
 -- product's epilogue (cuBLASLt on the GPU).  W is [out, in] and b [out], initialised as the
 -- public DLRM code does: W ~ N(0, sqrt(2 / (in + out))), b ~ N(0, sqrt(1 / out)).
+local lib = require "uvmrec.lib"
 local Module = require "uvmrec.nn.Module"
 local dense = require "uvmrec.dense"
 
@@ -9,12 +10,6 @@ Linear.fuses_relu = true -- a ReLU after it runs in its epilogue (Sequential:add
 
 local OPTS = { bias = "boolean", act = "string", input_grad = "boolean", seed = "number", pad_to = "number" }
 
-local function count(v, what)
-  if type(v) ~= "number" or v < 1 or v ~= math.floor(v) or v == math.huge then
-    error("Linear: " .. what .. " must be a whole number >= 1, got " .. tostring(v), 4)
-  end
-end
-
 -- Linear(in, out, {bias = true, act = "none" | "relu", input_grad = true, seed = n, pad_to = 1}).
 -- input_grad = false skips the input's gradient (a first layer fed by data).  pad_to = 8 makes
 -- the layer read inputs padded with zero columns to a multiple of 8 (a padded interaction's
@@ -22,14 +17,14 @@ end
 -- so the layer computes the same numbers on aligned rows (its gradient there stays zero).
 function Linear:__init(inf, outf, opts)
   Module.__init(self)
-  count(inf, "in")
-  count(outf, "out")
+  lib.whole(inf, "Linear: in", 3, 1)
+  lib.whole(outf, "Linear: out", 3, 1)
   opts = Module.options("Linear", opts, OPTS, 3)
   if opts.act ~= nil and opts.act ~= "none" and opts.act ~= "relu" then
     error("Linear: act must be none or relu, got " .. tostring(opts.act), 3)
   end
   local pad = opts.pad_to or 1
-  count(pad, "pad_to")
+  lib.whole(pad, "Linear: pad_to", 3, 1)
   self.in_features, self.out_features = inf, outf
   self.in_width = math.ceil(inf / pad) * pad
   self.act = opts.act or "none"
