@@ -40,7 +40,11 @@ describe("uvmrec.nn.CrossNet", function()
 
   it("refuses an infinite size and a backward before forward, naming itself", function()
     local ur = require "uvmrec"
-    assert.has_error(function() nn.CrossNet(4, math.huge) end, "CrossNet: layers must be a whole number >= 1, got inf")
+    assert.has_error(function() nn.CrossNet(4, math.huge) end,
+      "CrossNet: layers is inf; expected a whole number below 2^63")
+    -- 2^63 passed as whole, and the constructor looped over that many layers
+    assert.has_error(function() nn.CrossNet(4, 2 ^ 63) end,
+      "CrossNet: layers is 9.2233720368548e+18; expected a whole number below 2^63")
     assert.has_error(function() nn.CrossNet(4, 2):backward(ur.tensor({ 2, 4 }), ur.tensor({ 2, 4 })) end,
       "CrossNet(4, 2 layers): backward before forward")
   end)

@@ -3,6 +3,7 @@
 -- low rank r: W_l = U_l V_l with U_l [d, r] and V_l [r, d] (U_l, V_l, bias_l), as in the
 -- DCNv2 paper's mixture-free form.  The products are Linear's (cuBLASLt on the GPU), the
 -- elementwise rest one fused kernel each way.
+local lib = require "uvmrec.lib"
 local Module = require "uvmrec.nn.Module"
 local dense = require "uvmrec.dense"
 
@@ -13,9 +14,7 @@ function CrossNet:__init(d, layers, opts)
   Module.__init(self)
   opts = Module.options("CrossNet", opts, { rank = "number", seed = "number" }, 3)
   for _, v in ipairs { { d, "d" }, { layers, "layers" }, { opts.rank or 1, "rank" } } do
-    if type(v[1]) ~= "number" or v[1] < 1 or v[1] ~= math.floor(v[1]) or v[1] == math.huge then
-      error("CrossNet: " .. v[2] .. " must be a whole number >= 1, got " .. tostring(v[1]), 3)
-    end
+    lib.whole(v[1], "CrossNet: " .. v[2], 3, 1)
   end
   self.d, self.layers, self.rank = d, layers, opts.rank
   local seed = opts.seed or Module.next_seed()
