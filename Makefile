@@ -127,6 +127,14 @@ $(CAPI_NULLS): $(BUILD)/gen/capi_nulls.c $(BUILD)/lib/libuvmrec.a
 	$(CC) -std=c11 -O1 -g -D_GNU_SOURCE $(WARN) $(SANFLAGS) -Iengine/include $< $(BUILD)/lib/libuvmrec.a \
 	  $(ENGINE_LIBS) -o $@
 
+# The name comparisons matching a request's keys to a model's features (spec/serve/key_order_spec.lua):
+# the engine linked with strcmp wrapped, so each one is counted.
+KEY_ORDER := $(BUILD)/bin/key_order
+$(KEY_ORDER): spec/support/key_order.c $(BUILD)/lib/libuvmrec.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O1 -g -D_GNU_SOURCE $(WARN) $(SANFLAGS) -Iengine/include -Iengine/src $< \
+	  $(BUILD)/lib/libuvmrec.a -Wl,--wrap=strcmp $(ENGINE_LIBS) -o $@
+
 # The FFI declarations come from the marked blocks of the public header and of the Lua host's
 # header (its support functions), so they cannot drift.
 $(CDEF): engine/include/uvmrec.h engine/include/uvmrec_lua.h
@@ -270,7 +278,7 @@ dist: all $(DIST_BINS) $(DIST_CUDA_BINS)
 	@mib=$$(du -sm dist | cut -f1); echo "dist: $$mib MiB in dist/"; \
 	  [ $$mib -le $(DIST_MAX_MIB) ] || { echo "dist: over $(DIST_MAX_MIB) MiB"; exit 1; }
 
-test: all $(CAPI_NULLS) fuzz-build
+test: all $(CAPI_NULLS) $(KEY_ORDER) fuzz-build
 	@$(RUN_ENV) $(LUAJIT) spec/run.lua $(SPEC)
 
 test-gpu: all

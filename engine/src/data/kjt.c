@@ -302,6 +302,33 @@ static ur_status distinct_keys(int32_t n, const char *const *keys) {
   return st;
 }
 
+ur_status ur__kjt_key_order(const ur_kjt *k, const char *const *names, int32_t n, int32_t *order,
+                           int32_t *missing) {
+  *missing = -1;
+  int32_t i = 0;
+  for (; i < n && i < k->nkeys && !strcmp(k->keys[i], names[i]); i++) order[i] = i;
+  if (i == n) return UR_STATUS_OK;
+  named *v = malloc(sizeof *v * (size_t)(k->nkeys > 0 ? k->nkeys : 1));
+  if (!v) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
+  for (int32_t j = 0; j < k->nkeys; j++) v[j] = (named){k->keys[j], j};
+  qsort(v, (size_t)k->nkeys, sizeof *v, named_cmp);
+  for (; i < n; i++) {
+    int32_t lo = 0, hi = k->nkeys; /* the first key not below names[i] */
+    while (lo < hi) {
+      int32_t mid = lo + (hi - lo) / 2;
+      if (strcmp(v[mid].name, names[i]) < 0) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo == k->nkeys || strcmp(v[lo].name, names[i])) {
+      *missing = i;
+      break;
+    }
+    order[i] = v[lo].i;
+  }
+  free(v);
+  return UR_STATUS_OK;
+}
+
 ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, int64_t stride,
                      const int64_t *stride_per_key_per_rank, ur_tensor *values, ur_tensor *lengths,
                      ur_tensor *weights, ur_tensor *inverse_indices, int32_t check) {

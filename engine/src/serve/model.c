@@ -10,6 +10,7 @@
 #include <string.h>
 #include "core/core.h"
 #include "core/nonfinite.h"
+#include "data/kjt.h"
 
 #define MAX_LAYERS 64
 #define ALIGN_ELEMS 64 /* each activation starts 256 bytes (f32) after the one before */
@@ -796,17 +797,16 @@ static ur_status check_request(const ur_model *m, const ur_tensor *dense, const 
     return ur__error(UR_STATUS_INVALID, "model: scores is %s of %lld elements; expected f32 of %lld",
                      ur_dtype_name(ur_tensor_dtype(scores)), (long long)ur_tensor_numel(scores),
                      (long long)b);
+  int32_t missing;
+  ur_status st = ur__kjt_key_order(sparse, (const char *const *)m->features, m->F, order, &missing);
+  if (st) return st;
+  if (missing >= 0)
+    return ur__error(UR_STATUS_INVALID,
+                     "model: the request has no feature '%s' (its key %d is '%s')",
+                     m->features[missing], (int)missing + 1, ur_kjt_key(sparse, missing));
   *reorder = 0;
-  for (int32_t k = 0; k < nk; k++) {
-    const char *key = ur_kjt_key(sparse, k);
-    if (strcmp(key, m->features[k])) *reorder = 1;
-    int32_t f = ur_kjt_key_index(sparse, m->features[k]);
-    if (f < 0)
-      return ur__error(UR_STATUS_INVALID,
-                       "model: the request has no feature '%s' (its key %d is '%s')",
-                       m->features[k], (int)k + 1, key);
-    order[k] = f;
-  }
+  for (int32_t k = 0; k < nk; k++)
+    if (order[k] != k) *reorder = 1;
   return check_weights(m, sparse, order, b);
 }
 
