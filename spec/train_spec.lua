@@ -231,6 +231,21 @@ describe("uvmrec train checkpoints", function()
     l:close()
   end)
 
+  it("refuses day files convert reduced when every table keeps raw ids (managed collisions), naming day and table",
+    function()
+    local days = cmd.tmpdir()
+    assert(ur.data.convert({ helpers.fixture("criteo_raw_sample.tsv") }, days, { rows = 1000 }))
+    local cfg = tiny { "data.train=criteo-bin:" .. days, "embeddings.collisions.policy=lfu", "train.steps=2",
+                       "eval.samples=0", "train.batch_size=64" }
+    local r, err = train.run(cfg, { out = days .. "/run", progress = "none", cpu = true, print = function() end })
+    assert.is_nil(r)
+    assert.equal("criteo-bin: " .. days .. "/day_0's ids of C1 were taken mod 1000 (uvmrec convert --rows; "
+      .. "day_0_sparse_rows.npy) but are read raw (the table keeps its raw ids: managed collisions): the model "
+      .. "would not see the rows its served raw ids map to; convert again with these rows (--config or --rows) or "
+      .. "without --rows", err)
+    cmd.rmdir(days)
+  end)
+
   it("resumes Criteo TSV files mid-window and in the second epoch at the loader's position", function()
     local sets = tsv_sets(dir)
     local whole = assert(run(sets_with(sets, { "train.checkpoint_every=7" }), { out = dir .. "/whole" }))

@@ -526,8 +526,8 @@ UR_API int32_t ur_criteo_file_index(const ur_criteo_reader *r);
  * D = days[i] (or i when days is NULL): dense <f4 [N,13] already transformed, sparse <i4
  * [N,26] when every column has rows of at most 2^31 (ids mod rows), else <u4 (ids mod rows where
  * given, raw elsewhere), labels <i4 [N]; with rows, day_D_sparse_rows.npy <i8 [26] records them
- * (0: raw), and a loader given rows reads the day only with rows that divide them, a table read
- * raw refused (without rows, an older record of day D is removed).  All or nothing:
+ * (0: raw), and a loader given rows (rows_given) reads the day only with rows that divide them,
+ * a table read raw refused (without rows, an older record of day D is removed).  All or nothing:
  * the files appear when every input converted, and a failure leaves none of them. */
 UR_API ur_status ur_criteo_convert(const char *const *paths, int32_t npaths,
                                    ur_criteo_stats *out /* or NULL */,
@@ -589,6 +589,10 @@ typedef struct ur_loader_opts {
   const char *const *keys;        /* names of the sparse features (NULL: C1, C2, ...) */
   ur_criteo_opts criteo;          /* TSV options; rows also reduce day files' and synthetic
                                      data's ids on read (the first 26 tables) */
+  int32_t rows_given;             /* 1: criteo.rows are the consumer's table sizes, 0 included
+                                     (a table that keeps raw ids: managed collisions), and day
+                                     files convert reduced are checked against every one; 0:
+                                     checked where rows > 0, a loader given none only reads */
   int64_t batch_size;
   int32_t depth;                  /* batches prepared ahead (>= 1; at least one a thread) */
   int32_t threads;                /* threads making batches; 0: UR_NUM_THREADS, else every core */

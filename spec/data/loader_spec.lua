@@ -252,6 +252,14 @@ describe("uvmrec.data loader", function()
     assert.is_nil(l)
     assert.matches("day_0's ids of C3 were taken mod 1000 %(uvmrec convert %-%-rows; day_0_sparse_rows%.npy%) but "
       .. "are read raw %(the table keeps its raw ids: managed collisions%)", err)
+    -- every table raw, as a config whose every table maps its ids by managed collisions trains: the
+    -- rows are given (0 each), not left out
+    l, err = data.open("criteo-bin:" .. dir, { batch_size = 400, rows = 0 })
+    assert.is_nil(l)
+    assert.equal("criteo-bin: " .. dir .. "/day_0's ids of C1 were taken mod 1000 (uvmrec convert --rows; "
+      .. "day_0_sparse_rows.npy) but are read raw (the table keeps its raw ids: managed collisions): the model "
+      .. "would not see the rows its served raw ids map to; convert again with these rows (--config or --rows) or "
+      .. "without --rows", err)
     -- no rows at all: the files are only read
     assert.equal(1400, #rows_of(assert(data.open("criteo-bin:" .. dir, { batch_size = 400 }))))
     -- converted again with raw ids: the record goes with the reduced files

@@ -85,6 +85,7 @@ struct ur_loader {
   int32_t hot_max[UR_SYNTH_MAX_TABLES];
   int64_t col0[UR_SYNTH_MAX_TABLES + 1];
   int64_t rows_mod[UR_SYNTH_MAX_TABLES]; /* day files, synthetic: ids of table t mod rows_mod[t] (> 0) */
+  int rows_given;            /* rows_mod are the consumer's sizes, 0 (raw) included */
   int weighted, grouped, one_hot; /* one_hot: every table one id a sample */
   /* the rows of this rank per epoch: [lo, hi) of the source (hi -1: unknown, TSV) */
   int64_t total, lo, hi;
@@ -198,10 +199,11 @@ static ur_status open_day(ur_loader *l, const char *dir, int dn, day *d) {
  * modulo the loader's rows only where those divide R: (id mod R) mod rows is then id mod rows,
  * the row a model given the raw id maps it to (serving, TSV files). Other rows would read
  * other rows than the served model does, so they are refused; so is a table read raw (rows 0)
- * beside tables given rows, as training keeps a managed-collision table's raw ids: it would
- * learn ids mod R and be served the raw ones.  A loader given no rows at all only reads. */
+ * beside tables given rows, or where the caller says its rows are given (rows_given: every
+ * table raw), as training keeps a managed-collision table's raw ids: it would learn ids mod R
+ * and be served the raw ones.  A loader given no rows at all only reads. */
 static ur_status check_mod(const ur_loader *l, const char *dir) {
-  int sized = 0;
+  int sized = l->rows_given;
   for (int t = 0; t < l->T; t++) sized |= l->rows_mod[t] > 0;
   for (int i = 0; sized && i < l->ndays; i++) {
     const day *d = &l->days[i];
@@ -1055,6 +1057,7 @@ static ur_status open_source(ur_loader *l, const ur_loader_opts *o) {
   if (o->source == UR_SOURCE_CRITEO_BIN) {
     if ((st = open_bin(l))) return st;
     for (int t = 0; t < l->T; t++) l->rows_mod[t] = t < 26 && o->criteo.rows[t] > 0 ? o->criteo.rows[t] : 0;
+    l->rows_given = o->rows_given != 0;
     return check_mod(l, l->paths[0]);
   }
   l->T = 26;

@@ -118,7 +118,8 @@ function methods:close() free_loader(self) end
 methods.free = methods.close
 
 -- ur.data.loader{data = spec, batch_size =, samples = (synthetic), rows = (26 sizes or one: ids
--- mod rows, of files and of synthetic data's first 26 tables; 0: raw ids), depth = 4,
+-- mod rows, of files and of synthetic data's first 26 tables; 0: raw ids; given, even all 0, day
+-- files convert reduced are read only where rows divide their sizes; nil: only read), depth = 4,
 -- threads = 0 (UR_NUM_THREADS, else every core), drop_last = false,
 -- shuffle_window = 0, seed = 0, epochs = 1, rank = 0, world = 1 (each rank reads its share of
 -- the rows), slice_rank = 0, slice_world = 0 (> 1: batch_size is a global batch and each batch
@@ -150,6 +151,8 @@ function M.loader(o)
   local co = ffi.new("ur_loader_opts")
   local keep = {} -- luacheck: ignore 241 (what the C struct points at, alive until open returns)
   co.criteo = require("uvmrec.data").criteo_opts(o, 2, true)
+  -- sizes given, 0 (raw ids) included: day files convert reduced are checked against them
+  co.rows_given = o.rows ~= nil and 1 or 0
   if src.kind == "synthetic" then
     local synthetic = require "uvmrec.data.synthetic"
     local spec = src.spec
