@@ -13,7 +13,7 @@ local cmd = require("uvmrec.cli").command {
     .. "criteo-bin:DIR; default: the held-out samples of the model's training run" },
   { "--out FILE", "where the probabilities go (default: standard output)" },
   { "--batch-size N", "samples a call", type = "whole", min = 1, default = 512 },
-  { "--samples N", "score at most N samples", type = "whole" },
+  { "--samples N", "score at most N samples", type = "whole", min = 1 },
   { "--placement WHERE", "where the tables live", choices = { "device", "managed", "host" } },
   { "--bounds MODE", "ids outside their table after the mapping", choices = { "fatal", "warn", "off" },
     default = "fatal" },
