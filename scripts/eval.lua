@@ -34,6 +34,9 @@ if serve.is_model_file(o.config) then
   if o.checkpoint or #o.set > 0 then cmd:misuse("a model file takes neither --checkpoint nor --set") end
   local m, err = serve.open(o.config, { device = o.cpu and "cpu" or nil })
   if not m then cmd:fail(err) end
+  -- made before the work, as for a config: a bad --out fails now, not after the evaluation
+  local log, lerr = train.run_dir(o.out)
+  if not log then cmd:fail(lerr) end
   local info = m:info()
   print(("uvmrec eval: model file %s (%s interaction, %d tables, %s dense, %d bytes)"):format(o.config,
     info.interaction, info.num_tables, info.dense_dtype, info.file_bytes))
@@ -42,11 +45,10 @@ if serve.is_model_file(o.config) then
   print("data: " .. r.what)
   print(("eval: %s  (%d samples, %.1f s)"):format(train.evaluate.format(r, m:config().eval.metrics), r.samples,
                                                  r.seconds))
-  if o.out then
-    local line = { event = "eval", model = o.config }
-    for k, v in pairs(r) do line[k] = v end
-    require("uvmrec.json").append_lines(o.out .. "/metrics.jsonl", line)
-  end
+  local line = { event = "eval", model = o.config }
+  for k, v in pairs(r) do line[k] = v end
+  log.line(line)
+  log.close()
   m:close()
   return
 end

@@ -28,9 +28,16 @@ if not lopts then cmd:fail(what) end
 -- way leaves no file that looks like an answer (nor changes one that was there).
 local out, tmp = io.stdout, o.out and o.out .. ".tmp"
 if tmp then
+  -- a folder there would take the scores only to refuse the rename, after the work
+  local d, derr = io.open(o.out, "rb"), nil
+  if d then
+    derr = select(2, d:read(0))
+    d:close()
+  end
+  if derr then cmd:fail(("--out %s: %s"):format(o.out, derr)) end
   local ferr
   out, ferr = io.open(tmp, "w")
-  if not out then cmd:fail(ferr) end
+  if not out then cmd:fail(("--out %s: %s"):format(o.out, ferr)) end
 end
 -- The loader reads files in whole batches: the last may go past --samples.
 local written = 0

@@ -369,13 +369,14 @@ function M.job(opts)
   return dist.init { cpu = opts and opts.cpu }
 end
 
--- A writer of the run directory's files; a no-op without a directory.
+-- A writer of the run directory's files (made with its parents, metrics.jsonl opened to append,
+-- before any work); a no-op without a directory; nil, "--out DIR: why" when it cannot be made.
 local function run_dir(out)
   if not out then return { line = function() end, close = function() end } end
   local ok, err = require("uvmrec.lib").check(C.ur_dir_create(out))
   if not ok then return nil, ("--out %s: %s"):format(out, err) end
   local f, ferr = io.open(out .. "/metrics.jsonl", "a")
-  if not f then return nil, ferr end
+  if not f then return nil, ("--out %s: %s"):format(out, ferr) end
   return {
     line = function(t)
       f:write(json.encode(t), "\n")
@@ -388,6 +389,7 @@ local function run_dir(out)
     end,
   }
 end
+M.run_dir = run_dir
 
 -- The hint policy manager of the config's managed tables (uvmrec.hints), or nil without any.
 function M.any_managed(cfg)
