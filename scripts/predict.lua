@@ -28,13 +28,9 @@ if not lopts then cmd:fail(what) end
 -- way leaves no file that looks like an answer (nor changes one that was there).
 local out, tmp = io.stdout, o.out and o.out .. ".tmp"
 if tmp then
-  -- a folder there would take the scores only to refuse the rename, after the work
-  local d, derr = io.open(o.out, "rb"), nil
-  if d then
-    derr = select(2, d:read(0))
-    d:close()
-  end
-  if derr then cmd:fail(("--out %s: %s"):format(o.out, derr)) end
+  -- a folder there, or none to hold it, would refuse the scores only after the work
+  local can, why = require("uvmrec.lib").file_target(o.out)
+  if not can then cmd:fail(("--out %s: %s"):format(o.out, why)) end
   local ferr
   out, ferr = io.open(tmp, "w")
   if not out then cmd:fail(("--out %s: %s"):format(o.out, ferr)) end

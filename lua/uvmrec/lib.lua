@@ -133,6 +133,27 @@ function M.read_file(path)
   return text
 end
 
+-- Whether a file can be made at path, asked before the work that fills it: true, or nil and what
+-- stands in the way ("Is a directory" where path is a folder, "DIR: No such file or directory"
+-- where its folder is missing); permissions are left to the write itself.
+function M.file_target(path)
+  local f = io.open(path, "rb")
+  if f then
+    local _, err = f:read(0)
+    f:close()
+    if err then return nil, tostring(err) end
+    return true
+  end
+  local dir = path:match("^(.*)/[^/]*$") or "."
+  if dir == "" then dir = "/" end
+  local d, derr = io.open(dir, "rb")
+  if not d then return nil, derr end
+  local _, isdir = d:read(0) -- a folder reads as "Is a directory"
+  d:close()
+  if not isdir then return nil, dir .. ": Not a directory" end
+  return true
+end
+
 -- s as one word for the shell: single-quoted, each ' written '\''.
 function M.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 

@@ -168,6 +168,18 @@ with safe_open(sys.argv[1], "np") as f:
     assert.equal(1, code, out)
     assert.equal("uvmrec export: checkpoint: /nonexistent is neither a run directory nor a checkpoint file\n", serr)
     assert.is_false(cmd.exists("/tmp/never.safetensors"))
+    -- an --out it cannot write, refused before any table is quantized (it was, after them all:
+    -- 'safetensors: renaming DIR.tmp-XXXXXX to DIR failed: Is a directory')
+    local odir = cmd.tmpdir()
+    _, err = export.run(t.run, { out = odir })
+    assert.equal(("export: --out %s: Is a directory"):format(odir), err)
+    _, err = export.run(t.run, { out = odir .. "/no/m.safetensors" })
+    assert.equal(("export: --out %s/no/m.safetensors: %s/no: No such file or directory"):format(odir, odir), err)
+    out, serr, code = cmd.run("export " .. t.run .. " --out " .. odir)
+    assert.equal(1, code, out)
+    assert.equal("", out, "no table quantized")
+    assert.equal(("uvmrec export: --out %s: Is a directory\n"):format(odir), serr)
+    cmd.rmdir(odir)
     -- a run with managed collisions on two tables: its checkpoint's config says so
     local src = assert(ck.open(assert(require("uvmrec.train").checkpoint_file(t.run))))
     local cfg = json.decode(src:meta("uvmrec.config"))
