@@ -627,6 +627,40 @@ describe("uvmrec.train", function()
   before_each(function() dir = cmd.tmpdir() end)
   after_each(function() cmd.rmdir(dir) end)
 
+  it("trains and plans a model of 100 tables from the command line (uvmrec train, uvmrec plan)", function()
+    cmd.spit(dir .. "/spec.lua", [[local t = {}
+      for i = 1, 100 do
+        t[i] = { name = "C" .. i, rows = 20 + i % 7, zipf = 1.1, hot = i % 5 == 0 and { 0, 2 } or 1 }
+      end
+      return { num_dense = 4, seed = 5, tables = t }]])
+    local rows = {}
+    for i = 1, 100 do rows[i] = tostring(20 + i % 7) end
+    cmd.spit(dir .. "/wide.yaml", table.concat({
+      "name: wide100",
+      "model: {dense_features: 4, bottom_mlp: [8, 4], top_mlp: [8, 1], interaction: dot}",
+      "embeddings: {dim: 4, rows: [" .. table.concat(rows, ", ") .. "], optimizer: {name: rowwise_adagrad, lr: 0.05}}",
+      "optimizer: {name: adagrad, lr: 0.05}",
+      "train: {batch_size: 64, steps: 4, log_every: 1}",
+      "data: {train: 'synthetic:" .. dir .. "/spec.lua'}",
+      "eval: {every: 4, samples: 256, batch_size: 256}", "" }, "\n"))
+    local out, err, code = cmd.run("train " .. cmd.quote(dir .. "/wide.yaml") .. " --cpu --progress none --out "
+      .. cmd.quote(dir .. "/run"))
+    assert.equal(0, code, err)
+    assert.matches("100 tables of dim 4", out)
+    assert.matches("trained 4 steps, 256 samples", out)
+    local n = 0
+    for _, l in ipairs(lines_of(dir .. "/run/metrics.jsonl")) do
+      if l.event == "train" then
+        n = n + 1
+        assert.is_true(l.loss > 0 and l.loss < 2, "loss " .. tostring(l.loss))
+      end
+    end
+    assert.equal(4, n, "a loss a step")
+    out, err, code = cmd.run("plan " .. cmd.quote(dir .. "/wide.yaml"))
+    assert.equal(0, code, err)
+    assert.matches("\nC100 ", out)
+  end)
+
   it("trains dlrm_tiny on the CPU: the loss falls and the held-out AUC passes 0.70", function()
     local cfg = tiny_to_auc()
     local said, ctx = {}, nil

@@ -53,7 +53,8 @@ extern "C" {
 #define UR_VERSION "0.1.0"
 #define UR_MAX_DIMS 4
 #define UR_MAX_GPUS 63
-#define UR_SYNTH_MAX_TABLES 64 /* ur_synth_spec.tables */
+#define UR_SYNTH_MAX_TABLES 65536 /* sparse features of a synthetic spec or day files (the
+                                     per-table arrays are sized by the actual count) */
 
 /* UR_CDEF_BEGIN */
 /* ==== 1. core: statuses, library, names, devices, memory, streams, tensors, interrupts, optimizers ==== */
@@ -549,7 +550,8 @@ typedef struct ur_synth_table {
 } ur_synth_table;
 typedef struct ur_synth_spec {
   int32_t num_tables, num_dense;
-  ur_synth_table tables[64];
+  const ur_synth_table *tables;   /* num_tables of them (at most 65536), the caller's: read
+                                     during each call (the loader keeps a copy) */
   uint64_t seed;
   float dense_signal;             /* weight of the dense features in the logit */
   float bias;                     /* logit offset (sets the click rate) */

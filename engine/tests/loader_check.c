@@ -17,16 +17,19 @@ int main(int argc, char **argv) {
     return 2;
   }
   ur_synth_spec spec;
+  ur_synth_table tabs[3];
   memset(&spec, 0, sizeof spec);
+  memset(tabs, 0, sizeof tabs);
+  spec.tables = tabs;
   spec.num_tables = 3;
   spec.num_dense = 4;
   spec.seed = 7;
   for (int t = 0; t < 3; t++) {
-    spec.tables[t].rows = 100 * (t + 1);
-    spec.tables[t].zipf = 1.1;
-    spec.tables[t].hot_min = t == 2 ? 0 : 1;
-    spec.tables[t].hot_max = t == 2 ? 3 : 1;
-    spec.tables[t].signal = 0.5f;
+    tabs[t].rows = 100 * (t + 1);
+    tabs[t].zipf = 1.1;
+    tabs[t].hot_min = t == 2 ? 0 : 1;
+    tabs[t].hot_max = t == 2 ? 3 : 1;
+    tabs[t].signal = 0.5f;
   }
   ur_loader_opts o;
   memset(&o, 0, sizeof o);

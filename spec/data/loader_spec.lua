@@ -310,6 +310,32 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
+  it("reads back day files of 130 tables that datagen wrote (one column a table, and multi-hot)", function()
+    local dir = cmd.tmpdir()
+    for _, multi in ipairs { false, true } do
+      local text = ([[local t = {}
+        for i = 1, 130 do t[i] = { name = "C" .. i, rows = 50 + i, zipf = i %% 2 == 0 and 1.1 or 0,
+                                   hot = %s } end
+        return { num_dense = 3, seed = 17, tables = t }]]):format(multi and "i % 4 == 0 and { 0, 2 } or 1" or "1")
+      local out = multi and "multi" or "one"
+      datagen(dir, out, text, out, "--samples 600 --days 2")
+      local H = multi and 130 + 32 or 130
+      local sparse = cmd.slurp(("%s/%s/day_0_sparse.npy"):format(dir, out))
+      assert.matches("'shape': %(300, " .. H .. "%)", sparse)
+      local from_files = rows_of(assert(data.open("criteo-bin:" .. dir .. "/" .. out, { batch_size = 256 })))
+      local from_gen = rows_of(assert(data.loader { data = { kind = "synthetic", spec = assert(loadstring(text))() },
+                                                    samples = 600, batch_size = 256 }))
+      assert.equal(600, #from_files)
+      for i = 1, 600 do assert.equal(key(from_gen[i]), key(from_files[i]), out .. ": row " .. i) end
+      local l = assert(data.open("criteo-bin:" .. dir .. "/" .. out, { batch_size = 10 }))
+      local t = assert(l:next()).sparse:totable()
+      assert.equal(130, #t.keys)
+      assert.equal("C130", t.keys[130])
+      l:close()
+    end
+    cmd.rmdir(dir)
+  end)
+
   it("shuffles within windows by seed: each epoch a permutation, the same for the same seed", function()
     local function run(seed, epochs)
       return rows_of(assert(data.loader { data = "synthetic:tiny", samples = 2500, batch_size = 256,

@@ -270,6 +270,54 @@ describe("uvmrec.data synthetic", function()
     assert.is_true(beyond > 10, "the hot ids lie past the table's rows")
   end)
 
+  it("draws each of 200 and 1000 tables' ids as a reference written here does (uniform tables, Philox)", function()
+    local ffi = require "ffi"
+    local U = ffi.typeof("uint64_t")
+    -- synth.h's stream key for a purpose and a table
+    local function skey(seed, purpose, t)
+      local k = bit.bxor(U(seed), U(purpose) * 0x9E3779B97F4A7C15ULL, U(t) * 0xC2B2AE3D27D4EB4FULL)
+      k = bit.bxor(k, bit.rshift(k, 29)) * 0xBF58476D1CE4E5B9ULL
+      return bit.bxor(k, bit.rshift(k, 32))
+    end
+    local function gcd(a, b) while b ~= 0 do a, b = b, a % b end return a end
+    -- table t's (0-based) id at sample i, id slot j: a uniform rank, scattered by (pa, pb)
+    local function ref_id(seed, t, rows, i, j)
+      local v0, v1 = h.philox(i * 4096 + j, skey(seed, 4, t)) -- UR__S_ID
+      local x = bit.bxor(bit.lshift(U(v0), 21), U(bit.rshift(v1, 11))) % (2ULL ^ 53)
+      local rank = math.min(math.floor((tonumber(x) + 0.5) / 2 ^ 53 * rows) + 1, rows)
+      local a = 0x9E3779B1 % rows
+      if a == 0 then a = 1 end
+      while gcd(a, rows) ~= 1 do a = a + 1 end
+      local pb = h.philox(t, skey(seed, 99, 0)) % rows
+      return tonumber((U(rank - 1) * (rows == 1 and 0 or a) + pb) % rows)
+    end
+    for _, T in ipairs { 200, 1000 } do
+      local tabs = {}
+      for t = 1, T do tabs[t] = { rows = 97 + t, zipf = 0, hot = t % 3 == 0 and 2 or 1 } end
+      local spec = data.synthetic_spec { num_dense = 1, seed = 11, tables = tabs }
+      local first, n = 5000, 8
+      local g = assert(data.generate(spec, first, n))
+      local H = g.ids:size(2)
+      assert.equal(T + math.floor(T / 3), H)
+      local ids, lens = g.ids:totable(), g.lengths:totable()
+      local col0, c = {}, 0
+      for t = 1, T do col0[t], c = c, c + tabs[t].hot end
+      for _, t in ipairs { 1, 2, 3, 64, 65, 66, 150, T - 1, T } do
+        for i = 0, n - 1 do
+          assert.equal(tabs[t].hot, lens[i * T + t], ("%d tables: table %d's length at sample %d"):format(T, t, i))
+          for j = 0, tabs[t].hot - 1 do
+            assert.equal(ref_id(11, t - 1, tabs[t].rows, first + i, j), ids[i * H + col0[t] + j + 1],
+              ("%d tables: table %d, sample %d, id %d"):format(T, t, first + i, j))
+          end
+        end
+      end
+    end
+    local many = {}
+    for t = 1, 65537 do many[t] = { rows = 2 } end
+    assert.has_error(function() data.synthetic_spec { tables = many } end,
+      "synthetic: 65537 tables; expected at most 65536")
+  end)
+
   h.cuda_it("gives the same samples on the GPU as on the CPU", function()
     local drifting = data.synthetic_spec("tiny", { drift = 0.37 })
     local dc = assert(data.generate(drifting, 123456, 2000))
@@ -282,6 +330,16 @@ describe("uvmrec.data synthetic", function()
       for _, k in ipairs { "dense", "labels", "ids", "lengths", "groups", "probs" } do
         assert.same(c[k]:totable(), g[k]:totable(), k)
       end
+    end
+    -- 1000 tables: their constants come from device memory, not the kernel's parameters
+    local tabs = {}
+    for t = 1, 1000 do tabs[t] = { rows = 50 + 13 * t, zipf = t % 2 == 0 and 1.1 or 0, hot = { 0, 1 + t % 3 },
+                                   weighted = t % 5 == 0 } end
+    local wide = data.synthetic_spec { num_dense = 3, seed = 8, groups = 4, tables = tabs }
+    local c = assert(data.generate(wide, 99, 700, { probs = true }))
+    local g = assert(data.generate(wide, 99, 700, { probs = true, placement = "device" }))
+    for _, k in ipairs { "dense", "labels", "ids", "lengths", "weights", "groups", "probs" } do
+      assert.same(c[k]:totable(), g[k]:totable(), "1000 tables: " .. k)
     end
   end)
 end)

@@ -33,7 +33,7 @@ function M.seconds(s)
 end
 
 -- Philox4x32-10 (Salmon et al., SC'11), written out here as the reference: the four output
--- words for a counter and a key below 2^53.
+-- words for a counter below 2^53 and a key below 2^53 or a uint64_t cdata.
 local PM0, PM1, PW0, PW1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
 local TWO32 = 4294967296
 
@@ -46,7 +46,12 @@ local function xor32(a, b) return bit.bxor(a, b) % TWO32 end
 
 function M.philox(counter, seed)
   local c0, c1, c2, c3 = counter % TWO32, math.floor(counter / TWO32), 0, 0
-  local k0, k1 = seed % TWO32, math.floor(seed / TWO32)
+  local k0, k1
+  if type(seed) == "cdata" then
+    k0, k1 = tonumber(seed % TWO32), tonumber(seed / TWO32)
+  else
+    k0, k1 = seed % TWO32, math.floor(seed / TWO32)
+  end
   for _ = 1, 10 do
     local hi0, lo0 = mulhilo(PM0, c0)
     local hi1, lo1 = mulhilo(PM1, c2)

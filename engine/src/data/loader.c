@@ -73,18 +73,19 @@ typedef struct worker {
   int64_t *ids;              /* a block of samples' ids, weights and lengths (out_rows) */
   float *w;
   int32_t *len;
+  int64_t *tot, *val0;       /* [T], [T + 1]: a batch's values per table and where each begins */
 } worker;
 
 struct ur_loader {
   ur_loader_opts o;
   char **paths, **keys;
-  ur_synth_spec synth;
   ur__synth *sx;             /* the synthetic spec, expanded */
   int32_t T, D;
   int64_t H, B;
-  int32_t hot_max[UR_SYNTH_MAX_TABLES];
-  int64_t col0[UR_SYNTH_MAX_TABLES + 1];
-  int64_t rows_mod[UR_SYNTH_MAX_TABLES]; /* day files, synthetic: ids of table t mod rows_mod[t] (> 0) */
+  /* per table, T of each (col0 T + 1), sized once the source is open (alloc_tables) */
+  int32_t *hot_max;
+  int64_t *col0;
+  int64_t *rows_mod;         /* day files, synthetic: ids of table t mod rows_mod[t] (> 0) */
   int rows_given;            /* rows_mod are the consumer's sizes, 0 (raw) included */
   int weighted, grouped, one_hot; /* one_hot: every table one id a sample */
   /* the rows of this rank per epoch: [lo, hi) of the source (hi -1: unknown, TSV) */
@@ -226,37 +227,62 @@ static ur_status check_mod(const ur_loader *l, const char *dir) {
   return UR_STATUS_OK;
 }
 
-/* Table layout of day files: layout.txt's "hot" line when present, else one column a table. */
+/* The per-table arrays for T tables (T <= UR_SYNTH_MAX_TABLES, checked by the caller). */
+static ur_status alloc_tables(ur_loader *l, int32_t T) {
+  l->T = T;
+  if (!(l->hot_max = calloc((size_t)T + 1, sizeof *l->hot_max)) ||
+      !(l->col0 = calloc((size_t)T + 1, sizeof *l->col0)) ||
+      !(l->rows_mod = calloc((size_t)T + 1, sizeof *l->rows_mod)))
+    return ur__error(UR_STATUS_OOM, "loader: out of host memory for %d tables", (int)T);
+  return UR_STATUS_OK;
+}
+
+/* Table layout of day files: layout.txt's "hot" line when present ("hot 1,1-3,..."; a bag
+ * of at most hi ids a table), else one column a table. */
 static ur_status bin_layout(ur_loader *l, const char *dir, int64_t columns, int64_t dense) {
-  char path[4200], line[8192];
+  char path[4200];
   snprintf(path, sizeof path, "%s/layout.txt", dir);
   FILE *f = fopen(path, "r");
-  int nt = 0;
+  char *line = NULL, *hot = NULL;
+  size_t cap = 0;
   if (f) {
-    while (fgets(line, sizeof line, f)) {
-      if (strncmp(line, "hot ", 4)) continue;
-      char *p = line + 4;
-      while (*p && *p != '\n' && nt < UR_SYNTH_MAX_TABLES) {
-        long lo = strtol(p, &p, 10), hi = lo;
-        if (*p == '-') hi = strtol(p + 1, &p, 10);
-        l->hot_max[nt++] = (int32_t)hi;
-        if (*p == ',') p++;
-        else break;
-      }
-    }
+    while (!hot && getline(&line, &cap, f) >= 0)
+      if (!strncmp(line, "hot ", 4)) hot = line + 4;
     fclose(f);
   }
-  if (!nt) {
-    if (columns > UR_SYNTH_MAX_TABLES)
-      return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s: %lld sparse columns; at most %d tables",
-                       dir, (long long)columns, UR_SYNTH_MAX_TABLES);
-    nt = (int)columns;
-    for (int t = 0; t < nt; t++) l->hot_max[t] = 1;
+  int64_t nt = 0;
+  if (hot) {
+    nt = 1;
+    for (const char *p = hot; *p; p++) nt += *p == ',';
+  } else {
+    nt = columns;
   }
-  l->T = nt;
+  ur_status st = UR_STATUS_OK;
+  if (nt > UR_SYNTH_MAX_TABLES)
+    st = ur__error(UR_STATUS_FORMAT, "criteo-bin: %s: %lld tables (%s); expected at most %d "
+                   "(UR_SYNTH_MAX_TABLES)", dir, (long long)nt,
+                   hot ? "layout.txt's hot line" : "sparse columns", UR_SYNTH_MAX_TABLES);
+  if (!st) st = alloc_tables(l, (int32_t)nt);
+  for (int64_t t = 0; !st && t < nt; t++) {
+    if (!hot) {
+      l->hot_max[t] = 1;
+      continue;
+    }
+    char *p = hot;
+    long lo = strtol(p, &p, 10), hi = lo;
+    if (*p == '-') hi = strtol(p + 1, &p, 10);
+    if (p == hot || hi < 1 || hi > 4096 || lo < 0 || lo > hi)
+      st = ur__error(UR_STATUS_FORMAT, "criteo-bin: %s/layout.txt: table %lld's ids per sample "
+                     "'%.20s'; expected N or MIN-MAX with 0 <= MIN <= MAX, 1 <= MAX <= 4096",
+                     dir, (long long)t + 1, hot);
+    l->hot_max[t] = (int32_t)hi;
+    hot = *p == ',' ? p + 1 : p;
+  }
+  free(line);
+  if (st) return st;
   l->D = (int32_t)dense;
   l->H = 0;
-  for (int t = 0; t < nt; t++) {
+  for (int64_t t = 0; t < nt; t++) {
     l->col0[t] = l->H;
     l->H += l->hot_max[t];
   }
@@ -575,7 +601,7 @@ typedef struct out_rows {
   int64_t *bids;             /* the block: ids [BLOCK, H], weights, lengths [BLOCK, T] */
   float *bw;
   int32_t *blen;
-  int64_t tot[UR_SYNTH_MAX_TABLES]; /* values per table */
+  int64_t *tot;              /* [T] values per table (the worker's) */
   int64_t bad_row;           /* day files: the first global row whose label is outside [0, 1], or -1 */
   float bad_label;
   int64_t bad_id_row, bad_id_col, bad_id; /* and the first id below -1 (-1: no id), or row -1 */
@@ -793,6 +819,8 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
   o.bids = wk->ids;
   o.bw = wk->w;
   o.blen = wk->len;
+  o.tot = wk->tot;
+  memset(o.tot, 0, sizeof(int64_t) * (size_t)T);
   for (int i = 0; i < j->nwins; i++) draw_window(l, j->wins[i]);
   int64_t w0 = j->k / l->W;
   int dc = 0, pc = 0;
@@ -835,7 +863,7 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
                      (long long)(o.bad_dense_row - d->first), (long long)o.bad_dense_col,
                      (double)o.bad_dense);
   }
-  int64_t val0[UR_SYNTH_MAX_TABLES + 1];
+  int64_t *val0 = wk->val0;
   val0[0] = 0;
   int short_bags = 0;
   for (int64_t t = 0; t < T; t++) {
@@ -969,6 +997,8 @@ void ur_loader_close(ur_loader *l) {
     free(l->workers[i].ids);
     free(l->workers[i].w);
     free(l->workers[i].len);
+    free(l->workers[i].tot);
+    free(l->workers[i].val0);
   }
   free(l->workers);
   while (l->wins) {
@@ -991,7 +1021,11 @@ void ur_loader_close(ur_loader *l) {
   free(l->paths);
   for (int i = 0; i < l->T && l->keys; i++) free(l->keys[i]);
   free(l->keys);
+  ur__synth_release(l->sx);
   free(l->sx);
+  free(l->hot_max);
+  free(l->col0);
+  free(l->rows_mod);
   if (l->locks) {
     pthread_mutex_destroy(&l->mu);
     pthread_mutex_destroy(&l->dmu);
@@ -1036,20 +1070,20 @@ static ur_status check_opts(const ur_loader_opts *o) {
 static ur_status open_source(ur_loader *l, const ur_loader_opts *o) {
   ur_status st;
   if (o->source == UR_SOURCE_SYNTHETIC) {
-    l->synth = *o->synth;
-    if (!(l->sx = malloc(sizeof *l->sx))) return ur__error(UR_STATUS_OOM, "loader: out of host memory");
-    if ((st = ur__synth_expand(&l->synth, l->sx))) return st;
-    l->T = l->synth.num_tables;
-    l->D = l->synth.num_dense;
+    const ur_synth_spec *sp = o->synth;
+    if (!(l->sx = calloc(1, sizeof *l->sx))) return ur__error(UR_STATUS_OOM, "loader: out of host memory");
+    if ((st = ur__synth_expand(sp, l->sx))) return st;
+    if ((st = alloc_tables(l, sp->num_tables))) return st;
+    l->D = sp->num_dense;
     l->H = 0;
     for (int t = 0; t < l->T; t++) {
-      l->hot_max[t] = l->synth.tables[t].hot_max;
+      l->hot_max[t] = sp->tables[t].hot_max;
       l->col0[t] = l->H;
       l->H += l->hot_max[t];
-      l->weighted |= l->synth.tables[t].weighted != 0;
+      l->weighted |= sp->tables[t].weighted != 0;
     }
     l->col0[l->T] = l->H;
-    l->grouped = l->synth.groups > 0;
+    l->grouped = sp->groups > 0;
     l->total = o->samples;
     for (int t = 0; t < l->T; t++) l->rows_mod[t] = t < 26 && o->criteo.rows[t] > 0 ? o->criteo.rows[t] : 0;
     return UR_STATUS_OK;
@@ -1060,7 +1094,7 @@ static ur_status open_source(ur_loader *l, const ur_loader_opts *o) {
     l->rows_given = o->rows_given != 0;
     return check_mod(l, l->paths[0]);
   }
-  l->T = 26;
+  if ((st = alloc_tables(l, 26))) return st;
   l->D = 13;
   l->H = 26;
   for (int t = 0; t <= 26; t++) l->col0[t] = t;
@@ -1130,7 +1164,9 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
       bad = !(wk->wins = calloc(nw, sizeof(win *))) ||
             !(wk->ids = malloc(sizeof(int64_t) * BLOCK * (size_t)(l->H + 1))) ||
             !(wk->w = malloc(sizeof(float) * BLOCK * (size_t)(l->H + 1))) ||
-            !(wk->len = malloc(sizeof(int32_t) * BLOCK * (size_t)(l->T + 1)));
+            !(wk->len = malloc(sizeof(int32_t) * BLOCK * (size_t)(l->T + 1))) ||
+            !(wk->tot = malloc(sizeof(int64_t) * (size_t)(l->T + 1))) ||
+            !(wk->val0 = malloc(sizeof(int64_t) * (size_t)(l->T + 1)));
     }
     if (bad) st = ur__error(UR_STATUS_OOM, "loader: out of host memory");
   }

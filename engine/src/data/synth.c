@@ -11,8 +11,10 @@ size_t ur_sizeof_synth_spec(void) { return sizeof(ur_synth_spec); }
 ur_status ur_synth_check(const ur_synth_spec *s) {
   if (!s) return ur__null(__func__, "spec");
   if (s->num_tables < 0 || s->num_tables > UR_SYNTH_MAX_TABLES)
-    return ur__error(UR_STATUS_INVALID, "synthetic: %d tables; expected 0..%d", (int)s->num_tables,
-                     UR_SYNTH_MAX_TABLES);
+    return ur__error(UR_STATUS_INVALID, "synthetic: %d tables; expected 0..%d (UR_SYNTH_MAX_TABLES)",
+                     (int)s->num_tables, UR_SYNTH_MAX_TABLES);
+  if (s->num_tables > 0 && !s->tables)
+    return ur__error(UR_STATUS_INVALID, "synthetic: %d tables but no tables array", (int)s->num_tables);
   if (s->num_dense < 0 || s->num_dense > 4096)
     return ur__error(UR_STATUS_INVALID, "synthetic: %d dense features; expected 0..4096",
                      (int)s->num_dense);
@@ -63,9 +65,9 @@ static uint64_t gcd(uint64_t a, uint64_t b) {
 }
 
 ur_status ur__synth_expand(const ur_synth_spec *s, ur__synth *x) {
+  memset(x, 0, sizeof *x);
   ur_status st = ur_synth_check(s);
   if (st) return st;
-  memset(x, 0, sizeof *x);
   x->T = s->num_tables;
   x->D = s->num_dense;
   x->seed = s->seed;
@@ -73,6 +75,8 @@ ur_status ur__synth_expand(const ur_synth_spec *s, ur__synth *x) {
   x->bias = s->bias;
   x->groups = s->groups;
   x->drift = s->drift;
+  if (s->num_tables > 0 && !(x->t = calloc((size_t)s->num_tables, sizeof *x->t)))
+    return ur__error(UR_STATUS_OOM, "synthetic: out of host memory for %d tables", (int)s->num_tables);
   for (int j = 0; j < 64; j++) x->dw[j] = ur__unorm(ur_philox((uint64_t)j, ur__skey(s->seed, UR__S_DW, 0)));
   for (int t = 0; t < s->num_tables; t++) {
     const ur_synth_table *in = &s->tables[t];
@@ -99,6 +103,12 @@ ur_status ur__synth_expand(const ur_synth_spec *s, ur__synth *x) {
     x->H += in->hot_max;
   }
   return UR_STATUS_OK;
+}
+
+void ur__synth_release(ur__synth *x) {
+  if (!x) return;
+  free(x->t);
+  x->t = NULL;
 }
 
 static ur_status check_out(const ur_tensor *t, const char *what, ur_dtype dt, int64_t n,
@@ -135,6 +145,7 @@ ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int64_t fir
   if (!st) st = check_out(groups, "groups", UR_DTYPE_I64, n, 1, dense);
   if (!st) st = check_out(probs, "probs", UR_DTYPE_F32, n, 1, dense);
   if (st || !n) {
+    ur__synth_release(x);
     free(x);
     return st;
   }
@@ -150,6 +161,7 @@ ur_status ur_synth_generate(ur_stream *s, const ur_synth_spec *spec, int64_t fir
                             probs ? ur_tensor_data(probs) : NULL);
     st = ur__device_leave(b, dev, prev, st);
   }
+  ur__synth_release(x);
   free(x);
   return st;
 }

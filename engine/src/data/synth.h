@@ -29,7 +29,7 @@ typedef struct ur__synth {
   int64_t groups;
   double drift;                   /* ranks the hot set advances a sample (ur_synth_spec's) */
   double dw[64];                  /* the hidden dense weights of the first 64 features */
-  ur__synth_tab t[64];
+  ur__synth_tab *t;               /* T of them: host memory (the GPU generator copies them) */
 } ur__synth;
 
 /* Streams: each purpose draws with its own key. */
@@ -219,8 +219,11 @@ UR_HD void ur__synth_row(const ur__synth *sp, int64_t i, float *dense, float *la
   }
 }
 
-/* The spec checked and expanded (synth.c): the Zipf constants, the scatter, the columns. */
+/* The spec checked and expanded (synth.c): the Zipf constants, the scatter, the columns.
+ * On failure nothing is left to release. */
 UR__HIDDEN ur_status ur__synth_expand(const ur_synth_spec *s, ur__synth *x);
+/* Frees what expand allocated (the tables); x itself is the caller's. */
+UR__HIDDEN void ur__synth_release(ur__synth *x);
 
 /* The generator's ops table; synth.c has checked the outputs (memory the backend reads,
  * sizes).  Samples first..first + n - 1, laid out as ur__synth_row's. */

@@ -18,6 +18,11 @@ local C, check = lib.C, lib.check
 
 local M = {}
 
+-- the engine's bound (uvmrec.h's UR_SYNTH_MAX_TABLES)
+local MAX_TABLES = 65536
+-- each spec struct's tables array, kept alive by the struct
+local held_tables = setmetatable({}, { __mode = "k" })
+
 local function copy(t)
   if type(t) ~= "table" then return t end
   local o = {}
@@ -51,7 +56,9 @@ function M.spec(s, overrides, level)
     if s[k] ~= nil then lib.element(s[k], "i64", "synthetic: " .. k, nil, level + 1) end
   end
   local tabs = s.tables or {}
-  if #tabs > 64 then error(("synthetic: %d tables; at most 64"):format(#tabs), level + 1) end
+  if #tabs > MAX_TABLES then
+    error(("synthetic: %d tables; expected at most %d"):format(#tabs, MAX_TABLES), level + 1)
+  end
   for i, t in ipairs(tabs) do
     if type(t) ~= "table" then error(("synthetic: table %d is %s; expected a table"):format(i, type(t)), level + 1) end
     local what = ("synthetic: table %d"):format(i)
@@ -62,6 +69,10 @@ function M.spec(s, overrides, level)
     for k, v in pairs(hot) do lib.element(v, "i32", ("%s hot[%s]"):format(what, tostring(k)), nil, level + 1) end
   end
   local c = ffi.new("ur_synth_spec")
+  -- the struct points at its tables: they live as long as the struct does
+  local ctabs = ffi.new("ur_synth_table[?]", math.max(#tabs, 1))
+  held_tables[c] = ctabs
+  c.tables = ctabs
   c.num_tables = #tabs
   c.num_dense = s.num_dense or 13
   c.seed = s.seed or 0
@@ -72,7 +83,7 @@ function M.spec(s, overrides, level)
   local default_signal = (s.signal_total or 2.6) / math.sqrt(math.max(#tabs, 1))
   s.hot_max = {}
   for i, t in ipairs(tabs) do
-    local ct = c.tables[i - 1]
+    local ct = ctabs[i - 1]
     if type(t.rows) ~= "number" then error(("synthetic: table %d has no rows"):format(i), level + 1) end
     ct.rows = t.rows
     ct.zipf = t.zipf or 0

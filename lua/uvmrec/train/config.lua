@@ -41,7 +41,7 @@ M.schema = map({
   }, { required = { "bottom_mlp", "top_mlp" } }),
   embeddings = map({
     dim = int { min = 4, max = 1024 },                         -- a multiple of 4
-    rows = list(int { min = 1 }, { min_len = 1, max_len = 64 }), -- one table per sparse feature
+    rows = list(int { min = 1 }, { min_len = 1, max_len = 65536 }), -- one table per sparse feature
     max_rows = int { min = 0, default = 0 },                   -- 0: no cap
     dtype = enum({ "f32", "f16", "bf16" }, { default = "f32" }),
     pooling = enum({ "sum", "mean" }, { default = "sum" }),
