@@ -333,6 +333,11 @@ describe("uvmrec.data loader", function()
       assert.equal("C130", t.keys[130])
       l:close()
     end
+    -- a layout.txt whose hot line is not one bag size a table is refused, naming the entry
+    cmd.spit(dir .. "/one/layout.txt", "hot 1,x,1\n")
+    local none, err = data.open("criteo-bin:" .. dir .. "/one", { batch_size = 10 })
+    assert.is_nil(none)
+    assert.matches("layout.txt: table 2's ids per sample 'x'; expected N or MIN-MAX", err, 1, true)
     cmd.rmdir(dir)
   end)
 

@@ -271,10 +271,12 @@ static ur_status bin_layout(ur_loader *l, const char *dir, int64_t columns, int6
     char *p = hot;
     long lo = strtol(p, &p, 10), hi = lo;
     if (*p == '-') hi = strtol(p + 1, &p, 10);
-    if (p == hot || hi < 1 || hi > 4096 || lo < 0 || lo > hi)
+    if (p == hot || hi < 1 || hi > 4096 || lo < 0 || lo > hi) {
+      size_t len = strcspn(hot, ",\n");
       st = ur__error(UR_STATUS_FORMAT, "criteo-bin: %s/layout.txt: table %lld's ids per sample "
-                     "'%.20s'; expected N or MIN-MAX with 0 <= MIN <= MAX, 1 <= MAX <= 4096",
-                     dir, (long long)t + 1, hot);
+                     "'%.*s'; expected N or MIN-MAX with 0 <= MIN <= MAX, 1 <= MAX <= 4096",
+                     dir, (long long)t + 1, (int)(len < 40 ? len : 40), hot);
+    }
     l->hot_max[t] = (int32_t)hi;
     hot = *p == ',' ? p + 1 : p;
   }
