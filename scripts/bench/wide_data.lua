@@ -5,7 +5,14 @@
 local ur = require "uvmrec"
 local data = ur.data
 
-local T, B, N = tonumber(arg[1] or 1000), tonumber(arg[2] or 4096), tonumber(arg[3] or 20)
+local args = require("uvmrec.cli").command {
+  name = "scripts/bench/wide_data.lua",
+  summary = "the synthetic generator and the loader from it at many tables: CPU time a sample",
+  { "[TABLES]", "one-hot tables", type = "whole", default = 1000 },
+  { "[BATCH]", "samples a batch", type = "whole", default = 4096 },
+  { "[BATCHES]", "batches the loader makes", type = "whole", default = 20 },
+}:parse(arg)
+local T, B, N = args.tables, args.batch, args.batches
 local tabs = {}
 for t = 1, T do tabs[t] = { name = "C" .. t, rows = 100000, zipf = 1.05 } end
 local spec = { num_dense = 13, seed = 1, tables = tabs }
