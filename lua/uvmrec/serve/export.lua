@@ -71,8 +71,8 @@ function M.run(source, opts)
   local say = opts.print or function() end
   if type(opts.out) ~= "string" or opts.out == "" then return nil, "export: --out FILE is required" end
   -- a folder there, or none to hold it, would refuse the file only after the work
-  local can, why = require("uvmrec.lib").file_target(opts.out)
-  if not can then return nil, ("export: --out %s: %s"):format(opts.out, why) end
+  local can, target_err = require("uvmrec.lib").file_target(opts.out)
+  if not can then return nil, ("export: --out %s: %s"):format(opts.out, target_err) end
   local path, perr = train.checkpoint_file(source)
   if not path then return nil, "export: " .. tostring(perr) end
   local f, ferr = ck.open(path)
