@@ -851,7 +851,7 @@ UR_API ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order /* out
 /* *out = the counts (negative ones as 0) of the ids whose row perm[id] is below k (perm NULL:
  * the identity, ids 0..k-1).  counts i32 [n], perm i64 [n], in host memory. */
 UR_API ur_status ur_counts_prefix(const ur_tensor *counts, const ur_tensor *perm /* or NULL */,
-                                  int64_t k, int64_t *out);
+                                  int64_t k, int64_t *out /* out */);
 /* The ids that trade rows across the prefix [0, k) of a layout (perm, NULL: the identity),
  * from a ranking (order and cumsum as ur_counts_rank gives them): pair i is a[i], the i-th
  * hottest id outside, with b[i], the i-th coldest inside, while a[i] was read more than
@@ -860,7 +860,7 @@ UR_API ur_status ur_counts_prefix(const ur_tensor *counts, const ur_tensor *perm
 UR_API ur_status ur_counts_swap_pairs(const ur_tensor *order, const ur_tensor *cumsum,
                                       const ur_tensor *perm /* or NULL */, int64_t k, double band,
                                       ur_tensor *a /* out */, ur_tensor *b /* out */,
-                                      int64_t *n_out);
+                                      int64_t *n_out /* out */);
 /* perm[order[r]] = r: the permutation that lays rows out in the given order (which must hold
  * each of 0..n-1 once); perm is i64 [n] in host memory. */
 UR_API ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm /* out */);

@@ -135,6 +135,8 @@ describe("uvmrec.hints swap pairs and prefix accesses", function()
     local counts = assert(ur.tensor({ 4 }, { dtype = "i32" }))
     counts:fill(1)
     local perm = assert(ur.tensor({ 3 }, { dtype = "i64" }))
+    local perm4 = assert(ur.tensor({ 4 }, { dtype = "i64" }))
+    perm4:fill(0)
     local sum = ffi.new("int64_t[1]")
     assert.equal(C.UR_STATUS_INVALID, C.ur_counts_prefix(counts.p, perm.p, 2, sum))
     assert.matches("counts_prefix: perm: expected an i64 %[4%] tensor in host memory", ffi.string(C.ur_last_error()))
@@ -143,8 +145,14 @@ describe("uvmrec.hints swap pairs and prefix accesses", function()
     assert.equal(C.UR_STATUS_INVALID, C.ur_counts_swap_pairs(a.order.p, a.cumsum.p, nil, 2, -1, a.order.p,
                                                              a.cumsum.p, n))
     assert.matches("counts_swap_pairs: band is %-1; expected a number >= 0", ffi.string(C.ur_last_error()))
+    -- an id outside the table in the order would index the layout out of bounds
+    ffi.cast("int64_t *", C.ur_tensor_data(a.order.p))[2] = 7
+    assert.equal(C.UR_STATUS_INVALID, C.ur_counts_swap_pairs(a.order.p, a.cumsum.p, perm4.p, 2, 0, a.order.p,
+                                                             a.cumsum.p, n))
+    assert.matches("counts_swap_pairs: order%[2%] is 7; expected 0..3", ffi.string(C.ur_last_error()))
     a:free()
     counts:free()
     perm:free()
+    perm4:free()
   end)
 end)

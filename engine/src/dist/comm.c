@@ -595,9 +595,17 @@ static ur_status agree(ur_comm *c, const char *name, const call *k, const ur_ten
   if (k->kind == ALL_GATHER) mine[F_A] = ur_tensor_numel(in);
   if (k->kind == ALL_TO_ALL) mine[F_A] = 0;
   size_t w = (size_t)c->world;
-  int64_t *all = malloc(w * F_N * sizeof *all);
+  /* MPI's buffers: every rank's fields, then this rank's and its all_to_all counts.  An exchange
+   * that does not complete may still use them, so they and the communicator are then left to
+   * the process's end, as after a failed wait. */
+  int64_t *all = malloc((w * F_N + F_N + w) * sizeof *all), *me = all + w * F_N, *sent = me + F_N;
   if (!all) return ur__error(UR_STATUS_OOM, "comm: out of host memory");
-  ur_status st = ur__cpu_comm_gather_check(c->host_net, mine, F_N, all);
+  memcpy(me, mine, sizeof mine);
+  ur_status st = ur__cpu_comm_gather_check(c->host_net, me, F_N, all);
+  if (st) {
+    c->host_failed = 1;
+    return st;
+  }
   for (int32_t r = 1; !st && r < c->world; r++) {
     const int64_t *f = all, *g = all + (size_t)r * F_N;
     if (f[F_KIND] != g[F_KIND] || f[F_DTYPE] != g[F_DTYPE] ||
@@ -611,7 +619,11 @@ static ur_status agree(ur_comm *c, const char *name, const call *k, const ur_ten
                      (int)r, (long long)all[(size_t)r * F_N + F_A], (int)c->rank, (int)r,
                      (long long)k->counts[r]);
   if (!st && k->kind == ALL_TO_ALL) {
-    st = ur__cpu_comm_swap_check(c->host_net, k->counts, all);
+    memcpy(sent, k->counts, w * sizeof *sent);
+    if ((st = ur__cpu_comm_swap_check(c->host_net, sent, all))) {
+      c->host_failed = 1;
+      return st;
+    }
     for (int32_t r = 0; !st && r < c->world; r++)
       if (all[r] != k->recv[r])
         st = ur__error(UR_STATUS_INVALID, "comm all_to_all: rank %d sends rank %d %lld elements, "
@@ -649,7 +661,16 @@ static ur_status issue_widened(ur_comm *c, const route *r, ur_stream *s, const c
   if ((st = keep(c, result, into))) return st;
   call w = *k;
   w.dtype = UR_DTYPE_F32;
-  return issue(r, s, &w, data(wi), data(result));
+  st = issue(r, s, &w, data(wi), data(result));
+  if (st) { /* nothing posted: this call's copies go, and out keeps what it held */
+    size_t mine = in_place ? 1 : 2;
+    for (size_t i = c->nheld - mine; i < c->nheld; i++) {
+      ur_tensor_free(c->held[i].t);
+      ur_tensor_free(c->held[i].into);
+    }
+    c->nheld -= mine;
+  }
+  return st;
 }
 
 /* Runs k on its route: the world of one copies in to out (a broadcast's one tensor stays);

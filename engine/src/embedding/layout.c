@@ -62,6 +62,18 @@ static ur_status check_host_i64(const ur_tensor *x, int64_t n, const char *what)
   return UR_STATUS_OK;
 }
 
+/* cs[r] = the counts of ranks 0..r summed, the count of rank r read from the sorted keys
+ * (UINT32_MAX - count) where given, else c[o[r]] (a negative one as 0). */
+static void cumsum_of(int64_t *cs, int64_t n, const uint32_t *keys, const int32_t *c,
+                      const int64_t *o) {
+  int64_t sum = 0;
+  for (int64_t r = 0; r < n; r++) {
+    int32_t v = keys ? 0 : c[o[r]];
+    sum += keys ? (int64_t)(UINT32_MAX - keys[r]) : (v < 0 ? 0 : v);
+    cs[r] = sum;
+  }
+}
+
 /* Device counters ranked by their backend (tbe.h's rank_counts: a radix sort there, 16 bytes of
  * HBM a row for its duration, 8 bytes a row back over the link) into the host arrays o and cs.
  * UR_STATUS_UNSUPPORTED where it cannot (host counters, no room in the HBM budget, 2^31 rows or
@@ -87,12 +99,8 @@ static ur_status rank_on_device(const ur_tensor *counts, int64_t n, int64_t *o, 
   }
   if (!st) st = b->tbe->rank_counts(NULL, ur_tensor_data(counts), n, ur_tensor_data(work), keys, ids);
   if (!st) {
-    int64_t sum = 0;
-    for (int64_t r = 0; r < n; r++) {
-      o[r] = ids[r];
-      sum += (int64_t)(UINT32_MAX - keys[r]);
-      if (cs) cs[r] = sum;
-    }
+    for (int64_t r = 0; r < n; r++) o[r] = ids[r];
+    if (cs) cumsum_of(cs, n, keys, NULL, NULL);
   }
   ur_tensor_free(work);
   free(keys);
@@ -126,12 +134,7 @@ ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *c
   st = ur_tensor_read(counts, 0, n, c);
   if (!st) {
     rank_ids(c, n, o, tmp);
-    int64_t sum = 0;
-    for (int64_t r = 0; r < n && cs; r++) {
-      int32_t v = c[o[r]];
-      sum += v < 0 ? 0 : v;
-      cs[r] = sum;
-    }
+    if (cs) cumsum_of(cs, n, NULL, c, o);
   }
   free(c);
   free(tmp);
@@ -177,9 +180,9 @@ ur_status ur_counts_swap_pairs(const ur_tensor *order, const ur_tensor *cumsum, 
   UR__ARGS(order, cumsum, a, b, n_out);
   *n_out = 0;
   int64_t rows = ur_tensor_numel(order), room = ur_tensor_numel(a);
-  const int64_t *o, *cs, *p;
-  ur_status st = host_i64_or_null(order, rows, "counts_swap_pairs: order", &o);
-  if (!st) st = host_i64_or_null(cumsum, rows, "counts_swap_pairs: cumsum", &cs);
+  const int64_t *p;
+  ur_status st = check_host_i64(order, rows, "counts_swap_pairs: order");
+  if (!st) st = check_host_i64(cumsum, rows, "counts_swap_pairs: cumsum");
   if (!st) st = host_i64_or_null(perm, rows, "counts_swap_pairs: perm", &p);
   if (!st) st = check_host_i64(a, room, "counts_swap_pairs: a");
   if (!st) st = check_host_i64(b, room, "counts_swap_pairs: b");
@@ -187,6 +190,11 @@ ur_status ur_counts_swap_pairs(const ur_tensor *order, const ur_tensor *cumsum, 
   if (!(band >= 0))
     return ur__error(UR_STATUS_INVALID, "counts_swap_pairs: band is %g; expected a number >= 0", band);
   if (k <= 0 || k >= rows) return UR_STATUS_OK;
+  const int64_t *o = ur_tensor_data(order), *cs = ur_tensor_data(cumsum);
+  for (int64_t r = 0; r < rows; r++) /* ids index perm below */
+    if (o[r] < 0 || o[r] >= rows)
+      return ur__error(UR_STATUS_INVALID, "counts_swap_pairs: order[%lld] is %lld; expected 0..%lld",
+                       (long long)r, (long long)o[r], (long long)rows - 1);
 #define COUNT_AT(r) ((r) == 0 ? cs[0] : cs[(r)] - cs[(r) - 1])
 #define PHYS(id) (p ? p[id] : (id))
   /* The coldest inside first: no id outside read (1 + band) times as often or less enters, so the

@@ -31,6 +31,7 @@ local tensor = require "uvmrec.tensor"
 
 local M = {}
 local C, must = ur.C, lib.must
+local int64p = ffi.typeof("int64_t *")
 
 -- ---- actions ----
 
@@ -593,9 +594,8 @@ function Manager:_apply(t, s, actions, rec, allowance)
         -- rows that crossed trade places where they are, on the stream (a kernel on a GPU)
         local A, B, n = self:_swap_pairs(t, s, a.how.swap, a.how.band or 0)
         if n > 0 then
-          local i64 = ffi.typeof("int64_t *")
-          r, err = t.tbe:swap_rows(t.name, ffi.cast(i64, C.ur_tensor_data(A.p)), ffi.cast(i64, C.ur_tensor_data(B.p)),
-                                   n, { stream = self.stream })
+          local ids_a, ids_b = ffi.cast(int64p, C.ur_tensor_data(A.p)), ffi.cast(int64p, C.ur_tensor_data(B.p))
+          r, err = t.tbe:swap_rows(t.name, ids_a, ids_b, n, { stream = self.stream })
         end
         if A then A:free() B:free() end
       end
