@@ -61,9 +61,10 @@ static ur_status synth_generate(void *stream, const ur__synth *x, int64_t first,
   }
   cudaError_t e = ur__cuda_synth(s, &dx, first, n, dense, labels, ids, weights, lengths, groups,
                                  probs);
-  if (dx.t) ur__cuda_drop(cudaFreeAsync(dx.t, s));
+  cudaError_t f = dx.t ? cudaFreeAsync(dx.t, s) : cudaSuccess;
   if (bytes) ur__cuda_core->workspace_give(bytes);
   UR_CUDA_CHECK(e, "synthetic samples %lld..%lld", (long long)first, (long long)(first + n - 1));
+  UR_CUDA_CHECK(f, "synthetic generator: freeing the copy of its %d tables", (int)x->T);
   return UR_STATUS_OK;
 }
 
