@@ -50,7 +50,7 @@ local cmd = require("uvmrec.cli").command {
   { "--none-steps N", "steps of the run without hints, 0 for none (default: 200 on a GPU, 8 on the CPU)",
     type = "whole" },
   { "--every N", "steps between adaptive's intervals, to spread the interval's time over (the manager's default)",
-    type = "whole", default = 100 },
+    type = "whole", default = hints.EVERY },
   { "--far-rows N,...", "room for copies of the far rows a forward reads (embeddings.far_rows): each managed "
     .. "run once per value", type = "numbers", default = { 0 } },
   options.out_append,
@@ -208,7 +208,7 @@ local function run(r)
   rec.steps, rec.seconds = o.steps, seconds
   rec.samples_per_s = o.steps * B / seconds
   rec.ms_per_step = seconds / o.steps * 1e3
-  if rec.adaptive_seconds then -- one interval each `every` steps (the manager's default, 100)
+  if rec.adaptive_seconds then -- one interval each --every steps
     rec.ms_per_step_every = rec.ms_per_step + rec.adaptive_seconds / o.every * 1e3
   end
   rec.losses[#rec.losses + 1] = loss

@@ -68,8 +68,8 @@ static void cumsum_of(int64_t *cs, int64_t n, const uint32_t *keys, const int32_
                       const int64_t *o) {
   int64_t sum = 0;
   for (int64_t r = 0; r < n; r++) {
-    int32_t v = keys ? 0 : c[o[r]];
-    sum += keys ? (int64_t)(UINT32_MAX - keys[r]) : (v < 0 ? 0 : v);
+    int64_t v = keys ? (int64_t)(UINT32_MAX - keys[r]) : c[o[r]];
+    sum += v < 0 ? 0 : v;
     cs[r] = sum;
   }
 }

@@ -31,6 +31,8 @@ local tensor = require "uvmrec.tensor"
 
 local M = {}
 local C, must = ur.C, lib.must
+
+M.EVERY = 100 -- steps between a manager's intervals unless told (a config gives embeddings.hints.every)
 local int64p = ffi.typeof("int64_t *")
 
 -- ---- actions ----
@@ -286,7 +288,7 @@ function M.manager(collection, opts)
   end
   local tbes = tbes_of(collection)
   -- tbes: the collections with counted tables; collections: all of them (far rows' copies)
-  local self = setmetatable({ tbe = tbes[1], tbes = {}, collections = tbes, every = opts.every or 100,
+  local self = setmetatable({ tbe = tbes[1], tbes = {}, collections = tbes, every = opts.every or M.EVERY,
                               decay = opts.decay or 1, location = opts.location or "gpu", stream = opts.stream,
                               intervals = {}, tables = {}, policies = {}, hint_seconds = 0,
                               relayout_seconds = 0, relayout_bytes = 0, calls = 0 }, Manager)
