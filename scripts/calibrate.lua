@@ -34,19 +34,12 @@ local tbe = require "uvmrec.tbe"
 local cmd = require("uvmrec.cli").command {
   name = "calibrate",
   summary = "measure the rates the planner's cost model uses, on this machine",
-  { "--out FILE", "where to write the calibration (default: print it)" },
+  { "--out FILE", "where to write the calibration (default: print it)", check = require("uvmrec.cli").writable },
   { "--machine NAME", "the machine's name in the file (default: the CPU's or the GPU's)" },
   { "--shapes KIND", "the sizes measured: cpu or gpu (default: gpu with a GPU, else cpu)", choices = { "cpu", "gpu" } },
   { "--quick", "fewer repetitions, and on the CPU backend smaller sizes (for specs)" },
 }
 local o = cmd:parse(arg)
--- a folder that is not there is said before the minutes of measuring, not after them
-if o.out then
-  local dir = o.out:match("^(.*)/[^/]*$") or "."
-  if C.ur_path_kind(dir == "" and "/" or dir) ~= 2 then
-    cmd:fail(("--out %s: no folder %s to write it in"):format(o.out, dir))
-  end
-end
 
 local gpu = ur.gpu()
 local place_fast = gpu and "device" or "host"

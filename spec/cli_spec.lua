@@ -283,6 +283,11 @@ describe("uvmrec.cli", function()
     assert.equal("--batch: '0' is less than 1", err)
     _, err = c:check { "--precision", "f16" }
     assert.equal("--precision: 'f16' is not f32, tf32 or bf16", err)
+    -- an --out with no folder to go in is refused as the arguments are read, before any measuring
+    for _, b in ipairs { c, bench(opt.out_append) } do
+      _, err = b:check { "--out", "/nonexistent/r.jsonl" }
+      assert.equal("--out: '/nonexistent/r.jsonl': /nonexistent: No such file or directory", err)
+    end
     -- in the help where the declaration puts them, the default config named from BENCH_CONFIG
     local help = c:help()
     local at = 0

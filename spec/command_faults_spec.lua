@@ -36,11 +36,12 @@ describe("the uvmrec command, on mistakes and a bare machine", function()
     assert.matches("\n0 passed, %d+ failed, 0 skipped\n$", out)
   end)
 
-  it("says before measuring, in one line, that calibrate's --out has no folder to go in", function()
+  it("says before measuring, with the usage (exit 2), that calibrate's --out has no folder to go in", function()
     local out, err, code = cmd.run("calibrate --quick --out /nonexistent/calib.json")
-    assert.equal(1, code, out)
+    assert.equal(2, code, out)
     assert.equal("", out)
-    assert.equal("uvmrec calibrate: --out /nonexistent/calib.json: no folder /nonexistent to write it in\n", err)
+    assert.matches("^uvmrec calibrate: %-%-out: '/nonexistent/calib%.json': /nonexistent: No such file or directory\n"
+      .. "usage: uvmrec calibrate ", err)
   end)
 
   it("says there is no NVIDIA driver, not that the driver is insufficient", function()

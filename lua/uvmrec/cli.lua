@@ -406,6 +406,14 @@ function Command:mode(args)
   return mode
 end
 
+-- A --out FILE a command can write: its folder is there (and the file, where it is, can be read),
+-- said when the arguments are read, before a benchmark's minutes of measuring (lib.file_target).
+function M.writable(path)
+  local ok, err = require("uvmrec.lib").file_target(path)
+  if not ok then return nil, ("'%s': %s"):format(path, err) end
+  return path
+end
+
 -- The options several commands share, each with one meaning wherever it stands (see the top).
 M.options = {
   config = { "--config C", ("a config or preset (default: %s on a GPU, %s on the CPU)"):format(
@@ -417,8 +425,8 @@ M.options = {
   zipf = { "--zipf S", "the ids' Zipf exponent", type = "number", default = 1.05 },
   python = { "--python PY", "the Python with torch", default = os.getenv("PYTHON") or "python3" },
   no_torch = { "--no-torch", "leave PyTorch out" },
-  out = { "--out FILE", "write JSON lines" },                -- the file made anew each run
-  out_append = { "--out FILE", "append JSON lines" },        -- runs accumulate in the file
+  out = { "--out FILE", "write JSON lines", check = M.writable },         -- the file made anew each run
+  out_append = { "--out FILE", "append JSON lines", check = M.writable }, -- runs accumulate in the file
 }
 
 -- The command a script declares, without running the script past its declaration; nil,
