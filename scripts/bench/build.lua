@@ -77,7 +77,6 @@ local function load() return tonumber(require("uvmrec.cli").load_average()) or -
 
 local bin = require("uvmrec.cli").program()
 local places = o.gpu and { "host", "managed" } or { "host" }
-local out = o.out and assert(io.open(o.out, "a"))
 print(("%-9s %-8s %10s %12s %12s %14s %8s"):format("placement", "threads", "GiB", "wall s/GiB", "CPU s/GiB",
   "89.5 GiB, 16", "load"))
 for _, place in ipairs(places) do
@@ -98,12 +97,11 @@ for _, place in ipairs(places) do
     local ld = load()
     print(("%-9s %-8s %10.2f %12.2f %12.2f %12.1f s %8.2f"):format(place, t, gib, r.seconds / gib,
       r.cpu_seconds / gib, pred, ld))
-    if out then
-      out:write(json.encode { bench = "build", placement = place, threads = tonumber(t), gib = gib,
-                              wall_s_per_gib = r.seconds / gib, cpu_s_per_gib = r.cpu_seconds / gib,
-                              predicted_mlperf_s = pred, load = ld }, "\n")
+    if o.out then
+      json.append_lines(o.out, { bench = "build", placement = place, threads = tonumber(t), gib = gib,
+                                 wall_s_per_gib = r.seconds / gib, cpu_s_per_gib = r.cpu_seconds / gib,
+                                 predicted_mlperf_s = pred, load = ld })
     end
   end
 end
 print("checked: the first elements of every table are Philox's; every thread count built the same tables")
-if out then out:close() end

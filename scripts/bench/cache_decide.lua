@@ -37,7 +37,7 @@ for k, x in ipairs(host) do
   dev[k] = { values = assert(x.values:to("device")), offsets = assert(x.offsets:to("device")) }
 end
 
-local out_file = o.out and assert(io.open(o.out, "w"))
+local out_file = json.lines(o.out)
 local FIELDS = { "lookups", "unique", "hits", "misses", "conflicts", "evictions", "writebacks", "waits",
                  "bytes_in", "bytes_out" }
 
@@ -104,12 +104,10 @@ for _, frac in ipairs({ 0.05, 0.2 }) do
     print(("%4.0f%%  %-5s %8.2f%% %8.2f%% %11.2f %11.2f %8s"):format(100 * frac, policy, 100 * sg.hit_rate,
           100 * sg.conflicts / math.max(1, sg.unique), 1e3 * tc, 1e3 * tg, bad and "NO" or "yes"))
     if bad then print("  first difference: " .. bad) end
-    if out_file then
-      out_file:write(json.encode { bench = "cache_decide", cache_fraction = frac, policy = policy,
-        hit_rate = sg.hit_rate, cpu_ms_per_batch = 1e3 * tc, gpu_ms_per_batch = 1e3 * tg, same = bad == nil,
-        tables = T, rows = N, batch = B }, "\n")
-    end
+    out_file:write { bench = "cache_decide", cache_fraction = frac, policy = policy,
+      hit_rate = sg.hit_rate, cpu_ms_per_batch = 1e3 * tc, gpu_ms_per_batch = 1e3 * tg, same = bad == nil,
+      tables = T, rows = N, batch = B }
   end
 end
-if out_file then out_file:close() end
+out_file:close()
 if failed then cmd:fail("the GPU's decisions differ from the CPU's") end

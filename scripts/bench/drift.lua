@@ -87,7 +87,6 @@ print(("drift %.4g ranks a sample (the hot set moves %d ranks over %d samples); 
   :format(drift, math.floor(drift * samples), samples, o.tables, o.rows, o.allowance))
 print(("%6s %10s %14s %14s %12s %12s"):format("step", "shift", "hot_prefix", "adaptive", "swapped rows",
   "swap s"))
-local out = o.out and assert(io.open(o.out, "a"))
 for b in loader:batches() do
   step = step + 1
   local outs = {}
@@ -119,15 +118,14 @@ for b in loader:batches() do
     runs[2].swapped, runs[2].swap_s = 0, 0
     print(("%6d %10d %14.3f %14.3f %12d %12.4f"):format(row.step, row.shift, row.hot_prefix, row.adaptive,
       row.swapped, row.swap_seconds))
-    if out then
+    if o.out then
       row.bench = "drift"
-      out:write(json.encode(row), "\n")
+      json.append_lines(o.out, row)
     end
     runs[1].intervals[#runs[1].intervals + 1] = row
   end
 end
 loader:close()
-if out then out:close() end
 -- the last quarter of the run: adaptive keeps its coverage, hot_prefix's has decayed
 local rows = runs[1].intervals
 local q = math.max(1, math.floor(#rows * 3 / 4))

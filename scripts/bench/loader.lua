@@ -130,7 +130,6 @@ do
   bytes = bytes / total
 end
 
-local out = o.out and assert(io.open(o.out, "a"))
 print(("day files: %s, %.0f bytes a sample, batch %d, window %d, load %.2f at the start")
   :format(dir, bytes, o.batch, o.window, load()))
 print(("%-8s %14s %14s %10s %14s %16s %8s"):format("threads", "samples/s", "spread", "batches/s",
@@ -159,10 +158,9 @@ for _, t in ipairs(threads) do
   local ld = load()
   print(("%-8d %14.0f %6.2f-%.2f M %10.1f %14.2f %14.0f/s %8.2f"):format(t, med, sorted[1] / 1e6,
     sorted[#sorted] / 1e6, med / o.batch, mp * 1e3, o.batch / mp, ld))
-  if out then
-    out:write(json.encode { bench = "B8", threads = t, batch = o.batch, window = o.window, samples_per_s = med,
-                            min = sorted[1], max = sorted[#sorted], cpu_ms_per_batch = mp * 1e3, waited = waits,
-                            load = ld, runs = rates }, "\n")
+  if o.out then
+    json.append_lines(o.out, { bench = "B8", threads = t, batch = o.batch, window = o.window, samples_per_s = med,
+                               min = sorted[1], max = sorted[#sorted], cpu_ms_per_batch = mp * 1e3, waited = waits,
+                               load = ld, runs = rates })
   end
 end
-if out then out:close() end

@@ -168,7 +168,7 @@ end
 
 local precisions = GPU and { "f32", "tf32", "bf16" } or { "f32", "bf16" }
 local torch = read_torch(args.torch)
-local out = args.out and assert(io.open(args.out, "w"))
+local out = json.lines(args.out)
 local f = flops(BATCH)
 print(("MLP stack %s + %s, batch %d, forward + backward, %s (%s)"):format(
   table.concat(BOTTOM, "-"), table.concat(TOP, "-"), BATCH, GPU and "GPU" or "CPU",
@@ -182,9 +182,7 @@ for _, p in ipairs(precisions) do
   local ratio = torch[p] and torch[p] / ms or nil
   print(("%-6s %12s %10.3f %10.3f %11.2f%% %10s"):format(p, GPU and ("%.1e"):format(worst) or "-", ms, tf,
     100 * tf / CEILING, ratio and ("%.2fx"):format(ratio) or "-"))
-  if out then
-    out:write(json.encode { bench = "mlp", mode = args.mode, precision = p, batch = BATCH, ms = ms, tflops = tf,
-      ceiling_tflops = CEILING, check_max_rel = worst, torch_ms = torch[p] }, "\n")
-  end
+  out:write { bench = "mlp", mode = args.mode, precision = p, batch = BATCH, ms = ms, tflops = tf,
+    ceiling_tflops = CEILING, check_max_rel = worst, torch_ms = torch[p] }
 end
-if out then out:close() end
+out:close()

@@ -45,7 +45,7 @@ local cmd = require("uvmrec.cli").command {
     default = 5 },
   { "--set K=V", "a config value for every case (as uvmrec train)", many = true, key = "sets" },
   options.cpu,
-  { "--out FILE", "append a JSON line a case (or a timing)" },
+  { "--out FILE", "append a JSON line a case (or a timing)", check = require("uvmrec.cli").writable },
   { "--time", "time the planner itself: 26, 100 and 1000 tables on 1 and 8 ranks (the H200 calibration)" },
   { "--tables LIST", "with --time: comma-separated table counts", default = "26,100,1000" },
   { "--ranks LIST", "with --time: comma-separated rank counts", default = "1,8" },
@@ -55,9 +55,8 @@ local cmd = require("uvmrec.cli").command {
   { "--short", "with --time: time the answer to half the least budget (the error and the fewest GPUs)" },
 }
 local o = cmd:parse(arg)
-local out = o.out and assert(io.open(o.out, "a"))
 local function record(t)
-  if out then out:write(json.encode(t), "\n") out:flush() end
+  if o.out then json.append_lines(o.out, t) end
 end
 local function commit() return ur.commit() or "unknown" end
 local function load_avg() return require("uvmrec.cli").load_average() or "?" end
@@ -127,7 +126,6 @@ if o.time then
                date = os.date("!%Y-%m-%d"), load = load_avg() }
     end
   end
-  if out then out:close() end
   return
 end
 
@@ -278,4 +276,3 @@ for _, c in ipairs(order) do
   collectgarbage()
 end
 os.remove(dir)
-if out then out:close() end

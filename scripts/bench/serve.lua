@@ -59,10 +59,9 @@ end
 local dir = o.dir or sh("mktemp -d /tmp/uvmrec-serve.XXXXXX"):gsub("%s+$", "")
 os.execute("mkdir -p '" .. dir .. "'")
 local device = o.gpu and 0 or "cpu"
-local out = o.out and assert(io.open(o.out, "a"))
 local function emit(t)
   t.bench, t.date, t.machine = "serve", os.date("!%Y-%m-%d"), o.gpu and "gpu" or "cpu"
-  if out then out:write(json.encode(t), "\n") end
+  if o.out then json.append_lines(o.out, t) end
 end
 
 -- ---- the files ----
@@ -222,5 +221,4 @@ for _, f in ipairs(o.speed_formats) do
     end
   end
 end
-if out then out:close() end
 print("files: " .. dir)

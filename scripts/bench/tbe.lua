@@ -241,19 +241,16 @@ if args.torch then
   end
 end
 
-local out_fh = args.out and assert(io.open(args.out, "w"))
+local out_fh = json.lines(args.out)
 local rows_out = {}
 local function report(r)
   rows_out[#rows_out + 1] = r
-  if out_fh then
-    local rec = {}
-    for _, k in ipairs { "bench", "case", "op", "ms", "bytes", "gbps", "gather_gbps", "pct_gather",
-                         "torch_ms", "vs_torch", "device" } do
-      rec[k] = r[k]
-    end
-    out_fh:write(json.encode(rec), "\n")
-    out_fh:flush()
+  local rec = {}
+  for _, k in ipairs { "bench", "case", "op", "ms", "bytes", "gbps", "gather_gbps", "pct_gather",
+                       "torch_ms", "vs_torch", "device" } do
+    rec[k] = r[k]
   end
+  out_fh:write(rec)
 end
 
 local device_name = GPU and assert(ur.device_props(0)).name or "cpu"
@@ -363,4 +360,4 @@ for _, r in ipairs(rows_out) do
     r.gather_gbps and ("%.1f"):format(r.gather_gbps) or "", r.pct_gather and ("%.1f"):format(r.pct_gather) or "",
     r.vs_torch and ("%.2f"):format(r.vs_torch) or ""))
 end
-if out_fh then out_fh:close() end
+out_fh:close()
