@@ -8,6 +8,7 @@ local ffi = require "ffi"
 local ur = require "uvmrec"
 local qtbe = require "uvmrec.qtbe"
 local R = require "tbe_ref"
+local compare = require "uvmrec.compare"
 
 local C = ur.C
 local LEVELS = { int8 = 255, int4 = 15, int2 = 3 }
@@ -290,12 +291,8 @@ local function inputs(batch)
 end
 
 local function close(got, want, tol)
-  assert.equal(#want, #got)
-  for i = 1, #want do
-    if math.abs(got[i] - want[i]) > tol * math.max(1, math.abs(want[i])) then
-      error(("element %d: %.9g, the reference %.9g"):format(i - 1, got[i], want[i]), 2)
-    end
-  end
+  local worst, i = compare.maxrel(got, want)
+  if worst > tol then error(("element %d: %.9g, the reference %.9g"):format(i - 1, got[i], want[i]), 2) end
 end
 
 describe("uvmrec.qtbe collection", function()

@@ -8,16 +8,17 @@ local function same_length(a, b)
   if #a ~= #b then error(("compare: the lists have %d and %d elements; expected as many"):format(#a, #b), 3) end
 end
 
--- Largest |a - b| / max(1, |b|), element by element.
+-- Largest |a - b| / max(1, |b|), element by element, and the (1-based) index where it is, so
+-- that a check can name the element (nil where no element differs).
 function M.maxrel(a, b)
   same_length(a, b)
-  local m = 0
+  local m, at = 0, nil
   for i = 1, #a do
     local d = math.abs(a[i] - b[i]) / math.max(1, math.abs(b[i]))
-    if d ~= d then return math.huge end
-    if d > m then m = d end
+    if d ~= d then return math.huge, i end
+    if d > m then m, at = d, i end
   end
-  return m
+  return m, at
 end
 
 -- ||a - b|| / ||b||, the lists as whole vectors: for gradients through ReLUs, whose masks two

@@ -4,6 +4,7 @@
 -- first difference; prints "rank R: ok" and the communicator's statistics.
 local ur = require "uvmrec"
 local dist = require "uvmrec.dist"
+local compare = require "uvmrec.compare"
 
 local comm = assert(dist.init { cpu = true })
 local rank, world = dist.rank(), dist.world()
@@ -16,11 +17,9 @@ end
 
 local function same(got, want, tol, what)
   assert(#got == #want, ("%s: %d values, expected %d"):format(what, #got, #want))
-  for i = 1, #want do
-    local d = math.abs(got[i] - want[i])
-    if d > (tol or 0) * math.max(1, math.abs(want[i])) then
-      error(("rank %d: %s[%d] is %.9g, expected %.9g"):format(rank, what, i, got[i], want[i]), 0)
-    end
+  local worst, i = compare.maxrel(got, want)
+  if worst > (tol or 0) then
+    error(("rank %d: %s[%d] is %.9g, expected %.9g"):format(rank, what, i, got[i], want[i]), 0)
   end
 end
 
