@@ -59,6 +59,28 @@ describe("uvmrec streams and events", function()
     end
   end)
 
+  it("times each of n calls by events and gives their median, the middle two's mean for an even n", function()
+    local calls, slow = {}, { [2] = 0.03, [3] = 0.01 }
+    for _, n in ipairs { 3, 4 } do
+      local m, ms = streams.median_ms(function(i)
+        calls[#calls + 1] = i
+        local t0 = C.ur_clock_seconds()
+        while C.ur_clock_seconds() - t0 < (slow[i] or 0) do end
+      end, n)
+      assert.equal(n, #ms)
+      assert.is_true(ms[2] >= 29 and ms[3] >= 9 and ms[3] < ms[2] and ms[1] < ms[3], table.concat(ms, " "))
+      if n == 3 then
+        assert.equal(ms[3], m)
+      else
+        assert.is_true(ms[4] < ms[3])
+        assert.equal((math.max(ms[1], ms[4]) + ms[3]) / 2, m)
+      end
+    end
+    assert.same({ 1, 2, 3, 1, 2, 3, 4 }, calls)
+    assert.has_error(function() streams.median_ms(function() end, 0) end,
+                     "median_ms: runs is 0; expected a whole number >= 1")
+  end)
+
   it("refuses to time an event never recorded", function()
     local a, b = ur.event(), ur.event()
     a:record()

@@ -80,6 +80,29 @@ function M.span(stream, events)
   end
 end
 
+-- fn(i) called `runs` times (i = 1, 2, ...), each call timed between two events on `stream`
+-- (nil: the default one; the CPU backend's events read the host's clock), as the benchmarks
+-- time a step: the median of the milliseconds (the mean of the middle two for an even count)
+-- and the list of them in call order.  Warm-up and a sync before it are the caller's.
+function M.median_ms(fn, runs, stream)
+  lib.whole(runs, "median_ms: runs", 2, 1)
+  local e0, e1 = assert(M.event()), assert(M.event())
+  local times = {}
+  for i = 1, runs do
+    assert(e0:record(stream))
+    fn(i)
+    assert(e1:record(stream))
+    assert(e1:sync())
+    times[i] = assert(e0:elapsed(e1))
+  end
+  e0:free()
+  e1:free()
+  local s = { unpack(times) }
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2, times
+end
+
 -- Graphs (uvmrec.h, ur_graph_*): the work of the calls between graph_begin(stream) and
 -- graph_end(stream, g) captured once (g: an earlier graph to update, or nil) and run; g:launch
 -- replays it.  Without a GPU the calls run as they are made and graph_end returns nil.

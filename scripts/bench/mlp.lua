@@ -15,6 +15,7 @@
 local ur = require "uvmrec"
 local json = require "uvmrec.json"
 local compare = require "uvmrec.compare"
+local streams = require "uvmrec.stream"
 local nn = ur.nn
 local options = require("uvmrec.cli").options
 
@@ -131,27 +132,12 @@ local function flops(rows)
   return f
 end
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
-
 local function time(precision)
   local bottom, top = stack(PLACE, precision)
   local d = data(BATCH, PLACE, precision == "bf16" and "bf16" or "f32", 11)
   for _ = 1, WARM do step(bottom, top, d) end
   ur.sync()
-  local ms = {}
-  local e0, e1 = assert(ur.event()), assert(ur.event())
-  for i = 1, RUNS do -- on the CPU backend, events keep wall-clock times
-    e0:record()
-    step(bottom, top, d)
-    e1:record()
-    e1:sync()
-    ms[i] = assert(e0:elapsed(e1))
-  end
-  return median(ms)
+  return (streams.median_ms(function() step(bottom, top, d) end, RUNS))
 end
 
 -- scripts/bench/torch_mlp.py's lines: ms by precision (none when the file is not there).

@@ -17,6 +17,7 @@ local ffi = require "ffi"
 local ur = require "uvmrec"
 local tbe = require "uvmrec.tbe"
 local json = require "uvmrec.json"
+local streams = require "uvmrec.stream"
 local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
@@ -208,22 +209,11 @@ end
 
 -- ---- timing ----
 
-local e0, e1 = ur.event(), ur.event()
-
 local function median_ms(fn, batches)
-  for i = 1, WARM do fn(batches[(i - 1) % #batches + 1]) end
+  local function nth(i) return fn(batches[(i - 1) % #batches + 1]) end
+  for i = 1, WARM do nth(i) end
   assert(ur.sync())
-  local times = {}
-  for i = 1, RUNS do
-    local b = batches[(i - 1) % #batches + 1]
-    e0:record()
-    fn(b)
-    e1:record()
-    assert(e1:sync())
-    times[i] = assert(e0:elapsed(e1))
-  end
-  table.sort(times)
-  return times[math.floor((RUNS + 1) / 2)]
+  return (streams.median_ms(nth, RUNS))
 end
 
 -- ---- the cases ----
