@@ -73,13 +73,9 @@ end
 local cfg0 = config(o.precisions[1])
 local B = cfg0.train.batch_size
 if not o.data then
-  local preset = cfg0.data.train:match("^synthetic:(.+)$")
-  if not preset then cmd:fail(o.config .. ": give --data DIR (its data.train is not a synthetic preset)") end
   o.data = o.work .. "/days"
-  if not run(("%s %s %s --out %s --samples %d"):format(sh(cli.interpreter()), sh(here .. "/../datagen.lua"),
-    sh(preset), sh(o.data), NBATCH * B)) then
-    cmd:fail("datagen failed")
-  end
+  local ok, err = P.datagen(cfg0, o.data, NBATCH * B)
+  if not ok then cmd:fail(("%s: %s (else give --data DIR)"):format(o.config, err)) end
 end
 
 -- ---- PyTorch ----

@@ -188,4 +188,19 @@ function M.run(line)
   return ok == true and (how ~= "exit" or code == 0)
 end
 
+local HERE = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+
+-- Writes samples of the config's synthetic data (the preset its data.train names) into dir as
+-- day files, by scripts/datagen.lua run as this script runs (days of them, else datagen's
+-- default); true, or nil and why (a data.train that is no synthetic preset, datagen failing).
+function M.datagen(cfg, dir, samples, days)
+  local preset = cfg.data.train:match("^synthetic:(.+)$")
+  if not preset then return nil, ("data.train is %s, not a synthetic preset"):format(cfg.data.train) end
+  local line = ("%s %s %s --out %s --samples %d"):format(M.sh(require("uvmrec.cli").interpreter()),
+    M.sh(HERE .. "/../datagen.lua"), M.sh(preset), M.sh(dir), samples)
+  if days then line = line .. (" --days %d"):format(days) end
+  if not M.run(line) then return nil, "datagen failed" end
+  return true
+end
+
 return M

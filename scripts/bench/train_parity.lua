@@ -50,19 +50,11 @@ local sh, run = P.sh, P.run
 -- 1. The data.
 local cfg0, def0 = P.config(o.config, o.set)
 if not cfg0 then cmd:fail(def0) end
-local preset = cfg0.data.train:match("^synthetic:(.+)$")
-if not preset then
-  cmd:fail(("%s: data.train is %s; the data is made from a synthetic preset"):format(o.config, cfg0.data.train))
-end
 local work = o.work
+local made, derr = P.datagen(cfg0, work .. "/days", o.samples, o.days)
+if not made then cmd:fail(o.config .. ": " .. derr) end
 if not run("mkdir -p " .. sh(work .. "/train") .. " " .. sh(work .. "/eval")) then
   cmd:fail("cannot create " .. work)
-end
-local interp = cli.interpreter()
-local datagen = here .. "/../datagen.lua"
-if not run(("%s %s %s --out %s --samples %d --days %d"):format(sh(interp), sh(datagen), sh(preset), sh(work .. "/days"),
-  o.samples, o.days)) then
-  cmd:fail("datagen failed")
 end
 local held = o.days - 1
 for _, k in ipairs { "dense", "sparse", "labels" } do
