@@ -191,6 +191,24 @@ describe("uvmrec.tbe access counters", function()
     a:free()
   end)
 
+  it("rank on the host and say so, with the counts by id as ranked (below 0 as 0) when asked", function()
+    local ffi = require "ffi"
+    local stats = require "uvmrec.tbe_stats"
+    local c = assert(ur.tensor({ 6 }, { dtype = "i32" }))
+    local p = ffi.cast("int32_t *", require("uvmrec.lib").C.ur_tensor_data(c.p))
+    for i, v in ipairs { 4, -2, 9, 0, 4, 1 } do p[i - 1] = v end
+    local a = stats.snapshot(c, "t", true)
+    assert.equal("host", a.rank_on)
+    assert.same({ 4, 0, 9, 0, 4, 1 }, a.by_id:totable())
+    assert.same({ 2, 0, 4, 5, 1, 3 }, a:topk(6))
+    assert.same({ 4, -2, 9, 0, 4, 1 }, c:totable()) -- ranked where they are, left as they were
+    a:free()
+    a = stats.snapshot(c, "t")
+    assert.is_nil(a.by_id)
+    a:free()
+    c:free()
+  end)
+
   it("count no cached table (its kernels read slots): refused by name, skipped for every table", function()
     -- a cached table counted its cache's slots as if they were row ids: 'b' of 500 rows had 544
     -- counters (32 slots and 2 x 256 staging rows), its top "ids" slots
@@ -218,8 +236,8 @@ describe("uvmrec.tbe access counters", function()
       "embedding collection: no table named 'zz' (tables: a, b, c)")
   end)
 
-  cuda_it("rank device counters on the GPU to the CPU's order and sums (ties by id, below 0 as 0, no HBM room)",
-    function()
+  cuda_it("rank device counters on the GPU to the CPU's order, sums and counts by id (ties by id, below 0 as 0), "
+          .. "on the CPU where the HBM budget has no room, saying which", function()
     local ffi = require "ffi"
     local stats = require "uvmrec.tbe_stats"
     -- budget: the HBM budget set once the counters are on the device, before they are ranked
@@ -229,8 +247,14 @@ describe("uvmrec.tbe access counters", function()
       for i = 0, n - 1 do p[i] = fill(i) end
       local dev = assert(host:to("device"))
       if budget then assert(ur.set_hbm_budget(ur.memory().hbm_used + budget)) end
-      local a, b = stats.snapshot(host, "h"), stats.snapshot(dev, "d")
+      local a, b = stats.snapshot(host, "h", true), stats.snapshot(dev, "d", true)
+      -- which path ran: the two give one order, so the record says (no room: the CPU's)
+      assert.equal("host", a.rank_on, what)
+      assert.equal(budget and "host" or "device", b.rank_on, what)
+      -- the budget's refusal was no error of the call, which the CPU's ranking answered
+      if budget then assert.equal("", ffi.string(require("uvmrec.lib").C.ur_last_error()), what) end
       assert.equal(a.total, b.total, what)
+      assert.same(a.by_id:totable(), b.by_id:totable(), what)
       for r = 0, n - 1 do
         if a._o[r] ~= b._o[r] or a._c[r] ~= b._c[r] then
           error(("%s: rank %d: the CPU has id %d (sum %d), the GPU id %d (sum %d)"):format(what, r,

@@ -843,11 +843,16 @@ UR_API int32_t ur_tbe_counting(const ur_tbe *t, int32_t table);
 UR_API ur_status ur_tbe_counts(const ur_tbe *t, int32_t table, ur_tensor **out);
 UR_API ur_status ur_tbe_decay_counts(ur_stream *s, ur_tbe *t, int32_t table, double factor);
 /* order[r] = the id with the r-th highest count (ties: lower id first); cumsum[r] (optional)
- * = the counts of order[0..r] summed.  counts is i32 [n] in any placement; order and cumsum
- * are i64 [n] in host memory.  Linear time (a radix sort; on the GPU for device counters
- * where the HBM budget has 16 bytes a row for it, else on the CPU: the same order). */
+ * = the counts of order[0..r] summed; by_id[id] (optional) = the count ranked for id (below 0
+ * as 0): the counters as the ranking read them, for ur_counts_prefix without reading them
+ * again.  counts is i32 [n] in any placement; order and cumsum are i64 [n], by_id i32 [n], in
+ * host memory.  Linear time (a radix sort; on the GPU for device counters where the HBM budget
+ * has 16 bytes a row for it, else on the CPU: the same order); *on_device (optional) is 1
+ * where the GPU ranked, else 0. */
 UR_API ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order /* out */,
-                                ur_tensor *cumsum /* out, or NULL */);
+                                ur_tensor *cumsum /* out, or NULL */,
+                                ur_tensor *by_id /* out, or NULL */,
+                                int32_t *on_device /* out, or NULL */);
 /* *out = the counts (negative ones as 0) of the ids whose row perm[id] is below k (perm NULL:
  * the identity, ids 0..k-1).  counts i32 [n], perm i64 [n], in host memory. */
 UR_API ur_status ur_counts_prefix(const ur_tensor *counts, const ur_tensor *perm /* or NULL */,

@@ -34,13 +34,21 @@ end
 local Access = {}
 Access.__index = Access
 
--- rows ranked by count: order[r] the id of rank r, cumsum[r] the accesses of ranks 0..r.
-local function snapshot(counts, name)
+-- rows ranked by count: order[r] the id of rank r, cumsum[r] the accesses of ranks 0..r;
+-- rank_on, where the ranking ran: "device" (the GPU sorted the counters where they live) or
+-- "host" (the CPU, for host counters or where the HBM budget had no room for the sort).  With
+-- by_id, also by_id[id], the count ranked for id (below 0 as 0): the counters as the ranking
+-- read them, so that nothing reads them again (ur_counts_prefix takes it).
+local on_device = ffi.new("int32_t[1]")
+local function snapshot(counts, name, by_id)
   local n = counts:numel()
   local order = assert(tensor.tensor({ n }, { dtype = "i64" }))
   local cumsum = assert(tensor.tensor({ n }, { dtype = "i64" }))
-  must(C.ur_counts_rank(lib.ptr(counts, "counts", 3), lib.ptr(order, "order", 3), lib.ptr(cumsum, "cumsum", 3)))
-  local self = setmetatable({ name = name, rows = n, order = order, cumsum = cumsum,
+  local by = by_id and assert(tensor.tensor({ n }, { dtype = "i32" })) or nil
+  must(C.ur_counts_rank(lib.ptr(counts, "counts", 3), lib.ptr(order, "order", 3), lib.ptr(cumsum, "cumsum", 3),
+                        by and by.p, on_device))
+  local self = setmetatable({ name = name, rows = n, order = order, cumsum = cumsum, by_id = by,
+                              rank_on = on_device[0] ~= 0 and "device" or "host",
                               _o = ffi.cast(int64p, C.ur_tensor_data(order.p)),
                               _c = ffi.cast(int64p, C.ur_tensor_data(cumsum.p)) }, Access)
   self.total = n > 0 and tonumber(self._c[n - 1]) or 0
@@ -114,6 +122,7 @@ end
 function Access:free()
   self.order:free()
   self.cumsum:free()
+  if self.by_id then self.by_id:free() end
 end
 
 -- ---- methods of collections ----
@@ -146,10 +155,11 @@ function M.install(methods)
     return self
   end
 
-  -- A ranked snapshot of table `name`'s counters (topk, coverage, histogram).
-  function methods:access(name)
+  -- A ranked snapshot of table `name`'s counters (topk, coverage, histogram; by_id: the
+  -- counts by id too, as snapshot's).
+  function methods:access(name, by_id)
     local c = self:counts(name)
-    local a = snapshot(c, name)
+    local a = snapshot(c, name, by_id)
     c:free()
     return a
   end

@@ -17,6 +17,9 @@ UR__HIDDEN ur_status ur__errorv(ur_status status, const char *fmt, va_list ap);
 /* The same, then ": " and the message of the call that failed before it. */
 UR__HIDDEN ur_status ur__error_cause(ur_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Empties the message: for a call that recovered from a failure of its own (a fallback that
+ * then succeeded), whose message would otherwise read as this call's error. */
+UR__HIDDEN void ur__error_clear(void);
 UR__HIDDEN void ur__format_bytes(uint64_t bytes, char *buf, size_t len);
 
 /* NULL arguments of the C API, checked before anything else is read: UR__ARGS(t, out) returns

@@ -40,6 +40,8 @@ ur_status ur__error_cause(ur_status status, const char *fmt, ...) {
 
 const char *ur_last_error(void) { return last_error; }
 
+void ur__error_clear(void) { last_error[0] = 0; }
+
 ur_status ur__null(const char *fn, const char *arg) {
   return ur__error(UR_STATUS_INVALID, "%s: argument '%s' is NULL", fn, arg);
 }

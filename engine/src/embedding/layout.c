@@ -52,14 +52,18 @@ static void rank_ids(const int32_t *c, int64_t n, int64_t *order, int64_t *tmp) 
   memcpy(order, src, sizeof(int64_t) * (size_t)n);
 }
 
-static ur_status check_host_i64(const ur_tensor *x, int64_t n, const char *what) {
-  if (ur_tensor_dtype(x) != UR_DTYPE_I64 || ur_tensor_ndim(x) != 1 || ur_tensor_numel(x) != n ||
+static ur_status check_host(const ur_tensor *x, ur_dtype dt, int64_t n, const char *what) {
+  if (ur_tensor_dtype(x) != dt || ur_tensor_ndim(x) != 1 || ur_tensor_numel(x) != n ||
       ur_tensor_place(x) == UR_PLACE_DEVICE)
     return ur__error(UR_STATUS_INVALID,
-                     "%s: expected an i64 [%lld] tensor in host memory; got %s [%lld] in %s memory",
-                     what, (long long)n, ur_dtype_name(ur_tensor_dtype(x)),
+                     "%s: expected an %s [%lld] tensor in host memory; got %s [%lld] in %s memory",
+                     what, ur_dtype_name(dt), (long long)n, ur_dtype_name(ur_tensor_dtype(x)),
                      (long long)ur_tensor_numel(x), ur_place_name(ur_tensor_place(x)));
   return UR_STATUS_OK;
+}
+
+static ur_status check_host_i64(const ur_tensor *x, int64_t n, const char *what) {
+  return check_host(x, UR_DTYPE_I64, n, what);
 }
 
 /* cs[r] = the counts of ranks 0..r summed, the count of rank r read from the sorted keys
@@ -75,10 +79,12 @@ static void cumsum_of(int64_t *cs, int64_t n, const uint32_t *keys, const int32_
 }
 
 /* Device counters ranked by their backend (tbe.h's rank_counts: a radix sort there, 16 bytes of
- * HBM a row for its duration, 8 bytes a row back over the link) into the host arrays o and cs.
+ * HBM a row for its duration, 8 bytes a row back over the link) into the host arrays o, cs and
+ * by (the counts by id, from the sorted keys: the counters are not read twice).
  * UR_STATUS_UNSUPPORTED where it cannot (host counters, no room in the HBM budget, 2^31 rows or
  * more): the CPU's sort then ranks, to the same order. */
-static ur_status rank_on_device(const ur_tensor *counts, int64_t n, int64_t *o, int64_t *cs) {
+static ur_status rank_on_device(const ur_tensor *counts, int64_t n, int64_t *o, int64_t *cs,
+                                int32_t *by) {
   const ur_backend *b = ur__tensor_backend(counts);
   if (ur_tensor_place(counts) != UR_PLACE_DEVICE || b == ur__cpu() || !b->tbe ||
       !b->tbe->rank_counts || n <= 0 || n >= INT32_MAX)
@@ -95,48 +101,66 @@ static ur_status rank_on_device(const ur_tensor *counts, int64_t n, int64_t *o, 
     int64_t nb = (int64_t)(wb ? wb : 1);
     /* HBM for the sort (16 bytes a row): where the budget has none, the CPU ranks instead */
     st = ur_tensor_new(&work, UR_DTYPE_U8, 1, &nb, UR_PLACE_DEVICE, dev);
-    if (st == UR_STATUS_OOM) st = UR_STATUS_UNSUPPORTED;
+    if (st == UR_STATUS_OOM) {
+      /* the budget's refusal is no error of this call, whose CPU ranking sets its own if any */
+      ur__error_clear();
+      st = UR_STATUS_UNSUPPORTED;
+    }
   }
   if (!st) st = b->tbe->rank_counts(NULL, ur_tensor_data(counts), n, ur_tensor_data(work), keys, ids);
   if (!st) {
     for (int64_t r = 0; r < n; r++) o[r] = ids[r];
     if (cs) cumsum_of(cs, n, keys, NULL, NULL);
+    if (by)
+      for (int64_t r = 0; r < n; r++) by[ids[r]] = (int32_t)(UINT32_MAX - keys[r]);
   }
   ur_tensor_free(work);
   free(keys);
   return ur__device_leave(b, dev, prev, st);
 }
 
-ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *cumsum) {
+ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *cumsum,
+                         ur_tensor *by_id, int32_t *on_device) {
   UR__ARGS(counts, order);
+  if (on_device) *on_device = 0;
   if (ur_tensor_dtype(counts) != UR_DTYPE_I32 || ur_tensor_ndim(counts) != 1)
     return ur__error(UR_STATUS_INVALID, "counts_rank: counts is %s with %d dimensions; expected "
                      "i32 [n]", ur_dtype_name(ur_tensor_dtype(counts)), (int)ur_tensor_ndim(counts));
   int64_t n = ur_tensor_numel(counts);
   ur_status st = check_host_i64(order, n, "counts_rank: order");
   if (!st && cumsum) st = check_host_i64(cumsum, n, "counts_rank: cumsum");
+  if (!st && by_id) st = check_host(by_id, UR_DTYPE_I32, n, "counts_rank: by_id");
   if (st) return st;
   /* the counters' writers, and anything still using pinned or managed outputs, on any stream */
   if (ur_tensor_place(counts) != UR_PLACE_HOST || ur_tensor_place(order) != UR_PLACE_HOST ||
-      (cumsum && ur_tensor_place(cumsum) != UR_PLACE_HOST))
+      (cumsum && ur_tensor_place(cumsum) != UR_PLACE_HOST) ||
+      (by_id && ur_tensor_place(by_id) != UR_PLACE_HOST))
     st = ur_device_sync();
   if (st) return st;
   int64_t *o = ur_tensor_data(order), *cs = cumsum ? ur_tensor_data(cumsum) : NULL;
-  st = rank_on_device(counts, n, o, cs);
+  int32_t *by = by_id ? ur_tensor_data(by_id) : NULL;
+  st = rank_on_device(counts, n, o, cs, by);
+  if (!st && on_device) *on_device = 1;
   if (st != UR_STATUS_UNSUPPORTED) return st;
-  int32_t *c = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+  st = UR_STATUS_OK;
+  /* host counters are ranked where they are; others are read once, into by_id where asked */
+  int host = ur_tensor_place(counts) == UR_PLACE_HOST;
+  int32_t *copy = host ? NULL : by ? by : malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+  const int32_t *c = host ? ur_tensor_data(counts) : copy;
   int64_t *tmp = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
   if (!c || !tmp) {
-    free(c);
+    if (copy != by) free(copy);
     free(tmp);
     return ur__error(UR_STATUS_OOM, "counts_rank: out of host memory for %lld rows", (long long)n);
   }
-  st = ur_tensor_read(counts, 0, n, c);
+  if (copy) st = ur_tensor_read(counts, 0, n, copy);
   if (!st) {
     rank_ids(c, n, o, tmp);
     if (cs) cumsum_of(cs, n, NULL, c, o);
+    if (by)
+      for (int64_t i = 0; i < n; i++) by[i] = c[i] < 0 ? 0 : c[i];
   }
-  free(c);
+  if (copy != by) free(copy);
   free(tmp);
   return st;
 }
