@@ -140,9 +140,24 @@ describe("uvmrec.hints on the GPU", function()
     steps(m, 3, 5000)       -- another stream: other ids are hot
     local probe = batch(2048, 4242)
     local before = m:forward(probe):totable()
+    local counts = { a = m.tbe:counts("a"):totable(), b = m.tbe:counts("b"):totable() } -- decay 0 clears them
     local rec = assert(mgr:interval(6))
     assert.is_true(rec.rows_moved > 0 and rec.rows_moved < 2 * 131072 * 0.2, "moved " .. rec.rows_moved)
     assert.same(before, m:forward(probe):totable())
+    -- ranked on the GPU (the CPU's fallback gives the same order: the record tells them apart),
+    -- and the coverage measured under the layout the engine holds after the swaps, from the
+    -- counters as ranked (neither read back a second time)
+    assert.equal("device", rec.rank_on)
+    for i, name in ipairs { "a", "b" } do
+      assert.equal("device", rec.tables[name].rank_on)
+      local c, p = counts[name], m.tbe:permutation(name):totable()
+      local covered, total = 0, 0
+      for id = 1, #c do
+        total = total + c[id]
+        if p[id] < mgr.tables[i].k then covered = covered + c[id] end
+      end
+      assert.equal(covered / total, rec.tables[name].coverage, name)
+    end
     mgr:free()
     m.tbe:free()
   end)

@@ -41,6 +41,55 @@ describe("uvmrec.hints.adaptive", function()
     assert.same(w_before, after:totable())
     mgr:free()
   end)
+
+  it("reads each table's counters and layout once an interval, its coverage the engine's layout's", function()
+    -- an interval read every table's counters twice (ranked, then by id for the prefix's
+    -- accesses) and, after swaps, its layout twice; its first relayout ranked them again
+    local m, mgr = H.started { policy = "adaptive", every = 1, allowance = 64 * 1024, decay = 0.5,
+                               options = { margin = 0 } }
+    local reads = {}
+    for _, what in ipairs { "counts", "permutation" } do
+      local real = m.tbe[what]
+      m.tbe[what] = function(tbe, name)
+        reads[what .. " " .. name] = (reads[what .. " " .. name] or 0) + 1
+        return real(tbe, name)
+      end
+    end
+    local first = {}
+    for i = 1, 100 do first[i] = i * 3 end
+    local streams = { { first, { 1, 2 } }, { first, { 1, 2 } } }
+    for i = 1, 4 do
+      local hot = {}
+      for j = 1, 60 do hot[j] = 4000 + 50 * i + j end
+      streams[#streams + 1] = { hot, { 7, 9 } }
+    end
+    local swapped = 0
+    for step, hot in ipairs(streams) do
+      feed(m, hot, 4 + step)
+      reads = {}
+      local rec = assert(mgr:step(step))
+      swapped = swapped + (step > 1 and rec.rows_moved or 0)
+      for _, name in ipairs { "a", "b" } do
+        local what = ("step %d, table %s"):format(step, name)
+        assert.equal(1, reads["counts " .. name], what .. ": counters read")
+        assert.is_true((reads["permutation " .. name] or 0) <= 1, what .. ": layout read")
+        -- the coverage measured under the layout the engine now has, from its counters
+        local c, p = m.tbe:counts(name):totable(), m.tbe:permutation(name)
+        p = p and p:totable()
+        local k, covered, total = mgr.tables[name == "a" and 1 or 2].k, 0, 0
+        for id = 0, #c - 1 do
+          total = total + c[id + 1]
+          if (p and p[id + 1] or id) < k then covered = covered + c[id + 1] end
+        end
+        local view = rec.tables[name]
+        assert.equal(covered / total, view.coverage, what)
+        assert.equal("host", view.rank_on, what)
+      end
+      assert.equal("host", rec.rank_on)
+    end
+    assert.is_true(swapped > 0, "the drift swapped no row")
+    mgr:free()
+  end)
 end)
 
 -- The pairs adaptive swaps and the accesses a prefix takes (ur_counts_swap_pairs,

@@ -28,6 +28,7 @@ local ffi = require "ffi"
 local ur = require "uvmrec"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
+local tbe_stats = require "uvmrec.tbe_stats"
 
 local M = {}
 local C, must = ur.C, lib.must
@@ -131,7 +132,9 @@ local Stats = {}
 Stats.__index = function(s, k)
   if k == "access" then -- ranked on first use: it costs a sort of the counters (on the GPU for its tables)
     local t0 = C.ur_clock_seconds()
-    local a = s._tbe:access(s.name)
+    -- device counters' counts by id come with the ranking: the prefix's accesses read none again
+    local v = s:_counters()
+    local a = tbe_stats.snapshot(v, s.name, v:placement() == "device")
     rawset(s, "access", a)
     rawset(s, "rank_seconds", C.ur_clock_seconds() - t0)
     return a
@@ -145,7 +148,7 @@ Stats.__index = function(s, k)
     local h = assert(p:to("host"))
     p:free()
     rawset(s, "perm", h)
-    rawset(s, "_perm_p", ffi.cast("int64_t *", C.ur_tensor_data(h.p)))
+    rawset(s, "_perm_p", ffi.cast(int64p, C.ur_tensor_data(h.p)))
     return rawget(s, k)
   end
   if k == "total" then return s.access.total end
@@ -179,16 +182,35 @@ function Stats:prefix_accesses(k)
   self:_counts()
   local _ = self._perm_p -- the layout, read back on first use
   local sum = ffi.new("int64_t[1]")
-  must(C.ur_counts_prefix(rawget(self, "_host_counts").p, rawget(self, "perm") and self.perm.p, k, sum))
+  must(C.ur_counts_prefix(rawget(self, "_counts_t").p, rawget(self, "perm") and self.perm.p, k, sum))
   return tonumber(sum[0])
 end
 
+-- The table's counters, a view where they live (no forward runs while the stats are in use).
+function Stats:_counters()
+  local v = rawget(self, "_view")
+  if not v then
+    v = self._tbe:counts(self.name)
+    rawset(self, "_view", v)
+  end
+  return v
+end
+
+-- The counters by id, in host memory, read once an interval: where they are for host
+-- counters, else the ranking's where the table was ranked, else read back.
 function Stats:_counts()
-  if not rawget(self, "_host_counts") then
-    local t = self._tbe:counts(self.name)
-    local h = assert(t:to("host"))
-    t:free()
-    rawset(self, "_host_counts", h)
+  if not rawget(self, "_c") then
+    local v, a = self:_counters(), rawget(self, "access")
+    local h = v
+    if v:placement() == "device" then
+      if a and a.by_id then
+        h = a.by_id
+      else
+        h = assert(v:to("host"))
+        rawset(self, "_host_counts", h) -- ours to free
+      end
+    end
+    rawset(self, "_counts_t", h)
     rawset(self, "_c", ffi.cast("int32_t *", C.ur_tensor_data(h.p)))
   end
   return self._c
@@ -202,9 +224,33 @@ function Stats:_forget_perm()
   rawset(self, "_perm_read", nil)
 end
 
+-- The table was laid out by perm (host i64 [rows], the stats' to free): the layout known
+-- without reading it back.
+function Stats:_set_perm(perm)
+  self:_forget_perm()
+  rawset(self, "_perm_read", true)
+  rawset(self, "perm", perm)
+  rawset(self, "_perm_p", ffi.cast(int64p, C.ur_tensor_data(perm.p)))
+end
+
+-- Ids a[i] and b[i] (int64_t arrays, n pairs) traded rows: the layout read back trades their
+-- entries as the engine did; one not read (or the identity's, none) is read on its next use.
+function Stats:_swapped(a, b, n)
+  local p = rawget(self, "_perm_p")
+  if not p then
+    self:_forget_perm()
+    return
+  end
+  for i = 0, n - 1 do
+    local x, y = a[i], b[i]
+    p[x], p[y] = p[y], p[x]
+  end
+end
+
 function Stats:free()
   if rawget(self, "access") then self.access:free() end
   if rawget(self, "_host_counts") then self._host_counts:free() end
+  if rawget(self, "_view") then self._view:free() end
   self:_forget_perm()
 end
 
@@ -591,17 +637,24 @@ function Manager:_apply(t, s, actions, rec, allowance)
     if a.kind == "relayout" then
       local r, err
       if a.how == "counts" then
-        r, err = t.tbe:relayout(t.name, "counts", { stream = self.stream })
+        -- hottest first by the interval's ranking (relayout's "counts" would rank them again),
+        -- and the layout kept: nothing reads it back
+        local perm = assert(tensor.tensor({ t.rows }, { dtype = "i64" }))
+        must(C.ur_perm_from_order(s.access.order.p, perm.p))
+        r, err = t.tbe:relayout(t.name, perm, { stream = self.stream })
+        if r then s:_set_perm(perm) else perm:free() end
       else -- {swap = k}: check_actions let nothing else through
         -- rows that crossed trade places where they are, on the stream (a kernel on a GPU)
         local A, B, n = self:_swap_pairs(t, s, a.how.swap, a.how.band or 0)
         if n > 0 then
           local ids_a, ids_b = ffi.cast(int64p, C.ur_tensor_data(A.p)), ffi.cast(int64p, C.ur_tensor_data(B.p))
           r, err = t.tbe:swap_rows(t.name, ids_a, ids_b, n, { stream = self.stream })
+          if r then s:_swapped(ids_a, ids_b, n) end
         end
         if A then A:free() B:free() end
       end
-      if err then return nil, err end
+      -- a failed one may have moved rows or the map: read the layout again
+      if err then s:_forget_perm() return nil, err end
       if r then record_move(self, rec, r) end
     elseif a.rows > 0 then
       local loc = a.location == "gpu" and self.location or a.location
@@ -662,7 +715,6 @@ function Manager:interval(step, keep_counts)
   local ok, err = true, nil
   for i, t in ipairs(self.tables) do
     local s = stats[i]
-    local moved = rec.rows_moved
     local pok, actions = pcall(t.policy.plan, t.policy, s, shares[i])
     if pok then
       ok, err = self:_apply(t, s, actions, rec, shares[i])
@@ -672,12 +724,9 @@ function Manager:interval(step, keep_counts)
     end
     if not ok then break end
     t.k = actions.hot_rows or t.k -- the policy's view: the leading rows it keeps on the GPU
-    if rec.rows_moved ~= moved then
-      -- the layout changed (or appeared): coverage is measured under the new one, read again
-      s:_forget_perm()
-    end
     local view = { rows = t.rows, share = shares[i], hot_rows = t.k,
                    hot_fraction = t.k / t.rows }
+    -- coverage under the layout as it is now: _apply kept the one read back in step with its moves
     if rawget(s, "access") and s.total > 0 then
       t.covered, t.total = s:prefix_accesses(t.k), s.total
       view.best_coverage = s.access:accesses(t.k) / s.total
@@ -687,8 +736,15 @@ function Manager:interval(step, keep_counts)
     rec.tables[t.name] = view
   end
   rec.rank_seconds = 0
-  for _, s in ipairs(stats) do
+  for i, s in ipairs(stats) do
     rec.rank_seconds = rec.rank_seconds + (rawget(s, "rank_seconds") or 0)
+    -- where the counters were ranked: "device" or "host" (a GPU's fell back to the CPU where the
+    -- HBM budget had no room for the sort), "mixed" when tables differ; nil, none ranked
+    local a, view = rawget(s, "access"), rec.tables[self.tables[i].name]
+    if a then
+      if view then view.rank_on = a.rank_on end
+      rec.rank_on = (rec.rank_on == nil or rec.rank_on == a.rank_on) and a.rank_on or "mixed"
+    end
     s:free()
   end
   if not ok then return nil, err end
@@ -733,9 +789,8 @@ function Manager:measure()
   local covered, total, per = 0, 0, {}
   for _, t in ipairs(self.tables) do
     local s = setmetatable({ name = t.name, rows = t.rows, _tbe = t.tbe }, Stats)
-    local c, n = s:prefix_accesses(t.k), 0
-    local cp = s:_counts()
-    for id = 0, t.rows - 1 do n = n + cp[id] end
+    -- every row is in the prefix of all of them: the total, as the prefix counts it, in C
+    local c, n = s:prefix_accesses(t.k), s:prefix_accesses(t.rows)
     per[t.name] = n > 0 and c / n or nil
     covered, total = covered + c, total + n
     s:free()
