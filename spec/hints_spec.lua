@@ -40,18 +40,32 @@ return P
     assert.has_error(function() hints.manager(m, { policy = "hottest" }) end,
       "hints: no policy 'hottest'; built in: none, host, hot_prefix, adaptive, or a path to a .lua file")
     assert.has_error(function() hints.manager(m, { policy = "adaptive", options = { margni = 1 } }) end,
-      "hints: policy 'adaptive' has no option 'margni'")
+      "hints: policy 'adaptive': unknown option 'margni'; expected band, margin")
     assert.has_error(function() hints.manager(m, { policy = "adaptive", options = { margin = "0.1" } }) end,
-      "hints: policy 'adaptive' option margin is 0.1 (a string); expected a number like its default, 0.02")
+      "hints: policy 'adaptive': margin is 0.1 (a string); expected a number like its default, 0.02")
+    assert.has_error(function() hints.manager(m, { policy = "adaptive", options = { margin = -0.5 } }) end,
+      "hints: policy 'adaptive': margin is -0.5; expected a number in [0, 1)")
+    -- a policy without options took any, dropping them
+    assert.has_error(function() hints.manager(m, { policy = "hot_prefix", options = { margin = 0.1 } }) end,
+      "hints: policy 'hot_prefix' takes no options; got 'margin'")
     assert.has_error(function() hints.manager(m, { allowance = "lots" }) end)
-    assert.has_error(function() hints.manager(m, { every = 0 }) end, "hints: every must be >= 1 step")
+    -- inf (a manager that never steps), 0, negatives and fractions of a step: by lib.whole
+    assert.has_error(function() hints.manager(m, { every = 0 }) end, "hints: every is 0; expected a whole number >= 1")
+    assert.has_error(function() hints.manager(m, { every = -3 }) end,
+      "hints: every is -3; expected a whole number >= 1")
+    assert.has_error(function() hints.manager(m, { every = math.huge }) end,
+      "hints: every is inf; expected a whole number below 2^63")
+    assert.has_error(function() hints.manager(m, { every = "10" }) end,
+      "hints: every is 10; expected a whole number >= 1")
     assert.has_error(function() hints.manager(m, { monitor = "always" }) end,
       'hints: monitor \'always\'; expected "end", "interval" or "off" (or true, false)')
     assert.has_error(function() hints.manager(m, { evry = 5 }) end,
       "hints: unknown manager option 'evry'; expected allowance, decay, every, location, monitor, options, "
       .. "policy, stream, tables")
-    assert.has_error(function() hints.manager(m, { every = 1.5 }) end, "hints: every must be >= 1 step")
-    assert.has_error(function() hints.manager(m, { decay = "half" }) end, "hints: decay must be in [0, 1]")
+    assert.has_error(function() hints.manager(m, { every = 1.5 }) end,
+      "hints: every is 1.5; expected a whole number >= 1")
+    assert.has_error(function() hints.manager(m, { decay = "half" }) end,
+      "hints: decay is half; expected a number in [0, 1]")
     assert.has_error(function() hints.manager(m, { location = "gpux" }) end,
       "location: 'gpux' is not a location; expected cpu, gpu, cuda:N or a device number (-1 for the CPU, 0..63 "
       .. "for a GPU)")

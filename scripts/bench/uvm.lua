@@ -161,7 +161,8 @@ local function run(r)
       assert(ur.set_hbm_budget(ur.memory().hbm_used + non_table_peak + perm_bytes + allowance))
       rec.hbm_budget = ur.hbm_budget()
     end
-    mgr = hints.manager(model.embeddings, { policy = r.policy, every = math.huge, allowance = allowance,
+    -- its intervals are called below, never by step(): every is the one the step is spread over
+    mgr = hints.manager(model.embeddings, { policy = r.policy, every = o.every, allowance = allowance,
                                             monitor = false })
     assert(mgr:start(0))
     rec.allowance = allowance

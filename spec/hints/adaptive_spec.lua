@@ -90,6 +90,22 @@ describe("uvmrec.hints.adaptive", function()
     assert.is_true(swapped > 0, "the drift swapped no row")
     mgr:free()
   end)
+
+  it("refuses a margin or band outside its range, naming the policy, the option and the value", function()
+    -- a margin below 0 swapped at every interval (the gap is >= 0), and one of 1 never did
+    local hints = require "uvmrec.hints"
+    for _, case in ipairs {
+      { { margin = -0.1 }, "margin is -0.1; expected a number in [0, 1)" },
+      { { margin = 1 }, "margin is 1; expected a number in [0, 1)" },
+      { { margin = 0 / 0 }, "margin is " .. tostring(0 / 0) .. "; expected a number in [0, 1)" },
+      { { band = -1 }, "band is -1; expected a number in [0, inf)" },
+      { { band = math.huge }, "band is inf; expected a number in [0, inf)" },
+      { { marign = 0.1 }, "unknown option 'marign'; expected band, margin" },
+    } do
+      assert.has_error(function() hints.new("adaptive", case[1]) end, "hints: policy 'adaptive': " .. case[2])
+    end
+    assert.equal(0, hints.new("adaptive", { margin = 0, band = 0 }).opts.margin)
+  end)
 end)
 
 -- The pairs adaptive swaps and the accesses a prefix takes (ur_counts_swap_pairs,

@@ -10,7 +10,8 @@
 --   hints.new("adaptive", {margin = 0.02, band = 0.1})
 local hints = require "uvmrec.hints"
 
-local P = hints.policy("adaptive", { margin = 0.02, band = 0.1 })
+-- margin: a share of the accesses (the gap is one, from 0 to 1); band: a ratio's excess
+local P = hints.policy("adaptive", { margin = 0.02, band = 0.1 }, { margin = { 0, 1 }, band = { 0, math.huge } })
 P.rerank = true -- the manager ranks every table each interval for it
 
 function P:plan(stats, allowance)

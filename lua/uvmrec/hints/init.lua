@@ -67,21 +67,32 @@ end
 
 -- ---- policies ----
 
--- A policy class: P = hints.policy("name", defaults); P.new(opts) or hints.new("name", opts).
-function M.policy(name, defaults)
-  local P = { name = name, defaults = defaults or {} }
+-- A policy class: P = hints.policy("name", defaults, ranges); P.new(opts) or hints.new("name",
+-- opts).  ranges (optional): {option = {lo, hi}}, a number option's values from lo to below hi
+-- (adaptive's margin below 0 swapped rows at every interval, the two layouts' gap being >= 0).
+function M.policy(name, defaults, ranges)
+  local P = { name = name, defaults = defaults or {}, ranges = ranges or {} }
   P.__index = P
+  local what, names = ("hints: policy '%s'"):format(name), {}
+  for k in pairs(P.defaults) do names[k] = true end
   function P.new(opts)
+    opts = opts or {}
+    if next(P.defaults) == nil and next(opts) ~= nil then
+      error(("%s takes no options; got '%s'"):format(what, tostring(next(opts))), 3)
+    end
+    lib.known_keys(opts, names, what, 3)
     local o = {}
     for k, v in pairs(P.defaults) do o[k] = v end
-    for k, v in pairs(opts or {}) do
-      if P.defaults[k] == nil then
-        error(("hints: policy '%s' has no option '%s'"):format(name, tostring(k)), 3)
-      end
+    for k, v in pairs(opts) do
       -- of its default's type: a string "0.1" failed at the first interval's comparison
       if type(v) ~= type(P.defaults[k]) then
-        error(("hints: policy '%s' option %s is %s (a %s); expected a %s like its default, %s"):format(name,
-          tostring(k), tostring(v), type(v), type(P.defaults[k]), tostring(P.defaults[k])), 3)
+        error(("%s: %s is %s (a %s); expected a %s like its default, %s"):format(what, tostring(k), tostring(v),
+          type(v), type(P.defaults[k]), tostring(P.defaults[k])), 3)
+      end
+      local r = P.ranges[k]
+      if r and not (v >= r[1] and v < r[2]) then
+        error(("%s: %s is %s; expected a number in [%s, %s)"):format(what, k, tostring(v), tostring(r[1]),
+          tostring(r[2])), 3)
       end
       o[k] = v
     end
@@ -338,11 +349,10 @@ function M.manager(collection, opts)
                               decay = opts.decay or 1, location = opts.location or "gpu", stream = opts.stream,
                               intervals = {}, tables = {}, policies = {}, hint_seconds = 0,
                               relayout_seconds = 0, relayout_bytes = 0, calls = 0 }, Manager)
-  if type(self.every) ~= "number" or self.every < 1 or self.every ~= math.floor(self.every) then
-    error("hints: every must be >= 1 step", 2)
-  end
+  -- inf, 0, 1.5 or -2 passed a check of their own, inf as never (step's `step % inf` is NaN)
+  lib.whole(self.every, "hints: every", 2, 1)
   if type(self.decay) ~= "number" or not (self.decay >= 0 and self.decay <= 1) then
-    error("hints: decay must be in [0, 1]", 2)
+    error(("hints: decay is %s; expected a number in [0, 1]"):format(tostring(self.decay)), 2)
   end
   lib.location(self.location, 2) -- a bad one failed at the first interval's advice, inside the manager
   local default = M.new(opts.policy or "hot_prefix", opts.options)
