@@ -130,8 +130,8 @@ return P
     -- a table's own, against its own rows (b: 132 bytes a row)
     assert.has_error(function()
       hints.manager(m, { tables = { b = { policy = "hot_prefix", allowance = 1000 } } })
-    end, "hints: table b: allowance 1000 is 1000 byte(s), less than one row takes in whole pages (8192 bytes: rows "
-         .. "of 132 bytes, pages of 4096); 0 places none, '100%' all of it")
+    end, "hints: table b: allowance 1000 is 1000 byte(s), less than one row takes in whole pages (table b: 8192 "
+         .. "bytes, rows of 132 bytes, pages of 4096); 0 places none, '100%' all of it")
     assert.equal(8192, hints.manager(m, { tables = { b = { policy = "hot_prefix", allowance = 8192 } } })
                          .tables[2].allowance)
   end)

@@ -274,9 +274,11 @@ Manager.__index = Manager
 -- 100 ('20%'); a number below 1, a fraction (0.2; "0.2" as a config gives it, once 0 bytes); else a
 -- whole number of bytes or a size (lib.bytes: 123, '8GiB').  1 is 1 byte ('100%' is all): the
 -- manager refuses an allowance below one row's pages.  Raises naming the value otherwise.
+local function shown(v) return type(v) == "string" and ("'%s'"):format(v) or tostring(v) end -- as given
+
 local function parse_allowance(v, total)
   if v == nil then return total end
-  local what = type(v) == "string" and ("'%s'"):format(v) or tostring(v)
+  local what = shown(v)
   local x = v
   if type(v) == "string" then
     local pct = tonumber(v:match("^%s*([%d%.]+)%s*%%%s*$"))
@@ -293,6 +295,17 @@ local function parse_allowance(v, total)
   return b
 end
 M.parse_allowance = parse_allowance
+
+-- Refuses an allowance v (`bytes` as read) above 0 that not one row's pages fit in (least
+-- bytes, a row of table t's): meant as a fraction (1 for all), it would place nothing.  what
+-- names it ("table b: allowance"); shared: the least is over the tables sharing it.
+local function refuse_below_row(what, v, bytes, least, t, shared, level)
+  if bytes > 0 and bytes < least then
+    error(("hints: %s %s is %d byte(s), less than one row%s takes in whole pages (table %s: %d bytes, rows of %d "
+      .. "bytes, pages of %d); 0 places none, '100%%' all of it"):format(what, shown(v), bytes,
+      shared and " of any table sharing it" or "", t.name, least, t.row_bytes, ur.hint_page_bytes()), level + 1)
+  end
+end
 
 -- hints.manager(collection, opts): collection is a uvmrec.tbe object, a module holding one
 -- (.tbe) or a sharded collection (uvmrec.dist.shard: this rank's managed shards, each counted
@@ -382,13 +395,8 @@ function M.manager(collection, opts)
             error(("hints: table %s: %s"):format(name, tostring(a):gsub("^[^\n]-:%d+: hints: ", "")), 2)
           end
           own = a
-          local least = Stats.placed_bytes({ layout = layout }, 1)
-          if own > 0 and own < least then
-            error(("hints: table %s: allowance %s is %d byte(s), less than one row takes in whole pages (%d bytes: "
-              .. "rows of %d bytes, pages of %d); 0 places none, '100%%' all of it"):format(name,
-              type(per.allowance) == "string" and ("'%s'"):format(per.allowance) or tostring(per.allowance), own,
-              least, row_bytes, ur.hint_page_bytes()), 2)
-          end
+          refuse_below_row("table " .. name .. ": allowance", per.allowance, own,
+                           Stats.placed_bytes({ layout = layout }, 1), { name = name, row_bytes = row_bytes }, false, 2)
         end
         self.tables[#self.tables + 1] = { name = name, tensors = ts, rows = tbe.rows[name], layout = layout,
                                           row_bytes = row_bytes, policy = pol, on_gpu = 0, k = 0, allowance = own,
@@ -436,12 +444,7 @@ function M.manager(collection, opts)
     local b = not t.allowance and Stats.placed_bytes(t, 1)
     if b and (not least or b < least) then least, by = b, t end
   end
-  if least and self.allowance > 0 and self.allowance < least then
-    error(("hints: allowance %s is %d byte(s), less than one row of any table sharing it takes in whole pages "
-      .. "(table %s: %d bytes, rows of %d bytes, pages of %d); 0 places none, '100%%' all of it"):format(
-      type(opts.allowance) == "string" and ("'%s'"):format(opts.allowance) or tostring(opts.allowance),
-      self.allowance, by.name, least, by.row_bytes, ur.hint_page_bytes()), 2)
-  end
+  if least then refuse_below_row("allowance", opts.allowance, self.allowance, least, by, true, 2) end
   for _, tbe in ipairs(self.tbes) do assert(tbe:set_counting(true)) end
   for _, t in ipairs(self.tables) do self.rerank = self.rerank or t.policy.rerank end
   local mon = opts.monitor
