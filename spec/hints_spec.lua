@@ -136,6 +136,23 @@ return P
                          .tables[2].allowance)
   end)
 
+  it("take settings for each of 4000 tables in linear time (under 0.4 s CPU to make the manager)", function()
+    -- each setting was looked for through every table: 1.03 s CPU at 4000 tables, 0.22 s at 2000
+    local list, per = {}, {}
+    for i = 1, 4000 do
+      list[i] = { name = "t" .. i, rows = 8, dim = 4 }
+      per["t" .. i] = { policy = i % 2 == 0 and "hot_prefix" or "host" }
+    end
+    local m = ur.nn.EmbeddingBagCollection { device = "cpu", placement = "managed", tables = list }
+    local c0 = os.clock()
+    local mgr = hints.manager(m, { policy = "none", tables = per })
+    local cpu = os.clock() - c0
+    assert.equal("hot_prefix", mgr.tables[4000].policy.name)
+    assert.is_true(cpu < 0.4, ("%.2f s CPU"):format(cpu))
+    mgr:free()
+    m.tbe:free()
+  end)
+
   it("fail naming the policy, the table and the value when a plan returns garbage", function()
     local function plan_err(plan)
       local P = hints.policy("junk", {})

@@ -330,6 +330,9 @@ local function tbes_of(collection)
 end
 M.tbes_of = tbes_of
 
+-- The logical table of a shard ("C3/r1", "C3/c0": C3), or the name itself.
+local function logical_name(name) return name:match("^(.-)/[rc]%d+$") or name end
+
 local MANAGER_OPTS = { policy = true, options = true, every = true, allowance = true, decay = true, tables = true,
                        location = true, monitor = true, stream = true }
 
@@ -381,7 +384,7 @@ function M.manager(collection, opts)
         for _, k in ipairs(tbe.state_names) do ts[#ts + 1] = tbe:state(name)[k] end
         for _, t in ipairs(ts) do row_bytes = row_bytes + t:nbytes() / tbe.rows[name] end
         -- a shard ("C3/r1", "C3/c0") takes its logical table's settings
-        local per = opts.tables and (opts.tables[name] or opts.tables[name:match("^(.-)/[rc]%d+$") or name])
+        local per = opts.tables and (opts.tables[name] or opts.tables[logical_name(name)])
         local pol = per and per.policy and M.new(per.policy, per.options) or default
         local layout = {}
         for _, t in ipairs(ts) do
@@ -418,14 +421,17 @@ function M.manager(collection, opts)
   if opts.tables then
     -- the collection's tables: a sharded one's all (this rank may hold none of a table's shards)
     local sharded = collection.plan and collection.plan.tables
-    local names = {}
-    for n in pairs(sharded or placed) do names[#names + 1] = n end
-    table.sort(names)
+    -- the managed tables' names and their logical tables', once (each setting looked through
+    -- every table: 1000 tables with settings took 10^6 matches)
+    local managed = {}
+    for _, t in ipairs(self.tables) do managed[t.name], managed[logical_name(t.name)] = true, true end
     for name in pairs(opts.tables) do
-      local found = false
-      for _, t in ipairs(self.tables) do found = found or t.name == name or t.name:match("^(.-)/[rc]%d+$") == name end
+      local found = managed[name] ~= nil
       -- a misspelt or unmanaged table's settings would be dropped, its tables run the default
       if not found and not (sharded or placed)[name] then
+        local names = {}
+        for n in pairs(sharded or placed) do names[#names + 1] = n end
+        table.sort(names)
         error(("hints: tables.%s: no table of that name (the collection's: %s)"):format(tostring(name),
           table.concat(names, ", ")), 2)
       end
