@@ -136,6 +136,28 @@ return P
                          .tables[2].allowance)
   end)
 
+  it("refuse a policy object another manager plans with, and take it once that one is freed", function()
+    -- its state is by table name: the second manager's 'a', same name, counted and never laid out
+    local P = hints.new("hot_prefix")
+    local function run()
+      local m = tables()
+      local mgr = hints.manager(m, { policy = P, every = 1, allowance = "50%" })
+      mgr:start(0)
+      H.feed(m, { { 5000, 6000, 7000 }, { 1 } }, 4)
+      assert(mgr:step(1))
+      return m, mgr
+    end
+    local m1, mgr1 = run()
+    assert.is_truthy(m1.tbe:permutation("a"))
+    assert.has_error(run, "hints: policy 'hot_prefix' (an object) plans for another manager already, keeping its "
+      .. "state by table name; free that manager first, or give a name or a class (each manager makes its own)")
+    mgr1:free()
+    local m2, mgr2 = run()
+    local p = m2.tbe:permutation("a"):totable()
+    for _, id in ipairs { 5000, 6000, 7000 } do assert.is_true(p[id + 1] < 3, "id " .. id .. " at " .. p[id + 1]) end
+    mgr2:free()
+  end)
+
   it("take settings for each of 4000 tables in linear time (under 0.4 s CPU to make the manager)", function()
     -- each setting was looked for through every table: 1.03 s CPU at 4000 tables, 0.22 s at 2000
     local list, per = {}, {}

@@ -451,6 +451,17 @@ function M.manager(collection, opts)
     if b and (not least or b < least) then least, by = b, t end
   end
   if least then refuse_below_row("allowance", opts.allowance, self.allowance, least, by, true, 2) end
+  -- a policy object keeps its state by table name: one another manager plans with would take
+  -- this one's tables for the ones it placed (a second manager's table 'a' was never laid out)
+  for _, t in ipairs(self.tables) do
+    local owner = rawget(t.policy, "_manager")
+    if owner and owner ~= self and owner.tables[1] then
+      error(("hints: policy '%s' (an object) plans for another manager already, keeping its state by table "
+        .. "name; free that manager first, or give a name or a class (each manager makes its own)"):format(
+        tostring(t.policy.name or "?")), 2)
+    end
+  end
+  for _, t in ipairs(self.tables) do rawset(t.policy, "_manager", self) end
   for _, tbe in ipairs(self.tbes) do assert(tbe:set_counting(true)) end
   for _, t in ipairs(self.tables) do self.rerank = self.rerank or t.policy.rerank end
   local mon = opts.monitor
@@ -874,6 +885,11 @@ end
 function Manager:free()
   for _, t in ipairs(self.tables) do
     for _, x in ipairs(t.tensors) do x:free() end
+    if rawget(t.policy, "_manager") == self then
+      -- its state was this manager's tables': the next manager starts it afresh
+      rawset(t.policy, "_manager", nil)
+      t.policy.state, t.policy.done = {}, {}
+    end
   end
   self.tables = {}
 end
