@@ -15,9 +15,11 @@ local cmd = require("uvmrec.cli").command {
   { "--per-table LIST", "formats of single tables, e.g. C3=int4,C12=fp16", check = export.parse_per_table },
   { "--dense DTYPE", "the dense weights' dtype (the compute dtype when serving)", choices = { "f32", "bf16" },
     default = "f32" },
+  { "--chunk SIZE", "a table's rows read, quantized and written at a time (bytes, or e.g. 16MiB): the host "
+    .. "memory export holds", check = require("uvmrec.lib").bytes, default = export.CHUNK },
 }
 local o = cmd:parse(arg)
 local r, err = export.run(o.checkpoint, { out = o.out, tables = o.tables, per_table = o.per_table, dense = o.dense,
-                                          print = print })
+                                          chunk = o.chunk, print = print })
 -- the library's messages say "export: ..."; the command's own prefix already says it
 if not r then cmd:fail((tostring(err):gsub("^export: ", "", 1))) end

@@ -284,6 +284,96 @@ describe("uvmrec.checkpoint files", function()
   end)
 end)
 
+describe("uvmrec.checkpoint's writer of a file a part at a time", function()
+  -- tensors of every dtype the layout orders, random values, meta: the file save writes of them
+  local function sample()
+    local ts = {
+      w = ur.tensor({ 7, 3 }):uniform(-1, 1, 11), perm = ur.tensor({ 5 }, { dtype = "i64" }),
+      q = ur.tensor({ 4, 6 }, { dtype = "u8" }),
+      h = (require("uvmrec.qtbe").quantize(ur.tensor({ 3, 4 }):uniform(-2, 2, 12), "fp16")),
+      b = ur.tensor({ 2, 2 }, { dtype = "bf16" }), c = ur.tensor({ 9 }, { dtype = "i32" }),
+    }
+    for i = 0, 4 do ts.perm[i] = (3 * i + 1) % 5 end
+    for i = 0, 23 do ts.q[i] = (37 * i + 5) % 256 end
+    for i = 0, 8 do ts.c[i] = 1000 * i - 4321 end
+    ur.dense.cast(ur.tensor({ 2, 2 }):uniform(-2, 2, 13), ts.b)
+    return ts, { ["uvmrec.format"] = "model", note = "parts" }
+  end
+
+  it("writes the file save writes, byte for byte, from parts given in any order", function()
+    local ts, meta = sample()
+    local whole = scratch("whole.safetensors")
+    assert(ck.save(whole, { tensors = ts, meta = meta }))
+    local path = scratch("parts.safetensors")
+    local specs = {}
+    for _, name in ipairs { "q", "perm", "w", "c", "h", "b" } do
+      specs[#specs + 1] = { name = name, dtype = ts[name]:dtype(), shape = ts[name]:size() }
+    end
+    local w = assert(ck.writer(path, specs, meta))
+    -- row by row, tensors interleaved, the last in the file's layout first
+    for r = 0, 6 do
+      if r < 4 then assert(w:put("q", ts.q:view(r, 1))) end
+      if r == 2 then assert(w:put("perm", ts.perm)) end
+      assert(w:put("w", ts.w:view(r, 1)))
+    end
+    assert.equal(path .. " was not published", (command.exists(path) and "" or path .. " was not published"))
+    assert(w:put("c", ts.c:view_as(0, { 4 })))
+    assert(w:put("c", ts.c:view_as(4, { 5 })))
+    assert(w:put("h", ts.h))
+    assert(w:put("b", ts.b))
+    assert(w:close())
+    assert.equal(read_file(whole), read_file(path))
+  end)
+
+  it("names a part that does not fit, a tensor left short, and leaves the file as it was", function()
+    local ts, meta = sample()
+    local path = scratch("short.safetensors")
+    write_file(path, "the previous file")
+    local w = assert(ck.writer(path, { { name = "w", dtype = "f32", shape = { 7, 3 } },
+                                       { name = "perm", dtype = "i64", shape = { 5 } } }, meta))
+    assert.has_error(function() w:put("w", ts.q) end,
+      ("safetensors writer: %s: tensor 'w' is F32 [7, 3], and a part of u8 was given"):format(path))
+    assert(w:put("w", ts.w:view(0, 5)))
+    assert.has_error(function() w:put("w", ts.w:view(0, 3)) end,
+      ("safetensors writer: %s: tensor 'w' is F32 [7, 3] (84 bytes); 60 were given and a part of 36 "
+       .. "more would pass its end"):format(path))
+    assert.has_error(function() w:put("x", ts.w) end, ("checkpoint writer: %s has no tensor 'x'"):format(path))
+    assert(w:put("perm", ts.perm))
+    local ok, err = pcall(w.close, w)
+    assert.is_false(ok)
+    assert.matches("^safetensors writer: " .. path:gsub("%p", "%%%0") .. "%.tmp%-%w+: tensor 'w' is F32 %[7, 3%] "
+      .. "%(84 bytes%) and 60 were given; " .. path:gsub("%p", "%%%0") .. " is unchanged$", err:gsub("^[^ ]*: ", ""))
+    assert.equal("the previous file", read_file(path))
+    assert.has_error(function() w:put("w", ts.w) end, ("checkpoint writer: %s was closed or abandoned"):format(path))
+    -- abandoned: the temporary file goes, the previous file stays
+    local w2 = assert(ck.writer(path, { { name = "w", dtype = "f32", shape = { 7, 3 } } }, meta))
+    assert(w2:put("w", ts.w))
+    w2:abandon()
+    w2:abandon()
+    assert.equal("the previous file", read_file(path))
+    local dir = path:match("^(.*)/")
+    for _, name in ipairs(assert(require("uvmrec.lib").dir_list(dir, "", ""))) do
+      assert.is_nil(name:match("short%.safetensors%.tmp"), "left behind: " .. name)
+    end
+  end)
+
+  it("reads a tensor's bytes a part at a time from the file", function()
+    local ts = sample()
+    local path = scratch("read.safetensors")
+    assert(ck.save(path, { tensors = ts }))
+    local f = assert(ck.open(path))
+    local part = ur.tensor({ 2, 3 })
+    assert(f:read_part("w", part, 4 * 3 * 4))
+    assert.same(ts.w:view(4, 2):totable(), part:totable())
+    assert.has_error(function() f:read_part("w", part, 4 * 3 * 6) end,
+      ("safetensors read_part: %s: tensor 'w' has 84 bytes; 24 from byte 72 pass its end"):format(path))
+    local ok, err = f:read_part("nope", part)
+    assert.is_nil(ok)
+    assert.equal(("checkpoint: %s has no tensor 'nope'"):format(path), err)
+    f:close()
+  end)
+end)
+
 describe("uvmrec.checkpoint validation", function()
   local F32_2 = '"dtype":"F32","shape":[2],"data_offsets":[0,8]'
   local data8 = "\0\0\128\63\0\0\0\64"

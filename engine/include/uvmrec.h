@@ -1449,6 +1449,25 @@ UR_API ur_status ur_safetensors_save(ur_stream *s, const char *path, int32_t n,
                                      const char *const *names, const ur_tensor *const *tensors,
                                      int32_t nmeta, const char *const *meta_keys,
                                      const char *const *meta_values, uint64_t staging_bytes);
+/* A file written a part at a time, so that no tensor need be whole in memory at once: open
+ * takes every tensor's name, dtype, ndim and shape (entries; it fills their begin, end and
+ * file_offset) and the metadata, lays them out as save does and writes the header into the
+ * temporary file; put appends a part (any placement, the tensor's dtype) to tensor i's bytes
+ * (entries' index), tensors in any order; close checks that every byte was given and publishes
+ * the file as save does (fsync, rename, the directory's fsync), then frees the writer.  free
+ * abandons a writer (its temporary file removed; path unchanged).  A file written by parts is
+ * the file save writes of the same tensors, byte for byte. */
+typedef struct ur_safetensors_writer ur_safetensors_writer;
+UR_API ur_status ur_safetensors_writer_open(ur_safetensors_writer **out, ur_stream *s,
+                                            const char *path, int32_t n,
+                                            ur_safetensors_entry *entries /* in and out */,
+                                            int32_t nmeta, const char *const *meta_keys,
+                                            const char *const *meta_values,
+                                            uint64_t staging_bytes);
+UR_API ur_status ur_safetensors_writer_put(ur_stream *s, ur_safetensors_writer *w, int32_t i,
+                                           const ur_tensor *part);
+UR_API ur_status ur_safetensors_writer_close(ur_safetensors_writer *w);
+UR_API void ur_safetensors_writer_free(ur_safetensors_writer *w);
 UR_API ur_status ur_safetensors_open(ur_safetensors **out, const char *path);
 UR_API void ur_safetensors_close(ur_safetensors *f);
 UR_API const char *ur_safetensors_path(const ur_safetensors *f);
@@ -1469,6 +1488,10 @@ UR_API ur_status ur_safetensors_load(ur_stream *s, const ur_safetensors *f, int3
 /* A host tensor over the mapped bytes (zero-copy; a scalar is shape [1]).  It keeps the
  * mapping alive after close; writes to it stay in memory (copy-on-write), never in the file. */
 UR_API ur_status ur_safetensors_view(const ur_safetensors *f, int32_t i, ur_tensor **out);
+/* dst's bytes (host or pinned) from byte `offset` of tensor i, read from the file (its pages
+ * are not mapped, so a table is read a part at a time in that part's host memory). */
+UR_API ur_status ur_safetensors_read_part(const ur_safetensors *f, int32_t i,
+                                          ur_tensor *dst /* out */, uint64_t offset);
 /* *out = the index of the first NaN or infinity of tensor i (f32, bf16, f16, f64; -1 when none,
  * and for other dtypes), read from the file a chunk at a time (the pages are not mapped: the
  * host memory used stays a chunk's), before a load that should refuse such a tensor. */

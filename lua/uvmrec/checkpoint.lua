@@ -152,6 +152,16 @@ function file_methods:load(map, opts)
   return true
 end
 
+-- Bytes of tensor `name` from byte `offset` into dst (a host tensor, its size read), from the
+-- file rather than its mapping, so that reading a table a part at a time holds one part in
+-- memory.  true, or nil, message.
+function file_methods:read_part(name, dst, offset)
+  local p = F(self)
+  local i = C.ur_safetensors_find(p, name)
+  if i < 0 then return nil, ("checkpoint: %s has no tensor '%s'"):format(self:path(), name) end
+  return check(C.ur_safetensors_read_part(p, i, lib.ptr(dst, "read_part destination", 2), offset or 0))
+end
+
 function file_methods:read(name, dst, opts)
   if type(name) ~= "string" then error("checkpoint read: name must be a string", 2) end
   return self:load({ [name] = dst }, opts)
@@ -200,6 +210,86 @@ function M.save(path, state, opts)
                                               ctensors, #keys, ckeys, cvalues, opts.staging or 0))
   if not ok then return nil, err end
   return true
+end
+
+-- ---- a file written a part at a time ----
+
+local writer_methods = {}
+local Writer = { __index = writer_methods }
+
+-- A file whose tensors are given a part at a time (uvmrec.h's ur_safetensors_writer), so that
+-- none need be whole in memory: specs = {{name =, dtype =, shape = {...}}, ...} (any order),
+-- meta as save's.  w:put(name, part) appends part's bytes to that tensor; w:close() checks that
+-- every byte was given and publishes the file atomically, the file save writes of the same
+-- tensors; w:abandon() leaves path as it was.  opts: staging, stream.  nil, message when the
+-- temporary file cannot be made.
+function M.writer(path, specs, meta, opts)
+  opts = opts or {}
+  if type(path) ~= "string" then error("checkpoint writer: path must be a string", 2) end
+  if type(specs) ~= "table" then error("checkpoint writer: specs must be a list of {name, dtype, shape}", 2) end
+  local n = #specs
+  local entries = ffi.new("ur_safetensors_entry[?]", n + 1)
+  local index = {}
+  for i, sp in ipairs(specs) do
+    if type(sp) ~= "table" or type(sp.name) ~= "string" or type(sp.shape) ~= "table" or #sp.shape > 4 then
+      error(("checkpoint writer: specs[%d] is not {name = string, dtype =, shape = {up to 4 sizes}}"):format(i), 2)
+    end
+    local e = entries[i - 1]
+    e.name = sp.name -- copied by the engine
+    e.dtype = lib.enum(C.ur_dtype_parse, "ur_dtype", sp.dtype or "f32", "dtype", 2)
+    e.ndim = #sp.shape
+    for d, v in ipairs(sp.shape) do e.shape[d - 1] = v end
+    index[sp.name] = i - 1
+  end
+  local keys, values = {}, {}
+  for k in pairs(meta or {}) do
+    if type(k) ~= "string" then error("checkpoint writer: metadata keys must be strings", 2) end
+    keys[#keys + 1] = k
+  end
+  table.sort(keys)
+  local ckeys = ffi.new("const char *[?]", #keys + 1)
+  local cvalues = ffi.new("const char *[?]", #keys + 1)
+  for i, k in ipairs(keys) do
+    values[i] = meta_text(k, meta[k], 2)
+    ckeys[i - 1], cvalues[i - 1] = k, values[i]
+  end
+  local out = ffi.new("ur_safetensors_writer *[1]")
+  local ok, err = check(C.ur_safetensors_writer_open(out, streams.handle(opts.stream, 2), path, n, entries, #keys,
+                                                     ckeys, cvalues, opts.staging or 0))
+  if not ok then return nil, err end
+  local h = ffi.gc(out[0], C.ur_safetensors_writer_free)
+  return setmetatable({ h = h, index = index, path = path, stream = opts.stream }, Writer)
+end
+
+local function W(w, level)
+  if w.h == nil then error("checkpoint writer: " .. w.path .. " was closed or abandoned", level + 1) end
+  return w.h
+end
+
+-- Appends part's bytes to tensor `name`.  true, or nil, message (a part of another dtype, or
+-- one that would pass the tensor's end, is refused naming both).
+function writer_methods:put(name, part)
+  local h = W(self, 2)
+  local i = self.index[name]
+  if not i then error(("checkpoint writer: %s has no tensor '%s'"):format(self.path, tostring(name)), 2) end
+  return check(C.ur_safetensors_writer_put(streams.handle(self.stream, 2), h, i,
+                                           lib.ptr(part, "checkpoint writer part", 2)))
+end
+
+function writer_methods:close()
+  local h = W(self, 2)
+  ffi.gc(h, nil)
+  self.h = nil
+  return check(C.ur_safetensors_writer_close(h))
+end
+
+-- Leaves path as it was (the temporary file removed); harmless twice.
+function writer_methods:abandon()
+  if self.h == nil then return end
+  local h = self.h
+  ffi.gc(h, nil)
+  self.h = nil
+  C.ur_safetensors_writer_free(h)
 end
 
 -- {tensors = {name = tensor}, meta = {key = string}, path = path}: zero-copy host views of

@@ -51,22 +51,46 @@ end
 
 local qerr = ffi.new("ur_qerror")
 
--- Rows [rows, dim] (f32, f16 or bf16; host, pinned or managed) in a format: a new host tensor
--- and the error {max_abs, rms, rel_rms (of the rows' rms), max_ratio (to the format's bound),
--- count}.  A value the format cannot hold raises (the row is named).
-function M.quantize(src, format)
+-- The error of quantized rows from the engine's sums: {max_abs, rms, rel_rms (of the rows' rms),
+-- max_ratio (to the format's bound), count, sum_sq, ref_sum_sq}.
+local function error_of(max_abs, sum_sq, ref_sum_sq, max_ratio, count)
+  local n = math.max(count, 1)
+  return { max_abs = max_abs, rms = math.sqrt(sum_sq / n),
+           rel_rms = ref_sum_sq > 0 and math.sqrt(sum_sq / ref_sum_sq) or 0, max_ratio = max_ratio,
+           count = count, sum_sq = sum_sq, ref_sum_sq = ref_sum_sq }
+end
+
+-- Rows [rows, dim] (f32, f16 or bf16; host, pinned or managed) in a format: into `into` (a host
+-- tensor of the format's shape, reused from block to block) or a new host tensor, and the error
+-- (error_of's).  A value the format cannot hold raises, naming the row: rows row0.. of a table
+-- when the rows are a block of it starting at row0 (default 0).
+function M.quantize(src, format, row0, into)
   local f = M.format_of(format, 2)
   lib.ptr(src, "src", 2)
   if src:dim() ~= 2 then
     error(("quantize: src must be rows [rows, dim], got [%s]"):format(table.concat(src:size(), ", ")), 2)
   end
   local shape, dtype = M.shape(format, src:size(1), src:size(2))
-  local dst = assert(tensor.tensor(shape, { dtype = dtype }))
-  must(C.ur_rows_quantize(lib.ptr(src, "src", 2), lib.ptr(dst, "dst", 2), qerr, f))
-  local n = math.max(tonumber(qerr.count), 1)
-  return dst, { max_abs = qerr.max_abs, rms = math.sqrt(qerr.sum_sq / n),
-                rel_rms = qerr.ref_sum_sq > 0 and math.sqrt(qerr.sum_sq / qerr.ref_sum_sq) or 0,
-                max_ratio = qerr.max_ratio, count = tonumber(qerr.count) }
+  local dst = into or assert(tensor.tensor(shape, { dtype = dtype }))
+  if C.ur_rows_quantize(lib.ptr(src, "src", 2), lib.ptr(dst, "dst", 2), qerr, f) ~= 0 then
+    local err = ffi.string(C.ur_last_error())
+    if dst ~= into then dst:free() end
+    -- the engine counts rows from the block's first
+    if row0 and row0 > 0 then
+      err = err:gsub("^(rows quantize: row )(%d+)", function(p, r) return p .. (tonumber(r) + row0) end, 1)
+    end
+    error(err, 2)
+  end
+  return dst, error_of(qerr.max_abs, qerr.sum_sq, qerr.ref_sum_sq, qerr.max_ratio, tonumber(qerr.count))
+end
+
+-- The error of a table quantized a block of rows at a time: a's (nil: none yet) and block b's
+-- (nil: none) as one.
+function M.merge_error(a, b)
+  a = a or error_of(0, 0, 0, 0, 0)
+  if not b then return a end
+  return error_of(math.max(a.max_abs, b.max_abs), a.sum_sq + b.sum_sq, a.ref_sum_sq + b.ref_sum_sq,
+                  math.max(a.max_ratio, b.max_ratio), a.count + b.count)
 end
 
 -- Rows of a format back to f32 [rows, dim] (a new host tensor).

@@ -11,6 +11,60 @@ local export = require "uvmrec.serve.export"
 local h = require "helpers"
 local cmd = require "command"
 
+-- The model file export wrote when it held every table whole, made here the plain way: a run
+-- over ranks' shards loaded into one process's collection (dist.checkpoint.load), or one
+-- process's tables viewed whole, each quantized whole and saved by uvmrec.checkpoint.save with
+-- the dense weights, the layout's permutations and the metadata of the file export wrote (f32
+-- dense weights).  Returns its path (out) and the tables' errors.
+local function whole_reference(run, exported, out)
+  local train = require "uvmrec.train"
+  local path = assert(train.checkpoint_file(run))
+  local src = assert(ck.open(path))
+  local model = assert(ck.open(exported))
+  local d = json.decode(model:meta("uvmrec.model"))
+  local tensors, errors = {}, {}
+  for _, mlp in ipairs { d.bottom, d.top } do
+    for _, l in ipairs(mlp) do
+      tensors[l.weight], tensors[l.bias] = assert(src:view(l.weight)), assert(src:view(l.bias))
+    end
+  end
+  local whole
+  if src:info("embeddings.C1") == nil then
+    local cfg = train.fill_defaults(json.decode(src:meta("uvmrec.config")))
+    local m = assert(assert(train.model_def(cfg)).build(cfg, { cpu = true }))
+    assert(require("uvmrec.dist.checkpoint").load(ck.shards_path(path), m.embeddings))
+    whole = m.embeddings
+  end
+  for _, t in ipairs(d.tables) do
+    local rows = whole and whole:table(t.name) or assert(src:view("embeddings." .. t.name))
+    tensors[t.weights], errors[t.name] = qtbe.quantize(rows, t.format)
+    if t.permutation then tensors[t.permutation] = assert(src:view("layout." .. t.name .. ".perm")) end
+  end
+  assert(ck.save(out, { tensors = tensors, meta = model:meta() }))
+  return out, errors
+end
+
+local function bytes_of(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- The exported file equals the whole tables' reference byte for byte, and each table's error is
+-- theirs (sums within rounding: they are added a block at a time).
+local function same_as_whole(run, r, dir)
+  local ref, errors = whole_reference(run, r.path, dir .. "/reference.safetensors")
+  local a, b = bytes_of(r.path), bytes_of(ref)
+  assert.equal(#b, #a)
+  assert.is_true(a == b, "the exported file differs from the whole tables' reference")
+  for name, e in pairs(errors) do
+    assert.equal(e.max_abs, r.tables[name].error.max_abs, name)
+    assert.equal(e.count, r.tables[name].error.count, name)
+    assert.near(e.rms, r.tables[name].error.rms, 1e-12 + 1e-9 * e.rms, name)
+  end
+end
+
 describe("uvmrec.serve.export", function()
   it("writes the description, the dense weights and every table in its format", function()
     local t = h.trained("tiny")
@@ -47,21 +101,60 @@ describe("uvmrec.serve.export", function()
     -- failed, 'checkpoint: ... has no tensor 'embeddings.C1''
     if not h.have_mpi() then pending("no MPI here") return end
     local dir = cmd.tmpdir()
-    local _, err, code = cmd.sh(("%s launch -n 2 train dlrm_tiny --cpu --steps 4 --out %s/run --progress none "
-      .. "--set train.checkpoint_every=4 --set embeddings.sharding=column_wise "
-      .. "--set embeddings.tables.C3.sharding=row_wise --set eval.min_auc=0 "
-      .. "--set eval.samples=16384 --set eval.batch_size=8192"):format(cmd.bin(), dir))
+    -- 3 ranks: row-wise blocks of 334, 334 and 332 rows, which no block of rows read lines up with
+    local _, err, code = cmd.sh(("%s launch -n 3 train dlrm_tiny --cpu --steps 4 --out %s/run --progress none "
+      .. "--set train.checkpoint_every=4 --set train.batch_size=1020 --set embeddings.sharding=column_wise "
+      .. "--set embeddings.tables.C3.sharding=row_wise --set embeddings.tables.C12.sharding=row_wise "
+      .. "--set embeddings.tables.C16.sharding=table_wise --set embeddings.tables.C5.sharding=data_parallel "
+      .. "--set eval.min_auc=0 --set eval.samples=16380 --set eval.batch_size=5460"):format(cmd.bin(), dir))
     assert.equal(0, code, err)
     local r = assert(export.run(dir .. "/run", { out = dir .. "/m.safetensors", tables = "f32" }))
     assert.equal(26, #r.description.tables)
+    -- read a block of rows at a time (it held every table whole, gathered in one process): the
+    -- file is the whole tables' byte for byte, with blocks of 15 rows (1000 bytes of 16 f32s)
+    -- across every shard's edges, and with the default blocks
+    same_as_whole(dir .. "/run", r, dir)
+    local q = assert(export.run(dir .. "/run", { out = dir .. "/q.safetensors", tables = "int4",
+                                                per_table = "C3=int8,C5=fp16", chunk = 1000 }))
+    same_as_whole(dir .. "/run", q, dir)
     -- the exported model scores the held-out samples as the checkpoint does
-    local a, e1, c1 = cmd.sh(("%s eval dlrm_tiny --cpu --checkpoint %s/run --set eval.samples=16384 "
-      .. "--set eval.batch_size=8192"):format(cmd.bin(), dir))
+    local a, e1, c1 = cmd.sh(("%s eval dlrm_tiny --cpu --checkpoint %s/run --set eval.samples=16380 "
+      .. "--set eval.batch_size=5460"):format(cmd.bin(), dir))
     assert.equal(0, c1, e1)
     local b, e2, c2 = cmd.sh(("%s eval %s/m.safetensors"):format(cmd.bin(), dir))
     assert.equal(0, c2, e2)
     local function scores(out) return assert(out:match("\neval: (AUC %S+  NE %S+  logloss %S+)"), out) end
     assert.equal(scores(a), scores(b))
+    cmd.rmdir(dir)
+  end)
+
+  it("exports a run over ranks holding a block of rows at a time, never a table whole", function()
+    -- it built one process's whole collection and loaded every shard into it, then held every
+    -- quantized table until the file was written: 100 GB of tables needed as much host memory
+    if not h.have_mpi() then pending("no MPI here") return end
+    local dir = cmd.tmpdir()
+    -- Kaggle's tables held to 200,000 rows: 1.4 M rows of 16 f32s (86 MiB), the largest 12 MiB
+    local _, err, code = cmd.sh(("%s launch -n 2 train dlrm_kaggle --cpu --steps 1 --out %s/run --progress none "
+      .. "--set embeddings.max_rows=200000 --set embeddings.sharding=row_wise "
+      .. "--set embeddings.tables.C3.sharding=column_wise --set train.checkpoint_every=1 "
+      .. "--set eval.samples=0 --set eval.min_auc=0"):format(cmd.bin(), dir))
+    assert.equal(0, code, err)
+    -- the growth of the exporting process's peak resident memory, from its own /proc/self/status
+    local script = cmd.spit(dir .. "/peak.lua", ([[
+      local function kib(field)
+        return tonumber(io.open("/proc/self/status"):read("*a"):match(field .. ":%%s+(%%d+)"))
+      end
+      local export = require "uvmrec.serve.export"
+      collectgarbage()
+      local before = kib("VmRSS")
+      local r = assert(export.run("%s/run", { out = "%s/m.safetensors", chunk = "1MiB" }))
+      print(kib("VmHWM") - before, r.bytes)
+    ]]):format(dir, dir))
+    local out, perr, pcode = cmd.sh(cmd.bin() .. " " .. script)
+    assert.equal(0, pcode, perr)
+    local grew = assert(tonumber(out:match("^(%d+)")), out)
+    -- the tables are 86 MiB; blocks of 1 MiB of rows, their int8 form and the writer's share
+    assert.is_true(grew < 24 * 1024, ("the export's peak grew by %d KiB"):format(grew))
     cmd.rmdir(dir)
   end)
 
@@ -84,6 +177,10 @@ describe("uvmrec.serve.export", function()
     d = json.decode(f:meta("uvmrec.model"))
     assert.equal("embeddings.C12.perm", d.tables[12].permutation)
     assert.same(src:view("layout.C12.perm"):totable(), f:view("embeddings.C12.perm"):totable())
+    -- a block of rows at a time, the permutation too, gives the whole tables' file byte for byte
+    local r = assert(export.run(dir .. "/run", { out = dir .. "/p.safetensors", tables = "int2",
+                                                per_table = { C12 = "f32" }, chunk = "600B" }))
+    same_as_whole(dir .. "/run", r, dir)
     cmd.rmdir(dir)
   end)
 

@@ -92,10 +92,13 @@ static void staging_done(staging *sg) {
 
 /* ---- writing ---- */
 
+/* One tensor of a file being written: what the header says of it, the caller's index, and how
+ * many of its bytes were given. */
 typedef struct item {
-  const char *name;
-  const ur_tensor *t;
-  uint64_t begin, end;
+  char *name; /* the writer's copy */
+  int32_t dtype, ndim, index;
+  int64_t shape[UR_MAX_DIMS];
+  uint64_t begin, end, given;
 } item;
 
 static int by_name(const void *a, const void *b) {
@@ -104,22 +107,26 @@ static int by_name(const void *a, const void *b) {
 
 static int by_layout(const void *a, const void *b) {
   const item *x = a, *y = b;
-  int rx = st_rank[ur_tensor_dtype(x->t)], ry = st_rank[ur_tensor_dtype(y->t)];
+  int rx = st_rank[x->dtype], ry = st_rank[y->dtype];
   if (rx != ry) return ry - rx;
   return strcmp(x->name, y->name);
 }
 
-typedef struct writer {
+struct ur_safetensors_writer {
   int fd;
-  const char *path;
-  char *tmp;
-  uint64_t done, total;
-} writer;
+  char *path, *tmp;
+  uint64_t done, total, data_start;
+  int32_t n;
+  item *items;    /* in layout order */
+  int32_t *slot;  /* the caller's index -> its item */
+  staging sg;
+};
 
-static ur_status write_all(writer *w, const void *p, uint64_t n) {
+/* n bytes at byte `at` of the temporary file. */
+static ur_status write_at(ur_safetensors_writer *w, const void *p, uint64_t n, uint64_t at) {
   const char *c = p;
   while (n) {
-    ssize_t k = write(w->fd, c, n < IO_MAX ? (size_t)n : IO_MAX);
+    ssize_t k = pwrite(w->fd, c, n < IO_MAX ? (size_t)n : IO_MAX, (off_t)at);
     if (k < 0) {
       if (errno == EINTR) continue;
       return ur__error(UR_STATUS_IO,
@@ -130,12 +137,14 @@ static ur_status write_all(writer *w, const void *p, uint64_t n) {
     }
     c += k;
     n -= (uint64_t)k;
+    at += (uint64_t)k;
     w->done += (uint64_t)k;
   }
   return UR_STATUS_OK;
 }
 
-static ur_status write_staged(writer *w, staging *sg, const ur_tensor *t) {
+static ur_status write_staged(ur_safetensors_writer *w, const ur_tensor *t, uint64_t at) {
+  staging *sg = &w->sg;
   uint64_t n = ur_tensor_nbytes(t);
   const char *src = ur_tensor_data(t);
   if (!n) return UR_STATUS_OK;
@@ -152,14 +161,14 @@ static ur_status write_staged(writer *w, staging *sg, const ur_tensor *t) {
       size_t nlen = n - next < sg->chunk ? (size_t)(n - next) : sg->chunk;
       if ((s = sg->b->copy(sg->stream, sg->half[cur ^ 1], src + next, nlen))) return s;
     }
-    if ((s = write_all(w, sg->half[cur], len))) return s;
+    if ((s = write_at(w, sg->half[cur], len, at + off))) return s;
     cur ^= 1;
     off = next;
   }
   return UR_STATUS_OK;
 }
 
-static ur_status build_header(item *items, int32_t n, int32_t nmeta, const char *const *keys,
+static ur_status build_header(const item *items, int32_t n, int32_t nmeta, const char *const *keys,
                               const char *const *values, char **out, size_t *len) {
   json_t *root = json_object();
   ur_status s = root ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
@@ -179,7 +188,6 @@ static ur_status build_header(item *items, int32_t n, int32_t nmeta, const char 
     }
   }
   for (int32_t i = 0; !s && i < n; i++) {
-    const ur_tensor *t = items[i].t;
     json_t *e = json_object(), *shape = json_array(), *offs = json_array();
     if (!e || !shape || !offs) {
       json_decref(e);
@@ -188,11 +196,11 @@ static ur_status build_header(item *items, int32_t n, int32_t nmeta, const char 
       s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
       break;
     }
-    for (int32_t d = 0; d < ur_tensor_ndim(t); d++)
-      json_array_append_new(shape, json_integer((json_int_t)ur_tensor_dim(t, d)));
+    for (int32_t d = 0; d < items[i].ndim; d++)
+      json_array_append_new(shape, json_integer((json_int_t)items[i].shape[d]));
     json_array_append_new(offs, json_integer((json_int_t)items[i].begin));
     json_array_append_new(offs, json_integer((json_int_t)items[i].end));
-    json_object_set_new(e, "dtype", json_string(st_dtype[ur_tensor_dtype(t)]));
+    json_object_set_new(e, "dtype", json_string(st_dtype[items[i].dtype]));
     json_object_set_new(e, "shape", shape);
     json_object_set_new(e, "data_offsets", offs);
     if (json_object_set_new(root, items[i].name, e))
@@ -219,20 +227,22 @@ static ur_status build_header(item *items, int32_t n, int32_t nmeta, const char 
   return UR_STATUS_OK;
 }
 
-static ur_status check_save_args(const char *path, int32_t n, const char *const *names,
-                                 const ur_tensor *const *tensors, int32_t nmeta) {
-  if (!path || !*path) return ur__error(UR_STATUS_INVALID, "safetensors save: no path given");
-  if (n < 0 || nmeta < 0)
-    return ur__error(UR_STATUS_INVALID, "safetensors save: %d tensors and %d metadata entries; "
-                     "expected counts >= 0", (int)n, (int)nmeta);
-  for (int32_t i = 0; i < n; i++) {
-    if (!names[i] || !*names[i] || !strcmp(names[i], "__metadata__"))
-      return ur__error(UR_STATUS_INVALID,
-                       "safetensors save: tensor %d is named '%s'; expected a non-empty name other "
-                       "than __metadata__", (int)i, names[i] ? names[i] : "(null)");
-    if (!tensors[i])
-      return ur__error(UR_STATUS_INVALID, "safetensors save: tensor '%s' is NULL", names[i]);
-  }
+/* What an entry given to the writer must say of its tensor: a name, a dtype, a shape. */
+static ur_status check_entry(const ur_safetensors_entry *e, int32_t i) {
+  if (!e->name || !*e->name || !strcmp(e->name, "__metadata__"))
+    return ur__error(UR_STATUS_INVALID,
+                     "safetensors save: tensor %d is named '%s'; expected a non-empty name other "
+                     "than __metadata__", (int)i, e->name ? e->name : "(null)");
+  if (e->dtype < 0 || e->dtype >= UR_DTYPE_COUNT)
+    return ur__error(UR_STATUS_INVALID, "safetensors save: tensor '%s' has dtype %d; expected a "
+                     "ur_dtype", e->name, (int)e->dtype);
+  if (e->ndim < 0 || e->ndim > UR_MAX_DIMS)
+    return ur__error(UR_STATUS_INVALID, "safetensors save: tensor '%s' has %d dims; expected 0 to "
+                     "%d", e->name, (int)e->ndim, UR_MAX_DIMS);
+  for (int32_t d = 0; d < e->ndim; d++)
+    if (e->shape[d] < 0)
+      return ur__error(UR_STATUS_INVALID, "safetensors save: tensor '%s' has dim %d of %lld; "
+                       "expected a size >= 0", e->name, (int)d, (long long)e->shape[d]);
   return UR_STATUS_OK;
 }
 
@@ -253,6 +263,185 @@ static void test_delay(const char *tmp, const char *path) {
   }
 }
 
+void ur_safetensors_writer_free(ur_safetensors_writer *w) {
+  if (!w) return;
+  staging_done(&w->sg);
+  if (w->fd >= 0) {
+    close(w->fd);
+    unlink(w->tmp);
+  }
+  free(w->tmp);
+  free(w->path);
+  for (int32_t i = 0; w->items && i < w->n; i++) free(w->items[i].name);
+  free(w->items);
+  free(w->slot);
+  free(w);
+}
+
+ur_status ur_safetensors_writer_open(ur_safetensors_writer **out, ur_stream *stream,
+                                     const char *path, int32_t n, ur_safetensors_entry *entries,
+                                     int32_t nmeta, const char *const *meta_keys,
+                                     const char *const *meta_values, uint64_t staging_bytes) {
+  UR__ARGS(out, path);
+  *out = NULL;
+  if (n > 0 && !entries) return ur__null(__func__, "entries");
+  if (nmeta > 0 && !meta_keys) return ur__null(__func__, "meta_keys");
+  if (nmeta > 0 && !meta_values) return ur__null(__func__, "meta_values");
+  if (!*path) return ur__error(UR_STATUS_INVALID, "safetensors save: no path given");
+  if (n < 0 || nmeta < 0)
+    return ur__error(UR_STATUS_INVALID, "safetensors save: %d tensors and %d metadata entries; "
+                     "expected counts >= 0", (int)n, (int)nmeta);
+  ur_status s = UR_STATUS_OK;
+  for (int32_t i = 0; !s && i < n; i++) s = check_entry(&entries[i], i);
+  if (s) return s;
+  ur_safetensors_writer *w = calloc(1, sizeof *w);
+  if (!w) return ur__error(UR_STATUS_OOM, "safetensors save: out of host memory");
+  w->fd = -1;
+  w->n = n;
+  w->items = calloc((size_t)n + 1, sizeof *w->items);
+  w->slot = calloc((size_t)n + 1, sizeof *w->slot);
+  w->path = strdup(path);
+  w->tmp = malloc(strlen(path) + 16);
+  staging_init(&w->sg, stream, staging_bytes);
+  if (!w->items || !w->slot || !w->path || !w->tmp) {
+    ur_safetensors_writer_free(w);
+    return ur__error(UR_STATUS_OOM, "safetensors save: out of host memory");
+  }
+  item *items = w->items;
+  for (int32_t i = 0; i < n; i++) {
+    items[i] = (item){strdup(entries[i].name), entries[i].dtype, entries[i].ndim, i, {0}, 0, 0, 0};
+    memcpy(items[i].shape, entries[i].shape, sizeof items[i].shape);
+    if (!items[i].name) s = ur__error(UR_STATUS_OOM, "safetensors save: out of host memory");
+  }
+  qsort(items, (size_t)n, sizeof *items, by_name);
+  for (int32_t i = 1; !s && i < n; i++)
+    if (!strcmp(items[i].name, items[i - 1].name))
+      s = ur__error(UR_STATUS_INVALID, "safetensors save: tensor name '%s' is given twice",
+                    items[i].name);
+  qsort(items, (size_t)n, sizeof *items, by_layout);
+  uint64_t off = 0;
+  for (int32_t i = 0; !s && i < n; i++) {
+    uint64_t bytes = ur_dtype_size((ur_dtype)items[i].dtype);
+    for (int32_t d = 0; d < items[i].ndim; d++) bytes *= (uint64_t)items[i].shape[d];
+    items[i].begin = off;
+    off = items[i].end = off + bytes;
+    w->slot[items[i].index] = i;
+  }
+  char *header = NULL;
+  size_t hlen = 0;
+  if (!s) s = build_header(items, n, nmeta, meta_keys, meta_values, &header, &hlen);
+  w->data_start = hlen;
+  w->total = hlen + off;
+  for (int32_t i = 0; !s && i < n; i++) {
+    ur_safetensors_entry *e = &entries[items[i].index];
+    e->begin = items[i].begin;
+    e->end = items[i].end;
+    e->file_offset = hlen + items[i].begin;
+  }
+  if (!s) {
+    sprintf(w->tmp, "%s.tmp-XXXXXX", path);
+    w->fd = mkostemp(w->tmp, O_CLOEXEC);
+    if (w->fd < 0)
+      s = ur__error(UR_STATUS_IO, "safetensors: cannot create a temporary file beside %s: %s",
+                    path, strerror(errno));
+  }
+  if (!s && fchmod(w->fd, 0644))
+    s = ur__error(UR_STATUS_IO, "safetensors: chmod of %s: %s", w->tmp, strerror(errno));
+  /* Reserving the blocks first turns a full disk into an error before hours of writing; the
+   * size is kept, so only the writes count against a file-size limit.  Filesystems without
+   * fallocate just skip it. */
+  if (!s && w->total && fallocate(w->fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)w->total) &&
+      errno == ENOSPC) {
+    char need[32];
+    ur__format_bytes(w->total, need, sizeof need);
+    s = ur__error(UR_STATUS_IO, "safetensors: %s needs %s and the disk has less free; %s is "
+                  "unchanged", w->tmp, need, path);
+  }
+  if (!s) s = write_at(w, header, hlen, 0);
+  free(header);
+  if (s) {
+    ur_safetensors_writer_free(w);
+    return s;
+  }
+  *out = w;
+  return UR_STATUS_OK;
+}
+
+static void entry_text(const item *it, char *buf, size_t len) {
+  size_t k = (size_t)snprintf(buf, len, "%s ", st_dtype[it->dtype]);
+  if (k < len) shape_text(it->ndim, it->shape, buf + k, len - k);
+}
+
+ur_status ur_safetensors_writer_put(ur_stream *stream, ur_safetensors_writer *w, int32_t i,
+                                    const ur_tensor *part) {
+  UR__ARGS(w, part);
+  if (i < 0 || i >= w->n)
+    return ur__error(UR_STATUS_INVALID, "safetensors writer: %s: tensor %d does not exist; the "
+                     "file has %d (0-based)", w->path, (int)i, (int)w->n);
+  item *it = &w->items[w->slot[i]];
+  uint64_t n = ur_tensor_nbytes(part), size = it->end - it->begin;
+  char want[192];
+  entry_text(it, want, sizeof want);
+  if ((int32_t)ur_tensor_dtype(part) != it->dtype)
+    return ur__error(UR_STATUS_INVALID, "safetensors writer: %s: tensor '%s' is %s, and a part "
+                     "of %s was given", w->path, it->name, want, ur_dtype_name(ur_tensor_dtype(part)));
+  if (it->given + n > size)
+    return ur__error(UR_STATUS_INVALID, "safetensors writer: %s: tensor '%s' is %s (%llu bytes); "
+                     "%llu were given and a part of %llu more would pass its end", w->path,
+                     it->name, want, (unsigned long long)size, (unsigned long long)it->given,
+                     (unsigned long long)n);
+  uint64_t at = w->data_start + it->begin + it->given;
+  ur_status s;
+  if (staged(part)) {
+    w->sg.stream = stream ? stream->handle : NULL;
+    /* kernels still writing the part must finish before its bytes are read */
+    s = ur__gpu() ? ur__gpu()->device_sync() : UR_STATUS_OK;
+    if (!s) s = write_staged(w, part, at);
+  } else {
+    s = write_at(w, ur_tensor_data(part), n, at);
+  }
+  if (!s) it->given += n;
+  return s;
+}
+
+ur_status ur_safetensors_writer_close(ur_safetensors_writer *w) {
+  UR__ARGS(w);
+  ur_status s = UR_STATUS_OK;
+  for (int32_t i = 0; !s && i < w->n; i++) {
+    const item *it = &w->items[i];
+    if (it->given != it->end - it->begin) {
+      char want[192];
+      entry_text(it, want, sizeof want);
+      s = ur__error(UR_STATUS_INVALID, "safetensors writer: %s: tensor '%s' is %s (%llu bytes) "
+                    "and %llu were given; %s is unchanged", w->tmp, it->name, want,
+                    (unsigned long long)(it->end - it->begin), (unsigned long long)it->given,
+                    w->path);
+    }
+  }
+  staging_done(&w->sg);
+  if (!s && fsync(w->fd))
+    s = ur__error(UR_STATUS_IO, "safetensors: fsync of %s failed: %s; %s is unchanged", w->tmp,
+                  strerror(errno), w->path);
+  if (!s) {
+    int fd = w->fd;
+    w->fd = -1;
+    if (close(fd)) {
+      s = ur__error(UR_STATUS_IO, "safetensors: closing %s failed: %s; %s is unchanged", w->tmp,
+                    strerror(errno), w->path);
+      unlink(w->tmp);
+    }
+  }
+  if (!s) test_delay(w->tmp, w->path);
+  if (!s && rename(w->tmp, w->path)) {
+    s = ur__error(UR_STATUS_IO, "safetensors: renaming %s to %s failed: %s; %s is unchanged",
+                  w->tmp, w->path, strerror(errno), w->path);
+    unlink(w->tmp);
+  }
+  if (!s) s = ur__sync_dir(w->path, "safetensors");
+  ur_safetensors_writer_free(w);
+  return s;
+}
+
 ur_status ur_safetensors_save(ur_stream *stream, const char *path, int32_t n,
                               const char *const *names, const ur_tensor *const *tensors,
                               int32_t nmeta, const char *const *meta_keys,
@@ -262,82 +451,34 @@ ur_status ur_safetensors_save(ur_stream *stream, const char *path, int32_t n,
   if (n > 0 && !tensors) return ur__null(__func__, "tensors");
   if (nmeta > 0 && !meta_keys) return ur__null(__func__, "meta_keys");
   if (nmeta > 0 && !meta_values) return ur__null(__func__, "meta_values");
-  ur_status s = check_save_args(path, n, names, tensors, nmeta);
-  if (s) return s;
-  item *items = calloc((size_t)n + 1, sizeof *items);
-  if (!items) return ur__error(UR_STATUS_OOM, "safetensors save: out of host memory");
-  for (int32_t i = 0; i < n; i++) items[i] = (item){names[i], tensors[i], 0, 0};
-  qsort(items, (size_t)n, sizeof *items, by_name);
-  for (int32_t i = 1; i < n; i++)
-    if (!strcmp(items[i].name, items[i - 1].name)) {
-      s = ur__error(UR_STATUS_INVALID, "safetensors save: tensor name '%s' is given twice",
-                    items[i].name);
-      free(items);
-      return s;
+  ur_safetensors_entry *entries = calloc(n > 0 ? (size_t)n : 1, sizeof *entries);
+  if (!entries) return ur__error(UR_STATUS_OOM, "safetensors save: out of host memory");
+  ur_status s = UR_STATUS_OK;
+  for (int32_t i = 0; !s && i < n; i++) {
+    if (!tensors[i]) {
+      s = ur__error(UR_STATUS_INVALID, "safetensors save: tensor '%s' is NULL",
+                    names[i] ? names[i] : "(null)");
+      break;
     }
-  qsort(items, (size_t)n, sizeof *items, by_layout);
-  uint64_t off = 0;
-  for (int32_t i = 0; i < n; i++) {
-    items[i].begin = off;
-    off = items[i].end = off + ur_tensor_nbytes(items[i].t);
-  }
-  char *header = NULL;
-  size_t hlen = 0;
-  if ((s = build_header(items, n, nmeta, meta_keys, meta_values, &header, &hlen))) {
-    free(items);
-    return s;
+    ur_safetensors_entry *e = &entries[i];
+    e->name = names[i];
+    e->dtype = (int32_t)ur_tensor_dtype(tensors[i]);
+    e->ndim = ur_tensor_ndim(tensors[i]);
+    for (int32_t d = 0; d < e->ndim; d++) e->shape[d] = ur_tensor_dim(tensors[i], d);
   }
   /* Kernels still writing a tensor must finish before its bytes are read. */
-  if (ur__gpu() && (s = ur__gpu()->device_sync())) {
-    free(header);
-    free(items);
-    return s;
+  if (!s && ur__gpu()) s = ur__gpu()->device_sync();
+  ur_safetensors_writer *w = NULL;
+  if (!s) s = ur_safetensors_writer_open(&w, stream, path, n, entries, nmeta, meta_keys,
+                                         meta_values, staging_bytes);
+  /* in the file's order, so the file is written front to back */
+  for (int32_t k = 0; !s && k < n; k++) {
+    int32_t i = w->items[k].index;
+    s = ur_safetensors_writer_put(stream, w, i, tensors[i]);
   }
-  writer w = {-1, path, malloc(strlen(path) + 16), 0, hlen + off};
-  if (!w.tmp) {
-    free(header);
-    free(items);
-    return ur__error(UR_STATUS_OOM, "safetensors save: out of host memory");
-  }
-  sprintf(w.tmp, "%s.tmp-XXXXXX", path);
-  w.fd = mkostemp(w.tmp, O_CLOEXEC);
-  if (w.fd < 0)
-    s = ur__error(UR_STATUS_IO, "safetensors: cannot create a temporary file beside %s: %s", path,
-                  strerror(errno));
-  if (!s && fchmod(w.fd, 0644))
-    s = ur__error(UR_STATUS_IO, "safetensors: chmod of %s: %s", w.tmp, strerror(errno));
-  /* Reserving the blocks first turns a full disk into an error before hours of writing; the
-   * size is kept, so only the writes count against a file-size limit.  Filesystems without
-   * fallocate just skip it. */
-  if (!s && w.total && fallocate(w.fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)w.total) && errno == ENOSPC) {
-    char need[32];
-    ur__format_bytes(w.total, need, sizeof need);
-    s = ur__error(UR_STATUS_IO, "safetensors: %s needs %s and the disk has less free; %s is "
-                  "unchanged", w.tmp, need, path);
-  }
-  if (!s) s = write_all(&w, header, hlen);
-  staging sg;
-  staging_init(&sg, stream, staging_bytes);
-  for (int32_t i = 0; !s && i < n; i++) {
-    const ur_tensor *t = items[i].t;
-    s = staged(t) ? write_staged(&w, &sg, t) : write_all(&w, ur_tensor_data(t), ur_tensor_nbytes(t));
-  }
-  staging_done(&sg);
-  if (!s && fsync(w.fd))
-    s = ur__error(UR_STATUS_IO, "safetensors: fsync of %s failed: %s; %s is unchanged", w.tmp,
-                  strerror(errno), path);
-  if (w.fd >= 0 && close(w.fd) && !s)
-    s = ur__error(UR_STATUS_IO, "safetensors: closing %s failed: %s; %s is unchanged", w.tmp,
-                  strerror(errno), path);
-  if (!s) test_delay(w.tmp, path);
-  if (!s && rename(w.tmp, path))
-    s = ur__error(UR_STATUS_IO, "safetensors: renaming %s to %s failed: %s; %s is unchanged", w.tmp,
-                  path, strerror(errno), path);
-  if (s && w.fd >= 0) unlink(w.tmp);
-  if (!s) s = ur__sync_dir(path, "safetensors");
-  free(w.tmp);
-  free(header);
-  free(items);
+  if (!s) s = ur_safetensors_writer_close(w);
+  else ur_safetensors_writer_free(w);
+  free(entries);
   return s;
 }
 
@@ -797,6 +938,24 @@ ur_status ur_safetensors_find_nonfinite(const ur_safetensors *f, int32_t i, int6
   }
   free(buf);
   return s;
+}
+
+ur_status ur_safetensors_read_part(const ur_safetensors *f, int32_t i, ur_tensor *dst,
+                                   uint64_t offset) {
+  UR__ARGS(f, dst);
+  ur_status s = check_index(f, i, "read_part");
+  if (s) return s;
+  const ur_safetensors_entry *e = &f->entries[i];
+  uint64_t n = ur_tensor_nbytes(dst), size = e->end - e->begin;
+  ur_place p = ur_tensor_place(dst);
+  if (p != UR_PLACE_HOST && p != UR_PLACE_PINNED)
+    return ur__error(UR_STATUS_INVALID, "safetensors read_part: %s: the destination of '%s' is in "
+                     "%s memory; expected host or pinned", f->path, e->name, ur_place_name(p));
+  if (offset > size || n > size - offset)
+    return ur__error(UR_STATUS_INVALID, "safetensors read_part: %s: tensor '%s' has %llu bytes; "
+                     "%llu from byte %llu pass its end", f->path, e->name,
+                     (unsigned long long)size, (unsigned long long)n, (unsigned long long)offset);
+  return read_all(f, ur_tensor_data(dst), n, e->file_offset + offset);
 }
 
 static ur_status interrupted(const ur_safetensors *f, const char *name, uint64_t done) {

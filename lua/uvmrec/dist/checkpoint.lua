@@ -396,6 +396,106 @@ local function counted_rows(where, m, b, view, W, me)
   return out, counting
 end
 
+-- The open file of saved block d (files: those opened, by name), whose tensor tname must be, given
+-- a dtype, that dtype and d.rows x w elements for one of the widths, as the manifest says (so that
+-- no copy reads past it).  Raises the message naming the tensor, its file and what it should be.
+local function saved_file(files, dir, d, tname, where, dtype, widths)
+  local f = files[d.file]
+  if not f then
+    local ferr
+    f, ferr = ck.open(dir .. "/" .. d.file)
+    if not f then error(ferr, 0) end
+    files[d.file] = f
+  end
+  local info = f:info(tname)
+  if not info then error(("checkpoint: %s has no tensor '%s'"):format(f:path(), tname), 0) end
+  if not dtype then return f end
+  local numel = 1
+  for _, n in ipairs(info.shape) do numel = numel * n end
+  local sized, want = false, {}
+  for i, w in ipairs(widths) do
+    sized = sized or numel == d.rows * w
+    want[i] = w == 1 and ("[%d]"):format(d.rows) or ("[%d x %d]"):format(d.rows, w)
+  end
+  if info.dtype ~= dtype or not sized then
+    local got = ("%s [%s]"):format(info.dtype, table.concat(#info.shape > 0 and info.shape or { 1 }, " x "))
+    error(("%s: tensor '%s' of %s is %s; its block in the manifest needs %s %s"):format(where, tname, d.file,
+      got, dtype, table.concat(want, " or ")), 0)
+  end
+  return f
+end
+
+-- The logical tables of a checkpoint folder read a block of rows at a time from the saved blocks
+-- that hold them, none of them whole in memory (uvmrec export of a run over ranks):
+--   local r = assert(dck.reader(dir))
+--   local rows = assert(r:rows("C3", 0, 4096))   -- a host tensor [4096, dim] of the table's dtype
+--   r:close()
+-- Each saved tensor read is checked against the manifest as load checks it.
+local reader_methods = {}
+local Reader = { __index = reader_methods }
+
+function M.reader(dir)
+  local m, err = M.manifest(dir)
+  if not m then return nil, err end
+  return setmetatable({ dir = dir, manifest = m, files = {}, where = "dist.checkpoint: " .. dir }, Reader)
+end
+
+-- Rows [row0, row0 + rows) of table `name`, every column: into `into` (a host tensor [rows, dim]
+-- of the table's dtype, reused from block to block) or a new host tensor; nil, message.
+function reader_methods:rows(name, row0, rows, into)
+  local t = self.manifest.tables[name]
+  if not t then return nil, ("%s has no table '%s'"):format(self.where, tostring(name)) end
+  if row0 < 0 or rows < 0 or row0 + rows > t.rows then
+    error(("dist.checkpoint reader: rows [%d, %d) of table '%s', which has %d"):format(row0, row0 + rows, name,
+      t.rows), 2)
+  end
+  if into and (into:dtype() ~= t.dtype or into:numel() ~= rows * t.dim) then
+    error(("dist.checkpoint reader: rows [%d, %d) of table '%s' are %s [%d x %d]; into is %s [%s]"):format(row0,
+      row0 + rows, name, t.dtype, rows, t.dim, into:dtype(), table.concat(into:size(), " x ")), 2)
+  end
+  local out, oerr = into, nil
+  if not out then out, oerr = tensor.tensor({ rows, t.dim }, { dtype = t.dtype }) end
+  if not out then return nil, oerr end
+  local db = { row0 = row0, rows = rows, col0 = 0, cols = t.dim }
+  local es = rows * t.dim > 0 and out:nbytes() / (rows * t.dim) or 0
+  local ok, err = pcall(function()
+    local got = 0
+    for _, d in ipairs(t.blocks) do
+      local r0, r1 = math.max(row0, d.row0), math.min(row0 + rows, d.row0 + d.rows)
+      if r1 > r0 and d.cols > 0 then
+        local f = saved_file(self.files, self.dir, d, d.tensor, self.where, t.dtype, { d.cols })
+        -- a block of whole rows is read into place; a column block's rows through a part
+        local full_rows = d.cols == t.dim
+        local part = full_rows and out:view(r0 - row0, r1 - r0) or assert(tensor.tensor({ r1 - r0, d.cols },
+                                                                                     { dtype = t.dtype }))
+        local rok, rerr = f:read_part(d.tensor, part, (r0 - d.row0) * d.cols * es)
+        if rok and full_rows then
+          got = got + (r1 - r0) * d.cols
+        elseif rok then
+          got = got + copy_overlap(bytes(out), db, t.dim, bytes(part),
+                                   { row0 = r0, rows = r1 - r0, col0 = d.col0, cols = d.cols }, d.cols, es, false)
+        end
+        part:free()
+        if not rok then error(rerr, 0) end
+      end
+    end
+    if got ~= rows * t.dim then
+      error(("%s: the blocks of table '%s' give %d of the %d elements of rows [%d, %d)"):format(self.where, name,
+        got, rows * t.dim, row0, row0 + rows), 0)
+    end
+  end)
+  if not ok then
+    if out ~= into then out:free() end
+    return nil, err
+  end
+  return out
+end
+
+function reader_methods:close()
+  for _, f in pairs(self.files) do f:close() end
+  self.files = {}
+end
+
 -- Loads a checkpoint folder into `ebc` (a Sharded collection, an EmbeddingBagCollection or a
 -- uvmrec.tbe collection): every block it holds is reassembled from the saved blocks that
 -- overlap it, with its optimizer state, and the collections' step is the checkpoint's.  Not a
@@ -441,28 +541,8 @@ function M.load(dir, ebc, opts)
   -- saved block d's tensor tname; given a dtype, it must be that dtype and d.rows x w for one of
   -- the widths, as the manifest says (so that no copy reads past it)
   local function view(d, tname, dtype, widths)
-    local f = files[d.file]
-    if not f then
-      local ferr
-      f, ferr = ck.open(dir .. "/" .. d.file)
-      if not f then error(ferr, 0) end
-      files[d.file] = f
-    end
-    local v, verr = f:view(tname)
-    if not v then error(verr, 0) end
-    if not dtype then return v end
-    local sized, want = false, {}
-    for i, w in ipairs(widths) do
-      sized = sized or v:numel() == d.rows * w
-      want[i] = w == 1 and ("[%d]"):format(d.rows) or ("[%d x %d]"):format(d.rows, w)
-    end
-    if v:dtype() ~= dtype or not sized then
-      local got = ("%s [%s]"):format(v:dtype(), table.concat(v:size(), " x "))
-      v:free()
-      error(("%s: tensor '%s' of %s is %s; its block in the manifest needs %s %s"):format(where, tname, d.file,
-        got, dtype, table.concat(want, " or ")), 0)
-    end
-    return v
+    local f = saved_file(files, dir, d, tname, where, dtype, widths)
+    return assert(f:view(tname))
   end
   -- every saved block this process reads, and the access counters of every block (merged),
   -- checked before anything is written

@@ -12,10 +12,15 @@ local ck = require "uvmrec.checkpoint"
 local json = require "uvmrec.json"
 local qtbe = require "uvmrec.qtbe"
 local train = require "uvmrec.train"
+local lib = require "uvmrec.lib"
+local dck = require "uvmrec.dist.checkpoint"
 
 local M = {}
 
 M.VERSION = 1
+-- Bytes of a table's rows read, quantized and written at a time (opts.chunk, --chunk): the
+-- export's host memory is a few of these, whatever the tables' size.
+M.CHUNK = "16MiB"
 
 -- The Linear layers of a Sequential in the checkpoint, by index: prefix .. i .. ".weight".
 local function linears(names, prefix)
@@ -188,49 +193,80 @@ function M.run(source, opts)
     end
   end
   -- A run over ranks saved its tables as shards (component "shards": the checkpoint's .shards
-  -- folder), which are reassembled into one process's collection, as eval and --resume load them.
-  local whole
+  -- folder), read a block of rows at a time from the saved blocks that hold them; one process's
+  -- checkpoint holds each whole, read a block of rows at a time from the file.  No table is ever
+  -- whole in memory: each block of rows is quantized and written before the next is read.
+  local result = { tables = {}, description = desc }
+  local reader
   for _, c in ipairs(json.decode(f:meta("uvmrec.components") or "[]") or {}) do
     if c == "shards" then
-      local def, why = train.model_def(cfg)
-      local model
-      if def then model, why = def.build(cfg, { cpu = true }) end
-      if not model then return nil, ("export: %s: %s"):format(path, tostring(why)) end
-      local ok, lerr = require("uvmrec.dist.checkpoint").load(ck.shards_path(path), model.embeddings)
-      if not ok then return nil, "export: " .. lerr end
-      whole = model.embeddings
+      local rerr
+      reader, rerr = dck.reader(ck.shards_path(path))
+      if not reader then return nil, "export: " .. rerr end
     end
   end
-  local result = { tables = {}, description = desc }
-  say(("export: %s (step %s) -> %s"):format(path, tostring(f:meta("uvmrec.step")), opts.out))
-  say(("%-5s %-5s %12s %5s %12s %12s %10s  %s"):format("table", "format", "rows", "dim", "max |err|",
-                                                        "rms err", "rel rms", "bytes"))
+  local function fail(msg)
+    if reader then reader:close() end
+    for _, v in ipairs(keep) do v:free() end
+    for _, t in pairs(tensors) do t:free() end
+    return nil, "export: " .. msg
+  end
+  local chunk, cerr = lib.bytes(opts.chunk or M.CHUNK)
+  if not chunk or chunk < 1 then
+    return fail(("--chunk %s: %s"):format(tostring(opts.chunk), cerr or "expected 1 byte or more"))
+  end
+  -- each table's source: its dtype, checked against the config's shape
+  local src_dtype = {}
+  for i, r in ipairs(rows) do
+    local name = "C" .. i
+    local dtype, got
+    if reader then
+      local t = reader.manifest.tables[name]
+      if not t then return fail(("%s has no table '%s'"):format(reader.where, name)) end
+      dtype, got = t.dtype, { t.rows, t.dim }
+    else
+      local info = f:info("embeddings." .. name)
+      if not info then return fail(("checkpoint: %s has no tensor 'embeddings.%s'"):format(path, name)) end
+      dtype, got = info.dtype, info.shape
+    end
+    if #got ~= 2 or got[1] ~= r or got[2] ~= e.dim then
+      return fail(("%s: table %s is [%s] there; its config (embeddings.rows, embeddings.dim) makes it [%d x %d]")
+        :format(path, name, table.concat(got, " x "), r, e.dim))
+    end
+    if dtype ~= "f32" and dtype ~= "f16" and dtype ~= "bf16" then
+      return fail(("%s: table %s is %s; expected f32, f16 or bf16"):format(path, name, dtype))
+    end
+    src_dtype[i] = dtype
+  end
+  -- the file's tensors, declared before any is written: the dense ones (small, whole), each
+  -- table's rows in its format and its permutation
+  local specs, perms = {}, {}
+  for name, t in pairs(tensors) do specs[#specs + 1] = { name = name, dtype = t:dtype(), shape = t:size() } end
   for i, r in ipairs(rows) do
     local name = "C" .. i
     local format = per[name] or default
-    local src, serr
-    if whole then src = whole:table(name) else src, serr = f:view("embeddings." .. name) end
-    if not src then return nil, "export: " .. serr end
-    local stored, qerr = qtbe.quantize(src, format)
-    src:free()
-    tensors["embeddings." .. name] = stored
+    local shape, dtype = qtbe.shape(format, r, e.dim)
+    local bytes = shape[1] * shape[2] * (dtype == "f32" and 4 or dtype == "f16" and 2 or 1)
     local t = { name = name, rows = r, dim = e.dim, format = qtbe.FORMATS[tonumber(qtbe.format_of(format)) + 1],
                 pooling = e.pooling, features = { name }, weights = "embeddings." .. name,
                 modulo = modulo[i] or 0,
                 weighted = days_weighted or spec_tables[i] ~= nil and spec_tables[i].weighted == true }
+    specs[#specs + 1] = { name = t.weights, dtype = dtype, shape = shape }
     -- The slot for a managed-collision map (uvmrec.h's serving section): "collisions" names its
     -- tensor once managed collisions are trained; absent here, and the engine refuses a table
     -- that has one until it serves them.
-    local perm = f:info("layout." .. name .. ".perm") and assert(f:view("layout." .. name .. ".perm"))
-    if perm then
-      keep[#keep + 1] = perm
-      tensors["embeddings." .. name .. ".perm"] = perm
+    local pinfo = f:info("layout." .. name .. ".perm")
+    if pinfo then
+      if pinfo.dtype ~= "i64" or #pinfo.shape ~= 1 or pinfo.shape[1] ~= r then
+        return fail(("%s: layout.%s.perm is %s [%s]; expected i64 [%d]"):format(path, name, pinfo.dtype,
+          table.concat(pinfo.shape, " x "), r))
+      end
+      perms[i] = "layout." .. name .. ".perm"
       t.permutation = "embeddings." .. name .. ".perm"
+      specs[#specs + 1] = { name = t.permutation, dtype = "i64", shape = { r } }
     end
     desc.features[i], desc.tables[i] = name, t
-    result.tables[name] = { format = t.format, rows = r, dim = e.dim, bytes = stored:nbytes(), error = qerr }
-    say(("%-5s %-5s %12d %5d %12.3g %12.3g %9.3f%%  %d"):format(name, t.format, r, e.dim, qerr.max_abs,
-                                                               qerr.rms, 100 * qerr.rel_rms, stored:nbytes()))
+    result.tables[name] = { format = t.format, rows = r, dim = e.dim, bytes = bytes }
   end
   local meta = {
     ["uvmrec.format"] = "model",
@@ -239,12 +275,83 @@ function M.run(source, opts)
     ["uvmrec.version"] = ur.version(),
     ["uvmrec.source"] = json.encode { checkpoint = path, step = tonumber(f:meta("uvmrec.step")) },
   }
-  local ok, serr = ck.save(opts.out, { tensors = tensors, meta = meta })
+  local w, werr = ck.writer(opts.out, specs, meta)
+  if not w then return fail(werr) end
+  local function abandon(msg)
+    w:abandon()
+    return fail(msg)
+  end
+  for name, t in pairs(tensors) do
+    local ok, put_err = w:put(name, t)
+    if not ok then return abandon(put_err) end
+  end
+  say(("export: %s (step %s) -> %s"):format(path, tostring(f:meta("uvmrec.step")), opts.out))
+  say(("%-5s %-5s %12s %5s %12s %12s %10s  %s"):format("table", "format", "rows", "dim", "max |err|",
+                                                        "rms err", "rel rms", "bytes"))
+  for i, r in ipairs(rows) do
+    local name = "C" .. i
+    local t = desc.tables[i]
+    local es = src_dtype[i] == "f32" and 4 or 2
+    local step = math.min(math.max(1, math.floor(chunk / (e.dim * es))), math.max(r, 1))
+    -- one block's rows and their stored form, reused for every block of the table
+    local rows_buf, berr = ur.tensor({ step, e.dim }, { dtype = src_dtype[i] })
+    if not rows_buf then return abandon(berr) end
+    local qshape, qdtype = qtbe.shape(t.format, step, e.dim)
+    local stored_buf, sberr = ur.tensor(qshape, { dtype = qdtype })
+    if not stored_buf then rows_buf:free(); return abandon(sberr) end
+    local qerr, why
+    for row0 = 0, r - 1, step do
+      local n = math.min(step, r - row0)
+      local src = n == step and rows_buf or rows_buf:view(0, n)
+      local stored = n == step and stored_buf or stored_buf:view(0, n)
+      local ok
+      if reader then
+        ok, why = reader:rows(name, row0, n, src)
+      else
+        ok, why = f:read_part("embeddings." .. name, src, row0 * e.dim * es)
+      end
+      local part_err
+      if ok then
+        ok, why, part_err = pcall(qtbe.quantize, src, t.format, row0, stored)
+        if not ok then why = ("table %s: %s"):format(name, tostring(why)) end
+      end
+      if ok then ok, why = w:put(t.weights, stored) end
+      if src ~= rows_buf then src:free(); stored:free() end
+      if not ok then break end
+      qerr = qtbe.merge_error(qerr, part_err)
+    end
+    rows_buf:free()
+    stored_buf:free()
+    if why ~= nil then return abandon(why) end
+    if perms[i] then
+      local pstep = math.min(math.max(1, math.floor(chunk / 8)), r)
+      local perm_buf = ur.tensor({ pstep }, { dtype = "i64" })
+      for row0 = 0, r - 1, pstep do
+        local n = math.min(pstep, r - row0)
+        local part = n == pstep and perm_buf or perm_buf:view_as(0, { n })
+        local ok, perm_err = f:read_part(perms[i], part, row0 * 8)
+        if ok then ok, perm_err = w:put(t.permutation, part) end
+        if part ~= perm_buf then part:free() end
+        if not ok then
+          perm_buf:free()
+          return abandon(perm_err)
+        end
+      end
+      perm_buf:free()
+    end
+    qerr = qerr or qtbe.merge_error(nil, nil)
+    result.tables[name].error = qerr
+    say(("%-5s %-5s %12d %5d %12.3g %12.3g %9.3f%%  %d"):format(name, t.format, r, e.dim, qerr.max_abs,
+                                                               qerr.rms, 100 * qerr.rel_rms, result.tables[name].bytes))
+  end
+  local ok, cerr2 = w:close()
+  if not ok then return fail(cerr2) end
+  if reader then reader:close() end
   for _, t in pairs(tensors) do t:free() end
   for _, v in ipairs(keep) do v:free() end
-  if not ok then return nil, "export: " .. serr end
   local st = assert(ck.open(opts.out))
   result.path, result.bytes = opts.out, st:bytes()
+  st:close()
   say(("model file: %s, %d bytes (the checkpoint: %d)"):format(opts.out, result.bytes, f:bytes()))
   return result
 end
