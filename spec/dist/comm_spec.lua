@@ -9,7 +9,8 @@ local function launch(args)
   return command.sh(command.bin() .. " launch " .. args)
 end
 
-local have_mpi = require("helpers").have_mpi
+local h = require "helpers"
+local have_mpi = h.have_mpi
 
 describe("uvmrec.dist communicators", function()
   it("runs every collective in a world of one: copies, with statistics", function()
@@ -63,6 +64,14 @@ describe("uvmrec.dist communicators", function()
       local send, recv = {}, {}
       for q = 1, w do send[q], recv[q] = 1, q - 1 == r and 1 or 2 end
       try(function() assert(comm:all_to_all(ur.tensor({ w }), ur.tensor({ 2 * w - 1 }), send, recv)) end)
+      -- inside a group, as the sharded exchange posts its all-to-alls (NCCL's are checked so too)
+      local same = {}
+      for q = 1, w do same[q] = 1 end
+      comm:group_start()
+      try(function() assert(comm:all_to_all(ur.tensor({ w }), ur.tensor({ w }), same, same)) end)
+      try(function() assert(comm:all_to_all(ur.tensor({ w }), ur.tensor({ 2 * w - 1 }), send, recv)) end)
+      comm:group_end()
+      assert(comm:wait())
       -- agreeing again, the communicator works
       local t = ur.tensor({ 2 }):fill(1)
       assert(comm:all_reduce(t))
@@ -85,6 +94,10 @@ describe("uvmrec.dist communicators", function()
     } do
       assert.is_truthy(out:find(want, 1, true), want .. "\n" .. out)
     end
+    local _, twice = out:gsub("\ncomm all_to_all: rank 1 sends rank 0 1 elements, and rank 0's recv_counts%[1%] is 2",
+      "")
+    assert.equal(2, twice, "the grouped all_to_all is checked too:\n" .. out)
+    assert.matches("\nno error\n", out, 1, true)
     assert.matches("\nsum\t2", "\n" .. out)
     assert.matches("%[rank 1%] sum\t2", out)
     -- without the check, MPI takes the disagreeing sizes and crashes: launch says what finds them
@@ -106,6 +119,53 @@ describe("uvmrec.dist communicators", function()
       .. "200000; every rank gives as many; stopping the other ranks", err)
     local _, e2 = command.sh(("UVMREC_COMM_CHECK=yes %s launch -n 2 %s"):format(command.bin(), mism))
     assert.matches("comm: UVMREC_COMM_CHECK is 'yes'; expected 0 or 1", e2)
+    command.rmdir(dir)
+  end)
+
+  -- NCCL's collectives: their kind, dtype, counts, reduction and root are host values, compared
+  -- over the job's MPI communicator by the same check as MPI's (above) before NCCL takes them
+  h.cuda_it("names the ranks whose NCCL collectives disagree under UVMREC_COMM_CHECK=1", function()
+    if not have_mpi() or ur.devices() < 2 then pending("2 GPUs and MPI are needed") return end
+    local dir = command.tmpdir()
+    local script = command.spit(dir .. "/nccl.lua", [[
+      local ur = require "uvmrec"
+      local dist = require "uvmrec.dist"
+      local comm = assert(dist.init())
+      local r = dist.rank()
+      local function try(f)
+        local ok, err = pcall(f)
+        print(ok and "no error" or err)
+      end
+      local dev = { placement = "device", device = comm.device }
+      try(function() assert(comm:all_reduce(ur.tensor({ 10 * (r + 1) }, dev))) end)
+      try(function() assert(comm:broadcast(ur.tensor({ 3 }, dev), r)) end)
+      local send, recv = { 1, 1 }, { 1, 1 }
+      recv[2 - r] = 2
+      comm:group_start()
+      try(function() assert(comm:all_to_all(ur.tensor({ 2 }, dev), ur.tensor({ 3 }, dev), send, recv)) end)
+      comm:group_end()
+      local t = ur.tensor({ 2 }, dev):fill(1)
+      assert(comm:all_reduce(t))
+      assert(comm:wait())
+      print("sum", t:to("host")[0])
+    ]])
+    local out, err, code = command.sh(("UVMREC_COMM_CHECK=1 timeout 300 %s launch -n 2 %s"):format(command.bin(),
+      script))
+    assert.equal(0, code, out .. err)
+    for _, want in ipairs {
+      "comm all_reduce: rank 0 gives 10 elements and rank 1 20; every rank gives as many",
+      "comm broadcast: rank 0 takes root 0 and rank 1 1; expected one root",
+      "comm all_to_all: rank 1 sends rank 0 1 elements, and rank 0's recv_counts[1] is 2",
+    } do
+      assert.is_truthy(out:find(want, 1, true), want .. "\n" .. out)
+    end
+    assert.matches("\nsum\t2", "\n" .. out)
+    -- ranks forked without MPI have nothing to compare over: refused, not left unchecked
+    out, err, code = command.sh(("UVMREC_COMM_CHECK=1 timeout 300 %s launch -n 2 --fork %s"):format(command.bin(),
+      script))
+    assert.is_true(code ~= 0, out .. err)
+    assert.matches("comm: UVMREC_COMM_CHECK=1 compares each collective over MPI, and rank %d of 2 was not started "
+      .. "by mpirun", err)
     command.rmdir(dir)
   end)
 

@@ -32,7 +32,7 @@ struct ur_comm {
   struct held { ur_tensor *t, *into; } *held;
   size_t nheld, cap_held;
   int host_failed; /* the last wait on host collectives failed: MPI may still write their tensors */
-  int check;       /* UVMREC_COMM_CHECK: host collectives compared over the ranks first (agree) */
+  int check;       /* UVMREC_COMM_CHECK: collectives compared over the ranks first (agree) */
 };
 
 size_t ur_sizeof_comm_stats(void) { return sizeof(ur_comm_stats); }
@@ -224,7 +224,7 @@ ur_status ur_comm_new(ur_comm **out, int32_t device) {
   int got = env_int("UVMREC_COMM_CHECK", &c->check);
   if (!st && (got < 0 || c->check > 1))
     st = ur__error(UR_STATUS_INVALID, "comm: UVMREC_COMM_CHECK is '%s'; expected 0 or 1 (1: the "
-                                      "ranks compare each host collective's sizes before it)",
+                                      "ranks compare each collective's sizes before it)",
                    getenv("UVMREC_COMM_CHECK"));
   if (!st && c->world == 1) c->host = ENGINE_SELF;
   if (!st && device >= 0) {
@@ -260,6 +260,14 @@ ur_status ur_comm_new(ur_comm **out, int32_t device) {
                    "GPU to run its collectives through NCCL; on the CPU, install OpenMPI (Debian: "
                    "openmpi-bin, libopenmpi-dev) and start the job with mpirun or `uvmrec launch`",
                    (int)c->rank, (int)c->world);
+  /* the checks' exchanges go over MPI: ranks started without it (launch --fork, or a GPU host
+   * without OpenMPI) would run unchecked while asked to check */
+  if (!st && c->check && c->world > 1 && c->host != ENGINE_MPI)
+    st = ur__error(UR_STATUS_UNSUPPORTED,
+                   "comm: UVMREC_COMM_CHECK=1 compares each collective over MPI, and rank %d of %d "
+                   "was not started by mpirun (uvmrec launch --fork, or no OpenMPI here): start the "
+                   "job with mpirun (`uvmrec launch` does where OpenMPI is installed) or unset "
+                   "UVMREC_COMM_CHECK", (int)c->rank, (int)c->world);
   if (st) {
     ur_comm_free(c);
     return st;
@@ -555,11 +563,11 @@ static ur_status hold(ur_comm *c, const ur_tensor *t) {
 
 static int is_half(ur_dtype dt) { return dt == UR_DTYPE_F16 || dt == UR_DTYPE_BF16; }
 
-/* UVMREC_COMM_CHECK=1: the ranks compare a host collective before MPI is given it, which
- * crashes, or takes the wrong bytes, on calls that disagree in size (one small all-gather of
- * each rank's call; an all-to-all also hands each rank the counts it will be sent).  Every
- * rank finds the same disagreement but all_gather's counts and all_to_all's, which the ranks
- * receiving them find. */
+/* UVMREC_COMM_CHECK=1: the ranks compare a collective before MPI (or NCCL: checked) is given
+ * it, which crashes, hangs or takes the wrong bytes on calls that disagree in size (one small
+ * all-gather of each rank's call; an all-to-all also hands each rank the counts it will be
+ * sent).  Every rank finds the same disagreement but all_gather's counts and all_to_all's,
+ * which the ranks receiving them find. */
 static const char *const kind_names[] = {"all_reduce", "reduce_scatter", "all_gather",
                                          "broadcast", "all_to_all"};
 enum { F_KIND, F_DTYPE, F_A, F_B, F_N };
@@ -635,6 +643,14 @@ static ur_status agree(ur_comm *c, const char *name, const call *k, const ur_ten
   return st;
 }
 
+/* Which collectives UVMREC_COMM_CHECK compares: MPI's, and NCCL's too, whose arguments (kind,
+ * dtype, count, reduction, root, all_to_all's counts) are host values, exchanged over the job's
+ * MPI communicator by the same agree before NCCL is given them (a job under mpirun has both).
+ * A job without MPI has nothing to compare them over: ur_comm_new refuses the check there. */
+static int checked(const ur_comm *c, const route *r) {
+  return c->check && c->host == ENGINE_MPI && (r->engine == ENGINE_MPI || r->engine == ENGINE_NCCL);
+}
+
 /* MPI reduces no halves: an f16 or bf16 reduction runs on f32 copies (the input widened here,
  * the output kept until wait, which rounds it into out once; NCCL rounds at every step). */
 static ur_status issue_widened(ur_comm *c, const route *r, ur_stream *s, const call *k,
@@ -690,7 +706,7 @@ static ur_status run(ur_comm *c, ur_stream *s, const route *r, const call *k, co
   } else if (!st) {
     int widen = r->engine == ENGINE_MPI && is_half(k->dtype) &&
                 (k->kind == ALL_REDUCE || k->kind == REDUCE_SCATTER);
-    if (r->engine == ENGINE_MPI && c->check) st = agree(c, kind_names[k->kind], k, in);
+    if (checked(c, r)) st = agree(c, kind_names[k->kind], k, in);
     if (!st && widen) {
       st = issue_widened(c, r, s, k, in, out);
     } else if (!st) {
