@@ -456,15 +456,21 @@ end
 M.config_diff = function(a, b, ignore) return diff(a, b, "", ignore, {}) end
 
 -- "config differs at k1 (the checkpoint has x, this run has y), k2 (...)", at most 8 named.
-local function diff_message(diffs)
+-- config_diff's differences as one message, the sides named (a: "the checkpoint", b: "this
+-- run" by default): "config differs at 2 keys: train.lr (the checkpoint has 0.1, this run has
+-- 0.2), ...".
+local function diff_message(diffs, a, b)
+  a, b = a or "the checkpoint", b or "this run"
   local parts = {}
   for i = 1, math.min(#diffs, 8) do
     local d = diffs[i]
-    parts[i] = ("%s (the checkpoint has %s, this run has %s)"):format(d[1], show(d[2]), show(d[3]))
+    parts[i] = ("%s (%s has %s, %s has %s)"):format(d[1], a, show(d[2]), b, show(d[3]))
   end
   if #diffs > 8 then parts[#parts + 1] = ("and %d more"):format(#diffs - 8) end
   return ("config differs at %d key%s: %s"):format(#diffs, #diffs == 1 and "" or "s", table.concat(parts, ", "))
 end
+
+M.diff_message = diff_message
 
 local function shape_str(dtype, shape)
   return ("%s [%s]"):format(dtype, table.concat(shape, ", "))

@@ -180,6 +180,33 @@ describe("sharded training over ranks", function()
     assert.matches("%[rank 1%] ", err) -- every rank says why, the others with their rank
   end)
 
+  it("refuses ranks whose configs differ, naming the rank and the keys, before it builds anything", function()
+    -- two hosts with different config files (or --set) trained: rank 1 at another learning
+    -- rate stepped its replica of the dense part apart from rank 0's, silently
+    if not have_mpi() then pending("no MPI here") return end
+    local dir = command.tmpdir()
+    local script = command.spit(dir .. "/differ.lua", ([[
+      local train = require "uvmrec.train"
+      local rank = require("uvmrec.dist").environment().rank
+      local sets = { "train.steps=2", "eval.samples=0", "eval.min_auc=0" }
+      if rank == 1 then sets[#sets + 1] = "optimizer.lr=0.5" end
+      local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), sets))
+      local r, err = train.run(cfg, { cpu = true, out = "%s/run", progress = "none", print = function() end })
+      io.stdout:write(r and "trained\n" or ("refused: " .. tostring(err) .. "\n"))
+      os.exit(r and 0 or 1)
+    ]]):format(dir))
+    local out, err, code = command.sh(("%s launch -n 2 %s"):format(command.bin(), script))
+    assert.equal(1, code, out .. err)
+    assert.is_nil(out:find("trained", 1, true), out)
+    local want = "dist: rank 1's config is not rank 0's (every rank of a job runs the same config: the same file "
+      .. "and --set on every host): config differs at 1 key: optimizer.lr (rank 0 has 0.050000000000000003, "
+      .. "rank 1 has 0.5)"
+    assert.is_truthy(out:find("refused: " .. want, 1, true), out .. err)
+    assert.is_truthy(out:find("[rank 1] refused: " .. want, 1, true), out .. err)
+    assert.is_nil(command.exists(dir .. "/run/metrics.jsonl") or nil, "nothing was written")
+    command.rmdir(dir)
+  end)
+
   it("writes the final event and says where before every rank fails eval.min_auc", function()
     -- the other ranks exited with the failure first and their MPI_Abort killed rank 0 before
     -- metrics.jsonl had its final event or the run directory was named

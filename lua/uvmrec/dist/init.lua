@@ -212,6 +212,50 @@ function M.interrupted(sig)
   return v
 end
 
+-- Rank root's bytes of text on every rank (a collective: its length, then its bytes).
+local function broadcast_text(comm, text, root)
+  local n = assert(tensor.tensor({ 1 }, { dtype = "i64" }))
+  n:set(0, comm.rank == root and #text or 0)
+  assert(comm:broadcast(n, root))
+  assert(comm:wait())
+  local len = tonumber(n:get(0))
+  n:free()
+  local buf = assert(tensor.tensor({ math.max(len, 1) }, { dtype = "u8" }))
+  local p = ffi.cast("uint8_t *", C.ur_tensor_data(buf.p))
+  if comm.rank == root then ffi.copy(p, text, len) end
+  assert(comm:broadcast(buf, root))
+  assert(comm:wait())
+  local out = ffi.string(p, len)
+  buf:free()
+  return out
+end
+
+-- Whether every rank of the job runs config cfg (a collective, every rank calls it once before
+-- it builds anything): nil when they all do, else the same message on every rank, naming the
+-- first rank whose config is not rank 0's and where they differ.  Ranks given other configs
+-- (another file or --set on one host) would make collectives of other sizes, or, with the
+-- same shapes, train replicas that drift apart silently (another learning rate on one rank).
+function M.config_mismatch(comm, cfg)
+  if comm.world == 1 then return nil end
+  local json = require "uvmrec.json"
+  local mine = json.encode(cfg)
+  local differs = broadcast_text(comm, mine, 0) ~= mine
+  local flag = assert(tensor.tensor({ 1 }, { dtype = "i32" }))
+  flag:set(0, differs and comm.rank or comm.world)
+  assert(comm:all_reduce(flag, "min"))
+  assert(comm:wait())
+  local first = flag:get(0)
+  flag:free()
+  if first == comm.world then return nil end
+  local ck = require "uvmrec.checkpoint"
+  local theirs = json.decode(broadcast_text(comm, mine, first))
+  local zero = json.decode(broadcast_text(comm, mine, 0))
+  local at = ("rank %d"):format(first)
+  return ("dist: rank %d's config is not rank 0's (every rank of a job runs the same config: the same file "
+    .. "and --set on every host): %s"):format(first,
+    ck.diff_message(ck.config_diff(zero, theirs), "rank 0", at))
+end
+
 -- NCCL's version and file, or nil, why (opening it needs no GPU).
 function M.nccl()
   local v, path = ffi.new("int32_t[1]"), ffi.new("char[1024]")

@@ -588,6 +588,8 @@ function run_plain(cfg, opts)
   if werr then return nil, werr end
   local comm, cerr = M.job(opts)
   if wanted > 1 and not comm then return nil, cerr end
+  local mismatch = comm and require("uvmrec.dist").config_mismatch(comm, cfg)
+  if mismatch then return nil, mismatch end
   local rank, world = comm and comm.rank or 0, comm and comm.world or 1
   if rank ~= 0 then say = function() end end
   local out = rank == 0 and opts.out or nil
