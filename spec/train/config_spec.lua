@@ -219,6 +219,17 @@ describe("uvmrec.train.config", function()
     assert.matches("eval.samples: 1001 is not a multiple of the 2 ranks", world_err({ "eval.samples=1001" }, 2))
     -- a run that does not evaluate (synthetic data, eval.samples 0) has no evaluation batches to slice
     assert.is_nil(world_err({ "eval.samples=0", "eval.batch_size=1023" }, 2))
+    -- an epoch of synthetic samples ends in a batch of what is left: it failed there, steps into the
+    -- run ("dist: rank 0 has a batch of 0 samples and rank 1 of 1"); refused where the run reaches it
+    assert.equal("--set data.samples=4097: data.samples: an epoch of 4097 samples ends in a batch of 1 "
+      .. "(train.batch_size 1024), which the 2 ranks cannot share equally: each rank takes an equal slice of every "
+      .. "global batch (make it a multiple of 2)",
+      world_err({ "data.samples=4097", "train.batch_size=1024", "train.steps=10" }, 2))
+    assert.matches("data.samples: an epoch of 4097 samples", world_err({ "data.samples=4097", "train.batch_size=1024",
+                                                                          "train.steps=0" }, 2))
+    assert.is_nil(world_err({ "data.samples=4097", "train.batch_size=1024", "train.steps=4" }, 2)) -- never reached
+    assert.is_nil(world_err({ "data.samples=4098", "train.batch_size=1024", "train.steps=10" }, 2))
+    assert.is_nil(world_err({ "data.samples=4097", "train.batch_size=1024", "train.steps=10" }, 1))
     -- checkpoints and --resume work over ranks (the shards through uvmrec.dist.checkpoint)
     assert.is_nil(world_err({ "train.checkpoint_every=5" }, 2))
     -- so do the prefetch pipeline and managed and cached tables (spec/dist/pipeline_spec.lua)

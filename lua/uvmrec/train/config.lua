@@ -389,6 +389,15 @@ function M.check_world(cfg, world)
         :format(v, world))
     end
   end
+  -- an epoch of synthetic samples ends in a batch of what is left, which the ranks share too (it
+  -- failed there, steps into the run: "dist: rank 0 has a batch of 0 samples and rank 1 of 1")
+  local n, B, steps = cfg.data.samples, cfg.train.batch_size, cfg.train.steps
+  local last = n > 0 and n % B or 0
+  if last % world ~= 0 and (steps == 0 or steps > math.floor(n / B)) then
+    return fail("data.samples", ("an epoch of %d samples ends in a batch of %d (train.batch_size %d), which the %d "
+      .. "ranks cannot share equally: each rank takes an equal slice of every global batch (make it a multiple of "
+      .. "%d)"):format(n, last, B, world, world))
+  end
   return nil
 end
 
