@@ -169,6 +169,17 @@ describe("uvmrec.dist communicators", function()
     command.rmdir(dir)
   end)
 
+  h.cuda_it("refuses more ranks on a host than it has GPUs, naming the rank", function()
+    -- rank r took GPU r mod the GPUs, so two ranks shared one and NCCL's setup failed naming neither
+    local n = ur.devices() + 1
+    local script = command.spit(os.tmpname(), 'assert(require("uvmrec.dist").init())')
+    local out, err, code = launch(("-n %d --fork %s"):format(n, script))
+    os.remove(script)
+    assert.is_true(code ~= 0, out .. err)
+    assert.matches(("dist: rank %d is rank %d of its host, which has %d GPUs?: one rank per GPU"):format(n - 1, n - 1,
+      n - 1), err)
+  end)
+
   it("joins a job started by a plain mpirun, ranks from MPI's environment", function()
     if not have_mpi() then pending("no MPI here") return end
     local root = command.sh("id -u") == "0\n" and "--allow-run-as-root " or ""
