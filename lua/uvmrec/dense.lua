@@ -87,19 +87,12 @@ function M.act_backward(y, gy, gx, act, stream)
   return gx
 end
 
--- A count the engine takes as an int32: a whole number from 0 to 2^31 - 1 (the FFI would
--- truncate 2.5 to 2 and wrap 2^32 + 3 to 3), else an error at the caller's caller.
-local function count32(v, fn, what)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < 0 or v > 2147483647 then
-    error(("%s: %s is %s; expected a whole number from 0 to 2147483647"):format(fn, what, tostring(v)), 3)
-  end
-end
-
 -- Output columns of an interaction of T tables of width d: d + P, or with padded that rounded
 -- up to a multiple of 8 (the padding zero, its gradient ignored); 0 when T or d is 0.
 function M.interaction_width(T, d, self_interaction, padded)
-  count32(T, "interaction_width", "T")
-  count32(d, "interaction_width", "d")
+  -- counts the engine takes as int32s (the FFI would truncate 2.5 to 2 and wrap 2^32 + 3 to 3)
+  lib.whole(T, "interaction_width: T", 2, 0, 2147483647)
+  lib.whole(d, "interaction_width: d", 2, 0, 2147483647)
   return tonumber(C.ur_interaction_cols(T, d, self_interaction and 1 or 0, padded and 1 or 0))
 end
 

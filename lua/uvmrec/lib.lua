@@ -173,11 +173,29 @@ function M.bytes(v)
   return nil, ("'%s' is not a size; expected a number of bytes or e.g. '16GiB'"):format(tostring(v))
 end
 
--- The whole numbers a Lua number may give an integer dtype: [lo, hi) (a cast would truncate 1.5
--- to 1 and turn NaN or 2^63 into INT64_MIN).
-local WHOLE = { i64 = { -2 ^ 63, 2 ^ 63 }, i32 = { -2 ^ 31, 2 ^ 31 } }
-
 local I64, U64 = ffi.typeof("int64_t"), ffi.typeof("uint64_t")
+local function is_int64(x) return type(x) == "cdata" and (ffi.istype(I64, x) or ffi.istype(U64, x)) end
+
+-- The one rule for "a whole number in range", under element and whole: x when it is a whole
+-- number from lo to below hi (Lua numbers, -2^63 <= lo, hi <= 2^63), else nil.  A cast would
+-- have truncated 1.5 to 1 and turned NaN, inf or 2^63 into INT64_MIN.  With ints, a 64-bit
+-- integer (9007199254740993LL: ids past 2^53, which no Lua number holds) is one too, returned
+-- as an int64_t.
+function M.whole_in(x, lo, hi, ints)
+  if type(x) == "number" then
+    if x == math.floor(x) and x >= lo and x < hi then return x end
+    return nil
+  end
+  if not (ints and is_int64(x)) then return nil end
+  -- 2^63 compares as a uint64_t exactly (as an int64_t it has no value); nor is -2^63 or 2^63 a
+  -- bound an int64_t can be compared with, nor one it can pass
+  local v = ffi.istype(I64, x) and x or x < 2 ^ 63 and ffi.cast(I64, x) or nil
+  if v and (lo <= -2 ^ 63 or v >= lo) and (hi >= 2 ^ 63 or v < hi) then return v end
+  return nil
+end
+
+-- The whole numbers an integer dtype holds: [lo, hi).
+local WHOLE = { i64 = { -2 ^ 63, 2 ^ 63 }, i32 = { -2 ^ 31, 2 ^ 31 } }
 
 -- element's error, its name made only then: id_array checks every id of a list through element
 local function element_error(what, k, got, want, level)
@@ -187,30 +205,24 @@ end
 -- x as element k of list `what` for an array of dtype (i64, i32; any number for others), or an
 -- error "<what>[k] is 1.5; expected a whole number that fits i64" at level; k nil: x is `what`
 -- itself (a single value bound for such a type).  An integer dtype also takes a 64-bit integer
--- (9007199254740993LL): ids past 2^53, which no Lua number holds.
+-- (M.whole_in).
 function M.element(x, dtype, what, k, level)
   local w = WHOLE[dtype]
-  if w and type(x) == "cdata" and (ffi.istype(I64, x) or ffi.istype(U64, x)) then
-    -- 2^63 compares as a uint64_t exactly (as an int64_t it has no value)
-    local v = ffi.istype(I64, x) and x or x < 2 ^ 63 and ffi.cast(I64, x) or nil
-    if v and (dtype == "i64" or v >= w[1] and v < w[2]) then return v end
-    element_error(what, k, tostring(x), "a whole number that fits " .. dtype, level + 1)
-  end
-  if type(x) ~= "number" then element_error(what, k, type(x), "a number", level + 1) end
-  if w and not (x == math.floor(x) and x >= w[1] and x < w[2]) then
-    element_error(what, k, tostring(x), "a whole number that fits " .. dtype, level + 1)
-  end
+  local v = w and M.whole_in(x, w[1], w[2], true)
+  if v then return v end
+  if type(x) ~= "number" and not (w and is_int64(x)) then element_error(what, k, type(x), "a number", level + 1) end
+  if w then element_error(what, k, tostring(x), "a whole number that fits " .. dtype, level + 1) end
   return x
 end
 
--- v, a whole number >= lo (default 0) and below 2^63, for an option the engine takes as an
--- integer (a cast made math.huge -2^63 in the engine's messages, and a seed of 2^64 the seed 0);
--- else "<what> is v; expected a whole number >= lo" (or "below 2^63") at level.  hi, if given,
--- bounds it too (an int32_t field): "expected a whole number from lo to hi".
+-- v, a whole number >= lo (default 0) and below 2^63 (M.whole_in), for an option the engine
+-- takes as an integer (a cast made math.huge -2^63 in the engine's messages, and a seed of 2^64
+-- the seed 0); else "<what> is v; expected a whole number >= lo" (or "below 2^63") at level.
+-- hi, if given, bounds it too (an int32_t field): "expected a whole number from lo to hi".
 function M.whole(v, what, level, lo, hi)
   lo = lo or 0
+  if M.whole_in(v, lo, hi and hi + 1 or 2 ^ 63) then return v end
   local whole = type(v) == "number" and v == math.floor(v) and v >= lo
-  if whole and v < 2 ^ 63 and (hi == nil or v <= hi) then return v end
   local want = hi and ("from %d to %d"):format(lo, hi) or whole and "below 2^63" or (">= %d"):format(lo)
   error(("%s is %s; expected a whole number %s"):format(what, tostring(v), want), level + 1)
 end

@@ -1,0 +1,47 @@
+-- uvmrec.lib (lua/uvmrec/lib.lua): the one rule for "a whole number in range" (whole_in) and the
+-- two checks built on it, element (array elements of a dtype, 64-bit integers included) and
+-- whole (integer options, with their bounds), each with its message.
+local ffi = require "ffi"
+local lib = require "uvmrec.lib"
+
+describe("uvmrec.lib whole numbers", function()
+  it("whole_in takes whole numbers from lo to below hi, and 64-bit integers only when asked", function()
+    assert.equal(3, lib.whole_in(3, 0, 4))
+    assert.equal(0, lib.whole_in(0, 0, 4))
+    for _, v in ipairs { 4, -1, 1.5, 0 / 0, math.huge, -math.huge } do assert.is_nil(lib.whole_in(v, 0, 4)) end
+    assert.equal(-2 ^ 63, lib.whole_in(-2 ^ 63, -2 ^ 63, 2 ^ 63))
+    assert.is_nil(lib.whole_in(2 ^ 63, -2 ^ 63, 2 ^ 63))
+    for _, v in ipairs { "3", {}, true } do assert.is_nil(lib.whole_in(v, 0, 4, true)) end
+    -- an id past 2^53, which no Lua number holds
+    local big = ffi.new("int64_t", 9007199254740993LL)
+    assert.is_nil(lib.whole_in(big, 0, 2 ^ 63))
+    assert.is_true(lib.whole_in(big, 0, 2 ^ 63, true) == 9007199254740993LL)
+    assert.is_true(ffi.istype("int64_t", lib.whole_in(5ULL, 0, 2 ^ 63, true)))
+    assert.is_nil(lib.whole_in(2 ^ 63 + 0ULL, 0, 2 ^ 63, true))
+    assert.is_nil(lib.whole_in(-1LL, 0, 2 ^ 63, true))
+    assert.is_nil(lib.whole_in(2LL ^ 31, -2 ^ 31, 2 ^ 31, true))
+    assert.is_true(lib.whole_in(-2LL ^ 31, -2 ^ 31, 2 ^ 31, true) == -2LL ^ 31)
+    assert.is_true(lib.whole_in(-2LL ^ 62, -2 ^ 63, 2 ^ 63, true) == -2LL ^ 62)
+  end)
+
+  it("element and whole give their messages from it", function()
+    assert.has_error(function() lib.element(1.5, "i64", "ids", 2, 1) end,
+      "ids[2] is 1.5; expected a whole number that fits i64")
+    assert.has_error(function() lib.element(2 ^ 31, "i32", "sizes", nil, 1) end,
+      "sizes is 2147483648; expected a whole number that fits i32")
+    assert.has_error(function() lib.element(2LL ^ 31, "i32", "sizes", 1, 1) end,
+      "sizes[1] is 2147483648LL; expected a whole number that fits i32")
+    assert.has_error(function() lib.element("1", "i64", "ids", 1, 1) end, "ids[1] is string; expected a number")
+    assert.has_error(function() lib.element(1LL, "f32", "w", 1, 1) end, "w[1] is cdata; expected a number")
+    assert.equal(1.5, lib.element(1.5, "f32", "w", 1, 1))
+    assert.is_true(lib.element(9007199254740993LL, "i64", "ids", 1, 1) == 9007199254740993LL)
+    assert.equal(7, lib.whole(7, "opt", 1, 1, 7))
+    assert.has_error(function() lib.whole(8, "opt", 1, 1, 7) end, "opt is 8; expected a whole number from 1 to 7")
+    assert.has_error(function() lib.whole(0, "opt", 1, 1) end, "opt is 0; expected a whole number >= 1")
+    assert.has_error(function() lib.whole(2 ^ 63, "opt", 1) end,
+      "opt is 9.2233720368548e+18; expected a whole number below 2^63")
+    assert.has_error(function() lib.whole(0 / 0, "opt", 1) end,
+      ("opt is %s; expected a whole number >= 0"):format(tostring(0 / 0)))
+    assert.has_error(function() lib.whole(3LL, "opt", 1) end, "opt is 3LL; expected a whole number >= 0")
+  end)
+end)
