@@ -38,13 +38,23 @@ describe("uvmrec.nn.CrossNet", function()
       "CrossNet(4, 2 layers, rank 2): input is [4]; expected [rows, 4]")
   end)
 
-  it("refuses an infinite size and a backward before forward, naming itself", function()
+  it("refuses an infinite or huge size and a backward before forward, naming itself", function()
     local ur = require "uvmrec"
     assert.has_error(function() nn.CrossNet(4, math.huge) end,
-      "CrossNet: layers is inf; expected a whole number below 2^63")
-    -- 2^63 passed as whole, and the constructor looped over that many layers
+      "CrossNet: layers is inf; expected a whole number from 1 to 65536")
+    -- 2^63 passed as whole, and the constructor looped over that many layers; 2^40 still did
     assert.has_error(function() nn.CrossNet(4, 2 ^ 63) end,
-      "CrossNet: layers is 9.2233720368548e+18; expected a whole number below 2^63")
+      "CrossNet: layers is 9.2233720368548e+18; expected a whole number from 1 to 65536")
+    assert.has_error(function() nn.CrossNet(4, 2 ^ 40) end,
+      "CrossNet: layers is 1099511627776; expected a whole number from 1 to 65536")
+    assert.has_error(function() nn.CrossNet(4, 0) end,
+      "CrossNet: layers is 0; expected a whole number from 1 to 65536")
+    assert.has_error(function() nn.CrossNet(4, 1.5) end,
+      "CrossNet: layers is 1.5; expected a whole number from 1 to 65536")
+    assert.equal(65536, nn.CrossNet.MAX_LAYERS)
+    assert.has_error(function() nn.CrossNet(0, 2) end, "CrossNet: d is 0; expected a whole number >= 1")
+    assert.has_error(function() nn.CrossNet(4, 2, { rank = -1 }) end,
+      "CrossNet: rank is -1; expected a whole number >= 1")
     assert.has_error(function() nn.CrossNet(4, 2):backward(ur.tensor({ 2, 4 }), ur.tensor({ 2, 4 })) end,
       "CrossNet(4, 2 layers): backward before forward")
   end)

@@ -9,13 +9,17 @@ local dense = require "uvmrec.dense"
 
 local CrossNet = Module:extend("CrossNet")
 
+-- The most layers a CrossNet takes: each is parameters, buffers and kernels of its own, built in
+-- a loop (DCNv2 stacks a few; 2^40 layers looped, allocating, without an end).
+CrossNet.MAX_LAYERS = 65536
+
 -- CrossNet(d, layers, {rank = r (low rank; default full), seed = n})
 function CrossNet:__init(d, layers, opts)
   Module.__init(self)
   opts = Module.options("CrossNet", opts, { rank = "number", seed = "number" }, 3)
-  for _, v in ipairs { { d, "d" }, { layers, "layers" }, { opts.rank or 1, "rank" } } do
-    lib.whole(v[1], "CrossNet: " .. v[2], 3, 1)
-  end
+  lib.whole(d, "CrossNet: d", 3, 1)
+  lib.whole(layers, "CrossNet: layers", 3, 1, CrossNet.MAX_LAYERS)
+  if opts.rank then lib.whole(opts.rank, "CrossNet: rank", 3, 1) end
   self.d, self.layers, self.rank = d, layers, opts.rank
   local seed = opts.seed or Module.next_seed()
   for l = 1, layers do
