@@ -192,7 +192,9 @@ UR_API ur_status ur_graph_end(ur_stream *s, ur_graph **g /* in, out */);
 UR_API ur_status ur_graph_launch(ur_graph *g /* or NULL: what ur_graph_end gives without a GPU */, ur_stream *s);
 UR_API void ur_graph_free(ur_graph *g);
 
-/* Tensors. */
+/* Tensors.  A tensor holds at most 2^UR_TENSOR_MAX_BYTES_LOG2 bytes (a larger shape is refused
+ * as more bytes than supported). */
+enum { UR_TENSOR_MAX_BYTES_LOG2 = 50 };
 UR_API ur_status ur_tensor_new(ur_tensor **out, ur_dtype dtype, int32_t ndim,
                                const int64_t *shape, ur_place place, int32_t device);
 UR_API void ur_tensor_free(ur_tensor *t);

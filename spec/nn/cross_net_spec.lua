@@ -55,6 +55,13 @@ describe("uvmrec.nn.CrossNet", function()
     assert.has_error(function() nn.CrossNet(0, 2) end, "CrossNet: d is 0; expected a whole number >= 1")
     assert.has_error(function() nn.CrossNet(4, 2, { rank = -1 }) end,
       "CrossNet: rank is -1; expected a whole number >= 1")
+    -- d * d past what a tensor holds failed inside Module, naming neither CrossNet nor d
+    assert.has_error(function() nn.CrossNet(2 ^ 40, 1) end,
+      "CrossNet: d 1099511627776: a weight [d, d] of 1208925819614629174706176 elements; " ..
+      "expected at most 281474976710656 (2^50 bytes of f32)")
+    assert.has_error(function() nn.CrossNet(4, 1, { rank = 2 ^ 62 }) end,
+      "CrossNet: d 4 and rank 4611686018427387904: a U [d, rank] of 18446744073709551616 elements; " ..
+      "expected at most 281474976710656 (2^50 bytes of f32)")
     assert.has_error(function() nn.CrossNet(4, 2):backward(ur.tensor({ 2, 4 }), ur.tensor({ 2, 4 })) end,
       "CrossNet(4, 2 layers): backward before forward")
   end)

@@ -20,6 +20,18 @@ describe("uvmrec.nn.Linear", function()
     -- a cast made it 'tensor: dimension 2 is -9223372036854775808; expected >= 0', from inside Module
     assert.has_error(function() nn.Linear(3, 4, { pad_to = 2 ^ 63 }) end,
       "Linear: pad_to is 9.2233720368548e+18; expected a whole number below 2^63")
+    -- 2^62 passed the whole-number check and failed inside Module: 'tensor: the shape's element
+    -- count overflows', naming neither Linear nor in
+    assert.has_error(function() nn.Linear(2 ^ 62, 3) end,
+      "Linear: in 4611686018427387904 and out 3: a weight [out, in] of 13835058055282163712 elements; " ..
+      "expected at most 281474976710656 (2^50 bytes of f32)")
+    assert.has_error(function() nn.Linear(3, 2 ^ 62, { pad_to = 8 }) end,
+      "Linear: in 3 (padded to 8) and out 4611686018427387904: a weight [out, in] of 36893488147419103232 " ..
+      "elements; expected at most 281474976710656 (2^50 bytes of f32)")
+    -- a tensor of the largest size, which no host allocates (1 PiB): the engine's message, named
+    local ok, err = pcall(function() nn.Linear(2 ^ 24, 2 ^ 24) end)
+    assert.is_false(ok)
+    assert.matches("linear_spec%.lua:%d+: Linear: parameter weight %[16777216, 16777216%]: tensor: ", err)
     local l = nn.Linear(4, 3)
     assert.has_error(function() l:forward(ur.tensor({ 4 })) end, "Linear(4 -> 3): input is [4]; expected [rows, 4]")
     assert.has_error(function() l:forward(ur.tensor({ 2, 2, 4 })) end,

@@ -197,8 +197,9 @@ static inline void *ur__carve(char *base, size_t *at, size_t bytes) {
   return p;
 }
 
-/* A tensor shape's checks (a dtype, 1 to UR_MAX_DIMS dimensions, none negative, at most 2^50
- * bytes; who starts the messages) and its element and byte counts (engine/src/core/tensor.c). */
+/* A tensor shape's checks (a dtype, 1 to UR_MAX_DIMS dimensions, none negative, at most
+ * 2^UR_TENSOR_MAX_BYTES_LOG2 bytes; who starts the messages) and its element and byte counts
+ * (engine/src/core/tensor.c). */
 UR__HIDDEN ur_status ur__shape_bytes(const char *who, ur_dtype dtype, int32_t ndim,
                                      const int64_t *shape, uint64_t *numel, uint64_t *bytes);
 

@@ -141,7 +141,7 @@ ur_status ur__shape_bytes(const char *who, ur_dtype dtype, int32_t ndim, const i
   *numel = 1;
   for (int i = 0; i < ndim; i++) *numel *= (uint64_t)shape[i];
   if (__builtin_mul_overflow(*numel, (uint64_t)ur_dtype_size(dtype), bytes) ||
-      *bytes > (1ull << 50))
+      *bytes > (1ull << UR_TENSOR_MAX_BYTES_LOG2))
     return ur__error(UR_STATUS_INVALID, "%s: %llu elements of %s are more bytes than supported",
                      who, (unsigned long long)*numel, ur_dtype_name(dtype));
   return UR_STATUS_OK;

@@ -19,7 +19,12 @@ function CrossNet:__init(d, layers, opts)
   opts = Module.options("CrossNet", opts, { rank = "number", seed = "number" }, 3)
   lib.whole(d, "CrossNet: d", 3, 1)
   lib.whole(layers, "CrossNet: layers", 3, 1, CrossNet.MAX_LAYERS)
-  if opts.rank then lib.whole(opts.rank, "CrossNet: rank", 3, 1) end
+  if opts.rank then
+    lib.whole(opts.rank, "CrossNet: rank", 3, 1)
+    Module.check_elements("CrossNet", d * opts.rank, "U [d, rank]", 3, "d %.0f and rank %.0f", d, opts.rank)
+  else
+    Module.check_elements("CrossNet", d * d, "weight [d, d]", 3, "d %.0f", d)
+  end
   self.d, self.layers, self.rank = d, layers, opts.rank
   local seed = opts.seed or Module.next_seed()
   for l = 1, layers do

@@ -27,6 +27,9 @@ function Linear:__init(inf, outf, opts)
   lib.whole(pad, "Linear: pad_to", 3, 1)
   self.in_features, self.out_features = inf, outf
   self.in_width = math.ceil(inf / pad) * pad
+  Module.check_elements("Linear", outf * self.in_width, "weight [out, in]", 3,
+                        self.in_width == inf and "in %.0f and out %.0f" or "in %.0f (padded to %.0f) and out %.0f",
+                        inf, self.in_width == inf and outf or self.in_width, outf)
   self.act = opts.act or "none"
   self.input_grad = opts.input_grad ~= false
   local seed = opts.seed or Module.next_seed()

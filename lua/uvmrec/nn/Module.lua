@@ -199,10 +199,32 @@ local function place_opts(self)
            and self.device or nil }
 end
 
+-- The most elements a parameter holds: an f32 tensor of the engine's largest (uvmrec.h's
+-- UR_TENSOR_MAX_BYTES_LOG2).
+Module.MAX_PARAM_ELEMENTS = 2 ^ lib.C.UR_TENSOR_MAX_BYTES_LOG2 / 4
+
+-- Refuses, before anything is allocated, a parameter of n elements that no tensor holds, naming
+-- the arguments that make it (fmt and its values, formatted only then: "in %.0f and out %.0f"):
+-- "<who>: in 4611686018427387904 and out 3: a weight [out, in] of 13835058055282163712
+-- elements; expected at most 281474976710656 (2^50 bytes of f32)" at level.
+function Module.check_elements(who, n, param, level, fmt, ...)
+  if n <= Module.MAX_PARAM_ELEMENTS then return end
+  error(("%s: %s: a %s of %.0f elements; expected at most %.0f (2^%d bytes of f32)"):format(who, fmt:format(...),
+        param, n, Module.MAX_PARAM_ELEMENTS, lib.C.UR_TENSOR_MAX_BYTES_LOG2), level + 1)
+end
+
+-- A tensor for register_parameter, or nil and why: the engine's refusal of the shape too.
+local function param_tensor(shape, opts)
+  local ok, t, err = pcall(ur_tensor.tensor, shape, opts)
+  if not ok then return nil, (tostring(t):gsub("^[^\n]-:%d+: ", "")) end
+  return t, err
+end
+
 -- Registers parameter `name` as self[name], with its gradient self["grad_" .. name] (zeroed),
 -- both f32 of `shape` in the module's placement.  Returns the parameter tensor, for
 -- initialisation.  Under bf16 precision a bf16 copy self[name .. "_bf16"] is what the math
--- reads; the optimizers refresh it when they update the f32 master.
+-- reads; the optimizers refresh it when they update the f32 master.  Memory that cannot be had
+-- is an error naming the module and the parameter.
 function Module:register_parameter(name, shape)
   if type(name) ~= "string" or name == "" or name:find("%.") then
     error("register_parameter: name must be a non-empty string without dots, got " .. tostring(name), 2)
@@ -212,8 +234,15 @@ function Module:register_parameter(name, shape)
   end
   local opts = place_opts(self)
   opts.dtype = "f32"
-  local t = assert(ur_tensor.tensor(shape, opts))
-  local g = assert(ur_tensor.tensor(shape, opts)):fill(0)
+  local t, err = param_tensor(shape, opts)
+  local g
+  if t then g, err = param_tensor(shape, opts) end
+  if not g then
+    if t then t:free() end
+    -- at the line that built the module: register_parameter, __init, the class call, its caller
+    error(("%s: parameter %s [%s]: %s"):format(self:type_name(), name, table.concat(shape, ", "), err), 4)
+  end
+  g:fill(0)
   local rec = { name = name, field = name, grad_field = "grad_" .. name, half_field = name .. "_bf16" }
   self._params[#self._params + 1] = rec
   self[rec.field], self[rec.grad_field] = t, g
