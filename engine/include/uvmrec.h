@@ -1198,8 +1198,9 @@ enum {
    * first sample in the global batch): the CPU then computes each row of a linear layer bit
    * for bit as it computes that row of the whole batch. */
   UR_DENSE_ROW0_SHIFT = 8,
-  UR_DENSE_PAD_SHIFT = 16   /* flags | n << PAD_SHIFT (n < 256): the last n columns of x and w
-                               are zero padding (the CPU skips them; gx's are written zero) */
+  UR_DENSE_PAD_SHIFT = 16,  /* flags | n << PAD_SHIFT (n <= PAD_MAX): the last n columns of x
+                               and w are zero padding (the CPU skips them; gx's are written zero) */
+  UR_DENSE_PAD_MAX = 255
 };
 typedef enum ur_reduction {
   UR_REDUCTION_MEAN = 0, UR_REDUCTION_SUM, UR_REDUCTION_NONE, UR_REDUCTION_COUNT

@@ -16,8 +16,12 @@ M.TF32, M.ACCUMULATE, M.GY_MASKED, M.WGRAD_ASYNC = C.UR_DENSE_TF32, C.UR_DENSE_A
   C.UR_DENSE_GY_MASKED, C.UR_DENSE_WGRAD_ASYNC
 -- linear_backward: x is the layer below's ReLU output; gx is masked by it (x > 0 or NaN)
 M.X_RELU = C.UR_DENSE_X_RELU
--- flags + M.pad(n): the last n (< 256) columns of x and w are zero padding.
-function M.pad(n) return n * 2 ^ 16 end
+-- flags + M.pad(n): the last n (0 to UR_DENSE_PAD_MAX, 255) columns of x and w are zero padding.
+local PAD_MAX = C.UR_DENSE_PAD_MAX
+function M.pad(n)
+  lib.whole(n, "dense.pad: n", 2, 0, PAD_MAX) -- a larger n ran into the flags' other bits
+  return n * 2 ^ C.UR_DENSE_PAD_SHIFT
+end
 -- flags + row0 % 256 * M.ROW0: the rows' first one is row row0 of a larger batch (data-parallel
 -- ranks), so the CPU computes each as it computes that row of the whole batch
 M.ROW0 = 2 ^ C.UR_DENSE_ROW0_SHIFT

@@ -19,7 +19,7 @@ describe("uvmrec.nn.Linear", function()
     assert.has_error(function() nn.Linear(math.huge, 3) end, "Linear: in is inf; expected a whole number below 2^63")
     -- a cast made it 'tensor: dimension 2 is -9223372036854775808; expected >= 0', from inside Module
     assert.has_error(function() nn.Linear(3, 4, { pad_to = 2 ^ 63 }) end,
-      "Linear: pad_to is 9.2233720368548e+18; expected a whole number below 2^63")
+      "Linear: pad_to is 9.2233720368548e+18; expected a whole number from 1 to 256")
     -- 2^62 passed the whole-number check and failed inside Module: 'tensor: the shape's element
     -- count overflows', naming neither Linear nor in
     assert.has_error(function() nn.Linear(2 ^ 62, 3) end,
@@ -28,6 +28,19 @@ describe("uvmrec.nn.Linear", function()
     assert.has_error(function() nn.Linear(3, 2 ^ 62, { pad_to = 8 }) end,
       "Linear: in 3 (padded to 8) and out 4611686018427387904: a weight [out, in] of 36893488147419103232 " ..
       "elements; expected at most 281474976710656 (2^50 bytes of f32)")
+    -- pad_to past 256 pads more than the 255 columns the linear ops take: 300 was refused at the
+    -- first forward ('flags 0x1290000 include bits other than 0xffff01'), 2^16 + 8 wrapped
+    assert.has_error(function() nn.Linear(3, 4, { pad_to = 300 }) end,
+      "Linear: pad_to is 300; expected a whole number from 1 to 256")
+    assert.has_error(function() nn.Linear(3, 4, { pad_to = 2 ^ 16 + 8 }) end,
+      "Linear: pad_to is 65544; expected a whole number from 1 to 256")
+    assert.has_error(function() ur.dense.pad(256) end, "dense.pad: n is 256; expected a whole number from 0 to 255")
+    local wide = nn.Linear(3, 2, { pad_to = 256, seed = 5 })
+    assert.equal(256, wide.in_width)
+    local x = ur.tensor({ 2, 256 }):fill(0)
+    local xs = R.rand({ 2, 3 }, 4)
+    for r = 0, 1 do for c = 0, 2 do x:set(r * 256 + c, xs:get(r * 3 + c)) end end
+    R.close(wide:forward(x):totable(), nn.Linear(3, 2, { seed = 5 }):forward(xs):totable(), 1e-6, "pad_to 256")
     -- a tensor of the largest size, which no host allocates (1 PiB): the engine's message, named
     local ok, err = pcall(function() nn.Linear(2 ^ 24, 2 ^ 24) end)
     assert.is_false(ok)

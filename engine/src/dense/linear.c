@@ -118,7 +118,9 @@ static inline float act_apply(float v, ur_act act) {
 /* ---- linear, CPU ---- */
 
 /* The zero columns that end x and w (UR_DENSE_PAD_SHIFT). */
-static int64_t pad_of(uint32_t flags) { return (int64_t)((flags >> UR_DENSE_PAD_SHIFT) & 0xffu); }
+static int64_t pad_of(uint32_t flags) {
+  return (int64_t)((flags >> UR_DENSE_PAD_SHIFT) & UR_DENSE_PAD_MAX);
+}
 
 int64_t ur_linear_mask_cols(int64_t out) { return ur__mask_cols(out); }
 
@@ -487,7 +489,7 @@ ur_status ur_linear_forward(ur_stream *s, const ur_tensor *x, const ur_tensor *w
     return ur__error(UR_STATUS_INVALID, "%s: a mask is written only under relu (activation %d)",
                      op, (int)act);
   if ((st = check_flags(op, flags, UR_DENSE_TF32 | (255u << UR_DENSE_ROW0_SHIFT) |
-                                       (0xffu << UR_DENSE_PAD_SHIFT))) ||
+                                       ((uint32_t)UR_DENSE_PAD_MAX << UR_DENSE_PAD_SHIFT))) ||
       (st = check_pad(op, flags, in)) || (st = check_dims(op, rows, in, out)) ||
       (mask && (st = check_mask(op, "mask", mask, rows, out))) ||
       (st = no_overlap(op, "y", y, "x", x)) || (st = no_overlap(op, "y", y, "w", w)) ||
@@ -534,7 +536,7 @@ static ur_status check_backward(const char *op, int64_t rows, int64_t in, int64_
                      "NULL", op);
   uint32_t allowed = UR_DENSE_TF32 | UR_DENSE_ACCUMULATE | UR_DENSE_GY_MASKED |
                      UR_DENSE_WGRAD_ASYNC | UR_DENSE_X_RELU | (255u << UR_DENSE_ROW0_SHIFT) |
-                     (0xffu << UR_DENSE_PAD_SHIFT);
+                     ((uint32_t)UR_DENSE_PAD_MAX << UR_DENSE_PAD_SHIFT);
   ur_status st;
   if ((st = check_flags(op, flags, allowed)) || (st = check_pad(op, flags, in)) ||
       (st = check_dims(op, rows, in, out)))

@@ -216,8 +216,9 @@ static ur_status read_mlp(ur_model *m, const reader *r, const ur_json *list, con
     if ((st = ur_safetensors_entry_get(r->f, i, &e))) return st;
     int64_t out = e.ndim == 2 ? e.shape[0] : -1;
     int64_t in_w = k == 0 && padded_in > in && e.ndim == 2 && e.shape[1] == padded_in ? padded_in : in;
-    if (in_w - in >= 256)
-      return bad(r, "'%s' pads %lld columns; at most 255 are padding", wn, (long long)(in_w - in));
+    if (in_w - in > UR_DENSE_PAD_MAX)
+      return bad(r, "'%s' pads %lld columns; at most %d are padding", wn, (long long)(in_w - in),
+                 UR_DENSE_PAD_MAX);
     if ((st = want(r, wn, m->dt, out, in_w, where)) || (st = want(r, bn, m->dt, out, -1, where)))
       return st;
     layer *L = &ls[k];

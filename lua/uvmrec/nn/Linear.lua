@@ -13,7 +13,7 @@ local OPTS = { bias = "boolean", act = "string", input_grad = "boolean", seed = 
 -- Linear(in, out, {bias = true, act = "none" | "relu", input_grad = true, seed = n, pad_to = 1}).
 -- input_grad = false skips the input's gradient (a first layer fed by data).  pad_to = 8 makes
 -- the layer read inputs padded with zero columns to a multiple of 8 (a padded interaction's
--- output): W is then [out, in_width] with zero columns past in, drawn as the unpadded layer's,
+-- output; pad_to is at most 256): W is then [out, in_width] with zero columns past in, drawn as the unpadded layer's,
 -- so the layer computes the same numbers on aligned rows (its gradient there stays zero).
 function Linear:__init(inf, outf, opts)
   Module.__init(self)
@@ -24,7 +24,9 @@ function Linear:__init(inf, outf, opts)
     error("Linear: act must be none or relu, got " .. tostring(opts.act), 3)
   end
   local pad = opts.pad_to or 1
-  lib.whole(pad, "Linear: pad_to", 3, 1)
+  -- the padding, below pad_to, is at most the engine's UR_DENSE_PAD_MAX columns (pad_to = 300 made
+  -- flags the linear ops refused at the first forward, and 2^16 + 8 wrapped into other bits)
+  lib.whole(pad, "Linear: pad_to", 3, 1, lib.C.UR_DENSE_PAD_MAX + 1)
   self.in_features, self.out_features = inf, outf
   self.in_width = math.ceil(inf / pad) * pad
   Module.check_elements("Linear", outf * self.in_width, "weight [out, in]", 3,
