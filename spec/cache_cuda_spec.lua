@@ -491,6 +491,16 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
     assert.is_truthy(tostring(err2):find("a growth of its staging failed", 1, true), tostring(err2))
   end)
 
+  cuda_it("resets the LFU counts of the rows it drops as the CPU does (one zero_rows on the GPU)", function()
+    local g, dropped = h.lfu_after_drop(0)
+    local c = h.lfu_after_drop("cpu")
+    assert.equal(4, dropped)
+    local probe = {}
+    for r = 0, 199 do probe[#probe + 1] = r end
+    assert.same(c:contains("a", probe), g:contains("a", probe))
+    for k = 0, 3 do assert.is_false(g:contains("a", { k })[1], "row " .. k) end
+  end)
+
   cuda_it("ages LFU counts past the 16-bit wrap of their epochs as the CPU does (re-based, not wrapped)", function()
     local g, c = h.lfu_past_wrap(0), h.lfu_past_wrap("cpu")
     local probe = {}

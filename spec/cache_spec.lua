@@ -219,6 +219,23 @@ describe("uvmrec.cache", function()
     assert.equal(0, kept_lru)
   end)
 
+  it("resets the LFU counts of the rows it drops, in one backend call for all of them", function()
+    local c, dropped = h.lfu_after_drop("cpu")
+    assert.equal(4, dropped)
+    -- their counts were reset: they are the least read (1 against 5) and made room; with the
+    -- counts kept (6) four of rows 4..31 would have gone
+    for k = 0, 3 do assert.is_false(c:contains("a", { k })[1], "row " .. k) end
+    for k = 4, 31 do assert.is_number(c:contains("a", { k })[1], "row " .. k) end
+    -- the reset is one backend call, not one a row (a fill each: 1000 calls for 1000 ids);
+    -- counted by build/bin/cache_drop, the engine with the CPU backend's calls counted
+    if not cmd.exists("engine/include/uvmrec.h") then return end -- a dist tree ships no test programs
+    local p = (cmd.bin():match("^(.*)/[^/]*$") or ".") .. "/cache_drop"
+    assert(cmd.exists(p), p .. " is not built (make test builds it)")
+    local out, err, code = cmd.sh(cmd.quote(p) .. " 1000")
+    assert.equal(0, code, out .. err)
+    assert.equal("drop 1000 fills 0 zero_rows 1 dropped 0\n", out)
+  end)
+
   it("ages LFU counts past 65536 decay periods (their 16-bit epochs re-based, not wrapped)", function()
     -- a's row 0, read once in batch 1, has long lost its count by batch 65537; rows 1..31,
     -- read in the batch before, are halved to 0 too: the least stamp, row 0's way, is the

@@ -360,6 +360,30 @@ function M.lfu_past_wrap(device)
   return m.tbe.cache
 end
 
+-- An LFU cache on `device` ("cpu" or a GPU) of one set of 32 ways whose rows 0..31 were read
+-- 5 times; rows 0..3 are dropped (cache:drop: their counts reset), read once, and rows 100..103
+-- read: the dropped rows, least read since, made room (cache_spec, cache_cuda_spec).  Returns
+-- the cache and the number drop gave.
+function M.lfu_after_drop(device)
+  local R = require "tbe_ref"
+  local m = ur.nn.EmbeddingBagCollection{ device = device, seed = 5, optimizer = { "sgd", lr = 0.1 },
+    tables = { { name = "a", rows = 1000, dim = 4, placement = "cached" } },
+    cache = { slots = 32, policy = "lfu", min_slots = 0 } }
+  local function batch(ids)
+    local offsets = {}
+    for k = 0, #ids do offsets[k + 1] = k end -- one bag an id
+    local x = R.input({ values = ids, offsets = offsets }, device == "cpu" and "host" or "device")
+    assert(m:retire(assert(m:prepare(x)), false))
+  end
+  local all = {}
+  for k = 0, 31 do all[#all + 1] = k end
+  for _ = 1, 5 do batch(all) end
+  local dropped = assert(m.tbe.cache:drop("a", { 0, 1, 2, 3 }))
+  batch({ 0, 1, 2, 3 })
+  batch({ 100, 101, 102, 103 })
+  return m.tbe.cache, dropped
+end
+
 M.dtypes = { "f32", "bf16", "f16", "i8", "u8", "i32", "i64" }
 
 -- libuvmrec's folder and the folder of the C sources (the tree's root, where the specs run), for

@@ -1322,7 +1322,7 @@ ur_status ur_cache_drop(ur_cache *c, int32_t table, const int64_t *ids, int64_t 
   if ((st = pull_state(c, 1))) return st;
   const ur_backend *g = c->be;
   int64_t k = 0;
-  for (int64_t i = 0; i < n && !st; i++) {
+  for (int64_t i = 0; i < n; i++) {
     uint64_t key = (uint64_t)(c->kbase[table] + ids[i]);
     int64_t base = set_of(c, key, table) * UR_CACHE_WAYS;
     for (int w = 0; w < UR_CACHE_WAYS; w++)
@@ -1332,9 +1332,20 @@ ur_status ur_cache_drop(ur_cache *c, int32_t table, const int64_t *ids, int64_t 
         k++;
         break;
       }
-    /* the row's LFU count belongs to the id that leaves */
-    if (c->dev.freq) st = g->fill(NULL, c->dev.freq + key, 1, 4, 0);
   }
+  /* the rows' LFU counts belong to the ids that leave: reset in one call for all of them */
+  ur_tensor *keys = NULL;
+  if (c->dev.freq && n > 0) {
+    st = g->zero_rows ? home_tensor(c, &keys, UR_DTYPE_I64, n, 0) : ur__missing(g, "core", "zero_rows");
+    int64_t *hk = st ? NULL : malloc(sizeof(int64_t) * (size_t)n);
+    if (!st && !hk) st = ur__error(UR_STATUS_OOM, "cache: out of host memory");
+    for (int64_t i = 0; !st && i < n; i++) hk[i] = c->kbase[table] + ids[i];
+    if (!st) st = g->copy(NULL, ur_tensor_data(keys), hk, sizeof(int64_t) * (size_t)n);
+    if (!st) st = g->zero_rows(NULL, c->dev.freq, 4, ur_tensor_data(keys), (size_t)n);
+    if (!st) st = g->stream_sync(NULL); /* hk and keys must outlive the copy and the kernel */
+    free(hk);
+  }
+  ur_tensor_free(keys);
   if (!st && k && c->tag != c->dev.tag) {
     st = g->copy(NULL, c->dev.tag, c->tag, (size_t)c->S * 8);
     if (!st) st = g->copy(NULL, c->dev.dirty, c->dirty, (size_t)c->S);
