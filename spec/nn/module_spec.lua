@@ -69,6 +69,42 @@ describe("uvmrec.nn.Module", function()
       "BCEWithLogits: unknown option 'reduce'; expected reduction")
   end)
 
+  it("name themselves and the argument, at the caller's line, for an input that is no tensor or of a dtype they "
+     .. "do not take", function()
+    local function fails(f, msg)
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      local at = tostring(err):gsub("^.-(spec/nn/module_spec%.lua):%d+:", "%1:")
+      assert.equal("spec/nn/module_spec.lua: " .. msg, at)
+    end
+    local l = nn.Linear(4, 3)
+    -- each failed inside the engine or Lua: 'tensor: expected a handle, got a nil', 'dense cast: src is i32 [2, 4];
+    -- expected f32 or bf16 of 8 elements', 'linear forward: x is f32 [2, 2, 2]; expected f32 or bf16 [rows, cols]'
+    fails(function() l:forward(nil) end, "Linear(4 -> 3): input is nil; expected a tensor")
+    fails(function() l:forward({}) end, "Linear(4 -> 3): input is a table; expected a tensor")
+    fails(function() l:forward(ur.tensor({ 2, 4 }, { dtype = "i32" })) end,
+      "Linear(4 -> 3): input is i32 [2, 4]; expected f32 or bf16")
+    fails(function() l:forward(ur.tensor({ 2, 2, 2 })) end, "Linear(4 -> 3): input is [2, 2, 2]; expected [rows, 4]")
+    l:forward(ur.tensor({ 2, 4 }):fill(1))
+    fails(function() l:backward(ur.tensor({ 2, 4 }), ur.tensor({ 2, 3 }, { dtype = "f64" })) end,
+      "Linear(4 -> 3): gradOutput is f64 [2, 3]; expected f32 or bf16")
+    fails(function() l:backward(ur.tensor({ 2, 4 }), nil) end, "Linear(4 -> 3): gradOutput is nil; expected a tensor")
+    local c = nn.CrossNet(4, 1)
+    fails(function() c:forward(5) end, "CrossNet(4, 1 layers): input is 5; expected a tensor")
+    fails(function() c:forward(ur.tensor({ 2, 4 }, { dtype = "i64" })) end,
+      "CrossNet(4, 1 layers): input is i64 [2, 4]; expected f32 or bf16")
+    -- 'ur_act_backward: argument 'y' is NULL'; a nil input indexed nil in Module:follow
+    fails(function() nn.ReLU():backward(ur.tensor({ 2, 4 }), ur.tensor({ 2, 4 })) end, "ReLU: backward before forward")
+    fails(function() nn.Sigmoid():forward(nil) end, "Sigmoid: input is nil; expected a tensor")
+    -- 'ur_bce_forward: argument 'targets' is NULL'
+    fails(function() nn.BCEWithLogits():forward(ur.tensor({ 2, 1 }), nil) end,
+      "BCEWithLogits(mean): target is nil; expected a tensor")
+    fails(function() nn.BCEWithLogits():forward(ur.tensor({ 2, 1 }), ur.tensor({ 2 }), {}) end,
+      "BCEWithLogits(mean): weights is a table; expected a tensor")
+    fails(function() nn.Interaction():forward({ ur.tensor({ 2, 4 }), 3 }) end,
+      "Interaction: input must be {dense [rows, d], emb [rows, T*d]}, two tensors")
+  end)
+
   it("compute in bf16 with f32 master weights and gradients", function()
     local m = nn.MLP({ 16, 32, 8 }, { last = "none" })
     local x = R.rand({ 10, 16 }, 31)

@@ -16,7 +16,7 @@ function Activation:__init()
 end
 
 function Activation:updateOutput(input)
-  self:follow(input)
+  self:follow(self:tensor_arg(input, "input", 2))
   local rows, cols = Module.rows_cols(input)
   self.output = self:buffer("output", Module.dtype_of(input), rows, cols)
   dense.act_forward(input, self.output, self.act, self.stream)
@@ -24,7 +24,9 @@ function Activation:updateOutput(input)
 end
 
 function Activation:updateGradInput(input, gradOutput) -- luacheck: ignore 212
-  local rows, cols = Module.rows_cols(gradOutput)
+  -- level 3: Module.backward calls this, not in a tail call
+  if not self.output then error(tostring(self) .. ": backward before forward", 3) end
+  local rows, cols = Module.rows_cols(self:tensor_arg(gradOutput, "gradOutput", 3))
   self.gradInput = self:buffer("gradInput", Module.dtype_of(gradOutput), rows, cols)
   dense.act_backward(self.output, gradOutput, self.gradInput, self.act, self.stream)
   return self.gradInput

@@ -19,7 +19,9 @@ function BCE:__init(opts)
 end
 
 function BCE:updateOutput(input, target, weights)
-  self:follow(input)
+  self:follow(self:tensor_arg(input, "input", 2))
+  self:tensor_arg(target, "target", 2)
+  if weights ~= nil then self:tensor_arg(weights, "weights", 2) end
   self.output = self:buffer("loss", "f32", 1, 1)
   dense.bce_forward(input, target, weights, self.output, self.reduction, self.stream)
   return self.output
@@ -30,7 +32,9 @@ function BCE:forward(input, target, weights)
 end
 
 function BCE:updateGradInput(input, target, weights)
-  local rows, cols = Module.rows_cols(input)
+  local rows, cols = Module.rows_cols(self:tensor_arg(input, "input", 2))
+  self:tensor_arg(target, "target", 2)
+  if weights ~= nil then self:tensor_arg(weights, "weights", 2) end
   self.gradInput = self:buffer("gradInput", Module.dtype_of(input), rows, cols)
   dense.bce_backward(input, target, weights, self.gradInput, self.reduction, 1, self.stream)
   return self.gradInput

@@ -47,10 +47,11 @@ local function flags(self)
 end
 
 function CrossNet:updateOutput(input)
+  self:tensor_arg(input, "input", 2)
   local _, cols = Module.rows_cols(input)
-  if cols ~= self.d then
+  if cols ~= self.d or input:dim() ~= 2 then
     error(("%s: input is [%s]; expected [rows, %d]"):format(tostring(self), table.concat(input:size(), ", "),
-                                                           self.d), 3)
+                                                           self.d), 2)
   end
   local x0 = self:as_act(input, "input")
   local rows = Module.rows_cols(x0)
@@ -78,12 +79,12 @@ end
 -- (through every layer's x0 * z term and the first layer's x_l) accumulates in gx0.
 function CrossNet:_backward(input, gradOutput, want_params)
   local x0 = self._x0
-  if not x0 then error(tostring(self) .. ": backward before forward", 3) end
+  if not x0 then error(tostring(self) .. ": backward before forward", 2) end
   local rows = Module.rows_cols(x0)
   local dt, d, st, f, L = self:act_dtype(), self.d, self.stream, flags(self), self.layers
   local gx0 = self:buffer("gx0", dt, rows, d)
   local gz = self:buffer("gz", dt, rows, d)
-  local g = self:as_act(gradOutput, "gy")
+  local g = self:as_act(self:tensor_arg(gradOutput, "gradOutput", 2), "gy")
   for l = L, 1, -1 do
     local xl = l > 1 and self:buffer("x" .. l, dt, rows, d) or x0
     local z = self:buffer("z" .. l, dt, rows, d)

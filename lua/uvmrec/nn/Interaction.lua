@@ -23,15 +23,17 @@ function Interaction:flags()
   return self.precision == "tf32" and dense.TF32 or 0
 end
 
-local function parts(input)
-  if type(input) ~= "table" or not input[1] or not input[2] then
-    error("Interaction: input must be {dense [rows, d], emb [rows, T*d]}", 4)
+local is_tensor = require("uvmrec.tensor").is_tensor
+-- level: as error's from the caller of parts
+local function parts(input, level)
+  if type(input) ~= "table" or not is_tensor(input[1]) or not is_tensor(input[2]) then
+    error("Interaction: input must be {dense [rows, d], emb [rows, T*d]}, two tensors", level + 1)
   end
   return input[1], input[2]
 end
 
 function Interaction:updateOutput(input)
-  local d, e = parts(input)
+  local d, e = parts(input, 2) -- forward's tail call left no frame: 2 is its caller
   self:follow(d)
   local rows, width = Module.rows_cols(d)
   local _, ecols = Module.rows_cols(e)
@@ -43,7 +45,7 @@ function Interaction:updateOutput(input)
 end
 
 function Interaction:updateGradInput(input, gradOutput)
-  local d, e = parts(input)
+  local d, e = parts(input, 3) -- called by Module.backward
   local rows, width = Module.rows_cols(d)
   local _, ecols = Module.rows_cols(e)
   local gd = self:buffer("gdense", Module.dtype_of(d), rows, width)

@@ -58,10 +58,11 @@ function Linear:flags()
 end
 
 function Linear:updateOutput(input)
+  self:tensor_arg(input, "input", 2)
   local rows, cols = Module.rows_cols(input)
-  if cols ~= self.in_width then
+  if cols ~= self.in_width or input:dim() ~= 2 then
     error(("Linear(%d -> %d): input is [%s]; expected [rows, %d]"):format(
-      self.in_features, self.out_features, table.concat(input:size(), ", "), self.in_width), 3)
+      self.in_features, self.out_features, table.concat(input:size(), ", "), self.in_width), 2)
   end
   local x = self:as_act(input, "input")
   self._x = x
@@ -80,10 +81,10 @@ end
 -- which the model joins (dense.join) before the optimizer reads it.
 function Linear:_backward(input, gradOutput, want_input, want_params)
   local x = self._x
-  if not x then error(tostring(self) .. ": backward before forward", 3) end
+  if not x then error(tostring(self) .. ": backward before forward", 2) end
   local rows = Module.rows_cols(x)
   local dt = self:act_dtype()
-  gradOutput = self:as_act(gradOutput, "gy")
+  gradOutput = self:as_act(self:tensor_arg(gradOutput, "gradOutput", 2), "gy")
   local gx
   if want_input and self.input_grad then gx = self:buffer("gx", dt, rows, self.in_width) end
   local flags = self:flags()

@@ -107,11 +107,33 @@ function Module.rows_cols(t)
   return rows, cols
 end
 
+-- t when it is a tensor; else an error at level naming the module and the argument (what:
+-- "input", "gradOutput"): "Linear(4 -> 3): input is nil; expected a tensor" (a nil input failed
+-- in the engine's words, "tensor: expected a handle, got a nil", or with Lua's own).
+local is_tensor = ur_tensor.is_tensor
+function Module:tensor_arg(t, what, level)
+  if is_tensor(t) then return t end
+  error(("%s: %s is %s; expected a tensor"):format(tostring(self), what, type(t) == "table" and "a table" or
+        tostring(t)), level + 1)
+end
+
+local ARG_NAMES = { input = "input", gy = "gradOutput" }
+
 -- input itself when it has the dtype of this module's activations, else a copy converted into
--- buffer `key` (an f32 batch entering a bf16 model).
+-- buffer `key` (an f32 batch entering a bf16 model; "input" or "gy", the gradient given to
+-- backward).  A dtype the activations do not take is an error naming the module, raised where
+-- the module's forward or backward was called: "Linear(4 -> 3): input is i32 [2, 4]; expected
+-- f32 or bf16" (it was the cast's, "dense cast: src is i32 [2, 4]; ...").
 function Module:as_act(input, key)
   local dt = self:act_dtype()
-  if Module.dtype_of(input) == dt then return input end
+  local idt = Module.dtype_of(input)
+  if idt == dt then return input end
+  if idt ~= "f32" and idt ~= "bf16" then
+    -- as_act, the module's updateOutput or _backward, the line that called forward or backward
+    -- (whose tail call to those left no frame)
+    error(("%s: %s is %s [%s]; expected f32 or bf16"):format(tostring(self), ARG_NAMES[key] or key, idt,
+          table.concat(input:size(), ", ")), 3)
+  end
   local rows, cols = Module.rows_cols(input)
   return require("uvmrec.dense").cast(input, self:buffer(key, dt, rows, cols), self.stream)
 end
