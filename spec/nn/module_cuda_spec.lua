@@ -69,6 +69,41 @@ describe("uvmrec.nn on CUDA", function()
     end)
   end
 
+  cuda_it("names the module and the parameter or buffer the HBM budget refuses, and keeps nothing of a failed to()",
+          function()
+    ur.nn.Module.manual_seed(5)
+    local m = ur.nn.Sequential(ur.nn.Linear(64, 256), ur.nn.ReLU(), ur.nn.Linear(256, 1024))
+    collectgarbage("collect")
+    local used = ur.memory().hbm_used
+    -- room for the first layer's weight and gradient and no more
+    ur.set_hbm_budget(used + 2 * 64 * 256 * 4 + 512)
+    local ok, err = m:to("device")
+    ur.set_hbm_budget(nil)
+    assert.is_nil(ok)
+    assert.matches("^Linear%(64 %-> 256, %+relu%): parameter 1%.bias to device: hbm budget: ", err)
+    assert.equal(used, ur.memory().hbm_used) -- the copies made before it went at once
+    assert.equal("host", m:parameters()[1].tensor:placement())
+    assert(m:to("device"))
+    m:forward(R.rand({ 16, 64 }, 6, { placement = "device" })) -- the arena's first block, the workspaces
+    -- a batch whose activations outgrow that block, under a budget that holds no more
+    local x = R.rand({ 131072, 64 }, 7, { placement = "device" })
+    ur.set_hbm_budget(ur.memory().hbm_used + 1024)
+    local fok, ferr = pcall(function() m:forward(x) end)
+    ur.set_hbm_budget(nil)
+    assert.is_false(fok)
+    assert.matches("Linear%(64 %-> 256, %+relu%): buffer output %[131072, 256%] of f32: hbm budget: ", tostring(ferr))
+    -- bf16 copies the budget does not hold: the model stays in f32 and still computes
+    ur.set_hbm_budget(ur.memory().hbm_used + 1024)
+    local pok, perr = m:set_precision("bf16")
+    ur.set_hbm_budget(nil)
+    assert.is_nil(pok)
+    assert.matches("^Linear%(64 %-> 256, %+relu, bf16%): parameter 1%.weight's bf16 copy: hbm budget: .*; the model "
+                   .. "stays in f32$", perr)
+    assert.equal("f32", m.precision)
+    assert.equal("f32", m:get(3).precision)
+    assert.same({ 131072, 1024 }, m:forward(x):size())
+  end)
+
   cuda_it("allocates nothing on the GPU in a training step once the batch size was seen", function()
     local parts = { model() }
     local params = {}

@@ -39,6 +39,23 @@ describe("uvmrec.nn.Module", function()
     assert.error_matches(function() m:to("gpu") end, "to: placement 'gpu' is not host, pinned, device or managed")
   end)
 
+  it("name the module and the parameter or buffer whose memory cannot be had", function()
+    local m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.CrossNet(4, 1))
+    if not ur.gpu() then -- with a GPU, module_cuda_spec provokes the HBM budget instead
+      local ok, err = m:to("device")
+      assert.is_nil(ok)
+      -- it was the tensor's alone: "tensor: placement 'device' needs a GPU, ..."
+      assert.matches("^Linear%(3 %-> 4, %+relu%): parameter 1%.weight to device: tensor: placement 'device' "
+                     .. "needs a GPU", err)
+      assert.equal("host", m.placement)
+    end
+    -- an output of 2^48 bytes, which no host allocates: "tensor: host allocation of ... failed" alone
+    local l = nn.Linear(1, 2 ^ 22)
+    local ok, err = pcall(function() l:forward(ur.tensor({ 2 ^ 24, 1 })) end)
+    assert.is_false(ok)
+    assert.matches("Linear%(1 %-> 4194304%): buffer output %[16777216, 4194304%] of f32: tensor: ", err)
+  end)
+
   it("refuse a precision other than f32, tf32 or bf16 where set_precision was called, as the tables do", function()
     local ebc = nn.EmbeddingBagCollection { tables = { { name = "t", rows = 4, dim = 4 } }, device = "cpu" }
     for _, m in ipairs { nn.MLP({ 3, 2 }), ebc } do

@@ -319,6 +319,18 @@ end
 -- fresh arena there.  Environmental failures (no GPU, HBM budget) return nil, message.
 -- to()'s copies of m's parameters, gradients and bf16 copies (st: placement, device, moved =
 -- {{module, field, copy}, ...}, ok, err).
+-- A failure of module m's parameter p (field f of it) named, with its path below root: "Linear(13
+-- -> 512): parameter 1.weight to device: hbm budget: ..." (the engine's message alone named
+-- neither the module nor the parameter).
+local function param_error(root, m, p, f, doing, err)
+  local path = p.name
+  for _, q in ipairs(root:parameters()) do
+    if q.module == m and (q.name == p.name or q.name:sub(-#p.name - 1) == "." .. p.name) then path = q.name end
+  end
+  return ("%s: parameter %s%s%s: %s"):format(m:tostring():match("^[^\n]*"), path,
+    f == p.grad_field and "'s gradient" or f == p.half_field and "'s bf16 copy" or "", doing, err)
+end
+
 local function copy_params(m, st)
   if not st.ok then return end
   for _, p in ipairs(m._params) do
@@ -326,7 +338,10 @@ local function copy_params(m, st)
       local t = m[f]
       if t then
         local nt, e = t:to(st.placement, st.device)
-        if not nt then st.ok, st.err = false, e return end
+        if not nt then
+          st.ok, st.err = false, param_error(st.root, m, p, f, " to " .. st.placement, e)
+          return
+        end
         st.moved[#st.moved + 1] = { m, f, nt }
       end
     end
@@ -343,9 +358,14 @@ function Module:to(placement, device)
   if not PLACEMENTS[placement] then
     error("to: placement '" .. tostring(placement) .. "' is not host, pinned, device or managed", 2)
   end
-  local st = { placement = placement, device = device, moved = {}, ok = true, err = nil }
+  local st = { placement = placement, device = device, moved = {}, ok = true, err = nil, root = self }
   self:apply(copy_params, st)
-  if not st.ok then return nil, st.err end
+  if not st.ok then
+    -- the copies made before the failure go now, not when the collector finds them (HBM held
+    -- until then counted against the budget a second try meets)
+    for _, mv in ipairs(st.moved) do mv[3]:free() end
+    return nil, st.err
+  end
   local moved = st.moved
   for _, mv in ipairs(moved) do
     local old = mv[1][mv[2]]
@@ -378,7 +398,10 @@ local function set_precision(m, st)
       local opts = place_opts(m)
       opts.dtype = "bf16"
       local h, e = ur_tensor.tensor(m[p.field]:size(), opts)
-      if not h then st.ok, st.err = false, e return end
+      if not h then
+        st.ok, st.err = false, param_error(st.root, m, p, p.half_field, "", e)
+        return
+      end
       m[p.half_field] = h
     end
   end
@@ -397,9 +420,16 @@ end
 -- (bf16 activations and matrix math, f32 master weights and gradients, f32 accumulation).
 function Module:set_precision(precision, stream)
   Module.check_precision(precision, 2)
-  local st = { precision = precision, arena = self._arena, ok = true, err = nil }
+  local before = self.precision
+  local st = { precision = precision, arena = self._arena, ok = true, err = nil, root = self }
   self:apply(set_precision, st)
-  if not st.ok then return nil, st.err end
+  if not st.ok then
+    -- the modules after the failure were marked bf16 without their copies: the tree goes back
+    -- to its precision (f32 where that was bf16, whose copies went), which allocates nothing
+    local back = before == "bf16" and "f32" or before
+    self:apply(set_precision, { precision = back, arena = self._arena, ok = true, root = self })
+    return nil, st.err .. "; the model stays in " .. back
+  end
   if precision == "bf16" then self:sync_halves(stream) end
   return self
 end
@@ -437,7 +467,7 @@ end
 function Module:buffer(key, dtype, rows, cols)
   local b = self._bufs[key]
   if not b or b.dtype ~= dtype or b.cols ~= cols or b.rows < rows then
-    b = { t = self:arena():tensor({ rows, cols }, dtype), rows = rows, cols = cols, dtype = dtype,
+    b = { t = self:arena():tensor({ rows, cols }, dtype, self, key), rows = rows, cols = cols, dtype = dtype,
           views = {} }
     self._bufs[key] = b
   end

@@ -29,12 +29,21 @@ local shape_buf = ffi.new("int64_t[4]")
 local out_buf = ffi.new("ur_tensor *[1]")
 
 -- A tensor of shape (a list) and dtype (default f32) from the arena.  Environmental
--- failures (device memory, the HBM budget) raise too: a module cannot go on without it.
-function methods:tensor(shape, dtype)
+-- failures (device memory, the HBM budget) raise too: a module cannot go on without it.  who
+-- and key, if given, name the module and its buffer in that error ("Linear(13 -> 512): buffer
+-- output [65536, 512] of bf16: hbm budget: ...").
+function methods:tensor(shape, dtype, who, key)
   local d = lib.enum(C.ur_dtype_parse, "ur_dtype", dtype or "f32", "dtype", 2)
   for i = 1, #shape do shape_buf[i - 1] = shape[i] end
   local st = C.ur_arena_tensor(lib.ptr(self, "arena", 2), out_buf, d, #shape, shape_buf)
-  if st ~= 0 then error(ffi.string(C.ur_last_error()), 2) end
+  if st ~= 0 then
+    local msg = ffi.string(C.ur_last_error())
+    if who then
+      msg = ("%s: buffer %s [%s] of %s: %s"):format(tostring(who):match("^[^\n]*"), tostring(key),
+                                                     table.concat(shape, ", "), dtype or "f32", msg)
+    end
+    error(msg, 2)
+  end
   return tensor.wrap(out_buf[0])
 end
 
