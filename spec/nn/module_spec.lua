@@ -39,6 +39,25 @@ describe("uvmrec.nn.Module", function()
     assert.error_matches(function() m:to("gpu") end, "to: placement 'gpu' is not host, pinned, device or managed")
   end)
 
+  it("take seeds that are whole numbers, each drawing its own parameters", function()
+    -- 1.5 drew seed 1's weights (the cast truncated it)
+    assert.has_error(function() nn.Linear(3, 4, { seed = 1.5 }) end,
+      "Linear: seed is 1.5; expected a whole number from 0 to 4503599627370496")
+    assert.has_error(function() nn.CrossNet(3, 1, { seed = -1 }) end,
+      "CrossNet: seed is -1; expected a whole number from 0 to 4503599627370496")
+    assert.has_error(function() nn.Module.manual_seed(0.5) end,
+      "manual_seed: seed is 0.5; expected a whole number >= 0")
+    -- seeds past 2^53 / 1000003 made module seeds past 2^64, which all reached the engine as one
+    local function weights(s)
+      nn.Module.manual_seed(s)
+      return nn.Linear(3, 4).weight:totable()
+    end
+    assert.are_not.same(weights(2 ^ 60), weights(2 ^ 60 + 2 ^ 40))
+    assert.same(weights(2 ^ 60), weights(2 ^ 60))
+    nn.Module.manual_seed(3)
+    assert.equal(3 * 1000003 + 7919, nn.Module.next_seed()) -- small seeds as they were
+  end)
+
   it("name the module and the parameter or buffer whose memory cannot be had", function()
     local m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.CrossNet(4, 1))
     if not ur.gpu() then -- with a GPU, module_cuda_spec provokes the HBM budget instead

@@ -26,7 +26,7 @@ function CrossNet:__init(d, layers, opts)
     Module.check_elements("CrossNet", d * d, "weight [d, d]", 3, "d %.0f", d)
   end
   self.d, self.layers, self.rank = d, layers, opts.rank
-  local seed = opts.seed or Module.next_seed()
+  local seed = Module.seed_option("CrossNet", opts.seed, 3)
   for l = 1, layers do
     local s = seed + 10 * l
     if self.rank then

@@ -34,7 +34,7 @@ function Linear:__init(inf, outf, opts)
                         inf, self.in_width == inf and outf or self.in_width, outf)
   self.act = opts.act or "none"
   self.input_grad = opts.input_grad ~= false
-  local seed = opts.seed or Module.next_seed()
+  local seed = Module.seed_option("Linear", opts.seed, 3)
   local w = self:register_parameter("weight", { outf, self.in_width })
   if self.in_width == inf then
     w:normal(0, math.sqrt(2 / (inf + outf)), seed)

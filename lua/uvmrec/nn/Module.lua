@@ -81,14 +81,28 @@ function Module.options(who, opts, known, level)
 end
 
 -- Seeds for parameter initialisation: each module built takes the next, so a model built
--- after manual_seed(s) is the same every time, on every backend.
-local seed_base, seed_count = 0x5eed, 0
+-- after manual_seed(s) is the same every time, on every backend.  A seed is a whole number
+-- below 2^63 (1.5 drew seed 1's numbers, the cast truncating; a seed of 2^64 made every module's
+-- seed past what the engine's uint64_t takes); the seeds handed out stay below
+-- Module.MAX_SEED + 1, so a module's seed + a few is exact (Linear's bias, CrossNet's layers).
+local ffi = require "ffi"
+Module.MAX_SEED = 2 ^ 52
+local seed_base, seed_count = ffi.new("uint64_t", 0x5eed), 0
 function Module.manual_seed(s)
-  seed_base, seed_count = s, 0
+  lib.whole(s, "manual_seed: seed", 2)
+  seed_base, seed_count = ffi.new("uint64_t", s), 0
 end
 function Module.next_seed()
   seed_count = seed_count + 1
-  return seed_base * 1000003 + seed_count * 7919
+  -- exact in 64 bits (wrapping), the same numbers as before for the seeds whose products fit
+  return tonumber((seed_base * 1000003 + seed_count * 7919) % (2 ^ 52 + 0ULL))
+end
+
+-- A module's `seed` option, checked (level: as its caller's error): nil takes the next seed.
+function Module.seed_option(who, seed, level)
+  if seed == nil then return Module.next_seed() end
+  lib.whole(seed, who .. ": seed", level + 1, 0, Module.MAX_SEED)
+  return seed
 end
 
 local DTYPE_NAMES = { [0] = "f32", "bf16", "f16", "i8", "u8", "i32", "i64", "f64" }
