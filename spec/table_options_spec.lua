@@ -82,8 +82,11 @@ describe("uvmrec.table_options", function()
     assert.same({ "a", 10, 4, table_options.POOLINGS.mean },
                 { ffi.string(tc.name), tonumber(tc.rows), tonumber(tc.dim), tonumber(tc.pooling) })
     assert.equal("none", O.table_config(tc, "a", { rows = 10, dim = 4, pooling = "none" }, { pooling = "mean" }, 1))
-    assert.equal("test collection: table 'a' dim is 0; expected a whole number >= 1",
+    assert.equal("test collection: table 'a' dim is 0; expected a whole number from 1 to 2147483647",
                  message(O.table_config, tc, "a", { rows = 10, dim = 0 }, {}, 1))
+    -- the engine's int32_t: it was refused as 'tbe: table 'a' has dim -2147483648'
+    assert.equal("test collection: table 'a' dim is 1099511627776; expected a whole number from 1 to 2147483647",
+                 message(O.table_config, tc, "a", { rows = 10, dim = 2 ^ 40 }, {}, 1))
     assert.equal("test collection: table 'a' pooling 'max' is not one of mean, none, sum",
                  message(O.table_config, tc, "a", { rows = 10, dim = 4, pooling = "max" }, {}, 1))
     local device, place = O.engine_config({ device = "cpu", bounds = "warn" }, cfg, 1)

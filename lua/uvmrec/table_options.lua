@@ -44,10 +44,10 @@ function M.checks(who)
     return r
   end
 
-  -- v, a whole number >= lo (default 0) and below 2^63 (lib.whole; not a tail call, which would
-  -- take this frame off the count of levels).
-  function O.whole(v, what, level, lo)
-    local n = lib.whole(v, who .. ": " .. what, level + 1, lo)
+  -- v, a whole number >= lo (default 0) and below 2^63, or from lo to hi (lib.whole; not a tail
+  -- call, which would take this frame off the count of levels).
+  function O.whole(v, what, level, lo, hi)
+    local n = lib.whole(v, who .. ": " .. what, level + 1, lo, hi)
     return n
   end
 
@@ -84,7 +84,8 @@ function M.checks(who)
   function O.table_config(c, name, t, opts, level)
     c.name = name
     c.rows = O.whole(t.rows, "table '" .. name .. "' rows", level + 1, 1)
-    c.dim = O.whole(t.dim, "table '" .. name .. "' dim", level + 1, 1)
+    -- the engine's int32_t (2^40 reached it as 'dim -2147483648'); it names its own bounds
+    c.dim = O.whole(t.dim, "table '" .. name .. "' dim", level + 1, 1, 2147483647)
     local pooling = t.pooling or opts.pooling or "sum"
     c.pooling = O.pick(M.POOLINGS, pooling, "table '" .. name .. "' pooling", level + 1)
     return pooling
