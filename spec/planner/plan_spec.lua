@@ -168,6 +168,58 @@ describe("planner plans", function()
                  try({ { name = "c", rows = 1000, dim = 16, optimizer = "bogus" } }, {}))
   end)
 
+  -- A table's fixed rank (embeddings.tables.<T>.rank) was not read: the two largest tables fixed
+  -- to rank 1 were planned one on each rank, and a misspelt fixed key was dropped alike.
+  it("keeps a table on the rank it is fixed to, in both searches, or says why it cannot", function()
+    local scal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))
+    local tabs, profs = {}, {}
+    for i = 1, 6 do
+      tabs[i] = { name = "T" .. i, rows = 200000 * i, dim = 64, optimizer = "sgd" }
+      profs["T" .. i] = planner.profile.zipf { rows = tabs[i].rows, s = 1.0 }
+    end
+    tabs[5].fixed = { rank = 1, placement = "device" }
+    tabs[6].fixed = { rank = 1 }
+    for _, how in ipairs({ "greedy", "exhaustive" }) do
+      local p = assert(planner.plan(tabs, profs, "2GiB", { world = 2, batch = 4096, calibration = scal, search = how }))
+      local t5, t6 = p.data.tables[5], p.data.tables[6]
+      assert.same({ 1 }, t5.ranks, how)
+      assert.same({ 1 }, t6.ranks, how)
+      assert.equal("table_wise", t6.sharding)
+      assert.same({ rank = 1 }, t6.fixed)
+      for _, r in ipairs(p.data.ranks) do assert.is_true(r.hbm <= p.data.budget) end
+      assert.matches("T6*", p:table(), 1, true)
+    end
+    -- all six on rank 0: smaller choices where they fit there, and the reason where they do not
+    for i = 1, 6 do tabs[i].fixed = { rank = 0 } end
+    local p = assert(planner.plan(tabs, profs, "400MiB", { world = 2, batch = 4096, calibration = scal }))
+    for _, t in ipairs(p.data.tables) do assert.same({ 0 }, t.ranks) end
+    assert.is_true(p.data.ranks[1].hbm <= p.data.budget)
+    for i = 1, 6 do tabs[i].fixed = { rank = 0, placement = "device" } end
+    local none, err = planner.plan(tabs, profs, "1GiB", { world = 2, batch = 4096, calibration = scal })
+    assert.is_nil(none)
+    assert.matches("; more GPUs do not bring it down: the fullest rank, 0, holds tables fixed to it %(T1, T2, T3, T4, "
+      .. "T5, T6%)$", err)
+    -- what a fixed setting cannot mean
+    local function try(f, world)
+      local _, e = planner.plan({ { name = "a", rows = 1000, dim = 16, fixed = f } },
+        { a = planner.profile.zipf { rows = 1000, s = 1.05 } }, "1GiB",
+        { world = world or 2, batch = 64, calibration = scal })
+      return e
+    end
+    assert.equal("planner: table a: fixed: unknown key 'rnak'; expected placement, sharding, load_factor, "
+      .. "prefix_fraction, rank", try({ rnak = 1 }))
+    assert.equal("planner: table a: fixed rank 2; expected a rank from 0 to 1 (the plan is for 2 ranks)",
+      try({ rank = 2 }))
+    assert.equal("planner: table a: fixed rank 0.5; expected a rank from 0 to 1 (the plan is for 2 ranks)",
+      try({ rank = 0.5 }))
+    assert.equal("planner: table a: fixed rank 1; expected a rank from 0 to 0 (the plan is for 1 rank)",
+      try({ rank = 1 }, 1))
+    assert.equal("planner: table a: fixed rank 0 and sharding row_wise: a rank places a table_wise table",
+      try({ rank = 0, sharding = "row_wise" }))
+    assert.equal("planner: table a: fixed is a string; expected a table of placement, sharding, load_factor, "
+      .. "prefix_fraction, rank", try("device"))
+  end)
+
   it("spreads a table larger than any rank over ranks, where its placement is fixed", function()
     -- device, fixed: 490 MiB in table_wise's one shard, more than a rank's 400 MiB; the frontier
     -- by total bytes kept that choice alone and cut column_wise's 245 MiB a shard (no plan, and

@@ -273,6 +273,38 @@ describe("uvmrec train --plan", function()
     assert(train.apply_plan(cfg, p2, { world = 2 }))
   end)
 
+  -- A config's rank for a table was not kept: `uvmrec plan dlrm_tiny --gpus 2 --set
+  -- embeddings.tables.C16.rank=1 --set embeddings.tables.C21.rank=1` planned C21 on rank 0,
+  -- unflagged, and `train --plan` refused it ("embeddings.tables.C21.rank is 1 in the config and
+  -- 0 in the plan: plan this config again"), which planned it the same.
+  it("keeps a table's rank the config sets, as it keeps its sharding", function()
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "embeddings.tables.C16.rank=1",
+      "embeddings.tables.C21.rank=1" }))
+    local prob = assert(planner.from_config(cfg, { world = 2 }))
+    assert.same({ rank = 1 }, prob.tables[16].fixed)
+    local budget = 64 * 2 ^ 20 + gpu_dense(cfg, 2)
+    local plan = assert(planner.plan(prob.tables, prob.profiles, budget, { world = 2, batch = prob.batch,
+      calibration = "h200", dense = prob.dense, loader = prob.loader }))
+    local by = {}
+    for _, t in ipairs(plan.data.tables) do by[t.name] = t end
+    for _, name in ipairs({ "C16", "C21" }) do
+      assert.equal("table_wise", by[name].sharding, name)
+      assert.same({ 1 }, by[name].ranks, name)
+      assert.same({ rank = 1 }, by[name].fixed, name)
+    end
+    local p2 = dir .. "/kept_rank.json"
+    assert(plan:save(p2))
+    assert(train.apply_plan(cfg, p2, { world = 2 }))
+    assert.equal(1, cfg.embeddings.tables.C16.rank)
+    -- a rank outside the run's ranks is refused by the planner, naming the table
+    local far = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "embeddings.tables.C16.rank=2" }))
+    local fprob = assert(planner.from_config(far, { world = 2 }))
+    local none, err = planner.plan(fprob.tables, fprob.profiles, budget, { world = 2, batch = fprob.batch,
+      calibration = "h200", dense = fprob.dense })
+    assert.is_nil(none)
+    assert.equal("planner: table C16: fixed rank 2; expected a rank from 0 to 1 (the plan is for 2 ranks)", err)
+  end)
+
   -- A plan file whose ranks' figures were cut passed the budget check (it read the ranks it had)
   it("refuses a plan file without a rank's figures", function()
     local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), {}))

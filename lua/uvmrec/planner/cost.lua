@@ -284,11 +284,13 @@ local FRACTION_OF = { managed = "prefix_fraction", cached = "load_factor" }
 
 -- The choices the search considers for table t: every sharding the world allows, every
 -- placement, the prefix fractions and load factors of ctx.fractions.  A table's fixed settings
--- (t.fixed: placement, sharding, load_factor, prefix_fraction) narrow the list.
+-- (t.fixed: placement, sharding, load_factor, prefix_fraction, rank) narrow the list: a rank
+-- places a table_wise table (the search keeps it there).
 function M.options(t, ctx)
   local W = ctx.world
   local fx = t.fixed or {}
-  local shardings = W > 1 and { "table_wise", "row_wise", "column_wise", "data_parallel" } or { "table_wise" }
+  local shardings = (W > 1 and not fx.rank) and { "table_wise", "row_wise", "column_wise", "data_parallel" }
+                    or { "table_wise" }
   local out = {}
   local function add(o)
     if o then out[#out + 1] = o end

@@ -12,7 +12,8 @@
 --   print(plan:compare(p2))
 --
 -- tables: { {name, rows, dim, dtype, optimizer, hot, fixed = {placement, sharding,
--- load_factor, prefix_fraction}}, ... }; profiles: {[name] = uvmrec.planner.profile};
+-- load_factor, prefix_fraction, rank (0-based: a table_wise table's)}}, ... }; profiles:
+-- {[name] = uvmrec.planner.profile};
 -- budget: HBM per rank (bytes or "16GiB").  docs/planner.md has the model and an example.
 local cost = require "uvmrec.planner.cost"
 local search = require "uvmrec.planner.search"
@@ -70,6 +71,30 @@ local function resolve_calib(c)
   return calib.find(c)
 end
 
+-- What a table's fixed settings cannot mean (nil when they can): a key the planner does not read
+-- (a misspelt one was dropped and the table planned freely), or a rank outside the world or on a
+-- table not table_wise (a rank places a table_wise table, as embeddings.tables.<T>.rank does).
+local FIXED = { "placement", "sharding", "load_factor", "prefix_fraction", "rank" }
+local function fixed_error(t, world)
+  local f = t.fixed
+  if f == nil then return nil end
+  if type(f) ~= "table" then
+    return ("table %s: fixed is a %s; expected a table of %s"):format(tostring(t.name), type(f),
+      table.concat(FIXED, ", "))
+  end
+  local ok, err = pcall(require("uvmrec.lib").known_keys, f, FIXED, "table " .. tostring(t.name) .. ": fixed", 1, "key")
+  if not ok then return (tostring(err):gsub("^[^\n]-:%d+: ", "")) end
+  local r = f.rank
+  if r == nil then return nil end
+  if type(r) ~= "number" or r < 0 or r >= world or r ~= math.floor(r) then
+    return ("table %s: fixed rank %s; expected a rank from 0 to %d (the plan is for %d rank%s)"):format(t.name,
+      tostring(r), world - 1, world, world == 1 and "" or "s")
+  end
+  if f.sharding and f.sharding ~= "table_wise" then
+    return ("table %s: fixed rank %d and sharding %s: a rank places a table_wise table"):format(t.name, r, f.sharding)
+  end
+end
+
 -- The planning problem: context, cost tables, options (frontiers), fixed HBM per rank.
 local function setup(tables, profiles, budget, opts)
   opts = opts or {}
@@ -112,6 +137,8 @@ local function setup(tables, profiles, budget, opts)
     named[t.name] = i
     local p = profiles and profiles[t.name] or t.profile
     if not p then return nil, ("planner: table %s has no access profile"):format(tostring(t.name)) end
+    local ferr = fixed_error(t, world)
+    if ferr then return nil, "planner: " .. ferr end
     local tok, ct = pcall(cost.table, { name = t.name, rows = t.rows, dim = t.dim, dtype = t.dtype,
       optimizer = t.optimizer, hot = t.hot, profile = p, fixed = t.fixed })
     if not tok then return nil, "planner: " .. tostring(ct):gsub("^[^\n]-:%d+: ", "") end
@@ -153,7 +180,8 @@ local function setup(tables, profiles, budget, opts)
       return nil, ("planner: table %s: no choice satisfies its fixed settings (%s)"):format(t.name,
         json.encode(t.fixed or {}))
     end
-    items[i] = { name = t.name, options = search.frontier(options, B - fixed_total), table = t, all = options }
+    items[i] = { name = t.name, options = search.frontier(options, B - fixed_total), table = t, all = options,
+                 rank = t.fixed and t.fixed.rank and t.fixed.rank + 1 }
   end
   -- On one rank a cache scratches over the whole batch's values, whichever tables it holds, and
   -- has one set of staging rows (of the widest cached row): room for both wherever a table may
@@ -211,15 +239,20 @@ local function min_budget(S, W, cap)
     -- the room a rank of W has, as setup gives the frontier its own (a choice no rank holds
     -- would say more GPUs do not help where spreading the table does)
     local fr = W == S.world and S.items[i].options or search.frontier(cost.options(t, ctx), S.budget - fixed_w)
-    items[i] = { name = t.name, options = { fr[1] } }
+    items[i] = { name = t.name, options = { fr[1] }, rank = S.items[i].rank }
   end
   local choice = {}
   for i = 1, #items do choice[i] = 1 end
   local inf = {}
   for r = 1, W do inf[r] = math.huge end
   local p = search.partition(items, choice, { world = W, avail = inf }, true)
-  local m = 0
-  for r = 1, W do m = math.max(m, p.hbm[r]) end
+  local m, full = 0, 1
+  for r = 1, W do if p.hbm[r] > m then m, full = p.hbm[r], r end end
+  -- the tables fixed to the fullest rank (more GPUs do not move them)
+  local pinned = { rank = full - 1 }
+  for _, i in ipairs(items.pinned) do
+    if items[i].rank == full then pinned[#pinned + 1] = items[i].name end
+  end
   local fixed = S.fixed_total
   -- the cache's room only where a table's smallest choice is a cache (planner.plan searches the
   -- plan without one when the room does not fit)
@@ -227,7 +260,7 @@ local function min_budget(S, W, cap)
   for _, it in ipairs(items) do room = room or it.options[1].placement == "cached" end
   if not room then fixed = fixed - (S.fixed.cache_room or 0) end
   if W ~= S.world then fixed = fixed_w end
-  return m + fixed, fixed
+  return m + fixed, fixed, pinned
 end
 
 -- The least budget a plan of every table at its smallest choice fits: min_budget's need holds the
@@ -252,7 +285,7 @@ local function dense_parts(S)
 end
 
 local function infeasible(S, info)
-  local need, fixed = min_budget(S, S.world)
+  local need, fixed, pinned = min_budget(S, S.world)
   local lines = {}
   if S.fixed_total >= S.budget then
     local least = least_budget(S, need)
@@ -299,6 +332,10 @@ local function infeasible(S, info)
         fmt_bytes(fixed), fmt_bytes(need - S.budget), fmt_bytes(need))
     if gpus then
       msg = msg .. (", or %d GPUs at this budget"):format(gpus)
+    elseif S.calib:has("alltoall") and #pinned > 0 then
+      msg = msg .. ("; more GPUs do not bring it down: the fullest rank, %d, holds table%s fixed to it (%s%s)")
+        :format(pinned.rank, #pinned == 1 and "" or "s", table.concat(pinned, ", ", 1, math.min(#pinned, 8)),
+          #pinned > 8 and (", and %d more"):format(#pinned - 8) or "")
     elseif S.calib:has("alltoall") then
       msg = msg .. "; more GPUs do not bring it down (every rank keeps its own batch's outputs)"
     else
@@ -369,7 +406,8 @@ function M.plan(tables, profiles, budget, opts)
       local keep = {}
       for _, o in ipairs(it.all) do if o.placement ~= "cached" then keep[#keep + 1] = o end end
       if #keep == 0 then return nil end
-      items[i] = { name = it.name, options = search.frontier(keep, avail[1]), table = it.table, all = keep }
+      items[i] = { name = it.name, options = search.frontier(keep, avail[1]), table = it.table, all = keep,
+                   rank = it.rank }
     end
     local best, _, stats = run(items, avail)
     if not best then return nil end
@@ -792,7 +830,7 @@ end
 -- counts (a checkpoint whose access counts profile the tables), profile_steps (profile them from
 -- that many batches of the config's data); by default the Zipf exponents of the config's
 -- synthetic preset.  A table's placement and cache load factor set in the config are kept
--- (fixed), and over several ranks its sharding.  Returns {tables, profiles, dense, loader
+-- (fixed), and over several ranks its sharding and rank.  Returns {tables, profiles, dense, loader
 -- (synthetic data: {values = a sample's}), hints_every (embeddings.hints.every), batch, how,
 -- seconds}, or nil, message (, 2 when the command line is to blame).
 function M.from_config(cfg, o)
@@ -824,9 +862,10 @@ function M.from_config(cfg, o)
     local fixed = {}
     if per.placement and per.placement ~= "auto" then fixed.placement = per.placement end
     if per.cache and per.cache.load_factor then fixed.load_factor = per.cache.load_factor end
-    -- over ranks, the table's own sharding too (train --plan refuses a plan that changes it); on
-    -- one rank every table is table_wise
+    -- over ranks, the table's own sharding and rank too (train --plan refuses a plan that changes
+    -- them); on one rank every table is table_wise, on rank 0
     if per.sharding and world > 1 then fixed.sharding = per.sharding end
+    if per.rank and world > 1 then fixed.rank = per.rank end
     local hot = 1
     local st = synth and synth.tables[i]
     if st then

@@ -1,14 +1,17 @@
 -- The planner's search: which option (uvmrec.planner.cost) each table takes and on which
 -- ranks, so that every rank's HBM holds and the step (the slowest rank) is fastest.
 --
--- items[i] = { name, options } where options are cost.option results; env = { world, avail
--- (HBM each rank has for tables), host (bytes of host memory for all ranks, or nil) }.
+-- items[i] = { name, options, rank } where options are cost.option results and rank (1-based,
+-- optional) the rank a table_wise table is pinned to (a config's embeddings.tables.<T>.rank);
+-- env = { world, avail (HBM each rank has for tables), host (bytes of host memory for all
+-- ranks, or nil) }.
 --
 --   frontier(options, room)    the options no other beats on both HBM and time, HBM ascending
 --                              (of those whose shard fits room, where none of it does)
 --   partition(...)             rank assignment: fixed shards (row_wise, data_parallel) on every
---                              rank, the others longest first onto the least loaded rank that
---                              has room (then, if that fails, largest first)
+--                              rank, pinned tables on their ranks, the others longest first onto
+--                              the least loaded rank that has room (then, if that fails, largest
+--                              first)
 --   greedy(items, env, opts)   from every table's fastest option, downgrade along the lower
 --                              convex hulls by least time added per byte freed until the ranks
 --                              fit; each proposal after that goes one downgrade further and
@@ -89,6 +92,20 @@ local function prep(items)
     end
     it.H, it.T, it.X, it.SH, it.ST, it.SP, it.SK, it.FAM = H, T, X, SH, ST, SP, SK, FAM
   end
+  -- the pinned tables, placed before the others (their options are all table_wise: cost.options)
+  local pinned = {}
+  for i, it in ipairs(items) do
+    if it.rank then
+      for v = 1, #it.options do
+        if it.SP[v] or it.SK[v] ~= 1 then
+          error(("search: table %s is pinned to rank %d but its option %d has %d shards"):format(it.name,
+            it.rank - 1, v, it.SK[v]), 2)
+        end
+      end
+      pinned[#pinned + 1] = i
+    end
+  end
+  items.pinned = pinned
   -- the partitioner's orders, sorted once: every (item, option) whose shards go on chosen ranks,
   -- longest first (ties: largest, then the lower item) and largest first (ties: longest); a
   -- partition walks one and takes the pairs of the choice, in the order a sort of the chosen
@@ -98,7 +115,7 @@ local function prep(items)
     local pi, pv = {}, {}
     for i, it in ipairs(items) do
       for v = 1, #it.options do
-        if not it.SP[v] then pi[#pi + 1], pv[#pv + 1] = i, v end
+        if not it.SP[v] and not it.rank then pi[#pi + 1], pv[#pv + 1] = i, v end
       end
     end
     local k1, k2 = {}, {}
@@ -147,6 +164,15 @@ function M.partition(items, choice, env, by_hbm)
   for r = 1, W do
     load[r], hbm[r] = spread_t, spread_h
     if spread_h > avail[r] then return nil, { item = nil, need = spread_h - avail[r] } end
+  end
+  -- pinned tables: on their ranks, before the others take the room
+  for _, i in ipairs(items.pinned) do
+    local it, c = items[i], choice[i]
+    local r = it.rank
+    if r > W then return nil, { item = i, need = it.SH[c] } end
+    if hbm[r] + it.SH[c] > avail[r] then return nil, { item = i, need = hbm[r] + it.SH[c] - avail[r] } end
+    load[r], hbm[r] = load[r] + it.ST[c], hbm[r] + it.SH[c]
+    ranks[i] = { r }
   end
   local order = by_hbm and items.order_hbm or items.order_time
   local oi, ov = order[1], order[2]
@@ -197,7 +223,7 @@ local function improve(items, choice, env, p)
   local units = {}
   for i, it in ipairs(items) do
     local o = it.options[choice[i]]
-    if not spread(o) and o.shards_count == 1 then units[#units + 1] = i end
+    if not spread(o) and o.shards_count == 1 and not it.rank then units[#units + 1] = i end
   end
   local swaps = #units <= 64
   for _ = 1, min(4 * #units + 4, 64) do
@@ -852,7 +878,7 @@ function M.exhaustive(items, env)
     for j, o in ipairs(items[i].options) do
       if not env.host or host + o.host <= env.host then
         local sh = o.shards[1]
-        local sets = spread(o) and { all } or sets_of(o.shards_count)
+        local sets = spread(o) and { all } or items[i].rank and { { items[i].rank } } or sets_of(o.shards_count)
         for _, rs in ipairs(sets) do
           local ok, m = true, cur_max
           for _, r in ipairs(rs) do
