@@ -109,6 +109,55 @@ describe("planner.search", function()
     for _, r in ipairs(p.data.ranks) do assert.is_true(r.hbm <= p.data.budget, "rank over budget") end
   end)
 
+  -- spec/fixtures/planner_exhaustive_400.txt: the optimum the exhaustive search found before its
+  -- branches were bounded, at each instance's budget of the time (the instances' budgets come
+  -- from a plan at 1 TiB, whose ties the bounded search may break otherwise).
+  it("finds the optimum the unbounded exhaustive search found (400 recorded instances)", function()
+    local f = assert(io.open("spec/fixtures/planner_exhaustive_400.txt"))
+    local n = 0
+    for line in f:lines() do
+      local seed, W, budget, step = line:match("^(%d+) (%d+) (%d+) (%S+)$")
+      seed, W, budget = tonumber(seed), tonumber(W), tonumber(budget)
+      local tables, profiles, opts = instance(seed, W)
+      opts.search = "exhaustive"
+      local e = assert(planner.plan(tables, profiles, budget, opts))
+      assert.near(tonumber(step), e.data.step_seconds, 1e-12 * tonumber(step), ("seed %d on %d ranks"):format(seed, W))
+      n = n + 1
+    end
+    f:close()
+    assert.equal(400, n)
+  end)
+
+  -- The exhaustive search visited every assignment below the first plan it found, the ranks'
+  -- renamings included: 12 tables on 2 ranks took 44 million nodes (13 s), 26 (dlrm_kaggle's)
+  -- ran for minutes.  Bounded by the greedy's plan, the work and memory left and alike ranks,
+  -- and given up past a number of nodes with a message, not a plan it cannot call the best.
+  it("bounds the exhaustive search's branches, and gives up past its nodes with the size", function()
+    math.randomseed(11)
+    local tables, profiles = {}, {}
+    for i = 1, 12 do
+      local rows = math.floor(10 ^ (3 + 4 * math.random()))
+      tables[i] = { name = "T" .. i, rows = rows, dim = ({ 16, 32, 64, 128 })[math.random(4)],
+                    optimizer = "rowwise_adagrad" }
+      profiles["T" .. i] = planner.profile.zipf { rows = rows, s = 0.8 + 0.5 * math.random() }
+    end
+    -- 1195453342 bytes: 0.3 of the way from the least budget to all in HBM (reserve 0)
+    local opts = { world = 2, batch = 4096, calibration = cal, reserve = 0, search = "exhaustive" }
+    local e = assert(planner.plan(tables, profiles, 1195453342, opts))
+    -- the optimum the unbounded search found (a96bebc, 44,271,139 nodes)
+    assert.near(6.6445801009630645e-05, e.data.step_seconds, 1e-12 * 6.6445801009630645e-05)
+    assert.is_true(e.data.search.visited < 1e6, tostring(e.data.search.visited))
+    opts.search = "greedy"
+    local g = assert(planner.plan(tables, profiles, 1195453342, opts))
+    assert.is_true(e.data.step_seconds <= g.data.step_seconds * (1 + 1e-12))
+    opts.search, opts.max_nodes = "exhaustive", 1000
+    local none, err = planner.plan(tables, profiles, 1195453342, opts)
+    assert.is_nil(none)
+    assert.matches("^planner: search exhaustive gave up after 1e%+03 nodes without proving the best plan: 12 tables of "
+      .. "[%d.]+ choices each on average over 2 ranks make [%d.e+]+ combinations; use search greedy %(or auto, "
+      .. "exhaustive up to 2e%+05 combinations%)$", err)
+  end)
+
   -- spec/fixtures/planner_greedy_200.txt: the plans the greedy search found at 53b3419, before
   -- the partitioner walked orders sorted once (it sorted the chosen shards at every partition)
   -- and summed the spread shards once: the same search, so the same plans, proposal for proposal.

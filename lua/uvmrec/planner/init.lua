@@ -356,21 +356,29 @@ local function infeasible(S, info)
     { host_shortfall = host_then - (S.host_limit or 0), min_budget = need, lack = info }
 end
 
-local function size_of(items, W)
+-- The combinations of the tables' choices and ranks (a table's choices times the ranks), up to
+-- a little past cap.
+local function size_of(items, W, cap)
   local n = 1
   for _, it in ipairs(items) do
     n = n * #it.options * (W > 1 and W or 1)
-    if n > 1e12 then return n end
+    if n > cap then return n end
   end
   return n
 end
+
+-- The exhaustive search: auto takes it where size_of is at most AUTO_EXHAUSTIVE; it gives up
+-- past MAX_NODES nodes of its search (about 15 s here: dlrm_kaggle's 26 tables on 2 ranks take
+-- 0.1 to 21 million, on 4 ranks more than 60 s)
+local AUTO_EXHAUSTIVE, MAX_NODES = 2e5, 5e7
 
 local function round(x, d) local m = 10 ^ (d or 6) return math.floor(x * m + 0.5) / m end
 
 -- The plan: see the top of this file.  opts: world (gpus), batch (per rank), calibration
 -- (a name, path, table or calib), dense (cost.dense_model's description), host_memory, policy
 -- ("lru" | "lfu"), pipeline, threshold (greedy's early stop, 10; false: none), search ("auto":
--- exhaustive when the instance is small, else greedy; "greedy"; "exhaustive"), reserve (bytes,
+-- exhaustive when the instance is small, else greedy; "greedy"; "exhaustive"), max_nodes (the
+-- exhaustive search gives up past them, nil and a message: 5e7), reserve (bytes,
 -- or a fraction of the budget: 0.05), page_bytes (hint pages: 2 MiB; 4 KiB with a CPU
 -- calibration), fractions, depth, loader ({values = a sample's}: the synthetic loader's batches
 -- in the step), hints_every (steps between the managed tables' hint intervals: 100), sms (the
@@ -382,16 +390,29 @@ function M.plan(tables, profiles, budget, opts)
   local S, err = setup(tables, profiles, budget, opts)
   if not S then return nil, err end
   local how = opts.search or "auto"
+  local max_nodes = opts.max_nodes or MAX_NODES
   local function run(items, avail)
     local env = { world = S.world, avail = avail, host = S.host_limit }
-    local best, info, stats
-    if how == "exhaustive" or how == "auto" and size_of(items, S.world) <= 2e5 then
-      best, info = search.exhaustive(items, env)
-      stats = { method = "exhaustive", visited = info and info.visited }
-    else
-      best, info, stats = search.greedy(items, env, { threshold = opts.threshold })
-      stats.method = "greedy"
-      stats.threshold = opts.threshold == nil and 10 or opts.threshold
+    local best, info, stats = search.greedy(items, env, { threshold = opts.threshold })
+    stats.method = "greedy"
+    stats.threshold = opts.threshold == nil and 10 or opts.threshold
+    if how == "exhaustive" or how == "auto" and size_of(items, S.world, AUTO_EXHAUSTIVE) <= AUTO_EXHAUSTIVE then
+      -- the greedy's plan bounds the branches: only a faster one is searched for
+      local ex
+      ex, info = search.exhaustive(items, env, best, max_nodes)
+      if info.stopped then
+        -- it ran for minutes past any wait (26 tables on 4 ranks): a plan it cannot say is the best is
+        -- not printed as the optimum
+        local size = size_of(items, S.world, 1e15)
+        local k = 0
+        for _, it in ipairs(items) do k = k + #it.options end
+        return nil, ("planner: search exhaustive gave up after %.0e nodes without proving the best plan: %d tables "
+          .. "of %.1f choices each on average over %d rank%s make %s combinations; use search greedy (or auto, "
+          .. "exhaustive up to %.0e combinations)"):format(max_nodes, #items, k / #items, S.world,
+          S.world == 1 and "" or "s", size > 1e15 and "more than 1e15" or ("%.3g"):format(size), AUTO_EXHAUSTIVE),
+          "stopped"
+      end
+      best, stats = ex, { method = "exhaustive", visited = info.visited }
     end
     return best, info, stats
   end
@@ -409,7 +430,8 @@ function M.plan(tables, profiles, budget, opts)
       items[i] = { name = it.name, options = search.frontier(keep, avail[1]), table = it.table, all = keep,
                    rank = it.rank }
     end
-    local best, _, stats = run(items, avail)
+    local best, why, stats = run(items, avail)
+    if stats == "stopped" then return nil, nil, why end
     if not best then return nil end
     local U = setmetatable({ items = items }, { __index = S })
     return M.build(U, best, stats), stats
@@ -418,6 +440,7 @@ function M.plan(tables, profiles, budget, opts)
   if S.fixed_total < S.budget then
     local best
     best, info, stats = run(S.items, S.avail)
+    if stats == "stopped" then return nil, info end
     if best then
       plan = M.build(S, best, stats)
     elseif not S.fixed.cache_room then
@@ -434,7 +457,8 @@ function M.plan(tables, profiles, budget, opts)
     for _, t in ipairs(plan.data.tables) do cached = cached or t.placement == "cached" end
   end
   if cached then
-    local plan2, stats2 = uncached()
+    local plan2, stats2, stopped = uncached()
+    if stopped then return nil, stopped end
     if not plan then
       if not plan2 then return infeasible(S, info) end
       plan, stats = plan2, stats2

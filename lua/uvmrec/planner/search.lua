@@ -835,19 +835,51 @@ end
 -- ---- exhaustive ----
 
 -- Every option of every table and every rank assignment (movable shards on any rank, spread
--- ones on all), by depth-first search with bounds: exact for small instances.
-function M.exhaustive(items, env)
+-- ones on all, pinned ones on theirs), by depth-first search with bounds: exact.  A branch is
+-- cut when the step it can reach is no faster than the best plan so far (`bound`, the greedy's,
+-- when given: it is returned when nothing beats it), by the larger of its slowest rank, the
+-- ranks' mean work with every table left at its least, and the least loaded rank plus the
+-- longest of the least shards left; or when the tables left do not fit the HBM or the host
+-- memory left at their smallest.  Ranks alike (the same load, HBM and room, no table pinned to
+-- them) are tried once: the plans on the others are the same plan with the ranks renamed.
+-- Before the cuts it visited every assignment below the first plan found, the ranks'
+-- permutations included: 26 tables on 2 ranks ran for minutes.  With max_nodes, it gives up
+-- past that many nodes: nil, {visited, stopped = true} (no optimum proven).
+function M.exhaustive(items, env, bound, max_nodes)
+  prep(items)
   local W, avail = env.world, env.avail
   local n = #items
   local order = {}
   for i = 1, n do order[i] = i end
   local function biggest(i) return items[i].options[#items[i].options].hbm end
   table.sort(order, function(a, b) return biggest(a) > biggest(b) end)
+  -- per table, its least work over all ranks, shard time, HBM and host bytes; summed over the
+  -- tables from depth d on
+  local rest_t, rest_h, rest_x, rest_st = {}, {}, {}, {}
+  rest_t[n + 1], rest_h[n + 1], rest_x[n + 1], rest_st[n + 1] = 0, 0, 0, 0
+  for d = n, 1, -1 do
+    local it = items[order[d]]
+    local t, h, x, st = huge, huge, huge, huge
+    for v = 1, #it.options do
+      local k = it.SP[v] and W or it.SK[v]
+      t, h, x, st = min(t, k * it.ST[v]), min(h, k * it.SH[v]), min(x, it.X[v]), min(st, it.ST[v])
+    end
+    rest_t[d], rest_h[d], rest_x[d] = rest_t[d + 1] + t, rest_h[d + 1] + h, rest_x[d + 1] + x
+    rest_st[d] = max(rest_st[d + 1], st)
+  end
+  local total_avail = 0
+  for r = 1, W do total_avail = total_avail + avail[r] end
+  -- ranks a pinned table names are told apart from the others
+  local named = {}
+  for _, i in ipairs(items.pinned) do named[items[i].rank] = true end
   local load, hbm = {}, {}
   for r = 1, W do load[r], hbm[r] = 0, 0 end
   local choice, ranks = {}, {}
+  -- above the bound by a hair: the plan returned is the first optimum in the search's order, as
+  -- without the bound (the greedy's own plan, and any as fast, are found again)
   local best, best_choice, best_ranks = huge, nil, nil
-  local host = 0
+  if bound then best = bound.cost * (1 + 1e-9) end
+  local host, work, used = 0, 0, 0
   local visited = 0
   local function combos(k, from, acc, out)
     if #acc == k then out[#out + 1] = { unpack(acc) } return end
@@ -867,38 +899,74 @@ function M.exhaustive(items, env)
   end
   local all = {}
   for r = 1, W do all[r] = r end
+  -- whether rank set rs takes a rank while leaving a lower one alike to it
+  local function renamed(rs)
+    local inset = {}
+    for _, r in ipairs(rs) do inset[r] = true end
+    for _, r in ipairs(rs) do
+      if not named[r] then
+        for q = 1, r - 1 do
+          if not inset[q] and not named[q] and load[q] == load[r] and hbm[q] == hbm[r] and avail[q] == avail[r] then
+            return true
+          end
+        end
+      end
+    end
+    return false
+  end
+  local saved_load, saved_hbm = {}, {}
+  for d = 1, n do saved_load[d], saved_hbm[d] = {}, {} end
+  local stopped = false
   local function dfs(d, cur_max)
     visited = visited + 1
-    if cur_max >= best then return end
+    if max_nodes and visited > max_nodes then stopped = true end
+    if stopped then return end
     if d > n then
       best, best_choice, best_ranks = cur_max, copy(choice), copy(ranks)
       return
     end
+    -- (the sums over ranks are rounded apart from each rank's: a hair of slack)
+    if used + rest_h[d] > total_avail * (1 + 1e-12) or (env.host and host + rest_x[d] > env.host) then return end
+    local least = huge
+    for r = 1, W do least = min(least, load[r]) end
+    if max(cur_max, (work + rest_t[d]) / W * (1 - 1e-12), least + rest_st[d]) >= best then return end
     local i = order[d]
-    for j, o in ipairs(items[i].options) do
+    local it = items[i]
+    for j, o in ipairs(it.options) do
       if not env.host or host + o.host <= env.host then
         local sh = o.shards[1]
-        local sets = spread(o) and { all } or items[i].rank and { { items[i].rank } } or sets_of(o.shards_count)
+        local sets = it.SP[j] and { all } or it.rank and { { it.rank } } or sets_of(it.SK[j])
+        local count = it.SP[j] and W or it.SK[j]
         for _, rs in ipairs(sets) do
           local ok, m = true, cur_max
           for _, r in ipairs(rs) do
             if hbm[r] + sh.hbm > avail[r] then ok = false break end
             m = max(m, load[r] + sh.time)
           end
-          if ok and m < best then
-            for _, r in ipairs(rs) do load[r], hbm[r] = load[r] + sh.time, hbm[r] + sh.hbm end
-            host = host + o.host
+          if ok and m < best and not (#rs < W and renamed(rs)) then
+            -- the sums are put back as they were, not subtracted (the rounding would drift)
+            local sl, sv = saved_load[d], saved_hbm[d]
+            for k, r in ipairs(rs) do
+              sl[k], sv[k] = load[r], hbm[r]
+              load[r], hbm[r] = load[r] + sh.time, hbm[r] + sh.hbm
+            end
+            local h0, w0, u0 = host, work, used
+            host, work, used = host + o.host, work + count * sh.time, used + count * sh.hbm
             choice[i], ranks[i] = j, rs
             dfs(d + 1, m)
-            host = host - o.host
-            for _, r in ipairs(rs) do load[r], hbm[r] = load[r] - sh.time, hbm[r] - sh.hbm end
+            host, work, used = h0, w0, u0
+            for k, r in ipairs(rs) do load[r], hbm[r] = sl[k], sv[k] end
           end
         end
       end
     end
   end
   dfs(1, 0)
-  if not best_choice then return nil, { visited = visited } end
+  if stopped then return nil, { visited = visited, stopped = true } end
+  if not best_choice then
+    if bound then return bound, { visited = visited } end
+    return nil, { visited = visited }
+  end
   local part = { load = {}, hbm = {}, ranks = best_ranks }
   for r = 1, W do part.load[r], part.hbm[r] = 0, 0 end
   for i = 1, n do
