@@ -368,8 +368,8 @@ local function size_of(items, W, cap)
 end
 
 -- The exhaustive search: auto takes it where size_of is at most AUTO_EXHAUSTIVE; it gives up
--- past MAX_NODES nodes of its search (about 15 s here: dlrm_kaggle's 26 tables on 2 ranks take
--- 0.1 to 21 million, on 4 ranks more than 60 s)
+-- past MAX_NODES nodes of its search (about 15 s CPU here: dlrm_kaggle's 26 tables on 2 ranks
+-- take 0.5 to 21 million by the budget, on 4 ranks more than 5e7)
 local AUTO_EXHAUSTIVE, MAX_NODES = 2e5, 5e7
 
 local function round(x, d) local m = 10 ^ (d or 6) return math.floor(x * m + 0.5) / m end
