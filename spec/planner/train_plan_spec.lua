@@ -305,6 +305,34 @@ describe("uvmrec train --plan", function()
     assert.equal("planner: table C16: fixed rank 2; expected a rank from 0 to 1 (the plan is for 2 ranks)", err)
   end)
 
+  -- A plan's column_wise table could not be trained: `uvmrec plan dlrm_tiny --gpus 2 --set
+  -- embeddings.tables.C2.sharding=column_wise` put C2's shards on the least loaded ranks (0,1) and
+  -- `train --plan` refused it ("the run would place it on 1,0 (uvmrec.dist.plan)"); on 4 ranks the
+  -- planner chose 2 shards where a run cuts 4 ("on ranks 1,2 in the plan ... on 1,2,3,0").
+  it("plans a column_wise table's shards as the run cuts and places them", function()
+    for _, W in ipairs({ 2, 4 }) do
+      local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), {
+        "embeddings.tables.C2.sharding=column_wise", "embeddings.tables.C3.sharding=column_wise" }))
+      local prob = assert(planner.from_config(cfg, { world = W }))
+      for _, how in ipairs({ "greedy", "exhaustive" }) do
+        local plan = assert(planner.plan(prob.tables, prob.profiles, 64 * 2 ^ 20 + gpu_dense(cfg, W), { world = W,
+          batch = prob.batch, calibration = "h200", dense = prob.dense, loader = prob.loader, search = how }))
+        local dp = require("uvmrec.dist.plan").plan({ { name = "C1", rows = 4, dim = 16 },
+          { name = "C2", rows = 10, dim = 16 }, { name = "C3", rows = 1000, dim = 16 } }, "column_wise", W)
+        for i = 2, 3 do
+          local t = plan.data.tables[i]
+          local want = {}
+          for j, sh in ipairs(dp.tables[t.name].shards) do want[j] = sh.rank end
+          assert.equal("column_wise", t.sharding)
+          assert.same(want, t.ranks, ("%s on %d ranks, %s"):format(t.name, W, how))
+        end
+        local file = ("%s/column_wise_%d.json"):format(dir, W)
+        assert(plan:save(file))
+        assert(train.apply_plan(cfg, file, { world = W }))
+      end
+    end
+  end)
+
   -- A plan file whose ranks' figures were cut passed the budget check (it read the ranks it had)
   it("refuses a plan file without a rank's figures", function()
     local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), {}))

@@ -297,15 +297,12 @@ function M.options(t, ctx)
   end
   for _, sh in ipairs(shardings) do
     if not fx.sharding or fx.sharding == sh then
+      -- column shards as a run cuts them (uvmrec.dist.plan): min(W, dim / 4) of them, whose
+      -- widths this model takes equal (M.option refuses another split); the ranks are the run's
+      -- too (search.partition).  The choices of 2, 4, ... shards made plans no run took: 'train
+      -- --plan' refused them.
       local ks = { 1 }
-      if sh == "column_wise" then
-        ks = {}
-        local k = 2
-        while k <= W do
-          ks[#ks + 1] = k
-          k = k * 2
-        end
-      end
+      if sh == "column_wise" then ks = { min(W, t.dim / 4) } end
       for _, k in ipairs(ks) do
         for _, place in ipairs(M.PLACEMENTS) do
           -- column-wise shards are for wide tables that must spread: in HBM, or cached

@@ -141,6 +141,16 @@ M.prep = prep
 
 -- ---- partition ----
 
+-- The ranks of the k column shards of the i-th table, in column order, where a run puts them
+-- (uvmrec.dist.plan: shard s on rank (i - 1 + s) mod W): a plan that put them on the least
+-- loaded ranks was refused by 'train --plan' ("the run would place it on 1,0").
+local function column_ranks(i, k, W)
+  local rs = {}
+  for s = 0, k - 1 do rs[s + 1] = (i - 1 + s) % W + 1 end
+  return rs
+end
+M.column_ranks = column_ranks
+
 -- Ranks for every table's shards under `choice` (frontier index per item).  Returns
 -- {load, hbm, ranks = {[i] = {r, ...}}} or nil, {item, need} when a shard finds no room.
 function M.partition(items, choice, env, by_hbm)
@@ -191,16 +201,11 @@ function M.partition(items, choice, env, by_hbm)
         load[best], hbm[best] = load[best] + st, hbm[best] + sh
         ranks[i] = { best }
       else
-        local fit = {}
-        for r = 1, W do if hbm[r] + sh <= avail[r] then fit[#fit + 1] = r end end
-        if #fit < k then return nil, { item = i, need = sh } end
-        table.sort(fit, function(a, b) if load[a] ~= load[b] then return load[a] < load[b] end return a < b end)
-        local rs = {}
-        for j = 1, k do
-          local r = fit[j]
-          rs[j] = r
-          load[r], hbm[r] = load[r] + st, hbm[r] + sh
+        local rs = column_ranks(i, k, W)
+        for _, r in ipairs(rs) do
+          if hbm[r] + sh > avail[r] then return nil, { item = i, need = sh } end
         end
+        for _, r in ipairs(rs) do load[r], hbm[r] = load[r] + st, hbm[r] + sh end
         ranks[i] = rs
       end
     end
@@ -897,9 +902,16 @@ function M.exhaustive(items, env, bound, max_nodes)
   end
   local total_avail = 0
   for r = 1, W do total_avail = total_avail + avail[r] end
-  -- ranks a pinned table names are told apart from the others
+  -- ranks a pinned table or a column shard names are told apart from the others
   local named = {}
   for _, i in ipairs(items.pinned) do named[items[i].rank] = true end
+  for i, it in ipairs(items) do
+    for v = 1, #it.options do
+      if not it.SP[v] and it.SK[v] > 1 then
+        for _, r in ipairs(column_ranks(i, it.SK[v], W)) do named[r] = true end
+      end
+    end
+  end
   local load, hbm = {}, {}
   for r = 1, W do load[r], hbm[r] = 0, 0 end
   local choice, ranks = {}, {}
@@ -909,21 +921,12 @@ function M.exhaustive(items, env, bound, max_nodes)
   if bound then best = bound.cost * (1 + 1e-9) end
   local host, work, used = 0, 0, 0
   local visited = 0
-  local function combos(k, from, acc, out)
-    if #acc == k then out[#out + 1] = { unpack(acc) } return end
-    for r = from, W do
-      acc[#acc + 1] = r
-      combos(k, r + 1, acc, out)
-      acc[#acc] = nil
+  local singles, cols = {}, {}
+  for r = 1, W do singles[r] = { r } end
+  for i, it in ipairs(items) do
+    for v = 1, #it.options do
+      if not it.SP[v] and it.SK[v] > 1 then cols[i] = column_ranks(i, it.SK[v], W) end
     end
-  end
-  local rank_sets = {}
-  local function sets_of(k)
-    if not rank_sets[k] then
-      rank_sets[k] = {}
-      combos(k, 1, {}, rank_sets[k])
-    end
-    return rank_sets[k]
   end
   local all = {}
   for r = 1, W do all[r] = r end
@@ -963,7 +966,7 @@ function M.exhaustive(items, env, bound, max_nodes)
     for j, o in ipairs(it.options) do
       if not env.host or host + o.host <= env.host then
         local sh = o.shards[1]
-        local sets = it.SP[j] and { all } or it.rank and { { it.rank } } or sets_of(it.SK[j])
+        local sets = it.SP[j] and { all } or it.rank and { { it.rank } } or it.SK[j] > 1 and { cols[i] } or singles
         local count = it.SP[j] and W or it.SK[j]
         for _, rs in ipairs(sets) do
           local ok, m = true, cur_max
