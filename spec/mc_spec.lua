@@ -318,6 +318,36 @@ describe("uvmrec.mc", function()
     end
   end)
 
+  it("restores the candidates' map's size, so that it counts and skips the batches the saved map would", function()
+    local cfg = { tables = { { name = "t", rows = 8, fallback_rows = 1 } }, fill = false, evict_every = 100,
+                  max_candidates = 100000, device = "cpu" }
+    local function run(m, first, n)
+      local ids = {}
+      for i = 1, n do ids[i] = first + i end
+      assert(m:remap(ur.KJT{ keys = { "t" }, values = ids, lengths = ones(n) }))
+    end
+    local a = assert(mc.new(cfg))
+    run(a, 0, 3000)      -- then the map has room for 3000 candidates and two such batches: 32768 slots
+    run(a, 5000, 14000)  -- 3000 + 14000 candidates overfill it at half load: not counted
+    local st = assert(a:state("t"))
+    assert.same({ 1, 14000, 32768 }, { st.skipped, st.batch_max, st.slots })
+    local b = assert(mc.new(cfg))
+    assert(b:load_state("t", st))
+    b:set_step(a:step())
+    -- a batch of 10 ids, then one of 4000: the map grows for batches of 14000 before the first
+    -- and counts the second; one sized for the candidates and that batch of 10 would not
+    for _, m in ipairs { a, b } do
+      run(m, 100000, 10)
+      run(m, 200000, 4000)
+    end
+    local sa, sb = assert(a:stats()), assert(b:stats())
+    assert.same({ 7010, 1 }, { sa.candidates, sa.skipped })
+    assert.same({ sa.candidates, sa.skipped, sa.lookups }, { sb.candidates, sb.skipped, sb.lookups })
+    local ea, eb = assert(a:state("t")), assert(b:state("t"))
+    for _, key in ipairs(mc.STATE_TENSORS) do same_list(totable_n(eb[key]), totable_n(ea[key]), key) end
+    for _, key in ipairs(mc.STATE_COUNTS) do assert.equal(ea[key], eb[key], key) end
+  end)
+
   it("computes distance_lfu's power with the engine's exp and log", function()
     for _, x in ipairs { 1, 2, 3.5, 17, 1000, 123456 } do
       h.near(R.exp(1.5 * R.log(x)), x ^ 1.5, 1e-14, "x^1.5 at " .. x)
@@ -407,6 +437,20 @@ describe("uvmrec.mc", function()
       st.ids = ur.tensor({ 3 }, { dtype = "i64" }):fill(-1)
       assert.truthy(msg(function() m:load_state("t", st) end)
         :find("mc: state of table 't': ids is i64 [3]; expected i64 [4]", 1, true))
+      st = assert(m:state("t"))
+      assert.is_nil(m:check_state("t", st))
+      st.slots = 3000
+      local want = "mc: state of table 't': slots 3000; expected 0 or a power of 2 from 2048 to 2^42, at least " ..
+        "twice its 0 candidates"
+      assert.equal(want, m:check_state("t", st))
+      assert.truthy(msg(function() m:load_state("t", st) end):find(want, 1, true))
+      st.slots, st.batch_max = 2048, -2
+      assert.equal("mc: state of table 't': batch_max -2; expected -1 (no batch counted) .. 1099511627776",
+        m:check_state("t", st))
+      st.batch_max, st.evictions = -1, 1.5
+      assert.equal("mc: state of table 't': evictions is 1.5; expected a whole number", m:check_state("t", st))
+      st.evictions = -3
+      assert.equal("mc: state of table 't': evictions -3; expected >= 0", m:check_state("t", st))
     end)
   end)
 end)

@@ -1027,6 +1027,12 @@ typedef struct ur_mc_state {
   ur_tensor *cand_counts;         /* i32 [k]: their lookups */
   ur_tensor *cand_last;           /* i64 [k]: the step of their last lookup */
   int64_t lookups, resident_lookups, fallback_lookups, rounds, fills, admissions, evictions;
+  int64_t skipped;                /* as in ur_mc_stats */
+  /* What sizes the candidates' map, so that a restored map counts and skips the batches the
+   * saved one would: the most ids one updating batch of the table held (-1: none counted yet;
+   * the next batch's are read), and the map's slots (a power of 2 >= 2 * k; 0: sized for the
+   * candidates and batch_max). */
+  int64_t batch_max, slots;
 } ur_mc_state;
 struct ur_mc;
 typedef struct ur_mc ur_mc;
@@ -1074,6 +1080,10 @@ UR_API ur_status ur_mc_set_step(ur_mc *m, int64_t step);
 UR_API ur_status ur_mc_stats_get(ur_mc *m, int32_t table, ur_mc_stats *out);
 UR_API void ur_mc_reset_stats(ur_mc *m);
 UR_API ur_status ur_mc_state_get(ur_mc *m, int32_t table, ur_mc_state *out);
+/* ur_mc_state_check: whether in would restore table `table` (sizes, dtypes, ids distinct, the
+ * resident rows first, the sizing), naming what is not; reads in, writes nothing.
+ * ur_mc_state_set checks the same before it writes. */
+UR_API ur_status ur_mc_state_check(const ur_mc *m, int32_t table, const ur_mc_state *in);
 UR_API ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in);
 
 /* ==== 5. cache: a software HBM cache of rows for `cached` embedding tables ==== */

@@ -277,12 +277,16 @@ end
 function methods:reset_stats() C.ur_mc_reset_stats(H(self)) return self end
 
 local STATE_TENSORS = { "ids", "counts", "window", "last", "cand_ids", "cand_counts", "cand_last" }
+-- The state's numbers: its counts, then what sizes the candidates' map (batch_max, slots), so
+-- that a restored map counts and skips the batches the saved one would.  A state without one
+-- (a checkpoint written before it was kept) restores it as STATE_DEFAULTS says.
 local STATE_COUNTS = { "lookups", "resident_lookups", "fallback_lookups", "rounds", "fills", "admissions",
-                       "evictions" }
+                       "evictions", "skipped", "batch_max", "slots" }
+local STATE_DEFAULTS = { batch_max = -1 }
 M.STATE_TENSORS, M.STATE_COUNTS = STATE_TENSORS, STATE_COUNTS
 
 -- Table `name`'s map as host tensors {ids, counts, window, last, cand_ids, cand_counts,
--- cand_last} and counts {lookups, ...}: what a checkpoint saves.
+-- cand_last} and numbers {lookups, ..., skipped, batch_max, slots}: what a checkpoint saves.
 function methods:state(name)
   local s = ffi.new("ur_mc_state")
   local ok, err = check(C.ur_mc_state_get(H(self), table_index(self, name, 2), s), 2)
@@ -293,16 +297,39 @@ function methods:state(name)
   return out
 end
 
--- Restores table `name` from a state as state() gives it (tensors of any placement).
-function methods:load_state(name, from)
-  local i = table_index(self, name, 2)
-  if type(from) ~= "table" then fail("load_state takes a state table", 2) end
+local function state_struct(self, name, from, level)
+  level = level + 1
+  local i = table_index(self, name, level)
+  if type(from) ~= "table" then fail("a state must be a table", level) end
   local s = ffi.new("ur_mc_state")
   for _, k in ipairs(STATE_TENSORS) do
-    if not tensor.is_tensor(from[k]) then fail(("state of table '%s' has no tensor %s"):format(name, k), 2) end
-    s[k] = T(from[k], k, 2)
+    if not tensor.is_tensor(from[k]) then fail(("state of table '%s' has no tensor %s"):format(name, k), level) end
+    s[k] = T(from[k], k, level)
   end
-  for _, k in ipairs(STATE_COUNTS) do s[k] = from[k] or 0 end
+  for _, k in ipairs(STATE_COUNTS) do
+    local v = from[k]
+    if v == nil then v = STATE_DEFAULTS[k] or 0 end
+    if type(v) ~= "number" or v ~= math.floor(v) or v < -2 ^ 63 or v >= 2 ^ 63 then
+      return nil, ("mc: state of table '%s': %s is %s; expected a whole number"):format(name, k, tostring(v))
+    end
+    s[k] = v
+  end
+  return i, s
+end
+
+-- nil, or why a state (as state() gives it) would not restore table `name`: checked as
+-- load_state checks it, nothing written.
+function methods:check_state(name, from)
+  local i, s = state_struct(self, name, from, 2)
+  if not i then return s end
+  if C.ur_mc_state_check(H(self), i, s) ~= 0 then return ffi.string(C.ur_last_error()) end
+  return nil
+end
+
+-- Restores table `name` from a state as state() gives it (tensors of any placement).
+function methods:load_state(name, from)
+  local i, s = state_struct(self, name, from, 2)
+  if not i then error(s, 2) end
   local ok, err = check(C.ur_mc_state_set(H(self), i, s), 2)
   if not ok then return nil, err end
   return self

@@ -20,6 +20,10 @@
 #include "embedding/mc.h"
 
 #define MIN_HEADROOM 1024 /* candidate slots a table keeps free beyond its counted candidates */
+/* Bounds of a restored state's sizing (a corrupted one fails by name, not as a huge allocation). */
+#define MAX_BATCH_IDS ((int64_t)1 << 40)
+#define MAX_SLOTS_LOG2 42
+#define MAX_SLOTS ((int64_t)1 << MAX_SLOTS_LOG2)
 
 typedef struct mc_tab {
   ur_tensor *ids, *counts, *window, *last, *index, *ckeys, *ccount, *clast;
@@ -800,6 +804,9 @@ ur_status ur_mc_state_get(ur_mc *m, int32_t table, ur_mc_state *out) {
   out->fills = b->fills;
   out->admissions = b->admissions;
   out->evictions = b->evictions;
+  out->skipped = b->info[UR__MI_SKIPPED];
+  out->batch_max = b->sized ? b->nmax : -1;
+  out->slots = q;
   return UR_STATUS_OK;
 }
 
@@ -824,9 +831,25 @@ static ur_status to_host(const ur_tensor *x, void **out) {
   return st;
 }
 
-ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
-  UR__ARGS(m, in);
-  ur_status st = check_table_index(m, table, 0, "state_set");
+/* A state's host copies, read and checked by state_read. */
+typedef struct state_host {
+  int64_t *ids, *ci, *cl;
+  int32_t *cc;
+  int64_t occ, k;
+} state_host;
+
+static void state_host_free(state_host *h) {
+  free(h->ids);
+  free(h->ci);
+  free(h->cc);
+  free(h->cl);
+  memset(h, 0, sizeof *h);
+}
+
+/* Checks in against table t and reads what a restore needs into h (freed on failure). */
+static ur_status state_read(const ur_mc *m, int32_t table, const ur_mc_state *in, state_host *h) {
+  memset(h, 0, sizeof *h);
+  ur_status st = check_table_index(m, table, 0, "state");
   if (st) return st;
   int64_t cap = m->desc[table].cap;
   const char *nm = tname(m, table);
@@ -840,14 +863,33 @@ ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
   if ((st = check_state_tensor(m, table, in->cand_counts, "cand_counts", UR_DTYPE_I32, k)) ||
       (st = check_state_tensor(m, table, in->cand_last, "cand_last", UR_DTYPE_I64, k)))
     return st;
-  int64_t *ids = NULL, *ci = NULL, *cl = NULL, *sorted = NULL;
-  int32_t *cc = NULL;
-  st = to_host(in->ids, (void **)&ids);
-  if (!st) st = to_host(in->cand_ids, (void **)&ci);
-  if (!st) st = to_host(in->cand_counts, (void **)&cc);
-  if (!st) st = to_host(in->cand_last, (void **)&cl);
+  if (in->batch_max < -1 || in->batch_max > MAX_BATCH_IDS)
+    return ur__error(UR_STATUS_INVALID, "mc: state of table '%s': batch_max %lld; expected -1 "
+                     "(no batch counted) .. %lld", nm, (long long)in->batch_max,
+                     (long long)MAX_BATCH_IDS);
+  if (in->slots && (in->slots < 2 * MIN_HEADROOM || in->slots > MAX_SLOTS ||
+                    (in->slots & (in->slots - 1)) || in->slots < 2 * k))
+    return ur__error(UR_STATUS_INVALID, "mc: state of table '%s': slots %lld; expected 0 or a "
+                     "power of 2 from %lld to 2^%d, at least twice its %lld candidates", nm,
+                     (long long)in->slots, (long long)(2 * MIN_HEADROOM), MAX_SLOTS_LOG2,
+                     (long long)k);
+  int64_t counts[8] = {in->lookups, in->resident_lookups, in->fallback_lookups, in->rounds,
+                       in->fills, in->admissions, in->evictions, in->skipped};
+  static const char *const count_names[8] = {"lookups", "resident_lookups", "fallback_lookups",
+                                             "rounds", "fills", "admissions", "evictions",
+                                             "skipped"};
+  for (int i = 0; i < 8; i++)
+    if (counts[i] < 0)
+      return ur__error(UR_STATUS_INVALID, "mc: state of table '%s': %s %lld; expected >= 0", nm,
+                       count_names[i], (long long)counts[i]);
+  int64_t *sorted = NULL;
+  st = to_host(in->ids, (void **)&h->ids);
+  if (!st) st = to_host(in->cand_ids, (void **)&h->ci);
+  if (!st) st = to_host(in->cand_counts, (void **)&h->cc);
+  if (!st) st = to_host(in->cand_last, (void **)&h->cl);
   int64_t occ = 0;
   if (!st) {
+    const int64_t *ids = h->ids;
     while (occ < cap && ids[occ] != UR__MC_EMPTY) occ++;
     for (int64_t r = occ; r < cap && !st; r++)
       if (ids[r] != UR__MC_EMPTY)
@@ -860,19 +902,43 @@ ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
     if (!sorted) st = ur__error(UR_STATUS_OOM, "mc: out of host memory");
   }
   if (!st) {
-    memcpy(sorted, ids, sizeof(int64_t) * (size_t)occ);
-    memcpy(sorted + occ, ci, sizeof(int64_t) * (size_t)k);
+    memcpy(sorted, h->ids, sizeof(int64_t) * (size_t)occ);
+    memcpy(sorted + occ, h->ci, sizeof(int64_t) * (size_t)k);
     qsort(sorted, (size_t)(occ + k), 8, cmp_i64);
     for (int64_t i = 1; i < occ + k && !st; i++)
       if (sorted[i] == sorted[i - 1])
         st = ur__error(UR_STATUS_INVALID, "mc: state of table '%s': id %lld appears twice among "
                        "the residents and candidates", nm, (long long)sorted[i]);
     for (int64_t i = 0; i < k && !st; i++)
-      if (ci[i] == UR__MC_EMPTY)
+      if (h->ci[i] == UR__MC_EMPTY)
         st = ur__error(UR_STATUS_INVALID, "mc: state of table '%s': candidate %lld is the id -1, "
                        "which is never counted", nm, (long long)i);
   }
   free(sorted);
+  if (st) {
+    state_host_free(h);
+    return st;
+  }
+  h->occ = occ;
+  h->k = k;
+  return UR_STATUS_OK;
+}
+
+ur_status ur_mc_state_check(const ur_mc *m, int32_t table, const ur_mc_state *in) {
+  UR__ARGS(m, in);
+  state_host h;
+  ur_status st = state_read(m, table, in, &h);
+  state_host_free(&h);
+  return st;
+}
+
+ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
+  UR__ARGS(m, in);
+  state_host h;
+  ur_status st = state_read(m, table, in, &h);
+  if (st) return st;
+  int64_t occ = h.occ, k = h.k, *ci = h.ci, *cl = h.cl;
+  int32_t *cc = h.cc;
   int32_t prev = UR_LOC_CPU;
   int entered = 0;
   if (!st) {
@@ -890,8 +956,9 @@ ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
   if (!st) st = m->be->fill(NULL, m->desc[table].index, (size_t)(m->desc[table].pmask + 1), 4, 0);
   if (!st) st = m->be->mc->reindex(NULL, &m->desc[table], occ);
   /* The candidates' map laid out on the host with the backends' hash, then copied. */
-  int64_t head = 2 * b->nmax > MIN_HEADROOM ? 2 * b->nmax : MIN_HEADROOM;
-  int64_t q = pow2_at_least(2 * (k + head));
+  int64_t nmax = in->batch_max > 0 ? in->batch_max : 0;
+  int64_t head = 2 * nmax > MIN_HEADROOM ? 2 * nmax : MIN_HEADROOM;
+  int64_t q = in->slots ? in->slots : pow2_at_least(2 * (k + head));
   int64_t *hk = NULL, *hl = NULL;
   int32_t *hc = NULL;
   ur_tensor *nk = NULL, *nc = NULL, *nl = NULL;
@@ -920,6 +987,8 @@ ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
   if (!st) {
     take_cand_map(m, table, &nk, &nc, &nl);
     b->occupied = occ;
+    b->nmax = nmax;
+    b->sized = in->batch_max >= 0;
     b->nre = 0;
     b->rounds = in->rounds;
     b->fills = in->fills;
@@ -930,6 +999,7 @@ ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
     if (!st) st = put_info(m, table, UR__MI_LOOKUPS, in->lookups);
     if (!st) st = put_info(m, table, UR__MI_RESIDENT, in->resident_lookups);
     if (!st) st = put_info(m, table, UR__MI_FALLBACK, in->fallback_lookups);
+    if (!st) st = put_info(m, table, UR__MI_SKIPPED, in->skipped);
     if (!st) st = push_desc(m, NULL);
     if (!st) st = m->be->stream_sync(NULL);
   }
@@ -939,9 +1009,6 @@ ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
   free(hk);
   free(hl);
   free(hc);
-  free(ids);
-  free(ci);
-  free(cc);
-  free(cl);
+  state_host_free(&h);
   return entered ? ur__device_leave(m->be, m->cfg.device, prev, st) : st;
 }
