@@ -332,7 +332,10 @@ function M.registry() return setmetatable({ list = {}, by_name = {} }, Registry)
 --      load = function(tensors, meta) end (optional), views = true (optional: load receives
 --      zero-copy views of the file's tensors instead of having state()'s tensors filled),
 --      optional = true (a checkpoint without this component still loads), whole = {"step", ...}
---      (optional: meta keys that must be whole numbers >= 0, checked before anything is loaded)}.
+--      (optional: meta keys that must be whole numbers >= 0, checked before anything is loaded),
+--      check = function(views, meta) -> nil or why the file's state cannot be loaded (optional:
+--      called with views of the component's tensors in the file before anything is written, so
+--      that load() does not fail with the other components loaded)}.
 function Registry:register(c)
   if type(c) ~= "table" then error("checkpoint register: expected a component table", 2) end
   if type(c.name) ~= "string" or not c.name:match("^[%w_%-]+$") then
@@ -345,6 +348,9 @@ function Registry:register(c)
   end
   if c.whole ~= nil and type(c.whole) ~= "table" then
     error("checkpoint register: component '" .. c.name .. "': whole must be a list of meta keys", 2)
+  end
+  if c.check ~= nil and type(c.check) ~= "function" then
+    error("checkpoint register: component '" .. c.name .. "': check must be a function", 2)
   end
   self.list[#self.list + 1] = c
   self.by_name[c.name] = c
@@ -581,6 +587,14 @@ function Registry:load(path, opts)
             return fail(("holds tensor '%s', which component '%s' does not have"):format(full, c.name))
           end
         end
+      end
+      if c.check then
+        local views = {}
+        if c.views then views = tensors else
+          for rest, full in pairs(file_names) do views[rest] = assert(f:view(full)) end
+        end
+        local why = c.check(views, cm)
+        if why then return fail(("component '%s': %s"):format(c.name, why)) end
       end
       plan[#plan + 1] = { c = c, tensors = tensors, meta = cm }
     end

@@ -135,10 +135,49 @@ describe("ur.nn.ManagedCollisionCollection", function()
     local c = MCC{ collection = collection(), evict_every = 4, policy = "distance_lfu", distance_power = 2 }
     local reg3 = ck.registry()
     reg3:register(c:checkpoint_component())
-    local ok, err = pcall(reg3.load, reg3, ck.latest(dir))
-    assert.is_false(ok)
-    assert.truthy(tostring(err):find("collisions: table u's evict_every differs from the checkpoint's (the "
-                                     .. "checkpoint has 3, this run has 4)", 1, true))
+    local ok, err = reg3:load(ck.latest(dir))
+    assert.is_nil(ok)
+    assert.equal(("checkpoint %s: component 'collisions': table u's evict_every differs from the checkpoint's "
+                  .. "(the checkpoint has 3, this run has 4)"):format(ck.latest(dir)), err)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("refuses a checkpoint whose map is corrupted, naming the file, before any component is loaded", function()
+    local ea = collection()
+    local a = MCC{ collection = ea, evict_every = 3 }
+    local r = h.rng(8)
+    for step = 1, 6 do
+      local rows = a:forward(batch(r, step))
+      ea:backward(rows, ea:forward(rows))
+    end
+    local reg = ck.registry()
+    reg:register(ea:component("embeddings"))
+    reg:register(a:checkpoint_component())
+    local dir = os.tmpname()
+    os.remove(dir)
+    local path = assert(reg:save_step(dir, { step = 6 }))
+    -- row 1 of table u given row 0's id, as a flipped bit or an edit could
+    local info = assert(assert(ck.open(path)):info("collisions.u.ids"))
+    local f = assert(io.open(path, "r+b"))
+    f:seek("set", info.offset)
+    local id0 = f:read(8)
+    f:seek("set", info.offset + 8)
+    f:write(id0)
+    f:close()
+    local eb = collection()
+    local b = MCC{ collection = eb, evict_every = 3 }
+    local before = eb:table("u"):totable()
+    local reg2 = ck.registry()
+    reg2:register(eb:component("embeddings"))
+    reg2:register(b:checkpoint_component())
+    local ok, err = reg2:load(path)
+    assert.is_nil(ok)
+    local id = assert(assert(ck.open(path)):view("collisions.u.ids"))[0]
+    assert.equal(("checkpoint %s: component 'collisions': mc: state of table 'u': id %d appears twice among the "
+                  .. "residents and candidates"):format(path, id), err)
+    assert.are_not.same(before, ea:table("u"):totable(), "the saved table differs from a fresh one")
+    assert.same(before, eb:table("u"):totable(), "the embeddings were not loaded")
+    assert.equal(0, b.map:step())
     os.execute("rm -rf " .. dir)
   end)
 end)

@@ -145,11 +145,22 @@ end
 -- tensors "<table>.<ids|counts|window|last|cand_ids|cand_counts|cand_last>", meta {step,
 -- counts = {table = {lookups, ...}}, settings = {table = {policy, ...}}}.  Its tensors' sizes
 -- vary with the candidates, so the registry hands load() views of the file's; a load into
--- tables with other settings (or other tables) is an error naming the first difference.
+-- tables with other settings (or other tables), or of a map the engine would not restore (a
+-- corrupted file), is refused naming the first difference, before any component is loaded.
 function MCC:checkpoint_component(name)
   local map = self.map
+  -- table t's state from a checkpoint's tensors and meta, or nil, what is missing
+  local function saved_state(t, tensors, meta)
+    local st = {}
+    for _, k in ipairs(mc.STATE_TENSORS) do
+      st[k] = tensors[t .. "." .. k]
+      if not st[k] then return nil, ("the checkpoint has no tensor %s.%s"):format(t, k) end
+    end
+    for k, v in pairs((meta.counts or {})[t] or {}) do st[k] = v end
+    return st
+  end
   return {
-    name = name or "collisions", views = true,
+    name = name or "collisions", views = true, whole = { "step" },
     state = function()
       local ts, counts = {}, {}
       for _, t in ipairs(map.table_names) do
@@ -160,29 +171,25 @@ function MCC:checkpoint_component(name)
       end
       return { tensors = ts, meta = { step = map:step(), counts = counts, settings = map.settings } }
     end,
-    load = function(tensors, meta)
+    -- before anything is loaded: the settings, and each map as the engine would restore it
+    check = function(tensors, meta)
       -- the maps hold ids ranked by these settings: other settings would not resume them
       for _, t in ipairs(map.table_names) do
         local theirs = (meta.settings or {})[t]
-        if not theirs then
-          error(("collisions: the checkpoint has no managed collisions for table %s"):format(t), 0)
-        end
+        if not theirs then return ("the checkpoint has no managed collisions for table %s"):format(t) end
         for _, k in ipairs(mc.TABLE_SETTINGS) do
           if theirs[k] ~= map.settings[t][k] then
-            error(("collisions: table %s's %s differs from the checkpoint's (the checkpoint has %s, this run has %s)")
-                  :format(t, k, tostring(theirs[k]), tostring(map.settings[t][k])), 0)
+            return ("table %s's %s differs from the checkpoint's (the checkpoint has %s, this run has %s)")
+                   :format(t, k, tostring(theirs[k]), tostring(map.settings[t][k]))
           end
         end
+        local st, why = saved_state(t, tensors, meta)
+        if st then why = map:check_state(t, st) end
+        if why then return why end
       end
-      for _, t in ipairs(map.table_names) do
-        local st = {}
-        for _, k in ipairs(mc.STATE_TENSORS) do
-          st[k] = tensors[t .. "." .. k]
-          if not st[k] then error(("collisions: the checkpoint has no tensor %s.%s"):format(t, k), 0) end
-        end
-        for k, v in pairs((meta.counts or {})[t] or {}) do st[k] = v end
-        assert(map:load_state(t, st))
-      end
+    end,
+    load = function(tensors, meta)
+      for _, t in ipairs(map.table_names) do assert(map:load_state(t, assert(saved_state(t, tensors, meta)))) end
       map:set_step(meta.step or 0)
     end,
   }
