@@ -368,6 +368,32 @@ describe("uvmrec.hints in training", function()
     cmd.rmdir(whole)
   end)
 
+  it("resumes a run laid out by its hints with its tables elsewhere, and refuses cached ones by file and table",
+    function()
+    local sets = { "train.steps=8", "embeddings.placement=managed", "embeddings.hints.policy=adaptive",
+                   "train.checkpoint_every=5" }
+    local whole = cmd.tmpdir()
+    local want = run(sets, { out = whole })
+    local dir = cmd.tmpdir()
+    local first = { unpack(sets) }
+    first[1] = "train.steps=5"
+    run(first, { out = dir })
+    local path = require("uvmrec.checkpoint").path_for(dir .. "/checkpoints", 5)
+    assert.truthy(assert(require("uvmrec.checkpoint").open(path)):info("layout.C1.perm"), "laid out when saved")
+    local got = run({ "train.steps=8", "embeddings.placement=host" }, { out = cmd.tmpdir(), resume = path })
+    for s = 6, 8 do assert.equal(want[s], got[s], "host, step " .. s) end
+    -- a cached table reads the cache's slots: its rows cannot stay laid out as saved (set_permutation
+    -- raised from the layout's load, after the other components were loaded)
+    local ok, err = pcall(run, { "train.steps=8", "embeddings.placement=cached", "embeddings.cache.load_factor=0.1" },
+                          { out = cmd.tmpdir(), resume = path })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find(("--resume: checkpoint %s: component 'layout': table C1 was saved laid out by its "
+      .. "hints' permutation, which a cached table cannot take (its kernels read the cache's slots); resume it with "
+      .. "the table managed, on the device or in host memory (embeddings.placement)"):format(path), 1, true), err)
+    cmd.rmdir(dir)
+    cmd.rmdir(whole)
+  end)
+
   it("names a bad policy or allowance at its place in the config", function()
     local cfg, err = train.config.load(assert(train.find_config("dlrm_tiny")), { "embeddings.hints.policy=hottest" })
     assert.is_nil(cfg)

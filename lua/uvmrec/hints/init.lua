@@ -937,6 +937,26 @@ function M.register(registry, collection, name)
       end
       return { tensors = ts, meta = { counting = counting } }
     end,
+    -- before anything is loaded: each table takes what the file holds for it.  The rows are
+    -- saved laid out by the permutation, so a table that cannot be laid out (cached: its
+    -- kernels read the cache's slots) cannot take them as saved.
+    check = function(tensors)
+      for _, t in ipairs(tbe.table_names) do
+        local rows = tbe.rows[t]
+        for _, k in ipairs { { "perm", "i64" }, { "counts", "i32" } } do
+          local v = tensors[t .. "." .. k[1]]
+          if v and (v:dtype() ~= k[2] or v:numel() ~= rows) then
+            return ("tensor %s.%s is %s [%d]; table %s has %d rows (%s [%d] expected)"):format(t, k[1], v:dtype(),
+              v:numel(), t, rows, k[2], rows)
+          end
+        end
+        if tensors[t .. ".perm"] and tbe.cached and tbe.cached[t] then
+          return ("table %s was saved laid out by its hints' permutation, which a cached table cannot take "
+            .. "(its kernels read the cache's slots); resume it with the table managed, on the device or in "
+            .. "host memory (embeddings.placement)"):format(t)
+        end
+      end
+    end,
     load = function(tensors, meta)
       for _, t in ipairs(tbe.table_names) do
         local ok, err = tbe:set_permutation(t, tensors[t .. ".perm"])
