@@ -661,6 +661,42 @@ describe("uvmrec.train", function()
     assert.matches("\nC100 ", out)
   end)
 
+  it("trains a model of 30 tables on raw ids past its rows, every table's reduced (day files and synthetic)", function()
+    -- ids from an id space 2000 times the tables': were tables 27 to 30 read raw, the embedding
+    -- lookups (bounds: fatal) would fail on ids past their rows
+    cmd.spit(dir .. "/spec.lua", [[local t = {}
+      for i = 1, 30 do t[i] = { name = "C" .. i, rows = 40 + i, zipf = 1.1 } end
+      return { num_dense = 2, seed = 4, id_space_factor = 2000, tables = t }]])
+    local _, gerr, gcode = cmd.run("datagen " .. cmd.quote(dir .. "/spec.lua") .. " --cpu --samples 512 --out "
+      .. cmd.quote(dir .. "/days"))
+    assert.equal(0, gcode, gerr)
+    local rows = {}
+    for i = 1, 30 do rows[i] = tostring(40 + i) end
+    local function config(name, data)
+      cmd.spit(dir .. "/" .. name .. ".yaml", table.concat({
+        "name: " .. name,
+        "model: {dense_features: 2, bottom_mlp: [8, 4], top_mlp: [8, 1], interaction: dot}",
+        "embeddings: {dim: 4, rows: [" .. table.concat(rows, ", ") .. "], optimizer: {name: sgd, lr: 0.05}}",
+        "optimizer: {name: sgd, lr: 0.05}",
+        "train: {batch_size: 128, steps: 3, log_every: 1}", data,
+        "eval: {every: 3, samples: 256, batch_size: 256}", "" }, "\n"))
+      return dir .. "/" .. name .. ".yaml"
+    end
+    for _, c in ipairs {
+      { "synth", "data: {train: 'synthetic:" .. dir .. "/spec.lua'}" },
+      { "days", "data: {train: 'criteo-bin:" .. dir .. "/days', eval: 'criteo-bin:" .. dir .. "/days'}" } } do
+      local out, err, code = cmd.run("train " .. cmd.quote(config(c[1], c[2])) .. " --cpu --progress none --out "
+        .. cmd.quote(dir .. "/run_" .. c[1]))
+      assert.equal(0, code, c[1] .. ": " .. err)
+      assert.matches("trained 3 steps, 384 samples", out)
+      assert.matches("final AUC", out)
+    end
+    local cfg = assert(train.config.load(dir .. "/synth.yaml"))
+    local d = assert(train.data(cfg, train.config.table_rows(cfg)))
+    assert.equal(30, #d.train.rows)
+    assert.equal(70, d.train.rows[30])
+  end)
+
   it("trains dlrm_tiny on the CPU: the loss falls and the held-out AUC passes 0.70", function()
     local cfg = tiny_to_auc()
     local said, ctx = {}, nil

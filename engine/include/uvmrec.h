@@ -591,9 +591,14 @@ typedef struct ur_loader_opts {
   const ur_synth_spec *synth;     /* UR_SOURCE_SYNTHETIC */
   int64_t samples;                /* synthetic samples per epoch */
   const char *const *keys;        /* names of the sparse features (NULL: C1, C2, ...) */
-  ur_criteo_opts criteo;          /* TSV options; rows also reduce day files' and synthetic
-                                     data's ids on read (the first 26 tables) */
-  int32_t rows_given;             /* 1: criteo.rows are the consumer's table sizes, 0 included
+  ur_criteo_opts criteo;          /* TSV options; without `rows`, criteo.rows also reduce day
+                                     files' and synthetic data's ids on read, for a source of at
+                                     most 26 tables (more are refused where any is > 0) */
+  const int64_t *rows;            /* num_rows table sizes, one a table of the source (or one for
+                                     every table): ids mod rows where > 0, raw where 0; any
+                                     count of tables; NULL: criteo.rows */
+  int32_t num_rows;
+  int32_t rows_given;             /* 1: the rows are the consumer's table sizes, 0 included
                                      (a table that keeps raw ids: managed collisions), and day
                                      files convert reduced are checked against every one; 0:
                                      checked where rows > 0, a loader given none only reads */

@@ -298,7 +298,6 @@ describe("uvmrec.data loader", function()
       one, 1, true)
     local raw = rows_of(assert(data.open("criteo-bin:" .. dir .. "/wide", { batch_size = 500 })))
     local rows = { 100, 40 }
-    for i = 3, 26 do rows[i] = 0 end
     local cut = rows_of(assert(data.open("criteo-bin:" .. dir .. "/wide", { batch_size = 500, rows = rows })))
     local past = 0
     for i = 1, 500 do
@@ -338,6 +337,70 @@ describe("uvmrec.data loader", function()
     local none, err = data.open("criteo-bin:" .. dir .. "/one", { batch_size = 10 })
     assert.is_nil(none)
     assert.matches("layout.txt: table 2's ids per sample 'x'; expected N or MIN-MAX", err, 1, true)
+    cmd.rmdir(dir)
+  end)
+
+  it("takes every table's raw ids modulo its rows, past the 26th too (day files and synthetic data of 130 tables)",
+      function()
+    local dir = cmd.tmpdir()
+    local text = [[local t = {}
+      for i = 1, 130 do t[i] = { name = "C" .. i, rows = 50 + i, id_space = 100000, hot = i % 3 == 0 and 2 or 1 } end
+      return { num_dense = 2, seed = 9, tables = t }]]
+    datagen(dir, "spec", text, "days", "--samples 300")
+    local rows = {}
+    for i = 1, 130 do rows[i] = 50 + i end
+    local function bags(l)
+      local out = {}
+      for b in l:batches() do
+        local t = b.sparse:totable()
+        local pos = 0
+        for k = 1, #t.keys do
+          out[k] = out[k] or {}
+          for i = 1, b.size do
+            for _ = 1, t.lengths[(k - 1) * b.size + i] do
+              pos = pos + 1
+              out[k][#out[k] + 1] = t.values[pos]
+            end
+          end
+        end
+      end
+      return out
+    end
+    local raw = bags(assert(data.open("criteo-bin:" .. dir .. "/days", { batch_size = 128 })))
+    local cut = bags(assert(data.open("criteo-bin:" .. dir .. "/days", { batch_size = 128, rows = rows })))
+    local synth = bags(assert(data.loader { data = { kind = "synthetic", spec = assert(loadstring(text))() },
+                                            samples = 300, batch_size = 128, rows = rows }))
+    assert.equal(130, #cut)
+    for k = 1, 130 do
+      local past = 0
+      assert.equal(#raw[k], #cut[k], "C" .. k)
+      for j = 1, #raw[k] do
+        if raw[k][j] >= rows[k] then past = past + 1 end
+        assert.equal(raw[k][j] % rows[k], cut[k][j], ("C%d, id %d"):format(k, j))
+      end
+      assert.same(cut[k], synth[k], "C" .. k .. ": the generator's, reduced as the day files")
+      assert.is_true(past > #raw[k] / 2, "C" .. k .. ": raw ids past the table's rows")
+    end
+    -- one size for every table reduces every one too
+    for _, v in ipairs(bags(assert(data.open("criteo-bin:" .. dir .. "/days", { batch_size = 128, rows = 7 })))[130]) do
+      assert.is_true(v < 7, "C130 mod 7: " .. v)
+    end
+    -- sizes for other than the tables there are (Criteo's 26) are refused, not read raw past them
+    assert.has_error(function()
+      data.open("criteo-bin:" .. dir .. "/days", { batch_size = 128, rows = { unpack(rows, 1, 26) } })
+    end,
+      "loader: 26 table sizes (rows) for criteo-bin: " .. dir .. "/days, which has 130 tables; expected one a table, "
+      .. "or one for every table")
+    -- and through the C API, criteo.rows (the TSV reader's 26) for a wider source
+    local co = ffi.new("ur_loader_opts")
+    local paths = ffi.new("const char *[1]", { dir .. "/days" })
+    co.source, co.npaths, co.paths = ur.C.UR_SOURCE_CRITEO_BIN, 1, paths
+    co.batch_size, co.depth, co.world, co.criteo.rows[0] = 10, 1, 1, 51
+    local out = ffi.new("ur_loader *[1]")
+    assert.is_true(ur.C.ur_loader_open(out, co) ~= 0)
+    assert.equal("loader: criteo.rows hold the sizes of 26 tables, but criteo-bin: " .. dir .. "/days has 130: its "
+      .. "tables 27 to 130 would be read raw; give rows (num_rows: one a table, or one for all)",
+      ffi.string(ur.C.ur_last_error()))
     cmd.rmdir(dir)
   end)
 
@@ -427,11 +490,6 @@ describe("uvmrec.data loader", function()
       for _, threads in ipairs { 1, 3 } do
         local o = { depth = 3, threads = threads }
         for k, v in pairs(c) do o[k] = v end
-        if o.rows then -- rows as the loader takes them: Criteo's 26 sizes, those past the files' tables 2^32
-          local r = {}
-          for i = 1, 26 do r[i] = c.rows[i] or 2 ^ 32 end
-          o.rows = r
-        end
         same_as_plain(assert(data.open("criteo-bin:" .. dir .. "/days", o)), plain, c.rows and modded or keys,
           ("day files, case %d, %d threads"):format(ci, threads))
       end
@@ -561,8 +619,7 @@ describe("uvmrec.data loader", function()
                                                   { name = "b", rows = 7, id_space = 70 } } }
     local g = assert(data.generate(spec, 0, 64))
     local raw = g.ids:totable()
-    local rows = { 10 }
-    for i = 2, 26 do rows[i] = 0 end -- b: raw ids
+    local rows = { 10, 0 } -- b: raw ids
     local l = assert(data.loader { data = { kind = "synthetic", spec = spec }, samples = 64, batch_size = 64,
                                    rows = rows })
     local d = l:next().sparse:to_dict()
@@ -584,6 +641,19 @@ describe("uvmrec.data loader", function()
                     placement = "managed" }
     end, "loader: the generator (placement 'managed') keeps the ids it draws; table 1 draws from an id space of 500 "
       .. "and rows = 10 would take them modulo: use placement 'pinned' (the threaded loader reduces them)")
+    -- past the 26th table too (the check looked at 26 and let table 30's ids through unreduced)
+    local t30, r30 = {}, {}
+    for i = 1, 30 do t30[i], r30[i] = { name = "C" .. i, rows = 10, id_space = i == 30 and 500 or 0 }, 10 end
+    local wide = data.synthetic_spec { seed = 2, num_dense = 2, tables = t30 }
+    assert.has_error(function()
+      data.loader { data = { kind = "synthetic", spec = wide }, samples = 64, batch_size = 64, rows = r30,
+                    placement = "managed" }
+    end, "loader: the generator (placement 'managed') keeps the ids it draws; table 30 draws from an id space of 500 "
+      .. "and rows = 10 would take them modulo: use placement 'pinned' (the threaded loader reduces them)")
+    assert.has_error(function()
+      data.loader { data = { kind = "synthetic", spec = wide }, samples = 64, batch_size = 64, rows = { 10, 10 },
+                    placement = "managed" }
+    end, "loader: 2 table sizes (rows) for synthetic data of 30 tables; expected one a table, or one for every table")
     -- rows 0 (raw ids) or rows the space fits in leave the ids as drawn
     local l = assert(data.loader { data = { kind = "synthetic", spec = spec }, samples = 64, batch_size = 64,
                                    rows = 0, placement = "managed" })

@@ -227,6 +227,34 @@ static ur_status check_mod(const ur_loader *l, const char *dir) {
   return UR_STATUS_OK;
 }
 
+/* The sizes each of the source's tables' ids are taken modulo (rows_mod; 0: raw): opts.rows,
+ * one a table or one for all, else criteo.rows, which hold 26, the TSV format's tables: a wider
+ * source given those would read its tables past the 26th raw, ids beyond their tables, so it is
+ * refused, and told to give rows. */
+static ur_status set_rows(ur_loader *l, const ur_loader_opts *o, const char *what) {
+  if (o->rows) {
+    if (o->num_rows != 1 && o->num_rows != l->T)
+      return ur__error(UR_STATUS_INVALID, "loader: %d table sizes (rows) for %s, which has %d tables; "
+                       "expected one a table, or one for every table", (int)o->num_rows, what, (int)l->T);
+    for (int t = 0; t < l->T; t++) {
+      int64_t r = o->rows[o->num_rows == 1 ? 0 : t];
+      if (r < 0)
+        return ur__error(UR_STATUS_INVALID, "loader: rows of table %d (of %s) is %lld; expected a table "
+                         "size >= 1, or 0 (raw ids)", t + 1, what, (long long)r);
+      l->rows_mod[t] = r;
+    }
+    return UR_STATUS_OK;
+  }
+  int any = o->rows_given;
+  for (int t = 0; t < 26; t++) any |= o->criteo.rows[t] > 0;
+  if (any && l->T > 26)
+    return ur__error(UR_STATUS_INVALID, "loader: criteo.rows hold the sizes of 26 tables, but %s has %d: its "
+                     "tables 27 to %d would be read raw; give rows (num_rows: one a table, or one for all)",
+                     what, (int)l->T, (int)l->T);
+  for (int t = 0; t < l->T; t++) l->rows_mod[t] = t < 26 && o->criteo.rows[t] > 0 ? o->criteo.rows[t] : 0;
+  return UR_STATUS_OK;
+}
+
 /* The per-table arrays for T tables (T <= UR_SYNTH_MAX_TABLES, checked by the caller). */
 static ur_status alloc_tables(ur_loader *l, int32_t T) {
   l->T = T;
@@ -1087,12 +1115,13 @@ static ur_status open_source(ur_loader *l, const ur_loader_opts *o) {
     l->col0[l->T] = l->H;
     l->grouped = sp->groups > 0;
     l->total = o->samples;
-    for (int t = 0; t < l->T; t++) l->rows_mod[t] = t < 26 && o->criteo.rows[t] > 0 ? o->criteo.rows[t] : 0;
-    return UR_STATUS_OK;
+    return set_rows(l, o, "synthetic data");
   }
   if (o->source == UR_SOURCE_CRITEO_BIN) {
     if ((st = open_bin(l))) return st;
-    for (int t = 0; t < l->T; t++) l->rows_mod[t] = t < 26 && o->criteo.rows[t] > 0 ? o->criteo.rows[t] : 0;
+    char what[4200];
+    snprintf(what, sizeof what, "criteo-bin: %s", l->paths[0]);
+    if ((st = set_rows(l, o, what))) return st;
     l->rows_given = o->rows_given != 0;
     return check_mod(l, l->paths[0]);
   }
@@ -1101,7 +1130,10 @@ static ur_status open_source(ur_loader *l, const ur_loader_opts *o) {
   l->H = 26;
   for (int t = 0; t <= 26; t++) l->col0[t] = t;
   for (int t = 0; t < 26; t++) l->hot_max[t] = 1;
-  if ((st = ur_criteo_open(&l->tsv, (const char *const *)l->paths, o->npaths, &o->criteo))) return st;
+  if ((st = set_rows(l, o, "criteo-tsv"))) return st;
+  /* the reader takes the ids modulo the rows as it parses them */
+  for (int t = 0; t < 26; t++) l->o.criteo.rows[t] = l->rows_mod[t];
+  if ((st = ur_criteo_open(&l->tsv, (const char *const *)l->paths, o->npaths, &l->o.criteo))) return st;
   l->total = -1;
   if (o->world > 1) {
     /* A split by rows needs the count: one pass over the files first. */
@@ -1125,6 +1157,7 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
   l->o.paths = NULL;
   l->o.keys = NULL;
   l->o.synth = NULL;
+  l->o.rows = NULL; /* the caller's: read by open_source only */
   l->B = o->batch_size;
   l->njobs = -1;
   int bad = 0;

@@ -35,7 +35,11 @@ function M.open(o, spec, level)
   local B, T, D = o.batch_size, c.num_tables, c.num_dense
   -- ids are laid out as drawn: reducing them modulo rows is the threaded loader's work
   local rows = type(o.rows) == "table" and o.rows or { o.rows }
-  for i = 1, math.min(T, 26) do
+  if #rows > 1 and #rows ~= T then
+    error(("loader: %d table sizes (rows) for synthetic data of %d tables; expected one a table, or one for "
+      .. "every table"):format(#rows, T), level)
+  end
+  for i = 1, T do
     local r = rows[#rows == 1 and 1 or i]
     if r and r > 0 and tonumber(c.tables[i - 1].id_space) > r then
       error(("loader: the generator (placement '%s') keeps the ids it draws; table %d draws from an id space of %d "

@@ -39,8 +39,8 @@ end
 
 -- ---- Criteo TSV ----
 
--- raw: 0 is a size too (the loader keeps that table's ids raw, for managed collisions).
-local function rows_list(rows, level, raw)
+-- The TSV reader's 26 sizes (a number: the same for all), whole numbers from 1 to 2^32.
+local function rows_list(rows, level)
   if rows == nil then return nil end
   if type(rows) == "number" then
     local r = {}
@@ -51,9 +51,9 @@ local function rows_list(rows, level, raw)
     error("criteo: rows must be 26 table sizes (one per categorical column) or one number", level + 1)
   end
   for i, r in ipairs(rows) do
-    if type(r) ~= "number" or r < (raw and 0 or 1) or r > 2 ^ 32 or r ~= math.floor(r) then
-      error(("criteo: rows of C%d is %s; table sizes are whole numbers from 1 to 2^32%s"):format(i, tostring(r),
-        raw and ", or 0 (the table's raw ids)" or ""), level + 1)
+    if type(r) ~= "number" or r < 1 or r > 2 ^ 32 or r ~= math.floor(r) then
+      error(("criteo: rows of C%d is %s; table sizes are whole numbers from 1 to 2^32"):format(i, tostring(r)),
+        level + 1)
     end
   end
   return rows
@@ -62,12 +62,13 @@ end
 local TSV_OPTIONS = { "rows", "pad_missing_fields", "on_bad_line", "chunk_bytes" }
 
 -- opts: rows (26 sizes or one), pad_missing_fields, on_bad_line ("fail" or "skip"), chunk_bytes;
--- raw: a size 0 keeps the table's ids raw (the loader's, whose options hold its own keys too);
--- else any other key is refused, but extra (convert's days).
-local function criteo_opts(opts, level, raw, extra)
+-- any other key is refused, but extra (convert's days).  loader: the loader's options, which hold
+-- its own keys too, and its rows, which it gives the engine as rows of any count (a size 0 keeps
+-- the table's ids raw), not as the TSV reader's 26: they are left out here.
+local function criteo_opts(opts, level, loader, extra)
   opts = opts or {}
   if type(opts) ~= "table" then error("criteo: options must be a table, got " .. type(opts), level + 1) end
-  if not raw then
+  if not loader then
     local known = { unpack(TSV_OPTIONS) }
     known[#known + 1] = extra
     lib.known_keys(opts, known, "criteo", level + 1)
@@ -85,7 +86,7 @@ local function criteo_opts(opts, level, raw, extra)
   end
   o.skip_bad_lines = bad == "skip" and 1 or 0
   o.chunk_bytes = cb
-  local rows = rows_list(opts.rows, level + 1, raw)
+  local rows = not loader and rows_list(opts.rows, level + 1)
   for i = 1, 26 do o.rows[i - 1] = rows and rows[i] or 0 end
   return o
 end

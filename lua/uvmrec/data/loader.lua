@@ -79,6 +79,19 @@ local wrap, free_loader = lib.handle_type("ur_loader", close_c, { __index = meth
 
 local function L(l) return lib.ptr(l, "loader", 3) end
 
+-- The loader's rows as the engine takes them: int64_t[n], n (the engine checks n against the
+-- source's tables: one a table, or one for all).
+local function rows_array(rows, level)
+  if type(rows) == "number" then rows = { rows } end
+  if type(rows) ~= "table" or #rows == 0 then
+    error(("loader: rows is %s; expected a table size for every table, or a list of them, one a table")
+      :format(tostring(rows)), level + 1)
+  end
+  local arr = ffi.new("int64_t[?]", #rows)
+  for i, r in ipairs(rows) do arr[i - 1] = lib.whole(r, ("loader: rows of table %d"):format(i), level + 1) end
+  return arr, #rows
+end
+
 -- The next batch; nil at the end; nil, message when the reading failed (file and line named).
 function methods:next()
   local p = L(self)
@@ -117,9 +130,10 @@ end
 function methods:close() free_loader(self) end
 methods.free = methods.close
 
--- ur.data.loader{data = spec, batch_size =, samples = (synthetic), rows = (26 sizes or one: ids
--- mod rows, of files and of synthetic data's first 26 tables; 0: raw ids; given, even all 0, day
--- files convert reduced are read only where rows divide their sizes; nil: only read), depth = 4,
+-- ur.data.loader{data = spec, batch_size =, samples = (synthetic), rows = (one size a table of the
+-- source, whatever their count, or one for all: ids mod rows, of files and synthetic data; 0: raw
+-- ids; given, even all 0, day files convert reduced are read only where rows divide their sizes;
+-- nil: only read), depth = 4,
 -- threads = 0 (UR_NUM_THREADS, else every core), drop_last = false,
 -- shuffle_window = 0, seed = 0, epochs = 1, rank = 0, world = 1 (each rank reads its share of
 -- the rows), slice_rank = 0, slice_world = 0 (> 1: batch_size is a global batch and each batch
@@ -153,6 +167,10 @@ function M.loader(o)
   co.criteo = require("uvmrec.data").criteo_opts(o, 2, true)
   -- sizes given, 0 (raw ids) included: day files convert reduced are checked against them
   co.rows_given = o.rows ~= nil and 1 or 0
+  if o.rows ~= nil then
+    keep.rows, co.num_rows = rows_array(o.rows, 2)
+    co.rows = keep.rows
+  end
   if src.kind == "synthetic" then
     local synthetic = require "uvmrec.data.synthetic"
     local spec = src.spec
