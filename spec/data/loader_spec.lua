@@ -404,6 +404,48 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
+  it("reads every day of a folder of more than 4096, in the order of N, and refuses a day's name written otherwise",
+      function()
+    -- day N holds one sample whose id is N; the files are written in an order readdir does not keep
+    local dir = cmd.tmpdir()
+    local N = 4200
+    local tmp = cmd.tmpdir()
+    local one = function(name, t, descr)
+      assert(data.npy_save(tmp .. "/" .. name, t, descr))
+      return cmd.slurp(tmp .. "/" .. name)
+    end
+    local dense = one("d.npy", ur.tensor({ 1, 1 }):fill(0.5))
+    local labels = one("l.npy", ur.tensor({ 1 }, { dtype = "i32" }):fill(1))
+    local header = one("s.npy", ur.tensor({ 1, 1 }, { dtype = "i32" }):fill(0))
+    header = header:sub(1, #header - 4)
+    local function put(path, bytes)
+      local f = assert(io.open(path, "wb"))
+      f:write(bytes)
+      f:close()
+    end
+    for i = 1, N do
+      local d = (i * 7919) % N -- every day once, out of order
+      put(("%s/day_%d_dense.npy"):format(dir, d), dense)
+      put(("%s/day_%d_labels.npy"):format(dir, d), labels)
+      put(("%s/day_%d_sparse.npy"):format(dir, d), header .. ffi.string(ffi.new("int32_t[1]", d), 4))
+    end
+    local l = assert(data.open("criteo-bin:" .. dir, { batch_size = 1000 }))
+    local ids = {}
+    for b in l:batches() do
+      for _, v in ipairs(b.sparse:values():totable()) do ids[#ids + 1] = v end
+    end
+    assert.equal(N, #ids, "every day read (4096 were, in readdir's order)")
+    for i = 1, N do assert.equal(i - 1, ids[i], "day " .. (i - 1)) end
+    -- day_01 would be read as day 1's files (twice, beside day_1): refused, named
+    put(dir .. "/day_01_dense.npy", dense)
+    local none, err = data.open("criteo-bin:" .. dir, { batch_size = 10 })
+    assert.is_nil(none)
+    assert.equal("criteo-bin: " .. dir .. "/day_01_dense.npy: not a day's name; expected day_N_dense.npy with N a "
+      .. "whole number from 0 to 2147483647 without leading zeros (as uvmrec convert and datagen write them)", err)
+    cmd.rmdir(dir)
+    cmd.rmdir(tmp)
+  end)
+
   it("shuffles within windows by seed: each epoch a permutation, the same for the same seed", function()
     local function run(seed, epochs)
       return rows_of(assert(data.loader { data = "synthetic:tiny", samples = 2500, batch_size = 256,

@@ -323,37 +323,85 @@ static ur_status bin_layout(ur_loader *l, const char *dir, int64_t columns, int6
   return UR_STATUS_OK;
 }
 
+/* N of a file named day_N_dense.npy, as convert and datagen name days: N in decimal, without a
+ * sign or leading zeros, below 2^31.  1: a day; 0: not a day's dense file; -1: a name of that
+ * shape whose N is written otherwise (day_01, day_+1, day_99999999999), which would be read as
+ * another day's files, or a day twice. */
+static int day_number(const char *name, int *out) {
+  if (strncmp(name, "day_", 4)) return 0;
+  const char *p = name + 4, *q = p;
+  while (*q >= '0' && *q <= '9') q++;
+  if (q == p) {
+    const char *r = p + (*p == '-' || *p == '+');
+    while (*r >= '0' && *r <= '9') r++;
+    return r > p + 1 && !strcmp(r, "_dense.npy") ? -1 : 0;
+  }
+  if (strcmp(q, "_dense.npy")) return 0;
+  if ((q - p > 1 && *p == '0') || q - p > 10) return -1;
+  long long n = strtoll(p, NULL, 10);
+  if (n > INT32_MAX) return -1;
+  *out = (int)n;
+  return 1;
+}
+
 static ur_status open_bin(ur_loader *l) {
   const char *dir = l->paths[0];
   DIR *dh = opendir(dir);
   if (!dh) return ur__error(UR_STATUS_IO, "criteo-bin: %s: cannot open the folder", dir);
-  int nums[4096], n = 0;
+  /* every day there, however many (grown by doubling), then in the order of N */
+  int *nums = NULL;
+  size_t n = 0, cap = 0;
   struct dirent *e;
-  while ((e = readdir(dh)) && n < 4096) {
-    int dn, len = 0;
-    if (sscanf(e->d_name, "day_%d_dense.npy%n", &dn, &len) == 1 && len == (int)strlen(e->d_name))
-      nums[n++] = dn;
+  ur_status st = UR_STATUS_OK;
+  while (!st && (e = readdir(dh))) {
+    int dn = 0, k = day_number(e->d_name, &dn);
+    if (k < 0)
+      st = ur__error(UR_STATUS_FORMAT, "criteo-bin: %s/%s: not a day's name; expected day_N_dense.npy with N "
+                     "a whole number from 0 to 2147483647 without leading zeros (as uvmrec convert and "
+                     "datagen write them)", dir, e->d_name);
+    if (k <= 0 || st) continue;
+    if (n == cap) {
+      size_t c2 = cap ? cap * 2 : 256;
+      int *grown = realloc(nums, c2 * sizeof *nums);
+      if (!grown) {
+        st = ur__error(UR_STATUS_OOM, "criteo-bin: %s: out of host memory for %zu day files", dir, c2);
+        break;
+      }
+      nums = grown;
+      cap = c2;
+    }
+    nums[n++] = dn;
   }
   closedir(dh);
-  if (!n) return ur__error(UR_STATUS_IO, "criteo-bin: %s: no day_N_dense.npy files", dir);
-  qsort(nums, (size_t)n, sizeof(int), day_cmp);
-  l->days = calloc((size_t)n, sizeof(day));
-  if (!l->days) return ur__error(UR_STATUS_OOM, "criteo-bin: out of host memory");
-  l->ndays = n;
+  if (!st && !n) st = ur__error(UR_STATUS_IO, "criteo-bin: %s: no day_N_dense.npy files", dir);
+  if (!st && n > INT32_MAX)
+    st = ur__error(UR_STATUS_FORMAT, "criteo-bin: %s: %zu day files; at most %d", dir, n, INT32_MAX);
+  if (st) {
+    free(nums);
+    return st;
+  }
+  qsort(nums, n, sizeof(int), day_cmp);
+  l->days = calloc(n, sizeof(day));
+  if (!l->days) {
+    free(nums);
+    return ur__error(UR_STATUS_OOM, "criteo-bin: out of host memory");
+  }
+  l->ndays = (int)n;
   int64_t first = 0;
-  ur_status st;
-  for (int i = 0; i < n; i++) {
-    if ((st = open_day(l, dir, nums[i], &l->days[i]))) return st;
+  for (size_t i = 0; i < n && !st; i++) {
+    if ((st = open_day(l, dir, nums[i], &l->days[i]))) break;
     l->days[i].first = first;
     first += l->days[i].rows;
     const day *d0 = &l->days[0], *d = &l->days[i];
     if (d->dense.info.shape[1] != d0->dense.info.shape[1] || d->sparse.info.shape[1] != d0->sparse.info.shape[1])
-      return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s: day %d's shapes differ from day %d's", dir,
-                       nums[i], nums[0]);
-    if (d->have_weights != d0->have_weights || d->have_groups != d0->have_groups)
-      return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s: day %d has weights or groups where day %d has not",
-                       dir, nums[i], nums[0]);
+      st = ur__error(UR_STATUS_FORMAT, "criteo-bin: %s: day %d's shapes differ from day %d's", dir,
+                     nums[i], nums[0]);
+    else if (d->have_weights != d0->have_weights || d->have_groups != d0->have_groups)
+      st = ur__error(UR_STATUS_FORMAT, "criteo-bin: %s: day %d has weights or groups where day %d has not",
+                     dir, nums[i], nums[0]);
   }
+  free(nums);
+  if (st) return st;
   l->total = first;
   l->weighted = l->days[0].have_weights;
   l->grouped = l->days[0].have_groups;
