@@ -185,6 +185,43 @@ describe("uvmrec.serve", function()
     cmd.rmdir(dir)
   end)
 
+  it("reads the training run's held-out day files with the model's table sizes (predict and eval without --data)",
+      function()
+    local dir = cmd.tmpdir()
+    local sample = h.fixture("criteo_raw_sample.tsv")
+    local cfg = h.tiny { "data.train=criteo-bin:" .. dir .. "/train", "data.eval=criteo-bin:" .. dir .. "/eval",
+                         "train.steps=2", "train.batch_size=256", "eval.samples=1000", "eval.batch_size=500",
+                         "eval.min_auc=0" }
+    local train = require "uvmrec.train"
+    local rows = train.config.table_rows(cfg)
+    local other = {}
+    for i, r in ipairs(rows) do other[i] = r + 1 end
+    for _, d in ipairs { "train", "eval" } do
+      os.execute("mkdir -p " .. cmd.quote(dir .. "/" .. d))
+      assert(ur.data.convert({ sample }, dir .. "/" .. d, { rows = rows }))
+    end
+    cfg.train.checkpoint_every = 2
+    assert(train.run(cfg, { out = dir .. "/run", progress = "none", cpu = true, print = function() end }))
+    local path = dir .. "/m.safetensors"
+    assert(require("uvmrec.serve.export").run(dir .. "/run", { out = path, tables = "f32" }))
+    local out, err, code = cmd.run(("predict %s --out %s/a.txt"):format(path, dir))
+    assert.equal(0, code, err)
+    assert.matches("predict: 1000 samples of criteo%-bin:", out)
+    -- the held-out days converted again by sizes that do not divide the model's: ids mod 'other'
+    -- are not the rows the model maps the raw ids to; read raw, they were scored as if they were
+    assert(ur.data.convert({ sample }, dir .. "/eval", { rows = other }))
+    local want = ("criteo-bin: %s/eval/day_0's ids of C1 were taken mod %d (uvmrec convert --rows; "
+      .. "day_0_sparse_rows.npy) but are read mod %d rows, which does not divide it"):format(dir, other[1], rows[1])
+    out, err, code = cmd.run(("predict %s --out %s/b.txt"):format(path, dir))
+    assert.equal(1, code, out)
+    assert.matches(want, err, 1, true)
+    assert.is_nil(io.open(dir .. "/b.txt"))
+    out, err, code = cmd.run("eval " .. cmd.quote(path) .. " --cpu")
+    assert.equal(1, code, out)
+    assert.matches(want, err, 1, true)
+    cmd.rmdir(dir)
+  end)
+
   it("refuses truncated, foreign and mismatched files, naming the file and the reason", function()
     local good = h.exported("tiny", { tables = "int8" })
     local dir = cmd.tmpdir()

@@ -140,7 +140,7 @@ end
 -- ---- data ----
 
 -- Loader options for scoring data with model m: spec nil or "held-out" (the training run's
--- held-out samples, as its final evaluation read them), a synthetic spec (the same samples),
+-- held-out samples, as its final evaluation read them, rows included), a synthetic spec (the same samples),
 -- or criteo-tsv / criteo-bin files (all of them; ids taken modulo the tables' rows as the
 -- model maps raw ids, so that day files convert reduced by other rows are refused as training
 -- refuses them; TSV lines of 15 to 39 fields padded when the training run padded them,
@@ -159,7 +159,9 @@ function M.data(m, spec, opts)
     if not d.eval then return nil, "serve: the model's training run has no held-out data; give --data SPEC" end
     local o = {}
     for k, v in pairs(d.eval) do o[k] = v end
-    o.batch_size, o.placement, o.rows = bs, "host", nil
+    -- rows as the training run's evaluation read them (the model's table sizes): its day files
+    -- are then checked against the sizes convert took their ids modulo, as --data's are
+    o.batch_size, o.placement = bs, "host"
     if opts.samples and o.samples and o.position then
       o.samples = math.min(o.samples, o.position.sample + opts.samples)
     end
