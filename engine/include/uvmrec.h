@@ -590,7 +590,9 @@ typedef struct ur_loader_opts {
   const char *const *paths;       /* TSV files, or one folder of day files */
   const ur_synth_spec *synth;     /* UR_SOURCE_SYNTHETIC */
   int64_t samples;                /* synthetic samples per epoch */
-  const char *const *keys;        /* names of the sparse features (NULL: C1, C2, ...) */
+  const char *const *keys;        /* num_keys names of the sparse features, one a table of the
+                                     source (NULL: C1, C2, ...) */
+  int32_t num_keys;
   ur_criteo_opts criteo;          /* TSV options; without `rows`, criteo.rows also reduce day
                                      files' and synthetic data's ids on read, for a source of at
                                      most 26 tables (more are refused where any is > 0) */

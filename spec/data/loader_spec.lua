@@ -770,6 +770,31 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
+  it("refuses key names for other than the source's tables (fewer were read past their end)", function()
+    local dir = cmd.tmpdir()
+    assert(data.convert({ SAMPLE1 }, dir))
+    -- in a process of its own: the loader read keys[2..25] past the two names, and crashed
+    local lua = ("print(pcall(require('uvmrec').data.open, 'criteo-bin:%s', { batch_size = 10, keys = { 'a', 'b' } }))")
+      :format(dir)
+    local out, err, code = cmd.sh(cmd.quote(cmd.bin()) .. " -e " .. cmd.quote(lua))
+    assert.equal(0, code, err)
+    assert.equal(("false\tloader: 2 key names for criteo-bin: %s, which has 26 tables; expected one a table\n")
+      :format(dir), (out:gsub("\t[^\t]-:%d+: ", "\t", 1)))
+    local spec = data.synthetic_spec { seed = 1, num_dense = 1, tables = { { name = "a", rows = 10 } } }
+    for _, placement in ipairs { "pinned", "managed" } do
+      assert.has_error(function()
+        data.loader { data = { kind = "synthetic", spec = spec }, samples = 8, batch_size = 4, keys = { "a", "b" },
+                      placement = placement }
+      end, "loader: 2 key names for synthetic data, which has 1 tables; expected one a table")
+    end
+    local names = {}
+    for i = 1, 26 do names[i] = "f" .. i end
+    local l = assert(data.open("criteo-bin:" .. dir, { batch_size = 10, keys = names }))
+    assert.same(names, l:next().sparse:keys())
+    l:close()
+    cmd.rmdir(dir)
+  end)
+
   it("says which allocation failed when its slots do not fit in memory", function()
     -- The process's address space is capped, so the slots fail the same way on any machine.
     if (os.getenv("LD_PRELOAD") or ""):match("libasan") then

@@ -227,11 +227,20 @@ static ur_status check_mod(const ur_loader *l, const char *dir) {
   return UR_STATUS_OK;
 }
 
+/* What the loader reads, for its errors: "criteo-bin: DIR", "criteo-tsv", "synthetic data". */
+static const char *source_name(const ur_loader *l, char *buf, size_t n) {
+  if (l->o.source == UR_SOURCE_CRITEO_BIN) snprintf(buf, n, "criteo-bin: %s", l->paths[0]);
+  else snprintf(buf, n, "%s", l->o.source == UR_SOURCE_CRITEO_TSV ? "criteo-tsv" : "synthetic data");
+  return buf;
+}
+
 /* The sizes each of the source's tables' ids are taken modulo (rows_mod; 0: raw): opts.rows,
  * one a table or one for all, else criteo.rows, which hold 26, the TSV format's tables: a wider
  * source given those would read its tables past the 26th raw, ids beyond their tables, so it is
  * refused, and told to give rows. */
-static ur_status set_rows(ur_loader *l, const ur_loader_opts *o, const char *what) {
+static ur_status set_rows(ur_loader *l, const ur_loader_opts *o) {
+  char what[4200];
+  source_name(l, what, sizeof what);
   if (o->rows) {
     if (o->num_rows != 1 && o->num_rows != l->T)
       return ur__error(UR_STATUS_INVALID, "loader: %d table sizes (rows) for %s, which has %d tables; "
@@ -1163,13 +1172,11 @@ static ur_status open_source(ur_loader *l, const ur_loader_opts *o) {
     l->col0[l->T] = l->H;
     l->grouped = sp->groups > 0;
     l->total = o->samples;
-    return set_rows(l, o, "synthetic data");
+    return set_rows(l, o);
   }
   if (o->source == UR_SOURCE_CRITEO_BIN) {
     if ((st = open_bin(l))) return st;
-    char what[4200];
-    snprintf(what, sizeof what, "criteo-bin: %s", l->paths[0]);
-    if ((st = set_rows(l, o, what))) return st;
+    if ((st = set_rows(l, o))) return st;
     l->rows_given = o->rows_given != 0;
     return check_mod(l, l->paths[0]);
   }
@@ -1178,7 +1185,7 @@ static ur_status open_source(ur_loader *l, const ur_loader_opts *o) {
   l->H = 26;
   for (int t = 0; t <= 26; t++) l->col0[t] = t;
   for (int t = 0; t < 26; t++) l->hot_max[t] = 1;
-  if ((st = set_rows(l, o, "criteo-tsv"))) return st;
+  if ((st = set_rows(l, o))) return st;
   /* the reader takes the ids modulo the rows as it parses them */
   for (int t = 0; t < 26; t++) l->o.criteo.rows[t] = l->rows_mod[t];
   if ((st = ur_criteo_open(&l->tsv, (const char *const *)l->paths, o->npaths, &l->o.criteo))) return st;
@@ -1206,6 +1213,7 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
   l->o.keys = NULL;
   l->o.synth = NULL;
   l->o.rows = NULL; /* the caller's: read by open_source only */
+  /* keys and rows name the source's tables one for one, known once it is open */
   l->B = o->batch_size;
   l->njobs = -1;
   int bad = 0;
@@ -1217,6 +1225,11 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
   }
   if (bad) st = ur__error(UR_STATUS_OOM, "loader: out of host memory");
   if (!st) st = open_source(l, o);
+  if (!st && o->keys && o->num_keys != l->T) { /* fewer would be read past their end */
+    char what[4200];
+    st = ur__error(UR_STATUS_INVALID, "loader: %d key names for %s, which has %d tables; expected one a table",
+                   (int)o->num_keys, source_name(l, what, sizeof what), (int)l->T);
+  }
   if (!st) {
     l->one_hot = 1;
     for (int t = 0; t < l->T; t++) l->one_hot &= l->hot_max[t] == 1;

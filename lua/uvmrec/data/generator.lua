@@ -76,6 +76,10 @@ function M.open(o, spec, level)
   self.st.epoch, self.st.sample = self.epoch, self.k
   self.st.samples_per_epoch = self.hi - self.lo
   local names = o.keys or {}
+  if o.keys and #o.keys ~= T then
+    error(("loader: %d key names for synthetic data, which has %d tables; expected one a table"):format(#o.keys, T),
+      level)
+  end
   self.key_arr = ffi.new("const char *[?]", math.max(T, 1))
   for t = 1, T do
     self.keys[t] = names[t] or spec.tables[t].name or ("C" .. t)

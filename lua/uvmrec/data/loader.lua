@@ -205,7 +205,7 @@ function M.loader(o)
     local keys = ffi.new("const char *[?]", #o.keys + 1)
     for i, k in ipairs(o.keys) do keys[i - 1] = k end
     keep.keys, keep.klist = keys, o.keys
-    co.keys = keys
+    co.keys, co.num_keys = keys, #o.keys
   end
   co.batch_size = o.batch_size or error("loader: batch_size is required", 2)
   co.depth = o.depth or 4
