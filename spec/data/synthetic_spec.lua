@@ -224,6 +224,22 @@ describe("uvmrec.data synthetic", function()
                 assert(data.generate(same, 5, 500)).ids:totable())
     assert.has_error(function() data.synthetic_spec { tables = { { rows = 5, id_space = -2 } } } end,
       "synthetic: table 1 has an id space of -2; expected 1..2^40, or 0 (its rows)")
+    -- a factor whose space is past 2^40 is named with the product (its int64_t cast was named:
+    -- 'an id space of -9223372036854775808'); one that rounds to no id would read as the rows
+    local function factor(x, rows)
+      local err = select(2, pcall(data.synthetic_spec, { seed = 1, num_dense = 1, id_space_factor = x,
+                                                         tables = { { rows = rows or 1e8 } } }))
+      return (tostring(err):gsub("^[^\n]-:%d+: ", ""))
+    end
+    assert.equal("synthetic: table 1's id space, id_space_factor 1000000000000 x 100000000 rows, is 1e+20; "
+      .. "expected 1 to 2^40", factor(1e12))
+    assert.equal("synthetic: table 1's id space, id_space_factor 1.0000000000000001e-09 x 100 rows, is 0; "
+      .. "expected 1 to 2^40", factor(1e-9, 100))
+    local why = "expected a number >= 0 (ids drawn from that many times each table's rows; 0: the rows)"
+    assert.equal("synthetic: id_space_factor is nan; " .. why, factor(0 / 0))
+    assert.equal("synthetic: id_space_factor is -1; " .. why, factor(-1))
+    assert.equal(0, tonumber(data.synthetic_spec({ seed = 1, num_dense = 1, id_space_factor = 0,
+                                                   tables = { { rows = 7 } } }).cspec.tables[0].id_space))
   end)
 
   it("moves the hot ids with drift: rank r of sample i is the undrifted rank r + floor(i drift)", function()

@@ -55,6 +55,11 @@ function M.spec(s, overrides, level)
   for _, k in ipairs { "num_dense", "seed", "groups" } do
     if s[k] ~= nil then lib.element(s[k], "i64", "synthetic: " .. k, nil, level + 1) end
   end
+  local factor = s.id_space_factor
+  if factor ~= nil and not (type(factor) == "number" and factor >= 0 and factor < math.huge) then
+    error(("synthetic: id_space_factor is %s; expected a number >= 0 (ids drawn from that many times each "
+      .. "table's rows; 0: the rows)"):format(tostring(factor)), level + 1)
+  end
   local tabs = s.tables or {}
   if #tabs > MAX_TABLES then
     error(("synthetic: %d tables; expected at most %d"):format(#tabs, MAX_TABLES), level + 1)
@@ -95,7 +100,13 @@ function M.spec(s, overrides, level)
     end
     ct.weighted = t.weighted and 1 or 0
     ct.signal = t.signal or default_signal
-    ct.id_space = t.id_space or (s.id_space_factor and math.floor(s.id_space_factor * t.rows + 0.5)) or 0
+    local space = t.id_space or (factor and math.floor(factor * t.rows + 0.5)) or 0
+    -- the product itself, not what its cast to int64_t makes of it; nor 0, which reads as the rows
+    if not t.id_space and factor and factor > 0 and (space > 2 ^ 40 or space < 1) then
+      error(("synthetic: table %d's id space, id_space_factor %.17g x %.17g rows, is %.17g; expected 1 to 2^40")
+        :format(i, factor, t.rows, space), level + 1)
+    end
+    ct.id_space = space
     t.name = t.name or ("C" .. i)
     s.hot_max[i] = ct.hot_max
   end
