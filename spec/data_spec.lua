@@ -288,6 +288,21 @@ describe("uvmrec.data convert", function()
     assert.same({ 5, 2 }, st.days)
     assert.same({ 1000 }, data.npy_load(dir .. "/day_5_labels.npy"):size())
     assert.same({ 400 }, data.npy_load(dir .. "/day_2_labels.npy"):size())
+    -- a name's day past int32_t was wrapped: day_4294967296.tsv wrote day_-2147483648, which no loader reads
+    local big = dir .. "/in/day_4294967296.tsv"
+    os.execute(("mkdir -p %s/in %s/out && cp %s %s"):format(dir, dir, cmd.quote(SAMPLE2), cmd.quote(big)))
+    local ok, err = pcall(data.convert, { SAMPLE1, big }, dir .. "/out")
+    assert.is_false(ok)
+    assert.equal("criteo convert: " .. big .. ": its name gives day 4294967296; days run from 0 to 2147483647 "
+      .. "(give days = {...})", err)
+    assert.same({}, require("uvmrec.lib").dir_list(dir .. "/out", "day_", ".npy") or {})
+    -- and the C API refuses a day below 0 before reading anything
+    local days = ffi.new("int32_t[2]", { 0, -2147483648 })
+    local paths = ffi.new("const char *[2]", { SAMPLE1, SAMPLE2 })
+    assert.equal(ur.C.UR_STATUS_INVALID, ur.C.ur_criteo_convert(paths, 2, nil, nil, dir .. "/out", days))
+    assert.equal("criteo convert: days[1] is -2147483648; expected a whole number from 0 (loaders read day_N for N "
+      .. "from 0)", ffi.string(ur.C.ur_last_error()))
+    assert.same({}, require("uvmrec.lib").dir_list(dir .. "/out", "day_", ".npy") or {})
     cmd.rmdir(dir)
   end)
 

@@ -545,6 +545,10 @@ int32_t ur_criteo_file_index(const ur_criteo_reader *r) {
 ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_criteo_stats *out,
                             const ur_criteo_opts *opts, const char *out_dir, const int32_t *days) {
   UR__ARGS(paths, out_dir);
+  for (int32_t i = 0; days && i < npaths; i++)
+    if (days[i] < 0)
+      return ur__error(UR_STATUS_INVALID, "criteo convert: days[%d] is %d; expected a whole number from 0 "
+                       "(loaders read day_N for N from 0)", (int)i, (int)days[i]);
   ur_criteo_reader *r;
   ur_status st = ur_criteo_open(&r, paths, npaths, opts);
   if (st) return st;

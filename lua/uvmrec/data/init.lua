@@ -200,7 +200,13 @@ function M.convert(paths, out_dir, opts)
     days = ffi.new("int32_t[?]", n)
     for i, p in ipairs(list) do
       local d = p:match("day_(%d+)[^/]*$")
-      days[i - 1] = d and tonumber(d) or i - 1
+      d = d and tonumber(d)
+      -- the int32_t would wrap it (day_4294967296 wrote day_-2147483648, which no loader reads)
+      if d and d > 2 ^ 31 - 1 then
+        error(("criteo convert: %s: its name gives day %s; days run from 0 to 2147483647 (give days = {...})")
+          :format(p, ("%.0f"):format(d)), 2)
+      end
+      days[i - 1] = d or i - 1
     end
     -- Names that give the same day twice fall back to input order.
     local seen = {}
