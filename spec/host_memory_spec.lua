@@ -42,6 +42,16 @@ describe("uvmrec.host_memory", function()
     assert.equal(files, need.items[4].bytes)
     -- 5 slots (3 ahead, 2 held) of 1024 samples: dense, label, and per table an id, a length and an offset
     assert.equal(5 * (1024 * (13 * 4 + 4 + 8 + 26 * 12 + 26 * 4 + 26 * 8) + 8), need.items[3].bytes)
+    -- multi-hot day files: an id slot a column, H of them (a column a table counted 26)
+    out, err, code = cmd.run(("datagen tiny_multihot --out %s/multi --samples 500 --cpu"):format(dir))
+    assert.equal(0, code, out .. err)
+    local f = assert(io.open(dir .. "/multi/day_0_sparse.npy", "rb"))
+    local H = assert(ur.data.npy_header(f:read(4096))).shape[2]
+    f:close()
+    assert.is_true(H > 26, "columns " .. H)
+    need = host_memory.count(cfg, { data = "criteo-bin:" .. dir .. "/multi", batch_size = 1024, depth = 3,
+                                    threads = 2 }, false)
+    assert.equal(5 * (1024 * (13 * 4 + 4 + 8 + H * 12 + 26 * 4 + 26 * 8) + 8), need.items[3].bytes)
     cmd.rmdir(dir)
   end)
 

@@ -37,6 +37,20 @@ local function day_files(dir)
   return total
 end
 
+-- The id columns of day-file folder dir (a multi-hot table takes several; uvmrec datagen): the
+-- first day's day_N_sparse.npy's [N, columns]; nil when there is none to read.
+local function day_columns(dir)
+  for _, name in ipairs(require("uvmrec.lib").dir_list(dir, "day_", "_sparse.npy") or {}) do
+    local f = name:match("^day_%d+_sparse%.npy$") and io.open(dir .. "/" .. name, "rb")
+    if f then
+      local head = f:read(4096) or ""
+      f:close()
+      local h = require("uvmrec.data").npy_header(head, name)
+      return h and h.shape[2]
+    end
+  end
+end
+
 -- The loader's slots and windows for loader options o (ur.data.loader's) over data of the
 -- given shape; 0 when the generator draws on the GPU.
 local function loader_bytes(o, columns, tables, dense)
@@ -73,13 +87,15 @@ function M.count(cfg, loader, gpu)
                   { what = "their optimizer state", bytes = states } }
   if loader then
     local spec = type(loader.data) == "table" and loader.data.spec
+    local dir = type(loader.data) == "string" and loader.data:match("^criteo%-bin:(.+)$")
     if spec then -- synthetic: its tables' ids per sample
       columns = 0
       for _, h in ipairs(spec.hot_max) do columns = columns + h end
+    elseif dir then -- day files: their columns (a table a column was counted, a multi-hot one's short)
+      columns = day_columns(dir) or columns
     end
     items[#items + 1] = { what = "the loader's buffers",
                           bytes = loader_bytes(loader, columns, #rows, cfg.model.dense_features) }
-    local dir = type(loader.data) == "string" and loader.data:match("^criteo%-bin:(.+)$")
     if dir then items[#items + 1] = { what = "the day files in the page cache", bytes = day_files(dir) } end
   end
   local total = 0
