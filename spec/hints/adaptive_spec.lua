@@ -88,6 +88,8 @@ describe("uvmrec.hints.adaptive", function()
       assert.equal("host", rec.rank_on)
     end
     assert.is_true(swapped > 0, "the drift swapped no row")
+    -- a gap is one table's: the policy held the last table's in one field (policy.gap)
+    assert.is_nil(rawget(mgr.tables[1].policy, "gap"))
     mgr:free()
   end)
 

@@ -25,8 +25,9 @@ function P:plan(stats, allowance)
       s.sorted = true
     else
       local have, best = stats:prefix_accesses(k), stats.access:accesses(k)
-      self.gap = (best - have) / stats.total
-      if self.gap > self.opts.margin then
+      -- this table's alone: a field of the policy held only the last table's
+      local gap = (best - have) / stats.total
+      if gap > self.opts.margin then
         actions[#actions + 1] = hints.relayout { swap = k, band = self.opts.band }
       end
     end
