@@ -4,6 +4,7 @@
 local hints = require "uvmrec.hints"
 
 local P = hints.policy("host")
+P.ignores_allowance = true -- the manager ranks no counters to split the allowance for it
 
 function P:plan(stats, allowance) -- luacheck: ignore 212
   if self.done[stats.name] then return {} end

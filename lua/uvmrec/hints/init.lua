@@ -8,7 +8,9 @@
 --              (the layout, host i64 [rows] or nil), prefix_rows(bytes) (the most leading rows
 --              whose pages fit), placed_bytes(k), prefix_accesses(k)}
 --   allowance: the bytes of HBM the policy may place for this table (the manager splits the
---              embeddings' allowance over tables by their counts)
+--              embeddings' allowance over tables by their counts, which costs a ranking of
+--              each table's counters; a class that sets P.ignores_allowance = true, as none and
+--              host do, is given 0 and its tables are neither ranked nor counted in the split)
 -- and returning a list of actions, each on a range of physical rows [first, first + rows),
 -- with optionally actions.hot_rows: how many leading rows it now keeps on the GPU (its view):
 --   hints.advise(first, rows, advice, location)   -- preferred_location, accessed_by, ...
@@ -480,8 +482,10 @@ function Manager:_split(all)
   -- tables with an allowance of their own take it (whole pages of it); the others split the rest
   local stats, idx, shares_all = {}, {}, {}
   for i, s in ipairs(all) do
-    local own = self.tables[i].allowance
-    if own then
+    local own, pol = self.tables[i].allowance, self.tables[i].policy
+    if pol.ignores_allowance then
+      shares_all[i] = 0 -- nothing to split for it: its counters are not ranked (none's and host's)
+    elseif own then
       shares_all[i] = math.min(own, s:placed_bytes(s.rows))
     else
       stats[#stats + 1], idx[#stats + 1] = s, i
@@ -494,13 +498,14 @@ end
 
 function Manager:_split_shared(stats)
   local A, shares = self.allowance, {}
-  local counted = 0
+  local counted, total = 0, 0 -- total: their bytes (the tables of policies that ignore it left out)
   for i, s in ipairs(stats) do
     shares[i] = 0
     counted = counted + s.total
+    total = total + s.rows * s.row_bytes
   end
   if counted == 0 then
-    for i, s in ipairs(stats) do shares[i] = math.floor(A * s.rows * s.row_bytes / self.total_bytes) end
+    for i, s in ipairs(stats) do shares[i] = math.floor(A * s.rows * s.row_bytes / total) end
     return shares
   end
   self.counted = true
@@ -542,7 +547,7 @@ function Manager:_split_shared(stats)
   if left > 0 then
     for i, s in ipairs(stats) do
       local room = s:placed_bytes(s.rows) - shares[i]
-      local give = math.max(0, math.min(room, math.floor(left * s.rows * s.row_bytes / self.total_bytes)))
+      local give = math.max(0, math.min(room, math.floor(left * s.rows * s.row_bytes / total)))
       shares[i] = shares[i] + give
     end
   end
