@@ -405,6 +405,52 @@ describe("uvmrec.hints in training", function()
                    .. "nor a percentage ('20%')", err, 1, true)
   end)
 
+  it("takes a policy's options from the config, as a default and per table (hints.options)", function()
+    -- embeddings.hints had no options key: adaptive's margin and band could not be set from a config
+    local path = os.tmpname() .. ".lua"
+    cmd.spit(path, [[
+local P = require("uvmrec.hints").policy("keep", { keep = 0 }, { keep = { 0, 4 } })
+function P:plan() return { hot_rows = self.opts.keep } end
+return P
+]])
+    local last = last_interval { "train.steps=3", "embeddings.placement=managed", "embeddings.hints.policy=" .. path,
+                                 "embeddings.hints.options.keep=3", "embeddings.tables.C2.hints.policy=" .. path,
+                                 "embeddings.tables.C2.hints.options.keep=2" }
+    os.remove(path)
+    assert.equal(3, last.tables.C1.hot_rows)
+    assert.equal(2, last.tables.C2.hot_rows)
+    assert.equal(3, last.tables.C3.hot_rows)
+    -- a built-in's, through the training run
+    local want = run { "train.steps=7", "embeddings.placement=host" }
+    assert.same(want, run { "train.steps=7", "embeddings.placement=managed", "embeddings.hints.policy=adaptive",
+                            "embeddings.hints.options.margin=0", "embeddings.hints.options.band=0.5" })
+  end)
+
+  it("refuses a policy's bad option at its place in the config, before anything is built", function()
+    local obj = os.tmpname() .. ".lua"
+    cmd.spit(obj, "return { name = 'obj', plan = function() return {} end }\n")
+    for _, c in ipairs {
+      { { "embeddings.hints.policy=adaptive", "embeddings.hints.options.margin=1" },
+        "embeddings.hints.options.margin: policy 'adaptive': margin is 1; expected a number in [0, 1)" },
+      { { "embeddings.hints.policy=adaptive", "embeddings.hints.options.marign=0.1" },
+        "embeddings.hints.options.marign: policy 'adaptive': unknown option 'marign'; expected band, margin" },
+      { { "embeddings.hints.options.margin=0.1" },
+        "embeddings.hints.options.margin: policy 'hot_prefix' takes no options; got 'margin'" },
+      { { "embeddings.hints.policy=" .. obj, "embeddings.hints.options.margin=0.1" },
+        "embeddings.hints.options.margin: policy '" .. obj .. "' is an object, which takes no options; got 'margin'" },
+      { { "embeddings.placement=managed", "embeddings.tables.C2.hints.options.band=1" },
+        "embeddings.tables.C2.hints.options: options without a policy of table C2's own (embeddings.hints.options "
+        .. "are the default policy's); give embeddings.tables.C2.hints.policy" },
+      { { "embeddings.tables.C2.hints.policy=adaptive", "embeddings.tables.C2.hints.options.band=-1" },
+        "embeddings.tables.C2.hints.options.band: policy 'adaptive': band is -1; expected a number in [0, inf)" },
+    } do
+      local cfg, err = train.config.load(assert(train.find_config("dlrm_tiny")), c[1])
+      assert.is_nil(cfg, c[2])
+      assert.matches(c[2], err, 1, true)
+    end
+    os.remove(obj)
+  end)
+
   it("says a policy's failure mid-run by its policy and table, not by a place in the trainer", function()
     -- it said 'uvmrec train: .../lua/uvmrec/train/hooks.lua:193: hints: policy late, ...'
     local path = os.tmpname() .. ".lua"

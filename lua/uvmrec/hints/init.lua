@@ -136,6 +136,11 @@ function M.new(spec, opts)
   if type(P) ~= "table" or type(P.plan) ~= "function" then
     error(("hints: policy '%s' has no plan(stats, allowance) method"):format(spec), 2)
   end
+  if not P.new and opts ~= nil and next(opts) ~= nil then
+    -- an object, not a class (hints.policy's): nothing would take them
+    error(("hints: policy '%s' is an object, which takes no options; got '%s' (make it with hints.policy to "
+      .. "give it options)"):format(spec, tostring(next(opts))), 2)
+  end
   return P.new and P.new(opts) or P
 end
 

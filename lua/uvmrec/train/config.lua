@@ -57,6 +57,7 @@ M.schema = map({
       sharding = enum(M.SHARDINGS),                            -- this table's (default: embeddings.sharding)
       rank = int { min = 0 },                                  -- table_wise: its rank (default: the least loaded)
       hints = map { policy = string {},                        -- this table's hint policy
+                    options = dict(number {}),                 -- its options (with its policy)
                     allowance = string {} },                   -- its own HBM ('20%' of its bytes, '1GiB')
       cache = map { load_factor = number { min = 0, max = 1 } }, -- its own cache size (placement cached)
       collisions = collisions_schema(),                        -- this table's managed collisions
@@ -65,6 +66,7 @@ M.schema = map({
                                                                -- ids to rows by policy, not modulo
     hints = map {                                              -- managed tables (uvmrec.hints)
       policy = string { default = "hot_prefix" },              -- none, host, hot_prefix, adaptive, or a .lua file
+      options = dict(number {}),                               -- the policy's: adaptive's {margin: 0.05}
       every = int { min = 1, default = 100 },                  -- steps between the policy's intervals
       allowance = string { default = "100%" },                 -- HBM for managed tables: '20%' or '8GiB'
       decay = number { min = 0, max = 1, default = 1 },        -- counts *= decay after each interval
@@ -158,6 +160,26 @@ function M.check_policy(name)
     table.concat(require("uvmrec.hints").BUILTIN, ", "))
 end
 
+-- A hint policy's options (embeddings.hints.options, a table's hints.options), checked by the
+-- policy itself as hints.new checks those of the Lua API (its ranges, its keys): nil, or the
+-- path of the value to blame (under `at`, the hints section) and the message.  One key at a time,
+-- so that the message falls on the key it names.
+function M.check_options(at, policy, options)
+  if options == nil or next(options) == nil then return nil end
+  local hints = require "uvmrec.hints"
+  local function why(err) return (tostring(err):gsub("^[^\n]-:%d+: ", ""):gsub("^hints: ", "")) end
+  local ok, err = pcall(hints.new, policy) -- a policy file that does not load is the policy's fault
+  if not ok then return at .. ".policy", why(err) end
+  local keys = {}
+  for k in pairs(options) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    ok, err = pcall(hints.new, policy, { [k] = options[k] })
+    if not ok then return at .. ".options." .. k, why(err) end
+  end
+  return nil
+end
+
 -- Checks between values: nil, or the message at the position of the value to change.
 function M.check(cfg)
   local function fail(path, msg) return config.message(cfg, path, msg) end
@@ -203,6 +225,13 @@ function M.check(cfg)
     end
     local perr = t.hints and t.hints.policy and M.check_policy(t.hints.policy)
     if perr then return fail(at .. ".hints.policy", perr) end
+    if t.hints and t.hints.options and not t.hints.policy then
+      -- the manager gives the default policy embeddings.hints.options: these would be dropped
+      return fail(at .. ".hints.options", ("options without a policy of table %s's own (embeddings.hints.options "
+        .. "are the default policy's); give %s.hints.policy"):format(name, at))
+    end
+    local opath, oerr = M.check_options(at .. ".hints", t.hints and t.hints.policy, t.hints and t.hints.options)
+    if opath then return fail(opath, oerr) end
     local place = t.placement or e.placement
     local lf = t.cache and t.cache.load_factor
     if lf ~= nil then
@@ -255,6 +284,8 @@ function M.check(cfg)
   end
   local perr = M.check_policy(e.hints.policy)
   if perr then return fail("embeddings.hints.policy", perr) end
+  local opath, oerr = M.check_options("embeddings.hints", e.hints.policy, e.hints.options)
+  if opath then return fail(opath, oerr) end
   local ok, aerr = pcall(require("uvmrec.hints").parse_allowance, e.hints.allowance, 1)
   if not ok then
     return fail("embeddings.hints.allowance", (tostring(aerr):gsub("^[^\n]-:%d+: ", ""):gsub("^hints: ", "")))

@@ -403,12 +403,12 @@ function M.hints(cfg, model)
   local per = {}
   for name, t in pairs(e.tables) do
     if t.hints and (t.hints.policy or t.hints.allowance) then
-      per[name] = { policy = t.hints.policy, allowance = t.hints.allowance }
+      per[name] = { policy = t.hints.policy, options = t.hints.options, allowance = t.hints.allowance }
     end
   end
-  return hints.manager(model.embeddings, { policy = e.hints.policy, every = e.hints.every,
-                                           allowance = e.hints.allowance, decay = e.hints.decay, tables = per,
-                                           monitor = e.hints.monitor })
+  return hints.manager(model.embeddings, { policy = e.hints.policy, options = e.hints.options,
+                                           every = e.hints.every, allowance = e.hints.allowance,
+                                           decay = e.hints.decay, tables = per, monitor = e.hints.monitor })
 end
 
 -- embeddings.far_rows: room in HBM for copies of the far rows each forward reads (every
