@@ -209,6 +209,54 @@ describe("uvmrec.tbe access counters", function()
     c:free()
   end)
 
+  it("rank host counters to a plain sort's order and sums: random, skewed, tied, wide and negative counts", function()
+    -- the CPU's radix sort carries each key beside its id and skips a digit every key shares: its
+    -- order must stay a sort by count (highest first) and id, whichever digits vary
+    local ffi = require "ffi"
+    local C = require("uvmrec.lib").C
+    local n = 30000
+    local c = assert(ur.tensor({ n }, { dtype = "i32" }))
+    local order = assert(ur.tensor({ n }, { dtype = "i64" }))
+    local cumsum = assert(ur.tensor({ n }, { dtype = "i64" }))
+    local p = ffi.cast("int32_t *", C.ur_tensor_data(c.p))
+    local o = ffi.cast("int64_t *", C.ur_tensor_data(order.p))
+    local cs = ffi.cast("int64_t *", C.ur_tensor_data(cumsum.p))
+    math.randomseed(7)
+    local fills = {
+      -- every digit varies
+      uniform = function() return math.random(0, 2 ^ 31 - 1) end,
+      -- a power law: most rows 0, the counts below 2^11 (two digits alike)
+      skewed = function() local u = math.random() return u < 0.7 and 0 or math.floor(1 / (1.0001 - u)) % 2000 end,
+      -- a few values, many ties; negatives read as 0
+      tied = function() return ({ 0, 5, 5, 2048, -3, 2 ^ 22, 2 ^ 31 - 1 })[math.random(7)] end,
+      -- only the middle digit varies
+      middle = function() return 2048 * math.random(0, 2047) end,
+      -- only the top digit varies, and every key alike
+      top = function() return 2 ^ 22 * math.random(0, 511) end,
+      same = function() return 9 end,
+    }
+    for _, name in ipairs { "uniform", "skewed", "tied", "middle", "top", "same" } do
+      local ref = {}
+      for i = 0, n - 1 do
+        p[i] = fills[name]()
+        ref[i + 1] = { id = i, c = math.max(0, p[i]) }
+      end
+      table.sort(ref, function(x, y) if x.c ~= y.c then return x.c > y.c end return x.id < y.id end)
+      assert.equal(0, C.ur_counts_rank(c.p, order.p, cumsum.p, nil, nil), name)
+      local sum = 0
+      for r = 1, n do
+        sum = sum + ref[r].c
+        if tonumber(o[r - 1]) ~= ref[r].id or tonumber(cs[r - 1]) ~= sum then
+          error(("%s: rank %d is id %d (sum %d), expected id %d (count %d, sum %d)"):format(name, r - 1,
+            tonumber(o[r - 1]), tonumber(cs[r - 1]), ref[r].id, ref[r].c, sum))
+        end
+      end
+    end
+    c:free()
+    order:free()
+    cumsum:free()
+  end)
+
   it("count no cached table (its kernels read slots): refused by name, skipped for every table", function()
     -- a cached table counted its cache's slots as if they were row ids: 'b' of 500 rows had 544
     -- counters (32 slots and 2 x 256 staging rows), its top "ids" slots

@@ -21,8 +21,55 @@ static ur_status check_index(const ur_tbe *t, int32_t i, const char *what) {
 /* ---- ranking ---- */
 
 /* Ids by count, highest first, ties by id: an LSD radix sort (stable) of ids 0..n-1 on
- * UINT32_MAX - count, 11 bits a pass. */
-static void rank_ids(const int32_t *c, int64_t n, int64_t *order, int64_t *tmp) {
+ * UINT32_MAX - count, 11 bits a digit.  The key sorts beside its id (the counts are read once,
+ * not at every pass through the id), and a digit that every key shares is skipped: a pass of a
+ * stable sort on it moves nothing (counts below 2^22, the usual case, share the top digit).
+ * order and tmp hold n pairs of 32-bit key and id each (8 bytes, an i64's), so n < 2^32; cs
+ * (optional) gets the counts' running sum from the sorted keys. */
+typedef struct {
+  uint32_t key, id;
+} rank_pair;
+
+static void rank_ids(const int32_t *c, int64_t n, int64_t *order, int64_t *cs, int64_t *tmp) {
+  enum { RB = 11, RN = 1 << RB, PASSES = 3 };
+  rank_pair *src = (rank_pair *)(void *)tmp, *dst = (rank_pair *)(void *)order;
+  uint32_t cnt[PASSES][RN];
+  memset(cnt, 0, sizeof cnt);
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t k = UINT32_MAX - (uint32_t)(c[i] < 0 ? 0 : c[i]);
+    src[i].key = k;
+    src[i].id = (uint32_t)i;
+    for (int p = 0; p < PASSES; p++) cnt[p][(k >> (RB * p)) & (RN - 1)]++;
+  }
+  for (int p = 0; p < PASSES && n > 0; p++) {
+    uint32_t *h = cnt[p];
+    if (h[(src[0].key >> (RB * p)) & (RN - 1)] == (uint32_t)n) continue;
+    uint32_t sum = 0;
+    for (int d = 0; d < RN; d++) {
+      uint32_t x = h[d];
+      h[d] = sum;
+      sum += x;
+    }
+    for (int64_t i = 0; i < n; i++) dst[h[(src[i].key >> (RB * p)) & (RN - 1)]++] = src[i];
+    rank_pair *x = src;
+    src = dst;
+    dst = x;
+  }
+  /* src is tmp or order itself: pair r is read before order[r], the same 8 bytes, is written */
+  int64_t sum = 0;
+  for (int64_t r = 0; r < n; r++) {
+    rank_pair q = src[r];
+    if (cs) {
+      sum += (int64_t)(UINT32_MAX - q.key);
+      cs[r] = sum;
+    }
+    order[r] = q.id;
+  }
+}
+
+/* rank_ids for 2^32 rows or more, whose ids a pair cannot hold: ids alone, the count read
+ * through the id at each pass. */
+static void rank_ids_wide(const int32_t *c, int64_t n, int64_t *order, int64_t *tmp) {
   enum { RB = 11, RN = 1 << RB };
   static const int shifts[3] = {0, 11, 22};
   int64_t *src = tmp, *dst = order;
@@ -155,8 +202,12 @@ ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *c
   }
   if (copy) st = ur_tensor_read(counts, 0, n, copy);
   if (!st) {
-    rank_ids(c, n, o, tmp);
-    if (cs) cumsum_of(cs, n, NULL, c, o);
+    if (n < ((int64_t)1 << 32)) {
+      rank_ids(c, n, o, cs, tmp);
+    } else {
+      rank_ids_wide(c, n, o, tmp);
+      if (cs) cumsum_of(cs, n, NULL, c, o);
+    }
     if (by)
       for (int64_t i = 0; i < n; i++) by[i] = c[i] < 0 ? 0 : c[i];
   }
