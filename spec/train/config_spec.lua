@@ -154,9 +154,18 @@ describe("uvmrec.train.config", function()
       -- a schedule's setting without a schedule that takes it
       { "schedule.warmup_steps=10", "--set schedule.warmup_steps=10: schedule.warmup_steps: the schedule is "
         .. "constant (schedule.name is not given), which takes no setting; give schedule.name: warmup or dlrm" },
+      -- a decay setting under the warm-up schedule, which does not decay (it was ignored: a run of
+      -- name warmup, decay_steps 100 trained at the full rate after its warm-up)
+      { "schedule.decay_steps=100", "--set schedule.decay_steps=100: schedule.decay_steps: the warmup schedule "
+        .. "does not decay, and takes no decay_steps (a setting of the dlrm schedule: warm-up, then decay); give "
+        .. "schedule.name: dlrm", "schedule.name=warmup", "schedule.warmup_steps=10" },
+      { "schedule.min_factor=0.1", "--set schedule.min_factor=0.1: schedule.min_factor: the warmup schedule does "
+        .. "not decay, and takes no min_factor", "schedule.name=warmup", "schedule.warmup_steps=10" },
     }
     for _, c in ipairs(cases2) do
-      local cfg, err = parse(base, c[3] and { c[3], c[1] } or { c[1] })
+      local sets = { unpack(c, 3) } -- the --sets before the one blamed
+      sets[#sets + 1] = c[1]
+      local cfg, err = parse(base, sets)
       assert.is_nil(cfg, c[1])
       assert.equal(c[2], err:sub(1, #c[2]))
     end

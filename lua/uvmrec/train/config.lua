@@ -324,6 +324,17 @@ function M.check(cfg)
       end
     end
   end
+  -- the warm-up schedule does not decay: a decay setting under it would be ignored (its default
+  -- passes, as a run's config.json, the config resolved, holds every key)
+  if s.name == "warmup" then
+    local sfields = M.schema.fields.schedule.fields
+    for _, key in ipairs { "decay_start", "decay_steps", "power", "min_factor" } do
+      if config.given(cfg, "schedule." .. key) and s[key] ~= sfields[key].default then
+        return fail("schedule." .. key, ("the warmup schedule does not decay, and takes no %s (a setting of the dlrm "
+          .. "schedule: warm-up, then decay); give schedule.name: dlrm"):format(key))
+      end
+    end
+  end
   if s.name == "dlrm" and s.decay_steps < 1 then
     return fail("schedule.decay_steps", "the dlrm schedule decays over decay_steps >= 1 steps")
   end
