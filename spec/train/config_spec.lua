@@ -161,6 +161,11 @@ describe("uvmrec.train.config", function()
         .. "schedule.name: dlrm", "schedule.name=warmup", "schedule.warmup_steps=10" },
       { "schedule.min_factor=0.1", "--set schedule.min_factor=0.1: schedule.min_factor: the warmup schedule does "
         .. "not decay, and takes no min_factor", "schedule.name=warmup", "schedule.warmup_steps=10" },
+      -- more steps than synthetic data of data.samples an epoch gives (each epoch ends in its own
+      -- last batch): it trained all 20 and then failed, "the training data ran out at step 20"
+      { "train.steps=21", "--set train.steps=21: train.steps: 21 steps, and the data gives 20: train.epochs 2 of "
+        .. "data.samples 10000 (10 batches of train.batch_size 1024 an epoch); give train.epochs 3, or train.steps 0 "
+        .. "to train until the data ends", "data.train=synthetic:tiny", "data.samples=10000", "train.epochs=2" },
     }
     for _, c in ipairs(cases2) do
       local sets = { unpack(c, 3) } -- the --sets before the one blamed
@@ -169,6 +174,13 @@ describe("uvmrec.train.config", function()
       assert.is_nil(cfg, c[1])
       assert.equal(c[2], err:sub(1, #c[2]))
     end
+  end)
+
+  it("takes as many steps as synthetic data of data.samples an epoch gives", function()
+    local sets = { "data.train=synthetic:tiny", "data.samples=10000", "train.epochs=2", "train.steps=20" }
+    assert.equal(20, assert(parse(base, sets)).train.steps)
+    sets[4] = "train.steps=0" -- until the data ends
+    assert(parse(base, sets))
   end)
 
   it("takes a cache load factor and a hint allowance per table, each on a table of its placement", function()

@@ -349,6 +349,17 @@ function M.check(cfg)
   if cfg.train.steps == 0 and cfg.data.samples == 0 and cfg.data.train:match("^synthetic:") then
     return fail("data.train", "synthetic data needs train.steps or data.samples to know its length")
   end
+  -- synthetic data of data.samples an epoch gives a known number of batches (each epoch ends in
+  -- its own last batch): more steps would fail when it runs out, after training all of them
+  local t, d = cfg.train, cfg.data
+  if t.steps > 0 and d.samples > 0 and d.train:match("^synthetic:") then
+    local per = math.ceil(d.samples / t.batch_size)
+    if t.steps > per * t.epochs then
+      return fail("train.steps", ("%d steps, and the data gives %d: train.epochs %d of data.samples %d (%d batches "
+        .. "of train.batch_size %d an epoch); give train.epochs %d, or train.steps 0 to train until the data ends")
+        :format(t.steps, per * t.epochs, t.epochs, d.samples, per, t.batch_size, math.ceil(t.steps / per)))
+    end
+  end
   return nil
 end
 
