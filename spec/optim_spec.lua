@@ -143,6 +143,13 @@ describe("uvmrec.optim", function()
       "Adam: betas must be a list of two numbers {beta1, beta2}, got 0.9")
     assert.error_matches(function() optim.Adam({ p }, { betas = { 0.9 } }) end,
       "Adam: betas must be a list of two numbers {beta1, beta2}, got a list of 1")
+    -- a table optimizer takes betas = {b1, b2} or beta1 =, beta2 =: both at once left betas[1] unused
+    -- ({"adam", betas = {0.9, 0.99}, beta1 = 0.5} stepped with beta1 0.5, no word of the 0.9)
+    assert.error_matches(function() optim.config("adam", "tables", { betas = { 0.9, 0.99 }, beta1 = 0.5 }, "t") end,
+      "^t: betas and beta1 are two spellings of the same settings: give betas = {beta1, beta2}, or beta1 = and "
+      .. "beta2 =, not both$")
+    assert.error_matches(function() optim.config("adam", "tables", { betas = { 0.9, 0.99 }, beta2 = 0.99 }, "t") end,
+      "^t: betas and beta2 are two spellings")
     assert.error_matches(function() optim.config("adam", "tables", { beta2 = 0 / 0 }, "t") end,
       "t: beta2 must be a number in %[0, 1%), got nan")
     -- eps divides: 0 would give 0/0 on a weight whose gradients were all 0 (the training config agrees)

@@ -133,6 +133,11 @@ function M.config(name, side, opts, who, level)
     end
   end
   local d = r.defaults
+  -- a table optimizer's two spellings of the betas: both at once would leave one of them unused
+  if opts.betas ~= nil and (opts.beta1 ~= nil or opts.beta2 ~= nil) then
+    error(("%s: betas and %s are two spellings of the same settings: give betas = {beta1, beta2}, or beta1 = "
+           .. "and beta2 =, not both"):format(who, opts.beta1 ~= nil and "beta1" or "beta2"), level)
+  end
   local betas = opts.betas or {}
   if type(betas) ~= "table" or (opts.betas and #betas ~= 2) then
     local got = type(betas) == "table" and ("a list of %d"):format(#betas) or tostring(betas)
