@@ -294,6 +294,34 @@ describe("train.nonfinite", function()
                    .. "as after step 6", err)
   end)
 
+  it("names the run's own step in a resumed run, and counts skipped steps from there", function()
+    -- the guard took its first step from run.step before the trainer's start set a resumed run's
+    -- (hooks start in order): resumed at step 4, a NaN at step 7 was named "step 3"
+    local dir = command.tmpdir()
+    local sets = { "train.log_every=5", "eval.samples=0", "eval.min_auc=0", "train.batch_size=256" }
+    local function with(more)
+      local t = { unpack(sets) }
+      for _, v in ipairs(more) do t[#t + 1] = v end
+      return t
+    end
+    helpers.train_tiny(with { "train.steps=4", "train.checkpoint_every=4" }, nil, { out = dir .. "/run" })
+    local nan7 = { before = function(_, run, batch) if run.step + 1 == 7 then batch.dense:set(3, 0 / 0) end end }
+    local ok, err = pcall(helpers.train_tiny, with { "train.steps=12" }, nil,
+                          { out = dir .. "/run", resume = dir .. "/run", hooks = { nan7 } })
+    assert.is_false(ok)
+    assert.matches("train.nonfinite: step 7: loss holds NaN or infinity %(the first non%-finite "
+                   .. "tensor of that step; seen when the loss was read at step 8%); the run stops with the model "
+                   .. "as after step 6, the steps from 7 on not applied", err) -- read before its checkpoint of step 8
+    local r = helpers.train_tiny(with { "train.steps=12", "train.nonfinite=skip" }, nil,
+                                 { out = dir .. "/skip", resume = dir .. "/run/checkpoints", hooks = { nan7 } })
+    local seen = {}
+    for _, e in ipairs(r.events) do
+      if e.event == "nonfinite" then seen[#seen + 1] = { e.step, e.skipped, e.new, e.first_step } end
+    end
+    assert.same({ { 8, 1, 1, 7 } }, seen)
+    command.rmdir(dir)
+  end)
+
   it("stops the run naming the step and the gradient that a model's backward made non-finite", function()
     local setup = function(ctx)
       local top = ctx.model.top

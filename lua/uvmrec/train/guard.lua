@@ -119,6 +119,9 @@ end
 -- skipped steps (skip: returns {skipped (in all), new, first}); nil when nothing is new.
 function Guard:poll(step)
   local r = self:read()
+  -- the run's step before the guard's first: r.steps have ended since (a resumed run's steps
+  -- go on from its checkpoint's)
+  self.base = step - r.steps
   if r.bad == self.seen then return nil end
   if self.mode == "stop" then error(self:stop_message(r, step), 0) end
   local new = r.bad - self.seen
@@ -167,7 +170,7 @@ function Hook:poll(run)
   end
 end
 
-function Hook:start(run) self.guard.base, run.skipped = run.step, 0 end
+function Hook.start(_, run) run.skipped = 0 end
 
 function Hook:after(run)
   if run.step % self.every == 0 or (self.saves and self.saves(run.step)) then self:poll(run) end
