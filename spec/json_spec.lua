@@ -35,7 +35,7 @@ local function rich_values()
   local values = {}
   for _, name in ipairs { "dlrm_tiny", "dlrm_kaggle", "dlrm_mlperf_v1", "dlrm_mlperf_v1_2m", "dlrm_dcnv2" } do
     values[#values + 1] = assert(train.config.load(assert(train.find_config(name)),
-      { "optimizer.lr=0.00001", "train.steps=123456789" }))
+      { "optimizer.lr=0.00001", "train.steps=123456789", "train.epochs=100000" })) -- epochs enough for the steps
   end
   values[#values + 1] = edges()
   return values
