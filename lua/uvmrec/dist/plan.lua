@@ -169,7 +169,9 @@ function M.describe(plan)
     local parts = {}
     for _, s in ipairs(p.shards) do
       if p.kind == "row_wise" then
-        parts[#parts + 1] = ("rank %d rows %d..%d"):format(s.rank, s.row0, s.row0 + s.rows - 1)
+        -- a table of fewer rows than the ranks leaves the last ranks' blocks past its end, empty
+        parts[#parts + 1] = s.rows > 0 and ("rank %d rows %d..%d"):format(s.rank, s.row0, s.row0 + s.rows - 1)
+                            or ("rank %d no rows"):format(s.rank)
       elseif p.kind == "column_wise" then
         parts[#parts + 1] = ("rank %d cols %d..%d"):format(s.rank, s.col0, s.col0 + s.dim - 1)
       elseif p.kind == "table_wise" then parts[#parts + 1] = ("rank %d"):format(s.rank) end
