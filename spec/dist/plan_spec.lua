@@ -53,7 +53,8 @@ describe("uvmrec.dist.plan", function()
       .. "c column_wise: rank 0 cols 0..7, rank 1 cols 8..11\nd data_parallel", describe_plan(p))
     -- b's 3 rows over 4 ranks: blocks of 1, rank 3's past the table's end (it read "rows 3..2")
     assert.equal("a data_parallel\nb row_wise: rank 0 rows 0..0, rank 1 rows 1..1, rank 2 rows 2..2, rank 3 no rows\n"
-      .. "c data_parallel\nd data_parallel", describe_plan(plan(tables, { default = "data_parallel", b = "row_wise" }, 4)))
+      .. "c data_parallel\nd data_parallel",
+      describe_plan(plan(tables, { default = "data_parallel", b = "row_wise" }, 4)))
   end)
 
   it("gives the tables C1..Cn the kinds in turn (the benches' and specs' mixed plan)", function()
