@@ -244,8 +244,10 @@ describe("uvmrec.train.config", function()
     -- run ("dist: rank 0 has a batch of 0 samples and rank 1 of 1"); refused where the run reaches it
     assert.equal("--set data.samples=4097: data.samples: an epoch of 4097 samples ends in a batch of 1 "
       .. "(train.batch_size 1024), which the 2 ranks cannot share equally: each rank takes an equal slice of every "
-      .. "global batch (make it a multiple of 2)",
+      .. "global batch (make it a multiple of 2, or data.drop_last: true drops that batch)",
       world_err({ "data.samples=4097", "train.batch_size=1024", "train.steps=10" }, 2))
+    -- or, asked for, the loader drops it (the run says so)
+    assert.is_nil(world_err({ "data.samples=4097", "train.batch_size=1024", "data.drop_last=true" }, 2))
     assert.matches("data.samples: an epoch of 4097 samples", world_err({ "data.samples=4097", "train.batch_size=1024",
                                                                           "train.steps=0" }, 2))
     assert.is_nil(world_err({ "data.samples=4097", "train.batch_size=1024", "train.steps=4" }, 2)) -- never reached

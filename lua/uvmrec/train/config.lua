@@ -132,6 +132,8 @@ M.schema = map({
     seed = int { min = 0, default = 0 },
     on_bad_line = enum({ "fail", "skip" }, { default = "fail" }), -- TSV: a bad line stops the run, or is skipped
     pad_missing_fields = bool { default = false }, -- TSV: lines of 15..39 fields take empty trailing ones
+    drop_last = bool { default = false },          -- an epoch's short last batch is dropped, not trained
+                                                   -- (over ranks: one they cannot share is refused)
   },
   eval = map {
     every = int { min = 0, default = 0 },          -- steps; 0: only at the end
@@ -442,14 +444,23 @@ function M.check_world(cfg, world)
         :format(v, world))
     end
   end
-  -- an epoch of synthetic samples ends in a batch of what is left, which the ranks share too (it
-  -- failed there, steps into the run: "dist: rank 0 has a batch of 0 samples and rank 1 of 1")
-  local n, B, steps = cfg.data.samples, cfg.train.batch_size, cfg.train.steps
+  return M.check_epoch(cfg, world, cfg.data.samples, "data.samples")
+end
+
+-- An epoch of n samples ends in a batch of what is left, which the ranks share too (it failed
+-- there, steps into the run: "dist: rank 0 has a batch of 0 samples and rank 1 of 1"): nil, or
+-- the message at key, where the run reaches that batch and data.drop_last does not drop it.
+-- Synthetic data's n is data.samples (check_world's); day files' is known once they are open
+-- (uvmrec.train.run's, key data.train, of: where they are); TSV files' only at their end.
+function M.check_epoch(cfg, world, n, key, of)
+  if world <= 1 or cfg.data.drop_last then return nil end
+  local B, steps = cfg.train.batch_size, cfg.train.steps
   local last = n > 0 and n % B or 0
   if last % world ~= 0 and (steps == 0 or steps > math.floor(n / B)) then
-    return fail("data.samples", ("an epoch of %d samples ends in a batch of %d (train.batch_size %d), which the %d "
-      .. "ranks cannot share equally: each rank takes an equal slice of every global batch (make it a multiple of "
-      .. "%d)"):format(n, last, B, world, world))
+    return config.message(cfg, key, ("an epoch of %d samples%s ends in a batch of %d (train.batch_size %d), "
+      .. "which the %d ranks cannot share equally: each rank takes an equal slice of every global batch (make it a "
+      .. "multiple of %d, or data.drop_last: true drops that batch)"):format(n, of and " (" .. of .. ")" or "", last,
+      B, world, world))
   end
   return nil
 end

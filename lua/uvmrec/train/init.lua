@@ -149,7 +149,7 @@ function M.data(cfg, rows)
   local d = { eval_samples = cfg.eval.samples }
   local common = { batch_size = batch, depth = cfg.data.depth, shuffle_window = cfg.data.shuffle_window,
                    seed = cfg.data.seed, epochs = cfg.train.epochs, on_bad_line = cfg.data.on_bad_line,
-                   pad_missing_fields = cfg.data.pad_missing_fields }
+                   pad_missing_fields = cfg.data.pad_missing_fields, drop_last = cfg.data.drop_last }
   if src.kind == "synthetic" then
     local sdata, srows, samples = synthetic_data(spec, src.name, rows, load_rows, "--data")
     if not sdata then return nil, srows end
@@ -165,7 +165,8 @@ function M.data(cfg, rows)
     -- collisions.
     common.data, common.samples, common.rows = sdata, n, srows
     d.train = common
-    d.steps = cfg.train.steps > 0 and cfg.train.steps or math.ceil(n / batch) * cfg.train.epochs
+    d.steps = cfg.train.steps > 0 and cfg.train.steps
+              or (cfg.data.drop_last and math.floor or math.ceil)(n / batch) * cfg.train.epochs
     if cfg.data.eval == "" and d.eval_samples > 0 then
       d.eval = M.held_out(common.data, d.eval_samples, cfg.eval.batch_size, common.rows)
       -- The ceiling from at most CEILING_SAMPLES of them: it is computed on the host.
@@ -573,6 +574,26 @@ function M.apply_plan(cfg, path, opts)
   return plan
 end
 
+-- The samples of an epoch of the training data (the loader options t), where they are known
+-- before it is read: synthetic data's, and day files' from their sizes (a loader of one sample
+-- a batch, opened and closed); nil for TSV files, known at their end, and where nothing asks.
+-- Over ranks, day files whose epoch ends in a batch the ranks cannot share are refused here,
+-- before anything is built (config.check_epoch, synthetic data's in check_world): nil, message.
+local function epoch_samples(cfg, t, world)
+  if type(t.data) == "table" then return t.samples end
+  if world <= 1 and not cfg.data.drop_last then return nil end
+  if not t.data:match("^criteo%-bin:") then return nil end
+  local probe, err = ur.data.loader { data = t.data, rows = t.rows, batch_size = 1, depth = 1, threads = 1,
+                                      epochs = 1 }
+  if not probe then return nil, err end
+  local n = probe:stats().samples_per_epoch
+  probe:close()
+  local bad = M.config.check_epoch(cfg, world, n, "data.train",
+                                   "the day files in " .. t.data:match("^criteo%-bin:(.*)$"))
+  if bad then return nil, bad end
+  return n
+end
+
 function run_plain(cfg, opts)
   local say = opts.print or function(s) io.stdout:write(s, "\n") io.stdout:flush() end
   local def, where = M.model_def(cfg, opts.config_path)
@@ -592,6 +613,8 @@ function run_plain(cfg, opts)
   local rows = M.config.table_rows(cfg)
   local data, derr = M.data(cfg, rows)
   if not data then return nil, derr end
+  local epoch, eerr = epoch_samples(cfg, data.train, world)
+  if eerr then return nil, eerr end
   if comm then
     for _, d in ipairs { data.train, data.eval or false } do
       if d then d.slice_rank, d.slice_world = rank, world end
@@ -664,6 +687,14 @@ function run_plain(cfg, opts)
         .. (model.embeddings.vbe and "; VBE: each rank sends each feature's distinct bags" or ""))
   end
   say("data: " .. data.what)
+  if cfg.data.drop_last then
+    local tail = epoch and epoch % cfg.train.batch_size
+    if tail ~= 0 then
+      say(tail and ("data: each epoch's last batch, of %d sample%s, is dropped (data.drop_last)"):format(tail,
+                                                                                            tail == 1 and "" or "s")
+          or "data: each epoch's last batch, when short, is dropped (data.drop_last)")
+    end
+  end
   if far then say(far) end
   if opts.plan then
     local planner, p = require "uvmrec.planner", opts.plan.data
