@@ -383,6 +383,19 @@ describe("uvmrec.dist.checkpoint", function()
     host.tbe:free()
   end)
 
+  it("names a folder the ranks do not share: rank 0 does not see the other ranks' files", function()
+    if not have_mpi() then pending("no MPI here") return end
+    -- each rank saving into a folder of its own, as into a folder on each host's own disk: rank 0
+    -- failed writing the manifest with the error of opening rank 1's file, naming no cause
+    local out, err, code = command.sh(("env OUT=%s/apart APART=1 STEPS=1 %s launch -n 2 %s"):format(dir,
+      command.bin(), SCRIPT))
+    assert.is_true(code ~= 0, out)
+    assert.truthy(err:find(("dist.checkpoint: %s/apart-rank-0 must be a folder every host shares (one file system): "
+      .. "rank 0 does not see 1 of the 2 ranks' files the ranks wrote there (rank-00001-of-00002.safetensors)")
+      :format(dir), 1, true), err)
+    assert.is_nil(require("lfs").attributes(dir .. "/apart-rank-0/manifest.json"))
+  end)
+
   it("names what does not fit before writing anything", function()
     local P = dir .. "/plain"
     local _, err = dck.load(dir .. "/none", ur.nn.EmbeddingBagCollection(opts()))

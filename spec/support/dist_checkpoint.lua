@@ -7,8 +7,8 @@
 -- checkpoint folder to load first: training goes on from its step), COUNT=1 (every shard
 -- counts its accesses, hints' counters), RELAYOUT=1 (every shard laid out hottest first by its
 -- counts before the save), STEPS (train up to this step), OUT (a folder to save into at the
--- end).  Each step prints "step S out X" with the exact sum of this rank's output (%a) on every
--- rank; each rank ends with "rank R: ok".
+-- end; APART=1: a folder a rank, below).  Each step prints "step S out X" with the exact sum of
+-- this rank's output (%a) on every rank; each rank ends with "rank R: ok".
 -- Required as a module (require "dist_checkpoint"), it runs nothing and returns the
 -- collection's options, the plans and batch(step, rank, world), which the spec builds its
 -- one-process collections and references from.
@@ -90,7 +90,10 @@ if os.getenv("RELAYOUT") == "1" then
   for _, b in ipairs(ebc:blocks()) do assert(b.collection:relayout(b.shard, "counts")) end
 end
 if os.getenv("OUT") and os.getenv("OUT") ~= "" then
-  local m = assert(dck.save(os.getenv("OUT"), ebc))
+  -- APART=1: each rank saves into a folder of its own (OUT-rank-R), as into a folder on each
+  -- host's own disk
+  local out = os.getenv("APART") == "1" and ("%s-rank-%d"):format(os.getenv("OUT"), me) or os.getenv("OUT")
+  local m = assert(dck.save(out, ebc))
   if me == 0 then print(("saved %s: %d ranks, step %d"):format(os.getenv("OUT"), m.world, m.step)) end
 end
 print(("rank %d: ok"):format(me))

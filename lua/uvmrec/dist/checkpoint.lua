@@ -188,7 +188,19 @@ function M.save(dir, ebc, opts)
   if me == 0 then
     manifest = { format = M.FORMAT, world = W, step = step, order = order, tables = {}, files = {},
                  optimizer = c1 and c1.optimizer, state = c1 and c1.state_names, meta = opts.meta }
-    for r = 0, W - 1 do
+    -- every rank has written its file into dir: where rank 0 does not see one, dir is a folder of
+    -- each host's own disk (it failed opening the file, naming neither the folder nor the cause)
+    local missing = {}
+    for r = 1, W - 1 do
+      if C.ur_path_kind(dir .. "/" .. file_name(r, W)) == 0 then missing[#missing + 1] = file_name(r, W) end
+    end
+    if #missing > 0 then
+      local shown = table.concat(missing, ", ", 1, math.min(#missing, 3))
+      ok, err = nil, ("dist.checkpoint: %s must be a folder every host shares (one file system): rank 0 does not "
+        .. "see %d of the %d ranks' files the ranks wrote there (%s%s)"):format(dir, #missing, W, shown,
+        #missing > 3 and (", and %d more"):format(#missing - 3) or "")
+    end
+    for r = 0, ok and W - 1 or -1 do
       local fname = file_name(r, W)
       local f, ferr = ck.open(dir .. "/" .. fname)
       if not f then ok, err = nil, ferr break end
