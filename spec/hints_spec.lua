@@ -287,6 +287,18 @@ local function run(sets, opts)
   return r.losses, r.lines, r.events, r.result
 end
 
+-- The losses of a run with these --set values (train.steps first) and its folder, and a folder
+-- holding the same run stopped after `at` steps, to resume from.
+local function whole_and_stopped(sets, at)
+  local whole = cmd.tmpdir()
+  local want = run(sets, { out = whole })
+  local dir = cmd.tmpdir()
+  local first = { unpack(sets) }
+  first[1] = "train.steps=" .. at
+  run(first, { out = dir })
+  return want, whole, dir
+end
+
 -- A run's hint intervals (its "hints" events), in order.
 local function intervals(events)
   local out = {}
@@ -343,12 +355,7 @@ describe("uvmrec.hints in training", function()
   it("resumes after a relayout to the uninterrupted run's losses", function()
     local sets = { "train.steps=12", "embeddings.placement=managed", "embeddings.hints.policy=adaptive",
                    "embeddings.hints.decay=0.5", "train.checkpoint_every=5" }
-    local whole = cmd.tmpdir()
-    local want = run(sets, { out = whole })
-    local dir = cmd.tmpdir()
-    local first = { unpack(sets) }
-    first[1] = "train.steps=5"
-    run(first, { out = dir })
+    local want, whole, dir = whole_and_stopped(sets, 5)
     local got = run(sets, { out = dir, resume = dir })
     for s = 6, 12 do assert.equal(want[s], got[s], "step " .. s) end
     -- and the counters the policies plan from: the resumed run's placement at its start does not
@@ -372,12 +379,7 @@ describe("uvmrec.hints in training", function()
     function()
     local sets = { "train.steps=8", "embeddings.placement=managed", "embeddings.hints.policy=adaptive",
                    "train.checkpoint_every=5" }
-    local whole = cmd.tmpdir()
-    local want = run(sets, { out = whole })
-    local dir = cmd.tmpdir()
-    local first = { unpack(sets) }
-    first[1] = "train.steps=5"
-    run(first, { out = dir })
+    local want, whole, dir = whole_and_stopped(sets, 5)
     local path = require("uvmrec.checkpoint").path_for(dir .. "/checkpoints", 5)
     assert.truthy(assert(require("uvmrec.checkpoint").open(path)):info("layout.C1.perm"), "laid out when saved")
     local got = run({ "train.steps=8", "embeddings.placement=host" }, { out = cmd.tmpdir(), resume = path })

@@ -44,18 +44,11 @@ local function whole_reference(run, exported, out)
   return out, errors
 end
 
-local function bytes_of(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
 -- The exported file equals the whole tables' reference byte for byte, and each table's error is
 -- theirs (sums within rounding: they are added a block at a time).
 local function same_as_whole(run, r, dir)
   local ref, errors = whole_reference(run, r.path, dir .. "/reference.safetensors")
-  local a, b = bytes_of(r.path), bytes_of(ref)
+  local a, b = assert(cmd.slurp(r.path)), assert(cmd.slurp(ref))
   assert.equal(#b, #a)
   assert.is_true(a == b, "the exported file differs from the whole tables' reference")
   for name, e in pairs(errors) do
