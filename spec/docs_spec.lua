@@ -224,3 +224,33 @@ describe("the documentation's Lua examples", function()
     end)
   end
 end)
+
+-- A commit the documents name (results.md's rows, the prose's "(abc1234)") is one of this tree's
+-- history: a helper's branch cherry-picked onto main gets new hashes, and a row naming the branch's
+-- commit names nothing a clone can check out.  Tokens of 7 to 12 hex digits with a letter and a
+-- digit count as commit names.
+describe("the documentation's commits", function()
+  it("are commits of this tree's history", function()
+    local git = io.popen("git -C '" .. root .. "' rev-list HEAD 2>/dev/null")
+    local history = git and git:read("*a") or ""
+    if git then git:close() end
+    if history == "" then
+      pending("no git history at " .. root .. " (a dist tree)")
+      return
+    end
+    local known = {}
+    for h in history:gmatch("%x+") do
+      for n = 7, 12 do known[h:sub(1, n)] = true end
+    end
+    local missing = {}
+    for _, file in ipairs(files) do
+      local text = read(root .. "/" .. file) or ""
+      for token in text:gmatch("%f[%w]%x%x%x%x%x%x%x+%f[%W]") do
+        if #token <= 12 and token:find("%a") and token:find("%d") and not known[token] then
+          missing[#missing + 1] = file .. ": " .. token
+        end
+      end
+    end
+    assert.same({}, missing)
+  end)
+end)
