@@ -166,6 +166,11 @@ describe("uvmrec.train.config", function()
       { "train.steps=21", "--set train.steps=21: train.steps: 21 steps, and the data gives 20: train.epochs 2 of "
         .. "data.samples 10000 (10 batches of train.batch_size 1024 an epoch); give train.epochs 3, or train.steps 0 "
         .. "to train until the data ends", "data.train=synthetic:tiny", "data.samples=10000", "train.epochs=2" },
+      -- the same with data.drop_last, whose epochs give 9 whole batches: 19 passed the check (it
+      -- counted 10 an epoch) and the run failed when the data ended after 18
+      { "train.steps=19", "--set train.steps=19: train.steps: 19 steps, and the data gives 18: train.epochs 2 of "
+        .. "data.samples 10000 (9 batches of train.batch_size 1024 an epoch)", "data.train=synthetic:tiny",
+        "data.samples=10000", "train.epochs=2", "data.drop_last=true" },
     }
     for _, c in ipairs(cases2) do
       local sets = { unpack(c, 3) } -- the --sets before the one blamed

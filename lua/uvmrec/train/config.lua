@@ -355,7 +355,7 @@ function M.check(cfg)
   -- its own last batch): more steps would fail when it runs out, after training all of them
   local t, d = cfg.train, cfg.data
   if t.steps > 0 and d.samples > 0 and d.train:match("^synthetic:") then
-    local per = math.ceil(d.samples / t.batch_size)
+    local per = M.batches_per_epoch(cfg, d.samples)
     if t.steps > per * t.epochs then
       return fail("train.steps", ("%d steps, and the data gives %d: train.epochs %d of data.samples %d (%d batches "
         .. "of train.batch_size %d an epoch); give train.epochs %d, or train.steps 0 to train until the data ends")
@@ -363,6 +363,12 @@ function M.check(cfg)
     end
   end
   return nil
+end
+
+-- The batches an epoch of n samples gives: its short last batch counts unless data.drop_last
+-- drops it (the loader's count, and the check of train.steps against the data).
+function M.batches_per_epoch(cfg, n)
+  return (cfg.data.drop_last and math.floor or math.ceil)(n / cfg.train.batch_size)
 end
 
 -- A config read (cfg, err from uvmrec.config's load or parse), with --set overrides ("a.b=v",

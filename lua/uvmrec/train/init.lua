@@ -166,7 +166,7 @@ function M.data(cfg, rows)
     common.data, common.samples, common.rows = sdata, n, srows
     d.train = common
     d.steps = cfg.train.steps > 0 and cfg.train.steps
-              or (cfg.data.drop_last and math.floor or math.ceil)(n / batch) * cfg.train.epochs
+              or M.config.batches_per_epoch(cfg, n) * cfg.train.epochs
     if cfg.data.eval == "" and d.eval_samples > 0 then
       d.eval = M.held_out(common.data, d.eval_samples, cfg.eval.batch_size, common.rows)
       -- The ceiling from at most CEILING_SAMPLES of them: it is computed on the host.
