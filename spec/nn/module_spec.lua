@@ -46,14 +46,20 @@ describe("uvmrec.nn.Module", function()
     assert.has_error(function() nn.CrossNet(3, 1, { seed = -1 }) end,
       "CrossNet: seed is -1; expected a whole number from 0 to 4503599627370496")
     assert.has_error(function() nn.Module.manual_seed(0.5) end,
-      "manual_seed: seed is 0.5; expected a whole number >= 0")
+      "manual_seed: seed is 0.5; expected a whole number from 0 to 4503599627370495")
+    -- seeds are made modulo 2^52: 0 and 2^60 built the same model, so seeds past it are refused
+    assert.has_error(function() nn.Module.manual_seed(2 ^ 60) end,
+      "manual_seed: seed is 1.1529215046068e+18; expected a whole number from 0 to 4503599627370495")
+    -- the config's train.seed, which models/dlrm.lua hands to manual_seed, takes the same range
+    assert.equal(nn.Module.MAX_SEED - 1, require("uvmrec.train.config").schema.fields.train.fields.seed.max)
     -- seeds past 2^53 / 1000003 made module seeds past 2^64, which all reached the engine as one
     local function weights(s)
       nn.Module.manual_seed(s)
       return nn.Linear(3, 4).weight:totable()
     end
-    assert.are_not.same(weights(2 ^ 60), weights(2 ^ 60 + 2 ^ 40))
-    assert.same(weights(2 ^ 60), weights(2 ^ 60))
+    assert.are_not.same(weights(2 ^ 52 - 1), weights(2 ^ 52 - 1 - 2 ^ 40))
+    assert.are_not.same(weights(0), weights(2 ^ 52 - 1))
+    assert.same(weights(2 ^ 52 - 1), weights(2 ^ 52 - 1))
     nn.Module.manual_seed(3)
     assert.equal(3 * 1000003 + 7919, nn.Module.next_seed()) -- small seeds as they were
   end)

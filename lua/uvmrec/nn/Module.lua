@@ -81,15 +81,16 @@ function Module.options(who, opts, known, level)
 end
 
 -- Seeds for parameter initialisation: each module built takes the next, so a model built
--- after manual_seed(s) is the same every time, on every backend.  A seed is a whole number
--- below 2^63 (1.5 drew seed 1's numbers, the cast truncating; a seed of 2^64 made every module's
--- seed past what the engine's uint64_t takes); the seeds handed out stay below
--- Module.MAX_SEED + 1, so a module's seed + a few is exact (Linear's bias, CrossNet's layers).
+-- after manual_seed(s) is the same every time, on every backend.  A seed is a whole number below
+-- Module.MAX_SEED (1.5 drew seed 1's numbers, the cast truncating; the seeds are made
+-- modulo 2^52, so seeds 2^52 apart, 0 and 2^60 among them, built the same model); the seeds
+-- handed out stay below Module.MAX_SEED + 1, so a module's seed + a few is exact (Linear's
+-- bias, CrossNet's layers).
 local ffi = require "ffi"
 Module.MAX_SEED = 2 ^ 52
 local seed_base, seed_count = ffi.new("uint64_t", 0x5eed), 0
 function Module.manual_seed(s)
-  lib.whole(s, "manual_seed: seed", 2)
+  lib.whole(s, "manual_seed: seed", 2, 0, Module.MAX_SEED - 1)
   seed_base, seed_count = ffi.new("uint64_t", s), 0
 end
 function Module.next_seed()

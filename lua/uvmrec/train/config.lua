@@ -111,7 +111,7 @@ M.schema = map({
     batch_size = int { min = 1, max = M.MAX_BATCH, default = 1024 },
     steps = int { min = 0, default = 0 },          -- 0: until the data ends (epochs)
     epochs = int { min = 1, max = 2 ^ 31 - 1, default = 1 },
-    seed = int { min = 0, default = 1 },
+    seed = int { min = 0, max = 2 ^ 52 - 1, default = 1 }, -- below nn.Module.MAX_SEED (module_spec checks)
     log_every = int { min = 1, default = 10 },     -- read the loss (the one wait) every N steps
     nonfinite = enum({ "stop", "skip", "off" }, { default = "stop" }), -- a NaN or Inf in the loss or a
                                                    -- dense gradient stops the run, or its step is skipped
