@@ -501,6 +501,19 @@ describe("uvmrec.cache staging growth under the HBM budget", function()
     for k = 0, 3 do assert.is_false(g:contains("a", { k })[1], "row " .. k) end
   end)
 
+  cuda_it("leaves its rows where they were when the LFU reset's keys find no HBM (drop fails whole)", function()
+    local g = h.lfu_after_drop(0) -- rows 1..31 and 100..103 cached
+    local before = g:contains("a", { 4, 5, 6, 7 })
+    ur.set_hbm_budget(ur.memory().hbm_used) -- no room for the 4 keys' copy
+    local ok, err = pcall(function() return assert(g:drop("a", { 4, 5, 6, 7 })) end)
+    ur.set_hbm_budget(nil)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("hbm budget", 1, true), tostring(err))
+    -- a drop that fails changes nothing (it cleared the host's tags before the keys' allocation)
+    assert.same(before, g:contains("a", { 4, 5, 6, 7 }))
+    assert.equal(0, assert(g:drop("a", { 999 }))) -- and the cache still takes a drop
+  end)
+
   cuda_it("ages LFU counts past the 16-bit wrap of their epochs as the CPU does (re-based, not wrapped)", function()
     local g, c = h.lfu_past_wrap(0), h.lfu_past_wrap("cpu")
     local probe = {}

@@ -1321,19 +1321,8 @@ ur_status ur_cache_drop(ur_cache *c, int32_t table, const int64_t *ids, int64_t 
   double t0 = ur_clock_seconds();
   if ((st = pull_state(c, 1))) return st;
   const ur_backend *g = c->be;
-  int64_t k = 0;
-  for (int64_t i = 0; i < n; i++) {
-    uint64_t key = (uint64_t)(c->kbase[table] + ids[i]);
-    int64_t base = set_of(c, key, table) * UR_CACHE_WAYS;
-    for (int w = 0; w < UR_CACHE_WAYS; w++)
-      if (c->tag[base + w] == key) {
-        c->tag[base + w] = EMPTY;
-        c->dirty[base + w] = 0;
-        k++;
-        break;
-      }
-  }
-  /* the rows' LFU counts belong to the ids that leave: reset in one call for all of them */
+  /* the rows' LFU counts belong to the ids that leave: reset in one call for all of them, before
+   * a tag changes, so that a failure here (the keys' memory) leaves the cache as it was */
   ur_tensor *keys = NULL;
   if (c->dev.freq && n > 0) {
     st = g->zero_rows ? home_tensor(c, &keys, UR_DTYPE_I64, n, 0) : ur__missing(g, "core", "zero_rows");
@@ -1346,6 +1335,22 @@ ur_status ur_cache_drop(ur_cache *c, int32_t table, const int64_t *ids, int64_t 
     free(hk);
   }
   ur_tensor_free(keys);
+  if (st) {
+    c->seconds += ur_clock_seconds() - t0;
+    return st;
+  }
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; i++) {
+    uint64_t key = (uint64_t)(c->kbase[table] + ids[i]);
+    int64_t base = set_of(c, key, table) * UR_CACHE_WAYS;
+    for (int w = 0; w < UR_CACHE_WAYS; w++)
+      if (c->tag[base + w] == key) {
+        c->tag[base + w] = EMPTY;
+        c->dirty[base + w] = 0;
+        k++;
+        break;
+      }
+  }
   if (!st && k && c->tag != c->dev.tag) {
     st = g->copy(NULL, c->dev.tag, c->tag, (size_t)c->S * 8);
     if (!st) st = g->copy(NULL, c->dev.dirty, c->dirty, (size_t)c->S);
