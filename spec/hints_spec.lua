@@ -147,6 +147,10 @@ return P
       assert(mgr:step(1))
       return m, mgr
     end
+    -- a manager refused for another option does not keep the object (it was claimed before the
+    -- monitor was checked, and every later manager refused: no manager to free)
+    assert.has_error(function() hints.manager(tables(), { policy = P, monitor = "often" }) end,
+      "hints: monitor 'often'; expected \"end\", \"interval\" or \"off\" (or true, false)")
     local m1, mgr1 = run()
     assert.is_truthy(m1.tbe:permutation("a"))
     assert.has_error(run, "hints: policy 'hot_prefix' (an object) plans for another manager already, keeping its "

@@ -458,6 +458,14 @@ function M.manager(collection, opts)
     if b and (not least or b < least) then least, by = b, t end
   end
   if least then refuse_below_row("allowance", opts.allowance, self.allowance, least, by, true, 2) end
+  -- every option is checked before a policy object is claimed below (a claim left by a refused
+  -- manager could not be freed)
+  local mon = opts.monitor
+  if mon == nil or mon == true then mon = "end" elseif mon == false then mon = "off" end
+  if mon ~= "end" and mon ~= "interval" and mon ~= "off" then
+    error(("hints: monitor '%s'; expected \"end\", \"interval\" or \"off\" (or true, false)"):format(
+      tostring(opts.monitor)), 2)
+  end
   -- a policy object keeps its state by table name: one another manager plans with would take
   -- this one's tables for the ones it placed (a second manager's table 'a' was never laid out)
   for _, t in ipairs(self.tables) do
@@ -468,15 +476,9 @@ function M.manager(collection, opts)
         tostring(t.policy.name or "?")), 2)
     end
   end
-  for _, t in ipairs(self.tables) do rawset(t.policy, "_manager", self) end
   for _, tbe in ipairs(self.tbes) do assert(tbe:set_counting(true)) end
+  for _, t in ipairs(self.tables) do rawset(t.policy, "_manager", self) end
   for _, t in ipairs(self.tables) do self.rerank = self.rerank or t.policy.rerank end
-  local mon = opts.monitor
-  if mon == nil or mon == true then mon = "end" elseif mon == false then mon = "off" end
-  if mon ~= "end" and mon ~= "interval" and mon ~= "off" then
-    error(("hints: monitor '%s'; expected \"end\", \"interval\" or \"off\" (or true, false)"):format(
-      tostring(opts.monitor)), 2)
-  end
   if mon ~= "off" and ur.gpu() and ur.monitor.read(true) ~= nil then self.monitor = mon end
   return self
 end
