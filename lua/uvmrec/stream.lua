@@ -97,7 +97,8 @@ function M.median_ms(fn, runs, stream)
   end
   e0:free()
   e1:free()
-  local s = { unpack(times) }
+  local s = {} -- a copy to sort (unpack fails past LuaJIT's ~8000 values)
+  for i = 1, runs do s[i] = times[i] end
   table.sort(s)
   local n = #s
   return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2, times
