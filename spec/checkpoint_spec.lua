@@ -5,6 +5,7 @@ local json = require "uvmrec.json"
 local h = require "helpers"
 local command = require "command"
 local C = ur.C
+local bit = require "bit"
 
 -- A scratch directory for this file's specs, removed at the end.
 local root = command.tmpdir()
@@ -81,6 +82,8 @@ end
 
 teardown(function() command.rmdir(root) end)
 
+local crc32c = require("helpers").crc32c
+
 describe("uvmrec.checkpoint files", function()
   it("writes the safetensors layout byte for byte (a small example computed by hand)", function()
     local ids = ur.tensor({ 2 }, { dtype = "i64" })
@@ -93,20 +96,25 @@ describe("uvmrec.checkpoint files", function()
     u[0], u[1], u[2] = 1, 2, 255
     local path = scratch("hand.safetensors")
     assert(ck.save(path, { tensors = { w = w, ids = ids, b = b, u = u }, meta = { step = "7" } }))
-    -- Widest dtype first, then by name (the reference's order): ids, w, b, u.  The JSON is 252
-    -- bytes, padded with 4 spaces to 256 so the data starts at byte 264, 8-aligned.
-    local header = '{"__metadata__":{"step":"7"},' ..
+    -- Widest dtype first, then by name (the reference's order): ids, w, b, u.  The metadata
+    -- ends with each tensor's CRC32C.  The JSON is 350 bytes, padded with 2 spaces to 352 so
+    -- the data starts at byte 360, 8-aligned.
+    local data = {
+      ids = "\7\0\0\0\0\0\0\0" .. "\255\255\255\255\255\255\255\255", -- i64 7, -1
+      w = "\0\0\192\63" .. "\0\0\0\192",                                -- f32 1.5 (0x3fc00000), -2
+      b = "\128\63" .. "\0\191",                                        -- bf16 1 (0x3f80), -0.5 (0xbf00)
+      u = "\1\2\255" }                                                  -- u8
+    assert.equal("e3069283", crc32c("123456789"))
+    local crcs = ('{\\"ids\\":\\"%s\\",\\"w\\":\\"%s\\",\\"b\\":\\"%s\\",\\"u\\":\\"%s\\"}'):format(
+      crc32c(data.ids), crc32c(data.w), crc32c(data.b), crc32c(data.u))
+    local header = '{"__metadata__":{"step":"7","uvmrec.crc32c":"' .. crcs .. '"},' ..
       '"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},' ..
       '"w":{"dtype":"F32","shape":[1,2],"data_offsets":[16,24]},' ..
       '"b":{"dtype":"BF16","shape":[2],"data_offsets":[24,28]},' ..
       '"u":{"dtype":"U8","shape":[3],"data_offsets":[28,31]}}'
-    assert.equal(252, #header)
-    local want = "\0\1\0\0\0\0\0\0" .. header .. "    " ..
-      "\7\0\0\0\0\0\0\0" .. "\255\255\255\255\255\255\255\255" .. -- i64 7, -1
-      "\0\0\192\63" .. "\0\0\0\192" ..                              -- f32 1.5 (0x3fc00000), -2
-      "\128\63" .. "\0\191" ..                                      -- bf16 1 (0x3f80), -0.5 (0xbf00)
-      "\1\2\255"                                                    -- u8
-    assert.equal(295, #want)
+    assert.equal(350, #header)
+    local want = "\96\1\0\0\0\0\0\0" .. header .. "  " .. data.ids .. data.w .. data.b .. data.u
+    assert.equal(391, #want)
     assert.equal(want, read_file(path))
   end)
 
@@ -323,6 +331,21 @@ describe("uvmrec.checkpoint's writer of a file a part at a time", function()
     assert(w:put("b", ts.b))
     assert(w:close())
     assert.equal(read_file(whole), read_file(path))
+    -- each tensor's checksum, over its parts in order, is its bytes' (the Lua reference), and a
+    -- flipped bit in a tensor written by parts is refused
+    local f = assert(ck.open(path))
+    local sums = json.decode(assert(f:meta("uvmrec.crc32c"), "the file written by parts has no checksums"))
+    local text = read_file(path)
+    for name in pairs(ts) do
+      local info = f:info(name)
+      assert.equal(h.crc32c(text:sub(info.offset + 1, info.offset + info.nbytes)), sums[name], name)
+    end
+    local at = f:info("w").offset + 4 * 10
+    f:close()
+    write_file(path, text:sub(1, at) .. string.char(bit.bxor(text:byte(at + 1), 1)) .. text:sub(at + 2))
+    local st, err = ck.load(path)
+    assert.is_nil(st)
+    assert.matches("tensor 'w' .* does not match the checksum written with it", err)
   end)
 
   it("names a part that does not fit, a tensor left short, and leaves the file as it was", function()
@@ -492,6 +515,61 @@ describe("uvmrec.checkpoint validation", function()
     assert.has_error(function() f:read("a", ur.tensor({ 4, 3 }, { dtype = "bf16" })) end,
       "safetensors load: " .. path .. ": tensor 'a' is F32 [4, 3] in the file but the destination is BF16 [4, 3]")
     assert.has_error(function() f:read("zz", da) end, "safetensors load: " .. path .. " has no tensor 'zz'")
+  end)
+
+  it("refuses a file with a flipped bit anywhere in a tensor's bytes, naming it, before writing anything", function()
+    local path = scratch("flip.safetensors")
+    local a, ids = random_tensor({ 64, 4 }, "f32", "host", 21), random_tensor({ 100 }, "i64", "host", 22)
+    assert(ck.save(path, { tensors = { a = a, ids = ids }, meta = { note = "x" } }))
+    local good = read_file(path)
+    local f = assert(ck.open(path))
+    local ia, ii = f:info("a"), f:info("ids")
+    f:close()
+    -- one bit of ids' element 57 (not a float: nothing else would see it), one of a's mantissas
+    for _, case in ipairs { { "ids", ii.offset + 8 * 57 + 2, 4 }, { "a", ia.offset + 4 * 201, 1 } } do
+      local name, at, mask = case[1], case[2], case[3]
+      write_file(path, good:sub(1, at) .. string.char(bit.bxor(good:byte(at + 1), mask)) .. good:sub(at + 2))
+      local info = name == "a" and ia or ii
+      local want = ("safetensors: %s: tensor '%s' (file bytes %d..%d) does not match the checksum written with it "
+        .. "(crc32c %%x+, its bytes give %%x+): the file is corrupted"):format(path, name, info.offset,
+        info.offset + info.nbytes):gsub("[%.%(%)%-]", "%%%0"):gsub("%%%%x%+", "%%x+")
+      local st, err = ck.load(path)
+      assert.is_nil(st)
+      assert.matches("^" .. want .. "$", err)
+      local da, dids = ur.tensor({ 64, 4 }):fill(5), ur.tensor({ 100 }, { dtype = "i64" }):fill(5)
+      local ok, lerr = assert(ck.open(path)):load({ a = da, ids = dids })
+      assert.is_nil(ok)
+      assert.matches("^" .. want .. "$", lerr)
+      assert.same({ 5, 5 }, { da[0], dids[0] }, "nothing was written")
+      -- the registry refuses it too, before any component is loaded
+      local reg = ck.registry()
+      local wa, wids = ur.tensor({ 64, 4 }):fill(5), ur.tensor({ 100 }, { dtype = "i64" }):fill(5)
+      reg:register { name = "m", state = function() return { tensors = { a = wa } } end }
+      reg:register { name = "v", views = true, state = function() return { tensors = { ids = wids } } end,
+                     load = function() error("not reached") end }
+      local cpath = scratch("flip_reg.safetensors")
+      assert(reg:save(cpath, { step = 1 }))
+      local cgood = read_file(cpath)
+      local cf = assert(ck.open(cpath))
+      local full = name == "a" and "m.a" or "v.ids"
+      local cat = cf:info(full).offset + (at - info.offset)
+      cf:close()
+      write_file(cpath, cgood:sub(1, cat) .. string.char(bit.bxor(cgood:byte(cat + 1), mask)) .. cgood:sub(cat + 2))
+      local r, rerr = reg:load(cpath)
+      assert.is_nil(r)
+      assert.matches("safetensors: " .. cpath:gsub("%p", "%%%0") .. ": tensor '" .. full:gsub("%.", "%%.")
+        .. "' .* the file is corrupted", rerr)
+      assert.same({ 5, 5 }, { wa[0], wids[0] })
+    end
+    write_file(path, good)
+    assert.same(a:totable(), assert(ck.load(path)).tensors.a:totable(), "the file as written loads")
+    -- the checksums themselves are checked when the file opens
+    local bad = good:gsub('(,\\"a\\":\\")(%x)', "%1g", 1)
+    assert.are_not.equal(good, bad)
+    write_file(path, bad)
+    local st, msg = open_status(path)
+    assert.equal(C.UR_STATUS_FORMAT, st)
+    assert.matches("__metadata__ 'uvmrec.crc32c': tensor 'a' has checksum g%x+; expected 8 hex digits", msg)
   end)
 
   it("reads a scalar (shape []) as shape [1]", function()

@@ -278,16 +278,18 @@ describe("uvmrec.serve", function()
     cmd.rmdir(dir)
   end)
 
-  it("refuses a file whose bytes turned a weight, a value or a row's scale non-finite, naming tensor and place",
-    function()
+  it("refuses a file whose bytes changed after export (checksums), or turned a weight, a value or a row's scale "
+     .. "non-finite, naming tensor and place", function()
     local dir = cmd.tmpdir()
-    -- Overwrites bytes of tensor `name` of file `good` at byte `at` of its data; returns open's error.
-    local function corrupt(good, name, at, bytes, tag)
+    -- Overwrites bytes of tensor `name` of file `good` at byte `at` of its data; returns open's
+    -- error.  restamp: the checksum made to match, so that only the values can tell.
+    local function corrupt(good, name, at, bytes, tag, restamp)
       local text = assert(cmd.slurp(good))
       local info = assert(assert(ck.open(good)):info(name))
       local o = info.offset + at
       local path = ("%s/%s.safetensors"):format(dir, tag)
-      cmd.spit(path, text:sub(1, o) .. bytes .. text:sub(o + #bytes + 1))
+      text = text:sub(1, o) .. bytes .. text:sub(o + #bytes + 1)
+      cmd.spit(path, restamp ~= false and h.restamp(text, name, info) or text)
       local m, err = serve.open(path, { device = "cpu" })
       if m then m:close() end
       return err, path
@@ -312,8 +314,14 @@ describe("uvmrec.serve", function()
     e, p = corrupt(int4, "embeddings.C3", 12 * 9, inf16, "scale")
     assert.equal(("model file %s: tensor 'embeddings.C3' holds a non-finite f16 scale or bias at row 9 "
                   .. "(a file changed after export?)"):format(p), e)
-    -- finite bytes changed in the codes are not seen: the file holds no checksum (docs/reliability.md)
-    assert.is_nil(corrupt(int4, "embeddings.C3", 12 * 9 + 5, string.char(0x5a), "codes"))
+    -- any byte changed, the codes' included, fails the tensor's checksum
+    local info = assert(assert(ck.open(int4)):info("embeddings.C3"))
+    e, p = corrupt(int4, "embeddings.C3", 12 * 9 + 5, string.char(0x5a), "codes", false)
+    assert.truthy(e:find(("safetensors: %s: tensor 'embeddings.C3' (file bytes %d..%d) does not match the checksum "
+      .. "written with it (crc32c "):format(p, info.offset, info.offset + info.nbytes), 1, true), e)
+    assert.truthy(e:find("): the file is corrupted", 1, true), e)
+    e = corrupt(f32, "dense.top.1.weight", 4 * (2 * 368 + 3), nan32, "wn", false)
+    assert.matches("tensor 'dense.top.1.weight' .* does not match the checksum", e)
     cmd.rmdir(dir)
   end)
 

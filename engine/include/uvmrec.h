@@ -1476,7 +1476,9 @@ UR_API ur_status ur_safetensors_save(ur_stream *s, const char *path, int32_t n,
  * (entries' index), tensors in any order; close checks that every byte was given and publishes
  * the file as save does (fsync, rename, the directory's fsync), then frees the writer.  free
  * abandons a writer (its temporary file removed; path unchanged).  A file written by parts is
- * the file save writes of the same tensors, byte for byte. */
+ * the file save writes of the same tensors, byte for byte: each tensor's CRC32C is computed
+ * over its parts as they are put (a part is appended to the tensor's bytes given before it)
+ * and close writes the header again with them ("uvmrec.crc32c", below), the same length. */
 typedef struct ur_safetensors_writer ur_safetensors_writer;
 UR_API ur_status ur_safetensors_writer_open(ur_safetensors_writer **out, ur_stream *s,
                                             const char *path, int32_t n,
@@ -1516,6 +1518,16 @@ UR_API ur_status ur_safetensors_read_part(const ur_safetensors *f, int32_t i,
  * and for other dtypes), read from the file a chunk at a time (the pages are not mapped: the
  * host memory used stays a chunk's), before a load that should refuse such a tensor. */
 UR_API ur_status ur_safetensors_find_nonfinite(const ur_safetensors *f, int32_t i, int64_t *out);
+/* Every save of tensors keeps each one's CRC32C in the metadata ("uvmrec.crc32c": a JSON object
+ * of tensor names to 8 hex digits, the writer's own key); opening checks that it names every
+ * tensor.  ur_safetensors_verify reads tensor i a chunk at a time and checks its bytes against
+ * it (UR_STATUS_FORMAT naming the file, the tensor and its bytes when they differ: a flipped
+ * bit), finding its first NaN or infinity as ur_safetensors_find_nonfinite does in the same
+ * read (nonfinite may be NULL); a file without checksums (another writer's) is only scanned.
+ * ur_safetensors_load does not verify: call this first, for every tensor to be loaded, as the
+ * Lua library does, so that a corrupted file is refused before anything is written. */
+UR_API ur_status ur_safetensors_verify(const ur_safetensors *f, int32_t i,
+                                       int64_t *nonfinite /* out, or NULL */);
 
 /* ---- YAML documents (configs) ---- */
 /* A YAML file as a tree of nodes with their positions, read through libyaml's event API.

@@ -94,34 +94,36 @@ function file_methods:view(name)
   return tensor.wrap(out[0])
 end
 
-local FLOATS = { f32 = true, bf16 = true, f16 = true, f64 = true }
-
--- nil, or why the file's tensors `names` may not be loaded: the first that holds a NaN or an
--- infinity, named with its first bad element (row and column of a 2-D tensor).  Read from the
--- file a chunk at a time, before anything is written.
+-- nil, or why the file's tensors `names` may not be loaded: the first whose bytes do not match
+-- the checksum written with them (a corrupted file), or, unless opts.allow_nonfinite, that
+-- holds a NaN or an infinity, named with its first bad element (row and column of a 2-D
+-- tensor).  Each is read from the file once, a chunk at a time, before anything is written.
 local bad_at = ffi.new("int64_t[1]")
-function file_methods:nonfinite(names)
+function file_methods:verify(names, opts)
   local p = F(self)
+  local floats_too = not (opts and opts.allow_nonfinite)
   for _, name in ipairs(names) do
-    local info = self:info(name)
-    if info and FLOATS[info.dtype] then
-      lib.must(C.ur_safetensors_find_nonfinite(p, C.ur_safetensors_find(p, name), bad_at), 2)
-      local i = bad_at[0] >= 0 and tonumber(bad_at[0]) or nil
-      if i then
-        local where = ("element %d"):format(i)
-        if #info.shape == 2 then
-          where = ("element %d (row %d, column %d)"):format(i, math.floor(i / info.shape[2]), i % info.shape[2])
-        end
-        return ("checkpoint %s: tensor '%s' holds NaN or infinity at %s; refused (load with "
-          .. "allow_nonfinite, --allow-nonfinite, to take it as it is)"):format(self:path(), name, where)
+    local i = C.ur_safetensors_find(p, name)
+    if i < 0 then return nil end -- the load names it
+    local ok, err = check(C.ur_safetensors_verify(p, i, floats_too and bad_at or nil), 2)
+    if not ok then return err end
+    local bad = floats_too and bad_at[0] >= 0 and tonumber(bad_at[0]) or nil
+    if bad then
+      local info = self:info(name)
+      local where = ("element %d"):format(bad)
+      if #info.shape == 2 then
+        where = ("element %d (row %d, column %d)"):format(bad, math.floor(bad / info.shape[2]), bad % info.shape[2])
       end
+      return ("checkpoint %s: tensor '%s' holds NaN or infinity at %s; refused (load with "
+        .. "allow_nonfinite, --allow-nonfinite, to take it as it is)"):format(self:path(), name, where)
     end
   end
   return nil
 end
 
 -- Copies tensors into existing ones of any placement: map is {name = tensor}.  Every name,
--- dtype and shape is checked before anything is written (a mismatch raises), and a tensor
+-- dtype and shape is checked before anything is written (a mismatch raises), and so is every
+-- tensor's checksum (a corrupted file: nil, message naming the file and the tensor); a tensor
 -- holding NaN or infinity is refused (nil, message naming it and its first bad element) unless
 -- opts.allow_nonfinite.  opts: staging (bytes of the pinned staging buffer), stream,
 -- allow_nonfinite.
@@ -136,10 +138,8 @@ function file_methods:load(map, opts)
     names[#names + 1] = name
   end
   table.sort(names)
-  if not opts.allow_nonfinite then
-    local bad = self:nonfinite(names)
-    if bad then return nil, bad end
-  end
+  local bad = self:verify(names, opts)
+  if bad then return nil, bad end
   local cnames = ffi.new("const char *[?]", #names + 1)
   local cdsts = ffi.new("ur_tensor *[?]", #names + 1)
   for i, name in ipairs(names) do
@@ -294,7 +294,8 @@ end
 
 -- {tensors = {name = tensor}, meta = {key = string}, path = path}: zero-copy host views of
 -- every tensor by default, or copies in opts.placement (and opts.device) through the staging
--- buffer.  nil, message when the file cannot be read.
+-- buffer.  nil, message when the file cannot be read or a tensor's bytes do not match their
+-- checksum (views: read once to check them).
 function M.load(path, opts)
   opts = opts or {}
   local f, err = M.open(path)
@@ -316,7 +317,10 @@ function M.load(path, opts)
     out.tensors = map
     return out
   end
-  for _, name in ipairs(f:names()) do out.tensors[name] = assert(f:view(name)) end
+  local names = f:names()
+  local bad = f:verify(names, { allow_nonfinite = true })
+  if bad then f:close(); return nil, bad end
+  for _, name in ipairs(names) do out.tensors[name] = assert(f:view(name)) end
   f:close()
   return out
 end
@@ -555,15 +559,13 @@ function Registry:load(path, opts)
       local tensors = {}
       local file_names = by_comp[c.name] or {}
       if c.views then
-        if not opts.allow_nonfinite then
-          local list = {}
-          for _, full in pairs(file_names) do list[#list + 1] = full end
-          table.sort(list)
-          local bad = f:nonfinite(list)
-          if bad then
-            f:close()
-            return nil, bad
-          end
+        local list = {}
+        for _, full in pairs(file_names) do list[#list + 1] = full end
+        table.sort(list)
+        local bad = f:verify(list, opts)
+        if bad then
+          f:close()
+          return nil, bad
         end
         for rest, full in pairs(file_names) do tensors[rest] = assert(f:view(full)) end
       else

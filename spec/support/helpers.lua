@@ -416,4 +416,26 @@ function M.build_c(rel, dir, name, header_only)
   return exe
 end
 
+-- CRC32C (Castagnoli, reflected 0x82F63B78) of a string, bit by bit, as 8 hex digits: the
+-- reference of the checksums a safetensors save keeps ("123456789" gives e3069283).
+function M.crc32c(str)
+  local c = 0xFFFFFFFF
+  for i = 1, #str do
+    c = bit.bxor(c, str:byte(i))
+    for _ = 1, 8 do
+      c = bit.band(c, 1) ~= 0 and bit.bxor(bit.rshift(c, 1), 0x82F63B78) or bit.rshift(c, 1)
+    end
+  end
+  return bit.tohex(bit.bnot(c))
+end
+
+-- The bytes of safetensors file text `text` with tensor `name`'s checksum set to what its bytes
+-- (info: the file's info of it) now give: a change a checksum does not catch (a writer's bug).
+function M.restamp(text, name, info)
+  local key = '\\"' .. name .. '\\":\\"'
+  local at = assert(text:find(key, 1, true), name)
+  local crc = M.crc32c(text:sub(info.offset + 1, info.offset + info.nbytes))
+  return text:sub(1, at + #key - 1) .. crc .. text:sub(at + #key + 8)
+end
+
 return M

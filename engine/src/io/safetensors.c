@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,74 @@ static void tensor_text(const ur_tensor *t, char *buf, size_t len) {
   for (int i = 0; i < nd; i++) shape[i] = ur_tensor_dim(t, i);
   size_t n = (size_t)snprintf(buf, len, "%s ", st_dtype[ur_tensor_dtype(t)]);
   if (n < len) shape_text(nd, shape, buf + n, len - n);
+}
+
+/* ---- checksums: CRC32C of each tensor's bytes, kept in the metadata as CRC_KEY ---- */
+
+/* {"<tensor>": "<crc32c, 8 hex digits>", ...} in data order: written by every save of tensors,
+ * checked by ur_safetensors_verify; a flipped bit in the data is an error, not a weight. */
+#define CRC_KEY "uvmrec.crc32c"
+
+static uint32_t crc_table[8][256];
+
+static void crc_table_init(void) {
+  for (uint32_t i = 0; i < 256; i++) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    crc_table[0][i] = c;
+  }
+  for (uint32_t i = 0; i < 256; i++)
+    for (int t = 1; t < 8; t++)
+      crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
+}
+
+/* Slicing by 8, for CPUs without the instruction. */
+static uint32_t crc_soft(uint32_t c, const unsigned char *p, size_t n) {
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    v ^= c;
+    c = crc_table[7][v & 0xff] ^ crc_table[6][(v >> 8) & 0xff] ^ crc_table[5][(v >> 16) & 0xff] ^
+        crc_table[4][(v >> 24) & 0xff] ^ crc_table[3][(v >> 32) & 0xff] ^
+        crc_table[2][(v >> 40) & 0xff] ^ crc_table[1][(v >> 48) & 0xff] ^
+        crc_table[0][v >> 56];
+  }
+  while (n--) c = (c >> 8) ^ crc_table[0][(c ^ *p++) & 0xff];
+  return c;
+}
+
+#if defined(__x86_64__)
+/* SSE4.2's crc32 instruction computes CRC32C (several GB/s: the disk, not this, bounds a save). */
+__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t c, const unsigned char *p,
+                                                          size_t n) {
+  uint64_t c64 = c;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    c64 = __builtin_ia32_crc32di(c64, v);
+  }
+  c = (uint32_t)c64;
+  while (n--) c = __builtin_ia32_crc32qi(c, *p++);
+  return c;
+}
+#endif
+
+static uint32_t (*crc_update)(uint32_t, const unsigned char *, size_t);
+
+static void crc_pick(void) {
+  crc_table_init();
+  crc_update = crc_soft;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("sse4.2")) crc_update = crc_hw;
+#endif
+}
+
+/* CRC32C (Castagnoli) of n bytes, continuing crc (0 to start). */
+static uint32_t crc32c(uint32_t crc, const void *p, size_t n) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, crc_pick);
+  return ~crc_update(~crc, p, n);
 }
 
 /* ---- staging: two halves of one pinned buffer, so a copy and a file transfer overlap ---- */
@@ -99,6 +168,7 @@ typedef struct item {
   int32_t dtype, ndim, index;
   int64_t shape[UR_MAX_DIMS];
   uint64_t begin, end, given;
+  uint32_t crc; /* of the bytes given, in order (parts are appended) */
 } item;
 
 static int by_name(const void *a, const void *b) {
@@ -120,6 +190,9 @@ struct ur_safetensors_writer {
   item *items;    /* in layout order */
   int32_t *slot;  /* the caller's index -> its item */
   staging sg;
+  uint32_t *crc;  /* the checksum of the part being written, or NULL (the header) */
+  int32_t nmeta;  /* the metadata, kept for the header written again with the checksums */
+  char **meta_keys, **meta_values;
 };
 
 /* n bytes at byte `at` of the temporary file. */
@@ -135,6 +208,7 @@ static ur_status write_at(ur_safetensors_writer *w, const void *p, uint64_t n, u
                        w->tmp, (unsigned long long)w->done, (unsigned long long)w->total,
                        strerror(errno), w->path);
     }
+    if (w->crc) *w->crc = crc32c(*w->crc, c, (size_t)k);
     c += k;
     n -= (uint64_t)k;
     at += (uint64_t)k;
@@ -168,11 +242,28 @@ static ur_status write_staged(ur_safetensors_writer *w, const ur_tensor *t, uint
   return UR_STATUS_OK;
 }
 
+/* The checksums' metadata value: {"name":"8 hex digits",...} in data order (its length does
+ * not depend on the checksums, so the header written before the data keeps its size). */
+static char *crc_text(const item *items, int32_t n) {
+  json_t *o = json_object();
+  for (int32_t i = 0; o && i < n; i++) {
+    char hex[9];
+    snprintf(hex, sizeof hex, "%08x", (unsigned)items[i].crc);
+    if (json_object_set_new(o, items[i].name, json_string(hex))) {
+      json_decref(o);
+      return NULL;
+    }
+  }
+  char *text = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+  json_decref(o);
+  return text;
+}
+
 static ur_status build_header(const item *items, int32_t n, int32_t nmeta, const char *const *keys,
                               const char *const *values, char **out, size_t *len) {
   json_t *root = json_object();
   ur_status s = root ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
-  if (!s && nmeta > 0) {
+  if (!s && (nmeta > 0 || n > 0)) {
     json_t *m = json_object();
     if (!m || json_object_set_new(root, "__metadata__", m))
       s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
@@ -180,6 +271,8 @@ static ur_status build_header(const item *items, int32_t n, int32_t nmeta, const
       if (!keys[i] || !values[i])
         s = ur__error(UR_STATUS_INVALID, "safetensors: metadata entry %d has a NULL key or value",
                       (int)i);
+      else if (!strcmp(keys[i], CRC_KEY))
+        continue; /* the writer's own (a loaded file's metadata saved again): computed anew */
       else if (json_object_get(m, keys[i]))
         s = ur__error(UR_STATUS_INVALID, "safetensors: metadata key '%s' is given twice", keys[i]);
       else if (json_object_set_new(m, keys[i], json_string(values[i])))
@@ -206,6 +299,12 @@ static ur_status build_header(const item *items, int32_t n, int32_t nmeta, const
     if (json_object_set_new(root, items[i].name, e))
       s = ur__error(UR_STATUS_INVALID, "safetensors: tensor name '%s' is not valid UTF-8",
                     items[i].name);
+  }
+  if (!s && n > 0) { /* the names are valid: the tensors took them */
+    char *ct = crc_text(items, n);
+    if (!ct || json_object_set_new(json_object_get(root, "__metadata__"), CRC_KEY, json_string(ct)))
+      s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+    free(ct);
   }
   char *text = s ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
   json_decref(root);
@@ -275,6 +374,12 @@ void ur_safetensors_writer_free(ur_safetensors_writer *w) {
   for (int32_t i = 0; w->items && i < w->n; i++) free(w->items[i].name);
   free(w->items);
   free(w->slot);
+  for (int32_t i = 0; w->meta_keys && i < w->nmeta; i++) {
+    free(w->meta_keys[i]);
+    free(w->meta_values[i]);
+  }
+  free(w->meta_keys);
+  free(w->meta_values);
   free(w);
 }
 
@@ -303,13 +408,22 @@ ur_status ur_safetensors_writer_open(ur_safetensors_writer **out, ur_stream *str
   w->path = strdup(path);
   w->tmp = malloc(strlen(path) + 16);
   staging_init(&w->sg, stream, staging_bytes);
-  if (!w->items || !w->slot || !w->path || !w->tmp) {
+  w->meta_keys = calloc((size_t)nmeta + 1, sizeof *w->meta_keys);
+  w->meta_values = calloc((size_t)nmeta + 1, sizeof *w->meta_values);
+  int meta_ok = w->meta_keys && w->meta_values;
+  for (int32_t i = 0; meta_ok && i < nmeta; i++, w->nmeta = i) {
+    /* kept for close, which writes the header again with the checksums (NULLs refused there) */
+    w->meta_keys[i] = meta_keys[i] ? strdup(meta_keys[i]) : NULL;
+    w->meta_values[i] = meta_values[i] ? strdup(meta_values[i]) : NULL;
+    meta_ok = (!meta_keys[i] || w->meta_keys[i]) && (!meta_values[i] || w->meta_values[i]);
+  }
+  if (!w->items || !w->slot || !w->path || !w->tmp || !meta_ok) {
     ur_safetensors_writer_free(w);
     return ur__error(UR_STATUS_OOM, "safetensors save: out of host memory");
   }
   item *items = w->items;
   for (int32_t i = 0; i < n; i++) {
-    items[i] = (item){strdup(entries[i].name), entries[i].dtype, entries[i].ndim, i, {0}, 0, 0, 0};
+    items[i] = (item){strdup(entries[i].name), entries[i].dtype, entries[i].ndim, i, {0}, 0, 0, 0, 0};
     memcpy(items[i].shape, entries[i].shape, sizeof items[i].shape);
     if (!items[i].name) s = ur__error(UR_STATUS_OOM, "safetensors save: out of host memory");
   }
@@ -391,6 +505,10 @@ ur_status ur_safetensors_writer_put(ur_stream *stream, ur_safetensors_writer *w,
                      it->name, want, (unsigned long long)size, (unsigned long long)it->given,
                      (unsigned long long)n);
   uint64_t at = w->data_start + it->begin + it->given;
+  /* A part is appended to the bytes given, so the checksum runs over them in order; it is kept
+   * only when the whole part was written. */
+  uint32_t crc = it->crc;
+  w->crc = &crc;
   ur_status s;
   if (staged(part)) {
     w->sg.stream = stream ? stream->handle : NULL;
@@ -400,7 +518,11 @@ ur_status ur_safetensors_writer_put(ur_stream *stream, ur_safetensors_writer *w,
   } else {
     s = write_at(w, ur_tensor_data(part), n, at);
   }
-  if (!s) it->given += n;
+  w->crc = NULL;
+  if (!s) {
+    it->given += n;
+    it->crc = crc;
+  }
   return s;
 }
 
@@ -419,6 +541,21 @@ ur_status ur_safetensors_writer_close(ur_safetensors_writer *w) {
     }
   }
   staging_done(&w->sg);
+  /* The header again, now with the checksums (the same length: hex digits for hex digits). */
+  if (!s && w->n > 0) {
+    char *final = NULL;
+    size_t flen = 0;
+    s = build_header(w->items, w->n, w->nmeta, (const char *const *)w->meta_keys,
+                     (const char *const *)w->meta_values, &final, &flen);
+    if (!s && flen != w->data_start)
+      s = ur__error(UR_STATUS_INVALID, "safetensors: the header of %s changed length once its "
+                    "checksums were known (%llu bytes, then %zu)", w->tmp,
+                    (unsigned long long)w->data_start, flen);
+    uint64_t done = w->done;
+    if (!s) s = write_at(w, final, flen, 0);
+    w->done = done; /* counted once, at open */
+    free(final);
+  }
   if (!s && fsync(w->fd))
     s = ur__error(UR_STATUS_IO, "safetensors: fsync of %s failed: %s; %s is unchanged", w->tmp,
                   strerror(errno), w->path);
@@ -507,6 +644,7 @@ struct ur_safetensors {
   ur_safetensors_entry *entries; /* in data order */
   int32_t *sorted;               /* entry indices by name, for lookups */
   char **meta_keys, **meta_values;
+  uint32_t *crc;                 /* per entry, when the file has CRC_KEY (else NULL) */
 };
 
 static int entry_by_name(const void *a, const void *b, void *ctx) {
@@ -530,6 +668,7 @@ void ur_safetensors_close(ur_safetensors *f) {
   }
   free(f->entries);
   free(f->sorted);
+  free(f->crc);
   free(f->meta_keys);
   free(f->meta_values);
   if (f->map) mapping_release(f->map);
@@ -756,6 +895,43 @@ static ur_status check_layout(ur_safetensors *f) {
   return UR_STATUS_OK;
 }
 
+/* The checksums of CRC_KEY, one for every tensor (a file without the key has none to check:
+ * written by another tool, or before uvmrec kept them). */
+static ur_status parse_crc(ur_safetensors *f) {
+  const char *text = ur_safetensors_meta_get(f, CRC_KEY);
+  if (!text) return UR_STATUS_OK;
+  json_error_t err;
+  json_t *o = json_loads(text, JSON_REJECT_DUPLICATES, &err);
+  ur_status s = UR_STATUS_OK;
+  if (!json_is_object(o))
+    s = ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s' is not an object of "
+                  "checksums: %s", f->path, CRC_KEY, o ? "not an object" : err.text);
+  if (!s && !(f->crc = calloc((size_t)f->n + 1, sizeof *f->crc)))
+    s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+  if (!s && json_object_size(o) != (size_t)f->n)
+    s = ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s' holds %zu checksums for "
+                  "%d tensors", f->path, CRC_KEY, json_object_size(o), (int)f->n);
+  const char *k;
+  json_t *v;
+  if (!s) json_object_foreach(o, k, v) {
+    int32_t i = ur_safetensors_find(f, k);
+    const char *hex = json_string_value(v);
+    char *end = NULL;
+    unsigned long c = hex && strlen(hex) == 8 ? strtoul(hex, &end, 16) : 0;
+    if (i < 0)
+      s = ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s' names tensor '%s', "
+                    "which the file does not hold", f->path, CRC_KEY, k);
+    else if (!end || *end)
+      s = ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s': tensor '%s' has "
+                    "checksum %s; expected 8 hex digits", f->path, CRC_KEY, k,
+                    hex ? hex : json_kind(v));
+    if (s) break;
+    f->crc[i] = (uint32_t)c;
+  }
+  json_decref(o);
+  return s;
+}
+
 ur_status ur_safetensors_open(ur_safetensors **out, const char *path) {
   UR__ARGS(out, path);
   *out = NULL;
@@ -816,6 +992,10 @@ ur_status ur_safetensors_open(ur_safetensors **out, const char *path) {
   for (int32_t i = 0; i < f->n; i++) f->sorted[i] = i;
   qsort_r(f->sorted, (size_t)f->n, sizeof *f->sorted, entry_by_name, f->entries);
   for (int32_t i = 0; i < f->n; i++) f->entries[i].file_offset = f->data_start + f->entries[i].begin;
+  if ((s = parse_crc(f))) {
+    ur_safetensors_close(f);
+    return s;
+  }
   *out = f;
   return UR_STATUS_OK;
 }
@@ -913,32 +1093,64 @@ static ur_status read_all(const ur_safetensors *f, void *dst, uint64_t n, uint64
   return UR_STATUS_OK;
 }
 
-ur_status ur_safetensors_find_nonfinite(const ur_safetensors *f, int32_t i, int64_t *out) {
-  UR__ARGS(f, out);
-  *out = -1;
-  ur_status s = check_index(f, i, "find_nonfinite");
-  if (s) return s;
+/* Tensor i's bytes give checksum c, not the one written with them. */
+static ur_status crc_mismatch(const ur_safetensors *f, int32_t i, uint32_t c) {
+  const ur_safetensors_entry *e = &f->entries[i];
+  return ur__error(UR_STATUS_FORMAT, "safetensors: %s: tensor '%s' (file bytes %llu..%llu) does "
+                   "not match the checksum written with it (crc32c %08x, its bytes give %08x): "
+                   "the file is corrupted", f->path, e->name, (unsigned long long)e->file_offset,
+                   (unsigned long long)(e->file_offset + e->end - e->begin), (unsigned)f->crc[i],
+                   (unsigned)c);
+}
+
+/* Reads tensor i from the file a MiB at a time: its checksum checked (crc, when the file has
+ * them) and its first NaN or infinity into *nonfinite (float dtypes; -1 when none; NULL: not
+ * looked for). */
+static ur_status scan(const ur_safetensors *f, int32_t i, int crc, int64_t *nonfinite) {
   const ur_safetensors_entry *e = &f->entries[i];
   ur_dtype d = (ur_dtype)e->dtype;
-  if (d != UR_DTYPE_F32 && d != UR_DTYPE_BF16 && d != UR_DTYPE_F16 && d != UR_DTYPE_F64)
-    return UR_STATUS_OK;
+  int floats = d == UR_DTYPE_F32 || d == UR_DTYPE_BF16 || d == UR_DTYPE_F16 || d == UR_DTYPE_F64;
+  if (nonfinite) *nonfinite = -1;
+  if (!floats) nonfinite = NULL;
+  crc = crc && f->crc;
+  if (!crc && !nonfinite) return UR_STATUS_OK;
   const uint64_t chunk = (uint64_t)1 << 20; /* a multiple of every element size */
   uint64_t n = e->end - e->begin, es = ur_dtype_size(d);
   char *buf = malloc(n < chunk ? (n ? n : 1) : chunk);
   if (!buf) return ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+  ur_status s = UR_STATUS_OK;
+  uint32_t c = 0;
   for (uint64_t off = 0; !s && off < n; off += chunk) {
     uint64_t len = n - off < chunk ? n - off : chunk;
-    if (!(s = read_all(f, buf, len, e->file_offset + off))) {
+    if ((s = read_all(f, buf, len, e->file_offset + off))) break;
+    if (crc) c = crc32c(c, buf, (size_t)len);
+    if (nonfinite && *nonfinite < 0) {
       int64_t k = ur__nonfinite_first(buf, d, (int64_t)(len / es));
       if (k < (int64_t)(len / es)) {
-        *out = (int64_t)(off / es) + k;
-        break;
+        *nonfinite = (int64_t)(off / es) + k;
+        if (!crc) break;
       }
     }
   }
   free(buf);
+  if (!s && crc && c != f->crc[i]) s = crc_mismatch(f, i, c);
   return s;
 }
+
+ur_status ur_safetensors_find_nonfinite(const ur_safetensors *f, int32_t i, int64_t *out) {
+  UR__ARGS(f, out);
+  *out = -1;
+  ur_status s = check_index(f, i, "find_nonfinite");
+  return s ? s : scan(f, i, 0, out);
+}
+
+ur_status ur_safetensors_verify(const ur_safetensors *f, int32_t i, int64_t *nonfinite) {
+  UR__ARGS(f);
+  if (nonfinite) *nonfinite = -1;
+  ur_status s = check_index(f, i, "verify");
+  return s ? s : scan(f, i, 1, nonfinite);
+}
+
 
 ur_status ur_safetensors_read_part(const ur_safetensors *f, int32_t i, ur_tensor *dst,
                                    uint64_t offset) {

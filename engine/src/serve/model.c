@@ -121,15 +121,15 @@ static ur_status get_str(const reader *r, const ur_json *o, const char *key, con
   return UR_STATUS_OK;
 }
 
-/* The first element of a tensor of the file that no export writes: NaN or infinity in f32, bf16
- * or f16 values (the safetensors reader's scan, as checkpoints are checked), or in the f16 scale
- * or bias heading each row of u8 quantized rows.  A file whose bytes changed after export is
- * refused rather than served; a change that leaves finite values is not seen (the file holds no
- * checksum). */
+/* A tensor's bytes against the checksum export wrote with them (ur_safetensors_verify), and
+ * the first element no export writes: NaN or infinity in f32, bf16 or f16 values (found in the
+ * same read, as checkpoints are checked), or in the f16 scale or bias heading each row of u8
+ * quantized rows.  A file whose bytes changed after export is refused rather than served. */
 static ur_status check_finite(const reader *r, const char *name, int32_t i, const ur_safetensors_entry *e) {
   int64_t at = -1, cols = e->ndim == 2 ? e->shape[1] : 1;
   ur_status st;
   if (e->dtype == UR_DTYPE_U8 && e->ndim == 2) {
+    if ((st = ur_safetensors_verify(r->f, i, NULL))) return st;
     ur_tensor *v = NULL;
     if ((st = ur_safetensors_view(r->f, i, &v))) return st;
     const uint8_t *p = ur_tensor_data(v);
@@ -143,7 +143,7 @@ static ur_status check_finite(const reader *r, const char *name, int32_t i, cons
     return bad(r, "tensor '%s' holds a non-finite f16 scale or bias at row %lld (a file changed after export?)",
                name, (long long)at);
   }
-  if ((st = ur_safetensors_find_nonfinite(r->f, i, &at)) || at < 0) return st;
+  if ((st = ur_safetensors_verify(r->f, i, &at)) || at < 0) return st;
   if (e->ndim == 2)
     return bad(r, "tensor '%s' holds a non-finite value at row %lld, column %lld (a file changed after export?)",
                name, (long long)(at / cols), (long long)(at % cols));
