@@ -549,11 +549,18 @@ function M.load(dir, ebc, opts)
     return nil, ("%s: the optimizer state there is {%s} (%s) and here {%s} (%s)"):format(where, theirs,
       tostring(m.optimizer), mine, tostring(c1 and c1.optimizer))
   end
-  local files = {}
+  local files, verified = {}, {}
   -- saved block d's tensor tname; given a dtype, it must be that dtype and d.rows x w for one of
-  -- the widths, as the manifest says (so that no copy reads past it)
+  -- the widths, as the manifest says (so that no copy reads past it).  Its bytes are checked
+  -- against their checksum the first time (in the checks, before anything is written).
   local function view(d, tname, dtype, widths)
     local f = saved_file(files, dir, d, tname, where, dtype, widths)
+    local key = d.file .. "/" .. tname
+    if not verified[key] then
+      local bad = f:verify({ tname }, { allow_nonfinite = true })
+      if bad then error(bad, 0) end
+      verified[key] = true
+    end
     return assert(f:view(tname))
   end
   -- every saved block this process reads, and the access counters of every block (merged),
