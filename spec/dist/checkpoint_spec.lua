@@ -273,6 +273,34 @@ describe("uvmrec.dist.checkpoint", function()
       file:gsub("%p", "%%%0"), name:gsub("%p", "%%%0")), err)
     assert.same(before, into:table("a"):totable())
     command.spit(file, good)
+    -- the reader (uvmrec export's, a block of rows at a time) checks each saved block read
+    -- through to its end against its checksum: a flipped bit was read as it was
+    local r = assert(dck.reader(S))
+    local d = r.manifest.tables.a.blocks[#r.manifest.tables.a.blocks]
+    local bfile = S .. "/" .. d.file
+    local bgood = command.slurp(bfile)
+    sf = assert(ck.open(bfile))
+    local binfo = sf:info(d.tensor)
+    sf:close()
+    at = binfo.offset + binfo.nbytes - 5
+    command.spit(bfile, bgood:sub(1, at) .. string.char(bit.bxor(bgood:byte(at + 1), 1)) .. bgood:sub(at + 2))
+    local rows_a = r.manifest.tables.a.rows
+    local rerr
+    for row0 = 0, rows_a - 1, 7 do
+      local got
+      got, rerr = r:rows("a", row0, math.min(7, rows_a - row0))
+      if not got then break end
+      got:free()
+    end
+    r:close()
+    assert.matches(("safetensors: %s: tensor '%s' %%(file bytes %%d+%%.%%.%%d+%%) does not match the checksum"):format(
+      bfile:gsub("%p", "%%%0"), d.tensor:gsub("%p", "%%%0")), rerr)
+    command.spit(bfile, bgood)
+    r = assert(dck.reader(S))
+    local whole = assert(r:rows("a", 0, rows_a))
+    r:close()
+    assert.same(plain:table("a"):totable(), whole:totable())
+    whole:free()
     into.tbe:free()
     sharded:free()
     again.tbe:free()

@@ -10,6 +10,7 @@ local qtbe = require "uvmrec.qtbe"
 local export = require "uvmrec.serve.export"
 local h = require "helpers"
 local cmd = require "command"
+local bit = require "bit"
 
 -- The model file export wrote when it held every table whole, made here the plain way: a run
 -- over ranks' shards loaded into one process's collection (dist.checkpoint.load), or one
@@ -284,6 +285,76 @@ with safe_open(sys.argv[1], "np") as f:
     _, err = export.run(dir .. "/mc.safetensors", { out = dir .. "/never.safetensors" })
     assert.equal(("export: %s/mc.safetensors: tables C5, C12 were trained with managed collisions "
                   .. "(embeddings.collisions), whose id map a model file cannot carry yet"):format(dir), err)
+    cmd.rmdir(dir)
+  end)
+
+  it("refuses a checkpoint or a shard whose table bytes do not match their checksum, publishing nothing", function()
+    -- a bit flipped in a table read a block of rows at a time was quantized and served as it read
+    local function flip(path, name)
+      local f = assert(ck.open(path))
+      local info = assert(f:info(name), name)
+      f:close()
+      local text = bytes_of(path)
+      local at = info.offset + info.nbytes - 3 -- in the last block read
+      local o = assert(io.open(path, "wb"))
+      o:write(text:sub(1, at), string.char(bit.bxor(text:byte(at + 1), 16)), text:sub(at + 2))
+      o:close()
+      return ("safetensors: %s: tensor '%s' %%(file bytes %d%%.%%.%d%%) does not match the checksum written with it")
+        :format(path:gsub("%p", "%%%0"), name:gsub("%p", "%%%0"), info.offset, info.offset + info.nbytes)
+    end
+    local t = h.trained("tiny")
+    local dir = cmd.tmpdir()
+    local copy = dir .. "/ckpt.safetensors"
+    local o = assert(io.open(copy, "wb"))
+    o:write(bytes_of(assert(require("uvmrec.train").checkpoint_file(t.run))))
+    o:close()
+    local want = flip(copy, "embeddings.C7")
+    local r, err = export.run(copy, { out = dir .. "/m.safetensors", chunk = 1000 })
+    assert.is_nil(r)
+    assert.matches(want, err)
+    assert.is_false(cmd.exists(dir .. "/m.safetensors"), "nothing published")
+    -- the dense weights, taken whole, likewise
+    o = assert(io.open(copy, "wb"))
+    o:write(bytes_of(assert(require("uvmrec.train").checkpoint_file(t.run))))
+    o:close()
+    local dense_name
+    local cf = assert(ck.open(copy))
+    for _, n in ipairs(cf:names()) do
+      if n:match("^dense%.top%..*weight$") then dense_name = n end
+    end
+    cf:close()
+    want = flip(copy, assert(dense_name))
+    r, err = export.run(copy, { out = dir .. "/m.safetensors" })
+    assert.is_nil(r)
+    assert.matches("^export: " .. want, err)
+    assert.is_false(cmd.exists(dir .. "/m.safetensors"), "nothing published")
+    if h.have_mpi() then
+      local _, terr, code = cmd.sh(("%s launch -n 2 train dlrm_tiny --cpu --steps 2 --out %s/run --progress none "
+        .. "--set train.checkpoint_every=2 --set embeddings.sharding=row_wise "
+        .. "--set embeddings.tables.C3.sharding=column_wise --set eval.samples=0 --set eval.min_auc=0")
+        :format(cmd.bin(), dir))
+      assert.equal(0, code, terr)
+      local shards = ck.shards_path(assert(require("uvmrec.train").checkpoint_file(dir .. "/run")))
+      for _, shard in ipairs { "rank-00001-of-00002.safetensors", "rank-00000-of-00002.safetensors" } do
+        local path = shards .. "/" .. shard
+        local f = assert(ck.open(path))
+        local name -- the shard's largest tensor: a block of a table's rows
+        for _, n in ipairs(f:names()) do
+          if not name or f:info(n).nbytes > f:info(name).nbytes then name = n end
+        end
+        f:close()
+        local good = bytes_of(path)
+        want = flip(path, name)
+        r, err = export.run(dir .. "/run", { out = dir .. "/m.safetensors", chunk = 1000 })
+        assert.is_nil(r)
+        assert.matches(want, err)
+        assert.is_false(cmd.exists(dir .. "/m.safetensors"), "nothing published")
+        o = assert(io.open(path, "wb"))
+        o:write(good)
+        o:close()
+      end
+      assert(export.run(dir .. "/run", { out = dir .. "/m.safetensors", chunk = 1000 }))
+    end
     cmd.rmdir(dir)
   end)
 

@@ -645,6 +645,12 @@ struct ur_safetensors {
   int32_t *sorted;               /* entry indices by name, for lookups */
   char **meta_keys, **meta_values;
   uint32_t *crc;                 /* per entry, when the file has CRC_KEY (else NULL) */
+  /* per entry, with crc: where ur_safetensors_read_part's parts read in order have reached and
+   * their checksum so far (next = UINT64_MAX: a part out of order broke the run) */
+  struct part_crc {
+    uint64_t next;
+    uint32_t crc;
+  } *parts;
 };
 
 static int entry_by_name(const void *a, const void *b, void *ctx) {
@@ -669,6 +675,7 @@ void ur_safetensors_close(ur_safetensors *f) {
   free(f->entries);
   free(f->sorted);
   free(f->crc);
+  free(f->parts);
   free(f->meta_keys);
   free(f->meta_values);
   if (f->map) mapping_release(f->map);
@@ -906,7 +913,8 @@ static ur_status parse_crc(ur_safetensors *f) {
   if (!json_is_object(o))
     s = ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s' is not an object of "
                   "checksums: %s", f->path, CRC_KEY, o ? "not an object" : err.text);
-  if (!s && !(f->crc = calloc((size_t)f->n + 1, sizeof *f->crc)))
+  if (!s && (!(f->crc = calloc((size_t)f->n + 1, sizeof *f->crc)) ||
+             !(f->parts = calloc((size_t)f->n + 1, sizeof *f->parts))))
     s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
   if (!s && json_object_size(o) != (size_t)f->n)
     s = ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s' holds %zu checksums for "
@@ -1167,7 +1175,21 @@ ur_status ur_safetensors_read_part(const ur_safetensors *f, int32_t i, ur_tensor
     return ur__error(UR_STATUS_INVALID, "safetensors read_part: %s: tensor '%s' has %llu bytes; "
                      "%llu from byte %llu pass its end", f->path, e->name,
                      (unsigned long long)size, (unsigned long long)n, (unsigned long long)offset);
-  return read_all(f, ur_tensor_data(dst), n, e->file_offset + offset);
+  if ((s = read_all(f, ur_tensor_data(dst), n, e->file_offset + offset)) || !f->crc) return s;
+  /* Parts read in order of offset from byte 0 to the end are checked against the tensor's
+   * checksum at its last byte; a read from byte 0 starts the run again, one elsewhere breaks it
+   * (that tensor is then left to ur_safetensors_verify). */
+  struct part_crc *pc = &f->parts[i];
+  if (offset == 0) *pc = (struct part_crc){0, 0};
+  if (pc->next != offset) {
+    pc->next = UINT64_MAX;
+    return UR_STATUS_OK;
+  }
+  pc->crc = crc32c(pc->crc, ur_tensor_data(dst), (size_t)n);
+  pc->next += n;
+  if (pc->next != size) return UR_STATUS_OK;
+  pc->next = UINT64_MAX;
+  return pc->crc == f->crc[i] ? UR_STATUS_OK : crc_mismatch(f, i, pc->crc);
 }
 
 static ur_status interrupted(const ur_safetensors *f, const char *name, uint64_t done) {

@@ -152,6 +152,14 @@ function M.run(source, opts)
     return nil, ("export: --tables %s: expected f32, fp16, int8, int4 or int2"):format(default)
   end
 
+  -- the dense weights are taken whole from the file's pages: their bytes are checked against
+  -- their checksums first (the tables' are checked as their blocks are read, in order)
+  local dense_names = {}
+  for _, n in ipairs(names) do
+    if n:match("^dense%.") then dense_names[#dense_names + 1] = n end
+  end
+  local bad = f:verify(dense_names, { allow_nonfinite = true })
+  if bad then return nil, "export: " .. bad end
   local tensors, keep = {}, {}
   local function dense(name)
     local v = assert(f:view(name))
