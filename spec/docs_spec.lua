@@ -227,8 +227,8 @@ end)
 
 -- A commit the documents name (results.md's rows, the prose's "(abc1234)") is one of this tree's
 -- history: a helper's branch cherry-picked onto main gets new hashes, and a row naming the branch's
--- commit names nothing a clone can check out.  Tokens of 7 to 12 hex digits with a letter and a
--- digit count as commit names.
+-- commit names nothing a clone can check out.  Tokens of 7 hex digits (the documents' short
+-- hashes) with a letter and a digit count as commit names; longer ones are values (a CRC32C).
 describe("the documentation's commits", function()
   it("are commits of this tree's history", function()
     local git = io.popen("git -C '" .. root .. "' rev-list HEAD 2>/dev/null")
@@ -240,13 +240,13 @@ describe("the documentation's commits", function()
     end
     local known = {}
     for h in history:gmatch("%x+") do
-      for n = 7, 12 do known[h:sub(1, n)] = true end
+      known[h:sub(1, 7)] = true
     end
     local missing = {}
     for _, file in ipairs(files) do
       local text = read(root .. "/" .. file) or ""
       for token in text:gmatch("%f[%w]%x%x%x%x%x%x%x+%f[%W]") do
-        if #token <= 12 and token:find("%a") and token:find("%d") and not known[token] then
+        if #token == 7 and token:find("%a") and token:find("%d") and not known[token] then
           missing[#missing + 1] = file .. ": " .. token
         end
       end

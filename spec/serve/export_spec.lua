@@ -294,7 +294,7 @@ with safe_open(sys.argv[1], "np") as f:
       local f = assert(ck.open(path))
       local info = assert(f:info(name), name)
       f:close()
-      local text = bytes_of(path)
+      local text = assert(cmd.slurp(path))
       local at = info.offset + info.nbytes - 3 -- in the last block read
       local o = assert(io.open(path, "wb"))
       o:write(text:sub(1, at), string.char(bit.bxor(text:byte(at + 1), 16)), text:sub(at + 2))
@@ -306,7 +306,7 @@ with safe_open(sys.argv[1], "np") as f:
     local dir = cmd.tmpdir()
     local copy = dir .. "/ckpt.safetensors"
     local o = assert(io.open(copy, "wb"))
-    o:write(bytes_of(assert(require("uvmrec.train").checkpoint_file(t.run))))
+    o:write((assert(cmd.slurp(assert(require("uvmrec.train").checkpoint_file(t.run))))))
     o:close()
     local want = flip(copy, "embeddings.C7")
     local r, err = export.run(copy, { out = dir .. "/m.safetensors", chunk = 1000 })
@@ -315,7 +315,7 @@ with safe_open(sys.argv[1], "np") as f:
     assert.is_false(cmd.exists(dir .. "/m.safetensors"), "nothing published")
     -- the dense weights, taken whole, likewise
     o = assert(io.open(copy, "wb"))
-    o:write(bytes_of(assert(require("uvmrec.train").checkpoint_file(t.run))))
+    o:write((assert(cmd.slurp(assert(require("uvmrec.train").checkpoint_file(t.run))))))
     o:close()
     local dense_name
     local cf = assert(ck.open(copy))
@@ -343,7 +343,7 @@ with safe_open(sys.argv[1], "np") as f:
           if not name or f:info(n).nbytes > f:info(name).nbytes then name = n end
         end
         f:close()
-        local good = bytes_of(path)
+        local good = assert(cmd.slurp(path))
         want = flip(path, name)
         r, err = export.run(dir .. "/run", { out = dir .. "/m.safetensors", chunk = 1000 })
         assert.is_nil(r)
