@@ -368,6 +368,17 @@ describe("uvmrec.checkpoint's writer of a file a part at a time", function()
       .. "%(84 bytes%) and 60 were given; " .. path:gsub("%p", "%%%0") .. " is unchanged$", err:gsub("^[^ ]*: ", ""))
     assert.equal("the previous file", read_file(path))
     assert.has_error(function() w:put("w", ts.w) end, ("checkpoint writer: %s was closed or abandoned"):format(path))
+    -- a shape whose bytes overflow (their product wrapped to a small size, the header's offsets
+    -- then apart from its shapes) or pass the engine's bound: refused by the tensor's name
+    assert.has_error(function()
+      ck.writer(path, { { name = "wrap", dtype = "f32", shape = { 2 ^ 61, 2 } } }, meta)
+    end,
+      "safetensors save: tensor 'wrap': 4611686018427387904 elements of f32 are more bytes than supported")
+    assert.has_error(function()
+      ck.writer(path, { { name = "huge", dtype = "f32", shape = { 2 ^ 40, 2 ^ 20 } } }, meta)
+    end,
+      "safetensors save: tensor 'huge': 1152921504606846976 elements of f32 are more bytes than supported")
+    assert.equal("the previous file", read_file(path))
     -- abandoned: the temporary file goes, the previous file stays
     local w2 = assert(ck.writer(path, { { name = "w", dtype = "f32", shape = { 7, 3 } } }, meta))
     assert(w2:put("w", ts.w))

@@ -342,7 +342,13 @@ static ur_status check_entry(const ur_safetensors_entry *e, int32_t i) {
     if (e->shape[d] < 0)
       return ur__error(UR_STATUS_INVALID, "safetensors save: tensor '%s' has dim %d of %lld; "
                        "expected a size >= 0", e->name, (int)d, (long long)e->shape[d]);
-  return UR_STATUS_OK;
+  if (e->ndim == 0) return UR_STATUS_OK; /* a scalar: one element */
+  /* the bytes as a tensor of that shape counts them (overflow and the engine's bound): a shape
+   * whose product wrapped gave a header whose offsets did not match its shapes */
+  char who[160];
+  snprintf(who, sizeof who, "safetensors save: tensor '%.100s'", e->name);
+  uint64_t numel, bytes;
+  return ur__shape_bytes(who, (ur_dtype)e->dtype, e->ndim, e->shape, &numel, &bytes);
 }
 
 /* For the specs only: UVMREC_CHECKPOINT_TEST_DELAY=S holds a complete temporary file for S
@@ -438,7 +444,10 @@ ur_status ur_safetensors_writer_open(ur_safetensors_writer **out, ur_stream *str
     uint64_t bytes = ur_dtype_size((ur_dtype)items[i].dtype);
     for (int32_t d = 0; d < items[i].ndim; d++) bytes *= (uint64_t)items[i].shape[d];
     items[i].begin = off;
-    off = items[i].end = off + bytes;
+    if (__builtin_add_overflow(off, bytes, &off))
+      s = ur__error(UR_STATUS_INVALID, "safetensors save: the %d tensors' bytes overflow 64 bits",
+                    (int)n);
+    items[i].end = off;
     w->slot[items[i].index] = i;
   }
   char *header = NULL;
