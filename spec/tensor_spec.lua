@@ -222,6 +222,15 @@ local function ref_normal(i, seed, mean, std)
   return mean + std * math.sqrt(-2 * math.log(u01(w0))) * math.cos(2 * math.pi * u01(w1))
 end
 
+describe("uvmrec.tensor.dtype_bytes", function()
+  it("gives an element's bytes by the dtype's name, and names an unknown one", function()
+    local T = require "uvmrec.tensor"
+    assert.same({ 4, 2, 2, 1, 1, 4, 8, 8 }, { T.dtype_bytes("f32"), T.dtype_bytes("bf16"), T.dtype_bytes("f16"),
+      T.dtype_bytes("i8"), T.dtype_bytes("u8"), T.dtype_bytes("i32"), T.dtype_bytes("i64"), T.dtype_bytes("f64") })
+    assert.has_error(function() T.dtype_bytes("f24") end)
+  end)
+end)
+
 describe("uvmrec.tensor random init", function()
   it("matches Philox4x32-10's published answer for counter 0, key 0", function()
     assert.same({ 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8 }, { philox(0, 0) })

@@ -20,7 +20,6 @@ local function planner() return require "uvmrec.planner" end
 local STATE = { sgd = function() return 0 end, rowwise_adagrad = function(rows) return rows * 4 end,
                 adagrad = function(rows, dim) return rows * dim * 4 end,
                 adam = function(rows, dim) return 2 * rows * dim * 4 end }
-local DTYPE_BYTES = { f32 = 4, f16 = 2, bf16 = 2 }
 
 -- The bytes of the files of day-file folder dir (0 when it has none).
 local function day_files(dir)
@@ -78,7 +77,7 @@ function M.count(cfg, loader, gpu)
     local place = own.placement or e.placement
     local on_host = not gpu or place == "host" or place == "managed" or place == "cached"
     if on_host then
-      tables = tables + r * e.dim * (DTYPE_BYTES[own.dtype or e.dtype or "f32"] or 4)
+      tables = tables + r * e.dim * require("uvmrec.tensor").dtype_bytes(own.dtype or e.dtype or "f32")
       states = states + state(r, e.dim)
     end
     columns = columns + 1

@@ -229,6 +229,12 @@ local function range_table(r)
 end
 M.range_table = range_table
 
+-- The bytes an element of the dtype named takes ("f32" 4, "bf16" 2, "i8" 1; the engine's
+-- ur_dtype_size); an unknown name is an error at the caller.
+function M.dtype_bytes(name)
+  return tonumber(C.ur_dtype_size(lib.enum(C.ur_dtype_parse, "ur_dtype", name, "dtype", 2)))
+end
+
 local range = ffi.new("ur_range")
 function methods:advise(offset, numel, advice, location)
   local a = lib.enum(C.ur_advice_parse, "ur_advice", advice, "advise", 2)

@@ -13,6 +13,7 @@ local json = require "uvmrec.json"
 local qtbe = require "uvmrec.qtbe"
 local train = require "uvmrec.train"
 local lib = require "uvmrec.lib"
+local tensor = require "uvmrec.tensor"
 local dck = require "uvmrec.dist.checkpoint"
 
 local M = {}
@@ -254,7 +255,7 @@ function M.run(source, opts)
     local name = "C" .. i
     local format = per[name] or default
     local shape, dtype = qtbe.shape(format, r, e.dim)
-    local bytes = shape[1] * shape[2] * (dtype == "f32" and 4 or dtype == "f16" and 2 or 1)
+    local bytes = shape[1] * shape[2] * tensor.dtype_bytes(dtype)
     local t = { name = name, rows = r, dim = e.dim, format = qtbe.FORMATS[tonumber(qtbe.format_of(format)) + 1],
                 pooling = e.pooling, features = { name }, weights = "embeddings." .. name,
                 modulo = modulo[i] or 0,
@@ -299,7 +300,7 @@ function M.run(source, opts)
   for i, r in ipairs(rows) do
     local name = "C" .. i
     local t = desc.tables[i]
-    local es = src_dtype[i] == "f32" and 4 or 2
+    local es = tensor.dtype_bytes(src_dtype[i])
     local step = math.min(math.max(1, math.floor(chunk / (e.dim * es))), math.max(r, 1))
     -- one block's rows and their stored form, reused for every block of the table
     local rows_buf, berr = ur.tensor({ step, e.dim }, { dtype = src_dtype[i] })
