@@ -11,7 +11,7 @@ local function unable()
   for _, program in ipairs { "make", "cc", "pkg-config" } do
     if not cmd.have(program) then return "no " .. program end
   end
-  if (os.getenv("LD_PRELOAD") or ""):find("asan", 1, true) then
+  if require("helpers").asan() then
     return "a sanitizer build (its programs need the runtimes preloaded, and valgrind cannot run them)"
   end
 end

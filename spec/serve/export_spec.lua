@@ -147,8 +147,11 @@ describe("uvmrec.serve.export", function()
     local out, perr, pcode = cmd.sh(cmd.bin() .. " " .. script)
     assert.equal(0, pcode, perr)
     local grew = assert(tonumber(out:match("^(%d+)")), out)
-    -- the tables are 86 MiB; blocks of 1 MiB of rows, their int8 form and the writer's share
-    assert.is_true(grew < 24 * 1024, ("the export's peak grew by %d KiB"):format(grew))
+    -- the tables are 86 MiB; blocks of 1 MiB of rows, their int8 form and the writer's share (a
+    -- sanitizer build's quarantine keeps freed blocks resident: 37 MiB there, not the engine's)
+    if not h.asan() then
+      assert.is_true(grew < 24 * 1024, ("the export's peak grew by %d KiB"):format(grew))
+    end
     cmd.rmdir(dir)
   end)
 

@@ -10,6 +10,12 @@ local M = {}
 
 -- An `it` for GPU behaviour, tagged #cuda: without a GPU it shows as pending, never passed;
 -- under `make test-gpu` (UVMREC_REQUIRE_GPU=1) a missing GPU fails it instead.
+-- True in a sanitizer build's run (make SAN=1 test preloads ASan's runtime): its quarantine of
+-- freed memory and its shadow make a process's resident memory no measure of the engine's.
+function M.asan()
+  return (os.getenv("LD_PRELOAD") or ""):find("asan", 1, true) ~= nil
+end
+
 function M.cuda_it(name, fn)
   local env = getfenv(2) -- busted gives each spec file its own environment
   local it = env.it
