@@ -380,6 +380,43 @@ describe("train.nonfinite", function()
     assert.equal(12, r.result.steps)
   end)
 
+  it("counts the steps skipped before a resume: a resumed run reports the uninterrupted run's total", function()
+    -- the count was not saved: resumed at step 4 (one step skipped by then), the run said 1 skipped of 2
+    local nan = { before = function(_, run, batch)
+      if run.step + 1 == 4 or run.step + 1 == 8 then batch.dense:set(0, 0 / 0) end
+    end }
+    local sets = { "train.log_every=5", "eval.samples=0", "eval.min_auc=0", "train.batch_size=256",
+                   "train.nonfinite=skip" }
+    local function with(more)
+      local t = { unpack(sets) }
+      for _, v in ipairs(more) do t[#t + 1] = v end
+      return t
+    end
+    local whole = helpers.train_tiny(with { "train.steps=12" }, nil, { hooks = { nan } })
+    assert.equal(2, whole.result.skipped)
+    local dir = command.tmpdir()
+    -- step 4 is skipped after the save at 3 and before any read but the last (done), which the
+    -- end's save follows
+    local first = helpers.train_tiny(with { "train.steps=4", "train.checkpoint_every=3" }, nil,
+                                     { out = dir .. "/run", hooks = { nan } })
+    assert.equal(1, first.result.skipped)
+    local f = assert(ck.open(dir .. "/run/checkpoints/ckpt-000000000004.safetensors"))
+    assert.equal(1, require("uvmrec.json").decode(f:meta("uvmrec.meta.trainer")).skipped)
+    f:close()
+    local rest = helpers.train_tiny(with { "train.steps=12" }, nil,
+                                    { out = dir .. "/run", resume = dir .. "/run", hooks = { nan } })
+    assert.equal(2, rest.result.skipped)
+    local final, noted
+    for _, e in ipairs(rest.events) do
+      if e.event == "final" then final = e.skipped end
+      if e.event == "nonfinite" and e.step > 4 then noted = { e.step, e.skipped, e.new } end
+    end
+    assert.same({ 2, { 9, 2, 1 } }, { final, noted }) -- read before the save at 9 (checkpoint_every 3 goes on)
+    assert.matches("train.nonfinite: skip: 2 steps skipped", table.concat(rest.lines, "\n"))
+    assert.same(whole.losses, rest.losses) -- and the run itself is the uninterrupted one's
+    command.rmdir(dir)
+  end)
+
   it("refuses to resume from or evaluate a checkpoint whose table holds NaN, naming tensor and element", function()
     local row = row_first_read(4, nil)
     local dir = command.tmpdir()

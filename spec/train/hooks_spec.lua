@@ -63,6 +63,16 @@ describe("uvmrec.train.hooks", function()
     assert.same({ 7, 8, 70 }, { ctx.step, ctx.first, ctx.samples })
     local r = run(2, { t })
     assert.same({ 9, 90 }, { r.step, r.samples })
+    -- the steps train.nonfinite skipped: saved when there are any, and a count a run of its
+    -- steps cannot have is refused before anything is loaded
+    assert.is_nil(reg.by_name.trainer.state().meta.skipped)
+    reg.by_name.trainer.load({}, { step = 7, samples = 70, skipped = 2 })
+    assert.equal(2, reg.by_name.trainer.state().meta.skipped)
+    local check = reg.by_name.trainer.check
+    assert.is_nil(check({}, { step = 7, samples = 70, skipped = 7 }))
+    assert.equal("the meta of component 'trainer' has skipped 8; expected a whole number of steps up to its step 7",
+                 check({}, { step = 7, samples = 70, skipped = 8 }))
+    assert.matches("has skipped 1.5;", check({}, { step = 7, samples = 70, skipped = 1.5 }))
   end)
 
   it("reads the loss every `every` steps and after the last", function()

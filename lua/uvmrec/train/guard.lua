@@ -141,23 +141,25 @@ function Guard:detach()
 end
 
 -- hook{every =, saves = (function(step): a checkpoint is saved after it), line = (the run
--- log's), say =}: the loop hook that reads the flags every `every` steps (where the log hook
+-- log's), say =, skipped =}: the loop hook that reads the flags every `every` steps (where the log hook
 -- reads the loss; place it before that hook, so a stop comes before a non-finite loss is
 -- logged), before each checkpoint (so that none is saved from a stopped run) and after the
 -- last step; logs a "nonfinite" line for steps skipped since the last read.  run.skipped holds
--- the count.
+-- the count, from skipped = (the steps skipped before this run: a resumed run's checkpoint's).
 -- (A table with methods, not closures over the guard: see uvmrec.train.hooks.)
 local Hook = {}
 Hook.__index = Hook
 
 function Guard:hook(o)
   o = o or {}
-  return setmetatable({ guard = self, every = o.every or 10, saves = o.saves, line = o.line, say = o.say }, Hook)
+  return setmetatable({ guard = self, every = o.every or 10, saves = o.saves, line = o.line, say = o.say,
+                        earlier = o.skipped or 0 }, Hook)
 end
 
 function Hook:poll(run)
   local r = self.guard:poll(run.step)
   if not r then return end
+  r.skipped = self.earlier + r.skipped
   run.skipped = r.skipped
   if self.line then
     self.line { event = "nonfinite", step = run.step, skipped = r.skipped, new = r.new,
@@ -170,7 +172,7 @@ function Hook:poll(run)
   end
 end
 
-function Hook.start(_, run) run.skipped = 0 end
+function Hook:start(run) run.skipped = self.earlier end
 
 function Hook:after(run)
   if run.step % self.every == 0 or (self.saves and self.saves(run.step)) then self:poll(run) end

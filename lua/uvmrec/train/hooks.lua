@@ -20,28 +20,48 @@ local function class()
 end
 
 -- trainer(ctx): where the run stands, the checkpoint component "trainer": the last step, the
--- samples trained on and the data's position after the last batch trained (a pipeline reads
--- ahead: the loader's own position is not it).  A resumed run starts at the saved step; ctx
--- (uvmrec.train.run's) holds step, first, samples, position.
+-- samples trained on, the data's position after the last batch trained (a pipeline reads
+-- ahead: the loader's own position is not it) and the steps train.nonfinite's guard skipped
+-- (run.skipped, in all: saved when there are any).  A resumed run starts at the saved step and
+-- count; ctx (uvmrec.train.run's) holds step, first, samples, position, skipped.
 local Trainer = class()
 function M.trainer(ctx) return setmetatable({ ctx = ctx }, Trainer) end
 
 function Trainer:register(reg)
   local ctx = self.ctx
   reg:register { name = "trainer", whole = { "step", "samples" },
-    state = function() return { meta = { step = ctx.step, samples = ctx.samples, position = ctx.position } } end,
+    state = function()
+      local skipped = ctx.skipped and ctx.skipped > 0 and ctx.skipped or nil
+      return { meta = { step = ctx.step, samples = ctx.samples, position = ctx.position, skipped = skipped } }
+    end,
+    check = function(_, meta)
+      if meta.skipped ~= nil and not require("uvmrec.lib").whole_in(meta.skipped, 0, meta.step + 1) then
+        return ("the meta of component 'trainer' has skipped %s; expected a whole number of steps up to its step %s")
+          :format(tostring(meta.skipped), tostring(meta.step))
+      end
+    end,
     load = function(_, meta)
       ctx.step, ctx.first, ctx.samples, ctx.position = meta.step, meta.step + 1, meta.samples, meta.position
+      ctx.skipped = meta.skipped or 0
     end }
 end
 
 function Trainer:start(run) run.step, run.samples = self.ctx.step, self.ctx.samples end
 
+-- the guard's count, as it stands after its reads (a read comes before this hook's after and
+-- done, and before every checkpoint)
+local function keep_skipped(ctx, run)
+  if run.skipped then ctx.skipped = run.skipped end
+end
+
 function Trainer:after(run, batch)
   local ctx = self.ctx
   ctx.step, ctx.samples = run.step, run.samples
   ctx.position = batch:position() or ctx.position
+  keep_skipped(ctx, run)
 end
+
+function Trainer:done(run) keep_skipped(self.ctx, run) end
 
 -- log{progress =, line =, every =, optimizer =}: every `every` steps the loss is read (the one
 -- wait for the GPU), shown by progress (uvmrec.train.progress) and written as a "train" line

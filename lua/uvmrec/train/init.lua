@@ -760,7 +760,7 @@ function run_plain(cfg, opts)
   local guard = cfg.train.nonfinite ~= "off" and M.guard.new(model, ctx.optimizer, cfg.train.nonfinite) or nil
   local hooks = { sched and ur.optim.Schedule(sched, { ctx.optimizer, model.embeddings }) or nil }
   hooks[#hooks + 1] = guard and guard:hook {
-    every = cfg.train.log_every, line = log.line, say = say,
+    every = cfg.train.log_every, line = log.line, say = say, skipped = ctx.skipped,
     saves = checkpoints and every > 0 and function(step) return step % every == 0 end } or nil
   if collisions then -- before the log hook, which shows its note with the loss
     collisions:attach { progress = progress, line = log.line }
