@@ -753,6 +753,23 @@ describe("uvmrec.train", function()
   end)
 
 
+  it("logs the dense and the tables' learning rates a schedule gives each step", function()
+    -- the run log held the dense optimizer's alone: the tables', of another base, could not be seen
+    local r = helpers.train_tiny { "train.steps=8", "train.log_every=2", "train.batch_size=256", "eval.samples=0",
+                                   "eval.min_auc=0", "schedule.name=warmup", "schedule.warmup_steps=4",
+                                   "optimizer.lr=0.02", "embeddings.optimizer.lr=0.3" }
+    local seen = 0
+    for _, e in ipairs(r.events) do
+      if e.event == "train" then
+        local f = math.min(e.step / 4, 1)
+        assert.near(0.02 * f, e.lr, 1e-12, "step " .. e.step)
+        assert.near(0.3 * f, e.tables_lr, 1e-6, "step " .. e.step)
+        seen = seen + 1
+      end
+    end
+    assert.equal(4, seen)
+  end)
+
   it("evaluates a config's model on held-out data with uvmrec eval", function()
     local out, err, code = cmd.run("eval dlrm_tiny --cpu --data synthetic:tiny --set eval.samples=2048 --out "
                                    .. cmd.quote(dir .. "/ev"))

@@ -77,12 +77,12 @@ describe("uvmrec.train.hooks", function()
 
   it("reads the loss every `every` steps and after the last", function()
     local progress, lines, line = quiet()
-    local opt = { lr = function() return 0.1 end }
-    local log = hooks.log { progress = progress, line = line, every = 3, optimizer = opt }
+    local opt, tables = { lr = function() return 0.1 end }, { lr = function() return 0.3 end }
+    local log = hooks.log { progress = progress, line = line, every = 3, optimizer = opt, tables = tables }
     run(7, { log })
     assert.same({ 3, 6, 7 }, progress.shown)
-    assert.same({ event = "train", step = 7, samples = 70, loss = 0.25, seconds = 1, samples_per_s = 5, lr = 0.1 },
-                lines[3])
+    assert.same({ event = "train", step = 7, samples = 70, loss = 0.25, seconds = 1, samples_per_s = 5, lr = 0.1,
+                  tables_lr = 0.3 }, lines[3])
     assert.equal(0.25, log.loss)
   end)
 

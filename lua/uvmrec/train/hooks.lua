@@ -63,14 +63,15 @@ end
 
 function Trainer:done(run) keep_skipped(self.ctx, run) end
 
--- log{progress =, line =, every =, optimizer =}: every `every` steps the loss is read (the one
--- wait for the GPU), shown by progress (uvmrec.train.progress) and written as a "train" line
--- (line(t): the run directory's); at the end, the last step's when it was not.  self.loss: the
--- last loss read.
+-- log{progress =, line =, every =, optimizer =, tables =}: every `every` steps the loss is read
+-- (the one wait for the GPU), shown by progress (uvmrec.train.progress) and written as a "train"
+-- line (line(t): the run directory's) with the step's learning rates: lr, the dense optimizer's,
+-- and tables_lr, the tables' fused optimizer's (tables: the model's embedding collection, or nil);
+-- at the end, the last step's when it was not.  self.loss: the last loss read.
 local Log = class()
 function M.log(o)
   return setmetatable({ every = o.every or 10, logged = nil, loss = nil, progress = o.progress, line = o.line,
-                        optimizer = o.optimizer }, Log)
+                        optimizer = o.optimizer, tables = o.tables }, Log)
 end
 
 local function log_line(h, run)
@@ -82,7 +83,7 @@ local function log_line(h, run)
   h.progress:update(run.step, finite and loss or nil, run.samples)
   h.line { event = "train", step = run.step, samples = run.samples, loss = finite and loss or nil,
            loss_nonfinite = not finite or nil, seconds = h.progress:elapsed(),
-           samples_per_s = h.progress.rate, lr = h.optimizer:lr() }
+           samples_per_s = h.progress.rate, lr = h.optimizer:lr(), tables_lr = h.tables and h.tables:lr() }
 end
 
 function Log:after(run)

@@ -747,7 +747,8 @@ function run_plain(cfg, opts)
   -- signals' stop (after every other hook of the step, as a step boundary).
   local sched = M.config.schedule(cfg)
   local logger = M.hooks.log { progress = progress, line = log.line, every = cfg.train.log_every,
-                               optimizer = ctx.optimizer }
+                               optimizer = ctx.optimizer,
+                               tables = model.embeddings and model.embeddings.lr and model.embeddings or nil }
   local evaluation = data.eval and M.hooks.evaluation {
     every = cfg.eval.every, last = data.steps, model = model, data = data.eval, metrics = cfg.eval.metrics,
     source = M.source.loader(nil, { placement = gpu and "device" or nil }), samples = cfg.eval.samples,
