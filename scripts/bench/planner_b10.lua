@@ -144,8 +144,8 @@ local every = true
 for _, s in ipairs(o.sets) do if s:match("^embeddings%.hints%.every=") then every = false end end
 local lead = every and 2 * o.warmup or o.warmup -- steps before the timing
 local total = lead + o.steps
-for _, s in ipairs { "train.steps=" .. total, "eval.samples=0", "eval.min_auc=0", "train.log_every=" .. total,
-                     "train.checkpoint_every=0" } do
+for _, s in ipairs { "train.steps=" .. total, "eval.samples=0", "eval.every=0", "eval.min_auc=0",
+                     "train.log_every=" .. total, "train.checkpoint_every=0" } do
   sets[#sets + 1] = s
 end
 if every then sets[#sets + 1] = "embeddings.hints.every=" .. math.max(1, o.warmup) end

@@ -161,8 +161,9 @@ end
 -- fails, naming the bytes; a failed run returns nil and its message (with the traceback of an
 -- error raised).
 local function run(sets, steps, log_every, hooks)
-  local all = { "eval.samples=0", "eval.min_auc=0", "train.log_every=" .. log_every, "train.steps=" .. steps,
-                "train.epochs=1000", "data.depth=4" } -- epochs: the steps end the run, the data cycles
+  local all = { "eval.samples=0", "eval.every=0", "eval.min_auc=0", "train.log_every=" .. log_every,
+                "train.steps=" .. steps, "train.epochs=1000", "data.depth=4" }
+  -- epochs: the steps end the run, the data cycles
   for _, s in ipairs(cli.bench_sets(config)) do all[#all + 1] = s end
   for _, s in ipairs(o.set or {}) do all[#all + 1] = s end
   for _, s in ipairs(sets) do all[#all + 1] = s end

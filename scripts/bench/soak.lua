@@ -70,8 +70,8 @@ local fmt = planner.fmt_bytes
 local function load(place)
   -- train.steps 0: the hook ends the run (--steps, --minutes, a failed check); the synthetic
   -- data's length is 2^32 samples (about dlrm_mlperf_v1's epoch), cycled
-  local sets = { "eval.samples=0", "eval.min_auc=0", "train.epochs=1000", "train.steps=0", "data.samples=4294967296",
-                 "train.log_every=1000000000", "train.checkpoint_every=0" }
+  local sets = { "eval.samples=0", "eval.every=0", "eval.min_auc=0", "train.epochs=1000", "train.steps=0",
+                 "data.samples=4294967296", "train.log_every=1000000000", "train.checkpoint_every=0" }
   for _, s in ipairs(cli.bench_sets(config)) do sets[#sets + 1] = s end
   for _, s in ipairs(o.set or {}) do sets[#sets + 1] = s end
   local cfg = assert(train.config.load(path, sets))

@@ -14,7 +14,8 @@ local dck = require "uvmrec.dist.checkpoint"
 local helpers = require "helpers"
 local have_mpi = helpers.have_mpi
 
-local COMMON = "--cpu --progress none --set train.log_every=1 --set eval.samples=0 --set embeddings.sharding=row_wise"
+local COMMON = "--cpu --progress none --set train.log_every=1 --set eval.samples=0 --set eval.every=0 "
+  .. "--set embeddings.sharding=row_wise"
 
 local function train(prefix, args)
   local out, err, code = command.sh(("%s %s train dlrm_tiny %s %s"):format(command.bin(), prefix, COMMON, args))

@@ -259,7 +259,7 @@ describe("sharded training over ranks", function()
     local _, err, code = command.run(("datagen tiny --out %s/days --samples 1025 --cpu"):format(dir))
     assert.equal(0, code, err)
     local run = ("launch -n 2 train dlrm_tiny --cpu --set data.train=criteo-bin:%s/days --set train.batch_size=512 "
-      .. "--set train.steps=0 --set eval.samples=0 --set eval.min_auc=0"):format(dir)
+      .. "--set train.steps=0 --set eval.every=0 --set eval.min_auc=0"):format(dir)
     -- it trained 2 steps, then failed on the epoch's last batch of 1 sample ("dist: rank 0 has a
     -- batch of 0 samples and rank 1 of 1"), naming no key
     local out

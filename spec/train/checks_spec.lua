@@ -113,7 +113,7 @@ describe("uvmrec.train, against silent wrong results", function()
   end)
 
   it("fails when the data runs out before train.steps, and trains to its end with train.steps 0", function()
-    local data = { "data.train=criteo-tsv:" .. SAMPLE2, "train.batch_size=64", "eval.samples=0" }
+    local data = { "data.train=criteo-tsv:" .. SAMPLE2, "train.batch_size=64", "eval.every=0" }
     local r, err = train.run(h.tiny(data, { "train.steps=100" }), { cpu = true, progress = "none", print = QUIET })
     assert.is_nil(r)
     assert.equal("the training data ran out at step 7 of train.steps 100 (400 samples trained; train.epochs 1 of "
@@ -133,16 +133,41 @@ describe("uvmrec.train, against silent wrong results", function()
     assert(ur.data.npy_save(days .. "/day_0_dense.npy", ur.tensor({ 0, 13 })))
     assert(ur.data.npy_save(days .. "/day_0_sparse.npy", ur.tensor({ 0, 26 }, { dtype = "i32" })))
     assert(ur.data.npy_save(days .. "/day_0_labels.npy", ur.tensor({ 0 }, { dtype = "i32" })))
-    local r, err = train.run(h.tiny { "data.train=criteo-bin:" .. days, "eval.samples=0", "train.steps=0" },
+    local r, err = train.run(h.tiny { "data.train=criteo-bin:" .. days, "eval.every=0", "train.steps=0" },
       { cpu = true, progress = "none", print = QUIET })
     assert.is_nil(r)
     assert.equal("the training data gave no batch: nothing was trained (criteo-bin:" .. days .. ")", err)
   end)
 
+  it("refuses eval.every where the run has no held-out data, which would never evaluate, before any work", function()
+    -- accepted before, the run trained and never evaluated (it said "no evaluation" once, naming no setting)
+    local out = dir .. "/run"
+    local cfg = h.tiny { "data.train=criteo-tsv:" .. SAMPLE2, "train.batch_size=100", "train.steps=0" }
+    local r, err = train.run(cfg, { cpu = true, progress = "none", print = QUIET, out = out })
+    assert.is_nil(r)
+    assert.matches("dlrm_tiny%.yaml:%d+:%d+$", require("uvmrec.config").where(cfg, "eval.every"))
+    assert.equal(require("uvmrec.config").where(cfg, "eval.every") .. ": eval.every: 100, and this run has no "
+      .. "held-out data to evaluate on (data.eval is not given, and data.train criteo-tsv:" .. SAMPLE2 .. " holds none "
+      .. "out): give data.eval (--eval-data), or eval.every 0", err)
+    assert.is_nil(cmd.slurp(out .. "/metrics.jsonl")) -- nothing done
+    -- synthetic data holds out eval.samples of its own: with 0, none
+    local _, serr, code = cmd.run("train dlrm_tiny --cpu --progress none --steps 100 --set eval.samples=0")
+    assert.equal(1, code)
+    assert.matches(": eval%.every: 100, and this run has no held%-out data to evaluate on %(data%.eval is not given, "
+      .. "and eval%.samples is 0: synthetic data holds out that many samples%): give eval%.samples, data%.eval "
+      .. "%(%-%-eval%-data%), or eval%.every 0\n$", serr)
+    -- a run that ends before eval.every would evaluate only at its end in any case; one with data.eval evaluates
+    assert(train.run(h.tiny { "eval.samples=0", "train.steps=2", "train.batch_size=64", "eval.min_auc=0" },
+      { cpu = true, progress = "none", print = QUIET }))
+    assert(train.run(h.tiny { "data.train=criteo-tsv:" .. SAMPLE2, "data.eval=criteo-tsv:" .. SAMPLE2,
+                              "train.batch_size=100", "train.steps=0", "eval.min_auc=0", "eval.samples=100",
+                              "eval.batch_size=100" }, { cpu = true, progress = "none", print = QUIET }))
+  end)
+
   it("checks eval.min_auc only against an evaluation, and says once when there is none", function()
     local lines = {}
     local r = assert(train.run(h.tiny { "data.train=criteo-tsv:" .. SAMPLE2, "train.batch_size=100",
-                                        "train.steps=0", "eval.min_auc=0.7" },
+                                        "train.steps=0", "eval.min_auc=0.7", "eval.every=0" },
       { cpu = true, progress = "none", print = function(l) lines[#lines + 1] = l end }))
     assert.is_nil(r.eval)
     local said = 0
@@ -164,7 +189,7 @@ describe("uvmrec.train, against silent wrong results", function()
     lines[60] = "2" .. lines[60]:sub(2)                  -- a label of 2
     local short = cmd.spit(dir .. "/short.tsv", table.concat(lines, "\n", 1, 55) .. "\n")
     local bad = cmd.spit(dir .. "/bad.tsv", table.concat(lines, "\n", 51) .. "\n")
-    local base = { "train.batch_size=10", "eval.samples=0", "train.steps=0" }
+    local base = { "train.batch_size=10", "eval.every=0", "train.steps=0" }
     local _, err = train.run(h.tiny(base, { "data.train=criteo-tsv:" .. short }),
       { cpu = true, progress = "none", print = QUIET })
     assert.equal("criteo-tsv: " .. short .. ":50: has 38 fields; expected 40", err)
@@ -179,7 +204,7 @@ describe("uvmrec.train, against silent wrong results", function()
     assert.equal(349, r.samples)
     -- the command's error names the settings that take such lines
     local _, cerr, code = cmd.run("train dlrm_tiny --cpu --progress none --data criteo-tsv:" .. cmd.quote(short)
-      .. " --set train.batch_size=10 --set eval.samples=0 --steps 0")
+      .. " --set train.batch_size=10 --set eval.every=0 --steps 0")
     assert.equal(1, code)
     assert.equal("uvmrec train: criteo-tsv: " .. short .. ":50: has 38 fields; expected 40 (--set "
       .. "data.pad_missing_fields=true accepts lines of 15 to 39 fields (copies that lost their trailing tabs); "

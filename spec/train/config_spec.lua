@@ -241,8 +241,19 @@ describe("uvmrec.train.config", function()
     assert.is_nil(world_err({ "train.batch_size=1026", "eval.batch_size=1026", "eval.samples=2052" }, 3))
     assert.equal("--set train.batch_size=1025: train.batch_size: 1025 is not a multiple of the 2 ranks: each rank "
       .. "takes an equal slice of every global batch", world_err({ "train.batch_size=1025" }, 2))
-    assert.matches("eval.batch_size: 16384 is not a multiple of the 3 ranks", world_err({ "train.batch_size=1026" }, 3))
-    assert.matches("eval.samples: 1001 is not a multiple of the 2 ranks", world_err({ "eval.samples=1001" }, 2))
+    -- synthetic data holds out its eval.samples
+    assert.matches("eval.batch_size: 16384 is not a multiple of the 3 ranks",
+                   world_err({ "data.train=synthetic:tiny", "train.steps=10", "train.batch_size=1026" }, 3))
+    assert.matches("eval.samples: 1001 is not a multiple of the 2 ranks",
+                   world_err({ "data.train=synthetic:tiny", "train.steps=10", "eval.samples=1001" }, 2))
+    -- nor do files without data.eval
+    assert.is_nil(world_err({ "data.train=criteo-tsv:x.tsv", "eval.batch_size=1023" }, 2))
+    -- eval.every needs held-out data: without any the run would never evaluate
+    assert.equal("--set eval.every=5: eval.every: 5, and this run has no held-out data to evaluate on (data.eval is "
+      .. "not given, and data.train criteo-tsv:x.tsv holds none out): give data.eval (--eval-data), or eval.every 0",
+      world_err({ "data.train=criteo-tsv:x.tsv", "eval.every=5" }, 1))
+    assert.is_nil(world_err({ "data.train=criteo-tsv:x.tsv", "eval.every=5", "data.eval=criteo-tsv:y.tsv" }, 1))
+    assert.is_nil(world_err({ "data.train=criteo-tsv:x.tsv", "eval.every=5", "train.steps=4" }, 1)) -- never reached
     -- a run that does not evaluate (synthetic data, eval.samples 0) has no evaluation batches to slice
     assert.is_nil(world_err({ "eval.samples=0", "eval.batch_size=1023" }, 2))
     -- an epoch of synthetic samples ends in a batch of what is left: it failed there, steps into the

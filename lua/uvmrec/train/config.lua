@@ -422,7 +422,8 @@ end
 
 -- What a training run over `world` ranks needs of the config: nil, or the message at the value
 -- to change.  Its final AUC is checked against eval.min_auc, so auc must be among the metrics
--- (`uvmrec eval` checks no minimum: it takes any metrics).  The batches are global batches cut
+-- (`uvmrec eval` checks no minimum: it takes any metrics), and eval.every needs held-out data
+-- where the run reaches it (M.evaluates).  The batches are global batches cut
 -- into equal slices, one a rank.  (Checkpoints and
 -- --resume work over ranks: the tables' shards go through uvmrec.dist.checkpoint, which
 -- reshards; the prefetch pipeline exchanges each rank's next batch ahead; managed and cached
@@ -430,6 +431,18 @@ end
 function M.check_world(cfg, world)
   local function fail(path, msg) return config.message(cfg, path, msg) end
   local ev = cfg.eval
+  local evaluates = M.evaluates(cfg)
+  -- evaluations every eval.every steps need held-out data: without any they were never made,
+  -- silently (a run that ends before eval.every would make none in any case)
+  local t, synth = cfg.train, cfg.data.train:match("^synthetic:")
+  local last = t.steps > 0 and t.steps
+    or synth and cfg.data.samples > 0 and M.batches_per_epoch(cfg, cfg.data.samples) * t.epochs or math.huge
+  if ev.every > 0 and not evaluates and cfg.data.train ~= "" and last >= ev.every then
+    return fail("eval.every", ("%d, and this run has no held-out data to evaluate on (data.eval is not given, and %s): "
+      .. "give %sdata.eval (--eval-data), or eval.every 0"):format(ev.every,
+      synth and "eval.samples is 0: synthetic data holds out that many samples"
+      or ("data.train %s holds none out"):format(cfg.data.train), synth and "eval.samples, " or ""))
+  end
   if ev.min_auc > 0 then
     local has = false
     for _, k in ipairs(ev.metrics) do has = has or k == "auc" end
@@ -439,8 +452,7 @@ function M.check_world(cfg, world)
     end
   end
   if world <= 1 then return nil end
-  -- without held-out data and with eval.samples 0 a run does not evaluate: no evaluation batches
-  local evaluates = cfg.data.eval ~= "" or cfg.eval.samples > 0
+  -- a run that does not evaluate has no evaluation batches
   local keys = evaluates and { "train.batch_size", "eval.batch_size", "eval.samples" } or { "train.batch_size" }
   for _, key in ipairs(keys) do
     local sec, name = key:match("^(%w+)%.([%w_]+)$")
@@ -451,6 +463,12 @@ function M.check_world(cfg, world)
     end
   end
   return M.check_epoch(cfg, world, cfg.data.samples, "data.samples")
+end
+
+-- Whether a training run of cfg has held-out data to evaluate on (uvmrec.train.data's): data.eval,
+-- or synthetic training data's eval.samples held-out samples.
+function M.evaluates(cfg)
+  return cfg.data.eval ~= "" or (cfg.data.train:match("^synthetic:") ~= nil and cfg.eval.samples > 0)
 end
 
 -- An epoch of n samples ends in a batch of what is left, which the ranks share too (it failed
