@@ -210,7 +210,9 @@ function M.parse(text, schema, name)
 end
 
 -- Applies "a.b.c=value" to a loaded config, typed by the schema; returns cfg or nil, err.
-function M.set(cfg, schema, assignment)
+-- flag: the command-line flag that gave it ("--steps 0"), named where --set would be (its
+-- errors, and checks that blame the value).
+function M.set(cfg, schema, assignment, flag)
   local path, text = assignment:match("^([%w_%.]+)=(.*)$")
   if not path then
     return nil, ("--set %s: expected key.path=value"):format(assignment)
@@ -245,7 +247,8 @@ function M.set(cfg, schema, assignment)
   else
     v, want = scalar(s, text, false)
   end
-  if v == nil then return nil, ("--set %s: '%s' is not %s"):format(assignment, bad, want) end
+  local from = flag or ("--set " .. assignment)
+  if v == nil then return nil, ("%s: %s'%s' is not %s"):format(from, flag and (path .. ": ") or "", bad, want) end
   local pos = positions[cfg]
   if absent then
     local holder, at = cfg, nil
@@ -253,7 +256,7 @@ function M.set(cfg, schema, assignment)
       at = at and (at .. "." .. key) or key
       if holder[key] == nil then
         holder[key] = {}
-        if pos then pos[at] = "--set " .. assignment end
+        if pos then pos[at] = from end
       end
       holder = holder[key]
     end
@@ -265,7 +268,7 @@ function M.set(cfg, schema, assignment)
     for k in pairs(pos) do
       if k:sub(1, #path + 1) == path .. "." or k:sub(1, #path + 1) == path .. "[" then pos[k] = nil end
     end
-    pos[path] = "--set " .. assignment
+    pos[path] = from
   end
   return cfg
 end

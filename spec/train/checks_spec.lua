@@ -63,6 +63,17 @@ describe("uvmrec.train, against silent wrong results", function()
     end
   end)
 
+  it("names --steps where a value of it is refused", function()
+    for _, c in ipairs { { "0", "train.steps: 0 trains until the data ends, and synthetic data (data.train "
+                                 .. "synthetic:tiny) has no end without data.samples" },
+                         { "1e20", "train.steps: '100000000000000000000' is not an integer below 2^53" } } do
+      local _, err, code = cmd.run("train dlrm_tiny --cpu --progress none --steps " .. c[1])
+      assert.equal(1, code)
+      local want = "uvmrec train: --steps " .. (c[1] == "0" and "0" or "100000000000000000000") .. ": " .. c[2]
+      assert.equal(want, err:sub(1, #want))
+    end
+  end)
+
   it("refuses up front the settings too large to work, naming the limit", function()
     for _, case in ipairs {
       { "eval.samples", 2 ^ 30 }, { "eval.batch_size", 2 ^ 24 }, { "train.batch_size", 2 ^ 24 },

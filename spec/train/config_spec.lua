@@ -181,6 +181,24 @@ describe("uvmrec.train.config", function()
     end
   end)
 
+  it("names the command's flag that gave a value, where its check or its type blames it", function()
+    -- `uvmrec train dlrm_tiny --steps 0` blamed the YAML's data.train ("FILE:21:10: data.train: synthetic data needs
+    -- train.steps or data.samples to know its length"), and --steps 1e20 a --set of -2^63
+    local synth = "data:\n  train: synthetic:tiny\n"
+    local _, err = parse(base .. synth, { { "train.steps=0", flag = "--steps 0" } })
+    assert.equal("--steps 0: train.steps: 0 trains until the data ends, and synthetic data (data.train synthetic:tiny) "
+      .. "has no end without data.samples: give train.steps > 0, or data.samples", err)
+    _, err = parse(base .. synth, { { "train.steps=100000000000000000000", flag = "--steps 100000000000000000000" } })
+    assert.equal("--steps 100000000000000000000: train.steps: '100000000000000000000' is not an integer below 2^53",
+                 err)
+    -- given in the file, the value blames itself there; left at its default, the data is blamed
+    _, err = parse(base .. synth .. "train: {steps: 0}\n")
+    assert.matches("^t%.yaml:10:16: train%.steps: 0 trains until the data ends", err)
+    _, err = parse(base .. synth)
+    assert.equal("t.yaml:9:10: data.train: synthetic data needs train.steps or data.samples to know its length", err)
+    assert(parse(base .. synth, { { "train.steps=10", flag = "--steps 10" } }))
+  end)
+
   it("takes as many steps as synthetic data of data.samples an epoch gives", function()
     local sets = { "data.train=synthetic:tiny", "data.samples=10000", "train.epochs=2", "train.steps=20" }
     assert.equal(20, assert(parse(base, sets)).train.steps)

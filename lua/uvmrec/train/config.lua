@@ -349,6 +349,11 @@ function M.check(cfg)
       .. "warmup_steps %d"):format(s.decay_start, s.warmup_steps))
   end
   if cfg.train.steps == 0 and cfg.data.samples == 0 and cfg.data.train:match("^synthetic:") then
+    -- the value given blames itself: train.steps 0 (--steps 0) asks for the data's end, which this data has not
+    if config.given(cfg, "train.steps") then
+      return fail("train.steps", ("0 trains until the data ends, and synthetic data (data.train %s) has no end without "
+        .. "data.samples: give train.steps > 0, or data.samples"):format(cfg.data.train))
+    end
     return fail("data.train", "synthetic data needs train.steps or data.samples to know its length")
   end
   -- synthetic data of data.samples an epoch gives a known number of batches (each epoch ends in
@@ -372,12 +377,15 @@ function M.batches_per_epoch(cfg, n)
 end
 
 -- A config read (cfg, err from uvmrec.config's load or parse), with --set overrides ("a.b=v",
--- applied in order) and the checks: cfg, or nil, message.
+-- applied in order; or {"a.b=v", flag = "--steps 0"}, a command's flag that sets a value, which
+-- its messages name) and the checks: cfg, or nil, message.
 local function finish(cfg, err, sets)
   if not cfg then return nil, err end
   own_tables(cfg)
   for _, a in ipairs(sets or {}) do
-    local ok, serr = config.set(cfg, M.schema, a)
+    local ok, serr
+    if type(a) == "table" then ok, serr = config.set(cfg, M.schema, a[1], a.flag)
+    else ok, serr = config.set(cfg, M.schema, a) end
     if not ok then return nil, serr end
   end
   err = M.check(cfg)
