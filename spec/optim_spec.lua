@@ -117,6 +117,31 @@ describe("uvmrec.optim", function()
       "^t: unknown optimizer setting 'momentum'; expected beta1, beta2, betas, eps, lr, max_grad, weight_decay$")
   end)
 
+  it("takes the betas a training config leaves out from the optimizers' defaults, one home for them", function()
+    -- uvmrec.train.optimizer filled a missing beta with its own 0.9 and 0.999, beside optim.RULES'
+    local train = require "uvmrec.train"
+    local cfg = assert(train.config.parse([[
+model: {bottom_mlp: [8, 4], top_mlp: [6, 1]}
+embeddings: {dim: 4, rows: [10, 20]}
+optimizer: {name: adam, lr: 0.01, beta1: 0.8}
+]], "t.yaml"))
+    local model = { parameters = function() return { (param(4, 7)) } end }
+    local d = optim.RULES.adam.defaults
+    local keep = d.beta2
+    d.beta2 = 0.75
+    local ok, opt = pcall(train.optimizer, cfg, model)
+    d.beta2 = keep
+    assert(ok, opt)
+    assert.same({ 0.8, 0.75 }, { opt.cfg.beta1, opt.cfg.beta2 })
+    -- the dense optimizers take both spellings, as the tables' do, one at a time
+    local a = optim.Adam({ (param(4, 8)) }, { beta2 = 0.9 })
+    assert.same({ 0.9, 0.9 }, { a.cfg.beta1, a.cfg.beta2 })
+    assert.error_matches(function() optim.Adam({ (param(4, 8)) }, { betas = { 0.8, 0.9 }, beta1 = 0.7 }) end,
+      "Adam: betas and beta1 are two spellings of the same settings")
+    assert.error_matches(function() optim.SGD({ (param(4, 8)) }, { beta1 = 0.7 }) end,
+      "SGD: sgd takes no setting 'beta1'")
+  end)
+
   it("skips parameters without a gradient", function()
     local p = param(4, 4)
     local frozen = { name = "table", tensor = R.zeros({ 3 }) }
@@ -127,8 +152,8 @@ describe("uvmrec.optim", function()
   it("rejects bad settings with a message", function()
     local p = param(4, 5)
     assert.error_matches(function() optim.SGD({ p }, { max_grad = 1 }) end,
-      "SGD: unknown optimizer setting 'max_grad'; expected betas, eps, initial_accumulator_value, lr, momentum, "
-      .. "nesterov, weight_decay, zero_grad$")
+      "SGD: unknown optimizer setting 'max_grad'; expected beta1, beta2, betas, eps, initial_accumulator_value, lr, "
+      .. "momentum, nesterov, weight_decay, zero_grad$")
     assert.error_matches(function() optim.dense("rowwise_adagrad", { p }) end,
       "optim: 'rowwise_adagrad' is not a dense optimizer %(adagrad, adam, adamw, sgd%)")
     assert.error_matches(function() optim.Adam({ p }, { lr = -1 }) end, "lr must be a finite number >= 0, got %-1")

@@ -9,8 +9,8 @@
 --   model:zero_grad(); model:backward(x, g); opt:step()
 --   local lrs = ur.optim.Schedule(ur.optim.schedule.dlrm{...}, {opt, model.embeddings})
 --
--- Settings: lr, weight_decay (L2; AdamW's decoupled), eps, betas = {beta1, beta2} (Adam; a table
--- optimizer also takes beta1 =, beta2 =), momentum and nesterov (dense SGD), max_grad (tables:
+-- Settings: lr, weight_decay (L2; AdamW's decoupled), eps, betas = {beta1, beta2} or beta1 =,
+-- beta2 = (Adam; one spelling, the other beta its default), momentum and nesterov (dense SGD), max_grad (tables:
 -- clipping), zero_grad (dense: the step zeroes the gradients), initial_accumulator_value (dense
 -- Adagrad).
 local ffi = require "ffi"
@@ -65,7 +65,7 @@ end
 
 local KEYS = {
   dense = { lr = true, eps = true, weight_decay = true, momentum = true, nesterov = true, betas = true,
-            zero_grad = true, initial_accumulator_value = true },
+            beta1 = true, beta2 = true, zero_grad = true, initial_accumulator_value = true },
   tables = { lr = true, eps = true, weight_decay = true, betas = true, beta1 = true, beta2 = true,
              max_grad = true },
 }
@@ -133,7 +133,7 @@ function M.config(name, side, opts, who, level)
     end
   end
   local d = r.defaults
-  -- a table optimizer's two spellings of the betas: both at once would leave one of them unused
+  -- the two spellings of the betas: both at once would leave one of them unused
   if opts.betas ~= nil and (opts.beta1 ~= nil or opts.beta2 ~= nil) then
     error(("%s: betas and %s are two spellings of the same settings: give betas = {beta1, beta2}, or beta1 = "
            .. "and beta2 =, not both"):format(who, opts.beta1 ~= nil and "beta1" or "beta2"), level)

@@ -90,13 +90,13 @@ function M.model_def(cfg, config_path)
   return nil, ("model.file %s: not found (looked at %s)"):format(file, table.concat(tried, ", "))
 end
 
--- The dense optimizer of the config over the model's parameters (zeroing the gradients).
+-- The dense optimizer of the config over the model's parameters (zeroing the gradients); the
+-- settings the config leaves out take uvmrec.optim's defaults.
 function M.optimizer(cfg, model)
   local o = cfg.optimizer
   return ur.optim.dense(o.name, model:parameters(), {
     lr = o.lr, momentum = o.name == "sgd" and o.momentum or nil, weight_decay = o.weight_decay,
-    eps = o.eps, betas = (o.beta1 or o.beta2) and { o.beta1 or 0.9, o.beta2 or 0.999 } or nil,
-    zero_grad = true,
+    eps = o.eps, beta1 = o.beta1, beta2 = o.beta2, zero_grad = true,
   })
 end
 
