@@ -25,6 +25,9 @@ describe("uvmrec.train.progress", function()
                   progress.count(7.86e9) })
     assert.same({ "160 B", "1.7 MiB", "6.25 GiB" },
                 { progress.bytes(160), progress.bytes(1.7 * 2 ^ 20), progress.bytes(6.25 * 2 ^ 30) })
+    assert.same({ "0 steps", "1 step", "2 steps", "1 held-out sample" },
+                { progress.things(0, "step"), progress.things(1, "step"), progress.things(2, "step"),
+                  progress.things(1, "held-out sample") })
   end)
 
   it("draws one line in place as a bar, with messages above it", function()
@@ -94,6 +97,26 @@ describe("uvmrec.train.progress", function()
                      .. "calibration %d%.%d+  CTR %d%.%d+  %(4096 samples, [%d.]+ s%)\n", out)
       assert.matches("\ntrained 40 steps, 10240 samples in [%d.]+ s: [%d.]+[kMG]? samples/s\n", out)
       assert.matches("\nfinal AUC %d%.%d+ %(the synthetic data's hidden%-model ceiling: 0%.8%d+%)\n", out)
+    end)
+
+    it("says one step and one sample in the singular", function()
+      -- "trained 1 steps, 1 samples", "1 samples an epoch; evaluation on 1 held-out samples"
+      local dir = cmd.tmpdir()
+      local base = "train dlrm_tiny --cpu --progress none --set train.batch_size=1 --set eval.min_auc=0 "
+        .. "--set eval.samples=1 --set eval.batch_size=1 --set data.samples=2 --checkpoint-every 1 --out "
+        .. q(dir .. "/r")
+      local out, err, code = cmd.run(base .. " --steps 1")
+      assert.equal(0, code, err)
+      assert.matches("\ndata: synthetic:tiny: 2 samples an epoch; evaluation on 1 held%-out sample %(from ", out)
+      assert.matches("\ntrained 1 step, 1 sample in [%d.]+ s: ", out)
+      local said = cmd.run("eval dlrm_tiny --cpu --set eval.samples=1 --set eval.batch_size=1 --set train.batch_size=1 "
+        .. "--checkpoint " .. q(dir .. "/r"))
+      assert.matches("\neval: AUC [^\n]*%(1 sample, [%d.]+ s%)\n", said)
+      out, err, code = cmd.run(base .. " --steps 2 --resume " .. q(dir .. "/r"))
+      assert.equal(0, code, err)
+      assert.matches("\nresumed from [^\n]* at step 1 %(1 sample trained; ", out)
+      assert.matches("\ntrained step 2, 1 sample in [%d.]+ s: [%d.]+ samples/s %(2 samples in all%)\n", out)
+      cmd.rmdir(dir)
     end)
 
     it("draws a bar in place on a terminal", function()

@@ -20,6 +20,7 @@ local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local streams = require "uvmrec.stream"
 local tensor = require "uvmrec.tensor"
+local progress = require "uvmrec.train.progress"
 local C = lib.C
 
 local M = {}
@@ -166,8 +167,8 @@ function Hook:poll(run)
                 first_step = r.first and r.first.step, tensor = r.first and r.first.tensor }
   end
   if self.say then
-    self.say(("train.nonfinite: skip: %d step%s skipped by step %d (%d in all; the first at step %d: %s)"):format(
-      r.new, r.new == 1 and "" or "s", run.step, r.skipped, r.first and r.first.step or 0,
+    self.say(("train.nonfinite: skip: %s skipped by step %d (%d in all; the first at step %d: %s)"):format(
+      progress.things(r.new, "step"), run.step, r.skipped, r.first and r.first.step or 0,
       r.first and r.first.tensor or "?"))
   end
 end

@@ -117,8 +117,8 @@ function Evaluation:evaluate(step)
   if not r then error(e, 0) end
   r.step = step
   self.evals[#self.evals + 1] = r
-  o.progress:message(("eval at step %d: %s  (%d samples, %.1f s)"):format(step, evaluate.format(r, o.metrics),
-                                                                        r.samples, r.seconds))
+  o.progress:message(("eval at step %d: %s  (%s, %.1f s)"):format(step, evaluate.format(r, o.metrics),
+                                                                  progress.things(r.samples, "sample"), r.seconds))
   local line = { event = "eval", step = step }
   for k, v in pairs(r) do line[k] = v end
   o.line(line)

@@ -172,8 +172,8 @@ function M.data(cfg, rows)
       -- The ceiling from at most CEILING_SAMPLES of them: it is computed on the host.
       d.ceiling_samples = math.min(d.eval_samples, M.CEILING_SAMPLES)
       d.ceiling = function() return synthetic.hidden_auc(s, d.ceiling_samples, M.HELD_OUT) end
-      d.what = ("%s: %d samples an epoch; evaluation on %d held-out samples (from sample 2^48)"):format(spec,
-        n, d.eval_samples)
+      d.what = ("%s: %s an epoch; evaluation on %s (from sample 2^48)"):format(spec,
+        M.progress.things(n, "sample"), M.progress.things(d.eval_samples, "held-out sample"))
     end
   else
     common.data, common.rows = spec, load_rows
@@ -194,8 +194,9 @@ function M.data(cfg, rows)
     end
     d.what = ("%s; evaluation on %s"):format(spec, cfg.data.eval)
   end
-  d.what = d.what or (src.kind == "synthetic" and ("%s: %d samples an epoch; no evaluation (eval.samples is 0)")
-    :format(spec, d.train.samples) or (spec .. "; no held-out data (set data.eval or --eval-data): no evaluation"))
+  d.what = d.what or (src.kind == "synthetic" and ("%s: %s an epoch; no evaluation (eval.samples is 0)")
+    :format(spec, M.progress.things(d.train.samples, "sample"))
+    or (spec .. "; no held-out data (set data.eval or --eval-data): no evaluation"))
   return d
 end
 
@@ -472,9 +473,9 @@ function M.check_ran(cfg, first, steps, samples)
     return ("the training data gave no batch: nothing was trained (%s)"):format(cfg.data.train)
   end
   if asked > 0 and steps < asked then
-    return ("the training data ran out at step %d of train.steps %d (%d samples trained; train.epochs %d of %s): "
+    return ("the training data ran out at step %d of train.steps %d (%s trained; train.epochs %d of %s): "
       .. "give more data or epochs (train.epochs), or train.steps 0 to train until the data ends"):format(steps,
-      cfg.train.steps, samples, cfg.train.epochs, cfg.data.train)
+      cfg.train.steps, M.progress.things(samples, "sample"), cfg.train.epochs, cfg.data.train)
   end
   return nil
 end
@@ -690,8 +691,8 @@ function run_plain(cfg, opts)
   if cfg.data.drop_last then
     local tail = epoch and epoch % cfg.train.batch_size
     if tail ~= 0 then
-      say(tail and ("data: each epoch's last batch, of %d sample%s, is dropped (data.drop_last)"):format(tail,
-                                                                                            tail == 1 and "" or "s")
+      say(tail and ("data: each epoch's last batch, of %s, is dropped (data.drop_last)"):format(
+                     M.progress.things(tail, "sample"))
           or "data: each epoch's last batch, when short, is dropped (data.drop_last)")
     end
   end
@@ -706,8 +707,8 @@ function run_plain(cfg, opts)
                budget = p.budget, samples_per_second = p.samples_per_second }
   end
   if resumed then
-    say(("resumed from %s at step %d (%d samples trained; loaded in %.1f s)"):format(resumed.path, resumed.step,
-      ctx.samples, resumed.seconds))
+    say(("resumed from %s at step %d (%s trained; loaded in %.1f s)"):format(resumed.path, resumed.step,
+      M.progress.things(ctx.samples, "sample"), resumed.seconds))
   end
   log.line { event = "start", version = ur.version(), gpu = gpu, model = model:stats(), data = cfg.data.train,
              ranks = world,
@@ -809,16 +810,17 @@ function run_plain(cfg, opts)
   if resumed and steps < first then
     say(("nothing to train: the checkpoint is at step %d, where train.steps ends"):format(steps))
   elseif resumed then
-    say(("trained steps %d to %d, %d samples in %.1f s: %s samples/s (%d samples in all)"):format(first, steps,
-      samples - samples0, seconds, M.progress.count(result.samples_per_s), samples))
+    local which = first == steps and ("step %d"):format(steps) or ("steps %d to %d"):format(first, steps)
+    say(("trained %s, %s in %.1f s: %s samples/s (%s in all)"):format(which,
+      M.progress.things(samples - samples0, "sample"), seconds, M.progress.count(result.samples_per_s),
+      M.progress.things(samples, "sample")))
   else
-    say(("trained %d steps, %d samples in %.1f s: %s samples/s"):format(steps, samples, seconds,
-      M.progress.count(result.samples_per_s)))
+    say(("trained %s, %s in %.1f s: %s samples/s"):format(M.progress.things(steps, "step"),
+      M.progress.things(samples, "sample"), seconds, M.progress.count(result.samples_per_s)))
   end
   if result.skipped and result.skipped > 0 then
-    say(("train.nonfinite: skip: %d step%s skipped (NaN or infinity in the loss or a dense gradient), "
-         .. "neither tables nor dense parameters updated by them"):format(result.skipped,
-         result.skipped == 1 and "" or "s"))
+    say(("train.nonfinite: skip: %s skipped (NaN or infinity in the loss or a dense gradient), "
+         .. "neither tables nor dense parameters updated by them"):format(M.progress.things(result.skipped, "step")))
   end
   if ctx.hints then
     ctx.hints:read_monitor()
@@ -966,7 +968,8 @@ function M.eval(cfg, opts)
   loader:close()
   if not r then return nil, eerr end
   local result = { eval = r, ceiling = data.ceiling and data.ceiling(), step = ctx.step }
-  say(("eval: %s  (%d samples, %.1f s)"):format(M.evaluate.format(r, cfg.eval.metrics), r.samples, r.seconds))
+  say(("eval: %s  (%s, %.1f s)"):format(M.evaluate.format(r, cfg.eval.metrics), M.progress.things(r.samples, "sample"),
+                                        r.seconds))
   if result.ceiling then
     say(("the synthetic data's hidden-model ceiling: %.4f"):format(result.ceiling))
   end
