@@ -54,7 +54,7 @@ function DLRM:__init(cfg, opts)
     tables = tables, pooling = e.pooling, bounds = e.bounds, seed = cfg.train.seed, cache = cache,
     device = not gpu and "cpu" or opts.device,
     optimizer = { o.name or "sgd", lr = o.lr or cfg.optimizer.lr, eps = o.eps,
-                  weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2,
+                  weight_decay = o.weight_decay, beta1 = o.beta1, beta2 = o.beta2, max_grad = o.max_grad,
                   deterministic = o.deterministic },
   }
   if opts.sharding then

@@ -145,7 +145,7 @@ describe("uvmrec.train.config", function()
       { "optimizer.eps=0", "--set optimizer.eps=0: optimizer.eps: 0; expected a finite number > 0",
         "optimizer.name=adamw" },
       { "embeddings.optimizer.eps=1e-3", "--set embeddings.optimizer.eps=1e-3: embeddings.optimizer.eps: sgd takes "
-        .. "no setting 'eps' (its settings: lr, weight_decay)" },
+        .. "no setting 'eps' (its settings: lr, max_grad, weight_decay)" },
       { "embeddings.optimizer.beta1=1", "--set embeddings.optimizer.beta1=1: embeddings.optimizer.beta1: 1; expected",
         "embeddings.optimizer.name=adam" },
       -- a pipeline setting without the pipeline
@@ -179,6 +179,33 @@ describe("uvmrec.train.config", function()
       assert.is_nil(cfg, c[1])
       assert.equal(c[2], err:sub(1, #c[2]))
     end
+  end)
+
+  it("takes the tables' gradient clipping, embeddings.optimizer.max_grad, into the model's fused step", function()
+    -- not in the schema: "unknown key 'max_grad'", though the engine clips with it
+    local h = require "helpers"
+    local sets = { "embeddings.optimizer.name=sgd", "embeddings.optimizer.lr=1", "train.batch_size=256",
+                   "train.steps=1" }
+    local function moved(more)
+      local cfg = h.tiny(sets, more)
+      local fresh = assert(assert(train.model_def(cfg)).build(cfg, { cpu = true }))
+      local _, model = h.step_losses(cfg, true, 1)
+      local most = 0
+      for _, name in ipairs { "C3", "C12", "C16" } do
+        local a, b = assert(fresh.embeddings:table(name):totable()), assert(model.embeddings:table(name):totable())
+        for i = 1, #a do most = math.max(most, math.abs(a[i] - b[i])) end
+      end
+      return most
+    end
+    local free, clipped = moved {}, moved { "embeddings.optimizer.max_grad=1e-4" }
+    assert.is_true(free > 1e-3, tostring(free))       -- unclipped, some element moves further
+    -- lr 1 x at most 1e-4, and the rounding of an f32 row (a ulp of values near 0.1 is 7e-9)
+    assert.is_true(clipped > 0 and clipped <= 1e-4 + 1e-8, tostring(clipped))
+    -- its range, at the value
+    local _, err = parse(base:gsub("rows: %[10, 20, 30%]", "rows: [10, 20, 30]\n  optimizer: {max_grad: -1}"))
+    assert.equal("t.yaml:7:25: embeddings.optimizer.max_grad: '-1' is not a number >= 0", err)
+    _, err = parse(base, { "embeddings.optimizer.max_grad=inf" })
+    assert.equal("--set embeddings.optimizer.max_grad=inf: 'inf' is not a number", err)
   end)
 
   it("names the command's flag that gave a value, where its check or its type blames it", function()

@@ -88,6 +88,8 @@ M.schema = map({
       lr = number { min = 0 },                                 -- default: the dense lr
       eps = number { min = 0 }, weight_decay = number { min = 0 },
       beta1 = number { min = 0, max = 1 }, beta2 = number { min = 0, max = 1 },
+      max_grad = number { min = 0 },                           -- each gradient element clipped to
+                                                               -- [-max_grad, max_grad]; 0: none
       deterministic = bool { default = true },                 -- false: atomic SGD on the GPU (uvmrec.tbe)
     },
   }, { required = { "dim", "rows" } }),
@@ -299,7 +301,7 @@ function M.check(cfg)
   for _, o in ipairs(sections) do
     local at, sec, side, keys = o[1], o[2] or {}, o[3], o[4]
     local name = sec.name or "sgd"
-    for _, key in ipairs { "momentum", "eps", "beta1", "beta2", "weight_decay" } do
+    for _, key in ipairs { "momentum", "eps", "beta1", "beta2", "weight_decay", "max_grad" } do
       -- the dense momentum's default is 0, which every optimizer takes as none
       local v = sec[key]
       if v ~= nil and not (key == "momentum" and v == 0) then
