@@ -171,6 +171,14 @@ describe("uvmrec.train.config", function()
       { "train.steps=19", "--set train.steps=19: train.steps: 19 steps, and the data gives 18: train.epochs 2 of "
         .. "data.samples 10000 (9 batches of train.batch_size 1024 an epoch)", "data.train=synthetic:tiny",
         "data.samples=10000", "train.epochs=2", "data.drop_last=true" },
+      -- an epoch shorter than a batch, which data.drop_last drops whole: it said "give train.epochs
+      -- -9223372036854775808" (steps / 0 batches), or with train.steps 0 failed after building the model
+      { "data.samples=100", "--set data.samples=100: data.samples: 100 samples an epoch, fewer than a batch "
+        .. "(train.batch_size 1024), which data.drop_last drops: no batch to train; give data.samples 1024 or more, a "
+        .. "smaller train.batch_size, or data.drop_last false", "data.train=synthetic:tiny", "train.steps=5",
+        "data.drop_last=true" },
+      { "data.samples=100", "--set data.samples=100: data.samples: 100 samples an epoch, fewer than a batch",
+        "data.train=synthetic:tiny", "data.drop_last=true" },
     }
     for _, c in ipairs(cases2) do
       local sets = { unpack(c, 3) } -- the --sets before the one blamed

@@ -361,9 +361,16 @@ function M.check(cfg)
   -- synthetic data of data.samples an epoch gives a known number of batches (each epoch ends in
   -- its own last batch): more steps would fail when it runs out, after training all of them
   local t, d = cfg.train, cfg.data
-  if t.steps > 0 and d.samples > 0 and d.train:match("^synthetic:") then
+  if d.samples > 0 and d.train:match("^synthetic:") then
     local per = M.batches_per_epoch(cfg, d.samples)
-    if t.steps > per * t.epochs then
+    -- an epoch shorter than a batch, dropped whole: no batch at all (its steps' check said "give
+    -- train.epochs -9223372036854775808", the ceiling of steps / 0)
+    if per == 0 then
+      return fail("data.samples", ("%d samples an epoch, fewer than a batch (train.batch_size %d), which "
+        .. "data.drop_last drops: no batch to train; give data.samples %d or more, a smaller train.batch_size, or "
+        .. "data.drop_last false"):format(d.samples, t.batch_size, t.batch_size))
+    end
+    if t.steps > 0 and t.steps > per * t.epochs then
       return fail("train.steps", ("%d steps, and the data gives %d: train.epochs %d of data.samples %d (%d batches "
         .. "of train.batch_size %d an epoch); give train.epochs %d, or train.steps 0 to train until the data ends")
         :format(t.steps, per * t.epochs, t.epochs, d.samples, per, t.batch_size, math.ceil(t.steps / per)))
