@@ -179,6 +179,11 @@ describe("uvmrec.train.config", function()
         "data.drop_last=true" },
       { "data.samples=100", "--set data.samples=100: data.samples: 100 samples an epoch, fewer than a batch",
         "data.train=synthetic:tiny", "data.drop_last=true" },
+      -- all of synthetic held-out data, which has no end: it trained, then failed "evaluate: the held-out data
+      -- gave no batch"
+      { "eval.samples=0", "--set eval.samples=0: eval.samples: 0 takes all of data.eval, and synthetic data "
+        .. "(data.eval synthetic:tiny) has no end: give the held-out samples to draw, eval.samples > 0",
+        "data.eval=synthetic:tiny" },
     }
     for _, c in ipairs(cases2) do
       local sets = { unpack(c, 3) } -- the --sets before the one blamed

@@ -358,6 +358,12 @@ function M.check(cfg)
     end
     return fail("data.train", "synthetic data needs train.steps or data.samples to know its length")
   end
+  -- eval.samples 0 reads held-out files to their end; synthetic held-out data has none (it trained
+  -- the whole run, then failed "evaluate: the held-out data gave no batch")
+  if cfg.eval.samples == 0 and cfg.data.eval:match("^synthetic:") then
+    return fail("eval.samples", ("0 takes all of data.eval, and synthetic data (data.eval %s) has no end: give the "
+      .. "held-out samples to draw, eval.samples > 0"):format(cfg.data.eval))
+  end
   -- synthetic data of data.samples an epoch gives a known number of batches (each epoch ends in
   -- its own last batch): more steps would fail when it runs out, after training all of them
   local t, d = cfg.train, cfg.data
