@@ -447,7 +447,8 @@ return P
       { { "embeddings.placement=managed", "embeddings.tables.C2.hints.options.band=1" },
         "embeddings.tables.C2.hints.options: options without a policy of table C2's own (embeddings.hints.options "
         .. "are the default policy's); give embeddings.tables.C2.hints.policy" },
-      { { "embeddings.tables.C2.hints.policy=adaptive", "embeddings.tables.C2.hints.options.band=-1" },
+      { { "embeddings.placement=managed", "embeddings.tables.C2.hints.policy=adaptive",
+          "embeddings.tables.C2.hints.options.band=-1" },
         "embeddings.tables.C2.hints.options.band: policy 'adaptive': band is -1; expected a number in [0, inf)" },
     } do
       local cfg, err = train.config.load(assert(train.find_config("dlrm_tiny")), c[1])

@@ -265,9 +265,15 @@ describe("uvmrec.train.config", function()
         .. "per table needs sets per table, and embeddings.cache.shared puts every cached table in one pool" },
       { { "embeddings.tables.C2.placement=host", "embeddings.tables.C2.hints.allowance=1GiB" },
         "--set embeddings.tables.C2.hints.allowance=1GiB: embeddings.tables.C2.hints.allowance: table C2 is "
-        .. "placed host: an allowance is the HBM of a managed table's hot rows" },
-      { { "embeddings.placement=managed", "embeddings.tables.C2.hints.allowance=lots" },
-        "--set embeddings.tables.C2.hints.allowance=lots: embeddings.tables.C2.hints.allowance: " },
+        .. "placed host (embeddings.tables.C2.placement): hints steer the rows of a managed table" },
+      -- a device table's policy was taken and dropped (the manager of C3 refused it only at the run's start,
+      -- and with no managed table at all no manager ran)
+      { { "embeddings.tables.C3.placement=managed", "embeddings.tables.C1.hints.policy=adaptive" },
+        "--set embeddings.tables.C1.hints.policy=adaptive: embeddings.tables.C1.hints.policy: table C1 is placed "
+        .. "auto (embeddings.placement): hints steer the rows of a managed table" },
+      { { "embeddings.placement=device", "embeddings.tables.C1.hints.options.margin=0.1" },
+        "--set embeddings.tables.C1.hints.options.margin=0.1: embeddings.tables.C1.hints.options: table C1 is "
+        .. "placed device (embeddings.placement): hints steer the rows of a managed table" },
     }
     for _, c in ipairs(cases3) do
       local got, err = parse(base, c[1])

@@ -227,6 +227,14 @@ function M.check(cfg)
       return fail(at .. ".rank", ("table %s is sharded %s: a rank places a table_wise table"):format(name,
         t.sharding or e.sharding))
     end
+    local place = t.placement or e.placement
+    for _, k in ipairs { "policy", "options", "allowance" } do
+      -- hints steer a managed table: a device or host table's (auto is one of those) were dropped
+      if t.hints and t.hints[k] ~= nil and place ~= "managed" then
+        return fail(at .. ".hints." .. k, ("table %s is placed %s (embeddings.%splacement): hints steer the rows of "
+          .. "a managed table"):format(name, place, t.placement and ("tables." .. name .. ".") or ""))
+      end
+    end
     local perr = t.hints and t.hints.policy and M.check_policy(t.hints.policy)
     if perr then return fail(at .. ".hints.policy", perr) end
     if t.hints and t.hints.options and not t.hints.policy then
@@ -236,7 +244,6 @@ function M.check(cfg)
     end
     local opath, oerr = M.check_options(at .. ".hints", t.hints and t.hints.policy, t.hints and t.hints.options)
     if opath then return fail(opath, oerr) end
-    local place = t.placement or e.placement
     local lf = t.cache and t.cache.load_factor
     if lf ~= nil then
       if place ~= "cached" then
@@ -251,10 +258,6 @@ function M.check(cfg)
     end
     local al = t.hints and t.hints.allowance
     if al ~= nil then
-      if place ~= "managed" then
-        return fail(at .. ".hints.allowance", ("table %s is placed %s: an allowance is the HBM of a managed "
-          .. "table's hot rows"):format(name, place))
-      end
       local ok, aerr = pcall(require("uvmrec.hints").parse_allowance, al, 1)
       if not ok then
         return fail(at .. ".hints.allowance", (tostring(aerr):gsub("^[^\n]-:%d+: ", ""):gsub("^hints: ", "")))
