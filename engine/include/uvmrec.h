@@ -1512,11 +1512,15 @@ UR_API ur_status ur_safetensors_load(ur_stream *s, const ur_safetensors *f, int3
 UR_API ur_status ur_safetensors_view(const ur_safetensors *f, int32_t i, ur_tensor **out);
 /* dst's bytes (host or pinned) from byte `offset` of tensor i, read from the file (its pages
  * are not mapped, so a table is read a part at a time in that part's host memory).  In a file
- * with checksums, parts read in order of offset from byte 0 are checked as a whole: the read
- * that reaches the tensor's end returns UR_STATUS_FORMAT (the file, the tensor, both checksums)
- * when the bytes read do not match (dst holds them; the caller discards its work).  A read from
- * byte 0 starts the run again; one elsewhere leaves that tensor unchecked until it is.  The
- * run's state is kept in f: one reader at a time per tensor. */
+ * with checksums, parts read in order of offset from byte 0 are checked as a whole with no
+ * second read: the read that reaches the tensor's end returns UR_STATUS_FORMAT (the file, the
+ * tensor, both checksums) when the bytes read do not match (dst holds them; the caller discards
+ * its work; a read from byte 0 starts the run again).  Any other read (out of order, after a
+ * break) checks the whole tensor first, once, and writes nothing into dst when it does not
+ * match.  Once a tensor matched (a run to its end, or ur_safetensors_verify) its parts read
+ * unchecked.  A caller that reads only a prefix in order calls ur_safetensors_verify first: a
+ * run that stops before the end is never checked.  The runs' state is kept in f: one reader at
+ * a time per tensor. */
 UR_API ur_status ur_safetensors_read_part(const ur_safetensors *f, int32_t i,
                                           ur_tensor *dst /* out */, uint64_t offset);
 /* *out = the index of the first NaN or infinity of tensor i (f32, bf16, f16, f64; -1 when none,

@@ -154,7 +154,8 @@ end
 
 -- Bytes of tensor `name` from byte `offset` into dst (a host tensor, its size read), from the
 -- file rather than its mapping, so that reading a table a part at a time holds one part in
--- memory.  true, or nil, message.
+-- memory.  Checked as uvmrec.h's ur_safetensors_read_part says: parts in order from byte 0 at
+-- the tensor's end, any other read by the whole tensor first.  true, or nil, message.
 function file_methods:read_part(name, dst, offset)
   local p = F(self)
   local i = C.ur_safetensors_find(p, name)

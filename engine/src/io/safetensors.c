@@ -655,10 +655,12 @@ struct ur_safetensors {
   char **meta_keys, **meta_values;
   uint32_t *crc;                 /* per entry, when the file has CRC_KEY (else NULL) */
   /* per entry, with crc: where ur_safetensors_read_part's parts read in order have reached and
-   * their checksum so far (next = UINT64_MAX: a part out of order broke the run) */
+   * their checksum so far (next = UINT64_MAX: no run), and whether the whole tensor's bytes were
+   * found to match (a run that reached its end, or ur_safetensors_verify) */
   struct part_crc {
     uint64_t next;
     uint32_t crc;
+    int checked;
   } *parts;
 };
 
@@ -1165,7 +1167,9 @@ ur_status ur_safetensors_verify(const ur_safetensors *f, int32_t i, int64_t *non
   UR__ARGS(f);
   if (nonfinite) *nonfinite = -1;
   ur_status s = check_index(f, i, "verify");
-  return s ? s : scan(f, i, 1, nonfinite);
+  if (!s) s = scan(f, i, 1, nonfinite);
+  if (!s && f->crc) f->parts[i].checked = 1;
+  return s;
 }
 
 
@@ -1184,21 +1188,27 @@ ur_status ur_safetensors_read_part(const ur_safetensors *f, int32_t i, ur_tensor
     return ur__error(UR_STATUS_INVALID, "safetensors read_part: %s: tensor '%s' has %llu bytes; "
                      "%llu from byte %llu pass its end", f->path, e->name,
                      (unsigned long long)size, (unsigned long long)n, (unsigned long long)offset);
-  if ((s = read_all(f, ur_tensor_data(dst), n, e->file_offset + offset)) || !f->crc) return s;
+  struct part_crc *pc = f->crc ? &f->parts[i] : NULL;
+  if (!pc || pc->checked) return read_all(f, ur_tensor_data(dst), n, e->file_offset + offset);
   /* Parts read in order of offset from byte 0 to the end are checked against the tensor's
-   * checksum at its last byte; a read from byte 0 starts the run again, one elsewhere breaks it
-   * (that tensor is then left to ur_safetensors_verify). */
-  struct part_crc *pc = &f->parts[i];
-  if (offset == 0) *pc = (struct part_crc){0, 0};
+   * checksum at its last byte, with no second read (a read from byte 0 starts the run again).
+   * Any other read checks the whole tensor first, once: a part read out of order was handed
+   * out unchecked. */
+  if (offset == 0) *pc = (struct part_crc){0, 0, 0};
   if (pc->next != offset) {
     pc->next = UINT64_MAX;
-    return UR_STATUS_OK;
+    if ((s = scan(f, i, 1, NULL))) return s;
+    pc->checked = 1;
+    return read_all(f, ur_tensor_data(dst), n, e->file_offset + offset);
   }
+  if ((s = read_all(f, ur_tensor_data(dst), n, e->file_offset + offset))) return s;
   pc->crc = crc32c(pc->crc, ur_tensor_data(dst), (size_t)n);
   pc->next += n;
   if (pc->next != size) return UR_STATUS_OK;
   pc->next = UINT64_MAX;
-  return pc->crc == f->crc[i] ? UR_STATUS_OK : crc_mismatch(f, i, pc->crc);
+  if (pc->crc != f->crc[i]) return crc_mismatch(f, i, pc->crc);
+  pc->checked = 1;
+  return UR_STATUS_OK;
 }
 
 static ur_status interrupted(const ur_safetensors *f, const char *name, uint64_t done) {

@@ -442,7 +442,9 @@ end
 --   local r = assert(dck.reader(dir))
 --   local rows = assert(r:rows("C3", 0, 4096))   -- a host tensor [4096, dim] of the table's dtype
 --   r:close()
--- Each saved tensor read is checked against the manifest as load checks it.
+-- Each saved tensor read is checked against the manifest as load checks it, and its bytes against
+-- their checksum as f:read_part checks them (a table read from its first row to its last, in
+-- order, with no second read).
 local reader_methods = {}
 local Reader = { __index = reader_methods }
 
