@@ -97,8 +97,9 @@ describe("uvmrec.checkpoint files", function()
     local path = scratch("hand.safetensors")
     assert(ck.save(path, { tensors = { w = w, ids = ids, b = b, u = u }, meta = { step = "7" } }))
     -- Widest dtype first, then by name (the reference's order): ids, w, b, u.  The metadata
-    -- ends with each tensor's CRC32C.  The JSON is 350 bytes, padded with 2 spaces to 352 so
-    -- the data starts at byte 360, 8-aligned.
+    -- ends with each tensor's CRC32C, then the CRC32C of what the header says (its metadata by
+    -- key, its tensors by name).  The JSON is 384 bytes, a multiple of 8, so the data starts at
+    -- byte 392, 8-aligned.
     local data = {
       ids = "\7\0\0\0\0\0\0\0" .. "\255\255\255\255\255\255\255\255", -- i64 7, -1
       w = "\0\0\192\63" .. "\0\0\0\192",                                -- f32 1.5 (0x3fc00000), -2
@@ -107,14 +108,17 @@ describe("uvmrec.checkpoint files", function()
     assert.equal("e3069283", crc32c("123456789"))
     local crcs = ('{\\"ids\\":\\"%s\\",\\"w\\":\\"%s\\",\\"b\\":\\"%s\\",\\"u\\":\\"%s\\"}'):format(
       crc32c(data.ids), crc32c(data.w), crc32c(data.b), crc32c(data.u))
-    local header = '{"__metadata__":{"step":"7","uvmrec.crc32c":"' .. crcs .. '"},' ..
+    local said = "step\0" .. "7\0" .. "uvmrec.crc32c\0" .. crcs:gsub("\\", "") .. "\0"
+      .. "b\0BF16 [2] 24 28\0" .. "ids\0I64 [2] 0 16\0" .. "u\0U8 [3] 28 31\0" .. "w\0F32 [1, 2] 16 24\0"
+    local header = '{"__metadata__":{"step":"7","uvmrec.crc32c":"' .. crcs .. '",' ..
+      '"uvmrec.header_crc32c":"' .. crc32c(said) .. '"},' ..
       '"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},' ..
       '"w":{"dtype":"F32","shape":[1,2],"data_offsets":[16,24]},' ..
       '"b":{"dtype":"BF16","shape":[2],"data_offsets":[24,28]},' ..
       '"u":{"dtype":"U8","shape":[3],"data_offsets":[28,31]}}'
-    assert.equal(350, #header)
-    local want = "\96\1\0\0\0\0\0\0" .. header .. "  " .. data.ids .. data.w .. data.b .. data.u
-    assert.equal(391, #want)
+    assert.equal(384, #header)
+    local want = "\128\1\0\0\0\0\0\0" .. header .. data.ids .. data.w .. data.b .. data.u
+    assert.equal(423, #want)
     assert.equal(want, read_file(path))
   end)
 
@@ -655,6 +659,49 @@ describe("uvmrec.checkpoint validation", function()
     assert.matches("__metadata__ 'uvmrec.crc32c': tensor 'a' has checksum g%x+; expected 8 hex digits", msg)
   end)
 
+  it("refuses a file with a flipped bit in its header's metadata or shapes, its checksums' key name too", function()
+    -- 'uvmrec.crc32c' flipped to 'uvmrec.crc32b' loaded the file unchecked; a step of 7 read
+    -- as 6 and a table [0 x 4] as [0 x 5] loaded as they read
+    local path = scratch("header_flip.safetensors")
+    local a, z = random_tensor({ 4, 3 }, "f32", "host", 31), ur.tensor({ 0, 4 })
+    assert(ck.save(path, { tensors = { a = a, z = z }, meta = { step = "7" } }))
+    local good = read_file(path)
+    assert.equal(1, select(2, good:gsub('"uvmrec.header_crc32c":"' .. h.header_crc32c(good) .. '"', "")))
+    local function flipped(from, to)
+      local at = assert(good:find(from, 1, true), from)
+      return good:sub(1, at - 1) .. to .. good:sub(at + #from)
+    end
+    for _, case in ipairs { { '"uvmrec.crc32c"', '"uvmrec.crc32b"' }, { '"step":"7"', '"step":"6"' },
+                            { '"shape":[0,4]', '"shape":[0,5]' } } do
+      local bad = flipped(case[1], case[2])
+      write_file(path, bad)
+      local want = ("safetensors: %s: the header does not match the checksum written with it (uvmrec.header_crc32c "
+        .. "%s, its metadata and tensors' names, dtypes, shapes and offsets give %s): the file is corrupted"):format(
+        path, h.header_crc32c(good), h.header_crc32c(bad))
+      local st, msg = open_status(path)
+      assert.equal(C.UR_STATUS_FORMAT, st, case[2])
+      assert.equal(want, msg)
+      local r, err = ck.load(path)
+      assert.is_nil(r)
+      assert.equal(want, err)
+    end
+    -- the header's own checksum key flipped: nothing else is changed, and the tensors' checksums
+    -- still hold (a file without that key, another writer's or an older uvmrec's, opens as it was)
+    local bad = flipped('"uvmrec.header_crc32c"', '"uvmrec.header_crc32b"')
+    write_file(path, bad)
+    assert.same(a:totable(), assert(ck.load(path)).tensors.a:totable())
+    local at = assert(ck.open(path)):info("a").offset + 5
+    write_file(path, bad:sub(1, at) .. string.char(bit.bxor(bad:byte(at + 1), 2)) .. bad:sub(at + 2))
+    local r, err = ck.load(path)
+    assert.is_nil(r)
+    assert.matches("tensor 'a' .* the file is corrupted", err)
+    -- the metadata of a loaded file saved again: its checksums are computed anew
+    write_file(path, good)
+    local st = assert(ck.load(path))
+    assert(ck.save(path, st))
+    assert.equal(good, read_file(path))
+  end)
+
   it("reads a scalar (shape []) as shape [1]", function()
     local path = craft("scalar.safetensors", '{"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]}}    ',
       "\0\0\32\65")
@@ -936,7 +983,7 @@ describe("uvmrec.checkpoint interop", function()
     p:close()
     local r = assert(json.decode(out), out)
     assert.is_true(r.identical, out)
-    assert.same({ step = "12" }, r.metadata)
+    assert.equal("12", r.metadata.step) -- with the checksums (uvmrec.crc32c, uvmrec.header_crc32c)
     for name, t in pairs(tensors) do
       local e = r.tensors[name]
       assert.equal(t:dtype():upper(), e.dtype)

@@ -435,13 +435,41 @@ function M.crc32c(str)
   return bit.tohex(bit.bnot(c))
 end
 
+-- The reference of a safetensors header's own checksum (uvmrec.header_crc32c) of file text
+-- `text`: every metadata pair but that one by key ("key\0value\0"), then every tensor by name
+-- ("name\0DTYPE [shape] begin end\0"), as 8 hex digits.
+function M.header_crc32c(text)
+  local n = 0
+  for i = 8, 1, -1 do n = n * 256 + text:byte(i) end
+  local header = assert(require("uvmrec.json").decode(text:sub(9, 8 + n)))
+  local parts, keys, names = {}, {}, {}
+  for k in pairs(header.__metadata__ or {}) do
+    if k ~= "uvmrec.header_crc32c" then keys[#keys + 1] = k end
+  end
+  for k in pairs(header) do if k ~= "__metadata__" then names[#names + 1] = k end end
+  table.sort(keys)
+  table.sort(names)
+  for _, k in ipairs(keys) do parts[#parts + 1] = k .. "\0" .. header.__metadata__[k] .. "\0" end
+  for _, k in ipairs(names) do
+    local e = header[k]
+    parts[#parts + 1] = ("%s\0%s [%s] %d %d\0"):format(k, e.dtype, table.concat(e.shape, ", "), e.data_offsets[1],
+      e.data_offsets[2])
+  end
+  return M.crc32c(table.concat(parts))
+end
+
 -- The bytes of safetensors file text `text` with tensor `name`'s checksum set to what its bytes
--- (info: the file's info of it) now give: a change a checksum does not catch (a writer's bug).
+-- (info: the file's info of it) now give, and the header's then: a change a checksum does not
+-- catch (a writer's bug).
 function M.restamp(text, name, info)
   local key = '\\"' .. name .. '\\":\\"'
   local at = assert(text:find(key, 1, true), name)
   local crc = M.crc32c(text:sub(info.offset + 1, info.offset + info.nbytes))
-  return text:sub(1, at + #key - 1) .. crc .. text:sub(at + #key + 8)
+  text = text:sub(1, at + #key - 1) .. crc .. text:sub(at + #key + 8)
+  key = '"uvmrec.header_crc32c":"'
+  at = text:find(key, 1, true)
+  if not at then return text end
+  return text:sub(1, at + #key - 1) .. M.header_crc32c(text) .. text:sub(at + #key + 8)
 end
 
 return M

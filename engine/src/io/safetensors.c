@@ -113,6 +113,46 @@ static uint32_t crc32c(uint32_t crc, const void *p, size_t n) {
   return ~crc_update(~crc, p, n);
 }
 
+/* {"...": ..., HEADER_CRC_KEY: "<crc32c, 8 hex digits>"}: the CRC32C of what the header says
+ * (header_crc), written with the tensors' and checked at open, so that a flipped bit in a
+ * metadata key or value (a step, a config, CRC_KEY's name: the file then loaded unchecked) or
+ * in a tensor's shape is refused as one in the data is.  A file without it (another writer's,
+ * or uvmrec's before it) is opened as it was. */
+#define HEADER_CRC_KEY "uvmrec.header_crc32c"
+
+typedef struct kv {
+  const char *k, *v;
+} kv;
+
+static int kv_by_key(const void *a, const void *b) {
+  return strcmp(((const kv *)a)->k, ((const kv *)b)->k);
+}
+
+/* The text each side checksums, not the JSON's spelling (escapes, order, spaces): every
+ * metadata pair but HEADER_CRC_KEY by key ("key\0value\0"; m is sorted here), then every
+ * tensor by name ("name\0DTYPE [shape] begin end\0", each given to header_crc_tensor). */
+static uint32_t header_crc_meta(kv *m, size_t nm) {
+  qsort(m, nm, sizeof *m, kv_by_key);
+  uint32_t c = 0;
+  for (size_t i = 0; i < nm; i++) {
+    c = crc32c(c, m[i].k, strlen(m[i].k) + 1);
+    c = crc32c(c, m[i].v, strlen(m[i].v) + 1);
+  }
+  return c;
+}
+
+static uint32_t header_crc_tensor(uint32_t c, const char *name, int32_t dtype, int32_t ndim,
+                                  const int64_t *shape, uint64_t begin, uint64_t end) {
+  char text[256];
+  size_t k = (size_t)snprintf(text, sizeof text, "%s ", st_dtype[dtype]);
+  shape_text(ndim, shape, text + k, sizeof text - k);
+  k = strlen(text);
+  snprintf(text + k, sizeof text - k, " %llu %llu", (unsigned long long)begin,
+           (unsigned long long)end);
+  c = crc32c(c, name, strlen(name) + 1);
+  return crc32c(c, text, strlen(text) + 1);
+}
+
 /* ---- staging: two halves of one pinned buffer, so a copy and a file transfer overlap ---- */
 
 typedef struct staging {
@@ -173,6 +213,10 @@ typedef struct item {
 
 static int by_name(const void *a, const void *b) {
   return strcmp(((const item *)a)->name, ((const item *)b)->name);
+}
+
+static int item_ptr_by_name(const void *a, const void *b) {
+  return strcmp((*(const item *const *)a)->name, (*(const item *const *)b)->name);
 }
 
 static int by_layout(const void *a, const void *b) {
@@ -271,7 +315,7 @@ static ur_status build_header(const item *items, int32_t n, int32_t nmeta, const
       if (!keys[i] || !values[i])
         s = ur__error(UR_STATUS_INVALID, "safetensors: metadata entry %d has a NULL key or value",
                       (int)i);
-      else if (!strcmp(keys[i], CRC_KEY))
+      else if (!strcmp(keys[i], CRC_KEY) || !strcmp(keys[i], HEADER_CRC_KEY))
         continue; /* the writer's own (a loaded file's metadata saved again): computed anew */
       else if (json_object_get(m, keys[i]))
         s = ur__error(UR_STATUS_INVALID, "safetensors: metadata key '%s' is given twice", keys[i]);
@@ -300,12 +344,35 @@ static ur_status build_header(const item *items, int32_t n, int32_t nmeta, const
       s = ur__error(UR_STATUS_INVALID, "safetensors: tensor name '%s' is not valid UTF-8",
                     items[i].name);
   }
+  char *ct = NULL;
   if (!s && n > 0) { /* the names are valid: the tensors took them */
-    char *ct = crc_text(items, n);
+    ct = crc_text(items, n);
     if (!ct || json_object_set_new(json_object_get(root, "__metadata__"), CRC_KEY, json_string(ct)))
       s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
-    free(ct);
   }
+  json_t *meta = json_object_get(root, "__metadata__");
+  if (!s && meta) { /* what the header says, CRC_KEY's text with it */
+    size_t nm = 0;
+    kv *m = malloc((json_object_size(meta) + 1) * sizeof *m);
+    const item **by = malloc(((size_t)n + 1) * sizeof *by);
+    if (!m || !by) s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+    const char *k;
+    json_t *v;
+    if (!s) json_object_foreach(meta, k, v) m[nm++] = (kv){k, json_string_value(v)};
+    for (int32_t i = 0; !s && i < n; i++) by[i] = &items[i];
+    if (!s) qsort(by, (size_t)n, sizeof *by, item_ptr_by_name);
+    uint32_t c = s ? 0 : header_crc_meta(m, nm);
+    for (int32_t i = 0; !s && i < n; i++)
+      c = header_crc_tensor(c, by[i]->name, by[i]->dtype, by[i]->ndim, by[i]->shape, by[i]->begin,
+                            by[i]->end);
+    char hex[9];
+    snprintf(hex, sizeof hex, "%08x", (unsigned)c);
+    if (!s && json_object_set_new(meta, HEADER_CRC_KEY, json_string(hex)))
+      s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+    free(m);
+    free(by);
+  }
+  free(ct);
   char *text = s ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
   json_decref(root);
   if (s) return s;
@@ -951,6 +1018,34 @@ static ur_status parse_crc(ur_safetensors *f) {
   return s;
 }
 
+/* HEADER_CRC_KEY against what the header says (a file without it has none to check). */
+static ur_status check_header_crc(const ur_safetensors *f) {
+  const char *hex = ur_safetensors_meta_get(f, HEADER_CRC_KEY);
+  if (!hex) return UR_STATUS_OK;
+  char *end = NULL;
+  unsigned long want = strlen(hex) == 8 ? strtoul(hex, &end, 16) : 0;
+  if (!end || *end)
+    return ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s' is '%s'; expected 8 hex "
+                     "digits", f->path, HEADER_CRC_KEY, hex);
+  kv *m = malloc(((size_t)f->nmeta + 1) * sizeof *m);
+  if (!m) return ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+  size_t nm = 0;
+  for (int32_t i = 0; i < f->nmeta; i++)
+    if (strcmp(f->meta_keys[i], HEADER_CRC_KEY)) m[nm++] = (kv){f->meta_keys[i], f->meta_values[i]};
+  uint32_t c = header_crc_meta(m, nm);
+  free(m);
+  for (int32_t i = 0; i < f->n; i++) {
+    const ur_safetensors_entry *e = &f->entries[f->sorted[i]];
+    c = header_crc_tensor(c, e->name, e->dtype, e->ndim, e->shape, e->begin, e->end);
+  }
+  if (c != (uint32_t)want)
+    return ur__error(UR_STATUS_FORMAT, "safetensors: %s: the header does not match the checksum "
+                     "written with it (%s %08x, its metadata and tensors' names, dtypes, shapes "
+                     "and offsets give %08x): the file is corrupted", f->path, HEADER_CRC_KEY,
+                     (unsigned)want, (unsigned)c);
+  return UR_STATUS_OK;
+}
+
 ur_status ur_safetensors_open(ur_safetensors **out, const char *path) {
   UR__ARGS(out, path);
   *out = NULL;
@@ -1011,7 +1106,7 @@ ur_status ur_safetensors_open(ur_safetensors **out, const char *path) {
   for (int32_t i = 0; i < f->n; i++) f->sorted[i] = i;
   qsort_r(f->sorted, (size_t)f->n, sizeof *f->sorted, entry_by_name, f->entries);
   for (int32_t i = 0; i < f->n; i++) f->entries[i].file_offset = f->data_start + f->entries[i].begin;
-  if ((s = parse_crc(f))) {
+  if ((s = parse_crc(f)) || (s = check_header_crc(f))) {
     ur_safetensors_close(f);
     return s;
   }
