@@ -411,26 +411,34 @@ describe("uvmrec.checkpoint's writer of a file a part at a time", function()
     f:close()
   end)
 
-  it("checks a tensor read a part at a time in order against its checksum at its last part", function()
-    -- a flipped bit in a tensor read by parts (uvmrec export's blocks of rows) was read as it was
+  -- sample() saved to path with one bit of w's row 5 flipped: the tensors, the file as written,
+  -- and the message reading w gives
+  local function flipped_w(path)
     local ts = sample()
-    local path = scratch("read_crc.safetensors")
     assert(ck.save(path, { tensors = ts }))
     local text = read_file(path)
     local f = assert(ck.open(path))
     local info = f:info("w")
     f:close()
     local at = info.offset + 4 * 16 -- row 5
-    write_file(path, text:sub(1, at) .. string.char(bit.bxor(text:byte(at + 1), 4)) .. text:sub(at + 2))
-    f = assert(ck.open(path))
+    local flipped = text:sub(1, at) .. string.char(bit.bxor(text:byte(at + 1), 4)) .. text:sub(at + 2)
+    write_file(path, flipped)
+    return ts, text, ("safetensors: %s: tensor 'w' (file bytes %d..%d) does not match the checksum written with it "
+      .. "(crc32c %s, its bytes give %s): the file is corrupted"):format(path, info.offset, info.offset + info.nbytes,
+      h.crc32c(text:sub(info.offset + 1, info.offset + info.nbytes)),
+      h.crc32c(flipped:sub(info.offset + 1, info.offset + info.nbytes)))
+  end
+
+  it("checks a tensor read a part at a time in order against its checksum at its last part", function()
+    -- a flipped bit in a tensor read by parts (uvmrec export's blocks of rows) was read as it was
+    local path = scratch("read_crc.safetensors")
+    local _, text, want = flipped_w(path)
+    local f = assert(ck.open(path))
     local part = ur.tensor({ 1, 3 })
     for r = 0, 5 do assert(f:read_part("w", part, 4 * 3 * r)) end
     local ok, err = f:read_part("w", part, 4 * 3 * 6)
     assert.is_nil(ok)
-    assert.equal(("safetensors: %s: tensor 'w' (file bytes %d..%d) does not match the checksum written with it "
-      .. "(crc32c %s, its bytes give %s): the file is corrupted"):format(path, info.offset, info.offset + info.nbytes,
-      h.crc32c(text:sub(info.offset + 1, info.offset + info.nbytes)),
-      h.crc32c(read_file(path):sub(info.offset + 1, info.offset + info.nbytes))), err)
+    assert.equal(want, err)
     -- read again from byte 0, the run starts again; the other tensors are intact
     for r = 0, 5 do assert(f:read_part("w", part, 4 * 3 * r)) end
     assert.is_nil(f:read_part("w", part, 4 * 3 * 6))
@@ -446,20 +454,9 @@ describe("uvmrec.checkpoint's writer of a file a part at a time", function()
 
   it("checks a tensor whole before a part read out of order, or after a break, hands out its bytes", function()
     -- rows read last to first, or the second half alone, were handed out unchecked
-    local ts = sample()
     local path = scratch("read_any.safetensors")
-    assert(ck.save(path, { tensors = ts }))
-    local text = read_file(path)
-    local f = assert(ck.open(path))
-    local info = f:info("w")
-    f:close()
-    local at = info.offset + 4 * 16 -- row 5
-    local flipped = text:sub(1, at) .. string.char(bit.bxor(text:byte(at + 1), 4)) .. text:sub(at + 2)
-    local want = ("safetensors: %s: tensor 'w' (file bytes %d..%d) does not match the checksum written with it "
-      .. "(crc32c %s, its bytes give %s): the file is corrupted"):format(path, info.offset, info.offset + info.nbytes,
-      h.crc32c(text:sub(info.offset + 1, info.offset + info.nbytes)),
-      h.crc32c(flipped:sub(info.offset + 1, info.offset + info.nbytes)))
-    write_file(path, flipped)
+    local ts, text, want = flipped_w(path)
+    local f
     local part = ur.tensor({ 1, 3 }):fill(9)
     for _, order in ipairs { { 6 }, { 3, 4, 5, 6 }, { 0, 1, 3 }, { 0, 1, 0, 2, 4 } } do
       f = assert(ck.open(path))
