@@ -851,6 +851,37 @@ describe("uvmrec.checkpoint registry", function()
     assert.same(m.seen:totable(), got.seen:totable())
   end)
 
+  it("frees the views a check took once it returns, and the views of a load that fails", function()
+    -- they were left to the garbage collector, each keeping the whole file mapped
+    local m, reg = model(1)
+    local path = scratch("check-views.safetensors")
+    assert(reg:save(path, { step = 2 }))
+    local seen = {}
+    local function registry(refuse)
+      local r = ck.registry()
+      r:register { name = "emb", views = true, state = function() return { tensors = {} } end,
+                   check = function(views) seen.emb = views end, load = function(t) seen.loaded = t end }
+      r:register { name = "dense", state = function() return { tensors = { w = m.w, bias = m.bias } } end,
+                   check = function(views)
+                     seen.dense = views
+                     assert.same(m.w:totable(), views.w:totable())
+                     return refuse
+                   end }
+      return r
+    end
+    assert(registry():load(path))
+    assert.has_error(function() seen.dense.w:numel() end, "tensor: used after free()")
+    assert.equal(seen.emb, seen.loaded, "a component that takes views keeps them")
+    assert.same(m.table:totable(), seen.loaded.table:totable())
+    seen = {}
+    local r, err = registry("no"):load(path)
+    assert.is_nil(r)
+    assert.equal("checkpoint " .. path .. ": component 'dense': no", err)
+    assert.has_error(function() seen.dense.w:numel() end, "tensor: used after free()")
+    assert.has_error(function() seen.emb.table:numel() end, "tensor: used after free()")
+    assert.is_nil(seen.loaded)
+  end)
+
   it("refuses files that are not uvmrec checkpoints or of another format", function()
     local path = scratch("plain.safetensors")
     assert(ck.save(path, { tensors = { a = ur.tensor({ 1 }) } }))

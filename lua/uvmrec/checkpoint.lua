@@ -340,7 +340,8 @@ function M.registry() return setmetatable({ list = {}, by_name = {} }, Registry)
 --      (optional: meta keys that must be whole numbers >= 0, checked before anything is loaded),
 --      check = function(views, meta) -> nil or why the file's state cannot be loaded (optional:
 --      called with views of the component's tensors in the file before anything is written, so
---      that load() does not fail with the other components loaded)}.
+--      that load() does not fail with the other components loaded; the views are freed when it
+--      returns, unless views = true gives them to load)}.
 function Registry:register(c)
   if type(c) ~= "table" then error("checkpoint register: expected a component table", 2) end
   if type(c.name) ~= "string" or not c.name:match("^[%w_%-]+$") then
@@ -500,7 +501,17 @@ function Registry:load(path, opts)
   opts = opts or {}
   local f, err = M.open(path)
   if not f then return nil, err end
+  -- views of the file made for components: those a check took are freed after it, the rest when
+  -- the load fails (else a component's load takes them); each keeps the whole file mapped, with
+  -- the pages a check read, until it is freed, which the garbage collector did at its own time
+  local given = {}
+  local function free_views()
+    for _, views in ipairs(given) do
+      for _, v in pairs(views) do v:free() end
+    end
+  end
   local function fail(msg)
+    free_views()
     f:close()
     return nil, "checkpoint " .. path .. ": " .. msg
   end
@@ -565,9 +576,11 @@ function Registry:load(path, opts)
         table.sort(list)
         local bad = f:verify(list, opts)
         if bad then
+          free_views()
           f:close()
           return nil, bad
         end
+        given[#given + 1] = tensors
         for rest, full in pairs(file_names) do tensors[rest] = assert(f:view(full)) end
       else
         local ts = component_state(c, 2)
@@ -594,17 +607,25 @@ function Registry:load(path, opts)
       if c.check then
         local views = {}
         if c.views then views = tensors else
+          given[#given + 1] = views
           for rest, full in pairs(file_names) do views[rest] = assert(f:view(full)) end
         end
         local why = c.check(views, cm)
         if why then return fail(("component '%s': %s"):format(c.name, why)) end
+        if not c.views then
+          for _, v in pairs(views) do v:free() end
+          given[#given] = nil
+        end
       end
       plan[#plan + 1] = { c = c, tensors = tensors, meta = cm }
     end
   end
   local ok, lerr = f:load(map, opts)
   f:close()
-  if not ok then return nil, lerr end
+  if not ok then
+    free_views()
+    return nil, lerr
+  end
   for _, p in ipairs(plan) do
     if p.c.load then p.c.load(p.tensors, p.meta) end
   end
