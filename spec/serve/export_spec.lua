@@ -59,6 +59,29 @@ local function same_as_whole(run, r, dir)
   end
 end
 
+-- Runs f with ur.tensor seen from export.lua: calls(shape, opts) is told of each and may return
+-- nil, message for it instead of a tensor (an allocation that fails).
+local function export_allocations(calls, f)
+  local real = ur.tensor
+  ur.tensor = function(shape, opts)
+    if debug.getinfo(2, "S").source:match("serve/export%.lua$") then
+      local none, why = calls(shape, opts)
+      if none == nil and why then return nil, why end
+    end
+    return real(shape, opts)
+  end
+  local ok, r, err = pcall(f)
+  ur.tensor = real
+  return ok, r, err
+end
+
+-- Nothing at out, nor a temporary file beside it.
+local function nothing_at(out)
+  assert.is_false(cmd.exists(out), "nothing published")
+  local dir, base = out:match("^(.*)/([^/]+)$")
+  assert.same({}, require("uvmrec.lib").dir_list(dir, base .. ".tmp-", ""), "no temporary file left")
+end
+
 describe("uvmrec.serve.export", function()
   it("writes the description, the dense weights and every table in its format", function()
     local t = h.trained("tiny")
@@ -178,6 +201,15 @@ describe("uvmrec.serve.export", function()
     local r = assert(export.run(dir .. "/run", { out = dir .. "/p.safetensors", tables = "int2",
                                                 per_table = { C12 = "f32" }, chunk = "600B" }))
     same_as_whole(dir .. "/run", r, dir)
+    -- the permutation's buffer not had: refused, nothing left (it raised, indexing nil, with the
+    -- file half written beside --out)
+    local ok, none, err = export_allocations(function(_, o)
+      if o.dtype == "i64" then return nil, "out of host memory (as a spec says)" end
+    end, function() return export.run(dir .. "/run", { out = dir .. "/q.safetensors", chunk = "600B" }) end)
+    assert.is_true(ok, tostring(none))
+    assert.is_nil(none)
+    assert.equal("export: a buffer of 75 perm i64 elements for the blocks: out of host memory (as a spec says)", err)
+    nothing_at(dir .. "/q.safetensors")
     cmd.rmdir(dir)
   end)
 
@@ -358,6 +390,38 @@ with safe_open(sys.argv[1], "np") as f:
       end
       assert(export.run(dir .. "/run", { out = dir .. "/m.safetensors", chunk = 1000 }))
     end
+    cmd.rmdir(dir)
+  end)
+
+  it("reads every table's blocks into the same few buffers, made once, and abandons its file when a block raises",
+    function()
+    -- each table made and freed its own block buffers (what the allocator kept of them set the
+    -- export's peak), and a block that raised left the file half written beside --out
+    local t = h.trained("tiny")
+    local dir = cmd.tmpdir()
+    local made = {}
+    local ok, r = export_allocations(function(shape, o)
+      made[#made + 1] = { shape = shape, dtype = o.dtype }
+    end, function() return export.run(t.run, { out = dir .. "/m.safetensors", chunk = "4KiB" }) end)
+    assert.is_true(ok, tostring(r))
+    assert(r, "exported")
+    table.sort(made, function(a, b) return a.dtype < b.dtype end)
+    -- 26 tables of 16 f32s a row: blocks of 64 rows (4 KiB), their int8 rows of 20 bytes
+    assert.equal(20, qtbe.row_bytes("int8", 16))
+    assert.same({ { shape = { 64 * 16 }, dtype = "f32" }, { shape = { 64 * 20 }, dtype = "u8" } }, made)
+    -- a block that raises (here the error's sums): nil, the message; nothing published or left
+    local real, calls = qtbe.merge_error, 0
+    qtbe.merge_error = function(...)
+      calls = calls + 1
+      if calls == 30 then error("merge_error failed (as a spec says)") end
+      return real(...)
+    end
+    local pok, none, err = pcall(export.run, t.run, { out = dir .. "/n.safetensors", chunk = "4KiB" })
+    qtbe.merge_error = real
+    assert.is_true(pok, tostring(none))
+    assert.is_nil(none)
+    assert.matches("^export: .*merge_error failed %(as a spec says%)$", err)
+    nothing_at(dir .. "/n.safetensors")
     cmd.rmdir(dir)
   end)
 

@@ -214,10 +214,16 @@ function M.run(source, opts)
       if not reader then return nil, "export: " .. rerr end
     end
   end
-  local function fail(msg)
+  local bufs = {} -- the blocks' buffers (below)
+  local function release()
     if reader then reader:close() end
     for _, v in ipairs(keep) do v:free() end
     for _, t in pairs(tensors) do t:free() end
+    for _, b in pairs(bufs) do b:free() end
+    f:close()
+  end
+  local function fail(msg)
+    release()
     return nil, "export: " .. msg
   end
   local chunk, cerr = lib.bytes(opts.chunk or M.CHUNK)
@@ -284,84 +290,90 @@ function M.run(source, opts)
     ["uvmrec.version"] = ur.version(),
     ["uvmrec.source"] = json.encode { checkpoint = path, step = tonumber(f:meta("uvmrec.step")) },
   }
+  -- Each table's blocks: `step` rows read into a view of one buffer, quantized into a view of
+  -- another, its permutation a view of a third.  One buffer per role and dtype serves every
+  -- table, made at the largest block before the file is: the export's memory is these buffers,
+  -- whatever the allocator keeps of buffers freed and made again, and one it cannot have fails
+  -- the export before any file exists.
+  local sizes, blocks = {}, {}
+  local function need(key, numel) sizes[key] = math.max(sizes[key] or 0, numel) end
+  for i, r in ipairs(rows) do
+    local es = tensor.dtype_bytes(src_dtype[i])
+    local b = { es = es, step = math.min(math.max(1, math.floor(chunk / (e.dim * es))), math.max(r, 1)),
+                pstep = math.min(math.max(1, math.floor(chunk / 8)), r) }
+    local qshape, qdtype = qtbe.shape(desc.tables[i].format, b.step, e.dim)
+    b.rows, b.stored, b.qcols = "rows " .. src_dtype[i], "stored " .. qdtype, qshape[2]
+    need(b.rows, b.step * e.dim)
+    need(b.stored, b.step * b.qcols)
+    if perms[i] then need("perm i64", b.pstep) end
+    blocks[i] = b
+  end
+  for key, numel in pairs(sizes) do
+    local buf, berr = ur.tensor({ numel }, { dtype = key:match("%S+$") })
+    if not buf then return fail(("a buffer of %d %s elements for the blocks: %s"):format(numel, key, berr)) end
+    bufs[key] = buf
+  end
   local w, werr = ck.writer(opts.out, specs, meta)
   if not w then return fail(werr) end
-  local function abandon(msg)
-    w:abandon()
-    return fail(msg)
-  end
-  for name, t in pairs(tensors) do
-    local ok, put_err = w:put(name, t)
-    if not ok then return abandon(put_err) end
-  end
-  say(("export: %s (step %s) -> %s"):format(path, tostring(f:meta("uvmrec.step")), opts.out))
-  say(("%-5s %-5s %12s %5s %12s %12s %10s  %s"):format("table", "format", "rows", "dim", "max |err|",
-                                                        "rms err", "rel rms", "bytes"))
-  for i, r in ipairs(rows) do
-    local name = "C" .. i
-    local t = desc.tables[i]
-    local es = tensor.dtype_bytes(src_dtype[i])
-    local step = math.min(math.max(1, math.floor(chunk / (e.dim * es))), math.max(r, 1))
-    -- one block's rows and their stored form, reused for every block of the table
-    local rows_buf, berr = ur.tensor({ step, e.dim }, { dtype = src_dtype[i] })
-    if not rows_buf then return abandon(berr) end
-    local qshape, qdtype = qtbe.shape(t.format, step, e.dim)
-    local stored_buf, sberr = ur.tensor(qshape, { dtype = qdtype })
-    if not stored_buf then rows_buf:free(); return abandon(sberr) end
-    local qerr, why
-    for row0 = 0, r - 1, step do
-      local n = math.min(step, r - row0)
-      local src = n == step and rows_buf or rows_buf:view(0, n)
-      local stored = n == step and stored_buf or stored_buf:view(0, n)
-      local ok
-      if reader then
-        ok, why = reader:rows(name, row0, n, src)
-      else
-        ok, why = f:read_part("embeddings." .. name, src, row0 * e.dim * es)
-      end
-      local part_err
-      if ok then
-        ok, why, part_err = pcall(qtbe.quantize, src, t.format, row0, stored)
-        if not ok then why = ("table %s: %s"):format(name, tostring(why)) end
-      end
-      if ok then ok, why = w:put(t.weights, stored) end
-      if src ~= rows_buf then src:free(); stored:free() end
-      if not ok then break end
-      qerr = qtbe.merge_error(qerr, part_err)
+  -- nil, message; or raises: either abandons the file
+  local function write()
+    for name, t in pairs(tensors) do
+      local ok, put_err = w:put(name, t)
+      if not ok then return nil, put_err end
     end
-    rows_buf:free()
-    stored_buf:free()
-    if why ~= nil then return abandon(why) end
-    if perms[i] then
-      local pstep = math.min(math.max(1, math.floor(chunk / 8)), r)
-      local perm_buf = ur.tensor({ pstep }, { dtype = "i64" })
-      for row0 = 0, r - 1, pstep do
-        local n = math.min(pstep, r - row0)
-        local part = n == pstep and perm_buf or perm_buf:view_as(0, { n })
+    say(("export: %s (step %s) -> %s"):format(path, tostring(f:meta("uvmrec.step")), opts.out))
+    say(("%-5s %-5s %12s %5s %12s %12s %10s  %s"):format("table", "format", "rows", "dim", "max |err|",
+                                                          "rms err", "rel rms", "bytes"))
+    for i, r in ipairs(rows) do
+      local name, t, b = "C" .. i, desc.tables[i], blocks[i]
+      local qerr
+      for row0 = 0, r - 1, b.step do
+        local n = math.min(b.step, r - row0)
+        local src = bufs[b.rows]:view_as(0, { n, e.dim })
+        local stored = bufs[b.stored]:view_as(0, { n, b.qcols })
+        local ok, why, part_err
+        if reader then
+          ok, why = reader:rows(name, row0, n, src)
+        else
+          ok, why = f:read_part("embeddings." .. name, src, row0 * e.dim * b.es)
+        end
+        if ok then
+          ok, why, part_err = pcall(qtbe.quantize, src, t.format, row0, stored)
+          if not ok then why = ("table %s: %s"):format(name, tostring(why)) end
+        end
+        if ok then ok, why = w:put(t.weights, stored) end
+        src:free()
+        stored:free()
+        if not ok then return nil, why end
+        qerr = qtbe.merge_error(qerr, part_err)
+      end
+      for row0 = 0, perms[i] and r - 1 or -1, b.pstep do
+        local part = bufs["perm i64"]:view_as(0, { math.min(b.pstep, r - row0) })
         local ok, perm_err = f:read_part(perms[i], part, row0 * 8)
         if ok then ok, perm_err = w:put(t.permutation, part) end
-        if part ~= perm_buf then part:free() end
-        if not ok then
-          perm_buf:free()
-          return abandon(perm_err)
-        end
+        part:free()
+        if not ok then return nil, perm_err end
       end
-      perm_buf:free()
+      qerr = qerr or qtbe.merge_error(nil, nil)
+      result.tables[name].error = qerr
+      say(("%-5s %-5s %12d %5d %12.3g %12.3g %9.3f%%  %d"):format(name, t.format, r, e.dim, qerr.max_abs, qerr.rms,
+                                                                 100 * qerr.rel_rms, result.tables[name].bytes))
     end
-    qerr = qerr or qtbe.merge_error(nil, nil)
-    result.tables[name].error = qerr
-    say(("%-5s %-5s %12d %5d %12.3g %12.3g %9.3f%%  %d"):format(name, t.format, r, e.dim, qerr.max_abs,
-                                                               qerr.rms, 100 * qerr.rel_rms, result.tables[name].bytes))
+    return true
   end
-  local ok, cerr2 = w:close()
-  if not ok then return fail(cerr2) end
-  if reader then reader:close() end
-  for _, t in pairs(tensors) do t:free() end
-  for _, v in ipairs(keep) do v:free() end
+  local done, ok, why = pcall(write)
+  if not done or not ok then
+    w:abandon()
+    return fail(done and why or tostring(ok))
+  end
+  local source_bytes = f:bytes()
+  release()
+  local closed, close_err = w:close()
+  if not closed then return nil, "export: " .. close_err end
   local st = assert(ck.open(opts.out))
   result.path, result.bytes = opts.out, st:bytes()
   st:close()
-  say(("model file: %s, %d bytes (the checkpoint: %d)"):format(opts.out, result.bytes, f:bytes()))
+  say(("model file: %s, %d bytes (the checkpoint: %d)"):format(opts.out, result.bytes, source_bytes))
   return result
 end
 
