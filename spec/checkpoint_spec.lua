@@ -620,6 +620,15 @@ describe("uvmrec.checkpoint validation", function()
       local st, err = ck.load(path)
       assert.is_nil(st)
       assert.matches("^" .. want .. "$", err)
+      -- copies in a placement: freed when refused, not left to the garbage collector
+      collectgarbage("stop")
+      local held = ur.memory().host
+      st, err = ck.load(path, { placement = "host" })
+      local after = ur.memory().host
+      collectgarbage("restart")
+      assert.is_nil(st)
+      assert.matches("^" .. want .. "$", err)
+      assert.equal(held, after, "the copies were freed")
       local da, dids = ur.tensor({ 64, 4 }):fill(5), ur.tensor({ 100 }, { dtype = "i64" }):fill(5)
       local ok, lerr = assert(ck.open(path)):load({ a = da, ids = dids })
       assert.is_nil(ok)

@@ -303,18 +303,25 @@ function M.load(path, opts)
   if not f then return nil, err end
   local out = { tensors = {}, meta = f:meta(), path = path }
   if opts.placement then
+    -- the copies are freed when the load fails (a device copy of a whole checkpoint was left to
+    -- the garbage collector)
     local map = {}
+    local function fail(msg)
+      f:close()
+      for _, t in pairs(map) do t:free() end
+      return nil, msg
+    end
     for _, name in ipairs(f:names()) do
       local info = f:info(name)
       local shape = #info.shape > 0 and info.shape or { 1 }
       local t, terr = tensor.tensor(shape, { dtype = info.dtype, placement = opts.placement,
                                              device = opts.device })
-      if not t then f:close(); return nil, terr end
+      if not t then return fail(terr) end
       map[name] = t
     end
     local ok, lerr = f:load(map, opts)
+    if not ok then return fail(lerr) end
     f:close()
-    if not ok then return nil, lerr end
     out.tensors = map
     return out
   end
