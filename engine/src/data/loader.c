@@ -755,13 +755,22 @@ static int64_t read_id(const char *src, const ur_npy_info *si, int64_t c) {
   return x;
 }
 
-/* The day holding global row g (*dc: the day last found, where the next row most often is). */
+/* The day holding global row g (*dc: the day last found, where the next row most often is;
+ * else a binary search of the days' first rows: a shuffled window jumps between days, and
+ * walking to the row's day cost a step a day between, for every row, over thousands of small
+ * days).  Days of no rows share their first row with the next day, so the last day whose first
+ * row is at most g is the one holding it. */
 static const day *day_of(const ur_loader *l, int64_t g, int *dc) {
-  int di = *dc;
-  while (g < l->days[di].first) di--;
-  while (g >= l->days[di].first + l->days[di].rows) di++;
-  *dc = di;
-  return &l->days[di];
+  const day *d = &l->days[*dc];
+  if (g >= d->first && g < d->first + d->rows) return d;
+  int lo = 0, hi = l->ndays - 1;
+  while (lo < hi) {
+    int mid = lo + (hi - lo + 1) / 2;
+    if (l->days[mid].first <= g) lo = mid;
+    else hi = mid - 1;
+  }
+  *dc = lo;
+  return &l->days[lo];
 }
 
 /* Rows are read at random within a window (the shuffle), so each is a cache and TLB miss:
