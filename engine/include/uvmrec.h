@@ -636,6 +636,10 @@ typedef struct ur_batch ur_batch;
 UR_API size_t ur_sizeof_loader_opts(void);
 UR_API size_t ur_sizeof_loader_stats(void);
 UR_API ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *opts);
+/* The checks open makes of the options, for a source of `tables` tables (their rows and key
+ * names counted against them), without opening it; the placement is the caller's (for
+ * uvmrec.data.generator, which makes the loader's batches where they are used). */
+UR_API ur_status ur_loader_check(const ur_loader_opts *opts, int32_t tables);
 /* The next batch (*out NULL at the end); an error of the loader thread is returned here,
  * after the batches made before it. */
 UR_API ur_status ur_loader_next(ur_loader *l, ur_batch **out);

@@ -734,7 +734,8 @@ describe("uvmrec.data loader", function()
     assert.has_error(function()
       data.loader { data = { kind = "synthetic", spec = wide }, samples = 64, batch_size = 64, rows = { 10, 10 },
                     placement = "managed" }
-    end, "loader: 2 table sizes (rows) for synthetic data of 30 tables; expected one a table, or one for every table")
+    end, "loader: 2 table sizes (rows) for synthetic data, which has 30 tables; expected one a table, or one for "
+      .. "every table")
     -- rows 0 (raw ids) or rows the space fits in leave the ids as drawn
     local l = assert(data.loader { data = { kind = "synthetic", spec = spec }, samples = 64, batch_size = 64,
                                    rows = 0, placement = "managed" })
@@ -825,6 +826,21 @@ describe("uvmrec.data loader", function()
         data.loader { data = { kind = "synthetic", spec = spec }, samples = 8, batch_size = 4, keys = { "a", "b" },
                       placement = placement }
       end, "loader: 2 key names for synthetic data, which has 1 tables; expected one a table")
+    end
+    -- the generator checks its options where the loader does (ur_loader_check): it took threads
+    -- -1, batch_size 0 (no batch: the data ended at once) and depth 0 without a word
+    local bad = { { threads = -1 }, { batch_size = 0 }, { depth = 0 }, { slice_rank = 2, slice_world = 2 } }
+    local says = { "loader: threads -1; expected 0 (UR_NUM_THREADS, else every core) to 256",
+                   "loader: batch_size 0; expected >= 1", "loader: depth 0; expected 1..64",
+                   "loader: batch slice 2 of 2; expected 0 <= slice_rank < slice_world" }
+    for i, b in ipairs(bad) do
+      for _, placement in ipairs { "pinned", "managed" } do
+        local o = { data = { kind = "synthetic", spec = spec }, samples = 8, batch_size = 4, placement = placement }
+        for k, v in pairs(b) do o[k] = v end
+        local ok, l, lerr = pcall(data.loader, o)
+        assert.is_true(not ok or l == nil, placement .. " " .. says[i])
+        assert.equal(says[i], ok and lerr or tostring(l):gsub("^[^\n]-:%d+: ", ""), placement)
+      end
     end
     local names = {}
     for i = 1, 26 do names[i] = "f" .. i end

@@ -234,6 +234,26 @@ static const char *source_name(const ur_loader *l, char *buf, size_t n) {
   return buf;
 }
 
+/* The rows and key names given for a source (what) of T tables: one a table (rows: or one for
+ * all), sizes >= 0; fewer keys would be read past their end. */
+static ur_status check_counts(const ur_loader_opts *o, int32_t T, const char *what) {
+  if (o->rows) {
+    if (o->num_rows != 1 && o->num_rows != T)
+      return ur__error(UR_STATUS_INVALID, "loader: %d table sizes (rows) for %s, which has %d tables; "
+                       "expected one a table, or one for every table", (int)o->num_rows, what, (int)T);
+    for (int t = 0; t < T; t++) {
+      int64_t r = o->rows[o->num_rows == 1 ? 0 : t];
+      if (r < 0)
+        return ur__error(UR_STATUS_INVALID, "loader: rows of table %d (of %s) is %lld; expected a table "
+                         "size >= 1, or 0 (raw ids)", t + 1, what, (long long)r);
+    }
+  }
+  if (o->keys && o->num_keys != T)
+    return ur__error(UR_STATUS_INVALID, "loader: %d key names for %s, which has %d tables; expected one a table",
+                     (int)o->num_keys, what, (int)T);
+  return UR_STATUS_OK;
+}
+
 /* The sizes each of the source's tables' ids are taken modulo (rows_mod; 0: raw): opts.rows,
  * one a table or one for all, else criteo.rows, which hold 26, the TSV format's tables: a wider
  * source given those would read its tables past the 26th raw, ids beyond their tables, so it is
@@ -241,17 +261,12 @@ static const char *source_name(const ur_loader *l, char *buf, size_t n) {
 static ur_status set_rows(ur_loader *l, const ur_loader_opts *o) {
   char what[4200];
   source_name(l, what, sizeof what);
+  ur_loader_opts counted = *o;
+  counted.keys = NULL; /* checked by open, once the source is open */
+  ur_status st = check_counts(&counted, l->T, what);
+  if (st) return st;
   if (o->rows) {
-    if (o->num_rows != 1 && o->num_rows != l->T)
-      return ur__error(UR_STATUS_INVALID, "loader: %d table sizes (rows) for %s, which has %d tables; "
-                       "expected one a table, or one for every table", (int)o->num_rows, what, (int)l->T);
-    for (int t = 0; t < l->T; t++) {
-      int64_t r = o->rows[o->num_rows == 1 ? 0 : t];
-      if (r < 0)
-        return ur__error(UR_STATUS_INVALID, "loader: rows of table %d (of %s) is %lld; expected a table "
-                         "size >= 1, or 0 (raw ids)", t + 1, what, (long long)r);
-      l->rows_mod[t] = r;
-    }
+    for (int t = 0; t < l->T; t++) l->rows_mod[t] = o->rows[o->num_rows == 1 ? 0 : t];
     return UR_STATUS_OK;
   }
   int any = o->rows_given;
@@ -1162,6 +1177,18 @@ static ur_status check_opts(const ur_loader_opts *o) {
   return UR_STATUS_OK;
 }
 
+ur_status ur_loader_check(const ur_loader_opts *opts, int32_t tables) {
+  UR__ARGS(opts);
+  ur_loader_opts o = *opts;
+  o.placement = UR_PLACE_PINNED; /* the caller's batches go where it makes them */
+  ur_status st = check_opts(&o);
+  if (st) return st;
+  char what[4200];
+  if (o.source == UR_SOURCE_CRITEO_BIN) snprintf(what, sizeof what, "criteo-bin: %s", o.paths[0]);
+  else snprintf(what, sizeof what, "%s", o.source == UR_SOURCE_CRITEO_TSV ? "criteo-tsv" : "synthetic data");
+  return check_counts(&o, tables, what);
+}
+
 /* The source: its tables, columns and rows. */
 static ur_status open_source(ur_loader *l, const ur_loader_opts *o) {
   ur_status st;
@@ -1234,10 +1261,11 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
   }
   if (bad) st = ur__error(UR_STATUS_OOM, "loader: out of host memory");
   if (!st) st = open_source(l, o);
-  if (!st && o->keys && o->num_keys != l->T) { /* fewer would be read past their end */
+  if (!st && o->keys) {
     char what[4200];
-    st = ur__error(UR_STATUS_INVALID, "loader: %d key names for %s, which has %d tables; expected one a table",
-                   (int)o->num_keys, source_name(l, what, sizeof what), (int)l->T);
+    ur_loader_opts named = *o;
+    named.rows = NULL; /* checked by set_rows */
+    st = check_counts(&named, l->T, source_name(l, what, sizeof what));
   }
   if (!st) {
     l->one_hot = 1;

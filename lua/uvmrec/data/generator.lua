@@ -23,9 +23,10 @@ local SLOTS = 3 -- two batches the consumer may hold, one in the making
 
 -- o: the loader's options (batch_size, samples, drop_last, epochs, rank, world, slice_rank,
 -- slice_world, position, keys, placement, stream); spec: the synthetic spec
--- (uvmrec.data.synthetic.spec's).  With slice_world > 1 each batch is this rank's slice of a
--- global batch, as the loader cuts it.
-function M.open(o, spec, level)
+-- (uvmrec.data.synthetic.spec's); co: the same as the engine's ur_loader_opts (uvmrec.data.loader
+-- fills it), checked as the loader checks them.  With slice_world > 1 each batch is this rank's
+-- slice of a global batch, as the loader cuts it.
+function M.open(o, spec, co, level)
   level = (level or 1) + 1
   if (o.shuffle_window or 0) > 0 then
     error(("loader: the generator (placement '%s') makes batches in sample order; shuffle_window must be 0 "
@@ -33,12 +34,10 @@ function M.open(o, spec, level)
   end
   local c = spec.cspec
   local B, T, D = o.batch_size, c.num_tables, c.num_dense
+  local ok, cerr = check(C.ur_loader_check(co, T))
+  if not ok then error(cerr, level) end
   -- ids are laid out as drawn: reducing them modulo rows is the threaded loader's work
   local rows = type(o.rows) == "table" and o.rows or { o.rows }
-  if #rows > 1 and #rows ~= T then
-    error(("loader: %d table sizes (rows) for synthetic data of %d tables; expected one a table, or one for "
-      .. "every table"):format(#rows, T), level)
-  end
   for i = 1, T do
     local r = rows[#rows == 1 and 1 or i]
     if r and r > 0 and tonumber(c.tables[i - 1].id_space) > r then
@@ -55,13 +54,7 @@ function M.open(o, spec, level)
     weighted = weighted or c.tables[t].weighted ~= 0
   end
   local world, rank = o.world or 1, o.rank or 0
-  if world < 1 or rank < 0 or rank >= world then
-    error(("loader: rank %d of world %d; expected 0 <= rank < world"):format(rank, world), level)
-  end
   local sw, sr = o.slice_world or 0, o.slice_rank or 0
-  if sw < 0 or (sw > 0 and (sr < 0 or sr >= sw)) then
-    error(("loader: batch slice %d of %d; expected 0 <= slice_rank < slice_world"):format(sr, sw), level)
-  end
   local total = o.samples
   local self = setmetatable({
     spec = spec, c = c, B = B, T = T, D = D, H = H, hot = hot, fixed = fixed, weighted = weighted,
@@ -76,10 +69,6 @@ function M.open(o, spec, level)
   self.st.epoch, self.st.sample = self.epoch, self.k
   self.st.samples_per_epoch = self.hi - self.lo
   local names = o.keys or {}
-  if o.keys and #o.keys ~= T then
-    error(("loader: %d key names for synthetic data, which has %d tables; expected one a table"):format(#o.keys, T),
-      level)
-  end
   self.key_arr = ffi.new("const char *[?]", math.max(T, 1))
   for t = 1, T do
     self.keys[t] = names[t] or spec.tables[t].name or ("C" .. t)

@@ -162,7 +162,7 @@ function M.loader(o)
     end
   end
   local src = M.source(o.data, 2)
-  local co = ffi.new("ur_loader_opts")
+  local co, drawn = ffi.new("ur_loader_opts"), false
   local keep = {} -- luacheck: ignore 241 (what the C struct points at, alive until open returns)
   co.criteo = require("uvmrec.data").criteo_opts(o, 2, true)
   -- sizes given, 0 (raw ids) included: day files convert reduced are checked against them
@@ -182,10 +182,7 @@ function M.loader(o)
     elseif not spec.cspec then
       spec = synthetic.spec(spec, nil, 2)
     end
-    if o.placement == "device" or o.placement == "managed" then -- drawn where it is used
-      if not o.samples then error("loader: synthetic data needs samples = N", 2) end
-      return require("uvmrec.data.generator").open(o, spec, 2)
-    end
+    drawn = o.placement == "device" or o.placement == "managed" -- where it is used
     co.source = C.UR_SOURCE_SYNTHETIC
     co.synth = spec.cspec
     keep.spec = spec
@@ -220,6 +217,8 @@ function M.loader(o)
     co.start_epoch, co.start_sample = o.position.epoch or 0, o.position.sample or 0
   end
   co.placement = (o.placement or "pinned") == "host" and C.UR_PLACE_HOST or C.UR_PLACE_PINNED
+  -- the generator's batches, checked as the loader's (ur_loader_check: one set of checks)
+  if drawn then return require("uvmrec.data.generator").open(o, keep.spec, co, 2) end
   local out = ffi.new("ur_loader *[1]")
   local ok, err = check(C.ur_loader_open(out, co), 2)
   if not ok then return nil, err end
