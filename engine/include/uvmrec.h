@@ -618,6 +618,11 @@ typedef struct ur_loader_opts {
    * slice of it, samples [n * slice_rank / slice_world, n * (slice_rank + 1) / slice_world) of
    * its n (data-parallel training: every rank reads the same global batches) */
   int32_t slice_rank, slice_world;
+  /* 1 (with slice_world > 1): every slice the same size, as training over ranks needs; a global
+   * batch the slices cannot share equally (an epoch's short last batch, known only at its end
+   * for TSV files) fails there, after the batches before it, unless drop_last drops it, and a
+   * batch_size that is not a multiple of slice_world is refused by open */
+  int32_t even_slices;
 } ur_loader_opts;
 typedef struct ur_loader_stats {
   int64_t batches, samples, bytes;

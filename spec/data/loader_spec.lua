@@ -769,6 +769,48 @@ describe("uvmrec.data loader", function()
     end, "loader: batch slice 3 of 3; expected 0 <= slice_rank < slice_world")
   end)
 
+  it("with even_slices fails on a global batch the slices cannot share, after the batches before it (TSV's last "
+     .. "too, known only there); drop_last drops it", function()
+    -- over ranks each rank got its slice of TSV files' short last batch: 49 and 50 samples of 99,
+    -- which a run with every table data-parallel trained on as if they were halves of one batch
+    local dir = cmd.tmpdir()
+    local lines = {}
+    for line in io.lines(SAMPLE1) do lines[#lines + 1] = line end
+    local odd = cmd.spit(dir .. "/odd.tsv", table.concat(lines, "\n", 1, 999) .. "\n")
+    local want = "loader: the batch at sample 900 of epoch 0 (the epoch's last) has 99 samples (batch_size 100), "
+      .. "which the 2 ranks (slice_world) cannot share equally: each takes an equal slice of every global batch "
+      .. "(drop_last drops an epoch's short last batch)"
+    local sources = {
+      { "criteo-tsv:" .. odd, {} }, { "synthetic:tiny", { samples = 999 } },
+      { "synthetic:tiny", { samples = 999, placement = "managed" } },
+    }
+    for _, src in ipairs(sources) do
+      for r = 0, 1 do
+        local o = { batch_size = 100, slice_rank = r, slice_world = 2, even_slices = true }
+        for k, v in pairs(src[2]) do o[k] = v end
+        local what = src[1] .. (o.placement or "") .. " rank " .. r
+        local sizes, err = drain(assert(data.open(src[1], o)))
+        assert.same({ 50, 50, 50, 50, 50, 50, 50, 50, 50 }, sizes, what)
+        assert.equal(want, err, what)
+        o.drop_last = true
+        sizes, err = drain(assert(data.open(src[1], o)))
+        assert.same({ 50, 50, 50, 50, 50, 50, 50, 50, 50 }, sizes, what)
+        assert.is_nil(err, what)
+        o.drop_last, o.batch_size = nil, 99
+        local ok, opened, oerr = pcall(data.open, src[1], o)
+        assert.is_true(not ok or opened == nil, what)
+        local msg = ok and oerr or tostring(opened)
+        assert.truthy(msg:find("loader: batch_size 99 is not a multiple of the 2 ranks (slice_world): with even_slices "
+          .. "each takes an equal slice of every global batch", 1, true), what .. ": " .. msg)
+      end
+    end
+    -- without it the slices are cut as they come (49 and 50)
+    local l = assert(data.open("criteo-tsv:" .. odd, { batch_size = 100, slice_rank = 0, slice_world = 2 }))
+    local sizes = drain(l)
+    assert.equal(49, sizes[10])
+    cmd.rmdir(dir)
+  end)
+
   it("rejects bad options", function()
     assert.has_error(function() data.loader { data = "synthetic:tiny", samples = 10 } end,
       "loader: batch_size is required")
@@ -782,8 +824,8 @@ describe("uvmrec.data loader", function()
     assert.has_error(function()
       data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, shufle_window = 8 }
     end, "loader: unknown option 'shufle_window'; expected data, batch_size, samples, rows, depth, threads, "
-      .. "drop_last, shuffle_window, seed, epochs, rank, world, slice_rank, slice_world, position, placement, stream, "
-      .. "keys, on_bad_line, pad_missing_fields, chunk_bytes, synthetic")
+      .. "drop_last, shuffle_window, seed, epochs, rank, world, slice_rank, slice_world, even_slices, position, "
+      .. "placement, stream, keys, on_bad_line, pad_missing_fields, chunk_bytes, synthetic")
     assert.has_error(function() data.loader { data = "synthetic:tiny", samples = 10, batch_size = 1.5 } end,
       "loader: batch_size is 1.5; expected a whole number that fits i64")
     assert.has_error(function() data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, epochs = "2" } end,

@@ -632,6 +632,18 @@ static int dispatch(ur_loader *l, job *j) {
       l->d_k = 0;
       continue;
     }
+    if (l->o.even_slices && l->o.slice_world > 1 && n % l->o.slice_world) {
+      /* every rank reads the same global batches, so every rank fails here alike */
+      release_windows(j);
+      ur__error(UR_STATUS_FORMAT, "loader: the batch at sample %lld of epoch %lld (the epoch's last) has %lld "
+                "samples (batch_size %lld), which the %d ranks (slice_world) cannot share equally: each takes "
+                "an equal slice of every global batch (drop_last drops an epoch's short last batch)", (long long)k, (long long)e, (long long)n, (long long)l->B, (int)l->o.slice_world);
+      j->err = UR_STATUS_FORMAT; /* the data's count: returned, as a reading error is */
+      snprintf(j->msg, sizeof j->msg, "%s", ur_last_error());
+      j->index = l->d_index++;
+      l->d_done = 1;
+      return 1;
+    }
     j->index = l->d_index++;
     j->epoch = e;
     j->k = k;
@@ -1155,6 +1167,10 @@ static ur_status check_opts(const ur_loader_opts *o) {
     return ur__error(UR_STATUS_INVALID,
                      "loader: batch slice %d of %d; expected 0 <= slice_rank < slice_world",
                      (int)o->slice_rank, (int)o->slice_world);
+  if (o->even_slices && o->slice_world > 1 && o->batch_size % o->slice_world)
+    return ur__error(UR_STATUS_INVALID, "loader: batch_size %lld is not a multiple of the %d ranks (slice_world): "
+                     "with even_slices each takes an equal slice of every global batch",
+                     (long long)o->batch_size, (int)o->slice_world);
   if (o->threads < 0 || o->threads > 256)
     return ur__error(UR_STATUS_INVALID, "loader: threads %d; expected 0 (UR_NUM_THREADS, else every "
                      "core) to 256", (int)o->threads);

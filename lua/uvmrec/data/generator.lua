@@ -22,7 +22,7 @@ local Batch = require "uvmrec.data.batch"
 local SLOTS = 3 -- two batches the consumer may hold, one in the making
 
 -- o: the loader's options (batch_size, samples, drop_last, epochs, rank, world, slice_rank,
--- slice_world, position, keys, placement, stream); spec: the synthetic spec
+-- slice_world, even_slices, position, keys, placement, stream); spec: the synthetic spec
 -- (uvmrec.data.synthetic.spec's); co: the same as the engine's ur_loader_opts (uvmrec.data.loader
 -- fills it), checked as the loader checks them.  With slice_world > 1 each batch is this rank's
 -- slice of a global batch, as the loader cuts it.
@@ -59,7 +59,7 @@ function M.open(o, spec, co, level)
   local self = setmetatable({
     spec = spec, c = c, B = B, T = T, D = D, H = H, hot = hot, fixed = fixed, weighted = weighted,
     lo = math.floor(total * rank / world), hi = math.floor(total * (rank + 1) / world),
-    epochs = o.epochs or 1, drop_last = o.drop_last, stream = o.stream, keys = {},
+    epochs = o.epochs or 1, drop_last = o.drop_last, even = o.even_slices and sw > 1, stream = o.stream, keys = {},
     slice_world = sw > 1 and sw or 1, slice_rank = sw > 1 and sr or 0,
     epoch = o.position and o.position.epoch or 0, k = o.position and o.position.sample or 0,
     held = {}, slots = {}, n = 0, done = false,
@@ -94,12 +94,20 @@ function M.open(o, spec, co, level)
 end
 
 -- The size of the batch at (epoch, k), moving to the next epoch where this one has no more; nil
--- at the end.
+-- at the end; nil, message for a batch even_slices refuses (the loader's rule, loader.c's dispatch).
 function G:_size()
   local N = self.hi - self.lo
   while self.epochs <= 0 or self.epoch < self.epochs do
     local n = math.min(self.B, N - self.k)
-    if n > 0 and not (n < self.B and self.drop_last) then return n end
+    if n > 0 and not (n < self.B and self.drop_last) then
+      if self.even and n % self.slice_world ~= 0 then
+        return nil, ("loader: the batch at sample %d of epoch %d (the epoch's last) has %d samples (batch_size %d), "
+          .. "which the %d ranks (slice_world) cannot share equally: each takes an equal slice of every global batch "
+          .. "(drop_last drops an epoch's short last batch)"):format(self.k, self.epoch, n, self.B,
+          self.slice_world)
+      end
+      return n
+    end
     if self.k == 0 then return nil end -- an epoch without a batch: so are the next ones
     self.epoch, self.k = self.epoch + 1, 0
   end
@@ -112,10 +120,12 @@ local out_kjt = ffi.new("ur_kjt *[1]")
 function G:next()
   local t0 = C.ur_clock_seconds()
   while #self.held > 1 do table.remove(self.held, 1):release() end
-  local n = not self.done and self:_size()
+  if self.failed then return nil, self.failed end -- raised again if asked, as the loader's
+  local n, uneven
+  if not self.done then n, uneven = self:_size() end
   if not n then
-    self.done = true
-    return nil
+    self.done, self.failed = true, uneven
+    return nil, uneven
   end
   self.n = self.n + 1
   -- this rank's slice [a, a + m) of the n samples (all of them without slices)

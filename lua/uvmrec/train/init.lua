@@ -618,7 +618,9 @@ function run_plain(cfg, opts)
   if eerr then return nil, eerr end
   if comm then
     for _, d in ipairs { data.train, data.eval or false } do
-      if d then d.slice_rank, d.slice_world = rank, world end
+      -- a global batch the ranks cannot share fails where it comes (TSV files' last, known only
+      -- there), before any rank trains or scores a slice of it
+      if d then d.slice_rank, d.slice_world, d.even_slices = rank, world, true end
     end
   end
   -- host memory counted before anything is allocated: a run that cannot fit is refused here
