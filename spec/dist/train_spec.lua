@@ -153,6 +153,16 @@ describe("sharded training over ranks", function()
     end
   end)
 
+  it("evaluates the first eval.samples of held-out files over ranks as one process where they end inside a batch",
+     function()
+    -- each rank scored its whole slice of the batch the set ended in: the first 600 rows in
+    -- global batches of 400 scored 800 over 2 ranks (AUC 0.5642), one process 600 (AUC 0.5833)
+    if not have_mpi() then pending("no MPI here") return end
+    against_one_process("launch -n 2", "train dlrm_tiny --cpu --steps 10 --out RUN --progress none "
+      .. "--set train.log_every=10 --set eval.min_auc=0 --set data.eval=criteo-tsv:"
+      .. helpers.fixture("criteo_raw_sample.tsv") .. " --set eval.samples=600 --set eval.batch_size=400", 10, 10)
+  end)
+
   it("trains with embeddings.vbe = true as without, losses within 1e-5 relative", function()
     if not have_mpi() then pending("no MPI here") return end
     local base = "train dlrm_tiny --cpu --steps 20 --out RUN --progress none --set train.log_every=1 "

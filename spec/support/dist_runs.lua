@@ -1,6 +1,7 @@
 -- Two run directories of `uvmrec train` (one process, and the same command over ranks) compared:
--- the same `train` events (step, samples) with each loss within 1e-5 relative, and the `final`
--- AUC within 1e-3 (docs/distributed.md).  A module for spec/dist/train_spec.lua (compare(a, b)
+-- the same `train` events (step, samples) with each loss within 1e-5 relative, the same `eval`
+-- events (step, samples scored) with each AUC within 1e-3, and the `final` AUC within 1e-3
+-- (docs/distributed.md).  A module for spec/dist/train_spec.lua (compare(a, b)
 -- returns the worst loss difference, or nil and why not), and a script for scripts/bench/
 -- dist_gpu.sh: `uvmrec spec/support/dist_runs.lua RUN_ONE RUN_RANKS` prints the worst difference
 -- and exits 1 on a mismatch.
@@ -8,26 +9,36 @@ local json = require "uvmrec.json"
 
 local M = { LOSS_TOL = 1e-5, AUC_TOL = 1e-3 }
 
--- A run directory's train events and its final event, or nil, why.
+-- A run directory's train events, its final event and its eval events, or nil, why.
 function M.events(dir)
   local f = io.open(dir .. "/metrics.jsonl", "rb")
   if not f then return nil, "no " .. dir .. "/metrics.jsonl" end
-  local train, final = {}, nil
+  local train, final, evals = {}, nil, {}
   for line in f:lines() do
     local e = json.decode(line)
     if e.event == "train" then train[#train + 1] = e end
+    if e.event == "eval" then evals[#evals + 1] = e end
     if e.event == "final" then final = e end
   end
   f:close()
   if not final then return nil, dir .. "/metrics.jsonl has no final event" end
-  return train, final
+  return train, final, evals
 end
 
 function M.compare(one, ranks)
-  local a, fa = M.events(one)
+  local a, fa, ea = M.events(one)
   if not a then return nil, fa end
-  local b, fb = M.events(ranks)
+  local b, fb, eb = M.events(ranks)
   if not b then return nil, fb end
+  if #ea ~= #eb then return nil, ("%d eval events in %s, %d in %s"):format(#ea, one, #eb, ranks) end
+  for i = 1, #ea do
+    local x, y = ea[i], eb[i]
+    if x.step ~= y.step or x.samples ~= y.samples or math.abs((x.auc or 0) - (y.auc or 0)) > M.AUC_TOL then
+      return nil, ("eval event %d: step %s, %s samples, AUC %s in %s; step %s, %s samples, AUC %s in %s"):format(i,
+        tostring(x.step), tostring(x.samples), tostring(x.auc), one, tostring(y.step), tostring(y.samples),
+        tostring(y.auc), ranks)
+    end
+  end
   if #a == 0 or #a ~= #b then
     return nil, ("%d train events in %s, %d in %s"):format(#a, one, #b, ranks)
   end

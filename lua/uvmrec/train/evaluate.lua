@@ -7,7 +7,7 @@ local M = {}
 
 -- source: next() gives batches (uvmrec.train.source); opts: metrics (kinds, default auc and
 -- ne), samples (the set's size, or at most this many; 0 or nil: until the data ends),
--- batch_size, comm (a job of several ranks: the source gives this rank's slices of the global
+-- batch_size, comm (a job of several ranks: the source gives this rank's equal slices of the global
 -- batches, samples and batch_size count the global ones, and the metrics are over every rank's
 -- samples).  Returns {auc =, ne =, logloss =, accuracy =, calibration =, ctr =, samples =,
 -- auc_error =, seconds =}, each metric only when its kind was asked for (logloss with ne).
@@ -17,7 +17,7 @@ function M.run(model, source, opts)
   local t0 = C.ur_clock_seconds()
   local comm = opts.comm
   local W = comm and comm.world or 1
-  local limit = math.ceil((opts.samples or 0) / W)
+  local limit = opts.samples or 0
   local per_update = math.ceil((opts.batch_size or 16384) / W)
   local kinds = opts.metrics or { "auc", "ne" }
   -- The metric state lives where the model's predictions are (made at the first batch).
@@ -27,13 +27,19 @@ function M.run(model, source, opts)
     return metrics.MetricCollection { metrics = kinds, batch_size = per_update, include_logloss = true,
                                       placement = (p == "device" or p == "managed") and "device" or "host",
                                       device = predictions:device() >= 0 and predictions:device() or nil,
-                                      window_size = limit > 0 and limit + per_update or 0,
+                                      window_size = limit > 0 and math.ceil(limit / W) + per_update or 0,
                                       world_size = W > 1 and W or nil, rank = W > 1 and comm.rank or nil,
                                       comm = W > 1 and comm or nil }
   end
   model:evaluate()
-  local seen = 0
-  while limit == 0 or seen < limit do
+  -- The set is the data's first `samples` (all of it: 0), whatever the ranks.  A global batch
+  -- is W equal slices (the loader's even_slices), so a slice of `size` samples comes from a global
+  -- batch of size * W that ends at its `next`; each rank scores the samples of its slice inside
+  -- the set (a slice past its end, none), and every rank stops after the same global batch.
+  -- (Every rank scored its whole slice of the batch the set ended in: the first 600 rows of a
+  -- file in global batches of 400 on 2 ranks scored 800, an AUC one process does not give.)
+  local pos0, all = nil, 0
+  while limit == 0 or all < limit do
     local batch, err = source:next()
     if err then
       model:training()
@@ -42,20 +48,20 @@ function M.run(model, source, opts)
     if not batch then break end
     local predictions, labels = model:predict(batch), batch.labels
     m = m or collection(predictions)
-    -- a batch past the limit counts its first samples alone: the set is the first `samples`.
-    -- Over several ranks the global batch is scored whole: this rank's slice is not the batch's
-    -- first samples, and where the set would end in another rank's slice it cannot see.
-    local n = limit > 0 and W == 1 and math.min(batch.size, limit - seen) or batch.size
+    local gfirst = batch.next and batch.next - batch.size * W or (pos0 or 0) + all
+    pos0 = pos0 or gfirst
+    local n = batch.size
+    if limit > 0 then n = math.max(0, math.min(n, limit - ((batch.first or gfirst) - pos0))) end
     if n < batch.size then predictions, labels = predictions:view(0, n), labels:view(0, n) end
-    assert(m:update { predictions = predictions, labels = labels })
-    seen = seen + n
+    if n > 0 then assert(m:update { predictions = predictions, labels = labels }) end
+    all = gfirst + batch.size * W - pos0
   end
   model:training()
   if not m then return nil, "evaluate: the held-out data gave no batch" end
   local v = assert(m:values()).default
   local scope = limit > 0 and v.window or v.lifetime
   m:free()
-  local out = { samples = seen * W, seconds = C.ur_clock_seconds() - t0 }
+  local out = { samples = limit > 0 and math.min(all, limit) or all, seconds = C.ur_clock_seconds() - t0 }
   -- the kinds asked for alone: a kind not computed reads 0 (an AUC of 0 is no AUC)
   for _, k in ipairs(kinds) do out[k] = scope[k] end
   if out.ne then out.logloss = scope.logloss end
