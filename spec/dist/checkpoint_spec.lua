@@ -441,6 +441,35 @@ describe("uvmrec.dist.checkpoint", function()
     assert.is_nil(require("lfs").attributes(dir .. "/apart-rank-0/manifest.json"))
   end)
 
+  it("refuses another save's rank file where rank 0 looks for the rank's, on save and on load", function()
+    if not have_mpi() then pending("no MPI here") return end
+    -- an earlier save of 2 ranks left rank 1's file in rank 0's folder; a save whose ranks each
+    -- wrote into a folder of their own then took it as rank 1's (its rows of step 1 published as
+    -- step 2's) and the load read them
+    job(2, { OUT = dir .. "/stale-rank-0", STEPS = "1" })
+    local out, err, code = command.sh(("env OUT=%s/stale APART=1 STEPS=2 %s launch -n 2 %s"):format(dir,
+      command.bin(), SCRIPT))
+    assert.is_true(code ~= 0, out)
+    local want = ("dist%%.checkpoint: %s/stale%%-rank%%-0/rank%%-00001%%-of%%-00002%%.safetensors is another save's "
+      .. "%%(step 1, save %%d+%%-%%d+; this one is step 2, save %%d+%%-%%d+%%): rank 1 wrote its file where rank 0 "
+      .. "does not see it, so %s/stale%%-rank%%-0 must be a folder every host shares %%(one file system%%)")
+      :format((dir:gsub("%p", "%%%0")), (dir:gsub("%p", "%%%0")))
+    assert.matches(want, err)
+    assert.is_nil(require("lfs").attributes(dir .. "/stale-rank-0/manifest.json"))
+    -- a rank file of another save put in a folder by hand: the load names it and reads nothing
+    job(1, { OUT = dir .. "/one-a", STEPS = "1" })
+    job(1, { OUT = dir .. "/one-b", STEPS = "2" })
+    command.sh(("cp %s/one-b/rank-00000-of-00001.safetensors %s/one-a/"):format(dir, dir))
+    local ebc = ur.nn.EmbeddingBagCollection(opts())
+    local before = ebc:table("a"):totable()
+    local m, lerr = dck.load(dir .. "/one-a", ebc)
+    assert.is_nil(m)
+    assert.matches("dist%.checkpoint: .*/one%-a: rank%-00000%-of%-00001%.safetensors is another save's %(save "
+      .. "%d+%-%d+; the manifest's is %d+%-%d+%): not read", lerr)
+    assert.same(before, ebc:table("a"):totable())
+    ebc.tbe:free()
+  end)
+
   it("names what does not fit before writing anything", function()
     local P = dir .. "/plain"
     local _, err = dck.load(dir .. "/none", ur.nn.EmbeddingBagCollection(opts()))

@@ -18,7 +18,9 @@
 -- the same).  Shards that count their accesses (uvmrec.hints) save their counters too,
 -- "<block>.counts" ("C3.counts.r<rank>" for each data-parallel replica, whose counts differ),
 -- merged per logical row on load (counted_rows).  Several hosts need the folder on a file system
--- they share.
+-- they share.  Every file of a save carries the save's id ("uvmrec.dist.save", drawn by rank 0),
+-- as does the manifest: a rank file of another save at the same name (an earlier run's, on a
+-- disk rank 0 sees but the rank that saved did not write to) is refused, not read.
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -106,6 +108,20 @@ local function agree(comm, ok, err)
   return true
 end
 
+-- The id of a save, rank 0's, on every rank: its clock to the nanosecond (a collective).
+local function save_id(comm)
+  local t = tensor.tensor({ 2 }, { dtype = "i64" })
+  t:set(0, os.time())
+  t:set(1, math.floor(C.ur_clock_seconds() * 1e9) % 2 ^ 52)
+  if comm and comm.world > 1 then
+    assert(comm:broadcast(t, 0))
+    assert(comm:wait())
+  end
+  local v = t:totable()
+  t:free()
+  return ("%d-%d"):format(v[1], v[2])
+end
+
 -- Saves `ebc` into the folder dir (made if missing): a collective, every rank calls it.
 -- opts: meta (a table of strings and numbers, kept in the manifest), staging, stream.
 -- Returns the manifest (a table) on every rank, or nil, message on every rank.
@@ -141,6 +157,7 @@ function M.save(dir, ebc, opts)
   end
   ok, err = agree(comm, ok, err)
   if not ok then return nil, err end
+  local id = save_id(comm)
   local tensors, views, described, counted = {}, {}, {}, {}
   for _, b in ipairs(blocks) do
     local c = b.collection
@@ -177,7 +194,7 @@ function M.save(dir, ebc, opts)
   local c1 = collections[1]
   local meta = { ["uvmrec.dist.blocks"] = json.encode(described), ["uvmrec.dist.counts"] = json.encode(counted),
                  ["uvmrec.dist.rank"] = me,
-                 ["uvmrec.dist.world"] = W, ["uvmrec.step"] = step }
+                 ["uvmrec.dist.world"] = W, ["uvmrec.step"] = step, ["uvmrec.dist.save"] = id }
   local path = dir .. "/" .. file_name(me, W)
   ok, err = ck.save(path, { tensors = tensors, meta = meta }, { staging = opts.staging, stream = opts.stream })
   for _, v in ipairs(views) do v:free() end
@@ -186,7 +203,7 @@ function M.save(dir, ebc, opts)
   -- rank 0: the manifest, from every rank's file (each names its blocks)
   local manifest
   if me == 0 then
-    manifest = { format = M.FORMAT, world = W, step = step, order = order, tables = {}, files = {},
+    manifest = { format = M.FORMAT, world = W, step = step, save = id, order = order, tables = {}, files = {},
                  optimizer = c1 and c1.optimizer, state = c1 and c1.state_names, meta = opts.meta }
     -- every rank has written its file into dir: where rank 0 does not see one, dir is a folder of
     -- each host's own disk (it failed opening the file, naming neither the folder nor the cause)
@@ -204,6 +221,14 @@ function M.save(dir, ebc, opts)
       local fname = file_name(r, W)
       local f, ferr = ck.open(dir .. "/" .. fname)
       if not f then ok, err = nil, ferr break end
+      local theirs, at = f:meta("uvmrec.dist.save"), f:meta("uvmrec.step")
+      if theirs ~= id then
+        f:close()
+        ok, err = nil, ("dist.checkpoint: %s/%s is another save's (step %s, save %s; this one is step %d, save %s): "
+          .. "rank %d wrote its file where rank 0 does not see it, so %s must be a folder every host shares (one "
+          .. "file system)"):format(dir, fname, tostring(at), tostring(theirs), step, id, r, dir)
+        break
+      end
       manifest.files[r + 1] = fname
       for _, d in ipairs(json.decode(f:meta("uvmrec.dist.blocks"))) do
         local t = manifest.tables[d.name]
@@ -254,6 +279,7 @@ local function manifest_error(m)
   local function bad(what, v, want) return ("%s is %s; expected %s"):format(what, shown(v), want) end
   if not whole(m.world, 1) then return bad("world", m.world, "a whole number >= 1") end
   if not whole(m.step, 0) then return bad("step", m.step, "a whole number >= 0") end
+  if m.save ~= nil and type(m.save) ~= "string" then return bad("save", m.save, "a save's id") end
   if m.state ~= nil and type(m.state) ~= "table" then return bad("state", m.state, "a list of names") end
   for i, s in ipairs(m.state or {}) do
     if type(s) ~= "string" then return bad(("state[%d]"):format(i), s, "a name") end
@@ -411,12 +437,19 @@ end
 -- The open file of saved block d (files: those opened, by name), whose tensor tname must be, given
 -- a dtype, that dtype and d.rows x w elements for one of the widths, as the manifest says (so that
 -- no copy reads past it).  Raises the message naming the tensor, its file and what it should be.
-local function saved_file(files, dir, d, tname, where, dtype, widths)
+local function saved_file(files, dir, d, tname, where, dtype, widths, save)
   local f = files[d.file]
   if not f then
     local ferr
     f, ferr = ck.open(dir .. "/" .. d.file)
     if not f then error(ferr, 0) end
+    -- a manifest with an id reads only its save's files (one without: written before ids were)
+    local got = f:meta("uvmrec.dist.save")
+    if save and got ~= save then
+      f:close()
+      error(("%s: %s is another save's (save %s; the manifest's is %s): not read"):format(where, d.file,
+        tostring(got), save), 0)
+    end
     files[d.file] = f
   end
   local info = f:info(tname)
@@ -477,7 +510,8 @@ function reader_methods:rows(name, row0, rows, into)
     for _, d in ipairs(t.blocks) do
       local r0, r1 = math.max(row0, d.row0), math.min(row0 + rows, d.row0 + d.rows)
       if r1 > r0 and d.cols > 0 then
-        local f = saved_file(self.files, self.dir, d, d.tensor, self.where, t.dtype, { d.cols })
+        local f = saved_file(self.files, self.dir, d, d.tensor, self.where, t.dtype, { d.cols },
+                             self.manifest.save)
         -- a block of whole rows is read into place; a column block's rows through a part
         local full_rows = d.cols == t.dim
         local part = full_rows and out:view(r0 - row0, r1 - r0) or assert(tensor.tensor({ r1 - r0, d.cols },
@@ -556,7 +590,7 @@ function M.load(dir, ebc, opts)
   -- the widths, as the manifest says (so that no copy reads past it).  Its bytes are checked
   -- against their checksum the first time (in the checks, before anything is written).
   local function view(d, tname, dtype, widths)
-    local f = saved_file(files, dir, d, tname, where, dtype, widths)
+    local f = saved_file(files, dir, d, tname, where, dtype, widths, m.save)
     local key = d.file .. "/" .. tname
     if not verified[key] then
       local bad = f:verify({ tname }, { allow_nonfinite = true })
