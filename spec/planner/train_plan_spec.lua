@@ -296,13 +296,26 @@ describe("uvmrec train --plan", function()
     assert(plan:save(p2))
     assert(train.apply_plan(cfg, p2, { world = 2 }))
     assert.equal(1, cfg.embeddings.tables.C16.rank)
-    -- a rank outside the run's ranks is refused by the planner, naming the table
+    -- a rank outside the plan's ranks is refused at the config's key (it named the planner's
+    -- "fixed rank 2", a key nobody wrote; and with --gpus 1 rank 1 was dropped: planned as unset)
     local far = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "embeddings.tables.C16.rank=2" }))
-    local fprob = assert(planner.from_config(far, { world = 2 }))
-    local none, err = planner.plan(fprob.tables, fprob.profiles, budget, { world = 2, batch = fprob.batch,
-      calibration = "h200", dense = fprob.dense })
+    local none, err = planner.from_config(far, { world = 2 })
     assert.is_nil(none)
-    assert.equal("planner: table C16: fixed rank 2; expected a rank from 0 to 1 (the plan is for 2 ranks)", err)
+    assert.equal("--set embeddings.tables.C16.rank=2: embeddings.tables.C16.rank: 2; expected a rank from 0 to 1 (the "
+      .. "plan is for 2 ranks)", err)
+    local one = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "embeddings.tables.C16.rank=1" }))
+    none, err = planner.from_config(one, { world = 1 })
+    assert.is_nil(none)
+    assert.equal("--set embeddings.tables.C16.rank=1: embeddings.tables.C16.rank: 1; expected a rank from 0 to 0 (the "
+      .. "plan is for 1 rank)", err)
+    -- rank 0 is every table's rank on one: kept as the run keeps it, not flagged
+    local zero = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "embeddings.tables.C16.rank=0" }))
+    assert.is_nil(assert(planner.from_config(zero, { world = 1 })).tables[16].fixed)
+    -- and through the command, which names the key and changes nothing
+    local so, se, rc = cmd.run("plan dlrm_tiny --gpus 1 --calibration cpu --set embeddings.tables.C16.rank=1")
+    assert.equal(1, rc, so .. se)
+    assert.equal("", so)
+    assert.matches("embeddings.tables.C16.rank: 1; expected a rank from 0 to 0 (the plan is for 1 rank)", se, 1, true)
   end)
 
   -- A plan's column_wise table could not be trained: `uvmrec plan dlrm_tiny --gpus 2 --set

@@ -75,6 +75,16 @@ end
 -- (a misspelt one was dropped and the table planned freely), or a rank outside the world or on a
 -- table not table_wise (a rank places a table_wise table, as embeddings.tables.<T>.rank does).
 local FIXED = { "placement", "sharding", "load_factor", "prefix_fraction", "rank" }
+
+-- Why `r` is no rank of a plan of `world` ranks (nil when it is one): the one check of a pinned
+-- rank, whoever names it (a table's fixed rank, a config's embeddings.tables.<T>.rank), each
+-- message naming the key its user wrote.
+local function rank_error(r, world)
+  if type(r) == "number" and r >= 0 and r < world and r == math.floor(r) then return nil end
+  return ("%s; expected a rank from 0 to %d (the plan is for %d rank%s)"):format(
+    type(r) == "number" and tostring(r) or ("'%s'"):format(tostring(r)), world - 1, world, world == 1 and "" or "s")
+end
+
 local function fixed_error(t, world)
   local f = t.fixed
   if f == nil then return nil end
@@ -86,10 +96,8 @@ local function fixed_error(t, world)
   if not ok then return (tostring(err):gsub("^[^\n]-:%d+: ", "")) end
   local r = f.rank
   if r == nil then return nil end
-  if type(r) ~= "number" or r < 0 or r >= world or r ~= math.floor(r) then
-    return ("table %s: fixed rank %s; expected a rank from 0 to %d (the plan is for %d rank%s)"):format(t.name,
-      tostring(r), world - 1, world, world == 1 and "" or "s")
-  end
+  local rerr = rank_error(r, world)
+  if rerr then return ("table %s: fixed rank %s"):format(t.name, rerr) end
   if f.sharding and f.sharding ~= "table_wise" then
     return ("table %s: fixed rank %d and sharding %s: a rank places a table_wise table"):format(t.name, r, f.sharding)
   end
@@ -887,9 +895,17 @@ function M.from_config(cfg, o)
     if per.placement and per.placement ~= "auto" then fixed.placement = per.placement end
     if per.cache and per.cache.load_factor then fixed.load_factor = per.cache.load_factor end
     -- over ranks, the table's own sharding and rank too (train --plan refuses a plan that changes
-    -- them); on one rank every table is table_wise, on rank 0
+    -- them); on one rank every table is table_wise, on rank 0.  A rank past the plan's is
+    -- refused at the config's key: on one rank it was dropped (rank 1, --gpus 1: planned as if
+    -- unset), and over ranks the message named the planner's "fixed rank", a key nobody wrote.
     if per.sharding and world > 1 then fixed.sharding = per.sharding end
-    if per.rank and world > 1 then fixed.rank = per.rank end
+    if per.rank then
+      local rerr = rank_error(per.rank, world)
+      if rerr then
+        return nil, require("uvmrec.config").message(cfg, "embeddings.tables." .. name .. ".rank", rerr)
+      end
+      if world > 1 then fixed.rank = per.rank end
+    end
     local hot = 1
     local st = synth and synth.tables[i]
     if st then
