@@ -220,6 +220,44 @@ describe("planner plans", function()
       .. "prefix_fraction, rank", try("device"))
   end)
 
+  -- plan:with refused a rank ("unknown key 'rank'; expected placement, sharding, load_factor,
+  -- prefix_fraction"): a table could be pinned through the config's embeddings.tables.<T>.rank
+  -- or a table's fixed rank, not by editing a plan.
+  it("pins a table to a rank through plan:with, table_wise, as the config's rank does", function()
+    local scal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))
+    local tabs, profs = {}, {}
+    for i = 1, 6 do
+      tabs[i] = { name = "T" .. i, rows = 200000 * i, dim = 64, optimizer = "sgd" }
+      profs["T" .. i] = planner.profile.zipf { rows = tabs[i].rows, s = 1.0 }
+    end
+    local p = assert(planner.plan(tabs, profs, "2GiB", { world = 4, batch = 4096, calibration = scal }))
+    for _, t in ipairs(p.data.tables) do
+      -- every table moved to a rank it is not on, and to the one it is on
+      local on = t.sharding == "table_wise" and #t.ranks == 1 and t.ranks[1] or nil
+      for _, r in ipairs({ ((on or 0) + 1) % 4, on }) do
+        local e = assert(p:with(t.name, { rank = r }))
+        local t2 = e.data.tables[tonumber(t.name:sub(2))]
+        assert.equal("table_wise", t2.sharding, t.name)
+        assert.same({ r }, t2.ranks, t.name)
+        -- the pin is the edit's, not the table's own setting
+        assert.is_nil(t2.fixed)
+        for _, R in ipairs(e.data.ranks) do assert.is_true(R.hbm <= e.data.budget) end
+      end
+    end
+    -- with a placement too, and a sharding that a rank cannot place
+    local e = assert(p:with("T6", { rank = 3, placement = "managed", prefix_fraction = 0.5 }))
+    assert.same({ 3 }, e.data.tables[6].ranks)
+    assert.equal("managed", e.data.tables[6].placement)
+    local _, err = p:with("T6", { rank = 3, sharding = "row_wise" })
+    assert.equal("planner: table T6: fixed rank 3 and sharding row_wise: a rank places a table_wise table", err)
+    assert.has_error(function() p:with("T6", { rank = 4 }) end,
+      "plan: the choice for table T6: rank 4; expected a rank from 0 to 3 (the plan is for 4 ranks)")
+    assert.has_error(function() p:with("T6", { rank = -1 }) end,
+      "plan: the choice for table T6: rank -1; expected a rank from 0 to 3 (the plan is for 4 ranks)")
+    assert.has_error(function() p:with("T6", { rank = "1" }) end,
+      "plan: the choice for table T6: rank '1'; expected a rank from 0 to 3 (the plan is for 4 ranks)")
+  end)
+
   it("spreads a table larger than any rank over ranks, where its placement is fixed", function()
     -- device, fixed: 490 MiB in table_wise's one shard, more than a rank's 400 MiB; the frontier
     -- by total bytes kept that choice alone and cut column_wise's 245 MiB a shard (no plan, and
@@ -337,10 +375,10 @@ describe("planner plans", function()
     assert.has_error(function() plan:with("C99", { placement = "host" }) end,
                      "plan: no table named 'C99' (tables: " .. table.concat(names, ", ") .. ")")
     assert.has_error(function() plan:with(big.name, "host") end, "plan: the choice for table " .. big.name
-                     .. " is a string; expected {placement=, sharding=, load_factor=, prefix_fraction=}")
+                     .. " is a string; expected {placement=, sharding=, load_factor=, prefix_fraction=, rank=}")
     assert.has_error(function() plan:with(big.name, { placment = "host" }) end, "plan: the choice for table "
                      .. big.name .. ": unknown key 'placment'; expected placement, sharding, load_factor, "
-                     .. "prefix_fraction")
+                     .. "prefix_fraction, rank")
   end)
 
   it("counts the synthetic loader's values a sample, and prices its batches with the calibration's rate", function()

@@ -77,8 +77,8 @@ end
 local FIXED = { "placement", "sharding", "load_factor", "prefix_fraction", "rank" }
 
 -- Why `r` is no rank of a plan of `world` ranks (nil when it is one): the one check of a pinned
--- rank, whoever names it (a table's fixed rank, a config's embeddings.tables.<T>.rank), each
--- message naming the key its user wrote.
+-- rank, whoever names it (a table's fixed rank, a config's embeddings.tables.<T>.rank, a choice
+-- given to plan:with), each message naming the key its user wrote.
 local function rank_error(r, world)
   if type(r) == "number" and r >= 0 and r < world and r == math.floor(r) then return nil end
   return ("%s; expected a rank from 0 to %d (the plan is for %d rank%s)"):format(
@@ -684,9 +684,11 @@ function Plan:table()
 end
 
 -- The plan with table `name` set to `choice` ({placement, sharding, load_factor,
--- prefix_fraction}), every other table as it is, re-predicted.  nil, message when the
--- choice does not fit (the budget is checked as for a search).
-local CHOICE = { "placement", "sharding", "load_factor", "prefix_fraction" }
+-- prefix_fraction, rank}), every other table as it is, re-predicted.  A rank (0-based) pins
+-- the table there, table_wise unless the choice names another sharding (as the config's
+-- embeddings.tables.<T>.rank does); a rank outside the plan's is an error.  nil, message when
+-- the choice does not fit (the budget is checked as for a search).
+local CHOICE = { "placement", "sharding", "load_factor", "prefix_fraction", "rank" }
 
 function Plan:with(name, choice)
   -- a table not in the plan, a choice that is no table or a misspelt key gave the plan unchanged
@@ -700,9 +702,14 @@ function Plan:with(name, choice)
   end
   if type(choice) ~= "table" then
     error(("plan: the choice for table %s is a %s; expected {placement=, sharding=, load_factor=, "
-           .. "prefix_fraction=}"):format(name, type(choice)), 2)
+           .. "prefix_fraction=, rank=}"):format(name, type(choice)), 2)
   end
   require("uvmrec.lib").known_keys(choice, CHOICE, "plan: the choice for table " .. name, 2, "key")
+  -- it was refused as an unknown key: a table could be pinned through the config only
+  if choice.rank ~= nil then
+    local rerr = rank_error(choice.rank, self.data.world)
+    if rerr then error(("plan: the choice for table %s: rank %s"):format(name, rerr), 2) end
+  end
   local S = self._S
   if not S then return nil, "plan: a plan read from a file has no cost model attached; plan again to edit" end
   local fixed = {}
@@ -710,7 +717,8 @@ function Plan:with(name, choice)
     local f
     if t.name == name then
       f = { placement = choice.placement or t.placement, sharding = choice.sharding or t.sharding,
-            load_factor = choice.load_factor, prefix_fraction = choice.prefix_fraction }
+            load_factor = choice.load_factor, prefix_fraction = choice.prefix_fraction, rank = choice.rank }
+      if choice.rank ~= nil and not choice.sharding then f.sharding = "table_wise" end
       if f.placement == "cached" and not f.load_factor then f.load_factor = t.load_factor or 0.2 end
       if f.placement == "managed" and not f.prefix_fraction then f.prefix_fraction = t.prefix_fraction or 0.2 end
     else
