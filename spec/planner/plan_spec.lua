@@ -258,6 +258,42 @@ describe("planner plans", function()
       "plan: the choice for table T6: rank '1'; expected a rank from 0 to 3 (the plan is for 4 ranks)")
   end)
 
+  -- A table whose dim a run cuts into shards of two widths (uvmrec.dist.plan: dim 20 on 2 ranks,
+  -- 12 and 8 columns) had no column_wise choice and nothing said so: the plan never named it,
+  -- and a config fixing it column_wise got "no choice satisfies its fixed settings" alone.
+  it("says why a table whose dim a run cuts unevenly is not offered column_wise", function()
+    local scal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))
+    local tabs = { { name = "odd", rows = 100000, dim = 20 }, { name = "even", rows = 100000, dim = 16 } }
+    local profs = { odd = planner.profile.zipf { rows = 100000, s = 1.05 },
+                    even = planner.profile.zipf { rows = 100000, s = 1.05 } }
+    local why = "a run cuts dim 20 into 2 shards, 1 of 12 columns and 1 of 8 (uvmrec.dist.plan), and the planner "
+      .. "prices equal shards only"
+    local p = assert(planner.plan(tabs, profs, "1GiB", { world = 2, batch = 4096, calibration = scal }))
+    assert.same({ column_wise = why }, p.data.tables[1].not_offered)
+    assert.is_nil(p.data.tables[2].not_offered)
+    assert.matches("\nodd: column_wise not offered: " .. why:gsub("%p", "%%%0") .. "\n", p:table())
+    assert.is_nil(p:table():find("even: column_wise", 1, true))
+    -- the plan file keeps it
+    assert.same({ column_wise = why }, assert(planner.decode(p:encode())).data.tables[1].not_offered)
+    -- on 5 ranks dim 20 is 5 shards of 4: offered
+    local p5 = assert(planner.plan(tabs, profs, "1GiB", { world = 5, batch = 4096, calibration = scal }))
+    assert.is_nil(p5.data.tables[1].not_offered)
+    -- fixed column_wise: the error says why
+    tabs[1].fixed = { sharding = "column_wise" }
+    local none, err = planner.plan(tabs, profs, "1GiB", { world = 2, batch = 4096, calibration = scal })
+    assert.is_nil(none)
+    assert.equal('planner: table odd: no choice satisfies its fixed settings ({"sharding":"column_wise"}); '
+      .. "column_wise: " .. why, err)
+    -- and a placement column shards are not priced in
+    tabs[2].fixed = { sharding = "column_wise", placement = "host" }
+    tabs[1].fixed = nil
+    none, err = planner.plan(tabs, profs, "1GiB", { world = 2, batch = 4096, calibration = scal })
+    assert.is_nil(none)
+    assert.equal('planner: table even: no choice satisfies its fixed settings ({"placement":"host",'
+      .. '"sharding":"column_wise"}); column_wise: column_wise shards are priced in HBM (device or cached), and the '
+      .. "placement is fixed to host", err)
+  end)
+
   it("spreads a table larger than any rank over ranks, where its placement is fixed", function()
     -- device, fixed: 490 MiB in table_wise's one shard, more than a rank's 400 MiB; the frontier
     -- by total bytes kept that choice alone and cut column_wise's 245 MiB a shard (no plan, and

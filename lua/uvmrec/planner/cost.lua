@@ -161,7 +161,15 @@ function M.option(t, ctx, opt)
   local sharding, place = opt.sharding or "table_wise", opt.placement
   local g = geometry(t, ctx, sharding, opt.shards or ctx.world)
   if sharding == "column_wise" and (t.dim % g.count ~= 0 or (t.dim / g.count) % 4 ~= 0) then
-    return nil, ("column_wise over %d shards needs dim %d to split into multiples of 4"):format(g.count, t.dim)
+    -- a run cuts such a dim into shards of two widths (uvmrec.dist.plan: the first ones a group
+    -- of 4 wider); this model prices every shard alike
+    local units = t.dim / 4
+    if g.count > units then
+      return nil, ("column_wise over %d shards needs dim %d to split into multiples of 4"):format(g.count, t.dim)
+    end
+    local n_wide, narrow = units % g.count, 4 * math.floor(units / g.count)
+    return nil, ("a run cuts dim %d into %d shards, %d of %d columns and %d of %d (uvmrec.dist.plan), and the "
+      .. "planner prices equal shards only"):format(t.dim, g.count, n_wide, narrow + 4, g.count - n_wide, narrow)
   end
   if sharding == "data_parallel" and place ~= "device" then
     return nil, "data_parallel tables are device tables (every rank holds the whole table)"
@@ -285,18 +293,23 @@ local FRACTION_OF = { managed = "prefix_fraction", cached = "load_factor" }
 -- The choices the search considers for table t: every sharding the world allows, every
 -- placement, the prefix fractions and load factors of ctx.fractions.  A table's fixed settings
 -- (t.fixed: placement, sharding, load_factor, prefix_fraction, rank) narrow the list: a rank
--- places a table_wise table (the search keeps it there).
+-- places a table_wise table (the search keeps it there).  Returns the list and, for each
+-- sharding the world and the fixed settings allow that has no choice, why not ({[sharding] =
+-- reason}, or nil): a column_wise table whose dim a run cuts unevenly was dropped unsaid.
 function M.options(t, ctx)
   local W = ctx.world
   local fx = t.fixed or {}
   local shardings = (W > 1 and not fx.rank) and { "table_wise", "row_wise", "column_wise", "data_parallel" }
                     or { "table_wise" }
-  local out = {}
-  local function add(o)
-    if o then out[#out + 1] = o end
+  local out, why = {}, {}
+  local reason
+  local function add(o, err)
+    if o then out[#out + 1] = o else reason = reason or err end
   end
   for _, sh in ipairs(shardings) do
     if not fx.sharding or fx.sharding == sh then
+      local before = #out
+      reason = nil
       -- column shards as a run cuts them (uvmrec.dist.plan): min(W, dim / 4) of them, whose
       -- widths this model takes equal (M.option refuses another split); the ranks are the run's
       -- too (search.partition).  The choices of 2, 4, ... shards made plans no run took: 'train
@@ -307,6 +320,10 @@ function M.options(t, ctx)
         for _, place in ipairs(M.PLACEMENTS) do
           -- column-wise shards are for wide tables that must spread: in HBM, or cached
           local allowed = sh ~= "column_wise" or place == "device" or place == "cached"
+          if not allowed and fx.placement == place then
+            reason = ("column_wise shards are priced in HBM (device or cached), and the placement is fixed to %s")
+              :format(place)
+          end
           if allowed and (not fx.placement or fx.placement == place) then
             local base = { sharding = sh, shards = sh == "column_wise" and k or nil, placement = place }
             local knob = FRACTION_OF[place]
@@ -323,9 +340,10 @@ function M.options(t, ctx)
           end
         end
       end
+      if #out == before and reason then why[sh] = reason end
     end
   end
-  return out
+  return out, next(why) and why or nil
 end
 
 -- ---- the dense part ----

@@ -183,13 +183,16 @@ local function setup(tables, profiles, budget, opts)
   end
   local items = {}
   for i, t in ipairs(cts) do
-    local options = cost.options(t, ctx)
+    local options, why = cost.options(t, ctx)
     if #options == 0 then
-      return nil, ("planner: table %s: no choice satisfies its fixed settings (%s)"):format(t.name,
-        json.encode(t.fixed or {}))
+      local reasons = {}
+      for sh, r in pairs(why or {}) do reasons[#reasons + 1] = sh .. ": " .. r end
+      table.sort(reasons)
+      return nil, ("planner: table %s: no choice satisfies its fixed settings (%s)%s"):format(t.name,
+        json.encode(t.fixed or {}), #reasons > 0 and ("; " .. table.concat(reasons, "; ")) or "")
     end
     items[i] = { name = t.name, options = search.frontier(options, B - fixed_total), table = t, all = options,
-                 rank = t.fixed and t.fixed.rank and t.fixed.rank + 1 }
+                 rank = t.fixed and t.fixed.rank and t.fixed.rank + 1, not_offered = why }
   end
   -- On one rank a cache scratches over the whole batch's values, whichever tables it holds, and
   -- has one set of staging rows (of the widest cached row): room for both wherever a table may
@@ -436,7 +439,7 @@ function M.plan(tables, profiles, budget, opts)
       for _, o in ipairs(it.all) do if o.placement ~= "cached" then keep[#keep + 1] = o end end
       if #keep == 0 then return nil end
       items[i] = { name = it.name, options = search.frontier(keep, avail[1]), table = it.table, all = keep,
-                   rank = it.rank }
+                   rank = it.rank, not_offered = it.not_offered }
     end
     local best, why, stats = run(items, avail)
     if stats == "stopped" then return nil, nil, why end
@@ -558,7 +561,7 @@ function M.build(S, best, stats)
       hbm_per_shard = sh.hbm, host_per_shard = sh.host, hbm = o.hbm, seconds_per_shard = sh.time,
       comm_per_shard = sh.comm, share = step > 0 and sh.time / step or 0,
       fixed = fixed and t.fixed or nil, config = keys, config_keys = flat,
-      profile = t.profile:summary(),
+      profile = t.profile:summary(), not_offered = it.not_offered,
     }
   end
   if S.fixed.cache_batch and caches[1] then
@@ -650,6 +653,16 @@ function Plan:table()
       rk, t.placement, size, fmt_bytes(t.hbm), rate, 100 * t.share * #t.ranks)
   end
   if flagged then L[#L + 1] = "* kept as given (fixed per-table settings)" end
+  -- the shardings a table was not offered, and why (a plan that never says column_wise
+  -- looked like the search's verdict)
+  for _, t in ipairs(p.tables) do
+    local shs = {}
+    for sh in pairs(t.not_offered or {}) do shs[#shs + 1] = sh end
+    table.sort(shs)
+    for _, sh in ipairs(shs) do
+      L[#L + 1] = ("%s: %s not offered: %s"):format(t.name, sh, t.not_offered[sh])
+    end
+  end
   for _, R in ipairs(p.ranks) do
     local d = R.device
     L[#L + 1] = ("rank %d: HBM %s of %s (device %s: weights %s, optimizer %s, cache slots %s, cache metadata %s, "
