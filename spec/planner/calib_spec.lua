@@ -13,6 +13,30 @@ local function base()
 end
 
 describe("planner.calib", function()
+  -- docs/planner.md listed the shipped files' rates in prose, rounded by hand; now a table a row
+  -- a rate, each checked against the file: its value to the 4 digits shown, measured or not, date.
+  it("is what docs/planner.md's table of the shipped calibrations says, rate by rate", function()
+    local doc = assert(cmd.slurp("docs/planner.md"))
+    local scale = { ["GB/s"] = 1e9, ["GFLOP/s"] = 1e9, us = 1e-6, ns = 1e-9, [""] = 1 }
+    for _, name in ipairs({ "h200", "cpu" }) do
+      local c = assert(calib.find(name))
+      local rows = {}
+      for rate, cells in doc:gmatch("\n| " .. name .. "%.json | ([%w_]+) | ([^\n]*)") do rows[rate] = cells end
+      for rate, r in pairs(c.data.rates) do
+        local cells = rows[rate]
+        assert.is_truthy(cells, ("docs/planner.md has no row for %s.json's %s"):format(name, rate))
+        local num, unit, measured, date = cells:match("^([%d.e+-]+) ?([%a/]*) | (%a+) | [^|]* | [^|]* | ([^|]-) |")
+        assert.is_truthy(num, ("%s.json's %s row: %s"):format(name, rate, cells))
+        local v = tonumber(num) * assert(scale[unit], "unit " .. unit)
+        assert.near(r.value, v, 5e-4 * math.abs(r.value), ("%s.json's %s: %s %s"):format(name, rate, num, unit))
+        assert.equal(r.measured == false and "no" or "yes", measured, name .. " " .. rate)
+        assert.equal(r.date == "none" and "-" or r.date, date, name .. " " .. rate)
+        rows[rate] = nil
+      end
+      assert.same({}, rows, "rows of rates " .. name .. ".json lacks")
+    end
+  end)
+
   it("ships an H200 and a CPU calibration, every rate with its source, command and date", function()
     -- the H200's is `uvmrec calibrate` on the H200 with the data sheet's collectives
     -- (scripts/bench/calib_h200.lua); the CPU has no collectives
