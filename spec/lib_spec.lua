@@ -43,5 +43,15 @@ describe("uvmrec.lib whole numbers", function()
     assert.has_error(function() lib.whole(0 / 0, "opt", 1) end,
       ("opt is %s; expected a whole number >= 0"):format(tostring(0 / 0)))
     assert.has_error(function() lib.whole(3LL, "opt", 1) end, "opt is 3LL; expected a whole number >= 0")
+    -- with ints, a 64-bit integer is one, returned as an int64_t; lo = -2^63 takes any that fits
+    assert.is_true(lib.whole(3ULL, "opt", 1, 0, nil, true) == 3LL)
+    assert.has_error(function() lib.whole(-1LL, "opt", 1, 0, nil, true) end,
+      "opt is -1LL; expected a whole number >= 0")
+    assert.equal(-5, lib.whole(-5, "at", 1, -2 ^ 63))
+    assert.has_error(function() lib.whole(0.5, "at", 1, -2 ^ 63) end, "at is 0.5; expected a whole number")
+    assert.has_error(function() lib.whole(-math.huge, "at", 1, -2 ^ 63) end,
+      "at is -inf; expected a whole number >= -2^63")
+    assert.has_error(function() lib.whole(math.huge, "at", 1, -2 ^ 63) end,
+      "at is inf; expected a whole number below 2^63")
   end)
 end)

@@ -169,9 +169,46 @@ describe("uvmrec.tensor", function()
     local t = ur.tensor({ 3 })
     assert.has_error(function() return t[3] end,
       "tensor get: elements 3..3 are outside the tensor's 3 elements (0-based)")
-    assert.has_error(function() return t[0.5] end, "tensor get: element index 0.5 is not a whole number")
-    assert.has_error(function() t[1.5] = 1 end, "tensor set: element index 1.5 is not a whole number")
+    assert.has_error(function() return t[0.5] end, "tensor get: element index is 0.5; expected a whole number")
+    assert.has_error(function() t[1.5] = 1 end, "tensor set: element index is 1.5; expected a whole number")
     assert.has_error(function() t.x = 1 end)
+  end)
+
+  it("takes whole numbers where the engine takes an integer, and names any other value", function()
+    -- each was cast: inf to -2^63 ("dimension 1 is -9223372036854775808"), 2.5 to 2, 0.5 to 0
+    assert.has_error(function() ur.tensor({ math.huge }) end,
+      "tensor: size 1 of the shape is inf; expected a whole number below 2^63")
+    assert.has_error(function() ur.tensor({ 2, 2 ^ 63 }) end,
+      "tensor: size 2 of the shape is 9.2233720368548e+18; expected a whole number below 2^63")
+    local t = ur.tensor({ 4, 2 }):uniform(0, 1, 3)
+    assert.has_error(function() t:view(1, 2.5) end, "tensor view: nrows is 2.5; expected a whole number")
+    assert.has_error(function() t:view(0.5, 1) end, "tensor view: row0 is 0.5; expected a whole number")
+    assert.has_error(function() t:view(0, math.huge) end,
+      "tensor view: nrows is inf; expected a whole number below 2^63")
+    assert.has_error(function() t:view_as(0.5, { 2 }) end, "tensor view_as: offset is 0.5; expected a whole number")
+    assert.has_error(function() t:totable(0.5, 2) end, "tensor totable: first is 0.5; expected a whole number")
+    assert.has_error(function() t:totable(1, 1.5) end, "tensor totable: count is 1.5; expected a whole number")
+    -- a count past the tensor is the engine's range error, not a failed allocation of its buffer
+    assert.has_error(function() t:totable(0, 2 ^ 40) end,
+      "tensor read: elements 0..1099511627775 are outside the tensor's 8 elements (0-based)")
+    assert.has_error(function() t:totable(0, math.huge) end,
+      "tensor totable: count is inf; expected a whole number below 2^63")
+    assert.has_error(function() return t[math.huge] end,
+      "tensor get: element index is inf; expected a whole number below 2^63")
+    assert.has_error(function() return t[0 / 0] end,
+      ("tensor get: element index is %s; expected a whole number"):format(tostring(0 / 0)))
+    -- size(i): 0 and 3 were -1, 1.5 the first dimension
+    for _, i in ipairs { 0, 3, 1.5 } do
+      assert.has_error(function() t:size(i) end,
+        ("tensor size: dimension is %s; expected a whole number from 1 to 2"):format(tostring(i)))
+    end
+    assert.equal(2, t:size(2))
+    -- 64-bit integers are whole numbers: t[5LL] was nil (looked up among the methods)
+    t[5LL] = 0.25
+    assert.equal(0.25, t[5LL])
+    assert.equal(0.25, t:get(5ULL))
+    assert.same(t:totable(2, 3), t:totable(2LL, 3LL))
+    assert.same(t:view(1, 2):totable(), t:view(1LL, 2LL):totable())
   end)
 
   it("raises misuse at the caller's line: shapes, dtypes, placements, devices, advice, ranges, indices", function()
@@ -306,6 +343,23 @@ describe("uvmrec.tensor random init", function()
     assert.has_error(function() ur.tensor({ 4 }, { dtype = "i8" }):uniform(0, 300, 0) end,
       "tensor rand high - 1: 299 is not an integer that fits i8 (-128..127)")
   end)
+
+  it("takes a seed that is a whole number from 0 to below 2^63, or a 64-bit integer", function()
+    -- the cast drew seed 1's numbers for 1.5, seed 0's for 2^64, one set for -1, inf and NaN
+    local t = ur.tensor({ 4 })
+    for _, bad in ipairs { { 1.5, ">= 0" }, { -1, ">= 0" }, { 0 / 0, ">= 0" }, { 2 ^ 64, "below 2^63" },
+                           { math.huge, "below 2^63" }, { "7", ">= 0" } } do
+      assert.has_error(function() t:normal(0, 1, bad[1]) end,
+        ("tensor rand: seed is %s; expected a whole number %s"):format(tostring(bad[1]), bad[2]))
+      assert.has_error(function() t:uniform(0, 1, bad[1]) end,
+        ("tensor rand: seed is %s; expected a whole number %s"):format(tostring(bad[1]), bad[2]))
+    end
+    local a = t:normal(0, 1, 7):totable()
+    assert.same(a, t:normal(0, 1, 7ULL):totable())
+    assert.same(a, t:normal(0, 1, 7LL):totable())
+    assert.are_not.same(a, t:normal(0, 1, 8):totable())
+    assert.same(t:uniform(0, 1, 0):totable(), t:uniform(0, 1):totable())
+  end)
 end)
 
 -- Memory hints on managed tensors (advise, prefetch, advised) and the engine's record of them:
@@ -430,6 +484,13 @@ describe("uvmrec.tensor memory hints", function()
       "location: 'tpu' is not a location; expected cpu, gpu, cuda:N or a device number " ..
       "(-1 for the CPU, 0..63 for a GPU)")
     assert.has_error(function() t:prefetch(0, 4, {}) end)
+    -- a fraction was cast: advise(0.5, 2.7) advised elements 0 and 1
+    assert.has_error(function() t:advise(0.5, 4, "read_mostly", "cpu") end,
+      "advise: offset is 0.5; expected a whole number")
+    assert.has_error(function() t:prefetch(0, 2.7, "cpu") end, "prefetch: numel is 2.7; expected a whole number")
+    assert.has_error(function() t:advised(0, math.huge) end,
+      "advised: numel is inf; expected a whole number below 2^63")
+    assert.has_error(function() t:residency(1.5) end, "residency: offset is 1.5; expected a whole number")
     assert.equal(n0, last_seq()) -- nothing rejected was recorded
   end)
 

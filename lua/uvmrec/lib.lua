@@ -219,12 +219,16 @@ end
 -- takes as an integer (a cast made math.huge -2^63 in the engine's messages, and a seed of 2^64
 -- the seed 0); else "<what> is v; expected a whole number >= lo" (or "below 2^63") at level.
 -- hi, if given, bounds it too (an int32_t field): "expected a whole number from lo to hi".
-function M.whole(v, what, level, lo, hi)
+-- lo = -2^63 takes any whole number an int64_t holds ("expected a whole number"); with ints, a
+-- 64-bit integer is taken too and returned as an int64_t (M.whole_in).
+function M.whole(v, what, level, lo, hi, ints)
   lo = lo or 0
-  if M.whole_in(v, lo, hi and hi + 1 or 2 ^ 63) then return v end
-  local whole = type(v) == "number" and v == math.floor(v) and v >= lo
-  local want = hi and ("from %d to %d"):format(lo, hi) or whole and "below 2^63" or (">= %d"):format(lo)
-  error(("%s is %s; expected a whole number %s"):format(what, tostring(v), want), level + 1)
+  local w = M.whole_in(v, lo, hi and hi + 1 or 2 ^ 63, ints)
+  if w then return w end
+  local num = type(v) == "number" and v == math.floor(v) -- whole, or infinite
+  local want = hi and (" from %d to %d"):format(lo, hi) or num and v >= lo and " below 2^63"
+               or lo > -2 ^ 63 and (" >= %d"):format(lo) or num and " >= -2^63" or ""
+  error(("%s is %s; expected a whole number%s"):format(what, tostring(v), want), level + 1)
 end
 
 -- Refuses a key of table t that is not in keys (nor in the set `also`, keys it holds besides):

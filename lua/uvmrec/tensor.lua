@@ -13,6 +13,14 @@ local function S(s) return streams.handle(s, 3) end
 
 local int64s = ffi.typeof("int64_t[?]")
 
+-- An element index, offset or count the engine takes as an int64_t: a whole number or a 64-bit
+-- integer, else an error at level (as error's, from the caller) naming it; the engine checks its
+-- range.  The FFI's cast made 0.5 element 0, a count of 2.5 two, and inf -2^63 in the messages.
+local function int64_arg(v, what, level)
+  local i = lib.whole(v, what, level + 1, -2 ^ 63, nil, true)
+  return i
+end
+
 -- Misuse raises at the user's line: `level` counts frames from the caller of the helper (1 its
 -- caller, 2 that one's caller, ...), as lib.check's does.  The public functions below make no
 -- tail calls into these helpers, which would remove a frame.
@@ -23,9 +31,8 @@ local function parse_shape(shape, level)
   end
   local dims = int64s(#shape)
   for i, n in ipairs(shape) do
-    if type(n) ~= "number" or n < 0 or n ~= math.floor(n) then
-      error(("tensor: size %d of the shape is %s; expected a whole number >= 0"):format(i, tostring(n)), level + 1)
-    end
+    -- inf passed a check of its own and was cast to -2^63: "dimension 1 is -9223372036854775808"
+    if not lib.whole_in(n, 0, 2 ^ 63) then lib.whole(n, ("tensor: size %d of the shape"):format(i), level + 1) end
     dims[i - 1] = n
   end
   return dims, #shape
@@ -107,7 +114,10 @@ function methods:id() return tonumber(C.ur_tensor_id(T(self))) end
 function methods:refs() return C.ur_tensor_refs(T(self)) end
 function methods:size(i)
   local p = T(self)
-  if i then return tonumber(C.ur_tensor_dim(p, i - 1)) end
+  -- dimension 0 or 5 of a 1-d tensor was -1, and 1.5 the first
+  if i then
+    return tonumber(C.ur_tensor_dim(p, lib.whole(i, "tensor size: dimension", 2, 1, C.ur_tensor_ndim(p)) - 1))
+  end
   local s = {}
   for k = 0, C.ur_tensor_ndim(p) - 1 do s[k + 1] = tonumber(C.ur_tensor_dim(p, k)) end
   return s
@@ -123,7 +133,8 @@ end
 -- A view of rows row0 .. row0 + nrows - 1 (0-based), sharing the storage.
 function methods:view(row0, nrows)
   local out = ffi.new("ur_tensor *[1]")
-  must(C.ur_tensor_view(T(self), out, row0, nrows))
+  must(C.ur_tensor_view(T(self), out, int64_arg(row0, "tensor view: row0", 2),
+                        int64_arg(nrows, "tensor view: nrows", 2)))
   return wrap(out[0])
 end
 
@@ -132,7 +143,7 @@ end
 function methods:view_as(offset, shape)
   local dims, nd = parse_shape(shape, 2)
   local out = ffi.new("ur_tensor *[1]")
-  must(C.ur_tensor_view_as(T(self), out, offset, nd, dims))
+  must(C.ur_tensor_view_as(T(self), out, int64_arg(offset, "tensor view_as: offset", 2), nd, dims))
   return wrap(out[0])
 end
 
@@ -157,31 +168,35 @@ function methods:fill(v, stream)
   return self
 end
 
--- Counter-based: the same seed gives the same numbers on the CPU and the GPU.
+-- Counter-based: the same seed gives the same numbers on the CPU and the GPU.  A seed is a whole
+-- number from 0 to below 2^63, or a 64-bit integer (the cast drew seed 1's numbers for 1.5, seed
+-- 0's for 2^64, and one set for -1, inf and NaN alike).
+local function seed_of(seed)
+  if seed == nil then return 0 end
+  local s = lib.whole(seed, "tensor rand: seed", 3, 0, nil, true) -- at the caller of uniform, normal
+  return s
+end
+
 function methods:uniform(lo, hi, seed, stream)
-  local ok, err = check(C.ur_tensor_rand(S(stream), T(self), C.UR_DIST_UNIFORM, lo or 0, hi or 1, seed or 0))
+  local ok, err = check(C.ur_tensor_rand(S(stream), T(self), C.UR_DIST_UNIFORM, lo or 0, hi or 1, seed_of(seed)))
   if not ok then return nil, err end
   return self
 end
 
 function methods:normal(mean, std, seed, stream)
-  local ok, err = check(C.ur_tensor_rand(S(stream), T(self), C.UR_DIST_NORMAL, mean or 0, std or 1, seed or 0))
+  local ok, err = check(C.ur_tensor_rand(S(stream), T(self), C.UR_DIST_NORMAL, mean or 0, std or 1, seed_of(seed)))
   if not ok then return nil, err end
   return self
 end
 
 -- t:get(i), t[i]: level as the helpers' (t[i] is one frame further, in the metamethod).
 local value = ffi.new("double[1]")
--- An element index is whole (the FFI would truncate 0.5 to element 0).
-local function whole_index(i, what, level)
-  if i ~= math.floor(i) then
-    error(("%s: element index %s is not a whole number"):format(what, tostring(i)), level + 1)
-  end
-end
-
+-- An index is a number or a 64-bit integer (t[1LL] was nil: looked up among the methods).
 local function get(t, i, level)
-  if type(i) ~= "number" then error("tensor get: expected an element index, got " .. type(i), level + 1) end
-  whole_index(i, "tensor get", level + 1)
+  if type(i) ~= "number" and type(i) ~= "cdata" then
+    error("tensor get: expected an element index, got " .. type(i), level + 1)
+  end
+  i = int64_arg(i, "tensor get: element index", level + 1)
   local ok, err = check(C.ur_tensor_get(lib.ptr(t, "tensor", level + 1), i, value), level + 1)
   if not ok then error(err, level + 1) end
   return value[0]
@@ -189,10 +204,10 @@ end
 function methods:get(i) return (get(self, i, 2)) end
 
 local function set(t, i, v, level)
-  if type(i) ~= "number" or type(v) ~= "number" then
+  if (type(i) ~= "number" and type(i) ~= "cdata") or type(v) ~= "number" then
     error(("tensor set: expected an element index and a number, got %s and %s"):format(type(i), type(v)), level + 1)
   end
-  whole_index(i, "tensor set", level + 1)
+  i = int64_arg(i, "tensor set: element index", level + 1)
   local ok, err = check(C.ur_tensor_set(lib.ptr(t, "tensor", level + 1), i, v), level + 1)
   if not ok then error(err, level + 1) end
 end
@@ -200,13 +215,16 @@ function methods:set(i, v) set(self, i, v, 2) end
 
 -- Elements first .. first + count - 1 as a Lua list of numbers (one bulk read).
 function methods:totable(first, count)
-  first = first or 0
-  count = count or (self:numel() - first)
-  local buf = ffi.new("double[?]", math.max(count, 1))
+  local n = self:numel()
+  first = first and int64_arg(first, "tensor totable: first", 2) or 0
+  count = count and int64_arg(count, "tensor totable: count", 2) or (n - first)
+  -- the engine refuses a count past the tensor before it writes: a buffer of more is never used
+  -- (totable(0, math.huge) failed in ffi.new, "size of C type is unknown or too large")
+  local buf = ffi.new("double[?]", math.max(math.min(tonumber(count), n), 1))
   local ok, err = check(C.ur_tensor_read_f64(T(self), first, count, buf))
   if not ok then return nil, err end
   local out = {}
-  for i = 0, count - 1 do out[i + 1] = buf[i] end
+  for i = 0, tonumber(count) - 1 do out[i + 1] = buf[i] end
   return out
 end
 
@@ -239,14 +257,16 @@ local range = ffi.new("ur_range")
 function methods:advise(offset, numel, advice, location)
   local a = lib.enum(C.ur_advice_parse, "ur_advice", advice, "advise", 2)
   local loc = location == nil and C.UR_LOC_CURRENT_GPU or lib.location(location, 2)
-  local ok, err = check(C.ur_tensor_advise(T(self), offset, numel, range, a, loc))
+  local ok, err = check(C.ur_tensor_advise(T(self), int64_arg(offset, "advise: offset", 2),
+                                           int64_arg(numel, "advise: numel", 2), range, a, loc))
   if not ok then return nil, err end
   return range_table(range)
 end
 
 function methods:prefetch(offset, numel, location, stream)
   local loc = location == nil and C.UR_LOC_CURRENT_GPU or lib.location(location, 2)
-  local ok, err = check(C.ur_tensor_prefetch(S(stream), T(self), offset, numel, range, loc))
+  local ok, err = check(C.ur_tensor_prefetch(S(stream), T(self), int64_arg(offset, "prefetch: offset", 2),
+                                             int64_arg(numel, "prefetch: numel", 2), range, loc))
   if not ok then return nil, err end
   return range_table(range)
 end
@@ -257,8 +277,8 @@ local function tri(v) if v == -1 then return "mixed" end return v == 1 end
 -- not a measurement.  Use residency() for where the pages are.
 local advised = ffi.new("ur_advised")
 function methods:advised(offset, numel)
-  offset = offset or 0
-  numel = numel or (self:numel() - offset)
+  offset = offset and int64_arg(offset, "advised: offset", 2) or 0
+  numel = numel and int64_arg(numel, "advised: numel", 2) or (self:numel() - offset)
   local ok, err = check(C.ur_tensor_advised(T(self), offset, numel, advised))
   if not ok then return nil, err end
   local by = {}
@@ -283,8 +303,8 @@ local res = ffi.new("ur_residency")
 -- (device_gbps, host_gbps): fast is true or false, or nil (where = "unknown") for a read too
 -- small to tell.  Needs a GPU: returns nil, message otherwise.
 function methods:residency(offset, numel, stream)
-  offset = offset or 0
-  numel = numel or (self:numel() - offset)
+  offset = offset and int64_arg(offset, "residency: offset", 2) or 0
+  numel = numel and int64_arg(numel, "residency: numel", 2) or (self:numel() - offset)
   local ok, err = check(C.ur_tensor_residency(S(stream), T(self), offset, numel, res))
   if not ok then return nil, err end
   local fast -- nil: too small a read to tell
@@ -314,11 +334,11 @@ end
 
 wrap, free_tensor, is_tensor = lib.handle_type("ur_tensor", C.ur_tensor_free, {
   __index = function(t, k)
-    if type(k) == "number" then return (get(t, k, 2)) end
+    if type(k) == "number" or type(k) == "cdata" then return (get(t, k, 2)) end
     return methods[k]
   end,
   __newindex = function(t, k, v)
-    if type(k) ~= "number" then error("tensor: cannot set field '" .. tostring(k) .. "'", 2) end
+    if type(k) ~= "number" and type(k) ~= "cdata" then error("tensor: cannot set field '" .. tostring(k) .. "'", 2) end
     set(t, k, v, 2)
   end,
   __len = function(t) return methods.numel(t) end,
