@@ -147,6 +147,39 @@ describe("uvmrec.nn.Module", function()
       "Interaction: input must be {dense [rows, d], emb [rows, T*d]}, two tensors")
   end)
 
+  it("name themselves, at the caller's line, for shapes and dtypes the engine's ops refuse", function()
+    local function fails(f, msg)
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      local at = tostring(err):gsub("^.-(spec/nn/module_spec%.lua):%d+:", "%1:")
+      assert.equal("spec/nn/module_spec.lua: " .. msg, at)
+    end
+    local function T(shape, dtype) return ur.tensor(shape, { dtype = dtype }):fill(1) end
+    -- each was the op's message alone, raised at a line of Interaction.lua or BCEWithLogits.lua
+    local i = nn.Interaction { pad = true }
+    fails(function() i:forward({ T { 3, 4 }, T { 3, 10 } }) end, "Interaction(padded to 8): interaction forward: "
+          .. "emb has 10 columns; expected T * 4 (T tables of dense's width 4, 1 <= T < 65536)")
+    fails(function() i:forward({ T({ 3, 4 }, "i32"), T { 3, 12 } }) end,
+      "Interaction(padded to 8): interaction forward: dense is i32 [3, 4]; expected f32 or bf16 [rows, cols]")
+    local x = { T { 3, 4 }, T { 3, 12 } }
+    i:forward(x)
+    fails(function() i:backward(x, T { 3, 5 }) end, "Interaction(padded to 8): interaction backward: gout is f32 "
+          .. "[3, 5]; expected f32 or bf16 [3, 10] (or 16 columns: padded to a multiple of 8)")
+    -- 'ur_interaction_backward: argument 'gout' is NULL'
+    fails(function() i:backward(x, nil) end, "Interaction(padded to 8): gradOutput is nil; expected a tensor")
+    local b = nn.BCEWithLogits { reduction = "sum" }
+    fails(function() b:forward(T { 3 }, T { 2 }) end,
+      "BCEWithLogits(sum): bce forward: targets is f32 [2]; expected f32 of 3 elements")
+    fails(function() b:forward(T { 3, 2 }, T { 3 }) end,
+      "BCEWithLogits(sum): bce forward: logits has 2 dimensions of which the second is 2; expected [rows] or [rows, 1]")
+    fails(function() b:backward(T { 3 }, T { 3 }, T { 4 }) end,
+      "BCEWithLogits(sum): bce backward: weights is f32 [4]; expected f32 of 3 elements")
+    -- in a container, behind the child's index and type
+    fails(function() nn.Sequential(nn.Interaction()):forward({ T { 2, 4 }, T { 3, 8 } }) end,
+      "Sequential: (1) Interaction: Interaction: interaction forward: emb is f32 [3, 8]; expected f32 or bf16 "
+      .. "[2, cols]")
+  end)
+
   it("compute in bf16 with f32 master weights and gradients", function()
     local m = nn.MLP({ 16, 32, 8 }, { last = "none" })
     local x = R.rand({ 10, 16 }, 31)

@@ -23,7 +23,7 @@ function BCE:updateOutput(input, target, weights)
   self:tensor_arg(target, "target", 2)
   if weights ~= nil then self:tensor_arg(weights, "weights", 2) end
   self.output = self:buffer("loss", "f32", 1, 1)
-  dense.bce_forward(input, target, weights, self.output, self.reduction, self.stream)
+  self:op(2, dense.bce_forward, input, target, weights, self.output, self.reduction, self.stream)
   return self.output
 end
 
@@ -36,7 +36,7 @@ function BCE:updateGradInput(input, target, weights)
   self:tensor_arg(target, "target", 2)
   if weights ~= nil then self:tensor_arg(weights, "weights", 2) end
   self.gradInput = self:buffer("gradInput", Module.dtype_of(input), rows, cols)
-  dense.bce_backward(input, target, weights, self.gradInput, self.reduction, 1, self.stream)
+  self:op(2, dense.bce_backward, input, target, weights, self.gradInput, self.reduction, 1, self.stream)
   return self.gradInput
 end
 

@@ -40,18 +40,19 @@ function Interaction:updateOutput(input)
   local T = math.floor(ecols / math.max(width, 1))
   self.output = self:buffer("output", self:act_dtype(), rows,
                             dense.interaction_width(T, width, self.self_interaction, self.pad))
-  dense.interaction_forward(d, e, self.output, self.self_interaction, self:flags(), self.stream)
+  self:op(2, dense.interaction_forward, d, e, self.output, self.self_interaction, self:flags(), self.stream)
   return self.output
 end
 
 function Interaction:updateGradInput(input, gradOutput)
   local d, e = parts(input, 3) -- called by Module.backward
+  self:tensor_arg(gradOutput, "gradOutput", 3)
   local rows, width = Module.rows_cols(d)
   local _, ecols = Module.rows_cols(e)
   local gd = self:buffer("gdense", Module.dtype_of(d), rows, width)
   local ge = self:buffer("gemb", Module.dtype_of(e), rows, ecols)
-  dense.interaction_backward(d, e, gradOutput, gd, ge, self.self_interaction, self:flags(),
-                             self.stream)
+  self:op(3, dense.interaction_backward, d, e, gradOutput, gd, ge, self.self_interaction, self:flags(),
+          self.stream)
   self.gradInput = self.gradInput or {}
   self.gradInput[1], self.gradInput[2] = gd, ge
   return self.gradInput
