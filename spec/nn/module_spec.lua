@@ -174,6 +174,24 @@ describe("uvmrec.nn.Module", function()
       "BCEWithLogits(sum): bce forward: logits has 2 dimensions of which the second is 2; expected [rows] or [rows, 1]")
     fails(function() b:backward(T { 3 }, T { 3 }, T { 4 }) end,
       "BCEWithLogits(sum): bce backward: weights is f32 [4]; expected f32 of 3 elements")
+    -- a gradient of another shape: 'linear backward: gy is f32 [2, 3]; ...' at Linear.lua, 'activation
+    -- backward: ...' at Activation.lua, 'cross backward: ...' at CrossNet.lua
+    local l = nn.Linear(4, 3)
+    l:forward(T { 3, 4 })
+    for _, f in ipairs { "backward", "updateGradInput", "accGradParameters" } do
+      fails(function() l[f](l, T { 3, 4 }, T { 2, 3 }) end,
+        "Linear(4 -> 3): linear backward: gy is f32 [2, 3]; expected f32 or bf16 [3, 3]")
+    end
+    local r = nn.ReLU()
+    fails(function() r:forward(T({ 3, 4 }, "i32")) end,
+      "ReLU: activation forward: x is i32 [3, 4]; expected f32 or bf16 of 12 elements")
+    r:forward(T { 3, 4 })
+    fails(function() r:backward(T { 3, 4 }, T { 3, 5 }) end,
+      "ReLU: activation backward: gy is f32 [3, 5]; expected f32 or bf16 of 12 elements")
+    local c = nn.CrossNet(4, 2)
+    c:forward(T { 3, 4 })
+    fails(function() c:backward(T { 3, 4 }, T { 2, 4 }) end,
+      "CrossNet(4, 2 layers): cross backward: gy is f32 [2, 4]; expected f32 or bf16 [3, 4]")
     -- in a container, behind the child's index and type
     fails(function() nn.Sequential(nn.Interaction()):forward({ T { 2, 4 }, T { 3, 8 } }) end,
       "Sequential: (1) Interaction: Interaction: interaction forward: emb is f32 [3, 8]; expected f32 or bf16 "

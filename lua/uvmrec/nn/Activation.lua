@@ -19,7 +19,7 @@ function Activation:updateOutput(input)
   self:follow(self:tensor_arg(input, "input", 2))
   local rows, cols = Module.rows_cols(input)
   self.output = self:buffer("output", Module.dtype_of(input), rows, cols)
-  dense.act_forward(input, self.output, self.act, self.stream)
+  self:op(2, dense.act_forward, input, self.output, self.act, self.stream)
   return self.output
 end
 
@@ -28,7 +28,7 @@ function Activation:updateGradInput(input, gradOutput) -- luacheck: ignore 212
   if not self.output then error(tostring(self) .. ": backward before forward", 3) end
   local rows, cols = Module.rows_cols(self:tensor_arg(gradOutput, "gradOutput", 3))
   self.gradInput = self:buffer("gradInput", Module.dtype_of(gradOutput), rows, cols)
-  dense.act_backward(self.output, gradOutput, self.gradInput, self.act, self.stream)
+  self:op(3, dense.act_backward, self.output, gradOutput, self.gradInput, self.act, self.stream)
   return self.gradInput
 end
 

@@ -89,7 +89,7 @@ function CrossNet:_backward(input, gradOutput, want_params)
     local xl = l > 1 and self:buffer("x" .. l, dt, rows, d) or x0
     local z = self:buffer("z" .. l, dt, rows, d)
     local gxl = l > 1 and self:buffer(l % 2 == 0 and "gA" or "gB", dt, rows, d) or nil
-    dense.cross_backward(x0, z, g, gz, gx0, gxl, l < L and dense.ACCUMULATE or 0, st)
+    self:op(2, dense.cross_backward, x0, z, g, gz, gx0, gxl, l < L and dense.ACCUMULATE or 0, st)
     local gin = gxl or gx0
     local acc = f + dense.ACCUMULATE
     local gb = want_params and self["grad_bias_" .. l] or nil

@@ -104,9 +104,8 @@ function Linear:_backward(input, gradOutput, want_input, want_params)
     flags = self._bopts
     below._gy_masked = true
   end
-  dense.linear_backward(x, self:param("weight"), y, gradOutput, gx,
-                        want_params and self.grad_weight or nil, gb, work, self.act, flags,
-                        self.stream)
+  self:op(2, dense.linear_backward, x, self:param("weight"), y, gradOutput, gx,
+          want_params and self.grad_weight or nil, gb, work, self.act, flags, self.stream)
   if want_input then
     if gx and Module.dtype_of(input) ~= dt then
       local r, c = Module.rows_cols(input)
@@ -121,8 +120,10 @@ function Linear:updateGradInput(input, gradOutput)
   return self:_backward(input, gradOutput, true, false)
 end
 
+-- a tail call, so that _backward's errors point at the line that called this (it returns the
+-- gradInput it leaves as it was)
 function Linear:accGradParameters(input, gradOutput)
-  self:_backward(input, gradOutput, false, true)
+  return self:_backward(input, gradOutput, false, true)
 end
 
 function Linear:backward(input, gradOutput)
