@@ -94,4 +94,17 @@ describe("uvmrec.host_memory", function()
     big = nil -- luacheck: ignore 311
     collectgarbage()
   end)
+
+  it("says what the host can still give, no more than its memory and swap, and whether a request fits", function()
+    local info = require("uvmrec.lib").read_file("/proc/meminfo")
+    if not info then return end
+    local avail, where = assert(host_memory.available())
+    local total = (tonumber(info:match("MemTotal:%s*(%d+)")) + tonumber(info:match("SwapTotal:%s*(%d+)") or 0)) * 1024
+    assert.is_true(avail > 0 and avail <= total, ("available %d of %d"):format(avail, total))
+    assert.is_string(where)
+    assert.is_true(host_memory.fits(1))
+    local ok, err = host_memory.fits(total + 1)
+    assert.is_nil(ok)
+    assert.matches(("^%d bytes %%(.-%%) but the host has .- available %%(.+%%)$"):format(total + 1), err)
+  end)
 end)

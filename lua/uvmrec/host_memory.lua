@@ -9,6 +9,7 @@
 --   assert(host_memory.check(need, "100GiB"))             -- nil, message with the numbers
 --   host_memory.peak()                                    -- this process's peak resident bytes
 --   host_memory.resident()                                -- and its resident bytes now
+--   host_memory.available()                               -- the bytes the host can still give
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local C = lib.C
@@ -102,6 +103,23 @@ function M.count(cfg, loader, gpu)
   return { items = items, total = total }
 end
 
+-- The first line of a file as a whole number; nil where it has none ("max").
+local function file_number(path)
+  local text = lib.read_file(path)
+  return text and tonumber(text:match("^(%d+)"))
+end
+
+-- The cgroup's memory limit and what the cgroup uses now (v2, else v1), and the limit's file; nil
+-- where no limit is set.
+local CGROUPS = { { "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current" },
+                  { "/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes" } }
+local function cgroup()
+  for _, c in ipairs(CGROUPS) do
+    local v = file_number(c[1])
+    if v and v < 2 ^ 60 then return v, file_number(c[2]), c[1] end
+  end
+end
+
 -- The limit: given (bytes or "100GiB"), else the cgroup's memory limit, else nil.  Returns
 -- bytes, where it came from.
 function M.limit(given)
@@ -110,15 +128,34 @@ function M.limit(given)
     if not ok then error("host memory: " .. tostring(b):gsub("^[^\n]-:%d+: ", ""), 3) end
     return b, "--host-memory"
   end
-  for _, path in ipairs { "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes" } do
-    local f = io.open(path)
-    if f then
-      local v = tonumber((f:read("*l") or ""):match("^(%d+)$"))
-      f:close()
-      if v and v < 2 ^ 60 then return v, "the cgroup's limit (" .. path .. ")" end
-    end
-  end
+  local v, _, path = cgroup()
+  if v then return v, "the cgroup's limit (" .. path .. ")" end
   return nil
+end
+
+-- The bytes this process can still have before an allocation fails or the OOM killer ends it,
+-- and where that comes from: MemAvailable + SwapFree of /proc/meminfo, or the cgroup's limit
+-- less its use where that is less; nil where neither can be read.  An estimate (the kernel may
+-- reclaim a little more), read when asked: for a request that cannot fit, not a budget.
+function M.available()
+  local info = lib.read_file("/proc/meminfo")
+  local avail, swap = info and info:match("MemAvailable:%s*(%d+) kB"), info and info:match("SwapFree:%s*(%d+) kB")
+  local bytes = avail and (tonumber(avail) + tonumber(swap or 0)) * 1024
+  local where = bytes and "MemAvailable + SwapFree of /proc/meminfo"
+  local limit, used, path = cgroup()
+  if limit and used and (not bytes or limit - used < bytes) then
+    bytes, where = math.max(limit - used, 0), "the cgroup's limit less its use (" .. path .. ")"
+  end
+  return bytes, where
+end
+
+-- true when `bytes` more fit in what the host can still give (M.available; nothing known: true),
+-- else nil and "<bytes> (<GiB>) but the host has <GiB> available (<where>)".
+function M.fits(bytes)
+  local avail, where = M.available()
+  if not avail or bytes <= avail then return true end
+  local fmt = planner().fmt_bytes
+  return nil, ("%.0f bytes (%s) but the host has %s available (%s)"):format(bytes, fmt(bytes), fmt(avail), where)
 end
 
 -- A line of /proc/self/status in bytes ("VmHWM", "VmRSS"); nil, message where /proc gives none.

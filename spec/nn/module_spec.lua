@@ -78,7 +78,34 @@ describe("uvmrec.nn.Module", function()
     local l = nn.Linear(1, 2 ^ 22)
     local ok, err = pcall(function() l:forward(ur.tensor({ 2 ^ 24, 1 })) end)
     assert.is_false(ok)
-    assert.matches("Linear%(1 %-> 4194304%): buffer output %[16777216, 4194304%] of f32: tensor: ", err)
+    assert.matches("Linear%(1 %-> 4194304%): buffer output %[16777216, 4194304%] of f32", err)
+  end)
+
+  it("refuse a parameter or buffer that the host memory left cannot hold, before allocating it", function()
+    local host_memory = require "uvmrec.host_memory"
+    local available = host_memory.available
+    local l = nn.Linear(1, 4096)
+    -- 100 MiB left: Linear(4096, 4096)'s weight and gradient are 128 MiB, which malloc promised
+    -- and the fills took (on a real host, Linear(65536, 65536) of 24 GiB: killed by the OOM killer)
+    host_memory.available = function() return 100 * 2 ^ 20, "a stub" end
+    local ok, err = pcall(function() return nn.Linear(4096, 4096) end)
+    local bok, berr = pcall(function() l:forward(ur.tensor({ 8192, 1 }):fill(1)) end)
+    host_memory.available = available
+    assert.is_false(ok)
+    assert.equal("Linear: parameter weight [4096, 4096] and its gradient (f32) need 134217728 bytes (128.0 MiB) "
+                 .. "but the host has 100.0 MiB available (a stub)", tostring(err):gsub("^[^\n]-:%d+: ", ""))
+    assert.is_false(bok)
+    assert.equal("Linear(1 -> 4096): buffer output [8192, 4096] of f32 needs 134217728 bytes (128.0 MiB) but the host "
+                 .. "has 100.0 MiB available (a stub)", tostring(berr):gsub("^[^\n]-:%d+: ", ""))
+    -- on the host itself: a weight of more than its memory and swap, refused before malloc is asked
+    local info = require("uvmrec.lib").read_file("/proc/meminfo")
+    if not (info and host_memory.available()) then return end
+    local total = (tonumber(info:match("MemTotal:%s*(%d+)")) + tonumber(info:match("SwapTotal:%s*(%d+)") or 0)) * 1024
+    local inf = math.ceil(total / 4 / 2 ^ 20) + 1
+    ok, err = pcall(function() return nn.Linear(inf, 2 ^ 20) end)
+    assert.is_false(ok)
+    assert.matches(("^Linear: parameter weight %%[1048576, %d%%] and its gradient %%(f32%%) need %%d+ bytes %%(.-%%) "
+                    .. "but the host has .- available %%("):format(inf), tostring(err):gsub("^[^\n]-:%d+: ", ""))
   end)
 
   it("refuse a precision other than f32, tf32 or bf16 where set_precision was called, as the tables do", function()

@@ -261,6 +261,29 @@ function Module.check_elements(who, n, param, level, fmt, ...)
         param, n, Module.MAX_PARAM_ELEMENTS, lib.C.UR_TENSOR_MAX_BYTES_LOG2), level + 1)
 end
 
+-- Host allocations of fewer bytes are made without asking the host first.
+Module.HOST_CHECK_BYTES = 2 ^ 26
+
+-- Whether `bytes` more of `placement` fit in what the host can still give
+-- (uvmrec.host_memory.available; device and managed memory are not asked): true, or nil and
+-- "<bytes> (<GiB>) but the host has ...".  Memory the kernel promised (malloc succeeds where
+-- overcommit allows) was taken by the fills that follow, and the OOM killer ended the process
+-- (Linear(65536, 65536): 32 GiB with its gradient, on a host of 24 GiB).
+local function host_fits(placement, bytes)
+  if bytes < Module.HOST_CHECK_BYTES or (placement ~= "host" and placement ~= "pinned") then return true end
+  return require("uvmrec.host_memory").fits(bytes)
+end
+
+-- The elements of a shape of numbers; nil for anything else (the engine names what is wrong).
+local function shape_numel(shape)
+  local n = 1
+  for _, v in ipairs(type(shape) == "table" and shape or {}) do
+    if type(v) ~= "number" then return nil end
+    n = n * v
+  end
+  return n
+end
+
 -- A tensor for register_parameter, or nil and why: the engine's refusal of the shape too.
 local function param_tensor(shape, opts)
   local ok, t, err = pcall(ur_tensor.tensor, shape, opts)
@@ -282,6 +305,12 @@ function Module:register_parameter(name, shape)
   end
   local opts = place_opts(self)
   opts.dtype = "f32"
+  local fits, why = host_fits(opts.placement, 2 * 4 * (shape_numel(shape) or 0))
+  if not fits then
+    -- at the line that built the module, as below
+    error(("%s: parameter %s [%s] and its gradient (f32) need %s"):format(self:type_name(), name,
+          table.concat(shape, ", "), why), 4)
+  end
   local t, err = param_tensor(shape, opts)
   local g
   if t then g, err = param_tensor(shape, opts) end
@@ -493,6 +522,11 @@ end
 function Module:buffer(key, dtype, rows, cols)
   local b = self._bufs[key]
   if not b or b.dtype ~= dtype or b.cols ~= cols or b.rows < rows then
+    local fits, why = host_fits(self.placement, rows * cols * ur_tensor.dtype_bytes(dtype))
+    if not fits then
+      error(("%s: buffer %s [%d, %d] of %s needs %s"):format(self:tostring():match("^[^\n]*"), key, rows, cols,
+            dtype, why), 2)
+    end
     b = { t = self:arena():tensor({ rows, cols }, dtype, self, key), rows = rows, cols = cols, dtype = dtype,
           views = {} }
     self._bufs[key] = b
