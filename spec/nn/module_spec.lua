@@ -6,6 +6,14 @@ local ur = require "uvmrec"
 local R = require "dense_ref"
 local nn = ur.nn
 
+-- f() fails with msg at a line of this file (the caller's line of the module's method).
+local function fails(f, msg)
+  local ok, err = pcall(f)
+  assert.is_false(ok)
+  local at = tostring(err):gsub("^.-(spec/nn/module_spec%.lua):%d+:", "%1:")
+  assert.equal("spec/nn/module_spec.lua: " .. msg, at)
+end
+
 describe("uvmrec.nn.Module", function()
   before_each(function() nn.Module.manual_seed(3) end)
 
@@ -140,12 +148,6 @@ describe("uvmrec.nn.Module", function()
 
   it("name themselves and the argument, at the caller's line, for an input that is no tensor or of a dtype they "
      .. "do not take", function()
-    local function fails(f, msg)
-      local ok, err = pcall(f)
-      assert.is_false(ok)
-      local at = tostring(err):gsub("^.-(spec/nn/module_spec%.lua):%d+:", "%1:")
-      assert.equal("spec/nn/module_spec.lua: " .. msg, at)
-    end
     local l = nn.Linear(4, 3)
     -- each failed inside the engine or Lua: 'tensor: expected a handle, got a nil', 'dense cast: src is i32 [2, 4];
     -- expected f32 or bf16 of 8 elements', 'linear forward: x is f32 [2, 2, 2]; expected f32 or bf16 [rows, cols]'
@@ -175,12 +177,6 @@ describe("uvmrec.nn.Module", function()
   end)
 
   it("name themselves, at the caller's line, for shapes and dtypes the engine's ops refuse", function()
-    local function fails(f, msg)
-      local ok, err = pcall(f)
-      assert.is_false(ok)
-      local at = tostring(err):gsub("^.-(spec/nn/module_spec%.lua):%d+:", "%1:")
-      assert.equal("spec/nn/module_spec.lua: " .. msg, at)
-    end
     local function T(shape, dtype) return ur.tensor(shape, { dtype = dtype }):fill(1) end
     -- each was the op's message alone, raised at a line of Interaction.lua or BCEWithLogits.lua
     local i = nn.Interaction { pad = true }
