@@ -77,8 +77,11 @@ describe("far rows' copies", function()
     assert.equal(0, c.tbe:far_rows())
     for _, bad in ipairs { -1, 1.5, "8" } do
       assert.has_error(function() c.tbe:set_far_rows(bad) end,
-                       "embedding collection: far_rows must be a whole number of copies >= 0, got " .. tostring(bad))
+                       "embedding collection: far_rows is " .. tostring(bad) .. "; expected a whole number >= 0")
     end
+    -- it was cast: "tbe set_far_rows: -9223372036854775808 copies; ..."
+    assert.has_error(function() c.tbe:set_far_rows(2 ^ 63) end,
+                     "embedding collection: far_rows is 9.2233720368548e+18; expected a whole number below 2^63")
     local ok, err = pcall(c.tbe.set_far_rows, c.tbe, 2 ^ 31)
     assert.is_false(ok)
     assert.matches("tbe set_far_rows: 2147483648 copies; expected 0 %(none%) to 1073741823", err)

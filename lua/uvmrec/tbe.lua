@@ -464,9 +464,8 @@ function methods:set_step(n) must(C.ur_tbe_set_step(H(self), whole(n, "step", 2)
 -- Far rows' copies (uvmrec.h, ur_tbe_set_far_rows; docs/uvm.md): room for n copies of the far
 -- rows (read over the host link) a forward reads, which the next backward steps from; 0: none.
 function methods:set_far_rows(n)
-  if type(n) ~= "number" or n < 0 or n % 1 ~= 0 then
-    error("embedding collection: far_rows must be a whole number of copies >= 0, got " .. tostring(n), 2)
-  end
+  -- 2^63 passed a check of its own, cast to -2^63: "tbe set_far_rows: -9223372036854775808 copies"
+  lib.whole(n, "embedding collection: far_rows", 2)
   local ok, err = check(C.ur_tbe_set_far_rows(H(self), n), 2)
   if not ok then return nil, err end
   return self
