@@ -84,8 +84,7 @@ function M.options(o, level)
       fail(("load_factor %s; expected a number in (0, 1]"):format(tostring(o.load_factor)), level)
     end
   end
-  if o.slots ~= nil and (type(o.slots) ~= "number" or o.slots < 1 or o.slots ~= math.floor(o.slots)
-                         or o.slots > MAX_SIZE) then
+  if o.slots ~= nil and not lib.whole_in(o.slots, 1, MAX_SIZE + 1) then
     fail(("slots %s; expected a whole number from 1 to 2^53"):format(tostring(o.slots)), level)
   end
   if o.shared ~= nil and type(o.shared) ~= "boolean" then

@@ -130,7 +130,7 @@ local function key_index(p, key, level)
     if i < 0 then error(("kjt: no key '%s'"):format(key), level + 1) end
     return i
   end
-  if type(key) == "number" and key == math.floor(key) and key >= 1 and key <= C.ur_kjt_num_keys(p) then
+  if lib.whole_in(key, 1, C.ur_kjt_num_keys(p) + 1) then
     return key - 1
   end
   error(("kjt: key %s is neither a key name nor a position 1..%d"):format(tostring(key),

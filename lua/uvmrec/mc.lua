@@ -309,7 +309,7 @@ local function state_struct(self, name, from, level)
   for _, k in ipairs(STATE_COUNTS) do
     local v = from[k]
     if v == nil then v = STATE_DEFAULTS[k] or 0 end
-    if type(v) ~= "number" or v ~= math.floor(v) or v < -2 ^ 63 or v >= 2 ^ 63 then
+    if not lib.whole_in(v, -2 ^ 63, 2 ^ 63) then
       return nil, ("mc: state of table '%s': %s is %s; expected a whole number"):format(name, k, tostring(v))
     end
     s[k] = v

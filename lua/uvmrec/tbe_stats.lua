@@ -103,7 +103,7 @@ end
 -- 4..7, ... (bins of them, at least 1, the last open-ended: one bin holds every row).
 function Access:histogram(bins)
   bins = bins or 16
-  if type(bins) ~= "number" or bins < 1 or bins ~= math.floor(bins) or bins > 64 then
+  if not lib.whole_in(bins, 1, 65) then
     error(("histogram: bins is %s; expected a whole number from 1 to 64"):format(tostring(bins)), 2)
   end
   local out = {}

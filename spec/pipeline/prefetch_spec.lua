@@ -78,8 +78,9 @@ describe("uvmrec.pipeline.Prefetch", function()
                      "Prefetch: source must give host batches through next() (a loader)")
     assert.has_error(function() Prefetch.new { source = { next = function() end }, depth = 3 } end,
                      "Prefetch: unknown option 'depth'; expected collection, drain, pages, source, steps, stream")
-    -- 1.5 steps ran 2 batches; "10" failed comparing a string in the first take; "no" drained
-    for _, v in ipairs { 1.5, -1, "10" } do
+    -- 1.5 steps ran 2 batches; "10" failed comparing a string in the first take; "no" drained; inf
+    -- passed (nil is "until the data ends")
+    for _, v in ipairs { 1.5, -1, "10", math.huge } do
       assert.has_error(function() Prefetch.new { source = { next = function() end }, steps = v } end,
                        ("Prefetch: steps is %s; expected a whole number >= 0"):format(v))
     end

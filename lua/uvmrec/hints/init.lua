@@ -578,8 +578,6 @@ end
 
 local KINDS = { advise = true, prefetch = true, relayout = true }
 
-local function whole(v) return type(v) == "number" and v == math.floor(v) and v > -math.huge and v < math.huge end
-
 -- What a policy's plan returned, checked before anything is applied: nil, or a message naming
 -- the policy, the table and the value.
 local function check_actions(t, actions)
@@ -599,14 +597,16 @@ local function check_actions(t, actions)
     end
     if a.kind ~= "relayout" then
       for _, k in ipairs { "first", "rows" } do
-        if not whole(a[k]) then return bad("action %d %s is %s; expected a whole number", i, k, tostring(a[k])) end
+        if not lib.whole_in(a[k], -2 ^ 63, 2 ^ 63) then
+          return bad("action %d %s is %s; expected a whole number", i, k, tostring(a[k]))
+        end
       end
       if a.first < 0 or a.rows < 0 or a.first + a.rows > t.rows then
         return bad("action %d rows [%d, %d) are outside 0..%d", i, a.first, a.first + a.rows, t.rows)
       end
     elseif type(a.how) == "table" and a.how.swap ~= nil then
       local k, band = a.how.swap, a.how.band
-      if not (whole(k) and k >= 0 and k <= t.rows) then
+      if not lib.whole_in(k, 0, t.rows + 1) then
         return bad("action %d relayout swap is %s; expected a whole number from 0 to %d", i, tostring(k), t.rows)
       end
       if band ~= nil and not (type(band) == "number" and band >= 0 and band < math.huge) then
@@ -617,7 +617,7 @@ local function check_actions(t, actions)
     end
   end
   local k = actions.hot_rows
-  if k ~= nil and not (whole(k) and k >= 0 and k <= t.rows) then
+  if k ~= nil and not lib.whole_in(k, 0, t.rows + 1) then
     return bad("hot_rows is %s; expected a whole number from 0 to %d", tostring(k), t.rows)
   end
   return nil

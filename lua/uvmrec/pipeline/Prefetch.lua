@@ -65,7 +65,7 @@ function Prefetch.new(o)
     end
   end
   local n = o.steps
-  if n ~= nil and (type(n) ~= "number" or n < 0 or n ~= math.floor(n)) then
+  if n ~= nil and not lib.whole_in(n, 0, 2 ^ 63) then
     fail(("steps is %s; expected a whole number >= 0"):format(tostring(n)), 2)
   end
   if o.pages and not managed then
