@@ -35,6 +35,18 @@ describe("uvmrec memory and the HBM budget (ur.memory, ur.bytes, ur.set_hbm_budg
     assert.has_error(function() ur.set_hbm_budget(0.5) end,
       "bytes: '0.5' is not a size; expected a number of bytes or e.g. '16GiB'")
     assert.same({ 16 * 2 ^ 30, 1536 }, { ur.bytes("16gib"), ur.bytes("1.5 KiB") })
+    -- the engine's uint64_t took 2^64 as 0 (no budget) and "99999999999 TiB" as 2^63
+    local before = ur.hbm_budget()
+    assert.has_error(function() ur.set_hbm_budget(2 ^ 64) end,
+      "bytes: '1.844674407371e+19' is 2^63 bytes or more; expected a size below 2^63 bytes")
+    assert.has_error(function() ur.set_hbm_budget("99999999999 TiB") end,
+      "bytes: '99999999999 TiB' is 2^63 bytes or more; expected a size below 2^63 bytes")
+    assert.has_error(function() ur.bytes(math.huge) end, "bytes: 'inf' is 2^63 bytes or more; expected a size below "
+                     .. "2^63 bytes")
+    assert.has_error(function() ur.bytes(0 / 0) end,
+      ("bytes: '%s' is not a size; expected a number of bytes or e.g. '16GiB'"):format(tostring(0 / 0)))
+    assert.equal(before, ur.hbm_budget())
+    assert.equal(2 ^ 62, ur.bytes(2 ^ 62))
   end)
 
   it("counts managed bytes preferred on or prefetched to a GPU against the budget", function()

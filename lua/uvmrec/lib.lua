@@ -161,14 +161,20 @@ local UNITS = { B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12, KIB = 2 ^ 10, MI
                 TIB = 2 ^ 40 }
 
 -- Bytes from a whole number >= 0 or a string such as "512MiB" or "16 GB" (B, KB .. TB, KiB ..
--- TiB, in any case; a fraction of a unit rounds down), or nil and what is wrong.
+-- TiB, in any case; a fraction of a unit rounds down), below 2^63 (M.whole_in: the engine's
+-- uint64_t took 2^64 as 0, so set_hbm_budget(2^64) removed the budget), or nil and what is wrong.
 function M.bytes(v)
+  local b
   if type(v) == "number" then
-    if v >= 0 and v == math.floor(v) and v < math.huge then return v end
+    b = v
   elseif type(v) == "string" then
     local n, u = v:match("^%s*([%d%.]+)%s*(%a*)%s*$")
     local scale = n and UNITS[u ~= "" and u:upper() or "B"]
-    if scale and tonumber(n) then return math.floor(tonumber(n) * scale) end
+    b = scale and tonumber(n) and math.floor(tonumber(n) * scale)
+  end
+  if b and M.whole_in(b, 0, 2 ^ 63) then return b end
+  if b and b >= 2 ^ 63 then
+    return nil, ("'%s' is 2^63 bytes or more; expected a size below 2^63 bytes"):format(tostring(v))
   end
   return nil, ("'%s' is not a size; expected a number of bytes or e.g. '16GiB'"):format(tostring(v))
 end
