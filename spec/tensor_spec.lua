@@ -360,6 +360,16 @@ describe("uvmrec.tensor random init", function()
     assert.are_not.same(a, t:normal(0, 1, 8):totable())
     assert.same(t:uniform(0, 1, 0):totable(), t:uniform(0, 1):totable())
   end)
+
+  it("names a bound, mean or std that is no number", function()
+    -- each failed in the FFI's words: "bad argument #4 to 'ur_tensor_rand' (cannot convert 'string' to 'double')"
+    local t = ur.tensor({ 4 })
+    assert.has_error(function() t:uniform("0", 1, 1) end, "tensor rand: uniform low is string 0; expected a number")
+    assert.has_error(function() t:uniform(0, true, 1) end,
+      "tensor rand: uniform high is boolean true; expected a number")
+    assert.has_error(function() t:normal(0, "1", 1) end, "tensor rand: normal std is string 1; expected a number")
+    assert.has_error(function() t:normal(false) end, "tensor rand: normal mean is boolean false; expected a number")
+  end)
 end)
 
 -- Memory hints on managed tensors (advise, prefetch, advised) and the engine's record of them:

@@ -177,14 +177,26 @@ local function seed_of(seed)
   return s
 end
 
+-- A distribution's parameter: v, or `default` for nil (a string or table failed in the FFI's
+-- words: "bad argument #4 to 'ur_tensor_rand' (cannot convert 'string' to 'double')").
+local function param_of(v, default, what)
+  if v == nil then return default end
+  if type(v) ~= "number" then
+    error(("tensor rand: %s is %s %s; expected a number"):format(what, type(v), tostring(v)), 3)
+  end
+  return v
+end
+
 function methods:uniform(lo, hi, seed, stream)
-  local ok, err = check(C.ur_tensor_rand(S(stream), T(self), C.UR_DIST_UNIFORM, lo or 0, hi or 1, seed_of(seed)))
+  local ok, err = check(C.ur_tensor_rand(S(stream), T(self), C.UR_DIST_UNIFORM, param_of(lo, 0, "uniform low"),
+                                         param_of(hi, 1, "uniform high"), seed_of(seed)))
   if not ok then return nil, err end
   return self
 end
 
 function methods:normal(mean, std, seed, stream)
-  local ok, err = check(C.ur_tensor_rand(S(stream), T(self), C.UR_DIST_NORMAL, mean or 0, std or 1, seed_of(seed)))
+  local ok, err = check(C.ur_tensor_rand(S(stream), T(self), C.UR_DIST_NORMAL, param_of(mean, 0, "normal mean"),
+                                         param_of(std, 1, "normal std"), seed_of(seed)))
   if not ok then return nil, err end
   return self
 end
