@@ -209,6 +209,9 @@ describe("uvmrec.tensor", function()
     assert.equal(0.25, t:get(5ULL))
     assert.same(t:totable(2, 3), t:totable(2LL, 3LL))
     assert.same(t:view(1, 2):totable(), t:view(1LL, 2LL):totable())
+    assert.same({ 2, 3 }, ur.tensor({ 2LL, 3ULL }):size())
+    assert.has_error(function() ur.tensor({ 2, -3LL }) end,
+      "tensor: size 2 of the shape is -3LL; expected a whole number >= 0")
   end)
 
   it("raises misuse at the caller's line: shapes, dtypes, placements, devices, advice, ranges, indices", function()

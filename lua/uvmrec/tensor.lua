@@ -32,8 +32,9 @@ local function parse_shape(shape, level)
   local dims = int64s(#shape)
   for i, n in ipairs(shape) do
     -- inf passed a check of its own and was cast to -2^63: "dimension 1 is -9223372036854775808"
-    if not lib.whole_in(n, 0, 2 ^ 63) then lib.whole(n, ("tensor: size %d of the shape"):format(i), level + 1) end
-    dims[i - 1] = n
+    local size = lib.whole_in(n, 0, 2 ^ 63, true)
+    if not size then lib.whole(n, ("tensor: size %d of the shape"):format(i), level + 1, 0, nil, true) end
+    dims[i - 1] = size
   end
   return dims, #shape
 end
