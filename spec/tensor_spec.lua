@@ -347,7 +347,7 @@ describe("uvmrec.tensor random init", function()
       "tensor rand high - 1: 299 is not an integer that fits i8 (-128..127)")
   end)
 
-  it("takes a seed that is a whole number from 0 to below 2^63, or a 64-bit integer", function()
+  it("takes a seed that is a whole number from 0 to below 2^63, an int64_t from 0 or any uint64_t", function()
     -- the cast drew seed 1's numbers for 1.5, seed 0's for 2^64, one set for -1, inf and NaN
     local t = ur.tensor({ 4 })
     for _, bad in ipairs { { 1.5, ">= 0" }, { -1, ">= 0" }, { 0 / 0, ">= 0" }, { 2 ^ 64, "below 2^63" },
@@ -360,6 +360,9 @@ describe("uvmrec.tensor random init", function()
     local a = t:normal(0, 1, 7):totable()
     assert.same(a, t:normal(0, 1, 7ULL):totable())
     assert.same(a, t:normal(0, 1, 7LL):totable())
+    -- every uint64_t is a seed (the tables draw theirs as one); an int64_t below 0 is not
+    assert.are_not.same(a, t:normal(0, 1, 0xD1B54A32D192ED03ULL):totable())
+    assert.has_error(function() t:normal(0, 1, -1LL) end, "tensor rand: seed is -1LL; expected a whole number >= 0")
     assert.are_not.same(a, t:normal(0, 1, 8):totable())
     assert.same(t:uniform(0, 1, 0):totable(), t:uniform(0, 1):totable())
   end)

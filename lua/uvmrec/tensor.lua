@@ -170,10 +170,13 @@ function methods:fill(v, stream)
 end
 
 -- Counter-based: the same seed gives the same numbers on the CPU and the GPU.  A seed is a whole
--- number from 0 to below 2^63, or a 64-bit integer (the cast drew seed 1's numbers for 1.5, seed
+-- number from 0 to below 2^63, an int64_t from 0 or any uint64_t (the engine's seed: the tables
+-- draw theirs as one, 0xD1B54A32D192ED03ULL * i) (the cast drew seed 1's numbers for 1.5, seed
 -- 0's for 2^64, and one set for -1, inf and NaN alike).
+local uint64 = ffi.typeof("uint64_t")
 local function seed_of(seed)
   if seed == nil then return 0 end
+  if ffi.istype(uint64, seed) then return seed end
   local s = lib.whole(seed, "tensor rand: seed", 3, 0, nil, true) -- at the caller of uniform, normal
   return s
 end
