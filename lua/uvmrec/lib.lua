@@ -173,7 +173,7 @@ function M.bytes(v)
     b = scale and tonumber(n) and math.floor(tonumber(n) * scale)
   end
   if b and M.whole_in(b, 0, 2 ^ 63) then return b end
-  if b and b >= 2 ^ 63 then
+  if b and b >= 2 ^ 63 and b < math.huge then
     return nil, ("'%s' is 2^63 bytes or more; expected a size below 2^63 bytes"):format(tostring(v))
   end
   return nil, ("'%s' is not a size; expected a number of bytes or e.g. '16GiB'"):format(tostring(v))
