@@ -423,6 +423,10 @@ describe("uvmrec.KJT", function()
       "kjt from_rows: key 'y' sample 1 has length 3; expected 0..2 (its ids a sample)")
     assert.has_error(function() assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 1 }, ids = ids }) end,
       "kjt from_rows: ids must be i64 [2, 2]; got i64 with 6 elements")
+    local pinned = ur.tensor({ 2, 3 }, { placement = "pinned" }):fill(1)
+    assert.has_error(function()
+      assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 2 }, ids = ids, weights = pinned })
+    end, "kjt from_rows: weights is in pinned but ids in host; one placement for all")
   end)
 
   h.cuda_it("gives the same results on the GPU as on the CPU", function()

@@ -995,6 +995,15 @@ ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
 
 /* ---- from sample-major rows ---- */
 
+/* t (the argument `what`) in the placement of ids (ref). */
+static ur_status check_place(const ur_tensor *t, const char *what, const ur_tensor *ref) {
+  if (ur_tensor_place(t) != ur_tensor_place(ref) || ur_tensor_device(t) != ur_tensor_device(ref))
+    return ur__error(UR_STATUS_INVALID, "kjt from_rows: %s is in %s but ids in %s; one placement "
+                     "for all", what, ur_place_name(ur_tensor_place(t)),
+                     ur_place_name(ur_tensor_place(ref)));
+  return UR_STATUS_OK;
+}
+
 static ur_status check_rows(const ur_tensor *t, const char *what, ur_dtype dt, int64_t n,
                             int64_t cols, const ur_tensor *ref) {
   if (ur_tensor_dtype(t) != dt || ur_tensor_ndim(t) != 2 || ur_tensor_dim(t, 0) != n ||
@@ -1003,11 +1012,7 @@ static ur_status check_rows(const ur_tensor *t, const char *what, ur_dtype dt, i
                      "kjt from_rows: %s must be %s [%lld, %lld]; got %s with %lld elements", what,
                      ur_dtype_name(dt), (long long)n, (long long)cols,
                      ur_dtype_name(ur_tensor_dtype(t)), (long long)ur_tensor_numel(t));
-  if (ur_tensor_place(t) != ur_tensor_place(ref) || ur_tensor_device(t) != ur_tensor_device(ref))
-    return ur__error(UR_STATUS_INVALID, "kjt from_rows: %s is in %s but ids in %s; one placement "
-                     "for all", what, ur_place_name(ur_tensor_place(t)),
-                     ur_place_name(ur_tensor_place(ref)));
-  return UR_STATUS_OK;
+  return check_place(t, what, ref);
 }
 
 static ur_status check_room(const ur_tensor *t, const char *what, ur_dtype dt, int64_t need,
@@ -1017,11 +1022,7 @@ static ur_status check_room(const ur_tensor *t, const char *what, ur_dtype dt, i
                      "kjt from_rows: %s must be a 1-d %s tensor of at least %lld elements; got %s "
                      "with %lld", what, ur_dtype_name(dt), (long long)need,
                      ur_dtype_name(ur_tensor_dtype(t)), (long long)ur_tensor_numel(t));
-  if (ur_tensor_place(t) != ur_tensor_place(ref) || ur_tensor_device(t) != ur_tensor_device(ref))
-    return ur__error(UR_STATUS_INVALID, "kjt from_rows: %s is in %s but ids in %s; one placement "
-                     "for all", what, ur_place_name(ur_tensor_place(t)),
-                     ur_place_name(ur_tensor_place(ref)));
-  return UR_STATUS_OK;
+  return check_place(t, what, ref);
 }
 
 ur_status ur_kjt_from_rows(ur_stream *s, ur_kjt **out, int32_t num_keys, const char *const *keys,
