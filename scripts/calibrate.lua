@@ -30,6 +30,7 @@ local ur = require "uvmrec"
 local C = ur.C
 local calib = require "uvmrec.planner.calib"
 local tbe = require "uvmrec.tbe"
+local streams = require "uvmrec.stream"
 
 local cmd = require("uvmrec.cli").command {
   name = "calibrate",
@@ -597,15 +598,10 @@ do
   else
     local lmodel = def.build(lcfg, { cpu = true })
     local lopt = train.optimizer(lcfg, lmodel)
+    -- seconds: the median of n steps after two warm-up ones
     local function median(steps_of)
-      local s = {}
-      for k = 1, n + 2 do
-        local t0 = C.ur_clock_seconds()
-        train.loop.step(lmodel, lopt, steps_of(k)):get(0)
-        if k > 2 then s[#s + 1] = C.ur_clock_seconds() - t0 end
-      end
-      table.sort(s)
-      return s[math.floor((#s + 1) / 2)]
+      for k = 1, 2 do train.loop.step(lmodel, lopt, steps_of(k)):get(0) end
+      return streams.median_ms(function(k) train.loop.step(lmodel, lopt, steps_of(k + 2)):get(0) end, n) / 1e3
     end
     local ld = assert(ur.data.loader(lo))
     local made = {}

@@ -18,11 +18,6 @@ local gpu = ur.gpu()
 local place = gpu and "device" or "host"
 local reps = gpu and 50 or 5
 
-local function median(xs)
-  table.sort(xs)
-  return xs[math.floor((#xs + 1) / 2)]
-end
-
 local function data(n, T, seed)
   local p = ur.tensor({ n, T }):uniform(0, 1, seed)
   local y = ur.tensor({ n, T }):uniform(0, 1, seed + 1) -- soft labels: no class is empty
@@ -67,25 +62,8 @@ local function row(r)
   io.stderr:write(json.encode(r), "\n")
 end
 
+local streams = require "uvmrec.stream"
 local stream = gpu and assert(ur.stream()) or nil
-local e0, e1 = ur.event(), ur.event()
-local function elapsed_ms(fn, n)
-  local ts = {}
-  for _ = 1, n do
-    local t0 = os.clock()
-    if gpu then e0:record(stream) end
-    fn()
-    if gpu then
-      e1:record(stream)
-      e1:sync()
-      ts[#ts + 1] = assert(e0:elapsed(e1))
-    else
-      ts[#ts + 1] = (os.clock() - t0) * 1e3
-    end
-  end
-  return median(ts)
-end
-
 for _, case in ipairs {
   { name = "auc+ne+acc+cal+ctr", kinds = { "auc", "ne", "accuracy", "calibration", "ctr" }, T = 1 },
   { name = "same, 3 tasks", kinds = { "auc", "ne", "accuracy", "calibration", "ctr" }, T = 3 },
@@ -100,10 +78,10 @@ for _, case in ipairs {
   local d = data(batch, case.T, 7)
   d.stream = stream
   for _ = 1, 3 do assert(m:update(d)) end -- warm-up, and enough to fill part of the window
-  local per = elapsed_ms(function() for _ = 1, 10 do assert(m:update(d)) end end, reps) / 10
+  local per = streams.median_ms(function() for _ = 1, 10 do assert(m:update(d)) end end, reps, stream) / 10
   local fill = math.ceil((case.window or window) / batch)
   for _ = 1, fill do assert(m:update(d)) end
-  local cms = elapsed_ms(function() assert(m:compute(stream)) end, gpu and 10 or 3)
+  local cms = streams.median_ms(function() assert(m:compute(stream)) end, gpu and 10 or 3, stream)
   local bytes = batch * case.T * 8 + batch * 4 + (case.kinds[2] == "gauc" and batch * 8 or 0)
   row { case = case.name, tasks = case.T, batch = batch, window = case.window or window,
         update_ms = per, samples_per_s = batch / per * 1e3, input_gbps = bytes / per / 1e6,
