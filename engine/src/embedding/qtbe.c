@@ -333,7 +333,7 @@ static ur_status alloc_rows(ur_qtbe *q, int32_t i) {
 }
 
 static size_t desc_bytes(const ur_qtbe *q, size_t *features_at) {
-  *features_at = (sizeof(ur__qtbe_table) * (size_t)q->names.T + 15) / 16 * 16;
+  *features_at = ur__tbe_names_features_at(&q->names, sizeof(ur__qtbe_table));
   return *features_at + sizeof(ur__qtbe_feature) * (size_t)q->names.F;
 }
 

@@ -51,6 +51,10 @@ ur_status ur__tbe_names_init(ur__tbe_names *n, const char *who, int32_t T, int32
   return UR_STATUS_OK;
 }
 
+size_t ur__tbe_names_features_at(const ur__tbe_names *n, size_t table_bytes) {
+  return (table_bytes * (size_t)n->T + 15) / 16 * 16;
+}
+
 ur_status ur__tbe_names_table(ur__tbe_names *n, int32_t i, const char *name, const char *prefix) {
   if (!(n->tnames[i] = dup(name, prefix, i)))
     return ur__error(UR_STATUS_OOM, "%s: out of host memory", n->who);
@@ -395,15 +399,15 @@ static ur_status upload_desc(ur_tbe *t) {
 static ur_status prepare_device(ur_tbe *t) {
   size_t tb = sizeof(ur__tbe_table) * (size_t)t->names.T;
   size_t fb = sizeof(ur__tbe_feature) * (size_t)t->names.F;
-  int64_t db = align_up((int64_t)tb, 16) + (int64_t)fb;
+  size_t fat = ur__tbe_names_features_at(&t->names, sizeof(ur__tbe_table));
+  int64_t db = (int64_t)(fat + fb);
   int64_t cb = 3 * (int64_t)sizeof(int64_t) * (t->names.F + 1);
   ur_status st;
   if ((st = ur__tbe_home_tensor(t, &t->desc, UR_DTYPE_U8, db)) ||
       (st = ur__tbe_home_tensor(t, &t->callbuf, UR_DTYPE_U8, cb)))
     return st;
   if ((st = t->be->copy(NULL, ur_tensor_data(t->desc), t->tables, tb))) return st;
-  st = t->be->copy(NULL, (char *)ur_tensor_data(t->desc) + align_up((int64_t)tb, 16),
-                   t->names.features, fb);
+  st = t->be->copy(NULL, (char *)ur_tensor_data(t->desc) + fat, t->names.features, fb);
   if (!st) st = t->be->stream_sync(NULL);
   return st;
 }

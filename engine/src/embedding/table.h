@@ -67,6 +67,9 @@ UR__HIDDEN ur_status ur__tbe_names_check(ur__tbe_names *n, int32_t i, int32_t di
 UR__HIDDEN ur_status ur__tbe_names_features(ur__tbe_names *n, const int32_t *feature_table,
                                             const char *const *feature_names, const char *prefix);
 UR__HIDDEN void ur__tbe_names_free(ur__tbe_names *n);
+/* A device descriptor block holds the T table descriptors (table_bytes each), then the F
+ * feature descriptors from the next 16-byte boundary: where they start. */
+UR__HIDDEN size_t ur__tbe_names_features_at(const ur__tbe_names *n, size_t table_bytes);
 
 /* The checks both kinds of collection make of their options (who starts the messages): the
  * engine's (device, bounds, output dtype), a table's rows, dim and pooling, and a placement of

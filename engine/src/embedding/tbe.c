@@ -8,8 +8,6 @@
 #include <string.h>
 #include "embedding/table.h"
 
-static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
-
 /* flags[0] = no bad id yet (read after a forward under bounds fatal). */
 static ur_status reset_flags(ur_tbe *t, ur_stream *s) {
   return t->be->fill(s ? s->handle : NULL, ur_tensor_data(t->flags), 1, 8,
@@ -280,8 +278,8 @@ static ur_status call_args(ur_tbe *t, ur_stream *s, call *c) {
   }
   char *d = ur_tensor_data(t->desc);
   a->tables = (const ur__tbe_table *)d;
-  a->features = (const ur__tbe_feature *)(d + align_up((int64_t)(sizeof(ur__tbe_table) *
-                                                                 (size_t)t->names.T), 16));
+  a->features =
+      (const ur__tbe_feature *)(d + ur__tbe_names_features_at(&t->names, sizeof(ur__tbe_table)));
   if (!c->vbe) return UR_STATUS_OK;
   int64_t *dv = ur_tensor_data(t->callbuf);
   ur_status st = t->be->copy(s ? s->handle : NULL, dv, c->vbe,
