@@ -1549,6 +1549,10 @@ UR_API ur_status ur_safetensors_find_nonfinite(const ur_safetensors *f, int32_t 
  * Lua library does, so that a corrupted file is refused before anything is written. */
 UR_API ur_status ur_safetensors_verify(const ur_safetensors *f, int32_t i,
                                        int64_t *nonfinite /* out, or NULL */);
+/* The CRC32C (Castagnoli) of n bytes, continuing crc (0 to start; "123456789" gives e3069283):
+ * the checksum of the files above, for the library's other files (a sharded checkpoint's
+ * manifest.json). */
+UR_API uint32_t ur_crc32c(uint32_t crc, const void *p, size_t n);
 
 /* ---- YAML documents (configs) ---- */
 /* A YAML file as a tree of nodes with their positions, read through libyaml's event API.

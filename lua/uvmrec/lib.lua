@@ -133,6 +133,9 @@ function M.read_file(path)
   return text
 end
 
+-- The CRC32C of string s as 8 hex digits, as the safetensors files keep theirs (ur_crc32c).
+function M.crc32c(s) return ("%08x"):format(C.ur_crc32c(0, s, #s)) end
+
 -- Whether a file can be made at path, asked before the work that fills it: true, or nil and what
 -- stands in the way ("Is a directory" where path is a folder, "DIR: No such file or directory"
 -- where its folder is missing); permissions are left to the write itself.

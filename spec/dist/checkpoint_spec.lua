@@ -350,10 +350,11 @@ describe("uvmrec.dist.checkpoint", function()
 
   it("loads a checkpoint without counts (counters as a fresh run's) and names counts that do not fit", function()
     local P, Old = dir .. "/counted", dir .. "/old"
-    -- an older save: its manifest has no counts
+    -- an older save: its manifest has no counts (nor the checksum, format 1)
     command.sh(("cp -r %s %s"):format(P, Old))
     local m = assert(dck.manifest(Old))
     for _, t in pairs(m.tables) do t.counts = nil end
+    m.format, m.crc32c = 1, nil
     local f = assert(io.open(Old .. "/manifest.json", "wb"))
     f:write(require("uvmrec.json").encode(m) .. "\n")
     f:close()
@@ -508,14 +509,30 @@ describe("uvmrec.dist.checkpoint", function()
       local _, lerr = dck.load(P, into)
       assert.matches(want, lerr or ("loaded, expected " .. want))
       assert.same(before, into:table("c"):totable(), want)
+      assert.equal(0, into.tbe:step(), want)
       into.tbe:free()
     end
     local json = require "uvmrec.json"
+    -- each edit sealed again (else the checksum refuses it first)
     local function with(change)
       local m = json.decode(good)
       change(m)
-      return json.encode(m)
+      return dck.manifest_text(m)
     end
+    -- one bit flipped: the step read as another (it loaded, setting that step), the checksum's
+    -- key (it loaded unchecked); refused naming the file and both checksums
+    local step = assert(tonumber(good:match('"step":(%d+)')))
+    local at = good:find('"step":', 1, true) + #'"step":' + #tostring(step) - 1
+    local flipped = good:sub(1, at - 1) .. string.char(bit.bxor(good:byte(at), 1)) .. good:sub(at + 1)
+    assert.is_not.equal(step, tonumber(flipped:match('"step":(%d+)')))
+    -- the CRC32C of the rest of the manifest, as json.encode writes it (keys sorted, no spaces)
+    local rest = json.decode(good)
+    local sum = rest.crc32c
+    rest.crc32c = nil
+    assert.equal(h.crc32c(json.encode(rest)), sum)
+    edited(flipped, ('manifest.json says crc32c "%s", but its content gives %%x+: the manifest is corrupted')
+      :format(sum))
+    edited((good:gsub('"crc32c"', '"crc32b"')), "manifest.json says crc32c missing, but its content gives %x+")
     edited(with(function(m) m.tables.c.rows = "30" end), 'manifest.json: tables.c.rows is "30"; expected a whole '
       .. "number >= 0")
     edited(with(function(m) m.step = nil end), "manifest.json: step is missing; expected a whole number >= 0")

@@ -117,7 +117,7 @@ end
 
 -- What a value-returning function answers for a NULL pointer, as uvmrec.h's opening comment
 -- states it: a C expression its answer must equal ("isnan" for a double: NaN).
-local NONE = { int32_t = "-1", int64_t = "-1", size_t = "0", uint64_t = "0", double = "isnan",
+local NONE = { int32_t = "-1", int64_t = "-1", size_t = "0", uint32_t = "0", uint64_t = "0", double = "isnan",
                ur_dtype = "UR_DTYPE_COUNT", ur_place = "UR_PLACE_COUNT" }
 -- ur_json's readers answer as for a value of another type ("0 unless an integer").
 local NONE_OF = { ur_json_typeof = "UR_JSON_NULL", ur_json_integer = "0", ur_json_real = "0" }

@@ -113,6 +113,15 @@ static uint32_t crc32c(uint32_t crc, const void *p, size_t n) {
   return ~crc_update(~crc, p, n);
 }
 
+/* The checksum for the library's other files (a sharded checkpoint's manifest.json). */
+uint32_t ur_crc32c(uint32_t crc, const void *p, size_t n) {
+  if (n > 0 && !p) {
+    ur__null(__func__, "p");
+    return 0;
+  }
+  return crc32c(crc, p, n);
+}
+
 /* {"...": ..., HEADER_CRC_KEY: "<crc32c, 8 hex digits>"}: the CRC32C of what the header says
  * (header_crc), written with the tensors' and checked at open, so that a flipped bit in a
  * metadata key or value (a step, a config, CRC_KEY's name: the file then loaded unchecked) or

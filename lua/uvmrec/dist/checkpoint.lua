@@ -29,7 +29,29 @@ local ck = require "uvmrec.checkpoint"
 local hints = require "uvmrec.hints"
 local C, check = lib.C, lib.check
 
-local M = { FORMAT = 1, MANIFEST = "manifest.json" }
+-- FORMAT 2 manifests carry crc32c (below); format 1 ones, written before, load without it.
+local M = { FORMAT = 2, MANIFEST = "manifest.json" }
+
+-- The CRC32C of manifest m's canonical content (json.encode: keys sorted, no spaces) without its
+-- crc32c, as 8 hex digits (lib.crc32c: the engine's, the safetensors files' checksum), or nil,
+-- message where that content is not JSON (a manifest decoded from a hand-edited file).
+local function content_crc(m)
+  local said = m.crc32c
+  m.crc32c = nil
+  local ok, text = pcall(json.encode, m)
+  m.crc32c = said
+  if not ok then return nil, text end
+  return lib.crc32c(text)
+end
+
+-- The text of manifest m as save writes it, sealed: format 2 and crc32c, the CRC32C of the rest,
+-- which M.manifest checks before anything is read (a tool that edits a manifest seals it again
+-- with this).
+function M.manifest_text(m)
+  m.format = M.FORMAT
+  m.crc32c = assert(content_crc(m))
+  return json.encode(m) .. "\n"
+end
 
 -- Blocks are named as the sharded collection names them in parameters().
 local block_name = require("uvmrec.dist.sharded").block_name
@@ -257,7 +279,7 @@ function M.save(dir, ebc, opts)
           :format(name, area, t and t.rows or 0, t and t.dim or 0)
       end
     end
-    if ok then ok, err = write_text(dir .. "/" .. M.MANIFEST, json.encode(manifest) .. "\n") end
+    if ok then ok, err = write_text(dir .. "/" .. M.MANIFEST, M.manifest_text(manifest)) end
     if ok then
       -- files of an earlier save into this folder by another world size
       for _, n in ipairs(lib.dir_list(dir, "rank-", ".safetensors") or {}) do
@@ -334,9 +356,19 @@ function M.manifest(dir)
     return nil, ("dist.checkpoint: %s/%s is not a manifest: %s"):format(dir, M.MANIFEST,
       jerr or "it holds no tables")
   end
-  if m.format ~= M.FORMAT then
-    return nil, ("dist.checkpoint: %s/%s has format %s; this build reads format %d"):format(dir, M.MANIFEST,
+  if m.format ~= M.FORMAT and m.format ~= 1 then
+    return nil, ("dist.checkpoint: %s/%s has format %s; this build reads formats 1 and %d"):format(dir, M.MANIFEST,
       tostring(m.format), M.FORMAT)
+  end
+  -- a flipped bit anywhere (a step of 100 read as 101) is refused before anything is applied; a
+  -- format 1 manifest (before the checksum) has none to check
+  if m.format ~= 1 or m.crc32c ~= nil then
+    local got, cerr = content_crc(m)
+    if m.crc32c == nil or got ~= m.crc32c then
+      return nil, ("dist.checkpoint: %s/%s says crc32c %s, but its content gives %s: the manifest is corrupted "
+        .. "(or was edited and not sealed again: dist.checkpoint.manifest_text)"):format(dir, M.MANIFEST,
+        shown(m.crc32c), got or cerr)
+    end
   end
   local merr = manifest_error(m)
   if merr then return nil, ("dist.checkpoint: %s/%s: %s"):format(dir, M.MANIFEST, merr) end
