@@ -533,6 +533,11 @@ describe("uvmrec.dist.checkpoint", function()
     edited(flipped, ('manifest.json says crc32c "%s", but its content gives %%x+: the manifest is corrupted')
       :format(sum))
     edited((good:gsub('"crc32c"', '"crc32b"')), "manifest.json says crc32c missing, but its content gives %x+")
+    -- a manifest sealed with another step or world than its rank files' (it loaded, setting that step)
+    edited(with(function(m) m.step = m.step + 1 end), ("rank%%-00000%%-of%%-00001%%.safetensors has uvmrec.step %d, "
+      .. "but the manifest's step is %d; expected one save's"):format(step, step + 1))
+    edited(with(function(m) m.world = 2 end), "rank%-00000%-of%-00001%.safetensors has uvmrec.dist.world 1, but the "
+      .. "manifest's world is 2; expected one save's")
     edited(with(function(m) m.tables.c.rows = "30" end), 'manifest.json: tables.c.rows is "30"; expected a whole '
       .. "number >= 0")
     edited(with(function(m) m.step = nil end), "manifest.json: step is missing; expected a whole number >= 0")

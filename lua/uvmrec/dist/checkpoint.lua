@@ -467,9 +467,11 @@ local function counted_rows(where, m, b, view, W, me)
 end
 
 -- The open file of saved block d (files: those opened, by name), whose tensor tname must be, given
--- a dtype, that dtype and d.rows x w elements for one of the widths, as the manifest says (so that
+-- a dtype, that dtype and d.rows x w elements for one of the widths, as manifest m says (so that
 -- no copy reads past it).  Raises the message naming the tensor, its file and what it should be.
-local function saved_file(files, dir, d, tname, where, dtype, widths, save)
+-- A file opened here must carry the manifest's save id, step and world, which save wrote into
+-- both (a rank file of another save, or a manifest that says another step: both values named).
+local function saved_file(files, dir, m, d, tname, where, dtype, widths)
   local f = files[d.file]
   if not f then
     local ferr
@@ -477,12 +479,20 @@ local function saved_file(files, dir, d, tname, where, dtype, widths, save)
     if not f then error(ferr, 0) end
     -- a manifest with an id reads only its save's files (one without: written before ids were)
     local got = f:meta("uvmrec.dist.save")
-    if save and got ~= save then
+    if m.save and got ~= m.save then
       f:close()
       error(("%s: %s is another save's (save %s; the manifest's is %s): not read"):format(where, d.file,
-        tostring(got), save), 0)
+        tostring(got), m.save), 0)
     end
     files[d.file] = f
+    for _, k in ipairs { "step", "world" } do
+      local key = k == "step" and "uvmrec.step" or "uvmrec.dist.world"
+      local said = f:meta(key)
+      if said and tonumber(said) ~= m[k] then
+        error(("%s: %s has %s %s, but the manifest's %s is %s; expected one save's"):format(where, d.file, key, said,
+          k, tostring(m[k])), 0)
+      end
+    end
   end
   local info = f:info(tname)
   if not info then error(("checkpoint: %s has no tensor '%s'"):format(f:path(), tname), 0) end
@@ -542,8 +552,7 @@ function reader_methods:rows(name, row0, rows, into)
     for _, d in ipairs(t.blocks) do
       local r0, r1 = math.max(row0, d.row0), math.min(row0 + rows, d.row0 + d.rows)
       if r1 > r0 and d.cols > 0 then
-        local f = saved_file(self.files, self.dir, d, d.tensor, self.where, t.dtype, { d.cols },
-                             self.manifest.save)
+        local f = saved_file(self.files, self.dir, self.manifest, d, d.tensor, self.where, t.dtype, { d.cols })
         -- a block of whole rows is read into place; a column block's rows through a part
         local full_rows = d.cols == t.dim
         local part = full_rows and out:view(r0 - row0, r1 - r0) or assert(tensor.tensor({ r1 - r0, d.cols },
@@ -622,7 +631,7 @@ function M.load(dir, ebc, opts)
   -- the widths, as the manifest says (so that no copy reads past it).  Its bytes are checked
   -- against their checksum the first time (in the checks, before anything is written).
   local function view(d, tname, dtype, widths)
-    local f = saved_file(files, dir, d, tname, where, dtype, widths, m.save)
+    local f = saved_file(files, dir, m, d, tname, where, dtype, widths)
     local key = d.file .. "/" .. tname
     if not verified[key] then
       local bad = f:verify({ tname }, { allow_nonfinite = true })
