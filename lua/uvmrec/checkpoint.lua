@@ -345,10 +345,11 @@ function M.registry() return setmetatable({ list = {}, by_name = {} }, Registry)
 --      zero-copy views of the file's tensors instead of having state()'s tensors filled),
 --      optional = true (a checkpoint without this component still loads), whole = {"step", ...}
 --      (optional: meta keys that must be whole numbers >= 0, checked before anything is loaded),
---      check = function(views, meta) -> nil or why the file's state cannot be loaded (optional:
---      called with views of the component's tensors in the file before anything is written, so
---      that load() does not fail with the other components loaded; the views are freed when it
---      returns, unless views = true gives them to load)}.
+--      check = function(views, meta, step) -> nil or why the file's state cannot be loaded
+--      (optional: called with views of the component's tensors in the file and the file's
+--      uvmrec.step before anything is written, so that load() does not fail with the other
+--      components loaded; the views are freed when it returns, unless views = true gives them
+--      to load)}.
 function Registry:register(c)
   if type(c) ~= "table" then error("checkpoint register: expected a component table", 2) end
   if type(c.name) ~= "string" or not c.name:match("^[%w_%-]+$") then
@@ -617,7 +618,7 @@ function Registry:load(path, opts)
           given[#given + 1] = views
           for rest, full in pairs(file_names) do views[rest] = assert(f:view(full)) end
         end
-        local why = c.check(views, cm)
+        local why = c.check(views, cm, step)
         if why then return fail(("component '%s': %s"):format(c.name, why)) end
         if not c.views then
           for _, v in pairs(views) do v:free() end

@@ -90,7 +90,28 @@ describe("uvmrec train over ranks: checkpoints and --resume", function()
     local m = json.decode(command.slurp(ckd .. "/ckpt-000000000010.shards/manifest.json"))
     assert.equal(2, m.world)
     assert.equal(10, m.step)
-    for _, d in ipairs { "b", "one", "four" } do command.sh(("cp -r %s/a %s/%s"):format(dir, dir, d)) end
+    for _, d in ipairs { "b", "one", "four", "mixed", "world" } do
+      command.sh(("cp -r %s/a %s/%s"):format(dir, dir, d))
+    end
+    -- the folder of another save under this checkpoint's name (step 8's as step 10's), or a
+    -- manifest of another world: refused before anything loads, naming both values (the first
+    -- resumed at step 10 with step 8's tables and the tables' step 8)
+    local mixed = dir .. "/mixed/checkpoints/ckpt-000000000010.shards"
+    command.sh(("rm -rf %s && mv %s/mixed/checkpoints/ckpt-000000000008.shards %s"):format(mixed, dir, mixed))
+    local wm = dir .. "/world/checkpoints/ckpt-000000000010.shards/manifest.json"
+    local sealed = json.decode(command.slurp(wm))
+    sealed.world = 4
+    local f = assert(io.open(wm, "wb"))
+    f:write(dck.manifest_text(sealed))
+    f:close()
+    for d, want in pairs { mixed = "manifest.json has step 8, but this file's uvmrec.step is 10; expected one save's",
+                           world = "manifest.json has world 4, but this file's component 'shards' world is 2; "
+                             .. "expected one save's" } do
+      local _, rerr, rcode = command.sh(("%s train dlrm_tiny %s --steps 20 --out %s/%s --resume %s/%s"):format(
+        command.bin(), COMMON, dir, d, dir, d))
+      assert.is_true(rcode ~= 0, d)
+      assert.truthy(rerr:find(want, 1, true), rerr)
+    end
     local whole = losses(dir .. "/whole")
     -- the same world size: bit for bit
     train("launch -n 2", "--steps 20 --out " .. dir .. "/b --resume " .. dir .. "/b")

@@ -253,6 +253,20 @@ function M.shards_component(ctx)
       local comm = ctx.model.embeddings.comm
       return { meta = { world = comm and comm.world or 1, folder = "ckpt-<step>.shards" } }
     end,
+    -- before any component loads: the folder's manifest (its checksum and fields), which must say
+    -- the step and the world this file says (the folder of another save under this one's name)
+    check = function(_, meta, step)
+      local dir = ck.shards_path(ctx.loading)
+      local m, err = require("uvmrec.dist.checkpoint").manifest(dir)
+      if not m then return err end
+      for _, k in ipairs { "step", "world" } do
+        local here = k == "step" and step or meta.world
+        if here ~= nil and m[k] ~= here then
+          return ("%s/manifest.json has %s %s, but this file's %s is %s; expected one save's"):format(dir, k,
+            tostring(m[k]), k == "step" and "uvmrec.step" or "component 'shards' world", tostring(here))
+        end
+      end
+    end,
     load = function()
       local dir = ck.shards_path(ctx.loading)
       local ok, err = require("uvmrec.dist.checkpoint").load(dir, ctx.model.embeddings)
