@@ -325,6 +325,42 @@ with safe_open(sys.argv[1], "np") as f:
     cmd.rmdir(dir)
   end)
 
+  it("closes the checkpoint and frees its views when it refuses one after opening it", function()
+    -- a refusal before the tables (the checkpoint's layers not its config's, a bad --per-table)
+    -- left the file open and the dense weights' views to the garbage collector, each keeping the
+    -- whole file mapped
+    local t = h.trained("tiny")
+    local st = assert(ck.load(assert(require("uvmrec.train").checkpoint_file(t.run)), { placement = "host" }))
+    local cfg = json.decode(st.meta["uvmrec.config"])
+    cfg.model.bottom_mlp[#cfg.model.bottom_mlp + 1] = cfg.model.bottom_mlp[#cfg.model.bottom_mlp]
+    st.meta["uvmrec.config"] = json.encode(cfg)
+    local dir = cmd.tmpdir()
+    local path = dir .. "/layers-mismatch.safetensors"
+    assert(ck.save(path, st))
+    for _, x in pairs(st.tensors) do x:free() end
+    local function mapped()
+      local n = 0
+      for line in io.lines("/proc/self/maps") do
+        if line:find("layers-mismatch.safetensors", 1, true) then n = n + 1 end
+      end
+      return n
+    end
+    collectgarbage()
+    collectgarbage()
+    collectgarbage("stop")
+    local _, err = export.run(path, { out = dir .. "/never.safetensors" })
+    local left = mapped()
+    local _, perr = export.run(path, { out = dir .. "/never.safetensors", per_table = "C99=int4" })
+    local left_too = mapped()
+    collectgarbage("restart")
+    assert.equal(("export: %s holds %d bottom and %d top layers; its config has %d and %d"):format(path,
+      #cfg.model.bottom_mlp - 1, #cfg.model.top_mlp, #cfg.model.bottom_mlp, #cfg.model.top_mlp), err)
+    assert.equal("export: --per-table names table 'C99'; tables are C1 to C26", perr)
+    assert.equal(0, left, "the file left mapped after the layers' refusal")
+    assert.equal(0, left_too, "the file left mapped after --per-table's")
+    cmd.rmdir(dir)
+  end)
+
   it("refuses a checkpoint or a shard whose table bytes do not match their checksum, publishing nothing", function()
     -- a bit flipped in a table read a block of rows at a time was quantized and served as it read
     local function flip(path, name)

@@ -83,10 +83,24 @@ function M.run(source, opts)
   if not path then return nil, "export: " .. tostring(perr) end
   local f, ferr = ck.open(path)
   if not f then return nil, "export: " .. ferr end
+  -- what every refusal from here on releases (through fail), and the end: the file, the dense
+  -- weights' views and their bf16 copies, the blocks' buffers (below) and the shards' reader
+  local tensors, keep, bufs, reader = {}, {}, {}, nil
+  local function release()
+    if reader then reader:close() end
+    for _, v in ipairs(keep) do v:free() end
+    for _, t in pairs(tensors) do t:free() end
+    for _, b in pairs(bufs) do b:free() end
+    f:close()
+  end
+  local function fail(msg)
+    release()
+    return nil, "export: " .. msg
+  end
   local fmt = f:meta("uvmrec.format")
-  if fmt == "model" then return nil, ("export: %s is already a model file"):format(path) end
+  if fmt == "model" then return fail(("%s is already a model file"):format(path)) end
   if fmt ~= "1" or not f:meta("uvmrec.config") then
-    return nil, ("export: %s is not a training checkpoint (uvmrec.format is %s)"):format(path, tostring(fmt))
+    return fail(("%s is not a training checkpoint (uvmrec.format is %s)"):format(path, tostring(fmt)))
   end
   local cfg = train.fill_defaults(assert(json.decode(f:meta("uvmrec.config"))))
   -- A table trained behind managed collisions (uvmrec.mc) maps raw ids through a map the model
@@ -96,18 +110,18 @@ function M.run(source, opts)
   for i in pairs(train.config.collisions(cfg)) do managed[#managed + 1] = "C" .. i end
   if #managed > 0 then
     table.sort(managed, function(a, b) return tonumber(a:sub(2)) < tonumber(b:sub(2)) end)
-    return nil, ("export: %s: tables %s were trained with managed collisions (embeddings.collisions), whose id "
-      .. "map a model file cannot carry yet"):format(path, table.concat(managed, ", "))
+    return fail(("%s: tables %s were trained with managed collisions (embeddings.collisions), whose id "
+      .. "map a model file cannot carry yet"):format(path, table.concat(managed, ", ")))
   end
   if cfg.model.file ~= "dlrm.lua" then
-    return nil, ("export: %s's model is %s; export knows DLRM (dlrm.lua)"):format(path, tostring(cfg.model.file))
+    return fail(("%s's model is %s; export knows DLRM (dlrm.lua)"):format(path, tostring(cfg.model.file)))
   end
   local default = opts.tables or "int8"
   local per, err = M.parse_per_table(opts.per_table)
-  if not per then return nil, "export: --per-table: " .. err end
+  if not per then return fail("--per-table: " .. err) end
   local dense_dtype = opts.dense or "f32"
   if dense_dtype ~= "f32" and dense_dtype ~= "bf16" then
-    return nil, ("export: --dense %s; expected f32 or bf16"):format(dense_dtype)
+    return fail(("--dense %s; expected f32 or bf16"):format(dense_dtype))
   end
   local names = f:names()
   local rows = train.config.table_rows(cfg)
@@ -117,7 +131,7 @@ function M.run(source, opts)
   local synthetic = cfg.data.train:match("^synthetic:") ~= nil
   local data, derr = train.data(cfg, rows)
   if not data and synthetic then
-    return nil, ("export: %s: its training data %s: %s"):format(path, cfg.data.train, tostring(derr))
+    return fail(("%s: its training data %s: %s"):format(path, cfg.data.train, tostring(derr)))
   end
   local modulo = data and data.train.rows or not synthetic and rows or {}
   -- Which tables' ids training's batches weighted (synthetic tables marked weighted): the model
@@ -133,8 +147,8 @@ function M.run(source, opts)
     if l then b, berr = l:next() end
     if not b then
       if l then l:close() end
-      return nil, ("export: %s: its training data %s, read to know whether its ids were weighted: %s"):format(
-        path, cfg.data.train, tostring(lerr or berr or "no samples"))
+      return fail(("%s: its training data %s, read to know whether its ids were weighted: %s"):format(
+        path, cfg.data.train, tostring(lerr or berr or "no samples")))
     end
     days_weighted = b.sparse:weights() ~= nil
     l:close()
@@ -143,14 +157,14 @@ function M.run(source, opts)
   for name, format in pairs(per) do
     local k = tonumber(name:match("^C(%d+)$"))
     if not k or k < 1 or k > #rows then
-      return nil, ("export: --per-table names table '%s'; tables are C1 to C%d"):format(name, #rows)
+      return fail(("--per-table names table '%s'; tables are C1 to C%d"):format(name, #rows))
     end
     if not pcall(qtbe.format_of, format) then
-      return nil, ("export: --per-table %s=%s: expected f32, fp16, int8, int4 or int2"):format(name, format)
+      return fail(("--per-table %s=%s: expected f32, fp16, int8, int4 or int2"):format(name, format))
     end
   end
   if not pcall(qtbe.format_of, default) then
-    return nil, ("export: --tables %s: expected f32, fp16, int8, int4 or int2"):format(default)
+    return fail(("--tables %s: expected f32, fp16, int8, int4 or int2"):format(default))
   end
 
   -- the dense weights are taken whole from the file's pages: their bytes are checked against
@@ -160,8 +174,7 @@ function M.run(source, opts)
     if n:match("^dense%.") then dense_names[#dense_names + 1] = n end
   end
   local bad = f:verify(dense_names, { allow_nonfinite = true })
-  if bad then return nil, "export: " .. bad end
-  local tensors, keep = {}, {}
+  if bad then return fail(bad) end
   local function dense(name)
     local v = assert(f:view(name))
     keep[#keep + 1] = v
@@ -186,8 +199,8 @@ function M.run(source, opts)
     features = {}, tables = {}, held_out = held_out(cfg, data),
   }
   if #desc.bottom ~= #cfg.model.bottom_mlp or #desc.top ~= #cfg.model.top_mlp then
-    return nil, ("export: %s holds %d bottom and %d top layers; its config has %d and %d"):format(
-      path, #desc.bottom, #desc.top, #cfg.model.bottom_mlp, #cfg.model.top_mlp)
+    return fail(("%s holds %d bottom and %d top layers; its config has %d and %d"):format(
+      path, #desc.bottom, #desc.top, #cfg.model.bottom_mlp, #cfg.model.top_mlp))
   end
   if cfg.model.interaction == "dcnv2" then
     desc.cross = {}
@@ -206,25 +219,12 @@ function M.run(source, opts)
   -- checkpoint holds each whole, read a block of rows at a time from the file.  No table is ever
   -- whole in memory: each block of rows is quantized and written before the next is read.
   local result = { tables = {}, description = desc }
-  local reader
   for _, c in ipairs(json.decode(f:meta("uvmrec.components") or "[]") or {}) do
     if c == "shards" then
       local rerr
       reader, rerr = dck.reader(ck.shards_path(path))
-      if not reader then return nil, "export: " .. rerr end
+      if not reader then return fail(rerr) end
     end
-  end
-  local bufs = {} -- the blocks' buffers (below)
-  local function release()
-    if reader then reader:close() end
-    for _, v in ipairs(keep) do v:free() end
-    for _, t in pairs(tensors) do t:free() end
-    for _, b in pairs(bufs) do b:free() end
-    f:close()
-  end
-  local function fail(msg)
-    release()
-    return nil, "export: " .. msg
   end
   local chunk, cerr = lib.bytes(opts.chunk or M.CHUNK)
   if not chunk or chunk < 1 then
