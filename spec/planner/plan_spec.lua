@@ -168,15 +168,21 @@ describe("planner plans", function()
                  try({ { name = "c", rows = 1000, dim = 16, optimizer = "bogus" } }, {}))
   end)
 
-  -- A table's fixed rank (embeddings.tables.<T>.rank) was not read: the two largest tables fixed
-  -- to rank 1 were planned one on each rank, and a misspelt fixed key was dropped alike.
-  it("keeps a table on the rank it is fixed to, in both searches, or says why it cannot", function()
+  -- The H200 figures' calibration and six tables T1..T6 of 200000 * i rows, with Zipf profiles.
+  local function six_tables()
     local scal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))
     local tabs, profs = {}, {}
     for i = 1, 6 do
       tabs[i] = { name = "T" .. i, rows = 200000 * i, dim = 64, optimizer = "sgd" }
       profs["T" .. i] = planner.profile.zipf { rows = tabs[i].rows, s = 1.0 }
     end
+    return scal, tabs, profs
+  end
+
+  -- A table's fixed rank (embeddings.tables.<T>.rank) was not read: the two largest tables fixed
+  -- to rank 1 were planned one on each rank, and a misspelt fixed key was dropped alike.
+  it("keeps a table on the rank it is fixed to, in both searches, or says why it cannot", function()
+    local scal, tabs, profs = six_tables()
     tabs[5].fixed = { rank = 1, placement = "device" }
     tabs[6].fixed = { rank = 1 }
     for _, how in ipairs({ "greedy", "exhaustive" }) do
@@ -224,12 +230,7 @@ describe("planner plans", function()
   -- prefix_fraction"): a table could be pinned through the config's embeddings.tables.<T>.rank
   -- or a table's fixed rank, not by editing a plan.
   it("pins a table to a rank through plan:with, table_wise, as the config's rank does", function()
-    local scal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))
-    local tabs, profs = {}, {}
-    for i = 1, 6 do
-      tabs[i] = { name = "T" .. i, rows = 200000 * i, dim = 64, optimizer = "sgd" }
-      profs["T" .. i] = planner.profile.zipf { rows = tabs[i].rows, s = 1.0 }
-    end
+    local scal, tabs, profs = six_tables()
     local p = assert(planner.plan(tabs, profs, "2GiB", { world = 4, batch = 4096, calibration = scal }))
     for _, t in ipairs(p.data.tables) do
       -- every table moved to a rank it is not on, and to the one it is on
