@@ -249,6 +249,9 @@ describe("uvmrec.dist communicators", function()
         "comm: recv_counts[0] is x; expected a whole number of elements")
       assert.has_error(function() comm:all_gather(a, c, { 4.5 }) end,
         "comm: counts[0] is 4.5; expected a whole number of elements")
+      -- inf was cast to -2^63 ('send_counts[0] is -9223372036854775808; expected a count >= 0')
+      assert.has_error(function() comm:all_to_all(a, c, { math.huge }, { 4 }) end,
+        "comm: send_counts[0] is inf; expected a whole number of elements")
       assert.has_error(function() comm:all_gather(a, b, { 4 }) end,
         "comm all_gather: counts sum to 4, and the output has 3 elements")
       assert.has_error(function() comm:broadcast(a, 1) end, "comm broadcast: root 1; expected a rank 0..0")

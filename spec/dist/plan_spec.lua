@@ -92,5 +92,8 @@ describe("uvmrec.dist.plan", function()
     assert.has_error(function() plan(tables, { a = { "table_wise", rank = 2 } }, 2) end,
       "dist plan: table 'a': table_wise on rank 2; expected 0..1")
     assert.has_error(function() plan(tables, "row_wise", 0) end, "dist plan: world 0 is not a number of ranks")
+    -- inf passed, and the plan failed in Lua's words ("table overflow")
+    assert.has_error(function() plan(tables, "row_wise", math.huge) end,
+      "dist plan: world inf is not a number of ranks")
   end)
 end)

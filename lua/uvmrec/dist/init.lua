@@ -49,8 +49,9 @@ function Comm:_counts(list, k, what, level)
   local buf = self._counts_buf[k]
   for r = 1, w do
     local v = list[r]
-    -- a cast would truncate 4.5 to 4 and take it; the engine checks the signs and the sums
-    if type(v) ~= "number" or v ~= math.floor(v) then
+    -- a cast would truncate 4.5 to 4 and take it, and inf as -2^63; the engine checks the signs
+    -- and the sums
+    if not lib.whole_in(v, -2 ^ 63, 2 ^ 63) then
       error(("comm: %s[%d] is %s; expected a whole number of elements"):format(what, r - 1, tostring(v)), level + 1)
     end
     buf[r - 1] = v

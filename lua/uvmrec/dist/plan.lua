@@ -21,6 +21,8 @@
 -- M.in_turn(n[, kinds]) is the spec giving the config's tables C1..Cn the kinds in turn
 -- ({C1 = kinds[1], C2 = kinds[2], ...}; kinds: the four, in the order above): the benchmarks'
 -- and the specs' "mixed" plan, with every kind on some table.
+local lib = require "uvmrec.lib"
+
 local M = {}
 
 M.KINDS = { table_wise = true, row_wise = true, column_wise = true, data_parallel = true }
@@ -71,7 +73,8 @@ end
 -- EmbeddingBagCollection takes them; pooling defaults to `pooling`); spec as above; world W.
 function M.plan(tables, spec, world, pooling)
   if type(tables) ~= "table" or #tables == 0 then bad("expected the collection's list of tables", 2) end
-  if type(world) ~= "number" or world < 1 or world ~= math.floor(world) then
+  -- inf passed a check of its own and failed in a table's growth ("table overflow")
+  if not lib.whole_in(world, 1, 2 ^ 31) then
     bad("world " .. tostring(world) .. " is not a number of ranks", 2)
   end
   if spec ~= nil and type(spec) ~= "string" and type(spec) ~= "table" then
