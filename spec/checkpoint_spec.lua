@@ -961,6 +961,9 @@ describe("uvmrec.checkpoint registry", function()
       "checkpoint: component 'a': state().tensors must be {name = tensor}, got x = 5")
     assert.has_error(function() reg:save(scratch("x"), { step = -1 }) end,
       "checkpoint save: step must be an integer >= 0, got -1")
+    -- inf was saved, as uvmrec.step -9223372036854775808
+    assert.has_error(function() reg:save(scratch("x"), { step = math.huge }) end,
+      "checkpoint save: step must be an integer >= 0, got inf")
     assert.same({ "a" }, reg:components())
   end)
 end)

@@ -404,7 +404,8 @@ end
 -- (a table), config (a table), staging, stream.  true, or nil, message.
 function Registry:save(path, info)
   info = info or {}
-  if info.step ~= nil and (type(info.step) ~= "number" or info.step < 0 or info.step ~= math.floor(info.step)) then
+  -- inf passed a check of its own and was written as uvmrec.step -9223372036854775808
+  if info.step ~= nil and not lib.whole_in(info.step, 0, 2 ^ 63) then
     error("checkpoint save: step must be an integer >= 0, got " .. tostring(info.step), 2)
   end
   local tensors, names = {}, {}

@@ -160,6 +160,8 @@ describe("planner plans", function()
     assert.equal("planner: threshold 1.5; expected a whole number >= 1, or false (no early stop)",
                  try({ a }, { threshold = 1.5 }))
     assert.equal("planner: cost.context: batch 0; expected a whole number >= 1", try({ a }, { batch = 0 }))
+    -- a world of inf raised 'cost.lua:150: table index is NaN'
+    assert.equal("planner: world (gpus) must be a whole number >= 1", try({ a }, { world = math.huge }))
     assert.equal("planner: cost.table b: dim 6; expected a multiple of 4 from 4 to 1024",
                  try({ { name = "b", rows = 1000, dim = 6 } }, {}))
     assert.equal("planner: tables 1 and 2 are both named a", try({ a, a }, {}))

@@ -111,7 +111,8 @@ local function setup(tables, profiles, budget, opts)
   local cal, cerr = resolve_calib(opts.calibration)
   if not cal then return nil, "planner: " .. cerr end
   local world = opts.world or opts.gpus or 1
-  if type(world) ~= "number" or world < 1 or world ~= math.floor(world) then
+  -- inf passed a check of its own and raised in the cost tables ("table index is NaN")
+  if not require("uvmrec.lib").whole_in(world, 1, 2 ^ 31) then
     return nil, "planner: world (gpus) must be a whole number >= 1"
   end
   local ok, ctx = pcall(cost.context, { calib = cal, batch = opts.batch or 65536, world = world,
