@@ -286,6 +286,29 @@ describe("sharded training over ranks", function()
     command.rmdir(dir)
   end)
 
+  it("refuses held-out day files whose evaluation ends in a batch the ranks cannot share, before any step",
+     function()
+    if not have_mpi() then pending("no MPI here") return end
+    local dir = command.tmpdir()
+    local _, err, code = command.run(("datagen tiny --out %s/days --samples 1025 --cpu"):format(dir))
+    assert.equal(0, code, err)
+    local run = ("launch -n 2 train dlrm_tiny --cpu --set data.train=criteo-bin:%s/days --set train.batch_size=512 "
+      .. "--set train.steps=2 --set data.eval=criteo-bin:%s/days --set eval.batch_size=512 --set eval.every=0 "
+      .. "--set eval.min_auc=0"):format(dir, dir)
+    -- it trained both steps, then failed at the evaluation's last batch of 1 sample
+    local out
+    out, err, code = command.run(run)
+    assert.is_true(code ~= 0, out)
+    assert.is_nil(out:find("trained", 1, true), out)
+    assert.truthy(err:find(("eval.batch_size: held-out data of 1025 samples (the day files in %s/days) ends in a "
+      .. "batch of 1 (eval.batch_size 512), which the 2 ranks cannot share equally: each rank takes an equal slice "
+      .. "of every global batch (make it a multiple of 2, or eval.samples at most 1024)"):format(dir), 1, true), err)
+    out, err, code = command.run(run .. " --set eval.samples=1000")
+    assert.equal(0, code, out .. err)
+    assert.truthy(out:find("trained 2 steps, 1024 samples", 1, true), out)
+    command.rmdir(dir)
+  end)
+
   it("fails on TSV files' last batch the ranks cannot share, on every rank before either trains it; "
      .. "data.drop_last drops it", function()
     -- 999 rows in global batches of 512: the ranks took 243 and 244 samples of the last batch and

@@ -515,6 +515,20 @@ function M.check_epoch(cfg, world, n, key, of)
   return nil
 end
 
+-- Held-out data of n samples over world ranks: an evaluation reads global batches of
+-- eval.batch_size until eval.samples (0: the end), and the ranks share each one, the last too
+-- (it failed at the run's first evaluation, after the training). nil, or the message at
+-- eval.batch_size.
+function M.check_eval(cfg, world, n, of)
+  local B, want = cfg.eval.batch_size, cfg.eval.samples
+  local last = n % B
+  if world <= 1 or last % world == 0 or (want > 0 and want <= n - last) then return nil end
+  return config.message(cfg, "eval.batch_size", ("held-out data of %d samples (%s) ends in a batch of %d "
+    .. "(eval.batch_size %d), which the %d ranks cannot share equally: each rank takes an equal slice of every "
+    .. "global batch (make it a multiple of %d, or eval.samples at most %d)"):format(n, of, last, B, world,
+    world, n - last))
+end
+
 -- Managed collisions per table: {[i] = settings for uvmrec.mc} for the tables that have them
 -- (the default section's keys under the table's own; a policy turns them on, "none" off).
 function M.collisions(cfg)

@@ -594,19 +594,36 @@ end
 -- a batch, opened and closed); nil for TSV files, known at their end, and where nothing asks.
 -- Over ranks, day files whose epoch ends in a batch the ranks cannot share are refused here,
 -- before anything is built (config.check_epoch, synthetic data's in check_world): nil, message.
-local function epoch_samples(cfg, t, world)
-  if type(t.data) == "table" then return t.samples end
-  if world <= 1 and not cfg.data.drop_last then return nil end
-  if not t.data:match("^criteo%-bin:") then return nil end
+-- The samples of day files t.data (a loader of one sample a batch, opened and closed).
+local function day_samples(t)
   local probe, err = ur.data.loader { data = t.data, rows = t.rows, batch_size = 1, depth = 1, threads = 1,
                                       epochs = 1 }
   if not probe then return nil, err end
   local n = probe:stats().samples_per_epoch
   probe:close()
+  return n
+end
+
+local function epoch_samples(cfg, t, world)
+  if type(t.data) == "table" then return t.samples end
+  if world <= 1 and not cfg.data.drop_last then return nil end
+  if not t.data:match("^criteo%-bin:") then return nil end
+  local n, err = day_samples(t)
+  if not n then return nil, err end
   local bad = M.config.check_epoch(cfg, world, n, "data.train",
                                    "the day files in " .. t.data:match("^criteo%-bin:(.*)$"))
   if bad then return nil, bad end
   return n
+end
+
+-- Over ranks, held-out day files whose evaluation reaches a last batch the ranks cannot share
+-- are refused before anything is built (2 ranks, 1025 samples in batches of 512 trained the
+-- whole run and failed at its first evaluation): nil, or the message.
+local function check_eval_days(cfg, t, world)
+  if world <= 1 or not t or type(t.data) ~= "string" or not t.data:match("^criteo%-bin:") then return nil end
+  local n, err = day_samples(t)
+  if not n then return err end
+  return M.config.check_eval(cfg, world, n, "the day files in " .. t.data:match("^criteo%-bin:(.*)$"))
 end
 
 function run_plain(cfg, opts)
@@ -630,6 +647,8 @@ function run_plain(cfg, opts)
   if not data then return nil, derr end
   local epoch, eerr = epoch_samples(cfg, data.train, world)
   if eerr then return nil, eerr end
+  local everr = check_eval_days(cfg, data.eval, world)
+  if everr then return nil, everr end
   if comm then
     for _, d in ipairs { data.train, data.eval or false } do
       -- a global batch the ranks cannot share fails where it comes (TSV files' last, known only
