@@ -16,7 +16,8 @@ describe("planner.calib", function()
   -- docs/planner.md listed the shipped files' rates in prose, rounded by hand; now a table a row
   -- a rate, each checked against the file: its value to the 4 digits shown, measured or not, date.
   it("is what docs/planner.md's table of the shipped calibrations says, rate by rate", function()
-    local doc = assert(cmd.slurp("docs/planner.md"))
+    local doc = cmd.slurp("docs/planner.md")
+    if not doc then pending("no docs/planner.md in this tree (a dist tree ships no docs/)") return end
     local scale = { ["GB/s"] = 1e9, ["GFLOP/s"] = 1e9, us = 1e-6, ns = 1e-9, [""] = 1 }
     for _, name in ipairs({ "h200", "cpu" }) do
       local c = assert(calib.find(name))

@@ -68,9 +68,11 @@ local function tables_of(n, seed)
 end
 
 -- docs/planner.md's table of what this spec measures ("Search"): the row of `case` must say
--- `measured` (it said "worst 3.50%" for one rank while the spec measured 1.75%).
+-- `measured` (it said "worst 3.50%" for one rank while the spec measured 1.75%).  A dist tree
+-- ships no docs/: there the measurement's own checks stand alone.
 local function doc_says(case, measured)
-  local doc = assert(require("command").slurp("docs/planner.md"))
+  local doc = require("command").slurp("docs/planner.md")
+  if not doc then return end
   local row = doc:match("\n| " .. case:gsub("%p", "%%%0") .. " | ([^|]*) |")
   assert.is_truthy(row, "docs/planner.md has no row '" .. case .. "'")
   assert.equal(measured, row, "docs/planner.md's row '" .. case .. "'")
