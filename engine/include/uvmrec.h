@@ -1541,7 +1541,8 @@ UR_API ur_status ur_safetensors_find_nonfinite(const ur_safetensors *f, int32_t 
  * tensor.  Every save with metadata or tensors also keeps "uvmrec.header_crc32c", the CRC32C of
  * what the header says (the other metadata pairs by key, then each tensor's name, dtype, shape
  * and offsets by name: docs/checkpoints.md), and opening refuses a header that gives another
- * (UR_STATUS_FORMAT: a flipped bit in a metadata key or value, or in a shape).  ur_safetensors_verify reads tensor i a chunk at a time and checks its bytes against
+ * (UR_STATUS_FORMAT: a flipped bit in a metadata key or value, or in a shape).
+ * ur_safetensors_verify reads tensor i a chunk at a time and checks its bytes against
  * it (UR_STATUS_FORMAT naming the file, the tensor and its bytes when they differ: a flipped
  * bit), finding its first NaN or infinity as ur_safetensors_find_nonfinite does in the same
  * read (nonfinite may be NULL); a file without checksums (another writer's) is only scanned.

@@ -637,7 +637,8 @@ static int dispatch(ur_loader *l, job *j) {
       release_windows(j);
       ur__error(UR_STATUS_FORMAT, "loader: the batch at sample %lld of epoch %lld (the epoch's last) has %lld "
                 "samples (batch_size %lld), which the %d ranks (slice_world) cannot share equally: each takes "
-                "an equal slice of every global batch (drop_last drops an epoch's short last batch)", (long long)k, (long long)e, (long long)n, (long long)l->B, (int)l->o.slice_world);
+                "an equal slice of every global batch (drop_last drops an epoch's short last batch)",
+                (long long)k, (long long)e, (long long)n, (long long)l->B, (int)l->o.slice_world);
       j->err = UR_STATUS_FORMAT; /* the data's count: returned, as a reading error is */
       snprintf(j->msg, sizeof j->msg, "%s", ur_last_error());
       j->index = l->d_index++;
