@@ -262,24 +262,34 @@ describe("sharded training over ranks", function()
       .. "of a global batch", err)
   end)
 
-  it("refuses day files whose epoch ends in a batch the ranks cannot share, before any step; data.drop_last drops it",
-     function()
-    if not have_mpi() then pending("no MPI here") return end
+  -- A folder holding datagen tiny's day files of 1025 samples (DIR/days).
+  local function days_1025()
     local dir = command.tmpdir()
     local _, err, code = command.run(("datagen tiny --out %s/days --samples 1025 --cpu"):format(dir))
     assert.equal(0, code, err)
+    return dir
+  end
+
+  -- `run` fails with `want` in its errors, having trained nothing.
+  local function refused_before_training(run, want)
+    local out, err, code = command.run(run)
+    assert.is_true(code ~= 0, out)
+    assert.is_nil(out:find("trained", 1, true), out)
+    assert.truthy(err:find(want, 1, true), err)
+  end
+
+  it("refuses day files whose epoch ends in a batch the ranks cannot share, before any step; data.drop_last drops it",
+     function()
+    if not have_mpi() then pending("no MPI here") return end
+    local dir = days_1025()
     local run = ("launch -n 2 train dlrm_tiny --cpu --set data.train=criteo-bin:%s/days --set train.batch_size=512 "
       .. "--set train.steps=0 --set eval.every=0 --set eval.min_auc=0"):format(dir)
     -- it trained 2 steps, then failed on the epoch's last batch of 1 sample ("dist: rank 0 has a
     -- batch of 0 samples and rank 1 of 1"), naming no key
-    local out
-    out, err, code = command.run(run)
-    assert.is_true(code ~= 0, out)
-    assert.is_nil(out:find("trained", 1, true), out)
-    assert.truthy(err:find(("data.train: an epoch of 1025 samples (the day files in %s/days) ends in a batch of 1 "
-      .. "(train.batch_size 512), which the 2 ranks cannot share equally: each rank takes an equal slice of every "
-      .. "global batch (make it a multiple of 2, or data.drop_last: true drops that batch)"):format(dir), 1, true), err)
-    out, err, code = command.run(run .. " --set data.drop_last=true")
+    refused_before_training(run, ("data.train: an epoch of 1025 samples (the day files in %s/days) ends in a "
+      .. "batch of 1 (train.batch_size 512), which the 2 ranks cannot share equally: each rank takes an equal "
+      .. "slice of every global batch (make it a multiple of 2, or data.drop_last: true drops that batch)"):format(dir))
+    local out, err, code = command.run(run .. " --set data.drop_last=true")
     assert.equal(0, code, out .. err)
     assert.truthy(out:find("data: each epoch's last batch, of 1 sample, is dropped (data.drop_last)", 1, true), out)
     assert.truthy(out:find("trained 2 steps, 1024 samples", 1, true), out)
@@ -289,21 +299,15 @@ describe("sharded training over ranks", function()
   it("refuses held-out day files whose evaluation ends in a batch the ranks cannot share, before any step",
      function()
     if not have_mpi() then pending("no MPI here") return end
-    local dir = command.tmpdir()
-    local _, err, code = command.run(("datagen tiny --out %s/days --samples 1025 --cpu"):format(dir))
-    assert.equal(0, code, err)
+    local dir = days_1025()
     local run = ("launch -n 2 train dlrm_tiny --cpu --set data.train=criteo-bin:%s/days --set train.batch_size=512 "
       .. "--set train.steps=2 --set data.eval=criteo-bin:%s/days --set eval.batch_size=512 --set eval.every=0 "
       .. "--set eval.min_auc=0"):format(dir, dir)
     -- it trained both steps, then failed at the evaluation's last batch of 1 sample
-    local out
-    out, err, code = command.run(run)
-    assert.is_true(code ~= 0, out)
-    assert.is_nil(out:find("trained", 1, true), out)
-    assert.truthy(err:find(("eval.batch_size: held-out data of 1025 samples (the day files in %s/days) ends in a "
-      .. "batch of 1 (eval.batch_size 512), which the 2 ranks cannot share equally: each rank takes an equal slice "
-      .. "of every global batch (make it a multiple of 2, or eval.samples at most 1024)"):format(dir), 1, true), err)
-    out, err, code = command.run(run .. " --set eval.samples=1000")
+    refused_before_training(run, ("eval.batch_size: held-out data of 1025 samples (the day files in %s/days) "
+      .. "ends in a batch of 1 (eval.batch_size 512), which the 2 ranks cannot share equally: each rank takes an "
+      .. "equal slice of every global batch (make it a multiple of 2, or eval.samples at most 1024)"):format(dir))
+    local out, err, code = command.run(run .. " --set eval.samples=1000")
     assert.equal(0, code, out .. err)
     assert.truthy(out:find("trained 2 steps, 1024 samples", 1, true), out)
     command.rmdir(dir)
