@@ -3,13 +3,18 @@
 -- cumsum, on skewed counts (a power law over shuffled ids, most rows never read) and on uniform
 -- random ones; the fastest and the median of --repeat rankings, and a checksum of the order (the
 -- same for every build that ranks the same).
---   uvmrec scripts/bench/rank.lua [--rows N] [--repeat N]
+-- --device: the counters in HBM, ranked by the GPU (the hints manager's path for device tables), in
+-- wall seconds, and ranked twice each repeat: into host outputs made for the call (order, cumsum
+-- and by_id, 20 bytes a row, as tbe_stats.snapshot makes them: their first touch is in the time)
+-- and into outputs already touched, so that the host's page faults stand apart from the sort.
+--   uvmrec scripts/bench/rank.lua [--rows N] [--repeat N] [--device]
 local cli = require "uvmrec.cli"
 local cmd = cli.command {
   name = "scripts/bench/rank.lua",
   summary = "CPU seconds of ur_counts_rank on the host (skewed and uniform counts)",
   { "--rows N", "counters ranked", type = "whole", default = 8 * 1024 * 1024, min = 1 },
   { "--repeat N", "rankings of each", type = "whole", default = 5, min = 1 },
+  { "--device", "counters in HBM ranked by the GPU: wall seconds into fresh and into touched outputs" },
 }
 local opt = cmd:parse(arg)
 local ffi = require "ffi"
@@ -44,18 +49,63 @@ local fills = {
   end,
 }
 
+local function checksum(op)
+  local sum = 0ULL
+  for i = 0, n - 1, 997 do sum = sum * 31ULL + ffi.cast("uint64_t", op[i]) end
+  return (tostring(sum):gsub("ULL$", ""))
+end
+
+local function median(xs)
+  table.sort(xs)
+  return xs[math.floor((#xs + 1) / 2)]
+end
+
+local function ranked(st, where)
+  assert(st == 0, ffi.string(C.ur_last_error()))
+  assert(where == nil or where[0] == 1, "rank.lua --device: the GPU did not rank the counters (no room in HBM?)")
+end
+
+local on = ffi.new("int32_t[1]")
 for _, name in ipairs { "skewed", "uniform" } do
   fills[name]()
-  local secs = {}
-  for r = 1, opt["repeat"] do
-    local t0 = os.clock()
-    local st = C.ur_counts_rank(counts.p, order.p, cumsum.p, nil, nil)
-    secs[r] = os.clock() - t0
-    assert(st == 0, ffi.string(C.ur_last_error()))
+  if not opt.device then
+    local secs = {}
+    for r = 1, opt["repeat"] do
+      local t0 = os.clock()
+      ranked(C.ur_counts_rank(counts.p, order.p, cumsum.p, nil, nil))
+      secs[r] = os.clock() - t0
+    end
+    local m = median(secs)
+    print(("%-8s rows %d: CPU s fastest %.3f, median %.3f (of %d); order checksum %s"):format(name, n, secs[1], m,
+      #secs, checksum(o)))
+  else
+    ranked(C.ur_counts_rank(counts.p, order.p, cumsum.p, nil, nil))
+    local host_sum = checksum(o)
+    local dev = assert(counts:to("device"))
+    local by = assert(tensor.tensor({ n }, { dtype = "i32" }))
+    local fresh, touched, fresh_cpu = {}, {}, {}
+    for r = 1, opt["repeat"] do
+      -- as tbe_stats.snapshot: outputs made for the call, their pages first touched by the ranking
+      assert(ur.sync())
+      local t0, c0 = C.ur_clock_seconds(), os.clock()
+      local fo = assert(tensor.tensor({ n }, { dtype = "i64" }))
+      local fc = assert(tensor.tensor({ n }, { dtype = "i64" }))
+      local fb = assert(tensor.tensor({ n }, { dtype = "i32" }))
+      ranked(C.ur_counts_rank(dev.p, fo.p, fc.p, fb.p, on), on)
+      fresh[r], fresh_cpu[r] = C.ur_clock_seconds() - t0, os.clock() - c0
+      fo:free(); fc:free(); fb:free()
+      -- into outputs whose pages were touched (by the host ranking or the last repeat)
+      local t1 = C.ur_clock_seconds()
+      ranked(C.ur_counts_rank(dev.p, order.p, cumsum.p, by.p, on), on)
+      touched[r] = C.ur_clock_seconds() - t1
+    end
+    local dev_sum = checksum(o)
+    -- the GPU's order is the CPU's (ties by id in both): a differing checksum is a wrong ranking
+    assert(dev_sum == host_sum, ("rank.lua --device: the GPU's order checksum %s is not the CPU's %s"):format(dev_sum,
+      host_sum))
+    print(("%-8s rows %d on the GPU: wall s into fresh outputs %.3f (CPU %.3f), into touched outputs %.3f (medians of"
+      .. " %d); order checksum %s (the CPU's)"):format(name, n, median(fresh), median(fresh_cpu), median(touched),
+      #fresh, dev_sum))
+    dev:free(); by:free()
   end
-  local sum = 0ULL
-  for i = 0, n - 1, 997 do sum = sum * 31ULL + ffi.cast("uint64_t", o[i]) end
-  table.sort(secs)
-  print(("%-8s rows %d: CPU s fastest %.3f, median %.3f (of %d); order checksum %s"):format(name, n, secs[1],
-    secs[math.floor((#secs + 1) / 2)], #secs, tostring(sum):gsub("ULL$", "")))
 end
