@@ -1746,7 +1746,29 @@ __global__ void rank_keys_kernel(const int32_t *c, int64_t n, uint32_t *keys, ui
   }
 }
 
-/* work: two key and two id buffers (cub's double buffer), then cub's own storage. */
+/* order[r] = ids[r], widened. */
+__global__ void rank_order_kernel(const uint32_t *ids, int64_t n, int64_t *order) {
+  for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < n;
+       r += (int64_t)gridDim.x * blockDim.x)
+    order[r] = ids[r];
+}
+
+/* by[ids[r]] = the count of rank r, read back from its key (the counters are not read twice). */
+__global__ void rank_by_id_kernel(const uint32_t *keys, const uint32_t *ids, int64_t n, int32_t *by) {
+  for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < n;
+       r += (int64_t)gridDim.x * blockDim.x)
+    by[ids[r]] = (int32_t)(UINT32_MAX - keys[r]);
+}
+
+/* A sorted key's count, as the sums add it (i64: 2^31 rows of 2^31 - 1 overflow 32 bits). */
+struct CountOfKey {
+  __host__ __device__ int64_t operator()(uint32_t k) const { return (int64_t)(UINT32_MAX - k); }
+};
+
+/* work: two pairs of key and id buffers (cub's double buffer; pair k is key[k] then id[k], 8
+ * bytes a row together), then cub's own storage, for the sort or the scan (one after the
+ * other).  After the sort the pair it left free holds each output in turn (order and sums as
+ * i64, the counts by id as i32), copied out before the next is written: 16 bytes a row in all. */
 struct RankLayout {
   size_t key[2], id[2], cub, cub_bytes, total;
 };
@@ -1760,9 +1782,13 @@ cudaError_t rank_layout(int64_t n, RankLayout *L) {
     off += b;
   }
   cub::DoubleBuffer<uint32_t> keys(nullptr, nullptr), ids(nullptr, nullptr);
-  L->cub_bytes = 0;
-  UR_TRY(cub::DeviceRadixSort::SortPairs(nullptr, L->cub_bytes, keys, ids, (int)n, 0, 32,
+  size_t sort_bytes = 0, scan_bytes = 0;
+  UR_TRY(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, ids, (int)n, 0, 32,
                                          (cudaStream_t)0));
+  auto counts = thrust::make_transform_iterator((const uint32_t *)nullptr, CountOfKey{});
+  UR_TRY(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, counts, (int64_t *)nullptr, (int)n,
+                                       (cudaStream_t)0));
+  L->cub_bytes = sort_bytes > scan_bytes ? sort_bytes : scan_bytes;
   L->cub = off;
   L->total = off + up(L->cub_bytes);
   return cudaSuccess;
@@ -1771,7 +1797,7 @@ cudaError_t rank_layout(int64_t n, RankLayout *L) {
 } // namespace
 
 static cudaError_t ur__cuda_rank_counts(cudaStream_t st, const int32_t *c, int64_t n, void *work,
-                                        uint32_t *keys_out, uint32_t *ids_out) {
+                                        int64_t *order, int64_t *cumsum, int32_t *by_id) {
   (void)cudaGetLastError();
   if (n == 0) return cudaSuccess;
   RankLayout L;
@@ -1786,8 +1812,26 @@ static cudaError_t ur__cuda_rank_counts(cudaStream_t st, const int32_t *c, int64
   size_t cb = L.cub_bytes;
   /* stable: equal counts keep id order, as the CPU's radix sort does */
   UR_TRY(cub::DeviceRadixSort::SortPairs(w + L.cub, cb, keys, ids, (int)n, 0, 32, st));
-  UR_TRY(cudaMemcpyAsync(keys_out, keys.Current(), (size_t)n * 4, cudaMemcpyDeviceToHost, st));
-  UR_TRY(cudaMemcpyAsync(ids_out, ids.Current(), (size_t)n * 4, cudaMemcpyDeviceToHost, st));
+  /* cub flips the two buffers' selectors together: the pair not current is whole and free */
+  if (keys.selector != ids.selector) return cudaErrorNotSupported;
+  void *out = w + L.key[keys.selector ^ 1];
+  const uint32_t *k = keys.Current(), *id = ids.Current();
+  /* each output written into the free pair once the last one left it (stream order), and
+   * copied straight into the caller's host array: no keys or ids on the host */
+  rank_order_kernel<<<blocks, 256, 0, st>>>(id, n, (int64_t *)out);
+  UR_TRY(cudaGetLastError());
+  UR_TRY(cudaMemcpyAsync(order, out, (size_t)n * 8, cudaMemcpyDeviceToHost, st));
+  if (cumsum) {
+    auto counts = thrust::make_transform_iterator(k, CountOfKey{});
+    cb = L.cub_bytes;
+    UR_TRY(cub::DeviceScan::InclusiveSum(w + L.cub, cb, counts, (int64_t *)out, (int)n, st));
+    UR_TRY(cudaMemcpyAsync(cumsum, out, (size_t)n * 8, cudaMemcpyDeviceToHost, st));
+  }
+  if (by_id) {
+    rank_by_id_kernel<<<blocks, 256, 0, st>>>(k, id, n, (int32_t *)out);
+    UR_TRY(cudaGetLastError());
+    UR_TRY(cudaMemcpyAsync(by_id, out, (size_t)n * 4, cudaMemcpyDeviceToHost, st));
+  }
   return cudaStreamSynchronize(st);
 }
 
@@ -1998,8 +2042,8 @@ static ur_status tbe_rank_work_bytes(int64_t n, size_t *out) {
 }
 
 static ur_status tbe_rank_counts(void *stream, const int32_t *c, int64_t n, void *work,
-                                 uint32_t *keys, uint32_t *ids) {
-  UR_CUDA_CHECK(ur__cuda_rank_counts((cudaStream_t)stream, c, n, work, keys, ids),
+                                 int64_t *order, int64_t *cumsum, int32_t *by_id) {
+  UR_CUDA_CHECK(ur__cuda_rank_counts((cudaStream_t)stream, c, n, work, order, cumsum, by_id),
                 "tbe counts rank");
   return UR_STATUS_OK;
 }

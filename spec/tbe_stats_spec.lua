@@ -295,22 +295,30 @@ describe("uvmrec.tbe access counters", function()
       for i = 0, n - 1 do p[i] = fill(i) end
       local dev = assert(host:to("device"))
       if budget then assert(ur.set_hbm_budget(ur.memory().hbm_used + budget)) end
+      -- the GPU's order, sums and counts by id (computed there), and its order and sums alone
       local a, b = stats.snapshot(host, "h", true), stats.snapshot(dev, "d", true)
+      local b2 = stats.snapshot(dev, "d2")
       -- which path ran: the two give one order, so the record says (no room: the CPU's)
       assert.equal("host", a.rank_on, what)
       assert.equal(budget and "host" or "device", b.rank_on, what)
+      assert.equal(b.rank_on, b2.rank_on, what)
       -- the budget's refusal was no error of the call, which the CPU's ranking answered
       if budget then assert.equal("", ffi.string(require("uvmrec.lib").C.ur_last_error()), what) end
       assert.equal(a.total, b.total, what)
+      assert.equal(a.total, b2.total, what)
       assert.same(a.by_id:totable(), b.by_id:totable(), what)
-      for r = 0, n - 1 do
-        if a._o[r] ~= b._o[r] or a._c[r] ~= b._c[r] then
-          error(("%s: rank %d: the CPU has id %d (sum %d), the GPU id %d (sum %d)"):format(what, r,
-            tonumber(a._o[r]), tonumber(a._c[r]), tonumber(b._o[r]), tonumber(b._c[r])))
+      assert.is_nil(b2.by_id, what)
+      for _, g in ipairs { b, b2 } do
+        for r = 0, n - 1 do
+          if a._o[r] ~= g._o[r] or a._c[r] ~= g._c[r] then
+            error(("%s (%s): rank %d: the CPU has id %d (sum %d), the GPU id %d (sum %d)"):format(what, g.name, r,
+              tonumber(a._o[r]), tonumber(a._c[r]), tonumber(g._o[r]), tonumber(g._c[r])))
+          end
         end
       end
       a:free()
       b:free()
+      b2:free()
       host:free()
       dev:free()
     end
@@ -324,7 +332,13 @@ describe("uvmrec.tbe access counters", function()
       if u < 0.02 then return 2147483647 - math.random(0, 3) end
       return math.floor(8 * u * u)
     end, "ties")
-    same(1 + 2 ^ 20, function() return math.random(0, 2 ^ 31 - 1) end, "wide counts")
+    -- a power law over ids: most rows never read, the hot ones' counts tied in runs
+    same(1 + 2 ^ 21, function()
+      local u = math.random()
+      return u < 0.75 and 0 or math.min(2 ^ 31 - 1, math.floor(1 / (1.00001 - u) ^ 1.5))
+    end, "skewed")
+    -- uniform: every digit of the key varies
+    same(1 + 2 ^ 20, function() return math.random(0, 2 ^ 31 - 1) end, "uniform counts")
     -- no room in the HBM budget for the sort's 16 bytes a row: the CPU ranks, the same order
     local ok, err = pcall(same, 100000, function() return math.random(0, 50) end, "no room", 4096)
     ur.set_hbm_budget(nil)

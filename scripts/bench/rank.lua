@@ -6,7 +6,8 @@
 -- --device: the counters in HBM, ranked by the GPU (the hints manager's path for device tables), in
 -- wall seconds, and ranked twice each repeat: into host outputs made for the call (order, cumsum
 -- and by_id, 20 bytes a row, as tbe_stats.snapshot makes them: their first touch is in the time)
--- and into outputs already touched, so that the host's page faults stand apart from the sort.
+-- and into outputs already touched, so that the host's page faults stand apart from the sort; the
+-- GPU's order, sums and counts by id checked against the CPU's, every row.
 --   uvmrec scripts/bench/rank.lua [--rows N] [--repeat N] [--device]
 local cli = require "uvmrec.cli"
 local cmd = cli.command {
@@ -79,10 +80,16 @@ for _, name in ipairs { "skewed", "uniform" } do
     print(("%-8s rows %d: CPU s fastest %.3f, median %.3f (of %d); order checksum %s"):format(name, n, secs[1], m,
       #secs, checksum(o)))
   else
-    ranked(C.ur_counts_rank(counts.p, order.p, cumsum.p, nil, nil))
+    -- the CPU's ranking, every output, to hold the GPU's against
+    local want = { order = order, cumsum = cumsum, by_id = assert(tensor.tensor({ n }, { dtype = "i32" })) }
+    ranked(C.ur_counts_rank(counts.p, want.order.p, want.cumsum.p, want.by_id.p, nil))
     local host_sum = checksum(o)
+    order = assert(tensor.tensor({ n }, { dtype = "i64" }))
+    cumsum = assert(tensor.tensor({ n }, { dtype = "i64" }))
     local dev = assert(counts:to("device"))
     local by = assert(tensor.tensor({ n }, { dtype = "i32" }))
+    -- the touched outputs' first touch, and the GPU's first sort, before anything is timed
+    ranked(C.ur_counts_rank(dev.p, order.p, cumsum.p, by.p, on), on)
     local fresh, touched, fresh_cpu = {}, {}, {}
     for r = 1, opt["repeat"] do
       -- as tbe_stats.snapshot: outputs made for the call, their pages first touched by the ranking
@@ -94,18 +101,28 @@ for _, name in ipairs { "skewed", "uniform" } do
       ranked(C.ur_counts_rank(dev.p, fo.p, fc.p, fb.p, on), on)
       fresh[r], fresh_cpu[r] = C.ur_clock_seconds() - t0, os.clock() - c0
       fo:free(); fc:free(); fb:free()
-      -- into outputs whose pages were touched (by the host ranking or the last repeat)
+      -- into outputs whose pages were touched
       local t1 = C.ur_clock_seconds()
       ranked(C.ur_counts_rank(dev.p, order.p, cumsum.p, by.p, on), on)
       touched[r] = C.ur_clock_seconds() - t1
     end
-    local dev_sum = checksum(o)
-    -- the GPU's order is the CPU's (ties by id in both): a differing checksum is a wrong ranking
-    assert(dev_sum == host_sum, ("rank.lua --device: the GPU's order checksum %s is not the CPU's %s"):format(dev_sum,
-      host_sum))
+    -- the GPU's order, sums and counts by id are the CPU's, every one (ties by id in both)
+    for k, t in pairs { order = order, cumsum = cumsum, by_id = by } do
+      local ct = k == "by_id" and "int32_t *" or "int64_t *"
+      local g, w = ffi.cast(ct, C.ur_tensor_data(t.p)), ffi.cast(ct, C.ur_tensor_data(want[k].p))
+      for i = 0, n - 1 do
+        if g[i] ~= w[i] then
+          error(("rank.lua --device: %s %s[%d] is %s on the GPU, %s on the CPU"):format(name, k, i, tostring(g[i]),
+            tostring(w[i])), 0)
+        end
+      end
+    end
+    local dev_sum = checksum(ffi.cast("int64_t *", C.ur_tensor_data(order.p)))
+    assert(dev_sum == host_sum)
     print(("%-8s rows %d on the GPU: wall s into fresh outputs %.3f (CPU %.3f), into touched outputs %.3f (medians of"
       .. " %d); order checksum %s (the CPU's)"):format(name, n, median(fresh), median(fresh_cpu), median(touched),
       #fresh, dev_sum))
-    dev:free(); by:free()
+    dev:free(); by:free(); order:free(); cumsum:free(); want.by_id:free()
+    order, cumsum = want.order, want.cumsum
   end
 end

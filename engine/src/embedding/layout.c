@@ -113,23 +113,22 @@ static ur_status check_host_i64(const ur_tensor *x, int64_t n, const char *what)
   return check_host(x, UR_DTYPE_I64, n, what);
 }
 
-/* cs[r] = the counts of ranks 0..r summed, the count of rank r read from the sorted keys
- * (UINT32_MAX - count) where given, else c[o[r]] (a negative one as 0). */
-static void cumsum_of(int64_t *cs, int64_t n, const uint32_t *keys, const int32_t *c,
-                      const int64_t *o) {
+/* cs[r] = the counts of ranks 0..r summed, c[o[r]] (a negative one as 0). */
+static void cumsum_of(int64_t *cs, int64_t n, const int32_t *c, const int64_t *o) {
   int64_t sum = 0;
   for (int64_t r = 0; r < n; r++) {
-    int64_t v = keys ? (int64_t)(UINT32_MAX - keys[r]) : c[o[r]];
+    int64_t v = c[o[r]];
     sum += v < 0 ? 0 : v;
     cs[r] = sum;
   }
 }
 
 /* Device counters ranked by their backend (tbe.h's rank_counts: a radix sort there, 16 bytes of
- * HBM a row for its duration, 8 bytes a row back over the link) into the host arrays o, cs and
- * by (the counts by id, from the sorted keys: the counters are not read twice).
+ * HBM a row for its duration), which also sums them and scatters the counts by id there, and
+ * copies each output straight into the host arrays o, cs and by (the counters are not read
+ * twice; the host only receives, 20 bytes a row with both).
  * UR_STATUS_UNSUPPORTED where it cannot (host counters, no room in the HBM budget, 2^31 rows or
- * more): the CPU's sort then ranks, to the same order. */
+ * more): the CPU's sort then ranks, to the same order, sums and counts. */
 static ur_status rank_on_device(const ur_tensor *counts, int64_t n, int64_t *o, int64_t *cs,
                                 int32_t *by) {
   const ur_backend *b = ur__tensor_backend(counts);
@@ -141,12 +140,11 @@ static ur_status rank_on_device(const ur_tensor *counts, int64_t n, int64_t *o, 
   if (st) return st;
   size_t wb = 0;
   ur_tensor *work = NULL;
-  uint32_t *keys = malloc(sizeof(uint32_t) * 2 * (size_t)n), *ids = keys ? keys + n : NULL;
-  if (!keys) st = ur__error(UR_STATUS_OOM, "counts_rank: out of host memory for %lld rows", (long long)n);
-  if (!st) st = b->tbe->rank_work_bytes(n, &wb);
+  st = b->tbe->rank_work_bytes(n, &wb);
   if (!st) {
     int64_t nb = (int64_t)(wb ? wb : 1);
-    /* HBM for the sort (16 bytes a row): where the budget has none, the CPU ranks instead */
+    /* HBM for the sort and the outputs (rank_work_bytes'): where the budget has none, the CPU
+     * ranks instead */
     st = ur_tensor_new(&work, UR_DTYPE_U8, 1, &nb, UR_PLACE_DEVICE, dev);
     if (st == UR_STATUS_OOM) {
       /* the budget's refusal is no error of this call, whose CPU ranking sets its own if any */
@@ -154,15 +152,8 @@ static ur_status rank_on_device(const ur_tensor *counts, int64_t n, int64_t *o, 
       st = UR_STATUS_UNSUPPORTED;
     }
   }
-  if (!st) st = b->tbe->rank_counts(NULL, ur_tensor_data(counts), n, ur_tensor_data(work), keys, ids);
-  if (!st) {
-    for (int64_t r = 0; r < n; r++) o[r] = ids[r];
-    if (cs) cumsum_of(cs, n, keys, NULL, NULL);
-    if (by)
-      for (int64_t r = 0; r < n; r++) by[ids[r]] = (int32_t)(UINT32_MAX - keys[r]);
-  }
+  if (!st) st = b->tbe->rank_counts(NULL, ur_tensor_data(counts), n, ur_tensor_data(work), o, cs, by);
   ur_tensor_free(work);
-  free(keys);
   return ur__device_leave(b, dev, prev, st);
 }
 
@@ -206,7 +197,7 @@ ur_status ur_counts_rank(const ur_tensor *counts, ur_tensor *order, ur_tensor *c
       rank_ids(c, n, o, cs, tmp);
     } else {
       rank_ids_wide(c, n, o, tmp);
-      if (cs) cumsum_of(cs, n, NULL, c, o);
+      if (cs) cumsum_of(cs, n, c, o);
     }
     if (by)
       for (int64_t i = 0; i < n; i++) by[i] = c[i] < 0 ? 0 : c[i];

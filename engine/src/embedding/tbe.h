@@ -51,12 +51,13 @@ typedef struct ur_tbe_ops {
   ur_status (*swap_rows)(void *stream, const ur__tbe_swap *s);
   /* Counters ranked where they live (layout.c's ur_counts_rank; the CPU has no entry, its
    * reference is there): c, n of them (0 < n < 2^31), in the backend's memory; writes to host
-   * memory keys[r] = UINT32_MAX - max(c[id], 0) and ids[r] = id for the id of rank r (highest
-   * count first, ties by id, as the CPU's sort) and returns once they are there.  work: the
-   * bytes rank_work_bytes gives, in the backend's memory. */
+   * memory order[r] = the id of rank r (highest count first, ties by id, as the CPU's sort),
+   * cumsum[r] = the counts (below 0 as 0) of ranks 0..r summed and by_id[id] = max(c[id], 0)
+   * (cumsum and by_id where not NULL), computed where the counters are, and returns once they
+   * are there.  work: the bytes rank_work_bytes gives, in the backend's memory. */
   ur_status (*rank_work_bytes)(int64_t n, size_t *out);
-  ur_status (*rank_counts)(void *stream, const int32_t *c, int64_t n, void *work, uint32_t *keys,
-                           uint32_t *ids);
+  ur_status (*rank_counts)(void *stream, const int32_t *c, int64_t n, void *work, int64_t *order,
+                           int64_t *cumsum, int32_t *by_id);
 } ur_tbe_ops;
 
 /* The CPU backend's table (tbe_cpu.c), the reference. */
