@@ -179,6 +179,46 @@ return P
     m.tbe:free()
   end)
 
+  it("rank each table into its last ranking's memory; a ranking a policy kept raises once taken or let go", function()
+    local C = ur.C
+    -- plans nothing; keeps each interval's ranking of each table, and while `look`, reads it
+    local P = hints.policy("keeper", {})
+    local kept, look = {}, true
+    function P.plan(_, stats)
+      if look then
+        local a = stats.access
+        kept[#kept + 1] = { a = a, name = stats.name, mem = C.ur_tensor_data(a.order.p), top = a:topk(1)[1] }
+      end
+      return {}
+    end
+    local m = tables()
+    local mgr = hints.manager(m, { policy = P, every = 1, allowance = "50%" })
+    H.feed(m, { { 5000, 6000 }, { 7, 7 } }, 4) -- no padding reads of id 0: as many reads a feature
+    assert(mgr:step(1))
+    -- after its interval, a kept ranking still reads as ranked (it was freed there)
+    assert.same({ "a", "b" }, { kept[1].name, kept[2].name })
+    assert.equal(5000, kept[1].a:topk(1)[1])
+    assert.equal(7, kept[2].a:topk(1)[1])
+    H.feed(m, { { 3000 }, { 9 } }, 40)
+    assert(mgr:step(2))
+    -- the second interval ranked into the first's memory, table by table, to the new counts
+    assert.same({ kept[1].mem, kept[2].mem }, { kept[3].mem, kept[4].mem })
+    assert.same({ 3000, 9 }, { kept[3].top, kept[4].top })
+    -- the first's would read them as its own: it raises, naming the table
+    assert.has_error(function() return kept[1].a:topk(1) end, "access snapshot of table 'a' used after a later "
+      .. "snapshot took its order, sums and counts (snapshot's `into`: it is valid until then)")
+    assert.has_error(function() return kept[2].a.total end)
+    -- an interval that ranks nothing (the split settled, the plan not looking) lets the last go
+    look = false
+    assert(mgr:step(3))
+    assert.has_error(function() return kept[3].a:topk(1) end, "access snapshot of table 'a' used after its free()")
+    look = true
+    assert(mgr:step(4))
+    assert.equal(3000, kept[5].a:topk(1)[1])
+    mgr:free()
+    assert.has_error(function() return kept[6].a:topk(1) end, "access snapshot of table 'b' used after its free()")
+  end)
+
   it("fail naming the policy, the table and the value when a plan returns garbage", function()
     local function plan_err(plan)
       local P = hints.policy("junk", {})

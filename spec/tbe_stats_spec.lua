@@ -209,6 +209,48 @@ describe("uvmrec.tbe access counters", function()
     c:free()
   end)
 
+  it("rank into an earlier snapshot's outputs, which then raises naming its table, as a freed one does", function()
+    local ffi = require "ffi"
+    local stats = require "uvmrec.tbe_stats"
+    local C = require("uvmrec.lib").C
+    local c = assert(ur.tensor({ 6 }, { dtype = "i32" }))
+    local p = ffi.cast("int32_t *", C.ur_tensor_data(c.p))
+    for i, v in ipairs { 4, -2, 9, 0, 4, 1 } do p[i - 1] = v end
+    local a = stats.snapshot(c, "t", true)
+    local mem = { C.ur_tensor_data(a.order.p), C.ur_tensor_data(a.cumsum.p), C.ur_tensor_data(a.by_id.p) }
+    for i, v in ipairs { 0, 7, 3, 7, -1, 2 } do p[i - 1] = v end
+    local b = stats.snapshot(c, "t", true, a)
+    -- the same host memory, holding the new ranking: a fresh snapshot's
+    assert.same(mem, { C.ur_tensor_data(b.order.p), C.ur_tensor_data(b.cumsum.p), C.ur_tensor_data(b.by_id.p) })
+    local f = stats.snapshot(c, "t", true)
+    assert.same({ f:topk(6) }, { b:topk(6) })
+    assert.same(f.cumsum:totable(), b.cumsum:totable())
+    assert.same({ 0, 7, 3, 7, 0, 2 }, b.by_id:totable())
+    assert.equal(19, b.total)
+    -- the earlier one would read b's counts as its own: it raises, naming its table
+    local taken = "access snapshot of table 't' used after a later snapshot took its order, sums and counts "
+      .. "(snapshot's `into`: it is valid until then)"
+    assert.has_error(function() return a:topk(1) end, taken)
+    assert.has_error(function() return a.total end, taken)
+    a:free() -- harmless
+    assert.has_error(function() stats.snapshot(c, "t", true, a) end,
+      "snapshot of table 't': into is a spent snapshot; expected an access snapshot (not freed nor taken by another)")
+    f:free()
+    assert.has_error(function() return f:coverage(0.5) end, "access snapshot of table 't' used after its free()")
+    f:free()
+    -- without by_id, into's goes; of another size, refused before anything is taken
+    local d = stats.snapshot(c, "t", false, b)
+    assert.is_nil(d.by_id)
+    assert.same({ 1, 3, 2, 5, 0, 4 }, d:topk(6))
+    local c7 = assert(ur.tensor({ 7 }, { dtype = "i32" }))
+    assert.has_error(function() stats.snapshot(c7, "u", false, d) end,
+      "snapshot of table 'u': into has 6 rows, the counters 7; expected a snapshot of as many rows")
+    assert.equal(6, d.rows)
+    d:free()
+    c7:free()
+    c:free()
+  end)
+
   it("rank host counters to a plain sort's order and sums: random, skewed, tied, wide and negative counts", function()
     -- the CPU's radix sort carries each key beside its id and skips a digit every key shares: its
     -- order must stay a sort by count (highest first) and id, whichever digits vary
@@ -296,26 +338,34 @@ describe("uvmrec.tbe access counters", function()
       local dev = assert(host:to("device"))
       if budget then assert(ur.set_hbm_budget(ur.memory().hbm_used + budget)) end
       -- the GPU's order, sums and counts by id (computed there), and its order and sums alone
-      local a, b = stats.snapshot(host, "h", true), stats.snapshot(dev, "d", true)
-      local b2 = stats.snapshot(dev, "d2")
-      -- which path ran: the two give one order, so the record says (no room: the CPU's)
-      assert.equal("host", a.rank_on, what)
-      assert.equal(budget and "host" or "device", b.rank_on, what)
-      assert.equal(b.rank_on, b2.rank_on, what)
-      -- the budget's refusal was no error of the call, which the CPU's ranking answered
-      if budget then assert.equal("", ffi.string(require("uvmrec.lib").C.ur_last_error()), what) end
-      assert.equal(a.total, b.total, what)
-      assert.equal(a.total, b2.total, what)
-      assert.same(a.by_id:totable(), b.by_id:totable(), what)
-      assert.is_nil(b2.by_id, what)
-      for _, g in ipairs { b, b2 } do
-        for r = 0, n - 1 do
-          if a._o[r] ~= g._o[r] or a._c[r] ~= g._c[r] then
-            error(("%s (%s): rank %d: the CPU has id %d (sum %d), the GPU id %d (sum %d)"):format(what, g.name, r,
-              tonumber(a._o[r]), tonumber(a._c[r]), tonumber(g._o[r]), tonumber(g._c[r])))
+      local function check(a, b, b2)
+        -- which path ran: the two give one order, so the record says (no room: the CPU's)
+        assert.equal("host", a.rank_on, what)
+        assert.equal(budget and "host" or "device", b.rank_on, what)
+        assert.equal(b.rank_on, b2.rank_on, what)
+        -- the budget's refusal was no error of the call, which the CPU's ranking answered
+        if budget then assert.equal("", ffi.string(require("uvmrec.lib").C.ur_last_error()), what) end
+        assert.equal(a.total, b.total, what)
+        assert.equal(a.total, b2.total, what)
+        assert.same(a.by_id:totable(), b.by_id:totable(), what)
+        assert.is_nil(b2.by_id, what)
+        for _, g in ipairs { b, b2 } do
+          for r = 0, n - 1 do
+            if a._o[r] ~= g._o[r] or a._c[r] ~= g._c[r] then
+              error(("%s (%s): rank %d: the CPU has id %d (sum %d), the GPU id %d (sum %d)"):format(what, g.name, r,
+                tonumber(a._o[r]), tonumber(a._c[r]), tonumber(g._o[r]), tonumber(g._c[r])))
+            end
           end
         end
       end
+      local a, b, b2 = stats.snapshot(host, "h", true), stats.snapshot(dev, "d", true), stats.snapshot(dev, "d2")
+      check(a, b, b2)
+      -- new counts ranked into the last snapshots' outputs (the manager's next interval): the new ranking
+      for i = 0, n - 1 do p[i] = fill(i) end
+      assert(dev:copy(host))
+      a, b = stats.snapshot(host, "h", true, a), stats.snapshot(dev, "d", true, b)
+      b2 = stats.snapshot(dev, "d2", false, b2)
+      check(a, b, b2)
       a:free()
       b:free()
       b2:free()

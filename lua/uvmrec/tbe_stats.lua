@@ -34,17 +34,61 @@ end
 local Access = {}
 Access.__index = Access
 
+-- An Access freed, or whose outputs a later snapshot took (snapshot's `into`): every use
+-- raises, naming it and why, rather than reading freed memory or the later ranking's values as
+-- its own; free() is harmless.
+local Spent = {}
+local function nothing() end
+Spent.__index = function(self, k)
+  if k == "free" then return nothing end
+  error(("access snapshot of table '%s' used after %s"):format(tostring(rawget(self, "name")),
+    rawget(self, "_why")), 2)
+end
+
+local TAKEN = "a later snapshot took its order, sums and counts (snapshot's `into`: it is valid until then)"
+
+local function spend(a, why)
+  local name = a.name
+  for k in pairs(a) do rawset(a, k, nil) end
+  rawset(a, "name", name)
+  rawset(a, "_why", why)
+  setmetatable(a, Spent)
+end
+
+-- A host tensor of n elements of dtype dt: `old`'s (of those, from a spent snapshot), else new.
+local function output(old, n, dt)
+  if old then return old end
+  return assert(tensor.tensor({ n }, { dtype = dt }))
+end
+
 -- rows ranked by count: order[r] the id of rank r, cumsum[r] the accesses of ranks 0..r;
 -- rank_on, where the ranking ran: "device" (the GPU sorted the counters where they live) or
 -- "host" (the CPU, for host counters or where the HBM budget had no room for the sort).  With
 -- by_id, also by_id[id], the count ranked for id (below 0 as 0): the counters as the ranking
 -- read them, so that nothing reads them again (ur_counts_prefix takes it).
+-- into (optional): an earlier snapshot of as many rows, whose outputs this one ranks into
+-- rather than making new ones (20 bytes a row of host memory, first touched by the ranking
+-- otherwise); `into` is spent: any use of it after raises.
 local on_device = ffi.new("int32_t[1]")
-local function snapshot(counts, name, by_id)
+local function snapshot(counts, name, by_id, into)
   local n = counts:numel()
-  local order = assert(tensor.tensor({ n }, { dtype = "i64" }))
-  local cumsum = assert(tensor.tensor({ n }, { dtype = "i64" }))
-  local by = by_id and assert(tensor.tensor({ n }, { dtype = "i32" })) or nil
+  local old = {}
+  if into ~= nil then
+    if getmetatable(into) ~= Access then
+      error(("snapshot of table '%s': into is %s; expected an access snapshot (not freed nor taken by another)")
+        :format(tostring(name), getmetatable(into) == Spent and "a spent snapshot" or tostring(into)), 2)
+    end
+    if into.rows ~= n then
+      error(("snapshot of table '%s': into has %d rows, the counters %d; expected a snapshot of as many rows")
+        :format(tostring(name), into.rows, n), 2)
+    end
+    old = { order = into.order, cumsum = into.cumsum, by_id = into.by_id }
+    if not by_id and old.by_id then old.by_id:free() end
+    spend(into, TAKEN)
+  end
+  local order = output(old.order, n, "i64")
+  local cumsum = output(old.cumsum, n, "i64")
+  local by = by_id and output(old.by_id, n, "i32") or nil
   must(C.ur_counts_rank(lib.ptr(counts, "counts", 3), lib.ptr(order, "order", 3), lib.ptr(cumsum, "cumsum", 3),
                         by and by.p, on_device))
   local self = setmetatable({ name = name, rows = n, order = order, cumsum = cumsum, by_id = by,
@@ -123,6 +167,7 @@ function Access:free()
   self.order:free()
   self.cumsum:free()
   if self.by_id then self.by_id:free() end
+  spend(self, "its free()")
 end
 
 -- ---- methods of collections ----

@@ -7,7 +7,8 @@
 -- wall seconds, and ranked twice each repeat: into host outputs made for the call (order, cumsum
 -- and by_id, 20 bytes a row, as tbe_stats.snapshot makes them: their first touch is in the time)
 -- and into outputs already touched, so that the host's page faults stand apart from the sort; the
--- GPU's order, sums and counts by id checked against the CPU's, every row.
+-- GPU's order, sums and counts by id checked against the CPU's, every row; and through
+-- tbe_stats.snapshot into the last snapshot's outputs (its `into`: the manager's intervals).
 --   uvmrec scripts/bench/rank.lua [--rows N] [--repeat N] [--device]
 local cli = require "uvmrec.cli"
 local cmd = cli.command {
@@ -21,6 +22,7 @@ local opt = cmd:parse(arg)
 local ffi = require "ffi"
 local ur = require "uvmrec"
 local tensor = require "uvmrec.tensor"
+local stats = require "uvmrec.tbe_stats"
 local C = ur.C
 
 local n = opt.rows
@@ -90,7 +92,9 @@ for _, name in ipairs { "skewed", "uniform" } do
     local by = assert(tensor.tensor({ n }, { dtype = "i32" }))
     -- the touched outputs' first touch, and the GPU's first sort, before anything is timed
     ranked(C.ur_counts_rank(dev.p, order.p, cumsum.p, by.p, on), on)
-    local fresh, touched, fresh_cpu = {}, {}, {}
+    -- tbe_stats.snapshot's, ranked into by the next (its `into`), as the manager's intervals do
+    local last = stats.snapshot(dev, name, true)
+    local fresh, touched, fresh_cpu, reused = {}, {}, {}, {}
     for r = 1, opt["repeat"] do
       -- as tbe_stats.snapshot: outputs made for the call, their pages first touched by the ranking
       assert(ur.sync())
@@ -105,23 +109,31 @@ for _, name in ipairs { "skewed", "uniform" } do
       local t1 = C.ur_clock_seconds()
       ranked(C.ur_counts_rank(dev.p, order.p, cumsum.p, by.p, on), on)
       touched[r] = C.ur_clock_seconds() - t1
+      local t2 = C.ur_clock_seconds()
+      last = stats.snapshot(dev, name, true, last)
+      reused[r] = C.ur_clock_seconds() - t2
+      assert(last.rank_on == "device", "rank.lua --device: the GPU did not rank the counters (no room in HBM?)")
     end
-    -- the GPU's order, sums and counts by id are the CPU's, every one (ties by id in both)
-    for k, t in pairs { order = order, cumsum = cumsum, by_id = by } do
-      local ct = k == "by_id" and "int32_t *" or "int64_t *"
-      local g, w = ffi.cast(ct, C.ur_tensor_data(t.p)), ffi.cast(ct, C.ur_tensor_data(want[k].p))
-      for i = 0, n - 1 do
-        if g[i] ~= w[i] then
-          error(("rank.lua --device: %s %s[%d] is %s on the GPU, %s on the CPU"):format(name, k, i, tostring(g[i]),
-            tostring(w[i])), 0)
+    -- the GPU's order, sums and counts by id are the CPU's, every one (ties by id in both), and
+    -- the snapshot's, ranked into again and again, too
+    for _, got in ipairs { { order = order, cumsum = cumsum, by_id = by }, last } do
+      for _, k in ipairs { "order", "cumsum", "by_id" } do
+        local ct = k == "by_id" and "int32_t *" or "int64_t *"
+        local g, w = ffi.cast(ct, C.ur_tensor_data(got[k].p)), ffi.cast(ct, C.ur_tensor_data(want[k].p))
+        for i = 0, n - 1 do
+          if g[i] ~= w[i] then
+            error(("rank.lua --device: %s %s[%d] is %s on the GPU%s, %s on the CPU"):format(name, k, i, tostring(g[i]),
+              got == last and " through tbe_stats.snapshot" or "", tostring(w[i])), 0)
+          end
         end
       end
     end
+    last:free()
     local dev_sum = checksum(ffi.cast("int64_t *", C.ur_tensor_data(order.p)))
     assert(dev_sum == host_sum)
-    print(("%-8s rows %d on the GPU: wall s into fresh outputs %.3f (CPU %.3f), into touched outputs %.3f (medians of"
-      .. " %d); order checksum %s (the CPU's)"):format(name, n, median(fresh), median(fresh_cpu), median(touched),
-      #fresh, dev_sum))
+    print(("%-8s rows %d on the GPU: wall s into fresh outputs %.3f (CPU %.3f), into touched outputs %.3f, "
+      .. "through tbe_stats.snapshot into the last one's %.3f (medians of %d); order checksum %s (the CPU's)"):format(
+      name, n, median(fresh), median(fresh_cpu), median(touched), median(reused), #fresh, dev_sum))
     dev:free(); by:free(); order:free(); cumsum:free(); want.by_id:free()
     order, cumsum = want.order, want.cumsum
   end

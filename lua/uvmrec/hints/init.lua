@@ -4,7 +4,8 @@
 --   policy:plan(stats, allowance) -> actions
 -- called by the manager every `every` steps for each managed table, with
 --   stats:     {name, rows, row_bytes (weights and optimizer state of a row), total (accesses
---              counted), step, access (a ranked snapshot: topk, coverage, histogram), perm
+--              counted), step, access (a ranked snapshot: topk, coverage, histogram; valid
+--              until the manager ranks the table again, into its memory: used after, it raises), perm
 --              (the layout, host i64 [rows] or nil), prefix_rows(bytes) (the most leading rows
 --              whose pages fit), placed_bytes(k), prefix_accesses(k)}
 --   allowance: the bytes of HBM the policy may place for this table (the manager splits the
@@ -152,7 +153,8 @@ Stats.__index = function(s, k)
     local t0 = C.ur_clock_seconds()
     -- device counters' counts by id come with the ranking: the prefix's accesses read none again
     local v = s:_counters()
-    local a = tbe_stats.snapshot(v, s.name, v:placement() == "device")
+    -- into the table's last ranking's host memory (_into, the manager's): not first touched again
+    local a = tbe_stats.snapshot(v, s.name, v:placement() == "device", rawget(s, "_into"))
     rawset(s, "access", a)
     rawset(s, "rank_seconds", C.ur_clock_seconds() - t0)
     return a
@@ -267,6 +269,7 @@ end
 
 function Stats:free()
   if rawget(self, "access") then self.access:free() end
+  if rawget(self, "_into") then self._into:free() end -- spent already where a ranking took it
   if rawget(self, "_host_counts") then self._host_counts:free() end
   if rawget(self, "_view") then self._view:free() end
   self:_forget_perm()
@@ -745,7 +748,8 @@ function Manager:interval(step, keep_counts)
   local stats = {}
   for i, t in ipairs(self.tables) do
     stats[i] = setmetatable({ name = t.name, rows = t.rows, row_bytes = t.row_bytes, step = step,
-                              tensors = #t.tensors, layout = t.layout, _tbe = t.tbe }, Stats)
+                              tensors = #t.tensors, layout = t.layout, _tbe = t.tbe, _into = t.ranked }, Stats)
+    t.ranked = nil
   end
   -- The split ranks every table's counters: it is redone only while counts are young (until
   -- the first interval after step 1 that saw counts) or when a policy re-ranks anyway.
@@ -786,6 +790,11 @@ function Manager:interval(step, keep_counts)
     if a then
       if view then view.rank_on = a.rank_on end
       rec.rank_on = (rec.rank_on == nil or rec.rank_on == a.rank_on) and a.rank_on or "mixed"
+      -- kept for the next interval's ranking of the table, which takes its memory (and spends it:
+      -- a policy that kept stats.access gets an error naming it, not the new counts); a table
+      -- not ranked in an interval lets its last ranking go (s:free() below)
+      self.tables[i].ranked = a
+      rawset(s, "access", nil)
     end
     s:free()
   end
@@ -897,6 +906,7 @@ end
 function Manager:free()
   for _, t in ipairs(self.tables) do
     for _, x in ipairs(t.tensors) do x:free() end
+    if t.ranked then t.ranked:free() end
     if rawget(t.policy, "_manager") == self then
       -- its state was this manager's tables': the next manager starts it afresh
       rawset(t.policy, "_manager", nil)
