@@ -1817,20 +1817,22 @@ static cudaError_t ur__cuda_rank_counts(cudaStream_t st, const int32_t *c, int64
   void *out = w + L.key[keys.selector ^ 1];
   const uint32_t *k = keys.Current(), *id = ids.Current();
   /* each output written into the free pair once the last one left it (stream order), and
-   * copied straight into the caller's host array: no keys or ids on the host */
+   * copied straight into the caller's arrays: no keys or ids on the host.  The arrays may be
+   * pageable, pinned or managed memory (ur_counts_rank takes any but device): the copies' kind
+   * is the pointers' (cudaMemcpyDefault) */
   rank_order_kernel<<<blocks, 256, 0, st>>>(id, n, (int64_t *)out);
   UR_TRY(cudaGetLastError());
-  UR_TRY(cudaMemcpyAsync(order, out, (size_t)n * 8, cudaMemcpyDeviceToHost, st));
+  UR_TRY(cudaMemcpyAsync(order, out, (size_t)n * 8, cudaMemcpyDefault, st));
   if (cumsum) {
     auto counts = thrust::make_transform_iterator(k, CountOfKey{});
     cb = L.cub_bytes;
     UR_TRY(cub::DeviceScan::InclusiveSum(w + L.cub, cb, counts, (int64_t *)out, (int)n, st));
-    UR_TRY(cudaMemcpyAsync(cumsum, out, (size_t)n * 8, cudaMemcpyDeviceToHost, st));
+    UR_TRY(cudaMemcpyAsync(cumsum, out, (size_t)n * 8, cudaMemcpyDefault, st));
   }
   if (by_id) {
     rank_by_id_kernel<<<blocks, 256, 0, st>>>(k, id, n, (int32_t *)out);
     UR_TRY(cudaGetLastError());
-    UR_TRY(cudaMemcpyAsync(by_id, out, (size_t)n * 4, cudaMemcpyDeviceToHost, st));
+    UR_TRY(cudaMemcpyAsync(by_id, out, (size_t)n * 4, cudaMemcpyDefault, st));
   }
   return cudaStreamSynchronize(st);
 }

@@ -395,6 +395,33 @@ describe("uvmrec.tbe access counters", function()
     assert(ok, err)
   end)
 
+  cuda_it("rank device counters on the GPU into pinned and managed outputs as into host ones", function()
+    local ffi = require "ffi"
+    local C = require("uvmrec.lib").C
+    local n = 100003
+    math.randomseed(73)
+    local host = assert(ur.tensor({ n }, { dtype = "i32" }))
+    local p = ffi.cast("int32_t *", C.ur_tensor_data(host.p))
+    for i = 0, n - 1 do p[i] = math.random() < 0.5 and 0 or math.random(-5, 3000) end
+    local dev = assert(host:to("device"))
+    local function ranked(out)
+      local o, cs, by = out("i64"), out("i64"), out("i32")
+      local on = ffi.new("int32_t[1]")
+      assert.equal(0, C.ur_counts_rank(dev.p, o.p, cs.p, by.p, on), ffi.string(C.ur_last_error()))
+      assert.equal(1, on[0])
+      local t = { o:totable(), cs:totable(), by:totable() }
+      o:free()
+      cs:free()
+      by:free()
+      return t
+    end
+    local want = ranked(function(dt) return assert(ur.tensor({ n }, { dtype = dt })) end)
+    assert.same(want, ranked(function(dt) return assert(ur.tensor({ n }, { dtype = dt, placement = "pinned" })) end))
+    assert.same(want, ranked(function(dt) return assert(ur.uvm_tensor({ n }, { dtype = dt })) end))
+    host:free()
+    dev:free()
+  end)
+
   cuda_it("count on the GPU exactly as on the CPU, decay included (device and managed tables)", function()
     for _, place in ipairs { "device", "managed" } do
       local cpu, gpu = make("cpu", "host"), make(0, place)
