@@ -19,8 +19,9 @@ struct ur_optim_pack {
 };
 
 __global__ void __launch_bounds__(UR_OPTIM_THREADS)
-ur_optim_kernel(const __grid_constant__ ur__optim_consts k,
+ur_optim_kernel(const __grid_constant__ ur__optim_consts k0,
                 const __grid_constant__ ur_optim_pack pk) {
+  const ur__optim_consts k = ur__optim_now(&k0); /* Adam's true update number under a guard */
   int64_t b = blockIdx.x;
   int t = 0;
   while (t + 1 < pk.count && pk.first[t + 1] <= b) t++;

@@ -941,11 +941,12 @@ __device__ __forceinline__ SegOf seg_of(const ur__tbe_args &a, const ur__tbe_hyp
  * 3 blocks (two segments a window) or 2 (one). */
 template <int NV, int E, int U, int W>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV == 1 ? 4 : W > 1 ? 3 : 2)
-    seg_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
+    seg_kernel(const ur__tbe_args a, const ur__tbe_hyper h0, const Sorted s, const SparseOut sp) {
   static_assert(32 % W == 0, "a warp's 32 segments split into whole windows");
   /* a guard holds the step back; the row sums (ur_tbe_row_sums) are written all the same, for the
    * other ranks' column shards add them */
-  if (!sp.rows && !h.sums_only && ur__optim_gated(&h.k)) return;
+  if (!sp.rows && !h0.sums_only && ur__optim_gated(&h0.k)) return;
+  const ur__tbe_hyper h = ur__tbe_hyper_now(&h0); /* Adam's true update number under a guard */
   __shared__ __align__(16) float slots[UR_TBE_WARPS][W][NV * 32 * E]; /* the window's sums */
   int lane = threadIdx.x & 31;
   float(*slot)[NV * 32 * E] = slots[threadIdx.x / 32];
@@ -1041,8 +1042,9 @@ __device__ __forceinline__ bool seg_row(const ur__tbe_args &a, const ur__tbe_hyp
  * gradient rows (or U) in flight at a time, then its row stepped once (or written out, sparse). */
 template <int NV, int E, int U>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV * E <= 8 ? 4 : 2)
-    mid_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
-  if (!sp.rows && !h.sums_only && ur__optim_gated(&h.k)) return;
+    mid_kernel(const ur__tbe_args a, const ur__tbe_hyper h0, const Sorted s, const SparseOut sp) {
+  if (!sp.rows && !h0.sums_only && ur__optim_gated(&h0.k)) return;
+  const ur__tbe_hyper h = ur__tbe_hyper_now(&h0); /* Adam's true update number under a guard */
   __shared__ float slots[UR_TBE_WARPS][NV * 32 * E];
   int lane = threadIdx.x & 31;
   float *slot = slots[threadIdx.x / 32];
@@ -1116,8 +1118,9 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
  * its row stepped once (or written out, sparse). */
 template <int NV, int E, int U>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
-    long_kernel(const ur__tbe_args a, const ur__tbe_hyper h, const Sorted s, const SparseOut sp) {
-  if (!sp.rows && !h.sums_only && ur__optim_gated(&h.k)) return;
+    long_kernel(const ur__tbe_args a, const ur__tbe_hyper h0, const Sorted s, const SparseOut sp) {
+  if (!sp.rows && !h0.sums_only && ur__optim_gated(&h0.k)) return;
+  const ur__tbe_hyper h = ur__tbe_hyper_now(&h0); /* Adam's true update number under a guard */
   __shared__ float slots[UR_TBE_WARPS][NV * 32 * E];
   int lane = threadIdx.x & 31;
   float *slot = slots[threadIdx.x / 32];

@@ -237,8 +237,11 @@ UR_API ur_status ur_tensor_gather_rows(ur_stream *s, const ur_tensor *src, const
  * checkpoints' load check.  A guard's flags are i32 [UR_NONFINITE_HEAD + slots], zeroed by their
  * owner, in memory the work's backend reads (device memory on a GPU): [0] 1 once the current
  * step held a NaN or an infinity (a gate: ur_optim_step and ur_tbe_set_gate skip their update
- * while it is set), [1] steps ended, [2] steps that ended with [0] set; [UR_NONFINITE_HEAD + i]
- * the step (1 + [1] then) in which slot i's tensor first held one, 0 while it never did. */
+ * while it is set), [1] steps ended, [2] steps that ended with [0] set since the owner last
+ * cleared it; [UR_NONFINITE_HEAD + i] the step (1 + [1] then) in which slot i's tensor first
+ * held one, 0 while it never did.  Skipped steps are no updates: the gated Adam updates take
+ * [2] off their number (the dense step's cfg->step, the collection's count) where they run,
+ * so the owner that clears [2] takes it off those counts at the same time. */
 enum { UR_NONFINITE_HEAD = 3 };
 /* ORs "some element is NaN or +-Inf" of each of n tensors (f32, bf16, f16, f64; any shape)
  * into flags, tensor i as slot first_slot + i.  Ordered on s; reads nothing back (on a GPU: one
@@ -759,7 +762,8 @@ UR_API ur_status ur_tbe_backward(ur_stream *s, ur_tbe *t, const ur_tensor *grad_
                                  const ur_tensor *inverse_indices /* or NULL */);
 /* gate: a guard's flags (ur_nonfinite_check), or NULL: while its element 0 is set when a
  * backward runs, that backward leaves rows and optimizer state as they are (decided where it
- * runs, without a wait; the collection's own step count still advances).  The flags stay the
+ * runs, without a wait; the collection's own step count still advances, and Adam's bias terms
+ * take the gate's [2] off it: ur_nonfinite_check).  The flags stay the
  * caller's and must outlive the collection or be unset first; i32, on the collection's side. */
 UR_API ur_status ur_tbe_set_gate(ur_tbe *t, const ur_tensor *gate /* or NULL */);
 /* Rowwise Adagrad over column shards: a table split by columns over several collections steps
@@ -1349,7 +1353,8 @@ UR_API ur_status ur_dense_cast(ur_stream *s, const ur_tensor *src, ur_tensor *ds
  * halves (NULL or entries NULL) receive the new values in bf16.  On the GPU, one launch
  * for every 48 parameters.  gate: a guard's flags (ur_nonfinite_check); when its element 0 is
  * set as the step runs, parameters and state are left as they are (gradients are still zeroed
- * when cfg->zero_grad says so), decided where the work runs, without a wait. */
+ * when cfg->zero_grad says so), decided where the work runs, without a wait; Adam's update
+ * number is then cfg->step less the gate's [2] (skipped steps not yet taken off the count). */
 UR_API ur_status ur_optim_step(ur_stream *s, const ur_optim_config *cfg, int32_t n,
                                ur_tensor *const *params, ur_tensor *const *grads,
                                ur_tensor *const *state1 /* or NULL */,

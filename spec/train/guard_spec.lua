@@ -187,6 +187,42 @@ local function list_source(list)
   end, close = function() end }
 end
 
+-- Seven batches with Adam on both sides (on the GPU when device), the third made non-finite
+-- and skipped with the flags read every `every` steps, against the run of the six others:
+-- the same losses, step counts and every bit of the training state.
+local function adam_skip_matches_clean(every, device)
+  local bs = batches(7)
+  local function run(list, mode)
+    local sets = { "train.batch_size=256" }
+    for _, v in ipairs { "optimizer.name=adam", "embeddings.optimizer.name=adam", "optimizer.lr=0.01",
+                         "embeddings.optimizer.lr=0.01" } do sets[#sets + 1] = v end
+    local cfg = helpers.tiny(sets)
+    local model = assert(assert(train.model_def(cfg)).build(cfg, { cpu = not device }))
+    local opt = train.optimizer(cfg, model)
+    local g = mode and guard.new(model, opt, mode)
+    local losses = {}
+    local hooks = { { after = function(_, rr) losses[#losses + 1] = rr.loss:get(0) end } }
+    if g then table.insert(hooks, 1, g:hook { every = every }) end
+    local src = list
+    if device then
+      src = {}
+      for i, b in ipairs(list) do src[i] = assert(b:to("device")) end
+    end
+    local r = loop.run(model, opt, list_source(src), hooks)
+    return losses, state_of(model, opt), r, { opt.step_count, model.embeddings.tbe:step() }
+  end
+  local clean = {}
+  for i = 1, 7 do if i ~= 3 then clean[#clean + 1] = bs[i] end end
+  local want_losses, want_state, _, want_counts = run(clean)
+  bs[3].dense:set(0, 0 / 0)
+  local got_losses, got_state, r, got_counts = run(bs, "skip")
+  assert.equal(1, r.skipped)
+  table.remove(got_losses, 3)
+  assert.same(want_losses, got_losses)
+  assert.same(want_counts, got_counts)
+  assert.same(want_state, got_state)
+end
+
 describe("uvmrec.train.guard", function()
   for _, opt_sets in ipairs {
     { "optimizer.name=sgd", "embeddings.optimizer.name=sgd" },
@@ -241,6 +277,16 @@ describe("uvmrec.train.guard", function()
     assert.same(want_state, got_state)
     assert.equal(9, r.step)
   end)
+
+  -- Adam's bias corrections count the updates made: the update after a skipped step must be
+  -- the one a run that never saw the batch makes, whenever the flags are read (train.log_every)
+  -- and in the tables (whose step count the engine keeps) as in the dense parameters.
+  for _, every in ipairs { 1, 100 } do
+    it("trains past a skipped batch as if it had never been there (Adam, dense and tables, flags read every "
+       .. every .. ")", function()
+      adam_skip_matches_clean(every)
+    end)
+  end
 
   it("refuses a mode other than stop or skip", function()
     local model, opt = tiny_model()
@@ -489,6 +535,11 @@ describe("ur_nonfinite_check #cuda", function()
     assert.same({ 1, 2, 2, 1 }, ints(assert(flags:to("host"))))
   end)
 
+  helpers.cuda_it("trains past a skipped batch on the GPU as if it had never been there (Adam), flags read "
+                  .. "every step or every 100", function()
+    adam_skip_matches_clean(1, true)
+    adam_skip_matches_clean(100, true)
+  end)
   helpers.cuda_it("holds a guarded DLRM step on the GPU back as the CPU does: nothing changes", function()
     for _, sets in ipairs { {}, { "optimizer.name=adam", "embeddings.optimizer.name=adam" },
                             { "embeddings.optimizer.name=rowwise_adagrad", "model.precision=bf16" } } do

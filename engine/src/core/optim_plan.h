@@ -24,18 +24,65 @@ typedef struct ur__optim_consts {
   float step_size;          /* dense Adam (PyTorch's): lr / (1 - beta1^step) */
   float bias2_sqrt;         /* dense Adam: sqrt(1 - beta2^step) */
   float decay;              /* AdamW: 1 - lr weight_decay */
+  double lr_d, beta1_d, beta2_d; /* the settings the bias terms are formed from */
+  int64_t step;             /* the update's number as the caller counts it, from 1 */
   /* A guard's flags (ur_nonfinite_check) or NULL: while gate[0] is set, the update leaves
-   * parameters, rows and state as they are (read where the update runs). */
+   * parameters, rows and state as they are; gate[2] counts skipped steps the caller's step
+   * count does not leave out yet (read where the update runs). */
   const int32_t *gate;
 } ur__optim_consts;
 
 /* Whether the gate holds this update back. */
 UR_HD int ur__optim_gated(const ur__optim_consts *k) { return k->gate && *k->gate != 0; }
 
+/* Double arithmetic rounded as IEEE says on host and device alike (no fused multiply-add), so
+ * that the bias terms formed where the update runs are the host's to the bit. */
+#ifdef __CUDA_ARCH__
+#define UR_DMUL(a, b) __dmul_rn((a), (b))
+#define UR_DSUB(a, b) __dsub_rn((a), (b))
+#define UR_DDIV(a, b) __ddiv_rn((a), (b))
+#define UR_DSQRT(a) __dsqrt_rn(a)
+#else
+#define UR_DMUL(a, b) ((a) * (b))
+#define UR_DSUB(a, b) ((a) - (b))
+#define UR_DDIV(a, b) ((a) / (b))
+#define UR_DSQRT(a) sqrt(a)
+#endif
+
+/* b^t for t >= 0 by squaring: the same bits on host and device (pow's are not). */
+UR_HD double ur__optim_pow(double b, int64_t t) {
+  double r = 1.0;
+  for (; t > 0; t >>= 1) {
+    if (t & 1) r = UR_DMUL(r, b);
+    b = UR_DMUL(b, b);
+  }
+  return r;
+}
+
+/* Adam's bias terms of update number `step` (from 1), into k. */
+UR_HD void ur__optim_bias_at(ur__optim_consts *k, int64_t step) {
+  double p1 = ur__optim_pow(k->beta1_d, step), p2 = ur__optim_pow(k->beta2_d, step);
+  k->bias1 = (float)UR_DSUB(1.0, p1);
+  k->bias2 = (float)UR_DSUB(1.0, p2);
+  k->step_size = (float)UR_DDIV(k->lr_d, UR_DSUB(1.0, p1));
+  k->bias2_sqrt = (float)UR_DSQRT(UR_DSUB(1.0, p2));
+}
+
+/* k as the update runs: under a guard, skipped steps whose gate[2] still counts are not
+ * updates made, so Adam's bias terms are those of the update's true number (a skip is read by
+ * the host only every few steps; the number is corrected here meanwhile, without a wait). */
+UR_HD ur__optim_consts ur__optim_now(const ur__optim_consts *k) {
+  ur__optim_consts r = *k;
+  if (k->gate && (k->kind == UR_OPTIM_KIND_ADAM || k->kind == UR_OPTIM_KIND_ADAMW) && k->gate[2] > 0) {
+    int64_t t = k->step - k->gate[2];
+    ur__optim_bias_at(&r, t > 1 ? t : 1);
+  }
+  return r;
+}
+
 /* The constants of update number `step` (from 1) of c's rule. */
 static inline ur__optim_consts ur__optim_consts_of(const ur_optim_config *c, int64_t step) {
   ur__optim_consts k;
-  double t = (double)step;
   k.kind = c->kind;
   k.nesterov = c->nesterov;
   k.first = step == 1;
@@ -49,10 +96,11 @@ static inline ur__optim_consts ur__optim_consts_of(const ur_optim_config *c, int
   k.beta2 = (float)c->beta2;
   k.one_minus_beta1 = (float)(1.0 - c->beta1);
   k.one_minus_beta2 = (float)(1.0 - c->beta2);
-  k.bias1 = (float)(1.0 - pow(c->beta1, t));
-  k.bias2 = (float)(1.0 - pow(c->beta2, t));
-  k.step_size = (float)(c->lr / (1.0 - pow(c->beta1, t)));
-  k.bias2_sqrt = (float)sqrt(1.0 - pow(c->beta2, t));
+  k.lr_d = c->lr;
+  k.beta1_d = c->beta1;
+  k.beta2_d = c->beta2;
+  k.step = step;
+  ur__optim_bias_at(&k, step);
   k.decay = (float)(1.0 - c->lr * c->weight_decay);
   k.gate = 0;
   return k;

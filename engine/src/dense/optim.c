@@ -34,7 +34,8 @@ ur_status ur__cpu_optim_step(void *stream, const ur__optim_consts *k, int32_t n,
                              float *const *s2, void *const *halves, const int64_t *numel) {
   (void)stream;
   optim_job j;
-  j.k = k;
+  ur__optim_consts now = ur__optim_now(k); /* read where the update runs, as the GPU does */
+  j.k = &now;
   for (int32_t t = 0; t < n; t++) {
     j.p = params[t];
     j.g = grads[t];
@@ -60,9 +61,10 @@ ur_status ur_optim_step(ur_stream *s, const ur_optim_config *cfg, int32_t n,
     return ur__error(UR_STATUS_INVALID, "%s: step %lld; expected >= 1 (the update's number)", op,
                      (long long)cfg->step);
   ur__optim_consts k = ur__optim_consts_of(cfg, cfg->step);
-  if (gate && (gate->dtype != UR_DTYPE_I32 || gate->numel < 1))
+  if (gate && (gate->dtype != UR_DTYPE_I32 || gate->numel < UR_NONFINITE_HEAD))
     return ur__error(UR_STATUS_INVALID, "%s: the gate is %s of %lld elements; expected i32 flags "
-                     "(ur_nonfinite_check)", op, ur_dtype_name(gate->dtype), (long long)gate->numel);
+                     "of at least %d (ur_nonfinite_check)", op, ur_dtype_name(gate->dtype),
+                     (long long)gate->numel, (int)UR_NONFINITE_HEAD);
   if (n < 0 || (n > 0 && (!params || !grads)))
     return ur__error(UR_STATUS_INVALID, "%s: %d parameters, params or grads missing", op, (int)n);
   int need1 = cfg->kind != UR_OPTIM_KIND_SGD || cfg->momentum > 0;

@@ -367,10 +367,10 @@ static void hyper_of(ur_tbe *t, ur__tbe_hyper *h) {
 
 ur_status ur_tbe_set_gate(ur_tbe *t, const ur_tensor *gate) {
   UR__ARGS(t);
-  if (gate && (ur_tensor_dtype(gate) != UR_DTYPE_I32 || ur_tensor_numel(gate) < 1))
+  if (gate && (ur_tensor_dtype(gate) != UR_DTYPE_I32 || ur_tensor_numel(gate) < UR_NONFINITE_HEAD))
     return ur__error(UR_STATUS_INVALID, "tbe set_gate: the gate is %s of %lld elements; expected "
-                     "i32 flags (ur_nonfinite_check)", ur_dtype_name(ur_tensor_dtype(gate)),
-                     (long long)ur_tensor_numel(gate));
+                     "i32 flags of at least %d (ur_nonfinite_check)", ur_dtype_name(ur_tensor_dtype(gate)),
+                     (long long)ur_tensor_numel(gate), (int)UR_NONFINITE_HEAD);
   if (gate && ur__tensor_backend(gate) != t->be)
     return ur__error(UR_STATUS_INVALID, "tbe set_gate: the gate is in %s memory, which the "
                      "collection's backend (%s) does not read", ur_place_name(ur_tensor_place(gate)),

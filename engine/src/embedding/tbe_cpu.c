@@ -372,10 +372,11 @@ static ur_status cpu_backward(void *stream, const ur__tbe_args *a, const ur__tbe
   /* a guard holds the step back; the row sums (ur_tbe_row_sums) are written all the same, for
    * the other ranks' column shards add them */
   if (!h->sums_only && ur__optim_gated(&h->k)) return UR_STATUS_OK;
+  ur__tbe_hyper now = ur__tbe_hyper_now(h);
   cpu_work w;
   ur__tbe_args in;
   bwd_job j;
-  cpu_sort(a, h, work, &w, &in, &j);
+  cpu_sort(a, &now, work, &w, &in, &j);
   ur__parallel_for((size_t)j.nseg, 64, cpu_reduce_range, &j);
   return UR_STATUS_OK;
 }

@@ -106,6 +106,14 @@ typedef struct ur__tbe_hyper {
   int32_t sums_only;
 } ur__tbe_hyper;
 
+/* h as the step runs where it runs (ur__optim_now): under a guard, Adam's bias terms are those
+ * of the collection's count less the skipped steps its gate still counts. */
+UR_HD ur__tbe_hyper ur__tbe_hyper_now(const ur__tbe_hyper *h) {
+  ur__tbe_hyper r = *h;
+  r.k = ur__optim_now(&h->k);
+  return r;
+}
+
 /* One call.  Pointers are in memory the running backend can read (device or host). */
 typedef struct ur__tbe_args {
   const ur__tbe_table *tables;

@@ -12,7 +12,11 @@
 --         stops the run naming the first bad step and its first non-finite tensor (the loss,
 --         then the gradients in the optimizer's order); the model is as after the step before.
 --   skip  the flag is cleared at each step's end; bad steps are held back and counted (the run
---         log's "nonfinite" lines, the summary).
+--         log's "nonfinite" lines, the summary).  A skipped step is no update: Adam's bias
+--         corrections (dense and tables) count the updates made, whenever the flags are read.
+--         Until a read, the updates take the skipped steps the flags count ([2]) off their
+--         number where they run (ur__optim_now); the read takes them off the optimizer's and
+--         the tables' counts and clears [2].
 --
 --   local g = guard.new(model, optimizer, "skip")   -- attaches itself: model.guard, the gates
 --   loop.run(model, optimizer, source, { g:hook { every = 10, line = log.line }, ... })
@@ -48,7 +52,9 @@ function M.new(model, optimizer, mode)
     names[i + 1] = (p.name or ("parameter " .. i)) .. " gradient"
     grads[i - 1] = p.grad.p
   end
-  local self = setmetatable({ mode = mode, flags = flags, names = names, n = n, grads = grads,
+  -- [2], the skipped steps the update counts do not leave out yet, is cleared by poll
+  local pending = assert(flags:view_as(2, { 1 }))
+  local self = setmetatable({ mode = mode, flags = flags, pending = pending, names = names, n = n, grads = grads,
                               optimizer = optimizer, model = model, one = ffi.new("const ur_tensor *[1]"),
                               buf = ffi.new("int32_t[?]", HEAD + 1 + n), checked = false,
                               seen = 0, base = 0, skipped = 0 }, Guard)
@@ -91,8 +97,9 @@ function Guard:end_step(stream)
 end
 
 -- The flags as they stand (a read, which waits for the steps enqueued before): {steps (ended
--- since the guard was made), bad (steps that held a non-finite value), first = {step, slot,
--- name} of the first such step's first non-finite tensor, or nil}.
+-- since the guard was made), bad (steps that held a non-finite value, those poll took off the
+-- counts and those since), first = {step, slot, name} of the first such step's first
+-- non-finite tensor, or nil}.
 function Guard:read()
   local n = HEAD + 1 + self.n
   local ok, err = lib.check(C.ur_tensor_read(self.flags.p, 0, n, self.buf))
@@ -104,7 +111,25 @@ function Guard:read()
     if at > 0 and (not first or at < first.step) then first = { step = at, slot = slot } end
   end
   if first then first.name = self.names[first.slot + 1] end
-  return { steps = b[1], bad = b[2], first = first }
+  return { steps = b[1], bad = self.seen + b[2], first = first }
+end
+
+-- The model's embedding collections (uvmrec.tbe): an EmbeddingBagCollection's, a sharded
+-- one's shards.
+local function collections(emb)
+  if not emb then return {} end
+  return emb.collections or { emb.tbe }
+end
+
+-- `new` skipped steps, read: they were no updates, so the dense optimizer's count and the
+-- tables' (Adam's bias corrections count updates made) drop by `new`, and the flags' [2] is
+-- cleared after the steps enqueued, for the updates to come take the counts as they are now
+-- (until this read, the updates took the skipped steps off themselves: ur__optim_now).
+function Guard:account(new)
+  local opt = self.optimizer
+  if opt.step_count then opt.step_count = opt.step_count - new end
+  for _, c in ipairs(collections(self.model.embeddings)) do c:set_step(c:step() - new) end
+  assert(self.pending:fill(0, self.model.stream))
 end
 
 -- The message of a stop at run step `step` (where the flags were read).
@@ -127,14 +152,20 @@ function Guard:poll(step)
   if self.mode == "stop" then error(self:stop_message(r, step), 0) end
   local new = r.bad - self.seen
   self.seen, self.skipped = r.bad, r.bad
-  -- the dense optimizer counts updates made: a skipped one was not (Adam's bias correction)
-  local opt = self.optimizer
-  if opt.step_count then opt.step_count = opt.step_count - new end
+  self:account(new)
   return { skipped = r.bad, new = new, first = r.first and { step = self.base + r.first.step, tensor = r.first.name } }
 end
 
--- Detaches the gates and the model's guard.
+-- Detaches the gates and the model's guard, taking skipped steps not read yet off the counts
+-- first (a read: the gates will no longer take them off).
 function Guard:detach()
+  if self.mode == "skip" then
+    local r = self:read()
+    if r.bad > self.seen then
+      self:account(r.bad - self.seen)
+      self.seen, self.skipped = r.bad, r.bad
+    end
+  end
   if self.model.guard == self then self.model.guard = nil end
   local emb = self.model.embeddings
   if emb and emb.set_gate then emb:set_gate(nil) end
