@@ -269,4 +269,6 @@ const ur_dense_ops ur__cuda_dense_ops = {
     .mean = ur_cuda_mean,
     .cast = ur_cuda_cast,
     .optim_step = ur__cuda_optim_step,
+    .optim_sumsq = ur__cuda_optim_sumsq,
+    .optim_clip_factor = ur__cuda_optim_clip_factor,
 };

@@ -192,5 +192,8 @@ ur_status ur__cuda_bce_backward(void *stream, const void *logits, const float *t
 ur_status ur__cuda_optim_step(void *stream, const ur__optim_consts *k, int32_t n,
                               float *const *params, float *const *grads, float *const *s1,
                               float *const *s2, void *const *halves, const int64_t *numel);
+ur_status ur__cuda_optim_sumsq(void *stream, int32_t n, float *const *grads, const int64_t *numel,
+                               double *work, int32_t first);
+ur_status ur__cuda_optim_clip_factor(void *stream, double *work, double clip_norm);
 
 #endif

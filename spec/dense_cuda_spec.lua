@@ -465,31 +465,64 @@ describe("uvmrec.dense on CUDA", function()
     assert.is_true(l[3] >= 0 and l[3] < 1e-40 and l[4] >= 0 and l[4] < 1e-40)
   end)
 
+  -- The same seeded parameters of these sizes on the host and the device (bf16 copies when
+  -- half), each side with its ur.optim[kind](ps, opts).
+  local function twins(kind, sizes, opts, half)
+    local function make(place)
+      local ps = {}
+      for i, n in ipairs(sizes) do
+        ps[i] = { name = "p" .. i, tensor = R.rand({ n }, 10 * i, { placement = place }),
+                  grad = R.zeros({ n }, { placement = place }),
+                  half = half and R.zeros({ n }, { dtype = "bf16", placement = place }) or nil }
+      end
+      return ps, ur.optim[kind](ps, opts)
+    end
+    local pc, oc = make("host")
+    local pg, og = make("device")
+    return pc, oc, pg, og
+  end
+
+  -- Step `step` of both sides, on the same fresh gradients.
+  local function step_twins(pc, oc, pg, og, step)
+    for i = 1, #pc do
+      local g = R.rand(pc[i].tensor:size(), 100 * step + i)
+      pc[i].grad:copy(g)
+      pg[i].grad:copy(dev(g))
+    end
+    oc:step()
+    og:step()
+  end
+
   cuda_it("steps every optimizer like the CPU, in one launch, refreshing bf16 copies", function()
     for _, kind in ipairs { "SGD", "Adagrad", "Adam", "AdamW" } do
-      local function make(place)
-        local ps = {}
-        for i, n in ipairs { 1, 4097, 513, 70000 } do
-          local t = R.rand({ n }, 10 * i, { placement = place })
-          ps[i] = { name = "p" .. i, tensor = t, grad = R.zeros({ n }, { placement = place }),
-                    half = R.zeros({ n }, { dtype = "bf16", placement = place }) }
-        end
-        return ps, ur.optim[kind](ps, { lr = 0.01, momentum = kind == "SGD" and 0.9 or nil, weight_decay = 0.01 })
-      end
-      local pc, oc = make("host")
-      local pg, og = make("device")
-      for step = 1, 3 do
-        for i = 1, #pc do
-          local g = R.rand(pc[i].tensor:size(), 100 * step + i)
-          pc[i].grad:copy(g)
-          pg[i].grad:copy(dev(g))
-        end
-        oc:step()
-        og:step()
-      end
+      local pc, oc, pg, og = twins(kind, { 1, 4097, 513, 70000 },
+        { lr = 0.01, momentum = kind == "SGD" and 0.9 or nil, weight_decay = 0.01 }, true)
+      for step = 1, 3 do step_twins(pc, oc, pg, og, step) end
       for i = 1, #pc do
         same(pg[i].tensor, pc[i].tensor, 1e-5, kind .. " parameter " .. i)
         same(pg[i].half, pc[i].half, 1e-2, kind .. " bf16 copy " .. i)
+      end
+    end
+  end)
+
+  cuda_it("clips the gradients by their global norm like the CPU (clip_norm), over two launches' groups", function()
+    -- 60 tensors: two groups of 48 and 12, the norm over both; clip 0.5 scales, 1e6 does not
+    local sizes = {}
+    for i = 1, 60 do sizes[i] = ({ 1, 4097, 513, 70000, 3 })[i % 5 + 1] end
+    for _, clip in ipairs { 0.5, 1e6 } do
+      for _, kind in ipairs { "SGD", "Adam" } do
+        local pc, oc, pg, og = twins(kind, sizes, { lr = 0.01, clip_norm = clip })
+        for step = 1, 2 do
+          step_twins(pc, oc, pg, og, step)
+          local nc, ng = oc:grad_norm(), og:grad_norm()
+          assert.is_true(math.abs(nc - ng) <= 1e-12 * nc, ("%s clip %g: norm %.17g on the GPU, %.17g on the CPU")
+            :format(kind, clip, ng, nc))
+          assert.equal(clip < 1, nc > clip)
+        end
+        for i = 1, #pc do
+          same(pg[i].tensor, pc[i].tensor, 1e-5, kind .. " parameter " .. i)
+          same(pg[i].grad, pc[i].grad, 1e-6, kind .. " clipped gradient " .. i)
+        end
       end
     end
   end)

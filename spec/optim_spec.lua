@@ -4,6 +4,7 @@
 local ur = require "uvmrec"
 local R = require "dense_ref"
 local optim = ur.optim
+local f32 = R.f32
 
 -- One parameter entry as model:parameters() gives it, with a bf16 copy.
 local function param(n, seed)
@@ -142,6 +143,64 @@ optimizer: {name: adam, lr: 0.01, beta1: 0.8}
       "SGD: sgd takes no setting 'beta1'")
   end)
 
+  -- PyTorch's clip_grad_norm_(params, clip): norm = sqrt(sum of every gradient's squares),
+  -- each gradient times min(1, clip / (norm + 1e-6)), then the update: here SGD, worked out in
+  -- f64 for the norm and in f32 for the rest (the engine's order), against every bit.
+  for _, c in ipairs { { clip = 0.5, scaled = true, what = "above" },
+                       { clip = 1e3, scaled = false, what = "below" } } do
+    it("clips the gradients by their global norm before the update when the norm is " .. c.what .. " clip_norm",
+       function()
+      local p1, v1 = param(37, 1)
+      local p2, v2 = param(5, 2)
+      local g1, gv1 = R.rand({ 37 }, 7, { lo = -2, hi = 2 })
+      local g2, gv2 = R.rand({ 5 }, 8, { lo = -2, hi = 2 })
+      p1.grad:copy(g1)
+      p2.grad:copy(g2)
+      local opt = optim.SGD({ p1, p2 }, { lr = 0.1, clip_norm = c.clip })
+      opt:step()
+      local sum = 0
+      for _, gv in ipairs { gv1, gv2 } do
+        for i = 1, #gv do sum = sum + gv[i] * gv[i] end
+      end
+      local norm = math.sqrt(sum)
+      local factor = math.min(1, c.clip / (norm + 1e-6))
+      assert.equal(c.scaled, factor < 1)
+      assert.equal(norm, opt:grad_norm())
+      local cf = f32(factor)
+      for _, t in ipairs { { p1, v1, gv1 }, { p2, v2, gv2 } } do
+        local want_p, want_g = {}, {}
+        for i = 1, #t[2] do
+          want_g[i] = f32(t[3][i] * cf)
+          want_p[i] = f32(t[2][i] - f32(f32(0.1) * want_g[i]))
+        end
+        assert.same(want_p, t[1].tensor:totable())
+        -- the gradients keep the clipped values (the step does not zero them here), as PyTorch's
+        assert.same(want_g, t[1].grad:totable())
+      end
+    end)
+  end
+
+  it("clips with a factor of 1 below the threshold: the update of no clipping, bit for bit (Adam)", function()
+    local function run(clip)
+      local p1 = param(37, 1)
+      local p2 = param(5, 2)
+      local opt = optim.Adam({ p1, p2 }, { lr = 0.01, clip_norm = clip, zero_grad = true })
+      for step = 1, 3 do
+        p1.grad:copy((R.rand({ 37 }, 10 * step + 1)))
+        p2.grad:copy((R.rand({ 5 }, 10 * step + 2)))
+        opt:step()
+      end
+      return { p1.tensor:totable(), p2.tensor:totable() }, opt
+    end
+    local free, opt0 = run(nil)
+    local big, opt = run(1e6)
+    local small = run(0.1)
+    assert.same(free, big)
+    assert.are_not.same(free, small)
+    assert.is_nil(opt0:grad_norm())
+    assert.is_true(opt:grad_norm() > 0.1)
+  end)
+
   it("skips parameters without a gradient", function()
     local p = param(4, 4)
     local frozen = { name = "table", tensor = R.zeros({ 3 }) }
@@ -152,8 +211,16 @@ optimizer: {name: adam, lr: 0.01, beta1: 0.8}
   it("rejects bad settings with a message", function()
     local p = param(4, 5)
     assert.error_matches(function() optim.SGD({ p }, { max_grad = 1 }) end,
-      "SGD: unknown optimizer setting 'max_grad'; expected beta1, beta2, betas, eps, initial_accumulator_value, lr, "
-      .. "momentum, nesterov, weight_decay, zero_grad$")
+      "SGD: unknown optimizer setting 'max_grad'; expected beta1, beta2, betas, clip_norm, eps, "
+      .. "initial_accumulator_value, lr, momentum, nesterov, weight_decay, zero_grad$")
+    assert.error_matches(function() optim.SGD({ p }, { clip_norm = -1 }) end,
+      "SGD: clip_norm must be a finite number >= 0, got %-1")
+    assert.error_matches(function() optim.Adam({ p }, { clip_norm = 1 / 0 }) end,
+      "Adam: clip_norm must be a finite number >= 0, got inf")
+    assert.error_matches(function() optim.Adam({ p }, { clip_norm = "1" }) end,
+      "Adam: clip_norm must be a finite number >= 0, got '1'")
+    assert.error_matches(function() optim.config("adam", "tables", { clip_norm = 1 }, "t") end,
+      "t: unknown optimizer setting 'clip_norm'")
     assert.error_matches(function() optim.dense("rowwise_adagrad", { p }) end,
       "optim: 'rowwise_adagrad' is not a dense optimizer %(adagrad, adam, adamw, sgd%)")
     assert.error_matches(function() optim.Adam({ p }, { lr = -1 }) end, "lr must be a finite number >= 0, got %-1")
@@ -186,7 +253,7 @@ optimizer: {name: adam, lr: 0.01, beta1: 0.8}
       "Adam: eps must be a finite number > 0, got inf")
     -- a setting the optimizer would ignore is refused, naming what it takes
     assert.error_matches(function() optim.Adagrad({ p }, { momentum = 0.9 }) end,
-      "Adagrad: adagrad takes no setting 'momentum' %(its settings: eps, initial_accumulator_value, lr, "
+      "Adagrad: adagrad takes no setting 'momentum' %(its settings: clip_norm, eps, initial_accumulator_value, lr, "
       .. "weight_decay, zero_grad%)")
     assert.error_matches(function() optim.SGD({ p }, { betas = { 0.9, 0.99 } }) end,
       "SGD: sgd takes no setting 'betas'")

@@ -287,6 +287,9 @@ typedef struct ur_optim_config {
   double beta1, beta2;      /* Adam */
   double eps;               /* Adagrad, Adam */
   double max_grad;          /* tables: > 0 clips each gradient element to [-max_grad, max_grad] */
+  double clip_norm;         /* dense: > 0 scales all gradients by min(1, clip_norm / (norm + 1e-6)),
+                               norm the 2-norm of all of them together, as PyTorch's
+                               clip_grad_norm_ (ur_optim_step's clip_work); 0: none */
 } ur_optim_config;
 
 UR_API size_t ur_sizeof_optim_config(void);
@@ -1354,13 +1357,20 @@ UR_API ur_status ur_dense_cast(ur_stream *s, const ur_tensor *src, ur_tensor *ds
  * for every 48 parameters.  gate: a guard's flags (ur_nonfinite_check); when its element 0 is
  * set as the step runs, parameters and state are left as they are (gradients are still zeroed
  * when cfg->zero_grad says so), decided where the work runs, without a wait; Adam's update
- * number is then cfg->step less the gate's [2] (skipped steps not yet taken off the count). */
+ * number is then cfg->step less the gate's [2] (skipped steps not yet taken off the count).
+ * cfg->clip_norm > 0 clips the gradients by their global norm first (without a wait, so a
+ * step stays capturable in a graph): clip_work, f64 [UR_OPTIM_CLIP_WORK] on the parameters'
+ * side, receives [0] the norm (summed in f64: finite whenever every gradient is), [1] the
+ * factor the update reads the gradients with, then partial sums; gradients not zeroed by the
+ * step keep the clipped values, as PyTorch's. */
+enum { UR_OPTIM_CLIP_PARTS = 256, UR_OPTIM_CLIP_WORK = 2 + UR_OPTIM_CLIP_PARTS };
 UR_API ur_status ur_optim_step(ur_stream *s, const ur_optim_config *cfg, int32_t n,
                                ur_tensor *const *params, ur_tensor *const *grads,
                                ur_tensor *const *state1 /* or NULL */,
                                ur_tensor *const *state2 /* or NULL */,
                                ur_tensor *const *halves /* or NULL */,
-                               const ur_tensor *gate /* or NULL */);
+                               const ur_tensor *gate /* or NULL */,
+                               ur_tensor *clip_work /* or NULL without clip_norm */);
 
 /* An arena: tensors carved from a few large blocks of one placement, 256-byte aligned, so a
  * model's activations cost a handful of allocations once.  A tensor keeps its block alive;

@@ -6,6 +6,13 @@ local compare = require "uvmrec.compare"
 
 local M = {}
 
+-- x rounded to f32, as the engine's float arithmetic rounds each operation (-ffp-contract=off).
+local F32 = ffi.new("float[1]")
+function M.f32(x)
+  F32[0] = x
+  return F32[0]
+end
+
 -- A tensor of shape and dtype holding vals (rounded to the dtype), in placement.
 function M.tensor(shape, vals, opts)
   opts = opts or {}

@@ -112,13 +112,20 @@ describe("uvmrec.train.config", function()
     { "synthetic data of no length", base .. "data: {train: 'synthetic:tiny'}\n",
       "t.yaml:8:15: data.train: synthetic data needs train.steps or data.samples" },
     { "a setting the optimizer does not take", base:gsub("lr: 0.1", "lr: 0.1, beta1: 0.8"),
-      "t.yaml:7:40: optimizer.beta1: sgd takes no setting 'beta1' (its settings: lr, momentum, weight_decay)" },
+      "t.yaml:7:40: optimizer.beta1: sgd takes no setting 'beta1' (its settings: clip_norm, lr, momentum, "
+      .. "weight_decay)" },
     { "an anchor", base .. "train: &t {steps: 3}\n", "t.yaml:8:8: anchors (&name) are not allowed" },
     { "an alias", base .. "name: *n\n", "t.yaml:8:7: aliases (*name) are not allowed" },
     { "a duplicate key", base .. "optimizer: {lr: 1}\n", "t.yaml:8:1: duplicate key 'optimizer' (first at line 7)" },
     { "nesting too deep", base .. "name: " .. ("["):rep(70) .. ("]"):rep(70) .. "\n",
       "t.yaml:8:70: nesting deeper than 64 levels" },
   }
+  -- the dense gradients' clipping by norm (clip_grad_norm_'s max_norm): a finite number >= 0
+  for _, v in ipairs { { "-1", "'-1' is not a number >= 0" }, { ".inf", "'.inf' is not a number" },
+                       { "[1]", "expected a number" } } do
+    cases[#cases + 1] = { "optimizer.clip_norm " .. v[1], base:gsub("lr: 0.1", "lr: 0.1, clip_norm: " .. v[1]),
+                          "t.yaml:7:44: optimizer.clip_norm: " .. v[2] }
+  end
   for _, c in ipairs(cases) do
     it("rejects " .. c[1] .. ", naming file:line:column", function()
       local cfg, err = parse(c[2])
@@ -138,7 +145,7 @@ describe("uvmrec.train.config", function()
       -- an optimizer's settings are checked when the config is, not at the run's first step,
       -- and one the optimizer would ignore is refused
       { "optimizer.momentum=0.9", "--set optimizer.momentum=0.9: optimizer.momentum: adagrad takes no setting "
-        .. "'momentum' (its settings: eps, lr, weight_decay)", "optimizer.name=adagrad" },
+        .. "'momentum' (its settings: clip_norm, eps, lr, weight_decay)", "optimizer.name=adagrad" },
       { "optimizer.beta1=0.5", "--set optimizer.beta1=0.5: optimizer.beta1: sgd takes no setting 'beta1'" },
       { "optimizer.beta2=1", "--set optimizer.beta2=1: optimizer.beta2: 1; expected a number in [0, 1)",
         "optimizer.name=adam" },

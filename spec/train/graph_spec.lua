@@ -72,32 +72,41 @@ describe("uvmrec.train.graph", function()
     g:free()
   end)
 
-  cuda_it("replays the training step bit for bit, batches copied in, counters advanced", function()
-    local bs = batches(4)
-    local eager, eopt = tiny({ "optimizer.name=sgd", "embeddings.optimizer.name=sgd" })
-    local replayed, ropt = tiny({ "optimizer.name=sgd", "embeddings.optimizer.name=sgd" })
-    local runner = assert(graph.new(replayed, ropt, { warmup = 2 }))
-    local el, rl = {}, {}
-    for step = 1, 10 do
-      local b = bs[(step - 1) % #bs + 1]
-      el[step] = train.loop.step(eager, eopt, b):get(0)
-      local loss = runner:step(b)
-      assert(runner:sync())
-      rl[step] = loss:get(0)
-      if step == 6 then
-        -- a new learning rate is a new capture, with the eager step's numbers
-        eopt:set_lr(eopt:lr() * 0.5)
-        ropt:set_lr(ropt:lr() * 0.5)
+  -- clip_norm: the gradients' norm and factor stay on the GPU, so the step stays capturable
+  for _, extra in ipairs { {}, { "optimizer.clip_norm=0.05" } } do
+    cuda_it("replays the training step bit for bit, batches copied in, counters advanced" .. (extra[1] and " ("
+            .. extra[1] .. ")" or ""), function()
+      local bs = batches(4)
+      local sets = { "optimizer.name=sgd", "embeddings.optimizer.name=sgd", extra[1] }
+      local eager, eopt = tiny(sets)
+      local replayed, ropt = tiny(sets)
+      local runner = assert(graph.new(replayed, ropt, { warmup = 2 }))
+      local el, rl = {}, {}
+      for step = 1, 10 do
+        local b = bs[(step - 1) % #bs + 1]
+        el[step] = train.loop.step(eager, eopt, b):get(0)
+        local loss = runner:step(b)
+        assert(runner:sync())
+        rl[step] = loss:get(0)
+        if step == 6 then
+          -- a new learning rate is a new capture, with the eager step's numbers
+          eopt:set_lr(eopt:lr() * 0.5)
+          ropt:set_lr(ropt:lr() * 0.5)
+        end
       end
-    end
-    assert.same(el, rl)
-    assert.same(state(eager), state(replayed))
-    assert.same({ 2, 6 }, { runner.captures, runner.replays })
-    assert.same({ eopt.step_count, eager.embeddings.tbe:step() }, { ropt.step_count, replayed.embeddings.tbe:step() })
-    runner:free()
-    eager.embeddings.tbe:free()
-    replayed.embeddings.tbe:free()
-  end)
+      assert.same(el, rl)
+      assert.same(state(eager), state(replayed))
+      assert.same({ 2, 6 }, { runner.captures, runner.replays })
+      assert.same({ eopt.step_count, eager.embeddings.tbe:step() }, { ropt.step_count, replayed.embeddings.tbe:step() })
+      if extra[1] then
+        assert.is_true(eopt:grad_norm() > 0.05, "the norm is above clip_norm: the gradients were scaled")
+        assert.equal(eopt:grad_norm(), ropt:grad_norm())
+      end
+      runner:free()
+      eager.embeddings.tbe:free()
+      replayed.embeddings.tbe:free()
+    end)
+  end
 
   cuda_it("replays steps with far rows' copies bit for bit, and captures again when the room changes", function()
     local bs = batches(4)

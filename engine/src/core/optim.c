@@ -27,6 +27,13 @@ ur_status ur__optim_check(const char *who, const ur_optim_config *c, int tables)
     return ur__error(UR_STATUS_INVALID,
                      "%s: max_grad %g; expected a finite value >= 0 (0: no clipping)", who,
                      c->max_grad);
+  if (!(isfinite(c->clip_norm) && c->clip_norm >= 0))
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: clip_norm %g; expected a finite value >= 0 (0: no clipping)", who,
+                     c->clip_norm);
+  if (tables && c->clip_norm != 0)
+    return ur__error(UR_STATUS_INVALID, "%s: clip_norm %g; the tables take none (it clips the "
+                     "dense gradients; max_grad clips the tables')", who, c->clip_norm);
   if (k == UR_OPTIM_KIND_SGD && !(isfinite(c->momentum) && c->momentum >= 0))
     return ur__error(UR_STATUS_INVALID, "%s: momentum %g; expected a finite value >= 0", who,
                      c->momentum);

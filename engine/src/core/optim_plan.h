@@ -30,6 +30,8 @@ typedef struct ur__optim_consts {
    * parameters, rows and state as they are; gate[2] counts skipped steps the caller's step
    * count does not leave out yet (read where the update runs). */
   const int32_t *gate;
+  /* clip_grad_norm_'s factor (ur__optim_clip_factor), read where the update runs, or NULL */
+  const double *clip;
 } ur__optim_consts;
 
 /* Whether the gate holds this update back. */
@@ -42,11 +44,13 @@ UR_HD int ur__optim_gated(const ur__optim_consts *k) { return k->gate && *k->gat
 #define UR_DSUB(a, b) __dsub_rn((a), (b))
 #define UR_DDIV(a, b) __ddiv_rn((a), (b))
 #define UR_DSQRT(a) __dsqrt_rn(a)
+#define UR_DADD(a, b) __dadd_rn((a), (b))
 #else
 #define UR_DMUL(a, b) ((a) * (b))
 #define UR_DSUB(a, b) ((a) - (b))
 #define UR_DDIV(a, b) ((a) / (b))
 #define UR_DSQRT(a) sqrt(a)
+#define UR_DADD(a, b) ((a) + (b))
 #endif
 
 /* b^t for t >= 0 by squaring: the same bits on host and device (pow's are not). */
@@ -80,6 +84,18 @@ UR_HD ur__optim_consts ur__optim_now(const ur__optim_consts *k) {
   return r;
 }
 
+/* Gradient clipping by the global norm (PyTorch's clip_grad_norm_): from the partial sums of
+ * squares (UR_OPTIM_CLIP_PARTS of them, added in order), work[0] = the norm and work[1] = the
+ * factor min(1, clip / (norm + 1e-6)); a NaN norm gives a NaN factor, as PyTorch's clamp. */
+UR_HD void ur__optim_clip_factor(double *work, double clip) {
+  double sum = 0.0;
+  for (int i = 0; i < UR_OPTIM_CLIP_PARTS; i++) sum = UR_DADD(sum, work[2 + i]);
+  double norm = UR_DSQRT(sum);
+  double f = UR_DDIV(clip, UR_DADD(norm, 1e-6));
+  work[0] = norm;
+  work[1] = f > 1.0 ? 1.0 : f;
+}
+
 /* The constants of update number `step` (from 1) of c's rule. */
 static inline ur__optim_consts ur__optim_consts_of(const ur_optim_config *c, int64_t step) {
   ur__optim_consts k;
@@ -103,6 +119,7 @@ static inline ur__optim_consts ur__optim_consts_of(const ur_optim_config *c, int
   ur__optim_bias_at(&k, step);
   k.decay = (float)(1.0 - c->lr * c->weight_decay);
   k.gate = 0;
+  k.clip = 0;
   return k;
 }
 

@@ -158,4 +158,6 @@ const ur_dense_ops ur__cpu_dense_ops = {
     .mean = ur__cpu_mean,
     .cast = ur__cpu_cast,
     .optim_step = ur__cpu_optim_step,
+    .optim_sumsq = ur__cpu_optim_sumsq,
+    .optim_clip_factor = ur__cpu_optim_clip_factor,
 };

@@ -103,6 +103,13 @@ typedef struct ur_dense_ops {
   ur_status (*optim_step)(void *stream, const ur__optim_consts *k, int32_t n, float *const *params,
                           float *const *grads, float *const *s1, float *const *s2,
                           void *const *halves, const int64_t *numel);
+  /* Gradient clipping's norm (ur_optim_step's clip_work): the squares of n gradients' elements
+   * added into work's partial sums (work + 2, UR_OPTIM_CLIP_PARTS; first: set instead of
+   * added to), in an order of the backend's own that does not change from run to run; then
+   * clip_factor: ur__optim_clip_factor where the work lives. */
+  ur_status (*optim_sumsq)(void *stream, int32_t n, float *const *grads, const int64_t *numel,
+                           double *work, int32_t first);
+  ur_status (*optim_clip_factor)(void *stream, double *work, double clip_norm);
 } ur_dense_ops;
 
 /* The CPU backend's dense table (dense.c), the reference. */
@@ -156,5 +163,8 @@ UR__HIDDEN ur_status ur__cpu_optim_step(void *stream, const ur__optim_consts *k,
                                         float *const *params, float *const *grads,
                                         float *const *s1, float *const *s2, void *const *halves,
                                         const int64_t *numel);
+UR__HIDDEN ur_status ur__cpu_optim_sumsq(void *stream, int32_t n, float *const *grads,
+                                         const int64_t *numel, double *work, int32_t first);
+UR__HIDDEN ur_status ur__cpu_optim_clip_factor(void *stream, double *work, double clip_norm);
 
 #endif

@@ -42,6 +42,14 @@ function Optimizer.new(kind, params, opts, level)
     end
   end
   local n = #self.params
+  if s.clip_norm > 0 and n > 0 then
+    -- the norm, the factor and the partial sums, where the gradients are (ur_optim_step)
+    local t = self.params[1].tensor
+    local place = t:placement()
+    self.clip_work = assert(tensor.tensor({ C.UR_OPTIM_CLIP_WORK }, {
+      dtype = "f64", placement = place, device = (place == "host" or place == "pinned") and nil or t:device() }))
+    assert(self.clip_work:fill(0))
+  end
   local arr = function() return ffi.new("ur_tensor *[?]", math.max(n, 1)) end
   self._p, self._g, self._s1, self._s2, self._h = arr(), arr(), arr(), arr(), arr()
   for i, p in ipairs(self.params) do
@@ -68,7 +76,7 @@ function Optimizer:step(stream)
   local cfg = self.cfg
   cfg.step = self.step_count + 1
   local st = C.ur_optim_step(streams.handle(stream, 2), cfg, self.n, self._p, self._g, self._s1,
-                             self._s2, self._h, self._gate)
+                             self._s2, self._h, self._gate, self.clip_work and self.clip_work.p)
   if st ~= 0 then error(ffi.string(C.ur_last_error()), 2) end
   self.step_count = self.step_count + 1
 end
@@ -83,6 +91,13 @@ function Optimizer:set_gate(flags)
   self._gate_t = flags
   self._gate = flags and flags.p or nil
   return self
+end
+
+-- The global norm of the gradients the last step clipped (clip_norm; a read, which waits for
+-- the step), or nil without clip_norm.
+function Optimizer:grad_norm()
+  if not self.clip_work then return nil end
+  return assert(self.clip_work:get(0))
 end
 
 function Optimizer:zero_grad(stream)

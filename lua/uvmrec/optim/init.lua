@@ -11,7 +11,8 @@
 --
 -- Settings: lr, weight_decay (L2; AdamW's decoupled), eps, betas = {beta1, beta2} or beta1 =,
 -- beta2 = (Adam; one spelling, the other beta its default), momentum and nesterov (dense SGD), max_grad (tables:
--- clipping), zero_grad (dense: the step zeroes the gradients), initial_accumulator_value (dense
+-- clipping), clip_norm (dense: clipping by the gradients' global norm, PyTorch's clip_grad_norm_;
+-- 0 none), zero_grad (dense: the step zeroes the gradients), initial_accumulator_value (dense
 -- Adagrad).
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
@@ -41,7 +42,7 @@ M.RULES = {
                       defaults = { lr = 0.01, eps = 1e-8 }, state = function() return 1 end,
                       takes = { eps = true } },
 }
-local COMMON = { lr = true, weight_decay = true, zero_grad = true, max_grad = true }
+local COMMON = { lr = true, weight_decay = true, zero_grad = true, max_grad = true, clip_norm = true }
 
 -- The names `side` takes ("dense" or "tables"), sorted.
 function M.names(side)
@@ -65,7 +66,7 @@ end
 
 local KEYS = {
   dense = { lr = true, eps = true, weight_decay = true, momentum = true, nesterov = true, betas = true,
-            beta1 = true, beta2 = true, zero_grad = true, initial_accumulator_value = true },
+            beta1 = true, beta2 = true, zero_grad = true, initial_accumulator_value = true, clip_norm = true },
   tables = { lr = true, eps = true, weight_decay = true, betas = true, beta1 = true, beta2 = true,
              max_grad = true },
 }
@@ -151,6 +152,7 @@ function M.config(name, side, opts, who, level)
     beta1 = setting(who, "beta1", opts.beta1 or betas[1], d.beta1 or 0, level),
     beta2 = setting(who, "beta2", opts.beta2 or betas[2], d.beta2 or 0, level),
     max_grad = setting(who, "max_grad", opts.max_grad, 0, level),
+    clip_norm = setting(who, "clip_norm", opts.clip_norm, 0, level),
     initial_accumulator_value = setting(who, "initial_accumulator_value", opts.initial_accumulator_value, 0,
                                         level),
   }
@@ -159,7 +161,7 @@ function M.config(name, side, opts, who, level)
   c.nesterov = opts.nesterov and 1 or 0
   c.zero_grad = opts.zero_grad and 1 or 0
   c.lr, c.eps, c.weight_decay, c.momentum = s.lr, s.eps, s.weight_decay, s.momentum
-  c.beta1, c.beta2, c.max_grad = s.beta1, s.beta2, s.max_grad
+  c.beta1, c.beta2, c.max_grad, c.clip_norm = s.beta1, s.beta2, s.max_grad, s.clip_norm
   return c, s
 end
 
@@ -169,7 +171,9 @@ M.Optimizer, M.schedule, M.Schedule = Optimizer, schedule, schedule.Schedule
 
 -- The dense optimizers: SGD (lr 0.01, momentum 0, nesterov false), Adagrad (lr 0.01, eps 1e-10,
 -- initial_accumulator_value 0), Adam (lr 1e-3, betas {0.9, 0.999}, eps 1e-8, weight_decay 0 as
--- an L2 term), AdamW (as Adam, weight_decay 0.01 decoupled: p = p (1 - lr wd) first).
+-- an L2 term), AdamW (as Adam, weight_decay 0.01 decoupled: p = p (1 - lr wd) first).  Each
+-- takes clip_norm (0 by default: none): the gradients are scaled by min(1, clip_norm / (norm +
+-- 1e-6)) before the update, norm the 2-norm of all of them together (opt:grad_norm() reads it).
 function M.SGD(params, opts) return Optimizer.new("sgd", params, opts, 2) end
 function M.Adagrad(params, opts) return Optimizer.new("adagrad", params, opts, 2) end
 function M.Adam(params, opts) return Optimizer.new("adam", params, opts, 2) end

@@ -100,6 +100,8 @@ M.schema = map({
     weight_decay = number { min = 0 },
     eps = number { min = 0 },
     beta1 = number { min = 0, max = 1 }, beta2 = number { min = 0, max = 1 },
+    clip_norm = number { min = 0 },                            -- gradients clipped to this global norm
+                                                               -- (clip_grad_norm_); 0: none
   }, { required = { "lr" } }),
   schedule = map {                                             -- a factor on each group's lr (ur.optim.Schedule)
     name = enum({ "constant", "warmup", "dlrm" }, { default = "constant" }),
@@ -304,7 +306,7 @@ function M.check(cfg)
   for _, o in ipairs(sections) do
     local at, sec, side, keys = o[1], o[2] or {}, o[3], o[4]
     local name = sec.name or "sgd"
-    for _, key in ipairs { "momentum", "eps", "beta1", "beta2", "weight_decay", "max_grad" } do
+    for _, key in ipairs { "momentum", "eps", "beta1", "beta2", "weight_decay", "max_grad", "clip_norm" } do
       -- the dense momentum's default is 0, which every optimizer takes as none
       local v = sec[key]
       if v ~= nil and not (key == "momentum" and v == 0) then

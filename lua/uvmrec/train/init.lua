@@ -96,7 +96,7 @@ function M.optimizer(cfg, model)
   local o = cfg.optimizer
   return ur.optim.dense(o.name, model:parameters(), {
     lr = o.lr, momentum = o.name == "sgd" and o.momentum or nil, weight_decay = o.weight_decay,
-    eps = o.eps, beta1 = o.beta1, beta2 = o.beta2, zero_grad = true,
+    eps = o.eps, beta1 = o.beta1, beta2 = o.beta2, clip_norm = o.clip_norm, zero_grad = true,
   })
 end
 
