@@ -361,6 +361,40 @@ with safe_open(sys.argv[1], "np") as f:
     cmd.rmdir(dir)
   end)
 
+  it("refuses a checkpoint whose dense tensors are not its config's, naming the tensor, before writing", function()
+    -- a dcnv2 config of 3 cross layers over a file trained with 2 raised 'export.lua:179: checkpoint:
+    -- ... has no tensor 'dense.interaction.bias_3''; one of 1 exported a model missing layer 2
+    local t = h.trained("dcnv2")
+    local st = assert(ck.load(assert(require("uvmrec.train").checkpoint_file(t.run)), { placement = "host" }))
+    local cfg = json.decode(st.meta["uvmrec.config"])
+    local dir = cmd.tmpdir()
+    local function with(layers, rank)
+      cfg.model.cross_layers, cfg.model.cross_rank = layers, rank
+      st.meta["uvmrec.config"] = json.encode(cfg)
+      local path = ("%s/cross%d_%d.safetensors"):format(dir, layers, rank)
+      assert(ck.save(path, st))
+      return path
+    end
+    local out = dir .. "/m.safetensors"
+    local path = with(3, 0)
+    local ran, none, err = pcall(export.run, path, { out = out })
+    refused_leaving_nothing(out, ran, none, err, "")
+    assert.equal(("export: %s has no tensor 'dense.interaction.bias_3'; its config expects it (model.interaction "
+                  .. "dcnv2, model.cross_layers 3, model.cross_rank 0: cross layer 3)"):format(path), err)
+    path = with(2, 4)
+    ran, none, err = pcall(export.run, path, { out = out })
+    refused_leaving_nothing(out, ran, none, err, "")
+    assert.equal(("export: %s has no tensor 'dense.interaction.V_1'; its config expects it (model.interaction "
+                  .. "dcnv2, model.cross_layers 2, model.cross_rank 4: cross layer 1)"):format(path), err)
+    path = with(1, 0)
+    ran, none, err = pcall(export.run, path, { out = out })
+    refused_leaving_nothing(out, ran, none, err, "")
+    assert.equal(("export: %s holds tensor 'dense.interaction.bias_2', which its config (model.interaction dcnv2, "
+                  .. "model.cross_layers 1, model.cross_rank 0) does not use"):format(path), err)
+    for _, x in pairs(st.tensors) do x:free() end
+    cmd.rmdir(dir)
+  end)
+
   it("refuses a checkpoint or a shard whose table bytes do not match their checksum, publishing nothing", function()
     -- a bit flipped in a table read a block of rows at a time was quantized and served as it read
     local function flip(path, name)

@@ -175,7 +175,14 @@ function M.run(source, opts)
   end
   local bad = f:verify(dense_names, { allow_nonfinite = true })
   if bad then return fail(bad) end
-  local function dense(name)
+  -- A tensor the config expects that the file lacks (a dcnv2 config of more cross layers than
+  -- were trained) is refused below, naming what expects it; it raised a Lua error here.
+  local missing
+  local function dense(name, expected_by)
+    if not f:info(name) then
+      missing = missing or { name = name, by = expected_by }
+      return name
+    end
     local v = assert(f:view(name))
     keep[#keep + 1] = v
     tensors[name] = dense_dtype == "bf16" and bf16_of(v) or v
@@ -185,7 +192,8 @@ function M.run(source, opts)
     local layers = {}
     local idx = linears(names, prefix)
     for j, i in ipairs(idx) do
-      layers[j] = { weight = dense(prefix .. i .. ".weight"), bias = dense(prefix .. i .. ".bias"),
+      layers[j] = { weight = dense(prefix .. i .. ".weight"), bias = dense(prefix .. i .. ".bias",
+                                                                           "the bias of " .. prefix .. i .. ".weight"),
                     act = (j < #idx or relu_last) and "relu" or "none" }
     end
     return layers
@@ -202,16 +210,31 @@ function M.run(source, opts)
     return fail(("%s holds %d bottom and %d top layers; its config has %d and %d"):format(
       path, #desc.bottom, #desc.top, #cfg.model.bottom_mlp, #cfg.model.top_mlp))
   end
+  local interaction = cfg.model.interaction ~= "dcnv2" and "model.interaction " .. cfg.model.interaction
+    or ("model.interaction dcnv2, model.cross_layers %d, model.cross_rank %d"):format(cfg.model.cross_layers,
+                                                                                      cfg.model.cross_rank)
   if cfg.model.interaction == "dcnv2" then
     desc.cross = {}
-    for l = 1, cfg.model.cross_layers do
-      local layer = { bias = dense("dense.interaction.bias_" .. l) }
-      if cfg.model.cross_rank > 0 then
-        layer.V, layer.U = dense("dense.interaction.V_" .. l), dense("dense.interaction.U_" .. l)
+    local m = cfg.model
+    for l = 1, m.cross_layers do
+      local by = ("%s: cross layer %d"):format(interaction, l)
+      local layer = { bias = dense("dense.interaction.bias_" .. l, by) }
+      if m.cross_rank > 0 then
+        layer.V, layer.U = dense("dense.interaction.V_" .. l, by), dense("dense.interaction.U_" .. l, by)
       else
-        layer.weight = dense("dense.interaction.weight_" .. l)
+        layer.weight = dense("dense.interaction.weight_" .. l, by)
       end
       desc.cross[l] = layer
+    end
+  end
+  if missing then
+    return fail(("%s has no tensor '%s'; its config expects it (%s)"):format(path, missing.name, missing.by))
+  end
+  -- and one it holds that the config leaves out (model.cross_layers 1 of a run trained with 2)
+  -- would leave a layer out of every score
+  for _, n in ipairs(dense_names) do
+    if not tensors[n] then
+      return fail(("%s holds tensor '%s', which its config (%s) does not use"):format(path, n, interaction))
     end
   end
   -- A run over ranks saved its tables as shards (component "shards": the checkpoint's .shards
