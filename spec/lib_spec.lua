@@ -55,3 +55,20 @@ describe("uvmrec.lib whole numbers", function()
       "at is inf; expected a whole number below 2^63")
   end)
 end)
+
+describe("uvmrec.lib things", function()
+  it("gives a count and its noun, plural but for 1: the one home of the messages' plurals", function()
+    assert.same({ "0 ranks", "1 rank", "2 ranks", "1 held-out sample" },
+                { lib.things(0, "rank"), lib.things(1, "rank"), lib.things(2, "rank"),
+                  lib.things(1, "held-out sample") })
+    assert.equal(lib.things, require("uvmrec.train.progress").things)
+    -- a plan of one table said 'plan: 1 tables on 1 rank' (its tables were counted '%d tables')
+    local planner = require "uvmrec.planner"
+    local p = assert(planner.plan({ { name = "C1", rows = 1000, dim = 16 } },
+      { C1 = planner.profile.zipf { rows = 1000, s = 1.05 } }, "1GiB",
+      { batch = 1024, calibration = assert(planner.calib.find("h200")),
+        dense = { dense_features = 13, bottom = { 64, 16 }, top = { 64, 1 }, tables = 1, dim = 16,
+                  precision = "f32" } }))
+    assert.matches("^plan: 1 table on 1 rank, ", p:table())
+  end)
+end)

@@ -488,7 +488,7 @@ local function diff_message(diffs, a, b)
     parts[i] = ("%s (%s has %s, %s has %s)"):format(d[1], a, show(d[2]), b, show(d[3]))
   end
   if #diffs > 8 then parts[#parts + 1] = ("and %d more"):format(#diffs - 8) end
-  return ("config differs at %d key%s: %s"):format(#diffs, #diffs == 1 and "" or "s", table.concat(parts, ", "))
+  return ("config differs at %s: %s"):format(lib.things(#diffs, "key"), table.concat(parts, ", "))
 end
 
 M.diff_message = diff_message

@@ -157,6 +157,12 @@ function M.file_target(path)
   return true
 end
 
+-- "1 step", "2 steps", "0 samples": a whole count and its noun, plural but for 1 (every message's
+-- plural: uvmrec.train.progress gives it as progress.things).
+function M.things(n, noun)
+  return ("%d %s%s"):format(n, noun, n == 1 and "" or "s")
+end
+
 -- s as one word for the shell: single-quoted, each ' written '\''.
 function M.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 

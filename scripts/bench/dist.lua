@@ -53,8 +53,9 @@ lo.samples, lo.batch_size, lo.slice_rank, lo.slice_world = o.batches * B, B, ran
 local data = assert(ur.data.loader(lo))
 local held = train.source.hold(data, o.batches, gpu and "device" or nil)
 local function say(s) if rank == 0 then io.stdout:write(s, "\n") io.stdout:flush() end end
-say(("B9: %s on %d rank%s (%s), %d samples a rank and step (global batch %d), sharding %s")
-  :format(cfg.name or o.config, world, world > 1 and "s" or "", gpu and "GPUs" or "the CPU", per, B, o.sharding))
+say(("B9: %s on %s (%s), %d samples a rank and step (global batch %d), sharding %s")
+  :format(cfg.name or o.config, require("uvmrec.lib").things(world, "rank"),
+    gpu and "GPUs" or "the CPU", per, B, o.sharding))
 
 local clock = ur.C.ur_clock_seconds
 for i = 1, o.warmup do train.loop.step(model, optimizer, held[(i - 1) % #held + 1]) end

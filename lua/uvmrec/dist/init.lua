@@ -159,9 +159,9 @@ function M.init(opts)
       -- two ranks on one GPU would fail in NCCL's setup ("duplicate GPU"), naming neither
       local gpus = C.ur_device_count()
       if local_rank >= gpus then
-        return nil, ("dist: rank %d is rank %d of its host, which has %d GPU%s: one rank per GPU (launch "
+        return nil, ("dist: rank %d is rank %d of its host, which has %s: one rank per GPU (launch "
           .. "-n %d or fewer a host, or --cpu for ranks on the CPU)"):format(M.environment().rank or local_rank,
-          local_rank, gpus, gpus == 1 and "" or "s", gpus)
+          local_rank, lib.things(gpus, "GPU"), gpus)
       end
       device = local_rank
     end

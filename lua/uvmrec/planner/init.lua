@@ -19,6 +19,7 @@ local cost = require "uvmrec.planner.cost"
 local search = require "uvmrec.planner.search"
 local calib = require "uvmrec.planner.calib"
 local json = require "uvmrec.json"
+local things = require("uvmrec.lib").things
 
 local M = {}
 M.profile = require "uvmrec.planner.profile"
@@ -81,8 +82,8 @@ local FIXED = { "placement", "sharding", "load_factor", "prefix_fraction", "rank
 -- given to plan:with), each message naming the key its user wrote.
 local function rank_error(r, world)
   if type(r) == "number" and r >= 0 and r < world and r == math.floor(r) then return nil end
-  return ("%s; expected a rank from 0 to %d (the plan is for %d rank%s)"):format(
-    type(r) == "number" and tostring(r) or ("'%s'"):format(tostring(r)), world - 1, world, world == 1 and "" or "s")
+  return ("%s; expected a rank from 0 to %d (the plan is for %s)"):format(
+    type(r) == "number" and tostring(r) or ("'%s'"):format(tostring(r)), world - 1, things(world, "rank"))
 end
 
 local function fixed_error(t, world)
@@ -287,13 +288,13 @@ end
 local function dense_parts(S)
   local m = S.dense.mem
   if not m.arena_blocks then return fmt_bytes(S.fixed.dense) end
-  return ("%s: parameters, gradients and optimizer state %s, the model's arena %s in %d block%s of %s "
+  return ("%s: parameters, gradients and optimizer state %s, the model's arena %s in %s of %s "
     .. "(nn.arena) for %s of activations at a batch of %d%s"):format(fmt_bytes(S.fixed.dense), fmt_bytes(m.params),
-    fmt_bytes(m.activations), m.arena_blocks, m.arena_blocks == 1 and "" or "s", fmt_bytes(m.arena_block),
+    fmt_bytes(m.activations), things(m.arena_blocks, "block"), fmt_bytes(m.arena_block),
     fmt_bytes(m.activations_used), S.ctx.batch, (m.eval_batch or 0) > 0
     and (" and evaluation batches of %d (%s of it)"):format(m.eval_batch, fmt_bytes(m.eval_activations)) or "")
-    .. ((m.workspaces or 0) > 0 and (", the dense ops' workspaces %s on %d stream%s"):format(fmt_bytes(m.workspaces),
-      m.workspace_streams, m.workspace_streams == 1 and "" or "s") or "")
+    .. ((m.workspaces or 0) > 0 and (", the dense ops' workspaces %s on %s"):format(fmt_bytes(m.workspaces),
+      things(m.workspace_streams, "stream")) or "")
 end
 
 local function infeasible(S, info)
@@ -338,9 +339,9 @@ local function infeasible(S, info)
         gpus = hi
       end
     end
-    local msg = ("planner: the model cannot fit in %s of HBM per rank on %d rank%s: with every table at its "
+    local msg = ("planner: the model cannot fit in %s of HBM per rank on %s: with every table at its "
       .. "smallest choice a rank needs %s (tables %s, fixed %s), %s short; the smallest budget that fits is %s")
-      :format(fmt_bytes(S.budget), S.world, S.world > 1 and "s" or "", fmt_bytes(need), fmt_bytes(need - fixed),
+      :format(fmt_bytes(S.budget), things(S.world, "rank"), fmt_bytes(need), fmt_bytes(need - fixed),
         fmt_bytes(fixed), fmt_bytes(need - S.budget), fmt_bytes(need))
     if gpus then
       msg = msg .. (", or %d GPUs at this budget"):format(gpus)
@@ -419,9 +420,9 @@ function M.plan(tables, profiles, budget, opts)
         local k = 0
         for _, it in ipairs(items) do k = k + #it.options end
         return nil, ("planner: search exhaustive gave up after %.0e nodes without proving the best plan: %d tables "
-          .. "of %.1f choices each on average over %d rank%s make %s combinations; use search greedy (or auto, "
-          .. "exhaustive up to %.0e combinations)"):format(max_nodes, #items, k / #items, S.world,
-          S.world == 1 and "" or "s", size > 1e15 and "more than 1e15" or ("%.3g"):format(size), AUTO_EXHAUSTIVE),
+          .. "of %.1f choices each on average over %s make %s combinations; use search greedy (or auto, "
+          .. "exhaustive up to %.0e combinations)"):format(max_nodes, #items, k / #items, things(S.world, "rank"),
+          size > 1e15 and "more than 1e15" or ("%.3g"):format(size), AUTO_EXHAUSTIVE),
           "stopped"
       end
       best, stats = ex, { method = "exhaustive", visited = info.visited }
@@ -621,8 +622,8 @@ function Plan:table()
   local p = self.data
   local L = {}
   local cal = p.calibration
-  L[#L + 1] = ("plan: %d tables on %d rank%s, HBM budget %s per rank%s, batch %d per rank, policy %s%s; "
-    .. "calibration %s (%s)"):format(#p.tables, p.world, p.world > 1 and "s" or "", fmt_bytes(p.budget),
+  L[#L + 1] = ("plan: %s on %s, HBM budget %s per rank%s, batch %d per rank, policy %s%s; "
+    .. "calibration %s (%s)"):format(things(#p.tables, "table"), things(p.world, "rank"), fmt_bytes(p.budget),
     p.host_memory and (", host memory " .. fmt_bytes(p.host_memory)) or "", p.batch, p.policy,
     p.pipeline and ", prefetch pipeline" or "", tostring(cal.where), tostring(cal.machine))
   if #cal.not_measured > 0 then
@@ -1018,8 +1019,8 @@ function Plan:over_budget()
   local p = self.data
   -- a file cut to fewer ranks' figures passed: only the ranks it had were checked
   if #p.ranks ~= p.world then
-    return ("the plan has the figures of %d rank%s for its %s rank%s: the file was edited; plan again"):format(
-      #p.ranks, #p.ranks == 1 and "" or "s", tostring(p.world), p.world == 1 and "" or "s")
+    return ("the plan has the figures of %s for its %s: the file was edited; plan again"):format(
+      things(#p.ranks, "rank"), type(p.world) == "number" and things(p.world, "rank") or tostring(p.world) .. " ranks")
   end
   for _, R in ipairs(p.ranks) do
     if type(R.hbm) ~= "number" or R.hbm > p.budget then
@@ -1072,12 +1073,12 @@ function Plan:apply(cfg, where, opts)
   end
   local world = opts.world or 1
   if p.world ~= world then
-    return bad("the plan is for %d rank%s and this run has %d", p.world, p.world == 1 and "" or "s", world)
+    return bad("the plan is for %s and this run has %d", things(p.world, "rank"), world)
   end
   if p.batch * world ~= cfg.train.batch_size then
-    return bad("the plan is for a batch of %d per rank and train.batch_size is %d over %d rank%s: its cache scratch "
+    return bad("the plan is for a batch of %d per rank and train.batch_size is %d over %s: its cache scratch "
       .. "and step times are for its batch; set train.batch_size=%d or plan again with --batch", p.batch,
-      cfg.train.batch_size, world, world == 1 and "" or "s", p.batch * world)
+      cfg.train.batch_size, things(world, "rank"), p.batch * world)
   end
   -- an evaluation's forward adds its batch's tensors to the model's arena (cost.dense): a plan
   -- covers evaluations in batches up to the one it was made for (a smaller one's fit in its

@@ -37,10 +37,8 @@ function M.duration(s)
   return ("%d:%02d"):format(m, s % 60)
 end
 
--- "1 step", "2 steps", "0 samples": a whole count and its noun, plural but for 1.
-function M.things(n, noun)
-  return ("%d %s%s"):format(n, noun, n == 1 and "" or "s")
-end
+-- "1 step", "2 steps", "0 samples": a whole count and its noun, plural but for 1 (lib.things).
+M.things = require("uvmrec.lib").things
 
 -- 18.2k, 1.35M: three digits (999.7 rounds to 1k, not to 1e+03).
 local UNITS = { { 1e9, "G" }, { 1e6, "M" }, { 1e3, "k" } }
