@@ -43,11 +43,9 @@ if serve.is_model_file(o.config) then
   local r, rerr = serve.evaluate(m, o.data)
   if not r then cmd:fail(rerr) end
   print("data: " .. r.what)
-  print(("eval: %s  (%d samples, %.1f s)"):format(train.evaluate.format(r, m:config().eval.metrics), r.samples,
-                                                 r.seconds))
-  local line = { event = "eval", model = o.config }
-  for k, v in pairs(r) do line[k] = v end
-  log.line(line)
+  print(("eval: %s  (%s, %.1f s)"):format(train.evaluate.format(r, m:config().eval.metrics),
+                                         require("uvmrec.lib").things(r.samples, "sample"), r.seconds))
+  log.line(train.evaluate.log_line(r, { event = "eval", model = o.config }))
   log.close()
   m:close()
   return

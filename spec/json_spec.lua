@@ -76,6 +76,12 @@ describe("uvmrec.json", function()
     assert.equal(3, holes[3])
   end)
 
+  it("writes json.null as null (a value known to be missing), read back as nil", function()
+    assert.equal('{"a":[1,null],"auc":null}', json.encode { auc = json.null, a = { 1, json.null } })
+    assert.equal("null", json.encode(json.null))
+    assert.same({ x = 1 }, json.decode(json.encode { x = 1, auc = json.null }))
+  end)
+
   it("names the byte where text fails to parse", function()
     local cases = {
       { '{"a":[1,}', "json: unexpected token near '}' at byte 9" },

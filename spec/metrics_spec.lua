@@ -179,7 +179,8 @@ end
 local function no_nan(t, what)
   for k, v in pairs(t) do
     if type(v) == "table" then no_nan(v, what .. "." .. k)
-    else assert.is_true(v == v and v > -math.huge and v < math.huge, what .. "." .. k .. " = " .. tostring(v)) end
+    elseif type(v) ~= "string" then -- not auc_undefined's reason
+      assert.is_true(v == v and v > -math.huge and v < math.huge, what .. "." .. k .. " = " .. tostring(v)) end
   end
 end
 
@@ -326,16 +327,19 @@ describe("uvmrec.metrics", function()
     end
   end)
 
-  it("gives defined values, never NaN, for one class in the window and for no samples", function()
+  it("leaves AUC undefined, saying why, for one class and for no samples; no value is NaN", function()
+    -- one class gave AUC 0.5, which reads as a result (a one-sample evaluation printed 'AUC 0.5000')
     local opts = { metrics = { "auc", "gauc", "ne", "accuracy", "calibration", "ctr" },
                    tasks = { "t" }, batch_size = 64, window_size = 64, include_logloss = true,
                    placement = "host" }
     local empty = metrics.MetricCollection(opts)
     local r = assert(empty:compute())
     no_nan(r, "empty")
-    no_nan(assert(empty:values()), "empty values")
-    assert.equal(0.5, r["auc-t|window_auc"])
-    assert.equal(0.5, r["auc-t|lifetime_auc"])
+    local v = assert(empty:values()).t
+    no_nan(v, "empty values")
+    for _, k in ipairs { "window_auc", "lifetime_auc", "lifetime_auc_error" } do assert.is_nil(r["auc-t|" .. k], k) end
+    assert.same({ "no label", "no label" }, { v.window.auc_undefined, v.lifetime.auc_undefined })
+    assert.is_nil(v.window.auc)
     assert.equal(0.5, r["gauc-t|window_gauc"])
     assert.equal(0, r["gauc-t|window_gauc_num_groups"])
     for _, label in ipairs { 0, 1 } do
@@ -344,13 +348,30 @@ describe("uvmrec.metrics", function()
       feed(m, { b })
       r = assert(m:compute())
       no_nan(r, "label " .. label)
-      assert.equal(0.5, r["auc-t|window_auc"])
-      assert.equal(0.5, r["auc-t|lifetime_auc"])
-      assert.equal(0, r["auc-t|lifetime_auc_error"])
+      assert.is_nil(r["auc-t|window_auc"])
+      assert.is_nil(r["auc-t|lifetime_auc"])
+      assert.is_nil(r["auc-t|lifetime_auc_error"])
       assert.equal(0.5, r["gauc-t|window_gauc"])
       assert.equal(label, r["ctr-t|window_ctr"])
-      check_sums(assert(m:values()).t.window, samples({ b }, 1), "one class", 0.5)
+      v = assert(m:values()).t
+      check_sums(v.window, samples({ b }, 1), "one class", 0.5)
+      assert.is_nil(v.window.auc)
+      assert.is_nil(v.lifetime.auc_error)
+      assert.equal(("all 64 labels are %d by weight"):format(label), v.window.auc_undefined)
+      assert.equal(v.window.auc_undefined, v.lifetime.auc_undefined)
     end
+    -- unweighted, and one sample: what a one-sample evaluation says
+    local one = metrics.AUC { batch_size = 1, placement = "host" }
+    feed(one, { batch(1, 1, { label = 0 }) })
+    assert.equal("the 1 label is 0", assert(one:values()).default.window.auc_undefined)
+    assert.equal("the 1 held-out label is 0", metrics.auc_undefined(assert(one:values()).default.window,
+                                                                   "held-out label"))
+    -- both classes: defined, no reason
+    local both = metrics.AUC { batch_size = 64, placement = "host" }
+    feed(both, { batch(64, 1) })
+    v = assert(both:values()).default.window
+    assert.is_number(v.auc)
+    assert.is_nil(v.auc_undefined)
   end)
 
   it("counts weights past 2^32 exactly, and samples past 2^32 in f64 state", function()
@@ -575,7 +596,9 @@ describe("uvmrec.metrics", function()
       for name, scopes in pairs(b) do
         for scope, vals in pairs(scopes) do
           for k, v in pairs(vals) do
-            h.near(a[name][scope][k], v, tol, ("%s %s %s %s"):format(what, name, scope, k))
+            local at = ("%s %s %s %s"):format(what, name, scope, k)
+            if type(v) == "string" then assert.equal(v, a[name][scope][k], at)
+            else h.near(a[name][scope][k], v, tol, at) end
           end
         end
       end
@@ -664,7 +687,14 @@ describe("uvmrec.metrics", function()
         local a, b = assert(gpu:values()), assert(cpu:values())
         no_nan(a, "gpu " .. tostring(label))
         compare(a, b, 1e-12, "label " .. tostring(label))
-        assert.equal(0.5, a.t.window.auc)
+        assert.is_nil(a.t.window.auc)
+        assert.is_string(a.t.window.auc_undefined)
+        local ca, ga = {}, {}
+        for k in pairs(assert(cpu:compute())) do ca[#ca + 1] = k end
+        for k in pairs(assert(gpu:compute())) do ga[#ga + 1] = k end
+        table.sort(ca)
+        table.sort(ga)
+        assert.same(ca, ga, "compute() leaves out the same undefined keys")
         assert.equal(0.5, a.t.window.grouped_auc)
       end
     end)

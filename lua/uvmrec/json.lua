@@ -11,6 +11,8 @@
 -- decode(text) gives Lua values (null is nil: absent from objects, a hole in arrays; integers
 -- beyond 2^53 are int64_t cdata, exact), or nil, message naming the byte where the text fails
 -- (an object holding a key twice fails too).
+-- null is JSON's null, for a value known to be missing (an AUC that one class leaves undefined);
+-- decode gives nil for it.
 -- read_lines(path) gives the values of a JSON-lines file; append_lines(path, v, ...) adds each
 -- value as one line to the end of one (a benchmark's --out), raising io.open's message when
 -- the file cannot be opened; lines(path) writes one made anew, a line at a time.
@@ -19,6 +21,9 @@ local lib = require "uvmrec.lib"
 local C = lib.C
 
 local M = {}
+
+M.null = setmetatable({}, { __tostring = function() return "json.null" end,
+                            __newindex = function() error("json.null is read-only", 2) end })
 
 local MAX_DEPTH = 64
 local INT64_MAX = 0x7fffffffffffffffULL
@@ -61,6 +66,7 @@ local function node(v, path, depth)
   end
   if t == "boolean" then return made(C.ur_json_new(box, v and C.UR_JSON_TRUE or C.UR_JSON_FALSE),
                                                    path) end
+  if v == M.null then return made(C.ur_json_new(box, C.UR_JSON_NULL), path) end
   if t == "table" then
     return made(C.ur_json_new(box, is_array(v, path) and C.UR_JSON_ARRAY or C.UR_JSON_OBJECT), path)
   end
@@ -82,14 +88,14 @@ local function fill(n, v, path, depth)
       local sub = path .. "[" .. i .. "]"
       local child = node(v[i], sub, depth + 1)
       made(C.ur_json_append(n, child), sub)
-      if type(v[i]) == "table" then fill(child, v[i], sub, depth + 1) end
+      if type(v[i]) == "table" and v[i] ~= M.null then fill(child, v[i], sub, depth + 1) end
     end
   else
     for k, x in pairs(v) do
       local sub = path .. "." .. k
       local child = node(x, sub, depth + 1)
       made(C.ur_json_set(n, k, #k, child), sub)
-      if type(x) == "table" then fill(child, x, sub, depth + 1) end
+      if type(x) == "table" and x ~= M.null then fill(child, x, sub, depth + 1) end
     end
   end
 end
@@ -113,7 +119,7 @@ function M.encode(v)
   local root
   local ok, err = pcall(function()
     root = node(v, "value", 0)
-    if type(v) == "table" then fill(root, v, "value", 0) end
+    if type(v) == "table" and v ~= M.null then fill(root, v, "value", 0) end
   end)
   if not ok then
     if root ~= nil then C.ur_json_free(root) end

@@ -8,7 +8,8 @@
 --   auc:update{predictions = p, labels = y, weights = w}   -- enqueues; never waits
 --   auc:compute()  --> {["auc-ctr|window_auc"] = 0.71, ["auc-ctr|lifetime_auc"] = ..., ...}
 --
--- A MetricCollection computes several kinds from one state, reading each batch once.
+-- A MetricCollection computes several kinds from one state, reading each batch once.  An AUC
+-- that one class leaves undefined is nil (compute leaves its keys out; values says why).
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -152,7 +153,8 @@ local function new(kinds, opts, level)
   return setmetatable({
     _h = wrap_handle(out[0]), tasks = tasks, batch_size = batch, window_size = window,
     lifetime_bins = bins, reduce = reduce, placement = place, device = device, world_size = world,
-    _outputs = outputs, _window = ffi.new("ur_metric_values[?]", #tasks),
+    _outputs = outputs, _auc = { window = kinds.auc and window > 0, lifetime = kinds.auc and bins > 0 },
+    _window = ffi.new("ur_metric_values[?]", #tasks),
     _lifetime = ffi.new("ur_metric_values[?]", #tasks),
     _snap = ffi.new("double *[1]"), _count = ffi.new("uint64_t[1]"),
   }, Metric)
@@ -278,21 +280,41 @@ local function run(self, stream, level)
   return true
 end
 
--- {["<kind>-<task>|<scope>_<name>"] = value}, torchrec's keys.
+-- Why the AUC of one scope's values (a values() scope, or the engine's ur_metric_values) is
+-- undefined, or nil when it is not: it ranks positives above negatives, so it needs both
+-- classes, a positive and a negative weight.  The engine gives 0.5 there, a number that reads
+-- as a result.  noun: what the labels are called in the message ("label", "held-out label").
+function M.auc_undefined(v, noun)
+  local pos, neg = v.positive, v.negative
+  if pos > 0 and neg > 0 and pos * neg > 0 then return nil end
+  noun = noun or "label"
+  local n = tonumber(v.samples)
+  if n == 0 then return "no " .. noun end
+  if pos <= 0 and neg <= 0 then return ("the %s weigh 0"):format(lib.things(n, noun)) end
+  if pos > 0 and neg > 0 then return ("its classes weigh %g and %g, too little to pair"):format(pos, neg) end
+  local weighed = tonumber(v.weight) ~= n and " by weight" or ""
+  if n == 1 then return ("the 1 %s is %d%s"):format(noun, pos > 0 and 1 or 0, weighed) end
+  return ("all %s are %d%s"):format(lib.things(n, noun), pos > 0 and 1 or 0, weighed)
+end
+
+-- {["<kind>-<task>|<scope>_<name>"] = value}, torchrec's keys; an undefined AUC's keys are left
+-- out (torchrec says 0.5).
 function Metric:compute(stream)
   local ok, err = run(self, stream, 2)
   if not ok then return nil, err end
   local out = {}
   for _, o in ipairs(self._outputs) do
-    local v = (o[3] == "window" and self._window or self._lifetime)[o[2]][o[4]]
-    out[o[1]] = tonumber(v)
+    local v = (o[3] == "window" and self._window or self._lifetime)[o[2]]
+    if not ((o[4] == "auc" or o[4] == "auc_error") and M.auc_undefined(v)) then out[o[1]] = tonumber(v[o[4]]) end
   end
   return out
 end
 
-local function values_table(v)
+local function values_table(v, has_auc)
   local t = { samples = tonumber(v.samples), groups = tonumber(v.groups) }
   for _, f in ipairs(FIELDS) do t[f] = v[f] end
+  t.auc_undefined = has_auc and M.auc_undefined(v) or nil
+  if t.auc_undefined then t.auc, t.auc_error = nil, nil end
   return t
 end
 
@@ -302,7 +324,8 @@ function Metric:values(stream)
   if not ok then return nil, err end
   local out = {}
   for t, name in ipairs(self.tasks) do
-    out[name] = { window = values_table(self._window[t - 1]), lifetime = values_table(self._lifetime[t - 1]) }
+    out[name] = { window = values_table(self._window[t - 1], self._auc.window),
+                  lifetime = values_table(self._lifetime[t - 1], self._auc.lifetime) }
   end
   return out
 end

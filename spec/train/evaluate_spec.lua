@@ -37,3 +37,45 @@ describe("uvmrec.train.evaluate", function()
     end
   end)
 end)
+
+describe("uvmrec.train.evaluate of one class", function()
+  local json = require "uvmrec.json"
+  local cmd = require "command"
+
+  -- a one-sample (one-class) evaluation printed 'AUC 0.5000' and logged "auc":0.5: AUC is undefined there
+  it("says the AUC is undefined and why, logs it as null, and fails eval.min_auc with it", function()
+    local l = assert(ur.data.loader { data = "synthetic:tiny", samples = 1, batch_size = 1 })
+    local label = assert(l:next()).labels[0]
+    l:close()
+    local r = eval(1, 1, 1)
+    assert.equal(1, r.samples)
+    assert.is_nil(r.auc)
+    local why = ("the 1 held-out label is %d"):format(label)
+    assert.equal(why, r.auc_undefined)
+    assert.equal(1, evaluate.format(r):find("AUC undefined (" .. why .. ")  NE ", 1, true), evaluate.format(r))
+    local line = json.decode(json.encode(evaluate.log_line(r, { event = "eval", step = 3 })))
+    assert.same({ "eval", 3, why }, { line.event, line.step, line.auc_undefined })
+    assert.matches('"auc":null', json.encode(evaluate.log_line(r)), 1, true)
+    local train = require "uvmrec.train"
+    assert.equal(("the final AUC is undefined (%s), so it does not reach eval.min_auc 0.5000"):format(why),
+                 train.check_min_auc({ eval = { min_auc = 0.5 } }, r))
+    -- both classes: a number, no reason, no null
+    local both = eval(300, 300, 300)
+    assert.is_number(both.auc)
+    assert.is_nil(both.auc_undefined)
+    assert.equal(both.auc, json.decode(json.encode(evaluate.log_line(both))).auc)
+  end)
+
+  it("uvmrec eval prints it and writes null into the run log", function()
+    local dir = cmd.tmpdir()
+    local out, err, code = cmd.run("eval dlrm_tiny --cpu --set eval.samples=1 --out " .. dir)
+    assert.equal(0, code, err)
+    local why = out:match("\neval: AUC undefined %((the 1 held%-out label is [01])%)  NE ")
+    assert.is_string(why, out)
+    assert.matches("(1 sample, ", out, 1, true)
+    local lines = assert(json.read_lines(dir .. "/metrics.jsonl"))
+    assert.equal(why, lines[#lines].auc_undefined)
+    assert.matches('"auc":null', assert(cmd.slurp(dir .. "/metrics.jsonl")), 1, true)
+    cmd.rmdir(dir)
+  end)
+end)

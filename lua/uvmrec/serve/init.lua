@@ -235,8 +235,7 @@ function M.evaluate(m, spec, opts)
   local scope = total > 0 and v.window or v.lifetime
   mc:free()
   local r = { samples = n, seconds = C.ur_clock_seconds() - t0, what = what }
-  for _, k in ipairs { "auc", "ne", "logloss", "accuracy", "calibration", "ctr" } do r[k] = scope[k] end
-  return r
+  return require("uvmrec.train.evaluate").take(r, scope, opts.metrics or cfg.eval.metrics)
 end
 
 return M

@@ -1,7 +1,10 @@
 -- Evaluation on held-out data: the model's probabilities for every batch go into one metric
 -- collection where the model runs; AUC is exact over the whole set (the window holds it all)
--- when its size is known, else the lifetime histogram's (within its stated error).
+-- when its size is known, else the lifetime histogram's (within its stated error).  One class
+-- leaves the AUC undefined: it is then nil, auc_undefined says why, the line says so and the
+-- run log holds null.
 local metrics = require "uvmrec.metrics"
+local json = require "uvmrec.json"
 
 local M = {}
 
@@ -10,7 +13,8 @@ local M = {}
 -- batch_size, comm (a job of several ranks: the source gives this rank's equal slices of the global
 -- batches, samples and batch_size count the global ones, and the metrics are over every rank's
 -- samples).  Returns {auc =, ne =, logloss =, accuracy =, calibration =, ctr =, samples =,
--- auc_error =, seconds =}, each metric only when its kind was asked for (logloss with ne).
+-- auc_error =, seconds =}, each metric only when its kind was asked for (logloss with ne); an
+-- AUC asked for that one class leaves undefined is nil, and auc_undefined says why.
 function M.run(model, source, opts)
   opts = opts or {}
   local C = require("uvmrec").C
@@ -62,11 +66,31 @@ function M.run(model, source, opts)
   local scope = limit > 0 and v.window or v.lifetime
   m:free()
   local out = { samples = limit > 0 and math.min(all, limit) or all, seconds = C.ur_clock_seconds() - t0 }
-  -- the kinds asked for alone: a kind not computed reads 0 (an AUC of 0 is no AUC)
-  for _, k in ipairs(kinds) do out[k] = scope[k] end
-  if out.ne then out.logloss = scope.logloss end
+  M.take(out, scope, kinds)
   if limit == 0 and out.auc then out.auc_error = v.lifetime.auc_error end
   return out
+end
+
+-- Copies the kinds asked for from a values() scope of uvmrec.metrics into r (logloss with ne),
+-- an undefined AUC as auc_undefined, its reason in the held-out samples' words.
+function M.take(r, scope, kinds)
+  -- the kinds asked for alone: a kind not computed reads 0 (an AUC of 0 is no AUC)
+  for _, k in ipairs(kinds or { "auc", "ne" }) do
+    r[k] = scope[k]
+    if k == "auc" and r.auc == nil then r.auc_undefined = metrics.auc_undefined(scope, "held-out label") end
+    if k == "ne" then r.logloss = scope.logloss end
+  end
+  return r
+end
+
+-- The run log's line of a result (metrics.jsonl): fields, then r's values, an undefined AUC as
+-- null beside auc_undefined's reason (a line without auc would read as a run that asked for none).
+function M.log_line(r, fields)
+  local line = {}
+  for k, v in pairs(fields or {}) do line[k] = v end
+  for k, v in pairs(r) do line[k] = v end
+  if r.auc_undefined then line.auc = json.null end
+  return line
 end
 
 -- "AUC 0.8830  NE 0.629  logloss 0.3891 ..." of the kinds asked for.
@@ -74,7 +98,10 @@ function M.format(r, kinds)
   local want = {}
   for _, k in ipairs(kinds or { "auc", "ne" }) do want[k] = true end
   local parts = {}
-  if want.auc then parts[#parts + 1] = ("AUC %.4f"):format(r.auc) end
+  if want.auc then
+    parts[#parts + 1] = r.auc and ("AUC %.4f"):format(r.auc)
+                        or ("AUC undefined (%s)"):format(r.auc_undefined or "one class")
+  end
   if want.ne then
     parts[#parts + 1] = ("NE %.4f"):format(r.ne)
     parts[#parts + 1] = ("logloss %.4f"):format(r.logloss)

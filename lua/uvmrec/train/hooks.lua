@@ -119,9 +119,7 @@ function Evaluation:evaluate(step)
   self.evals[#self.evals + 1] = r
   o.progress:message(("eval at step %d: %s  (%s, %.1f s)"):format(step, evaluate.format(r, o.metrics),
                                                                   progress.things(r.samples, "sample"), r.seconds))
-  local line = { event = "eval", step = step }
-  for k, v in pairs(r) do line[k] = v end
-  o.line(line)
+  o.line(evaluate.log_line(r, { event = "eval", step = step }))
   o.progress:resume()
   return r
 end

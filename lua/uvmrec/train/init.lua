@@ -500,6 +500,10 @@ function M.check_min_auc(cfg, ev)
   local want = cfg.eval.min_auc
   if want <= 0 then return nil end
   if not ev then return nil, ("eval.min_auc %.4f is not checked: this run has no evaluation"):format(want) end
+  if ev.auc == nil then
+    return ("the final AUC is undefined (%s), so it does not reach eval.min_auc %.4f"):format(
+      tostring(ev.auc_undefined), want)
+  end
   if ev.auc ~= ev.auc or ev.auc < want then
     return ("the final AUC %.4f is below eval.min_auc %.4f"):format(ev.auc, want)
   end
@@ -920,14 +924,18 @@ function run_plain(cfg, opts)
     end
     result.eval = r
     if data.ceiling and rank == 0 then result.ceiling = data.ceiling() end
+    local ceiling = result.ceiling and (" (the synthetic data's hidden-model ceiling: %.4f)"):format(result.ceiling)
+                    or ""
     if r.auc then -- eval.metrics may leave it out
-      say(("final AUC %.4f%s"):format(r.auc, result.ceiling
-        and (" (the synthetic data's hidden-model ceiling: %.4f)"):format(result.ceiling) or ""))
+      say(("final AUC %.4f%s"):format(r.auc, ceiling))
+    elseif r.auc_undefined then
+      say(("final AUC undefined: %s%s"):format(r.auc_undefined, ceiling))
     end
   end
   log.line { event = "final", steps = steps, samples = samples, seconds = seconds,
-             samples_per_s = result.samples_per_s, loss = logger.loss, auc = result.eval and result.eval.auc,
-             skipped = result.skipped,
+             samples_per_s = result.samples_per_s, loss = logger.loss,
+             auc = result.eval and (result.eval.auc or result.eval.auc_undefined and json.null),
+             auc_undefined = result.eval and result.eval.auc_undefined, skipped = result.skipped,
              ceiling_auc = result.ceiling }
   log.close()
   if out then
@@ -1008,9 +1016,8 @@ function M.eval(cfg, opts)
   if result.ceiling then
     say(("the synthetic data's hidden-model ceiling: %.4f"):format(result.ceiling))
   end
-  local line = { event = "eval", step = ctx.step, ceiling_auc = result.ceiling, checkpoint = loaded and loaded.path }
-  for k, v in pairs(r) do line[k] = v end
-  log.line(line)
+  log.line(M.evaluate.log_line(r, { event = "eval", step = ctx.step, ceiling_auc = result.ceiling,
+                                    checkpoint = loaded and loaded.path }))
   log.close()
   return result
 end
