@@ -45,15 +45,12 @@ if o.allow_nonfinite and not o.resume then
 end
 
 -- The flags that are config values go in as --set ones, after those given, each named by its
--- flag where a message blames it.  Whole numbers as written: %d wrapped 1e20 to -2^63.
+-- flag where a message blames it (lib.flag_set).
 local sets = o.set
 for _, f in ipairs { { "data", "data.train" }, { "eval_data", "data.eval" }, { "steps", "train.steps" },
                      { "checkpoint_every", "train.checkpoint_every" }, { "keep", "train.keep" } } do
   local v = o[f[1]]
-  if v ~= nil then
-    local text = type(v) == "number" and ("%.0f"):format(v) or v
-    sets[#sets + 1] = { f[2] .. "=" .. text, flag = ("--%s %s"):format(f[1]:gsub("_", "-"), text) }
-  end
+  if v ~= nil then sets[#sets + 1] = require("uvmrec.lib").flag_set("--" .. f[1]:gsub("_", "-"), f[2], v) end
 end
 local opts = { out = o.out, resume = o.resume, progress = o.progress, cpu = o.cpu, host_memory = o.host_memory,
                allow_nonfinite = o.allow_nonfinite }

@@ -161,6 +161,30 @@ describe("uvmrec command", function()
     assert.is_true(n >= 13, n .. " benchmark scripts")
   end)
 
+  it("names the flag that gave a config value, not a --set the user did not write (lib.flag_set)", function()
+    local lib = require "uvmrec.lib"
+    local big = "1000000000000000019884624838656"
+    assert.same({ "train.batch_size=" .. big, flag = "--batch " .. big },
+                lib.flag_set("--batch", "train.batch_size", 1e30))
+    assert.same({ "model.precision=bf16", flag = "--precision bf16" },
+                lib.flag_set("--precision", "model.precision", "bf16"))
+    -- each said '--set train.batch_size=3000000000: ...' (and 1e30 read '1e+30'), or 'data.eval: ...' for --data
+    for _, case in ipairs {
+      { "scripts/bench/dlrm.lua --cpu --steps 1 --batch 3000000000",
+        "--batch 3000000000: train.batch_size: '3000000000' is not an integer <= 16777216" },
+      { "scripts/bench/uvm.lua --cpu --config dlrm_tiny --batch 3000000000",
+        "--batch 3000000000: train.batch_size: '3000000000' is not an integer <= 16777216" },
+      { "eval dlrm_tiny --cpu --data bogus:x", "uvmrec eval: --data bogus:x: data.eval: 'bogus:x' is not a data spec" },
+      { "train dlrm_tiny --cpu --eval-data bogus:x",
+        "uvmrec train: --eval-data bogus:x: data.eval: 'bogus:x' is not a data spec" },
+    } do
+      local out, err, code = cmd.run(case[1])
+      assert.equal(1, code, case[1] .. "\n" .. out .. err)
+      assert.matches(case[2], err, 1, true)
+      assert.is_nil(err:find("--set", 1, true), err)
+    end
+  end)
+
   it("hands busted the arguments of `uvmrec test` that are not its own", function()
     local out, err, code = cmd.run("test --help")
     assert.equal(0, code, err)

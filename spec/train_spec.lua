@@ -826,7 +826,7 @@ describe("uvmrec.train", function()
 
   it("refuses bad held-out data (data.eval, --eval-data) before any step, and caps a synthetic one's tables", function()
     for _, c in ipairs {
-      { "data.eval=parquet:/x", "^data.eval: 'parquet:/x' is not a data spec" },
+      { "data.eval=parquet:/x", "^%-%-set data.eval=parquet:/x: data.eval: 'parquet:/x' is not a data spec" },
       { "data.eval=synthetic:nothing", "^data.eval synthetic:nothing: 'nothing' is neither a preset" },
       { "data.eval=criteo-tsv:/no/such/file.tsv", "^data.eval criteo%-tsv: /no/such/file.tsv: cannot open" },
     } do

@@ -163,6 +163,15 @@ function M.things(n, noun)
   return ("%d %s%s"):format(n, noun, n == 1 and "" or "s")
 end
 
+-- The config value a command's flag gives, as uvmrec.train.config.load takes it:
+-- flag_set("--steps", "train.steps", 5) is {"train.steps=5", flag = "--steps 5"}, whose messages
+-- name the flag given, not a --set that was not.  Whole numbers as written ('..' wrote 1e30 as
+-- 1e+30, and %d wrapped it to -2^63).
+function M.flag_set(flag, path, v)
+  local text = type(v) == "number" and v == math.floor(v) and ("%.0f"):format(v) or tostring(v)
+  return { path .. "=" .. text, flag = flag .. " " .. text }
+end
+
 -- s as one word for the shell: single-quoted, each ' written '\''.
 function M.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 

@@ -35,6 +35,7 @@ local train = require "uvmrec.train"
 local mc = require "uvmrec.mc"
 local json = require "uvmrec.json"
 local C = ur.C
+local flag_set = require("uvmrec.lib").flag_set
 local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
@@ -143,12 +144,13 @@ local function quality()
         f:write(("synthetic: {preset: tiny, seed: %d, id_space_factor: %g, drift: %g}\n"):format(
           1234 + seed, o.factor, drift))
         f:close()
-        local sets = { "train.steps=" .. o.steps, "embeddings.max_rows=" .. o.max_rows, "eval.every=0",
+        local sets = { flag_set("--steps", "train.steps", o.steps),
+                       flag_set("--max-rows", "embeddings.max_rows", o.max_rows), "eval.every=0",
                        "eval.samples=0", "eval.min_auc=0", "data.train=synthetic:" .. spec_path,
                        "train.seed=" .. seed }
         if policy ~= "modulo" then
           sets[#sets + 1] = "embeddings.collisions.policy=" .. policy
-          sets[#sets + 1] = "embeddings.collisions.evict_every=" .. o.evict_every
+          sets[#sets + 1] = flag_set("--evict-every", "embeddings.collisions.evict_every", o.evict_every)
         end
         local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), sets))
         local model

@@ -24,7 +24,7 @@ assert(dist.init { cpu = true })
 local comm = dist.job()
 local rank, world = comm.rank, comm.world
 local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")),
-  { "train.batch_size=" .. o.batch, "embeddings.optimizer.name=adagrad" }))
+  { require("uvmrec.lib").flag_set("--batch", "train.batch_size", o.batch), "embeddings.optimizer.name=adagrad" }))
 local plan = o.plan
 if plan == "mixed" then plan = require("uvmrec.dist.plan").in_turn(#cfg.embeddings.rows) end
 local def = assert(train.model_def(cfg))

@@ -81,9 +81,10 @@ end
 -- ---- the timed run ----
 
 local sets = { unpack(o.set) }
-if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
-if o.precision then sets[#sets + 1] = "model.precision=" .. o.precision end
-if o.nonfinite then sets[#sets + 1] = "train.nonfinite=" .. o.nonfinite end
+local flag_set = require("uvmrec.lib").flag_set
+if o.batch then sets[#sets + 1] = flag_set("--batch", "train.batch_size", o.batch) end
+if o.precision then sets[#sets + 1] = flag_set("--precision", "model.precision", o.precision) end
+if o.nonfinite then sets[#sets + 1] = flag_set("--nonfinite", "train.nonfinite", o.nonfinite) end
 local cfg, def = load(o.config, sets)
 local B = cfg.train.batch_size
 local model, merr = def.build(cfg, { cpu = not gpu })

@@ -62,8 +62,8 @@ local sh, run = P.sh, P.run
 
 local function config(precision)
   local sets = { unpack(o.set) }
-  if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
-  sets[#sets + 1] = "model.precision=" .. precision
+  if o.batch then sets[#sets + 1] = require("uvmrec.lib").flag_set("--batch", "train.batch_size", o.batch) end
+  sets[#sets + 1] = require("uvmrec.lib").flag_set("--precisions", "model.precision", precision)
   local cfg, def = P.config(o.config, sets)
   if not cfg then cmd:fail(def) end
   return cfg, def
@@ -90,7 +90,7 @@ if not o.no_torch then
     local cfg = config(o.precisions[1])
     local sets = { unpack(o.set) }
     sets[#sets + 1] = "embeddings.max_rows=1"
-    if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
+    if o.batch then sets[#sets + 1] = require("uvmrec.lib").flag_set("--batch", "train.batch_size", o.batch) end
     local small, def = P.config(o.config, sets)
     if not small then cmd:fail(def) end
     local m = assert(def.build(small, { cpu = true }))

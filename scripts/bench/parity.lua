@@ -38,8 +38,9 @@ local cmd = require("uvmrec.cli").command {
   options.cpu,
 }
 local o = cmd:parse(arg)
-if o.precision then o.set[#o.set + 1] = "model.precision=" .. o.precision end
-if o.batch then o.set[#o.set + 1] = ("train.batch_size=%d"):format(o.batch) end
+local flag_set = require("uvmrec.lib").flag_set
+if o.precision then o.set[#o.set + 1] = flag_set("--precision", "model.precision", o.precision) end
+if o.batch then o.set[#o.set + 1] = flag_set("--batch", "train.batch_size", o.batch) end
 
 local gpu = ur.gpu() and not o.cpu
 local cfg, def = P.config(o.config, o.set)

@@ -73,7 +73,7 @@ local train_samples = o.samples - eval_samples
 local sets = { unpack(o.set) }
 for _, s in ipairs { "data.train=criteo-bin:" .. work .. "/train", "data.eval=criteo-bin:" .. work .. "/eval",
                      "data.shuffle_window=0", "eval.every=0", "eval.samples=" .. eval_samples, "eval.min_auc=0",
-                     "train.steps=" .. o.steps } do
+                     require("uvmrec.lib").flag_set("--steps", "train.steps", o.steps) } do
   sets[#sets + 1] = s
 end
 local cfg, def, path = P.config(o.config, sets)

@@ -80,7 +80,7 @@ end
 local sets = {}
 for _, s in ipairs(require("uvmrec.cli").bench_sets(o.config)) do sets[#sets + 1] = s end
 for _, s in ipairs(o.set) do sets[#sets + 1] = s end
-if o.batch then sets[#sets + 1] = "train.batch_size=" .. o.batch end
+if o.batch then sets[#sets + 1] = require("uvmrec.lib").flag_set("--batch", "train.batch_size", o.batch) end
 local path = train.find_config(o.config) or cmd:fail("no config " .. o.config)
 local base_cfg, cerr = train.config.load(path, sets)
 if not base_cfg then cmd:fail(cerr) end

@@ -183,7 +183,10 @@ function M.data(cfg, rows)
   if cfg.data.eval ~= "" then
     -- checked as the training data is, before any step: a bad one would fail the run's first evaluation
     local eok, esrc = pcall(require("uvmrec.data.loader").source, cfg.data.eval)
-    if not eok then return nil, (tostring(esrc):gsub("^[^\n]-:%d+: ", ""):gsub("^data:", "data.eval:")) end
+    if not eok then
+      return nil, require("uvmrec.config").message(cfg, "data.eval",
+        (tostring(esrc):gsub("^[^\n]-:%d+: ", ""):gsub("^data: ", "")))
+    end
     if esrc.kind == "synthetic" then
       local edata, erows = synthetic_data(cfg.data.eval, esrc.name, rows, load_rows, "data.eval")
       if not edata then return nil, erows end
@@ -963,11 +966,19 @@ function M.eval(cfg, opts)
       :format(world)
   end
   local say = opts.print or function(s) io.stdout:write(s, "\n") io.stdout:flush() end
+  -- set as `uvmrec train`'s flags are (lib.flag_set): a message about them names --data
+  local sets = {}
+  local function data_set(path, v) sets[#sets + 1] = require("uvmrec.lib").flag_set("--data", path, v) end
   if opts.data and not opts.data:match("^synthetic:") then
-    cfg.data.eval = opts.data
-    if cfg.data.train == "" then cfg.data.train = opts.data end
+    data_set("data.eval", opts.data)
+    if cfg.data.train == "" then data_set("data.train", opts.data) end
   elseif opts.data then
-    cfg.data.train, cfg.data.eval = opts.data, ""
+    data_set("data.train", opts.data)
+    data_set("data.eval", "")
+  end
+  for _, s in ipairs(sets) do
+    local ok, serr = require("uvmrec.config").set(cfg, M.config.schema, s[1], s.flag)
+    if not ok then return nil, serr end
   end
   local def, where = M.model_def(cfg, opts.config_path)
   if not def then return nil, where end
