@@ -169,7 +169,10 @@ end
 
 local function check_sums(v, s, what, threshold)
   local r = ref_sums(s, threshold)
-  for k, x in pairs(r) do near(v[k], x, 1e-9, what .. " " .. k) end
+  for k, x in pairs(r) do
+    -- a value one class leaves undefined is nil (the tests of one class say which)
+    if v[k .. "_undefined"] then assert.is_nil(v[k], what .. " " .. k) else near(v[k], x, 1e-9, what .. " " .. k) end
+  end
 end
 
 local function feed(m, bs, placement)
@@ -327,8 +330,9 @@ describe("uvmrec.metrics", function()
     end
   end)
 
-  it("leaves AUC undefined, saying why, for one class and for no samples; no value is NaN", function()
-    -- one class gave AUC 0.5, which reads as a result (a one-sample evaluation printed 'AUC 0.5000')
+  it("leaves AUC, NE and calibration undefined, saying why, for one class and for no samples; no NaN", function()
+    -- one class gave AUC 0.5, which reads as a result (a one-sample evaluation printed 'AUC 0.5000'),
+    -- and NE and calibration near 1e12 (their denominators clamped at eta)
     local opts = { metrics = { "auc", "gauc", "ne", "accuracy", "calibration", "ctr" },
                    tasks = { "t" }, batch_size = 64, window_size = 64, include_logloss = true,
                    placement = "host" }
@@ -337,7 +341,11 @@ describe("uvmrec.metrics", function()
     no_nan(r, "empty")
     local v = assert(empty:values()).t
     no_nan(v, "empty values")
-    for _, k in ipairs { "window_auc", "lifetime_auc", "lifetime_auc_error" } do assert.is_nil(r["auc-t|" .. k], k) end
+    for _, k in ipairs { "auc-t|window_auc", "auc-t|lifetime_auc", "auc-t|lifetime_auc_error", "ne-t|window_ne",
+                         "ne-t|lifetime_ne", "calibration-t|window_calibration" } do
+      assert.is_nil(r[k], k)
+    end
+    assert.same({ "no label", "no label" }, { v.window.ne_undefined, v.lifetime.calibration_undefined })
     assert.same({ "no label", "no label" }, { v.window.auc_undefined, v.lifetime.auc_undefined })
     assert.is_nil(v.window.auc)
     assert.equal(0.5, r["gauc-t|window_gauc"])
@@ -351,6 +359,12 @@ describe("uvmrec.metrics", function()
       assert.is_nil(r["auc-t|window_auc"])
       assert.is_nil(r["auc-t|lifetime_auc"])
       assert.is_nil(r["auc-t|lifetime_auc_error"])
+      assert.is_nil(r["ne-t|window_ne"])
+      assert.is_nil(r["ne-t|lifetime_ne"])
+      assert.is_number(r["ne-t|window_logloss"])
+      -- calibration is over the positive weight: defined when every label is 1
+      if label == 1 then assert.is_number(r["calibration-t|window_calibration"])
+      else assert.is_nil(r["calibration-t|window_calibration"]) end
       assert.equal(0.5, r["gauc-t|window_gauc"])
       assert.equal(label, r["ctr-t|window_ctr"])
       v = assert(m:values()).t
@@ -359,6 +373,10 @@ describe("uvmrec.metrics", function()
       assert.is_nil(v.lifetime.auc_error)
       assert.equal(("all 64 labels are %d by weight"):format(label), v.window.auc_undefined)
       assert.equal(v.window.auc_undefined, v.lifetime.auc_undefined)
+      assert.equal(v.window.auc_undefined, v.window.ne_undefined)
+      assert.is_nil(v.window.ne)
+      assert.equal(label == 0 and v.window.auc_undefined or nil, v.window.calibration_undefined)
+      if label == 1 then near(v.window.calibration, ref_sums(samples({ b }, 1)).calibration, 1e-9, "calibration") end
     end
     -- unweighted, and one sample: what a one-sample evaluation says
     local one = metrics.AUC { batch_size = 1, placement = "host" }
@@ -372,6 +390,7 @@ describe("uvmrec.metrics", function()
     v = assert(both:values()).default.window
     assert.is_number(v.auc)
     assert.is_nil(v.auc_undefined)
+    assert.same({}, metrics.undefined(v))
   end)
 
   it("counts weights past 2^32 exactly, and samples past 2^32 in f64 state", function()

@@ -8,8 +8,9 @@
 --   auc:update{predictions = p, labels = y, weights = w}   -- enqueues; never waits
 --   auc:compute()  --> {["auc-ctr|window_auc"] = 0.71, ["auc-ctr|lifetime_auc"] = ..., ...}
 --
--- A MetricCollection computes several kinds from one state, reading each batch once.  An AUC
--- that one class leaves undefined is nil (compute leaves its keys out; values says why).
+-- A MetricCollection computes several kinds from one state, reading each batch once.  An AUC,
+-- NE or calibration that one class leaves undefined is nil (compute leaves its keys out; values
+-- says why).
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -297,24 +298,41 @@ function M.auc_undefined(v, noun)
   return ("all %s are %d%s"):format(lib.things(n, noun), pos > 0 and 1 or 0, weighed)
 end
 
--- {["<kind>-<task>|<scope>_<name>"] = value}, torchrec's keys; an undefined AUC's keys are left
--- out (torchrec says 0.5).
+-- The values of one scope that its classes leave undefined, each with why ({} when none is):
+-- auc (and auc_error) without both classes; ne, log loss over the entropy of the base rate,
+-- which is 0 with one class (the engine clamps it at eta: NE 2e12 for one sample); calibration,
+-- over the positive weight, without positives (8.8e11 for a negative sample).
+function M.undefined(v, noun)
+  local why = M.auc_undefined(v, noun)
+  if not why then return {} end
+  local one_class = v.positive <= 0 or v.negative <= 0
+  return { auc = why, auc_error = why, ne = one_class and why or nil, calibration = v.positive <= 0 and why or nil }
+end
+
+-- {["<kind>-<task>|<scope>_<name>"] = value}, torchrec's keys; an undefined value's keys are left
+-- out (M.undefined: torchrec says AUC 0.5, and NE and calibration near 1e12).
 function Metric:compute(stream)
   local ok, err = run(self, stream, 2)
   if not ok then return nil, err end
   local out = {}
   for _, o in ipairs(self._outputs) do
     local v = (o[3] == "window" and self._window or self._lifetime)[o[2]]
-    if not ((o[4] == "auc" or o[4] == "auc_error") and M.auc_undefined(v)) then out[o[1]] = tonumber(v[o[4]]) end
+    if not M.undefined(v)[o[4]] then out[o[1]] = tonumber(v[o[4]]) end
   end
   return out
 end
 
+-- A scope's values; the undefined are nil, <name>_undefined saying why (auc only where it is
+-- computed: it reads 0 elsewhere).
 local function values_table(v, has_auc)
   local t = { samples = tonumber(v.samples), groups = tonumber(v.groups) }
   for _, f in ipairs(FIELDS) do t[f] = v[f] end
-  t.auc_undefined = has_auc and M.auc_undefined(v) or nil
-  if t.auc_undefined then t.auc, t.auc_error = nil, nil end
+  for k, why in pairs(M.undefined(v)) do
+    if has_auc or (k ~= "auc" and k ~= "auc_error") then
+      t[k] = nil
+      if k ~= "auc_error" then t[k .. "_undefined"] = why end
+    end
+  end
   return t
 end
 

@@ -1,8 +1,8 @@
 -- Evaluation on held-out data: the model's probabilities for every batch go into one metric
 -- collection where the model runs; AUC is exact over the whole set (the window holds it all)
 -- when its size is known, else the lifetime histogram's (within its stated error).  One class
--- leaves the AUC undefined: it is then nil, auc_undefined says why, the line says so and the
--- run log holds null.
+-- leaves the AUC (and NE, and without positives calibration) undefined: it is then nil,
+-- <name>_undefined says why, the line says so and the run log holds null.
 local metrics = require "uvmrec.metrics"
 local json = require "uvmrec.json"
 
@@ -14,7 +14,8 @@ local M = {}
 -- batches, samples and batch_size count the global ones, and the metrics are over every rank's
 -- samples).  Returns {auc =, ne =, logloss =, accuracy =, calibration =, ctr =, samples =,
 -- auc_error =, seconds =}, each metric only when its kind was asked for (logloss with ne); an
--- AUC asked for that one class leaves undefined is nil, and auc_undefined says why.
+-- AUC, NE or calibration asked for that one class leaves undefined is nil, and auc_undefined (...)
+-- says why.
 function M.run(model, source, opts)
   opts = opts or {}
   local C = require("uvmrec").C
@@ -72,16 +73,19 @@ function M.run(model, source, opts)
 end
 
 -- Copies the kinds asked for from a values() scope of uvmrec.metrics into r (logloss with ne),
--- an undefined AUC as auc_undefined, its reason in the held-out samples' words.
+-- an undefined one as <kind>_undefined, its reason in the held-out samples' words.
 function M.take(r, scope, kinds)
+  local undefined = metrics.undefined(scope, "held-out label")
   -- the kinds asked for alone: a kind not computed reads 0 (an AUC of 0 is no AUC)
   for _, k in ipairs(kinds or { "auc", "ne" }) do
     r[k] = scope[k]
-    if k == "auc" and r.auc == nil then r.auc_undefined = metrics.auc_undefined(scope, "held-out label") end
+    if r[k] == nil then r[k .. "_undefined"] = undefined[k] end
     if k == "ne" then r.logloss = scope.logloss end
   end
   return r
 end
+
+local UNDEFINED = { "auc", "ne", "calibration" } -- what metrics.undefined may leave out
 
 -- The run log's line of a result (metrics.jsonl): fields, then r's values, an undefined AUC as
 -- null beside auc_undefined's reason (a line without auc would read as a run that asked for none).
@@ -89,7 +93,9 @@ function M.log_line(r, fields)
   local line = {}
   for k, v in pairs(fields or {}) do line[k] = v end
   for k, v in pairs(r) do line[k] = v end
-  if r.auc_undefined then line.auc = json.null end
+  for _, k in ipairs(UNDEFINED) do
+    if r[k .. "_undefined"] then line[k] = json.null end
+  end
   return line
 end
 
@@ -98,16 +104,17 @@ function M.format(r, kinds)
   local want = {}
   for _, k in ipairs(kinds or { "auc", "ne" }) do want[k] = true end
   local parts = {}
-  if want.auc then
-    parts[#parts + 1] = r.auc and ("AUC %.4f"):format(r.auc)
-                        or ("AUC undefined (%s)"):format(r.auc_undefined or "one class")
+  local function value(name, fmt, k)
+    parts[#parts + 1] = r[k] and (name .. " " .. fmt):format(r[k])
+                        or ("%s undefined (%s)"):format(name, r[k .. "_undefined"] or "one class")
   end
+  if want.auc then value("AUC", "%.4f", "auc") end
   if want.ne then
-    parts[#parts + 1] = ("NE %.4f"):format(r.ne)
+    value("NE", "%.4f", "ne")
     parts[#parts + 1] = ("logloss %.4f"):format(r.logloss)
   end
   if want.accuracy then parts[#parts + 1] = ("accuracy %.4f"):format(r.accuracy) end
-  if want.calibration then parts[#parts + 1] = ("calibration %.3f"):format(r.calibration) end
+  if want.calibration then value("calibration", "%.3f", "calibration") end
   if want.ctr then parts[#parts + 1] = ("CTR %.4f"):format(r.ctr) end
   return table.concat(parts, "  ")
 end
