@@ -330,7 +330,8 @@ describe("uvmrec.metrics", function()
     end
   end)
 
-  it("leaves AUC, NE and calibration undefined, saying why, for one class and for no samples; no NaN", function()
+  it("leaves AUC, NE, calibration and grouped AUC undefined, saying why, for one class and no samples; no NaN",
+     function()
     -- one class gave AUC 0.5, which reads as a result (a one-sample evaluation printed 'AUC 0.5000'),
     -- and NE and calibration near 1e12 (their denominators clamped at eta)
     local opts = { metrics = { "auc", "gauc", "ne", "accuracy", "calibration", "ctr" },
@@ -348,8 +349,10 @@ describe("uvmrec.metrics", function()
     assert.same({ "no label", "no label" }, { v.window.ne_undefined, v.lifetime.calibration_undefined })
     assert.same({ "no label", "no label" }, { v.window.auc_undefined, v.lifetime.auc_undefined })
     assert.is_nil(v.window.auc)
-    assert.equal(0.5, r["gauc-t|window_gauc"])
+    assert.is_nil(r["gauc-t|window_gauc"]) -- was 0.5, the mean of no group's AUC
     assert.equal(0, r["gauc-t|window_gauc_num_groups"])
+    assert.equal("no group holds both classes", v.window.grouped_auc_undefined)
+    assert.is_nil(v.window.grouped_auc)
     for _, label in ipairs { 0, 1 } do
       local m = metrics.MetricCollection(opts)
       local b = batch(64, 1, { label = label, weights = "sample" })
@@ -365,7 +368,7 @@ describe("uvmrec.metrics", function()
       -- calibration is over the positive weight: defined when every label is 1
       if label == 1 then assert.is_number(r["calibration-t|window_calibration"])
       else assert.is_nil(r["calibration-t|window_calibration"]) end
-      assert.equal(0.5, r["gauc-t|window_gauc"])
+      assert.is_nil(r["gauc-t|window_gauc"])
       assert.equal(label, r["ctr-t|window_ctr"])
       v = assert(m:values()).t
       check_sums(v.window, samples({ b }, 1), "one class", 0.5)
@@ -390,7 +393,9 @@ describe("uvmrec.metrics", function()
     v = assert(both:values()).default.window
     assert.is_number(v.auc)
     assert.is_nil(v.auc_undefined)
-    assert.same({}, metrics.undefined(v))
+    local u = metrics.undefined(v)
+    assert.same({ nil, nil, nil }, { u.auc, u.ne, u.calibration })
+    assert.is_nil(v.grouped_auc_undefined, "no grouped AUC asked for: nothing said of it")
   end)
 
   it("counts weights past 2^32 exactly, and samples past 2^32 in f64 state", function()
@@ -714,7 +719,7 @@ describe("uvmrec.metrics", function()
         table.sort(ca)
         table.sort(ga)
         assert.same(ca, ga, "compute() leaves out the same undefined keys")
-        assert.equal(0.5, a.t.window.grouped_auc)
+        assert.is_nil(a.t.window.grouped_auc)
       end
     end)
 

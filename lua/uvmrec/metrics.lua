@@ -9,8 +9,8 @@
 --   auc:compute()  --> {["auc-ctr|window_auc"] = 0.71, ["auc-ctr|lifetime_auc"] = ..., ...}
 --
 -- A MetricCollection computes several kinds from one state, reading each batch once.  An AUC,
--- NE or calibration that one class leaves undefined is nil (compute leaves its keys out; values
--- says why).
+-- NE or calibration that one class leaves undefined (a grouped AUC no group can give) is nil
+-- (compute leaves its keys out; values says why).
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -155,6 +155,7 @@ local function new(kinds, opts, level)
     _h = wrap_handle(out[0]), tasks = tasks, batch_size = batch, window_size = window,
     lifetime_bins = bins, reduce = reduce, placement = place, device = device, world_size = world,
     _outputs = outputs, _auc = { window = kinds.auc and window > 0, lifetime = kinds.auc and bins > 0 },
+    _gauc = kinds.gauc and true,
     _window = ffi.new("ur_metric_values[?]", #tasks),
     _lifetime = ffi.new("ur_metric_values[?]", #tasks),
     _snap = ffi.new("double *[1]"), _count = ffi.new("uint64_t[1]"),
@@ -301,12 +302,18 @@ end
 -- The values of one scope that its classes leave undefined, each with why ({} when none is):
 -- auc (and auc_error) without both classes; ne, log loss over the entropy of the base rate,
 -- which is 0 with one class (the engine clamps it at eta: NE 2e12 for one sample); calibration,
--- over the positive weight, without positives (8.8e11 for a negative sample).
+-- over the positive weight, without positives (8.8e11 for a negative sample); grouped_auc, the
+-- mean over the groups that hold both classes, when none does (the engine says 0.5).
 function M.undefined(v, noun)
+  local out = {}
+  if tonumber(v.groups) == 0 then out.grouped_auc = "no group holds both classes" end
   local why = M.auc_undefined(v, noun)
-  if not why then return {} end
-  local one_class = v.positive <= 0 or v.negative <= 0
-  return { auc = why, auc_error = why, ne = one_class and why or nil, calibration = v.positive <= 0 and why or nil }
+  if why then
+    out.auc, out.auc_error = why, why
+    if v.positive <= 0 or v.negative <= 0 then out.ne = why end
+    if v.positive <= 0 then out.calibration = why end
+  end
+  return out
 end
 
 -- {["<kind>-<task>|<scope>_<name>"] = value}, torchrec's keys; an undefined value's keys are left
@@ -322,13 +329,14 @@ function Metric:compute(stream)
   return out
 end
 
--- A scope's values; the undefined are nil, <name>_undefined saying why (auc only where it is
--- computed: it reads 0 elsewhere).
-local function values_table(v, has_auc)
+-- A scope's values; the undefined are nil, <name>_undefined saying why (AUC and grouped AUC only
+-- where they are computed, has.auc and has.gauc: they read 0 elsewhere).
+local ONLY = { auc = "auc", auc_error = "auc", grouped_auc = "gauc" }
+local function values_table(v, has)
   local t = { samples = tonumber(v.samples), groups = tonumber(v.groups) }
   for _, f in ipairs(FIELDS) do t[f] = v[f] end
   for k, why in pairs(M.undefined(v)) do
-    if has_auc or (k ~= "auc" and k ~= "auc_error") then
+    if not ONLY[k] or has[ONLY[k]] then
       t[k] = nil
       if k ~= "auc_error" then t[k .. "_undefined"] = why end
     end
@@ -342,8 +350,8 @@ function Metric:values(stream)
   if not ok then return nil, err end
   local out = {}
   for t, name in ipairs(self.tasks) do
-    out[name] = { window = values_table(self._window[t - 1], self._auc.window),
-                  lifetime = values_table(self._lifetime[t - 1], self._auc.lifetime) }
+    out[name] = { window = values_table(self._window[t - 1], { auc = self._auc.window, gauc = self._gauc }),
+                  lifetime = values_table(self._lifetime[t - 1], { auc = self._auc.lifetime }) }
   end
   return out
 end
