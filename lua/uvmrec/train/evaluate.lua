@@ -87,8 +87,9 @@ end
 
 local UNDEFINED = { "auc", "ne", "calibration" } -- what metrics.undefined may leave out
 
--- The run log's line of a result (metrics.jsonl): fields, then r's values, an undefined AUC as
--- null beside auc_undefined's reason (a line without auc would read as a run that asked for none).
+-- The run log's line of a result (metrics.jsonl): fields, then r's values, each undefined one
+-- (auc, ne, calibration) as null beside its <name>_undefined reason (a line without auc would
+-- read as a run that asked for none).
 function M.log_line(r, fields)
   local line = {}
   for k, v in pairs(fields or {}) do line[k] = v end
