@@ -108,7 +108,24 @@ def description(meta, path):
     d = json.loads(text)
     if d.get("format") != 1:
         fail(f"{path}: description format {d.get('format')}; expected 1")
+    return modelled(d, path)
+
+
+def modelled(d, path):
+    """d, where this model does all it asks; else a failure naming the setting (a comparison
+    against a model that leaves a setting out would be against another training)."""
+    if d["emb_optim"].get("max_grad", 0):
+        fail(f"{path}: embeddings.optimizer.max_grad {d['emb_optim']['max_grad']}: the PyTorch model does not "
+             "clip the tables' gradients; compare with max_grad 0")
     return d
+
+
+def clipped(opt, ps, o):
+    """opt, its gradients clipped by their global norm before each step where the description's
+    dense optimizer has clip_norm (uvmrec's optimizer.clip_norm): clip_grad_norm_, no host wait."""
+    if o.get("clip_norm", 0) > 0:
+        opt.register_step_pre_hook(lambda *_: torch.nn.utils.clip_grad_norm_(ps, o["clip_norm"]))
+    return opt
 
 
 # ---- day files ----
@@ -332,6 +349,10 @@ def loss_of(logits, labels):
 
 def dense_optimizer(model, o):
     ps = [model.names[n] for n in model.dense_names]
+    return clipped(unclipped_optimizer(ps, o), ps, o)
+
+
+def unclipped_optimizer(ps, o):
     kind = o["name"]
     if kind == "sgd":
         return torch.optim.SGD(ps, lr=o["lr"], momentum=o["momentum"], nesterov=o["nesterov"],
@@ -689,6 +710,10 @@ class ExpertTrainer:
         self.opt = self._dense_optimizer(self.m.params())
 
     def _dense_optimizer(self, ps):
+        ps = list(ps)
+        return clipped(self._unclipped(ps), ps, self.do)
+
+    def _unclipped(self, ps):
         o, kind = self.do, self.do["name"]
         cuda = self.m.device.type == "cuda"
         if kind == "sgd":
@@ -1444,7 +1469,7 @@ def speed_desc(a):
         d = description(read_safetensors(a.ckpt, names=set())[1], a.ckpt)
     if a.precision:
         d["precision"] = a.precision
-    return d
+    return modelled(d, a.desc or a.ckpt)
 
 
 def speed(a):
