@@ -45,8 +45,9 @@ ur_status ur__tbe_names_init(ur__tbe_names *n, const char *who, int32_t T, int32
   n->tnames = calloc((size_t)T, sizeof *n->tnames);
   n->fnames = calloc((size_t)F, sizeof *n->fnames);
   n->tdims = calloc((size_t)T, sizeof *n->tdims);
+  n->tfirst = calloc((size_t)T, sizeof *n->tfirst);
   n->features = calloc((size_t)F, sizeof *n->features);
-  if (!n->tnames || !n->fnames || !n->tdims || !n->features)
+  if (!n->tnames || !n->fnames || !n->tdims || !n->tfirst || !n->features)
     return ur__error(UR_STATUS_OOM, "%s: out of host memory", who);
   return UR_STATUS_OK;
 }
@@ -61,12 +62,40 @@ ur_status ur__tbe_names_table(ur__tbe_names *n, int32_t i, const char *name, con
   return UR_STATUS_OK;
 }
 
+/* A name and where it stands, sorted by name and then by place. */
+typedef struct named {
+  const char *name;
+  int32_t at;
+} named;
+
+static int by_name(const void *a, const void *b) {
+  const named *x = a, *y = b;
+  int c = strcmp(x->name, y->name);
+  return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+
+/* first[i] = the first of the k names that equals names[i] (i itself when none before it does):
+ * by sorting, as a collection may have a thousand tables and many more features. */
+static ur_status first_of_name(const char *who, char *const *names, int32_t k, int32_t *first) {
+  named *s = malloc(sizeof *s * (size_t)(k > 0 ? k : 1));
+  if (!s) return ur__error(UR_STATUS_OOM, "%s: out of host memory", who);
+  for (int32_t i = 0; i < k; i++) s[i] = (named){names[i], i};
+  qsort(s, (size_t)k, sizeof *s, by_name);
+  for (int32_t i = 0; i < k; i++)
+    first[s[i].at] = i > 0 && !strcmp(s[i].name, s[i - 1].name) ? first[s[i - 1].at] : s[i].at;
+  free(s);
+  return UR_STATUS_OK;
+}
+
 ur_status ur__tbe_names_check(ur__tbe_names *n, int32_t i, int32_t dim, int32_t pooling) {
   char *const *tn = n->tnames;
-  for (int32_t j = 0; j < i; j++)
-    if (!strcmp(tn[i], tn[j]))
-      return ur__error(UR_STATUS_INVALID, "%s: tables %d and %d are both named '%s'", n->who,
-                       (int)j, (int)i, tn[i]);
+  if (i == 0) {
+    ur_status st = first_of_name(n->who, tn, n->T, n->tfirst);
+    if (st) return st;
+  }
+  if (n->tfirst[i] != i)
+    return ur__error(UR_STATUS_INVALID, "%s: tables %d and %d are both named '%s'", n->who,
+                     (int)n->tfirst[i], (int)i, tn[i]);
   n->tdims[i] = dim;
   if (i == 0) {
     n->pooling0 = pooling;
@@ -87,17 +116,22 @@ ur_status ur__tbe_names_check(ur__tbe_names *n, int32_t i, int32_t dim, int32_t 
 
 ur_status ur__tbe_names_features(ur__tbe_names *n, const int32_t *feature_table,
                                  const char *const *feature_names, const char *prefix) {
-  for (int32_t f = 0; f < n->F; f++) {
+  for (int32_t f = 0; f < n->F; f++)
     if (!(n->fnames[f] = dup(feature_names ? feature_names[f] : NULL, prefix, f)))
       return ur__error(UR_STATUS_OOM, "%s: out of host memory", n->who);
+  int32_t *first = malloc(sizeof *first * (size_t)n->F);
+  ur_status st = first ? first_of_name(n->who, n->fnames, n->F, first)
+                       : ur__error(UR_STATUS_OOM, "%s: out of host memory", n->who);
+  for (int32_t f = 0; f < n->F && !st; f++) {
     if (feature_table[f] < 0 || feature_table[f] >= n->T)
-      return ur__error(UR_STATUS_INVALID, "%s: feature %d ('%s') maps to table %d; expected 0..%d",
-                       n->who, (int)f, n->fnames[f], (int)feature_table[f], (int)n->T - 1);
-    for (int32_t g = 0; g < f; g++)
-      if (!strcmp(n->fnames[f], n->fnames[g]))
-        return ur__error(UR_STATUS_INVALID, "%s: features %d and %d are both named '%s'", n->who,
-                         (int)g, (int)f, n->fnames[f]);
+      st = ur__error(UR_STATUS_INVALID, "%s: feature %d ('%s') maps to table %d; expected 0..%d",
+                     n->who, (int)f, n->fnames[f], (int)feature_table[f], (int)n->T - 1);
+    else if (first[f] != f)
+      st = ur__error(UR_STATUS_INVALID, "%s: features %d and %d are both named '%s'", n->who,
+                     (int)first[f], (int)f, n->fnames[f]);
   }
+  free(first);
+  if (st) return st;
   n->out_dim = 0;
   for (int32_t f = 0; f < n->F; f++) {
     n->features[f].table = feature_table[f];
@@ -115,6 +149,7 @@ void ur__tbe_names_free(ur__tbe_names *n) {
   free(n->tnames);
   free(n->fnames);
   free(n->tdims);
+  free(n->tfirst);
   free(n->features);
   *n = (ur__tbe_names){0};
 }

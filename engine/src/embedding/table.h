@@ -40,14 +40,15 @@ typedef struct ur__tbe_hook {
 /* A collection's tables and features by name, as both kinds of collection hold them (ur_tbe;
  * ur_qtbe in qtbe.c): the names (given, or a prefix and the index), each feature's table, dim
  * and first output column, and whether the tables pool (all of them, sum or mean) or none does
- * (then every table has one dim).  Filled in three steps: ur__tbe_names_init, then for each table
- * ur__tbe_names_table (after which the collection checks the rest of the table under that name)
- * and ur__tbe_names_check, then ur__tbe_names_features. */
+ * (then every table has one dim).  Filled in three steps: ur__tbe_names_init, then
+ * ur__tbe_names_table for every table, then for each table (after the collection has checked the
+ * rest of it under that name) ur__tbe_names_check, then ur__tbe_names_features. */
 typedef struct ur__tbe_names {
   const char *who;          /* the start of messages: "tbe", "qtbe" */
   int32_t T, F;
   char **tnames, **fnames;  /* owned */
   int32_t *tdims, pooling0; /* each table's dim; table 0's pooling */
+  int32_t *tfirst;          /* the first table of each table's name (ur__tbe_names_check) */
   ur__tbe_feature *features;
   int32_t pooled, dim;      /* dim: table 0's, the one dim of pooling none */
   int64_t out_dim;          /* pooled: the features' dims added up; none: dim */
@@ -59,7 +60,8 @@ UR__HIDDEN ur_status ur__tbe_names_init(ur__tbe_names *n, const char *who, int32
 UR__HIDDEN ur_status ur__tbe_names_table(ur__tbe_names *n, int32_t i, const char *name,
                                          const char *prefix);
 /* Table i of that dim and pooling (a valid one): its name is no earlier table's, and it pools
- * as table 0 does, with table 0's dim under pooling none. */
+ * as table 0 does, with table 0's dim under pooling none.  Every table is named before table 0's
+ * check, which sorts the names once (n log n: a model may have a thousand tables). */
 UR__HIDDEN ur_status ur__tbe_names_check(ur__tbe_names *n, int32_t i, int32_t dim,
                                          int32_t pooling);
 /* Names the features (feature_names NULL: prefix and the index), checks that each is on a table
