@@ -302,6 +302,23 @@ describe("uvmrec.KJT on the GPU", function()
     assert.same(wf, gf:totable())
   end)
 
+  cuda_it("names the devices of parts on two GPUs (from_rows, concat, a new KJT)", function()
+    if ur.devices() < 2 then return pending("one GPU: the devices need two") end
+    local ids = ur.tensor({ 2, 2 }, { dtype = "i64", placement = "device", device = 0 }):fill(0)
+    local w = ur.tensor({ 2, 2 }, { placement = "device", device = 1 }):fill(1)
+    assert.has_error(function()
+      assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 1 }, ids = ids, weights = w })
+    end, "kjt from_rows: weights is in device (device 1) but ids in device (device 0); one placement for all")
+    local k0 = ur.KJT { keys = { "a" }, values = { 1, 2 }, lengths = { 1, 1 } }
+    local a, b = k0:to("device", 0), ur.KJT { keys = { "b" }, values = { 3 }, lengths = { 1, 0 } }:to("device", 1)
+    assert.has_error(function() ur.KJT.concat { a, b } end,
+      "kjt concat: part 2 is in device (device 1) but part 1 in device (device 0); one placement for all")
+    assert.has_error(function()
+      ur.KJT { keys = { "a" }, values = ur.tensor({ 1 }, { dtype = "i64", placement = "device", device = 0 }),
+               lengths = ur.tensor({ 1 }, { dtype = "i32", placement = "device", device = 1 }) }
+    end, "kjt: lengths are in device (device 1) but values in device (device 0); one placement for all")
+  end)
+
   cuda_it("finds the first bad position among many on a large batch", function()
     local o = random_lists(rng_of(99), 26, 4096, 3, 50, true)
     o.check = false

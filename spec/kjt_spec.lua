@@ -361,6 +361,10 @@ describe("uvmrec.KJT", function()
     assert.has_error(function() ur.KJT.concat { k, k } end, "kjt concat: key 'a' of part 2 is also in part 1")
     local other = KJT { keys = { "z" }, values = { 1 }, lengths = { 1 } }
     assert.has_error(function() k:concat(other) end, "kjt concat: part 2 has stride 1 but part 1 has 2")
+    -- the devices too (two GPUs share a placement's name: kjt_cuda_spec)
+    local pinned = KJT { keys = { "z" }, values = { 1, 2 }, lengths = { 1, 1 } }:to("pinned")
+    assert.has_error(function() k:concat(pinned) end,
+      "kjt concat: part 2 is in pinned (device -1) but part 1 in host (device -1); one placement for all")
     assert.has_error(function() k:expand(ur.tensor({ 3, 2 })) end,
       "kjt expand: the input has 3 rows but the KJT has 4 bags (one row per bag)")
     local freed = KJT { keys = { "a" }, values = {}, lengths = { 0 } }
@@ -426,7 +430,7 @@ describe("uvmrec.KJT", function()
     local pinned = ur.tensor({ 2, 3 }, { placement = "pinned" }):fill(1)
     assert.has_error(function()
       assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 2 }, ids = ids, weights = pinned })
-    end, "kjt from_rows: weights is in pinned but ids in host; one placement for all")
+    end, "kjt from_rows: weights is in pinned (device -1) but ids in host (device -1); one placement for all")
   end)
 
   h.cuda_it("gives the same results on the GPU as on the CPU", function()

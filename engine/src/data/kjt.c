@@ -158,6 +158,18 @@ static ur_status make_offsets(ur_kjt *k, const ur_tensor *given, const int64_t *
   return check ? offsets_error(k, bad, nv) : UR_STATUS_OK;
 }
 
+/* t (the argument `what`, with its verb) in the placement of ref (`rwhat`), device and all: the
+ * message names both devices, as two GPUs share a placement's name. */
+static ur_status same_place(const char *who, const char *what, const char *verb,
+                            const ur_tensor *t, const char *rwhat, const ur_tensor *ref) {
+  if (ur_tensor_place(t) != ur_tensor_place(ref) || ur_tensor_device(t) != ur_tensor_device(ref))
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: %s %s in %s (device %d) but %s in %s (device %d); one placement for all",
+                     who, what, verb, ur_place_name(ur_tensor_place(t)), (int)ur_tensor_device(t),
+                     rwhat, ur_place_name(ur_tensor_place(ref)), (int)ur_tensor_device(ref));
+  return UR_STATUS_OK;
+}
+
 /* Every KJT is made here, and takes its backend here.  Offsets given (a view's or a copy's)
  * come with their key spans val0; else they are scanned from the lengths, checked when check. */
 static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride,
@@ -193,15 +205,8 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
   const ur_tensor *all[] = {values, lengths, weights, inverse};
   const char *names[] = {"values", "lengths", "weights", "inverse_indices"};
   for (int i = 1; i < 4; i++) {
-    if (!all[i]) continue;
-    if (ur_tensor_place(all[i]) != ur_tensor_place(values) ||
-        ur_tensor_device(all[i]) != ur_tensor_device(values))
-      return ur__error(UR_STATUS_INVALID,
-                       "kjt: %s are in %s (device %d) but values in %s (device %d); one placement "
-                       "for all",
-                       names[i], ur_place_name(ur_tensor_place(all[i])),
-                       (int)ur_tensor_device(all[i]), ur_place_name(ur_tensor_place(values)),
-                       (int)ur_tensor_device(values));
+    ur_status bad = all[i] ? same_place("kjt", names[i], "are", all[i], "values", values) : 0;
+    if (bad) return bad;
   }
   ur_kjt *k = calloc(1, sizeof *k);
   if (!k) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
@@ -709,11 +714,10 @@ ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **out) {
       return ur__error(UR_STATUS_INVALID,
                        "kjt concat: part %d %s a variable batch per key but part 1 %s", (int)j + 1,
                        p->variable ? "has" : "has not", p0->variable ? "has" : "has not");
-    if (ur_tensor_place(p->values) != ur_tensor_place(p0->values) ||
-        ur_tensor_device(p->values) != ur_tensor_device(p0->values))
-      return ur__error(UR_STATUS_INVALID, "kjt concat: part %d is in %s but part 1 in %s",
-                       (int)j + 1, ur_place_name(ur_tensor_place(p->values)),
-                       ur_place_name(ur_tensor_place(p0->values)));
+    char part[32];
+    snprintf(part, sizeof part, "part %d", (int)j + 1);
+    ur_status bad = same_place("kjt concat", part, "is", p->values, "part 1", p0->values);
+    if (bad) return bad;
     b.nkeys += p->nkeys;
     b.nvalues += ur_tensor_numel(p->values);
     b.nbags += p->bag0[p->nkeys];
@@ -995,15 +999,6 @@ ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
 
 /* ---- from sample-major rows ---- */
 
-/* t (the argument `what`) in the placement of ids (ref). */
-static ur_status check_place(const ur_tensor *t, const char *what, const ur_tensor *ref) {
-  if (ur_tensor_place(t) != ur_tensor_place(ref) || ur_tensor_device(t) != ur_tensor_device(ref))
-    return ur__error(UR_STATUS_INVALID, "kjt from_rows: %s is in %s but ids in %s; one placement "
-                     "for all", what, ur_place_name(ur_tensor_place(t)),
-                     ur_place_name(ur_tensor_place(ref)));
-  return UR_STATUS_OK;
-}
-
 static ur_status check_rows(const ur_tensor *t, const char *what, ur_dtype dt, int64_t n,
                             int64_t cols, const ur_tensor *ref) {
   if (ur_tensor_dtype(t) != dt || ur_tensor_ndim(t) != 2 || ur_tensor_dim(t, 0) != n ||
@@ -1012,7 +1007,7 @@ static ur_status check_rows(const ur_tensor *t, const char *what, ur_dtype dt, i
                      "kjt from_rows: %s must be %s [%lld, %lld]; got %s with %lld elements", what,
                      ur_dtype_name(dt), (long long)n, (long long)cols,
                      ur_dtype_name(ur_tensor_dtype(t)), (long long)ur_tensor_numel(t));
-  return check_place(t, what, ref);
+  return same_place("kjt from_rows", what, "is", t, "ids", ref);
 }
 
 static ur_status check_room(const ur_tensor *t, const char *what, ur_dtype dt, int64_t need,
@@ -1022,7 +1017,7 @@ static ur_status check_room(const ur_tensor *t, const char *what, ur_dtype dt, i
                      "kjt from_rows: %s must be a 1-d %s tensor of at least %lld elements; got %s "
                      "with %lld", what, ur_dtype_name(dt), (long long)need,
                      ur_dtype_name(ur_tensor_dtype(t)), (long long)ur_tensor_numel(t));
-  return check_place(t, what, ref);
+  return same_place("kjt from_rows", what, "is", t, "ids", ref);
 }
 
 ur_status ur_kjt_from_rows(ur_stream *s, ur_kjt **out, int32_t num_keys, const char *const *keys,
