@@ -3,6 +3,8 @@ local R = require "tbe_ref"
 local h = require "helpers"
 
 local EBC = ur.nn.EmbeddingBagCollection
+-- make {}'s collection, as its errors begin (Module:op)
+local EBC60 = "EmbeddingBagCollection(3 tables, 4 features -> 60, sgd): "
 
 -- Three tables of mixed dims and dtypes, four features (two share t_a).
 local function make(opts)
@@ -210,10 +212,10 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     local m = make {}
     local b = { values = { 1, 2, 3, 4, 500, 6 }, offsets = { 0, 1, 2, 3, 4, 5, 5, 6, 6 }, batch = 2 }
     assert.has_error(function() m:forward(R.input(b)) end,
-      "tbe: table 't_b' (feature 't_b', sample 0, value 4) has no row 500; ids run 0..100")
+      EBC60 .. "tbe: table 't_b' (feature 't_b', sample 0, value 4) has no row 500; ids run 0..100")
     b.values[5] = -1
     assert.has_error(function() m:forward(R.input(b)) end,
-      "tbe: table 't_b' (feature 't_b', sample 0, value 4) has no row -1; ids run 0..100")
+      EBC60 .. "tbe: table 't_b' (feature 't_b', sample 0, value 4) has no row -1; ids run 0..100")
   end)
 
   it("skips and counts bad ids under warn, and leaves their rows out of backward", function()
@@ -412,7 +414,7 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     local wrong = ur.KJT { keys = { "f_a2", "f_a", "t_b", "t_c" }, values = { 1 },
                            lengths = { 1, 0, 0, 0, 0, 0, 0, 0 } }
     assert.has_error(function() m:forward(wrong) end,
-      "embedding collection: the input's keys {f_a2, f_a, t_b, t_c} are not the collection's features " ..
+      EBC60 .. "embedding collection: the input's keys {f_a2, f_a, t_b, t_c} are not the collection's features " ..
       "{f_a, f_a2, t_b, t_c}")
   end)
 
@@ -462,20 +464,21 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
       end, msg)
     end
     bad({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3 }, batch = 1 },
-        "tbe: 3 bags do not split evenly over 4 features; pass stride_per_key_per_rank for a variable batch")
+        EBC60 .. "tbe: 3 bags do not split evenly over 4 features; pass stride_per_key_per_rank for a variable batch")
     bad({ values = { 1, 2 }, offsets = { 0, 2, 1, 2, 2 }, batch = 1 },
-        "tbe: offsets[2] = 1 is below offsets[1] = 2 (feature 'f_a2', sample 0); offsets must not decrease")
-    bad({ values = { 1, 2 }, offsets = { 0, 1, 1, 1, 1 }, batch = 1 }, "tbe: offsets end at 1 but there are 2 values")
+        EBC60 .. "tbe: offsets[2] = 1 is below offsets[1] = 2 (feature 'f_a2', sample 0); offsets must not decrease")
+    bad({ values = { 1, 2 }, offsets = { 0, 1, 1, 1, 1 }, batch = 1 },
+        EBC60 .. "tbe: offsets end at 1 but there are 2 values")
     bad({ values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, weights = { 1, 2 }, batch = 1 },
-        "tbe: 2 weights for 1 values; expected one each")
+        EBC60 .. "tbe: 2 weights for 1 values; expected one each")
     bad({ values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, batch = 1 },
-        "tbe: grad_out has shape [3, 60]; expected [1, 60]", ur.tensor({ 3, 60 }))
+        EBC60 .. "tbe: grad_out has shape [3, 60]; expected [1, 60]", ur.tensor({ 3, 60 }))
     bad({ values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, batch = 1 },
-        "tbe: grad_out is f16 with 2 dimensions; expected f32 with 2", ur.tensor({ 1, 60 }, { dtype = "f16" }))
+        EBC60 .. "tbe: grad_out is f16 with 2 dimensions; expected f32 with 2", ur.tensor({ 1, 60 }, { dtype = "f16" }))
     bad({ values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, strides = { 1, 1, 1, 2 }, batch = 1 },
-        "tbe: stride_per_key_per_rank sums to 5 bags but offsets hold 4")
+        EBC60 .. "tbe: stride_per_key_per_rank sums to 5 bags but offsets hold 4")
     local b = { values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, strides = { 1, 1, 1, 1 },
                 inverse_indices = { 0, 0, 0, 1 } }
-    bad(b, "tbe: feature 't_c' sample 0 has inverse index 1; expected 0..0")
+    bad(b, EBC60 .. "tbe: feature 't_c' sample 0 has inverse index 1; expected 0..0")
   end)
 end)

@@ -69,7 +69,7 @@ describe("uvmrec.nn.EmbeddingCollection", function()
       local m = make {}
       m:forward(R.input { values = { 1 }, offsets = { 0, 1, 1, 1 }, strides = { 1, 1, 1 },
                           inverse_indices = { 0, 0, 0 } })
-    end, "tbe: pooling none takes no inverse indices")
+    end, "EmbeddingCollection(2 tables, 3 features -> 16, sgd): tbe: pooling none takes no inverse indices")
   end)
 
   it("zeroes the row of a bad id under warn", function()

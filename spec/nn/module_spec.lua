@@ -205,6 +205,24 @@ describe("uvmrec.nn.Module", function()
       fails(function() l[f](l, T { 3, 4 }, T { 2, 3 }) end,
         "Linear(4 -> 3): linear backward: gy is f32 [2, 3]; expected f32 or bf16 [3, 3]")
     end
+    -- an embedding collection's call (nil, err or raised): the collection's message alone, raised
+    -- at a line of EmbeddingBagCollection.lua or QuantEmbeddingBagCollection.lua
+    local e = nn.EmbeddingBagCollection { tables = { { name = "t", rows = 10, dim = 4, features = { "a" } } },
+                                          optimizer = { "sgd", lr = 0.1 }, device = "cpu" }
+    local kjt = ur.KJT { keys = { "a" }, values = { 1, 2 }, lengths = { 1, 1 } }
+    e:forward(kjt)
+    local E = "EmbeddingBagCollection(1 tables, 1 features -> 4, sgd): "
+    for _, f in ipairs { "backward", "accGradParameters", "sparse_grad" } do
+      fails(function() e[f](e, kjt, T { 2, 7 }) end, E .. "tbe: grad_out has shape [2, 7]; expected [2, 4]")
+    end
+    fails(function() e:forward(ur.KJT { keys = { "a" }, values = { 11, 2 }, lengths = { 1, 1 } }) end,
+      E .. "tbe: table 't' (feature 'a', sample 0, value 0) has no row 11; ids run 0..9")
+    fails(function() e:forward(ur.KJT { keys = { "b" }, values = { 1, 2 }, lengths = { 1, 1 } }) end,
+      E .. "embedding collection: the input's keys {b} are not the collection's features {a}")
+    local q = nn.QuantEmbeddingBagCollection.quantize(e, { format = "int8" })
+    fails(function() q:forward(ur.KJT { keys = { "a" }, values = { 11, 2 }, lengths = { 1, 1 } }) end,
+      "QuantEmbeddingBagCollection(1 tables, 1 features -> 4, int8): qtbe: table 't' (feature 'a', sample 0, "
+      .. "value 0) has no row for id 11; ids run 0..9")
     local r = nn.ReLU()
     fails(function() r:forward(T({ 3, 4 }, "i32")) end,
       "ReLU: activation forward: x is i32 [3, 4]; expected f32 or bf16 of 12 elements")

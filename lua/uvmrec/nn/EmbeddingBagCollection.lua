@@ -35,21 +35,31 @@ function EBC:__init(opts, pooling)
 end
 
 -- forward(input[, ticket]) (Module's); in evaluation (no backward follows) the batch's rows are
--- done with at once.
+-- done with at once.  Errors name the module (Module:op), at the line that called forward.
 function EBC:updateOutput(input, ticket)
-  assert(self.tbe:forward(input, table_options.module_output(self, self.tbe, input), self.stream, ticket))
-  if not self.train then assert(self.tbe:retire(ticket, false, self.stream)) end
+  local t = self.tbe
+  self:op(2, t.forward, t, input, self:op(2, table_options.module_output, self, t, input), self.stream, ticket)
+  if not self.train then self:op(2, t.retire, t, ticket, false, self.stream) end
   return self.output
 end
-
--- backward(input, gradOutput[, ticket]) is Module's.
 
 -- Ids have no gradient.
 EBC.updateGradInput = Module.no_grad_input
 
--- The optimizer step, fused: every row the input read is updated in place.
+-- The optimizer step, fused: every row the input read is updated in place.  Called by
+-- accGradParameters and backward(input, gradOutput[, ticket]), whose callers its errors name.
+local function step(self, input, gradOutput, ticket)
+  self:op(3, self.tbe.backward, self.tbe, input, gradOutput, self.stream, ticket)
+end
+
 function EBC:accGradParameters(input, gradOutput, ticket)
-  assert(self.tbe:backward(input, gradOutput, self.stream, ticket))
+  step(self, input, gradOutput, ticket)
+end
+
+function EBC:backward(input, gradOutput, ticket)
+  self:updateGradInput(input, gradOutput)
+  step(self, input, gradOutput, ticket)
+  return self.gradInput
 end
 
 -- A batch's ticket: its rows brought into the cache of the cached tables on stream, ahead of
@@ -62,7 +72,8 @@ function EBC:cache_stats() return self.tbe.cache and self.tbe.cache:stats() end
 
 -- The deduplicated gradient without a step: { [table] = { rows =, grad = } }.
 function EBC:sparse_grad(input, gradOutput)
-  return assert(self.tbe:sparse_grad(input, gradOutput, self.stream))
+  local g = self:op(2, self.tbe.sparse_grad, self.tbe, input, gradOutput, self.stream)
+  return g -- not a tail call: the error names the line that called sparse_grad
 end
 
 function EBC:parameters(prefix, out)

@@ -132,15 +132,15 @@ function Module:tensor_arg(t, what, level)
         tostring(t)), level + 1)
 end
 
--- out = fn(...), a dense op on the module's tensors; its error is raised again at level (as
--- error's, from the caller of op) with the module in front, without the "file:line: " the op put
--- there, as tensor_arg's and Sequential's are: "Interaction: interaction forward: emb has 10
--- columns; expected T * 4 (...)" (the op's message alone named no module, at a line of the
--- module's file).
+-- out = fn(...), an op on the module's tensors (a dense op, an embedding collection's call); its
+-- error, raised or returned as nil, err, is raised again at level (as error's, from the caller of
+-- op) with the module in front, without the "file:line: " the op put there, as tensor_arg's and
+-- Sequential's are: "Interaction: interaction forward: emb has 10 columns; expected T * 4 (...)"
+-- (the op's message alone named no module, at a line of the module's file).
 function Module:op(level, fn, ...)
-  local ok, out = pcall(fn, ...)
-  if not ok then error(("%s: %s"):format(tostring(self), (tostring(out):gsub("^[^\n]-:%d+: ", ""))), level + 1) end
-  return out
+  local ok, out, err = pcall(fn, ...)
+  if ok and (out ~= nil or err == nil) then return out end
+  error(("%s: %s"):format(tostring(self), (tostring(ok and err or out):gsub("^[^\n]-:%d+: ", ""))), level + 1)
 end
 
 local ARG_NAMES = { input = "input", gy = "gradOutput" }

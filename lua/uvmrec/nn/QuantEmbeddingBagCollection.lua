@@ -42,7 +42,8 @@ function QEBC.quantize(ebc, opts)
 end
 
 function QEBC:updateOutput(input)
-  assert(self.qtbe:forward(input, table_options.module_output(self, self.qtbe, input), self.stream))
+  local q = self.qtbe
+  self:op(2, q.forward, q, input, self:op(2, table_options.module_output, self, q, input), self.stream)
   return self.output
 end
 
