@@ -14,6 +14,29 @@ describe("uvmrec.nn.Linear", function()
     end, 1e-4)
   end)
 
+  it("leaves the layer below as it was when its backward fails", function()
+    -- Linear + ReLU under a Linear: a full backward of the upper layer masks the gradient it passes
+    -- down and tells the lower one so.  A failed backward told it too (the gradient of the wrong
+    -- shape below), so the lower layer's own backward then skipped its ReLU mask and bias gradient.
+    local ur = require "uvmrec"
+    local function pair()
+      nn.Module.manual_seed(11)
+      local low = nn.Linear(4, 3)
+      return low, nn.Sequential(low, nn.ReLU(), nn.Linear(3, 2))
+    end
+    local x, g = R.rand({ 5, 4 }, 3), R.rand({ 5, 3 }, 4)
+    local want_low, want = pair()
+    want:forward(x)
+    want_low:backward(x, g)
+    local low, m = pair()
+    m:forward(x)
+    assert.has_error(function() m:get(3):backward(low.output, ur.tensor({ 4, 2 }):fill(1)) end,
+      "Linear(3 -> 2): linear backward: gy is f32 [4, 2]; expected f32 or bf16 [5, 2]")
+    low:backward(x, g)
+    assert.same(want_low.grad_bias:totable(), low.grad_bias:totable())
+    assert.same(want_low.grad_weight:totable(), low.grad_weight:totable())
+  end)
+
   it("refuses bad sizes and inputs, naming the input's own shape; a batch of no rows gives no rows", function()
     local ur = require "uvmrec"
     assert.has_error(function() nn.Linear(math.huge, 3) end, "Linear: in is inf; expected a whole number below 2^63")

@@ -89,7 +89,6 @@ function Linear:_backward(input, gradOutput, want_input, want_params)
   if want_input and self.input_grad then gx = self:buffer("gx", dt, rows, self.in_width) end
   local flags = self:flags()
   local masked = self._gy_masked
-  self._gy_masked = false
   local work, y, gb = nil, self.output, want_params and self.grad_bias or nil
   if masked then
     flags, y, gb = flags + dense.GY_MASKED, nil, nil
@@ -98,14 +97,17 @@ function Linear:_backward(input, gradOutput, want_input, want_params)
   end
   if want_params and self.async_wgrad then flags = flags + dense.WGRAD_ASYNC end
   local below = self.below
-  if below and gx and want_params and below.act == "relu" then
+  local masks = below and gx and want_params and below.act == "relu"
+  if masks then
     self._bopts = self._bopts or {}
     self._bopts.flags, self._bopts.gb_x = flags + dense.X_RELU, below.grad_bias
     flags = self._bopts
-    below._gy_masked = true
   end
   self:op(2, dense.linear_backward, x, self:param("weight"), y, gradOutput, gx,
           want_params and self.grad_weight or nil, gb, work, self.act, flags, self.stream)
+  -- only once the call succeeded: a failed one leaves both layers as they were
+  self._gy_masked = false
+  if masks then below._gy_masked = true end
   if want_input then
     if gx and Module.dtype_of(input) ~= dt then
       local r, c = Module.rows_cols(input)
