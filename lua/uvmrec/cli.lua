@@ -18,8 +18,9 @@
 -- most one), [NAME...] (any number); a [NAME...] with rest = true also takes every argument that
 -- is not one of the declared options, in order, to hand on (`uvmrec test` passes them to
 -- busted).  An entry's value lands in opts under its name in lower case with - as _, or under
--- key = "...".  type: "string" (the default), "number", "integer", "whole" (an integer >= 0),
--- "list" (comma-separated strings), "numbers" (comma-separated numbers); choices = {...}
+-- key = "...".  type: "string" (the default), "number", "integer", "whole" (an integer >= 0;
+-- both below 2^53 in magnitude, where a number holds each exactly), "list" (comma-separated
+-- strings), "numbers" (comma-separated numbers); choices = {...}
 -- restricts a string or each item of a list; min = N refuses a number (or an item) below N;
 -- check = function(value) -> value or nil, message
 -- refines a value (the message is shown after the option's name).  default is the value when
@@ -50,6 +51,7 @@ local M = {}
 
 local TYPES = { string = true, number = true, integer = true, whole = true, list = true, numbers = true }
 local NUMERIC = { number = true, integer = true, whole = true, numbers = true }
+local EXACT = 2 ^ 53 -- whole and integer values stay below it: a Lua number holds each one exactly
 local ENTRY_KEYS = { [1] = true, [2] = true, type = true, choices = true, min = true, check = true, default = true,
                      many = true, key = true, rest = true, required = true }
 
@@ -73,10 +75,14 @@ local function one(v, kind, choices, min)
     local n = tonumber(v)
     if kind == "number" or kind == "numbers" then
       if not n then return nil, "is not a number" end
-    else
-      local whole = n and n == math.floor(n) and math.abs(n) ~= math.huge
+    elseif not require("uvmrec.lib").whole_in(n or 0.5, kind == "whole" and 0 or 1 - EXACT, EXACT) then
+      -- whole numbers past 2^53 are not all numbers (9007199254740993 reads as ...992)
+      local whole = n and n == math.floor(n) -- or infinite
       if kind == "whole" and not (whole and n >= 0) then return nil, "is not a whole number (0, 1, 2, ...)" end
       if not whole then return nil, "is not an integer" end
+      if kind == "whole" then return nil, "is 2^53 or more; expected a whole number below 2^53" end
+      return nil, ("is %s2^53 or %s; expected an integer between -2^53 and 2^53"):format(n < 0 and "-" or "",
+                                                                                      n < 0 and "less" or "more")
     end
     if min and n < min then return nil, "is less than " .. min end
     return n
