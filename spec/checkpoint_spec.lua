@@ -997,7 +997,16 @@ describe("uvmrec.checkpoint run directories", function()
     p, err = ck.latest(root .. "/nowhere")
     assert.is_nil(p)
     assert.matches("is neither a run directory nor a checkpoint file", err)
-    assert.has_error(function() ck.rotate(dir, 0) end, "checkpoint rotate: keep must be an integer >= 1, got 0")
+    assert.has_error(function() ck.rotate(dir, 0) end, "checkpoint rotate: keep is 0; expected a whole number >= 1")
+    -- inf kept every checkpoint, silently
+    assert.has_error(function() ck.rotate(dir, math.huge) end,
+      "checkpoint rotate: keep is inf; expected a whole number below 2^63")
+    assert.has_error(function() ck.rotate(dir, 1.5) end, "checkpoint rotate: keep is 1.5; expected a whole number >= 1")
+    -- refused before the save (rotate refused it after)
+    local before = #assert(ck.list(dir))
+    assert.has_error(function() reg:save_step(dir, { step = 400, keep = math.huge }) end,
+      "checkpoint save_step: info.keep is inf; expected a whole number below 2^63")
+    assert.equal(before, #assert(ck.list(dir)))
   end)
 
   it("lists a directory of more names than the first buffer holds", function()

@@ -697,9 +697,8 @@ end
 -- checkpoint that no checkpoint file published (call it between saves, never during one).
 -- Returns the removed paths.
 function M.rotate(rundir, keep)
-  if type(keep) ~= "number" or keep < 1 or keep ~= math.floor(keep) then
-    error("checkpoint rotate: keep must be an integer >= 1, got " .. tostring(keep), 2)
-  end
+  -- inf (math.huge) kept everything, silently
+  lib.whole(keep, "checkpoint rotate: keep", 2, 1)
   local all, err = M.list(rundir)
   if not all then return nil, err end
   local removed = {}
@@ -731,6 +730,8 @@ function Registry:save_step(rundir, info)
   if type(info) ~= "table" or type(info.step) ~= "number" then
     error("checkpoint save_step: info.step is required", 2)
   end
+  -- before the save: a bad keep failed rotate after it
+  if info.keep ~= nil then lib.whole(info.keep, "checkpoint save_step: info.keep", 2, 1) end
   local ok, err = check(C.ur_dir_create(rundir))
   if not ok then return nil, err end
   local path = M.path_for(rundir, info.step)
