@@ -100,6 +100,8 @@ local function obeys(s, v)
     return false
   elseif s.kind == "string" then
     return type(v) == "string" and (not s.pattern or v:match(s.pattern) ~= nil)
+  elseif s.kind == "scalar" then -- typed by its text: a finite number, a boolean or a string
+    return type(v) == "boolean" or type(v) == "string" or type(v) == "number" and v == v and math.abs(v) < math.huge
   end
   if s.min and v < s.min then return false end
   if s.max and v > s.max then return false end

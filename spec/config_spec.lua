@@ -19,6 +19,23 @@ local schema = config.map({
 local function parse(text) return config.parse(text, schema, "t.yaml") end
 
 describe("uvmrec.config", function()
+  it("types a scalar by its text where the schema leaves it open (config.scalar)", function()
+    local open = config.map { opts = config.dict(config.scalar {}) }
+    local cfg = assert(config.parse([[
+opts: {a: 1.5, b: -2, c: true, d: false, e: slow, f: '0.5', g: "true", h: 1e3}
+]], open, "t.yaml"))
+    assert.same({ a = 1.5, b = -2, c = true, d = false, e = "slow", f = "0.5", g = "true", h = 1000 }, cfg.opts)
+    local _, err = config.parse("opts: {a: [1, 2]}\n", open, "t.yaml")
+    assert.equal("t.yaml:1:11: opts.a: expected a number, a string, true or false", err)
+    _, err = config.parse("opts: {a: 1e999}\n", open, "t.yaml")
+    assert.equal("t.yaml:1:11: opts.a: '1e999' is not a finite number", err)
+    cfg = assert(config.parse("opts: {}\n", open, "t.yaml"))
+    assert(config.set(cfg, open, "opts.x=on"))
+    assert(config.set(cfg, open, "opts.y=0.25"))
+    assert(config.set(cfg, open, "opts.z=false"))
+    assert.same({ x = "on", y = 0.25, z = false }, cfg.opts)
+  end)
+
   it("types every value by the schema and fills defaults", function()
     local cfg = assert(parse([[
 name: tiny_1

@@ -472,6 +472,36 @@ return P
                             "embeddings.hints.options.margin=0", "embeddings.hints.options.band=0.5" })
   end)
 
+  it("takes a policy's string and boolean options from the config, its own checks deciding", function()
+    -- options were numbers only: 'mode=slow' was "'slow' is not a number", whatever the policy took
+    local path = os.tmpname() .. ".lua"
+    cmd.spit(path, [[
+local P = require("uvmrec.hints").policy("modes", { mode = "fast", strict = false, keep = 0 })
+function P:plan() return {} end
+return P
+]])
+    local function load(sets)
+      table.insert(sets, 1, "embeddings.hints.policy=" .. path)
+      return train.config.load(assert(train.find_config("dlrm_tiny")), sets)
+    end
+    local cfg = assert(load { "embeddings.hints.options.mode=slow", "embeddings.hints.options.strict=true",
+                              "embeddings.hints.options.keep=2" })
+    assert.same({ mode = "slow", strict = true, keep = 2 }, cfg.embeddings.hints.options)
+    -- the policy's types still hold: a number where its default is a string, a string for a boolean
+    local _, err = load { "embeddings.hints.options.mode=3" }
+    assert.matches("embeddings.hints.options.mode: policy 'modes': mode is 3 (a number); expected a string like "
+                   .. "its default, fast", err, 1, true)
+    _, err = load { "embeddings.hints.options.strict=yes" }
+    assert.matches("embeddings.hints.options.strict: policy 'modes': strict is yes (a string); expected a boolean "
+                   .. "like its default, false", err, 1, true)
+    os.remove(path)
+    -- and the built-ins' numbers
+    _, err = train.config.load(assert(train.find_config("dlrm_tiny")),
+                               { "embeddings.hints.policy=adaptive", "embeddings.hints.options.margin=abc" })
+    assert.matches("embeddings.hints.options.margin: policy 'adaptive': margin is abc (a string); expected a number "
+                   .. "like its default, 0.02", err, 1, true)
+  end)
+
   it("refuses a policy's bad option at its place in the config, before anything is built", function()
     local obj = os.tmpname() .. ".lua"
     cmd.spit(obj, "return { name = 'obj', plan = function() return {} end }\n")

@@ -14,6 +14,9 @@ M.int = kind("int")         -- {min=, max=, default=}
 M.number = kind("number")   -- {min=, max=, default=}
 M.bool = kind("bool")       -- {default=}
 M.string = kind("string")   -- {default=, pattern=}
+-- scalar: typed by its text, for values whose type another check decides (a hint policy's
+-- options): true or false, a number as number reads one, else (or quoted) a string
+M.scalar = kind("scalar")   -- {default=}
 M.enum = function(values, opts) opts = opts or {}; opts.kind = "enum"; opts.values = values; return opts end
 M.list = function(elem, opts) opts = opts or {}; opts.kind = "list"; opts.elem = elem; return opts end
 -- map: fixed keys (unknown ones are errors); required = { "key", ... }
@@ -26,14 +29,27 @@ local function describe(s)
   if s.kind == "int" then return "an integer" end
   if s.kind == "number" then return "a number" end
   if s.kind == "bool" then return "true or false" end
+  if s.kind == "scalar" then return "a number, a string, true or false" end
   if s.kind == "list" then return "a list" end
   if s.kind == "map" or s.kind == "dict" then return "a mapping" end
   return "a string"
 end
 
+-- True when text is a number as YAML configs write one (decimal, with an exponent or not).
+local function number_text(text)
+  return text:match("^[-+]?%d+%.?%d*[eE][-+]?%d+$") or text:match("^[-+]?%d+%.?%d*$")
+         or text:match("^[-+]?%.%d+$") or text:match("^[-+]?%.%d+[eE][-+]?%d+$")
+end
+
 -- Types one scalar text by its schema; returns value or nil, expectation.
 local function scalar(s, text, quoted)
   local k = s.kind
+  if k == "scalar" then
+    if quoted then return text end
+    if text == "true" or text == "false" then return text == "true" end
+    if not number_text(text) then return text end
+    k = "number"
+  end
   if k == "string" then
     if s.pattern and not text:match(s.pattern) then return nil, "a string matching " .. s.pattern end
     return text
@@ -52,10 +68,7 @@ local function scalar(s, text, quoted)
     v = tonumber(text)
     if math.abs(v) >= 2 ^ 53 then return nil, "an integer below 2^53" end
   elseif k == "number" then
-    if not (text:match("^[-+]?%d+%.?%d*[eE][-+]?%d+$") or text:match("^[-+]?%d+%.?%d*$")
-            or text:match("^[-+]?%.%d+$") or text:match("^[-+]?%.%d+[eE][-+]?%d+$")) then
-      return nil, "a number"
-    end
+    if not number_text(text) then return nil, "a number" end
     v = tonumber(text)
     if v ~= v or math.abs(v) == math.huge then return nil, "a finite number" end
   else

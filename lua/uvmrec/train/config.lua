@@ -5,8 +5,9 @@ local config = require "uvmrec.config"
 
 local M = {}
 
-local int, number, bool, string, enum, list, map, dict =
-  config.int, config.number, config.bool, config.string, config.enum, config.list, config.map, config.dict
+local int, number, bool, string, scalar, enum, list, map, dict =
+  config.int, config.number, config.bool, config.string, config.scalar, config.enum, config.list, config.map,
+  config.dict
 
 local PLACEMENTS = { "auto", "device", "managed", "host", "cached" }
 -- How a table is sharded over the ranks of a job (uvmrec.dist.plan); a run of one rank ignores it.
@@ -57,7 +58,7 @@ M.schema = map({
       sharding = enum(M.SHARDINGS),                            -- this table's (default: embeddings.sharding)
       rank = int { min = 0 },                                  -- table_wise: its rank (default: the least loaded)
       hints = map { policy = string {},                        -- this table's hint policy
-                    options = dict(number {}),                 -- its options (with its policy)
+                    options = dict(scalar {}),                 -- its options (with its policy)
                     allowance = string {} },                   -- its own HBM ('20%' of its bytes, '1GiB')
       cache = map { load_factor = number { min = 0, max = 1 } }, -- its own cache size (placement cached)
       collisions = collisions_schema(),                        -- this table's managed collisions
@@ -66,7 +67,7 @@ M.schema = map({
                                                                -- ids to rows by policy, not modulo
     hints = map {                                              -- managed tables (uvmrec.hints)
       policy = string { default = "hot_prefix" },              -- none, host, hot_prefix, adaptive, or a .lua file
-      options = dict(number {}),                               -- the policy's: adaptive's {margin: 0.05}
+      options = dict(scalar {}),                               -- the policy's: adaptive's {margin: 0.05}
       every = int { min = 1, default = 100 },                  -- steps between the policy's intervals
       allowance = string { default = "100%" },                 -- HBM for managed tables: '20%' or '8GiB'
       decay = number { min = 0, max = 1, default = 1 },        -- counts *= decay after each interval
