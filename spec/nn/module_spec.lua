@@ -231,12 +231,21 @@ describe("uvmrec.nn.Module", function()
       "ReLU: activation backward: gy is f32 [3, 5]; expected f32 or bf16 of 12 elements")
     local c = nn.CrossNet(4, 2)
     c:forward(T { 3, 4 })
-    fails(function() c:backward(T { 3, 4 }, T { 2, 4 }) end,
-      "CrossNet(4, 2 layers): cross backward: gy is f32 [2, 4]; expected f32 or bf16 [3, 4]")
+    -- accGradParameters too (it raised at a line of CrossNet.lua)
+    for _, f in ipairs { "backward", "updateGradInput", "accGradParameters" } do
+      fails(function() c[f](c, T { 3, 4 }, T { 2, 4 }) end,
+        "CrossNet(4, 2 layers): cross backward: gy is f32 [2, 4]; expected f32 or bf16 [3, 4]")
+    end
     -- in a container, behind the child's index and type
     fails(function() nn.Sequential(nn.Interaction()):forward({ T { 2, 4 }, T { 3, 8 } }) end,
       "Sequential: (1) Interaction: Interaction: interaction forward: emb is f32 [3, 8]; expected f32 or bf16 "
       .. "[2, cols]")
+    -- accGradParameters too (the child's message alone, at a line of Sequential.lua)
+    local seq = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    seq:forward(T { 5, 4 })
+    seq:updateGradInput(T { 5, 4 }, T { 5, 2 })
+    fails(function() seq:accGradParameters(T { 5, 4 }, T { 4, 2 }) end,
+      "Sequential: (2) Linear: Linear(3 -> 2): linear backward: gy is f32 [4, 2]; expected f32 or bf16 [5, 2]")
   end)
 
   it("compute in bf16 with f32 master weights and gradients", function()

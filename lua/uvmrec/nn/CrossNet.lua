@@ -76,8 +76,10 @@ function CrossNet:updateOutput(input)
 end
 
 -- Walks the layers back; the gradient of x_l lands in ping-pong buffers, and that of x0
--- (through every layer's x0 * z term and the first layer's x_l) accumulates in gx0.
-function CrossNet:_backward(input, gradOutput, want_params)
+-- (through every layer's x0 * z term and the first layer's x_l) accumulates in gx0.  Only the
+-- parameters' (params_only) leaves gradInput as it was.  Always a tail call: errors name the
+-- line that called backward, updateGradInput or accGradParameters.
+function CrossNet:_backward(input, gradOutput, want_params, params_only)
   local x0 = self._x0
   if not x0 then error(tostring(self) .. ": backward before forward", 2) end
   local rows = Module.rows_cols(x0)
@@ -106,6 +108,7 @@ function CrossNet:_backward(input, gradOutput, want_params)
     end
     g = gxl
   end
+  if params_only then return self.gradInput end
   self.gradInput = gx0
   if Module.dtype_of(input) ~= dt then
     local r, c = Module.rows_cols(input)
@@ -124,9 +127,7 @@ end
 
 -- The parameters' gradients need the same walk: it is done again (backward does both at once).
 function CrossNet:accGradParameters(input, gradOutput)
-  local keep = self.gradInput
-  self:_backward(input, gradOutput, true)
-  self.gradInput = keep
+  return self:_backward(input, gradOutput, true, true)
 end
 
 function CrossNet:extra_repr()

@@ -77,7 +77,7 @@ function Sequential:accGradParameters(input, gradOutput)
   for i = #mods, 1, -1 do
     local x = i > 1 and mods[i - 1].output or input
     local g = i < #mods and mods[i + 1].gradInput or gradOutput
-    mods[i]:accGradParameters(x, g)
+    child_call(i, mods[i], "accGradParameters", x, g)
   end
 end
 
