@@ -24,4 +24,14 @@ describe("uvmrec.nn.MLP", function()
     R.gradcheck(nn.MLP({ 4, 6, 1 }, { last = "sigmoid" }), { (R.rand({ 5, 4 }, 6)) },
       mlp_ref({ 4, 6, 1 }, "sigmoid"), 1e-4)
   end)
+
+  it("names the size that is wrong, at the caller's line", function()
+    -- 'Linear: out is 2.5; expected a whole number >= 1' at a line of MLP.lua, naming neither
+    local ok, err = pcall(function() nn.MLP({ 4, 2.5 }) end)
+    assert.is_false(ok)
+    assert.equal("mlp_spec.lua: MLP: sizes[2] is 2.5; expected a whole number >= 1",
+                 tostring(err):gsub("^.-(mlp_spec%.lua):%d+:", "%1:"))
+    assert.has_error(function() nn.MLP({ 4, "8", 2 }) end, "MLP: sizes[2] is 8; expected a whole number >= 1")
+    assert.has_error(function() nn.MLP({ 0, 2 }) end, "MLP: sizes[1] is 0; expected a whole number >= 1")
+  end)
 end)

@@ -3,6 +3,7 @@
 -- layer.  opts.last = "relu" (default), "none" or "sigmoid" says what follows the last layer;
 -- opts.input_grad = false skips the gradient of the MLP's input (fed by data); opts.pad_to = 8
 -- makes the first layer read an input padded to a multiple of 8 columns (nn.Linear).
+local lib = require "uvmrec.lib"
 local Linear = require "uvmrec.nn.Linear"
 local Module = require "uvmrec.nn.Module"
 local ReLU = require "uvmrec.nn.ReLU"
@@ -14,6 +15,8 @@ return function(sizes, opts)
   if type(sizes) ~= "table" or #sizes < 2 then
     error("MLP: sizes must list at least an input and an output width", 2)
   end
+  -- here, not in the Linear that takes it: its message named neither the MLP nor the size
+  for i = 1, #sizes do lib.whole(sizes[i], ("MLP: sizes[%d]"):format(i), 2, 1) end
   local last = opts.last or "relu"
   if last ~= "relu" and last ~= "none" and last ~= "sigmoid" then
     error("MLP: last must be relu, none or sigmoid, got " .. tostring(last), 2)
