@@ -53,6 +53,16 @@ describe("ur.nn.ManagedCollisionCollection", function()
     assert.truthy(mcc:summary():find("collisions: 2 tables, 17 of 17 rows held by ids", 1, true))
   end)
 
+  it("names itself in the map's errors, at the caller's line", function()
+    -- 'managed collisions: the input's keys ...' alone, at a line of ManagedCollisionCollection.lua
+    local m = MCC{ collection = collection(), policy = "lfu", evict_every = 4, fallback_rows = 2 }
+    local ok, err = pcall(function() m:forward(ur.KJT{ keys = { "u1" }, values = { 1 }, lengths = { 1 } }) end)
+    assert.is_false(ok)
+    assert.equal("managed_collision_collection_spec.lua: ManagedCollisionCollection(2 tables, lfu, evict_every 4): "
+                 .. "managed collisions: the input's keys {u1} are not the map's features {u1, u2, v}",
+                 tostring(err):gsub("^.-(managed_collision_collection_spec%.lua):%d+:", "%1:"))
+  end)
+
   it("only looks up in evaluate mode", function()
     local mcc = MCC{ collection = collection(), evict_every = 1 }
     local r = h.rng(2)

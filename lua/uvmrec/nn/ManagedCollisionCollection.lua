@@ -111,12 +111,13 @@ function MCC:updateOutput(input)
     self._out = assert(tensor.tensor({ math.max(n, 1) }, o))
   end
   local out = n == self._out:numel() and self._out or self._out:view(0, n)
-  local rows = assert(self.map:remap(input, { update = update, out = out }, self.stream))
+  local map = self.map
+  local rows = self:op(2, map.remap, map, input, { update = update, out = out }, self.stream)
   if out ~= self._out then out:free() end
   if update and self.tbe then
     for _, name in ipairs(self.table_names) do
       local p, k = self.map:reassigned_ptr(name)
-      if k > 0 then assert(self.tbe:reset_rows(name, p, k, self.stream)) end
+      if k > 0 then self:op(2, self.tbe.reset_rows, self.tbe, name, p, k, self.stream) end
     end
   end
   self.output = rows
