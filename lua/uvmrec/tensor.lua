@@ -24,20 +24,24 @@ end
 -- Misuse raises at the user's line: `level` counts frames from the caller of the helper (1 its
 -- caller, 2 that one's caller, ...), as lib.check's does.  The public functions below make no
 -- tail calls into these helpers, which would remove a frame.
-local function parse_shape(shape, level)
+-- who (default "tensor") begins the messages: the arena's tensors are checked here too.
+local function parse_shape(shape, level, who)
+  who = who or "tensor"
   if type(shape) == "number" then shape = { shape } end
   if type(shape) ~= "table" or #shape < 1 or #shape > 4 then
-    error("tensor: shape must be a list of 1 to 4 sizes, got " .. tostring(shape), level + 1)
+    error(("%s: shape must be a list of 1 to 4 sizes, got %s"):format(who, type(shape) == "table" and #shape
+          or tostring(shape)), level + 1)
   end
   local dims = int64s(#shape)
   for i, n in ipairs(shape) do
     -- inf passed a check of its own and was cast to -2^63: "dimension 1 is -9223372036854775808"
     local size = lib.whole_in(n, 0, 2 ^ 63, true)
-    if not size then lib.whole(n, ("tensor: size %d of the shape"):format(i), level + 1, 0, nil, true) end
+    if not size then lib.whole(n, ("%s: size %d of the shape"):format(who, i), level + 1, 0, nil, true) end
     dims[i - 1] = size
   end
   return dims, #shape
 end
+M.parse_shape = parse_shape -- (shape, level, who) -> int64_t dims, their count
 
 -- Called by the public functions themselves: the user is their caller's caller.
 local function place_of(name)

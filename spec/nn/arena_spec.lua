@@ -17,4 +17,17 @@ describe("uvmrec.nn.arena", function()
     assert.equal(3, t1[14])
     assert.error_matches(function() arena.new("host", nil, 1):tensor({ 1 }) end, "arena: block size 1 bytes")
   end)
+
+  it("checks a shape as ur.tensor does, naming the arena", function()
+    -- five sizes were written past the engine's four (the process died: a segmentation fault),
+    -- 2.5 rows made 2 and inf -2^63
+    local a = require("uvmrec.nn.arena").new("host")
+    assert.has_error(function() a:tensor({ 1, 1, 1, 1, 1 }) end, "arena: shape must be a list of 1 to 4 sizes, got 5")
+    assert.has_error(function() a:tensor({ 2.5, 4 }) end,
+      "arena: size 1 of the shape is 2.5; expected a whole number >= 0")
+    assert.has_error(function() a:tensor({ 3, math.huge }) end,
+      "arena: size 2 of the shape is inf; expected a whole number below 2^63")
+    assert.same({ 2, 4 }, a:tensor({ 2, 4 }):size())
+    a:free()
+  end)
 end)

@@ -25,7 +25,6 @@ local wrap, free = lib.handle_type("ur_arena", C.ur_arena_free, {
   end,
 })
 
-local shape_buf = ffi.new("int64_t[4]")
 local out_buf = ffi.new("ur_tensor *[1]")
 
 -- A tensor of shape (a list) and dtype (default f32) from the arena.  Environmental
@@ -34,8 +33,9 @@ local out_buf = ffi.new("ur_tensor *[1]")
 -- output [65536, 512] of bf16: hbm budget: ...").
 function methods:tensor(shape, dtype, who, key)
   local d = lib.enum(C.ur_dtype_parse, "ur_dtype", dtype or "f32", "dtype", 2)
-  for i = 1, #shape do shape_buf[i - 1] = shape[i] end
-  local st = C.ur_arena_tensor(lib.ptr(self, "arena", 2), out_buf, d, #shape, shape_buf)
+  -- ur.tensor's check: five sizes were written past a buffer of four, 2.5 cast to 2
+  local dims, nd = tensor.parse_shape(shape, 2, "arena")
+  local st = C.ur_arena_tensor(lib.ptr(self, "arena", 2), out_buf, d, nd, dims)
   if st ~= 0 then
     local msg = ffi.string(C.ur_last_error())
     if who then
