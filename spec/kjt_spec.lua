@@ -358,6 +358,9 @@ describe("uvmrec.KJT", function()
     assert.has_error(function() k:permute { 3 } end, "kjt: key 3 is neither a key name nor a position 1..2")
     assert.has_error(function() k:split { 1, 2 } end,
       "kjt split: segments hold 3 keys in all but the KJT has 2")
+    assert.has_error(function() KJT { keys = { "a" }, values = { 1 }, lengths = { 1 }, weight = { 2 } } end,
+      "KJT: unknown option 'weight'; expected check, inverse_indices, keys, lengths, stride, "
+      .. "stride_per_key_per_rank, values, weights")
     assert.has_error(function() ur.KJT.concat { k, k } end, "kjt concat: key 'a' of part 2 is also in part 1")
     local other = KJT { keys = { "z" }, values = { 1 }, lengths = { 1 } }
     assert.has_error(function() k:concat(other) end, "kjt concat: part 2 has stride 1 but part 1 has 2")
@@ -427,6 +430,10 @@ describe("uvmrec.KJT", function()
       "kjt from_rows: key 'y' sample 1 has length 3; expected 0..2 (its ids a sample)")
     assert.has_error(function() assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 1 }, ids = ids }) end,
       "kjt from_rows: ids must be i64 [2, 2]; got i64 with 6 elements")
+    -- an option misspelt was dropped: weight = w made an unweighted KJT
+    local w = ur.tensor({ 2, 3 }):fill(0.5)
+    assert.has_error(function() ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 2 }, ids = ids, weight = w } end,
+      "KJT.from_rows: unknown option 'weight'; expected hot, ids, keys, lengths, stream, weights")
     local pinned = ur.tensor({ 2, 3 }, { placement = "pinned" }):fill(1)
     assert.has_error(function()
       assert(ur.KJT.from_rows { keys = { "x", "y" }, hot = { 1, 2 }, ids = ids, weights = pinned })

@@ -51,9 +51,15 @@ local function key_list(keys, level)
   return arr, #keys
 end
 
+-- The options of a new KJT and of from_rows: another (weight = for weights) was dropped.
+local NEW_OPTS = { "check", "inverse_indices", "keys", "lengths", "stride", "stride_per_key_per_rank", "values",
+                   "weights" }
+local ROWS_OPTS = { "hot", "ids", "keys", "lengths", "stream", "weights" }
+
 local function new_kjt(o, level)
   level = level or 2
   if type(o) ~= "table" then error("KJT: expected a table {keys=, values=, lengths=}", level + 1) end
+  lib.known_keys(o, NEW_OPTS, "KJT", level + 1)
   local keys, nk = key_list(o.keys, level + 1)
   local values = as_tensor(o.values or {}, "i64", "values", level + 1)
   local lengths = as_tensor(o.lengths or {}, "i32", "lengths", level + 1)
@@ -299,6 +305,7 @@ function methods:concat(...) return concat({ self, ... }, 2) end
 -- reuses its buffers through ur_kjt_from_rows; this makes new ones).
 local function from_rows(o, level)
   if type(o) ~= "table" then error("KJT.from_rows: expected a table {keys=, hot=, ids=}", level + 1) end
+  lib.known_keys(o, ROWS_OPTS, "KJT.from_rows", level + 1)
   local keys, nk = key_list(o.keys, level + 1)
   if type(o.hot) ~= "table" or #o.hot ~= nk then
     error(("KJT.from_rows: hot must list ids a sample for each of the %d keys"):format(nk), level + 1)
