@@ -47,6 +47,15 @@ UR__HIDDEN ur_status ur__null_args(const char *fn, const char *names, const void
  * (engine/src/core/names.c). */
 UR__HIDDEN int ur__name_index(const char *const *names, int n, const char *s);
 
+/* A name and where it stands (its index), for finding names by sorting them (qsort with
+ * ur__named_cmp: by name, then by place) rather than comparing each with every other: a KJT's
+ * keys, a collection's tables and features (names.c). */
+typedef struct ur__named {
+  const char *name;
+  int32_t at;
+} ur__named;
+UR__HIDDEN int ur__named_cmp(const void *a, const void *b);
+
 /* Files written atomically (a temporary name renamed over the final one) need the folder
  * synced for the rename to last: fsyncs the folder holding path.  what prefixes the error
  * ("safetensors", "npy"); io/os.c. */

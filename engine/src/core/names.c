@@ -1,4 +1,5 @@
-/* names.c: the names of dtypes, placements, advice and locations, both ways. */
+/* names.c: the names of dtypes, placements, advice and locations, both ways, and the order by
+ * which lists of names are sorted (ur__named_cmp). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,12 @@ int ur__name_index(const char *const *names, int n, const char *s) {
   for (int i = 0; s && i < n; i++)
     if (!strcmp(s, names[i])) return i;
   return -1;
+}
+
+int ur__named_cmp(const void *a, const void *b) {
+  const ur__named *x = a, *y = b;
+  int c = strcmp(x->name, y->name);
+  return c ? c : (x->at > y->at) - (x->at < y->at);
 }
 
 const char *ur_dtype_name(ur_dtype d) {

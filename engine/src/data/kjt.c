@@ -276,33 +276,22 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
   return UR_STATUS_OK;
 }
 
-typedef struct named {
-  const char *name;
-  int32_t i;
-} named;
-
-static int named_cmp(const void *a, const void *b) {
-  const named *x = a, *y = b;
-  int c = strcmp(x->name, y->name);
-  return c ? c : (x->i > y->i) - (x->i < y->i);
-}
-
 /* No two keys of a KJT made from the caller's names share one (a lookup by name would find one
  * key's bags for both): sorted, so a request of 1000 keys costs about 10k comparisons, not half
  * a million.  A missing name is left to kjt_make's check, which names it. */
 static ur_status distinct_keys(int32_t n, const char *const *keys) {
   if (n < 2) return UR_STATUS_OK;
-  named *v = malloc(sizeof *v * (size_t)n);
+  ur__named *v = malloc(sizeof *v * (size_t)n);
   if (!v) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
   int32_t m = 0;
   for (int32_t i = 0; i < n; i++)
-    if (keys[i]) v[m++] = (named){keys[i], i};
-  qsort(v, (size_t)m, sizeof *v, named_cmp);
+    if (keys[i]) v[m++] = (ur__named){keys[i], i};
+  qsort(v, (size_t)m, sizeof *v, ur__named_cmp);
   ur_status st = UR_STATUS_OK;
   for (int32_t i = 1; i < m && !st; i++)
     if (!strcmp(v[i - 1].name, v[i].name))
       st = ur__error(UR_STATUS_INVALID, "kjt: keys %d and %d are both named '%s'; expected distinct keys",
-                     (int)v[i - 1].i, (int)v[i].i, v[i].name);
+                     (int)v[i - 1].at, (int)v[i].at, v[i].name);
   free(v);
   return st;
 }
@@ -313,10 +302,10 @@ ur_status ur__kjt_key_order(const ur_kjt *k, const char *const *names, int32_t n
   int32_t i = 0;
   for (; i < n && i < k->nkeys && !strcmp(k->keys[i], names[i]); i++) order[i] = i;
   if (i == n) return UR_STATUS_OK;
-  named *v = malloc(sizeof *v * (size_t)(k->nkeys > 0 ? k->nkeys : 1));
+  ur__named *v = malloc(sizeof *v * (size_t)(k->nkeys > 0 ? k->nkeys : 1));
   if (!v) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
-  for (int32_t j = 0; j < k->nkeys; j++) v[j] = (named){k->keys[j], j};
-  qsort(v, (size_t)k->nkeys, sizeof *v, named_cmp);
+  for (int32_t j = 0; j < k->nkeys; j++) v[j] = (ur__named){k->keys[j], j};
+  qsort(v, (size_t)k->nkeys, sizeof *v, ur__named_cmp);
   for (; i < n; i++) {
     int32_t lo = 0, hi = k->nkeys; /* the first key not below names[i] */
     while (lo < hi) {
@@ -328,7 +317,7 @@ ur_status ur__kjt_key_order(const ur_kjt *k, const char *const *names, int32_t n
       *missing = i;
       break;
     }
-    order[i] = v[lo].i;
+    order[i] = v[lo].at;
   }
   free(v);
   return UR_STATUS_OK;

@@ -62,25 +62,13 @@ ur_status ur__tbe_names_table(ur__tbe_names *n, int32_t i, const char *name, con
   return UR_STATUS_OK;
 }
 
-/* A name and where it stands, sorted by name and then by place. */
-typedef struct named {
-  const char *name;
-  int32_t at;
-} named;
-
-static int by_name(const void *a, const void *b) {
-  const named *x = a, *y = b;
-  int c = strcmp(x->name, y->name);
-  return c ? c : (x->at > y->at) - (x->at < y->at);
-}
-
 /* first[i] = the first of the k names that equals names[i] (i itself when none before it does):
  * by sorting, as a collection may have a thousand tables and many more features. */
 static ur_status first_of_name(const char *who, char *const *names, int32_t k, int32_t *first) {
-  named *s = malloc(sizeof *s * (size_t)(k > 0 ? k : 1));
+  ur__named *s = malloc(sizeof *s * (size_t)(k > 0 ? k : 1));
   if (!s) return ur__error(UR_STATUS_OOM, "%s: out of host memory", who);
-  for (int32_t i = 0; i < k; i++) s[i] = (named){names[i], i};
-  qsort(s, (size_t)k, sizeof *s, by_name);
+  for (int32_t i = 0; i < k; i++) s[i] = (ur__named){names[i], i};
+  qsort(s, (size_t)k, sizeof *s, ur__named_cmp);
   for (int32_t i = 0; i < k; i++)
     first[s[i].at] = i > 0 && !strcmp(s[i].name, s[i - 1].name) ? first[s[i - 1].at] : s[i].at;
   free(s);
