@@ -8,7 +8,8 @@
 --
 -- A spec is a kind for every table ("table_wise", "row_wise", "column_wise", "data_parallel"),
 -- or {default = kind, [table] = kind or {kind, rank = r (table_wise) | ranks = {...}
--- (column_wise: one shard on each, in column order)}}.
+-- (column_wise: the rank of each shard, in column order; a rank may hold several, as on one
+-- rank {0, 0} cuts a table in two)}}.
 --   table_wise     the whole table on one rank: the largest tables first, each to the rank
 --                  holding the fewest bytes so far (ties: the lower rank);
 --   row_wise       rows in W blocks of ceil(rows / W), block r on rank r (a block past the
