@@ -261,6 +261,34 @@ describe("planner plans", function()
       "plan: the choice for table T6: rank '1'; expected a rank from 0 to 3 (the plan is for 4 ranks)")
   end)
 
+  -- A fixed sharding one rank cannot have, plan:with(T, {sharding = "column_wise"}) on 1 rank,
+  -- got "no choice satisfies its fixed settings" alone; a table pinned to a rank too full for it
+  -- got "do not fit 400.0 MiB per rank (166.5 MiB more needed by T6)", naming no rank, and a free
+  -- table's whole shard as what was needed.
+  it("says which constraint a fixed sharding or rank fails: the world, or a rank's room", function()
+    local scal, tabs, profs = six_tables()
+    local p1 = assert(planner.plan(tabs, profs, "2GiB", { world = 1, batch = 4096, calibration = scal }))
+    for _, sh in ipairs({ "column_wise", "row_wise", "data_parallel" }) do
+      local none, err = p1:with("T2", { sharding = sh })
+      assert.is_nil(none)
+      assert.equal(('planner: table T2: no choice satisfies its fixed settings ({"placement":"%s","sharding":"%s"}); '
+        .. "%s: the plan is for 1 rank, where every table is table_wise (%s spreads a table over ranks)")
+        :format(p1.data.tables[2].placement, sh, sh, sh), err)
+    end
+    tabs[5].fixed = { rank = 0, placement = "device" }
+    local p = assert(planner.plan(tabs, profs, "400MiB", { world = 2, batch = 4096, calibration = scal }))
+    local _, err = p:with("T6", { rank = 0, placement = "device" })
+    assert.equal("plan: these choices do not fit 400.0 MiB per rank: rank 0 (table T6's rank) has 130.5 MiB left "
+      .. "beside T5, 166.5 MiB short of T6's table_wise device shard of 297.0 MiB", err)
+    _, err = p:with("T6", { placement = "device", sharding = "table_wise" })
+    assert.equal("plan: these choices do not fit 400.0 MiB per rank: no rank has room for table T3: the roomiest, "
+      .. "rank 0, has 56.5 MiB left beside T2, T5, 94.0 MiB short of T3's table_wise device shard of 150.5 MiB", err)
+    _, err = p:with("T4", { placement = "device", sharding = "column_wise" })
+    assert.equal("plan: these choices do not fit 400.0 MiB per rank: rank 1 (where a run puts table T4's column "
+      .. "shard: shard s of the plan's table t on rank (t + s) mod 2) has 76.1 MiB left beside T3, T6, 23.5 MiB "
+      .. "short of T4's column_wise device shard of 99.7 MiB", err)
+  end)
+
   -- A table whose dim a run cuts into shards of two widths (uvmrec.dist.plan: dim 20 on 2 ranks,
   -- 12 and 8 columns) had no column_wise choice and nothing said so: the plan never named it,
   -- and a config fixing it column_wise got "no choice satisfies its fixed settings" alone.

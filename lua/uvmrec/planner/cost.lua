@@ -294,8 +294,9 @@ local FRACTION_OF = { managed = "prefix_fraction", cached = "load_factor" }
 -- placement, the prefix fractions and load factors of ctx.fractions.  A table's fixed settings
 -- (t.fixed: placement, sharding, load_factor, prefix_fraction, rank) narrow the list: a rank
 -- places a table_wise table (the search keeps it there).  Returns the list and, for each
--- sharding the world and the fixed settings allow that has no choice, why not ({[sharding] =
--- reason}, or nil): a column_wise table whose dim a run cuts unevenly was dropped unsaid.
+-- sharding the world and the fixed settings allow that has no choice, or that is fixed where
+-- the world allows table_wise alone, why not ({[sharding] = reason}, or nil): a column_wise
+-- table whose dim a run cuts unevenly was dropped unsaid.
 function M.options(t, ctx)
   local W = ctx.world
   local fx = t.fixed or {}
@@ -342,6 +343,13 @@ function M.options(t, ctx)
       end
       if #out == before and reason then why[sh] = reason end
     end
+  end
+  -- a sharding fixed on one rank had no choice and no reason ('plan:with(T, {sharding =
+  -- "column_wise"})' on 1 rank: "no choice satisfies its fixed settings" alone); a fixed rank
+  -- beside another sharding is refused before (planner.fixed_error)
+  if fx.sharding and fx.sharding ~= "table_wise" and W == 1 then
+    why[fx.sharding] = ("the plan is for 1 rank, where every table is table_wise (%s spreads a table over ranks)")
+      :format(fx.sharding)
   end
   return out, next(why) and why or nil
 end

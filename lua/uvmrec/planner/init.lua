@@ -745,6 +745,35 @@ function Plan:with(name, choice)
   return M.evaluate(S.input_tables, S.profiles, S.budget, S.opts, fixed, name)
 end
 
+-- Which shard of `choice` found no room on which rank, by how much, and what the rank holds
+-- (search.partition's error): "(175.2 MiB more needed by b)" named neither the rank nor the
+-- table's rank key that put it there, and gave a free table's whole shard as the need.
+local function no_room(S, choice, err)
+  local held = {}
+  for i, rs in pairs(err.ranks) do
+    for _, r in ipairs(rs) do
+      if r == err.rank and #held < 8 then held[#held + 1] = S.items[i].name end
+    end
+  end
+  local r = err.rank - 1
+  local beside = #held > 0 and (" beside " .. table.concat(held, ", ")) or ""
+  if not err.item then
+    return ("the row_wise and data_parallel tables take %s more on every rank than rank %d has (%s)"):format(
+      fmt_bytes(err.need), r, fmt_bytes(err.left))
+  end
+  local it = S.items[err.item]
+  local o = it.options[choice[err.item]]
+  local sh = o.shards[1].hbm
+  local what = ("%s's %s %s shard of %s"):format(it.name, o.sharding, o.placement, fmt_bytes(sh))
+  local left = ("has %s left%s, %s short of %s"):format(fmt_bytes(err.left), beside, fmt_bytes(sh - err.left), what)
+  if it.rank then return ("rank %d (table %s's rank) %s"):format(r, it.name, left) end
+  if o.sharding == "column_wise" then
+    return ("rank %d (where a run puts table %s's column shard: shard s of the plan's table t on rank "
+      .. "(t + s) mod %d) %s"):format(r, it.name, S.world, left)
+  end
+  return ("no rank has room for table %s: the roomiest, rank %d, %s"):format(it.name, r, left)
+end
+
 -- Re-predicts a given choice for every table (choices[i] as Plan:with takes; tables in order):
 -- the plan of those choices, ranks from the partitioner; nil, message when they do not fit.
 function M.evaluate(tables, profiles, budget, opts, choices, edited)
@@ -771,8 +800,8 @@ function M.evaluate(tables, profiles, budget, opts, choices, edited)
       fmt_bytes(S.host_limit))
   end
   if not part then
-    return nil, ("plan: these choices do not fit %s per rank (%s more needed%s)"):format(fmt_bytes(S.budget),
-      fmt_bytes(perr and perr.need or 0), perr and perr.item and (" by " .. S.items[perr.item].name) or "")
+    return nil, ("plan: these choices do not fit %s per rank: %s"):format(fmt_bytes(S.budget),
+      no_room(S, choice, perr))
   end
   local best = { choice = choice, part = part, cost = search.max_load(part) }
   local p = M.build(S, best, { method = "evaluated", edited = edited, seconds = 0 })

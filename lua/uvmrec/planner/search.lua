@@ -156,8 +156,10 @@ end
 M.column_ranks = column_ranks
 
 -- Ranks for every table's shards under `choice` (frontier index per item).  Returns
--- {load, hbm, ranks = {[i] = {r, ...}}} or nil, {item, need, at} when a shard finds no room
--- (at: its place in the order walked, 0 for the spread and pinned shards placed before it).
+-- {load, hbm, ranks = {[i] = {r, ...}}} or nil, {item, need, at, rank, left, ranks} when a
+-- shard finds no room (at: its place in the order walked, 0 for the spread and pinned shards
+-- placed before it; rank: the rank it was to go on, or the roomiest, with `left` bytes there;
+-- ranks: the shards placed so far, for a message naming what the rank holds).
 function M.partition(items, choice, env, by_hbm)
   prep(items)
   local W, avail = env.world, env.avail
@@ -178,14 +180,19 @@ function M.partition(items, choice, env, by_hbm)
   end
   for r = 1, W do
     load[r], hbm[r] = spread_t, spread_h
-    if spread_h > avail[r] then return nil, { item = nil, need = spread_h - avail[r], at = 0 } end
+    if spread_h > avail[r] then
+      return nil, { item = nil, need = spread_h - avail[r], at = 0, rank = r, left = avail[r], ranks = ranks }
+    end
   end
   -- pinned tables: on their ranks, before the others take the room
   for _, i in ipairs(items.pinned) do
     local it, c = items[i], choice[i]
     local r = it.rank
     if r > W then return nil, { item = i, need = it.SH[c], at = 0 } end
-    if hbm[r] + it.SH[c] > avail[r] then return nil, { item = i, need = hbm[r] + it.SH[c] - avail[r], at = 0 } end
+    if hbm[r] + it.SH[c] > avail[r] then
+      return nil, { item = i, need = hbm[r] + it.SH[c] - avail[r], at = 0, rank = r, left = avail[r] - hbm[r],
+                    ranks = ranks }
+    end
     load[r], hbm[r] = load[r] + it.ST[c], hbm[r] + it.SH[c]
     ranks[i] = { r }
   end
@@ -202,13 +209,19 @@ function M.partition(items, choice, env, by_hbm)
         for r = 1, W do
           if hbm[r] + sh <= avail[r] and (not best or load[r] < load[best]) then best = r end
         end
-        if not best then return nil, { item = i, need = sh, at = o } end
+        if not best then
+          local room = 1
+          for r = 2, W do if avail[r] - hbm[r] > avail[room] - hbm[room] then room = r end end
+          return nil, { item = i, need = sh, at = o, rank = room, left = avail[room] - hbm[room], ranks = ranks }
+        end
         load[best], hbm[best] = load[best] + st, hbm[best] + sh
         ranks[i] = { best }
       else
         local rs = column_ranks(i, k, W)
         for _, r in ipairs(rs) do
-          if hbm[r] + sh > avail[r] then return nil, { item = i, need = sh, at = o } end
+          if hbm[r] + sh > avail[r] then
+            return nil, { item = i, need = sh, at = o, rank = r, left = avail[r] - hbm[r], ranks = ranks }
+          end
         end
         for _, r in ipairs(rs) do load[r], hbm[r] = load[r] + st, hbm[r] + sh end
         ranks[i] = rs
