@@ -626,9 +626,13 @@ typedef struct ur_loader_opts {
   int32_t slice_rank, slice_world;
   /* 1 (with slice_world > 1): every slice the same size, as training over ranks needs; a global
    * batch the slices cannot share equally (an epoch's short last batch, known only at its end
-   * for TSV files) fails there, after the batches before it, unless drop_last drops it, and a
+   * for TSV files without count_samples) fails there, after the batches before it, unless drop_last drops it, and a
    * batch_size that is not a multiple of slice_world is refused by open */
   int32_t even_slices;
+  /* 1: TSV files' samples are counted when the loader opens (one parsing pass over the files,
+   * as a split by rank makes), so samples_per_epoch is known before the first batch: training
+   * over ranks checks the epoch's last batch with it before any step */
+  int32_t count_samples;
 } ur_loader_opts;
 typedef struct ur_loader_stats {
   int64_t batches, samples, bytes;
@@ -637,7 +641,8 @@ typedef struct ur_loader_stats {
   double produce_cpu_seconds;     /* their CPU time for it (dispatch included): the cost on a
                                      shared machine */
   int64_t epoch, sample;          /* the position after the last batch handed out */
-  int64_t samples_per_epoch;      /* this rank's; -1 until known (TSV) */
+  int64_t samples_per_epoch;      /* this rank's; -1 until known (TSV, without count_samples
+                                     or a split by rank) */
   int32_t threads;                /* threads making batches */
 } ur_loader_stats;
 struct ur_loader;

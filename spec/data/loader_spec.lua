@@ -804,6 +804,27 @@ describe("uvmrec.data loader", function()
           .. "each takes an equal slice of every global batch", 1, true), what .. ": " .. msg)
       end
     end
+    -- count_samples: TSV files counted as the loader opens, before the first batch (training over
+    -- ranks checks the epoch's last batch with it before any step; unknown, it failed there, after
+    -- an epoch of training); the batches are the same
+    for r = 0, 1 do
+      local o = { batch_size = 100, slice_rank = r, slice_world = 2, even_slices = true }
+      local uncounted = assert(data.open("criteo-tsv:" .. odd, o))
+      assert.is_nil(uncounted:stats().samples_per_epoch)
+      uncounted:close()
+      o.count_samples = true
+      local counted = assert(data.open("criteo-tsv:" .. odd, o))
+      assert.equal(999, counted:stats().samples_per_epoch)
+      local sizes, err = drain(counted)
+      assert.same({ 50, 50, 50, 50, 50, 50, 50, 50, 50 }, sizes)
+      assert.equal(want, err)
+    end
+    -- a bad line fails the count, at open
+    local bad = cmd.spit(dir .. "/bad.tsv", table.concat(lines, "\n", 1, 500) .. "\nnot a criteo line\n")
+    local none, berr = data.open("criteo-tsv:" .. bad, { batch_size = 100, slice_world = 2, even_slices = true,
+                                                         count_samples = true })
+    assert.is_nil(none)
+    assert.truthy(berr:find(bad .. ":501:", 1, true), berr)
     -- without it the slices are cut as they come (49 and 50)
     local l = assert(data.open("criteo-tsv:" .. odd, { batch_size = 100, slice_rank = 0, slice_world = 2 }))
     local sizes = drain(l)
@@ -824,8 +845,8 @@ describe("uvmrec.data loader", function()
     assert.has_error(function()
       data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, shufle_window = 8 }
     end, "loader: unknown option 'shufle_window'; expected data, batch_size, samples, rows, depth, threads, "
-      .. "drop_last, shuffle_window, seed, epochs, rank, world, slice_rank, slice_world, even_slices, position, "
-      .. "placement, stream, keys, on_bad_line, pad_missing_fields, chunk_bytes, synthetic")
+      .. "drop_last, shuffle_window, seed, epochs, rank, world, slice_rank, slice_world, even_slices, count_samples, "
+      .. "position, placement, stream, keys, on_bad_line, pad_missing_fields, chunk_bytes, synthetic")
     assert.has_error(function() data.loader { data = "synthetic:tiny", samples = 10, batch_size = 1.5 } end,
       "loader: batch_size is 1.5; expected a whole number that fits i64")
     assert.has_error(function() data.loader { data = "synthetic:tiny", samples = 10, batch_size = 4, epochs = "2" } end,

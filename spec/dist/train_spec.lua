@@ -270,6 +270,19 @@ describe("sharded training over ranks", function()
     return dir
   end
 
+  -- config.check_epoch's and check_eval's refusals of n samples (`of`: where they are) ending in a
+  -- batch of `last` (of 512) the 2 ranks cannot share.
+  local function uneven_epoch(n, of, last)
+    return ("data.train: an epoch of %d samples (%s) ends in a batch of %d (train.batch_size 512), which the 2 "
+      .. "ranks cannot share equally: each rank takes an equal slice of every global batch (make it a multiple of "
+      .. "2, or data.drop_last: true drops that batch)"):format(n, of, last)
+  end
+  local function uneven_eval(n, of, last)
+    return ("eval.batch_size: held-out data of %d samples (%s) ends in a batch of %d (eval.batch_size 512), which "
+      .. "the 2 ranks cannot share equally: each rank takes an equal slice of every global batch (make it a "
+      .. "multiple of 2, or eval.samples at most %d)"):format(n, of, last, n - last)
+  end
+
   -- `run` fails with `want` in its errors, having trained nothing.
   local function refused_before_training(run, want)
     local out, err, code = command.run(run)
@@ -286,9 +299,7 @@ describe("sharded training over ranks", function()
       .. "--set train.steps=0 --set eval.every=0 --set eval.min_auc=0"):format(dir)
     -- it trained 2 steps, then failed on the epoch's last batch of 1 sample ("dist: rank 0 has a
     -- batch of 0 samples and rank 1 of 1"), naming no key
-    refused_before_training(run, ("data.train: an epoch of 1025 samples (the day files in %s/days) ends in a "
-      .. "batch of 1 (train.batch_size 512), which the 2 ranks cannot share equally: each rank takes an equal "
-      .. "slice of every global batch (make it a multiple of 2, or data.drop_last: true drops that batch)"):format(dir))
+    refused_before_training(run, uneven_epoch(1025, "the day files in " .. dir .. "/days", 1))
     local out, err, code = command.run(run .. " --set data.drop_last=true")
     assert.equal(0, code, out .. err)
     assert.truthy(out:find("data: each epoch's last batch, of 1 sample, is dropped (data.drop_last)", 1, true), out)
@@ -304,35 +315,39 @@ describe("sharded training over ranks", function()
       .. "--set train.steps=2 --set data.eval=criteo-bin:%s/days --set eval.batch_size=512 --set eval.every=0 "
       .. "--set eval.min_auc=0"):format(dir, dir)
     -- it trained both steps, then failed at the evaluation's last batch of 1 sample
-    refused_before_training(run, ("eval.batch_size: held-out data of 1025 samples (the day files in %s/days) "
-      .. "ends in a batch of 1 (eval.batch_size 512), which the 2 ranks cannot share equally: each rank takes an "
-      .. "equal slice of every global batch (make it a multiple of 2, or eval.samples at most 1024)"):format(dir))
+    refused_before_training(run, uneven_eval(1025, "the day files in " .. dir .. "/days", 1))
     local out, err, code = command.run(run .. " --set eval.samples=1000")
     assert.equal(0, code, out .. err)
     assert.truthy(out:find("trained 2 steps, 1024 samples", 1, true), out)
     command.rmdir(dir)
   end)
 
-  it("fails on TSV files' last batch the ranks cannot share, on every rank before either trains it; "
+  it("refuses TSV files whose epoch ends in a batch the ranks cannot share, counted before any step; "
      .. "data.drop_last drops it", function()
     -- 999 rows in global batches of 512: the ranks took 243 and 244 samples of the last batch and
     -- failed in the embeddings' forward ("dist: rank 0 has a batch of 243 samples and rank 1 of
-    -- 244"), naming neither the data nor data.drop_last
+    -- 244"), naming neither the data nor data.drop_last; then the loader failed at that batch
+    -- ("loader: the batch at sample 512 of epoch 0 (the epoch's last) has 487 samples ..."), after
+    -- an epoch of training, the files' count being known only at their end
     if not have_mpi() then pending("no MPI here") return end
     local dir = command.tmpdir()
     local lines = {}
     for line in io.lines(helpers.fixture("criteo_raw_sample.tsv")) do lines[#lines + 1] = line end
     local odd = command.spit(dir .. "/odd.tsv", table.concat(lines, "\n", 1, 999) .. "\n")
+    local even = command.spit(dir .. "/even.tsv", table.concat(lines, "\n", 1, 1000) .. "\n")
     local run = ("launch -n 2 train dlrm_tiny --cpu --progress none --set data.train=criteo-tsv:%s "
       .. "--set train.batch_size=512 --set train.steps=0 --set eval.samples=0 --set eval.min_auc=0 "
       .. "--set eval.every=0 --set embeddings.sharding=data_parallel"):format(odd)
-    local out, err, code = command.run(run)
-    assert.is_true(code ~= 0, out .. err)
-    assert.is_nil(out:find("trained", 1, true), out)
-    local want = "loader: the batch at sample 512 of epoch 0 (the epoch's last) has 487 samples (batch_size 512), "
-      .. "which the 2 ranks (slice_world) cannot share equally: each takes an equal slice of every global batch "
-      .. "(drop_last drops an epoch's short last batch)"
-    assert.truthy(err:find(want, 1, true), err)
+    refused_before_training(run, uneven_epoch(999, "the TSV files " .. odd, 487))
+    -- a run that stops before that batch is not refused
+    local out, err, code = command.run(run .. " --set train.steps=1")
+    assert.equal(0, code, out .. err)
+    assert.truthy(out:find("trained 1 step, 512 samples", 1, true), out)
+    -- held-out TSV files alike: it trained both steps, then failed at the evaluation's last batch
+    refused_before_training(("launch -n 2 train dlrm_tiny --cpu --progress none --set data.train=criteo-tsv:%s "
+      .. "--set train.batch_size=512 --set train.steps=2 --set data.eval=criteo-tsv:%s --set eval.batch_size=512 "
+      .. "--set eval.every=0 --set eval.min_auc=0 --set embeddings.sharding=data_parallel"):format(even, odd),
+      uneven_eval(999, "the TSV files " .. odd, 487))
     out, err, code = command.run(run .. " --set data.drop_last=true")
     assert.equal(0, code, out .. err)
     assert.truthy(out:find("data: each epoch's last batch, when short, is dropped (data.drop_last)", 1, true), out)

@@ -1243,8 +1243,9 @@ static ur_status open_source(ur_loader *l, const ur_loader_opts *o) {
   for (int t = 0; t < 26; t++) l->o.criteo.rows[t] = l->rows_mod[t];
   if ((st = ur_criteo_open(&l->tsv, (const char *const *)l->paths, o->npaths, &l->o.criteo))) return st;
   l->total = -1;
-  if (o->world > 1) {
-    /* A split by rows needs the count: one pass over the files first. */
+  if (o->world > 1 || o->count_samples) {
+    /* A split by rows needs the count, and a caller may ask for it (the epoch's last batch
+     * checked before the first): one pass over the files first. */
     int64_t m, total = 0;
     while (!(st = ur_criteo_read(l->tsv, INT64_MAX, NULL, NULL, NULL, &m)) && m) total += m;
     l->total = total;

@@ -140,13 +140,15 @@ methods.free = methods.close
 -- is this rank's slice of it: samples [n * slice_rank / slice_world, n * (slice_rank + 1) /
 -- slice_world) of its n, as data-parallel training reads them), even_slices = false (true: a
 -- global batch the slices cannot share equally fails where it comes, unless drop_last drops it;
--- a batch_size that is not a multiple of slice_world is refused), position = {epoch, sample},
+-- a batch_size that is not a multiple of slice_world is refused), count_samples = false (true:
+-- TSV files are counted when the loader opens, one parsing pass, so stats().samples_per_epoch is
+-- known before the first batch; day files and synthetic data know it anyway), position = {epoch, sample},
 -- placement = "pinned" (synthetic data: "device" draws on the GPU, uvmrec.data.generator, which
 -- keeps ids as drawn), stream (that placement's), keys = {...}, on_bad_line = "fail",
 -- pad_missing_fields = false}
 local OPTIONS = { "data", "batch_size", "samples", "rows", "depth", "threads", "drop_last", "shuffle_window", "seed",
-                  "epochs", "rank", "world", "slice_rank", "slice_world", "even_slices", "position", "placement",
-                  "stream", "keys", "on_bad_line", "pad_missing_fields", "chunk_bytes", "synthetic" }
+                  "epochs", "rank", "world", "slice_rank", "slice_world", "even_slices", "count_samples", "position",
+                  "placement", "stream", "keys", "on_bad_line", "pad_missing_fields", "chunk_bytes", "synthetic" }
 -- Counts the engine takes as integers: a cast would read 1.5 as 1 and a string not at all.
 local WHOLE = { "batch_size", "samples", "depth", "threads", "shuffle_window", "seed", "epochs", "rank", "world",
                 "slice_rank", "slice_world" }
@@ -216,6 +218,7 @@ function M.loader(o)
   co.rank, co.world = o.rank or 0, o.world or 1
   co.slice_rank, co.slice_world = o.slice_rank or 0, o.slice_world or 0
   co.even_slices = o.even_slices and 1 or 0
+  co.count_samples = o.count_samples and 1 or 0
   if o.position then
     co.start_epoch, co.start_sample = o.position.epoch or 0, o.position.sample or 0
   end

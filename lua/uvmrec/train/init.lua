@@ -760,6 +760,12 @@ function run_plain(cfg, opts)
   local topts = {}
   for k, v in pairs(data.train) do topts[k] = v end
   topts.position = ctx.position
+  -- over ranks TSV files are counted as the loader opens (one parsing pass), so an epoch whose
+  -- last batch the ranks cannot share is refused here, before any step (it failed at that
+  -- batch, after an epoch of training); drop_last drops that batch, and needs no count
+  local tsv = comm and not cfg.data.drop_last and type(topts.data) == "string"
+              and topts.data:match("^criteo%-tsv:(.*)$")
+  topts.count_samples = tsv and true or nil
   -- synthetic data in order is drawn on the GPU where it is used (uvmrec.data.generator)
   -- (it draws ids as the spec does: ids from a wide id space that tables take modulo their
   -- rows come through the loader, which reduces them)
@@ -770,15 +776,35 @@ function run_plain(cfg, opts)
   end
   local loader, err = ur.data.loader(topts)
   if not loader then return nil, err end
+  if tsv then
+    local n = loader:stats().samples_per_epoch
+    local bad = M.config.check_epoch(cfg, world, n, "data.train", "the TSV files " .. tsv)
+    if bad then
+      loader:close()
+      return nil, bad
+    end
+  end
   -- held-out files open once before any step, as each evaluation opens them: a missing one
-  -- fails the run now, not after its training
+  -- fails the run now, not after its training; over ranks held-out TSV files are counted here
+  -- (each evaluation's loader does not count them again), and a last batch the ranks cannot
+  -- share is refused as held-out day files are
   if data.eval and type(data.eval.data) == "string" then
-    local probe, perr = ur.data.loader(data.eval)
+    local eval_tsv = comm and data.eval.data:match("^criteo%-tsv:(.*)$")
+    local po = {}
+    for k, v in pairs(data.eval) do po[k] = v end
+    po.count_samples = eval_tsv and true or nil
+    local probe, perr = ur.data.loader(po)
     if not probe then
       loader:close()
       return nil, "data.eval " .. perr
     end
+    local n = eval_tsv and probe:stats().samples_per_epoch
+    local bad = n and M.config.check_eval(cfg, world, n, "the TSV files " .. eval_tsv)
     probe:close()
+    if bad then
+      loader:close()
+      return nil, bad
+    end
   end
   local last = cfg.train.steps > 0 and cfg.train.steps or nil
   local source = train_source(cfg, model, loader, gpu, last and last - ctx.step)
