@@ -325,6 +325,12 @@ describe("uvmrec.train.config", function()
       world_err({ "data.train=criteo-tsv:x.tsv", "eval.every=5" }, 1))
     assert.is_nil(world_err({ "data.train=criteo-tsv:x.tsv", "eval.every=5", "data.eval=criteo-tsv:y.tsv" }, 1))
     assert.is_nil(world_err({ "data.train=criteo-tsv:x.tsv", "eval.every=5", "train.steps=4" }, 1)) -- never reached
+    -- a data spec that is none is what is wrong (eval.every blamed data.train bogus:x for holding none out)
+    local NOT = "is not a data spec; expected synthetic:NAME, criteo-tsv:PATH[,PATH...] or criteo-bin:DIR"
+    assert.equal("--set data.train=bogus:x: data.train: 'bogus:x' " .. NOT,
+                 world_err({ "data.train=bogus:x", "eval.every=5" }, 1))
+    assert.equal("--set data.eval=tsv:y: data.eval: 'tsv:y' " .. NOT,
+                 world_err({ "data.train=criteo-tsv:x.tsv", "data.eval=tsv:y" }, 1))
     -- a run that does not evaluate (synthetic data, eval.samples 0) has no evaluation batches to slice
     assert.is_nil(world_err({ "eval.samples=0", "eval.batch_size=1023" }, 2))
     -- an epoch of synthetic samples ends in a batch of what is left: it failed there, steps into the

@@ -16,11 +16,11 @@ local C, check, must = lib.C, lib.check, lib.must
 local M = {}
 
 -- A data spec string: "synthetic:NAME" (a preset, .lua or .yaml), "criteo-tsv:PATH[,PATH...]"
--- or "criteo-bin:DIR".  Returns {kind, paths | name}.
-function M.source(spec, level)
-  level = level or 2
+-- or "criteo-bin:DIR".  Returns {kind, paths | name}, or nil and what is wrong (M.source raises it;
+-- a training config's check gives it at its key before anything is built).
+function M.parse_source(spec)
   if type(spec) == "table" then return spec end
-  if type(spec) ~= "string" then error("data: expected a spec such as synthetic:tiny", level + 1) end
+  if type(spec) ~= "string" then return nil, "data: expected a spec such as synthetic:tiny" end
   local kind, rest = spec:match("^([%w-]+):(.+)$")
   if kind == "synthetic" then return { kind = kind, name = rest } end
   if kind == "criteo-tsv" or kind == "criteo-bin" then
@@ -28,8 +28,14 @@ function M.source(spec, level)
     for p in rest:gmatch("[^,]+") do paths[#paths + 1] = p end
     return { kind = kind, paths = paths }
   end
-  error(("data: '%s' is not a data spec; expected synthetic:NAME, criteo-tsv:PATH[,PATH...] or "
-    .. "criteo-bin:DIR"):format(spec), level + 1)
+  return nil, ("data: '%s' is not a data spec; expected synthetic:NAME, criteo-tsv:PATH[,PATH...] or "
+    .. "criteo-bin:DIR"):format(spec)
+end
+
+function M.source(spec, level)
+  local src, err = M.parse_source(spec)
+  if not src then error(err, (level or 2) + 1) end
+  return src
 end
 
 local lend = tensor.lend

@@ -459,6 +459,14 @@ end
 -- tables keep their placement in every shard, the hint policies driving each rank's shards.)
 function M.check_world(cfg, world)
   local function fail(path, msg) return config.message(cfg, path, msg) end
+  -- the data specs first: a bad one is what is wrong, not what follows from it (eval.every
+  -- blamed --data bogus:x for holding no data out)
+  for _, key in ipairs { "train", "eval" } do
+    if cfg.data[key] ~= "" then
+      local ok, err = require("uvmrec.data.loader").parse_source(cfg.data[key])
+      if not ok then return fail("data." .. key, (err:gsub("^data: ", ""))) end
+    end
+  end
   local ev = cfg.eval
   local evaluates = M.evaluates(cfg)
   -- evaluations every eval.every steps need held-out data: without any they were never made,
