@@ -172,6 +172,7 @@ local function quality()
         source:free()
         loader:close()
         assert(ev.samples == EVAL, "evaluated " .. tostring(ev.samples) .. " samples")
+        if not ev.auc then cmd:fail(policy .. ": the held-out AUC is undefined (" .. ev.auc_undefined .. ")") end
         local spec = data.train.data.spec
         local ceiling = ur.data.hidden_auc(spec, EVAL, n)
         local share = shared_share(model, spec, n, EVAL, rows)

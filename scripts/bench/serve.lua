@@ -71,7 +71,8 @@ local ckpt = assert(require("uvmrec.train").checkpoint_file(o.run))
 local ckpt_bytes = assert(ck.open(ckpt)):bytes()
 local formats = { "f32" }
 for _, f in ipairs(o.formats) do if f ~= "f32" then formats[#formats + 1] = f end end
-for _, f in ipairs(o.speed_formats) do
+-- and those whose speed is measured (none with --no-speed: it exported and scored the default int4)
+for _, f in ipairs(o.no_speed and {} or o.speed_formats) do
   local have = false
   for _, g in ipairs(formats) do have = have or g == f end
   if not have then formats[#formats + 1] = f end
@@ -93,6 +94,7 @@ for _, f in ipairs(formats) do
   local m = assert(serve.open(files[f], { device = device, placement = o.placement }))
   opened[f] = m
   local r = assert(serve.evaluate(m))
+  if not r.auc then cmd:fail(("%s: the held-out AUC is undefined (%s)"):format(f, r.auc_undefined)) end
   base = base or r
   print(("%-6s %10.6f %+12.6f %10.6f %14d"):format(f, r.auc, r.auc - base.auc, r.logloss, sizes[f]))
   emit { kind = "accuracy", format = f, auc = r.auc, auc_change = r.auc - base.auc, logloss = r.logloss,
