@@ -144,8 +144,8 @@ function M.data(cfg, rows)
   local spec, batch = cfg.data.train, cfg.train.batch_size
   local load_rows = M.load_rows(cfg, rows)
   if spec == "" then return nil, "no training data: give --data SPEC or data.train in the config" end
-  local ok, src = pcall(require("uvmrec.data.loader").source, spec)
-  if not ok then return nil, (tostring(src):gsub("^[^\n]-:%d+: ", "")) end
+  local src, serr = require("uvmrec.data.loader").parse_source(spec)
+  if not src then return nil, serr end
   local d = { eval_samples = cfg.eval.samples }
   local common = { batch_size = batch, depth = cfg.data.depth, shuffle_window = cfg.data.shuffle_window,
                    seed = cfg.data.seed, epochs = cfg.train.epochs, on_bad_line = cfg.data.on_bad_line,
@@ -182,11 +182,8 @@ function M.data(cfg, rows)
   end
   if cfg.data.eval ~= "" then
     -- checked as the training data is, before any step: a bad one would fail the run's first evaluation
-    local eok, esrc = pcall(require("uvmrec.data.loader").source, cfg.data.eval)
-    if not eok then
-      return nil, require("uvmrec.config").message(cfg, "data.eval",
-        (tostring(esrc):gsub("^[^\n]-:%d+: ", ""):gsub("^data: ", "")))
-    end
+    local esrc, eerr = require("uvmrec.data.loader").parse_source(cfg.data.eval)
+    if not esrc then return nil, require("uvmrec.config").message(cfg, "data.eval", (eerr:gsub("^data: ", ""))) end
     if esrc.kind == "synthetic" then
       local edata, erows = synthetic_data(cfg.data.eval, esrc.name, rows, load_rows, "data.eval")
       if not edata then return nil, erows end
