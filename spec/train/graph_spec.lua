@@ -6,6 +6,7 @@ local ur = require "uvmrec"
 local h = require "helpers"
 local train = require "uvmrec.train"
 local graph = require "uvmrec.train.graph"
+local guard = require "uvmrec.train.guard"
 
 local cuda_it = h.cuda_it
 
@@ -131,6 +132,42 @@ describe("uvmrec.train.graph", function()
     assert.same(el, rl)
     assert.same(state(eager), state(replayed))
     assert.same({ 2, 4 }, { runner.captures, runner.replays })
+    runner:free()
+    eager.embeddings.tbe:free()
+    replayed.embeddings.tbe:free()
+  end)
+
+  -- train.nonfinite's gates and flags live on the GPU (no wait, nothing decided on the host): a
+  -- replayed step holds a batch with NaN back as the eager one does, and counts it
+  cuda_it("replays guarded steps (train.nonfinite skip) bit for bit, a batch with NaN held back as eagerly",
+          function()
+    local host = train.source.hold(ur.data.loader { data = "synthetic:tiny", samples = 5 * 512, batch_size = 512 }, 5)
+    host[5].dense:set(7, 0 / 0)
+    local bs = {}
+    for i, b in ipairs(host) do bs[i] = assert(b:to("device")) end
+    assert(ur.sync())
+    local sets = { "optimizer.name=sgd", "embeddings.optimizer.name=sgd" }
+    local eager, eopt = tiny(sets)
+    local replayed, ropt = tiny(sets)
+    local eg, rg = guard.new(eager, eopt, "skip"), guard.new(replayed, ropt, "skip")
+    local runner = assert(graph.new(replayed, ropt, { warmup = 2 }))
+    -- NaN at step 5 (the first replay after the capture at 3) and at step 8
+    local order, el, rl = { 1, 2, 3, 4, 5, 1, 2, 5, 3, 4 }, {}, {}
+    local function shown(v) return v == v and ("%.17g"):format(v) or "nan" end
+    for step, i in ipairs(order) do
+      el[step] = shown(train.loop.step(eager, eopt, bs[i]):get(0))
+      rl[step] = shown(runner:step(bs[i]):get(0))
+      assert(runner:sync())
+    end
+    assert.same(el, rl)
+    assert.equal("nan", rl[5])
+    assert.same(state(eager), state(replayed))
+    assert.same({ 1, 7 }, { runner.captures, runner.replays })
+    local er, rr = eg:read(), rg:read()
+    assert.same({ 10, 2 }, { er.steps, er.bad })
+    assert.same({ er.steps, er.bad, er.first }, { rr.steps, rr.bad, rr.first })
+    eg:detach()
+    rg:detach()
     runner:free()
     eager.embeddings.tbe:free()
     replayed.embeddings.tbe:free()
