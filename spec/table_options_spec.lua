@@ -112,12 +112,13 @@ describe("uvmrec.table_options", function()
     local self = { table_index = {}, table_names = {}, features = {}, feature_index = {}, dims = {} }
     local seen = {}
     local tables = { { name = "a", rows = 10, dim = 4, features = { "x", "y" } }, { name = "b", rows = 3, dim = 8 } }
+    local function each(s, ctx, c, name, t, pooling)
+      seen[#seen + 1] = { name, tonumber(c.rows), pooling, #s.features, ctx }
+      s.dims[name] = t.dim
+    end
     local nf, ft, fnames = O.tables(tables, tc, { name = true, rows = true, dim = true, features = true }, self,
-                                    { pooling = "mean", features = { "b", "y", "x" } }, function(c, name, t, pooling)
-      seen[#seen + 1] = { name, tonumber(c.rows), pooling, #self.features }
-      self.dims[name] = t.dim
-    end, 1)
-    assert.same({ { "a", 10, "mean", 0 }, { "b", 3, "mean", 2 } }, seen)
+                                    { pooling = "mean", features = { "b", "y", "x" } }, each, "ctx", 1)
+    assert.same({ { "a", 10, "mean", 0, "ctx" }, { "b", 3, "mean", 2, "ctx" } }, seen)
     assert.same({ "a", "b" }, self.table_names)
     assert.same({ "b", "y", "x" }, self.features)
     assert.same({ 3, 1, 0, 0, "b", "y", "x" }, { nf, ft[0], ft[1], ft[2], ffi.string(fnames[0]),
@@ -129,7 +130,7 @@ describe("uvmrec.table_options", function()
       line = debug.getinfo(1, "l").currentline + 1
       O.tables({ { name = "c", rows = 1, dim = 1 } }, tc, { name = true, rows = true, dim = true },
                { table_index = {}, table_names = {}, features = {}, feature_index = {}, dims = {} }, {},
-               function(_, name, _, _, level) O.fail("table '" .. name .. "' refused", level) end, 1)
+               function(_, _, _, name, _, _, level) O.fail("table '" .. name .. "' refused", level) end, nil, 1)
     end)
     assert.is_false(ok)
     assert.matches("table_options_spec.lua:" .. line .. ": test collection: table 'c' refused", err, 1, true)

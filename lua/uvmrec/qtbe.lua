@@ -103,6 +103,16 @@ end
 
 local wrap_qtbe, free_qtbe = lib.handle_type("ur_qtbe", C.ur_qtbe_free, {})
 
+-- A table's own fields in its engine config c (O.tables' each; x: qtbe.new's opts and the
+-- default placement).
+local function configure_table(self, x, c, name, t, _, lvl)
+  local format = t.format or x.opts.format or "f32"
+  c.format = M.format_of(format, lvl)
+  c.place = pick(PLACES, t.placement or x.default_place, "table '" .. name .. "' placement", lvl)
+  c.modulo = whole(t.modulo or 0, "table '" .. name .. "' modulo", lvl)
+  self.dims[name], self.rows[name], self.formats[name] = t.dim, t.rows, format
+end
+
 -- qtbe.new(opts), opts:
 --   tables = { { name=, rows=, dim=, format="f32", pooling="sum", placement=, modulo=0,
 --                features={...} (default {name}) }, ... }
@@ -119,13 +129,8 @@ function M.new(opts, level)
   local tc = ffi.new("ur_qtbe_table_config[?]", n)
   local self = { table_index = {}, table_names = {}, features = {}, feature_index = {}, dims = {},
                  rows = {}, formats = {} }
-  local nf, ft, fnames = O.tables(tables, tc, TABLE_OPTS, self, opts, function(c, name, t, _, lvl)
-    local format = t.format or opts.format or "f32"
-    c.format = M.format_of(format, lvl)
-    c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", lvl)
-    c.modulo = whole(t.modulo or 0, "table '" .. name .. "' modulo", lvl)
-    self.dims[name], self.rows[name], self.formats[name] = t.dim, t.rows, format
-  end, level)
+  local nf, ft, fnames = O.tables(tables, tc, TABLE_OPTS, self, opts, configure_table,
+                                  { opts = opts, default_place = default_place }, level)
   local out = ffi.new("ur_qtbe *[1]")
   local ok, err = check(C.ur_qtbe_new(out, cfg, n, tc, nf, ft, fnames), level)
   if not ok then return nil, err end

@@ -173,16 +173,19 @@ function M.checks(who)
 
   -- The list of tables as tbe.new and qtbe.new both take it, around what each collection adds:
   -- table i named and recorded (O.named), its shared fields in tc[i - 1] (O.table_config), then
-  -- each(c, name, t, pooling, level) for the collection's own (level counted from each), then its
-  -- features (O.features); then the input's key order in self.features (O.key_order of
-  -- opts.features).  Returns the engine's feature arguments (O.feature_arrays): nf, ft, fnames.
-  function O.tables(tables, tc, allowed, self, opts, each, level)
+  -- each(self, ctx, c, name, t, pooling, level) for the collection's own (level counted from
+  -- each), then its features (O.features); then the input's key order in self.features
+  -- (O.key_order of opts.features).  Returns the engine's feature arguments (O.feature_arrays):
+  -- nf, ft, fnames.  each is a function of the module's, not a closure over the collection: a
+  -- compiled trace keeps the functions it calls as constants, and one over `self` kept every
+  -- collection made (its tables' memory) alive until the traces were flushed.
+  function O.tables(tables, tc, allowed, self, opts, each, ctx, level)
     local on_table = {}
     for i, t in ipairs(tables) do
       local name = O.named(i, t, allowed, self, level + 1)
       local c = tc[i - 1]
       local pooling = O.table_config(c, name, t, opts, level + 1)
-      each(c, name, t, pooling, level + 2)
+      each(self, ctx, c, name, t, pooling, level + 2)
       O.features(name, t, on_table, self.features, level + 1)
     end
     self.features = O.key_order(opts.features, on_table, self.features, level + 1)

@@ -55,6 +55,44 @@ end
 
 local wrap_tbe, free_tbe = lib.handle_type("ur_tbe", C.ur_tbe_free, {})
 
+-- A table's own fields in its engine config c (O.tables' each; x: tbe.new's opts, the default
+-- placement, the cached tables' names and the cache's options).
+local function configure_table(self, x, c, name, t, pooling, lvl)
+  local opts, default_place = x.opts, x.default_place
+  self._keep[#self._keep + 1] = name
+  c.dtype = pick(DTYPES, t.dtype or opts.dtype or "f32", "table '" .. name .. "' dtype", lvl)
+  if (t.placement or default_place) == "cached" then
+    x.cached[#x.cached + 1] = name
+    c.place = x.cache_opts.backing == "managed" and C.UR_PLACE_MANAGED or C.UR_PLACE_HOST
+  else
+    c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", lvl)
+  end
+  if t.shard ~= nil then
+    local sh = t.shard
+    if type(sh) ~= "table" then
+      error(("embedding collection: table '%s' shard must be a table {logical=, rows=, dim=, row0=, col0=}")
+            :format(name), lvl)
+    end
+    c.logical = whole(sh.logical, "table '" .. name .. "' shard.logical", lvl)
+    c.logical_rows = whole(sh.rows, "table '" .. name .. "' shard.rows", lvl, 1)
+    c.logical_dim = whole(sh.dim, "table '" .. name .. "' shard.dim", lvl, 1)
+    c.row0 = whole(sh.row0 or 0, "table '" .. name .. "' shard.row0", lvl)
+    c.col0 = whole(sh.col0 or 0, "table '" .. name .. "' shard.col0", lvl)
+  end
+  local sp = t.state_placement or opts.state_placement
+  c.state_place = sp and sp ~= "table" and pick(PLACES, sp, "table '" .. name .. "' state placement", lvl)
+                  or -1
+  self.dims[name], self.rows[name] = t.dim, t.rows
+  self.poolings[name] = pooling
+  -- managed tables not behind a cache: the ones whose pages the prefetch pipeline moves
+  if (t.placement or default_place) == "managed" then
+    self.managed = self.managed or {}
+    self.managed[#self.managed + 1] = name
+  end
+  self.dtypes = self.dtypes or {}
+  self.dtypes[name] = t.dtype or opts.dtype or "f32"
+end
+
 -- tbe.new(opts), opts:
 --   tables = { { name=, rows=, dim=, dtype="f32", pooling="sum", placement=,
 --                state_placement=, features={...} (default {name}), shard = { logical = the
@@ -99,40 +137,8 @@ function M.new(opts, level)
                  dims = {}, rows = {}, poolings = {}, optimizer = optim_name, deterministic = deterministic,
                  bounds = opts.bounds or "fatal", stochastic_rounding = opts.stochastic_rounding ~= false,
                  _keep = {} }
-  local nf, ft, fnames = O.tables(tables, tc, TABLE_OPTS, self, opts, function(c, name, t, pooling, lvl)
-    self._keep[#self._keep + 1] = name
-    c.dtype = pick(DTYPES, t.dtype or opts.dtype or "f32", "table '" .. name .. "' dtype", lvl)
-    if (t.placement or default_place) == "cached" then
-      cached[#cached + 1] = name
-      c.place = cache_opts.backing == "managed" and C.UR_PLACE_MANAGED or C.UR_PLACE_HOST
-    else
-      c.place = pick(PLACES, t.placement or default_place, "table '" .. name .. "' placement", lvl)
-    end
-    if t.shard ~= nil then
-      local sh = t.shard
-      if type(sh) ~= "table" then
-        error(("embedding collection: table '%s' shard must be a table {logical=, rows=, dim=, row0=, col0=}")
-              :format(name), lvl)
-      end
-      c.logical = whole(sh.logical, "table '" .. name .. "' shard.logical", lvl)
-      c.logical_rows = whole(sh.rows, "table '" .. name .. "' shard.rows", lvl, 1)
-      c.logical_dim = whole(sh.dim, "table '" .. name .. "' shard.dim", lvl, 1)
-      c.row0 = whole(sh.row0 or 0, "table '" .. name .. "' shard.row0", lvl)
-      c.col0 = whole(sh.col0 or 0, "table '" .. name .. "' shard.col0", lvl)
-    end
-    local sp = t.state_placement or opts.state_placement
-    c.state_place = sp and sp ~= "table" and pick(PLACES, sp, "table '" .. name .. "' state placement", lvl)
-                    or -1
-    self.dims[name], self.rows[name] = t.dim, t.rows
-    self.poolings[name] = pooling
-    -- managed tables not behind a cache: the ones whose pages the prefetch pipeline moves
-    if (t.placement or default_place) == "managed" then
-      self.managed = self.managed or {}
-      self.managed[#self.managed + 1] = name
-    end
-    self.dtypes = self.dtypes or {}
-    self.dtypes[name] = t.dtype or opts.dtype or "f32"
-  end, level)
+  local ctx = { opts = opts, default_place = default_place, cached = cached, cache_opts = cache_opts }
+  local nf, ft, fnames = O.tables(tables, tc, TABLE_OPTS, self, opts, configure_table, ctx, level)
   local out = ffi.new("ur_tbe *[1]")
   local ok, err = check(C.ur_tbe_new(out, cfg, n, tc, nf, ft, fnames), level)
   if not ok then return nil, err end
