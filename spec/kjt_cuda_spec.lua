@@ -47,10 +47,11 @@ local function trials()
   return out
 end
 
--- The KJT of random_lists' o (its ids_max is the spec's, not an option of a KJT)
+-- The KJT of o's fields on the host (random_lists' ids_max is the spec's, not an option of a KJT)
 local function make(o)
   return assert(ur.KJT { keys = o.keys, values = o.values, lengths = o.lengths, weights = o.weights,
-                         stride = o.stride })
+                         stride = o.stride, stride_per_key_per_rank = o.stride_per_key_per_rank,
+                         inverse_indices = o.inverse_indices })
 end
 
 -- A tensor of the list in a placement.

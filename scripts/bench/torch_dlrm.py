@@ -124,7 +124,10 @@ def clipped(opt, ps, o):
     """opt, its gradients clipped by their global norm before each step where the description's
     dense optimizer has clip_norm (uvmrec's optimizer.clip_norm): clip_grad_norm_, no host wait."""
     if o.get("clip_norm", 0) > 0:
-        opt.register_step_pre_hook(lambda *_: torch.nn.utils.clip_grad_norm_(ps, o["clip_norm"]))
+        def clip(*_):
+            # a step pre-hook returns None (or new arguments): clip_grad_norm_'s norm is not one
+            torch.nn.utils.clip_grad_norm_(ps, o["clip_norm"])
+        opt.register_step_pre_hook(clip)
     return opt
 
 
