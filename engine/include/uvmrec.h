@@ -891,7 +891,9 @@ UR_API ur_status ur_counts_prefix(const ur_tensor *counts, const ur_tensor *perm
  * from a ranking (order and cumsum as ur_counts_rank gives them): pair i is a[i], the i-th
  * hottest id outside, with b[i], the i-th coldest inside, while a[i] was read more than
  * (1 + band) times as often as b[i] (band >= 0).  a and b are i64 with room for the pairs (min(k,
- * n - k) is enough; fewer stops early, *n_out says how many were written) in host memory. */
+ * n - k) is enough; fewer stops early, *n_out says how many were written) in host memory.  An id
+ * of order outside 0..n-1 that the scans meet is refused (they read order from both ends only
+ * as far as the pairs go; the flags of which side each id is on take n bytes meanwhile). */
 UR_API ur_status ur_counts_swap_pairs(const ur_tensor *order, const ur_tensor *cumsum,
                                       const ur_tensor *perm /* or NULL */, int64_t k, double band,
                                       ur_tensor *a /* out */, ur_tensor *b /* out */,
@@ -916,6 +918,9 @@ typedef struct ur_tbe_relayout_stats {
 UR_API size_t ur_sizeof_tbe_relayout_stats(void);
 /* The permutation in force as an i64 [rows] view, or *out = NULL for the identity. */
 UR_API ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out);
+/* A number that changes whenever the table's permutation does (relaid out, rows swapped, set or
+ * removed): a copy of the permutation read while it was n is current while it is still n. */
+UR_API ur_status ur_tbe_permutation_gen(const ur_tbe *t, int32_t table, uint64_t *out);
 UR_API ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table,
                                  const ur_tensor *perm /* or NULL */,
                                  ur_tbe_relayout_stats *out /* out */, int64_t chunk_rows);

@@ -216,6 +216,14 @@ function M.install(methods)
     return tensor.wrap(out_tensor[0])
   end
 
+  -- A number that changes whenever table `name`'s permutation does (relayout, swap_rows,
+  -- set_permutation): a copy of it read at one number is current while the number stays.
+  function methods:permutation_gen(name)
+    local g = ffi.new("uint64_t[1]")
+    must(C.ur_tbe_permutation_gen(self.h.p, index_of(self, name, 2), g))
+    return tonumber(g[0])
+  end
+
   -- Installs perm (i64 [rows], or nil: identity) without moving rows: for rows already laid
   -- out by it (a checkpoint's).
   function methods:set_permutation(name, perm)

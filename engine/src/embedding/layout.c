@@ -233,9 +233,11 @@ ur_status ur_counts_prefix(const ur_tensor *counts, const ur_tensor *perm, int64
   int64_t sum = 0;
   if (!p) {
     for (int64_t id = 0; id < (k < n ? k : n); id++) sum += c[id] < 0 ? 0 : c[id];
-  } else {
-    for (int64_t id = 0; id < n; id++)
-      if (p[id] < k) sum += c[id] < 0 ? 0 : c[id];
+  } else { /* branch-free: which ids sit in the prefix follows no pattern */
+    for (int64_t id = 0; id < n; id++) {
+      int64_t v = c[id] < 0 ? 0 : c[id];
+      sum += p[id] < k ? v : 0;
+    }
   }
   *out = sum;
   return UR_STATUS_OK;
@@ -257,34 +259,53 @@ ur_status ur_counts_swap_pairs(const ur_tensor *order, const ur_tensor *cumsum, 
     return ur__error(UR_STATUS_INVALID, "counts_swap_pairs: band is %g; expected a number >= 0", band);
   if (k <= 0 || k >= rows) return UR_STATUS_OK;
   const int64_t *o = ur_tensor_data(order), *cs = ur_tensor_data(cumsum);
-  for (int64_t r = 0; r < rows; r++) /* ids index perm below */
-    if (o[r] < 0 || o[r] >= rows)
-      return ur__error(UR_STATUS_INVALID, "counts_swap_pairs: order[%lld] is %lld; expected 0..%lld",
-                       (long long)r, (long long)o[r], (long long)rows - 1);
+  /* Which side of k each id is on, a byte an id: the scans below look ids up in rank order, at
+   * random, and rows bytes stay in the caches where the layout's 8 a row did not */
+  uint8_t *in = malloc((size_t)(rows > 0 ? rows : 1));
+  if (!in)
+    return ur__error(UR_STATUS_OOM, "counts_swap_pairs: out of host memory (%lld bytes)",
+                     (long long)rows);
+  if (p)
+    for (int64_t id = 0; id < rows; id++) in[id] = p[id] < k;
+  else
+    for (int64_t id = 0; id < rows; id++) in[id] = id < k;
 #define COUNT_AT(r) ((r) == 0 ? cs[0] : cs[(r)] - cs[(r) - 1])
-#define PHYS(id) (p ? p[id] : (id))
+#define BAD_ID(r) ((uint64_t)o[r] >= (uint64_t)rows) /* checked before it indexes the flags */
   /* The coldest inside first: no id outside read (1 + band) times as often or less enters, so the
    * scan of the hottest outside stops there.  A pair never looks at an id paired before it (those
    * inside are colder than every later one taken, those outside hotter), so the layout as ranked
    * (perm) says which side every id it looks at is on. */
-  int64_t r = rows - 1;
-  while (r >= 0 && PHYS(o[r]) >= k) r--;
-  if (r < 0) return UR_STATUS_OK;
-  int64_t *A = ur_tensor_data(a), *B = ur_tensor_data(b), n = 0;
-  for (int64_t e = 0; e < rows && n < room && n < k; e++) {
+  int64_t r = rows - 1, n = 0, bad = -1;
+  for (; r >= 0 && bad < 0; r--)
+    if (BAD_ID(r)) bad = r;
+    else if (in[o[r]]) break;
+  int64_t *A = ur_tensor_data(a), *B = ur_tensor_data(b);
+  for (int64_t e = 0; bad < 0 && r >= 0 && e < rows && n < room && n < k; e++) {
     int64_t c = COUNT_AT(e);
     if (c == 0) break;
+    if (BAD_ID(e)) {
+      bad = e;
+      break;
+    }
     int64_t x = o[e];
-    if (PHYS(x) < k) continue;
-    while (r >= 0 && PHYS(o[r]) >= k) r--;
-    if (r < 0 || (double)c <= (1 + band) * (double)COUNT_AT(r)) break;
+    if (in[x]) continue;
+    for (; r >= 0; r--)
+      if (BAD_ID(r)) {
+        bad = r;
+        break;
+      } else if (in[o[r]]) break;
+    if (bad >= 0 || r < 0 || (double)c <= (1 + band) * (double)COUNT_AT(r)) break;
     A[n] = x;
     B[n] = o[r];
     n++;
     r--;
   }
 #undef COUNT_AT
-#undef PHYS
+#undef BAD_ID
+  free(in);
+  if (bad >= 0)
+    return ur__error(UR_STATUS_INVALID, "counts_swap_pairs: order[%lld] is %lld; expected 0..%lld",
+                     (long long)bad, (long long)o[bad], (long long)rows - 1);
   *n_out = n;
   return UR_STATUS_OK;
 }
@@ -338,6 +359,14 @@ ur_status ur_tbe_permutation(const ur_tbe *t, int32_t table, ur_tensor **out) {
   if (!p) return UR_STATUS_OK;
   int64_t n = ur_tensor_numel(p);
   return ur_tensor_view_as(p, out, 0, 1, &n);
+}
+
+ur_status ur_tbe_permutation_gen(const ur_tbe *t, int32_t table, uint64_t *out) {
+  UR__ARGS(t, out);
+  *out = 0;
+  ur_status st = check_index(t, table, "permutation_gen");
+  if (!st) *out = t->perm_gen[table];
+  return st;
 }
 
 typedef struct move_job {
@@ -616,9 +645,10 @@ ur_status ur_tbe_swap_rows(ur_stream *s, ur_tbe *t, int32_t table, const int64_t
   memcpy(ids, a, sizeof(int64_t) * (size_t)n);
   memcpy(ids + n, b, sizeof(int64_t) * (size_t)n);
   ur_tensor *xs[3] = {NULL, NULL, NULL};
-  int nx = 0;
+  int nx = 0, changed = 0; /* refused ids change nothing: the layout's number stays */
   if ((st = check_swap_ids(t, table, ids, 2 * n)) || (st = UR__NEED(t->be, tbe, swap_rows)))
     goto done;
+  changed = 1;
   /* a table without a layout gets the identity first: the swaps change it in place */
   ur_tensor **slot = &t->perm[table];
   if (!*slot) {
@@ -661,7 +691,7 @@ ur_status ur_tbe_swap_rows(ur_stream *s, ur_tbe *t, int32_t table, const int64_t
   out->chunks = 1;
   out->on_gpu = t->home == UR_PLACE_DEVICE;
 done:
-  ur__tbe_perm_changed(t, table);
+  if (changed) ur__tbe_perm_changed(t, table);
   out->seconds = ur_clock_seconds() - t0;
   for (int k = 0; k < nx; k++) ur_tensor_free(xs[k]);
   free(ids);
