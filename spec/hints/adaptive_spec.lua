@@ -42,9 +42,11 @@ describe("uvmrec.hints.adaptive", function()
     mgr:free()
   end)
 
-  it("reads each table's counters and layout once an interval, its coverage the engine's layout's", function()
+  it("reads each table's counters once an interval and its layout only after another's change, its coverage the "
+     .. "engine's layout's", function()
     -- an interval read every table's counters twice (ranked, then by id for the prefix's
-    -- accesses) and, after swaps, its layout twice; its first relayout ranked them again
+    -- accesses) and, after swaps, its layout twice; its first relayout ranked them again; every
+    -- interval read the layout back, which the manager has kept since, in step with its own moves
     local m, mgr = H.started { policy = "adaptive", every = 1, allowance = 64 * 1024, decay = 0.5,
                                options = { margin = 0 } }
     local reads = {}
@@ -66,13 +68,23 @@ describe("uvmrec.hints.adaptive", function()
     local swapped = 0
     for step, hot in ipairs(streams) do
       feed(m, hot, 4 + step)
+      local outside = step == 4
+      if outside then
+        -- a relayout the manager did not make: table b's rows reversed under it
+        local rows = m.tbe.rows.b
+        local perm = require("uvmrec").tensor({ rows }, { dtype = "i64" })
+        for id = 0, rows - 1 do perm[id] = rows - 1 - id end
+        assert(m.tbe:relayout("b", perm))
+        perm:free()
+      end
       reads = {}
       local rec = assert(mgr:step(step))
       swapped = swapped + (step > 1 and rec.rows_moved or 0)
       for _, name in ipairs { "a", "b" } do
         local what = ("step %d, table %s"):format(step, name)
         assert.equal(1, reads["counts " .. name], what .. ": counters read")
-        assert.is_true((reads["permutation " .. name] or 0) <= 1, what .. ": layout read")
+        -- the first interval lays the table out itself; after, only the outside change is read
+        assert.equal((outside and name == "b") and 1 or 0, reads["permutation " .. name] or 0, what .. ": layout read")
         -- the coverage measured under the layout the engine now has, from its counters
         local c, p = m.tbe:counts(name):totable(), m.tbe:permutation(name)
         p = p and p:totable()
@@ -140,6 +152,27 @@ describe("uvmrec.hints swap pairs and prefix accesses", function()
     end
     return A, B
   end
+  it("refuse an id of the ranking outside the table that the scans meet, naming its rank", function()
+    local counts = assert(ur.tensor({ 10 }, { dtype = "i32" }))
+    for i = 0, 9 do counts[i] = 10 - i end
+    local a = stats.snapshot(counts, "t")
+    local A = assert(ur.tensor({ 5 }, { dtype = "i64" }))
+    local B = assert(ur.tensor({ 5 }, { dtype = "i64" }))
+    local n = ffi.new("int64_t[1]")
+    for _, case in ipairs { { 9, 99 }, { 0, -1 } } do -- the coldest (the first scan's), the hottest
+      local keep = a._o[case[1]]
+      a._o[case[1]] = case[2]
+      assert.equal(C.UR_STATUS_INVALID, C.ur_counts_swap_pairs(a.order.p, a.cumsum.p, nil, 5, 0, A.p, B.p, n))
+      assert.equal(("counts_swap_pairs: order[%d] is %d; expected 0..9"):format(case[1], case[2]),
+                   ffi.string(C.ur_last_error()))
+      a._o[case[1]] = keep
+    end
+    A:free()
+    B:free()
+    a:free()
+    counts:free()
+  end)
+
   it("take the pairs and sums the reference takes, over layouts, prefixes, bands, ties and zeros", function()
     math.randomseed(23)
     for trial = 1, 40 do

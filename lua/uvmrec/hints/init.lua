@@ -160,13 +160,24 @@ Stats.__index = function(s, k)
     return a
   end
   if (k == "perm" or k == "_perm_p") and not rawget(s, "_perm_read") then
-    -- read back on first use: 8 bytes a row over the host link, not worth an interval that
-    -- does not look at the layout
+    -- read back on first use (8 bytes a row over the host link, not worth an interval that
+    -- does not look at the layout) into the manager's copy of the table's (_keep), which is
+    -- kept between intervals and read again only when the engine's layout changed since
     rawset(s, "_perm_read", true)
-    local p = s._tbe:permutation(s.name)
-    if not p then return nil end
-    local h = assert(p:to("host"))
-    p:free()
+    local keep, gen = rawget(s, "_keep"), s._tbe:permutation_gen(s.name)
+    local h = keep and keep.perm
+    if not (h and keep.perm_gen == gen) then
+      local p = s._tbe:permutation(s.name)
+      if not p then return nil end
+      if not h then
+        h = assert(tensor.tensor({ s.rows }, { dtype = "i64" }))
+        if keep then keep.perm = h else rawset(s, "_own_perm", h) end
+      end
+      local ok, err = lib.check(C.ur_tensor_read(p.p, 0, s.rows, C.ur_tensor_data(h.p)))
+      p:free()
+      if not ok then error(err, 2) end
+      if keep then keep.perm_gen = gen end
+    end
     rawset(s, "perm", h)
     rawset(s, "_perm_p", ffi.cast(int64p, C.ur_tensor_data(h.p)))
     return rawget(s, k)
@@ -196,14 +207,18 @@ function Stats:prefix_rows(bytes)
   return lo
 end
 
--- Accesses counted for the rows that now sit at physical rows [0, k).
+-- Accesses counted for the rows that now sit at physical rows [0, k).  The last k asked is
+-- remembered, and kept in step by the swaps (_swapped): asked again, it costs no pass.
 function Stats:prefix_accesses(k)
   if k <= 0 then return 0 end
+  if rawget(self, "_prefix_k") == k then return self._prefix_sum end
   self:_counts()
   local _ = self._perm_p -- the layout, read back on first use
   local sum = ffi.new("int64_t[1]")
   must(C.ur_counts_prefix(rawget(self, "_counts_t").p, rawget(self, "perm") and self.perm.p, k, sum))
-  return tonumber(sum[0])
+  rawset(self, "_prefix_k", k)
+  rawset(self, "_prefix_sum", tonumber(sum[0]))
+  return self._prefix_sum
 end
 
 -- The table's counters, a view where they live (no forward runs while the stats are in use).
@@ -236,35 +251,70 @@ function Stats:_counts()
   return self._c
 end
 
--- Drops the layout read back, if any: the next use reads it again.
-function Stats:_forget_perm()
-  if rawget(self, "perm") then rawget(self, "perm"):free() end
-  rawset(self, "perm", nil)
-  rawset(self, "_perm_p", nil)
-  rawset(self, "_perm_read", nil)
+-- Lets go of the layout read back, if any (the manager's copy stays), and of the prefix's
+-- accesses remembered.
+function Stats:_drop_perm()
+  if rawget(self, "_own_perm") then self._own_perm:free() end
+  for _, f in ipairs { "perm", "_perm_p", "_perm_read", "_own_perm", "_prefix_k", "_prefix_sum" } do
+    rawset(self, f, nil)
+  end
 end
 
--- The table was laid out by perm (host i64 [rows], the stats' to free): the layout known
--- without reading it back.
+-- The layout is in doubt (a move failed midway): the next use reads it again, into the
+-- manager's memory.
+function Stats:_forget_perm()
+  self:_drop_perm()
+  local keep = rawget(self, "_keep")
+  if keep then keep.perm_gen = nil end
+end
+
+-- The table was laid out by perm (host i64 [rows], now the manager's or the stats' to free):
+-- the layout known without reading it back.
 function Stats:_set_perm(perm)
-  self:_forget_perm()
+  self:_drop_perm()
+  local keep = rawget(self, "_keep")
+  if keep then
+    if keep.perm then keep.perm:free() end
+    keep.perm, keep.perm_gen = perm, self._tbe:permutation_gen(self.name)
+  else
+    rawset(self, "_own_perm", perm)
+  end
   rawset(self, "_perm_read", true)
   rawset(self, "perm", perm)
   rawset(self, "_perm_p", ffi.cast(int64p, C.ur_tensor_data(perm.p)))
 end
 
 -- Ids a[i] and b[i] (int64_t arrays, n pairs) traded rows: the layout read back trades their
--- entries as the engine did; one not read (or the identity's, none) is read on its next use.
+-- entries as the engine did, and the prefix's accesses remembered follow (a[i] reads c[a[i]]
+-- where b[i] was, and the other way round); one not read (or the identity's, none) is read on
+-- its next use.
 function Stats:_swapped(a, b, n)
   local p = rawget(self, "_perm_p")
   if not p then
     self:_forget_perm()
     return
   end
-  for i = 0, n - 1 do
-    local x, y = a[i], b[i]
-    p[x], p[y] = p[y], p[x]
+  local k, c = rawget(self, "_prefix_k"), rawget(self, "_c")
+  if k and c then
+    local d = 0
+    for i = 0, n - 1 do
+      local x, y = a[i], b[i]
+      local px, py = p[x], p[y]
+      local inx, iny = px < k and 1 or 0, py < k and 1 or 0
+      local cx, cy = math.max(c[x], 0), math.max(c[y], 0)
+      d = d + (cx - cy) * (iny - inx)
+      p[x], p[y] = py, px
+    end
+    rawset(self, "_prefix_sum", self._prefix_sum + d)
+  else
+    rawset(self, "_prefix_k", nil)
+    for i = 0, n - 1 do
+      local x, y = a[i], b[i]
+      p[x], p[y] = p[y], p[x]
+    end
   end
+  local keep = rawget(self, "_keep")
+  if keep then keep.perm_gen = self._tbe:permutation_gen(self.name) end
 end
 
 function Stats:free()
@@ -272,7 +322,7 @@ function Stats:free()
   if rawget(self, "_into") then self._into:free() end -- spent already where a ranking took it
   if rawget(self, "_host_counts") then self._host_counts:free() end
   if rawget(self, "_view") then self._view:free() end
-  self:_forget_perm()
+  self:_drop_perm()
 end
 
 -- ---- the manager ----
@@ -748,7 +798,8 @@ function Manager:interval(step, keep_counts)
   local stats = {}
   for i, t in ipairs(self.tables) do
     stats[i] = setmetatable({ name = t.name, rows = t.rows, row_bytes = t.row_bytes, step = step,
-                              tensors = #t.tensors, layout = t.layout, _tbe = t.tbe, _into = t.ranked }, Stats)
+                              tensors = #t.tensors, layout = t.layout, _tbe = t.tbe, _into = t.ranked,
+                              _keep = t }, Stats)
     t.ranked = nil
   end
   -- The split ranks every table's counters: it is redone only while counts are young (until
@@ -907,6 +958,8 @@ function Manager:free()
   for _, t in ipairs(self.tables) do
     for _, x in ipairs(t.tensors) do x:free() end
     if t.ranked then t.ranked:free() end
+    if t.perm then t.perm:free() end
+    t.perm, t.perm_gen = nil, nil
     if rawget(t.policy, "_manager") == self then
       -- its state was this manager's tables': the next manager starts it afresh
       rawset(t.policy, "_manager", nil)
