@@ -891,13 +891,15 @@ UR_API ur_status ur_counts_prefix(const ur_tensor *counts, const ur_tensor *perm
  * from a ranking (order and cumsum as ur_counts_rank gives them): pair i is a[i], the i-th
  * hottest id outside, with b[i], the i-th coldest inside, while a[i] was read more than
  * (1 + band) times as often as b[i] (band >= 0).  a and b are i64 with room for the pairs (min(k,
- * n - k) is enough; fewer stops early, *n_out says how many were written) in host memory.  An id
- * of order outside 0..n-1 that the scans meet is refused (they read order from both ends only
- * as far as the pairs go; the flags of which side each id is on take n bytes meanwhile). */
+ * n - k) is enough; fewer stops early, *n_out says how many were written) in host memory.
+ * *gain (optional) = what the pairs' trades add to the prefix's accesses (ur_counts_prefix of
+ * the counts ranked): the sum of a[i]'s counts less b[i]'s.  An id of order outside 0..n-1 that
+ * the scans meet is refused (they read order from both ends only as far as the pairs go; the
+ * flags of which side each id is on take n bytes meanwhile). */
 UR_API ur_status ur_counts_swap_pairs(const ur_tensor *order, const ur_tensor *cumsum,
                                       const ur_tensor *perm /* or NULL */, int64_t k, double band,
                                       ur_tensor *a /* out */, ur_tensor *b /* out */,
-                                      int64_t *n_out /* out */);
+                                      int64_t *n_out /* out */, int64_t *gain /* out, or NULL */);
 /* perm[order[r]] = r: the permutation that lays rows out in the given order (which must hold
  * each of 0..n-1 once); perm is i64 [n] in host memory. */
 UR_API ur_status ur_perm_from_order(const ur_tensor *order, ur_tensor *perm /* out */);

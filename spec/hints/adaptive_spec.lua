@@ -162,7 +162,7 @@ describe("uvmrec.hints swap pairs and prefix accesses", function()
     for _, case in ipairs { { 9, 99 }, { 0, -1 } } do -- the coldest (the first scan's), the hottest
       local keep = a._o[case[1]]
       a._o[case[1]] = case[2]
-      assert.equal(C.UR_STATUS_INVALID, C.ur_counts_swap_pairs(a.order.p, a.cumsum.p, nil, 5, 0, A.p, B.p, n))
+      assert.equal(C.UR_STATUS_INVALID, C.ur_counts_swap_pairs(a.order.p, a.cumsum.p, nil, 5, 0, A.p, B.p, n, nil))
       assert.equal(("counts_swap_pairs: order[%d] is %d; expected 0..9"):format(case[1], case[2]),
                    ffi.string(C.ur_last_error()))
       a._o[case[1]] = keep
@@ -176,7 +176,8 @@ describe("uvmrec.hints swap pairs and prefix accesses", function()
   it("take the pairs and sums the reference takes, over layouts, prefixes, bands, ties and zeros", function()
     math.randomseed(23)
     for trial = 1, 40 do
-      local rows = ({ 1, 2, 7, 64, 1000, 5000 })[trial % 6 + 1]
+      -- 300,000 rows: the prefix's sum in 5 parts and the side flags over threads
+      local rows = trial == 40 and 300000 or ({ 1, 2, 7, 64, 1000, 5000 })[trial % 6 + 1]
       local counts = assert(ur.tensor({ rows }, { dtype = "i32" }))
       local cp = ffi.cast("int32_t *", C.ur_tensor_data(counts.p))
       local spread = ({ 2, 5, 1000 })[trial % 3 + 1]
@@ -206,15 +207,19 @@ describe("uvmrec.hints swap pairs and prefix accesses", function()
           local room = math.max(1, math.min(k, rows - k))
           local A = assert(ur.tensor({ room }, { dtype = "i64" }))
           local B = assert(ur.tensor({ room }, { dtype = "i64" }))
-          local n = ffi.new("int64_t[1]")
-          assert(C.ur_counts_swap_pairs(a.order.p, a.cumsum.p, shuffled and perm.p or nil, k, band, A.p, B.p, n) == 0)
+          local n, gain = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+          assert(C.ur_counts_swap_pairs(a.order.p, a.cumsum.p, shuffled and perm.p or nil, k, band, A.p, B.p, n,
+                                        gain) == 0)
           local what = ("trial %d, %d rows, k %d, band %g"):format(trial, rows, k, band)
           assert.equal(#want_a, tonumber(n[0]), what)
           local Ap, Bp = ffi.cast(i64, C.ur_tensor_data(A.p)), ffi.cast(i64, C.ur_tensor_data(B.p))
+          local want_gain = 0
           for i = 1, #want_a do
             assert.equal(want_a[i], tonumber(Ap[i - 1]), what)
             assert.equal(want_b[i], tonumber(Bp[i - 1]), what)
+            want_gain = want_gain + math.max(0, cp[want_a[i]]) - math.max(0, cp[want_b[i]])
           end
+          assert.equal(want_gain, tonumber(gain[0]), what .. ": gain")
           A:free()
           B:free()
         end
@@ -243,12 +248,12 @@ describe("uvmrec.hints swap pairs and prefix accesses", function()
     local a = stats.snapshot(counts, "t")
     local n = ffi.new("int64_t[1]")
     assert.equal(C.UR_STATUS_INVALID, C.ur_counts_swap_pairs(a.order.p, a.cumsum.p, nil, 2, -1, a.order.p,
-                                                             a.cumsum.p, n))
+                                                             a.cumsum.p, n, nil))
     assert.matches("counts_swap_pairs: band is %-1; expected a number >= 0", ffi.string(C.ur_last_error()))
     -- an id outside the table in the order would index the layout out of bounds
     ffi.cast("int64_t *", C.ur_tensor_data(a.order.p))[2] = 7
     assert.equal(C.UR_STATUS_INVALID, C.ur_counts_swap_pairs(a.order.p, a.cumsum.p, perm4.p, 2, 0, a.order.p,
-                                                             a.cumsum.p, n))
+                                                             a.cumsum.p, n, nil))
     assert.matches("counts_swap_pairs: order%[2%] is 7; expected 0..3", ffi.string(C.ur_last_error()))
     a:free()
     counts:free()

@@ -217,6 +217,34 @@ static ur_status host_i64_or_null(const ur_tensor *x, int64_t n, const char *wha
   return st;
 }
 
+/* ur_counts_prefix's sum in up to PREFIX_CHUNKS parts of at least PREFIX_GRAIN ids, one a range
+ * of ur__parallel_for's (integers: the same sum in any order). */
+enum { PREFIX_CHUNKS = 256, PREFIX_GRAIN = 1 << 16 };
+typedef struct prefix_job {
+  const int32_t *c;
+  const int64_t *p; /* NULL: the identity, the ids below n */
+  int64_t k, n;
+  int64_t part[PREFIX_CHUNKS];
+} prefix_job;
+
+static void prefix_range(void *ctx, size_t c0, size_t c1) {
+  prefix_job *j = ctx;
+  int64_t chunks = (j->n + PREFIX_GRAIN - 1) / PREFIX_GRAIN;
+  if (chunks > PREFIX_CHUNKS) chunks = PREFIX_CHUNKS;
+  for (size_t ci = c0; ci < c1; ci++) {
+    int64_t lo = j->n * (int64_t)ci / chunks, hi = j->n * ((int64_t)ci + 1) / chunks, sum = 0;
+    if (!j->p) {
+      for (int64_t id = lo; id < hi; id++) sum += j->c[id] < 0 ? 0 : j->c[id];
+    } else { /* branch-free: which ids sit in the prefix follows no pattern */
+      for (int64_t id = lo; id < hi; id++) {
+        int64_t v = j->c[id] < 0 ? 0 : j->c[id];
+        sum += j->p[id] < j->k ? v : 0;
+      }
+    }
+    j->part[ci] = sum;
+  }
+}
+
 ur_status ur_counts_prefix(const ur_tensor *counts, const ur_tensor *perm, int64_t k, int64_t *out) {
   UR__ARGS(counts, out);
   *out = 0;
@@ -229,24 +257,39 @@ ur_status ur_counts_prefix(const ur_tensor *counts, const ur_tensor *perm, int64
   const int64_t *p;
   ur_status st = host_i64_or_null(perm, n, "counts_prefix: perm", &p);
   if (st) return st;
-  const int32_t *c = ur_tensor_data(counts);
+  prefix_job j;
+  memset(&j, 0, sizeof j);
+  j.c = ur_tensor_data(counts);
+  j.p = p;
+  j.k = k;
+  j.n = p ? n : k < 0 ? 0 : k < n ? k : n;
+  int64_t chunks = (j.n + PREFIX_GRAIN - 1) / PREFIX_GRAIN;
+  if (chunks > PREFIX_CHUNKS) chunks = PREFIX_CHUNKS;
+  ur__parallel_for((size_t)chunks, 1, prefix_range, &j); /* a pass over 12 bytes a row: threads */
   int64_t sum = 0;
-  if (!p) {
-    for (int64_t id = 0; id < (k < n ? k : n); id++) sum += c[id] < 0 ? 0 : c[id];
-  } else { /* branch-free: which ids sit in the prefix follows no pattern */
-    for (int64_t id = 0; id < n; id++) {
-      int64_t v = c[id] < 0 ? 0 : c[id];
-      sum += p[id] < k ? v : 0;
-    }
-  }
+  for (int64_t i = 0; i < chunks; i++) sum += j.part[i];
   *out = sum;
   return UR_STATUS_OK;
 }
 
+/* in[id] = 1 where id sits in the prefix [0, k) of the layout p (NULL: the identity). */
+typedef struct side_job {
+  const int64_t *p;
+  int64_t k;
+  uint8_t *in;
+} side_job;
+
+static void side_range(void *ctx, size_t i0, size_t i1) {
+  const side_job *j = ctx;
+  for (int64_t id = (int64_t)i0; id < (int64_t)i1; id++) j->in[id] = (j->p ? j->p[id] : id) < j->k;
+}
+
 ur_status ur_counts_swap_pairs(const ur_tensor *order, const ur_tensor *cumsum, const ur_tensor *perm,
-                               int64_t k, double band, ur_tensor *a, ur_tensor *b, int64_t *n_out) {
+                               int64_t k, double band, ur_tensor *a, ur_tensor *b, int64_t *n_out,
+                               int64_t *gain) {
   UR__ARGS(order, cumsum, a, b, n_out);
   *n_out = 0;
+  if (gain) *gain = 0;
   int64_t rows = ur_tensor_numel(order), room = ur_tensor_numel(a);
   const int64_t *p;
   ur_status st = check_host_i64(order, rows, "counts_swap_pairs: order");
@@ -265,17 +308,15 @@ ur_status ur_counts_swap_pairs(const ur_tensor *order, const ur_tensor *cumsum, 
   if (!in)
     return ur__error(UR_STATUS_OOM, "counts_swap_pairs: out of host memory (%lld bytes)",
                      (long long)rows);
-  if (p)
-    for (int64_t id = 0; id < rows; id++) in[id] = p[id] < k;
-  else
-    for (int64_t id = 0; id < rows; id++) in[id] = id < k;
+  side_job sj = {p, k, in};
+  ur__parallel_for((size_t)rows, 1 << 16, side_range, &sj);
 #define COUNT_AT(r) ((r) == 0 ? cs[0] : cs[(r)] - cs[(r) - 1])
 #define BAD_ID(r) ((uint64_t)o[r] >= (uint64_t)rows) /* checked before it indexes the flags */
   /* The coldest inside first: no id outside read (1 + band) times as often or less enters, so the
    * scan of the hottest outside stops there.  A pair never looks at an id paired before it (those
    * inside are colder than every later one taken, those outside hotter), so the layout as ranked
    * (perm) says which side every id it looks at is on. */
-  int64_t r = rows - 1, n = 0, bad = -1;
+  int64_t r = rows - 1, n = 0, bad = -1, g = 0;
   for (; r >= 0 && bad < 0; r--)
     if (BAD_ID(r)) bad = r;
     else if (in[o[r]]) break;
@@ -297,6 +338,7 @@ ur_status ur_counts_swap_pairs(const ur_tensor *order, const ur_tensor *cumsum, 
     if (bad >= 0 || r < 0 || (double)c <= (1 + band) * (double)COUNT_AT(r)) break;
     A[n] = x;
     B[n] = o[r];
+    g += c - COUNT_AT(r);
     n++;
     r--;
   }
@@ -306,6 +348,7 @@ ur_status ur_counts_swap_pairs(const ur_tensor *order, const ur_tensor *cumsum, 
   if (bad >= 0)
     return ur__error(UR_STATUS_INVALID, "counts_swap_pairs: order[%lld] is %lld; expected 0..%lld",
                      (long long)bad, (long long)o[bad], (long long)rows - 1);
+  if (gain) *gain = g;
   *n_out = n;
   return UR_STATUS_OK;
 }

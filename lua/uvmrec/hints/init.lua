@@ -284,34 +284,24 @@ function Stats:_set_perm(perm)
   rawset(self, "_perm_p", ffi.cast(int64p, C.ur_tensor_data(perm.p)))
 end
 
--- Ids a[i] and b[i] (int64_t arrays, n pairs) traded rows: the layout read back trades their
--- entries as the engine did, and the prefix's accesses remembered follow (a[i] reads c[a[i]]
--- where b[i] was, and the other way round); one not read (or the identity's, none) is read on
--- its next use.
-function Stats:_swapped(a, b, n)
+-- Ids a[i] and b[i] (int64_t arrays, n pairs) traded rows across the prefix [0, k), adding
+-- gain to its accesses (ur_counts_swap_pairs'): the layout read back trades their entries as
+-- the engine did, and the prefix's accesses remembered for k follow (for another k they are
+-- counted again); one not read (or the identity's, none) is read on its next use.
+function Stats:_swapped(a, b, n, k, gain)
   local p = rawget(self, "_perm_p")
   if not p then
     self:_forget_perm()
     return
   end
-  local k, c = rawget(self, "_prefix_k"), rawget(self, "_c")
-  if k and c then
-    local d = 0
-    for i = 0, n - 1 do
-      local x, y = a[i], b[i]
-      local px, py = p[x], p[y]
-      local inx, iny = px < k and 1 or 0, py < k and 1 or 0
-      local cx, cy = math.max(c[x], 0), math.max(c[y], 0)
-      d = d + (cx - cy) * (iny - inx)
-      p[x], p[y] = py, px
-    end
-    rawset(self, "_prefix_sum", self._prefix_sum + d)
+  for i = 0, n - 1 do
+    local x, y = a[i], b[i]
+    p[x], p[y] = p[y], p[x]
+  end
+  if rawget(self, "_prefix_k") == k then
+    rawset(self, "_prefix_sum", self._prefix_sum + gain)
   else
     rawset(self, "_prefix_k", nil)
-    for i = 0, n - 1 do
-      local x, y = a[i], b[i]
-      p[x], p[y] = p[y], p[x]
-    end
   end
   local keep = rawget(self, "_keep")
   if keep then keep.perm_gen = self._tbe:permutation_gen(self.name) end
@@ -740,11 +730,11 @@ function Manager:_apply(t, s, actions, rec, allowance)
         if r then s:_set_perm(perm) else perm:free() end
       else -- {swap = k}: check_actions let nothing else through
         -- rows that crossed trade places where they are, on the stream (a kernel on a GPU)
-        local A, B, n = self:_swap_pairs(t, s, a.how.swap, a.how.band or 0)
+        local A, B, n, gain = self:_swap_pairs(t, s, a.how.swap, a.how.band or 0)
         if n > 0 then
           local ids_a, ids_b = ffi.cast(int64p, C.ur_tensor_data(A.p)), ffi.cast(int64p, C.ur_tensor_data(B.p))
           r, err = t.tbe:swap_rows(t.name, ids_a, ids_b, n, { stream = self.stream })
-          if r then s:_swapped(ids_a, ids_b, n) end
+          if r then s:_swapped(ids_a, ids_b, n, a.how.swap, gain) end
         end
         if A then A:free() B:free() end
       end
@@ -774,18 +764,20 @@ end
 -- The pairs of ids that trade rows across the prefix [0, k): the hottest ids outside it with
 -- the coldest inside it, pair by pair, while the one coming in was read more than (1 + band)
 -- times as often as the one going out (hysteresis: near-ties stay).  Rows that stay on their
--- side keep their place (ur_counts_swap_pairs).  Returns i64 tensors a, b (the caller frees them)
--- and how many pairs they hold (0: nothing crosses; nil tensors when k leaves no side).
+-- side keep their place (ur_counts_swap_pairs).  Returns i64 tensors a, b (the caller frees them),
+-- how many pairs they hold (0: nothing crosses; nil tensors when k leaves no side) and what their
+-- trades add to the prefix's accesses.
 function Manager._swap_pairs(_, t, s, k, band)
   local rows, acc = t.rows, s.access
-  if k <= 0 or k >= rows then return nil, nil, 0 end
+  if k <= 0 or k >= rows then return nil, nil, 0, 0 end
   local _ = s._perm_p -- the layout the counts were ranked under, read back on first use
   local room = math.min(k, rows - k)
   local A = assert(tensor.tensor({ room }, { dtype = "i64" }))
   local B = assert(tensor.tensor({ room }, { dtype = "i64" }))
-  local n = ffi.new("int64_t[1]")
-  must(C.ur_counts_swap_pairs(acc.order.p, acc.cumsum.p, rawget(s, "perm") and s.perm.p, k, band, A.p, B.p, n))
-  return A, B, tonumber(n[0])
+  local n, gain = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  must(C.ur_counts_swap_pairs(acc.order.p, acc.cumsum.p, rawget(s, "perm") and s.perm.p, k, band, A.p, B.p, n,
+                              gain))
+  return A, B, tonumber(n[0]), tonumber(gain[0])
 end
 
 -- One interval: statistics, the split of the allowance, each policy's plan, applied; decay
