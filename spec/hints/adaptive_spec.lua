@@ -98,6 +98,10 @@ describe("uvmrec.hints.adaptive", function()
         assert.equal("host", view.rank_on, what)
       end
       assert.equal("host", rec.rank_on)
+      -- measuring the coverage between intervals reads no layout either
+      reads = {}
+      assert.is_number(mgr:measure())
+      assert.same({ nil, nil }, { reads["permutation a"], reads["permutation b"] }, ("step %d: measure"):format(step))
     end
     assert.is_true(swapped > 0, "the drift swapped no row")
     -- a gap is one table's: the policy held the last table's in one field (policy.gap)

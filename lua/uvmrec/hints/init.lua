@@ -882,7 +882,8 @@ end
 function Manager:measure()
   local covered, total, per = 0, 0, {}
   for _, t in ipairs(self.tables) do
-    local s = setmetatable({ name = t.name, rows = t.rows, _tbe = t.tbe }, Stats)
+    -- the layout as the manager keeps it (read back only where another changed it)
+    local s = setmetatable({ name = t.name, rows = t.rows, _tbe = t.tbe, _keep = t }, Stats)
     -- every row is in the prefix of all of them: the total, as the prefix counts it, in C
     local c, n = s:prefix_accesses(t.k), s:prefix_accesses(t.rows)
     per[t.name] = n > 0 and c / n or nil
