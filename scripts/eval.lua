@@ -44,7 +44,7 @@ if serve.is_model_file(o.config) then
   if not r then cmd:fail(rerr) end
   print("data: " .. r.what)
   print(("eval: %s  (%s, %.1f s)"):format(train.evaluate.format(r, m:config().eval.metrics),
-                                         require("uvmrec.lib").things(r.samples, "sample"), r.seconds))
+                                         train.evaluate.count(r), r.seconds))
   log.line(train.evaluate.log_line(r, { event = "eval", model = o.config }))
   log.close()
   m:close()

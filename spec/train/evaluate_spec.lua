@@ -85,3 +85,41 @@ describe("uvmrec.train.evaluate of one class", function()
     cmd.rmdir(dir)
   end)
 end)
+
+describe("uvmrec.train.evaluate of held-out data shorter than eval.samples", function()
+  local json = require "uvmrec.json"
+  local cmd = require "command"
+  local helpers = require "helpers"
+
+  -- 300 real Criteo rows against eval.samples 1000: uvmrec eval printed '(300 samples, 0.0 s)',
+  -- the asked 1000 said nowhere, as a training run's evaluations did
+  it("says how many it scored against how many eval.samples asked, in uvmrec eval, a run's evaluations and the log",
+     function()
+    local dir = cmd.tmpdir()
+    local lines = {}
+    for line in io.lines(helpers.fixture("criteo_raw_sample.tsv")) do lines[#lines + 1] = line end
+    local tsv = cmd.spit(dir .. "/short.tsv", table.concat(lines, "\n", 1, 300) .. "\n")
+    local run = ("eval dlrm_tiny --cpu --data criteo-tsv:%s --set eval.batch_size=128 --out %s/ev"):format(tsv, dir)
+    local out, err, code = cmd.run(run .. " --set eval.samples=1000")
+    assert.equal(0, code, err)
+    assert.matches("(300 samples: the held-out data ends before the 1000 of eval.samples, ", out, 1, true)
+    local log = assert(json.read_lines(dir .. "/ev/metrics.jsonl"))
+    assert.equal(300, log[#log].samples)
+    assert.equal(1000, log[#log].asked)
+    -- as many as asked, or the whole file (eval.samples 0): the count alone
+    for _, n in ipairs { 300, 0 } do
+      out, err, code = cmd.run(run .. " --set eval.samples=" .. n)
+      assert.equal(0, code, err)
+      assert.matches("(300 samples, ", out, 1, true)
+      log = assert(json.read_lines(dir .. "/ev/metrics.jsonl"))
+      assert.is_nil(log[#log].asked)
+    end
+    out, err, code = cmd.run(("train dlrm_tiny --cpu --progress lines --set train.steps=2 "
+      .. "--set data.eval=criteo-tsv:%s --set eval.samples=1000 --set eval.batch_size=128 "
+      .. "--set eval.min_auc=0"):format(tsv))
+    assert.equal(0, code, err)
+    assert.matches("eval at step 2: [^\n]*%(300 samples: the held%-out data ends before the 1000 of "
+      .. "eval%.samples, ", out)
+    cmd.rmdir(dir)
+  end)
+end)

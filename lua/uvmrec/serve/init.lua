@@ -234,7 +234,8 @@ function M.evaluate(m, spec, opts)
   local v = assert(mc:values()).default
   local scope = total > 0 and v.window or v.lifetime
   mc:free()
-  local r = { samples = n, seconds = C.ur_clock_seconds() - t0, what = what }
+  local r = { samples = n, asked = total > 0 and n < total and total or nil, seconds = C.ur_clock_seconds() - t0,
+              what = what }
   return require("uvmrec.train.evaluate").take(r, scope, opts.metrics or cfg.eval.metrics)
 end
 

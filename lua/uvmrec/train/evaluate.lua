@@ -5,6 +5,7 @@
 -- <name>_undefined says why, the line says so and the run log holds null.
 local metrics = require "uvmrec.metrics"
 local json = require "uvmrec.json"
+local lib = require "uvmrec.lib"
 
 local M = {}
 
@@ -13,7 +14,8 @@ local M = {}
 -- batch_size, comm (a job of several ranks: the source gives this rank's equal slices of the global
 -- batches, samples and batch_size count the global ones, and the metrics are over every rank's
 -- samples).  Returns {auc =, ne =, logloss =, accuracy =, calibration =, ctr =, samples =,
--- auc_error =, seconds =}, each metric only when its kind was asked for (logloss with ne); an
+-- asked = (samples, when the data ended before them), auc_error =, seconds =}, each metric only
+-- when its kind was asked for (logloss with ne); an
 -- AUC, NE or calibration asked for that one class leaves undefined is nil, and auc_undefined (...)
 -- says why.
 function M.run(model, source, opts)
@@ -66,7 +68,8 @@ function M.run(model, source, opts)
   local v = assert(m:values()).default
   local scope = limit > 0 and v.window or v.lifetime
   m:free()
-  local out = { samples = limit > 0 and math.min(all, limit) or all, seconds = C.ur_clock_seconds() - t0 }
+  local out = { samples = limit > 0 and math.min(all, limit) or all, asked = limit > 0 and all < limit and limit or nil,
+                seconds = C.ur_clock_seconds() - t0 }
   M.take(out, scope, kinds)
   if limit == 0 and out.auc then out.auc_error = v.lifetime.auc_error end
   return out
@@ -83,6 +86,15 @@ function M.take(r, scope, kinds)
     if k == "ne" then r.logloss = scope.logloss end
   end
   return r
+end
+
+-- The samples a result scored, as its lines say them: "300 samples", or with r.asked (more
+-- than the data held) "300 samples: the held-out data ends before the 1000 of eval.samples"
+-- (a file shorter than eval.samples was scored whole and said as a count alone).
+function M.count(r)
+  local n = lib.things(r.samples, "sample")
+  if not r.asked then return n end
+  return ("%s: the held-out data ends before the %.0f of eval.samples"):format(n, r.asked)
 end
 
 local UNDEFINED = { "auc", "ne", "calibration" } -- what metrics.undefined may leave out

@@ -118,7 +118,7 @@ function Evaluation:evaluate(step)
   r.step = step
   self.evals[#self.evals + 1] = r
   o.progress:message(("eval at step %d: %s  (%s, %.1f s)"):format(step, evaluate.format(r, o.metrics),
-                                                                  progress.things(r.samples, "sample"), r.seconds))
+                                                                  evaluate.count(r), r.seconds))
   o.line(evaluate.log_line(r, { event = "eval", step = step }))
   o.progress:resume()
   return r

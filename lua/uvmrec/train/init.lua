@@ -1045,7 +1045,7 @@ function M.eval(cfg, opts)
   loader:close()
   if not r then return nil, eerr end
   local result = { eval = r, ceiling = data.ceiling and data.ceiling(), step = ctx.step }
-  say(("eval: %s  (%s, %.1f s)"):format(M.evaluate.format(r, cfg.eval.metrics), M.progress.things(r.samples, "sample"),
+  say(("eval: %s  (%s, %.1f s)"):format(M.evaluate.format(r, cfg.eval.metrics), M.evaluate.count(r),
                                         r.seconds))
   if result.ceiling then
     say(("the synthetic data's hidden-model ceiling: %.4f"):format(result.ceiling))
