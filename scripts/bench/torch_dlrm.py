@@ -1309,8 +1309,22 @@ def parity(a):
 
 # ---- training ----
 
+def auc_undefined(y):
+    """Why the AUC of labels y is undefined (one class, or none), as uvmrec.metrics.auc_undefined
+    words it for held-out labels; None when it is defined."""
+    n, P = len(y), int(np.sum(y))
+    if n == 0:
+        return "no held-out label"
+    if 0 < P < n:
+        return None
+    if n == 1:
+        return f"the 1 held-out label is {P}"
+    return f"all {n} held-out labels are {1 if P else 0}"
+
+
 def auc_exact(p, y):
-    """Mann-Whitney AUC, ties counting half."""
+    """Mann-Whitney AUC, ties counting half; None with one class (auc_undefined says why: 0.5
+    there read as a result)."""
     p, y = np.asarray(p, np.float64), np.asarray(y, np.float64)
     order = np.argsort(p, kind="mergesort")
     ps, ys = p[order], y[order]
@@ -1319,7 +1333,7 @@ def auc_exact(p, y):
     P = ys.sum()
     N = len(ys) - P
     if P == 0 or N == 0:
-        return 0.5
+        return None
     return float((np.sum(ranks * ys) - P * (P + 1) / 2) / (P * N))
 
 
@@ -1336,7 +1350,11 @@ def evaluate(model, days, limit, batch, device):
     eps = 1e-7
     q = np.clip(p.astype(np.float64), eps, 1 - eps)
     logloss = float(-np.mean(y * np.log(q) + (1 - y) * np.log(1 - q)))
-    return {"auc": auc_exact(p, y), "logloss": logloss, "samples": int(len(y))}
+    res = {"auc": auc_exact(p, y), "logloss": logloss, "samples": int(len(y))}
+    why = auc_undefined(y)
+    if why:
+        res["auc_undefined"] = why
+    return res
 
 
 def train(a):
@@ -1400,7 +1418,8 @@ def train(a):
     line(res)
     print(f"torch_dlrm train: {d['name']} on {device.type}: {step} steps, {samples} samples in {seconds:.1f} s "
           f"({res['samples_per_s']:.0f} samples/s); final loss {res['loss']:.4f}"
-          + (f"; AUC {res['auc']:.4f} on {res['samples']} held-out samples" if held else ""))
+          + (f"; AUC {res['auc']:.4f} on {res['samples']} held-out samples" if held and res["auc"] is not None
+             else f"; AUC undefined: {res['auc_undefined']}" if held else ""))
 
 
 # ---- speed ----

@@ -16,7 +16,9 @@
 -- 3. torch_dlrm.py train loads those weights and trains on the same files (DIR/torch.jsonl).
 -- 4. A table of both runs, one JSON line in DIR/summary.jsonl, and the loss curves plotted
 --    into DIR/loss.png (scripts/bench/train_parity_plot.py, where matplotlib is importable).
--- Exits 1 when the AUCs differ by more than --tol or a run fails.
+-- Exits 1 when the AUCs differ by more than --tol, a run fails or a run's AUC is undefined (a
+-- held-out day of one class: 'uvmrec has no final AUC to compare: it is undefined, the 1 held-out
+-- label is 1', said before PyTorch trains).
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local json = require "uvmrec.json"
@@ -89,6 +91,17 @@ local result, err = train.run(cfg, { config_path = path, out = work .. "/uvmrec"
 if not result then cmd:fail("uvmrec: " .. tostring(err), 1) end
 local steps = result.steps
 
+-- A run's final AUC (its result's evaluation, or its final JSON line), or the run fails saying
+-- which run and why it has none: auc_undefined's reason (one class held out, no held-out label),
+-- no final line, an eval.metrics without auc.
+local function final_auc(fin, who)
+  if fin and fin.auc then return fin.auc end
+  cmd:fail(("%s has no final AUC to compare: %s"):format(who, not fin and "it wrote no final line"
+    or fin.auc_undefined and ("it is undefined, " .. fin.auc_undefined) or "its evaluation computed none"), 1)
+end
+-- an undefined one fails here, before PyTorch trains for nothing
+final_auc(result.eval, "uvmrec")
+
 -- 3. PyTorch, from the same weights, for the same steps.
 local tjson = work .. "/torch.jsonl"
 os.remove(tjson)
@@ -114,7 +127,8 @@ local function final(lines)
 end
 local uf, ucurve = final(read_jsonl(work .. "/uvmrec/metrics.jsonl"))
 local tf, tcurve = final(read_jsonl(tjson))
-if not (uf and uf.auc and tf and tf.auc) then cmd:fail("a run wrote no final AUC", 1) end
+final_auc(uf, "uvmrec (" .. work .. "/uvmrec/metrics.jsonl)")
+final_auc(tf, "PyTorch (" .. tjson .. ")")
 local diff, n, sum = math.abs(uf.auc - tf.auc), 0, 0
 for s, l in pairs(ucurve) do
   if tcurve[s] then n, sum = n + 1, sum + math.abs(l - tcurve[s]) end
