@@ -38,8 +38,8 @@ if serve.is_model_file(o.config) then
   local log, lerr = train.run_dir(o.out)
   if not log then cmd:fail(lerr) end
   local info = m:info()
-  print(("uvmrec eval: model file %s (%s interaction, %d tables, %s dense, %d bytes)"):format(o.config,
-    info.interaction, info.num_tables, info.dense_dtype, info.file_bytes))
+  print(("uvmrec eval: model file %s (%s interaction, %s, %s dense, %d bytes)"):format(o.config,
+    info.interaction, require("uvmrec.lib").things(info.num_tables, "table"), info.dense_dtype, info.file_bytes))
   local r, rerr = serve.evaluate(m, o.data)
   if not r then cmd:fail(rerr) end
   print("data: " .. r.what)

@@ -66,8 +66,8 @@ local plan, err = planner.plan(tables, profiles, budget, {
   policy = o.policy or e.cache.policy or "lru", pipeline = cfg.train.pipeline, threshold = o.threshold,
   search = o.search, depth = cfg.data.depth, loader = prob.loader, hints_every = prob.hints_every })
 if not plan then die(err) end
-print(("uvmrec plan: %s, %d tables, profiles from %s (%.2f s)"):format(cfg.name or path, #tables, how,
-  profile_seconds))
+print(("uvmrec plan: %s, %s, profiles from %s (%.2f s)"):format(cfg.name or path,
+  train.progress.things(#tables, "table"), how, profile_seconds))
 print(plan:table())
 if o.out then
   local ok, serr = plan:save(o.out)

@@ -62,6 +62,16 @@ describe("uvmrec.lib things", function()
                 { lib.things(0, "rank"), lib.things(1, "rank"), lib.things(2, "rank"),
                   lib.things(1, "held-out sample") })
     assert.equal(lib.things, require("uvmrec.train.progress").things)
+    -- a noun whose plural is not noun .. "s" ("a pass over 2 batchs" would be written by hand)
+    assert.same({ "1 batch", "2 batches", "0 batches" }, { lib.things(1, "batch", "batches"),
+      lib.things(2, "batch", "batches"), lib.things(0, "batch", "batches") })
+    -- a batch of one sample printed 'Batch(1 samples, pinned)'
+    local ur = require "uvmrec"
+    local l = assert(ur.data.loader { data = "synthetic:tiny", samples = 1, batch_size = 1 })
+    local b = assert(l:next())
+    assert.equal("Batch(1 sample, pinned)", tostring(b))
+    b:free()
+    l:close()
     -- a plan of one table said 'plan: 1 tables on 1 rank' (its tables were counted '%d tables')
     local planner = require "uvmrec.planner"
     local p = assert(planner.plan({ { name = "C1", rows = 1000, dim = 16 } },

@@ -158,9 +158,10 @@ function M.file_target(path)
 end
 
 -- "1 step", "2 steps", "0 samples": a whole count and its noun, plural but for 1 (every message's
--- plural: uvmrec.train.progress gives it as progress.things).
-function M.things(n, noun)
-  return ("%d %s%s"):format(n, noun, n == 1 and "" or "s")
+-- plural: uvmrec.train.progress gives it as progress.things); plural: a noun's that is not
+-- noun .. "s" (things(2, "batch", "batches")).
+function M.things(n, noun, plural)
+  return ("%d %s"):format(n, n == 1 and noun or plural or noun .. "s")
 end
 
 -- The config value a command's flag gives, as uvmrec.train.config.load takes it:

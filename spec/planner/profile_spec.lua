@@ -131,6 +131,19 @@ describe("planner.profile", function()
     assert.near(P.lookups, 6 * 1024, 0)
   end)
 
+  -- counts of one said '1 batches', '1 samples', '1 lookups', '1 rows' in a profile's source
+  it("names its source with counts of one in the singular", function()
+    local tabs = {}
+    for i, r in ipairs(presets.tiny_rows) do tabs[i] = { name = "C" .. i, rows = r } end
+    local loader = assert(ur.data.loader { data = "synthetic:tiny", samples = 1, batch_size = 1 })
+    local out = profile.from_loader(loader, 1, tabs)
+    loader:close()
+    assert.equal("a pass over 1 batch (1 sample)", out.C1.source)
+    assert.equal("access counts (1 lookup)", profile.from_counts({ 0, 1, 0 }).source)
+    assert.equal("zipf 1.05 over 1 row (discrete)", profile.zipf { rows = 1, s = 1.05 }.source)
+    assert.equal("zipf 1.05 over 2 rows (discrete)", profile.zipf { rows = 2, s = 1.05 }.source)
+  end)
+
   it("profiles Kaggle-sized tables in seconds: 26 tables, 33.8 M rows, from counts", function()
     -- the process's CPU time is what is checked: the wall time of a loaded CI machine is not
     -- the profile's cost (70 s of wall for 19 s of CPU once, with other builds running)

@@ -1,4 +1,5 @@
 local planner = require "uvmrec.planner"
+local things = require("uvmrec.lib").things
 
 -- The searches against the exhaustive optimum on a fixed cost landscape: the H200 calibration
 -- built from the project's figures of 2026-11-29 (spec/fixtures/calib_h200_figures.json, the
@@ -312,14 +313,14 @@ describe("planner.search", function()
       opts.threshold = false
       local full = assert(planner.plan(tables, profiles, case[3], opts))
       local se, sf = early.data.search, full.data.search
-      print(("\n    %d tables, %d ranks: %d proposals (stopped early: %s) against %d, step %.6f ms against %.6f ms")
-        :format(case[1], case[2], se.proposals, tostring(se.stopped_early), sf.proposals, early.data.step_seconds * 1e3,
-          full.data.step_seconds * 1e3))
+      print(("\n    %s, %s: %s (stopped early: %s) against %d, step %.6f ms against %.6f ms")
+        :format(things(case[1], "table"), things(case[2], "rank"), things(se.proposals, "proposal"),
+          tostring(se.stopped_early), sf.proposals, early.data.step_seconds * 1e3, full.data.step_seconds * 1e3))
       assert.is_true(se.stopped_early)
       assert.is_true(3 * se.proposals <= sf.proposals)
       assert.is_true(early.data.step_seconds <= full.data.step_seconds * (1 + 1e-12))
       local se_ms, sf_ms = ("%.6f"):format(early.data.step_seconds * 1e3), ("%.6f"):format(full.data.step_seconds * 1e3)
-      doc_says(("early stop, %d tables on %d rank%s in %s"):format(case[1], case[2], case[2] == 1 and "" or "s",
+      doc_says(("early stop, %s on %s in %s"):format(things(case[1], "table"), things(case[2], "rank"),
         (case[3]:gsub("(%d)(%a)", "%1 %2"))), ("%d proposals against %d, step %s"):format(se.proposals, sf.proposals,
         se_ms == sf_ms and (se_ms .. " ms both") or (se_ms .. " ms against " .. sf_ms .. " ms")))
     end

@@ -346,6 +346,25 @@ describe("uvmrec train --plan", function()
     end
   end)
 
+  -- its rank or ranks were written by hand ("on rank%s %s"): lib.things counts them
+  it("refuses a plan whose table is on other ranks than the run's, counting them", function()
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), {}))
+    local prob = assert(planner.from_config(cfg, { world = 2 }))
+    local plan = assert(planner.plan(prob.tables, prob.profiles, "1GiB", { world = 2, batch = prob.batch,
+      calibration = "h200", dense = prob.dense, loader = prob.loader }))
+    local file = dir .. "/ranks.json"
+    assert(plan:save(file))
+    local json = require "uvmrec.json"
+    local d = assert(json.decode(assert(cmd.slurp(file))))
+    assert.equal("data_parallel", d.tables[1].sharding)
+    d.tables[1].ranks = { 1 }
+    cmd.spit(file, json.encode(d))
+    local ok, err = train.apply_plan(cfg, file, { world = 2 })
+    assert.is_nil(ok)
+    assert.equal(("--plan %s: table C1 is data_parallel on 1 rank (1) in the plan, and the run would place it on "
+      .. "0,1 (uvmrec.dist.plan)"):format(file), err)
+  end)
+
   -- A plan file whose ranks' figures were cut passed the budget check (it read the ranks it had)
   it("refuses a plan file without a rank's figures", function()
     local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), {}))

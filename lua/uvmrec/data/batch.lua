@@ -163,8 +163,9 @@ end
 Batch.free = Batch.release
 
 function Batch:__tostring()
-  return ("Batch(%d samples, %s%s)"):format(self.size, self.sparse.p ~= nil and self.sparse:placement() or "freed",
-                                            self.ticket and ", ticket " .. tostring(tonumber(self.ticket.id)) or "")
+  return ("Batch(%s, %s%s)"):format(lib.things(self.size, "sample"),
+                                    self.sparse.p ~= nil and self.sparse:placement() or "freed",
+                                    self.ticket and ", ticket " .. tostring(tonumber(self.ticket.id)) or "")
 end
 
 return Batch

@@ -346,8 +346,8 @@ local function infeasible(S, info)
     if gpus then
       msg = msg .. (", or %d GPUs at this budget"):format(gpus)
     elseif S.calib:has("alltoall") and #pinned > 0 then
-      msg = msg .. ("; more GPUs do not bring it down: the fullest rank, %d, holds table%s fixed to it (%s%s)")
-        :format(pinned.rank, #pinned == 1 and "" or "s", table.concat(pinned, ", ", 1, math.min(#pinned, 8)),
+      msg = msg .. ("; more GPUs do not bring it down: the fullest rank, %d, holds %s fixed to it (%s%s)")
+        :format(pinned.rank, things(#pinned, "table"), table.concat(pinned, ", ", 1, math.min(#pinned, 8)),
           #pinned > 8 and (", and %d more"):format(#pinned - 8) or "")
     elseif S.calib:has("alltoall") then
       msg = msg .. "; more GPUs do not bring it down (every rank keeps its own batch's outputs)"
@@ -689,11 +689,11 @@ function Plan:table()
   end
   local s = p.search
   if s.method == "greedy" then
-    L[#L + 1] = ("search: greedy, %d proposals (first fit at %s, best at %s)%s, %.3f s"):format(s.proposals,
+    L[#L + 1] = ("search: greedy, %s (first fit at %s, best at %s)%s, %.3f s"):format(things(s.proposals, "proposal"),
       tostring(s.feasible_at), tostring(s.best_at), s.stopped_early and
       (", stopped after %d without improvement"):format(s.threshold) or ", options exhausted", s.seconds or 0)
   else
-    L[#L + 1] = ("search: exhaustive, %d nodes, %.3f s"):format(s.visited or 0, s.seconds or 0)
+    L[#L + 1] = ("search: exhaustive, %s, %.3f s"):format(things(s.visited or 0, "node"), s.seconds or 0)
   end
   return table.concat(L, "\n")
 end
@@ -1010,7 +1010,8 @@ function M.from_config(cfg, o)
       profiles[t.name] = out[t.name]
       t.hot = out[t.name].hot
     end
-    how = ("a pass over %d batches of %s (%d samples)"):format(info.batches, cfg.data.train, info.samples)
+    how = ("a pass over %s of %s (%s)"):format(things(info.batches, "batch", "batches"), cfg.data.train,
+      things(info.samples, "sample"))
   elseif synth then
     for i, t in ipairs(tables) do
       local st = synth.tables[i]
@@ -1076,8 +1077,8 @@ function Plan:apply(cfg, where, opts)
   local e = cfg.embeddings
   local rows = tconfig.table_rows(cfg)
   if #p.tables ~= #rows then
-    return bad("the plan has %d tables and the model %d (embeddings.rows): plan this config with uvmrec plan",
-      #p.tables, #rows)
+    return bad("the plan has %s and the model %d (embeddings.rows): plan this config with uvmrec plan",
+      things(#p.tables, "table"), #rows)
   end
   for i, t in ipairs(p.tables) do
     local name = "C" .. i
@@ -1198,8 +1199,8 @@ function Plan:apply(cfg, where, opts)
       local got = {}
       for j, sh in ipairs(dp.tables[t.name].shards) do got[j] = sh.rank end
       if table.concat(got, ",") ~= table.concat(t.ranks, ",") then
-        return bad("table %s is %s on rank%s %s in the plan, and the run would place it on %s (uvmrec.dist.plan)",
-          t.name, t.sharding, #t.ranks > 1 and "s" or "", table.concat(t.ranks, ","), table.concat(got, ","))
+        return bad("table %s is %s on %s (%s) in the plan, and the run would place it on %s (uvmrec.dist.plan)",
+          t.name, t.sharding, things(#t.ranks, "rank"), table.concat(t.ranks, ","), table.concat(got, ","))
       end
     end
   end

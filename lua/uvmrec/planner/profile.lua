@@ -13,6 +13,7 @@
 --   local p = profile.zipf { rows = 10131227, s = 1.05, hot = 1 }
 --   p:coverage(0.01), p:distinct(65536)
 local ffi = require "ffi"
+local lib = require "uvmrec.lib"
 
 local M = {}
 local Profile = {}
@@ -111,7 +112,7 @@ function M.zipf(o)
     error("profile.zipf: variant must be discrete or continuous", 2)
   end
   local opts = { hot = o.hot, kind = "zipf", name = o.name,
-                 source = o.source or ("zipf %g over %d rows (%s)"):format(s, rows, variant) }
+                 source = o.source or ("zipf %g over %s (%s)"):format(s, lib.things(rows, "row"), variant) }
   if s == 0 then return new(rows, { rows }, { 1 }, opts) end
   local head, ratio = min(o.head or 64, rows), o.ratio or 1.1
   local n, p = {}, {}
@@ -197,7 +198,7 @@ function M.from_counts(counts, opts)
   if own then own:free() end
   n, p = compress(n, p, opts.ratio or 1.01)
   local self = new(rows, n, p, { hot = opts.hot, kind = "counts", name = opts.name, measured = opts.measured,
-                                 source = opts.source or ("access counts (%d lookups)"):format(total) })
+                                 source = opts.source or ("access counts (%s)"):format(lib.things(total, "lookup")) })
   self.lookups = total
   return self
 end
@@ -257,7 +258,7 @@ function M.from_loader(loader, steps, tables)
     local L = batches > 0 and looked[t] / batches or 0
     out[tables[t].name] = M.from_counts(cnt[t], {
       name = tables[t].name, hot = samples > 0 and looked[t] / samples or 1,
-      source = ("a pass over %d batches (%d samples)"):format(batches, samples),
+      source = ("a pass over %s (%s)"):format(lib.things(batches, "batch", "batches"), lib.things(samples, "sample")),
       measured = { lookups_per_batch = L, distinct_per_batch = batches > 0 and distinct[t] / batches or 0 } })
     cnt[t]:free()
     stamp[t]:free()

@@ -738,8 +738,9 @@ function run_plain(cfg, opts)
   if far then say(far) end
   if opts.plan then
     local planner, p = require "uvmrec.planner", opts.plan.data
-    say(("plan: %s, %d tables (%s), predicted %s a step (%.0f samples/s), HBM %s of %s (%s)"):format(
-      opts.plan_path or "given", #p.tables, M.plan_summary(p), planner.fmt_time(p.step_seconds),
+    say(("plan: %s, %s (%s), predicted %s a step (%.0f samples/s), HBM %s of %s (%s)"):format(
+      opts.plan_path or "given", M.progress.things(#p.tables, "table"), M.plan_summary(p),
+      planner.fmt_time(p.step_seconds),
       p.samples_per_second, planner.fmt_bytes(p.ranks[1].hbm), planner.fmt_bytes(p.budget),
       gpu and "the engine's HBM budget" or "the engine's HBM budget: on the CPU managed rows on the GPU only"))
     log.line { event = "plan", path = opts.plan_path, step_seconds = p.step_seconds, hbm = p.ranks[1].hbm,
