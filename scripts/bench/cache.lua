@@ -24,6 +24,7 @@
 -- and zero-copy reads are the driver's and not counted here).  The
 -- first steps' losses of every mode must agree with all-in-HBM's (same weights and batches).
 local ur = require "uvmrec"
+local things = require("uvmrec.lib").things
 local C = ur.C
 local options = require("uvmrec.cli").options
 
@@ -65,8 +66,9 @@ end
 
 local function hit_rates()
   local T, N, B, K = o.tables, o.rows, o.batch, o.batches
-  print(("cache bench: %d tables x %d rows, batches of %d samples (one id per table), Zipf(%.2f), "
-         .. "%d batches (%d warm-up)"):format(T, N, B, o.zipf, K, math.floor(K / 2)))
+  print(("cache bench: %s x %s, batches of %s (one id per table), Zipf(%.2f), %s (%d warm-up)")
+    :format(things(T, "table"), things(N, "row"), things(B, "sample"), o.zipf, things(K, "batch", "batches"),
+      math.floor(K / 2)))
   math.randomseed(7)
   -- the id stream, key-major per batch: table t's ids of batch k at [k][t * B ..]
   local inputs = zipf_stream(T, N, B, K, o.zipf)

@@ -12,6 +12,7 @@
 -- time per batch (a prepare and a retire, the host waiting for the GPU after each).
 local ffi = require "ffi"
 local ur = require "uvmrec"
+local things = require("uvmrec.lib").things
 local json = require "uvmrec.json"
 local C = ur.C
 local options = require("uvmrec.cli").options
@@ -71,8 +72,8 @@ local function run(device, frac, policy, check)
   return st, seconds / (K - 2), per
 end
 
-print(("cache decisions: %d tables x %d rows, batches of %d (one id per table), Zipf(%.2f), %d batches")
-      :format(T, N, B, o.zipf, K))
+print(("cache decisions: %s x %s, batches of %d (one id per table), Zipf(%.2f), %s")
+      :format(things(T, "table"), things(N, "row"), B, o.zipf, things(K, "batch", "batches")))
 print(("%-6s %-5s %9s %9s %11s %11s %8s"):format("cache", "policy", "hit rate", "conflict", "CPU ms/b", "GPU ms/b",
       "same"))
 local failed = false

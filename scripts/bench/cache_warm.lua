@@ -19,6 +19,7 @@
 -- adds the runs with two batches in flight (the pipeline's order), as cache.lua does.
 local ffi = require "ffi"
 local ur = require "uvmrec"
+local things = require("uvmrec.lib").things
 local C = ur.C
 local profile = require "uvmrec.planner.profile"
 local hitrate = require "uvmrec.planner.hitrate"
@@ -50,8 +51,9 @@ local out_file = require("uvmrec.json").lines(o.out)
 
 local T, N, B, K, W = o.tables, o.rows, o.batch, o.batches, o.warm
 if W >= K then cmd:misuse(("--warm %d must be below --batches %d"):format(W, K)) end
-print(("cache_warm: %d tables x %d rows, batches of %d samples (one id per table), Zipf(%.2f) "
-       .. "(zipf_stream.lua), %d batches, the first %d warm the cache"):format(T, N, B, o.zipf, K, W))
+print(("cache_warm: %s x %s, batches of %s (one id per table), Zipf(%.2f) (zipf_stream.lua), %s, the "
+       .. "first %d warm the cache"):format(things(T, "table"), things(N, "row"), things(B, "sample"), o.zipf,
+       things(K, "batch", "batches"), W))
 math.randomseed(7)
 local inputs = zipf_stream(T, N, B, K, o.zipf)
 

@@ -36,6 +36,7 @@ local mc = require "uvmrec.mc"
 local json = require "uvmrec.json"
 local C = ur.C
 local flag_set = require("uvmrec.lib").flag_set
+local things = require("uvmrec.lib").things
 local options = require("uvmrec.cli").options
 
 local cmd = require("uvmrec.cli").command {
@@ -132,9 +133,9 @@ local function quality()
   os.remove(dir)
   assert(C.ur_dir_create(dir) == 0)
   local results = {}
-  print(("dlrm_tiny on %s, tables capped at %d rows, ids from %g x each table's rows, %d steps of 1024, "
+  print(("dlrm_tiny on %s, tables capped at %d rows, ids from %g x each table's rows, %s of 1024, "
          .. "evict_every %d; evaluated on the %d samples after training"):format(WHERE, o.max_rows, o.factor,
-         o.steps, o.evict_every, EVAL))
+         things(o.steps, "step"), o.evict_every, EVAL))
   for _, drift in ipairs(o.drifts) do
     for _, policy in ipairs(o.policies) do
       local aucs, shares, resident = {}, {}, {}

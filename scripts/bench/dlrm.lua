@@ -82,6 +82,7 @@ end
 
 local sets = { unpack(o.set) }
 local flag_set = require("uvmrec.lib").flag_set
+local things = require("uvmrec.lib").things
 if o.batch then sets[#sets + 1] = flag_set("--batch", "train.batch_size", o.batch) end
 if o.precision then sets[#sets + 1] = flag_set("--precision", "model.precision", o.precision) end
 if o.nonfinite then sets[#sets + 1] = flag_set("--nonfinite", "train.nonfinite", o.nonfinite) end
@@ -130,16 +131,16 @@ local seconds = timed()
 -- run(1) read the loss once inside the timed span: one wait in o.steps steps.
 local loss1 = model.criterion:forward(model:forward(probe), probe.labels):get(0)
 if not (loss1 == loss1 and math.abs(loss1) < math.huge) then
-  cmd:fail(("the loss is %s after %d steps"):format(loss1, step))
+  cmd:fail(("the loss is %s after %s"):format(loss1, things(step, "step")))
 end
 if loss1 >= loss0 then
-  cmd:fail(("the loss of a batch did not fall over %d steps on %d repeated batches: %.4f -> %.4f"):format(o.steps,
-    NBATCH, loss0, loss1))
+  cmd:fail(("the loss of a batch did not fall over %s on %d repeated batches: %.4f -> %.4f"):format(
+    things(o.steps, "step"), NBATCH, loss0, loss1))
 end
 local rate = o.steps * B / seconds
-print(("steady: %d steps (after %d warm-up) over %d batches already %s: %.3f ms a step, %s samples/s; "
-  .. "the first batch's loss %.4f -> %.4f"):format(o.steps, WARM, NBATCH, gpu and "on the GPU" or "in memory",
-  seconds / o.steps * 1e3, train.progress.count(rate), loss0, loss1))
+print(("steady: %s (after %d warm-up) over %d batches already %s: %.3f ms a step, %s samples/s; "
+  .. "the first batch's loss %.4f -> %.4f"):format(things(o.steps, "step"), WARM, NBATCH,
+  gpu and "on the GPU" or "in memory", seconds / o.steps * 1e3, train.progress.count(rate), loss0, loss1))
 if gpu then print(("B3 target: 10 M samples/s on one H200; this is %.2f of it"):format(rate / 10e6)) end
 
 -- The guard's work alone, as a step does it: the loss's check, the dense gradients' (one launch
@@ -179,7 +180,8 @@ local fed_seconds = C.ur_clock_seconds() - f0
 local fed_rate = fed_steps * B / fed_seconds
 local ls = loader:stats()
 loader:close()
-print(("fed by the loader: %d steps, %s samples/s (the loader waited on for %.2f s of %.2f s)"):format(fed_steps,
+print(("fed by the loader: %s, %s samples/s (the loader waited on for %.2f s of %.2f s)"):format(
+  things(fed_steps, "step"),
   train.progress.count(fed_rate), ls.wait_seconds, fed_seconds))
 
 if o.out then

@@ -27,6 +27,7 @@
 -- Prints the tables last and appends JSON lines to --out.
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
+local things = require("uvmrec.lib").things
 local streams = require "uvmrec.stream"
 local json = require "uvmrec.json"
 
@@ -262,7 +263,7 @@ for _, precision in ipairs(o.precisions) do
     loss_last = st.loss:get(0)
   end
   if not (loss_last == loss_last and math.abs(loss_last) < math.huge) then
-    cmd:fail(("%s: the loss is %s after %d steps"):format(precision, tostring(loss_last), n), 1)
+    cmd:fail(("%s: the loss is %s after %s"):format(precision, tostring(loss_last), things(n, "step")), 1)
   end
 
   -- The distinct rows of a batch (the backward's floor), from the tables' gradient.
@@ -295,8 +296,8 @@ for _, precision in ipairs(o.precisions) do
               gaps = ms - sum, floor_ms = floor_known and floor_ms or nil, unique = unique, ids = model._speed_ids,
               loss = loss_last, graph = runner and { captures = runner.captures, replays = runner.replays } or nil }
   results[#results + 1] = r
-  print(("uvmrec %s: %.3f ms a step (%d steps after %d warm-up, over %d batches%s), %.3f M samples/s; loss %.4f")
-    :format(precision, ms, o.steps, WARM, #batches,
+  print(("uvmrec %s: %.3f ms a step (%s after %d warm-up, over %d batches%s), %.3f M samples/s; loss %.4f")
+    :format(precision, ms, things(o.steps, "step"), WARM, #batches,
             runner and (", CUDA graphs: %d captured, %d replays"):format(runner.captures, runner.replays) or "",
             r.samples_per_s / 1e6, loss_last))
   if runner then runner:free() end

@@ -9,6 +9,7 @@
 --   luajit scripts/bench/drift.lua [--steps N] [--drift D] [--allowance 10%] (--help)
 local ffi = require "ffi"
 local ur = require "uvmrec"
+local things = require("uvmrec.lib").things
 local json = require "uvmrec.json"
 local hints = require "uvmrec.hints"
 local C = ur.C
@@ -83,8 +84,9 @@ end
 local loader = assert(ur.data.loader { data = { kind = "synthetic", spec = spec }, samples = samples,
                                        batch_size = o.batch })
 local step = 0
-print(("drift %.4g ranks a sample (the hot set moves %d ranks over %d samples); %d tables of %d rows, allowance %s")
-  :format(drift, math.floor(drift * samples), samples, o.tables, o.rows, o.allowance))
+print(("drift %.4g ranks a sample (the hot set moves %s over %s); %s of %s, allowance %s")
+  :format(drift, things(math.floor(drift * samples), "rank"), things(samples, "sample"), things(o.tables, "table"),
+    things(o.rows, "row"), o.allowance))
 print(("%6s %10s %14s %14s %12s %12s"):format("step", "shift", "hot_prefix", "adaptive", "swapped rows",
   "swap s"))
 for b in loader:batches() do

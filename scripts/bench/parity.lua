@@ -39,6 +39,7 @@ local cmd = require("uvmrec.cli").command {
 }
 local o = cmd:parse(arg)
 local flag_set = require("uvmrec.lib").flag_set
+local things = require("uvmrec.lib").things
 if o.precision then o.set[#o.set + 1] = flag_set("--precision", "model.precision", o.precision) end
 if o.batch then o.set[#o.set + 1] = flag_set("--batch", "train.batch_size", o.batch) end
 
@@ -60,7 +61,7 @@ if not loader then cmd:fail(lerr) end
 local b, berr = loader:next()
 if not b then cmd:fail(berr or ("%s: no samples from sample %d"):format(o.data, o.first)) end
 if b.size ~= B then
-  cmd:fail(("%s: %d samples from sample %d; the batch needs %d"):format(o.data, b.size, o.first, B))
+  cmd:fail(("%s: %s from sample %d; the batch needs %d"):format(o.data, things(b.size, "sample"), o.first, B))
 end
 local batch = b:to(gpu and "device" or "host")
 assert(ur.sync()) -- the copies are done before the loader's buffers go
@@ -124,5 +125,6 @@ ok, err = ck.save(o.dump, { tensors = out, meta = {
   ["parity.first"] = tostring(o.first), ["parity.data"] = o.data } })
 if not ok then cmd:fail(err) end
 print(("parity: %s (%s interaction, %s) on %s: batch %d from sample %d of %s; loss %.6f; %d dense gradients, "
-  .. "%d distinct rows in %d tables; weights %s, dump %s"):format(cfg.name, desc.interaction, desc.precision,
-  gpu and "the GPU" or "the CPU", B, o.first, o.data, loss, #grads, unique, model.num_tables, o.ckpt, o.dump))
+  .. "%d distinct rows in %s; weights %s, dump %s"):format(cfg.name, desc.interaction, desc.precision,
+  gpu and "the GPU" or "the CPU", B, o.first, o.data, loss, #grads, unique, things(model.num_tables, "table"), o.ckpt,
+  o.dump))

@@ -24,6 +24,7 @@
 local ur = require "uvmrec"
 local planner = require "uvmrec.planner"
 local train = require "uvmrec.train"
+local things = require("uvmrec.lib").things
 local json = require "uvmrec.json"
 local caches = require "uvmrec.cache"
 local streams = require "uvmrec.stream"
@@ -110,7 +111,7 @@ if o.time then
         local p, err, pinfo = planner.plan(tables, profiles, budget, popts)
         local r = { cpu = os.clock() - c0, wall = clock() - w0 }
         if o.short then
-          if p then error(("%d tables, %d ranks: half the least budget fits"):format(n, W)) end
+          if p then error(("%s, %s: half the least budget fits"):format(things(n, "table"), things(W, "rank"))) end
           r.proposals, r.step, r.method = ("gpus %s"):format(tostring(pinfo.gpus)), 0, "infeasible"
           r.error = err
         else

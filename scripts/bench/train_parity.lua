@@ -22,6 +22,7 @@
 local ur = require "uvmrec"
 local train = require "uvmrec.train"
 local json = require "uvmrec.json"
+local things = require("uvmrec.lib").things
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local P = dofile(here .. "/parity_lib.lua")
@@ -134,14 +135,14 @@ for s, l in pairs(ucurve) do
   if tcurve[s] then n, sum = n + 1, sum + math.abs(l - tcurve[s]) end
 end
 local ok = diff <= o.tol
-print(("\ntraining parity: %s, %d steps of %d (%d training samples, %d held out), uvmrec on %s, PyTorch on %s")
-  :format(cfg.name, steps, cfg.train.batch_size, train_samples, eval_samples, gpu and "the GPU" or "the CPU",
-  o.torch_device))
+print(("\ntraining parity: %s, %s of %d (%s, %d held out), uvmrec on %s, PyTorch on %s")
+  :format(cfg.name, things(steps, "step"), cfg.train.batch_size, things(train_samples, "training sample"), eval_samples,
+  gpu and "the GPU" or "the CPU", o.torch_device))
 print(("%-8s %10s %12s %10s %14s"):format("engine", "AUC", "logloss", "last loss", "samples/s"))
 print(("%-8s %10.4f %12s %10.4f %14.0f"):format("uvmrec", uf.auc, "", uf.loss, uf.samples_per_s))
 print(("%-8s %10.4f %12.4f %10.4f %14.0f"):format("torch", tf.auc, tf.logloss, tf.loss, tf.samples_per_s))
-print(("|AUC difference| %.4f (allowed %.4f): %s; mean |loss difference| over %d logged steps %.4f")
-  :format(diff, o.tol, ok and "ok" or "FAIL", n, n > 0 and sum / n or 0))
+print(("|AUC difference| %.4f (allowed %.4f): %s; mean |loss difference| over %s %.4f")
+  :format(diff, o.tol, ok and "ok" or "FAIL", things(n, "logged step"), n > 0 and sum / n or 0))
 json.append_lines(work .. "/summary.jsonl", {
   bench = "train_parity", model = cfg.name, steps = steps, batch = cfg.train.batch_size,
   train_samples = train_samples, eval_samples = eval_samples, uvmrec_device = gpu and "cuda" or "cpu",
@@ -150,6 +151,6 @@ json.append_lines(work .. "/summary.jsonl", {
   torch_samples_per_s = tf.samples_per_s, sets = o.set })
 local plot = ("%s %s %s %s --out %s --title %s"):format(sh(o.python), sh(here .. "/train_parity_plot.py"),
   sh(work .. "/uvmrec/metrics.jsonl"), sh(tjson), sh(work .. "/loss.png"),
-  sh(("%s, %d steps: AUC uvmrec %.4f, PyTorch %.4f"):format(cfg.name, steps, uf.auc, tf.auc)))
+  sh(("%s, %s: AUC uvmrec %.4f, PyTorch %.4f"):format(cfg.name, things(steps, "step"), uf.auc, tf.auc)))
 if not run(plot) then print("(no plot here; run it where matplotlib is installed: " .. plot .. ")") end
 if not ok then os.exit(1) end
