@@ -18,3 +18,20 @@ describe("scripts/bench output", function()
     assert.matches("; 1 table of 1000 rows, allowance 10%\n", out, 1, true)
   end)
 end)
+
+describe("scripts/bench refusals of counts too small to measure", function()
+  -- dlrm.lua --steps 1 failed with "attempt to index field 'loss' (a nil value)" after building
+  -- the model; drift.lua --steps 2 (below --every 20) with "attempt to index a nil value" at its end
+  it("refuses them before any work, naming the option and the least", function()
+    for _, case in ipairs {
+      { "scripts/bench/dlrm.lua --cpu --steps 1", "uvmrec scripts/bench/dlrm.lua: --steps: '1' is less than 2\n" },
+      { "scripts/bench/drift.lua --steps 2 --tables 1 --rows 1000 --batch 64",
+        "uvmrec scripts/bench/drift.lua: --steps 2 is below --every 20: the run would end before its first "
+        .. "interval\n" },
+    } do
+      local out, err, code = cmd.run(case[1])
+      assert.equal(2, code, out .. err)
+      assert.equal(case[2], err:sub(1, #case[2]))
+    end
+  end)
+end)

@@ -23,7 +23,8 @@ local options = require("uvmrec.cli").options
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/dlrm.lua",
   summary = "DLRM training benchmark (BENCH.md B3, B7): samples/s of whole training steps",
-  { "--steps N", "steps to time (default: 200 on a GPU, 50 on the CPU)", type = "whole" },
+  { "--steps N", "steps to time (default: 200 on a GPU, 50 on the CPU; at least 2: the first batch's loss is read "
+    .. "after the first and after the last)", type = "whole", min = 2 },
   options.batch_size,
   options.config,
   options.set,

@@ -15,7 +15,7 @@ local hints = require "uvmrec.hints"
 local C = ur.C
 local options = require("uvmrec.cli").options
 
-local o = require("uvmrec.cli").command {
+local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/drift.lua",
   summary = "hot_prefix and adaptive under a drifting hot set: coverage per interval",
   { "--steps N", "training steps", type = "whole", default = 240 },
@@ -27,7 +27,13 @@ local o = require("uvmrec.cli").command {
   { "--every K", "steps an interval", type = "whole", default = 20 },
   { "--decay F", "counts times F after each interval", type = "number", default = 0.5 },
   options.out_append,
-}:parse(arg)
+}
+local o = cmd:parse(arg)
+-- coverage is measured at each interval: steps that end before the first had none to print
+-- ('attempt to index a nil value' at the summary)
+if o.steps < o.every then
+  cmd:misuse(("--steps %d is below --every %d: the run would end before its first interval"):format(o.steps, o.every))
+end
 
 local allowance = tonumber((o.allowance:gsub("%%$", ""))) / 100
 local drift = o.drift or 2 * allowance * o.rows / (o.steps * o.batch)
