@@ -354,4 +354,34 @@ describe("sharded training over ranks", function()
     assert.truthy(out:find("trained 1 step, 512 samples", 1, true), out)
     command.rmdir(dir)
   end)
+
+  -- data.eval naming data.train's TSV files counted them twice before any step (two parsing
+  -- passes, each about an epoch's reading): the training loader's count, then the held-out probe's
+  it("counts TSV files that data.train and data.eval both name once a run", function()
+    if not have_mpi() then pending("no MPI here") return end
+    local dir = command.tmpdir()
+    local lines = {}
+    for line in io.lines(helpers.fixture("criteo_raw_sample.tsv")) do lines[#lines + 1] = line end
+    local tsv = command.spit(dir .. "/f.tsv", table.concat(lines, "\n") .. "\n")
+    -- each rank counts the loaders it opens with count_samples, then trains and evaluates
+    local script = command.spit(dir .. "/count.lua", ([[
+local ur = require "uvmrec"
+local train = require "uvmrec.train"
+local counted, open = 0, ur.data.loader
+ur.data.loader = function(o, ...)
+  if o and o.count_samples then counted = counted + 1 end
+  return open(o, ...)
+end
+local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "data.train=criteo-tsv:%s",
+  "data.eval=criteo-tsv:%s", "train.batch_size=500", "train.steps=1", "eval.samples=1000", "eval.batch_size=500",
+  "eval.every=0", "eval.min_auc=0", "embeddings.sharding=data_parallel" }))
+local r = assert(train.run(cfg, { cpu = true, progress = "none", print = function() end }))
+print(("counted %%d, evaluated %%d"):format(counted, r.eval.samples))
+]]):format(tsv, tsv))
+    local out, err, code = command.run("launch -n 2 " .. script)
+    assert.equal(0, code, out .. err)
+    local _, ranks = out:gsub("counted 1, evaluated 1000\n", "")
+    assert.equal(2, ranks, out)
+    command.rmdir(dir)
+  end)
 end)

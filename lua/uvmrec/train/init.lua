@@ -774,8 +774,10 @@ function run_plain(cfg, opts)
   end
   local loader, err = ur.data.loader(topts)
   if not loader then return nil, err end
+  local counted = {} -- TSV files' counts by their spec: each is one parsing pass, made once a run
   if tsv then
     local n = loader:stats().samples_per_epoch
+    counted[topts.data] = n
     local bad = M.config.check_epoch(cfg, world, n, "data.train", "the TSV files " .. tsv)
     if bad then
       loader:close()
@@ -784,19 +786,20 @@ function run_plain(cfg, opts)
   end
   -- held-out files open once before any step, as each evaluation opens them: a missing one
   -- fails the run now, not after its training; over ranks held-out TSV files are counted here
-  -- (each evaluation's loader does not count them again), and a last batch the ranks cannot
-  -- share is refused as held-out day files are
+  -- (each evaluation's loader does not count them again, nor this one the training files'
+  -- count: data.eval naming data.train's files made a second pass over them), and a last batch
+  -- the ranks cannot share is refused as held-out day files are
   if data.eval and type(data.eval.data) == "string" then
     local eval_tsv = comm and data.eval.data:match("^criteo%-tsv:(.*)$")
     local po = {}
     for k, v in pairs(data.eval) do po[k] = v end
-    po.count_samples = eval_tsv and true or nil
+    po.count_samples = eval_tsv and not counted[po.data] or nil
     local probe, perr = ur.data.loader(po)
     if not probe then
       loader:close()
       return nil, "data.eval " .. perr
     end
-    local n = eval_tsv and probe:stats().samples_per_epoch
+    local n = eval_tsv and (counted[po.data] or probe:stats().samples_per_epoch)
     local bad = n and M.config.check_eval(cfg, world, n, "the TSV files " .. eval_tsv)
     probe:close()
     if bad then
