@@ -170,7 +170,7 @@ describe("uvmrec command", function()
                 lib.flag_set("--precision", "model.precision", "bf16"))
     -- each said '--set train.batch_size=3000000000: ...' (and 1e30 read '1e+30'), or 'data.eval: ...' for --data
     for _, case in ipairs {
-      { "scripts/bench/dlrm.lua --cpu --steps 1 --batch 3000000000",
+      { "scripts/bench/dlrm.lua --cpu --steps 2 --batch 3000000000",
         "--batch 3000000000: train.batch_size: '3000000000' is not an integer <= 16777216" },
       { "scripts/bench/uvm.lua --cpu --config dlrm_tiny --batch 3000000000",
         "--batch 3000000000: train.batch_size: '3000000000' is not an integer <= 16777216" },
