@@ -127,6 +127,13 @@ describe("uvmrec.nn.Module", function()
     assert(ebc:set_precision("bf16"))
     assert.equal("bf16", ebc:forward(ur.KJT { keys = { "t" }, values = { 1, 2 }, lengths = { 1, 1 } }):dtype())
     ebc.tbe:free()
+    -- the collection's refusal names the module, at this line ('embedding collection: used
+    -- after free()' alone, at no line, through a bare assert)
+    local ok, err = pcall(function() ebc:set_precision("f32") end)
+    assert.is_false(ok)
+    assert.matches("^[^\n]*module_spec%.lua:%d+: EmbeddingBagCollection%(1 tables, 1 features %-> 4, sgd%): "
+                   .. "embedding collection: used after free%(%)$", err)
+    assert.equal("bf16", ebc.precision)
   end)
 
   it("refuse an option they do not take, or of the wrong type, where the module was built", function()

@@ -132,10 +132,12 @@ function EBC:to() return self end
 
 function EBC:zero_grad() return self end
 
--- bf16 precision makes the output (and the gradient it takes) bf16.
+-- bf16 precision makes the output (and the gradient it takes) bf16.  Setting the collection's
+-- output dtype has only misuse to fail on (a freed collection): an error naming the module, at
+-- the caller's line, with the precision as it was.
 function EBC:set_precision(precision)
   local dtype = Module.check_precision(precision, 2)
-  assert(self.tbe:set_output_dtype(dtype))
+  self:op(2, self.tbe.set_output_dtype, self.tbe, dtype)
   self.precision = precision
   if self.output then self.output:free() end
   self.output, self._out_shape = nil, nil
