@@ -326,6 +326,37 @@ describe("uvmrec.nn.Module", function()
     assert.same(mem0, ur.memory())
   end)
 
+  it("keep one view of a buffer, whatever batch sizes come", function()
+    -- a view was kept per batch size below the largest: 250 sizes, 250 handles on the buffer's
+    -- block (an unpooled collection's values count differs nearly every batch)
+    local l = nn.Linear(3, 2)
+    local x = R.rand({ 400, 3 }, 43)
+    local function handles()
+      collectgarbage()
+      collectgarbage()
+      return l.output:refs()
+    end
+    local function forward(rows)
+      local xv = x:view(0, rows)
+      local y = l:forward(xv)
+      assert.same({ rows, 2 }, y:size())
+      xv:free()
+      return y
+    end
+    forward(400)
+    for rows = 399, 350, -1 do forward(rows) end
+    local kept = handles()
+    for rows = 349, 100, -1 do forward(rows) end
+    assert.equal(kept, handles())
+    -- a size seen before gives its rows again; a view given out earlier still reads its rows
+    local y7 = forward(7)
+    local first = y7:totable()
+    local y9 = forward(9)
+    assert.same(first, y7:totable())
+    assert.same({ unpack(y9:totable(), 1, 14) }, first)
+    assert.same(first, forward(7):totable())
+  end)
+
   it("can be subclassed with Module:extend", function()
     local Scale = nn.Module:extend("Scale")
     function Scale:__init(n)

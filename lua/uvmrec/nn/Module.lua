@@ -517,8 +517,11 @@ function Module:share_arena(from)
 end
 
 -- A [rows, cols] tensor of `dtype` named `key` in this module, from the arena: allocated once
--- for the largest batch (rows) seen, then a view of its first rows (kept per row count, so a
--- steady batch size allocates nothing).  Its contents are whatever its last user left.
+-- for the largest batch (rows) seen, then a view of its first rows.  One view is kept, of the
+-- last row count below the largest, so a steady batch size allocates nothing and batches of
+-- many sizes (a collection's values, the last short batch, an evaluation) keep no handle per
+-- size; a view given out before stays valid (the buffer's tensor keeps their arena block).
+-- Its contents are whatever its last user left.
 function Module:buffer(key, dtype, rows, cols)
   local b = self._bufs[key]
   if not b or b.dtype ~= dtype or b.cols ~= cols or b.rows < rows then
@@ -528,16 +531,12 @@ function Module:buffer(key, dtype, rows, cols)
             dtype, why), 2)
     end
     b = { t = self:arena():tensor({ rows, cols }, dtype, self, key), rows = rows, cols = cols, dtype = dtype,
-          views = {} }
+          view = nil, view_rows = nil }
     self._bufs[key] = b
   end
   if b.rows == rows then return b.t end
-  local v = b.views[rows]
-  if not v then
-    v = b.t:view(0, rows)
-    b.views[rows] = v
-  end
-  return v
+  if b.view_rows ~= rows then b.view, b.view_rows = b.t:view(0, rows), rows end
+  return b.view
 end
 
 -- ---- printing ----
