@@ -67,7 +67,7 @@ describe("uvmrec.qtbe on the GPU", function()
     local _, gpu = pair("int8", "device")
     local batch = { values = { 1, 2, 77, 3 }, offsets = { 0, 1, 2, 3, 4, 4, 4 } }
     assert.has_error(function() run(gpu, batch, "device") end,
-                     "qtbe: table 'b' (feature 'f2', sample 0, value 2) has no row for id 77; ids run 0..76")
+                     "qtbe: table 'b' (feature 'f2', sample 0, value 2) has no row 77; ids run 0..76")
     local w = assert(qtbe.new { tables = { { name = "a", rows = 10, dim = 8, format = "int4" } }, device = 0,
                                 bounds = "warn" })
     run(w, { values = { 1, 10, -1 }, offsets = { 0, 3 } }, "device")

@@ -7,6 +7,7 @@
 local ffi = require "ffi"
 local ur = require "uvmrec"
 local qtbe = require "uvmrec.qtbe"
+local tbe = require "uvmrec.tbe"
 local R = require "tbe_ref"
 local compare = require "uvmrec.compare"
 local wall_limit = require("helpers").seconds
@@ -391,12 +392,20 @@ describe("uvmrec.qtbe collection", function()
     local q = build("int8")
     local batch = { values = { 1, 2, 11, 3, 4, 5 }, offsets = { 0, 1, 2, 3, 4, 5, 6 } }
     -- misuse raises, as every engine call's INVALID does (uvmrec.lib)
-    assert.has_error(function() q:forward(inputs(batch)) end,
-                     "qtbe: table 'b' (feature 'f2', sample 0, value 2) has no row for id 11; ids run 0..10")
+    local msg = "table 'b' (feature 'f2', sample 0, value 2) has no row 11; ids run 0..10"
+    assert.has_error(function() q:forward(inputs(batch)) end, "qtbe: " .. msg)
+    -- the plain collection's words (table.c's ur__tbe_bad_id): qtbe said 'has no row for id 11'
+    local t = assert(tbe.new { tables = { { name = "a", rows = 37, dim = 16, features = { "f1", "f3" } },
+                                          { name = "b", rows = 11, dim = 8, features = { "f2" } } },
+                               features = { "f1", "f2", "f3" }, device = "cpu" })
+    local ok, err = pcall(function() t:forward(inputs(batch), ur.tensor({ 2, 40 })) end)
+    t:free()
+    assert.is_false(ok)
+    assert.equal("tbe: " .. msg, (tostring(err):gsub("^[^\n]-:%d+: ", "")))
     local m = build("int8", { modulo = true })
     batch.values[3] = -4
     assert.has_error(function() m:forward(inputs(batch)) end,
-                     "qtbe: table 'b' (feature 'f2', sample 0, value 2) has no row for id -4; ids run 0..10")
+                     "qtbe: table 'b' (feature 'f2', sample 0, value 2) has no row -4; ids run 0..10")
     batch.values[3] = 11
     local w, deq = build("int8", { bounds = "warn" })
     local out = assert(w:forward(inputs(batch)))

@@ -111,7 +111,7 @@ describe("uvmrec.serve", function()
       return l
     end)() }
     _, err = m:predict(batch.dense, bad)
-    assert.equal("qtbe: table 'C16' (feature 'C16', sample 2, value 962) has no row for id 10000; ids run 0..9999", err)
+    assert.equal("qtbe: table 'C16' (feature 'C16', sample 2, value 962) has no row 10000; ids run 0..9999", err)
     _, err = m:predict(batch.dense, batch.sparse:dedup())
     assert.equal("model: the request's KJT has a variable batch per feature; expand it first", err)
     -- keys in another order are matched by name

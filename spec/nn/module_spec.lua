@@ -229,7 +229,7 @@ describe("uvmrec.nn.Module", function()
     local q = nn.QuantEmbeddingBagCollection.quantize(e, { format = "int8" })
     fails(function() q:forward(ur.KJT { keys = { "a" }, values = { 11, 2 }, lengths = { 1, 1 } }) end,
       "QuantEmbeddingBagCollection(1 tables, 1 features -> 4, int8): qtbe: table 't' (feature 'a', sample 0, "
-      .. "value 0) has no row for id 11; ids run 0..9")
+      .. "value 0) has no row 11; ids run 0..9")
     local r = nn.ReLU()
     fails(function() r:forward(T({ 3, 4 }, "i32")) end,
       "ReLU: activation forward: x is i32 [3, 4]; expected f32 or bf16 of 12 elements")

@@ -853,11 +853,8 @@ static ur_status bad_value(ur_cache *c, int64_t v, int64_t id, int32_t f, const 
     if (offs[mid] <= v) lo = mid;
     else b1 = mid;
   }
-  return ur__error(UR_STATUS_INVALID,
-                   "cache: table '%s' (feature '%s', sample %lld, value %lld) has no row %lld; "
-                   "ids run 0..%lld",
-                   c->tbe->tc[ti].name, c->tbe->names.fnames[f], (long long)(lo - b0), (long long)v,
-                   (long long)id, (long long)rows_of(c, ti) - 1);
+  return ur__tbe_bad_id("cache", c->tbe->tc[ti].name, c->tbe->names.fnames[f], lo - b0, v, id, 0,
+                        rows_of(c, ti));
 }
 
 /* The first feature whose values hold value v (for messages). */

@@ -322,12 +322,8 @@ static ur_status bad_id(const ur_tbe *t, const job *j, int32_t f, int64_t i) {
     else hi = mid;
   }
   int32_t tb = ur_tbe_feature_table(t, f);
-  return ur__error(UR_STATUS_INVALID,
-                   "tbe: table '%s' (feature '%s', sample %lld, value %lld) has no row %lld; "
-                   "ids run 0..%lld",
-                   ur_tbe_table_name(t, tb), ur_tbe_feature_name(t, f),
-                   (long long)(lo - j->bag_start[f]), (long long)i, (long long)j->v[i],
-                   (long long)j->p->tab[tb].rows - 1);
+  return ur__tbe_bad_id(t->names.who, ur_tbe_table_name(t, tb), ur_tbe_feature_name(t, f),
+                        lo - j->bag_start[f], i, j->v[i], 0, j->p->tab[tb].rows);
 }
 
 static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *offsets,

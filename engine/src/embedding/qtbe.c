@@ -578,15 +578,8 @@ static ur_status bad_id(const ur_qtbe *q, const ur__qtbe_args *a, const ur_tenso
   if (st) return st;
   int32_t f = (int32_t)(lo / a->batch);
   const ur_qtbe_table_config *tc = &q->tc[q->names.features[f].table];
-  char mapped[96] = "";
-  if (tc->modulo > 0 && id >= 0)
-    snprintf(mapped, sizeof mapped, " (%lld after modulo %lld)", (long long)(id % tc->modulo),
-             (long long)tc->modulo);
-  return ur__error(UR_STATUS_INVALID,
-                   "qtbe: table '%s' (feature '%s', sample %lld, value %lld) has no row for id "
-                   "%lld%s; ids run 0..%lld",
-                   tc->name, q->names.fnames[f], (long long)(lo - (int64_t)f * a->batch),
-                   (long long)i, (long long)id, mapped, (long long)tc->rows - 1);
+  return ur__tbe_bad_id(q->names.who, tc->name, q->names.fnames[f], lo - (int64_t)f * a->batch, i,
+                        id, tc->modulo, tc->rows);
 }
 
 ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,

@@ -163,6 +163,20 @@ ur_status ur__tbe_check_offsets(const ur__tbe_names *n, const int64_t *o, int64_
   return UR_STATUS_OK;
 }
 
+ur_status ur__tbe_bad_id(const char *who, const char *table, const char *feature,
+                         int64_t sample, int64_t value, int64_t id, int64_t modulo,
+                         int64_t rows) {
+  char mapped[96] = "";
+  if (modulo > 0 && id >= 0)
+    snprintf(mapped, sizeof mapped, " (%lld after modulo %lld)", (long long)(id % modulo),
+             (long long)modulo);
+  return ur__error(UR_STATUS_INVALID,
+                   "%s: table '%s' (feature '%s', sample %lld, value %lld) has no row %lld%s; "
+                   "ids run 0..%lld",
+                   who, table, feature, (long long)sample, (long long)value, (long long)id, mapped,
+                   (long long)rows - 1);
+}
+
 ur_status ur__tbe_names_index(const ur__tbe_names *n, int32_t i) {
   if (i < 0 || i >= n->T)
     return ur__error(UR_STATUS_INVALID, "%s: table %d does not exist; expected 0..%d", n->who,

@@ -88,6 +88,12 @@ UR__HIDDEN ur_status ur__tbe_check_place(const char *who, const char *name, cons
 UR__HIDDEN ur_status ur__tbe_check_offsets(const ur__tbe_names *n, const int64_t *o, int64_t bags,
                                            int64_t values, const int64_t *bag_start,
                                            int64_t batch);
+/* The error of an id its table has no row for, one wording for the collections, their cache and
+ * the quantized ones: "<who>: table 'T' (feature 'F', sample s, value v) has no row <id>[ (m
+ * after modulo M)]; ids run 0..<rows - 1>" (modulo 0: none; the note only for an id >= 0). */
+UR__HIDDEN ur_status ur__tbe_bad_id(const char *who, const char *table, const char *feature,
+                                    int64_t sample, int64_t value, int64_t id, int64_t modulo,
+                                    int64_t rows);
 /* "<who>: table i does not exist" unless 0 <= i < T. */
 UR__HIDDEN ur_status ur__tbe_names_index(const ur__tbe_names *n, int32_t i);
 /* The public accessors' answers: NULL or -1 out of range. */

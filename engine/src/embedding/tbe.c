@@ -258,11 +258,7 @@ static ur_status bad_id(const ur_tbe *t, const call *c, int64_t i) {
     first = (int64_t)f * c->a.batch;
   }
   const ur_tbe_table_config *tc = &t->tc[t->names.features[f].table];
-  return ur__error(UR_STATUS_INVALID,
-                   "tbe: table '%s' (feature '%s', sample %lld, value %lld) has no row %lld; "
-                   "ids run 0..%lld",
-                   tc->name, t->names.fnames[f], (long long)(lo - first), (long long)i,
-                   (long long)id, (long long)tc->rows - 1);
+  return ur__tbe_bad_id(t->names.who, tc->name, t->names.fnames[f], lo - first, i, id, 0, tc->rows);
 }
 
 /* ---- calls ---- */
