@@ -170,13 +170,26 @@ function methods:_input(input, level)
   return values, offsets, bp, inverse
 end
 
+-- The handles remap made: a KJT input's values, offsets and inverse indices (the KJT's own
+-- lent to it), and out where it made one.
+local function let_go(input, values, offsets, inverse, out)
+  if type(input.values) == "function" then
+    values:free()
+    offsets:free()
+    if inverse then inverse:free() end
+  end
+  if out then out:free() end
+end
+
 -- remap(input[, opts][, stream]): each raw id's row.  opts: update (default true: the rounds
 -- due run first and the batch is counted; false: a read-only lookup), out (an i64 tensor of
 -- the values' size where the map lives; by default a new one, in the values' placement on the
 -- CPU).  A KJT input gives a KJT of rows (its keys, lengths,
--- weights and variable batch); a table input gives the rows tensor.
+-- weights and variable batch); a table input gives the rows tensor.  A refused input leaves
+-- nothing behind: the handles made for the call are freed before the error.
 function methods:remap(input, opts, stream)
   opts = opts or {}
+  if opts.out ~= nil then T(opts.out, "out", 2) end -- before the input's handles are made
   local values, offsets, bp, inverse = self:_input(input, 2)
   local out = opts.out
   if out == nil then
@@ -184,12 +197,21 @@ function methods:remap(input, opts, stream)
     if self.device >= 0 then o.device = self.device end
     local err
     out, err = tensor.tensor({ values:numel() }, o)
-    if not out then return nil, err end
+    if not out then
+      let_go(input, values, offsets, inverse)
+      return nil, err
+    end
   end
-  local ok, err = check(C.ur_mc_remap(S(stream), H(self), T(values, "values", 2), T(offsets, "offsets", 2), bp,
-                                      inverse ~= nil and T(inverse, "inverse", 2) or nil, T(out, "out", 2),
-                                      opts.update == false and 0 or 1), 2)
-  if not ok then return nil, err end
+  local st = C.ur_mc_remap(S(stream), H(self), T(values, "values", 2), T(offsets, "offsets", 2), bp,
+                           inverse ~= nil and T(inverse, "inverse", 2) or nil, T(out, "out", 2),
+                           opts.update == false and 0 or 1)
+  if st ~= 0 then
+    -- the message is read before the frees (a device tensor's free enters its GPU)
+    local msg = ffi.string(C.ur_last_error())
+    let_go(input, values, offsets, inverse, opts.out == nil and out or nil)
+    if st == C.UR_STATUS_INVALID then error(msg, 2) end
+    return nil, msg
+  end
   if type(input.values) ~= "function" then return out end
   local lengths, weights = input:lengths(), input:weights()
   local k, kerr = require("uvmrec.kjt").new({ keys = input:keys(), values = out, lengths = lengths,
@@ -198,10 +220,7 @@ function methods:remap(input, opts, stream)
   -- the KJT holds its own views; these handles (and a made-up out) go now
   lengths:free()
   if weights then weights:free() end
-  values:free()
-  offsets:free()
-  if inverse then inverse:free() end
-  if opts.out == nil then out:free() end
+  let_go(input, values, offsets, inverse, opts.out == nil and out or nil)
   if not k then return nil, kerr end
   return k
 end

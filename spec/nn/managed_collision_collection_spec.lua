@@ -83,6 +83,79 @@ describe("ur.nn.ManagedCollisionCollection", function()
     assert.equal(4, mcc.map:step())
   end)
 
+  it("leaves nothing behind from a failed forward and works on as if it had not been called", function()
+    -- a refused batch left a view of the module's rows buffer and the map's handles on the
+    -- input's values and offsets to the collector, a failed allocation left the freed buffer in
+    -- place ('used after free()' at the next forward), and every forward left the previous
+    -- output and a view of its input's values
+    local tensor = require "uvmrec.tensor"
+    local a = MCC{ collection = collection(), policy = "lfu", evict_every = 2, fallback_rows = 1 }
+    local b = MCC{ collection = collection(), policy = "lfu", evict_every = 2, fallback_rows = 1 }
+    local r = h.rng(5)
+    local good = {}
+    for step = 1, 4 do good[step] = batch(r, step) end
+    -- a KJT's values: the handles on their storage (the KJT's and others'), and the ids
+    local function look(k)
+      local v = k:values()
+      local n, t = v:refs() - 1, v:totable()
+      v:free()
+      return n, t
+    end
+    local function handles(k) return (look(k)) end
+    local function ids(k) return select(2, look(k)) end
+    local M = "ManagedCollisionCollection(2 tables, lfu, evict_every 2): "
+    local function fails(k, want)
+      local before = handles(k)
+      local ok, err = pcall(function() a:forward(k) end)
+      assert.is_false(ok)
+      assert.equal("managed_collision_collection_spec.lua: " .. M .. want,
+                   tostring(err):gsub("^.-(managed_collision_collection_spec%.lua):%d+:", "%1:"))
+      assert.equal(before, handles(k))
+      assert.is_nil(a.output)
+      assert.equal(1, a._out:refs())
+    end
+    local new = tensor.tensor
+    finally(function()
+      tensor.tensor = new
+      collectgarbage("restart")
+    end)
+    collectgarbage()
+    collectgarbage("stop") -- what a forward leaves stays countable
+    for step = 1, 2 do
+      local kept = handles(good[step])
+      local first = a:forward(good[step])
+      assert.equal(2, a._out:refs()) -- the buffer and this output's rows: the last output went
+      assert.equal(kept, handles(good[step])) -- no view of the module's left on the input
+      assert.same(ids(first), ids(b:forward(good[step])))
+    end
+    -- offsets that decrease (a KJT made without its checks): refused by the map, at this line
+    local bad = ur.KJT{ keys = { "u1", "u2", "v" }, values = { 1, 2 }, lengths = { 1, 1, 1, -1, 0, 0 }, check = false }
+    fails(bad, "mc: offsets[4] = 2 is below offsets[3] = 3; offsets must not decrease")
+    fails(ur.KJT{ keys = { "u1" }, values = { 1 }, lengths = { 1 } },
+          "managed collisions: the input's keys {u1} are not the map's features {u1, u2, v}")
+    -- a batch larger than the buffer, whose memory cannot be had
+    local big = ur.KJT{ keys = { "u1", "u2", "v" }, values = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+      17, 18, 19, 20, 21, 22, 23, 24, 25, 26 }, lengths = { 9, 9, 8 } }
+    tensor.tensor = function() return nil, "tensor: host allocation of 208 bytes failed (a stub)" end
+    local ok, err = pcall(function() a:forward(big) end)
+    tensor.tensor = new
+    collectgarbage("restart")
+    assert.is_false(ok)
+    assert.matches("managed_collision_collection_spec%.lua:%d+: " .. M:gsub("%p", "%%%0")
+                   .. "tensor: host allocation of 208 bytes failed %(a stub%)$", err)
+    assert.is_nil(a.output)
+    -- the maps are as b's, which never saw the failures: the same rows and counts from here on
+    for step = 3, 4 do
+      assert.same(ids(b:forward(good[step])), ids(a:forward(good[step])))
+    end
+    assert.same(ids(b:forward(big)), ids(a:forward(big)))
+    local sa, sb = a:stats(), b:stats()
+    sa.seconds, sa.round_seconds, sb.seconds, sb.round_seconds = nil, nil, nil, nil
+    for _, t in pairs(sa.tables) do t.seconds, t.round_seconds = nil, nil end
+    for _, t in pairs(sb.tables) do t.seconds, t.round_seconds = nil, nil end
+    assert.same(sb, sa)
+  end)
+
   it("takes features, rows and the device from the collection, and settings per table", function()
     local ebc = collection()
     local mcc = MCC{ collection = ebc, policy = "lru", tables = { v = { policy = "distance_lfu", fallback_rows = 2 } } }

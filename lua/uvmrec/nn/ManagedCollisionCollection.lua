@@ -90,37 +90,53 @@ function MCC:__init(opts)
   self.table_names = self.map.table_names
 end
 
+-- map:remap into out, a view of the module's buffer (or the buffer itself: view nil), the view
+-- freed whether the remap took the input or refused it.
+local function remap_into(map, input, opts, stream, view)
+  local ok, rows, err = pcall(map.remap, map, input, opts, stream)
+  if view then view:free() end
+  if not ok then error(rows, 0) end
+  return rows, err
+end
+
 -- A KJT of rows for a KJT of raw ids (a batch's sparse part), valid until the next forward (its
--- values are the module's buffer).  In training mode the rounds due run first and the batch is
--- counted, and the rows a round gave to other ids are reset in the collection.
+-- values are the module's buffer; the next forward frees it).  In training mode the rounds due
+-- run first and the batch is counted, and the rows a round gave to other ids are reset in the
+-- collection.  A forward that fails (an input the map refuses, no memory for the rows) raises
+-- naming the module, at the caller's line, and leaves no output and no handle behind: the
+-- module works on as before.
 function MCC:updateOutput(input)
   if not kjt.is(input) then
     error("ManagedCollisionCollection: forward takes a KJT (ur.KJT, a batch's sparse part), not a "
           .. type(input), 2)
   end
+  if self.output then self.output:free() end
+  self.output = nil
   local update = self.train ~= false
   local values = input:values()
-  local n = values:numel()
+  local n, vplace = values:numel(), values:placement()
+  values:free()
   -- rows where the ids are (a KJT keeps one placement): device memory for a map on a GPU, the
   -- ids' own host, pinned or managed memory for one on the CPU
-  local place = self.device >= 0 and "device" or values:placement()
+  local place = self.device >= 0 and "device" or vplace
   if not self._out or self._out:numel() < n or self._out:placement() ~= place then
     if self._out then self._out:free() end
+    self._out = nil
     local o = { dtype = "i64", placement = place }
     if self.device >= 0 then o.device = self.device end
-    self._out = assert(tensor.tensor({ math.max(n, 1) }, o))
+    self._out = self:op(2, tensor.tensor, { math.max(n, 1) }, o)
   end
-  local out = n == self._out:numel() and self._out or self._out:view(0, n)
+  local view = n ~= self._out:numel() and self._out:view(0, n) or nil
   local map = self.map
-  local rows = self:op(2, map.remap, map, input, { update = update, out = out }, self.stream)
-  if out ~= self._out then out:free() end
+  local rows = self:op(2, remap_into, map, input, { update = update, out = view or self._out }, self.stream, view)
+  -- held before the resets, so that one failing leaves it to the next forward to free
+  self.output = rows
   if update and self.tbe then
     for _, name in ipairs(self.table_names) do
       local p, k = self.map:reassigned_ptr(name)
       if k > 0 then self:op(2, self.tbe.reset_rows, self.tbe, name, p, k, self.stream) end
     end
   end
-  self.output = rows
   return rows
 end
 
