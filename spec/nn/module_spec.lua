@@ -136,6 +136,29 @@ describe("uvmrec.nn.Module", function()
     assert.equal("bf16", ebc.precision)
   end)
 
+  it("set an embedding collection's output in a model to the model's precision, as its own does", function()
+    -- a model's set_precision marked the collection bf16 and left its output f32
+    local ebc = nn.EmbeddingBagCollection { tables = { { name = "t", rows = 4, dim = 4 } }, device = "cpu" }
+    local m = nn.Sequential(ebc, nn.ReLU())
+    local kjt = ur.KJT { keys = { "t" }, values = { 1, 2 }, lengths = { 1, 1 } }
+    for _, p in ipairs { "bf16", "tf32", "bf16", "f32" } do
+      assert(m:set_precision(p))
+      assert.equal(p, ebc.precision)
+      assert.equal(p == "bf16" and "bf16" or "f32", m:forward(kjt):dtype())
+      assert.equal(p == "bf16" and "bf16" or "f32", ebc.output:dtype())
+    end
+    ebc.tbe:free()
+    -- a refusal at any depth names the collection at this line; the model stays as it was
+    local outer = nn.Sequential(nn.Sequential(m))
+    for _, model in ipairs { m, outer } do
+      local ok, err = pcall(function() model:set_precision("bf16") end)
+      assert.is_false(ok)
+      assert.matches("^[^\n]*module_spec%.lua:%d+: EmbeddingBagCollection%(1 tables, 1 features %-> 4, sgd%): "
+                     .. "embedding collection: used after free%(%)$", err)
+      assert.equal("f32", ebc.precision)
+    end
+  end)
+
   it("refuse an option they do not take, or of the wrong type, where the module was built", function()
     assert.has_error(function() nn.Linear(3, 4, { acts = "relu" }) end,
       "Linear: unknown option 'acts'; expected act, bias, input_grad, pad_to, seed")

@@ -134,13 +134,18 @@ function EBC:zero_grad() return self end
 
 -- bf16 precision makes the output (and the gradient it takes) bf16.  Setting the collection's
 -- output dtype has only misuse to fail on (a freed collection): an error naming the module, at
--- the caller's line, with the precision as it was.
-function EBC:set_precision(precision)
-  local dtype = Module.check_precision(precision, 2)
-  self:op(2, self.tbe.set_output_dtype, self.tbe, dtype)
+-- the caller's line, with the precision as it was.  A model's set_precision (Module's) sets it
+-- through set_output_precision, precision checked, level as error's.
+function EBC:set_output_precision(precision, level)
+  self:op(level + 1, self.tbe.set_output_dtype, self.tbe, precision == "bf16" and "bf16" or "f32")
   self.precision = precision
   if self.output then self.output:free() end
   self.output, self._out_shape = nil, nil
+end
+
+function EBC:set_precision(precision)
+  Module.check_precision(precision, 2)
+  self:set_output_precision(precision, 2)
   return self
 end
 

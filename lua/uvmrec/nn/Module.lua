@@ -440,8 +440,17 @@ function Module:to(placement, device)
   return self
 end
 
--- set_precision's work on m (st: precision, arena, ok, err).
+-- set_precision's work on m (st: precision, arena, ok, err, raised).  A module whose output
+-- dtype its own object holds (an embedding collection's) sets it itself (a model of one left it
+-- f32 and marked bf16); its refusal is raised again by Module:set_precision, at its caller's line.
 local function set_precision(m, st)
+  if m.set_output_precision then
+    if st.ok then
+      local ok, err = pcall(m.set_output_precision, m, st.precision, 1)
+      if not ok then st.ok, st.raised = false, err end
+    end
+    return
+  end
   m.precision = st.precision
   drop_buffers(m)
   m._arena = st.arena
@@ -483,6 +492,7 @@ function Module:set_precision(precision, stream)
     -- to its precision (f32 where that was bf16, whose copies went), which allocates nothing
     local back = before == "bf16" and "f32" or before
     self:apply(set_precision, { precision = back, arena = self._arena, ok = true, root = self })
+    if st.raised then error((tostring(st.raised):gsub("^[^\n]-:%d+: ", "")), 2) end
     return nil, st.err .. "; the model stays in " .. back
   end
   if precision == "bf16" then self:sync_halves(stream) end
