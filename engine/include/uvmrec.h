@@ -1798,6 +1798,8 @@ UR_API void ur_qtbe_free(ur_qtbe *q);
 UR_API int32_t ur_qtbe_num_tables(const ur_qtbe *q);
 UR_API int32_t ur_qtbe_num_features(const ur_qtbe *q);
 UR_API int32_t ur_qtbe_device(const ur_qtbe *q);
+/* The dtype of the output from now on: f32 or bf16 (not while a forward runs on q). */
+UR_API ur_status ur_qtbe_set_out_dtype(ur_qtbe *q, ur_dtype dtype);
 UR_API int64_t ur_qtbe_out_dim(const ur_qtbe *q);
 UR_API int64_t ur_qtbe_feature_col(const ur_qtbe *q, int32_t feature);
 UR_API const char *ur_qtbe_table_name(const ur_qtbe *q, int32_t table);

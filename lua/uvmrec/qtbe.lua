@@ -167,6 +167,13 @@ function methods:set_permutation(name, perm)
   return self
 end
 
+-- The output's dtype from now on, "f32" or "bf16" (not while a forward runs).
+function methods:set_output_dtype(dtype)
+  must(C.ur_qtbe_set_out_dtype(H(self), pick(table_options.OUTPUT_DTYPES, dtype, "output dtype", 2)))
+  self.output_dtype = dtype
+  return self
+end
+
 function methods:skipped() return tonumber(C.ur_qtbe_skipped(H(self))) end
 function methods:bytes() return tonumber(C.ur_qtbe_bytes(H(self))) end
 

@@ -264,6 +264,16 @@ function M.load(self, name, src, stream, who, level)
   return self
 end
 
+-- Such a module's output precision, through its collection coll (set_output_dtype: bf16 under
+-- bf16, f32 otherwise); a refusal is raised naming the module (module:op) at `level`, as
+-- error's, the precision as it was.  The last call's output is let go.
+function M.module_precision(module, coll, precision, level)
+  module:op(level + 1, coll.set_output_dtype, coll, precision == "bf16" and "bf16" or "f32")
+  module.precision = precision
+  if module.output then module.output:free() end
+  module.output, module._out_shape = nil, nil
+end
+
 -- Such a module's output for input, from its collection coll: the one of the last call while
 -- the shape holds (the module's output and _out_shape), else a new one (the old one freed).
 function M.module_output(module, coll, input)

@@ -81,6 +81,24 @@ describe("uvmrec.dist.shard", function()
     end)
   end
 
+  it("takes a model's precision: a sharded collection in a model gives the unsharded one's bf16 output", function()
+    -- a model's set_precision marked the sharded collection bf16 and left its shards' outputs f32
+    local plain = ur.nn.EmbeddingBagCollection(opts())
+    local sharded = dist.shard(plain, "row_wise", comm)
+    local m, pm = ur.nn.Sequential(sharded, ur.nn.ReLU()), ur.nn.Sequential(plain, ur.nn.ReLU())
+    local kjt = batch(h.rng(3), 9)
+    for _, p in ipairs { "bf16", "f32", "bf16" } do
+      assert(m:set_precision(p))
+      assert(pm:set_precision(p))
+      local want = pm:forward(kjt)
+      local got = m:forward(kjt)
+      assert.equal(p, got:dtype(), p)
+      assert.equal(p, sharded.output_dtype)
+      assert.same(want:totable(), got:totable(), p)
+    end
+    sharded:free()
+  end)
+
   it("takes the options themselves, so no rank builds a table it does not own", function()
     local s = dist.shard(opts(), "row_wise", comm)
     local names = {}

@@ -159,6 +159,23 @@ describe("uvmrec.nn.Module", function()
     end
   end)
 
+  it("set a quantized collection's output to the precision, alone and in a model", function()
+    -- the quantized collection's output dtype was fixed when it was made: bf16 marked, f32 given
+    local ebc = nn.EmbeddingBagCollection { tables = { { name = "t", rows = 4, dim = 4 } }, device = "cpu", seed = 2 }
+    local q = nn.QuantEmbeddingBagCollection.quantize(ebc, { format = "f32" })
+    local kjt = ur.KJT { keys = { "t" }, values = { 1, 2, 3 }, lengths = { 1, 2 } }
+    for _, model in ipairs { q, nn.Sequential(q, nn.ReLU()) } do
+      for _, p in ipairs { "bf16", "f32", "bf16" } do
+        assert(ebc:set_precision(p))
+        assert(model:set_precision(p))
+        assert.equal(p, q.precision)
+        assert.equal(p, q:forward(kjt):dtype(), p)
+        assert.same(ebc:forward(kjt):totable(), q:forward(kjt):totable(), p)
+      end
+    end
+    assert.has_error(function() q:set_precision("f16") end)
+  end)
+
   it("refuse an option they do not take, or of the wrong type, where the module was built", function()
     assert.has_error(function() nn.Linear(3, 4, { acts = "relu" }) end,
       "Linear: unknown option 'acts'; expected act, bias, input_grad, pad_to, seed")

@@ -432,6 +432,13 @@ int32_t ur_qtbe_device(const ur_qtbe *q) {
   UR__ARGS_OR(-1, q);
   return q->cfg.device;
 }
+ur_status ur_qtbe_set_out_dtype(ur_qtbe *q, ur_dtype dtype) {
+  UR__ARGS(q);
+  ur_status st = ur__tbe_check_engine("qtbe", q->cfg.device, q->cfg.bounds, dtype);
+  if (!st) q->cfg.out_dtype = dtype;
+  return st;
+}
+
 int64_t ur_qtbe_out_dim(const ur_qtbe *q) {
   UR__ARGS_OR(-1, q);
   return q->names.out_dim;

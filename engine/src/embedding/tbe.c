@@ -33,11 +33,9 @@ ur_status ur_tbe_set_lr(ur_tbe *t, double lr) {
 
 ur_status ur_tbe_set_out_dtype(ur_tbe *t, ur_dtype dtype) {
   UR__ARGS(t);
-  if (dtype != UR_DTYPE_F32 && dtype != UR_DTYPE_BF16)
-    return ur__error(UR_STATUS_INVALID, "tbe: output dtype '%s'; expected f32 or bf16",
-                     (unsigned)dtype < UR_DTYPE_COUNT ? ur_dtype_name(dtype) : "?");
-  t->cfg.out_dtype = dtype;
-  return UR_STATUS_OK;
+  ur_status st = ur__tbe_check_engine("tbe", t->cfg.device, t->cfg.bounds, dtype);
+  if (!st) t->cfg.out_dtype = dtype;
+  return st;
 }
 
 ur_status ur_tbe_set_step(ur_tbe *t, int64_t step) {

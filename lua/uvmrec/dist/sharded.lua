@@ -953,14 +953,21 @@ function Sharded:set_gate(flags)
   return self
 end
 
--- bf16 precision makes the output (and the gradient it takes) bf16, as the unsharded one.
-function Sharded:set_precision(precision)
-  local dtype = Module.check_precision(precision, 2)
-  for _, c in ipairs(self.collections) do c:set_output_dtype(dtype) end
+-- bf16 precision makes the output (and the gradient it takes) bf16, as the unsharded one.  A
+-- model's set_precision (Module's) sets it through set_output_precision (it marked a sharded
+-- collection in a model bf16 and left its shards' outputs f32); level as error's.
+function Sharded:set_output_precision(precision, level)
+  local dtype = precision == "bf16" and "bf16" or "f32"
+  for _, c in ipairs(self.collections) do self:op(level + 1, c.set_output_dtype, c, dtype) end
   self.output_dtype, self.precision = dtype, precision
   self._bufs = {}
   if self._none then self._none:free() end
   self._none = nil
+end
+
+function Sharded:set_precision(precision)
+  Module.check_precision(precision, 2)
+  self:set_output_precision(precision, 2)
   return self
 end
 

@@ -137,10 +137,7 @@ function EBC:zero_grad() return self end
 -- the caller's line, with the precision as it was.  A model's set_precision (Module's) sets it
 -- through set_output_precision, precision checked, level as error's.
 function EBC:set_output_precision(precision, level)
-  self:op(level + 1, self.tbe.set_output_dtype, self.tbe, precision == "bf16" and "bf16" or "f32")
-  self.precision = precision
-  if self.output then self.output:free() end
-  self.output, self._out_shape = nil, nil
+  table_options.module_precision(self, self.tbe, precision, level + 1)
 end
 
 function EBC:set_precision(precision)

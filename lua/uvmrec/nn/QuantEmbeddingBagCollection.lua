@@ -60,6 +60,18 @@ function QEBC:load(name, rows, stream) return self.qtbe:load(name, rows, stream)
 function QEBC:set_permutation(name, perm) return self.qtbe:set_permutation(name, perm) end
 function QEBC:features() return { unpack(self.qtbe.features) } end
 function QEBC:skipped() return self.qtbe:skipped() end
+-- bf16 precision makes the output bf16, as EmbeddingBagCollection's (a model's set_precision
+-- sets it through set_output_precision; the engine's qtbe took its output dtype only when made).
+function QEBC:set_output_precision(precision, level)
+  table_options.module_precision(self, self.qtbe, precision, level + 1)
+end
+
+function QEBC:set_precision(precision)
+  Module.check_precision(precision, 2)
+  self:set_output_precision(precision, 2)
+  return self
+end
+
 function QEBC:to() return self end
 function QEBC:zero_grad() return self end
 
