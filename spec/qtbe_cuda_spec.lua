@@ -63,6 +63,21 @@ describe("uvmrec.qtbe on the GPU", function()
     end)
   end
 
+  cuda_it("switches its output between f32 and bf16 after it is made, with the CPU's bits", function()
+    local cpu, gpu = pair("int8", "device")
+    local batch = R.batch({ 3000, 77, 3000 }, { batch = 129 })
+    for _, dt in ipairs { "bf16", "f32", "bf16" } do
+      assert(cpu:set_output_dtype(dt))
+      assert(gpu:set_output_dtype(dt))
+      local got = assert(gpu:forward { values = R.tensor(batch.values, "i64", "device"),
+                                       offsets = R.tensor(batch.offsets, "i64", "device") })
+      assert.equal(dt, got:dtype())
+      assert.same(run(cpu, batch), run(gpu, batch, "device"), dt)
+    end
+    cpu:free()
+    gpu:free()
+  end)
+
   cuda_it("fails a bad id with the CPU's message, and counts skipped ids under warn", function()
     local _, gpu = pair("int8", "device")
     local batch = { values = { 1, 2, 77, 3 }, offsets = { 0, 1, 2, 3, 4, 4, 4 } }
