@@ -223,16 +223,14 @@ enum { PREFIX_CHUNKS = 256, PREFIX_GRAIN = 1 << 16 };
 typedef struct prefix_job {
   const int32_t *c;
   const int64_t *p; /* NULL: the identity, the ids below n */
-  int64_t k, n;
+  int64_t k, n, chunks;
   int64_t part[PREFIX_CHUNKS];
 } prefix_job;
 
 static void prefix_range(void *ctx, size_t c0, size_t c1) {
   prefix_job *j = ctx;
-  int64_t chunks = (j->n + PREFIX_GRAIN - 1) / PREFIX_GRAIN;
-  if (chunks > PREFIX_CHUNKS) chunks = PREFIX_CHUNKS;
   for (size_t ci = c0; ci < c1; ci++) {
-    int64_t lo = j->n * (int64_t)ci / chunks, hi = j->n * ((int64_t)ci + 1) / chunks, sum = 0;
+    int64_t lo = j->n * (int64_t)ci / j->chunks, hi = j->n * ((int64_t)ci + 1) / j->chunks, sum = 0;
     if (!j->p) {
       for (int64_t id = lo; id < hi; id++) sum += j->c[id] < 0 ? 0 : j->c[id];
     } else { /* branch-free: which ids sit in the prefix follows no pattern */
@@ -263,11 +261,11 @@ ur_status ur_counts_prefix(const ur_tensor *counts, const ur_tensor *perm, int64
   j.p = p;
   j.k = k;
   j.n = p ? n : k < 0 ? 0 : k < n ? k : n;
-  int64_t chunks = (j.n + PREFIX_GRAIN - 1) / PREFIX_GRAIN;
-  if (chunks > PREFIX_CHUNKS) chunks = PREFIX_CHUNKS;
-  ur__parallel_for((size_t)chunks, 1, prefix_range, &j); /* a pass over 12 bytes a row: threads */
+  j.chunks = (j.n + PREFIX_GRAIN - 1) / PREFIX_GRAIN;
+  if (j.chunks > PREFIX_CHUNKS) j.chunks = PREFIX_CHUNKS;
+  ur__parallel_for((size_t)j.chunks, 1, prefix_range, &j); /* a pass over 12 bytes a row: threads */
   int64_t sum = 0;
-  for (int64_t i = 0; i < chunks; i++) sum += j.part[i];
+  for (int64_t i = 0; i < j.chunks; i++) sum += j.part[i];
   *out = sum;
   return UR_STATUS_OK;
 }
