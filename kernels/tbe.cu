@@ -20,8 +20,11 @@
  * Far rows (tbe_plan.h's ur__tbe_far: rows of managed or host tables outside the GPU's part,
  * read over the host link): a forward that fills the copies writes each far row it reads, the
  * first lookup of it, into HBM beside a map from its key; the backward's step reads a far row
- * from its copy (and prefetches the copy, not the row), so the link carries each far row once a
- * step in each direction instead of twice in.
+ * from its copy (and prefetches the copy, not the row) and writes the stepped row to both, so
+ * the link carries each far row once a step in each direction instead of twice in.  Early
+ * copies (ur_tbe_far_prefetch): the next batch's far rows copied into a second map on another
+ * stream while this step computes (far_prefetch_kernel), the forward that takes them reading
+ * its far rows from HBM.
  * Indices are 64-bit where they address tables (100 GB tables have more than 2^31 elements);
  * values and bags are fewer than 2^31 (tbe.c checks). */
 #include <cuda_bf16.h>
@@ -103,16 +106,36 @@ __device__ __forceinline__ void store_raw(void *p, int32_t dtype, uint4 r) {
 
 #define UR_TBE_FAR_UNPLACED (-2) /* far_claim found no free slot where it looked */
 
+/* The slot of `key` in f's map, or -1 where it holds none. */
+__device__ __forceinline__ int64_t far_find(const ur__tbe_far &f, uint64_t key) {
+  unsigned long long k = key + 1;
+  uint64_t s = ur__tbe_far_slot(&f, key);
+  for (int p = 0; p < UR_TBE_FAR_PROBES; p++, s = (s + 1) & (uint64_t)f.mask) {
+    unsigned long long v = f.keys[s];
+    if (v == k) return (int64_t)s;
+    if (v == 0ull) return -1;
+  }
+  return -1;
+}
+
 /* The forward's claim on the copy of far row `key`: where in f.rows to write it, or -1 (an
  * earlier lookup of the row claimed it, or no copy had room: the row stays uncopied), or
  * UR_TBE_FAR_UNPLACED (uncopied and uncounted: the forward counts these lookups, a warp's at a
- * time, for far_taken). */
-__device__ __forceinline__ int32_t far_claim(const ur__tbe_far &f, uint64_t key) {
+ * time, for far_taken).  Where an early copy of the row is there (made before this kernel:
+ * below pre), *early points at it. */
+__device__ __forceinline__ int32_t far_claim(const ur__tbe_far &f, uint64_t key, int32_t pre,
+                                             const char **early) {
   unsigned long long k = key + 1;
   uint64_t s = ur__tbe_far_slot(&f, key);
   for (int p = 0; p < UR_TBE_FAR_PROBES; p++, s = (s + 1) & (uint64_t)f.mask) {
     unsigned long long old = atomicCAS(f.keys + s, 0ull, k);
-    if (old == k) return -1;
+    if (old == k) {
+      /* at is -1 until its claim writes it (early copies clear it): only those below pre are
+       * early, and complete */
+      int32_t at = pre > 0 ? f.at[s] : -1;
+      if (at >= 0 && at < pre) *early = f.rows + (int64_t)at * f.row_bytes;
+      return -1;
+    }
     if (old == 0ull) {
       int32_t at = atomicAdd(f.taken, 1);
       at = at < f.cap ? at : -1;
@@ -123,22 +146,15 @@ __device__ __forceinline__ int32_t far_claim(const ur__tbe_far &f, uint64_t key)
   return UR_TBE_FAR_UNPLACED;
 }
 
-/* The backward's copy of row id of table t, or nullptr (not far, not copied, or no copies). */
-__device__ __forceinline__ const char *far_row(const ur__tbe_args &a, int32_t t, int64_t id) {
+/* The backward's copy of row id of table t, or nullptr (not far, not copied, or no copies): it
+ * steps the row from there and writes the stepped row back there too. */
+__device__ __forceinline__ char *far_row(const ur__tbe_args &a, int32_t t, int64_t id) {
   if (!a.far.use) return nullptr;
   const ur__tbe_table &tb = a.tables[t];
   if (tb.far_from >= tb.rows || (tb.perm ? tb.perm[id] : id) < tb.far_from) return nullptr;
-  unsigned long long k = (unsigned long long)(tb.key_base + id) + 1;
-  uint64_t s = ur__tbe_far_slot(&a.far, k - 1);
-  for (int p = 0; p < UR_TBE_FAR_PROBES; p++, s = (s + 1) & (uint64_t)a.far.mask) {
-    unsigned long long v = a.far.keys[s];
-    if (v == k) {
-      int32_t at = a.far.at[s];
-      return at >= 0 ? a.far.rows + (int64_t)at * a.far.row_bytes : nullptr;
-    }
-    if (v == 0ull) return nullptr;
-  }
-  return nullptr;
+  int64_t s = far_find(a.far, (uint64_t)(tb.key_base + id));
+  int32_t at = s >= 0 ? a.far.at[s] : -1;
+  return at >= 0 ? a.far.rows + (int64_t)at * a.far.row_bytes : nullptr;
 }
 
 template <int E>
@@ -193,6 +209,116 @@ __device__ __forceinline__ void load_out(const void *g, int32_t dtype, int64_t a
     return;
   }
   unpack<E>(load_raw<E>((const uint16_t *)g + at, UR_DTYPE_BF16), UR_DTYPE_BF16, v);
+}
+
+/* ---- far rows' early copies ---- */
+
+/* A warp copies a row of `bytes` (a multiple of 8) from `from` to `to`. */
+__device__ __forceinline__ void far_copy_row(char *to, const char *from, int32_t bytes, int lane) {
+  if (bytes % 16 == 0)
+    for (int32_t o = lane * 16; o < bytes; o += 32 * 16)
+      *reinterpret_cast<uint4 *>(to + o) = *reinterpret_cast<const uint4 *>(from + o);
+  else
+    for (int32_t o = lane * 8; o < bytes; o += 32 * 8)
+      *reinterpret_cast<uint2 *>(to + o) = *reinterpret_cast<const uint2 *>(from + o);
+}
+
+/* Early copies of a batch's far rows into a.far (cleared, at -1), a warp per 32 bags, each lane
+ * its bag's values in turn.  A row of the current map (cur.use: the last forward's, whose
+ * backward may still step it) is not read here: where cur has its copy, the pair waits for
+ * far_patch_kernel; where it has none, the row is left to the forward.  Where the current
+ * forward found no slot for some far row (cur.taken[1]), its far rows are not all known, and
+ * nothing is copied early. */
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32)
+    far_prefetch_kernel(const ur__tbe_args a, const ur__tbe_far cur) {
+  if (cur.use && cur.taken[1] > 0) return;
+  int lane = threadIdx.x & 31;
+  int64_t bag0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * 32;
+  if (bag0 >= a.bags) return;
+  int64_t bag = bag0 + lane, s = 0, e = 0;
+  const ur__tbe_table *tb = nullptr;
+  int32_t feature_table = 0;
+  if (bag < a.bags) {
+    ur__tbe_bag_span(a.offsets, a.n, bag, &s, &e);
+    feature_table = a.features[feature_of(a, bag)].table;
+    tb = a.tables + feature_table;
+  }
+  int64_t most = e - s;
+#pragma unroll
+  for (int o = 16; o; o >>= 1) most = max(most, __shfl_xor_sync(kFull, most, o));
+  for (int64_t k = 0; k < most; k++) {
+    int32_t at = -1;
+    if (s + k < e) {
+      int64_t id = a.values[s + k];
+      int64_t pr = id >= 0 && id < tb->rows ? (tb->perm ? tb->perm[id] : id) : -1;
+      if (pr >= 0 && pr >= tb->far_from) {
+        uint64_t key = (uint64_t)(tb->key_base + id);
+        int64_t cs = cur.use ? far_find(cur, key) : -1;
+        int32_t ca = cs >= 0 ? cur.at[cs] : -1;
+        if (cs < 0 || ca >= 0) at = far_claim(a.far, key, 0, nullptr);
+        if (at == UR_TBE_FAR_UNPLACED) atomicAdd(a.far.taken + 1, 1);
+        if (at >= 0 && cs >= 0) { /* from cur's copy, once the backward has stepped it */
+          int32_t q = atomicAdd(a.far.taken + 3, 1);
+          a.far.pairs[2 * q] = at;
+          a.far.pairs[2 * q + 1] = ca;
+          at = -1;
+        } else if (at >= 0) { /* read by far_load_kernel */
+          int32_t q = atomicAdd(a.far.taken + 4, 1);
+          a.far.loads[2 * q] = (int64_t)at | (int64_t)feature_table << 32;
+          a.far.loads[2 * q + 1] = pr;
+        }
+      }
+    }
+  }
+}
+
+/* The early copies' reads over the host link (far_prefetch_kernel's loads): a few warps, each
+ * with UR_TBE_FAR_LOADS rows in flight at a time, 8 bytes a lane a row per round, so that the
+ * link's latency is covered without holding the SMs the step computes on. */
+#define UR_TBE_FAR_LOADS 8
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32)
+    far_load_kernel(const ur__tbe_args a) {
+  int lane = threadIdx.x & 31;
+  int32_t n = a.far.taken[4];
+  int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
+  for (int64_t q0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * UR_TBE_FAR_LOADS; q0 < n;
+       q0 += warps * UR_TBE_FAR_LOADS) {
+    const char *from[UR_TBE_FAR_LOADS];
+    char *to[UR_TBE_FAR_LOADS];
+    int32_t bytes[UR_TBE_FAR_LOADS], most = 0;
+#pragma unroll
+    for (int k = 0; k < UR_TBE_FAR_LOADS; k++) {
+      bytes[k] = 0;
+      if (q0 + k >= n) continue;
+      int64_t w = a.far.loads[2 * (q0 + k)], pr = a.far.loads[2 * (q0 + k) + 1];
+      const ur__tbe_table &tb = a.tables[(int32_t)(w >> 32)];
+      bytes[k] = tb.dim * esize(tb.dtype);
+      from[k] = (const char *)tb.weights + pr * bytes[k];
+      to[k] = a.far.rows + (int64_t)(int32_t)(w & 0xffffffff) * a.far.row_bytes;
+      most = max(most, bytes[k]);
+    }
+    for (int32_t o = lane * 8; o < most; o += 32 * 8) {
+      uint2 v[UR_TBE_FAR_LOADS];
+#pragma unroll
+      for (int k = 0; k < UR_TBE_FAR_LOADS; k++)
+        if (o < bytes[k]) v[k] = *reinterpret_cast<const uint2 *>(from[k] + o);
+#pragma unroll
+      for (int k = 0; k < UR_TBE_FAR_LOADS; k++)
+        if (o < bytes[k]) *reinterpret_cast<uint2 *>(to[k] + o) = v[k];
+    }
+  }
+}
+
+/* The waiting pairs of early copies (far_prefetch_kernel's), a warp each: the rows cur's
+ * backward stepped, from cur's copies. */
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32)
+    far_patch_kernel(const ur__tbe_far f, const ur__tbe_far cur) {
+  int lane = threadIdx.x & 31;
+  int32_t n = f.taken[3];
+  int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
+  for (int64_t q = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; q < n; q += warps)
+    far_copy_row(f.rows + (int64_t)f.pairs[2 * q] * f.row_bytes,
+                 cur.rows + (int64_t)cur.row_bytes * f.pairs[2 * q + 1], f.row_bytes, lane);
 }
 
 /* ---- the warp's bags ---- */
@@ -332,6 +458,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
   Group g = group_of(a, bag0, lane);
   BagInfo mine = bag_info(a, bag0 + lane, g.len);
   Common cm = common_of(a, bag0, mine, lane);
+  const int32_t pre = FAR ? a.far.taken[2] : 0; /* the early copies: made before this kernel */
   float acc[NV][E];
   zero_acc(acc);
   int cj = 0;
@@ -356,7 +483,8 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
         int64_t pr = pm ? __ldg(pm + id) : id;
         row = tw + pr * rb;
         /* an id out of bounds (bounds off) has no key of its own: it is never copied */
-        if (FAR && valid && pr >= ff) copy = far_claim(a.far, (uint64_t)(kb + id));
+        /* an early copy is read in HBM instead (row points at it) */
+        if (FAR && valid && pr >= ff) copy = far_claim(a.far, (uint64_t)(kb + id), pre, &row);
       } else ur__tbe_note_bad(a.flags, i);
       if (a.weights) w = a.weights[i];
     }
@@ -765,7 +893,7 @@ struct SparseOut {
 template <int NV, int E>
 __device__ __forceinline__ void step_row_in(const ur__tbe_hyper &h, const SparseOut &sp,
                                             const ur__tbe_table *tbp, int32_t t, int64_t seg,
-                                            int64_t row, const float *acc, const char *copy,
+                                            int64_t row, const float *acc, char *copy,
                                             int lane) {
   const ur__tbe_table tb = *tbp;
   int dim = tb.dim;
@@ -830,8 +958,13 @@ __device__ __forceinline__ void step_row_in(const ur__tbe_hyper &h, const Sparse
     }
     if (tb.dtype == UR_DTYPE_F32) {
       float4 *p = reinterpret_cast<float4 *>((float *)tb.weights + base + col);
+      float4 *c = copy ? reinterpret_cast<float4 *>(copy) + col / 4 : nullptr;
 #pragma unroll
-      for (int k = 0; k < E / 4; k++) p[k] = make_float4(nw[4 * k], nw[4 * k + 1], nw[4 * k + 2], nw[4 * k + 3]);
+      for (int k = 0; k < E / 4; k++) {
+        float4 v = make_float4(nw[4 * k], nw[4 * k + 1], nw[4 * k + 2], nw[4 * k + 3]);
+        p[k] = v;
+        if (c) c[k] = v;
+      }
       continue;
     }
     unsigned bits[4] = {0, 0, 0, 0};
@@ -848,9 +981,12 @@ __device__ __forceinline__ void step_row_in(const ur__tbe_hyper &h, const Sparse
         bits[(4 * q + e) / 2] |= (unsigned)hb << (16 * (e & 1));
       }
     }
-    uint16_t *o = (uint16_t *)tb.weights + base + col;
-    if (E == 8) *reinterpret_cast<uint4 *>(o) = make_uint4(bits[0], bits[1], bits[2], bits[3]);
-    else *reinterpret_cast<uint2 *>(o) = make_uint2(bits[0], bits[1]);
+    /* the row, and its copy where it has one (the copy stays the row) */
+    for (int w = 0; w < (copy ? 2 : 1); w++) {
+      uint16_t *o = w ? (uint16_t *)copy + col : (uint16_t *)tb.weights + base + col;
+      if (E == 8) *reinterpret_cast<uint4 *>(o) = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+      else *reinterpret_cast<uint2 *>(o) = make_uint2(bits[0], bits[1]);
+    }
   }
 }
 
@@ -860,7 +996,7 @@ __device__ __forceinline__ void step_row_in(const ur__tbe_hyper &h, const Sparse
 template <int NV, int E>
 __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
                                       const ur__tbe_table *tbp, int32_t t, int64_t seg,
-                                      int64_t row, const float *acc, const char *copy, int lane) {
+                                      int64_t row, const float *acc, char *copy, int lane) {
   step_row_in<NV, E>(h, sp, tbp, t, seg, row, acc, copy, lane);
 }
 
@@ -868,7 +1004,7 @@ __device__ __noinline__ void step_row(const ur__tbe_hyper h, const SparseOut sp,
 template <int NV, int E>
 __device__ __forceinline__ void finish(const ur__tbe_args &a, const ur__tbe_hyper &h,
                                        const SparseOut &sp, float *slot, int32_t t, int64_t seg,
-                                       int64_t row, const float (&acc)[NV][E], const char *copy,
+                                       int64_t row, const float (&acc)[NV][E], char *copy,
                                        int lane) {
 #pragma unroll
   for (int v = 0; v < NV; v++)
@@ -1003,7 +1139,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV == 1 ? 4 : W > 1 ? 3 : 2
         int32_t t = __shfl_sync(kFull, me.t, w0 + k);
         int64_t row = __shfl_sync(kFull, me.row, w0 + k);
         if (__shfl_sync(kFull, me.mode, w0 + k) != 1) continue;
-        const char *copy = sp.rows ? nullptr : far_row(a, t, row);
+        char *copy = sp.rows ? nullptr : far_row(a, t, row);
         /* inlined for short rows (B2's 1-hot rowwise Adagrad 2.18 -> 1.89 ms; 1.78 with the
          * prefetch; SGD 1.75 -> 1.66) */
         if constexpr (W > 1)
@@ -1021,7 +1157,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32, NV == 1 ? 4 : W > 1 ? 3 : 2
 struct SegRow {
   const ur__tbe_table *tb;
   int64_t row;
-  const char *copy;
+  char *copy;
   int32_t t;
 };
 
@@ -2028,6 +2164,27 @@ static ur_status tbe_gather_rows(void *stream, const void *src, int64_t src_rows
   return UR_STATUS_OK;
 }
 
+static ur_status tbe_far_prefetch(void *stream, const ur__tbe_args *a, const ur__tbe_far *cur) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (a->bags > 0) far_prefetch_kernel<<<blocks_for((a->bags + 31) / 32), UR_TBE_WARPS * 32, 0, st>>>(*a, *cur);
+  UR_CUDA_CHECK(cudaGetLastError(), "tbe far_prefetch");
+  /* a block per 8 SMs (17 on an H100): 136 warps, 278 KB of rows in flight, about 4 times what
+   * the link (about 35 GB/s at 2 us) needs */
+  far_load_kernel<<<(unsigned)(sm_count() / 8 + 1), UR_TBE_WARPS * 32, 0, st>>>(*a);
+  UR_CUDA_CHECK(cudaGetLastError(), "tbe far_prefetch (loads)");
+  /* the copies made so far are the early ones: taken[2] = taken[0] */
+  UR_CUDA_CHECK(cudaMemcpyAsync(a->far.taken + 2, a->far.taken, 4, cudaMemcpyDeviceToDevice, st),
+                "tbe far_prefetch (count)");
+  return UR_STATUS_OK;
+}
+
+static ur_status tbe_far_patch(void *stream, const ur__tbe_far *f, const ur__tbe_far *cur) {
+  unsigned blocks = (unsigned)(sm_count() * 4);
+  far_patch_kernel<<<blocks, UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(*f, *cur);
+  UR_CUDA_CHECK(cudaGetLastError(), "tbe far_patch");
+  return UR_STATUS_OK;
+}
+
 static ur_status tbe_swap_rows(void *stream, const ur__tbe_swap *s) {
   UR_CUDA_CHECK(ur__cuda_swap_rows((cudaStream_t)stream, s), "tbe row swaps");
   return UR_STATUS_OK;
@@ -2060,6 +2217,8 @@ const ur_tbe_ops ur__cuda_tbe_ops = {
     .sparse_count = tbe_sparse_count,
     .sparse_write = tbe_sparse_write,
     .gather_rows = tbe_gather_rows,
+    .far_prefetch = tbe_far_prefetch,
+    .far_patch = tbe_far_patch,
     .decay_counts = tbe_decay_counts,
     .swap_rows = tbe_swap_rows,
     .rank_work_bytes = tbe_rank_work_bytes,

@@ -6,6 +6,7 @@ local ur = require "uvmrec"
 local h = require "helpers"
 local R = require "tbe_ref"
 local hints = require "uvmrec.hints"
+local streams = require "uvmrec.stream"
 
 local cuda_it = h.cuda_it
 local EBC, EC = ur.nn.EmbeddingBagCollection, ur.nn.EmbeddingCollection
@@ -71,6 +72,39 @@ local function same_steps(far, plain, steps, seed, check, between)
   end
 end
 
+-- As same_steps, with early copies: after each forward of `far`, the next batch's far rows
+-- (early(s): the batch given, by default the next one) copied early on a stream of their own,
+-- then the backward.  check(b, far) after each forward.
+local function same_steps_early(far, plain, steps, seed, opts)
+  opts = opts or {}
+  local side = assert(streams.stream())
+  local batches = {}
+  for s = 1, steps + 1 do
+    math.randomseed(seed + s)
+    batches[s] = R.input(R.batch(R.rows_of(plain), { batch = 40, weighted = s % 2 == 0,
+                                                     hot = s % 3 == 2 and { 3, 300 } or nil }), "device")
+  end
+  assert(far.tbe:far_prefetch(batches[1], side))
+  for s = 1, steps do
+    local inp = batches[s]
+    local fo, po = far:forward(inp), plain:forward(inp)
+    R.bits_equal(fo, po, "forward, step " .. s)
+    if opts.check then opts.check(s, far) end
+    assert(far.tbe:far_prefetch(opts.early and opts.early(s, batches) or batches[s + 1], side))
+    local g = assert(ur.tensor(po:size(), { dtype = po:dtype(), placement = "device" }))
+    g:uniform(-1, 1, seed + s)
+    far:backward(opts.backward and opts.backward(s, batches) or inp, g)
+    plain:backward(opts.backward and opts.backward(s, batches) or inp, g)
+  end
+  for _, name in ipairs(plain.tbe.table_names) do
+    R.bits_equal(far:table(name), plain:table(name), "table " .. name)
+    for k, st in pairs(plain.tbe:state(name)) do
+      R.bits_equal(far.tbe:state(name)[k], st, "table " .. name .. " state " .. k)
+    end
+  end
+  side:free()
+end
+
 describe("far rows' copies", function()
   it("takes a whole number of copies >= 0, naming a bad one; a CPU collection keeps it and makes none", function()
     local c = collection("cpu", "host")
@@ -93,6 +127,20 @@ describe("far rows' copies", function()
     for _, t in ipairs(TABLES) do assert.equal(t.rows, c.tbe:far_from(t.name), t.name) end
     assert.has_error(function() c.tbe:far_from("z") end,
                      "embedding collection: no table named 'z' (tables: a, b, c, d)")
+  end)
+
+  it("early copies on the CPU: the ids are checked, nothing is copied, and the steps are as without", function()
+    local c = collection("cpu", "host")
+    c.tbe:set_far_rows(64)
+    local b = R.batch(R.rows_of(c), { batch = 8 })
+    local inp = R.input(b)
+    assert.equal(c.tbe, c.tbe:far_prefetch(inp))
+    c:forward(inp)
+    assert.same({ 0, 0 }, { c.tbe:far_taken() })
+    local bad = { values = inp.values, offsets = ur.tensor({ 5 }, { dtype = "i64" }) }
+    local ok, err = pcall(c.tbe.far_prefetch, c.tbe, bad)
+    assert.is_false(ok)
+    assert.matches("tbe: 4 bags do not split evenly over 5 features", err, 1, true)
   end)
 
   it("begins a managed table's far rows past the leading run its hints keep on the GPU", function()
@@ -124,7 +172,7 @@ describe("far rows' copies", function()
     end
     assert.equal("far rows: room for 512 copies set; a model on the CPU reads no row over a link, so none is made",
                  line)
-    assert.same({ room = 512, read = 0, copied = 0, unplaced = 0 }, run.result.far_rows)
+    assert.same({ room = 512, read = 0, copied = 0, unplaced = 0, early = 0 }, run.result.far_rows)
     local ok, err = pcall(h.train_tiny, { "embeddings.far_rows=-1" })
     assert.is_false(ok)
     assert.matches("embeddings.far_rows=-1: '-1' is not an integer >= 0", err, 1, true)
@@ -144,6 +192,61 @@ describe("far rows' copies", function()
         end)
       end)
   end
+
+  for _, kind in ipairs { "sgd", "rowwise_adagrad", "adam" } do
+    cuda_it("early copies of the next batch (rows shared with this one patched from its stepped copies): "
+      .. kind .. " gives the same bits as without copies, and the next forward finds its rows copied", function()
+      local opt = { kind, lr = 0.05, weight_decay = 0.01, max_grad = 0.8 }
+      local far, plain = collection(0, "host", { optimizer = opt }), collection(0, "host", { optimizer = opt })
+      far.tbe:set_far_rows(100000)
+      same_steps_early(far, plain, 4, 110, { check = function(_, c)
+        -- the forward's batch was copied early: it claims no row more than its distinct ones
+        local n, unplaced = c.tbe:far_taken()
+        assert.equal(0, unplaced)
+        assert.is_true(n > 0)
+      end })
+    end)
+  end
+
+  cuda_it("early copies of another batch than the forward's, a backward of other values, a room too small, "
+    .. "pooling none: the same bits", function()
+    local cases = {
+      { room = 100000, early = function(s, bs) return bs[(s + 2) % #bs + 1] end },
+      { room = 100000, backward = function(s, bs) return bs[s % 2 + 1] end },
+      { room = 5 },
+      { room = 100000, make = { pooling = "none" } },
+      { room = 100000, make = { output_dtype = "bf16" } },
+    }
+    for i, o in ipairs(cases) do
+      local far, plain = collection(0, "host", o.make), collection(0, "host", o.make)
+      far.tbe:set_far_rows(o.room)
+      same_steps_early(far, plain, 3, 130 + 10 * i, o)
+    end
+  end)
+
+  cuda_it("early copies: refused while a graph is captured, and after a forward was captured", function()
+    local c = collection(0, "host", { bounds = "warn" }) -- "fatal" reads flags back: no capture
+    c.tbe:set_far_rows(1000)
+    math.randomseed(5)
+    local inp = R.input(R.batch(R.rows_of(c), { batch = 8 }), "device")
+    local s = assert(streams.stream())
+    c:set_stream(s)
+    c:forward(inp)
+    assert(streams.graph_begin(s))
+    local ok, err = pcall(c.tbe.far_prefetch, c.tbe, inp, s)
+    assert.is_false(ok)
+    assert.matches("tbe far_prefetch: a graph is being captured", err, 1, true)
+    c:forward(inp)
+    local g = streams.graph_end(s)
+    assert.truthy(g)
+    ok, err = pcall(c.tbe.far_prefetch, c.tbe, inp, s)
+    assert.is_false(ok)
+    assert.matches("a forward of this collection was captured into a graph", err, 1, true)
+    assert(c.tbe:set_far_rows(1000))
+    assert(c.tbe:far_prefetch(inp, s))
+    g:free()
+    s:free()
+  end)
 
   cuda_it("pooling none and bf16 outputs: the same bits with copies", function()
     for _, o in ipairs { { pooling = "none" }, { output_dtype = "bf16" } } do
@@ -214,11 +317,15 @@ describe("far rows' copies", function()
       end
       local want = run({ "embeddings.placement=device" }).losses
       -- a room of 1 has the least map, 64 slots: a batch's far rows overflow it
-      for _, c in ipairs { { "managed", 2000 }, { "host", 2000 }, { "host", 1 } } do
-        local place, room = c[1], c[2]
-        local r = run { "embeddings.placement=" .. place, "embeddings.far_rows=" .. room }
+      -- through the prefetch pipeline, the far rows of each next batch are copied early
+      for _, c in ipairs { { "managed", 2000 }, { "host", 2000 }, { "host", 1 }, { "managed", 2000, true },
+                           { "host", 1, true } } do
+        local place, room, pipe = c[1], c[2], c[3]
+        local r = run { "embeddings.placement=" .. place, "embeddings.far_rows=" .. room,
+                        "train.pipeline=" .. tostring(pipe == true) }
         assert.same(want, r.losses, place)
         local f = r.result.far_rows
+        assert.equal(pipe and 12 or 0, f.early, place)
         assert.is_true(f.read > 0 and f.copied == math.min(f.read, room), place)
         local said
         for _, l in ipairs(r.lines) do said = said or l:match("^far rows: the last forward read .*") end

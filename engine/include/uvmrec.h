@@ -856,9 +856,29 @@ UR_API ur_status ur_tbe_far_from(const ur_tbe *t, int32_t table, int64_t *out);
  * min(this, far_rows) were copied; 0 when it made no copies.  *unplaced (NULL: not asked) is
  * how many of its lookups found no free slot where they looked (32 slots: the map full there):
  * 0, *out counts every distinct far row; more, *out is a lower bound.  (A backward or a write
- * since changes neither.) */
+ * since changes neither.  After early copies, *out counts the rows copied early, of the batch
+ * given to ur_tbe_far_prefetch, and the forward's own.) */
 UR_API ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out,
                                    int64_t *unplaced /* or NULL */);
+/* Early copies: the far rows of the batch the next forward will read (values and offsets as for
+ * ur_tbe_forward, stride_per_key_per_rank for a variable batch or NULL), copied into a second
+ * room of the same size (made by the first call) on stream s while the current step computes,
+ * so that the next forward reads them in HBM instead of over the host link.  Call it after the
+ * current step's forward (its map must be final: s waits for that forward on the GPU) and before
+ * the next forward; the next forward waits for the copies on its own stream and takes them,
+ * whatever batch it is given (a row it reads that has none is read and copied as before).  A
+ * row the current forward read is not read early, since its backward may still step it: that
+ * backward writes each stepped row to its copy, and the next forward copies those rows from
+ * there first.  The numbers are the same bits as without early copies.  None are made (and the
+ * forward reads as before) where the current forward found no free slot for some far row (a
+ * room too small), and none are taken where the current backward is given other values than
+ * its forward, steps by atomics (nondeterministic SGD), or a call that writes rows or a layout
+ * comes between (far_refresh's list).  Refused while a graph is captured, and after a forward
+ * of the collection was captured (its replays would not take them) until set_far_rows is
+ * called again.  Nothing is copied on a CPU collection or without room (the ids are checked). */
+UR_API ur_status ur_tbe_far_prefetch(ur_stream *s, ur_tbe *t, const ur_tensor *values,
+                                     const ur_tensor *offsets,
+                                     const int64_t *stride_per_key_per_rank /* or NULL */);
 
 /* ---- access counters and row layout ---- */
 /* Access counters: per table an i32 counter per row id, kept where the collection runs (device

@@ -500,6 +500,17 @@ function methods:far_taken(stream)
   return tonumber(i64[0]), tonumber(unplaced[0])
 end
 
+-- far_prefetch(input[, stream]): early copies (uvmrec.h, ur_tbe_far_prefetch; docs/uvm.md):
+-- the far rows of the batch the next forward will read (a KJT or {values=, offsets=}), copied
+-- into HBM on `stream` while the current step computes; after this step's forward, before the
+-- next.  Nothing is copied on the CPU or without room (set_far_rows).
+function methods:far_prefetch(input, stream)
+  local v, o, _, spk = self:_input(input, 2)
+  local ok, err = check(C.ur_tbe_far_prefetch(S(stream), H(self), v, o, spk), 2)
+  if not ok then return nil, err end
+  return self
+end
+
 -- Ids skipped by the "warn" bounds check so far.
 -- set_gate(flags or nil): a guard's flags (uvmrec.train.guard, i32 at the collection's side):
 -- while their element 0 is set when a backward runs, the backward leaves rows and state as

@@ -53,6 +53,8 @@ local cmd = require("uvmrec.cli").command {
     type = "whole", default = hints.EVERY },
   { "--far-rows N,...", "room for copies of the far rows a forward reads (embeddings.far_rows): each managed "
     .. "run once per value", type = "numbers", default = { 0 } },
+  { "--far-early", "each run with room for far rows' copies once more with early copies (the next batch's far "
+    .. "rows copied while a step computes: uvmrec.train.hooks.far_early)" },
   options.out_append,
 }
 local o = cmd:parse(arg)
@@ -124,6 +126,8 @@ end
 local non_table_peak -- set by the device run
 
 -- run{placement, policy, fraction, counting = "on"/"off"/"both"} -> record
+local hooks = require "uvmrec.train.hooks"
+
 local function run(r)
   local cfg = cfg_for(r.placement)
   collectgarbage()
@@ -138,9 +142,16 @@ local function run(r)
   -- n steps of train.loop over the list's batches in turn from its (first+1)-th, going on from
   -- the steps made so far (the hint manager counts them); hook: one more of the loop's.
   local step = 0
+  -- the early copies take SMs ahead of the step's kernels as these finish (the prefetch pipeline's
+  -- priority): they must be done before the next forward
+  local side = r.early and assert(streams.stream { priority = -100 })
   local function steps(list, n, first, hook)
-    local done = train.loop.run(model, opt, train.source.ring(list, n, first),
-                                { { start = function(_, at) at.step = step end }, hook })
+    local ring = train.source.ring(list, n, first)
+    local early = r.early and hooks.far_early { collection = tbe, source = ring, stream = side } or nil
+    local hs = { { start = function(_, at) at.step = step end } }
+    hs[#hs + 1] = hook
+    hs[#hs + 1] = early
+    local done = train.loop.run(model, opt, ring, hs)
     step = done.step
     return done
   end
@@ -148,7 +159,7 @@ local function run(r)
   migration() -- reset the monitor's interval
   local t_setup = C.ur_clock_seconds()
   if r.far and r.far > 0 then assert(tbe:set_far_rows(r.far)) end -- its room is in the budget's hbm_used below
-  rec.far_rows = r.far
+  rec.far_rows, rec.far_early = r.far, r.early
   if r.placement == "managed" and r.policy ~= "none" then
     local allowance = math.floor(emb_bytes * (r.fraction or 0) / 100)
     local perm_bytes = 0
@@ -247,6 +258,7 @@ local function run(r)
   end
   if gpu then assert(ur.set_hbm_budget(0)) end
   rec.hbm_peak = ur.memory().hbm_peak
+  if side then side:free() end
   model.embeddings.tbe:free()
   return rec
 end
@@ -321,9 +333,15 @@ end
 for _, pol in ipairs(o.policies) do
   local fr = pol == "host" and { 0 } or o.fractions
   for _, f in ipairs(fr) do
+    local cases = {}
     for _, far in ipairs(o.far_rows) do
-      local what = pol .. " " .. f .. "%" .. (far > 0 and (", far rows " .. far) or "")
-      local ok, rec = pcall(run, { placement = "managed", policy = pol, fraction = f, far = far })
+      cases[#cases + 1] = { far = far }
+      if far > 0 and o.far_early then cases[#cases + 1] = { far = far, early = true } end
+    end
+    for _, c in ipairs(cases) do
+      local far = c.far
+      local what = pol .. " " .. f .. "%" .. (far > 0 and (", far rows " .. far) or "") .. (c.early and ", early" or "")
+      local ok, rec = pcall(run, { placement = "managed", policy = pol, fraction = f, far = far, early = c.early })
       local bad = ok and same_losses(rec)
       if not ok then failed(what, rec)
       elseif bad then failed(what, bad)
@@ -361,7 +379,8 @@ for _, r in ipairs(results) do
   if r.policy ~= "none" then
     print(("| %s | %s | %s | %.3g M | %s | %.2f | %s | %s | %s | %s | %s |"):format(r.policy,
       r.fraction and (r.fraction .. "%") or (r.policy == "device" and "100% (all)" or "-"),
-      r.far_taken and ("%d / %s%d"):format(r.far_rows, r.far_unplaced > 0 and ">= " or "", r.far_taken) or "-",
+      r.far_taken and ("%d / %s%d%s"):format(r.far_rows, r.far_unplaced > 0 and ">= " or "", r.far_taken,
+                                           r.far_early and ", early" or "") or "-",
       r.samples_per_s / 1e6, r.of_device and ("%.2f"):format(r.of_device) or "1", r.ms_per_step,
       r.policy == "device" and gbs(r.table_bytes) or gbs(r.bytes_on_gpu),
       r.coverage and ("%.3f"):format(r.coverage) or "-",

@@ -166,6 +166,10 @@ struct ur_tensor {
   int64_t numel;
 };
 
+/* Whether a graph capture (ur_graph_begin) is under way: calls that would decide on the host
+ * what a replay cannot decide again refuse or take their plain path. */
+UR__HIDDEN int ur__graph_capturing(void);
+
 struct ur_stream {
   void *handle;         /* the backend's stream (NULL on the CPU backend) */
   int32_t priority;

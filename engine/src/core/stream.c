@@ -81,13 +81,20 @@ struct ur_graph {
   void *exec; /* the backend's executable graph */
 };
 
+/* Captures begun and not yet ended (ur__graph_capturing). */
+static int capturing;
+
+int ur__graph_capturing(void) { return capturing > 0; }
+
 ur_status ur_graph_begin(ur_stream *s) {
   const ur_backend *b = be();
   if (!b->graph_begin) return UR_STATUS_OK;
   if (!s)
     return ur__error(UR_STATUS_INVALID,
                      "graph: the default stream cannot be captured; give a stream of ur_stream_new");
-  return b->graph_begin(s->handle);
+  ur_status st = b->graph_begin(s->handle);
+  if (!st) capturing++;
+  return st;
 }
 
 ur_status ur_graph_end(ur_stream *s, ur_graph **g) {
@@ -97,6 +104,7 @@ ur_status ur_graph_end(ur_stream *s, ur_graph **g) {
   if (!s)
     return ur__error(UR_STATUS_INVALID,
                      "graph: the default stream cannot be captured; give a stream of ur_stream_new");
+  if (capturing > 0) capturing--;
   ur_graph *out = *g;
   if (!out && !(out = calloc(1, sizeof *out))) {
     /* the capture must still end, or the stream stays capturing */

@@ -1,10 +1,11 @@
 /* far.c: the far rows' copies of a GPU collection (uvmrec.h, "far rows' copies"; the kernels'
  * half is in kernels/tbe.cu).  The room for the copies at home, keeping each table's far_from
- * current, and when a forward makes copies and a backward may read them.  Where far rows begin
+ * current, when a forward makes copies and a backward may read them, and the early copies of
+ * the next batch's far rows (ur_tbe_far_prefetch) in a second room.  Where far rows begin
  * (ur__tbe_far_from) and forgetting the copies (ur__tbe_far_drop) are table.c's: its calls that
  * write rows drop them, and this file calls table.c, not the other way.  One piece of memory
- * holds the map (keys, then where each copy is), the count of copies asked for with the count of
- * lookups that found no free slot, and the copies. */
+ * holds the map (keys, then where each copy is), the counts (copies asked for, lookups that
+ * found no free slot, early copies, pairs waiting), the early copies' pairs and the copies. */
 #include "embedding/table.h"
 
 #define FAR_ALIGN 256
@@ -31,9 +32,9 @@ static int64_t far_slots(int64_t rows) {
   return s;
 }
 
-/* The memory's layout for `rows` copies: keys, at and taken, then the copies. */
+/* The memory's layout for `rows` copies: keys, at, taken, pairs and loads, then the copies. */
 typedef struct far_layout {
-  int64_t slots, at, taken, rows, total;
+  int64_t slots, at, taken, pairs, loads, rows, total;
 } far_layout;
 
 static far_layout layout_of(const ur_tbe *t, int64_t rows) {
@@ -41,7 +42,9 @@ static far_layout layout_of(const ur_tbe *t, int64_t rows) {
   L.slots = far_slots(rows);
   L.at = far_align(8 * L.slots);
   L.taken = L.at + far_align(4 * L.slots);
-  L.rows = L.taken + FAR_ALIGN;
+  L.pairs = L.taken + FAR_ALIGN;
+  L.loads = L.pairs + far_align(8 * rows);
+  L.rows = L.loads + far_align(16 * rows);
   L.total = L.rows + rows * far_row_bytes(t);
   return L;
 }
@@ -58,24 +61,44 @@ static ur_status far_update(ur_tbe *t) {
   return changed ? ur__tbe_sync_desc(t) : UR_STATUS_OK;
 }
 
+/* The room (both maps) freed, once no kernel can read it. */
+static ur_status far_release(ur_tbe *t) {
+  ur_status st = UR_STATUS_OK;
+  if ((t->far[0] || t->far[1]) && (st = t->be->device_sync())) return st;
+  for (int k = 0; k < 2; k++) {
+    ur_tensor_free(t->far[k]);
+    t->far[k] = NULL;
+  }
+  t->far_cur = 0;
+  return st;
+}
+
+/* Room for t->far_rows copies in far[k]. */
+static ur_status far_alloc(ur_tbe *t, int k, const char *who) {
+  int64_t bytes = layout_of(t, t->far_rows).total;
+  ur_status st = ur__tbe_home_tensor(t, &t->far[k], UR_DTYPE_U8, bytes);
+  if (st)
+    return ur__error_cause(st, "tbe %s: room for %lld copies takes %lld bytes of HBM", who,
+                           (long long)t->far_rows, (long long)bytes);
+  return UR_STATUS_OK;
+}
+
 ur_status ur_tbe_set_far_rows(ur_tbe *t, int64_t rows) {
   UR__ARGS(t);
   if (rows < 0 || rows > INT32_MAX / 2)
     return ur__error(UR_STATUS_INVALID, "tbe set_far_rows: %lld copies; expected 0 (none) to %d",
                      (long long)rows, INT32_MAX / 2);
-  t->far_made = 0;
+  t->far_made = t->far_captured = 0;
   ur__tbe_far_drop(t);
   if (t->home == UR_PLACE_DEVICE && rows != t->far_rows) {
-    ur_tensor *mem = NULL;
-    ur_status st = UR_STATUS_OK;
     /* kernels in flight may read the old copies */
-    if (t->far && (st = t->be->device_sync())) return st;
-    int64_t bytes = rows > 0 ? layout_of(t, rows).total : 0;
-    if (rows > 0 && (st = ur__tbe_home_tensor(t, &mem, UR_DTYPE_U8, bytes)))
-      return ur__error_cause(st, "tbe set_far_rows: room for %lld copies takes %lld bytes of HBM",
-                             (long long)rows, (long long)bytes);
-    ur_tensor_free(t->far);
-    t->far = mem;
+    ur_status st = far_release(t);
+    if (st) return st;
+    t->far_rows = rows;
+    if (rows > 0 && (st = far_alloc(t, 0, "set_far_rows"))) {
+      t->far_rows = 0;
+      return st;
+    }
   }
   t->far_rows = rows;
   return far_update(t);
@@ -105,7 +128,7 @@ ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out, int64_t *unpla
   if (unplaced) *unplaced = 0;
   if (!t->far_made) return UR_STATUS_OK;
   int32_t n[2] = {0, 0};
-  const char *base = ur_tensor_data(t->far);
+  const char *base = ur_tensor_data(t->far[t->far_cur]);
   ur_status st = t->be->copy(s ? s->handle : NULL, n, base + layout_of(t, t->far_rows).taken, 8);
   if (!st) st = t->be->stream_sync(s ? s->handle : NULL);
   if (st) return st;
@@ -114,17 +137,38 @@ ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out, int64_t *unpla
   return UR_STATUS_OK;
 }
 
-/* Points a at the copies (neither filling nor reading them yet). */
-static void far_args(const ur_tbe *t, ur__tbe_args *a) {
+/* f pointed at map k (neither filling nor reading it yet). */
+static void far_args(const ur_tbe *t, int k, ur__tbe_far *f) {
   far_layout L = layout_of(t, t->far_rows);
-  char *base = ur_tensor_data(t->far);
-  a->far.keys = (unsigned long long *)base;
-  a->far.at = (int32_t *)(base + L.at);
-  a->far.taken = (int32_t *)(base + L.taken);
-  a->far.rows = base + L.rows;
-  a->far.mask = L.slots - 1;
-  a->far.cap = (int32_t)t->far_rows;
-  a->far.row_bytes = far_row_bytes(t);
+  char *base = ur_tensor_data(t->far[k]);
+  memset(f, 0, sizeof *f);
+  f->keys = (unsigned long long *)base;
+  f->at = (int32_t *)(base + L.at);
+  f->taken = (int32_t *)(base + L.taken);
+  f->pairs = (int32_t *)(base + L.pairs);
+  f->loads = (int64_t *)(base + L.loads);
+  f->rows = base + L.rows;
+  f->mask = L.slots - 1;
+  f->cap = (int32_t)t->far_rows;
+  f->row_bytes = far_row_bytes(t);
+}
+
+/* Map f emptied on the stream: no keys, no counts; with at_too, every at -1 (early copies: a
+ * forward reads an at only below the early count, and a stale one must not be). */
+static ur_status far_clear(const ur_tbe *t, void *sh, const ur__tbe_far *f, int at_too) {
+  size_t slots = (size_t)(f->mask + 1);
+  ur_status st = t->be->fill(sh, f->keys, slots, 8, 0);
+  if (!st && at_too) st = t->be->fill(sh, f->at, slots, 4, 0xFFFFFFFFu);
+  if (!st) st = t->be->fill(sh, f->taken, 5, 4, 0);
+  return st;
+}
+
+/* Event k (0: a forward's end, 1: early copies' end), made on first use. */
+static ur_status far_event(ur_tbe *t, int k, void **out) {
+  ur_status st = UR_STATUS_OK;
+  if (!t->far_ev[k] && (st = t->be->event_new(&t->far_ev[k]))) return st;
+  *out = t->far_ev[k];
+  return UR_STATUS_OK;
 }
 
 ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
@@ -132,18 +176,90 @@ ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   t->far_made = t->far_ready = 0;
   /* with a room a forward always fills it, far rows or none: a captured step (train.graph)
    * then makes copies whatever the hints do after the capture */
-  if (!t->far) return UR_STATUS_OK;
-  far_args(t, a);
-  void *sh = s ? s->handle : NULL;
-  ur_status st = t->be->fill(sh, a->far.keys, (size_t)(a->far.mask + 1), 8, 0);
-  if (!st) st = t->be->fill(sh, a->far.taken, 2, 4, 0);
+  if (!t->far[0]) return UR_STATUS_OK;
+  void *sh = s ? s->handle : NULL, *ev = NULL;
+  ur_status st = UR_STATUS_OK;
+  int capturing = ur__graph_capturing();
+  t->far_captured |= capturing;
+  if (t->far_early && !capturing) {
+    /* the early copies become the current ones, once made and patched with the rows the last
+     * backward stepped (from the old current copies, which it kept current) */
+    ur__tbe_far old;
+    far_args(t, t->far_cur, &old);
+    t->far_cur ^= 1;
+    far_args(t, t->far_cur, &a->far);
+    if (!(st = far_event(t, 1, &ev)) && !(st = t->be->stream_wait(sh, ev)))
+      st = t->be->tbe->far_patch(sh, &a->far, &old);
+  } else {
+    far_args(t, t->far_cur, &a->far);
+    st = far_clear(t, sh, &a->far, 0);
+  }
+  t->far_early = 0;
   a->far.fill = !st;
   return st;
 }
 
-void ur__tbe_far_backward(const ur_tbe *t, ur__tbe_args *a) {
+ur_status ur__tbe_far_forward_done(ur_tbe *t, ur_stream *s, const ur_tensor *values) {
+  t->far_values = ur_tensor_data(values);
+  t->far_n = ur_tensor_numel(values);
+  void *ev = NULL;
+  /* early copies wait for it (none are made after a capture) */
+  if (ur__graph_capturing()) return UR_STATUS_OK;
+  ur_status st = far_event(t, 0, &ev);
+  return st ? st : t->be->event_record(ev, s ? s->handle : NULL);
+}
+
+void ur__tbe_far_backward(ur_tbe *t, ur__tbe_args *a, const ur_tensor *values) {
   memset(&a->far, 0, sizeof a->far);
+  /* early copies made beside this step left this step's rows to it, as its forward read them:
+   * a backward of other values (or one that steps by atomics, below) may write rows they hold */
+  if (ur_tensor_data(values) != t->far_values || ur_tensor_numel(values) != t->far_n)
+    t->far_early = 0;
   if (!t->far_ready) return;
-  far_args(t, a);
+  far_args(t, t->far_cur, &a->far);
   a->far.use = 1;
+}
+
+void ur__tbe_far_backward_done(ur_tbe *t, const ur__tbe_args *a, int32_t stepped) {
+  /* a step by atomics writes the rows, not the copies */
+  if (stepped && a->atomic) ur__tbe_far_drop(t);
+}
+
+ur_status ur__tbe_far_refuse_early(const ur_tbe *t) {
+  if (ur__graph_capturing())
+    return ur__error(UR_STATUS_INVALID, "tbe far_prefetch: a graph is being captured; early "
+                     "copies are decided on the host, which a replay does not run");
+  if (t->far_captured)
+    return ur__error(UR_STATUS_INVALID, "tbe far_prefetch: a forward of this collection was "
+                     "captured into a graph, whose replays would not take early copies; "
+                     "set_far_rows again to use them eagerly");
+  return UR_STATUS_OK;
+}
+
+ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
+  void *sh = s ? s->handle : NULL, *ev = NULL;
+  int next = t->far_cur ^ 1;
+  ur__tbe_far cur;
+  memset(&cur, 0, sizeof cur);
+  t->far_early = 0;
+  ur_status st = t->far[next] ? UR_STATUS_OK : far_alloc(t, next, "far_prefetch");
+  if (!st && t->far_made && t->far_ready) {
+    /* after the last forward: its map is final, and every kernel reading the next map (the
+     * forward's patch, the backward before it) was before it */
+    far_args(t, t->far_cur, &cur);
+    cur.use = 1;
+    if (!(st = far_event(t, 0, &ev))) st = t->be->stream_wait(sh, ev);
+  } else if (!st) {
+    /* no current copies to leave rows to: nothing may write rows while these are read */
+    st = t->be->device_sync();
+  }
+  if (!st) {
+    far_args(t, next, &a->far);
+    a->far.fill = 1;
+    st = far_clear(t, sh, &a->far, 1);
+  }
+  if (!st) st = t->be->tbe->far_prefetch(sh, a, &cur);
+  if (!st && !(st = far_event(t, 1, &ev))) st = t->be->event_record(ev, sh);
+  t->far_early = !st;
+  return st;
 }

@@ -438,7 +438,8 @@ static ur_status prepare_device(ur_tbe *t) {
   size_t fb = sizeof(ur__tbe_feature) * (size_t)t->names.F;
   size_t fat = ur__tbe_names_features_at(&t->names, sizeof(ur__tbe_table));
   int64_t db = (int64_t)(fat + fb);
-  int64_t cb = 3 * (int64_t)sizeof(int64_t) * (t->names.F + 1);
+  /* a call's VBE arrays, then the early copies' (tbe.c's call_args): on their own streams */
+  int64_t cb = 2 * 3 * (int64_t)sizeof(int64_t) * (t->names.F + 1);
   ur_status st;
   if ((st = ur__tbe_home_tensor(t, &t->desc, UR_DTYPE_U8, db)) ||
       (st = ur__tbe_home_tensor(t, &t->callbuf, UR_DTYPE_U8, cb)))
@@ -528,7 +529,10 @@ void ur_tbe_free(ur_tbe *t) {
   ur_tensor_free(t->desc);
   ur_tensor_free(t->callbuf);
   ur_tensor_free(t->work);
-  ur_tensor_free(t->far);
+  for (int k = 0; k < 2; k++) { /* the far rows' copies (far.c) */
+    ur_tensor_free(t->far[k]);
+    if (t->far_ev[k]) t->be->event_free(t->far_ev[k]);
+  }
   ur_tensor_free(t->swapbuf);
   ur_tensor_free(t->flags);
   for (int32_t i = 0; t->counts && i < t->names.T; i++) ur_tensor_free(t->counts[i]);
@@ -811,7 +815,7 @@ int64_t ur__tbe_far_from(const ur_tbe *t, int32_t i) {
   return (int64_t)(run / ((uint64_t)per * ur_dtype_size(c->dtype)));
 }
 
-void ur__tbe_far_drop(ur_tbe *t) { t->far_ready = 0; }
+void ur__tbe_far_drop(ur_tbe *t) { t->far_ready = t->far_early = 0; }
 
 ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weights,
                            float *state1, float *state2, const int64_t *row_ids, int64_t rows) {

@@ -133,11 +133,20 @@ struct ur_tbe {
   ur_tensor *swapbuf;       /* i64 at home: the ids of the last row swaps (layout.c), kept so
                                that nothing is freed (and waited for) while the swaps run */
   struct ur__pages *pages;  /* page prefetch state (pages.c, freed by its hook), or NULL */
-  /* far rows' copies (far.c): room for far_rows of them at home (GPU), their memory, whether
-   * the last forward made copies, and whether no write has overtaken them since */
+  /* far rows' copies (far.c): room for far_rows of them at home (GPU).  far[far_cur] holds the
+   * current map and copies, far[!far_cur] the early copies' (made by the first
+   * ur_tbe_far_prefetch).  far_made: the last forward made copies; far_ready: no write but the
+   * backward's (which writes them too) has overtaken them since; far_early: the other map holds
+   * early copies for the next forward; far_captured: a forward was captured into a graph (early
+   * copies are refused from then on).  far_ev: events after the last forward and after the
+   * early copies.  far_values, far_n: the last forward's values, which its backward must be
+   * given for early copies to stay current. */
   int64_t far_rows;
-  ur_tensor *far;
-  int32_t far_made, far_ready;
+  ur_tensor *far[2];
+  int32_t far_cur, far_made, far_ready, far_early, far_captured;
+  void *far_ev[2];
+  const void *far_values;
+  int64_t far_n;
   ur__tbe_hook *hooks;
   int32_t nhooks, cap_hooks;
 };
@@ -162,13 +171,22 @@ UR__HIDDEN void ur__tbe_perm_changed(ur_tbe *t, int32_t i);
 UR__HIDDEN ur_status ur__tbe_sync_desc(ur_tbe *t);
 
 /* Far rows (table.c): table i's first far physical row, from where its rows live now; far_drop
- * forgets the copies of far rows (every call that writes rows, and the backward after its
- * step).  The copies (far.c): far_forward points a forward at them when it should make some;
- * far_backward points the backward at them when the last forward made them. */
+ * forgets the copies of far rows, early ones too (every call that writes rows but the
+ * backward, which writes the copies too).  The copies (far.c): far_forward points a forward at
+ * them when it should make some (the early copies, when there are some), far_forward_done marks
+ * its end on its stream; far_backward points the backward at them when the last forward made
+ * them, and far_backward_done says whether the step kept them current (a step by atomics does
+ * not).  table.c frees the rooms and events with the collection. */
 UR__HIDDEN int64_t ur__tbe_far_from(const ur_tbe *t, int32_t i);
 UR__HIDDEN void ur__tbe_far_drop(ur_tbe *t);
 UR__HIDDEN ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a);
-UR__HIDDEN void ur__tbe_far_backward(const ur_tbe *t, ur__tbe_args *a);
+UR__HIDDEN ur_status ur__tbe_far_forward_done(ur_tbe *t, ur_stream *s, const ur_tensor *values);
+UR__HIDDEN void ur__tbe_far_backward(ur_tbe *t, ur__tbe_args *a, const ur_tensor *values);
+UR__HIDDEN void ur__tbe_far_backward_done(ur_tbe *t, const ur__tbe_args *a, int32_t stepped);
+/* ur_tbe_far_prefetch's half here: whether early copies are refused now (a graph capture), and
+ * the early copies of a's batch (its arguments where the GPU reads them) made on s. */
+UR__HIDDEN ur_status ur__tbe_far_refuse_early(const ur_tbe *t);
+UR__HIDDEN ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a);
 
 /* fn(ctx) runs when t is freed; unhook removes it (the owner went first). */
 UR__HIDDEN ur_status ur__tbe_hook_add(ur_tbe *t, ur__tbe_hook_fn fn, void *ctx);

@@ -108,16 +108,17 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
   ur__tbe_args *a = &c->a;
   fill_host_info(t, a);
   ur_status st;
-  if (!values || !offsets || !o)
-    return ur__error(UR_STATUS_INVALID, "tbe: values, offsets and %s are required", oname);
+  if (!values || !offsets || (oname && !o))
+    return ur__error(UR_STATUS_INVALID, "tbe: values, offsets%s%s are required",
+                     oname ? " and " : "", oname ? oname : "");
   if ((st = check_tensor(t, values, "values", UR_DTYPE_I64, 1)) ||
       (st = check_tensor(t, offsets, "offsets", UR_DTYPE_I64, 1)) ||
       (weights && (st = check_tensor(t, weights, "weights", UR_DTYPE_F32, 1))) ||
       (inverse &&
        (st = check_tensor(t, inverse, "inverse_indices", UR_DTYPE_I64, ur_tensor_ndim(inverse)))))
     return st;
-  if ((st = check_tensor(t, o, oname, t->cfg.out_dtype, ur_tensor_ndim(o)))) return st;
-  if (t->home == UR_PLACE_DEVICE && (uintptr_t)ur_tensor_data(o) % 16)
+  if (oname && (st = check_tensor(t, o, oname, t->cfg.out_dtype, ur_tensor_ndim(o)))) return st;
+  if (oname && t->home == UR_PLACE_DEVICE && (uintptr_t)ur_tensor_data(o) % 16)
     return ur__error(UR_STATUS_INVALID,
                      "tbe: %s starts %zu bytes past a 16-byte boundary (a view at an odd offset); "
                      "the GPU kernels move rows 16 bytes at a time",
@@ -182,6 +183,7 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
                        (long long)a->bags, (int)t->names.F);
     a->batch = a->bags / t->names.F;
   }
+  if (!oname) return UR_STATUS_OK; /* ids only (ur_tbe_far_prefetch) */
   if (!t->names.pooled) return check_shape2(o, oname, a->n, t->names.dim);
   if (inverse) {
     int64_t m = ur_tensor_numel(inverse);
@@ -262,8 +264,9 @@ static ur_status bad_id(const ur_tbe *t, const call *c, int64_t i) {
 /* ---- calls ---- */
 
 /* Points the call at the descriptors and VBE arrays where the backend reads them: their device
- * copies when the collection's home is the GPU's memory, else the host arrays themselves. */
-static ur_status call_args(ur_tbe *t, ur_stream *s, call *c) {
+ * copies when the collection's home is the GPU's memory (the VBE arrays in the first half of
+ * callbuf, an early copies' call in its second), else the host arrays themselves. */
+static ur_status call_args(ur_tbe *t, ur_stream *s, call *c, int early) {
   ur__tbe_args *a = &c->a;
   if (!t->desc) {
     a->tables = t->tables;
@@ -275,7 +278,7 @@ static ur_status call_args(ur_tbe *t, ur_stream *s, call *c) {
   a->features =
       (const ur__tbe_feature *)(d + ur__tbe_names_features_at(&t->names, sizeof(ur__tbe_table)));
   if (!c->vbe) return UR_STATUS_OK;
-  int64_t *dv = ur_tensor_data(t->callbuf);
+  int64_t *dv = (int64_t *)ur_tensor_data(t->callbuf) + (early ? 3 * (t->names.F + 1) : 0);
   ur_status st = t->be->copy(s ? s->handle : NULL, dv, c->vbe,
                              sizeof(int64_t) * (3 * (size_t)t->names.F + 1));
   if (st) return st;
@@ -319,7 +322,7 @@ static ur_status call_setup(ur_tbe *t, ur_stream *s, call *c, int backward, void
   ur_status st = UR_STATUS_OK;
   if (t->home == UR_PLACE_HOST && ((st = ur_device_sync()) || (st = check_offsets(t, c))))
     return st;
-  if ((st = call_args(t, s, c))) return st;
+  if ((st = call_args(t, s, c, 0))) return st;
   if (!backward && reads_bad_ids(t) && (st = reset_flags(t, s))) return st;
   return call_work(t, &c->a, backward, work);
 }
@@ -342,10 +345,25 @@ ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
   if (!(st = call_setup(t, s, &c, 0, &work)) && !(st = ur__tbe_far_forward(t, s, &c.a)))
     st = t->be->tbe->forward(s ? s->handle : NULL, &c.a, work);
   t->far_made = t->far_ready = !st && c.a.far.fill;
+  if (!st && c.a.far.fill) st = ur__tbe_far_forward_done(t, s, values);
   if (!st && reads_bad_ids(t)) {
     int64_t bad = UR_TBE_NO_BAD;
     if (!(st = ur_tensor_read(t->flags, 0, 1, &bad)) && bad != UR_TBE_NO_BAD) st = bad_id(t, &c, bad);
   }
+  release(&c);
+  return st;
+}
+
+ur_status ur_tbe_far_prefetch(ur_stream *s, ur_tbe *t, const ur_tensor *values,
+                              const ur_tensor *offsets, const int64_t *stride_per_key_per_rank) {
+  UR__ARGS(t, values, offsets);
+  call c;
+  ur_status st = prepare(t, &c, values, offsets, NULL, stride_per_key_per_rank, NULL, NULL, NULL);
+  if (!st) st = ur__tbe_far_refuse_early(t);
+  /* the CPU makes no copies, nor a collection without room */
+  if (!st && t->home == UR_PLACE_DEVICE && t->far[0] && c.a.bags > 0 &&
+      !(st = UR__NEED(t->be, tbe, far_prefetch)) && !(st = call_args(t, s, &c, 1)))
+    st = ur__tbe_far_prefetch(t, s, &c.a);
   release(&c);
   return st;
 }
@@ -403,10 +421,12 @@ static ur_status backward_call(ur_stream *s, ur_tbe *t, const ur_tensor *grad_ou
   hyper_of(t, &h);
   h.sums_only = sums_only;
   void *work = NULL;
-  ur__tbe_far_backward(t, &c.a); /* the last forward's far rows, as it read them */
+  ur__tbe_far_backward(t, &c.a, values); /* the last forward's far rows, as it read them */
   if (!st && !(st = call_setup(t, s, &c, 1, &work)))
     st = t->be->tbe->backward(sh, &c.a, &h, work);
-  if (!sums_only) ur__tbe_far_drop(t); /* the step wrote the rows */
+  /* the step wrote the rows and their copies (not by atomics); a failed one, who knows */
+  if (st) ur__tbe_far_drop(t);
+  else ur__tbe_far_backward_done(t, &c.a, !sums_only);
   if (st && !sums_only) t->step--;
   release(&c);
   return st;

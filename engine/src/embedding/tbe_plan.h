@@ -67,16 +67,28 @@ typedef struct ur__tbe_table {
 /* The far rows' copies (ur_tbe_set_far_rows, far.c): a forward that fills them copies each far
  * row it reads, the first time, into rows (up to cap of them, row_bytes apart), keyed by the
  * row's key (key_base + id) in an open-addressed map of mask + 1 slots; the backward that uses
- * them steps a far row from its copy instead of reading it over the host link again.  The
- * copies are the rows as that forward read them, and nothing writes a row between it and the
- * backward (the collection's calls that write rows or change a layout drop them: table.c,
- * tbe.c), so a step from a copy is the step from the row: the same bits. */
+ * them steps a far row from its copy instead of reading it over the host link again, and writes
+ * the stepped row to its copy as well as to the row.  The copies are the rows as that forward
+ * read them, and nothing writes a row between it and the backward but the backward (the
+ * collection's calls that write rows or change a layout drop them: table.c, tbe.c), so a step
+ * from a copy is the step from the row: the same bits.
+ *
+ * Early copies (ur_tbe_far_prefetch): the next batch's far rows copied into a second such map
+ * while the current step computes.  A row the current forward read (in `cur`'s map) may still be
+ * stepped by its backward, so it is not read then: its pair (where it goes here, where its copy
+ * is in cur) waits in pairs, and the forward that takes these copies first copies each pair's
+ * row from cur's copy, stepped by then (ur__tbe_far_patch).  taken[2] is how many copies were
+ * made before that forward (they are complete: the forward reads them instead of the rows). */
 typedef struct ur__tbe_far {
   unsigned long long *keys; /* [mask + 1]: a copied row's key + 1, 0 where free */
   int32_t *at;              /* [mask + 1]: where its copy is in rows, -1 when none had room */
   char *rows;               /* [cap] copies */
-  int32_t *taken;           /* [2] copies asked for by the forward (past cap: not made), then
-                             * its lookups that found no free slot in UR_TBE_FAR_PROBES */
+  int32_t *taken;           /* [5] copies asked for (past cap: not made), lookups that found no
+                             * free slot in UR_TBE_FAR_PROBES, copies made before the forward
+                             * (early ones), pairs waiting, loads waiting */
+  int32_t *pairs;           /* [2 cap]: (at here, at in cur) of the rows copied from cur */
+  int64_t *loads;           /* [2 cap]: (at here | table << 32, physical row) of the rows an
+                             * early copy reads over the link */
   int64_t mask;
   int32_t cap, row_bytes;
   int32_t fill, use;        /* 1: the forward fills them; the backward reads them */

@@ -5,7 +5,9 @@
 -- tables the missing rows come into the cache (the collection's prepare: the batch's ticket,
 -- which goes with the batch to its forward and backward, its host work overlapping the GPU's);
 -- for its `managed` tables the pages of the rows that the hint policy left on the host are
--- prefetched to the GPU (ur_tbe_prefetch_pages), so one pipeline serves both offload paths.
+-- prefetched to the GPU (ur_tbe_prefetch_pages), so one pipeline serves both offload paths; and
+-- where the collection has room for far rows' copies (set_far_rows), batch i+1's far rows are
+-- copied early into HBM (ur_tbe_far_prefetch, docs/uvm.md "Early copies").
 -- Events join the stages: compute waits for its batch's copy and prefetch; a copy into a
 -- buffer waits until the batch that last used it is done; the cache makes its own copies wait
 -- for the retire (backward and staged write-backs) of earlier batches wherever they touch the
@@ -79,7 +81,7 @@ function Prefetch.new(o)
     device = tbe and tbe.device or (C.ur_device_count() > 0 and 0 or -1),
     pages = managed and o.pages == true, slots = {}, have = {}, i = nil, ended = false, err = nil,
     counts = { batches = 0, prefetched = 0, copied = 0, pages = 0, page_bytes = 0, page_runs = 0,
-               pages_skipped_bytes = 0 },
+               pages_skipped_bytes = 0, far_early = 0 },
   }, Prefetch)
   self.gpu = self.device >= 0
   -- Streams on the CPU too: they order nothing there, but the cache's locks follow the
@@ -126,9 +128,17 @@ end
 
 -- Stage 2: the rows of the batch in slot s brought in: its ticket from the cache (on a GPU the
 -- cache decides there, from the batch's device copy, after its copy); the pages of its rows in
--- managed tables prefetched (their ids read from the host batch).
+-- managed tables prefetched (their ids read from the host batch); its far rows copied early.
 function Prefetch:_prefetch(s)
-  if not self.cached and not self.pages then return end
+  -- early copies where the collection has room for far rows' copies (asked now: a run sets it
+  -- after making the pipeline)
+  local far = self.gpu and self.tbe ~= nil and self.tbe.far_prefetch ~= nil and self.tbe:far_rows() > 0
+  if not self.cached and not self.pages and not far then return end
+  if far then
+    wait(self.prefetch_stream, s.copied)
+    assert(self.tbe:far_prefetch(s.dev.sparse, self.prefetch_stream))
+    self.counts.far_early = self.counts.far_early + 1
+  end
   if self.cached then
     if self.gpu then
       wait(self.prefetch_stream, s.copied)
@@ -199,6 +209,7 @@ function Prefetch:next()
   local s = self:_slot(i)
   if self.gpu then
     wait(self.compute, s.copied)
+    -- (the next forward waits for its early copies itself)
     if self.cached or self.pages then wait(self.compute, s.prepared) end
   end
   self.counts.batches = self.counts.batches + 1
@@ -227,7 +238,7 @@ end
 -- (pages_skipped_bytes).
 function Prefetch:stats()
   local c = self.counts
-  local r = { batches = c.batches, prefetched = c.prefetched, copied = c.copied }
+  local r = { batches = c.batches, prefetched = c.prefetched, copied = c.copied, far_early = c.far_early }
   if self.pages then
     r.pages, r.page_bytes, r.page_runs, r.pages_skipped_bytes = c.pages, c.page_bytes, c.page_runs,
                                                               c.pages_skipped_bytes

@@ -63,6 +63,32 @@ end
 
 function Trainer:done(run) keep_skipped(self.ctx, run) end
 
+-- far_early{collection =, source =, stream =}: after each step, the far rows of the source's
+-- next batch (source:peek(), a uvmrec.train.source.ring's) copied early into HBM on `stream`
+-- (a stream of its own: the copies overlap the step; docs/uvm.md, "Early copies"), so that the
+-- next forward reads them there.  collection: a uvmrec.tbe collection with room for far rows'
+-- copies (set_far_rows).  self.made: the batches it copied early.
+local FarEarly = class()
+function M.far_early(o)
+  if type(o) ~= "table" or type(o.source) ~= "table" or type(o.source.peek) ~= "function" then
+    error("far_early: expected {collection =, source = (a source with peek()), stream =}", 2)
+  end
+  if type(o.collection) ~= "table" or type(o.collection.far_prefetch) ~= "function" then
+    error("far_early: collection must be a uvmrec.tbe collection (an EmbeddingBagCollection's .tbe)", 2)
+  end
+  if o.collection:far_rows() <= 0 then
+    error("far_early: the collection has no room for far rows' copies; set_far_rows(n) first", 2)
+  end
+  return setmetatable({ tbe = o.collection, source = o.source, stream = o.stream, made = 0 }, FarEarly)
+end
+
+function FarEarly:after()
+  local b = self.source:peek()
+  if not b then return end
+  assert(self.tbe:far_prefetch(b.sparse, self.stream))
+  self.made = self.made + 1
+end
+
 -- log{progress =, line =, every =, optimizer =, tables =}: every `every` steps the loss is read
 -- (the one wait for the GPU), shown by progress (uvmrec.train.progress) and written as a "train"
 -- line (line(t): the run directory's) with the step's learning rates: lr, the dense optimizer's,

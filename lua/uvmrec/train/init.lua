@@ -850,6 +850,8 @@ function run_plain(cfg, opts)
   local first, samples0 = ctx.first, ctx.samples
   local ok, run = pcall(M.loop.run, model, ctx.optimizer, source, hooks, { world = world })
   progress:finish()
+  -- the batches whose far rows the pipeline copied early (docs/uvm.md, "Early copies")
+  local early = source.stats and source:stats().far_early or 0
   if source.free then source:free() end
   if guard then guard:detach() end
   if not ok then
@@ -904,13 +906,14 @@ function run_plain(cfg, opts)
       local n, u = assert(tbe:far_taken())
       read, copied, unplaced = read + n, copied + math.min(n, room), unplaced + u
     end
-    result.far_rows = { room = room, read = read, copied = copied, unplaced = unplaced }
+    result.far_rows = { room = room, read = read, copied = copied, unplaced = unplaced, early = early }
     if read > 0 then
       -- a full map left rows uncounted: the count is then a lower bound, and says so
       local full = unplaced > 0 and (" (%d lookups found the copies' map full where they looked: "
         .. "more rows than counted)"):format(unplaced) or ""
-      say(("far rows: the last forward read %s%d distinct far rows, copied %d (room %d a collection)%s"):format(
-        unplaced > 0 and "at least " or "", read, copied, room, full))
+      local ahead = early > 0 and ("; %d batches' far rows copied early (train.pipeline)"):format(early) or ""
+      say(("far rows: the last forward read %s%d distinct far rows, copied %d (room %d a collection)%s%s"):format(
+        unplaced > 0 and "at least " or "", read, copied, room, full, ahead))
     end
   end
   if collisions then

@@ -129,6 +129,14 @@ function Ring:next()
   return b[(self.offset + self.taken - 1) % #b + 1]
 end
 
+-- The batch next() gives next, not taken (nil at the end): early work on it (far rows' early
+-- copies, uvmrec.train.hooks.far_early).
+function Ring:peek()
+  if self.steps and self.taken >= self.steps then return nil end
+  local b = self.batches
+  return b[(self.offset + self.taken) % #b + 1]
+end
+
 -- The ring lets go of nothing: its batches are the caller's.
 function Ring.close() end
 
