@@ -6,7 +6,7 @@
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local streams = require "uvmrec.stream"
-local C = lib.C
+local C, must = lib.C, lib.must
 
 local M = {}
 
@@ -26,10 +26,6 @@ end
 -- ranks), so the CPU computes each as it computes that row of the whole batch
 M.ROW0 = 2 ^ C.UR_DENSE_ROW0_SHIFT
 
-local function run(st)
-  if st ~= 0 then error(ffi.string(C.ur_last_error()), 3) end
-end
-
 local function act_of(a)
   local v = M.ACT[a or "none"]
   if not v then error("dense: activation '" .. tostring(a) .. "' is not none, relu or sigmoid", 3) end
@@ -44,7 +40,7 @@ local function S(s) return streams.handle(s, 3) end
 function M.linear_forward(x, w, b, y, act, flags, stream)
   local mask
   if type(flags) == "table" then flags, mask = flags.flags, flags.mask end
-  run(C.ur_linear_forward(S(stream), P(x), P(w), P(b), P(y), P(mask), act_of(act), flags or 0))
+  must(C.ur_linear_forward(S(stream), P(x), P(w), P(b), P(y), P(mask), act_of(act), flags or 0))
   return y
 end
 
@@ -56,8 +52,8 @@ end
 function M.linear_backward(x, w, y, gy, gx, gw, gb, work, act, flags, stream)
   local x_mask, gb_x
   if type(flags) == "table" then flags, x_mask, gb_x = flags.flags, flags.x_mask, flags.gb_x end
-  run(C.ur_linear_backward(S(stream), P(x), P(w), P(y), P(gy), P(x_mask), P(gx), P(gw), P(gb),
-                           P(gb_x), P(work), act_of(act), flags or 0))
+  must(C.ur_linear_backward(S(stream), P(x), P(w), P(y), P(gy), P(x_mask), P(gx), P(gw), P(gb),
+                            P(gb_x), P(work), act_of(act), flags or 0))
   return gx
 end
 
@@ -70,24 +66,24 @@ function M.mask_cols(out) return tonumber(C.ur_linear_mask_cols(out)) end
 local ws_out = ffi.new("uint64_t[2]")
 function M.linear_backward_workspace(rows, inw, out, given, act, flags, sms)
   local function bit(v) return v and 1 or 0 end
-  run(C.ur_linear_backward_workspace(rows, inw, out, bit(given.gx), bit(given.gw), bit(given.gb),
-                                     bit(given.x_mask), ws_out, ws_out + 1, act_of(act),
-                                     flags or 0, sms))
+  must(C.ur_linear_backward_workspace(rows, inw, out, bit(given.gx), bit(given.gw), bit(given.gb),
+                                      bit(given.x_mask), ws_out, ws_out + 1, act_of(act),
+                                      flags or 0, sms))
   return tonumber(ws_out[0]), tonumber(ws_out[1])
 end
 
 -- Work on stream after this waits for the weight gradients of dense.WGRAD_ASYNC backward calls.
 function M.join(stream)
-  run(C.ur_dense_join(S(stream)))
+  must(C.ur_dense_join(S(stream)))
 end
 
 function M.act_forward(x, y, act, stream)
-  run(C.ur_act_forward(S(stream), P(x), P(y), act_of(act)))
+  must(C.ur_act_forward(S(stream), P(x), P(y), act_of(act)))
   return y
 end
 
 function M.act_backward(y, gy, gx, act, stream)
-  run(C.ur_act_backward(S(stream), P(y), P(gy), P(gx), act_of(act)))
+  must(C.ur_act_backward(S(stream), P(y), P(gy), P(gx), act_of(act)))
   return gx
 end
 
@@ -102,23 +98,23 @@ end
 
 -- out [rows, interaction_width(T, d, self, padded?)]; flags: dense.TF32.
 function M.interaction_forward(dense, emb, out, self_interaction, flags, stream)
-  run(C.ur_interaction_forward(S(stream), P(dense), P(emb), P(out), self_interaction and 1 or 0,
-                               flags or 0))
+  must(C.ur_interaction_forward(S(stream), P(dense), P(emb), P(out), self_interaction and 1 or 0,
+                                flags or 0))
   return out
 end
 
 function M.interaction_backward(dense, emb, gout, gdense, gemb, self_interaction, flags, stream)
-  run(C.ur_interaction_backward(S(stream), P(dense), P(emb), P(gout), P(gdense), P(gemb),
-                                self_interaction and 1 or 0, flags or 0))
+  must(C.ur_interaction_backward(S(stream), P(dense), P(emb), P(gout), P(gdense), P(gemb),
+                                 self_interaction and 1 or 0, flags or 0))
 end
 
 function M.cross_forward(x0, z, xl, y, stream)
-  run(C.ur_cross_forward(S(stream), P(x0), P(z), P(xl), P(y)))
+  must(C.ur_cross_forward(S(stream), P(x0), P(z), P(xl), P(y)))
   return y
 end
 
 function M.cross_backward(x0, z, gy, gz, gx0, gxl, flags, stream)
-  run(C.ur_cross_backward(S(stream), P(x0), P(z), P(gy), P(gz), P(gx0), P(gxl), flags or 0))
+  must(C.ur_cross_backward(S(stream), P(x0), P(z), P(gy), P(gz), P(gx0), P(gxl), flags or 0))
 end
 
 -- The FFI does not add const below the first level by itself: the casts are made once.
@@ -138,13 +134,13 @@ end
 -- out = the parts (a list of [rows, w_i] tensors) side by side; split undoes it.
 function M.concat(parts, out, stream)
   local n = parts_of(parts)
-  run(C.ur_features_concat(S(stream), parts_in, n, P(out)))
+  must(C.ur_features_concat(S(stream), parts_in, n, P(out)))
   return out
 end
 
 function M.split(input, parts, stream)
   local n = parts_of(parts)
-  run(C.ur_features_split(S(stream), P(input), parts_out, n))
+  must(C.ur_features_split(S(stream), P(input), parts_out, n))
   return parts
 end
 
@@ -155,24 +151,24 @@ local function reduction_of(r)
 end
 
 function M.bce_forward(logits, targets, weights, loss, reduction, stream)
-  run(C.ur_bce_forward(S(stream), P(logits), P(targets), P(weights), P(loss), reduction_of(reduction)))
+  must(C.ur_bce_forward(S(stream), P(logits), P(targets), P(weights), P(loss), reduction_of(reduction)))
   return loss
 end
 
 function M.bce_backward(logits, targets, weights, glogits, reduction, scale, stream)
-  run(C.ur_bce_backward(S(stream), P(logits), P(targets), P(weights), P(glogits),
-                        reduction_of(reduction), scale or 1))
+  must(C.ur_bce_backward(S(stream), P(logits), P(targets), P(weights), P(glogits),
+                         reduction_of(reduction), scale or 1))
   return glogits
 end
 
 function M.mean(x, out, stream)
-  run(C.ur_dense_mean(S(stream), P(x), P(out)))
+  must(C.ur_dense_mean(S(stream), P(x), P(out)))
   return out
 end
 
 -- dst = src converted between f32 and bf16 (or copied).
 function M.cast(src, dst, stream)
-  run(C.ur_dense_cast(S(stream), P(src), P(dst)))
+  must(C.ur_dense_cast(S(stream), P(src), P(dst)))
   return dst
 end
 

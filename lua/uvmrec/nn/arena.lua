@@ -63,8 +63,7 @@ function M.new(placement, device, block_bytes)
   local place = lib.enum(C.ur_place_parse, "ur_place", placement or "host", "placement", 2)
   if placement == "host" or placement == "pinned" or placement == nil then device = -1 end
   local out = ffi.new("ur_arena *[1]")
-  local st = C.ur_arena_new(out, place, device or 0, block_bytes or BLOCK[placement or "host"])
-  if st ~= 0 then error(ffi.string(C.ur_last_error()), 2) end
+  lib.must(C.ur_arena_new(out, place, device or 0, block_bytes or BLOCK[placement or "host"]))
   return wrap(out[0])
 end
 

@@ -75,9 +75,8 @@ end
 function Optimizer:step(stream)
   local cfg = self.cfg
   cfg.step = self.step_count + 1
-  local st = C.ur_optim_step(streams.handle(stream, 2), cfg, self.n, self._p, self._g, self._s1,
-                             self._s2, self._h, self._gate, self.clip_work and self.clip_work.p)
-  if st ~= 0 then error(ffi.string(C.ur_last_error()), 2) end
+  lib.must(C.ur_optim_step(streams.handle(stream, 2), cfg, self.n, self._p, self._g, self._s1, self._s2, self._h,
+                           self._gate, self.clip_work and self.clip_work.p))
   self.step_count = self.step_count + 1
 end
 
