@@ -1,14 +1,17 @@
 -- Access counters of embedding tables (engine/src/embedding/counters.c, lua/uvmrec/tbe_stats.lua): what
 -- the forward counts, decay, ranking (topk, coverage, histogram), against plain references;
 -- the CUDA counters against the CPU's (#cuda).
+local ffi = require "ffi"
 local ur = require "uvmrec"
 local h = require "helpers"
 local R = require "tbe_ref"
 local ck = require "uvmrec.checkpoint"
 local hints = require "uvmrec.hints"
+local stats = require "uvmrec.tbe_stats"
 
 local cuda_it = h.cuda_it
 local EBC = ur.nn.EmbeddingBagCollection
+local C = ur.C
 
 local TABLES = {
   { name = "a", rows = 500, dim = 8, features = { "a1", "a2" } },
@@ -27,6 +30,16 @@ local function make(dev, place, opts, tables)
     o.tables[i] = c
   end
   return EBC(o)
+end
+
+-- i32 counters on the host [n] holding fill's values (a list, n its length; or fill(i) for i = 0
+-- .. n - 1), and their elements, to write them again.
+local function counters(fill, n)
+  n = n or #fill
+  local c = assert(ur.tensor({ n }, { dtype = "i32" }))
+  local p = ffi.cast("int32_t *", C.ur_tensor_data(c.p))
+  for i = 0, n - 1 do p[i] = type(fill) == "table" and fill[i + 1] or fill(i) end
+  return c, p
 end
 
 -- Skewed ids (the low ones hot), a few out of bounds.
@@ -192,11 +205,7 @@ describe("uvmrec.tbe access counters", function()
   end)
 
   it("rank on the host and say so, with the counts by id as ranked (below 0 as 0) when asked", function()
-    local ffi = require "ffi"
-    local stats = require "uvmrec.tbe_stats"
-    local c = assert(ur.tensor({ 6 }, { dtype = "i32" }))
-    local p = ffi.cast("int32_t *", require("uvmrec.lib").C.ur_tensor_data(c.p))
-    for i, v in ipairs { 4, -2, 9, 0, 4, 1 } do p[i - 1] = v end
+    local c = counters { 4, -2, 9, 0, 4, 1 }
     local a = stats.snapshot(c, "t", true)
     assert.equal("host", a.rank_on)
     assert.same({ 4, 0, 9, 0, 4, 1 }, a.by_id:totable())
@@ -210,12 +219,7 @@ describe("uvmrec.tbe access counters", function()
   end)
 
   it("rank into an earlier snapshot's outputs, which then raises naming its table, as a freed one does", function()
-    local ffi = require "ffi"
-    local stats = require "uvmrec.tbe_stats"
-    local C = require("uvmrec.lib").C
-    local c = assert(ur.tensor({ 6 }, { dtype = "i32" }))
-    local p = ffi.cast("int32_t *", C.ur_tensor_data(c.p))
-    for i, v in ipairs { 4, -2, 9, 0, 4, 1 } do p[i - 1] = v end
+    local c, p = counters { 4, -2, 9, 0, 4, 1 }
     local a = stats.snapshot(c, "t", true)
     local mem = { C.ur_tensor_data(a.order.p), C.ur_tensor_data(a.cumsum.p), C.ur_tensor_data(a.by_id.p) }
     for i, v in ipairs { 0, 7, 3, 7, -1, 2 } do p[i - 1] = v end
@@ -254,8 +258,6 @@ describe("uvmrec.tbe access counters", function()
   it("rank host counters to a plain sort's order and sums: random, skewed, tied, wide and negative counts", function()
     -- the CPU's radix sort carries each key beside its id and skips a digit every key shares: its
     -- order must stay a sort by count (highest first) and id, whichever digits vary
-    local ffi = require "ffi"
-    local C = require("uvmrec.lib").C
     local n = 30000
     local c = assert(ur.tensor({ n }, { dtype = "i32" }))
     local order = assert(ur.tensor({ n }, { dtype = "i64" }))
@@ -328,13 +330,9 @@ describe("uvmrec.tbe access counters", function()
 
   cuda_it("rank device counters on the GPU to the CPU's order, sums and counts by id (ties by id, below 0 as 0), "
           .. "on the CPU where the HBM budget has no room, saying which", function()
-    local ffi = require "ffi"
-    local stats = require "uvmrec.tbe_stats"
     -- budget: the HBM budget set once the counters are on the device, before they are ranked
     local function same(n, fill, what, budget)
-      local host = assert(ur.tensor({ n }, { dtype = "i32" }))
-      local p = ffi.cast("int32_t *", require("uvmrec.lib").C.ur_tensor_data(host.p))
-      for i = 0, n - 1 do p[i] = fill(i) end
+      local host, p = counters(fill, n)
       local dev = assert(host:to("device"))
       if budget then
         -- the collector stopped until the budget is lifted: tensors it freed in between made room
@@ -351,7 +349,7 @@ describe("uvmrec.tbe access counters", function()
         assert.equal(budget and "host" or "device", b.rank_on, what)
         assert.equal(b.rank_on, b2.rank_on, what)
         -- the budget's refusal was no error of the call, which the CPU's ranking answered
-        if budget then assert.equal("", ffi.string(require("uvmrec.lib").C.ur_last_error()), what) end
+        if budget then assert.equal("", ffi.string(C.ur_last_error()), what) end
         assert.equal(a.total, b.total, what)
         assert.equal(a.total, b2.total, what)
         assert.same(a.by_id:totable(), b.by_id:totable(), what)
@@ -404,13 +402,9 @@ describe("uvmrec.tbe access counters", function()
   end)
 
   cuda_it("rank device counters on the GPU into pinned and managed outputs as into host ones", function()
-    local ffi = require "ffi"
-    local C = require("uvmrec.lib").C
     local n = 100003
     math.randomseed(73)
-    local host = assert(ur.tensor({ n }, { dtype = "i32" }))
-    local p = ffi.cast("int32_t *", C.ur_tensor_data(host.p))
-    for i = 0, n - 1 do p[i] = math.random() < 0.5 and 0 or math.random(-5, 3000) end
+    local host = counters(function() return math.random() < 0.5 and 0 or math.random(-5, 3000) end, n)
     local dev = assert(host:to("device"))
     local function ranked(out)
       local o, cs, by = out("i64"), out("i64"), out("i32")
