@@ -1,6 +1,7 @@
 -- The dense ops on the CPU backend against float64 references written in Lua (spec/support/
 -- dense_ref.lua), on random inputs; and every documented error.
 local ur = require "uvmrec"
+local helpers = require "helpers"
 local R = require "dense_ref"
 local dense = ur.dense
 
@@ -149,9 +150,8 @@ describe("uvmrec.dense linear", function()
     local x, w = R.zeros({ 4, 5 }), R.zeros({ 3, 6 })
     local y = R.zeros({ 4, 3 })
     -- at the caller's line (here), not at a line of dense.lua
-    local _, err = pcall(function() dense.linear_forward(x, w, nil, y) end)
-    assert.matches("^[^\n]*dense_spec%.lua:%d+: linear forward: w is f32 %[3, 6%]; expected f32 or bf16 %[rows, 5%]$",
-      err)
+    helpers.raises_at_caller(function() dense.linear_forward(x, w, nil, y) end,
+      "linear forward: w is f32 [3, 6]; expected f32 or bf16 [rows, 5]")
     assert.error_matches(function() dense.linear_forward(x, R.zeros({ 3, 5 }), R.zeros({ 4 }), y) end,
       "linear forward: b is f32 %[4%]; expected f32 or bf16 of 3 elements")
     assert.error_matches(function()

@@ -16,8 +16,8 @@ describe("uvmrec.nn.arena", function()
     t1:fill(3)
     assert.equal(3, t1[14])
     -- at the caller's line (here), not at a line of arena.lua
-    local _, err = pcall(function() arena.new("host", nil, 1) end)
-    assert.matches("^[^\n]*arena_spec%.lua:%d+: arena: block size 1 bytes; expected 256 to 2%^40$", err)
+    require("helpers").raises_at_caller(function() arena.new("host", nil, 1) end,
+      "arena: block size 1 bytes; expected 256 to 2^40")
   end)
 
   it("checks a shape as ur.tensor does, naming the arena", function()

@@ -56,11 +56,9 @@ describe("ur.nn.ManagedCollisionCollection", function()
   it("names itself in the map's errors, at the caller's line", function()
     -- 'managed collisions: the input's keys ...' alone, at a line of ManagedCollisionCollection.lua
     local m = MCC{ collection = collection(), policy = "lfu", evict_every = 4, fallback_rows = 2 }
-    local ok, err = pcall(function() m:forward(ur.KJT{ keys = { "u1" }, values = { 1 }, lengths = { 1 } }) end)
-    assert.is_false(ok)
-    assert.equal("managed_collision_collection_spec.lua: ManagedCollisionCollection(2 tables, lfu, evict_every 4): "
-                 .. "managed collisions: the input's keys {u1} are not the map's features {u1, u2, v}",
-                 tostring(err):gsub("^.-(managed_collision_collection_spec%.lua):%d+:", "%1:"))
+    h.raises_at_caller(function() m:forward(ur.KJT{ keys = { "u1" }, values = { 1 }, lengths = { 1 } }) end,
+      "ManagedCollisionCollection(2 tables, lfu, evict_every 4): managed collisions: the input's keys {u1} are not "
+      .. "the map's features {u1, u2, v}")
   end)
 
   it("only looks up in evaluate mode", function()
@@ -106,10 +104,7 @@ describe("ur.nn.ManagedCollisionCollection", function()
     local M = "ManagedCollisionCollection(2 tables, lfu, evict_every 2): "
     local function fails(k, want)
       local before = handles(k)
-      local ok, err = pcall(function() a:forward(k) end)
-      assert.is_false(ok)
-      assert.equal("managed_collision_collection_spec.lua: " .. M .. want,
-                   tostring(err):gsub("^.-(managed_collision_collection_spec%.lua):%d+:", "%1:"))
+      h.raises_at_caller(function() a:forward(k) end, M .. want)
       assert.equal(before, handles(k))
       assert.is_nil(a.output)
       assert.equal(1, a._out:refs())

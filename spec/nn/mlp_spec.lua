@@ -1,5 +1,6 @@
 -- uvmrec.nn.MLP (lua/uvmrec/nn/MLP.lua) on the CPU: Linear layers with fused ReLUs (and a
 -- sigmoid last when asked) against a float64 reference and its central finite differences.
+local h = require "helpers"
 local R = require "dense_ref"
 local nn = require("uvmrec").nn
 
@@ -27,10 +28,7 @@ describe("uvmrec.nn.MLP", function()
 
   it("names the size that is wrong, at the caller's line", function()
     -- 'Linear: out is 2.5; expected a whole number >= 1' at a line of MLP.lua, naming neither
-    local ok, err = pcall(function() nn.MLP({ 4, 2.5 }) end)
-    assert.is_false(ok)
-    assert.equal("mlp_spec.lua: MLP: sizes[2] is 2.5; expected a whole number >= 1",
-                 tostring(err):gsub("^.-(mlp_spec%.lua):%d+:", "%1:"))
+    h.raises_at_caller(function() nn.MLP({ 4, 2.5 }) end, "MLP: sizes[2] is 2.5; expected a whole number >= 1")
     assert.has_error(function() nn.MLP({ 4, "8", 2 }) end, "MLP: sizes[2] is 8; expected a whole number >= 1")
     assert.has_error(function() nn.MLP({ 0, 2 }) end, "MLP: sizes[1] is 0; expected a whole number >= 1")
   end)

@@ -3,16 +3,12 @@
 -- a training step once the batch size was seen, subclassing.  Each module's own forward and
 -- gradients: spec/nn/<module>_spec.lua.
 local ur = require "uvmrec"
+local h = require "helpers"
 local R = require "dense_ref"
 local nn = ur.nn
 
 -- f() fails with msg at a line of this file (the caller's line of the module's method).
-local function fails(f, msg)
-  local ok, err = pcall(f)
-  assert.is_false(ok)
-  local at = tostring(err):gsub("^.-(spec/nn/module_spec%.lua):%d+:", "%1:")
-  assert.equal("spec/nn/module_spec.lua: " .. msg, at)
-end
+local fails = h.raises_at_caller
 
 describe("uvmrec.nn.Module", function()
   before_each(function() nn.Module.manual_seed(3) end)

@@ -75,6 +75,18 @@ function M.near(a, b, tol, what, floor)
   end
 end
 
+-- f() raises msg at a line of the file f is written in: a misuse the library raises with
+-- error(msg, 2) names its caller's line, not one of the library's.  Else an error saying what
+-- was raised.
+function M.raises_at_caller(f, msg)
+  local file = debug.getinfo(f, "S").source:match("([^/@]*)$")
+  local ok, err = pcall(f)
+  local at = not ok and tostring(err):gsub("^.-(" .. file:gsub("%p", "%%%0") .. "):%d+:", "%1:", 1)
+  if at ~= file .. ": " .. msg then
+    error(("expected an error at a line of %s: %s\nraised: %s"):format(file, msg, ok and "none" or tostring(err)), 2)
+  end
+end
+
 -- Lists a and b equal element by element (a against the expected b): else an error naming
 -- the first element that differs.
 function M.same_list(a, b, what)
