@@ -32,16 +32,6 @@ local function make(dev, place, opts, tables)
   return EBC(o)
 end
 
--- i32 counters on the host [n] holding fill's values (a list, n its length; or fill(i) for i = 0
--- .. n - 1), and their elements, to write them again.
-local function counters(fill, n)
-  n = n or #fill
-  local c = assert(ur.tensor({ n }, { dtype = "i32" }))
-  local p = ffi.cast("int32_t *", C.ur_tensor_data(c.p))
-  for i = 0, n - 1 do p[i] = type(fill) == "table" and fill[i + 1] or fill(i) end
-  return c, p
-end
-
 -- Skewed ids (the low ones hot), a few out of bounds.
 local function batch(m, n, seed)
   math.randomseed(seed)
@@ -205,7 +195,7 @@ describe("uvmrec.tbe access counters", function()
   end)
 
   it("rank on the host and say so, with the counts by id as ranked (below 0 as 0) when asked", function()
-    local c = counters { 4, -2, 9, 0, 4, 1 }
+    local c = R.tensor({ 4, -2, 9, 0, 4, 1 }, "i32")
     local a = stats.snapshot(c, "t", true)
     assert.equal("host", a.rank_on)
     assert.same({ 4, 0, 9, 0, 4, 1 }, a.by_id:totable())
@@ -219,10 +209,10 @@ describe("uvmrec.tbe access counters", function()
   end)
 
   it("rank into an earlier snapshot's outputs, which then raises naming its table, as a freed one does", function()
-    local c, p = counters { 4, -2, 9, 0, 4, 1 }
+    local c = R.tensor({ 4, -2, 9, 0, 4, 1 }, "i32")
     local a = stats.snapshot(c, "t", true)
     local mem = { C.ur_tensor_data(a.order.p), C.ur_tensor_data(a.cumsum.p), C.ur_tensor_data(a.by_id.p) }
-    for i, v in ipairs { 0, 7, 3, 7, -1, 2 } do p[i - 1] = v end
+    for i, v in ipairs { 0, 7, 3, 7, -1, 2 } do c[i - 1] = v end
     local b = stats.snapshot(c, "t", true, a)
     -- the same host memory, holding the new ranking: a fresh snapshot's
     assert.same(mem, { C.ur_tensor_data(b.order.p), C.ur_tensor_data(b.cumsum.p), C.ur_tensor_data(b.by_id.p) })
@@ -332,7 +322,9 @@ describe("uvmrec.tbe access counters", function()
           .. "on the CPU where the HBM budget has no room, saying which", function()
     -- budget: the HBM budget set once the counters are on the device, before they are ranked
     local function same(n, fill, what, budget)
-      local host, p = counters(fill, n)
+      local host = assert(ur.tensor({ n }, { dtype = "i32" }))
+      local p = ffi.cast("int32_t *", C.ur_tensor_data(host.p))
+      for i = 0, n - 1 do p[i] = fill(i) end
       local dev = assert(host:to("device"))
       if budget then
         -- the collector stopped until the budget is lifted: tensors it freed in between made room
@@ -404,7 +396,9 @@ describe("uvmrec.tbe access counters", function()
   cuda_it("rank device counters on the GPU into pinned and managed outputs as into host ones", function()
     local n = 100003
     math.randomseed(73)
-    local host = counters(function() return math.random() < 0.5 and 0 or math.random(-5, 3000) end, n)
+    local host = assert(ur.tensor({ n }, { dtype = "i32" }))
+    local p = ffi.cast("int32_t *", C.ur_tensor_data(host.p))
+    for i = 0, n - 1 do p[i] = math.random() < 0.5 and 0 or math.random(-5, 3000) end
     local dev = assert(host:to("device"))
     local function ranked(out)
       local o, cs, by = out("i64"), out("i64"), out("i32")
