@@ -233,9 +233,8 @@ describe("uvmrec.checkpoint files", function()
     assert.matches("safetensors: writing " .. path:gsub("%p", "%%%0") ..
       "%.tmp%-%w+ failed after 65536 of 400%d+ bytes: File too large; .* is unchanged", out)
     unchanged(path, old, before)
-    local names = {}
-    for n in io.popen("ls " .. root .. " | grep atomic"):lines() do names[#names + 1] = n end
-    assert.same({ path:match("[^/]+$") }, names) -- no temporary file left
+    local name = path:match("[^/]+$")
+    assert.same({ name }, require("uvmrec.lib").dir_list(root, name)) -- no temporary file (name.tmp-...) left
   end)
 
   it("leaves the previous file loadable when the saving process is killed mid-write", function()

@@ -462,16 +462,14 @@ function M.commands(dir)
   local host = package.loaded["uvmrec.host"]
   dir = dir or host and host.scripts
   if not dir then return nil, "cli: no scripts folder (run under the uvmrec command, or name one)" end
-  local p = io.popen("ls " .. require("uvmrec.lib").shell_quote(dir) .. " 2>/dev/null")
   local out = {}
-  for f in p:lines() do
+  for _, f in ipairs(require("uvmrec.lib").dir_list(dir, "", ".lua") or {}) do
     local name = f:match("^([%w][%w_%-]*)%.lua$")
     if name then
       local c, err = M.describe(dir .. "/" .. name .. ".lua")
       out[#out + 1] = { name = name, summary = c and c.summary or ("(" .. err .. ")") }
     end
   end
-  p:close()
   table.sort(out, function(a, b) return a.name < b.name end)
   return out
 end

@@ -25,14 +25,8 @@ end
 
 local losses = helpers.losses
 
-local function listing(dir)
-  local _, names = pcall(function()
-    local l = {}
-    for n in command.sh("ls " .. command.quote(dir)):gmatch("[^\n]+") do l[#l + 1] = n end
-    return l
-  end)
-  return names
-end
+-- The names in a folder, sorted.
+local listing = require("uvmrec.lib").dir_list
 
 -- The access counts of a sharded checkpoint folder's files: {tensor name = list} per rank file.
 local function shard_counts(folder, world)

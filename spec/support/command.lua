@@ -76,12 +76,10 @@ function M.run(args, input) return M.sh(M.quote(M.bin()) .. " " .. args, input) 
 -- The commands a tree offers, as the command lists them: its scripts/*.lua and `env`, sorted.
 function M.commands(scripts_dir)
   local names = { "env" }
-  local p = io.popen("ls " .. M.quote(scripts_dir) .. " 2>/dev/null")
-  for f in p:lines() do
+  for _, f in ipairs(require("uvmrec.lib").dir_list(scripts_dir, "", ".lua") or {}) do
     local n = f:match("^([%w_%-]+)%.lua$")
     if n then names[#names + 1] = n end
   end
-  p:close()
   table.sort(names)
   return table.concat(names, ", ")
 end
