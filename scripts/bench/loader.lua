@@ -41,9 +41,8 @@ if not io.open(dir .. "/day_0_dense.npy") then
   assert(os.execute(cmd) == 0, "datagen failed")
 end
 local bytes = 0 -- of the files, then a sample's
-local p = io.popen("ls " .. dir .. "/day_*_*.npy")
-for path in p:lines() do
-  local f = assert(io.open(path, "rb"))
+for _, name in ipairs(assert(require("uvmrec.lib").dir_list(dir, "day_", ".npy"))) do
+  local f = assert(io.open(dir .. "/" .. name, "rb"))
   while true do
     local s = f:read(16777216)
     if not s then break end
@@ -51,7 +50,6 @@ for path in p:lines() do
   end
   f:close()
 end
-p:close()
 
 local function open(threads, extra)
   local opts = { batch_size = o.batch, shuffle_window = o.window, seed = 1, epochs = 0, threads = threads,
