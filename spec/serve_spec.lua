@@ -347,7 +347,7 @@ describe("uvmrec.serve", function()
       { { device = "cpu", hot_fraction = "x" }, "serve: hot_fraction x; expected a number (< 0: no hints)" },
       { "cpu", "serve: options are string cpu; expected a table such as {device = \"cpu\"}" },
     } do
-      assert.has_error(function() serve.open(path, c[1]) end, c[2])
+      h.raises_at_caller(function() serve.open(path, c[1]) end, c[2])
     end
     local o = ffi.new("ur_model_options")
     C.ur_model_options_init(o)

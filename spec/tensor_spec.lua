@@ -150,14 +150,14 @@ describe("uvmrec.tensor", function()
       "dtype: 'f128' is not a dtype; expected f32, bf16, f16, i8, u8, i32, i64 or f64")
     assert.has_error(function() ur.tensor({ 2 }, { placement = "gpu" }) end,
       "placement: 'gpu' is not a placement; expected host, pinned, device or managed")
-    -- options that were passed over, giving an f32 host tensor
-    assert.has_error(function() ur.tensor({ 2 }, "i32") end,
+    -- options that were passed over, giving an f32 host tensor (refused at the caller's line)
+    h.raises_at_caller(function() ur.tensor({ 2 }, "i32") end,
       'tensor: options are string i32; expected a table such as {dtype = "i32"}')
-    assert.has_error(function() ur.tensor({ 2 }, { dtyp = "i32" }) end,
+    h.raises_at_caller(function() ur.tensor({ 2 }, { dtyp = "i32" }) end,
       "tensor: unknown option 'dtyp'; expected dtype, placement, device")
-    assert.has_error(function() ur.uvm_tensor({ 2 }, "i32") end,
+    h.raises_at_caller(function() ur.uvm_tensor({ 2 }, "i32") end,
       'tensor: options are string i32; expected a table such as {dtype = "i32"}')
-    assert.has_error(function() ur.uvm_tensor({ 2 }, { dtyp = "i32" }) end,
+    h.raises_at_caller(function() ur.uvm_tensor({ 2 }, { dtyp = "i32" }) end,
       "tensor: unknown option 'dtyp'; expected dtype, device (a managed tensor's placement is managed)")
     assert.has_error(function() ur.uvm_tensor({ 2 }, { placement = "host" }) end,
       "tensor: unknown option 'placement'; expected dtype, device (a managed tensor's placement is managed)")

@@ -285,6 +285,19 @@ function M.known_keys(t, keys, what, level, noun, also, note)
   end
 end
 
+-- A call's options: opts (nil: {}), a table whose keys known_keys takes (note as its); another
+-- value is refused at level, "<what>: options are number 3; expected a table such as <example>"
+-- (the FFI would have truncated, wrapped or ignored what it was given).
+function M.options(opts, keys, what, example, level, note)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then
+    error(("%s: options are %s %s; expected a table such as %s"):format(what, type(opts), tostring(opts), example),
+          level + 1)
+  end
+  M.known_keys(opts, keys, what, level + 1, nil, nil, note)
+  return opts
+end
+
 -- A Lua list of ids as an int64_t array and its length, each checked by M.element.
 function M.id_array(list, what, level)
   local n = #list

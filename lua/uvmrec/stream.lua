@@ -27,13 +27,8 @@ end
 -- ur.stream{priority = n}: lower numbers run first on CUDA (its convention), which clamps n to
 -- the device's range.
 function M.stream(opts)
-  opts = opts or {}
   -- the FFI would truncate 1.5, wrap 2^40 and NaN to INT32_MIN, and a misspelt key was ignored
-  if type(opts) ~= "table" then
-    error(("stream: options are %s %s; expected a table such as {priority = -1}"):format(type(opts),
-          tostring(opts)), 2)
-  end
-  lib.known_keys(opts, { "priority" }, "stream", 2)
+  opts = lib.options(opts, { "priority" }, "stream", "{priority = -1}", 2)
   local p = lib.element(opts.priority or 0, "i32", "stream: priority", nil, 2)
   local out = ffi.new("ur_stream *[1]")
   local ok, err = check(C.ur_stream_new(out, p))

@@ -73,23 +73,16 @@ local function device_for(place, device)
   return -1
 end
 
--- The options of ur.tensor and ur.uvm_tensor, for their caller: ({2}, "i32") or a misspelt key
--- made an f32 tensor where the defaults put it.
-local function check_opts(opts, known, note)
-  if type(opts) ~= "table" then
-    error(("tensor: options are %s %s; expected a table such as {dtype = \"i32\"}"):format(type(opts),
-          tostring(opts)), 3)
-  end
-  lib.known_keys(opts, known, "tensor", 3, nil, nil, note)
-end
+-- The options of ur.tensor and ur.uvm_tensor are checked for their caller: ({2}, "i32") or a
+-- misspelt key made an f32 tensor where the defaults put it.
+local EXAMPLE = '{dtype = "i32"}'
 
 -- ur.tensor(shape, {placement = "host", dtype = "f32", device = n}): the tensor (one value, so
 -- the REPL shows no nil after it), or nil, message.
 local TENSOR_OPTS = { "dtype", "placement", "device" }
 
 function M.tensor(shape, opts)
-  opts = opts or {}
-  check_opts(opts, TENSOR_OPTS)
+  opts = lib.options(opts, TENSOR_OPTS, "tensor", EXAMPLE, 2)
   local place = place_of(opts.placement or "host")
   local t, err = new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
   if not t then return nil, err end
@@ -101,8 +94,7 @@ local UVM_OPTS = { "dtype", "device" }
 
 function M.uvm_tensor(shape, opts)
   if type(opts) == "number" then opts = { device = opts } end
-  opts = opts or {}
-  check_opts(opts, UVM_OPTS, "a managed tensor's placement is managed")
+  opts = lib.options(opts, UVM_OPTS, "tensor", EXAMPLE, 2, "a managed tensor's placement is managed")
   local place = C.UR_PLACE_MANAGED
   local t, err = new(shape, dtype_of(opts.dtype or "f32"), place, device_for(place, opts.device))
   if not t then return nil, err end

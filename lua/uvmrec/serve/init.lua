@@ -44,13 +44,8 @@ end
 -- "warn", "off"), max_callers (0: no limit), hot_fraction (managed tables' share preferred on
 -- the GPU; < 0: no hints).  The model, or nil, message (the file and the reason).
 function M.open(path, opts)
-  opts = opts or {}
   if type(path) ~= "string" then error("serve: open needs a path", 2) end
-  if type(opts) ~= "table" then
-    error(("serve: options are %s %s; expected a table such as {device = \"cpu\"}"):format(type(opts),
-          tostring(opts)), 2)
-  end
-  lib.known_keys(opts, OPTS, "serve", 2)
+  opts = lib.options(opts, OPTS, "serve", '{device = "cpu"}', 2)
   local o = ffi.new("ur_model_options")
   C.ur_model_options_init(o)
   if opts.device == "cpu" then o.device = -1
