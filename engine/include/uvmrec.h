@@ -879,6 +879,10 @@ UR_API ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out,
 UR_API ur_status ur_tbe_far_prefetch(ur_stream *s, ur_tbe *t, const ur_tensor *values,
                                      const ur_tensor *offsets,
                                      const int64_t *stride_per_key_per_rank /* or NULL */);
+/* 1 where ur_tbe_far_prefetch would make early copies now (a GPU collection with room, no
+ * forward of it captured into a graph, no capture under way), else 0 (a pipeline skips them);
+ * -1 for a NULL t. */
+UR_API int32_t ur_tbe_far_early_usable(const ur_tbe *t);
 
 /* ---- access counters and row layout ---- */
 /* Access counters: per table an i32 counter per row id, kept where the collection runs (device

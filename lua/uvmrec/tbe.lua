@@ -504,6 +504,9 @@ end
 -- the far rows of the batch the next forward will read (a KJT or {values=, offsets=}), copied
 -- into HBM on `stream` while the current step computes; after this step's forward, before the
 -- next.  Nothing is copied on the CPU or without room (set_far_rows).
+-- Whether far_prefetch would copy early now (a GPU collection with room, none of its forwards
+-- captured into a graph).
+function methods:far_early_usable() return C.ur_tbe_far_early_usable(H(self)) == 1 end
 function methods:far_prefetch(input, stream)
   local v, o, _, spk = self:_input(input, 2)
   local ok, err = check(C.ur_tbe_far_prefetch(S(stream), H(self), v, o, spk), 2)

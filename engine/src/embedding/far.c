@@ -225,6 +225,11 @@ void ur__tbe_far_backward_done(ur_tbe *t, const ur__tbe_args *a, int32_t stepped
   if (stepped && a->atomic) ur__tbe_far_drop(t);
 }
 
+int32_t ur_tbe_far_early_usable(const ur_tbe *t) {
+  UR__ARGS_OR(-1, t);
+  return t->home == UR_PLACE_DEVICE && t->far[0] && !t->far_captured && !ur__graph_capturing();
+}
+
 ur_status ur__tbe_far_refuse_early(const ur_tbe *t) {
   if (ur__graph_capturing())
     return ur__error(UR_STATUS_INVALID, "tbe far_prefetch: a graph is being captured; early "

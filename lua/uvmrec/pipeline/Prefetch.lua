@@ -130,9 +130,9 @@ end
 -- cache decides there, from the batch's device copy, after its copy); the pages of its rows in
 -- managed tables prefetched (their ids read from the host batch); its far rows copied early.
 function Prefetch:_prefetch(s)
-  -- early copies where the collection has room for far rows' copies (asked now: a run sets it
-  -- after making the pipeline)
-  local far = self.gpu and self.tbe ~= nil and self.tbe.far_prefetch ~= nil and self.tbe:far_rows() > 0
+  -- early copies where the collection has room for far rows' copies and none of its forwards was
+  -- captured into a graph (asked now: a run sets the room after making the pipeline)
+  local far = self.gpu and self.tbe ~= nil and self.tbe.far_early_usable ~= nil and self.tbe:far_early_usable()
   if not self.cached and not self.pages and not far then return end
   if far then
     wait(self.prefetch_stream, s.copied)
