@@ -48,53 +48,34 @@ local function distinct(c, b)
 end
 
 -- Trains `far` (copies on) and `plain` (none) on the same batches; every forward's output and,
--- after, every table and optimizer state must be the same bits.  check(b, far) after each
--- forward; between(far, plain) between each forward and its backward.
-local function same_steps(far, plain, steps, seed, check, between)
-  for s = 1, steps do
-    math.randomseed(seed + s)
-    local b = R.batch(R.rows_of(plain), { batch = 40, weighted = s % 2 == 0, hot = s == 2 and { 3, 300 } or nil })
-    local inp = R.input(b, "device")
-    local fo, po = far:forward(inp), plain:forward(inp)
-    R.bits_equal(fo, po, "forward, step " .. s)
-    if check then check(b, far) end
-    if between then between(far, plain, s) end
-    local g = assert(ur.tensor(po:size(), { dtype = po:dtype(), placement = "device" }))
-    g:uniform(-1, 1, seed + s)
-    far:backward(inp, g)
-    plain:backward(inp, g)
-  end
-  for _, name in ipairs(plain.tbe.table_names) do
-    R.bits_equal(far:table(name), plain:table(name), "table " .. name)
-    for k, st in pairs(plain.tbe:state(name)) do
-      R.bits_equal(far.tbe:state(name)[k], st, "table " .. name .. " state " .. k)
-    end
-  end
-end
-
--- As same_steps, with early copies: after each forward of `far`, the next batch's far rows
--- (early(s): the batch given, by default the next one) copied early on a stream of their own,
--- then the backward.  check(b, far) after each forward.
-local function same_steps_early(far, plain, steps, seed, opts)
-  opts = opts or {}
-  local side = assert(streams.stream())
-  local batches = {}
+-- after, every table and optimizer state must be the same bits.  o.check(b, far) after each
+-- forward; o.between(far, plain, s) between each forward and its backward.  o.early: after each
+-- forward of `far`, the next batch's far rows are copied early on a stream of their own (or
+-- o.early(s, inputs)'s batch); o.backward(s, inputs): the batch the backward is given instead.
+local function same_steps(far, plain, steps, seed, o)
+  o = o or {}
+  local side = o.early and assert(streams.stream())
+  local raw, inputs = {}, {}
   for s = 1, steps + 1 do
     math.randomseed(seed + s)
-    batches[s] = R.input(R.batch(R.rows_of(plain), { batch = 40, weighted = s % 2 == 0,
-                                                     hot = s % 3 == 2 and { 3, 300 } or nil }), "device")
+    raw[s] = R.batch(R.rows_of(plain), { batch = 40, weighted = s % 2 == 0, hot = s == 2 and { 3, 300 } or nil })
+    inputs[s] = R.input(raw[s], "device")
   end
-  assert(far.tbe:far_prefetch(batches[1], side))
+  if side then assert(far.tbe:far_prefetch(inputs[1], side)) end
   for s = 1, steps do
-    local inp = batches[s]
+    local inp = inputs[s]
     local fo, po = far:forward(inp), plain:forward(inp)
     R.bits_equal(fo, po, "forward, step " .. s)
-    if opts.check then opts.check(s, far) end
-    assert(far.tbe:far_prefetch(opts.early and opts.early(s, batches) or batches[s + 1], side))
+    if o.check then o.check(raw[s], far) end
+    if o.between then o.between(far, plain, s) end
+    if side then
+      assert(far.tbe:far_prefetch(type(o.early) == "function" and o.early(s, inputs) or inputs[s + 1], side))
+    end
     local g = assert(ur.tensor(po:size(), { dtype = po:dtype(), placement = "device" }))
     g:uniform(-1, 1, seed + s)
-    far:backward(opts.backward and opts.backward(s, batches) or inp, g)
-    plain:backward(opts.backward and opts.backward(s, batches) or inp, g)
+    local back = o.backward and o.backward(s, inputs) or inp
+    far:backward(back, g)
+    plain:backward(back, g)
   end
   for _, name in ipairs(plain.tbe.table_names) do
     R.bits_equal(far:table(name), plain:table(name), "table " .. name)
@@ -102,7 +83,7 @@ local function same_steps_early(far, plain, steps, seed, opts)
       R.bits_equal(far.tbe:state(name)[k], st, "table " .. name .. " state " .. k)
     end
   end
-  side:free()
+  if side then side:free() end
 end
 
 describe("far rows' copies", function()
@@ -188,9 +169,9 @@ describe("far rows' copies", function()
         local plain = collection(0, "host", { optimizer = opt })
         far.tbe:set_far_rows(100000)
         assert.equal(0, far.tbe:far_from("a"))
-        same_steps(far, plain, 3, 10, function(b, c)
+        same_steps(far, plain, 3, 10, { check = function(b, c)
           assert.same({ distinct(c, b), 0 }, { c.tbe:far_taken() }) -- every row counted: none unplaced
-        end)
+        end })
       end)
   end
 
@@ -200,11 +181,9 @@ describe("far rows' copies", function()
       local opt = { kind, lr = 0.05, weight_decay = 0.01, max_grad = 0.8 }
       local far, plain = collection(0, "host", { optimizer = opt }), collection(0, "host", { optimizer = opt })
       far.tbe:set_far_rows(100000)
-      same_steps_early(far, plain, 4, 110, { check = function(_, c)
-        -- the forward's batch was copied early: it claims no row more than its distinct ones
-        local n, unplaced = c.tbe:far_taken()
-        assert.equal(0, unplaced)
-        assert.is_true(n > 0)
+      same_steps(far, plain, 4, 110, { early = true, check = function(b, c)
+        -- the forward's batch was copied early: it claimed no row more than its distinct ones
+        assert.same({ distinct(c, b), 0 }, { c.tbe:far_taken() })
       end })
     end)
   end
@@ -221,7 +200,8 @@ describe("far rows' copies", function()
     for i, o in ipairs(cases) do
       local far, plain = collection(0, "host", o.make), collection(0, "host", o.make)
       far.tbe:set_far_rows(o.room)
-      same_steps_early(far, plain, 3, 130 + 10 * i, o)
+      o.early = o.early or true
+      same_steps(far, plain, 3, 130 + 10 * i, o)
     end
   end)
 
@@ -262,27 +242,27 @@ describe("far rows' copies", function()
   cuda_it("with less room than far rows, the rest are read over the link: the same bits", function()
     local far, plain = collection(0, "host"), collection(0, "host")
     far.tbe:set_far_rows(5)
-    same_steps(far, plain, 3, 50, function(b, c)
+    same_steps(far, plain, 3, 50, { check = function(b, c)
       -- the map (64 slots, the least) counts the first 64 distinct rows; 5 of them were copied;
       -- the rest found it full, and far_taken says its count is a lower bound
       assert.is_true(distinct(c, b) > 64)
       local n, unplaced = c.tbe:far_taken()
       assert.equal(64, n)
       assert.is_true(unplaced >= distinct(c, b) - 64, unplaced)
-    end)
+    end })
   end)
 
   cuda_it("a load, init_table or reset_rows between a forward and its backward drops the copies", function()
     local far, plain = collection(0, "host"), collection(0, "host")
     far.tbe:set_far_rows(100000)
     local src = assert(ur.tensor({ 3000, 128 }, { placement = "device" })):uniform(-0.5, 0.5, 7)
-    same_steps(far, plain, 3, 70, nil, function(f, p, s)
+    same_steps(far, plain, 3, 70, { between = function(f, p, s)
       for _, c in ipairs { f, p } do
         if s == 1 then assert(c.tbe:load("a", src))
         elseif s == 2 then assert(c.tbe:init_table("d", -0.1, 0.1, 5))
         else assert(c.tbe:reset_rows("a", { 0, 1, 2, 3, 4, 5 })) end
       end
-    end)
+    end })
   end)
 
   cuda_it("managed tables under hot_prefix: only rows past the prefix are copied; the same bits", function()
@@ -302,10 +282,10 @@ describe("far rows' copies", function()
     assert(mf:interval(1))
     assert(mp:interval(1))
     assert.is_true(far.tbe:far_from("a") > 0 and far.tbe:far_from("a") < 3000)
-    same_steps(far, plain, 3, 90, function(bb, c)
+    same_steps(far, plain, 3, 90, { check = function(bb, c)
       local n = c.tbe:far_taken()
       assert.is_true(n > 0 and n < distinct(c, bb), n)
-    end)
+    end })
     mf:free()
     mp:free()
   end)
