@@ -53,6 +53,8 @@ local cmd = require("uvmrec.cli").command {
     type = "whole", default = hints.EVERY },
   { "--far-rows N,...", "room for copies of the far rows a forward reads (embeddings.far_rows): each managed "
     .. "run once per value", type = "numbers", default = { 0 } },
+  { "--parts", "the tables' forward and backward timed apart in the timed steps (events on the step's stream: "
+    .. "what the step spends in the embedding collection, and the rest)" },
   { "--far-early", "each run with room for far rows' copies once more with early copies (the next batch's far "
     .. "rows copied while a step computes: uvmrec.train.hooks.far_early)" },
   options.out_append,
@@ -127,6 +129,46 @@ local non_table_peak -- set by the device run
 
 -- run{placement, policy, fraction, counting = "on"/"off"/"both"} -> record
 local hooks = require "uvmrec.train.hooks"
+
+-- --parts: the collection's forward and backward each between two events on the model's stream
+-- (recorded, never waited for, so the steps run as they do untimed): n pairs made ahead.  Returns
+-- the medians' reader (forward and backward ms of the calls made since, and of the steps: from
+-- one forward's start to the next's) and the unwrapper.
+local function time_parts(emb, stream, n)
+  local pool, used = {}, { forward = {}, backward = {} }
+  for k = 1, 2 * n do pool[k] = { assert(streams.event()), assert(streams.event()) } end
+  local function wrap(name)
+    local f = emb[name]
+    emb[name] = function(...)
+      local pair = table.remove(pool)
+      if not pair then return f(...) end
+      assert(pair[1]:record(stream))
+      local r = f(...)
+      assert(pair[2]:record(stream))
+      used[name][#used[name] + 1] = pair
+      return r
+    end
+  end
+  wrap("forward")
+  wrap("backward")
+  local function median(list)
+    local ms = {}
+    for k, p in ipairs(list) do
+      assert(p[2]:sync())
+      ms[k] = assert(p[1]:elapsed(p[2]))
+    end
+    table.sort(ms)
+    return ms[math.floor((#ms + 1) / 2)]
+  end
+  local function steps_median()
+    local f, ms = used.forward, {}
+    for k = 1, #f - 1 do ms[k] = assert(f[k][1]:elapsed(f[k + 1][1])) end
+    table.sort(ms)
+    return ms[math.floor((#ms + 1) / 2)]
+  end
+  return function() return median(used.forward), median(used.backward), steps_median() end,
+         function() emb.forward, emb.backward = nil, nil end
+end
 
 local function run(r)
   local cfg = cfg_for(r.placement)
@@ -215,7 +257,13 @@ local function run(r)
     local s = span()
     return s - apart, last.loss:get(0), migration()
   end
+  local parts, unwrap
+  if o.parts then parts, unwrap = time_parts(model.embeddings, model.stream, o.steps) end
   local seconds, loss, mig = timed(o.steps, o.warmup)
+  if parts then
+    rec.tables_forward_ms, rec.tables_backward_ms, rec.step_median_ms = parts()
+    unwrap()
+  end
   if r.far and r.far > 0 then -- the last forward's far rows (a lower bound where its map was full)
     rec.far_taken, rec.far_unplaced = assert(tbe:far_taken())
   end
@@ -387,6 +435,14 @@ for _, r in ipairs(results) do
       r.migrated_bytes_per_step and ("%.1f"):format(r.migrated_bytes_per_step / 1e6) or "-",
       r.host_bytes_per_step_est and ("%.1f"):format(r.host_bytes_per_step_est / 1e6) or "-",
       r.relayout_seconds and ("%.2f, %s"):format(r.relayout_seconds, gbs(r.relayout_bytes)) or "-"))
+  end
+end
+for _, r in ipairs(results) do
+  if r.tables_forward_ms then
+    print(("parts: %s%s: the median step %.3f ms (the mean %.3f): the tables' forward %.3f ms, backward %.3f ms, "
+      .. "the rest %.3f ms (medians)"):format(r.policy, r.fraction and (" " .. r.fraction .. "%") or "",
+      r.step_median_ms, r.ms_per_step, r.tables_forward_ms, r.tables_backward_ms,
+      r.step_median_ms - r.tables_forward_ms - r.tables_backward_ms))
   end
 end
 for _, r in ipairs(results) do
