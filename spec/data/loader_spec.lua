@@ -832,6 +832,33 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
+  it("counts one thing as one in its messages (a short last batch of one said '1 samples')", function()
+    for _, placement in ipairs { "pinned", "managed" } do
+      local l = assert(data.open("synthetic:tiny", { samples = 5, batch_size = 4, slice_rank = 0, slice_world = 2,
+                                                     even_slices = true, placement = placement }))
+      local sizes, err = drain(l)
+      assert.same({ 2 }, sizes, placement)
+      assert.equal("loader: the batch at sample 4 of epoch 0 (the epoch's last) has 1 sample (batch_size 4), which "
+        .. "the 2 ranks (slice_world) cannot share equally: each takes an equal slice of every global batch "
+        .. "(drop_last drops an epoch's short last batch)", err, placement)
+    end
+    local one = data.synthetic_spec { seed = 1, num_dense = 1, tables = { { name = "a", rows = 10 } } }
+    local two = data.synthetic_spec { seed = 1, num_dense = 1, tables = { { name = "a", rows = 10 },
+                                                                          { name = "b", rows = 10 } } }
+    local cases = {
+      { two, { keys = { "a" } }, "loader: 1 key name for synthetic data, which has 2 tables; expected one a table" },
+      { one, { rows = { 10, 10 } }, "loader: 2 table sizes (rows) for synthetic data, which has 1 table; expected one "
+        .. "a table, or one for every table" },
+    }
+    for _, c in ipairs(cases) do
+      for _, placement in ipairs { "pinned", "managed" } do
+        local o = { data = { kind = "synthetic", spec = c[1] }, samples = 8, batch_size = 4, placement = placement }
+        for k, v in pairs(c[2]) do o[k] = v end
+        assert.has_error(function() data.loader(o) end, c[3])
+      end
+    end
+  end)
+
   it("rejects bad options", function()
     assert.has_error(function() data.loader { data = "synthetic:tiny", samples = 10 } end,
       "loader: batch_size is required")
@@ -888,7 +915,7 @@ describe("uvmrec.data loader", function()
       assert.has_error(function()
         data.loader { data = { kind = "synthetic", spec = spec }, samples = 8, batch_size = 4, keys = { "a", "b" },
                       placement = placement }
-      end, "loader: 2 key names for synthetic data, which has 1 tables; expected one a table")
+      end, "loader: 2 key names for synthetic data, which has 1 table; expected one a table")
     end
     -- the generator checks its options where the loader does (ur_loader_check): it took threads
     -- -1, batch_size 0 (no batch: the data ended at once) and depth 0 without a word

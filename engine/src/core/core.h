@@ -21,6 +21,9 @@ UR__HIDDEN ur_status ur__error_cause(ur_status status, const char *fmt, ...)
  * then succeeded), whose message would otherwise read as this call's error. */
 UR__HIDDEN void ur__error_clear(void);
 UR__HIDDEN void ur__format_bytes(uint64_t bytes, char *buf, size_t len);
+/* A count's noun ending: "%lld sample%s", n, ur__s(n) reads "1 sample", "0 samples", "2 samples"
+ * (Lua's lib.things says the same). */
+static inline const char *ur__s(long long n) { return n == 1 ? "" : "s"; }
 
 /* NULL arguments of the C API, checked before anything else is read: UR__ARGS(t, out) returns
  * UR_STATUS_INVALID with "<function>: argument '<name>' is NULL" for the first NULL one.  A

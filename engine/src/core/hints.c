@@ -162,7 +162,7 @@ ur_status ur__hint_location(int32_t loc, int32_t gpu, const char *what, const ch
   }
   if (loc >= 0 && loc <= UR_MAX_GPUS)
     return ur__error(UR_STATUS_INVALID, "%s: location cuda:%d does not exist; this machine has %d GPU%s",
-                     what, (int)loc, n, n == 1 ? "" : "s");
+                     what, (int)loc, n, ur__s(n));
   return ur__error(UR_STATUS_INVALID,
                    "%s: location %d is not a location; expected -1 (cpu), -2 (%s) or a GPU number",
                    what, (int)loc, current);

@@ -239,8 +239,9 @@ static const char *source_name(const ur_loader *l, char *buf, size_t n) {
 static ur_status check_counts(const ur_loader_opts *o, int32_t T, const char *what) {
   if (o->rows) {
     if (o->num_rows != 1 && o->num_rows != T)
-      return ur__error(UR_STATUS_INVALID, "loader: %d table sizes (rows) for %s, which has %d tables; "
-                       "expected one a table, or one for every table", (int)o->num_rows, what, (int)T);
+      return ur__error(UR_STATUS_INVALID, "loader: %d table size%s (rows) for %s, which has %d table%s; "
+                       "expected one a table, or one for every table", (int)o->num_rows, ur__s(o->num_rows), what,
+                       (int)T, ur__s(T));
     for (int t = 0; t < T; t++) {
       int64_t r = o->rows[o->num_rows == 1 ? 0 : t];
       if (r < 0)
@@ -249,8 +250,8 @@ static ur_status check_counts(const ur_loader_opts *o, int32_t T, const char *wh
     }
   }
   if (o->keys && o->num_keys != T)
-    return ur__error(UR_STATUS_INVALID, "loader: %d key names for %s, which has %d tables; expected one a table",
-                     (int)o->num_keys, what, (int)T);
+    return ur__error(UR_STATUS_INVALID, "loader: %d key name%s for %s, which has %d table%s; expected one a table",
+                     (int)o->num_keys, ur__s(o->num_keys), what, (int)T, ur__s(T));
   return UR_STATUS_OK;
 }
 
@@ -285,7 +286,7 @@ static ur_status alloc_tables(ur_loader *l, int32_t T) {
   if (!(l->hot_max = calloc((size_t)T + 1, sizeof *l->hot_max)) ||
       !(l->col0 = calloc((size_t)T + 1, sizeof *l->col0)) ||
       !(l->rows_mod = calloc((size_t)T + 1, sizeof *l->rows_mod)))
-    return ur__error(UR_STATUS_OOM, "loader: out of host memory for %d tables", (int)T);
+    return ur__error(UR_STATUS_OOM, "loader: out of host memory for %d table%s", (int)T, ur__s(T));
   return UR_STATUS_OK;
 }
 
@@ -342,8 +343,8 @@ static ur_status bin_layout(ur_loader *l, const char *dir, int64_t columns, int6
   }
   l->col0[nt] = l->H;
   if (l->H != columns)
-    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s: layout.txt's tables take %lld columns but the sparse ids have %lld",
-                     dir, (long long)l->H, (long long)columns);
+    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s: layout.txt's tables take %lld column%s but the sparse ids have %lld",
+                     dir, (long long)l->H, ur__s(l->H), (long long)columns);
   return UR_STATUS_OK;
 }
 
@@ -503,8 +504,8 @@ static ur_status get_window(ur_loader *l, int64_t e, int64_t w, win **out) {
     }
     if (bad) {
       win_free(x);
-      return ur__error(UR_STATUS_OOM, "loader: out of host memory for a window of %lld rows",
-                       (long long)l->W);
+      return ur__error(UR_STATUS_OOM, "loader: out of host memory for a window of %lld row%s",
+                       (long long)l->W, ur__s(l->W));
     }
     x->next = l->wins;
     l->wins = x;
@@ -636,9 +637,9 @@ static int dispatch(ur_loader *l, job *j) {
       /* every rank reads the same global batches, so every rank fails here alike */
       release_windows(j);
       ur__error(UR_STATUS_FORMAT, "loader: the batch at sample %lld of epoch %lld (the epoch's last) has %lld "
-                "samples (batch_size %lld), which the %d ranks (slice_world) cannot share equally: each takes "
+                "sample%s (batch_size %lld), which the %d ranks (slice_world) cannot share equally: each takes "
                 "an equal slice of every global batch (drop_last drops an epoch's short last batch)",
-                (long long)k, (long long)e, (long long)n, (long long)l->B, (int)l->o.slice_world);
+                (long long)k, (long long)e, (long long)n, ur__s(n), (long long)l->B, (int)l->o.slice_world);
       j->err = UR_STATUS_FORMAT; /* the data's count: returned, as a reading error is */
       snprintf(j->msg, sizeof j->msg, "%s", ur_last_error());
       j->index = l->d_index++;
@@ -1330,7 +1331,7 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
     if (st && st == UR_STATUS_OOM) {
       char have[32];
       ur__format_bytes(slot_bytes(l->B, l->D, l->H, l->T, l->weighted, l->grouped), have, sizeof have);
-      st = ur__error_cause(st, "loader: %d slots of %s (batch %lld, %d ahead)", l->nslots, have,
+      st = ur__error_cause(st, "loader: %d slot%s of %s (batch %lld, %d ahead)", l->nslots, ur__s(l->nslots), have,
                            (long long)l->B, (int)l->ahead);
     }
   }

@@ -121,7 +121,7 @@ static ur_status check_inputs(const ur_metrics *m, const ur_tensor *p, const ur_
     return ur__error(UR_STATUS_INVALID,
                      "metrics %s: predictions are %s but the metric has %d task%s; expected f32 "
                      "[n, %d]%s",
-                     call, a, (int)T, T == 1 ? "" : "s", (int)T, T == 1 ? " or [n]" : "");
+                     call, a, (int)T, ur__s(T), (int)T, T == 1 ? " or [n]" : "");
   }
   if (ur_tensor_dtype(l) != UR_DTYPE_F32 || ur_tensor_numel(l) != ur_tensor_numel(p) ||
       ur_tensor_dim(l, 0) != n) {

@@ -777,10 +777,10 @@ static ur_status check_request(const ur_model *m, const ur_tensor *dense, const 
   int64_t b = nd == 2 ? ur_tensor_dim(dense, 0) : -1;
   if (ur_tensor_dtype(dense) != UR_DTYPE_F32 || nd != 2 || ur_tensor_dim(dense, 1) != m->num_dense) {
     char cols[48] = ""; /* columns only where there are rows and columns */
-    if (nd == 2) snprintf(cols, sizeof cols, " (%lld columns)", (long long)ur_tensor_dim(dense, 1));
+    if (nd == 2) snprintf(cols, sizeof cols, " (%lld column%s)", (long long)ur_tensor_dim(dense, 1), ur__s(ur_tensor_dim(dense, 1)));
     return ur__error(UR_STATUS_INVALID,
                      "model: dense is %s with %d dimension%s%s; expected f32 [batch, %d]",
-                     ur_dtype_name(ur_tensor_dtype(dense)), (int)nd, nd == 1 ? "" : "s", cols,
+                     ur_dtype_name(ur_tensor_dtype(dense)), (int)nd, ur__s(nd), cols,
                      (int)m->num_dense);
   }
   int32_t nk = ur_kjt_num_keys(sparse);

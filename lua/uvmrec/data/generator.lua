@@ -101,10 +101,10 @@ function G:_size()
     local n = math.min(self.B, N - self.k)
     if n > 0 and not (n < self.B and self.drop_last) then
       if self.even and n % self.slice_world ~= 0 then
-        return nil, ("loader: the batch at sample %d of epoch %d (the epoch's last) has %d samples (batch_size %d), "
+        return nil, ("loader: the batch at sample %d of epoch %d (the epoch's last) has %s (batch_size %d), "
           .. "which the %d ranks (slice_world) cannot share equally: each takes an equal slice of every global batch "
-          .. "(drop_last drops an epoch's short last batch)"):format(self.k, self.epoch, n, self.B,
-          self.slice_world)
+          .. "(drop_last drops an epoch's short last batch)"):format(self.k, self.epoch, lib.things(n, "sample"),
+          self.B, self.slice_world)
       end
       return n
     end
