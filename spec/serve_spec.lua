@@ -185,6 +185,25 @@ describe("uvmrec.serve", function()
     cmd.rmdir(dir)
   end)
 
+  it("refuses data with no samples, naming it (it said 'serve: the data gave no samples')", function()
+    local dir = cmd.tmpdir()
+    local data, tensor = require "uvmrec.data", require "uvmrec.tensor"
+    -- day files of no rows: a folder the loader opens, that ends before its first batch
+    for _, f in ipairs { { "dense", { 0, 13 }, "f32" }, { "sparse", { 0, 26 }, "i64" }, { "labels", { 0 }, "i32" } } do
+      local t = assert(tensor.tensor(f[2], { dtype = f[3] }))
+      assert(data.npy_save(("%s/day_0_%s.npy"):format(dir, f[1]), t))
+      t:free()
+    end
+    local m = assert(serve.open(h.exported("tiny", { tables = "f32" }), { device = "cpu" }))
+    for _, opts in ipairs { {}, { samples = 10 } } do
+      local r, err = serve.evaluate(m, "criteo-bin:" .. dir, opts)
+      assert.is_nil(r)
+      assert.equal(("serve: criteo-bin:%s gave no samples; expected at least one to score"):format(dir), err)
+    end
+    m:close()
+    cmd.rmdir(dir)
+  end)
+
   it("reads the training run's held-out day files with the model's table sizes (predict and eval without --data)",
       function()
     local dir = cmd.tmpdir()

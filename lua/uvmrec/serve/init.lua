@@ -224,7 +224,7 @@ function M.evaluate(m, spec, opts)
   end
   if n == 0 then
     mc:free()
-    return nil, "serve: the data gave no samples"
+    return nil, ("serve: %s gave no samples; expected at least one to score"):format(what)
   end
   local v = assert(mc:values()).default
   local scope = total > 0 and v.window or v.lifetime
