@@ -398,6 +398,38 @@ describe("uvmrec.metrics", function()
     assert.is_nil(v.grouped_auc_undefined, "no grouped AUC asked for: nothing said of it")
   end)
 
+  it("gives no AUC in values() for a scope that computes none (the engine's 0 read as the worst ranking)", function()
+    -- AUC{window_size = 0}:values().default.window.auc was 0, and lifetime.auc 0 without bins,
+    -- where compute() had no key: an AUC of 0 for data both classes ranked perfectly
+    local b = batch(64, 1)
+    local cases = {
+      { metrics.AUC { batch_size = 64, window_size = 0, placement = "host" }, "lifetime", "window" },
+      { metrics.AUC { batch_size = 64, lifetime_bins = 0, placement = "host" }, "window", "lifetime" },
+    }
+    for _, c in ipairs(cases) do
+      local m, has, hasnt = c[1], c[2], c[3]
+      feed(m, { b })
+      local v = assert(m:values()).default
+      assert.is_number(v[has].auc, has)
+      assert.same({}, { v[hasnt].auc, v[hasnt].auc_error, v[hasnt].auc_undefined }, hasnt)
+      assert.is_nil(assert(m:compute())["auc-default|" .. hasnt .. "_auc"])
+    end
+    -- a kind not asked for: no AUC, no grouped AUC or its count of groups
+    local ne = metrics.NE { batch_size = 64, placement = "host" }
+    feed(ne, { b })
+    local v = assert(ne:values()).default
+    for _, scope in ipairs { "window", "lifetime" } do
+      assert.same({}, { v[scope].auc, v[scope].auc_error, v[scope].grouped_auc, v[scope].groups }, scope)
+      assert.is_number(v[scope].ne, scope)
+    end
+    local g = metrics.GroupedAUC { batch_size = 64, placement = "host" }
+    feed(g, { batch(64, 1, { groups = 4 }) })
+    v = assert(g:values()).default
+    assert.is_number(v.window.grouped_auc)
+    assert.is_true(v.window.groups > 0)
+    assert.same({}, { v.window.auc, v.lifetime.auc, v.lifetime.grouped_auc, v.lifetime.groups })
+  end)
+
   it("counts weights past 2^32 exactly, and samples past 2^32 in f64 state", function()
     local bs = { batch(300, 1, { big = true, weights = "sample", levels = 50 }),
                  batch(200, 1, { big = true, weights = "sample" }) }

@@ -1430,8 +1430,15 @@ UR_API void ur_arena_stats_get(const ur_arena *a, ur_arena_stats *out);
  * histogram of `bins` prediction bins over [0, 1] for AUC).  Updates enqueue work on the
  * stream and never wait; compute waits for it.  Calls on one metric are ordered on the
  * streams they are given: use one stream per metric, or order them.  No result is ever NaN
- * for finite inputs: every denominator is clamped at eta, and AUC with a single class (or
- * none) is 0.5. */
+ * for finite inputs: every denominator is clamped at eta, and a value that needs both classes
+ * is a number anyway (torchrec's convention, kept so that callers never meet a NaN): AUC of a
+ * scope without a positive and a negative weight (one class, or no sample) is 0.5 with
+ * auc_error 0, grouped AUC with no group holding both classes (groups 0) is 0.5, and NE (over
+ * the entropy of a base rate of 0 or 1, which is 0) and calibration without positive weight
+ * (over the positive weight) divide by about eta instead: 2e12 for one sample of log loss 2
+ * and torchrec's eta.  None of these is a measurement: tell them by positive and negative
+ * (both > 0: AUC is defined) and groups; uvmrec.metrics (Lua) reports them as undefined, nil
+ * with the reason, instead. */
 typedef struct ur_metrics_opts {
   int32_t tasks;        /* columns of predictions and labels, 1 to 1024 */
   int32_t auc;          /* 1: exact AUC over the window */
@@ -1445,10 +1452,14 @@ typedef struct ur_metrics_opts {
 /* One task's values in one scope.  AUC counts tied predictions as half (Mann-Whitney);
  * lifetime AUC comes from the histogram, within auc_error of the exact AUC of all samples
  * seen: auc_error = 0.5 * sum over bins of positive(bin) * negative(bin) / (P * N), the
- * weight of the pairs a bin cannot order, at most 0.5 * max_bin negative(bin) / N. */
+ * weight of the pairs a bin cannot order, at most 0.5 * max_bin negative(bin) / N.  A scope
+ * with one class has auc 0.5 (see above: not a measurement).  What a scope does not compute
+ * is 0, which is no AUC either: auc and auc_error of the window without opts auc and a
+ * window, of the lifetime without bins; grouped_auc and groups without grouped_auc. */
 typedef struct ur_metric_values {
   double auc, auc_error;
-  double grouped_auc;   /* mean AUC over the groups holding both classes (window only) */
+  double grouped_auc;   /* mean AUC over the groups holding both classes (window only; 0.5
+                           when no group does: groups 0) */
   double ne;            /* log loss / entropy of the weighted base rate (torchrec's NE) */
   double logloss;       /* mean weighted binary cross-entropy, natural log */
   double accuracy;      /* weight of samples on the right side of the threshold / weight */

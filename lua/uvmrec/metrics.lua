@@ -10,7 +10,9 @@
 --
 -- A MetricCollection computes several kinds from one state, reading each batch once.  An AUC,
 -- NE or calibration that one class leaves undefined (a grouped AUC no group can give) is nil
--- (compute leaves its keys out; values says why).
+-- (compute leaves its keys out; values says why), where the engine (uvmrec.h's section 7) says
+-- torchrec's AUC 0.5 and NE and calibration near 1e12; an AUC a scope does not compute is
+-- absent from both (the engine's 0).
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
@@ -45,7 +47,7 @@ local KINDS = {
 }
 local KIND_ORDER = { "auc", "gauc", "ne", "accuracy", "calibration", "ctr" }
 
-local FIELDS = { "auc", "auc_error", "grouped_auc", "ne", "logloss", "accuracy", "calibration",
+local FIELDS = { "auc", "auc_error", "grouped_auc", "groups", "ne", "logloss", "accuracy", "calibration",
                  "ctr", "weight", "positive", "negative" }
 
 local OPTIONS = { tasks = true, batch_size = true, window_size = true, lifetime_bins = true,
@@ -329,12 +331,16 @@ function Metric:compute(stream)
   return out
 end
 
--- A scope's values; the undefined are nil, <name>_undefined saying why (AUC and grouped AUC only
--- where they are computed, has.auc and has.gauc: they read 0 elsewhere).
-local ONLY = { auc = "auc", auc_error = "auc", grouped_auc = "gauc" }
+-- A scope's values; the undefined are nil, <name>_undefined saying why.  AUC and grouped AUC
+-- (with its groups) are there only where the scope computes them, has.auc and has.gauc: the
+-- engine leaves them 0 elsewhere, an AUC that reads as the worst ranking (AUC{window_size = 0}'s
+-- window.auc was 0).
+local ONLY = { auc = "auc", auc_error = "auc", grouped_auc = "gauc", groups = "gauc" }
 local function values_table(v, has)
-  local t = { samples = tonumber(v.samples), groups = tonumber(v.groups) }
-  for _, f in ipairs(FIELDS) do t[f] = v[f] end
+  local t = { samples = tonumber(v.samples) }
+  for _, f in ipairs(FIELDS) do
+    if not ONLY[f] or has[ONLY[f]] then t[f] = tonumber(v[f]) end
+  end
   for k, why in pairs(M.undefined(v)) do
     if not ONLY[k] or has[ONLY[k]] then
       t[k] = nil
