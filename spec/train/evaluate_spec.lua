@@ -27,6 +27,15 @@ local function eval(batch_size, samples, loader_samples)
 end
 
 describe("uvmrec.train.evaluate", function()
+  it("refuses grouped AUC, whose samples' groups it does not pass, naming it", function()
+    local l = assert(ur.data.loader { data = "synthetic:tiny", samples = 64, batch_size = 64 })
+    local r, err = evaluate.run(model(), source.loader(l), { metrics = { "auc", "gauc" }, samples = 64 })
+    l:close()
+    assert.is_nil(r)
+    assert.equal("evaluate: metric 'gauc' needs each sample's group, which held-out evaluation does not pass; "
+                 .. "expected auc, ne, accuracy, calibration or ctr", err)
+  end)
+
   it("evaluates the first `samples` samples, also when they end inside a batch", function()
     local whole = eval(300, 300, 300)          -- exactly the first 300, in one batch
     for _, b in ipairs { 256, 64, 1000 } do

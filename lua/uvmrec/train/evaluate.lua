@@ -27,6 +27,13 @@ function M.run(model, source, opts)
   local limit = opts.samples or 0
   local per_update = math.ceil((opts.batch_size or 16384) / W)
   local kinds = opts.metrics or { "auc", "ne" }
+  for _, k in ipairs(kinds) do
+    -- the batches' groups never reach the metric: refused before the data is read
+    if k == "gauc" then
+      return nil, "evaluate: metric 'gauc' needs each sample's group, which held-out evaluation does not "
+        .. "pass; expected auc, ne, accuracy, calibration or ctr"
+    end
+  end
   -- The metric state lives where the model's predictions are (made at the first batch).
   local m
   local function collection(predictions)
