@@ -127,7 +127,7 @@ describe("uvmrec.nn.Module", function()
     -- after free()' alone, at no line, through a bare assert)
     local ok, err = pcall(function() ebc:set_precision("f32") end)
     assert.is_false(ok)
-    assert.matches("^[^\n]*module_spec%.lua:%d+: EmbeddingBagCollection%(1 tables, 1 features %-> 4, sgd%): "
+    assert.matches("^[^\n]*module_spec%.lua:%d+: EmbeddingBagCollection%(1 table, 1 feature %-> 4, sgd%): "
                    .. "embedding collection: used after free%(%)$", err)
     assert.equal("bf16", ebc.precision)
   end)
@@ -149,7 +149,7 @@ describe("uvmrec.nn.Module", function()
     for _, model in ipairs { m, outer } do
       local ok, err = pcall(function() model:set_precision("bf16") end)
       assert.is_false(ok)
-      assert.matches("^[^\n]*module_spec%.lua:%d+: EmbeddingBagCollection%(1 tables, 1 features %-> 4, sgd%): "
+      assert.matches("^[^\n]*module_spec%.lua:%d+: EmbeddingBagCollection%(1 table, 1 feature %-> 4, sgd%): "
                      .. "embedding collection: used after free%(%)$", err)
       assert.equal("f32", ebc.precision)
     end
@@ -254,7 +254,7 @@ describe("uvmrec.nn.Module", function()
                                           optimizer = { "sgd", lr = 0.1 }, device = "cpu" }
     local kjt = ur.KJT { keys = { "a" }, values = { 1, 2 }, lengths = { 1, 1 } }
     e:forward(kjt)
-    local E = "EmbeddingBagCollection(1 tables, 1 features -> 4, sgd): "
+    local E = "EmbeddingBagCollection(1 table, 1 feature -> 4, sgd): "
     for _, f in ipairs { "backward", "accGradParameters", "sparse_grad" } do
       fails(function() e[f](e, kjt, T { 2, 7 }) end, E .. "tbe: grad_out has shape [2, 7]; expected [2, 4]")
     end
@@ -264,7 +264,7 @@ describe("uvmrec.nn.Module", function()
       E .. "embedding collection: the input's keys {b} are not the collection's features {a}")
     local q = nn.QuantEmbeddingBagCollection.quantize(e, { format = "int8" })
     fails(function() q:forward(ur.KJT { keys = { "a" }, values = { 11, 2 }, lengths = { 1, 1 } }) end,
-      "QuantEmbeddingBagCollection(1 tables, 1 features -> 4, int8): qtbe: table 't' (feature 'a', sample 0, "
+      "QuantEmbeddingBagCollection(1 table, 1 feature -> 4, int8): qtbe: table 't' (feature 'a', sample 0, "
       .. "value 0) has no row 11; ids run 0..9")
     local r = nn.ReLU()
     fails(function() r:forward(T({ 3, 4 }, "i32")) end,

@@ -17,6 +17,7 @@
 local Module = require "uvmrec.nn.Module"
 local tbe = require "uvmrec.tbe"
 local table_options = require "uvmrec.table_options"
+local things = require("uvmrec.lib").things
 
 local EBC = Module:extend("EmbeddingBagCollection")
 
@@ -147,8 +148,8 @@ function EBC:set_precision(precision)
 end
 
 function EBC:extra_repr()
-  return ("(%d tables, %d features -> %d, %s)"):format(#self.tbe.table_names, #self.tbe.features,
-                                                       self.tbe.out_dim, self.tbe.optimizer)
+  return ("(%s, %s -> %d, %s)"):format(things(#self.tbe.table_names, "table"), things(#self.tbe.features, "feature"),
+                                       self.tbe.out_dim, self.tbe.optimizer)
 end
 
 return EBC

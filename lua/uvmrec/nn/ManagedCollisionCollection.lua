@@ -152,9 +152,9 @@ function MCC:reset_stats() self.map:reset_stats() return self end
 -- One line for people: occupancy, where lookups landed, rounds.
 function MCC:summary()
   local s = assert(self.map:stats())
-  return ("collisions: %d tables, %d of %d rows held by ids (%.1f%%); of %d lookups %.1f%% on resident ids, "
+  return ("collisions: %s, %d of %d rows held by ids (%.1f%%); of %d lookups %.1f%% on resident ids, "
           .. "%.1f%% on fallback rows; %d rounds (%d fills), %d admissions, %d evictions")
-         :format(#self.table_names, s.resident, s.capacity, 100 * s.occupancy, s.lookups,
+         :format(lib.things(#self.table_names, "table"), s.resident, s.capacity, 100 * s.occupancy, s.lookups,
                  100 * s.resident_share, 100 * s.fallback_share, s.rounds, s.fills, s.admissions, s.evictions)
 end
 
@@ -214,7 +214,7 @@ end
 
 function MCC:extra_repr()
   local s = self.map.settings[self.table_names[1]]
-  return ("(%d tables, %s, evict_every %d)"):format(#self.table_names, s.policy, s.evict_every)
+  return ("(%s, %s, evict_every %d)"):format(lib.things(#self.table_names, "table"), s.policy, s.evict_every)
 end
 
 return MCC

@@ -10,6 +10,7 @@
 -- It has no gradient: backward is an error.
 local Module = require "uvmrec.nn.Module"
 local qtbe = require "uvmrec.qtbe"
+local things = require("uvmrec.lib").things
 local table_options = require "uvmrec.table_options"
 
 local QEBC = Module:extend("QuantEmbeddingBagCollection")
@@ -81,8 +82,8 @@ function QEBC:extra_repr()
   local list = {}
   for f in pairs(formats) do list[#list + 1] = f end
   table.sort(list)
-  return ("(%d tables, %d features -> %d, %s)"):format(#self.qtbe.table_names, #self.qtbe.features,
-                                                       self.qtbe.out_dim, table.concat(list, "/"))
+  return ("(%s, %s -> %d, %s)"):format(things(#self.qtbe.table_names, "table"), things(#self.qtbe.features, "feature"),
+                                       self.qtbe.out_dim, table.concat(list, "/"))
 end
 
 return QEBC
