@@ -213,16 +213,6 @@ __device__ __forceinline__ void load_out(const void *g, int32_t dtype, int64_t a
 
 /* ---- far rows' early copies ---- */
 
-/* A warp copies a row of `bytes` (a multiple of 8) from `from` to `to`. */
-__device__ __forceinline__ void far_copy_row(char *to, const char *from, int32_t bytes, int lane) {
-  if (bytes % 16 == 0)
-    for (int32_t o = lane * 16; o < bytes; o += 32 * 16)
-      *reinterpret_cast<uint4 *>(to + o) = *reinterpret_cast<const uint4 *>(from + o);
-  else
-    for (int32_t o = lane * 8; o < bytes; o += 32 * 8)
-      *reinterpret_cast<uint2 *>(to + o) = *reinterpret_cast<const uint2 *>(from + o);
-}
-
 /* Early copies of a batch's far rows into a.far (cleared, at -1), a warp per 32 bags, each lane
  * its bag's values in turn.  A row of the current map (cur.use: the last forward's, whose
  * backward may still step it) is not read here: where cur has its copy, the pair waits for
@@ -316,9 +306,13 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
   int lane = threadIdx.x & 31;
   int32_t n = f.taken[3];
   int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
-  for (int64_t q = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; q < n; q += warps)
-    far_copy_row(f.rows + (int64_t)f.pairs[2 * q] * f.row_bytes,
-                 cur.rows + (int64_t)cur.row_bytes * f.pairs[2 * q + 1], f.row_bytes, lane);
+  /* the copies' slots are row_bytes apart, a multiple of 16 (far.c), and so is each copy */
+  for (int64_t q = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; q < n; q += warps) {
+    char *to = f.rows + (int64_t)f.pairs[2 * q] * f.row_bytes;
+    const char *from = cur.rows + (int64_t)cur.row_bytes * f.pairs[2 * q + 1];
+    for (int32_t o = lane * 16; o < f.row_bytes; o += 32 * 16)
+      *reinterpret_cast<uint4 *>(to + o) = *reinterpret_cast<const uint4 *>(from + o);
+  }
 }
 
 /* ---- the warp's bags ---- */

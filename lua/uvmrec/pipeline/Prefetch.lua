@@ -134,18 +134,16 @@ function Prefetch:_prefetch(s)
   -- captured into a graph (asked now: a run sets the room after making the pipeline)
   local far = self.gpu and self.tbe ~= nil and self.tbe.far_early_usable ~= nil and self.tbe:far_early_usable()
   if not self.cached and not self.pages and not far then return end
+  -- both read the batch's device copy
+  if self.gpu and (far or self.cached) then wait(self.prefetch_stream, s.copied) end
   if far then
-    wait(self.prefetch_stream, s.copied)
     assert(self.tbe:far_prefetch(s.dev.sparse, self.prefetch_stream))
     self.counts.far_early = self.counts.far_early + 1
   end
   if self.cached then
-    if self.gpu then
-      wait(self.prefetch_stream, s.copied)
-      -- a sharded collection's input exchange runs KJT operations that take no stream (the
-      -- legacy one, which does not wait for the copy stream): the batch must be there first
-      if self.exchanges then assert(s.copied:sync()) end
-    end
+    -- a sharded collection's input exchange runs KJT operations that take no stream (the
+    -- legacy one, which does not wait for the copy stream): the batch must be there first
+    if self.gpu and self.exchanges then assert(s.copied:sync()) end
     s.dev.ticket = assert(self.tbe:prepare(s.dev.sparse, self.prefetch_stream))
   end
   if self.pages then
