@@ -24,7 +24,8 @@
  * the link carries each far row once a step in each direction instead of twice in.  Early
  * copies (ur_tbe_far_prefetch): the next batch's far rows copied into a second map on another
  * stream while this step computes (far_prefetch_kernel), the forward that takes them reading
- * its far rows from HBM.
+ * its far rows from HBM.  Written behind (ur_tbe_set_far_behind): the step writes the copy
+ * only, and far_move_kernel writes the copies home on another stream behind it.
  * Indices are 64-bit where they address tables (100 GB tables have more than 2^31 elements);
  * values and bags are fewer than 2^31 (tbe.c checks). */
 #include <cuda_bf16.h>
@@ -102,6 +103,17 @@ __device__ __forceinline__ void store_raw(void *p, int32_t dtype, uint4 r) {
   else *reinterpret_cast<uint2 *>(p) = make_uint2(r.x, r.y);
 }
 
+/* The table whose keys (key_base + id) hold key. */
+__device__ __forceinline__ int32_t table_of_key(const ur__tbe_args &a, uint64_t key) {
+  int32_t lo = 0, hi = a.num_tables;
+  while (hi - lo > 1) {
+    int32_t mid = (lo + hi) / 2;
+    if ((uint64_t)a.tables[mid].key_base <= key) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
 /* ---- far rows' copies (ur__tbe_far) ---- */
 
 #define UR_TBE_FAR_UNPLACED (-2) /* far_claim found no free slot where it looked */
@@ -144,6 +156,15 @@ __device__ __forceinline__ int32_t far_claim(const ur__tbe_far &f, uint64_t key,
     }
   }
   return UR_TBE_FAR_UNPLACED;
+}
+
+/* Where a forward reads far row `key` whose home is `home` while the last backward's copies
+ * (prior) are written home behind it: its copy there, where it has one. */
+__device__ __forceinline__ const char *far_prior(const ur__tbe_far &prior, uint64_t key,
+                                                 const char *home) {
+  int64_t s = far_find(prior, key);
+  int32_t at = s >= 0 ? prior.at[s] : -1;
+  return at >= 0 ? prior.rows + (int64_t)at * prior.row_bytes : home;
 }
 
 /* The backward's copy of row id of table t, or nullptr (not far, not copied, or no copies): it
@@ -247,12 +268,13 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
         int32_t ca = cs >= 0 ? cur.at[cs] : -1;
         if (cs < 0 || ca >= 0) at = far_claim(a.far, key, 0, nullptr);
         if (at == UR_TBE_FAR_UNPLACED) atomicAdd(a.far.taken + 1, 1);
+        if (at >= 0) a.far.homes[at] = (int64_t)key;
         if (at >= 0 && cs >= 0) { /* from cur's copy, once the backward has stepped it */
           int32_t q = atomicAdd(a.far.taken + 3, 1);
           a.far.pairs[2 * q] = at;
           a.far.pairs[2 * q + 1] = ca;
           at = -1;
-        } else if (at >= 0) { /* read by far_load_kernel */
+        } else if (at >= 0) { /* read by far_move_kernel */
           int32_t q = atomicAdd(a.far.taken + 4, 1);
           a.far.loads[2 * q] = (int64_t)at | (int64_t)feature_table << 32;
           a.far.loads[2 * q + 1] = pr;
@@ -262,14 +284,17 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
   }
 }
 
-/* The early copies' reads over the host link (far_prefetch_kernel's loads): a few warps, each
- * with UR_TBE_FAR_LOADS rows in flight at a time, 8 bytes a lane a row per round, so that the
- * link's latency is covered without holding the SMs the step computes on. */
+/* Rows moved between their homes and a.far's copies over the host link: a few warps, each with
+ * UR_TBE_FAR_LOADS rows in flight at a time, 8 bytes a lane a row per round, so that the
+ * link's latency is covered without holding the SMs the step computes on.  TO_HOME false: the
+ * early copies' reads (far_prefetch_kernel's loads); true: every copy written home behind the
+ * step (ur_tbe_set_far_behind), from its key in homes. */
 #define UR_TBE_FAR_LOADS 8
+template <bool TO_HOME>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
-    far_load_kernel(const ur__tbe_args a) {
+    far_move_kernel(const ur__tbe_args a) {
   int lane = threadIdx.x & 31;
-  int32_t n = a.far.taken[4];
+  int32_t n = TO_HOME ? min(a.far.taken[0], a.far.cap) : a.far.taken[4];
   int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
   for (int64_t q0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * UR_TBE_FAR_LOADS; q0 < n;
        q0 += warps * UR_TBE_FAR_LOADS) {
@@ -280,11 +305,25 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     for (int k = 0; k < UR_TBE_FAR_LOADS; k++) {
       bytes[k] = 0;
       if (q0 + k >= n) continue;
-      int64_t w = a.far.loads[2 * (q0 + k)], pr = a.far.loads[2 * (q0 + k) + 1];
-      const ur__tbe_table &tb = a.tables[(int32_t)(w >> 32)];
+      int64_t at, pr;
+      int32_t t;
+      if (TO_HOME) {
+        uint64_t key = (uint64_t)a.far.homes[q0 + k];
+        t = table_of_key(a, key);
+        int64_t id = (int64_t)key - a.tables[t].key_base;
+        at = q0 + k;
+        pr = a.tables[t].perm ? a.tables[t].perm[id] : id;
+      } else {
+        int64_t w = a.far.loads[2 * (q0 + k)];
+        at = (int32_t)(w & 0xffffffff);
+        t = (int32_t)(w >> 32);
+        pr = a.far.loads[2 * (q0 + k) + 1];
+      }
+      const ur__tbe_table &tb = a.tables[t];
       bytes[k] = tb.dim * esize(tb.dtype);
-      from[k] = (const char *)tb.weights + pr * bytes[k];
-      to[k] = a.far.rows + (int64_t)(int32_t)(w & 0xffffffff) * a.far.row_bytes;
+      char *home = (char *)tb.weights + pr * bytes[k], *copy = a.far.rows + at * a.far.row_bytes;
+      from[k] = TO_HOME ? copy : home;
+      to[k] = TO_HOME ? home : copy;
       most = max(most, bytes[k]);
     }
     for (int32_t o = lane * 8; o < most; o += 32 * 8) {
@@ -478,7 +517,12 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
         row = tw + pr * rb;
         /* an id out of bounds (bounds off) has no key of its own: it is never copied */
         /* an early copy is read in HBM instead (row points at it) */
-        if (FAR && valid && pr >= ff) copy = far_claim(a.far, (uint64_t)(kb + id), pre, &row);
+        if (FAR && valid && pr >= ff) {
+          copy = far_claim(a.far, (uint64_t)(kb + id), pre, &row);
+          if (copy >= 0) a.far.homes[copy] = kb + id;
+          /* written behind the last step: its copy there is the row until it is home */
+          if (a.prior.use && row == tw + pr * rb) row = far_prior(a.prior, (uint64_t)(kb + id), row);
+        }
       } else ur__tbe_note_bad(a.flags, i);
       if (a.weights) w = a.weights[i];
     }
@@ -695,16 +739,6 @@ struct ChunksOf {
     return chunks_of(seg_end(starts, s, scal[0], scal[2]) - starts[s]);
   }
 };
-
-__device__ __forceinline__ int32_t table_of_key(const ur__tbe_args &a, uint64_t key) {
-  int32_t lo = 0, hi = a.num_tables;
-  while (hi - lo > 1) {
-    int32_t mid = (lo + hi) / 2;
-    if ((uint64_t)a.tables[mid].key_base <= key) lo = mid;
-    else hi = mid;
-  }
-  return lo;
-}
 
 /* Where payload p's gradient row starts (*at) and the factor it enters with (*c): the weight,
  * over the bag's length under mean pooling, as the CPU reference computes them. */
@@ -956,7 +990,7 @@ __device__ __forceinline__ void step_row_in(const ur__tbe_hyper &h, const Sparse
 #pragma unroll
       for (int k = 0; k < E / 4; k++) {
         float4 v = make_float4(nw[4 * k], nw[4 * k + 1], nw[4 * k + 2], nw[4 * k + 3]);
-        p[k] = v;
+        if (!c || !h.far_behind) p[k] = v;
         if (c) c[k] = v;
       }
       continue;
@@ -975,8 +1009,9 @@ __device__ __forceinline__ void step_row_in(const ur__tbe_hyper &h, const Sparse
         bits[(4 * q + e) / 2] |= (unsigned)hb << (16 * (e & 1));
       }
     }
-    /* the row, and its copy where it has one (the copy stays the row) */
-    for (int w = 0; w < (copy ? 2 : 1); w++) {
+    /* the row, and its copy where it has one (the copy stays the row); written behind, the
+     * copy only */
+    for (int w = copy && h.far_behind ? 1 : 0; w < (copy ? 2 : 1); w++) {
       uint16_t *o = w ? (uint16_t *)copy + col : (uint16_t *)tb.weights + base + col;
       if (E == 8) *reinterpret_cast<uint4 *>(o) = make_uint4(bits[0], bits[1], bits[2], bits[3]);
       else *reinterpret_cast<uint2 *>(o) = make_uint2(bits[0], bits[1]);
@@ -2158,13 +2193,15 @@ static ur_status tbe_gather_rows(void *stream, const void *src, int64_t src_rows
   return UR_STATUS_OK;
 }
 
+/* far_move_kernel's grid: a block per 8 SMs (17 on an H100): 136 warps, 278 KB of rows in
+ * flight, about 4 times what the link (about 35 GB/s at 2 us) needs */
+static unsigned far_move_blocks(void) { return (unsigned)(sm_count() / 8 + 1); }
+
 static ur_status tbe_far_prefetch(void *stream, const ur__tbe_args *a, const ur__tbe_far *cur) {
   cudaStream_t st = (cudaStream_t)stream;
   if (a->bags > 0) far_prefetch_kernel<<<blocks_for((a->bags + 31) / 32), UR_TBE_WARPS * 32, 0, st>>>(*a, *cur);
   UR_CUDA_CHECK(cudaGetLastError(), "tbe far_prefetch");
-  /* a block per 8 SMs (17 on an H100): 136 warps, 278 KB of rows in flight, about 4 times what
-   * the link (about 35 GB/s at 2 us) needs */
-  far_load_kernel<<<(unsigned)(sm_count() / 8 + 1), UR_TBE_WARPS * 32, 0, st>>>(*a);
+  far_move_kernel<false><<<far_move_blocks(), UR_TBE_WARPS * 32, 0, st>>>(*a);
   UR_CUDA_CHECK(cudaGetLastError(), "tbe far_prefetch (loads)");
   /* the copies made so far are the early ones: taken[2] = taken[0] */
   UR_CUDA_CHECK(cudaMemcpyAsync(a->far.taken + 2, a->far.taken, 4, cudaMemcpyDeviceToDevice, st),
@@ -2176,6 +2213,12 @@ static ur_status tbe_far_patch(void *stream, const ur__tbe_far *f, const ur__tbe
   unsigned blocks = (unsigned)(sm_count() * 4);
   far_patch_kernel<<<blocks, UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(*f, *cur);
   UR_CUDA_CHECK(cudaGetLastError(), "tbe far_patch");
+  return UR_STATUS_OK;
+}
+
+static ur_status tbe_far_home(void *stream, const ur__tbe_args *a) {
+  far_move_kernel<true><<<far_move_blocks(), UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
+  UR_CUDA_CHECK(cudaGetLastError(), "tbe far_home");
   return UR_STATUS_OK;
 }
 
@@ -2213,6 +2256,7 @@ const ur_tbe_ops ur__cuda_tbe_ops = {
     .gather_rows = tbe_gather_rows,
     .far_prefetch = tbe_far_prefetch,
     .far_patch = tbe_far_patch,
+    .far_home = tbe_far_home,
     .decay_counts = tbe_decay_counts,
     .swap_rows = tbe_swap_rows,
     .rank_work_bytes = tbe_rank_work_bytes,

@@ -51,9 +51,11 @@ end
 -- after, every table and optimizer state must be the same bits.  o.check(b, far) after each
 -- forward; o.between(far, plain, s) between each forward and its backward.  o.early: after each
 -- forward of `far`, the next batch's far rows are copied early on a stream of their own (or
--- o.early(s, inputs)'s batch); o.backward(s, inputs): the batch the backward is given instead.
+-- o.early(s, inputs)'s batch); o.backward(s, inputs): the batch the backward is given instead;
+-- o.behind: `far` writes its copies home behind each step (set_far_behind).
 local function same_steps(far, plain, steps, seed, o)
   o = o or {}
+  if o.behind then assert(far.tbe:set_far_behind(true)) end
   local side = o.early and assert(streams.stream())
   local raw, inputs = {}, {}
   for s = 1, steps + 1 do
@@ -158,6 +160,10 @@ describe("far rows' copies", function()
     local ok, err = pcall(h.train_tiny, { "embeddings.far_rows=-1" })
     assert.is_false(ok)
     assert.matches("embeddings.far_rows=-1: '-1' is not an integer >= 0", err, 1, true)
+    ok, err = pcall(h.train_tiny, { "embeddings.far_behind=true" })
+    assert.is_false(ok)
+    assert.matches("embeddings.far_behind is true with embeddings.far_rows 0: it writes copies home, and there "
+                   .. "is no room for any", err, 1, true)
   end)
 
   for _, kind in ipairs { "sgd", "rowwise_adagrad", "adam" } do
@@ -204,6 +210,93 @@ describe("far rows' copies", function()
       same_steps(far, plain, 3, 130 + 10 * i, o)
     end
   end)
+
+  it("written behind: set_far_behind takes true or false, naming a bad one; a CPU collection keeps it", function()
+    local c = collection("cpu", "host")
+    assert.is_false(c.tbe:far_behind())
+    for _, bad in ipairs { 1, "yes" } do
+      assert.has_error(function() c.tbe:set_far_behind(bad) end,
+                       "embedding collection: set_far_behind(" .. tostring(bad) .. "); expected true or false")
+    end
+    assert.equal(c.tbe, c.tbe:set_far_behind(true))
+    assert.is_true(c.tbe:far_behind())
+  end)
+
+  -- a view taken between a step and the next forward (its copies on their way home) must read
+  -- the stepped rows
+  local function views_equal(f, p, s)
+    for _, name in ipairs { "a", "c" } do R.bits_equal(f:table(name), p:table(name), "view of " .. name .. ", step " .. s) end
+  end
+
+  for _, kind in ipairs { "sgd", "rowwise_adagrad", "adam" } do
+    cuda_it("written behind, with early copies and without: " .. kind .. " gives the same bits as without "
+      .. "copies, and a view between steps reads the stepped rows", function()
+      local opt = { kind, lr = 0.05, weight_decay = 0.01, max_grad = 0.8 }
+      for _, early in ipairs { true, false } do
+        local far, plain = collection(0, "host", { optimizer = opt }), collection(0, "host", { optimizer = opt })
+        far.tbe:set_far_rows(100000)
+        same_steps(far, plain, 4, 150, { early = early, behind = true, between = views_equal })
+        assert.is_true(far.tbe:far_behind())
+      end
+    end)
+  end
+
+  cuda_it("written behind: a room too small (rows read from the last step's copies), another batch copied "
+    .. "early, a backward of other values, pooling none, a load, init_table or reset_rows between: the same bits",
+    function()
+      local cases = {
+        { room = 5, early = true },
+        { room = 5 },
+        { room = 100000, early = function(s, bs) return bs[(s + 2) % #bs + 1] end },
+        { room = 100000, early = true, backward = function(s, bs) return bs[s % 2 + 1] end },
+        { room = 100000, early = true, make = { pooling = "none" } },
+        { room = 100000, early = true, between = function(f, p, s)
+          local src = assert(ur.tensor({ 3000, 128 }, { placement = "device" })):uniform(-0.5, 0.5, 7)
+          for _, c in ipairs { f, p } do
+            if s == 1 then assert(c.tbe:load("a", src))
+            elseif s == 2 then assert(c.tbe:init_table("d", -0.1, 0.1, 5))
+            else assert(c.tbe:reset_rows("a", { 0, 1, 2, 3, 4, 5 })) end
+          end
+        end },
+      }
+      for i, o in ipairs(cases) do
+        local far, plain = collection(0, "host", o.make), collection(0, "host", o.make)
+        far.tbe:set_far_rows(o.room)
+        o.behind = true
+        same_steps(far, plain, 3, 170 + 10 * i, o)
+      end
+    end)
+
+  cuda_it("written behind: a captured step writes its rows and copies both, after the eager steps' copies are home",
+    function()
+      local function make()
+        local c = collection(0, "host", { bounds = "warn" })
+        c:set_stream(assert(streams.stream()))
+        return c
+      end
+      local far, plain = make(), make()
+      far.tbe:set_far_rows(1000)
+      far.tbe:set_far_behind(true)
+      math.randomseed(7)
+      local inp = R.input(R.batch(R.rows_of(plain), { batch = 16 }), "device")
+      local g = assert(ur.tensor({ 16, plain.tbe.out_dim }, { placement = "device" })):uniform(-1, 1, 3)
+      local function step(c)
+        c:forward(inp)
+        c:backward(inp, g)
+      end
+      step(far) -- eager: its copies go home behind it
+      assert(streams.graph_begin(far.stream))
+      step(far)
+      local graph = streams.graph_end(far.stream) -- and run once
+      assert.truthy(graph)
+      assert(graph:launch(far.stream))
+      for _ = 1, 3 do step(plain) end
+      assert(far.stream:sync())
+      for _, name in ipairs(plain.tbe.table_names) do
+        R.bits_equal(far:table(name), plain:table(name), "table " .. name)
+      end
+      graph:free()
+    end)
 
   cuda_it("early copies: refused while a graph is captured, and after a forward was captured", function()
     local c = collection(0, "host", { bounds = "warn" }) -- "fatal" reads flags back: no capture
@@ -301,11 +394,13 @@ describe("far rows' copies", function()
       local want = run({ "embeddings.placement=device" }).losses
       -- a room of 1 has the least map, 64 slots: a batch's far rows overflow it
       -- through the prefetch pipeline, the far rows of each next batch are copied early
+      -- written home behind each step (embeddings.far_behind), with early copies and without
       for _, c in ipairs { { "managed", 2000 }, { "host", 2000 }, { "host", 1 }, { "managed", 2000, true },
-                           { "host", 1, true } } do
-        local place, room, pipe = c[1], c[2], c[3]
+                           { "host", 1, true }, { "managed", 2000, true, true }, { "host", 1, true, true },
+                           { "host", 2000, false, true } } do
+        local place, room, pipe, behind = c[1], c[2], c[3], c[4]
         local r = run { "embeddings.placement=" .. place, "embeddings.far_rows=" .. room,
-                        "train.pipeline=" .. tostring(pipe == true) }
+                        "train.pipeline=" .. tostring(pipe == true), "embeddings.far_behind=" .. tostring(behind == true) }
         assert.same(want, r.losses, place)
         local f = r.result.far_rows
         assert.equal(pipe and 12 or 0, f.early, place)

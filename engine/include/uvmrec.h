@@ -883,6 +883,18 @@ UR_API ur_status ur_tbe_far_prefetch(ur_stream *s, ur_tbe *t, const ur_tensor *v
  * forward of it captured into a graph, no capture under way), else 0 (a pipeline skips them);
  * -1 for a NULL t. */
 UR_API int32_t ur_tbe_far_early_usable(const ur_tbe *t);
+/* Write-behind (on: 1; off: 0, the default): a backward steps each far row that has a copy in
+ * its copy only, and the collection writes every copy home over the link on a stream of its
+ * own, behind the step, instead of the backward writing each stepped row twice.  The numbers
+ * are the same bits.  Until a step's copies are home they are the rows, and the collection
+ * orders itself after them: the next forward reads a far row it has no copy of from there, and
+ * the next backward, early copies, a forward without early copies, ur_tbe_table (every view,
+ * so checkpoints and hints), and every call that writes rows or a layout wait for them (the
+ * host waits where no stream does).  A view taken before a step is not ordered after it:
+ * ur_device_sync, or take the view again.  A captured backward writes both, as without. */
+UR_API ur_status ur_tbe_set_far_behind(ur_tbe *t, int32_t on);
+/* 1 with write-behind on, 0 off, -1 for a NULL t. */
+UR_API int32_t ur_tbe_far_behind(const ur_tbe *t);
 
 /* ---- access counters and row layout ---- */
 /* Access counters: per table an i32 counter per row id, kept where the collection runs (device

@@ -514,6 +514,17 @@ function methods:far_prefetch(input, stream)
   return self
 end
 
+-- set_far_behind(on): write-behind (uvmrec.h, ur_tbe_set_far_behind; docs/uvm.md): a backward
+-- steps far rows in their copies only, and the copies go home over the link behind the step.
+function methods:set_far_behind(on)
+  if type(on) ~= "boolean" then
+    error(("embedding collection: set_far_behind(%s); expected true or false"):format(tostring(on)), 2)
+  end
+  must(C.ur_tbe_set_far_behind(H(self), on and 1 or 0))
+  return self
+end
+function methods:far_behind() return C.ur_tbe_far_behind(H(self)) == 1 end
+
 -- Ids skipped by the "warn" bounds check so far.
 -- set_gate(flags or nil): a guard's flags (uvmrec.train.guard, i32 at the collection's side):
 -- while their element 0 is set when a backward runs, the backward leaves rows and state as

@@ -57,6 +57,8 @@ local cmd = require("uvmrec.cli").command {
     .. "what the step spends in the embedding collection, and the rest)" },
   { "--far-early", "each run with room for far rows' copies once more with early copies (the next batch's far "
     .. "rows copied while a step computes: uvmrec.train.hooks.far_early)" },
+  { "--far-behind", "each run with early copies once more with the copies written home behind the step "
+    .. "(embeddings.far_behind)" },
   options.out_append,
 }
 local o = cmd:parse(arg)
@@ -201,7 +203,8 @@ local function run(r)
   migration() -- reset the monitor's interval
   local t_setup = C.ur_clock_seconds()
   if r.far and r.far > 0 then assert(tbe:set_far_rows(r.far)) end -- its room is in the budget's hbm_used below
-  rec.far_rows, rec.far_early = r.far, r.early
+  tbe:set_far_behind(r.behind == true)
+  rec.far_rows, rec.far_early, rec.far_behind = r.far, r.early, r.behind
   if r.placement == "managed" and r.policy ~= "none" then
     local allowance = math.floor(emb_bytes * (r.fraction or 0) / 100)
     local perm_bytes = 0
@@ -385,11 +388,14 @@ for _, pol in ipairs(o.policies) do
     for _, far in ipairs(o.far_rows) do
       cases[#cases + 1] = { far = far }
       if far > 0 and o.far_early then cases[#cases + 1] = { far = far, early = true } end
+      if far > 0 and o.far_early and o.far_behind then cases[#cases + 1] = { far = far, early = true, behind = true } end
     end
     for _, c in ipairs(cases) do
       local far = c.far
       local what = pol .. " " .. f .. "%" .. (far > 0 and (", far rows " .. far) or "") .. (c.early and ", early" or "")
-      local ok, rec = pcall(run, { placement = "managed", policy = pol, fraction = f, far = far, early = c.early })
+        .. (c.behind and ", behind" or "")
+      local ok, rec = pcall(run, { placement = "managed", policy = pol, fraction = f, far = far, early = c.early,
+                                   behind = c.behind })
       local bad = ok and same_losses(rec)
       if not ok then failed(what, rec)
       elseif bad then failed(what, bad)
@@ -428,7 +434,7 @@ for _, r in ipairs(results) do
     print(("| %s | %s | %s | %.3g M | %s | %.2f | %s | %s | %s | %s | %s |"):format(r.policy,
       r.fraction and (r.fraction .. "%") or (r.policy == "device" and "100% (all)" or "-"),
       r.far_taken and ("%d / %s%d%s"):format(r.far_rows, r.far_unplaced > 0 and ">= " or "", r.far_taken,
-                                           r.far_early and ", early" or "") or "-",
+                                           (r.far_early and ", early" or "") .. (r.far_behind and ", behind" or "")) or "-",
       r.samples_per_s / 1e6, r.of_device and ("%.2f"):format(r.of_device) or "1", r.ms_per_step,
       r.policy == "device" and gbs(r.table_bytes) or gbs(r.bytes_on_gpu),
       r.coverage and ("%.3f"):format(r.coverage) or "-",

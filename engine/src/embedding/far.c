@@ -5,7 +5,10 @@
  * (ur__tbe_far_from) and forgetting the copies (ur__tbe_far_drop) are table.c's: its calls that
  * write rows drop them, and this file calls table.c, not the other way.  One piece of memory
  * holds the map (keys, then where each copy is), the counts (copies asked for, lookups that
- * found no free slot, early copies, pairs waiting), the early copies' pairs and the copies. */
+ * found no free slot, early copies, pairs waiting), the early copies' pairs and loads, each
+ * copy's key and the copies.  Written behind (ur_tbe_set_far_behind), a backward steps the
+ * copies only and they go home on the collection's own stream: every call here that reads or
+ * writes rows at home waits for that first (far_wait_home; table.c's far_settle for the rest). */
 #include "embedding/table.h"
 
 #define FAR_ALIGN 256
@@ -32,9 +35,10 @@ static int64_t far_slots(int64_t rows) {
   return s;
 }
 
-/* The memory's layout for `rows` copies: keys, at, taken, pairs and loads, then the copies. */
+/* The memory's layout for `rows` copies: keys, at, taken, pairs, loads and homes, then the
+ * copies. */
 typedef struct far_layout {
-  int64_t slots, at, taken, pairs, loads, rows, total;
+  int64_t slots, at, taken, pairs, loads, homes, rows, total;
 } far_layout;
 
 static far_layout layout_of(const ur_tbe *t, int64_t rows) {
@@ -44,7 +48,8 @@ static far_layout layout_of(const ur_tbe *t, int64_t rows) {
   L.taken = L.at + far_align(4 * L.slots);
   L.pairs = L.taken + FAR_ALIGN;
   L.loads = L.pairs + far_align(8 * rows);
-  L.rows = L.loads + far_align(16 * rows);
+  L.homes = L.loads + far_align(16 * rows);
+  L.rows = L.homes + far_align(8 * rows);
   L.total = L.rows + rows * far_row_bytes(t);
   return L;
 }
@@ -89,10 +94,11 @@ ur_status ur_tbe_set_far_rows(ur_tbe *t, int64_t rows) {
     return ur__error(UR_STATUS_INVALID, "tbe set_far_rows: %lld copies; expected 0 (none) to %d",
                      (long long)rows, INT32_MAX / 2);
   t->far_made = t->far_captured = 0;
-  ur__tbe_far_drop(t);
+  ur_status st = ur__tbe_far_drop(t);
+  if (st) return st;
   if (t->home == UR_PLACE_DEVICE && rows != t->far_rows) {
     /* kernels in flight may read the old copies */
-    ur_status st = far_release(t);
+    st = far_release(t);
     if (st) return st;
     t->far_rows = rows;
     if (rows > 0 && (st = far_alloc(t, 0, "set_far_rows"))) {
@@ -111,8 +117,8 @@ int64_t ur_tbe_far_rows(const ur_tbe *t) {
 
 ur_status ur_tbe_far_refresh(ur_tbe *t) {
   UR__ARGS(t);
-  ur__tbe_far_drop(t);
-  return far_update(t);
+  ur_status st = ur__tbe_far_drop(t);
+  return st ? st : far_update(t);
 }
 
 ur_status ur_tbe_far_from(const ur_tbe *t, int32_t table, int64_t *out) {
@@ -147,6 +153,7 @@ static void far_args(const ur_tbe *t, int k, ur__tbe_far *f) {
   f->taken = (int32_t *)(base + L.taken);
   f->pairs = (int32_t *)(base + L.pairs);
   f->loads = (int64_t *)(base + L.loads);
+  f->homes = (int64_t *)(base + L.homes);
   f->rows = base + L.rows;
   f->mask = L.slots - 1;
   f->cap = (int32_t)t->far_rows;
@@ -171,8 +178,34 @@ static ur_status far_event(ur_tbe *t, int k, void **out) {
   return UR_STATUS_OK;
 }
 
+/* Work enqueued on stream sh after this waits for the copies written home behind the last step
+ * (none: nothing to wait for).  A graph being captured may not wait on work outside it: the
+ * host waits instead, before the capture goes on. */
+static ur_status far_wait_home(ur_tbe *t, void *sh) {
+  if (!t->far_home_pending) return UR_STATUS_OK;
+  if (!ur__graph_capturing()) return t->be->stream_wait(sh, t->far_home_ev[1]);
+  ur_status st = ur__tbe_far_settle(t);
+  if (!st) t->far_home_pending = 0;
+  return st;
+}
+
+ur_status ur_tbe_set_far_behind(ur_tbe *t, int32_t on) {
+  UR__ARGS(t);
+  if (on != 0 && on != 1)
+    return ur__error(UR_STATUS_INVALID, "tbe set_far_behind: %d; expected 1 (far rows' copies "
+                     "written home behind the step) or 0 (by the step)", (int)on);
+  t->far_behind = on;
+  return UR_STATUS_OK;
+}
+
+int32_t ur_tbe_far_behind(const ur_tbe *t) {
+  UR__ARGS_OR(-1, t);
+  return t->far_behind;
+}
+
 ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   memset(&a->far, 0, sizeof a->far);
+  memset(&a->prior, 0, sizeof a->prior);
   t->far_made = t->far_ready = 0;
   /* with a room a forward always fills it, far rows or none: a captured step (train.graph)
    * then makes copies whatever the hints do after the capture */
@@ -186,13 +219,21 @@ ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
      * backward stepped (from the old current copies, which it kept current) */
     ur__tbe_far old;
     far_args(t, t->far_cur, &old);
+    /* the old copies, still the rows while they go home: a far row the forward finds no copy
+     * of in its own map is read there */
+    if (t->far_homing == t->far_cur + 1) {
+      a->prior = old;
+      a->prior.use = 1;
+    }
     t->far_cur ^= 1;
     far_args(t, t->far_cur, &a->far);
     if (!(st = far_event(t, 1, &ev)) && !(st = t->be->stream_wait(sh, ev)))
       st = t->be->tbe->far_patch(sh, &a->far, &old);
   } else {
+    /* the forward reads rows at home and clears the map whose copies may be going there */
     far_args(t, t->far_cur, &a->far);
-    st = far_clear(t, sh, &a->far, 0);
+    if (!(st = far_wait_home(t, sh))) st = far_clear(t, sh, &a->far, 0);
+    if (t->far_homing == t->far_cur + 1) t->far_homing = 0;
   }
   t->far_early = 0;
   a->far.fill = !st;
@@ -209,20 +250,45 @@ ur_status ur__tbe_far_forward_done(ur_tbe *t, ur_stream *s, const ur_tensor *val
   return st ? st : t->be->event_record(ev, s ? s->handle : NULL);
 }
 
-void ur__tbe_far_backward(ur_tbe *t, ur__tbe_args *a, const ur_tensor *values) {
+ur_status ur__tbe_far_backward(ur_tbe *t, ur_stream *s, ur__tbe_args *a, const ur_tensor *values) {
   memset(&a->far, 0, sizeof a->far);
   /* early copies made beside this step left this step's rows to it, as its forward read them:
    * a backward of other values (or one that steps by atomics, below) may write rows they hold */
   if (ur_tensor_data(values) != t->far_values || ur_tensor_numel(values) != t->far_n)
     t->far_early = 0;
-  if (!t->far_ready) return;
+  /* it reads and writes rows without copies at home, where the last copies may be going */
+  ur_status st = far_wait_home(t, s ? s->handle : NULL);
+  if (st || !t->far_ready) return st;
   far_args(t, t->far_cur, &a->far);
   a->far.use = 1;
+  /* a captured step would write the copies home in no replay */
+  a->far.behind = t->far_behind && !a->atomic && !t->far_captured && !ur__graph_capturing();
+  return UR_STATUS_OK;
 }
 
-void ur__tbe_far_backward_done(ur_tbe *t, const ur__tbe_args *a, int32_t stepped) {
+ur_status ur__tbe_far_backward_done(ur_tbe *t, ur_stream *s, const ur__tbe_args *a,
+                                    int32_t stepped) {
   /* a step by atomics writes the rows, not the copies */
-  if (stepped && a->atomic) ur__tbe_far_drop(t);
+  if (stepped && a->atomic) return ur__tbe_far_drop(t);
+  if (!stepped || !a->far.behind) return UR_STATUS_OK;
+  /* the stepped copies go home on the collection's own stream, behind the step */
+  ur_status st = UR_STATUS_OK;
+  for (int k = 0; k < 2 && !st; k++)
+    if (!t->far_home_ev[k]) st = t->be->event_new(&t->far_home_ev[k]);
+  if (!st && !t->far_stream) st = t->be->stream_new(0, &t->far_stream);
+  if (!st) st = t->be->event_record(t->far_home_ev[0], s ? s->handle : NULL);
+  if (!st) st = t->be->stream_wait(t->far_stream, t->far_home_ev[0]);
+  if (!st) st = UR__NEED(t->be, tbe, far_home);
+  if (!st) st = t->be->tbe->far_home(t->far_stream, a);
+  if (!st) st = t->be->event_record(t->far_home_ev[1], t->far_stream);
+  if (st) {
+    /* the copies are the rows now, and may not go home: nothing can be trusted */
+    t->far_homing = 0;
+    return ur__error_cause(st, "tbe backward: writing the far rows' copies home behind the step");
+  }
+  t->far_homing = t->far_cur + 1;
+  t->far_home_pending = 1;
+  return UR_STATUS_OK;
 }
 
 int32_t ur_tbe_far_early_usable(const ur_tbe *t) {
@@ -247,7 +313,9 @@ ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   ur__tbe_far cur;
   memset(&cur, 0, sizeof cur);
   t->far_early = 0;
-  ur_status st = t->far[next] ? UR_STATUS_OK : far_alloc(t, next, "far_prefetch");
+  /* it reads rows at home and clears the map whose copies may be going there */
+  ur_status st = far_wait_home(t, sh);
+  if (!st && !t->far[next]) st = far_alloc(t, next, "far_prefetch");
   if (!st && t->far_made && t->far_ready) {
     /* after the last forward: its map is final, and every kernel reading the next map (the
      * forward's patch, the backward before it) was before it */
@@ -262,6 +330,7 @@ ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
     far_args(t, next, &a->far);
     a->far.fill = 1;
     st = far_clear(t, sh, &a->far, 1);
+    if (t->far_homing == next + 1) t->far_homing = 0;
   }
   if (!st) st = t->be->tbe->far_prefetch(sh, a, &cur);
   if (!st && !(st = far_event(t, 1, &ev))) st = t->be->event_record(ev, sh);

@@ -587,7 +587,8 @@ ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tenso
   }
 done:
   /* even a failed relayout may have moved rows or the map: mirrors read it again */
-  ur__tbe_perm_changed(t, table);
+  ur_status dropped = ur__tbe_perm_changed(t, table);
+  if (!st) st = dropped;
   out->seconds = ur_clock_seconds() - t0;
   for (int k = 0; k < nx; k++) ur_tensor_free(xs[k]);
   ur_tensor_free(from_dev);
@@ -601,8 +602,8 @@ ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm
   UR__ARGS(t);
   ur_status st = check_index(t, table, "set_permutation");
   if (!st && perm) st = check_not_cached(t, table, "set_permutation");
+  if (!st) st = ur__tbe_perm_changed(t, table);
   if (st) return st;
-  ur__tbe_perm_changed(t, table);
   ur__tbe_table *d = &t->tables[table];
   const char *name = t->tc[table].name;
   int64_t rows = d->rows;
@@ -732,7 +733,10 @@ ur_status ur_tbe_swap_rows(ur_stream *s, ur_tbe *t, int32_t table, const int64_t
   out->chunks = 1;
   out->on_gpu = t->home == UR_PLACE_DEVICE;
 done:
-  if (changed) ur__tbe_perm_changed(t, table);
+  if (changed) {
+    ur_status dropped = ur__tbe_perm_changed(t, table);
+    if (!st) st = dropped;
+  }
   out->seconds = ur_clock_seconds() - t0;
   for (int k = 0; k < nx; k++) ur_tensor_free(xs[k]);
   free(ids);

@@ -518,6 +518,8 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
 
 void ur_tbe_free(ur_tbe *t) {
   if (!t) return;
+  /* copies still going home write rows about to be freed (nothing to tell of a failure here) */
+  (void)ur__tbe_far_settle(t);
   /* last in, first out: a hook may lean on what an earlier one lent */
   for (int32_t k = t->nhooks - 1; k >= 0; k--) t->hooks[k].fn(t->hooks[k].ctx);
   free(t->hooks);
@@ -532,7 +534,9 @@ void ur_tbe_free(ur_tbe *t) {
   for (int k = 0; k < 2; k++) { /* the far rows' copies (far.c) */
     ur_tensor_free(t->far[k]);
     if (t->far_ev[k]) t->be->event_free(t->far_ev[k]);
+    if (t->far_home_ev[k]) t->be->event_free(t->far_home_ev[k]);
   }
+  if (t->far_stream) t->be->stream_free(t->far_stream);
   ur_tensor_free(t->swapbuf);
   ur_tensor_free(t->flags);
   for (int32_t i = 0; t->counts && i < t->names.T; i++) ur_tensor_free(t->counts[i]);
@@ -618,6 +622,8 @@ ur_status ur_tbe_table(const ur_tbe *t, int32_t i, ur_tensor **out) {
   *out = NULL;
   ur_status st = ur__tbe_names_index(&t->names, i);
   if (st) return st;
+  /* a view reads and writes the rows: those written behind the last step are home first */
+  if ((st = ur__tbe_far_settle(t))) return st;
   const ur_tbe_table_config *c = &t->tc[i];
   int64_t shape[2] = {c->rows, c->dim};
   return ur_tensor_view_as(t->wstore[storage_place(t, c->place)][c->dtype], out, t->woff[i], 2,
@@ -649,7 +655,7 @@ ur_status ur_tbe_init_table(ur_stream *s, ur_tbe *t, int32_t i, double lo, doubl
   if (!isfinite(lo) || !isfinite(hi) || lo > hi)
     return ur__error(UR_STATUS_INVALID,
                      "tbe: init bounds [%g, %g) are not finite with low <= high", lo, hi);
-  ur__tbe_far_drop(t);
+  if ((st = ur__tbe_far_drop(t))) return st;
   return draw(s, t, i, lo, hi, seed);
 }
 
@@ -676,7 +682,7 @@ ur_status ur_tbe_reset_rows(ur_stream *s, ur_tbe *t, int32_t i, const int64_t *i
   if (st) return st;
   const ur_tbe_table_config *c = &t->tc[i];
   if (n < 0) return ur__error(UR_STATUS_INVALID, "tbe: reset_rows of %lld rows", (long long)n);
-  ur__tbe_far_drop(t);
+  if ((st = ur__tbe_far_drop(t))) return st;
   /* a shard's rows are drawn at its logical table's counters, which rand_rows does not take */
   if (c->logical_rows != 0)
     return ur__error(UR_STATUS_INVALID,
@@ -769,9 +775,9 @@ ur_status ur__tbe_home_tensor(const ur_tbe *t, ur_tensor **out, ur_dtype dtype, 
 
 /* A new layout (set_permutation gives ids other rows' values without moving them): the far
  * rows' copies, keyed by id, go with it. */
-void ur__tbe_perm_changed(ur_tbe *t, int32_t i) {
+ur_status ur__tbe_perm_changed(ur_tbe *t, int32_t i) {
   t->perm_gen[i]++;
-  ur__tbe_far_drop(t);
+  return ur__tbe_far_drop(t);
 }
 
 ur_status ur__tbe_sync_desc(ur_tbe *t) {
@@ -815,7 +821,16 @@ int64_t ur__tbe_far_from(const ur_tbe *t, int32_t i) {
   return (int64_t)(run / ((uint64_t)per * ur_dtype_size(c->dtype)));
 }
 
-void ur__tbe_far_drop(ur_tbe *t) { t->far_ready = t->far_early = 0; }
+ur_status ur__tbe_far_settle(const ur_tbe *t) {
+  return t->far_home_pending ? t->be->event_sync(t->far_home_ev[1]) : UR_STATUS_OK;
+}
+
+ur_status ur__tbe_far_drop(ur_tbe *t) {
+  ur_status st = ur__tbe_far_settle(t);
+  if (!st) t->far_home_pending = 0;
+  t->far_ready = t->far_early = t->far_homing = 0;
+  return st;
+}
 
 ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weights,
                            float *state1, float *state2, const int64_t *row_ids, int64_t rows) {
@@ -848,7 +863,7 @@ ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weight
   t->tables[i].row_ids = row_ids;
   t->tables[i].rows = rows;
   t->tables[i].far_from = ur__tbe_far_from(t, i);
-  ur__tbe_far_drop(t);
+  if ((st = ur__tbe_far_drop(t))) return st;
   rekey(t);
   return upload_desc(t);
 }

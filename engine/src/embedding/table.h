@@ -140,11 +140,16 @@ struct ur_tbe {
    * early copies for the next forward; far_captured: a forward was captured into a graph (early
    * copies are refused from then on).  far_ev: events after the last forward and after the
    * early copies.  far_values, far_n: the last forward's values, which its backward must be
-   * given for early copies to stay current. */
+   * given for early copies to stay current.  Write-behind (far_behind set): far_home_ev[0]
+   * after a backward that stepped copies only, far_stream writing that map's copies home
+   * (far_homing: its index + 1 while the copies are still the rows, 0 when none is or they
+   * are no longer current), far_home_ev[1] after that. */
   int64_t far_rows;
   ur_tensor *far[2];
   int32_t far_cur, far_made, far_ready, far_early, far_captured;
   void *far_ev[2];
+  int32_t far_behind, far_homing, far_home_pending;
+  void *far_stream, *far_home_ev[2];
   const void *far_values;
   int64_t far_n;
   ur__tbe_hook *hooks;
@@ -166,23 +171,29 @@ UR__HIDDEN ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, v
                                       int64_t rows);
 
 /* A table's permutation changed (set, relaid out or removed): host mirrors of it are stale. */
-UR__HIDDEN void ur__tbe_perm_changed(ur_tbe *t, int32_t i);
+UR__HIDDEN ur_status ur__tbe_perm_changed(ur_tbe *t, int32_t i);
 /* Waits for the device, then copies the descriptors there (nothing when they live on the host). */
 UR__HIDDEN ur_status ur__tbe_sync_desc(ur_tbe *t);
 
-/* Far rows (table.c): table i's first far physical row, from where its rows live now; far_drop
+/* Far rows (table.c): table i's first far physical row, from where its rows live now;
+ * far_settle waits on the host for the copies written home behind the last step (write-behind:
+ * every call that reads rows through a view, or writes them, first); far_drop settles and
  * forgets the copies of far rows, early ones too (every call that writes rows but the
  * backward, which writes the copies too).  The copies (far.c): far_forward points a forward at
  * them when it should make some (the early copies, when there are some), far_forward_done marks
  * its end on its stream; far_backward points the backward at them when the last forward made
  * them, and far_backward_done says whether the step kept them current (a step by atomics does
- * not).  table.c frees the rooms and events with the collection. */
+ * not) and, written behind, sends them home.  table.c frees the rooms, stream and events with
+ * the collection. */
 UR__HIDDEN int64_t ur__tbe_far_from(const ur_tbe *t, int32_t i);
-UR__HIDDEN void ur__tbe_far_drop(ur_tbe *t);
+UR__HIDDEN ur_status ur__tbe_far_settle(const ur_tbe *t);
+UR__HIDDEN ur_status ur__tbe_far_drop(ur_tbe *t);
 UR__HIDDEN ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a);
 UR__HIDDEN ur_status ur__tbe_far_forward_done(ur_tbe *t, ur_stream *s, const ur_tensor *values);
-UR__HIDDEN void ur__tbe_far_backward(ur_tbe *t, ur__tbe_args *a, const ur_tensor *values);
-UR__HIDDEN void ur__tbe_far_backward_done(ur_tbe *t, const ur__tbe_args *a, int32_t stepped);
+UR__HIDDEN ur_status ur__tbe_far_backward(ur_tbe *t, ur_stream *s, ur__tbe_args *a,
+                                          const ur_tensor *values);
+UR__HIDDEN ur_status ur__tbe_far_backward_done(ur_tbe *t, ur_stream *s, const ur__tbe_args *a,
+                                               int32_t stepped);
 /* ur_tbe_far_prefetch's half here: whether early copies are refused now (a graph capture), and
  * the early copies of a's batch (its arguments where the GPU reads them) made on s. */
 UR__HIDDEN ur_status ur__tbe_far_refuse_early(const ur_tbe *t);

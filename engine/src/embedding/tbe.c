@@ -421,12 +421,14 @@ static ur_status backward_call(ur_stream *s, ur_tbe *t, const ur_tensor *grad_ou
   hyper_of(t, &h);
   h.sums_only = sums_only;
   void *work = NULL;
-  ur__tbe_far_backward(t, &c.a, values); /* the last forward's far rows, as it read them */
+  /* the last forward's far rows, as it read them */
+  if (!st) st = ur__tbe_far_backward(t, s, &c.a, values);
+  h.far_behind = c.a.far.behind;
   if (!st && !(st = call_setup(t, s, &c, 1, &work)))
     st = t->be->tbe->backward(sh, &c.a, &h, work);
   /* the step wrote the rows and their copies (not by atomics); a failed one, who knows */
-  if (st) ur__tbe_far_drop(t);
-  else ur__tbe_far_backward_done(t, &c.a, !sums_only);
+  if (st) (void)ur__tbe_far_drop(t);
+  else st = ur__tbe_far_backward_done(t, s, &c.a, !sums_only);
   if (st && !sums_only) t->step--;
   release(&c);
   return st;

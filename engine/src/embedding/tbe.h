@@ -48,10 +48,12 @@ typedef struct ur_tbe_ops {
   /* Far rows' early copies (far.c; GPU only, the CPU makes no copies): the far rows of a's
    * batch into a->far (cleared), each row of cur's map (when cur->use) left as a pair for
    * far_patch, and a->far.taken[2] set to the copies made; far_patch copies f's pairs from
-   * cur's copies.  Both on the stream. */
+   * cur's copies; far_home writes each copy of a->far home (write-behind: the keys in
+   * a->far.homes).  All on the stream. */
   ur_status (*far_prefetch)(void *stream, const struct ur__tbe_args *a,
                             const struct ur__tbe_far *cur);
   ur_status (*far_patch)(void *stream, const struct ur__tbe_far *f, const struct ur__tbe_far *cur);
+  ur_status (*far_home)(void *stream, const struct ur__tbe_args *a);
   /* Access counters (counters.c): c[i] = floor(c[i] * factor), n of them. */
   ur_status (*decay_counts)(void *stream, int32_t *c, int64_t n, double factor);
   /* The swaps of s, on the stream (the GPU: a warp a pair, nothing waits). */

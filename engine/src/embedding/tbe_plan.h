@@ -78,7 +78,13 @@ typedef struct ur__tbe_table {
  * stepped by its backward, so it is not read then: its pair (where it goes here, where its copy
  * is in cur) waits in pairs, and the forward that takes these copies first copies each pair's
  * row from cur's copy, stepped by then (ur__tbe_far_patch).  taken[2] is how many copies were
- * made before that forward (they are complete: the forward reads them instead of the rows). */
+ * made before that forward (they are complete: the forward reads them instead of the rows).
+ *
+ * Write-behind (ur_tbe_set_far_behind): the backward writes a stepped row that has a copy to
+ * the copy only, and far.c writes every copy home (homes[at]: its key) on a stream of its own
+ * behind the step.  Until that is done the copies are the rows: the next forward reads a far
+ * row it finds no copy of in its own map from the last backward's map (`prior`), and every
+ * other reader or writer of the rows waits for it (far.c). */
 typedef struct ur__tbe_far {
   unsigned long long *keys; /* [mask + 1]: a copied row's key + 1, 0 where free */
   int32_t *at;              /* [mask + 1]: where its copy is in rows, -1 when none had room */
@@ -89,9 +95,13 @@ typedef struct ur__tbe_far {
   int32_t *pairs;           /* [2 cap]: (at here, at in cur) of the rows copied from cur */
   int64_t *loads;           /* [2 cap]: (at here | table << 32, physical row) of the rows an
                              * early copy reads over the link */
+  int64_t *homes;           /* [cap]: each copy's key, where its row is written home from
+                             * (ur_tbe_set_far_behind) */
   int64_t mask;
   int32_t cap, row_bytes;
   int32_t fill, use;        /* 1: the forward fills them; the backward reads them */
+  int32_t behind;           /* backward: rows with a copy are stepped there only; far.c writes
+                             * the copies home behind the step */
 } ur__tbe_far;
 
 #define UR_TBE_FAR_PROBES 32 /* slots a key is looked for in before it goes uncopied */
@@ -116,6 +126,7 @@ typedef struct ur__tbe_hyper {
    * call reads, the sum over its columns of the squared gradient its step would take (clipped,
    * with weight decay); rows, state and the other tables are left alone. */
   int32_t sums_only;
+  int32_t far_behind;      /* 1: a row with a far copy is written to its copy only (far.behind) */
 } ur__tbe_hyper;
 
 /* h as the step runs where it runs (ur__optim_now): under a guard, Adam's bias terms are those
@@ -158,6 +169,9 @@ typedef struct ur__tbe_args {
   int32_t key_bits;        /* bits that hold total_keys */
   int32_t atomic;          /* backward: SGD by atomic adds, no sort (tbe.c says when it may) */
   ur__tbe_far far;         /* the far rows' copies (GPU only; fill and use 0: none) */
+  /* forward: the last backward's copies while they are written home behind it (use 1): a far
+   * row the forward reads from home is read from its copy there instead */
+  ur__tbe_far prior;
 } ur__tbe_args;
 
 /* ---- layout ---- */

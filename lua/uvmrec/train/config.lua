@@ -53,6 +53,7 @@ M.schema = map({
     far_rows = int { min = 0, default = 0 },                   -- GPU: HBM copies of the far rows (read
                                                                -- over the host link) a forward reads,
                                                                -- stepped from by the backward (uvm.md)
+    far_behind = bool { default = false },                     -- the copies written home behind the step
     tables = dict(map {                                        -- per table (C1, C2, ...)
       placement = enum(PLACEMENTS), dtype = enum { "f32", "f16", "bf16" },
       sharding = enum(M.SHARDINGS),                            -- this table's (default: embeddings.sharding)

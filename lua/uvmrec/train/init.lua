@@ -282,7 +282,8 @@ end
 local WHERE_ROWS_LIVE = { "embeddings.placement", "embeddings.tables.*.placement", "embeddings.bounds",
                           "embeddings.hints", "embeddings.tables.*.hints", "embeddings.cache",
                           "embeddings.tables.*.cache", "embeddings.sharding", "embeddings.tables.*.sharding",
-                          "embeddings.tables.*.rank", "embeddings.vbe", "embeddings.far_rows" }
+                          "embeddings.tables.*.rank", "embeddings.vbe", "embeddings.far_rows",
+                          "embeddings.far_behind" }
 M.RESUME_IGNORE = { "train.steps", "train.epochs", "train.checkpoint_every", "train.keep", "train.log_every",
                     "train.nonfinite", "train.print_every", "data.eval", "data.depth", "eval", "train.pipeline",
                     "train.drain", unpack(WHERE_ROWS_LIVE) }
@@ -428,19 +429,25 @@ function M.hints(cfg, model)
 end
 
 -- embeddings.far_rows: room in HBM for copies of the far rows each forward reads (every
--- collection of the model; docs/uvm.md).  Returns the line the run prints, or nil; nil, message
--- when a room cannot be had.
+-- collection of the model; docs/uvm.md), and embeddings.far_behind: the copies written home
+-- behind each step.  Returns the line the run prints, or nil; nil, message when a room cannot
+-- be had.
 function M.far_rows(cfg, model)
-  local n = cfg.embeddings.far_rows
+  local n, behind = cfg.embeddings.far_rows, cfg.embeddings.far_behind
+  if n == 0 and behind then
+    return nil, "embeddings.far_behind is true with embeddings.far_rows 0: it writes copies home, and there is no room for any"
+  end
   if n == 0 or not model.embeddings then return nil end
   for _, tbe in ipairs(hints.tbes_of(model.embeddings)) do
     local ok, err = tbe:set_far_rows(n)
     if not ok then return nil, "embeddings.far_rows: " .. err end
+    tbe:set_far_behind(behind)
   end
   if not ur.gpu() or model.placement ~= "device" then
     return ("far rows: room for %d copies set; a model on the CPU reads no row over a link, so none is made"):format(n)
   end
-  return ("far rows: room in HBM for %d copies a forward of the rows read over the host link"):format(n)
+  return ("far rows: room in HBM for %d copies a forward of the rows read over the host link%s"):format(
+    n, behind and ", written home behind each step" or "")
 end
 
 -- A resumed run saves as the run it resumes did (train.checkpoint_every, train.keep), unless this
