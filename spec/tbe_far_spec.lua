@@ -225,7 +225,9 @@ describe("far rows' copies", function()
   -- a view taken between a step and the next forward (its copies on their way home) must read
   -- the stepped rows
   local function views_equal(f, p, s)
-    for _, name in ipairs { "a", "c" } do R.bits_equal(f:table(name), p:table(name), "view of " .. name .. ", step " .. s) end
+    for _, name in ipairs { "a", "c" } do
+      R.bits_equal(f:table(name), p:table(name), "view of " .. name .. ", step " .. s)
+    end
   end
 
   for _, kind in ipairs { "sgd", "rowwise_adagrad", "adam" } do
@@ -400,7 +402,8 @@ describe("far rows' copies", function()
                            { "host", 2000, false, true } } do
         local place, room, pipe, behind = c[1], c[2], c[3], c[4]
         local r = run { "embeddings.placement=" .. place, "embeddings.far_rows=" .. room,
-                        "train.pipeline=" .. tostring(pipe == true), "embeddings.far_behind=" .. tostring(behind == true) }
+                        "train.pipeline=" .. tostring(pipe == true),
+                        "embeddings.far_behind=" .. tostring(behind == true) }
         assert.same(want, r.losses, place)
         local f = r.result.far_rows
         assert.equal(pipe and 12 or 0, f.early, place)

@@ -388,7 +388,9 @@ for _, pol in ipairs(o.policies) do
     for _, far in ipairs(o.far_rows) do
       cases[#cases + 1] = { far = far }
       if far > 0 and o.far_early then cases[#cases + 1] = { far = far, early = true } end
-      if far > 0 and o.far_early and o.far_behind then cases[#cases + 1] = { far = far, early = true, behind = true } end
+      if far > 0 and o.far_early and o.far_behind then
+        cases[#cases + 1] = { far = far, early = true, behind = true }
+      end
     end
     for _, c in ipairs(cases) do
       local far = c.far
@@ -433,8 +435,8 @@ for _, r in ipairs(results) do
   if r.policy ~= "none" then
     print(("| %s | %s | %s | %.3g M | %s | %.2f | %s | %s | %s | %s | %s |"):format(r.policy,
       r.fraction and (r.fraction .. "%") or (r.policy == "device" and "100% (all)" or "-"),
-      r.far_taken and ("%d / %s%d%s"):format(r.far_rows, r.far_unplaced > 0 and ">= " or "", r.far_taken,
-                                           (r.far_early and ", early" or "") .. (r.far_behind and ", behind" or "")) or "-",
+      r.far_taken and ("%d / %s%d%s%s"):format(r.far_rows, r.far_unplaced > 0 and ">= " or "", r.far_taken,
+                                             r.far_early and ", early" or "", r.far_behind and ", behind" or "") or "-",
       r.samples_per_s / 1e6, r.of_device and ("%.2f"):format(r.of_device) or "1", r.ms_per_step,
       r.policy == "device" and gbs(r.table_bytes) or gbs(r.bytes_on_gpu),
       r.coverage and ("%.3f"):format(r.coverage) or "-",

@@ -585,7 +585,7 @@ ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tenso
     d->perm = ur_tensor_data(*slot);
     st = ur__tbe_sync_desc(t);
   }
-done:
+done:;
   /* even a failed relayout may have moved rows or the map: mirrors read it again */
   ur_status dropped = ur__tbe_perm_changed(t, table);
   if (!st) st = dropped;

@@ -435,7 +435,8 @@ end
 function M.far_rows(cfg, model)
   local n, behind = cfg.embeddings.far_rows, cfg.embeddings.far_behind
   if n == 0 and behind then
-    return nil, "embeddings.far_behind is true with embeddings.far_rows 0: it writes copies home, and there is no room for any"
+    return nil, "embeddings.far_behind is true with embeddings.far_rows 0: it writes copies home, and there "
+      .. "is no room for any"
   end
   if n == 0 or not model.embeddings then return nil end
   for _, tbe in ipairs(hints.tbes_of(model.embeddings)) do
