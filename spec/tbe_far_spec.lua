@@ -52,7 +52,8 @@ end
 -- forward; o.between(far, plain, s) between each forward and its backward.  o.early: after each
 -- forward of `far`, the next batch's far rows are copied early on a stream of their own (or
 -- o.early(s, inputs)'s batch); o.backward(s, inputs): the batch the backward is given instead;
--- o.behind: `far` writes its copies home behind each step (set_far_behind).
+-- o.behind: `far` writes its copies home behind each step (set_far_behind); o.after(far, plain,
+-- s) after each backward.
 local function same_steps(far, plain, steps, seed, o)
   o = o or {}
   if o.behind then assert(far.tbe:set_far_behind(true)) end
@@ -78,6 +79,7 @@ local function same_steps(far, plain, steps, seed, o)
     local back = o.backward and o.backward(s, inputs) or inp
     far:backward(back, g)
     plain:backward(back, g)
+    if o.after then o.after(far, plain, s) end
   end
   for _, name in ipairs(plain.tbe.table_names) do
     R.bits_equal(far:table(name), plain:table(name), "table " .. name)
@@ -267,6 +269,28 @@ describe("far rows' copies", function()
         o.behind = true
         same_steps(far, plain, 3, 170 + 10 * i, o)
       end
+    end)
+
+  cuda_it("written behind with early copies: a checkpoint loaded between steps is what the next forward reads",
+    function()
+      local ck = require "uvmrec.checkpoint"
+      local dir = require("command").tmpdir()
+      local regs = {}
+      local far, plain = collection(0, "host"), collection(0, "host")
+      far.tbe:set_far_rows(100000)
+      same_steps(far, plain, 4, 210, { early = true, behind = true, after = function(f, p, s)
+        for i, c in ipairs { f, p } do
+          local path = dir .. "/" .. i .. ".safetensors"
+          if s == 1 then
+            regs[i] = ck.registry()
+            regs[i]:register(c:component("emb"))
+            assert(regs[i]:save(path, { step = 1 }))
+          elseif s == 3 then
+            -- the early copies of step 4's rows were made before it: the load must drop them
+            assert(regs[i]:load(path))
+          end
+        end
+      end })
     end)
 
   cuda_it("written behind: a captured step writes its rows and copies both, after the eager steps' copies are home",

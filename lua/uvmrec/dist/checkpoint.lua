@@ -723,6 +723,7 @@ function M.load(dir, ebc, opts)
   for _, c in ipairs(collections) do
     c:set_step(m.step)
     if c.cache then assert(c.cache:invalidate()) end
+    assert(c:far_refresh()) -- its far rows' copies (early ones too) are older than the rows now
   end
   -- the rows came in logical order: a shard laid out by a hint policy is laid out as they are
   for _, b in ipairs(blocks) do

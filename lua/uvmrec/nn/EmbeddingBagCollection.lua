@@ -92,8 +92,8 @@ function EBC:state(name) return self.tbe:state(name) end
 
 -- The collection as a checkpoint component (uvmrec.checkpoint's registry) named `name`: every
 -- table and its optimizer state (state() flushes a cache first, so the tables' own storage
--- holds the truth) and the optimizer's step.  Loading leaves a cache empty: the copies it held
--- are stale.
+-- holds the truth) and the optimizer's step.  Loading leaves a cache empty and drops the far
+-- rows' copies (far_refresh): the copies they held are stale.
 function EBC:component(name)
   local t = self.tbe
   return { name = name, whole = { "step" },
@@ -108,6 +108,7 @@ function EBC:component(name)
     load = function(_, meta)
       t:set_step(meta.step)
       if t.cache then assert(t.cache:invalidate()) end
+      assert(t:far_refresh())
     end }
 end
 
