@@ -891,7 +891,9 @@ UR_API int32_t ur_tbe_far_early_usable(const ur_tbe *t);
  * the next backward, early copies, a forward without early copies, ur_tbe_table (every view,
  * so checkpoints and hints), and every call that writes rows or a layout wait for them (the
  * host waits where no stream does).  A view taken before a step is not ordered after it:
- * ur_device_sync, or take the view again.  A captured backward writes both, as without. */
+ * ur_device_sync, or take the view again.  A captured backward writes both, as without, and once
+ * a forward of the collection was captured into a graph write-behind stays off (the graph's
+ * replays wait for nothing), set_far_rows or not. */
 UR_API ur_status ur_tbe_set_far_behind(ur_tbe *t, int32_t on);
 /* 1 with write-behind on, 0 off, -1 for a NULL t. */
 UR_API int32_t ur_tbe_far_behind(const ur_tbe *t);

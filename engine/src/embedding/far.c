@@ -178,12 +178,14 @@ static ur_status far_event(ur_tbe *t, int k, void **out) {
   return UR_STATUS_OK;
 }
 
-/* Work enqueued on stream sh after this waits for the copies written home behind the last step
- * (none: nothing to wait for).  A graph being captured may not wait on work outside it: the
- * host waits instead, before the capture goes on. */
-static ur_status far_wait_home(ur_tbe *t, void *sh) {
-  if (!t->far_home_pending) return UR_STATUS_OK;
-  if (!ur__graph_capturing()) return t->be->stream_wait(sh, t->far_home_ev[1]);
+/* Work enqueued on stream sh after this waits for the copies written home behind a step: map
+ * k's (k = 0, 1), or -1 every map's (none pending: nothing to wait for).  A graph being captured
+ * may not wait on work outside it: the host waits instead, before the capture goes on. */
+static ur_status far_wait_home(ur_tbe *t, void *sh, int k) {
+  int bits = k < 0 ? 3 : 1 << k;
+  if (!(t->far_home_pending & bits)) return UR_STATUS_OK;
+  if (!ur__graph_capturing())
+    return t->be->stream_wait(sh, t->far_home_ev[k < 0 ? t->far_home_last : k]);
   ur_status st = ur__tbe_far_settle(t);
   if (!st) t->far_home_pending = 0;
   return st;
@@ -214,6 +216,7 @@ ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   ur_status st = UR_STATUS_OK;
   int capturing = ur__graph_capturing();
   t->far_captured |= capturing;
+  t->far_graphed |= capturing;
   if (t->far_early && !capturing) {
     /* the early copies become the current ones, once made and patched with the rows the last
      * backward stepped (from the old current copies, which it kept current) */
@@ -232,7 +235,7 @@ ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   } else {
     /* the forward reads rows at home and clears the map whose copies may be going there */
     far_args(t, t->far_cur, &a->far);
-    if (!(st = far_wait_home(t, sh))) st = far_clear(t, sh, &a->far, 0);
+    if (!(st = far_wait_home(t, sh, -1))) st = far_clear(t, sh, &a->far, 0);
     if (t->far_homing == t->far_cur + 1) t->far_homing = 0;
   }
   t->far_early = 0;
@@ -257,13 +260,21 @@ ur_status ur__tbe_far_backward(ur_tbe *t, ur_stream *s, ur__tbe_args *a, const u
   if (ur_tensor_data(values) != t->far_values || ur_tensor_numel(values) != t->far_n)
     t->far_early = 0;
   /* it reads and writes rows without copies at home, where the last copies may be going */
-  ur_status st = far_wait_home(t, s ? s->handle : NULL);
+  ur_status st = far_wait_home(t, s ? s->handle : NULL, -1);
   if (st || !t->far_ready) return st;
   far_args(t, t->far_cur, &a->far);
   a->far.use = 1;
   /* a captured step would write the copies home in no replay */
-  a->far.behind = t->far_behind && !a->atomic && !t->far_captured && !ur__graph_capturing();
-  return UR_STATUS_OK;
+  if (!t->far_behind || a->atomic || t->far_graphed || ur__graph_capturing()) return UR_STATUS_OK;
+  /* what sends the copies home is had before the step writes them only: after it, a failure
+   * would leave the rows in copies nothing may trust */
+  for (int k = 0; k < 2 && !st; k++)
+    if (!t->far_home_ev[k]) st = t->be->event_new(&t->far_home_ev[k]);
+  if (!st && !t->far_bwd_ev) st = t->be->event_new(&t->far_bwd_ev);
+  if (!st && !t->far_stream) st = t->be->stream_new(0, &t->far_stream);
+  if (!st) st = UR__NEED(t->be, tbe, far_home);
+  a->far.behind = !st;
+  return st;
 }
 
 ur_status ur__tbe_far_backward_done(ur_tbe *t, ur_stream *s, const ur__tbe_args *a,
@@ -272,23 +283,28 @@ ur_status ur__tbe_far_backward_done(ur_tbe *t, ur_stream *s, const ur__tbe_args 
   if (stepped && a->atomic) return ur__tbe_far_drop(t);
   if (!stepped || !a->far.behind) return UR_STATUS_OK;
   /* the stepped copies go home on the collection's own stream, behind the step */
-  ur_status st = UR_STATUS_OK;
-  for (int k = 0; k < 2 && !st; k++)
-    if (!t->far_home_ev[k]) st = t->be->event_new(&t->far_home_ev[k]);
-  if (!st && !t->far_stream) st = t->be->stream_new(0, &t->far_stream);
-  if (!st) st = t->be->event_record(t->far_home_ev[0], s ? s->handle : NULL);
-  if (!st) st = t->be->stream_wait(t->far_stream, t->far_home_ev[0]);
-  if (!st) st = UR__NEED(t->be, tbe, far_home);
+  void *sh = s ? s->handle : NULL;
+  int k = t->far_cur;
+  ur_status st = t->be->event_record(t->far_bwd_ev, sh);
+  if (!st) st = t->be->stream_wait(t->far_stream, t->far_bwd_ev);
   if (!st) st = t->be->tbe->far_home(t->far_stream, a);
-  if (!st) st = t->be->event_record(t->far_home_ev[1], t->far_stream);
-  if (st) {
-    /* the copies are the rows now, and may not go home: nothing can be trusted */
-    t->far_homing = 0;
-    return ur__error_cause(st, "tbe backward: writing the far rows' copies home behind the step");
+  if (!st) st = t->be->event_record(t->far_home_ev[k], t->far_stream);
+  if (!st) {
+    t->far_homing = k + 1;
+    t->far_home_pending |= 1 << k;
+    t->far_home_last = k;
+    return UR_STATUS_OK;
   }
-  t->far_homing = t->far_cur + 1;
-  t->far_home_pending = 1;
-  return UR_STATUS_OK;
+  /* the rows are in the copies only: they go home on the step's stream, and the host waits for
+   * every stream, or the error says they may not have */
+  ur_status st2 = t->be->device_sync();
+  if (!st2) st2 = t->be->tbe->far_home(sh, a);
+  if (!st2) st2 = t->be->stream_sync(sh);
+  if (!st2) t->far_home_pending = 0;
+  return ur__error_cause(st, "tbe backward: writing the far rows' copies home behind the step%s",
+                         st2 ? " failed, and on the step's stream too: the rows the step wrote to "
+                               "its copies may not have reached their homes" : " failed (they were "
+                               "written on the step's stream instead)");
 }
 
 int32_t ur_tbe_far_early_usable(const ur_tbe *t) {
@@ -313,8 +329,9 @@ ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   ur__tbe_far cur;
   memset(&cur, 0, sizeof cur);
   t->far_early = 0;
-  /* it reads rows at home and clears the map whose copies may be going there */
-  ur_status st = far_wait_home(t, sh);
+  /* it clears the other map, whose copies may still be going home; the rows it reads at home are
+   * of no map's copies (the current map's are paired), or went home with that map's */
+  ur_status st = far_wait_home(t, sh, next);
   if (!st && !t->far[next]) st = far_alloc(t, next, "far_prefetch");
   if (!st && t->far_made && t->far_ready) {
     /* after the last forward: its map is final, and every kernel reading the next map (the

@@ -536,6 +536,7 @@ void ur_tbe_free(ur_tbe *t) {
     if (t->far_ev[k]) t->be->event_free(t->far_ev[k]);
     if (t->far_home_ev[k]) t->be->event_free(t->far_home_ev[k]);
   }
+  if (t->far_bwd_ev) t->be->event_free(t->far_bwd_ev);
   if (t->far_stream) t->be->stream_free(t->far_stream);
   ur_tensor_free(t->swapbuf);
   ur_tensor_free(t->flags);
@@ -822,7 +823,8 @@ int64_t ur__tbe_far_from(const ur_tbe *t, int32_t i) {
 }
 
 ur_status ur__tbe_far_settle(const ur_tbe *t) {
-  return t->far_home_pending ? t->be->event_sync(t->far_home_ev[1]) : UR_STATUS_OK;
+  /* the stream writes them in order: the last map's done is every one's */
+  return t->far_home_pending ? t->be->event_sync(t->far_home_ev[t->far_home_last]) : UR_STATUS_OK;
 }
 
 ur_status ur__tbe_far_drop(ur_tbe *t) {

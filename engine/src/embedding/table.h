@@ -140,16 +140,19 @@ struct ur_tbe {
    * early copies for the next forward; far_captured: a forward was captured into a graph (early
    * copies are refused from then on).  far_ev: events after the last forward and after the
    * early copies.  far_values, far_n: the last forward's values, which its backward must be
-   * given for early copies to stay current.  Write-behind (far_behind set): far_home_ev[0]
-   * after a backward that stepped copies only, far_stream writing that map's copies home
-   * (far_homing: its index + 1 while the copies are still the rows, 0 when none is or they
-   * are no longer current), far_home_ev[1] after that. */
+   * given for early copies to stay current.  Write-behind (far_behind set): far_bwd_ev after a
+   * backward that stepped copies only, far_stream writing that map's copies home, far_home_ev[k]
+   * after map k's went (far_home_pending: bit k while the host has not seen it done; the stream
+   * writes in order, so the last one's covers every earlier); far_homing: the index + 1 of the
+   * map whose copies are still the rows while they go, 0 when none is or they are no longer
+   * current; far_graphed: a forward was ever captured, whose replays wait for nothing, so
+   * write-behind stays off. */
   int64_t far_rows;
   ur_tensor *far[2];
   int32_t far_cur, far_made, far_ready, far_early, far_captured;
   void *far_ev[2];
-  int32_t far_behind, far_homing, far_home_pending;
-  void *far_stream, *far_home_ev[2];
+  int32_t far_behind, far_homing, far_home_pending, far_home_last, far_graphed;
+  void *far_stream, *far_bwd_ev, *far_home_ev[2];
   const void *far_values;
   int64_t far_n;
   ur__tbe_hook *hooks;

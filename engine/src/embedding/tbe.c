@@ -427,9 +427,12 @@ static ur_status backward_call(ur_stream *s, ur_tbe *t, const ur_tensor *grad_ou
   if (!st && !(st = call_setup(t, s, &c, 1, &work)))
     st = t->be->tbe->backward(sh, &c.a, &h, work);
   /* the step wrote the rows and their copies (not by atomics); a failed one, who knows */
-  if (st) (void)ur__tbe_far_drop(t);
-  else st = ur__tbe_far_backward_done(t, s, &c.a, !sums_only);
-  if (st && !sums_only) t->step--;
+  if (st) {
+    (void)ur__tbe_far_drop(t);
+    if (!sums_only) t->step--;
+  } else {
+    st = ur__tbe_far_backward_done(t, s, &c.a, !sums_only); /* the step is taken either way */
+  }
   release(&c);
   return st;
 }
