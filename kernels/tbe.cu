@@ -984,37 +984,39 @@ __device__ __forceinline__ void step_row_in(const ur__tbe_hyper &h, const Sparse
       float *s2 = tb.state2 ? tb.state2 + el : nullptr;
       nw[e] = ur__tbe_step_elem(&h, w[v][e], gg[v][e], s1, s2);
     }
-    if (tb.dtype == UR_DTYPE_F32) {
-      float4 *p = reinterpret_cast<float4 *>((float *)tb.weights + base + col);
-      float4 *c = copy ? reinterpret_cast<float4 *>(copy) + col / 4 : nullptr;
-#pragma unroll
-      for (int k = 0; k < E / 4; k++) {
-        float4 v = make_float4(nw[4 * k], nw[4 * k + 1], nw[4 * k + 2], nw[4 * k + 3]);
-        if (!c || !h.far_behind) p[k] = v;
-        if (c) c[k] = v;
-      }
-      continue;
-    }
     unsigned bits[4] = {0, 0, 0, 0};
+    if (tb.dtype != UR_DTYPE_F32) {
 #pragma unroll
-    for (int q = 0; q < E / 4; q++) {
-      ur_philox4 r = {{0, 0, 0, 0}};
-      if (h.sr) r = ur_philox((uint64_t)(lbase + col + 4 * q) >> 2, key);
+      for (int q = 0; q < E / 4; q++) {
+        ur_philox4 r = {{0, 0, 0, 0}};
+        if (h.sr) r = ur_philox((uint64_t)(lbase + col + 4 * q) >> 2, key);
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float x = nw[4 * q + e];
-        uint16_t hb = h.sr ? ur__tbe_round_sr(x, tb.dtype, r.v[e])
-                           : tb.dtype == UR_DTYPE_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x))
-                                                       : __half_as_ushort(__float2half_rn(x));
-        bits[(4 * q + e) / 2] |= (unsigned)hb << (16 * (e & 1));
+        for (int e = 0; e < 4; e++) {
+          float x = nw[4 * q + e];
+          uint16_t hb = h.sr ? ur__tbe_round_sr(x, tb.dtype, r.v[e])
+                             : tb.dtype == UR_DTYPE_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x))
+                                                         : __half_as_ushort(__float2half_rn(x));
+          bits[(4 * q + e) / 2] |= (unsigned)hb << (16 * (e & 1));
+        }
       }
     }
     /* the row, and its copy where it has one (the copy stays the row); written behind, the
-     * copy only */
+     * copy only.  One loop over the two places for every dtype: as two conditional f32 stores
+     * (the row's unless behind, then the copy's if any), nvcc 13.0's seg_kernel<8, 4> wrote
+     * the copy's to address 0 on an H100 (memcheck, tbe.cu's line of `if (c) c[k] = v`),
+     * though its SASS tests the pointer first; not explained. */
+    int es = esize(tb.dtype);
     for (int w = copy && h.far_behind ? 1 : 0; w < (copy ? 2 : 1); w++) {
-      uint16_t *o = w ? (uint16_t *)copy + col : (uint16_t *)tb.weights + base + col;
-      if (E == 8) *reinterpret_cast<uint4 *>(o) = make_uint4(bits[0], bits[1], bits[2], bits[3]);
-      else *reinterpret_cast<uint2 *>(o) = make_uint2(bits[0], bits[1]);
+      char *o = w ? copy + col * es : (char *)tb.weights + (base + col) * es;
+      if (tb.dtype == UR_DTYPE_F32) {
+#pragma unroll
+        for (int k = 0; k < E / 4; k++)
+          reinterpret_cast<float4 *>(o)[k] = make_float4(nw[4 * k], nw[4 * k + 1], nw[4 * k + 2], nw[4 * k + 3]);
+      } else if (E == 8) {
+        *reinterpret_cast<uint4 *>(o) = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+      } else {
+        *reinterpret_cast<uint2 *>(o) = make_uint2(bits[0], bits[1]);
+      }
     }
   }
 }

@@ -246,6 +246,7 @@ ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
 ur_status ur__tbe_far_forward_done(ur_tbe *t, ur_stream *s, const ur_tensor *values) {
   t->far_values = ur_tensor_data(values);
   t->far_n = ur_tensor_numel(values);
+  t->far_open = 1;
   void *ev = NULL;
   /* early copies wait for it (none are made after a capture) */
   if (ur__graph_capturing()) return UR_STATUS_OK;
@@ -279,6 +280,7 @@ ur_status ur__tbe_far_backward(ur_tbe *t, ur_stream *s, ur__tbe_args *a, const u
 
 ur_status ur__tbe_far_backward_done(ur_tbe *t, ur_stream *s, const ur__tbe_args *a,
                                     int32_t stepped) {
+  if (stepped) t->far_open = 0;
   /* a step by atomics writes the rows, not the copies */
   if (stepped && a->atomic) return ur__tbe_far_drop(t);
   if (!stepped || !a->far.behind) return UR_STATUS_OK;
@@ -329,6 +331,10 @@ ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   ur__tbe_far cur;
   memset(&cur, 0, sizeof cur);
   t->far_early = 0;
+  /* the last forward's copies were dropped (a load, init_table, reset_rows, ...) before its
+   * backward: which of its rows that backward steps, and when, is not known here, so none is
+   * copied early (a copy read now could miss its step); the next forward reads them itself */
+  if (t->far_made && !t->far_ready && t->far_open) return UR_STATUS_OK;
   /* it clears the other map, whose copies may still be going home; the rows it reads at home are
    * of no map's copies (the current map's are paired), or went home with that map's */
   ur_status st = far_wait_home(t, sh, next);

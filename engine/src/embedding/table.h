@@ -140,7 +140,8 @@ struct ur_tbe {
    * early copies for the next forward; far_captured: a forward was captured into a graph (early
    * copies are refused from then on).  far_ev: events after the last forward and after the
    * early copies.  far_values, far_n: the last forward's values, which its backward must be
-   * given for early copies to stay current.  Write-behind (far_behind set): far_bwd_ev after a
+   * given for early copies to stay current; far_open: that forward made copies and its backward
+   * has not stepped yet.  Write-behind (far_behind set): far_bwd_ev after a
    * backward that stepped copies only, far_stream writing that map's copies home, far_home_ev[k]
    * after map k's went (far_home_pending: bit k while the host has not seen it done; the stream
    * writes in order, so the last one's covers every earlier); far_homing: the index + 1 of the
@@ -149,7 +150,7 @@ struct ur_tbe {
    * write-behind stays off. */
   int64_t far_rows;
   ur_tensor *far[2];
-  int32_t far_cur, far_made, far_ready, far_early, far_captured;
+  int32_t far_cur, far_made, far_ready, far_early, far_captured, far_open;
   void *far_ev[2];
   int32_t far_behind, far_homing, far_home_pending, far_home_last, far_graphed;
   void *far_stream, *far_bwd_ev, *far_home_ev[2];
