@@ -874,9 +874,10 @@ UR_API ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out,
  * room too small) or where a call that writes rows or a layout (far_refresh's list) came
  * between the current forward and its backward, which is still to come (which rows it steps
  * is then not known); none are taken where the current backward is given other values than
- * its forward, steps by atomics (nondeterministic SGD), or such a call comes after them.  Refused while a graph is captured, and after a forward
- * of the collection was captured (its replays would not take them) until set_far_rows is
- * called again.  Nothing is copied on a CPU collection or without room (the ids are checked). */
+ * its forward, steps by atomics (nondeterministic SGD), or such a call comes after them.
+ * Refused while a graph is captured, and after a forward of the collection was captured (its
+ * replays would not take them) until set_far_rows is called again.  Nothing is copied on a
+ * CPU collection or without room (the ids are checked). */
 UR_API ur_status ur_tbe_far_prefetch(ur_stream *s, ur_tbe *t, const ur_tensor *values,
                                      const ur_tensor *offsets,
                                      const int64_t *stride_per_key_per_rank /* or NULL */);
