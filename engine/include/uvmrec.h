@@ -871,9 +871,9 @@ UR_API ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out,
  * backward writes each stepped row to its copy, and the next forward copies those rows from
  * there first.  The numbers are the same bits as without early copies.  None are made (and the
  * forward reads as before) where the current forward found no free slot for some far row (a
- * room too small) or where a call that writes rows or a layout (far_refresh's list) came
- * between the current forward and its backward, which is still to come (which rows it steps
- * is then not known); none are taken where the current backward is given other values than
+ * room too small) or where a call that writes rows or a layout (far_refresh's list) or
+ * set_far_rows came between the current forward and its backward, which is still to come
+ * (which rows it steps is then not known); none are taken where the current backward is given other values than
  * its forward, steps by atomics (nondeterministic SGD), or such a call comes after them.
  * Refused while a graph is captured, and after a forward of the collection was captured (its
  * replays would not take them) until set_far_rows is called again.  Nothing is copied on a

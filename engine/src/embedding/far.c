@@ -331,10 +331,11 @@ ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   ur__tbe_far cur;
   memset(&cur, 0, sizeof cur);
   t->far_early = 0;
-  /* the last forward's copies were dropped (a load, init_table, reset_rows, ...) before its
-   * backward: which of its rows that backward steps, and when, is not known here, so none is
-   * copied early (a copy read now could miss its step); the next forward reads them itself */
-  if (t->far_made && !t->far_ready && t->far_open) return UR_STATUS_OK;
+  /* the last forward's backward is still to come and its copies are not in use (dropped by a
+   * load, init_table, reset_rows, set_far_rows, ...): which rows that backward steps, and when,
+   * is not known here, so none is copied early (a copy read now could miss its step); the next
+   * forward reads them itself */
+  if (t->far_open && !t->far_ready) return UR_STATUS_OK;
   /* it clears the other map, whose copies may still be going home; the rows it reads at home are
    * of no map's copies (the current map's are paired), or went home with that map's */
   ur_status st = far_wait_home(t, sh, next);
