@@ -17,6 +17,31 @@ describe("scripts/bench output", function()
     assert.equal(0, code, err)
     assert.matches("; 1 table of 1000 rows, allowance 10%\n", out, 1, true)
   end)
+
+  -- --parts: the rest of the step (less the tables' forward and backward) taken apart by module
+  it("takes the rest of the step apart by module, the parts adding up to it (uvm.lua --parts)", function()
+    local out, err, code = cmd.run("scripts/bench/uvm.lua --cpu --policies hot_prefix --fractions 20 --parts "
+      .. "--none-steps 0")
+    assert.equal(0, code, err)
+    local n = 0
+    for rest, line in out:gmatch("the rest ([%d.]+) ms %(medians%)\n  the rest: ([^\n]+)") do
+      n = n + 1
+      local sum = 0
+      for _, name in ipairs { "bottom", "interaction", "top", "criterion" } do
+        local f, b = line:match(name .. " ([%d.]+) / ([%d.]+)")
+        assert.truthy(f, name .. " missing from: " .. line)
+        assert.is_true(tonumber(f) > 0 and tonumber(b) > 0, line)
+        sum = sum + f + b
+      end
+      local opt, between = line:match("optimizer ([%d.]+) ms .*; between them (%-?[%d.]+) ms$")
+      assert.truthy(opt, line)
+      assert.is_true(tonumber(opt) > 0, line)
+      assert.truthy(tonumber(between), line)
+      -- the modules run one after another on the step's stream, inside the rest
+      assert.is_true(sum + opt < tonumber(rest) + 0.01, rest .. " ms: " .. line)
+    end
+    assert.equal(2, n, out) -- device and hot_prefix 20%
+  end)
 end)
 
 describe("scripts/bench refusals of counts too small to measure", function()

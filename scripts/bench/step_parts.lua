@@ -62,15 +62,12 @@ local function wrap(obj, method, part)
     return a, b
   end
 end
-local parts = {
-  { model.bottom, "bottom MLP" }, { model.embeddings, "embeddings" }, { model.interaction, "interaction" },
-  { model.top, "top MLP" }, { model.criterion, "loss" },
-}
-for _, p in ipairs(parts) do
-  wrap(p[1], "forward", p[2] .. " fwd")
-  wrap(p[1], "backward", p[2] .. " bwd")
+-- train.loop.parts' names as this table shows them
+local shown = { bottom = "bottom MLP", top = "top MLP", criterion = "loss" }
+for _, p in ipairs(train.loop.parts(model, opt)) do
+  local module, way = p[1]:match("^(%a+)_(%a+)$")
+  wrap(p[2], p[3], module and ((shown[module] or module) .. (way == "forward" and " fwd" or " bwd")) or p[1])
 end
-wrap(opt, "step", "optimizer")
 local steps = {}
 for k, b in ipairs(batches) do
   timing = k > o.warmup

@@ -53,8 +53,8 @@ local cmd = require("uvmrec.cli").command {
     type = "whole", default = hints.EVERY },
   { "--far-rows N,...", "room for copies of the far rows a forward reads (embeddings.far_rows): each managed "
     .. "run once per value", type = "numbers", default = { 0 } },
-  { "--parts", "the tables' forward and backward timed apart in the timed steps (events on the step's stream: "
-    .. "what the step spends in the embedding collection, and the rest)" },
+  { "--parts", "the tables' forward and backward, each other module's and the optimizer's step timed apart in the "
+    .. "timed steps (events on the step's stream: what the step spends in each, and between them)" },
   { "--far-early", "each run with room for far rows' copies once more with early copies (the next batch's far "
     .. "rows copied while a step computes: uvmrec.train.hooks.far_early)" },
   { "--far-behind", "each run with early copies once more with the copies written home behind the step "
@@ -132,44 +132,48 @@ local non_table_peak -- set by the device run
 -- run{placement, policy, fraction, counting = "on"/"off"/"both"} -> record
 local hooks = require "uvmrec.train.hooks"
 
--- --parts: the collection's forward and backward each between two events on the model's stream
--- (recorded, never waited for, so the steps run as they do untimed): n pairs made ahead.  Returns
--- the medians' reader (forward and backward ms of the calls made since, and of the steps: from
--- one forward's start to the next's) and the unwrapper.
-local function time_parts(emb, stream, n)
-  local pool, used = {}, { forward = {}, backward = {} }
-  for k = 1, 2 * n do pool[k] = { assert(streams.event()), assert(streams.event()) } end
-  local function wrap(name)
-    local f = emb[name]
-    emb[name] = function(...)
+-- --parts: each of the step's parts (train.loop.parts: the collection's forward and backward, the
+-- other modules', the optimizer's step) between two events on the model's stream (recorded, never
+-- waited for, so the steps run as they do untimed): pairs made ahead for n steps; the steps are
+-- timed from one of the collection's forwards to the next.  Returns the medians' reader ({ [name]
+-- = ms } of the calls made since, and step: the steps') and the unwrapper.
+local function time_parts(parts, stream, n)
+  local pool, used = {}, {}
+  for k = 1, 2 * n * #parts do pool[k] = { assert(streams.event()), assert(streams.event()) } end
+  for _, part in ipairs(parts) do
+    local name, obj, method = part[1], part[2], part[3]
+    local f, list = obj[method], {}
+    used[name] = list
+    obj[method] = function(...)
       local pair = table.remove(pool)
       if not pair then return f(...) end
       assert(pair[1]:record(stream))
       local r = f(...)
       assert(pair[2]:record(stream))
-      used[name][#used[name] + 1] = pair
+      list[#list + 1] = pair
       return r
     end
   end
-  wrap("forward")
-  wrap("backward")
-  local function median(list)
-    local ms = {}
-    for k, p in ipairs(list) do
-      assert(p[2]:sync())
-      ms[k] = assert(p[1]:elapsed(p[2]))
+  local function median(ms)
+    table.sort(ms)
+    return ms[math.floor((#ms + 1) / 2)]
+  end
+  local function read()
+    local out = {}
+    for name, list in pairs(used) do
+      local ms = {}
+      for k, p in ipairs(list) do
+        assert(p[2]:sync())
+        ms[k] = assert(p[1]:elapsed(p[2]))
+      end
+      out[name] = median(ms)
     end
-    table.sort(ms)
-    return ms[math.floor((#ms + 1) / 2)]
-  end
-  local function steps_median()
-    local f, ms = used.forward, {}
+    local f, ms = used.embeddings_forward, {}
     for k = 1, #f - 1 do ms[k] = assert(f[k][1]:elapsed(f[k + 1][1])) end
-    table.sort(ms)
-    return ms[math.floor((#ms + 1) / 2)]
+    out.step = median(ms)
+    return out
   end
-  return function() return median(used.forward), median(used.backward), steps_median() end,
-         function() emb.forward, emb.backward = nil, nil end
+  return read, function() for _, part in ipairs(parts) do part[2][part[3]] = nil end end
 end
 
 local function run(r)
@@ -261,10 +265,12 @@ local function run(r)
     return s - apart, last.loss:get(0), migration()
   end
   local parts, unwrap
-  if o.parts then parts, unwrap = time_parts(model.embeddings, model.stream, o.steps) end
+  if o.parts then parts, unwrap = time_parts(train.loop.parts(model, opt), model.stream, o.steps) end
   local seconds, loss, mig = timed(o.steps, o.warmup)
   if parts then
-    rec.tables_forward_ms, rec.tables_backward_ms, rec.step_median_ms = parts()
+    rec.parts_ms = parts()
+    rec.tables_forward_ms, rec.tables_backward_ms = rec.parts_ms.embeddings_forward, rec.parts_ms.embeddings_backward
+    rec.step_median_ms = rec.parts_ms.step
     unwrap()
   end
   if r.far and r.far > 0 then -- the last forward's far rows (a lower bound where its map was full)
@@ -451,6 +457,17 @@ for _, r in ipairs(results) do
       .. "the rest %.3f ms (medians)"):format(r.policy, r.fraction and (" " .. r.fraction .. "%") or "",
       r.step_median_ms, r.ms_per_step, r.tables_forward_ms, r.tables_backward_ms,
       r.step_median_ms - r.tables_forward_ms - r.tables_backward_ms))
+    local words, left = {}, r.step_median_ms - r.tables_forward_ms - r.tables_backward_ms
+    for _, name in ipairs(train.loop.MODULES) do
+      local f, b = r.parts_ms[name .. "_forward"], r.parts_ms[name .. "_backward"]
+      if f and name ~= "embeddings" then
+        words[#words + 1] = ("%s %.3f / %.3f"):format(name, f, b)
+        left = left - f - b
+      end
+    end
+    words[#words + 1] = ("optimizer %.3f"):format(r.parts_ms.optimizer)
+    print(("  the rest: %s ms (forward / backward medians); between them %.3f ms"):format(table.concat(words, ", "),
+      left - r.parts_ms.optimizer))
   end
 end
 for _, r in ipairs(results) do

@@ -24,6 +24,24 @@ function M.step(model, optimizer, batch)
   return loss
 end
 
+-- The step's parts in the order it runs them, as { name, object, method } lists: forward then
+-- backward of each of a DLRM's modules it has (M.MODULES: bottom, embeddings, interaction, top,
+-- and the loss, model.criterion) and the optimizer's step ("optimizer"); names are the module's
+-- with "_forward" or "_backward".  For timing a step apart (scripts/bench/step_parts.lua, the uvm
+-- bench's --parts), by wrapping object[method].
+M.MODULES = { "bottom", "embeddings", "interaction", "top", "criterion" }
+function M.parts(model, optimizer)
+  local list = {}
+  for _, name in ipairs(M.MODULES) do
+    if model[name] then
+      list[#list + 1] = { name .. "_forward", model[name], "forward" }
+      list[#list + 1] = { name .. "_backward", model[name], "backward" }
+    end
+  end
+  list[#list + 1] = { "optimizer", optimizer, "step" }
+  return list
+end
+
 -- A run as its hooks see it: model, optimizer, step (the last step made), samples (trained on,
 -- in all, by every rank), world, loss (the last step's), stopped, and error (in finish, when the
 -- loop failed).
