@@ -236,18 +236,18 @@ describe("uvmrec.KJT on the GPU", function()
     same_error({ keys = { "a", "b" }, values = { 1, 2 }, lengths = { 1, -1, 1, 1 } }, nil,
       "kjt: key 'a' sample 1 (lengths[1]) has length -1; lengths must be >= 0")
     same_error({ keys = { "a", "C3" }, values = { 1, 2, 3 }, lengths = { 1, 0, 2, 2 } }, nil,
-      "kjt: key 'C3' lengths sum to 4 but 2 values remain (the bag of sample 1, lengths[3], ends past them)")
+      "kjt: key 'C3' lengths sum to 4 for the 2 values left (the bag of sample 1, lengths[3], ends past them)")
     same_error({ keys = { "a", "C3" }, values = { 1, 2, 3 }, lengths = { 1, 0, 0, 3, -1, 4 }, stride = 3 }, nil,
-      "kjt: key 'C3' lengths sum to 7 but 2 values remain (the bag of sample 0, lengths[3], ends past them)")
+      "kjt: key 'C3' lengths sum to 7 for the 2 values left (the bag of sample 0, lengths[3], ends past them)")
     same_error({ keys = { "a", "C3" }, values = { 1, 2, 3 }, lengths = { 1, 0, 0, 1, -2, 4 }, stride = 3 }, nil,
       "kjt: key 'C3' sample 1 (lengths[4]) has length -2; lengths must be >= 0")
     same_error({ keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 0, 1, 0 } }, nil,
-      "kjt: lengths sum to 2 but there are 3 values (1 left after the last key, 'b')")
+      "kjt: lengths sum to 2 for 3 values (1 left after the last key, 'b')")
     same_error({ keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 1 }, stride = 2 }, nil,
       "kjt: 2 keys with stride 2 need 4 lengths, got 3")
     same_error({ keys = { "a" }, values = { 1, 2 }, lengths = { 2 }, weights = { 1 } }, nil,
-      "kjt: 1 weights for 2 values; expected one per value")
-    same_error({ keys = {}, values = { 1 }, lengths = {} }, nil, "kjt: no keys, but 1 values")
+      "kjt: 1 weight for 2 values; expected one per value")
+    same_error({ keys = {}, values = { 1 }, lengths = {} }, nil, "kjt: no keys for 1 value")
     same_error({ keys = { "a" }, values = { 5 }, lengths = { 1 }, stride_per_key_per_rank = { { 1 } },
                  inverse_indices = { 1 } },
       nil, "kjt: key 'a' sample 0 has inverse index 1; expected 0..0 (the key's stride is 1)")
@@ -271,7 +271,7 @@ describe("uvmrec.KJT on the GPU", function()
     same_error({ keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 2, 1 }, check = false }, nil,
       "kjt: key 'b' sample 0: offsets 2..4 disagree with length 2 or pass the 3 values")
     same_error({ keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 0, 0 }, check = false }, nil,
-      "kjt: lengths sum to 2 but there are 3 values")
+      "kjt: lengths sum to 2 for 3 values")
     -- an id error in key a comes before a length error in key b ...
     same_error({ keys = { "a", "b" }, values = { 50, 2, 3 }, lengths = { 1, 1, -1, 1 }, check = false }, { 10, 10 },
       "kjt: key 'a' sample 0 (values[0]) has id 50, outside the table's 10 rows")

@@ -267,7 +267,7 @@ describe("uvmrec.KJT", function()
     end, "kjt: stride_per_key_per_rank[1] must be a list of one stride (one rank), such as {2}")
     assert.has_error(function()
       ur.KJT { keys = { "a", "b" }, values = { 5 }, lengths = { 1 }, stride_per_key_per_rank = { { 1 } } }
-    end, "kjt: stride_per_key_per_rank has 1 entries for 2 keys")
+    end, "kjt: stride_per_key_per_rank has 1 entry for 2 keys")
   end)
 
   it("copies into buffers kept by the caller: views of them, the same KJT", function()
@@ -292,9 +292,9 @@ describe("uvmrec.KJT", function()
     assert.has_error(function() KJT { keys = { "a", "b" }, values = { 1, 2 }, lengths = { 1, -1, 1, 1 } } end,
       "kjt: key 'a' sample 1 (lengths[1]) has length -1; lengths must be >= 0")
     assert.has_error(function() KJT { keys = { "a", "C3" }, values = { 1, 2, 3 }, lengths = { 1, 0, 2, 2 } } end,
-      "kjt: key 'C3' lengths sum to 4 but 2 values remain (the bag of sample 1, lengths[3], ends past them)")
+      "kjt: key 'C3' lengths sum to 4 for the 2 values left (the bag of sample 1, lengths[3], ends past them)")
     assert.has_error(function() KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 0, 1, 0 } } end,
-      "kjt: lengths sum to 2 but there are 3 values (1 left after the last key, 'b')")
+      "kjt: lengths sum to 2 for 3 values (1 left after the last key, 'b')")
     assert.has_error(function() KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 1 } } end,
       "kjt: 3 lengths do not divide among 2 keys; give stride= or 2 lengths per key")
     assert.has_error(function()
@@ -302,7 +302,7 @@ describe("uvmrec.KJT", function()
     end,
       "kjt: 2 keys with stride 2 need 4 lengths, got 3")
     assert.has_error(function() KJT { keys = { "a" }, values = { 1, 2 }, lengths = { 2 }, weights = { 1 } } end,
-      "kjt: 1 weights for 2 values; expected one per value")
+      "kjt: 1 weight for 2 values; expected one per value")
     assert.has_error(function() KJT { keys = { "a", 3 }, values = {}, lengths = {} } end,
       "kjt: key 2 is number; expected a string")
     -- ids and lengths from Lua numbers are whole and fit their dtype; nothing is truncated

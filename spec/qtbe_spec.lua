@@ -485,14 +485,14 @@ describe("uvmrec.qtbe collection", function()
           "qtbe: 6 offsets hold 5 bags, which do not split evenly over 3 features")
     fails({ values = { 1, 2, 3 }, offsets = { 0, 2, 1, 3, 3, 3, 3 } },
           "qtbe: offsets[2] = 1 is below offsets[1] = 2 (feature 'f1', sample 1); offsets must not decrease")
-    fails({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3, 3, 3, 4 } }, "qtbe: offsets end at 4 but there are 3 values")
+    fails({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3, 3, 3, 4 } }, "qtbe: offsets end at 4 for 3 values")
     -- no offsets at all: the engine's message, not a shape of -1 rows for the output
     assert.has_error(function() q:forward(inputs({ values = {}, offsets = {} })) end,
                      "qtbe: offsets is empty; expected bags + 1 entries")
     fails({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3, 3, 3, 3 } },
           "qtbe: out has shape [3, 40]; expected [2, 40]", ur.tensor({ 3, 40 }))
     fails({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3, 3, 3, 3 }, weights = { 1 } },
-          "qtbe: 1 weights for 3 values; expected one each")
+          "qtbe: 1 weight for 3 values; expected one each")
     assert.has_error(function() q:set_permutation("a", R.tensor({ 0, 1 }, "i64")) end,
                      "qtbe: table 'a' permutation is i64 of 2 elements; expected i64 [37]")
     local bad = {}

@@ -210,7 +210,7 @@ describe("uvmrec.tbe page runs (ur_tbe_page_runs)", function()
     assert.equal("tbe: prefetch_pages: 5 bags do not split evenly over 4 features; pass stride_per_key_per_rank "
                  .. "for a variable batch",
                  err_of({ values = good.values, offsets = R.tensor({ 0, 1, 1, 1, 1, 1 }, "i64") }))
-    assert.equal("tbe: prefetch_pages: offsets end at 3 but there are 1 values",
+    assert.equal("tbe: prefetch_pages: offsets end at 3 for 1 value",
                  err_of({ values = good.values, offsets = R.tensor({ 0, 1, 1, 1, 3 }, "i64") }))
     assert.equal("tbe: prefetch_pages: offsets[2] = 0 is below offsets[1] = 1; offsets must not decrease",
                  err_of({ values = good.values, offsets = R.tensor({ 0, 1, 0, 1, 1 }, "i64") }))

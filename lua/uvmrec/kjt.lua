@@ -71,8 +71,9 @@ local function new_kjt(o, level)
   local per = o.stride_per_key_per_rank
   if per then
     if type(per) ~= "table" or #per ~= nk then
-      error(("kjt: stride_per_key_per_rank has %s entries for %d keys"):format(
-        type(per) == "table" and #per or "no", nk), level + 1)
+      error(("kjt: stride_per_key_per_rank has %s for %s"):format(
+        type(per) == "table" and lib.things(#per, "entry", "entries") or "no entries", lib.things(nk, "key")),
+        level + 1)
     end
     spk = ffi.new("int64_t[?]", math.max(nk, 1))
     for i, ranks in ipairs(per) do

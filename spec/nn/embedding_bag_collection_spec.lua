@@ -468,9 +468,9 @@ describe("uvmrec.nn.EmbeddingBagCollection", function()
     bad({ values = { 1, 2 }, offsets = { 0, 2, 1, 2, 2 }, batch = 1 },
         EBC60 .. "tbe: offsets[2] = 1 is below offsets[1] = 2 (feature 'f_a2', sample 0); offsets must not decrease")
     bad({ values = { 1, 2 }, offsets = { 0, 1, 1, 1, 1 }, batch = 1 },
-        EBC60 .. "tbe: offsets end at 1 but there are 2 values")
+        EBC60 .. "tbe: offsets end at 1 for 2 values")
     bad({ values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, weights = { 1, 2 }, batch = 1 },
-        EBC60 .. "tbe: 2 weights for 1 values; expected one each")
+        EBC60 .. "tbe: 2 weights for 1 value; expected one each")
     bad({ values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, batch = 1 },
         EBC60 .. "tbe: grad_out has shape [3, 60]; expected [1, 60]", ur.tensor({ 3, 60 }))
     bad({ values = { 1 }, offsets = { 0, 1, 1, 1, 1 }, batch = 1 },

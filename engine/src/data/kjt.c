@@ -107,10 +107,10 @@ static ur_status offsets_error(const ur_kjt *k, const int64_t *bad, int64_t nv) 
     }
     if (st) return st;
     return ur__error(UR_STATUS_INVALID,
-                     "kjt: key '%s' lengths sum to %lld but %lld values remain (the bag of "
+                     "kjt: key '%s' lengths sum to %lld for the %lld value%s left (the bag of "
                      "sample %lld, lengths[%lld], ends past them)",
                      kname(k, key), (long long)(end - k->val0[key]),
-                     (long long)(nv - k->val0[key]), (long long)(over - k->bag0[key]),
+                     (long long)(nv - k->val0[key]), ur__s(nv - k->val0[key]), (long long)(over - k->bag0[key]),
                      (long long)over);
   }
   if (neg >= 0) {
@@ -123,11 +123,11 @@ static ur_status offsets_error(const ur_kjt *k, const int64_t *bad, int64_t nv) 
   if (k->val0[k->nkeys] != nv) {
     if (k->nkeys)
       return ur__error(UR_STATUS_INVALID,
-                       "kjt: lengths sum to %lld but there are %lld values (%lld left after the "
+                       "kjt: lengths sum to %lld for %lld value%s (%lld left after the "
                        "last key, '%s')",
-                       (long long)k->val0[k->nkeys], (long long)nv,
+                       (long long)k->val0[k->nkeys], (long long)nv, ur__s(nv),
                        (long long)(nv - k->val0[k->nkeys]), kname(k, k->nkeys - 1));
-    return ur__error(UR_STATUS_INVALID, "kjt: no keys, but %lld values", (long long)nv);
+    return ur__error(UR_STATUS_INVALID, "kjt: no keys for %lld value%s", (long long)nv, ur__s(nv));
   }
   return UR_STATUS_OK;
 }
@@ -252,8 +252,9 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
     return st;
   }
   if (weights && ur_tensor_numel(weights) != ur_tensor_numel(values)) {
-    st = ur__error(UR_STATUS_INVALID, "kjt: %lld weights for %lld values; expected one per value",
-                   (long long)ur_tensor_numel(weights), (long long)ur_tensor_numel(values));
+    int64_t nw = ur_tensor_numel(weights), nv = ur_tensor_numel(values);
+    st = ur__error(UR_STATUS_INVALID, "kjt: %lld weight%s for %lld value%s; expected one per value",
+                   (long long)nw, ur__s(nw), (long long)nv, ur__s(nv));
     kjt_free_parts(k);
     return st;
   }
@@ -481,8 +482,8 @@ ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
                      (long long)k->spk[key] - 1, (long long)k->spk[key]);
   }
   if (k->val0[k->nkeys] != nv)
-    return ur__error(UR_STATUS_INVALID, "kjt: lengths sum to %lld but there are %lld values",
-                     (long long)k->val0[k->nkeys], (long long)nv);
+    return ur__error(UR_STATUS_INVALID, "kjt: lengths sum to %lld for %lld value%s",
+                     (long long)k->val0[k->nkeys], (long long)nv, ur__s(nv));
   return UR_STATUS_OK;
 }
 

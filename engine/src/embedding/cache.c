@@ -1134,8 +1134,8 @@ ur_status ur_cache_prepare(ur_stream *s, ur_cache *c, const ur_tensor *values,
     return st;
   int64_t n = ur_tensor_numel(values), bags = ur_tensor_numel(offsets) - 1;
   if (ur_tensor_numel(out) != n)
-    return ur__error(UR_STATUS_INVALID, "cache: out holds %lld ids for %lld values; expected one each",
-                     (long long)ur_tensor_numel(out), (long long)n);
+    return ur__error(UR_STATUS_INVALID, "cache: out holds %lld id%s for %lld value%s; expected one each",
+                     (long long)ur_tensor_numel(out), ur__s(ur_tensor_numel(out)), (long long)n, ur__s(n));
   if (ur_tensor_place(out) == UR_PLACE_HOST && c->home == UR_PLACE_DEVICE)
     return ur__error(UR_STATUS_INVALID, "cache: out is in host memory, which the collection's GPU "
                                         "cannot read");

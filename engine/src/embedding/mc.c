@@ -591,8 +591,9 @@ ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values, const ur_
   if (bags < 0)
     return ur__error(UR_STATUS_INVALID, "mc: offsets is empty; expected bags + 1 entries");
   if (ur_tensor_numel(out) != n)
-    return ur__error(UR_STATUS_INVALID, "mc: out has %lld entries for %lld values",
-                     (long long)ur_tensor_numel(out), (long long)n);
+    return ur__error(UR_STATUS_INVALID, "mc: out has %lld entr%s for %lld value%s",
+                     (long long)ur_tensor_numel(out), ur_tensor_numel(out) == 1 ? "y" : "ies",
+                     (long long)n, ur__s(n));
   if ((st = bag_starts(m, bags, batch_per_feature, inverse, &batch))) return st;
   if ((st = ur__tensor_ready(m->be, values)) || (st = ur__tensor_ready(m->be, offsets)) ||
       (inverse && (st = ur__tensor_ready(m->be, inverse))))

@@ -373,8 +373,8 @@ static ur_status compute(ur_tbe *t, const ur_tensor *values, const ur_tensor *of
                      "offsets must not decrease",
                      (long long)(b + 1), (long long)o[b + 1], (long long)b, (long long)o[b]);
   if (!st && o[bags] != n)
-    st = ur__error(UR_STATUS_INVALID, "tbe: prefetch_pages: offsets end at %lld but there are %lld values",
-                   (long long)o[bags], (long long)n);
+    st = ur__error(UR_STATUS_INVALID, "tbe: prefetch_pages: offsets end at %lld for %lld value%s",
+                   (long long)o[bags], (long long)n, ur__s(n));
   if (!st) st = host_i64(values, &p->hv, &p->hvcap, &v, "values");
   /* each managed table's slice of the key arrays, its features' ids one after the other */
   int64_t total = 0;

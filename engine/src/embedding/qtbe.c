@@ -610,8 +610,9 @@ ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
                      "features",
                      (long long)ur_tensor_numel(offsets), (long long)a.bags, (int)q->names.F);
   if (weights && ur_tensor_numel(weights) != a.n)
-    return ur__error(UR_STATUS_INVALID, "qtbe: %lld weights for %lld values; expected one each",
-                     (long long)ur_tensor_numel(weights), (long long)a.n);
+    return ur__error(UR_STATUS_INVALID, "qtbe: %lld weight%s for %lld value%s; expected one each",
+                     (long long)ur_tensor_numel(weights), ur__s(ur_tensor_numel(weights)),
+                     (long long)a.n, ur__s(a.n));
   if (q->home == UR_PLACE_DEVICE && (a.n >= INT32_MAX || a.bags >= INT32_MAX))
     return ur__error(UR_STATUS_INVALID,
                      "qtbe: %lld values in %lld bags; the GPU path takes fewer than 2^31 of each",

@@ -158,8 +158,8 @@ ur_status ur__tbe_check_offsets(const ur__tbe_names *n, const int64_t *o, int64_
                        (long long)(b - ur__tbe_bag_of(bag_start, batch, f)));
     }
   if (o[bags] != values)
-    return ur__error(UR_STATUS_INVALID, "%s: offsets end at %lld but there are %lld values",
-                     n->who, (long long)o[bags], (long long)values);
+    return ur__error(UR_STATUS_INVALID, "%s: offsets end at %lld for %lld value%s",
+                     n->who, (long long)o[bags], (long long)values, ur__s(values));
   return UR_STATUS_OK;
 }
 

@@ -128,8 +128,9 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
   if (a->bags < 0)
     return ur__error(UR_STATUS_INVALID, "tbe: offsets is empty; expected bags + 1 entries");
   if (weights && ur_tensor_numel(weights) != a->n)
-    return ur__error(UR_STATUS_INVALID, "tbe: %lld weights for %lld values; expected one each",
-                     (long long)ur_tensor_numel(weights), (long long)a->n);
+    return ur__error(UR_STATUS_INVALID, "tbe: %lld weight%s for %lld value%s; expected one each",
+                     (long long)ur_tensor_numel(weights), ur__s(ur_tensor_numel(weights)),
+                     (long long)a->n, ur__s(a->n));
   /* the backward's windows step 32 values at a time in int32 (kernels/tbe.cu's seg_kernel) */
   if (t->home == UR_PLACE_DEVICE && (a->n > INT32_MAX - 64 || a->bags >= INT32_MAX))
     return ur__error(UR_STATUS_INVALID,
