@@ -140,9 +140,11 @@ local hooks = require "uvmrec.train.hooks"
 local function time_parts(parts, stream, n)
   local pool, used = {}, {}
   for k = 1, 2 * n * #parts do pool[k] = { assert(streams.event()), assert(streams.event()) } end
-  for _, part in ipairs(parts) do
+  local own = {} -- what each object held itself under the method's name (nil: its class's)
+  for k, part in ipairs(parts) do
     local name, obj, method = part[1], part[2], part[3]
     local f, list = obj[method], {}
+    own[k] = rawget(obj, method)
     used[name] = list
     obj[method] = function(...)
       local pair = table.remove(pool)
@@ -173,7 +175,7 @@ local function time_parts(parts, stream, n)
     out.step = median(ms)
     return out
   end
-  return read, function() for _, part in ipairs(parts) do part[2][part[3]] = nil end end
+  return read, function() for k, part in ipairs(parts) do part[2][part[3]] = own[k] end end
 end
 
 local function run(r)
