@@ -271,8 +271,6 @@ local function run(r)
   local seconds, loss, mig = timed(o.steps, o.warmup)
   if parts then
     rec.parts_ms = parts()
-    rec.tables_forward_ms, rec.tables_backward_ms = rec.parts_ms.embeddings_forward, rec.parts_ms.embeddings_backward
-    rec.step_median_ms = rec.parts_ms.step
     unwrap()
   end
   if r.far and r.far > 0 then -- the last forward's far rows (a lower bound where its map was full)
@@ -454,22 +452,23 @@ for _, r in ipairs(results) do
   end
 end
 for _, r in ipairs(results) do
-  if r.tables_forward_ms then
+  local p = r.parts_ms
+  if p then
+    local rest = p.step - p.embeddings_forward - p.embeddings_backward
     print(("parts: %s%s: the median step %.3f ms (the mean %.3f): the tables' forward %.3f ms, backward %.3f ms, "
       .. "the rest %.3f ms (medians)"):format(r.policy, r.fraction and (" " .. r.fraction .. "%") or "",
-      r.step_median_ms, r.ms_per_step, r.tables_forward_ms, r.tables_backward_ms,
-      r.step_median_ms - r.tables_forward_ms - r.tables_backward_ms))
-    local words, left = {}, r.step_median_ms - r.tables_forward_ms - r.tables_backward_ms
+      p.step, r.ms_per_step, p.embeddings_forward, p.embeddings_backward, rest))
+    local words, left = {}, rest - p.optimizer
     for _, name in ipairs(train.loop.MODULES) do
-      local f, b = r.parts_ms[name .. "_forward"], r.parts_ms[name .. "_backward"]
+      local f, b = p[name .. "_forward"], p[name .. "_backward"]
       if f and name ~= "embeddings" then
         words[#words + 1] = ("%s %.3f / %.3f"):format(name, f, b)
         left = left - f - b
       end
     end
-    words[#words + 1] = ("optimizer %.3f"):format(r.parts_ms.optimizer)
+    words[#words + 1] = ("optimizer %.3f"):format(p.optimizer)
     print(("  the rest: %s ms (forward / backward medians); between them %.3f ms"):format(table.concat(words, ", "),
-      left - r.parts_ms.optimizer))
+      left))
   end
 end
 for _, r in ipairs(results) do
