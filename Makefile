@@ -261,11 +261,16 @@ $(BUILD)/dist/%: engine/examples/%.c $(DIST_ENGINE)
 	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -pthread -Iengine/include $< $(DIST_LINK) $(SYS_LIBS) -o $@
 
 # Where CUDA is built, the tree also carries bin/lt_epilogues: which cuBLASLt epilogues the GPU's
-# cuBLASLt offers for DLRM's MLP products, and their cost (docs/dense.md).
-DIST_CUDA_BINS := $(if $(filter %cuda.so,$(LIBS)),$(BUILD)/dist/lt_epilogues)
+# cuBLASLt offers for DLRM's MLP products, and their cost (docs/dense.md); and
+# bin/link_interference: what rows moved over the host link cost the products beside them
+# (docs/uvm.md).
+DIST_CUDA_BINS := $(if $(filter %cuda.so,$(LIBS)),$(BUILD)/dist/lt_epilogues $(BUILD)/dist/link_interference)
 $(BUILD)/dist/lt_epilogues: scripts/bench/lt_epilogues.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 $(CUDA_ARCH) -Werror all-warnings -o $@ $< -lcublasLt
+$(BUILD)/dist/link_interference: scripts/bench/link_interference.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O3 $(CUDA_ARCH) -Werror all-warnings -o $@ $< -lcublas
 
 dist: all $(DIST_BINS) $(DIST_CUDA_BINS)
 	rm -rf dist && mkdir -p dist/bin dist/lib/lua/term dist/lib/lua/system dist/lua
