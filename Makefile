@@ -261,10 +261,15 @@ $(BUILD)/dist/%: engine/examples/%.c $(DIST_ENGINE)
 	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -pthread -Iengine/include $< $(DIST_LINK) $(SYS_LIBS) -o $@
 
 # Where CUDA is built, the tree also carries bin/lt_epilogues: which cuBLASLt epilogues the GPU's
-# cuBLASLt offers for DLRM's MLP products, and their cost (docs/dense.md); and
+# cuBLASLt offers for DLRM's MLP products, and their cost (docs/dense.md);
 # bin/link_interference: what rows moved over the host link cost the products beside them
-# (docs/uvm.md).
+# (docs/uvm.md); and lib/libktrace.so, a kernel timeline through CUDA's injection hook
+# (docs/benchmarks.md).
 DIST_CUDA_BINS := $(if $(filter %cuda.so,$(LIBS)),$(BUILD)/dist/lt_epilogues $(BUILD)/dist/link_interference)
+DIST_CUDA_LIBS := $(if $(filter %cuda.so,$(LIBS)),$(BUILD)/dist/libktrace.so)
+$(BUILD)/dist/libktrace.so: scripts/bench/ktrace.c
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -shared -Xcompiler -fPIC,-Wall,-Wextra,-Werror -o $@ $< -lcupti
 $(BUILD)/dist/lt_epilogues: scripts/bench/lt_epilogues.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 $(CUDA_ARCH) -Werror all-warnings -o $@ $< -lcublasLt
@@ -272,11 +277,11 @@ $(BUILD)/dist/link_interference: scripts/bench/link_interference.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 $(CUDA_ARCH) -Werror all-warnings -o $@ $< -lcublas
 
-dist: all $(DIST_BINS) $(DIST_CUDA_BINS)
+dist: all $(DIST_BINS) $(DIST_CUDA_BINS) $(DIST_CUDA_LIBS)
 	rm -rf dist && mkdir -p dist/bin dist/lib/lua/term dist/lib/lua/system dist/lua
 	cp $(DIST_BINS) $(DIST_CUDA_BINS) dist/bin/ && cp $(DIST_ENGINE) $(addprefix $(SYSLIB)/,$(DIST_COPIED)) dist/lib/
 	strip --strip-debug $(addprefix dist/bin/,$(notdir $(DIST_BINS))) dist/lib/libuvmrec.so
-	$(if $(filter %cuda.so,$(LIBS)),cp $(filter %cuda.so,$(LIBS)) dist/lib/)
+	$(if $(filter %cuda.so,$(LIBS)),cp $(filter %cuda.so,$(LIBS)) $(DIST_CUDA_LIBS) dist/lib/)
 	$(if $(filter %mpi.so,$(LIBS)),cp $(filter %mpi.so,$(LIBS)) dist/lib/)
 	cp -R lua/uvmrec dist/lua/
 	for m in $(DIST_LUA); do cp -RL /usr/share/lua/5.1/$$m dist/lua/ || exit 1; done

@@ -59,6 +59,8 @@ local cmd = require("uvmrec.cli").command {
     .. "rows copied while a step computes: uvmrec.train.hooks.far_early)" },
   { "--far-behind", "each run with early copies once more with the copies written home behind the step "
     .. "(embeddings.far_behind)" },
+  { "--no-monitor", "no migration monitor: CUPTI's activity records left to another tool (a kernel timeline, "
+    .. "scripts/bench/ktrace.c); migration is not measured" },
   options.out_append,
 }
 local o = cmd:parse(arg)
@@ -73,10 +75,12 @@ local NB = gpu and 8 or 4 -- batches the timed steps rotate over
 
 -- The monitor counts only managed memory allocated after it starts: first thing.
 local monitored = false
-if gpu then
+if gpu and not o.no_monitor then
   local ok, err = ur.monitor.start()
   monitored = ok and true or false
   if not ok then print("uvm bench: no migration monitor (" .. tostring(err) .. "); migration is not measured") end
+elseif gpu then
+  print("uvm bench: no migration monitor (--no-monitor); migration is not measured")
 end
 
 -- The bench trains a few hundred steps without the schedule: MLPerf's SGD lr of 24 (reached
