@@ -63,3 +63,62 @@ describe("scripts/bench refusals of counts too small to measure", function()
     end
   end)
 end)
+
+-- scripts/bench/ktrace_overlap.py on a timeline made here: six steps of 1 ms, each begun by the
+-- tables' forward (100 us) with a product and a mask kernel; in the last three the product takes
+-- 150 us instead of 100, beside an early copy (far_move_kernel<false>) from 150 to 400 us.
+describe("scripts/bench/ktrace_overlap.py", function()
+  local H = require "helpers"
+  local py = H.python("import argparse, bisect, statistics")
+
+  local function trace()
+    local lines, us = {}, 1000
+    local function k(s, e, name) lines[#lines + 1] = ("K,%d,%d,7,132,256,%s"):format(s * us, e * us, name) end
+    for i = 0, 6 do
+      local t = i * 1000
+      k(t, t + 100, "_ZN38_GLOBAL__N__0badf00d_6_tbe_cu_1234567810fwd_kernelILi1EEEv12ur__tbe_args")
+      if i < 6 then
+        k(t + 200, t + (i < 3 and 300 or 350), "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT")
+        k(t + 500, t + 550, "ur_relu_bgrad_kernel")
+        if i >= 3 then k(t + 150, t + 400, "_ZN38_GLOBAL__N__0badf00d_6_tbe_cu_1234567815far_move_kernelILb0EEv") end
+      end
+    end
+    lines[#lines + 1] = "M,0,10,7,4096,1,memcpy"
+    local path = os.tmpname()
+    cmd.spit(path, table.concat(lines, "\n") .. "\n")
+    return path
+  end
+
+  it("puts each kernel's excess over the reference steps beside what ran with it", function()
+    if not py then pending("no python3") return end
+    local path = trace()
+    local out, err, code = cmd.sh(py .. " scripts/bench/ktrace_overlap.py " .. path .. " --ref 0:3 --run 3:6")
+    os.remove(path)
+    assert.equal(0, code, err)
+    assert.matches("step (median) 1.000 ms in the reference steps 0:3, 1.000 ms in the run's 3:6", out, 1, true)
+    -- busy 250 of 1000 us in the reference (forward, product, mask), 300 in the run: the copy is no kernel's
+    assert.matches("no kernel but the movers running: 750 us a step (median) in the reference, 700 in the run",
+      out, 1, true)
+    assert.matches("loads: 3 kernels, 250 us each (median), from 150 to 400 us after their step's start", out, 1, true)
+    assert.matches("dense beside loads        1.0     150.0     +50.0", out, 1, true)
+    assert.matches("dense beside none         1.0      50.0      +0.0", out, 1, true)
+    assert.matches("tables beside none        1.0     100.0      +0.0", out, 1, true)
+  end)
+
+  it("refuses steps the trace does not hold, and a mover without its regex, naming them", function()
+    if not py then pending("no python3") return end
+    local path = trace()
+    local script = py .. " scripts/bench/ktrace_overlap.py " .. path
+    local _, err, code = cmd.sh(script .. " --ref 0:3 --run 3:9")
+    assert.equal(1, code, err)
+    assert.matches("holds 7 kernels matching '_tbe_cu_\\w*fwd_kernel' (each begins a step, which ends where the next "
+      .. "begins); --ref 0:3 and --run 3:9 need 10", err, 1, true)
+    _, err, code = cmd.sh(script .. " --ref 3:3 --run 3:6")
+    assert.equal(1, code, err)
+    assert.matches("--ref '3:3': expected A:B, step indices with A < B", err, 1, true)
+    _, err, code = cmd.sh(script .. " --ref 0:3 --run 3:6 --mover loads")
+    os.remove(path)
+    assert.equal(1, code, err)
+    assert.matches("--mover 'loads': expected LABEL=REGEX", err, 1, true)
+  end)
+end)

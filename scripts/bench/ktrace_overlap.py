@@ -74,8 +74,9 @@ def main():
     step_re = re.compile(o.step)
     starts = [k["s"] for k in kernels if step_re.search(k["name"])]
     if max(ref[1], run[1]) >= len(starts):
-        sys.exit("ktrace_overlap: %s has %d steps (kernels matching %r); --ref %s and --run %s need %d"
-                 % (o.trace, len(starts), o.step, o.ref, o.run, max(ref[1], run[1]) + 1))
+        sys.exit("ktrace_overlap: %s holds %d kernels matching '%s' (each begins a step, which ends where the "
+                 "next begins); --ref %s and --run %s need %d" % (o.trace, len(starts), o.step, o.ref, o.run,
+                                                                  max(ref[1], run[1]) + 1))
 
     def steps(a, b):
         return [(starts[i], starts[i + 1]) for i in range(a, b)]
