@@ -270,10 +270,10 @@ DIST_CUDA_LIBS := $(if $(filter %cuda.so,$(LIBS)),$(BUILD)/dist/libktrace.so)
 $(BUILD)/dist/libktrace.so: scripts/bench/ktrace.c
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -shared -Xcompiler -fPIC,-Wall,-Wextra,-Werror -o $@ $< -lcupti
-$(BUILD)/dist/lt_epilogues: scripts/bench/lt_epilogues.cu
+$(BUILD)/dist/lt_epilogues: scripts/bench/lt_epilogues.cu scripts/bench/bench_cuda.h
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 $(CUDA_ARCH) -Werror all-warnings -o $@ $< -lcublasLt
-$(BUILD)/dist/link_interference: scripts/bench/link_interference.cu
+$(BUILD)/dist/link_interference: scripts/bench/link_interference.cu scripts/bench/bench_cuda.h
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 $(CUDA_ARCH) -Werror all-warnings -o $@ $< -lcublas
 

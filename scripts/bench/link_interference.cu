@@ -31,14 +31,8 @@
 #include <string.h>
 #include <vector>
 
-#define CK(x)                                                                             \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                            \
-    }                                                                                     \
-  } while (0)
+#include "bench_cuda.h"
+
 #define CB(x)                                                                          \
   do {                                                                                 \
     cublasStatus_t s_ = (x);                                                           \

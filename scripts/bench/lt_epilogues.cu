@@ -20,14 +20,7 @@
 #include <string.h>
 #include <vector>
 
-#define CK(x)                                                                             \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                            \
-    }                                                                                     \
-  } while (0)
+#include "bench_cuda.h"
 
 static const size_t WS = 32u << 20;
 static cudaDataType_t g_ab = CUDA_R_16BF;           /* A, B and the products' D */
