@@ -266,10 +266,13 @@ $(BUILD)/dist/%: engine/examples/%.c $(DIST_ENGINE)
 # (docs/uvm.md); and lib/libktrace.so, a kernel timeline through CUDA's injection hook
 # (docs/benchmarks.md).
 DIST_CUDA_BINS := $(if $(filter %cuda.so,$(LIBS)),$(BUILD)/dist/lt_epilogues $(BUILD)/dist/link_interference)
-DIST_CUDA_LIBS := $(if $(filter %cuda.so,$(LIBS)),$(BUILD)/dist/libktrace.so)
+# (libktrace.so only where the toolkit has CUPTI; it finds libcupti where it was built.)
+CUPTI_LIB := $(firstword $(wildcard $(dir $(NVCC))../lib64/libcupti.so $(dir $(NVCC))../lib/libcupti.so))
+DIST_CUDA_LIBS := $(if $(and $(filter %cuda.so,$(LIBS)),$(CUPTI_LIB)),$(BUILD)/dist/libktrace.so)
 $(BUILD)/dist/libktrace.so: scripts/bench/ktrace.c
 	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -shared -Xcompiler -fPIC,-Wall,-Wextra,-Werror -o $@ $< -lcupti
+	$(NVCC) -O2 -shared -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Xlinker -rpath,$(abspath $(dir $(CUPTI_LIB))) \
+	  -o $@ $< -lcupti
 $(BUILD)/dist/lt_epilogues: scripts/bench/lt_epilogues.cu scripts/bench/bench_cuda.h
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 $(CUDA_ARCH) -Werror all-warnings -o $@ $< -lcublasLt

@@ -1,5 +1,6 @@
--- What the benchmark scripts print where a count can be 1 (lib.things, the one home of the
--- plurals), on the CPU.
+-- What the benchmark scripts print, on the CPU: counts of 1 in the singular (lib.things, the one
+-- home of the plurals), the uvm bench's --parts, refusals of counts too small to measure, and
+-- ktrace_overlap.py's account of a kernel timeline.
 local cmd = require "command"
 
 describe("scripts/bench output", function()
@@ -47,6 +48,36 @@ describe("scripts/bench output", function()
   end)
 end)
 
+-- --far-early-after: the early copies started when a part of the step ends (on the CPU they copy
+-- nothing, and the run's losses still equal the device run's, or the bench fails)
+describe("scripts/bench/uvm.lua --far-early-after", function()
+  it("runs the written-behind case once more per part, printing its copies' time", function()
+    local out, err, code = cmd.run("scripts/bench/uvm.lua --cpu --policies hot_prefix --fractions 20 --far-rows 1024 "
+      .. "--far-early --far-behind --far-early-after top_backward,bottom_backward --none-steps 0")
+    assert.equal(0, code, out .. err)
+    for _, part in ipairs { "top_backward", "bottom_backward" } do
+      assert.matches("| hot_prefix | 20% | 1024 / 0, early, behind, early after " .. part .. " |", out, 1, true)
+      local ms = out:match("early copies after " .. part .. ": ([%d.]+) ms %(their median over the timed steps%), "
+        .. "hot_prefix 20%%")
+      assert.truthy(ms, out)
+      assert.is_true(tonumber(ms) >= 0, out)
+    end
+  end)
+
+  it("refuses a part the step does not have, and a run without early copies written behind", function()
+    for _, case in ipairs {
+      { "--far-early --far-behind --far-early-after top", "--far-early-after: 'top' is no part of the step; "
+        .. "expected one of bottom_backward, bottom_forward, criterion_backward," },
+      { "--far-early --far-early-after top_backward", "--far-early-after moves the early copies of the runs "
+        .. "written behind: it needs --far-early and --far-behind" },
+    } do
+      local out, err, code = cmd.run("scripts/bench/uvm.lua --cpu --none-steps 0 " .. case[1])
+      assert.equal(2, code, out .. err)
+      assert.matches(case[2], err, 1, true)
+    end
+  end)
+end)
+
 describe("scripts/bench refusals of counts too small to measure", function()
   -- dlrm.lua --steps 1 failed with "attempt to index field 'loss' (a nil value)" after building
   -- the model; drift.lua --steps 2 (below --every 20) with "attempt to index a nil value" at its end
@@ -65,22 +96,25 @@ describe("scripts/bench refusals of counts too small to measure", function()
 end)
 
 -- scripts/bench/ktrace_overlap.py on a timeline made here: six steps of 1 ms, each begun by the
--- tables' forward (100 us) with a product and a mask kernel; in the last three the product takes
--- 150 us instead of 100, beside an early copy (far_move_kernel<false>) from 150 to 400 us.
+-- tables' forward (100 us) with a product and a mask kernel on the step's stream (7); in the last
+-- three the product takes 150 us instead of 100, beside an early copy (far_move_kernel<false>, on
+-- stream 9) from 150 to 400 us.
 describe("scripts/bench/ktrace_overlap.py", function()
   local H = require "helpers"
   local py = H.python("import argparse, bisect, statistics")
 
   local function trace()
     local lines, us = {}, 1000
-    local function k(s, e, name) lines[#lines + 1] = ("K,%d,%d,7,132,256,%s"):format(s * us, e * us, name) end
+    local function k(s, e, name, stream)
+      lines[#lines + 1] = ("K,%d,%d,%d,132,256,%s"):format(s * us, e * us, stream or 7, name)
+    end
     for i = 0, 6 do
       local t = i * 1000
       k(t, t + 100, "_ZN38_GLOBAL__N__0badf00d_6_tbe_cu_1234567810fwd_kernelILi1EEEv12ur__tbe_args")
       if i < 6 then
         k(t + 200, t + (i < 3 and 300 or 350), "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT")
         k(t + 500, t + 550, "ur_relu_bgrad_kernel")
-        if i >= 3 then k(t + 150, t + 400, "_ZN38_GLOBAL__N__0badf00d_6_tbe_cu_1234567815far_move_kernelILb0EEv") end
+        if i >= 3 then k(t + 150, t + 400, "_ZN38_GLOBAL__N__0badf00d_6_tbe_cu_1234567815far_move_kernelILb0EEv", 9) end
       end
     end
     lines[#lines + 1] = "M,0,10,7,4096,1,memcpy"
@@ -95,6 +129,7 @@ describe("scripts/bench/ktrace_overlap.py", function()
     local out, err, code = cmd.sh(py .. " scripts/bench/ktrace_overlap.py " .. path .. " --ref 0:3 --run 3:6")
     os.remove(path)
     assert.equal(0, code, err)
+    assert.matches("the steps' stream (7) idle: 750 us a step (median) in the reference, 700 in the run", out, 1, true)
     assert.matches("step (median) 1.000 ms in the reference steps 0:3, 1.000 ms in the run's 3:6", out, 1, true)
     -- busy 250 of 1000 us in the reference (forward, product, mask), 300 in the run: the copy is no kernel's
     assert.matches("no kernel but the movers running: 750 us a step (median) in the reference, 700 in the run",
@@ -109,16 +144,16 @@ describe("scripts/bench/ktrace_overlap.py", function()
     if not py then pending("no python3") return end
     local path = trace()
     local script = py .. " scripts/bench/ktrace_overlap.py " .. path
-    local _, err, code = cmd.sh(script .. " --ref 0:3 --run 3:9")
-    assert.equal(1, code, err)
-    assert.matches("holds 7 kernels matching '_tbe_cu_\\w*fwd_kernel' (each begins a step, which ends where the next "
-      .. "begins); --ref 0:3 and --run 3:9 need 10", err, 1, true)
-    _, err, code = cmd.sh(script .. " --ref 3:3 --run 3:6")
-    assert.equal(1, code, err)
-    assert.matches("--ref '3:3': expected A:B, step indices with A < B", err, 1, true)
-    _, err, code = cmd.sh(script .. " --ref 0:3 --run 3:6 --mover loads")
+    local runs = {}
+    for i, args in ipairs { " --ref 0:3 --run 3:9", " --ref 3:3 --run 3:6", " --ref 0:3 --run 3:6 --mover loads" } do
+      local _, err, code = cmd.sh(script .. args)
+      runs[i] = { err, code }
+    end
     os.remove(path)
-    assert.equal(1, code, err)
-    assert.matches("--mover 'loads': expected LABEL=REGEX", err, 1, true)
+    for _, r in ipairs(runs) do assert.equal(1, r[2], r[1]) end
+    assert.matches("holds 7 kernels matching '_tbe_cu_\\w*fwd_kernel' (each begins a step, which ends where the next "
+      .. "begins); --ref 0:3 and --run 3:9 need 10", runs[1][1], 1, true)
+    assert.matches("--ref '3:3': expected A:B, step indices with A < B", runs[2][1], 1, true)
+    assert.matches("--mover 'loads': expected LABEL=REGEX", runs[3][1], 1, true)
   end)
 end)

@@ -36,6 +36,27 @@ describe("uvmrec streams and events", function()
     assert.equal(-100, assert(ur.stream { priority = -100 }):priority()) -- CUDA clamps it; kept as asked
   end)
 
+  it("orders a stream after an event (streams.wait), naming a freed event or stream at the caller's line", function()
+    local s, e = assert(ur.stream()), assert(ur.event())
+    assert.truthy(streams.wait(s, e)) -- never recorded: nothing to wait for
+    local t = ur.tensor({ 1000 }):fill(3)
+    assert.truthy(e:record())
+    assert.truthy(streams.wait(s, e))
+    assert.truthy(streams.wait(nil, e))
+    local u = t:to("host", nil, s) -- copied on s, after the fill
+    assert.truthy(s:sync())
+    assert.equal(3, u[999])
+    e:free()
+    local line = debug.getinfo(1, "l").currentline
+    local ok, err = pcall(function() local r = streams.wait(s, e) return r end)
+    assert.is_false(ok)
+    assert.matches("stream_spec%.lua:" .. (line + 1) .. ": event: used after free%(%)", err)
+    s:free()
+    ok, err = pcall(function() local r = streams.wait(s, assert(ur.event())) return r end)
+    assert.is_false(ok)
+    assert.matches("stream_spec%.lua:" .. (line + 5) .. ": stream: used after free%(%)", err)
+  end)
+
   it("times work between two events", function()
     local a, b = assert(ur.event()), assert(ur.event())
     assert.truthy(a:record())

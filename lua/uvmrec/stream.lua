@@ -36,6 +36,15 @@ function M.stream(opts)
   return wrap_stream(out[0])
 end
 
+-- Work enqueued on stream (nil: the default stream) after this waits for event's last record
+-- (none yet: no wait), on the device: the host does not wait.  level: where a misuse is
+-- reported, as error() counts from here (2, the default: the caller).
+function M.wait(stream, event, level)
+  level = level or 2
+  local sp = stream ~= nil and ptr(stream, "stream", level) or nil
+  return check(C.ur_stream_wait_event(sp, ptr(event, "event", level)), level)
+end
+
 local event_methods = {}
 local wrap_event, free_event = lib.handle_type("ur_event", C.ur_event_free, { __index = event_methods })
 

@@ -15,9 +15,11 @@
  * has none, and measures no migration).  Records are written when CUPTI hands back a full buffer
  * and at exit. */
 #include <cupti.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define KTRACE_BUFFER_BYTES ((size_t)16 << 20)
 
@@ -39,7 +41,8 @@ static void CUPTIAPI ktrace_done(CUcontext ctx, uint32_t stream, uint8_t *buffer
   (void)size;
   CUpti_Activity *r = NULL;
   pthread_mutex_lock(&g_lock);
-  while (cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS) {
+  /* a buffer handed back after the file was closed at exit (a context torn down late) is dropped */
+  while (g_out && cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS) {
     if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
       const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)r;
       fprintf(g_out, "K,%llu,%llu,%u,%lld,%d,%s\n", (unsigned long long)k->start, (unsigned long long)k->end,
@@ -74,7 +77,7 @@ int InitializeInjection(void) {
   }
   g_out = fopen(path, "w");
   if (!g_out) {
-    perror("ktrace: KTRACE_OUT");
+    fprintf(stderr, "ktrace: KTRACE_OUT=%s: %s; expected a file it can write\n", path, strerror(errno));
     return 0;
   }
   CUptiResult r = cuptiActivityRegisterCallbacks(ktrace_buffer, ktrace_done);

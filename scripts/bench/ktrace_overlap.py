@@ -47,8 +47,9 @@ def load(path):
             if r[0] != "K":
                 continue
             if len(r) != 7:
-                sys.exit("ktrace_overlap: %s line %d: expected K,start,end,stream,blocks,threads,name" % (path, n))
-            kernels.append({"s": int(r[1]), "e": int(r[2]), "grid": int(r[4]), "name": r[6]})
+                sys.exit("ktrace_overlap: %s line %d: %r; expected K,start,end,stream,blocks,threads,name"
+                         % (path, n, line.rstrip("\n")[:120]))
+            kernels.append({"s": int(r[1]), "e": int(r[2]), "stream": int(r[3]), "grid": int(r[4]), "name": r[6]})
     kernels.sort(key=lambda k: k["s"])
     return kernels
 
@@ -98,24 +99,33 @@ def main():
                 seen[i][(k["name"], k["grid"])] += 1
                 yield (k["name"], k["grid"], seen[i][(k["name"], k["grid"])]), k
 
-    # the times some kernel other than a mover runs, merged: busy[j] = (start, end)
-    busy = []
-    for k in kernels:
-        if mover_of(k):
-            continue
-        if busy and k["s"] <= busy[-1][1]:
-            busy[-1][1] = max(busy[-1][1], k["e"])
-        else:
-            busy.append([k["s"], k["e"]])
-    busy_starts = [b[0] for b in busy]
+    # the times some kernel other than a mover runs (on any stream, or on the steps' own: that of
+    # the kernel each step begins with), merged into (start, end) runs
+    def merged(keep):
+        runs = []
+        for k in kernels:
+            if mover_of(k) or not keep(k):
+                continue
+            if runs and k["s"] <= runs[-1][1]:
+                runs[-1][1] = max(runs[-1][1], k["e"])
+            else:
+                runs.append([k["s"], k["e"]])
+        return runs, [r[0] for r in runs]
 
-    def idle_us(a, b):
-        j = max(0, bisect.bisect_right(busy_starts, a) - 1)
+    step_stream = next(k["stream"] for k in kernels if step_re.search(k["name"]))
+    busy_any, busy_own = merged(lambda k: True), merged(lambda k: k["stream"] == step_stream)
+
+    def idle_us(busy, a, b):
+        runs, run_starts = busy
+        j = max(0, bisect.bisect_right(run_starts, a) - 1)
         t = 0
-        while j < len(busy) and busy[j][0] < b:
-            t += max(0, min(b, busy[j][1]) - max(a, busy[j][0]))
+        while j < len(runs) and runs[j][0] < b:
+            t += max(0, min(b, runs[j][1]) - max(a, runs[j][0]))
             j += 1
         return (b - a - t) / 1e3
+
+    def median_idle(busy, windows):
+        return statistics.median([idle_us(busy, a, b) for a, b in windows])
 
     base = collections.defaultdict(list)
     for key, k in keyed(*ref):
@@ -124,12 +134,15 @@ def main():
     lo, hi = run_steps[0][0], run_steps[-1][1]
     moving = [k for k in kernels if mover_of(k) and k["e"] > lo and k["s"] < hi]
     nsteps = len(run_steps)
-    ms = lambda w: statistics.median([(b - a) / 1e6 for a, b in w])
+    def step_ms(windows):
+        return statistics.median([(b - a) / 1e6 for a, b in windows])
+
     print("%s: step (median) %.3f ms in the reference steps %s, %.3f ms in the run's %s"
-          % (o.trace, ms(ref_steps), o.ref, ms(run_steps), o.run))
+          % (o.trace, step_ms(ref_steps), o.ref, step_ms(run_steps), o.run))
     print("  no kernel but the movers running: %.0f us a step (median) in the reference, %.0f in the run"
-          % (statistics.median([idle_us(a, b) for a, b in ref_steps]),
-             statistics.median([idle_us(a, b) for a, b in run_steps])))
+          % (median_idle(busy_any, ref_steps), median_idle(busy_any, run_steps)))
+    print("  the steps' stream (%d) idle: %.0f us a step (median) in the reference, %.0f in the run"
+          % (step_stream, median_idle(busy_own, ref_steps), median_idle(busy_own, run_steps)))
     for label, _ in movers:
         mine = [k for k in moving if mover_of(k) == label]
         at = [(k["s"] - a, k["e"] - a) for k in mine for a, b in run_steps if a <= k["s"] < b]

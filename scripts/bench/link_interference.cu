@@ -17,7 +17,9 @@
  *   - the products told to use fewer SMs (cublasSetSmCountTarget) beside spinning blocks.
  *
  * Each interferer is first run alone for its rate, then started before the products and sized to
- * outlast them ("covered": it did).  The bulk copies are checked against the host's bytes first.
+ * outlast them ("covered": it did).  The bulk reads are checked against the host's bytes first
+ * (one round of one block; the other moves are not checked).  The products run on zeros: they
+ * draw less power than on real data, and every case runs them so.
  *
  *   make dist (dist/bin/link_interference where CUDA is built), or
  *   nvcc -O3 -arch=sm_90 -o link_interference scripts/bench/link_interference.cu -lcublas
@@ -37,7 +39,7 @@
   do {                                                                                 \
     cublasStatus_t s_ = (x);                                                           \
     if (s_ != CUBLAS_STATUS_SUCCESS) {                                                 \
-      fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #x, (int)s_); \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cublasGetStatusString(s_)); \
       exit(1);                                                                         \
     }                                                                                  \
   } while (0)
@@ -45,9 +47,10 @@
 enum { ROW = 512, RING = 65536 }; /* row bytes; rows of the HBM ring the moves go to or from */
 enum { SPIN, READ, WRITE, BULK_READ, BULK_WRITE, DMA_H2D, DMA_D2H, DMA_BOTH, ALONE };
 enum { BULK_WARPS = 4, BULK_STAGES = 3 };
+enum { ROWS_WARPS = 8, ROWS_IN_FLIGHT = 8 }; /* rows_kernel's, as far_move_kernel's in kernels/tbe.cu */
 
 /* The row a warp's k-th move of round j takes (the same on the host, for the check). */
-__host__ __device__ inline uint64_t mix(uint64_t x) {
+static __host__ __device__ inline uint64_t mix(uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdULL;
   x ^= x >> 33;
@@ -55,16 +58,16 @@ __host__ __device__ inline uint64_t mix(uint64_t x) {
   x ^= x >> 33;
   return x;
 }
-__host__ __device__ inline int64_t row_of(int64_t warp, int64_t j, int k, int per, int64_t rows) {
+static __host__ __device__ inline int64_t row_of(int64_t warp, int64_t j, int k, int per, int64_t rows) {
   return (int64_t)(mix((uint64_t)warp * 0x9E3779B97F4A7C15ULL + (uint64_t)(j * per + k)) % (uint64_t)rows);
 }
 
 /* SPIN, READ (rows -> ring) or WRITE (ring -> rows) for `rounds` rounds, as far_move_kernel. */
-__global__ void __launch_bounds__(256) rows_kernel(char *rows, char *ring, int64_t nrows, int64_t rounds, int mode,
-                                                   unsigned long long *sink) {
-  const int R = 8;
+__global__ void __launch_bounds__(ROWS_WARPS * 32)
+    rows_kernel(char *rows, char *ring, int64_t nrows, int64_t rounds, int mode, unsigned long long *sink) {
+  const int R = ROWS_IN_FLIGHT;
   int lane = threadIdx.x & 31;
-  int64_t warp = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
+  int64_t warp = (int64_t)blockIdx.x * ROWS_WARPS + threadIdx.x / 32;
   unsigned long long acc = 0;
   for (int64_t j = 0; j < rounds; j++) {
     if (mode == SPIN) {
@@ -91,7 +94,7 @@ __global__ void __launch_bounds__(256) rows_kernel(char *rows, char *ring, int64
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ inline unsigned smem_at(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+static __device__ inline unsigned smem_at(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 /* BULK_READ or BULK_WRITE for `rounds` rounds: lane l of a warp moves row (warp, j, l) of round
  * j through its slot of the round's stage; a stage's loads complete on its mbarrier. */
@@ -128,7 +131,9 @@ __global__ void __launch_bounds__(BULK_WARPS * 32) bulk_kernel(char *rows, char 
     unsigned done = 0;
     while (!done)
       asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                   " selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(smem_at(&bars[w][k])), "r"((int)((j / BULK_STAGES) & 1))
+                   " selp.u32 %0, 1, 0, p;\n}"
+                   : "=r"(done)
+                   : "r"(smem_at(&bars[w][k])), "r"((int)((j / BULK_STAGES) & 1))
                    : "memory");
     const char *from;
     char *to;
@@ -187,9 +192,9 @@ struct Bench {
     const size_t chunk = 32u << 20;
     switch (c.mode) {
       case SPIN: case READ: case WRITE:
-        rows_kernel<<<c.blocks, 256, 0, si>>>(c.rows, ring, c.nrows, rounds, c.mode, sink);
+        rows_kernel<<<c.blocks, ROWS_WARPS * 32, 0, si>>>(c.rows, ring, c.nrows, rounds, c.mode, sink);
         CK(cudaGetLastError());
-        return (double)c.blocks * 8 * 8 * ROW;
+        return (double)c.blocks * ROWS_WARPS * ROWS_IN_FLIGHT * ROW;
       case BULK_READ: case BULK_WRITE:
         bulk_kernel<<<c.blocks, BULK_WARPS * 32, bulk_smem, si>>>(c.rows, ring, c.nrows, rounds, c.mode == BULK_WRITE);
         CK(cudaGetLastError());
@@ -212,7 +217,9 @@ struct Bench {
 int main(int argc, char **argv) {
   double gib = argc > 1 ? atof(argv[1]) : 6.0;
   if (!(gib >= 0.125) || argc > 2) {
-    fprintf(stderr, "link_interference: usage: link_interference [GiB of rows, at least 0.125; 6 by default]\n");
+    /* the 64 MiB range and the copy engines' two 32 MiB copies lie inside the rows */
+    fprintf(stderr, "link_interference: %s: expected one argument, the GiB of rows to move at random (at least "
+            "0.125; 6 by default)\n", argc > 2 ? "too many arguments" : argc > 1 ? argv[1] : "?");
     return 2;
   }
   int64_t range = (int64_t)(gib * (1 << 30)) / ROW * ROW;
@@ -276,7 +283,7 @@ int main(int argc, char **argv) {
     memset(managed, 1, h.size());
   }
   int64_t all = range / ROW, few = (64 << 20) / ROW;
-  int per16 = sms / 16 + 1; /* far_move_kernel's grid */
+  int per16 = sms / 16 + 1; /* far_move_kernel's grid (kernels/tbe.cu, far_move_blocks) */
   std::vector<Case> cases = {
       {"none", ALONE, 0, nullptr, 0, 0},
       {"spin", SPIN, 1, nullptr, 1, 0},
@@ -303,9 +310,10 @@ int main(int argc, char **argv) {
   cases.push_back({"copy engines, both ways", DMA_BOTH, 0, nullptr, 0, 0});
   cases.push_back({"none", ALONE, 0, nullptr, 0, 0});
 
-  printf("link_interference: %s, %d SMs; products: bf16 65536 x 1024 x 1024 pairs; rows of %d bytes over %.1f GiB%s\n",
-         prop.name, sms, ROW, range / (double)(1 << 30), bulk ? "" : " (no bulk copies before sm_90)");
-  printf("| interferer | blocks | products' SMs | pair (ms) | x alone | interferer alone (GB/s) | GB/s a block | covered |\n");
+  printf("link_interference: %s, %d SMs; products: bf16 65536 x 1024 x 1024 pairs; rows of %d bytes over %.1f "
+         "GiB%s\n", prop.name, sms, ROW, range / (double)(1 << 30), bulk ? "" : " (no bulk copies before sm_90)");
+  printf("| interferer | blocks | products' SMs | pair (ms) | x alone | interferer alone (GB/s) | GB/s a block "
+         "| covered |\n");
   printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (int r = 0; r < 3; r++) b.pair();
   float alone = 0;

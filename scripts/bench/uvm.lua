@@ -59,6 +59,9 @@ local cmd = require("uvmrec.cli").command {
     .. "rows copied while a step computes: uvmrec.train.hooks.far_early)" },
   { "--far-behind", "each run with early copies once more with the copies written home behind the step "
     .. "(embeddings.far_behind)" },
+  { "--far-early-after P,...", "each run with early copies written behind once more per part of the step "
+    .. "(train.loop.parts' names, such as top_backward), the early copies started when that part ends instead "
+    .. "of after the tables' forward: what they slow where they run (their median time is printed)", type = "list" },
   { "--no-monitor", "no migration monitor: CUPTI's activity records left to another tool (a kernel timeline, "
     .. "scripts/bench/ktrace.c); migration is not measured" },
   options.out_append,
@@ -71,6 +74,23 @@ o.warmup = o.warmup or (gpu and 4 or 2)
 o.count = o.count or (gpu and 16 or 4)
 o.none_steps = o.none_steps or (gpu and 200 or 8)
 local NB = gpu and 8 or 4 -- batches the timed steps rotate over
+
+-- --far-early-after's parts: those train.loop.parts names for a DLRM
+local PARTS = { optimizer = true }
+for _, m in ipairs(train.loop.MODULES) do PARTS[m .. "_forward"], PARTS[m .. "_backward"] = true, true end
+for _, name in ipairs(o.far_early_after or {}) do
+  if not PARTS[name] then
+    local names = {}
+    for k in pairs(PARTS) do names[#names + 1] = k end
+    table.sort(names)
+    cmd:misuse(("--far-early-after: '%s' is no part of the step; expected one of %s"):format(name,
+      table.concat(names, ", ")))
+  end
+end
+if o.far_early_after and not (o.far_early and o.far_behind) then
+  cmd:misuse("--far-early-after moves the early copies of the runs written behind: it needs --far-early and "
+    .. "--far-behind")
+end
 
 
 -- The monitor counts only managed memory allocated after it starts: first thing.
@@ -199,9 +219,39 @@ local function run(r)
   -- the early copies take SMs ahead of the step's kernels as these finish (the prefetch pipeline's
   -- priority): they must be done before the next forward
   local side = r.early and assert(streams.stream { priority = -100 })
+  -- --far-early-after: the part's end recorded on the model's stream (its method wrapped until
+  -- the run ends); the early copies wait for it, between two events of their own
+  local after, copies, unwrap_after
+  if r.after then
+    after, copies = assert(streams.event()), {}
+    for _, part in ipairs(train.loop.parts(model, opt)) do
+      local name, obj, method = part[1], part[2], part[3]
+      if name == r.after then
+        local f, own = obj[method], rawget(obj, method)
+        obj[method] = function(...)
+          local res = f(...)
+          assert(after:record(model.stream))
+          return res
+        end
+        unwrap_after = function() obj[method] = own end
+      end
+    end
+    assert(unwrap_after, r.after)
+  end
   local function steps(list, n, first, hook)
     local ring = train.source.ring(list, n, first)
     local early = r.early and hooks.far_early { collection = tbe, source = ring, stream = side } or nil
+    if early and after then
+      local inner = early
+      early = { after = function(_, ...)
+        local pair = { assert(streams.event()), assert(streams.event()) }
+        assert(streams.wait(side, after))
+        assert(pair[1]:record(side))
+        inner:after(...)
+        assert(pair[2]:record(side))
+        copies[#copies + 1] = pair
+      end }
+    end
     local hs = { { start = function(_, at) at.step = step end } }
     hs[#hs + 1] = hook
     hs[#hs + 1] = early
@@ -214,7 +264,7 @@ local function run(r)
   local t_setup = C.ur_clock_seconds()
   if r.far and r.far > 0 then assert(tbe:set_far_rows(r.far)) end -- its room is in the budget's hbm_used below
   tbe:set_far_behind(r.behind == true)
-  rec.far_rows, rec.far_early, rec.far_behind = r.far, r.early, r.behind
+  rec.far_rows, rec.far_early, rec.far_behind, rec.far_early_after = r.far, r.early, r.behind, r.after
   if r.placement == "managed" and r.policy ~= "none" then
     local allowance = math.floor(emb_bytes * (r.fraction or 0) / 100)
     local perm_bytes = 0
@@ -317,6 +367,17 @@ local function run(r)
     rec.count_off_ms, rec.count_on_ms = off / o.steps * 1e3, on / o.steps * 1e3
     rec.count_overhead = on / off - 1
   end
+  if unwrap_after then
+    unwrap_after()
+    -- the early copies' median time over the timed steps (the last o.steps)
+    local ms = {}
+    for k = math.max(1, #copies - o.steps + 1), #copies do
+      assert(copies[k][2]:sync())
+      ms[#ms + 1] = assert(copies[k][1]:elapsed(copies[k][2]))
+    end
+    table.sort(ms)
+    rec.early_copies_ms = ms[math.floor((#ms + 1) / 2)]
+  end
   if gpu then assert(ur.set_hbm_budget(0)) end
   rec.hbm_peak = ur.memory().hbm_peak
   if side then side:free() end
@@ -400,14 +461,17 @@ for _, pol in ipairs(o.policies) do
       if far > 0 and o.far_early then cases[#cases + 1] = { far = far, early = true } end
       if far > 0 and o.far_early and o.far_behind then
         cases[#cases + 1] = { far = far, early = true, behind = true }
+        for _, part in ipairs(o.far_early_after or {}) do
+          cases[#cases + 1] = { far = far, early = true, behind = true, after = part }
+        end
       end
     end
     for _, c in ipairs(cases) do
       local far = c.far
       local what = pol .. " " .. f .. "%" .. (far > 0 and (", far rows " .. far) or "") .. (c.early and ", early" or "")
-        .. (c.behind and ", behind" or "")
+        .. (c.behind and ", behind" or "") .. (c.after and (", early after " .. c.after) or "")
       local ok, rec = pcall(run, { placement = "managed", policy = pol, fraction = f, far = far, early = c.early,
-                                   behind = c.behind })
+                                   behind = c.behind, after = c.after })
       local bad = ok and same_losses(rec)
       if not ok then failed(what, rec)
       elseif bad then failed(what, bad)
@@ -445,14 +509,21 @@ for _, r in ipairs(results) do
   if r.policy ~= "none" then
     print(("| %s | %s | %s | %.3g M | %s | %.2f | %s | %s | %s | %s | %s |"):format(r.policy,
       r.fraction and (r.fraction .. "%") or (r.policy == "device" and "100% (all)" or "-"),
-      r.far_taken and ("%d / %s%d%s%s"):format(r.far_rows, r.far_unplaced > 0 and ">= " or "", r.far_taken,
-                                             r.far_early and ", early" or "", r.far_behind and ", behind" or "") or "-",
+      r.far_taken and ("%d / %s%d%s%s%s"):format(r.far_rows, r.far_unplaced > 0 and ">= " or "", r.far_taken,
+        r.far_early and ", early" or "", r.far_behind and ", behind" or "",
+        r.far_early_after and (", early after " .. r.far_early_after) or "") or "-",
       r.samples_per_s / 1e6, r.of_device and ("%.2f"):format(r.of_device) or "1", r.ms_per_step,
       r.policy == "device" and gbs(r.table_bytes) or gbs(r.bytes_on_gpu),
       r.coverage and ("%.3f"):format(r.coverage) or "-",
       r.migrated_bytes_per_step and ("%.1f"):format(r.migrated_bytes_per_step / 1e6) or "-",
       r.host_bytes_per_step_est and ("%.1f"):format(r.host_bytes_per_step_est / 1e6) or "-",
       r.relayout_seconds and ("%.2f, %s"):format(r.relayout_seconds, gbs(r.relayout_bytes)) or "-"))
+  end
+end
+for _, r in ipairs(results) do
+  if r.early_copies_ms then
+    print(("early copies after %s: %.3f ms (their median over the timed steps), %s %s%%"):format(r.far_early_after,
+      r.early_copies_ms, r.policy, tostring(r.fraction)))
   end
 end
 for _, r in ipairs(results) do

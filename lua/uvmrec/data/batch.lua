@@ -119,7 +119,8 @@ end
 -- the next copy into them.
 function Batch:to(placement, stream, into)
   if self.ready then -- made on another stream: the copy waits for it
-    lib.must(C.ur_stream_wait_event(require("uvmrec.stream").handle(stream), lib.ptr(self.ready, "event", 2)), 2)
+    local ok, err = require("uvmrec.stream").wait(stream, self.ready, 3)
+    if not ok then error(err, 2) end
   end
   if not into then
     local function mv(t) return t and assert(t:to(placement, nil, stream)) end

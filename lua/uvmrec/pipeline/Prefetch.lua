@@ -38,7 +38,7 @@
 local lib = require "uvmrec.lib"
 local streams = require "uvmrec.stream"
 local Batch = require "uvmrec.data.batch"
-local C, check = lib.C, lib.check
+local C = lib.C
 
 local Prefetch = {}
 Prefetch.__index = Prefetch
@@ -98,9 +98,7 @@ function Prefetch.new(o)
   return self
 end
 
-local function wait(stream, ev)
-  assert(check(C.ur_stream_wait_event(streams.handle(stream), lib.ptr(ev, "event"))))
-end
+local function wait(stream, ev) assert(streams.wait(stream, ev)) end
 
 function Prefetch:_slot(k) return self.slots[k % DEPTH + 1] end
 

@@ -19,6 +19,7 @@
 local ur = require "uvmrec"
 local loop = require "uvmrec.train.loop"
 local Batch = require "uvmrec.data.batch"
+local streams = require "uvmrec.stream"
 
 local M = {}
 
@@ -85,7 +86,7 @@ local function stage(self, batch)
     return nil
   end
   assert(s.ready:record())
-  assert(ur.C.ur_stream_wait_event(self.stream.p, s.ready.p) == 0)
+  assert(streams.wait(self.stream, s.ready))
   return batch:to("device", self.stream, s.bufs)
 end
 
@@ -93,7 +94,7 @@ end
 -- loss or of a parameter, a checkpoint) sees it done, with no wait on the host.
 local function handback(self, loss)
   assert(self.done:record(self.stream))
-  assert(ur.C.ur_stream_wait_event(nil, self.done.p) == 0)
+  assert(streams.wait(nil, self.done))
   return loss
 end
 
