@@ -82,3 +82,44 @@ describe("uvmrec.lib things", function()
     assert.matches("^plan: 1 table on 1 rank, ", p:table())
   end)
 end)
+
+-- A handle used after free() is named at the line that called the method, through each module's
+-- pointer shorthand (lib.ptr under a wrapper): a wrapper that ended in a tail call dropped its
+-- frame from error()'s count, and the message lost its line.
+describe("uvmrec.lib handles used after free()", function()
+  local ur = require "uvmrec"
+  local mc = require "uvmrec.mc"
+
+  -- the error of f (which calls the method on its first line) and that line
+  local function raised(f)
+    local line = debug.getinfo(f, "S").linedefined
+    local ok, err = pcall(f)
+    assert.is_false(ok)
+    return err, line
+  end
+
+  it("names the line that called the method", function()
+    local s = assert(ur.stream())
+    s:free()
+    local t = ur.tensor({ 4 })
+    local dead = ur.tensor({ 4 })
+    dead:free()
+    local k = ur.KJT { keys = { "a" }, values = { 1, 2 }, lengths = { 1, 1 } }
+    k:free()
+    local m = assert(mc.new { tables = { { name = "t", rows = 30, features = { "a" } } } })
+    local ev = assert(ur.event())
+    for _, case in ipairs {
+      { "stream: used after free()", function() local r = t:fill(1, s) return r end }, -- tensor.lua's S
+      { "tensor: used after free()", function() local r = dead:fill(1) return r end }, -- tensor.lua's T
+      { "stream: used after free()", function() local r = ev:record(s) return r end }, -- streams.handle
+      { "kjt: used after free()", function() local r = k:num_keys() return r end }, -- kjt.lua's K
+      { "stream: used after free()", function() local r = m:round("t", s) return r end }, -- lib.method_ptrs' S
+    } do
+      local err, line = raised(case[2])
+      assert.equal(("spec/lib_spec.lua:%d: %s"):format(line, case[1]), err)
+    end
+    m:free()
+    local err, line = raised(function() local r = m:round("t") return r end) -- lib.method_ptrs' H
+    assert.equal(("spec/lib_spec.lua:%d: managed collisions: used after free()"):format(line), err)
+  end)
+end)

@@ -28,7 +28,10 @@ local wrap_file, free_file = lib.handle_type("ur_safetensors", C.ur_safetensors_
 })
 file_methods.close = free_file
 
-local function F(f) return lib.ptr(f, "safetensors file", 3) end
+local function F(f)
+  local p = lib.ptr(f, "safetensors file", 3) -- not a tail call, which would drop this frame from the count
+  return p
+end
 
 local entry = ffi.new("ur_safetensors_entry")
 local function entry_table(p, i)

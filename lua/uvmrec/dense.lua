@@ -33,7 +33,10 @@ local function act_of(a)
 end
 
 local function P(t) return t and t.p or nil end
-local function S(s) return streams.handle(s, 3) end
+local function S(s)
+  local p = streams.handle(s, 3) -- not a tail call, which would drop this frame from the count
+  return p
+end
 
 -- y = act(x w^T + b); act "none" or "relu"; flags: dense.TF32, dense.pad(n), or a table
 -- {flags = n, mask = u8 tensor} whose mask receives y > 0 (relu; ur_linear_mask_cols bytes a row).

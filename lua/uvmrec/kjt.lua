@@ -13,7 +13,10 @@ local M = {}
 local methods = {}
 local wrap, free_kjt, is_kjt
 
-local function K(k, level) return lib.ptr(k, "kjt", (level or 2) + 1) end
+local function K(k, level)
+  local p = lib.ptr(k, "kjt", (level or 2) + 1) -- not a tail call, which would drop this frame from the count
+  return p
+end
 
 local out_tensor = ffi.new("ur_tensor *[1]")
 

@@ -323,9 +323,19 @@ end
 --   local H, S, T = lib.method_ptrs("embedding collection")
 function M.method_ptrs(what)
   local streams = require "uvmrec.stream"
-  local function H(self, level) return M.ptr(self.h, what, (level or 2) + 1) end
-  local function S(s, level) return streams.handle(s, (level or 2) + 1) end
-  local function T(t, name, level) return M.ptr(t, name, (level or 2) + 1) end
+  -- (none a tail call, which would drop its frame from the count)
+  local function H(self, level)
+    local p = M.ptr(self.h, what, (level or 2) + 1)
+    return p
+  end
+  local function S(s, level)
+    local p = streams.handle(s, (level or 2) + 1)
+    return p
+  end
+  local function T(t, name, level)
+    local p = M.ptr(t, name, (level or 2) + 1)
+    return p
+  end
   return H, S, T
 end
 

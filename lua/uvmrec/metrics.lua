@@ -167,7 +167,8 @@ end
 local function H(self, level)
   local h = rawget(self, "_h")
   if type(h) ~= "cdata" then error("metrics: expected a metric object (use ':')", level + 1) end
-  return lib.ptr(h, "metrics", level + 1)
+  local p = lib.ptr(h, "metrics", level + 1) -- not a tail call, which would drop this frame from the count
+  return p
 end
 
 local function tensor_arg(v, what, level, optional)
@@ -175,7 +176,8 @@ local function tensor_arg(v, what, level, optional)
   if not tensor.is_tensor(v) then
     error(("metrics: %s must be a tensor, got %s"):format(what, type(v)), level + 1)
   end
-  return lib.ptr(v, "metrics " .. what, level + 1)
+  local p = lib.ptr(v, "metrics " .. what, level + 1) -- not a tail call, which would drop this frame from the count
+  return p
 end
 
 local UPDATE_KEYS, BY_POSITION = { "predictions", "labels", "weights", "grouping_keys", "stream" },

@@ -21,7 +21,8 @@ stream_methods.free = free_stream
 -- The engine pointer of an optional stream argument (nil: the default stream).
 function M.handle(s, level)
   if s == nil then return nil end
-  return ptr(s, "stream", (level or 2) + 1)
+  local p = ptr(s, "stream", (level or 2) + 1) -- not a tail call, which would drop this frame from the count
+  return p
 end
 
 -- ur.stream{priority = n}: lower numbers run first on CUDA (its convention), which clamps n to

@@ -8,8 +8,14 @@ local C, check, must = lib.C, lib.check, lib.must
 local M = {}
 local methods = {}
 
-local function T(t) return lib.ptr(t, "tensor", 3) end
-local function S(s) return streams.handle(s, 3) end
+local function T(t)
+  local p = lib.ptr(t, "tensor", 3) -- not a tail call, which would drop this frame from the count
+  return p
+end
+local function S(s)
+  local p = streams.handle(s, 3) -- not a tail call, which would drop this frame from the count
+  return p
+end
 
 local int64s = ffi.typeof("int64_t[?]")
 

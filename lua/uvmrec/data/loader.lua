@@ -83,7 +83,10 @@ end
 local methods = {}
 local wrap, free_loader = lib.handle_type("ur_loader", close_c, { __index = methods })
 
-local function L(l) return lib.ptr(l, "loader", 3) end
+local function L(l)
+  local p = lib.ptr(l, "loader", 3) -- not a tail call, which would drop this frame from the count
+  return p
+end
 
 -- The loader's rows as the engine takes them: int64_t[n], n (the engine checks n against the
 -- source's tables: one a table, or one for all).

@@ -28,7 +28,8 @@ local function T(t, what, level)
   if not tensor.is_tensor(t) then
     error(("comm: %s must be a tensor, got %s"):format(what, type(t)), (level or 2) + 1)
   end
-  return lib.ptr(t, what, (level or 2) + 1)
+  local p = lib.ptr(t, what, (level or 2) + 1) -- not a tail call, which would drop this frame from the count
+  return p
 end
 
 local function op_of(op, level)

@@ -72,7 +72,10 @@ function M.open(path, opts)
   return wrap_model(out[0])
 end
 
-local function P(m) return lib.ptr(m, "model", 3) end
+local function P(m)
+  local p = lib.ptr(m, "model", 3) -- not a tail call, which would drop this frame from the count
+  return p
+end
 
 function methods:close() free_model(self) end
 methods.free = methods.close
