@@ -29,7 +29,7 @@ local wrap_file, free_file = lib.handle_type("ur_safetensors", C.ur_safetensors_
 file_methods.close = free_file
 
 local function F(f)
-  local p = lib.ptr(f, "safetensors file", 3) -- not a tail call, which would drop this frame from the count
+  local p = lib.ptr(f, "safetensors file", 3) -- not a tail call: lib.ptr
   return p
 end
 

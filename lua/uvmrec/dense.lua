@@ -34,7 +34,7 @@ end
 
 local function P(t) return t and t.p or nil end
 local function S(s)
-  local p = streams.handle(s, 3) -- not a tail call, which would drop this frame from the count
+  local p = streams.handle(s, 3) -- not a tail call: lib.ptr
   return p
 end
 

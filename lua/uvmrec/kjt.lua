@@ -14,7 +14,7 @@ local methods = {}
 local wrap, free_kjt, is_kjt
 
 local function K(k, level)
-  local p = lib.ptr(k, "kjt", (level or 2) + 1) -- not a tail call, which would drop this frame from the count
+  local p = lib.ptr(k, "kjt", (level or 2) + 1) -- not a tail call: lib.ptr
   return p
 end
 

@@ -308,7 +308,9 @@ end
 
 -- The engine pointer of a handle, or an error naming the object when it was freed or is no
 -- handle at all (a table or number in a handle's place, such as quantize()'s second result
--- passed on as a stream, was "used after free()").
+-- passed on as a stream, was "used after free()").  A shorthand over it (T, S, H, ...) keeps its
+-- result in a local before returning it: a tail call drops the shorthand's frame from the levels
+-- error() counts, and the message would name the caller's caller, or no line.
 function M.ptr(h, what, level)
   if type(h) ~= "cdata" then error(("%s: expected a handle, got a %s"):format(what, type(h)), (level or 2) + 1) end
   local p = h.p
@@ -323,7 +325,7 @@ end
 --   local H, S, T = lib.method_ptrs("embedding collection")
 function M.method_ptrs(what)
   local streams = require "uvmrec.stream"
-  -- (none a tail call, which would drop its frame from the count)
+  -- (none a tail call: M.ptr)
   local function H(self, level)
     local p = M.ptr(self.h, what, (level or 2) + 1)
     return p

@@ -167,7 +167,7 @@ end
 local function H(self, level)
   local h = rawget(self, "_h")
   if type(h) ~= "cdata" then error("metrics: expected a metric object (use ':')", level + 1) end
-  local p = lib.ptr(h, "metrics", level + 1) -- not a tail call, which would drop this frame from the count
+  local p = lib.ptr(h, "metrics", level + 1) -- not a tail call: lib.ptr
   return p
 end
 
@@ -176,7 +176,7 @@ local function tensor_arg(v, what, level, optional)
   if not tensor.is_tensor(v) then
     error(("metrics: %s must be a tensor, got %s"):format(what, type(v)), level + 1)
   end
-  local p = lib.ptr(v, "metrics " .. what, level + 1) -- not a tail call, which would drop this frame from the count
+  local p = lib.ptr(v, "metrics " .. what, level + 1) -- not a tail call: lib.ptr
   return p
 end
 

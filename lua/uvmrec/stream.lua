@@ -21,7 +21,7 @@ stream_methods.free = free_stream
 -- The engine pointer of an optional stream argument (nil: the default stream).
 function M.handle(s, level)
   if s == nil then return nil end
-  local p = ptr(s, "stream", (level or 2) + 1) -- not a tail call, which would drop this frame from the count
+  local p = ptr(s, "stream", (level or 2) + 1) -- not a tail call: lib.ptr
   return p
 end
 
@@ -42,8 +42,7 @@ end
 -- reported, as error() counts from here (2, the default: the caller).
 function M.wait(stream, event, level)
   level = level or 2
-  local sp = stream ~= nil and ptr(stream, "stream", level) or nil
-  return check(C.ur_stream_wait_event(sp, ptr(event, "event", level)), level)
+  return check(C.ur_stream_wait_event(M.handle(stream, level), ptr(event, "event", level)), level)
 end
 
 local event_methods = {}

@@ -9,11 +9,11 @@ local M = {}
 local methods = {}
 
 local function T(t)
-  local p = lib.ptr(t, "tensor", 3) -- not a tail call, which would drop this frame from the count
+  local p = lib.ptr(t, "tensor", 3) -- not a tail call: lib.ptr
   return p
 end
 local function S(s)
-  local p = streams.handle(s, 3) -- not a tail call, which would drop this frame from the count
+  local p = streams.handle(s, 3) -- not a tail call: lib.ptr
   return p
 end
 

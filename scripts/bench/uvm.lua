@@ -75,16 +75,14 @@ o.count = o.count or (gpu and 16 or 4)
 o.none_steps = o.none_steps or (gpu and 200 or 8)
 local NB = gpu and 8 or 4 -- batches the timed steps rotate over
 
--- --far-early-after's parts: those train.loop.parts names for a DLRM
-local PARTS = { optimizer = true }
-for _, m in ipairs(train.loop.MODULES) do PARTS[m .. "_forward"], PARTS[m .. "_backward"] = true, true end
+-- --far-early-after's parts: train.loop.parts' names
+local part_names = train.loop.part_names()
 for _, name in ipairs(o.far_early_after or {}) do
-  if not PARTS[name] then
-    local names = {}
-    for k in pairs(PARTS) do names[#names + 1] = k end
-    table.sort(names)
+  local known = false
+  for _, n in ipairs(part_names) do known = known or n == name end
+  if not known then
     cmd:misuse(("--far-early-after: '%s' is no part of the step; expected one of %s"):format(name,
-      table.concat(names, ", ")))
+      table.concat(part_names, ", ")))
   end
 end
 if o.far_early_after and not (o.far_early and o.far_behind) then
@@ -156,6 +154,29 @@ local non_table_peak -- set by the device run
 -- run{placement, policy, fraction, counting = "on"/"off"/"both"} -> record
 local hooks = require "uvmrec.train.hooks"
 
+-- Wraps obj[method] by around(f), f the method as it was; returns the unwrapper, which gives the
+-- object back what it held itself under the name (nil: its class's).
+local function wrap(obj, method, around)
+  local own = rawget(obj, method)
+  obj[method] = around(obj[method])
+  return function() obj[method] = own end
+end
+
+local function median(ms)
+  table.sort(ms)
+  return ms[math.floor((#ms + 1) / 2)]
+end
+
+-- The median ms between the events of pairs { start, end } (each waited for).
+local function pairs_ms(list)
+  local ms = {}
+  for k, p in ipairs(list) do
+    assert(p[2]:sync())
+    ms[k] = assert(p[1]:elapsed(p[2]))
+  end
+  return median(ms)
+end
+
 -- --parts: each of the step's parts (train.loop.parts: the collection's forward and backward, the
 -- other modules', the optimizer's step) between two events on the model's stream (recorded, never
 -- waited for, so the steps run as they do untimed): pairs made ahead for n steps; the steps are
@@ -164,42 +185,31 @@ local hooks = require "uvmrec.train.hooks"
 local function time_parts(parts, stream, n)
   local pool, used = {}, {}
   for k = 1, 2 * n * #parts do pool[k] = { assert(streams.event()), assert(streams.event()) } end
-  local own = {} -- what each object held itself under the method's name (nil: its class's)
+  local unwraps = {}
   for k, part in ipairs(parts) do
-    local name, obj, method = part[1], part[2], part[3]
-    local f, list = obj[method], {}
-    own[k] = rawget(obj, method)
-    used[name] = list
-    obj[method] = function(...)
-      local pair = table.remove(pool)
-      if not pair then return f(...) end
-      assert(pair[1]:record(stream))
-      local r = f(...)
-      assert(pair[2]:record(stream))
-      list[#list + 1] = pair
-      return r
-    end
-  end
-  local function median(ms)
-    table.sort(ms)
-    return ms[math.floor((#ms + 1) / 2)]
+    local list = {}
+    used[part[1]] = list
+    unwraps[k] = wrap(part[2], part[3], function(f)
+      return function(...)
+        local pair = table.remove(pool)
+        if not pair then return f(...) end
+        assert(pair[1]:record(stream))
+        local r = f(...)
+        assert(pair[2]:record(stream))
+        list[#list + 1] = pair
+        return r
+      end
+    end)
   end
   local function read()
     local out = {}
-    for name, list in pairs(used) do
-      local ms = {}
-      for k, p in ipairs(list) do
-        assert(p[2]:sync())
-        ms[k] = assert(p[1]:elapsed(p[2]))
-      end
-      out[name] = median(ms)
-    end
+    for name, list in pairs(used) do out[name] = pairs_ms(list) end
     local f, ms = used.embeddings_forward, {}
     for k = 1, #f - 1 do ms[k] = assert(f[k][1]:elapsed(f[k + 1][1])) end
     out.step = median(ms)
     return out
   end
-  return read, function() for k, part in ipairs(parts) do part[2][part[3]] = own[k] end end
+  return read, function() for k = #unwraps, 1, -1 do unwraps[k]() end end
 end
 
 local function run(r)
@@ -225,15 +235,14 @@ local function run(r)
   if r.after then
     after, copies = assert(streams.event()), {}
     for _, part in ipairs(train.loop.parts(model, opt)) do
-      local name, obj, method = part[1], part[2], part[3]
-      if name == r.after then
-        local f, own = obj[method], rawget(obj, method)
-        obj[method] = function(...)
-          local res = f(...)
-          assert(after:record(model.stream))
-          return res
-        end
-        unwrap_after = function() obj[method] = own end
+      if part[1] == r.after then
+        unwrap_after = wrap(part[2], part[3], function(f)
+          return function(...)
+            local res = f(...)
+            assert(after:record(model.stream))
+            return res
+          end
+        end)
       end
     end
     assert(unwrap_after, r.after)
@@ -370,13 +379,7 @@ local function run(r)
   if unwrap_after then
     unwrap_after()
     -- the early copies' median time over the timed steps (the last o.steps)
-    local ms = {}
-    for k = math.max(1, #copies - o.steps + 1), #copies do
-      assert(copies[k][2]:sync())
-      ms[#ms + 1] = assert(copies[k][1]:elapsed(copies[k][2]))
-    end
-    table.sort(ms)
-    rec.early_copies_ms = ms[math.floor((#ms + 1) / 2)]
+    rec.early_copies_ms = pairs_ms { unpack(copies, math.max(1, #copies - o.steps + 1)) }
   end
   if gpu then assert(ur.set_hbm_budget(0)) end
   rec.hbm_peak = ur.memory().hbm_peak

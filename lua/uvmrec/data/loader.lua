@@ -84,7 +84,7 @@ local methods = {}
 local wrap, free_loader = lib.handle_type("ur_loader", close_c, { __index = methods })
 
 local function L(l)
-  local p = lib.ptr(l, "loader", 3) -- not a tail call, which would drop this frame from the count
+  local p = lib.ptr(l, "loader", 3) -- not a tail call: lib.ptr
   return p
 end
 

@@ -28,7 +28,7 @@ local function T(t, what, level)
   if not tensor.is_tensor(t) then
     error(("comm: %s must be a tensor, got %s"):format(what, type(t)), (level or 2) + 1)
   end
-  local p = lib.ptr(t, what, (level or 2) + 1) -- not a tail call, which would drop this frame from the count
+  local p = lib.ptr(t, what, (level or 2) + 1) -- not a tail call: lib.ptr
   return p
 end
 

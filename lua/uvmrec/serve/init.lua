@@ -73,7 +73,7 @@ function M.open(path, opts)
 end
 
 local function P(m)
-  local p = lib.ptr(m, "model", 3) -- not a tail call, which would drop this frame from the count
+  local p = lib.ptr(m, "model", 3) -- not a tail call: lib.ptr
   return p
 end
 

@@ -42,6 +42,17 @@ function M.parts(model, optimizer)
   return list
 end
 
+-- The names parts() can give, sorted: a model's before it is built (to check a part's name).
+function M.part_names()
+  local names = { "optimizer" }
+  for _, name in ipairs(M.MODULES) do
+    names[#names + 1] = name .. "_forward"
+    names[#names + 1] = name .. "_backward"
+  end
+  table.sort(names)
+  return names
+end
+
 -- A run as its hooks see it: model, optimizer, step (the last step made), samples (trained on,
 -- in all, by every rank), world, loss (the last step's), stopped, and error (in finish, when the
 -- loop failed).
