@@ -16,6 +16,7 @@
 #include "data/data.h"
 #include "data/kjt.h"
 #include "data/synth.h"
+#include "core/bypass.h"
 #include "core/philox.h"
 
 size_t ur_sizeof_loader_opts(void) { return sizeof(ur_loader_opts); }
@@ -725,21 +726,10 @@ typedef struct out_rows {
   float bad_dense;
 } out_rows;
 
-/* The slot's big arrays are written once and read by someone else later (the consumer, or a
- * copy to the GPU): stores that bypass the cache save reading each line before writing it. */
-#if defined(__SSE2__) && defined(__x86_64__)
-#include <emmintrin.h>
-static inline void put64(int64_t *p, int64_t v) { _mm_stream_si64((long long *)p, v); }
-static inline void put32(int32_t *p, int32_t v) { _mm_stream_si32(p, v); }
-static inline void put_fence(void) { _mm_sfence(); }
-#else
-static inline void put64(int64_t *p, int64_t v) { *p = v; }
-static inline void put32(int32_t *p, int32_t v) { *p = v; }
-static inline void put_fence(void) {}
-#endif
-
 /* Samples i0 .. i0 + m - 1 of the block out to the slot, with the offsets they would have if
- * no bag were short (make_batch mends them when one is). */
+ * no bag were short (make_batch mends them when one is).  The slot's big arrays are written once
+ * and read by someone else later (the consumer, or a copy to the GPU): stores that bypass the
+ * cache. */
 static void flush_block(const ur_loader *l, out_rows *o, int64_t i0, int64_t m) {
   int64_t n = o->n, H = l->H, T = l->T;
   for (int64_t t = 0; t < T; t++) {
@@ -748,19 +738,19 @@ static void flush_block(const ur_loader *l, out_rows *o, int64_t i0, int64_t m) 
     int64_t *off = o->offsets + t * n + i0 + 1, at = n * c0 + i0 * hot;
     for (int64_t s = 0; s < m; s++) {
       int32_t k = o->blen[s * T + t];
-      put32(len + s, k);
-      put64(off + s, at + (s + 1) * hot);
+      ur__bypass32(len + s, k);
+      ur__bypass64(off + s, at + (s + 1) * hot);
       sum += k;
     }
     o->tot[t] += sum;
     int64_t *v = o->values + n * c0 + i0 * hot;
     if (hot == 1) {
-      for (int64_t s = 0; s < m; s++) put64(v + s, o->bids[s * H + c0]);
+      for (int64_t s = 0; s < m; s++) ur__bypass64(v + s, o->bids[s * H + c0]);
       if (o->weights)
         for (int64_t s = 0; s < m; s++) o->weights[n * c0 + i0 + s] = o->bw[s * H + c0];
     } else {
       for (int64_t s = 0; s < m; s++) {
-        for (int64_t q = 0; q < hot; q++) put64(v + s * hot + q, o->bids[s * H + c0 + q]);
+        for (int64_t q = 0; q < hot; q++) ur__bypass64(v + s * hot + q, o->bids[s * H + c0 + q]);
         if (o->weights)
           memcpy(o->weights + n * c0 + (i0 + s) * hot, o->bw + s * H + c0, sizeof(float) * (size_t)hot);
       }
@@ -967,7 +957,7 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
     }
     if (i % BLOCK == BLOCK - 1 || i == n - 1) flush_block(l, &o, i - i % BLOCK, i % BLOCK + 1);
   }
-  put_fence(); /* the streamed stores are done before anything reads them */
+  ur__bypass_fence(); /* the streamed stores are done before anything reads them */
   if (o.bad_row >= 0) {
     const day *d = day_of(l, o.bad_row, &dc);
     return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s/day_%d_labels.npy: row %lld holds label %g; expected 0 or 1 "
