@@ -509,6 +509,11 @@ static ur_status ur_cuda_stream_wait(void *stream, void *event) {
   return UR_STATUS_OK;
 }
 
+static ur_status ur_cuda_host_call(void *stream, void (*fn)(void *ctx), void *ctx) {
+  UR_CUDA_CHECK(cudaLaunchHostFunc((cudaStream_t)stream, fn, ctx), "cudaLaunchHostFunc");
+  return UR_STATUS_OK;
+}
+
 /* ---- graphs ---- */
 
 /* Relaxed: the calls being captured may make calls that are unsafe during a capture (a
@@ -1102,6 +1107,7 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   b->monitor_read = ur_cuda_monitor_read;
   b->monitor_stop = ur_cuda_monitor_stop;
   b->stream_wait = ur_cuda_stream_wait;
+  b->host_call = ur_cuda_host_call;
   b->graph_begin = ur_cuda_graph_begin;
   b->graph_end = ur_cuda_graph_end;
   b->graph_launch = ur_cuda_graph_launch;

@@ -158,6 +158,13 @@ __device__ __forceinline__ int32_t far_claim(const ur__tbe_far &f, uint64_t key,
   return UR_TBE_FAR_UNPLACED;
 }
 
+/* Copy `at`'s home: where its row is and how many bytes (what writes it home reads). */
+__device__ __forceinline__ void far_home_of(const ur__tbe_far &f, int32_t at, const char *home,
+                                            int32_t bytes) {
+  f.homes[2 * at] = bytes;
+  f.homes[2 * at + 1] = (int64_t)home;
+}
+
 /* Where a forward reads far row `key` whose home is `home` while the last backward's copies
  * (prior) are written home behind it: its copy there, where it has one. */
 __device__ __forceinline__ const char *far_prior(const ur__tbe_far &prior, uint64_t key,
@@ -248,11 +255,9 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
   if (bag0 >= a.bags) return;
   int64_t bag = bag0 + lane, s = 0, e = 0;
   const ur__tbe_table *tb = nullptr;
-  int32_t feature_table = 0;
   if (bag < a.bags) {
     ur__tbe_bag_span(a.offsets, a.n, bag, &s, &e);
-    feature_table = a.features[feature_of(a, bag)].table;
-    tb = a.tables + feature_table;
+    tb = a.tables + a.features[feature_of(a, bag)].table;
   }
   int64_t most = e - s;
 #pragma unroll
@@ -268,16 +273,18 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
         int32_t ca = cs >= 0 ? cur.at[cs] : -1;
         if (cs < 0 || ca >= 0) at = far_claim(a.far, key, 0, nullptr);
         if (at == UR_TBE_FAR_UNPLACED) atomicAdd(a.far.taken + 1, 1);
-        if (at >= 0) a.far.homes[at] = (int64_t)key;
+        int32_t bytes = tb->dim * esize(tb->dtype);
+        char *home = (char *)tb->weights + pr * bytes;
+        if (at >= 0) far_home_of(a.far, at, home, bytes);
         if (at >= 0 && cs >= 0) { /* from cur's copy, once the backward has stepped it */
           int32_t q = atomicAdd(a.far.taken + 3, 1);
           a.far.pairs[2 * q] = at;
           a.far.pairs[2 * q + 1] = ca;
           at = -1;
-        } else if (at >= 0) { /* read by far_move_kernel */
+        } else if (at >= 0) { /* read by far_move_kernel or far.c's copy engines */
           int32_t q = atomicAdd(a.far.taken + 4, 1);
-          a.far.loads[2 * q] = (int64_t)at | (int64_t)feature_table << 32;
-          a.far.loads[2 * q + 1] = pr;
+          a.far.loads[2 * q] = (int64_t)at | (int64_t)bytes << 32;
+          a.far.loads[2 * q + 1] = (int64_t)home;
         }
       }
     }
@@ -288,13 +295,14 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
  * UR_TBE_FAR_LOADS rows in flight at a time, 8 bytes a lane a row per round, so that the
  * link's latency is covered without holding the SMs the step computes on.  TO_HOME false: the
  * early copies' reads (far_prefetch_kernel's loads); true: every copy written home behind the
- * step (ur_tbe_set_far_behind), from its key in homes. */
+ * step (ur_tbe_set_far_behind), to where homes says.  (far.c moves them through the copy
+ * engines instead with ur_tbe_set_far_dma.) */
 #define UR_TBE_FAR_LOADS 8
 template <bool TO_HOME>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
-    far_move_kernel(const ur__tbe_args a) {
+    far_move_kernel(const ur__tbe_far f) {
   int lane = threadIdx.x & 31;
-  int32_t n = TO_HOME ? min(a.far.taken[0], a.far.cap) : a.far.taken[4];
+  int32_t n = TO_HOME ? min(f.taken[0], f.cap) : f.taken[4];
   int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
   for (int64_t q0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * UR_TBE_FAR_LOADS; q0 < n;
        q0 += warps * UR_TBE_FAR_LOADS) {
@@ -305,23 +313,10 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     for (int k = 0; k < UR_TBE_FAR_LOADS; k++) {
       bytes[k] = 0;
       if (q0 + k >= n) continue;
-      int64_t at, pr;
-      int32_t t;
-      if (TO_HOME) {
-        uint64_t key = (uint64_t)a.far.homes[q0 + k];
-        t = table_of_key(a, key);
-        int64_t id = (int64_t)key - a.tables[t].key_base;
-        at = q0 + k;
-        pr = a.tables[t].perm ? a.tables[t].perm[id] : id;
-      } else {
-        int64_t w = a.far.loads[2 * (q0 + k)];
-        at = (int32_t)(w & 0xffffffff);
-        t = (int32_t)(w >> 32);
-        pr = a.far.loads[2 * (q0 + k) + 1];
-      }
-      const ur__tbe_table &tb = a.tables[t];
-      bytes[k] = tb.dim * esize(tb.dtype);
-      char *home = (char *)tb.weights + pr * bytes[k], *copy = a.far.rows + at * a.far.row_bytes;
+      const int64_t *e = (TO_HOME ? f.homes : f.loads) + 2 * (q0 + k);
+      int64_t at = TO_HOME ? q0 + k : (e[0] & 0xffffffff);
+      bytes[k] = (int32_t)(TO_HOME ? e[0] : e[0] >> 32);
+      char *home = (char *)e[1], *copy = f.rows + at * f.row_bytes;
       from[k] = TO_HOME ? copy : home;
       to[k] = TO_HOME ? home : copy;
       most = max(most, bytes[k]);
@@ -335,6 +330,20 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
       for (int k = 0; k < UR_TBE_FAR_LOADS; k++)
         if (o < bytes[k]) *reinterpret_cast<uint2 *>(to[k] + o) = v[k];
     }
+  }
+}
+
+/* The copies in slots [from, the copies made) moved between HBM and the same slots of pinned
+ * host memory, 16 bytes a thread: the rows set_far_dma's copy engines left (far.c moves a
+ * batch's copies before the GPU has counted them, as many as the last batches had). */
+__global__ void __launch_bounds__(UR_TBE_WARPS * 32)
+    far_spill_kernel(const ur__tbe_far f, char *host, int64_t from, bool to_host) {
+  int64_t made = min(f.taken[0], f.cap);
+  int64_t lo = from * f.row_bytes / 16, hi = made * f.row_bytes / 16;
+  uint4 *dev = reinterpret_cast<uint4 *>(f.rows), *pin = reinterpret_cast<uint4 *>(host);
+  for (int64_t i = lo + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += (int64_t)gridDim.x * blockDim.x) {
+    if (to_host) pin[i] = dev[i];
+    else dev[i] = pin[i];
   }
 }
 
@@ -519,7 +528,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
         /* an early copy is read in HBM instead (row points at it) */
         if (FAR && valid && pr >= ff) {
           copy = far_claim(a.far, (uint64_t)(kb + id), pre, &row);
-          if (copy >= 0) a.far.homes[copy] = kb + id;
+          if (copy >= 0) far_home_of(a.far, copy, tw + pr * rb, rb);
           /* written behind the last step: its copy there is the row until it is home */
           if (a.prior.use && row == tw + pr * rb) row = far_prior(a.prior, (uint64_t)(kb + id), row);
         }
@@ -2207,8 +2216,6 @@ static ur_status tbe_far_prefetch(void *stream, const ur__tbe_args *a, const ur_
   cudaStream_t st = (cudaStream_t)stream;
   if (a->bags > 0) far_prefetch_kernel<<<blocks_for((a->bags + 31) / 32), UR_TBE_WARPS * 32, 0, st>>>(*a, *cur);
   UR_CUDA_CHECK(cudaGetLastError(), "tbe far_prefetch");
-  far_move_kernel<false><<<far_move_blocks(), UR_TBE_WARPS * 32, 0, st>>>(*a);
-  UR_CUDA_CHECK(cudaGetLastError(), "tbe far_prefetch (loads)");
   /* the copies made so far are the early ones: taken[2] = taken[0] */
   UR_CUDA_CHECK(cudaMemcpyAsync(a->far.taken + 2, a->far.taken, 4, cudaMemcpyDeviceToDevice, st),
                 "tbe far_prefetch (count)");
@@ -2222,9 +2229,19 @@ static ur_status tbe_far_patch(void *stream, const ur__tbe_far *f, const ur__tbe
   return UR_STATUS_OK;
 }
 
-static ur_status tbe_far_home(void *stream, const ur__tbe_args *a) {
-  far_move_kernel<true><<<far_move_blocks(), UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
-  UR_CUDA_CHECK(cudaGetLastError(), "tbe far_home");
+static ur_status tbe_far_move(void *stream, const ur__tbe_far *f, int32_t to_home) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (to_home) far_move_kernel<true><<<far_move_blocks(), UR_TBE_WARPS * 32, 0, st>>>(*f);
+  else far_move_kernel<false><<<far_move_blocks(), UR_TBE_WARPS * 32, 0, st>>>(*f);
+  UR_CUDA_CHECK(cudaGetLastError(), to_home ? "tbe far rows home" : "tbe far rows' early copies");
+  return UR_STATUS_OK;
+}
+
+static ur_status tbe_far_spill(void *stream, const ur__tbe_far *f, char *host, int64_t from,
+                               int32_t to_host) {
+  far_spill_kernel<<<far_move_blocks(), UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(*f, host, from,
+                                                                                     to_host != 0);
+  UR_CUDA_CHECK(cudaGetLastError(), "tbe far_spill");
   return UR_STATUS_OK;
 }
 
@@ -2262,7 +2279,8 @@ const ur_tbe_ops ur__cuda_tbe_ops = {
     .gather_rows = tbe_gather_rows,
     .far_prefetch = tbe_far_prefetch,
     .far_patch = tbe_far_patch,
-    .far_home = tbe_far_home,
+    .far_move = tbe_far_move,
+    .far_spill = tbe_far_spill,
     .decay_counts = tbe_decay_counts,
     .swap_rows = tbe_swap_rows,
     .rank_work_bytes = tbe_rank_work_bytes,

@@ -64,12 +64,27 @@ describe("scripts/bench/uvm.lua --far-early-after", function()
     end
   end)
 
-  it("refuses a part the step does not have, and a run without early copies written behind", function()
+  it("--far-dma: runs the last case with early copies once more per way through the copy engines", function()
+    local out, err, code = cmd.run("scripts/bench/uvm.lua --cpu --policies hot_prefix --fractions 20 --far-rows 1024 "
+      .. "--far-early --far-behind --far-dma home,both --none-steps 0")
+    assert.equal(0, code, out .. err)
+    assert.matches("| hot_prefix | 20% | 1024 / 0, early, behind |", out, 1, true)
+    for _, w in ipairs { "home", "both" } do
+      assert.matches("| hot_prefix | 20% | 1024 / 0, early, behind, dma " .. w .. " |", out, 1, true)
+    end
+  end)
+
+  it("refuses a part the step does not have, a run without early copies written behind, and --far-dma without "
+    .. "early copies", function()
     for _, case in ipairs {
       { "--far-early --far-behind --far-early-after top", "--far-early-after: 'top' is no part of the step; "
         .. "expected one of bottom_backward, bottom_forward, criterion_backward," },
       { "--far-early --far-early-after top_backward", "--far-early-after moves the early copies of the runs "
         .. "written behind: it needs --far-early and --far-behind" },
+      { "--far-dma early", "--far-dma early moves the early copies of a run: it needs --far-early" },
+      { "--far-early --far-dma home", "--far-dma home moves the copies written behind of a run: it needs --far-early "
+        .. "and --far-behind" },
+      { "--far-early --far-dma none", "--far-dma: 'none'; expected home, early or both" },
     } do
       local out, err, code = cmd.run("scripts/bench/uvm.lua --cpu --none-steps 0 " .. case[1])
       assert.equal(2, code, out .. err)

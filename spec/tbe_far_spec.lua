@@ -52,17 +52,20 @@ end
 -- forward; o.between(far, plain, s) between each forward and its backward.  o.early: after each
 -- forward of `far`, the next batch's far rows are copied early on a stream of their own (or
 -- o.early(s, inputs)'s batch); o.backward(s, inputs): the batch the backward is given instead;
--- o.behind: `far` writes its copies home behind each step (set_far_behind); o.after(far, plain,
--- s) after each backward; o.label begins each failure's message.
+-- o.behind: `far` writes its copies home behind each step (set_far_behind); o.dma: which of its
+-- rows' moves go through the copy engines (set_far_dma); o.sizes[s]: step s's batch size (40);
+-- o.after(far, plain, s) after each backward; o.label begins each failure's message.
 local function same_steps(far, plain, steps, seed, o)
   o = o or {}
   local tag = o.label and o.label .. ": " or ""
   if o.behind then assert(far.tbe:set_far_behind(true)) end
+  if o.dma then assert(far.tbe:set_far_dma(o.dma)) end
   local side = o.early and assert(streams.stream())
   local raw, inputs = {}, {}
   for s = 1, steps + 1 do
     math.randomseed(seed + s)
-    raw[s] = R.batch(R.rows_of(plain), { batch = 40, weighted = s % 2 == 0, hot = s == 2 and { 3, 300 } or nil })
+    raw[s] = R.batch(R.rows_of(plain), { batch = o.sizes and o.sizes[s] or 40, weighted = s % 2 == 0,
+                                         hot = s == 2 and { 3, 300 } or nil })
     inputs[s] = R.input(raw[s], "device")
   end
   if side then assert(far.tbe:far_prefetch(inputs[1], side)) end
@@ -167,6 +170,19 @@ describe("far rows' copies", function()
     assert.is_false(ok)
     assert.matches("embeddings.far_behind is true with embeddings.far_rows 0: it writes copies home, and there "
                    .. "is no room for any", err, 1, true)
+    for _, case in ipairs {
+      { { "embeddings.far_dma=home" }, "embeddings.far_dma is 'home' with embeddings.far_rows 0: it moves copies, "
+        .. "and there is no room for any" },
+      { { "embeddings.far_dma=both", "embeddings.far_rows=64", "train.pipeline=true" }, "embeddings.far_dma is "
+        .. "'both' with embeddings.far_behind false: no copy is written home behind a step" },
+      { { "embeddings.far_dma=early", "embeddings.far_rows=64" }, "embeddings.far_dma is 'early' with "
+        .. "train.pipeline false: no copy is made early" },
+      { { "embeddings.far_dma=yes" }, "embeddings.far_dma" },
+    } do
+      ok, err = pcall(h.train_tiny, case[1])
+      assert.is_false(ok)
+      assert.matches(case[2], err, 1, true)
+    end
   end)
 
   for _, kind in ipairs { "sgd", "rowwise_adagrad", "adam" } do
@@ -225,6 +241,33 @@ describe("far rows' copies", function()
     assert.is_true(c.tbe:far_behind())
   end)
 
+  it("through the copy engines: set_far_dma takes none, home, early or both, naming a bad one; a CPU collection "
+    .. "keeps it", function()
+    local c = collection("cpu", "host")
+    assert.equal("none", c.tbe:far_dma())
+    for _, bad in ipairs { true, 1, "yes" } do
+      assert.has_error(function() c.tbe:set_far_dma(bad) end,
+                       "embedding collection: set_far_dma way '" .. tostring(bad) .. "' is not one of both, early, "
+                       .. "home, none")
+    end
+    -- from C, a number past the ways
+    assert.equal(ur.C.UR_STATUS_INVALID, ur.C.ur_tbe_set_far_dma(c.tbe.h.p, 4))
+    assert.equal("tbe set_far_dma: 4; expected 0 (copy kernels), 1 (the write home through the copy engines), "
+                 .. "2 (the early copies) or 3 (both)", require("ffi").string(ur.C.ur_last_error()))
+    assert.equal("none", c.tbe:far_dma())
+    for _, w in ipairs { "home", "early", "both" } do
+      assert.equal(c.tbe, c.tbe:set_far_dma(w))
+      assert.equal(w, c.tbe:far_dma())
+    end
+    c.tbe:set_far_rows(64)
+    local inp = R.input(R.batch(R.rows_of(c), { batch = 8 }))
+    assert.equal(c.tbe, c.tbe:far_prefetch(inp))
+    c:forward(inp)
+    assert.same({ 0, 0 }, { c.tbe:far_taken() })
+    assert.equal(c.tbe, c.tbe:set_far_dma("none"))
+    assert.equal("none", c.tbe:far_dma())
+  end)
+
   -- a view taken between a step and the next forward (its copies on their way home) must read
   -- the stepped rows
   local function views_equal(f, p, s)
@@ -271,6 +314,57 @@ describe("far rows' copies", function()
         same_steps(far, plain, 3, 170 + 10 * i, o)
       end
     end)
+
+  for _, kind in ipairs { "sgd", "rowwise_adagrad", "adam" } do
+    cuda_it("through the copy engines (set_far_dma both, home, early): " .. kind .. " gives the same bits as without "
+      .. "copies, a view between steps reads the stepped rows, and the next forward finds its rows copied", function()
+      local opt = { kind, lr = 0.05, weight_decay = 0.01, max_grad = 0.8 }
+      for _, way in ipairs { "both", "home", "early" } do
+        local far, plain = collection(0, "host", { optimizer = opt }), collection(0, "host", { optimizer = opt })
+        local behind = way ~= "early"
+        far.tbe:set_far_rows(100000)
+        same_steps(far, plain, 4, 230, { early = true, behind = behind, dma = way,
+          between = behind and views_equal or nil, check = function(b, c)
+            assert.same({ distinct(c, b), 0 }, { c.tbe:far_taken() })
+          end, label = way })
+        assert.equal(way, far.tbe:far_dma())
+      end
+    end)
+  end
+
+  cuda_it("through the copy engines: a room too small, another batch copied early, a backward of other values, "
+    .. "pooling none, a load, init_table or reset_rows between, a batch of many more rows, the room set again: "
+    .. "the same bits", function()
+    local cases = {
+      { room = 5, early = true, behind = true },
+      { room = 5, behind = true },
+      { room = 100000, early = function(s, bs) return bs[(s + 2) % #bs + 1] end, behind = true },
+      { room = 100000, early = true, backward = function(s, bs) return bs[s % 2 + 1] end, behind = true },
+      { room = 100000, early = true, make = { pooling = "none" } },
+      { room = 100000, early = true, behind = true, between = function(f, p, s)
+        local src = assert(ur.tensor({ 3000, 128 }, { placement = "device" })):uniform(-0.5, 0.5, 7)
+        for _, c in ipairs { f, p } do
+          if s == 1 then assert(c.tbe:load("a", src))
+          elseif s == 2 then assert(c.tbe:init_table("d", -0.1, 0.1, 5))
+          else assert(c.tbe:reset_rows("a", { 0, 1, 2, 3, 4, 5 })) end
+        end
+      end },
+      -- a batch with far more rows than the ones before: the copy engines move as many as those had,
+      -- and a kernel the rest
+      { room = 100000, early = true, behind = true, sizes = { 4, 4, 400, 4 } },
+      -- a new room (and new staging) between steps, then the copy kernels, then the engines again
+      { room = 100000, early = true, behind = true, after = function(f, _, s)
+        if s == 1 then f.tbe:set_far_rows(3000) end
+        f.tbe:set_far_dma(s ~= 2 and "both" or "none")
+      end },
+    }
+    for i, o in ipairs(cases) do
+      local far, plain = collection(0, "host", o.make), collection(0, "host", o.make)
+      far.tbe:set_far_rows(o.room)
+      o.dma, o.label = "both", "case " .. i
+      same_steps(far, plain, 3, 250 + 10 * i, o)
+    end
+  end)
 
   cuda_it("written behind with early copies: a checkpoint loaded between steps is what the next forward reads",
     function()
@@ -389,29 +483,33 @@ describe("far rows' copies", function()
     end })
   end)
 
-  cuda_it("managed tables under hot_prefix: only rows past the prefix are copied; the same bits", function()
+  cuda_it("managed tables under hot_prefix: only rows past the prefix are copied; the same bits, by copy "
+    .. "kernels and through the copy engines (early copies, written behind)", function()
     local function make()
       local c = collection(0, "managed")
       local m = hints.manager(c, { policy = "hot_prefix", every = 1, allowance = "30%" })
       return c, m
     end
-    local far, mf = make()
-    local plain, mp = make()
-    far.tbe:set_far_rows(100000)
-    math.randomseed(90)
-    local b = R.batch(R.rows_of(plain), { batch = 200 })
-    local inp = R.input(b, "device")
-    far:forward(inp)
-    plain:forward(inp)
-    assert(mf:interval(1))
-    assert(mp:interval(1))
-    assert.is_true(far.tbe:far_from("a") > 0 and far.tbe:far_from("a") < 3000)
-    same_steps(far, plain, 3, 90, { check = function(bb, c)
-      local n = c.tbe:far_taken()
-      assert.is_true(n > 0 and n < distinct(c, bb), n)
-    end })
-    mf:free()
-    mp:free()
+    for _, o in ipairs { {}, { dma = "both", early = true, behind = true, label = "dma" } } do
+      local far, mf = make()
+      local plain, mp = make()
+      far.tbe:set_far_rows(100000)
+      math.randomseed(90)
+      local b = R.batch(R.rows_of(plain), { batch = 200 })
+      local inp = R.input(b, "device")
+      far:forward(inp)
+      plain:forward(inp)
+      assert(mf:interval(1))
+      assert(mp:interval(1))
+      assert.is_true(far.tbe:far_from("a") > 0 and far.tbe:far_from("a") < 3000)
+      o.check = function(bb, c)
+        local n = c.tbe:far_taken()
+        assert.is_true(n > 0 and n < distinct(c, bb), n)
+      end
+      same_steps(far, plain, 3, 90, o)
+      mf:free()
+      mp:free()
+    end
   end)
 
   cuda_it("training with embeddings.far_rows gives the device tables' losses bit for bit, and says what it copied",
@@ -426,13 +524,16 @@ describe("far rows' copies", function()
       -- a room of 1 has the least map, 64 slots: a batch's far rows overflow it
       -- through the prefetch pipeline, the far rows of each next batch are copied early
       -- written home behind each step (embeddings.far_behind), with early copies and without
+      -- and through the copy engines (embeddings.far_dma)
       for _, c in ipairs { { "managed", 2000 }, { "host", 2000 }, { "host", 1 }, { "managed", 2000, true },
                            { "host", 1, true }, { "managed", 2000, true, true }, { "host", 1, true, true },
-                           { "host", 2000, false, true } } do
-        local place, room, pipe, behind = c[1], c[2], c[3], c[4]
+                           { "host", 2000, false, true }, { "managed", 2000, true, true, "both" },
+                           { "host", 1, true, true, "home" }, { "managed", 2000, true, false, "early" } } do
+        local place, room, pipe, behind, dma = c[1], c[2], c[3], c[4], c[5]
         local r = run { "embeddings.placement=" .. place, "embeddings.far_rows=" .. room,
                         "train.pipeline=" .. tostring(pipe == true),
-                        "embeddings.far_behind=" .. tostring(behind == true) }
+                        "embeddings.far_behind=" .. tostring(behind == true),
+                        "embeddings.far_dma=" .. (dma or "none") }
         assert.same(want, r.losses, place)
         local f = r.result.far_rows
         assert.equal(pipe and 12 or 0, f.early, place)

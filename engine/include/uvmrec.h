@@ -840,7 +840,8 @@ UR_API ur_status ur_tbe_skipped(ur_tbe *t, int64_t *out);
  * swaps, a cache's redirect); a write through a view (ur_tbe_table) in between is not seen:
  * write rows between steps, or call ur_tbe_far_refresh after.  The room is HBM of the
  * collection's GPU, counted in the budget: `rows` times the collection's widest row (rounded to
- * 16 bytes), plus a map of 12 bytes a slot (the power of two at least 2 * rows, 64 at least).
+ * 16 bytes) and 40 bytes (what each copy is read from and written to), plus a map of 12 bytes a
+ * slot (the power of two at least 2 * rows, 64 at least).
  * On a CPU collection nothing is copied (the setting is kept). */
 UR_API ur_status ur_tbe_set_far_rows(ur_tbe *t, int64_t rows);
 UR_API int64_t ur_tbe_far_rows(const ur_tbe *t);
@@ -899,6 +900,26 @@ UR_API int32_t ur_tbe_far_early_usable(const ur_tbe *t);
 UR_API ur_status ur_tbe_set_far_behind(ur_tbe *t, int32_t on);
 /* 1 with write-behind on, 0 off, -1 for a NULL t. */
 UR_API int32_t ur_tbe_far_behind(const ur_tbe *t);
+/* Which of the far rows' moves cross the link through the GPU's copy engines and host threads
+ * instead of copy kernels, which hold SMs the step computes on while rows cross (writes to host
+ * memory most).  HOME: the copies written behind (ur_tbe_set_far_behind) copied to pinned host
+ * memory after the backward, and each written home by host threads.  EARLY: the early copies'
+ * list copied to the host, their rows gathered there by host threads into pinned memory in
+ * their slots' order, and copied to the GPU in one copy.  The copy engines move as many copies
+ * as the last batches had and an eighth more (a batch's count is known on the GPU only), a
+ * copy kernel any past them.  Each map takes pinned host memory of its room's size (made on
+ * first use, freed with the room); the host threads are the engine's (UR_NUM_THREADS, every
+ * core by default) but two, and a GPU's host calls run one at a time, so with BOTH one way
+ * waits for the other.  The same bits every way. */
+typedef enum {
+  UR_FAR_DMA_NONE = 0, /* copy kernels both ways (the default) */
+  UR_FAR_DMA_HOME = 1,
+  UR_FAR_DMA_EARLY = 2,
+  UR_FAR_DMA_BOTH = 3,
+} ur_far_dma;
+UR_API ur_status ur_tbe_set_far_dma(ur_tbe *t, int32_t ways /* ur_far_dma */);
+/* The ways set (ur_far_dma), -1 for a NULL t. */
+UR_API int32_t ur_tbe_far_dma(const ur_tbe *t);
 
 /* ---- access counters and row layout ---- */
 /* Access counters: per table an i32 counter per row id, kept where the collection runs (device

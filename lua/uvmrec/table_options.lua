@@ -28,6 +28,8 @@ local M = {}
 M.BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
 M.POOLINGS = { sum = C.UR_POOLING_SUM, mean = C.UR_POOLING_MEAN, none = C.UR_POOLING_NONE }
 M.OUTPUT_DTYPES = { f32 = C.UR_DTYPE_F32, bf16 = C.UR_DTYPE_BF16 }
+M.FAR_DMA = { none = C.UR_FAR_DMA_NONE, home = C.UR_FAR_DMA_HOME, early = C.UR_FAR_DMA_EARLY,
+              both = C.UR_FAR_DMA_BOTH }
 
 -- The checks for the collection named who.
 function M.checks(who)

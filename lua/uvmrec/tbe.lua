@@ -525,6 +525,20 @@ function methods:set_far_behind(on)
 end
 function methods:far_behind() return C.ur_tbe_far_behind(H(self)) == 1 end
 
+-- set_far_dma(ways): which of the far rows' moves cross the link through the copy engines and
+-- host threads instead of copy kernels (uvmrec.h, ur_tbe_set_far_dma; docs/uvm.md): "home" (the
+-- copies written behind), "early" (the early copies), "both" or "none".  far_dma(): the name.
+function methods:set_far_dma(ways)
+  must(C.ur_tbe_set_far_dma(H(self), pick(table_options.FAR_DMA, ways, "set_far_dma way", 2)))
+  return self
+end
+function methods:far_dma()
+  local w = C.ur_tbe_far_dma(H(self))
+  for name, v in pairs(table_options.FAR_DMA) do
+    if v == w then return name end
+  end
+end
+
 -- Ids skipped by the "warn" bounds check so far.
 -- set_gate(flags or nil): a guard's flags (uvmrec.train.guard, i32 at the collection's side):
 -- while their element 0 is set when a backward runs, the backward leaves rows and state as

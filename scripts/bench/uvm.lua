@@ -59,6 +59,9 @@ local cmd = require("uvmrec.cli").command {
     .. "rows copied while a step computes: uvmrec.train.hooks.far_early)" },
   { "--far-behind", "each run with early copies once more with the copies written home behind the step "
     .. "(embeddings.far_behind)" },
+  { "--far-dma W,...", "the last run with early copies (written behind with --far-behind) once more per value, "
+    .. "those moves of its far rows through the copy engines and host threads instead of copy kernels: home, early "
+    .. "or both (embeddings.far_dma)", type = "list" },
   { "--far-early-after P,...", "each run with early copies written behind once more per part of the step "
     .. "(train.loop.parts' names, such as top_backward), the early copies started when that part ends instead "
     .. "of after the tables' forward: what they slow where they run (their median time is printed)", type = "list" },
@@ -83,6 +86,15 @@ for _, name in ipairs(o.far_early_after or {}) do
   if not known then
     cmd:misuse(("--far-early-after: '%s' is no part of the step; expected one of %s"):format(name,
       table.concat(part_names, ", ")))
+  end
+end
+for _, w in ipairs(o.far_dma or {}) do
+  if w ~= "home" and w ~= "early" and w ~= "both" then
+    cmd:misuse(("--far-dma: '%s'; expected home, early or both"):format(w))
+  end
+  if not o.far_early or (w ~= "early" and not o.far_behind) then
+    cmd:misuse(("--far-dma %s moves the %s of a run: it needs --far-early%s"):format(w,
+      w == "early" and "early copies" or "copies written behind", w == "early" and "" or " and --far-behind"))
   end
 end
 if o.far_early_after and not (o.far_early and o.far_behind) then
@@ -273,7 +285,9 @@ local function run(r)
   local t_setup = C.ur_clock_seconds()
   if r.far and r.far > 0 then assert(tbe:set_far_rows(r.far)) end -- its room is in the budget's hbm_used below
   tbe:set_far_behind(r.behind == true)
+  tbe:set_far_dma(r.dma or "none")
   rec.far_rows, rec.far_early, rec.far_behind, rec.far_early_after = r.far, r.early, r.behind, r.after
+  rec.far_dma = r.dma
   if r.placement == "managed" and r.policy ~= "none" then
     local allowance = math.floor(emb_bytes * (r.fraction or 0) / 100)
     local perm_bytes = 0
@@ -468,13 +482,17 @@ for _, pol in ipairs(o.policies) do
           cases[#cases + 1] = { far = far, early = true, behind = true, after = part }
         end
       end
+      for _, w in ipairs(far > 0 and o.far_dma or {}) do
+        cases[#cases + 1] = { far = far, early = true, behind = o.far_behind, dma = w }
+      end
     end
     for _, c in ipairs(cases) do
       local far = c.far
       local what = pol .. " " .. f .. "%" .. (far > 0 and (", far rows " .. far) or "") .. (c.early and ", early" or "")
         .. (c.behind and ", behind" or "") .. (c.after and (", early after " .. c.after) or "")
+        .. (c.dma and (", dma " .. c.dma) or "")
       local ok, rec = pcall(run, { placement = "managed", policy = pol, fraction = f, far = far, early = c.early,
-                                   behind = c.behind, after = c.after })
+                                   behind = c.behind, after = c.after, dma = c.dma })
       local bad = ok and same_losses(rec)
       if not ok then failed(what, rec)
       elseif bad then failed(what, bad)
@@ -512,9 +530,10 @@ for _, r in ipairs(results) do
   if r.policy ~= "none" then
     print(("| %s | %s | %s | %.3g M | %s | %.2f | %s | %s | %s | %s | %s |"):format(r.policy,
       r.fraction and (r.fraction .. "%") or (r.policy == "device" and "100% (all)" or "-"),
-      r.far_taken and ("%d / %s%d%s%s%s"):format(r.far_rows, r.far_unplaced > 0 and ">= " or "", r.far_taken,
+      r.far_taken and ("%d / %s%d%s%s%s%s"):format(r.far_rows, r.far_unplaced > 0 and ">= " or "", r.far_taken,
         r.far_early and ", early" or "", r.far_behind and ", behind" or "",
-        r.far_early_after and (", early after " .. r.far_early_after) or "") or "-",
+        r.far_early_after and (", early after " .. r.far_early_after) or "",
+        r.far_dma and (", dma " .. r.far_dma) or "") or "-",
       r.samples_per_s / 1e6, r.of_device and ("%.2f"):format(r.of_device) or "1", r.ms_per_step,
       r.policy == "device" and gbs(r.table_bytes) or gbs(r.bytes_on_gpu),
       r.coverage and ("%.3f"):format(r.coverage) or "-",

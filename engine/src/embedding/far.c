@@ -8,7 +8,10 @@
  * found no free slot, early copies, pairs waiting), the early copies' pairs and loads, each
  * copy's key and the copies.  Written behind (ur_tbe_set_far_behind), a backward steps the
  * copies only and they go home on the collection's own stream: every call here that reads or
- * writes rows at home waits for that first (far_wait_home; table.c's far_settle for the rest). */
+ * writes rows at home waits for that first (far_wait_home; table.c's far_settle for the rest).
+ * The rows cross the link in copy kernels (far_move), or with ur_tbe_set_far_dma through the
+ * copy engines and host threads (far_dma_*). */
+#include "core/bypass.h"
 #include "embedding/table.h"
 
 #define FAR_ALIGN 256
@@ -49,7 +52,7 @@ static far_layout layout_of(const ur_tbe *t, int64_t rows) {
   L.pairs = L.taken + FAR_ALIGN;
   L.loads = L.pairs + far_align(8 * rows);
   L.homes = L.loads + far_align(16 * rows);
-  L.rows = L.homes + far_align(8 * rows);
+  L.rows = L.homes + far_align(16 * rows);
   L.total = L.rows + rows * far_row_bytes(t);
   return L;
 }
@@ -66,13 +69,15 @@ static ur_status far_update(ur_tbe *t) {
   return changed ? ur__tbe_sync_desc(t) : UR_STATUS_OK;
 }
 
-/* The room (both maps) freed, once no kernel can read it. */
+/* The room (both maps, and their pinned staging) freed, once no kernel or host call can read
+ * it. */
 static ur_status far_release(ur_tbe *t) {
   ur_status st = UR_STATUS_OK;
   if ((t->far[0] || t->far[1]) && (st = t->be->device_sync())) return st;
   for (int k = 0; k < 2; k++) {
     ur_tensor_free(t->far[k]);
-    t->far[k] = NULL;
+    ur_tensor_free(t->far_host[k]);
+    t->far[k] = t->far_host[k] = NULL;
   }
   t->far_cur = 0;
   return st;
@@ -205,6 +210,126 @@ int32_t ur_tbe_far_behind(const ur_tbe *t) {
   return t->far_behind;
 }
 
+/* ---- through the copy engines (ur_tbe_set_far_dma) ---- */
+
+#define FAR_DMA_AHEAD 16  /* rows ahead whose homes a host thread has in flight */
+
+ur_status ur_tbe_set_far_dma(ur_tbe *t, int32_t ways) {
+  UR__ARGS(t);
+  if (ways < UR_FAR_DMA_NONE || ways > UR_FAR_DMA_BOTH)
+    return ur__error(UR_STATUS_INVALID, "tbe set_far_dma: %d; expected %d (copy kernels), %d (the "
+                     "write home through the copy engines), %d (the early copies) or %d (both)",
+                     (int)ways, UR_FAR_DMA_NONE, UR_FAR_DMA_HOME, UR_FAR_DMA_EARLY, UR_FAR_DMA_BOTH);
+  ur_device_props p;
+  ur_status st = UR_STATUS_OK;
+  if (ways && t->home == UR_PLACE_DEVICE && !(st = ur_device_props_get(t->cfg.device, &p)) &&
+      !p.concurrent_managed_access)
+    return ur__error(UR_STATUS_UNSUPPORTED, "tbe set_far_dma: GPU %d cannot have managed memory "
+                     "read by the host while kernels run (concurrentManagedAccess is 0), which "
+                     "the host threads do", (int)t->cfg.device);
+  if (!st) t->far_dma = ways;
+  return st;
+}
+
+int32_t ur_tbe_far_dma(const ur_tbe *t) {
+  UR__ARGS_OR(-1, t);
+  return t->far_dma;
+}
+
+/* Map k's pinned staging, made on first use: the counts (the map's taken), the list (its loads
+ * or homes, 16 bytes a copy), then a copy's room for each; and what each way's host call is
+ * given. */
+static ur_status far_dma_alloc(ur_tbe *t, int k, const char *who) {
+  if (t->far_host[k]) return UR_STATUS_OK;
+  if (!t->be->host_call)
+    return ur__error(UR_STATUS_UNSUPPORTED, "tbe %s: the %s backend has no host calls, which "
+                     "set_far_dma's copies need", who, t->be->name);
+  ur_status st = UR__NEED(t->be, tbe, far_spill);
+  if (st) return st;
+  int64_t cap = t->far_rows, rb = far_row_bytes(t), list = FAR_ALIGN;
+  int64_t rows = list + far_align(16 * cap), bytes = rows + cap * rb;
+  if ((st = ur_tensor_new(&t->far_host[k], UR_DTYPE_U8, 1, &bytes, UR_PLACE_PINNED, UR_LOC_CPU)))
+    return ur__error_cause(st, "tbe %s: set_far_dma's staging for %lld copies takes %lld bytes "
+                           "of pinned host memory", who, (long long)cap, (long long)bytes);
+  for (int h = 0; h < 2; h++)
+    t->far_jobs[k][h] = (struct ur__far_job){ur_tensor_data(t->far_host[k]), cap, list, rows,
+                                             (int32_t)rb, h, -1};
+  return UR_STATUS_OK;
+}
+
+/* Rows [b, e) of a job's list, on a host thread: each copy written home from the staging (the
+ * homes: bytes, address), or gathered into it in its copy's slot (the loads: slot | bytes << 32,
+ * address).  The homes are scattered over the tables: the next FAR_DMA_AHEAD are asked for
+ * ahead, and every row is stored past the caches (it is read next by the GPU). */
+static void far_dma_range(void *ctx, size_t b, size_t e) {
+  const struct ur__far_job *j = ctx;
+  const int64_t *list = (const int64_t *)(j->base + j->list);
+  char *rows = j->base + j->rows;
+  for (size_t q = b; q < e; q++) {
+    if (q + FAR_DMA_AHEAD < e) {
+      const int64_t *y = list + 2 * (q + FAR_DMA_AHEAD);
+      const char *h = (const char *)(intptr_t)y[1];
+      int64_t n = j->home ? y[0] : y[0] >> 32;
+      for (int64_t o = 0; o < n; o += 64) {
+        if (j->home) __builtin_prefetch(h + o, 1);
+        else __builtin_prefetch(h + o, 0);
+      }
+    }
+    const int64_t *x = list + 2 * q;
+    char *home = (char *)(intptr_t)x[1];
+    if (j->home) ur__bypass_copy(home, rows + (int64_t)q * j->row_bytes, (size_t)x[0]);
+    else ur__bypass_copy(rows + (x[0] & 0xffffffff) * j->row_bytes, home, (size_t)(x[0] >> 32));
+  }
+  ur__bypass_fence();
+}
+
+/* A job's rows, split over the engine's host threads but two (the caller's, the GPU's host
+ * calls'), on the GPU's host-call thread. */
+static void far_dma_run(void *ctx) {
+  struct ur__far_job *j = ctx;
+  const int32_t *taken = (const int32_t *)j->base;
+  int64_t made = taken[0] < j->cap ? taken[0] : j->cap, n = j->home ? made : taken[4];
+  int64_t threads = ur__threads() > 3 ? ur__threads() - 2 : 1;
+  size_t grain = (size_t)(n / threads + 1);
+  ur__parallel_for((size_t)n, grain < 256 ? 256 : grain, far_dma_range, j);
+  __atomic_store_n(&j->seen, made, __ATOMIC_RELAXED);
+}
+
+/* The copies the copy engines move for map k: its last calls' copies and an eighth more (a
+ * batch's count is known on the GPU only); the copy kernel far_spill moves any past them.  The
+ * whole room until a call has said. */
+static int64_t far_dma_extent(const ur_tbe *t) {
+  int64_t seen = -1, cap = t->far_rows;
+  for (int k = 0; k < 2; k++)
+    for (int h = 0; h < 2; h++) {
+      int64_t v = __atomic_load_n(&t->far_jobs[k][h].seen, __ATOMIC_RELAXED);
+      if (t->far_host[k] && v > seen) seen = v;
+    }
+  if (seen < 0) return cap;
+  int64_t g = seen + seen / 8 + 256;
+  return g < cap ? g : cap;
+}
+
+/* f's rows (map k's) moved over the link on stream sh: its loads into its copies (home 0: the
+ * list down, the rows gathered by host threads, the copies up), or every copy home (1: the list
+ * and the copies down, the rows written home by host threads); in copy kernels where far_dma
+ * leaves that way to them. */
+static ur_status far_move(ur_tbe *t, void *sh, int k, int home, const ur__tbe_far *f) {
+  if (!(t->far_dma & (home ? UR_FAR_DMA_HOME : UR_FAR_DMA_EARLY))) return t->be->tbe->far_move(sh, f, home);
+  struct ur__far_job *j = &t->far_jobs[k][home];
+  int64_t g = far_dma_extent(t);
+  size_t moved = (size_t)g * (size_t)j->row_bytes;
+  char *staged = j->base + j->rows;
+  ur_status st = t->be->copy(sh, j->base, f->taken, 5 * sizeof(int32_t));
+  if (!st) st = t->be->copy(sh, j->base + j->list, home ? f->homes : f->loads, 16 * (size_t)j->cap);
+  if (!st && home && !(st = t->be->copy(sh, staged, f->rows, moved)))
+    st = t->be->tbe->far_spill(sh, f, staged, g, 1);
+  if (!st) st = t->be->host_call(sh, far_dma_run, j);
+  if (!st && !home && !(st = t->be->copy(sh, f->rows, staged, moved)))
+    st = t->be->tbe->far_spill(sh, f, staged, g, 0);
+  return st;
+}
+
 ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   memset(&a->far, 0, sizeof a->far);
   memset(&a->prior, 0, sizeof a->prior);
@@ -273,7 +398,8 @@ ur_status ur__tbe_far_backward(ur_tbe *t, ur_stream *s, ur__tbe_args *a, const u
     if (!t->far_home_ev[k]) st = t->be->event_new(&t->far_home_ev[k]);
   if (!st && !t->far_bwd_ev) st = t->be->event_new(&t->far_bwd_ev);
   if (!st && !t->far_stream) st = t->be->stream_new(0, &t->far_stream);
-  if (!st) st = UR__NEED(t->be, tbe, far_home);
+  if (!st) st = UR__NEED(t->be, tbe, far_move);
+  if (!st && (t->far_dma & UR_FAR_DMA_HOME)) st = far_dma_alloc(t, t->far_cur, "backward");
   a->far.behind = !st;
   return st;
 }
@@ -289,7 +415,7 @@ ur_status ur__tbe_far_backward_done(ur_tbe *t, ur_stream *s, const ur__tbe_args 
   int k = t->far_cur;
   ur_status st = t->be->event_record(t->far_bwd_ev, sh);
   if (!st) st = t->be->stream_wait(t->far_stream, t->far_bwd_ev);
-  if (!st) st = t->be->tbe->far_home(t->far_stream, a);
+  if (!st) st = far_move(t, t->far_stream, k, 1, &a->far);
   if (!st) st = t->be->event_record(t->far_home_ev[k], t->far_stream);
   if (!st) {
     t->far_homing = k + 1;
@@ -300,7 +426,7 @@ ur_status ur__tbe_far_backward_done(ur_tbe *t, ur_stream *s, const ur__tbe_args 
   /* the rows are in the copies only: they go home on the step's stream, and the host waits for
    * every stream, or the error says they may not have */
   ur_status st2 = t->be->device_sync();
-  if (!st2) st2 = t->be->tbe->far_home(sh, a);
+  if (!st2) st2 = t->be->tbe->far_move(sh, &a->far, 1);
   if (!st2) st2 = t->be->stream_sync(sh);
   if (!st2) t->far_home_pending = 0;
   return ur__error_cause(st, "tbe backward: writing the far rows' copies home behind the step%s",
@@ -340,6 +466,7 @@ ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
    * of no map's copies (the current map's are paired), or went home with that map's */
   ur_status st = far_wait_home(t, sh, next);
   if (!st && !t->far[next]) st = far_alloc(t, next, "far_prefetch");
+  if (!st && (t->far_dma & UR_FAR_DMA_EARLY)) st = far_dma_alloc(t, next, "far_prefetch");
   if (!st && t->far_made && t->far_ready) {
     /* after the last forward: its map is final, and every kernel reading the next map (the
      * forward's patch, the backward before it) was before it */
@@ -357,6 +484,7 @@ ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
     if (t->far_homing == next + 1) t->far_homing = 0;
   }
   if (!st) st = t->be->tbe->far_prefetch(sh, a, &cur);
+  if (!st) st = far_move(t, sh, next, 0, &a->far);
   if (!st && !(st = far_event(t, 1, &ev))) st = t->be->event_record(ev, sh);
   t->far_early = !st;
   return st;

@@ -533,6 +533,7 @@ void ur_tbe_free(ur_tbe *t) {
   ur_tensor_free(t->work);
   for (int k = 0; k < 2; k++) { /* the far rows' copies (far.c) */
     ur_tensor_free(t->far[k]);
+    ur_tensor_free(t->far_host[k]); /* waits for the device: its host calls read it */
     if (t->far_ev[k]) t->be->event_free(t->far_ev[k]);
     if (t->far_home_ev[k]) t->be->event_free(t->far_home_ev[k]);
   }

@@ -147,7 +147,9 @@ struct ur_tbe {
    * writes in order, so the last one's covers every earlier); far_homing: the index + 1 of the
    * map whose copies are still the rows while they go, 0 when none is or they are no longer
    * current; far_graphed: a forward was ever captured, whose replays wait for nothing, so
-   * write-behind stays off. */
+   * write-behind stays off.  far_dma: the ways (ur_far_dma) rows cross through the copy
+   * engines and host threads (far.c's far_dma_*), far_host[k] map k's pinned staging (made on
+   * first use) and far_jobs[k][home] what the host threads are given for it. */
   int64_t far_rows;
   ur_tensor *far[2];
   int32_t far_cur, far_made, far_ready, far_early, far_captured, far_open;
@@ -156,6 +158,14 @@ struct ur_tbe {
   void *far_stream, *far_bwd_ev, *far_home_ev[2];
   const void *far_values;
   int64_t far_n;
+  int32_t far_dma;
+  ur_tensor *far_host[2];
+  struct ur__far_job {
+    char *base;               /* far_host[k]'s: the counts, the list, the rows */
+    int64_t cap, list, rows;  /* copies; the list's and the rows' offsets in base */
+    int32_t row_bytes, home;  /* 1: written home (homes), 0: gathered (loads) */
+    int64_t seen;             /* the copies its last call found made (-1: none yet) */
+  } far_jobs[2][2];
   ur__tbe_hook *hooks;
   int32_t nhooks, cap_hooks;
 };

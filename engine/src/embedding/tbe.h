@@ -45,15 +45,20 @@ typedef struct ur_tbe_ops {
    * them. */
   ur_status (*gather_rows)(void *stream, const void *src, int64_t src_rows, size_t row_bytes,
                            const int64_t *ids, int64_t n, void *out);
-  /* Far rows' early copies (far.c; GPU only, the CPU makes no copies): the far rows of a's
-   * batch into a->far (cleared), each row of cur's map (when cur->use) left as a pair for
-   * far_patch, and a->far.taken[2] set to the copies made; far_patch copies f's pairs from
-   * cur's copies; far_home writes each copy of a->far home (write-behind: the keys in
-   * a->far.homes).  All on the stream. */
+  /* Far rows' early copies (far.c; GPU only, the CPU makes no copies): far_prefetch claims
+   * a's batch's far rows in a->far (cleared), each row of cur's map (when cur->use) left as a
+   * pair for far_patch and each other one as a load, and sets a->far.taken[2] to the copies
+   * claimed; far_patch copies f's pairs from cur's copies; far_move moves f's rows over the link
+   * in a kernel: its loads into the copies (to_home 0), or every copy home (1, write-behind: to
+   * where f->homes says); far_spill moves the copies in slots [from, the copies made) between
+   * HBM and `host` (pinned, f->rows' shape: 1 to it, 0 from it), which far.c's copy engines
+   * left.  All on the stream. */
   ur_status (*far_prefetch)(void *stream, const struct ur__tbe_args *a,
                             const struct ur__tbe_far *cur);
   ur_status (*far_patch)(void *stream, const struct ur__tbe_far *f, const struct ur__tbe_far *cur);
-  ur_status (*far_home)(void *stream, const struct ur__tbe_args *a);
+  ur_status (*far_move)(void *stream, const struct ur__tbe_far *f, int32_t to_home);
+  ur_status (*far_spill)(void *stream, const struct ur__tbe_far *f, char *host, int64_t from,
+                         int32_t to_host);
   /* Access counters (counters.c): c[i] = floor(c[i] * factor), n of them. */
   ur_status (*decay_counts)(void *stream, int32_t *c, int64_t n, double factor);
   /* The swaps of s, on the stream (the GPU: a warp a pair, nothing waits). */

@@ -81,8 +81,8 @@ typedef struct ur__tbe_table {
  * made before that forward (they are complete: the forward reads them instead of the rows).
  *
  * Write-behind (ur_tbe_set_far_behind): the backward writes a stepped row that has a copy to
- * the copy only, and far.c writes every copy home (homes[at]: its key) on a stream of its own
- * behind the step.  Until that is done the copies are the rows: the next forward reads a far
+ * the copy only, and far.c writes every copy home (homes[at]: where its row is) on a stream of
+ * its own behind the step.  Until that is done the copies are the rows: the next forward reads a far
  * row it finds no copy of in its own map from the last backward's map (`prior`), and every
  * other reader or writer of the rows waits for it (far.c). */
 typedef struct ur__tbe_far {
@@ -93,10 +93,10 @@ typedef struct ur__tbe_far {
                              * free slot in UR_TBE_FAR_PROBES, copies made before the forward
                              * (early ones), pairs waiting, loads waiting */
   int32_t *pairs;           /* [2 cap]: (at here, at in cur) of the rows copied from cur */
-  int64_t *loads;           /* [2 cap]: (at here | table << 32, physical row) of the rows an
-                             * early copy reads over the link */
-  int64_t *homes;           /* [cap]: each copy's key, where its row is written home from
-                             * (ur_tbe_set_far_behind) */
+  int64_t *loads;           /* [2 cap]: (at here | bytes << 32, the row's address at home) of
+                             * the rows an early copy reads over the link */
+  int64_t *homes;           /* [2 cap]: each copy's (bytes, address at home), where its row is
+                             * written home from (ur_tbe_set_far_behind) */
   int64_t mask;
   int32_t cap, row_bytes;
   int32_t fill, use;        /* 1: the forward fills them; the backward reads them */

@@ -54,6 +54,8 @@ M.schema = map({
                                                                -- over the host link) a forward reads,
                                                                -- stepped from by the backward (uvm.md)
     far_behind = bool { default = false },                     -- the copies written home behind the step
+    far_dma = enum({ "none", "home", "early", "both" },        -- which far rows' moves go through the copy
+                   { default = "none" }),                      -- engines and host threads, not copy kernels
     tables = dict(map {                                        -- per table (C1, C2, ...)
       placement = enum(PLACEMENTS), dtype = enum { "f32", "f16", "bf16" },
       sharding = enum(M.SHARDINGS),                            -- this table's (default: embeddings.sharding)

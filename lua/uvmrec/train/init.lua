@@ -283,7 +283,7 @@ local WHERE_ROWS_LIVE = { "embeddings.placement", "embeddings.tables.*.placement
                           "embeddings.hints", "embeddings.tables.*.hints", "embeddings.cache",
                           "embeddings.tables.*.cache", "embeddings.sharding", "embeddings.tables.*.sharding",
                           "embeddings.tables.*.rank", "embeddings.vbe", "embeddings.far_rows",
-                          "embeddings.far_behind" }
+                          "embeddings.far_behind", "embeddings.far_dma" }
 M.RESUME_IGNORE = { "train.steps", "train.epochs", "train.checkpoint_every", "train.keep", "train.log_every",
                     "train.nonfinite", "train.print_every", "data.eval", "data.depth", "eval", "train.pipeline",
                     "train.drain", unpack(WHERE_ROWS_LIVE) }
@@ -429,26 +429,42 @@ function M.hints(cfg, model)
 end
 
 -- embeddings.far_rows: room in HBM for copies of the far rows each forward reads (every
--- collection of the model; docs/uvm.md), and embeddings.far_behind: the copies written home
--- behind each step.  Returns the line the run prints, or nil; nil, message when a room cannot
--- be had.
+-- collection of the model; docs/uvm.md), embeddings.far_behind: the copies written home behind
+-- each step, and embeddings.far_dma: which moves go through the copy engines.  Returns the line
+-- the run prints, or nil; nil, message when a room cannot be had.
 function M.far_rows(cfg, model)
-  local n, behind = cfg.embeddings.far_rows, cfg.embeddings.far_behind
+  local e = cfg.embeddings
+  local n, behind, dma = e.far_rows, e.far_behind, e.far_dma
   if n == 0 and behind then
-    return nil, "embeddings.far_behind is true with embeddings.far_rows 0: it writes copies home, and there "
-      .. "is no room for any"
+    return nil, "embeddings.far_behind is true with embeddings.far_rows 0: it writes copies home, and there is no "
+      .. "room for any"
+  end
+  if n == 0 and dma ~= "none" then
+    return nil, ("embeddings.far_dma is '%s' with embeddings.far_rows 0: it moves copies, and there is no room for "
+      .. "any"):format(dma)
+  end
+  if not behind and (dma == "home" or dma == "both") then
+    return nil, ("embeddings.far_dma is '%s' with embeddings.far_behind false: no copy is written home behind a "
+      .. "step"):format(dma)
+  end
+  if not cfg.train.pipeline and (dma == "early" or dma == "both") then
+    return nil, ("embeddings.far_dma is '%s' with train.pipeline false: no copy is made early"):format(dma)
   end
   if n == 0 or not model.embeddings then return nil end
   for _, tbe in ipairs(hints.tbes_of(model.embeddings)) do
     local ok, err = tbe:set_far_rows(n)
     if not ok then return nil, "embeddings.far_rows: " .. err end
     tbe:set_far_behind(behind)
+    ok, err = pcall(tbe.set_far_dma, tbe, dma)
+    if not ok then return nil, "embeddings.far_dma: " .. tostring(err) end
   end
   if not ur.gpu() or model.placement ~= "device" then
     return ("far rows: room for %d copies set; a model on the CPU reads no row over a link, so none is made"):format(n)
   end
   return ("far rows: room in HBM for %d copies a forward of the rows read over the host link%s"):format(
-    n, behind and ", written home behind each step" or "")
+    n, (behind and ", written home behind each step" or "")
+      .. (dma ~= "none" and (", the %s through the copy engines"):format(dma == "home" and "write home"
+        or dma == "early" and "early copies" or "early copies and the write home") or ""))
 end
 
 -- A resumed run saves as the run it resumes did (train.checkpoint_every, train.keep), unless this
