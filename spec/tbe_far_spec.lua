@@ -162,7 +162,8 @@ describe("far rows' copies", function()
     end
     assert.equal("far rows: room for 512 copies set; a model on the CPU reads no row over a link, so none is made",
                  line)
-    assert.same({ room = 512, read = 0, copied = 0, unplaced = 0, early = 0 }, run.result.far_rows)
+    assert.same({ room = 512, read = 0, copied = 0, unplaced = 0, early = 0, dma = { home = 0, early = 0 } },
+                run.result.far_rows)
     local ok, err = pcall(h.train_tiny, { "embeddings.far_rows=-1" })
     assert.is_false(ok)
     assert.matches("embeddings.far_rows=-1: '-1' is not an integer >= 0", err, 1, true)
@@ -177,7 +178,7 @@ describe("far rows' copies", function()
         .. "'both' with embeddings.far_behind false: no copy is written home behind a step" },
       { { "embeddings.far_dma=early", "embeddings.far_rows=64" }, "embeddings.far_dma is 'early' with "
         .. "train.pipeline false: no copy is made early" },
-      { { "embeddings.far_dma=yes" }, "embeddings.far_dma" },
+      { { "embeddings.far_dma=yes" }, "embeddings.far_dma=yes: 'yes' is not one of none, home, early, both" },
     } do
       ok, err = pcall(h.train_tiny, case[1])
       assert.is_false(ok)
@@ -264,6 +265,7 @@ describe("far rows' copies", function()
     assert.equal(c.tbe, c.tbe:far_prefetch(inp))
     c:forward(inp)
     assert.same({ 0, 0 }, { c.tbe:far_taken() })
+    assert.same({ 0, 0 }, { c.tbe:far_dma_rows() }) -- the CPU moves no row over a link
     assert.equal(c.tbe, c.tbe:set_far_dma("none"))
     assert.equal("none", c.tbe:far_dma())
   end)
@@ -328,6 +330,11 @@ describe("far rows' copies", function()
             assert.same({ distinct(c, b), 0 }, { c.tbe:far_taken() })
           end, label = way })
         assert.equal(way, far.tbe:far_dma())
+        -- the host threads moved rows the ways set, and none the others
+        assert(ur.sync())
+        local home, early = far.tbe:far_dma_rows()
+        assert.equal(way ~= "early", home > 0, way .. ": " .. home .. " rows written home")
+        assert.equal(way ~= "home", early > 0, way .. ": " .. early .. " rows gathered early")
       end
     end)
   end
@@ -335,6 +342,7 @@ describe("far rows' copies", function()
   cuda_it("through the copy engines: a room too small, another batch copied early, a backward of other values, "
     .. "pooling none, a load, init_table or reset_rows between, a batch of many more rows, the room set again: "
     .. "the same bits", function()
+    local taken = {} -- far_taken after each forward of the case with a big batch
     local cases = {
       { room = 5, early = true, behind = true },
       { room = 5, behind = true },
@@ -351,7 +359,9 @@ describe("far rows' copies", function()
       end },
       -- a batch with far more rows than the ones before: the copy engines move as many as those had,
       -- and a kernel the rest
-      { room = 100000, early = true, behind = true, sizes = { 4, 4, 400, 4 } },
+      { room = 100000, early = true, behind = true, sizes = { 4, 4, 400, 4 }, check = function(_, c)
+        taken[#taken + 1] = c.tbe:far_taken()
+      end },
       -- a new room (and new staging) between steps, then the copy kernels, then the engines again
       { room = 100000, early = true, behind = true, after = function(f, _, s)
         if s == 1 then f.tbe:set_far_rows(3000) end
@@ -364,6 +374,10 @@ describe("far rows' copies", function()
       o.dma, o.label = "both", "case " .. i
       same_steps(far, plain, 3, 250 + 10 * i, o)
     end
+    -- the big batch had more rows than the copy engines moved (the last ones' and an eighth more,
+    -- far.c's far_dma_extent): far_spill moved the rest
+    assert.equal(3, #taken)
+    assert.is_true(taken[3] > math.max(taken[1], taken[2]) * 9 / 8 + 256, table.concat(taken, ", "))
   end)
 
   cuda_it("written behind with early copies: a checkpoint loaded between steps is what the next forward reads",
@@ -538,6 +552,9 @@ describe("far rows' copies", function()
         local f = r.result.far_rows
         assert.equal(pipe and 12 or 0, f.early, place)
         assert.is_true(f.read > 0 and f.copied == math.min(f.read, room), place)
+        -- the host threads moved rows the ways set (embeddings.far_dma), and none the others
+        assert.equal(dma == "home" or dma == "both", f.dma.home > 0, place .. " " .. tostring(dma))
+        assert.equal(dma == "early" or dma == "both", f.dma.early > 0, place .. " " .. tostring(dma))
         local said
         for _, l in ipairs(r.lines) do said = said or l:match("^far rows: the last forward read .*") end
         assert.truthy(said, place)

@@ -902,15 +902,20 @@ UR_API ur_status ur_tbe_set_far_behind(ur_tbe *t, int32_t on);
 UR_API int32_t ur_tbe_far_behind(const ur_tbe *t);
 /* Which of the far rows' moves cross the link through the GPU's copy engines and host threads
  * instead of copy kernels, which hold SMs the step computes on while rows cross (writes to host
- * memory most).  HOME: the copies written behind (ur_tbe_set_far_behind) copied to pinned host
- * memory after the backward, and each written home by host threads.  EARLY: the early copies'
- * list copied to the host, their rows gathered there by host threads into pinned memory in
- * their slots' order, and copied to the GPU in one copy.  The copy engines move as many copies
- * as the last batches had and an eighth more (a batch's count is known on the GPU only), a
- * copy kernel any past them.  Each map takes pinned host memory of its room's size (made on
- * first use, freed with the room); the host threads are the engine's (UR_NUM_THREADS, every
- * core by default) but two, and a GPU's host calls run one at a time, so with BOTH one way
- * waits for the other.  The same bits every way. */
+ * memory most).  HOME: the copies written behind (ur_tbe_set_far_behind; nothing without it)
+ * copied to pinned host memory after the backward, and each written home by host threads.
+ * EARLY: the early copies' (ur_tbe_far_prefetch; nothing without it) list copied to the host,
+ * their rows gathered there by host threads into pinned memory in their slots' order, and
+ * copied to the GPU in one copy.  The copy engines move as many copies as the last batches had
+ * and an eighth more (a batch's count is known on the GPU only), a copy kernel any past them.
+ * With a room on a GPU, each of the two maps takes pinned host memory for its copies and 16
+ * bytes a copy (66 MiB for 131,072 rows of 512 bytes), made by this call or by set_far_rows
+ * (which fail, leaving the ways as they were, where it cannot be had) and freed with the room.
+ * The host threads are the engine's thread count (UR_NUM_THREADS, every core by default) less
+ * two, inside a host call on the copies' stream; host calls on two streams were seen to run one
+ * at a time (an H100, driver 580), so with BOTH one way may wait for the other.  The same bits
+ * every way.  A GPU whose managed memory the host may not touch while kernels run
+ * (concurrentManagedAccess 0) refuses any but NONE. */
 typedef enum {
   UR_FAR_DMA_NONE = 0, /* copy kernels both ways (the default) */
   UR_FAR_DMA_HOME = 1,
@@ -920,6 +925,9 @@ typedef enum {
 UR_API ur_status ur_tbe_set_far_dma(ur_tbe *t, int32_t ways /* ur_far_dma */);
 /* The ways set (ur_far_dma), -1 for a NULL t. */
 UR_API int32_t ur_tbe_far_dma(const ur_tbe *t);
+/* The rows the host threads moved since the collection was made: written home, gathered for
+ * early copies.  Counted as each host call ends: exact after ur_device_sync. */
+UR_API ur_status ur_tbe_far_dma_rows(const ur_tbe *t, int64_t *home, int64_t *early);
 
 /* ---- access counters and row layout ---- */
 /* Access counters: per table an i32 counter per row id, kept where the collection runs (device

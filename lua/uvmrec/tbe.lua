@@ -527,9 +527,12 @@ function methods:far_behind() return C.ur_tbe_far_behind(H(self)) == 1 end
 
 -- set_far_dma(ways): which of the far rows' moves cross the link through the copy engines and
 -- host threads instead of copy kernels (uvmrec.h, ur_tbe_set_far_dma; docs/uvm.md): "home" (the
--- copies written behind), "early" (the early copies), "both" or "none".  far_dma(): the name.
+-- copies written behind), "early" (the early copies), "both" or "none".  nil, message where the
+-- GPU or the pinned memory for it cannot have it.  far_dma(): the name; far_dma_rows(): the
+-- rows the host threads moved, written home and gathered early (exact after ur.sync()).
 function methods:set_far_dma(ways)
-  must(C.ur_tbe_set_far_dma(H(self), pick(table_options.FAR_DMA, ways, "set_far_dma way", 2)))
+  local ok, err = check(C.ur_tbe_set_far_dma(H(self), pick(table_options.FAR_DMA, ways, "set_far_dma way", 2)), 2)
+  if not ok then return nil, err end
   return self
 end
 function methods:far_dma()
@@ -537,6 +540,11 @@ function methods:far_dma()
   for name, v in pairs(table_options.FAR_DMA) do
     if v == w then return name end
   end
+end
+function methods:far_dma_rows()
+  local home, early = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  must(C.ur_tbe_far_dma_rows(H(self), home, early))
+  return tonumber(home[0]), tonumber(early[0])
 end
 
 -- Ids skipped by the "warn" bounds check so far.

@@ -29,6 +29,7 @@ local train = require "uvmrec.train"
 local streams = require "uvmrec.stream"
 local hints = require "uvmrec.hints"
 local json = require "uvmrec.json"
+local table_options = require "uvmrec.table_options"
 
 local C = ur.C
 local options = require("uvmrec.cli").options
@@ -89,7 +90,7 @@ for _, name in ipairs(o.far_early_after or {}) do
   end
 end
 for _, w in ipairs(o.far_dma or {}) do
-  if w ~= "home" and w ~= "early" and w ~= "both" then
+  if not table_options.FAR_DMA[w] or w == "none" then
     cmd:misuse(("--far-dma: '%s'; expected home, early or both"):format(w))
   end
   if not o.far_early or (w ~= "early" and not o.far_behind) then

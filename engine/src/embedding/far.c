@@ -5,8 +5,8 @@
  * (ur__tbe_far_from) and forgetting the copies (ur__tbe_far_drop) are table.c's: its calls that
  * write rows drop them, and this file calls table.c, not the other way.  One piece of memory
  * holds the map (keys, then where each copy is), the counts (copies asked for, lookups that
- * found no free slot, early copies, pairs waiting), the early copies' pairs and loads, each
- * copy's key and the copies.  Written behind (ur_tbe_set_far_behind), a backward steps the
+ * found no free slot, early copies, pairs waiting, loads waiting), the early copies' pairs and
+ * loads, each copy's home (where its row is, and its bytes) and the copies.  Written behind (ur_tbe_set_far_behind), a backward steps the
  * copies only and they go home on the collection's own stream: every call here that reads or
  * writes rows at home waits for that first (far_wait_home; table.c's far_settle for the rest).
  * The rows cross the link in copy kernels (far_move), or with ur_tbe_set_far_dma through the
@@ -15,6 +15,7 @@
 #include "embedding/table.h"
 
 #define FAR_ALIGN 256
+#define FAR_LIST_BYTES 16 /* a load's or a home's entry: (slot | bytes << 32 or bytes, address) */
 
 static int64_t far_align(int64_t n) { return (n + FAR_ALIGN - 1) / FAR_ALIGN * FAR_ALIGN; }
 
@@ -51,8 +52,22 @@ static far_layout layout_of(const ur_tbe *t, int64_t rows) {
   L.taken = L.at + far_align(4 * L.slots);
   L.pairs = L.taken + FAR_ALIGN;
   L.loads = L.pairs + far_align(8 * rows);
-  L.homes = L.loads + far_align(16 * rows);
-  L.rows = L.homes + far_align(16 * rows);
+  L.homes = L.loads + far_align(FAR_LIST_BYTES * rows);
+  L.rows = L.homes + far_align(FAR_LIST_BYTES * rows);
+  L.total = L.rows + rows * far_row_bytes(t);
+  return L;
+}
+
+/* The pinned staging's layout for `rows` copies (ur_tbe_set_far_dma): the counts (a map's
+ * taken), the list (its loads or homes), then the copies in their slots. */
+typedef struct far_staging {
+  int64_t list, rows, total;
+} far_staging;
+
+static far_staging staging_of(const ur_tbe *t, int64_t rows) {
+  far_staging L;
+  L.list = FAR_ALIGN;
+  L.rows = L.list + far_align(FAR_LIST_BYTES * rows);
   L.total = L.rows + rows * far_row_bytes(t);
   return L;
 }
@@ -83,6 +98,8 @@ static ur_status far_release(ur_tbe *t) {
   return st;
 }
 
+static ur_status far_dma_ready(ur_tbe *t, const char *who);
+
 /* Room for t->far_rows copies in far[k]. */
 static ur_status far_alloc(ur_tbe *t, int k, const char *who) {
   int64_t bytes = layout_of(t, t->far_rows).total;
@@ -112,6 +129,7 @@ ur_status ur_tbe_set_far_rows(ur_tbe *t, int64_t rows) {
     }
   }
   t->far_rows = rows;
+  if ((st = far_dma_ready(t, "set_far_rows"))) return st;
   return far_update(t);
 }
 
@@ -214,6 +232,34 @@ int32_t ur_tbe_far_behind(const ur_tbe *t) {
 
 #define FAR_DMA_AHEAD 16  /* rows ahead whose homes a host thread has in flight */
 
+/* Map k's pinned staging (staging_of), made once there is a room: and what each way's host
+ * call is given. */
+static ur_status far_dma_alloc(ur_tbe *t, int k, const char *who) {
+  if (t->far_host[k]) return UR_STATUS_OK;
+  if (!t->be->host_call)
+    return ur__error(UR_STATUS_UNSUPPORTED, "tbe %s: the %s backend has no host calls, which "
+                     "set_far_dma's copies need", who, t->be->name);
+  ur_status st = UR__NEED(t->be, tbe, far_spill);
+  if (st) return st;
+  far_staging L = staging_of(t, t->far_rows);
+  if ((st = ur_tensor_new(&t->far_host[k], UR_DTYPE_U8, 1, &L.total, UR_PLACE_PINNED, UR_LOC_CPU)))
+    return ur__error_cause(st, "tbe %s: set_far_dma's staging for %lld copies takes %lld bytes "
+                           "of pinned host memory", who, (long long)t->far_rows, (long long)L.total);
+  for (int h = 0; h < 2; h++)
+    t->far_jobs[k][h] = (struct ur__far_job){ur_tensor_data(t->far_host[k]), t->far_rows, L.list,
+                                             L.rows, far_row_bytes(t), h, -1, &t->far_dma_moved[h]};
+  return UR_STATUS_OK;
+}
+
+/* Both maps' staging where t moves rows through the copy engines and has a room on a GPU: made
+ * when either is set, so that pinned memory too little fails there, not in a step. */
+static ur_status far_dma_ready(ur_tbe *t, const char *who) {
+  ur_status st = UR_STATUS_OK;
+  if (!t->far_dma || !t->far[0]) return st;
+  for (int k = 0; k < 2 && !st; k++) st = far_dma_alloc(t, k, who);
+  return st;
+}
+
 ur_status ur_tbe_set_far_dma(ur_tbe *t, int32_t ways) {
   UR__ARGS(t);
   if (ways < UR_FAR_DMA_NONE || ways > UR_FAR_DMA_BOTH)
@@ -227,7 +273,10 @@ ur_status ur_tbe_set_far_dma(ur_tbe *t, int32_t ways) {
     return ur__error(UR_STATUS_UNSUPPORTED, "tbe set_far_dma: GPU %d cannot have managed memory "
                      "read by the host while kernels run (concurrentManagedAccess is 0), which "
                      "the host threads do", (int)t->cfg.device);
-  if (!st) t->far_dma = ways;
+  if (st) return st;
+  int32_t was = t->far_dma;
+  t->far_dma = ways;
+  if ((st = far_dma_ready(t, "set_far_dma"))) t->far_dma = was; /* the ways set before stay */
   return st;
 }
 
@@ -236,24 +285,10 @@ int32_t ur_tbe_far_dma(const ur_tbe *t) {
   return t->far_dma;
 }
 
-/* Map k's pinned staging, made on first use: the counts (the map's taken), the list (its loads
- * or homes, 16 bytes a copy), then a copy's room for each; and what each way's host call is
- * given. */
-static ur_status far_dma_alloc(ur_tbe *t, int k, const char *who) {
-  if (t->far_host[k]) return UR_STATUS_OK;
-  if (!t->be->host_call)
-    return ur__error(UR_STATUS_UNSUPPORTED, "tbe %s: the %s backend has no host calls, which "
-                     "set_far_dma's copies need", who, t->be->name);
-  ur_status st = UR__NEED(t->be, tbe, far_spill);
-  if (st) return st;
-  int64_t cap = t->far_rows, rb = far_row_bytes(t), list = FAR_ALIGN;
-  int64_t rows = list + far_align(16 * cap), bytes = rows + cap * rb;
-  if ((st = ur_tensor_new(&t->far_host[k], UR_DTYPE_U8, 1, &bytes, UR_PLACE_PINNED, UR_LOC_CPU)))
-    return ur__error_cause(st, "tbe %s: set_far_dma's staging for %lld copies takes %lld bytes "
-                           "of pinned host memory", who, (long long)cap, (long long)bytes);
-  for (int h = 0; h < 2; h++)
-    t->far_jobs[k][h] = (struct ur__far_job){ur_tensor_data(t->far_host[k]), cap, list, rows,
-                                             (int32_t)rb, h, -1};
+ur_status ur_tbe_far_dma_rows(const ur_tbe *t, int64_t *home, int64_t *early) {
+  UR__ARGS(t, home, early);
+  *home = __atomic_load_n(&t->far_dma_moved[1], __ATOMIC_RELAXED);
+  *early = __atomic_load_n(&t->far_dma_moved[0], __ATOMIC_RELAXED);
   return UR_STATUS_OK;
 }
 
@@ -283,8 +318,9 @@ static void far_dma_range(void *ctx, size_t b, size_t e) {
   ur__bypass_fence();
 }
 
-/* A job's rows, split over the engine's host threads but two (the caller's, the GPU's host
- * calls'), on the GPU's host-call thread. */
+/* A job's rows, on the GPU's host-call thread: split into ranges for the engine's thread count
+ * less two (that thread runs one, new threads the rest; two cores are left to the thread that
+ * drives the GPU and the runtime's own). */
 static void far_dma_run(void *ctx) {
   struct ur__far_job *j = ctx;
   const int32_t *taken = (const int32_t *)j->base;
@@ -293,6 +329,7 @@ static void far_dma_run(void *ctx) {
   size_t grain = (size_t)(n / threads + 1);
   ur__parallel_for((size_t)n, grain < 256 ? 256 : grain, far_dma_range, j);
   __atomic_store_n(&j->seen, made, __ATOMIC_RELAXED);
+  __atomic_fetch_add(j->moved, n, __ATOMIC_RELAXED);
 }
 
 /* The copies the copy engines move for map k: its last calls' copies and an eighth more (a
@@ -315,13 +352,15 @@ static int64_t far_dma_extent(const ur_tbe *t) {
  * and the copies down, the rows written home by host threads); in copy kernels where far_dma
  * leaves that way to them. */
 static ur_status far_move(ur_tbe *t, void *sh, int k, int home, const ur__tbe_far *f) {
-  if (!(t->far_dma & (home ? UR_FAR_DMA_HOME : UR_FAR_DMA_EARLY))) return t->be->tbe->far_move(sh, f, home);
+  if (!(t->far_dma & (home ? UR_FAR_DMA_HOME : UR_FAR_DMA_EARLY)) || !t->far_host[k])
+    return t->be->tbe->far_move(sh, f, home);
   struct ur__far_job *j = &t->far_jobs[k][home];
   int64_t g = far_dma_extent(t);
   size_t moved = (size_t)g * (size_t)j->row_bytes;
   char *staged = j->base + j->rows;
   ur_status st = t->be->copy(sh, j->base, f->taken, 5 * sizeof(int32_t));
-  if (!st) st = t->be->copy(sh, j->base + j->list, home ? f->homes : f->loads, 16 * (size_t)j->cap);
+  if (!st)
+    st = t->be->copy(sh, j->base + j->list, home ? f->homes : f->loads, FAR_LIST_BYTES * (size_t)j->cap);
   if (!st && home && !(st = t->be->copy(sh, staged, f->rows, moved)))
     st = t->be->tbe->far_spill(sh, f, staged, g, 1);
   if (!st) st = t->be->host_call(sh, far_dma_run, j);
@@ -477,6 +516,9 @@ ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
     /* no current copies to leave rows to: nothing may write rows while these are read */
     st = t->be->device_sync();
   }
+  /* the last early copies, made on another stream or left unread (dropped), may still be
+   * filling this map (their host calls take milliseconds) */
+  if (!st && t->far_ev[1]) st = t->be->stream_wait(sh, t->far_ev[1]);
   if (!st) {
     far_args(t, next, &a->far);
     a->far.fill = 1;

@@ -518,8 +518,10 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
 
 void ur_tbe_free(ur_tbe *t) {
   if (!t) return;
-  /* copies still going home write rows about to be freed (nothing to tell of a failure here) */
+  /* copies still going home write rows about to be freed, and host calls of early copies may
+   * still read them (nothing to tell of a failure here) */
   (void)ur__tbe_far_settle(t);
+  if (t->far_host[0] || t->far_host[1]) (void)t->be->device_sync();
   /* last in, first out: a hook may lean on what an earlier one lent */
   for (int32_t k = t->nhooks - 1; k >= 0; k--) t->hooks[k].fn(t->hooks[k].ctx);
   free(t->hooks);

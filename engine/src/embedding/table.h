@@ -149,7 +149,8 @@ struct ur_tbe {
    * current; far_graphed: a forward was ever captured, whose replays wait for nothing, so
    * write-behind stays off.  far_dma: the ways (ur_far_dma) rows cross through the copy
    * engines and host threads (far.c's far_dma_*), far_host[k] map k's pinned staging (made on
-   * first use) and far_jobs[k][home] what the host threads are given for it. */
+   * first use) and far_jobs[k][home] what the host threads are given for it, far_dma_moved[home]
+   * the rows they moved each way (added to by the host calls). */
   int64_t far_rows;
   ur_tensor *far[2];
   int32_t far_cur, far_made, far_ready, far_early, far_captured, far_open;
@@ -165,7 +166,9 @@ struct ur_tbe {
     int64_t cap, list, rows;  /* copies; the list's and the rows' offsets in base */
     int32_t row_bytes, home;  /* 1: written home (homes), 0: gathered (loads) */
     int64_t seen;             /* the copies its last call found made (-1: none yet) */
+    int64_t *moved;           /* far_dma_moved[home] */
   } far_jobs[2][2];
+  int64_t far_dma_moved[2];
   ur__tbe_hook *hooks;
   int32_t nhooks, cap_hooks;
 };

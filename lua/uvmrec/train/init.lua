@@ -455,8 +455,8 @@ function M.far_rows(cfg, model)
     local ok, err = tbe:set_far_rows(n)
     if not ok then return nil, "embeddings.far_rows: " .. err end
     tbe:set_far_behind(behind)
-    ok, err = pcall(tbe.set_far_dma, tbe, dma)
-    if not ok then return nil, "embeddings.far_dma: " .. tostring(err) end
+    ok, err = tbe:set_far_dma(dma)
+    if not ok then return nil, "embeddings.far_dma: " .. err end
   end
   if not ur.gpu() or model.placement ~= "device" then
     return ("far rows: room for %d copies set; a model on the CPU reads no row over a link, so none is made"):format(n)
@@ -926,18 +926,24 @@ function run_plain(cfg, opts)
   if far then
     -- the room against what the last forward read: how to size embeddings.far_rows
     local room, read, copied, unplaced = cfg.embeddings.far_rows, 0, 0, 0
+    local dma = { home = 0, early = 0 } -- rows the host threads moved (embeddings.far_dma)
+    ur.sync()
     for _, tbe in ipairs(hints.tbes_of(model.embeddings)) do
       local n, u = assert(tbe:far_taken())
       read, copied, unplaced = read + n, copied + math.min(n, room), unplaced + u
+      local h, e = tbe:far_dma_rows()
+      dma.home, dma.early = dma.home + h, dma.early + e
     end
-    result.far_rows = { room = room, read = read, copied = copied, unplaced = unplaced, early = early }
+    result.far_rows = { room = room, read = read, copied = copied, unplaced = unplaced, early = early, dma = dma }
     if read > 0 then
       -- a full map left rows uncounted: the count is then a lower bound, and says so
       local full = unplaced > 0 and (" (%d lookups found the copies' map full where they looked: "
         .. "more rows than counted)"):format(unplaced) or ""
       local ahead = early > 0 and ("; %d batches' far rows copied early (train.pipeline)"):format(early) or ""
-      say(("far rows: the last forward read %s%d distinct far rows, copied %d (room %d a collection)%s%s"):format(
-        unplaced > 0 and "at least " or "", read, copied, room, full, ahead))
+      local engines = cfg.embeddings.far_dma ~= "none" and ("; the host threads moved %d rows home and %d early "
+        .. "(embeddings.far_dma)"):format(dma.home, dma.early) or ""
+      say(("far rows: the last forward read %s%d distinct far rows, copied %d (room %d a collection)%s%s%s"):format(
+        unplaced > 0 and "at least " or "", read, copied, room, full, ahead, engines))
     end
   end
   if collisions then
