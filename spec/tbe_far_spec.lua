@@ -270,6 +270,17 @@ describe("far rows' copies", function()
     assert.equal("none", c.tbe:far_dma())
   end)
 
+  -- rows written between a forward and its backward, in both collections: a load (step 1),
+  -- init_table (2), reset_rows (3 on)
+  local function writes_between(f, p, s)
+    local src = assert(ur.tensor({ 3000, 128 }, { placement = "device" })):uniform(-0.5, 0.5, 7)
+    for _, c in ipairs { f, p } do
+      if s == 1 then assert(c.tbe:load("a", src))
+      elseif s == 2 then assert(c.tbe:init_table("d", -0.1, 0.1, 5))
+      else assert(c.tbe:reset_rows("a", { 0, 1, 2, 3, 4, 5 })) end
+    end
+  end
+
   -- a view taken between a step and the next forward (its copies on their way home) must read
   -- the stepped rows
   local function views_equal(f, p, s)
@@ -300,14 +311,7 @@ describe("far rows' copies", function()
         { room = 100000, early = function(s, bs) return bs[(s + 2) % #bs + 1] end },
         { room = 100000, early = true, backward = function(s, bs) return bs[s % 2 + 1] end },
         { room = 100000, early = true, make = { pooling = "none" } },
-        { room = 100000, early = true, between = function(f, p, s)
-          local src = assert(ur.tensor({ 3000, 128 }, { placement = "device" })):uniform(-0.5, 0.5, 7)
-          for _, c in ipairs { f, p } do
-            if s == 1 then assert(c.tbe:load("a", src))
-            elseif s == 2 then assert(c.tbe:init_table("d", -0.1, 0.1, 5))
-            else assert(c.tbe:reset_rows("a", { 0, 1, 2, 3, 4, 5 })) end
-          end
-        end },
+        { room = 100000, early = true, between = writes_between },
       }
       for i, o in ipairs(cases) do
         local far, plain = collection(0, "host", o.make), collection(0, "host", o.make)
@@ -349,14 +353,7 @@ describe("far rows' copies", function()
       { room = 100000, early = function(s, bs) return bs[(s + 2) % #bs + 1] end, behind = true },
       { room = 100000, early = true, backward = function(s, bs) return bs[s % 2 + 1] end, behind = true },
       { room = 100000, early = true, make = { pooling = "none" } },
-      { room = 100000, early = true, behind = true, between = function(f, p, s)
-        local src = assert(ur.tensor({ 3000, 128 }, { placement = "device" })):uniform(-0.5, 0.5, 7)
-        for _, c in ipairs { f, p } do
-          if s == 1 then assert(c.tbe:load("a", src))
-          elseif s == 2 then assert(c.tbe:init_table("d", -0.1, 0.1, 5))
-          else assert(c.tbe:reset_rows("a", { 0, 1, 2, 3, 4, 5 })) end
-        end
-      end },
+      { room = 100000, early = true, behind = true, between = writes_between },
       -- a batch with far more rows than the ones before: the copy engines move as many as those had,
       -- and a kernel the rest
       { room = 100000, early = true, behind = true, sizes = { 4, 4, 400, 4 }, check = function(_, c)
@@ -487,14 +484,7 @@ describe("far rows' copies", function()
   cuda_it("a load, init_table or reset_rows between a forward and its backward drops the copies", function()
     local far, plain = collection(0, "host"), collection(0, "host")
     far.tbe:set_far_rows(100000)
-    local src = assert(ur.tensor({ 3000, 128 }, { placement = "device" })):uniform(-0.5, 0.5, 7)
-    same_steps(far, plain, 3, 70, { between = function(f, p, s)
-      for _, c in ipairs { f, p } do
-        if s == 1 then assert(c.tbe:load("a", src))
-        elseif s == 2 then assert(c.tbe:init_table("d", -0.1, 0.1, 5))
-        else assert(c.tbe:reset_rows("a", { 0, 1, 2, 3, 4, 5 })) end
-      end
-    end })
+    same_steps(far, plain, 3, 70, { between = writes_between })
   end)
 
   cuda_it("managed tables under hot_prefix: only rows past the prefix are copied; the same bits, by copy "
