@@ -129,8 +129,9 @@ ur_status ur_tbe_set_far_rows(ur_tbe *t, int64_t rows) {
     }
   }
   t->far_rows = rows;
-  if ((st = far_dma_ready(t, "set_far_rows"))) return st;
-  return far_update(t);
+  st = far_dma_ready(t, "set_far_rows");
+  ur_status up = far_update(t);
+  return st ? st : up;
 }
 
 int64_t ur_tbe_far_rows(const ur_tbe *t) {
