@@ -434,6 +434,19 @@ function M.build_c(rel, dir, name, header_only)
   return exe
 end
 
+-- A header-only C check, engine/tests/<name>.c, built and run once in a folder of its own, `env`
+-- (VAR=value ...) before it: what it printed; fails the spec where it exits other than 0; nil
+-- and why where it cannot be built here (the spec is then pending).
+function M.run_c_check(name, env)
+  local dir = command.tmpdir()
+  local exe, why = M.build_c("engine/tests/" .. name .. ".c", dir, name, true)
+  if not exe then return nil, why end
+  local out, err, code = command.sh((env and env .. " " or "") .. exe)
+  command.rmdir(dir)
+  if code ~= 0 then error(("%s exited with %s:\n%s%s"):format(name, tostring(code), out, err), 2) end
+  return out
+end
+
 -- CRC32C (Castagnoli, reflected 0x82F63B78) of a string, bit by bit, as 8 hex digits: the
 -- reference of the checksums a safetensors save keeps ("123456789" gives e3069283).
 function M.crc32c(str)
