@@ -320,8 +320,8 @@ static void far_dma_range(void *ctx, size_t b, size_t e) {
 }
 
 /* A job's rows, on the GPU's host-call thread: split into ranges for the engine's thread count
- * less two (that thread runs one, new threads the rest; two cores are left to the thread that
- * drives the GPU and the runtime's own). */
+ * less two, which that thread and the engine's pool of threads take (parallel.c); two cores are
+ * left to the thread that drives the GPU and the runtime's own. */
 static void far_dma_run(void *ctx) {
   struct ur__far_job *j = ctx;
   const int32_t *taken = (const int32_t *)j->base;
