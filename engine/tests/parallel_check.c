@@ -5,7 +5,7 @@
  * started.  Then the time a loop of 4 ranges takes on the pool and with threads started for it
  * (inside another loop's range, where the pool is in use).  Prints "parallel_check: ok, N loops"
  * and the times, or the first failure.  Built (header-only) and run by
- * spec/engine_parallel_spec.lua through the specs' h.build_c, with UR_NUM_THREADS=4. */
+ * spec/engine_parallel_spec.lua through the specs' h.run_c_check, with UR_NUM_THREADS=4. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * the threshold (r >> 19 = k for f16, r >> 16 = k for bf16), the ranges' edges, and random
  * values over every bit pattern.  Prints "round_sr_check: ok, N compared" or the first
  * mismatch.  Built (header-only, the engine's float flags) and run by spec/tbe_spec.lua
- * through the specs' h.build_c. */
+ * through the specs' h.run_c_check. */
 #include <stdio.h>
 #include <stdlib.h>
 

@@ -286,7 +286,7 @@ local function run(r)
   local t_setup = C.ur_clock_seconds()
   if r.far and r.far > 0 then assert(tbe:set_far_rows(r.far)) end -- its room is in the budget's hbm_used below
   tbe:set_far_behind(r.behind == true)
-  tbe:set_far_dma(r.dma or "none")
+  assert(tbe:set_far_dma(r.dma or "none"))
   rec.far_rows, rec.far_early, rec.far_behind, rec.far_early_after = r.far, r.early, r.behind, r.after
   rec.far_dma = r.dma
   if r.placement == "managed" and r.policy ~= "none" then

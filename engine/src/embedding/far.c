@@ -6,9 +6,10 @@
  * write rows drop them, and this file calls table.c, not the other way.  One piece of memory
  * holds the map (keys, then where each copy is), the counts (copies asked for, lookups that
  * found no free slot, early copies, pairs waiting, loads waiting), the early copies' pairs and
- * loads, each copy's home (where its row is, and its bytes) and the copies.  Written behind (ur_tbe_set_far_behind), a backward steps the
- * copies only and they go home on the collection's own stream: every call here that reads or
- * writes rows at home waits for that first (far_wait_home; table.c's far_settle for the rest).
+ * loads, each copy's home (where its row is, and its bytes) and the copies.  Written behind
+ * (ur_tbe_set_far_behind), a backward steps the copies only and they go home on the
+ * collection's own stream: every call here that reads or writes rows at home waits for that
+ * first (far_wait_home; table.c's far_settle for the rest).
  * The rows cross the link in copy kernels (far_move), or with ur_tbe_set_far_dma through the
  * copy engines and host threads (far_dma_*). */
 #include "core/bypass.h"

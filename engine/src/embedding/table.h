@@ -148,8 +148,8 @@ struct ur_tbe {
    * map whose copies are still the rows while they go, 0 when none is or they are no longer
    * current; far_graphed: a forward was ever captured, whose replays wait for nothing, so
    * write-behind stays off.  far_dma: the ways (ur_far_dma) rows cross through the copy
-   * engines and host threads (far.c's far_dma_*), far_host[k] map k's pinned staging (made on
-   * first use) and far_jobs[k][home] what the host threads are given for it, far_dma_moved[home]
+   * engines and host threads (far.c's far_dma_*), far_host[k] map k's pinned staging (made when
+   * the ways or the room are set) and far_jobs[k][home] what the host threads are given for it, far_dma_moved[home]
    * the rows they moved each way (added to by the host calls). */
   int64_t far_rows;
   ur_tensor *far[2];

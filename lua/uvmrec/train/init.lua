@@ -461,10 +461,11 @@ function M.far_rows(cfg, model)
   if not ur.gpu() or model.placement ~= "device" then
     return ("far rows: room for %d copies set; a model on the CPU reads no row over a link, so none is made"):format(n)
   end
-  return ("far rows: room in HBM for %d copies a forward of the rows read over the host link%s"):format(
-    n, (behind and ", written home behind each step" or "")
-      .. (dma ~= "none" and (", the %s through the copy engines"):format(dma == "home" and "write home"
-        or dma == "early" and "early copies" or "early copies and the write home") or ""))
+  local through = { none = "", home = ", the write home through the copy engines",
+                    early = ", the early copies through the copy engines",
+                    both = ", the early copies and the write home through the copy engines" }
+  return ("far rows: room in HBM for %d copies a forward of the rows read over the host link%s%s"):format(
+    n, behind and ", written home behind each step" or "", through[dma])
 end
 
 -- A resumed run saves as the run it resumes did (train.checkpoint_every, train.keep), unless this
@@ -927,7 +928,7 @@ function run_plain(cfg, opts)
     -- the room against what the last forward read: how to size embeddings.far_rows
     local room, read, copied, unplaced = cfg.embeddings.far_rows, 0, 0, 0
     local dma = { home = 0, early = 0 } -- rows the host threads moved (embeddings.far_dma)
-    ur.sync()
+    assert(ur.sync()) -- their count is exact once the host calls are done
     for _, tbe in ipairs(hints.tbes_of(model.embeddings)) do
       local n, u = assert(tbe:far_taken())
       read, copied, unplaced = read + n, copied + math.min(n, room), unplaced + u
