@@ -244,7 +244,9 @@ __device__ __forceinline__ void load_out(const void *g, int32_t dtype, int64_t a
 /* Early copies of a batch's far rows into a.far (cleared, at -1), a warp per 32 bags, each lane
  * its bag's values in turn.  A row of the current map (cur.use: the last forward's, whose
  * backward may still step it) is not read here: where cur has its copy, the pair waits for
- * far_patch_kernel; where it has none, the row is left to the forward.  Where the current
+ * far_patch_kernel; where it has none, the row is left to the forward.  A row the last step's
+ * map has a copy of (a.prior.use; its copies may still be going home) is copied from there
+ * (far_patch_kernel with prior, after the loads), the pair at the top of a.far.pairs.  Where the current
  * forward found no slot for some far row (cur.taken[1]), its far rows are not all known, and
  * nothing is copied early. */
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
@@ -271,6 +273,8 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
         uint64_t key = (uint64_t)(tb->key_base + id);
         int64_t cs = cur.use ? far_find(cur, key) : -1;
         int32_t ca = cs >= 0 ? cur.at[cs] : -1;
+        int64_t ps = cs < 0 && a.prior.use ? far_find(a.prior, key) : -1;
+        int32_t pa = ps >= 0 ? a.prior.at[ps] : -1;
         if (cs < 0 || ca >= 0) at = far_claim(a.far, key, 0, nullptr);
         if (at == UR_TBE_FAR_UNPLACED) atomicAdd(a.far.taken + 1, 1);
         int32_t bytes = tb->dim * esize(tb->dtype);
@@ -281,6 +285,10 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
           a.far.pairs[2 * q] = at;
           a.far.pairs[2 * q + 1] = ca;
           at = -1;
+        } else if (at >= 0 && pa >= 0) { /* from the last step's copy, the newest */
+          int32_t q = a.far.cap - 1 - atomicAdd(a.far.taken + 5, 1);
+          a.far.pairs[2 * q] = at;
+          a.far.pairs[2 * q + 1] = pa;
         } else if (at >= 0) { /* read by far_move_kernel or far.c's copy engines */
           int32_t q = atomicAdd(a.far.taken + 4, 1);
           a.far.loads[2 * q] = (int64_t)at | (int64_t)bytes << 32;
@@ -347,17 +355,20 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
   }
 }
 
-/* The waiting pairs of early copies (far_prefetch_kernel's), a warp each: the rows cur's
- * backward stepped, from cur's copies. */
+/* The pairs of early copies (far_prefetch_kernel's), a warp each, from src's copies: the rows
+ * cur's backward stepped (PRIOR false: from the bottom of f.pairs), or the rows of the last
+ * step's map (true: from the top). */
+template <bool PRIOR>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
-    far_patch_kernel(const ur__tbe_far f, const ur__tbe_far cur) {
+    far_patch_kernel(const ur__tbe_far f, const ur__tbe_far src) {
   int lane = threadIdx.x & 31;
-  int32_t n = f.taken[3];
+  int32_t n = f.taken[PRIOR ? 5 : 3];
   int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
   /* the copies' slots are row_bytes apart, a multiple of 16 (far.c), and so is each copy */
   for (int64_t q = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; q < n; q += warps) {
-    char *to = f.rows + (int64_t)f.pairs[2 * q] * f.row_bytes;
-    const char *from = cur.rows + (int64_t)cur.row_bytes * f.pairs[2 * q + 1];
+    const int32_t *p = f.pairs + 2 * (PRIOR ? f.cap - 1 - q : q);
+    char *to = f.rows + (int64_t)p[0] * f.row_bytes;
+    const char *from = src.rows + (int64_t)src.row_bytes * p[1];
     for (int32_t o = lane * 16; o < f.row_bytes; o += 32 * 16)
       *reinterpret_cast<uint4 *>(to + o) = *reinterpret_cast<const uint4 *>(from + o);
   }
@@ -2222,9 +2233,11 @@ static ur_status tbe_far_prefetch(void *stream, const ur__tbe_args *a, const ur_
   return UR_STATUS_OK;
 }
 
-static ur_status tbe_far_patch(void *stream, const ur__tbe_far *f, const ur__tbe_far *cur) {
+static ur_status tbe_far_patch(void *stream, const ur__tbe_far *f, const ur__tbe_far *src,
+                               int32_t prior) {
   unsigned blocks = (unsigned)(sm_count() * 4);
-  far_patch_kernel<<<blocks, UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(*f, *cur);
+  if (prior) far_patch_kernel<true><<<blocks, UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(*f, *src);
+  else far_patch_kernel<false><<<blocks, UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(*f, *src);
   UR_CUDA_CHECK(cudaGetLastError(), "tbe far_patch");
   return UR_STATUS_OK;
 }

@@ -31,16 +31,18 @@ local function collection(device, placement, opts)
   return (o.pooling == "none" and EC or EBC)(o)
 end
 
--- The distinct (table, id) pairs of a batch: every row a collection of far tables reads.
-local function distinct(c, b)
+-- The distinct (table, id) pairs of batches: every row a collection of far tables reads.
+local function distinct(c, ...)
   local L, seen, n = R.layout(c.tbe), {}, 0
-  local bag = 0
-  for f = 1, #L do
-    for _ = 1, b.batch do
-      bag = bag + 1
-      for v = b.offsets[bag] + 1, b.offsets[bag + 1] do
-        local k = L[f].table .. ":" .. b.values[v]
-        if not seen[k] then seen[k], n = true, n + 1 end
+  for _, b in ipairs { ... } do
+    local bag = 0
+    for f = 1, #L do
+      for _ = 1, b.batch do
+        bag = bag + 1
+        for v = b.offsets[bag] + 1, b.offsets[bag + 1] do
+          local k = L[f].table .. ":" .. b.values[v]
+          if not seen[k] then seen[k], n = true, n + 1 end
+        end
       end
     end
   end
@@ -54,7 +56,8 @@ end
 -- o.early(s, inputs)'s batch); o.backward(s, inputs): the batch the backward is given instead;
 -- o.behind: `far` writes its copies home behind each step (set_far_behind); o.dma: which of its
 -- rows' moves go through the copy engines (set_far_dma); o.sizes[s]: step s's batch size (40);
--- o.after(far, plain, s) after each backward; o.label begins each failure's message.
+-- o.period: the batches repeat after so many steps; o.after(far, plain, s) after each backward;
+-- o.label begins each failure's message.  Returns the batches (R.batch's).
 local function same_steps(far, plain, steps, seed, o)
   o = o or {}
   local tag = o.label and o.label .. ": " or ""
@@ -64,8 +67,8 @@ local function same_steps(far, plain, steps, seed, o)
   local raw, inputs = {}, {}
   for s = 1, steps + 1 do
     math.randomseed(seed + s)
-    raw[s] = R.batch(R.rows_of(plain), { batch = o.sizes and o.sizes[s] or 40, weighted = s % 2 == 0,
-                                         hot = s == 2 and { 3, 300 } or nil })
+    raw[s] = o.period and raw[s - o.period] or R.batch(R.rows_of(plain), {
+      batch = o.sizes and o.sizes[s] or 40, weighted = s % 2 == 0, hot = s == 2 and { 3, 300 } or nil })
     inputs[s] = R.input(raw[s], "device")
   end
   if side then assert(far.tbe:far_prefetch(inputs[1], side)) end
@@ -92,6 +95,7 @@ local function same_steps(far, plain, steps, seed, o)
     end
   end
   if side then side:free() end
+  return raw
 end
 
 describe("far rows' copies", function()
@@ -265,7 +269,9 @@ describe("far rows' copies", function()
     assert.equal(c.tbe, c.tbe:far_prefetch(inp))
     c:forward(inp)
     assert.same({ 0, 0 }, { c.tbe:far_taken() })
-    assert.same({ 0, 0 }, { c.tbe:far_dma_rows() }) -- the CPU moves no row over a link
+    -- the CPU moves no row over a link
+    local none = { rows = 0, calls = 0, seconds = 0 }
+    assert.same({ home = none, early = none }, c.tbe:far_dma_stats())
     assert.equal(c.tbe, c.tbe:set_far_dma("none"))
     assert.equal("none", c.tbe:far_dma())
   end)
@@ -336,12 +342,28 @@ describe("far rows' copies", function()
         assert.equal(way, far.tbe:far_dma())
         -- the host threads moved rows the ways set, and none the others
         assert(ur.sync())
-        local home, early = far.tbe:far_dma_rows()
-        assert.equal(way ~= "early", home > 0, way .. ": " .. home .. " rows written home")
-        assert.equal(way ~= "home", early > 0, way .. ": " .. early .. " rows gathered early")
+        local d = far.tbe:far_dma_stats()
+        assert.equal(way ~= "early", d.home.rows > 0, way .. ": " .. d.home.rows .. " rows written home")
+        assert.equal(way ~= "home", d.early.rows > 0, way .. ": " .. d.early.rows .. " rows gathered early")
+        -- a host call a step each way set (the early ones: one more, before the first step), each timed
+        assert.same({ behind and 4 or 0, way ~= "home" and 5 or 0 }, { d.home.calls, d.early.calls })
+        assert.equal(d.home.calls > 0, d.home.seconds > 0, way .. ": home seconds")
+        assert.equal(d.early.calls > 0, d.early.seconds > 0, way .. ": early seconds")
       end
     end)
   end
+
+  cuda_it("early copies take the rows the last step's copies hold from there, while they go home: batches "
+    .. "A, B, A, B read each row over the link once (and the same bits, through copy kernels too)", function()
+    for _, way in ipairs { "both", "none" } do
+      local far, plain = collection(0, "host"), collection(0, "host")
+      far.tbe:set_far_rows(100000)
+      local raw = same_steps(far, plain, 4, 290, { early = true, behind = true, dma = way, period = 2, label = way })
+      assert(ur.sync())
+      -- steps 3 and 4's early copies took every row from the map of the step before last
+      if way == "both" then assert.equal(distinct(far, raw[1], raw[2]), far.tbe:far_dma_stats().early.rows) end
+    end
+  end)
 
   cuda_it("through the copy engines: a room too small, another batch copied early, a backward of other values, "
     .. "pooling none, a load, init_table or reset_rows between, a batch of many more rows, the room set again: "

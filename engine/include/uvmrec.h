@@ -908,7 +908,7 @@ UR_API int32_t ur_tbe_far_behind(const ur_tbe *t);
  * their rows gathered there by host threads into pinned memory in their slots' order, and
  * copied to the GPU in one copy.  The copy engines move as many copies as the last batches had
  * and an eighth more (a batch's count is known on the GPU only), a copy kernel any past them.
- * With a room on a GPU, each of the two maps takes pinned host memory for its copies and 16
+ * With a room on a GPU, each of the three maps takes pinned host memory for its copies and 16
  * bytes a copy (66 MiB for 131,072 rows of 512 bytes), made by this call or by set_far_rows
  * (which fail, leaving the ways as they were, where it cannot be had) and freed with the room.
  * The host threads are the engine's thread count (UR_NUM_THREADS, every core by default) less
@@ -925,9 +925,16 @@ typedef enum {
 UR_API ur_status ur_tbe_set_far_dma(ur_tbe *t, int32_t ways /* ur_far_dma */);
 /* The ways set (ur_far_dma), -1 for a NULL t. */
 UR_API int32_t ur_tbe_far_dma(const ur_tbe *t);
-/* The rows the host threads moved since the collection was made: written home, gathered for
- * early copies.  Counted as each host call ends: exact after ur_device_sync. */
-UR_API ur_status ur_tbe_far_dma_rows(const ur_tbe *t, int64_t *home, int64_t *early);
+/* What the host threads did since the collection was made, each way: the rows they moved
+ * (written home, gathered for early copies), their host calls, and those calls' seconds (each
+ * from its start to its end on the thread that runs it: the threads' span, not their sum).
+ * Counted as each host call ends: exact after ur_device_sync. */
+typedef struct ur_far_dma_stats {
+  int64_t home_rows, early_rows;
+  int64_t home_calls, early_calls;
+  double home_seconds, early_seconds;
+} ur_far_dma_stats;
+UR_API ur_status ur_tbe_far_dma_stats(const ur_tbe *t, ur_far_dma_stats *out);
 
 /* ---- access counters and row layout ---- */
 /* Access counters: per table an i32 counter per row id, kept where the collection runs (device

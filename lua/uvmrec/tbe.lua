@@ -528,8 +528,10 @@ function methods:far_behind() return C.ur_tbe_far_behind(H(self)) == 1 end
 -- set_far_dma(ways): which of the far rows' moves cross the link through the copy engines and
 -- host threads instead of copy kernels (uvmrec.h, ur_tbe_set_far_dma; docs/uvm.md): "home" (the
 -- copies written behind), "early" (the early copies), "both" or "none".  nil, message where the
--- GPU or the pinned memory for it cannot have it.  far_dma(): the name; far_dma_rows(): the
--- rows the host threads moved, written home and gathered early (exact after ur.sync()).
+-- GPU or the pinned memory for it cannot have it.  far_dma(): the name; far_dma_stats(): what
+-- the host threads did each way, { home = { rows, calls, seconds }, early = { ... } }: rows
+-- written home and gathered early, their host calls and those calls' seconds (exact after
+-- ur.sync()).
 function methods:set_far_dma(ways)
   local ok, err = check(C.ur_tbe_set_far_dma(H(self), pick(table_options.FAR_DMA, ways, "set_far_dma way", 2)), 2)
   if not ok then return nil, err end
@@ -541,10 +543,11 @@ function methods:far_dma()
     if v == w then return name end
   end
 end
-function methods:far_dma_rows()
-  local home, early = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
-  must(C.ur_tbe_far_dma_rows(H(self), home, early))
-  return tonumber(home[0]), tonumber(early[0])
+function methods:far_dma_stats()
+  local v = ffi.new("ur_far_dma_stats")
+  must(C.ur_tbe_far_dma_stats(H(self), v))
+  return { home = { rows = tonumber(v.home_rows), calls = tonumber(v.home_calls), seconds = v.home_seconds },
+           early = { rows = tonumber(v.early_rows), calls = tonumber(v.early_calls), seconds = v.early_seconds } }
 end
 
 -- Ids skipped by the "warn" bounds check so far.

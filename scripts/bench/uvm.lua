@@ -346,7 +346,21 @@ local function run(r)
   end
   local parts, unwrap
   if o.parts then parts, unwrap = time_parts(train.loop.parts(model, opt), model.stream, o.steps) end
+  -- the host threads' calls over the timed steps (far_dma): their count, time and rows
+  local dma0 = gpu and r.dma and r.dma ~= "none" and assert(ur.sync()) and tbe:far_dma_stats()
   local seconds, loss, mig = timed(o.steps, o.warmup)
+  if dma0 then
+    assert(ur.sync())
+    local d = tbe:far_dma_stats()
+    rec.far_dma_calls = {}
+    for _, w in ipairs { "home", "early" } do
+      local n = d[w].calls - dma0[w].calls
+      if n > 0 then
+        rec.far_dma_calls[w] = { calls = n, ms = (d[w].seconds - dma0[w].seconds) / n * 1e3,
+                                 rows = (d[w].rows - dma0[w].rows) / n }
+      end
+    end
+  end
   if parts then
     rec.parts_ms = parts()
     unwrap()
@@ -541,6 +555,15 @@ for _, r in ipairs(results) do
       r.migrated_bytes_per_step and ("%.1f"):format(r.migrated_bytes_per_step / 1e6) or "-",
       r.host_bytes_per_step_est and ("%.1f"):format(r.host_bytes_per_step_est / 1e6) or "-",
       r.relayout_seconds and ("%.2f, %s"):format(r.relayout_seconds, gbs(r.relayout_bytes)) or "-"))
+  end
+end
+for _, r in ipairs(results) do
+  for _, w in ipairs { "home", "early" } do
+    local c = r.far_dma_calls and r.far_dma_calls[w]
+    if c then
+      print(("far_dma %s, %s %s%%: %d host calls over the timed steps, %.3f ms and %d rows a call (%.0f ns a row)")
+        :format(w, r.policy, tostring(r.fraction), c.calls, c.ms, c.rows, c.rows > 0 and c.ms * 1e6 / c.rows or 0))
+    end
   end
 end
 for _, r in ipairs(results) do

@@ -7,7 +7,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 11
+#define UR_BACKEND_ABI 12
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {

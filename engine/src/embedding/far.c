@@ -1,12 +1,15 @@
 /* far.c: the far rows' copies of a GPU collection (uvmrec.h, "far rows' copies"; the kernels'
  * half is in kernels/tbe.cu).  The room for the copies at home, keeping each table's far_from
  * current, when a forward makes copies and a backward may read them, and the early copies of
- * the next batch's far rows (ur_tbe_far_prefetch) in a second room.  Where far rows begin
+ * the next batch's far rows (ur_tbe_far_prefetch) in the next map.  Where far rows begin
  * (ur__tbe_far_from) and forgetting the copies (ur__tbe_far_drop) are table.c's: its calls that
  * write rows drop them, and this file calls table.c, not the other way.  One piece of memory
  * holds the map (keys, then where each copy is), the counts (copies asked for, lookups that
- * found no free slot, early copies, pairs waiting, loads waiting), the early copies' pairs and
- * loads, each copy's home (where its row is, and its bytes) and the copies.  Written behind
+ * found no free slot, early copies, pairs waiting, loads waiting, pairs from the last step's map),
+ * the early copies' pairs and loads, each copy's home (where its row is, and its bytes) and the
+ * copies.  The maps (UR__FAR_MAPS) are taken in turn: the current one, the next batch's early
+ * copies', and the last step's, whose copies may still be going home while the early copies take
+ * the rows it holds from it.  Written behind
  * (ur_tbe_set_far_behind), a backward steps the copies only and they go home on the
  * collection's own stream: every call here that reads or writes rows at home waits for that
  * first (far_wait_home; table.c's far_settle for the rest).
@@ -85,12 +88,12 @@ static ur_status far_update(ur_tbe *t) {
   return changed ? ur__tbe_sync_desc(t) : UR_STATUS_OK;
 }
 
-/* The room (both maps, and their pinned staging) freed, once no kernel or host call can read
+/* The room (every map, and their pinned staging) freed, once no kernel or host call can read
  * it. */
 static ur_status far_release(ur_tbe *t) {
   ur_status st = UR_STATUS_OK;
-  if ((t->far[0] || t->far[1]) && (st = t->be->device_sync())) return st;
-  for (int k = 0; k < 2; k++) {
+  if (t->far[0] && (st = t->be->device_sync())) return st; /* map 0 is made first */
+  for (int k = 0; k < UR__FAR_MAPS; k++) {
     ur_tensor_free(t->far[k]);
     ur_tensor_free(t->far_host[k]);
     t->far[k] = t->far_host[k] = NULL;
@@ -191,7 +194,7 @@ static ur_status far_clear(const ur_tbe *t, void *sh, const ur__tbe_far *f, int 
   size_t slots = (size_t)(f->mask + 1);
   ur_status st = t->be->fill(sh, f->keys, slots, 8, 0);
   if (!st && at_too) st = t->be->fill(sh, f->at, slots, 4, 0xFFFFFFFFu);
-  if (!st) st = t->be->fill(sh, f->taken, 5, 4, 0);
+  if (!st) st = t->be->fill(sh, f->taken, 6, 4, 0);
   return st;
 }
 
@@ -204,10 +207,10 @@ static ur_status far_event(ur_tbe *t, int k, void **out) {
 }
 
 /* Work enqueued on stream sh after this waits for the copies written home behind a step: map
- * k's (k = 0, 1), or -1 every map's (none pending: nothing to wait for).  A graph being captured
+ * k's, or -1 every map's (none pending: nothing to wait for).  A graph being captured
  * may not wait on work outside it: the host waits instead, before the capture goes on. */
 static ur_status far_wait_home(ur_tbe *t, void *sh, int k) {
-  int bits = k < 0 ? 3 : 1 << k;
+  int bits = k < 0 ? (1 << UR__FAR_MAPS) - 1 : 1 << k;
   if (!(t->far_home_pending & bits)) return UR_STATUS_OK;
   if (!ur__graph_capturing())
     return t->be->stream_wait(sh, t->far_home_ev[k < 0 ? t->far_home_last : k]);
@@ -249,7 +252,7 @@ static ur_status far_dma_alloc(ur_tbe *t, int k, const char *who) {
                            "of pinned host memory", who, (long long)t->far_rows, (long long)L.total);
   for (int h = 0; h < 2; h++)
     t->far_jobs[k][h] = (struct ur__far_job){ur_tensor_data(t->far_host[k]), t->far_rows, L.list,
-                                             L.rows, far_row_bytes(t), h, -1, &t->far_dma_moved[h]};
+                                             L.rows, far_row_bytes(t), h, -1, &t->far_dma_done[h]};
   return UR_STATUS_OK;
 }
 
@@ -258,7 +261,7 @@ static ur_status far_dma_alloc(ur_tbe *t, int k, const char *who) {
 static ur_status far_dma_ready(ur_tbe *t, const char *who) {
   ur_status st = UR_STATUS_OK;
   if (!t->far_dma || !t->far[0]) return st;
-  for (int k = 0; k < 2 && !st; k++) st = far_dma_alloc(t, k, who);
+  for (int k = 0; k < UR__FAR_MAPS && !st; k++) st = far_dma_alloc(t, k, who);
   return st;
 }
 
@@ -287,10 +290,16 @@ int32_t ur_tbe_far_dma(const ur_tbe *t) {
   return t->far_dma;
 }
 
-ur_status ur_tbe_far_dma_rows(const ur_tbe *t, int64_t *home, int64_t *early) {
-  UR__ARGS(t, home, early);
-  *home = __atomic_load_n(&t->far_dma_moved[1], __ATOMIC_RELAXED);
-  *early = __atomic_load_n(&t->far_dma_moved[0], __ATOMIC_RELAXED);
+ur_status ur_tbe_far_dma_stats(const ur_tbe *t, ur_far_dma_stats *out) {
+  UR__ARGS(t, out);
+  int64_t v[2][3];
+  for (int h = 0; h < 2; h++) {
+    const struct ur__far_done *d = &t->far_dma_done[h];
+    v[h][0] = __atomic_load_n(&d->rows, __ATOMIC_RELAXED);
+    v[h][1] = __atomic_load_n(&d->calls, __ATOMIC_RELAXED);
+    v[h][2] = __atomic_load_n(&d->ns, __ATOMIC_RELAXED);
+  }
+  *out = (ur_far_dma_stats){v[1][0], v[0][0], v[1][1], v[0][1], v[1][2] * 1e-9, v[0][2] * 1e-9};
   return UR_STATUS_OK;
 }
 
@@ -325,13 +334,16 @@ static void far_dma_range(void *ctx, size_t b, size_t e) {
  * left to the thread that drives the GPU and the runtime's own. */
 static void far_dma_run(void *ctx) {
   struct ur__far_job *j = ctx;
+  double t0 = ur_clock_seconds();
   const int32_t *taken = (const int32_t *)j->base;
   int64_t made = taken[0] < j->cap ? taken[0] : j->cap, n = j->home ? made : taken[4];
   int64_t threads = ur__threads() > 3 ? ur__threads() - 2 : 1;
   size_t grain = (size_t)(n / threads + 1);
   ur__parallel_for((size_t)n, grain < 256 ? 256 : grain, far_dma_range, j);
   __atomic_store_n(&j->seen, made, __ATOMIC_RELAXED);
-  __atomic_fetch_add(j->moved, n, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&j->done->rows, n, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&j->done->calls, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&j->done->ns, (int64_t)((ur_clock_seconds() - t0) * 1e9), __ATOMIC_RELAXED);
 }
 
 /* The copies the copy engines move for map k: its last calls' copies and an eighth more (a
@@ -339,7 +351,7 @@ static void far_dma_run(void *ctx) {
  * whole room until a call has said. */
 static int64_t far_dma_extent(const ur_tbe *t) {
   int64_t seen = -1, cap = t->far_rows;
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < UR__FAR_MAPS; k++)
     for (int h = 0; h < 2; h++) {
       int64_t v = __atomic_load_n(&t->far_jobs[k][h].seen, __ATOMIC_RELAXED);
       if (t->far_host[k] && v > seen) seen = v;
@@ -387,22 +399,26 @@ ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
     /* the early copies become the current ones, once made and patched with the rows the last
      * backward stepped (from the old current copies, which it kept current) */
     ur__tbe_far old;
-    far_args(t, t->far_cur, &old);
+    int was = t->far_cur;
+    far_args(t, was, &old);
     /* the old copies, still the rows while they go home: a far row the forward finds no copy
-     * of in its own map is read there */
-    if (t->far_homing == t->far_cur + 1) {
+     * of in its own map is read there; the map before them has gone home (the early copies
+     * took its rows, and did not wait for it) */
+    if (t->far_homing == was + 1) {
       a->prior = old;
       a->prior.use = 1;
     }
-    t->far_cur ^= 1;
+    t->far_cur = (was + 1) % UR__FAR_MAPS;
     far_args(t, t->far_cur, &a->far);
-    if (!(st = far_event(t, 1, &ev)) && !(st = t->be->stream_wait(sh, ev)))
-      st = t->be->tbe->far_patch(sh, &a->far, &old);
+    if (!(st = far_wait_home(t, sh, (was + 2) % UR__FAR_MAPS)) && !(st = far_event(t, 1, &ev)) &&
+        !(st = t->be->stream_wait(sh, ev)))
+      st = t->be->tbe->far_patch(sh, &a->far, &old, 0);
   } else {
     /* the forward reads rows at home and clears the map whose copies may be going there */
     far_args(t, t->far_cur, &a->far);
     if (!(st = far_wait_home(t, sh, -1))) st = far_clear(t, sh, &a->far, 0);
     if (t->far_homing == t->far_cur + 1) t->far_homing = 0;
+    t->far_kept &= ~(1 << t->far_cur);
   }
   t->far_early = 0;
   a->far.fill = !st;
@@ -425,9 +441,10 @@ ur_status ur__tbe_far_backward(ur_tbe *t, ur_stream *s, ur__tbe_args *a, const u
   /* early copies made beside this step left this step's rows to it, as its forward read them:
    * a backward of other values (or one that steps by atomics, below) may write rows they hold */
   if (ur_tensor_data(values) != t->far_values || ur_tensor_numel(values) != t->far_n)
-    t->far_early = 0;
+    t->far_early = t->far_kept = 0; /* ... and rows the kept maps hold */
   /* it reads and writes rows without copies at home, where the last copies may be going */
   ur_status st = far_wait_home(t, s ? s->handle : NULL, -1);
+  if (!t->far_ready) t->far_kept = 0; /* it steps every row at home */
   if (st || !t->far_ready) return st;
   far_args(t, t->far_cur, &a->far);
   a->far.use = 1;
@@ -435,7 +452,7 @@ ur_status ur__tbe_far_backward(ur_tbe *t, ur_stream *s, ur__tbe_args *a, const u
   if (!t->far_behind || a->atomic || t->far_graphed || ur__graph_capturing()) return UR_STATUS_OK;
   /* what sends the copies home is had before the step writes them only: after it, a failure
    * would leave the rows in copies nothing may trust */
-  for (int k = 0; k < 2 && !st; k++)
+  for (int k = 0; k < UR__FAR_MAPS && !st; k++)
     if (!t->far_home_ev[k]) st = t->be->event_new(&t->far_home_ev[k]);
   if (!st && !t->far_bwd_ev) st = t->be->event_new(&t->far_bwd_ev);
   if (!st && !t->far_stream) st = t->be->stream_new(0, &t->far_stream);
@@ -450,6 +467,8 @@ ur_status ur__tbe_far_backward_done(ur_tbe *t, ur_stream *s, const ur__tbe_args 
   if (stepped) t->far_open = 0;
   /* a step by atomics writes the rows, not the copies */
   if (stepped && a->atomic) return ur__tbe_far_drop(t);
+  /* stepped there (and at home too, unless written behind): the newest of the rows they hold */
+  if (stepped && a->far.use) t->far_kept |= 1 << t->far_cur;
   if (!stepped || !a->far.behind) return UR_STATUS_OK;
   /* the stepped copies go home on the collection's own stream, behind the step */
   void *sh = s ? s->handle : NULL;
@@ -494,17 +513,19 @@ ur_status ur__tbe_far_refuse_early(const ur_tbe *t) {
 
 ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   void *sh = s ? s->handle : NULL, *ev = NULL;
-  int next = t->far_cur ^ 1;
+  int next = (t->far_cur + 1) % UR__FAR_MAPS, last = (t->far_cur + 2) % UR__FAR_MAPS;
   ur__tbe_far cur;
   memset(&cur, 0, sizeof cur);
+  memset(&a->prior, 0, sizeof a->prior);
   t->far_early = 0;
   /* the last forward's backward is still to come and its copies are not in use (dropped by a
    * load, init_table, reset_rows, set_far_rows, ...): which rows that backward steps, and when,
    * is not known here, so none is copied early (a copy read now could miss its step); the next
    * forward reads them itself */
   if (t->far_open && !t->far_ready) return UR_STATUS_OK;
-  /* it clears the other map, whose copies may still be going home; the rows it reads at home are
-   * of no map's copies (the current map's are paired), or went home with that map's */
+  /* it clears the next map, whose copies may still be going home (two steps ago: gone by now,
+   * mostly); the rows it reads at home are of no map's copies (the current map's are paired,
+   * the last step's taken from its copies), or went home with that map's */
   ur_status st = far_wait_home(t, sh, next);
   if (!st && !t->far[next]) st = far_alloc(t, next, "far_prefetch");
   if (!st && (t->far_dma & UR_FAR_DMA_EARLY)) st = far_dma_alloc(t, next, "far_prefetch");
@@ -514,6 +535,14 @@ ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
     far_args(t, t->far_cur, &cur);
     cur.use = 1;
     if (!(st = far_event(t, 0, &ev))) st = t->be->stream_wait(sh, ev);
+    /* the last step's copies, the newest of the rows they hold but where cur has a copy: taken
+     * from there, not from home, so that they need not wait for them to go; else they must */
+    if (!st && (t->far_kept & (1 << last)) && t->far[last]) {
+      far_args(t, last, &a->prior);
+      a->prior.use = 1;
+    } else if (!st) {
+      st = far_wait_home(t, sh, last);
+    }
   } else if (!st) {
     /* no current copies to leave rows to: nothing may write rows while these are read */
     st = t->be->device_sync();
@@ -526,9 +555,12 @@ ur_status ur__tbe_far_prefetch(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
     a->far.fill = 1;
     st = far_clear(t, sh, &a->far, 1);
     if (t->far_homing == next + 1) t->far_homing = 0;
+    t->far_kept &= ~(1 << next);
   }
   if (!st) st = t->be->tbe->far_prefetch(sh, a, &cur);
   if (!st) st = far_move(t, sh, next, 0, &a->far);
+  /* after the loads, which through the copy engines fill every slot below their extent */
+  if (!st && a->prior.use) st = t->be->tbe->far_patch(sh, &a->far, &a->prior, 1);
   if (!st && !(st = far_event(t, 1, &ev))) st = t->be->event_record(ev, sh);
   t->far_early = !st;
   return st;

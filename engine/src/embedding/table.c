@@ -533,12 +533,13 @@ void ur_tbe_free(ur_tbe *t) {
   ur_tensor_free(t->desc);
   ur_tensor_free(t->callbuf);
   ur_tensor_free(t->work);
-  for (int k = 0; k < 2; k++) { /* the far rows' copies (far.c) */
+  for (int k = 0; k < UR__FAR_MAPS; k++) { /* the far rows' copies (far.c) */
     ur_tensor_free(t->far[k]);
     ur_tensor_free(t->far_host[k]); /* waits for the device: its host calls read it */
-    if (t->far_ev[k]) t->be->event_free(t->far_ev[k]);
     if (t->far_home_ev[k]) t->be->event_free(t->far_home_ev[k]);
   }
+  for (int k = 0; k < 2; k++)
+    if (t->far_ev[k]) t->be->event_free(t->far_ev[k]);
   if (t->far_bwd_ev) t->be->event_free(t->far_bwd_ev);
   if (t->far_stream) t->be->stream_free(t->far_stream);
   ur_tensor_free(t->swapbuf);
@@ -833,7 +834,7 @@ ur_status ur__tbe_far_settle(const ur_tbe *t) {
 ur_status ur__tbe_far_drop(ur_tbe *t) {
   ur_status st = ur__tbe_far_settle(t);
   if (!st) t->far_home_pending = 0;
-  t->far_ready = t->far_early = t->far_homing = 0;
+  t->far_ready = t->far_early = t->far_homing = t->far_kept = 0;
   return st;
 }
 

@@ -28,6 +28,9 @@
 #include "embedding/tbe.h"
 
 #define UR__TBE_NDT 3 /* storage dtypes: f32, bf16, f16 (their enum values 0..2) */
+/* The far rows' maps (far.c): the current one, the next batch's early copies, and the last
+ * step's, whose copies may still be going home (early copies take their rows from it). */
+#define UR__FAR_MAPS 3
 
 /* Run when the collection is freed, before its storage goes: what was lent it (a cache's
  * redirect, the page prefetch state) lets go.  ctx is the hook's own. */
@@ -133,15 +136,19 @@ struct ur_tbe {
   ur_tensor *swapbuf;       /* i64 at home: the ids of the last row swaps (layout.c), kept so
                                that nothing is freed (and waited for) while the swaps run */
   struct ur__pages *pages;  /* page prefetch state (pages.c, freed by its hook), or NULL */
-  /* far rows' copies (far.c): room for far_rows of them at home (GPU).  far[far_cur] holds the
-   * current map and copies, far[!far_cur] the early copies' (made by the first
-   * ur_tbe_far_prefetch).  far_made: the last forward made copies; far_ready: no write but the
-   * backward's (which writes them too) has overtaken them since; far_early: the other map holds
-   * early copies for the next forward; far_captured: a forward was captured into a graph (early
-   * copies are refused from then on).  far_ev: events after the last forward and after the
-   * early copies.  far_values, far_n: the last forward's values, which its backward must be
-   * given for early copies to stay current; far_open: that forward made copies and its backward
-   * has not stepped yet.  Write-behind (far_behind set): far_bwd_ev after a
+  /* far rows' copies (far.c): room for far_rows of them at home (GPU), in UR__FAR_MAPS maps
+   * taken in turn.  far[far_cur] holds the current map and copies, the next in turn the early
+   * copies' (made by ur_tbe_far_prefetch, each map on its first use), the one after it the
+   * last step's, which may still be going home.  far_made: the last forward made copies;
+   * far_ready: no write but the backward's (which writes them too) has overtaken them since;
+   * far_early: the next map holds early copies for the next forward; far_captured: a forward
+   * was captured into a graph (early copies are refused from then on).  far_ev: events after
+   * the last forward and after the early copies.  far_values, far_n: the last forward's
+   * values, which its backward must be given for early copies to stay current; far_open: that
+   * forward made copies and its backward has not stepped yet.  far_kept: bit k while map k's
+   * copies are its rows' newest values but where a later map has a copy (stepped with the
+   * forward's values, not cleared or dropped since): early copies take such rows from there.
+   * Write-behind (far_behind set): far_bwd_ev after a
    * backward that stepped copies only, far_stream writing that map's copies home, far_home_ev[k]
    * after map k's went (far_home_pending: bit k while the host has not seen it done; the stream
    * writes in order, so the last one's covers every earlier); far_homing: the index + 1 of the
@@ -149,26 +156,28 @@ struct ur_tbe {
    * current; far_graphed: a forward was ever captured, whose replays wait for nothing, so
    * write-behind stays off.  far_dma: the ways (ur_far_dma) rows cross through the copy
    * engines and host threads (far.c's far_dma_*), far_host[k] map k's pinned staging (made when
-   * the ways or the room are set) and far_jobs[k][home] what the host threads are given for it, far_dma_moved[home]
-   * the rows they moved each way (added to by the host calls). */
+   * the ways or the room are set) and far_jobs[k][home] what the host threads are given for it,
+   * far_dma_done[home] what they did each way (ur_tbe_far_dma_stats). */
   int64_t far_rows;
-  ur_tensor *far[2];
-  int32_t far_cur, far_made, far_ready, far_early, far_captured, far_open;
+  ur_tensor *far[UR__FAR_MAPS];
+  int32_t far_cur, far_made, far_ready, far_early, far_captured, far_open, far_kept;
   void *far_ev[2];
   int32_t far_behind, far_homing, far_home_pending, far_home_last, far_graphed;
-  void *far_stream, *far_bwd_ev, *far_home_ev[2];
+  void *far_stream, *far_bwd_ev, *far_home_ev[UR__FAR_MAPS];
   const void *far_values;
   int64_t far_n;
   int32_t far_dma;
-  ur_tensor *far_host[2];
+  ur_tensor *far_host[UR__FAR_MAPS];
   struct ur__far_job {
     char *base;               /* far_host[k]'s: the counts, the list, the rows */
     int64_t cap, list, rows;  /* copies; the list's and the rows' offsets in base */
     int32_t row_bytes, home;  /* 1: written home (homes), 0: gathered (loads) */
     int64_t seen;             /* the copies its last call found made (-1: none yet) */
-    int64_t *moved;           /* far_dma_moved[home] */
-  } far_jobs[2][2];
-  int64_t far_dma_moved[2];
+    struct ur__far_done *done; /* far_dma_done[home] */
+  } far_jobs[UR__FAR_MAPS][2];
+  struct ur__far_done {
+    int64_t rows, calls, ns;  /* added to by the host calls */
+  } far_dma_done[2];
   ur__tbe_hook *hooks;
   int32_t nhooks, cap_hooks;
 };

@@ -47,15 +47,18 @@ typedef struct ur_tbe_ops {
                            const int64_t *ids, int64_t n, void *out);
   /* Far rows' early copies (far.c; GPU only, the CPU makes no copies): far_prefetch claims
    * a's batch's far rows in a->far (cleared), each row of cur's map (when cur->use) left as a
-   * pair for far_patch and each other one as a load, and sets a->far.taken[2] to the copies
-   * claimed; far_patch copies f's pairs from cur's copies; far_move moves f's rows over the link
+   * pair for far_patch, each other one of a->prior's map (when a->prior.use, the last step's)
+   * as a pair from there, and each other one as a load, and sets a->far.taken[2] to the copies
+   * claimed; far_patch copies f's pairs from src's copies (prior 0: cur's, prior 1: the last
+   * step's map's); far_move moves f's rows over the link
    * in a kernel: its loads into the copies (to_home 0), or every copy home (1, write-behind: to
    * where f->homes says); far_spill moves the copies in slots [from, the copies made) between
    * HBM and `host` (pinned, f->rows' shape: 1 to it, 0 from it), which far.c's copy engines
    * left.  All on the stream. */
   ur_status (*far_prefetch)(void *stream, const struct ur__tbe_args *a,
                             const struct ur__tbe_far *cur);
-  ur_status (*far_patch)(void *stream, const struct ur__tbe_far *f, const struct ur__tbe_far *cur);
+  ur_status (*far_patch)(void *stream, const struct ur__tbe_far *f, const struct ur__tbe_far *src,
+                         int32_t prior);
   ur_status (*far_move)(void *stream, const struct ur__tbe_far *f, int32_t to_home);
   ur_status (*far_spill)(void *stream, const struct ur__tbe_far *f, char *host, int64_t from,
                          int32_t to_host);

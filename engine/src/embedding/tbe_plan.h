@@ -73,12 +73,14 @@ typedef struct ur__tbe_table {
  * collection's calls that write rows or change a layout drop them: table.c, tbe.c), so a step
  * from a copy is the step from the row: the same bits.
  *
- * Early copies (ur_tbe_far_prefetch): the next batch's far rows copied into a second such map
+ * Early copies (ur_tbe_far_prefetch): the next batch's far rows copied into another such map
  * while the current step computes.  A row the current forward read (in `cur`'s map) may still be
  * stepped by its backward, so it is not read then: its pair (where it goes here, where its copy
  * is in cur) waits in pairs, and the forward that takes these copies first copies each pair's
- * row from cur's copy, stepped by then (ur__tbe_far_patch).  taken[2] is how many copies were
- * made before that forward (they are complete: the forward reads them instead of the rows).
+ * row from cur's copy, stepped by then (ur__tbe_far_patch).  A row of the last step's map
+ * (`prior`, while its copies may still be going home) is copied from there, its pair at the
+ * top of pairs (the cap - 1 - q-th).  taken[2] is how many copies were made before that
+ * forward (they are complete: the forward reads them instead of the rows).
  *
  * Write-behind (ur_tbe_set_far_behind): the backward writes a stepped row that has a copy to
  * the copy only, and far.c writes every copy home (homes[at]: where its row is) on a stream of
@@ -89,10 +91,11 @@ typedef struct ur__tbe_far {
   unsigned long long *keys; /* [mask + 1]: a copied row's key + 1, 0 where free */
   int32_t *at;              /* [mask + 1]: where its copy is in rows, -1 when none had room */
   char *rows;               /* [cap] copies */
-  int32_t *taken;           /* [5] copies asked for (past cap: not made), lookups that found no
+  int32_t *taken;           /* [6] copies asked for (past cap: not made), lookups that found no
                              * free slot in UR_TBE_FAR_PROBES, copies made before the forward
-                             * (early ones), pairs waiting, loads waiting */
-  int32_t *pairs;           /* [2 cap]: (at here, at in cur) of the rows copied from cur */
+                             * (early ones), pairs waiting, loads waiting, pairs from prior */
+  int32_t *pairs;           /* [2 cap]: (at here, at in cur) of the rows copied from cur, from
+                             * the bottom; (at here, at in prior) from the top */
   int64_t *loads;           /* [2 cap]: (at here | bytes << 32, the row's address at home) of
                              * the rows an early copy reads over the link */
   int64_t *homes;           /* [2 cap]: each copy's (bytes, address at home), where its row is
@@ -170,7 +173,8 @@ typedef struct ur__tbe_args {
   int32_t atomic;          /* backward: SGD by atomic adds, no sort (tbe.c says when it may) */
   ur__tbe_far far;         /* the far rows' copies (GPU only; fill and use 0: none) */
   /* forward: the last backward's copies while they are written home behind it (use 1): a far
-   * row the forward reads from home is read from its copy there instead */
+   * row the forward reads from home is read from its copy there instead.  far_prefetch: the
+   * last step's map, whose copies early copies take (the current map's aside) */
   ur__tbe_far prior;
 } ur__tbe_args;
 

@@ -932,8 +932,8 @@ function run_plain(cfg, opts)
     for _, tbe in ipairs(hints.tbes_of(model.embeddings)) do
       local n, u = assert(tbe:far_taken())
       read, copied, unplaced = read + n, copied + math.min(n, room), unplaced + u
-      local h, e = tbe:far_dma_rows()
-      dma.home, dma.early = dma.home + h, dma.early + e
+      local d = tbe:far_dma_stats()
+      dma.home, dma.early = dma.home + d.home.rows, dma.early + d.early.rows
     end
     result.far_rows = { room = room, read = read, copied = copied, unplaced = unplaced, early = early, dma = dma }
     if read > 0 then
