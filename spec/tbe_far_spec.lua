@@ -53,7 +53,8 @@ end
 -- after, every table and optimizer state must be the same bits.  o.check(b, far) after each
 -- forward; o.between(far, plain, s) between each forward and its backward.  o.early: after each
 -- forward of `far`, the next batch's far rows are copied early on a stream of their own (or
--- o.early(s, inputs)'s batch); o.backward(s, inputs): the batch the backward is given instead;
+-- o.early(s, inputs)'s batch, none where it is false); o.backward(s, inputs): the batch the
+-- backward is given instead;
 -- o.behind: `far` writes its copies home behind each step (set_far_behind); o.dma: which of its
 -- rows' moves go through the copy engines (set_far_dma); o.sizes[s]: step s's batch size (40);
 -- o.period: the batches repeat after so many steps; o.after(far, plain, s) after each backward;
@@ -78,9 +79,9 @@ local function same_steps(far, plain, steps, seed, o)
     R.bits_equal(fo, po, tag .. "forward, step " .. s)
     if o.check then o.check(raw[s], far) end
     if o.between then o.between(far, plain, s) end
-    if side then
-      assert(far.tbe:far_prefetch(type(o.early) == "function" and o.early(s, inputs) or inputs[s + 1], side))
-    end
+    local early = inputs[s + 1]
+    if type(o.early) == "function" then early = o.early(s, inputs) end
+    if side and early then assert(far.tbe:far_prefetch(early, side)) end
     local g = assert(ur.tensor(po:size(), { dtype = po:dtype(), placement = "device" }))
     g:uniform(-1, 1, seed + s)
     local back = o.backward and o.backward(s, inputs) or inp
@@ -354,16 +355,24 @@ describe("far rows' copies", function()
   end
 
   cuda_it("early copies take the rows the last step's copies hold from there, while they go home: batches "
-    .. "A, B, A, B read each row over the link once (and the same bits, through copy kernels too)", function()
-    for _, way in ipairs { "both", "none" } do
-      local far, plain = collection(0, "host"), collection(0, "host")
-      far.tbe:set_far_rows(100000)
-      local raw = same_steps(far, plain, 4, 290, { early = true, behind = true, dma = way, period = 2, label = way })
-      assert(ur.sync())
-      -- steps 3 and 4's early copies took every row from the map of the step before last
-      if way == "both" then assert.equal(distinct(far, raw[1], raw[2]), far.tbe:far_dma_stats().early.rows) end
-    end
-  end)
+    .. "A, B, A, B read each row over the link once; A, B, C, A, B with no early copies for C: the same bits",
+    function()
+      local skip = function(s, bs) return s ~= 2 and bs[s + 1] end -- step 3 reads its rows itself
+      for _, way in ipairs { "both", "none" } do
+        local far, plain = collection(0, "host"), collection(0, "host")
+        far.tbe:set_far_rows(100000)
+        local raw = same_steps(far, plain, 4, 290, { early = true, behind = true, dma = way, period = 2,
+                                                     label = way })
+        assert(ur.sync())
+        -- steps 3 and 4's early copies took every row from the map of the step before last
+        if way == "both" then assert.equal(distinct(far, raw[1], raw[2]), far.tbe:far_dma_stats().early.rows) end
+        -- step 3 fills step 2's map again (no early copies): step 1's copies of rows step 2 stepped
+        -- are stale, and step 4's early copies must not take them
+        far, plain = collection(0, "host"), collection(0, "host")
+        far.tbe:set_far_rows(100000)
+        same_steps(far, plain, 5, 300, { early = skip, behind = true, dma = way, period = 3, label = way .. ", C" })
+      end
+    end)
 
   cuda_it("through the copy engines: a room too small, another batch copied early, a backward of other values, "
     .. "pooling none, a load, init_table or reset_rows between, a batch of many more rows, the room set again: "

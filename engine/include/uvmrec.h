@@ -862,15 +862,17 @@ UR_API ur_status ur_tbe_far_from(const ur_tbe *t, int32_t table, int64_t *out);
 UR_API ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out,
                                    int64_t *unplaced /* or NULL */);
 /* Early copies: the far rows of the batch the next forward will read (values and offsets as for
- * ur_tbe_forward, stride_per_key_per_rank for a variable batch or NULL), copied into a second
- * room of the same size (made by the first call) on stream s while the current step computes,
+ * ur_tbe_forward, stride_per_key_per_rank for a variable batch or NULL), copied into another
+ * room of the same size (three are taken in turn, each made on its first use: the current
+ * step's, the early copies', the last step's) on stream s while the current step computes,
  * so that the next forward reads them in HBM instead of over the host link.  Call it after the
  * current step's forward (its map must be final: s waits for that forward on the GPU) and before
  * the next forward; the next forward waits for the copies on its own stream and takes them,
  * whatever batch it is given (a row it reads that has none is read and copied as before).  A
  * row the current forward read is not read early, since its backward may still step it: that
  * backward writes each stepped row to its copy, and the next forward copies those rows from
- * there first.  The numbers are the same bits as without early copies.  None are made (and the
+ * there first.  A row the last step's copies hold is copied from there (written behind, they
+ * may still be going home).  The numbers are the same bits as without early copies.  None are made (and the
  * forward reads as before) where the current forward found no free slot for some far row (a
  * room too small) or where a call that writes rows or a layout (far_refresh's list) or
  * set_far_rows came between the current forward and its backward, which is still to come
@@ -890,10 +892,10 @@ UR_API int32_t ur_tbe_far_early_usable(const ur_tbe *t);
  * its copy only, and the collection writes every copy home over the link on a stream of its
  * own, behind the step, instead of the backward writing each stepped row twice.  The numbers
  * are the same bits.  Until a step's copies are home they are the rows, and the collection
- * orders itself after them: the next forward reads a far row it has no copy of from there, and
- * the next backward, early copies, a forward without early copies, ur_tbe_table (every view,
- * so checkpoints and hints), and every call that writes rows or a layout wait for them (the
- * host waits where no stream does).  A view taken before a step is not ordered after it:
+ * orders itself after them: the next forward reads a far row it has no copy of from there, the
+ * next early copies take the rows they hold from them, and the next backward, a forward without
+ * early copies, ur_tbe_table (every view, so checkpoints and hints), and every call that writes
+ * rows or a layout wait for them (the host waits where no stream does).  A view taken before a step is not ordered after it:
  * ur_device_sync, or take the view again.  A captured backward writes both, as without, and once
  * a forward of the collection was captured into a graph write-behind stays off (the graph's
  * replays wait for nothing), set_far_rows or not. */

@@ -284,7 +284,13 @@ local function run(r)
   local mgr
   migration() -- reset the monitor's interval
   local t_setup = C.ur_clock_seconds()
-  if r.far and r.far > 0 then assert(tbe:set_far_rows(r.far)) end -- its room is in the budget's hbm_used below
+  -- the room is in the budget's hbm_used below; early copies make two more of its size (far.c's
+  -- maps are taken in turn) on their first calls, after it is set
+  local used0, later_rooms = ur.memory().hbm_used, 0
+  if r.far and r.far > 0 then
+    assert(tbe:set_far_rows(r.far))
+    if r.early then later_rooms = 2 * (ur.memory().hbm_used - used0) end
+  end
   tbe:set_far_behind(r.behind == true)
   assert(tbe:set_far_dma(r.dma or "none"))
   rec.far_rows, rec.far_early, rec.far_behind, rec.far_early_after = r.far, r.early, r.behind, r.after
@@ -298,7 +304,7 @@ local function run(r)
     if gpu then
       -- Counted from what is in use now (earlier runs' dense models may not be collected yet),
       -- so the budget holds slack; the allowance given to the policy decides what it places.
-      assert(ur.set_hbm_budget(ur.memory().hbm_used + non_table_peak + perm_bytes + allowance))
+      assert(ur.set_hbm_budget(ur.memory().hbm_used + later_rooms + non_table_peak + perm_bytes + allowance))
       rec.hbm_budget = ur.hbm_budget()
     end
     -- its intervals are called below, never by step(): every is the one the step is spread over

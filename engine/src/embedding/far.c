@@ -418,7 +418,7 @@ ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
     far_args(t, t->far_cur, &a->far);
     if (!(st = far_wait_home(t, sh, -1))) st = far_clear(t, sh, &a->far, 0);
     if (t->far_homing == t->far_cur + 1) t->far_homing = 0;
-    t->far_kept &= ~(1 << t->far_cur);
+    t->far_kept = 0; /* the rows this map held newest are home, and older maps' copies of them stale */
   }
   t->far_early = 0;
   a->far.fill = !st;
