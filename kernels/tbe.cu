@@ -22,10 +22,11 @@
  * first lookup of it, into HBM beside a map from its key; the backward's step reads a far row
  * from its copy (and prefetches the copy, not the row) and writes the stepped row to both, so
  * the link carries each far row once a step in each direction instead of twice in.  Early
- * copies (ur_tbe_far_prefetch): the next batch's far rows copied into a second map on another
- * stream while this step computes (far_prefetch_kernel), the forward that takes them reading
- * its far rows from HBM.  Written behind (ur_tbe_set_far_behind): the step writes the copy
- * only, and far_move_kernel writes the copies home on another stream behind it.
+ * copies (ur_tbe_far_prefetch): the next batch's far rows copied into the next map (far.c's maps
+ * are taken in turn) on another stream while this step computes (far_prefetch_kernel), the
+ * forward that takes them reading its far rows from HBM.  Written behind
+ * (ur_tbe_set_far_behind): the step writes the copy only, and far_move_kernel writes the copies
+ * home on another stream behind it.
  * Indices are 64-bit where they address tables (100 GB tables have more than 2^31 elements);
  * values and bags are fewer than 2^31 (tbe.c checks). */
 #include <cuda_bf16.h>
@@ -149,7 +150,7 @@ __device__ __forceinline__ int32_t far_claim(const ur__tbe_far &f, uint64_t key,
       return -1;
     }
     if (old == 0ull) {
-      int32_t at = atomicAdd(f.taken, 1);
+      int32_t at = atomicAdd(f.taken + UR__FAR_ASKED, 1);
       at = at < f.cap ? at : -1;
       f.at[s] = at;
       return at;
@@ -246,12 +247,12 @@ __device__ __forceinline__ void load_out(const void *g, int32_t dtype, int64_t a
  * backward may still step it) is not read here: where cur has its copy, the pair waits for
  * far_patch_kernel; where it has none, the row is left to the forward.  A row the last step's
  * map has a copy of (a.prior.use; its copies may still be going home) is copied from there
- * (far_patch_kernel with prior, after the loads), the pair at the top of a.far.pairs.  Where the current
- * forward found no slot for some far row (cur.taken[1]), its far rows are not all known, and
- * nothing is copied early. */
+ * (far_patch_kernel with prior, after the loads), the pair at the top of a.far.pairs.  Where the
+ * current forward found no slot for some far row (UR__FAR_UNPLACED), its far rows are not all
+ * known, and nothing is copied early. */
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     far_prefetch_kernel(const ur__tbe_args a, const ur__tbe_far cur) {
-  if (cur.use && cur.taken[1] > 0) return;
+  if (cur.use && cur.taken[UR__FAR_UNPLACED] > 0) return;
   int lane = threadIdx.x & 31;
   int64_t bag0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * 32;
   if (bag0 >= a.bags) return;
@@ -276,21 +277,21 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
         int64_t ps = cs < 0 && a.prior.use ? far_find(a.prior, key) : -1;
         int32_t pa = ps >= 0 ? a.prior.at[ps] : -1;
         if (cs < 0 || ca >= 0) at = far_claim(a.far, key, 0, nullptr);
-        if (at == UR_TBE_FAR_UNPLACED) atomicAdd(a.far.taken + 1, 1);
+        if (at == UR_TBE_FAR_UNPLACED) atomicAdd(a.far.taken + UR__FAR_UNPLACED, 1);
         int32_t bytes = tb->dim * esize(tb->dtype);
         char *home = (char *)tb->weights + pr * bytes;
         if (at >= 0) far_home_of(a.far, at, home, bytes);
         if (at >= 0 && cs >= 0) { /* from cur's copy, once the backward has stepped it */
-          int32_t q = atomicAdd(a.far.taken + 3, 1);
+          int32_t q = atomicAdd(a.far.taken + UR__FAR_PAIRS, 1);
           a.far.pairs[2 * q] = at;
           a.far.pairs[2 * q + 1] = ca;
           at = -1;
         } else if (at >= 0 && pa >= 0) { /* from the last step's copy, the newest */
-          int32_t q = a.far.cap - 1 - atomicAdd(a.far.taken + 5, 1);
+          int32_t q = a.far.cap - 1 - atomicAdd(a.far.taken + UR__FAR_PRIOR_PAIRS, 1);
           a.far.pairs[2 * q] = at;
           a.far.pairs[2 * q + 1] = pa;
         } else if (at >= 0) { /* read by far_move_kernel or far.c's copy engines */
-          int32_t q = atomicAdd(a.far.taken + 4, 1);
+          int32_t q = atomicAdd(a.far.taken + UR__FAR_LOADS, 1);
           a.far.loads[2 * q] = (int64_t)at | (int64_t)bytes << 32;
           a.far.loads[2 * q + 1] = (int64_t)home;
         }
@@ -310,7 +311,7 @@ template <bool TO_HOME>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     far_move_kernel(const ur__tbe_far f) {
   int lane = threadIdx.x & 31;
-  int32_t n = TO_HOME ? min(f.taken[0], f.cap) : f.taken[4];
+  int32_t n = TO_HOME ? min(f.taken[UR__FAR_ASKED], f.cap) : f.taken[UR__FAR_LOADS];
   int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
   for (int64_t q0 = ((int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32) * UR_TBE_FAR_LOADS; q0 < n;
        q0 += warps * UR_TBE_FAR_LOADS) {
@@ -346,7 +347,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
  * batch's copies before the GPU has counted them, as many as the last batches had). */
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     far_spill_kernel(const ur__tbe_far f, char *host, int64_t from, bool to_host) {
-  int64_t made = min(f.taken[0], f.cap);
+  int64_t made = min(f.taken[UR__FAR_ASKED], f.cap);
   int64_t lo = from * f.row_bytes / 16, hi = made * f.row_bytes / 16;
   uint4 *dev = reinterpret_cast<uint4 *>(f.rows), *pin = reinterpret_cast<uint4 *>(host);
   for (int64_t i = lo + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += (int64_t)gridDim.x * blockDim.x) {
@@ -362,7 +363,7 @@ template <bool PRIOR>
 __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     far_patch_kernel(const ur__tbe_far f, const ur__tbe_far src) {
   int lane = threadIdx.x & 31;
-  int32_t n = f.taken[PRIOR ? 5 : 3];
+  int32_t n = f.taken[PRIOR ? UR__FAR_PRIOR_PAIRS : UR__FAR_PAIRS];
   int64_t warps = (int64_t)gridDim.x * UR_TBE_WARPS;
   /* the copies' slots are row_bytes apart, a multiple of 16 (far.c), and so is each copy */
   for (int64_t q = (int64_t)blockIdx.x * UR_TBE_WARPS + threadIdx.x / 32; q < n; q += warps) {
@@ -511,7 +512,8 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
   Group g = group_of(a, bag0, lane);
   BagInfo mine = bag_info(a, bag0 + lane, g.len);
   Common cm = common_of(a, bag0, mine, lane);
-  const int32_t pre = FAR ? a.far.taken[2] : 0; /* the early copies: made before this kernel */
+  /* the early copies: made before this kernel */
+  const int32_t pre = FAR ? a.far.taken[UR__FAR_EARLY] : 0;
   float acc[NV][E];
   zero_acc(acc);
   int cj = 0;
@@ -548,7 +550,7 @@ __global__ void __launch_bounds__(UR_TBE_WARPS * 32)
     }
     if (FAR) { /* one atomic a warp: a room too small has many such lookups */
       unsigned lost = __ballot_sync(kFull, copy == UR_TBE_FAR_UNPLACED);
-      if (lost && lane == 0) atomicAdd(a.far.taken + 1, __popc(lost));
+      if (lost && lane == 0) atomicAdd(a.far.taken + UR__FAR_UNPLACED, __popc(lost));
       if (copy == UR_TBE_FAR_UNPLACED) copy = -1;
     }
     int cnt = g.T - base < 32 ? (int)(g.T - base) : 32;
@@ -2227,8 +2229,9 @@ static ur_status tbe_far_prefetch(void *stream, const ur__tbe_args *a, const ur_
   cudaStream_t st = (cudaStream_t)stream;
   if (a->bags > 0) far_prefetch_kernel<<<blocks_for((a->bags + 31) / 32), UR_TBE_WARPS * 32, 0, st>>>(*a, *cur);
   UR_CUDA_CHECK(cudaGetLastError(), "tbe far_prefetch");
-  /* the copies made so far are the early ones: taken[2] = taken[0] */
-  UR_CUDA_CHECK(cudaMemcpyAsync(a->far.taken + 2, a->far.taken, 4, cudaMemcpyDeviceToDevice, st),
+  /* the copies made so far are the early ones */
+  UR_CUDA_CHECK(cudaMemcpyAsync(a->far.taken + UR__FAR_EARLY, a->far.taken + UR__FAR_ASKED, 4,
+                                cudaMemcpyDeviceToDevice, st),
                 "tbe far_prefetch (count)");
   return UR_STATUS_OK;
 }
@@ -2236,8 +2239,9 @@ static ur_status tbe_far_prefetch(void *stream, const ur__tbe_args *a, const ur_
 static ur_status tbe_far_patch(void *stream, const ur__tbe_far *f, const ur__tbe_far *src,
                                int32_t prior) {
   unsigned blocks = (unsigned)(sm_count() * 4);
-  if (prior) far_patch_kernel<true><<<blocks, UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(*f, *src);
-  else far_patch_kernel<false><<<blocks, UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(*f, *src);
+  cudaStream_t st = (cudaStream_t)stream;
+  if (prior) far_patch_kernel<true><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(*f, *src);
+  else far_patch_kernel<false><<<blocks, UR_TBE_WARPS * 32, 0, st>>>(*f, *src);
   UR_CUDA_CHECK(cudaGetLastError(), "tbe far_patch");
   return UR_STATUS_OK;
 }

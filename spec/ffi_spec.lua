@@ -15,8 +15,8 @@ describe("uvmrec FFI", function()
     for _, name in ipairs { "qerror", "qtbe_table_config", "qtbe_config", "model_options", "model_props" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
-    for _, name in ipairs { "tbe_table_config", "tbe_config", "mc_table_config", "mc_config", "mc_stats",
-                            "mc_state" } do
+    for _, name in ipairs { "tbe_table_config", "tbe_config", "tbe_relayout_stats", "far_dma_stats",
+                            "mc_table_config", "mc_config", "mc_stats", "mc_state" } do
       assert.equal(tonumber(C["ur_sizeof_" .. name]()), ffi.sizeof("ur_" .. name), name)
     end
     for _, name in ipairs { "npy_info", "criteo_opts", "criteo_stats", "synth_table", "synth_spec",

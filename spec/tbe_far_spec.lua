@@ -54,11 +54,11 @@ end
 -- forward; o.between(far, plain, s) between each forward and its backward.  o.early: after each
 -- forward of `far`, the next batch's far rows are copied early on a stream of their own (or
 -- o.early(s, inputs)'s batch, none where it is false); o.backward(s, inputs): the batch the
--- backward is given instead;
--- o.behind: `far` writes its copies home behind each step (set_far_behind); o.dma: which of its
--- rows' moves go through the copy engines (set_far_dma); o.sizes[s]: step s's batch size (40);
--- o.period: the batches repeat after so many steps; o.after(far, plain, s) after each backward;
--- o.label begins each failure's message.  Returns the batches (R.batch's).
+-- backward is given instead; o.behind: `far` writes its copies home behind each step
+-- (set_far_behind); o.dma: which of its rows' moves go through the copy engines (set_far_dma);
+-- o.sizes[s]: step s's batch size (40); o.period: the batches repeat after so many steps;
+-- o.after(far, plain, s) after each backward; o.label begins each failure's message.  Returns
+-- the batches (R.batch's).
 local function same_steps(far, plain, steps, seed, o)
   o = o or {}
   local tag = o.label and o.label .. ": " or ""

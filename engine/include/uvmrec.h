@@ -893,9 +893,11 @@ UR_API int32_t ur_tbe_far_early_usable(const ur_tbe *t);
  * own, behind the step, instead of the backward writing each stepped row twice.  The numbers
  * are the same bits.  Until a step's copies are home they are the rows, and the collection
  * orders itself after them: the next forward reads a far row it has no copy of from there, the
- * next early copies take the rows they hold from them, and the next backward, a forward without
- * early copies, ur_tbe_table (every view, so checkpoints and hints), and every call that writes
- * rows or a layout wait for them (the host waits where no stream does).  A view taken before a step is not ordered after it:
+ * next early copies take the rows they hold from them (or wait, where a backward of other
+ * values, or a forward without early copies, came between), the forward after them waits for
+ * them, and the next backward, a forward without early copies, ur_tbe_table (every view, so
+ * checkpoints and hints), and every call that writes rows or a layout wait for them (the host
+ * waits where no stream does).  A view taken before a step is not ordered after it:
  * ur_device_sync, or take the view again.  A captured backward writes both, as without, and once
  * a forward of the collection was captured into a graph write-behind stays off (the graph's
  * replays wait for nothing), set_far_rows or not. */
@@ -927,16 +929,17 @@ typedef enum {
 UR_API ur_status ur_tbe_set_far_dma(ur_tbe *t, int32_t ways /* ur_far_dma */);
 /* The ways set (ur_far_dma), -1 for a NULL t. */
 UR_API int32_t ur_tbe_far_dma(const ur_tbe *t);
-/* What the host threads did since the collection was made, each way: the rows they moved
- * (written home, gathered for early copies), their host calls, and those calls' seconds (each
- * from its start to its end on the thread that runs it: the threads' span, not their sum).
- * Counted as each host call ends: exact after ur_device_sync. */
+/* What the host threads did since the collection was made, each way (home: the copies written
+ * home; early: the early copies gathered).  Counted as each host call ends: exact after
+ * ur_device_sync. */
 typedef struct ur_far_dma_stats {
-  int64_t home_rows, early_rows;
-  int64_t home_calls, early_calls;
-  double home_seconds, early_seconds;
+  int64_t home_rows, early_rows;      /* rows moved */
+  int64_t home_calls, early_calls;    /* host calls */
+  double home_seconds, early_seconds; /* those calls' time, each from its start to its end on
+                                       * the thread that runs it (the threads' span) */
 } ur_far_dma_stats;
-UR_API ur_status ur_tbe_far_dma_stats(const ur_tbe *t, ur_far_dma_stats *out);
+UR_API size_t ur_sizeof_far_dma_stats(void);
+UR_API ur_status ur_tbe_far_dma_stats(const ur_tbe *t, ur_far_dma_stats *out /* out */);
 
 /* ---- access counters and row layout ---- */
 /* Access counters: per table an i32 counter per row id, kept where the collection runs (device

@@ -544,10 +544,12 @@ function methods:far_dma()
   end
 end
 function methods:far_dma_stats()
-  local v = ffi.new("ur_far_dma_stats")
+  local v, out = ffi.new("ur_far_dma_stats"), {}
   must(C.ur_tbe_far_dma_stats(H(self), v))
-  return { home = { rows = tonumber(v.home_rows), calls = tonumber(v.home_calls), seconds = v.home_seconds },
-           early = { rows = tonumber(v.early_rows), calls = tonumber(v.early_calls), seconds = v.early_seconds } }
+  for _, w in ipairs { "home", "early" } do
+    out[w] = { rows = tonumber(v[w .. "_rows"]), calls = tonumber(v[w .. "_calls"]), seconds = v[w .. "_seconds"] }
+  end
+  return out
 end
 
 -- Ids skipped by the "warn" bounds check so far.

@@ -284,8 +284,8 @@ local function run(r)
   local mgr
   migration() -- reset the monitor's interval
   local t_setup = C.ur_clock_seconds()
-  -- the room is in the budget's hbm_used below; early copies make two more of its size (far.c's
-  -- maps are taken in turn) on their first calls, after it is set
+  -- the room is in the budget's hbm_used below; early copies make two more of its size on their
+  -- first calls, after it is set (the engine's three maps, table.h's UR__FAR_MAPS, taken in turn)
   local used0, later_rooms = ur.memory().hbm_used, 0
   if r.far and r.far > 0 then
     assert(tbe:set_far_rows(r.far))

@@ -3,13 +3,10 @@
  * current, when a forward makes copies and a backward may read them, and the early copies of
  * the next batch's far rows (ur_tbe_far_prefetch) in the next map.  Where far rows begin
  * (ur__tbe_far_from) and forgetting the copies (ur__tbe_far_drop) are table.c's: its calls that
- * write rows drop them, and this file calls table.c, not the other way.  One piece of memory
- * holds the map (keys, then where each copy is), the counts (copies asked for, lookups that
- * found no free slot, early copies, pairs waiting, loads waiting, pairs from the last step's map),
- * the early copies' pairs and loads, each copy's home (where its row is, and its bytes) and the
- * copies.  The maps (UR__FAR_MAPS) are taken in turn: the current one, the next batch's early
- * copies', and the last step's, whose copies may still be going home while the early copies take
- * the rows it holds from it.  Written behind
+ * write rows drop them, and this file calls table.c, not the other way.  Each map is one piece
+ * of memory: the map (keys, then where each copy is), the counts (tbe_plan.h's UR__FAR_*), the
+ * early copies' pairs and loads, each copy's home (where its row is, and its bytes) and the
+ * copies; the maps are taken in turn (table.h's UR__FAR_MAPS).  Written behind
  * (ur_tbe_set_far_behind), a backward steps the copies only and they go home on the
  * collection's own stream: every call here that reads or writes rows at home waits for that
  * first (far_wait_home; table.c's far_settle for the rest).
@@ -161,13 +158,13 @@ ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out, int64_t *unpla
   *out = 0;
   if (unplaced) *unplaced = 0;
   if (!t->far_made) return UR_STATUS_OK;
-  int32_t n[2] = {0, 0};
+  int32_t n[UR__FAR_UNPLACED + 1] = {0};
   const char *base = ur_tensor_data(t->far[t->far_cur]);
-  ur_status st = t->be->copy(s ? s->handle : NULL, n, base + layout_of(t, t->far_rows).taken, 8);
+  ur_status st = t->be->copy(s ? s->handle : NULL, n, base + layout_of(t, t->far_rows).taken, sizeof n);
   if (!st) st = t->be->stream_sync(s ? s->handle : NULL);
   if (st) return st;
-  *out = n[0];
-  if (unplaced) *unplaced = n[1];
+  *out = n[UR__FAR_ASKED];
+  if (unplaced) *unplaced = n[UR__FAR_UNPLACED];
   return UR_STATUS_OK;
 }
 
@@ -194,7 +191,7 @@ static ur_status far_clear(const ur_tbe *t, void *sh, const ur__tbe_far *f, int 
   size_t slots = (size_t)(f->mask + 1);
   ur_status st = t->be->fill(sh, f->keys, slots, 8, 0);
   if (!st && at_too) st = t->be->fill(sh, f->at, slots, 4, 0xFFFFFFFFu);
-  if (!st) st = t->be->fill(sh, f->taken, 6, 4, 0);
+  if (!st) st = t->be->fill(sh, f->taken, UR__FAR_COUNTS, 4, 0);
   return st;
 }
 
@@ -256,8 +253,9 @@ static ur_status far_dma_alloc(ur_tbe *t, int k, const char *who) {
   return UR_STATUS_OK;
 }
 
-/* Both maps' staging where t moves rows through the copy engines and has a room on a GPU: made
- * when either is set, so that pinned memory too little fails there, not in a step. */
+/* Every map's staging where t moves rows through the copy engines and has a room on a GPU:
+ * made when the ways or the room are set, so that pinned memory too little fails there, not in
+ * a step. */
 static ur_status far_dma_ready(ur_tbe *t, const char *who) {
   ur_status st = UR_STATUS_OK;
   if (!t->far_dma || !t->far[0]) return st;
@@ -290,6 +288,8 @@ int32_t ur_tbe_far_dma(const ur_tbe *t) {
   return t->far_dma;
 }
 
+size_t ur_sizeof_far_dma_stats(void) { return sizeof(ur_far_dma_stats); }
+
 ur_status ur_tbe_far_dma_stats(const ur_tbe *t, ur_far_dma_stats *out) {
   UR__ARGS(t, out);
   int64_t v[2][3];
@@ -299,7 +299,9 @@ ur_status ur_tbe_far_dma_stats(const ur_tbe *t, ur_far_dma_stats *out) {
     v[h][1] = __atomic_load_n(&d->calls, __ATOMIC_RELAXED);
     v[h][2] = __atomic_load_n(&d->ns, __ATOMIC_RELAXED);
   }
-  *out = (ur_far_dma_stats){v[1][0], v[0][0], v[1][1], v[0][1], v[1][2] * 1e-9, v[0][2] * 1e-9};
+  *out = (ur_far_dma_stats){.home_rows = v[1][0], .early_rows = v[0][0], .home_calls = v[1][1],
+                            .early_calls = v[0][1], .home_seconds = v[1][2] * 1e-9,
+                            .early_seconds = v[0][2] * 1e-9};
   return UR_STATUS_OK;
 }
 
@@ -336,7 +338,8 @@ static void far_dma_run(void *ctx) {
   struct ur__far_job *j = ctx;
   double t0 = ur_clock_seconds();
   const int32_t *taken = (const int32_t *)j->base;
-  int64_t made = taken[0] < j->cap ? taken[0] : j->cap, n = j->home ? made : taken[4];
+  int64_t made = taken[UR__FAR_ASKED] < j->cap ? taken[UR__FAR_ASKED] : j->cap;
+  int64_t n = j->home ? made : taken[UR__FAR_LOADS];
   int64_t threads = ur__threads() > 3 ? ur__threads() - 2 : 1;
   size_t grain = (size_t)(n / threads + 1);
   ur__parallel_for((size_t)n, grain < 256 ? 256 : grain, far_dma_range, j);
@@ -372,7 +375,7 @@ static ur_status far_move(ur_tbe *t, void *sh, int k, int home, const ur__tbe_fa
   int64_t g = far_dma_extent(t);
   size_t moved = (size_t)g * (size_t)j->row_bytes;
   char *staged = j->base + j->rows;
-  ur_status st = t->be->copy(sh, j->base, f->taken, 5 * sizeof(int32_t));
+  ur_status st = t->be->copy(sh, j->base, f->taken, UR__FAR_COUNTS * sizeof(int32_t));
   if (!st)
     st = t->be->copy(sh, j->base + j->list, home ? f->homes : f->loads, FAR_LIST_BYTES * (size_t)j->cap);
   if (!st && home && !(st = t->be->copy(sh, staged, f->rows, moved)))
@@ -402,8 +405,8 @@ ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
     int was = t->far_cur;
     far_args(t, was, &old);
     /* the old copies, still the rows while they go home: a far row the forward finds no copy
-     * of in its own map is read there; the map before them has gone home (the early copies
-     * took its rows, and did not wait for it) */
+     * of in its own map is read there; the map before them must be home (the early copies took
+     * its rows without waiting for it) */
     if (t->far_homing == was + 1) {
       a->prior = old;
       a->prior.use = 1;
@@ -418,7 +421,7 @@ ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
     far_args(t, t->far_cur, &a->far);
     if (!(st = far_wait_home(t, sh, -1))) st = far_clear(t, sh, &a->far, 0);
     if (t->far_homing == t->far_cur + 1) t->far_homing = 0;
-    t->far_kept = 0; /* the rows this map held newest are home, and older maps' copies of them stale */
+    t->far_kept = 0; /* this map's rows are home now, older maps' copies of them stale */
   }
   t->far_early = 0;
   a->far.fill = !st;

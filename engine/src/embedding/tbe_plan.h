@@ -77,7 +77,7 @@ typedef struct ur__tbe_table {
  * while the current step computes.  A row the current forward read (in `cur`'s map) may still be
  * stepped by its backward, so it is not read then: its pair (where it goes here, where its copy
  * is in cur) waits in pairs, and the forward that takes these copies first copies each pair's
- * row from cur's copy, stepped by then (ur__tbe_far_patch).  A row of the last step's map
+ * row from cur's copy, stepped by then (far_patch, tbe.h).  A row of the last step's map
  * (`prior`, while its copies may still be going home) is copied from there, its pair at the
  * top of pairs (the cap - 1 - q-th).  taken[2] is how many copies were made before that
  * forward (they are complete: the forward reads them instead of the rows).
@@ -91,9 +91,7 @@ typedef struct ur__tbe_far {
   unsigned long long *keys; /* [mask + 1]: a copied row's key + 1, 0 where free */
   int32_t *at;              /* [mask + 1]: where its copy is in rows, -1 when none had room */
   char *rows;               /* [cap] copies */
-  int32_t *taken;           /* [6] copies asked for (past cap: not made), lookups that found no
-                             * free slot in UR_TBE_FAR_PROBES, copies made before the forward
-                             * (early ones), pairs waiting, loads waiting, pairs from prior */
+  int32_t *taken;           /* [UR__FAR_COUNTS]: the counts below */
   int32_t *pairs;           /* [2 cap]: (at here, at in cur) of the rows copied from cur, from
                              * the bottom; (at here, at in prior) from the top */
   int64_t *loads;           /* [2 cap]: (at here | bytes << 32, the row's address at home) of
@@ -108,6 +106,17 @@ typedef struct ur__tbe_far {
 } ur__tbe_far;
 
 #define UR_TBE_FAR_PROBES 32 /* slots a key is looked for in before it goes uncopied */
+
+/* ur__tbe_far's counts: taken[k]. */
+enum {
+  UR__FAR_ASKED,       /* copies asked for (past cap: not made) */
+  UR__FAR_UNPLACED,    /* lookups that found no free slot in UR_TBE_FAR_PROBES */
+  UR__FAR_EARLY,       /* copies made before the forward (early ones) */
+  UR__FAR_PAIRS,       /* pairs waiting, from cur (the bottom of pairs) */
+  UR__FAR_LOADS,       /* loads waiting */
+  UR__FAR_PRIOR_PAIRS, /* pairs from prior (the top of pairs) */
+  UR__FAR_COUNTS
+};
 
 /* The map's first slot for a key. */
 UR_HD uint64_t ur__tbe_far_slot(const ur__tbe_far *f, uint64_t key) {
