@@ -64,13 +64,18 @@ describe("scripts/bench/uvm.lua --far-early-after", function()
     end
   end)
 
-  it("--far-dma: runs the last case with early copies once more per way through the copy engines", function()
+  it("--far-dma: runs the last case with early copies once more per way through the copy engines, and each of "
+    .. "those once more per --far-early-after part", function()
     local out, err, code = cmd.run("scripts/bench/uvm.lua --cpu --policies hot_prefix --fractions 20 --far-rows 1024 "
-      .. "--far-early --far-behind --far-dma home,both --none-steps 0")
+      .. "--far-early --far-behind --far-dma home,both --far-early-after top_backward --none-steps 0")
     assert.equal(0, code, out .. err)
     assert.matches("| hot_prefix | 20% | 1024 / 0, early, behind |", out, 1, true)
     for _, w in ipairs { "home", "both" } do
       assert.matches("| hot_prefix | 20% | 1024 / 0, early, behind, dma " .. w .. " |", out, 1, true)
+      assert.matches("| hot_prefix | 20% | 1024 / 0, early, behind, early after top_backward, dma " .. w .. " |", out,
+                     1, true)
+      assert.truthy(out:match("early copies after top_backward: [%d.]+ ms %(their median over the timed steps%), "
+        .. "hot_prefix 20%%, dma " .. w), out)
     end
   end)
 

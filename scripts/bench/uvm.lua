@@ -63,9 +63,10 @@ local cmd = require("uvmrec.cli").command {
   { "--far-dma W,...", "the last run with early copies (written behind with --far-behind) once more per value, "
     .. "those moves of its far rows through the copy engines and host threads instead of copy kernels: home, early "
     .. "or both (embeddings.far_dma)", type = "list" },
-  { "--far-early-after P,...", "each run with early copies written behind once more per part of the step "
-    .. "(train.loop.parts' names, such as top_backward), the early copies started when that part ends instead "
-    .. "of after the tables' forward: what they slow where they run (their median time is printed)", type = "list" },
+  { "--far-early-after P,...", "each run with early copies written behind (and each --far-dma way's) once more "
+    .. "per part of the step (train.loop.parts' names, such as top_backward), the early copies started when that "
+    .. "part ends instead of after the tables' forward: what they slow where they run (their median time is "
+    .. "printed)", type = "list" },
   { "--no-monitor", "no migration monitor: CUPTI's activity records left to another tool (a kernel timeline, "
     .. "scripts/bench/ktrace.c); migration is not measured" },
   options.out_append,
@@ -505,6 +506,9 @@ for _, pol in ipairs(o.policies) do
       end
       for _, w in ipairs(far > 0 and o.far_dma or {}) do
         cases[#cases + 1] = { far = far, early = true, behind = o.far_behind, dma = w }
+        for _, part in ipairs(o.far_early_after or {}) do
+          cases[#cases + 1] = { far = far, early = true, behind = o.far_behind, dma = w, after = part }
+        end
       end
     end
     for _, c in ipairs(cases) do
@@ -574,8 +578,8 @@ for _, r in ipairs(results) do
 end
 for _, r in ipairs(results) do
   if r.early_copies_ms then
-    print(("early copies after %s: %.3f ms (their median over the timed steps), %s %s%%"):format(r.far_early_after,
-      r.early_copies_ms, r.policy, tostring(r.fraction)))
+    print(("early copies after %s: %.3f ms (their median over the timed steps), %s %s%%%s"):format(r.far_early_after,
+      r.early_copies_ms, r.policy, tostring(r.fraction), r.far_dma and (", dma " .. r.far_dma) or ""))
   end
 end
 for _, r in ipairs(results) do
