@@ -309,6 +309,20 @@ describe("far rows' copies", function()
     end)
   end
 
+  cuda_it("written behind with early copies: ur.sync() waits for the write home, so a view taken before a step "
+    .. "reads the stepped rows after it", function()
+    local far, plain = collection(0, "host"), collection(0, "host")
+    far.tbe:set_far_rows(100000)
+    local view -- of far's table a, taken after the step before (it waits for that step's write home)
+    same_steps(far, plain, 4, 330, { early = true, behind = true, after = function(f, p, s)
+      if view then
+        assert(ur.sync())
+        R.bits_equal(view, p:table("a"), "a view taken before step " .. s .. ", read after it")
+      end
+      view = f:table("a")
+    end })
+  end)
+
   cuda_it("written behind: a room too small (rows read from the last step's copies), another batch copied "
     .. "early, a backward of other values, pooling none, a load, init_table or reset_rows between: the same bits",
     function()
@@ -430,20 +444,22 @@ describe("far rows' copies", function()
       end })
     end)
 
-  cuda_it("written behind: a captured step writes its rows and copies both, after the eager steps' copies are home",
+  cuda_it("written behind: a captured step writes its rows and copies both, after the eager step's copies are home "
+    .. "(an eager step with early copies and without)",
     function()
       math.randomseed(7)
       local inp, g
       -- an eager step (with far rows, its copies go home behind it), then one captured and
       -- replayed: a replay repeats its capture's stochastic rounding, so plain does the same
-      local function run(far_rows)
+      local function run(far_rows, early)
         local c = collection(0, "host", { bounds = "warn" })
         c:set_stream(assert(streams.stream()))
+        inp = inp or R.input(R.batch(R.rows_of(c), { batch = 16 }), "device")
         if far_rows then
           c.tbe:set_far_rows(far_rows)
           c.tbe:set_far_behind(true)
+          if early then assert(c.tbe:far_prefetch(inp, c.stream)) end
         end
-        inp = inp or R.input(R.batch(R.rows_of(c), { batch = 16 }), "device")
         g = g or assert(ur.tensor({ 16, c.tbe.out_dim }, { placement = "device" })):uniform(-1, 1, 3)
         local function step()
           c:forward(inp)
@@ -459,9 +475,12 @@ describe("far rows' copies", function()
         graph:free()
         return c
       end
-      local far, plain = run(1000), run(nil)
-      for _, name in ipairs(plain.tbe.table_names) do
-        R.bits_equal(far:table(name), plain:table(name), "table " .. name)
+      local plain = run(nil)
+      for _, early in ipairs { false, true } do
+        local far = run(1000, early)
+        for _, name in ipairs(plain.tbe.table_names) do
+          R.bits_equal(far:table(name), plain:table(name), "early copies " .. tostring(early) .. ", table " .. name)
+        end
       end
     end)
 
