@@ -384,6 +384,42 @@ static ur_status ur_cuda_copy(void *stream, void *dst, const void *src, size_t b
   return UR_STATUS_OK;
 }
 
+/* Each host thread's pinned page for small reads, made by its first and kept for the process
+ * (UR_CUDA_READ_SMALL bytes a thread that reads). */
+static __thread unsigned char *t_read_page;
+
+/* Small reads of memory a kernel on the current GPU reads (its own, or managed) go through a
+ * one-block kernel into the thread's pinned page; the rest (another GPU's memory, or bigger
+ * than the page) through the copy engines. */
+static ur_status ur_cuda_read(void *stream, void *out, const void *src, size_t bytes) {
+  if (bytes == 0) return UR_STATUS_OK;
+  cudaStream_t s = (cudaStream_t)stream;
+  cudaPointerAttributes a;
+  int dev = -1;
+  int small = bytes <= UR_CUDA_READ_SMALL && cudaGetDevice(&dev) == cudaSuccess &&
+              cudaPointerGetAttributes(&a, src) == cudaSuccess &&
+              (a.type == cudaMemoryTypeManaged || (a.type == cudaMemoryTypeDevice && a.device == dev));
+  (void)cudaGetLastError(); /* a failed query above is no error here: the copy engines read it */
+  if (small && !t_read_page) {
+    void *p = NULL;
+    UR_CUDA_CHECK(cudaHostAlloc(&p, UR_CUDA_READ_SMALL, cudaHostAllocPortable | cudaHostAllocMapped),
+                  "cudaHostAlloc of a %d-byte pinned page for small reads", UR_CUDA_READ_SMALL);
+    t_read_page = (unsigned char *)p;
+  }
+  if (!small) {
+    UR_CUDA_CHECK(cudaMemcpyAsync(out, src, bytes, cudaMemcpyDefault, s),
+                  "cudaMemcpyAsync of %zu bytes from %p to %p", bytes, src, out);
+  } else {
+    void *page = NULL;
+    UR_CUDA_CHECK(cudaHostGetDevicePointer(&page, t_read_page, 0), "cudaHostGetDevicePointer");
+    UR_CUDA_CHECK(ur__cuda_read_small(s, page, src, bytes), "read kernel (%zu bytes from %p)",
+                  bytes, src);
+  }
+  UR_CUDA_CHECK(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  if (small) memcpy(out, t_read_page, bytes);
+  return UR_STATUS_OK;
+}
+
 static ur_status ur_cuda_fill(void *stream, void *dst, size_t n, size_t elem_bytes,
                               uint64_t value) {
   if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4 && elem_bytes != 8)
@@ -1087,6 +1123,7 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   b->alloc = ur_cuda_alloc;
   b->free = ur_cuda_free;
   b->copy = ur_cuda_copy;
+  b->read = ur_cuda_read;
   b->fill = ur_cuda_fill;
   b->rand = ur_cuda_rand;
   b->rand_rows = ur_cuda_rand_rows;

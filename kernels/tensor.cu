@@ -87,6 +87,26 @@ cudaError_t ur__cuda_fill(cudaStream_t stream, void *dst, size_t n, size_t elem_
   }
 }
 
+/* ---- read ---- */
+
+/* Whole 8-byte words where both ends allow, bytes else: one store a word over the link. */
+__global__ void ur_read_kernel(unsigned char *dst, const unsigned char *src, size_t bytes) {
+  if ((((uintptr_t)dst | (uintptr_t)src | bytes) & 7) == 0) {
+    for (size_t i = threadIdx.x; i < bytes / 8; i += blockDim.x)
+      ((unsigned long long *)dst)[i] = ((const unsigned long long *)src)[i];
+  } else {
+    for (size_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+cudaError_t ur__cuda_read_small(cudaStream_t stream, void *dst, const void *src, size_t bytes) {
+  if (bytes == 0) return cudaSuccess;
+  if (bytes > UR_CUDA_READ_SMALL) return cudaErrorInvalidValue;
+  (void)cudaGetLastError(); /* see ur__cuda_fill */
+  ur_read_kernel<<<1, 256, 0, stream>>>((unsigned char *)dst, (const unsigned char *)src, bytes);
+  return cudaGetLastError();
+}
+
 /* ---- rand ---- */
 
 /* The uniform branch repeats philox.h's a + (b - a) * (1 - u) with explicitly unfused

@@ -15,6 +15,11 @@
 cudaError_t ur__cuda_fill(cudaStream_t stream, void *dst, size_t n, size_t elem_bytes,
                           uint64_t value);
 
+/* bytes (at most UR_CUDA_READ_SMALL) of src copied by one block into dst, memory the GPU
+ * writes (pinned host memory). */
+#define UR_CUDA_READ_SMALL 4096
+cudaError_t ur__cuda_read_small(cudaStream_t stream, void *dst, const void *src, size_t bytes);
+
 /* Element i (row i / cols, column i % cols) takes ur_philox_value(first + row * pitch + column,
  * seed, ...) (philox.h) converted to dtype. */
 cudaError_t ur__cuda_rand(cudaStream_t stream, void *dst, ur_dtype dtype, size_t n,

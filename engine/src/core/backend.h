@@ -7,7 +7,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 12
+#define UR_BACKEND_ABI 13
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {
@@ -55,6 +55,12 @@ typedef struct ur_backend {
   /* Copies bytes between any two placements, ordered on stream (NULL: the default stream);
    * returns once the copy is enqueued; host-memory ends must stay alive until it is done. */
   ur_status (*copy)(void *stream, void *dst, const void *src, size_t bytes);
+  /* Reads bytes of src (memory on a GPU) into host memory out once the work before on stream
+   * is done, and returns when they are there.  A copy engine serves its copies one at a time,
+   * in order, whatever their streams: a few bytes read that way wait behind every big copy
+   * already given to it (the far rows' write home: a millisecond).  So small reads go through
+   * the SMs into pinned memory instead, waiting for their own stream only. */
+  ur_status (*read)(void *stream, void *out, const void *src, size_t bytes);
   /* Fills n elements of elem_bytes each (1, 2, 4 or 8) with the bit pattern in value. */
   ur_status (*fill)(void *stream, void *dst, size_t n, size_t elem_bytes, uint64_t value);
   /* Counter-based random numbers (see philox.h): element i, at row i / cols and column

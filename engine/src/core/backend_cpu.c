@@ -64,6 +64,10 @@ static ur_status cpu_copy(void *stream, void *dst, const void *src, size_t bytes
   return UR_STATUS_OK;
 }
 
+static ur_status cpu_read(void *stream, void *out, const void *src, size_t bytes) {
+  return cpu_copy(stream, out, src, bytes);
+}
+
 typedef struct fill_job {
   char *dst;
   size_t elem;
@@ -202,6 +206,7 @@ const ur_backend *ur__cpu(void) {
       .alloc = cpu_alloc,
       .free = cpu_free,
       .copy = cpu_copy,
+      .read = cpu_read,
       .fill = cpu_fill,
       .rand = cpu_rand,
       .rand_rows = cpu_rand_rows,
