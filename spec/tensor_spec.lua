@@ -127,7 +127,8 @@ describe("uvmrec.tensor", function()
             local first, count = span[1], span[2]
             local expect = {}
             for i = 1, count do expect[i] = want[first + i] end
-            assert.same(expect, t:totable(first, count), ("%s %s, %d elements from %d"):format(place, dtype, count, first))
+            local what = ("%s %s, %d elements from %d"):format(place, dtype, count, first)
+            assert.same(expect, t:totable(first, count), what)
           end
         end
       end
