@@ -384,39 +384,69 @@ static ur_status ur_cuda_copy(void *stream, void *dst, const void *src, size_t b
   return UR_STATUS_OK;
 }
 
-/* Each host thread's pinned page for small reads, made by its first and kept for the process
- * (UR_CUDA_READ_SMALL bytes a thread that reads). */
-static __thread unsigned char *t_read_page;
+/* Each host thread's pinned page for small reads (UR_CUDA_READ_SMALL bytes), made by its first
+ * read and freed when the thread ends. */
+struct ur_read_page {
+  unsigned char *host, *dev; /* the same page, as the host and the GPU address it */
+};
+static pthread_key_t g_read_key;
+static pthread_once_t g_read_once = PTHREAD_ONCE_INIT;
+static void ur_read_page_free(void *p) {
+  struct ur_read_page *pg = (struct ur_read_page *)p;
+  ur__cuda_drop(cudaFreeHost(pg->host));
+  free(pg);
+}
+static void ur_read_key_make(void) { (void)pthread_key_create(&g_read_key, ur_read_page_free); }
 
-/* Small reads of memory a kernel on the current GPU reads (its own, or managed) go through a
- * one-block kernel into the thread's pinned page; the rest (another GPU's memory, or bigger
- * than the page) through the copy engines. */
+static ur_status ur_read_page_get(struct ur_read_page **out) {
+  (void)pthread_once(&g_read_once, ur_read_key_make);
+  struct ur_read_page *pg = (struct ur_read_page *)pthread_getspecific(g_read_key);
+  if (!pg) {
+    void *h = NULL, *d = NULL;
+    UR_CUDA_CHECK(cudaHostAlloc(&h, UR_CUDA_READ_SMALL, cudaHostAllocPortable | cudaHostAllocMapped),
+                  "read: cudaHostAlloc of its %d-byte pinned page", UR_CUDA_READ_SMALL);
+    cudaError_t e = cudaHostGetDevicePointer(&d, h, 0);
+    if (e == cudaSuccess && !(pg = (struct ur_read_page *)malloc(sizeof *pg))) e = cudaErrorMemoryAllocation;
+    if (e == cudaSuccess && pthread_setspecific(g_read_key, pg) != 0) e = cudaErrorMemoryAllocation;
+    if (e != cudaSuccess) {
+      free(pg);
+      ur__cuda_drop(cudaFreeHost(h));
+      UR_CUDA_CHECK(e, "read: its pinned page for this thread");
+    }
+    pg->host = (unsigned char *)h;
+    pg->dev = (unsigned char *)d;
+  }
+  *out = pg;
+  return UR_STATUS_OK;
+}
+
+/* A small read of the current GPU's own memory, on a stream of that GPU (NULL: its default),
+ * goes through a one-block kernel into the thread's pinned page; any other (bigger than the
+ * page, managed memory, which a kernel would fault over, another GPU's) through the copy
+ * engines. */
 static ur_status ur_cuda_read(void *stream, void *out, const void *src, size_t bytes) {
   if (bytes == 0) return UR_STATUS_OK;
   cudaStream_t s = (cudaStream_t)stream;
   cudaPointerAttributes a;
-  int dev = -1;
+  int dev = -1, sdev = -1;
   int small = bytes <= UR_CUDA_READ_SMALL && cudaGetDevice(&dev) == cudaSuccess &&
               cudaPointerGetAttributes(&a, src) == cudaSuccess &&
-              (a.type == cudaMemoryTypeManaged || (a.type == cudaMemoryTypeDevice && a.device == dev));
-  (void)cudaGetLastError(); /* a failed query above is no error here: the copy engines read it */
-  if (small && !t_read_page) {
-    void *p = NULL;
-    UR_CUDA_CHECK(cudaHostAlloc(&p, UR_CUDA_READ_SMALL, cudaHostAllocPortable | cudaHostAllocMapped),
-                  "cudaHostAlloc of a %d-byte pinned page for small reads", UR_CUDA_READ_SMALL);
-    t_read_page = (unsigned char *)p;
-  }
-  if (!small) {
-    UR_CUDA_CHECK(cudaMemcpyAsync(out, src, bytes, cudaMemcpyDefault, s),
-                  "cudaMemcpyAsync of %zu bytes from %p to %p", bytes, src, out);
+              a.type == cudaMemoryTypeDevice && a.device == dev &&
+              (!s || (cudaStreamGetDevice(s, &sdev) == cudaSuccess && sdev == dev));
+  (void)cudaGetLastError(); /* a failed query above is no error: the copy engines read it */
+  struct ur_read_page *pg = NULL;
+  if (small) {
+    ur_status st = ur_read_page_get(&pg);
+    if (st) return st;
+    UR_CUDA_CHECK(ur__cuda_read_small(s, pg->dev, src, bytes),
+                  "read: its kernel (%zu bytes from %p)", bytes, src);
   } else {
-    void *page = NULL;
-    UR_CUDA_CHECK(cudaHostGetDevicePointer(&page, t_read_page, 0), "cudaHostGetDevicePointer");
-    UR_CUDA_CHECK(ur__cuda_read_small(s, page, src, bytes), "read kernel (%zu bytes from %p)",
-                  bytes, src);
+    UR_CUDA_CHECK(cudaMemcpyAsync(out, src, bytes, cudaMemcpyDefault, s),
+                  "read: cudaMemcpyAsync of %zu bytes from %p to %p", bytes, src, out);
   }
-  UR_CUDA_CHECK(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-  if (small) memcpy(out, t_read_page, bytes);
+  UR_CUDA_CHECK(cudaStreamSynchronize(s), "read: cudaStreamSynchronize after %zu bytes from %p",
+                bytes, src);
+  if (small) memcpy(out, pg->host, bytes);
   return UR_STATUS_OK;
 }
 

@@ -319,6 +319,28 @@ describe("embedding collections on CUDA", function()
     assert.equal(2, warn:skipped())
   end)
 
+  cuda_it("fails on a bad id under fatal on a stream of its own too: the flag is read after the forward, on it",
+    function()
+      local streams = require "uvmrec.stream"
+      local _, gpu = pair("narrow", {})
+      local s = assert(streams.stream())
+      gpu:set_stream(s)
+      local msg = "tbe: table 'b' (feature 'b', sample 1, value 3) has no row 70; ids run 0..63"
+      local bad = R.input({ values = { 1, 2, 3, 70 }, offsets = { 0, 1, 2, 3, 4 }, batch = 2 }, "device")
+      local good = R.input({ values = { 1, 2, 3, 7 }, offsets = { 0, 1, 2, 3, 4 }, batch = 2 }, "device")
+      -- 1 GiB filled ahead of each forward on its stream: a read not ordered after the forward's
+      -- kernels would find the flag as the last reset left it
+      local busy = assert(ur.tensor({ 256 * 1024 * 1024 }, { placement = "device" }))
+      for i = 1, 4 do
+        assert(busy:fill(i, s))
+        assert.has_error(function() gpu:forward(bad) end, tostring(gpu) .. ": " .. msg)
+        assert(busy:fill(i, s))
+        gpu:forward(good)
+      end
+      assert(s:sync())
+      busy:free()
+    end)
+
   cuda_it("gathers rows like the CPU", function()
     local src = ur.tensor({ 1000, 128 }):uniform(-1, 1, 4)
     local ids = R.tensor({ 5, 999, 0, 5, 17, 400, 3 }, "i64")

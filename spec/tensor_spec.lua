@@ -114,22 +114,19 @@ describe("uvmrec.tensor", function()
     end
   end)
 
-  h.cuda_it("reads any span of a GPU tensor exactly: small ones by a kernel, bigger ones by the copy engines",
+  h.cuda_it("reads any span of a device tensor exactly: small ones by a kernel, bigger ones by the copy engines",
     function()
       local n = 5000 -- i8 spans of more than 4096 bytes, the kernel's page, take the copy engines
-      for _, place in ipairs { "device", "managed" } do
-        for _, dtype in ipairs { "f64", "f32", "bf16", "i8" } do
-          local src = ur.tensor({ n }, { dtype = dtype }):uniform(-100, 100, 11)
-          local want = src:totable()
-          local t = assert(src:to(place))
-          -- word-aligned and not, at the page's size and past it, the whole tensor, the last element
-          for _, span in ipairs { { 0, 1 }, { 3, 5 }, { 1, 511 }, { 2, 512 }, { 7, 4097 }, { 0, n }, { n - 1, 1 } } do
-            local first, count = span[1], span[2]
-            local expect = {}
-            for i = 1, count do expect[i] = want[first + i] end
-            local what = ("%s %s, %d elements from %d"):format(place, dtype, count, first)
-            assert.same(expect, t:totable(first, count), what)
-          end
+      for _, dtype in ipairs { "f64", "f32", "bf16", "i8" } do
+        local src = ur.tensor({ n }, { dtype = dtype }):uniform(-100, 100, 11)
+        local want = src:totable()
+        local t = assert(src:to("device"))
+        -- word-aligned and not, at the page's size and past it, the whole tensor, the last element
+        for _, span in ipairs { { 0, 1 }, { 3, 5 }, { 1, 511 }, { 2, 512 }, { 7, 4097 }, { 0, n }, { n - 1, 1 } } do
+          local first, count = span[1], span[2]
+          local expect = {}
+          for i = 1, count do expect[i] = want[first + i] end
+          assert.same(expect, t:totable(first, count), ("%s, %d elements from %d"):format(dtype, count, first))
         end
       end
     end)
@@ -137,25 +134,31 @@ describe("uvmrec.tensor", function()
   h.cuda_it("a small read waits for its own stream only, not for a big copy the copy engines make for another",
     function()
       local streams = require "uvmrec.stream"
+      local clock = ur.C.ur_clock_seconds
       local n = 64 * 1024 * 1024 -- f32: 256 MiB from HBM to pinned memory, milliseconds over the link
       local big = assert(ur.tensor({ n }, { placement = "device" }))
       local host = assert(ur.tensor({ n }, { placement = "pinned" }))
       local small = assert(assert(ur.tensor({ 16 }, { placement = "device" })):fill(3))
       local side = assert(streams.stream())
       assert.equal(3, small:get(0)) -- the first read makes the thread's pinned page
-      local t0 = ffi.C.ur_clock_seconds()
+      local t0 = clock()
       assert(host:copy(big, side))
       assert(side:sync())
-      local alone = ffi.C.ur_clock_seconds() - t0
+      local alone = clock() - t0
       assert(host:copy(big, side))
-      local t1 = ffi.C.ur_clock_seconds()
+      local t1 = clock()
       local v = small:get(5)
-      local read = ffi.C.ur_clock_seconds() - t1
+      local read = clock() - t1
       assert(side:sync())
-      assert.equal(3, v)
-      assert.is_true(read < alone / 4, ("a read of 4 bytes took %.3f ms beside a copy of %.3f ms"):format(
-        read * 1e3, alone * 1e3))
+      big:free()
+      host:free()
       side:free()
+      assert.equal(3, v)
+      -- under compute-sanitizer a kernel launch alone takes milliseconds: the value is checked, not the time
+      if not os.getenv("UVMREC_SANITIZER") then
+        assert.is_true(read < alone / 4, ("a read of 4 bytes took %.3f ms beside a copy of %.3f ms"):format(
+          read * 1e3, alone * 1e3))
+      end
     end)
 
   it("refuses copies whose dtype or size differ, and overlapping ones", function()

@@ -211,8 +211,9 @@ UR_API ur_status ur_tensor_rand(ur_stream *s, ur_tensor *t, ur_dist dist, double
                                 uint64_t seed);
 UR_API ur_status ur_tensor_get(const ur_tensor *t, int64_t index, double *out);
 UR_API ur_status ur_tensor_set(ur_tensor *t, int64_t index, double value);
-/* Reads wait for the default stream (and no other: up to 4 KiB of GPU memory are read by the
- * SMs, not queued behind other streams' copies on the copy engines). */
+/* Reads wait for the default stream's work.  Up to 4 KiB of a GPU's device memory are read by
+ * its SMs, so they do not queue behind other streams' copies on the copy engines; bigger reads
+ * are copies (and may). */
 UR_API ur_status ur_tensor_read(const ur_tensor *t, int64_t index, int64_t count, void *out);
 UR_API ur_status ur_tensor_write(ur_tensor *t, int64_t index, int64_t count, const void *src);
 /* Elements converted to double, for inspection and tests. */

@@ -400,7 +400,7 @@ static ur_status copy_span(const ur_tensor *t, int64_t index, int64_t count, voi
   void *to = out ? out : elem_ptr(t, index);
   const void *from = out ? elem_ptr(t, index) : src;
   if (storage_on_gpu(t->st)) {
-    if (out) return ur__gpu()->read(NULL, out, from, bytes); /* small: past other streams' copies */
+    if (out) return ur__gpu()->read(NULL, out, from, bytes); /* a small one by the SMs */
     if ((st = ur__gpu()->copy(NULL, to, from, bytes))) return st;
     return ur__gpu()->stream_sync(NULL);
   }

@@ -48,7 +48,9 @@ ur_status ur_tbe_set_step(ur_tbe *t, int64_t step) {
 
 ur_status ur_tbe_skipped(ur_tbe *t, int64_t *out) {
   UR__ARGS(t, out);
-  return ur_tensor_read(t->flags, 1, 1, out);
+  /* after every stream's work: the forwards that count may have run on any */
+  ur_status st = t->be->device_sync();
+  return st ? st : ur_tensor_read(t->flags, 1, 1, out);
 }
 
 /* ---- checking a call ---- */
@@ -348,8 +350,11 @@ ur_status ur_tbe_forward(ur_stream *s, ur_tbe *t, const ur_tensor *values,
   t->far_made = t->far_ready = !st && c.a.far.fill;
   if (!st && c.a.far.fill) st = ur__tbe_far_forward_done(t, s, values);
   if (!st && reads_bad_ids(t)) {
+    /* on the forward's stream: after its kernels, wherever they ran */
     int64_t bad = UR_TBE_NO_BAD;
-    if (!(st = ur_tensor_read(t->flags, 0, 1, &bad)) && bad != UR_TBE_NO_BAD) st = bad_id(t, &c, bad);
+    if (!(st = t->be->read(s ? s->handle : NULL, &bad, ur_tensor_data(t->flags), sizeof bad)) &&
+        bad != UR_TBE_NO_BAD)
+      st = bad_id(t, &c, bad);
   }
   release(&c);
   return st;
