@@ -406,7 +406,8 @@ static ur_status ur_read_page_get(struct ur_read_page **out) {
     UR_CUDA_CHECK(cudaHostAlloc(&h, UR_CUDA_READ_SMALL, cudaHostAllocPortable | cudaHostAllocMapped),
                   "read: cudaHostAlloc of its %d-byte pinned page", UR_CUDA_READ_SMALL);
     cudaError_t e = cudaHostGetDevicePointer(&d, h, 0);
-    if (e == cudaSuccess && !(pg = (struct ur_read_page *)malloc(sizeof *pg))) e = cudaErrorMemoryAllocation;
+    if (e == cudaSuccess && !(pg = (struct ur_read_page *)malloc(sizeof *pg)))
+      e = cudaErrorMemoryAllocation;
     if (e == cudaSuccess && pthread_setspecific(g_read_key, pg) != 0) e = cudaErrorMemoryAllocation;
     if (e != cudaSuccess) {
       free(pg);

@@ -160,7 +160,8 @@ ur_status ur_tbe_far_taken(ur_stream *s, ur_tbe *t, int64_t *out, int64_t *unpla
   if (!t->far_made) return UR_STATUS_OK;
   int32_t n[UR__FAR_UNPLACED + 1] = {0};
   const char *base = ur_tensor_data(t->far[t->far_cur]);
-  ur_status st = t->be->read(s ? s->handle : NULL, n, base + layout_of(t, t->far_rows).taken, sizeof n);
+  ur_status st = t->be->read(s ? s->handle : NULL, n, base + layout_of(t, t->far_rows).taken,
+                             sizeof n);
   if (st) return st;
   *out = n[UR__FAR_ASKED];
   if (unplaced) *unplaced = n[UR__FAR_UNPLACED];

@@ -659,7 +659,8 @@ ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
     a.flags = ur_tensor_data(flags);
     st = q->be->copy(sh, a.flags, host_flags, sizeof host_flags);
     if (!st) st = q->be->qtbe->forward(sh, &a);
-    if (!st && a.bounds != UR_TBE_BOUNDS_OFF) st = q->be->read(sh, host_flags, a.flags, sizeof host_flags);
+    if (!st && a.bounds != UR_TBE_BOUNDS_OFF)
+      st = q->be->read(sh, host_flags, a.flags, sizeof host_flags);
     st = ur__device_leave(q->be, q->cfg.device, prev, st);
   }
   give_flags(q, flags);
