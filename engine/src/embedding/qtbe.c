@@ -657,7 +657,9 @@ ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
   if ((st = take_flags(q, &flags))) return st;
   if (!(st = ur__device_enter(q->be, q->cfg.device, &prev))) {
     a.flags = ur_tensor_data(flags);
-    st = q->be->copy(sh, a.flags, host_flags, sizeof host_flags);
+    /* Set on the SMs: a copy from the host would queue behind other uploads on the copy engine. */
+    st = q->be->fill(sh, a.flags, 1, sizeof host_flags[0], (uint64_t)host_flags[0]);
+    if (!st) st = q->be->fill(sh, a.flags + 1, 1, sizeof host_flags[1], (uint64_t)host_flags[1]);
     if (!st) st = q->be->qtbe->forward(sh, &a);
     if (!st && a.bounds != UR_TBE_BOUNDS_OFF)
       st = q->be->read(sh, host_flags, a.flags, sizeof host_flags);
