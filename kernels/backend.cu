@@ -3,7 +3,6 @@
  * only ur_cuda_backend_init; CUPTI, needed by the migration monitor alone, is opened with
  * dlopen when the monitor starts, so the library loads on hosts without it. */
 #include <atomic>
-#include <cuda.h> /* the driver's types: its calls are reached through the runtime */
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -577,133 +576,8 @@ static ur_status ur_cuda_stream_wait(void *stream, void *event) {
   return UR_STATUS_OK;
 }
 
-/* ---- host calls ----
- * The runtime runs every stream's host functions on one thread of its own, one after another, so
- * a long one holds back the others (far.c's write home, milliseconds of host copies, held back
- * the next batch's early copies behind it).  A call made `alone` runs on a thread of the
- * backend's instead: a host function of the stream only hands it over, and the stream then waits
- * on the GPU (cuStreamWaitValue32) for a word of pinned memory, the call's slot's, to reach the
- * call's number, which that thread writes once fn returns.  Calls alone run one after another in
- * the order they are handed over, none waiting for the GPU, so none waits for another stream.
- * Where no slot is free (UR_CUDA_ALONE_SLOTS calls in flight) or the driver has no stream memory
- * operations, a call runs on the runtime's thread as any other: the same order, only slower. */
-#define UR_CUDA_ALONE_SLOTS 64
-
-typedef CUresult (*ur_wait_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-
-typedef struct alone_call {
-  void (*fn)(void *ctx);
-  void *ctx;
-  uint32_t number; /* the slot's calls with this one */
-  int32_t slot;
-  struct alone_call *next; /* handed over after this one */
-} alone_call;
-
-static pthread_mutex_t alone_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t alone_go = PTHREAD_COND_INITIALIZER;
-static int alone_state;                 /* 0 not tried, 1 usable, -1 not */
-static uint32_t *alone_words;           /* pinned, mapped: each slot's calls done */
-static ur_wait_value_fn alone_wait;
-static alone_call alone_calls[UR_CUDA_ALONE_SLOTS];
-static int32_t alone_free[UR_CUDA_ALONE_SLOTS], alone_nfree;
-static alone_call *alone_head, *alone_tail; /* handed over, not yet run */
-
-static void *alone_thread(void *unused) {
-  (void)unused;
-  pthread_mutex_lock(&alone_lock);
-  for (;;) {
-    while (!alone_head) pthread_cond_wait(&alone_go, &alone_lock);
-    alone_call *c = alone_head;
-    alone_head = c->next;
-    if (!alone_head) alone_tail = NULL;
-    pthread_mutex_unlock(&alone_lock);
-    c->fn(c->ctx);
-    __atomic_store_n(&alone_words[c->slot], c->number, __ATOMIC_RELEASE);
-    pthread_mutex_lock(&alone_lock);
-    alone_free[alone_nfree++] = c->slot;
-  }
-  return NULL;
-}
-
-/* On the runtime's thread, in stream order: the call to the backend's thread. */
-static void alone_hand_over(void *p) {
-  alone_call *c = (alone_call *)p;
-  pthread_mutex_lock(&alone_lock);
-  c->next = NULL;
-  if (alone_tail) alone_tail->next = c;
-  else alone_head = c;
-  alone_tail = c;
-  pthread_cond_signal(&alone_go);
-  pthread_mutex_unlock(&alone_lock);
-}
-
-/* Under alone_lock, once: the driver's cuStreamWaitValue32, the words (read by every GPU at their
- * host address) and the thread; whether calls can run alone. */
-static int alone_ready(void) {
-  if (alone_state) return alone_state > 0;
-  alone_state = -1;
-  void *fp = NULL, *dev = NULL, *w = NULL;
-  cudaDriverEntryPointQueryResult q;
-  if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fp, 12000, cudaEnableDefault, &q) !=
-          cudaSuccess || q != cudaDriverEntryPointSuccess || !fp ||
-      cudaHostAlloc(&w, sizeof(uint32_t) * UR_CUDA_ALONE_SLOTS,
-                    cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  pthread_attr_t attr;
-  pthread_t tid;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  int ok = cudaHostGetDevicePointer(&dev, w, 0) == cudaSuccess && dev == w;
-  alone_words = (uint32_t *)w;
-  memset(w, 0, sizeof(uint32_t) * UR_CUDA_ALONE_SLOTS);
-  if (ok) ok = !pthread_create(&tid, &attr, alone_thread, NULL);
-  pthread_attr_destroy(&attr);
-  if (!ok) {
-    (void)cudaGetLastError();
-    ur__cuda_drop(cudaFreeHost(w));
-    alone_words = NULL;
-    return 0;
-  }
-  for (int32_t i = 0; i < UR_CUDA_ALONE_SLOTS; i++) alone_free[i] = UR_CUDA_ALONE_SLOTS - 1 - i;
-  alone_nfree = UR_CUDA_ALONE_SLOTS;
-  alone_wait = (ur_wait_value_fn)fp;
-  alone_state = 1;
-  return 1;
-}
-
-static ur_status ur_cuda_host_call(void *stream, void (*fn)(void *ctx), void *ctx, int32_t alone) {
-  cudaStream_t s = (cudaStream_t)stream;
-  alone_call *c = NULL;
-  if (alone) {
-    pthread_mutex_lock(&alone_lock);
-    if (alone_ready() && alone_nfree > 0) {
-      c = &alone_calls[alone_free[--alone_nfree]];
-      c->slot = (int32_t)(c - alone_calls);
-      c->fn = fn;
-      c->ctx = ctx;
-      c->number = alone_words[c->slot] + 1; /* the slot's last call is done: it was free */
-    }
-    pthread_mutex_unlock(&alone_lock);
-  }
-  if (!c) {
-    UR_CUDA_CHECK(cudaLaunchHostFunc(s, fn, ctx), "cudaLaunchHostFunc");
-    return UR_STATUS_OK;
-  }
-  cudaError_t e = cudaLaunchHostFunc(s, alone_hand_over, c);
-  if (e != cudaSuccess) {
-    pthread_mutex_lock(&alone_lock);
-    alone_free[alone_nfree++] = c->slot;
-    pthread_mutex_unlock(&alone_lock);
-    return ur__cuda_fail(e, "cudaLaunchHostFunc");
-  }
-  CUresult r = alone_wait((CUstream)s, (CUdeviceptr)(uintptr_t)&alone_words[c->slot], c->number,
-                          CU_STREAM_WAIT_VALUE_GEQ);
-  if (r != CUDA_SUCCESS)
-    return ur__cuda_core->set_error(UR_STATUS_DEVICE, "cuda: cuStreamWaitValue32 failed (CUresult %d): "
-                                    "work after a host call on its stream does not wait for it",
-                                    (int)r);
+static ur_status ur_cuda_host_call(void *stream, void (*fn)(void *ctx), void *ctx) {
+  UR_CUDA_CHECK(cudaLaunchHostFunc((cudaStream_t)stream, fn, ctx), "cudaLaunchHostFunc");
   return UR_STATUS_OK;
 }
 

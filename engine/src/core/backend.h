@@ -7,7 +7,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 14
+#define UR_BACKEND_ABI 13
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {
@@ -105,10 +105,8 @@ typedef struct ur_backend {
   /* Work enqueued on stream after this call waits for event (cudaStreamWaitEvent). */
   ur_status (*stream_wait)(void *stream, void *event);
   /* fn(ctx) on a host thread once the work before it on stream is done; work enqueued on the
-   * stream after it waits for it to return (cudaLaunchHostFunc).  fn may not call the backend.
-   * alone: on a thread of the backend's, so that host calls of other streams do not wait behind
-   * it (the runtime runs them all on one thread): for calls of milliseconds. */
-  ur_status (*host_call)(void *stream, void (*fn)(void *ctx), void *ctx, int32_t alone);
+   * stream after it waits for it to return (cudaLaunchHostFunc).  fn may not call the backend. */
+  ur_status (*host_call)(void *stream, void (*fn)(void *ctx), void *ctx);
   /* Graph capture on stream, its end into *exec (an executable graph, updated when given and
    * of the same shape, else replaced) launched once, replay, release.  NULL: work is eager. */
   ur_status (*graph_begin)(void *stream);

@@ -380,8 +380,7 @@ static ur_status far_move(ur_tbe *t, void *sh, int k, int home, const ur__tbe_fa
     st = t->be->copy(sh, j->base + j->list, home ? f->homes : f->loads, FAR_LIST_BYTES * (size_t)j->cap);
   if (!st && home && !(st = t->be->copy(sh, staged, f->rows, moved)))
     st = t->be->tbe->far_spill(sh, f, staged, g, 1);
-  /* the write home alone: the next early copies' host call need not wait for it */
-  if (!st) st = t->be->host_call(sh, far_dma_run, j, home);
+  if (!st) st = t->be->host_call(sh, far_dma_run, j);
   if (!st && !home && !(st = t->be->copy(sh, f->rows, staged, moved)))
     st = t->be->tbe->far_spill(sh, f, staged, g, 0);
   return st;
