@@ -189,11 +189,12 @@ end
 
 -- Seven batches with Adam on both sides (on the GPU when device), the third made non-finite
 -- and skipped with the flags read every `every` steps, against the run of the six others:
--- the same losses, step counts and every bit of the training state.
-local function adam_skip_matches_clean(every, device)
+-- the same losses, step counts and every bit of the training state.  dtype: the tables' (bf16
+-- rows are rounded stochastically, by a key drawn from the update's number).
+local function adam_skip_matches_clean(every, device, dtype)
   local bs = batches(7)
   local function run(list, mode)
-    local sets = { "train.batch_size=256" }
+    local sets = { "train.batch_size=256", "embeddings.dtype=" .. (dtype or "f32") }
     for _, v in ipairs { "optimizer.name=adam", "embeddings.optimizer.name=adam", "optimizer.lr=0.01",
                          "embeddings.optimizer.lr=0.01" } do sets[#sets + 1] = v end
     local cfg = helpers.tiny(sets)
@@ -284,10 +285,12 @@ describe("uvmrec.train.guard", function()
   -- the one a run that never saw the batch makes, whenever the flags are read (train.log_every)
   -- and in the tables (whose step count the engine keeps) as in the dense parameters.
   for _, every in ipairs { 1, 100 } do
-    it("trains past a skipped batch as if it had never been there (Adam, dense and tables, flags read every "
-       .. every .. ")", function()
-      adam_skip_matches_clean(every)
-    end)
+    for _, dtype in ipairs { "f32", "bf16", "f16" } do
+      it("trains past a skipped batch as if it had never been there (Adam, dense and " .. dtype .. " tables, "
+         .. "flags read every " .. every .. ")", function()
+        adam_skip_matches_clean(every, false, dtype)
+      end)
+    end
   end
 
   it("refuses a mode other than stop or skip", function()
@@ -537,10 +540,12 @@ describe("ur_nonfinite_check #cuda", function()
     assert.same({ 1, 2, 2, 1 }, ints(assert(flags:to("host"))))
   end)
 
-  helpers.cuda_it("trains past a skipped batch on the GPU as if it had never been there (Adam), flags read "
-                  .. "every step or every 100", function()
-    adam_skip_matches_clean(1, true)
-    adam_skip_matches_clean(100, true)
+  helpers.cuda_it("trains past a skipped batch on the GPU as if it had never been there (Adam; f32 and bf16 "
+                  .. "tables), flags read every step or every 100", function()
+    for _, dtype in ipairs { "f32", "bf16" } do
+      adam_skip_matches_clean(1, true, dtype)
+      adam_skip_matches_clean(100, true, dtype)
+    end
   end)
   helpers.cuda_it("holds a guarded DLRM step on the GPU back as the CPU does: nothing changes", function()
     for _, sets in ipairs { {}, { "optimizer.name=adam", "embeddings.optimizer.name=adam" },

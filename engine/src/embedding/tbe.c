@@ -379,7 +379,7 @@ static void hyper_of(ur_tbe *t, ur__tbe_hyper *h) {
   memset(h, 0, sizeof *h);
   h->k = ur__optim_consts_of(&c->optim, t->step);
   h->sr = c->stochastic_rounding != 0;
-  h->sr_key = c->seed ^ ((uint64_t)t->step * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
+  h->sr_seed = c->seed;
   h->k.gate = t->gate;
 }
 
