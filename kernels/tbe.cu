@@ -993,7 +993,7 @@ __device__ __forceinline__ void step_row_in(const ur__tbe_hyper &h, const Sparse
     if (lane == 0) tb.state1[prow] = rs;
     rs = ur__tbe_rowwise_mult(&h, rs);
   }
-  uint64_t key = ur__tbe_sr_key(ur__tbe_sr_step_key(&h), tb.index);
+  uint64_t key = ur__tbe_sr_key(h.sr_key, tb.index);
 #pragma unroll
   for (int v = 0; v < NV; v++) {
     int col = (v * 32 + lane) * E;

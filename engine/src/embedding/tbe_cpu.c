@@ -186,7 +186,7 @@ static void cpu_step_row(const ur__tbe_hyper *h, const ur__tbe_table *tb, int64_
     tb->state1[row] = rs;
     rs = ur__tbe_rowwise_mult(h, rs);
   }
-  uint64_t key = ur__tbe_sr_key(ur__tbe_sr_step_key(h), tb->index);
+  uint64_t key = ur__tbe_sr_key(h->sr_key, tb->index);
   ur_philox4 r = {{0, 0, 0, 0}};
   for (int32_t c = 0; c < dim; c++) {
     size_t e = base + (size_t)c;

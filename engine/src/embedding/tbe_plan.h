@@ -133,8 +133,9 @@ typedef struct ur__tbe_feature {
 typedef struct ur__tbe_hyper {
   ur__optim_consts k;
   int32_t sr;              /* 1: stochastic rounding of f16/bf16 rows */
-  uint64_t sr_seed;        /* the collection's seed: with the update's number, the step's Philox
-                            * key (ur__tbe_sr_step_key); each table mixes in its index */
+  uint64_t sr_seed;        /* the collection's seed */
+  uint64_t sr_key;         /* the step's Philox key, from the seed and the update's number
+                            * (ur__tbe_hyper_now); each table mixes in its index */
   /* 1: no step (ur_tbe_row_sums): each table with row sums writes there, for every row the
    * call reads, the sum over its columns of the squared gradient its step would take (clipped,
    * with weight decay); rows, state and the other tables are left alone. */
@@ -142,11 +143,16 @@ typedef struct ur__tbe_hyper {
   int32_t far_behind;      /* 1: a row with a far copy is written to its copy only (far.behind) */
 } ur__tbe_hyper;
 
-/* h as the step runs where it runs (ur__optim_now): under a guard, Adam's bias terms are those
- * of the collection's count less the skipped steps its gate still counts. */
+/* h as the step runs where it runs: under a guard, the update's number is the collection's
+ * count less the skipped steps its gate still counts, for Adam's bias terms (ur__optim_now) and
+ * stochastic rounding's key alike, so that a run that skipped a batch steps and rounds as one
+ * that never saw it. */
 UR_HD ur__tbe_hyper ur__tbe_hyper_now(const ur__tbe_hyper *h) {
   ur__tbe_hyper r = *h;
   r.k = ur__optim_now(&h->k);
+  int64_t step = h->k.step;
+  if (h->k.gate && h->k.gate[2] > 0) step -= h->k.gate[2];
+  r.sr_key = h->sr_seed ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
   return r;
 }
 
@@ -309,15 +315,6 @@ UR_HD uint16_t ur__tbe_round_sr(float x, int32_t dtype, uint32_t r) {
     return (uint16_t)(sgn | (((ax - 0x38000000u) >> 13) + ((r >> 19) < (ax & 0x1fffu))));
   }
   return ur__tbe_round_sr_float(x, dtype, r);
-}
-
-/* The step's key: from the seed and the update's number, which under a guard leaves out the
- * skipped steps its gate still counts (as ur__optim_now's bias terms do), so that a run that
- * skipped a batch rounds as one that never saw it. */
-UR_HD uint64_t ur__tbe_sr_step_key(const ur__tbe_hyper *h) {
-  int64_t step = h->k.step;
-  if (h->k.gate && h->k.gate[2] > 0) step -= h->k.gate[2];
-  return h->sr_seed ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
 }
 
 UR_HD uint64_t ur__tbe_sr_key(uint64_t step_key, int32_t table) {
