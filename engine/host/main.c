@@ -59,7 +59,8 @@ static void message(const char *msg) {
 
 /* In a job of several ranks (mpirun's or `uvmrec launch`'s environment), every rank but 0
  * prefixes each line it prints with "[rank R] ": its standard output and error go through a
- * pipe to a thread that adds the prefix, so C's and Lua's prints alike carry it. */
+ * pipe to a thread that adds the prefix, so C's and Lua's prints alike carry it. Every rank's
+ * standard output is line-buffered, so that no rank's line is cut by another's. */
 typedef struct prefixer {
   int fd, out; /* the stream's descriptor; where its prefixed lines go */
   pthread_t thread;
@@ -109,7 +110,9 @@ static int env_number(const char *a, const char *b, const char *c) {
 static void rank_prefix(void) {
   int rank = env_number("OMPI_COMM_WORLD_RANK", "PMI_RANK", "UVMREC_RANK");
   int world = env_number("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "UVMREC_WORLD");
-  if (rank <= 0 || world <= 1) return;
+  if (rank < 0 || world <= 1) return;
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a pipe would flush rank 0's lines in blocks */
+  if (rank == 0) return;
   for (int i = 0; i < 2; i++) {
     int fds[2];
     prefixer *p = &prefixers[i];
@@ -124,7 +127,6 @@ static void rank_prefix(void) {
       return;
     }
   }
-  setvbuf(stdout, NULL, _IOLBF, 0);
   prefixing = 1;
   atexit(prefix_drain);
 }
