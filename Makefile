@@ -260,6 +260,15 @@ $(BUILD)/dist/uvmrec: $(BUILD)/obj-host/main.o $(HOST_OBJ) $(DIST_ENGINE) engine
 $(BUILD)/dist/%: engine/examples/%.c $(DIST_ENGINE)
 	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -pthread -Iengine/include $< $(DIST_LINK) $(SYS_LIBS) -o $@
 
+# The spec suite's C programs that check a GPU (engine/tests/): a dist tree has no sources to build
+# them with, so they travel built, in its spec/bin/, where spec/support/helpers.lua's build_c
+# finds them.
+DIST_CHECKS := $(BUILD)/dist/checks/read_threads
+$(BUILD)/dist/checks/%: engine/tests/%.c $(DIST_ENGINE)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -pthread -Iengine/include $< -L$(BUILD)/dist -luvmrec \
+	  -Wl,-rpath,'$$ORIGIN/../../lib' $(SYS_LIBS) -o $@
+
 # Where CUDA is built, the tree also carries bin/lt_epilogues: which cuBLASLt epilogues the GPU's
 # cuBLASLt offers for DLRM's MLP products, and their cost (docs/dense.md);
 # bin/link_interference: what rows moved over the host link cost the products beside them
@@ -280,7 +289,7 @@ $(BUILD)/dist/link_interference: scripts/bench/link_interference.cu scripts/benc
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 $(CUDA_ARCH) -Werror all-warnings -o $@ $< -lcublas
 
-dist: all $(DIST_BINS) $(DIST_CUDA_BINS) $(DIST_CUDA_LIBS)
+dist: all $(DIST_BINS) $(DIST_CHECKS) $(DIST_CUDA_BINS) $(DIST_CUDA_LIBS)
 	rm -rf dist && mkdir -p dist/bin dist/lib/lua/term dist/lib/lua/system dist/lua
 	cp $(DIST_BINS) $(DIST_CUDA_BINS) dist/bin/ && cp $(DIST_ENGINE) $(addprefix $(SYSLIB)/,$(DIST_COPIED)) dist/lib/
 	strip --strip-debug $(addprefix dist/bin/,$(notdir $(DIST_BINS))) dist/lib/libuvmrec.so
@@ -290,6 +299,7 @@ dist: all $(DIST_BINS) $(DIST_CUDA_BINS) $(DIST_CUDA_LIBS)
 	for m in $(DIST_LUA); do cp -RL /usr/share/lua/5.1/$$m dist/lua/ || exit 1; done
 	for m in $(DIST_CMODS); do cp -L $(SYSLIB)/lua/5.1/$$m dist/lib/lua/$$m || exit 1; done
 	cp -R scripts spec README.md dist/
+	mkdir -p dist/spec/bin && cp $(DIST_CHECKS) dist/spec/bin/
 	if [ -d models ]; then cp -R models dist/; fi
 	{ echo "uvmrec $(VERSION): a self-contained tree made by make dist ($$(git describe --always --dirty 2>/dev/null || echo no git), $$(date -u +%F))."; \
 	  echo "bin/uvmrec uses only the Lua modules and libraries in this tree, never the system's."; \

@@ -385,22 +385,36 @@ static ur_status ur_cuda_copy(void *stream, void *dst, const void *src, size_t b
 }
 
 /* Each host thread's pinned page for small reads (UR_CUDA_READ_SMALL bytes), made by its first
- * read and freed when the thread ends. */
+ * read. A thread that ends gives its page to the spares, for the next thread's first read:
+ * cudaFreeHost would wait for every GPU's work, each time a serving program's thread ends.
+ * A page is idle between reads (each read waits for its stream), so any thread may take it. */
 struct ur_read_page {
   unsigned char *host, *dev; /* the same page, as the host and the GPU address it */
+  struct ur_read_page *next; /* among the spares */
 };
 static pthread_key_t g_read_key;
 static pthread_once_t g_read_once = PTHREAD_ONCE_INIT;
-static void ur_read_page_free(void *p) {
+static pthread_mutex_t g_read_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ur_read_page *g_read_spares;
+static void ur_read_page_give(void *p) {
   struct ur_read_page *pg = (struct ur_read_page *)p;
-  ur__cuda_drop(cudaFreeHost(pg->host));
-  free(pg);
+  pthread_mutex_lock(&g_read_lock);
+  pg->next = g_read_spares;
+  g_read_spares = pg;
+  pthread_mutex_unlock(&g_read_lock);
 }
-static void ur_read_key_make(void) { (void)pthread_key_create(&g_read_key, ur_read_page_free); }
+static void ur_read_key_make(void) { (void)pthread_key_create(&g_read_key, ur_read_page_give); }
 
 static ur_status ur_read_page_get(struct ur_read_page **out) {
   (void)pthread_once(&g_read_once, ur_read_key_make);
   struct ur_read_page *pg = (struct ur_read_page *)pthread_getspecific(g_read_key);
+  if (pg) {
+    *out = pg;
+    return UR_STATUS_OK;
+  }
+  pthread_mutex_lock(&g_read_lock);
+  if ((pg = g_read_spares)) g_read_spares = pg->next;
+  pthread_mutex_unlock(&g_read_lock);
   if (!pg) {
     void *h = NULL, *d = NULL;
     UR_CUDA_CHECK(cudaHostAlloc(&h, UR_CUDA_READ_SMALL, cudaHostAllocPortable | cudaHostAllocMapped),
@@ -408,7 +422,6 @@ static ur_status ur_read_page_get(struct ur_read_page **out) {
     cudaError_t e = cudaHostGetDevicePointer(&d, h, 0);
     if (e == cudaSuccess && !(pg = (struct ur_read_page *)malloc(sizeof *pg)))
       e = cudaErrorMemoryAllocation;
-    if (e == cudaSuccess && pthread_setspecific(g_read_key, pg) != 0) e = cudaErrorMemoryAllocation;
     if (e != cudaSuccess) {
       free(pg);
       ur__cuda_drop(cudaFreeHost(h));
@@ -416,6 +429,10 @@ static ur_status ur_read_page_get(struct ur_read_page **out) {
     }
     pg->host = (unsigned char *)h;
     pg->dev = (unsigned char *)d;
+  }
+  if (pthread_setspecific(g_read_key, pg) != 0) {
+    ur_read_page_give(pg);
+    return ur__cuda_core->set_error(UR_STATUS_OOM, "cuda: read: no room to keep this thread's pinned page");
   }
   *out = pg;
   return UR_STATUS_OK;

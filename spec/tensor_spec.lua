@@ -161,6 +161,19 @@ describe("uvmrec.tensor", function()
       end
     end)
 
+  h.cuda_it("a thread that made small reads ends without waiting for the GPU's other work (its page kept)",
+    function()
+      local command = require "command"
+      local dir = command.tmpdir()
+      local exe, why = h.build_c("engine/tests/read_threads.c", dir, "read_threads")
+      if not exe then return pending(why) end
+      -- under compute-sanitizer the values are checked, not the times
+      local out, err, code = command.sh(exe .. " 4" .. (os.getenv("UVMREC_SANITIZER") and " values" or ""))
+      command.rmdir(dir)
+      assert.equal(0, code, out .. err)
+      assert.matches("read_threads: ok", out)
+    end)
+
   it("refuses copies whose dtype or size differ, and overlapping ones", function()
     local a = ur.tensor({ 4, 2 })
     assert.has_error(function() ur.tensor({ 4, 2 }, { dtype = "f16" }):copy(a) end,

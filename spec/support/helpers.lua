@@ -419,10 +419,11 @@ end
 -- The C file rel of the tree built with cc into dir/name, linked against libuvmrec (header_only:
 -- against nothing, with engine/src's internal headers in reach and the engine's float flags, no
 -- fused multiply-adds); the executable's path, or nil, why in a tree without the C sources (or,
--- linked, without libuvmrec.so).
+-- linked, without libuvmrec.so). A dist tree carries some built, in spec/bin/ (make dist).
 function M.build_c(rel, dir, name, header_only)
   local libdir, root = M.engine_lib()
   if header_only and command.exists("engine/include/uvmrec.h") then libdir, root = ".", "." end
+  if not libdir and command.exists("spec/bin/" .. name) then return "spec/bin/" .. name end
   if not libdir then return nil, root end
   local exe, src = dir .. "/" .. name, root .. "/" .. rel
   local line = header_only
