@@ -3,7 +3,6 @@
  * only ur_cuda_backend_init; CUPTI, needed by the migration monitor alone, is opened with
  * dlopen when the monitor starts, so the library loads on hosts without it. */
 #include <atomic>
-#include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -597,40 +596,6 @@ static ur_status ur_cuda_stream_wait(void *stream, void *event) {
 static ur_status ur_cuda_host_call(void *stream, void (*fn)(void *ctx), void *ctx) {
   UR_CUDA_CHECK(cudaLaunchHostFunc((cudaStream_t)stream, fn, ctx), "cudaLaunchHostFunc");
   return UR_STATUS_OK;
-}
-
-/* ---- words between streams: the driver's stream memory operations, found at init ---- */
-typedef CUresult (*ur_word_op_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-static ur_word_op_fn g_word_write, g_word_wait;
-
-static ur_status ur_cuda_word_write(void *stream, uint32_t *word, uint32_t value) {
-  CUresult r = g_word_write((CUstream)stream, (CUdeviceptr)(uintptr_t)word, value, 0);
-  if (r != CUDA_SUCCESS)
-    return ur__cuda_core->set_error(UR_STATUS_DEVICE, "cuda: cuStreamWriteValue32 of %u at %p failed "
-                                    "(CUresult %d)", value, (void *)word, (int)r);
-  return UR_STATUS_OK;
-}
-
-static ur_status ur_cuda_word_wait(void *stream, const uint32_t *word, uint32_t value) {
-  CUresult r = g_word_wait((CUstream)stream, (CUdeviceptr)(uintptr_t)word, value, CU_STREAM_WAIT_VALUE_GEQ);
-  if (r != CUDA_SUCCESS)
-    return ur__cuda_core->set_error(UR_STATUS_DEVICE, "cuda: cuStreamWaitValue32 for %u at %p failed "
-                                    "(CUresult %d)", value, (const void *)word, (int)r);
-  return UR_STATUS_OK;
-}
-
-/* Both of the driver's entry points, or neither (the backend then has no words). */
-static void ur_cuda_words_init(void) {
-  void *w = NULL, *v = NULL;
-  cudaDriverEntryPointQueryResult qw, qv;
-  if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &w, 12000, cudaEnableDefault, &qw) ==
-          cudaSuccess && qw == cudaDriverEntryPointSuccess && w &&
-      cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &v, 12000, cudaEnableDefault, &qv) ==
-          cudaSuccess && qv == cudaDriverEntryPointSuccess && v) {
-    g_word_write = (ur_word_op_fn)w;
-    g_word_wait = (ur_word_op_fn)v;
-  }
-  (void)cudaGetLastError();
 }
 
 /* ---- graphs ---- */
@@ -1228,9 +1193,6 @@ ur_cuda_backend_init(const ur_core_api *core, const ur_backend **out) {
   b->monitor_stop = ur_cuda_monitor_stop;
   b->stream_wait = ur_cuda_stream_wait;
   b->host_call = ur_cuda_host_call;
-  ur_cuda_words_init();
-  b->word_write = g_word_write ? ur_cuda_word_write : NULL;
-  b->word_wait = g_word_wait ? ur_cuda_word_wait : NULL;
   b->graph_begin = ur_cuda_graph_begin;
   b->graph_end = ur_cuda_graph_end;
   b->graph_launch = ur_cuda_graph_launch;

@@ -2262,25 +2262,6 @@ static ur_status tbe_far_spill(void *stream, const ur__tbe_far *f, char *host, i
   return UR_STATUS_OK;
 }
 
-/* The word only rises here (in wrapping order): a write home may set it back below a number a
- * kernel gave, since that write home's own number follows it, but a kernel never sets it below
- * a write home's, which nothing would write again. */
-__global__ void far_gate_kernel(const int32_t *taken, int32_t cap, uint32_t *word, uint32_t value) {
-  if (taken[UR__FAR_ASKED] > cap || taken[UR__FAR_UNPLACED] > 0) return;
-  unsigned int old = *(volatile unsigned int *)word;
-  while ((int32_t)(value - old) > 0) {
-    unsigned int seen = atomicCAS((unsigned int *)word, old, value);
-    if (seen == old) break;
-    old = seen;
-  }
-}
-
-static ur_status tbe_far_gate(void *stream, const ur__tbe_far *f, uint32_t *word, uint32_t value) {
-  far_gate_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(f->taken, f->cap, word, value);
-  UR_CUDA_CHECK(cudaGetLastError(), "tbe far_gate");
-  return UR_STATUS_OK;
-}
-
 static ur_status tbe_swap_rows(void *stream, const ur__tbe_swap *s) {
   UR_CUDA_CHECK(ur__cuda_swap_rows((cudaStream_t)stream, s), "tbe row swaps");
   return UR_STATUS_OK;
@@ -2317,7 +2298,6 @@ const ur_tbe_ops ur__cuda_tbe_ops = {
     .far_patch = tbe_far_patch,
     .far_move = tbe_far_move,
     .far_spill = tbe_far_spill,
-    .far_gate = tbe_far_gate,
     .decay_counts = tbe_decay_counts,
     .swap_rows = tbe_swap_rows,
     .rank_work_bytes = tbe_rank_work_bytes,

@@ -898,10 +898,9 @@ UR_API int32_t ur_tbe_far_early_usable(const ur_tbe *t);
  * orders itself after them: the next forward reads a far row it has no copy of from there, the
  * next early copies take the rows they hold from them (or wait, where a backward of other
  * values, or a forward without early copies, came between), the forward after them waits for
- * them, and the next backward (on a GPU with stream memory operations, only where its forward
- * found no copy of some far row: it then steps that row at home), a forward without early
- * copies, ur_tbe_table (every view, so checkpoints and hints), and every call that writes rows
- * or a layout wait for them (the host waits where no stream does).  A view taken before a step is not ordered after it:
+ * them, and the next backward, a forward without early copies, ur_tbe_table (every view, so
+ * checkpoints and hints), and every call that writes rows or a layout wait for them (the host
+ * waits where no stream does).  A view taken before a step is not ordered after it:
  * ur_device_sync, or take the view again.  A captured backward writes both, as without, and once
  * a forward of the collection was captured into a graph write-behind stays off (the graph's
  * replays wait for nothing), set_far_rows or not. */

@@ -7,7 +7,7 @@
 
 #include "uvmrec.h"
 
-#define UR_BACKEND_ABI 14
+#define UR_BACKEND_ABI 13
 
 /* What the core lends a backend. */
 typedef struct ur_core_api {
@@ -107,12 +107,6 @@ typedef struct ur_backend {
   /* fn(ctx) on a host thread once the work before it on stream is done; work enqueued on the
    * stream after it waits for it to return (cudaLaunchHostFunc).  fn may not call the backend. */
   ur_status (*host_call)(void *stream, void (*fn)(void *ctx), void *ctx);
-  /* A word of GPU memory as a gate between streams (cuStreamWriteValue32, cuStreamWaitValue32;
-   * NULL where the backend has none): word_write sets *word to value once the work before it on
-   * stream is done; after word_wait, work enqueued on stream waits until (int32_t)(*word - value)
-   * >= 0, whoever wrote it (a kernel may too). */
-  ur_status (*word_write)(void *stream, uint32_t *word, uint32_t value);
-  ur_status (*word_wait)(void *stream, const uint32_t *word, uint32_t value);
   /* Graph capture on stream, its end into *exec (an executable graph, updated when given and
    * of the same shape, else replaced) launched once, replay, release.  NULL: work is eager. */
   ur_status (*graph_begin)(void *stream);

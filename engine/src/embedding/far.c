@@ -389,7 +389,7 @@ static ur_status far_move(ur_tbe *t, void *sh, int k, int home, const ur__tbe_fa
 ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   memset(&a->far, 0, sizeof a->far);
   memset(&a->prior, 0, sizeof a->prior);
-  t->far_made = t->far_ready = t->far_gated = 0;
+  t->far_made = t->far_ready = 0;
   /* with a room a forward always fills it, far rows or none: a captured step (train.graph)
    * then makes copies whatever the hints do after the capture */
   if (!t->far[0]) return UR_STATUS_OK;
@@ -428,68 +428,25 @@ ur_status ur__tbe_far_forward(ur_tbe *t, ur_stream *s, ur__tbe_args *a) {
   return st;
 }
 
-/* The write-behind gate.  A backward steps a far row at home only where its forward found no
- * copy of it (past the room, or no slot), and only then must it wait for the last copies to be
- * home (they may hold the row).  Whether every far row had a copy is known on the GPU only: the
- * forward's gate kernel sets the collection's word (far_word) to the last write home's number
- * where it did, as that write home does once done, and the backward waits for the word
- * (backend's word_wait), whichever comes first.  A number is given to one forward's kernel at
- * most: a later backward still waiting on that write home waits for it, not for an older
- * forward's word. */
-static ur_status far_gate(ur_tbe *t, void *sh) {
-  if (!t->far_word || !t->far_home_pending || t->far_gate_seq == t->far_home_seq) return UR_STATUS_OK;
-  ur__tbe_far f;
-  far_args(t, t->far_cur, &f);
-  ur_status st = t->be->tbe->far_gate(sh, &f, ur_tensor_data(t->far_word), t->far_home_seq);
-  if (st) return st;
-  t->far_gate_seq = t->far_home_seq;
-  t->far_gated = 1;
-  return UR_STATUS_OK;
-}
-
-/* The word, made with the write home's stream (before any write home, so it starts at their
- * number) where the backend has words; its first value is set before anything may read it. */
-static ur_status far_word_make(ur_tbe *t, void *sh) {
-  if (t->far_word || !t->be->word_write || !t->be->word_wait || !t->be->tbe->far_gate)
-    return UR_STATUS_OK;
-  ur_status st = ur__tbe_home_tensor(t, &t->far_word, UR_DTYPE_U8, 4);
-  if (!st) st = t->be->fill(sh, ur_tensor_data(t->far_word), 1, 4, t->far_home_seq);
-  if (!st) st = t->be->stream_sync(sh);
-  if (st) {
-    ur_tensor_free(t->far_word);
-    t->far_word = NULL;
-  }
-  return st;
-}
-
 ur_status ur__tbe_far_forward_done(ur_tbe *t, ur_stream *s, const ur_tensor *values) {
   t->far_values = ur_tensor_data(values);
   t->far_n = ur_tensor_numel(values);
   t->far_open = 1;
-  void *ev = NULL, *sh = s ? s->handle : NULL;
-  /* early copies wait for it (none are made after a capture), and a captured backward waits
-   * for no write home (it writes both) */
+  void *ev = NULL;
+  /* early copies wait for it (none are made after a capture) */
   if (ur__graph_capturing()) return UR_STATUS_OK;
-  ur_status st = far_gate(t, sh);
-  if (!st) st = far_event(t, 0, &ev);
-  return st ? st : t->be->event_record(ev, sh);
+  ur_status st = far_event(t, 0, &ev);
+  return st ? st : t->be->event_record(ev, s ? s->handle : NULL);
 }
 
 ur_status ur__tbe_far_backward(ur_tbe *t, ur_stream *s, ur__tbe_args *a, const ur_tensor *values) {
   memset(&a->far, 0, sizeof a->far);
-  void *sh = s ? s->handle : NULL;
   /* early copies made beside this step left this step's rows to it, as its forward read them:
    * a backward of other values (or one that steps by atomics, below) may write rows they hold */
-  int same = ur_tensor_data(values) == t->far_values && ur_tensor_numel(values) == t->far_n;
-  if (!same) t->far_early = t->far_kept = 0; /* ... and rows the kept maps hold */
-  /* it reads and writes rows without copies at home, where the last copies may be going: it
-   * waits for them, or, written behind with its forward's rows, only where the forward found no
-   * copy of some far row (far_gate) */
-  int gated = t->far_gated && same && t->far_ready && t->far_gate_seq == t->far_home_seq &&
-              t->far_behind && !a->atomic && !t->far_graphed && !ur__graph_capturing();
-  t->far_gated = 0;
-  ur_status st = gated ? t->be->word_wait(sh, ur_tensor_data(t->far_word), t->far_home_seq)
-                       : far_wait_home(t, sh, -1);
+  if (ur_tensor_data(values) != t->far_values || ur_tensor_numel(values) != t->far_n)
+    t->far_early = t->far_kept = 0; /* ... and rows the kept maps hold */
+  /* it reads and writes rows without copies at home, where the last copies may be going */
+  ur_status st = far_wait_home(t, s ? s->handle : NULL, -1);
   if (!t->far_ready) t->far_kept = 0; /* it steps every row at home */
   if (st || !t->far_ready) return st;
   far_args(t, t->far_cur, &a->far);
@@ -502,7 +459,6 @@ ur_status ur__tbe_far_backward(ur_tbe *t, ur_stream *s, ur__tbe_args *a, const u
     if (!t->far_home_ev[k]) st = t->be->event_new(&t->far_home_ev[k]);
   if (!st && !t->far_bwd_ev) st = t->be->event_new(&t->far_bwd_ev);
   if (!st && !t->far_stream) st = t->be->stream_new(0, &t->far_stream);
-  if (!st) st = far_word_make(t, sh);
   if (!st) st = UR__NEED(t->be, tbe, far_move);
   if (!st && (t->far_dma & UR_FAR_DMA_HOME)) st = far_dma_alloc(t, t->far_cur, "backward");
   a->far.behind = !st;
@@ -523,11 +479,8 @@ ur_status ur__tbe_far_backward_done(ur_tbe *t, ur_stream *s, const ur__tbe_args 
   ur_status st = t->be->event_record(t->far_bwd_ev, sh);
   if (!st) st = t->be->stream_wait(t->far_stream, t->far_bwd_ev);
   if (!st) st = far_move(t, t->far_stream, k, 1, &a->far);
-  if (!st && t->far_word)
-    st = t->be->word_write(t->far_stream, ur_tensor_data(t->far_word), t->far_home_seq + 1);
   if (!st) st = t->be->event_record(t->far_home_ev[k], t->far_stream);
   if (!st) {
-    t->far_home_seq++;
     t->far_homing = k + 1;
     t->far_home_pending |= 1 << k;
     t->far_home_last = k;

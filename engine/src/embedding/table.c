@@ -542,7 +542,6 @@ void ur_tbe_free(ur_tbe *t) {
     if (t->far_ev[k]) t->be->event_free(t->far_ev[k]);
   if (t->far_bwd_ev) t->be->event_free(t->far_bwd_ev);
   if (t->far_stream) t->be->stream_free(t->far_stream);
-  ur_tensor_free(t->far_word);
   ur_tensor_free(t->swapbuf);
   ur_tensor_free(t->flags);
   for (int32_t i = 0; t->counts && i < t->names.T; i++) ur_tensor_free(t->counts[i]);

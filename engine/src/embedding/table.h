@@ -154,23 +154,16 @@ struct ur_tbe {
    * writes in order, so the last one's covers every earlier); far_homing: the index + 1 of the
    * map whose copies are still the rows while they go, 0 when none is or they are no longer
    * current; far_graphed: a forward was ever captured, whose replays wait for nothing, so
-   * write-behind stays off.  far_word: the write-behind gate (far.c's far_gate), a word of HBM
-   * each write home sets to its number (far_home_seq, the last one's) once done, and a forward's
-   * gate kernel to the same number where it found a copy of every far row; far_gate_seq: the
-   * number last given to a gate kernel (one at most each), far_gated: the last forward's.
-   * far_dma: the ways (ur_far_dma) rows cross through the copy engines and host threads (far.c's
-   * far_dma_*), far_host[k] map k's pinned staging (made when the ways or the room are set) and
-   * far_jobs[k][home] what the host threads are given for it, far_dma_done[home] what they did
-   * each way (ur_tbe_far_dma_stats). */
+   * write-behind stays off.  far_dma: the ways (ur_far_dma) rows cross through the copy
+   * engines and host threads (far.c's far_dma_*), far_host[k] map k's pinned staging (made when
+   * the ways or the room are set) and far_jobs[k][home] what the host threads are given for it,
+   * far_dma_done[home] what they did each way (ur_tbe_far_dma_stats). */
   int64_t far_rows;
   ur_tensor *far[UR__FAR_MAPS];
   int32_t far_cur, far_made, far_ready, far_early, far_captured, far_open, far_kept;
   void *far_ev[2];
   int32_t far_behind, far_homing, far_home_pending, far_home_last, far_graphed;
   void *far_stream, *far_bwd_ev, *far_home_ev[UR__FAR_MAPS];
-  ur_tensor *far_word;
-  uint32_t far_home_seq, far_gate_seq;
-  int32_t far_gated;
   const void *far_values;
   int64_t far_n;
   int32_t far_dma;

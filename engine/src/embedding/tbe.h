@@ -62,10 +62,6 @@ typedef struct ur_tbe_ops {
   ur_status (*far_move)(void *stream, const struct ur__tbe_far *f, int32_t to_home);
   ur_status (*far_spill)(void *stream, const struct ur__tbe_far *f, char *host, int64_t from,
                          int32_t to_host);
-  /* *word = value once the work before it on the stream is done, where every far row the
-   * forward looked up has its copy in f (none past the room, none unplaced), so that its
-   * backward steps no far row at home (far.c's write-behind gate; NULL: no gate). */
-  ur_status (*far_gate)(void *stream, const struct ur__tbe_far *f, uint32_t *word, uint32_t value);
   /* Access counters (counters.c): c[i] = floor(c[i] * factor), n of them. */
   ur_status (*decay_counts)(void *stream, int32_t *c, int64_t n, double factor);
   /* The swaps of s, on the stream (the GPU: a warp a pair, nothing waits). */
