@@ -511,15 +511,21 @@ local function config_keys(name, o, hbm_gpu)
   return k, flat
 end
 
+-- A rank's device bytes, by part (M.build's ranks[r].device).
+local DEVICE_PARTS = { "weights", "optimizer", "cache_slots", "cache_meta", "cache_scratch", "outputs", "dense",
+                       "pipeline", "reserve" }
+
 function M.build(S, best, stats)
   local ctx = S.ctx
   local W = S.world
   local ranks = {}
   for r = 1, W do
-    ranks[r] = { rank = r - 1, tables_hbm = best.part.hbm[r],
-                 device = { weights = 0, optimizer = 0, cache_slots = 0, cache_meta = 0, cache_scratch = 0,
-                            outputs = 0, dense = S.fixed.dense, pipeline = S.fixed.pipeline,
-                            reserve = S.fixed.reserve },
+    -- the parts a table's option has (cost.option's mem.device) start at 0: a part missing from
+    -- DEVICE_PARTS fails below instead of being left out of the total
+    local device = {}
+    for _, k in ipairs(DEVICE_PARTS) do device[k] = 0 end
+    device.dense, device.pipeline, device.reserve = S.fixed.dense, S.fixed.pipeline, S.fixed.reserve
+    ranks[r] = { rank = r - 1, tables_hbm = best.part.hbm[r], device = device,
                  managed_on_gpu = 0, pinned = S.pipe.pinned, managed = 0, hints = 0 }
   end
   -- a rank that caches a table pays its cache's per-batch cost once (cost.cache_batch_seconds)
@@ -574,8 +580,10 @@ function M.build(S, best, stats)
   end
   for r, R in ipairs(ranks) do
     R.load, R.cache_batch_seconds = load[r], cache_batch[r]
+    -- summed in one order: pairs' order changes from run to run (the last digit of a plan's
+    -- device_total with it)
     local d = 0
-    for _, v in pairs(R.device) do d = d + v end
+    for _, k in ipairs(DEVICE_PARTS) do d = d + R.device[k] end
     R.device_total, R.hbm = d, d + R.managed_on_gpu
     R.host = R.pinned + R.managed
     R.step = cost.step(R.load + S.dense.time, S.dense.fixed or 0, S.calib.backend, S.loader)
