@@ -65,7 +65,7 @@ describe("planner.hitrate", function()
   it("takes LFU of one fully associative set as the top rows' share of distinct rows when misses are few", function()
     local P = profile.zipf { rows = 50000, s = 1.1 }
     local L, C = 256, 10000
-    local v = hitrate.batch_view(P, L)
+    local v = profile.batch(P, L)
     -- by hand: the top C rows resident, each class weighed by its chance of being read
     local hit, all, rows = 0, 0, 0
     for i = 1, #P.n do
@@ -107,7 +107,7 @@ describe("planner.hitrate", function()
       local one = hitrate.lru(P, 8192, sz)
       assert.near(many[j].hit_rate, one.hit_rate, 1e-9)
       -- Che's fixed point: the expected distinct rows of T batches fill the slots
-      local v = hitrate.batch_view(P, 8192)
+      local v = profile.batch(P, 8192)
       local occ = 0
       for i = 1, #P.n do occ = occ + P.n[i] * (1 - (1 - v.q[i]) ^ one.T) end
       assert.near(occ / sz, 1, 1e-6)

@@ -22,8 +22,9 @@ local ELEM = { f32 = 4, f16 = 2, bf16 = 2 }
 M.ELEM = ELEM
 
 -- Optimizer state bytes a row carries (f32), for a row of `dim` columns.
+local optim -- required on first use (uvmrec.optim is not needed to load the planner)
 function M.state_bytes(optimizer, dim)
-  local optim = require "uvmrec.optim"
+  optim = optim or require "uvmrec.optim"
   local r = optim.RULES[optimizer or "sgd"]
   if not (r and r.tables) then
     error(("cost: optimizer '%s' is not one of %s"):format(tostring(optimizer),
@@ -109,22 +110,22 @@ function M.table(t)
            profile = t.profile, hot = t.hot or t.profile.hot or 1, fixed = t.fixed, _memo = {} }
 end
 
--- The shards of a sharding: {count, rows each, dim each, lookups of the population the shard
--- draws from (L_pop), share of that population's rows it holds (frac), output rows (bags)}.
+-- The shards of a sharding: count, rows each, dim each, lookups of the population the shard
+-- draws from (L_pop), share of that population's rows it holds (frac), output rows (bags).
+-- Values, not a table: every option of every table asks (70 a table on 8 ranks).
 local function geometry(t, ctx, sharding, k)
   local W, B, h = ctx.world, ctx.batch, t.hot
   if sharding == "table_wise" then
-    return { count = 1, rows = t.rows, dim = t.dim, L_pop = W * B * h, frac = 1, bags = W * B }
+    return 1, t.rows, t.dim, W * B * h, 1, W * B
   elseif sharding == "row_wise" then
-    return { count = W, rows = ceil(t.rows / W), dim = t.dim, L_pop = W * B * h, frac = 1 / W, bags = W * B }
+    return W, ceil(t.rows / W), t.dim, W * B * h, 1 / W, W * B
   elseif sharding == "column_wise" then
-    return { count = k, rows = t.rows, dim = t.dim / k, L_pop = W * B * h, frac = 1, bags = W * B }
+    return k, t.rows, t.dim / k, W * B * h, 1, W * B
   elseif sharding == "data_parallel" then
-    return { count = W, rows = t.rows, dim = t.dim, L_pop = B * h, frac = 1, bags = B }
+    return W, t.rows, t.dim, B * h, 1, B
   end
   error("cost: sharding '" .. tostring(sharding) .. "' is not " .. table.concat(M.SHARDINGS, ", "), 3)
 end
-M.geometry = geometry
 
 local function pages(bytes, page) return ceil(bytes / page) * page end
 
@@ -154,35 +155,39 @@ end
 -- The choice `opt` {sharding, shards (column_wise), placement, prefix (managed: rows of each
 -- shard, or prefix_fraction), load_factor (cached)} for table t.  Returns
 -- { shards = { {time, compute, comm, hbm, mem = {device = {...}, managed_on_gpu, pinned, managed}} }
---   (one shard: the shards_count shards are alike), shards_count, time (sum over shards),
---   time_max, hbm, host, hit_rate | coverage, misses, distinct, ... }.
+--   (one shard: the shards_count shards are alike), sharding, placement, shards_count, time
+--   (sum over shards), hbm, host, distinct and lookups (a shard's, a batch), and managed: prefix,
+--   prefix_fraction, coverage, hints_seconds; cached: load_factor, slots, hit_rate, misses, policy,
+--   row_bytes, cache_seconds }.
 function M.option(t, ctx, opt)
   local r = ctx.r
   local sharding, place = opt.sharding or "table_wise", opt.placement
-  local g = geometry(t, ctx, sharding, opt.shards or ctx.world)
-  if sharding == "column_wise" and (t.dim % g.count ~= 0 or (t.dim / g.count) % 4 ~= 0) then
+  local count, Rs, sdim, L_pop, frac, bags = geometry(t, ctx, sharding, opt.shards or ctx.world)
+  if sharding == "column_wise" and (t.dim % count ~= 0 or (t.dim / count) % 4 ~= 0) then
     -- a run cuts such a dim into shards of two widths (uvmrec.dist.plan: the first ones a group
     -- of 4 wider); this model prices every shard alike
     local units = t.dim / 4
-    if g.count > units then
-      return nil, ("column_wise over %d shards needs dim %d to split into multiples of 4"):format(g.count, t.dim)
+    if count > units then
+      return nil, ("column_wise over %d shards needs dim %d to split into multiples of 4"):format(count, t.dim)
     end
-    local n_wide, narrow = units % g.count, 4 * math.floor(units / g.count)
+    local n_wide, narrow = units % count, 4 * math.floor(units / count)
     return nil, ("a run cuts dim %d into %d shards, %d of %d columns and %d of %d (uvmrec.dist.plan), and the "
-      .. "planner prices equal shards only"):format(t.dim, g.count, n_wide, narrow + 4, g.count - n_wide, narrow)
+      .. "planner prices equal shards only"):format(t.dim, count, n_wide, narrow + 4, count - n_wide, narrow)
   end
   if sharding == "data_parallel" and place ~= "device" then
     return nil, "data_parallel tables are device tables (every rank holds the whole table)"
   end
   local P = t.profile
   local es = ELEM[t.dtype]
-  local rbs, sbs = g.dim * es, M.state_bytes(t.optimizer, g.dim)
-  local Rs = g.rows
-  local U_pop = memo_get(t, "U", g.L_pop, 0) or memo_set(t, "U", g.L_pop, 0, P:distinct(g.L_pop))
-  local Ls, Us = g.frac * g.L_pop, g.frac * U_pop
-  local out = g.bags * g.dim * ctx.output_bytes
-  local o = { sharding = sharding, placement = place, shards_count = g.count, distinct = Us, lookups = Ls,
-              rows_per_shard = Rs }
+  local rbs, sbs = sdim * es, M.state_bytes(t.optimizer, sdim)
+  local U_pop = memo_get(t, "U", L_pop, 0) or memo_set(t, "U", L_pop, 0, P:distinct(L_pop))
+  local Ls, Us = frac * L_pop, frac * U_pop
+  local out = bags * sdim * ctx.output_bytes
+  -- the keys every option has, named in its constructor (shards, time, hbm and host are set at
+  -- the end): LuaJIT sizes it for 16 keys at once, room for a cached option's 7 more (grown key by
+  -- key it was rehashed twice; 70 options a table on 8 ranks)
+  local o = { sharding = sharding, placement = place, shards_count = count, distinct = Us, lookups = Ls,
+              shards = nil, time = nil, hbm = nil, host = nil }
   local mem = { device = { weights = 0, optimizer = 0, cache_slots = 0, cache_meta = 0, cache_scratch = 0,
                            outputs = 2 * out }, managed_on_gpu = 0, pinned = 0, managed = 0 }
   -- rows read from HBM (U_hbm) and in place over the link (U_link at rates Glink, Glink_u)
@@ -193,12 +198,12 @@ function M.option(t, ctx, opt)
   elseif place == "managed" then
     local h = opt.prefix or ceil((opt.prefix_fraction or 0) * Rs)
     h = min(max(h, 0), Rs)
-    local h_pop = h / g.frac
+    local h_pop = h / frac
     o.prefix, o.prefix_fraction = h, h / Rs
     o.coverage = P:top(h_pop)
-    local cold = memo_get(t, "C", g.L_pop, h_pop)
-                 or memo_set(t, "C", g.L_pop, h_pop, P:distinct_beyond(h_pop, g.L_pop))
-    U_link, Glink, Glink_u = g.frac * cold, r.Gm, r.Gmu
+    local cold = memo_get(t, "C", L_pop, h_pop)
+                 or memo_set(t, "C", L_pop, h_pop, P:distinct_beyond(h_pop, L_pop))
+    U_link, Glink, Glink_u = frac * cold, r.Gm, r.Gmu
     U_hbm = Us - U_link
     mem.managed_on_gpu = (h > 0 and pages(h * rbs, ctx.page_bytes) or 0)
                          + (h > 0 and sbs > 0 and pages(h * sbs, ctx.page_bytes) or 0)
@@ -216,12 +221,12 @@ function M.option(t, ctx, opt)
     -- cached table counts them (a rank's others are not counted: docs/planner.md)
     local staging = ctx.world > 1 and M.cache_staging(ctx, rbs + sbs) or { cache_slots = 0, cache_meta = 0 }
     local policy = opt.policy or ctx.policy
-    local hr = memo_get(t, policy, g.L_pop, S / g.frac)
+    local hr = memo_get(t, policy, L_pop, S / frac)
     if not hr then
-      hr = memo_set(t, policy, g.L_pop, S / g.frac, policy == "lru" and hitrate.lru(P, g.L_pop, S / g.frac)
-                    or hitrate.lfu(P, g.L_pop, S / g.frac))
+      hr = memo_set(t, policy, L_pop, S / frac, policy == "lru" and hitrate.lru(P, L_pop, S / frac)
+                    or hitrate.lfu(P, L_pop, S / frac))
     end
-    local misses = g.frac * hr.misses
+    local misses = frac * hr.misses
     o.load_factor, o.slots, o.hit_rate, o.misses, o.policy = c, S, hr.hit_rate, misses, policy
     o.row_bytes = rbs + sbs
     mem.device.cache_slots = S * (rbs + sbs) + staging.cache_slots
@@ -261,16 +266,16 @@ function M.option(t, ctx, opt)
   if W > 1 then
     local ob = ctx.output_bytes
     if sharding == "table_wise" or sharding == "column_wise" then
-      comm = ((W - 1) * B * hh * 8 + (W - 1) * B * 4) / r.a2a + 2 * (W - 1) * B * g.dim * ob / r.a2a
-      if sharding == "column_wise" and g.count > 1 and t.optimizer == "rowwise_adagrad" then
+      comm = ((W - 1) * B * hh * 8 + (W - 1) * B * 4) / r.a2a + 2 * (W - 1) * B * sdim * ob / r.a2a
+      if sharding == "column_wise" and count > 1 and t.optimizer == "rowwise_adagrad" then
         -- the whole row's sums of squares: one more pass over the ids, an all-reduce of rows x 4 bytes
         compute = compute + Ls * r.kb
         comm = comm + 2 * (W - 1) / W * Rs * 4 / r.ar
       end
     elseif sharding == "row_wise" then
-      comm = ((W - 1) * B * hh * 8 / W + (W - 1) * B * 4) / r.a2a + 2 * (W - 1) * B * g.dim * ob / r.rs
+      comm = ((W - 1) * B * hh * 8 / W + (W - 1) * B * 4) / r.a2a + 2 * (W - 1) * B * sdim * ob / r.rs
     elseif sharding == "data_parallel" then
-      comm = 2 * (W - 1) / W * Rs * g.dim * 4 / r.ar
+      comm = 2 * (W - 1) / W * Rs * sdim * 4 / r.ar
     end
   end
   local d = mem.device
@@ -281,8 +286,7 @@ function M.option(t, ctx, opt)
   -- one entry, not one a shard: a list of W copies made every option of a table O(W) (the
   -- fewest-GPUs search of an infeasible plan prices worlds of up to 65536 ranks)
   o.shards = { shard }
-  o.time, o.time_max, o.hbm, o.host = g.count * shard.time, shard.time, g.count * hbm, g.count * shard.host
-  o.fwd, o.bwd, o.cache_time = fwd, bwd, cache_time
+  o.time, o.hbm, o.host = count * shard.time, count * hbm, count * shard.host
   return o
 end
 
@@ -326,17 +330,14 @@ function M.options(t, ctx)
               :format(place)
           end
           if allowed and (not fx.placement or fx.placement == place) then
-            local base = { sharding = sh, shards = sh == "column_wise" and k or nil, placement = place }
+            local shards = sh == "column_wise" and k or nil
             local knob = FRACTION_OF[place]
             if knob then
               for _, f in ipairs(fx[knob] and { fx[knob] } or ctx.fractions) do
-                local o = {}
-                for kk, v in pairs(base) do o[kk] = v end
-                o[knob] = f
-                add(M.option(t, ctx, o))
+                add(M.option(t, ctx, { sharding = sh, shards = shards, placement = place, [knob] = f }))
               end
             else
-              add(M.option(t, ctx, base))
+              add(M.option(t, ctx, { sharding = sh, shards = shards, placement = place }))
             end
           end
         end

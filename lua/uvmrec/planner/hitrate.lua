@@ -27,25 +27,6 @@ local log1p = profile.log1p
 
 M.WAYS = 32
 
--- Per-class q (read in a batch) and log(1 - q), cached on the profile per L.
-local function batch_view(P, L)
-  P._bv = P._bv or {}
-  local v = P._bv[L]
-  if v then return v end
-  local q, lq = {}, {}
-  local u = 0
-  for i = 1, #P.n do
-    local qi = profile.seen(P.p[i], L)
-    q[i] = qi
-    lq[i] = qi >= 1 and -math.huge or log1p(-qi)
-    u = u + P.n[i] * qi
-  end
-  v = { q = q, lq = lq, distinct = u, L = L }
-  P._bv[L] = v
-  return v
-end
-M.batch_view = batch_view
-
 -- sum_i n_i (1 - (1 - q_i)^T) and sum_i n_i q_i (1 - q_i)^T (misses a batch) at T batches.
 local function occupancy(P, v, T)
   local n, q, lq = P.n, v.q, v.lq
@@ -64,19 +45,27 @@ function M.lru(P, L, slots) return M.lru_many(P, L, { slots })[1] end
 -- LRU at several cache sizes (slots each): T bracketed on a grid of log T computed once per
 -- profile and batch, then found by regula falsi (Illinois) in log space.
 function M.lru_many(P, L, sizes)
-  local v = batch_view(P, L)
+  local v = profile.batch(P, L)
   local U = v.distinct
   local support = 0
   for i = 1, #P.n do if v.q[i] > 0 then support = support + P.n[i] end end
+  -- the grid: log T = -12 .. 45, the occupancy at a point computed when a search first reads it
+  -- (a bisection over the points it rises through: a few of the 58 a size, not all of them a
+  -- profile); the bracket is the one a walk up the points finds
   local grid = v.lru_grid
   if not grid then
     grid = { lt = {}, c = {} }
-    for g = -12, 45 do
-      local lt = g
-      grid.lt[#grid.lt + 1] = lt
-      grid.c[#grid.c + 1] = (occupancy(P, v, exp(lt)))
-    end
+    for g = -12, 45 do grid.lt[#grid.lt + 1] = g end
     v.lru_grid = grid
+  end
+  local gl, gc = grid.lt, grid.c
+  local function at(k)
+    local c = gc[k]
+    if not c then
+      c = (occupancy(P, v, exp(gl[k])))
+      gc[k] = c
+    end
+    return c
   end
   local out = {}
   for j, slots in ipairs(sizes) do
@@ -87,11 +76,16 @@ function M.lru_many(P, L, sizes)
     elseif slots <= 0 then
       out[j] = { hit_rate = 0, misses = U, distinct = U, T = 0 }
     else
-      local gl, gc = grid.lt, grid.c
-      local k = 1
-      while k < #gl and gc[k + 1] < slots do k = k + 1 end
+      -- k: the last point before the first one at or above slots (the occupancy rises with T), or
+      -- the last point
+      local lo, hi = 2, #gl + 1
+      while lo < hi do
+        local mid = floor((lo + hi) / 2)
+        if at(mid) < slots then lo = mid + 1 else hi = mid end
+      end
+      local k = lo - 1
       local a, b = gl[k], gl[min(k + 1, #gl)]
-      local fa, fb = log(max(gc[k], 1e-300)) - log(slots), log(max(gc[min(k + 1, #gl)], 1e-300)) - log(slots)
+      local fa, fb = log(max(at(k), 1e-300)) - log(slots), log(max(at(min(k + 1, #gl)), 1e-300)) - log(slots)
       local T
       if fa >= 0 then T = exp(a)
       elseif fb <= 0 then T = exp(b)
@@ -259,7 +253,7 @@ end
 -- counts rank rows as their probabilities do; decay_batches D gives about 1.5 D).
 function M.lfu(P, L, slots, opts)
   opts = opts or {}
-  local v = batch_view(P, L)
+  local v = profile.batch(P, L)
   local U = v.distinct
   if U <= 0 then return { hit_rate = 1, misses = 0, distinct = 0 } end
   local ways = opts.ways or M.WAYS
@@ -302,7 +296,7 @@ end
 -- D: about 1.5 D batches), evaluated at a few batches of the window.
 function M.window(policy, P, L, slots, k0, k1, opts)
   opts = opts or {}
-  local v = batch_view(P, L)
+  local v = profile.batch(P, L)
   local st = M.rate(policy, P, L, slots, opts)
   local n, q, lq = P.n, v.q, v.lq
   local ks = {}

@@ -77,7 +77,8 @@ local function spread(o) return o.sharding == "row_wise" or o.sharding == "data_
 
 -- Flat arrays per item, for the inner loops: per option, total HBM, time and host bytes (H, T,
 -- X), a shard's HBM and time (SH, ST), whether it spreads over every rank (SP), its shard
--- count (SK) and its sharding as a number (FAM: changes within one keep the ranks).
+-- count (SK) and its sharding as a number (FAM: changes within one keep the ranks); and room
+-- for repair's downgrades by option (RV, RR).
 local function prep(items)
   if items.prepared then return end
   local fam = {}
@@ -91,6 +92,7 @@ local function prep(items)
       FAM[v] = fam[key]
     end
     it.H, it.T, it.X, it.SH, it.ST, it.SP, it.SK, it.FAM = H, T, X, SH, ST, SP, SK, FAM
+    it.RV, it.RR = {}, {} -- repair's downgrades, by option (ratio_move)
   end
   -- the pinned tables, placed before the others (their options are all table_wise: cost.options)
   local pinned = {}
@@ -145,6 +147,13 @@ M.prep = prep
 
 -- ---- partition ----
 
+-- A table_wise shard's ranks, {r}: one list a rank, shared by every partition (a list a table
+-- a partition was a sixth of the bytes 1000 tables on 8 ranks allocated); never written to.
+local ONE = setmetatable({}, { __index = function(one, r)
+  one[r] = { r }
+  return one[r]
+end })
+
 -- The ranks of the k column shards of the i-th table, in column order, where a run puts them
 -- (uvmrec.dist.plan: shard s on rank (i - 1 + s) mod W): a plan that put them on the least
 -- loaded ranks was refused by 'train --plan' ("the run would place it on 1,0").
@@ -194,7 +203,7 @@ function M.partition(items, choice, env, by_hbm)
                     ranks = ranks }
     end
     load[r], hbm[r] = load[r] + it.ST[c], hbm[r] + it.SH[c]
-    ranks[i] = { r }
+    ranks[i] = ONE[r]
   end
   local order = by_hbm and items.order_hbm or items.order_time
   local oi, ov = order[1], order[2]
@@ -205,17 +214,20 @@ function M.partition(items, choice, env, by_hbm)
     if c == ov[o] then
       local sh, st, k = it.SH[c], it.ST[c], it.SK[c]
       if k == 1 then
-        local best
+        -- the least loaded rank with room (the first of equals); best is a number throughout,
+        -- 0 for none (nil, then a rank, made this loop 7% slower in LuaJIT's traces)
+        local best, least = 0, 0
         for r = 1, W do
-          if hbm[r] + sh <= avail[r] and (not best or load[r] < load[best]) then best = r end
+          local l = load[r]
+          if hbm[r] + sh <= avail[r] and (best == 0 or l < least) then best, least = r, l end
         end
-        if not best then
+        if best == 0 then
           local room = 1
           for r = 2, W do if avail[r] - hbm[r] > avail[room] - hbm[room] then room = r end end
           return nil, { item = i, need = sh, at = o, rank = room, left = avail[room] - hbm[room], ranks = ranks }
         end
         load[best], hbm[best] = load[best] + st, hbm[best] + sh
-        ranks[i] = { best }
+        ranks[i] = ONE[best]
       else
         local rs = column_ranks(i, k, W)
         for _, r in ipairs(rs) do
@@ -245,8 +257,8 @@ local function improve(items, choice, env, p)
   local load, hbm, ranks = p.load, p.hbm, p.ranks
   local units = {}
   for i, it in ipairs(items) do
-    local o = it.options[choice[i]]
-    if not spread(o) and o.shards_count == 1 and not it.rank then units[#units + 1] = i end
+    local c = choice[i]
+    if not it.SP[c] and it.SK[c] == 1 and not it.rank then units[#units + 1] = i end
   end
   local swaps = #units <= 64
   for _ = 1, min(4 * #units + 4, 64) do
@@ -281,12 +293,12 @@ local function improve(items, choice, env, p)
     local si = items[bi].options[choice[bi]].shards[1]
     load[top], hbm[top] = load[top] - si.time, hbm[top] - si.hbm
     load[br], hbm[br] = load[br] + si.time, hbm[br] + si.hbm
-    ranks[bi] = { br }
+    ranks[bi] = ONE[br]
     if bj then
       local sj = items[bj].options[choice[bj]].shards[1]
       load[br], hbm[br] = load[br] - sj.time, hbm[br] - sj.hbm
       load[top], hbm[top] = load[top] + sj.time, hbm[top] + sj.hbm
-      ranks[bj] = { top }
+      ranks[bj] = ONE[top]
     end
   end
   return p
@@ -395,13 +407,24 @@ local function fill_best(items, choice, part, env, locked)
   return c1, p1
 end
 
--- A binary heap of moves by slope.
-local function heap_push(h, slope, i)
-  h[#h + 1] = { slope, i }
-  local k = #h
+-- A binary heap, least first by less(a, b) (h.less).
+local function heap_down(h, k)
+  local less, n = h.less, #h
+  while true do
+    local l, r, s = 2 * k, 2 * k + 1, k
+    if l <= n and less(h[l], h[s]) then s = l end
+    if r <= n and less(h[r], h[s]) then s = r end
+    if s == k then return end
+    h[s], h[k] = h[k], h[s]
+    k = s
+  end
+end
+local function heap_push(h, x)
+  h[#h + 1] = x
+  local less, k = h.less, #h
   while k > 1 do
     local p = math.floor(k / 2)
-    if h[p][1] <= h[k][1] then break end
+    if not less(h[k], h[p]) then break end
     h[p], h[k] = h[k], h[p]
     k = p
   end
@@ -411,16 +434,30 @@ local function heap_pop(h)
   if not top then return nil end
   h[1] = h[#h]
   h[#h] = nil
-  local k, n = 1, #h
-  while true do
-    local l, r, s = 2 * k, 2 * k + 1, k
-    if l <= n and h[l][1] < h[s][1] then s = l end
-    if r <= n and h[r][1] < h[s][1] then s = r end
-    if s == k then break end
-    h[s], h[k] = h[k], h[s]
-    k = s
-  end
-  return top[1], top[2]
+  heap_down(h, 1)
+  return top
+end
+
+-- The entries of xs (taken over) in the order less(a, b) gives, drawn as they are read:
+-- list:at(k) (nil past list.n), list:all() (every one, in order).  A heap built in O(n) and
+-- popped one entry at a time: the single changes read the first few of a plan's thousands before
+-- one improves or the threshold stops them, and sorting all of them each time (table.sort, its
+-- comparisons called back from C) was a tenth of the CPU of 1000 tables on 8 ranks.
+local Ordered = {}
+Ordered.__index = Ordered
+local function ordered(xs, less)
+  xs.less = less
+  for k = math.floor(#xs / 2), 1, -1 do heap_down(xs, k) end
+  return setmetatable({ n = #xs, heap = xs, out = {} }, Ordered)
+end
+function Ordered:at(k)
+  local out = self.out
+  while #out < k and self.heap[1] do out[#out + 1] = heap_pop(self.heap) end
+  return out[k]
+end
+function Ordered:all()
+  self:at(self.n)
+  return self.out
 end
 
 -- Downgrades until the choice fits (aggregate HBM, host memory, then the partition): each time
@@ -440,8 +477,11 @@ local function finishing(it, c, need)
   return lo
 end
 
--- The downgrade of item i from option c adding the least time per byte freed: v, ratio.
+-- The downgrade of item i from option c adding the least time per byte freed: v, ratio.  Without
+-- a bound on host memory it depends on (i, c) alone and is kept (it.RV, it.RR): every repair
+-- looked again at every table's, twice a proposal.
 local function ratio_move(it, c, host, host_limit)
+  if not host_limit and it.RV[c] ~= nil then return it.RV[c] or nil, it.RR[c] end
   local H, T, X = it.H, it.T, it.X
   local bv, br
   for v = 1, c - 1 do
@@ -450,6 +490,7 @@ local function ratio_move(it, c, host, host_limit)
       if not br or ratio < br then bv, br = v, ratio end
     end
   end
+  if not host_limit then it.RV[c], it.RR[c] = bv or false, br end
   return bv, br
 end
 
@@ -554,12 +595,12 @@ function M.greedy(items, env, opts)
   local hulls, hpos, choice = {}, {}, {}
   local agg, total_avail = 0, 0
   for r = 1, env.world do total_avail = total_avail + env.avail[r] end
-  local heap = {}
+  local heap = { less = function(a, b) return a[1] < b[1] end } -- moves {slope, item}
   local function push(i)
     local h, p = hulls[i], hpos[i]
     if p > 1 then
       local a, b = items[i].options[h[p - 1]], items[i].options[h[p]]
-      heap_push(heap, (a.time - b.time) / max(b.hbm - a.hbm, 1e-9), i)
+      heap_push(heap, { (a.time - b.time) / max(b.hbm - a.hbm, 1e-9), i })
     end
   end
   for i = 1, n do
@@ -595,8 +636,9 @@ function M.greedy(items, env, opts)
     lack = err
     local moved = false
     while not moved do
-      local _, i = heap_pop(heap)
-      if not i then break end
+      local move = heap_pop(heap)
+      if not move then break end
+      local i = move[2]
       local ops, h = items[i].options, hulls[i]
       local from, to = ops[h[hpos[i]]], ops[h[hpos[i] - 1]]
       -- a table whose next step would overrun host memory stays where it is
@@ -721,9 +763,8 @@ function M.greedy(items, env, opts)
       if a[1] ~= b[1] then return a[1] < b[1] end
       return a[2] < b[2]
     end
-    table.sort(ups, function(a, b) return order(a, b, true) end)
-    table.sort(downs, function(a, b) return order(a, b, false) end)
-    return ups, downs
+    return ordered(ups, function(a, b) return order(a, b, true) end),
+           ordered(downs, function(a, b) return order(a, b, false) end)
   end
 
   -- Single changes until none of them (or none of `threshold` in a row) beats cur.
@@ -732,8 +773,8 @@ function M.greedy(items, env, opts)
     while true do
       local ups, downs = changes_of(cur, mode)
       local improved = false
-      for k = 1, 2 * max(#ups, #downs) do
-        local cd = (k % 2 == 1 and ups or downs)[math.floor((k + 1) / 2)]
+      for k = 1, 2 * max(ups.n, downs.n) do
+        local cd = (k % 2 == 1 and ups or downs):at(math.floor((k + 1) / 2))
         local c = cd and propose(cur, { cd })
         if c then
           if c.cost < cur.cost * (1 - tol) then
@@ -764,6 +805,7 @@ function M.greedy(items, env, opts)
   -- pair's plan that beats cur, or nil.
   local function pair_phase(cur)
     local ups, downs = changes_of(cur, "hot")
+    downs = downs:all() -- sorted again below, by the time each byte freed costs
     local C = cur.choice
     -- the downgrades that pay: the other ranks' tables first, least time lost per byte freed
     local top_rank = 1
@@ -814,7 +856,7 @@ function M.greedy(items, env, opts)
       return 0
     end
     local list = {}
-    for k = 1, min(#ups, PAIRS) do list[#list + 1] = ups[k] end
+    for k = 1, min(ups.n, PAIRS) do list[#list + 1] = ups:at(k) end
     for k = 1, min(#downs, PAIRS) do list[#list + 1] = downs[k] end
     local cands = {}
     for a = 1, #list do
