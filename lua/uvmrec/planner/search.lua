@@ -346,46 +346,77 @@ end
 -- Upgrades that fit the room the partition left, most time saved per byte first, keeping each
 -- table's sharding and ranks.
 local function fill(items, choice, part, env, locked, by_gain)
-  local W, avail = env.world, env.avail
+  local W, avail, ranks = env.world, env.avail, part.ranks
+  local n = #items
   local slack = {}
   for r = 1, W do slack[r] = avail[r] - part.hbm[r] end
   local host_left = env.host and (env.host - host_of(items, choice)) or huge
-  while true do
-    local bi, bu, bratio
-    for i, it in ipairs(items) do
-      local c = choice[i]
-      local nops = #it.H
-      if c < nops and not (locked and locked[i]) then
-        local rs = part.ranks[i]
-        local room = huge
-        for j = 1, #rs do
-          local sl = slack[rs[j]]
-          if sl < room then room = sl end
-        end
-        local T, X, SH, FAM = it.T, it.X, it.SH, it.FAM
-        local fam, sh, t0, x0, nr = FAM[c], SH[c], T[c], X[c], #rs
-        for u = c + 1, nops do
-          if FAM[u] == fam then
-            local dh = SH[u] - sh
-            if dh <= room and X[u] - x0 <= host_left then
-              local ratio = by_gain and (t0 - T[u]) or (t0 - T[u]) / max(dh * nr, 1)
-              if not bratio or ratio > bratio then bi, bu, bratio = i, u, ratio end
-            end
+  -- each table's best upgrade at the room it has (up[i], or 0; gain[i], its ratio, or false), the
+  -- first of the best in the options' order, looked for again only where an upgrade changed the
+  -- room: on the ranks it took room on, or everywhere where host memory is bounded.  The pick is
+  -- then the first of the best over the tables, as one pass over every table's every upgrade
+  -- finds it; that pass a step (13.5 steps a fill at 1000 tables on 8 ranks a tenth of the way
+  -- from the least budget) was a quarter of the CPU there.
+  local up, gain = {}, {}
+  local function look(i)
+    local it, c = items[i], choice[i]
+    local nops = #it.H
+    local bu, bratio = 0, false
+    if c < nops and not (locked and locked[i]) then
+      local rs = ranks[i]
+      local room = huge
+      for j = 1, #rs do
+        local sl = slack[rs[j]]
+        if sl < room then room = sl end
+      end
+      local T, X, SH, FAM = it.T, it.X, it.SH, it.FAM
+      local fam, sh, t0, x0, nr = FAM[c], SH[c], T[c], X[c], #rs
+      for u = c + 1, nops do
+        if FAM[u] == fam then
+          local dh = SH[u] - sh
+          if dh <= room and X[u] - x0 <= host_left then
+            local ratio = by_gain and (t0 - T[u]) or (t0 - T[u]) / max(dh * nr, 1)
+            if not bratio or ratio > bratio then bu, bratio = u, ratio end
           end
         end
       end
+    end
+    up[i], gain[i] = bu, bratio
+  end
+  for i = 1, n do look(i) end
+  local touched = {}
+  while true do
+    local bi, bu, bratio
+    for i = 1, n do
+      local ratio = gain[i]
+      if ratio and (not bratio or ratio > bratio) then bi, bu, bratio = i, up[i], ratio end
     end
     if not bi then break end
     local it = items[bi]
     local c = choice[bi]
     local dh, dt = it.SH[bu] - it.SH[c], it.ST[bu] - it.ST[c]
-    for _, r in ipairs(part.ranks[bi]) do
+    for r = 1, W do touched[r] = false end
+    for _, r in ipairs(ranks[bi]) do
       slack[r] = slack[r] - dh
       part.hbm[r] = part.hbm[r] + dh
       part.load[r] = part.load[r] + dt
+      touched[r] = true
     end
     host_left = host_left - (it.X[bu] - it.X[c])
     choice[bi] = bu
+    for i = 1, n do
+      local again = i == bi or env.host ~= nil
+      if not again then
+        local rs = ranks[i]
+        for j = 1, #rs do
+          if touched[rs[j]] then
+            again = true
+            break
+          end
+        end
+      end
+      if again then look(i) end
+    end
   end
   return choice, part
 end
