@@ -176,7 +176,9 @@ describe("scripts/bench/ktrace_overlap.py", function()
     assert.matches("--ref '3:3': expected A:B, step indices with A < B", runs[2][1], 1, true)
     assert.matches("--mover 'loads': expected LABEL=REGEX", runs[3][1], 1, true)
   end)
+end)
 
+describe("scripts/bench/planner_b10.lua --time", function()
   -- planner_b10 --time at a budget given (--hbm), in a calibration given, one run: search_spec's
   -- 1000-table instance, one plan (docs/results.md's instruction counts)
   it("times the planner at a budget and calibration given, the runs asked for (planner_b10.lua --time)", function()
@@ -186,8 +188,9 @@ describe("scripts/bench/ktrace_overlap.py", function()
     assert.matches("\n     26      1   1.00 GiB ", out, 1, true)
     assert.matches("\n     26      2   1.00 GiB ", out, 1, true)
     for _, case in ipairs {
-      { "--hbm 1GiB --short", "--short and --hbm: the budget is half the least one's need, or the one given" },
-      { "--runs 0", "--runs: must be at least 1" },
+      { "--hbm 1GiB --short", "option '--short' can not be used together with option '--hbm'" },
+      { "--hbm 1GiB --at 0.2", "option '--at' can not be used together with option '--hbm'" },
+      { "--runs 0", "--runs: '0' is less than 1" },
       { "--hbm lots", "--hbm: 'lots' is not a size" },
       { "--calibration nope", "--calibration nope: calibration: " },
     } do

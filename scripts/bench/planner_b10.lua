@@ -41,7 +41,7 @@ local cmd = require("uvmrec.cli").command {
   { "--fraction F", "the hand-made cases' load factor and hot prefix", type = "number", default = 0.2,
     check = function(f) return f > 0 and f <= 1 and f or nil, "must be in (0, 1]" end },
   { "--hbm SIZE", "the planned case's HBM budget (default: what the hand-made cached case needs); with --time, "
-    .. "a rank's budget instead of --at's" },
+    .. "a rank's budget instead of --at's", check = require("uvmrec.lib").bytes },
   { "--steps N", "timed steps a case", type = "whole", default = 20 },
   { "--warmup N", "steps between hint intervals; the timing starts after two (2 x N steps)", type = "whole",
     default = 5 },
@@ -56,7 +56,9 @@ local cmd = require("uvmrec.cli").command {
     type = "number", default = 1 / 3,
     check = function(f) return f >= 0 and f <= 1 and f or nil, "must be in [0, 1]" end },
   { "--short", "with --time: time the answer to half the least budget (the error and the fewest GPUs)" },
-  { "--runs N", "with --time: plans a case, the least CPU kept", type = "whole", default = 3 },
+  { "--runs N", "with --time: plans a case, the least CPU kept (each of fresh profiles, cold)", type = "whole",
+    default = 3, min = 1 },
+  mutex = { { "--short", "--hbm" }, { "--at", "--hbm" } },
 }
 local o = cmd:parse(arg)
 local function record(t)
@@ -69,14 +71,7 @@ if o.time then
   -- synthetic tables as search_spec's: rows 1e2..1e7, dims 16..128, Zipf 0.8..1.3, rowwise Adagrad
   local cal, cerr = planner.calib.find(o.calibration or "h200")
   if not cal then cmd:misuse(("--calibration %s: %s"):format(o.calibration or "h200", tostring(cerr))) end
-  local fixed_budget
-  if o.hbm then
-    local berr
-    fixed_budget, berr = planner.bytes(o.hbm)
-    if not fixed_budget then cmd:misuse(("--hbm: %s"):format(tostring(berr))) end
-    if o.short then cmd:misuse("--short and --hbm: the budget is half the least one's need, or the one given") end
-  end
-  if o.runs < 1 then cmd:misuse("--runs: must be at least 1") end
+  local fixed_budget = o.hbm
   print(("planner time (CPU seconds of this process; wall; load average %s), commit %s, %s"):format(load_avg(),
     commit(), os.date("!%Y-%m-%d")))
   print(("%7s %6s %10s %10s %10s %10s %12s"):format("tables", "ranks", "budget", "cpu s", "wall s", "proposals",
@@ -93,7 +88,10 @@ if o.time then
     return t
   end
   local counts, worlds = list(o.tables, "tables"), list(o.ranks, "ranks")
-  for _, n in ipairs(counts) do
+  -- n tables and their profiles, made afresh for each timed plan: a profile keeps what the
+  -- planner computed from it (its classes' chances per batch size, the LRU grid), which a plan
+  -- before would have warmed
+  local function tables_of(n)
     math.randomseed(7)
     local tables, profiles = {}, {}
     for i = 1, n do
@@ -102,6 +100,10 @@ if o.time then
       tables[i] = { name = "T" .. i, rows = rows, dim = dim, optimizer = "rowwise_adagrad" }
       profiles["T" .. i] = planner.profile.zipf { rows = rows, s = 0.8 + 0.5 * math.random(), hot = 1 }
     end
+    return tables, profiles
+  end
+  for _, n in ipairs(counts) do
+    local tables, profiles = tables_of(n)
     for _, W in ipairs(worlds) do
       -- a budget a rank --at of the way (a third) from the smallest plan's need to the all-in-HBM
       -- one's; with --short, half the smallest plan's need; with --hbm, that one
@@ -121,6 +123,7 @@ if o.time then
       end
       local best = nil
       for _ = 1, o.runs do
+        tables, profiles = tables_of(n)
         local c0, w0 = os.clock(), clock()
         local p, err, pinfo = planner.plan(tables, profiles, budget, popts)
         local r = { cpu = os.clock() - c0, wall = clock() - w0 }

@@ -152,6 +152,10 @@ local function memo_set(t, kind, k1, k2, v)
   return v
 end
 
+-- The parts of an option's device bytes (M.option's mem.device), in the order a rank's are
+-- summed (planner.build, after them the rank's dense part, pipeline and reserve).
+M.DEVICE_PARTS = { "weights", "optimizer", "cache_slots", "cache_meta", "cache_scratch", "outputs" }
+
 -- The choice `opt` {sharding, shards (column_wise), placement, prefix (managed: rows of each
 -- shard, or prefix_fraction), load_factor (cached)} for table t.  Returns
 -- { shards = { {time, compute, comm, hbm, mem = {device = {...}, managed_on_gpu, pinned, managed}} }

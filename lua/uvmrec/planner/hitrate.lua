@@ -42,8 +42,9 @@ end
 -- LRU by Che's approximation.  Returns {hit_rate, misses (rows a batch), distinct, T}.
 function M.lru(P, L, slots) return M.lru_many(P, L, { slots })[1] end
 
--- LRU at several cache sizes (slots each): T bracketed on a grid of log T computed once per
--- profile and batch, then found by regula falsi (Illinois) in log space.
+-- LRU at several cache sizes (slots each): T bracketed on a grid of log T kept per profile and
+-- batch (each point's occupancy computed when first read), then found by regula falsi (Illinois)
+-- in log space.
 function M.lru_many(P, L, sizes)
   local v = profile.batch(P, L)
   local U = v.distinct

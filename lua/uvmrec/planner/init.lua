@@ -193,13 +193,12 @@ local function setup(tables, profiles, budget, opts)
       return nil, ("planner: table %s: no choice satisfies its fixed settings (%s)%s"):format(t.name,
         json.encode(t.fixed or {}), #reasons > 0 and ("; " .. table.concat(reasons, "; ")) or "")
     end
-    -- the frontier of the choices without a cache, for the plan without one (M.plan: its room is
-    -- this one, the cache's room given back); the other choices are let go here (1000 tables on 8
-    -- ranks keep 6.5 of 51 a table, where all were held, and walked by every pass of the collector)
+    -- the choices without a cache, for the plan without one (M.plan), cut to their frontier
+    -- below; the others are let go here (1000 tables on 8 ranks keep 6.5 of 51 a table in the two
+    -- frontiers, where all were held, and walked by every pass of the collector)
     local no_cache = {}
     for _, o in ipairs(options) do if o.placement ~= "cached" then no_cache[#no_cache + 1] = o end end
-    items[i] = { name = t.name, options = search.frontier(options, B - fixed_total), table = t,
-                 no_cache = search.frontier(no_cache, B - fixed_total),
+    items[i] = { name = t.name, options = search.frontier(options, B - fixed_total), table = t, no_cache = no_cache,
                  rank = t.fixed and t.fixed.rank and t.fixed.rank + 1, not_offered = why }
   end
   -- On one rank a cache scratches over the whole batch's values, whichever tables it holds, and
@@ -220,6 +219,8 @@ local function setup(tables, profiles, budget, opts)
   end
   local avail = {}
   for r = 1, world do avail[r] = B - fixed_total end
+  -- the plan without a cache has the cache's room back (M.plan: uncached)
+  for _, it in ipairs(items) do it.no_cache = search.frontier(it.no_cache, avail[1] + (fixed.cache_room or 0)) end
   return { ctx = ctx, calib = cal, budget = B, world = world, tables = cts, items = items, dense = dense,
            loader = loader,
            pipe = pipe, fixed = fixed, fixed_total = fixed_total, avail = avail, host_limit = host_limit,
@@ -443,10 +444,10 @@ function M.plan(tables, profiles, budget, opts)
     for r, a in ipairs(S.avail) do avail[r] = a + (S.fixed.cache_room or 0) end
     local items = {}
     for i, it in ipairs(S.items) do
-      local keep = it.no_cache -- the frontier at avail[1] (planner.setup)
-      if #keep == 0 then return nil end
-      items[i] = { name = it.name, options = keep, table = it.table, no_cache = keep,
-                   rank = it.rank, not_offered = it.not_offered }
+      if #it.no_cache == 0 then return nil end
+      -- the frontier at avail[1] (setup)
+      items[i] = { name = it.name, options = it.no_cache, table = it.table, rank = it.rank,
+                   not_offered = it.not_offered }
     end
     local best, why, stats = run(items, avail)
     if stats == "stopped" then return nil, nil, why end
@@ -516,9 +517,10 @@ local function config_keys(name, o, hbm_gpu)
   return k, flat
 end
 
--- A rank's device bytes, by part (M.build's ranks[r].device).
-local DEVICE_PARTS = { "weights", "optimizer", "cache_slots", "cache_meta", "cache_scratch", "outputs", "dense",
-                       "pipeline", "reserve" }
+-- A rank's device bytes, by part (M.build's ranks[r].device): its tables' options' parts, then
+-- the rank's own.
+local DEVICE_PARTS = { unpack(cost.DEVICE_PARTS) }
+for _, k in ipairs({ "dense", "pipeline", "reserve" }) do DEVICE_PARTS[#DEVICE_PARTS + 1] = k end
 
 function M.build(S, best, stats)
   local ctx = S.ctx

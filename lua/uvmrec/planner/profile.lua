@@ -304,8 +304,8 @@ end
 -- cache's hit rates (planner.hitrate) and a managed prefix's cold rows (distinct_beyond) read them
 -- here instead of taking a logarithm and an exponential a class each time.
 function M.batch(P, L)
-  local views = P._bv
-  if not views then views = {} P._bv = views end
+  local views = P._batch
+  if not views then views = {} P._batch = views end
   local v = views[L]
   if v then return v end
   local q, lq = {}, {}
@@ -321,9 +321,10 @@ function M.batch(P, L)
   return v
 end
 
--- Expected distinct rows among L lookups, from the classes alone.
+-- Expected distinct rows among L lookups, from the classes alone (M.batch's sum, where a view at
+-- L is kept; not made here: a profile asked at many L would keep a view at each).
 function Profile:distinct_raw(L)
-  local v = self._bv and self._bv[L]
+  local v = self._batch and self._batch[L]
   if v then return v.distinct end
   local s = 0
   local n, p = self.n, self.p

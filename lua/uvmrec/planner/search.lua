@@ -168,7 +168,8 @@ M.column_ranks = column_ranks
 -- {load, hbm, ranks = {[i] = {r, ...}}} or nil, {item, need, at, rank, left, ranks} when a
 -- shard finds no room (at: its place in the order walked, 0 for the spread and pinned shards
 -- placed before it; rank: the rank it was to go on, or the roomiest, with `left` bytes there;
--- ranks: the shards placed so far, for a message naming what the rank holds).
+-- ranks: the shards placed so far, for a message naming what the rank holds).  A table_wise
+-- shard's list is ONE[r], shared by every partition: read it, never write to it.
 function M.partition(items, choice, env, by_hbm)
   prep(items)
   local W, avail = env.world, env.avail
@@ -470,7 +471,7 @@ local function heap_pop(h)
 end
 
 -- The entries of xs (taken over) in the order less(a, b) gives, drawn as they are read:
--- list:at(k) (nil past list.n), list:all() (every one, in order).  A heap built in O(n) and
+-- list:at(k) (nil past list.n), list:entries() (every one, in no order).  A heap built in O(n) and
 -- popped one entry at a time: the single changes read the first few of a plan's thousands before
 -- one improves or the threshold stops them, and sorting all of them each time (table.sort, its
 -- comparisons called back from C) was a tenth of the CPU of 1000 tables on 8 ranks.
@@ -486,14 +487,13 @@ function Ordered:at(k)
   while #out < k and self.heap[1] do out[#out + 1] = heap_pop(self.heap) end
   return out[k]
 end
-function Ordered:all()
-  self:at(self.n)
-  return self.out
+function Ordered:entries()
+  local all = {}
+  for k, x in ipairs(self.out) do all[k] = x end
+  for _, x in ipairs(self.heap) do all[#all + 1] = x end
+  return all
 end
 
--- Downgrades until the choice fits (aggregate HBM, host memory, then the partition): each time
--- the move, among tables not locked, that adds the least time per byte it frees.  Returns the
--- partition, or nil when no move is left.
 -- The option of item `it` below index c with the most HBM that frees at least `need` bytes
 -- (the fastest such: frontiers get faster as they grow), or nil.
 local function finishing(it, c, need)
@@ -745,9 +745,9 @@ function M.greedy(items, env, opts)
   end
 
   -- Every single change from cur: upgrades (faster options) and downgrades, each {i, u, key},
-  -- in the order of `mode`: "gain" (time saved, time lost), "hot" (the slowest rank's tables
-  -- first), "hot_est" (as hot, each net of its bytes at the cheapest byte to free or the most
-  -- useful byte to take).
+  -- as two Ordered lists (list:at(k), list.n, list:entries()) in the order of `mode`: "gain"
+  -- (time saved, time lost), "hot" (the slowest rank's tables first), "hot_est" (as hot, each
+  -- net of its bytes at the cheapest byte to free or the most useful byte to take).
   local function changes_of(cur, mode)
     local slowest_first, estimate = mode == "hot" or mode == "hot_est", mode == "hot_est"
     local hot = {}
@@ -836,7 +836,7 @@ function M.greedy(items, env, opts)
   -- pair's plan that beats cur, or nil.
   local function pair_phase(cur)
     local ups, downs = changes_of(cur, "hot")
-    downs = downs:all() -- sorted again below, by the time each byte freed costs
+    downs = downs:entries() -- sorted below, by the time each byte freed costs
     local C = cur.choice
     -- the downgrades that pay: the other ranks' tables first, least time lost per byte freed
     local top_rank = 1
