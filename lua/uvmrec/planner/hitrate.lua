@@ -50,20 +50,21 @@ function M.lru_many(P, L, sizes)
   local U = v.distinct
   local support = 0
   for i = 1, #P.n do if v.q[i] > 0 then support = support + P.n[i] end end
-  -- the grid: log T = -12 .. 45, the occupancy at a point computed when a search first reads it
-  -- (a bisection over the points it rises through: a few of the 58 a size, not all of them a
-  -- profile); the bracket is the one a walk up the points finds
-  local grid = v.lru_grid
-  if not grid then
-    grid = { lt = {}, c = {} }
-    for g = -12, 45 do grid.lt[#grid.lt + 1] = g end
-    v.lru_grid = grid
+  -- the grid: point k (1 .. NG) at log T = k - 13 (-12 .. 45), its occupancy kept per profile and
+  -- batch, computed when a search first reads it (a bisection over the points it rises through:
+  -- a few of the 58 a size, not all of them a profile); the bracket is the one a walk up the
+  -- points finds
+  local NG = 58
+  local function lt(k) return k - 13 end
+  local gc = v.lru_grid
+  if not gc then
+    gc = {}
+    v.lru_grid = gc
   end
-  local gl, gc = grid.lt, grid.c
   local function at(k)
     local c = gc[k]
     if not c then
-      c = (occupancy(P, v, exp(gl[k])))
+      c = (occupancy(P, v, exp(lt(k))))
       gc[k] = c
     end
     return c
@@ -79,14 +80,14 @@ function M.lru_many(P, L, sizes)
     else
       -- k: the last point before the first one at or above slots (the occupancy rises with T), or
       -- the last point
-      local lo, hi = 2, #gl + 1
+      local lo, hi = 2, NG + 1
       while lo < hi do
         local mid = floor((lo + hi) / 2)
         if at(mid) < slots then lo = mid + 1 else hi = mid end
       end
       local k = lo - 1
-      local a, b = gl[k], gl[min(k + 1, #gl)]
-      local fa, fb = log(max(at(k), 1e-300)) - log(slots), log(max(at(min(k + 1, #gl)), 1e-300)) - log(slots)
+      local a, b = lt(k), lt(min(k + 1, NG))
+      local fa, fb = log(max(at(k), 1e-300)) - log(slots), log(max(at(min(k + 1, NG)), 1e-300)) - log(slots)
       local T
       if fa >= 0 then T = exp(a)
       elseif fb <= 0 then T = exp(b)
