@@ -111,7 +111,7 @@ describe("planner.search", function()
   end)
 
   -- The search's CPU on this machine, two ways: 1000 tables on 8 ranks in under 2 s, and in at
-  -- most 20 times the CPU of their first 100 in a tenth of the budget (8 to 11 times here: it
+  -- most 20 times the CPU of their first 100 in a tenth of the budget (7 to 12 times here: it
   -- grows about as the tables do, where a step quadratic in them would make it 100, on any
   -- machine).  Each the best of a few plans: a shared machine's other work only adds to a run
   -- (one run of the fresh-clone CI failed at 2.03 s, when this code took 1.5 to 2.1 s here and
