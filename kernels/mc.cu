@@ -85,7 +85,7 @@ __device__ void cand_add(const ur__mc_table &t, int64_t id, int32_t mult, int64_
       }
     }
     if (k == id) {
-      atomicAdd(&t.ccount[s], mult);
+      add_i64(&t.ccount[s], mult);
       atomicExch(reinterpret_cast<ull *>(&t.clast[s]), (ull)step);
       return;
     }
@@ -105,13 +105,14 @@ __device__ int feature_of(const int64_t *bag_start, int F, int64_t bag) {
 }
 
 /* A thread per bag; every lane of a warp runs the same number of iterations, so the warp can
- * sum its counts per table. */
+ * sum its counts per table: in 32 bits, which 32 lanes' counts below 2^26 cannot overflow; a
+ * lane that counted more (a VBE bag of many ids read by many samples) adds its own. */
 __global__ void remap(ur__mc_batch b) {
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t base = (int64_t)blockIdx.x * blockDim.x; base < b.bags; base += stride) {
     int64_t bag = base + threadIdx.x;
     int key = -1;
-    unsigned res = 0, fb = 0;
+    int64_t res = 0, fb = 0;
     if (bag < b.bags) {
       int f = feature_of(b.bag_start, b.F, bag);
       int ti = b.feat_table[f];
@@ -129,22 +130,30 @@ __global__ void remap(ur__mc_batch b) {
           if (row >= 0) {
             b.out[v] = row;
             if (count) {
-              atomicAdd(&t.window[row], mult);
+              add_i64(&t.window[row], mult);
               atomicExch(reinterpret_cast<ull *>(&t.last[row]), (ull)b.step);
-              res += (unsigned)mult;
+              res += mult;
             }
           } else {
             b.out[v] = ur__mc_fallback_row(&t, id);
-            if (count) fb += (unsigned)mult;
+            if (count) fb += mult;
             if (admit && id != UR__MC_EMPTY) cand_add(t, id, mult, b.step);
           }
         }
         if (count && (res || fb)) key = ti;
       }
     }
+    const int64_t kLane = (int64_t)1 << 26;
+    if (key >= 0 && (res >= kLane || fb >= kLane)) {
+      const ur__mc_table &t = b.tables[key];
+      add_i64(&t.info[UR__MI_LOOKUPS], res + fb);
+      add_i64(&t.info[UR__MI_RESIDENT], res);
+      add_i64(&t.info[UR__MI_FALLBACK], fb);
+      res = fb = 0;
+    }
     unsigned group = __match_any_sync(0xffffffffu, key);
-    unsigned rsum = __reduce_add_sync(group, res), fsum = __reduce_add_sync(group, fb);
-    if (key >= 0 && (threadIdx.x & 31) == __ffs(group) - 1) {
+    unsigned rsum = __reduce_add_sync(group, (unsigned)res), fsum = __reduce_add_sync(group, (unsigned)fb);
+    if (key >= 0 && (rsum || fsum) && (threadIdx.x & 31) == __ffs(group) - 1) {
       const ur__mc_table &t = b.tables[key];
       add_i64(&t.info[UR__MI_LOOKUPS], (int64_t)rsum + (int64_t)fsum);
       add_i64(&t.info[UR__MI_RESIDENT], (int64_t)rsum);
@@ -175,7 +184,7 @@ __global__ void reindex_rows(ur__mc_table t, int64_t occupied) {
 }
 
 /* Inserts n distinct candidates (ids, counts, lasts) into t's map, empty of them. */
-__global__ void cand_insert(ur__mc_table t, const int64_t *ids, const int32_t *cnt,
+__global__ void cand_insert(ur__mc_table t, const int64_t *ids, const int64_t *cnt,
                             const int64_t *last, int64_t n) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
@@ -264,7 +273,7 @@ __global__ void assign(ur__mc_table t, const int64_t *cslots, const int64_t *fre
        j += (int64_t)gridDim.x * blockDim.x) {
     int64_t row = j < ev ? freed[j] : occupied + (j - ev), s = cslots[j];
     t.ids[row] = t.ckeys[s];
-    t.counts[row] = evict ? ur__mc_decayed(0, t.ccount[s], decay) : (int64_t)t.ccount[s] * UR__MC_ONE;
+    t.counts[row] = ur__mc_decayed(0, t.ccount[s], evict ? decay : 1.0);
     t.window[row] = 0;
     t.last[row] = t.clast[s];
   }
@@ -272,7 +281,7 @@ __global__ void assign(ur__mc_table t, const int64_t *cslots, const int64_t *fre
 
 /* The candidates ranked from `from` on, copied aside before the map is cleared. */
 __global__ void keep_left(ur__mc_table t, const int64_t *cslots, int64_t from, int64_t n,
-                          int64_t *ids, int32_t *cnt, int64_t *last) {
+                          int64_t *ids, int64_t *cnt, int64_t *last) {
   for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n;
        j += (int64_t)gridDim.x * blockDim.x) {
     int64_t s = cslots[from + j];
@@ -288,8 +297,8 @@ struct Layout {
   uint64_t *ka, *kb;            /* [M] sort keys */
   int64_t *va, *vb;             /* [M] sort values (slots or rows) */
   int64_t *freed;               /* [M] the rows freed, ascending */
-  int64_t *kid, *klast;         /* [Q] candidates kept after a fill */
-  int32_t *kcnt, *flags;        /* [Q], [M] */
+  int64_t *kid, *kcnt, *klast;  /* [Q] candidates kept after a fill */
+  int32_t *flags;               /* [M] */
   int64_t *small;               /* [4] counts from the device */
   void *cub;
   size_t cub_bytes, total;
@@ -306,7 +315,7 @@ cudaError_t carve(const ur__mc_table &t, char *base, Layout *L) {
   L->freed = (int64_t *)cv.take((size_t)mm * 8);
   L->kid = (int64_t *)cv.take((size_t)q * 8);
   L->klast = (int64_t *)cv.take((size_t)q * 8);
-  L->kcnt = (int32_t *)cv.take((size_t)q * 4);
+  L->kcnt = (int64_t *)cv.take((size_t)q * 8);
   L->flags = (int32_t *)cv.take((size_t)mm * 4);
   L->small = (int64_t *)cv.take(4 * 8);
   size_t c = 0, best = 0;
@@ -422,7 +431,7 @@ cudaError_t round_run(cudaStream_t s, const ur__mc_table &t, ur__mc_round *r) {
   if (left > 0)
     keep_left<<<blocks_for(left), kThreads, 0, s>>>(t, cranked, adm, left, L.kid, L.kcnt, L.klast);
   TRY(cudaMemsetAsync(t.ckeys, 0xFF, (size_t)q * 8, s));
-  TRY(cudaMemsetAsync(t.ccount, 0, (size_t)q * 4, s));
+  TRY(cudaMemsetAsync(t.ccount, 0, (size_t)q * 8, s));
   TRY(cudaMemsetAsync(t.clast, 0, (size_t)q * 8, s));
   if (left > 0) cand_insert<<<blocks_for(left), kThreads, 0, s>>>(t, L.kid, L.kcnt, L.klast, left);
   TRY(cudaMemcpyAsync(&t.info[UR__MI_CAND], &left, 8, cudaMemcpyHostToDevice, s));

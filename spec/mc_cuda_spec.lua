@@ -92,6 +92,41 @@ describe("uvmrec.mc on the GPU", function()
     assert.equal(1, assert(g:stats()).skipped)
   end)
 
+  cuda_it("counts a resident id's lookups past 2^31 as the CPU does (a lane's past 2^26 added apart)", function()
+    -- bag 0: 40,000 copies of id 5 read by 65,534 samples; bags 1-2 small, in the same warp
+    local cfg = { device = 0, policy = "lfu", evict_every = 1000,
+                  tables = { { name = "t", rows = 3, fallback_rows = 1, features = { "a" } } } }
+    local g = assert(mc.new(cfg))
+    cfg.device = "cpu"
+    local c = assert(mc.new(cfg))
+    local function i64(list)
+      local t = ur.tensor({ #list }, { dtype = "i64" })
+      for i, v in ipairs(list) do t:set(i - 1, v) end
+      return t
+    end
+    local N = 40000
+    local vals = ur.tensor({ N + 3 }, { dtype = "i64" }):fill(5)
+    vals:set(N, 7)
+    vals:set(N + 1, 8)
+    vals:set(N + 2, 7)
+    local offs, inv = i64 { 0, N, N + 1, N + 3 }, ur.tensor({ 65536 }, { dtype = "i64" }):fill(0)
+    inv:set(65534, 1)
+    inv:set(65535, 2)
+    for step, b in ipairs { { values = i64 { 5, 7 }, offsets = i64 { 0, 2 } },
+                            { values = vals, offsets = offs, batch_per_feature = { 3 }, inverse = inv },
+                            { values = i64 { 8 }, offsets = i64 { 0, 1 } } } do
+      local d = { batch_per_feature = b.batch_per_feature }
+      for _, k in ipairs { "values", "offsets", "inverse" } do d[k] = b[k] and assert(b[k]:to("device")) end
+      same_list(host_list(assert(g:remap(d))), assert(c:remap(b)):totable(), "step " .. step)
+      compare(g, c, "step " .. step)
+    end
+    assert.equal(40000 * 65534, assert(c:state("t")).window:get(0))
+    assert(g:round("t"))
+    assert(c:round("t"))
+    compare(g, c, "the round")
+    assert.same({ 0 }, (g:lookup("t", { 5 })))
+  end)
+
   cuda_it("makes the same decisions run to run", function()
     local runs = {}
     for run = 1, 2 do

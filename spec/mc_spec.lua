@@ -348,6 +348,85 @@ describe("uvmrec.mc", function()
     for _, key in ipairs(mc.STATE_COUNTS) do assert.equal(ea[key], eb[key], key) end
   end)
 
+  it("counts a resident id's lookups past 2^31 between rounds, and ranks it by all of them", function()
+    -- a bag of 40,000 copies of id 5 read by 65,535 samples (VBE): 2,621,400,000 lookups in one
+    -- batch; in 32 bits the window wrapped negative and a round gave id 5's row to an id seen once
+    local m = assert(mc.new{ tables = { { name = "t", rows = 2, fallback_rows = 1, features = { "a" } } },
+                             policy = "lfu", evict_every = 1000, device = "cpu" })
+    assert(m:remap{ values = i64 { 5 }, offsets = i64 { 0, 1 } }) -- a candidate, filled in before the next
+    local N = 40000
+    local vals = ur.tensor({ N + 1 }, { dtype = "i64" }):fill(5)
+    vals:set(N, 7)
+    local inv = ur.tensor({ 65536 }, { dtype = "i64" }):fill(0)
+    inv:set(65535, 1)
+    assert(m:remap{ values = vals, offsets = i64 { 0, N, N + 1 }, batch_per_feature = { 2 }, inverse = inv })
+    local st = assert(m:state("t"))
+    assert.same({ 5, 40000 * 65535 }, { st.ids:get(0), st.window:get(0) })
+    assert.equal("i64", st.window:dtype())
+    local s = assert(m:stats())
+    assert.same({ 40000 * 65535 + 2, 40000 * 65535, 2 }, { s.lookups, s.resident_lookups, s.fallback_lookups })
+    assert(m:remap{ values = i64 { 7 }, offsets = i64 { 0, 1 } }) -- id 7 a candidate again
+    assert(m:round("t"))
+    local rows, resident = m:lookup("t", { 5, 7 })
+    assert.same({ 0, 1 }, rows)
+    assert.same({ true, false }, resident, "id 5 keeps its row")
+    -- decayed, its count is (1 + 2,621,400,000) lookups x 65536 x 0.5, exact in 64 bits
+    assert.equal((1 + 40000 * 65535) * 65536 / 2, assert(m:state("t")).counts:get(0))
+  end)
+
+  it("restores a state saved with 32-bit lookup counts (window, cand_counts)", function()
+    local r = h.rng(12)
+    local cfg = random_config(r, "lfu")
+    local a = assert(mc.new(cfg))
+    local ref = R.new(cfg)
+    for step = 1, 10 do
+      local batch = random_batch(r, ref, 8, step)
+      ref:remap(batch, true)
+      a:remap(ur.KJT(R.kjt_fields(cfg.features, batch)))
+    end
+    local b = assert(mc.new(cfg))
+    for _, name in ipairs(a.table_names) do
+      local st = assert(a:state(name))
+      for _, key in ipairs { "window", "cand_counts" } do
+        local narrow = ur.tensor({ st[key]:numel() }, { dtype = "i32" })
+        for i = 0, st[key]:numel() - 1 do narrow:set(i, st[key]:get(i)) end
+        st[key] = narrow
+      end
+      assert(b:load_state(name, st))
+      local sa, sb = assert(a:state(name)), assert(b:state(name))
+      for _, key in ipairs(mc.STATE_TENSORS) do
+        same_list(totable_n(sb[key]), totable_n(sa[key]), name .. "." .. key)
+      end
+    end
+  end)
+
+  it("leaves a table's map as it was when a restore cannot have its memory", function()
+    local m = assert(mc.new{ tables = { { name = "t", rows = 9, fallback_rows = 1 } }, evict_every = 100,
+                             device = "cpu" })
+    assert(m:remap(ur.KJT{ keys = { "t" }, values = { 100, 101, 102 }, lengths = { 1, 1, 1 } }))
+    assert(m:remap(ur.KJT{ keys = { "t" }, values = { 100, 103 }, lengths = { 1, 1 } }))
+    local before, rows = assert(m:state("t")), m:lookup("t", { 100, 101, 102, 103 })
+    assert.same({ 0, 1, 2, 8 }, rows, "103 a candidate, the others resident")
+    local other = assert(mc.new{ tables = { { name = "t", rows = 9, fallback_rows = 1 } }, evict_every = 100,
+                                 device = "cpu" })
+    assert(other:remap(ur.KJT{ keys = { "t" }, values = { 1, 2 }, lengths = { 1, 1 } }))
+    assert(other:remap(ur.KJT{ keys = { "t" }, values = { 3 }, lengths = { 1 } }))
+    local st = assert(other:state("t"))
+    -- batches of 2^40 ids (as a checkpoint may say): a map sized for them, 2^43 slots, is more
+    -- than the host has; the state is one the engine could have made, so the check passes
+    st.batch_max, st.slots = 2 ^ 40, 0
+    assert.is_nil(m:check_state("t", st))
+    local ok, err = m:load_state("t", st)
+    assert.is_nil(ok)
+    assert.equal("mc: out of host memory for the 8796093022208 candidate slots of table 't'", err)
+    local after = assert(m:state("t"))
+    for _, key in ipairs(mc.STATE_TENSORS) do same_list(totable_n(after[key]), totable_n(before[key]), key) end
+    for _, key in ipairs(mc.STATE_COUNTS) do assert.equal(before[key], after[key], key) end
+    assert.same(rows, (m:lookup("t", { 100, 101, 102, 103 })))
+    assert(m:remap(ur.KJT{ keys = { "t" }, values = { 104 }, lengths = { 1 } })) -- and it works on
+    assert.same({ 0, 1, 2, 3 }, (m:lookup("t", { 100, 101, 102, 103 })))
+  end)
+
   it("computes distance_lfu's power with the engine's exp and log", function()
     for _, x in ipairs { 1, 2, 3.5, 17, 1000, 123456 } do
       h.near(R.exp(1.5 * R.log(x)), x ^ 1.5, 1e-14, "x^1.5 at " .. x)
@@ -405,7 +484,16 @@ describe("uvmrec.mc", function()
       assert.truthy(msg(function() m:remap{ values = v, offsets = i64 { 0, 2, 1, 1, 3 } } end)
         :find("mc: offsets[2] = 1 is below offsets[1] = 2; offsets must not decrease", 1, true))
       assert.truthy(msg(function() m:remap{ values = v, offsets = i64 { 0, 2, 3 }, batch_per_feature = { 1, 2 } } end)
-        :find("mc: batch_per_feature sums to 3, but offsets hold 2 bags", 1, true))
+        :find("mc: batch_per_feature sums to more than the 2 bags offsets hold (2 at feature 1, after 1)", 1, true))
+      assert.truthy(msg(function() m:remap{ values = v, offsets = i64 { 0, 2, 3 }, batch_per_feature = { 1, 0 } } end)
+        :find("mc: batch_per_feature sums to 1, but offsets hold 2 bags", 1, true))
+      -- sums that would wrap past 2^63 to the bags' count are refused before any is read
+      local five = assert(mc.new{ tables = { { name = "t", rows = 5, features = { "a", "b", "c", "d", "e" } } },
+                                  device = "cpu" })
+      assert.truthy(msg(function() five:remap{ values = i64 {}, offsets = i64 { 0 },
+        batch_per_feature = { 2 ^ 40, 2 ^ 62, 2 ^ 62, 2 ^ 62, 2 ^ 62 - 2 ^ 40 } } end)
+        :find("mc: batch_per_feature sums to more than the 0 bags offsets hold (1099511627776 at feature 0, after 0)",
+              1, true))
       assert.truthy(msg(function() m:remap({ values = v, offsets = i64 { 0, 2, 3 } },
                                            { out = ur.tensor({ 2 }, { dtype = "i64" }) }) end)
         :find("mc: out has 2 entries for 3 values", 1, true))
@@ -440,14 +528,33 @@ describe("uvmrec.mc", function()
       st = assert(m:state("t"))
       assert.is_nil(m:check_state("t", st))
       st.slots = 3000
-      local want = "mc: state of table 't': slots 3000; expected 0 or a power of 2 from 2048 to 2^42, at least " ..
-        "twice its 0 candidates"
+      local want = "mc: state of table 't': slots 3000; expected 0 or a power of 2 from 2048 to 4096, at least " ..
+        "twice its 0 candidates (at most what max_candidates 1024 and batch_max -1 can need)"
       assert.equal(want, m:check_state("t", st))
       assert.truthy(msg(function() m:load_state("t", st) end):find(want, 1, true))
       st.slots, st.batch_max = 2048, -2
       assert.equal("mc: state of table 't': batch_max -2; expected -1 (no batch counted) .. 1099511627776",
         m:check_state("t", st))
-      st.batch_max, st.evictions = -1, 1.5
+      st.batch_max = -1
+      -- the counts and steps a round ranks by: none negative (nor counts past 2^62)
+      for _, case in ipairs { { "window", 2, -1 }, { "counts", 0, -65536 }, { "last", 3, -2 },
+                              { "counts", 1, 2 ^ 62 + 2 ^ 12 } } do
+        local good = st[case[1]]
+        st[case[1]] = ur.tensor({ 4 }, { dtype = "i64" }):fill(0)
+        st[case[1]]:set(case[2], case[3])
+        assert.equal(("mc: state of table 't': %s[%d] = %d; expected 0 .. %s"):format(case[1], case[2], case[3],
+          case[1] == "counts" and "4611686018427387904" or "9223372036854775807"), m:check_state("t", st))
+        st[case[1]] = good
+      end
+      local good = st.cand_counts
+      st.cand_counts = ur.tensor({ 1 }, { dtype = "i32" })
+      assert.equal("mc: state of table 't': cand_counts is i32 [1]; expected i64 (or i32) [0]", m:check_state("t", st))
+      st.cand_counts = good
+      local good_ids = st.cand_ids
+      st.cand_ids = ur.tensor({ 1 }, { dtype = "i32" })
+      assert.equal("mc: state of table 't': cand_ids is i32 [1]; expected i64 [any length]", m:check_state("t", st))
+      st.cand_ids = good_ids
+      st.evictions = 1.5
       assert.equal("mc: state of table 't': evictions is 1.5; expected a whole number", m:check_state("t", st))
       st.evictions = -3
       assert.equal("mc: state of table 't': evictions -3; expected >= 0", m:check_state("t", st))

@@ -1140,10 +1140,10 @@ typedef struct ur_mc_stats {
 typedef struct ur_mc_state {
   ur_tensor *ids;                 /* i64 [capacity]: the id on each row, -1 when free */
   ur_tensor *counts;              /* i64 [capacity]: decayed counts, in 1/65536ths */
-  ur_tensor *window;              /* i32 [capacity]: lookups since the last eviction round */
+  ur_tensor *window;              /* i64 [capacity]: lookups since the last eviction round */
   ur_tensor *last;                /* i64 [capacity]: the step of the last lookup */
   ur_tensor *cand_ids;            /* i64 [k]: the candidates, ascending */
-  ur_tensor *cand_counts;         /* i32 [k]: their lookups */
+  ur_tensor *cand_counts;         /* i64 [k]: their lookups (set: i32 too, as states were) */
   ur_tensor *cand_last;           /* i64 [k]: the step of their last lookup */
   int64_t lookups, resident_lookups, fallback_lookups, rounds, fills, admissions, evictions;
   int64_t skipped;                /* as in ur_mc_stats */
@@ -1174,7 +1174,9 @@ UR_API int32_t ur_mc_device(const ur_mc *m);
  * that reads it) as there, all where the map runs (device or managed memory for a GPU, host or
  * pinned for the CPU).  out i64 [n] there: each id's row, or the id itself for features
  * without a table.  update 1 (training): the rounds due run first, then the batch is counted
- * (its step is the batches counted before it, plus one); update 0: a read-only lookup. */
+ * (its step is the batches counted before it, plus one); a batch refused (its input, or the
+ * memory its rounds and candidates' maps need, taken before any runs) runs no round and counts
+ * nothing; update 0: a read-only lookup. */
 UR_API ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values,
                              const ur_tensor *offsets,
                              const int64_t *batch_per_feature /* or NULL */,
@@ -1182,7 +1184,8 @@ UR_API ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values,
                              int32_t update);
 /* An eviction round of table `table` now (waits for the GPU). */
 UR_API ur_status ur_mc_round(ur_stream *s, ur_mc *m, int32_t table);
-/* The rows of `table` whose id changed in the rounds of the last ur_mc_remap or ur_mc_round
+/* The rows of `table` whose id changed in the rounds of the last updating ur_mc_remap (one that
+ * failed ran none) or ur_mc_round
  * (evicted and given to another id: the embedding rows to re-initialise, ur_tbe_reset_rows),
  * ascending within each round; lent until the next remap, round or state_set.  NULL with *count
  * 0 when there are none or `table` is out of range (the message names it); NULL for a NULL m or
@@ -1200,8 +1203,9 @@ UR_API ur_status ur_mc_stats_get(ur_mc *m, int32_t table, ur_mc_stats *out);
 UR_API void ur_mc_reset_stats(ur_mc *m);
 UR_API ur_status ur_mc_state_get(ur_mc *m, int32_t table, ur_mc_state *out);
 /* ur_mc_state_check: whether in would restore table `table` (sizes, dtypes, ids distinct, the
- * resident rows first, the sizing), naming what is not; reads in, writes nothing.
- * ur_mc_state_set checks the same before it writes. */
+ * resident rows first, counts and steps >= 0, the sizing), naming what is not; reads in, writes
+ * nothing.  ur_mc_state_set checks the same, then takes the memory it needs before it writes:
+ * one that fails leaves the table's map as it was. */
 UR_API ur_status ur_mc_state_check(const ur_mc *m, int32_t table, const ur_mc_state *in);
 UR_API ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in);
 

@@ -121,6 +121,7 @@ function M.new(opts, level)
   local cfg = ffi.new("ur_mc_config")
   cfg.device = device
   cfg.seed = whole(opts.seed or 0, "seed", level, 0)
+  self.seed = opts.seed or 0 -- of the hashes: which fallback row each id reads
   local out = ffi.new("ur_mc *[1]")
   local ok, err = check(C.ur_mc_new(out, cfg, n, tc, nf, ft), level)
   if not ok then return nil, err end

@@ -20,10 +20,9 @@
 #include "embedding/mc.h"
 
 #define MIN_HEADROOM 1024 /* candidate slots a table keeps free beyond its counted candidates */
-/* Bounds of a restored state's sizing (a corrupted one fails by name, not as a huge allocation). */
+/* The bound of a restored state's batch_max (its slots are bounded by what that and max_candidates
+ * can need, most_slots): a corrupted one fails by name, not as a huge allocation. */
 #define MAX_BATCH_IDS ((int64_t)1 << 40)
-#define MAX_SLOTS_LOG2 42
-#define MAX_SLOTS ((int64_t)1 << MAX_SLOTS_LOG2)
 
 typedef struct mc_tab {
   ur_tensor *ids, *counts, *window, *last, *index, *ckeys, *ccount, *clast;
@@ -159,10 +158,10 @@ static ur_status push_desc(ur_mc *m, ur_stream *s) {
 static ur_status new_cand_map(ur_mc *m, int64_t q, ur_tensor **keys, ur_tensor **cnt,
                               ur_tensor **last) {
   ur_status st = home_tensor(m, keys, UR_DTYPE_I64, q);
-  if (!st) st = home_tensor(m, cnt, UR_DTYPE_I32, q);
+  if (!st) st = home_tensor(m, cnt, UR_DTYPE_I64, q);
   if (!st) st = home_tensor(m, last, UR_DTYPE_I64, q);
   if (!st) st = m->be->fill(NULL, ur_tensor_data(*keys), (size_t)q, 8, (uint64_t)UR__MC_EMPTY);
-  if (!st) st = m->be->fill(NULL, ur_tensor_data(*cnt), (size_t)q, 4, 0);
+  if (!st) st = m->be->fill(NULL, ur_tensor_data(*cnt), (size_t)q, 8, 0);
   if (!st) st = m->be->fill(NULL, ur_tensor_data(*last), (size_t)q, 8, 0);
   return st;
 }
@@ -189,12 +188,12 @@ static ur_status alloc_table(ur_mc *m, int32_t t) {
   const ur_backend *g = m->be;
   ur_status st = home_tensor(m, &b->ids, UR_DTYPE_I64, cap);
   if (!st) st = home_tensor(m, &b->counts, UR_DTYPE_I64, cap);
-  if (!st) st = home_tensor(m, &b->window, UR_DTYPE_I32, cap);
+  if (!st) st = home_tensor(m, &b->window, UR_DTYPE_I64, cap);
   if (!st) st = home_tensor(m, &b->last, UR_DTYPE_I64, cap);
   if (!st) st = home_tensor(m, &b->index, UR_DTYPE_I32, p);
   if (!st) st = g->fill(NULL, ur_tensor_data(b->ids), (size_t)cap, 8, (uint64_t)UR__MC_EMPTY);
   if (!st) st = g->fill(NULL, ur_tensor_data(b->counts), (size_t)cap, 8, 0);
-  if (!st) st = g->fill(NULL, ur_tensor_data(b->window), (size_t)cap, 4, 0);
+  if (!st) st = g->fill(NULL, ur_tensor_data(b->window), (size_t)cap, 8, 0);
   if (!st) st = g->fill(NULL, ur_tensor_data(b->last), (size_t)cap, 8, 0);
   if (!st) st = g->fill(NULL, ur_tensor_data(b->index), (size_t)p, 4, 0);
   if (!st) st = new_cand_map(m, q, &b->ckeys, &b->ccount, &b->clast);
@@ -381,7 +380,25 @@ static ur_status grow_re(mc_tab *b, int64_t need) {
   return UR_STATUS_OK;
 }
 
-static ur_status run_round(ur_mc *m, ur_stream *s, int32_t t, int evict) {
+/* What a round of table t allocates before it runs: its scratch where the backend runs, and
+ * room for the rows it may reassign. */
+static ur_status round_alloc(ur_mc *m, int32_t t, ur_tensor **scratch) {
+  size_t sb = 0;
+  *scratch = NULL;
+  ur_status st = UR__NEED(m->be, mc, round_scratch);
+  if (!st) st = m->be->mc->round_scratch(&m->desc[t], &sb);
+  if (!st && sb) st = home_tensor(m, scratch, UR_DTYPE_U8, (int64_t)sb);
+  if (!st) st = grow_re(&m->tb[t], m->desc[t].qmask + 1);
+  if (st) {
+    ur_tensor_free(*scratch);
+    *scratch = NULL;
+  }
+  return st;
+}
+
+/* A round of table t in the scratch round_alloc gave; allocates nothing (the backend's round
+ * fails, if at all, before it changes the map). */
+static ur_status run_round(ur_mc *m, ur_stream *s, int32_t t, int evict, ur_tensor *scratch) {
   double t0 = ur_clock_seconds();
   mc_tab *b = &m->tb[t];
   const ur_mc_table_config *c = &m->tc[t];
@@ -393,20 +410,9 @@ static ur_status run_round(ur_mc *m, ur_stream *s, int32_t t, int evict) {
   r.evict = evict;
   r.decay = c->decay;
   r.power = c->distance_power;
-  size_t sb = 0;
-  ur_tensor *scratch = NULL;
-  ur_status st = UR__NEED(m->be, mc, round_scratch);
-  if (!st) st = m->be->mc->round_scratch(&m->desc[t], &sb);
-  if (!st && sb) st = home_tensor(m, &scratch, UR_DTYPE_U8, (int64_t)sb);
-  if (!st) st = grow_re(b, m->desc[t].qmask + 1);
-  if (st) {
-    ur_tensor_free(scratch);
-    return st;
-  }
   r.scratch = scratch ? ur_tensor_data(scratch) : NULL;
   r.rows = b->re;
-  st = m->be->mc->round(s ? s->handle : NULL, &m->desc[t], &r);
-  ur_tensor_free(scratch);
+  ur_status st = m->be->mc->round(s ? s->handle : NULL, &m->desc[t], &r);
   if (st) return st;
   b->nre = r.evicted;
   b->occupied += r.admitted - r.evicted;
@@ -419,23 +425,34 @@ static ur_status run_round(ur_mc *m, ur_stream *s, int32_t t, int evict) {
   return UR_STATUS_OK;
 }
 
+/* Slots for need candidates at half load: the map's own when they fit, else the next map's. */
+static int64_t cand_slots(const ur_mc *m, int32_t t, int64_t need) {
+  int64_t q = m->desc[t].qmask + 1;
+  return q / 2 >= need ? q : pow2_at_least(2 * need);
+}
+
+/* Table t's candidates moved into the empty map *k, *n, *l of q slots, which it takes. */
+static ur_status grow_into(ur_mc *m, ur_stream *s, int32_t t, ur_tensor **k, ur_tensor **n,
+                           ur_tensor **l) {
+  ur__mc_table to = m->desc[t];
+  to.ckeys = ur_tensor_data(*k);
+  to.ccount = ur_tensor_data(*n);
+  to.clast = ur_tensor_data(*l);
+  to.qmask = ur_tensor_numel(*k) - 1;
+  ur_status st = UR__NEED(m->be, mc, rehash);
+  if (!st) st = m->be->mc->rehash(s ? s->handle : NULL, &m->desc[t], &to);
+  if (!st) st = m->be->stream_sync(s ? s->handle : NULL);
+  if (!st) take_cand_map(m, t, k, n, l);
+  return st;
+}
+
 /* The candidates' map of table t with room for need candidates at half load. */
 static ur_status size_cand_map(ur_mc *m, ur_stream *s, int32_t t, int64_t need) {
-  if ((m->desc[t].qmask + 1) / 2 >= need) return UR_STATUS_OK;
-  int64_t q = pow2_at_least(2 * need);
+  int64_t q = cand_slots(m, t, need);
+  if (q == m->desc[t].qmask + 1) return UR_STATUS_OK;
   ur_tensor *k = NULL, *n = NULL, *l = NULL;
-  ur_status st = UR__NEED(m->be, mc, rehash);
-  if (!st) st = new_cand_map(m, q, &k, &n, &l);
-  if (!st) {
-    ur__mc_table to = m->desc[t];
-    to.ckeys = ur_tensor_data(k);
-    to.ccount = ur_tensor_data(n);
-    to.clast = ur_tensor_data(l);
-    to.qmask = q - 1;
-    st = m->be->mc->rehash(s ? s->handle : NULL, &m->desc[t], &to);
-    if (!st) st = m->be->stream_sync(s ? s->handle : NULL);
-  }
-  if (!st) take_cand_map(m, t, &k, &n, &l);
+  ur_status st = new_cand_map(m, q, &k, &n, &l);
+  if (!st) st = grow_into(m, s, t, &k, &n, &l);
   ur_tensor_free(k);
   ur_tensor_free(n);
   ur_tensor_free(l);
@@ -449,11 +466,14 @@ ur_status ur_mc_round(ur_stream *s, ur_mc *m, int32_t table) {
   double t0 = ur_clock_seconds();
   int32_t prev = 0;
   if ((st = ur__device_enter(m->be, m->cfg.device, &prev))) return st;
+  ur_tensor *scratch = NULL;
   st = read_info(m);
+  if (!st) st = round_alloc(m, table, &scratch);
   if (!st) {
     m->tb[table].nre = 0;
-    st = run_round(m, s, table, 1);
+    st = run_round(m, s, table, 1, scratch);
   }
+  ur_tensor_free(scratch);
   st = ur__device_leave(m->be, m->cfg.device, prev, st);
   m->tb[table].seconds += ur_clock_seconds() - t0;
   return st;
@@ -501,9 +521,13 @@ static ur_status bag_starts(ur_mc *m, int64_t bags, const int64_t *bpf, const ur
     return UR_STATUS_OK;
   }
   for (int32_t f = 0; f < m->F; f++) {
-    if (bpf[f] < 0)
-      return ur__error(UR_STATUS_INVALID, "mc: batch_per_feature[%d] = %lld; expected >= 0",
-                       (int)f, (long long)bpf[f]);
+    if (bpf[f] < 0 || bpf[f] > bags - m->hbag[f])
+      return bpf[f] < 0
+                 ? ur__error(UR_STATUS_INVALID, "mc: batch_per_feature[%d] = %lld; expected >= 0",
+                             (int)f, (long long)bpf[f])
+                 : ur__error(UR_STATUS_INVALID, "mc: batch_per_feature sums to more than the %lld "
+                             "bags offsets hold (%lld at feature %d, after %lld)", (long long)bags,
+                             (long long)bpf[f], (int)f, (long long)m->hbag[f]);
     m->hbag[f + 1] = m->hbag[f] + bpf[f];
   }
   if (m->hbag[m->F] != bags)
@@ -540,14 +564,27 @@ static ur_status exact_counts(ur_mc *m, ur_stream *s, const ur_tensor *offsets, 
   return st;
 }
 
-/* Before an updating batch of n ids: the rounds due, and room in every candidates' map. */
+/* What schedule made ready for one table before any round ran. */
+typedef struct table_plan {
+  int round;                    /* 0: none; 1: an eviction round; 2: a fill round */
+  ur_tensor *scratch;           /* the round's */
+  ur_tensor *k, *n, *l;         /* the candidates' next map, or NULL: the map has room */
+} table_plan;
+
+static void free_plan(table_plan *p) {
+  ur_tensor *ts[4] = {p->scratch, p->k, p->n, p->l};
+  for (int i = 0; i < 4; i++) ur_tensor_free(ts[i]);
+}
+
+/* Before an updating batch of n ids: the rounds due, and room in every candidates' map.  Every
+ * allocation comes first, the rounds after: a batch refused for want of memory leaves each map
+ * as it was (no round run whose reassigned rows the caller would never see, no step counted
+ * twice).  A round's candidates left are known before it runs (an eviction round keeps none;
+ * a fill admits min(candidates, free rows)), so the next map is sized then. */
 static ur_status schedule(ur_mc *m, ur_stream *s, const ur_tensor *offsets) {
   ur_status st = read_info(m);
   int need_exact = 0;
-  for (int32_t t = 0; t < m->T; t++) {
-    m->tb[t].nre = 0;
-    need_exact |= !m->tb[t].sized;
-  }
+  for (int32_t t = 0; t < m->T; t++) need_exact |= !m->tb[t].sized;
   if (!st && need_exact) {
     int64_t *per = malloc(sizeof(int64_t) * (size_t)m->T);
     if (!per) return ur__error(UR_STATUS_OOM, "mc: out of host memory");
@@ -558,21 +595,41 @@ static ur_status schedule(ur_mc *m, ur_stream *s, const ur_tensor *offsets) {
     }
     free(per);
   }
-  int changed = 0;
+  if (st) return st;
+  table_plan *plan = calloc((size_t)m->T, sizeof *plan);
+  if (!plan) return ur__error(UR_STATUS_OOM, "mc: out of host memory");
   for (int32_t t = 0; t < m->T && !st; t++) {
     mc_tab *b = &m->tb[t];
     const ur_mc_table_config *c = &m->tc[t];
-    int64_t ncand = b->info[UR__MI_CAND];
-    int64_t cap = m->desc[t].cap;
-    if ((m->step > 0 && m->step % c->evict_every == 0) || ncand >= c->max_candidates)
-      st = run_round(m, s, t, 1);
-    else if (c->fill && b->occupied < cap && ncand > 0)
-      st = run_round(m, s, t, 0);
+    table_plan *p = &plan[t];
+    int64_t ncand = b->info[UR__MI_CAND], room = m->desc[t].cap - b->occupied, left = ncand;
+    if ((m->step > 0 && m->step % c->evict_every == 0) || ncand >= c->max_candidates) {
+      p->round = 1;
+      left = 0;
+    } else if (c->fill && room > 0 && ncand > 0) {
+      p->round = 2;
+      left = ncand > room ? ncand - room : 0;
+    }
     int64_t head = 2 * b->nmax > MIN_HEADROOM ? 2 * b->nmax : MIN_HEADROOM;
+    int64_t q = cand_slots(m, t, left + head);
+    if (q != m->desc[t].qmask + 1) st = new_cand_map(m, q, &p->k, &p->n, &p->l);
+    if (!st && p->round) st = round_alloc(m, t, &p->scratch);
+  }
+  int changed = 0;
+  for (int32_t t = 0; t < m->T && !st; t++) {
+    mc_tab *b = &m->tb[t];
+    table_plan *p = &plan[t];
+    b->nre = 0;
+    if (p->round) st = run_round(m, s, t, p->round == 1, p->scratch);
     int64_t q0 = m->desc[t].qmask;
+    if (!st && p->k) st = grow_into(m, s, t, &p->k, &p->n, &p->l);
+    /* the candidates left as foreseen: a no-op (else sized as they are) */
+    int64_t head = 2 * b->nmax > MIN_HEADROOM ? 2 * b->nmax : MIN_HEADROOM;
     if (!st) st = size_cand_map(m, s, t, b->info[UR__MI_CAND] + head);
     changed |= m->desc[t].qmask != q0;
   }
+  for (int32_t t = 0; t < m->T; t++) free_plan(&plan[t]);
+  free(plan);
   if (!st && changed) st = push_desc(m, s);
   return st;
 }
@@ -624,12 +681,13 @@ ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values, const ur_
   int32_t prev = 0;
   if ((st = ur__device_enter(m->be, m->cfg.device, &prev))) return st;
   void *sh = s ? s->handle : NULL;
-  if (update) st = schedule(m, s, offsets);
-  if (!st && inverse && (!m->mult || ur_tensor_numel(m->mult) < bags)) {
+  /* the VBE counts' room first: nothing may fail for memory once schedule's rounds ran */
+  if (inverse && (!m->mult || ur_tensor_numel(m->mult) < bags)) {
     ur_tensor_free(m->mult);
     m->mult = NULL;
     st = home_tensor(m, &m->mult, UR_DTYPE_I32, bags > 0 ? bags : 1);
   }
+  if (!st && update) st = schedule(m, s, offsets);
   if (!st && m->dbag) st = m->be->copy(sh, ur_tensor_data(m->dbag), m->hbag,
                                        sizeof(int64_t) * ((size_t)m->F + 1));
   if (!st) {
@@ -756,7 +814,7 @@ ur_status ur_mc_state_get(ur_mc *m, int32_t table, ur_mc_state *out) {
   mc_tab *b = &m->tb[table];
   int64_t q = m->desc[table].qmask + 1;
   int64_t *keys = malloc(sizeof(int64_t) * (size_t)q), *last = malloc(sizeof(int64_t) * (size_t)q);
-  int32_t *cnt = malloc(sizeof(int32_t) * (size_t)q);
+  int64_t *cnt = malloc(sizeof(int64_t) * (size_t)q);
   int64_t *pairs = malloc(sizeof(int64_t) * 2 * (size_t)q); /* (id, slot) */
   if (!keys || !last || !cnt || !pairs) st = ur__error(UR_STATUS_OOM, "mc: out of host memory");
   if (!st) st = ur_tensor_to(NULL, b->ids, &out->ids, UR_PLACE_HOST, UR_LOC_CPU);
@@ -778,12 +836,12 @@ ur_status ur_mc_state_get(ur_mc *m, int32_t table, ur_mc_state *out) {
     qsort(pairs, (size_t)k, 16, cmp_i64); /* ids are distinct: the first word decides */
     void *pi, *pc, *pl;
     st = host_tensor(&out->cand_ids, UR_DTYPE_I64, k, &pi);
-    if (!st) st = host_tensor(&out->cand_counts, UR_DTYPE_I32, k, &pc);
+    if (!st) st = host_tensor(&out->cand_counts, UR_DTYPE_I64, k, &pc);
     if (!st) st = host_tensor(&out->cand_last, UR_DTYPE_I64, k, &pl);
     for (int64_t i = 0; i < k && !st; i++) {
       int64_t slot = pairs[2 * i + 1];
       ((int64_t *)pi)[i] = keys[slot];
-      ((int32_t *)pc)[i] = cnt[slot];
+      ((int64_t *)pc)[i] = cnt[slot];
       ((int64_t *)pl)[i] = last[slot];
     }
   }
@@ -811,31 +869,61 @@ ur_status ur_mc_state_get(ur_mc *m, int32_t table, ur_mc_state *out) {
   return UR_STATUS_OK;
 }
 
+/* x is a tensor of n elements (n < 0: any number) of dtype d, or, where wide is set, of i32
+ * (a state saved before the lookup counts had 64 bits). */
 static ur_status check_state_tensor(const ur_mc *m, int32_t t, const ur_tensor *x, const char *what,
-                                    ur_dtype d, int64_t n) {
+                                    ur_dtype d, int64_t n, int wide) {
   if (!x)
     return ur__error(UR_STATUS_INVALID, "mc: state of table '%s' has no %s", tname(m, t), what);
-  if (ur_tensor_dtype(x) != d || (n >= 0 && ur_tensor_numel(x) != n))
-    return ur__error(UR_STATUS_INVALID, "mc: state of table '%s': %s is %s [%lld]; expected %s [%lld]",
-                     tname(m, t), what, ur_dtype_name(ur_tensor_dtype(x)),
-                     (long long)ur_tensor_numel(x), ur_dtype_name(d), (long long)n);
+  ur_dtype xd = ur_tensor_dtype(x);
+  if ((xd != d && !(wide && xd == UR_DTYPE_I32)) || (n >= 0 && ur_tensor_numel(x) != n)) {
+    char size[32];
+    if (n >= 0) snprintf(size, sizeof size, "%lld", (long long)n);
+    else snprintf(size, sizeof size, "any length");
+    return ur__error(UR_STATUS_INVALID, "mc: state of table '%s': %s is %s [%lld]; expected %s%s [%s]",
+                     tname(m, t), what, ur_dtype_name(xd), (long long)ur_tensor_numel(x),
+                     ur_dtype_name(d), wide ? " (or i32)" : "", size);
+  }
   return UR_STATUS_OK;
 }
 
-/* Reads a tensor of any placement into a new host buffer. */
-static ur_status to_host(const ur_tensor *x, void **out) {
-  size_t bytes = (size_t)ur_tensor_nbytes(x);
-  *out = malloc(bytes ? bytes : 1);
-  if (!*out) return ur__error(UR_STATUS_OOM, "mc: out of host memory");
+/* A tensor of i64 (or i32, widened) of any placement into a new host buffer of int64. */
+static ur_status to_host(const ur_tensor *x, int64_t **out) {
+  int64_t n = ur_tensor_numel(x);
+  *out = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+  if (!*out) return ur__error(UR_STATUS_OOM, "mc: out of host memory for a state of %lld entries",
+                              (long long)n);
   ur_status st = ur_tensor_place(x) == UR_PLACE_HOST ? UR_STATUS_OK : ur_device_sync();
-  if (!st) st = ur_tensor_read(x, 0, ur_tensor_numel(x), *out);
+  if (!st) st = ur_tensor_read(x, 0, n, *out);
+  if (!st && ur_tensor_dtype(x) == UR_DTYPE_I32) /* widened in place, from the end */
+    for (int64_t i = n - 1; i >= 0; i--) (*out)[i] = ((const int32_t *)*out)[i];
   return st;
 }
 
-/* A state's host copies, read and checked by state_read. */
+/* Every value of x (i64 or i32) is >= 0 (and <= most, if most >= 0): read a chunk at a time. */
+static ur_status check_values(const ur_mc *m, int32_t t, const ur_tensor *x, const char *what,
+                              int64_t most) {
+  enum { CHUNK = 65536 };
+  int64_t buf[CHUNK], n = ur_tensor_numel(x);
+  int wide = ur_tensor_dtype(x) == UR_DTYPE_I32;
+  ur_status st = ur_tensor_place(x) == UR_PLACE_HOST ? UR_STATUS_OK : ur_device_sync();
+  for (int64_t i0 = 0; i0 < n && !st; i0 += CHUNK) {
+    int64_t c = n - i0 < CHUNK ? n - i0 : CHUNK;
+    if ((st = ur_tensor_read(x, i0, c, buf))) break;
+    for (int64_t i = 0; i < c; i++) {
+      int64_t v = wide ? ((const int32_t *)buf)[i] : buf[i];
+      if (v < 0 || (most >= 0 && v > most))
+        return ur__error(UR_STATUS_INVALID, "mc: state of table '%s': %s[%lld] = %lld; expected 0 .. "
+                         "%lld", tname(m, t), what, (long long)(i0 + i), (long long)v,
+                         (long long)(most >= 0 ? most : INT64_MAX));
+    }
+  }
+  return st;
+}
+
+/* A state's host copies, read and checked by state_read (int64 throughout). */
 typedef struct state_host {
-  int64_t *ids, *ci, *cl;
-  int32_t *cc;
+  int64_t *ids, *ci, *cc, *cl;
   int64_t occ, k;
 } state_host;
 
@@ -847,6 +935,15 @@ static void state_host_free(state_host *h) {
   memset(h, 0, sizeof *h);
 }
 
+/* The slots of a candidates' map the engine could have made for k candidates and batches of
+ * batch_max ids (-1: none counted): rounds keep the candidates below max_candidates between
+ * batches, and a map is sized for those plus twice the largest batch. */
+static int64_t most_slots(const ur_mc *m, int32_t t, int64_t k, int64_t batch_max) {
+  int64_t c = m->tc[t].max_candidates > k ? m->tc[t].max_candidates : k;
+  int64_t head = 2 * batch_max > MIN_HEADROOM ? 2 * batch_max : MIN_HEADROOM;
+  return pow2_at_least(2 * (c + head));
+}
+
 /* Checks in against table t and reads what a restore needs into h (freed on failure). */
 static ur_status state_read(const ur_mc *m, int32_t table, const ur_mc_state *in, state_host *h) {
   memset(h, 0, sizeof *h);
@@ -854,26 +951,29 @@ static ur_status state_read(const ur_mc *m, int32_t table, const ur_mc_state *in
   if (st) return st;
   int64_t cap = m->desc[table].cap;
   const char *nm = tname(m, table);
-  if ((st = check_state_tensor(m, table, in->ids, "ids", UR_DTYPE_I64, cap)) ||
-      (st = check_state_tensor(m, table, in->counts, "counts", UR_DTYPE_I64, cap)) ||
-      (st = check_state_tensor(m, table, in->window, "window", UR_DTYPE_I32, cap)) ||
-      (st = check_state_tensor(m, table, in->last, "last", UR_DTYPE_I64, cap)) ||
-      (st = check_state_tensor(m, table, in->cand_ids, "cand_ids", UR_DTYPE_I64, -1)))
+  if ((st = check_state_tensor(m, table, in->ids, "ids", UR_DTYPE_I64, cap, 0)) ||
+      (st = check_state_tensor(m, table, in->counts, "counts", UR_DTYPE_I64, cap, 0)) ||
+      (st = check_state_tensor(m, table, in->window, "window", UR_DTYPE_I64, cap, 1)) ||
+      (st = check_state_tensor(m, table, in->last, "last", UR_DTYPE_I64, cap, 0)) ||
+      (st = check_state_tensor(m, table, in->cand_ids, "cand_ids", UR_DTYPE_I64, -1, 0)))
     return st;
   int64_t k = ur_tensor_numel(in->cand_ids);
-  if ((st = check_state_tensor(m, table, in->cand_counts, "cand_counts", UR_DTYPE_I32, k)) ||
-      (st = check_state_tensor(m, table, in->cand_last, "cand_last", UR_DTYPE_I64, k)))
+  if ((st = check_state_tensor(m, table, in->cand_counts, "cand_counts", UR_DTYPE_I64, k, 1)) ||
+      (st = check_state_tensor(m, table, in->cand_last, "cand_last", UR_DTYPE_I64, k, 0)))
     return st;
   if (in->batch_max < -1 || in->batch_max > MAX_BATCH_IDS)
     return ur__error(UR_STATUS_INVALID, "mc: state of table '%s': batch_max %lld; expected -1 "
                      "(no batch counted) .. %lld", nm, (long long)in->batch_max,
                      (long long)MAX_BATCH_IDS);
-  if (in->slots && (in->slots < 2 * MIN_HEADROOM || in->slots > MAX_SLOTS ||
+  int64_t most = most_slots(m, table, k, in->batch_max);
+  if (in->slots && (in->slots < 2 * MIN_HEADROOM || in->slots > most ||
                     (in->slots & (in->slots - 1)) || in->slots < 2 * k))
     return ur__error(UR_STATUS_INVALID, "mc: state of table '%s': slots %lld; expected 0 or a "
-                     "power of 2 from %lld to 2^%d, at least twice its %lld candidates", nm,
-                     (long long)in->slots, (long long)(2 * MIN_HEADROOM), MAX_SLOTS_LOG2,
-                     (long long)k);
+                     "power of 2 from %lld to %lld, at least twice its %lld candidates (at most "
+                     "what max_candidates %lld and batch_max %lld can need)", nm,
+                     (long long)in->slots, (long long)(2 * MIN_HEADROOM), (long long)most,
+                     (long long)k, (long long)m->tc[table].max_candidates,
+                     (long long)in->batch_max);
   int64_t counts[8] = {in->lookups, in->resident_lookups, in->fallback_lookups, in->rounds,
                        in->fills, in->admissions, in->evictions, in->skipped};
   static const char *const count_names[8] = {"lookups", "resident_lookups", "fallback_lookups",
@@ -883,11 +983,18 @@ static ur_status state_read(const ur_mc *m, int32_t table, const ur_mc_state *in
     if (counts[i] < 0)
       return ur__error(UR_STATUS_INVALID, "mc: state of table '%s': %s %lld; expected >= 0", nm,
                        count_names[i], (long long)counts[i]);
+  /* the counts and steps a round ranks by: negative ones would rank as no real map's do */
+  if ((st = check_values(m, table, in->counts, "counts", UR__MC_COUNT_MAX)) ||
+      (st = check_values(m, table, in->window, "window", -1)) ||
+      (st = check_values(m, table, in->last, "last", -1)) ||
+      (st = check_values(m, table, in->cand_counts, "cand_counts", -1)) ||
+      (st = check_values(m, table, in->cand_last, "cand_last", -1)))
+    return st;
   int64_t *sorted = NULL;
-  st = to_host(in->ids, (void **)&h->ids);
-  if (!st) st = to_host(in->cand_ids, (void **)&h->ci);
-  if (!st) st = to_host(in->cand_counts, (void **)&h->cc);
-  if (!st) st = to_host(in->cand_last, (void **)&h->cl);
+  st = to_host(in->ids, &h->ids);
+  if (!st) st = to_host(in->cand_ids, &h->ci);
+  if (!st) st = to_host(in->cand_counts, &h->cc);
+  if (!st) st = to_host(in->cand_last, &h->cl);
   int64_t occ = 0;
   if (!st) {
     const int64_t *ids = h->ids;
@@ -933,58 +1040,64 @@ ur_status ur_mc_state_check(const ur_mc *m, int32_t table, const ur_mc_state *in
   return st;
 }
 
+/* Everything a restore of a table allocates is made before it writes any of the map: the
+ * candidates' map (laid out on the host with the backends' hash, then copied into new tensors)
+ * and, for a state of i32 windows, their widening; then the map is written, which fails, if at
+ * all, as the GPU does. */
 ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
   UR__ARGS(m, in);
   state_host h;
   ur_status st = state_read(m, table, in, &h);
   if (st) return st;
-  int64_t occ = h.occ, k = h.k, *ci = h.ci, *cl = h.cl;
-  int32_t *cc = h.cc;
+  int64_t occ = h.occ, k = h.k;
   int32_t prev = UR_LOC_CPU;
-  int entered = 0;
-  if (!st) {
-    st = ur__device_enter(m->be, m->cfg.device, &prev);
-    entered = !st;
+  st = ur__device_enter(m->be, m->cfg.device, &prev);
+  if (st) {
+    state_host_free(&h);
+    return st;
   }
   mc_tab *b = &m->tb[table];
-  if (!st) st = read_info(m);
-  if (!st) st = m->be->device_sync();
-  if (!st) st = ur_tensor_copy(NULL, in->ids, b->ids);
-  if (!st) st = ur_tensor_copy(NULL, in->counts, b->counts);
-  if (!st) st = ur_tensor_copy(NULL, in->window, b->window);
-  if (!st) st = ur_tensor_copy(NULL, in->last, b->last);
-  if (!st) st = UR__NEED(m->be, mc, reindex);
-  if (!st) st = m->be->fill(NULL, m->desc[table].index, (size_t)(m->desc[table].pmask + 1), 4, 0);
-  if (!st) st = m->be->mc->reindex(NULL, &m->desc[table], occ);
-  /* The candidates' map laid out on the host with the backends' hash, then copied. */
   int64_t nmax = in->batch_max > 0 ? in->batch_max : 0;
   int64_t head = 2 * nmax > MIN_HEADROOM ? 2 * nmax : MIN_HEADROOM;
   int64_t q = in->slots ? in->slots : pow2_at_least(2 * (k + head));
-  int64_t *hk = NULL, *hl = NULL;
-  int32_t *hc = NULL;
+  int64_t *hk = NULL, *hl = NULL, *hc = NULL, *win = NULL;
   ur_tensor *nk = NULL, *nc = NULL, *nl = NULL;
+  st = read_info(m);
+  if (!st) st = m->be->device_sync();
+  if (!st) st = UR__NEED(m->be, mc, reindex);
   if (!st) {
     hk = malloc(sizeof(int64_t) * (size_t)q);
     hl = calloc((size_t)q, sizeof(int64_t));
-    hc = calloc((size_t)q, sizeof(int32_t));
-    if (!hk || !hl || !hc) st = ur__error(UR_STATUS_OOM, "mc: out of host memory");
+    hc = calloc((size_t)q, sizeof(int64_t));
+    if (!hk || !hl || !hc)
+      st = ur__error(UR_STATUS_OOM, "mc: out of host memory for the %lld candidate slots of table "
+                     "'%s'", (long long)q, tname(m, table));
   }
+  if (!st && ur_tensor_dtype(in->window) != UR_DTYPE_I64) st = to_host(in->window, &win);
   if (!st) {
     ur__mc_table lay = m->desc[table];
     lay.qmask = q - 1;
     for (int64_t i = 0; i < q; i++) hk[i] = UR__MC_EMPTY;
     for (int64_t i = 0; i < k; i++) {
-      uint64_t s = ur__mc_hash(&lay, ci[i]) & (uint64_t)lay.qmask;
+      uint64_t s = ur__mc_hash(&lay, h.ci[i]) & (uint64_t)lay.qmask;
       while (hk[s] != UR__MC_EMPTY) s = (s + 1) & (uint64_t)lay.qmask;
-      hk[s] = ci[i];
-      hc[s] = cc[i];
-      hl[s] = cl[i];
+      hk[s] = h.ci[i];
+      hc[s] = h.cc[i];
+      hl[s] = h.cl[i];
     }
     st = new_cand_map(m, q, &nk, &nc, &nl);
     if (!st) st = ur_tensor_write(nk, 0, q, hk);
     if (!st) st = ur_tensor_write(nc, 0, q, hc);
     if (!st) st = ur_tensor_write(nl, 0, q, hl);
   }
+  /* nothing written to the map before here */
+  if (!st) st = ur_tensor_copy(NULL, in->ids, b->ids);
+  if (!st) st = ur_tensor_copy(NULL, in->counts, b->counts);
+  if (!st) st = win ? ur_tensor_write(b->window, 0, m->desc[table].cap, win)
+                    : ur_tensor_copy(NULL, in->window, b->window);
+  if (!st) st = ur_tensor_copy(NULL, in->last, b->last);
+  if (!st) st = m->be->fill(NULL, m->desc[table].index, (size_t)(m->desc[table].pmask + 1), 4, 0);
+  if (!st) st = m->be->mc->reindex(NULL, &m->desc[table], occ);
   if (!st) {
     take_cand_map(m, table, &nk, &nc, &nl);
     b->occupied = occ;
@@ -1010,6 +1123,7 @@ ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
   free(hk);
   free(hl);
   free(hc);
+  free(win);
   state_host_free(&h);
-  return entered ? ur__device_leave(m->be, m->cfg.device, prev, st) : st;
+  return ur__device_leave(m->be, m->cfg.device, prev, st);
 }

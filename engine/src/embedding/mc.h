@@ -13,6 +13,8 @@
 
 #define UR__MC_EMPTY ((int64_t)-1) /* a free row's id, a free candidate slot's key */
 #define UR__MC_ONE ((int64_t)65536) /* counts are fixed point: one lookup is UR__MC_ONE */
+/* Decayed counts saturate here (2^62: 2^46 lookups), far beyond any run's, but never wrap. */
+#define UR__MC_COUNT_MAX ((int64_t)1 << 62)
 
 /* What the device tells the host per table (int64 words), read lazily after each batch. */
 enum {
@@ -29,11 +31,12 @@ enum {
 typedef struct ur__mc_table {
   int64_t *ids;            /* [cap] the id on each row, UR__MC_EMPTY when free */
   int64_t *counts;         /* [cap] decayed counts, fixed point */
-  int32_t *window;         /* [cap] lookups since the last eviction round */
+  int64_t *window;         /* [cap] lookups since the last eviction round (64 bits: one hot id
+                            * is looked up billions of times between rounds of a large batch) */
   int64_t *last;           /* [cap] step of the last lookup */
   uint32_t *index;         /* [pmask + 1] open addressing, linear probing: row + 1, 0 free */
   int64_t *ckeys;          /* [qmask + 1] the candidates' map: id, or UR__MC_EMPTY */
-  int32_t *ccount;         /* [qmask + 1] their lookups */
+  int64_t *ccount;         /* [qmask + 1] their lookups */
   int64_t *clast;          /* [qmask + 1] the step of their last lookup */
   int64_t *info;           /* [UR__MI_COUNT] */
   int32_t *admit;          /* [1] this batch: 1 when its candidates fit the map */
@@ -115,15 +118,22 @@ UR_HD int64_t ur__mc_find(const ur__mc_table *t, int64_t id) {
   }
 }
 
-/* A resident's or a candidate's score (higher is better): counts fixed point, window plain
- * (a candidate's: its lookups).  lru: the step of the last lookup, ties going to more lookups
- * since the last eviction round (a batch holds many more ids than rows: with the step alone,
- * the ids seen last would tie and be chosen by id).  Exact in a double: steps < 2^32. */
+/* The fixed-point count of counts plus window lookups, as a double: each part is exact below
+ * 2^53 and their sum rounds once, as the sum in integers would (which could overflow). */
+UR_HD double ur__mc_total(int64_t counts, int64_t window) {
+  return (double)counts + (double)window * (double)UR__MC_ONE;
+}
+
+/* A resident's or a candidate's score (higher is better; >= 0, the maps' values being >= 0):
+ * counts fixed point, window plain (a candidate's: its lookups).  lru: the step of the last
+ * lookup, ties going to more lookups since the last eviction round (a batch holds many more ids
+ * than rows: with the step alone, the ids seen last would tie and be chosen by id).  Exact in a
+ * double: steps < 2^32. */
 UR_HD double ur__mc_score(int32_t policy, int64_t counts, int64_t window, int64_t last,
                           int64_t now, double power) {
   if (policy == UR_MC_LRU)
     return (double)last * 1048576.0 + (double)(window < 1048575 ? window : 1048575);
-  double c = (double)(counts + window * UR__MC_ONE);
+  double c = ur__mc_total(counts, window);
   if (policy == UR_MC_LFU) return c;
   int64_t age = now > last ? now - last : 0;
   double d = (double)(1 + age);
@@ -135,9 +145,12 @@ UR_HD int ur__mc_better(double sa, int64_t ia, double sb, int64_t ib) {
   return sa > sb || (sa == sb && ia < ib);
 }
 
-/* Counts after an eviction round: (counts + window) * decay, rounded down. */
+/* Counts after an eviction round: (counts + window) * decay, rounded down, saturated at
+ * UR__MC_COUNT_MAX (decay 1 keeps every lookup of a long run).  A fill's admission is
+ * (0 + lookups) * 1. */
 UR_HD int64_t ur__mc_decayed(int64_t counts, int64_t window, double decay) {
-  return (int64_t)floor((double)(counts + window * UR__MC_ONE) * decay);
+  double x = floor(ur__mc_total(counts, window) * decay);
+  return x < (double)UR__MC_COUNT_MAX ? (int64_t)x : UR__MC_COUNT_MAX;
 }
 
 /* Scores are >= 0, so their bits order as they do: a radix key. */

@@ -205,13 +205,12 @@ static ur_status cpu_round_scratch(const ur__mc_table *t, size_t *bytes) {
 static void cand_clear(const ur__mc_table *t) {
   size_t q = (size_t)t->qmask + 1;
   for (size_t i = 0; i < q; i++) t->ckeys[i] = UR__MC_EMPTY;
-  memset(t->ccount, 0, q * sizeof(int32_t));
+  memset(t->ccount, 0, q * sizeof(int64_t));
   memset(t->clast, 0, q * sizeof(int64_t));
 }
 
 typedef struct kept_cand {
-  int64_t id, last;
-  int32_t count;
+  int64_t id, last, count;
 } kept_cand;
 
 static ur_status cpu_round(void *stream, const ur__mc_table *t, ur__mc_round *r) {
@@ -269,8 +268,7 @@ static ur_status cpu_round(void *stream, const ur__mc_table *t, ur__mc_round *r)
   for (int64_t j = 0; j < adm; j++) {
     int64_t row = j < ev ? w[j].row : occ + (j - ev), s = c[j].row;
     t->ids[row] = c[j].id;
-    t->counts[row] = r->evict ? ur__mc_decayed(0, t->ccount[s], r->decay)
-                              : (int64_t)t->ccount[s] * UR__MC_ONE;
+    t->counts[row] = ur__mc_decayed(0, t->ccount[s], r->evict ? r->decay : 1.0);
     t->window[row] = 0;
     t->last[row] = t->clast[s];
     index_insert(t, row);

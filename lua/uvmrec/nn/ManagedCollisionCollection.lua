@@ -159,11 +159,12 @@ function MCC:summary()
 end
 
 -- A checkpoint registry component (uvmrec.checkpoint) holding every table's map and counts:
--- tensors "<table>.<ids|counts|window|last|cand_ids|cand_counts|cand_last>", meta {step,
+-- tensors "<table>.<ids|counts|window|last|cand_ids|cand_counts|cand_last>", meta {step, seed,
 -- counts = {table = {lookups, ...}}, settings = {table = {policy, ...}}}.  Its tensors' sizes
 -- vary with the candidates, so the registry hands load() views of the file's; a load into
--- tables with other settings (or other tables), or of a map the engine would not restore (a
--- corrupted file), is refused naming the first difference, before any component is loaded.
+-- tables with other settings (or other tables), a map of another hash seed (its ids would read
+-- other fallback rows), or of a map the engine would not restore (a corrupted file), is refused
+-- naming the first difference, before any component is loaded.
 function MCC:checkpoint_component(name)
   local map = self.map
   -- table t's state from a checkpoint's tensors and meta, or nil, what is missing
@@ -186,10 +187,15 @@ function MCC:checkpoint_component(name)
         for _, k in ipairs(mc.STATE_TENSORS) do ts[t .. "." .. k] = st[k] end
         for _, k in ipairs(mc.STATE_COUNTS) do counts[t][k] = st[k] end
       end
-      return { tensors = ts, meta = { step = map:step(), counts = counts, settings = map.settings } }
+      return { tensors = ts, meta = { step = map:step(), seed = map.seed, counts = counts, settings = map.settings } }
     end,
     -- before anything is loaded: the settings, and each map as the engine would restore it
     check = function(tensors, meta)
+      -- a non-resident id's fallback row is a hash of the id and the seed
+      if meta.seed ~= map.seed then
+        return ("the map's hash seed differs from the checkpoint's (the checkpoint has %s, this run has %s)")
+               :format(meta.seed == nil and "none recorded" or tostring(meta.seed), tostring(map.seed))
+      end
       -- the maps hold ids ranked by these settings: other settings would not resume them
       for _, t in ipairs(map.table_names) do
         local theirs = (meta.settings or {})[t]
