@@ -29,8 +29,10 @@ if not lopts then cmd:fail(what) end
 local out, tmp = io.stdout, o.out and o.out .. ".tmp"
 if tmp then
   -- a folder there, or none to hold it, would refuse the scores only after the work
-  local can, why = require("uvmrec.lib").file_target(o.out)
+  local lib = require "uvmrec.lib"
+  local can, why = lib.file_target(o.out)
   if not can then cmd:fail(("--out %s: %s"):format(o.out, why)) end
+  if lib.same_file(o.out, o.model) then cmd:fail(("--out %s is the model file it scores with; give another file"):format(o.out)) end
   local ferr
   out, ferr = io.open(tmp, "w")
   if not out then cmd:fail(("--out %s: %s"):format(o.out, ferr)) end

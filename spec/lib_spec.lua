@@ -123,3 +123,17 @@ describe("uvmrec.lib handles used after free()", function()
     assert.equal(("spec/lib_spec.lua:%d: managed collisions: used after free()"):format(line), err)
   end)
 end)
+
+describe("uvmrec.lib device options", function()
+  it("takes \"gpu\" as the current GPU for every object's device (it was refused as device -2)", function()
+    assert.equal(lib.current_device(0), lib.device_option("gpu"))
+    assert.equal(-1, lib.device_option("cpu"))
+    assert.equal(lib.current_device(-1), lib.device_option(nil))
+    if lib.C.ur_device_count() == 0 then
+      local _, err = require("uvmrec.mc").new{ tables = { { name = "t", rows = 5 } }, device = "gpu" }
+      assert.matches("^mc: device 0 asked, but 0 GPUs are in use", err)
+      _, err = require("uvmrec.serve").open(require("helpers").exported("tiny", {}), { device = "gpu" })
+      assert.matches("^model: device 0 asked, but 0 GPUs are in use", err)
+    end
+  end)
+end)

@@ -173,6 +173,10 @@ int main(int argc, char **argv) {
             (int)info.num_dense, (int)info.num_features);
     return 2;
   }
+  if (n < 1) { /* the calls take their samples round the requests: modulo N */
+    fprintf(stderr, "serve_bench: the requests hold 0 samples; expected at least one\n");
+    return 2;
+  }
   const char *keys[4096];
   for (int f = 0; f < info.num_features; f++) keys[f] = ur_model_feature_name(m, f);
   int failed = 0;

@@ -1931,6 +1931,9 @@ UR_API int64_t ur_qtbe_skipped(const ur_qtbe *q);
  * call takes a context (its own stream and buffers) from the model's pool, making one when none
  * is free, up to max_callers; a bad request fails that call only.  ur_model_info and the other
  * readers may run beside predictions; ur_model_close may not: close after every call returned. */
+/* The version of the description (its key "version") that `uvmrec export` writes and this
+ * engine serves; a file of another is refused. */
+enum { UR_MODEL_VERSION = 1 };
 struct ur_model;
 typedef struct ur_model ur_model;
 typedef struct ur_model_options {
@@ -1965,8 +1968,10 @@ UR_API ur_status ur_model_open(ur_model **out, const char *path,
                                const ur_model_options *opts /* or NULL */);
 UR_API void ur_model_close(ur_model *m);
 UR_API ur_status ur_model_info(const ur_model *m, ur_model_props *out);
-UR_API const char *ur_model_feature_name(const ur_model *m, int32_t feature); /* or NULL */
-UR_API int64_t ur_model_table_modulo(const ur_model *m, int32_t feature); /* 0: none */
+/* A feature's name and its table's modulo (0: none); for a feature out of range NULL and -1,
+ * the message naming it. */
+UR_API const char *ur_model_feature_name(const ur_model *m, int32_t feature);
+UR_API int64_t ur_model_table_modulo(const ur_model *m, int32_t feature);
 /* A metadata value of the file (uvmrec.model, uvmrec.config, ...), or NULL. */
 UR_API const char *ur_model_meta(const ur_model *m, const char *key);
 /* The model's tables, for a look at their rows or hints of your own. */

@@ -63,9 +63,11 @@ function M.current_device(none)
 end
 
 -- An object's `device` option: a location, or nil for the current GPU (the CPU without one).
+-- "gpu" is the current GPU (0 without one: the object then says there is none).
 function M.device_option(device, level)
   if device == nil then return M.current_device(-1) end
   local loc = M.location(device, (level or 2) + 1) -- not a tail call: the level counts this frame
+  if loc == C.UR_LOC_CURRENT_GPU then return M.current_device(0) end
   return loc
 end
 
@@ -155,6 +157,17 @@ function M.file_target(path)
   d:close()
   if not isdir then return nil, dir .. ": Not a directory" end
   return true
+end
+
+ffi.cdef "char *realpath(const char *path, char *resolved_path);"
+local resolved = ffi.new("char[4096]") -- PATH_MAX
+
+-- Whether paths a and b name one existing file (through links and ../): a command's --out that
+-- is its own input would replace what it reads.
+function M.same_file(a, b)
+  if ffi.C.realpath(a, resolved) == nil then return false end
+  local ra = ffi.string(resolved)
+  return ffi.C.realpath(b, resolved) ~= nil and ffi.string(resolved) == ra
 end
 
 -- "1 step", "2 steps", "0 samples": a whole count and its noun, plural but for 1 (every message's

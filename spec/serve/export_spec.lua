@@ -311,6 +311,15 @@ with safe_open(sys.argv[1], "np") as f:
     assert.equal(1, code, out)
     assert.equal("", out, "no table quantized")
     assert.equal(("uvmrec export: --out %s: Is a directory\n"):format(odir), serr)
+    -- the checkpoint it exports (it was replaced by the model file, optimizer state and all)
+    local ckpt = assert(require("uvmrec.train").checkpoint_file(t.run))
+    assert(cmd.sh(("cp %s %s/c.safetensors"):format(cmd.quote(ckpt), cmd.quote(odir))))
+    local size = #assert(cmd.slurp(odir .. "/c.safetensors"))
+    out, serr, code = cmd.run(("export %s/c.safetensors --out %s/./c.safetensors"):format(odir, odir))
+    assert.equal(1, code, out)
+    assert.equal(("uvmrec export: --out %s/./c.safetensors is the checkpoint it exports (%s/c.safetensors); give "
+                  .. "another file\n"):format(odir, odir), serr)
+    assert.equal(size, #assert(cmd.slurp(odir .. "/c.safetensors")))
     cmd.rmdir(odir)
     -- a run with managed collisions on two tables: its checkpoint's config says so
     local src = assert(ck.open(assert(require("uvmrec.train").checkpoint_file(t.run))))

@@ -215,6 +215,7 @@ static ur_status read_mlp(ur_model *m, const reader *r, const ur_json *list, con
     if (i < 0) return bad(r, "no tensor '%s' (%s's weight)", wn, where);
     if ((st = ur_safetensors_entry_get(r->f, i, &e))) return st;
     int64_t out = e.ndim == 2 ? e.shape[0] : -1;
+    if (out == 0) return bad(r, "'%s' (%s's weight) has no rows: a layer of 0 outputs", wn, where);
     int64_t in_w = k == 0 && padded_in > in && e.ndim == 2 && e.shape[1] == padded_in ? padded_in : in;
     if (in_w - in > UR_DENSE_PAD_MAX)
       return bad(r, "'%s' pads %lld columns; at most %d are padding", wn, (long long)(in_w - in),
@@ -258,6 +259,7 @@ static ur_status read_cross(ur_model *m, const reader *r, const ur_json *list, i
       if (i < 0) return bad(r, "no tensor '%s' (%s's V)", vn, where);
       if ((st = ur_safetensors_entry_get(r->f, i, &e))) return st;
       L->rank = e.ndim == 2 ? e.shape[0] : -1;
+      if (L->rank == 0) return bad(r, "'%s' (%s's V) has no rows: a rank of 0", vn, where);
       if (!(st = want(r, vn, m->dt, L->rank, d, where))) st = want(r, un, m->dt, d, L->rank, where);
     }
     if (st) return st;
@@ -267,6 +269,33 @@ static ur_status read_cross(ur_model *m, const reader *r, const ur_json *list, i
     else if (!(st = load_dense(m, r, vn, &L->v))) st = load_dense(m, r, un, &L->w);
     if (st) return st;
   }
+  return UR_STATUS_OK;
+}
+
+static int cmp_name_at(const void *a, const void *b) {
+  const char *const *x = a, *const *y = b;
+  int c = strcmp(x[0], y[0]);
+  return c ? c : (x[1] < y[1] ? -1 : x[1] > y[1]);
+}
+
+/* Whether names[0..n-1] repeat one: *i < *j the first two places of a repeated name (in name
+ * order).  O(n log n): a model of thousands of tables is checked as fast as one of ten. */
+static ur_status first_repeat(const char *const *names, int32_t n, int32_t *i, int32_t *j, int *found) {
+  *found = 0;
+  const char **pairs = malloc(sizeof(char *) * 2 * (size_t)(n ? n : 1)); /* (name, its place) */
+  if (!pairs) return ur__error(UR_STATUS_OOM, "model: out of host memory");
+  for (int32_t k = 0; k < n; k++) {
+    pairs[2 * k] = names[k];
+    pairs[2 * k + 1] = (const char *)(intptr_t)k;
+  }
+  qsort(pairs, (size_t)n, 2 * sizeof(char *), cmp_name_at);
+  for (int32_t k = 1; k < n && !*found; k++)
+    if (!strcmp(pairs[2 * k - 2], pairs[2 * k])) {
+      *i = (int32_t)(intptr_t)pairs[2 * k - 1];
+      *j = (int32_t)(intptr_t)pairs[2 * k + 1];
+      *found = 1;
+    }
+  free(pairs);
   return UR_STATUS_OK;
 }
 
@@ -288,6 +317,11 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
     ft[f] = -1;
     if (!fn[f]) st = bad(r, "the description's features[%d] is not a string", (int)f + 1);
   }
+  int32_t ri = 0, rj = 0;
+  int rep = 0;
+  if (!st) st = first_repeat(fn, F, &ri, &rj, &rep);
+  if (!st && rep)
+    st = bad(r, "the description's features[%d] '%s' repeats features[%d]", (int)rj + 1, fn[rj], (int)ri + 1);
   for (int32_t t = 0; t < T && !st; t++) {
     const ur_json *d = ur_json_item(tl, (size_t)t);
     char where[64];
@@ -354,6 +388,16 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
   for (int32_t f = 0; f < F && !st; f++)
     if (ft[f] < 0) st = bad(r, "feature '%s' is on no table", fn[f]);
   if (!st) {
+    const char **tn = malloc(sizeof(char *) * (size_t)T);
+    if (!tn) st = ur__error(UR_STATUS_OOM, "model: out of host memory");
+    for (int32_t t = 0; t < T && !st; t++) tn[t] = tc[t].name;
+    if (!st) st = first_repeat(tn, T, &ri, &rj, &rep);
+    if (!st && rep)
+      st = bad(r, "the description's tables[%d] and tables[%d] are both named '%s'", (int)ri + 1,
+               (int)rj + 1, tn[ri]);
+    free(tn);
+  }
+  if (!st) {
     m->F = F;
     m->T = T;
   }
@@ -383,6 +427,8 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
       if (!st && pn) {
         st = ur_safetensors_view(r->f, ur_safetensors_find(r->f, pn), &perm);
         if (!st) st = ur_qtbe_set_permutation(m->qtbe, t, perm);
+        /* what only the table's own check finds (a permutation that is none) names the file */
+        if (st == UR_STATUS_INVALID) st = bad(r, "%s", ur_last_error());
       }
       ur_tensor_free(view);
       ur_tensor_free(perm);
@@ -472,6 +518,13 @@ static ur_status read_model(ur_model *m, const reader *r, const ur_json *desc) {
   const char *arch, *inter, *dtype;
   int64_t nd;
   ur_status st;
+  const ur_json *ver = member(desc, "version");
+  if (!ver || ur_json_typeof(ver) != UR_JSON_INTEGER)
+    return bad(r, "the description's version is missing or not a whole number; this engine serves version %d",
+               UR_MODEL_VERSION);
+  if (ur_json_integer(ver) != UR_MODEL_VERSION)
+    return bad(r, "its description is of version %lld; this engine serves version %d",
+               (long long)ur_json_integer(ver), UR_MODEL_VERSION);
   if ((st = get_str(r, desc, "arch", "", &arch))) return st;
   if (strcmp(arch, "dlrm"))
     return bad(r, "its architecture is '%s'; the serving API serves DLRM (dot or dcnv2 interaction)", arch);
@@ -485,10 +538,13 @@ static ur_status read_model(ur_model *m, const reader *r, const ur_json *desc) {
   m->dt = strcmp(dtype, "f32") ? UR_DTYPE_BF16 : UR_DTYPE_F32;
   m->dcn = !strcmp(inter, "dcnv2");
   const ur_json *si = member(desc, "self_interaction");
+  if (si && ur_json_typeof(si) != UR_JSON_TRUE && ur_json_typeof(si) != UR_JSON_FALSE)
+    return bad(r, "the description's self_interaction is not true or false");
   m->self_inter = si && ur_json_typeof(si) == UR_JSON_TRUE;
   m->num_dense = (int32_t)nd;
   int64_t dim;
   if ((st = get_int(r, desc, "dim", "", 4, 1024, &dim))) return st;
+  if (dim % 4) return bad(r, "its dim is %lld; expected a multiple of 4 (the tables' rows)", (long long)dim);
   m->dim = (int32_t)dim;
   int64_t bw, tw;
   if ((st = read_mlp(m, r, member(desc, "bottom"), "bottom", m->bottom, &m->nb, nd, nd, &bw)) ||
@@ -625,12 +681,16 @@ ur_status ur_model_info(const ur_model *m, ur_model_props *out) {
 
 const char *ur_model_feature_name(const ur_model *m, int32_t f) {
   UR__ARGS_OR(NULL, m);
-  return f >= 0 && f < m->F ? m->features[f] : NULL;
+  if (f >= 0 && f < m->F) return m->features[f];
+  (void)ur__error(UR_STATUS_INVALID, "model: feature %d; expected 0..%d", (int)f, (int)m->F - 1);
+  return NULL;
 }
 
 int64_t ur_model_table_modulo(const ur_model *m, int32_t f) {
   UR__ARGS_OR(-1, m);
-  return f >= 0 && f < m->F ? m->modulo[f] : 0;
+  if (f >= 0 && f < m->F) return m->modulo[f];
+  (void)ur__error(UR_STATUS_INVALID, "model: feature %d; expected 0..%d", (int)f, (int)m->F - 1);
+  return -1;
 }
 
 const char *ur_model_meta(const ur_model *m, const char *key) {

@@ -18,7 +18,7 @@ local dck = require "uvmrec.dist.checkpoint"
 
 local M = {}
 
-M.VERSION = 1
+M.VERSION = lib.C.UR_MODEL_VERSION -- the description's, which the engine serves
 -- Bytes of a table's rows read, quantized and written at a time (opts.chunk, --chunk): the
 -- export's host memory is a few of these, whatever the tables' size.
 M.CHUNK = "16MiB"
@@ -81,6 +81,9 @@ function M.run(source, opts)
   if not can then return nil, ("export: --out %s: %s"):format(opts.out, target_err) end
   local path, perr = train.checkpoint_file(source)
   if not path then return nil, "export: " .. tostring(perr) end
+  if lib.same_file(opts.out, path) then
+    return nil, ("export: --out %s is the checkpoint it exports (%s); give another file"):format(opts.out, path)
+  end
   local f, ferr = ck.open(path)
   if not f then return nil, "export: " .. ferr end
   -- what every refusal from here on releases (through fail), and the end: the file, the dense

@@ -48,8 +48,7 @@ function M.open(path, opts)
   opts = lib.options(opts, OPTS, "serve", '{device = "cpu"}', 2)
   local o = ffi.new("ur_model_options")
   C.ur_model_options_init(o)
-  if opts.device == "cpu" then o.device = -1
-  elseif opts.device ~= nil then o.device = lib.location(opts.device, 2) end
+  if opts.device ~= nil then o.device = lib.device_option(opts.device, 2) end
   if opts.placement ~= nil then o.table_place = choice(PLACES, opts.placement, "placement", 2) end
   if opts.bounds ~= nil then o.bounds = choice(BOUNDS, opts.bounds, "bounds", 2) end
   -- the FFI would truncate 1.5 callers, wrap 2^40 to INT32_MIN, and raise its own error for a string
