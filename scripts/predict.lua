@@ -32,7 +32,9 @@ if tmp then
   local lib = require "uvmrec.lib"
   local can, why = lib.file_target(o.out)
   if not can then cmd:fail(("--out %s: %s"):format(o.out, why)) end
-  if lib.same_file(o.out, o.model) then cmd:fail(("--out %s is the model file it scores with; give another file"):format(o.out)) end
+  if lib.same_file(o.out, o.model) then
+    cmd:fail(("--out %s is the model file it scores with; give another file"):format(o.out))
+  end
   local ferr
   out, ferr = io.open(tmp, "w")
   if not out then cmd:fail(("--out %s: %s"):format(o.out, ferr)) end
