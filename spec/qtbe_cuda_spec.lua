@@ -124,4 +124,20 @@ describe("uvmrec.qtbe on the GPU", function()
     end
     require("command").rmdir(dir)
   end)
+
+  cuda_it("scores a request of no ids (every bag empty) from host memory on the GPU as on the CPU", function()
+    -- a context's first such request had no buffer for the ids it copies (0 of them): the call
+    -- failed on a NULL view
+    local serve = require "uvmrec.serve"
+    local path = h.exported("tiny", { tables = "int8" })
+    local cpu, gpu = assert(serve.open(path, { device = "cpu" })), assert(serve.open(path, { device = 0 }))
+    local keys, lengths = cpu:features(), {}
+    for i = 1, 2 * #keys do lengths[i] = 0 end
+    local dense = ur.tensor({ 2, 13 }):fill(0.5)
+    local sparse = ur.KJT{ keys = keys, values = {}, lengths = lengths }
+    local a, b = assert(cpu:predict(dense, sparse)):totable(), assert(gpu:predict(dense, sparse)):totable()
+    for i = 1, 2 do assert.is_true(math.abs(a[i] - b[i]) <= 1e-5, "sample " .. i) end
+    cpu:close()
+    gpu:close()
+  end)
 end)

@@ -757,8 +757,9 @@ static ur_status ensure(const ur_model *m, ctx *c, int64_t batch, int64_t nvals,
   }
   if (!st && need_ids && (!c->offsets || ur_tensor_numel(c->offsets) < c->cap * m->F + 1))
     st = new_buffer(m, &c->offsets, UR_DTYPE_I64, c->cap * m->F + 1);
-  if (!st && need_ids && nvals > c->nvals) {
+  if (!st && need_ids && (nvals > c->nvals || !c->values)) { /* a request of no ids has a view too */
     int64_t cap = nvals > 2 * c->nvals ? nvals : 2 * c->nvals;
+    if (cap < 1) cap = 1;
     if (!(st = new_buffer(m, &c->values, UR_DTYPE_I64, cap)) &&
         !(st = new_buffer(m, &c->weights, UR_DTYPE_F32, cap)))
       c->nvals = cap;
