@@ -903,7 +903,7 @@ static ur_status to_host(const ur_tensor *x, int64_t **out) {
 /* Every value of x (i64 or i32) is >= 0 (and <= most, if most >= 0): read a chunk at a time. */
 static ur_status check_values(const ur_mc *m, int32_t t, const ur_tensor *x, const char *what,
                               int64_t most) {
-  enum { CHUNK = 65536 };
+  enum { CHUNK = 4096 }; /* 32 KiB of stack */
   int64_t buf[CHUNK], n = ur_tensor_numel(x);
   int wide = ur_tensor_dtype(x) == UR_DTYPE_I32;
   ur_status st = ur_tensor_place(x) == UR_PLACE_HOST ? UR_STATUS_OK : ur_device_sync();
