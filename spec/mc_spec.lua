@@ -68,6 +68,20 @@ local function random_batch(r, ref, B, shift)
   return batch
 end
 
+-- A map of a random configuration after `steps` random batches; its configuration, the
+-- generator and the reference that saw the same batches, to go on with.
+local function streamed(seed, policy, steps)
+  local r = h.rng(seed)
+  local cfg = random_config(r, policy)
+  local m, ref = assert(mc.new(cfg)), R.new(cfg)
+  for step = 1, steps do
+    local batch = random_batch(r, ref, 8, step)
+    ref:remap(batch, true)
+    m:remap(ur.KJT(R.kjt_fields(cfg.features, batch)))
+  end
+  return m, cfg, r, ref
+end
+
 local function compare_state(m, ref, name, what)
   local st = assert(m:state(name))
   local want = ref:state(name)
@@ -291,15 +305,7 @@ describe("uvmrec.mc", function()
   end)
 
   it("restores a table's map exactly from its state", function()
-    local r = h.rng(77)
-    local cfg = random_config(r, "distance_lfu")
-    local a = assert(mc.new(cfg))
-    local ref = R.new(cfg)
-    for step = 1, 15 do
-      local batch = random_batch(r, ref, 8, step)
-      ref:remap(batch, true)
-      a:remap(ur.KJT(R.kjt_fields(cfg.features, batch)))
-    end
+    local a, cfg, r, ref = streamed(77, "distance_lfu", 15)
     local b = assert(mc.new(cfg))
     for _, name in ipairs(a.table_names) do assert(b:load_state(name, assert(a:state(name)))) end
     b:set_step(a:step())
@@ -375,15 +381,7 @@ describe("uvmrec.mc", function()
   end)
 
   it("restores a state saved with 32-bit lookup counts (window, cand_counts)", function()
-    local r = h.rng(12)
-    local cfg = random_config(r, "lfu")
-    local a = assert(mc.new(cfg))
-    local ref = R.new(cfg)
-    for step = 1, 10 do
-      local batch = random_batch(r, ref, 8, step)
-      ref:remap(batch, true)
-      a:remap(ur.KJT(R.kjt_fields(cfg.features, batch)))
-    end
+    local a, cfg = streamed(12, "lfu", 10)
     local b = assert(mc.new(cfg))
     for _, name in ipairs(a.table_names) do
       local st = assert(a:state(name))
