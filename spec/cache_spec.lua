@@ -267,6 +267,110 @@ describe("uvmrec.cache", function()
     R.bits_equal(m:state("a").exp_avg_sq, shadow:state("a").exp_avg_sq, "exp_avg_sq")
   end)
 
+  it("refuses a batch that would stage its rows over those of one two tickets before, not yet retired", function()
+    -- staging has two halves, by the ticket's parity: with three batches prepared, the third
+    -- staged its rows over the first's, whose forward then read them (and its backward wrote
+    -- them into the first's rows), silently
+    local m, shadow = pair({ { name = "a", rows = 1000, dim = 4 } }, { slots = 32, min_slots = 0, staging_rows = 256 })
+    local function ids(first)
+      local l = {}
+      for k = 1, 100 do l[k] = first + k end
+      return input({ l })
+    end
+    local xs = { ids(0), ids(300), ids(600) }
+    local t1 = assert(m:prepare(xs[1]))
+    local t2 = assert(m:prepare(xs[2]))
+    local ok, err = pcall(m.prepare, m, xs[3])
+    assert.is_false(ok)
+    assert.matches("cache: batch 3 would stage its rows where batch 1, not yet retired, holds %d+ staged rows "
+                   .. "%(two batches stage at a time%); retire it first$", err)
+    -- the first two train as the uncached collection does, and the third after the first retired
+    for k, t in ipairs { t1, t2 } do
+      local out = m:forward(xs[k], t)
+      assert.same(shadow:forward(xs[k]):totable(), out:totable(), "batch " .. k)
+      local g = grad_like(out)
+      m:backward(xs[k], g, t)
+      shadow:backward(xs[k], g)
+    end
+    local out = m:forward(xs[3])
+    assert.same(shadow:forward(xs[3]):totable(), out:totable(), "batch 3")
+  end)
+
+  it("fails every later call, never trains on wrong rows, after a prepare that failed for memory", function()
+    -- A child process with 4 MiB of address space left prepares a batch of 300,000 ids.  Where
+    -- the allocation that fails comes after the batch's placement was decided (the rows' moves),
+    -- a retry trained on slots tagged for rows never loaded, and the table drifted silently from
+    -- the uncached one's; where it comes before, the retry must give the uncached one's bits.
+    if (os.getenv("LD_PRELOAD") or ""):match("libasan") then
+      return pending("a sanitizer build: its shadow memory does not fit under a capped address space")
+    end
+    local script = os.tmpname()
+    cmd.spit(script, [[
+      local ffi = require "ffi"
+      ffi.cdef "struct cache_rlimit { uint64_t cur, max; }; int setrlimit(int, const struct cache_rlimit *);"
+      local ur = require "uvmrec"
+      local function make(placement)
+        return ur.nn.EmbeddingBagCollection{
+          tables = { { name = "a", rows = 1000000, dim = 4, placement = placement } },
+          device = "cpu", seed = 5, optimizer = { "sgd", lr = 0.1 },
+          cache = placement == "cached" and { slots = 100000, staging_rows = 262144 } or nil }
+      end
+      local c, h = make("cached"), make("host")
+      local N = 300000
+      local function batch(k)
+        local v, o = ur.tensor({ N }, { dtype = "i64" }), ur.tensor({ N + 1 }, { dtype = "i64" })
+        local pv = ffi.cast("int64_t *", ur.C.ur_tensor_data(v.p))
+        local po = ffi.cast("int64_t *", ur.C.ur_tensor_data(o.p))
+        local x = k
+        po[0] = 0
+        for i = 0, N - 1 do
+          x = (x * 1103515245 + 12345) % 2147483648
+          pv[i], po[i + 1] = x % (k < 3 and 50000 or 1000000), i + 1
+        end
+        return { values = v, offsets = o }
+      end
+      local function train(m, x, k)
+        local out = m:forward(x)
+        local g = ur.tensor({ out:size(1), out:size(2) }):fill(0.001 * k)
+        m:backward(x, g)
+      end
+      local xs = {}
+      for k = 1, 4 do xs[k] = batch(k) end
+      for k = 1, 2 do train(c, xs[k], k); train(h, xs[k], k) end
+      collectgarbage()
+      local vm
+      for l in io.lines("/proc/self/status") do vm = vm or tonumber(l:match("^VmSize:%s+(%d+)")) end
+      local lim = ffi.new("struct cache_rlimit", (vm + 4 * 1024) * 1024, -1ULL)
+      assert(ffi.C.setrlimit(9, lim) == 0) -- RLIMIT_AS
+      local ok = pcall(train, c, xs[3], 3)
+      lim.cur = -1ULL
+      assert(ffi.C.setrlimit(9, lim) == 0)
+      print("batch 3 under the limit", ok)
+      local later
+      for k = ok and 4 or 3, 4 do
+        local fine, err = pcall(train, c, xs[k], k)
+        later = later or (not fine and tostring(err):match("cache: .*$"))
+      end
+      for k = 3, 4 do train(h, xs[k], k) end
+      if later then print("later", later) return end
+      local a, b = c.tbe:table("a"):totable(), h.tbe:table("a"):totable()
+      local same = #a == #b
+      for i = 1, #b do same = same and a[i] == b[i] end
+      print("the uncached table's bits", same)
+    ]])
+    local out, err, code = cmd.sh("MALLOC_MMAP_THRESHOLD_=65536 " .. cmd.quote(cmd.bin()) .. " " .. cmd.quote(script))
+    os.remove(script)
+    assert.equal(0, code, err)
+    assert.matches("^batch 3 under the limit\tfalse\n", out, nil, false)
+    local later = out:match("later\t([^\n]*)")
+    if later then
+      assert.equal("cache: a batch failed once its placement was decided, and its rows in HBM are no longer where "
+                   .. "its tags say; make the collection's cache again", later)
+    else
+      assert.matches("the uncached table's bits\ttrue\n$", out)
+    end
+  end)
+
   it("counts staged rows going home after their backward as write-backs, as bytes_out does", function()
     -- one set of 32 ways, batches of 50 distinct rows: 18 or more conflict misses each.  Every
     -- trained batch's victims are dirty and its staged rows go home; a batch only read sends
@@ -384,6 +488,9 @@ describe("uvmrec.cache", function()
     -- -9223372036854775808', 'decay_batches -2147483648'
     assert.has_error(function() pair(t, { staging_rows = 1 / 0 }) end,
                      "cache: staging_rows is inf; expected a whole number below 2^63")
+    -- slots + 2 x 2^62 rows wrapped to a buffer of one row, and the first batch wrote past it
+    assert.has_error(function() pair(t, { staging_rows = 2 ^ 62 }) end,
+                     "cache: staging_rows 4611686018427387904; expected 0 .. 1099511627776 (2^40)")
     assert.has_error(function() pair(t, { policy = "lfu", decay_batches = 2 ^ 40 }) end,
                      "cache: decay_batches is 1099511627776; expected a whole number from 0 to 2147483647")
     -- the engine's int32: 2^32 + 3 reached it as -2147483648 and was named so

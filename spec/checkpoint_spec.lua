@@ -928,8 +928,8 @@ describe("uvmrec.checkpoint registry", function()
       assert.same(before, m.w:totable())
       assert.is_nil(m.step)
     end
-    edited("uvmrec.step", "abc", 'uvmrec.step is "abc"; expected a whole number >= 0')
-    edited("uvmrec.step", "-1", 'uvmrec.step is "-1"; expected a whole number >= 0')
+    edited("uvmrec.step", "abc", 'uvmrec.step is "abc"; expected a whole number from 0 to below 2^53')
+    edited("uvmrec.step", "-1", 'uvmrec.step is "-1"; expected a whole number from 0 to below 2^53')
     edited("uvmrec.meta.dense", '{"step":"3","samples":96}',
       "the meta of component 'dense' has step \"3\"; expected a whole number >= 0")
     edited("uvmrec.meta.dense", '{"step":3}', "the meta of component 'dense' has no samples; expected a whole "
@@ -959,11 +959,25 @@ describe("uvmrec.checkpoint registry", function()
     assert.has_error(function() reg:save(scratch("x"), { step = 1 }) end,
       "checkpoint: component 'a': state().tensors must be {name = tensor}, got x = 5")
     assert.has_error(function() reg:save(scratch("x"), { step = -1 }) end,
-      "checkpoint save: step must be an integer >= 0, got -1")
-    -- inf was saved, as uvmrec.step -9223372036854775808
+      "checkpoint save: step must be a whole number from 0 to below 2^53, got -1")
+    -- inf was saved, as uvmrec.step -9223372036854775808; 2^53 + 2 was saved, and load refused it
     assert.has_error(function() reg:save(scratch("x"), { step = math.huge }) end,
-      "checkpoint save: step must be an integer >= 0, got inf")
+      "checkpoint save: step must be a whole number from 0 to below 2^53, got inf")
+    assert.has_error(function() reg:save(scratch("x"), { step = 2 ^ 53 + 2 }) end,
+      "checkpoint save: step must be a whole number from 0 to below 2^53, got 9.007199254741e+15")
     assert.same({ "a" }, reg:components())
+  end)
+
+  it("refuses a header no reader would take (over 100,000,000 bytes), writing nothing", function()
+    -- it was written, and every open refused it; with keep, rotation then removed the good one
+    local path = scratch("big.safetensors")
+    local ok, err = pcall(ck.save, path, { tensors = { w = ur.tensor({ 2 }) }, meta = { big = ("x"):rep(100000001) } })
+    collectgarbage()
+    assert.is_false(ok)
+    assert.matches(("safetensors save: %s: the header %%(metadata and 1 tensor entries%%) takes %%d+ bytes; a reader "
+                    .. "takes at most 100000000 %%(the largest metadata value: 'big', 100000001 bytes%%); nothing was "
+                    .. "written"):format(path:gsub("%p", "%%%0")), err)
+    assert.is_false(require("command").exists(path))
   end)
 end)
 

@@ -407,9 +407,10 @@ end
 -- (a table), config (a table), staging, stream.  true, or nil, message.
 function Registry:save(path, info)
   info = info or {}
-  -- inf passed a check of its own and was written as uvmrec.step -9223372036854775808
-  if info.step ~= nil and not lib.whole_in(info.step, 0, 2 ^ 63) then
-    error("checkpoint save: step must be an integer >= 0, got " .. tostring(info.step), 2)
+  -- inf passed a check of its own and was written as uvmrec.step -9223372036854775808; a step
+  -- from 2^53 was written, and load refused it (a Lua number holds whole numbers below 2^53)
+  if info.step ~= nil and not lib.whole_in(info.step, 0, 2 ^ 53) then
+    error("checkpoint save: step must be a whole number from 0 to below 2^53, got " .. tostring(info.step), 2)
   end
   local tensors, names = {}, {}
   local meta = { ["uvmrec.format"] = tostring(M.FORMAT), ["uvmrec.step"] = ("%d"):format(info.step or 0) }
@@ -535,7 +536,7 @@ function Registry:load(path, opts)
   -- absent: 0, as save writes a step it was not given
   local step = tonumber(f:meta("uvmrec.step") or 0)
   if not whole(step) then
-    return fail(("uvmrec.step is %s; expected a whole number >= 0"):format(show(f:meta("uvmrec.step"))))
+    return fail(("uvmrec.step is %s; expected a whole number from 0 to below 2^53"):format(show(f:meta("uvmrec.step"))))
   end
   local decoded = {}
   for _, k in ipairs { "components", "rng", "config" } do

@@ -21,6 +21,7 @@
 
 #define RING UR__CACHE_RING
 #define EMPTY ((uint64_t)-1)
+#define MAX_STAGING_ROWS ((int64_t)1 << 40) /* slots + 2 x this rows neither overflow nor fit */
 
 typedef struct flight {
   int64_t ticket;               /* 0: the entry is free */
@@ -71,7 +72,7 @@ struct ur_cache {
   int64_t rebased;              /* LFU: the decay period (ticket / decay_batches, whole) of the
                                  * counts' last re-base (cache_sets.h) */
   int filled;                   /* a row has been moved into a slot (growth keeps the slots) */
-  int lost;                     /* growing staging lost the slot storage (regrow_via_host) */
+  const char *lost;             /* why the slots no longer hold what the tags say, or NULL */
   void *last_ready;             /* the last prepare's event, after its copies (or NULL) */
   counters *stats;              /* [nt + 1]: per table, then the total */
   double seconds, gpu_seconds, gpu_phase[4]; /* gpu_phase: ur_cache_stats.gpu_phase_seconds */
@@ -265,9 +266,9 @@ static ur_status check_config(const ur_cache_config *cfg) {
   if (cfg->decay_batches < 0)
     return ur__error(UR_STATUS_INVALID, "cache: decay_batches %d; expected >= 0 (0: no decay)",
                      (int)cfg->decay_batches);
-  if (cfg->staging_rows < 0)
-    return ur__error(UR_STATUS_INVALID, "cache: staging_rows %lld; expected >= 0",
-                     (long long)cfg->staging_rows);
+  if (cfg->staging_rows < 0 || cfg->staging_rows > MAX_STAGING_ROWS)
+    return ur__error(UR_STATUS_INVALID, "cache: staging_rows %lld; expected 0 .. %lld (2^40)",
+                     (long long)cfg->staging_rows, (long long)MAX_STAGING_ROWS);
   if (cfg->mover_warps < 0)
     return ur__error(UR_STATUS_INVALID, "cache: mover_warps %d; expected >= 0 (0: a warp a row)",
                      (int)cfg->mover_warps);
@@ -618,9 +619,8 @@ static ur_status check_alive(const ur_cache *c) {
   if (!c->tbe)
     return ur__error(UR_STATUS_INVALID, "cache: its embedding collection was freed");
   if (c->lost)
-    return ur__error(UR_STATUS_INVALID, "cache: a growth of its staging failed, and its rows in "
-                                        "HBM are no longer where its tags say; make the "
-                                        "collection's cache again");
+    return ur__error(UR_STATUS_INVALID, "cache: %s, and its rows in HBM are no longer where its "
+                                        "tags say; make the collection's cache again", c->lost);
   return UR_STATUS_OK;
 }
 
@@ -772,7 +772,7 @@ static ur_status regrow_via_host(ur_cache *c, int64_t R, int64_t keep, int *rest
   ur_tensor_free(h);
   if (st) {
     *restored = 0;
-    c->lost = 1;
+    c->lost = "a growth of its staging failed";
     for (int32_t i = 0; i < c->bound; i++)
       ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, NULL, 0);
     c->bound = 0;
@@ -980,8 +980,10 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
   j.nwb = info[UR__CI_NWB];
   j.nfill = info[UR__CI_NFILL];
   j.nconf = info[UR__CI_NCONF];
-  if (!B->tconf && !(B->tconf = calloc((size_t)c->nt, sizeof *B->tconf)))
+  if (!B->tconf && !(B->tconf = calloc((size_t)c->nt, sizeof *B->tconf))) {
+    c->lost = "a batch failed once its placement was decided"; /* the decisions are taken: as below */
     return ur__error(UR_STATUS_OOM, "cache: out of host memory");
+  }
   for (int32_t ct = 0; ct < c->nt; ct++) {
     const int64_t *t = info + UR__CI_TABLES + (size_t)ct * UR__CT_COUNT;
     counters *cs = &c->stats[ct];
@@ -998,9 +1000,10 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
   /* Growing was checked possible before the decisions (settle).  Failing now for memory
    * leaves the slot storage as it was (grow_staging), but this batch's decisions are taken
    * (tags moved, dirty rows evicted without their write-back): the cache is unusable, and
-   * every later call says so (c->lost). */
+   * every later call says so (c->lost); so for any failure from here on (a retry would train
+   * on slots tagged for rows never loaded). */
   if (j.nconf > c->M && (st = grow_staging(c, j.nconf))) {
-    c->lost = 1;
+    c->lost = "a growth of its staging failed";
     return st;
   }
   /* 3. place and move */
@@ -1008,15 +1011,24 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
   if (!B->dev || ur_tensor_numel(B->dev) < words) {
     ur_tensor_free(B->dev);
     B->dev = NULL;
-    if ((st = home_tensor(c, &B->dev, UR_DTYPE_I64, words + words / 2 + 1024, 0))) return st;
+    if ((st = home_tensor(c, &B->dev, UR_DTYPE_I64, words + words / 2 + 1024, 0))) {
+      c->lost = "a batch failed once its placement was decided";
+      return st;
+    }
   }
   j.lists = ur_tensor_data(B->dev);
   j.row_ids = ur_tensor_data(c->srow);
   j.sbase = c->S + (tk & 1) * c->M;
   j.out = ur_tensor_data(x->out);
-  if ((st = span_mark(c, B, 4, sh)) || (st = g->cache->place(sh, &c->dev, &j))) return st;
+  if ((st = span_mark(c, B, 4, sh)) || (st = g->cache->place(sh, &c->dev, &j))) {
+    c->lost = "a batch failed once its placement was decided";
+    return st;
+  }
   c->filled = 1;
-  if ((st = move(c, sh, j.lists, j.nwb, j.lists + 2 * j.nwb, j.nfill + j.nconf, 1))) return st;
+  if ((st = move(c, sh, j.lists, j.nwb, j.lists + 2 * j.nwb, j.nfill + j.nconf, 1))) {
+    c->lost = "a batch failed once its placement was decided";
+    return st;
+  }
   if ((st = span_mark(c, B, 5, sh))) return st;
   B->timed_p = 1;
   c->last_ready = B->span[5];
@@ -1093,6 +1105,14 @@ static ur_status settle(ur_cache *c, ur_stream *s, const flight *B, int64_t tk, 
                        "cache: batch %lld needs rows that batch %lld (not yet retired) serves "
                        "from staging; retire it before preparing the next",
                        (long long)tk, (long long)b->ticket);
+      /* staging has two halves, a batch's by its ticket's parity: batch tk would write its
+       * staged rows over those of batch tk - 2 (its forward would read tk's rows, and its
+       * backward write them into its own) */
+      else if (b->nstaged && (b->ticket & 1) == (tk & 1))
+        st = ur__error(UR_STATUS_INVALID,
+                       "cache: batch %lld would stage its rows where batch %lld, not yet retired, "
+                       "holds %lld staged rows (two batches stage at a time); retire it first",
+                       (long long)tk, (long long)b->ticket, (long long)b->nstaged);
       continue;
     }
     int release = b->stream == s || b->ticket <= tk - 2;

@@ -529,6 +529,15 @@ ur_status ur_safetensors_writer_open(ur_safetensors_writer **out, ur_stream *str
   char *header = NULL;
   size_t hlen = 0;
   if (!s) s = build_header(items, n, nmeta, meta_keys, meta_values, &header, &hlen);
+  if (!s && hlen - 8 > HEADER_MAX) { /* published, it would be refused by every reader */
+    int32_t big = -1;
+    for (int32_t i = 0; i < nmeta; i++)
+      if (big < 0 || strlen(meta_values[i]) > strlen(meta_values[big])) big = i;
+    s = ur__error(UR_STATUS_INVALID, "safetensors save: %s: the header (metadata and %d tensor "
+                  "entries) takes %zu bytes; a reader takes at most %llu (the largest metadata "
+                  "value: '%s', %zu bytes); nothing was written", path, (int)n, hlen - 8, HEADER_MAX,
+                  big >= 0 ? meta_keys[big] : "none", big >= 0 ? strlen(meta_values[big]) : (size_t)0);
+  }
   w->data_start = hlen;
   w->total = hlen + off;
   for (int32_t i = 0; !s && i < n; i++) {
