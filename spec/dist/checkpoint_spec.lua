@@ -488,6 +488,16 @@ describe("uvmrec.dist.checkpoint", function()
     assert.matches("table 'b' is f16 there and f32 here", err)
     _, err = dck.load(P, ur.nn.EmbeddingBagCollection(opts("adagrad")))
     assert.matches("the optimizer state there is {exp_avg, exp_avg_sq} %(adam%) and here {sum} %(adagrad%)", err)
+    -- the same state's name, another width (a value an element, one a row): it was found while
+    -- copying, with table a already written
+    local ada = dir .. "/adagrad"
+    local plain = ur.nn.EmbeddingBagCollection(opts("adagrad"))
+    assert(dck.save(ada, plain))
+    local into = ur.nn.EmbeddingBagCollection(opts("rowwise_adagrad"))
+    local before = into:table("a"):totable()
+    _, err = dck.load(ada, into)
+    assert.matches("the optimizer state there is {sum} %(adagrad%) and here {sum} %(rowwise_adagrad%)", err)
+    assert.same(before, into:table("a"):totable())
     o = opts()
     table.remove(o.tables, 4)
     _, err = dck.load(P, ur.nn.EmbeddingBagCollection(o))

@@ -622,7 +622,9 @@ function M.load(dir, ebc, opts)
   local c1 = collections[1]
   local mine = table.concat(c1 and c1.state_names or {}, ", ")
   local theirs = table.concat(m.state or {}, ", ")
-  if mine ~= theirs then
+  -- the same state names are not enough: adagrad's sum is a value an element, rowwise_adagrad's
+  -- one a row (found only while copying, after a table was written)
+  if mine ~= theirs or (c1 and m.optimizer ~= c1.optimizer) then
     return nil, ("%s: the optimizer state there is {%s} (%s) and here {%s} (%s)"):format(where, theirs,
       tostring(m.optimizer), mine, tostring(c1 and c1.optimizer))
   end
