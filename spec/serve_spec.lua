@@ -682,7 +682,7 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     out, err, code = cmd.run(("predict %s --samples 3 --out %s/no/p.txt"):format(model, dir))
     assert.equal(1, code, out)
     assert.equal(("uvmrec predict: --out %s/no/p.txt: %s/no: No such file or directory\n"):format(dir, dir), err)
-    -- the model itself (through ../): it was replaced by the scores
+    -- the model itself (through ./): it was replaced by the scores
     assert(cmd.sh(("cp %s %s/m.safetensors"):format(cmd.quote(model), cmd.quote(dir))))
     out, err, code = cmd.run(("predict %s/m.safetensors --samples 3 --out %s/./m.safetensors"):format(dir, dir))
     assert.equal(1, code, out)

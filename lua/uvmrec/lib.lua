@@ -159,7 +159,7 @@ function M.file_target(path)
   return true
 end
 
-ffi.cdef "char *realpath(const char *path, char *resolved_path);"
+pcall(ffi.cdef, "char *realpath(const char *path, char *resolved_path);") -- a host may have declared it
 local resolved = ffi.new("char[4096]") -- PATH_MAX
 
 -- Whether paths a and b name one existing file (through links and ../): a command's --out that

@@ -21,6 +21,10 @@
 
 #define RING UR__CACHE_RING
 #define EMPTY ((uint64_t)-1)
+/* c->lost's reasons: staging could not grow, or storage of its old size be had again; a batch
+ * failed once its placement was decided (the tags moved) */
+#define LOST_GROWN "a growth of its staging failed"
+#define LOST_PLACED "a batch failed once its placement was decided"
 #define MAX_STAGING_ROWS ((int64_t)1 << 40) /* slots + 2 x this rows neither overflow nor fit */
 
 typedef struct flight {
@@ -772,7 +776,7 @@ static ur_status regrow_via_host(ur_cache *c, int64_t R, int64_t keep, int *rest
   ur_tensor_free(h);
   if (st) {
     *restored = 0;
-    c->lost = "a growth of its staging failed";
+    c->lost = LOST_GROWN;
     for (int32_t i = 0; i < c->bound; i++)
       ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, NULL, 0);
     c->bound = 0;
@@ -972,16 +976,19 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
   j.lfu = c->cfg.policy == UR_CACHE_LFU;
   /* the counts' epochs have 16 bits: re-based often enough that none read is 65536 old */
   j.rebase = j.lfu && decay_period(c, tk) - c->rebased >= UR__CACHE_REBASE_EPOCHS;
-  if ((st = span_mark(c, B, 2, sh)) || (st = g->cache->decide(sh, &c->dev, &j)) ||
-      (st = span_mark(c, B, 3, sh)) || (st = g->stream_sync(sh)))
+  if ((st = span_mark(c, B, 2, sh)) || (st = g->cache->decide(sh, &c->dev, &j)))
     return st;
+  if ((st = span_mark(c, B, 3, sh)) || (st = g->stream_sync(sh))) { /* decide was queued */
+    c->lost = LOST_PLACED;
+    return st;
+  }
   if (j.rebase) c->rebased = decay_period(c, tk);
   c->stats[c->nt].bytes_ids += link;
   j.nwb = info[UR__CI_NWB];
   j.nfill = info[UR__CI_NFILL];
   j.nconf = info[UR__CI_NCONF];
   if (!B->tconf && !(B->tconf = calloc((size_t)c->nt, sizeof *B->tconf))) {
-    c->lost = "a batch failed once its placement was decided"; /* the decisions are taken: as below */
+    c->lost = LOST_PLACED; /* the decisions are taken: as below */
     return ur__error(UR_STATUS_OOM, "cache: out of host memory");
   }
   for (int32_t ct = 0; ct < c->nt; ct++) {
@@ -1003,7 +1010,7 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
    * every later call says so (c->lost); so for any failure from here on (a retry would train
    * on slots tagged for rows never loaded). */
   if (j.nconf > c->M && (st = grow_staging(c, j.nconf))) {
-    c->lost = "a growth of its staging failed";
+    c->lost = LOST_GROWN;
     return st;
   }
   /* 3. place and move */
@@ -1012,7 +1019,7 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
     ur_tensor_free(B->dev);
     B->dev = NULL;
     if ((st = home_tensor(c, &B->dev, UR_DTYPE_I64, words + words / 2 + 1024, 0))) {
-      c->lost = "a batch failed once its placement was decided";
+      c->lost = LOST_PLACED;
       return st;
     }
   }
@@ -1021,15 +1028,18 @@ static ur_status decide(ur_cache *c, ur_stream *s, flight *B, int64_t tk, const 
   j.sbase = c->S + (tk & 1) * c->M;
   j.out = ur_tensor_data(x->out);
   if ((st = span_mark(c, B, 4, sh)) || (st = g->cache->place(sh, &c->dev, &j))) {
-    c->lost = "a batch failed once its placement was decided";
+    c->lost = LOST_PLACED;
     return st;
   }
   c->filled = 1;
   if ((st = move(c, sh, j.lists, j.nwb, j.lists + 2 * j.nwb, j.nfill + j.nconf, 1))) {
-    c->lost = "a batch failed once its placement was decided";
+    c->lost = LOST_PLACED;
     return st;
   }
-  if ((st = span_mark(c, B, 5, sh))) return st;
+  if ((st = span_mark(c, B, 5, sh))) {
+    c->lost = LOST_PLACED;
+    return st;
+  }
   B->timed_p = 1;
   c->last_ready = B->span[5];
   for (int32_t ct = 0; ct < c->nt; ct++) c->stats[ct].batches++;

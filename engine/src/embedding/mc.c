@@ -77,6 +77,9 @@ ur_status ur_mc_policy_parse(const char *s, ur_mc_policy *out) {
                    s ? s : "(null)");
 }
 
+/* The candidate slots a table keeps beyond its candidates: twice its largest batch's ids. */
+static int64_t headroom(int64_t nmax) { return 2 * nmax > MIN_HEADROOM ? 2 * nmax : MIN_HEADROOM; }
+
 static int64_t pow2_at_least(int64_t n) {
   int64_t p = 1;
   while (p < n) p <<= 1;
@@ -380,24 +383,25 @@ static ur_status grow_re(mc_tab *b, int64_t need) {
   return UR_STATUS_OK;
 }
 
-/* What a round of table t allocates before it runs: its scratch where the backend runs, and
- * room for the rows it may reassign. */
-static ur_status round_alloc(ur_mc *m, int32_t t, ur_tensor **scratch) {
+/* The scratch a round of table t needs where the backend runs, in bytes (*bytes at least that:
+ * rounds run one at a time, so one scratch serves the largest), and room on the host for the
+ * rows it may reassign. */
+static ur_status round_needs(ur_mc *m, int32_t t, size_t *bytes) {
   size_t sb = 0;
-  *scratch = NULL;
   ur_status st = UR__NEED(m->be, mc, round_scratch);
   if (!st) st = m->be->mc->round_scratch(&m->desc[t], &sb);
-  if (!st && sb) st = home_tensor(m, scratch, UR_DTYPE_U8, (int64_t)sb);
   if (!st) st = grow_re(&m->tb[t], m->desc[t].qmask + 1);
-  if (st) {
-    ur_tensor_free(*scratch);
-    *scratch = NULL;
-  }
+  if (!st && sb > *bytes) *bytes = sb;
   return st;
 }
 
-/* A round of table t in the scratch round_alloc gave; allocates nothing (the backend's round
- * fails, if at all, before it changes the map). */
+static ur_status scratch_alloc(ur_mc *m, size_t bytes, ur_tensor **scratch) {
+  *scratch = NULL;
+  return bytes ? home_tensor(m, scratch, UR_DTYPE_U8, (int64_t)bytes) : UR_STATUS_OK;
+}
+
+/* A round of table t in scratch of round_needs' bytes; allocates nothing (the backend's round
+ * works in the scratch, and fails, if at all, before it changes the map). */
 static ur_status run_round(ur_mc *m, ur_stream *s, int32_t t, int evict, ur_tensor *scratch) {
   double t0 = ur_clock_seconds();
   mc_tab *b = &m->tb[t];
@@ -467,8 +471,10 @@ ur_status ur_mc_round(ur_stream *s, ur_mc *m, int32_t table) {
   int32_t prev = 0;
   if ((st = ur__device_enter(m->be, m->cfg.device, &prev))) return st;
   ur_tensor *scratch = NULL;
+  size_t sb = 0;
   st = read_info(m);
-  if (!st) st = round_alloc(m, table, &scratch);
+  if (!st) st = round_needs(m, table, &sb);
+  if (!st) st = scratch_alloc(m, sb, &scratch);
   if (!st) {
     m->tb[table].nre = 0;
     st = run_round(m, s, table, 1, scratch);
@@ -567,13 +573,12 @@ static ur_status exact_counts(ur_mc *m, ur_stream *s, const ur_tensor *offsets, 
 /* What schedule made ready for one table before any round ran. */
 typedef struct table_plan {
   int round;                    /* 0: none; 1: an eviction round; 2: a fill round */
-  ur_tensor *scratch;           /* the round's */
   ur_tensor *k, *n, *l;         /* the candidates' next map, or NULL: the map has room */
 } table_plan;
 
 static void free_plan(table_plan *p) {
-  ur_tensor *ts[4] = {p->scratch, p->k, p->n, p->l};
-  for (int i = 0; i < 4; i++) ur_tensor_free(ts[i]);
+  ur_tensor *ts[3] = {p->k, p->n, p->l};
+  for (int i = 0; i < 3; i++) ur_tensor_free(ts[i]);
 }
 
 /* Before an updating batch of n ids: the rounds due, and room in every candidates' map.  Every
@@ -584,7 +589,10 @@ static void free_plan(table_plan *p) {
 static ur_status schedule(ur_mc *m, ur_stream *s, const ur_tensor *offsets) {
   ur_status st = read_info(m);
   int need_exact = 0;
-  for (int32_t t = 0; t < m->T; t++) need_exact |= !m->tb[t].sized;
+  for (int32_t t = 0; t < m->T; t++) {
+    m->tb[t].nre = 0; /* a batch refused runs no round: none reassigned */
+    need_exact |= !m->tb[t].sized;
+  }
   if (!st && need_exact) {
     int64_t *per = malloc(sizeof(int64_t) * (size_t)m->T);
     if (!per) return ur__error(UR_STATUS_OOM, "mc: out of host memory");
@@ -598,6 +606,8 @@ static ur_status schedule(ur_mc *m, ur_stream *s, const ur_tensor *offsets) {
   if (st) return st;
   table_plan *plan = calloc((size_t)m->T, sizeof *plan);
   if (!plan) return ur__error(UR_STATUS_OOM, "mc: out of host memory");
+  size_t sb = 0;
+  ur_tensor *scratch = NULL;
   for (int32_t t = 0; t < m->T && !st; t++) {
     mc_tab *b = &m->tb[t];
     const ur_mc_table_config *c = &m->tc[t];
@@ -610,26 +620,27 @@ static ur_status schedule(ur_mc *m, ur_stream *s, const ur_tensor *offsets) {
       p->round = 2;
       left = ncand > room ? ncand - room : 0;
     }
-    int64_t head = 2 * b->nmax > MIN_HEADROOM ? 2 * b->nmax : MIN_HEADROOM;
+    int64_t head = headroom(b->nmax);
     int64_t q = cand_slots(m, t, left + head);
     if (q != m->desc[t].qmask + 1) st = new_cand_map(m, q, &p->k, &p->n, &p->l);
-    if (!st && p->round) st = round_alloc(m, t, &p->scratch);
+    if (!st && p->round) st = round_needs(m, t, &sb);
   }
+  if (!st) st = scratch_alloc(m, sb, &scratch);
   int changed = 0;
   for (int32_t t = 0; t < m->T && !st; t++) {
     mc_tab *b = &m->tb[t];
     table_plan *p = &plan[t];
-    b->nre = 0;
-    if (p->round) st = run_round(m, s, t, p->round == 1, p->scratch);
+    if (p->round) st = run_round(m, s, t, p->round == 1, scratch);
     int64_t q0 = m->desc[t].qmask;
     if (!st && p->k) st = grow_into(m, s, t, &p->k, &p->n, &p->l);
     /* the candidates left as foreseen: a no-op (else sized as they are) */
-    int64_t head = 2 * b->nmax > MIN_HEADROOM ? 2 * b->nmax : MIN_HEADROOM;
+    int64_t head = headroom(b->nmax);
     if (!st) st = size_cand_map(m, s, t, b->info[UR__MI_CAND] + head);
     changed |= m->desc[t].qmask != q0;
   }
   for (int32_t t = 0; t < m->T; t++) free_plan(&plan[t]);
   free(plan);
+  ur_tensor_free(scratch);
   if (!st && changed) st = push_desc(m, s);
   return st;
 }
@@ -940,7 +951,7 @@ static void state_host_free(state_host *h) {
  * batches, and a map is sized for those plus twice the largest batch. */
 static int64_t most_slots(const ur_mc *m, int32_t t, int64_t k, int64_t batch_max) {
   int64_t c = m->tc[t].max_candidates > k ? m->tc[t].max_candidates : k;
-  int64_t head = 2 * batch_max > MIN_HEADROOM ? 2 * batch_max : MIN_HEADROOM;
+  int64_t head = headroom(batch_max);
   return pow2_at_least(2 * (c + head));
 }
 
@@ -1058,7 +1069,7 @@ ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
   }
   mc_tab *b = &m->tb[table];
   int64_t nmax = in->batch_max > 0 ? in->batch_max : 0;
-  int64_t head = 2 * nmax > MIN_HEADROOM ? 2 * nmax : MIN_HEADROOM;
+  int64_t head = headroom(nmax);
   int64_t q = in->slots ? in->slots : pow2_at_least(2 * (k + head));
   int64_t *hk = NULL, *hl = NULL, *hc = NULL, *win = NULL;
   ur_tensor *nk = NULL, *nc = NULL, *nl = NULL;

@@ -196,9 +196,16 @@ static void sift_up(entry *h, int64_t i) {
   }
 }
 
+typedef struct kept_cand {
+  int64_t id, last, count;
+} kept_cand;
+
+/* A round's scratch, taken before the round so that it fails, if at all, before any map
+ * changes: the candidates ranked (at most a slot each), the worst residents (at most a row
+ * each), the candidates a fill leaves. */
 static ur_status cpu_round_scratch(const ur__mc_table *t, size_t *bytes) {
-  (void)t;
-  *bytes = 0;
+  size_t q = (size_t)t->qmask + 1, cap = (size_t)t->cap;
+  *bytes = q * sizeof(entry) + cap * sizeof(entry) + q * sizeof(kept_cand);
   return UR_STATUS_OK;
 }
 
@@ -209,10 +216,6 @@ static void cand_clear(const ur__mc_table *t) {
   memset(t->clast, 0, q * sizeof(int64_t));
 }
 
-typedef struct kept_cand {
-  int64_t id, last, count;
-} kept_cand;
-
 static ur_status cpu_round(void *stream, const ur__mc_table *t, ur__mc_round *r) {
   (void)stream;
   int64_t q = t->qmask + 1, nc = 0;
@@ -220,16 +223,8 @@ static ur_status cpu_round(void *stream, const ur__mc_table *t, ur__mc_round *r)
   int64_t occ = r->occupied, empty = t->cap - occ;
   int64_t ep = nc < empty ? nc : empty;
   int64_t m = r->evict && nc > ep ? (nc - ep < occ ? nc - ep : occ) : 0;
-  entry *c = malloc(sizeof(entry) * (size_t)(nc ? nc : 1));
-  entry *w = malloc(sizeof(entry) * (size_t)(m ? m : 1));
-  kept_cand *kept = malloc(sizeof(kept_cand) * (size_t)(nc ? nc : 1));
-  if (!c || !w || !kept) {
-    free(c);
-    free(w);
-    free(kept);
-    return ur__error(UR_STATUS_OOM, "mc: out of host memory for a round of %lld candidates",
-                     (long long)nc);
-  }
+  entry *c = r->scratch, *w = c + q;
+  kept_cand *kept = (kept_cand *)(w + t->cap);
   int64_t k = 0;
   for (int64_t s = 0; s < q; s++)
     if (t->ckeys[s] != UR__MC_EMPTY) {
@@ -294,9 +289,6 @@ static ur_status cpu_round(void *stream, const ur__mc_table *t, ur__mc_round *r)
   r->admitted = adm;
   r->evicted = ev;
   r->candidates = nc;
-  free(c);
-  free(w);
-  free(kept);
   return UR_STATUS_OK;
 }
 

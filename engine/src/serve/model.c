@@ -428,7 +428,7 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
         st = ur_safetensors_view(r->f, ur_safetensors_find(r->f, pn), &perm);
         if (!st) st = ur_qtbe_set_permutation(m->qtbe, t, perm);
         /* what only the table's own check finds (a permutation that is none) names the file */
-        if (st == UR_STATUS_INVALID) st = bad(r, "%s", ur_last_error());
+        if (st == UR_STATUS_INVALID) st = ur__error_cause(UR_STATUS_FORMAT, "model file %s", r->path);
       }
       ur_tensor_free(view);
       ur_tensor_free(perm);

@@ -191,10 +191,11 @@ function MCC:checkpoint_component(name)
     end,
     -- before anything is loaded: the settings, and each map as the engine would restore it
     check = function(tensors, meta)
-      -- a non-resident id's fallback row is a hash of the id and the seed
-      if meta.seed ~= map.seed then
+      -- a non-resident id's fallback row is a hash of the id and the seed (a checkpoint written
+      -- before the seed was saved is taken as it is: the trainer's config comparison covers it)
+      if meta.seed ~= nil and meta.seed ~= map.seed then
         return ("the map's hash seed differs from the checkpoint's (the checkpoint has %s, this run has %s)")
-               :format(meta.seed == nil and "none recorded" or tostring(meta.seed), tostring(map.seed))
+               :format(tostring(meta.seed), tostring(map.seed))
       end
       -- the maps hold ids ranked by these settings: other settings would not resume them
       for _, t in ipairs(map.table_names) do
