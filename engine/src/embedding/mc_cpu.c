@@ -200,12 +200,18 @@ typedef struct kept_cand {
   int64_t id, last, count;
 } kept_cand;
 
-/* A round's scratch, taken before the round so that it fails, if at all, before any map
- * changes: the candidates ranked (at most a slot each), the worst residents (at most a row
- * each), the candidates a fill leaves. */
-static ur_status cpu_round_scratch(const ur__mc_table *t, size_t *bytes) {
+/* The worst residents a round may compare: no more than the rows, nor than the candidates. */
+static size_t worst_max(const ur__mc_table *t) {
   size_t q = (size_t)t->qmask + 1, cap = (size_t)t->cap;
-  *bytes = q * sizeof(entry) + cap * sizeof(entry) + q * sizeof(kept_cand);
+  return q < cap ? q : cap;
+}
+
+/* A round's scratch, taken before the round so that it fails, if at all, before any map
+ * changes: the candidates ranked (at most a slot each), the worst residents (worst_max), the
+ * candidates a fill leaves. */
+static ur_status cpu_round_scratch(const ur__mc_table *t, size_t *bytes) {
+  size_t q = (size_t)t->qmask + 1;
+  *bytes = q * sizeof(entry) + worst_max(t) * sizeof(entry) + q * sizeof(kept_cand);
   return UR_STATUS_OK;
 }
 
@@ -224,7 +230,7 @@ static ur_status cpu_round(void *stream, const ur__mc_table *t, ur__mc_round *r)
   int64_t ep = nc < empty ? nc : empty;
   int64_t m = r->evict && nc > ep ? (nc - ep < occ ? nc - ep : occ) : 0;
   entry *c = r->scratch, *w = c + q;
-  kept_cand *kept = (kept_cand *)(w + t->cap);
+  kept_cand *kept = (kept_cand *)(w + worst_max(t));
   int64_t k = 0;
   for (int64_t s = 0; s < q; s++)
     if (t->ckeys[s] != UR__MC_EMPTY) {
