@@ -2217,13 +2217,24 @@ static ur_status tbe_gather_rows(void *stream, const void *src, int64_t src_rows
   return UR_STATUS_OK;
 }
 
-/* far_move_kernel's grid: a block per 16 SMs (9 on an H100 or H200): 72 warps, 147 KB of rows
- * in flight, about twice what the link (about 35 GB/s at 2 us) needs.  Its blocks hold SMs
- * beside the step's dense kernels: B4 at 20% with early copies written behind, on an H200,
+/* far_move_kernel's grid.  Reading rows over the link (the early copies; far_spill_kernel's few
+ * rows past set_far_dma's copies too): a block per 16 SMs (9 on an H100 or H200): 72 warps, 147
+ * KB of rows in flight, about twice what the link (about 35 GB/s at 2 us) needs.  Its blocks hold
+ * SMs beside the step's dense kernels: B4 at 20% with early copies written behind, on an H200,
  * 4.32-4.35 ms a step with a block per 8 SMs, 4.09-4.10 per 16, 4.29 per 32 (the copies then
  * slower than the step) against 3.7 all in HBM.  16 bytes a lane and 16 rows a warp were slower
- * (4.25 ms per 32 SMs, the copies slower; 4.16 per 16, the dense kernels slower). */
-static unsigned far_move_blocks(void) { return (unsigned)(sm_count() / 16 + 1); }
+ * (4.25 ms per 32 SMs, the copies slower; 4.16 per 16, the dense kernels slower).
+ * Writing rows over the link (the write home): FAR_HOME_BLOCKS, whatever the SMs.  Writes queued
+ * faster than the link drains them slow every kernel beside them, and a block writes faster since
+ * the homes' list holds each row's address (it searched the tables and read the permutation, about
+ * 3.5 GB/s a block): with 9, the bottom MLP's forward took 0.50 ms against 0.18.  B4 with early
+ * copies written behind, on an H100 (4.04-4.06 ms all in HBM), at 20% and 5%: 9 blocks 0.84 and
+ * 0.79 of all in HBM, 6 0.85 and 0.81, 4 0.86-0.88 and 0.85-0.86, 3 0.90 and 0.86, 2 0.90 and
+ * 0.86 (4.48 and 4.67 ms; the next backward did not wait for them). */
+#define FAR_HOME_BLOCKS 2
+static unsigned far_move_blocks(bool to_home) {
+  return to_home ? FAR_HOME_BLOCKS : (unsigned)(sm_count() / 16 + 1);
+}
 
 static ur_status tbe_far_prefetch(void *stream, const ur__tbe_args *a, const ur__tbe_far *cur) {
   cudaStream_t st = (cudaStream_t)stream;
@@ -2248,16 +2259,16 @@ static ur_status tbe_far_patch(void *stream, const ur__tbe_far *f, const ur__tbe
 
 static ur_status tbe_far_move(void *stream, const ur__tbe_far *f, int32_t to_home) {
   cudaStream_t st = (cudaStream_t)stream;
-  if (to_home) far_move_kernel<true><<<far_move_blocks(), UR_TBE_WARPS * 32, 0, st>>>(*f);
-  else far_move_kernel<false><<<far_move_blocks(), UR_TBE_WARPS * 32, 0, st>>>(*f);
+  if (to_home) far_move_kernel<true><<<far_move_blocks(true), UR_TBE_WARPS * 32, 0, st>>>(*f);
+  else far_move_kernel<false><<<far_move_blocks(false), UR_TBE_WARPS * 32, 0, st>>>(*f);
   UR_CUDA_CHECK(cudaGetLastError(), to_home ? "tbe far rows home" : "tbe far rows' early copies");
   return UR_STATUS_OK;
 }
 
 static ur_status tbe_far_spill(void *stream, const ur__tbe_far *f, char *host, int64_t from,
                                int32_t to_host) {
-  far_spill_kernel<<<far_move_blocks(), UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(*f, host, from,
-                                                                                     to_host != 0);
+  far_spill_kernel<<<far_move_blocks(false), UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(
+      *f, host, from, to_host != 0);
   UR_CUDA_CHECK(cudaGetLastError(), "tbe far_spill");
   return UR_STATUS_OK;
 }
