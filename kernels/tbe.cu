@@ -2228,7 +2228,7 @@ static ur_status tbe_gather_rows(void *stream, const void *src, int64_t src_rows
  * faster than the link drains them slow every kernel beside them, and a block writes faster since
  * the homes' list holds each row's address (it searched the tables and read the permutation, about
  * 3.5 GB/s a block): with 9, the bottom MLP's forward took 0.50 ms against 0.18.  B4 with early
- * copies written behind, on an H100 (4.04-4.06 ms all in HBM), at 20% and 5%: 9 blocks 0.84 and
+ * copies written behind, on an H100 (4.04-4.10 ms all in HBM), at 20% and 5%: 9 blocks 0.84 and
  * 0.79 of all in HBM, 6 0.85 and 0.81, 4 0.86-0.88 and 0.85-0.86, 3 0.90 and 0.86, 2 0.90 and
  * 0.86 (4.48 and 4.67 ms; the next backward did not wait for them). */
 #define FAR_HOME_BLOCKS 2
