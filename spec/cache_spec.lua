@@ -579,6 +579,21 @@ describe("uvmrec.cache", function()
     assert.has_error(function() cache:flush() end, "cache: its embedding collection was freed")
     cache:free()
   end)
+
+  it("keeps a batch it could not retire in flight: every later retire of it says why again", function()
+    local m = pair({ { name = "a", rows = 300, dim = 8 } }, {})
+    local ticket = assert(m:prepare(input({ { 5, 6, 7 } })))
+    local cache = m.tbe.cache
+    ur.C.ur_tbe_free(m.tbe.h.p)
+    m.tbe.h.p = nil
+    -- it was marked retired before the engine answered: the second call returned true
+    for _ = 1, 2 do
+      assert.has_error(function() cache:retire(ticket, false) end, "cache: its embedding collection was freed")
+    end
+    assert.is_false(ticket.retired)
+    assert.same({ ticket }, cache._order)
+    cache:free()
+  end)
 end)
 
 -- The stress run: skewed ids with phase changes, tiny caches, several tables in one cache,

@@ -266,10 +266,13 @@ function methods:prepare(v, o, spk, stream, level)
 end
 
 -- Retires a batch's ticket: trained (its backward is enqueued on stream) or only read.  A
--- ticket retired already is left alone.
+-- ticket retired already is left alone; one the engine refused to retire stays in flight (its
+-- ids and buffer kept), so that every later retire of it says why again.
 function methods:retire(ticket, trained, stream, level)
   level = (level or 1) + 1
   if ticket.retired then return true end
+  local ok, err = check(C.ur_cache_retire(S(stream, level), H(self, level), ticket.id, trained and 1 or 0), level)
+  if not ok then return nil, err end
   ticket.retired = true
   for i, t in ipairs(self._order) do
     if t == ticket then
@@ -277,10 +280,8 @@ function methods:retire(ticket, trained, stream, level)
       break
     end
   end
-  local ok, err = check(C.ur_cache_retire(S(stream, level), H(self, level), ticket.id, trained and 1 or 0), level)
   ticket.ids:free()
   self._pool[#self._pool + 1] = { buf = ticket.buf, free_at = tonumber(ticket.id) + 2 }
-  if not ok then return nil, err end
   return true
 end
 
