@@ -580,6 +580,64 @@ describe("uvmrec.cache", function()
     cache:free()
   end)
 
+  it("freed when it cannot write its dirty rows home: the collection refuses the table until init_table",
+    function()
+    -- A child process trains 150,000 distinct rows into the cache, then frees it with too
+    -- little address space left for the flush's list of dirty rows (2.4 MB).  The table kept
+    -- pointing at the freed slots (its view gave the stale rows at home without a word).
+    if (os.getenv("LD_PRELOAD") or ""):match("libasan") then
+      return pending("a sanitizer build: its shadow memory does not fit under a capped address space")
+    end
+    local script = os.tmpname()
+    cmd.spit(script, [[
+      local ffi = require "ffi"
+      ffi.cdef "struct free_rlimit { uint64_t cur, max; }; int setrlimit(int, const struct free_rlimit *);"
+      local ur = require "uvmrec"
+      local m = ur.nn.EmbeddingBagCollection{
+        tables = { { name = "a", rows = 1000000, dim = 4, placement = "cached" } },
+        device = "cpu", seed = 5, optimizer = { "rowwise_adagrad", lr = 0.05 },
+        cache = { slots = 200000, staging_rows = 262144 } }
+      local N = 150000
+      local v, o = ur.tensor({ N }, { dtype = "i64" }), ur.tensor({ N + 1 }, { dtype = "i64" })
+      local pv = ffi.cast("int64_t *", ur.C.ur_tensor_data(v.p))
+      local po = ffi.cast("int64_t *", ur.C.ur_tensor_data(o.p))
+      po[0] = 0
+      for i = 0, N - 1 do pv[i], po[i + 1] = i * 6, i + 1 end
+      local x = { values = v, offsets = o }
+      local out = m:forward(x)
+      m:backward(x, ur.tensor({ out:size(1), out:size(2) }):fill(0.01))
+      local t, cache = m.tbe, m.tbe.cache
+      assert(cache:retire_all())
+      collectgarbage()
+      local vm
+      for l in io.lines("/proc/self/status") do vm = vm or tonumber(l:match("^VmSize:%s+(%d+)")) end
+      local lim = ffi.new("struct free_rlimit", (vm + 256) * 1024, -1ULL)
+      assert(ffi.C.setrlimit(9, lim) == 0) -- RLIMIT_AS
+      ur.C.ur_cache_free(cache.h.p)
+      lim.cur = -1ULL
+      assert(ffi.C.setrlimit(9, lim) == 0)
+      cache.h.p, t.cache = nil, nil
+      local view = ffi.new("ur_tensor *[1]")
+      local function said(st) return st == 0 and "ok" or ffi.string(ur.C.ur_last_error()) end
+      print("table", said(ur.C.ur_tbe_table(t.h.p, 0, view)))
+      print("state", said(ur.C.ur_tbe_state(t.h.p, 0, 0, view)))
+      print("forward", select(2, pcall(m.forward, m, x)))
+      assert(t:init_table("a", -0.01, 0.01, 7))
+      local st = ur.C.ur_tbe_table(t.h.p, 0, view)
+      if st == 0 then ur.C.ur_tensor_free(view[0]) end
+      print("after init_table", said(st))
+    ]])
+    local out, err, code = cmd.sh("MALLOC_MMAP_THRESHOLD_=65536 " .. cmd.quote(cmd.bin()) .. " " .. cmd.quote(script))
+    os.remove(script)
+    assert.equal(0, code, err)
+    local lost = "table 'a' lost the rows its cache held (the cache was freed and could not write its dirty rows "
+                 .. "home: cache: out of host memory); its rows and optimizer state at home are stale: init_table "
+                 .. "it, then load a checkpoint, to use it again"
+    assert.equal(table.concat({ "table\ttbe table: " .. lost, "state\ttbe state: " .. lost,
+                                "forward\ttbe: " .. lost, "after init_table\tok", "" }, "\n"),
+                 (out:gsub("forward\t[^\n]-(tbe: table)", "forward\t%1")))
+  end)
+
   it("keeps a batch it could not retire in flight: every later retire of it says why again", function()
     local m = pair({ { name = "a", rows = 300, dim = 8 } }, {})
     local ticket = assert(m:prepare(input({ { 5, 6, 7 } })))

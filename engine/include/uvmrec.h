@@ -1267,7 +1267,9 @@ UR_API size_t ur_sizeof_cache_stats(void);
 /* Caches tables[0..num_tables-1] of collection t (one dim and dtype; placements host,
  * pinned or managed); t's kernels use the slots from now on.  Free the cache before t, or
  * after: either order is safe (freeing the cache writes dirty rows back and points t at its
- * own storage again). */
+ * own storage again).  Where it cannot write them back (ur_cache_flush fails: a lost cache,
+ * memory, the GPU), t's tables it held are marked lost: t's forward, backward and those tables'
+ * views refuse them, naming why, until ur_tbe_init_table writes each one's rows. */
 UR_API ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables,
                               const int32_t *tables, const ur_cache_config *config);
 UR_API void ur_cache_free(ur_cache *c);

@@ -554,10 +554,18 @@ static void free_batch(const ur_cache *c, flight *b) {
 void ur_cache_free(ur_cache *c) {
   if (!c) return;
   if (c->tbe && c->sw) {
-    /* best effort: the rows go home, and the collection reads its own storage again */
-    if (ur_cache_flush(c) == UR_STATUS_OK) {
-      for (int32_t i = 0; i < c->bound; i++)
-        ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, NULL, 0);
+    /* the rows go home, and the collection reads its own storage again; where they cannot
+     * (a lost cache, no memory for the list, a GPU fault), the tables still leave the slots
+     * about to be freed, their rows marked lost: the collection refuses them, never reads
+     * stale rows or freed slots */
+    ur_status st = ur_cache_flush(c);
+    char why[200];
+    if (st)
+      snprintf(why, sizeof why, "the cache was freed and could not write its dirty rows home: %s",
+               ur_last_error());
+    for (int32_t i = 0; i < c->bound; i++) {
+      if (st) ur__tbe_rows_lost(c->tbe, c->tidx[i], why);
+      else (void)ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, NULL, 0);
     }
   } else if (c->be) {
     c->be->device_sync();

@@ -476,10 +476,11 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
   t->soff = calloc((size_t)num_tables, sizeof *t->soff);
   t->splace = calloc((size_t)num_tables, sizeof *t->splace);
   t->owner = calloc((size_t)num_tables, sizeof *t->owner);
+  t->lost = calloc((size_t)num_tables, sizeof *t->lost);
   t->counts = calloc((size_t)num_tables, sizeof *t->counts);
   t->perm = calloc((size_t)num_tables, sizeof *t->perm);
   t->perm_gen = calloc((size_t)num_tables, sizeof *t->perm_gen);
-  if (st || !t->tc || !t->tables || !t->woff || !t->soff || !t->splace || !t->owner ||
+  if (st || !t->tc || !t->tables || !t->woff || !t->soff || !t->splace || !t->owner || !t->lost ||
       !t->counts || !t->perm || !t->perm_gen) {
     ur_tbe_free(t);
     return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
@@ -526,6 +527,7 @@ void ur_tbe_free(ur_tbe *t) {
   for (int32_t k = t->nhooks - 1; k >= 0; k--) t->hooks[k].fn(t->hooks[k].ctx);
   free(t->hooks);
   free(t->owner);
+  free(t->lost);
   for (int p = 0; p < UR_PLACE_COUNT; p++) {
     for (int d = 0; d < UR__TBE_NDT; d++) ur_tensor_free(t->wstore[p][d]);
     ur_tensor_free(t->sstore[p]);
@@ -626,6 +628,7 @@ ur_status ur_tbe_table(const ur_tbe *t, int32_t i, ur_tensor **out) {
   UR__ARGS(t, out);
   *out = NULL;
   ur_status st = ur__tbe_names_index(&t->names, i);
+  if (!st) st = ur__tbe_check_lost(t, i, "tbe table");
   if (st) return st;
   /* a view reads and writes the rows: those written behind the last step are home first */
   if ((st = ur__tbe_far_settle(t))) return st;
@@ -639,6 +642,7 @@ ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **ou
   UR__ARGS(t, out);
   *out = NULL;
   ur_status st = ur__tbe_names_index(&t->names, i);
+  if (!st) st = ur__tbe_check_lost(t, i, "tbe state");
   if (st) return st;
   if (which < 0 || which >= t->nstate)
     return ur__error(UR_STATUS_INVALID, "tbe: optimizer state %d does not exist; this "
@@ -661,7 +665,9 @@ ur_status ur_tbe_init_table(ur_stream *s, ur_tbe *t, int32_t i, double lo, doubl
     return ur__error(UR_STATUS_INVALID,
                      "tbe: init bounds [%g, %g) are not finite with low <= high", lo, hi);
   if ((st = ur__tbe_far_drop(t))) return st;
-  return draw(s, t, i, lo, hi, seed);
+  /* every row written: rows a freed cache left stale are no longer read */
+  if (!(st = draw(s, t, i, lo, hi, seed))) t->lost[i] = 0;
+  return st;
 }
 
 /* The backend that writes memory of placement p: the collection's GPU for device memory, and
@@ -842,6 +848,7 @@ ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weight
                            float *state1, float *state2, const int64_t *row_ids, int64_t rows) {
   ur_status st = ur__tbe_names_index(&t->names, i);
   if (st) return st;
+  if (owner && (st = ur__tbe_check_lost(t, i, "cache"))) return st;
   if (owner && t->owner[i] && t->owner[i] != owner)
     return ur__error(UR_STATUS_INVALID, "cache: table '%s' is already cached by another cache",
                      t->tc[i].name);
@@ -872,4 +879,33 @@ ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weight
   if ((st = ur__tbe_far_drop(t))) return st;
   rekey(t);
   return upload_desc(t);
+}
+
+void ur__tbe_rows_lost(ur_tbe *t, int32_t i, const char *why) {
+  if (i < 0 || i >= t->names.T) return;
+  if (ur__tbe_redirect(t, i, NULL, NULL, NULL, NULL, NULL, 0)) {
+    /* the GPU cannot be reached: the host's view alone, which every launch checks first */
+    ur__tbe_table b;
+    int32_t place;
+    ur__tbe_backing(t, i, &b, &place);
+    t->owner[i] = NULL;
+    t->tables[i].weights = b.weights;
+    t->tables[i].state1 = b.state1;
+    t->tables[i].state2 = b.state2;
+    t->tables[i].row_ids = NULL;
+    t->tables[i].rows = b.rows;
+  }
+  t->lost[i] = 1;
+  snprintf(t->lost_why, sizeof t->lost_why, "%s", why ? why : "");
+}
+
+ur_status ur__tbe_check_lost(const ur_tbe *t, int32_t i, const char *who) {
+  int32_t lo = i < 0 ? 0 : i, hi = i < 0 ? t->names.T : i + 1;
+  for (int32_t k = lo; k < hi; k++)
+    if (t->lost[k])
+      return ur__error(UR_STATUS_INVALID, "%s: table '%s' lost the rows its cache held (%s); its rows "
+                       "and optimizer state at home are stale: init_table it, then load a "
+                       "checkpoint, to use it again",
+                       who, t->tc[k].name, t->lost_why);
+  return UR_STATUS_OK;
 }

@@ -113,6 +113,7 @@ static ur_status prepare(ur_tbe *t, call *c, const ur_tensor *values, const ur_t
   if (!values || !offsets || (oname && !o))
     return ur__error(UR_STATUS_INVALID, "tbe: values, offsets%s%s are required",
                      oname ? " and " : "", oname ? oname : "");
+  if ((st = ur__tbe_check_lost(t, -1, "tbe"))) return st;
   if ((st = check_tensor(t, values, "values", UR_DTYPE_I64, 1)) ||
       (st = check_tensor(t, offsets, "offsets", UR_DTYPE_I64, 1)) ||
       (weights && (st = check_tensor(t, weights, "weights", UR_DTYPE_F32, 1))) ||
