@@ -551,6 +551,13 @@ static void free_batch(const ur_cache *c, flight *b) {
   memset(b, 0, sizeof *b);
 }
 
+/* The cached tables back on their own storage, their rows marked lost (why): the slots that
+ * held their dirty rows are gone, or about to be. */
+static void tables_lost(ur_cache *c, const char *why) {
+  for (int32_t i = 0; i < c->bound; i++) ur__tbe_rows_lost(c->tbe, c->tidx[i], why);
+  c->bound = 0;
+}
+
 void ur_cache_free(ur_cache *c) {
   if (!c) return;
   if (c->tbe && c->sw) {
@@ -558,15 +565,14 @@ void ur_cache_free(ur_cache *c) {
      * (a lost cache, no memory for the list, a GPU fault), the tables still leave the slots
      * about to be freed, their rows marked lost: the collection refuses them, never reads
      * stale rows or freed slots */
-    ur_status st = ur_cache_flush(c);
-    char why[200];
-    if (st)
+    char why[400];
+    if (ur_cache_flush(c)) {
       snprintf(why, sizeof why, "the cache was freed and could not write its dirty rows home: %s",
                ur_last_error());
-    for (int32_t i = 0; i < c->bound; i++) {
-      if (st) ur__tbe_rows_lost(c->tbe, c->tidx[i], why);
-      else (void)ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, NULL, 0);
+      tables_lost(c, why);
     }
+    for (int32_t i = 0; i < c->bound; i++)
+      (void)ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, NULL, 0);
   } else if (c->be) {
     c->be->device_sync();
   }
@@ -785,10 +791,11 @@ static ur_status regrow_via_host(ur_cache *c, int64_t R, int64_t keep, int *rest
   if (st) {
     *restored = 0;
     c->lost = LOST_GROWN;
-    for (int32_t i = 0; i < c->bound; i++)
-      ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, NULL, 0);
-    c->bound = 0;
-    return st;
+    char err[400], lost[480];
+    snprintf(err, sizeof err, "%s", ur_last_error());
+    snprintf(lost, sizeof lost, "%s: %s", LOST_GROWN, err);
+    tables_lost(c, lost);
+    return ur__error(st, "%s", err); /* the failure's message, whatever marking them said */
   }
   st = slots_install(c, &n, R);
   return !st && *restored ? UR_STATUS_OOM : st;

@@ -132,7 +132,7 @@ struct ur_tbe {
   /* per table: 1 where a cache was freed without writing the table's dirty rows home (its own
    * rows are stale; ur__tbe_rows_lost), until init_table writes them all; lost_why says why */
   uint8_t *lost;
-  char lost_why[256];
+  char lost_why[512];
   /* per table, NULL until used (counters.c, layout.c): access counters i32 [rows] and the
    * row permutation i64 [rows], at home */
   ur_tensor **counts, **perm;
