@@ -1176,7 +1176,9 @@ UR_API int32_t ur_mc_device(const ur_mc *m);
  * without a table.  update 1 (training): the rounds due run first, then the batch is counted
  * (its step is the batches counted before it, plus one); a batch refused (its input, or the
  * memory its rounds and candidates' maps need, taken before any runs) runs no round and counts
- * nothing; update 0: a read-only lookup. */
+ * nothing; update 0: a read-only lookup.  On the CPU the offsets (0 to n, never decreasing) and
+ * inverse (within each feature's bags) are checked here; on a GPU they are read as given, not
+ * read back: check them first (ur_kjt_validate; a KJT of uvmrec.kjt is checked when made). */
 UR_API ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values,
                              const ur_tensor *offsets,
                              const int64_t *batch_per_feature /* or NULL */,

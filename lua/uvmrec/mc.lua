@@ -186,8 +186,9 @@ end
 -- due run first and the batch is counted; false: a read-only lookup), out (an i64 tensor of
 -- the values' size where the map lives; by default a new one, in the values' placement on the
 -- CPU).  A KJT input gives a KJT of rows (its keys, lengths,
--- weights and variable batch); a table input gives the rows tensor.  A refused input leaves
--- nothing behind: the handles made for the call are freed before the error.
+-- weights and variable batch); a table input gives the rows tensor (on a GPU its offsets and
+-- inverse indices are read as given: a KJT's were checked when it was made).  A refused input
+-- leaves nothing behind: the handles made for the call are freed before the error.
 function methods:remap(input, opts, stream)
   opts = opts or {}
   if opts.out ~= nil then T(opts.out, "out", 2) end -- before the input's handles are made
