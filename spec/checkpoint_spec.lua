@@ -376,11 +376,13 @@ describe("uvmrec.checkpoint's writer of a file a part at a time", function()
     assert.has_error(function()
       ck.writer(path, { { name = "wrap", dtype = "f32", shape = { 2 ^ 61, 2 } } }, meta)
     end,
-      "safetensors save: tensor 'wrap': 4611686018427387904 elements of f32 are more bytes than supported")
+      "safetensors save: tensor 'wrap' is F32 [2305843009213693952, 2]; expected a shape whose dimensions other "
+      .. "than 0 make at most 2^50 bytes (the largest tensor)")
     assert.has_error(function()
       ck.writer(path, { { name = "huge", dtype = "f32", shape = { 2 ^ 40, 2 ^ 20 } } }, meta)
     end,
-      "safetensors save: tensor 'huge': 1152921504606846976 elements of f32 are more bytes than supported")
+      "safetensors save: tensor 'huge' is F32 [1099511627776, 1048576]; expected a shape whose dimensions other "
+      .. "than 0 make at most 2^50 bytes (the largest tensor)")
     assert.equal("the previous file", read_file(path))
     -- abandoned: the temporary file goes, the previous file stays
     local w2 = assert(ck.writer(path, { { name = "w", dtype = "f32", shape = { 7, 3 } } }, meta))
@@ -551,7 +553,8 @@ describe("uvmrec.checkpoint validation", function()
       C.UR_STATUS_FORMAT, "tensor 'a': data_offsets %[0, 8%] hold 8 bytes but F32 %[3%] is 12 bytes")
     rejects(craft("over.safetensors",
       '{"a":{"dtype":"I64","shape":[4294967296,4294967296],"data_offsets":[0,8]}}', data8),
-      C.UR_STATUS_FORMAT, "is more than 2%^64 %(overflow%)")
+      C.UR_STATUS_FORMAT, "tensor 'a' is I64 %[4294967296, 4294967296%]; expected a shape whose dimensions other "
+      .. "than 0 make at most 2%^50 bytes")
     rejects(craft("neg.safetensors", '{"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}}', data8),
       C.UR_STATUS_FORMAT, "tensor 'a': shape%[0%] is an integer below 0; expected an integer >= 0")
     rejects(craft("real.safetensors", '{"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}}', data8),
@@ -560,6 +563,33 @@ describe("uvmrec.checkpoint validation", function()
       C.UR_STATUS_FORMAT, "data_offsets %[8, 0%] end before they begin")
     rejects(craft("dims.safetensors", '{"a":{"dtype":"U8","shape":[1,1,1,1,2],"data_offsets":[0,2]}}', "ab"),
       C.UR_STATUS_UNSUPPORTED, "tensor 'a' has 5 dimensions; uvmrec tensors have at most 4")
+  end)
+
+  it("bounds every dimension, of a tensor of no elements too: its shape, zeros taken as ones, in 2^50 bytes", function()
+    -- [0, 2^53] opened (no element to count), and [0, 2^62, 2^62] whose other dimensions wrap;
+    -- [2^62, 2^62, 0] was refused as more than 2^64 bytes, though it holds none
+    local function empty(name, dtype, shape)
+      return craft(name, ('{"a":{"dtype":"%s","shape":[%s],"data_offsets":[0,0]}}'):format(dtype, shape))
+    end
+    local edge = assert(ck.open(empty("edge.safetensors", "F32", "0,281474976710656")))
+    assert.same({ 0, 2 ^ 48 }, edge:info("a").shape)
+    for i, case in ipairs { { "F32", "0,9007199254740992", "%[0, 9007199254740992%]" },
+                            { "F32", "0,281474976710657", "%[0, 281474976710657%]" },
+                            { "U8", "0,4611686018427387904,4611686018427387904",
+                              "%[0, 4611686018427387904, 4611686018427387904%]" },
+                            { "I64", "4611686018427387904,4611686018427387904,0",
+                              "%[4611686018427387904, 4611686018427387904, 0%]" } } do
+      rejects(empty(("bound%d.safetensors"):format(i), case[1], case[2]), C.UR_STATUS_FORMAT,
+        "tensor 'a' is " .. case[1] .. " " .. case[3] .. "; expected a shape whose dimensions other than 0 make at "
+        .. "most 2%^50 bytes %(the largest tensor%)$")
+    end
+    -- a save, or a writer, refuses what open would refuse, before anything is made
+    local path = scratch("bound_save.safetensors")
+    local want = "safetensors save: tensor 'a' is F32 [0, 1152921504606846976]; expected a shape whose dimensions "
+      .. "other than 0 make at most 2^50 bytes (the largest tensor)"
+    assert.has_error(function() ck.save(path, { tensors = { a = ur.tensor({ 0, 2 ^ 60 }) } }) end, want)
+    assert.has_error(function() ck.writer(path, { { name = "a", dtype = "f32", shape = { 0, 2 ^ 60 } } }) end, want)
+    assert.equal(0, C.ur_path_kind(path))
   end)
 
   it("rejects unknown dtypes and malformed entries", function()

@@ -45,6 +45,27 @@ static void tensor_text(const ur_tensor *t, char *buf, size_t len) {
   if (n < len) shape_text(nd, shape, buf + n, len - n);
 }
 
+/* A shape's bound, the writer's and the reader's alike: the engine's largest tensor
+ * (2^UR_TENSOR_MAX_BYTES_LOG2 bytes) with every 0-length dimension taken as 1.  A tensor of no
+ * elements is bounded as one of elements is, so that a 0 does not let the other dimensions be
+ * anything (a Lua number is exact below 2^53; their product wraps).  path: the file read, or NULL
+ * for a save. */
+static ur_status shape_bound(const char *path, const char *name, int32_t dtype, int32_t ndim,
+                             const int64_t *shape) {
+  uint64_t bytes = ur_dtype_size((ur_dtype)dtype);
+  int over = 0;
+  for (int32_t d = 0; d < ndim && !over; d++)
+    over = shape[d] && (__builtin_mul_overflow(bytes, (uint64_t)shape[d], &bytes) ||
+                        bytes > (1ull << UR_TENSOR_MAX_BYTES_LOG2));
+  if (!over) return UR_STATUS_OK;
+  char sh[160];
+  shape_text(ndim, shape, sh, sizeof sh);
+  return ur__error(path ? UR_STATUS_FORMAT : UR_STATUS_INVALID,
+                   "safetensors%s%s: tensor '%s' is %s %s; expected a shape whose dimensions other "
+                   "than 0 make at most 2^%d bytes (the largest tensor)", path ? ": " : " save",
+                   path ? path : "", name, st_dtype[dtype], sh, UR_TENSOR_MAX_BYTES_LOG2);
+}
+
 /* ---- checksums: CRC32C of each tensor's bytes, kept in the metadata as CRC_KEY ---- */
 
 /* {"<tensor>": "<crc32c, 8 hex digits>", ...} in data order: written by every save of tensors,
@@ -418,13 +439,9 @@ static ur_status check_entry(const ur_safetensors_entry *e, int32_t i) {
     if (e->shape[d] < 0)
       return ur__error(UR_STATUS_INVALID, "safetensors save: tensor '%s' has dim %d of %lld; "
                        "expected a size >= 0", e->name, (int)d, (long long)e->shape[d]);
-  if (e->ndim == 0) return UR_STATUS_OK; /* a scalar: one element */
-  /* the bytes as a tensor of that shape counts them (overflow and the engine's bound): a shape
-   * whose product wrapped gave a header whose offsets did not match its shapes */
-  char who[160];
-  snprintf(who, sizeof who, "safetensors save: tensor '%.100s'", e->name);
-  uint64_t numel, bytes;
-  return ur__shape_bytes(who, (ur_dtype)e->dtype, e->ndim, e->shape, &numel, &bytes);
+  /* bounded as the reader bounds it: a shape whose product wrapped gave a header whose offsets
+   * did not match its shapes, and a file the reader refuses would be published */
+  return shape_bound(NULL, e->name, e->dtype, e->ndim, e->shape);
 }
 
 /* For the specs only: UVMREC_CHECKPOINT_TEST_DELAY=S holds a complete temporary file for S
@@ -869,22 +886,22 @@ static ur_status parse_entry(const ur_safetensors *f, const char *name, json_t *
                      "safetensors: %s: tensor '%s' has %zu dimensions; uvmrec tensors have at "
                      "most %d", f->path, name, json_array_size(shape), UR_MAX_DIMS);
   e->ndim = (int32_t)json_array_size(shape);
-  uint64_t numel = 1, bytes;
-  int over = 0;
   for (int32_t d = 0; d < e->ndim; d++) {
     uint64_t dim;
     ur_status s = get_u64(f, name, "shape", (size_t)d, json_array_get(shape, (size_t)d), &dim);
     if (s) return s;
-    e->shape[d] = (int64_t)dim;
-    over |= __builtin_mul_overflow(numel, dim, &numel);
+    e->shape[d] = (int64_t)dim; /* json_int_t: below 2^63 */
   }
-  over |= __builtin_mul_overflow(numel, (uint64_t)ur_dtype_size((ur_dtype)e->dtype), &bytes);
+  ur_status s = shape_bound(f->path, name, e->dtype, e->ndim, e->shape);
+  if (s) return s;
+  uint64_t bytes = ur_dtype_size((ur_dtype)e->dtype); /* bounded: no overflow */
+  for (int32_t d = 0; d < e->ndim; d++) bytes *= (uint64_t)e->shape[d];
   json_t *offs = json_object_get(v, "data_offsets");
   if (!json_is_array(offs) || json_array_size(offs) != 2)
     return ur__error(UR_STATUS_FORMAT,
                      "safetensors: %s: tensor '%s': data_offsets is %s; expected [begin, end]",
                      f->path, name, json_is_array(offs) ? "an array of other than 2" : json_kind(offs));
-  ur_status s = get_u64(f, name, "data_offsets", 0, json_array_get(offs, 0), &e->begin);
+  s = get_u64(f, name, "data_offsets", 0, json_array_get(offs, 0), &e->begin);
   if (!s) s = get_u64(f, name, "data_offsets", 1, json_array_get(offs, 1), &e->end);
   if (s) return s;
   char sh[160];
@@ -894,13 +911,12 @@ static ur_status parse_entry(const ur_safetensors *f, const char *name, json_t *
                      "safetensors: %s: tensor '%s': data_offsets [%llu, %llu] end before they "
                      "begin", f->path, name, (unsigned long long)e->begin,
                      (unsigned long long)e->end);
-  if (over || e->end - e->begin != bytes)
+  if (e->end - e->begin != bytes)
     return ur__error(UR_STATUS_FORMAT,
                      "safetensors: %s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but "
-                     "%s %s is %s%llu bytes", f->path, name, (unsigned long long)e->begin,
+                     "%s %s is %llu bytes", f->path, name, (unsigned long long)e->begin,
                      (unsigned long long)e->end, (unsigned long long)(e->end - e->begin),
-                     st_dtype[e->dtype], sh, over ? "more than 2^64 (overflow), not " : "",
-                     over ? 0ull : (unsigned long long)bytes);
+                     st_dtype[e->dtype], sh, (unsigned long long)bytes);
   return UR_STATUS_OK;
 }
 
