@@ -592,6 +592,45 @@ describe("uvmrec.checkpoint validation", function()
     assert.equal(0, C.ur_path_kind(path))
   end)
 
+  it("reads the checksums only as the writer writes them, 8 lowercase hex digits, naming key and value", function()
+    -- strtoul took a sign, spaces, "0x" and capitals: "-0000001" read as ffffffff
+    local function tensor_crc(name, value)
+      return craft(name, '{"__metadata__":{"uvmrec.crc32c":"{\\"a\\":\\"' .. value .. '\\"}"},"a":{' .. F32_2 .. '}}',
+        data8)
+    end
+    local good = crc32c(data8)
+    local f = assert(ck.open(tensor_crc("crc_good.safetensors", good)))
+    assert.is_nil(f:verify({ "a" }))
+    for i, bad in ipairs { "-0000001", "+1234567", " 1234567", "0x123456", "1234567 ", good:upper(), "1234567",
+                           "123456789", "" } do
+      rejects(tensor_crc(("crc_bad%d.safetensors"):format(i), bad), C.UR_STATUS_FORMAT,
+        "__metadata__ 'uvmrec%.crc32c': tensor 'a' has checksum '" .. bad:gsub("%p", "%%%0")
+        .. "'; expected 8 lowercase hex digits %(as uvmrec writes them%)$")
+    end
+    -- the header's own: notes whose checksum each form spells, so the value read matches
+    local function note_crc(want)
+      for i = 1, 100000 do
+        local c = h.crc32c("note\0" .. i .. "\0")
+        if want(c) then return tostring(i), c end
+      end
+    end
+    local function header_crc(name, note, value)
+      return craft(name, '{"__metadata__":{"note":"' .. note .. '","uvmrec.header_crc32c":"' .. value .. '"}}')
+    end
+    local note, c = note_crc(function(x) return x:sub(1, 2) == "00" end)
+    assert(ck.open(header_crc("hcrc_good.safetensors", note, c)))
+    local forms = { { note, "0x" .. c:sub(3) }, { note, " " .. c:sub(2) }, { note, "+" .. c:sub(2) } }
+    local fnote, fc = note_crc(function(x) return x:sub(1, 1) == "f" end)
+    forms[#forms + 1] = { fnote, ("-%07x"):format(2 ^ 32 - tonumber(fc, 16)) }
+    local anote, ac = note_crc(function(x) return x:match("%a") end)
+    forms[#forms + 1] = { anote, ac:upper() }
+    for i, form in ipairs(forms) do
+      rejects(header_crc(("hcrc_bad%d.safetensors"):format(i), form[1], form[2]), C.UR_STATUS_FORMAT,
+        "__metadata__ 'uvmrec%.header_crc32c' is '" .. form[2]:gsub("%p", "%%%0")
+        .. "'; expected 8 lowercase hex digits %(as uvmrec writes them%)$")
+    end
+  end)
+
   it("rejects unknown dtypes and malformed entries", function()
     rejects(craft("f16x.safetensors", '{"a":{"dtype":"F16x","shape":[1],"data_offsets":[0,8]}}', data8),
       C.UR_STATUS_FORMAT, "tensor 'a' has dtype 'F16x', which uvmrec does not read; expected F32, BF16")
@@ -691,7 +730,7 @@ describe("uvmrec.checkpoint validation", function()
     write_file(path, bad)
     local st, msg = open_status(path)
     assert.equal(C.UR_STATUS_FORMAT, st)
-    assert.matches("__metadata__ 'uvmrec.crc32c': tensor 'a' has checksum g%x+; expected 8 hex digits", msg)
+    assert.matches("__metadata__ 'uvmrec.crc32c': tensor 'a' has checksum 'g%x+'; expected 8 lowercase hex digits", msg)
   end)
 
   it("refuses a file with a flipped bit in its header's metadata or shapes, its checksums' key name too", function()

@@ -1667,8 +1667,8 @@ UR_API ur_status ur_safetensors_read_part(const ur_safetensors *f, int32_t i,
  * host memory used stays a chunk's), before a load that should refuse such a tensor. */
 UR_API ur_status ur_safetensors_find_nonfinite(const ur_safetensors *f, int32_t i, int64_t *out);
 /* Every save of tensors keeps each one's CRC32C in the metadata ("uvmrec.crc32c": a JSON object
- * of tensor names to 8 hex digits, the writer's own key); opening checks that it names every
- * tensor.  Every save with metadata or tensors also keeps "uvmrec.header_crc32c", the CRC32C of
+ * of tensor names to 8 lowercase hex digits, the writer's own key); opening checks that it names
+ * every tensor, and reads both checksums' keys in that form only.  Every save with metadata or tensors also keeps "uvmrec.header_crc32c", the CRC32C of
  * what the header says (the other metadata pairs by key, then each tensor's name, dtype, shape
  * and offsets by name: docs/checkpoints.md), and opening refuses a header that gives another
  * (UR_STATUS_FORMAT: a flipped bit in a metadata key or value, or in a shape).

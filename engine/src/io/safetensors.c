@@ -183,6 +183,21 @@ static uint32_t header_crc_tensor(uint32_t c, const char *name, int32_t dtype, i
   return crc32c(c, text, strlen(text) + 1);
 }
 
+/* 1 and *out for a checksum in the one form the writer writes ("%08x"), else 0 (NULL too):
+ * strtoul also took a sign ("-0000001" read as ffffffff), spaces, "0x" and capitals. */
+static int crc_parse(const char *text, uint32_t *out) {
+  uint32_t c = 0;
+  for (int i = 0; i < 8; i++) {
+    char ch = text ? text[i] : 0;
+    if (ch >= '0' && ch <= '9') c = c << 4 | (uint32_t)(ch - '0');
+    else if (ch >= 'a' && ch <= 'f') c = c << 4 | (uint32_t)(ch - 'a' + 10);
+    else return 0;
+  }
+  if (text[8]) return 0;
+  *out = c;
+  return 1;
+}
+
 /* ---- staging: two halves of one pinned buffer, so a copy and a file transfer overlap ---- */
 
 typedef struct staging {
@@ -1036,17 +1051,14 @@ static ur_status parse_crc(ur_safetensors *f) {
   if (!s) json_object_foreach(o, k, v) {
     int32_t i = ur_safetensors_find(f, k);
     const char *hex = json_string_value(v);
-    char *end = NULL;
-    unsigned long c = hex && strlen(hex) == 8 ? strtoul(hex, &end, 16) : 0;
     if (i < 0)
       s = ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s' names tensor '%s', "
                     "which the file does not hold", f->path, CRC_KEY, k);
-    else if (!end || *end)
+    else if (!crc_parse(hex, &f->crc[i]))
       s = ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s': tensor '%s' has "
-                    "checksum %s; expected 8 hex digits", f->path, CRC_KEY, k,
-                    hex ? hex : json_kind(v));
+                    "checksum %s%s%s; expected 8 lowercase hex digits (as uvmrec writes them)",
+                    f->path, CRC_KEY, k, hex ? "'" : "", hex ? hex : json_kind(v), hex ? "'" : "");
     if (s) break;
-    f->crc[i] = (uint32_t)c;
   }
   json_decref(o);
   return s;
@@ -1056,11 +1068,10 @@ static ur_status parse_crc(ur_safetensors *f) {
 static ur_status check_header_crc(const ur_safetensors *f) {
   const char *hex = ur_safetensors_meta_get(f, HEADER_CRC_KEY);
   if (!hex) return UR_STATUS_OK;
-  char *end = NULL;
-  unsigned long want = strlen(hex) == 8 ? strtoul(hex, &end, 16) : 0;
-  if (!end || *end)
-    return ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s' is '%s'; expected 8 hex "
-                     "digits", f->path, HEADER_CRC_KEY, hex);
+  uint32_t want;
+  if (!crc_parse(hex, &want))
+    return ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s' is '%s'; expected 8 "
+                     "lowercase hex digits (as uvmrec writes them)", f->path, HEADER_CRC_KEY, hex);
   kv *m = malloc(((size_t)f->nmeta + 1) * sizeof *m);
   if (!m) return ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
   size_t nm = 0;
@@ -1072,7 +1083,7 @@ static ur_status check_header_crc(const ur_safetensors *f) {
     const ur_safetensors_entry *e = &f->entries[f->sorted[i]];
     c = header_crc_tensor(c, e->name, e->dtype, e->ndim, e->shape, e->begin, e->end);
   }
-  if (c != (uint32_t)want)
+  if (c != want)
     return ur__error(UR_STATUS_FORMAT, "safetensors: %s: the header does not match the checksum "
                      "written with it (%s %08x, its metadata and tensors' names, dtypes, shapes "
                      "and offsets give %08x): the file is corrupted", f->path, HEADER_CRC_KEY,
