@@ -1,8 +1,11 @@
 /* safetensors_header.c: libFuzzer target for the safetensors reader (the header length, the
  * JSON header, the layout checks).  The input is a whole file, opened through a memfd as
  * ur_safetensors_open opens any file.  An accepted file must give entries whose bytes lie in
- * the file, match dtype x shape and tile the data; every name must be found again and every
- * tensor viewed and loaded; anything else must be a FORMAT error with a message. */
+ * the file, match dtype x shape, have every dimension bounded (those other than 0 making at most
+ * the largest tensor's bytes, a 0 among them or not) and tile the data; every name must be found
+ * again and every tensor viewed, verified (its checksum, where the file has them: a match or a
+ * FORMAT error) and loaded; anything else must be a FORMAT error with a message, or UNSUPPORTED
+ * (more dimensions than a tensor has). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,10 +27,16 @@ static void check_file(ur_safetensors *f, size_t size) {
     if (e.begin != at || e.end < e.begin || e.file_offset != start + e.begin) abort();
     if (e.file_offset + (e.end - e.begin) > size) abort();
     if (e.dtype < 0 || e.dtype >= UR_DTYPE_COUNT || e.ndim < 0 || e.ndim > UR_MAX_DIMS) abort();
-    uint64_t bytes = ur_dtype_size((ur_dtype)e.dtype);
-    for (int d = 0; d < e.ndim; d++)
+    uint64_t bytes = ur_dtype_size((ur_dtype)e.dtype), bound = bytes;
+    for (int d = 0; d < e.ndim; d++) {
       if (e.shape[d] < 0 || __builtin_mul_overflow(bytes, (uint64_t)e.shape[d], &bytes)) abort();
+      if (e.shape[d] && (__builtin_mul_overflow(bound, (uint64_t)e.shape[d], &bound) ||
+                         bound > (1ull << UR_TENSOR_MAX_BYTES_LOG2)))
+        abort();
+    }
     if (bytes != e.end - e.begin) abort();
+    ur_status vs = ur_safetensors_verify(f, i, NULL);
+    if (vs != UR_STATUS_OK && (vs != UR_STATUS_FORMAT || !ur_last_error()[0])) abort();
     if (ur_safetensors_find(f, e.name) != i) abort();
     at = e.end;
     ur_tensor *v = NULL;
@@ -66,7 +75,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (st == UR_STATUS_OK) {
     check_file(f, size);
     ur_safetensors_close(f);
-  } else if (st != UR_STATUS_FORMAT || !ur_last_error()[0] || f) {
+  } else if ((st != UR_STATUS_FORMAT && st != UR_STATUS_UNSUPPORTED) || !ur_last_error()[0] || f) {
     abort();
   }
   return 0;
