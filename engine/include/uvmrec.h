@@ -1582,7 +1582,7 @@ UR_API ur_status ur_metrics_compute(ur_stream *s, ur_metrics *m, int32_t from_sn
 
 /* ==== 8. io: checkpoints (safetensors), configs (YAML), JSON ==== */
 /* safetensors files (engine/src/io/safetensors.c): an 8-byte little-endian header length, a JSON
- * header (per tensor: dtype F32 BF16 F16 I8 U8 I32 I64, shape, data_offsets from the start of
+ * header (per tensor: dtype F32 BF16 F16 I8 U8 I32 I64 F64, shape, data_offsets from the start of
  * the data; "__metadata__": strings to strings), then the raw little-endian data.  Saving
  * writes <path>.tmp-XXXXXX in the same directory, fsyncs it, renames it over path and fsyncs
  * the directory, so a failed or killed save leaves the previous file as it was.  Tensors are
@@ -1592,7 +1592,8 @@ UR_API ur_status ur_metrics_compute(ur_stream *s, ur_metrics *m, int32_t from_sn
  * is saved and loaded without that much host memory; host and pinned ones are written and
  * read in place.  Saves do not poll the interrupt flag (a save on SIGINT must finish); loads
  * do.  Opening maps the file and validates the header and the layout (UR_STATUS_FORMAT for a
- * malformed file, naming the file, the tensor and the value; UR_STATUS_IO for the OS). */
+ * malformed file, naming the file, the tensor and the value; UR_STATUS_UNSUPPORTED for a tensor
+ * of more than UR_MAX_DIMS dimensions; UR_STATUS_IO for the OS). */
 typedef struct ur_safetensors ur_safetensors;
 typedef struct ur_safetensors_entry {
   const char *name;               /* valid while the file is open */
