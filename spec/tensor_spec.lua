@@ -94,11 +94,16 @@ describe("uvmrec.tensor", function()
     assert.has_error(function() v:view_as(-4, { 1 }) end,
       "tensor view_as: 1 elements at offset -4 from element 3 pass the storage's 12 elements")
     assert.equal(1, v:view_as(-3, { 1 })[0])
-    -- a zero dimension does not excuse the others: their rows would count past 64 bits
+    -- a zero dimension does not excuse the others: the rest make at most the largest tensor's bytes
     local big = 2 ^ 62
-    assert.has_error(function() v:view_as(0, { 0, big, 4 }) end, "tensor view_as: the shape's element count overflows")
-    assert.has_error(function() ur.tensor({ 0, big, 4 }) end, "tensor: the shape's element count overflows")
-    assert.equal(0, v:view_as(0, { 0, big, 1 }):numel())
+    local over = "f32 [0, 4611686018427387904, 4]; expected a shape whose dimensions other than 0 make at most "
+      .. "2^50 bytes (the largest tensor)"
+    assert.has_error(function() v:view_as(0, { 0, big, 4 }) end, "tensor view_as: " .. over)
+    assert.has_error(function() ur.tensor({ 0, big, 4 }) end, "tensor: " .. over)
+    assert.has_error(function() ur.tensor({ 0, 2 ^ 48 + 1 }) end,
+      "tensor: f32 [0, 281474976710657]; expected a shape whose dimensions other than 0 make at most 2^50 bytes "
+      .. "(the largest tensor)")
+    assert.equal(0, v:view_as(0, { 0, 2 ^ 48, 1 }):numel())
   end)
 
   it("copies between every pair of placements", function()

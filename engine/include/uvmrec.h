@@ -192,8 +192,9 @@ UR_API ur_status ur_graph_end(ur_stream *s, ur_graph **g /* in, out */);
 UR_API ur_status ur_graph_launch(ur_graph *g /* or NULL: what ur_graph_end gives without a GPU */, ur_stream *s);
 UR_API void ur_graph_free(ur_graph *g);
 
-/* Tensors.  A tensor holds at most 2^UR_TENSOR_MAX_BYTES_LOG2 bytes (a larger shape is refused
- * as more bytes than supported). */
+/* Tensors.  A tensor holds at most 2^UR_TENSOR_MAX_BYTES_LOG2 bytes; so does its shape with
+ * each 0 dimension counted as 1 (a 0 lets no other dimension be anything): a larger shape is
+ * refused naming it, by tensors, views and safetensors files alike. */
 enum { UR_TENSOR_MAX_BYTES_LOG2 = 50 };
 UR_API ur_status ur_tensor_new(ur_tensor **out, ur_dtype dtype, int32_t ndim,
                                const int64_t *shape, ur_place place, int32_t device);

@@ -213,11 +213,14 @@ static inline void *ur__carve(char *base, size_t *at, size_t bytes) {
   return p;
 }
 
-/* A tensor shape's checks (a dtype, 1 to UR_MAX_DIMS dimensions, none negative, at most
- * 2^UR_TENSOR_MAX_BYTES_LOG2 bytes; who starts the messages) and its element and byte counts
- * (engine/src/core/tensor.c). */
+/* A tensor shape's checks (a dtype, 1 to UR_MAX_DIMS dimensions, none negative, the dimensions
+ * but zeros at most 2^UR_TENSOR_MAX_BYTES_LOG2 bytes: a 0 lets no other be anything; who starts
+ * the messages) and its element and byte counts (engine/src/core/tensor.c).  Tensors, views, the
+ * dense arena and safetensors files are bounded by it alike. */
 UR__HIDDEN ur_status ur__shape_bytes(const char *who, ur_dtype dtype, int32_t ndim,
                                      const int64_t *shape, uint64_t *numel, uint64_t *bytes);
+/* "[d0, d1, ...]" into buf (len bytes, cut short where it does not fit). */
+UR__HIDDEN void ur__shape_text(int32_t ndim, const int64_t *shape, char *buf, size_t len);
 
 /* A parallel loop: fn(ctx, begin, end) over [0, n) in chunks of at least grain
  * (engine/src/core/parallel.c). */

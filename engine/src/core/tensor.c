@@ -121,6 +121,13 @@ static void storage_release(ur__storage *st) {
   free(st);
 }
 
+void ur__shape_text(int32_t ndim, const int64_t *shape, char *buf, size_t len) {
+  size_t n = (size_t)snprintf(buf, len, "[");
+  for (int i = 0; i < ndim && n < len; i++)
+    n += (size_t)snprintf(buf + n, len - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+  if (n < len) snprintf(buf + n, len - n, "]");
+}
+
 ur_status ur__shape_bytes(const char *who, ur_dtype dtype, int32_t ndim, const int64_t *shape,
                           uint64_t *numel, uint64_t *bytes) {
   if ((unsigned)dtype >= UR_DTYPE_COUNT)
@@ -128,22 +135,25 @@ ur_status ur__shape_bytes(const char *who, ur_dtype dtype, int32_t ndim, const i
   if (ndim < 1 || ndim > UR_MAX_DIMS)
     return ur__error(UR_STATUS_INVALID, "%s: %d dimensions asked; expected 1 to %d", who,
                      (int)ndim, UR_MAX_DIMS);
-  /* The dimensions but zeros multiply within 63 bits too: a row of [0, 2^62, 2^62] would hold
-   * more elements than its views and strides can count. */
-  int64_t nonzero = 1;
-  for (int i = 0; i < ndim; i++) {
+  for (int i = 0; i < ndim; i++)
     if (shape[i] < 0)
       return ur__error(UR_STATUS_INVALID, "%s: dimension %d is %lld; expected >= 0", who, i + 1,
                        (long long)shape[i]);
-    if (shape[i] && __builtin_mul_overflow(nonzero, shape[i], &nonzero))
-      return ur__error(UR_STATUS_INVALID, "%s: the shape's element count overflows", who);
-  }
+  /* Every dimension bounded, a 0 counted as 1: rows of [0, 2^62, 2^62] would count past what
+   * views and strides hold, and a file's [0, 2^53] past what Lua's numbers keep exact. */
+  uint64_t bound = (uint64_t)ur_dtype_size(dtype);
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] && (__builtin_mul_overflow(bound, (uint64_t)shape[i], &bound) ||
+                     bound > (1ull << UR_TENSOR_MAX_BYTES_LOG2))) {
+      char sh[160];
+      ur__shape_text(ndim, shape, sh, sizeof sh);
+      return ur__error(UR_STATUS_INVALID, "%s: %s %s; expected a shape whose dimensions other "
+                       "than 0 make at most 2^%d bytes (the largest tensor)", who,
+                       ur_dtype_name(dtype), sh, UR_TENSOR_MAX_BYTES_LOG2);
+    }
   *numel = 1;
   for (int i = 0; i < ndim; i++) *numel *= (uint64_t)shape[i];
-  if (__builtin_mul_overflow(*numel, (uint64_t)ur_dtype_size(dtype), bytes) ||
-      *bytes > (1ull << UR_TENSOR_MAX_BYTES_LOG2))
-    return ur__error(UR_STATUS_INVALID, "%s: %llu elements of %s are more bytes than supported",
-                     who, (unsigned long long)*numel, ur_dtype_name(dtype));
+  *bytes = *numel * (uint64_t)ur_dtype_size(dtype); /* at most bound */
   return UR_STATUS_OK;
 }
 

@@ -30,40 +30,28 @@ static const char *const st_dtype[UR_DTYPE_COUNT] = {"F32", "BF16", "F16", "I8",
  * (the data starts 8-aligned), and our files equal its files byte for byte. */
 static const int st_rank[UR_DTYPE_COUNT] = {11, 8, 7, 2, 1, 9, 13, 12};
 
-static void shape_text(int32_t ndim, const int64_t *shape, char *buf, size_t len) {
-  size_t n = (size_t)snprintf(buf, len, "[");
-  for (int i = 0; i < ndim && n < len; i++)
-    n += (size_t)snprintf(buf + n, len - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
-  if (n < len) snprintf(buf + n, len - n, "]");
-}
-
 static void tensor_text(const ur_tensor *t, char *buf, size_t len) {
   int64_t shape[UR_MAX_DIMS];
   int32_t nd = ur_tensor_ndim(t);
   for (int i = 0; i < nd; i++) shape[i] = ur_tensor_dim(t, i);
   size_t n = (size_t)snprintf(buf, len, "%s ", st_dtype[ur_tensor_dtype(t)]);
-  if (n < len) shape_text(nd, shape, buf + n, len - n);
+  if (n < len) ur__shape_text(nd, shape, buf + n, len - n);
 }
 
-/* A shape's bound, the writer's and the reader's alike: the engine's largest tensor
- * (2^UR_TENSOR_MAX_BYTES_LOG2 bytes) with every 0-length dimension taken as 1.  A tensor of no
- * elements is bounded as one of elements is, so that a 0 does not let the other dimensions be
- * anything (a Lua number is exact below 2^53; their product wraps).  path: the file read, or NULL
- * for a save. */
+/* A shape's bound, the writer's and the reader's alike: the engine's (ur__shape_bytes: the
+ * dimensions but zeros at most the largest tensor's bytes), so that a save refuses what open
+ * would.  path: the file read (a bad shape is its FORMAT), or NULL for a save. */
 static ur_status shape_bound(const char *path, const char *name, int32_t dtype, int32_t ndim,
                              const int64_t *shape) {
-  uint64_t bytes = ur_dtype_size((ur_dtype)dtype);
-  int over = 0;
-  for (int32_t d = 0; d < ndim && !over; d++)
-    over = shape[d] && (__builtin_mul_overflow(bytes, (uint64_t)shape[d], &bytes) ||
-                        bytes > (1ull << UR_TENSOR_MAX_BYTES_LOG2));
-  if (!over) return UR_STATUS_OK;
-  char sh[160];
-  shape_text(ndim, shape, sh, sizeof sh);
-  return ur__error(path ? UR_STATUS_FORMAT : UR_STATUS_INVALID,
-                   "safetensors%s%s: tensor '%s' is %s %s; expected a shape whose dimensions other "
-                   "than 0 make at most 2^%d bytes (the largest tensor)", path ? ": " : " save",
-                   path ? path : "", name, st_dtype[dtype], sh, UR_TENSOR_MAX_BYTES_LOG2);
+  if (ndim == 0) return UR_STATUS_OK; /* a scalar: one element */
+  char who[4400], msg[4800];
+  snprintf(who, sizeof who, "safetensors%s%s: tensor '%.100s'", path ? ": " : " save",
+           path ? path : "", name);
+  uint64_t numel, bytes;
+  ur_status st = ur__shape_bytes(who, (ur_dtype)dtype, ndim, shape, &numel, &bytes);
+  if (!st || !path) return st;
+  snprintf(msg, sizeof msg, "%s", ur_last_error());
+  return ur__error(UR_STATUS_FORMAT, "%s", msg);
 }
 
 /* ---- checksums: CRC32C of each tensor's bytes, kept in the metadata as CRC_KEY ---- */
@@ -175,7 +163,7 @@ static uint32_t header_crc_tensor(uint32_t c, const char *name, int32_t dtype, i
                                   const int64_t *shape, uint64_t begin, uint64_t end) {
   char text[256];
   size_t k = (size_t)snprintf(text, sizeof text, "%s ", st_dtype[dtype]);
-  shape_text(ndim, shape, text + k, sizeof text - k);
+  ur__shape_text(ndim, shape, text + k, sizeof text - k);
   k = strlen(text);
   snprintf(text + k, sizeof text - k, " %llu %llu", (unsigned long long)begin,
            (unsigned long long)end);
@@ -609,7 +597,7 @@ ur_status ur_safetensors_writer_open(ur_safetensors_writer **out, ur_stream *str
 
 static void entry_text(const item *it, char *buf, size_t len) {
   size_t k = (size_t)snprintf(buf, len, "%s ", st_dtype[it->dtype]);
-  if (k < len) shape_text(it->ndim, it->shape, buf + k, len - k);
+  if (k < len) ur__shape_text(it->ndim, it->shape, buf + k, len - k);
 }
 
 ur_status ur_safetensors_writer_put(ur_stream *stream, ur_safetensors_writer *w, int32_t i,
@@ -920,7 +908,7 @@ static ur_status parse_entry(const ur_safetensors *f, const char *name, json_t *
   if (!s) s = get_u64(f, name, "data_offsets", 1, json_array_get(offs, 1), &e->end);
   if (s) return s;
   char sh[160];
-  shape_text(e->ndim, e->shape, sh, sizeof sh);
+  ur__shape_text(e->ndim, e->shape, sh, sizeof sh);
   if (e->end < e->begin)
     return ur__error(UR_STATUS_FORMAT,
                      "safetensors: %s: tensor '%s': data_offsets [%llu, %llu] end before they "
@@ -1418,7 +1406,7 @@ ur_status ur_safetensors_load(ur_stream *stream, const ur_safetensors *f, int32_
       char a[192], b[192];
       const ur_safetensors_entry *e = &f->entries[idx[i]];
       int n0 = snprintf(a, sizeof a, "%s ", st_dtype[e->dtype]);
-      shape_text(e->ndim, e->shape, a + n0, sizeof a - (size_t)n0);
+      ur__shape_text(e->ndim, e->shape, a + n0, sizeof a - (size_t)n0);
       tensor_text(dsts[i], b, sizeof b);
       s = ur__error(UR_STATUS_INVALID,
                     "safetensors load: %s: tensor '%s' is %s in the file but the destination is "
