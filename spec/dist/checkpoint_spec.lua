@@ -104,6 +104,84 @@ local function same_tables(x, y)
   end
 end
 
+-- Every table and optimizer state of an unsharded collection of opts(), as lists by name: what a
+-- refused load leaves as it was.
+local function snapshot(ebc)
+  local out = {}
+  for _, t in ipairs(TABLES) do
+    out[t] = ebc:table(t):totable()
+    for k, v in pairs(ebc:state(t)) do out[t .. "." .. k] = v:totable() end
+  end
+  return out
+end
+
+-- The first value where two snapshots differ, named, or nil.
+local function changed(before, after)
+  for k, v in pairs(before) do
+    for i = 1, #v do
+      if v[i] ~= after[k][i] then return ("%s[%d] was %s and is %s"):format(k, i, v[i], after[k][i]) end
+    end
+  end
+  return nil
+end
+
+-- A small trained collection of opts() (one step): a checkpoint's source.
+local function trained()
+  local plain = ur.nn.EmbeddingBagCollection(opts())
+  local kjt = ur.KJT { keys = { "f", "g", "b", "c", "d" }, values = { 1, 2, 3, 4, 2 }, lengths = { 1, 1, 1, 1, 1 },
+                       stride = 1 }
+  plain:backward(kjt, ur.tensor(plain:forward(kjt):size()):uniform(-1, 1, 3))
+  kjt:free()
+  return plain
+end
+
+-- Writes the checkpoint folder `folder` as a world of one would save plain (an unsharded
+-- collection), but for table `name`, saved as the blocks given ({row0, rows, col0, cols} each:
+-- they may overlap or leave gaps), each cut from plain's rows and optimizer state.  change, if
+-- given, edits the rank file's tensors (by name) before it is written.  The manifest is sealed.
+local function cut(folder, plain, name, blocks, change)
+  local ffi, C = require "ffi", require("uvmrec.lib").C
+  command.sh(("rm -rf %s && mkdir -p %s"):format(folder, folder))
+  local tbe, F = plain.tbe, "rank-00000-of-00001.safetensors"
+  local m = { world = 1, step = tbe:step(), save = "cut", order = TABLES, tables = {}, files = { F },
+              optimizer = tbe.optimizer, state = tbe.state_names }
+  local tensors = {}
+  for _, t in ipairs(TABLES) do
+    local v = tbe:table(t)
+    local rows, dim = v:size(1), v:size(2)
+    local e = { rows = rows, dim = dim, dtype = v:dtype(), kind = "whole", blocks = {} }
+    local sources = { [""] = v }
+    for k, st in pairs(tbe:state(t)) do sources["." .. k] = st end
+    for _, b in ipairs(t == name and blocks or { { 0, rows, 0, dim } }) do
+      local d = { name = t, row0 = b[1], rows = b[2], col0 = b[3], cols = b[4], rank = 0, dtype = v:dtype(),
+                  file = F, state = {} }
+      d.tensor = dck.block_name { name = t, row0 = d.row0, rows = d.rows, col0 = d.col0, cols = d.cols,
+                                  table_rows = rows, table_dim = dim }
+      while tensors[d.tensor] do d.tensor = d.tensor .. "'" end -- a block given twice
+      for suffix, src in pairs(sources) do
+        local out = ur.tensor({ d.rows, d.cols }, { dtype = src:dtype() })
+        local es = src:nbytes() / src:numel()
+        local from, to = ffi.cast("uint8_t *", C.ur_tensor_data(src.p)), ffi.cast("uint8_t *", C.ur_tensor_data(out.p))
+        for r = 0, d.rows - 1 do
+          ffi.copy(to + r * d.cols * es, from + ((d.row0 + r) * dim + d.col0) * es, d.cols * es)
+        end
+        tensors[d.tensor .. suffix] = out
+        if suffix ~= "" then d.state[suffix:sub(2)] = d.tensor .. suffix end
+      end
+      e.blocks[#e.blocks + 1] = d
+    end
+    m.tables[t] = e
+  end
+  if change then change(tensors) end
+  assert(ck.save(folder .. "/" .. F, { tensors = tensors, meta = { ["uvmrec.dist.save"] = "cut",
+    ["uvmrec.step"] = m.step, ["uvmrec.dist.world"] = 1 } }))
+  for _, t in pairs(tensors) do t:free() end
+  local f = assert(io.open(folder .. "/manifest.json", "wb"))
+  f:write(dck.manifest_text(m))
+  f:close()
+  return m
+end
+
 describe("uvmrec.dist.checkpoint", function()
   local dir = command.tmpdir()
   teardown(function() command.rmdir(dir) end)
@@ -395,6 +473,27 @@ describe("uvmrec.dist.checkpoint", function()
     err = tampered("rows", ur.tensor({ 102 }, { dtype = "i32" }):fill(1))
     assert.matches("table 'a' has access counts 'a.counts' of rows %[0, 103%) as i32 %[102%] in "
       .. "rank%-00000%-of%-00001%.safetensors; expected i32 %[103%]", err)
+    -- a manifest (sealed) listing one counter twice: its rows were counted twice, loaded; or a
+    -- replica's of a rank the saving world did not have
+    local Twice = dir .. "/counted_twice"
+    command.sh(("rm -rf %s && cp -r %s %s"):format(Twice, P, Twice))
+    local function listed(change)
+      local m2 = assert(dck.manifest(P))
+      change(m2.tables.a.counts)
+      command.spit(Twice .. "/manifest.json", dck.manifest_text(m2))
+      local fresh = ur.nn.EmbeddingBagCollection(opts())
+      local _, lerr = dck.load(Twice, fresh)
+      assert.is_false(fresh.tbe:counting("a"))
+      fresh.tbe:free()
+      return lerr or "loaded"
+    end
+    local F = "rank%-00000%-of%-00001%.safetensors"
+    assert.matches("manifest%.json: tables%.a%.counts%[1%] %(tensor 'a%.counts' of " .. F .. "%) and tables%.a%.counts"
+      .. "%[2%] %(tensor 'a%.counts' of " .. F .. "%) both count rows %[0, 103%); expected each row's count in one",
+      listed(function(c) c[2] = c[1] end))
+    assert.matches("manifest%.json: tables%.a%.counts%[1%] is rank 5's replica counters of rows %[0, 103%); expected "
+      .. "those of every row, %[0, 103%), one list a rank below 1",
+      listed(function(c) c[1].replica, c[1].rank = true, 5 end))
     plain.tbe:free()
     full.tbe:free()
   end)
@@ -577,5 +676,148 @@ describe("uvmrec.dist.checkpoint", function()
     assert.is_false(ok)
     assert.matches("dist.checkpoint: expected a sharded collection %(dist.shard%), an EmbeddingBagCollection or a "
       .. "uvmrec.tbe collection, got table: ", e)
+  end)
+
+  it("refuses blocks that leave an element out or hold one twice, naming them, before anything is written", function()
+    local plain = trained()
+    local X = dir .. "/cut"
+    local F = "rank%-00000%-of%-00001%.safetensors"
+    local function refused(blocks, want)
+      cut(X, plain, "c", blocks)
+      local into = ur.nn.EmbeddingBagCollection(opts())
+      local before = snapshot(into)
+      local m, err = dck.load(X, into)
+      assert.is_nil(m, want)
+      assert.matches("dist%.checkpoint: .*/cut/manifest%.json: " .. want, err)
+      assert.is_nil(changed(before, snapshot(into)), want)
+      assert.equal(0, into.tbe:step(), want)
+      into.tbe:free()
+      local r, rerr = dck.reader(X)
+      assert.is_nil(r, want)
+      assert.matches(want, rerr)
+    end
+    local expected = "; expected every element of the 30 x 12 table in one block"
+    -- rows [10, 12) in no block: found while copying table c, after a and b were written
+    refused({ { 0, 10, 0, 12 }, { 12, 18, 0, 12 } },
+      "tables%.c%.blocks hold no element of rows %[10, 12%), columns %[0, 12%)" .. expected)
+    -- two rows twice and two in none, the sizes adding up to the table's: it loaded, rows 20 and
+    -- 21 as the copy's buffer held them
+    refused({ { 0, 12, 0, 12 }, { 10, 10, 0, 12 }, { 22, 8, 0, 12 } },
+      "tables%.c%.blocks%[1%] %(tensor 'c%[0:12,0:12%]' of " .. F .. "%) and tables%.c%.blocks%[2%] %(tensor "
+      .. "'c%[10:20,0:12%]' of " .. F .. "%) both hold rows %[10, 12%), columns %[0, 12%)" .. expected)
+    -- columns [8, 12) twice, [4, 8) in none: it loaded too
+    refused({ { 0, 30, 0, 4 }, { 0, 30, 8, 4 }, { 0, 30, 8, 4 } },
+      "tables%.c%.blocks%[2%] %(tensor 'c%[0:30,8:12%]' of " .. F .. "%) and tables%.c%.blocks%[3%] %(tensor "
+      .. "'c%[0:30,8:12%]'' of " .. F .. "%) both hold rows %[0, 30%), columns %[8, 12%)" .. expected)
+    refused({ { 0, 30, 0, 4 }, { 0, 30, 4, 4 } },
+      "tables%.c%.blocks hold no element of rows %[0, 30%), columns %[8, 12%)" .. expected)
+    refused({ { 0, 30, 0, 12 }, { 5, 2, 3, 4 } },
+      "tables%.c%.blocks%[1%] .- and tables%.c%.blocks%[2%] .- both hold rows %[5, 7%), columns %[3, 7%)")
+    -- blocks of any shape that hold every element once load, bit for bit
+    for _, blocks in ipairs {
+      { { 0, 10, 0, 12 }, { 10, 20, 0, 5 }, { 10, 20, 5, 7 } },
+      { { 0, 30, 0, 6 }, { 15, 15, 6, 6 }, { 0, 15, 6, 6 } },
+      { { 0, 1, 0, 1 }, { 0, 1, 1, 11 }, { 1, 29, 0, 12 } },
+    } do
+      cut(X, plain, "c", blocks)
+      local into = ur.nn.EmbeddingBagCollection(opts())
+      assert(dck.load(X, into))
+      same_tables(plain, into)
+      into.tbe:free()
+    end
+    plain.tbe:free()
+  end)
+
+  it("takes a manifest's blocks where they hold every element once: random layouts against a count of each", function()
+    local X = dir .. "/layouts"
+    command.sh("mkdir -p " .. X)
+    local rng = h.rng(29)
+    -- a random tiling of rows [r0, r1), columns [c0, c1): cut across or along, again and again
+    local function tiling(out, r0, r1, c0, c1, depth)
+      local tall, wide = r1 - r0 >= 2, c1 - c0 >= 2
+      if depth == 0 or rng(4) == 1 or not (tall or wide) then
+        out[#out + 1] = { r0, r1 - r0, c0, c1 - c0 }
+      elseif tall and (not wide or rng(2) == 1) then
+        local y = r0 + rng(r1 - r0 - 1)
+        tiling(out, r0, y, c0, c1, depth - 1)
+        tiling(out, y, r1, c0, c1, depth - 1)
+      else
+        local x = c0 + rng(c1 - c0 - 1)
+        tiling(out, r0, r1, c0, x, depth - 1)
+        tiling(out, r0, r1, x, c1, depth - 1)
+      end
+      return out
+    end
+    local taken, refusals = 0, 0
+    for case = 1, 400 do
+      local rows, dim = rng(40), rng(12)
+      local blocks = tiling({}, 0, rows, 0, dim, 7)
+      -- most spoilt: a block moved, grown, dropped or given twice, all within the table
+      local b = blocks[rng(#blocks)]
+      local how = rng(5)
+      if how == 1 then
+        b[1] = rng(rows - b[2] + 1) - 1
+        b[3] = rng(dim - b[4] + 1) - 1
+      elseif how == 2 then
+        if b[1] + b[2] < rows then b[2] = b[2] + 1 elseif b[3] + b[4] < dim then b[4] = b[4] + 1 end
+      elseif how == 3 and #blocks > 1 then
+        table.remove(blocks, rng(#blocks))
+      elseif how == 4 then
+        blocks[#blocks + 1] = { b[1], b[2], b[3], b[4] }
+      end
+      -- the reference: how many blocks hold each element
+      local held = {}
+      for _, x in ipairs(blocks) do
+        for r = x[1], x[1] + x[2] - 1 do
+          for c = x[3], x[3] + x[4] - 1 do held[r * dim + c] = (held[r * dim + c] or 0) + 1 end
+        end
+      end
+      local once = true
+      for e = 0, rows * dim - 1 do once = once and held[e] == 1 end
+      local list = {}
+      for i, x in ipairs(blocks) do
+        list[i] = { name = "t", tensor = "t" .. i, file = "rank-00000-of-00001.safetensors", row0 = x[1], rows = x[2],
+                    col0 = x[3], cols = x[4], rank = 0, dtype = "f32", state = {} }
+      end
+      local f = assert(io.open(X .. "/manifest.json", "wb"))
+      f:write(dck.manifest_text { world = 1, step = 0, order = { "t" },
+                                  tables = { t = { rows = rows, dim = dim, dtype = "f32", blocks = list } } })
+      f:close()
+      local m, err = dck.manifest(X)
+      local what = ("case %d: %d x %d, %s: %s"):format(case, rows, dim, require("uvmrec.json").encode(blocks),
+        tostring(err))
+      if once then
+        assert.truthy(m, what)
+        taken = taken + 1
+      else
+        assert.is_nil(m, what)
+        refusals = refusals + 1
+        -- the elements named are held twice (by both blocks named) or by none
+        local i, j, r0, r1, c0, c1 = err:match("tables%.t%.blocks%[(%d+)%] %b() and tables%.t%.blocks%[(%d+)%] %b() "
+          .. "both hold rows %[(%d+), (%d+)%), columns %[(%d+), (%d+)%); expected every element of the "
+          .. rows .. " x " .. dim .. " table in one block$")
+        local twice = i ~= nil
+        if not twice then
+          r0, r1, c0, c1 = err:match("tables%.t%.blocks hold no element of rows %[(%d+), (%d+)%), columns %[(%d+), "
+            .. "(%d+)%); expected every element")
+        end
+        assert.truthy(r0, what)
+        r0, r1, c0, c1 = tonumber(r0), tonumber(r1), tonumber(c0), tonumber(c1)
+        assert.is_true(r0 < r1 and c0 < c1, what)
+        for r = r0, r1 - 1 do
+          for c = c0, c1 - 1 do
+            if twice then
+              for _, k in ipairs { tonumber(i), tonumber(j) } do
+                local x = blocks[k]
+                assert.is_true(r >= x[1] and r < x[1] + x[2] and c >= x[3] and c < x[3] + x[4], what)
+              end
+            else
+              assert.is_nil(held[r * dim + c], what)
+            end
+          end
+        end
+      end
+    end
+    assert.is_true(taken > 50 and refusals > 200, ("%d taken, %d refused"):format(taken, refusals))
   end)
 end)

@@ -293,8 +293,128 @@ function M.save(dir, ebc, opts)
   return manifest or true
 end
 
+-- ---- block layouts ----
+
+-- The merged column intervals {lo, hi, lo, hi, ...} of blocks `list` (sorted by col0), or nil and
+-- a column two of them hold.
+local function columns_of(list)
+  local out = {}
+  for _, h in ipairs(list) do
+    local n = #out
+    if n > 0 and h.col0 < out[n] then return nil, h.col0 end
+    if n > 0 and h.col0 == out[n] then out[n] = h.col1 else out[n + 1], out[n + 2] = h.col0, h.col1 end
+  end
+  return out
+end
+
+-- The least column one of two lists of merged intervals holds and the other does not, or nil.
+local function first_difference(a, b)
+  for i = 1, math.max(#a, #b) do
+    if a[i] ~= b[i] then return math.min(a[i] or b[i], b[i] or a[i]) end
+  end
+  return nil
+end
+
+-- Why `blocks` (a manifest's list, named `at`; each inside the rows x dim table) do not hold
+-- every element of the table once, or nil.  By the blocks' horizontal edges, in O(n log n): at
+-- each row where blocks start or end, those that start there overlap none of one another, nor
+-- those that end there, and both hold the same columns (every column, at the first row and past
+-- the last).  Then each column is held from the first row to the last by one chain of blocks,
+-- each starting where the one before ends, and by no other block (one outside a column's chain
+-- would start or end beside one in it, both holding that column).  Where that fails, the column
+-- found is walked block by block to name the first element held twice or by none.
+local function layout_error(at, blocks, rows, dim)
+  if rows == 0 or dim == 0 then return nil end -- every block is empty: none is outside the table
+  local starts, ends = {}, {}
+  for i, d in ipairs(blocks) do
+    if d.rows > 0 and d.cols > 0 then -- (an empty block holds nothing)
+      local h = { i = i, d = d, row0 = d.row0, row1 = d.row0 + d.rows, col0 = d.col0, col1 = d.col0 + d.cols }
+      starts[#starts + 1], ends[#ends + 1] = h, h
+    end
+  end
+  table.sort(starts, function(a, b)
+    if a.row0 ~= b.row0 then return a.row0 < b.row0 end
+    if a.col0 ~= b.col0 then return a.col0 < b.col0 end
+    return a.i < b.i
+  end)
+  table.sort(ends, function(a, b)
+    if a.row1 ~= b.row1 then return a.row1 < b.row1 end
+    if a.col0 ~= b.col0 then return a.col0 < b.col0 end
+    return a.i < b.i
+  end)
+  local every, s, e, y, col = { 0, dim }, 1, 1, 0, nil
+  while not col do
+    local began, ended = {}, {}
+    while starts[s] and starts[s].row0 == y do began[#began + 1], s = starts[s], s + 1 end
+    while ends[e] and ends[e].row1 == y do ended[#ended + 1], e = ends[e], e + 1 end
+    local bcols, twice = columns_of(began)
+    local ecols, twice_above = columns_of(ended)
+    col = twice or twice_above or first_difference(y == 0 and every or ecols, y == rows and every or bcols)
+    if y == rows then break end
+    y = math.min(rows, starts[s] and starts[s].row0 or rows, ends[e] and ends[e].row1 or rows)
+  end
+  if not col then return nil end
+  local expected = ("expected every element of the %d x %d table in one block"):format(rows, dim)
+  local function named(h) return ("%s[%d] (tensor '%s' of %s)"):format(at, h.i, h.d.tensor, h.d.file) end
+  -- the blocks holding column col, by first row (starts' order)
+  local g0, g1, last = 0, rows, nil
+  for _, h in ipairs(starts) do
+    if h.col0 <= col and col < h.col1 then
+      if h.row0 < g0 then
+        return ("%s and %s both hold rows [%d, %d), columns [%d, %d); %s"):format(named(last), named(h), h.row0,
+          math.min(g0, h.row1), math.max(last.col0, h.col0), math.min(last.col1, h.col1), expected)
+      end
+      if h.row0 > g0 then g1 = h.row0 break end
+      g0, last = h.row1, h
+    end
+  end
+  assert(g0 < g1, "dist.checkpoint: the layout check found a column its walk finds held once")
+  -- rows [g0, g1) of column col are in no block, nor are the columns around it that no block
+  -- across those rows holds
+  local c0, c1 = 0, dim
+  for _, h in ipairs(starts) do
+    if h.row0 < g1 and g0 < h.row1 then
+      if h.col1 <= col then c0 = math.max(c0, h.col1) elseif h.col0 > col then c1 = math.min(c1, h.col0) end
+    end
+  end
+  return ("%s hold no element of rows [%d, %d), columns [%d, %d); %s"):format(at, g0, g1, c0, c1, expected)
+end
+
+-- Why a table's saved access counters (`list`, named `at`, of a table of `rows` rows saved by
+-- `world` ranks) do not fit, or nil: a row counted by two of a table- or row-wise table's (its
+-- count is its one counter's; rows none holds are named by the load that needs them), or a
+-- data-parallel replica's not of every row, of a rank past the world or twice.
+local function counts_error(at, list, rows, world)
+  local ranks, single = {}, {}
+  for i, d in ipairs(list) do
+    if d.replica then
+      if d.row0 ~= 0 or d.rows ~= rows or d.rank >= world or ranks[d.rank] then
+        return ("%s[%d] is rank %d's replica counters of rows [%d, %d); expected those of every row, [0, %d), one "
+          .. "list a rank below %d"):format(at, i, d.rank, d.row0, d.row0 + d.rows, rows, world)
+      end
+      ranks[d.rank] = true
+    elseif d.rows > 0 then
+      single[#single + 1] = { i = i, d = d }
+    end
+  end
+  table.sort(single, function(a, b)
+    if a.d.row0 ~= b.d.row0 then return a.d.row0 < b.d.row0 end
+    return a.i < b.i
+  end)
+  for k = 2, #single do
+    local p, q = single[k - 1], single[k]
+    if q.d.row0 < p.d.row0 + p.d.rows then
+      return ("%s[%d] (tensor '%s' of %s) and %s[%d] (tensor '%s' of %s) both count rows [%d, %d); expected each "
+        .. "row's count in one"):format(at, p.i, p.d.tensor, p.d.file, at, q.i, q.d.tensor, q.d.file, q.d.row0,
+        math.min(p.d.row0 + p.d.rows, q.d.row0 + q.d.rows))
+    end
+  end
+  return nil
+end
+
 -- What is wrong with a decoded manifest's fields (one edited by hand, or by another tool), or
--- nil: each must be as save writes it, every block inside its table, before load reads a byte.
+-- nil: each must be as save writes it, every block inside its table and the blocks of each
+-- table holding each of its elements once, before load reads a byte.
 local function shown(v) return v == nil and "missing" or json.encode(v) end
 local function whole(v, lo) return type(v) == "number" and v == math.floor(v) and v >= lo and v < 2 ^ 53 end
 local function manifest_error(m)
@@ -337,6 +457,9 @@ local function manifest_error(m)
         end
       end
     end
+    local lerr = layout_error(at .. ".blocks", t.blocks, t.rows, t.dim)
+      or counts_error(at .. ".counts", t.counts or {}, t.rows, m.world)
+    if lerr then return lerr end
   end
   return nil
 end
