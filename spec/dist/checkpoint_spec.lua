@@ -820,4 +820,57 @@ describe("uvmrec.dist.checkpoint", function()
     end
     assert.is_true(taken > 50 and refusals > 200, ("%d taken, %d refused"):format(taken, refusals))
   end)
+
+  it("trusts no field of a manifest or a rank file before its checksum: a corrupted key or value is named so",
+     function()
+    local plain = trained()
+    local X = dir .. "/trust"
+    assert(dck.save(X, plain))
+    local M = X .. "/manifest.json"
+    local good = command.slurp(M)
+    local function refused(want)
+      local into = ur.nn.EmbeddingBagCollection(opts())
+      local before = snapshot(into)
+      local m, err = dck.load(X, into)
+      assert.is_nil(m, want)
+      assert.matches(want, err)
+      assert.is_nil(changed(before, snapshot(into)), want)
+      into.tbe:free()
+    end
+    local function flip(text, at, mask)
+      return text:sub(1, at - 1) .. string.char(bit.bxor(text:byte(at), mask)) .. text:sub(at + 1)
+    end
+    local corrupted = "manifest%.json says crc32c \"%x+\", but its content gives %x+: the manifest is corrupted"
+    -- one bit of "format":2 (it said 'has format 3; this build reads formats 1 and 2') or of the
+    -- key "tables" (it said 'is not a manifest: it holds no tables')
+    command.spit(M, flip(good, good:find('"format":2', 1, true) + #'"format":', 1))
+    refused(corrupted)
+    command.spit(M, flip(good, good:find('"tables":', 1, true) + 1, 4))
+    refused(corrupted)
+    command.spit(M, good)
+    -- a rank file whose header checksum and tensors' checksums are lost (a bit of each key
+    -- flipped) and one bit of table c's bytes: every byte loaded unchecked
+    local file = X .. "/rank-00000-of-00001.safetensors"
+    local bytes = command.slurp(file)
+    local f = assert(ck.open(file))
+    local at = f:info("c").offset + 6
+    f:close()
+    local no_header = bytes:gsub('"uvmrec%.header_crc32c"', '"uvmrec.header_crc32b"')
+    command.spit(file, flip(no_header:gsub('"uvmrec%.crc32c"', '"uvmrec.crc32b"'), at, 2))
+    refused("dist%.checkpoint: .*/trust: rank%-00000%-of%-00001%.safetensors has no uvmrec%.header_crc32c, which save "
+      .. "writes into every rank file: what its header says cannot be verified; expected a file of the manifest's "
+      .. "save")
+    -- the header's checksum alone lost: what the header says is not trusted either
+    command.spit(file, no_header)
+    refused("rank%-00000%-of%-00001%.safetensors has no uvmrec%.header_crc32c")
+    -- a manifest of format 1 (before checksums) reads such files as they are
+    local m = require("uvmrec.json").decode(good)
+    m.format, m.crc32c = 1, nil
+    command.spit(M, require("uvmrec.json").encode(m))
+    local into = ur.nn.EmbeddingBagCollection(opts())
+    assert(dck.load(X, into))
+    same_tables(plain, into)
+    into.tbe:free()
+    plain.tbe:free()
+  end)
 end)

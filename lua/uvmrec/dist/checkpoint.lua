@@ -475,6 +475,18 @@ function M.manifest(dir)
   end
   local ok, m, jerr = pcall(json.decode, text)
   if not ok then m, jerr = nil, m end
+  local function corrupted(got)
+    return nil, ("dist.checkpoint: %s/%s says crc32c %s, but its content gives %s: the manifest is corrupted "
+      .. "(or was edited and not sealed again: dist.checkpoint.manifest_text)"):format(dir, M.MANIFEST,
+      shown(m.crc32c), got)
+  end
+  -- a flipped bit anywhere (a step of 100 read as 101) is refused before anything is applied,
+  -- and before any field is read: one in "format":2 said format 3, one in the key "tables" not a
+  -- manifest
+  if type(m) == "table" and m.crc32c ~= nil then
+    local got, cerr = content_crc(m)
+    if got ~= m.crc32c then return corrupted(got or cerr) end
+  end
   if type(m) ~= "table" or type(m.tables) ~= "table" then
     return nil, ("dist.checkpoint: %s/%s is not a manifest: %s"):format(dir, M.MANIFEST,
       jerr or "it holds no tables")
@@ -483,15 +495,11 @@ function M.manifest(dir)
     return nil, ("dist.checkpoint: %s/%s has format %s; this build reads formats 1 and %d"):format(dir, M.MANIFEST,
       tostring(m.format), M.FORMAT)
   end
-  -- a flipped bit anywhere (a step of 100 read as 101) is refused before anything is applied; a
-  -- format 1 manifest (before the checksum) has none to check
-  if m.format ~= 1 or m.crc32c ~= nil then
+  -- a format 1 manifest (before the checksum) has none to check; a format 2 one without it lost
+  -- it (the key's bits flipped)
+  if m.format ~= 1 and m.crc32c == nil then
     local got, cerr = content_crc(m)
-    if m.crc32c == nil or got ~= m.crc32c then
-      return nil, ("dist.checkpoint: %s/%s says crc32c %s, but its content gives %s: the manifest is corrupted "
-        .. "(or was edited and not sealed again: dist.checkpoint.manifest_text)"):format(dir, M.MANIFEST,
-        shown(m.crc32c), got or cerr)
-    end
+    return corrupted(got or cerr)
   end
   local merr = manifest_error(m)
   if merr then return nil, ("dist.checkpoint: %s/%s: %s"):format(dir, M.MANIFEST, merr) end
@@ -600,6 +608,18 @@ local function saved_file(files, dir, m, d, tname, where, dtype, widths)
     local ferr
     f, ferr = ck.open(dir .. "/" .. d.file)
     if not f then error(ferr, 0) end
+    -- a sealed manifest's rank files were saved with the checksum of their header, which opening
+    -- checked, and of each tensor: a file without them (a key's bits flipped) would have what
+    -- its header says trusted unchecked (the save, step and world below, the tensors' shapes and
+    -- offsets), and its bytes read unchecked
+    for _, k in ipairs(m.crc32c and { "uvmrec.header_crc32c", "uvmrec.crc32c" } or {}) do
+      if not f:meta(k) then
+        f:close()
+        error(("%s: %s has no %s, which save writes into every rank file: %s cannot be verified; expected a "
+          .. "file of the manifest's save"):format(where, d.file, k, k == "uvmrec.crc32c" and "its tensors' bytes"
+          or "what its header says"), 0)
+      end
+    end
     -- a manifest with an id reads only its save's files (one without: written before ids were)
     local got = f:meta("uvmrec.dist.save")
     if m.save and got ~= m.save then
