@@ -873,4 +873,58 @@ describe("uvmrec.dist.checkpoint", function()
     into.tbe:free()
     plain.tbe:free()
   end)
+
+  it("checks all it can before it writes, and names what a failed write leaves half loaded", function()
+    local plain = trained()
+    -- a state saved a value a row where Adam keeps one an element: found copying table c, a, b and
+    -- c's rows written
+    local X = dir .. "/half"
+    cut(X, plain, "c", { { 0, 30, 0, 12 } }, function(ts)
+      ts["c.exp_avg"]:free()
+      ts["c.exp_avg"] = ur.tensor({ 30 }):fill(0.5)
+    end)
+    local into = ur.nn.EmbeddingBagCollection(opts())
+    local before = snapshot(into)
+    local _, err = dck.load(X, into)
+    assert.matches("table 'c' keeps its optimizer state 'exp_avg' with 1 values a row there and 12 here", err)
+    assert.is_nil(changed(before, snapshot(into)))
+    into.tbe:free()
+    -- a copy that fails (a device's; here table c's, made to): the collection is partly loaded,
+    -- and the message says which tables hold the checkpoint's rows, which may hold some and which
+    -- are as they were; a table written is in its own row order (the layout its old rows had is
+    -- dropped with them), the others keep theirs
+    local P = dir .. "/half_good"
+    assert(dck.save(P, plain))
+    into = ur.nn.EmbeddingBagCollection(opts())
+    assert(into.tbe:set_counting(true))
+    for step = 1, 3 do
+      local kjt = batch(step, 0, 1)
+      into:forward(kjt)
+      kjt:free()
+    end
+    assert(into.tbe:relayout("a", "counts"))
+    assert(into.tbe:relayout("d", "counts"))
+    local d_rows = into:table("d"):totable()
+    local load = into.tbe.load
+    into.tbe.load = function(self, name, src, stream)
+      if name == "c" then return nil, "injected: the copy failed" end
+      return load(self, name, src, stream)
+    end
+    _, err = dck.load(P, into)
+    into.tbe.load = nil
+    assert.equal(("dist.checkpoint: %s: writing 'c' failed (injected: the copy failed); the collection is partly "
+      .. "loaded: 'a', 'b' hold the checkpoint's rows and state, 'c' may hold some of them, 'd' is as it was, and "
+      .. "its step is still 0: load a checkpoint into it again before using it"):format(P), err)
+    assert.same(plain:table("a"):totable(), into:table("a"):totable())
+    assert.is_nil(into.tbe:permutation("a"))
+    assert.truthy(into.tbe:permutation("d"))
+    assert.same(d_rows, into:table("d"):totable())
+    assert.equal(0, into.tbe:step())
+    -- and loaded again, whole
+    assert(dck.load(P, into))
+    same_tables(plain, into)
+    assert.is_nil(into.tbe:permutation("d"))
+    into.tbe:free()
+    plain.tbe:free()
+  end)
 end)

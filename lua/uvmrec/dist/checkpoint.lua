@@ -533,6 +533,42 @@ end
 
 local function bytes(t) return ffi.cast("uint8_t *", C.ur_tensor_data(lib.ptr(t, "tensor", 3))) end
 
+-- How many rows (or columns) [lo1, lo1 + n1) and [lo2, lo2 + n2) share; whether two blocks
+-- {row0, rows, col0, cols} are the same rows and columns.
+local function shared(lo1, n1, lo2, n2) return math.max(0, math.min(lo1 + n1, lo2 + n2) - math.max(lo1, lo2)) end
+local function same_block(a, b)
+  return a.row0 == b.row0 and a.rows == b.rows and a.col0 == b.col0 and a.cols == b.cols
+end
+
+-- The message of a load that failed writing blocks[done + 1] (or, every block written, setting
+-- the step), with err: which blocks hold the checkpoint's rows, which may hold some of them and
+-- which are as they were (blocks are written in order, each whole: rows, state, row order,
+-- counters), and the collections' step, which was `step` and still is.
+local function partly_loaded(where, blocks, done, err, step)
+  local function names(from, to)
+    local out = {}
+    for k = from, to do
+      if to - from < 12 or k < from + 6 or k > to - 3 then
+        out[#out + 1] = ("'%s'"):format(block_name(blocks[k]))
+      elseif k == from + 6 then
+        out[#out + 1] = ("... (%d in all)"):format(to - from + 1)
+      end
+    end
+    return table.concat(out, ", ")
+  end
+  local n, parts = #blocks, {}
+  if done > 0 then
+    parts[#parts + 1] = ("%s hold%s the checkpoint's rows and state"):format(names(1, done), done == 1 and "s" or "")
+  end
+  if done < n then parts[#parts + 1] = ("%s may hold some of them"):format(names(done + 1, done + 1)) end
+  if done + 1 < n then
+    parts[#parts + 1] = ("%s %s"):format(names(done + 2, n), done + 2 == n and "is as it was" or "are as they were")
+  end
+  local what = done < n and "writing " .. names(done + 1, done + 1) or "setting the step"
+  return ("%s: %s failed (%s); the collection is partly loaded: %s, and its step is still %d: load a checkpoint "
+    .. "into it again before using it"):format(where, what, tostring(err), table.concat(parts, ", "), step)
+end
+
 -- The ceiling of an access counter (uvmrec.tbe: counters stop growing at 2^30); merged counts
 -- are held to it too.
 local COUNT_MAX = 2 ^ 30
@@ -549,7 +585,8 @@ local COUNT_MAX = 2 ^ 30
 -- ranks takes its rank's saved counters where the checkpoint's world had W replicas too, else
 -- an even share of the sum (floor(n / W), one more on n mod W of the ranks, in turns by row),
 -- so that the replicas' sum, which the next save merges, is the count again.
--- view(d, d.tensor) gives saved counter d's tensor; W and me are the loading world and rank.
+-- view(d, d.tensor) gives saved counter d's tensor (the load frees it); W and me are the loading
+-- world and rank.
 local function counted_rows(where, m, b, view, W, me)
   local saved = m.tables[b.name].counts
   if not saved or #saved == 0 then return nil end
@@ -571,13 +608,11 @@ local function counted_rows(where, m, b, view, W, me)
       local v = view(d, d.tensor)
       if v:dtype() ~= "i32" or v:numel() ~= d.rows then
         local dtype, shape = v:dtype(), table.concat(v:size(), " x ")
-        v:free()
         error(("%s: table '%s' has access counts '%s' of rows [%d, %d) as %s [%s] in %s; expected i32 [%d]")
           :format(where, b.name, d.tensor, d.row0, d.row0 + d.rows, dtype, shape, d.file, d.rows), 0)
       end
       local c = ffi.cast("const int32_t *", C.ur_tensor_data(v.p))
       for r = r0, r1 - 1 do sum[r - b.row0] = sum[r - b.row0] + c[r - d.row0] end
-      v:free()
       if not d.replica then got = got + (r1 - r0) end
       counting = counting or d.counting
     end
@@ -602,6 +637,7 @@ end
 -- no copy reads past it).  Raises the message naming the tensor, its file and what it should be.
 -- A file opened here must carry the manifest's save id, step and world, which save wrote into
 -- both (a rank file of another save, or a manifest that says another step: both values named).
+-- Also returns the tensor's element count (given a dtype).
 local function saved_file(files, dir, m, d, tname, where, dtype, widths)
   local f = files[d.file]
   if not f then
@@ -652,7 +688,7 @@ local function saved_file(files, dir, m, d, tname, where, dtype, widths)
     error(("%s: tensor '%s' of %s is %s; its block in the manifest needs %s %s"):format(where, tname, d.file,
       got, dtype, table.concat(want, " or ")), 0)
   end
-  return f
+  return f, numel
 end
 
 -- The logical tables of a checkpoint folder read a block of rows at a time from the saved blocks
@@ -731,8 +767,14 @@ end
 -- Loads a checkpoint folder into `ebc` (a Sharded collection, an EmbeddingBagCollection or a
 -- uvmrec.tbe collection): every block it holds is reassembled from the saved blocks that
 -- overlap it, with its optimizer state, and the collections' step is the checkpoint's.  Not a
--- collective: each process reads the files it needs.  Every table's shape, dtype and the
--- optimizer's state are checked against the manifest before anything is written.
+-- collective: each process reads the files it needs.  Everything that can be checked is checked
+-- before anything is written: the manifest (its checksum, its fields, each table's blocks
+-- holding every element once), every table's shape and dtype and the optimizer against it, and
+-- every saved tensor read (its file's header checksum, its dtype and size, its bytes against
+-- their checksum); the host memory the copies need is taken then too.  What can fail after that
+-- is a copy (a device's): the collection is then partly loaded, which the message says, naming
+-- the blocks written and those not (a copy of the whole collection to roll back to would double
+-- its memory: 100 GB of tables over 8 ranks, another 12.5 GB and the optimizer's state a rank).
 -- Returns the manifest, or nil, message.
 function M.load(dir, ebc, opts)
   opts = opts or {}
@@ -771,114 +813,154 @@ function M.load(dir, ebc, opts)
     return nil, ("%s: the optimizer state there is {%s} (%s) and here {%s} (%s)"):format(where, theirs,
       tostring(m.optimizer), mine, tostring(c1 and c1.optimizer))
   end
-  local files, verified = {}, {}
-  -- saved block d's tensor tname; given a dtype, it must be that dtype and d.rows x w for one of
-  -- the widths, as the manifest says (so that no copy reads past it).  Its bytes are checked
-  -- against their checksum the first time (in the checks, before anything is written).
+  local files, views = {}, {}
+  -- saved block d's tensor tname, checked as saved_file checks it, and its bytes against their
+  -- checksum the first time (before anything is written); one view of it, freed when the load ends
   local function view(d, tname, dtype, widths)
     local f = saved_file(files, dir, m, d, tname, where, dtype, widths)
     local key = d.file .. "/" .. tname
-    if not verified[key] then
+    if not views[key] then
       local bad = f:verify({ tname }, { allow_nonfinite = true })
       if bad then error(bad, 0) end
-      verified[key] = true
+      views[key] = assert(f:view(tname))
     end
-    return assert(f:view(tname))
+    return views[key]
   end
-  -- every saved block this process reads, and the access counters of every block (merged),
-  -- checked before anything is written
-  local counts = {}
+  -- The plan of every block this process holds: the saved tensors it takes its rows and each
+  -- state from (those that overlap it, read once against their checksums), the access counters
+  -- (merged), and host memory to reassemble it in (one buffer a dtype, the largest block's; a
+  -- block saved as it is held is copied straight from its file), all before anything is written.
+  local plans, counts, staging, made, dsts = {}, {}, {}, {}, {}
   local ok, perr = pcall(function()
-    for _, b in ipairs(blocks) do
-      local t, states = m.tables[b.name], b.collection:state(b.shard)
+    local need = {}
+    for i, b in ipairs(blocks) do
+      local t = m.tables[b.name]
+      local p = { rows = {}, states = {} }
+      plans[i] = p
+      local got = 0
       for _, d in ipairs(t.blocks) do
-        view(d, d.tensor, t.dtype, { d.cols }):free()
-        for sname, st in pairs(states) do view(d, d.state[sname], st:dtype(), { d.cols, 1 }):free() end
+        local nr, nc = shared(d.row0, d.rows, b.row0, b.rows), shared(d.col0, d.cols, b.col0, b.cols)
+        if nr > 0 and nc > 0 then
+          p.rows[#p.rows + 1] = { d = d, v = view(d, d.tensor, t.dtype, { d.cols }) }
+          got = got + nr * nc
+        end
       end
-      for _, st in pairs(states) do st:free() end
+      assert(got == b.rows * b.cols, "dist.checkpoint: the layout check passed blocks that leave elements out")
+      if #p.rows == 1 and same_block(p.rows[1].d, b) then
+        p.direct = p.rows[1].v:view_as(0, { b.rows, b.cols })
+        made[#made + 1] = p.direct
+      else
+        need[t.dtype] = math.max(need[t.dtype] or 0, b.rows * b.cols)
+      end
+      -- the optimizer state: per element ([rows, cols]) or per row ([rows]: rowwise Adagrad's sum
+      -- of the whole row, the same in every column block of a row, so taken from the block that
+      -- holds this one's first column)
+      for sname, dst in pairs(b.collection:state(b.shard)) do
+        dsts[#dsts + 1] = dst
+        local st = { dst = dst, dw = dst:numel() / b.rows, from = {} }
+        local sgot = 0
+        for _, d in ipairs(t.blocks) do
+          local nr, nc = shared(d.row0, d.rows, b.row0, b.rows), shared(d.col0, d.cols, b.col0, b.cols)
+          if nr > 0 then
+            local _, numel = saved_file(files, dir, m, d, d.state[sname], where, dst:dtype(), { d.cols, 1 })
+            local sw = numel / d.rows
+            local rowwise = st.dw ~= b.cols or sw ~= d.cols
+            if rowwise and d.col0 <= b.col0 and b.col0 < d.col0 + d.cols or not rowwise and nc > 0 then
+              if rowwise and st.dw ~= sw then
+                error(("%s: table '%s' keeps its optimizer state '%s' with %d values a row there and %d here")
+                  :format(where, b.name, sname, sw, st.dw), 0)
+              end
+              st.from[#st.from + 1] = { d = d, v = view(d, d.state[sname], dst:dtype(), { d.cols, 1 }), sw = sw,
+                                        rowwise = rowwise }
+              sgot = sgot + nr * (rowwise and st.dw or nc)
+            end
+          end
+        end
+        assert(sgot == dst:numel(), "dist.checkpoint: the layout check passed blocks that leave state out")
+        local one = st.from[1]
+        if #st.from == 1 and same_block(one.d, b) and one.sw == st.dw then
+          st.direct = one.v
+        else
+          need[dst:dtype()] = math.max(need[dst:dtype()] or 0, dst:numel())
+        end
+        p.states[#p.states + 1] = st
+      end
     end
     local W, me = comm and comm.world or 1, comm and comm.rank or 0
     for i, b in ipairs(blocks) do
       local c, counting = counted_rows(where, m, b, view, W, me)
       if c then counts[i] = { tensor = c, counting = counting } end
     end
+    for dtype, n in pairs(need) do
+      local buf, berr = tensor.tensor({ n }, { dtype = dtype })
+      if not buf then
+        error(("%s: %s (host memory to reassemble the blocks in: %d elements of %s; nothing written)"):format(where,
+          berr, n, dtype), 0)
+      end
+      staging[dtype] = buf
+    end
+    for i, b in ipairs(blocks) do
+      local p = plans[i]
+      if not p.direct then
+        p.host = staging[m.tables[b.name].dtype]:view_as(0, { b.rows, b.cols })
+        made[#made + 1] = p.host
+      end
+      for _, st in ipairs(p.states) do
+        if not st.direct then
+          st.host = staging[st.dst:dtype()]:view_as(0, { st.dst:numel() })
+          made[#made + 1] = st.host
+        end
+      end
+    end
   end)
-  -- then the copies
+  -- then the writes, block by block, each whole once written (rows, state, row order, counters):
+  -- only a copy can fail now (a device's), and if one does, what is written is named
+  local step, done, writing = c1 and c1:step() or 0, 0, ok
+  local function raised(v, e) -- a failure's own message (assert may add a position)
+    if not v then error(e, 0) end
+    return v
+  end
   if ok then ok, perr = pcall(function()
-    for _, b in ipairs(blocks) do
-      local c = b.collection
-      local t = m.tables[b.name]
-      -- the rows
-      local host = assert(tensor.tensor({ b.rows, b.cols }, { dtype = t.dtype }))
-      local es = host:nbytes() / (b.rows * b.cols)
-      local got = 0
-      for _, d in ipairs(t.blocks) do
-        local v = view(d, d.tensor, t.dtype, { d.cols })
-        got = got + copy_overlap(bytes(host), b, b.cols, bytes(v), d, d.cols, es, false)
-        v:free()
+    for i, b in ipairs(blocks) do
+      local c, p = b.collection, plans[i]
+      if not p.direct then
+        local es = tensor.dtype_bytes(m.tables[b.name].dtype)
+        for _, r in ipairs(p.rows) do copy_overlap(bytes(p.host), b, b.cols, bytes(r.v), r.d, r.d.cols, es, false) end
       end
-      if got ~= b.rows * b.cols then
-        error(("%s: the blocks of table '%s' give %d of the %d elements of rows [%d, %d), columns [%d, %d)")
-          :format(where, b.name, got, b.rows * b.cols, b.row0, b.row0 + b.rows, b.col0, b.col0 + b.cols), 0)
-      end
-      assert(c:load(b.shard, host, opts.stream))
-      host:free()
-      -- the optimizer state: per element ([rows, cols]) or per row ([rows]: rowwise Adagrad's sum
-      -- of the whole row, the same in every column block of a row, so taken from the block that
-      -- holds this one's first column)
-      for sname, dst in pairs(c:state(b.shard)) do
-        local dw = dst:numel() / b.rows
-        local sh = assert(tensor.tensor({ dst:numel() }, { dtype = dst:dtype() }))
-        local ses = sh:nbytes() / dst:numel()
-        local sgot = 0
-        for _, d in ipairs(t.blocks) do
-          local v = view(d, d.state[sname], dst:dtype(), { d.cols, 1 })
-          local sw = v:numel() / d.rows
-          local rowwise = dw ~= b.cols or sw ~= d.cols
-          local overlaps = d.row0 < b.row0 + b.rows and b.row0 < d.row0 + d.rows
-          if rowwise then overlaps = overlaps and d.col0 <= b.col0 and b.col0 < d.col0 + d.cols
-          else overlaps = overlaps and d.col0 < b.col0 + b.cols and b.col0 < d.col0 + d.cols end
-          if rowwise and overlaps and dw ~= sw then
-            error(("%s: table '%s' keeps its optimizer state '%s' with %d values a row there and %d here")
-              :format(where, b.name, sname, sw, dw), 0)
+      raised(c:load(b.shard, p.direct or p.host, opts.stream))
+      for _, st in ipairs(p.states) do
+        if not st.direct then
+          local es = tensor.dtype_bytes(st.dst:dtype())
+          for _, f in ipairs(st.from) do
+            copy_overlap(bytes(st.host), b, st.dw, bytes(f.v), f.d, f.sw, es, f.rowwise)
           end
-          if overlaps then sgot = sgot + copy_overlap(bytes(sh), b, dw, bytes(v), d, sw, ses, rowwise) end
-          v:free()
         end
-        if sgot ~= dst:numel() then
-          error(("%s: the blocks of table '%s' give %d of the %d values of its state '%s'"):format(where, b.name,
-            sgot, dst:numel(), sname), 0)
-        end
-        assert(dst:copy(sh, opts.stream))
-        sh:free()
-        dst:free()
+        raised(st.dst:copy(st.direct or st.host, opts.stream))
       end
+      -- the rows came in logical order: a shard laid out by a hint policy is laid out as they are
+      local perm = c.permutation and c:permutation(b.shard)
+      if perm then
+        perm:free()
+        raised(c:set_permutation(b.shard, nil))
+      end
+      if counts[i] then raised(hints.set_counts(c, b.shard, counts[i].tensor, counts[i].counting)) end
+      done = i
+    end
+    for _, c in ipairs(collections) do
+      c:set_step(m.step)
+      if c.cache then raised(c.cache:invalidate()) end
+      raised(c:far_refresh()) -- its far rows' copies (early ones too) are older than the rows now
     end
   end) end
   for _, f in pairs(files) do f:close() end
-  if ok then
-    for i, c in pairs(counts) do
-      local b = blocks[i]
-      ok, perr = hints.set_counts(b.collection, b.shard, c.tensor, c.counting)
-      if not ok then perr = ("%s: %s"):format(where, perr) break end
-    end
+  for _, v in pairs(views) do v:free() end
+  for _, list in ipairs { made, dsts } do
+    for _, t in ipairs(list) do t:free() end
   end
+  for _, t in pairs(staging) do t:free() end
   for _, c in pairs(counts) do c.tensor:free() end
+  if not ok and writing then perr = partly_loaded(where, blocks, done, perr, step) end
   if not ok then return nil, perr end
-  for _, c in ipairs(collections) do
-    c:set_step(m.step)
-    if c.cache then assert(c.cache:invalidate()) end
-    assert(c:far_refresh()) -- its far rows' copies (early ones too) are older than the rows now
-  end
-  -- the rows came in logical order: a shard laid out by a hint policy is laid out as they are
-  for _, b in ipairs(blocks) do
-    local c = b.collection
-    local perm = c.permutation and c:permutation(b.shard)
-    if perm then
-      perm:free()
-      assert(c:set_permutation(b.shard, nil))
-    end
-  end
   return m
 end
 
