@@ -707,7 +707,14 @@ describe("uvmrec.checkpoint validation", function()
       -- the registry refuses it too, before any component is loaded
       local reg = ck.registry()
       local wa, wids = ur.tensor({ 64, 4 }):fill(5), ur.tensor({ 100 }, { dtype = "i64" }):fill(5)
-      reg:register { name = "m", state = function() return { tensors = { a = wa } } end }
+      -- m's check reads its tensor: only after the checksum passed (it read the flipped bytes,
+      -- and its own refusal hid that the file was corrupted)
+      reg:register { name = "m", state = function() return { tensors = { a = wa } } end,
+                     check = function(views)
+                       for _, x in ipairs(views.a:totable()) do
+                         if x ~= 5 then return "an element of a is not 5" end
+                       end
+                     end }
       reg:register { name = "v", views = true, state = function() return { tensors = { ids = wids } } end,
                      load = function() error("not reached") end }
       local cpath = scratch("flip_reg.safetensors")
