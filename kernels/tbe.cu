@@ -2217,17 +2217,17 @@ static ur_status tbe_gather_rows(void *stream, const void *src, int64_t src_rows
   return UR_STATUS_OK;
 }
 
-/* far_move_kernel's grid.  Reading rows over the link (the early copies; far_spill_kernel's few
- * rows past set_far_dma's copies too): a block per 16 SMs (9 on an H100 or H200): 72 warps, 147
- * KB of rows in flight, about twice what the link (about 35 GB/s at 2 us) needs.  Its blocks hold
- * SMs beside the step's dense kernels: B4 at 20% with early copies written behind, on an H200,
+/* far_move_kernel's grid (and far_spill_kernel's, the few rows past set_far_dma's copies, by the
+ * same rule each way; not measured apart).  Reading rows over the link (the early copies): a
+ * block per 16 SMs (9 on an H100 or H200): 72 warps, 147 KB of rows in flight, about twice what
+ * the link (about 35 GB/s at 2 us) needs.  Its blocks hold SMs beside the step's dense kernels: B4 at 20% with early copies written behind, on an H200,
  * 4.32-4.35 ms a step with a block per 8 SMs, 4.09-4.10 per 16, 4.29 per 32 (the copies then
  * slower than the step) against 3.7 all in HBM.  16 bytes a lane and 16 rows a warp were slower
  * (4.25 ms per 32 SMs, the copies slower; 4.16 per 16, the dense kernels slower).
  * Writing rows over the link (the write home): FAR_HOME_BLOCKS, whatever the SMs.  Writes queued
  * faster than the link drains them slow every kernel beside them, and a block writes faster since
  * the homes' list holds each row's address (it searched the tables and read the permutation, about
- * 3.5 GB/s a block): with 9, the bottom MLP's forward took 0.50 ms against 0.18.  B4 with early
+ * 3.5 GB/s a block): with 9, the bottom MLP's forward took 0.50 ms (0.18 with 2).  B4 with early
  * copies written behind, on an H100 (4.04-4.10 ms all in HBM), at 20% and 5%: 9 blocks 0.84 and
  * 0.79 of all in HBM, 6 0.85 and 0.81, 4 0.86-0.88 and 0.85-0.86, 3 0.90 and 0.86, 2 0.90 and
  * 0.86 (4.48 and 4.67 ms; the next backward did not wait for them). */
@@ -2267,7 +2267,7 @@ static ur_status tbe_far_move(void *stream, const ur__tbe_far *f, int32_t to_hom
 
 static ur_status tbe_far_spill(void *stream, const ur__tbe_far *f, char *host, int64_t from,
                                int32_t to_host) {
-  far_spill_kernel<<<far_move_blocks(false), UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(
+  far_spill_kernel<<<far_move_blocks(to_host != 0), UR_TBE_WARPS * 32, 0, (cudaStream_t)stream>>>(
       *f, host, from, to_host != 0);
   UR_CUDA_CHECK(cudaGetLastError(), "tbe far_spill");
   return UR_STATUS_OK;
