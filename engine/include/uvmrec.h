@@ -1271,8 +1271,9 @@ UR_API size_t ur_sizeof_cache_stats(void);
  * pinned or managed); t's kernels use the slots from now on.  Free the cache before t, or
  * after: either order is safe (freeing the cache writes dirty rows back and points t at its
  * own storage again).  Where it cannot write them back (ur_cache_flush fails: a lost cache,
- * memory, the GPU), t's tables it held are marked lost: t's forward, backward and those tables'
- * views refuse them, naming why, until ur_tbe_init_table writes each one's rows. */
+ * memory, the GPU), t's tables it held are marked lost: t's forward and backward, those tables'
+ * views, state, resets and layouts, and a new cache over them refuse them, naming why, until
+ * ur_tbe_init_table writes each one's rows (and zeroes its optimizer state). */
 UR_API ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables,
                               const int32_t *tables, const ur_cache_config *config);
 UR_API void ur_cache_free(ur_cache *c);
@@ -1670,10 +1671,11 @@ UR_API ur_status ur_safetensors_read_part(const ur_safetensors *f, int32_t i,
 UR_API ur_status ur_safetensors_find_nonfinite(const ur_safetensors *f, int32_t i, int64_t *out);
 /* Every save of tensors keeps each one's CRC32C in the metadata ("uvmrec.crc32c": a JSON object
  * of tensor names to 8 lowercase hex digits, the writer's own key); opening checks that it names
- * every tensor, and reads both checksums' keys in that form only.  Every save with metadata or tensors also keeps "uvmrec.header_crc32c", the CRC32C of
- * what the header says (the other metadata pairs by key, then each tensor's name, dtype, shape
- * and offsets by name: docs/checkpoints.md), and opening refuses a header that gives another
- * (UR_STATUS_FORMAT: a flipped bit in a metadata key or value, or in a shape).
+ * every tensor, and reads both checksums' keys in that form only.  Every save with metadata or
+ * tensors also keeps "uvmrec.header_crc32c", the CRC32C of what the header says (the other
+ * metadata pairs by key, then each tensor's name, dtype, shape and offsets by name:
+ * docs/checkpoints.md), and opening refuses a header that gives another (UR_STATUS_FORMAT: a
+ * flipped bit in a metadata key or value, or in a shape).
  * ur_safetensors_verify reads tensor i a chunk at a time and checks its bytes against
  * it (UR_STATUS_FORMAT naming the file, the tensor and its bytes when they differ: a flipped
  * bit), finding its first NaN or infinity as ur_safetensors_find_nonfinite does in the same

@@ -212,10 +212,25 @@ end
 
 local H, S = lib.method_ptrs("cache")
 
+-- Frees the cache: its dirty rows go home first (where they cannot, the engine marks its tables'
+-- rows lost: uvmrec.h's ur_cache_free), and its collection goes on without it, its tables read
+-- from their own storage.  The batches in flight go with it.
 function methods:free()
   free_cache(self.h)
-  for _, e in ipairs(self._pool) do e.buf:free() end
-  self._pool = {}
+  -- (nothing allocated: a free may come when memory is short)
+  for i = #self._pool, 1, -1 do
+    self._pool[i].buf:free()
+    self._pool[i] = nil
+  end
+  for i = #self._order, 1, -1 do
+    self._order[i].ids:free()
+    self._order[i].buf:free()
+    self._order[i] = nil
+  end
+  if self.tbe.cache == self then
+    self.tbe.cache = nil
+    for name in pairs(self.tbe.cached) do self.tbe.cached[name] = nil end
+  end
 end
 function methods:slots() return tonumber(C.ur_cache_slots(H(self))) end
 function methods:staging_rows() return tonumber(C.ur_cache_staging_rows(H(self))) end

@@ -567,8 +567,9 @@ void ur_cache_free(ur_cache *c) {
      * stale rows or freed slots */
     char why[400];
     if (ur_cache_flush(c)) {
+      /* a lost cache's own message says to make it again, which a lost table refuses */
       snprintf(why, sizeof why, "the cache was freed and could not write its dirty rows home: %s",
-               ur_last_error());
+               c->lost ? c->lost : ur_last_error());
       tables_lost(c, why);
     }
     for (int32_t i = 0; i < c->bound; i++)

@@ -512,6 +512,7 @@ ur_status ur_tbe_relayout(ur_stream *s, ur_tbe *t, int32_t table, const ur_tenso
   UR__ARGS(t, out);
   memset(out, 0, sizeof *out);
   ur_status st = check_index(t, table, "relayout");
+  if (!st) st = ur__tbe_check_lost(t, table, "tbe relayout");
   if (!st && perm) st = check_not_cached(t, table, "relayout");
   if (st) return st;
   ur__tbe_table *d = &t->tables[table];
@@ -601,6 +602,7 @@ done:;
 ur_status ur_tbe_set_permutation(ur_tbe *t, int32_t table, const ur_tensor *perm) {
   UR__ARGS(t);
   ur_status st = check_index(t, table, "set_permutation");
+  if (!st) st = ur__tbe_check_lost(t, table, "tbe set_permutation");
   if (!st && perm) st = check_not_cached(t, table, "set_permutation");
   if (!st) st = ur__tbe_perm_changed(t, table);
   if (st) return st;
@@ -674,6 +676,7 @@ ur_status ur_tbe_swap_rows(ur_stream *s, ur_tbe *t, int32_t table, const int64_t
   UR__ARGS(t, a, b, out);
   memset(out, 0, sizeof *out);
   ur_status st = check_index(t, table, "swap_rows");
+  if (!st) st = ur__tbe_check_lost(t, table, "tbe swap_rows");
   if (!st) st = check_not_cached(t, table, "swap_rows");
   if (st) return st;
   if (n < 0 || (n > 0 && (!a || !b)))

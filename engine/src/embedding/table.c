@@ -299,6 +299,9 @@ static int64_t state_elems(const ur_tbe *t, int32_t i) {
   return t->cfg.optim.kind == UR_OPTIM_KIND_ROWWISE_ADAGRAD ? c->rows : c->rows * c->dim;
 }
 
+/* A lost table whose reason could not be kept (no memory for it). */
+static const char lost_unsaid[] = "its reason could not be kept: out of host memory";
+
 /* The key space: each table's rows follow the previous table's. */
 static void rekey(ur_tbe *t) {
   int64_t key = 0;
@@ -527,6 +530,8 @@ void ur_tbe_free(ur_tbe *t) {
   for (int32_t k = t->nhooks - 1; k >= 0; k--) t->hooks[k].fn(t->hooks[k].ctx);
   free(t->hooks);
   free(t->owner);
+  for (int32_t i = 0; t->lost && i < t->names.T; i++)
+    if (t->lost[i] != lost_unsaid) free(t->lost[i]);
   free(t->lost);
   for (int p = 0; p < UR_PLACE_COUNT; p++) {
     for (int d = 0; d < UR__TBE_NDT; d++) ur_tensor_free(t->wstore[p][d]);
@@ -656,6 +661,25 @@ ur_status ur_tbe_state(const ur_tbe *t, int32_t i, int32_t which, ur_tensor **ou
   return ur_tensor_view_as(t->sstore[t->splace[i]], out, p - base, rowwise ? 1 : 2, shape);
 }
 
+static const ur_backend *writer_of(const ur_tbe *t, ur_place p);
+
+/* Table i's optimizer state all zeros, as a new table's (init_table after its rows were lost). */
+static ur_status zero_state(ur_stream *s, ur_tbe *t, int32_t i) {
+  if (!t->nstate) return UR_STATUS_OK;
+  ur__tbe_table d;
+  int32_t place;
+  ur_status st = ur__tbe_backing(t, i, &d, &place);
+  const ur_backend *w = writer_of(t, (ur_place)t->splace[i]);
+  int on_gpu = w != ur__cpu();
+  if (!st && !on_gpu && t->home == UR_PLACE_DEVICE) st = ur_device_sync();
+  size_t n = (size_t)state_elems(t, i);
+  void *sh = on_gpu && s ? s->handle : NULL;
+  if (!st) st = w->fill(sh, d.state1, n, 4, 0);
+  if (!st && d.state2) st = w->fill(sh, d.state2, n, 4, 0);
+  if (!st && on_gpu) st = w->stream_sync(sh);
+  return st;
+}
+
 ur_status ur_tbe_init_table(ur_stream *s, ur_tbe *t, int32_t i, double lo, double hi,
                             uint64_t seed) {
   UR__ARGS(t);
@@ -665,8 +689,12 @@ ur_status ur_tbe_init_table(ur_stream *s, ur_tbe *t, int32_t i, double lo, doubl
     return ur__error(UR_STATUS_INVALID,
                      "tbe: init bounds [%g, %g) are not finite with low <= high", lo, hi);
   if ((st = ur__tbe_far_drop(t))) return st;
-  /* every row written: rows a freed cache left stale are no longer read */
-  if (!(st = draw(s, t, i, lo, hi, seed))) t->lost[i] = 0;
+  if ((st = draw(s, t, i, lo, hi, seed))) return st;
+  /* rows a cache lost: its state too is written (zeros), its descriptor uploaded again */
+  if (t->lost[i] && !(st = zero_state(s, t, i)) && !(st = upload_desc(t))) {
+    if (t->lost[i] != lost_unsaid) free(t->lost[i]);
+    t->lost[i] = NULL;
+  }
   return st;
 }
 
@@ -690,6 +718,7 @@ typedef struct reset_part {
 ur_status ur_tbe_reset_rows(ur_stream *s, ur_tbe *t, int32_t i, const int64_t *ids, int64_t n) {
   UR__ARGS(t, ids);
   ur_status st = ur__tbe_names_index(&t->names, i);
+  if (!st) st = ur__tbe_check_lost(t, i, "tbe reset_rows");
   if (st) return st;
   const ur_tbe_table_config *c = &t->tc[i];
   if (n < 0) return ur__error(UR_STATUS_INVALID, "tbe: reset_rows of %lld rows", (long long)n);
@@ -844,6 +873,28 @@ ur_status ur__tbe_far_drop(ur_tbe *t) {
   return st;
 }
 
+/* Table i's descriptor on the host pointed at rows lent by owner (NULL: its own storage). */
+static void point_at(ur_tbe *t, int32_t i, const void *owner, void *weights, float *state1,
+                     float *state2, const int64_t *row_ids, int64_t rows) {
+  if (!owner) {
+    ur__tbe_table b;
+    int32_t place;
+    ur__tbe_backing(t, i, &b, &place);
+    weights = b.weights;
+    state1 = b.state1;
+    state2 = b.state2;
+    rows = b.rows;
+    row_ids = NULL;
+  }
+  t->owner[i] = owner;
+  t->tables[i].weights = weights;
+  t->tables[i].state1 = state1;
+  t->tables[i].state2 = state2;
+  t->tables[i].row_ids = row_ids;
+  t->tables[i].rows = rows;
+  t->tables[i].far_from = ur__tbe_far_from(t, i);
+}
+
 ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weights,
                            float *state1, float *state2, const int64_t *row_ids, int64_t rows) {
   ur_status st = ur__tbe_names_index(&t->names, i);
@@ -857,25 +908,9 @@ ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weight
                      "cache: table '%s' has a row permutation or access counters; a cached table "
                      "takes neither (the cache chooses where its rows live)",
                      t->tc[i].name);
-  ur__tbe_table b;
-  int32_t place;
-  if (!owner) {
-    ur__tbe_backing(t, i, &b, &place);
-    weights = b.weights;
-    state1 = b.state1;
-    state2 = b.state2;
-    rows = b.rows;
-    row_ids = NULL;
-  }
   /* kernels in flight may read the descriptors or the rows */
   if ((st = t->be->device_sync())) return st;
-  t->owner[i] = owner;
-  t->tables[i].weights = weights;
-  t->tables[i].state1 = state1;
-  t->tables[i].state2 = state2;
-  t->tables[i].row_ids = row_ids;
-  t->tables[i].rows = rows;
-  t->tables[i].far_from = ur__tbe_far_from(t, i);
+  point_at(t, i, owner, weights, state1, state2, row_ids, rows);
   if ((st = ur__tbe_far_drop(t))) return st;
   rekey(t);
   return upload_desc(t);
@@ -883,20 +918,15 @@ ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, void *weight
 
 void ur__tbe_rows_lost(ur_tbe *t, int32_t i, const char *why) {
   if (i < 0 || i >= t->names.T) return;
-  if (ur__tbe_redirect(t, i, NULL, NULL, NULL, NULL, NULL, 0)) {
-    /* the GPU cannot be reached: the host's view alone, which every launch checks first */
-    ur__tbe_table b;
-    int32_t place;
-    ur__tbe_backing(t, i, &b, &place);
-    t->owner[i] = NULL;
-    t->tables[i].weights = b.weights;
-    t->tables[i].state1 = b.state1;
-    t->tables[i].state2 = b.state2;
-    t->tables[i].row_ids = NULL;
-    t->tables[i].rows = b.rows;
-  }
-  t->lost[i] = 1;
-  snprintf(t->lost_why, sizeof t->lost_why, "%s", why ? why : "");
+  /* kernels in flight may read the descriptors; where the GPU cannot be reached, the host's
+   * view alone, which every launch checks first, and init_table uploads */
+  (void)t->be->device_sync();
+  point_at(t, i, NULL, NULL, NULL, NULL, NULL, 0);
+  (void)ur__tbe_far_drop(t);
+  rekey(t);
+  (void)upload_desc(t);
+  if (!t->lost[i]) t->lost[i] = strdup(why && *why ? why : "no reason kept");
+  if (!t->lost[i]) t->lost[i] = (char *)lost_unsaid;
 }
 
 ur_status ur__tbe_check_lost(const ur_tbe *t, int32_t i, const char *who) {
@@ -904,8 +934,8 @@ ur_status ur__tbe_check_lost(const ur_tbe *t, int32_t i, const char *who) {
   for (int32_t k = lo; k < hi; k++)
     if (t->lost[k])
       return ur__error(UR_STATUS_INVALID, "%s: table '%s' lost the rows its cache held (%s); its rows "
-                       "and optimizer state at home are stale: init_table it, then load a "
-                       "checkpoint, to use it again",
-                       who, t->tc[k].name, t->lost_why);
+                       "and optimizer state at home are stale: init_table it (its state is zeroed), "
+                       "then load a checkpoint, to use it again",
+                       who, t->tc[k].name, t->lost[k]);
   return UR_STATUS_OK;
 }

@@ -129,10 +129,10 @@ struct ur_tbe {
   ur_tensor *flags;         /* i64 [2] at home: first bad value index, ids skipped */
   const int32_t *gate;      /* a guard's flags (ur_tbe_set_gate), the caller's, or NULL */
   const void **owner;       /* per table: who its rows are redirected to (a cache), or NULL */
-  /* per table: 1 where a cache was freed without writing the table's dirty rows home (its own
-   * rows are stale; ur__tbe_rows_lost), until init_table writes them all; lost_why says why */
-  uint8_t *lost;
-  char lost_why[512];
+  /* per table: why the rows a cache held were lost (ur__tbe_rows_lost: a cache freed or grown
+   * that could not keep them), its own rows and state stale, until init_table writes them; NULL
+   * for a table whose rows are its own */
+  char **lost;
   /* per table, NULL until used (counters.c, layout.c): access counters i32 [rows] and the
    * row permutation i64 [rows], at home */
   ur_tensor **counts, **perm;
@@ -200,10 +200,11 @@ UR__HIDDEN ur_status ur__tbe_redirect(ur_tbe *t, int32_t i, const void *owner, v
                                       float *state1, float *state2, const int64_t *row_ids,
                                       int64_t rows);
 
-/* Table i points at its own storage again after a cache that held its rows could not write its
- * dirty rows home (ur_cache_free after a failed flush, why says how): its rows are marked lost.
- * The host's descriptors change even where the GPU cannot be reached: nothing launches for a
- * collection with a lost table (ur__tbe_check_lost). */
+/* Table i points at its own storage again after a cache that held its rows lost them (freed
+ * after a failed flush, or a growth that lost its slots; why says how): its rows are marked
+ * lost.  The host's descriptors change even where the GPU cannot be reached (init_table uploads
+ * them again): the collection refuses a lost table's rows and state, and every forward and
+ * backward, until init_table writes them (ur__tbe_check_lost). */
 UR__HIDDEN void ur__tbe_rows_lost(ur_tbe *t, int32_t i, const char *why);
 /* UR_STATUS_INVALID for `who` naming table i's lost rows (i -1: the first lost table's), or OK. */
 UR__HIDDEN ur_status ur__tbe_check_lost(const ur_tbe *t, int32_t i, const char *who);
