@@ -525,11 +525,12 @@ function Registry:load(path, opts)
       for _, v in pairs(views) do v:free() end
     end
   end
-  local function fail(msg)
+  local function refuse(why)
     free_views()
     f:close()
-    return nil, "checkpoint " .. path .. ": " .. msg
+    return nil, why
   end
+  local function fail(msg) return refuse("checkpoint " .. path .. ": " .. msg) end
   local format = f:meta("uvmrec.format")
   if not format then return fail("not a uvmrec checkpoint (no uvmrec.format in its metadata)") end
   if tonumber(format) ~= M.FORMAT then
@@ -568,6 +569,19 @@ function Registry:load(path, opts)
     end
   end
   local plan, map, verified = {}, {}, {}
+  -- views of a component's tensors (file_names: rest -> full name) put in `into`, once their
+  -- bytes matched their checksums (f:load below leaves those); nil, why where one did not
+  local function verified_views(file_names, into)
+    local list = {}
+    for _, full in pairs(file_names) do list[#list + 1] = full end
+    table.sort(list)
+    local bad = f:verify(list, opts)
+    if bad then return nil, bad end
+    for _, full in ipairs(list) do verified[full] = true end
+    given[#given + 1] = into
+    for rest, full in pairs(file_names) do into[rest] = assert(f:view(full)) end
+    return into
+  end
   for _, c in ipairs(self.list) do
     if not in_file[c.name] then
       if not c.optional then
@@ -586,17 +600,8 @@ function Registry:load(path, opts)
       local tensors = {}
       local file_names = by_comp[c.name] or {}
       if c.views then
-        local list = {}
-        for _, full in pairs(file_names) do list[#list + 1] = full end
-        table.sort(list)
-        local bad = f:verify(list, opts)
-        if bad then
-          free_views()
-          f:close()
-          return nil, bad
-        end
-        given[#given + 1] = tensors
-        for rest, full in pairs(file_names) do tensors[rest] = assert(f:view(full)) end
+        local _, bad = verified_views(file_names, tensors)
+        if bad then return refuse(bad) end
       else
         local ts = component_state(c, 2)
         for k, t in pairs(ts) do
@@ -622,19 +627,9 @@ function Registry:load(path, opts)
       if c.check then
         local views = {}
         if c.views then views = tensors else
-          -- what a check reads is checked against its checksum first (f:load below leaves them)
-          local list = {}
-          for _, full in pairs(file_names) do list[#list + 1] = full end
-          table.sort(list)
-          local bad = f:verify(list, opts)
-          if bad then
-            free_views()
-            f:close()
-            return nil, bad
-          end
-          for _, full in ipairs(list) do verified[full] = true end
-          given[#given + 1] = views
-          for rest, full in pairs(file_names) do views[rest] = assert(f:view(full)) end
+          -- what a check reads matched its checksum first
+          local _, bad = verified_views(file_names, views)
+          if bad then return refuse(bad) end
         end
         local why = c.check(views, cm, step)
         if why then return fail(("component '%s': %s"):format(c.name, why)) end

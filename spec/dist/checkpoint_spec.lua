@@ -72,16 +72,23 @@ local function counts_of(tbe)
   return out
 end
 
+-- A collection of one process, counting, after the forwards of the global batches of steps
+-- [s0, s1].
+local function counted(s0, s1)
+  local m = ur.nn.EmbeddingBagCollection(opts())
+  assert(m.tbe:set_counting(true))
+  for step = s0, s1 do
+    local kjt = batch(step, 0, 1)
+    m:forward(kjt)
+    kjt:free()
+  end
+  return m
+end
+
 -- What one process's unsharded tables count over the global batches of steps [s0, s1]: the
 -- reference every merged count is held to.
 local function reference(s0, s1)
-  local plain = ur.nn.EmbeddingBagCollection(opts())
-  assert(plain.tbe:set_counting(true))
-  for step = s0, s1 do
-    local kjt = batch(step, 0, 1)
-    plain:forward(kjt)
-    kjt:free()
-  end
+  local plain = counted(s0, s1)
   local out = counts_of(plain.tbe)
   plain.tbe:free()
   return out
@@ -387,13 +394,7 @@ describe("uvmrec.dist.checkpoint", function()
 
   it("carries the access counters of one process through a world of one's shards and back", function()
     local comm = assert(dist.comm())
-    local plain = ur.nn.EmbeddingBagCollection(opts())
-    assert(plain.tbe:set_counting(true))
-    for step = 1, 3 do
-      local kjt = batch(step, 0, 1)
-      plain:forward(kjt)
-      kjt:free()
-    end
+    local plain = counted(1, 3)
     assert(plain.tbe:relayout("a", "counts"))
     local want = counts_of(plain.tbe)
     assert.is_true(want.a[1] + want.a[2] + want.a[3] > 0)
@@ -895,13 +896,7 @@ describe("uvmrec.dist.checkpoint", function()
     -- dropped with them), the others keep theirs
     local P = dir .. "/half_good"
     assert(dck.save(P, plain))
-    into = ur.nn.EmbeddingBagCollection(opts())
-    assert(into.tbe:set_counting(true))
-    for step = 1, 3 do
-      local kjt = batch(step, 0, 1)
-      into:forward(kjt)
-      kjt:free()
-    end
+    into = counted(1, 3)
     assert(into.tbe:relayout("a", "counts"))
     assert(into.tbe:relayout("d", "counts"))
     local d_rows = into:table("d"):totable()
