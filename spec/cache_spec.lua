@@ -383,7 +383,8 @@ describe("uvmrec.cache", function()
     local later = out:match("later\t([^\n]*)")
     if later then
       assert.equal("cache: a batch failed once its placement was decided, and its rows in HBM are no longer where "
-                   .. "its tags say; make the collection's cache again", later)
+                   .. "its tags say; free it (cache:free()), then init_table each table it held and load a checkpoint",
+                   later)
     else
       assert.matches("the uncached table's bits\ttrue\n$", out)
     end
@@ -638,21 +639,35 @@ describe("uvmrec.cache", function()
       print("swap_rows", said(t.swap_rows, t, "a", { 1 }, { 2 }))
       local cm = require "uvmrec.cache"
       print("new cache", said(cm.new, t, { "a" }, cm.options({ slots = 100 }, 1), 1))
+      local dck, dir = require "uvmrec.dist.checkpoint", os.tmpname()
+      os.remove(dir)
+      local plain = ur.nn.EmbeddingBagCollection{ tables = { { name = "a", rows = 1000000, dim = 4 } },
+        device = "cpu", seed = 9, optimizer = { "rowwise_adagrad", lr = 0.05 } }
+      assert(dck.save(dir, plain))
+      print("load", select(2, dck.load(dir, m)))
       assert(t:init_table("a", -0.01, 0.01, 7))
       local sums, nonzero = t:state("a").sum:totable(), 0
       for _, z in ipairs(sums) do if z ~= 0 then nonzero = nonzero + 1 end end
       print("after init_table", said(t.table, t, "a"), nonzero)
       print("forward", said(m.forward, m, x))
+      assert(dck.load(dir, m))
+      local a, b = t:table("a"):totable(), plain.tbe:table("a"):totable()
+      local same = #a == #b
+      for i = 1, #b do same = same and a[i] == b[i] end
+      print("loaded", same)
+      os.execute("rm -rf " .. dir)
     ]]
     if not out then return pending("a sanitizer build: its shadow memory does not fit under a capped address space") end
     local lost = "table 'a' lost the rows its cache held (the cache was freed and could not write its dirty rows "
                  .. "home: cache: out of host memory); its rows and optimizer state at home are stale: init_table "
                  .. "it (its state is zeroed), then load a checkpoint, to use it again"
     local ebc = "EmbeddingBagCollection(1 table, 1 feature -> 4, rowwise_adagrad): tbe: "
+    local function dir_of(text) return text:match("\nload\tdist%.checkpoint: ([^:]*):") or "?" end
     assert.equal(table.concat({ "cache\tnil", "table\ttbe table: " .. lost, "state\ttbe state: " .. lost,
                                 "forward\t" .. ebc .. lost, "backward\t" .. ebc .. lost,
                                 "swap_rows\ttbe swap_rows: " .. lost, "new cache\tcache: " .. lost,
-                                "after init_table\tok\t0", "forward\tok", "" }, "\n"), out)
+                                "load\tdist.checkpoint: " .. dir_of(out) .. ": tbe table: " .. lost,
+                                "after init_table\tok\t0", "forward\tok", "loaded\ttrue", "" }, "\n"), out)
   end)
 
   it("keeps a batch it could not retire in flight: every later retire of it says why again", function()

@@ -227,10 +227,7 @@ function methods:free()
     self._order[i].buf:free()
     self._order[i] = nil
   end
-  if self.tbe.cache == self then
-    self.tbe.cache = nil
-    for name in pairs(self.tbe.cached) do self.tbe.cached[name] = nil end
-  end
+  if self.tbe.cache == self then self.tbe.cache, self.tbe.cached = nil, nil end
 end
 function methods:slots() return tonumber(C.ur_cache_slots(H(self))) end
 function methods:staging_rows() return tonumber(C.ur_cache_staging_rows(H(self))) end

@@ -572,8 +572,13 @@ void ur_cache_free(ur_cache *c) {
                c->lost ? c->lost : ur_last_error());
       tables_lost(c, why);
     }
+    /* a table that cannot be pointed home (the GPU) must not keep the slots freed below */
     for (int32_t i = 0; i < c->bound; i++)
-      (void)ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, NULL, 0);
+      if (ur__tbe_redirect(c->tbe, c->tidx[i], NULL, NULL, NULL, NULL, NULL, 0)) {
+        snprintf(why, sizeof why, "the cache was freed and the table could not be pointed at its "
+                 "own storage: %s", ur_last_error());
+        ur__tbe_rows_lost(c->tbe, c->tidx[i], why);
+      }
   } else if (c->be) {
     c->be->device_sync();
   }
@@ -639,7 +644,8 @@ static ur_status check_alive(const ur_cache *c) {
     return ur__error(UR_STATUS_INVALID, "cache: its embedding collection was freed");
   if (c->lost)
     return ur__error(UR_STATUS_INVALID, "cache: %s, and its rows in HBM are no longer where its "
-                                        "tags say; make the collection's cache again", c->lost);
+                                        "tags say; free it (cache:free()), then init_table each table it held and load a "
+                                        "checkpoint", c->lost);
   return UR_STATUS_OK;
 }
 

@@ -75,12 +75,10 @@ local function holdings(ebc, level)
   end
   local blocks, shapes = {}, {}
   for _, name in ipairs(t.table_names) do
-    local v = t:table(name)
-    local rows, dim = v:size(1), v:size(2)
+    local rows, dim = t.rows[name], t.dims[name]
     blocks[#blocks + 1] = { name = name, shard = name, collection = t, kind = "whole", row0 = 0, rows = rows,
                             col0 = 0, cols = dim, table_rows = rows, table_dim = dim }
     shapes[name] = { rows = rows, dim = dim, kind = "whole" }
-    v:free()
   end
   return blocks, nil, { t }, t.table_names, shapes
 end
@@ -540,10 +538,11 @@ local function same_block(a, b)
   return a.row0 == b.row0 and a.rows == b.rows and a.col0 == b.col0 and a.cols == b.cols
 end
 
--- The message of a load that failed writing blocks[done + 1] (or, every block written, setting
--- the step), with err: which blocks hold the checkpoint's rows, which may hold some of them and
--- which are as they were (blocks are written in order, each whole: rows, state, row order,
--- counters), and the collections' step, which was `step` and still is.
+-- The message of a load that failed writing blocks[done + 1] (or, every block written, emptying
+-- a cache or dropping the far rows' copies, before the step is set), with err: which blocks hold
+-- the checkpoint's rows, which may hold some of them and which are as they were (blocks are
+-- written in order, each whole: rows, state, row order, counters), and the collections' step,
+-- which was `step` and still is.
 local function partly_loaded(where, blocks, done, err, step)
   local function names(from, to)
     local out = {}
@@ -564,7 +563,8 @@ local function partly_loaded(where, blocks, done, err, step)
   if done + 1 < n then
     parts[#parts + 1] = ("%s %s"):format(names(done + 2, n), done + 2 == n and "is as it was" or "are as they were")
   end
-  local what = done < n and "writing " .. names(done + 1, done + 1) or "setting the step"
+  local what = done < n and "writing " .. names(done + 1, done + 1)
+    or "emptying a cache or dropping the far rows' copies, every block written"
   return ("%s: %s failed (%s); the collection is partly loaded: %s, and its step is still %d: load a checkpoint "
     .. "into it again before using it"):format(where, what, tostring(err), table.concat(parts, ", "), step)
 end
@@ -791,7 +791,9 @@ function M.load(dir, ebc, opts)
       return nil, ("%s: table '%s' is %d x %d there and %d x %d here"):format(where, b.name, t.rows, t.dim,
         b.table_rows, b.table_dim)
     end
-    local v = b.collection:table(b.shard)
+    -- (a table whose rows a cache lost refuses its view: named, nothing written)
+    local ok, v = pcall(b.collection.table, b.collection, b.shard)
+    if not ok then return nil, ("%s: %s"):format(where, tostring(v):gsub("^[^:]*:%d+: ", "")) end
     local dtype = v:dtype()
     v:free()
     if t.dtype ~= dtype then
@@ -946,11 +948,12 @@ function M.load(dir, ebc, opts)
       if counts[i] then raised(hints.set_counts(c, b.shard, counts[i].tensor, counts[i].counting)) end
       done = i
     end
+    -- the step last, once nothing else can fail: a failure before says the step is as it was
     for _, c in ipairs(collections) do
-      c:set_step(m.step)
       if c.cache then raised(c.cache:invalidate()) end
       raised(c:far_refresh()) -- its far rows' copies (early ones too) are older than the rows now
     end
+    for _, c in ipairs(collections) do c:set_step(m.step) end
   end) end
   for _, f in pairs(files) do f:close() end
   for _, v in pairs(views) do v:free() end
