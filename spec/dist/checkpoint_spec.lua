@@ -656,6 +656,12 @@ describe("uvmrec.dist.checkpoint", function()
       "manifest.json: tables.d.blocks%[1%].state.exp_avg is missing; expected a name")
     edited(with(function(m) m.tables.d.blocks[1].row0 = 1 end),
       "manifest.json: tables.d.blocks%[1%] is rows %[1, 4%), columns %[0, 8%); the table is 3 x 8")
+    -- one saved tensor named twice (its rows would load twice, another's not at all)
+    edited(with(function(m) local st = m.tables.d.blocks[1].state; st.exp_avg_sq = st.exp_avg end),
+      "manifest.json: tables%.d%.blocks%[1%]%.state%.exp_avg_sq names tensor '[^']+' of rank%-00000%-of%-00001%."
+      .. "safetensors, which tables%.d%.blocks%[1%]%.state%.exp_avg names too; expected each saved tensor in one place")
+    edited(with(function(m) m.tables.b.blocks[1].tensor = m.tables.a.blocks[1].tensor end),
+      "names tensor '[^']+' of rank%-00000%-of%-00001%.safetensors, which tables%.%a%.blocks%[1%] names too")
     -- a manifest of another block size than the file's tensor: named, not read past
     edited(with(function(m)
       m.tables.c.rows, m.tables.c.blocks[1].rows = 31, 31

@@ -424,6 +424,17 @@ local function manifest_error(m)
   for i, s in ipairs(m.state or {}) do
     if type(s) ~= "string" then return bad(("state[%d]"):format(i), s, "a name") end
   end
+  -- each block's saved tensors (rows, state) its own: two blocks naming one (a manifest edited
+  -- and sealed again) would load its rows twice and leave others' unread (counts lists: below)
+  local used = {}
+  local function once(where, file, name)
+    local key = file .. "\0" .. name
+    if used[key] then
+      return ("%s names tensor '%s' of %s, which %s names too; expected each saved tensor in one place"):format(
+        where, name, file, used[key])
+    end
+    used[key] = where
+  end
   for name, t in pairs(m.tables) do
     local at = "tables." .. tostring(name)
     if type(t) ~= "table" then return bad(at, t, "a table's entry") end
@@ -440,6 +451,8 @@ local function manifest_error(m)
         for _, k in ipairs { "file", "tensor" } do
           if type(d[k]) ~= "string" then return bad(bat .. "." .. k, d[k], "a name") end
         end
+        local twice = list == "blocks" and once(bat, d.file, d.tensor)
+        if twice then return twice end
         for _, k in ipairs(list == "blocks" and { "row0", "rows", "col0", "cols" } or { "row0", "rows", "rank" }) do
           if not whole(d[k], 0) then return bad(bat .. "." .. k, d[k], "a whole number >= 0") end
         end
@@ -451,6 +464,8 @@ local function manifest_error(m)
           if type(d.state) ~= "table" then return bad(bat .. ".state", d.state, "a map of state names") end
           for _, s in ipairs(m.state or {}) do
             if type(d.state[s]) ~= "string" then return bad(bat .. ".state." .. s, d.state[s], "a name") end
+            twice = once(bat .. ".state." .. s, d.file, d.state[s])
+            if twice then return twice end
           end
         end
       end
