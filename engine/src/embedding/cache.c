@@ -644,8 +644,8 @@ static ur_status check_alive(const ur_cache *c) {
     return ur__error(UR_STATUS_INVALID, "cache: its embedding collection was freed");
   if (c->lost)
     return ur__error(UR_STATUS_INVALID, "cache: %s, and its rows in HBM are no longer where its "
-                                        "tags say; free it (cache:free()), then init_table each table it held and load a "
-                                        "checkpoint", c->lost);
+                     "tags say; free it (cache:free()), then init_table each table it held and "
+                     "load a checkpoint", c->lost);
   return UR_STATUS_OK;
 }
 

@@ -40,18 +40,16 @@ static void tensor_text(const ur_tensor *t, char *buf, size_t len) {
 
 /* A shape's bound, the writer's and the reader's alike: the engine's (ur__shape_bytes: the
  * dimensions but zeros at most the largest tensor's bytes), so that a save refuses what open
- * would.  path: the file read (a bad shape is its FORMAT), or NULL for a save. */
+ * would; *bytes its size.  path: the file read (a bad shape is its FORMAT), or NULL for a save. */
 static ur_status shape_bound(const char *path, const char *name, int32_t dtype, int32_t ndim,
-                             const int64_t *shape) {
+                             const int64_t *shape, uint64_t *bytes) {
+  *bytes = ur_dtype_size((ur_dtype)dtype);
   if (ndim == 0) return UR_STATUS_OK; /* a scalar: one element */
-  char who[4400], msg[4800];
-  snprintf(who, sizeof who, "safetensors%s%s: tensor '%.100s'", path ? ": " : " save",
-           path ? path : "", name);
-  uint64_t numel, bytes;
-  ur_status st = ur__shape_bytes(who, (ur_dtype)dtype, ndim, shape, &numel, &bytes);
-  if (!st || !path) return st;
-  snprintf(msg, sizeof msg, "%s", ur_last_error());
-  return ur__error(UR_STATUS_FORMAT, "%s", msg);
+  char who[160];
+  snprintf(who, sizeof who, "%stensor '%.100s'", path ? "" : "safetensors save: ", name);
+  uint64_t numel;
+  ur_status st = ur__shape_bytes(who, (ur_dtype)dtype, ndim, shape, &numel, bytes);
+  return st && path ? ur__error_cause(UR_STATUS_FORMAT, "safetensors: %s", path) : st;
 }
 
 /* ---- checksums: CRC32C of each tensor's bytes, kept in the metadata as CRC_KEY ---- */
@@ -444,7 +442,8 @@ static ur_status check_entry(const ur_safetensors_entry *e, int32_t i) {
                        "expected a size >= 0", e->name, (int)d, (long long)e->shape[d]);
   /* bounded as the reader bounds it: a shape whose product wrapped gave a header whose offsets
    * did not match its shapes, and a file the reader refuses would be published */
-  return shape_bound(NULL, e->name, e->dtype, e->ndim, e->shape);
+  uint64_t bytes;
+  return shape_bound(NULL, e->name, e->dtype, e->ndim, e->shape, &bytes);
 }
 
 /* For the specs only: UVMREC_CHECKPOINT_TEST_DELAY=S holds a complete temporary file for S
@@ -895,10 +894,9 @@ static ur_status parse_entry(const ur_safetensors *f, const char *name, json_t *
     if (s) return s;
     e->shape[d] = (int64_t)dim; /* json_int_t: below 2^63 */
   }
-  ur_status s = shape_bound(f->path, name, e->dtype, e->ndim, e->shape);
+  uint64_t bytes;
+  ur_status s = shape_bound(f->path, name, e->dtype, e->ndim, e->shape, &bytes);
   if (s) return s;
-  uint64_t bytes = ur_dtype_size((ur_dtype)e->dtype); /* bounded: no overflow */
-  for (int32_t d = 0; d < e->ndim; d++) bytes *= (uint64_t)e->shape[d];
   json_t *offs = json_object_get(v, "data_offsets");
   if (!json_is_array(offs) || json_array_size(offs) != 2)
     return ur__error(UR_STATUS_FORMAT,
