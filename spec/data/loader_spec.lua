@@ -653,6 +653,41 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
+  it("gives the rows before a reader error at a window's first row, then the error (they were dropped)", function()
+    -- the window after a batch's first rows failed to read: the batch went with it, so a bad line
+    -- at row W + 1 of a day file lost the rows of the batch before it
+    local dir = cmd.tmpdir()
+    local lines = {}
+    for l in io.lines(SAMPLE1) do lines[#lines + 1] = l end
+    for _, c in ipairs { { 101, 100, { 64, 36 } }, { 201, 100, { 64, 64, 64, 8 } }, { 150, 100, { 64, 64, 21 } },
+                         { 101, 0, { 64, 36 } } } do
+      local bad, window, want = c[1], c[2], c[3]
+      local t = { unpack(lines, 1, 300) }
+      t[bad] = t[bad]:gsub("^[01]", "2")
+      local path = cmd.spit(("%s/bad%d.tsv"):format(dir, bad), table.concat(t, "\n") .. "\n")
+      local msg = ("criteo-tsv: %s:%d: label is '2'; expected 0 or 1"):format(path, bad)
+      for _, threads in ipairs { 1, 3 } do
+        local what = ("bad line %d, window %d, %d threads"):format(bad, window, threads)
+        local l = assert(data.open("criteo-tsv:" .. path, { batch_size = 64, shuffle_window = window, seed = 1,
+                                                            threads = threads, depth = 2 }))
+        local sizes, err = drain(l)
+        assert.same(want, sizes, what)
+        assert.equal(msg, err, what)
+        l:close()
+        -- dropped as a short last batch would be, the error still said
+        l = assert(data.open("criteo-tsv:" .. path, { batch_size = 64, shuffle_window = window, seed = 1,
+                                                      threads = threads, drop_last = true }))
+        sizes, err = drain(l)
+        local full = {}
+        for i = 1, #want do if want[i] == 64 then full[#full + 1] = 64 end end
+        assert.same(full, sizes, what .. ", drop_last")
+        assert.equal(msg, err, what .. ", drop_last")
+        l:close()
+      end
+    end
+    cmd.rmdir(dir)
+  end)
+
   it("stops early without waiting, and frees a batch's tensors once it is released", function()
     local l = assert(data.loader { data = "synthetic:tiny", samples = 1e6, batch_size = 1000, depth = 3 })
     local b1 = assert(l:next())

@@ -597,7 +597,15 @@ static int dispatch(ur_loader *l, job *j) {
       int64_t w = (k + n) / l->W, off = (k + n) % l->W;
       win *x = j->nwins ? j->wins[j->nwins - 1] : NULL;
       if (!x || x->index != w) {
-        if ((st = get_window(l, e, w, &x))) break;
+        if ((st = get_window(l, e, w, &x))) {
+          if (n) { /* the rows before it go out first, as those before an error within a window */
+            l->pending = st;
+            snprintf(l->pending_msg, sizeof l->pending_msg, "%s", ur_last_error());
+            st = UR_STATUS_OK;
+            then_fail = end = 1;
+          }
+          break;
+        }
         j->wins[j->nwins++] = x;
       }
       if (off >= x->rows) {
@@ -618,7 +626,7 @@ static int dispatch(ur_loader *l, job *j) {
       return 1;
     }
     if (l->hi >= 0 && l->lo + k + n >= l->hi) end = 1;
-    if (end && l->hi < 0) set_samples_per_epoch(l, k + n);
+    if (end && !then_fail && l->hi < 0) set_samples_per_epoch(l, k + n);
     if (then_fail && (!n || (n < l->B && l->o.drop_last))) {
       release_windows(j);
       l->fail_next = 1;
