@@ -688,6 +688,32 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
+  it("with even_slices names the reader's error where it cuts a batch the ranks cannot share (it blamed the "
+     .. "epoch's last batch)", function()
+    local dir = cmd.tmpdir()
+    local lines = {}
+    for l in io.lines(SAMPLE1) do lines[#lines + 1] = l end
+    local t = { unpack(lines, 1, 300) }
+    t[150] = t[150]:gsub("^[01]", "2")
+    local path = cmd.spit(dir .. "/bad.tsv", table.concat(t, "\n") .. "\n")
+    for r = 0, 1 do
+      local l = assert(data.open("criteo-tsv:" .. path, { batch_size = 100, slice_rank = r, slice_world = 2,
+                                                          even_slices = true }))
+      local sizes, err = drain(l)
+      assert.same({ 50 }, sizes) -- 49 rows before line 150: no equal halves
+      assert.equal(("criteo-tsv: %s:150: label is '2'; expected 0 or 1"):format(path), err)
+      l:close()
+    end
+    t[150] = lines[150]
+    t[151] = t[151]:gsub("^[01]", "2") -- 150 rows before it: halves of 25 go out first
+    path = cmd.spit(dir .. "/bad2.tsv", table.concat(t, "\n") .. "\n")
+    local sizes, err = drain(assert(data.open("criteo-tsv:" .. path, { batch_size = 100, slice_rank = 1,
+                                                                       slice_world = 2, even_slices = true })))
+    assert.same({ 50, 25 }, sizes)
+    assert.equal(("criteo-tsv: %s:151: label is '2'; expected 0 or 1"):format(path), err)
+    cmd.rmdir(dir)
+  end)
+
   it("stops early without waiting, and frees a batch's tensors once it is released", function()
     local l = assert(data.loader { data = "synthetic:tiny", samples = 1e6, batch_size = 1000, depth = 3 })
     local b1 = assert(l:next())

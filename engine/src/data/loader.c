@@ -627,7 +627,10 @@ static int dispatch(ur_loader *l, job *j) {
     }
     if (l->hi >= 0 && l->lo + k + n >= l->hi) end = 1;
     if (end && !then_fail && l->hi < 0) set_samples_per_epoch(l, k + n);
-    if (then_fail && (!n || (n < l->B && l->o.drop_last))) {
+    /* Rows an error cut short: a batch unless dropped, or unless the ranks cannot share it, where
+     * the error itself is what fails (the epoch's count of rows is not what went wrong). */
+    if (then_fail && (!n || (n < l->B && l->o.drop_last) ||
+                      (l->o.even_slices && l->o.slice_world > 1 && n % l->o.slice_world))) {
       release_windows(j);
       l->fail_next = 1;
       continue;
