@@ -1064,6 +1064,31 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
+  it("reads a day's groups as integer keys, <u4 unsigned, and refuses an <f4 file (its bits were read as keys)",
+     function()
+    local dir = cmd.tmpdir()
+    assert(data.convert({ SAMPLE1 }, dir, { rows = 1000 }))
+    local path = dir .. "/day_0_groups.npy"
+    local keys = { 3, 1, 2, 0, 4294967295, 2147483648 }
+    local g = assert(ur.tensor({ 1000 }, { dtype = "i32" }))
+    for i = 0, 999 do g[i] = i % 7 end
+    for i = 0, 5 do g[i] = keys[i + 1] >= 2 ^ 31 and keys[i + 1] - 2 ^ 32 or keys[i + 1] end
+    assert(data.npy_save(path, g, "<u4"))
+    local l = assert(data.open("criteo-bin:" .. dir, { batch_size = 6, depth = 2 }))
+    assert.same(keys, l:next().groups:totable())
+    l:close()
+    local f = assert(ur.tensor({ 1000 }, { dtype = "f32" }))
+    for i = 0, 999 do f[i] = i % 7 end
+    assert(data.npy_save(path, f))
+    local none, err = data.open("criteo-bin:" .. dir, { batch_size = 6 })
+    assert.is_nil(none)
+    assert.equal(("criteo-bin: %s/day_0_groups.npy must be integer keys [1000] (<i4, <u4 or <i8), got <f4 [1000]")
+      :format(dir), err)
+    g:free()
+    f:free()
+    cmd.rmdir(dir)
+  end)
+
   it("ends cleanly under valgrind (or ASan): early stop, and an error in the reader thread", function()
     -- A sanitized engine (make SAN=1, its runtime preloaded) cannot run under valgrind: there
     -- the check runs natively with LeakSanitizer on instead.

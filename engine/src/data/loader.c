@@ -187,9 +187,11 @@ static ur_status open_day(ur_loader *l, const char *dir, int dn, day *d) {
   if (d->have_weights && (d->weights.info.ndim != 2 || d->weights.info.shape[0] != d->rows ||
                           d->weights.info.shape[1] != si->shape[1] || strcmp(d->weights.info.descr, "<f4")))
     return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s_weights.npy must be <f4 like the sparse ids", path);
-  if (d->have_groups && (d->groups.info.ndim != 1 || d->groups.info.shape[0] != d->rows))
-    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s_groups.npy must be [%lld]", path,
-                     (long long)d->rows);
+  /* grouping keys are read as integers: an <f4 file's bits would be read as keys */
+  if (d->have_groups && (d->groups.info.ndim != 1 || d->groups.info.shape[0] != d->rows ||
+                         d->groups.info.descr[1] == 'f'))
+    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s_groups.npy must be integer keys [%lld] (<i4, <u4 or "
+                     "<i8), got %s", path, (long long)d->rows, npy_what(&d->groups.info, got, sizeof got));
   if (d->have_mod && (d->mod.info.ndim != 1 || d->mod.info.shape[0] != si->shape[1] ||
                       strcmp(d->mod.info.descr, "<i8")))
     return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s_sparse_rows.npy must be <i8 [%lld] (a size a column), got %s",
@@ -885,7 +887,11 @@ static void bin_row(const ur_loader *l, int64_t g, int64_t i, out_rows *o, int *
     const ur_npy_info *gi = &d->groups.info;
     int64_t gv = 0;
     if (gi->item_bytes == 8) memcpy(&gv, (const char *)d->groups.data + r * 8, 8);
-    else {
+    else if (gi->descr[1] == 'u') {
+      uint32_t x;
+      memcpy(&x, (const char *)d->groups.data + r * 4, 4);
+      gv = x;
+    } else {
       int32_t x;
       memcpy(&x, (const char *)d->groups.data + r * 4, 4);
       gv = x;
