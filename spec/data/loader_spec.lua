@@ -1064,6 +1064,40 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
+  it("reads every id of a multi-hot bag but its -1 slots, wherever they are (the ids after a -1 were dropped)",
+     function()
+    local dir = cmd.tmpdir()
+    local rows = { { 5, -1, 7, 8 }, { -1, -1, 9, -1 }, { 1, 2, -1, -1 }, { -1, -1, -1, -1 } }
+    local N = #rows
+    local s = assert(ur.tensor({ N, 4 }, { dtype = "i64" }))
+    local w = assert(ur.tensor({ N, 4 }, { dtype = "f32" }))
+    for i = 1, N do
+      for j = 1, 4 do
+        s[(i - 1) * 4 + j - 1] = rows[i][j]
+        w[(i - 1) * 4 + j - 1] = i + j / 8
+      end
+    end
+    local dense = assert(ur.tensor({ N, 1 }, { dtype = "f32" }))
+    local labels = assert(ur.tensor({ N }, { dtype = "i32" }))
+    assert(data.npy_save(dir .. "/day_0_dense.npy", dense:fill(0.5)))
+    assert(data.npy_save(dir .. "/day_0_sparse.npy", s))
+    assert(data.npy_save(dir .. "/day_0_labels.npy", labels:fill(1)))
+    cmd.spit(dir .. "/layout.txt", "hot 1,0-3\n")
+    local l = assert(data.open("criteo-bin:" .. dir, { batch_size = N }))
+    local t = l:next().sparse:totable()
+    assert.same({ 1, 0, 1, 0, 2, 1, 1, 0 }, t.lengths)
+    assert.same({ 5, 1, 7, 8, 9, 2 }, t.values)
+    l:close()
+    assert(data.npy_save(dir .. "/day_0_weights.npy", w))
+    l = assert(data.open("criteo-bin:" .. dir, { batch_size = N }))
+    t = l:next().sparse:totable()
+    assert.same({ 5, 1, 7, 8, 9, 2 }, t.values)
+    assert.same({ 1.125, 3.125, 1.375, 1.5, 2.375, 3.25 }, t.weights)
+    l:close()
+    for _, x in ipairs { s, w, dense, labels } do x:free() end
+    cmd.rmdir(dir)
+  end)
+
   it("reads a day's groups as integer keys, <u4 unsigned, and refuses an <f4 file (its bits were read as keys)",
      function()
     local dir = cmd.tmpdir()

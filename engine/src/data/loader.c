@@ -874,7 +874,7 @@ static void bin_row(const ur_loader *l, int64_t g, int64_t i, out_rows *o, int *
       for (int64_t c = c0; c < l->col0[t + 1]; c++) {
         int64_t v = read_id(src, si, c);
         if (v < -1 && o->bad_id_row < 0) o->bad_id_row = g, o->bad_id_col = c, o->bad_id = v;
-        if (v < 0) break; /* -1 pads a multi-hot bag */
+        if (v < 0) continue; /* -1: no id in this slot (a multi-hot bag's padding); the ids after it count */
         if (rows > 0 && v >= rows) v %= rows;
         ids[c0 + k] = v;
         if (wsrc) o->bw[s * l->H + c0 + k] = wsrc[c];
