@@ -303,6 +303,12 @@ describe("uvmrec.data convert", function()
     assert.equal("criteo convert: days[1] is -2147483648; expected a whole number from 0 (loaders read day_N for N "
       .. "from 0)", ffi.string(ur.C.ur_last_error()))
     assert.same({}, require("uvmrec.lib").dir_list(dir .. "/out", "day_", ".npy") or {})
+    -- and two inputs of one day (the second's files replaced the first's, its rows lost)
+    days = ffi.new("int32_t[2]", { 7, 7 })
+    assert.equal(ur.C.UR_STATUS_INVALID, ur.C.ur_criteo_convert(paths, 2, nil, nil, dir .. "/out", days))
+    assert.equal("criteo convert: days[0] and days[1] are both 7; each input needs a day of its own",
+      ffi.string(ur.C.ur_last_error()))
+    assert.same({}, require("uvmrec.lib").dir_list(dir .. "/out", "day_", ".npy") or {})
     cmd.rmdir(dir)
   end)
 

@@ -536,7 +536,7 @@ UR_API ur_status ur_criteo_stats_get(const ur_criteo_reader *r, ur_criteo_stats 
 /* Which input file the last rows came from (index into paths), -1 before any. */
 UR_API int32_t ur_criteo_file_index(const ur_criteo_reader *r);
 /* TSV to binary day files: input i becomes out_dir/day_D_{dense,sparse,labels}.npy with
- * D = days[i] (or i when days is NULL): dense <f4 [N,13] already transformed, sparse <i4
+ * D = days[i] (distinct whole numbers from 0, or i when days is NULL): dense <f4 [N,13] already transformed, sparse <i4
  * [N,26] when every column has rows of at most 2^31 (ids mod rows), else <u4 (ids mod rows where
  * given, raw elsewhere), labels <i4 [N]; with rows, day_D_sparse_rows.npy <i8 [26] records them
  * (0: raw), and a loader given rows (rows_given) reads the day only with rows that divide them,

@@ -549,6 +549,12 @@ ur_status ur_criteo_convert(const char *const *paths, int32_t npaths, ur_criteo_
     if (days[i] < 0)
       return ur__error(UR_STATUS_INVALID, "criteo convert: days[%d] is %d; expected a whole number from 0 "
                        "(loaders read day_N for N from 0)", (int)i, (int)days[i]);
+  /* two inputs of one day would write the same files: the second's would replace the first's */
+  for (int32_t i = 1; days && i < npaths; i++)
+    for (int32_t j = 0; j < i; j++)
+      if (days[j] == days[i])
+        return ur__error(UR_STATUS_INVALID, "criteo convert: days[%d] and days[%d] are both %d; each input "
+                         "needs a day of its own", (int)j, (int)i, (int)days[i]);
   ur_criteo_reader *r;
   ur_status st = ur_criteo_open(&r, paths, npaths, opts);
   if (st) return st;
