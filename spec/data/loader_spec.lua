@@ -797,6 +797,16 @@ describe("uvmrec.data loader", function()
                     placement = "managed" }
     end, "loader: 2 table sizes (rows) for synthetic data, which has 30 tables; expected one a table, or one for "
       .. "every table")
+    -- a table without id_space draws from its rows: fewer rows would reduce them too (the generator gave
+    -- ids up to 993 of a 1000-row table given rows = 10, where the threaded loader gave them mod 10)
+    local plain = data.synthetic_spec { seed = 2, num_dense = 2, tables = { { name = "a", rows = 1000 } } }
+    assert.has_error(function()
+      data.loader { data = { kind = "synthetic", spec = plain }, samples = 64, batch_size = 64, rows = 10,
+                    placement = "managed" }
+    end, "loader: the generator (placement 'managed') keeps the ids it draws; table 1 draws from an id space of 1000 "
+      .. "and rows = 10 would take them modulo: use placement 'pinned' (the threaded loader reduces them)")
+    assert(data.loader { data = { kind = "synthetic", spec = plain }, samples = 64, batch_size = 64, rows = 1000,
+                         placement = "managed" }):close()
     -- rows 0 (raw ids) or rows the space fits in leave the ids as drawn
     local l = assert(data.loader { data = { kind = "synthetic", spec = spec }, samples = 64, batch_size = 64,
                                    rows = 0, placement = "managed" })

@@ -40,10 +40,13 @@ function M.open(o, spec, co, level)
   local rows = type(o.rows) == "table" and o.rows or { o.rows }
   for i = 1, T do
     local r = rows[#rows == 1 and 1 or i]
-    if r and r > 0 and tonumber(c.tables[i - 1].id_space) > r then
+    -- the space ids are drawn from: id_space, or (0) the table's rows
+    local space = tonumber(c.tables[i - 1].id_space)
+    if space <= 0 then space = tonumber(c.tables[i - 1].rows) end
+    if r and r > 0 and space > r then
       error(("loader: the generator (placement '%s') keeps the ids it draws; table %d draws from an id space of %d "
         .. "and rows = %d would take them modulo: use placement 'pinned' (the threaded loader reduces them)")
-        :format(o.placement, i, tonumber(c.tables[i - 1].id_space), r), level)
+        :format(o.placement, i, space, r), level)
     end
   end
   local hot, fixed, weighted, H = ffi.new("int32_t[?]", math.max(T, 1)), true, false, 0
