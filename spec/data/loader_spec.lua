@@ -988,6 +988,19 @@ describe("uvmrec.data loader", function()
                       placement = placement }
       end, "loader: 2 key names for synthetic data, which has 1 table; expected one a table")
     end
+    -- two keys of one name: every batch's KJT found one table's bags for both (to_dict failed late)
+    local two = data.synthetic_spec { seed = 1, num_dense = 1, tables = { { name = "a", rows = 10 },
+                                                                         { name = "b", rows = 10 } } }
+    for _, placement in ipairs { "pinned", "managed" } do
+      assert.has_error(function()
+        data.loader { data = { kind = "synthetic", spec = two }, samples = 8, batch_size = 4, keys = { "x", "x" },
+                      placement = placement }
+      end, "loader: key names 1 and 2 (of synthetic data) are both 'x'; expected one name a table")
+    end
+    local dup = {}
+    for i = 1, 26 do dup[i] = i == 26 and "f3" or "f" .. i end
+    assert.has_error(function() data.open("criteo-bin:" .. dir, { batch_size = 10, keys = dup }) end,
+      ("loader: key names 3 and 26 (of criteo-bin: %s) are both 'f3'; expected one name a table"):format(dir))
     -- the generator checks its options where the loader does (ur_loader_check): it took threads
     -- -1, batch_size 0 (no batch: the data ended at once) and depth 0 without a word
     local bad = { { threads = -1 }, { batch_size = 0 }, { depth = 0 }, { slice_rank = 2, slice_world = 2 } }

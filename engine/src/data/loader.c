@@ -283,6 +283,25 @@ static ur_status set_rows(ur_loader *l, const ur_loader_opts *o) {
   return UR_STATUS_OK;
 }
 
+/* The key names given are the batches' KJT keys: two of one name would make every batch a KJT
+ * whose lookups by name find one table's bags for both (sorted: 1000 keys, 10k comparisons). */
+static ur_status distinct_keys(const char *const *keys, int32_t T, const char *what) {
+  if (T < 2) return UR_STATUS_OK;
+  ur__named *v = malloc(sizeof *v * (size_t)T);
+  if (!v) return ur__error(UR_STATUS_OOM, "loader: out of host memory");
+  int32_t m = 0;
+  for (int32_t t = 0; t < T; t++)
+    if (keys[t]) v[m++] = (ur__named){keys[t], t};
+  qsort(v, (size_t)m, sizeof *v, ur__named_cmp);
+  ur_status st = UR_STATUS_OK;
+  for (int32_t i = 1; i < m && !st; i++)
+    if (!strcmp(v[i - 1].name, v[i].name))
+      st = ur__error(UR_STATUS_INVALID, "loader: key names %d and %d (of %s) are both '%s'; expected one name a "
+                     "table", (int)v[i - 1].at + 1, (int)v[i].at + 1, what, v[i].name);
+  free(v);
+  return st;
+}
+
 /* The per-table arrays for T tables (T <= UR_SYNTH_MAX_TABLES, checked by the caller). */
 static ur_status alloc_tables(ur_loader *l, int32_t T) {
   l->T = T;
@@ -1211,7 +1230,9 @@ ur_status ur_loader_check(const ur_loader_opts *opts, int32_t tables) {
   char what[4200];
   if (o.source == UR_SOURCE_CRITEO_BIN) snprintf(what, sizeof what, "criteo-bin: %s", o.paths[0]);
   else snprintf(what, sizeof what, "%s", o.source == UR_SOURCE_CRITEO_TSV ? "criteo-tsv" : "synthetic data");
-  return check_counts(&o, tables, what);
+  st = check_counts(&o, tables, what);
+  if (!st && o.keys) st = distinct_keys(o.keys, tables, what);
+  return st;
 }
 
 /* The source: its tables, columns and rows. */
@@ -1292,6 +1313,7 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
     ur_loader_opts named = *o;
     named.rows = NULL; /* checked by set_rows */
     st = check_counts(&named, l->T, source_name(l, what, sizeof what));
+    if (!st) st = distinct_keys(o->keys, l->T, what);
   }
   if (!st) {
     l->one_hot = 1;
