@@ -126,6 +126,29 @@ describe("uvmrec.serve", function()
     m:close()
   end)
 
+  it("names a bad id's value where the caller's KJT holds it, whatever the order of its keys", function()
+    local m = assert(serve.open(h.exported("tiny", { tables = "int8" }), { device = "cpu" }))
+    local b, keys, v, l = 4, {}, {}, {}
+    for i = 1, 26 do keys[i] = "C" .. i end
+    for i = 1, 26 * b do v[i], l[i] = 1, 1 end
+    v[15 * b + 3] = 10000 -- C16 (10000 rows), sample 2
+    local dense = ur.tensor({ b, 13 }):fill(0.5)
+    local _, err = m:predict(dense, ur.KJT { keys = keys, values = v, lengths = l })
+    assert.equal("qtbe: table 'C16' (feature 'C16', sample 2, value 62) has no row 10000; ids run 0..9999", err)
+    -- the keys reversed: C16 is the request's key 11, its sample 2 the request's value 42 (it said 62, the
+    -- place the id takes in the model's order, which the caller never sees)
+    local rk, rv = {}, {}
+    for j = 1, 26 do
+      rk[j] = keys[27 - j]
+      for s = 1, b do rv[(j - 1) * b + s] = v[(26 - j) * b + s] end
+    end
+    local reversed = ur.KJT { keys = rk, values = rv, lengths = l }
+    assert.equal(10000, reversed:values():totable()[43])
+    _, err = m:predict(dense, reversed)
+    assert.equal("qtbe: table 'C16' (feature 'C16', sample 2, value 42) has no row 10000; ids run 0..9999", err)
+    m:close()
+  end)
+
   it("takes per-id weights exactly when training's batches carried them, naming the table", function()
     -- a model trained without weights: weights would scale its rows, not ignored
     local m = assert(serve.open(h.exported("tiny", { tables = "f32" }), { device = "cpu" }))

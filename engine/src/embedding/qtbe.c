@@ -569,9 +569,10 @@ static void give_flags(ur_qtbe *q, ur_tensor *f) {
   ur_tensor_free(f);
 }
 
-/* The error for the first id outside its table, at value index i. */
+/* The error for the first id outside its table, at value index i (told as the caller's when
+ * value_at says where each feature's values start there). */
 static ur_status bad_id(const ur_qtbe *q, const ur__qtbe_args *a, const ur_tensor *values,
-                        const ur_tensor *offsets, int64_t i) {
+                        const ur_tensor *offsets, int64_t i, const int64_t *value_at) {
   int64_t lo = 0, hi = a->bags, o = 0, id = 0; /* the last bag with offsets[bag] <= i */
   ur_status st = UR_STATUS_OK;
   while (hi - lo > 1 && !st) {
@@ -584,14 +585,25 @@ static ur_status bad_id(const ur_qtbe *q, const ur__qtbe_args *a, const ur_tenso
   if (!st) st = ur_tensor_read(values, i, 1, &id);
   if (st) return st;
   int32_t f = (int32_t)(lo / a->batch);
+  int64_t at = i, first = 0;
+  if (value_at) {
+    if ((st = ur_tensor_read(offsets, (int64_t)f * a->batch, 1, &first))) return st;
+    at = i - first + value_at[f];
+  }
   const ur_qtbe_table_config *tc = &q->tc[q->names.features[f].table];
-  return ur__tbe_bad_id(q->names.who, tc->name, q->names.fnames[f], lo - (int64_t)f * a->batch, i,
+  return ur__tbe_bad_id(q->names.who, tc->name, q->names.fnames[f], lo - (int64_t)f * a->batch, at,
                         id, tc->modulo, tc->rows);
 }
 
 ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
                           const ur_tensor *offsets, const ur_tensor *weights, ur_tensor *out) {
   UR__ARGS(q, values, offsets, out);
+  return ur__qtbe_forward_at(s, q, values, offsets, weights, out, NULL);
+}
+
+ur_status ur__qtbe_forward_at(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
+                              const ur_tensor *offsets, const ur_tensor *weights, ur_tensor *out,
+                              const int64_t *value_at) {
   ur_status st;
   if ((st = check_tensor(q, values, "values", UR_DTYPE_I64)) ||
       (st = check_tensor(q, offsets, "offsets", UR_DTYPE_I64)) ||
@@ -670,6 +682,6 @@ ur_status ur_qtbe_forward(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
   if (a.bounds == UR_TBE_BOUNDS_WARN && host_flags[1])
     __atomic_add_fetch(&q->skipped, host_flags[1], __ATOMIC_RELAXED);
   if (a.bounds == UR_TBE_BOUNDS_FATAL && host_flags[0] != UR_TBE_NO_BAD)
-    return bad_id(q, &a, values, offsets, host_flags[0]);
+    return bad_id(q, &a, values, offsets, host_flags[0], value_at);
   return UR_STATUS_OK;
 }

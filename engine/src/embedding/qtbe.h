@@ -17,4 +17,12 @@ typedef struct ur_qtbe_ops {
 /* The CPU backend's table (qtbe_cpu.c), the reference. */
 UR__HIDDEN extern const ur_qtbe_ops ur__cpu_qtbe_ops;
 
+/* ur_qtbe_forward for a caller whose request holds the features' values elsewhere (the serving
+ * API's, which reorders a request's keys into the model's order): value_at[f] is where feature
+ * f's values start in the caller's request, so that a bad id's message names the value the
+ * caller can find; NULL: the values as given. */
+UR__HIDDEN ur_status ur__qtbe_forward_at(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
+                                         const ur_tensor *offsets, const ur_tensor *weights,
+                                         ur_tensor *out, const int64_t *value_at);
+
 #endif

@@ -11,6 +11,7 @@
 #include "core/core.h"
 #include "core/nonfinite.h"
 #include "data/kjt.h"
+#include "embedding/qtbe.h"
 
 #define MAX_LAYERS 64
 #define ALIGN_ELEMS 64 /* each activation starts 256 bytes (f32) after the one before */
@@ -880,8 +881,10 @@ static int on_device(const ur_model *m, const ur_tensor *t, int pinned_ok) {
          (p == UR_PLACE_DEVICE && ur_tensor_device(t) == m->opts.device);
 }
 
+/* value_at: where each model feature's values start in the caller's request, when kjt is that
+ * request with its keys reordered (NULL: kjt is the request). */
 static ur_status run(ur_model *m, ctx *c, const ur_tensor *dense, const ur_kjt *kjt,
-                     ur_tensor *scores, views *vs) {
+                     const int64_t *value_at, ur_tensor *scores, views *vs) {
   ur_stream *s = c->stream;
   int gpu = m->place == UR_PLACE_DEVICE;
   int64_t b = ur_tensor_dim(dense, 0);
@@ -934,7 +937,7 @@ static ur_status run(ur_model *m, ctx *c, const ur_tensor *dense, const ur_kjt *
   /* Embeddings. */
   ur_tensor *emb;
   if ((st = view2(vs, c->act, &at, b, (int64_t)m->F * m->dim, &emb)) ||
-      (st = ur_qtbe_forward(s, m->qtbe, values, offsets, weights, emb)))
+      (st = ur__qtbe_forward_at(s, m->qtbe, values, offsets, weights, emb, value_at)))
     return st;
   /* Interaction. */
   ur_tensor *z;
@@ -995,7 +998,16 @@ ur_status ur_model_predict(ur_model *m, const ur_tensor *dense, const ur_kjt *sp
   int reorder = 0;
   ur_status st = check_request(m, dense, sparse, scores, order, &reorder);
   ur_kjt *kjt = NULL;
-  if (!st && reorder) st = ur_kjt_permute(sparse, order, m->F, &kjt);
+  int64_t *value_at = NULL; /* a bad id is named where the caller's request holds it */
+  if (!st && reorder) {
+    st = ur_kjt_permute(sparse, order, m->F, &kjt);
+    if (!st && !(value_at = malloc(sizeof(int64_t) * (size_t)m->F)))
+      st = ur__error(UR_STATUS_OOM, "model: out of host memory");
+    for (int32_t k = 0; k < m->F && !st; k++) {
+      int64_t b0, b1, v1;
+      st = ur_kjt_key_span(sparse, order[k], &b0, &b1, &value_at[k], &v1);
+    }
+  }
   ctx *c = NULL;
   if (!st) st = take_ctx(m, &c);
   if (!st) {
@@ -1003,13 +1015,14 @@ ur_status ur_model_predict(ur_model *m, const ur_tensor *dense, const ur_kjt *sp
     views vs;
     vs.n = 0;
     if (!(st = ur__device_enter(m->be, m->opts.device, &prev))) {
-      if (ur_tensor_dim(dense, 0) > 0) st = run(m, c, dense, kjt ? kjt : sparse, scores, &vs);
+      if (ur_tensor_dim(dense, 0) > 0) st = run(m, c, dense, kjt ? kjt : sparse, value_at, scores, &vs);
       st = ur__device_leave(m->be, m->opts.device, prev, st);
     }
     for (int k = 0; k < vs.n; k++) ur_tensor_free(vs.v[k]);
     give_ctx(m, c);
   }
   ur_kjt_free(kjt);
+  free(value_at);
   pthread_mutex_lock(&m->lock);
   m->props.calls++;
   if (st) m->props.failed++;
