@@ -149,6 +149,48 @@ describe("uvmrec.serve", function()
     m:close()
   end)
 
+  it("refuses a KJT made unchecked whose lengths do not add up to its values, before reading through them",
+     function()
+    -- a model with weighted and unweighted tables: the weights of the unweighted ones are read on the host
+    local m = assert(serve.open(h.exported("multihot", { tables = "f32" }), { device = "cpu" }))
+    local keys, b = m:features(), 2
+    local v, l, w = {}, {}, {}
+    for i = 1, #keys * b do v[i], l[i], w[i] = 1, 1, 1 end
+    local dense = ur.tensor({ b, m:info().num_dense }):fill(0.5)
+    local function kjt(ks)
+      return ur.KJT { keys = ks, values = v, lengths = l, weights = w, check = false }
+    end
+    local rk = {}
+    for j = 1, #keys do rk[j] = keys[#keys + 1 - j] end
+    l[1] = 9 -- C1's first bag claims 9 ids: the lengths add up to 60 of the 52 values
+    local want = "model: the request's lengths add up to 60 values, but its KJT holds 52; expected them to add up "
+      .. "to its values (a KJT made unchecked?)"
+    -- it read weights past the tensor's end ("has weight 2.8026e-45 at value 52")
+    local _, err = m:predict(dense, kjt(keys))
+    assert.equal(want, err)
+    -- keys in another order: the reordered copy read ids past the values' end
+    _, err = m:predict(dense, kjt(rk))
+    assert.equal(want, err)
+    -- a key whose lengths add up to less than 0, the total right
+    l[1], l[#l - 3], l[#l - 2], l[#l - 1], l[#l] = 1, -1, 0, 4, 1
+    want = "model: the request's lengths of key '%s' add up to -1; expected a count of values, 0 or more (a KJT "
+      .. "made unchecked?)"
+    _, err = m:predict(dense, kjt(keys))
+    assert.equal(want:format(keys[#keys - 1]), err)
+    _, err = m:predict(dense, kjt(rk))
+    assert.equal(want:format(rk[#rk - 1]), err)
+    -- every key's values in place, a bag's length below 0: the collection's check of the bags names it
+    l[#l - 3], l[#l - 2], l[#l - 1], l[#l] = 1, 1, 1, 1
+    l[1], l[2] = -1, 3
+    _, err = m:predict(dense, kjt(keys))
+    assert.equal("qtbe: offsets[1] = -1 is below offsets[0] = 0 (feature 'C1', sample 0); offsets must not decrease",
+                 err)
+    l[1], l[2] = 1, 1
+    assert.is_not_nil(m:predict(dense, kjt(rk))) -- each failed alone
+    assert.same({ 6, 5 }, { m:info().calls, m:info().failed })
+    m:close()
+  end)
+
   it("takes per-id weights exactly when training's batches carried them, naming the table", function()
     -- a model trained without weights: weights would scale its rows, not ignored
     local m = assert(serve.open(h.exported("tiny", { tables = "f32" }), { device = "cpu" }))

@@ -802,8 +802,8 @@ static const char *table_of(const ur_model *m, int32_t k) {
  * batches did: weighted tables' ids with their weights, the others' with 1, as training gave
  * them (checked where the request is in host memory; on the GPU it is the caller's to keep).
  * order[k] is model feature k's key in the request, b its batch. */
-static ur_status check_weights(const ur_model *m, const ur_kjt *sparse, const int32_t *order, int64_t b) {
-  const ur_tensor *w = ur_kjt_weights(sparse), *offsets = ur_kjt_offsets(sparse);
+static ur_status check_weights(const ur_model *m, const ur_kjt *sparse, const int32_t *order) {
+  const ur_tensor *w = ur_kjt_weights(sparse);
   if (!w && m->nweighted) {
     int32_t k = 0;
     while (!m->weighted[k]) k++;
@@ -816,17 +816,44 @@ static ur_status check_weights(const ur_model *m, const ur_kjt *sparse, const in
                      "model: the request carries per-id weights, but no table of the model was trained "
                      "with them (table '%s' serves feature '%s' unweighted): send its KJT without weights",
                      table_of(m, 0), m->features[0]);
-  if (!w || m->nweighted == m->F || !host_readable(w) || !host_readable(offsets)) return UR_STATUS_OK;
+  if (!w || m->nweighted == m->F || !host_readable(w)) return UR_STATUS_OK;
   const float *wv = ur_tensor_data(w);
-  const int64_t *off = ur_tensor_data(offsets);
   for (int32_t k = 0; k < m->F; k++) {
     if (m->weighted[k]) continue;
-    for (int64_t i = off[order[k] * b]; i < off[(order[k] + 1) * b]; i++)
+    int64_t b0, b1, v0, v1; /* check_spans kept them within the values */
+    ur_status st = ur_kjt_key_span(sparse, order[k], &b0, &b1, &v0, &v1);
+    if (st) return st;
+    for (int64_t i = v0; i < v1; i++)
       if (wv[i] != 1.0f)
         return ur__error(UR_STATUS_INVALID,
                          "model: feature '%s' (table '%s', trained without per-id weights) has weight %g "
                          "at value %lld; expected 1, as training gave its ids",
                          m->features[k], table_of(m, k), (double)wv[i], (long long)i);
+  }
+  return UR_STATUS_OK;
+}
+
+/* A KJT made unchecked (ur_kjt_new's check 0) may have lengths that do not add up to its
+ * values: each key's span of values, which the weights' check and the reordering read through
+ * (on the host, wherever the KJT is), must lie within them, one after the other.  The bags
+ * inside a key are the collection's to check. */
+static ur_status check_spans(const ur_kjt *sparse) {
+  int32_t nk = ur_kjt_num_keys(sparse);
+  int64_t nv = ur_tensor_numel(ur_kjt_values(sparse)), b0, b1, v0, v1, end = 0;
+  ur_status st = nk > 0 ? ur_kjt_key_span(sparse, nk - 1, &b0, &b1, &v0, &end) : UR_STATUS_OK;
+  if (st) return st;
+  if (end != nv)
+    return ur__error(UR_STATUS_INVALID,
+                     "model: the request's lengths add up to %lld values, but its KJT holds %lld; "
+                     "expected them to add up to its values (a KJT made unchecked?)",
+                     (long long)end, (long long)nv);
+  for (int32_t i = 0; i < nk; i++) {
+    if ((st = ur_kjt_key_span(sparse, i, &b0, &b1, &v0, &v1))) return st;
+    if (v1 < v0)
+      return ur__error(UR_STATUS_INVALID,
+                       "model: the request's lengths of key '%s' add up to %lld; expected a count of "
+                       "values, 0 or more (a KJT made unchecked?)",
+                       ur_kjt_key(sparse, i), (long long)(v1 - v0));
   }
   return UR_STATUS_OK;
 }
@@ -860,8 +887,10 @@ static ur_status check_request(const ur_model *m, const ur_tensor *dense, const 
     return ur__error(UR_STATUS_INVALID, "model: scores is %s of %lld elements; expected f32 of %lld",
                      ur_dtype_name(ur_tensor_dtype(scores)), (long long)ur_tensor_numel(scores),
                      (long long)b);
+  ur_status st = check_spans(sparse);
+  if (st) return st;
   int32_t missing;
-  ur_status st = ur__kjt_key_order(sparse, (const char *const *)m->features, m->F, order, &missing);
+  st = ur__kjt_key_order(sparse, (const char *const *)m->features, m->F, order, &missing);
   if (st) return st;
   if (missing >= 0)
     return ur__error(UR_STATUS_INVALID,
@@ -870,7 +899,7 @@ static ur_status check_request(const ur_model *m, const ur_tensor *dense, const 
   *reorder = 0;
   for (int32_t k = 0; k < nk; k++)
     if (order[k] != k) *reorder = 1;
-  return check_weights(m, sparse, order, b);
+  return check_weights(m, sparse, order);
 }
 
 /* Whether the GPU serving the model reads t in place: the collection reads pinned memory too,
