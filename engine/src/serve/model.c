@@ -152,9 +152,10 @@ static ur_status check_finite(const reader *r, const char *name, int32_t i, cons
              (long long)at);
 }
 
-/* The tensor `name` of the file, which must be dtype [d0, d1] (d1 < 0: 1-D [d0]). */
-static ur_status want(const reader *r, const char *name, ur_dtype dtype, int64_t d0, int64_t d1,
-                      const char *what) {
+/* The tensor `name` of the file, which must be dtype [d0, d1] (d1 < 0: 1-D [d0]); d0 < 0: a
+ * tensor that is no matrix, whose rows the message calls rows_name (a layer's outputs). */
+static ur_status want_rows(const reader *r, const char *name, ur_dtype dtype, int64_t d0, int64_t d1,
+                           const char *what, const char *rows_name) {
   int32_t i = ur_safetensors_find(r->f, name);
   if (i < 0) return bad(r, "no tensor '%s' (%s)", name, what);
   r->named[i] = 1;
@@ -168,6 +169,7 @@ static ur_status want(const reader *r, const char *name, ur_dtype dtype, int64_t
     else if (e.ndim == 2) snprintf(got, sizeof got, "[%lld, %lld]", (long long)e.shape[0], (long long)e.shape[1]);
     else snprintf(got, sizeof got, "of %d dimensions", (int)e.ndim);
     if (ndim == 1) snprintf(need, sizeof need, "[%lld]", (long long)d0);
+    else if (d0 < 0) snprintf(need, sizeof need, "[%s, %lld]", rows_name ? rows_name : "rows", (long long)d1);
     else snprintf(need, sizeof need, "[%lld, %lld]", (long long)d0, (long long)d1);
     return bad(r, "tensor '%s' is %s %s; %s needs %s %s", name,
                (unsigned)e.dtype < UR_DTYPE_COUNT ? ur_dtype_name((ur_dtype)e.dtype) : "?", got,
@@ -175,6 +177,11 @@ static ur_status want(const reader *r, const char *name, ur_dtype dtype, int64_t
   }
   if (r->values) return check_finite(r, name, i, &e);
   return UR_STATUS_OK;
+}
+
+static ur_status want(const reader *r, const char *name, ur_dtype dtype, int64_t d0, int64_t d1,
+                      const char *what) {
+  return want_rows(r, name, dtype, d0, d1, what, NULL);
 }
 
 /* A dense tensor of the file into a new one where the model runs. */
@@ -221,7 +228,7 @@ static ur_status read_mlp(ur_model *m, const reader *r, const ur_json *list, con
     if (in_w - in > UR_DENSE_PAD_MAX)
       return bad(r, "'%s' pads %lld columns; at most %d are padding", wn, (long long)(in_w - in),
                  UR_DENSE_PAD_MAX);
-    if ((st = want(r, wn, m->dt, out, in_w, where)) || (st = want(r, bn, m->dt, out, -1, where)))
+    if ((st = want_rows(r, wn, m->dt, out, in_w, where, "outputs")) || (st = want(r, bn, m->dt, out, -1, where)))
       return st;
     layer *L = &ls[k];
     L->in = in_w;
@@ -261,7 +268,8 @@ static ur_status read_cross(ur_model *m, const reader *r, const ur_json *list, i
       if ((st = ur_safetensors_entry_get(r->f, i, &e))) return st;
       L->rank = e.ndim == 2 ? e.shape[0] : -1;
       if (L->rank == 0) return bad(r, "'%s' (%s's V) has no rows: a rank of 0", vn, where);
-      if (!(st = want(r, vn, m->dt, L->rank, d, where))) st = want(r, un, m->dt, d, L->rank, where);
+      if (!(st = want_rows(r, vn, m->dt, L->rank, d, where, "rank")))
+        st = want(r, un, m->dt, d, L->rank, where);
     }
     if (st) return st;
     if (m->place == UR_PLACE_COUNT) continue;
