@@ -357,6 +357,11 @@ describe("uvmrec.serve", function()
     e, p = variant("collisions", function(d) d.tables[2].collisions = "embeddings.C2.mc" end)
     assert.equal(("model file %s: table 'C2' maps its ids through a managed-collision map, which this engine "
                   .. "does not serve yet"):format(p), e)
+    -- ids taken modulo more than the rows: every id past the rows would be a bad one (it opened, and under
+    -- bounds warn or off dropped those ids from the bags without a word)
+    e, p = variant("modulo", function(d) d.tables[2].modulo = 11 end)
+    assert.equal(("model file %s: table 'C2' takes ids modulo 11, but has 10 rows; expected a modulo of at "
+                  .. "most its rows (0: ids as they come)"):format(p), e)
     e, p = variant("features", function(d) d.tables[7].features = { "C8" } end)
     assert.equal(("model file %s: feature 'C8' is on two tables"):format(p), e)
     -- what the tables' own checks found once the dense weights were placed: raised (not nil,

@@ -371,6 +371,11 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
     tc[t].format = qf;
     tc[t].pooling = strcmp(pool, "sum") ? UR_POOLING_MEAN : UR_POOLING_SUM;
     tc[t].modulo = modulo;
+    if (modulo > rows) { /* ids from rows up to the modulo would all be bad ones */
+      st = bad(r, "table '%s' takes ids modulo %lld, but has %lld rows; expected a modulo of at most its rows "
+                  "(0: ids as they come)", tc[t].name, (long long)modulo, (long long)rows);
+      break;
+    }
     if (dim != m->dim) {
       st = bad(r, "table '%s' has dim %lld; the model's is %d", tc[t].name, (long long)dim, (int)m->dim);
       break;
