@@ -362,6 +362,11 @@ describe("uvmrec.serve", function()
     e, p = variant("modulo", function(d) d.tables[2].modulo = 11 end)
     assert.equal(("model file %s: table 'C2' takes ids modulo 11, but has 10 rows; expected a modulo of at "
                   .. "most its rows (0: ids as they come)"):format(p), e)
+    -- an input transform the engine does not know (it opened, and ur_model_info gave it cut to 15 bytes)
+    e, p = variant("input", function(d) d.input = "criteo-tsv-hashed-v2" end)
+    assert.equal(("model file %s: its input is 'criteo-tsv-hashed-v2'; expected criteo or synthetic"):format(p), e)
+    e, p = variant("input_type", function(d) d.input = 3 end)
+    assert.equal(("model file %s: the description's input is not a string"):format(p), e)
     e, p = variant("features", function(d) d.tables[7].features = { "C8" } end)
     assert.equal(("model file %s: feature 'C8' is on two tables"):format(p), e)
     -- what the tables' own checks found once the dense weights were placed: raised (not nil,

@@ -549,6 +549,11 @@ static ur_status read_model(ur_model *m, const reader *r, const ur_json *desc) {
     return bad(r, "its interaction is '%s'; expected dot or dcnv2", inter);
   if (strcmp(dtype, "f32") && strcmp(dtype, "bf16"))
     return bad(r, "its dense_dtype is '%s'; expected f32 or bf16", dtype);
+  /* the transform the training data had (absent: synthetic, as files before the key) */
+  const ur_json *input = member(desc, "input");
+  if (input && !str_of(input)) return bad(r, "the description's input is not a string");
+  if (input && strcmp(str_of(input), "criteo") && strcmp(str_of(input), "synthetic"))
+    return bad(r, "its input is '%s'; expected criteo or synthetic", str_of(input));
   m->dt = strcmp(dtype, "f32") ? UR_DTYPE_BF16 : UR_DTYPE_F32;
   m->dcn = !strcmp(inter, "dcnv2");
   const ur_json *si = member(desc, "self_interaction");
