@@ -491,6 +491,11 @@ describe("uvmrec.qtbe collection", function()
                      "qtbe: offsets is empty; expected bags + 1 entries")
     fails({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3, 3, 3, 3 } },
           "qtbe: out has shape [3, 40]; expected [2, 40]", ur.tensor({ 3, 40 }))
+    -- an out of other than 2 dimensions, named as it is (it said [80 0] of a [80] one, and [2, 40] of [2, 40, 1])
+    fails({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3, 3, 3, 3 } },
+          "qtbe: out has shape [80]; expected [2, 40]", ur.tensor({ 80 }))
+    fails({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3, 3, 3, 3 } },
+          "qtbe: out has shape [2, 40, 1]; expected [2, 40]", ur.tensor({ 2, 40, 1 }))
     fails({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3, 3, 3, 3 }, weights = { 1 } },
           "qtbe: 1 weight for 3 values; expected one each")
     assert.has_error(function() q:set_permutation("a", R.tensor({ 0, 1 }, "i64")) end,

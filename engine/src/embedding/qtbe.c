@@ -631,11 +631,15 @@ ur_status ur__qtbe_forward_at(ur_stream *s, ur_qtbe *q, const ur_tensor *values,
                      (long long)a.n, (long long)a.bags);
   a.batch = a.bags / q->names.F;
   int64_t rows = q->names.pooled ? a.batch : a.n, cols = q->names.out_dim;
-  if (ur_tensor_ndim(out) != 2 || ur_tensor_dim(out, 0) != rows || ur_tensor_dim(out, 1) != cols)
-    return ur__error(UR_STATUS_INVALID, "qtbe: out has shape [%lld%s%lld]; expected [%lld, %lld]",
-                     (long long)ur_tensor_dim(out, 0), ur_tensor_ndim(out) > 1 ? ", " : " ",
-                     (long long)(ur_tensor_ndim(out) > 1 ? ur_tensor_dim(out, 1) : 0),
+  if (ur_tensor_ndim(out) != 2 || ur_tensor_dim(out, 0) != rows || ur_tensor_dim(out, 1) != cols) {
+    int64_t shape[UR_MAX_DIMS];
+    int32_t nd = ur_tensor_ndim(out);
+    char got[128];
+    for (int32_t d = 0; d < nd && d < UR_MAX_DIMS; d++) shape[d] = ur_tensor_dim(out, d);
+    ur__shape_text(nd < UR_MAX_DIMS ? nd : UR_MAX_DIMS, shape, got, sizeof got);
+    return ur__error(UR_STATUS_INVALID, "qtbe: out has shape %s; expected [%lld, %lld]", got,
                      (long long)rows, (long long)cols);
+  }
   if ((st = UR__NEED(q->be, qtbe, forward))) return st;
   a.num_tables = q->names.T;
   a.num_features = q->names.F;
