@@ -1136,7 +1136,8 @@ void ur_loader_close(ur_loader *l) {
   if (!l) return;
   if (l->nstarted) {
     pthread_mutex_lock(&l->mu);
-    l->stop = 1;
+    /* atomic: stopping() reads it under the dispatch lock, not this one */
+    __atomic_store_n(&l->stop, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
     for (int i = 0; i < l->nstarted; i++) pthread_join(l->workers[i].thread, NULL);

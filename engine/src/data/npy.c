@@ -444,8 +444,9 @@ static void narrow_range(void *ctx, size_t i0, size_t i1) {
     int64_t v;
     if (j->from_f32) {
       float f = ((const float *)j->src)[i];
-      v = (int64_t)f;
-      if (!(f >= -9.2e18f && f <= 9.2e18f) || (float)v != f) v = INT64_MIN; /* not whole */
+      /* the range first: converting NaN or a float past int64 is undefined */
+      v = f >= -9.2e18f && f <= 9.2e18f ? (int64_t)f : INT64_MIN;
+      if (v != INT64_MIN && (float)v != f) v = INT64_MIN; /* not whole */
     } else {
       v = ((const int64_t *)j->src)[i];
     }
