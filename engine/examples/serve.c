@@ -41,7 +41,7 @@ typedef struct shared {
   int64_t next_write;       /* the batch whose scores go out next */
   int64_t line_no;          /* lines read */
   int eof;
-  int failed;
+  int failed;               /* written atomically (workers score outside the lock) */
   int labels;               /* 1: 40 fields, the label first; 0: 39; -1: the first line says */
   int64_t labels_line;      /* the line that said (0: --labels) */
 } shared;
@@ -57,7 +57,7 @@ typedef struct worker {
 
 static int bad_line(shared *sh, int64_t no, const char *why) {
   fprintf(stderr, "serve: line %lld: %s\n", (long long)no, why);
-  sh->failed = 1;
+  __atomic_store_n(&sh->failed, 1, __ATOMIC_RELAXED);
   return 0;
 }
 
@@ -162,7 +162,7 @@ static int score(worker *w, int64_t n) {
   if (!st) st = ur_model_predict(sh->model, d, kjt, s);
   if (st) {
     fprintf(stderr, "serve: a batch of %lld lines failed: %s\n", (long long)n, ur_last_error());
-    sh->failed = 1;
+    __atomic_store_n(&sh->failed, 1, __ATOMIC_RELAXED); /* outside the lock: workers score at once */
   }
   ur_kjt_free(kjt);
   ur_tensor_free(d);

@@ -1989,7 +1989,9 @@ UR_API ur_qtbe *ur_model_tables(const ur_model *m);
  * placement; scores f32 of B elements, any placement, written when the call returns.  The KJT
  * carries per-id weights exactly when some table was trained with them (the description's
  * tables[i].weighted), 1 for the ids of the others (checked where the KJT is in host memory);
- * otherwise the call is refused naming a table, as weights scale the rows a bag sums. */
+ * otherwise the call is refused naming a table, as weights scale the rows a bag sums.  A KJT
+ * made unchecked whose lengths do not add up to its values is refused before anything reads
+ * through them. */
 UR_API ur_status ur_model_predict(ur_model *m, const ur_tensor *dense, const ur_kjt *sparse,
                                   ur_tensor *scores /* out */);
 /* UR_CDEF_END */

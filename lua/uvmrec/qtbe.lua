@@ -1,5 +1,5 @@
 -- Quantized embedding collections: rows in a serving format (f32, fp16, int8, int4, int2; the
--- formats are uvmrec.h's section 9), converted by the engine, and the engine's ur_qtbe as a
+-- formats are uvmrec.h's section 10), converted by the engine, and the engine's ur_qtbe as a
 -- Lua object: an inference-only embedding collection.  The nn modules
 -- QuantEmbeddingBagCollection and QuantEmbeddingCollection are built on it.
 --

@@ -1,4 +1,4 @@
-/* qtbe.c: quantized embedding collections (uvmrec.h section 9): rows in a serving format
+/* qtbe.c: quantized embedding collections (uvmrec.h section 10): rows in a serving format
  * (f32, f16, int8, int4, int2), converting rows to and from those formats, the collection's
  * construction and checks, and its forward, dispatched to the backend chosen once when it is
  * made (q->be->qtbe: qtbe_cpu.c or kernels/qtbe.cu).  A forward shares nothing with another

@@ -1,6 +1,6 @@
 /* qtbe_plan.h: the quantized collection's plan, shared by qtbe.c, the CPU reference
  * (qtbe_cpu.c) and the kernels (kernels/qtbe.cu): the row formats' arithmetic (uvmrec.h's
- * section 9 states it), the descriptors and the arguments of one call.  Dequantizing is written
+ * section 10 states it), the descriptors and the arguments of one call.  Dequantizing is written
  * once here with UR_F* (no fused multiply-add on either side), so both backends give the same
  * bits; quantizing runs on the host only. */
 #ifndef UR_QTBE_PLAN_H

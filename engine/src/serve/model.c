@@ -1,4 +1,4 @@
-/* model.c: exported models served from C (uvmrec.h section 9): opening a model file (its
+/* model.c: exported models served from C (uvmrec.h section 10): opening a model file (its
  * description checked against its tensors before anything is placed), DLRM's forward pass from
  * the engine's ops (linear, the dot interaction or DCNv2's cross layers, the quantized
  * collection, the sigmoid), and a pool of contexts (a stream and buffers each) so that callers

@@ -1,5 +1,5 @@
 -- uvmrec.serve: exported models (model files of `uvmrec export`) scored through the engine's
--- serving API (uvmrec.h section 9, ur_model_*), the same calls a C program makes: open,
+-- serving API (uvmrec.h section 10, ur_model_*), the same calls a C program makes: open,
 -- predict, info; and scoring a data spec, which `uvmrec predict` and `uvmrec eval` run.
 --
 --   local serve = require "uvmrec.serve"
