@@ -170,6 +170,36 @@ describe("planner plans", function()
                  try({ { name = "c", rows = 1000, dim = 16, optimizer = "bogus" } }, {}))
   end)
 
+  -- A fixed placement or sharding of another spelling was "no choice satisfies its fixed settings"
+  -- without the names it takes; a prefix_fraction of 1.5 or -0.5 was planned as 100% and 0%, and
+  -- one of "x" raised from cost.lua ("attempt to perform arithmetic on a string value").
+  it("refuses a table's fixed value it cannot mean, naming the table, the value and what it takes", function()
+    local function try(fixed, world)
+      local profs = { a = planner.profile.zipf { rows = 1000, s = 1.05 } }
+      local p, err = planner.plan({ { name = "a", rows = 1000, dim = 16, fixed = fixed } }, profs, "1GiB",
+        { calibration = cal, batch = 64, world = world })
+      assert.is_nil(p)
+      return err
+    end
+    assert.equal("planner: table a: fixed placement 'hbm'; expected device, managed, cached or host",
+                 try({ placement = "hbm" }))
+    assert.equal("planner: table a: fixed sharding 'tablewise'; expected table_wise, row_wise, column_wise or "
+      .. "data_parallel", try({ sharding = "tablewise" }, 2))
+    for _, f in ipairs({ 1.5, -0.5, "x", 0 / 0 }) do
+      assert.equal(("planner: table a: fixed prefix_fraction %s; expected a number from 0 to 1"):format(
+        type(f) == "string" and "'x'" or tostring(f)), try({ placement = "managed", prefix_fraction = f }))
+    end
+    for _, f in ipairs({ 0, 2, "x" }) do
+      assert.equal(("planner: table a: fixed load_factor %s; expected a number in (0, 1]"):format(
+        type(f) == "string" and "'x'" or tostring(f)), try({ load_factor = f }))
+    end
+    -- in range, they plan as before
+    local profs = { a = planner.profile.zipf { rows = 1000, s = 1.05 } }
+    local p = assert(planner.plan({ { name = "a", rows = 1000, dim = 16, fixed = { placement = "managed",
+      prefix_fraction = 1 } } }, profs, "1GiB", { calibration = cal, batch = 64 }))
+    assert.equal(1000, p.data.tables[1].prefix_rows)
+  end)
+
   -- The H200 figures' calibration and six tables T1..T6 of 200000 * i rows, with Zipf profiles.
   local function six_tables()
     local scal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))

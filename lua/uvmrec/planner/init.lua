@@ -95,6 +95,27 @@ local function fixed_error(t, world)
   end
   local ok, err = pcall(require("uvmrec.lib").known_keys, f, FIXED, "table " .. tostring(t.name) .. ": fixed", 1, "key")
   if not ok then return (tostring(err):gsub("^[^\n]-:%d+: ", "")) end
+  -- each value as the cost model reads it: a placement or sharding of another spelling had no
+  -- choice and no word of the names; a prefix fraction past [0, 1] was clamped unsaid
+  local function shown(v) return type(v) == "string" and ("'%s'"):format(v) or tostring(v) end
+  local function one_of(v, list)
+    for _, x in ipairs(list) do if v == x then return true end end
+    return false
+  end
+  for _, k in ipairs({ { "placement", cost.PLACEMENTS }, { "sharding", cost.SHARDINGS } }) do
+    local v = f[k[1]]
+    if v ~= nil and not one_of(v, k[2]) then
+      return ("table %s: fixed %s %s; expected %s or %s"):format(t.name, k[1], shown(v),
+        table.concat(k[2], ", ", 1, #k[2] - 1), k[2][#k[2]])
+    end
+  end
+  local pf, lf = f.prefix_fraction, f.load_factor
+  if pf ~= nil and not (type(pf) == "number" and pf >= 0 and pf <= 1) then
+    return ("table %s: fixed prefix_fraction %s; expected a number from 0 to 1"):format(t.name, shown(pf))
+  end
+  if lf ~= nil and not (type(lf) == "number" and lf > 0 and lf <= 1) then
+    return ("table %s: fixed load_factor %s; expected a number in (0, 1]"):format(t.name, shown(lf))
+  end
   local r = f.rank
   if r == nil then return nil end
   local rerr = rank_error(r, world)
