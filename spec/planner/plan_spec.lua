@@ -170,6 +170,24 @@ describe("planner plans", function()
                  try({ { name = "c", rows = 1000, dim = 16, optimizer = "bogus" } }, {}))
   end)
 
+  -- A profile of another table's rows was taken as given: a table of 10,000 rows priced with a
+  -- profile of 10 (10 distinct rows a batch at most, its cache all hits), and a plain table
+  -- for a profile raised from cost.lua ("attempt to call method 'distinct' (a nil value)").
+  it("refuses an access profile that is not one of the table's rows, naming both", function()
+    local function try(p)
+      local plan, err = planner.plan({ { name = "a", rows = 10000, dim = 16 } }, { a = p }, "1GiB",
+        { calibration = cal, batch = 64 })
+      assert.is_nil(plan)
+      return err
+    end
+    assert.equal("planner: cost.table a: its access profile holds 10 rows and the table 10000; expected a profile "
+      .. "of the table's rows", try(planner.profile.zipf { rows = 10, s = 1.05 }))
+    assert.equal("planner: cost.table a: its access profile is a table; expected a uvmrec.planner.profile",
+                 try({ rows = 10000 }))
+    assert.truthy(planner.plan({ { name = "a", rows = 10000, dim = 16 } },
+      { a = planner.profile.zipf { rows = 10000, s = 1.05 } }, "1GiB", { calibration = cal, batch = 64 }))
+  end)
+
   -- A fixed placement or sharding of another spelling was "no choice satisfies its fixed settings"
   -- without the names it takes; a prefix_fraction of 1.5 or -0.5 was planned as 100% and 0%, and
   -- one of "x" raised from cost.lua ("attempt to perform arithmetic on a string value").

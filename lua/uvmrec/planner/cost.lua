@@ -102,6 +102,16 @@ function M.table(t)
     error(("cost.table %s: dim %s; expected a multiple of 4 from 4 to 1024"):format(t.name, tostring(t.dim)), 2)
   end
   if not t.profile then error(("cost.table %s: no access profile"):format(t.name), 2) end
+  -- another table's profile priced this one by its rows (10 of a table of 10,000: 10 distinct
+  -- rows a batch at most), and a plain table raised from the options' pricing
+  local P = t.profile
+  if type(P) ~= "table" or getmetatable(P) ~= require("uvmrec.planner.profile").Profile then
+    error(("cost.table %s: its access profile is a %s; expected a uvmrec.planner.profile"):format(t.name, type(P)), 2)
+  end
+  if P.rows ~= t.rows then
+    error(("cost.table %s: its access profile holds %d rows and the table %d; expected a profile of the table's rows")
+      :format(t.name, P.rows, t.rows), 2)
+  end
   local dtype = t.dtype or "f32"
   if not ELEM[dtype] then error(("cost.table %s: dtype %s is not f32, f16 or bf16"):format(t.name, dtype), 2) end
   -- here, where the planner catches it (the options' pricing raised it from cost.lua)
