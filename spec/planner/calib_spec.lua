@@ -129,6 +129,14 @@ describe("planner.calib", function()
     bad(function(x) x.rates.cache_move.source = nil end, "calibration f.json: rates.cache_move has no source")
     bad(function(x) x.format = "x" end, 'calibration f.json: format is x; expected "uvmrec-calibration"')
     bad(function(x) x.version = 2 end, "calibration f.json: version 2; this planner reads 1")
+    -- the backend decides the step's form (the CPU's sum, a GPU's longer of work and calls), the
+    -- hint pages, the arena's blocks and the dense workspaces: a file without it, or with "CPU",
+    -- was priced as a GPU's; a rate's "measured" of "no" or "false" was taken as measured
+    bad(function(x) x.backend = nil end, "calibration f.json: backend is nil; expected \"cuda\" or \"cpu\"")
+    bad(function(x) x.backend = "CPU" end, "calibration f.json: backend is \"CPU\"; expected \"cuda\" or \"cpu\"")
+    bad(function(x) x.rates.hbm_gather.measured = "false" end,
+        "calibration f.json: rates.hbm_gather.measured is \"false\"; expected true or false")
+    assert.equal("cuda", calib.synthetic().backend)
     -- the collectives are optional, until a plan over several ranks needs them
     local one = assert(calib.from_table(base()))
     assert.has_error(function() one:rate("alltoall") end,

@@ -98,6 +98,13 @@ function M.from_table(t, where)
   if t.version ~= M.VERSION then
     return fail(where, ("version %s; this planner reads %d"):format(tostring(t.version), M.VERSION))
   end
+  -- the backend decides the step's form, the hint pages, the arena's blocks and the dense
+  -- workspaces (planner.setup, cost.step): a file without one, or of another spelling, was priced
+  -- as a GPU's
+  if t.backend ~= "cuda" and t.backend ~= "cpu" then
+    return fail(where, ("backend is %s; expected \"cuda\" or \"cpu\""):format(
+      type(t.backend) == "string" and ("%q"):format(t.backend) or tostring(t.backend)))
+  end
   if type(t.rates) ~= "table" then return fail(where, "no rates") end
   for name in pairs(t.rates) do
     if not M.RATES[name] then return fail(where, ("rates.%s: unknown rate"):format(name)) end
@@ -118,6 +125,12 @@ function M.from_table(t, where)
       end
       if type(r.source) ~= "string" or r.source == "" then
         return fail(where, ("rates.%s has no source"):format(name))
+      end
+      -- "measured": false is what marks a data sheet's figure (Calib:unmeasured): "false" or "no"
+      -- was taken as measured
+      if r.measured ~= nil and type(r.measured) ~= "boolean" then
+        return fail(where, ("rates.%s.measured is %s; expected true or false"):format(name,
+          type(r.measured) == "string" and ("%q"):format(r.measured) or tostring(r.measured)))
       end
     end
   end
@@ -277,9 +290,10 @@ function M.fit(A, y, relative)
   end
 end
 
--- A calibration for specs and experiments: every rate at `value` unless given.
+-- A calibration for specs and experiments: every rate at `value` unless given; priced as a GPU's
+-- (backend "cuda").
 function M.synthetic(rates)
-  local t = { format = M.FORMAT, version = M.VERSION, machine = "synthetic", backend = "none", rates = {} }
+  local t = { format = M.FORMAT, version = M.VERSION, machine = "synthetic", backend = "cuda", rates = {} }
   for name, spec in pairs(M.RATES) do
     local v = rates and rates[name]
     if v == nil and not spec[3] then v = spec[1] == "fraction" and 0 or spec[1] == "s" and 1e-9 or 1e10 end
