@@ -170,6 +170,44 @@ describe("planner plans", function()
                  try({ { name = "c", rows = 1000, dim = 16, optimizer = "bogus" } }, {}))
   end)
 
+  -- Options planned as given whatever they were: a reserve of -1e9 bytes (or -0.5 of the budget)
+  -- gave the tables HBM the budget does not have (a rank at -6.7e16 bytes "fitted"), a depth of -3
+  -- negative pinned bytes, prefix fractions of 2 and -1 plans at 100% and 0%, a misspelt option
+  -- (wrold = 2) a plan for one rank, a loader of inf values an infinite step; a reserve or depth
+  -- of "x" raised from init.lua and cost.lua.
+  it("refuses options it cannot mean, naming the option, the value and what it takes", function()
+    local function try(o)
+      local profs = { a = planner.profile.zipf { rows = 1000, s = 1.05 } }
+      o.calibration, o.batch = cal, 64
+      local p, err = planner.plan({ { name = "a", rows = 1000, dim = 16 } }, profs, "1GiB", o)
+      assert.is_nil(p)
+      return err
+    end
+    for _, r in ipairs({ -1e9, -0.5, "x", 0 / 0, math.huge }) do
+      assert.equal(("planner: reserve %s; expected bytes (>= 1) or a fraction of the budget from 0 to below 1")
+        :format(type(r) == "string" and "'x'" or tostring(r)), try({ reserve = r }))
+    end
+    for _, d in ipairs({ -3, 0, 1.5, "x" }) do
+      assert.equal(("planner: depth %s; expected the pinned batches the loader keeps, a whole number >= 1")
+        :format(type(d) == "string" and "'x'" or tostring(d)), try({ depth = d }))
+    end
+    assert.equal("planner: fractions[1] is 2; expected prefix fractions and load factors in (0, 1]",
+                 try({ fractions = { 2, 0.5 } }))
+    assert.equal("planner: fractions[2] is -1; expected prefix fractions and load factors in (0, 1]",
+                 try({ fractions = { 0.5, -1 } }))
+    assert.equal("planner: fractions is a number; expected a list of numbers in (0, 1]", try({ fractions = 0.5 }))
+    assert.equal("planner: loader.values is inf; expected the values a sample has (> 0)",
+                 try({ loader = { values = math.huge } }))
+    assert.matches("^planner: unknown option 'wrold'; expected arena_block, batch, calibration, ", try({ wrold = 2 }))
+    -- in range, as before
+    local profs = { a = planner.profile.zipf { rows = 1000, s = 1.05 } }
+    for _, o in ipairs({ { reserve = 0 }, { reserve = 0.1 }, { reserve = 4096 }, { depth = 2 },
+                         { fractions = { 0.1, 1 } } }) do
+      o.calibration, o.batch = cal, 64
+      assert.truthy(planner.plan({ { name = "a", rows = 1000, dim = 16 } }, profs, "1GiB", o))
+    end
+  end)
+
   -- A profile of another table's rows was taken as given: a table of 10,000 rows priced with a
   -- profile of 10 (10 distinct rows a batch at most, its cache all hits), and a plain table
   -- for a profile raised from cost.lua ("attempt to call method 'distinct' (a nil value)").

@@ -125,9 +125,45 @@ local function fixed_error(t, world)
   end
 end
 
+-- The options M.plan reads (a misspelt one, wrold = 2, planned one rank).
+local OPTIONS = { "arena_block", "batch", "calibration", "dense", "depth", "fractions", "gpus", "hints_every",
+                  "host_memory", "loader", "max_nodes", "output_bytes", "page_bytes", "pipeline", "policy", "reserve",
+                  "search", "sms", "threshold", "world" }
+
+-- Why option values that no check below them reads are not what they can mean (nil when they
+-- are): a reserve below 0 gave the tables HBM the budget does not have, a depth below 1 negative
+-- pinned bytes, prefix fractions past 1 or below 0 were clamped unsaid; a string raised.
+local function options_error(opts)
+  local ok, err = pcall(require("uvmrec.lib").known_keys, opts, OPTIONS, "planner", 1)
+  if not ok then return (tostring(err):gsub("^[^\n]-:%d+: ", "")) end
+  local function shown(v) return type(v) == "string" and ("'%s'"):format(v) or tostring(v) end
+  local r = opts.reserve
+  if r ~= nil and not (type(r) == "number" and r >= 0 and r < math.huge) then
+    return ("planner: reserve %s; expected bytes (>= 1) or a fraction of the budget from 0 to below 1"):format(shown(r))
+  end
+  local d = opts.depth
+  if d ~= nil and not (type(d) == "number" and d >= 1 and d < math.huge and d == math.floor(d)) then
+    return ("planner: depth %s; expected the pinned batches the loader keeps, a whole number >= 1"):format(shown(d))
+  end
+  local f = opts.fractions
+  if f ~= nil then
+    if type(f) ~= "table" or #f == 0 then
+      return ("planner: fractions is a %s; expected a list of numbers in (0, 1]"):format(type(f))
+    end
+    for i, x in ipairs(f) do
+      if not (type(x) == "number" and x > 0 and x <= 1) then
+        return ("planner: fractions[%d] is %s; expected prefix fractions and load factors in (0, 1]"):format(i,
+          shown(x))
+      end
+    end
+  end
+end
+
 -- The planning problem: context, cost tables, options (frontiers), fixed HBM per rank.
 local function setup(tables, profiles, budget, opts)
   opts = opts or {}
+  local oerr = options_error(opts)
+  if oerr then return nil, oerr end
   local B, err = M.bytes(budget)
   if not B then return nil, "planner: budget: " .. err end
   local cal, cerr = resolve_calib(opts.calibration)
@@ -187,7 +223,7 @@ local function setup(tables, profiles, budget, opts)
   local loader = 0
   if opts.loader then
     local v = opts.loader.values
-    if type(v) ~= "number" or v <= 0 then
+    if type(v) ~= "number" or not (v > 0 and v < math.huge) then
       return nil, ("planner: loader.values is %s; expected the values a sample has (> 0)"):format(tostring(v))
     end
     loader = cost.loader(ctx, v)
