@@ -208,6 +208,29 @@ describe("planner plans", function()
     end
   end)
 
+  -- A table of -1 ids a sample raised "planner: table a has no option" from the search (every
+  -- choice priced at negative lookups), one of "x" or inf raised from init.lua; a table without a
+  -- name "table index is nil", a list entry that is no table "attempt to index local 't'", and
+  -- tables that are no list "bad argument #1 to 'ipairs'".
+  it("refuses a table it cannot read (ids a sample, name, entry), naming it and what it takes", function()
+    local profs = { a = planner.profile.zipf { rows = 1000, s = 1.05 } }
+    local function try(tabs)
+      local p, err = planner.plan(tabs, profs, "1GiB", { calibration = cal, batch = 64 })
+      assert.is_nil(p)
+      return err
+    end
+    for _, h in ipairs({ -1, "x", math.huge, 0 / 0 }) do
+      assert.equal(("planner: cost.table a: hot %s; expected the ids a sample has, a number >= 0"):format(
+        type(h) == "string" and "'x'" or tostring(h)), try({ { name = "a", rows = 1000, dim = 16, hot = h } }))
+    end
+    assert.equal("planner: tables[1] has no name (nil); expected a string", try({ { rows = 1000, dim = 16 } }))
+    assert.equal("planner: tables[2] is a number; expected a table {name, rows, dim, ...}",
+                 try({ { name = "a", rows = 1000, dim = 16 }, 5 }))
+    assert.equal("planner: tables is a nil; expected a list of tables {name, rows, dim, ...}", try(nil))
+    assert.truthy(planner.plan({ { name = "a", rows = 1000, dim = 16, hot = 0 } }, profs, "1GiB",
+      { calibration = cal, batch = 64 }))
+  end)
+
   -- A profile of another table's rows was taken as given: a table of 10,000 rows priced with a
   -- profile of 10 (10 distinct rows a batch at most, its cache all hits), and a plain table
   -- for a profile raised from cost.lua ("attempt to call method 'distinct' (a nil value)").

@@ -116,8 +116,15 @@ function M.table(t)
   if not ELEM[dtype] then error(("cost.table %s: dtype %s is not f32, f16 or bf16"):format(t.name, dtype), 2) end
   -- here, where the planner catches it (the options' pricing raised it from cost.lua)
   M.state_bytes(t.optimizer, t.dim)
+  -- the ids a sample (0 for a table a pass never saw read); -1 priced negative lookups, and the
+  -- search raised "table a has no option"
+  local hot = t.hot or P.hot or 1
+  if type(hot) ~= "number" or not (hot >= 0 and hot < math.huge) then
+    error(("cost.table %s: hot %s; expected the ids a sample has, a number >= 0"):format(t.name,
+      type(hot) == "string" and ("'%s'"):format(hot) or tostring(hot)), 2)
+  end
   return { name = t.name, rows = t.rows, dim = t.dim, dtype = dtype, optimizer = t.optimizer or "sgd",
-           profile = t.profile, hot = t.hot or t.profile.hot or 1, fixed = t.fixed, _memo = {} }
+           profile = t.profile, hot = hot, fixed = t.fixed, _memo = {} }
 end
 
 -- The shards of a sharding: count, rows each, dim each, lookups of the population the shard

@@ -197,6 +197,18 @@ local function setup(tables, profiles, budget, opts)
   local cts = {}
   local ids = 0
   local named = {}
+  -- (each raised: "bad argument #1 to 'ipairs'", "attempt to index local 't'", "table index is nil")
+  if type(tables) ~= "table" then
+    return nil, ("planner: tables is a %s; expected a list of tables {name, rows, dim, ...}"):format(type(tables))
+  end
+  for i, t in ipairs(tables) do
+    if type(t) ~= "table" then
+      return nil, ("planner: tables[%d] is a %s; expected a table {name, rows, dim, ...}"):format(i, type(t))
+    end
+    if type(t.name) ~= "string" then
+      return nil, ("planner: tables[%d] has no name (%s); expected a string"):format(i, tostring(t.name))
+    end
+  end
   for i, t in ipairs(tables) do
     -- two tables of one name would share a plan's row and config keys
     if named[t.name] then return nil, ("planner: tables %d and %d are both named %s"):format(named[t.name], i,
