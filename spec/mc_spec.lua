@@ -354,6 +354,29 @@ describe("uvmrec.mc", function()
     for _, key in ipairs(mc.STATE_COUNTS) do assert.equal(ea[key], eb[key], key) end
   end)
 
+  it("restores into a map that has counted batches as into a fresh one", function()
+    -- the used map's last batch (20000 ids) stayed in its counters after the restore and sized
+    -- the candidates' map as if the saved map had seen it: batch_max 20000 and 131072 slots
+    local cfg = { tables = { { name = "t", rows = 8, fallback_rows = 1 } }, fill = false, evict_every = 100,
+                  max_candidates = 100000, device = "cpu" }
+    local function run(m, first, n)
+      local ids = {}
+      for i = 1, n do ids[i] = first + i end
+      assert(m:remap(ur.KJT{ keys = { "t" }, values = ids, lengths = ones(n) }))
+    end
+    local a, used = assert(mc.new(cfg)), assert(mc.new(cfg))
+    run(a, 0, 10)
+    run(a, 100, 10)
+    run(used, 1000, 20000)
+    assert(used:load_state("t", assert(a:state("t"))))
+    used:set_step(a:step())
+    for _, m in ipairs { a, used } do run(m, 50000, 10) end
+    local sa, su = assert(a:state("t")), assert(used:state("t"))
+    assert.same({ 10, 4096 }, { sa.batch_max, sa.slots })
+    for _, key in ipairs(mc.STATE_COUNTS) do assert.equal(sa[key], su[key], key) end
+    for _, key in ipairs(mc.STATE_TENSORS) do same_list(totable_n(su[key]), totable_n(sa[key]), key) end
+  end)
+
   it("counts a resident id's lookups past 2^31 between rounds, and ranks it by all of them", function()
     -- a bag of 40,000 copies of id 5 read by 65,535 samples (VBE): 2,621,400,000 lookups in one
     -- batch; in 32 bits the window wrapped negative and a round gave id 5's row to an id seen once

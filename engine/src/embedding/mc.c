@@ -1125,6 +1125,9 @@ ur_status ur_mc_state_set(ur_mc *m, int32_t table, const ur_mc_state *in) {
     if (!st) st = put_info(m, table, UR__MI_RESIDENT, in->resident_lookups);
     if (!st) st = put_info(m, table, UR__MI_FALLBACK, in->fallback_lookups);
     if (!st) st = put_info(m, table, UR__MI_SKIPPED, in->skipped);
+    /* the ids of this map's last batch, which read_info would take into nmax: the saved map's
+     * are in batch_max already */
+    if (!st) st = put_info(m, table, UR__MI_NVALS, nmax);
     if (!st) st = push_desc(m, NULL);
     if (!st) st = m->be->stream_sync(NULL);
   }
