@@ -273,8 +273,9 @@ __global__ void assign(ur__mc_table t, const int64_t *cslots, const int64_t *fre
        j += (int64_t)gridDim.x * blockDim.x) {
     int64_t row = j < ev ? freed[j] : occupied + (j - ev), s = cslots[j];
     t.ids[row] = t.ckeys[s];
-    t.counts[row] = ur__mc_decayed(0, t.ccount[s], evict ? decay : 1.0);
-    t.window[row] = 0;
+    /* as the CPU: an eviction round folds the lookups, a fill keeps them in the window */
+    t.counts[row] = evict ? ur__mc_decayed(0, t.ccount[s], decay) : 0;
+    t.window[row] = evict ? 0 : t.ccount[s];
     t.last[row] = t.clast[s];
   }
 }

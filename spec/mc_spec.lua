@@ -224,6 +224,22 @@ describe("uvmrec.mc", function()
     assert.has_error(function() m:set_step(2.5) end)
   end)
 
+  it("breaks lru's ties by every lookup since the last eviction round, before a fill admitted the id too", function()
+    -- the lookups an id had as a candidate went into its count when a fill admitted it, which
+    -- lru does not read: id 10 (6 lookups) lost its row to id 30 (3) on the tie of their steps
+    local m = assert(mc.new{ tables = { { name = "t", rows = 3, fallback_rows = 1 } }, policy = "lru",
+                             evict_every = 3, device = "cpu" })
+    local function run(ids) assert(m:remap(ur.KJT{ keys = { "t" }, values = ids, lengths = ones(#ids) })) end
+    run { 10, 10, 10, 10, 10, 20 }  -- step 1: candidates
+    run { 10, 20, 20, 20, 20, 30, 30, 30 } -- filled before it: 10 and 20 resident; 30 waits
+    assert.same({ true, true, false }, select(2, m:lookup("t", { 10, 20, 30 })))
+    run { -1 }                      -- step 3
+    run { -1 }                      -- the round: 30 (step 2, 3 lookups) against 10 (step 2, 6)
+    assert.same({}, m:reassigned("t"))
+    assert.same({ true, true, false }, select(2, m:lookup("t", { 10, 20, 30 })))
+    assert.same({ 1, 0 }, { assert(m:stats()).rounds, assert(m:stats()).evictions })
+  end)
+
   it("takes ids past 2^53 as 64-bit integers, where no Lua number holds them", function()
     local ffi = require "ffi"
     local m = assert(mc.new{ tables = { { name = "t", rows = 4, fallback_rows = 1 } }, device = "cpu" })
@@ -390,7 +406,8 @@ describe("uvmrec.mc", function()
     inv:set(65535, 1)
     assert(m:remap{ values = vals, offsets = i64 { 0, N, N + 1 }, batch_per_feature = { 2 }, inverse = inv })
     local st = assert(m:state("t"))
-    assert.same({ 5, 40000 * 65535 }, { st.ids:get(0), st.window:get(0) })
+    -- its lookup as a candidate, kept by the fill that admitted it, and this batch's
+    assert.same({ 5, 1 + 40000 * 65535 }, { st.ids:get(0), st.window:get(0) })
     assert.equal("i64", st.window:dtype())
     local s = assert(m:stats())
     assert.same({ 40000 * 65535 + 2, 40000 * 65535, 2 }, { s.lookups, s.resident_lookups, s.fallback_lookups })

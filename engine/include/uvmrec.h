@@ -1096,7 +1096,8 @@ UR_API ur_status ur_tbe_reset_rows(ur_stream *s, ur_tbe *t, int32_t table, const
  * higher score is better, then a lower id) and keeps the best; admitted candidates take the
  * rows freed, in ascending row order, best first, then the free rows; the candidates are then
  * forgotten, and every count decays.  With fill on, a fill round before any batch admits the
- * best candidates into free rows while there are any (no eviction, no decay).  Scores: lfu
+ * best candidates into free rows while there are any (no eviction, no decay; their lookups stay
+ * lookups since the last eviction round).  Scores: lfu
  * the count (lookups, decayed at every eviction round); lru the step of the last lookup, ties
  * going to more lookups since the last eviction round; distance_lfu the count / (1 + steps
  * since the last lookup)^distance_power.  All counting is

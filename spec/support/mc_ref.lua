@@ -133,8 +133,9 @@ function Map:round(tb, evict)
     local row = j <= ev and freed[j] or occ + (j - ev - 1)
     local c = cands[j]
     tb.ids[row] = c.id
-    tb.counts[row] = evict and decayed(0, c.count, s.decay) or c.count * ONE
-    tb.window[row] = 0
+    -- a fill keeps the lookups as lookups since the last eviction round (lru's ties read them)
+    tb.counts[row] = evict and decayed(0, c.count, s.decay) or 0
+    tb.window[row] = evict and 0 or c.count
     tb.last[row] = c.last
     tb.row_of[c.id] = row
   end

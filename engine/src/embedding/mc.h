@@ -146,8 +146,8 @@ UR_HD int ur__mc_better(double sa, int64_t ia, double sb, int64_t ib) {
 }
 
 /* Counts after an eviction round: (counts + window) * decay, rounded down, saturated at
- * UR__MC_COUNT_MAX (decay 1 keeps every lookup of a long run).  A fill's admission is
- * (0 + lookups) * 1. */
+ * UR__MC_COUNT_MAX (decay 1 keeps every lookup of a long run).  An eviction round's admission
+ * is (0 + lookups) * decay; a fill's keeps its lookups as its window. */
 UR_HD int64_t ur__mc_decayed(int64_t counts, int64_t window, double decay) {
   double x = floor(ur__mc_total(counts, window) * decay);
   return x < (double)UR__MC_COUNT_MAX ? (int64_t)x : UR__MC_COUNT_MAX;

@@ -269,8 +269,10 @@ static ur_status cpu_round(void *stream, const ur__mc_table *t, ur__mc_round *r)
   for (int64_t j = 0; j < adm; j++) {
     int64_t row = j < ev ? w[j].row : occ + (j - ev), s = c[j].row;
     t->ids[row] = c[j].id;
-    t->counts[row] = ur__mc_decayed(0, t->ccount[s], r->evict ? r->decay : 1.0);
-    t->window[row] = 0;
+    /* an eviction round folds the lookups; a fill keeps them as lookups since the last
+     * eviction round, which lru's ties read */
+    t->counts[row] = r->evict ? ur__mc_decayed(0, t->ccount[s], r->decay) : 0;
+    t->window[row] = r->evict ? 0 : t->ccount[s];
     t->last[row] = t->clast[s];
     index_insert(t, row);
   }
