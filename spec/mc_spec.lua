@@ -370,6 +370,23 @@ describe("uvmrec.mc", function()
     for _, key in ipairs(mc.STATE_COUNTS) do assert.equal(ea[key], eb[key], key) end
   end)
 
+  it("saves the counts its stats show, those since reset_stats too", function()
+    -- after reset_stats the state held the lookups since the map was made beside the rounds
+    -- since the reset: a map restored from it showed 30 lookups where the saved one showed 10
+    local a, cfg, r, ref = streamed(31, "lfu", 8)
+    a:reset_stats()
+    for step = 9, 12 do a:remap(ur.KJT(R.kjt_fields(cfg.features, random_batch(r, ref, 8, step)))) end
+    local b = assert(mc.new(cfg))
+    for _, name in ipairs(a.table_names) do assert(b:load_state(name, assert(a:state(name)))) end
+    local sa, sb = assert(a:stats()), assert(b:stats())
+    for _, k in ipairs { "lookups", "resident_lookups", "fallback_lookups", "rounds", "fills", "admissions",
+                         "evictions", "skipped", "resident", "candidates" } do
+      assert.equal(sa[k], sb[k], k)
+      for _, name in ipairs(a.table_names) do assert.equal(sa.tables[name][k], sb.tables[name][k], name .. " " .. k) end
+    end
+    assert.is_true(sa.lookups > 0, "lookups since the reset")
+  end)
+
   it("restores into a map that has counted batches as into a fresh one", function()
     -- the used map's last batch (20000 ids) stayed in its counters after the restore and sized
     -- the candidates' map as if the saved map had seen it: batch_max 20000 and 131072 slots

@@ -1147,8 +1147,9 @@ typedef struct ur_mc_state {
   ur_tensor *cand_ids;            /* i64 [k]: the candidates, ascending */
   ur_tensor *cand_counts;         /* i64 [k]: their lookups (set: i32 too, as states were) */
   ur_tensor *cand_last;           /* i64 [k]: the step of their last lookup */
+  /* as ur_mc_stats_get gives them (since the map was made, restored or its stats reset) */
   int64_t lookups, resident_lookups, fallback_lookups, rounds, fills, admissions, evictions;
-  int64_t skipped;                /* as in ur_mc_stats */
+  int64_t skipped;
   /* What sizes the candidates' map, so that a restored map counts and skips the batches the
    * saved one would: the most ids one updating batch of the table held (-1: none counted yet;
    * the next batch's are read), and the map's slots (a power of 2 >= 2 * k; 0: sized for the

@@ -867,14 +867,16 @@ ur_status ur_mc_state_get(ur_mc *m, int32_t table, ur_mc_state *out) {
     memset(out, 0, sizeof *out);
     return st;
   }
-  out->lookups = b->info[UR__MI_LOOKUPS];
-  out->resident_lookups = b->info[UR__MI_RESIDENT];
-  out->fallback_lookups = b->info[UR__MI_FALLBACK];
+  /* the counts as ur_mc_stats_get gives them (since the last reset_stats, as rounds are), so
+   * that the restored map's stats are the saved one's */
+  out->lookups = b->info[UR__MI_LOOKUPS] - b->base[UR__MI_LOOKUPS];
+  out->resident_lookups = b->info[UR__MI_RESIDENT] - b->base[UR__MI_RESIDENT];
+  out->fallback_lookups = b->info[UR__MI_FALLBACK] - b->base[UR__MI_FALLBACK];
   out->rounds = b->rounds;
   out->fills = b->fills;
   out->admissions = b->admissions;
   out->evictions = b->evictions;
-  out->skipped = b->info[UR__MI_SKIPPED];
+  out->skipped = b->info[UR__MI_SKIPPED] - b->base[UR__MI_SKIPPED];
   out->batch_max = b->sized ? b->nmax : -1;
   out->slots = q;
   return UR_STATUS_OK;
