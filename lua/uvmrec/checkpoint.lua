@@ -345,7 +345,9 @@ Registry.__index = Registry
 
 function M.registry() return setmetatable({ list = {}, by_name = {} }, Registry) end
 
--- c = {name = "model", state = function() return {tensors = {...}, meta = {...}} end,
+-- c = {name = "model", state = function() return {tensors = {...}, meta = {...}} end (owned =
+--      true in what it returns: the tensors are copies made for this save, freed once written
+--      or when the save fails),
 --      load = function(tensors, meta) end (optional), views = true (optional: load receives
 --      zero-copy views of the file's tensors instead of having state()'s tensors filled),
 --      optional = true (a checkpoint without this component still loads), whole = {"step", ...}
@@ -402,7 +404,7 @@ local function component_state(c, level)
         c.name, tostring(k), tostring(t)), level + 1)
     end
   end
-  return st.tensors or {}, st.meta or {}
+  return st.tensors or {}, st.meta or {}, st.owned == true
 end
 
 -- Saves every registered component's state into one file.  info: step (integer), rng
@@ -418,11 +420,21 @@ function Registry:save(path, info)
   local meta = { ["uvmrec.format"] = tostring(M.FORMAT), ["uvmrec.step"] = ("%d"):format(info.step or 0) }
   local version = ffi.string(C.ur_version())
   meta["uvmrec.version"] = version
+  -- the copies components made for this save (owned), freed once written or refused
+  local owned = {}
+  local function fail(msg, level) -- level 0: msg names its place; else 3: save's caller's line
+    for _, t in ipairs(owned) do t:free() end
+    error(msg, level)
+  end
   for _, c in ipairs(self.list) do
-    local ts, cm = component_state(c, 2)
-    for k, t in pairs(ts) do tensors[c.name .. "." .. k] = t end
+    local pok, ts, cm, own = pcall(component_state, c, 3) -- raises at save's caller (pcall a level)
+    if not pok then fail(ts, 0) end
+    for k, t in pairs(ts) do
+      tensors[c.name .. "." .. k] = t
+      if own then owned[#owned + 1] = t end
+    end
     local ok, text = pcall(json.encode, cm)
-    if not ok then error("checkpoint save: component '" .. c.name .. "' meta: " .. text, 2) end
+    if not ok then fail("checkpoint save: component '" .. c.name .. "' meta: " .. text, 3) end
     meta["uvmrec.meta." .. c.name] = text
     names[#names + 1] = c.name
   end
@@ -430,11 +442,14 @@ function Registry:save(path, info)
   for _, k in ipairs { "rng", "config" } do
     if info[k] ~= nil then
       local ok, text = pcall(json.encode, info[k])
-      if not ok then error("checkpoint save: " .. k .. ": " .. text, 2) end
+      if not ok then fail("checkpoint save: " .. k .. ": " .. text, 3) end
       meta["uvmrec." .. k] = text
     end
   end
-  return M.save(path, { tensors = tensors, meta = meta }, info)
+  -- (M.save raises only for input this function builds valid)
+  local ok, err = M.save(path, { tensors = tensors, meta = meta }, info)
+  for _, t in ipairs(owned) do t:free() end
+  return ok, err
 end
 
 -- An ignored path covers what lies under it; a "*" in one stands for any one key

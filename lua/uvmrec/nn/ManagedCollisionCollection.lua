@@ -187,7 +187,9 @@ function MCC:checkpoint_component(name)
         for _, k in ipairs(mc.STATE_TENSORS) do ts[t .. "." .. k] = st[k] end
         for _, k in ipairs(mc.STATE_COUNTS) do counts[t][k] = st[k] end
       end
-      return { tensors = ts, meta = { step = map:step(), seed = map.seed, counts = counts, settings = map.settings } }
+      -- owned: host copies of the maps, freed by the registry once written
+      return { tensors = ts, owned = true,
+               meta = { step = map:step(), seed = map.seed, counts = counts, settings = map.settings } }
     end,
     -- before anything is loaded: the settings, and each map as the engine would restore it
     check = function(tensors, meta)
