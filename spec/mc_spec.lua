@@ -565,6 +565,48 @@ describe("uvmrec.mc", function()
         :find("managed collisions: no table named 'u' (tables: t)", 1, true))
     end)
 
+    it("leaves the caller's table names alone when it cannot copy them", function()
+      -- a table's name is copied; when the copy could not be had, ur_mc_free freed the caller's
+      -- own string in the copy's place (here a name of 256 MiB under a capped address space:
+      -- reading it afterwards read unmapped memory)
+      if (os.getenv("LD_PRELOAD") or ""):match("libasan") then
+        return pending("a sanitizer build: its shadow memory does not fit under a capped address space")
+      end
+      local cmd = require "command"
+      local script = os.tmpname()
+      cmd.spit(script, [[
+        local ffi = require "ffi"
+        ffi.cdef [=[struct mc_rlimit { uint64_t cur, max; }; int setrlimit(int, const struct mc_rlimit *);
+                    void *malloc(size_t); void free(void *); void *memset(void *, int, size_t);]=]
+        local ur = require "uvmrec"
+        local C = require("uvmrec.lib").C
+        local n = 256 * 1024 * 1024
+        local name = ffi.cast("char *", ffi.C.malloc(n + 1))
+        ffi.C.memset(name, 97, n)
+        name[n] = 0
+        local tc = ffi.new("ur_mc_table_config[1]")
+        tc[0].name, tc[0].rows, tc[0].fallback_rows, tc[0].evict_every, tc[0].max_candidates = name, 10, 1, 1, 1
+        tc[0].decay, tc[0].distance_power, tc[0].fill = 0.5, 1, 1
+        local cfg = ffi.new("ur_mc_config")
+        cfg.device = -1
+        local ft, out = ffi.new("int32_t[1]", 0), ffi.new("ur_mc *[1]")
+        local vm
+        for l in io.lines("/proc/self/status") do vm = vm or tonumber(l:match("^VmSize:%s+(%d+)")) end
+        local lim = ffi.new("struct mc_rlimit", (vm + 64 * 1024) * 1024, -1ULL)
+        assert(ffi.C.setrlimit(9, lim) == 0) -- RLIMIT_AS
+        local st = C.ur_mc_new(out, cfg, 1, tc, 1, ft)
+        lim.cur = -1ULL
+        assert(ffi.C.setrlimit(9, lim) == 0)
+        print(st == C.UR_STATUS_OOM, ffi.string(C.ur_last_error()), out[0] == nil)
+        print("the name still reads", ffi.string(name, 3), name[n] == 0)
+        ffi.C.free(name)
+      ]])
+      local out, err, code = cmd.run(cmd.quote(script))
+      os.remove(script)
+      assert.equal(0, code, err)
+      assert.equal("true\tmc: out of host memory\ttrue\nthe name still reads\taaa\ttrue\n", out)
+    end)
+
     it("refuses a state that is not a map", function()
       local m = assert(mc.new{ tables = { { name = "t", rows = 5, fallback_rows = 1 } }, device = "cpu" })
       local st = assert(m:state("t"))

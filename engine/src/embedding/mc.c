@@ -249,6 +249,7 @@ ur_status ur_mc_new(ur_mc **out, const ur_mc_config *config, int32_t num_tables,
   memcpy(m->feat_table, feature_table, sizeof(int32_t) * (size_t)num_features);
   for (int32_t t = 0; t < num_tables; t++) {
     m->tc[t] = tables[t];
+    m->tc[t].name = NULL; /* the copy's, below: ur_mc_free frees it, never the caller's */
     char buf[32];
     snprintf(buf, sizeof buf, "table %d", (int)t);
     const char *nm = tables[t].name ? tables[t].name : buf;
