@@ -20,7 +20,8 @@ endif
 
 comma    := ,
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(if $(filter 1,$(WERROR)),-Werror)
-SANFLAGS := $(if $(filter 1,$(SAN)),-fsanitize=address$(comma)undefined -fno-omit-frame-pointer)
+# float-cast-overflow: gcc's undefined leaves out float-to-integer conversions past the type
+SANFLAGS := $(if $(filter 1,$(SAN)),-fsanitize=address$(comma)undefined$(comma)float-cast-overflow -fno-omit-frame-pointer)
 CFLAGS_ENGINE := -std=c11 -O2 -g -ffp-contract=off -fPIC -fvisibility=hidden -pthread -D_GNU_SOURCE $(WARN) $(SANFLAGS) \
                  -Iengine/include -Iengine/src
 # "sm_80 sm_90 compute_90" from CUDA_ARCH's code= parts, for `uvmrec --version`.

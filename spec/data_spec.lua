@@ -369,6 +369,16 @@ describe("uvmrec.data convert", function()
     assert.is_not.equal(0, C.ur_npy_writer_append(bad, whole.p))
     assert.matches("value 0%.5 %(element 123456%) does not fit <i4", ffi.string(C.ur_last_error()))
     C.ur_npy_writer_close(bad)
+    -- NaN and floats past int64 are refused before they are converted (the conversion itself is
+    -- undefined: make SAN=1 checks float-cast-overflow)
+    for _, v in ipairs({ 0 / 0, 3e20, -1e38 }) do
+      local f = ur.tensor({ 8 }, { dtype = "f32" }):fill(1)
+      f:set(5, v)
+      local fw = writer(dir .. "/f.npy", "<i4", { 0 })
+      assert.is_not.equal(0, C.ur_npy_writer_append(fw, f.p))
+      assert.matches("%(element 5%) does not fit <i4", ffi.string(C.ur_last_error()))
+      C.ur_npy_writer_close(fw)
+    end
     local big = ur.tensor({ 3 }, { dtype = "i64" }):fill(0)
     big:set(2, 2 ^ 32)
     local u = writer(dir .. "/u.npy", "<u4", { 0 })
