@@ -167,10 +167,18 @@ DLRM.updateGradInput = DLRM.backward
 -- Probabilities f32 [B, 1] of a batch (the sigmoid of the logits), for metrics; managed
 -- collisions only look up.
 function DLRM:predict(batch)
-  local training = self.collisions and self.collisions.train
-  if self.collisions then self.collisions.train = false end
-  local logits = self:forward(batch)
-  if self.collisions then self.collisions.train = training end
+  local logits
+  if self.collisions then
+    -- counting back on whether the forward returns or raises (off, training counted nothing)
+    local training = self.collisions.train
+    self.collisions.train = false
+    local ok, out = pcall(self.forward, self, batch)
+    self.collisions.train = training
+    if not ok then error(out, 0) end
+    logits = out
+  else
+    logits = self:forward(batch)
+  end
   local rows = Module.rows_cols(logits)
   if Module.dtype_of(logits) ~= "f32" then
     logits = dense.cast(logits, self:buffer("logits_f32", "f32", rows, 1), self.stream)

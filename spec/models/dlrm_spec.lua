@@ -292,4 +292,19 @@ optimizer: {name: adagrad, lr: 0.1}
     assert.equal("f32", p:dtype())
     for _, v in ipairs(p:totable()) do assert.is_true(v > 0 and v < 1) end
   end)
+
+  -- predict turns the collisions' counting off for its forward; a forward that raised left it
+  -- off, and training after it counted nothing (no rounds, the maps frozen) without a word.
+  it("leaves managed collisions counting after a predict that fails", function()
+    local model = model_of([[
+model: {dense_features: 3, bottom_mlp: [4], top_mlp: [4, 1]}
+embeddings: {dim: 4, rows: [7, 11], collisions: {policy: lfu}}
+optimizer: {name: sgd, lr: 0.1}
+]])
+    assert.is_true(model.collisions.train)
+    local batch = batch_of(5, 3, { 7, 11 }, 3)
+    batch.dense = ur.tensor({ 5, 2 }):fill(0.5) -- two dense columns of three
+    assert.has_error(function() model:predict(batch) end)
+    assert.is_true(model.collisions.train)
+  end)
 end)
