@@ -279,6 +279,72 @@ describe("planner plans", function()
     assert.equal(1000, p.data.tables[1].prefix_rows)
   end)
 
+  -- A rank's cached tables share one cache, whose rows have one dim and dtype: ur_cache_new refuses
+  -- two ("cache: table 'b' has dim 32 and dtype f32 but 'a' has dim 16 ...; tables sharing a cache
+  -- have one dim and dtype"), and uvmrec.dist.sharded a rank's table- and column-wise (or its
+  -- row-wise) cached shards of two widths.  With reads in place slow, the search cached T1 (dim
+  -- 16), T2 (32) and T3 (16, f16) on one rank: a plan no run could build.
+  it("caches tables of one row width (dim and dtype) on a rank's cache, as the engine takes them", function()
+    local wcal = planner.calib.synthetic { managed_gather = 1e8, zero_copy_gather = 1e8, managed_update = 1e8,
+      zero_copy_update = 1e8, alltoall = 1e11, allreduce = 1e11, reduce_scatter = 1e11 }
+    local function four()
+      local tabs, profs = {}, {}
+      for i, d in ipairs({ 16, 32, 16, 32 }) do
+        tabs[i] = { name = "T" .. i, rows = 1000000, dim = d, optimizer = "sgd", dtype = i == 3 and "f16" or "f32" }
+        profs["T" .. i] = planner.profile.zipf { rows = 1000000, s = 1.05 }
+      end
+      return tabs, profs
+    end
+    -- per rank and collection (row-wise shards apart), the widths of the cached shards
+    local function widths(p)
+      local seen, cached = {}, 0
+      for _, t in ipairs(p.data.tables) do
+        if t.placement == "cached" then
+          cached = cached + 1
+          local w = ("%d %s"):format(t.sharding == "column_wise" and t.dim / t.shards or t.dim, t.dtype)
+          for _, r in ipairs(t.ranks) do
+            local key = r .. (t.sharding == "row_wise" and " row_wise" or "")
+            assert.is_true(seen[key] == nil or seen[key] == w, ("rank %s caches widths %s and %s"):format(key,
+              tostring(seen[key]), w))
+            seen[key] = w
+          end
+        end
+      end
+      return cached
+    end
+    for _, world in ipairs({ 1, 2 }) do
+      for _, budget in ipairs({ "40MiB", "100MiB", "150MiB" }) do
+        local tabs, profs = four()
+        local p = assert(planner.plan(tabs, profs, budget, { calibration = wcal, world = world, batch = 4096,
+                                                             reserve = 0 }))
+        assert.is_true(widths(p) >= 1, "the plan caches a table") -- caching is what these rates favour
+        for _, r in ipairs(p.data.ranks) do assert.is_true(r.hbm <= p.data.budget) end
+      end
+    end
+    -- tables fixed cached at two widths: no plan, and the error names them
+    local tabs, profs = four()
+    tabs[1].fixed, tabs[2].fixed = { placement = "cached" }, { placement = "cached" }
+    local p, err = planner.plan(tabs, profs, "100MiB", { calibration = wcal, batch = 4096, reserve = 0 })
+    assert.is_nil(p)
+    assert.equal("planner: tables T1 (dim 16, f32) and T2 (dim 32, f32) are fixed cached, and rank 0 would hold "
+      .. "both in its cache, whose rows have one dim and dtype (the engine's cache refuses tables of two)", err)
+    -- an edit that caches a second width on the rank
+    tabs, profs = four()
+    p = assert(planner.plan(tabs, profs, "100MiB", { calibration = wcal, batch = 4096, reserve = 0 }))
+    local width, other
+    for _, t in ipairs(p.data.tables) do
+      if t.placement == "cached" then width = ("%d %s"):format(t.dim, t.dtype) end
+    end
+    for _, t in ipairs(p.data.tables) do
+      if ("%d %s"):format(t.dim, t.dtype) ~= width then other = other or t.name end
+    end
+    local p2
+    p2, err = p:with(other, { placement = "cached", load_factor = 0.1 })
+    assert.is_nil(p2)
+    assert.matches("^plan: these choices cache tables of two row widths on rank 0: ", err)
+    assert.matches(other, err, 1, true)
+  end)
+
   -- The H200 figures' calibration and six tables T1..T6 of 200000 * i rows, with Zipf profiles.
   local function six_tables()
     local scal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))

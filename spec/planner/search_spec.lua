@@ -185,8 +185,9 @@ describe("planner.search", function()
   -- The greedy's repairs partitioned the whole plan after every move, and most of those moves
   -- (downgrades of small tables while the shard that found no room is the locked change) could
   -- not change the failed partition: 250 tables on 8 ranks a fifth of the way from the least
-  -- budget made 6,491 partitions (3,437 now).  A failed partition is now walked again only after a move that
-  -- can change it (search.fails_again); the plan is the same, table by table.
+  -- budget made 6,491 partitions (3,437 then; with one width a rank's cache 6,415 and 3,361).
+  -- A failed partition is now walked again only after a move that can change it
+  -- (search.fails_again); the plan is the same, table by table.
   it("partitions again in a repair only after a move that can change the failed partition", function()
     local tables, profiles = tables_of(250, 8)
     local opts = { world = 8, batch = 4096, calibration = cal }
@@ -223,7 +224,10 @@ describe("planner.search", function()
 
   -- spec/fixtures/planner_exhaustive_400.txt: the optimum the exhaustive search found before its
   -- branches were bounded, at each instance's budget of the time (the instances' budgets come
-  -- from a plan at 1 TiB, whose ties the bounded search may break otherwise).
+  -- from a plan at 1 TiB, whose ties the bounded search may break otherwise).  Recorded at
+  -- a96bebc; 7 instances on 1 rank (seeds 11, 97, 104, 108, 151, 175, 185) again under one width
+  -- a rank's cache, by the same unbounded search (scripts/bench/planner_exhaustive_400.lua, which
+  -- finds all 400 of a96bebc's without the rule): each of their optima had cached two widths.
   it("finds the optimum the unbounded exhaustive search found (400 recorded instances)", function()
     local f = assert(io.open("spec/fixtures/planner_exhaustive_400.txt"))
     local n = 0
@@ -273,8 +277,9 @@ describe("planner.search", function()
   -- spec/fixtures/planner_greedy_200.txt: the plans the greedy search found at 53b3419, before
   -- the partitioner walked orders sorted once (it sorted the chosen shards at every partition)
   -- and summed the spread shards once: the same search, so the same plans; proposal for proposal
-  -- but for the changes that cannot fit, no longer proposed (8 ranks: 331 then, 302 now; the
-  -- rated ones are the same).
+  -- but for the changes that cannot fit, no longer proposed, and the repairs of caches of two
+  -- widths (8 ranks: 331 then, 294 now).  The 1-rank plan cached dims 128, 64 and 32 in the one
+  -- cache, which no run builds: recorded again when the search kept one width a cache.
   it("finds the plans it found before the partitioner's orders were sorted once (200 tables)", function()
     local f = assert(io.open("spec/fixtures/planner_greedy_200.txt"))
     local cases, cur = {}, nil
