@@ -279,7 +279,8 @@ describe("planner.search", function()
   -- and summed the spread shards once: the same search, so the same plans; proposal for proposal
   -- but for the changes that cannot fit, no longer proposed, and the repairs of caches of two
   -- widths (8 ranks: 331 then, 294 now).  The 1-rank plan cached dims 128, 64 and 32 in the one
-  -- cache, which no run builds: recorded again when the search kept one width a cache.
+  -- cache, which no run builds: recorded again when the search kept one width a cache, and again
+  -- when the greedy on one rank ran once a width (search.greedy_widths: 0.75482 to 0.73360 ms).
   it("finds the plans it found before the partitioner's orders were sorted once (200 tables)", function()
     local f = assert(io.open("spec/fixtures/planner_greedy_200.txt"))
     local cases, cur = {}, nil
