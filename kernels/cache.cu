@@ -159,7 +159,10 @@ unsigned mover_blocks(int64_t n, const ur__cache_io &io) {
 
 /* The entries of list a (na) and of list b (nb) in one grid: while both last, even places of
  * the walk are a's and odd ones b's (a's staged write-backs home and b's fills: both
- * directions of the link busy), then the longer list's rest; nb 0 for one list. */
+ * directions of the link busy), then the longer list's rest; nb 0 for one list.  The
+ * write-backs on 2 or 4 blocks of their own beside the fills' 8 (as the far rows' write home
+ * runs) made B4's cached step 6.47 and 5.33 ms against 4.72 on an H100: the moves must end
+ * within the step that uses the batch's slots. */
 __global__ void __launch_bounds__(kMoverThreads)
 move_lists(ur__cache_io io, Moves a, int64_t na, Moves b, int64_t nb, char *stage) {
   int64_t both = na < nb ? na : nb, G = (int64_t)gridDim.x * kMoverWarps, n = na + nb;
