@@ -330,6 +330,13 @@ describe("uvmrec.KJT", function()
       "kjt split: sizes[1] is 1.7; expected a whole number that fits i32")
     assert.has_error(function() two:validate(1.5) end,
       "kjt validate: rows of key 'a' is 1.5; expected a whole number that fits i64")
+    -- a misspelt key's rows were left unchecked: { a = 5, bb = 1 } checked a alone
+    assert.has_error(function() two:validate { a = 5, bb = 1 } end,
+      "kjt validate: rows names 'bb', which is neither a key of the KJT nor a position 1..2")
+    assert.has_error(function() two:validate { 5, 1, 9 } end,
+      "kjt validate: rows names 3, which is neither a key of the KJT nor a position 1..2")
+    assert.is_true(two:validate { a = 5, b = 3 })
+    assert.is_nil((two:validate { a = 5, [2] = 2 })) -- b's id 2 of 2 rows
     assert.has_error(function() two:bucketize(2, { b = { block = 1.5, rows = 3 } }) end,
       "kjt bucketize: key 'b' block is 1.5; expected a whole number that fits i64")
     assert.has_error(function()

@@ -163,6 +163,18 @@ function methods:validate(rows)
   local r
   if rows then
     local n = C.ur_kjt_num_keys(p)
+    if type(rows) == "table" then -- a misspelt key's rows were never checked
+      local unknown = {}
+      for k in pairs(rows) do
+        if type(k) == "string" and C.ur_kjt_key_index(p, k) < 0 then unknown[#unknown + 1] = "'" .. k .. "'"
+        elseif type(k) ~= "string" and not lib.whole_in(k, 1, n + 1) then unknown[#unknown + 1] = tostring(k) end
+      end
+      if #unknown > 0 then
+        table.sort(unknown)
+        error(("kjt validate: rows names %s, which is neither a key of the KJT nor a position 1..%d"):format(
+          unknown[1], n), 2)
+      end
+    end
     r = ffi.new("int64_t[?]", math.max(n, 1))
     for i = 0, n - 1 do
       local key = ffi.string(C.ur_kjt_key(p, i))
