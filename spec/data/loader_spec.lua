@@ -337,6 +337,14 @@ describe("uvmrec.data loader", function()
     local none, err = data.open("criteo-bin:" .. dir .. "/one", { batch_size = 10 })
     assert.is_nil(none)
     assert.matches("layout.txt: table 2's ids per sample 'x'; expected N or MIN-MAX", err, 1, true)
+    -- an entry with more after its number (the last one's was read as its number alone)
+    for hot, t in pairs({ ["1,2x,1"] = "2's ids per sample '2x'", ["1,1,1x"] = "3's ids per sample '1x'",
+                          ["1,1,1 2"] = "3's ids per sample '1 2'" }) do
+      cmd.spit(dir .. "/one/layout.txt", "hot " .. hot .. "\r\n")
+      none, err = data.open("criteo-bin:" .. dir .. "/one", { batch_size = 10 })
+      assert.is_nil(none)
+      assert.matches("layout.txt: table " .. t .. "; expected N or MIN-MAX", err, 1, true)
+    end
     cmd.rmdir(dir)
   end)
 

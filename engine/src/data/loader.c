@@ -7,6 +7,7 @@
  * with its offsets, written in one pass.  The consumer takes the batches in order, so the
  * batches and a resume position are the same on any number of threads.  Stopping (close) and
  * errors end it cleanly: the threads are joined and every buffer freed. */
+#include <ctype.h>
 #include <dirent.h>
 #include <math.h>
 #include <stdlib.h>
@@ -346,8 +347,12 @@ static ur_status bin_layout(ur_loader *l, const char *dir, int64_t columns, int6
     char *p = hot;
     long lo = strtol(p, &p, 10), hi = lo;
     if (*p == '-') hi = strtol(p + 1, &p, 10);
-    if (p == hot || hi < 1 || hi > 4096 || lo < 0 || lo > hi) {
-      size_t len = strcspn(hot, ",\n");
+    /* the entry ends at its comma, the last at the line's end ('2x' read as 2 before) */
+    const char *q = p;
+    while (t + 1 == nt && isspace((unsigned char)*q)) q++;
+    int ends = t + 1 < nt ? *p == ',' : !*q;
+    if (p == hot || !ends || hi < 1 || hi > 4096 || lo < 0 || lo > hi) {
+      size_t len = strcspn(hot, ",\r\n");
       st = ur__error(UR_STATUS_FORMAT, "criteo-bin: %s/layout.txt: table %lld's ids per sample "
                      "'%.*s'; expected N or MIN-MAX with 0 <= MIN <= MAX, 1 <= MAX <= 4096",
                      dir, (long long)t + 1, (int)(len < 40 ? len : 40), hot);
