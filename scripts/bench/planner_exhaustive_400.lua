@@ -7,24 +7,20 @@
 --   ./build/bin/uvmrec scripts/bench/planner_exhaustive_400.lua [--check] > new.txt
 local planner = require "uvmrec.planner"
 local search = require "uvmrec.planner.search"
-local check = arg and arg[1] == "--check"
+package.path = "spec/support/?.lua;" .. package.path -- the specs' instances (run from the tree's root)
+local cases = require "planner_cases"
+local args = require("uvmrec.cli").command {
+  name = "scripts/bench/planner_exhaustive_400.lua",
+  summary = "records search_spec's 400 exhaustive optima (spec/fixtures/planner_exhaustive_400.txt) under "
+    .. "one row width a rank's cache",
+  { "--check", "also search without the rule and say, for each optimum that moved, whether it mixed widths" },
+}:parse(arg)
+local check = args.check
 local cal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))
 
--- spec/planner/search_spec.lua's instance(), the budget aside (the file's)
+-- search_spec's instance, the budget aside (the file's)
 local function instance(seed, world)
-  math.randomseed(seed)
-  local n = math.random(3, 6)
-  local tables, profiles = {}, {}
-  for i = 1, n do
-    local rows = math.floor(10 ^ (3 + 4.3 * math.random()))
-    local name = "T" .. i
-    local s = math.random() < 0.15 and 0 or 0.6 + 0.7 * math.random()
-    tables[i] = { name = name, rows = rows, dim = ({ 16, 32, 64, 128 })[math.random(4)],
-                  optimizer = ({ "sgd", "rowwise_adagrad", "adagrad" })[math.random(3)],
-                  hot = ({ 1, 1, 2, 5 })[math.random(4)] }
-    profiles[name] = planner.profile.zipf { rows = rows, s = s }
-  end
-  local batch = ({ 4096, 16384, 65536 })[math.random(3)]
+  local tables, profiles, batch = cases.instance(seed)
   return tables, profiles, { world = world, batch = batch, calibration = cal, reserve = 0, search = "exhaustive" }
 end
 

@@ -1,4 +1,5 @@
 local planner = require "uvmrec.planner"
+local instances = require "planner_cases"
 local things = require("uvmrec.lib").things
 
 -- The searches against the exhaustive optimum on a fixed cost landscape: the H200 calibration
@@ -13,19 +14,7 @@ local cal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))
 -- 1 to 5 ids a sample, three optimizers), a batch, and a budget between the smallest plan's
 -- need and the all-in-HBM one's.
 local function instance(seed, world)
-  math.randomseed(seed)
-  local n = math.random(3, 6)
-  local tables, profiles = {}, {}
-  for i = 1, n do
-    local rows = math.floor(10 ^ (3 + 4.3 * math.random()))
-    local name = "T" .. i
-    local s = math.random() < 0.15 and 0 or 0.6 + 0.7 * math.random()
-    tables[i] = { name = name, rows = rows, dim = ({ 16, 32, 64, 128 })[math.random(4)],
-                  optimizer = ({ "sgd", "rowwise_adagrad", "adagrad" })[math.random(3)],
-                  hot = ({ 1, 1, 2, 5 })[math.random(4)] }
-    profiles[name] = planner.profile.zipf { rows = rows, s = s }
-  end
-  local batch, u = ({ 4096, 16384, 65536 })[math.random(3)], math.random()
+  local tables, profiles, batch, u = instances.instance(seed)
   local opts = { world = world, batch = batch, calibration = cal, reserve = 0 }
   local all = assert(planner.plan(tables, profiles, "1TiB", opts))
   local hi = 0
