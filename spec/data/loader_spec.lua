@@ -637,6 +637,24 @@ describe("uvmrec.data loader", function()
     end
   end)
 
+  -- A position past the epoch's end (a resume from another data set) went on to the next epoch
+  -- without a word, as if the rest of this one had been read.
+  it("refuses a start position past the epoch's end: when opened where the size is known, else at the first batch",
+    function()
+    local opts = { data = "synthetic:tiny", samples = 3000, batch_size = 200, epochs = 2 }
+    opts.position = { epoch = 0, sample = 3000 } -- the epoch's end: the next epoch's batches
+    assert.equal(15, #rows_of(assert(data.loader(opts))) / 200)
+    opts.position = { epoch = 0, sample = 3001 }
+    assert.has_error(function() data.loader(opts) end, "loader: the start position (epoch 0, sample 3001) lies "
+      .. "past the epoch's end (sample 3000); expected a position this data gave, at most its end")
+    -- 1000 real rows in windows of 300: 1100 lies in the last window's 100 rows, past its end
+    local l = assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 100, shuffle_window = 300, seed = 2,
+                                                          position = { epoch = 0, sample = 1100 } }))
+    assert.has_error(function() l:next() end, "loader: the start position (epoch 0, sample 1100) lies past the "
+      .. "epoch's end (sample 1000); expected a position this data gave, at most its end")
+    l:close()
+  end)
+
   it("reports a reader error after the batches before it, naming file and line", function()
     local dir = cmd.tmpdir()
     local f = assert(io.open(dir .. "/bad.tsv", "w"))

@@ -634,6 +634,12 @@ static int dispatch(ur_loader *l, job *j) {
         }
         j->wins[j->nwins++] = x;
       }
+      if (off > x->rows && !n) { /* only a start position can lie there: a resume from another data set */
+        st = ur__error(UR_STATUS_INVALID, "loader: the start position (epoch %lld, sample %lld) lies past "
+                       "the epoch's end (sample %lld); expected a position this data gave, at most its end",
+                       (long long)e, (long long)k, (long long)(k - off + x->rows));
+        break;
+      }
       if (off >= x->rows) {
         if (l->pending) then_fail = 1;
         end = 1;
@@ -1356,6 +1362,11 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
             !(wk->val0 = malloc(sizeof(int64_t) * (size_t)(l->T + 1)));
     }
     if (bad) st = ur__error(UR_STATUS_OOM, "loader: out of host memory");
+    /* a resume from another data set (a source of unknown size: dispatch sees it) */
+    else if (l->hi >= 0 && o->start_sample > l->hi - l->lo)
+      st = ur__error(UR_STATUS_INVALID, "loader: the start position (epoch %lld, sample %lld) lies past the "
+                     "epoch's end (sample %lld); expected a position this data gave, at most its end",
+                     (long long)o->start_epoch, (long long)o->start_sample, (long long)(l->hi - l->lo));
   }
   if (!st) {
     l->ahead = o->depth > l->nworkers ? o->depth : l->nworkers;
