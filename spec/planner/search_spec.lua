@@ -1,5 +1,4 @@
 local planner = require "uvmrec.planner"
-local instances = require "planner_cases"
 local things = require("uvmrec.lib").things
 
 -- The searches against the exhaustive optimum on a fixed cost landscape: the H200 calibration
@@ -14,7 +13,19 @@ local cal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))
 -- 1 to 5 ids a sample, three optimizers), a batch, and a budget between the smallest plan's
 -- need and the all-in-HBM one's.
 local function instance(seed, world)
-  local tables, profiles, batch, u = instances.instance(seed)
+  math.randomseed(seed)
+  local n = math.random(3, 6)
+  local tables, profiles = {}, {}
+  for i = 1, n do
+    local rows = math.floor(10 ^ (3 + 4.3 * math.random()))
+    local name = "T" .. i
+    local s = math.random() < 0.15 and 0 or 0.6 + 0.7 * math.random()
+    tables[i] = { name = name, rows = rows, dim = ({ 16, 32, 64, 128 })[math.random(4)],
+                  optimizer = ({ "sgd", "rowwise_adagrad", "adagrad" })[math.random(3)],
+                  hot = ({ 1, 1, 2, 5 })[math.random(4)] }
+    profiles[name] = planner.profile.zipf { rows = rows, s = s }
+  end
+  local batch, u = ({ 4096, 16384, 65536 })[math.random(3)], math.random()
   local opts = { world = world, batch = batch, calibration = cal, reserve = 0 }
   local all = assert(planner.plan(tables, profiles, "1TiB", opts))
   local hi = 0
@@ -174,10 +185,8 @@ describe("planner.search", function()
   -- The greedy's repairs partitioned the whole plan after every move, and most of those moves
   -- (downgrades of small tables while the shard that found no room is the locked change) could
   -- not change the failed partition: 250 tables on 8 ranks a fifth of the way from the least
-  -- budget made 6,491 partitions (3,437 then; with one width a rank's cache 6,415 and 3,361, and
-  -- 6,587 and 3,533 once the repair's width moves took choices off the frontier).
-  -- A failed partition is now walked again only after a move that can change it
-  -- (search.fails_again); the plan is the same, table by table.
+  -- budget made 6,491 partitions (3,437 now).  A failed partition is now walked again only after a move that
+  -- can change it (search.fails_again); the plan is the same, table by table.
   it("partitions again in a repair only after a move that can change the failed partition", function()
     local tables, profiles = tables_of(250, 8)
     local opts = { world = 8, batch = 4096, calibration = cal }
@@ -214,10 +223,7 @@ describe("planner.search", function()
 
   -- spec/fixtures/planner_exhaustive_400.txt: the optimum the exhaustive search found before its
   -- branches were bounded, at each instance's budget of the time (the instances' budgets come
-  -- from a plan at 1 TiB, whose ties the bounded search may break otherwise).  Recorded at
-  -- a96bebc; 7 instances on 1 rank (seeds 11, 97, 104, 108, 151, 175, 185) again under one width
-  -- a rank's cache, by the same unbounded search (scripts/bench/planner_exhaustive_400.lua, which
-  -- finds all 400 of a96bebc's without the rule): each of their optima had cached two widths.
+  -- from a plan at 1 TiB, whose ties the bounded search may break otherwise).
   it("finds the optimum the unbounded exhaustive search found (400 recorded instances)", function()
     local f = assert(io.open("spec/fixtures/planner_exhaustive_400.txt"))
     local n = 0
@@ -267,10 +273,8 @@ describe("planner.search", function()
   -- spec/fixtures/planner_greedy_200.txt: the plans the greedy search found at 53b3419, before
   -- the partitioner walked orders sorted once (it sorted the chosen shards at every partition)
   -- and summed the spread shards once: the same search, so the same plans; proposal for proposal
-  -- but for the changes that cannot fit, no longer proposed, and the repairs of caches of two
-  -- widths (8 ranks: 331 then, 294 now).  The 1-rank plan cached dims 128, 64 and 32 in the one
-  -- cache, which no run builds: recorded again when the search kept one width a cache, and again
-  -- when the greedy on one rank ran once a width (search.greedy_widths: 0.75482 to 0.73360 ms).
+  -- but for the changes that cannot fit, no longer proposed (8 ranks: 331 then, 302 now; the
+  -- rated ones are the same).
   it("finds the plans it found before the partitioner's orders were sorted once (200 tables)", function()
     local f = assert(io.open("spec/fixtures/planner_greedy_200.txt"))
     local cases, cur = {}, nil

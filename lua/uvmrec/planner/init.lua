@@ -267,28 +267,8 @@ local function setup(tables, profiles, budget, opts)
     -- frontiers, where all were held, and walked by every pass of the collector)
     local no_cache = {}
     for _, o in ipairs(options) do if o.placement ~= "cached" then no_cache[#no_cache + 1] = o end end
-    items[i] = { name = t.name, options = options, table = t, no_cache = no_cache,
+    items[i] = { name = t.name, options = search.frontier(options, B - fixed_total), table = t, no_cache = no_cache,
                  rank = t.fixed and t.fixed.rank and t.fixed.rank + 1, not_offered = why }
-  end
-  -- A rank's cache holds rows of one width (search.cache_width): where the tables' cached choices
-  -- have two in one kind of cache, a choice that only a cached one of another width beats stays
-  -- (search.frontier_widths), for where that width is barred; else each table's frontier
-  local seen, widths = {}, false
-  for _, it in ipairs(items) do
-    for _, o in ipairs(it.options) do
-      local kind, w = search.cache_width(it, o)
-      if kind then
-        widths = widths or (seen[kind] ~= nil and seen[kind] ~= w)
-        seen[kind] = w
-      end
-    end
-  end
-  for _, it in ipairs(items) do
-    if widths then
-      it.options, it.on_frontier = search.frontier_widths(it, it.options, B - fixed_total)
-    else
-      it.options = search.frontier(it.options, B - fixed_total)
-    end
   end
   -- On one rank a cache scratches over the whole batch's values, whichever tables it holds, and
   -- has one set of staging rows (of the widest cached row): room for both wherever a table may
@@ -465,72 +445,12 @@ local function infeasible(S, info)
     { host_shortfall = host_then - (S.host_limit or 0), min_budget = need, lack = info }
 end
 
--- ---- one width a cache ----
-
--- A rank's cached tables share one cache, whose rows have one dim and dtype (ur_cache_new refuses
--- tables of two; uvmrec.dist.sharded gives a rank's table- and column-wise shards one cache and
--- its row-wise ones another): the searches keep to it as they place the tables (search.partition,
--- search.exhaustive).  For a cached choice: the cache and its rows' width (search.cache_width).
-local function cache_width(it, o) return search.cache_width(it, o) end
-
--- The first two tables a rank caches at two widths in one cache under `choice` (ranks as
--- `ranks` gives them, 1-based): {rank, kind, a, wa, b, wb} (a and b item indices), or nil.
-local function mixed_cache(items, choice, ranks)
-  local seen = {}
-  for i, it in ipairs(items) do
-    local kind, w = cache_width(it, it.options[choice[i]])
-    if kind then
-      for _, r in ipairs(ranks[i]) do
-        local key = r .. kind
-        local s = seen[key]
-        if not s then seen[key] = { i, w }
-        elseif s[2] ~= w then return { rank = r, kind = kind, a = s[1], wa = s[2], b = i, wb = w } end
-      end
-    end
-  end
-  return nil
-end
-
-local function two_widths(S, m, head)
-  local a, b = S.items[m.a], S.items[m.b]
-  return ("%s rank %d: %s (%s) and %s (%s); a rank's %scache holds rows of one dim and dtype (the engine's cache "
-    .. "refuses tables of two)"):format(head, m.rank - 1, a.name, m.wa, b.name, m.wb,
-    m.kind ~= "" and "row-wise shards' " or "")
-end
-
--- Where no plan was found: whether it is two tables fixed cached at two widths that a rank's
--- cache would hold (the search blind to widths, once, finds a plan that caches them together):
--- the message naming them, or nil.
-local function width_clash(S)
-  if not S.items.widths then return nil end
-  local env = { world = S.world, avail = S.avail, host = S.host_limit, any_width = true }
-  local best = search.greedy(S.items, env, { threshold = S.opts.threshold })
-  local m = best and mixed_cache(S.items, best.choice, best.part.ranks)
-  if not m then return nil end
-  local a, b = S.items[m.a], S.items[m.b]
-  local function fixed_cached(it) return it.table.fixed and it.table.fixed.placement == "cached" end
-  if fixed_cached(a) and fixed_cached(b) then
-    return ("planner: tables %s (%s) and %s (%s) are fixed cached, and rank %d would hold both in its "
-      .. "%scache, whose rows have one dim and dtype (the engine's cache refuses tables of two)"):format(a.name,
-      m.wa, b.name, m.wb, m.rank - 1, m.kind ~= "" and "row-wise shards' " or "")
-  end
-end
-
 -- The combinations of the tables' choices and ranks (a table's choices times the ranks), up to
 -- a little past cap.
 local function size_of(items, W, cap)
   local n = 1
   for _, it in ipairs(items) do
-    -- the options on the frontier (search.frontier_widths keeps more where a cache's width may be
-    -- barred, which the branches' bounds cut: four tables of two widths on 2 ranks went to the
-    -- greedy's 0.854 ms where the exhaustive search finds 0.687 ms in 0.03 s)
-    local k = 0
-    if it.on_frontier then
-      for _, on in ipairs(it.on_frontier) do if on then k = k + 1 end end
-    else
-      k = #it.options
-    end
-    n = n * k * (W > 1 and W or 1)
+    n = n * #it.options * (W > 1 and W or 1)
     if n > cap then return n end
   end
   return n
@@ -562,7 +482,7 @@ function M.plan(tables, profiles, budget, opts)
   local max_nodes = opts.max_nodes or MAX_NODES
   local function run(items, avail)
     local env = { world = S.world, avail = avail, host = S.host_limit }
-    local best, info, stats = search.greedy_widths(items, env, { threshold = opts.threshold })
+    local best, info, stats = search.greedy(items, env, { threshold = opts.threshold })
     stats.method = "greedy"
     stats.threshold = opts.threshold == nil and 10 or opts.threshold
     if how == "exhaustive" or how == "auto" and size_of(items, S.world, AUTO_EXHAUSTIVE) <= AUTO_EXHAUSTIVE then
@@ -610,12 +530,8 @@ function M.plan(tables, profiles, budget, opts)
     best, info, stats = run(S.items, S.avail)
     if stats == "stopped" then return nil, info end
     if best then
-      local m = mixed_cache(S.items, best.choice, best.part.ranks)
-      if m then error(two_widths(S, m, "planner: internal: the search cached tables of two row widths on"), 2) end
       plan = M.build(S, best, stats)
     elseif not S.fixed.cache_room then
-      local clash = width_clash(S)
-      if clash then return nil, clash end
       return infeasible(S, info)
     end
   end
@@ -632,11 +548,7 @@ function M.plan(tables, profiles, budget, opts)
     local plan2, stats2, stopped = uncached()
     if stopped then return nil, stopped end
     if not plan then
-      if not plan2 then
-        local clash = width_clash(S)
-        if clash then return nil, clash end
-        return infeasible(S, info)
-      end
+      if not plan2 then return infeasible(S, info) end
       plan, stats = plan2, stats2
     else
       stats.uncached_step = plan2 and plan2.data.step_seconds or false
@@ -864,11 +776,6 @@ function Plan:table()
     L[#L + 1] = ("search: greedy, %s (first fit at %s, best at %s)%s, %.3f s"):format(things(s.proposals, "proposal"),
       tostring(s.feasible_at), tostring(s.best_at), s.stopped_early and
       (", stopped after %d without improvement"):format(s.threshold) or ", options exhausted", s.seconds or 0)
-    if s.widths then
-      -- (search.greedy_widths: the figures above are the run whose plan it is)
-      L[#L] = L[#L] .. ("; one run a cache width, %d runs, %s in all"):format(s.widths,
-        things(s.proposals_all, "proposal"))
-    end
   else
     L[#L + 1] = ("search: exhaustive, %s, %.3f s"):format(things(s.visited or 0, "node"), s.seconds or 0)
   end
@@ -976,20 +883,10 @@ function M.evaluate(tables, profiles, budget, opts, choices, edited)
     return nil, ("plan: these choices need %s of host memory; %s are given"):format(fmt_bytes(host),
       fmt_bytes(S.host_limit))
   end
-  if not part and perr.width then
-    -- a cached table found caches of other widths only: it and the table whose width the rank's has
-    local it, ot = S.items[perr.item], S.items[perr.other]
-    local kind, wb = cache_width(it, it.options[choice[perr.item]])
-    local _, wa = cache_width(ot, ot.options[choice[perr.other]])
-    return nil, two_widths(S, { rank = perr.rank, kind = kind, a = perr.other, wa = wa, b = perr.item, wb = wb },
-      "plan: these choices cache tables of two row widths on")
-  end
   if not part then
     return nil, ("plan: these choices do not fit %s per rank: %s"):format(fmt_bytes(S.budget),
       no_room(S, choice, perr))
   end
-  local mixed = mixed_cache(S.items, choice, part.ranks)
-  if mixed then return nil, two_widths(S, mixed, "plan: these choices cache tables of two row widths on") end
   local best = { choice = choice, part = part, cost = search.max_load(part) }
   local p = M.build(S, best, { method = "evaluated", edited = edited, seconds = 0 })
   -- the tables' own fixed settings stay flagged; choices applied here are the plan's

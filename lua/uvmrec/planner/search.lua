@@ -19,8 +19,6 @@
 --                              per byte; stops after opts.threshold proposals in a row that do
 --                              not beat the best (default 10; false: never); with several
 --                              ranks, then pairs of changes (pair_phase)
---   greedy_widths(...)         on one rank with cached choices of several row widths: the
---                              greedy once a width (the one cache holds one), the fastest plan
 --   exhaustive(items, env)     every option of every table on every rank (branch and bound):
 --                              the optimum for small instances
 local M = {}
@@ -58,54 +56,18 @@ function M.frontier(options, room)
   return #fitting > 0 and M.frontier(fitting) or out
 end
 
--- The options a search needs where a rank's cache holds one row width (M.cache_width) and the
--- tables' cached options have several (items.widths): the frontier, and beside it the frontier
--- of the choices without a cache, for where the table's cached width is barred (the frontier
--- alone lost them: four tables of two widths on one rank planned 4.15 ms where caching one
--- width beside managed tables took 1.14 ms).  Cached choices off the frontier stay off it: one
--- that only a cached choice of another sharding beats by its total HBM (a column shard's
--- width) made 39 of the 200 two-rank optima up to 65% faster, none of them for the widths.
--- HBM ascending, and by index whether each is on M.frontier's frontier (the greedy's hulls,
--- fills and changes walk those alone); `room` as M.frontier's.  `it`: the item, whose table
--- M.cache_width reads.
-function M.frontier_widths(it, options, room)
-  local plain = {}
-  for _, o in ipairs(options) do
-    if not M.cache_width(it, o) then plain[#plain + 1] = o end
-  end
-  local main = M.frontier(options, room)
-  local keep, on = {}, {}
-  for _, o in ipairs(main) do keep[o], on[o] = true, true end
-  if #plain > 0 and #plain < #options then
-    for _, o in ipairs(M.frontier(plain, room)) do keep[o] = true end
-  end
-  local out, at = {}, {}
-  for j, o in ipairs(options) do
-    if keep[o] then out[#out + 1], at[o] = o, j end
-  end
-  table.sort(out, function(a, b)
-    if a.hbm ~= b.hbm then return a.hbm < b.hbm end
-    if a.time ~= b.time then return a.time < b.time end
-    return at[a] < at[b]
-  end)
-  local flags = {}
-  for j, o in ipairs(out) do flags[j] = on[o] == true end
-  return out, flags
-end
-
--- Indices of the frontier's lower convex hull in (hbm, time), hbm ascending; with `on` (by index,
--- whether an option is on M.frontier's frontier: M.frontier_widths), of those options alone.
-local function hull(fr, on)
+-- Indices of the frontier's lower convex hull in (hbm, time), hbm ascending.
+local function hull(fr)
   local h = {}
   for j = 1, #fr do
-    while (not on or on[j]) and #h >= 2 do
+    while #h >= 2 do
       local a, b = fr[h[#h - 1]], fr[h[#h]]
       local c = fr[j]
       -- b is above the chord a-c: drop it
       local cross = (b.hbm - a.hbm) * (c.time - a.time) - (b.time - a.time) * (c.hbm - a.hbm)
       if cross <= 0 then h[#h] = nil else break end
     end
-    if not on or on[j] then h[#h + 1] = j end
+    h[#h + 1] = j
   end
   return h
 end
@@ -113,51 +75,25 @@ M.hull = hull
 
 local function spread(o) return o.sharding == "row_wise" or o.sharding == "data_parallel" end
 
--- A rank's cached tables share one cache, whose rows have one dim and dtype (ur_cache_new refuses
--- tables of two; uvmrec.dist.sharded gives a rank's table- and column-wise shards one cache and
--- its row-wise ones another).  For a cached option o of item `it` (it.table: cost.table's, with
--- dim and dtype): the cache ("" or " row_wise") and the width of its shards' rows ("dim 16, f32");
--- nil otherwise.
-function M.cache_width(it, o)
-  if o.placement ~= "cached" or not it.table then return nil end
-  local t = it.table
-  local dim = o.sharding == "column_wise" and t.dim / o.shards_count or t.dim
-  return o.sharding == "row_wise" and " row_wise" or "", ("dim %d, %s"):format(dim, t.dtype)
-end
-
 -- Flat arrays per item, for the inner loops: per option, total HBM, time and host bytes (H, T,
 -- X), a shard's HBM and time (SH, ST), whether it spreads over every rank (SP), its shard
--- count (SK), its sharding as a number (FAM: changes within one keep the ranks) and its cache
--- row width as a number (CW, 0 where not cached: M.cache_width; one family's cached options
--- have one); and room for repair's downgrades by option (RV, RR).  items.widths: whether the
--- options cache rows of two widths in one kind of cache, so that the partitions, fills and
--- moves keep a rank's cache to one (without it none of them looks at the widths).
+-- count (SK) and its sharding as a number (FAM: changes within one keep the ranks); and room
+-- for repair's downgrades by option (RV, RR).
 local function prep(items)
   if items.prepared then return end
-  local fam, wid, per_kind = {}, {}, { [""] = 0, [" row_wise"] = 0 }
+  local fam = {}
   for _, it in ipairs(items) do
-    local H, T, X, SH, ST, SP, SK, FAM, CW = {}, {}, {}, {}, {}, {}, {}, {}, {}
+    local H, T, X, SH, ST, SP, SK, FAM = {}, {}, {}, {}, {}, {}, {}, {}
     for v, o in ipairs(it.options) do
       H[v], T[v], X[v] = o.hbm, o.time, o.host
       SH[v], ST[v], SP[v], SK[v] = o.shards[1].hbm, o.shards[1].time, spread(o), o.shards_count
       local key = o.sharding .. "/" .. o.shards_count
       if not fam[key] then fam[key] = #fam + 1 fam[#fam + 1] = key end
       FAM[v] = fam[key]
-      local kind, w = M.cache_width(it, o)
-      CW[v] = 0
-      if kind then
-        local k = kind .. "/" .. w
-        if not wid[k] then
-          wid[#wid + 1], wid[k] = k, #wid + 1
-          per_kind[kind] = per_kind[kind] + 1
-        end
-        CW[v] = wid[k]
-      end
     end
-    it.H, it.T, it.X, it.SH, it.ST, it.SP, it.SK, it.FAM, it.CW = H, T, X, SH, ST, SP, SK, FAM, CW
+    it.H, it.T, it.X, it.SH, it.ST, it.SP, it.SK, it.FAM = H, T, X, SH, ST, SP, SK, FAM
     it.RV, it.RR = {}, {} -- repair's downgrades, by option (ratio_move)
   end
-  items.widths = per_kind[""] > 1 or per_kind[" row_wise"] > 1
   -- the pinned tables, placed before the others (their options are all table_wise: cost.options)
   local pinned = {}
   for i, it in ipairs(items) do
@@ -228,43 +164,12 @@ local function column_ranks(i, k, W)
 end
 M.column_ranks = column_ranks
 
--- A rank's caches under a partition (with items.widths): cw[r] the width its table- and
--- column-wise cached shards have (0: none yet), cn[r] how many; cw[0], cn[0] the same of the
--- row-wise ones, which every rank holds all of.  Whether rank r's cache of item it's option v
--- (cached, width w) takes it:
-local function width_fits(it, v, w, cw, r)
-  local x = cw[it.SP[v] and 0 or r]
-  return x == 0 or x == w
-end
--- item it's option v (of width w) put on, or taken off, rank r's cache
-local function width_put(it, v, w, cw, cn, r)
-  local k = it.SP[v] and 0 or r
-  if cn[k] == 0 then cw[k] = w end
-  cn[k] = cn[k] + 1
-end
-local function width_take(it, v, cw, cn, r)
-  local k = it.SP[v] and 0 or r
-  cn[k] = cn[k] - 1
-  if cn[k] == 0 then cw[k] = 0 end
-end
-
--- partition's error where item i finds no rank whose cache takes its width (r: 0 for the
--- row-wise shards' caches)
-local function clash(who, ranks, i, r, at, left)
-  return nil, { item = i, other = who[r], width = true, need = 0, at = at, rank = max(r, 1), left = left,
-                ranks = ranks }
-end
-
 -- Ranks for every table's shards under `choice` (frontier index per item).  Returns
--- {load, hbm, ranks = {[i] = {r, ...}}, cw, cn} or nil, {item, need, at, rank, left, ranks} when
--- a shard finds no room (at: its place in the order walked, 0 for the spread and pinned shards
+-- {load, hbm, ranks = {[i] = {r, ...}}} or nil, {item, need, at, rank, left, ranks} when a
+-- shard finds no room (at: its place in the order walked, 0 for the spread and pinned shards
 -- placed before it; rank: the rank it was to go on, or the roomiest, with `left` bytes there;
--- ranks: the shards placed so far, for a message naming what the rank holds).  With
--- items.widths (and not env.any_width), a cached shard goes only where that rank's cache holds
--- rows of its width or none (cw, cn: width_fits); where no rank with room takes it the error
--- has width = true, need 0, and other: the first table cached on that rank (the least loaded
--- with room), whose width it has not.  A table_wise shard's list is ONE[r], shared by every
--- partition: read it, never write to it.
+-- ranks: the shards placed so far, for a message naming what the rank holds).  A table_wise
+-- shard's list is ONE[r], shared by every partition: read it, never write to it.
 function M.partition(items, choice, env, by_hbm)
   prep(items)
   local W, avail = env.world, env.avail
@@ -272,11 +177,6 @@ function M.partition(items, choice, env, by_hbm)
   local ranks = {}
   local all = {}
   for r = 1, W do all[r] = r end
-  local cw, cn, who -- (items.widths) the caches' widths and counts, the first table in each
-  if items.widths and not env.any_width then
-    cw, cn, who = {}, {}, {}
-    for r = 0, W do cw[r], cn[r] = 0, 0 end
-  end
   -- spread shards add the same to every rank: summed once, in the items' order (the sums each
   -- rank had, bit for bit), then set on all ranks (one loop over the ranks per spread table
   -- made a partition O(tables x ranks) before the shards were placed)
@@ -286,12 +186,6 @@ function M.partition(items, choice, env, by_hbm)
     if it.SP[c] then
       spread_t, spread_h = spread_t + it.ST[c], spread_h + it.SH[c]
       ranks[i] = all
-      local w = cw and it.CW[c] or 0
-      if w ~= 0 then
-        if not width_fits(it, c, w, cw, 0) then return clash(who, ranks, i, 0, 0, avail[1]) end
-        if cn[0] == 0 then who[0] = i end
-        width_put(it, c, w, cw, cn, 0)
-      end
     end
   end
   for r = 1, W do
@@ -309,12 +203,6 @@ function M.partition(items, choice, env, by_hbm)
       return nil, { item = i, need = hbm[r] + it.SH[c] - avail[r], at = 0, rank = r, left = avail[r] - hbm[r],
                     ranks = ranks }
     end
-    local w = cw and it.CW[c] or 0
-    if w ~= 0 then
-      if not width_fits(it, c, w, cw, r) then return clash(who, ranks, i, r, 0, avail[r] - hbm[r]) end
-      if cn[r] == 0 then who[r] = i end
-      width_put(it, c, w, cw, cn, r)
-    end
     load[r], hbm[r] = load[r] + it.ST[c], hbm[r] + it.SH[c]
     ranks[i] = ONE[r]
   end
@@ -326,39 +214,18 @@ function M.partition(items, choice, env, by_hbm)
     -- the pairs of other options are skipped
     if c == ov[o] then
       local sh, st, k = it.SH[c], it.ST[c], it.SK[c]
-      local w = cw and it.CW[c] or 0
       if k == 1 then
         -- the least loaded rank with room (the first of equals); best is a number throughout,
         -- 0 for none (nil, then a rank, made this loop 7% slower in LuaJIT's traces)
         local best, least = 0, 0
-        if w == 0 then
-          for r = 1, W do
-            local l = load[r]
-            if hbm[r] + sh <= avail[r] and (best == 0 or l < least) then best, least = r, l end
-          end
-        else
-          for r = 1, W do
-            local l = load[r]
-            if hbm[r] + sh <= avail[r] and (cw[r] == 0 or cw[r] == w) and (best == 0 or l < least) then
-              best, least = r, l
-            end
-          end
+        for r = 1, W do
+          local l = load[r]
+          if hbm[r] + sh <= avail[r] and (best == 0 or l < least) then best, least = r, l end
         end
         if best == 0 then
-          if w ~= 0 then
-            -- room, but in caches of other widths: the least loaded such rank
-            for r = 1, W do
-              if hbm[r] + sh <= avail[r] and (best == 0 or load[r] < least) then best, least = r, load[r] end
-            end
-            if best ~= 0 then return clash(who, ranks, i, best, o, avail[best] - hbm[best]) end
-          end
           local room = 1
           for r = 2, W do if avail[r] - hbm[r] > avail[room] - hbm[room] then room = r end end
           return nil, { item = i, need = sh, at = o, rank = room, left = avail[room] - hbm[room], ranks = ranks }
-        end
-        if w ~= 0 then
-          if cn[best] == 0 then who[best] = i end
-          width_put(it, c, w, cw, cn, best)
         end
         load[best], hbm[best] = load[best] + st, hbm[best] + sh
         ranks[i] = ONE[best]
@@ -368,20 +235,13 @@ function M.partition(items, choice, env, by_hbm)
           if hbm[r] + sh > avail[r] then
             return nil, { item = i, need = sh, at = o, rank = r, left = avail[r] - hbm[r], ranks = ranks }
           end
-          if w ~= 0 and not width_fits(it, c, w, cw, r) then return clash(who, ranks, i, r, o, avail[r] - hbm[r]) end
         end
-        for _, r in ipairs(rs) do
-          load[r], hbm[r] = load[r] + st, hbm[r] + sh
-          if w ~= 0 then
-            if cn[r] == 0 then who[r] = i end
-            width_put(it, c, w, cw, cn, r)
-          end
-        end
+        for _, r in ipairs(rs) do load[r], hbm[r] = load[r] + st, hbm[r] + sh end
         ranks[i] = rs
       end
     end
   end
-  return { load = load, hbm = hbm, ranks = ranks, cw = cw, cn = cn }
+  return { load = load, hbm = hbm, ranks = ranks }
 end
 
 local function max_load(p)
@@ -396,7 +256,6 @@ M.max_load = max_load
 local function improve(items, choice, env, p)
   local W, avail = env.world, env.avail
   local load, hbm, ranks = p.load, p.hbm, p.ranks
-  local cw, cn = p.cw, p.cn -- (items.widths) a shard moves only to a cache of its width, or none
   local units = {}
   for i, it in ipairs(items) do
     local c = choice[i]
@@ -411,11 +270,8 @@ local function improve(items, choice, env, p)
     for _, i in ipairs(units) do
       if ranks[i][1] == top then
         local sh = items[i].options[choice[i]].shards[1]
-        local wi = cw and items[i].CW[choice[i]] or 0
-        -- the top rank's cache width without i
-        local wt = cw and ((wi ~= 0 and cn[top] == 1) and 0 or cw[top])
         for r = 1, W do
-          if r ~= top and hbm[r] + sh.hbm <= avail[r] and (wi == 0 or cw[r] == 0 or cw[r] == wi) then
+          if r ~= top and hbm[r] + sh.hbm <= avail[r] then
             local new = max(cur - sh.time, load[r] + sh.time)
             if new < (bnew or cur) * (1 - 1e-12) then bi, bj, br, bnew = i, nil, r, new end
           end
@@ -423,14 +279,7 @@ local function improve(items, choice, env, p)
         if swaps then
           for _, j in ipairs(units) do
             local r = ranks[j][1]
-            local ok = r ~= top
-            if ok and cw then
-              -- each rank's cache takes the other's shard once its own has left
-              local wj = items[j].CW[choice[j]]
-              local wr = (wj ~= 0 and cn[r] == 1) and 0 or cw[r]
-              ok = (wi == 0 or wr == 0 or wr == wi) and (wj == 0 or wt == 0 or wt == wj)
-            end
-            if ok then
+            if r ~= top then
               local sj = items[j].options[choice[j]].shards[1]
               if hbm[r] - sj.hbm + sh.hbm <= avail[r] and hbm[top] - sh.hbm + sj.hbm <= avail[top] then
                 local new = max(cur - sh.time + sj.time, load[r] + sh.time - sj.time)
@@ -446,20 +295,12 @@ local function improve(items, choice, env, p)
     load[top], hbm[top] = load[top] - si.time, hbm[top] - si.hbm
     load[br], hbm[br] = load[br] + si.time, hbm[br] + si.hbm
     ranks[bi] = ONE[br]
-    local it, c = items[bi], choice[bi]
-    if cw and it.CW[c] ~= 0 then width_take(it, c, cw, cn, top) end
     if bj then
       local sj = items[bj].options[choice[bj]].shards[1]
       load[br], hbm[br] = load[br] - sj.time, hbm[br] - sj.hbm
       load[top], hbm[top] = load[top] + sj.time, hbm[top] + sj.hbm
       ranks[bj] = ONE[top]
-      local jt, cj = items[bj], choice[bj]
-      if cw and jt.CW[cj] ~= 0 then
-        width_take(jt, cj, cw, cn, br)
-        width_put(jt, cj, jt.CW[cj], cw, cn, top)
-      end
     end
-    if cw and it.CW[c] ~= 0 then width_put(it, c, it.CW[c], cw, cn, br) end
   end
   return p
 end
@@ -507,7 +348,6 @@ end
 -- table's sharding and ranks.
 local function fill(items, choice, part, env, locked, by_gain)
   local W, avail, ranks = env.world, env.avail, part.ranks
-  local cw, cn = part.cw, part.cn -- (items.widths) an upgrade that caches a table needs caches of its width
   local n = #items
   local slack = {}
   for r = 1, W do slack[r] = avail[r] - part.hbm[r] end
@@ -530,22 +370,12 @@ local function fill(items, choice, part, env, locked, by_gain)
         local sl = slack[rs[j]]
         if sl < room then room = sl end
       end
-      local T, X, SH, FAM, on = it.T, it.X, it.SH, it.FAM, it.on_frontier
+      local T, X, SH, FAM = it.T, it.X, it.SH, it.FAM
       local fam, sh, t0, x0, nr = FAM[c], SH[c], T[c], X[c], #rs
-      -- whether the family's cached options (of one width) may be taken: the table is cached
-      -- already, or its ranks' caches take that width (nil: not looked at yet)
-      local wok = (not cw or it.CW[c] ~= 0) or nil
       for u = c + 1, nops do
         if FAM[u] == fam then
           local dh = SH[u] - sh
-          local w = it.CW[u]
-          if w ~= 0 and wok == nil then
-            wok = true
-            for j = 1, nr do wok = wok and width_fits(it, u, w, cw, rs[j]) end
-          end
-          -- (on the frontier: an upgrade off it, where a cached width is barred, led the early
-          -- stop of 100 tables on 4 ranks to 0.707 ms where the full search found 0.670 ms)
-          if dh <= room and X[u] - x0 <= host_left and T[u] < t0 and (w == 0 or wok) and (not on or on[u]) then
+          if dh <= room and X[u] - x0 <= host_left then
             local ratio = by_gain and (t0 - T[u]) or (t0 - T[u]) / max(dh * nr, 1)
             if not bratio or ratio > bratio then bu, bratio = u, ratio end
           end
@@ -574,13 +404,6 @@ local function fill(items, choice, part, env, locked, by_gain)
       touched[r] = true
     end
     host_left = host_left - (it.X[bu] - it.X[c])
-    if cw and it.CW[c] ~= it.CW[bu] then
-      -- cached now, or no longer (one family's cached options have one width)
-      for _, r in ipairs(ranks[bi]) do
-        if it.CW[c] ~= 0 then width_take(it, c, cw, cn, r) else width_put(it, bu, it.CW[bu], cw, cn, r) end
-        if it.SP[c] then break end -- the row-wise caches count a table once
-      end
-    end
     choice[bi] = bu
     for i = 1, n do
       local again = i == bi or env.host ~= nil
@@ -605,17 +428,13 @@ local function copy(t)
   return o
 end
 
--- A partition's sums, to fill (its ranks are read only)
-local function part_copy(part)
-  return { load = copy(part.load), hbm = copy(part.hbm), ranks = part.ranks, cw = part.cw and copy(part.cw),
-           cn = part.cn and copy(part.cn) }
-end
-
 -- The better of two fills: most time saved per byte first, and most time saved first (the
 -- first alone can leave a large upgrade out for many small ones).
 local function fill_best(items, choice, part, env, locked)
-  local c1, p1 = fill(items, copy(choice), part_copy(part), env, locked, false)
-  local c2, p2 = fill(items, copy(choice), part_copy(part), env, locked, true)
+  local c1, p1 = fill(items, copy(choice), { load = copy(part.load), hbm = copy(part.hbm), ranks = part.ranks },
+                      env, locked, false)
+  local c2, p2 = fill(items, copy(choice), { load = copy(part.load), hbm = copy(part.hbm), ranks = part.ranks },
+                      env, locked, true)
   if max_load(p2) < max_load(p1) then return c2, p2 end
   return c1, p1
 end
@@ -686,10 +505,6 @@ local function finishing(it, c, need)
     local mid = math.floor((lo + hi + 1) / 2)
     if H[mid] <= lim then lo = mid else hi = mid - 1 end
   end
-  -- the fastest of them: the last on the frontier (the options off it are slower than one on it
-  -- below them: M.frontier_widths)
-  local on = it.on_frontier
-  if on then while not on[lo] do lo = lo - 1 end end
   return lo
 end
 
@@ -708,22 +523,6 @@ local function ratio_move(it, c, host, host_limit)
   end
   if not host_limit then it.RV[c], it.RR[c] = bv or false, br end
   return bv, br
-end
-
--- The fastest option of item `it` below c whose rows a cache of c's width does not hold (another
--- width, or not cached), within host memory; nil where none is.  Options off the frontier are
--- among them: they are kept for this (a managed choice that one cached at c's width beats,
--- M.frontier_widths); with the frontier's alone seed 108 of search_spec's single-rank instances
--- moved T1 from cached to host, 6.1% over the optimum, where managed with 2% in HBM is on it.
-local function width_move(it, c, host, host_limit)
-  local CW, X, T = it.CW, it.X, it.T
-  local bv
-  for v = c - 1, 1, -1 do
-    if CW[v] ~= CW[c] and (not host_limit or host - X[c] + X[v] <= host_limit) and (not bv or T[v] < T[bv]) then
-      bv = v
-    end
-  end
-  return bv
 end
 
 -- Downgrades until the choice fits (aggregate HBM, host memory, then the partition): each time
@@ -759,16 +558,7 @@ local function repair(items, choice, env, locked, total_avail, finish)
     local only = err and err.item -- a shard found no room: move that table first
     if only and (locked[only] or not mv[only]) then only = nil end
     local bi, bv
-    if err and err.width then
-      -- a shard found caches of other widths only: that table, or else the one that gave the
-      -- rank's cache its width, to its fastest choice below of another width (or none); where
-      -- neither can move, no move of another table's makes room in that cache
-      for _, i in ipairs({ err.item, err.other }) do
-        if not bi and not locked[i] then bi, bv = i, width_move(items[i], choice[i], host, env.host) end
-        if not bv then bi = nil end
-      end
-      if not bi then return nil end
-    elseif only then
+    if only then
       bi, bv = only, mv[only]
     else
       local br
@@ -847,7 +637,7 @@ function M.greedy(items, env, opts)
   for i = 1, n do
     local ops = items[i].options
     if #ops == 0 then error(("planner: table %s has no option"):format(items[i].name), 2) end
-    hulls[i] = hull(ops, items[i].on_frontier)
+    hulls[i] = hull(ops)
     hpos[i] = #hulls[i]
     choice[i] = hulls[i][hpos[i]]
     agg = agg + ops[choice[i]].hbm
@@ -863,13 +653,6 @@ function M.greedy(items, env, opts)
     local part, err
     if agg <= total_avail * (1 + 1e-12) and (not env.host or host <= env.host) then
       part, err = best_partition(items, choice, env)
-      if not part and err.width then
-        -- caches of two widths on a rank, which the hulls' next steps need not part: the tables
-        -- that clash are repaired to choices of one width a cache (and whatever else fits)
-        local ch = copy(choice)
-        part = repair(items, ch, env, {}, total_avail, false)
-        if part then choice = ch end
-      end
     else
       err = { need = agg - total_avail }
     end
@@ -979,30 +762,25 @@ function M.greedy(items, env, opts)
     local lambda, mu = huge, 0 -- the cheapest byte to free, the most useful byte to take
     if estimate then
       for i, it in ipairs(items) do
-        local o, on = it.options[cur.choice[i]], it.on_frontier
+        local o = it.options[cur.choice[i]]
         for u = 1, #it.options do
-          if not on or on[u] then
-            local ou = it.options[u]
-            local dh = ou.hbm - o.hbm
-            if dh > 0 and ou.time < o.time then mu = max(mu, (o.time - ou.time) / dh)
-            elseif dh < 0 and ou.time > o.time then lambda = min(lambda, (ou.time - o.time) / -dh) end
-          end
+          local ou = it.options[u]
+          local dh = ou.hbm - o.hbm
+          if dh > 0 and ou.time < o.time then mu = max(mu, (o.time - ou.time) / dh)
+          elseif dh < 0 and ou.time > o.time then lambda = min(lambda, (ou.time - o.time) / -dh) end
         end
       end
       if lambda == huge then lambda = 0 end
     end
-    -- (the options on the frontier: those off it are for a repair's width_move)
     for i, it in ipairs(items) do
-      local o, on = it.options[cur.choice[i]], it.on_frontier
+      local o = it.options[cur.choice[i]]
       for u = 1, #it.options do
-        if not on or on[u] then
-          local ou = it.options[u]
-          local dh = ou.hbm - o.hbm
-          if ou.time < o.time then
-            ups[#ups + 1] = { i, u, o.time - ou.time - (estimate and lambda * max(dh, 0) or 0) }
-          elseif u ~= cur.choice[i] then
-            downs[#downs + 1] = { i, u, ou.time - o.time - (estimate and mu * max(-dh, 0) or 0) }
-          end
+        local ou = it.options[u]
+        local dh = ou.hbm - o.hbm
+        if ou.time < o.time then
+          ups[#ups + 1] = { i, u, o.time - ou.time - (estimate and lambda * max(dh, 0) or 0) }
+        elseif u ~= cur.choice[i] then
+          downs[#downs + 1] = { i, u, ou.time - o.time - (estimate and mu * max(-dh, 0) or 0) }
         end
       end
     end
@@ -1152,9 +930,7 @@ function M.greedy(items, env, opts)
       else
         local ia, ib = cd[1][1], cd[2][1]
         local agg2 = agg0 - items[ia].H[C[ia]] + items[ia].H[cd[1][2]] - items[ib].H[C[ib]] + items[ib].H[cd[2][2]]
-        -- (caches of two widths on a rank: no partition, whatever the room)
-        local up = M.partition(items, ch, unbounded, false)
-        cd.est = up and max_load(up) + lam * max(err.need, agg2 - total_avail) or huge
+        cd.est = max_load(M.partition(items, ch, unbounded, false)) + lam * max(err.need, agg2 - total_avail)
       end
     end
     table.sort(cands, by("est"))
@@ -1205,62 +981,6 @@ function M.greedy(items, env, opts)
   return best, nil, stats
 end
 
--- On one rank the tables share one cache, of one row width (M.cache_width: one rank has only
--- table_wise choices, so one width a table): the best plan caches the tables of one width, or
--- none.  The greedy, given every width, gave the cache the width of whichever table the first
--- partition placed first and moved the others off it (repair's width_move): 200 tables of four
--- dims in 2 GiB planned 1.011 ms where caching dim 128 alone plans 0.961 ms (and the plan
--- without a cache 0.981 ms).  So with items.widths on one rank the greedy runs once a width, each
--- table's options those without a cache and its cached ones of that width (their frontier), and
--- the fastest plan is kept, its choices as indices of items' options; its statistics are that
--- run's, with widths = the runs and proposals_all = their proposals summed.  Else M.greedy.
-function M.greedy_widths(items, env, opts)
-  prep(items)
-  if env.world ~= 1 or not items.widths or env.any_width then return M.greedy(items, env, opts) end
-  local keys = {}
-  for _, it in ipairs(items) do
-    for v, o in ipairs(it.options) do
-      local kind, w = M.cache_width(it, o)
-      if kind and not keys[kind .. w] then keys[kind .. w], keys[#keys + 1] = true, { it.CW[v], kind .. w } end
-    end
-  end
-  table.sort(keys, function(a, b) return a[2] < b[2] end)
-  local best, info, stats, all = nil, nil, nil, 0
-  for _, key in ipairs(keys) do
-    local sub, idx = {}, {}
-    for i, it in ipairs(items) do
-      local keep = {}
-      for v, o in ipairs(it.options) do
-        local w = it.CW[v]
-        if w == 0 or w == key[1] then keep[#keep + 1] = o end
-      end
-      -- (a table fixed cached at another width: no plan caches this one)
-      if #keep == 0 then sub = nil break end
-      local ops = M.frontier(keep)
-      local at = {}
-      for v, o in ipairs(it.options) do at[o] = v end
-      idx[i] = {}
-      for v, o in ipairs(ops) do idx[i][v] = at[o] end
-      sub[i] = { name = it.name, options = ops, table = it.table, rank = it.rank }
-    end
-    local b, inf, st
-    if sub then
-      b, inf, st = M.greedy(sub, env, opts)
-      all = all + st.proposals
-    end
-    if b and (not best or b.cost < best.cost) then
-      for i = 1, #items do b.choice[i] = idx[i][b.choice[i]] end
-      best, stats = b, st
-    elseif not best and st then
-      info, stats = inf, stats or st
-    end
-  end
-  if not stats then return M.greedy(items, env, opts) end -- (every width barred by a fixed table)
-  stats.widths, stats.proposals_all = #keys, all
-  if best then return best, nil, stats end
-  return nil, info, stats
-end
-
 -- ---- exhaustive ----
 
 -- Every option of every table and every rank assignment (movable shards on any rank, spread
@@ -1270,9 +990,7 @@ end
 -- ranks' mean work with every table left at its least, and the least loaded rank plus the
 -- longest of the least shards left; or when the tables left do not fit the HBM or the host
 -- memory left at their smallest.  Ranks alike (the same load, HBM and room, no table pinned to
--- them, the same width in their caches) are tried once: the plans on the others are the same plan
--- with the ranks renamed.  With items.widths a cached shard goes only where the rank's cache
--- holds rows of its width or none (the partitions' rule): the optimum of the plans a run builds.
+-- them) are tried once: the plans on the others are the same plan with the ranks renamed.
 -- Before the cuts it visited every assignment below the first plan found, the ranks'
 -- permutations included: 26 tables on 2 ranks ran for minutes.  With max_nodes, it gives up
 -- past that many nodes: nil, {visited, stopped = true} (no optimum proven).
@@ -1312,9 +1030,6 @@ function M.exhaustive(items, env, bound, max_nodes)
   end
   local load, hbm = {}, {}
   for r = 1, W do load[r], hbm[r] = 0, 0 end
-  -- (items.widths) the ranks' caches' widths and counts, as a partition's (cw[0]: row-wise)
-  local widths, cw, cn = items.widths and not env.any_width, {}, {}
-  for r = 0, W do cw[r], cn[r] = 0, 0 end
   local choice, ranks = {}, {}
   -- above the bound by a hair: the plan returned is the first optimum in the search's order, as
   -- without the bound (the greedy's own plan, and any as fast, are found again)
@@ -1338,8 +1053,7 @@ function M.exhaustive(items, env, bound, max_nodes)
     for _, r in ipairs(rs) do
       if not named[r] then
         for q = 1, r - 1 do
-          if not inset[q] and not named[q] and load[q] == load[r] and hbm[q] == hbm[r] and avail[q] == avail[r]
-             and cw[q] == cw[r] then
+          if not inset[q] and not named[q] and load[q] == load[r] and hbm[q] == hbm[r] and avail[q] == avail[r] then
             return true
           end
         end
@@ -1370,11 +1084,10 @@ function M.exhaustive(items, env, bound, max_nodes)
         local sh = o.shards[1]
         local sets = it.SP[j] and { all } or it.rank and { { it.rank } } or it.SK[j] > 1 and { cols[i] } or singles
         local count = it.SP[j] and W or it.SK[j]
-        local w = widths and it.CW[j] or 0
         for _, rs in ipairs(sets) do
           local ok, m = true, cur_max
           for _, r in ipairs(rs) do
-            if hbm[r] + sh.hbm > avail[r] or (w ~= 0 and not width_fits(it, j, w, cw, r)) then ok = false break end
+            if hbm[r] + sh.hbm > avail[r] then ok = false break end
             m = max(m, load[r] + sh.time)
           end
           if ok and m < best and not (#rs < W and renamed(rs)) then
@@ -1384,24 +1097,12 @@ function M.exhaustive(items, env, bound, max_nodes)
               sl[k], sv[k] = load[r], hbm[r]
               load[r], hbm[r] = load[r] + sh.time, hbm[r] + sh.hbm
             end
-            if w ~= 0 then
-              for _, r in ipairs(rs) do
-                width_put(it, j, w, cw, cn, r)
-                if it.SP[j] then break end -- the row-wise caches count a table once
-              end
-            end
             local h0, w0, u0 = host, work, used
             host, work, used = host + o.host, work + count * sh.time, used + count * sh.hbm
             choice[i], ranks[i] = j, rs
             dfs(d + 1, m)
             host, work, used = h0, w0, u0
             for k, r in ipairs(rs) do load[r], hbm[r] = sl[k], sv[k] end
-            if w ~= 0 then
-              for _, r in ipairs(rs) do
-                width_take(it, j, cw, cn, r)
-                if it.SP[j] then break end
-              end
-            end
           end
         end
       end
