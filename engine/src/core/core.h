@@ -58,6 +58,11 @@ typedef struct ur__named {
   int32_t at;
 } ur__named;
 UR__HIDDEN int ur__named_cmp(const void *a, const void *b);
+/* Two equal names among the n (NULL ones skipped), found by sorting: their places *a < *b (the
+ * first such pair in name order), or -1, -1 where all differ; who names the caller in an OOM
+ * message. */
+UR__HIDDEN ur_status ur__names_repeat(const char *const *names, int32_t n, const char *who, int32_t *a,
+                                      int32_t *b);
 
 /* Files written atomically (a temporary name renamed over the final one) need the folder
  * synced for the rename to last: fsyncs the folder holding path.  what prefixes the error

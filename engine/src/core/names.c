@@ -30,6 +30,22 @@ int ur__named_cmp(const void *a, const void *b) {
   return c ? c : (x->at > y->at) - (x->at < y->at);
 }
 
+ur_status ur__names_repeat(const char *const *names, int32_t n, const char *who, int32_t *a,
+                           int32_t *b) {
+  *a = *b = -1;
+  if (n < 2) return UR_STATUS_OK;
+  ur__named *v = malloc(sizeof *v * (size_t)n);
+  if (!v) return ur__error(UR_STATUS_OOM, "%s: out of host memory", who);
+  int32_t m = 0;
+  for (int32_t i = 0; i < n; i++)
+    if (names[i]) v[m++] = (ur__named){names[i], i};
+  qsort(v, (size_t)m, sizeof *v, ur__named_cmp);
+  for (int32_t i = 1; i < m && *a < 0; i++)
+    if (!strcmp(v[i - 1].name, v[i].name)) *a = v[i - 1].at, *b = v[i].at;
+  free(v);
+  return UR_STATUS_OK;
+}
+
 const char *ur_dtype_name(ur_dtype d) {
   return (unsigned)d < UR_DTYPE_COUNT ? dtype_names[d] : "?";
 }

@@ -281,19 +281,11 @@ static ur_status kjt_make(int32_t nkeys, const char *const *keys, int64_t stride
  * key's bags for both): sorted, so a request of 1000 keys costs about 10k comparisons, not half
  * a million.  A missing name is left to kjt_make's check, which names it. */
 static ur_status distinct_keys(int32_t n, const char *const *keys) {
-  if (n < 2) return UR_STATUS_OK;
-  ur__named *v = malloc(sizeof *v * (size_t)n);
-  if (!v) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
-  int32_t m = 0;
-  for (int32_t i = 0; i < n; i++)
-    if (keys[i]) v[m++] = (ur__named){keys[i], i};
-  qsort(v, (size_t)m, sizeof *v, ur__named_cmp);
-  ur_status st = UR_STATUS_OK;
-  for (int32_t i = 1; i < m && !st; i++)
-    if (!strcmp(v[i - 1].name, v[i].name))
-      st = ur__error(UR_STATUS_INVALID, "kjt: keys %d and %d are both named '%s'; expected distinct keys",
-                     (int)v[i - 1].at, (int)v[i].at, v[i].name);
-  free(v);
+  int32_t a, b;
+  ur_status st = ur__names_repeat(keys, n, "kjt", &a, &b);
+  if (!st && a >= 0)
+    st = ur__error(UR_STATUS_INVALID, "kjt: keys %d and %d are both named '%s'; expected distinct keys", (int)a,
+                   (int)b, keys[a]);
   return st;
 }
 

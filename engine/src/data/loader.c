@@ -287,19 +287,11 @@ static ur_status set_rows(ur_loader *l, const ur_loader_opts *o) {
 /* The key names given are the batches' KJT keys: two of one name would make every batch a KJT
  * whose lookups by name find one table's bags for both (sorted: 1000 keys, 10k comparisons). */
 static ur_status distinct_keys(const char *const *keys, int32_t T, const char *what) {
-  if (T < 2) return UR_STATUS_OK;
-  ur__named *v = malloc(sizeof *v * (size_t)T);
-  if (!v) return ur__error(UR_STATUS_OOM, "loader: out of host memory");
-  int32_t m = 0;
-  for (int32_t t = 0; t < T; t++)
-    if (keys[t]) v[m++] = (ur__named){keys[t], t};
-  qsort(v, (size_t)m, sizeof *v, ur__named_cmp);
-  ur_status st = UR_STATUS_OK;
-  for (int32_t i = 1; i < m && !st; i++)
-    if (!strcmp(v[i - 1].name, v[i].name))
-      st = ur__error(UR_STATUS_INVALID, "loader: key names %d and %d (of %s) are both '%s'; expected one name a "
-                     "table", (int)v[i - 1].at + 1, (int)v[i].at + 1, what, v[i].name);
-  free(v);
+  int32_t a, b;
+  ur_status st = ur__names_repeat(keys, T, "loader", &a, &b);
+  if (!st && a >= 0)
+    st = ur__error(UR_STATUS_INVALID, "loader: key names %d and %d (of %s) are both '%s'; expected one name a "
+                   "table", (int)a + 1, (int)b + 1, what, keys[a]);
   return st;
 }
 
