@@ -46,33 +46,7 @@ local function grad_like(out)
   return R.tensor(R.randoms(out:numel()), "f32"):view_as(0, { out:size(1), out:size(2) })
 end
 
--- Runs script in a child process whose prelude gives it cap(kib), the address space limited to
--- what the process maps now and kib KiB more (allocations past 64 KiB mapped apart, so that one
--- fails at the cap), and uncap(); returns its output.  Under a sanitizer: nil (its shadow memory
--- does not fit under a cap).
-local function capped_child(script)
-  if (os.getenv("LD_PRELOAD") or ""):match("libasan") then return nil end
-  local path = os.tmpname()
-  cmd.spit(path, [[
-    local ffi = require "ffi"
-    ffi.cdef "struct cache_rlimit { uint64_t cur, max; }; int setrlimit(int, const struct cache_rlimit *);"
-    local lim = ffi.new("struct cache_rlimit", -1ULL, -1ULL)
-    local function cap(kib)
-      local vm
-      for l in io.lines("/proc/self/status") do vm = vm or tonumber(l:match("^VmSize:%s+(%d+)")) end
-      lim.cur = (vm + kib) * 1024
-      assert(ffi.C.setrlimit(9, lim) == 0) -- RLIMIT_AS
-    end
-    local function uncap()
-      lim.cur = -1ULL
-      assert(ffi.C.setrlimit(9, lim) == 0)
-    end
-  ]] .. script)
-  local out, err, code = cmd.sh("MALLOC_MMAP_THRESHOLD_=65536 " .. cmd.quote(cmd.bin()) .. " " .. cmd.quote(path))
-  os.remove(path)
-  assert.equal(0, code, err)
-  return out
-end
+local capped_child = h.capped_child
 
 describe("uvmrec.cache", function()
   it("declares its structs as the engine lays them out", function()

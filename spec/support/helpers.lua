@@ -498,4 +498,34 @@ function M.restamp(text, name, info)
   return text:sub(1, at + #key - 1) .. M.header_crc32c(text) .. text:sub(at + #key + 8)
 end
 
+-- Runs script in a child process whose prelude gives it ffi, cap(kib), the address space
+-- limited to what the process maps now and kib KiB more (allocations past 64 KiB mapped apart,
+-- so that one fails at the cap), and uncap(); returns its output.  Under a sanitizer: nil (its
+-- shadow memory does not fit under a cap: the caller's case is pending).  The cache's, the
+-- collisions' and the maps' specs free or allocate there.
+function M.capped_child(script)
+  if (os.getenv("LD_PRELOAD") or ""):match("libasan") then return nil end
+  local path = os.tmpname()
+  command.spit(path, [[
+    local ffi = require "ffi"
+    ffi.cdef "struct capped_rlimit { uint64_t cur, max; }; int setrlimit(int, const struct capped_rlimit *);"
+    local lim = ffi.new("struct capped_rlimit", -1ULL, -1ULL)
+    local function cap(kib)
+      local vm
+      for l in io.lines("/proc/self/status") do vm = vm or tonumber(l:match("^VmSize:%s+(%d+)")) end
+      lim.cur = (vm + kib) * 1024
+      assert(ffi.C.setrlimit(9, lim) == 0) -- RLIMIT_AS
+    end
+    local function uncap()
+      lim.cur = -1ULL
+      assert(ffi.C.setrlimit(9, lim) == 0)
+    end
+  ]] .. script)
+  local out, err, code = command.sh("MALLOC_MMAP_THRESHOLD_=65536 " .. command.quote(command.bin()) .. " "
+                                    .. command.quote(path))
+  os.remove(path)
+  assert(code == 0, err)
+  return out
+end
+
 return M
