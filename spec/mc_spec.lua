@@ -340,20 +340,23 @@ describe("uvmrec.mc", function()
     end
   end)
 
-  it("restores the candidates' map's size, so that it counts and skips the batches the saved map would", function()
-    local cfg = { tables = { { name = "t", rows = 8, fallback_rows = 1 } }, fill = false, evict_every = 100,
+  -- One table "t" of 8 rows that fills nothing, and run(m, first, n): a batch of the n ids
+  -- first + 1 .. first + n (the candidates' map's size, restored: the two cases below).
+  local sized = { tables = { { name = "t", rows = 8, fallback_rows = 1 } }, fill = false, evict_every = 100,
                   max_candidates = 100000, device = "cpu" }
-    local function run(m, first, n)
-      local ids = {}
-      for i = 1, n do ids[i] = first + i end
-      assert(m:remap(ur.KJT{ keys = { "t" }, values = ids, lengths = ones(n) }))
-    end
-    local a = assert(mc.new(cfg))
+  local function run(m, first, n)
+    local ids = {}
+    for i = 1, n do ids[i] = first + i end
+    assert(m:remap(ur.KJT{ keys = { "t" }, values = ids, lengths = ones(n) }))
+  end
+
+  it("restores the candidates' map's size, so that it counts and skips the batches the saved map would", function()
+    local a = assert(mc.new(sized))
     run(a, 0, 3000)      -- then the map has room for 3000 candidates and two such batches: 32768 slots
     run(a, 5000, 14000)  -- 3000 + 14000 candidates overfill it at half load: not counted
     local st = assert(a:state("t"))
     assert.same({ 1, 14000, 32768 }, { st.skipped, st.batch_max, st.slots })
-    local b = assert(mc.new(cfg))
+    local b = assert(mc.new(sized))
     assert(b:load_state("t", st))
     b:set_step(a:step())
     -- a batch of 10 ids, then one of 4000: the map grows for batches of 14000 before the first
@@ -390,14 +393,7 @@ describe("uvmrec.mc", function()
   it("restores into a map that has counted batches as into a fresh one", function()
     -- the used map's last batch (20000 ids) stayed in its counters after the restore and sized
     -- the candidates' map as if the saved map had seen it: batch_max 20000 and 131072 slots
-    local cfg = { tables = { { name = "t", rows = 8, fallback_rows = 1 } }, fill = false, evict_every = 100,
-                  max_candidates = 100000, device = "cpu" }
-    local function run(m, first, n)
-      local ids = {}
-      for i = 1, n do ids[i] = first + i end
-      assert(m:remap(ur.KJT{ keys = { "t" }, values = ids, lengths = ones(n) }))
-    end
-    local a, used = assert(mc.new(cfg)), assert(mc.new(cfg))
+    local a, used = assert(mc.new(sized)), assert(mc.new(sized))
     run(a, 0, 10)
     run(a, 100, 10)
     run(used, 1000, 20000)
