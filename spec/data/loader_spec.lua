@@ -645,14 +645,32 @@ describe("uvmrec.data loader", function()
     opts.position = { epoch = 0, sample = 3000 } -- the epoch's end: the next epoch's batches
     assert.equal(15, #rows_of(assert(data.loader(opts))) / 200)
     opts.position = { epoch = 0, sample = 3001 }
-    assert.has_error(function() data.loader(opts) end, "loader: the start position (epoch 0, sample 3001) lies "
-      .. "past the epoch's end (sample 3000); expected a position this data gave, at most its end")
-    -- 1000 real rows in windows of 300: 1100 lies in the last window's 100 rows, past its end
-    local l = assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 100, shuffle_window = 300, seed = 2,
-                                                          position = { epoch = 0, sample = 1100 } }))
-    assert.has_error(function() l:next() end, "loader: the start position (epoch 0, sample 1100) lies past the "
-      .. "epoch's end (sample 1000); expected a position this data gave, at most its end")
+    local past = "loader: the start position (epoch 0, sample %d) lies past the epoch's end (sample %d); expected "
+      .. "a position this data gave, at most its end"
+    assert.has_error(function() data.loader(opts) end, past:format(3001, 3000))
+    opts.placement = "managed" -- the generator's batches, made where they are used
+    assert.has_error(function() data.loader(opts) end, past:format(3001, 3000))
+    -- 1000 real rows in windows of 300: 1100 lies in the last window's 100 rows, 1200 and 1500 on
+    -- windows past the end, 65536 on the default window's first past it (they read as the end)
+    for _, c in ipairs { { 1100, 300 }, { 1200, 300 }, { 1500, 300 }, { 65536, 0 } } do
+      local l = assert(data.open("criteo-tsv:" .. SAMPLE1, { batch_size = 100, shuffle_window = c[2], seed = 2,
+                                                            position = { epoch = 0, sample = c[1] } }))
+      assert.has_error(function() l:next() end, past:format(c[1], 1000))
+      l:close()
+    end
+    -- a bad line ends the window's rows first: its error, not a position past the end
+    local dir = cmd.tmpdir()
+    local lines = {}
+    for line in io.lines(SAMPLE1) do lines[#lines + 1] = line end
+    table.insert(lines, 951, "bad line")
+    cmd.spit(dir .. "/bad.tsv", table.concat(lines, "\n") .. "\n")
+    local l = assert(data.open("criteo-tsv:" .. dir .. "/bad.tsv", { batch_size = 100, shuffle_window = 300,
+                                                                    position = { epoch = 0, sample = 960 } }))
+    local ok, b, err = pcall(l.next, l) -- a reader's error is returned (nil, message), a misuse raised
+    local said = ok and err or b
+    assert.matches("bad.tsv:951: label is 'bad line'; expected 0 or 1", tostring(said), 1, true)
     l:close()
+    cmd.rmdir(dir)
   end)
 
   it("reports a reader error after the batches before it, naming file and line", function()

@@ -50,6 +50,7 @@ typedef struct day {
 /* A window of rows of one epoch: its permutation, and for TSV the rows themselves. */
 typedef struct win {
   int64_t epoch, index, rows;
+  int64_t ended;             /* TSV: the epoch's rows where the files ended before the window, else -1 */
   int64_t *perm;             /* position -> row within the window; NULL: in order */
   int drawn;                 /* the permutation: 0 to draw, 1 being drawn, 2 ready */
   int refs;                  /* batches handed out that read it */
@@ -546,6 +547,9 @@ static ur_status get_window(ur_loader *l, int64_t e, int64_t w, win **out) {
     return st;
   }
   x->rows = got;
+  /* TSV files that end before the window's first row (only a start position asks for it) */
+  x->ended = l->o.source == UR_SOURCE_CRITEO_TSV && n > 0 && !got && l->tsv_next < row0 ? l->tsv_next - l->lo
+                                                                                         : -1;
   x->drawn = x->perm ? 0 : 2;
   x->refs = 1;
   *out = x;
@@ -626,10 +630,15 @@ static int dispatch(ur_loader *l, job *j) {
         }
         j->wins[j->nwins++] = x;
       }
-      if (off > x->rows && !n) { /* only a start position can lie there: a resume from another data set */
+      if (!n && off > x->rows && l->pending) { /* the reader's error ended the rows first */
+        st = ur__error(l->pending, "%s", l->pending_msg);
+        break;
+      }
+      /* only a start position can lie there: a resume from another data set */
+      if (!n && (off > x->rows || x->ended >= 0)) {
         st = ur__error(UR_STATUS_INVALID, "loader: the start position (epoch %lld, sample %lld) lies past "
                        "the epoch's end (sample %lld); expected a position this data gave, at most its end",
-                       (long long)e, (long long)k, (long long)(k - off + x->rows));
+                       (long long)e, (long long)k, (long long)(x->ended >= 0 ? x->ended : k - off + x->rows));
         break;
       }
       if (off >= x->rows) {
