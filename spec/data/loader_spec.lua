@@ -6,6 +6,13 @@ local data = ur.data
 
 local SAMPLE1, SAMPLE2 = h.fixture("criteo_raw_sample.tsv"), h.fixture("criteo_raw_sample2.tsv")
 
+-- The first sample file's lines, to write files with a bad line from.
+local function sample_lines()
+  local lines = {}
+  for line in io.lines(SAMPLE1) do lines[#lines + 1] = line end
+  return lines
+end
+
 -- Every batch's size until the loader ends, and the error it ended with (nil at the end).
 local function drain(l)
   local sizes = {}
@@ -660,8 +667,7 @@ describe("uvmrec.data loader", function()
     end
     -- a bad line ends the window's rows first: its error, not a position past the end
     local dir = cmd.tmpdir()
-    local lines = {}
-    for line in io.lines(SAMPLE1) do lines[#lines + 1] = line end
+    local lines = sample_lines()
     table.insert(lines, 951, "bad line")
     cmd.spit(dir .. "/bad.tsv", table.concat(lines, "\n") .. "\n")
     local l = assert(data.open("criteo-tsv:" .. dir .. "/bad.tsv", { batch_size = 100, shuffle_window = 300,
@@ -676,8 +682,7 @@ describe("uvmrec.data loader", function()
   it("reports a reader error after the batches before it, naming file and line", function()
     local dir = cmd.tmpdir()
     local f = assert(io.open(dir .. "/bad.tsv", "w"))
-    local lines = {}
-    for l in io.lines(SAMPLE1) do lines[#lines + 1] = l end
+    local lines = sample_lines()
     lines[150] = lines[150]:gsub("^0", "2"):gsub("^1", "2")
     f:write(table.concat(lines, "\n", 1, 300), "\n")
     f:close()
@@ -701,8 +706,7 @@ describe("uvmrec.data loader", function()
     -- the window after a batch's first rows failed to read: the batch went with it, so a bad line
     -- at row W + 1 of a day file lost the rows of the batch before it
     local dir = cmd.tmpdir()
-    local lines = {}
-    for l in io.lines(SAMPLE1) do lines[#lines + 1] = l end
+    local lines = sample_lines()
     for _, c in ipairs { { 101, 100, { 64, 36 } }, { 201, 100, { 64, 64, 64, 8 } }, { 150, 100, { 64, 64, 21 } },
                          { 101, 0, { 64, 36 } } } do
       local bad, window, want = c[1], c[2], c[3]
@@ -735,8 +739,7 @@ describe("uvmrec.data loader", function()
   it("with even_slices names the reader's error where it cuts a batch the ranks cannot share (it blamed the "
      .. "epoch's last batch)", function()
     local dir = cmd.tmpdir()
-    local lines = {}
-    for l in io.lines(SAMPLE1) do lines[#lines + 1] = l end
+    local lines = sample_lines()
     local t = { unpack(lines, 1, 300) }
     t[150] = t[150]:gsub("^[01]", "2")
     local path = cmd.spit(dir .. "/bad.tsv", table.concat(t, "\n") .. "\n")
@@ -889,8 +892,7 @@ describe("uvmrec.data loader", function()
     -- over ranks each rank got its slice of TSV files' short last batch: 49 and 50 samples of 99,
     -- which a run with every table data-parallel trained on as if they were halves of one batch
     local dir = cmd.tmpdir()
-    local lines = {}
-    for line in io.lines(SAMPLE1) do lines[#lines + 1] = line end
+    local lines = sample_lines()
     local odd = cmd.spit(dir .. "/odd.tsv", table.concat(lines, "\n", 1, 999) .. "\n")
     local want = "loader: the batch at sample 900 of epoch 0 (the epoch's last) has 99 samples (batch_size 100), "
       .. "which the 2 ranks (slice_world) cannot share equally: each takes an equal slice of every global batch "
@@ -1025,22 +1027,21 @@ describe("uvmrec.data loader", function()
     assert.equal(0, code, err)
     assert.equal(("false\tloader: 2 key names for criteo-bin: %s, which has 26 tables; expected one a table\n")
       :format(dir), (out:gsub("\t[^\t]-:%d+: ", "\t", 1)))
+    -- the threaded loader's batches and the generator's (placement managed) alike
+    local function refused(spec, keys, msg)
+      for _, placement in ipairs { "pinned", "managed" } do
+        assert.has_error(function()
+          data.loader { data = { kind = "synthetic", spec = spec }, samples = 8, batch_size = 4, keys = keys,
+                        placement = placement }
+        end, msg)
+      end
+    end
     local spec = data.synthetic_spec { seed = 1, num_dense = 1, tables = { { name = "a", rows = 10 } } }
-    for _, placement in ipairs { "pinned", "managed" } do
-      assert.has_error(function()
-        data.loader { data = { kind = "synthetic", spec = spec }, samples = 8, batch_size = 4, keys = { "a", "b" },
-                      placement = placement }
-      end, "loader: 2 key names for synthetic data, which has 1 table; expected one a table")
-    end
+    refused(spec, { "a", "b" }, "loader: 2 key names for synthetic data, which has 1 table; expected one a table")
     -- two keys of one name: every batch's KJT found one table's bags for both (to_dict failed late)
-    local two = data.synthetic_spec { seed = 1, num_dense = 1, tables = { { name = "a", rows = 10 },
-                                                                         { name = "b", rows = 10 } } }
-    for _, placement in ipairs { "pinned", "managed" } do
-      assert.has_error(function()
-        data.loader { data = { kind = "synthetic", spec = two }, samples = 8, batch_size = 4, keys = { "x", "x" },
-                      placement = placement }
-      end, "loader: key names 1 and 2 (of synthetic data) are both 'x'; expected one name a table")
-    end
+    refused(data.synthetic_spec { seed = 1, num_dense = 1, tables = { { name = "a", rows = 10 },
+                                                                      { name = "b", rows = 10 } } }, { "x", "x" },
+            "loader: key names 1 and 2 (of synthetic data) are both 'x'; expected one name a table")
     local dup = {}
     for i = 1, 26 do dup[i] = i == 26 and "f3" or "f" .. i end
     assert.has_error(function() data.open("criteo-bin:" .. dir, { batch_size = 10, keys = dup }) end,
