@@ -587,6 +587,22 @@ static void release_windows(job *j) {
   j->nwins = 0;
 }
 
+/* A start position past the epoch's end (sample `end` of this rank's share): a resume from
+ * another data set, refused where the loader opens (the size known) or at the first batch. */
+static ur_status past_end(int64_t epoch, int64_t sample, int64_t end) {
+  return ur__error(UR_STATUS_INVALID, "loader: the start position (epoch %lld, sample %lld) lies past the epoch's "
+                   "end (sample %lld); expected a position this data gave, at most its end", (long long)epoch,
+                   (long long)sample, (long long)end);
+}
+
+/* The start position against a source of `total` samples (< 0: not known until read), this
+ * rank's share of them as ur_loader_open splits it. */
+static ur_status check_start(const ur_loader_opts *o, int64_t total) {
+  if (total < 0) return UR_STATUS_OK;
+  int64_t share = total * (o->rank + 1) / o->world - total * o->rank / o->world;
+  return o->start_sample > share ? past_end(o->start_epoch, o->start_sample, share) : UR_STATUS_OK;
+}
+
 static void set_samples_per_epoch(ur_loader *l, int64_t n) {
   pthread_mutex_lock(&l->mu);
   l->stats.samples_per_epoch = n;
@@ -636,9 +652,7 @@ static int dispatch(ur_loader *l, job *j) {
       }
       /* only a start position can lie there: a resume from another data set */
       if (!n && (off > x->rows || x->ended >= 0)) {
-        st = ur__error(UR_STATUS_INVALID, "loader: the start position (epoch %lld, sample %lld) lies past "
-                       "the epoch's end (sample %lld); expected a position this data gave, at most its end",
-                       (long long)e, (long long)k, (long long)(x->ended >= 0 ? x->ended : k - off + x->rows));
+        st = past_end(e, k, x->ended >= 0 ? x->ended : k - off + x->rows);
         break;
       }
       if (off >= x->rows) {
@@ -1245,6 +1259,7 @@ ur_status ur_loader_check(const ur_loader_opts *opts, int32_t tables) {
   else snprintf(what, sizeof what, "%s", o.source == UR_SOURCE_CRITEO_TSV ? "criteo-tsv" : "synthetic data");
   st = check_counts(&o, tables, what);
   if (!st && o.keys) st = distinct_keys(o.keys, tables, what);
+  if (!st && o.source == UR_SOURCE_SYNTHETIC) st = check_start(&o, o.samples);
   return st;
 }
 
@@ -1363,11 +1378,7 @@ ur_status ur_loader_open(ur_loader **out, const ur_loader_opts *o) {
             !(wk->val0 = malloc(sizeof(int64_t) * (size_t)(l->T + 1)));
     }
     if (bad) st = ur__error(UR_STATUS_OOM, "loader: out of host memory");
-    /* a resume from another data set (a source of unknown size: dispatch sees it) */
-    else if (l->hi >= 0 && o->start_sample > l->hi - l->lo)
-      st = ur__error(UR_STATUS_INVALID, "loader: the start position (epoch %lld, sample %lld) lies past the "
-                     "epoch's end (sample %lld); expected a position this data gave, at most its end",
-                     (long long)o->start_epoch, (long long)o->start_sample, (long long)(l->hi - l->lo));
+    else st = check_start(o, l->total);
   }
   if (!st) {
     l->ahead = o->depth > l->nworkers ? o->depth : l->nworkers;

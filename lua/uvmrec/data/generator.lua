@@ -69,10 +69,6 @@ function M.open(o, spec, co, level)
     st = { batches = 0, samples = 0, bytes = 0, wait_seconds = 0, produce_seconds = 0, produce_cpu_seconds = 0,
            threads = 0 },
   }, G)
-  if self.k > self.hi - self.lo then -- the loader's check (ur_loader_open): a resume from another data set
-    error(("loader: the start position (epoch %d, sample %d) lies past the epoch's end (sample %d); expected a "
-      .. "position this data gave, at most its end"):format(self.epoch, self.k, self.hi - self.lo), level)
-  end
   self.st.epoch, self.st.sample = self.epoch, self.k
   self.st.samples_per_epoch = self.hi - self.lo
   local names = o.keys or {}
