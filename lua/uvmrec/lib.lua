@@ -181,6 +181,9 @@ end
 -- flag_set("--steps", "train.steps", 5) is {"train.steps=5", flag = "--steps 5"}, whose messages
 -- name the flag given, not a --set that was not.  Whole numbers as written ('..' wrote 1e30 as
 -- 1e+30, and %d wrapped it to -2^63).
+-- A value as a message shows what was given: a string quoted ('hbm'), anything else as tostring.
+function M.shown(v) return type(v) == "string" and ("'%s'"):format(v) or tostring(v) end
+
 function M.flag_set(flag, path, v)
   local text = type(v) == "number" and v == math.floor(v) and ("%.0f"):format(v) or tostring(v)
   return { path .. "=" .. text, flag = flag .. " " .. text }

@@ -324,7 +324,7 @@ Manager.__index = Manager
 -- 100 ('20%'); a number below 1, a fraction (0.2; "0.2" as a config gives it, once 0 bytes); else a
 -- whole number of bytes or a size (lib.bytes: 123, '8GiB').  1 is 1 byte ('100%' is all): the
 -- manager refuses an allowance below one row's pages.  Raises naming the value otherwise.
-local function shown(v) return type(v) == "string" and ("'%s'"):format(v) or tostring(v) end -- as given
+local shown = require("uvmrec.lib").shown
 
 local function parse_allowance(v, total)
   if v == nil then return total end

@@ -121,7 +121,7 @@ function M.table(t)
   local hot = t.hot or P.hot or 1
   if type(hot) ~= "number" or not (hot >= 0 and hot < math.huge) then
     error(("cost.table %s: hot %s; expected the ids a sample has, a number >= 0"):format(t.name,
-      type(hot) == "string" and ("'%s'"):format(hot) or tostring(hot)), 2)
+      require("uvmrec.lib").shown(hot)), 2)
   end
   return { name = t.name, rows = t.rows, dim = t.dim, dtype = dtype, optimizer = t.optimizer or "sgd",
            profile = t.profile, hot = hot, fixed = t.fixed, _memo = {} }

@@ -19,7 +19,7 @@ local cost = require "uvmrec.planner.cost"
 local search = require "uvmrec.planner.search"
 local calib = require "uvmrec.planner.calib"
 local json = require "uvmrec.json"
-local things = require("uvmrec.lib").things
+local things, shown = require("uvmrec.lib").things, require("uvmrec.lib").shown
 
 local M = {}
 M.profile = require "uvmrec.planner.profile"
@@ -97,7 +97,6 @@ local function fixed_error(t, world)
   if not ok then return (tostring(err):gsub("^[^\n]-:%d+: ", "")) end
   -- each value as the cost model reads it: a placement or sharding of another spelling had no
   -- choice and no word of the names; a prefix fraction past [0, 1] was clamped unsaid
-  local function shown(v) return type(v) == "string" and ("'%s'"):format(v) or tostring(v) end
   local function one_of(v, list)
     for _, x in ipairs(list) do if v == x then return true end end
     return false
@@ -136,7 +135,6 @@ local OPTIONS = { "arena_block", "batch", "calibration", "dense", "depth", "frac
 local function options_error(opts)
   local ok, err = pcall(require("uvmrec.lib").known_keys, opts, OPTIONS, "planner", 1)
   if not ok then return (tostring(err):gsub("^[^\n]-:%d+: ", "")) end
-  local function shown(v) return type(v) == "string" and ("'%s'"):format(v) or tostring(v) end
   local r = opts.reserve
   if r ~= nil and not (type(r) == "number" and r >= 0 and r < math.huge) then
     return ("planner: reserve %s; expected bytes (>= 1) or a fraction of the budget from 0 to below 1"):format(shown(r))
@@ -208,8 +206,6 @@ local function setup(tables, profiles, budget, opts)
     if type(t.name) ~= "string" then
       return nil, ("planner: tables[%d] has no name (%s); expected a string"):format(i, tostring(t.name))
     end
-  end
-  for i, t in ipairs(tables) do
     -- two tables of one name would share a plan's row and config keys
     if named[t.name] then return nil, ("planner: tables %d and %d are both named %s"):format(named[t.name], i,
       tostring(t.name)) end
