@@ -128,6 +128,26 @@ describe("uvmrec.mc on the GPU", function()
     assert.same({ 0 }, (g:lookup("t", { 5 })))
   end)
 
+  cuda_it("looks ids up after the remaps and rounds queued on an engine stream, as the CPU does", function()
+    -- ur_mc_lookup has no stream: it waits for the device, since the engine's streams do not
+    -- wait for the NULL stream's work nor it for theirs
+    local g, c = assert(mc.new(config("lru", 0))), assert(mc.new(config("lru")))
+    local s = assert(ur.stream { priority = -1 })
+    local r, ids = h.rng(17), {}
+    for id = 0, 399 do ids[#ids + 1] = id end
+    for step = 1, 12 do
+      local b = batch(r, step, 256)
+      assert(g:remap(assert(b:to("device")), nil, s))
+      assert(c:remap(b))
+      local rg, sg = g:lookup("a", ids)
+      local rc, sc = c:lookup("a", ids)
+      same_list(rg, rc, "step " .. step .. " rows")
+      same_list(sg, sc, "step " .. step .. " resident")
+    end
+    s:sync()
+    compare(g, c, "the end")
+  end)
+
   cuda_it("makes the same decisions run to run", function()
     local runs = {}
     for run = 1, 2 do

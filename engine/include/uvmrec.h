@@ -1181,7 +1181,9 @@ UR_API int32_t ur_mc_device(const ur_mc *m);
  * memory its rounds and candidates' maps need, taken before any runs) runs no round and counts
  * nothing; update 0: a read-only lookup.  On the CPU the offsets (0 to n, never decreasing) and
  * inverse (within each feature's bags) are checked here; on a GPU they are read as given, not
- * read back: check them first (ur_kjt_validate; a KJT of uvmrec.kjt is checked when made). */
+ * read back: check them first (ur_kjt_validate; a KJT of uvmrec.kjt is checked when made).
+ * A map holds one batch at a time: its remaps and rounds on two streams must be ordered by the
+ * caller (an event, or one stream), as they share the map and its bag starts. */
 UR_API ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values,
                              const ur_tensor *offsets,
                              const int64_t *batch_per_feature /* or NULL */,
@@ -1197,7 +1199,8 @@ UR_API ur_status ur_mc_round(ur_stream *s, ur_mc *m, int32_t table);
  * count (the message names the argument). */
 UR_API const int64_t *ur_mc_reassigned(const ur_mc *m, int32_t table, int64_t *count /* out */);
 /* The rows ids[0..n-1] (host arrays) read in `table`, without counting; resident[i] (may be
- * NULL) says whether the id holds a row of its own. */
+ * NULL) says whether the id holds a row of its own.  On a GPU it waits for the device first, so
+ * it reads the map after every remap and round queued before it, on any stream. */
 UR_API ur_status ur_mc_lookup(ur_mc *m, int32_t table, const int64_t *ids, int64_t n,
                               int64_t *rows /* out */, int32_t *resident /* out, or NULL */);
 /* Updating batches counted so far (the step of the last one); settable to resume. */

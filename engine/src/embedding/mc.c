@@ -751,7 +751,10 @@ ur_status ur_mc_lookup(ur_mc *m, int32_t table, const int64_t *ids, int64_t n, i
     st = m->be->mc->lookup(NULL, &m->desc[table], ids, n, rows, resident);
   } else {
     ur_tensor *d = NULL;
-    st = home_tensor(m, &d, UR_DTYPE_I64, 3 * n);
+    /* after the map's remaps and rounds, on whatever stream they ran: the engine's streams do
+     * not wait for the NULL stream's work, nor it for theirs */
+    st = m->be->device_sync();
+    if (!st) st = home_tensor(m, &d, UR_DTYPE_I64, 3 * n);
     int64_t *di = d ? ur_tensor_data(d) : NULL;
     if (!st) st = m->be->copy(NULL, di, ids, sizeof(int64_t) * (size_t)n);
     if (!st) st = m->be->mc->lookup(NULL, &m->desc[table], di, n, di + n, (int32_t *)(di + 2 * n));
