@@ -53,6 +53,58 @@ describe("ur.nn.ManagedCollisionCollection", function()
     assert.truthy(mcc:summary():find("collisions: 2 tables, 17 of 17 rows held by ids", 1, true))
   end)
 
+  it("resets at the next forward, before it maps its batch, the rows a failed reset left", function()
+    -- It once dropped them: the next remap lent the map's new lists, and the ids given those
+    -- rows read the evicted ids' weights and optimizer state for good.
+    local ea, eb = collection(), collection()
+    local a = MCC{ collection = ea, policy = "lfu", evict_every = 2, fallback_rows = 1 }
+    local b = MCC{ collection = eb, policy = "lfu", evict_every = 2, fallback_rows = 1 }
+    local ra, rb = h.rng(8), h.rng(8)
+    local reset, fails = ea.tbe.reset_rows, 0
+    ea.tbe.reset_rows = function(...)
+      if fails > 0 then
+        fails = fails - 1
+        return nil, "embedding collection: reset_rows failed (a stub)"
+      end
+      return reset(...)
+    end
+    local M = "ManagedCollisionCollection(2 tables, lfu, evict_every 2): "
+    local failed_at
+    for step = 1, 24 do
+      local ka, want = batch(ra, step), b:forward(batch(rb, step))
+      local reassigned = #b.map:reassigned("u") + #b.map:reassigned("v")
+      if not failed_at and step >= 5 and reassigned > 0 then -- rows trained before (step 3 fills free ones)
+        failed_at, fails = step, 1 -- the first table's reset fails: a counted the batch, reset none
+        h.raises_at_caller(function() a:forward(ka) end, M .. "embedding collection: reset_rows failed (a stub)")
+        assert.equal(b.map:step(), a.map:step())
+        local left = 0
+        for _, r in ipairs(a._resets) do left = left + r.n end
+        assert.equal(reassigned, left)
+      else
+        if failed_at == step - 1 then
+          -- the retry fails too: this batch is not mapped, and the rows stay for the next forward
+          fails = 1
+          local before = a.map:step()
+          h.raises_at_caller(function() a:forward(ka) end, M .. "embedding collection: reset_rows failed (a stub)")
+          assert.equal(before, a.map:step())
+        end
+        local rows = a:forward(ka)
+        assert.same(want:values():totable(), rows:values():totable(), "step " .. step)
+        for _, name in ipairs { "u", "v" } do
+          assert.same(eb:table(name):totable(), ea:table(name):totable(), ("step %d: %s"):format(step, name))
+        end
+        assert.same({}, a._resets)
+        ea:backward(rows, ea:forward(rows))
+        eb:backward(want, eb:forward(want))
+      end
+    end
+    assert.truthy(failed_at)
+    for _, name in ipairs { "u", "v" } do
+      assert.same(eb:table(name):totable(), ea:table(name):totable(), name)
+      assert.same(eb:state(name).sum:totable(), ea:state(name).sum:totable(), name .. "'s state")
+    end
+  end)
+
   it("names itself in the map's errors, at the caller's line", function()
     -- 'managed collisions: the input's keys ...' alone, at a line of ManagedCollisionCollection.lua
     local m = MCC{ collection = collection(), policy = "lfu", evict_every = 4, fallback_rows = 2 }

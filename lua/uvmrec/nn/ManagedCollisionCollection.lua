@@ -99,12 +99,41 @@ local function remap_into(map, input, opts, stream, view)
   return rows, err
 end
 
+-- The rows the last round gave to other ids and not reset yet, in the collection: self._resets,
+-- a list of {name, ids, n} (copies: the map lends its lists only until its next remap), the
+-- first removed once reset.  One that fails raises as op does, at `level` (from this
+-- function's caller) and stays with those after it, for the next forward (before it maps its
+-- batch) or checkpoint save to reset.
+local function run_resets(self, level)
+  local lists = self._resets
+  while lists and lists[1] do
+    local r = lists[1]
+    self:op(level + 1, self.tbe.reset_rows, self.tbe, r.name, r.ids, r.n, self.stream)
+    table.remove(lists, 1)
+  end
+end
+
+-- The map's reassigned rows of every table, copied into self._resets.
+local function take_resets(self)
+  local lists = {}
+  for _, name in ipairs(self.table_names) do
+    local p, k = self.map:reassigned_ptr(name)
+    if k > 0 then
+      local ids = ffi.new("int64_t[?]", k)
+      ffi.copy(ids, p, 8 * k)
+      lists[#lists + 1] = { name = name, ids = ids, n = k }
+    end
+  end
+  self._resets = lists
+end
+
 -- A KJT of rows for a KJT of raw ids (a batch's sparse part), valid until the next forward (its
 -- values are the module's buffer; the next forward frees it).  In training mode the rounds due
 -- run first and the batch is counted, and the rows a round gave to other ids are reset in the
 -- collection.  A forward that fails (an input the map refuses, no memory for the rows) raises
 -- naming the module, at the caller's line, and leaves no output and no handle behind: the
--- module works on as before.
+-- module works on as before.  One whose resets fail (the batch was counted) keeps the rows left
+-- to reset, and the next forward resets them before it maps its batch.
 function MCC:updateOutput(input)
   if not kjt.is(input) then
     error("ManagedCollisionCollection: forward takes a KJT (ur.KJT, a batch's sparse part), not a "
@@ -112,6 +141,7 @@ function MCC:updateOutput(input)
   end
   if self.output then self.output:free() end
   self.output = nil
+  run_resets(self, 2)
   local update = self.train ~= false
   local values = input:values()
   local n, vplace = values:numel(), values:placement()
@@ -132,10 +162,8 @@ function MCC:updateOutput(input)
   -- held before the resets, so that one failing leaves it to the next forward to free
   self.output = rows
   if update and self.tbe then
-    for _, name in ipairs(self.table_names) do
-      local p, k = self.map:reassigned_ptr(name)
-      if k > 0 then self:op(2, self.tbe.reset_rows, self.tbe, name, p, k, self.stream) end
-    end
+    take_resets(self)
+    run_resets(self, 2)
   end
   return rows
 end
@@ -180,6 +208,7 @@ function MCC:checkpoint_component(name)
   return {
     name = name or "collisions", views = true, whole = { "step" },
     state = function()
+      run_resets(self, 2) -- the maps saved name rows that must hold their new ids' weights
       local ts, counts = {}, {}
       for _, t in ipairs(map.table_names) do
         local st = assert(map:state(t))
@@ -217,6 +246,7 @@ function MCC:checkpoint_component(name)
     load = function(tensors, meta)
       for _, t in ipairs(map.table_names) do assert(map:load_state(t, assert(saved_state(t, tensors, meta)))) end
       map:set_step(meta.step or 0)
+      self._resets = nil -- the checkpoint's maps and tables agree
     end,
   }
 end
