@@ -965,12 +965,6 @@ function Sharded:set_output_precision(precision, level)
   self._none = nil
 end
 
-function Sharded:set_precision(precision)
-  Module.check_precision(precision, 2)
-  self:set_output_precision(precision, 2)
-  return self
-end
-
 -- VBE over ranks on or off: with it each rank sends, per feature, only its distinct bags (same
 -- ids and weights) and every sample's bag (inverse indices); the receiving shards pool the
 -- distinct bags and expand the pooled rows to every sample, so the outputs are the same.

@@ -142,12 +142,6 @@ function EBC:set_output_precision(precision, level)
   table_options.module_precision(self, self.tbe, precision, level + 1)
 end
 
-function EBC:set_precision(precision)
-  Module.check_precision(precision, 2)
-  self:set_output_precision(precision, 2)
-  return self
-end
-
 function EBC:extra_repr()
   return ("(%s, %s -> %d, %s)"):format(things(#self.tbe.table_names, "table"), things(#self.tbe.features, "feature"),
                                        self.tbe.out_dim, self.tbe.optimizer)

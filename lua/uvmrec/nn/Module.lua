@@ -471,19 +471,22 @@ local function set_precision(m, st)
   end
 end
 
--- The one check of a precision, for set_precision here and in the embedding collections (whose
--- output is bf16 under bf16, f32 otherwise): that output's dtype, or an error raised at `level`.
-function Module.check_precision(precision, level)
+local function check_precision(precision, level)
   if not PRECISIONS[precision] then
     error("set_precision: '" .. tostring(precision) .. "' is not f32, tf32 or bf16", level + 1)
   end
-  return precision == "bf16" and "bf16" or "f32"
 end
 
 -- "f32" (exact f32 math), "tf32" (f32 tensors, TF32 matrix math on the GPU) or "bf16"
 -- (bf16 activations and matrix math, f32 master weights and gradients, f32 accumulation).
 function Module:set_precision(precision, stream)
-  Module.check_precision(precision, 2)
+  check_precision(precision, 2)
+  -- a module whose own object holds its output dtype (an embedding collection, sharded or not)
+  -- has no parameters of its own to copy: it sets that dtype, errors at the caller's line
+  if self.set_output_precision then
+    self:set_output_precision(precision, 2)
+    return self
+  end
   local before = self.precision
   local st = { precision = precision, arena = self._arena, ok = true, err = nil, root = self }
   self:apply(set_precision, st)

@@ -67,12 +67,6 @@ function QEBC:set_output_precision(precision, level)
   table_options.module_precision(self, self.qtbe, precision, level + 1)
 end
 
-function QEBC:set_precision(precision)
-  Module.check_precision(precision, 2)
-  self:set_output_precision(precision, 2)
-  return self
-end
-
 function QEBC:to() return self end
 function QEBC:zero_grad() return self end
 
