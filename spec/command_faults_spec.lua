@@ -7,15 +7,6 @@ local h = require "helpers"
 
 local SAMPLE2 = h.fixture("criteo_raw_sample2.tsv")
 
-local function lines(path, n)
-  local out = {}
-  for l in io.lines(path) do
-    out[#out + 1] = l
-    if #out == n then break end
-  end
-  return out
-end
-
 describe("the uvmrec command, on mistakes and a bare machine", function()
   local dir
   before_each(function() dir = cmd.tmpdir() end)
@@ -98,7 +89,7 @@ describe("the uvmrec command, on mistakes and a bare machine", function()
     assert.equal("uvmrec convert: " .. dir .. "/missing.tsv: No such file or directory\n", err)
     assert.is_false(cmd.exists(out))
     -- the second input's line 300 has a label of 2: day 0 was complete, yet nothing appears
-    local l = lines(SAMPLE2, 400)
+    local l = cmd.lines(SAMPLE2, 400)
     l[300] = "2" .. l[300]:sub(2)
     local good = cmd.spit(dir .. "/day_0.tsv", table.concat(l, "\n", 1, 200) .. "\n")
     local bad = cmd.spit(dir .. "/day_1.tsv", table.concat(l, "\n", 201, 400) .. "\n")
@@ -138,7 +129,7 @@ end)
 describe("uvmrec.data convert, when it fails", function()
   it("leaves no day file and no temporary file behind, and replaces old days only when it succeeds", function()
     local dir = cmd.tmpdir()
-    local l = lines(SAMPLE2, 400)
+    local l = cmd.lines(SAMPLE2, 400)
     local bad = {}
     for i = 1, 400 do bad[i] = l[i] end
     bad[399] = bad[399]:gsub("\t[^\t]*$", "\tnothex!")

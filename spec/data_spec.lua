@@ -7,12 +7,6 @@ local data = ur.data
 
 local SAMPLE1, SAMPLE2 = h.fixture("criteo_raw_sample.tsv"), h.fixture("criteo_raw_sample2.tsv")
 
-local function read_lines(path)
-  local out = {}
-  for l in io.lines(path) do out[#out + 1] = l end
-  return out
-end
-
 -- A valid line from its parts (nil fields empty).
 local function line(label, ints, cats)
   local f = { tostring(label) }
@@ -54,7 +48,7 @@ describe("uvmrec.data criteo-tsv", function()
     for _, v in ipairs(b.labels:totable()) do clicks = clicks + v end
     assert.equal(118, clicks)
     -- Every row agrees with a line-by-line parse.
-    local lines = read_lines(SAMPLE1)
+    local lines = cmd.lines(SAMPLE1)
     local ids, dense = a.ids:totable(), a.dense:totable()
     for i = 1, #lines, 97 do
       local r = assert(data.parse_line(lines[i]))

@@ -133,11 +133,7 @@ int main(void) {
     local h = require "helpers"
     local model, missing = h.exported("criteo", { tables = "int4" })
     if not model then return pending(missing) end
-    local lines = {}
-    for l in io.lines(h.fixture("criteo_raw_sample.tsv")) do
-      lines[#lines + 1] = l
-      if #lines == 40 then break end
-    end
+    local lines = cmd.lines(h.fixture("criteo_raw_sample.tsv"), 40)
     local input = table.concat(lines, "\n") .. "\n"
     local exe = build("serve", "uvmrec", "-lpthread")
     local out, err, code = cmd.sh(q(exe) .. " --threads 2 --batch 16 " .. q(model), input)

@@ -6,13 +6,6 @@ local data = ur.data
 
 local SAMPLE1, SAMPLE2 = h.fixture("criteo_raw_sample.tsv"), h.fixture("criteo_raw_sample2.tsv")
 
--- The first sample file's lines, to write files with a bad line from.
-local function sample_lines()
-  local lines = {}
-  for line in io.lines(SAMPLE1) do lines[#lines + 1] = line end
-  return lines
-end
-
 -- Every batch's size until the loader ends, and the error it ended with (nil at the end).
 local function drain(l)
   local sizes = {}
@@ -667,7 +660,7 @@ describe("uvmrec.data loader", function()
     end
     -- a bad line ends the window's rows first: its error, not a position past the end
     local dir = cmd.tmpdir()
-    local lines = sample_lines()
+    local lines = cmd.lines(SAMPLE1)
     table.insert(lines, 951, "bad line")
     cmd.spit(dir .. "/bad.tsv", table.concat(lines, "\n") .. "\n")
     local l = assert(data.open("criteo-tsv:" .. dir .. "/bad.tsv", { batch_size = 100, shuffle_window = 300,
@@ -682,7 +675,7 @@ describe("uvmrec.data loader", function()
   it("reports a reader error after the batches before it, naming file and line", function()
     local dir = cmd.tmpdir()
     local f = assert(io.open(dir .. "/bad.tsv", "w"))
-    local lines = sample_lines()
+    local lines = cmd.lines(SAMPLE1)
     lines[150] = lines[150]:gsub("^0", "2"):gsub("^1", "2")
     f:write(table.concat(lines, "\n", 1, 300), "\n")
     f:close()
@@ -706,7 +699,7 @@ describe("uvmrec.data loader", function()
     -- the window after a batch's first rows failed to read: the batch went with it, so a bad line
     -- at row W + 1 of a day file lost the rows of the batch before it
     local dir = cmd.tmpdir()
-    local lines = sample_lines()
+    local lines = cmd.lines(SAMPLE1)
     for _, c in ipairs { { 101, 100, { 64, 36 } }, { 201, 100, { 64, 64, 64, 8 } }, { 150, 100, { 64, 64, 21 } },
                          { 101, 0, { 64, 36 } } } do
       local bad, window, want = c[1], c[2], c[3]
@@ -739,7 +732,7 @@ describe("uvmrec.data loader", function()
   it("with even_slices names the reader's error where it cuts a batch the ranks cannot share (it blamed the "
      .. "epoch's last batch)", function()
     local dir = cmd.tmpdir()
-    local lines = sample_lines()
+    local lines = cmd.lines(SAMPLE1)
     local t = { unpack(lines, 1, 300) }
     t[150] = t[150]:gsub("^[01]", "2")
     local path = cmd.spit(dir .. "/bad.tsv", table.concat(t, "\n") .. "\n")
@@ -892,7 +885,7 @@ describe("uvmrec.data loader", function()
     -- over ranks each rank got its slice of TSV files' short last batch: 49 and 50 samples of 99,
     -- which a run with every table data-parallel trained on as if they were halves of one batch
     local dir = cmd.tmpdir()
-    local lines = sample_lines()
+    local lines = cmd.lines(SAMPLE1)
     local odd = cmd.spit(dir .. "/odd.tsv", table.concat(lines, "\n", 1, 999) .. "\n")
     local want = "loader: the batch at sample 900 of epoch 0 (the epoch's last) has 99 samples (batch_size 100), "
       .. "which the 2 ranks (slice_world) cannot share equally: each takes an equal slice of every global batch "

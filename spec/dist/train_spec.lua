@@ -331,8 +331,7 @@ describe("sharded training over ranks", function()
     -- an epoch of training, the files' count being known only at their end
     if not have_mpi() then pending("no MPI here") return end
     local dir = command.tmpdir()
-    local lines = {}
-    for line in io.lines(helpers.fixture("criteo_raw_sample.tsv")) do lines[#lines + 1] = line end
+    local lines = command.lines(helpers.fixture("criteo_raw_sample.tsv"))
     local odd = command.spit(dir .. "/odd.tsv", table.concat(lines, "\n", 1, 999) .. "\n")
     local even = command.spit(dir .. "/even.tsv", table.concat(lines, "\n", 1, 1000) .. "\n")
     local run = ("launch -n 2 train dlrm_tiny --cpu --progress none --set data.train=criteo-tsv:%s "
@@ -360,8 +359,7 @@ describe("sharded training over ranks", function()
   it("counts TSV files that data.train and data.eval both name once a run", function()
     if not have_mpi() then pending("no MPI here") return end
     local dir = command.tmpdir()
-    local lines = {}
-    for line in io.lines(helpers.fixture("criteo_raw_sample.tsv")) do lines[#lines + 1] = line end
+    local lines = command.lines(helpers.fixture("criteo_raw_sample.tsv"))
     local tsv = command.spit(dir .. "/f.tsv", table.concat(lines, "\n") .. "\n")
     -- each rank counts the loaders it opens with count_samples, then trains and evaluates
     local script = command.spit(dir .. "/count.lua", ([[

@@ -40,6 +40,16 @@ function M.spit(path, text)
   return path
 end
 
+-- The lines of a file (the first n of them, when n is given), without their ends.
+function M.lines(path, n)
+  local out = {}
+  for l in io.lines(path) do
+    if #out == n then break end
+    out[#out + 1] = l
+  end
+  return out
+end
+
 function M.exists(path)
   local f = io.open(path, "rb")
   if f then f:close() end

@@ -195,8 +195,7 @@ describe("uvmrec.train, against silent wrong results", function()
 
   it("skips bad TSV lines or pads short ones in training as convert does (data.on_bad_line, pad_missing_fields)",
     function()
-    local lines = {}
-    for l in io.lines(SAMPLE2) do lines[#lines + 1] = l end
+    local lines = cmd.lines(SAMPLE2)
     lines[50] = lines[50]:gsub("\t[^\t]*\t[^\t]*$", "") -- 38 fields
     lines[60] = "2" .. lines[60]:sub(2)                  -- a label of 2
     local short = cmd.spit(dir .. "/short.tsv", table.concat(lines, "\n", 1, 55) .. "\n")

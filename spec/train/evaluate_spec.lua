@@ -105,8 +105,7 @@ describe("uvmrec.train.evaluate of held-out data shorter than eval.samples", fun
   it("says how many it scored against how many eval.samples asked, in uvmrec eval, a run's evaluations and the log",
      function()
     local dir = cmd.tmpdir()
-    local lines = {}
-    for line in io.lines(helpers.fixture("criteo_raw_sample.tsv")) do lines[#lines + 1] = line end
+    local lines = cmd.lines(helpers.fixture("criteo_raw_sample.tsv"))
     local tsv = cmd.spit(dir .. "/short.tsv", table.concat(lines, "\n", 1, 300) .. "\n")
     local run = ("eval dlrm_tiny --cpu --data criteo-tsv:%s --set eval.batch_size=128 --out %s/ev"):format(tsv, dir)
     local out, err, code = cmd.run(run .. " --set eval.samples=1000")
