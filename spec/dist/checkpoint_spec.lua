@@ -13,8 +13,6 @@ local ck = require "uvmrec.checkpoint"
 local command = require "command"
 local h = require "helpers"
 
-local have_mpi = h.have_mpi
-
 local SCRIPT = "spec/support/dist_checkpoint.lua"
 
 -- Runs the script on n ranks (n = 1: one process, no launcher): its output.
@@ -193,8 +191,7 @@ describe("uvmrec.dist.checkpoint", function()
   local dir = command.tmpdir()
   teardown(function() command.rmdir(dir) end)
 
-  it("loads a 4-rank checkpoint on 2 ranks, in one process and on 4 ranks again, bit for bit", function()
-    if not have_mpi() then pending("no MPI here") return end
+  h.mpi_it("loads a 4-rank checkpoint on 2 ranks, in one process and on 4 ranks again, bit for bit", function()
     local A, B, C, D = dir .. "/A", dir .. "/B", dir .. "/C", dir .. "/D"
     job(4, { PLAN = "mixed4", STEPS = "2", OUT = A })
     local m = assert(dck.manifest(A))
@@ -224,8 +221,7 @@ describe("uvmrec.dist.checkpoint", function()
     other.tbe:free()
   end)
 
-  it("resumes a 4-rank run with the uninterrupted run's outputs and tables, bit for bit", function()
-    if not have_mpi() then pending("no MPI here") return end
+  h.mpi_it("resumes a 4-rank run with the uninterrupted run's outputs and tables, bit for bit", function()
     local A, U, R = dir .. "/r2", dir .. "/U", dir .. "/R"
     -- the shards count their accesses too: the resumed counters go on from the saved ones
     job(4, { PLAN = "mixed4", COUNT = "1", STEPS = "2", OUT = A })
@@ -238,8 +234,7 @@ describe("uvmrec.dist.checkpoint", function()
     assert.truthy(contents(R .. "/rank-00001-of-00004.safetensors")["b.counts.r1"], "a replica's counts")
   end)
 
-  it("saves every shard's access counts merged as the unsharded table counts them, and reshards them", function()
-    if not have_mpi() then pending("no MPI here") return end
+  h.mpi_it("saves every shard's access counts merged as the unsharded table counts them, and reshards them", function()
     local A, A2, B, Cc, D = dir .. "/nA", dir .. "/nA2", dir .. "/nB", dir .. "/nC", dir .. "/nD"
     -- every shard laid out hottest first before the save: the counts are by row id all the same
     job(4, { PLAN = "mixed4", COUNT = "1", RELAYOUT = "1", STEPS = "2", OUT = A })
@@ -270,15 +265,13 @@ describe("uvmrec.dist.checkpoint", function()
     assert.same(want, merged(D))
   end)
 
-  it("reshards rowwise Adagrad's per-row state of row-wise blocks", function()
-    if not have_mpi() then pending("no MPI here") return end
+  h.mpi_it("reshards rowwise Adagrad's per-row state of row-wise blocks", function()
     job(2, { PLAN = "row_wise", OPT = "rowwise_adagrad", STEPS = "1", OUT = dir .. "/A_rw" })
     job(1, { PLAN = "table_wise", OPT = "rowwise_adagrad", IN = dir .. "/A_rw", STEPS = "1" })
   end)
 
-  it("reshards the per-row state of column-wise tables under rowwise Adagrad: every column block's is the row's",
+  h.mpi_it("reshards the per-row state of column-wise tables under rowwise Adagrad: every column block's is the row's",
      function()
-    if not have_mpi() then pending("no MPI here") return end
     local A, B, Cd = dir .. "/A_cw", dir .. "/B_cw", dir .. "/C_cw"
     job(4, { PLAN = "column_wise", OPT = "rowwise_adagrad", STEPS = "2", OUT = A })
     job(1, { PLAN = "table_wise", OPT = "rowwise_adagrad", IN = A, STEPS = "2", OUT = B }) -- no step: loads, saves
@@ -529,8 +522,7 @@ describe("uvmrec.dist.checkpoint", function()
     host.tbe:free()
   end)
 
-  it("names a folder the ranks do not share: rank 0 does not see the other ranks' files", function()
-    if not have_mpi() then pending("no MPI here") return end
+  h.mpi_it("names a folder the ranks do not share: rank 0 does not see the other ranks' files", function()
     -- each rank saving into a folder of its own, as into a folder on each host's own disk: rank 0
     -- failed writing the manifest with the error of opening rank 1's file, naming no cause
     local out, err, code = command.sh(("env OUT=%s/apart APART=1 STEPS=1 %s launch -n 2 %s"):format(dir,
@@ -542,8 +534,7 @@ describe("uvmrec.dist.checkpoint", function()
     assert.is_nil(require("lfs").attributes(dir .. "/apart-rank-0/manifest.json"))
   end)
 
-  it("refuses another save's rank file where rank 0 looks for the rank's, on save and on load", function()
-    if not have_mpi() then pending("no MPI here") return end
+  h.mpi_it("refuses another save's rank file where rank 0 looks for the rank's, on save and on load", function()
     -- an earlier save of 2 ranks left rank 1's file in rank 0's folder; a save whose ranks each
     -- wrote into a folder of their own then took it as rank 1's (its rows of step 1 published as
     -- step 2's) and the load read them

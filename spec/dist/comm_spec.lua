@@ -10,7 +10,6 @@ local function launch(args)
 end
 
 local h = require "helpers"
-local have_mpi = h.have_mpi
 
 describe("uvmrec.dist communicators", function()
   it("runs every collective in a world of one: copies, with statistics", function()
@@ -20,8 +19,7 @@ describe("uvmrec.dist communicators", function()
   end)
 
   for _, w in ipairs { 2, 3, 4 } do
-    it(("runs every collective over %d ranks through MPI, against the reference"):format(w), function()
-      if not have_mpi() then pending("no MPI here: " .. tostring(select(2, dist.mpi()))) return end
+    h.mpi_it(("runs every collective over %d ranks through MPI, against the reference"):format(w), function()
       local out, err, code = launch(("-n %d spec/support/dist_collectives.lua"):format(w))
       assert.equal(0, code, out .. err)
       for r = 0, w - 1 do
@@ -33,8 +31,8 @@ describe("uvmrec.dist communicators", function()
     end)
   end
 
-  it("names the ranks whose collectives disagree under UVMREC_COMM_CHECK=1, and says so when MPI crashes", function()
-    if not have_mpi() then pending("no MPI here") return end
+  h.mpi_it("names the ranks whose collectives disagree under UVMREC_COMM_CHECK=1, and says so when MPI crashes",
+     function()
     local dir = command.tmpdir()
     -- every rank finds each disagreement (all_gather's and all_to_all's counts disagree for every
     -- receiving rank), so each is caught and the next tried; nothing reaches MPI
@@ -125,7 +123,7 @@ describe("uvmrec.dist communicators", function()
   -- NCCL's collectives: their kind, dtype, counts, reduction and root are host values, compared
   -- over the job's MPI communicator by the same check as MPI's (above) before NCCL takes them
   h.cuda_it("names the ranks whose NCCL collectives disagree under UVMREC_COMM_CHECK=1", function()
-    if not have_mpi() or ur.devices() < 2 then pending("2 GPUs and MPI are needed") return end
+    if not h.have_mpi() or ur.devices() < 2 then pending("2 GPUs and MPI are needed") return end
     local dir = command.tmpdir()
     local script = command.spit(dir .. "/nccl.lua", [[
       local ur = require "uvmrec"
@@ -180,8 +178,7 @@ describe("uvmrec.dist communicators", function()
       n - 1), err)
   end)
 
-  it("joins a job started by a plain mpirun, ranks from MPI's environment", function()
-    if not have_mpi() then pending("no MPI here") return end
+  h.mpi_it("joins a job started by a plain mpirun, ranks from MPI's environment", function()
     local root = command.sh("id -u") == "0\n" and "--allow-run-as-root " or ""
     local out, err, code = command.sh(("mpirun %s--oversubscribe -np 3 %s spec/support/dist_collectives.lua")
       :format(root, command.bin()))

@@ -5,7 +5,7 @@
 -- checkpoint from which the run resumes with the uninterrupted run's losses, bit for bit.
 local command = require "command"
 
-local have_mpi = require("helpers").have_mpi
+local h = require "helpers"
 
 local SCRIPT = "spec/support/dist_fault.lua"
 
@@ -36,9 +36,8 @@ describe("faults over ranks", function()
     { "oom", "rank 1 exited with 1: .*tensor: host allocation of 4398046511104 bytes failed" },
   }
   for _, c in ipairs(cases) do
-    it(("ends the job within 60 s when a rank fails mid-step (%s), naming the rank and its error"):format(c[1]),
+    h.mpi_it(("ends the job within 60 s when a rank fails mid-step (%s), naming the rank and its error"):format(c[1]),
       function()
-        if not have_mpi() then pending("no MPI here") return end
         local out, code, s = job(3, { FAULT = c[1], FAULT_RANK = "1", FAULT_STEP = "3", STEPS = "8" })
         assert.is_true(code ~= 0, out)
         assert.is_true(s < 60, ("%.1f s"):format(s))
@@ -49,9 +48,8 @@ describe("faults over ranks", function()
       end)
   end
 
-  it("names a rank's own one-line failure, before the job starts and after, not a death without a word",
+  h.mpi_it("names a rank's own one-line failure, before the job starts and after, not a death without a word",
     function()
-      if not have_mpi() then pending("no MPI here") return end
       local failures = {
         { "nosuchcmd", "rank %d exited with 2: 'nosuchcmd' is not a command; the commands are: " },
         { "train dlrm_tiny --cpu --frobnicate", "rank %d exited with 2: unknown option '%-%-frobnicate'" },
@@ -92,8 +90,7 @@ describe("faults over ranks", function()
       end
     end)
 
-  it("times out the others' collectives when a rank hangs (UVMREC_COMM_TIMEOUT)", function()
-    if not have_mpi() then pending("no MPI here") return end
+  h.mpi_it("times out the others' collectives when a rank hangs (UVMREC_COMM_TIMEOUT)", function()
     local out, code, s = job(3, { FAULT = "hang", FAULT_RANK = "2", FAULT_STEP = "2", STEPS = "8",
                                   UVMREC_COMM_TIMEOUT = "4" })
     assert.is_true(code ~= 0, out)
@@ -106,9 +103,9 @@ describe("faults over ranks", function()
     assert.matches("comm: UVMREC_COMM_TIMEOUT is 'soon'; expected seconds >= 0 %(0: no limit%)", err)
   end)
 
-  it("stops every rank at one step boundary on SIGINT to launch, saving a checkpoint that resumes exactly",
+  h.mpi_it("stops every rank at one step boundary on SIGINT to launch, saving a checkpoint that resumes exactly",
     function()
-      if not require("helpers").can_signal_launch() then return end
+      if not h.can_signal_launch() then return end
       local ck, log = dir .. "/int", dir .. "/int.log"
       -- launch in the background, SIGINT to it alone once a few steps are done
       local bg = command.background(("%s %s launch -n 3 %s"):format(env { STEPS = "60", SLOW = "0.2", OUT = ck },

@@ -9,8 +9,7 @@ local h = require "helpers"
 
 describe("uvmrec.metrics over ranks", function()
   for _, w in ipairs { 2, 3 } do
-    it(("equals one process's metrics over %d ranks"):format(w), function()
-      if not h.have_mpi() then pending("no MPI here") return end
+    h.mpi_it(("equals one process's metrics over %d ranks"):format(w), function()
       local out, err, code = command.sh(("%s launch -n %d spec/support/dist_metrics.lua"):format(command.bin(), w))
       h.ranks_ok(w, out, err, code)
       assert.matches("\nauc 0%.[89]%d+ gauc 0%.[89]%d+ ne ", "\n" .. out)

@@ -16,8 +16,6 @@ local h = require "helpers"
 local Prefetch = require "uvmrec.pipeline.Prefetch"
 local Batch = require "uvmrec.data.batch"
 
-local have_mpi = h.have_mpi
-
 local function sh(cmd)
   local t0 = os.time()
   local out, err, code = command.sh_fixed_blas(cmd)
@@ -130,10 +128,9 @@ describe("cached and managed shards through the prefetch pipeline", function()
   }
   for _, c in ipairs(cases) do
     local n, plan, place, pages = c[1], c[2], c[3], c[4]
-    it(("-n %d %s %s shards: the batch's ticket%s, the losses of the model without the pipeline bit for bit")
+    h.mpi_it(("-n %d %s %s shards: the batch's ticket%s, the losses of the model without the pipeline bit for bit")
        :format(n, plan, place, place == "cached" and " brings its rows into the caches before its forward"
          or " prefetches the managed shards' pages from its exchanged ids"), function()
-      if not have_mpi() then pending("no MPI here") return end
       local out, err, code = sh(("env PLAN=%s PLACEMENT=%s STEPS=4 PAGES=%s %s launch -n %d "
         .. "spec/support/dist_pipeline.lua"):format(plan, place, pages or "", command.bin(), n))
       h.ranks_ok(n, out, err, code)
@@ -152,9 +149,8 @@ describe("cached and managed shards through the prefetch pipeline", function()
   for _, c in ipairs { { 2, 20, mixed, "row-wise, table-wise and data-parallel" }, { 4, 8, mixed, "the same" },
                        { 2, 20, columns, "column-wise, evicting" } } do
     local n, steps, sharding = c[1], c[2], c[3]
-    it(("`uvmrec launch -n %d train` with cached shards (%s) and train.pipeline: the losses without it bit for "
+    h.mpi_it(("`uvmrec launch -n %d train` with cached shards (%s) and train.pipeline: the losses without it bit for "
        .. "bit, one process's within the dist tolerance"):format(n, c[4]), function()
-      if not have_mpi() then pending("no MPI here") return end
       local d = command.tmpdir()
       local args = TRAIN .. ("--steps %d --set embeddings.placement=cached "):format(steps) .. sharding
       local out, err, code = sh(("%s %s --set train.pipeline=true --out %s/one"):format(command.bin(), args, d))
@@ -180,9 +176,9 @@ describe("cached and managed shards through the prefetch pipeline", function()
     end)
   end
 
-  it("managed shards keep their hint policies per shard through the pipeline; their checkpoints hold logical rows",
+  h.mpi_it("managed shards keep their hint policies per shard through the pipeline; "
+     .. "their checkpoints hold logical rows",
      function()
-    if not have_mpi() then pending("no MPI here") return end
     local d = command.tmpdir()
     local args = TRAIN .. "--steps 12 --set embeddings.placement=managed --set embeddings.sharding=row_wise "
       .. "--set embeddings.tables.C3.sharding=data_parallel --set embeddings.hints.every=5 "
@@ -223,8 +219,7 @@ describe("cached and managed shards through the prefetch pipeline", function()
     command.rmdir(d)
   end)
 
-  it("takes a table's own hint allowance on the rank holding it, not on the others", function()
-    if not have_mpi() then pending("no MPI here") return end
+  h.mpi_it("takes a table's own hint allowance on the rank holding it, not on the others", function()
     -- table-wise, C3 lives on one rank: the other refused its allowance ("hints: table C3 has an
     -- allowance of its own but is not a managed table of the collection") and the launch failed
     local d = command.tmpdir()
@@ -234,8 +229,7 @@ describe("cached and managed shards through the prefetch pipeline", function()
     command.rmdir(d)
   end)
 
-  it("refuses what the pipeline over ranks still cannot do, naming it", function()
-    if not have_mpi() then pending("no MPI here") return end
+  h.mpi_it("refuses what the pipeline over ranks still cannot do, naming it", function()
     -- managed collisions: not through the pipeline (nor over ranks), said at the value to change
     local out, err, code = sh(("%s launch -n 2 %s --steps 2 --set train.pipeline=true "
       .. "--set embeddings.collisions.policy=lru"):format(command.bin(), TRAIN))

@@ -12,7 +12,6 @@ local ck = require "uvmrec.checkpoint"
 local dck = require "uvmrec.dist.checkpoint"
 
 local helpers = require "helpers"
-local have_mpi = helpers.have_mpi
 
 local COMMON = "--cpu --progress none --set train.log_every=1 --set eval.samples=0 --set eval.every=0 "
   .. "--set embeddings.sharding=row_wise"
@@ -71,9 +70,9 @@ describe("uvmrec train over ranks: checkpoints and --resume", function()
   before_each(function() dir = command.tmpdir() end)
   after_each(function() command.rmdir(dir) end)
 
-  it("saves each step's shards and state, keeps train.keep, resumes bit for bit on 2 ranks and resharded on 1 and 4",
+  helpers.mpi_it("saves each step's shards and state, keeps train.keep, "
+     .. "resumes bit for bit on 2 ranks and resharded on 1 and 4",
      function()
-    if not have_mpi() then pending("no MPI here") return end
     train("launch -n 2", "--steps 20 --out " .. dir .. "/whole")
     train("launch -n 2", "--steps 10 --out " .. dir .. "/a --set train.checkpoint_every=4 --set train.keep=2")
     local ckd = dir .. "/a/checkpoints"
@@ -131,8 +130,8 @@ describe("uvmrec train over ranks: checkpoints and --resume", function()
       .. "'embeddings'%): a run over 2 ranks resumes from checkpoints of runs over ranks", err)
   end)
 
-  it("resumes managed shards' access counters: on 2 ranks as the uninterrupted run's, in one process merged", function()
-    if not have_mpi() then pending("no MPI here") return end
+  helpers.mpi_it("resumes managed shards' access counters: "
+     .. "on 2 ranks as the uninterrupted run's, in one process merged", function()
     -- hot_prefix on every managed shard (row-wise, C3 data-parallel, C4 in column blocks), laid
     -- out hottest first at its intervals
     local hints = " --set embeddings.placement=managed --set embeddings.hints.every=3 --set train.checkpoint_every=4"
@@ -163,7 +162,8 @@ describe("uvmrec train over ranks: checkpoints and --resume", function()
     f:close()
   end)
 
-  it("stops every rank at one step on SIGINT to launch with one checkpoint that resumes bit for bit", function()
+  helpers.mpi_it("stops every rank at one step on SIGINT to launch with one checkpoint that resumes bit for bit",
+     function()
     if not helpers.can_signal_launch() then return end
     local fixed = " --set data.samples=10240000"
     local job = command.background(("%s launch -n 2 train dlrm_tiny %s --steps 10000 --out %s/int%s"):format(
@@ -190,7 +190,8 @@ describe("uvmrec train over ranks: checkpoints and --resume", function()
     for s = at + 1, at + 3 do assert.equal(w[s], r[s], "step " .. s) end
   end)
 
-  it("stops the job on a SIGINT that comes while the ranks start, before any of them could catch it", function()
+  helpers.mpi_it("stops the job on a SIGINT that comes while the ranks start, before any of them could catch it",
+     function()
     if not helpers.can_signal_launch() then return end
     -- as soon as launch made its job folder (in a TMPDIR of this test's): the ranks are not
     -- started yet, or have not reached their loop; each gets the signal when it notes its process

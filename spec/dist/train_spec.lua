@@ -11,7 +11,6 @@ local lfs = require "lfs"
 local command = require "command"
 
 local helpers = require "helpers"
-local have_mpi = helpers.have_mpi
 
 local function job(n, env)
   local vars = command.assignments(env)
@@ -47,18 +46,16 @@ describe("sharded training over ranks", function()
   }
   for _, c in ipairs(cases) do
     local n, plan, steps, sets, rows = c[1], c[2], c[3], c[4], c[5]
-    it(("-n %d %s: tables %s after a step, %d steps' losses and the AUC as one process's%s")
+    helpers.mpi_it(("-n %d %s: tables %s after a step, %d steps' losses and the AUC as one process's%s")
        :format(n, plan, rows and "within " .. rows or "bit for bit", steps, sets and (" (" .. sets .. ")") or ""),
        function()
-      if not have_mpi() then pending("no MPI here") return end
       local out = job(n, { PLAN = plan, STEPS = tostring(steps), SETS = sets or "", ROWS_TOL = rows })
       assert.matches("step " .. steps .. " loss", out)
       if steps == 40 then assert.matches("\nauc 0%.[89]", out) end
     end)
   end
 
-  it("trains multi-hot weighted bags alike; row-wise tables' partial sums agree within rounding", function()
-    if not have_mpi() then pending("no MPI here") return end
+  helpers.mpi_it("trains multi-hot weighted bags alike; row-wise tables' partial sums agree within rounding", function()
     local sets = "data.train=synthetic:tiny_multihot," .. ADAGRAD
     -- row-wise pooling adds the ranks' partial sums of a bag in another order than one process:
     -- rows within 1e-4 after a step, losses within 1e-4 over 40 steps (4.3e-5 measured)
@@ -67,8 +64,7 @@ describe("sharded training over ranks", function()
     job(2, { PLAN = "column_wise", STEPS = "2", SETS = sets })
   end)
 
-  it("runs docs/distributed.md's examples over 2 ranks with the one process's losses", function()
-    if not have_mpi() then pending("no MPI here") return end
+  helpers.mpi_it("runs docs/distributed.md's examples over 2 ranks with the one process's losses", function()
     local doc = command.slurp("docs/distributed.md")
     if not doc then pending("not in a source tree") return end
     local code = {}
@@ -125,9 +121,9 @@ describe("sharded training over ranks", function()
     return a, b
   end
 
-  it("trains with `uvmrec launch -n 2 train` as docs/distributed.md says, with the one process's losses and AUC",
+  helpers.mpi_it("trains with `uvmrec launch -n 2 train` as docs/distributed.md says, "
+     .. "with the one process's losses and AUC",
      function()
-    if not have_mpi() then pending("no MPI here") return end
     local doc = command.slurp("docs/distributed.md")
     if not doc then pending("not in a source tree") return end
     local line = doc:match("\n(uvmrec launch %-n 2 train [^\n]*)")
@@ -137,34 +133,32 @@ describe("sharded training over ranks", function()
     against_one_process("launch -n 2", args, 40, 10)
   end)
 
-  it("trains per-table shardings of the config over 3 ranks as one process", function()
-    if not have_mpi() then pending("no MPI here") return end
+  helpers.mpi_it("trains per-table shardings of the config over 3 ranks as one process", function()
     against_one_process("launch -n 3", "train dlrm_tiny --cpu --steps 20 --out RUN --progress none "
       .. "--set train.batch_size=1032 --set eval.samples=16512 --set eval.batch_size=8256 "
       .. "--set eval.min_auc=0 --set embeddings.sharding=table_wise --set embeddings.tables.C3.sharding=row_wise "
       .. "--set embeddings.tables.C16.sharding=data_parallel --set embeddings.tables.C21.sharding=row_wise", 20, 10)
   end)
 
-  it("trains dlrm_tiny under each sharding kind with its own optimizer (rowwise Adagrad) as one process", function()
-    if not have_mpi() then pending("no MPI here") return end
+  helpers.mpi_it("trains dlrm_tiny under each sharding kind with its own optimizer (rowwise Adagrad) as one process",
+     function()
     for _, kind in ipairs { "table_wise", "column_wise", "data_parallel" } do
       against_one_process("launch -n 2", "train dlrm_tiny --cpu --steps 20 --out RUN --progress none "
         .. "--set train.log_every=10 --set eval.min_auc=0 --set embeddings.sharding=" .. kind, 20, 10)
     end
   end)
 
-  it("evaluates the first eval.samples of held-out files over ranks as one process where they end inside a batch",
+  helpers.mpi_it("evaluates the first eval.samples of held-out files over ranks "
+     .. "as one process where they end inside a batch",
      function()
     -- each rank scored its whole slice of the batch the set ended in: the first 600 rows in
     -- global batches of 400 scored 800 over 2 ranks (AUC 0.5642), one process 600 (AUC 0.5833)
-    if not have_mpi() then pending("no MPI here") return end
     against_one_process("launch -n 2", "train dlrm_tiny --cpu --steps 10 --out RUN --progress none "
       .. "--set train.log_every=10 --set eval.min_auc=0 --set data.eval=criteo-tsv:"
       .. helpers.fixture("criteo_raw_sample.tsv") .. " --set eval.samples=600 --set eval.batch_size=400", 10, 10)
   end)
 
-  it("trains with embeddings.vbe = true as without, losses within 1e-5 relative", function()
-    if not have_mpi() then pending("no MPI here") return end
+  helpers.mpi_it("trains with embeddings.vbe = true as without, losses within 1e-5 relative", function()
     local base = "train dlrm_tiny --cpu --steps 20 --out RUN --progress none --set train.log_every=1 "
       .. "--set embeddings.sharding=row_wise --set eval.min_auc=0 --set embeddings.vbe="
     local off, on = command.tmpdir(), command.tmpdir()
@@ -182,18 +176,17 @@ describe("sharded training over ranks", function()
     command.rmdir(on)
   end)
 
-  it("refuses what a run over ranks cannot do, naming the value and why", function()
-    if not have_mpi() then pending("no MPI here") return end
+  helpers.mpi_it("refuses what a run over ranks cannot do, naming the value and why", function()
     local out, err, code = command.run("launch -n 2 train dlrm_tiny --cpu --steps 2 --set train.batch_size=1025")
     assert.is_true(code ~= 0, out)
     assert.matches("train.batch_size: 1025 is not a multiple of the 2 ranks", err)
     assert.matches("%[rank 1%] ", err) -- every rank says why, the others with their rank
   end)
 
-  it("refuses ranks whose configs differ, naming the rank and the keys, before it builds anything", function()
+  helpers.mpi_it("refuses ranks whose configs differ, naming the rank and the keys, before it builds anything",
+     function()
     -- two hosts with different config files (or --set) trained: rank 1 at another learning
     -- rate stepped its replica of the dense part apart from rank 0's, silently
-    if not have_mpi() then pending("no MPI here") return end
     local dir = command.tmpdir()
     local script = command.spit(dir .. "/differ.lua", ([[
       local train = require "uvmrec.train"
@@ -217,10 +210,9 @@ describe("sharded training over ranks", function()
     command.rmdir(dir)
   end)
 
-  it("writes the final event and says where before every rank fails eval.min_auc", function()
+  helpers.mpi_it("writes the final event and says where before every rank fails eval.min_auc", function()
     -- the other ranks exited with the failure first and their MPI_Abort killed rank 0 before
     -- metrics.jsonl had its final event or the run directory was named
-    if not have_mpi() then pending("no MPI here") return end
     local dir = command.tmpdir()
     local out, err, code = command.run(("launch -n 2 train dlrm_tiny --cpu --steps 2 --out %s/run --progress none "
       .. "--set eval.min_auc=0.99 --set eval.samples=4096 --set eval.batch_size=2048"):format(dir))
@@ -233,8 +225,7 @@ describe("sharded training over ranks", function()
     command.rmdir(dir)
   end)
 
-  it("measures B9 over 2 ranks (scripts/bench/dist.lua): samples/s and each step's collectives", function()
-    if not have_mpi() then pending("no MPI here") return end
+  helpers.mpi_it("measures B9 over 2 ranks (scripts/bench/dist.lua): samples/s and each step's collectives", function()
     local dir = command.tmpdir()
     local out, err, code = command.run(("launch -n 2 scripts/bench/dist.lua --cpu --per-rank 128 --steps 2 --warmup 1 "
       .. "--sharding mixed --set embeddings.optimizer.name=adagrad --out %s/b9.jsonl"):format(dir))
@@ -246,15 +237,13 @@ describe("sharded training over ranks", function()
     command.rmdir(dir)
   end)
 
-  it("is deterministic run to run", function()
-    if not have_mpi() then pending("no MPI here") return end
+  helpers.mpi_it("is deterministic run to run", function()
     local a = job(2, { PLAN = "mixed", STEPS = "3", SETS = ADAGRAD })
     local b = job(2, { PLAN = "mixed", STEPS = "3", SETS = ADAGRAD })
     assert.equal(a:gsub("%[rank %d%][^\n]*\n", ""), b:gsub("%[rank %d%][^\n]*\n", ""))
   end)
 
-  it("refuses batches the ranks do not share evenly, naming both ranks' sizes", function()
-    if not have_mpi() then pending("no MPI here") return end
+  helpers.mpi_it("refuses batches the ranks do not share evenly, naming both ranks' sizes", function()
     local out, err, code = command.sh(("env PLAN=row_wise STEPS=1 SETS=train.batch_size=1025 %s launch -n 2 "
       .. "spec/support/dist_train.lua"):format(command.bin()))
     assert.is_true(code ~= 0, out)
@@ -291,9 +280,9 @@ describe("sharded training over ranks", function()
     assert.truthy(err:find(want, 1, true), err)
   end
 
-  it("refuses day files whose epoch ends in a batch the ranks cannot share, before any step; data.drop_last drops it",
+  helpers.mpi_it("refuses day files whose epoch ends in a batch the ranks cannot share, before any step; "
+     .. "data.drop_last drops it",
      function()
-    if not have_mpi() then pending("no MPI here") return end
     local dir = days_1025()
     local run = ("launch -n 2 train dlrm_tiny --cpu --set data.train=criteo-bin:%s/days --set train.batch_size=512 "
       .. "--set train.steps=0 --set eval.every=0 --set eval.min_auc=0"):format(dir)
@@ -307,9 +296,8 @@ describe("sharded training over ranks", function()
     command.rmdir(dir)
   end)
 
-  it("refuses held-out day files whose evaluation ends in a batch the ranks cannot share, before any step",
+  helpers.mpi_it("refuses held-out day files whose evaluation ends in a batch the ranks cannot share, before any step",
      function()
-    if not have_mpi() then pending("no MPI here") return end
     local dir = days_1025()
     local run = ("launch -n 2 train dlrm_tiny --cpu --set data.train=criteo-bin:%s/days --set train.batch_size=512 "
       .. "--set train.steps=2 --set data.eval=criteo-bin:%s/days --set eval.batch_size=512 --set eval.every=0 "
@@ -322,14 +310,13 @@ describe("sharded training over ranks", function()
     command.rmdir(dir)
   end)
 
-  it("refuses TSV files whose epoch ends in a batch the ranks cannot share, counted before any step; "
+  helpers.mpi_it("refuses TSV files whose epoch ends in a batch the ranks cannot share, counted before any step; "
      .. "data.drop_last drops it", function()
     -- 999 rows in global batches of 512: the ranks took 243 and 244 samples of the last batch and
     -- failed in the embeddings' forward ("dist: rank 0 has a batch of 243 samples and rank 1 of
     -- 244"), naming neither the data nor data.drop_last; then the loader failed at that batch
     -- ("loader: the batch at sample 512 of epoch 0 (the epoch's last) has 487 samples ..."), after
     -- an epoch of training, the files' count being known only at their end
-    if not have_mpi() then pending("no MPI here") return end
     local dir = command.tmpdir()
     local lines = command.lines(helpers.fixture("criteo_raw_sample.tsv"))
     local odd = command.spit(dir .. "/odd.tsv", table.concat(lines, "\n", 1, 999) .. "\n")
@@ -356,8 +343,7 @@ describe("sharded training over ranks", function()
 
   -- data.eval naming data.train's TSV files counted them twice before any step (two parsing
   -- passes, each about an epoch's reading): the training loader's count, then the held-out probe's
-  it("counts TSV files that data.train and data.eval both name once a run", function()
-    if not have_mpi() then pending("no MPI here") return end
+  helpers.mpi_it("counts TSV files that data.train and data.eval both name once a run", function()
     local dir = command.tmpdir()
     local lines = command.lines(helpers.fixture("criteo_raw_sample.tsv"))
     local tsv = command.spit(dir .. "/f.tsv", table.concat(lines, "\n") .. "\n")

@@ -9,8 +9,6 @@ local dist = require "uvmrec.dist"
 local command = require "command"
 local h = require "helpers"
 
-local have_mpi = h.have_mpi
-
 local function opts()
   return { tables = { { name = "a", rows = 100, dim = 16, features = { "f", "g" } },
                       { name = "b", rows = 7, dim = 8, dtype = "f16" }, { name = "c", rows = 30, dim = 12 } },
@@ -44,8 +42,7 @@ describe("VBE over ranks", function()
     end)
   end
 
-  it("sends fewer bytes over 4 ranks where bags repeat, with VBE off's outputs", function()
-    if not have_mpi() then pending("no MPI here") return end
+  h.mpi_it("sends fewer bytes over 4 ranks where bags repeat, with VBE off's outputs", function()
     local out, err, code = command.sh(command.bin()
       .. " launch -n 4 scripts/bench/dist_vbe.lua --batch 16384 --steps 2")
     assert.equal(0, code, out .. err)

@@ -379,8 +379,7 @@ describe("uvmrec train --plan", function()
       .. "plan again", err)
   end)
 
-  it("trains a plan of 2 ranks under uvmrec launch, rank 0 alone saying the plan's HBM peak", function()
-    if not h.have_mpi() then pending("no MPI here") return end
+  h.mpi_it("trains a plan of 2 ranks under uvmrec launch, rank 0 alone saying the plan's HBM peak", function()
     local p2 = dir .. "/w2run.json"
     local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "eval.samples=0" }))
     local budget = 64 * 2 ^ 20 + gpu_dense(cfg, 2)

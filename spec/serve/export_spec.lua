@@ -117,10 +117,9 @@ describe("uvmrec.serve.export", function()
     assert.same(json.decode(src:meta("uvmrec.config")), json.decode(f:meta("uvmrec.config")))
   end)
 
-  it("exports a run trained over ranks, its tables reassembled from the checkpoint's shards", function()
+  h.mpi_it("exports a run trained over ranks, its tables reassembled from the checkpoint's shards", function()
     -- the tables of a run over ranks are in ckpt-<step>.shards: export read the file alone and
     -- failed, 'checkpoint: ... has no tensor 'embeddings.C1''
-    if not h.have_mpi() then pending("no MPI here") return end
     local dir = cmd.tmpdir()
     -- 3 ranks: row-wise blocks of 334, 334 and 332 rows, which no block of rows read lines up with
     local _, err, code = cmd.sh(("%s launch -n 3 train dlrm_tiny --cpu --steps 4 --out %s/run --progress none "
@@ -149,10 +148,9 @@ describe("uvmrec.serve.export", function()
     cmd.rmdir(dir)
   end)
 
-  it("exports a run over ranks holding a block of rows at a time, never a table whole", function()
+  h.mpi_it("exports a run over ranks holding a block of rows at a time, never a table whole", function()
     -- it built one process's whole collection and loaded every shard into it, then held every
     -- quantized table until the file was written: 100 GB of tables needed as much host memory
-    if not h.have_mpi() then pending("no MPI here") return end
     local dir = cmd.tmpdir()
     -- Kaggle's tables held to 200,000 rows: 1.4 M rows of 16 f32s (86 MiB), the largest 12 MiB
     local _, err, code = cmd.sh(("%s launch -n 2 train dlrm_kaggle --cpu --steps 1 --out %s/run --progress none "

@@ -1,6 +1,6 @@
--- Shared spec helpers: GPU guards, tolerant comparison and finite differences, a reproducible
--- random stream, Philox written out, the shared data and a Python with the optional tools, and
--- dlrm_tiny runs.
+-- Shared spec helpers: GPU and MPI guards, tolerant comparison and finite differences, a
+-- reproducible random stream, Philox written out, the shared data and a Python with the optional
+-- tools, and dlrm_tiny runs.
 -- (Files, temporary folders and the command itself: command.lua; references: dense_ref.lua,
 -- tbe_ref.lua.)
 local ur = require "uvmrec"
@@ -8,14 +8,14 @@ local command = require "command"
 
 local M = {}
 
--- An `it` for GPU behaviour, tagged #cuda: without a GPU it shows as pending, never passed;
--- under `make test-gpu` (UVMREC_REQUIRE_GPU=1) a missing GPU fails it instead.
 -- True in a sanitizer build's run (make SAN=1 test preloads ASan's runtime): its quarantine of
 -- freed memory and its shadow make a process's resident memory no measure of the engine's.
 function M.asan()
   return (os.getenv("LD_PRELOAD") or ""):find("asan", 1, true) ~= nil
 end
 
+-- An `it` for GPU behaviour, tagged #cuda: without a GPU it shows as pending, never passed;
+-- under `make test-gpu` (UVMREC_REQUIRE_GPU=1) a missing GPU fails it instead.
 function M.cuda_it(name, fn)
   local env = getfenv(2) -- busted gives each spec file its own environment
   local it = env.it
@@ -26,6 +26,22 @@ function M.cuda_it(name, fn)
       end
       -- Looked up now: busted resolves `pending` through the context that is running.
       env.pending("no GPU: " .. ur.cuda_error())
+      return
+    end
+    return fn(...)
+  end)
+end
+
+-- An `it` for a job of several ranks, tagged #mpi: without MPI (M.have_mpi) it shows as pending
+-- with the reason, never passed.
+function M.mpi_it(name, fn)
+  local env = getfenv(2) -- busted gives each spec file its own environment
+  local it = env.it
+  it(name .. " #mpi", function(...)
+    local mpi, why = M.have_mpi()
+    if not mpi then
+      -- Looked up now: busted resolves `pending` through the context that is running.
+      env.pending("no MPI here: " .. why)
       return
     end
     return fn(...)
@@ -313,8 +329,14 @@ function M.tiny_loader(samples, batch_size)
   return assert(ur.data.loader { data = "synthetic:tiny", samples = samples, batch_size = batch_size or 256 })
 end
 
--- Whether jobs of several ranks can run here: the engine's MPI plugin loads and mpirun is there.
-function M.have_mpi() return require("uvmrec.dist").mpi() ~= nil and command.have("mpirun") end
+-- Whether jobs of several ranks can run here: the engine's MPI plugin loads and mpirun is there;
+-- else false and why not.
+function M.have_mpi()
+  local mpi, why = require("uvmrec.dist").mpi()
+  if not mpi then return false, why end
+  if not command.have("mpirun") then return false, "mpirun is not on PATH" end
+  return true
+end
 
 -- A job of n ranks (command.sh's out, err and code) ended well: exit code 0 and a line
 -- "rank <r>: ok" from every rank; else an error with the job's output.
@@ -327,14 +349,10 @@ function M.ranks_ok(n, out, err, code)
   end
 end
 
--- Whether a spec can start `uvmrec launch` in the background and send it SIGINT (MPI, and
--- command.background's env --default-signal); marks the spec pending with the reason when not.
+-- Whether an M.mpi_it spec can start `uvmrec launch` in the background and send it SIGINT
+-- (command.background's env --default-signal); marks the spec pending with the reason when not.
 function M.can_signal_launch()
   local pending = getfenv(2).pending -- the calling spec's (busted gives each file its own)
-  if not M.have_mpi() then
-    pending("no MPI here")
-    return false
-  end
   if not command.can_background() then
     pending("env --default-signal (coreutils 8.31) is needed to start launch in the background")
     return false
