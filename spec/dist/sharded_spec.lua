@@ -167,7 +167,11 @@ describe("uvmrec.dist.shard", function()
       assert.matches("sharded_spec%.lua:%d+: ShardedEmbeddingBagCollection: rank 0's input: kjt: key 'c'", err)
       sharded:free()
     end
-    if not require("helpers").have_mpi() then return end
+  end)
+
+  h.mpi_it("refuses an id outside its table over 2 ranks on the rank whose input holds it, not on the table's, "
+     .. "at the caller's line", function()
+    -- table c lives on rank 1; rank 0's input holds the id past its rows
     local command = require "command"
     local dir = command.tmpdir()
     local script = command.spit(dir .. "/bad_id.lua", [[
