@@ -383,6 +383,27 @@ describe("uvmrec.KJT", function()
     assert.has_error(function() freed:values() end, "kjt: used after free()")
   end)
 
+  it("refuses to permute a KJT made unchecked whose lengths do not match its values", function()
+    local KJT = ur.KJT
+    local function unchecked(values, lengths)
+      return KJT { keys = { "a", "b" }, values = values, lengths = lengths, check = false }
+    end
+    -- each copies one span of values per key: a span past the values was read out of bounds
+    assert.has_error(function() unchecked({ 1, 2, 3 }, { 1, 1, 400, 1 }):permute { "b", "a" } end,
+      "kjt permute: key 'b' lengths sum to 401 for the 1 value left (a KJT made unchecked? "
+      .. "ur_kjt_validate names the bag)")
+    assert.has_error(function() unchecked({ 1, 2, 3 }, { 1, -2, 1, 1 }):permute { "b" } end,
+      "kjt permute: key 'a' lengths sum to -1; expected a count of values, 0 or more (a KJT made "
+      .. "unchecked? ur_kjt_validate names the bag)")
+    assert.has_error(function() unchecked({ 1, 2, 3, 4 }, { 1, 1, 1, 0 }):permute { "a" } end,
+      "kjt permute: lengths sum to 3 for 4 values (1 left after the last key, 'b'; a KJT made "
+      .. "unchecked? ur_kjt_validate names the bag)")
+    -- bags of a key that are bad on their own, in spans that fit, are copied as they are
+    local odd = unchecked({ 1, 2, 3 }, { 2, -1, 1, 1 }):permute { "b", "a" }
+    assert.same({ 1, 1, 2, -1 }, odd:lengths():totable())
+    assert.same({ 2, 3, 1 }, odd:values():totable())
+  end)
+
   it("lays sample-major rows out key-major (from_rows), as the plain loops would", function()
     local rng = rng_of(31)
     local hot, n = { 1, 3, 2, 4 }, 37

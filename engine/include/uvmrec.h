@@ -423,7 +423,10 @@ UR_API ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int6
 /* Checks lengths, offsets, sizes and, where rows[i] > 0, that key i's ids lie in
  * [0, rows[i]); rows may be NULL.  The error names the key and the position. */
 UR_API ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows /* or NULL */);
-/* A KJT of keys order[0..n-1] (indices into k's keys; repeats allowed). */
+/* A KJT of keys order[0..n-1] (indices into k's keys; repeats allowed).  It copies each key's
+ * span of values whole: spans that do not lie within the values one after the other (a KJT made
+ * unchecked) are refused, naming the key, before anything is read; the bags within a span are
+ * copied as they are (ur_kjt_validate checks them). */
 UR_API ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n,
                                 ur_kjt **out);
 /* Splits the keys into consecutive groups of sizes[0..n-1] keys (summing to num_keys). */

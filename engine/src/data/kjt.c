@@ -532,7 +532,36 @@ static ur_status build_finish(const ur_backend *be, const ur_tensor *like, build
   return st;
 }
 
-/* One run per key (and array). */
+/* Each key's span of values within the values, one after the other, ending at the last: what a
+ * copy of whole key spans reads.  A KJT made unchecked (ur_kjt_new's check 0) may break this;
+ * the spans are on the host wherever the KJT is, so the check costs num_keys steps and reads no
+ * device memory.  Bags within a span are not looked at (ur_kjt_validate does that). */
+static ur_status spans_fit(const ur_kjt *k, const char *who) {
+  int64_t nv = ur_tensor_numel(k->values);
+  for (int32_t i = 0; i < k->nkeys; i++) {
+    int64_t v0 = k->val0[i], v1 = k->val0[i + 1];
+    if (v1 < v0)
+      return ur__error(UR_STATUS_INVALID,
+                       "%s: key '%s' lengths sum to %lld; expected a count of values, 0 or more "
+                       "(a KJT made unchecked? ur_kjt_validate names the bag)",
+                       who, kname(k, i), (long long)(v1 - v0));
+    if (v0 < 0 || v1 > nv)
+      return ur__error(UR_STATUS_INVALID,
+                       "%s: key '%s' lengths sum to %lld for the %lld value%s left (a KJT made "
+                       "unchecked? ur_kjt_validate names the bag)",
+                       who, kname(k, i), (long long)(v1 - v0), (long long)(nv - v0),
+                       ur__s(nv - v0));
+  }
+  if (k->nkeys && k->val0[k->nkeys] != nv)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: lengths sum to %lld for %lld value%s (%lld left after the last key, "
+                     "'%s'; a KJT made unchecked? ur_kjt_validate names the bag)",
+                     who, (long long)k->val0[k->nkeys], (long long)nv, ur__s(nv),
+                     (long long)(nv - k->val0[k->nkeys]), kname(k, k->nkeys - 1));
+  return UR_STATUS_OK;
+}
+
+/* One run per key (and array), so the key spans must fit the values (spans_fit). */
 ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kjt **out) {
   UR__ARGS(k, out);
   if (n > 0 && !order) return ur__null(__func__, "order");
@@ -543,6 +572,8 @@ ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kj
       return ur__error(UR_STATUS_INVALID,
                        "kjt permute: position %d asks for key %d; the KJT has keys 0..%d", (int)j,
                        (int)order[j], (int)k->nkeys - 1);
+  ur_status st = spans_fit(k, "kjt permute");
+  if (st) return st;
   build b = {0};
   b.nkeys = n;
   b.stride = k->stride;
