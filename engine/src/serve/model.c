@@ -758,13 +758,22 @@ static void give_ctx(ur_model *m, ctx *c) {
   pthread_mutex_unlock(&m->lock);
 }
 
+/* *t replaced by a buffer of n elements; when that cannot be had, *t is kept as it was, so a
+ * growth that fails leaves the context's buffers as valid as before (for the while of a growth
+ * the old buffer and the new are both held). */
 static ur_status new_buffer(const ur_model *m, ur_tensor **t, ur_dtype dtype, int64_t n) {
+  ur_tensor *fresh = NULL;
+  ur_status st = ur_tensor_new(&fresh, dtype, 1, &n, m->place,
+                               m->place == UR_PLACE_DEVICE ? m->opts.device : UR_LOC_CPU);
+  if (st) return st;
   ur_tensor_free(*t);
-  *t = NULL;
-  return ur_tensor_new(t, dtype, 1, &n, m->place,
-                       m->place == UR_PLACE_DEVICE ? m->opts.device : UR_LOC_CPU);
+  *t = fresh;
+  return UR_STATUS_OK;
 }
 
+/* c's buffers for batch samples and nvals ids.  cap and nvals only grow with every buffer they
+ * size: a growth that failed for memory left each buffer at least as large as they say, so a
+ * later request that fits them (an empty one too) runs, and one that does not tries again. */
 static ur_status ensure(const ur_model *m, ctx *c, int64_t batch, int64_t nvals, int need_ids) {
   ur_status st = UR_STATUS_OK;
   if (batch > c->cap) {
@@ -772,17 +781,16 @@ static ur_status ensure(const ur_model *m, ctx *c, int64_t batch, int64_t nvals,
     if (!(st = new_buffer(m, &c->act, m->dt, cap * m->per_row)) &&
         !(st = new_buffer(m, &c->f32, UR_DTYPE_F32, cap * (m->num_dense + 2) + 3 * ALIGN_ELEMS)))
       c->cap = cap;
-    else c->cap = 0;
   }
   if (!st && need_ids && (!c->offsets || ur_tensor_numel(c->offsets) < c->cap * m->F + 1))
     st = new_buffer(m, &c->offsets, UR_DTYPE_I64, c->cap * m->F + 1);
-  if (!st && need_ids && (nvals > c->nvals || !c->values)) { /* a request of no ids has a view too */
+  /* a request of no ids has views of both too */
+  if (!st && need_ids && (nvals > c->nvals || !c->values || !c->weights)) {
     int64_t cap = nvals > 2 * c->nvals ? nvals : 2 * c->nvals;
     if (cap < 1) cap = 1;
     if (!(st = new_buffer(m, &c->values, UR_DTYPE_I64, cap)) &&
         !(st = new_buffer(m, &c->weights, UR_DTYPE_F32, cap)))
       c->nvals = cap;
-    else c->nvals = 0;
   }
   return st;
 }
