@@ -102,6 +102,24 @@ describe("planner.profile", function()
     f:free()
   end)
 
+  it("refuses a negative count, naming the table, the row and the count", function()
+    -- they were taken as 0: a corrupt counter made a cold row of it, unsaid
+    assert.has_error(function() profile.from_counts({ 3, 0, -2, 5 }, { name = "C3" }) end,
+      "profile.from_counts: table 'C3' row 2 (counts[3]) has count -2; expected counts >= 0")
+    assert.has_error(function() profile.from_counts({ -1 }) end,
+      "profile.from_counts: row 0 (counts[1]) has count -1; expected counts >= 0")
+    local t = assert(ur.tensor({ 6 }, { dtype = "i32" }))
+    for i, c in ipairs { 4, 1, 0, 7, -2147483648, -3 } do t:set(i - 1, c) end
+    assert.has_error(function() profile.from_counts(t, { name = "C9" }) end,
+      "profile.from_counts: table 'C9' row 4 has count -2147483648; expected counts >= 0")
+    t:set(4, 2)
+    assert.has_error(function() profile.from_counts(t, { name = "C9" }) end,
+      "profile.from_counts: table 'C9' row 5 has count -3; expected counts >= 0")
+    t:set(5, 0)
+    assert.equal(6, profile.from_counts(t, { name = "C9" }).rows)
+    t:free()
+  end)
+
   it("profiles a pass over the loader, measuring distinct rows a batch, and uses them", function()
     local tabs = {}
     for i, r in ipairs(presets.tiny_rows) do tabs[i] = { name = "C" .. i, rows = r } end

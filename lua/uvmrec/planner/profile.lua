@@ -159,13 +159,23 @@ local function compress(n, p, ratio)
 end
 M.compress = compress
 
+-- The message for a count below 0 (the ranking read it as 0: a corrupt counter became a cold row).
+local function negative(name, row, c, item)
+  return ("profile.from_counts: %srow %d%s has count %d; expected counts >= 0"):format(
+    name ~= nil and ("table %s "):format(lib.shown(name)) or "", row, item and (" (counts[%d])"):format(item) or "",
+    c)
+end
+
 -- From per-row access counts: a uvmrec tensor (i32, as tbe:counts() and checkpoints hold them)
--- or a Lua list.  opts: hot, name, source, ratio (merging classes, 1.01), measured.
+-- or a Lua list, each 0 or more.  opts: hot, name, source, ratio (merging classes, 1.01), measured.
 function M.from_counts(counts, opts)
   opts = opts or {}
   local tensor = require "uvmrec.tensor"
   local own
   if type(counts) == "table" then
+    for i = 1, #counts do
+      if counts[i] < 0 then error(negative(opts.name, i - 1, counts[i], i), 2) end
+    end
     own = assert(tensor.tensor({ #counts }, { dtype = "i32", placement = "host" }))
     local q = ffi.cast("int32_t *", require("uvmrec.lib").C.ur_tensor_data(own.p))
     for i = 1, #counts do q[i - 1] = counts[i] end
@@ -174,6 +184,16 @@ function M.from_counts(counts, opts)
   if counts:dtype() ~= "i32" then error("profile.from_counts: counts must be i32 (got " .. counts:dtype() .. ")", 2) end
   local host = counts
   if counts:placement() ~= "host" and counts:placement() ~= "pinned" then host = assert(counts:to("host")) end
+  if not own then -- one pass over the counters (a list was checked before its copy)
+    local q = ffi.cast("const int32_t *", require("uvmrec.lib").C.ur_tensor_data(host.p))
+    for r = 0, host:numel() - 1 do
+      if q[r] < 0 then
+        local c = q[r]
+        if host ~= counts then host:free() end
+        error(negative(opts.name, r, c), 2)
+      end
+    end
+  end
   local a = require("uvmrec.tbe_stats").snapshot(host, opts.name)
   local rows = a.rows
   local cs = a._c
