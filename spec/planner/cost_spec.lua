@@ -217,6 +217,42 @@ describe("planner.cost", function()
     near(bf.mlp, 6 * B * dm.product_macs / R.mlp_bf16, "bf16 mlp")
   end)
 
+  it("refuses a dense description it cannot read, naming the field and the value", function()
+    -- each raised from inside the arithmetic ("attempt to get length of field 'top'", "attempt to
+    -- compare string with number") or, for a misspelt key or precision, priced a default unsaid
+    local function d(over)
+      local t = { dense_features = 3, bottom = { 4 }, top = { 2, 1 }, tables = 1, dim = 4 }
+      for k, v in pairs(over) do t[k] = v end
+      return t
+    end
+    local cases = {
+      { 5, "the description is a number; expected a table {dense_features, bottom, top, tables, dim, ...}" },
+      { d { top = false }, "top is false; expected a list of layer widths" },
+      { d { bottom = { 4, "x" } }, "bottom[2] is 'x'; expected a layer's width, a whole number >= 1" },
+      { d { top = { 2, 0.5 } }, "top[2] is 0.5; expected a layer's width, a whole number >= 1" },
+      { d { tables = false }, "tables is false; expected the embedding tables' count, a whole number >= 1" },
+      { d { dim = 0 }, "dim is 0; expected the embedding dimension, a whole number >= 1" },
+      { d { dense_features = -1 }, "dense_features is -1; expected a whole number >= 1" },
+      { d { interaction = "dcn" }, "interaction is 'dcn'; expected dot or dcnv2" },
+      { d { cross_layers = 1.5 }, "cross_layers is 1.5; expected a whole number >= 0" },
+      { d { cross_rank = -2 }, "cross_rank is -2; expected a whole number >= 0" },
+      { d { precision = "fp16" }, "precision is 'fp16'; expected f32, tf32 or bf16" },
+      { d { optimizer = "lamb" }, "optimizer is 'lamb'; expected adagrad, adam, adamw, sgd" },
+      { d { momentum = "0.9" }, "momentum is '0.9'; expected a number >= 0" },
+      { d { eval_batch = -1 }, "eval_batch is -1; expected a whole number >= 0" },
+      { d { self_interaction = 1 }, "self_interaction is 1; expected a boolean" },
+      { d { dense_feature = 13 }, "unknown key 'dense_feature'; expected bottom, cross_layers, cross_rank, "
+        .. "dense_features, dim, eval_batch, interaction, momentum, optimizer, precision, self_interaction, "
+        .. "tables, top" },
+    }
+    for _, c in ipairs(cases) do
+      assert.has_error(function() cost.dense_model(c[1]) end, "cost.dense_model: " .. c[2])
+    end
+    -- what from_config gives: the config's fields, nil where it has none
+    assert.equal(3, cost.dense_model(d { interaction = "dcnv2", cross_layers = 0, optimizer = "adamw",
+                                         momentum = 0, eval_batch = 0, self_interaction = true }).layers)
+  end)
+
   it("prices an MLP layer's output values and calls where the calibration has them", function()
     local R2 = {}
     for k, v in pairs(R) do R2[k] = v end

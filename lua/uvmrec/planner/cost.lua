@@ -544,12 +544,69 @@ function M.dense_workspaces(dm, rows, sms, async)
   return main + side, main, side
 end
 
+local DENSE_KEYS = { "bottom", "cross_layers", "cross_rank", "dense_features", "dim", "eval_batch", "interaction",
+                     "momentum", "optimizer", "precision", "self_interaction", "tables", "top" }
+
+-- What is wrong with a dense description (nil when nothing): the arithmetic below reads every
+-- field as its kind, and raised from inside it ("attempt to get length of field 'top'").
+local function dense_error(d)
+  local lib = require "uvmrec.lib"
+  local shown = lib.shown
+  if type(d) ~= "table" then
+    return ("the description is a %s; expected a table {dense_features, bottom, top, tables, dim, ...}"):format(type(d))
+  end
+  -- a misspelt key first: its field's default, or a missing field, was the next thing said
+  local ok, kerr = pcall(lib.known_keys, d, DENSE_KEYS, "cost.dense_model", 1, "key")
+  if not ok then return (tostring(kerr):gsub("^[^\n]-cost%.dense_model: ", "", 1)) end
+  local function whole(k, lo, what)
+    local v = d[k]
+    if v ~= nil and not lib.whole_in(v, lo, 2 ^ 53) then
+      return ("%s is %s; expected %sa whole number >= %d"):format(k, shown(v), what or "", lo)
+    end
+  end
+  for _, k in ipairs { "bottom", "top" } do
+    if type(d[k]) ~= "table" then return ("%s is %s; expected a list of layer widths"):format(k, shown(d[k])) end
+    for i, o in ipairs(d[k]) do
+      if not lib.whole_in(o, 1, 2 ^ 53) then
+        return ("%s[%d] is %s; expected a layer's width, a whole number >= 1"):format(k, i, shown(o))
+      end
+    end
+  end
+  if d.tables == nil then return "tables is nil; expected the embedding tables' count, a whole number >= 1" end
+  if d.dim == nil then return "dim is nil; expected the embedding dimension, a whole number >= 1" end
+  local err = whole("tables", 1, "the embedding tables' count, ") or whole("dim", 1, "the embedding dimension, ")
+    or whole("dense_features", 1) or whole("cross_layers", 0) or whole("cross_rank", 0) or whole("eval_batch", 0)
+  if err then return err end
+  if d.interaction ~= nil and d.interaction ~= "dot" and d.interaction ~= "dcnv2" then
+    return ("interaction is %s; expected dot or dcnv2"):format(shown(d.interaction))
+  end
+  if d.precision ~= nil and d.precision ~= "f32" and d.precision ~= "tf32" and d.precision ~= "bf16" then
+    return ("precision is %s; expected f32, tf32 or bf16"):format(shown(d.precision))
+  end
+  optim = optim or require "uvmrec.optim"
+  local rule = d.optimizer ~= nil and optim.RULES[d.optimizer]
+  if d.optimizer ~= nil and not (rule and rule.dense) then
+    return ("optimizer is %s; expected %s"):format(shown(d.optimizer), table.concat(optim.names("dense"), ", "))
+  end
+  local m = d.momentum
+  if m ~= nil and not (type(m) == "number" and m >= 0 and m < math.huge) then
+    return ("momentum is %s; expected a number >= 0"):format(shown(m))
+  end
+  if d.self_interaction ~= nil and type(d.self_interaction) ~= "boolean" then
+    return ("self_interaction is %s; expected a boolean"):format(shown(d.self_interaction))
+  end
+end
+
 -- A DLRM's dense side from its shape: dense_features, bottom (widths), top (widths),
 -- interaction ("dot" | "dcnv2"), tables (count), dim, self_interaction, cross_layers,
 -- cross_rank, precision ("f32" | "tf32" | "bf16"), optimizer ("sgd" ...; its state per
 -- parameter: sgd 0 (momentum 1), adagrad 1, adam/adamw 2), eval_batch (the rows of a rank's
--- evaluation batches; 0 or nil: the run does not evaluate).
+-- evaluation batches; 0 or nil: the run does not evaluate).  A description it cannot read is
+-- refused (raised at the caller, as cost.table and cost.context do: planner.plan's setup turns
+-- their errors into nil, message), naming the field and the value.
 function M.dense_model(d)
+  local derr = dense_error(d)
+  if derr then error("cost.dense_model: " .. derr, 2) end
   local macs, params, widths, layers = 0, 0, 0, 0
   local function layer(i, o, no_bias)
     macs, params, widths, layers = macs + i * o, params + i * o + (no_bias and 0 or o), widths + o, layers + 1
