@@ -144,6 +144,15 @@ $(CACHE_DROP): spec/support/cache_drop.c $(BUILD)/lib/libuvmrec.a
 	$(CC) -std=c11 -O1 -g -D_GNU_SOURCE $(WARN) $(SANFLAGS) -Iengine/include -Iengine/src $< \
 	  $(BUILD)/lib/libuvmrec.a -Wl,--wrap=ur__cpu $(ENGINE_LIBS) -o $@
 
+# Whether an updating mc remap on the CPU asks for memory once its rounds ran (spec/mc_spec.lua):
+# the engine linked with ur__cpu, malloc and calloc wrapped, every allocation failing from the
+# end of a round to the end of the batch's remap.
+MC_OOM := $(BUILD)/bin/mc_oom
+$(MC_OOM): spec/support/mc_oom.c $(BUILD)/lib/libuvmrec.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O1 -g -D_GNU_SOURCE $(WARN) $(SANFLAGS) -Iengine/include -Iengine/src $< \
+	  $(BUILD)/lib/libuvmrec.a -Wl,--wrap=ur__cpu -Wl,--wrap=malloc -Wl,--wrap=calloc $(ENGINE_LIBS) -o $@
+
 # The FFI declarations come from the marked blocks of the public header and of the Lua host's
 # header (its support functions), so they cannot drift.
 $(CDEF): engine/include/uvmrec.h engine/include/uvmrec_lua.h
@@ -310,7 +319,7 @@ dist: all $(DIST_BINS) $(DIST_CHECKS) $(DIST_CUDA_BINS) $(DIST_CUDA_LIBS)
 	@mib=$$(du -sm dist | cut -f1); echo "dist: $$mib MiB in dist/"; \
 	  [ $$mib -le $(DIST_MAX_MIB) ] || { echo "dist: over $(DIST_MAX_MIB) MiB"; exit 1; }
 
-test: all $(CAPI_NULLS) $(KEY_ORDER) $(CACHE_DROP) fuzz-build
+test: all $(CAPI_NULLS) $(KEY_ORDER) $(CACHE_DROP) $(MC_OOM) fuzz-build
 	@$(RUN_ENV) $(LUAJIT) spec/run.lua $(SPEC)
 
 test-gpu: all

@@ -6,6 +6,7 @@
 local ur = require "uvmrec"
 local mc = require "uvmrec.mc"
 local h = require "helpers"
+local cmd = require "command"
 local R = require "mc_ref"
 
 local same_list = h.same_list
@@ -476,6 +477,19 @@ describe("uvmrec.mc", function()
     assert.same(rows, (m:lookup("t", { 100, 101, 102, 103 })))
     assert(m:remap(ur.KJT{ keys = { "t" }, values = { 104 }, lengths = { 1 } })) -- and it works on
     assert.same({ 0, 1, 2, 3 }, (m:lookup("t", { 100, 101, 102, 103 })))
+  end)
+
+  it("asks for no memory once a batch's rounds ran, so no batch fails after changing the map", function()
+    -- build/bin/mc_oom (spec/support/mc_oom.c): the engine with every allocation failing from the
+    -- end of a round to the end of the batch's remap.  The CPU's remap took its per-table
+    -- counts then: batch 2 failed for memory ("mc: out of host memory") with its round's three
+    -- admissions made
+    if not cmd.exists("engine/include/uvmrec.h") then return end -- a dist tree ships no test programs
+    local p = (cmd.bin():match("^(.*)/[^/]*$") or ".") .. "/mc_oom"
+    assert(cmd.exists(p), p .. " is not built (make test builds it)")
+    local out, err, code = cmd.sh(cmd.quote(p))
+    assert.equal(0, code, out .. err)
+    assert.equal("batch 2: 0 ok\nrefused 0 allocations\nrounds 1 admissions 3 resident 100: 1\n", out)
   end)
 
   it("computes distance_lfu's power with the engine's exp and log", function()

@@ -79,21 +79,22 @@ static void remap_range(void *ctx, size_t b0, size_t b1) {
   }
 }
 
+/* Asks for no memory: the rounds of an updating batch ran before it (mc.c), so a failure here
+ * would fail a batch that had changed the map.  Each table's ids this batch are summed into its
+ * info[NVALS], which the table keeps, not into an array of the batch's own. */
 static ur_status cpu_remap(void *stream, const ur__mc_batch *b) {
   (void)stream;
   if (b->update) {
-    int64_t *nv = calloc((size_t)b->T, sizeof(int64_t));
-    if (!nv) return ur__error(UR_STATUS_OOM, "mc: out of host memory");
+    for (int32_t t = 0; t < b->T; t++) b->tables[t].info[UR__MI_NVALS] = 0;
     for (int32_t f = 0; f < b->F; f++)
       if (b->feat_table[f] >= 0)
-        nv[b->feat_table[f]] += b->offsets[b->bag_start[f + 1]] - b->offsets[b->bag_start[f]];
+        b->tables[b->feat_table[f]].info[UR__MI_NVALS] +=
+            b->offsets[b->bag_start[f + 1]] - b->offsets[b->bag_start[f]];
     for (int32_t t = 0; t < b->T; t++) {
       const ur__mc_table *tb = &b->tables[t];
-      tb->info[UR__MI_NVALS] = nv[t];
-      *tb->admit = tb->info[UR__MI_CAND] + nv[t] <= (tb->qmask + 1) / 2;
+      *tb->admit = tb->info[UR__MI_CAND] + tb->info[UR__MI_NVALS] <= (tb->qmask + 1) / 2;
       if (!*tb->admit) tb->info[UR__MI_SKIPPED]++;
     }
-    free(nv);
   }
   if (b->mult) {
     memset(b->mult, 0, sizeof(int32_t) * (size_t)b->bags);
