@@ -1281,7 +1281,8 @@ UR_API size_t ur_sizeof_cache_stats(void);
  * own storage again).  Where it cannot write them back (ur_cache_flush fails: a lost cache,
  * memory, the GPU), t's tables it held are marked lost: t's forward and backward, those tables'
  * views, state, resets and layouts, and a new cache over them refuse them, naming why, until
- * ur_tbe_init_table writes each one's rows (and zeroes its optimizer state). */
+ * ur_tbe_init_table writes each one's rows (and zeroes its optimizer state).  ur_cache_free
+ * returns nothing and leaves ur_last_error() as it was: each table keeps why it was lost. */
 UR_API ur_status ur_cache_new(ur_cache **out, ur_tbe *t, int32_t num_tables,
                               const int32_t *tables, const ur_cache_config *config);
 UR_API void ur_cache_free(ur_cache *c);
