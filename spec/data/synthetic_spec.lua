@@ -334,6 +334,38 @@ describe("uvmrec.data synthetic", function()
       "synthetic: 65537 tables; expected at most 65536")
   end)
 
+  it("draws each table's bag lengths from a stream of its own, past 4096 tables too", function()
+    -- a length's counter was sample * 4096 + table: table 4097's at sample i was table 1's at
+    -- sample i + 1, so every length of table 4097 repeated one of table 1 (and so on up to 65536)
+    local ffi = require "ffi"
+    local U = ffi.typeof("uint64_t")
+    local function skey(seed, purpose, t) -- synth.h's ur__skey
+      local k = bit.bxor(U(seed), U(purpose) * 0x9E3779B97F4A7C15ULL, U(t) * 0xC2B2AE3D27D4EB4FULL)
+      k = bit.bxor(k, bit.rshift(k, 29)) * 0xBF58476D1CE4E5B9ULL
+      return bit.bxor(k, bit.rshift(k, 32))
+    end
+    -- table t (0-based): counter sample * 4096 + t mod 4096, its high word t / 4096 (0 below
+    -- 4096 tables: the lengths drawn so far)
+    local function ref_len(seed, t, i, lo, hi)
+      local v0 = h.philox(i * 4096 + t % 4096, skey(seed, 3, 0), math.floor(t / 4096)) -- UR__S_LEN
+      return lo + v0 % (hi - lo + 1)
+    end
+    local T, tabs = 4098, {}
+    for t = 1, T do tabs[t] = { rows = 5, hot = 1 } end
+    for _, t in ipairs { 1, 2, 4097, 4098 } do tabs[t].hot = { 0, 9 } end
+    local first, n = 77, 40
+    local g = assert(data.generate(data.synthetic_spec { num_dense = 1, seed = 21, tables = tabs }, first, n))
+    local lens = g.lengths:totable()
+    local same = 0
+    for i = 0, n - 1 do
+      for _, t in ipairs { 1, 2, 4097, 4098 } do
+        assert.equal(ref_len(21, t - 1, first + i, 0, 9), lens[i * T + t], ("table %d, sample %d"):format(t, first + i))
+      end
+      if i + 1 < n and lens[i * T + 4097] == lens[(i + 1) * T + 1] then same = same + 1 end
+    end
+    assert.is_true(same < n / 3, ("table 4097's lengths repeat table 1's a sample on: %d of %d"):format(same, n - 1))
+  end)
+
   h.cuda_it("gives the same samples on the GPU as on the CPU", function()
     local drifting = data.synthetic_spec("tiny", { drift = 0.37 })
     local dc = assert(data.generate(drifting, 123456, 2000))

@@ -36,8 +36,10 @@ UR_HD uint32_t ur_mulhilo(uint32_t a, uint32_t b, uint32_t *hi) {
   return (uint32_t)p;
 }
 
-UR_HD ur_philox4 ur_philox(uint64_t counter, uint64_t seed) {
-  uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
+/* The generator at a 128-bit counter: lo its low 64 bits, hi its high 64 (ur_philox's counter
+ * is lo with hi 0), for a stream whose counters outgrow 64 bits or must stay apart past them. */
+UR_HD ur_philox4 ur_philox128(uint64_t lo, uint64_t hi, uint64_t seed) {
+  uint32_t c0 = (uint32_t)lo, c1 = (uint32_t)(lo >> 32), c2 = (uint32_t)hi, c3 = (uint32_t)(hi >> 32);
   uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
   for (int r = 0; r < 10; r++) {
     uint32_t hi0, hi1;
@@ -52,6 +54,8 @@ UR_HD ur_philox4 ur_philox(uint64_t counter, uint64_t seed) {
   r.v[0] = c0; r.v[1] = c1; r.v[2] = c2; r.v[3] = c3;
   return r;
 }
+
+UR_HD ur_philox4 ur_philox(uint64_t counter, uint64_t seed) { return ur_philox128(counter, 0, seed); }
 
 /* A uniform in (0, 1]: 24 bits, exact in float, never 0 so log() is safe. */
 UR_HD float ur_u01(uint32_t w) { return (float)((w >> 8) + 1u) * (1.0f / 16777216.0f); }

@@ -136,10 +136,16 @@ UR_HD double ur__zHinv(double s, double x) {
   return ur__exp(ur__helper1(t) * x);
 }
 
-/* A rank in [1, rows]; uniform draws come from counters ctr, ctr + 2^40, ... */
+/* A rank in [1, rows] for ctr = sample * 4096 + slot.  A Zipf table's tries a = 0, 1, ... take
+ * counter (ctr mod 2^40) + a * 2^40 with ctr / 2^40 (the sample / 2^28) as the counter's high
+ * word: in 64 bits, sample i + 2^28's first try was sample i's second, and so on, a stream of
+ * tries shared past 268 M samples (a day and a half of Criteo).  A uniform table's one draw
+ * is at ctr. */
 UR_HD int64_t ur__zipf(const ur__synth_tab *t, uint64_t ctr, uint64_t key) {
+  const uint64_t low40 = (1ull << 40) - 1;
+  uint64_t lo = t->zipf ? ctr & low40 : ctr, hi = t->zipf ? ctr >> 40 : 0;
   for (uint64_t a = 0; a < 64; a++) {
-    double u01 = ur__u53(ur_philox(ctr + (a << 40), key));
+    double u01 = ur__u53(ur_philox128(lo + (a << 40), hi, key));
     if (!t->zipf) {
       int64_t k = (int64_t)floor(u01 * (double)t->rows) + 1;
       return k > t->rows ? t->rows : k;
@@ -173,7 +179,10 @@ UR_HD void ur__synth_row(const ur__synth *sp, int64_t i, float *dense, float *la
     const ur__synth_tab *tb = &sp->t[t];
     int32_t n = tb->hot_max;
     if (tb->hot_min != tb->hot_max) {
-      ur_philox4 r = ur_philox(base + (uint64_t)t, ur__skey(sp->seed, UR__S_LEN, 0));
+      /* table t at slot t mod 4096 of the sample's counters, t / 4096 the high word: slot t of
+       * sample i was slot t - 4096 of sample i + 1 past 4096 tables */
+      ur_philox4 r = ur_philox128(base + ((uint64_t)t & 4095), (uint64_t)t >> 12,
+                                  ur__skey(sp->seed, UR__S_LEN, 0));
       n = tb->hot_min + (int32_t)(r.v[0] % (uint32_t)(tb->hot_max - tb->hot_min + 1));
     }
     len[t] = n;
