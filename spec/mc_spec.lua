@@ -484,12 +484,8 @@ describe("uvmrec.mc", function()
     -- end of a round to the end of the batch's remap.  The CPU's remap took its per-table
     -- counts then: batch 2 failed for memory ("mc: out of host memory") with its round's three
     -- admissions made
-    if not cmd.exists("engine/include/uvmrec.h") then
-      pending("a dist tree ships no test programs (make test builds build/bin/mc_oom)")
-      return
-    end
-    local p = (cmd.bin():match("^(.*)/[^/]*$") or ".") .. "/mc_oom"
-    assert(cmd.exists(p), p .. " is not built (make test builds it)")
+    local p = h.test_program("mc_oom")
+    if not p then return end
     local out, err, code = cmd.sh(cmd.quote(p))
     assert.equal(0, code, out .. err)
     assert.equal("batch 2: 0 ok\nrefused 0 allocations\nrounds 1 admissions 3 resident 100: 1\n", out)

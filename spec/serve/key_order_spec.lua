@@ -4,18 +4,13 @@
 -- for 2000 features).  Counted by $(BUILD)/bin/key_order (spec/support/key_order.c), the engine
 -- linked with strcmp wrapped; serve_spec checks the scores of a request in another order.
 local command = require "command"
+local h = require "helpers"
 
 describe("uvmrec.serve matching a request's keys to the model's features", function()
-  local function program()
-    local dir = command.bin():match("^(.*)/[^/]*$") or "."
-    return dir .. "/key_order"
-  end
 
   it("spends n comparisons on keys in order and about n log n on shuffled ones", function()
-    -- a dist tree ships no test programs (as capi_null_spec)
-    if not command.exists("engine/include/uvmrec.h") then pending("not in a source tree") return end
-    local p = program()
-    assert(command.exists(p), p .. " is not built (make test builds it)")
+    local p = h.test_program("key_order")
+    if not p then return end
     for _, n in ipairs { 26, 1000, 2000 } do
       local out, err, code = command.sh(command.quote(p) .. " " .. n)
       assert.equal(0, code, out .. err)

@@ -362,6 +362,19 @@ function M.can_signal_launch()
   return true
 end
 
+-- The path of build/bin/<name>, a test program `make test` builds beside the command (a C program
+-- linked with the engine, some of its calls wrapped); in a dist tree, which ships none, it marks
+-- the calling spec pending and returns nil (the spec returns).  One not built fails the spec.
+function M.test_program(name)
+  if not command.exists("engine/include/uvmrec.h") then
+    getfenv(2).pending(("a dist tree ships no test programs (make test builds build/bin/%s)"):format(name))
+    return nil
+  end
+  local p = (command.bin():match("^(.*)/[^/]*$") or ".") .. "/" .. name
+  assert(command.exists(p), p .. " is not built (make test builds it)")
+  return p
+end
+
 -- Placements this machine can hold.
 function M.placements()
   local p = { "host", "pinned", "managed" }
