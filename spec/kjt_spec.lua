@@ -57,6 +57,13 @@ end
 
 local rng_of = h.rng
 
+-- A host tensor of a list.
+local function tensor_of(list, dtype)
+  local t = ur.tensor({ #list }, { dtype = dtype })
+  for i, x in ipairs(list) do t[i - 1] = x end
+  return t
+end
+
 local shapes = { { 3, 4 }, { 1, 1 }, { 5, 1 }, { 2, 7 }, { 4, 0 }, { 0, 3 } }
 
 local function bag_key(bag)
@@ -402,6 +409,128 @@ describe("uvmrec.KJT", function()
     local odd = unchecked({ 1, 2, 3 }, { 2, -1, 1, 1 }):permute { "b", "a" }
     assert.same({ 1, 1, 2, -1 }, odd:lengths():totable())
     assert.same({ 2, 3, 1 }, odd:values():totable())
+  end)
+
+  it("refuses to dedup, expand or bucketize a KJT made unchecked with bad bags, naming the op, key and sample",
+    function()
+    local KJT = ur.KJT
+    local function unchecked(values, lengths)
+      return KJT { keys = { "a", "b" }, values = values, lengths = lengths, check = false }
+    end
+    -- these read bag by bag through the offsets: a bag past the values was read out of bounds
+    -- (garbage ids in the result, no error), a negative length copied as it was
+    local over, neg = unchecked({ 1, 2, 3 }, { 1, 1, 400, 1 }), unchecked({ 1, 2, 3 }, { 2, -1, 1, 1 })
+    assert.is_false(over:checked())
+    assert.is_false(neg:checked())
+    local calls = {
+      dedup = function(k) return k:dedup() end,
+      expand = function(k) return k:expand() end,
+      bucketize = function(k) return k:bucketize(2, { a = { block = 2, rows = 4 }, b = { block = 2, rows = 4 } }) end,
+    }
+    for op, call in pairs(calls) do
+      assert.has_error(function() call(over) end,
+        "kjt " .. op .. ": key 'b' sample 0: offsets 2..402 disagree with length 400 or pass the 3 values")
+      assert.has_error(function() call(neg) end,
+        "kjt " .. op .. ": key 'a' sample 1 (lengths[1]) has length -1; lengths must be >= 0")
+    end
+    -- a failed call loses nothing: the KJT is as it was, still not known checked
+    assert.same({ 1, 1, 400, 1 }, over:lengths():totable())
+    assert.is_false(over:checked())
+    assert.equal("kjt: key 'a' sample 1 (lengths[1]) has length -1; lengths must be >= 0", select(2, neg:validate()))
+    -- a VBE batch's inverse indices are read as bag numbers: one past its key's bags crashed
+    local function vbe(inverse)
+      return KJT { keys = { "a" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key_per_rank = { { 2 } },
+                   inverse_indices = inverse, check = false }
+    end
+    local bad = vbe { 0, 1000000, 1 }
+    assert.is_false(bad:checked())
+    local want = "kjt expand: key 'a' sample 1 has inverse index 1000000; expected 0..1 (the key's stride is 2)"
+    assert.has_error(function() bad:expand() end, want)
+    assert.has_error(function() bad:expand(ur.tensor({ 2, 3 }):fill(1)) end, want)
+    -- sound ones made unchecked are checked once, then known checked
+    local good = vbe { 0, 1, 1 }
+    assert.is_false(good:checked())
+    assert.same({ 5, 6, 6 }, good:expand():values():totable())
+    assert.is_true(good:checked())
+    assert.same({ 1, 2, 2 }, good:expand(tensor_of({ 1, 2 }, "f32")):totable())
+  end)
+
+  it("refuses to split or concat KJTs made unchecked whose key spans do not fit their values", function()
+    local KJT = ur.KJT
+    local function unchecked(keys, values, lengths)
+      return KJT { keys = keys, values = values, lengths = lengths, check = false }
+    end
+    -- split's parts are views of key spans: a span past the values failed as a tensor's view
+    assert.has_error(function() unchecked({ "a", "b" }, { 1, 2, 3 }, { 1, 1, 400, 1 }):split { 1, 1 } end,
+      "kjt split: key 'b' lengths sum to 401 for the 1 value left (a KJT made unchecked? ur_kjt_validate "
+      .. "names the bag)")
+    assert.has_error(function() unchecked({ "a", "b" }, { 1, 2, 3 }, { 1, -2, 1, 1 }):split { 1, 1 } end,
+      "kjt split: key 'a' lengths sum to -1; expected a count of values, 0 or more (a KJT made unchecked? "
+      .. "ur_kjt_validate names the bag)")
+    -- concat lays each part's key spans after the values of the parts before: a part whose
+    -- lengths say 5 of its 3 values, before one whose lengths say 1 of its 3, gave key 'a' the
+    -- next part's values 7 and 8, silently (the result even passed validate(): 6 values, 6 long)
+    local p1 = unchecked({ "a" }, { 1, 2, 3 }, { 4, 1 })
+    local p2 = unchecked({ "b" }, { 7, 8, 9 }, { 0, 1 })
+    local sound = unchecked({ "c" }, { 4 }, { 0, 1 })
+    assert.has_error(function() KJT.concat { p1, p2 } end,
+      "kjt concat: part 1: key 'a' lengths sum to 5 for the 3 values left (a KJT made unchecked? "
+      .. "ur_kjt_validate names the bag)")
+    assert.has_error(function() KJT.concat { sound, p2, p1 } end,
+      "kjt concat: part 2: lengths sum to 1 for 3 values (2 left after the last key, 'b'; a KJT made "
+      .. "unchecked? ur_kjt_validate names the bag)")
+    -- spans that fit with a bag bad within: made, not known checked, refused by the next reader
+    local odd = KJT.concat { unchecked({ "a" }, { 1, 2, 3 }, { 4, -1 }), sound }
+    assert.is_false(odd:checked())
+    assert.is_false(unchecked({ "a", "b" }, { 1, 2, 3 }, { 2, -1, 1, 1 }):split { 1, 1 }[1]:checked())
+    assert.has_error(function() odd:dedup() end,
+      "kjt dedup: key 'a' sample 1 (lengths[1]) has length -1; lengths must be >= 0")
+  end)
+
+  it("knows a KJT checked when made, validated or made by an op from checked KJTs, and checks none again",
+    function()
+    local KJT = ur.KJT
+    local k = KJT { keys = { "a", "b" }, values = { 3, 1, 3, 0, 2 }, lengths = { 1, 1, 2, 1 } }
+    assert.is_true(k:checked())
+    -- made unchecked but sound: the offsets' scan saw it (no pass of its own)
+    assert.is_true(KJT { keys = { "a", "b" }, values = { 3, 1, 3, 0, 2 }, lengths = { 1, 1, 2, 1 },
+                         check = false }:checked())
+    -- the results of every op of a checked KJT are checked: nothing is checked twice
+    local v = k:dedup()
+    local ids = ur.tensor({ 2, 3 }, { dtype = "i64" }):fill(1)
+    local results = {
+      permute = k:permute { "b", "a", "b" }, split = k:split { 1, 1 }[2],
+      concat = KJT.concat { k:split { 1, 1 }[2], KJT { keys = { "z" }, values = { 9 }, lengths = { 0, 1 } } },
+      dedup = v, expand = v:expand(), split_vbe = v:split { 1, 1 }[2], permute_vbe = v:permute { "b" },
+      bucketize = k:bucketize(2, { a = { block = 2, rows = 4 } }), to = k:to("pinned"),
+      copy = k:copy { values = ur.tensor({ 5 }, { dtype = "i64" }), lengths = ur.tensor({ 4 }, { dtype = "i32" }),
+                      offsets = ur.tensor({ 5 }, { dtype = "i64" }) },
+      from_rows = KJT.from_rows { keys = { "x", "y" }, hot = { 1, 2 }, ids = ids,
+                                  lengths = ur.tensor({ 2, 2 }, { dtype = "i32" }):fill(1) },
+    }
+    for op, r in pairs(results) do assert.is_true(r:checked(), op) end
+    -- the loader writes its batches' lengths, offsets and key spans together: checked, unscanned
+    local loader = h.tiny_loader(8, 4)
+    for b in loader:batches() do assert.is_true(b.sparse:checked(), "loader") end
+    loader:close()
+    -- a VBE batch made unchecked: not known checked (its inverse indices unread) until validated
+    local u = KJT { keys = { "a" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key_per_rank = { { 2 } },
+                    inverse_indices = { 0, 1, 1 }, check = false }
+    assert.is_false(u:checked())
+    assert.is_false(u:permute { "a" }:checked())
+    assert.is_false(u:to("pinned"):checked())
+    assert.is_true(u:validate())
+    assert.is_true(u:checked())
+    assert.is_true(u:permute { "a" }:checked())
+    -- the mark holds for the contents checked: written into after, validate() says so and unmarks
+    local lengths = tensor_of({ 1, 1, 2, 1 }, "i32")
+    local w = KJT { keys = { "a", "b" }, values = { 3, 1, 3, 0, 2 }, lengths = lengths }
+    assert.is_true(w:checked())
+    lengths[2] = -1
+    assert.equal("kjt: key 'b' sample 0 (lengths[2]) has length -1; lengths must be >= 0", select(2, w:validate()))
+    assert.is_false(w:checked())
+    assert.has_error(function() w:dedup() end,
+      "kjt dedup: key 'b' sample 0 (lengths[2]) has length -1; lengths must be >= 0")
   end)
 
   it("lays sample-major rows out key-major (from_rows), as the plain loops would", function()

@@ -400,7 +400,10 @@ typedef struct ur_kjt ur_kjt;
  * stride_per_key_per_rank NULL for one stride for all keys (then inverse_indices must be NULL),
  * else each key's bags on each rank (TorchRec's names; one rank: num_keys entries) and
  * inverse_indices i64 [num_keys * stride].  All tensors in one placement (device: one GPU).
- * Offsets are computed here; lengths are checked (negative, sum) unless check is 0. */
+ * Offsets are computed here; lengths are checked (negative, sum) and inverse indices validated
+ * unless check is 0.  With check 0 a bad KJT is made all the same, not known checked (see
+ * ur_kjt_checked); one whose lengths the offsets' scan finds sound is known checked anyway,
+ * unless it has inverse indices, which that scan does not read. */
 UR_API ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys,
                             int64_t stride, const int64_t *stride_per_key_per_rank /* or NULL */,
                             ur_tensor *values, ur_tensor *lengths, ur_tensor *weights /* or NULL */,
@@ -412,6 +415,14 @@ UR_API int32_t ur_kjt_key_index(const ur_kjt *k, const char *key); /* -1 when ab
 UR_API int64_t ur_kjt_stride(const ur_kjt *k);                 /* the full batch size */
 UR_API int64_t ur_kjt_stride_of(const ur_kjt *k, int32_t i);   /* key i's bags (VBE) */
 UR_API int32_t ur_kjt_variable_stride(const ur_kjt *k);        /* 1 for a VBE batch */
+/* 1: k is known sound (lengths >= 0, offsets their running sum within the values, inverse
+ * indices within their keys' strides): made with the checks, passed ur_kjt_validate, or made by
+ * an op below from KJTs known sound.  0: not known (made with check 0), and dedup, expand and
+ * bucketize, which read bag by bag, first run ur_kjt_validate's check (a pass over the lengths;
+ * for a device KJT it waits for the device) and refuse a bad KJT naming the op, key and sample.
+ * The mark holds for the contents as checked: a caller that writes into tensors it gave the KJT
+ * calls ur_kjt_validate again. */
+UR_API int32_t ur_kjt_checked(const ur_kjt *k);
 UR_API const ur_tensor *ur_kjt_values(const ur_kjt *k);
 UR_API const ur_tensor *ur_kjt_lengths(const ur_kjt *k);
 UR_API const ur_tensor *ur_kjt_offsets(const ur_kjt *k);
@@ -420,21 +431,30 @@ UR_API const ur_tensor *ur_kjt_inverse_indices(const ur_kjt *k); /* NULL unless 
 /* The first bag (lengths index) and first value of key i, and one past their ends. */
 UR_API ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *bag1,
                                  int64_t *value0, int64_t *value1);
-/* Checks lengths, offsets, sizes and, where rows[i] > 0, that key i's ids lie in
- * [0, rows[i]); rows may be NULL.  The error names the key and the position. */
+/* Checks lengths, offsets, sizes, inverse indices and, where rows[i] > 0, that key i's ids lie
+ * in [0, rows[i]); rows may be NULL.  The error names the key and the position.  It marks k
+ * known checked (ur_kjt_checked) when all but the ids are sound, and unmarks it when not; on
+ * the GPU it waits for the device. */
 UR_API ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows /* or NULL */);
 /* A KJT of keys order[0..n-1] (indices into k's keys; repeats allowed).  It copies each key's
  * span of values whole: spans that do not lie within the values one after the other (a KJT made
  * unchecked) are refused, naming the key, before anything is read; the bags within a span are
- * copied as they are (ur_kjt_validate checks them). */
+ * copied as they are (ur_kjt_validate checks them).  Permute, split and concat look at the key
+ * spans (on the host, num_keys steps) only of a KJT not known checked, and their results are
+ * known checked when their inputs are. */
 UR_API ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n,
                                 ur_kjt **out);
-/* Splits the keys into consecutive groups of sizes[0..n-1] keys (summing to num_keys). */
+/* Splits the keys into consecutive groups of sizes[0..n-1] keys (summing to num_keys): views,
+ * so key spans outside the values are refused as by permute. */
 UR_API ur_status ur_kjt_split(const ur_kjt *k, const int32_t *sizes, int32_t n, ur_kjt **outs);
-/* Keys of all parts in order; same stride, distinct keys, all weighted or none. */
+/* Keys of all parts in order; same stride, distinct keys, all weighted or none.  A part whose
+ * key spans do not add up to its values (made unchecked) is refused, naming the part and key:
+ * its keys would take the next part's values. */
 UR_API ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **out);
 /* Per key, the distinct bags (same ids and weights) in order of first appearance, and for
- * every sample its bag: a VBE batch whose expand() is the input. */
+ * every sample its bag: a VBE batch whose expand() is the input.  Dedup, bucketize, expand and
+ * expand_rows (of a VBE batch) check a KJT not known checked first (ur_kjt_checked); their
+ * results are known checked. */
 UR_API ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out);
 /* Row-wise sharding's split of ids (not for VBE batches): key i with block[i] > 0 becomes
  * `buckets` keys "<key>@<b>" in its place, bucket b holding, bag by bag and in order, the ids

@@ -119,6 +119,9 @@ function methods:keys()
 end
 function methods:stride() return tonumber(C.ur_kjt_stride(K(self))) end
 function methods:variable_stride() return C.ur_kjt_variable_stride(K(self)) ~= 0 end
+-- True when the KJT is known sound (made with its checks, validated, or made by an op from KJTs
+-- known sound): dedup, expand and bucketize then check nothing; false: they check it first.
+function methods:checked() return C.ur_kjt_checked(K(self)) ~= 0 end
 -- Per key, its bags on each rank (TorchRec's shape; one rank): {{s1}, {s2}, ...}.
 function methods:stride_per_key_per_rank()
   local p, out = K(self), {}

@@ -19,8 +19,22 @@ struct ur_kjt {
   int64_t *bag0;       /* nkeys + 1: first bag of each key */
   int64_t *val0;       /* nkeys + 1: first value of each key */
   int variable;
+  /* 1: known sound (lengths >= 0, offsets their running sum within the values, key spans adding
+   * up to them, inverse indices within their keys' strides), so the ops that read bag by bag
+   * through the offsets check nothing.  Set when made with the checks (or by a scan that found
+   * nothing wrong), by ur_kjt_validate, and by ops whose results are sound by construction from
+   * sound inputs.  Read and written with relaxed atomics (is_checked, set_checked): validate
+   * and the ops that check take a const KJT, which other threads may be reading. */
+  int checked;
   ur_tensor *values, *lengths, *offsets, *weights, *inverse;
 };
+
+static int is_checked(const ur_kjt *k) { return __atomic_load_n(&k->checked, __ATOMIC_RELAXED); }
+
+/* The KJT was allocated writable (kjt_make): only the const of the caller's view is cast away. */
+static void set_checked(const ur_kjt *k, int v) {
+  __atomic_store_n(&((ur_kjt *)k)->checked, v, __ATOMIC_RELAXED);
+}
 
 static ur_status new_1d(ur_tensor **out, ur_dtype dt, int64_t n, ur_place place, int32_t dev) {
   return ur_tensor_new(out, dt, 1, &n, place, dev);
@@ -155,7 +169,11 @@ static ur_status make_offsets(ur_kjt *k, const ur_tensor *given, const int64_t *
     memcpy(k->val0, val0, sizeof(int64_t) * (size_t)(k->nkeys + 1));
     return UR_STATUS_OK;
   }
-  return check ? offsets_error(k, bad, nv) : UR_STATUS_OK;
+  if (check && (st = offsets_error(k, bad, nv))) return st;
+  /* The scan found what ur_kjt_validate would (its offsets are the lengths' running sum), made
+   * unchecked or not; inverse indices it does not look at (ur_kjt_new validates those). */
+  k->checked = bad[0] < 0 && bad[1] < 0 && k->val0[k->nkeys] == nv && !k->inverse;
+  return UR_STATUS_OK;
 }
 
 /* t (the argument `what`, with its verb) in the placement of ref (`rwhat`), device and all: the
@@ -335,12 +353,15 @@ ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, in
 
 /* A KJT whose offsets the caller made (the loader, writing them with the lengths): offsets
  * [nkeys * stride + 1] beside values, val0 (host, nkeys + 1) each key's first value.  Nothing
- * is scanned or allocated but the views. */
+ * is scanned or allocated but the views.  The loader counts every bag's ids as it writes them,
+ * with its offsets and key spans: sound by construction, so checked. */
 ur_status ur__kjt_new_with_offsets(ur_kjt **out, int32_t num_keys, const char *const *keys,
                                    int64_t stride, ur_tensor *values, ur_tensor *lengths,
                                    ur_tensor *weights, ur_tensor *offsets, const int64_t *val0) {
-  return kjt_make(num_keys, keys, stride, NULL, values, lengths, weights, NULL, offsets, val0, 0,
-                  out);
+  ur_status st = kjt_make(num_keys, keys, stride, NULL, values, lengths, weights, NULL, offsets,
+                          val0, 0, out);
+  if (!st) (*out)->checked = 1;
+  return st;
 }
 
 /* ---- accessors ---- */
@@ -370,6 +391,10 @@ int64_t ur_kjt_stride_of(const ur_kjt *k, int32_t i) {
 int32_t ur_kjt_variable_stride(const ur_kjt *k) {
   UR__ARGS_OR(-1, k);
   return k->variable;
+}
+int32_t ur_kjt_checked(const ur_kjt *k) {
+  UR__ARGS_OR(-1, k);
+  return is_checked(k);
 }
 const ur_tensor *ur_kjt_values(const ur_kjt *k) {
   UR__ARGS_OR(NULL, k);
@@ -407,11 +432,14 @@ ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *ba
 
 /* ---- validate ---- */
 
-/* The backend finds the first bad bag, the first bag with a bad id and the first bad inverse
- * index; the error is the one of the lowest key (bags, then ids, then inverse indices within
- * a key), and its message is made from a few elements read back. */
-ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
-  UR__ARGS(k);
+/* The one check of a KJT, for ur_kjt_validate and for the ops that read bag by bag through the
+ * offsets of a KJT not known checked (need_checked); `who` opens the message.  The backend
+ * finds the first bad bag, the first bag with a bad id and the first bad inverse index; the
+ * error is the one of the lowest key (bags, then ids, then inverse indices within a key), and
+ * its message is made from a few elements read back.  The KJT is marked checked when its bags
+ * and inverse indices are sound (ids out of range are the rows' matter, not its shape's), and
+ * unmarked when not, so a caller who wrote into its tensors and validates again is believed. */
+static ur_status check_kjt(const ur_kjt *k, const int64_t *rows, const char *who) {
   int64_t bad[3] = {-1, -1, -1}, nv = ur_tensor_numel(k->values);
   int32_t prev = 0;
   ur_status st = UR__NEED(k->be, kjt, validate);
@@ -422,6 +450,7 @@ ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
     st = leave(k->be, k->values, prev, st);
   }
   if (st) return st;
+  set_checked(k, bad[0] < 0 && bad[2] < 0 && k->val0[k->nkeys] == nv);
   int64_t none = INT64_MAX;
   int64_t kb = bad[0] >= 0 ? key_of_bag(k, bad[0]) : none;
   int64_t ki = bad[1] >= 0 ? key_of_bag(k, bad[1]) : none;
@@ -433,12 +462,12 @@ ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
       return st;
     if (l < 0)
       return ur__error(UR_STATUS_INVALID,
-                       "kjt: key '%s' sample %lld (lengths[%lld]) has length %d; lengths must be >= 0",
-                       kname(k, key), (long long)(b - k->bag0[key]), (long long)b, (int)l);
+                       "%s: key '%s' sample %lld (lengths[%lld]) has length %d; lengths must be >= 0",
+                       who, kname(k, key), (long long)(b - k->bag0[key]), (long long)b, (int)l);
     return ur__error(UR_STATUS_INVALID,
-                     "kjt: key '%s' sample %lld: offsets %lld..%lld disagree with length %d "
+                     "%s: key '%s' sample %lld: offsets %lld..%lld disagree with length %d "
                      "or pass the %lld values",
-                     kname(k, key), (long long)(b - k->bag0[key]), (long long)off[0],
+                     who, kname(k, key), (long long)(b - k->bag0[key]), (long long)off[0],
                      (long long)off[1], (int)l, (long long)nv);
   }
   if (ki != none && ki <= kv) {
@@ -447,19 +476,19 @@ ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
     if ((st = ur_tensor_read(k->offsets, b, 2, off))) return st;
     int64_t n = off[1] - off[0];
     int64_t *ids = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
-    if (!ids) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
+    if (!ids) return ur__error(UR_STATUS_OOM, "%s: out of host memory", who);
     st = ur_tensor_read(k->values, off[0], n, ids);
     for (int64_t v = 0; v < n && !st; v++)
       if (ids[v] < 0 || ids[v] >= rows[key])
         st = ur__error(UR_STATUS_INVALID,
-                       "kjt: key '%s' sample %lld (values[%lld]) has id %lld, outside the "
+                       "%s: key '%s' sample %lld (values[%lld]) has id %lld, outside the "
                        "table's %lld rows",
-                       kname(k, key), (long long)(b - k->bag0[key]), (long long)(off[0] + v),
+                       who, kname(k, key), (long long)(b - k->bag0[key]), (long long)(off[0] + v),
                        (long long)ids[v], (long long)rows[key]);
     free(ids);
     if (!st)
-      st = ur__error(UR_STATUS_DEVICE, "kjt: the %s backend found a bad id in bag %lld of key "
-                     "'%s' that reading the bag back does not show", k->be->name, (long long)b,
+      st = ur__error(UR_STATUS_DEVICE, "%s: the %s backend found a bad id in bag %lld of key "
+                     "'%s' that reading the bag back does not show", who, k->be->name, (long long)b,
                      kname(k, key));
     return st;
   }
@@ -468,15 +497,26 @@ ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
     int32_t key = (int32_t)kv;
     if ((st = ur_tensor_read(k->inverse, i, 1, &x))) return st;
     return ur__error(UR_STATUS_INVALID,
-                     "kjt: key '%s' sample %lld has inverse index %lld; expected 0..%lld "
+                     "%s: key '%s' sample %lld has inverse index %lld; expected 0..%lld "
                      "(the key's stride is %lld)",
-                     kname(k, key), (long long)(i - kv * k->stride), (long long)x,
+                     who, kname(k, key), (long long)(i - kv * k->stride), (long long)x,
                      (long long)k->spk[key] - 1, (long long)k->spk[key]);
   }
   if (k->val0[k->nkeys] != nv)
-    return ur__error(UR_STATUS_INVALID, "kjt: lengths sum to %lld for %lld value%s",
-                     (long long)k->val0[k->nkeys], (long long)nv, ur__s(nv));
+    return ur__error(UR_STATUS_INVALID, "%s: lengths sum to %lld for %lld value%s",
+                     who, (long long)k->val0[k->nkeys], (long long)nv, ur__s(nv));
   return UR_STATUS_OK;
+}
+
+ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
+  UR__ARGS(k);
+  return check_kjt(k, rows, "kjt");
+}
+
+/* What an op reading bag by bag through k's offsets (or its inverse indices) needs: nothing for
+ * a KJT known checked, else the check, whose error names the op (on the GPU it waits). */
+static ur_status need_checked(const ur_kjt *k, const char *who) {
+  return is_checked(k) ? UR_STATUS_OK : check_kjt(k, NULL, who);
 }
 
 /* ---- permute and concat: segment copies ---- */
@@ -490,6 +530,7 @@ typedef struct build {
   int64_t *spk;        /* NULL: not VBE */
   int64_t nvalues, nbags;
   int weighted;
+  int checked;         /* every input known checked: so is the result */
   ur_tensor *values, *lengths, *weights, *inverse;
   int64_t *val0;       /* nkeys + 1 first values */
   ur__kjt_seg *seg;    /* 4 * n runs, array by array: values, weights, lengths, inverse */
@@ -528,15 +569,19 @@ static ur_status build_finish(const ur_backend *be, const ur_tensor *like, build
   if (!st)
     st = kjt_make(b->nkeys, b->keys, b->stride, b->spk, b->values, b->lengths, b->weights,
                   b->inverse, NULL, b->val0, 0, out);
+  if (!st) (*out)->checked = b->checked;
   build_free(b);
   return st;
 }
 
 /* Each key's span of values within the values, one after the other, ending at the last: what a
- * copy of whole key spans reads.  A KJT made unchecked (ur_kjt_new's check 0) may break this;
- * the spans are on the host wherever the KJT is, so the check costs num_keys steps and reads no
- * device memory.  Bags within a span are not looked at (ur_kjt_validate does that). */
+ * copy or a view of whole key spans reads (permute, split, concat).  A KJT made unchecked
+ * (ur_kjt_new's check 0) may break this; the spans are on the host wherever the KJT is, so the
+ * check costs num_keys steps and reads no device memory, and a KJT known checked skips it.  Bags
+ * within a span are not looked at: the result is not known checked either, and an op reading
+ * its bags checks them (need_checked). */
 static ur_status spans_fit(const ur_kjt *k, const char *who) {
+  if (is_checked(k)) return UR_STATUS_OK;
   int64_t nv = ur_tensor_numel(k->values);
   for (int32_t i = 0; i < k->nkeys; i++) {
     int64_t v0 = k->val0[i], v1 = k->val0[i + 1];
@@ -578,6 +623,7 @@ ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kj
   b.nkeys = n;
   b.stride = k->stride;
   b.weighted = k->weights != NULL;
+  b.checked = is_checked(k);
   b.keys = calloc((size_t)n + 1, sizeof(char *));
   if (k->variable) b.spk = calloc((size_t)n + 1, sizeof(int64_t));
   b.val0 = malloc(sizeof(int64_t) * ((size_t)n + 1));
@@ -624,8 +670,11 @@ ur_status ur_kjt_split(const ur_kjt *k, const int32_t *sizes, int32_t n, ur_kjt 
     return ur__error(UR_STATUS_INVALID,
                      "kjt split: segments hold %lld keys in all but the KJT has %d",
                      (long long)total, (int)k->nkeys);
+  /* The parts are views of whole key spans; they are known checked when k is. */
+  ur_status st = spans_fit(k, "kjt split");
+  if (st) return st;
+  int checked = is_checked(k);
   int32_t k0 = 0;
-  ur_status st = UR_STATUS_OK;
   for (int32_t j = 0; j < n && !st; j++) {
     int32_t k1 = k0 + sizes[j];
     ur_tensor *v = NULL, *l = NULL, *w = NULL, *inv = NULL, *off = NULL;
@@ -650,6 +699,7 @@ ur_status ur_kjt_split(const ur_kjt *k, const int32_t *sizes, int32_t n, ur_kjt 
       st = kjt_make(k1 - k0, (const char *const *)k->keys + k0, k->stride,
                     k->variable ? k->spk + k0 : NULL, v, l, w, inv, off, off ? k->val0 + k0 : v0, 0,
                     &outs[j]);
+    if (!st) outs[j]->checked = checked;
     free(v0);
     ur_tensor_free(v);
     ur_tensor_free(l);
@@ -713,6 +763,7 @@ ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **out) {
   build b = {0};
   b.stride = p0->stride;
   b.weighted = p0->weights != NULL;
+  b.checked = 1;
   for (int32_t j = 0; j < n; j++) {
     const ur_kjt *p = parts[j];
     if (p->stride != p0->stride)
@@ -727,10 +778,15 @@ ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **out) {
       return ur__error(UR_STATUS_INVALID,
                        "kjt concat: part %d %s a variable batch per key but part 1 %s", (int)j + 1,
                        p->variable ? "has" : "has not", p0->variable ? "has" : "has not");
-    char part[32];
+    char part[32], who[48];
     snprintf(part, sizeof part, "part %d", (int)j + 1);
     ur_status bad = same_place("kjt concat", part, "is", p->values, "part 1", p0->values);
     if (bad) return bad;
+    /* The result's key spans are each part's, laid after the values of the parts before: a
+     * part whose lengths do not add up to its values would give keys another part's values. */
+    snprintf(who, sizeof who, "kjt concat: part %d", (int)j + 1);
+    if ((bad = spans_fit(p, who))) return bad;
+    b.checked &= is_checked(p);
     b.nkeys += p->nkeys;
     b.nvalues += ur_tensor_numel(p->values);
     b.nbags += p->bag0[p->nkeys];
@@ -796,6 +852,7 @@ static ur_status gather_bags(const ur_kjt *k, const ur_tensor *map, int64_t n,
   if (!st)
     st = kjt_make(k->nkeys, (const char *const *)k->keys, k->stride, spk, v, len, w, inv, off,
                   val0, 0, out);
+  if (!st) (*out)->checked = 1; /* gathered whole bags of a checked k */
   ur_tensor_free(len);
   ur_tensor_free(off);
   ur_tensor_free(v);
@@ -823,7 +880,8 @@ ur_status ur_kjt_bucketize(const ur_kjt *k, ur_kjt **out, const int64_t *block,
     n += block[i] > 0 ? buckets : 1;
   }
   const ur_backend *be = k->be;
-  ur_status st = UR__NEED(be, kjt, bucket_count);
+  ur_status st = need_checked(k, "kjt bucketize");
+  if (!st) st = UR__NEED(be, kjt, bucket_count);
   if (!st) st = UR__NEED(be, kjt, bucket_fill);
   if (!st) st = UR__NEED(be, kjt, segments);
   if (!st) st = UR__NEED(be, kjt, offsets);
@@ -904,6 +962,7 @@ ur_status ur_kjt_bucketize(const ur_kjt *k, ur_kjt **out, const int64_t *block,
   if (!st)
     st = kjt_make(n, (const char *const *)names, k->stride, NULL, val, len, w, NULL, off, val0, 0,
                   out);
+  if (!st) (*out)->checked = 1; /* counted bags of a checked k */
   for (int32_t j = 0; names && j < n; j++) free(names[j]);
   free(names);
   free(bag0);
@@ -924,12 +983,14 @@ ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {
   if (k->variable)
     return ur__error(UR_STATUS_INVALID,
                      "kjt dedup: the KJT already has a variable batch per key; expand() it first");
+  ur_status st = need_checked(k, "kjt dedup");
+  if (st) return st;
   int64_t nb = (int64_t)k->nkeys * k->stride;
   int64_t *spk = calloc((size_t)k->nkeys + 1, sizeof(int64_t));
   int64_t *val0 = calloc((size_t)k->nkeys + 1, sizeof(int64_t));
   ur_tensor *map = NULL, *inv = NULL;
   int32_t prev = 0;
-  ur_status st = spk && val0 ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "kjt dedup: out of host memory");
+  st = spk && val0 ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "kjt dedup: out of host memory");
   if (!st) st = new_like(&map, UR_DTYPE_I64, nb, k->values);
   if (!st) st = new_like(&inv, UR_DTYPE_I64, nb, k->values);
   if (!st && !(st = UR__NEED(k->be, kjt, dedup)) && !(st = enter(k->be, k->values, &prev))) {
@@ -952,11 +1013,13 @@ ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {
 ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out) {
   UR__ARGS(k, out);
   *out = NULL;
+  ur_status st = need_checked(k, "kjt expand");
+  if (st) return st;
   int64_t n = (int64_t)k->nkeys * k->stride;
   int64_t *val0 = malloc(sizeof(int64_t) * ((size_t)k->nkeys + 1));
   ur_tensor *map = NULL;
   int32_t prev = 0;
-  ur_status st = val0 ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "kjt expand: out of host memory");
+  st = val0 ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "kjt expand: out of host memory");
   if (!st) st = new_like(&map, UR_DTYPE_I64, n, k->values);
   if (!st && !(st = UR__NEED(k->be, kjt, expand_map)) && !(st = enter(k->be, k->values, &prev))) {
     st = k->be->kjt->expand_map(NULL, dp(k->inverse), k->bag0, k->nkeys, k->stride, dp(map));
@@ -970,7 +1033,8 @@ ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out) {
 
 /* The rows' memory decides who gathers them: it is the work, and the result stays in its
  * placement.  A KJT whose memory that backend does not read lends its inverse indices
- * through a copy in the rows' placement, ordered on s. */
+ * through a copy in the rows' placement, ordered on s.  Rows are read through the inverse
+ * indices alone (a plain KJT's bags are its rows), so only a VBE batch needs them checked. */
 ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
                              ur_tensor **out) {
   UR__ARGS(k, in, out);
@@ -981,6 +1045,8 @@ ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
     return ur__error(UR_STATUS_INVALID,
                      "kjt expand: the input has %lld rows but the KJT has %lld bags (one row per bag)",
                      (long long)ur_tensor_dim(in, 0), (long long)nb);
+  ur_status st = k->inverse ? need_checked(k, "kjt expand") : UR_STATUS_OK;
+  if (st) return st;
   int64_t shape[UR_MAX_DIMS], row = 1;
   for (int i = 0; i < nd; i++) shape[i] = ur_tensor_dim(in, i);
   for (int i = 1; i < nd; i++) row *= shape[i];
@@ -990,7 +1056,7 @@ ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
   int32_t dev = ur_tensor_device(in), prev = 0;
   ur_tensor *o = NULL, *copy = NULL;
   const ur_tensor *inv = k->inverse;
-  ur_status st = ur_tensor_new(&o, ur_tensor_dtype(in), nd, shape, place, dev);
+  st = ur_tensor_new(&o, ur_tensor_dtype(in), nd, shape, place, dev);
   if (!st && inv && ur__tensor_backend(inv) != be &&
       !(st = ur_tensor_to(s, inv, &copy, place, dev)))
     inv = copy;
@@ -1097,6 +1163,7 @@ ur_status ur_kjt_from_rows(ur_stream *s, ur_kjt **out, int32_t num_keys, const c
   if (!st) st = ur_tensor_view(offsets, &o, 0, n * num_keys + 1);
   if (!st && weights_out) st = ur_tensor_view(weights_out, &w, 0, val0[num_keys]);
   if (!st) st = kjt_make(num_keys, keys, n, NULL, v, l, w, NULL, o, val0, 0, out);
+  if (!st) (*out)->checked = 1; /* lengths in 0..hot (checked above), offsets written with them */
   ur_tensor_free(v);
   ur_tensor_free(l);
   ur_tensor_free(o);
@@ -1122,6 +1189,7 @@ ur_status ur_kjt_to(ur_stream *s, const ur_kjt *k, ur_kjt **out, ur_place place,
   if (!st)
     st = kjt_make(k->nkeys, (const char *const *)k->keys, k->stride,
                   k->variable ? k->spk : NULL, v, l, w, inv, off, k->val0, 0, out);
+  if (!st) (*out)->checked = is_checked(k); /* the same contents */
   ur_tensor_free(v);
   ur_tensor_free(l);
   ur_tensor_free(w);
@@ -1158,6 +1226,7 @@ ur_status ur_kjt_copy(ur_stream *s, const ur_kjt *k, ur_tensor *const *into, ur_
   if (!st)
     st = kjt_make(k->nkeys, (const char *const *)k->keys, k->stride, k->variable ? k->spk : NULL,
                   dst[0], dst[1], dst[3], dst[4], dst[2], k->val0, 0, out);
+  if (!st) (*out)->checked = is_checked(k); /* the same contents */
   for (int i = 0; i < 5; i++) ur_tensor_free(dst[i]);
   return st;
 }

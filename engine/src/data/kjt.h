@@ -103,7 +103,8 @@ typedef struct ur_kjt_ops {
 
 /* A KJT on offsets the caller computed (kjt.c; the loader's): no scan, no allocation but the
  * views.  offsets i64 [num_keys * stride + 1] in values' placement, val0 (host) each key's first
- * value and the total. */
+ * value and the total.  The KJT is known checked (ur_kjt_checked): the caller vouches for the
+ * lengths, offsets and spans it wrote together. */
 UR__HIDDEN ur_status ur__kjt_new_with_offsets(struct ur_kjt **out, int32_t num_keys,
                                               const char *const *keys, int64_t stride,
                                               struct ur_tensor *values, struct ur_tensor *lengths,
