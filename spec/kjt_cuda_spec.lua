@@ -285,6 +285,76 @@ describe("uvmrec.KJT on the GPU", function()
     same_error(v, { 100, 100 }, "kjt: key 'b' sample 1 has inverse index 3; expected 0..0 (the key's stride is 1)")
   end)
 
+  cuda_it("checks a KJT made unchecked before reading its bags, as the CPU does, and keeps the mark", function()
+    -- "ok" or the error (less the caller's line it points at): the same on the GPU as on the CPU
+    local function outcome_of(f, k)
+      local ok, err = pcall(f, k)
+      return ok and "ok" or (tostring(err):gsub("^[^:]*:%d+: ", ""))
+    end
+    local blocks = { a = { block = 2, rows = 4 }, b = { block = 2, rows = 4 } }
+    local ops = {
+      dedup = function(k) return k:dedup() end,
+      expand = function(k) return k:expand() end,
+      bucketize = function(k) return k:bucketize(2, blocks) end,
+      split = function(k) return k:split { 1, 1 } end,
+      permute = function(k) return k:permute { "b", "a" } end,
+    }
+    local vbe_ops = {
+      expand = function(k) return k:expand() end,
+      expand_rows = function(k)
+        return k:expand(assert(ur.tensor({ 2, 3 }):fill(1):to(k:placement())))
+      end,
+    }
+    local cases = {
+      { o = { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 400, 1 }, check = false }, ops = ops },
+      { o = { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 2, -1, 1, 1 }, check = false }, ops = ops },
+      { o = { keys = { "a" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key_per_rank = { { 2 } },
+              inverse_indices = { 0, 1000000, 1 }, check = false }, ops = vbe_ops },
+    }
+    for i, c in ipairs(cases) do
+      local cpu = assert(make_in(c.o, "host"))
+      assert.is_false(cpu:checked())
+      for name, f in pairs(c.ops) do
+        local want = outcome_of(f, cpu)
+        if name ~= "split" and name ~= "permute" or i == 1 then assert.are_not.equal("ok", want, name) end
+        for _, place in ipairs(gpu_places) do
+          local g = assert(make_in(c.o, place))
+          assert.is_false(g:checked())
+          assert.equal(want, outcome_of(f, g), name .. " " .. i .. " " .. place)
+          assert.is_false(g:checked())
+        end
+      end
+    end
+    -- concat names the part whose key spans do not add up to its values
+    local p1 = { keys = { "a" }, values = { 1, 2, 3 }, lengths = { 4, 1 }, check = false }
+    local p2 = { keys = { "b" }, values = { 7, 8, 9 }, lengths = { 0, 1 }, check = false }
+    local function cat(parts) return ur.KJT.concat(parts) end
+    local want = outcome_of(cat, { assert(make_in(p1, "host")), assert(make_in(p2, "host")) })
+    assert.are_not.equal("ok", want)
+    for _, place in ipairs(gpu_places) do
+      assert.equal(want, outcome_of(cat, { assert(make_in(p1, place)), assert(make_in(p2, place)) }), place)
+    end
+    -- the mark: made in place with the checks, by the GPU's scan, carried by to() and every op
+    local good = { keys = { "a", "b" }, values = { 3, 1, 3, 0, 2 }, lengths = { 1, 1, 2, 1 }, check = false }
+    local sound_vbe = { keys = { "a" }, values = { 5, 6 }, lengths = { 1, 1 }, stride_per_key_per_rank = { { 2 } },
+                        inverse_indices = { 0, 1, 1 }, check = false }
+    for _, place in ipairs(gpu_places) do
+      local g = assert(make_in(good, place))
+      assert.is_true(g:checked(), place)
+      assert.is_true(assert(make(good)):to(place):checked(), place)
+      local v = assert(g:dedup())
+      for name, r in pairs { dedup = v, expand = assert(v:expand()), permute = assert(g:permute { "b" }),
+                             split = assert(g:split { 1, 1 })[2], bucketize = assert(g:bucketize(2, blocks)),
+                             concat = assert(ur.KJT.concat(assert(g:split { 1, 1 }))) } do
+        assert.is_true(r:checked(), name .. " " .. place)
+      end
+      local u = assert(make_in(sound_vbe, place))
+      assert.is_false(u:checked())
+      assert.same({ 5, 6, 6 }, assert(u:expand()):values():totable())
+      assert.is_true(u:checked())
+    end
+  end)
+
   cuda_it("lays the generator's rows out key-major (from_rows) like the CPU, with and without lengths", function()
     local spec = ur.data.synthetic_spec {
       num_dense = 2, seed = 4,
