@@ -163,18 +163,19 @@ describe("uvmrec.serve", function()
     local rk = {}
     for j = 1, #keys do rk[j] = keys[#keys + 1 - j] end
     l[1] = 9 -- C1's first bag claims 9 ids: the lengths add up to 60 of the 52 values
-    local want = "model: the request's lengths add up to 60 values, but its KJT holds 52; expected them to add up "
-      .. "to its values (a KJT made unchecked?)"
+    -- (the KJT's own check of its key spans, ur__kjt_spans_fit, names the first key past the end)
+    local want = "model: key '%s' lengths sum to 2 for the 0 values left (a KJT made unchecked? ur_kjt_validate "
+      .. "names the bag)"
     -- it read weights past the tensor's end ("has weight 2.8026e-45 at value 52")
     local _, err = m:predict(dense, kjt(keys))
-    assert.equal(want, err)
+    assert.equal(want:format(keys[23]), err)
     -- keys in another order: the reordered copy read ids past the values' end
     _, err = m:predict(dense, kjt(rk))
-    assert.equal(want, err)
+    assert.equal(want:format(rk[23]), err)
     -- a key whose lengths add up to less than 0, the total right
     l[1], l[#l - 3], l[#l - 2], l[#l - 1], l[#l] = 1, -1, 0, 4, 1
-    want = "model: the request's lengths of key '%s' add up to -1; expected a count of values, 0 or more (a KJT "
-      .. "made unchecked?)"
+    want = "model: key '%s' lengths sum to -1; expected a count of values, 0 or more (a KJT made unchecked? "
+      .. "ur_kjt_validate names the bag)"
     _, err = m:predict(dense, kjt(keys))
     assert.equal(want:format(keys[#keys - 1]), err)
     _, err = m:predict(dense, kjt(rk))

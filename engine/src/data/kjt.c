@@ -579,8 +579,8 @@ static ur_status build_finish(const ur_backend *be, const ur_tensor *like, build
  * (ur_kjt_new's check 0) may break this; the spans are on the host wherever the KJT is, so the
  * check costs num_keys steps and reads no device memory, and a KJT known checked skips it.  Bags
  * within a span are not looked at: the result is not known checked either, and an op reading
- * its bags checks them (need_checked). */
-static ur_status spans_fit(const ur_kjt *k, const char *who) {
+ * its bags checks them (need_checked).  Serving's predict checks a request with it too. */
+ur_status ur__kjt_spans_fit(const ur_kjt *k, const char *who) {
   if (is_checked(k)) return UR_STATUS_OK;
   int64_t nv = ur_tensor_numel(k->values);
   for (int32_t i = 0; i < k->nkeys; i++) {
@@ -606,7 +606,7 @@ static ur_status spans_fit(const ur_kjt *k, const char *who) {
   return UR_STATUS_OK;
 }
 
-/* One run per key (and array), so the key spans must fit the values (spans_fit). */
+/* One run per key (and array), so the key spans must fit the values (ur__kjt_spans_fit). */
 ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kjt **out) {
   UR__ARGS(k, out);
   if (n > 0 && !order) return ur__null(__func__, "order");
@@ -617,7 +617,7 @@ ur_status ur_kjt_permute(const ur_kjt *k, const int32_t *order, int32_t n, ur_kj
       return ur__error(UR_STATUS_INVALID,
                        "kjt permute: position %d asks for key %d; the KJT has keys 0..%d", (int)j,
                        (int)order[j], (int)k->nkeys - 1);
-  ur_status st = spans_fit(k, "kjt permute");
+  ur_status st = ur__kjt_spans_fit(k, "kjt permute");
   if (st) return st;
   build b = {0};
   b.nkeys = n;
@@ -671,7 +671,7 @@ ur_status ur_kjt_split(const ur_kjt *k, const int32_t *sizes, int32_t n, ur_kjt 
                      "kjt split: segments hold %lld keys in all but the KJT has %d",
                      (long long)total, (int)k->nkeys);
   /* The parts are views of whole key spans; they are known checked when k is. */
-  ur_status st = spans_fit(k, "kjt split");
+  ur_status st = ur__kjt_spans_fit(k, "kjt split");
   if (st) return st;
   int checked = is_checked(k);
   int32_t k0 = 0;
@@ -785,7 +785,7 @@ ur_status ur_kjt_concat(const ur_kjt *const *parts, int32_t n, ur_kjt **out) {
     /* The result's key spans are each part's, laid after the values of the parts before: a
      * part whose lengths do not add up to its values would give keys another part's values. */
     snprintf(who, sizeof who, "kjt concat: part %d", (int)j + 1);
-    if ((bad = spans_fit(p, who))) return bad;
+    if ((bad = ur__kjt_spans_fit(p, who))) return bad;
     b.checked &= is_checked(p);
     b.nkeys += p->nkeys;
     b.nvalues += ur_tensor_numel(p->values);

@@ -118,6 +118,11 @@ UR__HIDDEN ur_status ur__kjt_new_with_offsets(struct ur_kjt **out, int32_t num_k
 UR__HIDDEN ur_status ur__kjt_key_order(const struct ur_kjt *k, const char *const *names, int32_t n,
                                        int32_t *order /* out */, int32_t *missing /* out */);
 
+/* Each key's span of values within k's values, one after the other, ending at the last (what a
+ * copy or view of whole key spans reads); who names the caller in the message.  num_keys steps
+ * on the host; a KJT known checked passes at once. */
+UR__HIDDEN ur_status ur__kjt_spans_fit(const struct ur_kjt *k, const char *who);
+
 /* The CPU reference (kjt_cpu.c); the CUDA backend's is ur__cuda_kjt_ops (kernels/kjt.cu). */
 UR__HIDDEN extern const ur_kjt_ops ur__cpu_kjt_ops;
 

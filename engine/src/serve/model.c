@@ -846,7 +846,7 @@ static ur_status check_weights(const ur_model *m, const ur_kjt *sparse, const in
   const float *wv = ur_tensor_data(w);
   for (int32_t k = 0; k < m->F; k++) {
     if (m->weighted[k]) continue;
-    int64_t b0, b1, v0, v1; /* check_spans kept them within the values */
+    int64_t b0, b1, v0, v1; /* ur__kjt_spans_fit kept them within the values */
     ur_status st = ur_kjt_key_span(sparse, order[k], &b0, &b1, &v0, &v1);
     if (st) return st;
     for (int64_t i = v0; i < v1; i++)
@@ -855,31 +855,6 @@ static ur_status check_weights(const ur_model *m, const ur_kjt *sparse, const in
                          "model: feature '%s' (table '%s', trained without per-id weights) has weight %g "
                          "at value %lld; expected 1, as training gave its ids",
                          m->features[k], table_of(m, k), (double)wv[i], (long long)i);
-  }
-  return UR_STATUS_OK;
-}
-
-/* A KJT made unchecked (ur_kjt_new's check 0) may have lengths that do not add up to its
- * values: each key's span of values, which the weights' check and the reordering read through
- * (on the host, wherever the KJT is), must lie within them, one after the other.  The bags
- * inside a key are the collection's to check. */
-static ur_status check_spans(const ur_kjt *sparse) {
-  int32_t nk = ur_kjt_num_keys(sparse);
-  int64_t nv = ur_tensor_numel(ur_kjt_values(sparse)), b0, b1, v0, v1, end = 0;
-  ur_status st = nk > 0 ? ur_kjt_key_span(sparse, nk - 1, &b0, &b1, &v0, &end) : UR_STATUS_OK;
-  if (st) return st;
-  if (end != nv)
-    return ur__error(UR_STATUS_INVALID,
-                     "model: the request's lengths add up to %lld values, but its KJT holds %lld; "
-                     "expected them to add up to its values (a KJT made unchecked?)",
-                     (long long)end, (long long)nv);
-  for (int32_t i = 0; i < nk; i++) {
-    if ((st = ur_kjt_key_span(sparse, i, &b0, &b1, &v0, &v1))) return st;
-    if (v1 < v0)
-      return ur__error(UR_STATUS_INVALID,
-                       "model: the request's lengths of key '%s' add up to %lld; expected a count of "
-                       "values, 0 or more (a KJT made unchecked?)",
-                       ur_kjt_key(sparse, i), (long long)(v1 - v0));
   }
   return UR_STATUS_OK;
 }
@@ -913,7 +888,9 @@ static ur_status check_request(const ur_model *m, const ur_tensor *dense, const 
     return ur__error(UR_STATUS_INVALID, "model: scores is %s of %lld elements; expected f32 of %lld",
                      ur_dtype_name(ur_tensor_dtype(scores)), (long long)ur_tensor_numel(scores),
                      (long long)b);
-  ur_status st = check_spans(sparse);
+  /* a KJT made unchecked may have lengths that do not add up to its values: each key's span,
+   * which the weights' check and the reordering read through, must lie within them */
+  ur_status st = ur__kjt_spans_fit(sparse, "model");
   if (st) return st;
   int32_t missing;
   st = ur__kjt_key_order(sparse, (const char *const *)m->features, m->F, order, &missing);
