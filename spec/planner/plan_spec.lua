@@ -279,6 +279,115 @@ describe("planner plans", function()
     assert.equal(1000, p.data.tables[1].prefix_rows)
   end)
 
+  -- A rank's cached tables share one cache, whose rows have one dim and dtype (ur_cache_new refuses
+  -- two: "tables sharing a cache have one dim and dtype"; uvmrec.dist.sharded gives a rank's table-
+  -- and column-wise shards one cache and its row-wise ones another).  Until 2026-12-07 the search
+  -- did not know it: with reads in place slow (wcal) it cached dims 32 and 64 on one rank of 8, and
+  -- on one rank dims 16 and 32, plans no run builds.  Each rank's caches' widths, by the plan's data.
+  local wcal = planner.calib.synthetic { managed_gather = 1e8, zero_copy_gather = 1e8, managed_update = 1e8,
+    zero_copy_update = 1e8, alltoall = 1e11, allreduce = 1e11, reduce_scatter = 1e11 }
+  local function wide_model(dims, dtypes)
+    local tabs, profs = {}, {}
+    for i, d in ipairs(dims) do
+      tabs[i] = { name = "T" .. i, rows = 1000000, dim = d, optimizer = "sgd", dtype = dtypes and dtypes[i] or "f32" }
+      profs["T" .. i] = planner.profile.zipf { rows = 1000000, s = 1.05 }
+    end
+    return tabs, profs
+  end
+  local function cache_widths(p)
+    local seen = {}
+    for _, t in ipairs(p.data.tables) do
+      if t.placement == "cached" then
+        local w = ("dim %d, %s"):format(t.sharding == "column_wise" and t.dim / t.shards or t.dim, t.dtype)
+        for _, r in ipairs(t.ranks) do
+          local key = r .. (t.sharding == "row_wise" and " row_wise" or "")
+          assert.is_true(seen[key] == nil or seen[key] == w, ("rank %s caches %s and %s"):format(key,
+            tostring(seen[key]), w))
+          seen[key] = w
+        end
+      end
+    end
+    return seen
+  end
+  local function widths_held(seen)
+    local n, ws = 0, {}
+    for _, w in pairs(seen) do
+      if not ws[w] then n, ws[w] = n + 1, true end
+    end
+    return n
+  end
+
+  it("caches one row width (dim and dtype) a rank's cache, on 1 rank and on 8", function()
+    for _, budget in ipairs({ "40MiB", "100MiB", "150MiB" }) do
+      local tabs, profs = wide_model({ 16, 32, 16, 32 }, { "f32", "f32", "f16", "f32" })
+      local p = assert(planner.plan(tabs, profs, budget, { calibration = wcal, batch = 4096, reserve = 0 }))
+      cache_widths(p)
+    end
+    -- 12 tables of dims 32 and 64 on 8 ranks: both widths cached, on ranks of their own
+    local dims = {}
+    for i = 1, 12 do dims[i] = i % 2 == 1 and 32 or 64 end
+    for _, budget in ipairs({ "60MiB", "80MiB" }) do
+      local tabs, profs = wide_model(dims)
+      local p = assert(planner.plan(tabs, profs, budget, { calibration = wcal, world = 8, batch = 4096, reserve = 0 }))
+      assert.equal(2, widths_held(cache_widths(p)))
+      for _, r in ipairs(p.data.ranks) do assert.is_true(r.hbm <= p.data.budget) end
+    end
+  end)
+
+  -- T2's column shards (dim 32) go to ranks 1 and 0 (uvmrec.dist.plan), and rank 0 caches T1
+  -- (dim 16, fixed): until 2026-12-07 the search cached T2's shards beside T1 (1.007 ms); the
+  -- first try at one width (wip/planner-one-width) found no plan in such a case.  Now T2's shards
+  -- go to HBM and T3, T4 (dim 32) are cached on rank 1.
+  it("plans a column-wise table beside a fixed cached table of another width", function()
+    local tabs, profs = wide_model({ 16, 64, 32, 32 })
+    tabs[1].fixed = { placement = "cached", rank = 0, load_factor = 0.1 }
+    tabs[2].fixed = { sharding = "column_wise" }
+    for _, how in ipairs({ "greedy", "exhaustive" }) do
+      local p = assert(planner.plan(tabs, profs, "220MiB", { calibration = wcal, world = 2, batch = 4096, reserve = 0,
+                                                            search = how }))
+      cache_widths(p)
+      assert.equal("cached", p.data.tables[1].placement)
+      assert.equal("column_wise", p.data.tables[2].sharding)
+    end
+  end)
+
+  it("refuses fixed settings that cache two widths in one rank's cache, naming both tables, the rank and "
+     .. "the widths", function()
+    local tabs, profs = wide_model({ 16, 32, 16 }, { "f32", "f32", "f16" })
+    tabs[1].fixed, tabs[2].fixed = { placement = "cached" }, { placement = "cached" }
+    local p, err = planner.plan(tabs, profs, "100MiB", { calibration = wcal, batch = 4096, reserve = 0 })
+    assert.is_nil(p)
+    assert.equal("planner: tables T1 (dim 16, f32) and T2 (dim 32, f32) are fixed cached on rank 0, whose cache "
+      .. "holds rows of one dim and dtype (the engine's cache refuses two): give one of them another placement", err)
+    -- on 2 ranks: fixed to one rank, or both row-wise (every rank's row-wise shards' cache)
+    tabs[1].fixed, tabs[2].fixed = { placement = "cached", rank = 1 }, { placement = "cached", rank = 1 }
+    p, err = planner.plan(tabs, profs, "100MiB", { calibration = wcal, world = 2, batch = 4096, reserve = 0 })
+    assert.is_nil(p)
+    assert.matches("tables T1 (dim 16, f32) and T2 (dim 32, f32) are fixed cached on rank 1, whose cache", err, 1, true)
+    tabs[1].fixed, tabs[2].fixed = { placement = "cached", sharding = "row_wise" }, { placement = "cached",
+                                                                                     sharding = "row_wise" }
+    p, err = planner.plan(tabs, profs, "100MiB", { calibration = wcal, world = 2, batch = 4096, reserve = 0 })
+    assert.is_nil(p)
+    assert.matches("tables T1 (dim 16, f32) and T2 (dim 32, f32) are fixed cached row_wise, in every rank's "
+      .. "row-wise shards' cache", err, 1, true)
+    -- three widths fixed cached, two ranks
+    tabs[1].fixed, tabs[2].fixed, tabs[3].fixed = { placement = "cached" }, { placement = "cached" },
+                                                  { placement = "cached" }
+    p, err = planner.plan(tabs, profs, "100MiB", { calibration = wcal, world = 2, batch = 4096, reserve = 0 })
+    assert.is_nil(p)
+    assert.equal("planner: tables T1 (dim 16, f32), T2 (dim 32, f32) and T3 (dim 16, f16) are fixed cached at 3 row "
+      .. "widths, and each of the 2 ranks has one cache of one width (the engine's cache refuses two): give 1 of them "
+      .. "another placement or sharding", err)
+    -- an edit that caches a second width beside a table fixed cached (plan:with)
+    tabs[2].fixed, tabs[3].fixed = nil, nil
+    p = assert(planner.plan(tabs, profs, "100MiB", { calibration = wcal, batch = 4096, reserve = 0 }))
+    local p2
+    p2, err = p:with("T2", { placement = "cached", load_factor = 0.1 })
+    assert.is_nil(p2)
+    assert.equal("planner: tables T1 (dim 16, f32) and T2 (dim 32, f32) are fixed cached on rank 0, whose cache "
+      .. "holds rows of one dim and dtype (the engine's cache refuses two): give one of them another placement", err)
+  end)
+
   -- The H200 figures' calibration and six tables T1..T6 of 200000 * i rows, with Zipf profiles.
   local function six_tables()
     local scal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))

@@ -179,7 +179,7 @@ M.DEVICE_PARTS = { "weights", "optimizer", "cache_slots", "cache_meta", "cache_s
 --   (one shard: the shards_count shards are alike), sharding, placement, shards_count, time
 --   (sum over shards), hbm, host, distinct and lookups (a shard's, a batch), and managed: prefix,
 --   prefix_fraction, coverage, hints_seconds; cached: load_factor, slots, hit_rate, misses, policy,
---   row_bytes, cache_seconds }.
+--   row_bytes, width (its shard's dim and dtype: "dim 32, f16"), cache_seconds }.
 function M.option(t, ctx, opt)
   local r = ctx.r
   local sharding, place = opt.sharding or "table_wise", opt.placement
@@ -250,6 +250,9 @@ function M.option(t, ctx, opt)
     local misses = frac * hr.misses
     o.load_factor, o.slots, o.hit_rate, o.misses, o.policy = c, S, hr.hit_rate, misses, policy
     o.row_bytes = rbs + sbs
+    -- the cache's rows: a rank's cached shards of a kind share one cache of one dim and dtype
+    -- (ur_cache_new; planner.search keeps to it)
+    o.width = ("dim %d, %s"):format(sdim, t.dtype)
     mem.device.cache_slots = S * (rbs + sbs) + staging.cache_slots
     mem.device.cache_meta = S * (M.CACHE.slot_meta + M.CACHE.slot_row_id) + staging.cache_meta
                             + (policy == "lfu" and M.CACHE.lfu_per_row * Rs or 0)

@@ -157,6 +157,62 @@ local function options_error(opts)
   end
 end
 
+-- A rank's cached tables share one cache, whose rows have one dim and dtype (ur_cache_new
+-- refuses two; planner.search keeps to it): tables whose fixed settings leave them only cached
+-- choices, on ranks those settings name, at two widths in one cache are refused, naming both,
+-- the rank and the widths; so are more widths of such tables than the ranks have caches.  The
+-- search would find no plan, and the error would have been about the budget.
+local function fixed_widths(items, world)
+  local held, free, nfree = {}, {}, 0
+  for i, it in ipairs(items) do
+    local o1 = it.options[1]
+    local all = o1 ~= nil
+    for _, o in ipairs(it.options) do
+      all = all and o.placement == "cached" and o.width == o1.width and o.sharding == o1.sharding
+            and o.shards_count == o1.shards_count
+    end
+    if all then
+      local keys -- the caches it is in: rank r (1-based), or "row" (every rank's row-wise shards')
+      if o1.sharding == "row_wise" then
+        keys = { "row" }
+      elseif o1.sharding == "column_wise" then
+        keys = search.column_ranks(i, o1.shards_count, world)
+      elseif world == 1 or it.rank then
+        keys = { it.rank or 1 }
+      end
+      for _, k in ipairs(keys or {}) do
+        local h = held[k]
+        if h and h.width ~= o1.width then
+          return ("planner: tables %s (%s) and %s (%s) are fixed cached %s, whose cache holds rows of one dim "
+            .. "and dtype (the engine's cache refuses two): give one of them another placement%s"):format(h.name,
+            h.width, it.name, o1.width, k == "row" and "row_wise, in every rank's row-wise shards' cache"
+            or ("on rank %d"):format(k - 1), world > 1 and ", rank or sharding" or "")
+        end
+        held[k] = held[k] or { name = it.name, width = o1.width }
+      end
+      if o1.sharding ~= "row_wise" and not free[o1.width] then
+        free[o1.width], nfree = it.name, nfree + 1
+        free[nfree] = ("%s (%s)"):format(it.name, o1.width)
+      end
+    end
+  end
+  if nfree > world then
+    return ("planner: tables %s and %s are fixed cached at %d row widths, and each of the %d ranks has one cache "
+      .. "of one width (the engine's cache refuses two): give %d of them another placement or sharding"):format(
+      table.concat(free, ", ", 1, nfree - 1), free[nfree], nfree, world, nfree - world)
+  end
+end
+
+-- Two tables that `choice` caches at two widths on one rank (search.cache_clash's or a
+-- partition's {rank, row_wise, a, b}), after `head`.
+local function two_widths(S, choice, m, head)
+  local a, b = S.items[m.a], S.items[m.b]
+  return ("%s tables %s (%s) and %s (%s) on rank %d, %s (the engine's cache refuses two)"):format(head, a.name,
+    a.options[choice[m.a]].width, b.name, b.options[choice[m.b]].width, m.rank - 1, m.row_wise
+    and "both row_wise: the rank's row-wise shards share one cache, whose rows have one dim and dtype"
+    or "whose cache holds rows of one dim and dtype")
+end
+
 -- The planning problem: context, cost tables, options (frontiers), fixed HBM per rank.
 local function setup(tables, profiles, budget, opts)
   opts = opts or {}
@@ -266,6 +322,30 @@ local function setup(tables, profiles, budget, opts)
     items[i] = { name = t.name, options = search.frontier(options, B - fixed_total), table = t, no_cache = no_cache,
                  rank = t.fixed and t.fixed.rank and t.fixed.rank + 1, not_offered = why }
   end
+  -- Where cached choices have two widths, a rank's cache may bar a table's (search.lua: one row
+  -- width a cache): its frontier without a cache is kept beside its frontier (a column-wise table
+  -- whose shards find a cache of another width had only device choices left there, too large)
+  local widths = {}
+  for _, it in ipairs(items) do
+    for _, o in ipairs(it.options) do if o.width then widths[o.width] = true end end
+  end
+  if next(widths, next(widths)) then
+    for _, it in ipairs(items) do
+      local have, more = {}, false
+      for _, o in ipairs(it.options) do have[o] = true end
+      for _, o in ipairs(search.frontier(it.no_cache, B - fixed_total)) do
+        if not have[o] then it.options[#it.options + 1], more = o, true end
+      end
+      if more then
+        table.sort(it.options, function(a, b)
+          if a.hbm ~= b.hbm then return a.hbm < b.hbm end
+          return a.time < b.time
+        end)
+      end
+    end
+  end
+  local werr = fixed_widths(items, world)
+  if werr then return nil, werr end
   -- On one rank a cache scratches over the whole batch's values, whichever tables it holds, and
   -- has one set of staging rows (of the widest cached row): room for both wherever a table may
   -- be cached, counted in the plan where one is (M.build)
@@ -330,7 +410,8 @@ local function min_budget(S, W, cap)
   for i = 1, #items do choice[i] = 1 end
   local inf = {}
   for r = 1, W do inf[r] = math.huge end
-  local p = search.partition(items, choice, { world = W, avail = inf }, true)
+  -- (the caches' widths aside: a bound on the HBM, whose message names what does not fit)
+  local p = search.partition(items, choice, { world = W, avail = inf, any_width = true }, true)
   local m, full = 0, 1
   for r = 1, W do if p.hbm[r] > m then m, full = p.hbm[r], r end end
   -- the tables fixed to the fullest rank (more GPUs do not move them)
@@ -526,6 +607,8 @@ function M.plan(tables, profiles, budget, opts)
     best, info, stats = run(S.items, S.avail)
     if stats == "stopped" then return nil, info end
     if best then
+      local m = search.cache_clash(S.items, best.choice, best.part.ranks)
+      if m then error(two_widths(S, best.choice, m, "planner: internal: the search cached"), 2) end
       plan = M.build(S, best, stats)
     elseif not S.fixed.cache_room then
       return infeasible(S, info)
@@ -878,6 +961,10 @@ function M.evaluate(tables, profiles, budget, opts, choices, edited)
   if part and S.host_limit and host > S.host_limit then
     return nil, ("plan: these choices need %s of host memory; %s are given"):format(fmt_bytes(host),
       fmt_bytes(S.host_limit))
+  end
+  if not part and perr.width then
+    return nil, two_widths(S, choice, { rank = perr.rank, row_wise = perr.row_wise, a = perr.other, b = perr.item },
+      "plan: these choices cache")
   end
   if not part then
     return nil, ("plan: these choices do not fit %s per rank: %s"):format(fmt_bytes(S.budget),

@@ -75,6 +75,98 @@ M.hull = hull
 
 local function spread(o) return o.sharding == "row_wise" or o.sharding == "data_parallel" end
 
+-- ---- one row width a cache ----
+
+-- A rank's cached shards share one cache, whose rows have one dim and dtype (ur_cache_new
+-- refuses two: "tables sharing a cache have one dim and dtype"); uvmrec.dist.sharded gives a
+-- rank's table- and column-wise shards one cache and its row-wise ones another.  Per option,
+-- CW[v]: the width of its cache's rows as a number (items.width_names[CW[v]] its "dim 32, f16"),
+-- 0 without a cache.  items.widths is true where the cached options have two widths or more:
+-- only then do the searches keep to the rule (a model of one width plans as it did before it).
+-- The row-wise shards' cache is on every rank at once: its width is kept at index 0 of the
+-- partition's per-rank lists (cw, cn: the width a rank's cache holds, and its shards there).
+--
+-- A rank whose cache is still empty takes any width; a cached table_wise shard goes to the
+-- least loaded rank with room that already caches its width, and to an empty one only while
+-- its width holds fewer ranks than its share of the model's work (quota: the tables that may
+-- cache at that width, by their fastest choice's time, of all tables', over the ranks, at
+-- least 1), or where no rank of its width has room.  Placing on the least loaded rank alone
+-- gave every rank's cache the first width placed (wip/planner-one-width: 8 ranks, the other
+-- widths uncached); the quota is the choice's own nowhere, so a walk stopped at a shard stops
+-- there again whatever the tables after it choose (fails_again).
+local function cache_widths(items)
+  local ids, names, weight, total = {}, {}, {}, 0
+  for _, it in ipairs(items) do
+    local CW, seen = {}, {}
+    for v, o in ipairs(it.options) do
+      local w = 0
+      if o.placement == "cached" and o.width then
+        w = ids[o.width]
+        if not w then
+          names[#names + 1] = o.width
+          w = #names
+          ids[o.width], weight[w] = w, 0
+        end
+        -- a table_wise cached choice: its table's work counts toward its width's ranks
+        if not it.SP[v] and it.SK[v] == 1 and not seen[w] then
+          seen[w] = true
+          weight[w] = weight[w] + it.T[#it.T]
+        end
+      end
+      CW[v] = w
+    end
+    it.CW = CW
+    if #it.T > 0 then total = total + it.T[#it.T] end
+  end
+  items.widths, items.width_names = #names > 1, names
+  -- by world size, made when first asked for
+  items.quota = setmetatable({}, { __index = function(quota, W)
+    local q = {}
+    for w = 1, #names do q[w] = total > 0 and max(1, math.ceil(W * weight[w] / total - 1e-9)) or 1 end
+    quota[W] = q
+    return q
+  end })
+end
+
+-- Whether rank r's cache (cw, cn: see above) takes width w (0: no cache, always).
+local function takes(cw, cn, r, w)
+  return w == 0 or cn[r] == 0 or cw[r] == w
+end
+
+-- The first rank whose cache holds two widths under choice and ranks (a partition's):
+-- {rank (1-based), row_wise, a, b (items: a placed first)}, or nil.
+function M.cache_clash(items, choice, ranks)
+  local first = {}
+  for i, it in ipairs(items) do
+    local o = it.options[choice[i]]
+    if o.placement == "cached" then
+      local row = o.sharding == "row_wise"
+      for _, r in ipairs(row and { 1 } or ranks[i]) do
+        local key = row and 0 or r
+        local a = first[key]
+        if a and items[a].options[choice[a]].width ~= o.width then
+          return { rank = r, row_wise = row, a = a, b = i }
+        end
+        first[key] = a or i
+      end
+    end
+  end
+end
+
+-- A partition's shard of item i at width w on rank r (0: the row-wise shards' cache), or the
+-- failure naming the table whose width r's cache holds (`at`: the place in the walk).
+local function cache_add(cw, cn, cf, nr, ranks, i, w, r, at)
+  if cn[r] > 0 and cw[r] ~= w then
+    return { item = i, other = cf[r], width = true, need = 0, at = at, rank = r == 0 and 1 or r, row_wise = r == 0,
+             ranks = ranks }
+  end
+  if cn[r] == 0 then
+    cw[r], cf[r] = w, i
+    if r > 0 then nr[w] = nr[w] + 1 end
+  end
+  cn[r] = cn[r] + 1
+end
+
 -- Flat arrays per item, for the inner loops: per option, total HBM, time and host bytes (H, T,
 -- X), a shard's HBM and time (SH, ST), whether it spreads over every rank (SP), its shard
 -- count (SK) and its sharding as a number (FAM: changes within one keep the ranks); and room
@@ -94,6 +186,7 @@ local function prep(items)
     it.H, it.T, it.X, it.SH, it.ST, it.SP, it.SK, it.FAM = H, T, X, SH, ST, SP, SK, FAM
     it.RV, it.RR = {}, {} -- repair's downgrades, by option (ratio_move)
   end
+  cache_widths(items)
   -- the pinned tables, placed before the others (their options are all table_wise: cost.options)
   local pinned = {}
   for i, it in ipairs(items) do
@@ -177,6 +270,15 @@ function M.partition(items, choice, env, by_hbm)
   local ranks = {}
   local all = {}
   for r = 1, W do all[r] = r end
+  -- one width a cache (cache_widths): each rank's (index 0: the row-wise shards'), its shards
+  -- there and the first of them (cw, cn, cf), the ranks each width holds (nr)
+  local widths = items.widths and not env.any_width
+  local cw, cn, cf, nr, quota
+  if widths then
+    cw, cn, cf, nr, quota = {}, {}, {}, {}, items.quota[W]
+    for r = 0, W do cw[r], cn[r] = 0, 0 end
+    for w = 1, #items.width_names do nr[w] = 0 end
+  end
   -- spread shards add the same to every rank: summed once, in the items' order (the sums each
   -- rank had, bit for bit), then set on all ranks (one loop over the ranks per spread table
   -- made a partition O(tables x ranks) before the shards were placed)
@@ -186,6 +288,10 @@ function M.partition(items, choice, env, by_hbm)
     if it.SP[c] then
       spread_t, spread_h = spread_t + it.ST[c], spread_h + it.SH[c]
       ranks[i] = all
+      if widths and it.CW[c] ~= 0 then
+        local e = cache_add(cw, cn, cf, nr, ranks, i, it.CW[c], 0, 0)
+        if e then return nil, e end
+      end
     end
   end
   for r = 1, W do
@@ -203,6 +309,10 @@ function M.partition(items, choice, env, by_hbm)
       return nil, { item = i, need = hbm[r] + it.SH[c] - avail[r], at = 0, rank = r, left = avail[r] - hbm[r],
                     ranks = ranks }
     end
+    if widths and it.CW[c] ~= 0 then
+      local e = cache_add(cw, cn, cf, nr, ranks, i, it.CW[c], r, 0)
+      if e then return nil, e end
+    end
     load[r], hbm[r] = load[r] + it.ST[c], hbm[r] + it.SH[c]
     ranks[i] = ONE[r]
   end
@@ -214,13 +324,39 @@ function M.partition(items, choice, env, by_hbm)
     -- the pairs of other options are skipped
     if c == ov[o] then
       local sh, st, k = it.SH[c], it.ST[c], it.SK[c]
+      local w = widths and it.CW[c] or 0
       if k == 1 then
         -- the least loaded rank with room (the first of equals); best is a number throughout,
         -- 0 for none (nil, then a rank, made this loop 7% slower in LuaJIT's traces)
         local best, least = 0, 0
-        for r = 1, W do
-          local l = load[r]
-          if hbm[r] + sh <= avail[r] and (best == 0 or l < least) then best, least = r, l end
+        if w == 0 then
+          for r = 1, W do
+            local l = load[r]
+            if hbm[r] + sh <= avail[r] and (best == 0 or l < least) then best, least = r, l end
+          end
+        else
+          -- a cached shard: of the ranks of its width, and of the empty ones while the width is
+          -- under its quota; failing both, of any empty one
+          for pass = 1, 2 do
+            local claim = pass == 2 or nr[w] < quota[w]
+            for r = 1, W do
+              local l = load[r]
+              if hbm[r] + sh <= avail[r] and (cn[r] == 0 and claim or cn[r] > 0 and cw[r] == w)
+                 and (best == 0 or l < least) then
+                best, least = r, l
+              end
+            end
+            if best > 0 or claim then break end
+          end
+          if best == 0 then
+            -- the ranks with room cache other widths: the least loaded of them, and what it caches
+            for r = 1, W do
+              if hbm[r] + sh <= avail[r] and (best == 0 or load[r] < least) then best, least = r, load[r] end
+            end
+            if best > 0 then return nil, cache_add(cw, cn, cf, nr, ranks, i, w, best, o) end
+          else
+            cache_add(cw, cn, cf, nr, ranks, i, w, best, o)
+          end
         end
         if best == 0 then
           local room = 1
@@ -236,12 +372,18 @@ function M.partition(items, choice, env, by_hbm)
             return nil, { item = i, need = sh, at = o, rank = r, left = avail[r] - hbm[r], ranks = ranks }
           end
         end
+        if w ~= 0 then
+          for _, r in ipairs(rs) do
+            local e = cache_add(cw, cn, cf, nr, ranks, i, w, r, o)
+            if e then return nil, e end
+          end
+        end
         for _, r in ipairs(rs) do load[r], hbm[r] = load[r] + st, hbm[r] + sh end
         ranks[i] = rs
       end
     end
   end
-  return { load = load, hbm = hbm, ranks = ranks }
+  return { load = load, hbm = hbm, ranks = ranks, cw = cw, cn = cn }
 end
 
 local function max_load(p)
@@ -251,11 +393,27 @@ local function max_load(p)
 end
 M.max_load = max_load
 
+-- Whether rank r's cache takes width w once a shard of width `out` leaves it (improve's swaps).
+local function takes_after(cw, cn, r, w, out)
+  return w == 0 or cn[r] - (out ~= 0 and 1 or 0) == 0 or cw[r] == w
+end
+
+-- A shard of width w into (d = 1) or out of (-1) rank r's cache.
+local function cache_shift(cw, cn, r, w, d)
+  if cw and w ~= 0 then
+    if cn[r] == 0 then cw[r] = w end
+    cn[r] = cn[r] + d
+  end
+end
+
 -- Moves and swaps of single-rank shards off the slowest rank while that makes it faster and
 -- memory holds (swaps only where the shards are few enough to try every pair).
 local function improve(items, choice, env, p)
   local W, avail = env.world, env.avail
   local load, hbm, ranks = p.load, p.hbm, p.ranks
+  -- one width a cache (cache_widths): a cached shard moves only to a cache of its width or an
+  -- empty one, and a swap leaves each rank's cache one width
+  local cw, cn = p.cw, p.cn
   local units = {}
   for i, it in ipairs(items) do
     local c = choice[i]
@@ -270,8 +428,9 @@ local function improve(items, choice, env, p)
     for _, i in ipairs(units) do
       if ranks[i][1] == top then
         local sh = items[i].options[choice[i]].shards[1]
+        local wi = cw and items[i].CW[choice[i]] or 0
         for r = 1, W do
-          if r ~= top and hbm[r] + sh.hbm <= avail[r] then
+          if r ~= top and hbm[r] + sh.hbm <= avail[r] and (not cw or takes_after(cw, cn, r, wi, 0)) then
             local new = max(cur - sh.time, load[r] + sh.time)
             if new < (bnew or cur) * (1 - 1e-12) then bi, bj, br, bnew = i, nil, r, new end
           end
@@ -281,7 +440,9 @@ local function improve(items, choice, env, p)
             local r = ranks[j][1]
             if r ~= top then
               local sj = items[j].options[choice[j]].shards[1]
-              if hbm[r] - sj.hbm + sh.hbm <= avail[r] and hbm[top] - sh.hbm + sj.hbm <= avail[top] then
+              local wj = cw and items[j].CW[choice[j]] or 0
+              if hbm[r] - sj.hbm + sh.hbm <= avail[r] and hbm[top] - sh.hbm + sj.hbm <= avail[top]
+                 and (not cw or takes_after(cw, cn, r, wi, wj) and takes_after(cw, cn, top, wj, wi)) then
                 local new = max(cur - sh.time + sj.time, load[r] + sh.time - sj.time)
                 if new < (bnew or cur) * (1 - 1e-12) then bi, bj, br, bnew = i, j, r, new end
               end
@@ -295,12 +456,18 @@ local function improve(items, choice, env, p)
     load[top], hbm[top] = load[top] - si.time, hbm[top] - si.hbm
     load[br], hbm[br] = load[br] + si.time, hbm[br] + si.hbm
     ranks[bi] = ONE[br]
+    local wi = cw and items[bi].CW[choice[bi]] or 0
+    cache_shift(cw, cn, top, wi, -1)
     if bj then
       local sj = items[bj].options[choice[bj]].shards[1]
       load[br], hbm[br] = load[br] - sj.time, hbm[br] - sj.hbm
       load[top], hbm[top] = load[top] + sj.time, hbm[top] + sj.hbm
       ranks[bj] = ONE[top]
+      local wj = cw and items[bj].CW[choice[bj]] or 0
+      cache_shift(cw, cn, br, wj, -1)
+      cache_shift(cw, cn, top, wj, 1)
     end
+    cache_shift(cw, cn, br, wi, 1)
   end
   return p
 end
@@ -344,6 +511,18 @@ end
 
 -- ---- greedy ----
 
+-- Whether an upgrade of `it` from c to u keeps its ranks rs (a fill's) one width a cache (a
+-- cached choice's others of its sharding have its width).
+local function cache_takes(cw, cn, it, c, u, rs)
+  local w = it.CW[u]
+  if w == 0 or it.CW[c] ~= 0 then return true end
+  if it.SP[u] then return takes(cw, cn, 0, w) end
+  for j = 1, #rs do
+    if not takes(cw, cn, rs[j], w) then return false end
+  end
+  return true
+end
+
 -- Upgrades that fit the room the partition left, most time saved per byte first, keeping each
 -- table's sharding and ranks.
 local function fill(items, choice, part, env, locked, by_gain)
@@ -359,6 +538,9 @@ local function fill(items, choice, part, env, locked, by_gain)
   -- finds it; that pass a step (13.5 steps a fill at 1000 tables on 8 ranks a tenth of the way
   -- from the least budget) was a quarter of the CPU there.
   local up, gain = {}, {}
+  -- one width a cache (cache_widths): an upgrade to a cache keeps the table's ranks, so their
+  -- caches must take its width (a cached choice's others of its sharding have its width)
+  local cw, cn = part.cw, part.cn
   local function look(i)
     local it, c = items[i], choice[i]
     local nops = #it.H
@@ -375,7 +557,8 @@ local function fill(items, choice, part, env, locked, by_gain)
       for u = c + 1, nops do
         if FAM[u] == fam then
           local dh = SH[u] - sh
-          if dh <= room and X[u] - x0 <= host_left then
+          -- (faster: where a table keeps its choices without a cache beside its frontier, not all are)
+          if dh <= room and X[u] - x0 <= host_left and T[u] < t0 and (not cw or cache_takes(cw, cn, it, c, u, rs)) then
             local ratio = by_gain and (t0 - T[u]) or (t0 - T[u]) / max(dh * nr, 1)
             if not bratio or ratio > bratio then bu, bratio = u, ratio end
           end
@@ -404,6 +587,13 @@ local function fill(items, choice, part, env, locked, by_gain)
       touched[r] = true
     end
     host_left = host_left - (it.X[bu] - it.X[c])
+    if cw and (it.CW[c] == 0) ~= (it.CW[bu] == 0) then
+      local w, d = it.CW[bu] ~= 0 and it.CW[bu] or it.CW[c], it.CW[bu] ~= 0 and 1 or -1
+      for _, r in ipairs(it.SP[bu] and { 0 } or ranks[bi]) do
+        if cn[r] == 0 then cw[r] = w end
+        cn[r] = cn[r] + d
+      end
+    end
     choice[bi] = bu
     for i = 1, n do
       local again = i == bi or env.host ~= nil
@@ -431,10 +621,12 @@ end
 -- The better of two fills: most time saved per byte first, and most time saved first (the
 -- first alone can leave a large upgrade out for many small ones).
 local function fill_best(items, choice, part, env, locked)
-  local c1, p1 = fill(items, copy(choice), { load = copy(part.load), hbm = copy(part.hbm), ranks = part.ranks },
-                      env, locked, false)
-  local c2, p2 = fill(items, copy(choice), { load = copy(part.load), hbm = copy(part.hbm), ranks = part.ranks },
-                      env, locked, true)
+  local function again()
+    return { load = copy(part.load), hbm = copy(part.hbm), ranks = part.ranks, cw = part.cw and copy(part.cw),
+             cn = part.cn and copy(part.cn) }
+  end
+  local c1, p1 = fill(items, copy(choice), again(), env, locked, false)
+  local c2, p2 = fill(items, copy(choice), again(), env, locked, true)
   if max_load(p2) < max_load(p1) then return c2, p2 end
   return c1, p1
 end
@@ -511,18 +703,35 @@ end
 -- The downgrade of item i from option c adding the least time per byte freed: v, ratio.  Without
 -- a bound on host memory it depends on (i, c) alone and is kept (it.RV, it.RR): every repair
 -- looked again at every table's, twice a proposal.
-local function ratio_move(it, c, host, host_limit)
-  if not host_limit and it.RV[c] ~= nil then return it.RV[c] or nil, it.RR[c] end
+-- With `uncached` (a table repair took off a cache of a width its rank could not hold), the
+-- choices without a cache only, not kept.
+local function ratio_move(it, c, host, host_limit, uncached)
+  local keep = not host_limit and not uncached
+  if keep and it.RV[c] ~= nil then return it.RV[c] or nil, it.RR[c] end
   local H, T, X = it.H, it.T, it.X
   local bv, br
   for v = 1, c - 1 do
-    if not host_limit or host - X[c] + X[v] <= host_limit then
+    if (not host_limit or host - X[c] + X[v] <= host_limit) and not (uncached and it.CW[v] ~= 0) then
       local ratio = (T[v] - T[c]) / max(H[c] - H[v], 1e-9)
       if not br or ratio < br then bv, br = v, ratio end
     end
   end
-  if not host_limit then it.RV[c], it.RR[c] = bv or false, br end
+  if keep then it.RV[c], it.RR[c] = bv or false, br end
   return bv, br
+end
+
+-- A choice without a cache for item `it`, cached at c: the fastest that holds no more HBM, else
+-- the smallest (the repair then frees what it lacks); nil where every choice is cached.
+local function uncached_move(it, c, host, host_limit)
+  local H, T, X, CW = it.H, it.T, it.X, it.CW
+  local bv, sv
+  for v = 1, #H do
+    if CW[v] == 0 and (not host_limit or host - X[c] + X[v] <= host_limit) then
+      if H[v] <= H[c] and (not bv or T[v] < T[bv]) then bv = v end
+      if not sv or H[v] < H[sv] then sv = v end
+    end
+  end
+  return bv or sv
 end
 
 -- Downgrades until the choice fits (aggregate HBM, host memory, then the partition): each time
@@ -537,9 +746,34 @@ local function repair(items, choice, env, locked, total_avail, finish)
     agg, host = agg + it.H[choice[i]], host + it.X[choice[i]]
   end
   local mv, mr = {}, {} -- each item's best move by ratio, kept while its choice stays
+  local uncached = {} -- the tables taken off a cache of a width their rank could not hold
   local function refresh(i)
     if locked[i] then mv[i], mr[i] = nil, nil return end
-    mv[i], mr[i] = ratio_move(items[i], choice[i], host, env.host)
+    mv[i], mr[i] = ratio_move(items[i], choice[i], host, env.host, uncached[i])
+  end
+  -- A shard found only caches of other widths (cache_widths): its table goes to a choice
+  -- without a cache; where it is locked (the change proposed), the tables caching the other
+  -- width on that rank do, all at once.  {{i, v}, ...}, or nil where a table to move is locked
+  -- or cached in every choice.
+  local function width_moves(err)
+    local i = err.item
+    local v = not locked[i] and uncached_move(items[i], choice[i], host, env.host)
+    if v then return { { i, v } } end
+    local w = items[err.other].CW[choice[err.other]]
+    local moves = {}
+    for j = 1, n do
+      local it, c, rs = items[j], choice[j], err.ranks[j]
+      local here = false
+      if rs and it.CW[c] == w and (it.SP[c] and true or false) == (err.row_wise or false) then
+        for k = 1, #rs do here = here or err.row_wise or rs[k] == err.rank end
+      end
+      if here then
+        v = not locked[j] and uncached_move(it, c, host, env.host)
+        if not v then return nil end
+        moves[#moves + 1] = { j, v }
+      end
+    end
+    return moves
   end
   for i = 1, n do refresh(i) end
   local failed -- the last partition's failure, while every move since leaves it as it was
@@ -558,7 +792,20 @@ local function repair(items, choice, env, locked, total_avail, finish)
     local only = err and err.item -- a shard found no room: move that table first
     if only and (locked[only] or not mv[only]) then only = nil end
     local bi, bv
-    if only then
+    if err and err.width then
+      local moves = width_moves(err)
+      if not moves or #moves == 0 then return nil end
+      for k = 1, #moves - 1 do
+        local i, v = moves[k][1], moves[k][2]
+        if failed and not M.fails_again(items[i], choice[i], v, failed) then failed = nil end
+        agg, host = agg - items[i].H[choice[i]] + items[i].H[v], host - items[i].X[choice[i]] + items[i].X[v]
+        choice[i], uncached[i] = v, true
+        refresh(i)
+      end
+      -- the last as a move of its own, below
+      bi, bv = moves[#moves][1], moves[#moves][2]
+      uncached[bi] = true
+    elseif only then
       bi, bv = only, mv[only]
     else
       local br
@@ -655,6 +902,13 @@ function M.greedy(items, env, opts)
       part, err = best_partition(items, choice, env)
     else
       err = { need = agg - total_avail }
+    end
+    if err and err.width then
+      -- a cache of another width in the way (cache_widths): the repair takes the table off a
+      -- cache (going on down the hulls would take every table of that width off one first)
+      local ch = copy(choice)
+      local p2 = repair(items, ch, env, {}, total_avail, false)
+      if p2 then choice, part = ch, p2 end
     end
     if part then
       stats.rated = stats.rated + 1
@@ -917,7 +1171,8 @@ function M.greedy(items, env, opts)
       end
     end
     table.sort(cands, by(3))
-    local unbounded = { world = W, avail = {} }
+    -- (the caches' widths aside: a rough rating, and the repair moves a table off a cache)
+    local unbounded = { world = W, avail = {}, any_width = true }
     for r = 1, W do unbounded.avail[r] = huge end
     for k = 1, min(#cands, max(8, math.floor(PAIR_WORK / n))) do
       local cd = cands[k]
@@ -1030,6 +1285,11 @@ function M.exhaustive(items, env, bound, max_nodes)
   end
   local load, hbm = {}, {}
   for r = 1, W do load[r], hbm[r] = 0, 0 end
+  -- one width a cache (cache_widths): each rank's (index 0: the row-wise shards') and its shards
+  local widths = items.widths
+  local cw, cn = {}, {}
+  for r = 0, W do cw[r], cn[r] = 0, 0 end
+  local NO_RANKS, ROW_CACHE = {}, { 0 }
   local choice, ranks = {}, {}
   -- above the bound by a hair: the plan returned is the first optimum in the search's order, as
   -- without the bound (the greedy's own plan, and any as fast, are found again)
@@ -1053,7 +1313,8 @@ function M.exhaustive(items, env, bound, max_nodes)
     for _, r in ipairs(rs) do
       if not named[r] then
         for q = 1, r - 1 do
-          if not inset[q] and not named[q] and load[q] == load[r] and hbm[q] == hbm[r] and avail[q] == avail[r] then
+          if not inset[q] and not named[q] and load[q] == load[r] and hbm[q] == hbm[r] and avail[q] == avail[r]
+             and cw[q] == cw[r] and cn[q] == cn[r] then
             return true
           end
         end
@@ -1084,12 +1345,16 @@ function M.exhaustive(items, env, bound, max_nodes)
         local sh = o.shards[1]
         local sets = it.SP[j] and { all } or it.rank and { { it.rank } } or it.SK[j] > 1 and { cols[i] } or singles
         local count = it.SP[j] and W or it.SK[j]
+        local w = widths and it.CW[j] or 0
         for _, rs in ipairs(sets) do
           local ok, m = true, cur_max
           for _, r in ipairs(rs) do
             if hbm[r] + sh.hbm > avail[r] then ok = false break end
             m = max(m, load[r] + sh.time)
           end
+          -- the caches it joins: the row-wise shards' (0), or each of its ranks'
+          local at = w == 0 and NO_RANKS or it.SP[j] and ROW_CACHE or rs
+          for _, r in ipairs(at) do ok = ok and takes(cw, cn, r, w) end
           if ok and m < best and not (#rs < W and renamed(rs)) then
             -- the sums are put back as they were, not subtracted (the rounding would drift)
             local sl, sv = saved_load[d], saved_hbm[d]
@@ -1100,7 +1365,14 @@ function M.exhaustive(items, env, bound, max_nodes)
             local h0, w0, u0 = host, work, used
             host, work, used = host + o.host, work + count * sh.time, used + count * sh.hbm
             choice[i], ranks[i] = j, rs
+            for _, r in ipairs(at) do
+              cw[r], cn[r] = w, cn[r] + 1
+            end
             dfs(d + 1, m)
+            for _, r in ipairs(at) do
+              cn[r] = cn[r] - 1
+              if cn[r] == 0 then cw[r] = 0 end
+            end
             host, work, used = h0, w0, u0
             for k, r in ipairs(rs) do load[r], hbm[r] = sl[k], sv[k] end
           end
