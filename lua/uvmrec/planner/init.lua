@@ -559,7 +559,7 @@ function M.plan(tables, profiles, budget, opts)
   local max_nodes = opts.max_nodes or MAX_NODES
   local function run(items, avail)
     local env = { world = S.world, avail = avail, host = S.host_limit }
-    local best, info, stats = search.greedy(items, env, { threshold = opts.threshold })
+    local best, info, stats = search.greedy_widths(items, env, { threshold = opts.threshold })
     stats.method = "greedy"
     stats.threshold = opts.threshold == nil and 10 or opts.threshold
     if how == "exhaustive" or how == "auto" and size_of(items, S.world, AUTO_EXHAUSTIVE) <= AUTO_EXHAUSTIVE then
@@ -855,6 +855,11 @@ function Plan:table()
     L[#L + 1] = ("search: greedy, %s (first fit at %s, best at %s)%s, %.3f s"):format(things(s.proposals, "proposal"),
       tostring(s.feasible_at), tostring(s.best_at), s.stopped_early and
       (", stopped after %d without improvement"):format(s.threshold) or ", options exhausted", s.seconds or 0)
+    if s.widths then
+      -- (search.greedy_widths: the figures above are the run whose plan it is)
+      L[#L] = L[#L] .. ("; one run a cache width, %d runs, %s in all"):format(s.widths,
+        things(s.proposals_all, "proposal"))
+    end
   else
     L[#L + 1] = ("search: exhaustive, %s, %.3f s"):format(things(s.visited or 0, "node"), s.seconds or 0)
   end
