@@ -376,8 +376,8 @@ describe("planner plans", function()
     p, err = planner.plan(tabs, profs, "100MiB", { calibration = wcal, world = 2, batch = 4096, reserve = 0 })
     assert.is_nil(p)
     assert.equal("planner: tables T1 (dim 16, f32), T2 (dim 32, f32) and T3 (dim 16, f16) are fixed cached at 3 row "
-      .. "widths, and each of the 2 ranks has one cache of one width (the engine's cache refuses two): give 1 of them "
-      .. "another placement or sharding", err)
+      .. "widths, and each of the 2 ranks has one cache for its table- and column-wise shards, of one width (the "
+      .. "engine's cache refuses two): give 1 of them another placement or sharding", err)
     -- an edit that caches a second width beside a table fixed cached (plan:with)
     tabs[2].fixed, tabs[3].fixed = nil, nil
     p = assert(planner.plan(tabs, profs, "100MiB", { calibration = wcal, batch = 4096, reserve = 0 }))
@@ -386,6 +386,90 @@ describe("planner plans", function()
     assert.is_nil(p2)
     assert.equal("planner: tables T1 (dim 16, f32) and T2 (dim 32, f32) are fixed cached on rank 0, whose cache "
       .. "holds rows of one dim and dtype (the engine's cache refuses two): give one of them another placement", err)
+  end)
+
+  -- A column-wise table's shards go where a run puts them (search.column_ranks): T1's dim-8
+  -- shards (dim 4) on ranks 0 and 1 of 2, fixed cached, hold both ranks' caches, and T2 is fixed
+  -- cached at dim 16.  Until 2026-12-07 the check counted each width once (2 widths, 2 ranks), the
+  -- search found no plan, and the message was of host memory, none given: "no plan fits both
+  -- budgets: ... 91.6 MiB of host memory against the 0 B left of the 0 B given (--host-memory)".
+  local function fixed_model(spec)
+    local tabs, profs = {}, {}
+    for i, s in ipairs(spec) do
+      tabs[i] = { name = "T" .. i, rows = s.rows or 1000000, dim = s.dim, optimizer = "sgd", dtype = "f32",
+                  fixed = s.fixed }
+      profs["T" .. i] = planner.profile.zipf { rows = tabs[i].rows, s = 1.05 }
+    end
+    return tabs, profs
+  end
+  local COLUMN, TABLE = { placement = "cached", sharding = "column_wise" }, { placement = "cached",
+                                                                             sharding = "table_wise" }
+
+  it("refuses fixed cached tables whose widths no rank's cache can take beside fixed column shards and pinned tables, "
+     .. "naming the tables, widths and ranks", function()
+    local tabs, profs = fixed_model({ { dim = 8, fixed = COLUMN }, { dim = 16, fixed = TABLE } })
+    for _, how in ipairs({ "greedy", "exhaustive" }) do
+      local p, err = planner.plan(tabs, profs, "200MiB", { calibration = wcal, world = 2, batch = 4096, reserve = 0,
+                                                           search = how })
+      assert.is_nil(p)
+      assert.equal("planner: table T2 (dim 16, f32) is fixed cached table_wise, and no rank's cache can take its "
+        .. "width: each rank has one cache for its table- and column-wise shards, of one dim and dtype (the engine's "
+        .. "cache refuses two), and tables fixed cached hold the caches of ranks 0 and 1: T1 (dim 4, f32) "
+        .. "column_wise on ranks 0 and 1; give it another placement or sharding, or one of the tables that hold "
+        .. "ranks", err)
+    end
+    -- a table pinned to rank 1 (dim 16) takes T2 (dim 16) beside it; T3 and T4 have one rank left
+    tabs, profs = fixed_model({ { dim = 16, fixed = { placement = "cached", rank = 1 } }, { dim = 16, fixed = TABLE },
+                                { dim = 32, fixed = TABLE }, { dim = 64, fixed = TABLE } })
+    local p, err = planner.plan(tabs, profs, "400MiB", { calibration = wcal, world = 2, batch = 4096, reserve = 0 })
+    assert.is_nil(p)
+    assert.equal("planner: tables T3 (dim 32, f32) and T4 (dim 64, f32) are fixed cached table_wise at 2 widths that "
+      .. "no rank's cache holds, and only 1 rank is left (rank 0): each rank has one cache for its table- and "
+      .. "column-wise shards, of one dim and dtype (the engine's cache refuses two), and tables fixed cached hold the "
+      .. "caches of rank 1: T1 (dim 16, f32) on rank 1; give 1 of them another placement or sharding, or one of the "
+      .. "tables that hold ranks", err)
+    -- on 4 ranks T1's shards hold ranks 0 and 1, and T2, T3 have ranks 2 and 3: not refused
+    tabs, profs = fixed_model({ { dim = 8, rows = 100000, fixed = COLUMN }, { dim = 16, rows = 4000000, fixed = TABLE },
+                                { dim = 32, rows = 4000000, fixed = TABLE } })
+    p = assert(planner.plan(tabs, profs, "400MiB", { calibration = wcal, world = 4, batch = 4096, reserve = 0,
+                                                     search = "exhaustive" }))
+    cache_widths(p)
+  end)
+
+  -- A search that finds no plan where every table's smallest choice fits the HBM, host memory
+  -- not given: one width a cache is what failed, and the message says so (it was of host memory).
+  -- On 3 ranks T1's shards (dim 4) hold ranks 0 and 1, T3 (device) fills rank 2: in 380 MiB T2
+  -- (dim 16, cached) has no rank, and the exhaustive search proves it; in 400 MiB it fits on rank
+  -- 2 (the exhaustive's plan), which the greedy's partitioner missed on 2026-12-07.
+  it("says a search found no plan that keeps one row width a cache, naming the tables, widths and ranks, "
+     .. "not host memory", function()
+    local tabs, profs = fixed_model({ { dim = 8, rows = 100000, fixed = COLUMN },
+                                      { dim = 16, rows = 4000000, fixed = TABLE },
+                                      { dim = 64, rows = 1500000, fixed = { placement = "device", rank = 2 } } })
+    local o = { calibration = wcal, world = 3, batch = 4096, reserve = 0, search = "exhaustive" }
+    local p, err = planner.plan(tabs, profs, "380MiB", o)
+    assert.is_nil(p)
+    assert.matches("^planner: the exhaustive search found no plan that keeps one row width a cache %(the engine's "
+      .. "cache refuses two; each rank has one cache for its table%- and column%-wise shards, another for its "
+      .. "row%-wise ones%), though every table's smallest choice fits the HBM", err)
+    assert.matches("; the cached choices take 2 row widths (dim 4, f32; dim 16, f32) on 3 ranks, and the tables "
+      .. "cached in every choice are T1 (dim 4, f32, column_wise on ranks 0 and 1) and T2 (dim 16, f32); no "
+      .. "arrangement exists: cache fewer widths (another placement or sharding for a table cached in every choice), "
+      .. "or give more HBM", err, 1, true)
+    assert.is_nil(err:find("host memory", 1, true))
+    p = assert(planner.plan(tabs, profs, "400MiB", o))
+    cache_widths(p)
+    assert.equal(2, p.data.tables[2].ranks[1])
+    o.search = "greedy"
+    p, err = planner.plan(tabs, profs, "400MiB", o)
+    if p then
+      cache_widths(p) -- a partitioner that finds the arrangement
+    else
+      assert.matches("^planner: the greedy search found no plan that keeps one row width a cache", err)
+      assert.matches("the greedy's partitioner can miss an arrangement: pin tables to ranks (a fixed rank), or search "
+        .. "= \"exhaustive\" (every arrangement, for small models), or cache fewer widths", err, 1, true)
+      assert.is_nil(err:find("host memory", 1, true))
+    end
   end)
 
   -- The H200 figures' calibration and six tables T1..T6 of 200000 * i rows, with Zipf profiles.

@@ -157,29 +157,57 @@ local function options_error(opts)
   end
 end
 
+-- "a", "a and b", "a, b and c".
+local function listed(list)
+  if #list < 2 then return list[1] or "" end
+  return table.concat(list, ", ", 1, #list - 1) .. " and " .. list[#list]
+end
+
+-- Ranks r (1-based) as a message names them: "rank 0", "ranks 0 and 1".
+local function ranks_named(rs)
+  local s = {}
+  for k, r in ipairs(rs) do s[k] = tostring(r - 1) end
+  return (#s == 1 and "rank " or "ranks ") .. listed(s)
+end
+
+-- Item i's one cached choice's width, sharding and shard count where its every choice has the
+-- same (its fixed settings leave it cached only), and the caches it is in: {"row"} (every rank's
+-- row-wise shards'), ranks r (1-based) its fixed rank or its column shards name, or nil (a
+-- table_wise shard on any rank); nil where it has a choice of another.
+local function cached_only(items, i, world)
+  local it = items[i]
+  local o1 = it.options[1]
+  if not o1 then return nil end
+  for _, o in ipairs(it.options) do
+    if not (o.placement == "cached" and o.width == o1.width and o.sharding == o1.sharding
+            and o.shards_count == o1.shards_count) then
+      return nil
+    end
+  end
+  local keys
+  if o1.sharding == "row_wise" then
+    keys = { "row" }
+  elseif o1.sharding == "column_wise" then
+    keys = search.column_ranks(i, o1.shards_count, world)
+  elseif world == 1 or it.rank then
+    keys = { it.rank or 1 }
+  end
+  return o1, keys
+end
+
 -- A rank's cached tables share one cache, whose rows have one dim and dtype (ur_cache_new
 -- refuses two; planner.search keeps to it): tables whose fixed settings leave them only cached
--- choices, on ranks those settings name, at two widths in one cache are refused, naming both,
--- the rank and the widths; so are more widths of such tables than the ranks have caches.  The
--- search would find no plan, and the error would have been about the budget.
+-- choices, on ranks those settings name (a fixed rank; a column-wise table's shards, on the
+-- ranks a run puts them: search.column_ranks), at two widths in one cache are refused, naming
+-- both, the rank and the widths; so are the other such tables (table_wise, on any rank) where
+-- their widths that no such rank caches are more than the ranks left.  The search would find no
+-- plan, and the error would have been about the budget, or host memory not given (a dim-8
+-- column-wise table's dim-4 shards on both of 2 ranks beside a dim-16 table).
 local function fixed_widths(items, world)
-  local held, free, nfree = {}, {}, 0
+  local held, holders, loose = {}, {}, {}
   for i, it in ipairs(items) do
-    local o1 = it.options[1]
-    local all = o1 ~= nil
-    for _, o in ipairs(it.options) do
-      all = all and o.placement == "cached" and o.width == o1.width and o.sharding == o1.sharding
-            and o.shards_count == o1.shards_count
-    end
-    if all then
-      local keys -- the caches it is in: rank r (1-based), or "row" (every rank's row-wise shards')
-      if o1.sharding == "row_wise" then
-        keys = { "row" }
-      elseif o1.sharding == "column_wise" then
-        keys = search.column_ranks(i, o1.shards_count, world)
-      elseif world == 1 or it.rank then
-        keys = { it.rank or 1 }
-      end
+    local o1, keys = cached_only(items, i, world)
+    if o1 then
       for _, k in ipairs(keys or {}) do
         local h = held[k]
         if h and h.width ~= o1.width then
@@ -188,19 +216,58 @@ local function fixed_widths(items, world)
             h.width, it.name, o1.width, k == "row" and "row_wise, in every rank's row-wise shards' cache"
             or ("on rank %d"):format(k - 1), world > 1 and ", rank or sharding" or "")
         end
-        held[k] = held[k] or { name = it.name, width = o1.width }
+        held[k] = h or { name = it.name, width = o1.width }
       end
-      if o1.sharding ~= "row_wise" and not free[o1.width] then
-        free[o1.width], nfree = it.name, nfree + 1
-        free[nfree] = ("%s (%s)"):format(it.name, o1.width)
+      if not keys then
+        loose[#loose + 1] = { name = it.name, width = o1.width }
+      elseif o1.sharding ~= "row_wise" then
+        holders[#holders + 1] = ("%s (%s)%s on %s"):format(it.name, o1.width, o1.sharding == "column_wise"
+          and " column_wise" or "", ranks_named(keys))
       end
     end
   end
-  if nfree > world then
-    return ("planner: tables %s and %s are fixed cached at %d row widths, and each of the %d ranks has one cache "
-      .. "of one width (the engine's cache refuses two): give %d of them another placement or sharding"):format(
-      table.concat(free, ", ", 1, nfree - 1), free[nfree], nfree, world, nfree - world)
+  -- the table-wise ones: a width some rank's cache holds may go there; each other width needs an
+  -- empty rank of its own
+  local ranked, taken = {}, 0
+  for k, h in pairs(held) do
+    if k ~= "row" then ranked[h.width], taken = true, taken + 1 end
   end
+  local seen, widths, names = {}, {}, {}
+  for _, t in ipairs(loose) do
+    if not ranked[t.width] then
+      if not seen[t.width] then seen[t.width], widths[#widths + 1] = true, t.width end
+      names[#names + 1] = ("%s (%s)"):format(t.name, t.width)
+    end
+  end
+  local left = world - taken
+  if #widths <= left then return nil end
+  -- the tables to move: of each width past the ranks left
+  local give = #names == #widths and ("%d of them"):format(#widths - left)
+               or ("the tables of %d of those widths"):format(#widths - left)
+  if taken == 0 then
+    return ("planner: tables %s are fixed cached at %d row widths, and each of the %d ranks has one cache for its "
+      .. "table- and column-wise shards, of one width (the engine's cache refuses two): give %s another placement "
+      .. "or sharding"):format(listed(names), #widths, world, give)
+  end
+  local busy, free = {}, {}
+  for r = 1, world do
+    local list = held[r] and busy or free
+    list[#list + 1] = r
+  end
+  local subject = #names == 1 and "table " .. names[1] .. " is" or "tables " .. listed(names) .. " are"
+  local head
+  if #widths == 1 then
+    head = ("%s fixed cached table_wise, and no rank's cache can take %s width"):format(subject,
+      #names == 1 and "its" or "their")
+    give = #names == 1 and "it" or "them"
+  else
+    head = ("%s fixed cached table_wise at %d widths that no rank's cache holds, and %s"):format(subject, #widths,
+      left == 0 and "no rank is left for them" or ("only %s left (%s)"):format(things(left, "rank is", "ranks are"),
+      ranks_named(free)))
+  end
+  return ("planner: %s: each rank has one cache for its table- and column-wise shards, of one dim and dtype (the "
+    .. "engine's cache refuses two), and tables fixed cached hold the caches of %s: %s; give %s another placement or "
+    .. "sharding, or one of the tables that hold ranks"):format(head, ranks_named(busy), listed(holders), give)
 end
 
 -- Two tables that `choice` caches at two widths on one rank (search.cache_clash's or a
@@ -450,6 +517,62 @@ local function dense_parts(S)
       things(m.workspace_streams, "stream")) or "")
 end
 
+-- Why the search found no plan where every table's smallest choice fits the HBM per rank
+-- (min_budget's bound, which sets the caches' widths aside) and the host memory: one row width a
+-- rank's cache, the one rule that bound leaves out.  The tables and widths named: where the
+-- smallest choices, kept to one width a cache, fail to partition (search.partition's failure: a
+-- cache of another width, or no room on the ranks whose cache takes a shard's width), and the
+-- tables cached in every choice with the ranks their settings put them on.  This was reported as
+-- host memory short, given or not (a dim-8 column-wise table fixed cached beside a dim-16 one).
+local function width_failure(S, info, need)
+  local names = S.items.width_names or {}
+  if #names < 2 then
+    -- (not met: with one width every table at its smallest choice partitions as min_budget's
+    -- bound does, and it is the greedy's last proposal)
+    return ("planner: the search found no plan, though every table's smallest choice fits the HBM (%s per rank at "
+      .. "least) and the host memory: the planner's own failure; please report it with the tables"):format(
+      fmt_bytes(need))
+  end
+  local ones = {}
+  for i = 1, #S.items do ones[i] = 1 end
+  local _, err = search.best_partition(S.items, ones, { world = S.world, avail = S.avail, host = S.host_limit })
+  local there = ""
+  if err and err.item then
+    local b = S.items[err.item]
+    if err.width then
+      local a = S.items[err.other]
+      there = ("; with every table at its smallest choice, %s holds %s's rows (%s) where %s (%s) was to go"):format(
+        err.row_wise and "every rank's row-wise shards' cache" or ("rank %d's cache"):format(err.rank - 1), a.name,
+        a.options[1].width, b.name, b.options[1].width)
+    elseif b.options[1].width then
+      there = ("; with every table at its smallest choice, %s (%s) finds no room on the ranks whose cache takes its "
+        .. "width"):format(b.name, b.options[1].width)
+    end
+  end
+  local only = {}
+  for i, it in ipairs(S.items) do
+    local o1, keys = cached_only(S.items, i, S.world)
+    if o1 then
+      only[#only + 1] = ("%s (%s%s)"):format(it.name, o1.width, o1.sharding == "row_wise" and ", row_wise"
+        or o1.sharding == "column_wise" and (", column_wise on %s"):format(ranks_named(keys))
+        or keys and (", on %s"):format(ranks_named(keys)) or "")
+    end
+  end
+  -- the exhaustive's info is {visited} (M.plan)
+  local exhaustive = info and info.visited ~= nil
+  return ("planner: the %s search found no plan that keeps one row width a cache (the engine's cache refuses two; "
+    .. "each rank has one cache for its table- and column-wise shards, another for its row-wise ones), though "
+    .. "every table's smallest choice fits the HBM%s%s; the cached choices take %s (%s) on %s%s; %s"):format(
+    exhaustive and "exhaustive" or "greedy", S.host_limit and " and the host memory" or "", there,
+    things(#names, "row width"), table.concat(names, "; "), things(S.world, "rank"),
+    #only > 0 and (", and the tables cached in every choice are %s"):format(listed(only)) or "",
+    exhaustive and "no arrangement exists: cache fewer widths (another placement or sharding for a table cached in "
+      .. "every choice), or give more HBM"
+    or "the greedy's partitioner can miss an arrangement: pin tables to ranks (a fixed rank), or search = "
+      .. "\"exhaustive\" (every arrangement, for small models), or cache fewer widths (another placement or "
+      .. "sharding for a table cached in every choice)")
+end
+
 local function infeasible(S, info)
   local need, fixed, pinned = min_budget(S, S.world)
   local lines = {}
@@ -509,17 +632,20 @@ local function infeasible(S, info)
     end
     return nil, msg, { shortfall = need - S.budget, min_budget = need, gpus = gpus }
   end
-  -- HBM would do: host memory is what is short.  "Then" is at each table's smallest choice (the
-  -- HBM above): the least host memory of any choice (0 B with every table in HBM, which does not
-  -- fit) was printed there, and a shortfall below the limit given
+  -- HBM would do: host memory is short, where given, or one width a cache (width_failure).
+  -- "Then" is at each table's smallest choice (the HBM above): the least host memory of any
+  -- choice (0 B with every table in HBM, which does not fit) was printed there, and a shortfall
+  -- below the limit given
   local host_then = 0
   for _, it in ipairs(S.items) do host_then = host_then + it.options[1].host end
+  if not (S.host_limit and host_then > S.host_limit) then
+    return nil, width_failure(S, info, need), { min_budget = need, lack = info, widths = true }
+  end
   return nil, ("planner: no plan fits both budgets: the tables need %s of HBM per rank at least, which fits, but "
     .. "then %s of host memory against the %s left of the %s given (--host-memory) once the pipeline's pinned "
     .. "batches (%s) have theirs; give more host memory or more HBM"):format(fmt_bytes(need), fmt_bytes(host_then),
-    fmt_bytes(math.max(S.host_limit or 0, 0)), fmt_bytes(S.host_given or 0),
-    fmt_bytes((S.host_given or 0) - (S.host_limit or 0))),
-    { host_shortfall = host_then - (S.host_limit or 0), min_budget = need, lack = info }
+    fmt_bytes(math.max(S.host_limit, 0)), fmt_bytes(S.host_given), fmt_bytes(S.host_given - S.host_limit)),
+    { host_shortfall = host_then - S.host_limit, min_budget = need, lack = info }
 end
 
 -- The combinations of the tables' choices and ranks (a table's choices times the ranks), up to
