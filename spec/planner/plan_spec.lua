@@ -472,6 +472,39 @@ describe("planner plans", function()
     end
   end)
 
+  -- plan:with re-predicts the choices with ranks from the partitioner: where it finds no ranks
+  -- that keep one width a cache, the message is the partitioner's, not the choices' (it said
+  -- "these choices cache tables T2 and T1 on rank 0", where no choice put either there, and the
+  -- choices pinned by hand plan).  The reviewer's seed 20521 (2 ranks, 45 MiB): T1 fixed cached
+  -- at dim 32, T2 and T3 cached at dim 64 fit one rank, T1 the other.
+  it("says the partitioner found no arrangement of an edit's cached widths where the choices pin no table "
+     .. "there", function()
+    local tabs, profs = {}, {}
+    for i, s in ipairs({ { 1450000, 32, 1.18 }, { 600000, 64, 0.92 }, { 550000, 64, 0.99 }, { 50000, 64, 1.13 } }) do
+      tabs[i] = { name = "T" .. i, rows = s[1], dim = s[2], optimizer = "sgd", dtype = "f32" }
+      profs["T" .. i] = planner.profile.zipf { rows = s[1], s = s[3] }
+    end
+    tabs[1].fixed = { placement = "cached" }
+    local o = { calibration = wcal, world = 2, batch = 4096, reserve = 0 }
+    local choices = { { placement = "cached", load_factor = 0.02 }, { placement = "cached", load_factor = 0.1 },
+                      { placement = "cached", load_factor = 0.1 }, { placement = "device" } }
+    local p, err = planner.evaluate(tabs, profs, "45MiB", o, choices)
+    if p then
+      cache_widths(p) -- a partitioner that finds the arrangement
+    else
+      assert.equal("plan: the partitioner found no arrangement of these choices' cached tables on the 2 ranks that "
+        .. "keeps one row width a rank's cache (the engine's cache refuses two): dim 32, f32 (T1) and dim 64, f32 (T2 "
+        .. "and T3); T1 (dim 32, f32) found rank 0's cache holding T2's rows (dim 64, f32); pin tables to ranks by "
+        .. "hand (rank in the choice, or a table's fixed rank)", err)
+    end
+    -- pinned by hand: T1 alone on rank 0, T2 and T3 on rank 1
+    choices[1].rank, choices[2].rank, choices[3].rank, choices[4].rank = 0, 1, 1, 0
+    p = assert(planner.evaluate(tabs, profs, "45MiB", o, choices))
+    assert.same({ "0", "1", "1", "0" }, { tostring(p.data.tables[1].ranks[1]), tostring(p.data.tables[2].ranks[1]),
+                                         tostring(p.data.tables[3].ranks[1]), tostring(p.data.tables[4].ranks[1]) })
+    cache_widths(p)
+  end)
+
   -- The H200 figures' calibration and six tables T1..T6 of 200000 * i rows, with Zipf profiles.
   local function six_tables()
     local scal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))

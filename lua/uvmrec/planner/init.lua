@@ -1094,8 +1094,40 @@ function M.evaluate(tables, profiles, budget, opts, choices, edited)
       fmt_bytes(S.host_limit))
   end
   if not part and perr.width then
-    return nil, two_widths(S, choice, { rank = perr.rank, row_wise = perr.row_wise, a = perr.other, b = perr.item },
-      "plan: these choices cache")
+    -- the choices put a table there themselves: pinned to the rank, its column shards' ranks, the
+    -- row-wise shards' cache, or one rank in all (setup's fixed_widths refuses most of these
+    -- first); else the partitioner did, and pinning by hand may find what it missed (seed 20521:
+    -- "these choices cache T2 and T1 on rank 0", where pinning them planned)
+    local function put(i)
+      local it, o = S.items[i], S.items[i].options[choice[i]]
+      if perr.row_wise or S.world == 1 or it.rank == perr.rank then return true end
+      if o.sharding ~= "column_wise" then return false end
+      for _, r in ipairs(search.column_ranks(i, o.shards_count, S.world)) do
+        if r == perr.rank then return true end
+      end
+      return false
+    end
+    if put(perr.other) and put(perr.item) then
+      return nil, two_widths(S, choice, { rank = perr.rank, row_wise = perr.row_wise, a = perr.other, b = perr.item },
+        "plan: these choices cache")
+    end
+    local by, order = {}, {}
+    for i, it in ipairs(S.items) do
+      local o = it.options[choice[i]]
+      if o.placement == "cached" and o.sharding ~= "row_wise" then
+        if not by[o.width] then by[o.width], order[#order + 1] = {}, o.width end
+        local w = by[o.width]
+        w[#w + 1] = it.name .. (it.rank and (" on rank %d"):format(it.rank - 1) or o.sharding == "column_wise"
+          and (" column_wise on %s"):format(ranks_named(search.column_ranks(i, o.shards_count, S.world))) or "")
+      end
+    end
+    local ws = {}
+    for k, w in ipairs(order) do ws[k] = ("%s (%s)"):format(w, listed(by[w])) end
+    return nil, ("plan: the partitioner found no arrangement of these choices' cached tables on the %s that keeps one "
+      .. "row width a rank's cache (the engine's cache refuses two): %s; %s (%s) found rank %d's cache holding %s's "
+      .. "rows (%s); pin tables to ranks by hand (rank in the choice, or a table's fixed rank)"):format(
+      things(S.world, "rank"), listed(ws), S.items[perr.item].name, S.items[perr.item].options[choice[perr.item]].width,
+      perr.rank - 1, S.items[perr.other].name, S.items[perr.other].options[choice[perr.other]].width)
   end
   if not part then
     return nil, ("plan: these choices do not fit %s per rank: %s"):format(fmt_bytes(S.budget),
