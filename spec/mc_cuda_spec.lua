@@ -131,7 +131,7 @@ describe("uvmrec.mc on the GPU", function()
   cuda_it("looks ids up after the remaps and rounds queued on an engine stream, as the CPU does", function()
     -- ur_mc_lookup has no stream: it waits for the device, since the engine's streams do not
     -- wait for the NULL stream's work nor it for theirs
-    local g, c = assert(mc.new(config("lru", 0))), assert(mc.new(config("lru")))
+    local g, c = assert(mc.new(config("lru", 0))), assert(mc.new(config("lru", "cpu")))
     local s = assert(ur.stream { priority = -1 })
     local r, ids = h.rng(17), {}
     for id = 0, 399 do ids[#ids + 1] = id end
