@@ -1,6 +1,7 @@
 -- What the benchmark scripts print, on the CPU: counts of 1 in the singular (lib.things, the one
 -- home of the plurals), the uvm bench's --parts, refusals of counts too small to measure,
--- ktrace_overlap.py's account of a kernel timeline, and planner_b10's --time at a budget given.
+-- ktrace_overlap.py's account of a kernel timeline, planner_b10's --time at a budget given, and
+-- planner_widths' --check.
 local cmd = require "command"
 
 describe("scripts/bench output", function()
@@ -199,5 +200,20 @@ describe("scripts/bench/planner_b10.lua --time", function()
       assert.equal("", out, case[1])
       assert.matches(case[2], err, 1, true)
     end
+  end)
+end)
+
+describe("scripts/bench/planner_widths.lua --check", function()
+  -- 200 tables of four dims on 1 rank (docs/results.md, "Planner: one row width a rank's cache"):
+  -- 5e7d6b9's planner cached three widths in that rank's cache, and the check fails on its tree
+  it("plans a case and passes where each rank's cache holds one row width", function()
+    local out, err, code = cmd.run("scripts/bench/planner_widths.lua --check")
+    assert.equal(0, code, err)
+    assert.matches("\n  rank 0: [%d.]+ ms, caches %d+/f%d+ x%d+\n", out)
+    assert.matches("\ncheck: ok, one row width a rank's cache\n$", out)
+    out, err, code = cmd.run("scripts/bench/planner_widths.lua --case nope")
+    assert.equal(2, code)
+    assert.equal("", out)
+    assert.matches("--case", err, 1, true)
   end)
 end)

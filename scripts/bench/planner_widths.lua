@@ -1,0 +1,240 @@
+-- What one row width a rank's cache costs the planner's plans (docs/results.md, "Planner: one row
+-- width a rank's cache"): each case's tables planned by planner.plan, printed as the predicted
+-- step, the proposals, the CPU the planning took (the least of --runs, fresh tables each run) and
+-- the row widths each rank caches.  The same script runs on an older tree's planner (one that may
+-- cache several widths in a rank's cache) with that tree's lua/ first on LUA_PATH and plain
+-- luajit (the uvmrec command prefers its own tree's lua/):
+--   uvmrec scripts/bench/planner_widths.lua --case four8 --runs 3
+--   mkdir -p /tmp/old && git archive 5e7d6b9 lua | tar x -C /tmp/old &&
+--   cp lua/uvmrec/cdef.lua /tmp/old/lua/uvmrec/ &&
+--   LUA_PATH='/tmp/old/lua/?.lua;/tmp/old/lua/?/init.lua;;' LUA_CPATH='build/lib/?.so;;' \
+--     luajit scripts/bench/planner_widths.lua --case four8
+-- Tables: search_spec's synthetic ones (1e2 to 1e7 rows, Zipf 0.8 to 1.3, rowwise Adagrad, seed
+-- 7) at each case's dims, the H200 figures' calibration (spec/fixtures/calib_h200_figures.json),
+-- batch 4096; the cases where the greedy misses plans take slow reads in place (a synthetic
+-- calibration), SGD and no reserve.  --check plans one small case and fails where a rank's
+-- cache holds two widths.  The CPU of a plan after the first in one process is the JIT's warm
+-- one (256 widths on 5e7d6b9: 0.235, 0.113, 0.090 s): to compare first plans, run --runs 1 in
+-- several processes.
+local planner = require "uvmrec.planner"
+
+local fixture = (arg[0]:match("^(.*)/scripts/bench/[^/]*$") or ".") .. "/spec/fixtures/calib_h200_figures.json"
+
+-- search_spec's tables_of(n, seed), each table's dim (and dtype) by its index where dimf is given
+local function tables_of(n, seed, dimf, dtypef)
+  math.randomseed(seed)
+  local tables, profiles = {}, {}
+  for i = 1, n do
+    local rows = math.floor(10 ^ (2 + 5 * math.random()))
+    local name = "T" .. i
+    local d = ({ 16, 32, 64, 128 })[math.random(4)] -- drawn always: the same rows and skews at any dims
+    tables[i] = { name = name, rows = rows, dim = dimf and dimf(i) or d, optimizer = "rowwise_adagrad",
+                  dtype = dtypef and dtypef(i) or nil }
+    profiles[name] = planner.profile.zipf { rows = rows, s = 0.8 + 0.5 * math.random(), hot = 1 }
+  end
+  return tables, profiles
+end
+
+local function cycling(i) return 16 * ((i - 1) % 8 + 1) end            -- 16, 32, ..., 128
+local function tenth(i) return i % 10 == 0 and 32 or 128 end
+
+-- The reviewer's fuzz model (seed 20521 of its generator): 1 to 8 ranks, 3 to 9 tables, some fixed.
+local function fuzz(seed)
+  math.randomseed(seed)
+  local DIMS, Ws = { 8, 16, 32, 64, 128 }, { 1, 2, 3, 4, 8 }
+  local n = math.random(3, 9)
+  local W = Ws[math.random(#Ws)]
+  local tables, profiles = {}, {}
+  for i = 1, n do
+    local rows = math.random(1, 40) * 50000
+    tables[i] = { name = "T" .. i, rows = rows, dim = DIMS[math.random(#DIMS)], optimizer = "sgd",
+                  dtype = math.random() < 0.3 and "f16" or "f32" }
+    profiles["T" .. i] = planner.profile.zipf { rows = rows, s = 0.9 + 0.3 * math.random() }
+    local r = math.random()
+    if r < 0.04 then tables[i].fixed = { placement = "cached" }
+    elseif r < 0.07 and W > 1 then tables[i].fixed = { placement = "cached", rank = math.random(0, W - 1) }
+    elseif r < 0.14 and W > 1 then tables[i].fixed = { sharding = "column_wise" }
+    elseif r < 0.16 and W > 1 then tables[i].fixed = { sharding = "row_wise", placement = "cached" }
+    elseif r < 0.19 and W > 1 then tables[i].fixed = { sharding = "column_wise", placement = "cached" } end
+  end
+  return tables, profiles, W, math.random(20, 400) .. "MiB"
+end
+
+-- Hand-written models: { dim, rows (default 1e6), fixed }, SGD, Zipf 1.05.
+local function model(spec)
+  local tables, profiles = {}, {}
+  for i, s in ipairs(spec) do
+    tables[i] = { name = "T" .. i, rows = s[2] or 1000000, dim = s[1], optimizer = "sgd", dtype = "f32", fixed = s[3] }
+    profiles["T" .. i] = planner.profile.zipf { rows = tables[i].rows, s = 1.05 }
+  end
+  return tables, profiles
+end
+local COL = { placement = "cached", sharding = "column_wise" }
+local TAB = { placement = "cached", sharding = "table_wise" }
+
+local GiB = 2 ^ 30
+local function synthetic(n, world, budget, dimf, dtypef)
+  return function()
+    local tables, profiles = tables_of(n, 7, dimf, dtypef)
+    return tables, profiles, world, budget
+  end
+end
+local function all(d) return function() return d end end
+local function four(i) return ({ 16, 32, 64, 128 })[(i - 1) % 4 + 1] end
+-- name, what, and make() -> tables, profiles, world, budget, calibration ("h200", the default, or "slow")
+local cases = {
+  { "four8", "1000 tables of four dims (16 to 128) on 8 ranks in 8 GiB", synthetic(1000, 8, 8 * GiB) },
+  { "cyc8", "1000 tables, dims cycling 16, 32, ..., 128 (8 widths), 8 ranks, 8 GiB",
+    synthetic(1000, 8, 8 * GiB, cycling) },
+  { "dtype8", "1000 tables, dims 16 to 128 by f32 and f16 (8 widths), 8 ranks, 8 GiB",
+    synthetic(1000, 8, 8 * GiB, four, function(i) return math.floor((i - 1) / 4) % 2 == 0 and "f32" or "f16" end) },
+  { "tenth100", "100 tables on 8 ranks in 1 GiB, dim 128, every tenth dim 32", synthetic(100, 8, GiB, tenth) },
+  { "four1", "200 tables of four dims on 1 rank in 2 GiB", synthetic(200, 1, 2 * GiB) },
+  { "tenth1000", "1000 tables, dim 128, every tenth dim 32, 8 ranks, 8 GiB", synthetic(1000, 8, 8 * GiB, tenth) },
+  { "cyc1", "1000 tables on 1 rank in 8 GiB, dims cycling 16 to 128 (8 widths)", synthetic(1000, 1, 8 * GiB, cycling) },
+  { "dtype1", "1000 tables on 1 rank in 8 GiB, dims cycling 16 to 128 in f32 and f16 (16 widths)",
+    synthetic(1000, 1, 8 * GiB, cycling, function(i) return math.floor((i - 1) / 8) % 2 == 0 and "f32" or "f16" end) },
+  { "by4_1", "300 tables on 1 rank in 12 GiB, dims 4 to 1024 by 4 (256 widths)",
+    synthetic(300, 1, 12 * GiB, function(i) return 4 * ((i - 1) % 256 + 1) end) },
+  { "d128_8", "1000 tables, all dim 128, on 8 ranks in 8 GiB", synthetic(1000, 8, 8 * GiB, all(128)) },
+  { "d128_1", "200 tables, all dim 128, on 1 rank in 2 GiB", synthetic(200, 1, 2 * GiB, all(128)) },
+  { "d128_200_8", "200 tables, all dim 128, on 8 ranks in 1 GiB", synthetic(200, 8, GiB, all(128)) },
+  { "d128_100_4", "100 tables, all dim 128, on 4 ranks in 512 MiB", synthetic(100, 4, GiB / 2, all(128)) },
+  { "seed20521", "the reviewer's seed 20521: 4 tables (dims 32, 64, 64, 64; T1 fixed cached), 2 ranks, 45 MiB "
+    .. "(slow reads in place)",
+    function()
+      local tables, profiles, W, budget = fuzz(20521)
+      return tables, profiles, W, budget, "slow"
+    end },
+  { "colwise4", "4 ranks, 400 MiB: a dim-8 column-wise table fixed cached (shards on ranks 0, 1), dim-16 and "
+    .. "dim-32 tables of 4 M rows fixed cached (slow reads in place)",
+    function()
+      local tables, profiles = model { { 8, 100000, COL }, { 16, 4000000, TAB }, { 32, 4000000, TAB } }
+      return tables, profiles, 4, "400MiB", "slow"
+    end },
+  { "colwise3", "3 ranks, 400 MiB: that column-wise table, a dim-16 table of 4 M rows fixed cached, a dim-64 "
+    .. "device table of 1.5 M rows pinned to rank 2 (slow reads in place)",
+    function()
+      local tables, profiles = model { { 8, 100000, COL }, { 16, 4000000, TAB },
+                                       { 64, 1500000, { placement = "device", rank = 2 } } }
+      return tables, profiles, 3, "400MiB", "slow"
+    end },
+}
+local names, by_name = {}, {}
+for i, c in ipairs(cases) do names[i], by_name[c[1]] = c[1], c end
+
+local cmd = require("uvmrec.cli").command {
+  name = "scripts/bench/planner_widths.lua",
+  summary = "the planner's step, proposals, CPU and each rank's cached widths on the cases of one width a cache",
+  mutex = { { "--case", "--check" }, { "--list", "--check" } },
+  { "--case LIST", "comma-separated cases (--list describes them)", type = "list", choices = names },
+  { "--list", "lists the cases" },
+  { "--runs N", "plans each case N times, fresh tables each time, and reports the least CPU", type = "whole",
+    min = 1, default = 1 },
+  { "--search S", "greedy, exhaustive or auto (default: the planner's auto, exhaustive only where the choices "
+    .. "are few, as in colwise4 and colwise3)", choices = { "greedy", "exhaustive", "auto" } },
+  { "--pin", "plans once more with every table fixed to the plan's choice and rank: the step by hand" },
+  { "--check", "plans 200 tables of four dims on 1 rank and fails unless each rank's cache holds one row width" },
+}
+local o = cmd:parse(arg)
+
+if o.list then
+  for _, c in ipairs(cases) do print(("%-11s %s"):format(c[1], c[2])) end
+  os.exit(0)
+end
+if o.check then o.case = { "four1" } end
+if not o.case then cmd:misuse("give --case NAME (--list names them) or --check") end
+
+local calibrations = {}
+local function calibration(which)
+  if not calibrations[which] then
+    calibrations[which] = which == "slow" and planner.calib.synthetic {
+      managed_gather = 1e8, zero_copy_gather = 1e8, managed_update = 1e8, zero_copy_update = 1e8,
+      alltoall = 1e11, allreduce = 1e11, reduce_scatter = 1e11 } or assert(planner.calib.load(fixture))
+  end
+  return calibrations[which]
+end
+
+-- rank (0-based, or "row" for the row-wise shards' cache) -> "width xN, ..." and whether it holds two
+local function cached_widths(p)
+  local per = {}
+  for _, t in ipairs(p.data.tables) do
+    if t.placement == "cached" then
+      local w = ("%d/%s"):format(t.sharding == "column_wise" and t.dim / t.shards or t.dim, t.dtype or "f32")
+      for _, r in ipairs(t.sharding == "row_wise" and { "row" } or t.ranks) do
+        per[r] = per[r] or {}
+        per[r][w] = (per[r][w] or 0) + 1
+      end
+    end
+  end
+  local shown, two = {}, false
+  for r, ws in pairs(per) do
+    local list = {}
+    for w, n in pairs(ws) do list[#list + 1] = ("%s x%d"):format(w, n) end
+    table.sort(list)
+    shown[r] = table.concat(list, ", ") .. (#list > 1 and "  <- two widths in one cache" or "")
+    two = two or #list > 1
+  end
+  return shown, two
+end
+
+local function ms(s) return ("%.6f ms"):format(s * 1e3) end
+
+-- The plan's choices as each table's fixed settings, a table_wise one's rank with them.
+local function pinned(p, tables)
+  local out = {}
+  for i, t in ipairs(p.data.tables) do
+    local f = { placement = t.placement, sharding = t.sharding, load_factor = t.load_factor,
+                prefix_fraction = t.prefix_fraction, rank = t.sharding == "table_wise" and t.ranks[1] or nil }
+    out[i] = { name = t.name, rows = tables[i].rows, dim = tables[i].dim, optimizer = tables[i].optimizer,
+               dtype = tables[i].dtype, fixed = f }
+  end
+  return out
+end
+
+local failed -- what --check fails for
+for _, name in ipairs(o.case) do
+  local c = by_name[name]
+  print(("%s: %s"):format(name, c[2]))
+  local best, cpus, err = nil, {}, nil
+  for run = 1, o.runs do
+    local tables, profiles, world, budget, cal = c[3]()
+    local opts = { world = world, batch = 4096, calibration = calibration(cal or "h200"), search = o.search,
+                   reserve = cal == "slow" and 0 or nil }
+    local c0 = os.clock()
+    local p
+    p, err = planner.plan(tables, profiles, budget, opts)
+    local cpu = os.clock() - c0
+    cpus[run] = ("%.3f"):format(cpu)
+    if not p then break end
+    if not best or cpu < best.cpu then
+      best = { cpu = cpu, p = p, tables = tables, profiles = profiles, budget = budget, opts = opts }
+    end
+  end
+  if err then
+    failed = "no plan"
+    print(("  no plan (search %s): %s"):format(o.search or "auto", tostring(err)))
+  else
+    local p, s = best.p, best.p.data.search
+    print(("  step %s, search %s, %s%s, CPU %.3f s (the least of %d: %s)"):format(ms(p.data.step_seconds),
+      s.method, s.proposals and s.proposals .. " proposals" or tostring(s.visited) .. " nodes",
+      s.proposals_all and (" (%d in all, one run a width)"):format(s.proposals_all) or "", best.cpu, o.runs,
+      table.concat(cpus, ", ")))
+    if s.cached_step then print(("  the plan without a cache; the best cached one %s"):format(ms(s.cached_step))) end
+    local shown, two = cached_widths(p)
+    if two then failed = "a rank's cache holds two row widths" end
+    for r = 0, p.data.world - 1 do
+      local rk = p.data.ranks[r + 1]
+      print(("  rank %d: %s, caches %s"):format(r, rk.load and ms(rk.load) or "-", shown[r] or "nothing"))
+    end
+    if shown.row then print(("  the row-wise shards' cache: %s"):format(shown.row)) end
+    if o.pin then
+      local q, qerr = planner.plan(pinned(p, best.tables), best.profiles, best.budget, best.opts)
+      print(("  its choices pinned by hand: %s"):format(q and ms(q.data.step_seconds) or tostring(qerr)))
+    end
+  end
+end
+if o.check then
+  if failed then cmd:fail("check: " .. failed) end
+  print("check: ok, one row width a rank's cache")
+end
