@@ -199,6 +199,9 @@ describe("planner plans", function()
     assert.equal("planner: loader.values is inf; expected the values a sample has (> 0)",
                  try({ loader = { values = math.huge } }))
     assert.matches("^planner: unknown option 'wrold'; expected arena_block, batch, calibration, ", try({ wrold = 2 }))
+    -- the dense part's shape: cost.dense_model's refusal, returned (it was raised from here)
+    assert.equal("planner: cost.dense_model: bottom[2] is 'x'; expected a layer's width, a whole number >= 1",
+                 try({ dense = { dense_features = 3, bottom = { 4, "x" }, top = { 1 }, tables = 1, dim = 16 } }))
     -- in range, as before
     local profs = { a = planner.profile.zipf { rows = 1000, s = 1.05 } }
     for _, o in ipairs({ { reserve = 0 }, { reserve = 0.1 }, { reserve = 4096 }, { depth = 2 },

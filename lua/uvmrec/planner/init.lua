@@ -346,7 +346,8 @@ local function setup(tables, profiles, budget, opts)
   local dense = { time = 0, hbm = 0, mem = { params = 0, activations = 0 }, mlp = 0, interaction = 0,
                   optimizer = 0, fixed = 0, comm = 0 }
   if opts.dense then
-    local dm = cost.dense_model(opts.dense)
+    local dok, dm = pcall(cost.dense_model, opts.dense)
+    if not dok then return nil, "planner: " .. tostring(dm):gsub("^[^\n]-:%d+: ", "") end
     dense = cost.dense(dm, ctx)
   end
   -- the synthetic loader's batches (opts.loader = {values = a sample's}); a file reader's cost is
