@@ -531,6 +531,27 @@ describe("uvmrec.KJT", function()
     assert.is_false(w:checked())
     assert.has_error(function() w:dedup() end,
       "kjt dedup: key 'b' sample 0 (lengths[2]) has length -1; lengths must be >= 0")
+    -- tensors rewritten bag by bag sound, but not where the key spans kept since the KJT was made
+    -- say: a copy into buffers the caller then reused for another batch.  validate() said true,
+    -- and the ops trusting the spans read another key's ids (a split's part views 0 values and
+    -- its offsets 0..2: expand read 2 ids past it); the offsets rewritten behind a KJT made
+    -- unchecked with lengths {5, -5, 2} passed too, and permute wrote 5 values at -3
+    local into = { values = ur.tensor({ 2 }, { dtype = "i64" }), lengths = ur.tensor({ 2 }, { dtype = "i32" }),
+                   offsets = ur.tensor({ 3 }, { dtype = "i64" }) }
+    local c = assert(KJT { keys = { "a", "b" }, values = { 7, 8 }, lengths = { 2, 0 } }:copy(into))
+    assert(KJT { keys = { "a", "b" }, values = { 5, 6 }, lengths = { 0, 2 } }:copy(into))
+    assert.equal("kjt: key 'b' starts at value 2 by the lengths the KJT was made with, but its offsets say 0 (its "
+      .. "tensors written since? make a new KJT of them)", select(2, c:validate()))
+    assert.is_false(c:checked())
+    assert.has_error(function() c:dedup() end, "kjt dedup: key 'b' starts at value 2 by the lengths the KJT was made "
+      .. "with, but its offsets say 0 (its tensors written since? make a new KJT of them)")
+    local bad = KJT { keys = { "a", "b", "c" }, values = { 1, 2 }, lengths = { 5, -5, 2 }, check = false }
+    local o, l = bad:offsets(), bad:lengths()
+    for i, x in ipairs { 0, 1, 1, 2 } do o:set(i - 1, x) end
+    for i, x in ipairs { 1, 0, 1 } do l:set(i - 1, x) end
+    assert.equal("kjt: key 'b' starts at value 5 by the lengths the KJT was made with, but its offsets say 1 (its "
+      .. "tensors written since? make a new KJT of them)", select(2, bad:validate()))
+    assert.has_error(function() bad:permute { 3, 2, 1 } end)
   end)
 
   it("lays sample-major rows out key-major (from_rows), as the plain loops would", function()

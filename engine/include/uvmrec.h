@@ -421,7 +421,10 @@ UR_API int32_t ur_kjt_variable_stride(const ur_kjt *k);        /* 1 for a VBE ba
  * bucketize, which read bag by bag, first run ur_kjt_validate's check (a pass over the lengths;
  * for a device KJT it waits for the device) and refuse a bad KJT naming the op, key and sample.
  * The mark holds for the contents as checked: a caller that writes into tensors it gave the KJT
- * calls ur_kjt_validate again. */
+ * calls ur_kjt_validate again, which also holds the offsets to the key spans the KJT kept from
+ * its lengths when made (each key's first offset), refusing tensors written with other spans
+ * (a copy into buffers reused for another batch: make a new KJT of them).  On a GPU it waits for
+ * the device first (the writes of any stream). */
 UR_API int32_t ur_kjt_checked(const ur_kjt *k);
 UR_API const ur_tensor *ur_kjt_values(const ur_kjt *k);
 UR_API const ur_tensor *ur_kjt_lengths(const ur_kjt *k);

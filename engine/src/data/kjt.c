@@ -444,13 +444,28 @@ static ur_status check_kjt(const ur_kjt *k, const int64_t *rows, const char *who
   int32_t prev = 0;
   ur_status st = UR__NEED(k->be, kjt, validate);
   if (!st && !(st = enter(k->be, k->values, &prev))) {
-    st = k->be->kjt->validate(NULL, dp(k->lengths), dp(k->offsets), dp(k->values),
-                              dp(k->inverse), nv, k->nkeys, k->stride, k->bag0, k->spk, rows,
-                              bad);
+    /* on the GPU after every write queued before, on any stream: the engine's streams do not
+     * wait for the NULL stream's work, nor it for theirs, and the flag remembers the answer */
+    if (k->be == ur__gpu()) st = k->be->device_sync();
+    if (!st)
+      st = k->be->kjt->validate(NULL, dp(k->lengths), dp(k->offsets), dp(k->values),
+                                dp(k->inverse), nv, k->nkeys, k->stride, k->bag0, k->spk, rows,
+                                bad);
     st = leave(k->be, k->values, prev, st);
   }
   if (st) return st;
-  set_checked(k, bad[0] < 0 && bad[2] < 0 && k->val0[k->nkeys] == nv);
+  /* the key spans kept on the host (val0, from the lengths when the KJT was made) against the
+   * offsets at each key's first bag: tensors written after the KJT was made (a copy into
+   * buffers reused for another batch) may agree bag by bag and not with them, and every op
+   * reading whole key spans trusts them once the KJT is known checked */
+  int32_t span = -1;
+  int64_t at = 0;
+  if (bad[0] < 0)
+    for (int32_t i = 0; i <= k->nkeys && span < 0; i++) {
+      if ((st = ur_tensor_read(k->offsets, k->bag0[i], 1, &at))) return st;
+      if (at != k->val0[i]) span = i;
+    }
+  set_checked(k, bad[0] < 0 && bad[2] < 0 && span < 0 && k->val0[k->nkeys] == nv);
   int64_t none = INT64_MAX;
   int64_t kb = bad[0] >= 0 ? key_of_bag(k, bad[0]) : none;
   int64_t ki = bad[1] >= 0 ? key_of_bag(k, bad[1]) : none;
@@ -502,6 +517,16 @@ static ur_status check_kjt(const ur_kjt *k, const int64_t *rows, const char *who
                      who, kname(k, key), (long long)(i - kv * k->stride), (long long)x,
                      (long long)k->spk[key] - 1, (long long)k->spk[key]);
   }
+  if (span >= 0 && span < k->nkeys)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: key '%s' starts at value %lld by the lengths the KJT was made with, but "
+                     "its offsets say %lld (its tensors written since? make a new KJT of them)",
+                     who, kname(k, span), (long long)k->val0[span], (long long)at);
+  if (span >= 0)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: the keys end at value %lld by the lengths the KJT was made with, but "
+                     "its offsets say %lld (its tensors written since? make a new KJT of them)",
+                     who, (long long)k->val0[span], (long long)at);
   if (k->val0[k->nkeys] != nv)
     return ur__error(UR_STATUS_INVALID, "%s: lengths sum to %lld for %lld value%s",
                      who, (long long)k->val0[k->nkeys], (long long)nv, ur__s(nv));
