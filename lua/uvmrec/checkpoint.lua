@@ -392,8 +392,11 @@ function Registry:components()
   return out
 end
 
+-- A component's tensors, meta and whether it owns them; false, why where its state() returned
+-- nil, why (a state it cannot give now: the save or load is refused with why).
 local function component_state(c, level)
-  local st = c.state()
+  local st, why = c.state()
+  if st == nil and why ~= nil then return false, tostring(why) end
   if type(st) ~= "table" then
     error(("checkpoint: component '%s': state() returned %s; expected {tensors = ..., meta = ...}"):format(
       c.name, type(st)), level + 1)
@@ -429,6 +432,10 @@ function Registry:save(path, info)
   for _, c in ipairs(self.list) do
     local pok, ts, cm, own = pcall(component_state, c, 3) -- raises at save's caller (pcall a level)
     if not pok then fail(ts, 0) end
+    if ts == false then
+      for _, t in ipairs(owned) do t:free() end
+      return nil, ("checkpoint save: component '%s': %s"):format(c.name, cm)
+    end
     for k, t in pairs(ts) do
       tensors[c.name .. "." .. k] = t
       if own then owned[#owned + 1] = t end
@@ -618,7 +625,8 @@ function Registry:load(path, opts)
         local _, bad = verified_views(file_names, tensors)
         if bad then return refuse(bad) end
       else
-        local ts = component_state(c, 2)
+        local ts, why = component_state(c, 2)
+        if ts == false then return fail(("component '%s': %s"):format(c.name, why)) end
         for k, t in pairs(ts) do
           local full = c.name .. "." .. k
           local info = f:info(full)

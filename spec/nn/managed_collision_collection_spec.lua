@@ -6,6 +6,7 @@
 local ur = require "uvmrec"
 local ck = require "uvmrec.checkpoint"
 local h = require "helpers"
+local command = require "command"
 
 local EBC, MCC = ur.nn.EmbeddingBagCollection, ur.nn.ManagedCollisionCollection
 
@@ -77,6 +78,17 @@ describe("ur.nn.ManagedCollisionCollection", function()
         failed_at, fails = step, 1 -- the first table's reset fails: a counted the batch, reset none
         h.raises_at_caller(function() a:forward(ka) end, M .. "embedding collection: reset_rows failed (a stub)")
         assert.equal(b.map:step(), a.map:step())
+        -- a checkpoint save resets them first; failing again, it is refused, writing nothing (it
+        -- raised from inside the registry)
+        local reg, dir = ck.registry(), command.tmpdir()
+        reg:register(a:checkpoint_component())
+        fails = 1
+        local ok, err = reg:save(dir .. "/c.safetensors", { step = step })
+        assert.is_nil(ok)
+        assert.equal("checkpoint save: component 'collisions': " .. M .. "embedding collection: reset_rows failed "
+          .. "(a stub)", err)
+        assert.is_false(command.exists(dir .. "/c.safetensors"))
+        command.rmdir(dir)
         local left = 0
         for _, r in ipairs(a._resets) do left = left + r.n end
         assert.equal(reassigned, left)
@@ -386,10 +398,10 @@ describe("ur.nn.ManagedCollisionCollection", function()
     -- row 1 of table u given row 0's id, its checksum made to match (as a writer's bug would
     -- leave it: a flipped bit is the checksum's to find)
     local info = assert(assert(ck.open(path)):info("collisions.u.ids"))
-    local text = assert(require("command").slurp(path))
+    local text = assert(command.slurp(path))
     local id0 = text:sub(info.offset + 1, info.offset + 8)
     text = text:sub(1, info.offset + 8) .. id0 .. text:sub(info.offset + 17)
-    require("command").spit(path, h.restamp(text, "collisions.u.ids", info))
+    command.spit(path, h.restamp(text, "collisions.u.ids", info))
     local eb = collection()
     local b = MCC{ collection = eb, evict_every = 3 }
     local before = eb:table("u"):totable()

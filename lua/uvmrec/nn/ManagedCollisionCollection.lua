@@ -208,7 +208,10 @@ function MCC:checkpoint_component(name)
   return {
     name = name or "collisions", views = true, whole = { "step" },
     state = function()
-      run_resets(self, 2) -- the maps saved name rows that must hold their new ids' weights
+      -- the maps saved name rows that must hold their new ids' weights: a reset that fails again
+      -- refuses the save (nil, why), the rows kept for the next forward or save
+      local rok, rerr = pcall(run_resets, self, 1)
+      if not rok then return nil, (tostring(rerr):gsub("^[^\n]-:%d+: ", "")) end
       local ts, counts = {}, {}
       for _, t in ipairs(map.table_names) do
         local st = assert(map:state(t))
