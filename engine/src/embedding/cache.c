@@ -560,15 +560,17 @@ static void tables_lost(ur_cache *c, const char *why) {
 
 void ur_cache_free(ur_cache *c) {
   if (!c) return;
+  /* the free returns nothing and fails at nothing: it leaves ur_last_error() as the caller had
+   * it, whatever its flush, syncs and frees said on the way */
+  char kept[1024];
+  snprintf(kept, sizeof kept, "%s", ur_last_error());
   if (c->tbe && c->sw) {
     /* the rows go home, and the collection reads its own storage again; where they cannot
      * (a lost cache, no memory for the list, a GPU fault), the tables still leave the slots
      * about to be freed, their rows marked lost: the collection refuses them, never reads
-     * stale rows or freed slots.  Each table keeps why; the free returns nothing and fails at
-     * nothing, so it leaves ur_last_error() as the caller had it (the flush's message stayed,
-     * "cache: out of host memory" after a free that had done all it does). */
-    char why[400], kept[1024];
-    snprintf(kept, sizeof kept, "%s", ur_last_error());
+     * stale rows or freed slots.  Each table keeps why (the flush's message stayed in
+     * ur_last_error(), "cache: out of host memory" after a free that had done all it does). */
+    char why[400];
     if (ur_cache_flush(c)) {
       /* a lost cache's own message says to make it again, which a lost table refuses */
       snprintf(why, sizeof why, "the cache was freed and could not write its dirty rows home: %s",
@@ -582,7 +584,6 @@ void ur_cache_free(ur_cache *c) {
                  "own storage: %s", ur_last_error());
         ur__tbe_rows_lost(c->tbe, c->tidx[i], why);
       }
-    ur__error(UR_STATUS_OK, "%s", kept);
   } else if (c->be) {
     c->be->device_sync();
   }
@@ -614,6 +615,7 @@ void ur_cache_free(ur_cache *c) {
   free(c->hvals);
   free(c->hoffs);
   free(c);
+  ur__error(UR_STATUS_OK, "%s", kept);
 }
 
 int64_t ur_cache_slots(const ur_cache *c) {
