@@ -432,6 +432,25 @@ ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *ba
 
 /* ---- validate ---- */
 
+/* Each key's first offset and the last, offsets[bag0[i]] for i = 0..nkeys, into at (host,
+ * nkeys + 1): one gather by the backend and one read back, not a read a key (on a GPU, a wait
+ * each).  The backend's device is current. */
+static ur_status key_offsets(const ur_kjt *k, int64_t *at) {
+  int32_t n = k->nkeys + 1;
+  ur__kjt_seg *seg = malloc(sizeof *seg * (size_t)n);
+  if (!seg) return ur__error(UR_STATUS_OOM, "kjt: out of host memory");
+  const int64_t *off = dp(k->offsets);
+  for (int32_t i = 0; i < n; i++) seg[i] = (ur__kjt_seg){off + k->bag0[i], i, 1};
+  ur_tensor *t = NULL;
+  ur_status st = UR__NEED(k->be, kjt, segments);
+  if (!st) st = new_like(&t, UR_DTYPE_I64, n, k->offsets);
+  if (!st) st = k->be->kjt->segments(NULL, dp(t), sizeof(int64_t), seg, n);
+  if (!st) st = ur_tensor_read(t, 0, n, at);
+  ur_tensor_free(t);
+  free(seg);
+  return st;
+}
+
 /* The one check of a KJT, for ur_kjt_validate and for the ops that read bag by bag through the
  * offsets of a KJT not known checked (need_checked); `who` opens the message.  The backend
  * finds the first bad bag, the first bag with a bad id and the first bad inverse index; the
@@ -441,7 +460,9 @@ ur_status ur_kjt_key_span(const ur_kjt *k, int32_t i, int64_t *bag0, int64_t *ba
  * unmarked when not, so a caller who wrote into its tensors and validates again is believed. */
 static ur_status check_kjt(const ur_kjt *k, const int64_t *rows, const char *who) {
   int64_t bad[3] = {-1, -1, -1}, nv = ur_tensor_numel(k->values);
-  int32_t prev = 0;
+  int64_t *at = malloc(sizeof(int64_t) * ((size_t)k->nkeys + 1));
+  if (!at) return ur__error(UR_STATUS_OOM, "%s: out of host memory", who);
+  int32_t prev = 0, span = -1;
   ur_status st = UR__NEED(k->be, kjt, validate);
   if (!st && !(st = enter(k->be, k->values, &prev))) {
     /* on the GPU after every write queued before, on any stream: the engine's streams do not
@@ -451,20 +472,18 @@ static ur_status check_kjt(const ur_kjt *k, const int64_t *rows, const char *who
       st = k->be->kjt->validate(NULL, dp(k->lengths), dp(k->offsets), dp(k->values),
                                 dp(k->inverse), nv, k->nkeys, k->stride, k->bag0, k->spk, rows,
                                 bad);
+    /* the key spans kept on the host (val0, from the lengths when the KJT was made) against
+     * the offsets at each key's first bag: tensors written after the KJT was made (a copy into
+     * buffers reused for another batch) may agree bag by bag and not with them, and every op
+     * reading whole key spans trusts them once the KJT is known checked */
+    if (!st && bad[0] < 0) st = key_offsets(k, at);
+    for (int32_t i = 0; !st && bad[0] < 0 && i <= k->nkeys && span < 0; i++)
+      if (at[i] != k->val0[i]) span = i;
     st = leave(k->be, k->values, prev, st);
   }
+  int64_t at_span = span >= 0 ? at[span] : 0;
+  free(at);
   if (st) return st;
-  /* the key spans kept on the host (val0, from the lengths when the KJT was made) against the
-   * offsets at each key's first bag: tensors written after the KJT was made (a copy into
-   * buffers reused for another batch) may agree bag by bag and not with them, and every op
-   * reading whole key spans trusts them once the KJT is known checked */
-  int32_t span = -1;
-  int64_t at = 0;
-  if (bad[0] < 0)
-    for (int32_t i = 0; i <= k->nkeys && span < 0; i++) {
-      if ((st = ur_tensor_read(k->offsets, k->bag0[i], 1, &at))) return st;
-      if (at != k->val0[i]) span = i;
-    }
   set_checked(k, bad[0] < 0 && bad[2] < 0 && span < 0 && k->val0[k->nkeys] == nv);
   int64_t none = INT64_MAX;
   int64_t kb = bad[0] >= 0 ? key_of_bag(k, bad[0]) : none;
@@ -521,12 +540,12 @@ static ur_status check_kjt(const ur_kjt *k, const int64_t *rows, const char *who
     return ur__error(UR_STATUS_INVALID,
                      "%s: key '%s' starts at value %lld by the lengths the KJT was made with, but "
                      "its offsets say %lld (its tensors written since? make a new KJT of them)",
-                     who, kname(k, span), (long long)k->val0[span], (long long)at);
+                     who, kname(k, span), (long long)k->val0[span], (long long)at_span);
   if (span >= 0)
     return ur__error(UR_STATUS_INVALID,
                      "%s: the keys end at value %lld by the lengths the KJT was made with, but "
                      "its offsets say %lld (its tensors written since? make a new KJT of them)",
-                     who, (long long)k->val0[span], (long long)at);
+                     who, (long long)k->val0[span], (long long)at_span);
   if (k->val0[k->nkeys] != nv)
     return ur__error(UR_STATUS_INVALID, "%s: lengths sum to %lld for %lld value%s",
                      who, (long long)k->val0[k->nkeys], (long long)nv, ur__s(nv));
