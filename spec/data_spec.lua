@@ -180,6 +180,53 @@ describe("uvmrec.data criteo-tsv", function()
     end
     cmd.rmdir(dir)
   end)
+
+  it("reads every member of a gzip file, and refuses bytes after the last one, after the rows before them", function()
+    local dir = cmd.tmpdir()
+    assert(os.execute(("gzip -c %s > %s/a.gz && gzip -c %s > %s/b.gz"):format(SAMPLE1, dir, SAMPLE2, dir)) == 0)
+    local a, b = cmd.slurp(dir .. "/a.gz"), cmd.slurp(dir .. "/b.gz")
+    -- cat a.gz b.gz: one file of two members, read whole in chunks of any size
+    local two = cmd.spit(dir .. "/two.gz", a .. b)
+    local both = assert(data.read_tsv({ SAMPLE1, SAMPLE2 }))
+    for _, cb in ipairs { 0, 4096, 70001 } do
+      local t = assert(data.read_tsv(two, { chunk_bytes = cb }))
+      assert.equal(1400, t.stats.rows)
+      assert.same(both.ids:totable(), t.ids:totable())
+    end
+    -- zlib took what follows a member and is no gzip header for its end, and dropped it: 1000 rows
+    -- of 1400 read as whole (gzip -t says 'trailing garbage ignored', exit 2)
+    local bad = {
+      { "a damaged second member header", a .. "\31\200" .. b:sub(3), #b },
+      { "a damaged second member method", a .. b:sub(1, 2) .. "\7" .. b:sub(4), #b },
+      { "plain bytes appended", a .. "garbage", 7 },
+      { "the TSV appended", a .. cmd.slurp(SAMPLE2), #cmd.slurp(SAMPLE2) },
+      { "zero bytes appended", a .. string.rep("\0", 512), 512 },
+      { "half a gzip header appended", a .. "\31\139", 2 },
+    }
+    for _, c in ipairs(bad) do
+      local path = cmd.spit(dir .. "/bad.gz", c[2])
+      local want = ("criteo-tsv: %s: its last %d bytes, from byte %d (after line 1000), are no gzip member: bytes "
+                    .. "appended to the gzip data, or a member's header damaged"):format(path, c[3], #a)
+      for _, skip in ipairs { "fail", "skip" } do
+        for _, cb in ipairs { 0, 4096 } do
+          local t, err = data.read_tsv(path, { on_bad_line = skip, chunk_bytes = cb })
+          assert.is_nil(t, c[1])
+          assert.equal(want, err, c[1])
+        end
+        local l = assert(data.loader { data = "criteo-tsv:" .. path, batch_size = 64, on_bad_line = skip })
+        local n, e = 0
+        repeat
+          local batch
+          batch, e = l:next()
+          n = n + (batch and batch.size or 0)
+        until not batch
+        l:close()
+        assert.equal(want, e, c[1])
+        assert.equal(1000, n, c[1])
+      end
+    end
+    cmd.rmdir(dir)
+  end)
 end)
 
 describe("uvmrec.data npy", function()

@@ -528,8 +528,9 @@ UR_API ur_status ur_npy_writer_close(ur_npy_writer *w);
 /* Criteo raw TSV (engine/src/data/criteo.c): 40 tab-separated fields, label, 13 integers, 26 hex
  * categoricals.  Integers: empty 0, negatives clamped to 0, then log(x + 1); categoricals:
  * hex as unsigned 32-bit, empty 0, then id mod rows[i] where rows[i] > 0.  Files are read
- * plain or gzip'd, parsed on UR_NUM_THREADS threads (default: every core).  Malformed data
- * is UR_STATUS_FORMAT with "FILE:LINE: what" in the message. */
+ * plain or gzip'd (every member; bytes after the last one are an error), parsed on
+ * UR_NUM_THREADS threads (default: every core).  Malformed data is UR_STATUS_FORMAT with
+ * "FILE:LINE: what" in the message. */
 typedef struct ur_criteo_opts {
   int32_t pad_missing_fields;     /* lines of 15..39 fields take empty trailing fields */
   int32_t skip_bad_lines;         /* 0: a bad line is an error; 1: skipped and counted */

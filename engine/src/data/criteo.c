@@ -3,9 +3,11 @@
  * Workers only mark bad lines; the first one is parsed again on the calling thread to word
  * the error, so messages stay thread-local and parsing stays free of formatting. */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -178,10 +180,34 @@ ur_status ur_criteo_parse_line(const char *line, size_t len, int32_t pad_missing
 
 enum { LINE_OK = 0, LINE_BAD = 1, LINE_LONG = 2, LINE_NO_NEWLINE = 3 };
 
+/* How the current file's bytes ended (src_read's answer once it gives 0 bytes). */
+enum { SRC_END = 1, SRC_CUT, SRC_TRAILING, SRC_FAILED };
+
+/* The bytes of one file, plain or gzip'd.  zlib's gzread ends a file cleanly at the first bytes
+ * after a member that begin no other member (its "trailing garbage"): a damaged member header
+ * or anything appended read as a whole, shorter file.  So the members are inflated here, each to
+ * its end, and whatever follows the last one is an error. */
+typedef struct src {
+  int fd;                 /* -1: no file open */
+  int gzip;               /* the file begins with gzip's magic bytes */
+  int zinit;              /* z holds inflate's state */
+  int member;             /* a member is begun and not ended */
+  int in_eof;             /* fd has no more bytes */
+  int end;                /* 0, or SRC_*: why there are no more bytes */
+  char why[256];          /* SRC_FAILED: what failed */
+  z_stream z;
+  gz_header hdr;          /* the member's header, for hdr.done: a header not read whole is no member */
+  unsigned char *in;
+  size_t in_cap;
+  uint64_t in_bytes;      /* bytes read from fd */
+  uint64_t member_at;     /* the file offset the current member begins at */
+  uint64_t size;          /* the file's size (fstat; 0 for a pipe) */
+} src;
+
 struct ur_criteo_reader {
   char **paths;
   int npaths, cur;
-  gzFile gz;
+  src in;
   ur_criteo_opts opts;
   int64_t line_no;       /* complete lines consumed in the current file */
   uint64_t file_bytes;   /* bytes read from the current file */
@@ -207,7 +233,9 @@ struct ur_criteo_reader {
 
 void ur_criteo_close(ur_criteo_reader *r) {
   if (!r) return;
-  if (r->gz) gzclose(r->gz);
+  if (r->in.fd >= 0) close(r->in.fd);
+  if (r->in.zinit) inflateEnd(&r->in.z);
+  free(r->in.in);
   for (int i = 0; i < r->npaths; i++) free(r->paths[i]);
   free(r->paths);
   free(r->buf);
@@ -228,6 +256,7 @@ ur_status ur_criteo_open(ur_criteo_reader **out, const char *const *paths, int32
   if (npaths < 1) return ur__error(UR_STATUS_INVALID, "criteo-tsv: no input files");
   ur_criteo_reader *r = calloc(1, sizeof *r);
   if (!r) return ur__error(UR_STATUS_OOM, "criteo-tsv: out of host memory");
+  r->in.fd = -1;
   if (opts) r->opts = *opts;
   for (int i = 0; i < NCAT; i++)
     if (r->opts.rows[i] > 4294967296LL) {
@@ -253,14 +282,14 @@ ur_status ur_criteo_open(ur_criteo_reader **out, const char *const *paths, int32
   }
   /* Every file must open before any is read, so a typo fails at once. */
   for (int i = 0; i < npaths; i++) {
-    gzFile g = gzopen(r->paths[i], "rb");
-    if (!g) {
+    int fd = open(r->paths[i], O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
       ur_status st = ur__error(UR_STATUS_IO, "criteo-tsv: %s: cannot open: %s", r->paths[i],
-                               errno ? strerror(errno) : "out of memory");
+                               strerror(errno));
       ur_criteo_close(r);
       return st;
     }
-    gzclose(g);
+    close(fd);
   }
   r->rows_file = -1;
   r->t0 = ur_clock_seconds();
@@ -336,6 +365,128 @@ static void skipped(ur_criteo_reader *r, int64_t line, const char *why) {
   r->stats.skipped++;
 }
 
+/* ---- one file's bytes ---- */
+
+#define IN_BYTES ((size_t)1 << 20)
+
+static void src_close(src *s) {
+  if (s->fd >= 0) close(s->fd);
+  s->fd = -1;
+}
+
+/* Reads more of the file behind the bytes not yet inflated; at its end sets in_eof. */
+static void src_fill(src *s) {
+  if (s->z.avail_in) memmove(s->in, s->z.next_in, s->z.avail_in);
+  s->z.next_in = s->in;
+  ssize_t k;
+  do k = read(s->fd, s->in + s->z.avail_in, s->in_cap - s->z.avail_in);
+  while (k < 0 && errno == EINTR);
+  if (k < 0) {
+    snprintf(s->why, sizeof s->why, "%s", strerror(errno));
+    s->end = SRC_FAILED;
+  } else if (k == 0) {
+    s->in_eof = 1;
+  } else {
+    s->z.avail_in += (uInt)k;
+    s->in_bytes += (uint64_t)k;
+  }
+}
+
+static ur_status src_open(src *s, const char *path) {
+  s->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (s->fd < 0) return ur__error(UR_STATUS_IO, "criteo-tsv: %s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  s->size = fstat(s->fd, &st) == 0 && S_ISREG(st.st_mode) ? (uint64_t)st.st_size : 0;
+  s->gzip = s->member = s->in_eof = s->end = 0;
+  s->in_bytes = s->member_at = 0;
+  if (!s->in && !(s->in = malloc(IN_BYTES))) return ur__error(UR_STATUS_OOM, "criteo-tsv: out of host memory");
+  s->in_cap = IN_BYTES;
+  s->z.next_in = s->in;
+  s->z.avail_in = 0;
+  /* gzip's two magic bytes, as gzread tells a gzip'd file from a plain one */
+  while (s->z.avail_in < 2 && !s->in_eof && !s->end) src_fill(s);
+  s->gzip = s->z.avail_in >= 2 && s->in[0] == 0x1f && s->in[1] == 0x8b;
+  if (s->gzip && !s->zinit) {
+    if (inflateInit2(&s->z, 15 + 16) != Z_OK) /* 16: gzip members only */
+      return ur__error(UR_STATUS_OOM, "criteo-tsv: out of host memory");
+    s->zinit = 1;
+  }
+  return UR_STATUS_OK;
+}
+
+/* Up to want bytes of the file into out; 0 only at its end, with s->end saying how it ended. */
+static size_t src_read(src *s, char *out, size_t want) {
+  if (s->end) return 0;
+  if (want > (1u << 30)) want = 1u << 30;
+  if (!s->gzip) {
+    if (s->z.avail_in) { /* the bytes read to look for the magic */
+      size_t k = s->z.avail_in < want ? s->z.avail_in : want;
+      memcpy(out, s->z.next_in, k);
+      s->z.next_in += k;
+      s->z.avail_in -= (uInt)k;
+      return k;
+    }
+    ssize_t k;
+    do k = read(s->fd, out, want);
+    while (k < 0 && errno == EINTR);
+    if (k > 0) return (size_t)k;
+    if (k < 0) snprintf(s->why, sizeof s->why, "%s", strerror(errno));
+    s->end = k < 0 ? SRC_FAILED : SRC_END;
+    return 0;
+  }
+  s->z.next_out = (Bytef *)out;
+  s->z.avail_out = (uInt)want;
+  while (s->z.avail_out && !s->end) {
+    if (!s->z.avail_in && !s->in_eof) {
+      src_fill(s);
+      continue;
+    }
+    if (!s->member) {
+      if (!s->z.avail_in) { /* the file ends where a member does */
+        s->end = SRC_END;
+        break;
+      }
+      inflateReset(&s->z);
+      memset(&s->hdr, 0, sizeof s->hdr);
+      inflateGetHeader(&s->z, &s->hdr);
+      s->member = 1;
+      s->member_at = s->in_bytes - s->z.avail_in;
+    }
+    if (!s->z.avail_in) { /* the file ends inside a member: cut, or a later one's header is not whole */
+      s->end = s->hdr.done == 1 || s->member_at == 0 ? SRC_CUT : SRC_TRAILING;
+      break;
+    }
+    int zr = inflate(&s->z, Z_NO_FLUSH);
+    if (zr == Z_STREAM_END) s->member = 0;
+    else if (zr == Z_DATA_ERROR && s->hdr.done != 1 && s->member_at > 0) s->end = SRC_TRAILING;
+    else if (zr != Z_OK && zr != Z_BUF_ERROR) {
+      snprintf(s->why, sizeof s->why, "%s", zr == Z_MEM_ERROR ? "out of host memory" : s->z.msg ? s->z.msg
+               : zError(zr));
+      s->end = SRC_FAILED;
+    }
+  }
+  return want - s->z.avail_out;
+}
+
+/* The file's bytes ended badly after line r->line_no: the error, for the read after its rows. */
+static void src_failed(ur_criteo_reader *r, const char *path) {
+  const src *s = &r->in;
+  long long line = (long long)r->line_no;
+  if (s->end == SRC_CUT)
+    fail(r, UR_STATUS_IO, "criteo-tsv: %s: the gzip stream is cut short after line %lld (a truncated file?)",
+         path, line);
+  else if (s->end == SRC_TRAILING && s->size > s->member_at)
+    fail(r, UR_STATUS_FORMAT, "criteo-tsv: %s: its last %llu bytes, from byte %llu (after line %lld), are no "
+         "gzip member: bytes appended to the gzip data, or a member's header damaged", path,
+         (unsigned long long)(s->size - s->member_at), (unsigned long long)s->member_at, line);
+  else if (s->end == SRC_TRAILING)
+    fail(r, UR_STATUS_FORMAT, "criteo-tsv: %s: the bytes from byte %llu (after line %lld) are no gzip "
+         "member: bytes appended to the gzip data, or a member's header damaged", path,
+         (unsigned long long)s->member_at, line);
+  else
+    fail(r, UR_STATUS_IO, "criteo-tsv: %s: read failed after line %lld: %s", path, line, s->why);
+}
+
 /* Parses the next chunk of the current file into rows; moves to the next file at its end. */
 static ur_status refill(ur_criteo_reader *r) {
   r->nrows = r->rpos = 0;
@@ -345,11 +496,9 @@ static ur_status refill(ur_criteo_reader *r) {
       return UR_STATUS_OK;
     }
     const char *path = r->paths[r->cur];
-    if (!r->gz) {
-      r->gz = gzopen(path, "rb");
-      if (!r->gz)
-        return fail(r, UR_STATUS_IO, "criteo-tsv: %s: cannot open: %s", path, strerror(errno));
-      gzbuffer(r->gz, 1 << 20);
+    if (r->in.fd < 0) {
+      ur_status st = src_open(&r->in, path);
+      if (st) return fail(r, st, "%s", ur_last_error());
       r->line_no = 0;
       r->file_bytes = 0;
       r->len = 0;
@@ -357,29 +506,18 @@ static ur_status refill(ur_criteo_reader *r) {
     }
     int eof = 0, cut = 0;
     while (r->len < r->cap) {
-      size_t want = r->cap - r->len;
-      if (want > (1u << 30)) want = 1u << 30;
-      int got = gzread(r->gz, r->buf + r->len, (unsigned)want);
-      if (got < 0) {
-        int code;
-        const char *m = gzerror(r->gz, &code);
-        return fail(r, UR_STATUS_IO, "criteo-tsv: %s: read failed after line %lld: %s", path,
-                    (long long)r->line_no, code == Z_ERRNO ? strerror(errno) : m);
-      }
-      if (got == 0) {
-        /* zlib ends a cut gzip stream as a clean end (0) with Z_BUF_ERROR behind it: cut at a
-         * line's end, the file would read as whole with its tail lost. */
-        int code;
-        gzerror(r->gz, &code);
-        cut = code != Z_OK;
+      size_t got = src_read(&r->in, r->buf + r->len, r->cap - r->len);
+      if (!got) {
+        /* cut short, bytes after the last member, a failed read: its rows are served first */
+        cut = r->in.end != SRC_END;
         eof = 1;
         break;
       }
-      r->len += (size_t)got;
+      r->len += got;
       r->file_bytes += (uint64_t)got;
-      r->stats.bytes += got;
+      r->stats.bytes += (int64_t)got;
     }
-    if (eof && r->file_bytes == 0)
+    if (eof && r->file_bytes == 0 && !cut)
       return fail(r, UR_STATUS_FORMAT, "criteo-tsv: %s: empty file (no lines)", path);
     /* Split into lines. */
     size_t pos = 0, n = 0;
@@ -476,8 +614,7 @@ static ur_status refill(ur_criteo_reader *r) {
     r->stats.rows += kept;
     r->rows_file = r->cur;
     if (cut) { /* the rows before it are served first, as for a bad line; skipping cannot help */
-      fail(r, UR_STATUS_IO, "criteo-tsv: %s: the gzip stream is cut short after line %lld (a truncated "
-           "file?)", path, (long long)r->line_no);
+      src_failed(r, path);
       return UR_STATUS_OK;
     }
     if (tail == 2) {
@@ -494,8 +631,7 @@ static ur_status refill(ur_criteo_reader *r) {
     memmove(r->buf, r->buf + pos, rest);
     r->len = rest;
     if (eof) {
-      gzclose(r->gz);
-      r->gz = NULL;
+      src_close(&r->in);
       r->cur++;
     }
   }
