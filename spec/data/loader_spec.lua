@@ -695,6 +695,31 @@ describe("uvmrec.data loader", function()
     cmd.rmdir(dir)
   end)
 
+  it("gives the rows before a line over 1 MiB, then the error, whatever the chunk size", function()
+    -- the line left unfinished at a chunk's end was already over 1 MiB: the chunk's rows before
+    -- it were dropped with the error (chunk_bytes 2 MiB: none of the 10 served; 4096: all 10)
+    local dir = cmd.tmpdir()
+    local lines = cmd.lines(SAMPLE1)
+    local t = { unpack(lines, 1, 10) }
+    t[11] = string.rep("1", 3 * 2 ^ 20)
+    for i = 12, 16 do t[i] = lines[i] end
+    local path = cmd.spit(dir .. "/long.tsv", table.concat(t, "\n") .. "\n")
+    local msg = "criteo-tsv: " .. path .. ":11: line is over 1048576 bytes long (a Criteo line is under 1 KiB)"
+    for _, cb in ipairs { 0, 4096, 65536, 2 ^ 20, 2 ^ 21, 2 ^ 21 + 12345 } do
+      local l = assert(data.open("criteo-tsv:" .. path, { batch_size = 4, chunk_bytes = cb }))
+      local sizes, err = drain(l)
+      l:close()
+      assert.same({ 4, 4, 2 }, sizes, "chunk_bytes " .. cb)
+      assert.equal(msg, err, "chunk_bytes " .. cb)
+      local s = assert(data.open("criteo-tsv:" .. path, { batch_size = 4, chunk_bytes = cb, on_bad_line = "skip" }))
+      sizes, err = drain(s)
+      s:close()
+      assert.same({ 4, 4, 4, 3 }, sizes, "chunk_bytes " .. cb .. ", skipping")
+      assert.is_nil(err)
+    end
+    cmd.rmdir(dir)
+  end)
+
   it("gives the rows before a reader error at a window's first row, then the error (they were dropped)", function()
     -- the window after a batch's first rows failed to read: the batch went with it, so a bad line
     -- at row W + 1 of a day file lost the rows of the batch before it

@@ -620,8 +620,10 @@ static ur_status refill(ur_criteo_reader *r) {
     if (tail == 2) {
       int64_t line = r->line_no + 1;
       snprintf(msg, sizeof msg, "line is over %d bytes long (a Criteo line is under 1 KiB)", MAX_LINE);
-      if (!r->opts.skip_bad_lines)
-        return fail(r, UR_STATUS_FORMAT, "criteo-tsv: %s:%lld: %s", path, (long long)line, msg);
+      if (!r->opts.skip_bad_lines) { /* as for a bad line: the chunk's rows before it go out first */
+        fail(r, UR_STATUS_FORMAT, "criteo-tsv: %s:%lld: %s", path, (long long)line, msg);
+        return UR_STATUS_OK;
+      }
       skipped(r, line, msg);
       r->stats.lines++;
       r->discarding = 1;
