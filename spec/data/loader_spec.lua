@@ -1106,8 +1106,13 @@ describe("uvmrec.data loader", function()
     assert(data.convert({ SAMPLE1 }, dir, { rows = 1000 }))
     local path = dir .. "/day_0_labels.npy"
     local labels = assert(data.npy_load(path))
-    -- i32 labels (convert's) with a 2 at row 150; then f4 labels: 0.25 is a soft label, -0.5 is not
-    for _, case in ipairs { { "i32", "<i4", 2, "2" }, { "f32", "<f4", -0.5, "-0.5" } } do
+    -- i32 labels (convert's) with a 2 at row 150; then f4 labels: 0.25 is a soft label, -0.5 is not;
+    -- <u4 labels are unsigned (read through the <i4 branch: 4294967295 was 'label -1') and integer
+    -- labels are named exactly (3000000001 was '3e+09')
+    for _, case in ipairs { { "i32", "<i4", 2, "2" }, { "f32", "<f4", -0.5, "-0.5" },
+                            { "i32", "<u4", -1, "4294967295" }, { "i32", "<u4", -2147483647, "2147483649" },
+                            { "i64", "<i8", 3000000001, "3000000001" },
+                            { "i64", "<i8", -1099511627777, "-1099511627777" } } do
       local t = assert(ur.tensor({ labels:size(1) }, { dtype = case[1] }))
       for i = 0, labels:size(1) - 1 do t[i] = labels[i] end
       if case[1] == "f32" then t[3] = 0.25 end

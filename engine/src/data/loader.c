@@ -778,7 +778,8 @@ typedef struct out_rows {
   int32_t *blen;
   int64_t *tot;              /* [T] values per table (the worker's) */
   int64_t bad_row;           /* day files: the first global row whose label is outside [0, 1], or -1 */
-  float bad_label;
+  float bad_label;           /* its value: in an <f4 file */
+  int64_t bad_label_int;     /* in an integer file, as the file holds it (exactly) */
   int64_t bad_id_row, bad_id_col, bad_id; /* and the first id below -1 (-1: no id), or row -1 */
   int64_t bad_dense_row, bad_dense_col;     /* and the first dense value not finite, or row -1 */
   float bad_dense;
@@ -878,23 +879,27 @@ static void bin_row(const ur_loader *l, int64_t g, int64_t i, out_rows *o, int *
   for (int64_t c = 0; c < l->D; c++)
     if (!isfinite(dsrc[c]) && o->bad_dense_row < 0)
       o->bad_dense_row = g, o->bad_dense_col = c, o->bad_dense = dsrc[c];
+  /* a label outside [0, 1] (2, -1, NaN) would train and score silently wrong: make_batch fails */
   if (li->descr[1] == 'f') {
     float v;
     memcpy(&v, (const char *)d->labels.data + (size_t)r * 4, 4);
     o->labels[i] = v;
-  } else if (li->item_bytes == 8) {
-    int64_t v;
-    memcpy(&v, (const char *)d->labels.data + (size_t)r * 8, 8);
-    o->labels[i] = (float)v;
+    if (!(v >= 0 && v <= 1) && o->bad_row < 0) o->bad_row = g, o->bad_label = v;
   } else {
-    int32_t v;
-    memcpy(&v, (const char *)d->labels.data + (size_t)r * 4, 4);
+    int64_t v; /* as the file holds it: <u4 unsigned, <i8 whole */
+    if (li->item_bytes == 8) {
+      memcpy(&v, (const char *)d->labels.data + (size_t)r * 8, 8);
+    } else if (li->descr[1] == 'u') {
+      uint32_t u;
+      memcpy(&u, (const char *)d->labels.data + (size_t)r * 4, 4);
+      v = u;
+    } else {
+      int32_t x;
+      memcpy(&x, (const char *)d->labels.data + (size_t)r * 4, 4);
+      v = x;
+    }
     o->labels[i] = (float)v;
-  }
-  /* a label outside [0, 1] (2, -1, NaN) would train and score silently wrong: make_batch fails */
-  if (!(o->labels[i] >= 0 && o->labels[i] <= 1) && o->bad_row < 0) {
-    o->bad_row = g;
-    o->bad_label = o->labels[i];
+    if ((v < 0 || v > 1) && o->bad_row < 0) o->bad_row = g, o->bad_label_int = v;
   }
   const char *src = (const char *)d->sparse.data + (size_t)r * (size_t)l->H * si->item_bytes;
   const float *wsrc = l->weighted ? (const float *)d->weights.data + r * l->H : NULL;
@@ -1022,9 +1027,12 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
   ur__bypass_fence(); /* the streamed stores are done before anything reads them */
   if (o.bad_row >= 0) {
     const day *d = day_of(l, o.bad_row, &dc);
-    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s/day_%d_labels.npy: row %lld holds label %g; expected 0 or 1 "
+    char v[32];
+    if (d->labels.info.descr[1] == 'f') snprintf(v, sizeof v, "%g", (double)o.bad_label);
+    else snprintf(v, sizeof v, "%lld", (long long)o.bad_label_int);
+    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s/day_%d_labels.npy: row %lld holds label %s; expected 0 or 1 "
                      "(or, in an <f4 file, a value from 0 to 1)", l->paths[0], d->number,
-                     (long long)(o.bad_row - d->first), (double)o.bad_label);
+                     (long long)(o.bad_row - d->first), v);
   }
   if (o.bad_id_row >= 0) { /* a negative id read as a bag of none would lose it silently */
     const day *d = day_of(l, o.bad_id_row, &dc);
