@@ -1100,8 +1100,8 @@ describe("uvmrec.data loader", function()
       .. "%d+ bytes failed\n$", out)
   end)
 
-  it("fails on a day file's label outside [0, 1], id below -1 or dense value not finite, naming the file, the row "
-     .. "and the value", function()
+  it("fails on a day file's label outside [0, 1], id below -1, dense value or weight not finite, naming the file, "
+     .. "the row and the value", function()
     local dir = cmd.tmpdir()
     assert(data.convert({ SAMPLE1 }, dir, { rows = 1000 }))
     local path = dir .. "/day_0_labels.npy"
@@ -1151,6 +1151,25 @@ describe("uvmrec.data loader", function()
       assert.same({ 50, 50 }, sizes)
       assert.matches(("^criteo%%-bin: %s/day_0_dense.npy: row 120, column 7 holds %%-?%s; expected a finite value$")
         :format((dir:gsub("%p", "%%%0")), bad ~= bad and "nan" or "inf"), err)
+    end
+    -- a weight that is not finite went into the batch (and the pooled embedding) silently; a -1
+    -- slot's weight goes nowhere and is not read
+    for _, bad in ipairs { math.huge, -math.huge, 0 / 0 } do
+      assert(data.convert({ SAMPLE1 }, dir, { rows = 1000 }))
+      ids = assert(data.npy_load(dir .. "/day_0_sparse.npy"))
+      ids[60 * 26 + 2] = -1
+      assert(data.npy_save(dir .. "/day_0_sparse.npy", ids, "<i4"))
+      local w = assert(ur.tensor({ ids:size(1), 26 })):fill(0.5)
+      w[60 * 26 + 2] = 0 / 0
+      w[130 * 26 + 3] = bad
+      assert(data.npy_save(dir .. "/day_0_weights.npy", w))
+      l = assert(data.open("criteo-bin:" .. dir, { batch_size = 50, depth = 2, shuffle_window = 0 }))
+      sizes, err = drain(l)
+      l:close()
+      assert.same({ 50, 50 }, sizes)
+      assert.matches(("^criteo%%-bin: %s/day_0_weights.npy: row 130, column 3 holds %%-?%s; expected a finite weight$")
+        :format((dir:gsub("%p", "%%%0")), bad ~= bad and "nan" or "inf"), err)
+      os.remove(dir .. "/day_0_weights.npy")
     end
     cmd.rmdir(dir)
   end)

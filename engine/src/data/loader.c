@@ -783,6 +783,8 @@ typedef struct out_rows {
   int64_t bad_id_row, bad_id_col, bad_id; /* and the first id below -1 (-1: no id), or row -1 */
   int64_t bad_dense_row, bad_dense_col;     /* and the first dense value not finite, or row -1 */
   float bad_dense;
+  int64_t bad_w_row, bad_w_col;             /* and the first weight of an id not finite, or row -1 */
+  float bad_w;
 } out_rows;
 
 /* Samples i0 .. i0 + m - 1 of the block out to the slot, with the offsets they would have if
@@ -927,7 +929,10 @@ static void bin_row(const ur_loader *l, int64_t g, int64_t i, out_rows *o, int *
         if (v < 0) continue; /* -1: no id in this slot (a multi-hot bag's padding); the ids after it count */
         if (rows > 0 && v >= rows) v %= rows;
         ids[c0 + k] = v;
-        if (wsrc) o->bw[s * l->H + c0 + k] = wsrc[c];
+        if (wsrc) { /* as a dense value: a NaN weight makes the pooled embedding, and the model, NaN */
+          o->bw[s * l->H + c0 + k] = wsrc[c];
+          if (!isfinite(wsrc[c]) && o->bad_w_row < 0) o->bad_w_row = g, o->bad_w_col = c, o->bad_w = wsrc[c];
+        }
         k++;
       }
       len[t] = k;
@@ -989,7 +994,7 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
   out_rows o;
   memset(&o, 0, sizeof o);
   o.n = n;
-  o.bad_row = o.bad_id_row = o.bad_dense_row = -1;
+  o.bad_row = o.bad_id_row = o.bad_dense_row = o.bad_w_row = -1;
   o.dense = ur_tensor_data(b->dense_buf);
   o.labels = ur_tensor_data(b->labels_buf);
   o.values = ur_tensor_data(b->values_buf);
@@ -1047,6 +1052,12 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
                      "expected a finite value", l->paths[0], d->number,
                      (long long)(o.bad_dense_row - d->first), (long long)o.bad_dense_col,
                      (double)o.bad_dense);
+  }
+  if (o.bad_w_row >= 0) {
+    const day *d = day_of(l, o.bad_w_row, &dc);
+    return ur__error(UR_STATUS_FORMAT, "criteo-bin: %s/day_%d_weights.npy: row %lld, column %lld holds %g; "
+                     "expected a finite weight", l->paths[0], d->number, (long long)(o.bad_w_row - d->first),
+                     (long long)o.bad_w_col, (double)o.bad_w);
   }
   int64_t *val0 = wk->val0;
   val0[0] = 0;
