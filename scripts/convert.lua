@@ -2,7 +2,8 @@
 -- public DLRM references: day_N_dense.npy (<f4 [N,13], already log(x+1) of the clamped
 -- integers), day_N_sparse.npy (<i4 ids mod rows when every size is at most 2^31, else <u4 ids
 -- mod rows, or raw without rows),
--- day_N_labels.npy (<i4 [N]).  Input i is day i, or day K when its name holds day_K.  Its options
+-- day_N_labels.npy (<i4 [N]).  Input i is day i (from 0), or day K when its name holds day_K, or
+-- the day --days gives it; two inputs of one day are refused.  Its options
 -- are declared below (`uvmrec convert --help`).  Also runs as `luajit scripts/convert.lua ...`
 -- with the paths from `make -s env`.
 local ur = require "uvmrec"
@@ -32,7 +33,8 @@ end
 local cmd = require("uvmrec.cli").command {
   name = "convert",
   summary = "convert Criteo TSV files (plain or .gz) to the binary day files of the DLRM references",
-  { "INPUT...", "Criteo TSV files: input i is day i, or day K when its name holds day_K" },
+  { "INPUT...", "Criteo TSV files: input i is day i (from 0), or day K when its name holds day_K; two inputs of "
+    .. "one day are refused (give --days)" },
   { "--out DIR", "where day_N_{dense,sparse,labels}.npy go (created if missing)", required = true },
   { "--config CONFIG", "table sizes from a preset (kaggle, mlperf_v1, ...) or a config file; ids are taken "
     .. "mod rows", key = "rows_config", check = config_rows },
@@ -41,11 +43,14 @@ local cmd = require("uvmrec.cli").command {
   { "--on-bad-line MODE", "fail (stop at the first bad line) or skip (count them)", choices = { "fail", "skip" },
     default = "fail" },
   { "--pad-missing-fields", "accept lines of 15..39 fields as having empty trailing fields" },
+  { "--days D1,D2,...", "the day of each input, in order: distinct whole numbers from 0 (day_D*.npy)",
+    type = "numbers" },
   mutex = { { "--config", "--rows" } },
 }
 local o = cmd:parse(arg)
 local inputs, out = o.input, o.out
-local opts = { rows = o.rows or o.rows_config, on_bad_line = o.on_bad_line, pad_missing_fields = o.pad_missing_fields }
+local opts = { rows = o.rows or o.rows_config, on_bad_line = o.on_bad_line, pad_missing_fields = o.pad_missing_fields,
+               days = o.days }
 -- Every input is there before anything is made; the day files appear only when all converted.
 for _, path in ipairs(inputs) do
   local f, ferr = io.open(path, "rb")
@@ -56,8 +61,14 @@ local existed = ur.C.ur_path_kind(out) ~= 0
 local made, merr = require("uvmrec.lib").check(ur.C.ur_dir_create(out))
 if not made then cmd:fail(merr) end
 
-local st, err = data.convert(inputs, out, opts)
+-- convert raises what it refuses in its arguments (days, and inputs of one day): said as its errors are
+local ok, st, err = pcall(data.convert, inputs, out, opts)
+if not ok then
+  if type(st) ~= "string" or not st:find("^criteo") then error(st, 0) end
+  st, err = nil, st
+end
 if not st then
+  err = err:gsub("days = {%.%.%.}", "--days D1,D2,...")
   if not existed then os.remove(out) end -- the folder made for it, left empty
   cmd:fail(data.bad_line_hint(err, { skip = "--on-bad-line skip", pad = "--pad-missing-fields" }))
 end

@@ -353,6 +353,48 @@ describe("uvmrec.data convert", function()
     cmd.rmdir(dir)
   end)
 
+  it("refuses inputs whose names and places give one day, naming both (every input fell back to its place)", function()
+    -- convert day_1.tsv other.tsv: day_1.tsv by its name and other.tsv by its place were both day 1, so
+    -- every input took its place: day_1.tsv's rows went to day_0 (in an older --out, over its day 0)
+    local dir = cmd.tmpdir()
+    os.execute(("mkdir -p %s/a %s/b %s/out"):format(dir, dir, dir))
+    local function input(name, src) return cmd.spit(dir .. "/" .. name, cmd.slurp(src or SAMPLE2)) end
+    local d1, other, a3, b3 = input("day_1.tsv", SAMPLE1), input("other.tsv"), input("a/day_3.tsv"), input("b/day_3.tsv")
+    local d0 = input("day_0.tsv")
+    local tail = "; give each input a day of its own with days = {...}"
+    local cases = {
+      { { d1, other }, d1 .. " and " .. other .. " would both be day 1 (" .. d1 .. " by its name, " .. other
+        .. " by its place: input 1, counting from 0)" .. tail },
+      { { other, d0 }, other .. " and " .. d0 .. " would both be day 0 (" .. other .. " by its place: input 0, "
+        .. "counting from 0, " .. d0 .. " by its name)" .. tail },
+      { { a3, b3 }, a3 .. " and " .. b3 .. " would both be day 3 (both by their names)" .. tail },
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(data.convert, c[1], dir .. "/out")
+      assert.is_false(ok)
+      assert.equal("criteo convert: " .. c[2], err)
+    end
+    assert.same({}, require("uvmrec.lib").dir_list(dir .. "/out", "day_", ".npy") or {})
+    -- from the command line, with the option it has for it
+    local _, err, code = cmd.run(("convert %s %s --out %s"):format(d1, other, cmd.quote(dir .. "/out")))
+    assert.equal(1, code)
+    assert.equal("uvmrec convert: criteo convert: " .. cases[1][2]:gsub("days = {%.%.%.}", "--days D1,D2,...") .. "\n",
+      err)
+    assert.same({}, require("uvmrec.lib").dir_list(dir .. "/out", "day_", ".npy") or {})
+    -- names that give days of their own, alone or beside places, and days given
+    assert.same({ 1, 0 }, assert(data.convert({ d1, d0 }, dir .. "/out")).days)
+    assert.same({ 0, 3 }, assert(data.convert({ other, a3 }, dir .. "/out")).days)
+    assert.same({ 1, 0 }, assert(data.convert({ d1, other }, dir .. "/out", { days = { 1, 0 } })).days)
+    assert.same({ 1000 }, data.npy_load(dir .. "/out/day_1_labels.npy"):size())
+    local text
+    text, err, code = cmd.run(("convert %s %s --out %s --days 4,2"):format(d1, other, cmd.quote(dir .. "/out")))
+    assert.equal(0, code, err)
+    assert.matches("converted 1400 lines", text)
+    assert.same({ 1000 }, data.npy_load(dir .. "/out/day_4_labels.npy"):size())
+    assert.same({ 400 }, data.npy_load(dir .. "/out/day_2_labels.npy"):size())
+    cmd.rmdir(dir)
+  end)
+
   it("writes day files equal to what the TSV reader gives", function()
     local dir = cmd.tmpdir()
     local rows = {}

@@ -198,6 +198,7 @@ function M.convert(paths, out_dir, opts)
     end
   else
     days = ffi.new("int32_t[?]", n)
+    local named, seen = {}, {}
     for i, p in ipairs(list) do
       local d = p:match("day_(%d+)[^/]*$")
       d = d and tonumber(d)
@@ -206,16 +207,22 @@ function M.convert(paths, out_dir, opts)
         error(("criteo convert: %s: its name gives day %s; days run from 0 to 2147483647 (give days = {...})")
           :format(p, ("%.0f"):format(d)), 2)
       end
+      named[i] = d ~= nil
       days[i - 1] = d or i - 1
     end
-    -- Names that give the same day twice fall back to input order.
-    local seen = {}
-    for i = 0, n - 1 do
-      if seen[days[i]] then
-        for j = 0, n - 1 do days[j] = j end
-        break
+    -- Two inputs of one day, by names or places, are refused: taking every input's place instead
+    -- made day_1.tsv day 0 beside other.tsv, and over an older conversion's day 0.
+    for i = 1, n do
+      local d, j = days[i - 1], seen[days[i - 1]]
+      if j then
+        local function why(k)
+          return named[k] and "by its name" or ("by its place: input %d, counting from 0"):format(k - 1)
+        end
+        error(("criteo convert: %s and %s would both be day %d (%s); give each input a day of its own with "
+          .. "days = {...}"):format(list[j], list[i], d, named[j] and named[i] and "both by their names"
+          or ("%s %s, %s %s"):format(list[j], why(j), list[i], why(i))), 2)
       end
-      seen[days[i]] = true
+      seen[d] = i
     end
   end
   local s = ffi.new("ur_criteo_stats")
