@@ -81,14 +81,32 @@ local function sparse_descr(day)
   return info.descr
 end
 
-local readme = assert(io.open(out .. "/README.txt", "a"))
+-- README.txt says what the files hold now: a day converted again gets its line rewritten (an
+-- appended one beside the old said two things of one day), other days' lines and other text stay.
+local readme = out .. "/README.txt"
+local said, lines = {}, {}
 for k, path in ipairs(inputs) do
-  readme:write(("day_%d_*.npy from %s: dense <f4 [N,13] = log(max(x,0)+1) of I1..I13 (empty = 0); "
-    .. "sparse %s [N,26] = C1..C26 hex as uint32%s; labels <i4 [N]\n"):format(st.days[k], path,
+  said[st.days[k]] = ("day_%d_*.npy from %s: dense <f4 [N,13] = log(max(x,0)+1) of I1..I13 (empty = 0); "
+    .. "sparse %s [N,26] = C1..C26 hex as uint32%s; labels <i4 [N]"):format(st.days[k], path,
     sparse_descr(st.days[k]), opts.rows and " mod rows (" .. (type(opts.rows) == "table"
-    and table.concat(opts.rows, ",") or opts.rows) .. ")" or " (raw)"))
+    and table.concat(opts.rows, ",") or opts.rows) .. ")" or " (raw)")
 end
-readme:close()
+local now, days = {}, {}
+for day in pairs(said) do now[day] = true end
+for line in ((require("uvmrec.lib").read_file(readme)) or ""):gmatch("[^\n]+") do
+  local day = tonumber(line:match("^day_(%d+)_%*%.npy from "))
+  if not day then lines[#lines + 1] = line
+  elseif not now[day] then said[day] = line end -- a day's last line, where an older README has two
+end
+for day in pairs(said) do days[#days + 1] = day end
+table.sort(days)
+for _, day in ipairs(days) do lines[#lines + 1] = said[day] end
+local tmp = readme .. ".tmp"
+local f, ferr = io.open(tmp, "wb")
+local written = f and f:write(table.concat(lines, "\n"), "\n") and f:close()
+if f and not written then ferr = tmp .. ": write failed" end
+if written then written, ferr = os.rename(tmp, readme) end
+if not written then cmd:fail(ferr) end
 
 print(("converted %d lines from %d file(s) into %s: %d rows, %d skipped, %d padded; %.1f MB in %.2f s: "
   .. "%.0f lines/s, %.1f MB/s"):format(st.lines, #inputs, out, st.rows, st.skipped, st.padded,

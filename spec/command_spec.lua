@@ -221,6 +221,34 @@ describe("uvmrec command", function()
     cmd.rmdir(dir)
   end)
 
+  it("rewrites a day's line in convert's README.txt when the day is converted again, keeping the others", function()
+    -- it appended: converting into the folder again left two lines for day_0 that said different things
+    local dir = cmd.tmpdir()
+    local h = require "helpers"
+    local s1, s2 = h.fixture("criteo_raw_sample.tsv"), h.fixture("criteo_raw_sample2.tsv")
+    local out = dir .. "/days"
+    local function convert(args)
+      local _, err, code = cmd.run(("convert %s --out %s"):format(args, q(out)))
+      assert.equal(0, code, err)
+      local lines = {}
+      for l in io.lines(out .. "/README.txt") do lines[#lines + 1] = l end
+      return lines
+    end
+    local function said(day, path, descr, rows)
+      return ("day_%d_*.npy from %s: dense <f4 [N,13] = log(max(x,0)+1) of I1..I13 (empty = 0); sparse %s [N,26] = "
+              .. "C1..C26 hex as uint32%s; labels <i4 [N]"):format(day, path, descr, rows)
+    end
+    assert.same({ said(0, s2, "<i4", " mod rows (1000)") }, convert(q(s2) .. " --rows 1000"))
+    local f = assert(io.open(out .. "/README.txt", "a"))
+    f:write("notes by hand\n")
+    f:close()
+    assert.same({ "notes by hand", said(0, s2, "<u4", " (raw)"), said(1, s1, "<u4", " (raw)") },
+      convert(("%s %s --days 1,0"):format(q(s1), q(s2))))
+    assert.same({ "notes by hand", said(0, s2, "<u4", " (raw)"), said(1, s1, "<i4", " mod rows (1000)") },
+      convert(("%s --days 1 --rows 1000"):format(q(s1))))
+    cmd.rmdir(dir)
+  end)
+
   it("lists the commands for an unknown one, exit code 2", function()
     local out, err, code = cmd.run("frobnicate --x")
     assert.equal(2, code)
