@@ -68,16 +68,21 @@ local function key(r) return r.label .. "/" .. r.dense .. "/" .. r.ids end
 
 -- ---- the plain loader, written out: which sample each batch holds ----
 
--- Window w of epoch e, rows rows: the Fisher-Yates permutation drawn from Philox at
--- ((e << 44) ^ (w << 24) ^ i, seed ^ 0x5DEECE66D), position -> row within the window.
-local function window_perm(e, w, rows, seed)
-  local p = {}
-  for i = 0, rows - 1 do p[i] = i end
+-- Window w of epoch e, rows rows of a window of W: the Fisher-Yates permutation drawn from
+-- Philox under key seed ^ 0x5DEECE66D at counter (e << 44) ^ (w << 24) ^ i while i < 2^24,
+-- w < 2^20 and e < 2^20 (each its own bits), else at high word e + 1, low word w * W + i;
+-- position -> row within the window.  Down to position `last` (default 1): positions from last
+-- up are the rows they get whatever the draws below (the last n of a window too long to draw).
+local function window_perm(e, w, rows, seed, W, last)
+  local p = setmetatable({}, { __index = function(_, i) return i end })
   local u64 = ffi.typeof("uint64_t")
   local k = tonumber(bit.bxor(ffi.cast(u64, seed), 0x5DEECE66DULL))
-  for i = rows - 1, 1, -1 do
-    local ctr = tonumber(bit.bxor(bit.bxor(ffi.cast(u64, e) * 2 ^ 44, ffi.cast(u64, w) * 2 ^ 24), i))
-    local v0, v1 = h.philox(ctr, k)
+  for i = rows - 1, last or 1, -1 do
+    local lo, hi = w * W + i, e + 1
+    if i < 2 ^ 24 and w < 2 ^ 20 and e < 2 ^ 20 then
+      lo, hi = bit.bxor(bit.bxor(ffi.cast(u64, e) * 2 ^ 44, ffi.cast(u64, w) * 2 ^ 24), i), 0
+    end
+    local v0, v1 = h.philox(lo, k, hi)
     local x = tonumber((ffi.cast(u64, v0) * 4294967296 + v1) % (i + 1))
     p[i], p[x] = p[x], p[i]
   end
@@ -106,7 +111,7 @@ local function plain_batches(total, o)
         local r = off
         if (o.shuffle_window or 0) > 0 then
           local id = e .. ":" .. w
-          perms[id] = perms[id] or window_perm(e, w, math.min(W, N - w * W), o.seed or 0)
+          perms[id] = perms[id] or window_perm(e, w, math.min(W, N - w * W), o.seed or 0, W)
           r = perms[id][off]
         end
         b.samples[#b.samples + 1] = lo + w * W + r
@@ -118,10 +123,10 @@ local function plain_batches(total, o)
   return out
 end
 
--- Every sample of a synthetic spec as the key rows_of gives it, by global row (1-based); ids
--- of table t reduced modulo rows[t] when given.
-local function sample_keys(spec, total, rows)
-  local g = assert(data.generate(spec, 0, total))
+-- Every sample of a synthetic spec as the key rows_of gives it, by global row (1-based; from row
+-- first when given, keys[s + 1] is row first + s); ids of table t reduced modulo rows[t] when given.
+local function sample_keys(spec, total, rows, first)
+  local g = assert(data.generate(spec, first or 0, total))
   local dense, labels, ids, lens = g.dense:totable(), g.labels:totable(), g.ids:totable(), g.lengths:totable()
   local D, H, T = g.dense:size(2), g.ids:size(2), g.lengths:size(2)
   local keys = {}
@@ -584,6 +589,37 @@ describe("uvmrec.data loader", function()
       end
     end
     cmd.rmdir(dir)
+  end)
+
+  it("shuffles each window on Philox counters of its own, past 2^24 rows a window, 2^20 windows or 2^20 epochs",
+     function()
+    -- in 64 bits, (e << 44) ^ (w << 24) ^ i: window 0's draw 2^24 + j was window 1's draw j, window
+    -- 2^20 + v of epoch e was window v of epoch e + 1, and epoch 2^20 was epoch 0
+    local spec = data.synthetic_spec { num_dense = 2, seed = 3, tables = { { rows = 1000 }, { rows = 50 } } }
+    local big = 2 ^ 24 + 16
+    local cases = { -- window W, samples, start position, the window and epoch it reads
+      { 16, 2 ^ 24 + 32, { epoch = 0, sample = 2 ^ 24 }, 2 ^ 20, 0 },
+      { 16, 2 ^ 24 + 32, { epoch = 3, sample = 2 ^ 24 + 16 }, 2 ^ 20 + 1, 3 },
+      { 16, 32, { epoch = 2 ^ 20, sample = 16 }, 1, 2 ^ 20 },
+      { 16, 32, { epoch = 2 ^ 20 - 1, sample = 16 }, 1, 2 ^ 20 - 1 }, -- still the old counters
+      { big, big, { epoch = 0, sample = big - 16 }, 0, 0 },            -- its last draws, 2^24 on
+    }
+    for ci, c in ipairs(cases) do
+      local W, total, pos, w, e = c[1], c[2], c[3], c[4], c[5]
+      local l = assert(data.loader { data = { kind = "synthetic", spec = spec }, samples = total, batch_size = 16,
+                                     shuffle_window = W, seed = 6, position = pos, epochs = e + 1, threads = 1 })
+      local b = assert(l:next())
+      assert.same({ e, pos.sample, 16 }, { b.epoch, b.first, b.size }, "case " .. ci)
+      local got = rows_of_batch(b)
+      l:close()
+      local first = w * W -- the window's first row
+      local off0 = pos.sample - first
+      local p = window_perm(e, w, math.min(W, total - first), 6, W, off0)
+      for j = 1, 16 do
+        local row = first + p[off0 + j - 1]
+        assert.equal(sample_keys(spec, 1, nil, row)[1], key(got[j]), ("case %d, sample %d"):format(ci, j))
+      end
+    end
   end)
 
   it("drops the last partial batch on request, and splits rows by rank", function()

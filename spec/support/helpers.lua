@@ -55,7 +55,7 @@ function M.seconds(s)
 end
 
 -- Philox4x32-10 (Salmon et al., SC'11), written out here as the reference: the four output
--- words for a counter below 2^53 and a key below 2^53 or a uint64_t cdata; high (below 2^53,
+-- words for a counter and a key each below 2^53 or a uint64_t cdata; high (below 2^53,
 -- default 0) is the counter's upper 64 bits (philox.h's ur_philox128).
 local PM0, PM1, PW0, PW1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
 local TWO32 = 4294967296
@@ -68,7 +68,12 @@ end
 local function xor32(a, b) return bit.bxor(a, b) % TWO32 end
 
 function M.philox(counter, seed, high)
-  local c0, c1, c2, c3 = counter % TWO32, math.floor(counter / TWO32), 0, 0
+  local c0, c1, c2, c3
+  if type(counter) == "cdata" then
+    c0, c1, c2, c3 = tonumber(counter % TWO32), tonumber(counter / TWO32), 0, 0
+  else
+    c0, c1, c2, c3 = counter % TWO32, math.floor(counter / TWO32), 0, 0
+  end
   if high then c2, c3 = high % TWO32, math.floor(high / TWO32) end
   local k0, k1
   if type(seed) == "cdata" then

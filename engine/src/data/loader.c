@@ -556,6 +556,17 @@ static ur_status get_window(ur_loader *l, int64_t e, int64_t w, win **out) {
   return UR_STATUS_OK;
 }
 
+/* The shuffle's draw i of window w of epoch e (W rows a window).  In 64 bits the counter was
+ * (e << 44) ^ (w << 24) ^ i, whose fields met past their bits: window 0's draw 2^24 + j was
+ * window 1's draw j, window 2^20 + v of epoch e was window v of epoch e + 1, and epoch 2^20 was
+ * epoch 0.  Within those bits (i < 2^24, w < 2^20, e < 2^20) it stays, the same orders as
+ * before; past them ur_philox128 takes e + 1 (never 0) as the high word and the draw's row in
+ * the epoch, w * W + i, as the low one: a counter of its own whatever the sizes. */
+static ur_philox4 shuffle_draw(uint64_t e, uint64_t w, uint64_t W, uint64_t i, uint64_t key) {
+  if (i < (1u << 24) && w < (1u << 20) && e < (1u << 20)) return ur_philox(e << 44 | w << 24 | i, key);
+  return ur_philox128(w * W + i, e + 1, key);
+}
+
 /* Window x's permutation, drawn by the first worker that needs it (outside the dispatcher's
  * lock: windows are drawn by several workers at once), waited for by the others. */
 static void draw_window(ur_loader *l, win *x) {
@@ -570,7 +581,7 @@ static void draw_window(ur_loader *l, win *x) {
   uint64_t key = l->o.seed ^ 0x5DEECE66Dull, e = (uint64_t)x->epoch, w = (uint64_t)x->index;
   for (int64_t i = 0; i < got; i++) p[i] = i;
   for (int64_t i = got - 1; i > 0; i--) {
-    ur_philox4 r = ur_philox((e << 44) ^ (w << 24) ^ (uint64_t)i, key);
+    ur_philox4 r = shuffle_draw(e, w, (uint64_t)l->W, (uint64_t)i, key);
     uint64_t k = ((uint64_t)r.v[0] << 32 | r.v[1]) % (uint64_t)(i + 1);
     int64_t tmp = p[i];
     p[i] = p[k];
