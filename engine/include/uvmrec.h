@@ -403,7 +403,9 @@ typedef struct ur_kjt ur_kjt;
  * Offsets are computed here; lengths are checked (negative, sum) and inverse indices validated
  * unless check is 0.  With check 0 a bad KJT is made all the same, not known checked (see
  * ur_kjt_checked); one whose lengths the offsets' scan finds sound is known checked anyway,
- * unless it has inverse indices, which that scan does not read. */
+ * inverse indices and all: those are read next, on the scan's stream (for a device KJT one more
+ * pass and read back, no wait for the device's other streams; the tensors must be written when
+ * given, as the scan reads the lengths at once). */
 UR_API ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys,
                             int64_t stride, const int64_t *stride_per_key_per_rank /* or NULL */,
                             ur_tensor *values, ur_tensor *lengths, ur_tensor *weights /* or NULL */,

@@ -171,8 +171,21 @@ static ur_status make_offsets(ur_kjt *k, const ur_tensor *given, const int64_t *
   }
   if (check && (st = offsets_error(k, bad, nv))) return st;
   /* The scan found what ur_kjt_validate would (its offsets are the lengths' running sum), made
-   * unchecked or not; inverse indices it does not look at (ur_kjt_new validates those). */
-  k->checked = bad[0] < 0 && bad[1] < 0 && k->val0[k->nkeys] == nv && !k->inverse;
+   * unchecked or not.  A VBE batch's inverse indices, which it does not read, the backend's
+   * check reads next on the same stream, as the scan read the lengths given with them (no wait
+   * for the device's other streams): a sound VBE batch made unchecked (managed collisions' rows,
+   * the sharded input's exchange) is known checked, and the collection's forward reads it
+   * without a check of its own. */
+  int sound = bad[0] < 0 && bad[1] < 0 && k->val0[k->nkeys] == nv;
+  if (sound && k->inverse) {
+    int64_t ib[3] = {-1, -1, -1};
+    if ((st = UR__NEED(k->be, kjt, validate)) || (st = enter(k->be, k->values, &prev))) return st;
+    st = k->be->kjt->validate(NULL, dp(k->lengths), dp(k->offsets), dp(k->values),
+                              dp(k->inverse), nv, k->nkeys, k->stride, k->bag0, k->spk, NULL, ib);
+    if ((st = leave(k->be, k->values, prev, st))) return st;
+    sound = ib[0] < 0 && ib[2] < 0;
+  }
+  k->checked = sound;
   return UR_STATUS_OK;
 }
 
@@ -344,7 +357,9 @@ ur_status ur_kjt_new(ur_kjt **out, int32_t num_keys, const char *const *keys, in
   if (st) return st;
   st = kjt_make(num_keys, keys, stride, stride_per_key_per_rank, values, lengths, weights,
                 inverse_indices, NULL, NULL, check, out);
-  if (!st && check && inverse_indices && (st = ur_kjt_validate(*out, NULL))) {
+  /* the scan and the inverse indices' pass found nothing (kjt_make): known checked, no wait
+   * more; else ur_kjt_validate names what is wrong */
+  if (!st && check && inverse_indices && !is_checked(*out) && (st = ur_kjt_validate(*out, NULL))) {
     ur_kjt_free(*out);
     *out = NULL;
   }

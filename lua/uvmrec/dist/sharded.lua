@@ -499,7 +499,8 @@ function Sharded:_exchange(input, stream)
       per[k + 1] = { off }
     end
     if kinv:placement() ~= "host" then
-      local dev = assert(ginv:to(kinv:placement(), kinv:device(), stream))
+      -- on the default stream, before the KJT's make reads it there (its inverse indices' check)
+      local dev = assert(ginv:to(kinv:placement(), kinv:device()))
       ginv:free()
       ginv = dev
     end
