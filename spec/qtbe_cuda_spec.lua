@@ -89,6 +89,26 @@ describe("uvmrec.qtbe on the GPU", function()
     assert.equal(2, w:skipped())
   end)
 
+  cuda_it("checks a request's KJT not known checked before the model's kernels read its offsets", function()
+    -- a request's KJT made unchecked, in device memory, C1's bags {60, -59}: its span fits (the model's
+    -- check of the spans passed it), its first bag passes the 52 values (the GPU's kernels read past them; on
+    -- the CPU the collection's check of the offsets refused it)
+    local serve = require "uvmrec.serve"
+    local path = h.exported("tiny", { tables = "int8" })
+    local lengths, values = {}, {}
+    local dense = ur.tensor({ 2, 13 }):fill(0.5)
+    for _, place in ipairs { "device", "managed", "host" } do
+      local m = assert(serve.open(path, { device = 0, placement = place }))
+      local keys = m:features()
+      for i = 1, 2 * #keys do lengths[i], values[i] = 1, 1 end
+      lengths[1], lengths[2] = 60, -59
+      local bad = assert(ur.KJT { keys = keys, values = values, lengths = lengths, check = false }:to("device"))
+      local _, err = m:predict(dense, bad)
+      assert.equal("model: key 'C1' sample 0: offsets 0..60 disagree with length 60 or pass the 52 values", err)
+      m:close()
+    end
+  end)
+
   cuda_it("serves an exported model on the GPU as on the CPU", function()
     local dir = require("command").tmpdir()
     local train = require "uvmrec.train"

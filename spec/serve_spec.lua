@@ -163,9 +163,8 @@ describe("uvmrec.serve", function()
     local rk = {}
     for j = 1, #keys do rk[j] = keys[#keys + 1 - j] end
     l[1] = 9 -- C1's first bag claims 9 ids: the lengths add up to 60 of the 52 values
-    -- (the KJT's own check of its key spans, ur__kjt_spans_fit, names the first key past the end)
-    local want = "model: key '%s' lengths sum to 2 for the 0 values left (a KJT made unchecked? ur_kjt_validate "
-      .. "names the bag)"
+    -- (a KJT not known checked is checked whole, ur_kjt_validate's check: the first bag past the end)
+    local want = "model: key '%s' sample 0: offsets 52..53 disagree with length 1 or pass the 52 values"
     -- it read weights past the tensor's end ("has weight 2.8026e-45 at value 52")
     local _, err = m:predict(dense, kjt(keys))
     assert.equal(want:format(keys[23]), err)
@@ -174,21 +173,30 @@ describe("uvmrec.serve", function()
     assert.equal(want:format(rk[23]), err)
     -- a key whose lengths add up to less than 0, the total right
     l[1], l[#l - 3], l[#l - 2], l[#l - 1], l[#l] = 1, -1, 0, 4, 1
-    want = "model: key '%s' lengths sum to -1; expected a count of values, 0 or more (a KJT made unchecked? "
-      .. "ur_kjt_validate names the bag)"
+    want = "model: key '%s' sample 0 (lengths[48]) has length -1; lengths must be >= 0"
     _, err = m:predict(dense, kjt(keys))
     assert.equal(want:format(keys[#keys - 1]), err)
     _, err = m:predict(dense, kjt(rk))
     assert.equal(want:format(rk[#rk - 1]), err)
-    -- every key's values in place, a bag's length below 0: the collection's check of the bags names it
+    -- every key's values in place, a bag's length below 0: on the CPU the collection's check of the
+    -- offsets named it after the model's ("qtbe: offsets[1] = -1 is below offsets[0] = 0"); a GPU's
+    -- kernels read them as given
     l[#l - 3], l[#l - 2], l[#l - 1], l[#l] = 1, 1, 1, 1
     l[1], l[2] = -1, 3
     _, err = m:predict(dense, kjt(keys))
-    assert.equal("qtbe: offsets[1] = -1 is below offsets[0] = 0 (feature 'C1', sample 0); offsets must not decrease",
-                 err)
+    assert.equal("model: key 'C1' sample 0 (lengths[0]) has length -1; lengths must be >= 0", err)
+    -- lengths {3, -1} for C1's bags (its span right), offsets rewritten to agree with neither but
+    -- in order within the values: the collection's check on the CPU passed them, and the model
+    -- scored a batch whose KJT is not what it says; now refused naming the bag
+    l[1], l[2] = 3, -1
+    local odd = kjt(keys)
+    assert.is_false(odd:checked())
+    odd:offsets():set(1, 2)
+    _, err = m:predict(dense, odd)
+    assert.equal("model: key 'C1' sample 0: offsets 0..2 disagree with length 3 or pass the 52 values", err)
     l[1], l[2] = 1, 1
     assert.is_not_nil(m:predict(dense, kjt(rk))) -- each failed alone
-    assert.same({ 6, 5 }, { m:info().calls, m:info().failed })
+    assert.same({ 7, 6 }, { m:info().calls, m:info().failed })
     m:close()
   end)
 

@@ -2025,8 +2025,9 @@ UR_API ur_qtbe *ur_model_tables(const ur_model *m);
  * carries per-id weights exactly when some table was trained with them (the description's
  * tables[i].weighted), 1 for the ids of the others (checked where the KJT is in host memory);
  * otherwise the call is refused naming a table, as weights scale the rows a bag sums.  A KJT
- * made unchecked whose lengths do not add up to its values is refused before anything reads
- * through them. */
+ * not known checked (ur_kjt_checked) is checked first as ur_kjt_validate checks it (for a device
+ * KJT a wait for the device), and a bad one refused naming the key and sample before anything
+ * reads through its offsets; a KJT known checked is read as it is. */
 UR_API ur_status ur_model_predict(ur_model *m, const ur_tensor *dense, const ur_kjt *sparse,
                                   ur_tensor *scores /* out */);
 /* UR_CDEF_END */

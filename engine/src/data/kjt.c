@@ -467,7 +467,7 @@ static ur_status key_offsets(const ur_kjt *k, int64_t *at) {
 }
 
 /* The one check of a KJT, for ur_kjt_validate and for the ops that read bag by bag through the
- * offsets of a KJT not known checked (need_checked); `who` opens the message.  The backend
+ * offsets of a KJT not known checked (ur__kjt_need_checked); `who` opens the message.  The backend
  * finds the first bad bag, the first bag with a bad id and the first bad inverse index; the
  * error is the one of the lowest key (bags, then ids, then inverse indices within a key), and
  * its message is made from a few elements read back.  The KJT is marked checked when its bags
@@ -573,8 +573,9 @@ ur_status ur_kjt_validate(const ur_kjt *k, const int64_t *rows) {
 }
 
 /* What an op reading bag by bag through k's offsets (or its inverse indices) needs: nothing for
- * a KJT known checked, else the check, whose error names the op (on the GPU it waits). */
-static ur_status need_checked(const ur_kjt *k, const char *who) {
+ * a KJT known checked, else the check, whose error names the op (on the GPU it waits).  The
+ * ops here, and serving's predict, whose collection reads the bags (kjt.h). */
+ur_status ur__kjt_need_checked(const ur_kjt *k, const char *who) {
   return is_checked(k) ? UR_STATUS_OK : check_kjt(k, NULL, who);
 }
 
@@ -638,7 +639,7 @@ static ur_status build_finish(const ur_backend *be, const ur_tensor *like, build
  * (ur_kjt_new's check 0) may break this; the spans are on the host wherever the KJT is, so the
  * check costs num_keys steps and reads no device memory, and a KJT known checked skips it.  Bags
  * within a span are not looked at: the result is not known checked either, and an op reading
- * its bags checks them (need_checked).  Serving's predict checks a request with it too. */
+ * its bags checks them (ur__kjt_need_checked). */
 ur_status ur__kjt_spans_fit(const ur_kjt *k, const char *who) {
   if (is_checked(k)) return UR_STATUS_OK;
   int64_t nv = ur_tensor_numel(k->values);
@@ -939,7 +940,7 @@ ur_status ur_kjt_bucketize(const ur_kjt *k, ur_kjt **out, const int64_t *block,
     n += block[i] > 0 ? buckets : 1;
   }
   const ur_backend *be = k->be;
-  ur_status st = need_checked(k, "kjt bucketize");
+  ur_status st = ur__kjt_need_checked(k, "kjt bucketize");
   if (!st) st = UR__NEED(be, kjt, bucket_count);
   if (!st) st = UR__NEED(be, kjt, bucket_fill);
   if (!st) st = UR__NEED(be, kjt, segments);
@@ -1042,7 +1043,7 @@ ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {
   if (k->variable)
     return ur__error(UR_STATUS_INVALID,
                      "kjt dedup: the KJT already has a variable batch per key; expand() it first");
-  ur_status st = need_checked(k, "kjt dedup");
+  ur_status st = ur__kjt_need_checked(k, "kjt dedup");
   if (st) return st;
   int64_t nb = (int64_t)k->nkeys * k->stride;
   int64_t *spk = calloc((size_t)k->nkeys + 1, sizeof(int64_t));
@@ -1072,7 +1073,7 @@ ur_status ur_kjt_dedup(const ur_kjt *k, ur_kjt **out) {
 ur_status ur_kjt_expand(const ur_kjt *k, ur_kjt **out) {
   UR__ARGS(k, out);
   *out = NULL;
-  ur_status st = need_checked(k, "kjt expand");
+  ur_status st = ur__kjt_need_checked(k, "kjt expand");
   if (st) return st;
   int64_t n = (int64_t)k->nkeys * k->stride;
   int64_t *val0 = malloc(sizeof(int64_t) * ((size_t)k->nkeys + 1));
@@ -1104,7 +1105,7 @@ ur_status ur_kjt_expand_rows(ur_stream *s, const ur_kjt *k, const ur_tensor *in,
     return ur__error(UR_STATUS_INVALID,
                      "kjt expand: the input has %lld rows but the KJT has %lld bags (one row per bag)",
                      (long long)ur_tensor_dim(in, 0), (long long)nb);
-  ur_status st = k->inverse ? need_checked(k, "kjt expand") : UR_STATUS_OK;
+  ur_status st = k->inverse ? ur__kjt_need_checked(k, "kjt expand") : UR_STATUS_OK;
   if (st) return st;
   int64_t shape[UR_MAX_DIMS], row = 1;
   for (int i = 0; i < nd; i++) shape[i] = ur_tensor_dim(in, i);

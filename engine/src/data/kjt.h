@@ -118,6 +118,12 @@ UR__HIDDEN ur_status ur__kjt_new_with_offsets(struct ur_kjt **out, int32_t num_k
 UR__HIDDEN ur_status ur__kjt_key_order(const struct ur_kjt *k, const char *const *names, int32_t n,
                                        int32_t *order /* out */, int32_t *missing /* out */);
 
+/* Nothing for a KJT known checked (ur_kjt_checked: one atomic read, no wait), else
+ * ur_kjt_validate's check, with who opening the message ("model: key 'C3' sample 0 ..."): for an
+ * entry that reads k bag by bag through its offsets or inverse indices (the ops of kjt.c,
+ * serving's predict).  A KJT found sound is known checked after; on the GPU the check waits. */
+UR__HIDDEN ur_status ur__kjt_need_checked(const struct ur_kjt *k, const char *who);
+
 /* Each key's span of values within k's values, one after the other, ending at the last (what a
  * copy or view of whole key spans reads); who names the caller in the message.  num_keys steps
  * on the host; a KJT known checked passes at once. */

@@ -846,7 +846,7 @@ static ur_status check_weights(const ur_model *m, const ur_kjt *sparse, const in
   const float *wv = ur_tensor_data(w);
   for (int32_t k = 0; k < m->F; k++) {
     if (m->weighted[k]) continue;
-    int64_t b0, b1, v0, v1; /* ur__kjt_spans_fit kept them within the values */
+    int64_t b0, b1, v0, v1; /* ur__kjt_need_checked kept them within the values */
     ur_status st = ur_kjt_key_span(sparse, order[k], &b0, &b1, &v0, &v1);
     if (st) return st;
     for (int64_t i = v0; i < v1; i++)
@@ -888,9 +888,10 @@ static ur_status check_request(const ur_model *m, const ur_tensor *dense, const 
     return ur__error(UR_STATUS_INVALID, "model: scores is %s of %lld elements; expected f32 of %lld",
                      ur_dtype_name(ur_tensor_dtype(scores)), (long long)ur_tensor_numel(scores),
                      (long long)b);
-  /* a KJT made unchecked may have lengths that do not add up to its values: each key's span,
-   * which the weights' check and the reordering read through, must lie within them */
-  ur_status st = ur__kjt_spans_fit(sparse, "model");
+  /* a KJT not known checked (made unchecked, or an op's result of one) is checked here, once:
+   * each key's span, which the weights' check and the reordering read through, and its bags,
+   * which the collection reads through its offsets (a GPU's kernels trust them) */
+  ur_status st = ur__kjt_need_checked(sparse, "model");
   if (st) return st;
   int32_t missing;
   st = ur__kjt_key_order(sparse, (const char *const *)m->features, m->F, order, &missing);
