@@ -148,6 +148,31 @@ describe("uvmrec.mc on the GPU", function()
     compare(g, c, "the end")
   end)
 
+  cuda_it("checks a KJT not known checked before the map reads its offsets, and gives rows known checked", function()
+    -- offsets past the values (lengths made unchecked, moved to the GPU): the CPU's map refused them by its own
+    -- check of the offsets, the GPU's read past the values' end
+    local g = assert(mc.new(config("lfu", 0)))
+    local over = { keys = { "f1", "f2", "p", "f3" }, values = { 1, 2, 3 }, lengths = { 1, 1, 400, 1, 0, 0, 0, 0 },
+                   check = false }
+    for _, place in ipairs { "device", "managed" } do
+      local k = assert(ur.KJT(over):to(place))
+      assert.is_false(k:checked())
+      local ok, err = pcall(g.remap, g, k)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("managed collisions: kjt: key 'f2' sample 0: offsets 2..402 disagree with "
+        .. "length 400 or pass the 3 values", 1, true), err)
+    end
+    assert.equal(0, g:step()) -- refused before the map counted a batch
+    -- a checked batch's rows, VBE too (the rows' KJT reads the inverse indices as it is made): known checked,
+    -- so the collection after the map checks nothing
+    local r = h.rng(4)
+    local k = batch(r, 1, 16)
+    for _, input in ipairs { k, assert(k:dedup()) } do
+      local rows = assert(g:remap(assert(input:to("device"))))
+      assert.is_true(rows:checked())
+    end
+  end)
+
   cuda_it("makes the same decisions run to run", function()
     local runs = {}
     for run = 1, 2 do

@@ -551,6 +551,14 @@ describe("uvmrec.mc", function()
         :find("mc: 3 bags for 2 features; expected a multiple (or batch_per_feature)", 1, true))
       assert.truthy(msg(function() m:remap{ values = v, offsets = i64 { 0, 2, 1, 1, 3 } } end)
         :find("mc: offsets[2] = 1 is below offsets[1] = 2; offsets must not decrease", 1, true))
+      -- a KJT made unchecked, its offsets then rewritten in order within the values (a's bags empty, b's second
+      -- reading every id): mapped as given (a GPU's map reads offsets past the values too); checked first now
+      local odd = ur.KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 400, 1 }, check = false }
+      local o = odd:offsets()
+      for i, x in ipairs { 0, 0, 0, 0, 3 } do o:set(i - 1, x) end
+      assert.truthy(msg(function() m:remap(odd) end):find("managed collisions: kjt: key 'a' sample 0: offsets 0..0 "
+        .. "disagree with length 1 or pass the 3 values", 1, true))
+      assert.equal(0, m:step()) -- refused before the map counted it
       assert.truthy(msg(function() m:remap{ values = v, offsets = i64 { 0, 2, 3 }, batch_per_feature = { 1, 2 } } end)
         :find("mc: batch_per_feature sums to more than the 2 bags offsets hold (2 at feature 1, after 1)", 1, true))
       assert.truthy(msg(function() m:remap{ values = v, offsets = i64 { 0, 2, 3 }, batch_per_feature = { 1, 0 } } end)

@@ -89,6 +89,19 @@ describe("uvmrec.qtbe on the GPU", function()
     assert.equal(2, w:skipped())
   end)
 
+  cuda_it("checks a KJT not known checked before its kernels read its offsets", function()
+    -- offsets past the values (lengths made unchecked, moved to the GPU): the CPU's forward refused them by its
+    -- own check of the offsets, the GPU's kernels read 400 ids past the values' end
+    local _, gpu = pair("int8", "device")
+    local over = { keys = { "f1", "f2", "f3" }, values = { 1, 2, 3 }, lengths = { 1, 1, 400, 1, 0, 0 }, check = false }
+    for _, place in ipairs { "device", "managed", "pinned" } do
+      local k = assert(ur.KJT(over):to(place))
+      assert.is_false(k:checked())
+      assert.has_error(function() gpu:forward(k) end, "quantized collection: kjt: key 'f2' sample 0: offsets 2..402 "
+        .. "disagree with length 400 or pass the 3 values")
+    end
+  end)
+
   cuda_it("checks a request's KJT not known checked before the model's kernels read its offsets", function()
     -- a request's KJT made unchecked, in device memory, C1's bags {60, -59}: its span fits (the model's
     -- check of the spans passed it), its first bag passes the 52 values (the GPU's kernels read past them; on

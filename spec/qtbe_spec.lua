@@ -486,6 +486,15 @@ describe("uvmrec.qtbe collection", function()
     fails({ values = { 1, 2, 3 }, offsets = { 0, 2, 1, 3, 3, 3, 3 } },
           "qtbe: offsets[2] = 1 is below offsets[1] = 2 (feature 'f1', sample 1); offsets must not decrease")
     fails({ values = { 1, 2, 3 }, offsets = { 0, 1, 2, 3, 3, 3, 4 } }, "qtbe: offsets end at 4 for 3 values")
+    -- a KJT made unchecked, its offsets then rewritten in order within the values (f1's bags empty, f3's second
+    -- reading every id): read as given, as a GPU's kernels read offsets past the values; checked first now
+    local odd = ur.KJT { keys = { "f1", "f2", "f3" }, values = { 1, 2, 3 }, lengths = { 1, 1, 1, 1, 400, 1 },
+                         check = false }
+    local o = odd:offsets()
+    for i, x in ipairs { 0, 0, 0, 0, 0, 0, 3 } do o:set(i - 1, x) end
+    assert.has_error(function() q:forward(odd, ur.tensor({ 2, 40 })) end,
+      "quantized collection: kjt: key 'f1' sample 0: offsets 0..0 disagree with length 1 or pass the 3 values")
+    assert.is_false(odd:checked())
     -- no offsets at all: the engine's message, not a shape of -1 rows for the output
     assert.has_error(function() q:forward(inputs({ values = {}, offsets = {} })) end,
                      "qtbe: offsets is empty; expected bags + 1 entries")

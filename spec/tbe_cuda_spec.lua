@@ -341,6 +341,49 @@ describe("embedding collections on CUDA", function()
       busy:free()
     end)
 
+  cuda_it("checks a KJT not known checked before its kernels read its offsets, in every placement, cached too",
+    function()
+    local tbe = require "uvmrec.tbe"
+    -- offsets past the values (lengths {1, 1, 400, 1} made unchecked, moved to the GPU): the CPU's forward
+    -- refused them by its own check of the offsets, the GPU's kernels read 400 ids past the values' end
+    local over = { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 400, 1 }, check = false }
+    local want = "embedding collection: kjt: key 'b' sample 0: offsets 2..402 disagree with length 400 or pass the 3 "
+      .. "values"
+    for _, tp in ipairs { "device", "cached" } do
+      local c = assert(tbe.new { tables = { { name = "t", rows = 64, dim = 4, features = { "a", "b" },
+                                              placement = tp } } })
+      for _, place in ipairs { "device", "managed", "pinned" } do
+        local k = assert(ur.KJT(over):to(place))
+        assert.is_false(k:checked())
+        assert.has_error(function() c:forward(k) end, want)
+        assert.has_error(function() c:backward(k, assert(ur.tensor({ 2, 8 }, { placement = "device" }))) end, want)
+        if tp == "cached" then assert.has_error(function() c:prepare(k) end, want) end
+        assert.is_false(k:checked())
+      end
+      -- a sound one made unchecked on the GPU (VBE too: the make's pass reads its inverse indices) is known
+      -- checked as made, and read as the CPU reads it
+      local cpu = assert(tbe.new { device = "cpu",
+                                   tables = { { name = "t", rows = 64, dim = 4, features = { "a", "b" } } } })
+      assert(cpu:load("t", assert(c:table("t"):to("host"))))
+      local cases = {
+        { values = { 1, 2, 3 }, lengths = { 1, 1, 0, 1 } },
+        { values = { 1, 2, 3 }, lengths = { 1, 1, 1 }, spk = { { 2 }, { 1 } }, inverse = { 0, 1, 0, 0 } },
+      }
+      for _, o in ipairs(cases) do
+        local function kjt_in(place)
+          return assert(ur.KJT { keys = { "a", "b" }, values = R.tensor(o.values, "i64", place),
+                                 lengths = R.tensor(o.lengths, "i32", place), stride_per_key_per_rank = o.spk,
+                                 inverse_indices = o.inverse and R.tensor(o.inverse, "i64", place), check = false })
+        end
+        local g = kjt_in("device")
+        assert.is_true(g:checked())
+        assert.same(assert(cpu:forward(kjt_in("host"))):totable(), assert(assert(c:forward(g)):to("host")):totable())
+      end
+      c:free()
+      cpu:free()
+    end
+  end)
+
   cuda_it("gathers rows like the CPU", function()
     local src = ur.tensor({ 1000, 128 }):uniform(-1, 1, 4)
     local ids = R.tensor({ 5, 999, 0, 5, 17, 400, 3 }, "i64")

@@ -852,4 +852,67 @@ describe("uvmrec.tbe bad input", function()
     end
     c:free()
   end)
+
+  it("checks a KJT not known checked before any entry reads it through its offsets, and a checked one not at all",
+    function()
+    local function coll(placement)
+      return assert(tbe.new { device = "cpu", tables = { { name = "t", rows = 64, dim = 4, features = { "a", "b" },
+                                                           placement = placement } } })
+    end
+    local plain, managed, cached = coll(), coll("managed"), coll("cached")
+    -- made unchecked (lengths {1, 1, 400, 1} for 4 values), then its offsets rewritten in order within the values:
+    -- a's bags empty, b's second reading all four ids, a's among them.  Every entry read them as given (forward,
+    -- backward, sparse_grad gave b's sample 1 the sum of four rows; the pages and the cache took them too): the
+    -- CPU's own check of the offsets asks only that they be in order and end at the values' count, and a GPU's
+    -- kernels trust them (a KJT with offsets past its values was read out of bounds there)
+    local function odd()
+      local k = ur.KJT { keys = { "a", "b" }, values = { 1, 2, 3, 4 }, lengths = { 1, 1, 400, 1 }, check = false }
+      local o = k:offsets()
+      for i, x in ipairs { 0, 0, 0, 0, 4 } do o:set(i - 1, x) end
+      return k
+    end
+    local grad = ur.tensor({ 2, 8 }):fill(1)
+    local want = "embedding collection: kjt: key 'a' sample 0: offsets 0..0 disagree with length 1 or pass the 4 values"
+    local entries = {
+      forward = function(k) return plain:forward(k) end,
+      backward = function(k) return plain:backward(k, grad) end,
+      sparse_grad = function(k) return plain:sparse_grad(k, grad) end,
+      far_prefetch = function(k) return plain:far_prefetch(k) end,
+      page_runs = function(k) return managed:page_runs(k) end,
+      prefetch_pages = function(k) return managed:prefetch_pages(k) end,
+      prepare = function(k) return cached:prepare(k) end,
+      ["cached forward"] = function(k) return cached:forward(k) end,
+    }
+    for name, call in pairs(entries) do
+      local k = odd()
+      assert.is_false(k:checked(), name)
+      local ok, err = pcall(call, k)
+      assert.is_false(ok, name)
+      assert.equal(want, (tostring(err):gsub("^[^:]*:%d+: ", "")), name)
+      assert.is_false(k:checked(), name) -- still not known checked: the next entry checks it again
+    end
+    -- bags that pass the values and a length below 0: named as the KJT's (the CPU's check named offsets)
+    local over = ur.KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 400, 1 }, check = false }
+    assert.has_error(function() plain:forward(over) end,
+      "embedding collection: kjt: key 'b' sample 0: offsets 2..402 disagree with length 400 or pass the 3 values")
+    local neg = ur.KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 2, -1, 1, 1 }, check = false }
+    assert.has_error(function() plain:forward(neg) end,
+      "embedding collection: kjt: key 'a' sample 1 (lengths[1]) has length -1; lengths must be >= 0")
+    -- written right after: checked once by the first entry, then known checked (no check again)
+    local fixed = ur.KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 2, -1, 1, 1 }, check = false }
+    fixed:lengths():set(0, 1)
+    fixed:lengths():set(1, 0)
+    fixed:offsets():set(1, 1)
+    assert.is_false(fixed:checked())
+    local sound = ur.KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 0, 1, 1 } }
+    assert.same(plain:forward(sound):totable(), assert(plain:forward(fixed)):totable())
+    assert.is_true(fixed:checked())
+    -- a KJT known checked is not looked at (the mark holds for the contents as checked: whoever writes into
+    -- its tensors validates it again): lengths the collection does not read, written wrong, change nothing
+    local k = ur.KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 0, 1, 1 } }
+    k:lengths():set(0, -7)
+    assert.same(plain:forward(sound):totable(), assert(plain:forward(k)):totable())
+    assert.is_true(k:checked())
+    for _, c in ipairs { plain, managed, cached } do c:free() end
+  end)
 end)

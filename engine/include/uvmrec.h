@@ -422,6 +422,10 @@ UR_API int32_t ur_kjt_variable_stride(const ur_kjt *k);        /* 1 for a VBE ba
  * an op below from KJTs known sound.  0: not known (made with check 0), and dedup, expand and
  * bucketize, which read bag by bag, first run ur_kjt_validate's check (a pass over the lengths;
  * for a device KJT it waits for the device) and refuse a bad KJT naming the op, key and sample.
+ * So does ur_model_predict, and uvmrec's Lua entries that hand a KJT's offsets to C or kernels
+ * (the collections' forward, backward, prepare and pages, the quantized collection, managed
+ * collisions, the sharded input; docs/data.md): a KJT known checked costs them one read of
+ * this mark.
  * The mark holds for the contents as checked: a caller that writes into tensors it gave the KJT
  * calls ur_kjt_validate again, which also holds the offsets to the key spans the KJT kept from
  * its lengths when made (each key's first offset), refusing tensors written with other spans
@@ -1210,7 +1214,8 @@ UR_API int32_t ur_mc_device(const ur_mc *m);
  * memory its rounds and candidates' maps need, taken before any runs) runs no round and counts
  * nothing; update 0: a read-only lookup.  On the CPU the offsets (0 to n, never decreasing) and
  * inverse (within each feature's bags) are checked here; on a GPU they are read as given, not
- * read back: check them first (ur_kjt_validate; a KJT of uvmrec.kjt is checked when made).
+ * read back: those of a KJT not known checked (ur_kjt_checked) must pass ur_kjt_validate first
+ * (uvmrec.mc's remap sees to it).
  * A map holds one batch at a time: its remaps and rounds on two streams must be ordered by the
  * caller (an event, or one stream), as they share the map and its bag starts. */
 UR_API ur_status ur_mc_remap(ur_stream *s, ur_mc *m, const ur_tensor *values,

@@ -190,6 +190,21 @@ function methods:validate(rows)
   return nil, ffi.string(C.ur_last_error())
 end
 
+-- For an entry that hands a KJT's offsets (or inverse indices) to C or kernels, which read
+-- through them (on a GPU without a look): nothing for a KJT known checked (one read of its
+-- mark, no wait), else validate()'s check, once (found sound, it is known checked after).  A bad
+-- one raises "who: kjt: key 'b' sample 0: ..." at `level` as error() counts it in the caller; a
+-- device's failure returns nil, message.
+function M.need_checked(k, who, level)
+  local p = lib.ptr(k, "kjt", level + 1)
+  if C.ur_kjt_checked(p) ~= 0 then return true end
+  local st = C.ur_kjt_validate(p, nil)
+  if st == 0 then return true end
+  local msg = who .. ": " .. ffi.string(C.ur_last_error())
+  if st == C.UR_STATUS_INVALID then error(msg, level + 1) end
+  return nil, msg
+end
+
 local function result(st, out, level)
   local ok, err = check(st, level + 1)
   if not ok then return nil, err end

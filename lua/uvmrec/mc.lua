@@ -141,7 +141,9 @@ local table_index = O.table_index
 methods.placement = table_options.placement
 
 -- The pieces of an input: a KJT (keys in the map's feature order) or a table {values=,
--- offsets=, batch_per_feature=, inverse=}.
+-- offsets=, batch_per_feature=, inverse=}.  A KJT not known checked is checked first
+-- (kjt.need_checked: on a GPU the map reads its offsets and inverse indices as given); nil,
+-- message where the check itself failed.
 function methods:_input(input, level)
   level = level + 1
   if type(input) ~= "table" and type(input) ~= "cdata" then
@@ -150,6 +152,11 @@ function methods:_input(input, level)
   local values, offsets, bpf, inverse
   if type(input.values) == "function" then
     O.same_keys(input:keys(), self.features, level, "map's")
+    local kjt = require "uvmrec.kjt"
+    if kjt.is(input) then
+      local ok, err = kjt.need_checked(input, "managed collisions", level)
+      if not ok then return nil, err end
+    end
     values, offsets = input:values(), input:offsets()
     if input:variable_stride() then
       bpf, inverse = {}, input:inverse_indices()
@@ -185,14 +192,15 @@ end
 -- remap(input[, opts][, stream]): each raw id's row.  opts: update (default true: the rounds
 -- due run first and the batch is counted; false: a read-only lookup), out (an i64 tensor of
 -- the values' size where the map lives; by default a new one, in the values' placement on the
--- CPU).  A KJT input gives a KJT of rows (its keys, lengths,
--- weights and variable batch); a table input gives the rows tensor (on a GPU its offsets and
--- inverse indices are read as given: a KJT's were checked when it was made).  A refused input
--- leaves nothing behind: the handles made for the call are freed before the error.
+-- CPU).  A KJT input gives a KJT of rows (its keys, lengths, weights and variable batch; known
+-- checked when the input is), checked first unless known checked; a table input gives the rows
+-- tensor (on a GPU its offsets and inverse indices are read as given).  A refused input leaves
+-- nothing behind: the handles made for the call are freed before the error.
 function methods:remap(input, opts, stream)
   opts = opts or {}
   if opts.out ~= nil then T(opts.out, "out", 2) end -- before the input's handles are made
   local values, offsets, bp, inverse = self:_input(input, 2)
+  if not values then return nil, offsets end
   local out = opts.out
   if out == nil then
     local o = { dtype = "i64", placement = self.device >= 0 and "device" or values:placement() }

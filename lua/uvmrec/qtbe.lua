@@ -11,6 +11,7 @@
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local tensor = require "uvmrec.tensor"
+local kjt = require "uvmrec.kjt"
 local C, check, must = lib.C, lib.check, lib.must
 
 local M = {}
@@ -178,7 +179,10 @@ function methods:skipped() return tonumber(C.ur_qtbe_skipped(H(self))) end
 function methods:bytes() return tonumber(C.ur_qtbe_bytes(H(self))) end
 
 -- values, offsets, weights of a KJT (keys in the collection's order) or {values=, offsets=}.
-function methods:_input(input, level)
+-- A KJT not known checked is checked first (kjt.need_checked: on a GPU the kernels read its
+-- offsets as given), unless `sizes` (the caller reads only sizes); nil, message where the check
+-- itself failed.
+function methods:_input(input, level, sizes)
   level = level + 1
   if type(input) ~= "table" and type(input) ~= "cdata" then
     error("quantized collection: input must be a KJT or a table {values=, offsets=[, weights=]}", level)
@@ -189,6 +193,10 @@ function methods:_input(input, level)
     if input:variable_stride() then
       error("quantized collection: a variable batch per feature is not served; expand() it first", level)
     end
+    if not sizes and kjt.is(input) then
+      local ok, err = kjt.need_checked(input, "quantized collection", level)
+      if not ok then return nil, err end
+    end
     values, offsets, weights = input:values(), input:offsets(), input:weights()
   else
     values, offsets, weights = input.values, input.offsets, input.weights
@@ -198,7 +206,7 @@ function methods:_input(input, level)
 end
 
 function methods:output_shape(input)
-  local values, offsets = self:_input(input, 2)
+  local values, offsets = self:_input(input, 2, true)
   if not self.pooled then return { values:numel(), self.out_dim } end
   -- no offsets: 0 rows (the forward then names the empty offsets)
   return { math.max(0, math.floor((offsets:numel() - 1) / #self.features)), self.out_dim }
@@ -209,6 +217,7 @@ methods.placement, methods.new_output = table_options.placement, table_options.n
 -- forward(input[, out][, stream]): pooled embeddings [batch, out_dim], or one row per value.
 function methods:forward(input, out, stream)
   local values, offsets, weights = self:_input(input, 2)
+  if not values then return nil, offsets end
   if out == nil then
     local err
     out, err = self:new_output(input)

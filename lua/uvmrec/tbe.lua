@@ -186,8 +186,12 @@ end
 -- batch per key: its stride_per_key_per_rank and inverse_indices), or a table {values=,
 -- offsets=[, weights=][, stride_per_key_per_rank=, inverse_indices=]} of tensors and, for
 -- the strides, {{s1}, {s2}, ...} as a KJT gives them.  Returns the pointers of values,
--- offsets, weights and inverse indices and the strides per key (a host array), or nil.
-function methods:_input(input, level)
+-- offsets, weights and inverse indices and the strides per key (a host array), or nil.  A KJT
+-- not known checked is checked first (kjt.need_checked: a bad one raises naming its key and
+-- sample; on a GPU the kernels read its offsets as given), unless `sizes` (the caller reads
+-- only sizes); nil, message where the check itself failed.  Tensors given in a table are read
+-- as given: the caller's to check (on the CPU the engine checks the offsets).
+function methods:_input(input, level, sizes)
   level = level + 1
   local v, o, w, spk, inv
   local nf = #self.features
@@ -196,6 +200,10 @@ function methods:_input(input, level)
     if not self._keys_ok[input] then
       O.same_keys(input:keys(), self.features, level)
       self._keys_ok[input] = true
+    end
+    if not sizes then
+      local ok, err = kjt.need_checked(input, "embedding collection", level)
+      if not ok then return nil, err end
     end
     v, o, w = C.ur_kjt_values(p), C.ur_kjt_offsets(p), C.ur_kjt_weights(p)
     if C.ur_kjt_variable_stride(p) ~= 0 then
@@ -232,7 +240,7 @@ end
 
 -- The shape of the output for this input.
 function methods:output_shape(input)
-  local v, o, _, spk, inv = self:_input(input, 2)
+  local v, o, _, spk, inv = self:_input(input, 2, true)
   if not self.pooled then return { tonumber(C.ur_tensor_numel(v)), self.out_dim } end
   local nf = #self.features
   -- Shapes that do not divide are left for the engine to report.
@@ -257,6 +265,7 @@ methods.placement, methods.new_output = table_options.placement, table_options.n
 function methods:prepare(input, stream)
   if not self.cache then return nil end
   local v, o, _, spk = self:_input(input, 2)
+  if not v then return nil, o end
   return self.cache:prepare(v, o, spk, stream, 2)
 end
 
@@ -302,7 +311,7 @@ end
 function methods:_args(input, stream, ticket, level)
   level = level + 1
   local v, o, w, spk, inv = self:_input(input, level)
-  if not self.cache then return v, o, w, spk, inv end
+  if not v or not self.cache then return v, o, w, spk, inv end
   local t, err = self:_ticket(input, v, o, spk, stream, ticket, level)
   if not t then return nil, err end
   return T(t.ids, "cache ids", level), o, w, spk, inv, t
@@ -366,6 +375,7 @@ function methods:sparse_grad(input, grad, stream)
           .. "are stepped in the cache)", 2)
   end
   local v, o, w, spk, inv = self:_input(input, 2)
+  if not v then return nil, o end
   local rows, grads = ffi.new("ur_tensor *[1]"), ffi.new("ur_tensor *[1]")
   local counts = ffi.new("int64_t[?]", #self.table_names)
   local ok, err = check(C.ur_tbe_sparse_grad(S(stream), H(self), T(grad, "grad_out", 2), v, o, w, spk, inv,
@@ -509,6 +519,7 @@ end
 function methods:far_early_usable() return C.ur_tbe_far_early_usable(H(self)) == 1 end
 function methods:far_prefetch(input, stream)
   local v, o, _, spk = self:_input(input, 2)
+  if not v then return nil, o end
   local ok, err = check(C.ur_tbe_far_prefetch(S(stream), H(self), v, o, spk), 2)
   if not ok then return nil, err end
   return self
@@ -600,6 +611,7 @@ end
 -- computes the same runs and issues nothing (issued = false).
 function methods:prefetch_pages(input, stream, location)
   local v, o, _, spk = self:_input(input, 2)
+  if not v then return nil, o end
   local loc = page_location(location, 2)
   local ok, err = check(C.ur_tbe_prefetch_pages(S(stream), H(self), v, o, spk, page_stats, loc), 2)
   if not ok then return nil, err end
@@ -611,6 +623,7 @@ end
 -- bool} (bytes from the start of the tensor's storage, whole pages), and the stats.
 function methods:page_runs(input, location)
   local v, o, _, spk = self:_input(input, 2)
+  if not v then return nil, o end
   local loc = page_location(location, 2)
   local ok, err = check(C.ur_tbe_page_runs(H(self), v, o, spk, page_stats, loc), 2)
   if not ok then return nil, err end

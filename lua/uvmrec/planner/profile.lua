@@ -249,6 +249,9 @@ function M.from_loader(loader, steps, tables)
     if not b then break end
     batches, samples = batches + 1, samples + b.size
     local kj = b.sparse
+    -- read through raw pointers below: a batch not known checked (a loader of the caller's own)
+    -- is checked first; the engine's loader makes them checked, at no cost here
+    assert(require("uvmrec.kjt").need_checked(kj, "planner profile: batch " .. batches, 2))
     local v, off = kj:values(), kj:offsets()
     local stride = kj:stride()
     local vp = ffi.cast("int64_t *", C.ur_tensor_data(v.p))
