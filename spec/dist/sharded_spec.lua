@@ -169,6 +169,41 @@ describe("uvmrec.dist.shard", function()
     end
   end)
 
+  it("checks an input not known checked on its own rank before the exchange, at the caller's line", function()
+    -- bags of g {2, -1} (its span right) in pinned memory, where no rank looks at the ids: a table-wise batch
+    -- was exchanged and failed in the forward of the rank holding g, naming the global batch's offsets
+    -- ('tbe: offsets[4] = 3 is below offsets[3] = 4' at sharded.lua's line; prepare took it); a row-wise one
+    -- failed in bucketize; on a GPU the kernels read them as given
+    for _, plan in ipairs { "table_wise", "row_wise", "data_parallel" } do
+      local sharded = dist.shard(opts(), plan, comm)
+      local k = ur.KJT { keys = { "f", "g", "b", "c" }, values = { 1, 2, 3, 4, 5 },
+                         lengths = { 1, 1, 2, -1, 1, 0, 0, 1 }, check = false }:to("pinned")
+      assert.is_false(k:checked())
+      local want = "sharded_spec%.lua:%d+: ShardedEmbeddingBagCollection: rank 0's input: kjt: key 'g' sample 1 "
+        .. "%(lengths%[3%]%) has length %-1; lengths must be >= 0$"
+      local ok, err = pcall(function() local r = sharded:forward(k); return r end)
+      assert.is_false(ok, plan)
+      assert.matches(want, err)
+      ok, err = pcall(function() local r = sharded:prepare(k); return r end)
+      assert.is_false(ok, plan)
+      assert.matches(want, err)
+      -- a sound one in pinned memory: the unsharded collection's output
+      local good = ur.KJT { keys = { "f", "g", "b", "c" }, values = { 1, 2, 3, 4, 5 },
+                            lengths = { 1, 1, 1, 0, 1, 0, 0, 1 } }
+      assert.same(ur.nn.EmbeddingBagCollection(opts()):forward(good):totable(),
+                  sharded:forward(good:to("pinned")):totable())
+      -- the exchange's batches are known checked, VBE's too (their make reads the inverse indices): the
+      -- shards' forwards check nothing again (on a GPU each check waits for the device)
+      for _, vbe in ipairs { false, true } do
+        sharded:set_vbe(vbe)
+        local t = assert(sharded:prepare(good))
+        for i, part in ipairs(t.parts) do assert.is_true(part:checked(), plan .. " part " .. i) end
+        sharded:retire(t, false)
+      end
+      sharded:free()
+    end
+  end)
+
   h.mpi_it("refuses an id outside its table over 2 ranks on the rank whose input holds it, not on the table's, "
      .. "at the caller's line", function()
     -- table c lives on rank 1; rank 0's input holds the id past its rows

@@ -675,9 +675,15 @@ function Sharded:_check_input(input, ids)
   -- An id outside its table is found by the rank holding the shard, in the global batch (another
   -- rank's error, naming a sample of the global batch): on the host, each rank checks its own
   -- input first (one pass over the ids; on a GPU that would wait for the device every batch).
+  -- Elsewhere a KJT not known checked has its bags checked (kjt.need_checked: a checked one costs
+  -- nothing), so that a bad one fails on its own rank before the exchange, not as another rank's
+  -- bags or a forward's out-of-bounds reads; the exchange's KJTs are then sound by construction.
   if ids and input:placement() == "host" then
     local ok, err = input:validate(self.key_rows)
     if not ok then error(("%s: rank %d's input: %s"):format(self:type_name(), self.rank, err), 3) end
+  elseif ids then
+    local ok, err = kjt.need_checked(input, ("%s: rank %d's input"):format(self:type_name(), self.rank), 3)
+    if not ok then error(err, 3) end
   end
 end
 
