@@ -97,9 +97,8 @@ __global__ void ur_kjt_validate_bags_kernel(const int32_t *len, const int64_t *o
                                             const int64_t *rows, unsigned long long *bad_bag,
                                             unsigned long long *bad_id) {
   UR_KJT_LOOP(b, nb) {
-    int32_t l = len[b];
     int64_t o0 = off[b], o1 = off[b + 1];
-    if (l < 0 || o1 - o0 != l || o0 < 0 || o1 > nv) {
+    if (!ur__kjt_bag_sound(len[b], o0, o1, nv)) {
       atomicMin(bad_bag, (unsigned long long)b);
       continue;
     }

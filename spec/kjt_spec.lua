@@ -487,6 +487,25 @@ describe("uvmrec.KJT", function()
       "kjt dedup: key 'a' sample 1 (lengths[1]) has length -1; lengths must be >= 0")
   end)
 
+  it("refuses offsets written as any 64-bit integers, at the ends of the range too, without overflowing", function()
+    -- a bag's offsets were subtracted before they were held to the values: INT64_MAX - -16 overflowed (undefined;
+    -- UBSan stopped `make SAN=1 test` here, and engine/fuzz/kjt_arrays.c found it), on the CPU and in the kernel
+    local ffi = require "ffi"
+    local function written(offsets)
+      local k = ur.KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 400, 1 }, check = false }
+      local o = ffi.cast("int64_t *", ur.C.ur_tensor_data(k:offsets().p))
+      for i, x in ipairs(offsets) do o[i - 1] = x end
+      return k
+    end
+    local max, min = 0x7fffffffffffffffLL, -0x7fffffffffffffffLL - 1
+    assert.equal("kjt: key 'a' sample 0: offsets -16..9223372036854775807 disagree with length 1 or pass the 3 values",
+                 select(2, written({ -16, max, 2, 3, 3 }):validate()))
+    assert.equal("kjt: key 'a' sample 1: offsets 1..-9223372036854775808 disagree with length 1 or pass the 3 values",
+                 select(2, written({ 0, 1, min, 3, 3 }):validate()))
+    assert.has_error(function() written({ 0, max, min, max, 3 }):dedup() end,
+      "kjt dedup: key 'a' sample 0: offsets 0..9223372036854775807 disagree with length 1 or pass the 3 values")
+  end)
+
   it("knows a KJT checked when made, validated or made by an op from checked KJTs, and checks none again",
     function()
     local KJT = ur.KJT

@@ -26,6 +26,15 @@ UR_HD uint64_t ur__kjt_bag_hash(const int64_t *v, const float *w, int64_t n) {
   return h;
 }
 
+/* Whether a bag is sound, the same on both backends (validate): its length l >= 0 and its
+ * offsets o0..o1 that far apart within the nv values.  The bounds come first, so o1 - o0 is
+ * taken only of offsets within 0..nv: offsets written after the KJT was made may be any 64-bit
+ * integers, whose difference overflows (signed overflow, undefined: found by the fuzzer,
+ * engine/fuzz/kjt_arrays.c, on offsets INT64_MAX and -16). */
+UR_HD int ur__kjt_bag_sound(int32_t l, int64_t o0, int64_t o1, int64_t nv) {
+  return l >= 0 && o0 >= 0 && o1 >= o0 && o1 <= nv && o1 - o0 == l;
+}
+
 /* One run of a segment copy: n elements from src (memory the backend reads) to element dst of
  * the output. */
 typedef struct ur__kjt_seg {

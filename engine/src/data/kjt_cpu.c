@@ -34,7 +34,7 @@ static ur_status cpu_validate(void *stream, const int32_t *len, const int64_t *o
     int64_t r = rows ? rows[key] : 0;
     for (int64_t b = bag0[key]; b < bag0[key + 1]; b++) {
       int64_t o0 = off[b], o1 = off[b + 1];
-      if (len[b] < 0 || o1 - o0 != len[b] || o0 < 0 || o1 > nv) {
+      if (!ur__kjt_bag_sound(len[b], o0, o1, nv)) {
         if (bad[0] < 0) bad[0] = b;
         continue;
       }
