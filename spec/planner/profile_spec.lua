@@ -149,6 +149,16 @@ describe("planner.profile", function()
     assert.near(P.lookups, 6 * 1024, 0)
   end)
 
+  it("checks a batch not known checked before it reads its ids through raw pointers", function()
+    -- a loader of the caller's own, its KJT made unchecked: key b's span read 401 ids from 3 values (the heap
+    -- past them); the engine's loader makes its batches checked, which cost nothing here
+    local bad = ur.KJT { keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 400, 1 }, check = false }
+    local loader = { next = function() return { sparse = bad, size = 2 } end }
+    local tabs = { { name = "a", rows = 8 }, { name = "b", rows = 8 } }
+    assert.has_error(function() profile.from_loader(loader, 1, tabs) end,
+      "planner profile: batch 1: kjt: key 'b' sample 0: offsets 2..402 disagree with length 400 or pass the 3 values")
+  end)
+
   -- counts of one said '1 batches', '1 samples', '1 lookups', '1 rows' in a profile's source
   it("names its source with counts of one in the singular", function()
     local tabs = {}
