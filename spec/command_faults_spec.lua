@@ -12,8 +12,7 @@ describe("the uvmrec command, on mistakes and a bare machine", function()
   before_each(function() dir = cmd.tmpdir() end)
   after_each(function() cmd.rmdir(dir) end)
 
-  it("says in one line that `uvmrec test --gpu` needs a GPU when there is none", function()
-    if ur.gpu() then pending("a GPU is in use") return end
+  h.no_gpu_it("says in one line that `uvmrec test --gpu` needs a GPU when there is none", function()
     local out, err, code = cmd.run("test --gpu spec/tensor_spec.lua")
     assert.equal(1, code)
     assert.equal("0 passed, 1 failed, 0 skipped\n", out)
@@ -35,9 +34,8 @@ describe("the uvmrec command, on mistakes and a bare machine", function()
       .. "usage: uvmrec calibrate ", err)
   end)
 
-  it("says there is no NVIDIA driver, not that the driver is insufficient", function()
+  h.no_gpu_it("says there is no NVIDIA driver, not that the driver is insufficient", function()
     if not ur.cuda_built() then pending("no CUDA backend built: " .. ur.cuda_error()) return end
-    if ur.gpu() then pending("a GPU is in use") return end
     local probe = require("ffi").load
     if pcall(probe, "libcuda.so.1") then pending("an NVIDIA driver is installed") return end
     local out, err, code = cmd.run("--version")

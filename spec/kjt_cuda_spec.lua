@@ -377,8 +377,7 @@ describe("uvmrec.KJT on the GPU", function()
     assert.same(wf, gf:totable())
   end)
 
-  cuda_it("names the devices of parts on two GPUs (from_rows, concat, a new KJT)", function()
-    if ur.devices() < 2 then return pending("one GPU: the devices need two") end
+  cuda_it("names the devices of parts on two GPUs (from_rows, concat, a new KJT)", { gpus = 2 }, function()
     local ids = ur.tensor({ 2, 2 }, { dtype = "i64", placement = "device", device = 0 }):fill(0)
     local w = ur.tensor({ 2, 2 }, { placement = "device", device = 1 }):fill(1)
     assert.has_error(function()

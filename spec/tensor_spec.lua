@@ -308,8 +308,7 @@ describe("uvmrec.tensor", function()
     at(l + 18, function() local x = ur.uvm_tensor({ 2 }, { dtyp = "i32" }) return x end)
   end)
 
-  it("reports device placement without a GPU as an environmental failure", function()
-    if ur.gpu() then pending("this machine has a GPU") return end
+  h.no_gpu_it("reports device placement without a GPU as an environmental failure", function()
     local t, err = ur.tensor({ 2 }, { placement = "device" })
     assert.is_nil(t)
     assert.matches("placement 'device' needs a GPU", err)
@@ -575,14 +574,13 @@ describe("uvmrec.tensor memory hints", function()
     assert.equal(n0, last_seq()) -- nothing rejected was recorded
   end)
 
-  it("refuses a GPU that does not exist when there is one", function()
-    if not ur.gpu() then pending("no GPU: every cuda:N up to 63 is recorded") return end
+  -- without one every cuda:N up to 63 is recorded
+  h.cuda_it("refuses a GPU that does not exist when there is one", function()
     local t = table16()
     assert.has_error(function() t:advise(0, 4, "accessed_by", "cuda:" .. ur.devices()) end)
   end)
 
-  it("says that residency and the migration monitor need a GPU", function()
-    if ur.gpu() then pending("this machine has a GPU (see cuda_spec)") return end
+  h.no_gpu_it("says that residency and the migration monitor need a GPU", function() -- with one: cuda_spec
     local t = table16()
     local r, err = t:residency()
     assert.is_nil(r)

@@ -122,8 +122,8 @@ describe("uvmrec.dist communicators", function()
 
   -- NCCL's collectives: their kind, dtype, counts, reduction and root are host values, compared
   -- over the job's MPI communicator by the same check as MPI's (above) before NCCL takes them
-  h.cuda_it("names the ranks whose NCCL collectives disagree under UVMREC_COMM_CHECK=1", function()
-    if not h.have_mpi() or ur.devices() < 2 then pending("2 GPUs and MPI are needed") return end
+  h.cuda_it("names the ranks whose NCCL collectives disagree under UVMREC_COMM_CHECK=1", { gpus = 2, mpi = true },
+            function()
     local dir = command.tmpdir()
     local script = command.spit(dir .. "/nccl.lua", [[
       local ur = require "uvmrec"

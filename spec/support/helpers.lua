@@ -14,38 +14,63 @@ function M.asan()
   return (os.getenv("LD_PRELOAD") or ""):find("asan", 1, true) ~= nil
 end
 
--- An `it` for GPU behaviour, tagged #cuda: without a GPU it shows as pending, never passed;
--- under `make test-gpu` (UVMREC_REQUIRE_GPU=1) a missing GPU fails it instead.
-function M.cuda_it(name, fn)
-  local env = getfenv(2) -- busted gives each spec file its own environment
-  local it = env.it
-  it(name .. " #cuda", function(...)
+-- Why this machine lacks what an `it` needs (needs: gpus, the GPUs it takes; mpi, jobs of several
+-- ranks; no_gpu, no GPU in use), or nil when it has it all.  A GPU missing altogether under `make
+-- test-gpu` (UVMREC_REQUIRE_GPU=1) is an error instead: that run is for them.
+local function lacking(needs)
+  if needs.gpus then
     if not ur.gpu() then
-      if os.getenv("UVMREC_REQUIRE_GPU") == "1" then
-        error("no GPU in use: " .. ur.cuda_error())
-      end
+      if os.getenv("UVMREC_REQUIRE_GPU") == "1" then error("no GPU in use: " .. ur.cuda_error()) end
+      return "no GPU: " .. ur.cuda_error()
+    end
+    if ur.devices() < needs.gpus then
+      return ("%d GPUs needed, and this machine has %d"):format(needs.gpus, ur.devices())
+    end
+  end
+  if needs.mpi then
+    local mpi, why = M.have_mpi()
+    if not mpi then return "no MPI here: " .. why end
+  end
+  if needs.no_gpu and ur.gpu() then return "a GPU is in use" end
+end
+
+-- The one home of the guards below: an `it` in env (the calling spec file's: busted gives each
+-- its own) tagged by what it needs, pending with the reason where the machine lacks it, never
+-- passed without running.
+local function guarded_it(env, name, needs, fn)
+  local tags = (needs.gpus and " #cuda" or "") .. (needs.mpi and " #mpi" or "")
+  env.it(name .. tags, function(...)
+    local why = lacking(needs)
+    if why then
       -- Looked up now: busted resolves `pending` through the context that is running.
-      env.pending("no GPU: " .. ur.cuda_error())
+      env.pending(why)
       return
     end
     return fn(...)
   end)
 end
 
+-- An `it` for GPU behaviour, tagged #cuda: without a GPU it shows as pending, never passed;
+-- under `make test-gpu` (UVMREC_REQUIRE_GPU=1) a missing GPU fails it instead.  needs (optional,
+-- before fn): gpus = n, pending on a machine of fewer; mpi = true, also tagged #mpi and pending
+-- without MPI (M.have_mpi).
+function M.cuda_it(name, needs, fn)
+  if fn == nil then needs, fn = nil, needs end
+  local n = { gpus = 1 }
+  for k, v in pairs(needs or {}) do n[k] = v end
+  guarded_it(getfenv(2), name, n, fn)
+end
+
 -- An `it` for a job of several ranks, tagged #mpi: without MPI (M.have_mpi) it shows as pending
 -- with the reason, never passed.
 function M.mpi_it(name, fn)
-  local env = getfenv(2) -- busted gives each spec file its own environment
-  local it = env.it
-  it(name .. " #mpi", function(...)
-    local mpi, why = M.have_mpi()
-    if not mpi then
-      -- Looked up now: busted resolves `pending` through the context that is running.
-      env.pending("no MPI here: " .. why)
-      return
-    end
-    return fn(...)
-  end)
+  guarded_it(getfenv(2), name, { mpi = true }, fn)
+end
+
+-- An `it` for behaviour without a GPU (the CPU's stand-ins, the messages that say one is
+-- needed): with a GPU in use it shows as pending, never passed.
+function M.no_gpu_it(name, fn)
+  guarded_it(getfenv(2), name, { no_gpu = true }, fn)
 end
 
 -- A wall-clock limit of s seconds for a spec, stretched fourfold under the sanitizers (make SAN=1
