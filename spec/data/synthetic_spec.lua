@@ -51,6 +51,26 @@ local function fit_logistic(x, y, d)
 end
 
 
+local U = require("ffi").typeof("uint64_t")
+
+-- synth.h's stream key for a purpose (UR__S_LEN 3, UR__S_ID 4, the scatter's 99) and a table
+local function skey(seed, purpose, t)
+  local k = bit.bxor(U(seed), U(purpose) * 0x9E3779B97F4A7C15ULL, U(t) * 0xC2B2AE3D27D4EB4FULL)
+  k = bit.bxor(k, bit.rshift(k, 29)) * 0xBF58476D1CE4E5B9ULL
+  return bit.bxor(k, bit.rshift(k, 32))
+end
+
+local function gcd(a, b) while b ~= 0 do a, b = b, a % b end return a end
+
+-- Table t's (0-based) id of Zipf rank `rank` (1-based) among `rows` ids: synth.c's scatter.
+local function scatter(seed, t, rows, rank)
+  local a = 0x9E3779B1 % rows
+  if a == 0 then a = 1 end
+  while gcd(a, rows) ~= 1 do a = a + 1 end
+  local pb = h.philox(t, skey(seed, 99, 0)) % rows
+  return tonumber((U(rank - 1) * (rows == 1 and 0 or a) + pb) % rows)
+end
+
 describe("uvmrec.data synthetic", function()
   it("computes an exact AUC, ties counting one half", function()
     local rng = 7
@@ -287,25 +307,12 @@ describe("uvmrec.data synthetic", function()
   end)
 
   it("draws each of 200 and 1000 tables' ids as a reference written here does (uniform tables, Philox)", function()
-    local ffi = require "ffi"
-    local U = ffi.typeof("uint64_t")
-    -- synth.h's stream key for a purpose and a table
-    local function skey(seed, purpose, t)
-      local k = bit.bxor(U(seed), U(purpose) * 0x9E3779B97F4A7C15ULL, U(t) * 0xC2B2AE3D27D4EB4FULL)
-      k = bit.bxor(k, bit.rshift(k, 29)) * 0xBF58476D1CE4E5B9ULL
-      return bit.bxor(k, bit.rshift(k, 32))
-    end
-    local function gcd(a, b) while b ~= 0 do a, b = b, a % b end return a end
     -- table t's (0-based) id at sample i, id slot j: a uniform rank, scattered by (pa, pb)
     local function ref_id(seed, t, rows, i, j)
       local v0, v1 = h.philox(i * 4096 + j, skey(seed, 4, t)) -- UR__S_ID
       local x = bit.bxor(bit.lshift(U(v0), 21), U(bit.rshift(v1, 11))) % (2ULL ^ 53)
       local rank = math.min(math.floor((tonumber(x) + 0.5) / 2 ^ 53 * rows) + 1, rows)
-      local a = 0x9E3779B1 % rows
-      if a == 0 then a = 1 end
-      while gcd(a, rows) ~= 1 do a = a + 1 end
-      local pb = h.philox(t, skey(seed, 99, 0)) % rows
-      return tonumber((U(rank - 1) * (rows == 1 and 0 or a) + pb) % rows)
+      return scatter(seed, t, rows, rank)
     end
     for _, T in ipairs { 200, 1000 } do
       local tabs = {}
@@ -337,13 +344,6 @@ describe("uvmrec.data synthetic", function()
   it("draws each table's bag lengths from a stream of its own, past 4096 tables too", function()
     -- a length's counter was sample * 4096 + table: table 4097's at sample i was table 1's at
     -- sample i + 1, so every length of table 4097 repeated one of table 1 (and so on up to 65536)
-    local ffi = require "ffi"
-    local U = ffi.typeof("uint64_t")
-    local function skey(seed, purpose, t) -- synth.h's ur__skey
-      local k = bit.bxor(U(seed), U(purpose) * 0x9E3779B97F4A7C15ULL, U(t) * 0xC2B2AE3D27D4EB4FULL)
-      k = bit.bxor(k, bit.rshift(k, 29)) * 0xBF58476D1CE4E5B9ULL
-      return bit.bxor(k, bit.rshift(k, 32))
-    end
     -- table t (0-based): counter sample * 4096 + t mod 4096, its high word t / 4096 (0 below
     -- 4096 tables: the lengths drawn so far)
     local function ref_len(seed, t, i, lo, hi)
@@ -364,6 +364,57 @@ describe("uvmrec.data synthetic", function()
       if i + 1 < n and lens[i * T + 4097] == lens[(i + 1) * T + 1] then same = same + 1 end
     end
     assert.is_true(same < n / 3, ("table 4097's lengths repeat table 1's a sample on: %d of %d"):format(same, n - 1))
+  end)
+
+  it("draws a Zipf table's ids past 2^28 samples from tries of their own, not earlier samples' retries", function()
+    -- a Zipf id's tries a = 0, 1, ... took counter sample * 4096 + slot + a * 2^40 in 64 bits:
+    -- sample i + 2^28's first try was sample i's second, so wherever sample i's first try was
+    -- rejected, sample i + 2^28 drew sample i's id.  Zipf 1.05 over 2^40 ids: two independent
+    -- draws agree about once in 170, and about one first try in 900 is rejected
+    local s, rows, seed = 1.05, 2 ^ 40, 9
+    -- synth.h's rejection-inversion (Hoermann and Derflinger) in float64, with libm's exp and log
+    -- (synth.h's own agree to an ulp or so: the same rank wherever it is below 2^20)
+    local function helper1(x)
+      if x > 1e-4 or x < -1e-4 then return math.log(1 + x) / x end
+      return 1 - x * (0.5 - x * (1 / 3 - 0.25 * x))
+    end
+    local function helper2(x)
+      if x > 1e-4 or x < -1e-4 then return (math.exp(x) - 1) / x end
+      return 1 + x * 0.5 * (1 + x * (1 / 3) * (1 + 0.25 * x))
+    end
+    local function zh(x) return math.exp(-s * math.log(x)) end
+    local function zH(x) return helper2((1 - s) * math.log(x)) * math.log(x) end
+    local function zHinv(x) return math.exp(helper1(math.max(x * (1 - s), -1)) * x) end
+    local hx1, hn, sv = zH(1.5) - 1, zH(rows + 0.5), 2 - zHinv(zH(2.5) - zh(2))
+    -- sample i's id slot j, its first try (below 2^28 samples the counter's high word is 0): the
+    -- rank and whether it is accepted
+    local key = skey(seed, 4, 0) -- UR__S_ID, table 0
+    local function first_try(i, j)
+      local v0, v1 = h.philox(i * 4096 + j, key)
+      local u = hn + (v0 * 2 ^ 21 + math.floor(v1 / 2048) + 0.5) / 2 ^ 53 * (hx1 - hn) -- ur__u53
+      local x = zHinv(u)
+      local k = math.min(math.max(math.floor(x + 0.5), 1), rows)
+      return k, k - x <= sv or u >= zH(k + 0.5) - zh(k)
+    end
+    local spec = data.synthetic_spec { num_dense = 1, seed = seed, tables = { { rows = rows, zipf = s, hot = 4096 } } }
+    local first, n = 1000, 16
+    local a = assert(data.generate(spec, first, n)).ids:totable()
+    local b = assert(data.generate(spec, 2 ^ 28 + first, n)).ids:totable()
+    local rejected, same = 0, 0
+    for i = 0, n - 1 do
+      for j = 0, 4095 do
+        local c, k, accepted = i * 4096 + j + 1, first_try(first + i, j)
+        if not accepted then
+          rejected = rejected + 1
+          if a[c] == b[c] then same = same + 1 end
+        elseif k < 2 ^ 20 then -- the reference is the engine's: an accepted first try is the id
+          assert.equal(scatter(seed, 0, rows, k), a[c], ("sample %d, slot %d: rank %d"):format(first + i, j, k))
+        end
+      end
+    end
+    assert.is_true(rejected >= 40, ("%d first tries rejected in %d draws"):format(rejected, n * 4096))
+    assert.is_true(same < rejected / 4, ("where sample i's first try was rejected, sample i + 2^28 drew sample i's id: "
+      .. "%d of %d"):format(same, rejected))
   end)
 
   h.cuda_it("gives the same samples on the GPU as on the CPU", function()
