@@ -313,6 +313,16 @@ describe("uvmrec.tensor", function()
     assert.is_nil(t)
     assert.matches("placement 'device' needs a GPU", err)
   end)
+
+  h.asan_it("shows the address sanitizer a read one element past a tensor's end (make SAN=1)", function()
+    -- host storage was whole pages: a read past a tensor's last element stayed in the last one
+    assert.equal("heap-buffer-overflow", h.asan_over_read('t = ur.tensor({ 3 })'))
+    assert.equal("heap-buffer-overflow", h.asan_over_read('t = ur.tensor({ 5 }, { dtype = "i64" }):view(1, 4)'))
+    if ur.gpu() then return end -- pinned and managed memory are the driver's then
+    assert.equal("heap-buffer-overflow", h.asan_over_read('t = ur.tensor({ 3 }, { placement = "pinned" })'))
+    -- managed storage keeps whole hint pages: past its bytes they are poisoned
+    assert.equal("use-after-poison", h.asan_over_read('t = ur.tensor({ 3 }, { placement = "managed" })'))
+  end)
 end)
 
 local philox = h.philox

@@ -1302,4 +1302,13 @@ describe("uvmrec.data loader", function()
     assert.matches("loader_check: ok", text)
     if not asan then assert.matches("ERROR SUMMARY: 0 errors", text) end
   end)
+
+  h.asan_it("shows the address sanitizer a read past a batch's tensors, into its slot's tail (make SAN=1)", function()
+    -- a slot's buffers hold a whole batch; the last batch, 44 of 256 samples, leaves the rest
+    local last = 'local l = assert(ur.data.loader { data = "synthetic:tiny", samples = 300, batch_size = 256 }); '
+      .. 'assert(l:next()); local b = assert(l:next()); assert(b.size == 44); '
+    for _, what in ipairs { "b.dense", "b.labels", "b.sparse:values()", "b.sparse:lengths()", "b.sparse:offsets()" } do
+      assert.equal("use-after-poison", h.asan_over_read(last .. "t = " .. what), what)
+    end
+  end)
 end)

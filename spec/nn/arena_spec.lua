@@ -32,4 +32,12 @@ describe("uvmrec.nn.arena", function()
     assert.same({ 2, 4 }, a:tensor({ 2, 4 }):size())
     a:free()
   end)
+
+  require("helpers").asan_it("shows the address sanitizer a read past a carved tensor's end (make SAN=1)", function()
+    -- into its padding to 256 bytes, and into the block's bytes not yet carved
+    local h = require "helpers"
+    local arena = 'local a = require("uvmrec.nn.arena").new("host", nil, 4096); '
+    assert.equal("use-after-poison", h.asan_over_read(arena .. 't = a:tensor({ 3 }); a:tensor({ 2 })'))
+    assert.equal("use-after-poison", h.asan_over_read(arena .. 'a:tensor({ 3 }); t = a:tensor({ 64 })'))
+  end)
 end)

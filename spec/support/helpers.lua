@@ -15,8 +15,9 @@ function M.asan()
 end
 
 -- Why this machine lacks what an `it` needs (needs: gpus, the GPUs it takes; mpi, jobs of several
--- ranks; no_gpu, no GPU in use), or nil when it has it all.  A GPU missing altogether under `make
--- test-gpu` (UVMREC_REQUIRE_GPU=1) is an error instead: that run is for them.
+-- ranks; no_gpu, no GPU in use; asan, a run under the address sanitizer), or nil when it has it
+-- all.  A GPU missing altogether under `make test-gpu` (UVMREC_REQUIRE_GPU=1) is an error
+-- instead: that run is for them.
 local function lacking(needs)
   if needs.gpus then
     if not ur.gpu() then
@@ -32,6 +33,7 @@ local function lacking(needs)
     if not mpi then return "no MPI here: " .. why end
   end
   if needs.no_gpu and ur.gpu() then return "a GPU is in use" end
+  if needs.asan and not M.asan() then return "not under the address sanitizer (make SAN=1 test)" end
 end
 
 -- The one home of the guards below: an `it` in env (the calling spec file's: busted gives each
@@ -71,6 +73,44 @@ end
 -- needed): with a GPU in use it shows as pending, never passed.
 function M.no_gpu_it(name, fn)
   guarded_it(getfenv(2), name, { no_gpu = true }, fn)
+end
+
+-- An `it` for what the address sanitizer sees of the engine: outside `make SAN=1 test` it shows
+-- as pending, never passed.
+function M.asan_it(name, fn)
+  guarded_it(getfenv(2), name, { asan = true }, fn)
+end
+
+-- Under the address sanitizer: a child process of the command runs `setup` (Lua code that
+-- leaves a tensor in `t`, `ur` and `ffi` in reach), copies t's bytes with libc's memcpy (which
+-- ASan's interceptor checks), then one element more.  Returns what ASan called the second
+-- copy ("heap-buffer-overflow", "use-after-poison"); an error where the first copy failed or
+-- the second went unreported.
+function M.asan_over_read(setup)
+  local path = os.tmpname()
+  command.spit(path, [[
+    local ffi = require "ffi"
+    local ur = require "uvmrec"
+    ffi.cdef "void *memcpy(void *, const void *, size_t);"
+    local t
+    ]] .. setup .. [[
+
+    local n = t:nbytes()
+    local buf, p = ffi.new("uint8_t[?]", n + 64), ur.C.ur_tensor_data(t.p)
+    ffi.C.memcpy(buf, p, n)
+    io.stdout:write("in bounds\n")
+    io.stdout:flush()
+    ffi.C.memcpy(buf, p, n + n / t:numel())
+    io.stdout:write("one element past the end, unseen\n")
+  ]])
+  local out, err, code = command.sh(command.quote(command.bin()) .. " " .. command.quote(path))
+  os.remove(path)
+  local kind = err:match("ERROR: AddressSanitizer: ([%w-]+)")
+  if out ~= "in bounds\n" or code == 0 or not kind then
+    error(("%s: expected the copy in bounds to pass and ASan to report the one past the end; exit %s:\n%s%s")
+      :format(setup, tostring(code), out, err), 2)
+  end
+  return kind
 end
 
 -- A wall-clock limit of s seconds for a spec, stretched fourfold under the sanitizers (make SAN=1

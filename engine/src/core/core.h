@@ -10,6 +10,17 @@
 
 #define UR__HIDDEN __attribute__((visibility("hidden")))
 
+/* Built with the address sanitizer (make SAN=1; gcc says so by __SANITIZE_ADDRESS__, clang by
+ * __has_feature): host storage is allocated to the byte and the slack the engine keeps past a
+ * tensor's bytes is poisoned (ur__tensor_poison), so a read past a tensor's end is reported. */
+#if defined(__SANITIZE_ADDRESS__)
+#define UR__ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UR__ASAN 1
+#endif
+#endif
+
 /* Errors: sets the thread-local message and returns status. */
 UR__HIDDEN ur_status ur__error(ur_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -209,6 +220,14 @@ UR__HIDDEN void ur__segmap_free(ur__segmap *m);
  * there or prefetched there, as the record says), counted from the first without a break: the
  * leading run a managed table's hints keep on the GPU.  0 for memory that is not managed. */
 UR__HIDDEN uint64_t ur__hint_gpu_run(const ur_tensor *t, int64_t first, int64_t numel);
+
+/* Under the address sanitizer (UR__ASAN): bytes [begin, end) of t's storage, counted from t's
+ * first element and cut at the storage's end, made unreadable (poison 1) or readable again
+ * (poison 0), for slack the engine keeps past what a tensor holds (an arena's padding and free
+ * bytes, a reused buffer's tail).  Only host memory of the CPU backend's allocations, which
+ * ASan's allocator repaints when it frees and reuses them; elsewhere and in other builds,
+ * nothing. */
+UR__HIDDEN void ur__tensor_poison(const ur_tensor *t, uint64_t begin, uint64_t end, int poison);
 
 /* The CPU backends' workspaces: the next piece of one carved from base (NULL: only measuring),
  * its bytes rounded up to 64; *at counts the bytes carved so far. */

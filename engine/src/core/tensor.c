@@ -5,8 +5,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/core.h"
+#ifdef UR__ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 
 static uint64_t next_storage_id;
+
+/* The backend whose allocator holds a storage of this placement. */
+static const ur_backend *allocator(ur_place place) {
+  return place == UR_PLACE_HOST || !ur__gpu() ? ur__cpu() : ur__gpu();
+}
 
 static int storage_on_gpu(const ur__storage *st) {
   return st->place == UR_PLACE_DEVICE && ur__gpu();
@@ -79,8 +87,7 @@ static ur_status storage_new(ur__storage **out, uint64_t bytes, ur_place place, 
     pthread_mutex_unlock(&ur__lock);
   }
   if (!s) {
-    const ur_backend *b = place == UR_PLACE_HOST || !ur__gpu() ? ur__cpu() : ur__gpu();
-    s = b->alloc(place, device, st->alloc_bytes ? st->alloc_bytes : 1, &st->data);
+    s = allocator(place)->alloc(place, device, st->alloc_bytes ? st->alloc_bytes : 1, &st->data);
     if (s && place == UR_PLACE_DEVICE) {
       pthread_mutex_lock(&ur__lock);
       ur__hbm_release(bytes);
@@ -89,7 +96,7 @@ static ur_status storage_new(ur__storage **out, uint64_t bytes, ur_place place, 
   }
   if (!s && place == UR_PLACE_MANAGED) s = ur__segmap_init(&st->hints, st->alloc_bytes);
   if (s) {
-    if (st->data) (place == UR_PLACE_HOST || !ur__gpu() ? ur__cpu() : ur__gpu())->free(place, st->data);
+    if (st->data) allocator(place)->free(place, st->data);
     free(st);
     return s;
   }
@@ -98,7 +105,25 @@ static ur_status storage_new(ur__storage **out, uint64_t bytes, ur_place place, 
   pthread_mutex_unlock(&ur__lock);
   st->id = __atomic_add_fetch(&next_storage_id, 1, __ATOMIC_RELAXED);
   *out = st;
+  /* managed storage's whole pages past its bytes are no tensor's */
+  ur_tensor whole = {.st = st, .dtype = UR_DTYPE_U8};
+  ur__tensor_poison(&whole, bytes, st->alloc_bytes, 1);
   return UR_STATUS_OK;
+}
+
+void ur__tensor_poison(const ur_tensor *t, uint64_t begin, uint64_t end, int poison) {
+#ifdef UR__ASAN
+  const ur__storage *st = t->st;
+  if (st->release || allocator(st->place) != ur__cpu()) return;
+  uint64_t at = (uint64_t)t->offset * ur_dtype_size(t->dtype);
+  if (end > st->alloc_bytes - at) end = st->alloc_bytes - at;
+  if (begin >= end) return;
+  char *p = (char *)st->data + at + begin;
+  if (poison) ASAN_POISON_MEMORY_REGION(p, end - begin);
+  else ASAN_UNPOISON_MEMORY_REGION(p, end - begin);
+#else
+  (void)t, (void)begin, (void)end, (void)poison;
+#endif
 }
 
 static void storage_release(ur__storage *st) {
@@ -117,7 +142,7 @@ static void storage_release(ur__storage *st) {
   }
   pthread_mutex_unlock(&ur__lock);
   ur__segmap_free(&st->hints);
-  (st->place == UR_PLACE_HOST || !ur__gpu() ? ur__cpu() : ur__gpu())->free(st->place, st->data);
+  allocator(st->place)->free(st->place, st->data);
   free(st);
 }
 

@@ -773,6 +773,18 @@ static ur_status slot_alloc(ur_loader *l, ur_batch *b) {
   return st;
 }
 
+/* Under the address sanitizer (ur__tensor_poison): the slot's buffers past what a batch of n
+ * samples and nv ids uses made unreadable, so a reader of the batch's views that runs past
+ * their end is reported; n < 0 makes them readable again, before the slot is filled. */
+static void slot_tails(const ur_loader *l, ur_batch *b, int64_t n, int64_t nv) {
+  ur_tensor *bufs[] = {b->dense_buf,  b->labels_buf,  b->groups_buf, b->values_buf,
+                       b->weights_buf, b->lengths_buf, b->offsets_buf};
+  uint64_t used[] = {(uint64_t)(n * l->D * 4), (uint64_t)n * 4, (uint64_t)n * 8, (uint64_t)nv * 8,
+                     (uint64_t)nv * 4, (uint64_t)(n * l->T * 4), (uint64_t)(n * l->T + 1) * 8};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+    if (bufs[i]) ur__tensor_poison(bufs[i], n < 0 ? 0 : used[i], UINT64_MAX, n >= 0);
+}
+
 /* Where a batch's rows go.  Dense features and labels straight into the slot; ids, weights
  * and lengths first into a block of BLOCK samples (sample-major, small enough for the L1 and L2
  * caches), then out key-major: sample i's bag of table t padded at values[n * col0[t] + i *
@@ -1006,6 +1018,7 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
   memset(&o, 0, sizeof o);
   o.n = n;
   o.bad_row = o.bad_id_row = o.bad_dense_row = o.bad_w_row = -1;
+  slot_tails(l, b, -1, 0);
   o.dense = ur_tensor_data(b->dense_buf);
   o.labels = ur_tensor_data(b->labels_buf);
   o.values = ur_tensor_data(b->values_buf);
@@ -1109,6 +1122,7 @@ static ur_status make_batch(ur_loader *l, worker *wk, const job *j, ur_batch *b)
   if (!st)
     st = ur__kjt_new_with_offsets(&b->sparse, l->T, (const char *const *)l->keys, n, v, ln, wt, of,
                                   val0);
+  if (!st) slot_tails(l, b, n, nv);
   ur_tensor_free(v);
   ur_tensor_free(ln);
   ur_tensor_free(wt);

@@ -74,6 +74,7 @@ ur_status ur_arena_tensor(ur_arena *a, ur_tensor **out, ur_dtype dtype, int32_t 
     }
     ur_tensor_free(a->block); /* live tensors keep the old block */
     a->block = blk;
+    ur__tensor_poison(blk, 0, size, 1); /* readable as it is carved */
     a->next = 0;
     a->stats.reserved += size;
     a->stats.blocks++;
@@ -84,6 +85,7 @@ ur_status ur_arena_tensor(ur_arena *a, ur_tensor **out, ur_dtype dtype, int32_t 
   ur__tensor_shaped(t, dtype, ndim, shape, numel);
   /* Blocks start page-aligned and need is a multiple of 256, so the offset is whole elements. */
   t->offset = (int64_t)(a->next / ur_dtype_size(dtype));
+  ur__tensor_poison(a->block, a->next, a->next + bytes, 0); /* its padding to need stays poisoned */
   a->next += need;
   a->stats.used += need;
   a->stats.tensors++;
