@@ -43,7 +43,7 @@ if serve.is_model_file(o.config) then
   local r, rerr = serve.evaluate(m, o.data)
   if not r then cmd:fail(rerr) end
   print("data: " .. r.what)
-  print(("eval: %s  (%s, %.1f s)"):format(train.evaluate.format(r, m:config().eval.metrics),
+  print(("eval: %s  (%s, %.1f s)"):format(train.evaluate.format(r, r.metrics),
                                          train.evaluate.count(r), r.seconds))
   log.line(train.evaluate.log_line(r, { event = "eval", model = o.config }))
   log.close()

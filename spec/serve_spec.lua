@@ -681,6 +681,61 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     assert.matches("^uvmrec eval: a model file takes neither %-%-checkpoint nor %-%-set\nusage: uvmrec eval ", err)
   end)
 
+  it("names what needs the training config when a model file has none or one that is no JSON; Criteo files need none",
+     function()
+    -- a model file of another writer, or edited: the C API opens it, and predict and eval raised
+    -- json's error with a traceback (serve/init.lua's methods:config), --data criteo-tsv: too
+    local dir = cmd.tmpdir()
+    local function with_config(src, name, text)
+      local st = assert(ck.load(src))
+      local meta = {}
+      for k, v in pairs(st.meta) do meta[k] = v end
+      meta["uvmrec.config"] = text
+      local path = ("%s/%s.safetensors"):format(dir, name)
+      assert(ck.save(path, { tensors = st.tensors, meta = meta }))
+      return path
+    end
+    local tiny = h.exported("tiny", { tables = "int8" })
+    local none, bad = with_config(tiny, "none", nil), with_config(tiny, "bad", "{\"train\":")
+    local m = assert(serve.open(none, { device = "cpu" }))
+    assert.same({ nil, ("model file %s: its metadata has no uvmrec.config (the training run's config)"):format(none) },
+                { m:config() })
+    m:close()
+    local missing = ("model file %s: its metadata has no uvmrec.config (the training run's config), which the "
+      .. "training run's held-out samples need"):format(none)
+    local out, err, code = cmd.run(("predict %s --samples 3 --cpu"):format(none))
+    assert.equal(1, code, out)
+    assert.equal("uvmrec predict: " .. missing .. "\n", err)
+    out, err, code = cmd.run(("eval %s --cpu"):format(none))
+    assert.equal(1, code, out)
+    assert.equal("uvmrec eval: " .. missing .. "\n", err)
+    out, err, code = cmd.run(("predict %s --data synthetic:tiny --samples 3 --cpu"):format(bad))
+    assert.equal(1, code, out)
+    assert.equal(("uvmrec predict: model file %s: uvmrec.config is not JSON (json: unexpected token near end of "
+      .. "file at byte 9), which --data synthetic:tiny needs\n"):format(bad), err)
+    -- Criteo files need nothing of the training run's: scored as with the config (training's
+    -- defaults for what it would set: eval.samples, eval.metrics, data.pad_missing_fields)
+    local criteo = h.exported("criteo", { tables = "int8" })
+    if not criteo then return pending("no Criteo fixture") end
+    local sample = h.fixture("criteo_raw_sample.tsv")
+    for _, p in ipairs { with_config(criteo, "cnone", nil), with_config(criteo, "cbad", "not json") } do
+      local want = cmd.run(("predict %s --data criteo-tsv:%s --samples 5 --cpu"):format(criteo, sample))
+      out, err, code = cmd.run(("predict %s --data criteo-tsv:%s --samples 5 --cpu"):format(p, sample))
+      assert.equal(0, code, err)
+      assert.equal(want, out)
+      want = cmd.run(("eval %s --data criteo-tsv:%s --cpu"):format(criteo, sample)):match("eval: AUC [%d.]+")
+      out, err, code = cmd.run(("eval %s --data criteo-tsv:%s --cpu"):format(p, sample))
+      assert.equal(0, code, err)
+      assert.equal(want, out:match("eval: AUC [%d.]+"))
+      -- its held-out samples do need the config; Criteo files are named as the way round
+      out, err, code = cmd.run(("predict %s --samples 3 --cpu"):format(p))
+      assert.equal(1, code, out)
+      assert.matches(", which the training run's held%-out samples need; %-%-data criteo%-tsv:PATH or criteo%-bin:DIR "
+        .. "needs none\n$", err)
+    end
+    cmd.rmdir(dir)
+  end)
+
   it("reads Criteo files as the training run did: lines that lost their trailing tabs, when it padded them", function()
     local sample = h.fixture("criteo_raw_sample2.tsv")
     if not cmd.exists(sample) then return pending("no " .. sample) end

@@ -15,6 +15,7 @@ local C, check = lib.C, lib.check
 local M = {}
 local methods = {}
 local wrap_model, free_model = lib.handle_type("ur_model", C.ur_model_close, { __index = methods })
+local path_of = setmetatable({}, { __mode = "k" }) -- each model's file, for messages
 
 local PLACES = { device = C.UR_PLACE_DEVICE, managed = C.UR_PLACE_MANAGED, host = C.UR_PLACE_HOST }
 local BOUNDS = { fatal = C.UR_TBE_BOUNDS_FATAL, warn = C.UR_TBE_BOUNDS_WARN, off = C.UR_TBE_BOUNDS_OFF }
@@ -68,7 +69,9 @@ function M.open(path, opts)
   local out = ffi.new("ur_model *[1]")
   local ok, err = check(C.ur_model_open(out, path, o), 2)
   if not ok then return nil, err end
-  return wrap_model(out[0])
+  local m = wrap_model(out[0])
+  path_of[m] = path
+  return m
 end
 
 local function P(m)
@@ -78,6 +81,9 @@ end
 
 function methods:close() free_model(self) end
 methods.free = methods.close
+
+-- The path the model was opened from.
+function methods:path() return path_of[self] end
 
 local props = ffi.new("ur_model_props")
 
@@ -102,11 +108,30 @@ function methods:meta(key)
   return v ~= nil and ffi.string(v) or nil
 end
 
--- The description (uvmrec.model) and the training config (uvmrec.config), decoded.
+-- The description (uvmrec.model), decoded: the engine checked it is JSON when it opened the file.
 function methods:description() return assert(json.decode(self:meta("uvmrec.model"))) end
+
+-- The training run's config (uvmrec.config), decoded and filled with training's defaults; nil,
+-- message naming the file when it has none or one that is no JSON object (a file another
+-- program wrote, or edited): the engine serves such a file, and only what reads the training
+-- run's data needs the config (M.data).
 function methods:config()
-  local train = require "uvmrec.train"
-  return train.fill_defaults(assert(json.decode(self:meta("uvmrec.config"))))
+  local text = self:meta("uvmrec.config")
+  local why
+  if not text then
+    why = "its metadata has no uvmrec.config (the training run's config)"
+  else
+    local cfg, err = json.decode(text)
+    if type(cfg) == "table" then return require("uvmrec.train").fill_defaults(cfg) end
+    why = err and ("uvmrec.config is not JSON (%s)"):format(err) or "uvmrec.config is not a JSON object"
+  end
+  return nil, ("model file %s: %s"):format(self:path(), why)
+end
+
+-- The config, or training's defaults where the file has none it can read: what scoring Criteo
+-- files takes from it (eval.batch_size, eval.samples, eval.metrics, data.pad_missing_fields).
+local function settings(m)
+  return m:config() or require("uvmrec.train").fill_defaults({})
 end
 
 function methods:features()
@@ -141,15 +166,22 @@ end
 -- or criteo-tsv / criteo-bin files (all of them; ids taken modulo the tables' rows as the
 -- model maps raw ids, so that day files convert reduced by other rows are refused as training
 -- refuses them; TSV lines of 15 to 39 fields padded when the training run padded them,
--- data.pad_missing_fields).  opts:
--- batch_size, samples (at most).  Returns loader options and a line saying what they are.
+-- data.pad_missing_fields).  The first two read the training run's config (uvmrec.config):
+-- a file without one is refused naming what needed it; Criteo files take training's defaults
+-- then.  opts: batch_size, samples (at most).  Returns loader options and a line saying what
+-- they are.
 function M.data(m, spec, opts)
   opts = opts or {}
   local train = require "uvmrec.train"
-  local cfg = m:config()
-  local rows = train.config.table_rows(cfg)
-  local bs = opts.batch_size or cfg.eval.batch_size
   if spec == nil or spec == "held-out" or spec:match("^synthetic:") then
+    local cfg, cerr = m:config()
+    if not cfg then
+      if spec and spec ~= "held-out" then return nil, ("%s, which --data %s needs"):format(cerr, spec) end
+      return nil, ("%s, which the training run's held-out samples need%s"):format(cerr,
+        m:info().input == "criteo" and "; --data criteo-tsv:PATH or criteo-bin:DIR needs none" or "")
+    end
+    local rows = train.config.table_rows(cfg)
+    local bs = opts.batch_size or cfg.eval.batch_size
     if spec and spec ~= "held-out" then cfg.data.train, cfg.data.eval = spec, "" end
     local d, err = train.data(cfg, rows)
     if not d then return nil, err end
@@ -168,8 +200,15 @@ function M.data(m, spec, opts)
   end
   local ok, src = pcall(require("uvmrec.data.loader").source, spec)
   if not ok then return nil, (tostring(src):gsub("^[^\n]-:%d+: ", "")) end
-  return { data = spec, batch_size = bs, depth = 2, epochs = 1, placement = "host", rows = train.load_rows(cfg, rows),
-           pad_missing_fields = cfg.data.pad_missing_fields }, spec
+  -- column k's ids modulo what the model takes feature Ck's modulo (its table's rows)
+  local rows, at = {}, {}
+  for f, name in ipairs(m:features()) do at[name] = f - 1 end
+  for k = 1, require("uvmrec.data").NUM_SPARSE do
+    rows[k] = at["C" .. k] and tonumber(C.ur_model_table_modulo(P(m), at["C" .. k])) or 0
+  end
+  local cfg = settings(m)
+  return { data = spec, batch_size = opts.batch_size or cfg.eval.batch_size, depth = 2, epochs = 1,
+           placement = "host", rows = rows, pad_missing_fields = cfg.data.pad_missing_fields }, spec
 end
 
 -- Scores loader options' batches: fn(batch, probabilities) for each; opts.samples stops after
@@ -203,15 +242,15 @@ function M.score(m, lopts, fn, opts)
   return n
 end
 
--- The metrics of model m on data (M.data's spec and opts; kinds: eval.metrics of its training
--- config): {auc, ne, logloss, accuracy, calibration, ctr, samples, seconds, what}, AUC exact
--- over every sample scored.
+-- The metrics of model m on data (M.data's spec and opts; kinds: opts.metrics, else eval.metrics
+-- of its training config): {auc, ne, logloss, accuracy, calibration, ctr, samples, seconds, what,
+-- metrics = the kinds}, AUC exact over every sample scored.
 function M.evaluate(m, spec, opts)
   opts = opts or {}
   local metrics = require "uvmrec.metrics"
   local lopts, what = M.data(m, spec, opts)
   if not lopts then return nil, what end
-  local cfg = m:config()
+  local cfg = settings(m) -- M.data refused data that needs the config where there is none
   local total = lopts.position and (lopts.samples - lopts.position.sample) or opts.samples or cfg.eval.samples
   local t0 = C.ur_clock_seconds()
   local mc = metrics.MetricCollection { metrics = opts.metrics or cfg.eval.metrics, batch_size = lopts.batch_size,
@@ -231,9 +270,10 @@ function M.evaluate(m, spec, opts)
   local v = assert(mc:values()).default
   local scope = total > 0 and v.window or v.lifetime
   mc:free()
+  local kinds = opts.metrics or cfg.eval.metrics
   local r = { samples = n, asked = total > 0 and n < total and total or nil, seconds = C.ur_clock_seconds() - t0,
-              what = what }
-  return require("uvmrec.train.evaluate").take(r, scope, opts.metrics or cfg.eval.metrics)
+              what = what, metrics = kinds }
+  return require("uvmrec.train.evaluate").take(r, scope, kinds)
 end
 
 return M
