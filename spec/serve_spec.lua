@@ -268,7 +268,9 @@ describe("uvmrec.serve", function()
       assert(data.npy_save(("%s/day_0_%s.npy"):format(dir, f[1]), t))
       t:free()
     end
-    local m = assert(serve.open(h.exported("tiny", { tables = "f32" }), { device = "cpu" }))
+    local path = h.exported("criteo", { tables = "f32" })
+    if not path then return pending("no Criteo fixture") end
+    local m = assert(serve.open(path, { device = "cpu" }))
     for _, opts in ipairs { {}, { samples = 10 } } do
       local r, err = serve.evaluate(m, "criteo-bin:" .. dir, opts)
       assert.is_nil(r)
@@ -607,6 +609,36 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     c, err, code = cmd.sh(exe .. " " .. h.exported("tiny", {}), "")
     assert.equal(2, code, c)
     assert.matches("takes synthetic input with 13 dense and 26 sparse features; serve reads Criteo lines", err)
+    cmd.rmdir(dir)
+  end)
+
+  it("refuses Criteo data for a model not trained on Criteo input, as serve.c does", function()
+    -- predict and eval scored Criteo lines with a model of synthetic input (its description's
+    -- input was not read), where serve.c refuses them
+    local tiny, criteo = h.exported("tiny", { tables = "int8" }), h.exported("criteo", { tables = "int8" })
+    if not criteo then return pending("no Criteo fixture") end
+    local sample = h.fixture("criteo_raw_sample.tsv")
+    local dir = cmd.tmpdir()
+    local days = dir
+    assert(ur.data.convert({ sample }, days, {}))
+    for _, spec in ipairs { "criteo-tsv:" .. sample, "criteo-bin:" .. days } do
+      local want = ("serve: %s takes synthetic input with 13 dense and 26 sparse features; %s is Criteo data "
+        .. "(13 and 26)"):format(tiny, spec)
+      local out, err, code = cmd.run(("predict %s --data %s --out %s/p.txt --cpu"):format(tiny, spec, dir))
+      assert.equal(1, code, out)
+      assert.equal("uvmrec predict: " .. want .. "\n", err)
+      assert.is_false(cmd.exists(dir .. "/p.txt"))
+      out, err, code = cmd.run(("eval %s --data %s --cpu"):format(tiny, spec))
+      assert.equal(1, code, out)
+      assert.equal("uvmrec eval: " .. want .. "\n", err)
+      local m = assert(serve.open(tiny, { device = "cpu" }))
+      assert.same({ nil, want }, { serve.data(m, spec) })
+      m:close()
+      -- a model of Criteo input takes them
+      out, err, code = cmd.run(("predict %s --data %s --samples 3 --cpu"):format(criteo, spec))
+      assert.equal(0, code, err)
+      assert.equal(3, select(2, out:gsub("\n", "")))
+    end
     cmd.rmdir(dir)
   end)
 

@@ -198,12 +198,20 @@ function M.data(m, spec, opts)
       spec or cfg.data.train, o.position.sample, o.samples - 1) or (spec or cfg.data.eval)
     return o, what
   end
-  local ok, src = pcall(require("uvmrec.data.loader").source, spec)
-  if not ok then return nil, (tostring(src):gsub("^[^\n]-:%d+: ", "")) end
-  -- column k's ids modulo what the model takes feature Ck's modulo (its table's rows)
+  local src, serr = require("uvmrec.data.loader").parse_source(spec)
+  if not src then return nil, serr end
+  -- Criteo data only for a model trained on Criteo input, as engine/examples/serve.c takes
+  -- Criteo lines: a model of synthetic input takes ids as rows (no modulo), so Criteo's ids
+  -- fall outside its tables, or score as rows they never were
+  local D, info = require("uvmrec.data"), m:info()
+  if info.input ~= "criteo" or info.num_dense ~= D.NUM_DENSE or info.num_features ~= D.NUM_SPARSE then
+    return nil, ("serve: %s takes %s input with %d dense and %d sparse features; %s is Criteo data (%d and %d)")
+      :format(m:path(), info.input, info.num_dense, info.num_features, spec, D.NUM_DENSE, D.NUM_SPARSE)
+  end
+  -- column k's ids taken modulo feature Ck's table modulo (its rows), as the model maps them
   local rows, at = {}, {}
   for f, name in ipairs(m:features()) do at[name] = f - 1 end
-  for k = 1, require("uvmrec.data").NUM_SPARSE do
+  for k = 1, D.NUM_SPARSE do
     rows[k] = at["C" .. k] and tonumber(C.ur_model_table_modulo(P(m), at["C" .. k])) or 0
   end
   local cfg = settings(m)
