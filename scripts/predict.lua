@@ -24,10 +24,11 @@ local m, err = serve.open(o.model, { device = o.cpu and "cpu" or nil, placement 
 if not m then cmd:fail(err) end
 local lopts, what = serve.data(m, o.data, { batch_size = o.batch_size, samples = o.samples })
 if not lopts then cmd:fail(what) end
--- A file is written beside itself and renamed when every sample scored: a run that fails half
+-- A file is written beside itself, under a name of its own (never a fixed one, which could be
+-- another file's: the model's), and renamed when every sample scored: a run that fails half
 -- way leaves no file that looks like an answer (nor changes one that was there).
-local out, tmp = io.stdout, o.out and o.out .. ".tmp"
-if tmp then
+local out, tmp = io.stdout, nil
+if o.out then
   -- a folder there, or none to hold it, would refuse the scores only after the work
   local lib = require "uvmrec.lib"
   local can, why = lib.file_target(o.out)
@@ -35,9 +36,14 @@ if tmp then
   if lib.same_file(o.out, o.model) then
     cmd:fail(("--out %s is the model file it scores with; give another file"):format(o.out))
   end
-  local ferr
+  local terr, ferr
+  tmp, terr = lib.temp_file(o.out)
+  if not tmp then cmd:fail(("--out %s: %s"):format(o.out, terr)) end
   out, ferr = io.open(tmp, "w")
-  if not out then cmd:fail(("--out %s: %s"):format(o.out, ferr)) end
+  if not out then
+    os.remove(tmp)
+    cmd:fail(("--out %s: %s"):format(o.out, ferr))
+  end
 end
 -- The loader reads files in whole batches: the last may go past --samples.
 local written = 0

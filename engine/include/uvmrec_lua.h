@@ -33,6 +33,10 @@ UR_API int32_t ur_path_kind(const char *path);      /* 0 missing, 1 file, 2 dire
 /* A file written whole: data[len] into a temporary file beside path, synced, renamed onto path
  * and the folder synced, so path holds the old bytes or the new ones, also after a crash. */
 UR_API ur_status ur_file_write(const char *path, const void *data, uint64_t len);
+/* A file written a part at a time: a new empty file beside path, named path.tmp-XXXXXX as
+ * ur_file_write's (unique, so no file of the caller's is taken for it), its name into buf[len]
+ * (len at least strlen(path) + 12); the caller fills it, then renames it onto path or removes it. */
+UR_API ur_status ur_file_temp(const char *path, char *buf, uint64_t len);
 /* A terminal's width in columns (80 when the terminal does not say), or 0 when fd is not a
  * terminal: a progress bar on a terminal, plain lines on a pipe. */
 UR_API int32_t ur_term_columns(int32_t fd);

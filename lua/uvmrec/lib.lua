@@ -135,6 +135,15 @@ function M.read_file(path)
   return text
 end
 
+-- A new empty file beside path for what is to replace it (ur_file_temp: path.tmp-XXXXXX, a name
+-- no other file has): its name, or nil and why.  Renamed onto path once whole, else removed.
+function M.temp_file(path)
+  local buf = ffi.new("char[?]", #path + 12)
+  local ok, err = M.check(C.ur_file_temp(path, buf, #path + 12))
+  if not ok then return nil, err end
+  return ffi.string(buf)
+end
+
 -- The CRC32C of string s as 8 hex digits, as the safetensors files keep theirs (ur_crc32c).
 function M.crc32c(s) return ("%08x"):format(C.ur_crc32c(0, s, #s)) end
 

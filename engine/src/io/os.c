@@ -109,20 +109,47 @@ ur_status ur__sync_dir(const char *path, const char *what) {
   return s;
 }
 
+/* A new file beside path for what will replace it: path.tmp-XXXXXX, a name no other writer has
+ * (mkostemp), open for writing in *fd; *tmp (malloc'd) its name. */
+static ur_status temp_beside(const char *path, char **tmp, int *fd) {
+  size_t n = strlen(path);
+  *tmp = malloc(n + 16);
+  if (!*tmp) return ur__error(UR_STATUS_OOM, "file: out of host memory");
+  snprintf(*tmp, n + 16, "%s.tmp-XXXXXX", path);
+  *fd = mkostemp(*tmp, O_CLOEXEC);
+  if (*fd >= 0) return UR_STATUS_OK;
+  ur_status s = ur__error(UR_STATUS_IO, "file: cannot create %s (a temporary file beside it): %s", path,
+                          strerror(errno));
+  free(*tmp);
+  *tmp = NULL;
+  return s;
+}
+
+ur_status ur_file_temp(const char *path, char *buf, uint64_t len) {
+  UR__ARGS(path, buf);
+  if (len < strlen(path) + 12)
+    return ur__error(UR_STATUS_INVALID, "file: a buffer of %llu bytes for the temporary name beside %s; "
+                     "expected at least %zu", (unsigned long long)len, path, strlen(path) + 12);
+  char *tmp;
+  int fd;
+  ur_status s = temp_beside(path, &tmp, &fd);
+  if (s) return s;
+  /* 0644, as ur_file_write's */
+  if (fchmod(fd, 0644)) s = ur__error(UR_STATUS_IO, "file: setting the mode of %s: %s", tmp, strerror(errno));
+  if (close(fd) && !s) s = ur__error(UR_STATUS_IO, "file: closing %s: %s", tmp, strerror(errno));
+  if (s) unlink(tmp);
+  else snprintf(buf, len, "%s", tmp);
+  free(tmp);
+  return s;
+}
+
 ur_status ur_file_write(const char *path, const void *data, uint64_t len) {
   UR__ARGS(path);
   if (len && !data) return ur__null(__func__, "data");
-  size_t n = strlen(path);
-  char *tmp = malloc(n + 16);
-  if (!tmp) return ur__error(UR_STATUS_OOM, "file: out of host memory");
-  snprintf(tmp, n + 16, "%s.tmp-XXXXXX", path);
-  int fd = mkostemp(tmp, O_CLOEXEC);
-  ur_status s = UR_STATUS_OK;
-  if (fd < 0) {
-    s = ur__error(UR_STATUS_IO, "file: cannot create %s (a temporary file beside it): %s", path, strerror(errno));
-    free(tmp);
-    return s;
-  }
+  char *tmp;
+  int fd;
+  ur_status s = temp_beside(path, &tmp, &fd);
+  if (s) return s;
   const char *p = data;
   for (uint64_t done = 0; done < len && !s;) {
     ssize_t w = write(fd, p + done, len - done);
