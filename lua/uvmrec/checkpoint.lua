@@ -100,7 +100,8 @@ end
 -- nil, or why the file's tensors `names` may not be loaded: the first whose bytes do not match
 -- the checksum written with them (a corrupted file), or, unless opts.allow_nonfinite, that
 -- holds a NaN or an infinity, named with its first bad element (row and column of a 2-D
--- tensor).  Each is read from the file once, a chunk at a time, before anything is written.
+-- tensor) and opts.refusal (default: that it is refused, and how a load takes it anyway).
+-- Each is read from the file once, a chunk at a time, before anything is written.
 local bad_at = ffi.new("int64_t[1]")
 function file_methods:verify(names, opts)
   local p = F(self)
@@ -117,8 +118,8 @@ function file_methods:verify(names, opts)
       if #info.shape == 2 then
         where = ("element %d (row %d, column %d)"):format(bad, math.floor(bad / info.shape[2]), bad % info.shape[2])
       end
-      return ("checkpoint %s: tensor '%s' holds NaN or infinity at %s; refused (load with "
-        .. "allow_nonfinite, --allow-nonfinite, to take it as it is)"):format(self:path(), name, where)
+      return ("checkpoint %s: tensor '%s' holds NaN or infinity at %s; %s"):format(self:path(), name, where,
+        opts and opts.refusal or "refused (load with allow_nonfinite, --allow-nonfinite, to take it as it is)")
     end
   end
   return nil

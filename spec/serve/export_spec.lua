@@ -446,6 +446,54 @@ with safe_open(sys.argv[1], "np") as f:
     cmd.rmdir(dir)
   end)
 
+  it("refuses a checkpoint whose dense weights hold NaN or infinity, naming it, the tensor and the element, "
+     .. "publishing nothing", function()
+    -- a run with train.nonfinite=off saves what it trained: such a file exported "ok", and the
+    -- engine then refused the model ("a file changed after export?")
+    local t = h.trained("tiny")
+    local dir = cmd.tmpdir()
+    local src = assert(require("uvmrec.train").checkpoint_file(t.run))
+    local function poisoned(name, at, bytes, tag)
+      local text = assert(cmd.slurp(src))
+      local info = assert(assert(ck.open(src)):info(name))
+      local o = info.offset + at
+      text = text:sub(1, o) .. bytes .. text:sub(o + #bytes + 1)
+      local path = ("%s/%s.safetensors"):format(dir, tag)
+      cmd.spit(path, h.restamp(text, name, info))
+      return path
+    end
+    local nan32, inf32 = string.char(0, 0, 0xc0, 0x7f), string.char(0, 0, 0x80, 0xff)
+    local bias = poisoned("dense.bottom.1.bias", 4 * 5, nan32, "bias")
+    local r, err = export.run(bias, { out = dir .. "/m.safetensors" })
+    assert.is_nil(r)
+    assert.equal(("export: checkpoint %s: tensor 'dense.bottom.1.bias' holds NaN or infinity at element 5; a model "
+      .. "file holds finite weights only (the engine refuses one that does not)"):format(bias), err)
+    assert.equal("bias.safetensors\n", (cmd.sh("ls " .. cmd.quote(dir))), "nothing published")
+    local w = poisoned("dense.top.1.weight", 4 * (2 * 368 + 3), inf32, "w")
+    r, err = export.run(w, { out = dir .. "/m.safetensors", dense = "bf16" })
+    assert.is_nil(r)
+    assert.equal(("export: checkpoint %s: tensor 'dense.top.1.weight' holds NaN or infinity at element 739 (row 2, "
+      .. "column 3); a model file holds finite weights only (the engine refuses one that does not)"):format(w), err)
+    assert.is_false(cmd.exists(dir .. "/m.safetensors"), "nothing published")
+    -- finite in f32, infinite once rounded to bf16 (past its largest, 3.3895e38)
+    local big = poisoned("dense.top.1.weight", 4 * 7, string.char(0xff, 0xff, 0x7f, 0x7f), "big")
+    r, err = export.run(big, { out = dir .. "/m.safetensors", dense = "bf16" })
+    assert.is_nil(r)
+    assert.equal(("export: checkpoint %s: tensor 'dense.top.1.weight' at element 7 (row 0, column 7) is "
+      .. "3.40282347e+38, beyond bf16's range (--dense bf16); a model file holds finite weights only"):format(big), err)
+    assert.is_false(cmd.exists(dir .. "/m.safetensors"), "nothing published")
+    assert(export.run(big, { out = dir .. "/m.safetensors" })) -- f32 holds it
+    -- a table's, found as its rows are quantized, names the checkpoint too (it named the table alone)
+    os.remove(dir .. "/m.safetensors")
+    local tab = poisoned("embeddings.C4", 4 * 17, nan32, "tab")
+    r, err = export.run(tab, { out = dir .. "/m.safetensors", tables = "f32" })
+    assert.is_nil(r)
+    assert.equal(("export: checkpoint %s: table C4: rows quantize: row 1 holds a value that is not finite"):format(tab),
+                 err)
+    assert.is_false(cmd.exists(dir .. "/m.safetensors"), "nothing published")
+    cmd.rmdir(dir)
+  end)
+
   h.mpi_it("refuses a shard whose table bytes do not match their checksum, publishing nothing", function()
     local dir = cmd.tmpdir()
     local _, terr, code = cmd.sh(("%s launch -n 2 train dlrm_tiny --cpu --steps 2 --out %s/run --progress none "

@@ -171,16 +171,20 @@ function M.run(source, opts)
   end
 
   -- the dense weights are taken whole from the file's pages: their bytes are checked against
-  -- their checksums first (the tables' are checked as their blocks are read, in order)
+  -- their checksums first (the tables' are checked as their blocks are read, in order), and
+  -- their values: a run with train.nonfinite=off saves a NaN it trained into, which no model
+  -- file may hold (the engine refuses to open one), so none is written
   local dense_names = {}
   for _, n in ipairs(names) do
     if n:match("^dense%.") then dense_names[#dense_names + 1] = n end
   end
-  local bad = f:verify(dense_names, { allow_nonfinite = true })
+  local finite_only = "a model file holds finite weights only"
+  local bad = f:verify(dense_names, { refusal = finite_only .. " (the engine refuses one that does not)" })
   if bad then return fail(bad) end
   -- A tensor the config expects that the file lacks (a dcnv2 config of more cross layers than
-  -- were trained) is refused below, naming what expects it; it raised a Lua error here.
-  local missing
+  -- were trained) is refused below, naming what expects it; it raised a Lua error here.  A
+  -- finite f32 weight beyond bf16's range rounds to infinity in a bf16 copy: refused too.
+  local missing, overflow
   local function dense(name, expected_by)
     if not f:info(name) then
       missing = missing or { name = name, by = expected_by }
@@ -189,6 +193,14 @@ function M.run(source, opts)
     local v = assert(f:view(name))
     keep[#keep + 1] = v
     tensors[name] = dense_dtype == "bf16" and bf16_of(v) or v
+    local at = not overflow and dense_dtype == "bf16" and tensors[name]:find_nonfinite()
+    if at then
+      local where = ("element %d"):format(at)
+      local cols = v:dim() == 2 and v:size(2)
+      if cols then where = ("%s (row %d, column %d)"):format(where, math.floor(at / cols), at % cols) end
+      overflow = ("checkpoint %s: tensor '%s' at %s is %.9g, beyond bf16's range (--dense bf16); %s"):format(
+        path, name, where, v[at], finite_only)
+    end
     return name
   end
   local function mlp(prefix, relu_last)
@@ -233,6 +245,7 @@ function M.run(source, opts)
   if missing then
     return fail(("%s has no tensor '%s'; its config expects it (%s)"):format(path, missing.name, missing.by))
   end
+  if overflow then return fail(overflow) end
   -- and one it holds that the config leaves out (model.cross_layers 1 of a run trained with 2)
   -- would leave a layer out of every score
   for _, n in ipairs(dense_names) do
@@ -365,7 +378,7 @@ function M.run(source, opts)
         end
         if ok then
           ok, why, part_err = pcall(qtbe.quantize, src, t.format, row0, stored)
-          if not ok then why = ("table %s: %s"):format(name, tostring(why)) end
+          if not ok then why = ("checkpoint %s: table %s: %s"):format(path, name, tostring(why)) end
         end
         if ok then ok, why = w:put(t.weights, stored) end
         src:free()
