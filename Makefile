@@ -153,6 +153,14 @@ $(MC_OOM): spec/support/mc_oom.c $(BUILD)/lib/libuvmrec.a
 	$(CC) -std=c11 -O1 -g -D_GNU_SOURCE $(WARN) $(SANFLAGS) -Iengine/include -Iengine/src $< \
 	  $(BUILD)/lib/libuvmrec.a -Wl,--wrap=ur__cpu -Wl,--wrap=malloc -Wl,--wrap=calloc $(ENGINE_LIBS) -o $@
 
+# A served model's allocations refused by size (spec/serve_spec.lua): the engine linked with
+# posix_memalign (the CPU backend's allocator) wrapped, every allocation over a limit failing.
+MODEL_OOM := $(BUILD)/bin/model_oom
+$(MODEL_OOM): spec/support/model_oom.c $(BUILD)/lib/libuvmrec.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O1 -g -D_GNU_SOURCE $(WARN) $(SANFLAGS) -Iengine/include -Iengine/src $< \
+	  $(BUILD)/lib/libuvmrec.a -Wl,--wrap=posix_memalign $(ENGINE_LIBS) -o $@
+
 # The FFI declarations come from the marked blocks of the public header and of the Lua host's
 # header (its support functions), so they cannot drift.
 $(CDEF): engine/include/uvmrec.h engine/include/uvmrec_lua.h
@@ -319,7 +327,7 @@ dist: all $(DIST_BINS) $(DIST_CHECKS) $(DIST_CUDA_BINS) $(DIST_CUDA_LIBS)
 	@mib=$$(du -sm dist | cut -f1); echo "dist: $$mib MiB in dist/"; \
 	  [ $$mib -le $(DIST_MAX_MIB) ] || { echo "dist: over $(DIST_MAX_MIB) MiB"; exit 1; }
 
-test: all $(CAPI_NULLS) $(KEY_ORDER) $(CACHE_DROP) $(MC_OOM) fuzz-build
+test: all $(CAPI_NULLS) $(KEY_ORDER) $(CACHE_DROP) $(MC_OOM) $(MODEL_OOM) fuzz-build
 	@$(RUN_ENV) $(LUAJIT) spec/run.lua $(SPEC)
 
 test-gpu: all

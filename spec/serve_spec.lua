@@ -464,6 +464,26 @@ describe("uvmrec.serve", function()
     cmd.rmdir(dir)
   end)
 
+  it("grows a context to the batch itself when twice its last batch cannot be had", function()
+    -- build/bin/model_oom (spec/support/model_oom.c): the engine with every host allocation over a
+    -- size failing.  A context warmed at 1000 samples asked 1001 grew to 2000 or failed, where a
+    -- fresh one scores 1001
+    local p = h.test_program("model_oom")
+    if not p then return end
+    local path = h.exported("tiny", { tables = "int8" })
+    local out, err, code = cmd.sh(("%s %s grow 1000"):format(p, cmd.quote(path)))
+    assert.equal(0, code, out .. err)
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.equal("fresh B+1: 0 ok", lines[1])
+    assert.equal("B: 0 ok", lines[3])
+    assert.equal("B+1: 0 ok", lines[4])
+    -- over what B + 1 took: refused; the buffers stay as they were
+    assert.matches("^B%+2: %-2 ", lines[5])
+    assert.equal("B+1 again: 0 ok", lines[6])
+    assert.equal("B again: 0 ok", lines[7])
+  end)
+
   it("places the tables where it is told, and reads the same from each placement on the CPU", function()
     local path = h.exported("tiny", { tables = "int4" })
     local a = assert(serve.open(path, { device = "cpu", placement = "host" }))

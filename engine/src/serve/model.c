@@ -771,26 +771,52 @@ static ur_status new_buffer(const ur_model *m, ur_tensor **t, ur_dtype dtype, in
   return UR_STATUS_OK;
 }
 
-/* c's buffers for batch samples and nvals ids.  cap and nvals only grow with every buffer they
- * size: a growth that failed for memory left each buffer at least as large as they say, so a
- * later request that fits them (an empty one too) runs, and one that does not tries again. */
+/* *t, when it holds fewer than n elements (a growth that failed may have left it larger than
+ * the context's cap says), replaced by a buffer of n. */
+static ur_status at_least(const ur_model *m, ur_tensor **t, ur_dtype dtype, int64_t n) {
+  return *t && ur_tensor_numel(*t) >= n ? UR_STATUS_OK : new_buffer(m, t, dtype, n);
+}
+
+/* c's buffers for cap samples, cap its new size when each is had. */
+static ur_status samples_cap(const ur_model *m, ctx *c, int64_t cap) {
+  ur_status st;
+  if (!(st = at_least(m, &c->act, m->dt, cap * m->per_row)) &&
+      !(st = at_least(m, &c->f32, UR_DTYPE_F32, cap * (m->num_dense + 2) + 3 * ALIGN_ELEMS)))
+    c->cap = cap;
+  return st;
+}
+
+/* c's buffers for cap ids, nvals its new size when each is had; one at least: a request of no
+ * ids has views of both too. */
+static ur_status ids_cap(const ur_model *m, ctx *c, int64_t cap) {
+  ur_status st;
+  if (cap < 1) cap = 1;
+  if (!(st = at_least(m, &c->values, UR_DTYPE_I64, cap)) && !(st = at_least(m, &c->weights, UR_DTYPE_F32, cap)))
+    c->nvals = cap;
+  return st;
+}
+
+/* c's buffers for batch samples and nvals ids.  Each grows to twice its last size (a batch that
+ * grows a little at a time takes few growths) or, where that much cannot be had, to the
+ * request's own: a context is never refused what a fresh one would be given.  cap and nvals
+ * only grow with every buffer they size: a growth that failed for memory left each buffer at
+ * least as large as they say, so a later request that fits them (an empty one too) runs, and
+ * one that does not tries again. */
 static ur_status ensure(const ur_model *m, ctx *c, int64_t batch, int64_t nvals, int need_ids) {
   ur_status st = UR_STATUS_OK;
   if (batch > c->cap) {
     int64_t cap = batch > 2 * c->cap ? batch : 2 * c->cap;
-    if (!(st = new_buffer(m, &c->act, m->dt, cap * m->per_row)) &&
-        !(st = new_buffer(m, &c->f32, UR_DTYPE_F32, cap * (m->num_dense + 2) + 3 * ALIGN_ELEMS)))
-      c->cap = cap;
+    st = samples_cap(m, c, cap);
+    if (st == UR_STATUS_OOM && cap > batch) st = samples_cap(m, c, batch);
   }
-  if (!st && need_ids && (!c->offsets || ur_tensor_numel(c->offsets) < c->cap * m->F + 1))
+  if (!st && need_ids && (!c->offsets || ur_tensor_numel(c->offsets) < batch * m->F + 1)) {
     st = new_buffer(m, &c->offsets, UR_DTYPE_I64, c->cap * m->F + 1);
-  /* a request of no ids has views of both too */
+    if (st == UR_STATUS_OOM && c->cap > batch) st = new_buffer(m, &c->offsets, UR_DTYPE_I64, batch * m->F + 1);
+  }
   if (!st && need_ids && (nvals > c->nvals || !c->values || !c->weights)) {
     int64_t cap = nvals > 2 * c->nvals ? nvals : 2 * c->nvals;
-    if (cap < 1) cap = 1;
-    if (!(st = new_buffer(m, &c->values, UR_DTYPE_I64, cap)) &&
-        !(st = new_buffer(m, &c->weights, UR_DTYPE_F32, cap)))
-      c->nvals = cap;
+    st = ids_cap(m, c, cap);
+    if (st == UR_STATUS_OOM && cap > nvals) st = ids_cap(m, c, nvals);
   }
   return st;
 }

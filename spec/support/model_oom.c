@@ -1,0 +1,132 @@
+/* model_oom.c: a served model's host allocations refused by their size (engine/src/serve/model.c):
+ * the engine linked with posix_memalign wrapped (the CPU backend's allocator, core/backend_cpu.c),
+ * so that while a limit is set every allocation of more bytes fails.  spec/serve_spec.lua reads
+ * the lines.
+ *   model_oom MODEL open LIMIT  opens MODEL under LIMIT: "open: STATUS MESSAGE"
+ *   model_oom MODEL grow B      a model's context warmed at B samples, then asked for B + 1 under
+ *                               the largest allocation a fresh context's B + 1 made ("fresh N"),
+ *                               then B + 2 (over it), then B + 1 and B again:
+ *                               "B+1: STATUS MESSAGE", ... and "refused K". */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "uvmrec.h"
+
+int __real_posix_memalign(void **p, size_t align, size_t n);
+
+static size_t limit;   /* 0: none */
+static size_t largest; /* of the allocations made since reset */
+static long long refused;
+
+int __wrap_posix_memalign(void **p, size_t align, size_t n) {
+  if (limit && n > limit) {
+    refused++;
+    return 12; /* ENOMEM */
+  }
+  if (n > largest) largest = n;
+  return __real_posix_memalign(p, align, n);
+}
+
+static ur_model *open_model(const char *path) {
+  ur_model_options o;
+  ur_model_options_init(&o);
+  o.device = -1;
+  o.max_callers = 1; /* one context, the one warmed */
+  ur_model *m = NULL;
+  if (ur_model_open(&m, path, &o)) {
+    printf("open: %s\n", ur_last_error());
+    exit(1);
+  }
+  return m;
+}
+
+/* A request of b samples, one id a feature (row 1: every table has one), made before any limit. */
+typedef struct request {
+  ur_tensor *dense, *scores;
+  ur_kjt *kjt;
+} request;
+
+static void make(ur_model *m, int64_t b, request *r) {
+  ur_model_props p;
+  ur_model_info(m, &p);
+  int64_t ds[2] = {b, p.num_dense}, n = b * p.num_features;
+  const char *keys[4096];
+  ur_tensor *v = NULL, *l = NULL;
+  for (int32_t k = 0; k < p.num_features; k++) keys[k] = ur_model_feature_name(m, k);
+  if (ur_tensor_new(&r->dense, UR_DTYPE_F32, 2, ds, UR_PLACE_HOST, UR_LOC_CPU) ||
+      ur_tensor_new(&r->scores, UR_DTYPE_F32, 1, &b, UR_PLACE_HOST, UR_LOC_CPU) ||
+      ur_tensor_new(&v, UR_DTYPE_I64, 1, &n, UR_PLACE_HOST, UR_LOC_CPU) ||
+      ur_tensor_new(&l, UR_DTYPE_I32, 1, &n, UR_PLACE_HOST, UR_LOC_CPU)) {
+    printf("request: %s\n", ur_last_error());
+    exit(1);
+  }
+  float *d = ur_tensor_data(r->dense);
+  for (int64_t i = 0; i < b * p.num_dense; i++) d[i] = 0.5f;
+  int64_t *ids = ur_tensor_data(v);
+  int32_t *len = ur_tensor_data(l);
+  for (int64_t i = 0; i < n; i++) {
+    ids[i] = 1;
+    len[i] = 1;
+  }
+  if (ur_kjt_new(&r->kjt, p.num_features, keys, b, NULL, v, l, NULL, NULL, 1)) {
+    printf("request: %s\n", ur_last_error());
+    exit(1);
+  }
+  ur_tensor_free(v);
+  ur_tensor_free(l);
+}
+
+static void drop(request *r) {
+  ur_tensor_free(r->dense);
+  ur_tensor_free(r->scores);
+  ur_kjt_free(r->kjt);
+}
+
+static void ask(ur_model *m, const char *what, const request *r) {
+  ur_status st = ur_model_predict(m, r->dense, r->kjt, r->scores);
+  printf("%s: %d %s\n", what, (int)st, st ? ur_last_error() : "ok");
+}
+
+int main(int argc, char **argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: model_oom MODEL open LIMIT | grow B\n");
+    return 2;
+  }
+  if (!strcmp(argv[2], "open")) {
+    ur_model_close(open_model(argv[1])); /* the library's one-time allocations, made unlimited */
+    ur_model_options o;
+    ur_model_options_init(&o);
+    o.device = -1;
+    ur_model *m = NULL;
+    limit = (size_t)atoll(argv[3]);
+    ur_status st = ur_model_open(&m, argv[1], &o);
+    limit = 0;
+    printf("open: %d %s\n", (int)st, st ? ur_last_error() : "ok");
+    ur_model_close(m);
+    return 0;
+  }
+  int64_t b = atoll(argv[3]);
+  ur_model *fresh = open_model(argv[1]), *m = open_model(argv[1]);
+  request r0, r1, r2;
+  make(m, b, &r0);
+  make(m, b + 1, &r1);
+  make(m, b + 2, &r2);
+  largest = 0;
+  ask(fresh, "fresh B+1", &r1);
+  size_t fits = largest;
+  printf("fresh %zu\n", fits);
+  ask(m, "B", &r0);
+  limit = fits;
+  ask(m, "B+1", &r1);
+  ask(m, "B+2", &r2);
+  ask(m, "B+1 again", &r1);
+  ask(m, "B again", &r0);
+  limit = 0;
+  printf("refused %lld\n", refused);
+  drop(&r0);
+  drop(&r1);
+  drop(&r2);
+  ur_model_close(fresh);
+  ur_model_close(m);
+  return 0;
+}
