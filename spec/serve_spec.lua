@@ -484,6 +484,28 @@ describe("uvmrec.serve", function()
     assert.equal("B again: 0 ok", lines[7])
   end)
 
+  it("names the model file, what it could not place, its bytes and the batch when host memory runs out", function()
+    -- the allocator's message came alone ("tensor: host allocation of N bytes failed"), for a
+    -- context's buffers and for the tables and weights placed when the file is opened
+    local p = h.test_program("model_oom")
+    if not p then return end
+    local path = h.exported("tiny", { tables = "int8" })
+    local out = cmd.sh(("%s %s grow 1000"):format(p, cmd.quote(path)))
+    local line = out:match("\nB%+2: ([^\n]*)")
+    local bytes = line:match("^%-2 model file .-: a context's activations %((%d+) bytes%) for a batch of 1002 samples: "
+      .. "tensor: host allocation of (%d+) bytes failed$")
+    assert.truthy(bytes, line)
+    assert.truthy(line:find("model file " .. path .. ":", 1, true), line)
+    assert.is_true(tonumber(bytes) > tonumber(out:match("\nfresh (%d+)\n")))
+    out = cmd.sh(("%s %s open 150000"):format(p, cmd.quote(path)))
+    assert.equal(("open: -2 model file %s: qtbe: table 'C16' (10000 rows, int8, 200000 bytes in host memory): "
+      .. "tensor: host allocation of 200000 bytes failed\n"):format(path), out)
+    local int2 = h.exported("tiny", { tables = "int2" })
+    out = cmd.sh(("%s %s open 90000"):format(p, cmd.quote(int2)))
+    assert.equal(("open: -2 model file %s: tensor 'dense.top.1.weight' (f32 [64, 368], 94208 bytes): tensor: host "
+      .. "allocation of 94208 bytes failed\n"):format(int2), out)
+  end)
+
   it("places the tables where it is told, and reads the same from each placement on the CPU", function()
     local path = h.exported("tiny", { tables = "int4" })
     local a = assert(serve.open(path, { device = "cpu", placement = "host" }))

@@ -317,8 +317,12 @@ static ur_status alloc_rows(ur_qtbe *q, int32_t i) {
   int64_t shape[2] = {c->rows, c->format == UR_QFORMAT_F32 ? c->dim
                                : c->format == UR_QFORMAT_F16 ? c->dim : rb};
   ur_status st = ur_tensor_new(&q->rows[i], format_dtype(c->format), 2, shape, p, dev);
-  if (!st) st = ur_tensor_fill(NULL, q->rows[i], 0);
-  if (st) return st;
+  if (st) /* the allocator names the bytes alone */
+    return ur__error_cause(st, "qtbe: table '%s' (%lld rows, %s, %lld bytes in %s memory)",
+                           q->names.tnames[i], (long long)c->rows, ur_qformat_name(c->format),
+                           (long long)(shape[0] * shape[1] * (int64_t)ur_dtype_size(format_dtype(c->format))),
+                           ur_place_name(p));
+  if ((st = ur_tensor_fill(NULL, q->rows[i], 0))) return st;
   ur__qtbe_table *d = &q->tables[i];
   d->rows = ur_tensor_data(q->rows[i]);
   d->perm = NULL;

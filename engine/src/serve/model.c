@@ -189,10 +189,15 @@ static ur_status load_dense(ur_model *m, const reader *r, const char *name, ur_t
   int32_t i = ur_safetensors_find(r->f, name);
   ur_safetensors_entry e;
   ur_status st = ur_safetensors_entry_get(r->f, i, &e);
-  if (!st)
-    st = ur_tensor_new(out, (ur_dtype)e.dtype, e.ndim, e.shape, m->place,
-                       m->place == UR_PLACE_DEVICE ? m->opts.device : UR_LOC_CPU);
-  if (!st) st = ur_safetensors_load(NULL, r->f, 1, &name, out, 0);
+  if (st) return st;
+  if ((st = ur_tensor_new(out, (ur_dtype)e.dtype, e.ndim, e.shape, m->place,
+                          m->place == UR_PLACE_DEVICE ? m->opts.device : UR_LOC_CPU))) {
+    char shape[128];
+    ur__shape_text(e.ndim, e.shape, shape, sizeof shape);
+    return ur__error_cause(st, "model file %s: tensor '%s' (%s %s, %llu bytes)", r->path, name,
+                           ur_dtype_name((ur_dtype)e.dtype), shape, (unsigned long long)(e.end - e.begin));
+  }
+  st = ur_safetensors_load(NULL, r->f, 1, &name, out, 0);
   if (!st) m->props.dense_bytes += ur_tensor_nbytes(*out);
   return st;
 }
@@ -420,7 +425,10 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
                  : m->opts.device >= 0 ? UR_PLACE_DEVICE : UR_PLACE_HOST;
     for (int32_t t = 0; t < T; t++) tc[t].place = (ur_place)tp;
     ur_qtbe_config qc = {m->opts.device, (ur_tbe_bounds)m->opts.bounds, m->dt};
-    st = ur_qtbe_new(&m->qtbe, &qc, T, tc, F, ft, fn);
+    /* a table it could not place (memory, the device) names the file; a placement the options
+     * cannot have (device tables on the CPU) is the caller's misuse, named as the option */
+    if ((st = ur_qtbe_new(&m->qtbe, &qc, T, tc, F, ft, fn)) && st != UR_STATUS_INVALID)
+      st = ur__error_cause(st, "model file %s", r->path);
     m->features = calloc((size_t)F, sizeof(char *));
     m->modulo = calloc((size_t)F, sizeof(int64_t));
     m->weighted = calloc((size_t)F, 1);
@@ -758,14 +766,23 @@ static void give_ctx(ur_model *m, ctx *c) {
   pthread_mutex_unlock(&m->lock);
 }
 
+/* The buffers of a context, for messages. */
+static const char *const BUFFER_NAMES[] = {"activations", "f32 buffer", "offsets", "ids", "weights"};
+enum { BUF_ACT, BUF_F32, BUF_OFFSETS, BUF_IDS, BUF_WEIGHTS };
+
 /* *t replaced by a buffer of n elements; when that cannot be had, *t is kept as it was, so a
  * growth that fails leaves the context's buffers as valid as before (for the while of a growth
- * the old buffer and the new are both held). */
-static ur_status new_buffer(const ur_model *m, ur_tensor **t, ur_dtype dtype, int64_t n) {
+ * the old buffer and the new are both held).  A failure names the model file, the buffer, its
+ * bytes and the batch that asked for it. */
+static ur_status new_buffer(const ur_model *m, ur_tensor **t, ur_dtype dtype, int64_t n, int which,
+                            int64_t batch) {
   ur_tensor *fresh = NULL;
   ur_status st = ur_tensor_new(&fresh, dtype, 1, &n, m->place,
                                m->place == UR_PLACE_DEVICE ? m->opts.device : UR_LOC_CPU);
-  if (st) return st;
+  if (st)
+    return ur__error_cause(st, "model file %s: a context's %s (%lld bytes) for a batch of %lld samples",
+                           ur_safetensors_path(m->file), BUFFER_NAMES[which],
+                           (long long)(n * (int64_t)ur_dtype_size(dtype)), (long long)batch);
   ur_tensor_free(*t);
   *t = fresh;
   return UR_STATUS_OK;
@@ -773,25 +790,27 @@ static ur_status new_buffer(const ur_model *m, ur_tensor **t, ur_dtype dtype, in
 
 /* *t, when it holds fewer than n elements (a growth that failed may have left it larger than
  * the context's cap says), replaced by a buffer of n. */
-static ur_status at_least(const ur_model *m, ur_tensor **t, ur_dtype dtype, int64_t n) {
-  return *t && ur_tensor_numel(*t) >= n ? UR_STATUS_OK : new_buffer(m, t, dtype, n);
+static ur_status at_least(const ur_model *m, ur_tensor **t, ur_dtype dtype, int64_t n, int which,
+                          int64_t batch) {
+  return *t && ur_tensor_numel(*t) >= n ? UR_STATUS_OK : new_buffer(m, t, dtype, n, which, batch);
 }
 
 /* c's buffers for cap samples, cap its new size when each is had. */
-static ur_status samples_cap(const ur_model *m, ctx *c, int64_t cap) {
+static ur_status samples_cap(const ur_model *m, ctx *c, int64_t cap, int64_t batch) {
   ur_status st;
-  if (!(st = at_least(m, &c->act, m->dt, cap * m->per_row)) &&
-      !(st = at_least(m, &c->f32, UR_DTYPE_F32, cap * (m->num_dense + 2) + 3 * ALIGN_ELEMS)))
+  if (!(st = at_least(m, &c->act, m->dt, cap * m->per_row, BUF_ACT, batch)) &&
+      !(st = at_least(m, &c->f32, UR_DTYPE_F32, cap * (m->num_dense + 2) + 3 * ALIGN_ELEMS, BUF_F32, batch)))
     c->cap = cap;
   return st;
 }
 
 /* c's buffers for cap ids, nvals its new size when each is had; one at least: a request of no
  * ids has views of both too. */
-static ur_status ids_cap(const ur_model *m, ctx *c, int64_t cap) {
+static ur_status ids_cap(const ur_model *m, ctx *c, int64_t cap, int64_t batch) {
   ur_status st;
   if (cap < 1) cap = 1;
-  if (!(st = at_least(m, &c->values, UR_DTYPE_I64, cap)) && !(st = at_least(m, &c->weights, UR_DTYPE_F32, cap)))
+  if (!(st = at_least(m, &c->values, UR_DTYPE_I64, cap, BUF_IDS, batch)) &&
+      !(st = at_least(m, &c->weights, UR_DTYPE_F32, cap, BUF_WEIGHTS, batch)))
     c->nvals = cap;
   return st;
 }
@@ -806,17 +825,18 @@ static ur_status ensure(const ur_model *m, ctx *c, int64_t batch, int64_t nvals,
   ur_status st = UR_STATUS_OK;
   if (batch > c->cap) {
     int64_t cap = batch > 2 * c->cap ? batch : 2 * c->cap;
-    st = samples_cap(m, c, cap);
-    if (st == UR_STATUS_OOM && cap > batch) st = samples_cap(m, c, batch);
+    st = samples_cap(m, c, cap, batch);
+    if (st == UR_STATUS_OOM && cap > batch) st = samples_cap(m, c, batch, batch);
   }
   if (!st && need_ids && (!c->offsets || ur_tensor_numel(c->offsets) < batch * m->F + 1)) {
-    st = new_buffer(m, &c->offsets, UR_DTYPE_I64, c->cap * m->F + 1);
-    if (st == UR_STATUS_OOM && c->cap > batch) st = new_buffer(m, &c->offsets, UR_DTYPE_I64, batch * m->F + 1);
+    st = new_buffer(m, &c->offsets, UR_DTYPE_I64, c->cap * m->F + 1, BUF_OFFSETS, batch);
+    if (st == UR_STATUS_OOM && c->cap > batch)
+      st = new_buffer(m, &c->offsets, UR_DTYPE_I64, batch * m->F + 1, BUF_OFFSETS, batch);
   }
   if (!st && need_ids && (nvals > c->nvals || !c->values || !c->weights)) {
     int64_t cap = nvals > 2 * c->nvals ? nvals : 2 * c->nvals;
-    st = ids_cap(m, c, cap);
-    if (st == UR_STATUS_OOM && cap > nvals) st = ids_cap(m, c, nvals);
+    st = ids_cap(m, c, cap, batch);
+    if (st == UR_STATUS_OOM && cap > nvals) st = ids_cap(m, c, nvals, batch);
   }
   return st;
 }
