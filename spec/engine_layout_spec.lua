@@ -107,6 +107,21 @@ describe("the engine's layout", function()
     end
   end)
 
+  it("does not build on a big-endian host, whose reads of its files in place would be wrong", function()
+    -- safetensors data, npy arrays and the quantized rows' f16 scale and bias are little-endian
+    -- and read in place: a big-endian build misread them without a word (the safetensors header
+    -- length alone is read byte by byte)
+    if not in_source_tree() then pending("not in a source tree") return end
+    local cmd = require "command"
+    local line = "echo '#include \"core/core.h\"' | cc -std=c11 -D_GNU_SOURCE -fsyntax-only -x c - "
+      .. "-Iengine/include -Iengine/src %s 2>&1"
+    local out, _, status = cmd.sh(line:format(""))
+    assert.equal(0, status, out)
+    out, _, status = cmd.sh(line:format("-U__BYTE_ORDER__ -D__BYTE_ORDER__=__ORDER_BIG_ENDIAN__"))
+    assert.is_not.equal(0, status)
+    assert.matches("uvmrec needs a little%-endian host", out)
+  end)
+
   it("says in each file's first line what the file is for", function()
     if not in_source_tree() then pending("not in a source tree") return end
     local bad = {}

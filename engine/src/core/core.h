@@ -21,6 +21,13 @@
 #endif
 #endif
 
+/* Files are read and written in place as little-endian: safetensors' data (checkpoints, model
+ * files), npy arrays, the quantized rows' f16 scale and bias (qtbe_plan.h).  A big-endian host
+ * would misread every one without a word, so the engine does not build there. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "uvmrec needs a little-endian host: it reads its files (safetensors, npy) in place as little-endian"
+#endif
+
 /* Errors: sets the thread-local message and returns status. */
 UR__HIDDEN ur_status ur__error(ur_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
