@@ -158,6 +158,26 @@ describe("uvmrec.qtbe on the GPU", function()
     require("command").rmdir(dir)
   end)
 
+  cuda_it("refuses a request in device memory to a model the CPU serves, naming the request's part", function()
+    -- it was refused by the first op that met it, naming the op ("linear forward: x is device
+    -- memory but w is host memory; ..."), or by the collection ("qtbe: values is in device memory")
+    local serve = require "uvmrec.serve"
+    local cpu = assert(serve.open(h.exported("tiny", { tables = "int8" }), { device = "cpu" }))
+    local keys, lengths = cpu:features(), {}
+    for i = 1, 2 * #keys do lengths[i] = 1 end
+    local values = {}
+    for i = 1, 2 * #keys do values[i] = 1 end
+    local dense = ur.tensor({ 2, 13 }):fill(0.5)
+    local sparse = ur.KJT{ keys = keys, values = values, lengths = lengths }
+    local want = "model: %s is in device memory (GPU 0), but the model is served by the CPU; expected host, "
+      .. "pinned or managed memory"
+    assert.same({ nil, want:format("dense") }, { cpu:predict(dense:to("device", 0), sparse) })
+    assert.same({ nil, want:format("the sparse features' values") }, { cpu:predict(dense, sparse:to("device", 0)) })
+    assert(cpu:predict(dense:to("managed", 0), sparse)) -- managed memory, which the CPU reads
+    assert.equal(2, cpu:info().failed)
+    cpu:close()
+  end)
+
   cuda_it("scores a request of no ids (every bag empty) from host memory on the GPU as on the CPU", function()
     -- a context's first such request had no buffer for the ids it copies (0 of them): the call
     -- failed on a NULL view

@@ -934,6 +934,19 @@ static ur_status check_request(const ur_model *m, const ur_tensor *dense, const 
     return ur__error(UR_STATUS_INVALID, "model: scores is %s of %lld elements; expected f32 of %lld",
                      ur_dtype_name(ur_tensor_dtype(scores)), (long long)ur_tensor_numel(scores),
                      (long long)b);
+  /* A model the CPU serves reads the request in place, which it cannot where the request is in
+   * device memory: refused here, naming it (the ops refused it later naming an op, "linear
+   * forward: x is device memory but w is host memory", or "qtbe: values is in device memory"). */
+  if (m->place == UR_PLACE_HOST) {
+    const ur_tensor *ts[4] = {dense, ur_kjt_values(sparse), ur_kjt_offsets(sparse), ur_kjt_weights(sparse)};
+    static const char *const names[4] = {"dense", "the sparse features' values",
+                                         "the sparse features' offsets", "the sparse features' weights"};
+    for (int k = 0; k < 4; k++)
+      if (ts[k] && ur_tensor_place(ts[k]) == UR_PLACE_DEVICE)
+        return ur__error(UR_STATUS_INVALID,
+                         "model: %s is in device memory (GPU %d), but the model is served by the CPU; "
+                         "expected host, pinned or managed memory", names[k], (int)ur_tensor_device(ts[k]));
+  }
   /* a KJT not known checked (made unchecked, or an op's result of one) is checked here, once:
    * each key's span, which the weights' check and the reordering read through, and its bags,
    * which the collection reads through its offsets (a GPU's kernels trust them) */
