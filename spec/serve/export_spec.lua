@@ -347,6 +347,33 @@ with safe_open(sys.argv[1], "np") as f:
     cmd.rmdir(dir)
   end)
 
+  it("refuses a checkpoint whose training config is missing or not JSON, naming the file, before writing", function()
+    -- one that was not JSON raised json's error through an assert, with a traceback ('export.lua:108:
+    -- json: unexpected token ...'); one without said 'is not a training checkpoint (uvmrec.format is 1)'
+    local t = h.trained("tiny")
+    local st = assert(ck.load(assert(require("uvmrec.train").checkpoint_file(t.run)), { placement = "host" }))
+    local dir = cmd.tmpdir()
+    local out = dir .. "/m.safetensors"
+    for _, c in ipairs {
+      { "none", nil, "its metadata has no uvmrec.config (the training run's config)" },
+      { "bad", '{"train":', "uvmrec.config is not JSON (json: unexpected token near end of file at byte 9)" },
+      { "five", "5", "uvmrec.config is not a JSON object" },
+    } do
+      st.meta["uvmrec.config"] = c[2]
+      local path = ("%s/%s.safetensors"):format(dir, c[1])
+      assert(ck.save(path, st))
+      local ran, none, err = pcall(export.run, path, { out = out })
+      refused_leaving_nothing(out, ran, none, err, "")
+      assert.equal(("export: checkpoint %s: %s"):format(path, c[3]), err)
+      local sout, serr, code = cmd.run(("export %s --out %s"):format(path, out))
+      assert.equal(1, code, sout)
+      assert.equal(("uvmrec export: checkpoint %s: %s\n"):format(path, c[3]), serr)
+      assert.is_false(cmd.exists(out), "nothing published")
+    end
+    for _, x in pairs(st.tensors) do x:free() end
+    cmd.rmdir(dir)
+  end)
+
   it("closes the checkpoint and frees its views when it refuses one after opening it", function()
     -- a refusal before the tables (the checkpoint's layers not its config's, a bad --per-table)
     -- left the file open and the dense weights' views to the garbage collector, each keeping the

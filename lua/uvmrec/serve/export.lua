@@ -102,10 +102,11 @@ function M.run(source, opts)
   end
   local fmt = f:meta("uvmrec.format")
   if fmt == "model" then return fail(("%s is already a model file"):format(path)) end
-  if fmt ~= "1" or not f:meta("uvmrec.config") then
+  if fmt ~= "1" then
     return fail(("%s is not a training checkpoint (uvmrec.format is %s)"):format(path, tostring(fmt)))
   end
-  local cfg = train.fill_defaults(assert(json.decode(f:meta("uvmrec.config"))))
+  local cfg, config_err = train.config.stored(f, "checkpoint " .. path)
+  if not cfg then return fail(config_err) end
   -- A table trained behind managed collisions (uvmrec.mc) maps raw ids through a map the model
   -- file cannot carry yet (the description's "collisions" slot): its rows under modulo ids would
   -- score wrongly, so it is refused rather than exported.

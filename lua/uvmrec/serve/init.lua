@@ -116,16 +116,7 @@ function methods:description() return assert(json.decode(self:meta("uvmrec.model
 -- program wrote, or edited): the engine serves such a file, and only what reads the training
 -- run's data needs the config (M.data).
 function methods:config()
-  local text = self:meta("uvmrec.config")
-  local why
-  if not text then
-    why = "its metadata has no uvmrec.config (the training run's config)"
-  else
-    local cfg, err = json.decode(text)
-    if type(cfg) == "table" then return require("uvmrec.train").fill_defaults(cfg) end
-    why = err and ("uvmrec.config is not JSON (%s)"):format(err) or "uvmrec.config is not a JSON object"
-  end
-  return nil, ("model file %s: %s"):format(self:path(), why)
+  return require("uvmrec.train.config").stored(self, "model file " .. self:path())
 end
 
 -- The config, or training's defaults where the file has none it can read: what scoring Criteo

@@ -2,6 +2,7 @@
 -- with --set overrides, and the checks that span several values, each reported at the
 -- position of the value it blames (file:line:column, or the --set that gave it).
 local config = require "uvmrec.config"
+local json = require "uvmrec.json"
 
 local M = {}
 
@@ -428,6 +429,40 @@ end
 function M.parse(text, name, sets)
   local cfg, err = config.parse(text, M.schema, name)
   return finish(cfg, err, sets)
+end
+
+-- A checkpoint's config with the keys it lacks (added to the schema since it was written)
+-- filled with their defaults, as a config loaded now would have them.
+local function fill_defaults(s, v)
+  if s.kind ~= "map" or type(v) ~= "table" then return v end
+  for key, fs in pairs(s.fields) do
+    if v[key] == nil then
+      if fs.default ~= nil then v[key] = json.decode(json.encode(fs.default))
+      elseif fs.kind == "map" then v[key] = fill_defaults(fs, {})
+      elseif fs.kind == "dict" then v[key] = {} end
+    else
+      fill_defaults(fs, v[key])
+    end
+  end
+  return v
+end
+M.fill_defaults = function(cfg) return fill_defaults(M.schema, cfg) end
+
+-- The training run's config a file holds in its metadata (uvmrec.config, JSON: a checkpoint's,
+-- or a model file's, which export copies), filled as fill_defaults does; f is anything with
+-- meta(key).  nil, message when it has none or one that is no JSON object (a file another
+-- program wrote, or edited), the message naming the file by `where` ("checkpoint F").
+function M.stored(f, where)
+  local text = f:meta("uvmrec.config")
+  local why
+  if not text then
+    why = "its metadata has no uvmrec.config (the training run's config)"
+  else
+    local cfg, err = json.decode(text)
+    if type(cfg) == "table" and (next(cfg) == nil or #cfg == 0) then return M.fill_defaults(cfg) end
+    why = err and ("uvmrec.config is not JSON (%s)"):format(err) or "uvmrec.config is not a JSON object"
+  end
+  return nil, ("%s: %s"):format(where, why)
 end
 
 -- Table sizes after the rows cap.

@@ -301,22 +301,7 @@ function M.checkpoint_file(path)
   return ck.latest(path)
 end
 
--- A checkpoint's config with the keys it lacks (added to the schema since it was written)
--- filled with their defaults, as a config loaded now would have them.
-local function fill_defaults(s, v)
-  if s.kind ~= "map" or type(v) ~= "table" then return v end
-  for key, fs in pairs(s.fields) do
-    if v[key] == nil then
-      if fs.default ~= nil then v[key] = json.decode(json.encode(fs.default))
-      elseif fs.kind == "map" then v[key] = fill_defaults(fs, {})
-      elseif fs.kind == "dict" then v[key] = {} end
-    else
-      fill_defaults(fs, v[key])
-    end
-  end
-  return v
-end
-M.fill_defaults = function(cfg) return fill_defaults(M.config.schema, cfg) end
+M.fill_defaults = M.config.fill_defaults
 
 -- Loads a checkpoint (a file or a run directory) into ctx.registry, checking the config
 -- against ctx.cfg but for the ignored paths.  Returns the registry's load result, or nil, message.
