@@ -105,6 +105,39 @@ train:
     assert.matches("^t.yaml:1:65: nesting deeper than 64 levels", err)
   end)
 
+  it("checks a decoded value's types against the schema, naming the path and what it should be", function()
+    -- a config a file holds as JSON (train.config.stored): its values have their types already
+    local json = require "uvmrec.json"
+    local function check(text) return config.check_value(assert(json.decode(text)), schema) end
+    assert.is_nil(check('{"model":{"bottom_mlp":[3,4],"tables":{"C1":{"rows":9,"dim":4}}},"train":{"lr":0.5}}'))
+    assert.is_nil(check('{"model":{"bottom_mlp":[3],"tables":{}},"train":{},"newer":{"a":1}}'),
+                  "an empty table is an empty mapping; keys it does not know are left alone")
+    for _, c in ipairs {
+      { '{"model":5}', "model: 5 is not a mapping" },
+      { '{"model":[1]}', "model: a list is not a mapping" },
+      { '{"model":{"bottom_mlp":"x"}}', 'model.bottom_mlp: "x" is not a list' },
+      { '{"model":{"bottom_mlp":{"a":1}}}', "model.bottom_mlp: a mapping is not a list" },
+      { '{"model":{"bottom_mlp":[]}}', "model.bottom_mlp: expected at least 1 items, got 0" },
+      { '{"model":{"bottom_mlp":[3,0]}}', "model.bottom_mlp[2]: 0 is not an integer >= 1" },
+      { '{"model":{"bottom_mlp":[3.5]}}', "model.bottom_mlp[1]: 3.5 is not an integer" },
+      { '{"model":{"bottom_mlp":[9007199254740993]}}',
+        "model.bottom_mlp[1]: 9007199254740993LL is not an integer below 2^53" },
+      { '{"model":{"bottom_mlp":[[3]]}}', "model.bottom_mlp[1]: a list is not an integer" },
+      { '{"model":{"bottom_mlp":[3],"interaction":"cross"}}', 'model.interaction: "cross" is not one of dot, dcnv2' },
+      { '{"model":{"bottom_mlp":[3],"dropout":"0.5"}}', 'model.dropout: "0.5" is not a number' },
+      { '{"model":{"bottom_mlp":[3],"dropout":2}}', "model.dropout: 2 is not a number <= 1" },
+      { '{"model":{"bottom_mlp":[3],"tables":{"C1":{"dim":4}}}}', "model.tables.C1: missing key 'rows'" },
+      { '{"model":{"bottom_mlp":[3],"tables":[{"rows":1}]}}', "model.tables: a list is not a mapping" },
+      { '{"model":{"bottom_mlp":[3]},"train":{"shuffle":"yes"}}', 'train.shuffle: "yes" is not true or false' },
+      { '{"model":{"bottom_mlp":[3]},"name":"a b"}', 'name: "a b" is not a string matching ^[%w_]+$' },
+      { '{"model":{"bottom_mlp":[3]},"name":7}', "name: 7 is not a string" },
+      { '{"train":{}}', "missing key 'model'" },
+      { "5", "5 is not a mapping" },
+    } do
+      assert.equal(c[2], check(c[1]), c[1])
+    end
+  end)
+
   it("reads files, and reports a missing one", function()
     local path = os.tmpname()
     local f = io.open(path, "w")

@@ -810,6 +810,45 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     cmd.rmdir(dir)
   end)
 
+  it("names the file, the value and what it should be when a model file's training config holds a value of "
+     .. "another type", function()
+    -- JSON of the wrong shape ({"eval": 5}, eval.batch_size "x") raised a Lua error with a
+    -- traceback from predict and eval ('serve/init.lua:184: attempt to index field 'eval' (a number
+    -- value)', 'train/config.lua:436: bad argument #1 to 'ipairs' (table expected, got string)')
+    local dir = cmd.tmpdir()
+    local tiny = h.exported("tiny", { tables = "int8" })
+    local st = assert(ck.load(tiny))
+    local text = st.meta["uvmrec.config"]
+    for _, c in ipairs {
+      { "eval", function(cfg) cfg.eval = 5 end, "eval: 5 is not a mapping" },
+      { "batch", function(cfg) cfg.eval.batch_size = "x" end, 'eval.batch_size: "x" is not an integer' },
+      { "samples", function(cfg) cfg.eval.samples = -1 end, "eval.samples: -1 is not an integer >= 0" },
+      { "rows", function(cfg) cfg.embeddings.rows = "x" end, 'embeddings.rows: "x" is not a list' },
+      { "metric", function(cfg) cfg.eval.metrics = { "auc", "f1" } end,
+        'eval.metrics[2]: "f1" is not one of auc, ne, accuracy, calibration, ctr' },
+      { "train", function(cfg) cfg.data.train = 7 end, "data.train: 7 is not a string" },
+    } do
+      local cfg = json.decode(text)
+      c[2](cfg)
+      local meta = {}
+      for k, v in pairs(st.meta) do meta[k] = v end
+      meta["uvmrec.config"] = json.encode(cfg)
+      local path = ("%s/%s.safetensors"):format(dir, c[1])
+      assert(ck.save(path, { tensors = st.tensors, meta = meta }))
+      local why = ("model file %s: uvmrec.config: %s"):format(path, c[3])
+      local m = assert(serve.open(path, { device = "cpu" }))
+      assert.same({ nil, why }, { m:config() })
+      m:close()
+      local out, err, code = cmd.run(("predict %s --samples 3 --cpu"):format(path))
+      assert.equal(1, code, out)
+      assert.equal(("uvmrec predict: %s, which the training run's held-out samples need\n"):format(why), err)
+      out, err, code = cmd.run(("eval %s --data synthetic:tiny --cpu"):format(path))
+      assert.equal(1, code, out)
+      assert.equal(("uvmrec eval: %s, which --data synthetic:tiny needs\n"):format(why), err)
+    end
+    cmd.rmdir(dir)
+  end)
+
   it("reads Criteo files as the training run did: lines that lost their trailing tabs, when it padded them", function()
     local sample = h.fixture("criteo_raw_sample2.tsv")
     if not cmd.exists(sample) then return pending("no " .. sample) end

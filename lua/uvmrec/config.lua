@@ -1,7 +1,8 @@
 -- Configs: YAML files (read by the engine through libyaml's event API) checked against a
 -- schema that types every value, with errors as file:line:column.  Scalars are typed by the
 -- schema alone: `yes` is a string unless the schema asks for a bool (then it is an error),
--- and `010` is no octal number.  `--set a.b=v` overrides go through the same schema.
+-- and `010` is no octal number.  `--set a.b=v` overrides go through the same schema, and so do
+-- values read from JSON (check_value: a config a file holds).
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
 local C, check = lib.C, lib.check
@@ -41,6 +42,12 @@ local function number_text(text)
          or text:match("^[-+]?%.%d+$") or text:match("^[-+]?%.%d+[eE][-+]?%d+$")
 end
 
+-- nil, or the expectation number v of schema s (an int or a number) is outside of.
+local function outside(s, v)
+  if s.min and v < s.min then return ("%s >= %s"):format(describe(s), tostring(s.min)) end
+  if s.max and v > s.max then return ("%s <= %s"):format(describe(s), tostring(s.max)) end
+end
+
 -- Types one scalar text by its schema; returns value or nil, expectation.
 local function scalar(s, text, quoted)
   local k = s.kind
@@ -74,8 +81,8 @@ local function scalar(s, text, quoted)
   else
     return nil, describe(s)
   end
-  if s.min and v < s.min then return nil, ("%s >= %s"):format(describe(s), tostring(s.min)) end
-  if s.max and v > s.max then return nil, ("%s <= %s"):format(describe(s), tostring(s.max)) end
+  local want = outside(s, v)
+  if want then return nil, want end
   return v
 end
 
@@ -148,6 +155,86 @@ local function checker(doc, positions)
     return v
   end
   return walk
+end
+
+-- ---- checking a decoded value ----
+-- A value read from JSON (a training config a file holds: train.config.stored) has its types
+-- already; they are checked against the schema as the YAML tree's are: nil, or "path: what"
+-- (`eval.batch_size: "x" is not an integer`).  An empty table is an empty list and an empty
+-- mapping (JSON's [] and {} decode alike).  Keys the schema does not know are left alone: a
+-- file written by another version of uvmrec may hold them, and nothing reads them.
+local function is_list(v)
+  local n = 0
+  for _ in pairs(v) do n = n + 1 end
+  return n == #v
+end
+
+local function shown(v)
+  if type(v) == "table" then return is_list(v) and "a list" or "a mapping" end
+  if type(v) == "string" then return ("%q"):format(v) end
+  return tostring(v)
+end
+
+-- nil, or what v, a value that is no table, is expected to be by its schema s.
+local function leaf(s, v)
+  local k, t = s.kind, type(v)
+  if k == "scalar" then return (t ~= "boolean" and t ~= "number" and t ~= "string") and describe(s) or nil end
+  if k == "string" then
+    if t ~= "string" then return describe(s) end
+    if s.pattern and not v:match(s.pattern) then return "a string matching " .. s.pattern end
+    return nil
+  end
+  if k == "enum" then
+    for _, x in ipairs(s.values) do if x == v then return nil end end
+    return describe(s)
+  end
+  if k == "bool" then return t ~= "boolean" and describe(s) or nil end
+  if t ~= "number" then -- JSON's integers past 2^53 are 64-bit cdata
+    local wide = ffi.istype("int64_t", v) or ffi.istype("uint64_t", v)
+    return wide and describe(s) .. " below 2^53" or describe(s)
+  end
+  if v ~= v or math.abs(v) == math.huge then return "a finite number" end
+  if k == "int" and (v ~= math.floor(v) or math.abs(v) >= 2 ^ 53) then
+    return v ~= math.floor(v) and describe(s) or "an integer below 2^53"
+  end
+  return outside(s, v)
+end
+
+-- nil, or "path: what" for the first value of v (by sorted keys) that schema s does not allow;
+-- path: where v is (default "", the root).
+function M.check_value(v, s, path)
+  path = path or ""
+  local function fail(msg) return (path ~= "" and (path .. ": ") or "") .. msg end
+  local function under(key) return path == "" and key or (path .. "." .. key) end
+  if s.kind == "map" or s.kind == "dict" or s.kind == "list" then
+    local list = s.kind == "list"
+    if type(v) ~= "table" or (next(v) ~= nil and is_list(v) ~= list) then
+      return fail(("%s is not %s"):format(shown(v), describe(s)))
+    end
+    if list then
+      for i = 1, #v do
+        local err = M.check_value(v[i], s.elem, ("%s[%d]"):format(path, i))
+        if err then return err end
+      end
+      local lerr = M.list_length(s, #v)
+      return lerr and fail(lerr) or nil
+    end
+    local keys = {}
+    for key in pairs(v) do
+      if s.kind == "dict" or s.fields[key] then keys[#keys + 1] = key end
+    end
+    table.sort(keys)
+    for _, key in ipairs(keys) do
+      local err = M.check_value(v[key], s.kind == "dict" and s.elem or s.fields[key], under(key))
+      if err then return err end
+    end
+    for _, req in ipairs(s.kind == "map" and s.required or {}) do
+      if v[req] == nil then return fail(("missing key '%s'"):format(req)) end
+    end
+    return nil
+  end
+  local want = type(v) == "table" and describe(s) or leaf(s, v)
+  return want and fail(("%s is not %s"):format(shown(v), want)) or nil
 end
 
 -- Fills defaults of absent keys, recursively through maps.

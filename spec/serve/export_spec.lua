@@ -347,17 +347,22 @@ with safe_open(sys.argv[1], "np") as f:
     cmd.rmdir(dir)
   end)
 
-  it("refuses a checkpoint whose training config is missing or not JSON, naming the file, before writing", function()
+  it("refuses a checkpoint whose training config is missing, not JSON or of values of another type, naming the file, "
+     .. "before writing", function()
     -- one that was not JSON raised json's error through an assert, with a traceback ('export.lua:108:
-    -- json: unexpected token ...'); one without said 'is not a training checkpoint (uvmrec.format is 1)'
+    -- json: unexpected token ...'); one without said 'is not a training checkpoint (uvmrec.format is 1)';
+    -- {"eval": 5} raised 'train/init.lua:149: attempt to index field 'eval' (a number value)'
     local t = h.trained("tiny")
     local st = assert(ck.load(assert(require("uvmrec.train").checkpoint_file(t.run)), { placement = "host" }))
     local dir = cmd.tmpdir()
     local out = dir .. "/m.safetensors"
+    local typed = json.decode(st.meta["uvmrec.config"])
+    typed.eval = 5
     for _, c in ipairs {
       { "none", nil, "its metadata has no uvmrec.config (the training run's config)" },
       { "bad", '{"train":', "uvmrec.config is not JSON (json: unexpected token near end of file at byte 9)" },
       { "five", "5", "uvmrec.config is not a JSON object" },
+      { "types", json.encode(typed), "uvmrec.config: eval: 5 is not a mapping" },
     } do
       st.meta["uvmrec.config"] = c[2]
       local path = ("%s/%s.safetensors"):format(dir, c[1])

@@ -449,9 +449,13 @@ end
 M.fill_defaults = function(cfg) return fill_defaults(M.schema, cfg) end
 
 -- The training run's config a file holds in its metadata (uvmrec.config, JSON: a checkpoint's,
--- or a model file's, which export copies), filled as fill_defaults does; f is anything with
--- meta(key).  nil, message when it has none or one that is no JSON object (a file another
--- program wrote, or edited), the message naming the file by `where` ("checkpoint F").
+-- or a model file's, which export copies), its values' types checked against the schema
+-- (config.check_value) and filled as fill_defaults does; f is anything with meta(key).  nil,
+-- message when it has none, one that is no JSON object (a file another program wrote, or
+-- edited) or one of a value the schema does not allow (`uvmrec.config: eval.batch_size: "x" is
+-- not an integer`), the message naming the file by `where` ("checkpoint F").  The checks
+-- between values (M.check) are not made: they may read what only the training machine has
+-- (a hint policy's file).
 function M.stored(f, where)
   local text = f:meta("uvmrec.config")
   local why
@@ -459,8 +463,13 @@ function M.stored(f, where)
     why = "its metadata has no uvmrec.config (the training run's config)"
   else
     local cfg, err = json.decode(text)
-    if type(cfg) == "table" and (next(cfg) == nil or #cfg == 0) then return M.fill_defaults(cfg) end
-    why = err and ("uvmrec.config is not JSON (%s)"):format(err) or "uvmrec.config is not a JSON object"
+    if type(cfg) == "table" and (next(cfg) == nil or #cfg == 0) then
+      local bad = config.check_value(cfg, M.schema)
+      if not bad then return M.fill_defaults(cfg) end
+      why = "uvmrec.config: " .. bad
+    else
+      why = err and ("uvmrec.config is not JSON (%s)"):format(err) or "uvmrec.config is not a JSON object"
+    end
   end
   return nil, ("%s: %s"):format(where, why)
 end
