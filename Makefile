@@ -153,13 +153,15 @@ $(MC_OOM): spec/support/mc_oom.c $(BUILD)/lib/libuvmrec.a
 	$(CC) -std=c11 -O1 -g -D_GNU_SOURCE $(WARN) $(SANFLAGS) -Iengine/include -Iengine/src $< \
 	  $(BUILD)/lib/libuvmrec.a -Wl,--wrap=ur__cpu -Wl,--wrap=malloc -Wl,--wrap=calloc $(ENGINE_LIBS) -o $@
 
-# A served model's allocations refused by size (spec/serve_spec.lua): the engine linked with
-# posix_memalign (the CPU backend's allocator) wrapped, every allocation over a limit failing.
+# A served model's allocations refused (spec/serve_spec.lua): the engine linked with
+# posix_memalign (the CPU backend's allocator) wrapped, every allocation over a limit failing,
+# and malloc, calloc and strdup too, the k-th allocation of a call failing.
 MODEL_OOM := $(BUILD)/bin/model_oom
 $(MODEL_OOM): spec/support/model_oom.c $(BUILD)/lib/libuvmrec.a
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O1 -g -D_GNU_SOURCE $(WARN) $(SANFLAGS) -Iengine/include -Iengine/src $< \
-	  $(BUILD)/lib/libuvmrec.a -Wl,--wrap=posix_memalign $(ENGINE_LIBS) -o $@
+	  $(BUILD)/lib/libuvmrec.a -Wl,--wrap=posix_memalign -Wl,--wrap=malloc -Wl,--wrap=calloc \
+	  -Wl,--wrap=strdup $(ENGINE_LIBS) -o $@
 
 # The FFI declarations come from the marked blocks of the public header and of the Lua host's
 # header (its support functions), so they cannot drift.

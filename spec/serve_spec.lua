@@ -506,6 +506,53 @@ describe("uvmrec.serve", function()
       .. "allocation of 94208 bytes failed\n"):format(int2), out)
   end)
 
+  it("names the model file, and what it could not have, for every host allocation that fails while opening or "
+     .. "scoring", function()
+    -- ur_safetensors_open said 'safetensors: out of host memory' alone, model.c 'model: out of host memory'
+    -- (the model, its tables' and features' lists and names, a context), and what they called their own
+    -- words ('tensor view: out of host memory', 'stream: out of host memory', 'linear forward: out of host
+    -- memory for 64 f32 elements of scratch')
+    local p = h.test_program("model_oom")
+    if not p then return end
+    local path = h.exported("tiny", { tables = "int8" })
+    local out = cmd.sh(("%s %s sweep"):format(p, cmd.quote(path)))
+    local seen = {}
+    for _, call in ipairs { "open", "predict" } do
+      local n, failed = out:match("\n?" .. call .. ": (%d+) allocations, (%d+) failed\n")
+      assert.truthy(n, out)
+      assert.equal(n, failed, call .. ": each allocation that fails fails the call")
+      assert.is_true(tonumber(n) > (call == "open" and 300 or 20), call .. ": " .. n .. " allocations")
+      local lines = 0
+      for line in out:gmatch(call .. " %d+: ([^\n]*)") do
+        lines = lines + 1
+        local named = line:sub(1, 3) == "-2 " and (line:find("model file " .. path .. ": ", 4, true) == 4
+          or line:find("safetensors: " .. path .. ": ", 4, true) == 4)
+        assert.truthy(named, call .. ": " .. line)
+        seen[(line:gsub("%(%d+ bytes%)", "(N bytes)"))] = true
+      end
+      assert.equal(tonumber(n), lines)
+    end
+    for _, want in ipairs {
+      "safetensors: %s: out of host memory for opening it (N bytes)",
+      "safetensors: %s: out of host memory for its 34 tensors' entries (N bytes)",
+      "safetensors: %s: out of host memory for its metadata's 7 keys (N bytes)",
+      "safetensors: %s: out of host memory for tensor 'embeddings.C7''s name (N bytes)",
+      "safetensors: %s: out of host memory for its 34 tensors' checksums (N bytes)",
+      "safetensors: %s: out of host memory for reading tensor 'embeddings.C7' (N bytes)",
+      "safetensors: %s: a view of tensor 'embeddings.C7': tensor: out of host memory",
+      "safetensors: %s: out of host memory for loading 1 tensor (N bytes)",
+      "model file %s: out of host memory for the model (N bytes)",
+      "model file %s: out of host memory for the description's 26 tables and 26 features (N bytes)",
+      "model file %s: out of host memory for feature 'C7''s name (N bytes)",
+      "model file %s: table 'C7''s rows: tensor view: out of host memory",
+      "model file %s: out of host memory for a context (N bytes)",
+      "model file %s: a context's stream: stream: out of host memory",
+      "model file %s: linear forward: out of host memory for 64 f32 elements of scratch",
+    } do
+      assert.truthy(seen["-2 " .. want:format(path)], want)
+    end
+  end)
+
   it("places the tables where it is told, and reads the same from each placement on the CPU", function()
     local path = h.exported("tiny", { tables = "int4" })
     local a = assert(serve.open(path, { device = "cpu", placement = "host" }))

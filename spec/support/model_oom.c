@@ -6,26 +6,50 @@
  *   model_oom MODEL grow B      a model's context warmed at B samples, then asked for B + 1 under
  *                               the largest allocation a fresh context's B + 1 made ("fresh N"),
  *                               then B + 2 (over it), then B + 1 and B again:
- *                               "B+1: STATUS MESSAGE", ... and "refused K". */
+ *                               "B+1: STATUS MESSAGE", ... and "refused K".
+ *   model_oom MODEL sweep       opens MODEL with the k-th host allocation the engine makes in
+ *                               ur_model_open failing (malloc, calloc, strdup or posix_memalign;
+ *                               not jansson's, a shared library), for each k of the N an open
+ *                               makes, then likewise a fresh model's first ur_model_predict of one
+ *                               sample: "open k: STATUS MESSAGE", "predict k: STATUS MESSAGE" for
+ *                               each k that fails its call, and "open: N allocations, F failed",
+ *                               "predict: N allocations, F failed". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "uvmrec.h"
 
 int __real_posix_memalign(void **p, size_t align, size_t n);
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+char *__real_strdup(const char *s);
 
 static size_t limit;   /* 0: none */
 static size_t largest; /* of the allocations made since reset */
 static long long refused;
+static int counting;            /* sweep: allocations counted, */
+static long long fail_at, made; /* the one to fail (0: none) and those made so far */
+
+/* Whether this allocation is the one the sweep fails. */
+static int swept(void) {
+  if (!counting || ++made != fail_at) return 0;
+  refused++;
+  return 1;
+}
 
 int __wrap_posix_memalign(void **p, size_t align, size_t n) {
   if (limit && n > limit) {
     refused++;
     return 12; /* ENOMEM */
   }
+  if (swept()) return 12;
   if (n > largest) largest = n;
   return __real_posix_memalign(p, align, n);
 }
+
+void *__wrap_malloc(size_t n) { return swept() ? NULL : __real_malloc(n); }
+void *__wrap_calloc(size_t n, size_t size) { return swept() ? NULL : __real_calloc(n, size); }
+char *__wrap_strdup(const char *s) { return swept() ? NULL : __real_strdup(s); }
 
 static ur_model *open_model(const char *path) {
   ur_model_options o;
@@ -87,9 +111,55 @@ static void ask(ur_model *m, const char *what, const request *r) {
   printf("%s: %d %s\n", what, (int)st, st ? ur_last_error() : "ok");
 }
 
+/* One call (open, or a fresh model's predict) with its k-th allocation failing (k = 0: none):
+ * its status; *n the allocations it made. */
+static ur_status one_call(const char *path, const request *r, long long k, long long *n) {
+  ur_model_options o;
+  ur_model_options_init(&o);
+  o.device = -1;
+  ur_model *m = r ? open_model(path) : NULL;
+  made = 0;
+  fail_at = k;
+  counting = 1;
+  ur_status st = r ? ur_model_predict(m, r->dense, r->kjt, r->scores) : ur_model_open(&m, path, &o);
+  counting = 0;
+  *n = made;
+  ur_model_close(m);
+  return st;
+}
+
+/* Fails each allocation of ur_model_open in turn, then each of a fresh model's first predict. */
+static void sweep(const char *path) {
+  ur_model_close(open_model(path)); /* the library's one-time allocations, made unlimited */
+  request r;
+  ur_model *any = open_model(path);
+  make(any, 1, &r);
+  ur_model_close(any);
+  for (int pass = 0; pass < 2; pass++) {
+    const char *what = pass ? "predict" : "open";
+    const request *req = pass ? &r : NULL;
+    long long n, failed = 0, ignored;
+    if (one_call(path, req, 0, &n)) {
+      printf("%s: %s\n", what, ur_last_error());
+      exit(1);
+    }
+    for (long long k = 1; k <= n; k++) {
+      ur_status st = one_call(path, req, k, &ignored);
+      if (st) printf("%s %lld: %d %s\n", what, k, (int)st, ur_last_error());
+      failed += st != UR_STATUS_OK;
+    }
+    printf("%s: %lld allocations, %lld failed\n", what, n, failed);
+  }
+  drop(&r);
+}
+
 int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[2], "sweep")) {
+    sweep(argv[1]);
+    return 0;
+  }
   if (argc != 4) {
-    fprintf(stderr, "usage: model_oom MODEL open LIMIT | grow B\n");
+    fprintf(stderr, "usage: model_oom MODEL open LIMIT | grow B | sweep\n");
     return 2;
   }
   if (!strcmp(argv[2], "open")) {

@@ -35,6 +35,11 @@ UR__HIDDEN ur_status ur__errorv(ur_status status, const char *fmt, va_list ap);
 /* The same, then ": " and the message of the call that failed before it. */
 UR__HIDDEN ur_status ur__error_cause(ur_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Host memory refused while reading a file: "<who><path>: out of host memory for <what> (N
+ * bytes)", who "safetensors: " or "model file ", what by fmt, so the message names the file, what
+ * it could not have and its bytes. */
+UR__HIDDEN ur_status ur__no_memory(const char *who, const char *path, uint64_t bytes, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* Empties the message: for a call that recovered from a failure of its own (a fallback that
  * then succeeded), whose message would otherwise read as this call's error. */
 UR__HIDDEN void ur__error_clear(void);

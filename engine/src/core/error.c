@@ -38,6 +38,16 @@ ur_status ur__error_cause(ur_status status, const char *fmt, ...) {
   return status;
 }
 
+ur_status ur__no_memory(const char *who, const char *path, uint64_t bytes, const char *fmt, ...) {
+  char what[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  return ur__error(UR_STATUS_OOM, "%s%s: out of host memory for %s (%llu bytes)", who, path, what,
+                   (unsigned long long)bytes);
+}
+
 const char *ur_last_error(void) { return last_error; }
 
 void ur__error_clear(void) { last_error[0] = 0; }

@@ -820,7 +820,7 @@ static ur_status parse_metadata(ur_safetensors *f, json_t *m) {
   f->meta_keys = calloc(n + 1, sizeof(char *));
   f->meta_values = calloc(n + 1, sizeof(char *));
   if (!f->meta_keys || !f->meta_values)
-    return ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+    return ur__no_memory("safetensors: ", f->path, 2 * (n + 1) * sizeof(char *), "its metadata's %zu keys", n);
   const char *k;
   json_t *v;
   json_object_foreach(m, k, v) {
@@ -832,7 +832,8 @@ static ur_status parse_metadata(ur_safetensors *f, json_t *m) {
     f->meta_keys[i] = strdup(k);
     f->meta_values[i] = strdup(json_string_value(v));
     if (!f->meta_keys[i] || !f->meta_values[i])
-      return ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+      return ur__no_memory("safetensors: ", f->path, strlen(k) + strlen(json_string_value(v)) + 2,
+                           "its metadata '%s'", k);
   }
   return UR_STATUS_OK;
 }
@@ -953,7 +954,9 @@ static ur_status parse_header(ur_safetensors *f, const char *text, size_t len) {
   size_t n = json_object_size(root) - (meta ? 1 : 0);
   f->entries = calloc(n + 1, sizeof *f->entries);
   f->sorted = calloc(n + 1, sizeof *f->sorted);
-  if (!f->entries || !f->sorted) s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+  if (!f->entries || !f->sorted)
+    s = ur__no_memory("safetensors: ", f->path, (n + 1) * (sizeof *f->entries + sizeof *f->sorted),
+                      "its %zu tensors' entries", n);
   if (!s && meta) s = parse_metadata(f, meta);
   const char *k;
   json_t *v;
@@ -962,7 +965,7 @@ static ur_status parse_header(ur_safetensors *f, const char *text, size_t len) {
     if (!strcmp(k, "__metadata__")) continue;
     ur_safetensors_entry *e = &f->entries[f->n];
     if ((s = parse_entry(f, k, v, e))) break;
-    if (!(e->name = strdup(k))) s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+    if (!(e->name = strdup(k))) s = ur__no_memory("safetensors: ", f->path, strlen(k) + 1, "tensor '%s''s name", k);
     else f->n++;
   }
   json_decref(root);
@@ -1028,7 +1031,8 @@ static ur_status parse_crc(ur_safetensors *f) {
                   "checksums: %s", f->path, CRC_KEY, o ? "not an object" : err.text);
   if (!s && (!(f->crc = calloc((size_t)f->n + 1, sizeof *f->crc)) ||
              !(f->parts = calloc((size_t)f->n + 1, sizeof *f->parts))))
-    s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+    s = ur__no_memory("safetensors: ", f->path, ((uint64_t)f->n + 1) * (sizeof *f->crc + sizeof *f->parts),
+                      "its %d tensors' checksums", (int)f->n);
   if (!s && json_object_size(o) != (size_t)f->n)
     s = ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s' holds %zu checksums for "
                   "%d tensors", f->path, CRC_KEY, json_object_size(o), (int)f->n);
@@ -1059,7 +1063,9 @@ static ur_status check_header_crc(const ur_safetensors *f) {
     return ur__error(UR_STATUS_FORMAT, "safetensors: %s: __metadata__ '%s' is '%s'; expected 8 "
                      "lowercase hex digits (as uvmrec writes them)", f->path, HEADER_CRC_KEY, hex);
   kv *m = malloc(((size_t)f->nmeta + 1) * sizeof *m);
-  if (!m) return ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+  if (!m)
+    return ur__no_memory("safetensors: ", f->path, ((uint64_t)f->nmeta + 1) * sizeof *m,
+                         "checking its header's checksum");
   size_t nm = 0;
   for (int32_t i = 0; i < f->nmeta; i++)
     if (strcmp(f->meta_keys[i], HEADER_CRC_KEY)) m[nm++] = (kv){f->meta_keys[i], f->meta_values[i]};
@@ -1084,7 +1090,7 @@ ur_status ur_safetensors_open(ur_safetensors **out, const char *path) {
   ur_safetensors *f = calloc(1, sizeof *f);
   if (!f || !(f->path = strdup(path))) {
     free(f);
-    return ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+    return ur__no_memory("safetensors: ", path, sizeof *f + strlen(path) + 1, "opening it");
   }
   ur_status s = UR_STATUS_OK;
   struct stat sb;
@@ -1098,7 +1104,7 @@ ur_status ur_safetensors_open(ur_safetensors **out, const char *path) {
                   "safetensors: %s is %llu bytes, shorter than the 8-byte header length: the file "
                   "is truncated", path, (unsigned long long)f->size);
   if (!s && !(f->map = calloc(1, sizeof *f->map)))
-    s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+    s = ur__no_memory("safetensors: ", path, sizeof *f->map, "its mapping");
   if (!s) {
     /* Private and writable: a view may be written (the pages are copied on write, the file is
      * never changed); no swap is reserved for a mapping as large as the file. */
@@ -1216,7 +1222,10 @@ ur_status ur_safetensors_view(const ur_safetensors *f, int32_t i, ur_tensor **ou
   __atomic_add_fetch(&f->map->refs, 1, __ATOMIC_RELAXED);
   s = ur__tensor_wrap(out, (ur_dtype)e->dtype, e->ndim ? e->ndim : 1, e->ndim ? e->shape : &one,
                       (char *)f->map->base + e->file_offset, mapping_release, f->map);
-  if (s) mapping_release(f->map);
+  if (s) {
+    mapping_release(f->map);
+    s = ur__error_cause(s, "safetensors: %s: a view of tensor '%s'", f->path, e->name);
+  }
   return s;
 }
 
@@ -1261,8 +1270,9 @@ static ur_status scan(const ur_safetensors *f, int32_t i, int crc, int64_t *nonf
   if (!crc && !nonfinite) return UR_STATUS_OK;
   const uint64_t chunk = (uint64_t)1 << 20; /* a multiple of every element size */
   uint64_t n = e->end - e->begin, es = ur_dtype_size(d);
-  char *buf = malloc(n < chunk ? (n ? n : 1) : chunk);
-  if (!buf) return ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+  uint64_t bytes = n < chunk ? (n ? n : 1) : chunk;
+  char *buf = malloc(bytes);
+  if (!buf) return ur__no_memory("safetensors: ", f->path, bytes, "reading tensor '%s'", e->name);
   ur_status s = UR_STATUS_OK;
   uint32_t c = 0;
   for (uint64_t off = 0; !s && off < n; off += chunk) {
@@ -1389,7 +1399,9 @@ ur_status ur_safetensors_load(ur_stream *stream, const ur_safetensors *f, int32_
   if (n > 0 && !dsts) return ur__null(__func__, "dsts");
   if (n < 0) return ur__error(UR_STATUS_INVALID, "safetensors load: %d tensors asked", (int)n);
   int32_t *idx = calloc((size_t)n + 1, sizeof *idx);
-  if (!idx) return ur__error(UR_STATUS_OOM, "safetensors load: out of host memory");
+  if (!idx)
+    return ur__no_memory("safetensors: ", f->path, ((uint64_t)n + 1) * sizeof *idx, "loading %d tensor%s", (int)n,
+                         ur__s(n));
   ur_status s = UR_STATUS_OK;
   /* Everything is checked before anything is written, so a mismatch changes nothing. */
   for (int32_t i = 0; !s && i < n; i++) {

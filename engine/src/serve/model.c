@@ -292,12 +292,15 @@ static int cmp_name_at(const void *a, const void *b) {
   return c ? c : (x[1] < y[1] ? -1 : x[1] > y[1]);
 }
 
-/* Whether names[0..n-1] repeat one: *i < *j the first two places of a repeated name (in name
- * order).  O(n log n): a model of thousands of tables is checked as fast as one of ten. */
-static ur_status first_repeat(const char *const *names, int32_t n, int32_t *i, int32_t *j, int *found) {
+/* Whether names[0..n-1] (of r's description: `what`) repeat one: *i < *j the first two places
+ * of a repeated name (in name order).  O(n log n): a model of thousands of tables is checked as
+ * fast as one of ten. */
+static ur_status first_repeat(const reader *r, const char *what, const char *const *names, int32_t n, int32_t *i,
+                              int32_t *j, int *found) {
   *found = 0;
-  const char **pairs = malloc(sizeof(char *) * 2 * (size_t)(n ? n : 1)); /* (name, its place) */
-  if (!pairs) return ur__error(UR_STATUS_OOM, "model: out of host memory");
+  size_t bytes = sizeof(char *) * 2 * (size_t)(n ? n : 1);
+  const char **pairs = malloc(bytes); /* (name, its place) */
+  if (!pairs) return ur__no_memory("model file ", r->path, bytes, "sorting the %d %s' names", (int)n, what);
   for (int32_t k = 0; k < n; k++) {
     pairs[2 * k] = names[k];
     pairs[2 * k + 1] = (const char *)(intptr_t)k;
@@ -325,7 +328,10 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
   uint8_t *tw = calloc((size_t)T, 1);
   int32_t *ft = malloc(sizeof(int32_t) * (size_t)F);
   const char **fn = calloc((size_t)F, sizeof *fn);
-  ur_status st = !tc || !tw || !ft || !fn ? ur__error(UR_STATUS_OOM, "model: out of host memory") : UR_STATUS_OK;
+  uint64_t lists = (uint64_t)T * (sizeof *tc + 1) + (uint64_t)F * (sizeof(int32_t) + sizeof *fn);
+  ur_status st = !tc || !tw || !ft || !fn ? ur__no_memory("model file ", r->path, lists,
+                                                          "the description's %d tables and %d features", (int)T, (int)F)
+                                          : UR_STATUS_OK;
   for (int32_t f = 0; f < F && !st; f++) {
     fn[f] = str_of(ur_json_item(fl, (size_t)f));
     ft[f] = -1;
@@ -333,7 +339,7 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
   }
   int32_t ri = 0, rj = 0;
   int rep = 0;
-  if (!st) st = first_repeat(fn, F, &ri, &rj, &rep);
+  if (!st) st = first_repeat(r, "features", fn, F, &ri, &rj, &rep);
   if (!st && rep)
     st = bad(r, "the description's features[%d] '%s' repeats features[%d]", (int)rj + 1, fn[rj], (int)ri + 1);
   for (int32_t t = 0; t < T && !st; t++) {
@@ -408,9 +414,9 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
     if (ft[f] < 0) st = bad(r, "feature '%s' is on no table", fn[f]);
   if (!st) {
     const char **tn = malloc(sizeof(char *) * (size_t)T);
-    if (!tn) st = ur__error(UR_STATUS_OOM, "model: out of host memory");
+    if (!tn) st = ur__no_memory("model file ", r->path, sizeof(char *) * (size_t)T, "the %d tables' names", (int)T);
     for (int32_t t = 0; t < T && !st; t++) tn[t] = tc[t].name;
-    if (!st) st = first_repeat(tn, T, &ri, &rj, &rep);
+    if (!st) st = first_repeat(r, "tables", tn, T, &ri, &rj, &rep);
     if (!st && rep)
       st = bad(r, "the description's tables[%d] and tables[%d] are both named '%s'", (int)ri + 1,
                (int)rj + 1, tn[ri]);
@@ -432,19 +438,22 @@ static ur_status read_tables(ur_model *m, const reader *r, const ur_json *desc) 
     m->features = calloc((size_t)F, sizeof(char *));
     m->modulo = calloc((size_t)F, sizeof(int64_t));
     m->weighted = calloc((size_t)F, 1);
-    if (!st && (!m->features || !m->modulo || !m->weighted)) st = ur__error(UR_STATUS_OOM, "model: out of host memory");
+    if (!st && (!m->features || !m->modulo || !m->weighted))
+      st = ur__no_memory("model file ", r->path, (uint64_t)F * (sizeof(char *) + sizeof(int64_t) + 1),
+                     "the %d features' names, modulos and weights", (int)F);
     for (int32_t f = 0; f < F && !st; f++) {
       m->features[f] = strdup(fn[f]);
       m->modulo[f] = tc[ft[f]].modulo;
       m->weighted[f] = tw[ft[f]];
       m->nweighted += tw[ft[f]];
-      if (!m->features[f]) st = ur__error(UR_STATUS_OOM, "model: out of host memory");
+      if (!m->features[f]) st = ur__no_memory("model file ", r->path, strlen(fn[f]) + 1, "feature '%s''s name", fn[f]);
     }
     for (int32_t t = 0; t < T && !st; t++) {
       const ur_json *d = ur_json_item(tl, (size_t)t);
       const char *wn = str_of(member(d, "weights")), *pn = str_of(member(d, "permutation"));
       ur_tensor *view = NULL, *perm = NULL;
-      st = ur_qtbe_table(m->qtbe, t, &view);
+      if ((st = ur_qtbe_table(m->qtbe, t, &view)))
+        st = ur__error_cause(st, "model file %s: table '%s''s rows", r->path, tc[t].name);
       if (!st) st = ur_safetensors_load(NULL, r->f, 1, &wn, &view, 0);
       if (!st && pn) {
         st = ur_safetensors_view(r->f, ur_safetensors_find(r->f, pn), &perm);
@@ -605,7 +614,7 @@ ur_status ur_model_open(ur_model **out, const char *path, const ur_model_options
   UR__ARGS(out, path);
   *out = NULL;
   ur_model *m = calloc(1, sizeof *m);
-  if (!m) return ur__error(UR_STATUS_OOM, "model: out of host memory");
+  if (!m) return ur__no_memory("model file ", path, sizeof *m, "the model");
   pthread_mutex_init(&m->lock, NULL);
   pthread_cond_init(&m->freed, NULL);
   if (opts) m->opts = *opts;
@@ -634,7 +643,8 @@ ur_status ur_model_open(ur_model **out, const char *path, const ur_model_options
   if (!st) st = ur_safetensors_open(&m->file, path);
   reader r = {path, m->file, NULL, 0};
   if (!st && !(r.named = calloc((size_t)ur_safetensors_count(m->file) + 1, 1)))
-    st = ur__error(UR_STATUS_OOM, "model: out of host memory");
+    st = ur__no_memory("model file ", path, (uint64_t)ur_safetensors_count(m->file) + 1,
+                       "marking which of its %d tensors the description names", (int)ur_safetensors_count(m->file));
   const char *fmt = st ? NULL : ur_safetensors_meta_get(m->file, "uvmrec.format");
   const char *text = st ? NULL : ur_safetensors_meta_get(m->file, "uvmrec.model");
   if (!st && !fmt)
@@ -744,8 +754,11 @@ static ur_status take_ctx(ur_model *m, ctx **out) {
     *out = c;
     return UR_STATUS_OK;
   }
+  /* named by the file in ur_model_predict, as every refusal for memory there */
   c = calloc(1, sizeof *c);
-  ur_status st = c ? ur_stream_new(&c->stream, 0) : ur__error(UR_STATUS_OOM, "model: out of host memory");
+  ur_status st = c ? ur_stream_new(&c->stream, 0)
+                   : ur__error(UR_STATUS_OOM, "out of host memory for a context (%zu bytes)", sizeof *c);
+  if (c && st) st = ur__error_cause(st, "a context's stream");
   if (st) {
     free(c);
     pthread_mutex_lock(&m->lock);
@@ -772,16 +785,15 @@ enum { BUF_ACT, BUF_F32, BUF_OFFSETS, BUF_IDS, BUF_WEIGHTS };
 
 /* *t replaced by a buffer of n elements; when that cannot be had, *t is kept as it was, so a
  * growth that fails leaves the context's buffers as valid as before (for the while of a growth
- * the old buffer and the new are both held).  A failure names the model file, the buffer, its
- * bytes and the batch that asked for it. */
+ * the old buffer and the new are both held).  A failure names the buffer, its bytes and the
+ * batch that asked for it (and ur_model_predict the model file). */
 static ur_status new_buffer(const ur_model *m, ur_tensor **t, ur_dtype dtype, int64_t n, int which,
                             int64_t batch) {
   ur_tensor *fresh = NULL;
   ur_status st = ur_tensor_new(&fresh, dtype, 1, &n, m->place,
                                m->place == UR_PLACE_DEVICE ? m->opts.device : UR_LOC_CPU);
   if (st)
-    return ur__error_cause(st, "model file %s: a context's %s (%lld bytes) for a batch of %lld samples",
-                           ur_safetensors_path(m->file), BUFFER_NAMES[which],
+    return ur__error_cause(st, "a context's %s (%lld bytes) for a batch of %lld samples", BUFFER_NAMES[which],
                            (long long)(n * (int64_t)ur_dtype_size(dtype)), (long long)batch);
   ur_tensor_free(*t);
   *t = fresh;
@@ -1094,7 +1106,8 @@ ur_status ur_model_predict(ur_model *m, const ur_tensor *dense, const ur_kjt *sp
   if (!st && reorder) {
     st = ur_kjt_permute(sparse, order, m->F, &kjt);
     if (!st && !(value_at = malloc(sizeof(int64_t) * (size_t)m->F)))
-      st = ur__error(UR_STATUS_OOM, "model: out of host memory");
+      st = ur__error(UR_STATUS_OOM, "out of host memory for the request's feature order (%zu bytes)",
+                     sizeof(int64_t) * (size_t)m->F);
     for (int32_t k = 0; k < m->F && !st; k++) {
       int64_t b0, b1, v1;
       st = ur_kjt_key_span(sparse, order[k], &b0, &b1, &value_at[k], &v1);
@@ -1115,6 +1128,11 @@ ur_status ur_model_predict(ur_model *m, const ur_tensor *dense, const ur_kjt *sp
   }
   ur_kjt_free(kjt);
   free(value_at);
+  /* memory it could not have (a context, its stream, its buffers, an op's scratch) and a device
+   * that failed name the model's file, as the refusals of ur_model_open do; a bad request is
+   * named as the request */
+  if (st == UR_STATUS_OOM || st == UR_STATUS_DEVICE)
+    st = ur__error_cause(st, "model file %s", ur_safetensors_path(m->file));
   pthread_mutex_lock(&m->lock);
   m->props.calls++;
   if (st) m->props.failed++;
