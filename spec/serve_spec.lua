@@ -731,6 +731,37 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     cmd.rmdir(dir)
   end)
 
+  it("refuses synthetic data for a model trained on Criteo input, the mirror of the rule above", function()
+    -- predict and eval scored synthetic:tiny with a Criteo model as "the training run's held-out
+    -- samples": ids drawn as rows of its tables and labels from the generator's hidden model, none
+    -- of it what the model learned (eval: AUC 0.5113)
+    local tiny, criteo = h.exported("tiny", { tables = "int8" }), h.exported("criteo", { tables = "int8" })
+    if not criteo then return pending("no Criteo fixture") end
+    local dir = cmd.tmpdir()
+    for _, spec in ipairs { "synthetic:tiny", "synthetic:kaggle" } do
+      local want = ("serve: %s takes criteo input with 13 dense and 26 sparse features; %s is synthetic data "
+        .. "(13 and 26)"):format(criteo, spec)
+      local out, err, code = cmd.run(("predict %s --data %s --out %s/p.txt --cpu"):format(criteo, spec, dir))
+      assert.equal(1, code, out)
+      assert.equal("uvmrec predict: " .. want .. "\n", err)
+      assert.is_false(cmd.exists(dir .. "/p.txt"))
+      out, err, code = cmd.run(("eval %s --data %s --cpu"):format(criteo, spec))
+      assert.equal(1, code, out)
+      assert.equal("uvmrec eval: " .. want .. "\n", err)
+      local m = assert(serve.open(criteo, { device = "cpu" }))
+      assert.same({ nil, want }, { serve.data(m, spec) })
+      m:close()
+    end
+    -- a model of synthetic input takes them, and a Criteo model its own held-out samples
+    local out, err, code = cmd.run(("predict %s --data synthetic:tiny --samples 3 --cpu"):format(tiny))
+    assert.equal(0, code, err)
+    assert.equal(3, select(2, out:gsub("\n", "")))
+    out, err, code = cmd.run(("predict %s --samples 3 --cpu"):format(criteo))
+    assert.equal(0, code, err)
+    assert.equal(3, select(2, out:gsub("\n", "")))
+    cmd.rmdir(dir)
+  end)
+
   it("serve_bench measures what it was asked, and names an argument it cannot read", function()
     local path = h.exported("tiny", { tables = "int8" })
     local dir = cmd.tmpdir()

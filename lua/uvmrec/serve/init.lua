@@ -152,8 +152,17 @@ end
 
 -- ---- data ----
 
+-- The refusal of data of another input than model m's (engine/examples/serve.c's rule and
+-- words): nil, message; what: "Criteo data", "synthetic data", with its dense and sparse features.
+local function other_input(m, spec, what, dense, sparse)
+  local info = m:info()
+  return nil, ("serve: %s takes %s input with %d dense and %d sparse features; %s is %s (%d and %d)")
+    :format(m:path(), info.input, info.num_dense, info.num_features, spec, what, dense, sparse)
+end
+
 -- Loader options for scoring data with model m: spec nil or "held-out" (the training run's
--- held-out samples, as its final evaluation read them, rows included), a synthetic spec (the same samples),
+-- held-out samples, as its final evaluation read them, rows included), a synthetic spec (the same samples;
+-- refused for a model trained on Criteo input, whose rows and labels it has nothing of),
 -- or criteo-tsv / criteo-bin files (all of them; ids taken modulo the tables' rows as the
 -- model maps raw ids, so that day files convert reduced by other rows are refused as training
 -- refuses them; TSV lines of 15 to 39 fields padded when the training run padded them,
@@ -165,6 +174,12 @@ function M.data(m, spec, opts)
   opts = opts or {}
   local train = require "uvmrec.train"
   if spec == nil or spec == "held-out" or spec:match("^synthetic:") then
+    -- synthetic ids are drawn as rows of the tables and labelled by the generator's hidden model:
+    -- of the same shape as Criteo's, but a model trained on Criteo learned none of them, and its
+    -- scores (an AUC near 0.5) would be read as its held-out samples'
+    local name = spec and spec:match("^synthetic:(.*)$")
+    local base = name and m:info().input == "criteo" and require("uvmrec.data.synthetic").resolve(name)
+    if base then return other_input(m, spec, "synthetic data", base.num_dense or 13, #(base.tables or {})) end
     local cfg, cerr = m:config()
     if not cfg then
       if spec and spec ~= "held-out" then return nil, ("%s, which --data %s needs"):format(cerr, spec) end
@@ -196,8 +211,7 @@ function M.data(m, spec, opts)
   -- fall outside its tables, or score as rows they never were
   local D, info = require("uvmrec.data"), m:info()
   if info.input ~= "criteo" or info.num_dense ~= D.NUM_DENSE or info.num_features ~= D.NUM_SPARSE then
-    return nil, ("serve: %s takes %s input with %d dense and %d sparse features; %s is Criteo data (%d and %d)")
-      :format(m:path(), info.input, info.num_dense, info.num_features, spec, D.NUM_DENSE, D.NUM_SPARSE)
+    return other_input(m, spec, "Criteo data", D.NUM_DENSE, D.NUM_SPARSE)
   end
   -- column k's ids taken modulo feature Ck's table modulo (its rows), as the model maps them
   local rows, at = {}, {}
