@@ -51,6 +51,11 @@ local o = cmd:parse(arg)
 local inputs, out = o.input, o.out
 local opts = { rows = o.rows or o.rows_config, on_bad_line = o.on_bad_line, pad_missing_fields = o.pad_missing_fields,
                days = o.days }
+if o.days and #o.days ~= #inputs then
+  local things = require("uvmrec.lib").things
+  cmd:misuse(("--days gives %s for %s; expected one day per input"):format(things(#o.days, "day"),
+    things(#inputs, "input")))
+end
 -- Every input is there before anything is made; the day files appear only when all converted.
 for _, path in ipairs(inputs) do
   local f, ferr = io.open(path, "rb")

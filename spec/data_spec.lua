@@ -313,10 +313,10 @@ describe("uvmrec.data convert", function()
   it("takes days as one distinct whole number per input (two inputs of one day kept the second's rows alone)", function()
     local cases = {
       { { 0, 0 }, "criteo convert: days[1] and days[2] are both 0; each input needs a day of its own" },
-      { { 3 }, "criteo convert: days is a list of 1; expected a list of 2 day numbers, one per input" },
+      { { 3 }, "criteo convert: days is a list of 1 number for 2 inputs; expected a list of one day number per input" },
       { { 0, -1 }, "criteo convert: days[2] is -1; expected a whole number from 0" },
       { { 0, 1.5 }, "criteo convert: days[2] is 1.5; expected a whole number from 0" },
-      { 4, "criteo convert: days is 4; expected a list of 2 day numbers, one per input" },
+      { 4, "criteo convert: days is 4 for 2 inputs; expected a list of one day number per input" },
     }
     local dir = cmd.tmpdir()
     for _, c in ipairs(cases) do
@@ -324,6 +324,14 @@ describe("uvmrec.data convert", function()
       assert.is_false(ok)
       assert.equal(c[2], err)
     end
+    -- one input said 'days is a list of 2; expected a list of 1 day numbers'
+    local ok, err = pcall(data.convert, { SAMPLE1 }, dir, { days = { 3, 4 } })
+    assert.is_false(ok)
+    assert.equal("criteo convert: days is a list of 2 numbers for 1 input; expected a list of one day number per input",
+      err)
+    local _, cerr, code = cmd.run(("convert %s --out %s --days 3,4"):format(cmd.quote(SAMPLE1), cmd.quote(dir)))
+    assert.equal(2, code, cerr)
+    assert.matches("%-%-days gives 2 days for 1 input; expected one day per input\n", cerr)
     assert.is_nil(io.open(dir .. "/day_0_labels.npy"))
     local st = assert(data.convert({ SAMPLE1, SAMPLE2 }, dir, { days = { 5, 2 } }))
     assert.same({ 5, 2 }, st.days)
@@ -332,7 +340,7 @@ describe("uvmrec.data convert", function()
     -- a name's day past int32_t was wrapped: day_4294967296.tsv wrote day_-2147483648, which no loader reads
     local big = dir .. "/in/day_4294967296.tsv"
     os.execute(("mkdir -p %s/in %s/out && cp %s %s"):format(dir, dir, cmd.quote(SAMPLE2), cmd.quote(big)))
-    local ok, err = pcall(data.convert, { SAMPLE1, big }, dir .. "/out")
+    ok, err = pcall(data.convert, { SAMPLE1, big }, dir .. "/out")
     assert.is_false(ok)
     assert.equal("criteo convert: " .. big .. ": its name gives day 4294967296; days run from 0 to 2147483647 "
       .. "(give days = {...})", err)

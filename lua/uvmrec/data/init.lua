@@ -179,8 +179,9 @@ function M.convert(paths, out_dir, opts)
     -- Two inputs of one day would write the same files: the second's rows would replace the first's.
     local given = opts.days
     if type(given) ~= "table" or #given ~= n then
-      error(("criteo convert: days is %s; expected a list of %d day numbers, one per input"):format(
-        type(given) == "table" and "a list of " .. #given or tostring(given), n), 2)
+      error(("criteo convert: days is %s for %s; expected a list of one day number per input"):format(
+        type(given) == "table" and "a list of " .. lib.things(#given, "number") or tostring(given),
+        lib.things(n, "input")), 2)
     end
     days = ffi.new("int32_t[?]", n)
     local seen = {}
