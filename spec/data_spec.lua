@@ -166,12 +166,7 @@ describe("uvmrec.data criteo-tsv", function()
     local half = cmd.spit(dir .. "/half.gz", whole:sub(1, math.floor(#whole / 2)))
     for _, skip in ipairs { "fail", "skip" } do
       local l = assert(data.loader { data = "criteo-tsv:" .. half, batch_size = 50, on_bad_line = skip })
-      local n, e = 0
-      repeat
-        local batch
-        batch, e = l:next()
-        n = n + (batch and batch.size or 0)
-      until not batch
+      local _, e, n = h.drain(l)
       l:close()
       local lines = assert(tonumber(e:match("^criteo%-tsv: [^\n]*half%.gz: the gzip stream is cut short after "
                                             .. "line (%d+) %(a truncated file%?%)$")), e)
@@ -214,12 +209,7 @@ describe("uvmrec.data criteo-tsv", function()
           assert.equal(want, err, c[1])
         end
         local l = assert(data.loader { data = "criteo-tsv:" .. path, batch_size = 64, on_bad_line = skip })
-        local n, e = 0
-        repeat
-          local batch
-          batch, e = l:next()
-          n = n + (batch and batch.size or 0)
-        until not batch
+        local _, e, n = h.drain(l)
         l:close()
         assert.equal(want, e, c[1])
         assert.equal(1000, n, c[1])

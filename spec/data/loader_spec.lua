@@ -6,16 +6,7 @@ local data = ur.data
 
 local SAMPLE1, SAMPLE2 = h.fixture("criteo_raw_sample.tsv"), h.fixture("criteo_raw_sample2.tsv")
 
--- Every batch's size until the loader ends, and the error it ended with (nil at the end).
-local function drain(l)
-  local sizes = {}
-  local b, err = l:next()
-  while b do
-    sizes[#sizes + 1] = b.size
-    b, err = l:next()
-  end
-  return sizes, err
-end
+local drain = h.drain
 
 -- One row per sample: label, dense and ids as strings (and the epoch), in batch order.
 -- scripts/datagen.lua on dir/SPEC.lua (its text written there) into dir/OUT with ARGS; returns

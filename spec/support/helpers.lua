@@ -253,6 +253,18 @@ end
 
 -- A fixture of spec/fixtures/ by name (real Criteo rows: spec/fixtures/README.md), for specs run
 -- from the tree's root, as make test and `uvmrec test` run them.
+-- A loader drained: every batch's size until it ends, their sum, and the error it ended with
+-- (nil at the end).
+function M.drain(l)
+  local sizes, n = {}, 0
+  local b, err = l:next()
+  while b do
+    sizes[#sizes + 1], n = b.size, n + b.size
+    b, err = l:next()
+  end
+  return sizes, err, n
+end
+
 function M.fixture(name)
   return "spec/fixtures/" .. name
 end
