@@ -21,6 +21,21 @@ local function held_batch(m, n)
   return batch, loader
 end
 
+-- predict, eval and serve.data all refuse the model file's data spec with the message want,
+-- predict writing nothing into dir.
+local function refused_data(model, spec, want, dir)
+  local out, err, code = cmd.run(("predict %s --data %s --out %s/p.txt --cpu"):format(model, spec, dir))
+  assert.equal(1, code, out)
+  assert.equal("uvmrec predict: " .. want .. "\n", err)
+  assert.is_false(cmd.exists(dir .. "/p.txt"))
+  out, err, code = cmd.run(("eval %s --data %s --cpu"):format(model, spec))
+  assert.equal(1, code, out)
+  assert.equal("uvmrec eval: " .. want .. "\n", err)
+  local m = assert(serve.open(model, { device = "cpu" }))
+  assert.same({ nil, want }, { serve.data(m, spec) })
+  m:close()
+end
+
 describe("uvmrec.serve", function()
   it("scores the training run's held-out samples as its final evaluation did (f32 tables)", function()
     for _, kind in ipairs { "tiny", "dcnv2", "dcnv2_rank" } do
@@ -713,18 +728,9 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     for _, spec in ipairs { "criteo-tsv:" .. sample, "criteo-bin:" .. days } do
       local want = ("serve: %s takes synthetic input with 13 dense and 26 sparse features; %s is Criteo data "
         .. "(13 and 26)"):format(tiny, spec)
-      local out, err, code = cmd.run(("predict %s --data %s --out %s/p.txt --cpu"):format(tiny, spec, dir))
-      assert.equal(1, code, out)
-      assert.equal("uvmrec predict: " .. want .. "\n", err)
-      assert.is_false(cmd.exists(dir .. "/p.txt"))
-      out, err, code = cmd.run(("eval %s --data %s --cpu"):format(tiny, spec))
-      assert.equal(1, code, out)
-      assert.equal("uvmrec eval: " .. want .. "\n", err)
-      local m = assert(serve.open(tiny, { device = "cpu" }))
-      assert.same({ nil, want }, { serve.data(m, spec) })
-      m:close()
+      refused_data(tiny, spec, want, dir)
       -- a model of Criteo input takes them
-      out, err, code = cmd.run(("predict %s --data %s --samples 3 --cpu"):format(criteo, spec))
+      local out, err, code = cmd.run(("predict %s --data %s --samples 3 --cpu"):format(criteo, spec))
       assert.equal(0, code, err)
       assert.equal(3, select(2, out:gsub("\n", "")))
     end
@@ -741,16 +747,7 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     for _, spec in ipairs { "synthetic:tiny", "synthetic:kaggle" } do
       local want = ("serve: %s takes criteo input with 13 dense and 26 sparse features; %s is synthetic data "
         .. "(13 and 26)"):format(criteo, spec)
-      local out, err, code = cmd.run(("predict %s --data %s --out %s/p.txt --cpu"):format(criteo, spec, dir))
-      assert.equal(1, code, out)
-      assert.equal("uvmrec predict: " .. want .. "\n", err)
-      assert.is_false(cmd.exists(dir .. "/p.txt"))
-      out, err, code = cmd.run(("eval %s --data %s --cpu"):format(criteo, spec))
-      assert.equal(1, code, out)
-      assert.equal("uvmrec eval: " .. want .. "\n", err)
-      local m = assert(serve.open(criteo, { device = "cpu" }))
-      assert.same({ nil, want }, { serve.data(m, spec) })
-      m:close()
+      refused_data(criteo, spec, want, dir)
     end
     -- a model of synthetic input takes them, and a Criteo model its own held-out samples
     local out, err, code = cmd.run(("predict %s --data synthetic:tiny --samples 3 --cpu"):format(tiny))
